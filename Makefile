@@ -1,0 +1,34 @@
+# Short wrappers around CMake so the README's commands stay short.
+#   make           build (CPU; CUDA too when nvcc is present) into build/
+#   make check     install dependencies, build with -Werror and run every test (CI runs this)
+#   make asan      the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make demo      install assets and fine-tune the default model (the README's first command)
+JOBS ?= $(shell nproc)
+BUILD ?= build
+CMAKE_FLAGS ?=
+
+.PHONY: all build check test asan demo setup clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+setup:
+	bash scripts/setup.sh
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+check: setup
+	$(MAKE) test CMAKE_FLAGS="-DLT_WERROR=ON $(CMAKE_FLAGS)"
+
+asan:
+	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DLT_WERROR=ON -DLT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DLT_CUDA=OFF $(CMAKE_FLAGS)"
+
+demo: setup build
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,4 @@
+/* The subcommands of `longtune`, one line each: LT_CMD(name, handler, one-line summary).
+ * Each handler lives in cli/cmd_<name>.c, takes argv with argv[0] = the subcommand name, and
+ * returns the process exit status (0 ok, 1 failure, 2 usage error). */
+LT_CMD(info, lt_cmd_info, "show the build's features, devices and memory")

@@ -1,0 +1,48 @@
+/* Entry point of the `longtune` command: dispatches to one handler per subcommand (cli/cmd_*.c).
+ * The CLI is the only place that exits the process. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+#define LT_CMD(name, fn, summary) {#name, fn, summary},
+#include "commands.h"
+#undef LT_CMD
+};
+
+static void print_help(FILE *f) {
+    fprintf(f, "longtune %s: long-context LoRA/QLoRA fine-tuning of Llama-family models\n\n"
+               "usage: longtune <command> [options]\n       longtune --version | --help\n\n"
+               "commands:\n", LT_VERSION_STRING);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'longtune <command> --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_help(stderr);
+        return LT_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        print_help(stdout);
+        return LT_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("longtune %s (cuda %s)\n", LT_VERSION_STRING, LT_HAVE_CUDA ? "built" : "not built");
+        return LT_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "longtune: unknown command '%s'\nusage: longtune <command> [options] "
+                    "(see 'longtune --help')\n", cmd);
+    return LT_EXIT_USAGE;
+}

@@ -1,0 +1,69 @@
+/* Flash attention for decoder training: causal always, grouped-query heads, optional sliding
+ * window and logit softcap, and packed rows (several sequences per row, each attending only to
+ * its own earlier tokens). Saved state is O(T): the output and the per-row log-sum-exp. The device
+ * of the tensors selects the backend (CPU reference or CUDA). KV caches, non-causal and arbitrary
+ * additive masks are deliberately not offered. */
+#ifndef LONGTUNE_ATTENTION_H
+#define LONGTUNE_ATTENTION_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lt_attention_impl {
+    LT_ATTENTION_AUTO = 0, /* flash where supported, else LT_ERR_UNSUPPORTED naming the reason */
+    LT_ATTENTION_FLASH,
+    LT_ATTENTION_NAIVE,    /* materialises (T, T) scores per head: the oracle */
+} lt_attention_impl;
+
+/* Strides in elements of a (B, T, heads, D) tensor; the D dimension is contiguous. Zero strides
+ * mean the contiguous layout. */
+typedef struct lt_attention_layout {
+    int64_t batch, token, head;
+} lt_attention_layout;
+
+/* Shapes and options; zero-initialised fields take the defaults noted. */
+typedef struct lt_attention_params {
+    int64_t B, T, H, Hkv, D;  /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
+    lt_dtype dtype;           /* f32 | bf16, for q, k, v, out, dout, dq, dk, dv */
+    lt_device device;
+    lt_attention_impl impl;
+    float scale;              /* 0 = 1/sqrt(D) */
+    int64_t window;           /* sliding window: a token sees at most the previous `window` keys
+                                 including itself; 0 = unlimited */
+    float softcap;            /* scores -> cap·tanh(s/cap); 0 = off */
+    /* Packed rows: (B, S+1) int32 per-row sequence offsets, row b's offsets at
+     * seq_offsets[b*(S+1) .. b*(S+1)+S], starting at 0, non-decreasing, ending at T (repeated T
+     * pads a row with fewer sequences). NULL = one sequence per row. */
+    const int32_t *seq_offsets;
+    int64_t S;
+    lt_attention_layout q_layout, kv_layout, o_layout; /* o_layout covers out, dout, dq */
+} lt_attention_params;
+
+typedef struct lt_attention_args {
+    const void *q;      /* (B, T, H, D) */
+    const void *k, *v;  /* (B, T, Hkv, D), kv_layout */
+    void *out;          /* forward out / backward in: (B, T, H, D) */
+    float *lse;         /* forward out / backward in: (B, H, T) fp32, natural log */
+    /* Backward only. */
+    const void *dout;   /* (B, T, H, D) */
+    void *dq;           /* out (B, T, H, D), q_layout */
+    void *dk, *dv;      /* out (B, T, Hkv, D), kv_layout */
+    void *workspace;    /* optional, lt_attention_workspace_bytes() bytes on the device; NULL =
+                           allocated and freed through the accounting allocator */
+} lt_attention_args;
+
+/* Errors for every entry point: LT_ERR_INVALID_ARG (H % Hkv, offsets not monotone / not covering
+ * the row, negative window, bad scale), LT_ERR_UNSUPPORTED (head dim, dtype or impl the backend
+ * lacks; the message names it), LT_ERR_OOM (workspace). */
+lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p);
+size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+lt_status lt_attention_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+lt_status lt_attention_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

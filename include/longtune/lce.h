@@ -1,0 +1,82 @@
+/* Fused linear cross-entropy: loss and gradients of cross_entropy(h · Wᵀ, targets) without ever
+ * building the (N, V) logits. Forward saves only the per-token log-sum-exp (fp32, (N)); backward
+ * recomputes logit tiles from it. The same entry points serve every backend: the device of h
+ * selects the implementation (CPU reference, or CUDA on Hopper).
+ *
+ * Per token i with logits z = softcap(h_i · Wᵀ) (softcap: cap·tanh(z/cap) when cap > 0):
+ *   lse_i  = log Σ_j exp(z_j)
+ *   loss_i = (1-ε)(lse_i - z_t) + ε(lse_i - mean_j z_j) + zl·lse_i²      (ε smoothing, zl z-loss)
+ * times the optional per-token weight. Targets equal to ignore_index contribute nothing, and
+ * their rows of grad h are exactly zero. */
+#ifndef LONGTUNE_LCE_H
+#define LONGTUNE_LCE_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LT_IGNORE_INDEX (-100)
+
+typedef enum lt_lce_impl {
+    LT_LCE_AUTO = 0,  /* fused where the backend supports the request, else LT_ERR_UNSUPPORTED */
+    LT_LCE_FUSED,     /* token × vocabulary tiles, online log-sum-exp: O(N + threads·tile) */
+    LT_LCE_CHUNKED,   /* vocabulary tiles over all tokens: O(N · tile) */
+    LT_LCE_NAIVE,     /* materialises fp32 (N, V) logits: the oracle */
+} lt_lce_impl;
+
+typedef enum lt_reduction {
+    LT_REDUCTION_MEAN = 0, /* Σ loss_i / Σ w_i over non-ignored tokens (w_i = 1 without weights);
+                              an all-ignored batch returns 0 with zero gradients */
+    LT_REDUCTION_SUM,
+    LT_REDUCTION_NONE,     /* per-token loss (N); ignored tokens get 0 */
+} lt_reduction;
+
+/* Zero-initialised = defaults. */
+typedef struct lt_lce_options {
+    lt_lce_impl impl;
+    lt_reduction reduction;
+    int32_t ignore_index;   /* must be negative; 0 means LT_IGNORE_INDEX (-100) */
+    float label_smoothing;  /* ε in [0, 1) */
+    float z_loss;           /* coefficient of lse² (PaLM's z-loss), >= 0 */
+    float softcap;          /* final-logit softcap (Gemma 2), 0 = off */
+    int tile_n, tile_v;     /* 0 = tuned defaults of the backend */
+} lt_lce_options;
+
+typedef struct lt_lce_args {
+    lt_tensor h;                 /* (N, C) f32 | bf16 */
+    lt_tensor w;                 /* (V, C) f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64; dense or tied */
+    const int32_t *targets;      /* (N) in [0, V) or ignore_index, on h's device */
+    const float *token_weight;   /* (N) optional per-token weight, NULL = 1 */
+    float *loss;                 /* out: (1) for mean/sum, (N) for none */
+    float *lse;                  /* out (forward) / in (backward): (N) fp32 */
+    float *token_loss;           /* optional out: (N) per-token loss before reduction */
+    /* Backward only. */
+    const float *dloss;          /* (1) for mean/sum, (N) for none: upstream gradient */
+    lt_tensor *dh;               /* out (N, C) f32 | bf16: overwritten */
+    lt_tensor *dw;               /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
+                                    tied embedding's gradient can be summed into */
+    void *workspace;             /* optional: lt_lce_workspace_bytes() bytes on h's device;
+                                    NULL = allocated and freed through the accounting allocator */
+} lt_lce_args;
+
+/* Bytes of workspace the chosen implementation needs for these shapes (the planner prices it).
+ * threads: CPU worker threads (0 = default). */
+size_t lt_lce_workspace_bytes(const lt_lce_options *opt, lt_device dev, int64_t N, int64_t V,
+                              int64_t C, int backward, int threads);
+
+/* Forward: writes loss, lse and (if set) token_loss. Errors: LT_ERR_SHAPE / LT_ERR_DTYPE on
+ * mismatch, LT_ERR_INVALID_ARG for a target outside [0, V) (message names the first bad position)
+ * or bad options, LT_ERR_UNSUPPORTED when the impl cannot serve the request (message says why),
+ * LT_ERR_OOM when the workspace cannot be allocated. */
+lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+
+/* Backward: needs h, w, targets, lse (from the forward with the same options), dloss; writes dh
+ * and accumulates dw. Same errors as the forward; dw with a quantized head is LT_ERR_UNSUPPORTED. */
+lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

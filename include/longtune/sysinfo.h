@@ -1,0 +1,38 @@
+/* What the machine has: host memory (honouring a cgroup v1/v2 limit), the process's resident set,
+ * the CPU model, and CUDA devices when the build has them. Used by the planner's auto budget, the
+ * memory guard and benchmark provenance. Reads /proc and /sys only; no side effects. */
+#ifndef LONGTUNE_SYSINFO_H
+#define LONGTUNE_SYSINFO_H
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lt_host_memory {
+    uint64_t total_bytes;      /* min(MemTotal, cgroup limit) */
+    uint64_t available_bytes;  /* min(MemAvailable, cgroup limit - cgroup usage) */
+    uint64_t cgroup_limit;     /* 0 when no limit is set */
+} lt_host_memory;
+
+lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out);
+/* Resident set size of this process in bytes (0 if /proc is unreadable). */
+uint64_t lt_sys_process_rss(void);
+/* CPU model name and logical core count. */
+void lt_sys_cpu(char *name, int n, int *cores);
+
+typedef struct lt_cuda_device_info {
+    int count;            /* 0 when no device or no CUDA in the build */
+    char name[128];       /* device 0 */
+    uint64_t total_bytes, free_bytes;
+    int driver_version, runtime_version, cc_major, cc_minor;
+} lt_cuda_device_info;
+
+/* Never fails: a build without CUDA or a machine without a device reports count 0. */
+lt_cuda_device_info lt_sys_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,141 @@
+/* The accounting allocator (see alloc.h). Accounting uses atomics so kernels may allocate from
+ * worker threads; the error message is written to the context only by the failing call. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "longtune/alloc.h"
+
+#if LT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+size_t lt_alloc_accounted_size(lt_device dev, size_t bytes) {
+    size_t a = dev == LT_DEVICE_CPU ? LT_ALLOC_ALIGN_HOST : LT_ALLOC_ALIGN_DEVICE;
+    if (bytes > SIZE_MAX - (a - 1)) return SIZE_MAX;
+    return (bytes + a - 1) / a * a;
+}
+
+static int reserve(lt_ctx *ctx, lt_device dev, size_t sz) {
+    struct lt_mem_dev *m = &ctx->mem[dev];
+    size_t old = atomic_load(&m->used);
+    for (;;) {
+        if (sz > SIZE_MAX - old) return 0;
+        if (m->limit && old + sz > m->limit) return 0;
+        if (atomic_compare_exchange_weak(&m->used, &old, old + sz)) break;
+    }
+    size_t now = old + sz, peak = atomic_load(&m->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {
+    }
+    return 1;
+}
+
+static const char *dev_name(lt_device dev) { return dev == LT_DEVICE_CPU ? "host" : "device"; }
+
+void *lt_alloc(lt_ctx *ctx, lt_device dev, size_t bytes, const char *what) {
+    if (!what) what = "buffer";
+    if ((unsigned)dev >= LT_DEVICE_COUNT_ || bytes == 0) {
+        lt_error(ctx, LT_ERR_INVALID_ARG, "allocation of %zu bytes for %s on device %d refused",
+                 bytes, what, (int)dev);
+        return NULL;
+    }
+    struct lt_mem_dev *m = &ctx->mem[dev];
+    uint64_t nth = atomic_fetch_add(&ctx->alloc_counter, 1) + 1;
+    size_t sz = lt_alloc_accounted_size(dev, bytes);
+    if (ctx->fail_nth && nth == ctx->fail_nth) {
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of %s memory: allocation %llu (%zu bytes for %s) failed by "
+                 "fault injection", dev_name(dev), (unsigned long long)nth, bytes, what);
+        return NULL;
+    }
+    if (sz == SIZE_MAX || !reserve(ctx, dev, sz)) {
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of %s memory: %zu bytes for %s with %zu in use would pass "
+                 "the limit of %zu bytes", dev_name(dev), bytes, what, atomic_load(&m->used),
+                 m->limit);
+        return NULL;
+    }
+    void *p = NULL;
+    if (dev == LT_DEVICE_CPU) {
+        p = aligned_alloc(LT_ALLOC_ALIGN_HOST, sz);
+    } else {
+#if LT_HAVE_CUDA
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            p = NULL;
+        }
+#else
+        atomic_fetch_sub(&m->used, sz);
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_UNSUPPORTED, "device allocation for %s: this build has no CUDA", what);
+        return NULL;
+#endif
+    }
+    if (!p) {
+        atomic_fetch_sub(&m->used, sz);
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of %s memory: the system refused %zu bytes for %s",
+                 dev_name(dev), bytes, what);
+        return NULL;
+    }
+    atomic_fetch_add(&m->n_allocs, 1);
+    return p;
+}
+
+void *lt_calloc(lt_ctx *ctx, lt_device dev, size_t bytes, const char *what) {
+    void *p = lt_alloc(ctx, dev, bytes, what);
+    if (!p) return NULL;
+    if (dev == LT_DEVICE_CPU) {
+        memset(p, 0, bytes);
+    } else {
+#if LT_HAVE_CUDA
+        if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            lt_free(ctx, dev, p, bytes);
+            lt_error(ctx, LT_ERR_CUDA, "cudaMemset of %zu bytes for %s failed", bytes, what);
+            return NULL;
+        }
+#endif
+    }
+    return p;
+}
+
+void lt_free(lt_ctx *ctx, lt_device dev, void *ptr, size_t bytes) {
+    if (!ptr) return;
+    size_t sz = lt_alloc_accounted_size(dev, bytes);
+    LT_ASSERT((unsigned)dev < LT_DEVICE_COUNT_);
+    LT_ASSERT(atomic_load(&ctx->mem[dev].used) >= sz);
+    atomic_fetch_sub(&ctx->mem[dev].used, sz);
+    if (dev == LT_DEVICE_CPU) {
+        free(ptr);
+    } else {
+#if LT_HAVE_CUDA
+        cudaFree(ptr);
+#endif
+    }
+}
+
+lt_mem_stats lt_mem_get_stats(const lt_ctx *ctx, lt_device dev) {
+    lt_mem_stats s = {0};
+    if (!ctx || (unsigned)dev >= LT_DEVICE_COUNT_) return s;
+    const struct lt_mem_dev *m = &ctx->mem[dev];
+    s.used_bytes = atomic_load(&m->used);
+    s.peak_bytes = atomic_load(&m->peak);
+    s.limit_bytes = m->limit;
+    s.n_allocs = atomic_load(&m->n_allocs);
+    s.n_failed = atomic_load(&m->n_failed);
+    return s;
+}
+
+void lt_mem_reset_peak(lt_ctx *ctx, lt_device dev) {
+    atomic_store(&ctx->mem[dev].peak, atomic_load(&ctx->mem[dev].used));
+}
+
+void lt_mem_set_limit(lt_ctx *ctx, lt_device dev, size_t limit_bytes) {
+    ctx->mem[dev].limit = limit_bytes;
+}
+
+void lt_mem_fail_nth(lt_ctx *ctx, uint64_t n) {
+    atomic_store(&ctx->alloc_counter, 0);
+    ctx->fail_nth = n;
+}

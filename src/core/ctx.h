@@ -1,0 +1,25 @@
+/* Private layout of lt_ctx, shared by the core files that read or update it. */
+#ifndef LT_CORE_CTX_H
+#define LT_CORE_CTX_H
+
+#include <stdatomic.h>
+#include "longtune/status.h"
+
+struct lt_mem_dev {
+    atomic_size_t used;
+    atomic_size_t peak;
+    size_t limit;
+    atomic_uint_fast64_t n_allocs;
+    atomic_uint_fast64_t n_failed;
+};
+
+struct lt_ctx {
+    lt_status status;
+    char error[1024];
+    int threads;
+    struct lt_mem_dev mem[LT_DEVICE_COUNT_];
+    atomic_uint_fast64_t alloc_counter; /* allocations attempted since fail_nth was armed */
+    uint64_t fail_nth;                  /* 0 = off */
+};
+
+#endif

@@ -1,0 +1,38 @@
+/* OpenMP-backed parallel-for; see parallel.h. Static chunking keeps runs deterministic: the same
+ * thread count gives the same split, which the CPU trainer's bit-exact resume relies on. */
+#include "parallel.h"
+
+#if LT_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+int lt_parallel_threads(int threads) {
+#if LT_HAVE_OPENMP
+    return threads > 0 ? threads : omp_get_max_threads();
+#else
+    (void)threads;
+    return 1;
+#endif
+}
+
+void lt_parallel_for(int threads, int64_t n, int64_t grain, lt_range_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int nt = lt_parallel_threads(threads);
+    int64_t max_chunks = (n + grain - 1) / grain;
+    if (max_chunks < nt) nt = (int)max_chunks;
+    if (nt <= 1) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+#if LT_HAVE_OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num();
+        int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+        if (begin < end) fn(arg, begin, end, t);
+    }
+#else
+    fn(arg, 0, n, 0);
+#endif
+}

@@ -1,0 +1,73 @@
+/* Status strings, the context's error buffer and the abort hook. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+
+static const char *const status_names[LT_STATUS_COUNT_] = {
+    [LT_OK] = "ok",
+    [LT_ERR_INVALID_ARG] = "invalid argument",
+    [LT_ERR_SHAPE] = "shape mismatch",
+    [LT_ERR_DTYPE] = "unsupported dtype",
+    [LT_ERR_UNSUPPORTED] = "unsupported",
+    [LT_ERR_OOM] = "out of memory",
+    [LT_ERR_IO] = "I/O error",
+    [LT_ERR_FORMAT] = "malformed input",
+    [LT_ERR_NOT_FOUND] = "not found",
+    [LT_ERR_CUDA] = "CUDA error",
+    [LT_ERR_INTERRUPTED] = "interrupted",
+};
+
+const char *lt_status_str(lt_status s) {
+    if ((int)s < 0 || s >= LT_STATUS_COUNT_) return "unknown status";
+    return status_names[s];
+}
+
+lt_ctx *lt_ctx_new(void) {
+    lt_ctx *ctx = calloc(1, sizeof *ctx);
+    return ctx;
+}
+
+void lt_ctx_free(lt_ctx *ctx) { free(ctx); }
+
+const char *lt_ctx_error(const lt_ctx *ctx) { return ctx ? ctx->error : ""; }
+lt_status lt_ctx_status(const lt_ctx *ctx) { return ctx ? ctx->status : LT_OK; }
+
+void lt_ctx_clear_error(lt_ctx *ctx) {
+    if (!ctx) return;
+    ctx->status = LT_OK;
+    ctx->error[0] = '\0';
+}
+
+lt_status lt_error(lt_ctx *ctx, lt_status status, const char *fmt, ...) {
+    if (!ctx) return status;
+    ctx->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void lt_ctx_set_threads(lt_ctx *ctx, int threads) {
+    if (ctx) ctx->threads = threads < 0 ? 0 : threads;
+}
+int lt_ctx_threads(const lt_ctx *ctx) { return ctx ? ctx->threads : 0; }
+
+static lt_abort_fn abort_hook;
+
+void lt_set_abort_hook(lt_abort_fn fn) { abort_hook = fn; }
+
+void lt_abort_at(const char *file, int line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (abort_hook) abort_hook(file, line, msg);
+    fprintf(stderr, "longtune: fatal: %s:%d: %s\n", file, line, msg);
+    fflush(stderr);
+    abort();
+}

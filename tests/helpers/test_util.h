@@ -1,0 +1,27 @@
+/* Shared test helpers: a seeded RNG printed once per program (so a failure can be replayed with
+ * LONGTUNE_TEST_SEED), fresh random inputs, and named tolerances derived from the dtype. */
+#ifndef LT_TEST_UTIL_H
+#define LT_TEST_UTIL_H
+
+#include <stdint.h>
+
+/* Seed from LONGTUNE_TEST_SEED or the clock; printed to stderr. */
+uint64_t lt_test_seed(void);
+uint64_t lt_test_rand_u64(uint64_t *state);
+/* Uniform in [lo, hi). */
+double lt_test_uniform(uint64_t *state, double lo, double hi);
+/* Standard normal. */
+double lt_test_normal(uint64_t *state);
+void lt_test_fill_normal(uint64_t *state, float *x, int64_t n, float stddev);
+/* Poison value written into outputs before a call, so unwritten elements are caught. */
+#define LT_TEST_POISON (-7.25e30f)
+
+/* Tolerances: fp32 ~ a few ulps of accumulated error; bf16 compared as "at most 2x the error of a
+ * naive bf16 computation against the same float64 reference" by the tests themselves. */
+#define LT_TOL_F32_REL 1e-5
+#define LT_TOL_F32_ABS 1e-6
+
+/* Directory holding tests/fixtures (LONGTUNE_SOURCE_DIR or the compile-time source dir). */
+const char *lt_test_source_dir(void);
+
+#endif
