@@ -2,3 +2,4 @@
  * Each handler lives in cli/cmd_<name>.c, takes argv with argv[0] = the subcommand name, and
  * returns the process exit status (0 ok, 1 failure, 2 usage error). */
 LT_CMD(info, lt_cmd_info, "show the build's features, devices and memory")
+LT_CMD(bench, lt_cmd_bench, "run a benchmark and write its JSON result (see bench --help)")

@@ -1,0 +1,3 @@
+/* The benchmarks of `longtune bench <name>`, one line each: LT_BENCH(name, handler, summary).
+ * Each handler lives in bench/bench_<name>.c and takes argv with argv[0] = the bench name. */
+LT_BENCH(sgemm, lt_bench_sgemm, "OpenBLAS sgemm rate of this machine (the CPU ceiling)")
