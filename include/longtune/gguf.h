@@ -1,0 +1,51 @@
+/* GGUF reader (versions 2 and 3): header, metadata key/values (incl. arrays), tensor infos and
+ * memory-mapped tensor data. Every count, length, dimension and offset is validated against the
+ * file size before use; a malformed file is LT_ERR_FORMAT naming the key or tensor. Read-only:
+ * longtune never writes GGUF. */
+#ifndef LONGTUNE_GGUF_H
+#define LONGTUNE_GGUF_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lt_gguf lt_gguf;
+
+typedef enum lt_gguf_type {
+    LT_GGUF_U8 = 0, LT_GGUF_I8, LT_GGUF_U16, LT_GGUF_I16, LT_GGUF_U32, LT_GGUF_I32, LT_GGUF_F32,
+    LT_GGUF_BOOL, LT_GGUF_STRING, LT_GGUF_ARRAY, LT_GGUF_U64, LT_GGUF_I64, LT_GGUF_F64,
+    LT_GGUF_TYPE_COUNT_
+} lt_gguf_type;
+
+/* Opens and maps `path`. Errors: LT_ERR_IO, LT_ERR_FORMAT. */
+lt_status lt_gguf_open(lt_ctx *ctx, const char *path, lt_gguf **out);
+void lt_gguf_close(lt_gguf *g);
+
+/* Metadata lookups; LT_ERR_NOT_FOUND when the key is absent, LT_ERR_FORMAT on a type mismatch
+ * (integers of any width convert when the value fits). Strings point into the mapping and are
+ * NOT NUL-terminated: use the length. */
+lt_status lt_gguf_get_u64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t *out);
+lt_status lt_gguf_get_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, int64_t *out);
+lt_status lt_gguf_get_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, double *out);
+lt_status lt_gguf_get_str(lt_ctx *ctx, const lt_gguf *g, const char *key, const char **s, size_t *len);
+/* Arrays: element type and count; then element access. */
+lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type,
+                            uint64_t *count);
+lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s,
+                            size_t *len);
+lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, int64_t *out);
+lt_status lt_gguf_array_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, double *out);
+
+/* Tensors: shape in row-major (PyTorch) order, i.e. GGUF's ne[] reversed; dtype mapped from the
+ * ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1; others are LT_ERR_UNSUPPORTED naming the tensor);
+ * data points into the mapping, validated to lie inside the file. */
+int64_t lt_gguf_tensor_count(const lt_gguf *g);
+const char *lt_gguf_tensor_name(const lt_gguf *g, int64_t i);
+lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, lt_tensor *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

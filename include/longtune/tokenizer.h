@@ -1,0 +1,49 @@
+/* Tokenizers: byte-level BPE (GPT-2 family: Llama 3, Qwen2/2.5/3, SmolLM2, StarCoder) and
+ * SentencePiece-style BPE with byte fallback (Llama 2, Mistral v0.1, TinyLlama), loaded from a
+ * Hugging Face tokenizer.json (+ tokenizer_config.json) or from GGUF metadata. Special and added
+ * tokens are matched before BPE; pre-tokenizer regexes run through PCRE2 (UTF, JIT). Encodings
+ * equal the Hugging Face `tokenizers` library's, token for token. No training of tokenizers. */
+#ifndef LONGTUNE_TOKENIZER_H
+#define LONGTUNE_TOKENIZER_H
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lt_tokenizer lt_tokenizer;
+struct lt_gguf;
+
+/* From a tokenizer.json path; tokenizer_config.json beside it is read when present (chat template,
+ * bos/eos, add_bos). Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (model
+ * type or pre-tokenizer not implemented, named). */
+lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **out);
+/* From an open GGUF file's tokenizer.ggml.* metadata (incl. the `pre` type). */
+lt_status lt_tokenizer_load_gguf(lt_ctx *ctx, const struct lt_gguf *g, lt_tokenizer **out);
+void lt_tokenizer_free(lt_tokenizer *tok);
+
+/* Encodes `len` bytes of text (any bytes; invalid UTF-8 handled as the HF library does).
+ * add_special: prepend BOS (and whatever the post-processor adds) as HF's add_special_tokens=True.
+ * *ids is allocated with malloc (caller frees with free()); *n_ids its length. */
+lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *text, size_t len,
+                              int add_special, int32_t **ids, size_t *n_ids);
+/* Decodes ids to bytes (malloc'd, NUL-terminated; *len excludes the NUL). skip_special drops
+ * special tokens. Out-of-range ids are LT_ERR_INVALID_ARG naming the position. */
+lt_status lt_tokenizer_decode(lt_ctx *ctx, const lt_tokenizer *tok, const int32_t *ids, size_t n_ids,
+                              int skip_special, char **text, size_t *len);
+
+int32_t lt_tokenizer_vocab_size(const lt_tokenizer *tok);
+/* -1 when the tokenizer has none. */
+int32_t lt_tokenizer_bos(const lt_tokenizer *tok);
+int32_t lt_tokenizer_eos(const lt_tokenizer *tok);
+int32_t lt_tokenizer_pad(const lt_tokenizer *tok);
+/* Id of an exact token string (e.g. "<|im_end|>"), -1 if absent. */
+int32_t lt_tokenizer_token_id(const lt_tokenizer *tok, const char *token);
+/* The chat template string from tokenizer_config.json or GGUF metadata; NULL if none. */
+const char *lt_tokenizer_chat_template(const lt_tokenizer *tok);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
