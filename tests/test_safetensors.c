@@ -1,6 +1,7 @@
 /* safetensors writer→reader round trips on fresh random tensors (all three dtypes, metadata,
  * sharded index), every malformed-header case the reader must refuse with a typed error naming
  * the tensor, and config.json parsing for each supported architecture and the refused ones. */
+#define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
