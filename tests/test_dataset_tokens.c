@@ -1,8 +1,9 @@
 /* Dataset tokenisation with the default model's real tokenizer and chat template (SmolLM2 GGUF
- * from scripts/setup.sh; skipped when absent): mlx-lm's EOS rule for text, chat = template then
- * tokens, completion = the same as a two-message chat, prompt masking supervises exactly the bytes
- * of the assistant spans, malformed lines stop (file:line) or are skipped and counted, and a
- * packed batch trains exactly the supervised tokens. */
+ * from scripts/setup.sh; those tests are skipped when it is absent): mlx-lm's EOS rule for text,
+ * chat = template then tokens, completion = the same as a two-message chat, prompt masking
+ * supervises exactly the bytes of the assistant spans, malformed lines stop (file:line) or are
+ * skipped and counted, and a packed batch trains exactly the supervised tokens. A committed
+ * SentencePiece-style tokenizer exercises the prefix-tokenisation fallback of prompt masking. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,6 +50,7 @@ static void encode(const char *text, int add_special, int32_t **ids, size_t *n) 
 
 static void text_records_get_eos_once(void **state) {
     (void)state;
+    if (!g_tok) skip();
     lt_dataset_options opt = {0};
     lt_dataset *ds = load("{\"text\": \"Hello world\"}\n{\"text\": \"ends with eos<|im_end|>\"}\n", &opt);
     lt_pack_input in = lt_dataset_input(ds);
@@ -74,6 +76,7 @@ static void text_records_get_eos_once(void **state) {
 
 static void chat_and_completion_follow_the_template(void **state) {
     (void)state;
+    if (!g_tok) skip();
     const char *content =
         "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}, {\"role\": \"assistant\", \"content\": \"4\"}]}\n"
         "{\"prompt\": \"What is 2+2?\", \"completion\": \"4\"}\n"
@@ -137,6 +140,7 @@ static void chat_and_completion_follow_the_template(void **state) {
 
 static void explicit_template_and_errors(void **state) {
     (void)state;
+    if (!g_tok) skip();
     lt_dataset_options opt = {0};
     opt.chat_format = LT_CHAT_LLAMA3;
     opt.chat.bos_token = "<|im_start|>";
@@ -167,6 +171,7 @@ static void explicit_template_and_errors(void **state) {
 
 static void packed_batches_train_exactly_the_supervised_tokens(void **state) {
     (void)state;
+    if (!g_tok) skip();
     char content[8192] = "";
     for (int i = 0; i < 20; i++) {
         char line[512];
@@ -205,17 +210,66 @@ static void packed_batches_train_exactly_the_supervised_tokens(void **state) {
     lt_dataset_free(g_ctx, ds);
 }
 
+/* SentencePiece-style BPE (tests/fixtures/tokenizer/spm): decoding token by token does not spell
+ * the text (the leading-space marker), so masking falls back to tokenising prefixes. The supervised
+ * runs must still be exactly the assistant turns. */
+static void masking_falls_back_to_prefix_tokenisation(void **state) {
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/spm/tokenizer.json", lt_test_source_dir());
+    lt_ctx *ctx = lt_ctx_new();
+    lt_tokenizer *tok = NULL;
+    if (lt_tokenizer_load_json(ctx, path, &tok) != LT_OK) fail_msg("%s", lt_ctx_error(ctx));
+    const char *content = "{\"messages\": [{\"role\": \"user\", \"content\": \"hello there\"}, "
+                          "{\"role\": \"assistant\", \"content\": \"general kenobi\"}, "
+                          "{\"role\": \"user\", \"content\": \"and then\"}, "
+                          "{\"role\": \"assistant\", \"content\": \"the end\"}]}\n";
+    const char *file = write_file("spm.jsonl", content);
+    lt_dataset_options opt = {0};
+    opt.mask_prompt = 1;
+    opt.chat_format = LT_CHAT_MISTRAL;
+    lt_dataset *ds = NULL;
+    if (lt_dataset_load(ctx, file, tok, &opt, &ds) != LT_OK) fail_msg("%s", lt_ctx_error(ctx));
+    unlink(file);
+    lt_pack_input in = lt_dataset_input(ds);
+    const char *want[2] = {"general kenobi", "the end"};
+    int run = 0;
+    for (int64_t j = 0; j < in.offsets[1];) {
+        if (!in.supervised[j]) {
+            j++;
+            continue;
+        }
+        int64_t e = j;
+        while (e < in.offsets[1] && in.supervised[e]) e++;
+        assert_int_equal(in.tokens[e - 1], lt_tokenizer_token_id(tok, "</s>")); /* each run ends with </s> */
+        char *txt;
+        size_t len;
+        assert_int_equal(lt_tokenizer_decode(ctx, tok, in.tokens + j, (size_t)(e - j), 1, &txt, &len), LT_OK);
+        assert_true(run < 2);
+        const char *t = txt;
+        while (*t == ' ') t++;
+        assert_string_equal(t, want[run]);
+        free(txt);
+        run++;
+        j = e;
+    }
+    assert_int_equal(run, 2);
+    lt_dataset_free(ctx, ds);
+    lt_tokenizer_free(tok);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const char *cache = getenv("LONGTUNE_CACHE");
     const char *home = getenv("HOME");
     if (cache) snprintf(model_path, sizeof model_path, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
     else snprintf(model_path, sizeof model_path, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
-    if (access(model_path, R_OK) != 0) {
-        printf("skipped: default model %s not found (run scripts/setup.sh)\n", model_path);
-        return 77;
-    }
     g_ctx = lt_ctx_new();
-    if (lt_gguf_open(g_ctx, model_path, &g_gguf) != LT_OK || lt_tokenizer_load_gguf(g_ctx, g_gguf, &g_tok) != LT_OK) {
+    if (access(model_path, R_OK) != 0) {
+        printf("model tests skipped: default model %s not found (run scripts/setup.sh)\n", model_path);
+    } else if (lt_gguf_open(g_ctx, model_path, &g_gguf) != LT_OK ||
+               lt_tokenizer_load_gguf(g_ctx, g_gguf, &g_tok) != LT_OK) {
         fprintf(stderr, "cannot load the tokenizer of %s: %s\n", model_path, lt_ctx_error(g_ctx));
         return 1;
     }
@@ -224,6 +278,7 @@ int main(void) {
         cmocka_unit_test(chat_and_completion_follow_the_template),
         cmocka_unit_test(explicit_template_and_errors),
         cmocka_unit_test(packed_batches_train_exactly_the_supervised_tokens),
+        cmocka_unit_test(masking_falls_back_to_prefix_tokenisation),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     lt_tokenizer_free(g_tok);
