@@ -6,9 +6,11 @@ train/valid/test. Standard library only. It does not download anything: install 
 `apt-get install python3.11-doc` (scripts/setup.sh does).
 
 Answers are turned from reST into plain text (roles, links and directives reduced to their text,
-literal blocks kept indented). Pairs whose answer is longer than --max-answer-chars (about 400
-tokens at the default) are left out so the demo's max-seq-length of 512 holds whole examples; the
-count is printed. Output is written to a temporary folder, fsynced and renamed over --out; a stamp
+literal blocks kept indented). Pairs whose answer is longer than --max-answer-chars, or has more
+than --max-answer-units words, symbols and newlines (a stdlib stand-in for a token count: BPE
+tokenizers give about 0.9-1.5 tokens per unit on this text), are left out so the demo's
+max-seq-length of 512 holds whole examples with the chat template around them; the count is
+printed. Output is written to a temporary folder, fsynced and renamed over --out; a stamp
 (SOURCE.json) records the inputs' hashes so a second run with the same inputs does nothing.
 """
 import argparse
@@ -20,9 +22,10 @@ import shutil
 import sys
 import tempfile
 
-VERSION = 1
+VERSION = 2
 DEFAULT_SRC = "/usr/share/doc/python3.11/html/_sources/faq"
 ADORN = set("=-~^\"'`#*+.:_")
+UNIT = re.compile(r"\w+|[^\w\s]|\n")
 KEEP_BODY = {"note", "seealso", "warning", "code-block", "sourcecode", "doctest", "testcode", "versionadded",
              "versionchanged", "deprecated"}
 
@@ -136,6 +139,7 @@ def main():
     ap.add_argument("--out", required=True, help="output folder (train.jsonl, valid.jsonl, test.jsonl)")
     ap.add_argument("--src", default=DEFAULT_SRC, help="folder of the FAQ reST sources (default %(default)s)")
     ap.add_argument("--max-answer-chars", type=int, default=1600)
+    ap.add_argument("--max-answer-units", type=int, default=400)
     ap.add_argument("--valid-percent", type=int, default=10)
     ap.add_argument("--test-percent", type=int, default=10)
     ap.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
@@ -151,6 +155,7 @@ def main():
         with open(os.path.join(args.src, f), "rb") as fh:
             digest.update(f.encode() + b"\0" + fh.read())
     stamp = {"version": VERSION, "sources": digest.hexdigest(), "max_answer_chars": args.max_answer_chars,
+             "max_answer_units": args.max_answer_units,
              "valid_percent": args.valid_percent, "test_percent": args.test_percent}
     stamp_path = os.path.join(args.out, "SOURCE.json")
     if not args.force and os.path.exists(stamp_path):
@@ -173,7 +178,7 @@ def main():
             if q in seen:
                 continue
             seen.add(q)
-            if len(a) > args.max_answer_chars:
+            if len(a) > args.max_answer_chars or len(UNIT.findall(a)) > args.max_answer_units:
                 dropped += 1
                 continue
             rec = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
@@ -213,7 +218,7 @@ def main():
         raise
     n = {k: len(v) for k, v in splits.items()}
     print(f"prepare_dataset: {total} FAQ pairs, {dropped} left out as longer than {args.max_answer_chars} "
-          f"chars; wrote train {n['train']}, valid {n['valid']}, test {n['test']} to {args.out}")
+          f"chars or {args.max_answer_units} units; wrote train {n['train']}, valid {n['valid']}, test {n['test']} to {args.out}")
 
 
 if __name__ == "__main__":
