@@ -122,7 +122,7 @@ static lt_status take(lt_ctx *ctx, reader *r, void *out, size_t n, const char *w
 static lt_status walk_params(lt_ctx *ctx, reader *r, lt_train_param *params, int n_params, int copy) {
     for (int i = 0; i < n_params; i++) {
         lt_train_param *p = &params[i];
-        uint32_t nl, ndim;
+        uint32_t nl = 0, ndim = 0;
         char name[LT_TRAIN_NAME_MAX];
         LT_TRY(take(ctx, r, &nl, 4, "name length"));
         if (nl == 0 || nl >= sizeof name)
@@ -138,7 +138,7 @@ static lt_status walk_params(lt_ctx *ctx, reader *r, lt_train_param *params, int
             return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: tensor '%s' has %u dims, this run expects %d", r->path, name,
                             ndim, p->ndim);
         for (uint32_t d = 0; d < ndim; d++) {
-            int64_t dim;
+            int64_t dim = 0;
             LT_TRY(take(ctx, r, &dim, 8, "shape"));
             if (dim != p->shape[d])
                 return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: tensor '%s' dim %u is %lld, this run expects %lld",
@@ -155,7 +155,7 @@ static lt_status walk_params(lt_ctx *ctx, reader *r, lt_train_param *params, int
 static lt_status parse(lt_ctx *ctx, reader *r, const lt_train_options *opt, lt_train_state *st,
                        lt_train_param *params, int n_params) {
     char magic[8];
-    uint32_t version, np, tn;
+    uint32_t version = 0, np = 0, tn = 0;
     if (r->n < 8 + 8 || memcmp(r->b, CKPT_MAGIC, 8))
         return lt_error(ctx, LT_ERR_FORMAT, "%s: not a longtune checkpoint (bad magic or empty)", r->path);
     uint64_t want, got = lt_fnv64(LT_FNV64_INIT, r->b, r->n - 8);
@@ -172,7 +172,7 @@ static lt_status parse(lt_ctx *ctx, reader *r, const lt_train_options *opt, lt_t
     if ((int64_t)np != n_params)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: %u LoRA tensors, this run has %d", r->path, np, n_params);
     lt_train_state s;
-    uint64_t u;
+    uint64_t u = 0;
     LT_TRY(take(ctx, r, &u, 8, "step"));
     s.step = (int64_t)u;
     LT_TRY(take(ctx, r, s.rng, 32, "rng"));
