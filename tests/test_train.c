@@ -53,7 +53,7 @@ static void options_defaults_and_flags(void **state) {
     assert_true(o.learning_rate == 2e-4);
     assert_int_equal(o.max_seq_length, 512);
     assert_string_equal(o.lora_targets, "q_proj,v_proj");
-    assert_int_equal(o.recompute, LT_RECOMPUTE_EVERY);
+    assert_int_equal(o.recompute, LT_RECOMPUTE_EVERY_K);
     assert_int_equal(o.recompute_every, 3);
     assert_int_equal(o.lr_schedule, LT_LR_SCHEDULE_COSINE);
     assert_true(o.seed == UINT64_MAX);

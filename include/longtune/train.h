@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include "attention.h"
 #include "lce.h"
+#include "model.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -23,11 +24,6 @@ typedef enum lt_lr_schedule {
     LT_LR_SCHEDULE_COSINE,       /* lr → min_lr along half a cosine over the steps after warmup */
 } lt_lr_schedule;
 
-typedef enum lt_recompute {
-    LT_RECOMPUTE_NONE = 0, /* keep every layer's activations for the backward */
-    LT_RECOMPUTE_ALL,      /* keep only each layer's input; recompute the layer in the backward */
-    LT_RECOMPUTE_EVERY,    /* checkpoint every recompute_every-th layer, keep the others */
-} lt_recompute;
 
 /* Every option of a run. Zero-initialised = defaults: lt_train_options_resolve fills each zero
  * field with the default in brackets and validates the result. Flag names are the field names
@@ -61,7 +57,8 @@ typedef struct lt_train_options {
     double beta1, beta2, eps;      /* [0.9, 0.999, 1e-8] */
     int64_t grad_accum;            /* micro-batches per optimizer step [1] */
     double grad_clip;              /* global L2 norm clip, 0 = off [0] */
-    lt_recompute recompute;        /* [none, or all with grad_checkpoint] */
+    lt_recompute recompute;        /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
+                                      (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
     int64_t recompute_every;       /* K of "every:K" */
     lt_attention_impl attention;   /* [flash] */
     lt_lce_impl loss;              /* [fused] */

@@ -170,9 +170,9 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         lt_recompute v;
         int64_t every = 0;
         if (!strcmp(value, "none")) v = LT_RECOMPUTE_NONE;
-        else if (!strcmp(value, "all")) v = LT_RECOMPUTE_ALL;
+        else if (!strcmp(value, "all")) v = LT_RECOMPUTE_EVERY;
         else if (!strncmp(value, "every:", 6) && !parse_i64(value + 6, &every) && every >= 1 && every <= 65536)
-            v = LT_RECOMPUTE_EVERY;
+            v = LT_RECOMPUTE_EVERY_K;
         else
             return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)", key,
                             value);
@@ -323,10 +323,10 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.grad_accum <= 0) o.grad_accum = 1;
     if (o.attention == LT_ATTENTION_AUTO) o.attention = LT_ATTENTION_FLASH;
     if (o.loss == LT_LCE_AUTO) o.loss = LT_LCE_FUSED;
-    if (o.grad_checkpoint && o.recompute == LT_RECOMPUTE_NONE) o.recompute = LT_RECOMPUTE_ALL;
-    if (o.recompute == LT_RECOMPUTE_EVERY && o.recompute_every < 1)
+    if (o.grad_checkpoint && o.recompute == LT_RECOMPUTE_NONE) o.recompute = LT_RECOMPUTE_EVERY;
+    if (o.recompute == LT_RECOMPUTE_EVERY_K && o.recompute_every < 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");
-    if (o.recompute != LT_RECOMPUTE_EVERY) o.recompute_every = 0;
+    if (o.recompute != LT_RECOMPUTE_EVERY_K) o.recompute_every = 0;
     if (o.min_lr > o.learning_rate)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'min_lr' (%g) exceeds 'learning_rate' (%g)", o.min_lr,
                         o.learning_rate);

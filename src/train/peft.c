@@ -1,13 +1,15 @@
 /* PEFT adapter export: adapter_config.json + adapter_model.safetensors with PEFT's key names
  * ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)), so
- * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. Tensors are written as F32.
- * Each file is written atomically. Reading adapters back is the model module's job (it owns the
+ * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. Tensors are written as F32
+ * through the safetensors writer; each file is written atomically. Reading adapters back is the model module's job (it owns the
  * safetensors reader). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "longtune/alloc.h"
+#include "longtune/safetensors.h"
 #include "train/train_internal.h"
 
 #define PEFT_PREFIX "base_model.model."
@@ -52,51 +54,19 @@ static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt
 }
 
 static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n) {
-    cJSON *hdr = cJSON_CreateObject();
-    if (!hdr) return lt_error(ctx, LT_ERR_OOM, "%s: cannot build the header", path);
-    lt_status s = LT_OK;
-    char *json = NULL;
-    cJSON *meta = cJSON_AddObjectToObject(hdr, "__metadata__");
-    if (!meta || !cJSON_AddStringToObject(meta, "format", "pt")) goto oom;
-    uint64_t off = 0;
+    size_t bytes = (size_t)n * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
+    lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
+    if (!e) return LT_ERR_OOM;
+    char *names = (char *)(e + n);
     for (int i = 0; i < n; i++) {
-        char key[LT_TRAIN_NAME_MAX + 32];
-        snprintf(key, sizeof key, PEFT_PREFIX "%s.weight", params[i].name);
-        cJSON *t = cJSON_AddObjectToObject(hdr, key);
-        if (!t || !cJSON_AddStringToObject(t, "dtype", "F32")) goto oom;
-        cJSON *shape = cJSON_AddArrayToObject(t, "shape"), *offs = cJSON_AddArrayToObject(t, "data_offsets");
-        if (!shape || !offs) goto oom;
-        for (int d = 0; d < params[i].ndim; d++)
-            if (!cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)params[i].shape[d]))) goto oom;
-        uint64_t bytes = (uint64_t)lt_train_param_numel(&params[i]) * 4;
-        if (!cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off)) ||
-            !cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + bytes))))
-            goto oom;
-        off += bytes;
+        char *key = names + (size_t)i * (LT_TRAIN_NAME_MAX + 32);
+        snprintf(key, LT_TRAIN_NAME_MAX + 32, PEFT_PREFIX "%s.weight", params[i].name);
+        e[i].name = key;
+        e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
     }
-    json = cJSON_PrintUnformatted(hdr);
-    if (!json) goto oom;
-    /* The header is padded with spaces so the data starts 8-byte aligned, as safetensors does. */
-    size_t jl = strlen(json), padded = (jl + 7) & ~(size_t)7;
-    uint64_t hl = padded;
-    lt_atomic_file af;
-    if ((s = lt_atomic_open(ctx, &af, path)) != LT_OK) goto done;
-    s = lt_atomic_write(ctx, &af, &hl, 8);
-    if (s == LT_OK) s = lt_atomic_write(ctx, &af, json, jl);
-    if (s == LT_OK) s = lt_atomic_write(ctx, &af, "        ", padded - jl);
-    for (int i = 0; s == LT_OK && i < n; i++)
-        s = lt_atomic_write(ctx, &af, params[i].data, (size_t)lt_train_param_numel(&params[i]) * 4);
-    if (s != LT_OK) {
-        lt_atomic_abort(&af);
-        goto done;
-    }
-    s = lt_atomic_commit(ctx, &af);
-    goto done;
-oom:
-    s = lt_error(ctx, LT_ERR_OOM, "%s: cannot build the header", path);
-done:
-    free(json);
-    cJSON_Delete(hdr);
+    static const char *const meta[] = {"format", "pt"};
+    lt_status s = lt_safetensors_write(ctx, path, e, n, meta, 1);
+    lt_free(ctx, LT_DEVICE_CPU, e, bytes);
     return s;
 }
 
