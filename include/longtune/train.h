@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "lce.h"
 #include "model.h"
+#include "pack.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -167,6 +168,45 @@ lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step
 /* Appends one line and flushes it. Errors: LT_ERR_IO. */
 lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *r);
 void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
+
+/* The model's LoRA choice for a resolved run (targets, last-K layers, rank, alpha, dropout, seed). */
+lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
+
+/* What a run did. step_loss, when the caller sets it, receives the training loss (token mean over
+ * the step's micro-batches) of every step run by this call, indexed by step (iters entries). */
+typedef struct lt_train_result {
+    int64_t steps;            /* optimizer steps completed, resumed ones included */
+    int64_t start_step;       /* the step this call started from (0, or the checkpoint's) */
+    double first_val_loss;    /* the first validation of this call (NAN when none) */
+    double last_val_loss;
+    double last_train_loss;
+    int64_t tokens;           /* trained tokens, resumed ones included */
+    double elapsed_s;         /* this call's wall time */
+    size_t peak_bytes;        /* host high-water of the accounting allocator */
+    size_t plan_bytes;        /* model size table + optimizer moments */
+    double *step_loss;        /* optional, caller-owned (iters) */
+} lt_train_result;
+
+/* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for
+ * evaluation; valid may be NULL or empty). `opt` must be resolved. Packs rows of max_seq_length
+ * tokens (first-fit; one sequence per row with no_pack), accumulates grad_accum micro-batches per
+ * step, clips, applies AdamW through the backend op, evaluates every steps_per_eval steps (and
+ * before the first and after the last), writes metrics, checkpoints and the PEFT adapter into
+ * adapter_path every save_every steps and at the end, and resumes from resume_adapter_file.
+ * A stop request (lt_train_request_stop) saves a checkpoint and returns LT_ERR_INTERRUPTED.
+ * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
+ * checkpoint and file writers, all with messages. */
+lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+                       const lt_pack_input *valid, FILE *progress, lt_train_result *res);
+
+/* The whole command: loads opt->model (a quantized GGUF stays quantized; opt->quantize quantizes a
+ * dense base), its tokenizer, and the dataset folder opt->data (train.jsonl, valid.jsonl when
+ * present; chat template applied, prompts masked with mask_prompt), then runs lt_train_fit.
+ * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
+lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
+
+/* Checkpoint file name inside adapter_path. */
+#define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"
 
 /* Stop request, async-signal-safe: a SIGINT/SIGTERM handler calls lt_train_request_stop(signo);
  * the trainer checks between steps, saves a checkpoint and returns LT_ERR_INTERRUPTED. */
