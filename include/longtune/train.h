@@ -146,6 +146,16 @@ lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_optio
 lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
                        const lt_train_options *opt, const lt_train_param *params, int n_params);
 
+/* Reads a PEFT LoRA folder's adapter_config.json into the model's LoRA options for a base of L
+ * layers (r, lora_alpha, target_modules; layers_to_transform must be the last K layers or null).
+ * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (DoRA, rsLoRA, other
+ * modules or layer sets, named). */
+lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
+/* Copies adapter_model.safetensors of `dir` (F32/BF16/F16) into the LoRA tensors of m, which must
+ * have been loaded with lt_peft_read_config's options. Errors: LT_ERR_NOT_FOUND (a tensor, named),
+ * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
+lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
+
 /* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
 typedef struct lt_metrics_record {
     int64_t step;
