@@ -292,12 +292,14 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     int64_t win_steps = 0, win_tok = 0;
     while (t->st.step < o->iters) {
         int sig = lt_train_stop_requested();
+        if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
             LT_TRY(save(t));
             lt_progress_end(&pg, "stopped");
-            return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped by signal %d at step %lld; checkpoint saved to %s", sig,
-                            (long long)t->st.step, t->ckpt_path);
+            return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
+                            sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
+                            t->ckpt_path);
         }
         double loss;
         int64_t tok;
@@ -354,8 +356,10 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
 lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
     double *step_loss = res->step_loss;
+    int64_t stop_at = res->stop_at;
     memset(res, 0, sizeof *res);
     res->step_loss = step_loss;
+    res->stop_at = stop_at;
     res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
     trainer t;
     memset(&t, 0, sizeof t);
