@@ -19,6 +19,8 @@ tokenizer.gguf where noted) and expected.jsonl.
                           transformers' SentencePieceExtractor does, BOS template.
   spm/tokenizer.gguf      the same vocabulary and scores as GGUF metadata (tokenizer.ggml.model
                           "llama"), so the GGUF loader is checked against the same expected ids.
+  bpe-nfc/tokenizer.gguf, bpe-im/tokenizer.gguf
+                          the same vocabularies as GGUF metadata with pre = qwen2 and llama-bpe.
   spm-meta/               the same vocabulary with a Metaspace(prepend_scheme=first) pre-tokenizer.
   NAME/expected.jsonl     per corpus line: ids (add_special_tokens=False), ids_special (True),
                           decoded (decode(ids, skip_special_tokens=False)).
@@ -290,6 +292,37 @@ def byte_level_family(corpus):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(j, f, ensure_ascii=False)
     expected(Tokenizer.from_file(path), corpus, fx("bpe-im", "expected.jsonl"))
+    byte_level_gguf("bpe-nfc", "qwen2", False)
+    byte_level_gguf("bpe-im", "llama-bpe", True)
+
+
+def byte_level_gguf(family, pre, add_bos):
+    """The family's vocabulary and merges as GGUF metadata with tokenizer.ggml.pre = `pre`.
+    Special added tokens become control tokens (type 3), other added tokens user-defined (type 4),
+    which GGUF cannot mark lstrip/rstrip: the C test skips records containing those."""
+    j = json.load(open(fx(family, "tokenizer.json"), encoding="utf-8"))
+    vocab = dict(j["model"]["vocab"])
+    types = {}
+    for a in j["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        types[a["id"]] = 3 if a["special"] else 4
+    tokens = [None] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    assert all(t is not None for t in tokens)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    kv = {
+        "general.architecture": (8, "llama"),
+        "tokenizer.ggml.model": (8, "gpt2"),
+        "tokenizer.ggml.pre": (8, pre),
+        "tokenizer.ggml.tokens": (9, (8, tokens)),
+        "tokenizer.ggml.token_type": (9, (5, [types.get(i, 1) for i in range(len(tokens))])),
+        "tokenizer.ggml.merges": (9, (8, merges)),
+        "tokenizer.ggml.add_bos_token": (7, add_bos),
+    }
+    if add_bos:
+        kv["tokenizer.ggml.bos_token_id"] = (4, vocab["<|begin_of_text|>"])
+    gguf_write(fx(family, "tokenizer.gguf"), kv)
 
 
 def generate_merges(vocab, scores):
