@@ -284,7 +284,8 @@ static inline const tk_merge *merge_find(const lt_tokenizer *t, int32_t a, int32
 lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out) {
     int err;
     PCRE2_SIZE off;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL refuses PCRE2_UCP (it has no classes to apply it to). */
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
