@@ -408,11 +408,8 @@ static size_t utf8_valid_prefix(const uint8_t *s, size_t n) {
 
 lt_status tk_finish(lt_tokenizer *t) {
     lt_ctx *ctx = t->ctx;
-    static int tables_ready;
-    if (!tables_ready) {
-        init_byte_tables();
-        tables_ready = 1;
-    }
+    static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+    pthread_once(&tables_once, init_byte_tables);
     if (t->n_pres && t->pres[t->n_pres - 1].kind == TK_PRE_BYTELEVEL) t->byte_level = 1;
     for (int i = 0; i < t->n_pres - 1; i++)
         if (t->pres[i].kind == TK_PRE_BYTELEVEL)
