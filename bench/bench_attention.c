@@ -22,6 +22,8 @@ typedef struct {
     int nT;
     int64_t naive_max_T, packed_T;
     int naive_repeats, threads;
+    int64_t window;
+    float softcap;
     uint64_t seed;
     lt_dtype dtype;
 } opts;
@@ -148,6 +150,14 @@ static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *
     return a;
 }
 
+/* (query, key) pairs of one sequence of length n: n^2/2 by FlashAttention's causal convention, or
+ * the exact count sum_i min(i+1, window) when a window cuts the band. */
+static double seq_pairs(double n, int64_t window) {
+    const double w = (double)window;
+    if (window <= 0 || w >= n) return n * n / 2;
+    return w * (w + 1) / 2 + (n - w) * w;
+}
+
 static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
     long long n = strtoll(v, &end, 10);
@@ -174,7 +184,9 @@ int lt_bench_attention(int argc, char **argv) {
                    "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
                    "  --threads N      threads (default: OpenMP's)\n"
                    "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
-                   "  --dtype D        f32 | bf16 (default f32)\n" LT_BENCH_COMMON_HELP,
+                   "  --dtype D        f32 | bf16 (default f32)\n"
+                   "  --window W       sliding window (default 0 = none)\n"
+                   "  --softcap C      logit softcap (default 0 = off)\n" LT_BENCH_COMMON_HELP,
                    usage);
             return 0;
         }
@@ -202,6 +214,13 @@ int lt_bench_attention(int argc, char **argv) {
                 if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
             } else if (!strcmp(f, "--seed")) {
                 if ((good = parse_i64(v, 0, INT64_MAX, &n))) o.seed = (uint64_t)n;
+            } else if (!strcmp(f, "--window")) {
+                good = parse_i64(v, 0, INT32_MAX, &o.window);
+            } else if (!strcmp(f, "--softcap")) {
+                char *end;
+                double x = strtod(v, &end);
+                good = end != v && !*end && x >= 0 && x < 1e6;
+                if (good) o.softcap = (float)x;
             } else if (!strcmp(f, "--dtype")) {
                 good = lt_dtype_parse(v, &o.dtype) == LT_OK &&
                        (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
@@ -238,6 +257,8 @@ int lt_bench_attention(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "D", 64);
     cJSON_AddStringToObject(cfg, "dtype", lt_dtype_name(o.dtype));
     cJSON_AddStringToObject(cfg, "mask", "causal");
+    cJSON_AddNumberToObject(cfg, "window", (double)o.window);
+    cJSON_AddNumberToObject(cfg, "softcap", o.softcap);
     cJSON_AddNumberToObject(cfg, "threads", o.threads);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
@@ -245,7 +266,7 @@ int lt_bench_attention(int argc, char **argv) {
     /* OpenBLAS picks its kernels from the CPU it detects (OPENBLAS_CORETYPE overrides); on a VM that
      * hides the model it may fall back to an SSE3 kernel, which lowers sgemm and attention alike. */
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
-    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
+    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed; exact band count with a window); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *targets = cJSON_AddObjectToObject(r, "targets");
 
@@ -253,7 +274,8 @@ int lt_bench_attention(int argc, char **argv) {
     double flash_peak[8] = {0}, naive_peak[8] = {0}, flash_ratio[8] = {0};
     for (int ti = 0; ti < o.nT; ti++) {
         const int64_t T = o.Ts[ti];
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
+                                 .window = o.window, .softcap = o.softcap};
         char name[64];
         for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
             if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
@@ -265,7 +287,7 @@ int lt_bench_attention(int argc, char **argv) {
                 continue;
             }
             snprintf(name, sizeof name, "%s-T%lld", naive ? "naive" : "flash", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &t, (double)T * (double)T / 2, sgemm);
+            cJSON *a = add_arm(arms, name, &p, &t, seq_pairs((double)T, o.window), sgemm);
             double peak = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
             if (naive) naive_peak[ti] = peak;
             else {
@@ -301,9 +323,14 @@ int lt_bench_attention(int argc, char **argv) {
             return 1;
         }
         const int64_t S = pack_offsets(T, o.seed, offs, cap + 1);
-        double sum2 = 0;
-        for (int64_t s = 0; s < S; s++) sum2 += (double)(offs[s + 1] - offs[s]) * (double)(offs[s + 1] - offs[s]);
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        double sum2 = 0, pairs = 0;
+        for (int64_t s = 0; s < S; s++) {
+            const double len = (double)(offs[s + 1] - offs[s]);
+            sum2 += len * len;
+            pairs += seq_pairs(len, o.window);
+        }
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
+                                 .window = o.window, .softcap = o.softcap};
         char name[64];
         timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         p.seq_offsets = offs;
@@ -312,10 +339,10 @@ int lt_bench_attention(int argc, char **argv) {
         if (single.ok && packed.ok) {
             p.seq_offsets = NULL;
             snprintf(name, sizeof name, "flash-causal-T%lld", (long long)T);
-            add_arm(arms, name, &p, &single, (double)T * (double)T / 2, sgemm);
+            add_arm(arms, name, &p, &single, seq_pairs((double)T, o.window), sgemm);
             p.seq_offsets = offs;
             snprintf(name, sizeof name, "flash-packed-T%lld", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &packed, sum2 / 2, sgemm);
+            cJSON *a = add_arm(arms, name, &p, &packed, pairs, sgemm);
             cJSON_AddNumberToObject(a, "sequences", (double)S);
             cJSON_AddNumberToObject(a, "mean_len", (double)T / (double)S);
             cJSON_AddNumberToObject(a, "sum_len2", sum2);
