@@ -3,6 +3,7 @@
  * sequence of the same length. Reports forward and backward medians, extra peak bytes from the
  * accounting allocator, GFLOP/s in FlashAttention's convention and the ratio to OpenBLAS sgemm
  * measured in the same run. It times library symbols only; no kernel is copied here. */
+#define _DEFAULT_SOURCE /* getloadavg */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,10 @@ fail:
     return t;
 }
 
+/* The sgemm ceiling right before an arm: on a shared machine the load moves between arms, so each
+ * arm's ratio is taken against a rate measured next to it. */
+static double sgemm_now(int threads) { return lt_bench_sgemm_gflops(2048, 2, threads); }
+
 /* Adds one arm; `pairs` is the number of (query, key) pairs attended, sum of len^2 / 2 in
  * FlashAttention's causal convention (fwd FLOPs = 4 * H * D * pairs, bwd = 2.5 x fwd). */
 static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *p, const timing *t,
@@ -143,6 +148,7 @@ static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *
     cJSON_AddNumberToObject(a, "fwd_gflops", fwd_g);
     cJSON_AddNumberToObject(a, "bwd_gflops", bwd_g);
     cJSON_AddNumberToObject(a, "fwdbwd_gflops", all_g);
+    cJSON_AddNumberToObject(a, "sgemm_gflops", sgemm);
     cJSON_AddNumberToObject(a, "ratio_to_sgemm", all_g / sgemm);
     cJSON_AddItemToArray(arms, a);
     fprintf(stderr, "%-22s fwd %9.2f ms  bwd %9.2f ms  %7.1f GFLOP/s (%.0f%% of sgemm)  extra peak %.1f MiB\n",
@@ -263,6 +269,8 @@ int lt_bench_attention(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
     cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
+    double load[1] = {0};
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_start", load[0]);
     /* OpenBLAS picks its kernels from the CPU it detects (OPENBLAS_CORETYPE overrides); on a VM that
      * hides the model it may fall back to an SSE3 kernel, which lowers sgemm and attention alike. */
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
@@ -281,13 +289,14 @@ int lt_bench_attention(int argc, char **argv) {
             if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
             p.impl = (lt_attention_impl)impl;
             const int naive = impl == LT_ATTENTION_NAIVE;
+            const double sg = sgemm_now(o.threads);
             timing t = run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
             if (!t.ok) {
                 rc = 1;
                 continue;
             }
             snprintf(name, sizeof name, "%s-T%lld", naive ? "naive" : "flash", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &t, seq_pairs((double)T, o.window), sgemm);
+            cJSON *a = add_arm(arms, name, &p, &t, seq_pairs((double)T, o.window), sg);
             double peak = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
             if (naive) naive_peak[ti] = peak;
             else {
@@ -332,17 +341,19 @@ int lt_bench_attention(int argc, char **argv) {
         lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
                                  .window = o.window, .softcap = o.softcap};
         char name[64];
+        const double sg_single = sgemm_now(o.threads);
         timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         p.seq_offsets = offs;
         p.S = S;
+        const double sg_packed = sgemm_now(o.threads);
         timing packed = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         if (single.ok && packed.ok) {
             p.seq_offsets = NULL;
             snprintf(name, sizeof name, "flash-causal-T%lld", (long long)T);
-            add_arm(arms, name, &p, &single, seq_pairs((double)T, o.window), sgemm);
+            add_arm(arms, name, &p, &single, seq_pairs((double)T, o.window), sg_single);
             p.seq_offsets = offs;
             snprintf(name, sizeof name, "flash-packed-T%lld", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &packed, pairs, sgemm);
+            cJSON *a = add_arm(arms, name, &p, &packed, pairs, sg_packed);
             cJSON_AddNumberToObject(a, "sequences", (double)S);
             cJSON_AddNumberToObject(a, "mean_len", (double)T / (double)S);
             cJSON_AddNumberToObject(a, "sum_len2", sum2);
@@ -358,6 +369,7 @@ int lt_bench_attention(int argc, char **argv) {
         free(offs);
     }
     lt_ctx_free(ctx);
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_end", load[0]);
     char tag[64];
     snprintf(tag, sizeof tag, "cpu-%s", lt_dtype_name(o.dtype));
     int wr = lt_bench_write(&c, r, tag);
