@@ -78,9 +78,13 @@ static void open_fixture(lt_ctx *ctx, const char *c, fixture *f) {
     ints(ctx, f, "seq_offsets", f->offsets, f->B * (f->S + 1));
 }
 
-static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int quantize) {
-    char dir[1024];
+static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, int quantize, const char *file) {
+    char dir[1200];
     case_dir(c, dir, sizeof dir);
+    if (file) {
+        strcat(dir, "/");
+        strcat(dir, file);
+    }
     lt_lora_options lo = {0};
     lo.rank = f->rank;
     lo.alpha = f->alpha;
@@ -103,6 +107,10 @@ static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int qua
         memcpy(t.value.data, v, (size_t)n * 4);
     }
     return m;
+}
+
+static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int quantize) {
+    return load_case_file(ctx, c, f, quantize, NULL);
 }
 
 static lt_model_batch fixture_batch(const fixture *f) {
@@ -136,14 +144,12 @@ static void prepare(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute
     }
 }
 
-static void matches_pytorch_peft(void **state) {
-    (void)state;
-    for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) {
-        const char *c = CASES[ci];
+static void check_against_oracle(const char *c, const char *file) {
+    {
         lt_ctx *ctx = lt_ctx_new();
         fixture f;
         open_fixture(ctx, c, &f);
-        lt_model *m = load_case(ctx, c, &f, 0);
+        lt_model *m = load_case_file(ctx, c, &f, 0, file);
         int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
         lt_model_batch b = fixture_batch(&f);
         const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
@@ -193,6 +199,19 @@ static void matches_pytorch_peft(void **state) {
         assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
         lt_ctx_free(ctx);
     }
+}
+
+static void matches_pytorch_peft(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) check_against_oracle(CASES[ci], NULL);
+}
+
+/* The same models converted as llama.cpp does (permuted Q/K rows, llama3 scaling as a factor
+ * tensor, tied head absent) load from GGUF to the same numbers. */
+static void gguf_matches_pytorch_peft(void **state) {
+    (void)state;
+    check_against_oracle("llama_tied", "model.gguf");
+    check_against_oracle("llama3_untied", "model.gguf");
 }
 
 /* The same three sequences packed into two rows or placed one per row give the same losses. */
@@ -374,6 +393,7 @@ static void bad_inputs_are_typed_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matches_pytorch_peft),
+        cmocka_unit_test(gguf_matches_pytorch_peft),
         cmocka_unit_test(packed_equals_unpacked),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(quantized_base_trains),
