@@ -57,7 +57,9 @@ static void export_keys_shapes_and_data(void **state) {
         p[i].data = data[i];
     }
     char dir[256], path[300];
-    snprintf(dir, sizeof dir, "/tmp/lt_test_peft_%ld", (long)getpid());
+    char parent[200];
+    snprintf(parent, sizeof parent, "/tmp/lt_test_peft_%ld", (long)getpid());
+    snprintf(dir, sizeof dir, "%s/nested/adapter", parent); /* parents are created as mkdir -p */
     assert_int_equal(lt_peft_save(ctx, dir, "HuggingFaceTB/SmolLM2-135M-Instruct", &o, p, 6), LT_OK);
 
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -129,6 +131,9 @@ static void export_keys_shapes_and_data(void **state) {
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     unlink(path);
     rmdir(dir);
+    snprintf(path, sizeof path, "%s/nested", parent);
+    rmdir(path);
+    rmdir(parent);
     for (int i = 0; i < 6; i++) free(data[i]);
     lt_ctx_free(ctx);
 }
