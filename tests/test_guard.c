@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +126,12 @@ static int wait_tripped(lt_guard *g, double seconds) {
     return lt_guard_tripped(g);
 }
 
+static atomic_int breach_calls;
+static void count_breach(void *user) {
+    atomic_fetch_add(&breach_calls, 1);
+    *(int *)user = 1;
+}
+
 static void watchdog_catches_memory_outside_the_allocator(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -133,6 +140,10 @@ static void watchdog_catches_memory_outside_the_allocator(void **state) {
     uint64_t ceiling = rss + 48 * MIB;
     lt_guard_options o = {.device = LT_DEVICE_CPU, .ceiling_bytes = ceiling,
                           .allow_low_memory = 1, .interval_s = 0.02};
+    int seen_flag = 0;
+    o.on_breach = count_breach;
+    o.user = &seen_flag;
+    atomic_store(&breach_calls, 0);
     lt_guard *g = NULL;
     assert_int_equal(lt_guard_start(ctx, &o, &g), LT_OK);
     /* Negative control: a quiet process stays under its ceiling. */
@@ -156,8 +167,10 @@ static void watchdog_catches_memory_outside_the_allocator(void **state) {
     assert_true(b.elapsed_s > 0.15 && b.elapsed_s < 10);
     /* The allocator never saw the block: only the guard's own record is accounted. */
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, used_before);
-    /* The flag stays up and check_now agrees. */
+    /* The flag stays up and check_now agrees; the callback ran exactly once. */
     assert_int_equal(lt_guard_check_now(g), 1);
+    assert_int_equal(atomic_load(&breach_calls), 1);
+    assert_int_equal(seen_flag, 1);
     unsigned sum = 0;
     for (size_t i = 0; i < n; i += 4096) sum += block[i];
     assert_true(sum > 0);

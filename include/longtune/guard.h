@@ -62,6 +62,12 @@ typedef struct lt_guard_options {
     int no_allocator_limit;  /* 1: leave the accounting allocator's limits alone */
     int no_watchdog;         /* 1: no sampling thread (the allocator limit still applies) */
     double interval_s;       /* watchdog period in seconds; 0 = 0.5 */
+    /* Optional: called once, from the thread whose sample tripped (the watchdog, or a caller of
+     * lt_guard_check_now), right after the flag is raised, e.g. with
+     * a function that calls lt_train_request_stop so a trainer that checks stop requests between
+     * steps stops there. Must be thread-safe and must not block. */
+    void (*on_breach)(void *user);
+    void *user;
 } lt_guard_options;
 
 /* Measures the machine and applies the rule for `dev` without starting anything. in_use is the

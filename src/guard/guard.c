@@ -115,6 +115,7 @@ static int sample(lt_guard *g) {
             src = "device_used";
         }
         if (seen > g->ceil[d].ceiling_bytes) {
+            int first = 0;
             pthread_mutex_lock(&g->mu);
             if (!atomic_load(&g->tripped)) {
                 g->breach.tripped = 1;
@@ -124,8 +125,10 @@ static int sample(lt_guard *g) {
                 g->breach.ceiling_bytes = g->ceil[d].ceiling_bytes;
                 g->breach.elapsed_s = lt_time_now() - g->t_start;
                 atomic_store(&g->tripped, 1);
+                first = 1;
             }
             pthread_mutex_unlock(&g->mu);
+            if (first && g->opt.on_breach) g->opt.on_breach(g->opt.user);
             return 1;
         }
     }
