@@ -86,7 +86,8 @@ typedef struct lt_model_run_options {
     lt_attention_impl attention; /* AUTO = flash */
     lt_lce_impl loss;            /* AUTO = fused */
     int threads;              /* CPU threads; 0 = the context's */
-    int64_t max_seqs;         /* S: most sequences packed in one row (sizes seq offsets); 0 = T */
+    int forward_only;         /* 1: evaluation / generation only (no saved activations, no
+                                 backward buffers); lt_model_forward_backward is then refused */
 } lt_model_run_options;
 
 /* Lifetime classes of the model's memory, each allocated once. */
@@ -195,9 +196,11 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 /* Forward only (evaluation): no dropout, nothing saved. */
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);
-/* Full logits (B*T, V) f32 into `logits` (caller's buffer), for tests and generation; targets
- * may be NULL. */
+/* Full logits (B*T, V) f32 into `logits` (caller's buffer), for tests; targets may be NULL. */
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
+/* Logits (B, V) of the last position of each row only (generation: recompute the whole prefix,
+ * there is no KV cache). */
+lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
 
 #ifdef __cplusplus
 }

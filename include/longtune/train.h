@@ -12,6 +12,7 @@
 #include "model.h"
 #include "pack.h"
 #include "status.h"
+#include "tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -146,6 +147,16 @@ lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_optio
 lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
                        const lt_train_options *opt, const lt_train_param *params, int n_params);
 
+/* Reads a PEFT LoRA folder's adapter_config.json into the model's LoRA options for a base of L
+ * layers (r, lora_alpha, target_modules; layers_to_transform must be the last K layers or null).
+ * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (DoRA, rsLoRA, other
+ * modules or layer sets, named). */
+lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
+/* Copies adapter_model.safetensors of `dir` (F32/BF16/F16) into the LoRA tensors of m, which must
+ * have been loaded with lt_peft_read_config's options. Errors: LT_ERR_NOT_FOUND (a tensor, named),
+ * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
+lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
+
 /* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
 typedef struct lt_metrics_record {
     int64_t step;
@@ -185,6 +196,8 @@ typedef struct lt_train_result {
     size_t peak_bytes;        /* host high-water of the accounting allocator */
     size_t plan_bytes;        /* model size table + optimizer moments */
     double *step_loss;        /* optional, caller-owned (iters) */
+    int64_t stop_at;          /* optional input: act as if a stop were requested once this step
+                                 is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
 } lt_train_result;
 
 /* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for
@@ -204,6 +217,28 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
  * present; chat template applied, prompts masked with mask_prompt), then runs lt_train_fit.
  * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
 lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
+
+/* Opens the tokenizer of a model path: tokenizer.json in an HF folder (or beside a .safetensors
+ * file), or the tokenizer.ggml.* metadata of a .gguf file. Free with lt_tokenizer_free. Errors:
+ * those of the tokenizer and GGUF loaders; LT_ERR_NOT_FOUND when the folder has no tokenizer.json. */
+lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, struct lt_tokenizer **out);
+
+/* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
+ * O(T²), fine for the short answers a before/after check needs). */
+typedef struct lt_generate_options {
+    int64_t max_tokens;   /* new tokens at most [256] */
+    double temp;          /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
+    double top_p;         /* nucleus sampling mass, (0, 1]; 0 = 1 */
+    uint64_t seed;        /* sampling RNG */
+} lt_generate_options;
+
+/* Appends up to max_tokens tokens to prompt (n_prompt ids) into out (capacity >= max_tokens),
+ * stopping after any id in stop_ids (included in out). on_token, when set, sees each new id as it is
+ * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
+ * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
+lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
+                      int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
+                      void (*on_token)(void *arg, int32_t id), void *arg);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

@@ -1,9 +1,9 @@
 /* PEFT adapter export: adapter_config.json + adapter_model.safetensors with PEFT's key names
  * ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)), so
  * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. Tensors are written as F32
- * through the safetensors writer; each file is written atomically. Reading adapters back is the model module's job (it owns the
- * safetensors reader). */
+ * through the safetensors writer, each file atomically. Reading adapters back is peft_load.c. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
