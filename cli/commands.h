@@ -3,3 +3,4 @@
  * returns the process exit status (0 ok, 1 failure, 2 usage error). */
 LT_CMD(info, lt_cmd_info, "show the build's features, devices and memory")
 LT_CMD(bench, lt_cmd_bench, "run a benchmark and write its JSON result (see bench --help)")
+LT_CMD(plan, lt_cmd_plan, "will a run fit? memory per lifetime class, peak, budget, largest length/batch")
