@@ -13,18 +13,18 @@
 
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+static int failures;
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                              \
+        }                                                                            \
+    } while (0)
 #endif
 
 #define MIB (1024ull * 1024ull)
-
-static int failures;
-#define CHECK(cond)                                                           \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                       \
-        }                                                                     \
-    } while (0)
 
 int main(void) {
     lt_cuda_device_info cu = lt_sys_cuda();

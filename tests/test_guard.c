@@ -88,7 +88,7 @@ static void start_sets_and_restores_the_allocator_limit(void **state) {
     assert_int_equal(lt_guard_start(ctx, &o, &g), LT_OK);
     size_t lim = lt_mem_get_stats(ctx, LT_DEVICE_CPU).limit_bytes;
     /* The allocator gets the ceiling less what the process holds outside it. */
-    assert_true(lim > 7 * MIB && lim <= 8 * MIB + 4096);
+    assert_true(lim > 6 * MIB && lim <= 8 * MIB + 4096); /* less resident-set growth since */
     void *big = lt_alloc(ctx, LT_DEVICE_CPU, 16 * MIB, "oversized activations");
     assert_null(big);
     assert_int_equal(lt_ctx_status(ctx), LT_ERR_OOM);
