@@ -38,7 +38,7 @@ typedef struct tiny {
 } tiny;
 
 static tiny tinies[] = {
-    {"llama", LT_ARCH_LLAMA, 384, 64, 160, 2, 4, 2, 16, 0, ""},
+    {"llama", LT_ARCH_LLAMA, 384, 64, 192, 2, 4, 2, 16, 0, ""}, /* rows of 64k: quantizable */
     {"qwen2", LT_ARCH_QWEN2, 320, 48, 128, 2, 4, 1, 12, 1, ""},
     {"qwen3", LT_ARCH_QWEN3, 352, 64, 96, 2, 4, 2, 32, 0, ""}, /* H·D = 128 != C */
 };
@@ -158,15 +158,18 @@ static int teardown(void **state) {
     return 0;
 }
 
-static lt_model_config config_of(lt_ctx *ctx, const tiny *t) {
+static lt_model_config config_of_q(lt_ctx *ctx, const tiny *t, int quantize) {
     lt_model_config cfg;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
+    mo.quantize = quantize;
     assert_int_equal(lt_model_inspect(ctx, t->dir, &mo, &cfg), LT_OK);
     assert_int_equal(cfg.L, t->L);
     assert_int_equal(cfg.V, t->V);
     return cfg;
 }
+
+static lt_model_config config_of(lt_ctx *ctx, const tiny *t) { return config_of_q(ctx, t, 0); }
 
 /* ---- arithmetic of the plan ---- */
 
@@ -202,6 +205,16 @@ static void plan_is_the_size_table_plus_optimizer(void **state) {
         int64_t qd = t->H * t->D, kvd = t->Hkv * t->D;
         int64_t per_layer = 4 * ((t->C + qd) + 2 * (t->C + kvd) + (qd + t->C) + 2 * (t->C + t->F) + (t->F + t->C));
         assert_int_equal(p.n_lora_params, per_layer * t->L);
+        /* On a CUDA device every block is rounded to 256 bytes instead of 64. */
+        lt_plan_options pc = po;
+        pc.device = LT_DEVICE_CUDA;
+        lt_plan q;
+        assert_int_equal(lt_plan_compute(ctx, &cfg, &pc, &q), LT_OK);
+        assert_int_equal(q.device, LT_DEVICE_CUDA);
+        for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
+            assert_int_equal(q.bytes[c] % 256, 0);
+            assert_true(q.bytes[c] >= p.bytes[c] && q.bytes[c] < p.bytes[c] + 2 * 256);
+        }
     }
     lt_ctx_free(ctx);
 }
@@ -412,9 +425,10 @@ static void free_batch(step_buffers *sb) {
  * through the accounting allocator, as the trainer runs it. Returns the first failure; frees
  * everything either way. */
 static lt_status load_and_step(lt_ctx *ctx, const tiny *t, const lt_plan_options *po,
-                               const step_buffers *sb) {
+                               const step_buffers *sb, int quantize) {
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
+    mo.quantize = quantize;
     lt_model *m = NULL;
     float *adam_m = NULL, *adam_v = NULL;
     int64_t n = 0;
@@ -470,6 +484,7 @@ typedef struct arm_case {
     lt_attention_impl att;
     lt_lce_impl loss;
     int threads; /* workspaces are sized per thread, so the plan must use the run's count */
+    int quantize; /* QLoRA: projections held as INT4_G64 */
 } arm_case;
 
 static void check_case(const arm_case *c, double *worst_lo, double *worst_hi) {
@@ -485,20 +500,21 @@ static void check_case(const arm_case *c, double *worst_lo, double *worst_hi) {
     po.lora.rank = 4;
     assert_int_equal(lt_plan_recompute_parse(ctx, c->recompute, &po.run.recompute, &po.run.recompute_k),
                      LT_OK);
-    lt_model_config cfg = config_of(ctx, t);
+    lt_model_config cfg = config_of_q(ctx, t, c->quantize);
+    assert_int_equal(cfg.proj_dtype[LT_PROJ_DOWN], c->quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32);
     lt_plan p;
     assert_int_equal(lt_plan_compute(ctx, &cfg, &po, &p), LT_OK);
     step_buffers sb = make_batch(c->B, c->T, t->V);
     lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
     double t0 = lt_time_now();
-    lt_status s = load_and_step(ctx, t, &po, &sb);
+    lt_status s = load_and_step(ctx, t, &po, &sb, c->quantize);
     double dt = lt_time_now() - t0;
     if (s != LT_OK) fail_msg("%s B=%lld T=%lld: %s", t->name, (long long)c->B, (long long)c->T, lt_ctx_error(ctx));
     lt_mem_stats ms = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
     assert_int_equal(ms.used_bytes, 0);
     double ratio = (double)ms.peak_bytes / (double)p.peak_bytes;
-    fprintf(stderr, "  %-5s B=%lld T=%-5lld recompute=%-7s attention=%-5s loss=%-5s plan %10zu "
-            "measured %10zu ratio %.4f (%d threads, %.2f s)\n", t->name, (long long)c->B, (long long)c->T, c->recompute,
+    fprintf(stderr, "  %-5s%s B=%lld T=%-5lld recompute=%-7s attention=%-5s loss=%-5s plan %10zu "
+            "measured %10zu ratio %.4f (%d threads, %.2f s)\n", t->name, c->quantize ? "+q4" : "   ", (long long)c->B, (long long)c->T, c->recompute,
             lt_plan_attention_name(c->att), lt_plan_loss_name(c->loss), p.peak_bytes, ms.peak_bytes, ratio, c->threads, dt);
     if (ratio < *worst_lo) *worst_lo = ratio;
     if (ratio > *worst_hi) *worst_hi = ratio;
@@ -521,7 +537,7 @@ static void measured_high_water_matches_plan(void **state) {
         for (int pi = 0; pi < 3; pi++)
             for (int a = 0; a < 2; a++)
                 for (int l = 0; l < 2; l++) {
-                    arm_case c = {i, 2, 128, policies[pi], atts[a], losses[l], 1};
+                    arm_case c = {i, 2, 128, policies[pi], atts[a], losses[l], 1, 0};
                     check_case(&c, &lo, &hi);
                     n++;
                 }
@@ -529,13 +545,71 @@ static void measured_high_water_matches_plan(void **state) {
      * per-thread workspaces are priced at another count. The naive (T, T) attention is slow at
      * 2048 on the CPU, so that length runs the flash path. */
     for (size_t i = 0; i < N_TINY; i++) {
-        arm_case c512 = {i, 2, 512, policies[i % 3], atts[i % 2], losses[(i + 1) % 2], 1 + (int)(i % 2)};
+        arm_case c512 = {i, 2, 512, policies[i % 3], atts[i % 2], losses[(i + 1) % 2], 1 + (int)(i % 2), 0};
         check_case(&c512, &lo, &hi);
-        arm_case c2k = {i, 1, 2048, policies[(i + 1) % 3], LT_ATTENTION_FLASH, losses[i % 2], 2 - (int)(i % 2)};
+        arm_case c2k = {i, 1, 2048, policies[(i + 1) % 3], LT_ATTENTION_FLASH, losses[i % 2], 2 - (int)(i % 2), 0};
         check_case(&c2k, &lo, &hi);
         n += 2;
     }
+    /* QLoRA: the Llama's projections quantized at load, priced at the int4 block size. */
+    for (int pi = 0; pi < 3; pi++) {
+        arm_case cq = {0, 2, pi == 2 ? 1024 : 256, policies[pi], atts[pi % 2], losses[(pi + 1) % 2], 1, 1};
+        check_case(&cq, &lo, &hi);
+        n++;
+    }
     fprintf(stderr, "measured/plan over %d runs: min %.4f max %.4f\n", n, lo, hi);
+}
+
+/* The real SmolLM2-135M (Q4_1 GGUF, scripts/setup.sh) at one length: quantized weights priced at
+ * their block size, a real vocabulary. Skipped when the file is absent. */
+static void real_smollm2_measured_matches_plan(void **state) {
+    (void)state;
+    const char *c = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
+    tiny t;
+    memset(&t, 0, sizeof t);
+    t.name = "smol2";
+    if (c)
+        snprintf(t.dir, sizeof t.dir, "%s/smollm2-135m-instruct-q4_1.gguf", c);
+    else
+        snprintf(t.dir, sizeof t.dir, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
+    /* One CPU step of a 135M model takes about a minute on a busy two-core machine: opt-in. */
+    const char *slow = getenv("LONGTUNE_SLOW_TESTS");
+    if (!slow || strcmp(slow, "1")) {
+        fprintf(stderr, "skipped: set LONGTUNE_SLOW_TESTS=1 to measure the real SmolLM2\n");
+        skip();
+    }
+    if (access(t.dir, R_OK)) {
+        fprintf(stderr, "skipped: %s is absent (run scripts/setup.sh)\n", t.dir);
+        skip();
+    }
+    lt_ctx *ctx = lt_ctx_new();
+    lt_ctx_set_threads(ctx, 2);
+    lt_model_config cfg;
+    lt_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    assert_int_equal(lt_model_inspect(ctx, t.dir, &mo, &cfg), LT_OK);
+    assert_int_equal(cfg.V, 49152);
+    assert_int_equal(cfg.L, 30);
+    t.V = cfg.V;
+    lt_plan_options po;
+    memset(&po, 0, sizeof po);
+    po.run.B = 1;
+    po.run.T = 256;
+    po.run.recompute = LT_RECOMPUTE_EVERY;
+    lt_plan p;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &po, &p), LT_OK);
+    step_buffers sb = make_batch(1, 256, t.V);
+    double t0 = lt_time_now();
+    lt_status s = load_and_step(ctx, &t, &po, &sb, 0);
+    if (s != LT_OK) fail_msg("SmolLM2 step: %s", lt_ctx_error(ctx));
+    lt_mem_stats ms = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
+    double ratio = (double)ms.peak_bytes / (double)p.peak_bytes;
+    fprintf(stderr, "  SmolLM2-135M Q4_1 B=1 T=256 recompute=all: plan %zu measured %zu ratio %.4f (%.1f s)\n",
+            p.peak_bytes, ms.peak_bytes, ratio, lt_time_now() - t0);
+    assert_int_equal(ms.used_bytes, 0);
+    free_batch(&sb);
+    lt_ctx_free(ctx);
+    if (ratio < BAR_LO || ratio > BAR_HI) fail_msg("measured/plan %.4f outside [%.2f, %.2f]", ratio, BAR_LO, BAR_HI);
 }
 
 /* ---- fault injection ---- */
@@ -552,7 +626,7 @@ static void every_failed_allocation_is_a_clean_oom(void **state) {
     step_buffers sb = make_batch(2, 64, t->V);
     lt_ctx *ctx = lt_ctx_new();
     lt_ctx_set_threads(ctx, 1);
-    assert_int_equal(load_and_step(ctx, t, &po, &sb), LT_OK);
+    assert_int_equal(load_and_step(ctx, t, &po, &sb, 0), LT_OK);
     uint64_t total = lt_mem_get_stats(ctx, LT_DEVICE_CPU).n_allocs;
     assert_true(total > 10);
     lt_ctx_free(ctx);
@@ -560,7 +634,7 @@ static void every_failed_allocation_is_a_clean_oom(void **state) {
         ctx = lt_ctx_new();
         lt_ctx_set_threads(ctx, 1);
         lt_mem_fail_nth(ctx, k);
-        lt_status s = load_and_step(ctx, t, &po, &sb);
+        lt_status s = load_and_step(ctx, t, &po, &sb, 0);
         if (k <= total) {
             if (s != LT_ERR_OOM)
                 fail_msg("failing allocation %llu of %llu gave %s: %s", (unsigned long long)k,
@@ -587,6 +661,7 @@ int main(void) {
         cmocka_unit_test(search_finds_the_exact_largest_value),
         cmocka_unit_test(json_form_and_policy_names),
         cmocka_unit_test(measured_high_water_matches_plan),
+        cmocka_unit_test(real_smollm2_measured_matches_plan),
         cmocka_unit_test(every_failed_allocation_is_a_clean_oom),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

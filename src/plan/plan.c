@@ -90,8 +90,14 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
 
     lt_model_sizes ms;
     LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &o.run, &ms));
-    /* The model's classes map one to one onto the first six of the plan. */
-    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) out->bytes[c] = ms.bytes[c];
+    /* The model's classes map one to one onto the first six of the plan. Its table rounds each
+     * class block as the host allocator does (64 bytes); a CUDA block is rounded to 256 instead,
+     * and rounding the 64-rounded size up to 256 gives exactly the 256-rounded raw size. (The
+     * model's small host bookkeeping, inside the weights class, is then priced on the device.) */
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
+        out->bytes[c] = o.device == LT_DEVICE_CUDA && ms.bytes[c]
+                            ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ms.bytes[c])
+                            : ms.bytes[c];
     out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
     size_t total = 0;
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
