@@ -168,6 +168,7 @@ int lt_cmd_generate(int argc, char **argv) {
         goto fail;
     double dt = lt_time_now() - t0;
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "longtune generate: %lld prompt tokens, %lld new tokens in %.1f s\n", (long long)n_ids,
             (long long)n_out, dt);
     goto done;

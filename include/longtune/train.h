@@ -163,8 +163,8 @@ typedef struct lt_metrics_record {
     double train_loss;
     double val_loss;
     double learning_rate;
-    double tokens_per_s;
-    int64_t tokens;        /* trained tokens so far */
+    double tokens_per_s;   /* real (non-padding) input tokens per second over the report window */
+    int64_t tokens;        /* trained (supervised target) tokens so far */
     double elapsed_s;
     int64_t peak_bytes;    /* accounting allocator high-water, host */
     int64_t plan_bytes;    /* what the planner predicted for the run */

@@ -1,6 +1,6 @@
 /* Text generation for before/after checks: greedy or temperature/top-p sampling over the model's
  * full logits, re-running the forward over the whole sequence for each new token (no KV cache; the
- * model has none). Also opens a model path's tokenizer. Not a serving path. */
+ * model has none; only the last position's logits are computed). Also opens a model path's tokenizer. Not a serving path. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -87,9 +87,9 @@ lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n
         if (prompt[i] < 0 || prompt[i] >= V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "generate: prompt id %d at %lld outside [0, %lld)", prompt[i],
                             (long long)i, (long long)V);
-    lt_model_run_options run = {.B = 1, .T = Tmax};
+    lt_model_run_options run = {.B = 1, .T = Tmax, .forward_only = 1};
     LT_TRY(lt_model_prepare(ctx, m, &run));
-    size_t seq_bytes = (size_t)Tmax * sizeof(int32_t), logit_bytes = (size_t)(Tmax * V) * sizeof(float);
+    size_t seq_bytes = (size_t)Tmax * sizeof(int32_t), logit_bytes = (size_t)V * sizeof(float);
     size_t scratch_bytes = (size_t)V * (sizeof(double) + sizeof(int32_t));
     int32_t *seq = lt_alloc(ctx, LT_DEVICE_CPU, seq_bytes, "generation tokens");
     float *logits = lt_alloc(ctx, LT_DEVICE_CPU, logit_bytes, "generation logits");
@@ -104,8 +104,8 @@ lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n
     int64_t T = n_prompt;
     while (*n_out < o.max_tokens) {
         lt_model_batch b = {.B = 1, .T = T, .tokens = seq};
-        if ((s = lt_model_logits(ctx, m, &b, logits)) != LT_OK) goto done;
-        int32_t id = pick(logits + (T - 1) * V, V, &o, &rng, probs, (int32_t *)(probs + V));
+        if ((s = lt_model_logits_last(ctx, m, &b, logits)) != LT_OK) goto done;
+        int32_t id = pick(logits, V, &o, &rng, probs, (int32_t *)(probs + V));
         out[(*n_out)++] = id;
         seq[T++] = id;
         if (on_token) on_token(arg, id);

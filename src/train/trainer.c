@@ -31,7 +31,7 @@ typedef struct trainer {
     int64_t plan_epoch;
     lt_pack_plan *vplan;
     int64_t B, T;
-    int32_t *ids, *tgt, *pos, *offs;
+    int32_t *ids, *tgt, *pos, *offs, *pieces;
     size_t batch_bytes;
     lt_train_state st;
     lt_metrics *metrics;
@@ -103,31 +103,43 @@ static lt_status bind_params(trainer *t) {
 }
 
 static lt_status alloc_batch(trainer *t) {
-    /* seq_offsets holds up to T+1 entries per row (S <= T). */
+    /* seq_offsets holds up to T+1 entries per row (S <= T); pieces one count per row. */
     size_t bt = (size_t)(t->B * t->T), bo = (size_t)(t->B * (t->T + 1));
-    t->batch_bytes = (3 * bt + bo) * sizeof(int32_t);
+    t->batch_bytes = (3 * bt + bo + (size_t)t->B) * sizeof(int32_t);
     int32_t *buf = lt_alloc(t->ctx, LT_DEVICE_CPU, t->batch_bytes, "batch buffers");
     if (!buf) return LT_ERR_OOM;
     t->ids = buf;
     t->tgt = buf + bt;
     t->pos = buf + 2 * bt;
     t->offs = buf + 3 * bt;
+    t->pieces = buf + 3 * bt + bo;
     return LT_OK;
 }
 
-/* Fills batch `index` of `plan` into the buffers and describes it in *b; *ntok = trained targets. */
+/* Fills batch `index` of `plan` into the buffers and describes it in *b; *ntok = trained targets,
+ * *nreal (optional) = positions holding real tokens (the throughput count, as mlx-lm's). */
 static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input *in, int64_t index,
-                      lt_model_batch *b, int64_t *ntok) {
+                      lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
     int64_t B, T, S;
     lt_pack_batch_shape(plan, index, &B, &T, &S);
     if (B > t->B || T > t->T || S > T || S < 1)
         return lt_error(t->ctx, LT_ERR_INVALID_ARG, "batch %lld has shape B=%lld T=%lld S=%lld beyond B=%lld T=%lld",
                         (long long)index, (long long)B, (long long)T, (long long)S, (long long)t->B, (long long)t->T);
-    lt_pack_batch pb = {t->ids, t->tgt, t->pos, t->offs, NULL};
+    lt_pack_batch pb = {t->ids, t->tgt, t->pos, t->offs, t->pieces};
     LT_TRY(lt_pack_fill(t->ctx, plan, in, index, &pb));
     int64_t n = 0;
     for (int64_t i = 0; i < B * T; i++) n += t->tgt[i] != LT_PACK_IGNORE;
     *ntok = n;
+    if (nreal) {
+        /* Real sequences come first in a row; the padding tail is its own trailing segment. */
+        int64_t r = 0;
+        for (int64_t row = 0; row < B; row++) {
+            int32_t k = t->pieces[row];
+            if (k < 0 || k > S) return lt_error(t->ctx, LT_ERR_INVALID_ARG, "row %lld has %d pieces", (long long)row, k);
+            r += t->offs[row * (S + 1) + k];
+        }
+        *nreal = r;
+    }
     memset(b, 0, sizeof *b);
     b->B = B;
     b->T = T;
@@ -139,7 +151,7 @@ static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input 
     return LT_OK;
 }
 
-static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok) {
+static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
     for (int tries = 0;; tries++) {
         if (!t->plan || t->plan_epoch != t->st.data_epoch) {
             lt_pack_plan_free(t->ctx, t->plan);
@@ -153,7 +165,7 @@ static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok) 
         t->st.data_epoch++;
         t->st.data_cursor = 0;
     }
-    LT_TRY(fill(t, t->plan, t->train, t->st.data_cursor, b, ntok));
+    LT_TRY(fill(t, t->plan, t->train, t->st.data_cursor, b, ntok, nreal));
     t->st.data_cursor++;
     return LT_OK;
 }
@@ -174,7 +186,7 @@ static lt_status evaluate(trainer *t, double *out) {
     for (int64_t i = 0; i < nb; i++) {
         lt_model_batch b;
         int64_t ntok = 0;
-        LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok));
+        LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
         if (!ntok) continue;
         lt_model_result r;
         LT_TRY(lt_model_forward(t->ctx, t->m, &b, &r, NULL));
@@ -186,16 +198,17 @@ static lt_status evaluate(trainer *t, double *out) {
 }
 
 /* One optimizer step: grad_accum micro-batches, clipping, AdamW. *loss: mean over micro-batches
- * of their token-mean loss; *tokens: trained targets. */
-static lt_status train_step(trainer *t, double *loss, int64_t *tokens) {
+ * of their token-mean loss; *tokens: trained targets; *real: real (non-padding) input tokens. */
+static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
     const lt_train_options *o = t->o;
     lt_model_zero_grads(t->m);
     double l = 0;
-    int64_t tok = 0;
+    int64_t tok = 0, rtok = 0;
     for (int64_t k = 0; k < o->grad_accum; k++) {
         lt_model_batch b;
-        int64_t ntok = 0;
-        LT_TRY(next_train_batch(t, &b, &ntok));
+        int64_t ntok = 0, nreal = 0;
+        LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
+        rtok += nreal;
         if (!ntok) continue;
         /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
         b.step = (uint64_t)(t->st.step * o->grad_accum + k);
@@ -222,6 +235,7 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens) {
     t->st.tokens_seen += tok;
     *loss = l;
     *tokens = tok;
+    *real = rtok;
     return LT_OK;
 }
 
@@ -259,8 +273,9 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->B = o->batch_size;
     t->T = o->max_seq_length;
     LT_TRY(alloc_batch(t));
+    if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
     lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
-                                .attention = o->attention, .loss = o->loss, .threads = o->threads, .max_seqs = t->T};
+                                .attention = o->attention, .loss = o->loss, .threads = o->threads};
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
     res->plan_bytes = lt_model_get_sizes(t->m).total +
                       2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float)) +
@@ -302,14 +317,14 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
                             t->ckpt_path);
         }
         double loss;
-        int64_t tok;
+        int64_t tok, real;
         double lr = lt_train_lr(o, t->st.step);
-        LT_TRY(train_step(t, &loss, &tok));
+        LT_TRY(train_step(t, &loss, &tok, &real));
         int64_t s = t->st.step;
         if (res->step_loss) res->step_loss[s - 1] = loss;
         res->last_train_loss = loss;
         win_loss += loss;
-        win_tok += tok;
+        win_tok += real;
         win_steps++;
         int eval_now = s % o->steps_per_eval == 0 || s == o->iters;
         val = NAN;
