@@ -309,6 +309,31 @@ static void split_keeps_every_target(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* First fit's worst case for its row bound: every piece just over half a row, so every piece
+ * opens a row (the tree is sized from that bound). */
+static void first_fit_half_rows(void **state) {
+    (void)state;
+    const int64_t n = 3000, L = 64;
+    int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
+    int32_t *tok = calloc((size_t)(n * (L / 2 + 1)), sizeof *tok);
+    off[0] = 0;
+    for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + L / 2 + 1 - (i % 7 == 0 ? 20 : 0);
+    lt_pack_input in = {tok, NULL, off, n};
+    lt_pack_options opt = {0};
+    opt.row_len = L;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_pack_plan *plan;
+    assert_int_equal(lt_pack_plan_build(ctx, &in, &opt, &plan), LT_OK);
+    lt_pack_stats st = lt_pack_plan_stats(plan);
+    const int64_t n_long = n - (n + 6) / 7; /* pieces of L/2+1: each needs a row of its own */
+    assert_true(st.rows >= n_long && st.rows <= n);
+    assert_int_equal(st.real_tokens, off[n]);
+    lt_pack_plan_free(ctx, plan);
+    lt_ctx_free(ctx);
+    free(off);
+    free(tok);
+}
+
 static void unpacked_pads_to_rounded_longest(void **state) {
     (void)state;
     int32_t tok[40] = {0};
@@ -397,6 +422,7 @@ int main(void) {
         cmocka_unit_test(deterministic_per_seed_and_epoch),
         cmocka_unit_test(bfd_small_case_by_hand),
         cmocka_unit_test(split_keeps_every_target),
+        cmocka_unit_test(first_fit_half_rows),
         cmocka_unit_test(unpacked_pads_to_rounded_longest),
         cmocka_unit_test(bad_arguments_are_typed_errors),
         cmocka_unit_test(allocation_failures_are_clean),

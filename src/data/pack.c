@@ -50,10 +50,10 @@ static uint64_t rng_init(uint64_t seed, uint64_t epoch, uint64_t stream) {
     return s;
 }
 
-static void shuffle_i64(int64_t *v, int64_t n, uint64_t *rng) {
+static void shuffle_i32(int32_t *v, int64_t n, uint64_t *rng) {
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)rand_below(rng, (uint64_t)i + 1);
-        int64_t t = v[i];
+        int32_t t = v[i];
         v[i] = v[j];
         v[j] = t;
     }
@@ -133,22 +133,27 @@ static void count_tree_add(int32_t *t, int64_t size, int64_t leaf, int32_t delta
 }
 
 /* First fit: rows are leaves of a max tree of remaining capacity; unopened rows hold L, so the
- * leftmost leaf that fits is exactly the first-fit row (an open row if one fits, else a new one). */
-static lt_status assign_first_fit(lt_ctx *ctx, const lt_pack_piece *p, const int64_t *order, int64_t n,
-                                  int32_t L, int64_t *row_of, int64_t *n_rows) {
-    int64_t size = next_pow2(n > 0 ? n : 1);
+ * leftmost leaf that fits is exactly the first-fit row (an open row if one fits, else a new one).
+ * First fit never leaves two rows at most half full (the later one's first piece would have fit in
+ * the earlier), so rows < 2*total/L + 1 and 2*(total/L + 1) leaves always suffice: a tree that
+ * small stays in cache. row_at[k]: row of the k-th placed piece. */
+static lt_status assign_first_fit(lt_ctx *ctx, const lt_pack_piece *p, const int32_t *order, int64_t n,
+                                  int32_t L, int32_t *row_at, int64_t *n_rows) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += p[i].len;
+    int64_t size = next_pow2(2 * (total / L + 1));
     int32_t *t = NULL;
     PACK_ALLOC(t, 2 * size, "first-fit tree");
-    for (int64_t i = 0; i < size; i++) t[size + i] = i < n ? L : 0;
-    for (int64_t i = size - 1; i >= 1; i--) t[i] = t[2 * i] > t[2 * i + 1] ? t[2 * i] : t[2 * i + 1];
+    for (int64_t i = 0; i < size; i++) t[size + i] = L;
+    for (int64_t i = size - 1; i >= 1; i--) t[i] = L;
     int64_t rows = 0;
     for (int64_t k = 0; k < n; k++) {
-        int64_t pi = order[k];
-        int32_t len = p[pi].len;
+        int32_t len = p[order[k]].len;
+        LT_ASSERT(t[1] >= len);
         int64_t i = 1;
         while (i < size) i = t[2 * i] >= len ? 2 * i : 2 * i + 1;
         int64_t row = i - size;
-        row_of[pi] = row;
+        row_at[k] = (int32_t)row;
         if (row + 1 > rows) rows = row + 1;
         t[i] -= len;
         for (i >>= 1; i >= 1; i >>= 1) {
@@ -166,11 +171,11 @@ fail:
 
 /* Best-fit decreasing: pieces longest first; each goes to the open row with the least remaining
  * room that still fits (bucket stacks by remaining capacity), else to a new row. */
-static lt_status assign_bfd(lt_ctx *ctx, const lt_pack_piece *p, const int64_t *order, int64_t n, int32_t L,
-                            int64_t *row_of, int64_t *n_rows) {
+static lt_status assign_bfd(lt_ctx *ctx, const lt_pack_piece *p, const int32_t *order, int64_t n, int32_t L,
+                            int32_t *row_at, int64_t *n_rows) {
     int64_t size = next_pow2((int64_t)L + 1);
     int32_t *t = NULL;
-    int64_t *head = NULL, *next = NULL;
+    int32_t *head = NULL, *next = NULL;
     int32_t *rem = NULL;
     PACK_ALLOC(t, 2 * size, "bfd capacity tree");
     PACK_ALLOC(head, (int64_t)L + 1, "bfd buckets");
@@ -180,12 +185,11 @@ static lt_status assign_bfd(lt_ctx *ctx, const lt_pack_piece *p, const int64_t *
     for (int64_t r = 0; r <= L; r++) head[r] = -1;
     int64_t rows = 0;
     for (int64_t k = 0; k < n; k++) {
-        int64_t pi = order[k];
-        int32_t len = p[pi].len;
+        int32_t len = p[order[k]].len;
         int64_t cap = count_tree_first_from(t, size, len);
-        int64_t row;
+        int32_t row;
         if (cap < 0) {
-            row = rows++;
+            row = (int32_t)rows++;
             rem[row] = L;
         } else {
             row = head[cap];
@@ -193,7 +197,7 @@ static lt_status assign_bfd(lt_ctx *ctx, const lt_pack_piece *p, const int64_t *
             count_tree_add(t, size, cap, -1);
         }
         rem[row] -= len;
-        row_of[pi] = row;
+        row_at[k] = row;
         if (rem[row] > 0) {
             next[row] = head[rem[row]];
             head[rem[row]] = row;
@@ -216,7 +220,7 @@ fail:
 
 /* Stable counting sort of piece indices by length (ascending, or descending when desc). */
 static lt_status order_by_length(lt_ctx *ctx, const lt_pack_piece *p, int64_t n, int32_t L, int desc,
-                                 int64_t *order) {
+                                 int32_t *order) {
     int64_t *cnt = NULL;
     PACK_ALLOC(cnt, (int64_t)L + 2, "length histogram");
     memset(cnt, 0, (size_t)(L + 2) * sizeof *cnt);
@@ -227,7 +231,7 @@ static lt_status order_by_length(lt_ctx *ctx, const lt_pack_piece *p, int64_t n,
     for (int32_t k = 1; k <= L + 1; k++) cnt[k] += cnt[k - 1];
     for (int64_t i = 0; i < n; i++) {
         int32_t key = desc ? L - p[i].len : p[i].len;
-        order[cnt[key]++] = i;
+        order[cnt[key]++] = (int32_t)i;
     }
     PACK_FREE(cnt, (int64_t)L + 2);
     return LT_OK;
@@ -267,7 +271,8 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
 
     lt_pack_plan *plan = NULL;
     lt_pack_piece *pc = NULL, *final_pc = NULL;
-    int64_t *order = NULL, *row_of = NULL, *row_count = NULL, *row_order = NULL, *cursor = NULL;
+    int32_t *order = NULL, *row_at = NULL, *row_order = NULL;
+    int64_t *row_count = NULL, *cursor = NULL;
     int64_t n_pieces = 0, n_rows = 0;
 
     /* 1. Pieces: one per non-empty sequence, several for a split one. */
@@ -313,18 +318,18 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
 
     /* 2. Order and 3. rows. */
     PACK_ALLOC(order, n_pieces, "pack order");
-    PACK_ALLOC(row_of, n_pieces, "pack row of piece");
+    PACK_ALLOC(row_at, n_pieces, "pack row of placement");
     uint64_t rng = rng_init(opt.seed, opt.epoch, (uint64_t)opt.algorithm);
     if (opt.algorithm == LT_PACK_FIRST_FIT) {
-        for (int64_t i = 0; i < n_pieces; i++) order[i] = i;
-        shuffle_i64(order, n_pieces, &rng);
-        if (assign_first_fit(ctx, pc, order, n_pieces, L, row_of, &n_rows) != LT_OK) goto fail;
+        for (int64_t i = 0; i < n_pieces; i++) order[i] = (int32_t)i;
+        shuffle_i32(order, n_pieces, &rng);
+        if (assign_first_fit(ctx, pc, order, n_pieces, L, row_at, &n_rows) != LT_OK) goto fail;
     } else if (opt.algorithm == LT_PACK_BFD) {
         if (order_by_length(ctx, pc, n_pieces, L, 1, order) != LT_OK) goto fail;
-        if (assign_bfd(ctx, pc, order, n_pieces, L, row_of, &n_rows) != LT_OK) goto fail;
+        if (assign_bfd(ctx, pc, order, n_pieces, L, row_at, &n_rows) != LT_OK) goto fail;
     } else {
         if (order_by_length(ctx, pc, n_pieces, L, 0, order) != LT_OK) goto fail;
-        for (int64_t k = 0; k < n_pieces; k++) row_of[order[k]] = k;
+        for (int64_t k = 0; k < n_pieces; k++) row_at[k] = (int32_t)k;
         n_rows = n_pieces;
     }
 
@@ -333,17 +338,17 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
     const int64_t B = opt.batch_size;
     const int64_t n_batches = (n_rows + B - 1) / B;
     PACK_ALLOC(row_order, n_rows, "pack row order");
-    for (int64_t r = 0; r < n_rows; r++) row_order[r] = r;
+    for (int64_t r = 0; r < n_rows; r++) row_order[r] = (int32_t)r;
     if (opt.algorithm == LT_PACK_BFD) {
-        shuffle_i64(row_order, n_rows, &rng);
+        shuffle_i32(row_order, n_rows, &rng);
     } else if (opt.algorithm == LT_PACK_NONE && n_batches > 1) {
-        int64_t *bperm = NULL;
+        int32_t *bperm = NULL;
         PACK_ALLOC(bperm, n_batches, "batch order");
-        for (int64_t b = 0; b < n_batches; b++) bperm[b] = b;
-        shuffle_i64(bperm, n_batches, &rng);
+        for (int64_t b = 0; b < n_batches; b++) bperm[b] = (int32_t)b;
+        shuffle_i32(bperm, n_batches, &rng);
         int64_t k = 0;
         for (int64_t b = 0; b < n_batches; b++)
-            for (int64_t r = bperm[b] * B; r < (bperm[b] + 1) * B && r < n_rows; r++) row_order[k++] = r;
+            for (int64_t r = bperm[b] * B; r < (bperm[b] + 1) * B && r < n_rows; r++) row_order[k++] = (int32_t)r;
         PACK_FREE(bperm, n_batches);
     }
 
@@ -358,7 +363,7 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
     plan->B = B;
     PACK_ALLOC(row_count, n_rows + 1, "pack row counts");
     memset(row_count, 0, (size_t)(n_rows + 1) * sizeof *row_count);
-    for (int64_t i = 0; i < n_pieces; i++) row_count[row_of[i]]++;
+    for (int64_t k = 0; k < n_pieces; k++) row_count[row_at[k]]++;
     PACK_ALLOC(plan->row_begin, n_rows + 1, "pack row index");
     PACK_ALLOC(cursor, n_rows, "pack row cursor");
     plan->row_begin[0] = 0;
@@ -368,10 +373,7 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
         cursor[orig] = plan->row_begin[r];
     }
     PACK_ALLOC(final_pc, n_pieces, "pack plan pieces");
-    for (int64_t k = 0; k < n_pieces; k++) {
-        int64_t pi = order[k];
-        final_pc[cursor[row_of[pi]]++] = pc[pi];
-    }
+    for (int64_t k = 0; k < n_pieces; k++) final_pc[cursor[row_at[k]]++] = pc[order[k]];
     plan->pieces = final_pc;
     final_pc = NULL;
 
@@ -430,7 +432,7 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
 
     PACK_FREE(pc, n_pieces);
     PACK_FREE(order, n_pieces);
-    PACK_FREE(row_of, n_pieces);
+    PACK_FREE(row_at, n_pieces);
     PACK_FREE(row_count, n_rows + 1);
     PACK_FREE(row_order, n_rows);
     PACK_FREE(cursor, n_rows);
@@ -443,7 +445,7 @@ fail: {
     PACK_FREE(pc, n_pieces);
     PACK_FREE(final_pc, n_pieces);
     PACK_FREE(order, n_pieces);
-    PACK_FREE(row_of, n_pieces);
+    PACK_FREE(row_at, n_pieces);
     PACK_FREE(row_count, n_rows + 1);
     PACK_FREE(row_order, n_rows);
     PACK_FREE(cursor, n_rows);

@@ -71,7 +71,7 @@ typedef struct tk_added {
  * TK_CACHE_IDS tokens are not cached. */
 #define TK_CACHE_KEY 26
 #define TK_CACHE_IDS 7
-#define TK_CACHE_SLOTS 65536
+#define TK_CACHE_SLOTS 16384
 #define TK_CACHE_SHARDS 64
 typedef struct tk_cache_slot {
     uint32_t hash;

@@ -116,8 +116,25 @@ MULTILINGUAL = (
 )
 
 
+def random_strings(n, seed=1234):
+    """Deterministic random strings that stress NFC and the regexes: combining marks (some out of
+    canonical order), Hangul jamo, precomposed Latin, Hebrew points, Devanagari, digits, spaces."""
+    import random
+    rng = random.Random(seed)
+    pools = [(0x61, 0x7A), (0x41, 0x5A), (0x20, 0x20), (0x30, 0x39), (0xC0, 0x17F), (0x300, 0x36F),
+             (0x1100, 0x1112), (0x1161, 0x1175), (0x11A8, 0x11C2), (0xAC00, 0xAC40), (0x591, 0x5C7),
+             (0x5D0, 0x5EA), (0x900, 0x97F), (0x1E00, 0x1EFF), (0x2000, 0x206F), (0xFB00, 0xFB4F),
+             (0x0A, 0x0A), (0x1D15E, 0x1D164), (0x2F800, 0x2F810)]
+    out = []
+    for _ in range(n):
+        k = rng.randint(1, 40)
+        out.append("".join(chr(rng.randint(*rng.choice(pools))) for _ in range(k)))
+    return out
+
+
 def build_corpus():
     recs = [{"text": s} for s in HANDWRITTEN]
+    recs += [{"text": s} for s in random_strings(40)]
     recs += [{"hex": h} for h in RAW_HEX]
     recs.append({"text": MULTILINGUAL})
     if os.path.exists(DOC):
