@@ -54,6 +54,7 @@ lt_dataset_stats lt_dataset_get_stats(const lt_dataset *ds) { return ds->st; }
 /* Appends ids (and mask, or all-ones when mask is NULL) as the tokens of the open record. */
 static lt_status append(lt_ctx *ctx, lt_dataset *ds, const int32_t *ids, const uint8_t *mask, uint8_t fill,
                         size_t n) {
+    if (n == 0) return LT_OK; /* an empty piece: nothing to copy (the arrays may not exist yet) */
     size_t used = (size_t)ds->st.tokens;
     void *t = ds->tokens, *m = ds->mask;
     lt_status s = grow(ctx, &t, &ds->tok_cap, used + n, sizeof *ds->tokens, "dataset tokens");
