@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The CLI rows of docs/bad-input.md: bad flags (exit 2 with the option named), and inputs that
+# only the whole pipeline sees (exit 1 with the status and the file/line/token named): an empty
+# dataset, token ids past the model's vocabulary, an unknown architecture, a malformed line, a
+# missing data folder or checkpoint. Tiny random model from tests/cli/tiny_model.py (python3).
+set -u
+bin="$1"
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+command -v python3 >/dev/null || { echo "skipped: python3 not found"; exit 77; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+python3 "$here/tiny_model.py" "$dir/model" || { echo "FAIL: tiny model"; exit 1; }
+mkdir -p "$dir/data" "$dir/empty" "$dir/badline" "$dir/v96" "$dir/gpt2"
+for i in $(seq 1 8); do echo "{\"text\": \"record $i: the quick brown fox\"}"; done > "$dir/data/train.jsonl"
+printf '\n\n' > "$dir/empty/train.jsonl"
+printf '{"text": "fine"}\n{"text": "unterminated\n' > "$dir/badline/train.jsonl"
+# The fixture model has 96 ids; the tokenizer beside it makes ids up to 1205.
+cp "$src/tests/fixtures/model/llama_tied/config.json" "$src/tests/fixtures/model/llama_tied/model.safetensors" "$dir/v96/"
+cp "$dir/model/tokenizer.json" "$dir/model/tokenizer_config.json" "$dir/v96/"
+cp "$dir/model/"* "$dir/gpt2/"
+sed -i 's/"model_type": "llama"/"model_type": "gpt2"/' "$dir/gpt2/config.json"
+
+# expect EXIT FRAGMENT ARGS...: runs `longtune train ARGS`, checks the exit status and that the
+# output (stdout and stderr) contains FRAGMENT verbatim.
+expect() {
+  local want=$1 frag=$2; shift 2
+  local out rc
+  out=$("$bin" train "$@" 2>&1); rc=$?
+  if [ $rc != "$want" ] || ! grep -qF -- "$frag" <<<"$out"; then
+    echo "FAIL: train $* -> exit $rc (want $want), output lacks '$frag':"; echo "$out" | tail -3; fail=1
+  fi
+}
+run=(--model "$dir/model" --data "$dir/data" --iters 2 --batch-size 2 --max-seq-length 32 --threads 1)
+ad=(--adapter-path "$dir/ad")
+
+# Bad flags: usage errors, exit 2, the option and the accepted range named.
+expect 2 "unknown option '--bogus'" "${run[@]}" --bogus
+expect 2 "option 'iters': 'abc' is not an integer in [1, 1000000000000]" "${run[@]}" --iters abc
+expect 2 "option 'iters': '99999999999999999999' is not an integer in [1, 1000000000000]" "${run[@]}" --iters 99999999999999999999
+expect 2 "option 'learning-rate': '-1' is not a number in [0, 10]" "${run[@]}" --learning-rate -1
+expect 2 "option 'lora-rank': '0' is not an integer in [1, 4096]" "${run[@]}" --lora-rank 0
+expect 2 "option 'max-seq-length': '1' is not an integer in [2, 16777216]" "${run[@]}" --max-seq-length 1
+expect 2 "option 'model' is required" --data "$dir/data"
+expect 2 "option '--iters' needs a value" "${run[@]}" --iters
+# Inputs the pipeline rejects: exit 1, "longtune train: <status>: <what>".
+expect 1 "longtune train: invalid argument: the training set yields no batches" --model "$dir/model" --data "$dir/empty" --iters 2 "${ad[@]}"
+expect 1 "longtune train: invalid argument: model: token " --model "$dir/v96" --data "$dir/data" --iters 2 "${ad[@]}"
+expect 1 "is outside [0, 96)" --model "$dir/v96" --data "$dir/data" --iters 2 "${ad[@]}"
+expect 1 "longtune train: unsupported: $dir/gpt2/config.json: model_type \"gpt2\" is not supported (llama, qwen2, qwen3)" \
+  --model "$dir/gpt2" --data "$dir/data" --iters 2 "${ad[@]}"
+expect 1 "longtune train: malformed input: $dir/badline/train.jsonl:2:" --model "$dir/model" --data "$dir/badline" --iters 2 "${ad[@]}"
+expect 1 "longtune train: not found: $dir/nodir/train.jsonl: cannot open" --model "$dir/model" --data "$dir/nodir" --iters 2 "${ad[@]}"
+expect 1 "longtune train: not found: $dir/nomodel" --model "$dir/nomodel" --data "$dir/data" --iters 2 "${ad[@]}"
+expect 1 "longtune train: I/O error: $dir/nockpt: cannot open checkpoint" "${run[@]}" "${ad[@]}" --resume-adapter-file "$dir/nockpt"
+exit $fail
