@@ -370,12 +370,13 @@ static void tokenizer_malformed(void **state) {
     /* Out-of-range token ids. */
     int32_t ids[3] = {5, lt_tokenizer_vocab_size(tok), 7};
     char frag[64];
-    snprintf(frag, sizeof frag, "%d", ids[1]);
+    snprintf(frag, sizeof frag, "token id %d at position 1 is not in the vocabulary (size %d)", ids[1], ids[1]);
     char *out = NULL;
     size_t ol = 0;
     EXPECT(ctx, lt_tokenizer_decode(ctx, tok, ids, 3, 0, &out, &ol), LT_ERR_INVALID_ARG, frag);
     ids[1] = -1;
-    EXPECT(ctx, lt_tokenizer_decode(ctx, tok, ids, 3, 0, &out, &ol), LT_ERR_INVALID_ARG, "-1");
+    snprintf(frag, sizeof frag, "token id -1 at position 1 is not in the vocabulary");
+    EXPECT(ctx, lt_tokenizer_decode(ctx, tok, ids, 3, 0, &out, &ol), LT_ERR_INVALID_ARG, frag);
     /* Invalid UTF-8 text becomes U+FFFD per ill-formed subpart (as Python's errors="replace"). */
     static const char bad[] = "a\xff\xfe b\xc3";
     int32_t *enc = NULL;

@@ -16,7 +16,7 @@ mkdir -p "$dir/data" "$dir/empty" "$dir/badline" "$dir/v96" "$dir/gpt2"
 for i in $(seq 1 8); do echo "{\"text\": \"record $i: the quick brown fox\"}"; done > "$dir/data/train.jsonl"
 printf '\n\n' > "$dir/empty/train.jsonl"
 printf '{"text": "fine"}\n{"text": "unterminated\n' > "$dir/badline/train.jsonl"
-# The fixture model has 96 ids; the tokenizer beside it makes ids up to 1205.
+# The fixture model has 96 ids; the tokenizer beside it makes ids up to 1200.
 cp "$src/tests/fixtures/model/llama_tied/config.json" "$src/tests/fixtures/model/llama_tied/model.safetensors" "$dir/v96/"
 cp "$dir/model/tokenizer.json" "$dir/model/tokenizer_config.json" "$dir/v96/"
 cp "$dir/model/"* "$dir/gpt2/"
