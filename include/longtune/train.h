@@ -34,7 +34,8 @@ typedef struct lt_train_options {
     char model[LT_TRAIN_PATH_MAX];            /* HF folder or .gguf file (required) */
     char data[LT_TRAIN_PATH_MAX];             /* folder with train.jsonl [+ valid.jsonl] (required) */
     char adapter_path[LT_TRAIN_PATH_MAX];     /* output folder ["adapters"] */
-    char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint to resume from ["" = fresh run] */
+    char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint (or the adapter folder holding it) to
+                                                    resume from ["" = fresh run] */
     int64_t iters;                 /* optimizer steps [1000] */
     int64_t batch_size;            /* rows per micro-batch [4] */
     int64_t max_seq_length;        /* tokens per row; longer examples are truncated [2048] */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
@@ -285,8 +286,14 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     memset(&t->st, 0, sizeof t->st);
     t->plan_epoch = -1;
     if (o->resume_adapter_file[0]) {
-        LT_TRY(lt_checkpoint_load(ctx, o->resume_adapter_file, o, &t->st, t->tp, t->n_tp));
-        LT_INFO("resumed from %s at step %lld", o->resume_adapter_file, (long long)t->st.step);
+        /* A folder means the checkpoint a run saved into it. */
+        char rpath[LT_TRAIN_PATH_MAX + 32];
+        struct stat sb;
+        snprintf(rpath, sizeof rpath, "%s", o->resume_adapter_file);
+        if (stat(rpath, &sb) == 0 && S_ISDIR(sb.st_mode))
+            snprintf(rpath, sizeof rpath, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->resume_adapter_file);
+        LT_TRY(lt_checkpoint_load(ctx, rpath, o, &t->st, t->tp, t->n_tp));
+        LT_INFO("resumed from %s at step %lld", rpath, (long long)t->st.step);
     }
     res->start_step = t->st.step;
     char mpath[LT_TRAIN_PATH_MAX + 32];
