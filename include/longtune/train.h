@@ -119,7 +119,9 @@ int64_t lt_train_param_numel(const lt_train_param *p);
 /* Everything besides the tensors that a bit-exact resume needs. */
 typedef struct lt_train_state {
     int64_t step;          /* optimizer steps completed */
-    uint64_t rng[4];       /* the trainer's RNG (dropout, shuffling) after `step` steps */
+    uint64_t rng[4];       /* the random streams' keys: {seed, next dropout micro-step, shuffle
+                              epoch, 0}. Dropout masks and shuffles are pure functions of these
+                              counters (no sequential generator), so they are the whole RNG state */
     int64_t data_epoch;    /* pass over the training set */
     int64_t data_cursor;   /* next batch within the epoch's order */
     int64_t tokens_seen;   /* trained (non-masked) tokens so far */
