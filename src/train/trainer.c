@@ -312,6 +312,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
             LT_TRY(save(t));
             lt_progress_end(&pg, "stopped");
+            res->steps = t->st.step; /* the checkpoint's step, for the caller's report */
+            res->tokens = t->st.tokens_seen;
             return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
                             sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
                             t->ckpt_path);
