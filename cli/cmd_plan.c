@@ -312,8 +312,9 @@ int lt_cmd_plan(int argc, char **argv) {
                                   sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
-        printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),
-               lt_cli_fmt_bytes(plan.bytes[c], b1, 32), plan.bytes[c]);
+        if (c != LT_PLAN_HELD || plan.bytes[c]) /* nothing is held for a bare plan */
+            printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),
+                   lt_cli_fmt_bytes(plan.bytes[c], b1, 32), plan.bytes[c]);
     printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32),
            plan.peak_bytes);
     printf("budget: %s (%s)\n", lt_cli_fmt_bytes(budget, b1, 32), how);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "train_guard.h"
 #include "longtune/train.h"
 
 static const char *usage =
@@ -24,7 +25,7 @@ static void print_help(void) {
            "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
            "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
            "  --adapter-path DIR         output folder [adapters]\n"
-           "  --resume-adapter-file F    checkpoint to resume from (DIR/" LT_TRAIN_CHECKPOINT_FILE ")\n"
+           "  --resume-adapter-file F    checkpoint to resume from (or the --adapter-path DIR holding it)\n"
            "  --iters N                  optimizer steps [1000]\n"
            "  --batch-size B             rows per micro-batch [4]\n"
            "  --grad-accum K             micro-batches per step [1]\n"
@@ -43,7 +44,8 @@ static void print_help(void) {
            "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
            "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
-           "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n",
+           "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
+           LT_CLI_GUARD_HELP,
            usage);
 }
 
@@ -60,6 +62,8 @@ static void on_signal(int sig) {
 int lt_cmd_train(int argc, char **argv) {
     lt_train_options opt;
     memset(&opt, 0, sizeof opt);
+    lt_cli_guard guard;
+    memset(&guard, 0, sizeof guard);
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return LT_EXIT_FAIL;
     int rc = LT_EXIT_OK;
@@ -108,6 +112,15 @@ int lt_cmd_train(int argc, char **argv) {
             continue;
         }
         if (!strcmp(key, "train")) continue; /* mlx-lm's mode flag: training is what this command does */
+        int used = 0, gf = lt_cli_guard_flag(&guard, usage, key, eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : NULL), &used);
+        if (gf < 0) {
+            rc = LT_EXIT_USAGE;
+            goto done;
+        }
+        if (gf) {
+            i += used && !eq;
+            continue;
+        }
         lt_train_option_kind kind = lt_train_option_kind_of(key);
         if (kind == LT_TRAIN_OPTION_UNKNOWN) {
             rc = lt_cli_usage_error("train", usage, "unknown option '%s'", a);
@@ -138,9 +151,11 @@ int lt_cmd_train(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if ((rc = lt_cli_guard_start(ctx, &guard, &resolved)) != 0) goto done;
     lt_train_result res;
     memset(&res, 0, sizeof res);
     s = lt_train_run(ctx, &resolved, stderr, &res);
+    if ((rc = lt_cli_guard_finish(ctx, &guard, &resolved, &res, s)) != 0) goto done;
     if (s == LT_ERR_INTERRUPTED) {
         int sig = lt_train_stop_requested();
         fprintf(stderr, "longtune train: %s\n", lt_ctx_error(ctx));
@@ -158,6 +173,7 @@ int lt_cmd_train(int argc, char **argv) {
            res.last_val_loss, lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32),
            resolved.adapter_path);
 done:
+    if (guard.g) lt_guard_stop(guard.g);
     lt_ctx_free(ctx);
     return rc;
 }

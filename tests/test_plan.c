@@ -196,7 +196,15 @@ static void plan_is_the_size_table_plus_optimizer(void **state) {
         assert_int_equal(p.n_lora_params, ms.n_lora_params);
         assert_int_equal(p.bytes[LT_PLAN_OPTIMIZER],
                          2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)ms.n_lora_params * 4));
+        assert_int_equal(p.bytes[LT_PLAN_HELD], 0);
         assert_int_equal(p.peak_bytes, sum + p.bytes[LT_PLAN_OPTIMIZER]);
+        /* What the caller holds is carried through as its own class. */
+        lt_plan_options ph = po;
+        ph.held_bytes = 12345;
+        lt_plan h;
+        assert_int_equal(lt_plan_compute(ctx, &cfg, &ph, &h), LT_OK);
+        assert_int_equal(h.bytes[LT_PLAN_HELD], 12345);
+        assert_int_equal(h.peak_bytes, p.peak_bytes + 12345);
         /* Defaults resolved in the echo of the options. */
         assert_int_equal(p.options.run.attention, LT_ATTENTION_FLASH);
         assert_int_equal(p.options.run.loss, LT_LCE_FUSED);
@@ -211,7 +219,7 @@ static void plan_is_the_size_table_plus_optimizer(void **state) {
         lt_plan q;
         assert_int_equal(lt_plan_compute(ctx, &cfg, &pc, &q), LT_OK);
         assert_int_equal(q.device, LT_DEVICE_CUDA);
-        for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
+        for (int c = 0; c < LT_PLAN_HELD; c++) {
             assert_int_equal(q.bytes[c] % 256, 0);
             assert_true(q.bytes[c] >= p.bytes[c] && q.bytes[c] < p.bytes[c] + 2 * 256);
         }

@@ -22,11 +22,13 @@ typedef enum lt_plan_class {
     LT_PLAN_TRANSIENTS,   /* one recompute segment's per-layer stores and the step's buffers */
     LT_PLAN_WORKSPACE,    /* dequantization tiles, attention and loss workspaces, scratch */
     LT_PLAN_OPTIMIZER,    /* AdamW first and second moments, f32, one block each */
+    LT_PLAN_HELD,         /* what the caller holds through the run besides the model: tokenizer,
+                             tokenized data set, batch buffers (lt_plan_options.held_bytes) */
     LT_PLAN_CLASS_COUNT_
 } lt_plan_class;
 
 /* "frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace",
- * "optimizer_state" (the keys of the JSON form). */
+ * "optimizer_state", "held" (the keys of the JSON form). */
 const char *lt_plan_class_name(lt_plan_class c);
 
 /* Zero-initialised = defaults (the model's and the trainer's). */
@@ -35,6 +37,10 @@ typedef struct lt_plan_options {
     lt_lora_options lora;      /* rank, targets, layers */
     lt_model_run_options run;  /* B, T (a packed row's length), recompute policy, attention and
                                   loss impls, threads */
+    size_t held_bytes;         /* accounted bytes the caller holds on `device` through the run
+                                  besides the model and optimizer (a CPU trainer: its tokenizer and
+                                  data set, read before planning, plus its batch buffers); 0 for
+                                  `longtune plan` */
 } lt_plan_options;
 
 typedef struct lt_plan {

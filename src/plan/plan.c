@@ -9,7 +9,7 @@
 
 static const char *const class_names[LT_PLAN_CLASS_COUNT_] = {
     "frozen_weights", "lora_params", "lora_grads", "activations",
-    "transients",     "workspace",   "optimizer_state",
+    "transients",     "workspace",   "optimizer_state", "held",
 };
 
 const char *lt_plan_class_name(lt_plan_class c) {
@@ -99,6 +99,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
                             ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ms.bytes[c])
                             : ms.bytes[c];
     out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
+    out->bytes[LT_PLAN_HELD] = o.held_bytes;
     size_t total = 0;
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
         if (out->bytes[c] > SIZE_MAX - total)

@@ -27,13 +27,14 @@ for args in "--seq-len 2048 --batch 2" "--seq-len 8192 --recompute all" "--seq-l
 import json, sys
 p = json.load(open(sys.argv[1]))
 cls = p["classes"]
-want = {"frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace", "optimizer_state"}
+want = {"frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace", "optimizer_state", "held"}
 assert set(cls) == want, cls
 assert p["peak_bytes"] == sum(cls.values()), p
 assert p["budget_bytes"] == 64 * 2**30, p
 assert p["fits"] == (p["peak_bytes"] <= p["budget_bytes"]), p
 assert p["budget_source"] == "given"
-assert all(v > 0 for k, v in cls.items() if k != "activations"), cls
+assert cls["held"] == 0, cls  # longtune plan reads no data
+assert all(v > 0 for k, v in cls.items() if k not in ("activations", "held")), cls
 for k, v in p["naive_arms"].items():  # rows of >= 1000 tokens: the naive paths never cost less
     assert v is not None and v >= p["peak_bytes"], (k, v, p["peak_bytes"])
 EOF

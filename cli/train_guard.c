@@ -1,0 +1,114 @@
+/* The memory guard around `longtune train` (see train_guard.h). The trainer knows nothing of the
+ * guard: a breach raises the same stop request SIGTERM does, the trainer saves a checkpoint at the
+ * next step boundary, and this file turns the result into the artifact and exit status 3. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "longtune/alloc.h"
+#include "train_guard.h"
+
+int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value,
+                      int *used_value) {
+    *used_value = 0;
+    if (!strcmp(key, "memory-ceiling") || !strcmp(key, "memory_ceiling")) {
+        if (!value || lt_cli_parse_bytes(value, &cg->ceiling) || !cg->ceiling) {
+            lt_cli_usage_error("train", usage, "--memory-ceiling '%s': expected a byte size (\"12G\")",
+                               value ? value : "");
+            return -1;
+        }
+        *used_value = 1;
+        return 1;
+    }
+    if (!strcmp(key, "allow-low-memory") || !strcmp(key, "allow_low_memory")) {
+        cg->allow_low = 1;
+        return 1;
+    }
+    if (!strcmp(key, "no-memory-guard") || !strcmp(key, "no_memory_guard")) {
+        cg->off = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* The watchdog's breach: the trainer's own stop request. SIGXCPU names "a resource limit". */
+static void stop_training(void *user) {
+    (void)user;
+    lt_train_request_stop(SIGXCPU);
+}
+
+int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt) {
+    if (cg->off) return 0;
+    lt_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.quantize = opt->quantize[0] != 0;
+    lt_model_config cfg;
+    lt_plan_options po;
+    memset(&po, 0, sizeof po);
+    po.run.B = opt->batch_size;
+    po.run.T = opt->max_seq_length;
+    po.run.recompute = opt->recompute;
+    po.run.recompute_k = opt->recompute_every;
+    po.run.attention = opt->attention;
+    po.run.loss = opt->loss;
+    po.run.threads = opt->threads;
+    cg->have_plan = lt_model_inspect(ctx, opt->model, &mo, &cfg) == LT_OK &&
+                    lt_train_lora_options(ctx, opt, &po.lora) == LT_OK &&
+                    lt_plan_compute(ctx, &cfg, &po, &cg->plan) == LT_OK;
+    lt_ctx_clear_error(ctx); /* a model that cannot be read is reported by the run itself */
+    lt_guard_options go;
+    memset(&go, 0, sizeof go);
+    go.device = LT_DEVICE_CPU;
+    go.ceiling_bytes = cg->ceiling;
+    go.allow_low_memory = cg->allow_low;
+    go.plan_bytes = cg->have_plan ? cg->plan.peak_bytes : 0;
+    go.on_breach = stop_training;
+    lt_status s = lt_guard_start(ctx, &go, &cg->g);
+    if (s != LT_OK) return lt_cli_fail("train", ctx, s);
+    lt_guard_ceiling c = lt_guard_get_ceiling(cg->g, LT_DEVICE_CPU);
+    char b1[32], b2[32];
+    fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n",
+            lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1), c.overridden ? " (--memory-ceiling)" : "",
+            cg->have_plan ? lt_cli_fmt_bytes(cg->plan.peak_bytes, b2, sizeof b2) : "unknown");
+    return 0;
+}
+
+int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt,
+                        const lt_train_result *res, lt_status run) {
+    if (!cg->g) return 0;
+    int rc = 0;
+    if (lt_guard_tripped(cg->g) && run != LT_ERR_INTERRUPTED) {
+        lt_guard_breach b = lt_guard_get_breach(cg->g);
+        fprintf(stderr, "longtune train: warning: memory passed the ceiling (%s %llu > %llu bytes) after "
+                "the last step boundary\n", b.source, (unsigned long long)b.observed_bytes,
+                (unsigned long long)b.ceiling_bytes);
+    } else if (lt_guard_tripped(cg->g)) {
+        char ckpt[LT_TRAIN_PATH_MAX + 64], art[LT_TRAIN_PATH_MAX + 64], pj[4096], b1[32], b2[32];
+        snprintf(ckpt, sizeof ckpt, "%s/%s", opt->adapter_path, LT_TRAIN_CHECKPOINT_FILE);
+        snprintf(art, sizeof art, "%s/aborted_memory_ceiling.json", opt->adapter_path);
+        lt_guard_abort_record r;
+        memset(&r, 0, sizeof r);
+        r.breach = lt_guard_get_breach(cg->g);
+        r.step = res->steps;
+        r.checkpoint = ckpt;
+        r.allocator_peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+        if (cg->have_plan && lt_plan_to_json(ctx, &cg->plan, pj, sizeof pj) == LT_OK) {
+            r.plan_json = pj;
+            r.plan_peak_bytes = cg->plan.peak_bytes;
+        }
+        lt_status s = lt_guard_write_abort(ctx, art, &r);
+        if (s != LT_OK) {
+            rc = lt_cli_fail("train", ctx, s);
+        } else {
+            fprintf(stderr, "longtune train: stopped at the memory ceiling: %s %s > %s at step %lld; "
+                    "checkpoint %s, report %s\n", r.breach.source,
+                    lt_cli_fmt_bytes(r.breach.observed_bytes, b1, sizeof b1),
+                    lt_cli_fmt_bytes(r.breach.ceiling_bytes, b2, sizeof b2), (long long)r.step, ckpt, art);
+            rc = LT_GUARD_EXIT_STATUS;
+        }
+    }
+    lt_guard_stop(cg->g);
+    cg->g = NULL;
+    return rc;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The memory guard's flags on `longtune train`: documented in --help, bad values are usage errors
+# (2), and a ceiling below what the process already holds refuses to start (1) before any file is
+# read, naming the ceiling.
+set -u
+bin="$1"
+fail=0
+say() { echo "FAIL: $*"; fail=1; }
+"$bin" train --help | grep -q -- "--memory-ceiling" || say "train --help lacks --memory-ceiling"
+"$bin" train --help | grep -q -- "--allow-low-memory" || say "train --help lacks --allow-low-memory"
+for bad in "--memory-ceiling lots" "--memory-ceiling=0" "--memory-ceiling"; do
+  # shellcheck disable=SC2086
+  out=$("$bin" train --model m --data d $bad 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q "memory-ceiling" <<<"$out" || say "train $bad -> rc=$rc: $out"
+done
+out=$("$bin" train --model /nonexistent --data /nonexistent --memory-ceiling 1K 2>&1); rc=$?
+[ $rc = 1 ] && grep -q "ceiling of 1024 bytes is below" <<<"$out" || say "tiny ceiling -> rc=$rc: $out"
+exit $fail
