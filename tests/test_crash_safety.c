@@ -165,8 +165,9 @@ static void sigkill_during_saves(void **state) {
     params_make(&ps);
     assert_int_equal(save_step(ctx, &o, &ps, 1), LT_OK);
     int64_t last = 1, mid_save = 0;
-    const int trials = 24;
-    for (int t = 0; t < trials; t++) {
+    /* At least 24 kills, and more (up to 300) until one has landed inside a write. */
+    int trials = 0;
+    for (; trials < 300 && (trials < 24 || mid_save == 0); trials++) {
         fflush(NULL);
         pid_t pid = fork();
         assert_true(pid >= 0);
