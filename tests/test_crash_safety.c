@@ -164,7 +164,7 @@ static void sigkill_during_saves(void **state) {
     params ps;
     params_make(&ps);
     assert_int_equal(save_step(ctx, &o, &ps, 1), LT_OK);
-    int64_t last = 1, mid_save = 0;
+    int64_t last = 1, last_ka = 1, mid_save = 0;
     /* At least 24 kills, and more (up to 300) until one has landed inside a write. */
     int trials = 0;
     for (; trials < 300 && (trials < 24 || mid_save == 0); trials++) {
@@ -185,9 +185,11 @@ static void sigkill_during_saves(void **state) {
         assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
         int64_t k = check_checkpoint(ctx, &o);
         int64_t ka = check_adapter(ctx);
-        /* Saves only move forward; the adapter is written after its checkpoint. */
+        /* Saves only move forward; the adapter is written after its checkpoint, so it may lag
+         * (by one step per killed child: each child starts after the last checkpoint). */
         assert_true(k >= last);
-        assert_true(ka == k || ka == k - 1);
+        assert_true(ka <= k && ka >= last_ka);
+        last_ka = ka;
         mid_save += sweep_temps() > 0;
         last = k;
     }
