@@ -1,0 +1,334 @@
+/* Flash attention backward on NVIDIA GPUs (FlashAttention-2 design on mma.sync tensor cores).
+ * Three launches: delta = rowsum(dO·O); the main kernel, where one CTA owns BN keys of one kv head
+ * and walks every query head of its group and every query tile that can see those keys
+ * (accumulating dK and dV in registers, so grouped-query heads need no atomics for them, and adding
+ * dQ into an fp32 buffer with atomics); and the conversion of that buffer to bf16. The fp32 dQ
+ * buffer and delta are workspace (lt_attention_cuda_workspace_bytes), counted by the allocator. */
+#include "backend/cuda/attention_cuda.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+
+#define BWD_BN 64 /* keys per CTA: 16 per warp, 4 warps */
+#define BWD_BM 32 /* query rows per step; 64 needs more registers than dK+dV leave */
+#define BWD_NW 4
+#define LOG2E_F 1.4426950408889634f
+
+/* delta[b,h,t] = Σ_d dO·O, one warp per (b, t, h) row; also zeroes nothing (dq_acc is memset). */
+template <int D> static __global__ void attn_bwd_delta(lt_attn_dev p, int B) {
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int64_t n = (int64_t)B * p.T * p.H;
+    if (row >= n) return;
+    int h = (int)(row % p.H), t = (int)((row / p.H) % p.T), b = (int)(row / ((int64_t)p.H * p.T));
+    const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+    const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+    float acc = 0.0f;
+    for (int d = lane * 2; d < D; d += 64) {
+        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(o + d));
+        float2 c = __bfloat1622float2(*(const __nv_bfloat162 *)(g + d));
+        acc += a.x * c.x + a.y * c.y;
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (lane == 0) p.delta[((int64_t)b * p.H + h) * p.T + t] = acc;
+}
+
+template <int D> static __global__ void attn_bwd_convert_dq(lt_attn_dev p, int B) {
+    int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    int64_t n = (int64_t)B * p.T * p.H * D;
+    if (i >= n) return;
+    int d = (int)(i % D);
+    int64_t r = i / D;
+    int h = (int)(r % p.H), t = (int)((r / p.H) % p.T), b = (int)(r / ((int64_t)p.H * p.T));
+    float2 v = *(const float2 *)(p.dq_acc + i);
+    *(uint32_t *)(p.dq + b * p.dq_sb + (int64_t)t * p.dq_st + h * p.dq_sh + d) =
+        lt_pack_bf16(v.x * p.scale, v.y * p.scale);
+}
+
+template <int D>
+static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g,
+                                                     int64_t st, int t0, int rows, int T, int tid) {
+    constexpr int LD = D + 8, CH = D / 8;
+    for (int c = tid; c < rows * CH; c += BWD_NW * 32) {
+        int r = c / CH, cc = c % CH, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + cc * 8;
+        lt_cp_async16(s + r * LD + cc * 8, src, t < T ? 16 : 0);
+    }
+}
+
+/* Warp w owns keys [16w, 16w+16) of the CTA's tile and computes, per query tile, the transposed
+ * products Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 x BM), so Pᵀ and dSᵀ are already the A operands of
+ * dV += Pᵀ dO and dK += dSᵀ Q. dSᵀ goes through shared memory once for dQ = dS K, which the four
+ * warps split as 2 row tiles x 2 halves of D. */
+template <int D>
+static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_dev p) {
+    constexpr int BN = BWD_BN, BM = BWD_BM, LD = D + 8, KC = D / 16, DT = D / 8, QT = BM / 8;
+    constexpr int LDS = BM + 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *sV = sK + BN * LD;
+    __nv_bfloat16 *sQ = sV + BN * LD;      /* 2 buffers */
+    __nv_bfloat16 *sO = sQ + 2 * BM * LD;  /* dO, 2 buffers */
+    __nv_bfloat16 *sS = sO + 2 * BM * LD;  /* dSᵀ, BN x LDS */
+    float *sL = (float *)(sS + BN * LDS);  /* lse·log2e, 2 x BM */
+    float *sD = sL + 2 * BM;               /* delta, 2 x BM */
+    int *sLo = (int *)(sD + 2 * BM);       /* key bound of each query row, 2 x BM */
+
+    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+
+    /* Queries that see any of these keys: [k0, q_end), q_end = first t with lo[t] > klast. */
+    int a0 = k0, z0 = T;
+    while (a0 < z0) {
+        int m = (a0 + z0) >> 1;
+        if (lo[m] > klast) z0 = m; else a0 = m + 1;
+    }
+    const int q_end = a0;
+    const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
+    const int steps = nqb * p.group;
+
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    bwd_load_rows<D>(sK, gk, p.kv_st, k0, BN, T, tid);
+    bwd_load_rows<D>(sV, gv, p.kv_st, k0, BN, T, tid);
+
+    auto load_step = [&](int step, int buf) {
+        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        bwd_load_rows<D>(sQ + buf * BM * LD, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, BM, T, tid);
+        bwd_load_rows<D>(sO + buf * BM * LD, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, BM, T,
+                         tid);
+        if (tid < BM) {
+            int t = q0 + tid;
+            int64_t r = ((int64_t)b * p.H + h) * T + (t < T ? t : T - 1);
+            sL[buf * BM + tid] = p.lse[r] * LOG2E_F;
+            sD[buf * BM + tid] = p.delta[r];
+            sLo[buf * BM + tid] = t < T ? lo[t] : INT32_MAX; /* rows past T see nothing */
+        }
+    };
+    load_step(0, 0);
+    lt_cp_async_commit();
+
+    float dk[DT][4], dv[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[j][e] = dv[j][e] = 0.0f;
+
+    const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const int key0 = k0 + warp * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's key rows */
+    const int mt = warp & 1, dh = warp >> 1;                        /* dQ split */
+
+    for (int step = 0; step < steps; step++) {
+        const int buf = step & 1;
+        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        lt_cp_async_wait<0>();
+        __syncthreads();
+        if (step + 1 < steps) {
+            load_step(step + 1, buf ^ 1);
+            lt_cp_async_commit();
+        }
+        const __nv_bfloat16 *cQ = sQ + buf * BM * LD, *cO = sO + buf * BM * LD;
+        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+        const int *cLo = sLo + buf * BM;
+
+        /* Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ. */
+        float st[QT][4], dp[QT][4];
+#pragma unroll
+        for (int j = 0; j < QT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t ak[4], av[4];
+            lt_ldsm_x4(ak, sK + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
+            lt_ldsm_x4(av, sV + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < BM / 16; np++) {
+                const int off = (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
+                                ((lane >> 3) & 1) * 8;
+                uint32_t r[4];
+                lt_ldsm_x4(r, cQ + off);
+                lt_mma16816(st[2 * np], ak, r[0], r[1]);
+                lt_mma16816(st[2 * np + 1], ak, r[2], r[3]);
+                lt_ldsm_x4(r, cO + off);
+                lt_mma16816(dp[2 * np], av, r[0], r[1]);
+                lt_mma16816(dp[2 * np + 1], av, r[2], r[3]);
+            }
+        }
+
+        /* Pᵀ and dSᵀ (in place of st and dp). */
+        const bool full = (klast <= q0) && (q0 + BM - 1 < T) && (k0 >= cLo[BM - 1]);
+#pragma unroll
+        for (int j = 0; j < QT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qc = j * 8 + (lane & 3) * 2 + (e & 1);
+                const int key = e < 2 ? key0 : key1, q = q0 + qc;
+                float x = st[j][e] * scale, dfac = 1.0f;
+                if (cap > 0.0f) {
+                    float th = tanhf(x * inv_cap);
+                    x = cap * th;
+                    dfac = 1.0f - th * th;
+                }
+                float pr = exp2f(x * LOG2E_F - cL[qc]);
+                if (!full && (key > q || key < cLo[qc])) pr = 0.0f;
+                st[j][e] = pr;
+                dp[j][e] = pr * (dp[j][e] - cD[qc]) * dfac;
+            }
+        }
+
+        /* dV += Pᵀ dO, dK += dSᵀ Q. */
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; kc++) {
+            uint32_t ap[4], as[4];
+            ap[0] = lt_pack_bf16(st[2 * kc][0], st[2 * kc][1]);
+            ap[1] = lt_pack_bf16(st[2 * kc][2], st[2 * kc][3]);
+            ap[2] = lt_pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+            ap[3] = lt_pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+            as[0] = lt_pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
+            as[1] = lt_pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
+            as[2] = lt_pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+            as[3] = lt_pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+#pragma unroll
+            for (int dq = 0; dq < D / 16; dq++) {
+                const int off = (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dq * 16 +
+                                (lane >> 4) * 8;
+                uint32_t r[4];
+                lt_ldsm_x4_t(r, cO + off);
+                lt_mma16816(dv[2 * dq], ap, r[0], r[1]);
+                lt_mma16816(dv[2 * dq + 1], ap, r[2], r[3]);
+                lt_ldsm_x4_t(r, cQ + off);
+                lt_mma16816(dk[2 * dq], as, r[0], r[1]);
+                lt_mma16816(dk[2 * dq + 1], as, r[2], r[3]);
+            }
+            /* dSᵀ rows of this warp into shared memory for dQ. */
+            const int c = kc * 16 + (lane & 3) * 2;
+            __nv_bfloat16 *s0 = sS + (warp * 16 + (lane >> 2)) * LDS, *s1 = s0 + 8 * LDS;
+            *(uint32_t *)(s0 + c) = as[0];
+            *(uint32_t *)(s1 + c) = as[1];
+            *(uint32_t *)(s0 + c + 8) = as[2];
+            *(uint32_t *)(s1 + c + 8) = as[3];
+        }
+        __syncthreads();
+
+        /* dQ[mt rows, dh half] += dS K: A = dS (stored transposed), B = K rows. */
+        {
+            constexpr int NQ = D / 16; /* n-tiles of 8 in a half of D */
+            float acc[NQ][4];
+#pragma unroll
+            for (int j = 0; j < NQ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) {
+                uint32_t a[4];
+                lt_ldsm_x4_t(a, sS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + mt * 16 +
+                                    ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int np = 0; np < NQ / 2; np++) {
+                    uint32_t r[4];
+                    lt_ldsm_x4_t(r, sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                        dh * (D / 2) + np * 16 + (lane >> 4) * 8);
+                    lt_mma16816(acc[2 * np], a, r[0], r[1]);
+                    lt_mma16816(acc[2 * np + 1], a, r[2], r[3]);
+                }
+            }
+            const int r0 = q0 + mt * 16 + (lane >> 2), r1 = r0 + 8;
+            const int c = dh * (D / 2) + (lane & 3) * 2;
+            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
+            float *g1 = g0 + (int64_t)8 * p.H * D;
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                if (r0 < T) {
+                    atomicAdd(g0 + j * 8, acc[j][0]);
+                    atomicAdd(g0 + j * 8 + 1, acc[j][1]);
+                }
+                if (r1 < T) {
+                    atomicAdd(g1 + j * 8, acc[j][2]);
+                    atomicAdd(g1 + j * 8 + 1, acc[j][3]);
+                }
+            }
+        }
+    }
+
+    const int c = (lane & 3) * 2;
+    __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
+    __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
+    if (key0 < T) {
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            *(uint32_t *)(gdk + (int64_t)key0 * p.kv_st + j * 8 + c) =
+                lt_pack_bf16(dk[j][0] * scale, dk[j][1] * scale);
+            *(uint32_t *)(gdv + (int64_t)key0 * p.kv_st + j * 8 + c) = lt_pack_bf16(dv[j][0], dv[j][1]);
+        }
+    }
+    if (key1 < T) {
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            *(uint32_t *)(gdk + (int64_t)key1 * p.kv_st + j * 8 + c) =
+                lt_pack_bf16(dk[j][2] * scale, dk[j][3] * scale);
+            *(uint32_t *)(gdv + (int64_t)key1 * p.kv_st + j * 8 + c) = lt_pack_bf16(dv[j][2], dv[j][3]);
+        }
+    }
+}
+
+template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int LD = D + 8;
+    const size_t smem = (size_t)(2 * BWD_BN + 4 * BWD_BM) * LD * sizeof(__nv_bfloat16) +
+                        (size_t)BWD_BN * (BWD_BM + 8) * sizeof(__nv_bfloat16) +
+                        (size_t)6 * BWD_BM * sizeof(float);
+    const int64_t rows = (int64_t)B * d.T * d.H;
+    attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_kernel<D>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "attention backward: shared memory size"));
+    dim3 grid((unsigned)((d.T + BWD_BN - 1) / BWD_BN), (unsigned)d.Hkv, (unsigned)B);
+    attn_bwd_kernel<D><<<grid, BWD_NW * 32, smem>>>(d);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
+    const int64_t n2 = rows * D / 2;
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
+}
+
+extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p,
+                                                lt_attention_args *a) {
+    if (p->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): dtype %s; only bf16 is implemented",
+                        lt_dtype_name(p->dtype));
+    if (p->D != 64 && p->D != 96 && p->D != 128)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "attention (cuda): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
+    if (p->impl == LT_ATTENTION_NAIVE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): the naive oracle is CPU-only");
+    if (p->T > INT32_MAX / 2 || p->B > 65535 || p->Hkv > 65535)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
+    if (p->T == 0 || p->B == 0) return LT_OK;
+    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 1);
+    void *ws = a->workspace;
+    if (!ws) {
+        ws = lt_alloc(ctx, LT_DEVICE_CUDA, ws_bytes, "attention backward workspace");
+        if (!ws) return lt_ctx_status(ctx);
+    }
+    lt_attn_dev d;
+    size_t used = 0;
+    lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
+    if (st == LT_OK) {
+        char *w = (char *)ws + used;
+        size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4;
+        d.dq_acc = (float *)w;
+        d.delta = (float *)(w + lt_cuda_align(acc_bytes));
+        st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
+    }
+    if (st == LT_OK) {
+        switch (p->D) {
+        case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
+        case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
+        default: st = attn_bwd_launch<128>(ctx, d, (int)p->B); break;
+        }
+    }
+    if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes);
+    return st;
+}

@@ -1,0 +1,358 @@
+/* Flash attention forward on NVIDIA GPUs (FlashAttention-2 design on warp-level bf16 tensor cores:
+ * mma.sync m16n8k16, ldmatrix, cp.async double buffering), plus the preparation shared with the
+ * backward: per-token key bounds from packed-row offsets and sliding window, and the workspace
+ * layout. One CTA owns BM query rows of one head and walks only the key tiles its rows can see
+ * (tile skipping for causal, window and packed rows). It does not use Hopper's wgmma/TMA yet. */
+#include "backend/cuda/attention_cuda.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+#include <string.h>
+
+/* Tuning constants. BN = 64 keys per tile; BM = 16 query rows per warp. 4 warps (BM = 64) and
+ * 8 warps (BM = 128) were both measured (dev/cuda/NOTES.md); the table below picks per head dim. */
+#define FWD_BN 64
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+
+/* ---------------------------------------------------------------------------------------------
+ * Key bounds: lo[b*T + t] = first key token t may attend to (start of its packed sequence, raised
+ * by the sliding window). Non-decreasing in t within a row, which is what tile skipping uses. */
+static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B, int64_t window,
+                                     int32_t *lo) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)B * T) return;
+    int b = (int)(idx / T), t = (int)(idx % T);
+    int64_t start = 0;
+    if (off) {
+        const int32_t *o = off + (int64_t)b * (S + 1);
+        int64_t a = 0, z = S; /* largest s in [0, S) with o[s] <= t */
+        while (a < z) {
+            int64_t m = (a + z + 1) / 2;
+            if (o[m] <= t) a = m; else z = m - 1;
+        }
+        if (a >= S) a = S - 1;
+        start = o[a];
+    }
+    if (window > 0 && (int64_t)t - window + 1 > start) start = (int64_t)t - window + 1;
+    lo[idx] = (int32_t)start;
+}
+
+static size_t offsets_bytes(const lt_attention_params *p) {
+    return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
+}
+
+extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward) {
+    size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4) + offsets_bytes(p);
+    if (backward) {
+        n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
+    }
+    return n;
+}
+
+static int64_t stride_or(int64_t s, int64_t dflt) { return s ? s : dflt; }
+
+lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
+                                          const lt_attention_args *a, void *workspace,
+                                          lt_attn_dev *d, size_t *used) {
+    const int64_t T = p->T, H = p->H, Hkv = p->Hkv, D = p->D;
+    memset(d, 0, sizeof *d);
+    d->q = (const __nv_bfloat16 *)a->q;
+    d->k = (const __nv_bfloat16 *)a->k;
+    d->v = (const __nv_bfloat16 *)a->v;
+    d->o = (__nv_bfloat16 *)a->out;
+    d->lse = a->lse;
+    d->dout = (const __nv_bfloat16 *)a->dout;
+    d->dq = (__nv_bfloat16 *)a->dq;
+    d->dk = (__nv_bfloat16 *)a->dk;
+    d->dv = (__nv_bfloat16 *)a->dv;
+    d->q_sb = stride_or(p->q_layout.batch, T * H * D);
+    d->q_st = stride_or(p->q_layout.token, H * D);
+    d->q_sh = stride_or(p->q_layout.head, D);
+    d->kv_sb = stride_or(p->kv_layout.batch, T * Hkv * D);
+    d->kv_st = stride_or(p->kv_layout.token, Hkv * D);
+    d->kv_sh = stride_or(p->kv_layout.head, D);
+    d->o_sb = stride_or(p->o_layout.batch, T * H * D);
+    d->o_st = stride_or(p->o_layout.token, H * D);
+    d->o_sh = stride_or(p->o_layout.head, D);
+    /* dq shares the query layout (lt_attention_args: "dq: out (B, T, H, D), q_layout"). */
+    d->dq_sb = d->q_sb;
+    d->dq_st = d->q_st;
+    d->dq_sh = d->q_sh;
+    d->T = (int)T;
+    d->H = (int)H;
+    d->Hkv = (int)Hkv;
+    d->group = (int)(H / Hkv);
+    d->scale = p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)D);
+    d->softcap = p->softcap;
+
+    /* cp.async moves 16-byte pieces: every row start must be 16-byte aligned. */
+    const int64_t strides[9] = {d->q_sb, d->q_st, d->q_sh, d->kv_sb, d->kv_st,
+                                d->kv_sh, d->o_sb, d->o_st, d->o_sh};
+    for (int i = 0; i < 9; i++)
+        if (strides[i] % 8)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "attention (cuda): strides must be multiples of 8 elements (16 bytes)");
+    const void *ptrs[8] = {a->q, a->k, a->v, a->out, a->dout, a->dq, a->dk, a->dv};
+    for (int i = 0; i < 8; i++)
+        if ((uintptr_t)ptrs[i] % 16)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "attention (cuda): tensors must be 16-byte aligned");
+
+    char *ws = (char *)workspace;
+    size_t off = 0;
+    int32_t *lo = (int32_t *)(ws + off);
+    off += lt_cuda_align((size_t)p->B * (size_t)T * 4);
+    const int32_t *dev_off = NULL;
+    if (p->seq_offsets) {
+        /* Offsets may live on the host (the boundary validated them there) or on the device. */
+        cudaPointerAttributes attr;
+        cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
+        if (e == cudaSuccess &&
+            (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
+            dev_off = p->seq_offsets;
+        } else {
+            int32_t *dst = (int32_t *)(ws + off);
+            LT_TRY(lt_cuda_check(ctx, cudaMemcpy(dst, p->seq_offsets, nb, cudaMemcpyHostToDevice),
+                                 "attention (cuda): copying sequence offsets"));
+            dev_off = dst;
+        }
+        off += offsets_bytes(p);
+    }
+    int64_t n = p->B * T;
+    attn_build_lo<<<(unsigned)((n + 255) / 256), 256>>>(dev_off, p->S, (int)T, (int)p->B,
+                                                       p->window, lo);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (cuda): key bounds kernel"));
+    d->lo = lo;
+    *used = off;
+    return LT_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The forward kernel. Warp w owns query rows [16w, 16w+16) of the CTA's BM rows; Q stays in
+ * registers as A fragments, K and V tiles stream through shared memory (two buffers, the next tile
+ * loading while this one is used), the scores never leave registers: the accumulator fragment of
+ * S is re-packed as the A fragment of P·V. Rows are padded by 8 elements so that ldmatrix's eight
+ * row addresses fall in distinct banks. */
+template <int D>
+static __device__ __forceinline__ void attn_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g,
+                                                      int64_t st, int t0, int rows, int T, int tid,
+                                                      int nthreads) {
+    constexpr int LD = D + 8, CH = D / 8;
+    for (int c = tid; c < rows * CH; c += nthreads) {
+        int r = c / CH, cc = c % CH, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + cc * 8;
+        lt_cp_async16(s + r * LD + cc * 8, src, t < T ? 16 : 0);
+    }
+}
+
+template <int D, int NW>
+static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p) {
+    constexpr int BM = 16 * NW, BN = FWD_BN, LD = D + 8, KC = D / 16, NT = BN / 8, DT = D / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *sK = sQ + BM * LD;
+    __nv_bfloat16 *sV = sK + 2 * BN * LD;
+
+    const int T = p.T;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q0 = qb * BM, qlast = min(q0 + BM, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+    const int kb_begin = lo[q0] / BN, kb_end = qlast / BN;
+    const int lo_last = lo[qlast];
+
+    const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+
+    attn_load_rows<D>(sQ, gq, p.q_st, q0, BM, T, tid, NW * 32);
+    attn_load_rows<D>(sK, gk, p.kv_st, kb_begin * BN, BN, T, tid, NW * 32);
+    attn_load_rows<D>(sV, gv, p.kv_st, kb_begin * BN, BN, T, tid, NW * 32);
+    lt_cp_async_commit();
+
+    /* Rows of this thread: r0 = 16w + lane/4 and r0 + 8. */
+    const int row0 = q0 + warp * 16 + (lane >> 2), row1 = row0 + 8;
+    const int lo0 = lo[min(row0, T - 1)], lo1 = lo[min(row1, T - 1)];
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+
+    uint32_t qf[KC][4];
+    float o[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = (kb - kb_begin) & 1;
+        lt_cp_async_wait<0>();
+        __syncthreads();
+        if (kb == kb_begin) {
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++)
+                lt_ldsm_x4(qf[kc], sQ + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
+        }
+        if (kb < kb_end) {
+            attn_load_rows<D>(sK + (buf ^ 1) * BN * LD, gk, p.kv_st, (kb + 1) * BN, BN, T, tid,
+                              NW * 32);
+            attn_load_rows<D>(sV + (buf ^ 1) * BN * LD, gv, p.kv_st, (kb + 1) * BN, BN, T, tid,
+                              NW * 32);
+            lt_cp_async_commit();
+        }
+        const __nv_bfloat16 *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
+
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t r[4];
+                lt_ldsm_x4(r, cK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
+                                  ((lane >> 3) & 1) * 8);
+                lt_mma16816(s[2 * np], qf[kc], r[0], r[1]);
+                lt_mma16816(s[2 * np + 1], qf[kc], r[2], r[3]);
+            }
+        }
+
+        const int k0 = kb * BN;
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[j][e] * scale;
+                if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
+                x *= LOG2E_F;
+                if (!full) {
+                    int key = k0 + j * 8 + (lane & 3) * 2 + (e & 1);
+                    int row = e < 2 ? row0 : row1, rlo = e < 2 ? lo0 : lo1;
+                    if (key > row || key < rlo) x = -INFINITY;
+                }
+                s[j][e] = x;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
+        const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = exp2f(s[j][0] - mu0);
+            s[j][1] = exp2f(s[j][1] - mu0);
+            s[j][2] = exp2f(s[j][2] - mu1);
+            s[j][3] = exp2f(s[j][3] - mu1);
+            rs0 += s[j][0] + s[j][1];
+            rs1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= al0;
+            o[j][1] *= al0;
+            o[j][2] *= al1;
+            o[j][3] *= al1;
+        }
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            uint32_t a[4];
+            a[0] = lt_pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+            a[1] = lt_pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+            a[2] = lt_pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            a[3] = lt_pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t r[4];
+                lt_ldsm_x4_t(r, cV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
+                                    (lane >> 4) * 8);
+                lt_mma16816(o[2 * dp], a, r[0], r[1]);
+                lt_mma16816(o[2 * dp + 1], a, r[2], r[3]);
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float il0 = 1.0f / l0, il1 = 1.0f / l1;
+    __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
+    const int c = (lane & 3) * 2;
+    if (row0 < T) {
+        __nv_bfloat16 *r = go + (int64_t)row0 * p.o_st;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(uint32_t *)(r + j * 8 + c) = lt_pack_bf16(o[j][0] * il0, o[j][1] * il0);
+        if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + row0] = (m0 + log2f(l0)) * LN2_F;
+    }
+    if (row1 < T) {
+        __nv_bfloat16 *r = go + (int64_t)row1 * p.o_st;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(uint32_t *)(r + j * 8 + c) = lt_pack_bf16(o[j][2] * il1, o[j][3] * il1);
+        if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + row1] = (m1 + log2f(l1)) * LN2_F;
+    }
+}
+
+template <int D, int NW> static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int BM = 16 * NW, LD = D + 8;
+    const size_t smem = (size_t)(BM + 4 * FWD_BN) * LD * sizeof(__nv_bfloat16);
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_fwd_kernel<D, NW>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "attention forward: shared memory size"));
+    dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
+    attn_fwd_kernel<D, NW><<<grid, NW * 32, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
+}
+
+/* Supported specialisations: bf16, head dims 64 / 96 / 128. 8 warps (BM = 128) measured best
+ * for every head dim on H200 (dev/cuda/NOTES.md). */
+extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
+                                               lt_attention_args *a) {
+    if (p->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): dtype %s; only bf16 is implemented",
+                        lt_dtype_name(p->dtype));
+    if (p->D != 64 && p->D != 96 && p->D != 128)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "attention (cuda): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
+    if (p->impl == LT_ATTENTION_NAIVE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): the naive oracle is CPU-only");
+    if (p->T > INT32_MAX / 2 || p->B > 65535 || p->H > 65535)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
+    if (p->T == 0 || p->B == 0) return LT_OK;
+    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 0);
+    void *ws = a->workspace;
+    if (!ws) {
+        ws = lt_alloc(ctx, LT_DEVICE_CUDA, ws_bytes, "attention forward workspace");
+        if (!ws) return lt_ctx_status(ctx);
+    }
+    lt_attn_dev d;
+    size_t used = 0;
+    lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
+    if (st == LT_OK) {
+        switch (p->D) {
+        case 64: st = attn_fwd_launch<64, 8>(ctx, d, (int)p->B); break;
+        case 96: st = attn_fwd_launch<96, 8>(ctx, d, (int)p->B); break;
+        default: st = attn_fwd_launch<128, 8>(ctx, d, (int)p->B); break;
+        }
+    }
+    if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes); /* cudaFree waits for the kernel */
+    return st;
+}
