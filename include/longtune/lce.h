@@ -41,17 +41,20 @@ typedef struct lt_lce_options {
     float label_smoothing;  /* ε in [0, 1) */
     float z_loss;           /* coefficient of lse² (PaLM's z-loss), >= 0 */
     float softcap;          /* final-logit softcap (Gemma 2), 0 = off */
-    int tile_n, tile_v;     /* 0 = tuned defaults of the backend */
+    int tile_n, tile_v;     /* tokens and vocabulary entries per tile (fused: both; chunked: tile_v;
+                               naive: neither); 0 = tuned defaults of the backend */
 } lt_lce_options;
 
 typedef struct lt_lce_args {
     lt_tensor h;                 /* (N, C) f32 | bf16 */
     lt_tensor w;                 /* (V, C) f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64; dense or tied */
     const int32_t *targets;      /* (N) in [0, V) or ignore_index, on h's device */
-    const float *token_weight;   /* (N) optional per-token weight, NULL = 1 */
+    const float *token_weight;   /* (N) optional per-token weight (finite, >= 0), NULL = 1 */
     float *loss;                 /* out: (1) for mean/sum, (N) for none */
-    float *lse;                  /* out (forward) / in (backward): (N) fp32 */
-    float *token_loss;           /* optional out: (N) per-token loss before reduction */
+    float *lse;                  /* out (forward) / in (backward): (N) fp32, of the softcapped
+                                    logits; written for ignored tokens too */
+    float *token_loss;           /* optional out: (N) per-token loss, weighted, before reduction
+                                    (0 for ignored tokens) */
     /* Backward only. */
     const float *dloss;          /* (1) for mean/sum, (N) for none: upstream gradient */
     lt_tensor *dh;               /* out (N, C) f32 | bf16: overwritten */
@@ -61,10 +64,14 @@ typedef struct lt_lce_args {
                                     NULL = allocated and freed through the accounting allocator */
 } lt_lce_args;
 
-/* Bytes of workspace the chosen implementation needs for these shapes (the planner prices it).
- * threads: CPU worker threads (0 = default). */
-size_t lt_lce_workspace_bytes(const lt_lce_options *opt, lt_device dev, int64_t N, int64_t V,
-                              int64_t C, int backward, int threads);
+/* Bytes of workspace the forward (backward = 0) or backward (1) will use for this request: exactly
+ * what lt_lce_forward/backward allocate through lt_alloc when a->workspace is NULL (one block), so
+ * the planner can price it. Reads only the options and a's tensor dtypes, shapes and device (h, w,
+ * and for the backward dh and whether dw is set); no data pointer is touched, so views with NULL
+ * data are fine. threads: CPU worker threads the call will run with (0 = default; pass the
+ * context's lt_ctx_threads). Returns 0 when the request is invalid (the call would fail) or needs
+ * no workspace. */
+size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward, int threads);
 
 /* Forward: writes loss, lse and (if set) token_loss. Errors: LT_ERR_SHAPE / LT_ERR_DTYPE on
  * mismatch, LT_ERR_INVALID_ARG for a target outside [0, V) (message names the first bad position)

@@ -24,7 +24,7 @@ void lt_sys_cpu(char *name, int n, int *cores);
 
 typedef struct lt_cuda_device_info {
     int count;            /* 0 when no device or no CUDA in the build */
-    char name[128];       /* device 0 */
+    char name[256];       /* device 0 */
     uint64_t total_bytes, free_bytes;
     int driver_version, runtime_version, cc_major, cc_minor;
 } lt_cuda_device_info;

@@ -53,7 +53,8 @@ lt_tensor lt_tensor_view(void *data, lt_dtype dtype, lt_device dev, int ndim, co
     for (int i = t.ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.stride[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        /* Saturate: an overflowing shape is caught by lt_tensor_nbytes, not here. */
+        if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s)) s = INT64_MAX;
     }
     if (lt_dtype_is_quantized(dtype) && t.ndim >= 2) t.stride[t.ndim - 2] = 1;
     return t;

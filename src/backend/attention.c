@@ -1,0 +1,188 @@
+/* The public boundary of attention: validates the params and args once (shapes, dtype, head dim,
+ * strides, packed offsets, options), resolves the defaults, provides the workspace through the
+ * accounting allocator when the caller passes none, and dispatches to the backend of the device.
+ * It computes nothing itself; the kernels live in src/backend/{cpu,cuda}/attention_*. */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/attention_impl.h"
+#include "longtune/alloc.h"
+
+static int64_t layout_span(const lt_attention_layout *l, int64_t B, int64_t T, int64_t heads,
+                           int64_t D) {
+    /* Largest element offset + 1 the layout reaches; -1 on overflow. */
+    int64_t span = D, t;
+    const int64_t ext[3] = {B, T, heads}, str[3] = {l->batch, l->token, l->head};
+    for (int i = 0; i < 3; i++) {
+        if (__builtin_mul_overflow(ext[i] - 1, str[i], &t) || __builtin_add_overflow(span, t, &span))
+            return -1;
+    }
+    return span;
+}
+
+static lt_attention_layout layout_resolve(lt_attention_layout l, int64_t T, int64_t heads, int64_t D) {
+    if (l.batch == 0 && l.token == 0 && l.head == 0) {
+        l.head = D;
+        l.token = heads * D;
+        l.batch = T * heads * D;
+    }
+    return l;
+}
+
+static lt_status layout_check(lt_ctx *ctx, const char *name, lt_attention_layout l, int64_t B,
+                              int64_t T, int64_t heads, int64_t D) {
+    l = layout_resolve(l, T, heads, D);
+    const int64_t ext[3] = {B, T, heads}, str[3] = {l.batch, l.token, l.head};
+    const char *dim[3] = {"batch", "token", "head"};
+    for (int i = 0; i < 3; i++) {
+        if (str[i] < 0 || (ext[i] > 1 && str[i] < D))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "attention: %s %s stride %lld must be >= D = %lld (rows would overlap)",
+                            name, dim[i], (long long)str[i], (long long)D);
+    }
+    if (l.token > INT_MAX)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: %s token stride %lld exceeds INT_MAX",
+                        name, (long long)l.token);
+    if (layout_span(&l, B, T, heads, D) < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: %s layout overflows int64", name);
+    return LT_OK;
+}
+
+static int cuda_head_dim_ok(int64_t D) {
+    static const int64_t dims[] = LT_ATTENTION_CUDA_HEAD_DIMS;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] == D) return 1;
+    return 0;
+}
+
+lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
+    if (!p) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: params is NULL");
+    if (p->B < 1 || p->T < 1 || p->H < 1 || p->Hkv < 1 || p->D < 1)
+        return lt_error(ctx, LT_ERR_SHAPE, "attention: B=%lld T=%lld H=%lld Hkv=%lld D=%lld must all be >= 1",
+                        (long long)p->B, (long long)p->T, (long long)p->H, (long long)p->Hkv,
+                        (long long)p->D);
+    if (p->H % p->Hkv)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: H=%lld is not a multiple of Hkv=%lld",
+                        (long long)p->H, (long long)p->Hkv);
+    int64_t n;
+    if (__builtin_mul_overflow(p->B, p->T, &n) || __builtin_mul_overflow(n, p->H, &n) ||
+        __builtin_mul_overflow(n, p->D, &n) || n > INT64_MAX / 4)
+        return lt_error(ctx, LT_ERR_SHAPE, "attention: B*T*H*D overflows");
+    if ((unsigned)p->device >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: unknown device %d", (int)p->device);
+    if ((unsigned)p->impl > LT_ATTENTION_NAIVE)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: unknown impl %d", (int)p->impl);
+    if (p->dtype == LT_DTYPE_F16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: dtype f16 is not supported (f32, bf16)");
+    if (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_DTYPE, "attention: dtype %s is not accepted (f32, bf16)",
+                        lt_dtype_name(p->dtype));
+    if (!isfinite(p->scale) || p->scale < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: scale %g must be finite and > 0 (0 = 1/sqrt(D))",
+                        (double)p->scale);
+    if (!isfinite(p->softcap) || p->softcap < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0",
+                        (double)p->softcap);
+    if (p->window < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: window %lld is negative", (long long)p->window);
+    LT_TRY(layout_check(ctx, "q", p->q_layout, p->B, p->T, p->H, p->D));
+    LT_TRY(layout_check(ctx, "kv", p->kv_layout, p->B, p->T, p->Hkv, p->D));
+    LT_TRY(layout_check(ctx, "out", p->o_layout, p->B, p->T, p->H, p->D));
+    if (!p->seq_offsets && p->S != 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: S=%lld given without seq_offsets", (long long)p->S);
+    if (p->seq_offsets) {
+        if (p->S < 1 || p->S > INT32_MAX)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: S=%lld sequences per row must be in 1..INT32_MAX",
+                            (long long)p->S);
+        if (__builtin_mul_overflow(p->B, p->S + 1, &n))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: B*(S+1) offsets overflow");
+        for (int64_t b = 0; b < p->B; b++) {
+            const int32_t *o = p->seq_offsets + b * (p->S + 1);
+            if (o[0] != 0)
+                return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: seq_offsets row %lld starts at %d, not 0",
+                                (long long)b, (int)o[0]);
+            for (int64_t s = 1; s <= p->S; s++)
+                if (o[s] < o[s - 1])
+                    return lt_error(ctx, LT_ERR_INVALID_ARG,
+                                    "attention: seq_offsets row %lld index %lld: %d < %d (not monotone)",
+                                    (long long)b, (long long)s, (int)o[s], (int)o[s - 1]);
+            if (o[p->S] != p->T)
+                return lt_error(ctx, LT_ERR_INVALID_ARG,
+                                "attention: seq_offsets row %lld ends at %d, not T = %lld (must cover the row)",
+                                (long long)b, (int)o[p->S], (long long)p->T);
+        }
+    }
+    if (p->device == LT_DEVICE_CPU) {
+        if (p->D > LT_ATTENTION_CPU_MAX_D)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld exceeds the CPU limit %d",
+                            (long long)p->D, LT_ATTENTION_CPU_MAX_D);
+        return LT_OK;
+    }
+    if (!cuda_head_dim_ok(p->D))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128, 256)",
+                        (long long)p->D);
+    if (!LT_HAVE_CUDA_ATTENTION)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: CUDA attention is not in this build");
+    return LT_OK;
+}
+
+size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
+    if (!p) return 0;
+    if (p->device == LT_DEVICE_CPU) return lt_attention_cpu_workspace_bytes(p, backward != 0, threads);
+#if LT_HAVE_CUDA_ATTENTION
+    if (p->device == LT_DEVICE_CUDA) return lt_attention_cuda_workspace_bytes(p, backward != 0, threads);
+#endif
+    return 0;
+}
+
+typedef lt_status (*attention_fn)(lt_ctx *, const lt_attention_params *, lt_attention_args *);
+
+static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a, int backward) {
+    LT_TRY(lt_attention_check(ctx, p));
+    const char *what = backward ? "attention backward" : "attention forward";
+    if (!a) return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: args is NULL", what);
+    if (!a->q || !a->k || !a->v || !a->out || !a->lse)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: q, k, v, out and lse must all be set", what);
+    if (backward && (!a->dout || !a->dq || !a->dk || !a->dv))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: dout, dq, dk and dv must all be set", what);
+
+    lt_attention_params r = *p;
+    r.q_layout = layout_resolve(p->q_layout, p->T, p->H, p->D);
+    r.kv_layout = layout_resolve(p->kv_layout, p->T, p->Hkv, p->D);
+    r.o_layout = layout_resolve(p->o_layout, p->T, p->H, p->D);
+    if (r.scale == 0) r.scale = 1.0f / sqrtf((float)p->D);
+    if (r.impl == LT_ATTENTION_AUTO) r.impl = LT_ATTENTION_FLASH;
+
+    attention_fn fn = NULL;
+    if (p->device == LT_DEVICE_CPU) fn = backward ? lt_attention_cpu_backward : lt_attention_cpu_forward;
+#if LT_HAVE_CUDA_ATTENTION
+    if (p->device == LT_DEVICE_CUDA) fn = backward ? lt_attention_cuda_backward : lt_attention_cuda_forward;
+#endif
+    if (!fn) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: no attention for this device", what);
+
+    size_t need = lt_attention_workspace_bytes(p, backward, lt_ctx_threads(ctx));
+    lt_attention_args w = *a;
+    if (a->workspace) {
+        if (a->workspace_size < need)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace of %zu bytes, %zu needed", what,
+                            a->workspace_size, need);
+        return fn(ctx, &r, &w);
+    }
+    w.workspace_size = need;
+    if (need) {
+        w.workspace = lt_alloc(ctx, p->device, need, "attention workspace");
+        if (!w.workspace) return lt_ctx_status(ctx);
+    }
+    lt_status s = fn(ctx, &r, &w);
+    if (need) lt_free(ctx, p->device, w.workspace, need);
+    return s;
+}
+
+lt_status lt_attention_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
+    return run(ctx, p, a, 0);
+}
+
+lt_status lt_attention_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
+    return run(ctx, p, a, 1);
+}

@@ -1,0 +1,34 @@
+/* Private entry points of attention behind the public boundary (src/backend/attention.c), one
+ * pair per backend. The boundary has validated every field and resolved the defaults before these
+ * run: layouts are explicit (never all-zero), scale is set, and args.workspace points at
+ * args.workspace_size >= the backend's workspace bytes on p->device. Nothing here re-validates. */
+#ifndef LT_BACKEND_ATTENTION_IMPL_H
+#define LT_BACKEND_ATTENTION_IMPL_H
+
+#include "longtune/attention.h"
+
+/* The CUDA attention kernels set this to LT_HAVE_CUDA when they land; until then a CUDA request is
+ * LT_ERR_UNSUPPORTED "CUDA attention is not in this build". */
+#ifndef LT_HAVE_CUDA_ATTENTION
+#define LT_HAVE_CUDA_ATTENTION 0
+#endif
+
+/* Largest head dim the CPU backend takes (any D in 1..256). */
+#define LT_ATTENTION_CPU_MAX_D 256
+
+/* Head dims the CUDA kernels are specialised for; anything else is LT_ERR_UNSUPPORTED. */
+#define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128, 256}
+
+/* CPU reference backend (src/backend/cpu/attention_*.c). `threads` as in
+ * lt_attention_workspace_bytes. */
+size_t lt_attention_cpu_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+lt_status lt_attention_cpu_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+lt_status lt_attention_cpu_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+
+#if LT_HAVE_CUDA_ATTENTION
+size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+#endif
+
+#endif

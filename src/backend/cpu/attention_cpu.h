@@ -1,0 +1,105 @@
+/* Shared pieces of the CPU attention kernels (attention_naive.c, attention_flash.c): the tile
+ * sizes, a branch-free exp that vectorises, row loads and stores that convert bf16, the visible key
+ * range of a query under the causal / window / packed masks, and a dynamic work scheduler over
+ * lt_parallel_for. Private to src/backend/cpu; nothing here validates its inputs. */
+#ifndef LT_CPU_ATTENTION_CPU_H
+#define LT_CPU_ATTENTION_CPU_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/attention_impl.h"
+
+/* Tile sizes (queries x keys). 64 x 64 keeps a tile's S, P and the f32 Q/K/V/dO tiles of D <= 128
+ * inside L2 and is large enough for OpenBLAS's small-GEMM kernels to run near their peak; 128 x 128
+ * was tried and ran no faster at D = 64 while wasting more masked work on packed rows of ~84-token
+ * sequences (the partial tiles at sequence starts grow with the tile). */
+#define LT_ATTN_BR 64
+#define LT_ATTN_BC 64
+
+/* Per-thread workspace slots start on 64-byte boundaries (16 floats). */
+#define LT_ATTN_ALIGN_FLOATS 16
+static inline size_t lt_attn_round(size_t floats) {
+    return (floats + LT_ATTN_ALIGN_FLOATS - 1) / LT_ATTN_ALIGN_FLOATS * LT_ATTN_ALIGN_FLOATS;
+}
+
+/* exp(x) without branches or calls so that softmax loops vectorise: x = n ln2 + r with |r| <=
+ * ln2/2, e^r from its degree-7 Taylor polynomial (truncation < 5e-9 relative), 2^n built in the
+ * exponent bits. Inputs are clamped to [-87, 88], so exp of very negative arguments is ~1e-38
+ * rather than 0, far below anything a sum of softmax terms (the largest of which is 1) can see.
+ * Relative error ~2 ulp. */
+static inline float lt_attn_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f + shifter;
+    float n = t - shifter;
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t tb, sb = 0x4B400000u; /* the bits of `shifter` */
+    memcpy(&tb, &t, 4);
+    uint32_t e = (tb - sb + 127u) << 23;
+    float s;
+    memcpy(&s, &e, 4);
+    return p * s;
+}
+
+static inline float lt_attn_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Element offset of (b, t, head) in a layout. */
+static inline int64_t lt_attn_off(const lt_attention_layout *l, int64_t b, int64_t t, int64_t h) {
+    return b * l->batch + t * l->token + h * l->head;
+}
+
+/* rows x D elements of dtype dt at src (row stride ld elements) into dst (f32, row stride D). */
+void lt_attn_load(float *dst, const void *src, lt_dtype dt, int64_t ld, int64_t rows, int64_t D);
+/* rows x D floats of src (row stride D) times mul into dst (dtype dt, row stride ld); bf16 rounds
+ * to nearest even. */
+void lt_attn_store(void *dst, lt_dtype dt, int64_t ld, const float *src, int64_t rows, int64_t D, float mul);
+/* Pointer to element `off` of a dtype dt array. */
+static inline const void *lt_attn_at(const void *base, lt_dtype dt, int64_t off) {
+    return (const char *)base + off * (dt == LT_DTYPE_F32 ? 4 : 2);
+}
+
+/* Packed sequence boundaries: the sequence of row b holding token x spans [*start, *end). One
+ * sequence per row (no offsets) is [0, T). Binary search over the row's S+1 offsets; empty
+ * sequences (repeated offsets) are stepped over. */
+void lt_attn_seq(const lt_attention_params *p, int64_t b, int64_t x, int64_t *start, int64_t *end);
+
+/* First key query q sees inside its sequence starting at seq_start (it sees keys lo..q). */
+static inline int64_t lt_attn_lo(int64_t q, int64_t seq_start, int64_t window) {
+    int64_t lo = q - window + 1;
+    return window > 0 && lo > seq_start ? lo : seq_start;
+}
+
+/* Runs item(ctx, i, slot) for i in [0, n) on up to `slots` threads; each thread takes the next
+ * item from a shared counter (so uneven causal tiles balance) and passes its slot index < slots.
+ * Every item writes outputs no other item writes, so results do not depend on the schedule. */
+typedef void (*lt_attn_item_fn)(void *ctx, int64_t i, int slot);
+void lt_attn_schedule(int slots, int64_t n, lt_attn_item_fn item, void *ctx);
+
+/* Threads the kernels run with for `threads` requested (0 = default), capped by the work items. */
+int lt_attn_slots(int threads, int64_t items);
+
+/* The two CPU implementations; the workspace functions give exactly what the kernels carve up. */
+size_t lt_attention_naive_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+lt_status lt_attention_naive_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+lt_status lt_attention_naive_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+
+#endif

@@ -1,0 +1,383 @@
+/* Flash attention on the CPU: tiles of LT_ATTN_BR queries x LT_ATTN_BC keys, QK^T and PV as
+ * OpenBLAS sgemm on the tiles, online softmax, saved per-row log-sum-exp, and a backward that
+ * recomputes the tiles (dQ pass over query tiles, dK/dV pass over key tiles). Tiles are cut at
+ * packed-sequence boundaries and only the keys inside the causal / window band of the tile's own
+ * sequence are visited, so a packed row costs sum(len^2), not T^2. No (T, T) buffer exists. */
+#include <cblas.h>
+#include <math.h>
+
+#include "backend/cpu/attention_cpu.h"
+#include "core/parallel.h"
+
+#define BR LT_ATTN_BR
+#define BC LT_ATTN_BC
+
+/* One thread's scratch. The f32 tile copies exist only for bf16 (f32 tensors are read in place
+ * by sgemm with their token stride as leading dimension). */
+typedef struct {
+    float *q, *k, *v, *dout; /* bf16 -> f32 tiles: (BR, D), (BC, D), (BC, D), (BR, D) */
+    float *s, *dp;           /* (BR, BC): scores then P; dP then dS (backward) */
+    float *acc, *acc2;       /* forward: O (BR, D); dQ pass: dQ (BR, D); dK/dV pass: dK, dV (BC, D) */
+    float *m, *l;            /* forward: running max and sum per query row */
+} flash_slot;
+
+/* Lays one slot out from `base` (or only counts when base is NULL); returns its size in floats.
+ * The workspace size and the kernels both come from here, so they cannot disagree. */
+static size_t flash_carve(const lt_attention_params *p, int backward, float *base, flash_slot *sl) {
+    const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32;
+    const size_t rows = BR > BC ? BR : BC;
+    size_t off = 0;
+#define TAKE(field, count)                                           \
+    do {                                                             \
+        size_t n_ = (count);                                         \
+        if (sl) sl->field = n_ && base ? base + off : NULL;          \
+        off += lt_attn_round(n_);                                    \
+    } while (0)
+    TAKE(q, conv * BR * D);
+    TAKE(k, conv * BC * D);
+    TAKE(v, conv * BC * D);
+    TAKE(dout, conv * (size_t)backward * BR * D);
+    TAKE(s, (size_t)BR * BC);
+    TAKE(dp, (size_t)backward * BR * BC);
+    TAKE(acc, rows * D);
+    TAKE(acc2, (size_t)backward * BC * D);
+    TAKE(m, (size_t)!backward * BR);
+    TAKE(l, (size_t)!backward * BR);
+#undef TAKE
+    return off;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Work items: forward and the dQ pass run over (B, H, query tiles), the dK/dV pass over
+ * (B, Hkv, key tiles). */
+static int64_t flash_items(const lt_attention_params *p) { return p->B * p->H * cdiv(p->T, BR); }
+
+static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
+    /* Backward: D_i = rowsum(dO * O) per (b, h, t). */
+    return backward ? lt_attn_round((size_t)(p->B * p->H * p->T)) : 0;
+}
+
+size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
+    size_t slots = (size_t)lt_attn_slots(threads, flash_items(p));
+    size_t per = flash_carve(p, backward, NULL, NULL), total;
+    if (__builtin_mul_overflow(slots, per, &total) ||
+        __builtin_add_overflow(total, flash_shared_floats(p, backward), &total) ||
+        __builtin_mul_overflow(total, sizeof(float), &total))
+        return SIZE_MAX;
+    return total;
+}
+
+typedef struct {
+    const lt_attention_params *p;
+    const lt_attention_args *a;
+    float *slots;      /* slot i at slots + i * slot_floats */
+    size_t slot_floats;
+    const float *dvec; /* backward: (B, H, T) */
+    int64_t group;     /* H / Hkv */
+    int backward;
+} flash_job;
+
+static flash_slot slot_of(const flash_job *j, int slot) {
+    flash_slot s;
+    flash_carve(j->p, j->backward, j->slots + (size_t)slot * j->slot_floats, &s);
+    return s;
+}
+
+/* A (rows, D) operand for sgemm: in place for f32, converted into `scratch` for bf16. */
+static const float *operand(const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b,
+                            int64_t t, int64_t h, int64_t rows, int64_t D, float *scratch, int *ld) {
+    const void *src = lt_attn_at(base, dt, lt_attn_off(l, b, t, h));
+    if (dt == LT_DTYPE_F32) {
+        *ld = (int)l->token;
+        return src;
+    }
+    lt_attn_load(scratch, src, dt, l->token, rows, D);
+    *ld = (int)D;
+    return scratch;
+}
+
+/* Visible key columns [*c0, *c1) of query q in the key block starting at kb of width c, clamped
+ * so that 0 <= c0 <= c1 <= c (c0 == c1 when the block holds none of its keys). */
+static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64_t c, int64_t *c0, int64_t *c1) {
+    int64_t lo = lt_attn_lo(q, s0, window) - kb, hi = q - kb + 1;
+    lo = lo < 0 ? 0 : lo > c ? c : lo;
+    hi = hi > c ? c : hi < lo ? lo : hi;
+    *c0 = lo;
+    *c1 = hi;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+/* Queries [qa, qe) of one sequence starting at s0, head h of row b. */
+static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t h, int64_t qa,
+                        int64_t qe, int64_t s0) {
+    const lt_attention_params *p = j->p;
+    const lt_attention_args *a = j->a;
+    const int64_t D = p->D, r = qe - qa, kvh = h / j->group, W = p->window;
+    const float cap = p->softcap;
+    int ldq, ldk, ldv;
+    const float *Q = operand(a->q, p->dtype, &p->q_layout, b, qa, h, r, D, sl->q, &ldq);
+    float *O = sl->acc, *S = sl->s, *m = sl->m, *l = sl->l;
+    memset(O, 0, (size_t)(r * D) * sizeof(float));
+    for (int64_t i = 0; i < r; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
+    for (int64_t kb = lt_attn_lo(qa, s0, W); kb < qe; kb += BC) {
+        const int64_t c = qe - kb < BC ? qe - kb : BC;
+        const float *K = operand(a->k, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->k, &ldk);
+        const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)c, (int)D, p->scale, Q, ldq,
+                    K, ldk, 0.0f, S, BC);
+        for (int64_t i = 0; i < r; i++) {
+            float *srow = S + i * BC;
+            int64_t c0, c1;
+            cols(qa + i, s0, W, kb, c, &c0, &c1);
+            if (c1 <= c0) {
+                memset(srow, 0, (size_t)c * sizeof(float));
+                continue;
+            }
+            if (cap > 0)
+                for (int64_t x = c0; x < c1; x++) srow[x] = cap * tanhf(srow[x] / cap);
+            float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+            for (int64_t x = c0; x < c1; x++) mx = srow[x] > mx ? srow[x] : mx;
+            const float mnew = mx > m[i] ? mx : m[i];
+            const float alpha = m[i] == -INFINITY ? 0.0f : lt_attn_exp(m[i] - mnew);
+            float sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t x = c0; x < c1; x++) {
+                float e = lt_attn_exp(srow[x] - mnew);
+                srow[x] = e;
+                sum += e;
+            }
+            memset(srow, 0, (size_t)c0 * sizeof(float));
+            memset(srow + c1, 0, (size_t)(c - c1) * sizeof(float));
+            l[i] = l[i] * alpha + sum;
+            m[i] = mnew;
+            if (alpha != 1.0f) {
+                float *o = O + i * D;
+                for (int64_t d = 0; d < D; d++) o[d] *= alpha;
+            }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)D, (int)c, 1.0f, S, BC, V,
+                    ldv, 1.0f, O, (int)D);
+    }
+    float *lse = a->lse + (b * p->H + h) * p->T;
+    for (int64_t i = 0; i < r; i++) {
+        void *dst = (char *)a->out + lt_attn_off(&p->o_layout, b, qa + i, h) * (p->dtype == LT_DTYPE_F32 ? 4 : 2);
+        lt_attn_store(dst, p->dtype, p->o_layout.token, O + i * D, 1, D, 1.0f / l[i]);
+        lse[qa + i] = m[i] + logf(l[i]);
+    }
+}
+
+/* Calls seg(job, slot, b, head, x0, x1, s0, s1) for each piece of [t0, t1) inside one sequence. */
+typedef void (*segment_fn)(const flash_job *, flash_slot *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t head, int64_t t0,
+                         int64_t t1, segment_fn seg) {
+    for (int64_t x = t0; x < t1;) {
+        int64_t s0, s1;
+        lt_attn_seq(j->p, b, x, &s0, &s1);
+        int64_t e = s1 < t1 ? s1 : t1;
+        seg(j, sl, b, head, x, e, s0, s1);
+        x = e;
+    }
+}
+
+static void fwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t h, int64_t x0, int64_t x1,
+                    int64_t s0, int64_t s1) {
+    (void)s1;
+    fwd_segment(j, sl, b, h, x0, x1, s0);
+}
+
+/* Item i of (B, H, query tiles), heaviest (last) tiles first so the tail of the schedule is short. */
+static void query_tile_item(const flash_job *j, int64_t i, int64_t *b, int64_t *h, int64_t *t0, int64_t *t1) {
+    const lt_attention_params *p = j->p;
+    const int64_t bh = p->B * p->H, nt = cdiv(p->T, BR), tile = nt - 1 - i / bh;
+    *b = (i % bh) / p->H;
+    *h = (i % bh) % p->H;
+    *t0 = tile * BR;
+    *t1 = *t0 + BR < p->T ? *t0 + BR : p->T;
+}
+
+static void fwd_item(void *ctx, int64_t i, int slot) {
+    const flash_job *j = ctx;
+    flash_slot sl = slot_of(j, slot);
+    int64_t b, h, t0, t1;
+    query_tile_item(j, i, &b, &h, &t0, &t1);
+    for_segments(j, &sl, b, h, t0, t1, fwd_seg);
+}
+
+lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
+    const int64_t items = flash_items(p);
+    flash_job j = {.p = p, .a = a, .slots = a->workspace, .slot_floats = flash_carve(p, 0, NULL, NULL),
+                   .group = p->H / p->Hkv, .backward = 0};
+    lt_attn_schedule(lt_attn_slots(lt_ctx_threads(ctx), items), items, fwd_item, &j);
+    return LT_OK;
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+/* In place over an (r, c) tile of queries q0.. and keys kb..: S (scaled, uncapped scores) becomes
+ * P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i) cap'(S); invisible entries become 0. */
+static void grad_tile(const flash_job *j, float *S, float *dP, int64_t r, int64_t c, int64_t q0,
+                      int64_t kb, int64_t s0, const float *lse, const float *dvec) {
+    const float cap = j->p->softcap;
+    for (int64_t i = 0; i < r; i++) {
+        float *srow = S + i * BC, *drow = dP + i * BC;
+        const int64_t q = q0 + i;
+        const float L = lse[q], Dq = dvec[q];
+        int64_t c0, c1;
+        cols(q, s0, j->p->window, kb, c, &c0, &c1);
+        if (cap > 0) {
+            for (int64_t x = c0; x < c1; x++) {
+                float t = tanhf(srow[x] / cap);
+                float pv = lt_attn_exp(cap * t - L);
+                srow[x] = pv;
+                drow[x] = pv * (drow[x] - Dq) * (1.0f - t * t);
+            }
+        } else {
+#pragma omp simd
+            for (int64_t x = c0; x < c1; x++) {
+                float pv = lt_attn_exp(srow[x] - L);
+                srow[x] = pv;
+                drow[x] = pv * (drow[x] - Dq);
+            }
+        }
+        memset(srow, 0, (size_t)c0 * sizeof(float));
+        memset(srow + c1, 0, (size_t)(c - c1) * sizeof(float));
+        memset(drow, 0, (size_t)c0 * sizeof(float));
+        memset(drow + c1, 0, (size_t)(c - c1) * sizeof(float));
+    }
+}
+
+/* dQ for queries [qa, qe) of one sequence starting at s0, head h of row b. */
+static void dq_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t h, int64_t qa, int64_t qe,
+                   int64_t s0, int64_t s1) {
+    (void)s1;
+    const lt_attention_params *p = j->p;
+    const lt_attention_args *a = j->a;
+    const int64_t D = p->D, r = qe - qa, kvh = h / j->group;
+    int ldq, lddo, ldk, ldv;
+    const float *Q = operand(a->q, p->dtype, &p->q_layout, b, qa, h, r, D, sl->q, &ldq);
+    const float *dO = operand(a->dout, p->dtype, &p->o_layout, b, qa, h, r, D, sl->dout, &lddo);
+    const float *lse = a->lse + (b * p->H + h) * p->T, *dvec = j->dvec + (b * p->H + h) * p->T;
+    float *dQ = sl->acc;
+    memset(dQ, 0, (size_t)(r * D) * sizeof(float));
+    for (int64_t kb = lt_attn_lo(qa, s0, p->window); kb < qe; kb += BC) {
+        const int64_t c = qe - kb < BC ? qe - kb : BC;
+        const float *K = operand(a->k, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->k, &ldk);
+        const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)c, (int)D, p->scale, Q, ldq,
+                    K, ldk, 0.0f, sl->s, BC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)c, (int)D, 1.0f, dO, lddo,
+                    V, ldv, 0.0f, sl->dp, BC);
+        grad_tile(j, sl->s, sl->dp, r, c, qa, kb, s0, lse, dvec);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)D, (int)c, 1.0f, sl->dp, BC,
+                    K, ldk, 1.0f, dQ, (int)D);
+    }
+    void *dst = (char *)a->dq + lt_attn_off(&p->q_layout, b, qa, h) * (p->dtype == LT_DTYPE_F32 ? 4 : 2);
+    lt_attn_store(dst, p->dtype, p->q_layout.token, dQ, r, D, p->scale);
+}
+
+static void dq_item(void *ctx, int64_t i, int slot) {
+    const flash_job *j = ctx;
+    flash_slot sl = slot_of(j, slot);
+    int64_t b, h, t0, t1;
+    query_tile_item(j, i, &b, &h, &t0, &t1);
+    for_segments(j, &sl, b, h, t0, t1, dq_seg);
+}
+
+/* dK, dV for keys [ka, ke) of the sequence [s0, s1), kv head kvh of row b: every query head of
+ * the group and every query that sees one of these keys. */
+static void dkv_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke,
+                    int64_t s0, int64_t s1) {
+    const lt_attention_params *p = j->p;
+    const lt_attention_args *a = j->a;
+    const int64_t D = p->D, c = ke - ka, W = p->window;
+    /* The last query to see key ke-1 is ke-1+W-1 inside the window, else the sequence's last. */
+    const int64_t qend = W > 0 && ke - 1 + W < s1 ? ke - 1 + W : s1;
+    int ldq, lddo, ldk, ldv;
+    const float *K = operand(a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D, sl->k, &ldk);
+    const float *V = operand(a->v, p->dtype, &p->kv_layout, b, ka, kvh, c, D, sl->v, &ldv);
+    float *dK = sl->acc, *dV = sl->acc2;
+    memset(dK, 0, (size_t)(c * D) * sizeof(float));
+    memset(dV, 0, (size_t)(c * D) * sizeof(float));
+    for (int64_t g = 0; g < j->group; g++) {
+        const int64_t h = kvh * j->group + g;
+        const float *lse = a->lse + (b * p->H + h) * p->T, *dvec = j->dvec + (b * p->H + h) * p->T;
+        for (int64_t qb = ka; qb < qend; qb += BR) {
+            const int64_t r = qend - qb < BR ? qend - qb : BR;
+            const float *Q = operand(a->q, p->dtype, &p->q_layout, b, qb, h, r, D, sl->q, &ldq);
+            const float *dO = operand(a->dout, p->dtype, &p->o_layout, b, qb, h, r, D, sl->dout, &lddo);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)c, (int)D, p->scale, Q,
+                        ldq, K, ldk, 0.0f, sl->s, BC);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)c, (int)D, 1.0f, dO, lddo,
+                        V, ldv, 0.0f, sl->dp, BC);
+            grad_tile(j, sl->s, sl->dp, r, c, qb, ka, s0, lse, dvec);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)r, 1.0f, sl->s, BC,
+                        dO, lddo, 1.0f, dV, (int)D);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)r, 1.0f, sl->dp, BC,
+                        Q, ldq, 1.0f, dK, (int)D);
+        }
+    }
+    const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
+    const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);
+    lt_attn_store((char *)a->dk + off * (int64_t)es, p->dtype, p->kv_layout.token, dK, c, D, p->scale);
+    lt_attn_store((char *)a->dv + off * (int64_t)es, p->dtype, p->kv_layout.token, dV, c, D, 1.0f);
+}
+
+static void dkv_item(void *ctx, int64_t i, int slot) {
+    const flash_job *j = ctx;
+    const lt_attention_params *p = j->p;
+    flash_slot sl = slot_of(j, slot);
+    /* Key tile 0 sees the most queries under the causal mask: ascending order is heaviest first. */
+    const int64_t bh = p->B * p->Hkv, tile = i / bh, b = (i % bh) / p->Hkv, kvh = (i % bh) % p->Hkv;
+    const int64_t t0 = tile * BC, t1 = t0 + BC < p->T ? t0 + BC : p->T;
+    for_segments(j, &sl, b, kvh, t0, t1, dkv_seg);
+}
+
+typedef struct {
+    const lt_attention_params *p;
+    const lt_attention_args *a;
+    float *dvec;
+} dvec_job;
+
+/* D_i = sum_d dO_id O_id for rows [begin, end) of (B, T), all heads. */
+static void dvec_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const dvec_job *j = arg;
+    const lt_attention_params *p = j->p;
+    for (int64_t bt = begin; bt < end; bt++) {
+        const int64_t b = bt / p->T, t = bt % p->T;
+        for (int64_t h = 0; h < p->H; h++) {
+            const int64_t off = lt_attn_off(&p->o_layout, b, t, h);
+            float sum = 0;
+            if (p->dtype == LT_DTYPE_F32) {
+                const float *o = (const float *)j->a->out + off, *g = (const float *)j->a->dout + off;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t d = 0; d < p->D; d++) sum += o[d] * g[d];
+            } else {
+                const uint16_t *o = (const uint16_t *)j->a->out + off, *g = (const uint16_t *)j->a->dout + off;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t d = 0; d < p->D; d++) sum += lt_attn_bf16(o[d]) * lt_attn_bf16(g[d]);
+            }
+            j->dvec[(b * p->H + h) * p->T + t] = sum;
+        }
+    }
+}
+
+lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
+    const int threads = lt_ctx_threads(ctx);
+    float *dvec = a->workspace;
+    flash_job j = {.p = p, .a = a, .slots = dvec + flash_shared_floats(p, 1),
+                   .slot_floats = flash_carve(p, 1, NULL, NULL), .dvec = dvec,
+                   .group = p->H / p->Hkv, .backward = 1};
+    dvec_job dj = {.p = p, .a = a, .dvec = dvec};
+    lt_parallel_for(threads, p->B * p->T, 256, dvec_rows, &dj);
+    const int64_t qitems = flash_items(p), kitems = p->B * p->Hkv * cdiv(p->T, BC);
+    lt_attn_schedule(lt_attn_slots(threads, qitems), qitems, dq_item, &j);
+    lt_attn_schedule(lt_attn_slots(threads, kitems), kitems, dkv_item, &j);
+    return LT_OK;
+}

@@ -1,0 +1,367 @@
+/* CPU linear cross-entropy: entry points called by lce.c (resolve the problem, carve or allocate
+ * the one workspace block, run the chosen implementation, reduce) and the per-row math and tile
+ * conversions the three implementations share. The formulas are derived in docs/lce.md. Input
+ * was validated by lce.c; nothing here checks it again. */
+#include <math.h>
+
+#include "backend/cpu/lce_cpu.h"
+#include "backend/lce_impl.h"
+#include "core/parallel.h"
+#include "longtune/alloc.h"
+
+/* Defaults measured with `longtune bench lce` on the 2-core Xeon dev machine (AVX-512); see
+ * docs/lce.md. Fused: 256 tokens keeps the per-thread grad-hidden partial at 4 MB for C = 4096
+ * and amortises each W tile's dequantisation over 256 rows; 512 vocabulary rows keep GEMM
+ * shapes large enough for OpenBLAS while a logit tile (512 KB) stays in L2. Chunked: 4096-row
+ * vocabulary chunks, as Liger/MLX's chunked losses use a few thousand. */
+void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v) {
+    *tile_n = impl == LT_LCE_FUSED ? 256 : 0;
+    *tile_v = impl == LT_LCE_FUSED ? 512 : impl == LT_LCE_CHUNKED ? 4096 : 0;
+}
+
+static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_args *a, int backward,
+                         int threads) {
+    memset(P, 0, sizeof *P);
+    P->N = a->h.shape[0];
+    P->C = a->h.shape[1];
+    P->V = a->w.shape[0];
+    P->h_dtype = a->h.dtype;
+    P->w_dtype = a->w.dtype;
+    P->backward = backward;
+    P->dh_dtype = backward && a->dh ? a->dh->dtype : LT_DTYPE_F32;
+    P->want_dw = backward && a->dw != NULL;
+    P->threads = lt_parallel_threads(threads);
+    int tn, tv;
+    lt_lce_cpu_default_tiles(o->impl, &tn, &tv);
+    if (o->tile_n > 0) tn = o->tile_n;
+    if (o->tile_v > 0) tv = o->tile_v;
+    P->tile_n = (int)(tn > P->N ? P->N : tn);
+    P->tile_v = (int)(tv > P->V ? P->V : tv);
+    P->ignore_index = o->ignore_index;
+    P->eps = o->label_smoothing;
+    P->z_loss = o->z_loss;
+    P->softcap = o->softcap;
+    P->reduction = o->reduction;
+    P->h = a->h.data;
+    P->w = a->w.data;
+    P->w_row_bytes = lt_dtype_row_bytes(a->w.dtype, P->C);
+    P->targets = a->targets;
+    P->weight = a->token_weight;
+}
+
+/* Bytes at the head of the workspace: the forward keeps one double of loss per token (reduced in
+ * a fixed order afterwards), the backward one float of upstream coefficient per token. */
+static size_t head_bytes(const lce_problem *P) {
+    size_t cursor = 0;
+    lce_take(&cursor, (size_t)P->N * (P->backward ? sizeof(float) : sizeof(double)));
+    return cursor;
+}
+
+static size_t impl_workspace(const lce_problem *P, lt_lce_impl impl) {
+    size_t cursor = head_bytes(P);
+    size_t own = impl == LT_LCE_NAIVE     ? lce_naive_workspace(P)
+                 : impl == LT_LCE_CHUNKED ? lce_chunked_workspace(P)
+                                          : lce_fused_workspace(P);
+    return cursor + own;
+}
+
+size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward, int threads) {
+    lce_problem P;
+    problem_init(&P, opt, a, backward, threads);
+    return impl_workspace(&P, opt->impl);
+}
+
+/* a->workspace, or one accounted block of exactly the advertised size. */
+static lt_status workspace_get(lt_ctx *ctx, const lt_lce_args *a, size_t bytes, char **ws, int *owned) {
+    *owned = 0;
+    *ws = a->workspace;
+    if (*ws || bytes == 0) return LT_OK;
+    *ws = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "linear cross-entropy workspace");
+    if (!*ws) return lt_ctx_status(ctx);
+    *owned = 1;
+    return LT_OK;
+}
+
+lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    lce_problem P;
+    problem_init(&P, opt, a, 0, lt_ctx_threads(ctx));
+    size_t bytes = impl_workspace(&P, opt->impl);
+    char *ws;
+    int owned;
+    LT_TRY(workspace_get(ctx, a, bytes, &ws, &owned));
+    double *row_loss = (double *)ws;
+    char *own = ws + head_bytes(&P);
+    switch (opt->impl) {
+    case LT_LCE_NAIVE: lce_naive_forward(&P, own, a->lse, row_loss); break;
+    case LT_LCE_CHUNKED: lce_chunked_forward(&P, own, a->lse, row_loss); break;
+    default: lce_fused_forward(&P, own, a->lse, row_loss); break;
+    }
+    /* Fixed-order double sums: the result does not depend on the thread split. */
+    double total = 0, den = 0;
+    for (int64_t i = 0; i < P.N; i++) {
+        total += row_loss[i];
+        if (!lce_ignored(&P, i)) den += P.weight ? P.weight[i] : 1.0;
+        if (a->token_loss) a->token_loss[i] = (float)row_loss[i];
+        if (P.reduction == LT_REDUCTION_NONE) a->loss[i] = (float)row_loss[i];
+    }
+    if (P.reduction == LT_REDUCTION_SUM) a->loss[0] = (float)total;
+    if (P.reduction == LT_REDUCTION_MEAN) a->loss[0] = den > 0 ? (float)(total / den) : 0.0f;
+    if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
+    return LT_OK;
+}
+
+lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    lce_problem P;
+    problem_init(&P, opt, a, 1, lt_ctx_threads(ctx));
+    size_t bytes = impl_workspace(&P, opt->impl);
+    char *ws;
+    int owned;
+    LT_TRY(workspace_get(ctx, a, bytes, &ws, &owned));
+    float *coef = (float *)ws;
+    char *own = ws + head_bytes(&P);
+    double den = 0;
+    for (int64_t i = 0; i < P.N; i++)
+        if (!lce_ignored(&P, i)) den += P.weight ? P.weight[i] : 1.0;
+    for (int64_t i = 0; i < P.N; i++) {
+        double up = P.reduction == LT_REDUCTION_NONE ? a->dloss[i]
+                    : P.reduction == LT_REDUCTION_SUM ? a->dloss[0]
+                    : den > 0                         ? a->dloss[0] / den
+                                                      : 0.0;
+        coef[i] = lce_ignored(&P, i) ? 0.0f : (float)(up * (P.weight ? P.weight[i] : 1.0));
+    }
+    float *dw = P.want_dw ? (float *)a->dw->data : NULL;
+    switch (opt->impl) {
+    case LT_LCE_NAIVE: lce_naive_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    case LT_LCE_CHUNKED: lce_chunked_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    default: lce_fused_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    }
+    if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
+    return LT_OK;
+}
+
+/* ---- per-row math ---- */
+
+/* exp for x <= ~88 written so GCC vectorises loops over it without -ffast-math: Cody-Waite
+ * reduction to r in [-ln2/2, ln2/2], degree-6 Taylor (error < 2^-23 relative), 2^n by exponent
+ * bits. Inputs below -87 give exp(-87) ≈ 1.6e-38, which is 0 for every sum it enters. */
+static inline float lce_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float t = x * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5·2^23 */
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    return p * scale;
+}
+
+void lce_softcap_row(float *z, int64_t n, double cap) {
+    if (cap <= 0) return;
+    float c = (float)cap, ic = (float)(1.0 / cap);
+    for (int64_t j = 0; j < n; j++) z[j] = c * tanhf(z[j] * ic);
+}
+
+void lce_stat_init(lce_stat *st) {
+    st->m = -INFINITY;
+    st->zt = 0;
+    st->s = 0;
+    st->sz = 0;
+}
+
+#define LANES 16 /* independent accumulators: one AVX-512 register, or two AVX2 ones */
+
+void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
+    float mx[LANES], sm[LANES];
+    for (int l = 0; l < LANES; l++) {
+        mx[l] = -INFINITY;
+        sm[l] = 0;
+    }
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float v = z[j + l];
+            mx[l] = v > mx[l] ? v : mx[l];
+            sm[l] += v;
+        }
+    float m = -INFINITY;
+    double sz = 0;
+    for (int l = 0; l < LANES; l++) {
+        m = mx[l] > m ? mx[l] : m;
+        sz += sm[l];
+    }
+    for (; j < n; j++) {
+        m = z[j] > m ? z[j] : m;
+        sz += z[j];
+    }
+    float es[LANES] = {0};
+    j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) es[l] += lce_expf(z[j + l] - m);
+    double s = 0;
+    for (int l = 0; l < LANES; l++) s += es[l];
+    for (; j < n; j++) s += lce_expf(z[j] - m);
+    if (target >= v0 && target < v0 + n) st->zt = z[target - v0];
+    st->sz += sz;
+    if (m > st->m) {
+        st->s = st->s * exp((double)st->m - (double)m) + s;
+        st->m = m;
+    } else {
+        st->s += s * exp((double)m - (double)st->m);
+    }
+}
+
+void lce_stat_merge(lce_stat *a, const lce_stat *b) {
+    if (b->s == 0) return; /* b saw nothing */
+    a->zt += b->zt;        /* exactly one side captured the target; the other holds 0 */
+    a->sz += b->sz;
+    if (b->m > a->m) {
+        a->s = a->s * exp((double)a->m - (double)b->m) + b->s;
+        a->m = b->m;
+    } else {
+        a->s += b->s * exp((double)b->m - (double)a->m);
+    }
+}
+
+double lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float *lse) {
+    if (lce_ignored(P, i)) {
+        lse[i] = 0;
+        return 0;
+    }
+    double l = (double)st->m + log(st->s);
+    lse[i] = (float)l;
+    double loss = l - (1 - P->eps) * st->zt - P->eps * st->sz / (double)P->V + P->z_loss * l * l;
+    return P->weight ? loss * P->weight[i] : loss;
+}
+
+void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
+    if (coef == 0) {
+        memset(s, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    /* ∂loss/∂z_j = coef·[(1 + 2·zl·lse)·p_j − ε/V − (1−ε)·[j = target]], p_j = exp(z_j − lse);
+     * with a softcap z = cap·tanh(s/cap), times ∂z/∂s = 1 − tanh². */
+    float a = (float)(coef * (1.0 + 2.0 * P->z_loss * lse));
+    float b = (float)(coef * P->eps / (double)P->V);
+    float hit = (float)(coef * (1.0 - P->eps));
+    int64_t t = target >= v0 && target < v0 + n ? target - v0 : -1;
+    if (P->softcap > 0) {
+        float c = (float)P->softcap, ic = (float)(1.0 / P->softcap);
+        for (int64_t j = 0; j < n; j++) {
+            float th = tanhf(s[j] * ic);
+            float g = a * lce_expf(c * th - lse) - b - (j == t ? hit : 0.0f);
+            s[j] = g * (1.0f - th * th);
+        }
+    } else {
+        float st = t >= 0 ? s[t] : 0;
+        for (int64_t j = 0; j < n; j++) s[j] = a * lce_expf(s[j] - lse) - b;
+        if (t >= 0) s[t] = a * lce_expf(st - lse) - b - hit;
+    }
+}
+
+/* ---- conversions ---- */
+
+static void dequant_row(lt_dtype t, const uint8_t *p, float *out, int64_t C) {
+    switch (t) {
+    case LT_DTYPE_Q8_0:
+        for (int64_t b = 0; b < C / 32; b++, p += 34) {
+            uint16_t d16;
+            memcpy(&d16, p, 2);
+            float d = lt_f16_to_f32(d16);
+            const int8_t *q = (const int8_t *)(p + 2);
+            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)q[j] * d;
+        }
+        break;
+    case LT_DTYPE_Q4_0:
+        for (int64_t b = 0; b < C / 32; b++, p += 18) {
+            uint16_t d16;
+            memcpy(&d16, p, 2);
+            float d = lt_f16_to_f32(d16);
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = (float)((p[2 + j] & 0xf) - 8) * d;
+                out[b * 32 + j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    case LT_DTYPE_Q4_1:
+        for (int64_t b = 0; b < C / 32; b++, p += 20) {
+            uint16_t d16, m16;
+            memcpy(&d16, p, 2);
+            memcpy(&m16, p + 2, 2);
+            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16);
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = (float)(p[4 + j] & 0xf) * d + m;
+                out[b * 32 + j + 16] = (float)(p[4 + j] >> 4) * d + m;
+            }
+        }
+        break;
+    case LT_DTYPE_INT4_G64:
+        for (int64_t b = 0; b < C / 64; b++, p += 36) {
+            uint16_t s16, b16;
+            memcpy(&s16, p, 2);
+            memcpy(&b16, p + 2, 2);
+            float sc = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16);
+            uint32_t q[8];
+            memcpy(q, p + 4, 32);
+            for (int k = 0; k < 64; k++) out[b * 64 + k] = (float)((q[k >> 3] >> (4 * (k & 7))) & 0xfu) * sc + bias;
+        }
+        break;
+    case LT_DTYPE_BF16: {
+        const uint16_t *x = (const uint16_t *)p;
+        for (int64_t k = 0; k < C; k++) {
+            uint32_t u = (uint32_t)x[k] << 16;
+            memcpy(&out[k], &u, 4);
+        }
+        break;
+    }
+    default: /* F32 */
+        memcpy(out, p, (size_t)C * sizeof(float));
+        break;
+    }
+}
+
+void lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out) {
+    const uint8_t *p = (const uint8_t *)base + r0 * row_bytes;
+    for (int64_t r = 0; r < nr; r++) dequant_row(t, p + r * row_bytes, out + r * C, C);
+}
+
+typedef struct {
+    lt_dtype t;
+    const void *base;
+    int64_t row_bytes, r0, C;
+    float *out;
+} conv_job;
+
+static void conv_range(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const conv_job *j = arg;
+    lce_rows_to_f32(j->t, j->base, j->row_bytes, j->r0 + begin, end - begin, j->C, j->out + begin * j->C);
+}
+
+void lce_rows_to_f32_parallel(int threads, lt_dtype t, const void *base, int64_t row_bytes, int64_t r0,
+                              int64_t nr, int64_t C, float *out) {
+    conv_job j = {t, base, row_bytes, r0, C, out};
+    lt_parallel_for(threads, nr, 16, conv_range, &j);
+}
+
+void lce_rows_from_f32(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C, const float *src) {
+    if (t == LT_DTYPE_F32) {
+        memcpy((float *)base + r0 * C, src, (size_t)(nr * C) * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)base + r0 * C;
+    for (int64_t k = 0; k < nr * C; k++) d[k] = lt_f32_to_bf16(src[k]);
+}
+
+void lce_rows_zero(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C) {
+    size_t es = t == LT_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    memset((char *)base + (size_t)(r0 * C) * es, 0, (size_t)(nr * C) * es); /* bf16 0 is all-zero bits */
+}

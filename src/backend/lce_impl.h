@@ -1,0 +1,27 @@
+/* Private contract between the linear cross-entropy boundary (lce.c) and the backends that
+ * implement it. Every entry point here is called only after lce.c has validated shapes, dtypes,
+ * targets, weights and options, and with resolved options: impl is never AUTO, ignore_index is
+ * the real (negative) index, and tile_n/tile_v are positive. Nothing here re-validates. */
+#ifndef LT_BACKEND_LCE_IMPL_H
+#define LT_BACKEND_LCE_IMPL_H
+
+#include "longtune/lce.h"
+
+/* CPU reference backend (src/backend/cpu/lce_*.c). workspace: a->workspace if set, else one
+ * lt_alloc block of lt_lce_cpu_workspace_bytes(). */
+lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,
+                                  int threads);
+/* Tile sizes the CPU backend uses when the options leave them 0. */
+void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
+
+/* CUDA backend (src/backend/cuda/lce.cu): same contract; not part of this build yet, lce.c answers
+ * LT_ERR_UNSUPPORTED for CUDA tensors until it is. Targets live on the device there, so lce.c
+ * checks them through the backend's copy_to_host before calling. */
+lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,
+                                   int threads);
+
+#endif
