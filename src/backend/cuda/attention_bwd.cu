@@ -306,7 +306,7 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (p->T > INT32_MAX / 2 || p->B > 65535 || p->Hkv > 65535)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
     if (p->T == 0 || p->B == 0) return LT_OK;
-    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 1);
+    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 1, 0);
     void *ws = a->workspace;
     if (!ws) {
         ws = lt_alloc(ctx, LT_DEVICE_CUDA, ws_bytes, "attention backward workspace");

@@ -6,21 +6,15 @@
 #define LT_ATTENTION_CUDA_H
 
 #include <stdint.h>
-#include "longtune/attention.h"
 
+/* The entry points lt_attention_cuda_{forward,backward,workspace_bytes} are declared in
+ * backend/attention_impl.h: bf16 tensors on the device, D in {64, 96, 128}; anything else is
+ * LT_ERR_UNSUPPORTED with the reason. The workspace holds the per-token key bounds, a device copy
+ * of the packed offsets, and for the backward the fp32 dQ accumulator (B, T, H, D) and the row dot
+ * products dO·O (B, H, T). */
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-/* Entry points called by the dispatch after lt_attention_check: bf16 tensors on the device,
- * D in {64, 96, 128}; anything else is LT_ERR_UNSUPPORTED with the reason. */
-lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
-lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
-/* Device bytes of workspace: per-token key bounds, and for the backward the fp32 dQ accumulator
- * (B, T, H, D) and the row dot products dO·O (B, H, T). */
-size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward);
-
-#ifdef __cplusplus
+#include "backend/attention_impl.h"
 }
 
 #include <cuda_bf16.h>

@@ -42,7 +42,9 @@ static size_t offsets_bytes(const lt_attention_params *p) {
     return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
 }
 
-extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward) {
+extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
+                                                    int threads) {
+    (void)threads;
     size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4) + offsets_bytes(p);
     if (backward) {
         n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
@@ -337,7 +339,7 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     if (p->T > INT32_MAX / 2 || p->B > 65535 || p->H > 65535)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
     if (p->T == 0 || p->B == 0) return LT_OK;
-    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 0);
+    size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 0, 0);
     void *ws = a->workspace;
     if (!ws) {
         ws = lt_alloc(ctx, LT_DEVICE_CUDA, ws_bytes, "attention forward workspace");

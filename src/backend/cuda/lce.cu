@@ -6,7 +6,9 @@
  * dequantized one vocabulary tile at a time. Gradient filtering of negligible tiles is not done:
  * with the tolerance against the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/lce_cuda.h"
+extern "C" {
+#include "backend/lce_impl.h"
+}
 
 #include <cublasLt.h>
 #include <math.h>
@@ -65,11 +67,16 @@ static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, i
     return pl;
 }
 
-extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, int64_t N, int64_t V,
-                                              int64_t C, int backward) {
-    size_t a = lce_make_plan(opt, N, V, C, backward, 0).total;
-    size_t b = lce_make_plan(opt, N, V, C, backward, 1).total;
-    return a > b ? a : b;
+static int lce_quantized(lt_dtype t) {
+    return t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
+}
+
+extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a,
+                                              int backward, int threads) {
+    (void)threads;
+    return lce_make_plan(opt, a->h.shape[0], a->w.shape[0], a->h.shape[1], backward,
+                         lce_quantized(a->w.dtype))
+        .total;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -171,13 +178,17 @@ static __device__ __forceinline__ float lce_cap(float z, float cap) {
     return cap > 0.0f ? cap * tanhf(z / cap) : z;
 }
 
-static __global__ void lce_check_targets(const int32_t *tgt, int64_t N, int64_t V, int32_t ign,
-                                         int64_t *first_bad) {
+/* first_bad[0]: first target outside [0, V) that is not the ignore index; first_bad[1]: first
+ * weight that is negative or not finite. */
+static __global__ void lce_check_targets(const int32_t *tgt, const float *tw, int64_t N, int64_t V,
+                                         int32_t ign, int64_t *first_bad) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     int32_t t = tgt[i];
     if (t != ign && (t < 0 || (int64_t)t >= V))
         atomicMin((unsigned long long *)first_bad, (unsigned long long)i);
+    if (tw && !(tw[i] >= 0.0f && isfinite(tw[i])))
+        atomicMin((unsigned long long *)(first_bad + 1), (unsigned long long)i);
 }
 
 static __global__ void lce_init_stats(float *m, float *s, float *sumz, float *zt, int64_t N) {
@@ -464,10 +475,9 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->k.reduction = opt ? (int)opt->reduction : 0;
 
     r->pl = lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
-    r->ws_bytes = lt_lce_cuda_workspace_bytes(opt, r->N, r->V, r->C, backward);
+    r->ws_bytes = r->pl.total;
     r->ws = (char *)a->workspace;
     if (!r->ws) {
-        r->ws_bytes = r->pl.total;
         r->ws = (char *)lt_alloc(ctx, LT_DEVICE_CUDA, r->ws_bytes, "lce workspace");
         if (!r->ws) return lt_ctx_status(ctx);
         r->own_ws = 1;
@@ -492,11 +502,22 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     }
 
     /* Targets are on the device: find the first bad one there. */
-    int64_t none = INT64_MAX, first = INT64_MAX;
-    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(r->bad, &none, 8, cudaMemcpyHostToDevice), "lce: memcpy"));
-    if (N > 0) lce_check_targets<<<nblk(N, 256), 256>>>(a->targets, N, r->V, r->k.ignore, r->bad);
+    int64_t none[2] = {INT64_MAX, INT64_MAX}, found[2];
+    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(r->bad, none, 16, cudaMemcpyHostToDevice), "lce: memcpy"));
+    if (N > 0)
+        lce_check_targets<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, N, r->V, r->k.ignore,
+                                                 r->bad);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "lce: target check kernel"));
-    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&first, r->bad, 8, cudaMemcpyDeviceToHost), "lce: memcpy"));
+    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(found, r->bad, 16, cudaMemcpyDeviceToHost), "lce: memcpy"));
+    const int64_t first = found[0];
+    if (found[1] != INT64_MAX) {
+        float wv = 0.0f;
+        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&wv, a->token_weight + found[1], 4, cudaMemcpyDeviceToHost),
+                             "lce: memcpy"));
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "lce: token_weight %g at position %lld must be finite and >= 0", (double)wv,
+                        (long long)found[1]);
+    }
     if (first != INT64_MAX) {
         int32_t t = 0;
         LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&t, a->targets + first, 4, cudaMemcpyDeviceToHost),
