@@ -198,6 +198,7 @@ int main(int argc, char **argv) {
         bench_attention(ctx, 8192, 32, 8, 128, 1, reps);
         bench_attention(ctx, 8192, 32, 8, 96, 0, reps);
     }
+    if (!strcmp(what, "attn8k")) bench_attention(ctx, 8192, 32, 8, 128, 0, reps);
     if (!strcmp(what, "all") || !strcmp(what, "lce")) bench_lce(ctx, 8192, 151936, 4096, reps > 5 ? 5 : reps);
     lt_ctx_free(ctx);
     return 0;

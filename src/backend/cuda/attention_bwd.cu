@@ -8,10 +8,11 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
-#define BWD_BN 64 /* keys per CTA: 16 per warp, 4 warps */
-#define BWD_BM 32 /* query rows per step; 64 needs more registers than dK+dV leave */
-#define BWD_NW 4
+/* Keys per CTA = 16 per warp (NW warps, 4 or 8); BM query rows per step (64 needs more registers
+ * than the dK and dV accumulators leave). */
+#define BWD_BM 32
 #define LOG2E_F 1.4426950408889634f
 
 /* delta[b,h,t] = Σ_d dO·O, one warp per (b, t, h) row; also zeroes nothing (dq_acc is memset). */
@@ -46,11 +47,11 @@ template <int D> static __global__ void attn_bwd_convert_dq(lt_attn_dev p, int B
         lt_pack_bf16(v.x * p.scale, v.y * p.scale);
 }
 
-template <int D>
+template <int D, int NW>
 static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g,
                                                      int64_t st, int t0, int rows, int T, int tid) {
     constexpr int LD = D + 8, CH = D / 8;
-    for (int c = tid; c < rows * CH; c += BWD_NW * 32) {
+    for (int c = tid; c < rows * CH; c += NW * 32) {
         int r = c / CH, cc = c % CH, t = t0 + r;
         const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + cc * 8;
         lt_cp_async16(s + r * LD + cc * 8, src, t < T ? 16 : 0);
@@ -61,9 +62,9 @@ static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __n
  * products Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 x BM), so Pᵀ and dSᵀ are already the A operands of
  * dV += Pᵀ dO and dK += dSᵀ Q. dSᵀ goes through shared memory once for dQ = dS K, which the four
  * warps split as 2 row tiles x 2 halves of D. */
-template <int D>
-static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_dev p) {
-    constexpr int BN = BWD_BN, BM = BWD_BM, LD = D + 8, KC = D / 16, DT = D / 8, QT = BM / 8;
+template <int D, int NW>
+static __global__ void __launch_bounds__(NW * 32) attn_bwd_kernel(lt_attn_dev p) {
+    constexpr int BN = 16 * NW, BM = BWD_BM, LD = D + 8, KC = D / 16, DT = D / 8, QT = BM / 8;
     constexpr int LDS = BM + 8;
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
@@ -92,13 +93,13 @@ static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_de
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    bwd_load_rows<D>(sK, gk, p.kv_st, k0, BN, T, tid);
-    bwd_load_rows<D>(sV, gv, p.kv_st, k0, BN, T, tid);
+    bwd_load_rows<D, NW>(sK, gk, p.kv_st, k0, BN, T, tid);
+    bwd_load_rows<D, NW>(sV, gv, p.kv_st, k0, BN, T, tid);
 
     auto load_step = [&](int step, int buf) {
         const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        bwd_load_rows<D>(sQ + buf * BM * LD, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, BM, T, tid);
-        bwd_load_rows<D>(sO + buf * BM * LD, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, BM, T,
+        bwd_load_rows<D, NW>(sQ + buf * BM * LD, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, BM, T, tid);
+        bwd_load_rows<D, NW>(sO + buf * BM * LD, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, BM, T,
                          tid);
         if (tid < BM) {
             int t = q0 + tid;
@@ -119,7 +120,8 @@ static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_de
 
     const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const int key0 = k0 + warp * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's key rows */
-    const int mt = warp & 1, dh = warp >> 1;                        /* dQ split */
+    constexpr int DW = D / (NW / 2);                                 /* dQ split: 2 x NW/2 */
+    const int mt = warp & 1, dh = warp >> 1;
 
     for (int step = 0; step < steps; step++) {
         const int buf = step & 1;
@@ -216,7 +218,7 @@ static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_de
 
         /* dQ[mt rows, dh half] += dS K: A = dS (stored transposed), B = K rows. */
         {
-            constexpr int NQ = D / 16; /* n-tiles of 8 in a half of D */
+            constexpr int NQ = DW / 8; /* n-tiles of 8 in this warp's part of D */
             float acc[NQ][4];
 #pragma unroll
             for (int j = 0; j < NQ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -229,13 +231,13 @@ static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_de
                 for (int np = 0; np < NQ / 2; np++) {
                     uint32_t r[4];
                     lt_ldsm_x4_t(r, sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-                                        dh * (D / 2) + np * 16 + (lane >> 4) * 8);
+                                        dh * DW + np * 16 + (lane >> 4) * 8);
                     lt_mma16816(acc[2 * np], a, r[0], r[1]);
                     lt_mma16816(acc[2 * np + 1], a, r[2], r[3]);
                 }
             }
             const int r0 = q0 + mt * 16 + (lane >> 2), r1 = r0 + 8;
-            const int c = dh * (D / 2) + (lane & 3) * 2;
+            const int c = dh * DW + (lane & 3) * 2;
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
 #pragma unroll
@@ -273,20 +275,20 @@ static __global__ void __launch_bounds__(BWD_NW * 32) attn_bwd_kernel(lt_attn_de
     }
 }
 
-template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    constexpr int LD = D + 8;
-    const size_t smem = (size_t)(2 * BWD_BN + 4 * BWD_BM) * LD * sizeof(__nv_bfloat16) +
-                        (size_t)BWD_BN * (BWD_BM + 8) * sizeof(__nv_bfloat16) +
+template <int D, int NW> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int LD = D + 8, BN = 16 * NW;
+    const size_t smem = (size_t)(2 * BN + 4 * BWD_BM) * LD * sizeof(__nv_bfloat16) +
+                        (size_t)BN * (BWD_BM + 8) * sizeof(__nv_bfloat16) +
                         (size_t)6 * BWD_BM * sizeof(float);
     const int64_t rows = (int64_t)B * d.T * d.H;
     attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_kernel<D>,
+                         cudaFuncSetAttribute(attn_bwd_kernel<D, NW>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BWD_BN - 1) / BWD_BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel<D><<<grid, BWD_NW * 32, smem>>>(d);
+    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
+    attn_bwd_kernel<D, NW><<<grid, NW * 32, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
@@ -323,10 +325,19 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
     }
     if (st == LT_OK) {
+        /* Experiment switch (dev/cuda/NOTES.md): LONGTUNE_ATTN_BWD = 4 or 8 warps (keys per CTA
+         * = 16 x warps). D = 96 stays at 4: its dQ split over 4 parts would be 24 columns. */
+        const char *ev = getenv("LONGTUNE_ATTN_BWD");
+        const int nw = ev ? atoi(ev) : 8;
         switch (p->D) {
-        case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
-        case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
-        default: st = attn_bwd_launch<128>(ctx, d, (int)p->B); break;
+        case 64:
+            st = nw == 4 ? attn_bwd_launch<64, 4>(ctx, d, (int)p->B) : attn_bwd_launch<64, 8>(ctx, d, (int)p->B);
+            break;
+        case 96: st = attn_bwd_launch<96, 4>(ctx, d, (int)p->B); break;
+        default:
+            st = nw == 4 ? attn_bwd_launch<128, 4>(ctx, d, (int)p->B)
+                         : attn_bwd_launch<128, 8>(ctx, d, (int)p->B);
+            break;
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes);

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Tuning constants. BN = 64 keys per tile; BM = 16 query rows per warp. 4 warps (BM = 64) and
@@ -151,9 +152,12 @@ static __device__ __forceinline__ void attn_load_rows(__nv_bfloat16 *s, const __
     }
 }
 
-template <int D, int NW>
+/* MT = 16-row tiles per warp: with MT = 2 each K/V fragment read from shared memory feeds two
+ * MMAs, halving the ldmatrix traffic per FLOP (shared-memory bandwidth, not the tensor cores, bounds
+ * the MT = 1 kernel). QREG keeps Q's fragments in registers instead of re-reading them. */
+template <int D, int NW, int MT, bool QREG>
 static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p) {
-    constexpr int BM = 16 * NW, BN = FWD_BN, LD = D + 8, KC = D / 16, NT = BN / 8, DT = D / 8;
+    constexpr int BM = 16 * MT * NW, BN = FWD_BN, LD = D + 8, KC = D / 16, NT = BN / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *sK = sQ + BM * LD;
@@ -177,26 +181,41 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
     attn_load_rows<D>(sV, gv, p.kv_st, kb_begin * BN, BN, T, tid, NW * 32);
     lt_cp_async_commit();
 
-    /* Rows of this thread: r0 = 16w + lane/4 and r0 + 8. */
-    const int row0 = q0 + warp * 16 + (lane >> 2), row1 = row0 + 8;
-    const int lo0 = lo[min(row0, T - 1)], lo1 = lo[min(row1, T - 1)];
+    /* Rows of this thread in m-tile t: wr + 16t + lane/4 and that + 8. */
+    const int wr = warp * 16 * MT;
+    int row[MT][2], rlo[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        row[t][0] = q0 + wr + 16 * t + (lane >> 2);
+        row[t][1] = row[t][0] + 8;
+        rlo[t][0] = lo[min(row[t][0], T - 1)];
+        rlo[t][1] = lo[min(row[t][1], T - 1)];
+    }
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
-    uint32_t qf[KC][4];
-    float o[DT][4];
+    uint32_t qf[QREG ? MT : 1][QREG ? KC : 1][4];
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];
 #pragma unroll
-    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    for (int t = 0; t < MT; t++) {
+#pragma unroll
+        for (int j = 0; j < DT; j++) o[t][j][0] = o[t][j][1] = o[t][j][2] = o[t][j][3] = 0.0f;
+        m[t][0] = m[t][1] = -INFINITY;
+        l[t][0] = l[t][1] = 0.0f;
+    }
 
     for (int kb = kb_begin; kb <= kb_end; kb++) {
         const int buf = (kb - kb_begin) & 1;
         lt_cp_async_wait<0>();
         __syncthreads();
-        if (kb == kb_begin) {
+        if (QREG && kb == kb_begin) {
 #pragma unroll
-            for (int kc = 0; kc < KC; kc++)
-                lt_ldsm_x4(qf[kc], sQ + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
+            for (int t = 0; t < (QREG ? MT : 0); t++)
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++)
+                    lt_ldsm_x4(qf[QREG ? t : 0][QREG ? kc : 0],
+                               sQ + (wr + 16 * t + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
         }
         if (kb < kb_end) {
             attn_load_rows<D>(sK + (buf ^ 1) * BN * LD, gk, p.kv_st, (kb + 1) * BN, BN, T, tid,
@@ -207,120 +226,145 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
         }
         const __nv_bfloat16 *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
 
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.0f;
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) qa[t][e] = qf[QREG ? t : 0][QREG ? kc : 0][e];
+                } else {
+                    lt_ldsm_x4(qa[t], sQ + (wr + 16 * t + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
+                }
+            }
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t r[4];
                 lt_ldsm_x4(r, cK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
                                   ((lane >> 3) & 1) * 8);
-                lt_mma16816(s[2 * np], qf[kc], r[0], r[1]);
-                lt_mma16816(s[2 * np + 1], qf[kc], r[2], r[3]);
+#pragma unroll
+                for (int t = 0; t < MT; t++) {
+                    lt_mma16816(s[t][2 * np], qa[t], r[0], r[1]);
+                    lt_mma16816(s[t][2 * np + 1], qa[t], r[2], r[3]);
+                }
             }
         }
 
         const int k0 = kb * BN;
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
+        for (int t = 0; t < MT; t++) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[j][e] * scale;
-                if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
-                x *= LOG2E_F;
-                if (!full) {
-                    int key = k0 + j * 8 + (lane & 3) * 2 + (e & 1);
-                    int row = e < 2 ? row0 : row1, rlo = e < 2 ? lo0 : lo1;
-                    if (key > row || key < rlo) x = -INFINITY;
+            for (int j = 0; j < NT; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[t][j][e] * scale;
+                    if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
+                    x *= LOG2E_F;
+                    if (!full) {
+                        int key = k0 + j * 8 + (lane & 3) * 2 + (e & 1);
+                        if (key > row[t][e >> 1] || key < rlo[t][e >> 1]) x = -INFINITY;
+                    }
+                    s[t][j][e] = x;
                 }
-                s[j][e] = x;
+                mx0 = fmaxf(mx0, fmaxf(s[t][j][0], s[t][j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[t][j][2], s[t][j][3]));
             }
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
-        const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
-        float rs0 = 0.0f, rs1 = 0.0f;
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m[t][0], mx0), mn1 = fmaxf(m[t][1], mx1);
+            /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
+            const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+            const float al0 = exp2f(m[t][0] - mu0), al1 = exp2f(m[t][1] - mu1);
+            m[t][0] = mn0;
+            m[t][1] = mn1;
+            float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = exp2f(s[j][0] - mu0);
-            s[j][1] = exp2f(s[j][1] - mu0);
-            s[j][2] = exp2f(s[j][2] - mu1);
-            s[j][3] = exp2f(s[j][3] - mu1);
-            rs0 += s[j][0] + s[j][1];
-            rs1 += s[j][2] + s[j][3];
-        }
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
+            for (int j = 0; j < NT; j++) {
+                s[t][j][0] = exp2f(s[t][j][0] - mu0);
+                s[t][j][1] = exp2f(s[t][j][1] - mu0);
+                s[t][j][2] = exp2f(s[t][j][2] - mu1);
+                s[t][j][3] = exp2f(s[t][j][3] - mu1);
+                rs0 += s[t][j][0] + s[t][j][1];
+                rs1 += s[t][j][2] + s[t][j][3];
+            }
+            l[t][0] = l[t][0] * al0 + rs0;
+            l[t][1] = l[t][1] * al1 + rs1;
 #pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= al0;
-            o[j][1] *= al0;
-            o[j][2] *= al1;
-            o[j][3] *= al1;
+            for (int j = 0; j < DT; j++) {
+                o[t][j][0] *= al0;
+                o[t][j][1] *= al0;
+                o[t][j][2] *= al1;
+                o[t][j][3] *= al1;
+            }
         }
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
-            uint32_t a[4];
-            a[0] = lt_pack_bf16(s[2 * kc][0], s[2 * kc][1]);
-            a[1] = lt_pack_bf16(s[2 * kc][2], s[2 * kc][3]);
-            a[2] = lt_pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            a[3] = lt_pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                a[t][0] = lt_pack_bf16(s[t][2 * kc][0], s[t][2 * kc][1]);
+                a[t][1] = lt_pack_bf16(s[t][2 * kc][2], s[t][2 * kc][3]);
+                a[t][2] = lt_pack_bf16(s[t][2 * kc + 1][0], s[t][2 * kc + 1][1]);
+                a[t][3] = lt_pack_bf16(s[t][2 * kc + 1][2], s[t][2 * kc + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t r[4];
                 lt_ldsm_x4_t(r, cV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
                                     (lane >> 4) * 8);
-                lt_mma16816(o[2 * dp], a, r[0], r[1]);
-                lt_mma16816(o[2 * dp + 1], a, r[2], r[3]);
+#pragma unroll
+                for (int t = 0; t < MT; t++) {
+                    lt_mma16816(o[t][2 * dp], a[t], r[0], r[1]);
+                    lt_mma16816(o[t][2 * dp + 1], a[t], r[2], r[3]);
+                }
             }
         }
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float il0 = 1.0f / l0, il1 = 1.0f / l1;
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
     const int c = (lane & 3) * 2;
-    if (row0 < T) {
-        __nv_bfloat16 *r = go + (int64_t)row0 * p.o_st;
 #pragma unroll
-        for (int j = 0; j < DT; j++)
-            *(uint32_t *)(r + j * 8 + c) = lt_pack_bf16(o[j][0] * il0, o[j][1] * il0);
-        if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + row0] = (m0 + log2f(l0)) * LN2_F;
-    }
-    if (row1 < T) {
-        __nv_bfloat16 *r = go + (int64_t)row1 * p.o_st;
+    for (int t = 0; t < MT; t++) {
 #pragma unroll
-        for (int j = 0; j < DT; j++)
-            *(uint32_t *)(r + j * 8 + c) = lt_pack_bf16(o[j][2] * il1, o[j][3] * il1);
-        if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + row1] = (m1 + log2f(l1)) * LN2_F;
+        for (int hr = 0; hr < 2; hr++) {
+            float lt = l[t][hr];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float il = 1.0f / lt;
+            const int r = row[t][hr];
+            if (r < T) {
+                __nv_bfloat16 *dst = go + (int64_t)r * p.o_st;
+#pragma unroll
+                for (int j = 0; j < DT; j++)
+                    *(uint32_t *)(dst + j * 8 + c) =
+                        lt_pack_bf16(o[t][j][2 * hr] * il, o[t][j][2 * hr + 1] * il);
+                if ((lane & 3) == 0)
+                    p.lse[((int64_t)b * p.H + h) * T + r] = (m[t][hr] + log2f(lt)) * LN2_F;
+            }
+        }
     }
 }
 
-template <int D, int NW> static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    constexpr int BM = 16 * NW, LD = D + 8;
+template <int D, int NW, int MT, bool QREG>
+static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int BM = 16 * MT * NW, LD = D + 8;
     const size_t smem = (size_t)(BM + 4 * FWD_BN) * LD * sizeof(__nv_bfloat16);
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_kernel<D, NW>,
+                         cudaFuncSetAttribute(attn_fwd_kernel<D, NW, MT, QREG>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
-    attn_fwd_kernel<D, NW><<<grid, NW * 32, smem>>>(d);
+    attn_fwd_kernel<D, NW, MT, QREG><<<grid, NW * 32, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -349,10 +393,18 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     size_t used = 0;
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
     if (st == LT_OK) {
+        /* Experiment switch (dev/cuda/NOTES.md): LONGTUNE_ATTN_FWD = 0 (8 warps x 16 rows),
+         * 1 (4 warps x 32 rows, Q from shared memory), 2 (4 warps x 32 rows, Q in registers). */
+        const char *ev = getenv("LONGTUNE_ATTN_FWD");
+        const int var = ev ? atoi(ev) : 1;
         switch (p->D) {
-        case 64: st = attn_fwd_launch<64, 8>(ctx, d, (int)p->B); break;
-        case 96: st = attn_fwd_launch<96, 8>(ctx, d, (int)p->B); break;
-        default: st = attn_fwd_launch<128, 8>(ctx, d, (int)p->B); break;
+        case 64: st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B); break;
+        case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
+        default:
+            st = var == 0   ? attn_fwd_launch<128, 8, 1, true>(ctx, d, (int)p->B)
+                 : var == 2 ? attn_fwd_launch<128, 4, 2, true>(ctx, d, (int)p->B)
+                            : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
+            break;
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes); /* cudaFree waits for the kernel */

@@ -14,8 +14,8 @@ extern "C" {
 #include <math.h>
 #include <string.h>
 
-/* Tuning constants: the workspace budget bounds Nc·Vc; Nc = 2048 tokens keeps the backward's
- * fp32 dh accumulator at 2048·C·4 bytes. cuBLASLt gets 4 MiB of scratch for its kernels. */
+/* Tuning constants: the workspace budget bounds Nc·Vc; Nc = 2048 tokens forward, 1024 backward
+ * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/NOTES.md). cuBLASLt gets 4 MiB of scratch for its kernels. */
 #define LCE_BUDGET ((size_t)56 << 20)
 #define LCE_BLAS_WS ((size_t)4 << 20)
 #define LCE_NC_DEFAULT 2048
@@ -33,7 +33,9 @@ static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, i
                               int backward, int quantized) {
     lce_plan pl;
     memset(&pl, 0, sizeof pl);
-    pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, LCE_NC_DEFAULT);
+    /* The backward keeps an fp32 (Nc, C) dh accumulator that every vocabulary tile's GEMM reads
+     * and writes: a smaller Nc leaves room for a wider Vc, which cuts that traffic. */
+    pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, backward ? LCE_NC_DEFAULT / 2 : LCE_NC_DEFAULT);
     if (pl.Nc < 1) pl.Nc = 1;
     size_t acc = backward ? (size_t)pl.Nc * (size_t)C * 4 : 0;
     size_t fixed = LCE_BLAS_WS + lt_cuda_align(acc);
