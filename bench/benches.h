@@ -1,3 +1,4 @@
 /* The benchmarks of `longtune bench <name>`, one line each: LT_BENCH(name, handler, summary).
  * Each handler lives in bench/bench_<name>.c and takes argv with argv[0] = the bench name. */
 LT_BENCH(sgemm, lt_bench_sgemm, "OpenBLAS sgemm rate of this machine (the CPU ceiling)")
+LT_BENCH(attention, lt_bench_attention, "naive vs flash attention fwd/bwd (CPU): time, extra memory, packed rows")

@@ -10,10 +10,12 @@
 
 #include "backend/attention_impl.h"
 
-/* Tile sizes (queries x keys). 64 x 64 keeps a tile's S, P and the f32 Q/K/V/dO tiles of D <= 128
- * inside L2 and is large enough for OpenBLAS's small-GEMM kernels to run near their peak; 128 x 128
- * was tried and ran no faster at D = 64 while wasting more masked work on packed rows of ~84-token
- * sequences (the partial tiles at sequence starts grow with the tile). */
+/* Tile sizes (queries x keys). 64 x 64: a tile's S, dP and the f32 Q/K/V/dO copies of D <= 128
+ * stay in L2, the tile GEMMs are large enough for OpenBLAS, and a packed row of ~84-token
+ * sequences wastes little masked work (tiles cut at a sequence start are partial, and their waste
+ * grows with the tile). Also tried on the shared 2-core VM: 64x128, 128x64, 128x128, 32x128; the
+ * machine's load swung timings 2-3x between rounds, so only one ranking held: 128x128 was slowest
+ * on the packed row in every round. */
 #define LT_ATTN_BR 64
 #define LT_ATTN_BC 64
 

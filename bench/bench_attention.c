@@ -1,0 +1,338 @@
+/* `longtune bench attention`: the library's attention (naive oracle and flash, CPU) at B=1, H=8,
+ * Hkv=2, D=64 over a list of T, plus one packed row of Alpaca-like sequences against one causal
+ * sequence of the same length. Reports forward and backward medians, extra peak bytes from the
+ * accounting allocator, GFLOP/s in FlashAttention's convention and the ratio to OpenBLAS sgemm
+ * measured in the same run. It times library symbols only; no kernel is copied here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "bench_util.h"
+#include "longtune/alloc.h"
+#include "longtune/attention.h"
+#include "longtune/log.h"
+
+static const char *usage = "usage: longtune bench attention [options]";
+
+typedef struct {
+    int64_t Ts[8];
+    int nT;
+    int64_t naive_max_T, packed_T;
+    int naive_repeats, threads;
+    uint64_t seed;
+    lt_dtype dtype;
+} opts;
+
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) { return ((double)(mix(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double normal(uint64_t *s) { return sqrt(-2 * log(unif(s))) * cos(6.283185307179586 * unif(s)); }
+
+/* Alpaca-like lengths (prompt + response tokens): log-normal with median ~61 and mean ~84 tokens
+ * (mu = 4.11, sigma = 0.8), clamped to [4, 1024]; the last sequence takes what is left of T. */
+static int64_t pack_offsets(int64_t T, uint64_t seed, int32_t *offs, int64_t cap) {
+    uint64_t s = seed;
+    int64_t n = 0, x = 0;
+    offs[0] = 0;
+    while (x < T && n + 1 < cap) {
+        int64_t len = (int64_t)lround(exp(4.11 + 0.8 * normal(&s)));
+        len = len < 4 ? 4 : len > 1024 ? 1024 : len;
+        if (len > T - x || n + 2 == cap) len = T - x;
+        x += len;
+        offs[++n] = (int32_t)x;
+    }
+    return n;
+}
+
+typedef struct {
+    double fwd_ms, bwd_ms;
+    size_t peak_fwd, peak_bwd;
+    int ok;
+} timing;
+
+static void fill(lt_ctx *ctx, void *p, size_t n, lt_dtype dt, uint64_t *s) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)normal(s);
+        if (dt == LT_DTYPE_F32) ((float *)p)[i] = x;
+        else ((uint16_t *)p)[i] = lt_f32_to_bf16(x);
+    }
+}
+
+static timing run_arm(lt_ctx *ctx, const lt_attention_params *p, int warmup, int repeats, uint64_t seed) {
+    timing t = {0};
+    const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
+    const size_t nq = (size_t)(p->B * p->T * p->H * p->D), nk = (size_t)(p->B * p->T * p->Hkv * p->D);
+    const size_t nl = (size_t)(p->B * p->H * p->T) * sizeof(float);
+    const size_t sizes[8] = {nq * es, nk * es, nk * es, nq * es, nq * es, nq * es, nk * es, nk * es};
+    void *buf[8] = {0};
+    float *lse = NULL;
+    double *tf = NULL, *tb = NULL;
+    for (int i = 0; i < 8; i++)
+        if (!(buf[i] = lt_alloc(ctx, LT_DEVICE_CPU, sizes[i], "bench attention tensor"))) goto fail;
+    if (!(lse = lt_alloc(ctx, LT_DEVICE_CPU, nl, "bench attention lse"))) goto fail;
+    uint64_t s = seed;
+    fill(ctx, buf[0], nq, p->dtype, &s);
+    fill(ctx, buf[1], nk, p->dtype, &s);
+    fill(ctx, buf[2], nk, p->dtype, &s);
+    fill(ctx, buf[4], nq, p->dtype, &s);
+    lt_attention_args a = {.q = buf[0], .k = buf[1], .v = buf[2], .out = buf[3], .lse = lse, .dout = buf[4],
+                           .dq = buf[5], .dk = buf[6], .dv = buf[7]};
+    tf = malloc(sizeof(double) * (size_t)repeats);
+    tb = malloc(sizeof(double) * (size_t)repeats);
+    if (!tf || !tb) goto fail;
+    for (int r = -warmup; r < repeats; r++) {
+        size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+        lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+        double t0 = lt_time_now();
+        if (lt_attention_forward(ctx, p, &a) != LT_OK) goto fail;
+        double t1 = lt_time_now();
+        size_t pf = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - used;
+        lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+        double t2 = lt_time_now();
+        if (lt_attention_backward(ctx, p, &a) != LT_OK) goto fail;
+        double t3 = lt_time_now();
+        size_t pb = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - used;
+        t.peak_fwd = pf > t.peak_fwd ? pf : t.peak_fwd;
+        t.peak_bwd = pb > t.peak_bwd ? pb : t.peak_bwd;
+        if (r >= 0) {
+            tf[r] = (t1 - t0) * 1e3;
+            tb[r] = (t3 - t2) * 1e3;
+        }
+    }
+    t.fwd_ms = lt_bench_median(tf, repeats);
+    t.bwd_ms = lt_bench_median(tb, repeats);
+    t.ok = 1;
+fail:
+    if (!t.ok) lt_log(LT_LOG_ERROR, "attention arm failed: %s", lt_ctx_error(ctx));
+    free(tf);
+    free(tb);
+    for (int i = 0; i < 8; i++) lt_free(ctx, LT_DEVICE_CPU, buf[i], sizes[i]);
+    lt_free(ctx, LT_DEVICE_CPU, lse, nl);
+    return t;
+}
+
+/* Adds one arm; `pairs` is the number of (query, key) pairs attended, sum of len^2 / 2 in
+ * FlashAttention's causal convention (fwd FLOPs = 4 * H * D * pairs, bwd = 2.5 x fwd). */
+static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *p, const timing *t,
+                      double pairs, double sgemm) {
+    const double fwd_flop = 4.0 * (double)(p->B * p->H * p->D) * pairs, bwd_flop = 2.5 * fwd_flop;
+    const double fwd_g = fwd_flop / (t->fwd_ms * 1e6), bwd_g = bwd_flop / (t->bwd_ms * 1e6);
+    const double all_g = (fwd_flop + bwd_flop) / ((t->fwd_ms + t->bwd_ms) * 1e6);
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "name", name);
+    cJSON_AddStringToObject(a, "impl", p->impl == LT_ATTENTION_NAIVE ? "naive" : "flash");
+    cJSON_AddNumberToObject(a, "T", (double)p->T);
+    cJSON_AddNumberToObject(a, "median_ms", t->fwd_ms + t->bwd_ms);
+    cJSON_AddNumberToObject(a, "fwd_ms", t->fwd_ms);
+    cJSON_AddNumberToObject(a, "bwd_ms", t->bwd_ms);
+    cJSON_AddNumberToObject(a, "tokens_per_s", (double)(p->B * p->T) / ((t->fwd_ms + t->bwd_ms) * 1e-3));
+    size_t peak = t->peak_fwd > t->peak_bwd ? t->peak_fwd : t->peak_bwd;
+    cJSON_AddNumberToObject(a, "peak_bytes", (double)peak);
+    cJSON_AddNumberToObject(a, "peak_bytes_fwd", (double)t->peak_fwd);
+    cJSON_AddNumberToObject(a, "peak_bytes_bwd", (double)t->peak_bwd);
+    cJSON_AddNumberToObject(a, "fwd_gflops", fwd_g);
+    cJSON_AddNumberToObject(a, "bwd_gflops", bwd_g);
+    cJSON_AddNumberToObject(a, "fwdbwd_gflops", all_g);
+    cJSON_AddNumberToObject(a, "ratio_to_sgemm", all_g / sgemm);
+    cJSON_AddItemToArray(arms, a);
+    fprintf(stderr, "%-22s fwd %9.2f ms  bwd %9.2f ms  %7.1f GFLOP/s (%.0f%% of sgemm)  extra peak %.1f MiB\n",
+            name, t->fwd_ms, t->bwd_ms, all_g, 100 * all_g / sgemm, (double)peak / (1 << 20));
+    return a;
+}
+
+static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (end == v || *end || n < lo || n > hi) return 0;
+    *out = n;
+    return 1;
+}
+
+int lt_bench_attention(int argc, char **argv) {
+    lt_bench_common c;
+    lt_bench_common_init(&c);
+    opts o = {.Ts = {512, 2048, 8192}, .nT = 3, .naive_max_T = 8192, .packed_T = 4096, .naive_repeats = 1,
+              .seed = 1234, .dtype = LT_DTYPE_F32};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int64_t n = 0;
+        if (!strcmp(f, "--help")) {
+            printf("%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
+                   "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
+                   "options:\n"
+                   "  --T LIST         comma-separated sequence lengths (default 512,2048,8192)\n"
+                   "  --naive-max-T N  skip the naive arm above this T (default 8192)\n"
+                   "  --naive-repeats N timed repetitions of the naive arm, no warmup (default 1)\n"
+                   "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
+                   "  --threads N      threads (default: OpenMP's)\n"
+                   "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
+                   "  --dtype D        f32 | bf16 (default f32)\n" LT_BENCH_COMMON_HELP,
+                   usage);
+            return 0;
+        }
+        int k = lt_bench_common_flag(&c, argc, argv, &i);
+        if (k == 1) continue;
+        if (k == 0 && i + 1 < argc) {
+            const char *v = argv[i + 1];
+            int good = 1;
+            if (!strcmp(f, "--T")) {
+                o.nT = 0;
+                char tmp[256];
+                snprintf(tmp, sizeof tmp, "%s", v);
+                for (char *tok = strtok(tmp, ","); tok && good; tok = strtok(NULL, ",")) {
+                    good = o.nT < 8 && parse_i64(tok, 1, 1 << 20, &n);
+                    if (good) o.Ts[o.nT++] = n;
+                }
+                good = good && o.nT > 0;
+            } else if (!strcmp(f, "--naive-max-T")) {
+                good = parse_i64(v, 0, 1 << 20, &o.naive_max_T);
+            } else if (!strcmp(f, "--naive-repeats")) {
+                if ((good = parse_i64(v, 1, 1000, &n))) o.naive_repeats = (int)n;
+            } else if (!strcmp(f, "--packed-T")) {
+                good = parse_i64(v, 0, 1 << 20, &o.packed_T);
+            } else if (!strcmp(f, "--threads")) {
+                if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
+            } else if (!strcmp(f, "--seed")) {
+                if ((good = parse_i64(v, 0, INT64_MAX, &n))) o.seed = (uint64_t)n;
+            } else if (!strcmp(f, "--dtype")) {
+                good = lt_dtype_parse(v, &o.dtype) == LT_OK &&
+                       (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
+            } else {
+                good = -1;
+            }
+            if (good == 1) {
+                i++;
+                continue;
+            }
+            if (good == 0) {
+                fprintf(stderr, "longtune bench attention: bad value '%s' for %s\n%s\n", v, f, usage);
+                return 2;
+            }
+        }
+        fprintf(stderr, "longtune bench attention: bad option '%s'\n%s\n", f, usage);
+        return 2;
+    }
+    if (strcmp(c.backend, "cpu")) {
+        fprintf(stderr, "longtune bench attention: backend '%s' has no attention in this build\n", c.backend);
+        return 1;
+    }
+    lt_ctx *ctx = lt_ctx_new();
+    if (!ctx) return 1;
+    lt_ctx_set_threads(ctx, o.threads);
+    const double sgemm = lt_bench_sgemm_gflops(2048, 3, o.threads);
+    fprintf(stderr, "OpenBLAS (%s) sgemm n=2048: %.1f GFLOP/s\n", openblas_get_corename(), sgemm);
+
+    cJSON *r = lt_bench_result_new("attention");
+    cJSON *cfg = cJSON_AddObjectToObject(r, "config");
+    cJSON_AddNumberToObject(cfg, "B", 1);
+    cJSON_AddNumberToObject(cfg, "H", 8);
+    cJSON_AddNumberToObject(cfg, "Hkv", 2);
+    cJSON_AddNumberToObject(cfg, "D", 64);
+    cJSON_AddStringToObject(cfg, "dtype", lt_dtype_name(o.dtype));
+    cJSON_AddStringToObject(cfg, "mask", "causal");
+    cJSON_AddNumberToObject(cfg, "threads", o.threads);
+    cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
+    cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
+    cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
+    /* OpenBLAS picks its kernels from the CPU it detects (OPENBLAS_CORETYPE overrides); on a VM that
+     * hides the model it may fall back to an SSE3 kernel, which lowers sgemm and attention alike. */
+    cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
+    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
+    cJSON *arms = cJSON_AddArrayToObject(r, "arms");
+    cJSON *targets = cJSON_AddObjectToObject(r, "targets");
+
+    int rc = 0;
+    double flash_peak[8] = {0}, naive_peak[8] = {0}, flash_ratio[8] = {0};
+    for (int ti = 0; ti < o.nT; ti++) {
+        const int64_t T = o.Ts[ti];
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        char name[64];
+        for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
+            if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
+            p.impl = (lt_attention_impl)impl;
+            const int naive = impl == LT_ATTENTION_NAIVE;
+            timing t = run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
+            if (!t.ok) {
+                rc = 1;
+                continue;
+            }
+            snprintf(name, sizeof name, "%s-T%lld", naive ? "naive" : "flash", (long long)T);
+            cJSON *a = add_arm(arms, name, &p, &t, (double)T * (double)T / 2, sgemm);
+            double peak = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
+            if (naive) naive_peak[ti] = peak;
+            else {
+                flash_peak[ti] = peak;
+                flash_ratio[ti] = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "ratio_to_sgemm"));
+            }
+        }
+    }
+    /* Targets: flash memory per doubling of T, flash vs naive memory at the largest T both ran,
+     * flash fwd+bwd rate at T=2048. */
+    cJSON *growth = cJSON_AddArrayToObject(targets, "flash_peak_growth_per_doubling");
+    for (int ti = 1; ti < o.nT; ti++) {
+        if (!flash_peak[ti] || !flash_peak[ti - 1] || o.Ts[ti] <= o.Ts[ti - 1]) continue;
+        double doublings = log2((double)o.Ts[ti] / (double)o.Ts[ti - 1]);
+        cJSON_AddItemToArray(growth, cJSON_CreateNumber(pow(flash_peak[ti] / flash_peak[ti - 1], 1 / doublings)));
+    }
+    for (int ti = o.nT - 1; ti >= 0; ti--)
+        if (flash_peak[ti] && naive_peak[ti]) {
+            cJSON_AddNumberToObject(targets, "flash_over_naive_peak_T", (double)o.Ts[ti]);
+            cJSON_AddNumberToObject(targets, "flash_over_naive_peak", flash_peak[ti] / naive_peak[ti]);
+            break;
+        }
+    for (int ti = 0; ti < o.nT; ti++)
+        if (o.Ts[ti] == 2048 && flash_ratio[ti] > 0)
+            cJSON_AddNumberToObject(targets, "flash_fwdbwd_ratio_to_sgemm_T2048", flash_ratio[ti]);
+
+    if (o.packed_T > 0) {
+        const int64_t T = o.packed_T, cap = T + 1;
+        int32_t *offs = malloc(sizeof(int32_t) * (size_t)(cap + 1));
+        if (!offs) {
+            cJSON_Delete(r);
+            lt_ctx_free(ctx);
+            return 1;
+        }
+        const int64_t S = pack_offsets(T, o.seed, offs, cap + 1);
+        double sum2 = 0;
+        for (int64_t s = 0; s < S; s++) sum2 += (double)(offs[s + 1] - offs[s]) * (double)(offs[s + 1] - offs[s]);
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        char name[64];
+        timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
+        p.seq_offsets = offs;
+        p.S = S;
+        timing packed = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
+        if (single.ok && packed.ok) {
+            p.seq_offsets = NULL;
+            snprintf(name, sizeof name, "flash-causal-T%lld", (long long)T);
+            add_arm(arms, name, &p, &single, (double)T * (double)T / 2, sgemm);
+            p.seq_offsets = offs;
+            snprintf(name, sizeof name, "flash-packed-T%lld", (long long)T);
+            cJSON *a = add_arm(arms, name, &p, &packed, sum2 / 2, sgemm);
+            cJSON_AddNumberToObject(a, "sequences", (double)S);
+            cJSON_AddNumberToObject(a, "mean_len", (double)T / (double)S);
+            cJSON_AddNumberToObject(a, "sum_len2", sum2);
+            const double speedup = (single.fwd_ms + single.bwd_ms) / (packed.fwd_ms + packed.bwd_ms);
+            cJSON_AddNumberToObject(targets, "packed_speedup_over_causal", speedup);
+            cJSON_AddNumberToObject(targets, "packed_ideal_speedup_T2_over_sum_len2", (double)T * (double)T / sum2);
+            fprintf(stderr, "packed row: %lld sequences, mean %.1f tokens, %.1fx faster than one causal sequence "
+                    "(ideal T^2/sum len^2 = %.1fx)\n", (long long)S, (double)T / (double)S, speedup,
+                    (double)T * (double)T / sum2);
+        } else {
+            rc = 1;
+        }
+        free(offs);
+    }
+    lt_ctx_free(ctx);
+    char tag[64];
+    snprintf(tag, sizeof tag, "cpu-%s", lt_dtype_name(o.dtype));
+    int wr = lt_bench_write(&c, r, tag);
+    return rc ? rc : wr;
+}

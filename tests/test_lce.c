@@ -1,0 +1,769 @@
+/* Linear cross-entropy (CPU): every implementation (naive, chunked, fused) against a float64
+ * reference computed here from the same quantised/rounded inputs — loss, lse, grad h, grad W —
+ * across head dtypes, reductions, options and ignore patterns; bf16 against twice the error of a
+ * naive bf16 computation; float64 finite differences; exact zeros for ignored rows; workspace
+ * accounting; typed errors. Does not test CUDA (tests/test_cuda_lce.c will). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/lce.h"
+
+/* ---- inputs ---- */
+
+typedef struct {
+    int64_t N, V, C;
+    lt_dtype hdt, wdt;
+    void *h, *w;        /* library inputs */
+    double *hx, *wx;    /* their exact values (after rounding / quantisation) */
+    int32_t *targets;
+    float *weight;      /* NULL or (N) */
+} problem;
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* Fills a (rows, C) matrix of dtype t from N(0, sd) and records its exact values in x. */
+static void *make_matrix(uint64_t *rng, lt_dtype t, int64_t rows, int64_t C, float sd, double *x) {
+    float *f = xmalloc((size_t)(rows * C) * sizeof(float)), *back = xmalloc((size_t)C * sizeof(float));
+    lt_test_fill_normal(rng, f, rows * C, sd);
+    int64_t rb = lt_dtype_row_bytes(t, C);
+    uint8_t *m = xmalloc((size_t)(rows * rb));
+    for (int64_t r = 0; r < rows; r++) {
+        float *src = f + r * C;
+        if (t == LT_DTYPE_F32) {
+            memcpy(m + r * rb, src, (size_t)rb);
+            for (int64_t c = 0; c < C; c++) x[r * C + c] = src[c];
+        } else if (t == LT_DTYPE_BF16) {
+            uint16_t *d = (uint16_t *)(m + r * rb);
+            for (int64_t c = 0; c < C; c++) {
+                d[c] = lt_f32_to_bf16(src[c]);
+                x[r * C + c] = lt_bf16_to_f32(d[c]);
+            }
+        } else {
+            lt_quantize_row(t, src, m + r * rb, C);
+            lt_dequantize_row(t, m + r * rb, back, C);
+            for (int64_t c = 0; c < C; c++) x[r * C + c] = back[c];
+        }
+    }
+    free(f);
+    free(back);
+    return m;
+}
+
+enum { IGN_NONE, IGN_SOME, IGN_ALL };
+
+static problem make_problem(uint64_t *rng, int64_t N, int64_t V, int64_t C, lt_dtype hdt, lt_dtype wdt, int ignore,
+                            int weights, int32_t ignore_index) {
+    problem p = {N, V, C, hdt, wdt, NULL, NULL, NULL, NULL, NULL, NULL};
+    p.hx = xmalloc((size_t)(N * C) * sizeof(double));
+    p.wx = xmalloc((size_t)(V * C) * sizeof(double));
+    p.h = make_matrix(rng, hdt, N, C, 1.0f, p.hx);
+    /* logits with standard deviation ~2.5: peaked enough that lse and the target matter */
+    p.w = make_matrix(rng, wdt, V, C, (float)(2.5 / sqrt((double)C)), p.wx);
+    p.targets = xmalloc((size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) {
+        p.targets[i] = (int32_t)(lt_test_rand_u64(rng) % (uint64_t)V);
+        if (ignore == IGN_ALL || (ignore == IGN_SOME && lt_test_rand_u64(rng) % 3 == 0)) p.targets[i] = ignore_index;
+    }
+    if (ignore == IGN_SOME) p.targets[0] = ignore_index; /* at least one, and at a tile edge */
+    if (weights) {
+        p.weight = xmalloc((size_t)N * sizeof(float));
+        for (int64_t i = 0; i < N; i++) p.weight[i] = (float)lt_test_uniform(rng, 0.25, 2.0);
+    }
+    return p;
+}
+
+static void free_problem(problem *p) {
+    free(p->h);
+    free(p->w);
+    free(p->hx);
+    free(p->wx);
+    free(p->targets);
+    free(p->weight);
+}
+
+/* ---- float64 reference ---- */
+
+typedef struct {
+    double loss;  /* reduced (mean/sum); for NONE unused */
+    double *tok;  /* (N) weighted per-token loss */
+    double *lse;  /* (N) */
+    double *dh;   /* (N, C) */
+    double *dw;   /* (V, C) */
+} reference;
+
+/* Straight from the definitions in lce.h: z = softcap(h·Wᵀ); per-token
+ * (1-ε)(lse - z_t) + ε·mean_j(lse - z_j) + zl·lse², weighted; and its derivative by the chain
+ * rule through the softmax and the softcap. dloss: (1) or (N). */
+static reference ref_compute(const problem *p, const lt_lce_options *o, const double *dloss) {
+    int64_t N = p->N, V = p->V, C = p->C;
+    int32_t ign = o->ignore_index ? o->ignore_index : LT_IGNORE_INDEX;
+    double eps = o->label_smoothing, zl = o->z_loss, cap = o->softcap;
+    reference r = {0, xmalloc((size_t)N * 8), xmalloc((size_t)N * 8), xmalloc((size_t)(N * C) * 8),
+                   xmalloc((size_t)(V * C) * 8)};
+    memset(r.dh, 0, (size_t)(N * C) * 8);
+    memset(r.dw, 0, (size_t)(V * C) * 8);
+    double *s = xmalloc((size_t)V * 8), *z = xmalloc((size_t)V * 8), *g = xmalloc((size_t)V * 8);
+    double total = 0, den = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double wi = p->weight ? p->weight[i] : 1.0;
+        if (p->targets[i] != ign) den += wi;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        int32_t t = p->targets[i];
+        double wi = p->weight ? p->weight[i] : 1.0;
+        if (t == ign) {
+            r.tok[i] = 0;
+            r.lse[i] = 0;
+            continue;
+        }
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++) {
+            double acc = 0;
+            for (int64_t c = 0; c < C; c++) acc += p->hx[i * C + c] * p->wx[j * C + c];
+            s[j] = acc;
+            z[j] = cap > 0 ? cap * tanh(acc / cap) : acc;
+            mx = fmax(mx, z[j]);
+        }
+        double se = 0, mean_nll = 0;
+        for (int64_t j = 0; j < V; j++) se += exp(z[j] - mx);
+        double lse = mx + log(se);
+        for (int64_t j = 0; j < V; j++) mean_nll += (lse - z[j]) / (double)V;
+        r.lse[i] = lse;
+        r.tok[i] = wi * ((1 - eps) * (lse - z[t]) + eps * mean_nll + zl * lse * lse);
+        total += r.tok[i];
+        double up = o->reduction == LT_REDUCTION_NONE ? dloss[i]
+                    : o->reduction == LT_REDUCTION_SUM ? dloss[0]
+                    : dloss[0] / den;
+        for (int64_t j = 0; j < V; j++) {
+            double pj = exp(z[j] - lse);
+            double dz = (1 - eps) * (pj - (j == t)) + eps * (pj - 1.0 / (double)V) + 2 * zl * lse * pj;
+            double ds = cap > 0 ? 1 - tanh(s[j] / cap) * tanh(s[j] / cap) : 1;
+            g[j] = up * wi * dz * ds;
+        }
+        for (int64_t j = 0; j < V; j++)
+            for (int64_t c = 0; c < C; c++) {
+                r.dh[i * C + c] += g[j] * p->wx[j * C + c];
+                r.dw[j * C + c] += g[j] * p->hx[i * C + c];
+            }
+    }
+    r.loss = o->reduction == LT_REDUCTION_SUM ? total : den > 0 ? total / den : 0;
+    free(s);
+    free(z);
+    free(g);
+    return r;
+}
+
+static void free_ref(reference *r) {
+    free(r->tok);
+    free(r->lse);
+    free(r->dh);
+    free(r->dw);
+}
+
+/* ---- comparison ---- */
+
+/* Largest error of got against ref relative to the tensor's scale (max |ref|, at least 1e-30). */
+static double scaled_err(const float *got, const double *ref, int64_t n) {
+    double scale = 1e-30, worst = 0;
+    for (int64_t k = 0; k < n; k++) scale = fmax(scale, fabs(ref[k]));
+    for (int64_t k = 0; k < n; k++) {
+        double e = fabs((double)got[k] - ref[k]);
+        if (!(e <= worst)) worst = e; /* NaN (and the poison) propagate as failures */
+    }
+    return worst / scale;
+}
+
+static void check_close(const char *what, const char *ctxs, const float *got, const double *ref, int64_t n, double tol) {
+    double e = scaled_err(got, ref, n);
+    if (!(e <= tol)) {
+        fprintf(stderr, "%s: %s scaled error %.3g > %.3g\n", ctxs, what, e, tol);
+        fail();
+    }
+}
+
+static float *dh_as_f32(const void *dh, lt_dtype t, int64_t n) {
+    float *f = xmalloc((size_t)n * sizeof(float));
+    for (int64_t k = 0; k < n; k++)
+        f[k] = t == LT_DTYPE_F32 ? ((const float *)dh)[k] : lt_bf16_to_f32(((const uint16_t *)dh)[k]);
+    return f;
+}
+
+/* ---- running the library ---- */
+
+typedef struct {
+    float *loss, *lse, *tok, *dh32, *dw;
+    void *dh;
+    float *dw0; /* dw before the backward (accumulation check) */
+} outputs;
+
+static void fill_poison(float *x, int64_t n) {
+    for (int64_t k = 0; k < n; k++) x[k] = LT_TEST_POISON;
+}
+
+/* Forward then backward through the public API; dh in dh_dtype, dw when want_dw. */
+static outputs run_lib(lt_ctx *ctx, const problem *p, const lt_lce_options *o, const float *dloss, lt_dtype dh_dtype,
+                       int want_dw, uint64_t *rng) {
+    int64_t N = p->N, V = p->V, C = p->C;
+    outputs out = {0};
+    int64_t nloss = o->reduction == LT_REDUCTION_NONE ? N : 1;
+    out.loss = xmalloc((size_t)nloss * 4);
+    out.lse = xmalloc((size_t)N * 4);
+    out.tok = xmalloc((size_t)N * 4);
+    fill_poison(out.loss, nloss);
+    fill_poison(out.lse, N);
+    fill_poison(out.tok, N);
+    int64_t hs[2] = {N, C}, ws[2] = {V, C};
+    lt_lce_args a;
+    memset(&a, 0, sizeof a);
+    a.h = lt_tensor_view(p->h, p->hdt, LT_DEVICE_CPU, 2, hs);
+    a.w = lt_tensor_view(p->w, p->wdt, LT_DEVICE_CPU, 2, ws);
+    a.targets = p->targets;
+    a.token_weight = p->weight;
+    a.loss = out.loss;
+    a.lse = out.lse;
+    a.token_loss = out.tok;
+    lt_status st = lt_lce_forward(ctx, o, &a);
+    if (st != LT_OK) fprintf(stderr, "forward: %s\n", lt_ctx_error(ctx));
+    assert_int_equal(st, LT_OK);
+
+    size_t dhb = (size_t)(N * C) * (dh_dtype == LT_DTYPE_F32 ? 4 : 2);
+    out.dh = xmalloc(dhb);
+    memset(out.dh, 0xff, dhb); /* NaN in both f32 and bf16 */
+    lt_tensor dh = lt_tensor_view(out.dh, dh_dtype, LT_DEVICE_CPU, 2, hs), dw;
+    a.dh = &dh;
+    if (want_dw) {
+        out.dw = xmalloc((size_t)(V * C) * 4);
+        out.dw0 = xmalloc((size_t)(V * C) * 4);
+        lt_test_fill_normal(rng, out.dw0, V * C, 0.1f);
+        memcpy(out.dw, out.dw0, (size_t)(V * C) * 4);
+        dw = lt_tensor_view(out.dw, LT_DTYPE_F32, LT_DEVICE_CPU, 2, ws);
+        a.dw = &dw;
+    }
+    a.dloss = dloss;
+    st = lt_lce_backward(ctx, o, &a);
+    if (st != LT_OK) fprintf(stderr, "backward: %s\n", lt_ctx_error(ctx));
+    assert_int_equal(st, LT_OK);
+    out.dh32 = dh_as_f32(out.dh, dh_dtype, N * C);
+    if (want_dw)
+        for (int64_t k = 0; k < V * C; k++) out.dw[k] -= out.dw0[k]; /* the accumulated part */
+    return out;
+}
+
+static void free_outputs(outputs *o) {
+    free(o->loss);
+    free(o->lse);
+    free(o->tok);
+    free(o->dh);
+    free(o->dh32);
+    free(o->dw);
+    free(o->dw0);
+}
+
+/* Ignored tokens: lse, token loss and every dh element exactly 0. */
+static void check_ignored_exact(const problem *p, const lt_lce_options *o, const outputs *out) {
+    int32_t ign = o->ignore_index ? o->ignore_index : LT_IGNORE_INDEX;
+    for (int64_t i = 0; i < p->N; i++) {
+        if (p->targets[i] != ign) continue;
+        assert_true(out->lse[i] == 0.0f && out->tok[i] == 0.0f);
+        for (int64_t c = 0; c < p->C; c++) assert_true(out->dh32[i * p->C + c] == 0.0f);
+    }
+}
+
+static const char *impl_name(lt_lce_impl i) {
+    return i == LT_LCE_NAIVE ? "naive" : i == LT_LCE_CHUNKED ? "chunked" : i == LT_LCE_FUSED ? "fused" : "auto";
+}
+
+typedef struct {
+    const char *name;
+    float eps, zl, cap;
+    int weights;
+} option_set;
+
+static const option_set option_sets[] = {
+    {"plain", 0, 0, 0, 0},        {"smoothing", 0.1f, 0, 0, 0}, {"z-loss", 0, 1e-3f, 0, 0},
+    {"softcap", 0, 0, 3.0f, 0},   {"weights", 0, 0, 0, 1},      {"all", 0.2f, 5e-3f, 4.0f, 1},
+};
+#define N_OPTION_SETS ((int)(sizeof option_sets / sizeof option_sets[0]))
+
+static float *make_dloss(uint64_t *rng, const lt_lce_options *o, int64_t N, double **dl64) {
+    int64_t n = o->reduction == LT_REDUCTION_NONE ? N : 1;
+    float *d = xmalloc((size_t)n * 4);
+    *dl64 = xmalloc((size_t)n * 8);
+    for (int64_t k = 0; k < n; k++) {
+        d[k] = (float)lt_test_uniform(rng, 0.5, 1.5);
+        (*dl64)[k] = d[k];
+    }
+    return d;
+}
+
+/* One problem through one impl, compared with float64 at fp32 tolerance. */
+static void check_f32_case(lt_ctx *ctx, uint64_t *rng, lt_dtype wdt, lt_lce_impl impl, lt_reduction red,
+                           const option_set *os, int ignore, int tile_n, int tile_v, int64_t N, int64_t V, int64_t C) {
+    lt_lce_options o = {.impl = impl, .reduction = red, .label_smoothing = os->eps, .z_loss = os->zl,
+                        .softcap = os->cap, .tile_n = tile_n, .tile_v = tile_v};
+    if (ignore == IGN_SOME && os->weights) o.ignore_index = -1; /* a non-default ignore index too */
+    problem p = make_problem(rng, N, V, C, LT_DTYPE_F32, wdt, ignore, os->weights, o.ignore_index ? o.ignore_index : -100);
+    double *dl64;
+    float *dl = make_dloss(rng, &o, N, &dl64);
+    reference r = ref_compute(&p, &o, dl64);
+    int dense = wdt == LT_DTYPE_F32 || wdt == LT_DTYPE_BF16;
+    outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_F32, dense, rng);
+    char desc[160];
+    snprintf(desc, sizeof desc, "head %s impl %s reduction %d options %s ignore %d tiles %dx%d", lt_dtype_name(wdt),
+             impl_name(impl), (int)red, os->name, ignore, tile_n, tile_v);
+    double tol = LT_TOL_F32_REL;
+    if (red == LT_REDUCTION_NONE) {
+        check_close("loss", desc, out.loss, r.tok, N, tol);
+    } else {
+        double e = fabs((double)out.loss[0] - r.loss) / fmax(fabs(r.loss), 1e-30);
+        if (ignore == IGN_ALL) e = out.loss[0] == 0.0f ? 0 : 1;
+        if (!(e <= tol)) {
+            fprintf(stderr, "%s: loss %.9g vs %.9g\n", desc, (double)out.loss[0], r.loss);
+            fail();
+        }
+    }
+    check_close("token loss", desc, out.tok, r.tok, N, tol);
+    check_close("lse", desc, out.lse, r.lse, N, tol);
+    check_close("dh", desc, out.dh32, r.dh, N * C, tol);
+    if (dense) check_close("dw", desc, out.dw, r.dw, V * C, tol);
+    check_ignored_exact(&p, &o, &out);
+    if (ignore == IGN_ALL) {
+        for (int64_t k = 0; k < N * C; k++) assert_true(out.dh32[k] == 0.0f);
+        if (dense)
+            for (int64_t k = 0; k < V * C; k++) assert_true(out.dw[k] == 0.0f);
+    }
+    free_outputs(&out);
+    free_ref(&r);
+    free(dl);
+    free(dl64);
+    free_problem(&p);
+}
+
+static void every_head_impl_reduction_option_and_ignore_pattern(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed();
+    lt_ctx *ctx = lt_ctx_new();
+    const lt_dtype heads[] = {LT_DTYPE_F32, LT_DTYPE_BF16, LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
+    const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED, LT_LCE_AUTO};
+    for (int hi = 0; hi < 6; hi++)
+        for (int ii = 0; ii < 4; ii++)
+            for (int red = 0; red < 3; red++)
+                for (int os = 0; os < N_OPTION_SETS; os++)
+                    for (int ig = 0; ig < 3; ig++) {
+                        /* ragged tiles: 13 tokens in tiles of 4, 203 vocabulary rows in tiles of 48 */
+                        int tn = impls[ii] == LT_LCE_AUTO ? 0 : 4, tv = impls[ii] == LT_LCE_AUTO ? 0 : 48;
+                        check_f32_case(ctx, &rng, heads[hi], impls[ii], (lt_reduction)red, &option_sets[os], ig, tn,
+                                       tv, 13, 203, 64);
+                    }
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+/* Default tiles on a shape with several default-size tiles, and an odd thread count that splits
+ * the vocabulary tiles unevenly. */
+static void default_tiles_and_three_threads(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 11;
+    lt_ctx *ctx = lt_ctx_new();
+    for (int threads = 1; threads <= 3; threads += 2) {
+        lt_ctx_set_threads(ctx, threads);
+        for (int ii = 0; ii < 3; ii++) {
+            lt_lce_impl impl = ii == 0 ? LT_LCE_NAIVE : ii == 1 ? LT_LCE_CHUNKED : LT_LCE_FUSED;
+            check_f32_case(ctx, &rng, LT_DTYPE_F32, impl, LT_REDUCTION_MEAN, &option_sets[5], IGN_SOME, 0, 0, 300,
+                           1700, 32);
+            check_f32_case(ctx, &rng, LT_DTYPE_Q4_1, impl, LT_REDUCTION_SUM, &option_sets[0], IGN_NONE, 0, 0, 300,
+                           1700, 32);
+        }
+    }
+    lt_ctx_free(ctx);
+}
+
+/* bf16 hidden and head: the library's error against float64 is at most twice that of a naive
+ * bf16 computation (logits rounded to bf16, softmax in f32, logit gradients rounded to bf16,
+ * grad h rounded to bf16) against the same reference. */
+typedef struct {
+    float *tok, *lse, *dh, *dw;
+} naive_bf16;
+
+static float bf(double x) { return lt_bf16_to_f32(lt_f32_to_bf16((float)x)); }
+
+static naive_bf16 naive_bf16_compute(const problem *p, const lt_lce_options *o, const double *dloss) {
+    int64_t N = p->N, V = p->V, C = p->C;
+    int32_t ign = o->ignore_index ? o->ignore_index : LT_IGNORE_INDEX;
+    float eps = o->label_smoothing, zl = o->z_loss, cap = o->softcap;
+    naive_bf16 r = {xmalloc((size_t)N * 4), xmalloc((size_t)N * 4), xmalloc((size_t)(N * C) * 4),
+                    xmalloc((size_t)(V * C) * 4)};
+    memset(r.dw, 0, (size_t)(V * C) * 4);
+    float *z = xmalloc((size_t)V * 4), *g = xmalloc((size_t)V * 4);
+    float den = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (p->targets[i] != ign) den += p->weight ? p->weight[i] : 1.0f;
+    for (int64_t i = 0; i < N; i++) {
+        int32_t t = p->targets[i];
+        float wi = p->weight ? p->weight[i] : 1.0f;
+        for (int64_t c = 0; c < C; c++) r.dh[i * C + c] = 0;
+        if (t == ign) {
+            r.tok[i] = r.lse[i] = 0;
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++) {
+            float acc = 0;
+            for (int64_t c = 0; c < C; c++) acc += (float)p->hx[i * C + c] * (float)p->wx[j * C + c];
+            z[j] = bf(cap > 0 ? bf(acc) > 0 ? cap * tanhf(bf(acc) / cap) : cap * tanhf(bf(acc) / cap) : acc);
+            mx = fmaxf(mx, z[j]);
+        }
+        float se = 0, sz = 0;
+        for (int64_t j = 0; j < V; j++) {
+            se += expf(z[j] - mx);
+            sz += z[j];
+        }
+        float lse = mx + logf(se);
+        r.lse[i] = lse;
+        r.tok[i] = wi * ((1 - eps) * (lse - z[t]) + eps * (lse - sz / (float)V) + zl * lse * lse);
+        float up = o->reduction == LT_REDUCTION_NONE ? (float)dloss[i]
+                   : o->reduction == LT_REDUCTION_SUM ? (float)dloss[0]
+                   : (float)dloss[0] / den;
+        for (int64_t j = 0; j < V; j++) {
+            float pj = expf(z[j] - lse);
+            float dz = (1 + 2 * zl * lse) * pj - eps / (float)V - (j == t ? 1 - eps : 0);
+            float th = cap > 0 ? z[j] / cap : 0;
+            g[j] = bf(up * wi * dz * (1 - th * th));
+        }
+        for (int64_t c = 0; c < C; c++) {
+            float acc = 0;
+            for (int64_t j = 0; j < V; j++) acc += g[j] * (float)p->wx[j * C + c];
+            r.dh[i * C + c] = bf(acc);
+        }
+        for (int64_t j = 0; j < V; j++)
+            for (int64_t c = 0; c < C; c++) r.dw[j * C + c] += g[j] * (float)p->hx[i * C + c];
+    }
+    free(z);
+    free(g);
+    return r;
+}
+
+static void bf16_within_twice_the_naive_bf16_error(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 22;
+    lt_ctx *ctx = lt_ctx_new();
+    const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED};
+    for (int ii = 0; ii < 3; ii++)
+        for (int red = 0; red < 3; red++)
+            for (int os = 0; os < N_OPTION_SETS; os++) {
+                lt_lce_options o = {.impl = impls[ii], .reduction = (lt_reduction)red,
+                                    .label_smoothing = option_sets[os].eps, .z_loss = option_sets[os].zl,
+                                    .softcap = option_sets[os].cap, .tile_n = 5, .tile_v = 64};
+                int64_t N = 17, V = 150, C = 64;
+                problem p = make_problem(&rng, N, V, C, LT_DTYPE_BF16, LT_DTYPE_BF16, IGN_SOME,
+                                         option_sets[os].weights, LT_IGNORE_INDEX);
+                double *dl64;
+                float *dl = make_dloss(&rng, &o, N, &dl64);
+                reference r = ref_compute(&p, &o, dl64);
+                naive_bf16 nb = naive_bf16_compute(&p, &o, dl64);
+                outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_BF16, 1, &rng);
+                char desc[128];
+                snprintf(desc, sizeof desc, "bf16 impl %s reduction %d options %s", impl_name(impls[ii]), red,
+                         option_sets[os].name);
+                /* floor: one bf16 half-ulp of the scale, for a naive error that happens to be tiny */
+                const double floor = 0x1.0p-9;
+                check_close("token loss", desc, out.tok, r.tok, N, fmax(2 * scaled_err(nb.tok, r.tok, N), floor));
+                check_close("lse", desc, out.lse, r.lse, N, fmax(2 * scaled_err(nb.lse, r.lse, N), floor));
+                check_close("dh", desc, out.dh32, r.dh, N * C, fmax(2 * scaled_err(nb.dh, r.dh, N * C), floor));
+                check_close("dw", desc, out.dw, r.dw, V * C, fmax(2 * scaled_err(nb.dw, r.dw, V * C), floor));
+                check_ignored_exact(&p, &o, &out);
+                free(nb.tok);
+                free(nb.lse);
+                free(nb.dh);
+                free(nb.dw);
+                free_outputs(&out);
+                free_ref(&r);
+                free(dl);
+                free(dl64);
+                free_problem(&p);
+            }
+    lt_ctx_free(ctx);
+}
+
+/* ---- finite differences ---- */
+
+static double ref_loss_only(const problem *p, const lt_lce_options *o, const double *dloss) {
+    reference r = ref_compute(p, o, dloss);
+    double l = 0;
+    if (o->reduction == LT_REDUCTION_NONE)
+        for (int64_t i = 0; i < p->N; i++) l += dloss[i] * r.tok[i];
+    else
+        l = dloss[0] * r.loss;
+    free_ref(&r);
+    return l;
+}
+
+/* The float64 analytic gradient (and with it the formulas the library implements) against central
+ * differences of the float64 loss, then the library's fp32 gradients against the same differences. */
+static void gradients_match_finite_differences(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 33;
+    lt_ctx *ctx = lt_ctx_new();
+    for (int red = 0; red < 3; red++)
+        for (int os = 0; os < N_OPTION_SETS; os++) {
+            lt_lce_options o = {.impl = LT_LCE_FUSED, .reduction = (lt_reduction)red,
+                                .label_smoothing = option_sets[os].eps, .z_loss = option_sets[os].zl,
+                                .softcap = option_sets[os].cap, .tile_n = 2, .tile_v = 4};
+            int64_t N = 5, V = 11, C = 8;
+            problem p = make_problem(&rng, N, V, C, LT_DTYPE_F32, LT_DTYPE_F32, IGN_SOME, option_sets[os].weights,
+                                     LT_IGNORE_INDEX);
+            double *dl64;
+            float *dl = make_dloss(&rng, &o, N, &dl64);
+            reference r = ref_compute(&p, &o, dl64);
+            double *fd_h = xmalloc((size_t)(N * C) * 8), *fd_w = xmalloc((size_t)(V * C) * 8);
+            const double step = 1e-5;
+            for (int which = 0; which < 2; which++) {
+                double *x = which ? p.wx : p.hx, *fd = which ? fd_w : fd_h;
+                int64_t n = which ? V * C : N * C;
+                for (int64_t k = 0; k < n; k++) {
+                    double x0 = x[k];
+                    x[k] = x0 + step;
+                    double lp = ref_loss_only(&p, &o, dl64);
+                    x[k] = x0 - step;
+                    double lm = ref_loss_only(&p, &o, dl64);
+                    x[k] = x0;
+                    fd[k] = (lp - lm) / (2 * step);
+                }
+            }
+            float *a64 = xmalloc((size_t)(V * C) * 4);
+            for (int64_t k = 0; k < N * C; k++) a64[k] = (float)r.dh[k];
+            check_close("f64 dh vs FD", option_sets[os].name, a64, fd_h, N * C, 1e-6);
+            for (int64_t k = 0; k < V * C; k++) a64[k] = (float)r.dw[k];
+            check_close("f64 dw vs FD", option_sets[os].name, a64, fd_w, V * C, 1e-6);
+            outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_F32, 1, &rng);
+            check_close("dh vs FD", option_sets[os].name, out.dh32, fd_h, N * C, LT_TOL_F32_REL);
+            check_close("dw vs FD", option_sets[os].name, out.dw, fd_w, V * C, LT_TOL_F32_REL);
+            free(a64);
+            free_outputs(&out);
+            free(fd_h);
+            free(fd_w);
+            free_ref(&r);
+            free(dl);
+            free(dl64);
+            free_problem(&p);
+        }
+    lt_ctx_free(ctx);
+}
+
+/* ---- workspace accounting ---- */
+
+static void workspace_is_exactly_what_is_allocated(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 44;
+    lt_ctx *ctx = lt_ctx_new();
+    const lt_dtype hds[] = {LT_DTYPE_F32, LT_DTYPE_BF16};
+    const lt_dtype wds[] = {LT_DTYPE_F32, LT_DTYPE_BF16, LT_DTYPE_Q4_0};
+    for (int hi = 0; hi < 2; hi++)
+        for (int wi = 0; wi < 3; wi++)
+            for (int ii = 0; ii < 4; ii++) {
+                lt_lce_options o = {.impl = (lt_lce_impl)ii};
+                int64_t N = 40, V = 300, C = 64;
+                problem p = make_problem(&rng, N, V, C, hds[hi], wds[wi], IGN_SOME, 0, LT_IGNORE_INDEX);
+                int64_t hs[2] = {N, C}, wsh[2] = {V, C};
+                float loss, *lse = xmalloc((size_t)N * 4), dloss = 1;
+                void *dhd = xmalloc((size_t)(N * C) * 4);
+                lt_tensor dh = lt_tensor_view(dhd, hds[hi], LT_DEVICE_CPU, 2, hs);
+                lt_lce_args a;
+                memset(&a, 0, sizeof a);
+                a.h = lt_tensor_view(p.h, p.hdt, LT_DEVICE_CPU, 2, hs);
+                a.w = lt_tensor_view(p.w, p.wdt, LT_DEVICE_CPU, 2, wsh);
+                a.targets = p.targets;
+                a.loss = &loss;
+                a.lse = lse;
+                a.dloss = &dloss;
+                a.dh = &dh;
+                for (int bw = 0; bw < 2; bw++) {
+                    size_t want = lt_lce_workspace_bytes(&o, &a, bw, lt_ctx_threads(ctx));
+                    assert_true(want > 0);
+                    lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+                    lt_mem_stats before = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
+                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_OK);
+                    lt_mem_stats after = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
+                    assert_int_equal(after.peak_bytes - before.used_bytes, lt_alloc_accounted_size(LT_DEVICE_CPU, want));
+                    assert_int_equal(after.n_allocs - before.n_allocs, 1);
+                    assert_int_equal(after.used_bytes, before.used_bytes);
+                    /* a caller-provided workspace: no allocation at all */
+                    a.workspace = lt_alloc(ctx, LT_DEVICE_CPU, want, "test workspace");
+                    before = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
+                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_OK);
+                    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).n_allocs, before.n_allocs);
+                    lt_free(ctx, LT_DEVICE_CPU, a.workspace, want);
+                    a.workspace = NULL;
+                    /* allocation failure is LT_ERR_OOM with nothing leaked */
+                    lt_mem_fail_nth(ctx, 1);
+                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_ERR_OOM);
+                    lt_mem_fail_nth(ctx, 0);
+                    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+                }
+                free(lse);
+                free(dhd);
+                free_problem(&p);
+            }
+    lt_ctx_free(ctx);
+}
+
+/* The fused workspace does not grow with V (it is O(N + threads·tile)); naive's is N·V floats. */
+static void fused_memory_does_not_scale_with_vocabulary(void **state) {
+    (void)state;
+    int64_t hs[2] = {4096, 1024}, ws1[2] = {32000, 1024}, ws2[2] = {151936, 1024};
+    lt_lce_args a;
+    memset(&a, 0, sizeof a);
+    a.h = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CPU, 2, hs);
+    lt_tensor dh = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CPU, 2, hs);
+    a.dh = &dh;
+    lt_lce_options fused = {.impl = LT_LCE_FUSED}, naive = {.impl = LT_LCE_NAIVE};
+    a.w = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CPU, 2, ws1);
+    size_t f1 = lt_lce_workspace_bytes(&fused, &a, 1, 2);
+    a.w = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CPU, 2, ws2);
+    size_t f2 = lt_lce_workspace_bytes(&fused, &a, 1, 2), n2 = lt_lce_workspace_bytes(&naive, &a, 1, 2);
+    assert_true(f1 == f2 && f1 > 0);
+    assert_true(n2 >= (size_t)4096 * 151936 * 4);
+    assert_true(f2 * 100 <= n2);
+}
+
+/* ---- typed errors ---- */
+
+static void bad_input_gets_typed_errors(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 55;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t N = 6, V = 50, C = 64;
+    problem p = make_problem(&rng, N, V, C, LT_DTYPE_F32, LT_DTYPE_F32, IGN_NONE, 0, LT_IGNORE_INDEX);
+    int64_t hs[2] = {N, C}, wsh[2] = {V, C};
+    float loss = 0, lse[6], dloss = 1, dhd[6 * 64], dwd[50 * 64];
+    lt_tensor dh = lt_tensor_view(dhd, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    lt_tensor dw = lt_tensor_view(dwd, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wsh);
+    lt_lce_args good;
+    memset(&good, 0, sizeof good);
+    good.h = lt_tensor_view(p.h, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    good.w = lt_tensor_view(p.w, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wsh);
+    good.targets = p.targets;
+    good.loss = &loss;
+    good.lse = lse;
+    good.dloss = &dloss;
+    good.dh = &dh;
+    lt_lce_options o = {0};
+    assert_int_equal(lt_lce_forward(ctx, &o, &good), LT_OK);
+    assert_int_equal(lt_lce_forward(ctx, NULL, &good), LT_OK);
+
+    lt_lce_args a = good;
+    int64_t wrong_c[2] = {V, 32};
+    a.w = lt_tensor_view(p.w, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wrong_c);
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_SHAPE);
+    assert_non_null(strstr(lt_ctx_error(ctx), "w is (50, 32)"));
+
+    a = good;
+    a.h.dtype = LT_DTYPE_F16;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_DTYPE);
+    a = good;
+    a.w.dtype = LT_DTYPE_I32;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_DTYPE);
+    a = good;
+    lt_tensor dh_i32 = dh;
+    dh_i32.dtype = LT_DTYPE_I32;
+    a.dh = &dh_i32;
+    assert_int_equal(lt_lce_backward(ctx, &o, &a), LT_ERR_DTYPE);
+    a = good;
+    int64_t wrong_n[2] = {N - 1, C};
+    lt_tensor dh_short = lt_tensor_view(dhd, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wrong_n);
+    a.dh = &dh_short;
+    assert_int_equal(lt_lce_backward(ctx, &o, &a), LT_ERR_SHAPE);
+
+    /* C not a multiple of the quantized block */
+    int64_t hs48[2] = {N, 48}, ws48[2] = {V, 48};
+    a = good;
+    a.h = lt_tensor_view(p.h, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs48);
+    a.w = lt_tensor_view(p.w, LT_DTYPE_INT4_G64, LT_DEVICE_CPU, 2, ws48);
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_SHAPE);
+    assert_non_null(strstr(lt_ctx_error(ctx), "multiple of the int4_g64 block"));
+
+    /* the first bad target is named */
+    int32_t saved[6];
+    memcpy(saved, p.targets, sizeof saved);
+    p.targets[3] = (int32_t)V;
+    p.targets[5] = -5;
+    assert_int_equal(lt_lce_forward(ctx, &o, &good), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "position 3"));
+    p.targets[3] = -100;
+    assert_int_equal(lt_lce_backward(ctx, &o, &good), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "position 5"));
+    memcpy(p.targets, saved, sizeof saved);
+
+    float wbad[6] = {1, 1, NAN, 1, 1, 1};
+    a = good;
+    a.token_weight = wbad;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_INVALID_ARG);
+
+    /* options */
+    lt_lce_options bad = {.label_smoothing = 1.0f};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+    bad = (lt_lce_options){.z_loss = -1};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+    bad = (lt_lce_options){.softcap = NAN};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+    bad = (lt_lce_options){.ignore_index = 7};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+    bad = (lt_lce_options){.impl = (lt_lce_impl)9};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+    bad = (lt_lce_options){.tile_v = -1};
+    assert_int_equal(lt_lce_forward(ctx, &bad, &good), LT_ERR_INVALID_ARG);
+
+    /* grad of a quantized head is refused, not silently skipped */
+    uint8_t *q = make_matrix(&rng, LT_DTYPE_Q8_0, V, C, 0.1f, xmalloc((size_t)(V * C) * 8));
+    a = good;
+    a.w = lt_tensor_view(q, LT_DTYPE_Q8_0, LT_DEVICE_CPU, 2, wsh);
+    a.dw = &dw;
+    assert_int_equal(lt_lce_backward(ctx, &o, &a), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "q8_0"));
+    free(q);
+
+    /* missing pointers, CUDA tensors, misaligned workspace */
+    a = good;
+    a.lse = NULL;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_lce_forward(ctx, &o, NULL), LT_ERR_INVALID_ARG);
+    a = good;
+    a.h.device = LT_DEVICE_CUDA;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_INVALID_ARG); /* w still on CPU */
+    a.w.device = LT_DEVICE_CUDA;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "CUDA"));
+    a = good;
+    a.workspace = (char *)dwd + 4;
+    assert_int_equal(lt_lce_forward(ctx, &o, &a), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_lce_workspace_bytes(&bad, &good, 0, 1), 0);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    free_problem(&p);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_head_impl_reduction_option_and_ignore_pattern),
+        cmocka_unit_test(default_tiles_and_three_threads),
+        cmocka_unit_test(bf16_within_twice_the_naive_bf16_error),
+        cmocka_unit_test(gradients_match_finite_differences),
+        cmocka_unit_test(workspace_is_exactly_what_is_allocated),
+        cmocka_unit_test(fused_memory_does_not_scale_with_vocabulary),
+        cmocka_unit_test(bad_input_gets_typed_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
