@@ -57,7 +57,7 @@ def gemm_rate(N, V, C, reps):
 
 if __name__ == "__main__":
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    N, V, C = 8192, 151936, 4096
+    N, V, C = (int(x) for x in sys.argv[2:5]) if len(sys.argv) > 4 else (8192, 151936, 4096)
     gemm_rate(N, V, C, reps)
     torch.cuda.empty_cache()
     run("torch_naive_bf16", N, V, C, reps, False)

@@ -30,10 +30,12 @@ for s in $STEPS; do
     timeout 200 compute-sanitizer --tool racecheck --print-limit 20 bin/test_cuda_attention 2>&1 | tail -15
     timeout 200 compute-sanitizer --tool memcheck --print-limit 20 bin/test_cuda_lce 2>&1 | tail -15 ;;
   variants)
-    for f in 0 1 2; do echo "fwd variant $f"; LONGTUNE_ATTN_FWD=$f timeout 60 bin/bench_kernels attn8k 10; done
-    echo "bwd 4 warps"; LONGTUNE_ATTN_BWD=4 timeout 60 bin/bench_kernels attn8k 10
-    LONGTUNE_ATTN_FWD=2 LONGTUNE_ATTN_BWD=4 timeout 100 bin/test_cuda_attention 2>&1 | tail -3
-    LONGTUNE_ATTN_FWD=0 timeout 100 bin/test_cuda_attention 2>&1 | tail -3 ;;
+    echo "bwd v2 (8 warps x 16 keys)"; LONGTUNE_ATTN_BWD=8 timeout 60 bin/bench_kernels attn8k 10
+    LONGTUNE_ATTN_BWD=8 timeout 100 bin/test_cuda_attention 2>&1 | tail -3 ;;
+  cli)
+    timeout 300 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" ;;
+  lcepeers)
+    PYTHONUNBUFFERED=1 timeout 150 python3 bench/peers/lce_torch.py 5 | tee "$OUT/peers_lce.jsonl" ;;
   attn_only)
     timeout 100 bin/bench_kernels attention 10 | tee "$OUT/bench_cuda.jsonl" ;;
   esac
