@@ -18,22 +18,23 @@ for s in $STEPS; do
     nvcc --version | tail -1; ldd bin/test_cuda_attention | grep -i "not found"
     for p in cmocka libcjson libpcre2-8 openblas; do pkg-config --exists $p 2>/dev/null && echo "pc $p yes" || echo "pc $p no"; done ;;
   tests)
-    timeout 200 bin/test_cuda_attention; echo "rc=$?"
-    timeout 200 bin/test_cuda_lce; echo "rc=$?" ;;
+    timeout 90 bin/test_cuda_attention; echo "rc=$?"
+    timeout 60 bin/test_cuda_lce; echo "rc=$?" ;;
   bench)
-    timeout 240 bin/bench_kernels all 10 | tee "$OUT/bench_cuda.jsonl" ;;
+    timeout 100 bin/bench_kernels attention 10 | tee "$OUT/bench_cuda.jsonl" ;;
   peers)
     PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers/attention_sdpa.py 10 | tee "$OUT/peers_attention.jsonl"
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/peers/lce_torch.py 5 | tee "$OUT/peers_lce.jsonl" ;;
   sanitize)
-    timeout 300 compute-sanitizer --tool memcheck --print-limit 20 bin/test_cuda_attention 2>&1 | tail -15
-    timeout 200 compute-sanitizer --tool racecheck --print-limit 20 bin/test_cuda_attention 2>&1 | tail -15
-    timeout 200 compute-sanitizer --tool memcheck --print-limit 20 bin/test_cuda_lce 2>&1 | tail -15 ;;
+    timeout 100 compute-sanitizer --tool memcheck --print-limit 20 bin/test_cuda_attention 2>&1 | tail -4
+    timeout 120 compute-sanitizer --tool racecheck --print-limit 20 bin/test_cuda_attention 2>&1 | tail -4 ;;
+  sanitize_lce)
+    timeout 200 compute-sanitizer --tool memcheck --print-limit 20 bin/test_cuda_lce 2>&1 | tail -4 ;;
   variants)
     echo "bwd v2 (8 warps x 16 keys)"; LONGTUNE_ATTN_BWD=8 timeout 60 bin/bench_kernels attn8k 10
     LONGTUNE_ATTN_BWD=8 timeout 100 bin/test_cuda_attention 2>&1 | tail -3 ;;
   cli)
-    timeout 300 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" ;;
+    timeout 120 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" ;;
   lcepeers)
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/peers/lce_torch.py 5 | tee "$OUT/peers_lce.jsonl" ;;
   attn_only)

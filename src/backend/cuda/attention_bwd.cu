@@ -373,7 +373,22 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel_v3(lt_attn_dev p) 
         const float *cL = sL + buf * BM, *cD = sD + buf * BM;
         const int *cLo = sLo + buf * BM;
 
-        {
+        /* Tiles whose keys no query of the tile can see (packed rows, window, the causal
+         * diagonal) are skipped warp by warp: lo is non-decreasing, so the first row bounds all. */
+        const int kA = k0 + 32 * kw;
+        const bool skip1 = kA > q0 + 32 * dh + 31 || kA + 31 < cLo[32 * dh];
+        if (skip1) {
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int r = 32 * kw + 16 * t + (lane >> 2), c = 32 * dh + j * 8 + (lane & 3) * 2;
+                    *(uint32_t *)(sP + r * LDS + c) = 0u;
+                    *(uint32_t *)(sP + (r + 8) * LDS + c) = 0u;
+                    *(uint32_t *)(sS + r * LDS + c) = 0u;
+                    *(uint32_t *)(sS + (r + 8) * LDS + c) = 0u;
+                }
+        } else {
             float st[2][4][4], dp[2][4][4];
 #pragma unroll
             for (int t = 0; t < 2; t++)
@@ -437,8 +452,9 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel_v3(lt_attn_dev p) 
         __syncthreads();
 
         /* dV += Pᵀ dO and dK += dSᵀ Q over this warp's 32 keys and half of D. */
+        if (!(kA > q0 + BM - 1 || kA + 31 < cLo[0]))
 #pragma unroll
-        for (int kc = 0; kc < BM / 16; kc++) {
+            for (int kc = 0; kc < BM / 16; kc++) {
             uint32_t ap[2][4], as[2][4];
 #pragma unroll
             for (int t = 0; t < 2; t++) {
@@ -464,7 +480,9 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel_v3(lt_attn_dev p) 
         }
 
         /* dQ += dS K: A = dS (stored transposed), B = K rows. */
-        {
+        /* Whole-warp tests only: a branch inside the unrolled loops stops the compiler from
+         * issuing the next fragment loads early, which measured slower (dev/cuda/NOTES.md). */
+        if (!(k0 > q0 + 16 * DQ_MT * (warp % DQ_QW) + 16 * DQ_MT - 1 || klast < cLo[16 * DQ_MT * (warp % DQ_QW)])) {
             const int qw2 = warp % DQ_QW, dp2 = warp / DQ_QW;
             float acc[DQ_MT][DQ_DW / 8][4];
 #pragma unroll

@@ -191,6 +191,7 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
         rlo[t][0] = lo[min(row[t][0], T - 1)];
         rlo[t][1] = lo[min(row[t][1], T - 1)];
     }
+    const int wlo = lo[min(q0 + wr, T - 1)];
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
@@ -225,6 +226,10 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
             lt_cp_async_commit();
         }
         const __nv_bfloat16 *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
+        /* A tile none of this warp's rows can see (packed rows, window) is skipped: lo is
+         * non-decreasing, so the warp's first row bounds them all. The test must be the same in
+         * every lane (mma.sync needs the whole warp). */
+        if (kb * BN > q0 + wr + 16 * MT - 1 || kb * BN + BN - 1 < wlo) continue;
 
         float s[MT][NT][4];
 #pragma unroll
