@@ -8,11 +8,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
-#include <stdlib.h>
 
-/* Keys per CTA = 16 per warp (NW warps, 4 or 8); BM query rows per step (64 needs more registers
- * than the dK and dV accumulators leave). */
-#define BWD_BM 32
 #define LOG2E_F 1.4426950408889634f
 
 /* delta[b,h,t] = Σ_d dO·O, one warp per (b, t, h) row; also zeroes nothing (dq_acc is memset). */
@@ -58,250 +54,14 @@ static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __n
     }
 }
 
-/* Warp w owns keys [16w, 16w+16) of the CTA's tile and computes, per query tile, the transposed
- * products Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 x BM), so Pᵀ and dSᵀ are already the A operands of
- * dV += Pᵀ dO and dK += dSᵀ Q. dSᵀ goes through shared memory once for dQ = dS K, which the four
- * warps split as 2 row tiles x 2 halves of D. */
-template <int D, int NW>
-static __global__ void __launch_bounds__(NW * 32) attn_bwd_kernel(lt_attn_dev p) {
-    constexpr int BN = 16 * NW, BM = BWD_BM, LD = D + 8, KC = D / 16, DT = D / 8, QT = BM / 8;
-    constexpr int LDS = BM + 8;
-    extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sV = sK + BN * LD;
-    __nv_bfloat16 *sQ = sV + BN * LD;      /* 2 buffers */
-    __nv_bfloat16 *sO = sQ + 2 * BM * LD;  /* dO, 2 buffers */
-    __nv_bfloat16 *sS = sO + 2 * BM * LD;  /* dSᵀ, BN x LDS */
-    float *sL = (float *)(sS + BN * LDS);  /* lse·log2e, 2 x BM */
-    float *sD = sL + 2 * BM;               /* delta, 2 x BM */
-    int *sLo = (int *)(sD + 2 * BM);       /* key bound of each query row, 2 x BM */
-
-    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
-    const int32_t *lo = p.lo + (int64_t)b * T;
-
-    /* Queries that see any of these keys: [k0, q_end), q_end = first t with lo[t] > klast. */
-    int a0 = k0, z0 = T;
-    while (a0 < z0) {
-        int m = (a0 + z0) >> 1;
-        if (lo[m] > klast) z0 = m; else a0 = m + 1;
-    }
-    const int q_end = a0;
-    const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
-    const int steps = nqb * p.group;
-
-    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
-    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    bwd_load_rows<D, NW>(sK, gk, p.kv_st, k0, BN, T, tid);
-    bwd_load_rows<D, NW>(sV, gv, p.kv_st, k0, BN, T, tid);
-
-    auto load_step = [&](int step, int buf) {
-        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        bwd_load_rows<D, NW>(sQ + buf * BM * LD, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, BM, T, tid);
-        bwd_load_rows<D, NW>(sO + buf * BM * LD, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, BM, T,
-                         tid);
-        if (tid < BM) {
-            int t = q0 + tid;
-            int64_t r = ((int64_t)b * p.H + h) * T + (t < T ? t : T - 1);
-            sL[buf * BM + tid] = p.lse[r] * LOG2E_F;
-            sD[buf * BM + tid] = p.delta[r];
-            sLo[buf * BM + tid] = t < T ? lo[t] : INT32_MAX; /* rows past T see nothing */
-        }
-    };
-    load_step(0, 0);
-    lt_cp_async_commit();
-
-    float dk[DT][4], dv[DT][4];
-#pragma unroll
-    for (int j = 0; j < DT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[j][e] = dv[j][e] = 0.0f;
-
-    const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    const int key0 = k0 + warp * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's key rows */
-    constexpr int DW = D / (NW / 2);                                 /* dQ split: 2 x NW/2 */
-    const int mt = warp & 1, dh = warp >> 1;
-
-    for (int step = 0; step < steps; step++) {
-        const int buf = step & 1;
-        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        lt_cp_async_wait<0>();
-        __syncthreads();
-        if (step + 1 < steps) {
-            load_step(step + 1, buf ^ 1);
-            lt_cp_async_commit();
-        }
-        const __nv_bfloat16 *cQ = sQ + buf * BM * LD, *cO = sO + buf * BM * LD;
-        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
-        const int *cLo = sLo + buf * BM;
-
-        /* Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ. */
-        float st[QT][4], dp[QT][4];
-#pragma unroll
-        for (int j = 0; j < QT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-        for (int kc = 0; kc < KC; kc++) {
-            uint32_t ak[4], av[4];
-            lt_ldsm_x4(ak, sK + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
-            lt_ldsm_x4(av, sV + (warp * 16 + (lane & 15)) * LD + kc * 16 + (lane >> 4) * 8);
-#pragma unroll
-            for (int np = 0; np < BM / 16; np++) {
-                const int off = (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
-                                ((lane >> 3) & 1) * 8;
-                uint32_t r[4];
-                lt_ldsm_x4(r, cQ + off);
-                lt_mma16816(st[2 * np], ak, r[0], r[1]);
-                lt_mma16816(st[2 * np + 1], ak, r[2], r[3]);
-                lt_ldsm_x4(r, cO + off);
-                lt_mma16816(dp[2 * np], av, r[0], r[1]);
-                lt_mma16816(dp[2 * np + 1], av, r[2], r[3]);
-            }
-        }
-
-        /* Pᵀ and dSᵀ (in place of st and dp). */
-        const bool full = (klast <= q0) && (q0 + BM - 1 < T) && (k0 >= cLo[BM - 1]);
-#pragma unroll
-        for (int j = 0; j < QT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qc = j * 8 + (lane & 3) * 2 + (e & 1);
-                const int key = e < 2 ? key0 : key1, q = q0 + qc;
-                float x = st[j][e] * scale, dfac = 1.0f;
-                if (cap > 0.0f) {
-                    float th = tanhf(x * inv_cap);
-                    x = cap * th;
-                    dfac = 1.0f - th * th;
-                }
-                float pr = exp2f(x * LOG2E_F - cL[qc]);
-                if (!full && (key > q || key < cLo[qc])) pr = 0.0f;
-                st[j][e] = pr;
-                dp[j][e] = pr * (dp[j][e] - cD[qc]) * dfac;
-            }
-        }
-
-        /* dV += Pᵀ dO, dK += dSᵀ Q. */
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; kc++) {
-            uint32_t ap[4], as[4];
-            ap[0] = lt_pack_bf16(st[2 * kc][0], st[2 * kc][1]);
-            ap[1] = lt_pack_bf16(st[2 * kc][2], st[2 * kc][3]);
-            ap[2] = lt_pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]);
-            ap[3] = lt_pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3]);
-            as[0] = lt_pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
-            as[1] = lt_pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
-            as[2] = lt_pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
-            as[3] = lt_pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
-#pragma unroll
-            for (int dq = 0; dq < D / 16; dq++) {
-                const int off = (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dq * 16 +
-                                (lane >> 4) * 8;
-                uint32_t r[4];
-                lt_ldsm_x4_t(r, cO + off);
-                lt_mma16816(dv[2 * dq], ap, r[0], r[1]);
-                lt_mma16816(dv[2 * dq + 1], ap, r[2], r[3]);
-                lt_ldsm_x4_t(r, cQ + off);
-                lt_mma16816(dk[2 * dq], as, r[0], r[1]);
-                lt_mma16816(dk[2 * dq + 1], as, r[2], r[3]);
-            }
-            /* dSᵀ rows of this warp into shared memory for dQ. */
-            const int c = kc * 16 + (lane & 3) * 2;
-            __nv_bfloat16 *s0 = sS + (warp * 16 + (lane >> 2)) * LDS, *s1 = s0 + 8 * LDS;
-            *(uint32_t *)(s0 + c) = as[0];
-            *(uint32_t *)(s1 + c) = as[1];
-            *(uint32_t *)(s0 + c + 8) = as[2];
-            *(uint32_t *)(s1 + c + 8) = as[3];
-        }
-        __syncthreads();
-
-        /* dQ[mt rows, dh half] += dS K: A = dS (stored transposed), B = K rows. */
-        {
-            constexpr int NQ = DW / 8; /* n-tiles of 8 in this warp's part of D */
-            float acc[NQ][4];
-#pragma unroll
-            for (int j = 0; j < NQ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) {
-                uint32_t a[4];
-                lt_ldsm_x4_t(a, sS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + mt * 16 +
-                                    ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int np = 0; np < NQ / 2; np++) {
-                    uint32_t r[4];
-                    lt_ldsm_x4_t(r, sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-                                        dh * DW + np * 16 + (lane >> 4) * 8);
-                    lt_mma16816(acc[2 * np], a, r[0], r[1]);
-                    lt_mma16816(acc[2 * np + 1], a, r[2], r[3]);
-                }
-            }
-            const int r0 = q0 + mt * 16 + (lane >> 2), r1 = r0 + 8;
-            const int c = dh * DW + (lane & 3) * 2;
-            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
-            float *g1 = g0 + (int64_t)8 * p.H * D;
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                if (r0 < T) {
-                    atomicAdd(g0 + j * 8, acc[j][0]);
-                    atomicAdd(g0 + j * 8 + 1, acc[j][1]);
-                }
-                if (r1 < T) {
-                    atomicAdd(g1 + j * 8, acc[j][2]);
-                    atomicAdd(g1 + j * 8 + 1, acc[j][3]);
-                }
-            }
-        }
-    }
-
-    const int c = (lane & 3) * 2;
-    __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
-    __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
-    if (key0 < T) {
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            *(uint32_t *)(gdk + (int64_t)key0 * p.kv_st + j * 8 + c) =
-                lt_pack_bf16(dk[j][0] * scale, dk[j][1] * scale);
-            *(uint32_t *)(gdv + (int64_t)key0 * p.kv_st + j * 8 + c) = lt_pack_bf16(dv[j][0], dv[j][1]);
-        }
-    }
-    if (key1 < T) {
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            *(uint32_t *)(gdk + (int64_t)key1 * p.kv_st + j * 8 + c) =
-                lt_pack_bf16(dk[j][2] * scale, dk[j][3] * scale);
-            *(uint32_t *)(gdv + (int64_t)key1 * p.kv_st + j * 8 + c) = lt_pack_bf16(dv[j][2], dv[j][3]);
-        }
-    }
-}
-
-template <int D, int NW> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    constexpr int LD = D + 8, BN = 16 * NW;
-    const size_t smem = (size_t)(2 * BN + 4 * BWD_BM) * LD * sizeof(__nv_bfloat16) +
-                        (size_t)BN * (BWD_BM + 8) * sizeof(__nv_bfloat16) +
-                        (size_t)6 * BWD_BM * sizeof(float);
-    const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_kernel<D, NW>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                         "attention backward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel<D, NW><<<grid, NW * 32, smem>>>(d);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
-    const int64_t n2 = rows * D / 2;
-    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
-}
-
-/* Version 3 (dev/cuda/NOTES.md): FlashAttention-2's tiling. A CTA owns 128 keys (8 warps) and steps
- * over 64 query rows at a time. Sᵀ and dPᵀ are tiled 4 x 2 over the warps (32 keys x 32 queries
+/* The main kernel, FlashAttention-2's tiling (version 3 of dev/cuda/NOTES.md; version 2, where each
+ * warp owned 16 keys and held Pᵀ/dSᵀ in registers, ran 10-25% slower). A CTA owns 128 keys (8 warps)
+ * and steps over 64 query rows at a time, for every query head of its kv head's group. Sᵀ and dPᵀ are tiled 4 x 2 over the warps (32 keys x 32 queries
  * each); Pᵀ and dSᵀ go to shared memory as bf16; dV and dK are tiled 4 x 2 (32 keys x D/2 each) and
  * dQ 2 x 4 (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row tiles per warp let every
- * fragment read from shared memory feed two MMAs, which the 16-keys-per-warp kernel above cannot. */
+ * fragment read from shared memory feed two MMAs (shared-memory bandwidth bounds these kernels). */
 template <int D>
-static __global__ void __launch_bounds__(256) attn_bwd_kernel_v3(lt_attn_dev p) {
+static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     constexpr int NW = 8, BN = 128, BM = 64, LD = D + 8, LDS = BM + 8, KC = D / 16;
     constexpr int DH = D / 2;                        /* dV, dK: columns per warp */
     constexpr int DQ_MT = D == 96 ? 1 : 2;           /* dQ: 16-row tiles per warp */
@@ -548,7 +308,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel_v3(lt_attn_dev p) 
     }
 }
 
-template <int D> static lt_status attn_bwd_launch_v3(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int LD = D + 8, BN = 128, BM = 64;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
                         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
@@ -556,11 +316,11 @@ template <int D> static lt_status attn_bwd_launch_v3(lt_ctx *ctx, const lt_attn_
     attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_kernel_v3<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel_v3<D><<<grid, 256, smem>>>(d);
+    attn_bwd_kernel<D><<<grid, 256, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
@@ -570,15 +330,15 @@ template <int D> static lt_status attn_bwd_launch_v3(lt_ctx *ctx, const lt_attn_
 extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p,
                                                 lt_attention_args *a) {
     if (p->dtype != LT_DTYPE_BF16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): dtype %s; only bf16 is implemented",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): dtype %s; only bf16 is implemented",
                         lt_dtype_name(p->dtype));
     if (p->D != 64 && p->D != 96 && p->D != 128)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "attention (cuda): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
+                        "attention (CUDA): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
     if (p->impl == LT_ATTENTION_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): the naive oracle is CPU-only");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
     if (p->T > INT32_MAX / 2 || p->B > 65535 || p->Hkv > 65535)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
     if (p->T == 0 || p->B == 0) return LT_OK;
     size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 1, 0);
     void *ws = a->workspace;
@@ -597,25 +357,10 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
     }
     if (st == LT_OK) {
-        /* Experiment switch (dev/cuda/NOTES.md): LONGTUNE_ATTN_BWD = 4 or 8 warps (keys per CTA
-         * = 16 x warps). D = 96 stays at 4: its dQ split over 4 parts would be 24 columns. */
-        const char *ev = getenv("LONGTUNE_ATTN_BWD");
-        const int nw = ev ? atoi(ev) : 3;
-        if (nw == 3) {
-            switch (p->D) {
-            case 64: st = attn_bwd_launch_v3<64>(ctx, d, (int)p->B); break;
-            case 96: st = attn_bwd_launch_v3<96>(ctx, d, (int)p->B); break;
-            default: st = attn_bwd_launch_v3<128>(ctx, d, (int)p->B); break;
-            }
-        } else switch (p->D) {
-        case 64:
-            st = nw == 4 ? attn_bwd_launch<64, 4>(ctx, d, (int)p->B) : attn_bwd_launch<64, 8>(ctx, d, (int)p->B);
-            break;
-        case 96: st = attn_bwd_launch<96, 4>(ctx, d, (int)p->B); break;
-        default:
-            st = nw == 4 ? attn_bwd_launch<128, 4>(ctx, d, (int)p->B)
-                         : attn_bwd_launch<128, 8>(ctx, d, (int)p->B);
-            break;
+        switch (p->D) {
+        case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
+        case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
+        default: st = attn_bwd_launch<128>(ctx, d, (int)p->B); break;
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes);

@@ -7,11 +7,10 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* Tuning constants. BN = 64 keys per tile; BM = 16 query rows per warp. 4 warps (BM = 64) and
- * 8 warps (BM = 128) were both measured (dev/cuda/NOTES.md); the table below picks per head dim. */
+/* Tuning constants: BN = 64 keys per tile; the query rows per CTA (warps x 16 x MT) are picked per
+ * head dim in the table at lt_attention_cuda_forward. */
 #define FWD_BN 64
 #define LOG2E_F 1.4426950408889634f
 #define LN2_F 0.6931471805599453f
@@ -96,12 +95,12 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
     for (int i = 0; i < 9; i++)
         if (strides[i] % 8)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "attention (cuda): strides must be multiples of 8 elements (16 bytes)");
+                            "attention (CUDA): strides must be multiples of 8 elements (16 bytes)");
     const void *ptrs[8] = {a->q, a->k, a->v, a->out, a->dout, a->dq, a->dk, a->dv};
     for (int i = 0; i < 8; i++)
         if ((uintptr_t)ptrs[i] % 16)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "attention (cuda): tensors must be 16-byte aligned");
+                            "attention (CUDA): tensors must be 16-byte aligned");
 
     char *ws = (char *)workspace;
     size_t off = 0;
@@ -120,7 +119,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
         } else {
             int32_t *dst = (int32_t *)(ws + off);
             LT_TRY(lt_cuda_check(ctx, cudaMemcpy(dst, p->seq_offsets, nb, cudaMemcpyHostToDevice),
-                                 "attention (cuda): copying sequence offsets"));
+                                 "attention (CUDA): copying sequence offsets"));
             dev_off = dst;
         }
         off += offsets_bytes(p);
@@ -128,7 +127,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
     int64_t n = p->B * T;
     attn_build_lo<<<(unsigned)((n + 255) / 256), 256>>>(dev_off, p->S, (int)T, (int)p->B,
                                                        p->window, lo);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (cuda): key bounds kernel"));
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel"));
     d->lo = lo;
     *used = off;
     return LT_OK;
@@ -373,20 +372,22 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
-/* Supported specialisations: bf16, head dims 64 / 96 / 128. 8 warps (BM = 128) measured best
- * for every head dim on H200 (dev/cuda/NOTES.md). */
+/* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS).
+ * Per head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
+ * D=128 (4, 2, no): 250 TFLOP/s at T=8k against 167 for (8, 1, yes); (4, 2, yes) spills.
+ * D=64 (4, 2, yes). D=96 (8, 1, yes): (4, 2, no) spills. */
 extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
                                                lt_attention_args *a) {
     if (p->dtype != LT_DTYPE_BF16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): dtype %s; only bf16 is implemented",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): dtype %s; only bf16 is implemented",
                         lt_dtype_name(p->dtype));
     if (p->D != 64 && p->D != 96 && p->D != 128)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "attention (cuda): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
+                        "attention (CUDA): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
     if (p->impl == LT_ATTENTION_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): the naive oracle is CPU-only");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
     if (p->T > INT32_MAX / 2 || p->B > 65535 || p->H > 65535)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (cuda): B, H or T beyond the grid limits");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
     if (p->T == 0 || p->B == 0) return LT_OK;
     size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 0, 0);
     void *ws = a->workspace;
@@ -398,18 +399,10 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     size_t used = 0;
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
     if (st == LT_OK) {
-        /* Experiment switch (dev/cuda/NOTES.md): LONGTUNE_ATTN_FWD = 0 (8 warps x 16 rows),
-         * 1 (4 warps x 32 rows, Q from shared memory), 2 (4 warps x 32 rows, Q in registers). */
-        const char *ev = getenv("LONGTUNE_ATTN_FWD");
-        const int var = ev ? atoi(ev) : 1;
         switch (p->D) {
         case 64: st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B); break;
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
-        default:
-            st = var == 0   ? attn_fwd_launch<128, 8, 1, true>(ctx, d, (int)p->B)
-                 : var == 2 ? attn_fwd_launch<128, 4, 2, true>(ctx, d, (int)p->B)
-                            : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
-            break;
+        default: st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B); break;
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes); /* cudaFree waits for the kernel */

@@ -120,7 +120,7 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatrixLayoutCreate(&cd, ctype, (uint64_t)m, (uint64_t)n, ldc);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        st = lt_error(ctx, LT_ERR_CUDA, "lce (cuda): cuBLASLt descriptor setup failed (%d)", (int)s);
+        st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt descriptor setup failed (%d)", (int)s);
         goto done;
     }
     {
@@ -142,7 +142,7 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
                 s = cublasLtMatmulAlgoGetHeuristic(bl->lt, op, ad, bd, cd, cd, pref, 1, &res, &nres);
             if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
                 st = lt_error(ctx, LT_ERR_CUDA,
-                              "lce (cuda): cuBLASLt has no algorithm for %lld x %lld x %lld (%d)",
+                              "lce (CUDA): cuBLASLt has no algorithm for %lld x %lld x %lld (%d)",
                               (long long)m, (long long)n, (long long)k, (int)s);
                 goto done;
             }
@@ -161,7 +161,7 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
         s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
                            &bl->cache[slot].algo, bl->ws, wsb, 0);
         if (s != CUBLAS_STATUS_SUCCESS)
-            st = lt_error(ctx, LT_ERR_CUDA, "lce (cuda): cuBLASLt matmul failed (%d)", (int)s);
+            st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -439,9 +439,9 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     memset(r, 0, sizeof *r);
     const lt_tensor *h = &a->h, *w = &a->w;
     if (h->device != LT_DEVICE_CUDA || w->device != LT_DEVICE_CUDA)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): h and w must both be on the device");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h and w must both be on the device");
     if (h->dtype != LT_DTYPE_BF16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): h dtype %s; only bf16 is implemented",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h dtype %s; only bf16 is implemented",
                         lt_dtype_name(h->dtype));
     switch (w->dtype) {
     case LT_DTYPE_BF16: break;
@@ -450,25 +450,25 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
         break;
     default:
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "lce (cuda): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
+                        "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
                         lt_dtype_name(w->dtype));
     }
     if (opt && opt->impl == LT_LCE_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): the naive oracle is CPU-only");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
     r->N = h->shape[0];
     r->C = h->shape[1];
     r->V = w->shape[0];
     if (h->stride[1] != 1 || h->stride[0] != r->C || w->shape[1] != r->C ||
         (!r->quantized && (w->stride[1] != 1 || w->stride[0] != r->C)))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): h and w must be contiguous rows");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h and w must be contiguous rows");
     r->row_bytes = lt_dtype_row_bytes(w->dtype, r->C);
     if (backward && a->dw && r->quantized)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): dw needs a dense head, got %s",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw needs a dense head, got %s",
                         lt_dtype_name(w->dtype));
     if (backward && a->dw && (a->dw->dtype != LT_DTYPE_F32 || a->dw->stride[1] != 1))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): dw must be contiguous f32");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw must be contiguous f32");
     if (backward && (a->dh->dtype != LT_DTYPE_BF16 && a->dh->dtype != LT_DTYPE_F32))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (cuda): dh must be bf16 or f32");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dh must be bf16 or f32");
     r->k.ignore = opt && opt->ignore_index ? opt->ignore_index : LT_IGNORE_INDEX;
     r->k.eps = opt ? opt->label_smoothing : 0.0f;
     r->k.zl = opt ? opt->z_loss : 0.0f;
@@ -500,7 +500,7 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->z = (float *)(r->ws + r->pl.off_z);
     if (cublasLtCreate(&r->bl.lt) != CUBLAS_STATUS_SUCCESS) {
         r->bl.lt = NULL;
-        return lt_error(ctx, LT_ERR_CUDA, "lce (cuda): cublasLtCreate failed");
+        return lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cublasLtCreate failed");
     }
 
     /* Targets are on the device: find the first bad one there. */
