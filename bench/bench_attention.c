@@ -3,6 +3,7 @@
  * sequence of the same length. Reports forward and backward medians, extra peak bytes from the
  * accounting allocator, GFLOP/s in FlashAttention's convention and the ratio to OpenBLAS sgemm
  * measured in the same run. It times library symbols only; no kernel is copied here. */
+#define _DEFAULT_SOURCE /* getloadavg */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ typedef struct {
     int nT;
     int64_t naive_max_T, packed_T;
     int naive_repeats, threads;
+    int64_t window;
+    float softcap;
     uint64_t seed;
     lt_dtype dtype;
 } opts;
@@ -120,6 +123,10 @@ fail:
     return t;
 }
 
+/* The sgemm ceiling right before an arm: on a shared machine the load moves between arms, so each
+ * arm's ratio is taken against a rate measured next to it. */
+static double sgemm_now(int threads) { return lt_bench_sgemm_gflops(2048, 2, threads); }
+
 /* Adds one arm; `pairs` is the number of (query, key) pairs attended, sum of len^2 / 2 in
  * FlashAttention's causal convention (fwd FLOPs = 4 * H * D * pairs, bwd = 2.5 x fwd). */
 static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *p, const timing *t,
@@ -142,11 +149,20 @@ static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *
     cJSON_AddNumberToObject(a, "fwd_gflops", fwd_g);
     cJSON_AddNumberToObject(a, "bwd_gflops", bwd_g);
     cJSON_AddNumberToObject(a, "fwdbwd_gflops", all_g);
+    cJSON_AddNumberToObject(a, "sgemm_gflops", sgemm);
     cJSON_AddNumberToObject(a, "ratio_to_sgemm", all_g / sgemm);
     cJSON_AddItemToArray(arms, a);
     fprintf(stderr, "%-22s fwd %9.2f ms  bwd %9.2f ms  %7.1f GFLOP/s (%.0f%% of sgemm)  extra peak %.1f MiB\n",
             name, t->fwd_ms, t->bwd_ms, all_g, 100 * all_g / sgemm, (double)peak / (1 << 20));
     return a;
+}
+
+/* (query, key) pairs of one sequence of length n: n^2/2 by FlashAttention's causal convention, or
+ * the exact count sum_i min(i+1, window) when a window cuts the band. */
+static double seq_pairs(double n, int64_t window) {
+    const double w = (double)window;
+    if (window <= 0 || w >= n) return n * n / 2;
+    return w * (w + 1) / 2 + (n - w) * w;
 }
 
 static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -181,6 +197,8 @@ int lt_bench_attention(int argc, char **argv) {
                    "  --threads N      threads (default: OpenMP's)\n"
                    "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
                    "  --dtype D        f32 | bf16 (default f32)\n"
+                   "  --window W       sliding window (default 0 = none)\n"
+                   "  --softcap C      logit softcap (default 0 = off)\n"
                    "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
                    "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
                    "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n"
@@ -214,6 +232,13 @@ int lt_bench_attention(int argc, char **argv) {
                 if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
             } else if (!strcmp(f, "--seed")) {
                 if ((good = parse_i64(v, 0, INT64_MAX, &n))) o.seed = (uint64_t)n;
+            } else if (!strcmp(f, "--window")) {
+                good = parse_i64(v, 0, INT32_MAX, &o.window);
+            } else if (!strcmp(f, "--softcap")) {
+                char *end;
+                double x = strtod(v, &end);
+                good = end != v && !*end && x >= 0 && x < 1e6;
+                if (good) o.softcap = (float)x;
             } else if (!strcmp(f, "--dtype")) {
                 good = lt_dtype_parse(v, &o.dtype) == LT_OK &&
                        (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
@@ -259,14 +284,18 @@ int lt_bench_attention(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "D", 64);
     cJSON_AddStringToObject(cfg, "dtype", lt_dtype_name(o.dtype));
     cJSON_AddStringToObject(cfg, "mask", "causal");
+    cJSON_AddNumberToObject(cfg, "window", (double)o.window);
+    cJSON_AddNumberToObject(cfg, "softcap", o.softcap);
     cJSON_AddNumberToObject(cfg, "threads", o.threads);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
     cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
+    double load[1] = {0};
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_start", load[0]);
     /* OpenBLAS picks its kernels from the CPU it detects (OPENBLAS_CORETYPE overrides); on a VM that
      * hides the model it may fall back to an SSE3 kernel, which lowers sgemm and attention alike. */
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
-    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
+    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed; exact band count with a window); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *targets = cJSON_AddObjectToObject(r, "targets");
 
@@ -274,19 +303,21 @@ int lt_bench_attention(int argc, char **argv) {
     double flash_peak[8] = {0}, naive_peak[8] = {0}, flash_ratio[8] = {0};
     for (int ti = 0; ti < o.nT; ti++) {
         const int64_t T = o.Ts[ti];
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
+                                 .window = o.window, .softcap = o.softcap};
         char name[64];
         for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
             if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
             p.impl = (lt_attention_impl)impl;
             const int naive = impl == LT_ATTENTION_NAIVE;
+            const double sg = sgemm_now(o.threads);
             timing t = run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
             if (!t.ok) {
                 rc = 1;
                 continue;
             }
             snprintf(name, sizeof name, "%s-T%lld", naive ? "naive" : "flash", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &t, (double)T * (double)T / 2, sgemm);
+            cJSON *a = add_arm(arms, name, &p, &t, seq_pairs((double)T, o.window), sg);
             double peak = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
             if (naive) naive_peak[ti] = peak;
             else {
@@ -322,21 +353,28 @@ int lt_bench_attention(int argc, char **argv) {
             return 1;
         }
         const int64_t S = pack_offsets(T, o.seed, offs, cap + 1);
-        double sum2 = 0;
-        for (int64_t s = 0; s < S; s++) sum2 += (double)(offs[s + 1] - offs[s]) * (double)(offs[s + 1] - offs[s]);
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype};
+        double sum2 = 0, pairs = 0;
+        for (int64_t s = 0; s < S; s++) {
+            const double len = (double)(offs[s + 1] - offs[s]);
+            sum2 += len * len;
+            pairs += seq_pairs(len, o.window);
+        }
+        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
+                                 .window = o.window, .softcap = o.softcap};
         char name[64];
+        const double sg_single = sgemm_now(o.threads);
         timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         p.seq_offsets = offs;
         p.S = S;
+        const double sg_packed = sgemm_now(o.threads);
         timing packed = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         if (single.ok && packed.ok) {
             p.seq_offsets = NULL;
             snprintf(name, sizeof name, "flash-causal-T%lld", (long long)T);
-            add_arm(arms, name, &p, &single, (double)T * (double)T / 2, sgemm);
+            add_arm(arms, name, &p, &single, seq_pairs((double)T, o.window), sg_single);
             p.seq_offsets = offs;
             snprintf(name, sizeof name, "flash-packed-T%lld", (long long)T);
-            cJSON *a = add_arm(arms, name, &p, &packed, sum2 / 2, sgemm);
+            cJSON *a = add_arm(arms, name, &p, &packed, pairs, sg_packed);
             cJSON_AddNumberToObject(a, "sequences", (double)S);
             cJSON_AddNumberToObject(a, "mean_len", (double)T / (double)S);
             cJSON_AddNumberToObject(a, "sum_len2", sum2);
@@ -352,6 +390,7 @@ int lt_bench_attention(int argc, char **argv) {
         free(offs);
     }
     lt_ctx_free(ctx);
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_end", load[0]);
     char tag[64];
     snprintf(tag, sizeof tag, "cpu-%s", lt_dtype_name(o.dtype));
     int wr = lt_bench_write(&c, r, tag);

@@ -55,8 +55,9 @@ typedef struct lt_attention_args {
     const void *dout;   /* (B, T, H, D) */
     void *dq;           /* out (B, T, H, D), q_layout */
     void *dk, *dv;      /* out (B, T, Hkv, D), kv_layout */
-    void *workspace;    /* optional, lt_attention_workspace_bytes() bytes on the device; NULL =
-                           allocated and freed through the accounting allocator */
+    void *workspace;    /* optional, lt_attention_workspace_bytes() bytes on the device, aligned
+                           like lt_alloc's blocks (64 bytes host, 256 device); NULL = allocated
+                           and freed through the accounting allocator */
     size_t workspace_size; /* bytes at `workspace`; smaller than needed is LT_ERR_INVALID_ARG */
 } lt_attention_args;
 

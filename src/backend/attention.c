@@ -164,6 +164,10 @@ static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_arg
     size_t need = lt_attention_workspace_bytes(p, backward, lt_ctx_threads(ctx));
     lt_attention_args w = *a;
     if (a->workspace) {
+        const uintptr_t align = p->device == LT_DEVICE_CPU ? LT_ALLOC_ALIGN_HOST : LT_ALLOC_ALIGN_DEVICE;
+        if ((uintptr_t)a->workspace % align)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace %p is not aligned to %u bytes", what,
+                            a->workspace, (unsigned)align);
         if (a->workspace_size < need)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace of %zu bytes, %zu needed", what,
                             a->workspace_size, need);

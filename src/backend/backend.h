@@ -7,6 +7,19 @@
 
 #include "longtune/tensor.h"
 
+/* AdamW hyper-parameters of one optimizer step (PyTorch's AdamW: decoupled weight decay,
+ * bias-corrected moments, eps added outside the square root). step counts from 1. */
+typedef struct lt_adamw_params {
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+} lt_adamw_params;
+
+/* Weight products: W is (out, in) in any dtype (f32, bf16, f16 or a block format, dequantized
+ * tile by tile into the workspace); x, y are f32 row-major.
+ *   LT_MATMUL_NT: y (N, out) = x (N, in) · Wᵀ + beta·y
+ *   LT_MATMUL_NN: y (N, in)  = x (N, out) · W  + beta·y */
+typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1 } lt_matmul_mode;
+
 typedef struct lt_backend {
     const char *name;
     lt_device device;
@@ -15,6 +28,40 @@ typedef struct lt_backend {
     lt_status (*copy_to_host)(lt_ctx *ctx, void *dst_host, const void *src, size_t bytes);
     /* Waits for queued work (no-op on CPU). */
     lt_status (*synchronize)(lt_ctx *ctx);
+
+    /* ---- compute ops (f32 activations; threads from ctx) ---- */
+    /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N). */
+    void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, in) bytes (unused for f32 W). */
+    void (*matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                   float *y, void *ws);
+    size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int threads);
+    /* y = x / rms(x) · w over rows of C (y may alias x); rstd (N) = 1/sqrt(mean(x²) + eps). */
+    void (*rmsnorm_fwd)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
+                        float *rstd);
+    /* dx (N, C) = ∂/∂x given dy, x, w, rstd from the forward; dw (C) accumulated when non-NULL. */
+    void (*rmsnorm_bwd)(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                        int64_t C, float *dx, float *dw);
+    /* Rotate-half RoPE in place on x (N, heads, D): pair (i, i + D/2) rotated by pos[n]·inv_freq[i]
+     * (inv_freq (D/2), theta and llama3 scaling already applied). inverse = 1 rotates by −angle,
+     * which is the backward (the rotation is orthogonal). */
+    void (*rope)(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
+                 int64_t D, int inverse);
+    /* a = silu(g)·u elementwise; backward gives dg, du from da. */
+    void (*swiglu_fwd)(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
+    void (*swiglu_bwd)(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
+    /* out (N, C) = rows ids[n] of table (V, C), any dtype, as f32. */
+    void (*embedding)(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
+    /* y += alpha·x over n elements. */
+    void (*add)(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
+    /* y (N, C) += b (C) on every row. */
+    void (*add_bias)(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
+    /* y = x·keep/(1−p), keep drawn from a counter hash of (seed, offset + i); the same call on dy
+     * is the backward. p = 0 copies. y may alias x. */
+    void (*dropout)(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
+    /* One AdamW step over n parameters (m, v: first and second moments, updated in place). */
+    void (*adamw)(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

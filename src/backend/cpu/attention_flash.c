@@ -138,8 +138,11 @@ static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t h
                 memset(srow, 0, (size_t)c * sizeof(float));
                 continue;
             }
-            if (cap > 0)
-                for (int64_t x = c0; x < c1; x++) srow[x] = cap * tanhf(srow[x] / cap);
+            if (cap > 0) {
+                const float inv = 1.0f / cap;
+#pragma omp simd
+                for (int64_t x = c0; x < c1; x++) srow[x] = cap * lt_attn_tanh(srow[x] * inv);
+            }
             float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
             for (int64_t x = c0; x < c1; x++) mx = srow[x] > mx ? srow[x] : mx;
@@ -231,8 +234,10 @@ static void grad_tile(const flash_job *j, float *S, float *dP, int64_t r, int64_
         int64_t c0, c1;
         cols(q, s0, j->p->window, kb, c, &c0, &c1);
         if (cap > 0) {
+            const float inv = 1.0f / cap;
+#pragma omp simd
             for (int64_t x = c0; x < c1; x++) {
-                float t = tanhf(srow[x] / cap);
+                float t = lt_attn_tanh(srow[x] * inv);
                 float pv = lt_attn_exp(cap * t - L);
                 srow[x] = pv;
                 drow[x] = pv * (drow[x] - Dq) * (1.0f - t * t);

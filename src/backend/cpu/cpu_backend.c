@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 
 static lt_status cpu_copy(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
     (void)ctx;
@@ -20,4 +21,17 @@ const lt_backend lt_backend_cpu = {
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_sync,
+    .gemm = lt_cpu_gemm,
+    .matmul = lt_cpu_matmul,
+    .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,
+    .rmsnorm_fwd = lt_cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = lt_cpu_rmsnorm_bwd,
+    .rope = lt_cpu_rope,
+    .swiglu_fwd = lt_cpu_swiglu_fwd,
+    .swiglu_bwd = lt_cpu_swiglu_bwd,
+    .embedding = lt_cpu_embedding,
+    .add = lt_cpu_add,
+    .add_bias = lt_cpu_add_bias,
+    .dropout = lt_cpu_dropout,
+    .adamw = lt_cpu_adamw,
 };

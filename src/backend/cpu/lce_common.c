@@ -9,13 +9,15 @@
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 
-/* Defaults measured with `longtune bench lce` on the 2-core Xeon dev machine (AVX-512); see
- * docs/lce.md. Fused: 256 tokens keeps the per-thread grad-hidden partial at 4 MB for C = 4096
- * and amortises each W tile's dequantisation over 256 rows; 512 vocabulary rows keep GEMM
- * shapes large enough for OpenBLAS while a logit tile (512 KB) stays in L2. Chunked: 4096-row
- * vocabulary chunks, as Liger/MLX's chunked losses use a few thousand. */
+/* Defaults chosen with `longtune bench lce` (process CPU time, since wall time on the shared 2-core
+ * dev machine was dominated by other jobs; see docs/lce.md). OpenBLAS repacks both operands on
+ * every tile GEMM, so the packing cost per FLOP is (1/tile_n + 1/tile_v)/2: 256×512 spent ~14% of
+ * its time packing, 512×512 less. 512 tokens keep the per-thread grad-hidden partial at 8 MB for
+ * C = 4096 (the whole fused workspace stays under 1% of naive's at N=8192, V=151936), and a
+ * 512×512 logit tile (1 MB) stays in L2. Chunked: 4096-row vocabulary chunks, as Liger's and MLX's
+ * chunked losses use a few thousand. */
 void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v) {
-    *tile_n = impl == LT_LCE_FUSED ? 256 : 0;
+    *tile_n = impl == LT_LCE_FUSED ? 512 : 0;
     *tile_v = impl == LT_LCE_FUSED ? 512 : impl == LT_LCE_CHUNKED ? 4096 : 0;
 }
 

@@ -1,0 +1,293 @@
+/* `longtune bench lce`: the linear cross-entropy arms (naive, chunked, fused) on one shape —
+ * forward and forward+backward median milliseconds, extra peak bytes seen by the accounting
+ * allocator (inputs and outputs excluded), effective GFLOP/s and their ratio to OpenBLAS sgemm
+ * measured in the same run. It measures the library symbols lt_lce_forward/backward; it does not
+ * run PyTorch peers (bench/peers/ does). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+
+#include "bench_util.h"
+#include "longtune/alloc.h"
+#include "longtune/lce.h"
+#include "longtune/log.h"
+
+typedef struct {
+    int64_t N, V, C;
+    lt_dtype hidden, head;
+    int dw;
+} lce_case;
+
+static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a): the distribution does not matter for speed, the scale keeps logits sane. */
+static void fill_uniform(uint64_t *s, float *x, int64_t n, float a) {
+    for (int64_t k = 0; k < n; k++) x[k] = a * ((float)(next_u64(s) >> 40) * 0x1.0p-23f - 1.0f);
+}
+
+/* A (rows, C) matrix in dtype t through the accounting allocator. */
+static void *make_matrix(lt_ctx *ctx, uint64_t *s, lt_dtype t, int64_t rows, int64_t C, float a, size_t *bytes) {
+    int64_t rb = lt_dtype_row_bytes(t, C);
+    *bytes = (size_t)(rows * rb);
+    uint8_t *m = lt_alloc(ctx, LT_DEVICE_CPU, *bytes, "bench matrix");
+    float *row = malloc((size_t)C * sizeof(float));
+    if (!m || !row) {
+        free(row);
+        if (m) lt_free(ctx, LT_DEVICE_CPU, m, *bytes);
+        return NULL;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        fill_uniform(s, row, C, a);
+        if (t == LT_DTYPE_F32)
+            memcpy(m + r * rb, row, (size_t)rb);
+        else if (t == LT_DTYPE_BF16)
+            for (int64_t c = 0; c < C; c++) ((uint16_t *)(m + r * rb))[c] = lt_f32_to_bf16(row[c]);
+        else
+            lt_quantize_row(t, row, m + r * rb, C);
+    }
+    free(row);
+    return m;
+}
+
+static const char *impl_str(lt_lce_impl i) {
+    return i == LT_LCE_NAIVE ? "naive" : i == LT_LCE_CHUNKED ? "chunked" : "fused";
+}
+
+static int usage(const char *msg, const char *arg) {
+    fprintf(stderr, "longtune bench lce: %s '%s'\nusage: longtune bench lce [options]\n", msg, arg);
+    return 2;
+}
+
+int lt_bench_lce(int argc, char **argv) {
+    lt_bench_common c;
+    lt_bench_common_init(&c);
+    lce_case k = {2048, 32000, 1024, LT_DTYPE_F32, LT_DTYPE_F32, 0};
+    int head_set = 0, arms_mask = 7, tile_n = 0, tile_v = 0, threads = 0;
+    const char *tag = "small";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: longtune bench lce [options]\n\n"
+                   "Linear cross-entropy arms naive, chunked, fused: forward and forward+backward (grad\n"
+                   "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
+                   "options:\n"
+                   "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
+                   "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
+                   "  --hidden T       f32 (default) | bf16\n"
+                   "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
+                   "  --arms LIST      comma list of naive,chunked,fused (default all)\n"
+                   "  --dw             also accumulate grad W in the backward (dense heads)\n"
+                   "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
+                   "  --threads N      worker threads (default: OpenMP's)\n" LT_BENCH_COMMON_HELP);
+            return 0;
+        }
+        int r = lt_bench_common_flag(&c, argc, argv, &i);
+        if (r < 0) return usage("bad value for", a);
+        if (r > 0) continue;
+        if (!strcmp(a, "--dw")) {
+            k.dw = 1;
+            continue;
+        }
+        if (!v) return usage("missing value for", a);
+        i++;
+        if (!strcmp(a, "--shape")) {
+            long long n, vv, cc;
+            if (!strcmp(v, "small")) {
+                k.N = 2048, k.V = 32000, k.C = 1024;
+            } else if (!strcmp(v, "large")) {
+                k.N = 8192, k.V = 151936, k.C = 4096;
+            } else if (sscanf(v, "%lld,%lld,%lld", &n, &vv, &cc) == 3 && n > 0 && vv > 0 && cc > 0) {
+                k.N = n, k.V = vv, k.C = cc;
+            } else {
+                return usage("bad shape", v);
+            }
+            tag = v;
+        } else if (!strcmp(a, "--hidden")) {
+            if (lt_dtype_parse(v, &k.hidden) != LT_OK) return usage("bad dtype", v);
+        } else if (!strcmp(a, "--head")) {
+            if (lt_dtype_parse(v, &k.head) != LT_OK) return usage("bad dtype", v);
+            head_set = 1;
+        } else if (!strcmp(a, "--arms")) {
+            arms_mask = 0;
+            if (strstr(v, "naive")) arms_mask |= 1;
+            if (strstr(v, "chunked")) arms_mask |= 2;
+            if (strstr(v, "fused")) arms_mask |= 4;
+            if (!arms_mask) return usage("no known arm in", v);
+        } else if (!strcmp(a, "--tile-n")) {
+            tile_n = atoi(v);
+        } else if (!strcmp(a, "--tile-v")) {
+            tile_v = atoi(v);
+        } else if (!strcmp(a, "--threads")) {
+            threads = atoi(v);
+        } else {
+            return usage("bad option", a);
+        }
+    }
+    if (!head_set) k.head = k.hidden;
+    if (strchr(tag, ',')) tag = "custom";
+
+    lt_ctx *ctx = lt_ctx_new();
+    if (!ctx) return 1;
+    if (threads > 0) lt_ctx_set_threads(ctx, threads);
+    double sgemm = lt_bench_sgemm_gflops(2048, 3, threads);
+    fprintf(stderr, "lce N=%lld V=%lld C=%lld hidden %s head %s%s; OpenBLAS sgemm (n=2048) %.1f GFLOP/s\n",
+            (long long)k.N, (long long)k.V, (long long)k.C, lt_dtype_name(k.hidden), lt_dtype_name(k.head),
+            k.dw ? " +dw" : "", sgemm);
+
+    uint64_t seed = 0x5eedULL;
+    size_t hb, wb, dhb = (size_t)(k.N * k.C) * (k.hidden == LT_DTYPE_F32 ? 4 : 2), dwb = (size_t)(k.V * k.C) * 4;
+    void *h = make_matrix(ctx, &seed, k.hidden, k.N, k.C, 1.0f, &hb);
+    void *w = make_matrix(ctx, &seed, k.head, k.V, k.C, (float)(4.0 / sqrt((double)k.C)), &wb);
+    int32_t *targets = lt_alloc(ctx, LT_DEVICE_CPU, (size_t)k.N * 4, "bench targets");
+    float *lse = lt_alloc(ctx, LT_DEVICE_CPU, (size_t)k.N * 4, "bench lse");
+    float *lse0 = lt_alloc(ctx, LT_DEVICE_CPU, (size_t)k.N * 4, "bench lse of the first arm");
+    void *dh = lt_alloc(ctx, LT_DEVICE_CPU, dhb, "bench dh");
+    float *dw = k.dw ? lt_calloc(ctx, LT_DEVICE_CPU, dwb, "bench dw") : NULL;
+    if (!h || !w || !targets || !lse || !lse0 || !dh || (k.dw && !dw)) {
+        fprintf(stderr, "longtune bench lce: %s\n", lt_ctx_error(ctx));
+        return 1;
+    }
+    for (int64_t i = 0; i < k.N; i++) targets[i] = (int32_t)(next_u64(&seed) % (uint64_t)k.V);
+
+    int64_t hs[2] = {k.N, k.C}, ws[2] = {k.V, k.C};
+    lt_tensor dht = lt_tensor_view(dh, k.hidden, LT_DEVICE_CPU, 2, hs);
+    lt_tensor dwt = lt_tensor_view(dw, LT_DTYPE_F32, LT_DEVICE_CPU, 2, ws);
+    float loss = 0, loss0 = 0, dloss = 1;
+    lt_lce_args args;
+    memset(&args, 0, sizeof args);
+    args.h = lt_tensor_view(h, k.hidden, LT_DEVICE_CPU, 2, hs);
+    args.w = lt_tensor_view(w, k.head, LT_DEVICE_CPU, 2, ws);
+    args.targets = targets;
+    args.loss = &loss;
+    args.lse = lse;
+    args.dloss = &dloss;
+    args.dh = &dht;
+    args.dw = k.dw ? &dwt : NULL;
+
+    cJSON *res = lt_bench_result_new("lce");
+    cJSON *cfg = cJSON_AddObjectToObject(res, "config");
+    cJSON_AddNumberToObject(cfg, "N", (double)k.N);
+    cJSON_AddNumberToObject(cfg, "V", (double)k.V);
+    cJSON_AddNumberToObject(cfg, "C", (double)k.C);
+    cJSON_AddStringToObject(cfg, "hidden", lt_dtype_name(k.hidden));
+    cJSON_AddStringToObject(cfg, "head", lt_dtype_name(k.head));
+    cJSON_AddStringToObject(cfg, "backward", k.dw ? "grad hidden + grad W" : "grad hidden");
+    cJSON_AddNumberToObject(cfg, "threads", lt_ctx_threads(ctx));
+    cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
+    cJSON_AddNumberToObject(cfg, "warmup", c.warmup);
+    cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
+    cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
+    cJSON_AddStringToObject(cfg, "openblas_config", openblas_get_config());
+    cJSON_AddStringToObject(cfg, "flops", "forward 2NVC; backward 4NVC (+2NVC with grad W)");
+    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
+
+    double flops_f = 2.0 * (double)k.N * (double)k.V * (double)k.C, flops_b = flops_f * (k.dw ? 3.0 : 2.0);
+    double naive_fb = 0, naive_peak = 0, fused_fb = 0, fused_peak = 0;
+    int first = 1, failed = 0;
+    double *tf = malloc(sizeof(double) * (size_t)(c.repeats + 1)), *tb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
+    double *cb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
+    const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED};
+    for (int ai = 0; ai < 3 && !failed; ai++) {
+        if (!(arms_mask & (1 << ai))) continue;
+        lt_lce_options o = {.impl = impls[ai], .tile_n = tile_n, .tile_v = tile_v};
+        size_t peak_f = 0, peak_b = 0;
+        for (int r = -c.warmup; r < c.repeats; r++) {
+            lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+            size_t base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+            /* process CPU time too: on a shared machine it shows the work done apart from waiting */
+            clock_t c0 = clock();
+            double t0 = lt_time_now();
+            lt_status st = lt_lce_forward(ctx, &o, &args);
+            double t1 = lt_time_now();
+            size_t pf = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base;
+            lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+            if (st == LT_OK) st = lt_lce_backward(ctx, &o, &args);
+            double t2 = lt_time_now();
+            clock_t c2 = clock();
+            size_t pb = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base;
+            if (st != LT_OK) {
+                fprintf(stderr, "longtune bench lce: %s: %s\n", impl_str(impls[ai]), lt_ctx_error(ctx));
+                failed = 1;
+                break;
+            }
+            if (r < 0) continue;
+            tf[r] = (t1 - t0) * 1e3;
+            tb[r] = (t2 - t0) * 1e3;
+            cb[r] = (double)(c2 - c0) * 1e3 / CLOCKS_PER_SEC;
+            peak_f = pf > peak_f ? pf : peak_f;
+            peak_b = pb > peak_b ? pb : peak_b;
+        }
+        if (failed) break;
+        double mf = lt_bench_median(tf, c.repeats), mb = lt_bench_median(tb, c.repeats);
+        double mc = lt_bench_median(cb, c.repeats);
+        /* agreement with the first arm run: the same loss and lse to fp32 accuracy */
+        double dl = 0, dlse = 0;
+        if (first) {
+            loss0 = loss;
+            memcpy(lse0, lse, (size_t)k.N * 4);
+        } else {
+            dl = fabs((double)loss - loss0) / fmax(fabs((double)loss0), 1e-30);
+            for (int64_t i = 0; i < k.N; i++) dlse = fmax(dlse, fabs((double)lse[i] - lse0[i]));
+        }
+        first = 0;
+        size_t peak = peak_f > peak_b ? peak_f : peak_b;
+        double gf = flops_f / (mf * 1e-3) * 1e-9, gfb = (flops_f + flops_b) / (mb * 1e-3) * 1e-9;
+        cJSON *arm = cJSON_CreateObject();
+        cJSON_AddStringToObject(arm, "name", impl_str(impls[ai]));
+        cJSON_AddNumberToObject(arm, "median_ms", mb);
+        cJSON_AddNumberToObject(arm, "fwd_ms", mf);
+        cJSON_AddNumberToObject(arm, "fwd_bwd_ms", mb);
+        cJSON_AddNumberToObject(arm, "fwd_bwd_cpu_ms", mc);
+        cJSON_AddNumberToObject(arm, "tokens_per_s", (double)k.N / (mb * 1e-3));
+        cJSON_AddNumberToObject(arm, "peak_bytes", (double)peak);
+        cJSON_AddNumberToObject(arm, "fwd_peak_bytes", (double)peak_f);
+        cJSON_AddNumberToObject(arm, "bwd_peak_bytes", (double)peak_b);
+        cJSON_AddNumberToObject(arm, "workspace_bytes_fwd", (double)lt_lce_workspace_bytes(&o, &args, 0, lt_ctx_threads(ctx)));
+        cJSON_AddNumberToObject(arm, "workspace_bytes_bwd", (double)lt_lce_workspace_bytes(&o, &args, 1, lt_ctx_threads(ctx)));
+        cJSON_AddNumberToObject(arm, "fwd_gflops", gf);
+        cJSON_AddNumberToObject(arm, "fwd_bwd_gflops", gfb);
+        cJSON_AddNumberToObject(arm, "fwd_bwd_vs_sgemm", gfb / sgemm);
+        cJSON_AddNumberToObject(arm, "loss", loss);
+        cJSON_AddNumberToObject(arm, "loss_rel_diff_vs_first_arm", dl);
+        cJSON_AddNumberToObject(arm, "lse_max_abs_diff_vs_first_arm", dlse);
+        cJSON_AddItemToArray(arms, arm);
+        fprintf(stderr, "  %-8s fwd %9.1f ms  fwd+bwd %9.1f ms (cpu %9.1f ms)  extra peak %8.1f MiB  %6.1f GFLOP/s (%.2fx sgemm)  loss %.6f\n",
+                impl_str(impls[ai]), mf, mb, mc, (double)peak / 1048576.0, gfb, gfb / sgemm, (double)loss);
+        if (impls[ai] == LT_LCE_NAIVE) naive_fb = mb, naive_peak = (double)peak;
+        if (impls[ai] == LT_LCE_FUSED) fused_fb = mb, fused_peak = (double)peak;
+    }
+    free(tf);
+    free(tb);
+    free(cb);
+    if (naive_fb > 0 && fused_fb > 0) {
+        cJSON *sum = cJSON_AddObjectToObject(res, "summary");
+        cJSON_AddNumberToObject(sum, "fused_speedup_fwd_bwd_vs_naive", naive_fb / fused_fb);
+        cJSON_AddNumberToObject(sum, "fused_extra_memory_fraction_of_naive", fused_peak / naive_peak);
+        fprintf(stderr, "fused vs naive: %.2fx faster (fwd+bwd), %.3f%% of the extra memory\n", naive_fb / fused_fb,
+                100.0 * fused_peak / naive_peak);
+    }
+    lt_free(ctx, LT_DEVICE_CPU, h, hb);
+    lt_free(ctx, LT_DEVICE_CPU, w, wb);
+    lt_free(ctx, LT_DEVICE_CPU, targets, (size_t)k.N * 4);
+    lt_free(ctx, LT_DEVICE_CPU, lse, (size_t)k.N * 4);
+    lt_free(ctx, LT_DEVICE_CPU, lse0, (size_t)k.N * 4);
+    lt_free(ctx, LT_DEVICE_CPU, dh, dhb);
+    if (dw) lt_free(ctx, LT_DEVICE_CPU, dw, dwb);
+    lt_ctx_free(ctx);
+    if (failed) {
+        cJSON_Delete(res);
+        return 1;
+    }
+    char full[96];
+    snprintf(full, sizeof full, "%s-%s-%s%s", tag, lt_dtype_name(k.hidden), lt_dtype_name(k.head), k.dw ? "-dw" : "");
+    return lt_bench_write(&c, res, full);
+}

@@ -1,0 +1,155 @@
+/* `longtune train`: LoRA/QLoRA fine-tuning with mlx-lm's `lora` flags (plus a JSON config whose
+#define _POSIX_C_SOURCE 200809L
+ * keys the flags override). Turns SIGINT/SIGTERM into a checkpoint and exit status 130/143.
+ * Parsing only: the run itself is lt_train_run. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "longtune/train.h"
+
+static const char *usage =
+    "longtune train --model M --data DIR [--config FILE.json] [--iters N] [--batch-size B] "
+    "[--max-seq-length T] [--learning-rate LR] [options]";
+
+static void print_help(void) {
+    printf("usage: %s\n\n"
+           "Fine-tunes LoRA adapters of M (a Hugging Face folder or a .gguf file; a quantized base stays\n"
+           "quantized: QLoRA) on DIR/train.jsonl, evaluating on DIR/valid.jsonl. Writes the PEFT adapter\n"
+           "(adapter_config.json, adapter_model.safetensors), a resumable checkpoint and metrics.jsonl\n"
+           "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n\n"
+           "options (defaults in brackets; flags override --config):\n"
+           "  --model PATH               base model (required)\n"
+           "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
+           "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
+           "  --adapter-path DIR         output folder [adapters]\n"
+           "  --resume-adapter-file F    checkpoint to resume from (DIR/" LT_TRAIN_CHECKPOINT_FILE ")\n"
+           "  --iters N                  optimizer steps [1000]\n"
+           "  --batch-size B             rows per micro-batch [4]\n"
+           "  --grad-accum K             micro-batches per step [1]\n"
+           "  --max-seq-length T         tokens per row [2048]\n"
+           "  --learning-rate LR         peak learning rate [1e-5]\n"
+           "  --lr-schedule S            constant | cosine [constant]; --warmup N [0]; --min-lr LR [0]\n"
+           "  --weight-decay W, --beta1, --beta2, --eps   AdamW [0, 0.9, 0.999, 1e-8]\n"
+           "  --grad-clip G              clip the global gradient norm [off]\n"
+           "  --num-layers K             LoRA on the last K layers [all]\n"
+           "  --lora-rank R, --lora-alpha A, --lora-dropout P   [8, 16, 0]\n"
+           "  --lora-targets LIST        q,k,v,o,gate,up,down [all seven]\n"
+           "  --mask-prompt              train on completions/assistant turns only\n"
+           "  --grad-checkpoint          recompute every layer in the backward (= --recompute all)\n"
+           "  --recompute P              none | all | every:K [none]\n"
+           "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
+           "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
+           "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
+           "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
+           "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n",
+           usage);
+}
+
+static void on_signal(int sig) { lt_train_request_stop(sig); }
+
+int lt_cmd_train(int argc, char **argv) {
+    lt_train_options opt;
+    memset(&opt, 0, sizeof opt);
+    lt_ctx *ctx = lt_ctx_new();
+    if (!ctx) return LT_EXIT_FAIL;
+    int rc = LT_EXIT_OK;
+    /* --help first, then the config file, then every other flag over it. */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_help();
+            goto done;
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *cfg = NULL;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                rc = lt_cli_usage_error("train", usage, "--config needs a file");
+                goto done;
+            }
+            cfg = argv[i + 1];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            cfg = argv[i] + 9;
+        }
+        if (cfg) {
+            lt_status s = lt_train_options_load_json(ctx, &opt, cfg);
+            if (s != LT_OK) {
+                rc = lt_cli_fail("train", ctx, s);
+                goto done;
+            }
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) || !a[2]) {
+            rc = lt_cli_usage_error("train", usage, "unexpected argument '%s'", a);
+            goto done;
+        }
+        char key[64];
+        const char *eq = strchr(a, '='), *value = NULL;
+        size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (kl >= sizeof key) {
+            rc = lt_cli_usage_error("train", usage, "unknown option '%s'", a);
+            goto done;
+        }
+        memcpy(key, a + 2, kl);
+        key[kl] = '\0';
+        if (!strcmp(key, "config")) {
+            i += !eq;
+            continue;
+        }
+        if (!strcmp(key, "train")) continue; /* mlx-lm's mode flag: training is what this command does */
+        lt_train_option_kind kind = lt_train_option_kind_of(key);
+        if (kind == LT_TRAIN_OPTION_UNKNOWN) {
+            rc = lt_cli_usage_error("train", usage, "unknown option '%s'", a);
+            goto done;
+        }
+        if (eq) value = eq + 1;
+        else if (kind == LT_TRAIN_OPTION_BOOL) value = "true";
+        else if (i + 1 < argc) value = argv[++i];
+        else {
+            rc = lt_cli_usage_error("train", usage, "option '%s' needs a value", a);
+            goto done;
+        }
+        lt_status s = lt_train_options_set(ctx, &opt, key, value);
+        if (s != LT_OK) {
+            rc = lt_cli_usage_error("train", usage, "%s", lt_ctx_error(ctx));
+            goto done;
+        }
+    }
+    lt_train_options resolved;
+    lt_status s = lt_train_options_resolve(ctx, &opt, &resolved);
+    if (s != LT_OK) {
+        rc = lt_cli_usage_error("train", usage, "%s", lt_ctx_error(ctx));
+        goto done;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    lt_train_result res;
+    memset(&res, 0, sizeof res);
+    s = lt_train_run(ctx, &resolved, stderr, &res);
+    if (s == LT_ERR_INTERRUPTED) {
+        int sig = lt_train_stop_requested();
+        fprintf(stderr, "longtune train: %s\n", lt_ctx_error(ctx));
+        rc = 128 + (sig > 0 ? sig : SIGINT);
+        goto done;
+    }
+    if (s != LT_OK) {
+        rc = lt_cli_fail("train", ctx, s);
+        goto done;
+    }
+    char b1[32], b2[32];
+    printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; peak %s (plan %s)\n"
+           "adapter: %s/adapter_model.safetensors\n",
+           (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
+           res.last_val_loss, lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32),
+           resolved.adapter_path);
+done:
+    lt_ctx_free(ctx);
+    return rc;
+}

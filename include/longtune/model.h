@@ -1,0 +1,208 @@
+/* The one decoder model (Llama, Llama 3.x with llama3 rope scaling, Qwen2/2.5, Qwen3, SmolLM2 as
+ * config flags) with LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
+ * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
+ * planner sums. The base weights are frozen; only LoRA parameters get gradients. The optimizer,
+ * schedules and adapter files belong to the trainer (train.h); there is no KV cache. */
+#ifndef LONGTUNE_MODEL_H
+#define LONGTUNE_MODEL_H
+
+#include "attention.h"
+#include "lce.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lt_model_arch {
+    LT_ARCH_LLAMA = 0, /* Llama 1/2/3.x, SmolLM2, TinyLlama, Mistral-style without sliding window */
+    LT_ARCH_QWEN2,     /* q/k/v biases */
+    LT_ARCH_QWEN3,     /* per-head q/k RMSNorm, explicit head_dim */
+} lt_model_arch;
+
+/* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
+typedef enum lt_proj {
+    LT_PROJ_Q = 0, LT_PROJ_K, LT_PROJ_V, LT_PROJ_O, LT_PROJ_GATE, LT_PROJ_UP, LT_PROJ_DOWN,
+    LT_PROJ_COUNT_
+} lt_proj;
+#define LT_LORA_ALL_TARGETS 0x7fu
+
+/* PEFT / HF module names of the projections ("q_proj", ..., "down_proj"). */
+const char *lt_proj_name(lt_proj p);
+
+/* Architecture hyper-parameters plus the dtypes the frozen weights are held in (what the size
+ * tables need). Filled by the loaders (lt_model_inspect) or by hand for planning. */
+typedef struct lt_model_config {
+    lt_model_arch arch;
+    int64_t V;             /* vocabulary */
+    int64_t C;             /* model width (hidden_size) */
+    int64_t F;             /* MLP width (intermediate_size) */
+    int64_t L;             /* layers */
+    int64_t H, Hkv, D;     /* query heads, key/value heads, head dim (H*D need not equal C) */
+    int64_t max_positions; /* max_position_embeddings (informational) */
+    double rope_theta;
+    /* rope_scaling type "llama3": factor, low/high frequency factors, original context. */
+    int rope_llama3;
+    double rope_factor, rope_low_freq, rope_high_freq;
+    int64_t rope_original_ctx;
+    float rms_eps;
+    int tie_embeddings;    /* lm head = embedding matrix */
+    int qkv_bias;          /* Qwen2 */
+    int qk_norm;           /* Qwen3 */
+    int32_t bos_id, eos_id; /* -1 when unknown */
+    /* In-memory dtypes of the frozen weights (after --quantize). proj_dtype per lt_proj; embed
+     * (V, C) and, untied only, head (V, C). Norm weights and biases are always held as f32. */
+    lt_dtype proj_dtype[LT_PROJ_COUNT_];
+    lt_dtype embed_dtype, head_dtype;
+} lt_model_config;
+
+/* Reads a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM;
+ * model_type llama/qwen2/qwen3). Dtypes are set to f32; the loaders overwrite them from the
+ * tensors. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON or a key of the wrong type, named),
+ * LT_ERR_UNSUPPORTED (another architecture, an unknown rope_scaling type, sliding windows, ...). */
+lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *config_json_path, lt_model_config *cfg);
+
+typedef struct lt_lora_options {
+    unsigned targets;   /* bit (1u << lt_proj); 0 = LT_LORA_ALL_TARGETS */
+    int64_t num_layers; /* LoRA on the last K layers; 0 or > L = all */
+    int64_t rank;       /* r; 0 = 8 */
+    float alpha;        /* scaling = alpha / r; 0 = 16 */
+    float dropout;      /* on the LoRA input, in [0, 1) */
+    uint64_t seed;      /* init (A kaiming-uniform as PEFT, B = 0) and dropout masks */
+} lt_lora_options;
+
+typedef enum lt_recompute {
+    LT_RECOMPUTE_NONE = 0, /* keep every layer's activations */
+    LT_RECOMPUTE_EVERY,    /* keep each layer's input, recompute the layer in backward */
+    LT_RECOMPUTE_EVERY_K,  /* keep every k-th layer's input, recompute segments of k layers */
+} lt_recompute;
+
+/* Shapes of the step and execution choices: everything the activation and workspace classes
+ * depend on. Zero-initialised fields take the defaults noted. */
+typedef struct lt_model_run_options {
+    int64_t B, T;             /* rows per batch and tokens per row (maximum; a batch may be smaller) */
+    lt_recompute recompute;
+    int64_t recompute_k;      /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
+    lt_attention_impl attention; /* AUTO = flash */
+    lt_lce_impl loss;            /* AUTO = fused */
+    int threads;              /* CPU threads; 0 = the context's */
+    int forward_only;         /* 1: evaluation / generation only (no saved activations, no
+                                 backward buffers); lt_model_forward_backward is then refused */
+} lt_model_run_options;
+
+/* Lifetime classes of the model's memory, each allocated once. */
+typedef enum lt_mem_class {
+    LT_MEM_WEIGHTS = 0,   /* frozen base weights (quantized stays quantized) */
+    LT_MEM_LORA,          /* LoRA A and B, f32 */
+    LT_MEM_GRADS,         /* LoRA gradients, f32 (same layout as LT_MEM_LORA) */
+    LT_MEM_ACTIVATIONS,   /* saved for backward across layers (checkpoints or full stores) */
+    LT_MEM_TRANSIENTS,    /* one recompute segment's per-layer stores + step buffers */
+    LT_MEM_WORKSPACE,     /* dequant tiles, attention and loss workspaces, backward scratch */
+    LT_MEM_CLASS_COUNT_
+} lt_mem_class;
+
+const char *lt_mem_class_name(lt_mem_class c);
+
+typedef struct lt_model_sizes {
+    size_t bytes[LT_MEM_CLASS_COUNT_]; /* accounted bytes (lt_alloc_accounted_size) per class */
+    size_t total;
+    int64_t n_lora_params;             /* trainable scalars */
+} lt_model_sizes;
+
+/* Pure: the bytes each class takes for this config, LoRA choice and run shape, equal to what
+ * lt_model_load + lt_model_prepare allocate (the optimizer state is the trainer's). Errors:
+ * LT_ERR_INVALID_ARG (bad shapes/options, named). */
+lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
+                              const lt_model_run_options *run, lt_model_sizes *out);
+
+typedef struct lt_model_options {
+    lt_device device;  /* where weights and activations live (CPU now) */
+    int quantize;      /* 1: quantize f32/bf16/f16 projection weights to INT4_G64 at load (QLoRA);
+                          embeddings and the head keep their dtype */
+} lt_model_options;
+
+typedef struct lt_model lt_model;
+
+/* Reads only headers (config.json + safetensors headers, or GGUF metadata and tensor infos) and
+ * fills cfg as lt_model_load would, without touching weight data: the planner's entry point.
+ * `path` is an HF folder, a .safetensors file inside one, or a .gguf file. */
+lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt,
+                           lt_model_config *cfg);
+
+/* Loads the model and creates LoRA parameters (A kaiming-uniform(a=sqrt 5) from lora->seed as
+ * PEFT, B zero) and their zeroed gradients. Weights are copied into accounted memory (the file
+ * mappings are closed before return); llama-arch GGUF Q/K rows are un-permuted to rotate-half.
+ * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a missing tensor,
+ * named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, dtype), LT_ERR_OOM. */
+lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
+                        const lt_lora_options *lora, lt_model **out);
+void lt_model_free(lt_ctx *ctx, lt_model *m);
+
+const lt_model_config *lt_model_get_config(const lt_model *m);
+const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
+/* Bytes currently held per class (weights/lora/grads always; the rest after lt_model_prepare). */
+lt_model_sizes lt_model_get_sizes(const lt_model *m);
+
+/* Allocates activations, transients and workspaces for this run shape (replacing earlier ones).
+ * Every later step with B' <= B, T' <= T runs without allocating. Errors: LT_ERR_INVALID_ARG,
+ * LT_ERR_UNSUPPORTED (attention/loss impl cannot serve the shapes, named), LT_ERR_OOM. */
+lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run);
+
+/* LoRA parameters: one contiguous f32 buffer of all A and B matrices (the optimizer's view) and
+ * its gradient buffer of the same layout, both n_lora_params long, owned by the model. */
+float *lt_model_lora_params(lt_model *m, int64_t *n);
+float *lt_model_lora_grads(lt_model *m, int64_t *n);
+/* Zeroes the gradient buffer (gradients accumulate across lt_model_forward_backward calls). */
+void lt_model_zero_grads(lt_model *m);
+
+/* One LoRA matrix, named as PEFT saves it:
+ * "base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight" (mlp.* for gate/up/down).
+ * A is (r, in), B is (out, r); value/grad are views into the buffers above. */
+typedef struct lt_lora_tensor {
+    char name[128];
+    int64_t layer;
+    lt_proj proj;
+    int is_b;
+    lt_tensor value, grad;
+    int64_t offset;  /* element offset in the flat buffers */
+} lt_lora_tensor;
+int64_t lt_model_lora_count(const lt_model *m);
+lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
+
+/* A batch of packed rows. Rows hold one or more sequences; a token attends only to earlier
+ * tokens of its own sequence. */
+typedef struct lt_model_batch {
+    int64_t B, T;
+    const int32_t *tokens;      /* (B, T) in [0, V) */
+    const int32_t *targets;     /* (B, T) next-token ids or LT_IGNORE_INDEX */
+    const int32_t *positions;   /* (B, T) RoPE positions (restarting per sequence); NULL = 0..T-1 */
+    const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
+    int64_t S;
+    uint64_t step;              /* selects the LoRA dropout masks (same step → same masks) */
+} lt_model_batch;
+
+typedef struct lt_model_result {
+    double loss_sum;   /* Σ token losses over non-ignored targets (nats) */
+    int64_t n_tokens;  /* non-ignored targets */
+} lt_model_result;
+
+/* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient
+ * buffer. grad_scale 0 means 1/n_tokens of this batch (mean loss). token_loss: optional (B, T)
+ * out, 0 at ignored targets. Requires lt_model_prepare with a shape covering the batch. Errors:
+ * LT_ERR_INVALID_ARG (shapes, token or target out of range, bad offsets; named by index),
+ * LT_ERR_UNSUPPORTED / LT_ERR_OOM from attention and loss. */
+lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
+                                    float grad_scale, lt_model_result *res, float *token_loss);
+/* Forward only (evaluation): no dropout, nothing saved. */
+lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
+                           float *token_loss);
+/* Full logits (B*T, V) f32 into `logits` (caller's buffer), for tests; targets may be NULL. */
+lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
+/* Logits (B, V) of the last position of each row only (generation: recompute the whole prefix,
+ * there is no KV cache). */
+lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

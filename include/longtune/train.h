@@ -1,0 +1,256 @@
+/* The LoRA/QLoRA trainer: run options (mirroring mlx-lm's `lora` flags, plus a JSON config form),
+ * the learning-rate schedule, checkpoints that resume a run bit for bit on CPU, PEFT adapter
+ * export, the metrics log, and the stop request that SIGINT/SIGTERM handlers raise.
+ * It does not parse argv (cli/ does, through lt_train_options_set) and never exits the process: a
+ * stopped run saves a checkpoint and returns LT_ERR_INTERRUPTED. */
+#ifndef LONGTUNE_TRAIN_H
+#define LONGTUNE_TRAIN_H
+
+#include <stdio.h>
+#include "attention.h"
+#include "lce.h"
+#include "model.h"
+#include "pack.h"
+#include "status.h"
+#include "tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LT_TRAIN_PATH_MAX 1024
+#define LT_TRAIN_NAME_MAX 160
+
+typedef enum lt_lr_schedule {
+    LT_LR_SCHEDULE_CONSTANT = 0, /* lr after warmup */
+    LT_LR_SCHEDULE_COSINE,       /* lr → min_lr along half a cosine over the steps after warmup */
+} lt_lr_schedule;
+
+
+/* Every option of a run. Zero-initialised = defaults: lt_train_options_resolve fills each zero
+ * field with the default in brackets and validates the result. Flag names are the field names
+ * with '-' for '_' ("--learning-rate"); the config file uses the same keys (either spelling). */
+typedef struct lt_train_options {
+    char model[LT_TRAIN_PATH_MAX];            /* HF folder or .gguf file (required) */
+    char data[LT_TRAIN_PATH_MAX];             /* folder with train.jsonl [+ valid.jsonl] (required) */
+    char adapter_path[LT_TRAIN_PATH_MAX];     /* output folder ["adapters"] */
+    char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint to resume from ["" = fresh run] */
+    int64_t iters;                 /* optimizer steps [1000] */
+    int64_t batch_size;            /* rows per micro-batch [4] */
+    int64_t max_seq_length;        /* tokens per row; longer examples are truncated [2048] */
+    double learning_rate;          /* peak lr [1e-5] */
+    double min_lr;                 /* cosine floor [0] */
+    int64_t num_layers;            /* LoRA on the last K layers [0 or -1 = all] */
+    int mask_prompt;               /* loss only on completion/assistant tokens */
+    int grad_checkpoint;           /* shorthand for recompute = all */
+    int64_t save_every;            /* checkpoint + adapter every N steps [100] */
+    int64_t steps_per_eval;        /* validation every N steps [200] */
+    int64_t steps_per_report;      /* metrics line every N steps [10] */
+    int64_t val_batches;           /* batches per validation [25]; -1 = the whole set */
+    uint64_t seed;                 /* init, dropout and shuffling [0] */
+    int64_t lora_rank;             /* r [8] */
+    double lora_alpha;             /* scale = alpha / r [16] */
+    double lora_dropout;           /* dropout on the LoRA input, in [0, 1) [0] */
+    char lora_targets[256];        /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
+                                      gate_proj,up_proj,down_proj]; short forms q,k,v,o,gate,up,down */
+    lt_lr_schedule lr_schedule;    /* [constant] */
+    int64_t warmup;                /* linear warmup steps [0] */
+    double weight_decay;           /* AdamW decoupled decay [0] */
+    double beta1, beta2, eps;      /* [0.9, 0.999, 1e-8] */
+    int64_t grad_accum;            /* micro-batches per optimizer step [1] */
+    double grad_clip;              /* global L2 norm clip, 0 = off [0] */
+    lt_recompute recompute;        /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
+                                      (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
+    int64_t recompute_every;       /* K of "every:K" */
+    lt_attention_impl attention;   /* [flash] */
+    lt_lce_impl loss;              /* [fused] */
+    int no_pack;                   /* one example per row instead of packing */
+    char pack_algorithm[32];       /* packing algorithm name, passed to the data module ["" = its
+                                      default] */
+    char quantize[16];             /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
+    int threads;                   /* CPU threads [0 = all] */
+} lt_train_options;
+
+/* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
+ * the leading dashes, '-' or '_' ("learning-rate"). */
+typedef enum lt_train_option_kind {
+    LT_TRAIN_OPTION_UNKNOWN = 0,
+    LT_TRAIN_OPTION_BOOL,  /* a bare flag sets it; "true"/"false"/"1"/"0" as a value */
+    LT_TRAIN_OPTION_VALUE, /* takes one value */
+} lt_train_option_kind;
+lt_train_option_kind lt_train_option_kind_of(const char *key);
+
+/* Sets one option from its text form. Errors: LT_ERR_NOT_FOUND for an unknown key,
+ * LT_ERR_INVALID_ARG for a value that does not parse or is out of range (message names both). */
+lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *key, const char *value);
+
+/* Applies a JSON config file (an object of option keys; values are numbers, strings, booleans, or
+ * for lora_targets an array of strings). Keys already set by later flags win because the CLI
+ * applies the file first. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON, names path and the key),
+ * LT_ERR_NOT_FOUND (unknown key), LT_ERR_INVALID_ARG. */
+lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const char *path);
+
+/* Copies `in` to `out` with defaults filled in and validates ranges and combinations.
+ * LT_ERR_INVALID_ARG names the offending option. */
+lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out);
+
+/* Learning rate of optimizer step `step` (0-based) of a resolved run: linear warmup from
+ * lr/warmup to lr over the first `warmup` steps, then constant or cosine from lr to min_lr over
+ * the remaining iters - warmup steps (reaching min_lr one step after the last). */
+double lt_train_lr(const lt_train_options *opt, int64_t step);
+
+/* One trainable tensor as the trainer, checkpoints and adapter export see it: host f32, row-major,
+ * contiguous. `name` is the module path without the PEFT prefix, e.g.
+ * "model.layers.3.self_attn.q_proj.lora_A" (A: (r, in)) or "...lora_B" (B: (out, r)).
+ * m and v are the AdamW moments (same shape); grad may be NULL where not needed. Not owned. */
+typedef struct lt_train_param {
+    char name[LT_TRAIN_NAME_MAX];
+    int ndim;
+    int64_t shape[2];
+    float *data;
+    float *grad;
+    float *m;
+    float *v;
+} lt_train_param;
+
+int64_t lt_train_param_numel(const lt_train_param *p);
+
+/* Everything besides the tensors that a bit-exact resume needs. */
+typedef struct lt_train_state {
+    int64_t step;          /* optimizer steps completed */
+    uint64_t rng[4];       /* the trainer's RNG (dropout, shuffling) after `step` steps */
+    int64_t data_epoch;    /* pass over the training set */
+    int64_t data_cursor;   /* next batch within the epoch's order */
+    int64_t tokens_seen;   /* trained (non-masked) tokens so far */
+    double elapsed_s;      /* training wall time so far (informational) */
+} lt_train_state;
+
+/* Writes a checkpoint (state, the run options that must match on resume, every param's data, m
+ * and v, and a checksum over all of it) to `path` atomically: temp file in the same folder, fsync,
+ * rename. Errors: LT_ERR_IO (names the path), LT_ERR_INVALID_ARG for a param without m/v. */
+lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt,
+                             const lt_train_state *st, const lt_train_param *params, int n_params);
+
+/* Reads a checkpoint into `st` and the params' data, m and v (which must be allocated with the
+ * shapes they will be checked against). Validates everything before writing anything: magic,
+ * version, size, checksum (LT_ERR_FORMAT: truncated or corrupted, names the path and what), the
+ * run options that change the trajectory (LT_ERR_INVALID_ARG names the option and both values),
+ * and the param set (LT_ERR_INVALID_ARG names a missing, extra or mis-shaped tensor). */
+lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_options *opt,
+                             lt_train_state *st, lt_train_param *params, int n_params);
+
+/* Saves a PEFT LoRA adapter into folder `dir` (created if absent): adapter_config.json and
+ * adapter_model.safetensors with keys "base_model.model.<name>.weight" in f32, each written
+ * atomically. base_model names the base in the config (a path or hub id). target_modules and
+ * layers_to_transform are derived from the param names. Errors: LT_ERR_IO, LT_ERR_INVALID_ARG for a
+ * name that is not "<module>.lora_A|lora_B" or a shape that does not agree with the rank. */
+lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
+                       const lt_train_options *opt, const lt_train_param *params, int n_params);
+
+/* Reads a PEFT LoRA folder's adapter_config.json into the model's LoRA options for a base of L
+ * layers (r, lora_alpha, target_modules; layers_to_transform must be the last K layers or null).
+ * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (DoRA, rsLoRA, other
+ * modules or layer sets, named). */
+lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
+/* Copies adapter_model.safetensors of `dir` (F32/BF16/F16) into the LoRA tensors of m, which must
+ * have been loaded with lt_peft_read_config's options. Errors: LT_ERR_NOT_FOUND (a tensor, named),
+ * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
+lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
+
+/* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
+typedef struct lt_metrics_record {
+    int64_t step;
+    double train_loss;
+    double val_loss;
+    double learning_rate;
+    double tokens_per_s;   /* real (non-padding) input tokens per second over the report window */
+    int64_t tokens;        /* trained (supervised target) tokens so far */
+    double elapsed_s;
+    int64_t peak_bytes;    /* accounting allocator high-water, host */
+    int64_t plan_bytes;    /* what the planner predicted for the run */
+} lt_metrics_record;
+
+typedef struct lt_metrics lt_metrics;
+
+/* Opens `path` (JSON lines) for appending. keep_until_step >= 0 (a resume) first rewrites the file
+ * atomically without the records after that step, so the log matches the resumed trajectory; < 0
+ * starts a new file. Errors: LT_ERR_IO, LT_ERR_OOM. */
+lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step, lt_metrics **out);
+/* Appends one line and flushes it. Errors: LT_ERR_IO. */
+lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *r);
+void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
+
+/* The model's LoRA choice for a resolved run (targets, last-K layers, rank, alpha, dropout, seed). */
+lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
+
+/* What a run did. step_loss, when the caller sets it, receives the training loss (token mean over
+ * the step's micro-batches) of every step run by this call, indexed by step (iters entries). */
+typedef struct lt_train_result {
+    int64_t steps;            /* optimizer steps completed, resumed ones included */
+    int64_t start_step;       /* the step this call started from (0, or the checkpoint's) */
+    double first_val_loss;    /* the first validation of this call (NAN when none) */
+    double last_val_loss;
+    double last_train_loss;
+    int64_t tokens;           /* trained tokens, resumed ones included */
+    double elapsed_s;         /* this call's wall time */
+    size_t peak_bytes;        /* host high-water of the accounting allocator */
+    size_t plan_bytes;        /* model size table + optimizer moments */
+    double *step_loss;        /* optional, caller-owned (iters) */
+    int64_t stop_at;          /* optional input: act as if a stop were requested once this step
+                                 is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
+} lt_train_result;
+
+/* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for
+ * evaluation; valid may be NULL or empty). `opt` must be resolved. Packs rows of max_seq_length
+ * tokens (first-fit; one sequence per row with no_pack), accumulates grad_accum micro-batches per
+ * step, clips, applies AdamW through the backend op, evaluates every steps_per_eval steps (and
+ * before the first and after the last), writes metrics, checkpoints and the PEFT adapter into
+ * adapter_path every save_every steps and at the end, and resumes from resume_adapter_file.
+ * A stop request (lt_train_request_stop) saves a checkpoint and returns LT_ERR_INTERRUPTED.
+ * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
+ * checkpoint and file writers, all with messages. */
+lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+                       const lt_pack_input *valid, FILE *progress, lt_train_result *res);
+
+/* The whole command: loads opt->model (a quantized GGUF stays quantized; opt->quantize quantizes a
+ * dense base), its tokenizer, and the dataset folder opt->data (train.jsonl, valid.jsonl when
+ * present; chat template applied, prompts masked with mask_prompt), then runs lt_train_fit.
+ * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
+lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
+
+/* Opens the tokenizer of a model path: tokenizer.json in an HF folder (or beside a .safetensors
+ * file), or the tokenizer.ggml.* metadata of a .gguf file. Free with lt_tokenizer_free. Errors:
+ * those of the tokenizer and GGUF loaders; LT_ERR_NOT_FOUND when the folder has no tokenizer.json. */
+lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, struct lt_tokenizer **out);
+
+/* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
+ * O(T²), fine for the short answers a before/after check needs). */
+typedef struct lt_generate_options {
+    int64_t max_tokens;   /* new tokens at most [256] */
+    double temp;          /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
+    double top_p;         /* nucleus sampling mass, (0, 1]; 0 = 1 */
+    uint64_t seed;        /* sampling RNG */
+} lt_generate_options;
+
+/* Appends up to max_tokens tokens to prompt (n_prompt ids) into out (capacity >= max_tokens),
+ * stopping after any id in stop_ids (included in out). on_token, when set, sees each new id as it is
+ * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
+ * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
+lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
+                      int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
+                      void (*on_token)(void *arg, int32_t id), void *arg);
+
+/* Checkpoint file name inside adapter_path. */
+#define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"
+
+/* Stop request, async-signal-safe: a SIGINT/SIGTERM handler calls lt_train_request_stop(signo);
+ * the trainer checks between steps, saves a checkpoint and returns LT_ERR_INTERRUPTED. */
+void lt_train_request_stop(int signo);
+/* The signal number of the pending request, 0 when none. */
+int lt_train_stop_requested(void);
+void lt_train_clear_stop(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,28 @@
+/* The CPU backend's compute ops (src/backend/cpu/ops_*.c), gathered into lt_backend_cpu's table in
+ * cpu_backend.c. Semantics are documented once, on the table in backend/backend.h; these are the
+ * CPU implementations and nothing else calls them directly. */
+#ifndef LT_BACKEND_CPU_OPS_H
+#define LT_BACKEND_CPU_OPS_H
+
+#include "backend/backend.h"
+
+void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                   float *y, void *ws);
+size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int threads);
+void lt_cpu_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
+                        float *rstd);
+void lt_cpu_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                        int64_t C, float *dx, float *dw);
+void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
+                 int64_t D, int inverse);
+void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
+void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
+void lt_cpu_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
+void lt_cpu_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
+void lt_cpu_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
+void lt_cpu_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
+void lt_cpu_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+
+#endif

@@ -1,0 +1,116 @@
+/* Elementwise CPU ops: SwiGLU forward/backward, embedding gather (any weight dtype), axpy, bias
+ * add and counter-based dropout. Each is a parallel loop over rows or element chunks; none keeps
+ * state between calls (dropout masks are a pure function of seed and element index). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/parallel.h"
+
+#define EW_GRAIN 4096
+
+typedef struct ew_job {
+    const float *a, *b, *c;
+    float *y, *z;
+    float alpha;
+    int64_t C;
+    const lt_tensor *table;
+    const int32_t *ids;
+    uint64_t seed, offset;
+    uint32_t threshold;
+    float keep_scale;
+} ew_job;
+
+static void swiglu_f(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->a[i];
+        j->y[i] = g / (1.0f + expf(-g)) * j->b[i];
+    }
+}
+
+void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
+    ew_job j = {.a = g, .b = u, .y = a};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, swiglu_f, &j);
+}
+
+/* silu(g) = g·σ(g); silu'(g) = σ(g)·(1 + g·(1 − σ(g))). */
+static void swiglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->a[i], u = j->b[i], da = j->c[i];
+        float s = 1.0f / (1.0f + expf(-g));
+        j->y[i] = da * u * s * (1.0f + g * (1.0f - s));
+        j->z[i] = da * g * s;
+    }
+}
+
+void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+    ew_job j = {.a = g, .b = u, .c = da, .y = dg, .z = du};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, swiglu_b, &j);
+}
+
+static void embed_rows(void *arg, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    const lt_tensor *t = j->table;
+    size_t rb = (size_t)lt_dtype_row_bytes(t->dtype, j->C);
+    for (int64_t n = n0; n < n1; n++)
+        lt_dequantize_row(t->dtype, (const uint8_t *)t->data + (size_t)j->ids[n] * rb, j->y + n * j->C, j->C);
+}
+
+void lt_cpu_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {
+    ew_job j = {.table = table, .ids = ids, .y = out, .C = table->shape[1]};
+    lt_parallel_for(lt_ctx_threads(ctx), N, 64, embed_rows, &j);
+}
+
+static void axpy(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t i = i0; i < i1; i++) j->y[i] += j->alpha * j->a[i];
+}
+
+void lt_cpu_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
+    ew_job j = {.a = x, .y = y, .alpha = alpha};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, axpy, &j);
+}
+
+static void bias_rows(void *arg, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t c = 0; c < j->C; c++) j->y[n * j->C + c] += j->a[c];
+}
+
+void lt_cpu_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {
+    ew_job j = {.a = b, .y = y, .C = C};
+    lt_parallel_for(lt_ctx_threads(ctx), N, 64, bias_rows, &j);
+}
+
+/* splitmix64 finaliser of (seed, index): independent of thread split and call order. */
+static uint32_t hash32(uint64_t seed, uint64_t i) {
+    uint64_t z = seed ^ (i * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+static void dropout_f(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t i = i0; i < i1; i++)
+        j->y[i] = hash32(j->seed, j->offset + (uint64_t)i) >= j->threshold ? j->a[i] * j->keep_scale : 0.0f;
+}
+
+void lt_cpu_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
+    if (p <= 0.0f) {
+        if (y != x) memmove(y, x, (size_t)n * sizeof(float));
+        return;
+    }
+    ew_job j = {.a = x, .y = y, .seed = seed, .offset = offset};
+    j.threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+    j.keep_scale = 1.0f / (1.0f - p);
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, dropout_f, &j);
+}

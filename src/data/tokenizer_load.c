@@ -1,0 +1,586 @@
+/* Loads a Hugging Face tokenizer.json (+ tokenizer_config.json beside it) into the tokenizer
+ * tables. Supported: model BPE (byte_fallback, fuse_unk, ignore_merges, unk_token); normalizers
+ * NFC, Prepend, Replace (string pattern), Sequence; pre-tokenizers ByteLevel, Split, Digits,
+ * Metaspace, Whitespace, WhitespaceSplit, Sequence; post-processors TemplateProcessing, ByteLevel,
+ * Bert/Roberta, Sequence; decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
+ * Sequence. Anything else is LT_ERR_UNSUPPORTED naming it; nothing is silently ignored. */
+#define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data/tokenizer_internal.h"
+#include "longtune/alloc.h"
+
+typedef struct load_ctx {
+    lt_tokenizer *t;
+    const char *path;
+} load_ctx;
+
+static lt_status read_file(lt_ctx *ctx, const char *path, char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return lt_error(ctx, errno == ENOENT ? LT_ERR_NOT_FOUND : LT_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return lt_error(ctx, LT_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *b = lt_alloc(ctx, LT_DEVICE_CPU, n + 1, "tokenizer file");
+    if (!b) {
+        fclose(f);
+        return lt_ctx_status(ctx);
+    }
+    if (n && fread(b, 1, n, f) != n) {
+        fclose(f);
+        lt_free(ctx, LT_DEVICE_CPU, b, n + 1);
+        return lt_error(ctx, LT_ERR_IO, "%s: short read", path);
+    }
+    fclose(f);
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return LT_OK;
+}
+
+static const char *jstr(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int jbool(const cJSON *o, const char *key, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
+    return dflt;
+}
+
+static int jint(const cJSON *v, int64_t lo, int64_t hi, int64_t *out) {
+    if (!cJSON_IsNumber(v)) return 0;
+    double d = v->valuedouble;
+    if (!(d >= (double)lo && d <= (double)hi) || floor(d) != d) return 0;
+    *out = (int64_t)d;
+    return 1;
+}
+
+static const char *jtype(const cJSON *o) {
+    const char *s = jstr(o, "type");
+    return s ? s : "(no type)";
+}
+
+/* A Split/Replace pattern: {"String": s} or {"Regex": r}. */
+static int jpattern(const cJSON *o, const char **s, int *is_regex) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "pattern");
+    if (!cJSON_IsObject(p)) return 0;
+    const char *v = jstr(p, "String");
+    if (v) {
+        *s = v;
+        *is_regex = 0;
+        return 1;
+    }
+    v = jstr(p, "Regex");
+    if (v) {
+        *s = v;
+        *is_regex = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static lt_status add_norm(load_ctx *L, const cJSON *n) {
+    lt_tokenizer *t = L->t;
+    lt_ctx *ctx = t->ctx;
+    if (cJSON_IsNull(n) || !n) return LT_OK;
+    const char *type = jtype(n);
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, arr) LT_TRY(add_norm(L, e));
+        return LT_OK;
+    }
+    if (t->n_norms >= TK_MAX_STAGES)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than %d normalizers", L->path, TK_MAX_STAGES);
+    tk_norm *nm = &t->norms[t->n_norms];
+    memset(nm, 0, sizeof *nm);
+    if (!strcmp(type, "NFC")) {
+        nm->kind = TK_NORM_NFC;
+    } else if (!strcmp(type, "Prepend")) {
+        const char *p = jstr(n, "prepend");
+        if (!p) return lt_error(ctx, LT_ERR_FORMAT, "%s: normalizer Prepend without 'prepend'", L->path);
+        nm->kind = TK_NORM_PREPEND;
+        nm->alen = strlen(p);
+        if (!(nm->a = tk_strdup(t, p, nm->alen))) return lt_ctx_status(ctx);
+    } else if (!strcmp(type, "Replace")) {
+        const char *pat, *content = jstr(n, "content");
+        int is_regex;
+        if (!jpattern(n, &pat, &is_regex) || !content)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: normalizer Replace needs 'pattern' and 'content'", L->path);
+        if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: normalizer Replace with a Regex pattern", L->path);
+        if (!*pat) return lt_error(ctx, LT_ERR_FORMAT, "%s: normalizer Replace with an empty pattern", L->path);
+        nm->kind = TK_NORM_REPLACE;
+        nm->alen = strlen(pat);
+        nm->blen = strlen(content);
+        if (!(nm->a = tk_strdup(t, pat, nm->alen)) || !(nm->b = tk_strdup(t, content, nm->blen))) {
+            t->n_norms++; /* so free() releases what was made */
+            return lt_ctx_status(ctx);
+        }
+    } else {
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (supported: NFC, Prepend, "
+                        "Replace, Sequence)", L->path, type);
+    }
+    t->n_norms++;
+    return LT_OK;
+}
+
+static lt_status new_pre(load_ctx *L, tk_pre **out) {
+    if (L->t->n_pres >= TK_MAX_STAGES)
+        return lt_error(L->t->ctx, LT_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizers", L->path, TK_MAX_STAGES);
+    *out = &L->t->pres[L->t->n_pres++];
+    memset(*out, 0, sizeof **out);
+    return LT_OK;
+}
+
+static int parse_behavior(const char *b) {
+    if (!b) return -1;
+    if (!strcmp(b, "Isolated")) return TK_SPLIT_ISOLATED;
+    if (!strcmp(b, "Removed")) return TK_SPLIT_REMOVED;
+    if (!strcmp(b, "MergedWithPrevious")) return TK_SPLIT_MERGED_PREV;
+    if (!strcmp(b, "MergedWithNext")) return TK_SPLIT_MERGED_NEXT;
+    if (!strcmp(b, "Contiguous")) return TK_SPLIT_CONTIGUOUS;
+    return -1;
+}
+
+static int parse_prepend_scheme(const cJSON *o) {
+    const char *s = jstr(o, "prepend_scheme");
+    if (s) {
+        if (!strcmp(s, "always")) return TK_PREPEND_ALWAYS;
+        if (!strcmp(s, "first")) return TK_PREPEND_FIRST;
+        if (!strcmp(s, "never")) return TK_PREPEND_NEVER;
+        return -1;
+    }
+    /* Files older than prepend_scheme carry add_prefix_space. */
+    return jbool(o, "add_prefix_space", 1) ? TK_PREPEND_ALWAYS : TK_PREPEND_NEVER;
+}
+
+static lt_status add_pre(load_ctx *L, const cJSON *p) {
+    lt_tokenizer *t = L->t;
+    lt_ctx *ctx = t->ctx;
+    if (cJSON_IsNull(p) || !p) return LT_OK;
+    const char *type = jtype(p);
+    tk_pre *pre = NULL;
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, arr) LT_TRY(add_pre(L, e));
+        return LT_OK;
+    }
+    if (!strcmp(type, "ByteLevel")) {
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_BYTELEVEL;
+        pre->add_prefix_space = jbool(p, "add_prefix_space", 1);
+        if (jbool(p, "use_regex", 1))
+            LT_TRY(tk_compile(t, tk_gpt2_pattern, strlen(tk_gpt2_pattern), 0, &pre->re));
+        return LT_OK;
+    }
+    if (!strcmp(type, "Split")) {
+        const char *pat;
+        int is_regex;
+        if (!jpattern(p, &pat, &is_regex))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: pre-tokenizer Split without a pattern", L->path);
+        int b = parse_behavior(jstr(p, "behavior"));
+        if (b < 0)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Split behavior '%s' is not supported", L->path,
+                            jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_SPLIT;
+        pre->behavior = b;
+        pre->invert = jbool(p, "invert", 0);
+        return tk_compile(t, pat, strlen(pat), !is_regex, &pre->re);
+    }
+    if (!strcmp(type, "Digits")) {
+        /* HF splits on char::is_numeric (Nd, Nl, No): one piece per digit or per run. */
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_SPLIT;
+        int individual = jbool(p, "individual_digits", 0);
+        pre->behavior = individual ? TK_SPLIT_ISOLATED : TK_SPLIT_CONTIGUOUS;
+        return tk_compile(t, "\\p{N}", 5, 0, &pre->re);
+    }
+    if (!strcmp(type, "Whitespace")) {
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_SPLIT;
+        pre->behavior = TK_SPLIT_REMOVED;
+        pre->invert = 1;
+        const char *pat = "\\w+|[^\\w\\s]+";
+        return tk_compile(t, pat, strlen(pat), 0, &pre->re);
+    }
+    if (!strcmp(type, "WhitespaceSplit")) {
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_SPLIT;
+        pre->behavior = TK_SPLIT_REMOVED;
+        return tk_compile(t, "\\s", 2, 0, &pre->re);
+    }
+    if (!strcmp(type, "Metaspace")) {
+        const char *rep = jstr(p, "replacement");
+        if (!rep || !*rep || strlen(rep) > 4)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
+        int scheme = parse_prepend_scheme(p);
+        if (scheme < 0)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
+        LT_TRY(new_pre(L, &pre));
+        pre->kind = TK_PRE_METASPACE;
+        pre->rep_len = (int)strlen(rep);
+        memcpy(pre->rep, rep, (size_t)pre->rep_len);
+        pre->prepend_scheme = scheme;
+        pre->split = jbool(p, "split", 1);
+        if (pre->split) return tk_compile(t, rep, strlen(rep), 1, &pre->re);
+        return LT_OK;
+    }
+    return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
+                    "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)", L->path, type);
+}
+
+static lt_status add_dec(load_ctx *L, const cJSON *d) {
+    lt_tokenizer *t = L->t;
+    lt_ctx *ctx = t->ctx;
+    if (cJSON_IsNull(d) || !d) return LT_OK;
+    const char *type = jtype(d);
+    t->has_decoder = 1;
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(d, "decoders");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, arr) LT_TRY(add_dec(L, e));
+        return LT_OK;
+    }
+    if (t->n_decs >= TK_MAX_STAGES)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than %d decoders", L->path, TK_MAX_STAGES);
+    tk_dec *dec = &t->decs[t->n_decs];
+    memset(dec, 0, sizeof *dec);
+    if (!strcmp(type, "ByteLevel")) dec->kind = TK_DEC_BYTELEVEL;
+    else if (!strcmp(type, "ByteFallback")) dec->kind = TK_DEC_BYTEFALLBACK;
+    else if (!strcmp(type, "Fuse")) dec->kind = TK_DEC_FUSE;
+    else if (!strcmp(type, "Replace")) {
+        const char *pat, *content = jstr(d, "content");
+        int is_regex;
+        if (!jpattern(d, &pat, &is_regex) || !content)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Replace needs 'pattern' and 'content'", L->path);
+        if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder Replace with a Regex pattern", L->path);
+        dec->kind = TK_DEC_REPLACE;
+        dec->alen = strlen(pat);
+        dec->blen = strlen(content);
+        if (!(dec->a = tk_strdup(t, pat, dec->alen))) return lt_ctx_status(ctx);
+        t->n_decs++;
+        if (!(dec->b = tk_strdup(t, content, dec->blen))) return lt_ctx_status(ctx);
+        return LT_OK;
+    } else if (!strcmp(type, "Strip")) {
+        const char *c = jstr(d, "content");
+        int64_t a = 0, b = 0;
+        if (!c || !jint(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 1 << 20, &a) ||
+            !jint(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 1 << 20, &b))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", L->path);
+        dec->kind = TK_DEC_STRIP;
+        dec->start = (int)a;
+        dec->stop = (int)b;
+        dec->alen = strlen(c);
+        if (!(dec->a = tk_strdup(t, c, dec->alen))) return lt_ctx_status(ctx);
+    } else if (!strcmp(type, "Metaspace")) {
+        const char *rep = jstr(d, "replacement");
+        int scheme = parse_prepend_scheme(d);
+        if (!rep || !*rep || scheme < 0)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
+                            L->path);
+        dec->kind = TK_DEC_METASPACE;
+        dec->prepend_scheme = scheme;
+        dec->alen = strlen(rep);
+        if (!(dec->a = tk_strdup(t, rep, dec->alen))) return lt_ctx_status(ctx);
+    } else {
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (supported: ByteLevel, "
+                        "Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)", L->path, type);
+    }
+    t->n_decs++;
+    return LT_OK;
+}
+
+/* Post-processor: what add_special adds around a single sequence. */
+static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
+    lt_tokenizer *t = L->t;
+    lt_ctx *ctx = t->ctx;
+    if (!p || cJSON_IsNull(p)) return LT_OK;
+    const char *type = jtype(p);
+    if (!strcmp(type, "ByteLevel")) return LT_OK; /* only adjusts offsets */
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(p, "processors");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, arr) LT_TRY(add_post(L, e, pre, np, suf, ns));
+        return LT_OK;
+    }
+    if (!strcmp(type, "TemplateProcessing")) {
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+        int seen_seq = 0;
+        const cJSON *item;
+        cJSON_ArrayForEach(item, single) {
+            if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
+                seen_seq = 1;
+                continue;
+            }
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
+            const char *name = sp ? jstr(sp, "id") : NULL;
+            if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
+            const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
+            if (!cJSON_IsArray(ids))
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
+            const cJSON *idv;
+            cJSON_ArrayForEach(idv, ids) {
+                int64_t id;
+                if (!jint(idv, 0, INT32_MAX, &id))
+                    return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing '%s': bad id", L->path, name);
+                int32_t *dst = seen_seq ? suf : pre;
+                int *cnt = seen_seq ? ns : np;
+                if (*cnt >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than 16 template tokens", L->path);
+                dst[(*cnt)++] = (int32_t)id;
+            }
+        }
+        return LT_OK;
+    }
+    if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
+        int64_t c, s;
+        if (!jint(cJSON_GetArrayItem(cls, 1), 0, INT32_MAX, &c) || !jint(cJSON_GetArrayItem(sep, 1), 0, INT32_MAX, &s))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: %s needs cls and sep", L->path, type);
+        if (*np >= 16 || *ns >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: too many template tokens", L->path);
+        pre[(*np)++] = (int32_t)c;
+        suf[(*ns)++] = (int32_t)s;
+        return LT_OK;
+    }
+    return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: post-processor '%s' is not supported (supported: "
+                    "TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)", L->path, type);
+}
+
+/* "a b" or ["a", "b"]. */
+static int merge_parts(const cJSON *m, const char **a, size_t *al, const char **b, size_t *bl) {
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        if (!sp || strchr(sp + 1, ' ')) return 0;
+        *a = s;
+        *al = (size_t)(sp - s);
+        *b = sp + 1;
+        *bl = strlen(sp + 1);
+        return *al && *bl;
+    }
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2) {
+        const cJSON *x = cJSON_GetArrayItem(m, 0), *y = cJSON_GetArrayItem(m, 1);
+        if (!cJSON_IsString(x) || !cJSON_IsString(y)) return 0;
+        *a = x->valuestring;
+        *al = strlen(*a);
+        *b = y->valuestring;
+        *bl = strlen(*b);
+        return 1;
+    }
+    return 0;
+}
+
+static lt_status load_model(load_ctx *L, const cJSON *model) {
+    lt_tokenizer *t = L->t;
+    lt_ctx *ctx = t->ctx;
+    if (!cJSON_IsObject(model)) return lt_error(ctx, LT_ERR_FORMAT, "%s: no 'model' object", L->path);
+    const char *type = jstr(model, "type");
+    if (type && strcmp(type, "BPE"))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", L->path, type);
+    const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(drop) && drop->valuedouble != 0.0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: BPE dropout is not supported", L->path);
+    const char *csp = jstr(model, "continuing_subword_prefix"), *eow = jstr(model, "end_of_word_suffix");
+    if ((csp && *csp) || (eow && *eow))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: BPE continuing_subword_prefix/end_of_word_suffix are not supported",
+                        L->path);
+    t->byte_fallback = jbool(model, "byte_fallback", 0);
+    t->fuse_unk = jbool(model, "fuse_unk", 0);
+    t->ignore_merges = jbool(model, "ignore_merges", 0);
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    if (!cJSON_IsObject(vocab)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab is not an object", L->path);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        int64_t id;
+        if (!jint(e, 0, INT32_MAX - 1, &id))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
+        LT_TRY(tk_set_token(t, (int32_t)id, e->string, strlen(e->string)));
+    }
+    const char *unk = jstr(model, "unk_token");
+    if (unk) {
+        t->unk_id = tk_lookup(&t->by_string, unk, strlen(unk));
+        if (t->unk_id < 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", L->path, unk);
+    }
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
+    int32_t rank = 0;
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    lt_status s = LT_OK;
+    cJSON_ArrayForEach(e, merges) {
+        const char *a, *b;
+        size_t al, bl;
+        if (!merge_parts(e, &a, &al, &b, &bl)) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
+            break;
+        }
+        int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
+        if (al + bl + 1 > cat_cap) {
+            if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
+            cat_cap = (al + bl + 1) * 2;
+            cat = lt_alloc(ctx, LT_DEVICE_CPU, cat_cap, "merge scratch");
+            if (!cat) {
+                cat_cap = 0;
+                s = lt_ctx_status(ctx);
+                break;
+            }
+        }
+        memcpy(cat, a, al);
+        memcpy(cat + al, b, bl);
+        int32_t ic = tk_lookup(&t->by_string, cat, al + bl);
+        if (ia < 0 || ib < 0 || ic < 0) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
+                         L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
+            break;
+        }
+        s = tk_add_merge(t, ia, ib, rank, ic);
+        if (s != LT_OK) break;
+        rank++;
+    }
+    if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
+    return s;
+}
+
+static lt_status load_added(load_ctx *L, const cJSON *added) {
+    lt_tokenizer *t = L->t;
+    const cJSON *e;
+    int i = 0;
+    cJSON_ArrayForEach(e, added) {
+        int64_t id;
+        const char *content = jstr(e, "content");
+        if (!content || !jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, INT32_MAX - 1, &id))
+            return lt_error(t->ctx, LT_ERR_FORMAT, "%s: added_tokens[%d] needs 'id' and 'content'", L->path, i);
+        int special = jbool(e, "special", 0);
+        LT_TRY(tk_add_added(t, (int32_t)id, content, strlen(content), special, jbool(e, "lstrip", 0),
+                            jbool(e, "rstrip", 0), jbool(e, "single_word", 0), jbool(e, "normalized", !special)));
+        i++;
+    }
+    return LT_OK;
+}
+
+/* A token in tokenizer_config.json: "str" or {"content": "str", ...}. */
+static const char *config_token(const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsString(v)) return v->valuestring;
+    if (cJSON_IsObject(v)) return jstr(v, "content");
+    return NULL;
+}
+
+static lt_status load_config(lt_tokenizer *t, const char *json_path) {
+    lt_ctx *ctx = t->ctx;
+    const char *slash = strrchr(json_path, '/');
+    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
+    size_t plen = dir + sizeof "tokenizer_config.json";
+    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "config path");
+    if (!path) return lt_ctx_status(ctx);
+    memcpy(path, json_path, dir);
+    memcpy(path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
+    char *buf;
+    size_t len;
+    lt_status s = read_file(ctx, path, &buf, &len);
+    if (s == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        lt_free(ctx, LT_DEVICE_CPU, path, plen);
+        return LT_OK;
+    }
+    if (s != LT_OK) {
+        lt_free(ctx, LT_DEVICE_CPU, path, plen);
+        return s;
+    }
+    cJSON *cfg = cJSON_ParseWithLength(buf, len);
+    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+    if (!cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+        lt_free(ctx, LT_DEVICE_CPU, path, plen);
+        return s;
+    }
+    struct { const char *key; int32_t *dst; } toks[] = {{"bos_token", &t->bos}, {"eos_token", &t->eos},
+                                                        {"pad_token", &t->pad}};
+    for (int i = 0; i < 3 && s == LT_OK; i++) {
+        const char *name = config_token(cfg, toks[i].key);
+        if (!name) continue;
+        int32_t id = tk_lookup(&t->by_string, name, strlen(name));
+        if (id < 0) s = lt_error(ctx, LT_ERR_FORMAT, "%s: %s '%s' is not a token", path, toks[i].key, name);
+        else *toks[i].dst = id;
+    }
+    const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    const char *tpl_s = cJSON_IsString(tpl) ? tpl->valuestring : NULL;
+    if (cJSON_IsArray(tpl)) {
+        /* Named templates: take "default". */
+        const cJSON *e;
+        cJSON_ArrayForEach(e, tpl) {
+            const char *nm = jstr(e, "name");
+            if (nm && !strcmp(nm, "default")) tpl_s = jstr(e, "template");
+        }
+    }
+    if (s == LT_OK && tpl_s) {
+        t->chat_template_len = strlen(tpl_s);
+        t->chat_template = tk_strdup(t, tpl_s, t->chat_template_len);
+        if (!t->chat_template) s = lt_ctx_status(ctx);
+    }
+    cJSON_Delete(cfg);
+    lt_free(ctx, LT_DEVICE_CPU, path, plen);
+    return s;
+}
+
+lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **out) {
+    *out = NULL;
+    char *buf;
+    size_t len;
+    LT_TRY(read_file(ctx, path, &buf, &len));
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    lt_tokenizer *t;
+    lt_status s = tk_new(ctx, &t);
+    if (s != LT_OK) {
+        cJSON_Delete(root);
+        return s;
+    }
+    load_ctx L = {t, path};
+    int32_t pre[16], suf[16];
+    int np = 0, ns = 0;
+    if ((s = load_model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"))) != LT_OK) goto fail;
+    if ((s = load_added(&L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"))) != LT_OK) goto fail;
+    if ((s = add_norm(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) != LT_OK) goto fail;
+    if ((s = add_pre(&L, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"))) != LT_OK) goto fail;
+    if ((s = add_dec(&L, cJSON_GetObjectItemCaseSensitive(root, "decoder"))) != LT_OK) goto fail;
+    if ((s = add_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), pre, &np, suf, &ns)) != LT_OK) goto fail;
+    for (int i = 0; i < np + ns; i++) {
+        int32_t id = i < np ? pre[i] : suf[i - np];
+        if (id >= t->n_vocab || t->tok_len[id] == UINT32_MAX) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "%s: post-processor token id %d is not in the vocabulary", path, id);
+            goto fail;
+        }
+    }
+    if ((s = tk_set_post(t, pre, np, suf, ns)) != LT_OK) goto fail;
+    if (np) t->bos = pre[0];
+    if ((s = load_config(t, path)) != LT_OK) goto fail;
+    if ((s = tk_finish(t)) != LT_OK) goto fail;
+    cJSON_Delete(root);
+    *out = t;
+    return LT_OK;
+fail:
+    cJSON_Delete(root);
+    lt_tokenizer_free(t);
+    return s;
+}

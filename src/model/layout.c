@@ -1,0 +1,303 @@
+/* The model's memory as size tables: a pure layout function carves each lifetime class (frozen
+ * weights, LoRA parameters, gradients, saved activations, transients, workspaces) into 64-byte
+ * aligned pieces. The planner calls lt_model_size_table, the model allocates exactly the same
+ * numbers in lt_model_load / lt_model_prepare; nothing here touches memory. */
+#include <string.h>
+
+#include "longtune/alloc.h"
+#include "model/model_internal.h"
+
+static const char *const proj_names[LT_PROJ_COUNT_] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"};
+
+const char *lt_proj_name(lt_proj p) { return (unsigned)p < LT_PROJ_COUNT_ ? proj_names[p] : "unknown"; }
+
+const char *lt_mem_class_name(lt_mem_class c) {
+    static const char *const n[LT_MEM_CLASS_COUNT_] = {"weights", "lora", "grads", "activations", "transients",
+                                                       "workspace"};
+    return (unsigned)c < LT_MEM_CLASS_COUNT_ ? n[c] : "unknown";
+}
+
+void lt_model_proj_shape(const lt_model_config *cfg, lt_proj p, int64_t *out, int64_t *in) {
+    int64_t qd = cfg->H * cfg->D, kvd = cfg->Hkv * cfg->D;
+    switch (p) {
+    case LT_PROJ_Q: *out = qd, *in = cfg->C; break;
+    case LT_PROJ_K:
+    case LT_PROJ_V: *out = kvd, *in = cfg->C; break;
+    case LT_PROJ_O: *out = cfg->C, *in = qd; break;
+    case LT_PROJ_GATE:
+    case LT_PROJ_UP: *out = cfg->F, *in = cfg->C; break;
+    default: *out = cfg->C, *in = cfg->F; break;
+    }
+}
+
+lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_options *in) {
+    lt_lora_options o;
+    memset(&o, 0, sizeof o);
+    if (in) o = *in;
+    o.targets &= LT_LORA_ALL_TARGETS;
+    if (!o.targets) o.targets = LT_LORA_ALL_TARGETS;
+    if (o.rank <= 0) o.rank = 8;
+    if (o.alpha == 0) o.alpha = 16;
+    if (o.num_layers <= 0 || o.num_layers > cfg->L) o.num_layers = cfg->L;
+    return o;
+}
+
+size_t lt_model_meta_bytes(const lt_model_config *cfg) {
+    return sizeof(lt_model) + (size_t)cfg->L * sizeof(lt_layer);
+}
+
+/* Bump allocator over offsets: returns the aligned offset of a piece of `bytes` and advances.
+ * Saturates at SIZE_MAX so an overflow is caught once at the end. */
+static size_t carve(size_t *cur, size_t bytes) {
+    size_t a = (*cur + LT_MODEL_ALIGN - 1) / LT_MODEL_ALIGN * LT_MODEL_ALIGN;
+    if (a < *cur || bytes > SIZE_MAX - a) {
+        *cur = SIZE_MAX;
+        return 0;
+    }
+    *cur = a + bytes;
+    return a;
+}
+
+/* n elements of s bytes, saturating. */
+static size_t nb(int64_t n, size_t s) {
+    if (n < 0 || (n && (uint64_t)n > SIZE_MAX / s)) return SIZE_MAX;
+    return (size_t)n * s;
+}
+
+static int emit(size_t *cur, void (*fn)(void *, const lt_wpiece *), void *arg, lt_wkind k, int64_t layer, int which,
+                lt_dtype dt, int ndim, int64_t s0, int64_t s1) {
+    lt_wpiece p;
+    memset(&p, 0, sizeof p);
+    p.kind = k;
+    p.layer = layer;
+    p.which = which;
+    p.dtype = dt;
+    p.ndim = ndim;
+    p.shape[0] = s0;
+    p.shape[1] = s1;
+    int64_t rb = lt_dtype_row_bytes(dt, ndim == 2 ? s1 : s0);
+    if (rb < 0) return 0;
+    p.bytes = ndim == 2 ? nb(s0, (size_t)rb) : (size_t)rb;
+    if (p.bytes == SIZE_MAX) return 0;
+    p.offset = carve(cur, p.bytes);
+    if (fn) fn(arg, &p);
+    return 1;
+}
+
+size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, const lt_wpiece *p), void *arg) {
+    size_t cur = 0;
+    int ok = emit(&cur, fn, arg, LT_W_EMBED, -1, 0, c->embed_dtype, 2, c->V, c->C);
+    if (!c->tie_embeddings) ok &= emit(&cur, fn, arg, LT_W_HEAD, -1, 0, c->head_dtype, 2, c->V, c->C);
+    ok &= emit(&cur, fn, arg, LT_W_FINAL_NORM, -1, 0, LT_DTYPE_F32, 1, c->C, 0);
+    ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, c->D / 2, 0);
+    for (int64_t l = 0; ok && l < c->L; l++) {
+        for (int p = 0; p < LT_PROJ_COUNT_; p++) {
+            int64_t o, i;
+            lt_model_proj_shape(c, (lt_proj)p, &o, &i);
+            ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, c->proj_dtype[p], 2, o, i);
+        }
+        if (c->qkv_bias)
+            for (int b = 0; b < 3; b++)
+                ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * c->D, 0);
+        ok &= emit(&cur, fn, arg, LT_W_ATTN_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
+        ok &= emit(&cur, fn, arg, LT_W_MLP_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
+        if (c->qk_norm) {
+            ok &= emit(&cur, fn, arg, LT_W_Q_NORM, l, 0, LT_DTYPE_F32, 1, c->D, 0);
+            ok &= emit(&cur, fn, arg, LT_W_K_NORM, l, 0, LT_DTYPE_F32, 1, c->D, 0);
+        }
+    }
+    return ok && cur != SIZE_MAX ? cur : 0;
+}
+
+/* Store layout: offsets from 0 held in pointer fields (NULL + offset is never dereferenced). */
+static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, lt_store *s) {
+    int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    size_t cur = 0;
+    memset(s, 0, sizeof *s);
+#define PIECE(field, n) s->field = (float *)(uintptr_t)carve(&cur, nb(n, sizeof(float)))
+    PIECE(x_in, N * c->C);
+    PIECE(h1, N * c->C);
+    if (c->qk_norm) {
+        PIECE(q_raw, N * qd);
+        PIECE(k_raw, N * kvd);
+        PIECE(rstd_q, N * c->H);
+        PIECE(rstd_k, N * c->Hkv);
+    }
+    PIECE(q, N * qd);
+    PIECE(k, N * kvd);
+    PIECE(v, N * kvd);
+    PIECE(att, N * qd);
+    PIECE(lse, B * c->H * T);
+    PIECE(x_mid, N * c->C);
+    PIECE(h2, N * c->C);
+    PIECE(g, N * c->F);
+    PIECE(u, N * c->F);
+    PIECE(rstd1, N);
+    PIECE(rstd2, N);
+    for (int p = 0; p < LT_PROJ_COUNT_; p++)
+        if (lo->targets & (1u << p)) PIECE(lu[p], N * lo->rank);
+#undef PIECE
+    return cur;
+}
+
+static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
+    float **dst = (float **)s;
+    float *const *src = (float *const *)off;
+    for (size_t i = 0; i < sizeof *s / sizeof(float *); i++)
+        dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i]) : NULL;
+    /* x_in sits at offset 0, which reads as "absent" above; it is always present. */
+    s->x_in = (float *)base;
+}
+
+void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out) { rebase_store(out, &lay->store_off, base); }
+
+lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in,
+                          const lt_model_run_options *run, lt_layout *o) {
+    memset(o, 0, sizeof *o);
+    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->H <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 ||
+        c->H % c->Hkv)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: bad config (V, C, F, L, H, Hkv, D)");
+    lt_lora_options lo = lt_model_resolve_lora(c, lora_in);
+    if (!(lo.dropout >= 0 && lo.dropout < 1))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lora: dropout %g outside [0, 1)", (double)lo.dropout);
+    o->weights_bytes = lt_model_weights_walk(c, NULL, NULL);
+    if (!o->weights_bytes)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: weight sizes overflow or rows are not whole blocks");
+    int64_t n = 0;
+    for (int p = 0; p < LT_PROJ_COUNT_; p++)
+        if (lo.targets & (1u << p)) {
+            int64_t out, in;
+            lt_model_proj_shape(c, (lt_proj)p, &out, &in);
+            n += lo.rank * (out + in);
+        }
+    o->n_lora = n * lo.num_layers;
+    o->lora_bytes = nb(o->n_lora, sizeof(float));
+    o->class_bytes[LT_MEM_WEIGHTS] = o->weights_bytes;
+    o->class_bytes[LT_MEM_LORA] = o->lora_bytes;
+    o->class_bytes[LT_MEM_GRADS] = o->lora_bytes;
+    if (!run) return LT_OK;
+
+    int64_t B = run->B, T = run->T;
+    if (B <= 0 || T <= 0 || B > INT32_MAX || T > INT32_MAX || B * T > INT32_MAX)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: B=%lld, T=%lld out of range", (long long)B, (long long)T);
+    int64_t N = B * T, K = lo.num_layers, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int64_t k = run->recompute == LT_RECOMPUTE_EVERY ? 1 : run->recompute_k > 0 ? run->recompute_k : 2;
+    if ((unsigned)run->recompute > LT_RECOMPUTE_EVERY_K)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown recompute policy %d", (int)run->recompute);
+    if (k > K) k = K;
+    int threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
+    o->threads = threads;
+    o->store_bytes = store_layout(c, &lo, B, T, &o->store_off);
+    int fwd_only = run->forward_only;
+
+    /* Activations: every LoRA layer's store (no recompute) or one input per segment. */
+    size_t cur = 0;
+    if (fwd_only) {
+        o->n_act_stores = 0, o->n_tr_stores = 1, o->n_ckpt = 0;
+    } else if (run->recompute == LT_RECOMPUTE_NONE) {
+        o->n_act_stores = K, o->n_tr_stores = 0, o->n_ckpt = 0;
+    } else {
+        o->n_act_stores = 0, o->n_tr_stores = k, o->n_ckpt = (K + k - 1) / k;
+    }
+    o->act_stores = carve(&cur, nb(o->n_act_stores, o->store_bytes));
+    o->ckpt = carve(&cur, nb(o->n_ckpt, nb(N * c->C, sizeof(float))));
+    o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
+
+    cur = 0;
+    o->tr_stores = carve(&cur, nb(o->n_tr_stores, o->store_bytes));
+    o->xa = carve(&cur, nb(N * c->C, 4));
+    o->xb = carve(&cur, nb(N * c->C, 4));
+    o->xf = carve(&cur, nb(N * c->C, 4));
+    o->hf = carve(&cur, nb(N * c->C, 4));
+    o->rstd_f = carve(&cur, nb(N, 4));
+    o->lse_f = carve(&cur, nb(N, 4));
+    o->pos = carve(&cur, nb(N, 4));
+    o->tloss = carve(&cur, nb(N, 4));
+    o->class_bytes[LT_MEM_TRANSIENTS] = cur;
+
+    /* Workspace: backward scratch (training only), the F-wide activation and LoRA scratch, and the
+     * kernels' own workspaces at this shape. */
+    const lt_backend *be = lt_backend_get(LT_DEVICE_CPU);
+    cur = 0;
+    int64_t max_in = c->C > c->F ? c->C : c->F;
+    if (qd > max_in) max_in = qd;
+    o->da = carve(&cur, nb(N * c->F, 4));
+    o->scratch = carve(&cur, nb(N * max_in, 4));
+    o->dlu = carve(&cur, nb(N * lo.rank, 4));
+    if (!fwd_only) {
+        o->dx = carve(&cur, nb(N * c->C, 4));
+        o->dh = carve(&cur, nb(N * c->C, 4));
+        o->dg = carve(&cur, nb(N * c->F, 4));
+        o->du = carve(&cur, nb(N * c->F, 4));
+        o->dq = carve(&cur, nb(N * qd, 4));
+        o->datt = carve(&cur, nb(N * qd, 4));
+        o->dk = carve(&cur, nb(N * kvd, 4));
+        o->dv = carve(&cur, nb(N * kvd, 4));
+    }
+    size_t mm = 0;
+    for (int p = 0; p < LT_PROJ_COUNT_; p++) {
+        int64_t out, in;
+        lt_model_proj_shape(c, (lt_proj)p, &out, &in);
+        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, threads);
+        if (w > mm) mm = w;
+    }
+    size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, threads);
+    if (wh > mm) mm = wh;
+    o->mm_ws_bytes = mm;
+    o->mm_ws = carve(&cur, mm);
+
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = B, ap.T = T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
+    ap.dtype = LT_DTYPE_F32;
+    ap.device = LT_DEVICE_CPU;
+    ap.impl = run->attention;
+    LT_TRY(lt_attention_check(ctx, &ap));
+    size_t aw = lt_attention_workspace_bytes(&ap, 0, threads);
+    if (!fwd_only) {
+        size_t ab = lt_attention_workspace_bytes(&ap, 1, threads);
+        if (ab > aw) aw = ab;
+    }
+    o->attn_ws_bytes = aw;
+    o->attn_ws = carve(&cur, aw);
+
+    lt_lce_options lopt;
+    memset(&lopt, 0, sizeof lopt);
+    lopt.impl = run->loss;
+    lopt.reduction = LT_REDUCTION_SUM;
+    int64_t hs[2] = {N, c->C}, wsh[2] = {c->V, c->C};
+    lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    lt_lce_args la;
+    memset(&la, 0, sizeof la);
+    la.h = hv;
+    la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, LT_DEVICE_CPU, 2, wsh);
+    la.dh = &hv;
+    size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, threads);
+    if (!fwd_only) {
+        size_t lb = lt_lce_workspace_bytes(&lopt, &la, 1, threads);
+        if (lb > lw) lw = lb;
+    }
+    o->lce_ws_bytes = lw;
+    o->lce_ws = carve(&cur, lw);
+    o->class_bytes[LT_MEM_WORKSPACE] = cur;
+    for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++)
+        if (o->class_bytes[i] == SIZE_MAX)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: %s bytes overflow at B=%lld T=%lld",
+                            lt_mem_class_name((lt_mem_class)i), (long long)B, (long long)T);
+    return LT_OK;
+}
+
+lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
+                              const lt_model_run_options *run, lt_model_sizes *out) {
+    memset(out, 0, sizeof *out);
+    lt_layout lay;
+    LT_TRY(lt_model_layout(ctx, cfg, lora, run, &lay));
+    for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++) {
+        out->bytes[i] = lay.class_bytes[i] ? lt_alloc_accounted_size(LT_DEVICE_CPU, lay.class_bytes[i]) : 0;
+        if (i == LT_MEM_WEIGHTS) out->bytes[i] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(cfg));
+        out->total += out->bytes[i];
+    }
+    out->n_lora_params = lay.n_lora;
+    return LT_OK;
+}

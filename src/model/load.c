@@ -1,0 +1,444 @@
+/* Loading the one model: an HF folder (config.json + safetensors, sharded or not) or a GGUF file
+ * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
+ * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
+ * quantized to INT4_G64 with opt->quantize), f16 embeddings/heads widened to f32 (the loss reads
+ * f32, bf16 and block heads). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
+ * LoRA A gets PEFT's kaiming-uniform init from a seeded generator, B zeros. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "longtune/alloc.h"
+#include "longtune/gguf.h"
+#include "longtune/safetensors.h"
+#include "model/model_internal.h"
+
+typedef struct source {
+    const char *path;
+    lt_safetensors *st;
+    lt_gguf *gg;
+    int permute_qk;        /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
+    int has_rope_factors;  /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+} source;
+
+static void close_source(lt_ctx *ctx, source *s) {
+    if (s->st) lt_safetensors_close(ctx, s->st);
+    if (s->gg) lt_gguf_close(s->gg);
+    s->st = NULL;
+    s->gg = NULL;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static const char *const gguf_proj[LT_PROJ_COUNT_] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                     "ffn_gate", "ffn_up", "ffn_down"};
+
+static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n) {
+    long long l = (long long)p->layer;
+    static const char qkv[3] = {'q', 'k', 'v'};
+    if (s->gg) {
+        switch (p->kind) {
+        case LT_W_EMBED: snprintf(buf, n, "token_embd.weight"); break;
+        case LT_W_HEAD: snprintf(buf, n, "output.weight"); break;
+        case LT_W_FINAL_NORM: snprintf(buf, n, "output_norm.weight"); break;
+        case LT_W_PROJ: snprintf(buf, n, "blk.%lld.%s.weight", l, gguf_proj[p->which]); break;
+        case LT_W_BIAS: snprintf(buf, n, "blk.%lld.attn_%c.bias", l, qkv[p->which]); break;
+        case LT_W_ATTN_NORM: snprintf(buf, n, "blk.%lld.attn_norm.weight", l); break;
+        case LT_W_MLP_NORM: snprintf(buf, n, "blk.%lld.ffn_norm.weight", l); break;
+        case LT_W_Q_NORM: snprintf(buf, n, "blk.%lld.attn_q_norm.weight", l); break;
+        case LT_W_K_NORM: snprintf(buf, n, "blk.%lld.attn_k_norm.weight", l); break;
+        default: buf[0] = 0;
+        }
+        return;
+    }
+    switch (p->kind) {
+    case LT_W_EMBED: snprintf(buf, n, "model.embed_tokens.weight"); break;
+    case LT_W_HEAD: snprintf(buf, n, "lm_head.weight"); break;
+    case LT_W_FINAL_NORM: snprintf(buf, n, "model.norm.weight"); break;
+    case LT_W_PROJ:
+        snprintf(buf, n, "model.layers.%lld.%s.%s.weight", l, p->which <= LT_PROJ_O ? "self_attn" : "mlp",
+                 lt_proj_name((lt_proj)p->which));
+        break;
+    case LT_W_BIAS: snprintf(buf, n, "model.layers.%lld.self_attn.%c_proj.bias", l, qkv[p->which]); break;
+    case LT_W_ATTN_NORM: snprintf(buf, n, "model.layers.%lld.input_layernorm.weight", l); break;
+    case LT_W_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_attention_layernorm.weight", l); break;
+    case LT_W_Q_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.q_norm.weight", l); break;
+    case LT_W_K_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.k_norm.weight", l); break;
+    default: buf[0] = 0;
+    }
+}
+
+static lt_status find(lt_ctx *ctx, const source *s, const char *name, lt_tensor *t) {
+    lt_status st = s->gg ? lt_gguf_find_tensor(ctx, s->gg, name, t) : lt_safetensors_find(ctx, s->st, name, t);
+    if (st == LT_ERR_NOT_FOUND) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: tensor '%s' is missing", s->path, name);
+    return st;
+}
+
+/* ---- config from GGUF metadata ---- */
+
+static lt_status gg_int(lt_ctx *ctx, const source *s, const char *arch, const char *key, int required, int64_t *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    lt_status st = lt_gguf_get_i64(ctx, s->gg, k, out);
+    if (st == LT_ERR_NOT_FOUND && !required) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    return LT_OK;
+}
+
+static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const char *key, double *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    lt_status st = lt_gguf_get_f64(ctx, s->gg, k, out);
+    if (st == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    return LT_OK;
+}
+
+static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
+    const char *a;
+    size_t alen;
+    LT_TRY(lt_gguf_get_str(ctx, s->gg, "general.architecture", &a, &alen));
+    char arch[32];
+    if (alen >= sizeof arch) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: architecture name too long", s->path);
+    memcpy(arch, a, alen);
+    arch[alen] = 0;
+    if (!strcmp(arch, "llama")) c->arch = LT_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2")) c->arch = LT_ARCH_QWEN2;
+    else if (!strcmp(arch, "qwen3")) c->arch = LT_ARCH_QWEN3;
+    else
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3)",
+                        s->path, arch);
+    LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
+    LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
+    LT_TRY(gg_int(ctx, s, arch, "feed_forward_length", 1, &c->F));
+    LT_TRY(gg_int(ctx, s, arch, "attention.head_count", 1, &c->H));
+    c->Hkv = c->H;
+    LT_TRY(gg_int(ctx, s, arch, "attention.head_count_kv", 0, &c->Hkv));
+    if (c->H <= 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: zero attention heads", s->path);
+    c->D = c->C / c->H;
+    LT_TRY(gg_int(ctx, s, arch, "attention.key_length", 0, &c->D));
+    int64_t rope_dim = c->D;
+    LT_TRY(gg_int(ctx, s, arch, "rope.dimension_count", 0, &rope_dim));
+    if (rope_dim != c->D)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: partial RoPE (%lld of %lld dims) is not supported", s->path,
+                        (long long)rope_dim, (long long)c->D);
+    c->max_positions = 2048;
+    LT_TRY(gg_int(ctx, s, arch, "context_length", 0, &c->max_positions));
+    c->rope_theta = 10000.0;
+    LT_TRY(gg_num(ctx, s, arch, "rope.freq_base", &c->rope_theta));
+    double eps = 1e-6;
+    LT_TRY(gg_num(ctx, s, arch, "attention.layer_norm_rms_epsilon", &eps));
+    c->rms_eps = (float)eps;
+    char k[160];
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    const char *st;
+    size_t sl;
+    if (lt_gguf_get_str(ctx, s->gg, k, &st, &sl) == LT_OK) {
+        if (!(sl == 4 && !memcmp(st, "none", 4)))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported", s->path, (int)sl, st);
+    }
+    lt_ctx_clear_error(ctx);
+    c->qkv_bias = c->arch == LT_ARCH_QWEN2;
+    c->qk_norm = c->arch == LT_ARCH_QWEN3;
+    s->permute_qk = c->arch == LT_ARCH_LLAMA;
+    int64_t id;
+    c->bos_id = c->eos_id = -1;
+    if (lt_gguf_get_i64(ctx, s->gg, "tokenizer.ggml.bos_token_id", &id) == LT_OK) c->bos_id = (int32_t)id;
+    if (lt_gguf_get_i64(ctx, s->gg, "tokenizer.ggml.eos_token_id", &id) == LT_OK) c->eos_id = (int32_t)id;
+    lt_ctx_clear_error(ctx);
+    lt_tensor t;
+    LT_TRY(find(ctx, s, "token_embd.weight", &t));
+    c->V = t.shape[0];
+    c->tie_embeddings = lt_gguf_find_tensor(ctx, s->gg, "output.weight", &t) == LT_ERR_NOT_FOUND;
+    lt_ctx_clear_error(ctx);
+    s->has_rope_factors = lt_gguf_find_tensor(ctx, s->gg, "rope_freqs.weight", &t) == LT_OK;
+    lt_ctx_clear_error(ctx);
+    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 ||
+        c->H % c->Hkv || c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent GGUF hyper-parameters", s->path);
+    return LT_OK;
+}
+
+/* Dtype the projection/embedding tensors are held in, from the file's. */
+static lt_dtype held_proj(lt_dtype file, int quantize) {
+    if (quantize && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16)) return LT_DTYPE_INT4_G64;
+    return file;
+}
+static lt_dtype held_head(lt_dtype file) { return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file; }
+
+static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s, lt_model_config *c) {
+    memset(s, 0, sizeof *s);
+    memset(c, 0, sizeof *c);
+    s->path = path;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: no such file or folder", path);
+    if (ends_with(path, ".gguf")) {
+        LT_TRY(lt_gguf_open(ctx, path, &s->gg));
+        LT_TRY(config_from_gguf(ctx, s, c));
+    } else {
+        char dir[4096], cfgp[4200];
+        snprintf(dir, sizeof dir, "%s", path);
+        if (!S_ISDIR(sb.st_mode)) { /* a .safetensors or index inside the folder */
+            char *slash = strrchr(dir, '/');
+            if (slash) *slash = 0;
+            else snprintf(dir, sizeof dir, ".");
+        }
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+        LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
+        LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
+    }
+    /* Dtypes from the tensors: one per projection kind, the same in every layer. */
+    char name[256];
+    lt_wpiece p;
+    memset(&p, 0, sizeof p);
+    lt_tensor t;
+    p.kind = LT_W_PROJ;
+    for (int k = 0; k < LT_PROJ_COUNT_; k++) {
+        p.which = k;
+        lt_dtype first = LT_DTYPE_F32;
+        for (int64_t l = 0; l < c->L; l++) {
+            p.layer = l;
+            piece_name(s, &p, name, sizeof name);
+            LT_TRY(find(ctx, s, name, &t));
+            if (l == 0) first = t.dtype;
+            else if (t.dtype != first)
+                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: '%s' is %s but layer 0's is %s (mixed dtypes per projection)",
+                                path, name, lt_dtype_name(t.dtype), lt_dtype_name(first));
+        }
+        c->proj_dtype[k] = held_proj(first, opt && opt->quantize);
+        if (c->proj_dtype[k] == LT_DTYPE_INT4_G64 && first != LT_DTYPE_INT4_G64) {
+            int64_t o, in;
+            lt_model_proj_shape(c, (lt_proj)k, &o, &in);
+            if (in % 64)
+                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: --quantize needs %s rows of a multiple of 64, got %lld", path,
+                                lt_proj_name((lt_proj)k), (long long)in);
+        }
+    }
+    p.kind = LT_W_EMBED;
+    p.layer = -1;
+    piece_name(s, &p, name, sizeof name);
+    LT_TRY(find(ctx, s, name, &t));
+    c->embed_dtype = held_head(t.dtype);
+    c->head_dtype = c->embed_dtype;
+    if (!c->tie_embeddings) {
+        p.kind = LT_W_HEAD;
+        piece_name(s, &p, name, sizeof name);
+        LT_TRY(find(ctx, s, name, &t));
+        c->head_dtype = held_head(t.dtype);
+    }
+    return LT_OK;
+}
+
+lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt, lt_model_config *cfg) {
+    source s;
+    lt_status st = open_source(ctx, path, opt, &s, cfg);
+    close_source(ctx, &s);
+    return st;
+}
+
+/* ---- copying the weights ---- */
+
+typedef struct copy_job {
+    lt_ctx *ctx;
+    source *src;
+    lt_model *m;
+    uint8_t *block;
+    float *row;        /* widest row, for conversions */
+    lt_status status;
+} copy_job;
+
+static void copy_piece(void *arg, const lt_wpiece *p) {
+    copy_job *j = arg;
+    if (j->status != LT_OK) return;
+    lt_ctx *ctx = j->ctx;
+    lt_model *m = j->m;
+    const lt_model_config *c = &m->cfg;
+    uint8_t *dst = j->block + p->offset;
+    lt_tensor view = lt_tensor_view(dst, p->dtype, m->opt.device, p->ndim, p->shape);
+    switch (p->kind) { /* wire the pointer first: the head may be tied and never read */
+    case LT_W_EMBED: m->embed = view; if (c->tie_embeddings) m->head = view; break;
+    case LT_W_HEAD: m->head = view; break;
+    case LT_W_FINAL_NORM: m->final_norm = (float *)dst; break;
+    case LT_W_INV_FREQ: m->inv_freq = (float *)dst; break;
+    case LT_W_PROJ: m->layers[p->layer].w[p->which] = view; break;
+    case LT_W_BIAS: m->layers[p->layer].bias[p->which] = (float *)dst; break;
+    case LT_W_ATTN_NORM: m->layers[p->layer].attn_norm = (float *)dst; break;
+    case LT_W_MLP_NORM: m->layers[p->layer].mlp_norm = (float *)dst; break;
+    case LT_W_Q_NORM: m->layers[p->layer].q_norm = (float *)dst; break;
+    case LT_W_K_NORM: m->layers[p->layer].k_norm = (float *)dst; break;
+    }
+    if (p->kind == LT_W_INV_FREQ) {
+        lt_model_rope_inv_freq(c, (float *)dst);
+        if (j->src->has_rope_factors) {
+            lt_tensor f;
+            if ((j->status = find(ctx, j->src, "rope_freqs.weight", &f)) != LT_OK) return;
+            if (f.dtype != LT_DTYPE_F32 || lt_tensor_numel(&f) != c->D / 2) {
+                j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: rope_freqs.weight must be f32 (%lld)", j->src->path,
+                                     (long long)(c->D / 2));
+                return;
+            }
+            for (int64_t i = 0; i < c->D / 2; i++) ((float *)dst)[i] /= ((const float *)f.data)[i];
+        }
+        return;
+    }
+    char name[256];
+    piece_name(j->src, p, name, sizeof name);
+    lt_tensor t;
+    if ((j->status = find(ctx, j->src, name, &t)) != LT_OK) return;
+    /* Shape: 1-D pieces must hold exactly their elements; matrices match (out, in). */
+    int ok = p->ndim == 1 ? lt_tensor_numel(&t) == p->shape[0]
+                          : t.ndim == 2 && t.shape[0] == p->shape[0] && t.shape[1] == p->shape[1];
+    if (!ok) {
+        j->status = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)",
+                             j->src->path, name, (long long)t.shape[0], (long long)(t.ndim > 1 ? t.shape[1] : 1),
+                             (long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 1));
+        return;
+    }
+    int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
+    int64_t srb = lt_dtype_row_bytes(t.dtype, cols), drb = lt_dtype_row_bytes(p->dtype, cols);
+    if (srb < 0 || drb < 0) {
+        j->status = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s': %lld columns are not whole %s blocks", j->src->path,
+                             name, (long long)cols, lt_dtype_name(t.dtype));
+        return;
+    }
+    int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
+    int64_t heads = p->which == LT_PROJ_Q ? c->H : c->Hkv, D = c->D;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t sr = r;
+        if (permute) { /* rotate-half row (h, half s, i) was stored at (h, 2i + s) */
+            int64_t h = r / D, w = r % D, s = w / (D / 2), i = w % (D / 2);
+            sr = h * D + 2 * i + s;
+            (void)heads;
+        }
+        const uint8_t *src = (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
+        uint8_t *d = dst + (size_t)r * (size_t)drb;
+        if (t.dtype == p->dtype) {
+            memcpy(d, src, (size_t)drb);
+        } else if (p->dtype == LT_DTYPE_F32) {
+            lt_dequantize_row(t.dtype, src, (float *)d, cols);
+        } else if (p->dtype == LT_DTYPE_INT4_G64) {
+            lt_dequantize_row(t.dtype, src, j->row, cols);
+            lt_quantize_row(LT_DTYPE_INT4_G64, j->row, d, cols);
+        } else {
+            j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
+                                 lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
+            return;
+        }
+    }
+}
+
+/* splitmix64-driven uniform in [-b, b): the LoRA A init (PEFT: kaiming_uniform_(a=√5) gives
+ * bound 1/√fan_in). */
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void init_lora(lt_model *m) {
+    float *p = m->lora_params;
+    for (int64_t l = m->l0; l < m->cfg.L; l++) {
+        lt_layer *L = &m->layers[l];
+        L->has_lora = 1;
+        for (int k = 0; k < LT_PROJ_COUNT_; k++) {
+            if (!((m->lora.targets >> k) & 1u)) continue;
+            int64_t out, in, r = m->lora.rank;
+            lt_model_proj_shape(&m->cfg, (lt_proj)k, &out, &in);
+            int64_t off = p - m->lora_params;
+            L->lora_a[k] = p;
+            L->grad_a[k] = m->lora_grads + off;
+            uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)k) * 0xd1b54a32d192ed03ULL);
+            float bound = 1.0f / sqrtf((float)in);
+            for (int64_t i = 0; i < r * in; i++)
+                p[i] = (float)(((double)(mix(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+            p += r * in;
+            L->lora_b[k] = p;
+            L->grad_b[k] = m->lora_grads + (p - m->lora_params);
+            memset(p, 0, (size_t)(out * r) * sizeof(float));
+            p += out * r;
+        }
+    }
+}
+
+void lt_model_free(lt_ctx *ctx, lt_model *m) {
+    if (!m) return;
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
+        if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
+    lt_free(ctx, LT_DEVICE_CPU, m, lt_model_meta_bytes(&m->cfg));
+}
+
+lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt_in, const lt_lora_options *lora,
+                        lt_model **out) {
+    *out = NULL;
+    lt_model_options opt;
+    memset(&opt, 0, sizeof opt);
+    if (opt_in) opt = *opt_in;
+    if (opt.device != LT_DEVICE_CPU)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: only the CPU device is implemented for the model");
+    source src;
+    lt_model_config cfg;
+    lt_model *m = NULL;
+    float *row = NULL;
+    size_t row_bytes = 0;
+    lt_status s = open_source(ctx, path, &opt, &src, &cfg);
+    if (s != LT_OK) goto fail;
+    lt_layout lay;
+    if ((s = lt_model_layout(ctx, &cfg, lora, NULL, &lay)) != LT_OK) goto fail;
+    m = lt_calloc(ctx, LT_DEVICE_CPU, lt_model_meta_bytes(&cfg), "model bookkeeping");
+    if (!m) {
+        s = lt_ctx_status(ctx);
+        goto fail;
+    }
+    m->cfg = cfg;
+    m->layers = (lt_layer *)(m + 1);
+    m->opt = opt;
+    m->be = lt_backend_get(opt.device);
+    m->lora = lt_model_resolve_lora(&cfg, lora);
+    m->lora_scale = m->lora.alpha / (float)m->lora.rank;
+    m->l0 = cfg.L - m->lora.num_layers;
+    m->lay = lay;
+    static const char *const what[3] = {"model weights", "lora parameters", "lora gradients"};
+    for (int c = 0; c < 3; c++) {
+        m->block[c] = lt_alloc(ctx, opt.device, lay.class_bytes[c] ? lay.class_bytes[c] : 1, what[c]);
+        if (!m->block[c]) {
+            s = lt_ctx_status(ctx);
+            goto fail;
+        }
+        m->block_bytes[c] = lay.class_bytes[c] ? lay.class_bytes[c] : 1;
+    }
+    m->lora_params = (float *)m->block[LT_MEM_LORA];
+    m->lora_grads = (float *)m->block[LT_MEM_GRADS];
+    int64_t widest = cfg.C > cfg.F ? cfg.C : cfg.F;
+    if (cfg.H * cfg.D > widest) widest = cfg.H * cfg.D;
+    row_bytes = (size_t)widest * sizeof(float);
+    row = lt_alloc(ctx, LT_DEVICE_CPU, row_bytes, "model load row");
+    if (!row) {
+        s = lt_ctx_status(ctx);
+        goto fail;
+    }
+    copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, LT_OK};
+    lt_model_weights_walk(&m->cfg, copy_piece, &job);
+    if ((s = job.status) != LT_OK) goto fail;
+    init_lora(m);
+    lt_model_zero_grads(m);
+    lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
+    close_source(ctx, &src);
+    *out = m;
+    return LT_OK;
+fail:
+    if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
+    close_source(ctx, &src);
+    lt_model_free(ctx, m);
+    return s;
+}

@@ -1,0 +1,511 @@
+/* The one decoder: forward and backward of packed rows through the backend op table, LoRA on the
+ * projections of the last K layers, gradient checkpointing by segments, and the run memory
+ * (allocated once by lt_model_prepare from the layout in layout.c). Loading lives in load.c. No
+ * op is called directly and nothing is allocated inside a step. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/parallel.h"
+#include "longtune/alloc.h"
+#include "model/model_internal.h"
+
+/* ---- run memory ---- */
+
+static void free_run(lt_ctx *ctx, lt_model *m) {
+    for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
+        if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
+        m->block[c] = NULL;
+        m->block_bytes[c] = 0;
+    }
+    m->prepared = 0;
+}
+
+lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run) {
+    lt_layout lay;
+    free_run(ctx, m);
+    LT_TRY(lt_model_layout(ctx, &m->cfg, &m->lora, run, &lay));
+    static const char *const what[LT_MEM_CLASS_COUNT_] = {"", "", "", "model activations", "model transients",
+                                                          "model workspace"};
+    for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
+        if (!lay.class_bytes[c]) continue;
+        m->block[c] = lt_alloc(ctx, m->opt.device, lay.class_bytes[c], what[c]);
+        if (!m->block[c]) {
+            lt_status s = lt_ctx_status(ctx);
+            free_run(ctx, m);
+            return s;
+        }
+        m->block_bytes[c] = lay.class_bytes[c];
+    }
+    /* Keep the weights/LoRA part of the layout from load, take the run part. */
+    m->lay = lay;
+    m->run = *run;
+    m->prepared = 1;
+    return LT_OK;
+}
+
+lt_model_sizes lt_model_get_sizes(const lt_model *m) {
+    lt_model_sizes s;
+    memset(&s, 0, sizeof s);
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) {
+        s.bytes[c] = m->block[c] ? lt_alloc_accounted_size(m->opt.device, m->block_bytes[c]) : 0;
+        if (c == LT_MEM_WEIGHTS) s.bytes[c] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(&m->cfg));
+        s.total += s.bytes[c];
+    }
+    s.n_lora_params = m->lay.n_lora;
+    return s;
+}
+
+const lt_model_config *lt_model_get_config(const lt_model *m) { return &m->cfg; }
+const lt_lora_options *lt_model_get_lora(const lt_model *m) { return &m->lora; }
+
+float *lt_model_lora_params(lt_model *m, int64_t *n) {
+    if (n) *n = m->lay.n_lora;
+    return m->lora_params;
+}
+
+float *lt_model_lora_grads(lt_model *m, int64_t *n) {
+    if (n) *n = m->lay.n_lora;
+    return m->lora_grads;
+}
+
+void lt_model_zero_grads(lt_model *m) {
+    if (m->lora_grads) memset(m->lora_grads, 0, m->lay.lora_bytes);
+}
+
+int64_t lt_model_lora_count(const lt_model *m) {
+    int64_t t = 0;
+    for (int p = 0; p < LT_PROJ_COUNT_; p++) t += (m->lora.targets >> p) & 1u;
+    return 2 * t * m->lora.num_layers;
+}
+
+lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out) {
+    int64_t n = lt_model_lora_count(m);
+    if (i < 0 || i >= n) return lt_error(ctx, LT_ERR_INVALID_ARG, "lora tensor %lld outside [0, %lld)", (long long)i, (long long)n);
+    memset(out, 0, sizeof *out);
+    int64_t per_layer = n / m->lora.num_layers, j = i % per_layer;
+    int64_t l = m->l0 + i / per_layer;
+    int p = 0, seen = -1;
+    for (p = 0; p < LT_PROJ_COUNT_; p++)
+        if ((m->lora.targets >> p) & 1u) {
+            seen++;
+            if (seen == j / 2) break;
+        }
+    int is_b = (int)(j % 2);
+    int64_t o, in;
+    lt_model_proj_shape(&m->cfg, (lt_proj)p, &o, &in);
+    int64_t shape[2] = {is_b ? o : m->lora.rank, is_b ? m->lora.rank : in};
+    const lt_layer *L = &m->layers[l];
+    float *v = is_b ? L->lora_b[p] : L->lora_a[p], *g = is_b ? L->grad_b[p] : L->grad_a[p];
+    out->layer = l;
+    out->proj = (lt_proj)p;
+    out->is_b = is_b;
+    out->value = lt_tensor_view(v, LT_DTYPE_F32, m->opt.device, 2, shape);
+    out->grad = lt_tensor_view(g, LT_DTYPE_F32, m->opt.device, 2, shape);
+    out->offset = v - m->lora_params;
+    snprintf(out->name, sizeof out->name, "base_model.model.model.layers.%lld.%s.%s.lora_%c.weight", (long long)l,
+             p <= LT_PROJ_O ? "self_attn" : "mlp", lt_proj_name((lt_proj)p), is_b ? 'B' : 'A');
+    return LT_OK;
+}
+
+/* ---- one step ---- */
+
+typedef struct step {
+    lt_ctx *ctx;
+    lt_model *m;
+    const lt_backend *be;
+    int64_t B, T, N;
+    const int32_t *pos;
+    const int32_t *seq_offsets;
+    int64_t S;
+    uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
+    int train;
+} step;
+
+static uint8_t *blk(const step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
+static float *wsf(const step *s, size_t off) { return (float *)blk(s, LT_MEM_WORKSPACE, off); }
+
+/* Store j (0-based among LoRA layers; stores of one recompute segment are slots). */
+static lt_store store_slot(const step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    lt_store st;
+    if (y->n_act_stores)
+        lt_model_store_at(y, blk(s, LT_MEM_ACTIVATIONS, y->act_stores + (size_t)j * y->store_bytes), &st);
+    else
+        lt_model_store_at(y, blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)j * y->store_bytes), &st);
+    return st;
+}
+
+static float *ckpt(const step *s, int64_t seg) {
+    return (float *)blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * (size_t)s->N * (size_t)s->m->cfg.C * 4);
+}
+
+static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
+
+/* y (N, out) = x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. */
+static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float *y, float *lu, const float *bias) {
+    lt_model *m = s->m;
+    const lt_layer *L = &m->layers[l];
+    const lt_tensor *w = &L->w[p];
+    int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
+    s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, 0.0f, y, wsf(s, m->lay.mm_ws));
+    if (bias) s->be->add_bias(s->ctx, y, bias, N, out);
+    if (!L->lora_a[p]) return;
+    const float *src = x;
+    if (s->train && m->lora.dropout > 0) {
+        float *scr = wsf(s, m->lay.scratch);
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        src = scr;
+    }
+    s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
+    s->be->gemm(s->ctx, 0, 1, N, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
+}
+
+/* Given dy (N, out) of projection p with input x: accumulates LoRA grads and adds the input
+ * gradient into dx (N, in) (beta: 0 overwrites with the base part first, 1 accumulates). */
+static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const float *dy, const float *lu, float *dx,
+                     float beta) {
+    lt_model *m = s->m;
+    const lt_layer *L = &m->layers[l];
+    const lt_tensor *w = &L->w[p];
+    int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
+    s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, N, beta, dx, wsf(s, m->lay.mm_ws));
+    if (!L->lora_a[p]) return;
+    float sc = m->lora_scale, *dlu = wsf(s, m->lay.dlu), *scr = wsf(s, m->lay.scratch);
+    int drop = m->lora.dropout > 0;
+    /* dB += s·dyᵀ·lu ; dlu = s·dy·B ; dA += dluᵀ·drop(x) ; dx += drop'(dlu·A) */
+    s->be->gemm(s->ctx, 1, 0, out, r, N, sc, dy, out, lu, r, 1.0f, L->grad_b[p], r);
+    s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
+    const float *src = x;
+    if (drop) {
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        src = scr;
+    }
+    s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
+    if (!drop) {
+        s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
+    } else {
+        s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
+        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->add(s->ctx, dx, scr, 1.0f, N * in);
+    }
+}
+
+static lt_attention_params attn_params(const step *s) {
+    const lt_model_config *c = &s->m->cfg;
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = s->B, ap.T = s->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
+    ap.dtype = LT_DTYPE_F32;
+    ap.device = s->m->opt.device;
+    ap.impl = s->m->run.attention;
+    ap.seq_offsets = s->seq_offsets;
+    ap.S = s->S;
+    return ap;
+}
+
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). */
+static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out) {
+    lt_model *m = s->m;
+    const lt_model_config *c = &m->cfg;
+    const lt_layer *L = &m->layers[l];
+    const lt_backend *be = s->be;
+    int64_t N = s->N, C = c->C, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    be->rmsnorm_fwd(s->ctx, x_in, L->attn_norm, c->rms_eps, N, C, st->h1, st->rstd1);
+    float *qo = c->qk_norm ? st->q_raw : st->q, *ko = c->qk_norm ? st->k_raw : st->k;
+    proj_fwd(s, l, LT_PROJ_Q, st->h1, qo, st->lu[LT_PROJ_Q], L->bias[0]);
+    proj_fwd(s, l, LT_PROJ_K, st->h1, ko, st->lu[LT_PROJ_K], L->bias[1]);
+    proj_fwd(s, l, LT_PROJ_V, st->h1, st->v, st->lu[LT_PROJ_V], L->bias[2]);
+    if (c->qk_norm) {
+        be->rmsnorm_fwd(s->ctx, st->q_raw, L->q_norm, c->rms_eps, N * c->H, c->D, st->q, st->rstd_q);
+        be->rmsnorm_fwd(s->ctx, st->k_raw, L->k_norm, c->rms_eps, N * c->Hkv, c->D, st->k, st->rstd_k);
+    }
+    be->rope(s->ctx, st->q, s->pos, m->inv_freq, N, c->H, c->D, 0);
+    be->rope(s->ctx, st->k, s->pos, m->inv_freq, N, c->Hkv, c->D, 0);
+    lt_attention_params ap = attn_params(s);
+    lt_attention_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
+    aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
+    aa.workspace_size = m->lay.attn_ws_bytes;
+    LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+    (void)qd, (void)kvd;
+    /* x_mid = x_in + o_proj(att) */
+    LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
+    {
+        const lt_tensor *w = &L->w[LT_PROJ_O];
+        be->matmul(s->ctx, LT_MATMUL_NT, w, st->att, N, 1.0f, st->x_mid, wsf(s, m->lay.mm_ws));
+        if (L->lora_a[LT_PROJ_O]) {
+            /* proj_fwd overwrites; run the LoRA part alone by hand so the residual accumulates */
+            float *lu = st->lu[LT_PROJ_O];
+            const float *src = st->att;
+            int64_t in = w->shape[1], r = m->lora.rank;
+            if (s->train && m->lora.dropout > 0) {
+                float *scr = wsf(s, m->lay.scratch);
+                be->dropout(s->ctx, st->att, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, LT_PROJ_O));
+                src = scr;
+            }
+            be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[LT_PROJ_O], in, 0.0f, lu, r);
+            be->gemm(s->ctx, 0, 1, N, C, r, m->lora_scale, lu, r, L->lora_b[LT_PROJ_O], r, 1.0f, st->x_mid, C);
+        }
+    }
+    be->rmsnorm_fwd(s->ctx, st->x_mid, L->mlp_norm, c->rms_eps, N, C, st->h2, st->rstd2);
+    proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL);
+    proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL);
+    float *a = wsf(s, m->lay.da);
+    be->swiglu_fwd(s->ctx, st->g, st->u, N * c->F, a);
+    /* x_out = x_mid + down(a) */
+    LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
+    {
+        const lt_tensor *w = &L->w[LT_PROJ_DOWN];
+        be->matmul(s->ctx, LT_MATMUL_NT, w, a, N, 1.0f, x_out, wsf(s, m->lay.mm_ws));
+        if (L->lora_a[LT_PROJ_DOWN]) {
+            float *lu = st->lu[LT_PROJ_DOWN];
+            const float *src = a;
+            int64_t in = c->F, r = m->lora.rank;
+            if (s->train && m->lora.dropout > 0) {
+                float *scr = wsf(s, m->lay.scratch);
+                be->dropout(s->ctx, a, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, LT_PROJ_DOWN));
+                src = scr;
+            }
+            be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[LT_PROJ_DOWN], in, 0.0f, lu, r);
+            be->gemm(s->ctx, 0, 1, N, C, r, m->lora_scale, lu, r, L->lora_b[LT_PROJ_DOWN], r, 1.0f, x_out, C);
+        }
+    }
+    return LT_OK;
+}
+
+/* dx holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. */
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx) {
+    lt_model *m = s->m;
+    const lt_model_config *c = &m->cfg;
+    const lt_layer *L = &m->layers[l];
+    const lt_backend *be = s->be;
+    const lt_layout *y = &m->lay;
+    int64_t N = s->N, C = c->C, F = c->F;
+    float *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
+    float *a = dg; /* the activation is recomputed into dg's buffer, which swiglu_bwd then overwrites */
+    /* MLP: x_out = x_mid + down(swiglu(gate(h2), up(h2))) */
+    be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
+    proj_bwd(s, l, LT_PROJ_DOWN, a, dx, st->lu[LT_PROJ_DOWN], da, 0.0f);
+    be->swiglu_bwd(s->ctx, da, st->g, st->u, N * F, dg, du);
+    proj_bwd(s, l, LT_PROJ_GATE, st->h2, dg, st->lu[LT_PROJ_GATE], dh, 0.0f);
+    proj_bwd(s, l, LT_PROJ_UP, st->h2, du, st->lu[LT_PROJ_UP], dh, 1.0f);
+    be->rmsnorm_bwd(s->ctx, dh, st->x_mid, L->mlp_norm, st->rstd2, N, C, dh, NULL);
+    be->add(s->ctx, dx, dh, 1.0f, N * C); /* dx = ∂/∂x_mid */
+    /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)) */
+    float *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
+    proj_bwd(s, l, LT_PROJ_O, st->att, dx, st->lu[LT_PROJ_O], datt, 0.0f);
+    lt_attention_params ap = attn_params(s);
+    lt_attention_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
+    aa.dout = datt, aa.dq = dq, aa.dk = dk, aa.dv = dv;
+    aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
+    aa.workspace_size = y->attn_ws_bytes;
+    LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+    be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
+    if (c->qk_norm) {
+        be->rmsnorm_bwd(s->ctx, dq, st->q_raw, L->q_norm, st->rstd_q, N * c->H, c->D, dq, NULL);
+        be->rmsnorm_bwd(s->ctx, dk, st->k_raw, L->k_norm, st->rstd_k, N * c->Hkv, c->D, dk, NULL);
+    }
+    proj_bwd(s, l, LT_PROJ_Q, st->h1, dq, st->lu[LT_PROJ_Q], dh, 0.0f);
+    proj_bwd(s, l, LT_PROJ_K, st->h1, dk, st->lu[LT_PROJ_K], dh, 1.0f);
+    proj_bwd(s, l, LT_PROJ_V, st->h1, dv, st->lu[LT_PROJ_V], dh, 1.0f);
+    be->rmsnorm_bwd(s->ctx, dh, x_in, L->attn_norm, st->rstd1, N, C, dh, NULL);
+    be->add(s->ctx, dx, dh, 1.0f, N * C);
+    return LT_OK;
+}
+
+static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, step *s, int train) {
+    if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
+    if (train && m->run.forward_only)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
+    if (!b || !b->tokens || b->B <= 0 || b->T <= 0 || b->B > m->run.B || b->T > m->run.T || b->B * b->T > m->run.B * m->run.T)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: batch (%lld, %lld) exceeds the prepared (%lld, %lld)",
+                        b ? (long long)b->B : 0LL, b ? (long long)b->T : 0LL, (long long)m->run.B, (long long)m->run.T);
+    if (lt_parallel_threads(lt_ctx_threads(ctx)) > lt_parallel_threads(m->lay.threads))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context runs %d threads, workspaces were sized for %d",
+                        lt_parallel_threads(lt_ctx_threads(ctx)), lt_parallel_threads(m->lay.threads));
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx, s->m = m, s->be = m->be;
+    s->B = b->B, s->T = b->T, s->N = b->B * b->T;
+    s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
+    s->train = train;
+    s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
+    for (int64_t i = 0; i < s->N; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
+                            (int)b->tokens[i], (long long)i, (long long)m->cfg.V);
+    int32_t *pos = (int32_t *)blk(s, LT_MEM_TRANSIENTS, m->lay.pos);
+    for (int64_t i = 0; i < s->N; i++) {
+        int32_t p = b->positions ? b->positions[i] : (int32_t)(i % b->T);
+        if (p < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative position %d at %lld", (int)p, (long long)i);
+        pos[i] = p;
+    }
+    s->pos = pos;
+    return LT_OK;
+}
+
+/* Embedding and the frozen layers below the first LoRA layer, into `out` (N, C). The LoRA-free
+ * layers use store slot 0 as scratch; `upto` is the first layer not run. */
+static lt_status run_plain(const step *s, const lt_model_batch *b, int64_t upto, float *out) {
+    lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    float *xa = (float *)blk(s, LT_MEM_TRANSIENTS, y->xa), *xb = (float *)blk(s, LT_MEM_TRANSIENTS, y->xb);
+    float *cur = upto == 0 ? out : xa;
+    s->be->embedding(s->ctx, &m->embed, b->tokens, s->N, cur);
+    lt_store st = store_slot(s, 0);
+    for (int64_t l = 0; l < upto; l++) {
+        float *nxt = l + 1 == upto ? out : (cur == xa ? xb : xa);
+        LT_TRY(layer_fwd(s, l, &st, cur, nxt));
+        cur = nxt;
+    }
+    return LT_OK;
+}
+
+static lt_status final_loss(const step *s, const lt_model_batch *b, int backward, float grad_scale,
+                            lt_model_result *res, float *token_loss) {
+    lt_model *m = s->m;
+    const lt_model_config *c = &m->cfg;
+    const lt_layout *y = &m->lay;
+    float *xf = (float *)blk(s, LT_MEM_TRANSIENTS, y->xf), *hf = (float *)blk(s, LT_MEM_TRANSIENTS, y->hf);
+    float *rstd = (float *)blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
+    s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
+    if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
+    int64_t n_tok = 0;
+    for (int64_t i = 0; i < s->N; i++) n_tok += b->targets[i] != LT_IGNORE_INDEX;
+    lt_lce_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.impl = m->run.loss;
+    lo.reduction = LT_REDUCTION_SUM;
+    float loss = 0;
+    int64_t hs[2] = {s->N, c->C};
+    lt_lce_args la;
+    memset(&la, 0, sizeof la);
+    la.h = lt_tensor_view(hf, LT_DTYPE_F32, m->opt.device, 2, hs);
+    la.w = m->head;
+    la.targets = b->targets;
+    la.loss = &loss;
+    la.lse = (float *)blk(s, LT_MEM_TRANSIENTS, y->lse_f);
+    la.token_loss = token_loss;
+    la.workspace = blk(s, LT_MEM_WORKSPACE, y->lce_ws);
+    LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
+    res->loss_sum = loss;
+    res->n_tokens = n_tok;
+    if (!backward) return LT_OK;
+    float dloss = grad_scale != 0 ? grad_scale : (n_tok ? 1.0f / (float)n_tok : 0.0f);
+    float *dx = wsf(s, y->dx), *dh = wsf(s, y->dh);
+    lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
+    la.dloss = &dloss;
+    la.dh = &dht;
+    la.token_loss = NULL;
+    LT_TRY(lt_lce_backward(s->ctx, &lo, &la));
+    s->be->rmsnorm_bwd(s->ctx, dh, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
+    return LT_OK;
+}
+
+/* Where LoRA layer j (0-based from l0) reads its input and writes its output. */
+static float *lora_in(const step *s, int64_t j, const lt_store *st) {
+    const lt_layout *y = &s->m->lay;
+    if (y->n_ckpt) {
+        int64_t k = y->n_tr_stores;
+        return j % k == 0 ? ckpt(s, j / k) : st->x_in;
+    }
+    return st->x_in;
+}
+
+static float *lora_out(const step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    int64_t K = s->m->lora.num_layers;
+    if (j + 1 == K) return (float *)blk(s, LT_MEM_TRANSIENTS, y->xf);
+    if (y->n_ckpt) {
+        int64_t k = y->n_tr_stores;
+        if ((j + 1) % k == 0) return ckpt(s, (j + 1) / k);
+        lt_store nx = store_slot(s, (j + 1) % k);
+        return nx.x_in;
+    }
+    lt_store nx = store_slot(s, j + 1);
+    return nx.x_in;
+}
+
+static lt_status slot_of(const step *s, int64_t j, lt_store *st) {
+    const lt_layout *y = &s->m->lay;
+    *st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
+    return LT_OK;
+}
+
+lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                                    lt_model_result *res, float *token_loss) {
+    step s;
+    lt_model_result r = {0, 0};
+    LT_TRY(check_batch(ctx, m, b, &s, 1));
+    int64_t K = m->lora.num_layers, l0 = m->l0;
+    lt_store st;
+    LT_TRY(slot_of(&s, 0, &st));
+    LT_TRY(run_plain(&s, b, l0, lora_in(&s, 0, &st)));
+    for (int64_t j = 0; j < K; j++) {
+        LT_TRY(slot_of(&s, j, &st));
+        LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j)));
+    }
+    LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
+    float *dx = wsf(&s, m->lay.dx);
+    int64_t k = m->lay.n_ckpt ? m->lay.n_tr_stores : K;
+    int64_t last_seg = (K - 1) / k;
+    for (int64_t j = K - 1; j >= 0; j--) {
+        int64_t seg = j / k;
+        if (m->lay.n_ckpt && seg != last_seg && j % k == k - 1) {
+            /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
+            for (int64_t i = seg * k; i <= j; i++) {
+                LT_TRY(slot_of(&s, i, &st));
+                float *out = i == j ? wsf(&s, m->lay.dh) : lora_out(&s, i); /* last output unused */
+                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out));
+            }
+        }
+        LT_TRY(slot_of(&s, j, &st));
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
+    }
+    if (res) *res = r;
+    return LT_OK;
+}
+
+static lt_status forward_all(step *s, const lt_model_batch *b) {
+    lt_model *m = s->m;
+    return run_plain(s, b, m->cfg.L, (float *)blk(s, LT_MEM_TRANSIENTS, m->lay.xf));
+}
+
+lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
+    step s;
+    lt_model_result r = {0, 0};
+    LT_TRY(check_batch(ctx, m, b, &s, 0));
+    LT_TRY(forward_all(&s, b));
+    LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
+    if (res) *res = r;
+    return LT_OK;
+}
+
+static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits, int last_only) {
+    step s;
+    LT_TRY(check_batch(ctx, m, b, &s, 0));
+    LT_TRY(forward_all(&s, b));
+    const lt_model_config *c = &m->cfg;
+    float *xf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.xf), *hf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.hf);
+    float *rstd = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
+    m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
+    if (!last_only) {
+        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, logits, wsf(&s, m->lay.mm_ws));
+        return LT_OK;
+    }
+    for (int64_t r = 0; r < s.B; r++)
+        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, logits + r * c->V,
+                      wsf(&s, m->lay.mm_ws));
+    return LT_OK;
+}
+
+lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits) {
+    return logits_rows(ctx, m, b, logits, 0);
+}
+
+lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits) {
+    return logits_rows(ctx, m, b, logits, 1);
+}

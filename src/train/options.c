@@ -1,0 +1,375 @@
+/* Run options: one table of keys drives argv flags and the JSON config file alike, then
+ * lt_train_options_resolve fills defaults and checks ranges. Nothing here opens models or data;
+ * whether the paths exist is found out by the loaders. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longtune/train.h"
+
+typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS } kind;
+
+typedef struct {
+    const char *key; /* with '_' */
+    kind k;
+    size_t off;
+    size_t cap;      /* K_STR: buffer size */
+    double lo, hi;   /* numeric range (inclusive) */
+} option;
+
+#define O(f) offsetof(lt_train_options, f)
+#define S(f) sizeof(((lt_train_options *)0)->f)
+static const option options[] = {
+    {"model", K_STR, O(model), S(model), 0, 0},
+    {"data", K_STR, O(data), S(data), 0, 0},
+    {"adapter_path", K_STR, O(adapter_path), S(adapter_path), 0, 0},
+    {"resume_adapter_file", K_STR, O(resume_adapter_file), S(resume_adapter_file), 0, 0},
+    {"iters", K_I64, O(iters), 0, 1, 1e12},
+    {"batch_size", K_I64, O(batch_size), 0, 1, 1 << 20},
+    {"max_seq_length", K_I64, O(max_seq_length), 0, 2, 1 << 24},
+    {"learning_rate", K_F64, O(learning_rate), 0, 0, 10},
+    {"min_lr", K_F64, O(min_lr), 0, 0, 10},
+    {"num_layers", K_I64, O(num_layers), 0, -1, 1 << 16},
+    {"mask_prompt", K_BOOL, O(mask_prompt), 0, 0, 1},
+    {"grad_checkpoint", K_BOOL, O(grad_checkpoint), 0, 0, 1},
+    {"save_every", K_I64, O(save_every), 0, 1, 1e12},
+    {"steps_per_eval", K_I64, O(steps_per_eval), 0, 1, 1e12},
+    {"steps_per_report", K_I64, O(steps_per_report), 0, 1, 1e12},
+    {"val_batches", K_I64, O(val_batches), 0, -1, 1e12},
+    {"seed", K_U64, O(seed), 0, 0, 0},
+    {"lora_rank", K_I64, O(lora_rank), 0, 1, 4096},
+    {"lora_alpha", K_F64, O(lora_alpha), 0, 0, 1e6},
+    {"lora_dropout", K_F64, O(lora_dropout), 0, 0, 0.999},
+    {"lora_targets", K_STR, O(lora_targets), S(lora_targets), 0, 0},
+    {"lr_schedule", K_SCHED, O(lr_schedule), 0, 0, 0},
+    {"warmup", K_I64, O(warmup), 0, 0, 1e12},
+    {"weight_decay", K_F64, O(weight_decay), 0, 0, 10},
+    {"beta1", K_F64, O(beta1), 0, 0, 0.999999},
+    {"beta2", K_F64, O(beta2), 0, 0, 0.999999999},
+    {"eps", K_F64, O(eps), 0, 0, 1},
+    {"grad_accum", K_I64, O(grad_accum), 0, 1, 1 << 20},
+    {"grad_clip", K_F64, O(grad_clip), 0, 0, 1e9},
+    {"recompute", K_RECOMP, O(recompute), 0, 0, 0},
+    {"attention", K_ATTN, O(attention), 0, 0, 0},
+    {"loss", K_LOSS, O(loss), 0, 0, 0},
+    {"no_pack", K_BOOL, O(no_pack), 0, 0, 1},
+    {"pack_algorithm", K_STR, O(pack_algorithm), S(pack_algorithm), 0, 0},
+    {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
+    {"threads", K_INT, O(threads), 0, 0, 4096},
+};
+#undef O
+#undef S
+
+static const option *find(const char *key) {
+    char k[64];
+    size_t n = strlen(key);
+    if (n >= sizeof k) return NULL;
+    for (size_t i = 0; i <= n; i++) k[i] = key[i] == '-' ? '_' : key[i];
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+        if (!strcmp(options[i].key, k)) return &options[i];
+    return NULL;
+}
+
+lt_train_option_kind lt_train_option_kind_of(const char *key) {
+    const option *o = key ? find(key) : NULL;
+    if (!o) return LT_TRAIN_OPTION_UNKNOWN;
+    return o->k == K_BOOL ? LT_TRAIN_OPTION_BOOL : LT_TRAIN_OPTION_VALUE;
+}
+
+static int parse_f64(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno == ERANGE || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno == ERANGE) {
+        /* Accept integral floats such as "1e3" from config files and habits. */
+        double d;
+        if (parse_f64(s, &d) || d != floor(d) || fabs(d) > 9e15) return -1;
+        *out = (int64_t)d;
+        return 0;
+    }
+    *out = v;
+    return 0;
+}
+
+lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *key, const char *value) {
+    const option *o = key ? find(key) : NULL;
+    if (!o) return lt_error(ctx, LT_ERR_NOT_FOUND, "unknown training option '%s'", key ? key : "(null)");
+    if (!value) return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s' needs a value", key);
+    char *field = (char *)opt + o->off;
+    switch (o->k) {
+    case K_STR: {
+        size_t n = strlen(value);
+        if (n >= o->cap)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': value is %zu bytes, at most %zu", key, n,
+                            o->cap - 1);
+        memcpy(field, value, n + 1);
+        return LT_OK;
+    }
+    case K_I64:
+    case K_INT: {
+        int64_t v;
+        if (parse_i64(value, &v) || (double)v < o->lo || (double)v > o->hi)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not an integer in [%.0f, %.0f]", key,
+                            value, o->lo, o->hi);
+        if (o->k == K_INT) {
+            int iv = (int)v;
+            memcpy(field, &iv, sizeof iv);
+        } else {
+            memcpy(field, &v, sizeof v);
+        }
+        return LT_OK;
+    }
+    case K_U64: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (end == value || *end || errno == ERANGE || value[0] == '-')
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not a non-negative integer", key, value);
+        uint64_t u = v;
+        memcpy(field, &u, sizeof u);
+        return LT_OK;
+    }
+    case K_F64: {
+        double v;
+        if (parse_f64(value, &v) || v < o->lo || v > o->hi)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not a number in [%g, %g]", key, value,
+                            o->lo, o->hi);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_BOOL: {
+        int v;
+        if (!strcmp(value, "1") || !strcmp(value, "true")) v = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false")) v = 0;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not true/false", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_SCHED: {
+        lt_lr_schedule v;
+        if (!strcmp(value, "constant")) v = LT_LR_SCHEDULE_CONSTANT;
+        else if (!strcmp(value, "cosine")) v = LT_LR_SCHEDULE_COSINE;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not constant|cosine", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_RECOMP: {
+        lt_recompute v;
+        int64_t every = 0;
+        if (!strcmp(value, "none")) v = LT_RECOMPUTE_NONE;
+        else if (!strcmp(value, "all")) v = LT_RECOMPUTE_EVERY;
+        else if (!strncmp(value, "every:", 6) && !parse_i64(value + 6, &every) && every >= 1 && every <= 65536)
+            v = LT_RECOMPUTE_EVERY_K;
+        else
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)", key,
+                            value);
+        opt->recompute = v;
+        opt->recompute_every = every;
+        return LT_OK;
+    }
+    case K_ATTN: {
+        lt_attention_impl v;
+        if (!strcmp(value, "flash")) v = LT_ATTENTION_FLASH;
+        else if (!strcmp(value, "naive")) v = LT_ATTENTION_NAIVE;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not flash|naive", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_LOSS: {
+        lt_lce_impl v;
+        if (!strcmp(value, "fused")) v = LT_LCE_FUSED;
+        else if (!strcmp(value, "chunked")) v = LT_LCE_CHUNKED;
+        else if (!strcmp(value, "naive")) v = LT_LCE_NAIVE;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not fused|chunked|naive", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    }
+    LT_ABORT("option kind %d", (int)o->k);
+}
+
+/* JSON value → the text form lt_train_options_set parses. */
+static lt_status json_value_text(lt_ctx *ctx, const char *path, const cJSON *item, char *buf, size_t cap) {
+    if (cJSON_IsString(item)) {
+        if (strlen(item->valuestring) >= cap)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: key '%s': string too long", path, item->string);
+        snprintf(buf, cap, "%s", item->valuestring);
+    } else if (cJSON_IsBool(item)) {
+        snprintf(buf, cap, "%s", cJSON_IsTrue(item) ? "true" : "false");
+    } else if (cJSON_IsNumber(item)) {
+        double d = item->valuedouble;
+        if (d == floor(d) && fabs(d) < 9e15) snprintf(buf, cap, "%lld", (long long)d);
+        else snprintf(buf, cap, "%.17g", d);
+    } else if (cJSON_IsArray(item)) {
+        size_t used = 0;
+        buf[0] = '\0';
+        const cJSON *e;
+        cJSON_ArrayForEach(e, item) {
+            if (!cJSON_IsString(e))
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%s': array elements must be strings", path,
+                                item->string);
+            int w = snprintf(buf + used, cap - used, "%s%s", used ? "," : "", e->valuestring);
+            if (w < 0 || (size_t)w >= cap - used)
+                return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: key '%s': list too long", path, item->string);
+            used += (size_t)w;
+        }
+    } else {
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%s': expected a string, number, boolean or list", path,
+                        item->string);
+    }
+    return LT_OK;
+}
+
+lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return lt_error(ctx, LT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    lt_status s = LT_OK;
+    cJSON *root = NULL;
+    if (fseek(f, 0, SEEK_END) != 0) { s = lt_error(ctx, LT_ERR_IO, "%s: cannot seek", path); goto done; }
+    long size = ftell(f);
+    if (size < 0 || size > (1L << 24)) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: config file of %ld bytes (at most 16 MiB)", path, size);
+        goto done;
+    }
+    rewind(f);
+    /* Tiny transient host scratch for parsing (as in the CLI): not accounted. */
+    text = malloc((size_t)size + 1);
+    if (!text) { s = lt_error(ctx, LT_ERR_OOM, "%s: cannot buffer the config", path); goto done; }
+    if (fread(text, 1, (size_t)size, f) != (size_t)size) {
+        s = lt_error(ctx, LT_ERR_IO, "%s: short read", path);
+        goto done;
+    }
+    text[size] = '\0';
+    root = cJSON_ParseWithLength(text, (size_t)size);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at && at >= text && at <= text + size ? (long)(at - text) : -1;
+        int line = 1;
+        for (long i = 0; i < off; i++) line += text[i] == '\n';
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s:%d: invalid JSON", path, line);
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: the config must be a JSON object of options", path);
+        goto done;
+    }
+    const cJSON *item;
+    cJSON_ArrayForEach(item, root) {
+        char buf[LT_TRAIN_PATH_MAX];
+        if (!find(item->string)) {
+            s = lt_error(ctx, LT_ERR_NOT_FOUND, "%s: unknown option '%s'", path, item->string);
+            goto done;
+        }
+        if ((s = json_value_text(ctx, path, item, buf, sizeof buf)) != LT_OK) goto done;
+        if ((s = lt_train_options_set(ctx, opt, item->string, buf)) != LT_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+            s = lt_error(ctx, s, "%s: %s", path, msg);
+            goto done;
+        }
+    }
+done:
+    cJSON_Delete(root);
+    free(text);
+    fclose(f);
+    return s;
+}
+
+static const char *const default_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+
+/* Canonical projection name of a target token ("q" → "q_proj"); NULL if unknown. */
+static const char *canonical_target(const char *t, size_t n) {
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    for (size_t i = 0; i < 7; i++) {
+        size_t ln = strlen(names[i]), sn = ln - 5; /* short form without "_proj" */
+        if ((n == ln && !strncmp(t, names[i], n)) || (n == sn && !strncmp(t, names[i], n))) return names[i];
+    }
+    return NULL;
+}
+
+lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out) {
+    lt_train_options o = *in;
+    if (!o.model[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'model' is required");
+    if (!o.data[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'data' is required");
+    if (!o.adapter_path[0]) snprintf(o.adapter_path, sizeof o.adapter_path, "adapters");
+    if (o.iters <= 0) o.iters = 1000;
+    if (o.batch_size <= 0) o.batch_size = 4;
+    if (o.max_seq_length <= 0) o.max_seq_length = 2048;
+    if (o.learning_rate <= 0) o.learning_rate = 1e-5;
+    if (o.num_layers == 0) o.num_layers = -1;
+    if (o.save_every <= 0) o.save_every = 100;
+    if (o.steps_per_eval <= 0) o.steps_per_eval = 200;
+    if (o.steps_per_report <= 0) o.steps_per_report = 10;
+    if (o.val_batches == 0) o.val_batches = 25;
+    if (o.lora_rank <= 0) o.lora_rank = 8;
+    if (o.lora_alpha <= 0) o.lora_alpha = 16;
+    if (o.beta1 <= 0) o.beta1 = 0.9;
+    if (o.beta2 <= 0) o.beta2 = 0.999;
+    if (o.eps <= 0) o.eps = 1e-8;
+    if (o.grad_accum <= 0) o.grad_accum = 1;
+    if (o.attention == LT_ATTENTION_AUTO) o.attention = LT_ATTENTION_FLASH;
+    if (o.loss == LT_LCE_AUTO) o.loss = LT_LCE_FUSED;
+    if (o.grad_checkpoint && o.recompute == LT_RECOMPUTE_NONE) o.recompute = LT_RECOMPUTE_EVERY;
+    if (o.recompute == LT_RECOMPUTE_EVERY_K && o.recompute_every < 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");
+    if (o.recompute != LT_RECOMPUTE_EVERY_K) o.recompute_every = 0;
+    if (o.min_lr > o.learning_rate)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'min_lr' (%g) exceeds 'learning_rate' (%g)", o.min_lr,
+                        o.learning_rate);
+    if (o.warmup > o.iters)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
+                        (long long)o.warmup, (long long)o.iters);
+    if (o.lora_dropout < 0 || o.lora_dropout >= 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
+    if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") &&
+        strcmp(o.quantize, "q4_1") && strcmp(o.quantize, "q8_0"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0",
+                        o.quantize);
+    /* Normalise the target list to canonical names, each once, in the order given. */
+    const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;
+    char norm[sizeof o.lora_targets];
+    size_t used = 0;
+    norm[0] = '\0';
+    for (const char *p = src; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && p[0] == ' ') p++, n--;
+        while (n && p[n - 1] == ' ') n--;
+        const char *c = canonical_target(p, n);
+        if (!c)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'lora_targets': '%.*s' is not one of q,k,v,o,gate,up,down (or *_proj)", (int)n, p);
+        if (!strstr(norm, c)) used += (size_t)snprintf(norm + used, sizeof norm - used, "%s%s", used ? "," : "", c);
+        p = e ? e + 1 : p + strlen(p);
+    }
+    if (!used) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_targets' is empty");
+    memcpy(o.lora_targets, norm, used + 1);
+    *out = o;
+    return LT_OK;
+}
+
+double lt_train_lr(const lt_train_options *opt, int64_t step) {
+    double lr = opt->learning_rate;
+    if (step < 0) step = 0;
+    if (opt->warmup > 0 && step < opt->warmup) return lr * (double)(step + 1) / (double)opt->warmup;
+    if (opt->lr_schedule == LT_LR_SCHEDULE_CONSTANT) return lr;
+    int64_t span = opt->iters - opt->warmup;
+    if (span <= 0) return opt->min_lr;
+    double progress = (double)(step - opt->warmup) / (double)span;
+    if (progress > 1) progress = 1;
+    return opt->min_lr + 0.5 * (lr - opt->min_lr) * (1 + cos(3.14159265358979323846 * progress));
+}

@@ -1,0 +1,162 @@
+/* PEFT adapter export: adapter_config.json + adapter_model.safetensors with PEFT's key names
+ * ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)), so
+ * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. Tensors are written as F32
+ * through the safetensors writer, each file atomically. Reading adapters back is peft_load.c. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longtune/alloc.h"
+#include "longtune/safetensors.h"
+#include "train/train_internal.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+/* Splits "model.layers.3.self_attn.q_proj.lora_A" into the projection ("q_proj"), the layer (3)
+ * and which factor (0 = A, 1 = B). Returns 0 on success. */
+static int split_name(const char *name, char *proj, size_t cap, long *layer, int *which) {
+    size_t n = strlen(name);
+    if (n < 8) return -1;
+    if (!strcmp(name + n - 7, ".lora_A")) *which = 0;
+    else if (!strcmp(name + n - 7, ".lora_B")) *which = 1;
+    else return -1;
+    const char *end = name + n - 7, *start = end;
+    while (start > name && start[-1] != '.') start--;
+    if (start == end || (size_t)(end - start) >= cap) return -1;
+    memcpy(proj, start, (size_t)(end - start));
+    proj[end - start] = '\0';
+    const char *l = strstr(name, "layers.");
+    *layer = -1;
+    if (l) {
+        char *e;
+        long v = strtol(l + 7, &e, 10);
+        if (e != l + 7 && *e == '.' && v >= 0) *layer = v;
+    }
+    return 0;
+}
+
+static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt_train_param *params, int n) {
+    for (int i = 0; i < n; i++) {
+        const lt_train_param *p = &params[i];
+        char proj[64];
+        long layer;
+        int which;
+        if (split_name(p->name, proj, sizeof proj, &layer, &which))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s' is not '<module>.lora_A|lora_B'", p->name);
+        if (p->ndim != 2 || !p->data || p->shape[0] < 1 || p->shape[1] < 1 ||
+            p->shape[which ? 1 : 0] != opt->lora_rank)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s': shape (%lld, %lld) disagrees with rank %lld",
+                            p->name, (long long)p->shape[0], (long long)p->shape[1], (long long)opt->lora_rank);
+    }
+    return LT_OK;
+}
+
+static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n) {
+    size_t bytes = (size_t)n * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
+    lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
+    if (!e) return LT_ERR_OOM;
+    char *names = (char *)(e + n);
+    for (int i = 0; i < n; i++) {
+        char *key = names + (size_t)i * (LT_TRAIN_NAME_MAX + 32);
+        snprintf(key, LT_TRAIN_NAME_MAX + 32, PEFT_PREFIX "%s.weight", params[i].name);
+        e[i].name = key;
+        e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
+    }
+    static const char *const meta[] = {"format", "pt"};
+    lt_status s = lt_safetensors_write(ctx, path, e, n, meta, 1);
+    lt_free(ctx, LT_DEVICE_CPU, e, bytes);
+    return s;
+}
+
+static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_model, const lt_train_options *opt,
+                              const lt_train_param *params, int n) {
+    cJSON *c = cJSON_CreateObject();
+    lt_status s = LT_OK;
+    char *json = NULL;
+    if (!c) return lt_error(ctx, LT_ERR_OOM, "%s: cannot build the config", path);
+    /* Targets in first-seen order and the sorted set of layers, from the tensor names. */
+    char targets[16][64];
+    int nt = 0;
+    long layers[4096];
+    int nl = 0;
+    for (int i = 0; i < n; i++) {
+        char proj[64];
+        long layer;
+        int which;
+        split_name(params[i].name, proj, sizeof proj, &layer, &which);
+        int seen = 0;
+        for (int t = 0; t < nt; t++) seen |= !strcmp(targets[t], proj);
+        if (!seen && nt < 16) snprintf(targets[nt++], 64, "%s", proj);
+        int have = layer < 0;
+        for (int t = 0; t < nl; t++) have |= layers[t] == layer;
+        if (!have && nl < 4096) {
+            int at = nl++;
+            while (at > 0 && layers[at - 1] > layer) layers[at] = layers[at - 1], at--;
+            layers[at] = layer;
+        }
+    }
+    cJSON *tm = cJSON_CreateArray(), *lt = cJSON_CreateArray();
+    if (!tm || !lt) {
+        cJSON_Delete(tm);
+        cJSON_Delete(lt);
+        goto oom;
+    }
+    for (int t = 0; t < nt; t++) cJSON_AddItemToArray(tm, cJSON_CreateString(targets[t]));
+    for (int t = 0; t < nl; t++) cJSON_AddItemToArray(lt, cJSON_CreateNumber((double)layers[t]));
+    cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
+    cJSON_AddNullToObject(c, "auto_mapping");
+    cJSON_AddStringToObject(c, "base_model_name_or_path", base_model ? base_model : "");
+    cJSON_AddStringToObject(c, "bias", "none");
+    cJSON_AddFalseToObject(c, "fan_in_fan_out");
+    cJSON_AddTrueToObject(c, "inference_mode");
+    cJSON_AddTrueToObject(c, "init_lora_weights");
+    cJSON_AddNullToObject(c, "layers_pattern");
+    if (nl) cJSON_AddItemToObject(c, "layers_to_transform", lt);
+    else {
+        cJSON_Delete(lt);
+        cJSON_AddNullToObject(c, "layers_to_transform");
+    }
+    cJSON_AddNumberToObject(c, "lora_alpha", opt->lora_alpha);
+    cJSON_AddNumberToObject(c, "lora_dropout", opt->lora_dropout);
+    cJSON_AddNullToObject(c, "modules_to_save");
+    cJSON_AddStringToObject(c, "peft_type", "LORA");
+    cJSON_AddNumberToObject(c, "r", (double)opt->lora_rank);
+    cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
+    cJSON_AddNullToObject(c, "revision");
+    cJSON_AddItemToObject(c, "target_modules", tm);
+    cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
+    cJSON_AddFalseToObject(c, "use_dora");
+    cJSON_AddFalseToObject(c, "use_rslora");
+    json = cJSON_Print(c);
+    if (!json) goto oom;
+    lt_atomic_file af;
+    if ((s = lt_atomic_open(ctx, &af, path)) != LT_OK) goto done;
+    s = lt_atomic_write(ctx, &af, json, strlen(json));
+    if (s == LT_OK) s = lt_atomic_write(ctx, &af, "\n", 1);
+    if (s != LT_OK) {
+        lt_atomic_abort(&af);
+        goto done;
+    }
+    s = lt_atomic_commit(ctx, &af);
+    goto done;
+oom:
+    s = lt_error(ctx, LT_ERR_OOM, "%s: cannot build the config", path);
+done:
+    free(json);
+    cJSON_Delete(c);
+    return s;
+}
+
+lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
+                       const lt_train_param *params, int n_params) {
+    if (n_params < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter export: no LoRA tensors");
+    LT_TRY(check_params(ctx, opt, params, n_params));
+    LT_TRY(lt_train_mkdir(ctx, dir));
+    char path[LT_TRAIN_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    LT_TRY(write_safetensors(ctx, path, params, n_params));
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    return write_config(ctx, path, base_model, opt, params, n_params);
+}

@@ -1,0 +1,32 @@
+/* Private helpers shared by the files of src/train: atomic file writes (temp + fsync + rename)
+ * and the 64-bit FNV-1a checksum checkpoints carry. Not part of the public API. */
+#ifndef LT_TRAIN_INTERNAL_H
+#define LT_TRAIN_INTERNAL_H
+
+#include <stdio.h>
+#include "longtune/train.h"
+
+/* A file being written next to its final path; nothing appears at `path` until commit. */
+typedef struct lt_atomic_file {
+    FILE *f;
+    char path[LT_TRAIN_PATH_MAX];
+    char tmp[LT_TRAIN_PATH_MAX + 32];
+} lt_atomic_file;
+
+/* Opens "<path>.tmp.<pid>" for writing. Errors: LT_ERR_IO naming the path. */
+lt_status lt_atomic_open(lt_ctx *ctx, lt_atomic_file *af, const char *path);
+/* Writes n bytes; LT_ERR_IO on a short write. */
+lt_status lt_atomic_write(lt_ctx *ctx, lt_atomic_file *af, const void *p, size_t n);
+/* Flushes, fsyncs, closes and renames over `path`, then fsyncs the folder. On failure the temp
+ * file is removed and LT_ERR_IO returned. */
+lt_status lt_atomic_commit(lt_ctx *ctx, lt_atomic_file *af);
+/* Closes and removes the temp file (after an error elsewhere). Safe to call twice. */
+void lt_atomic_abort(lt_atomic_file *af);
+
+/* Creates folder `dir` if absent (one level). LT_ERR_IO otherwise. */
+lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
+
+#define LT_FNV64_INIT 0xcbf29ce484222325ull
+uint64_t lt_fnv64(uint64_t h, const void *p, size_t n);
+
+#endif

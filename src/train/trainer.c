@@ -1,0 +1,397 @@
+/* The training loop: packed batches → model forward/backward (gradient accumulation) → global-norm
+ * clipping → AdamW through the backend op, with evaluation, metrics, checkpoints and PEFT export
+ * on their schedules, and a clean stop on request. Every buffer is allocated before the first
+ * step; nothing allocates inside it except packing plans, once per epoch. It does not load models
+ * or read datasets (lt_train_run and the CLI do) and it never exits the process. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "longtune/alloc.h"
+#include "longtune/log.h"
+#include "train/train_internal.h"
+
+#define PEFT_KEY_PREFIX "base_model.model."
+
+typedef struct trainer {
+    lt_ctx *ctx;
+    const lt_train_options *o;
+    lt_model *m;
+    const lt_backend *be;
+    /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each. */
+    int64_t n;
+    float *params, *grads, *mom_m, *mom_v;
+    lt_train_param *tp;
+    int n_tp;
+    /* Data: the epoch's packing plan, the validation plan, one batch's buffers (B, T_cap). */
+    const lt_pack_input *train, *valid;
+    lt_pack_options popt;
+    lt_pack_plan *plan;
+    int64_t plan_epoch;
+    lt_pack_plan *vplan;
+    int64_t B, T;
+    int32_t *ids, *tgt, *pos, *offs, *pieces;
+    size_t batch_bytes;
+    lt_train_state st;
+    lt_metrics *metrics;
+    char ckpt_path[LT_TRAIN_PATH_MAX + 32];
+} trainer;
+
+lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
+    memset(out, 0, sizeof *out);
+    for (const char *p = opt->lora_targets; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        int found = 0;
+        for (int k = 0; k < LT_PROJ_COUNT_; k++) {
+            const char *name = lt_proj_name((lt_proj)k);
+            if (strlen(name) == len && !strncmp(name, p, len)) {
+                out->targets |= 1u << k;
+                found = 1;
+            }
+        }
+        if (!found)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "lora target '%.*s' is not a projection (resolve the options first)",
+                            (int)len, p);
+        p = e ? e + 1 : p + len;
+    }
+    out->num_layers = opt->num_layers > 0 ? opt->num_layers : 0;
+    out->rank = opt->lora_rank;
+    out->alpha = (float)opt->lora_alpha;
+    out->dropout = (float)opt->lora_dropout;
+    out->seed = opt->seed;
+    return LT_OK;
+}
+
+/* The trainer's view of the model's LoRA tensors, with our moments beside them. */
+static lt_status bind_params(trainer *t) {
+    lt_ctx *ctx = t->ctx;
+    int64_t ng = 0;
+    t->params = lt_model_lora_params(t->m, &t->n);
+    t->grads = lt_model_lora_grads(t->m, &ng);
+    int64_t count = lt_model_lora_count(t->m);
+    if (!t->params || !t->grads || ng != t->n || t->n <= 0 || count <= 0 || count > (1 << 20))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model has no LoRA parameters to train (targets/layers empty?)");
+    t->mom_m = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW first moments");
+    t->mom_v = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW second moments");
+    t->tp = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)count * sizeof *t->tp, "LoRA tensor index");
+    if (t->tp) t->n_tp = (int)count;
+    if (!t->mom_m || !t->mom_v || !t->tp) return LT_ERR_OOM;
+    size_t pl = strlen(PEFT_KEY_PREFIX), sl = strlen(".weight");
+    for (int64_t i = 0; i < count; i++) {
+        lt_lora_tensor lt;
+        LT_TRY(lt_model_lora_tensor(ctx, t->m, i, &lt));
+        size_t len = strlen(lt.name);
+        if (len <= pl + sl || strncmp(lt.name, PEFT_KEY_PREFIX, pl) || strcmp(lt.name + len - sl, ".weight") ||
+            len - pl - sl >= LT_TRAIN_NAME_MAX || lt.value.ndim != 2 || lt.offset < 0 ||
+            lt.offset + lt_tensor_numel(&lt.value) > t->n)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "LoRA tensor %lld ('%s') has an unexpected name or layout",
+                            (long long)i, lt.name);
+        lt_train_param *p = &t->tp[i];
+        memcpy(p->name, lt.name + pl, len - pl - sl);
+        p->name[len - pl - sl] = '\0';
+        p->ndim = 2;
+        p->shape[0] = lt.value.shape[0];
+        p->shape[1] = lt.value.shape[1];
+        p->data = t->params + lt.offset;
+        p->grad = t->grads + lt.offset;
+        p->m = t->mom_m + lt.offset;
+        p->v = t->mom_v + lt.offset;
+    }
+    return LT_OK;
+}
+
+static lt_status alloc_batch(trainer *t) {
+    /* seq_offsets holds up to T+1 entries per row (S <= T); pieces one count per row. */
+    size_t bt = (size_t)(t->B * t->T), bo = (size_t)(t->B * (t->T + 1));
+    t->batch_bytes = (3 * bt + bo + (size_t)t->B) * sizeof(int32_t);
+    int32_t *buf = lt_alloc(t->ctx, LT_DEVICE_CPU, t->batch_bytes, "batch buffers");
+    if (!buf) return LT_ERR_OOM;
+    t->ids = buf;
+    t->tgt = buf + bt;
+    t->pos = buf + 2 * bt;
+    t->offs = buf + 3 * bt;
+    t->pieces = buf + 3 * bt + bo;
+    return LT_OK;
+}
+
+/* Fills batch `index` of `plan` into the buffers and describes it in *b; *ntok = trained targets,
+ * *nreal (optional) = positions holding real tokens (the throughput count, as mlx-lm's). */
+static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input *in, int64_t index,
+                      lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
+    int64_t B, T, S;
+    lt_pack_batch_shape(plan, index, &B, &T, &S);
+    if (B > t->B || T > t->T || S > T || S < 1)
+        return lt_error(t->ctx, LT_ERR_INVALID_ARG, "batch %lld has shape B=%lld T=%lld S=%lld beyond B=%lld T=%lld",
+                        (long long)index, (long long)B, (long long)T, (long long)S, (long long)t->B, (long long)t->T);
+    lt_pack_batch pb = {t->ids, t->tgt, t->pos, t->offs, t->pieces};
+    LT_TRY(lt_pack_fill(t->ctx, plan, in, index, &pb));
+    int64_t n = 0;
+    for (int64_t i = 0; i < B * T; i++) n += t->tgt[i] != LT_PACK_IGNORE;
+    *ntok = n;
+    if (nreal) {
+        /* Real sequences come first in a row; the padding tail is its own trailing segment. */
+        int64_t r = 0;
+        for (int64_t row = 0; row < B; row++) {
+            int32_t k = t->pieces[row];
+            if (k < 0 || k > S) return lt_error(t->ctx, LT_ERR_INVALID_ARG, "row %lld has %d pieces", (long long)row, k);
+            r += t->offs[row * (S + 1) + k];
+        }
+        *nreal = r;
+    }
+    memset(b, 0, sizeof *b);
+    b->B = B;
+    b->T = T;
+    b->tokens = t->ids;
+    b->targets = t->tgt;
+    b->positions = t->pos;
+    b->seq_offsets = t->offs;
+    b->S = S;
+    return LT_OK;
+}
+
+static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
+    for (int tries = 0;; tries++) {
+        if (!t->plan || t->plan_epoch != t->st.data_epoch) {
+            lt_pack_plan_free(t->ctx, t->plan);
+            t->plan = NULL;
+            t->popt.epoch = (uint64_t)t->st.data_epoch;
+            LT_TRY(lt_pack_plan_build(t->ctx, t->train, &t->popt, &t->plan));
+            t->plan_epoch = t->st.data_epoch;
+        }
+        if (t->st.data_cursor < lt_pack_plan_batches(t->plan)) break;
+        if (tries > 1) return lt_error(t->ctx, LT_ERR_INVALID_ARG, "the training set yields no batches");
+        t->st.data_epoch++;
+        t->st.data_cursor = 0;
+    }
+    LT_TRY(fill(t, t->plan, t->train, t->st.data_cursor, b, ntok, nreal));
+    t->st.data_cursor++;
+    return LT_OK;
+}
+
+/* Mean token loss over the validation batches (NAN without a validation set). */
+static lt_status evaluate(trainer *t, double *out) {
+    *out = NAN;
+    if (!t->valid || t->valid->n_seqs == 0) return LT_OK;
+    if (!t->vplan) {
+        lt_pack_options v = t->popt;
+        v.epoch = 0;
+        LT_TRY(lt_pack_plan_build(t->ctx, t->valid, &v, &t->vplan));
+    }
+    int64_t nb = lt_pack_plan_batches(t->vplan);
+    if (t->o->val_batches > 0 && nb > t->o->val_batches) nb = t->o->val_batches;
+    double sum = 0;
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        lt_model_batch b;
+        int64_t ntok = 0;
+        LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
+        if (!ntok) continue;
+        lt_model_result r;
+        LT_TRY(lt_model_forward(t->ctx, t->m, &b, &r, NULL));
+        sum += r.loss_sum;
+        tokens += r.n_tokens;
+    }
+    if (tokens) *out = sum / (double)tokens;
+    return LT_OK;
+}
+
+/* One optimizer step: grad_accum micro-batches, clipping, AdamW. *loss: mean over micro-batches
+ * of their token-mean loss; *tokens: trained targets; *real: real (non-padding) input tokens. */
+static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
+    const lt_train_options *o = t->o;
+    lt_model_zero_grads(t->m);
+    double l = 0;
+    int64_t tok = 0, rtok = 0;
+    for (int64_t k = 0; k < o->grad_accum; k++) {
+        lt_model_batch b;
+        int64_t ntok = 0, nreal = 0;
+        LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
+        rtok += nreal;
+        if (!ntok) continue;
+        /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
+        b.step = (uint64_t)(t->st.step * o->grad_accum + k);
+        lt_model_result r;
+        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &b, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
+                                         NULL));
+        l += r.loss_sum / (double)(r.n_tokens ? r.n_tokens : 1) / (double)o->grad_accum;
+        tok += r.n_tokens;
+    }
+    if (o->grad_clip > 0) {
+        /* Sequential double sum: the same norm whatever the thread count. */
+        double ss = 0;
+        for (int64_t i = 0; i < t->n; i++) ss += (double)t->grads[i] * (double)t->grads[i];
+        double norm = sqrt(ss);
+        if (norm > o->grad_clip) {
+            float s = (float)(o->grad_clip / norm);
+            for (int64_t i = 0; i < t->n; i++) t->grads[i] *= s;
+        }
+    }
+    lt_adamw_params hp = {(float)lt_train_lr(o, t->st.step), (float)o->beta1, (float)o->beta2, (float)o->eps,
+                          (float)o->weight_decay, t->st.step + 1};
+    t->be->adamw(t->ctx, t->params, t->grads, t->mom_m, t->mom_v, t->n, &hp);
+    t->st.step++;
+    t->st.tokens_seen += tok;
+    *loss = l;
+    *tokens = tok;
+    *real = rtok;
+    return LT_OK;
+}
+
+static lt_status save(trainer *t) {
+    LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
+    return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+}
+
+static const char *fmt_bytes(size_t b, char *buf, size_t n) {
+    double v = (double)b;
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (v >= 1024 && i < 4) v /= 1024, i++;
+    snprintf(buf, n, "%.1f %s", v, u[i]);
+    return buf;
+}
+
+static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
+    lt_ctx *ctx = t->ctx;
+    const lt_train_options *o = t->o;
+    LT_TRY(bind_params(t));
+    LT_TRY(lt_train_mkdir(ctx, o->adapter_path));
+    snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->adapter_path);
+
+    t->popt.row_len = o->max_seq_length;
+    t->popt.batch_size = o->batch_size;
+    t->popt.overflow = LT_PACK_TRUNCATE;
+    t->popt.seed = o->seed;
+    t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
+    t->popt.algorithm = LT_PACK_FIRST_FIT;
+    if (o->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, o->pack_algorithm, &t->popt.algorithm));
+    if (o->no_pack) t->popt.algorithm = LT_PACK_NONE;
+    LT_TRY(lt_pack_input_check(ctx, t->train));
+    if (t->valid) LT_TRY(lt_pack_input_check(ctx, t->valid));
+    t->B = o->batch_size;
+    t->T = o->max_seq_length;
+    LT_TRY(alloc_batch(t));
+    if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
+    lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
+                                .attention = o->attention, .loss = o->loss, .threads = o->threads};
+    LT_TRY(lt_model_prepare(ctx, t->m, &run));
+    res->plan_bytes = lt_model_get_sizes(t->m).total +
+                      2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float)) +
+                      lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n_tp * sizeof *t->tp) +
+                      lt_alloc_accounted_size(LT_DEVICE_CPU, t->batch_bytes);
+
+    memset(&t->st, 0, sizeof t->st);
+    t->plan_epoch = -1;
+    if (o->resume_adapter_file[0]) {
+        LT_TRY(lt_checkpoint_load(ctx, o->resume_adapter_file, o, &t->st, t->tp, t->n_tp));
+        LT_INFO("resumed from %s at step %lld", o->resume_adapter_file, (long long)t->st.step);
+    }
+    res->start_step = t->st.step;
+    char mpath[LT_TRAIN_PATH_MAX + 32];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
+    LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+
+    double t0 = lt_time_now(), elapsed0 = t->st.elapsed_s, val = NAN;
+    if (t->st.step == 0) {
+        LT_TRY(evaluate(t, &val));
+        res->first_val_loss = res->last_val_loss = val;
+        lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes,
+                               (int64_t)res->plan_bytes};
+        if (isfinite(val)) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+    }
+    lt_progress pg;
+    lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
+    double win_loss = 0, win_t = lt_time_now();
+    int64_t win_steps = 0, win_tok = 0;
+    while (t->st.step < o->iters) {
+        int sig = lt_train_stop_requested();
+        if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
+        if (sig) {
+            t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
+            LT_TRY(save(t));
+            lt_progress_end(&pg, "stopped");
+            return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
+                            sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
+                            t->ckpt_path);
+        }
+        double loss;
+        int64_t tok, real;
+        double lr = lt_train_lr(o, t->st.step);
+        LT_TRY(train_step(t, &loss, &tok, &real));
+        int64_t s = t->st.step;
+        if (res->step_loss) res->step_loss[s - 1] = loss;
+        res->last_train_loss = loss;
+        win_loss += loss;
+        win_tok += real;
+        win_steps++;
+        int eval_now = s % o->steps_per_eval == 0 || s == o->iters;
+        val = NAN;
+        if (eval_now) {
+            LT_TRY(evaluate(t, &val));
+            if (!isfinite(res->first_val_loss)) res->first_val_loss = val;
+            res->last_val_loss = val;
+        }
+        double now = lt_time_now();
+        size_t peak = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+        double tps = (double)win_tok / (now - win_t > 0 ? now - win_t : 1e-9);
+        if (s % o->steps_per_report == 0 || eval_now) {
+            lt_metrics_record r = {s, win_loss / (double)win_steps, val, lr, tps, t->st.tokens_seen,
+                                   elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes};
+            LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+            if (isfinite(val)) {
+                char line[160];
+                snprintf(line, sizeof line, "step %lld: train loss %.4f, val loss %.4f", (long long)s,
+                         win_loss / (double)win_steps, val);
+                lt_progress_println(&pg, line);
+            }
+            win_loss = 0;
+            win_tok = 0;
+            win_steps = 0;
+            win_t = now;
+        }
+        char status[160], pb[32];
+        snprintf(status, sizeof status, "step %lld loss %.3f lr %.2e %.0f tok/s peak %s", (long long)s, loss, lr, tps,
+                 fmt_bytes(peak, pb, sizeof pb));
+        lt_progress_update(&pg, s - res->start_step, status);
+        if (s % o->save_every == 0 || s == o->iters) {
+            t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
+            LT_TRY(save(t));
+        }
+    }
+    lt_progress_end(&pg, "done");
+    res->steps = t->st.step;
+    res->tokens = t->st.tokens_seen;
+    res->elapsed_s = lt_time_now() - t0;
+    res->peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+    return LT_OK;
+}
+
+lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+                       const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
+    double *step_loss = res->step_loss;
+    int64_t stop_at = res->stop_at;
+    memset(res, 0, sizeof *res);
+    res->step_loss = step_loss;
+    res->stop_at = stop_at;
+    res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.ctx = ctx;
+    t.o = opt;
+    t.m = m;
+    t.train = train;
+    t.valid = valid;
+    t.be = lt_backend_get(LT_DEVICE_CPU);
+    if (!t.be || !t.be->adamw) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the CPU backend has no AdamW op");
+    lt_status s = run(&t, progress, res);
+    lt_metrics_close(ctx, t.metrics);
+    lt_pack_plan_free(ctx, t.plan);
+    lt_pack_plan_free(ctx, t.vplan);
+    if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
+    if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
+    if (t.mom_m) lt_free(ctx, LT_DEVICE_CPU, t.mom_m, (size_t)t.n * sizeof(float));
+    if (t.mom_v) lt_free(ctx, LT_DEVICE_CPU, t.mom_v, (size_t)t.n * sizeof(float));
+    return s;
+}

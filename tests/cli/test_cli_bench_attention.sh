@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `longtune bench attention`: --help and bad flags follow the CLI contract, and a tiny run writes a
+# result JSON with naive, flash and packed arms whose numbers are positive.
+set -u
+bin="$1"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail=0
+"$bin" bench attention --help | grep -q "usage: longtune bench attention" || { echo "FAIL: --help"; fail=1; }
+"$bin" bench attention --T 0 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: --T 0 should exit 2"; fail=1; }
+"$bin" bench attention --nope >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown flag should exit 2"; fail=1; }
+if ! "$bin" bench attention --T 64,128 --packed-T 256 --repeats 1 --warmup 0 --threads 1 --out "$out" 2>/dev/null; then
+  echo "FAIL: tiny run"; fail=1
+fi
+f="$out/attention-cpu-f32.json"
+python3 - "$f" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+names = [a["name"] for a in r["arms"]]
+want = ["flash-T64", "naive-T64", "flash-T128", "naive-T128", "flash-causal-T256", "flash-packed-T256"]
+assert names == want, names
+for a in r["arms"]:
+    assert a["fwd_ms"] > 0 and a["bwd_ms"] > 0 and a["fwdbwd_gflops"] > 0, a
+    assert a["peak_bytes"] > 0, a
+assert r["config"]["sgemm_gflops"] > 0
+assert "packed_speedup_over_causal" in r["targets"]
+PY
+exit $fail

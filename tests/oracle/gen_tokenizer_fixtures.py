@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Writes the tokenizer oracle fixtures under tests/fixtures/tokenizer/ with the Hugging Face
+`tokenizers` library (pip install tokenizers; the C tests never need it):
+
+Each family NAME has a folder NAME/ with tokenizer.json (and tokenizer_config.json or
+tokenizer.gguf where noted) and expected.jsonl.
+  corpus.jsonl            the test strings: {"text": ...} or {"hex": ...} for raw (invalid UTF-8)
+                          bytes, which are decoded with errors="replace" before HF sees them.
+  smollm2/                SmolLM2's encodings, from a tokenizer.json built out of the GGUF's vocab
+                          and merges (pre-tokenizer Digits(individual) + ByteLevel, as the model's
+                          own tokenizer.json). Written only when the model asset is installed.
+  bpe-nfc/                a small byte-level BPE trained here on the corpus, Qwen2-style: NFC,
+                          the Qwen2 split regex, ByteLevel without regex, special added tokens
+                          and one lstrip/rstrip normalized added token.
+  bpe-im/                 the same vocabulary, Llama-3-style: Llama 3 regex, ignore_merges,
+                          a TemplateProcessing that adds <|begin_of_text|>.
+  spm/                    a SentencePiece-style BPE (Llama 2 layout): Prepend/Replace normalizers,
+                          byte_fallback, fuse_unk, merges derived from piece scores exactly as
+                          transformers' SentencePieceExtractor does, BOS template.
+  spm/tokenizer.gguf      the same vocabulary and scores as GGUF metadata (tokenizer.ggml.model
+                          "llama"), so the GGUF loader is checked against the same expected ids.
+  spm-meta/               the same vocabulary with a Metaspace(prepend_scheme=first) pre-tokenizer.
+  NAME/expected.jsonl     per corpus line: ids (add_special_tokens=False), ids_special (True),
+                          decoded (decode(ids, skip_special_tokens=False)).
+
+Usage: python3 tests/oracle/gen_tokenizer_fixtures.py [--gguf PATH]
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.normpath(os.path.join(HERE, "..", "fixtures", "tokenizer"))
+DOC = "/usr/share/doc/python3.11-doc/html/_sources/faq/general.rst.txt"
+
+QWEN2_RE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+LLAMA3_RE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+HANDWRITTEN = [
+    "Hello world",
+    "Hello, World! How are you today?",
+    " leading space",
+    "  two leading spaces",
+    "trailing space ",
+    "trailing spaces   ",
+    "tabs\tand\t\ttabs",
+    "new\nlines\n\nand\r\nCRLF\r\n",
+    "   \n\n   \t  \n",
+    " ",
+    "\n",
+    "a" * 300,
+    " " * 120 + "x",
+    "0",
+    "1234567890",
+    "3.14159 2,718 1e-10 0x1F 1_000_000",
+    "Year 2024: 12 apples, 345 pears, 6789 plums",
+    "Unicode digits: ٣٤٥ ๑๒๓ ①②③ ½ ¾ Ⅻ",
+    "café naïve résumé coöperate Zürich façade",
+    "cafe\u0301 (decomposed e + combining acute) n\u0303 A\u030a",
+    "\u212b \u2126 \u1e9b\u0323 (singletons and reordering)",
+    "한국어 텍스트 \u1100\u1161\u11a8 (conjoining jamo)",
+    "中文文本，包括标点符号。日本語のテキスト、カタカナとひらがな。",
+    "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🇩🇪 ❤️ ✨",
+    "Ελληνικά κείμενα και Русский текст и עברית ועربي",
+    "Mixed: naïve日本🙂x",
+    "def f(x):\n    return x ** 2  # square\n",
+    "for (int i = 0; i < n; i++) { sum += a[i] * b[i]; }",
+    "<html><body class=\"main\">&amp; &lt;tag&gt;</body></html>",
+    "SELECT * FROM users WHERE id = 42 AND name LIKE '%o''neil%';",
+    "It's they're we've I'm you'll he'd IT'S THEY'RE",
+    "don't won't can't shouldn't",
+    "URLs: https://example.com/path?q=1&r=two#frag user@example.org",
+    "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n",
+    "<|endoftext|><|endoftext|>text between<|im_end|>",
+    "no<|im_start|>space<|im_end|>around",
+    "<s> and </s> and <unk> look special in Llama vocabularies",
+    "Masked: the <mask> sat on the  <mask>  mat",
+    "<|begin_of_text|>Hello<|eot_id|>",
+    "!!!??? ... --- *** ___ ~~~ ``` '''",
+    "$$ \\frac{a}{b} $$ and \\(x^2\\)",
+    "\u00a0non-breaking\u00a0space and\u2003em space and\u200bzero width",
+    "\u0085next line and \u2028line separator\u2029paragraph",
+    "a\u0001control\u001fchars\u007f",
+    "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX.",
+    "Thé qüick bröwn föx — “quotes” ‘single’ «guillemets» …",
+]
+
+RAW_HEX = [
+    "48656c6c6f20ff20776f726c64",          # lone 0xFF
+    "c3",                                  # truncated 2-byte sequence at the end
+    "e282",                                # truncated 3-byte sequence
+    "f09f98",                              # truncated 4-byte sequence
+    "6162c0af6364",                        # overlong encoding
+    "eda080",                              # UTF-16 surrogate encoded
+    "f4908080",                            # above U+10FFFF
+    "80808041",                            # stray continuation bytes
+    "e0a4e0a4a4",                          # broken then valid Devanagari
+    "3c7c696d5f73746172747c3ec0",          # special token followed by an invalid byte
+]
+
+MULTILINGUAL = (
+    "Deutsch: Über die Brücke gehen Fußgänger täglich. "
+    "Français : L'été dernier, nous sommes allés à la plage où l'eau était fraîche. "
+    "Español: ¿Dónde está la biblioteca? ¡Está allí! "
+    "Русский: Съешь же ещё этих мягких французских булок, да выпей чаю. "
+    "中文：我们今天去公园散步，天气很好。 "
+    "日本語：今日は良い天気ですね。明日も晴れるでしょう。 "
+    "한국어: 오늘 날씨가 정말 좋네요. "
+    "العربية: اللغة العربية جميلة. "
+    "हिन्दी: यह एक परीक्षण वाक्य है। "
+    "Tiếng Việt: Tôi yêu tiếng Việt."
+)
+
+
+def random_strings(n, seed=1234):
+    """Deterministic random strings that stress NFC and the regexes: combining marks (some out of
+    canonical order), Hangul jamo, precomposed Latin, Hebrew points, Devanagari, digits, spaces."""
+    import random
+    rng = random.Random(seed)
+    pools = [(0x61, 0x7A), (0x41, 0x5A), (0x20, 0x20), (0x30, 0x39), (0xC0, 0x17F), (0x300, 0x36F),
+             (0x1100, 0x1112), (0x1161, 0x1175), (0x11A8, 0x11C2), (0xAC00, 0xAC40), (0x591, 0x5C7),
+             (0x5D0, 0x5EA), (0x900, 0x97F), (0x1E00, 0x1EFF), (0x2000, 0x206F), (0xFB00, 0xFB4F),
+             (0x0A, 0x0A), (0x1D15E, 0x1D164), (0x2F800, 0x2F810)]
+    out = []
+    for _ in range(n):
+        k = rng.randint(1, 40)
+        out.append("".join(chr(rng.randint(*rng.choice(pools))) for _ in range(k)))
+    return out
+
+
+def build_corpus():
+    recs = [{"text": s} for s in HANDWRITTEN]
+    recs += [{"text": s} for s in random_strings(40)]
+    recs += [{"hex": h} for h in RAW_HEX]
+    recs.append({"text": MULTILINGUAL})
+    if os.path.exists(DOC):
+        text = open(DOC, encoding="utf-8").read()
+        recs.append({"text": text})  # longer real text: the Python FAQ, one record
+        paras = [p for p in text.split("\n\n") if len(p) > 200][:20]
+        recs += [{"text": p} for p in paras]
+    return recs
+
+
+def fx(family, name):
+    d = os.path.join(OUT, family)
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, name)
+
+
+def record_text(r):
+    if "text" in r:
+        return r["text"]
+    return bytes.fromhex(r["hex"]).decode("utf-8", errors="replace")
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def expected(tok, corpus, path):
+    rows = []
+    for r in corpus:
+        s = record_text(r)
+        ids = tok.encode(s, add_special_tokens=False).ids
+        ids_sp = tok.encode(s, add_special_tokens=True).ids
+        dec = tok.decode(ids, skip_special_tokens=False)
+        rows.append({"ids": ids, "ids_special": ids_sp, "decoded": dec})
+    write_jsonl(path, rows)
+    n_ids = sum(len(r["ids"]) for r in rows)
+    print(f"{os.path.basename(path)}: {len(rows)} records, {n_ids} ids", file=sys.stderr)
+
+
+# ---- GGUF (read for SmolLM2, written for the SentencePiece-style fixture) -------------------
+
+def gguf_read_meta(path):
+    fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    with open(path, "rb") as f:
+        def rd(fm):
+            return struct.unpack(fm, f.read(struct.calcsize(fm)))[0]
+
+        def rstr():
+            return f.read(rd("<Q")).decode("utf-8")
+
+        def rval(t):
+            if t == 8:
+                return rstr()
+            if t == 9:
+                et, n = rd("<I"), rd("<Q")
+                return [rval(et) for _ in range(n)]
+            return rd(fmt[t])
+
+        assert f.read(4) == b"GGUF"
+        rd("<I")
+        rd("<Q")
+        nkv = rd("<Q")
+        meta = {}
+        for _ in range(nkv):
+            k = rstr()
+            meta[k] = rval(rd("<I"))
+        return meta
+
+
+def gguf_write(path, kvs):
+    out = bytearray(b"GGUF")
+    out += struct.pack("<IQQ", 3, 0, len(kvs))
+
+    def wstr(s):
+        b = s.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+
+    for key, (typ, val) in kvs.items():
+        out += wstr(key) + struct.pack("<I", typ)
+        if typ == 8:
+            out += wstr(val)
+        elif typ == 9:
+            et, items = val
+            out += struct.pack("<IQ", et, len(items))
+            for it in items:
+                out += wstr(it) if et == 8 else struct.pack({4: "<I", 5: "<i", 6: "<f"}[et], it)
+        elif typ == 4:
+            out += struct.pack("<I", val)
+        elif typ == 7:
+            out += struct.pack("<?", val)
+    with open(path, "wb") as f:
+        f.write(bytes(out))
+
+
+# ---- families -------------------------------------------------------------------------------
+
+def smollm2(gguf_path, corpus):
+    meta = gguf_read_meta(gguf_path)
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "smollm"
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    expected(tok, corpus, fx("smollm2", "expected.jsonl"))
+
+
+def train_corpus_text(corpus):
+    return [record_text(r) for r in corpus]
+
+
+def byte_level_family(corpus):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(pattern=__import__("tokenizers").Regex(QWEN2_RE), behavior="isolated"),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>"]
+    trainer = trainers.BpeTrainer(vocab_size=1200, min_frequency=2, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(train_corpus_text(corpus) * 3, trainer=trainer)
+    tok.add_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, normalized=True, special=False)])
+    tok.save(fx("bpe-nfc", "tokenizer.json"))
+    expected(tok, corpus, fx("bpe-nfc", "expected.jsonl"))
+    with open(fx("bpe-nfc", "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                   "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"},
+                  f, indent=1)
+
+    # Llama-3 layout over the same vocabulary: no normalizer, the Llama 3 regex, ignore_merges,
+    # BOS added by a template.
+    j = json.load(open(fx("bpe-nfc", "tokenizer.json"), encoding="utf-8"))
+    j["normalizer"] = None
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": LLAMA3_RE}
+    j["model"]["ignore_merges"] = True
+    bos = j["model"]["vocab"]["<|begin_of_text|>"]
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos], "tokens": ["<|begin_of_text|>"]}}}]}
+    path = fx("bpe-im", "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    expected(Tokenizer.from_file(path), corpus, fx("bpe-im", "expected.jsonl"))
+
+
+def generate_merges(vocab, scores):
+    """transformers' SentencePieceExtractor.generate_merges with scores (reverse=True)."""
+    merges = []
+    for piece, score in scores.items():
+        local = []
+        for i in range(1, len(piece)):
+            l, r = piece[:i], piece[i:]
+            if l in vocab and r in vocab:
+                local.append((l, r, score))
+        local = sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]]))
+        merges.extend(local)
+    merges = sorted(merges, key=lambda v: (v[2], len(v[0]), len(v[1])), reverse=True)
+    return [(v[0], v[1]) for v in merges]
+
+
+def spm_family(corpus):
+    # Train pieces on Metaspace-style text, then lay them out as a SentencePiece model: <unk>, <s>,
+    # </s>, 256 byte pieces, then the learned pieces with score = -rank (SentencePiece BPE).
+    tr = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tr.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tr.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    trainer = trainers.BpeTrainer(vocab_size=900, min_frequency=2, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False, limit_alphabet=400)
+    tr.train_from_iterator(train_corpus_text(corpus) * 3, trainer=trainer)
+    learned = sorted(tr.get_vocab().items(), key=lambda kv: kv[1])
+    pieces = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    seen = set(pieces)
+    for p, _ in learned:
+        if p not in seen:
+            pieces.append(p)
+            types.append(1)
+            seen.add(p)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces) - 259)]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = generate_merges(vocab, {p: s for p, s in zip(pieces, scores)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ["<unk>", "<s>", "</s>"]])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", 1)])
+    path = fx("spm", "tokenizer.json")
+    tok.save(path)
+    expected(tok, corpus, fx("spm", "expected.jsonl"))
+    gguf_write(fx("spm", "tokenizer.gguf"), {
+        "general.architecture": (8, "llama"),
+        "tokenizer.ggml.model": (8, "llama"),
+        "tokenizer.ggml.tokens": (9, (8, pieces)),
+        "tokenizer.ggml.scores": (9, (6, scores)),
+        "tokenizer.ggml.token_type": (9, (5, types)),
+        "tokenizer.ggml.bos_token_id": (4, 1),
+        "tokenizer.ggml.eos_token_id": (4, 2),
+        "tokenizer.ggml.unknown_token_id": (4, 0),
+        "tokenizer.ggml.add_bos_token": (7, True),
+        "tokenizer.ggml.add_space_prefix": (7, True),
+    })
+
+    # Metaspace layout (newer Llama/Mistral files): no normalizer, Metaspace(first, no split).
+    j = json.load(open(path, encoding="utf-8"))
+    j["normalizer"] = None
+    j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    mpath = fx("spm-meta", "tokenizer.json")
+    with open(mpath, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    expected(Tokenizer.from_file(mpath), corpus, fx("spm-meta", "expected.jsonl"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    cache = os.environ.get("LONGTUNE_CACHE", os.path.expanduser("~/.cache/longtune"))
+    ap.add_argument("--gguf", default=os.path.join(cache, "smollm2-135m-instruct-q4_1.gguf"))
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    corpus = build_corpus()
+    write_jsonl(os.path.join(OUT, "corpus.jsonl"), corpus)
+    if os.path.exists(args.gguf):
+        smollm2(args.gguf, corpus)
+    else:
+        print(f"skipping SmolLM2: {args.gguf} absent", file=sys.stderr)
+    byte_level_family(corpus)
+    spm_family(corpus)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+/* Chat templates: every built-in renderer against transformers' output for the same conversations
+ * (tests/fixtures/chat/, written by tests/oracle/gen_chat_fixtures.py), the assistant spans it
+ * reports, recognition of the real template texts, and the typed errors (no template, unknown
+ * template naming --chat-template, unsupported roles, Mistral's role alternation). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/chat.h"
+
+static char *slurp(const char *rel, size_t *len) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/chat/%s", lt_test_source_dir(), rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("short read %s", path);
+    buf[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+/* Text just before an assistant span and the marker that ends it, per family. */
+static void span_markers(lt_chat_format f, const char **before, const char **end) {
+    if (f >= LT_CHAT_CHATML && f <= LT_CHAT_QWEN3) {
+        *before = "<|im_start|>assistant\n";
+        *end = "<|im_end|>";
+    } else if (f >= LT_CHAT_LLAMA3 && f <= LT_CHAT_LLAMA3_2) {
+        *before = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+        *end = "<|eot_id|>";
+    } else {
+        *before = " [/INST]";
+        *end = "</s>";
+    }
+}
+
+static void renders_equal_transformers(void **state) {
+    (void)state;
+    char *json = slurp("cases.json", NULL);
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root);
+    cJSON *cases = cJSON_GetObjectItem(root, "cases");
+    assert_true(cJSON_GetArraySize(cases) >= 60);
+    lt_ctx *ctx = lt_ctx_new();
+    lt_chat_text out = {0};
+    cJSON *c;
+    int n_checked = 0;
+    cJSON_ArrayForEach(c, cases) {
+        const char *fmt_name = cJSON_GetObjectItem(c, "format")->valuestring;
+        lt_chat_format fmt;
+        assert_int_equal(lt_chat_format_parse(ctx, fmt_name, &fmt), LT_OK);
+        cJSON *ms = cJSON_GetObjectItem(c, "messages");
+        size_t n = (size_t)cJSON_GetArraySize(ms);
+        lt_chat_message msgs[16];
+        size_t n_assistant = 0;
+        for (size_t i = 0; i < n; i++) {
+            cJSON *m = cJSON_GetArrayItem(ms, (int)i);
+            msgs[i].role = cJSON_GetObjectItem(m, "role")->valuestring;
+            msgs[i].content = cJSON_GetObjectItem(m, "content")->valuestring;
+            n_assistant += !strcmp(msgs[i].role, "assistant");
+        }
+        lt_chat_options opt = {0};
+        opt.add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+        cJSON *date = cJSON_GetObjectItem(c, "date");
+        opt.date = date ? date->valuestring : NULL;
+        lt_status s = lt_chat_render(ctx, fmt, &opt, msgs, n, &out);
+        if (s != LT_OK) fail_msg("%s: %s", cJSON_GetObjectItem(c, "expected")->valuestring, lt_ctx_error(ctx));
+        size_t want_len;
+        char *want = slurp(cJSON_GetObjectItem(c, "expected")->valuestring, &want_len);
+        if (out.len != want_len || memcmp(out.text, want, want_len))
+            fail_msg("%s differs from transformers:\n--- got\n%s\n--- want\n%s",
+                     cJSON_GetObjectItem(c, "expected")->valuestring, out.text, want);
+        assert_int_equal(strlen(out.text), out.len);
+        /* Spans: one per assistant message, right after the assistant header, ending with the
+         * end-of-turn marker, in order and inside the text. */
+        assert_int_equal(out.n_spans, n_assistant);
+        const char *before, *end;
+        span_markers(fmt, &before, &end);
+        size_t prev = 0;
+        for (size_t k = 0; k < out.n_spans; k++) {
+            lt_chat_span sp = out.spans[k];
+            assert_true(sp.begin >= prev && sp.begin <= sp.end && sp.end <= out.len);
+            assert_string_equal(msgs[sp.message].role, "assistant");
+            assert_true(sp.begin >= strlen(before));
+            assert_memory_equal(out.text + sp.begin - strlen(before), before, strlen(before));
+            assert_true(sp.end - sp.begin >= strlen(end));
+            assert_memory_equal(out.text + sp.end - strlen(end), end, strlen(end));
+            prev = sp.end;
+        }
+        free(want);
+        n_checked++;
+    }
+    assert_true(n_checked >= 60);
+    lt_chat_text_free(ctx, &out);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+    cJSON_Delete(root);
+    free(json);
+}
+
+static void recognises_real_templates(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    for (int f = LT_CHAT_CHATML; f < LT_CHAT_FORMAT_COUNT_; f++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "templates/%s.jinja", lt_chat_format_name((lt_chat_format)f));
+        char *t = slurp(rel, NULL);
+        lt_chat_format got;
+        lt_status s = lt_chat_detect(ctx, t, &got);
+        if (s != LT_OK || got != (lt_chat_format)f)
+            fail_msg("%s recognised as %s (%s)", rel, lt_chat_format_name(got), lt_ctx_error(ctx));
+        free(t);
+    }
+    lt_ctx_free(ctx);
+}
+
+static void unknown_or_missing_template_names_the_flag(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_chat_format f;
+    assert_int_equal(lt_chat_detect(ctx, NULL, &f), LT_ERR_NOT_FOUND);
+    assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
+    assert_int_equal(lt_chat_detect(ctx, "", &f), LT_ERR_NOT_FOUND);
+    const char *llama2 = "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
+                         "messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}{% endif %}{{ bos_token + '[INST] ' + "
+                         "message['content'] + ' [/INST]' }}";
+    const char *gemma = "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+                        "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}";
+    const char *chatml_other_default = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+                                       "You are Hermes.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
+                                       "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+                                       "{% endfor %}";
+    const char *bad[] = {llama2, gemma, chatml_other_default, "{{ messages }}"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(lt_chat_detect(ctx, bad[i], &f), LT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
+        assert_non_null(strstr(lt_ctx_error(ctx), "smollm2"));
+    }
+    assert_int_equal(lt_chat_format_parse(ctx, "llama3.1", &f), LT_OK);
+    assert_int_equal(f, LT_CHAT_LLAMA3_1);
+    assert_int_equal(lt_chat_format_parse(ctx, "vicuna", &f), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_chat_format_parse(ctx, "none", &f), LT_ERR_INVALID_ARG);
+    lt_ctx_free(ctx);
+}
+
+static void role_errors_are_typed(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_chat_text out = {0};
+    lt_chat_message tool[] = {{"user", "hi"}, {"tool", "{}"}};
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_SMOLLM2, NULL, tool, 2, &out), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "messages[1]"));
+    lt_chat_message twice[] = {{"user", "a"}, {"user", "b"}};
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_MISTRAL, NULL, twice, 2, &out), LT_ERR_FORMAT);
+    assert_non_null(strstr(lt_ctx_error(ctx), "alternate"));
+    lt_chat_message sys[] = {{"system", "s"}, {"user", "b"}};
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_MISTRAL, NULL, sys, 2, &out), LT_ERR_FORMAT);
+    lt_chat_message nul[] = {{"user", NULL}};
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_CHATML, NULL, nul, 1, &out), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_NONE, NULL, twice, 2, &out), LT_ERR_INVALID_ARG);
+    /* Llama 3.2 without a date renders today's, in the template's "%d %b %Y" shape. */
+    lt_chat_message one[] = {{"user", "x"}};
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_LLAMA3_2, NULL, one, 1, &out), LT_OK);
+    const char *d = strstr(out.text, "Today Date: ");
+    assert_non_null(d);
+    d += strlen("Today Date: ");
+    assert_true(d[0] >= '0' && d[0] <= '3' && d[2] == ' ' && d[6] == ' ' && d[11] == '\n');
+    lt_chat_text_free(ctx, &out);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(renders_equal_transformers),
+        cmocka_unit_test(recognises_real_templates),
+        cmocka_unit_test(unknown_or_missing_template_names_the_flag),
+        cmocka_unit_test(role_errors_are_typed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

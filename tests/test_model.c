@@ -1,0 +1,383 @@
+/* The model against PyTorch + transformers + PEFT fixtures (tests/oracle/gen_model_fixtures.py):
+ * logits, loss, per-token loss and every LoRA gradient of a packed batch for tiny Llama (tied,
+ * llama3 rope scaling), Qwen2 and Qwen3 models. Also: every recompute policy gives the same
+ * gradients, packed and unpacked rows give the same per-sequence loss, the size table equals
+ * what the allocator measured, and bad inputs are typed errors. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/model.h"
+#include "longtune/safetensors.h"
+
+/* fp32 end to end against fp32 PyTorch: differences are summation order only. Relative to the
+ * largest magnitude of the tensor compared. */
+#define ORACLE_REL 1e-4
+#define SAME_REL 1e-5
+
+static const char *const CASES[] = {"llama_tied", "llama3_untied", "qwen2_untied", "qwen3_tied"};
+
+typedef struct fixture {
+    lt_safetensors *exp;
+    int64_t B, T, S, rank, num_layers;
+    float alpha;
+    int32_t tokens[64], targets[64], positions[64], offsets[16];
+} fixture;
+
+static void case_dir(const char *c, char *buf, size_t n) {
+    snprintf(buf, n, "%s/tests/fixtures/model/%s", lt_test_source_dir(), c);
+}
+
+static const float *ftensor(lt_ctx *ctx, const fixture *f, const char *name, int64_t *numel) {
+    lt_tensor t;
+    if (lt_safetensors_find(ctx, f->exp, name, &t) != LT_OK) {
+        fprintf(stderr, "fixture: %s\n", lt_ctx_error(ctx));
+        fail();
+    }
+    assert_int_equal(t.dtype, LT_DTYPE_F32);
+    if (numel) *numel = lt_tensor_numel(&t);
+    return t.data;
+}
+
+static void ints(lt_ctx *ctx, const fixture *f, const char *name, int32_t *out, int64_t want) {
+    int64_t n;
+    const float *x = ftensor(ctx, f, name, &n);
+    assert_int_equal(n, want);
+    for (int64_t i = 0; i < n; i++) out[i] = (int32_t)x[i];
+}
+
+static void open_fixture(lt_ctx *ctx, const char *c, fixture *f) {
+    char dir[1024], p[1200];
+    case_dir(c, dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/expected.safetensors", dir);
+    memset(f, 0, sizeof *f);
+    if (lt_safetensors_open(ctx, p, &f->exp) != LT_OK) {
+        fprintf(stderr, "%s\n", lt_ctx_error(ctx));
+        fail();
+    }
+    f->B = atoll(lt_safetensors_metadata(f->exp, "B"));
+    f->T = atoll(lt_safetensors_metadata(f->exp, "T"));
+    f->S = atoll(lt_safetensors_metadata(f->exp, "S"));
+    f->rank = atoll(lt_safetensors_metadata(f->exp, "rank"));
+    f->num_layers = atoll(lt_safetensors_metadata(f->exp, "num_layers"));
+    f->alpha = (float)atof(lt_safetensors_metadata(f->exp, "alpha"));
+    ints(ctx, f, "tokens", f->tokens, f->B * f->T);
+    ints(ctx, f, "targets", f->targets, f->B * f->T);
+    ints(ctx, f, "positions", f->positions, f->B * f->T);
+    ints(ctx, f, "seq_offsets", f->offsets, f->B * (f->S + 1));
+}
+
+static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int quantize) {
+    char dir[1024];
+    case_dir(c, dir, sizeof dir);
+    lt_lora_options lo = {0};
+    lo.rank = f->rank;
+    lo.alpha = f->alpha;
+    lo.num_layers = f->num_layers;
+    lo.seed = 7;
+    lt_model_options mo = {0};
+    mo.quantize = quantize;
+    lt_model *m = NULL;
+    if (lt_model_load(ctx, dir, &mo, &lo, &m) != LT_OK) {
+        fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
+        fail();
+    }
+    /* The adapter values PEFT used. */
+    for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+        lt_lora_tensor t;
+        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+        int64_t n;
+        const float *v = ftensor(ctx, f, t.name, &n);
+        assert_int_equal(n, lt_tensor_numel(&t.value));
+        memcpy(t.value.data, v, (size_t)n * 4);
+    }
+    return m;
+}
+
+static lt_model_batch fixture_batch(const fixture *f) {
+    lt_model_batch b = {0};
+    b.B = f->B, b.T = f->T, b.S = f->S;
+    b.tokens = f->tokens, b.targets = f->targets, b.positions = f->positions, b.seq_offsets = f->offsets;
+    return b;
+}
+
+static void compare(const char *what, const float *got, const float *want, int64_t n, double rel) {
+    double scale = 0, worst = 0;
+    int64_t wi = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)want[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= worst)) worst = e, wi = i;
+    }
+    if (!(worst <= rel * scale + 1e-7)) {
+        fprintf(stderr, "%s: max error %.3g at %lld (got %.8g want %.8g), scale %.3g\n", what, worst, (long long)wi,
+                (double)got[wi], (double)want[wi], scale);
+        fail();
+    }
+}
+
+static void prepare(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc, int64_t k) {
+    lt_model_run_options ro = {0};
+    ro.B = B, ro.T = T, ro.recompute = rc, ro.recompute_k = k;
+    if (lt_model_prepare(ctx, m, &ro) != LT_OK) {
+        fprintf(stderr, "prepare: %s\n", lt_ctx_error(ctx));
+        fail();
+    }
+}
+
+static void matches_pytorch_peft(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) {
+        const char *c = CASES[ci];
+        lt_ctx *ctx = lt_ctx_new();
+        fixture f;
+        open_fixture(ctx, c, &f);
+        lt_model *m = load_case(ctx, c, &f, 0);
+        int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
+        lt_model_batch b = fixture_batch(&f);
+        const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+        float *first = NULL;
+        int64_t ng = 0;
+        for (int pi = 0; pi < 3; pi++) {
+            prepare(ctx, m, f.B, f.T, pol[pi], 2);
+            float *logits = malloc((size_t)(N * V) * 4), tl[64];
+            for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
+            assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
+            char what[400];
+            snprintf(what, sizeof what, "%s logits", c);
+            compare(what, logits, ftensor(ctx, &f, "logits", NULL), N * V, ORACLE_REL);
+            free(logits);
+            lt_model_zero_grads(m);
+            lt_model_result r;
+            if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {
+                fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
+                fail();
+            }
+            float loss = (float)(r.loss_sum / (double)r.n_tokens);
+            snprintf(what, sizeof what, "%s loss", c);
+            compare(what, &loss, ftensor(ctx, &f, "loss", NULL), 1, ORACLE_REL);
+            snprintf(what, sizeof what, "%s token_loss", c);
+            compare(what, tl, ftensor(ctx, &f, "token_loss", NULL), N, ORACLE_REL);
+            for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+                lt_lora_tensor t;
+                assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+                char key[200];
+                snprintf(key, sizeof key, "%s.grad", t.name);
+                snprintf(what, sizeof what, "%s %s", c, key);
+                compare(what, t.grad.data, ftensor(ctx, &f, key, NULL), lt_tensor_numel(&t.grad), ORACLE_REL);
+            }
+            /* Recompute policies change memory, never numbers. */
+            float *g = lt_model_lora_grads(m, &ng);
+            if (!first) {
+                first = malloc((size_t)ng * 4);
+                memcpy(first, g, (size_t)ng * 4);
+            } else {
+                snprintf(what, sizeof what, "%s grads under recompute policy %d", c, pi);
+                compare(what, g, first, ng, SAME_REL);
+            }
+        }
+        free(first);
+        lt_model_free(ctx, m);
+        lt_safetensors_close(ctx, f.exp);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+        lt_ctx_free(ctx);
+    }
+}
+
+/* The same three sequences packed into two rows or placed one per row give the same losses. */
+static void packed_equals_unpacked(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    open_fixture(ctx, "qwen3_tied", &f);
+    lt_model *m = load_case(ctx, "qwen3_tied", &f, 0);
+    lt_model_batch pk = fixture_batch(&f);
+    prepare(ctx, m, 3, f.T, LT_RECOMPUTE_EVERY, 1);
+    float tl_p[64], tl_u[64];
+    lt_model_result rp, ru;
+    lt_model_zero_grads(m);
+    assert_int_equal(lt_model_forward_backward(ctx, m, &pk, 1.0f, &rp, tl_p), LT_OK);
+    int64_t ng;
+    const float *g0 = lt_model_lora_grads(m, &ng);
+    float *gp = malloc((size_t)ng * 4);
+    memcpy(gp, g0, (size_t)ng * 4);
+    /* Unpacked: row i holds sequence i from position 0, padded with token 0 and ignored targets. */
+    int32_t tok[36], tgt[36];
+    const int seq[3][3] = {{0, 0, 5}, {0, 5, 12}, {1, 0, 12}};
+    for (int i = 0; i < 36; i++) tok[i] = 0, tgt[i] = LT_IGNORE_INDEX;
+    for (int s = 0; s < 3; s++)
+        for (int t = seq[s][1]; t < seq[s][2]; t++) {
+            tok[s * 12 + t - seq[s][1]] = f.tokens[seq[s][0] * 12 + t];
+            tgt[s * 12 + t - seq[s][1]] = f.targets[seq[s][0] * 12 + t];
+        }
+    lt_model_batch ub = {0};
+    ub.B = 3, ub.T = 12, ub.tokens = tok, ub.targets = tgt;
+    lt_model_zero_grads(m);
+    assert_int_equal(lt_model_forward_backward(ctx, m, &ub, 1.0f, &ru, tl_u), LT_OK);
+    assert_int_equal(rp.n_tokens, ru.n_tokens);
+    for (int s = 0; s < 3; s++) {
+        double a = 0, b = 0;
+        for (int t = seq[s][1]; t < seq[s][2]; t++) a += tl_p[seq[s][0] * 12 + t];
+        for (int t = 0; t < seq[s][2] - seq[s][1]; t++) b += tl_u[s * 12 + t];
+        assert_true(fabs(a - b) <= 1e-5 * fabs(b) + 1e-6);
+    }
+    compare("packed vs unpacked grads", lt_model_lora_grads(m, NULL), gp, ng, SAME_REL);
+    free(gp);
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    lt_ctx_free(ctx);
+}
+
+/* The planner's numbers are the allocator's numbers. */
+static void size_table_equals_allocations(void **state) {
+    (void)state;
+    const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+    for (int pi = 0; pi < 3; pi++)
+        for (int fo = 0; fo < 2; fo++) {
+            lt_ctx *ctx = lt_ctx_new();
+            char dir[1024];
+            case_dir("qwen2_untied", dir, sizeof dir);
+            lt_lora_options lo = {0};
+            lo.rank = 4;
+            lo.num_layers = 1;
+            lo.targets = (1u << LT_PROJ_Q) | (1u << LT_PROJ_DOWN);
+            lt_model_options mo = {0};
+            mo.quantize = pi == 1;
+            lt_model_config cfg;
+            assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+            lt_model_run_options ro = {0};
+            ro.B = 3, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
+            lt_model_sizes want;
+            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+            lt_model *m = NULL;
+            assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+            lt_model_sizes got = lt_model_get_sizes(m);
+            for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
+            assert_int_equal(got.n_lora_params, 4 * (64 + 64) + 4 * (128 + 64));
+            if (pi == 1) assert_int_equal(cfg.proj_dtype[LT_PROJ_Q], LT_DTYPE_INT4_G64);
+            /* A step allocates nothing. */
+            fixture f;
+            open_fixture(ctx, "qwen2_untied", &f);
+            size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+            lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+            lt_model_batch b = fixture_batch(&f);
+            lt_model_result r;
+            if (fo)
+                assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+            else
+                assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+            lt_safetensors_close(ctx, f.exp);
+            lt_model_free(ctx, m);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+            lt_ctx_free(ctx);
+        }
+}
+
+/* QLoRA: --quantize holds projections as INT4_G64; the loss stays close to the f32 one. */
+static void quantized_base_trains(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    open_fixture(ctx, "llama_tied", &f);
+    lt_model *m = load_case(ctx, "llama_tied", &f, 1);
+    assert_int_equal(lt_model_get_config(m)->proj_dtype[LT_PROJ_DOWN], LT_DTYPE_INT4_G64);
+    prepare(ctx, m, f.B, f.T, LT_RECOMPUTE_EVERY, 1);
+    lt_model_batch b = fixture_batch(&f);
+    lt_model_result r;
+    lt_model_zero_grads(m);
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+    double loss = r.loss_sum / (double)r.n_tokens, want = ftensor(ctx, &f, "loss", NULL)[0];
+    /* int4 with 64-wide groups perturbs 0.08-scale weights by ~1/30 of their range */
+    assert_true(fabs(loss - want) < 0.05 * want);
+    int64_t n;
+    float *g = lt_model_lora_grads(m, &n);
+    double gn = 0;
+    for (int64_t i = 0; i < n; i++) gn += (double)g[i] * g[i];
+    assert_true(isfinite(gn) && gn > 0);
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    lt_ctx_free(ctx);
+}
+
+static void bad_inputs_are_typed_errors(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    open_fixture(ctx, "llama_tied", &f);
+    lt_model *m = load_case(ctx, "llama_tied", &f, 0);
+    lt_model_batch b = fixture_batch(&f);
+    lt_model_result r;
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG); /* not prepared */
+    prepare(ctx, m, f.B, f.T, LT_RECOMPUTE_NONE, 0);
+    int32_t tok[64];
+    memcpy(tok, f.tokens, sizeof tok);
+    tok[7] = 96;
+    b.tokens = tok;
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "position 7"));
+    b = fixture_batch(&f);
+    b.T = f.T + 1;
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_ERR_INVALID_ARG);
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+
+    /* A folder whose weights lack a tensor, and one of an architecture we do not implement. */
+    char dir[] = "/tmp/lt_test_model_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char p[256], src[1200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    case_dir("llama_tied", src, sizeof src);
+    strcat(src, "/config.json");
+    FILE *in = fopen(src, "r"), *out = fopen(p, "w");
+    int ch;
+    while ((ch = fgetc(in)) != EOF) fputc(ch, out);
+    fclose(in), fclose(out);
+    float w[64 * 2];
+    for (int i = 0; i < 128; i++) w[i] = 1;
+    int64_t sh[2] = {2, 64};
+    lt_safetensors_entry e = {"model.embed_tokens.weight", lt_tensor_view(w, LT_DTYPE_F32, LT_DEVICE_CPU, 2, sh)};
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    assert_int_equal(lt_safetensors_write(ctx, p, &e, 1, NULL, 0), LT_OK);
+    lt_model *bad = NULL;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &bad), LT_ERR_NOT_FOUND);
+    assert_non_null(strstr(lt_ctx_error(ctx), "model.layers.0.self_attn.q_proj.weight"));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    out = fopen(p, "w");
+    fputs("{\"model_type\":\"mistral\",\"vocab_size\":96,\"hidden_size\":64}", out);
+    fclose(out);
+    assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &bad), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "mistral"));
+    assert_null(bad);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matches_pytorch_peft),
+        cmocka_unit_test(packed_equals_unpacked),
+        cmocka_unit_test(size_table_equals_allocations),
+        cmocka_unit_test(quantized_base_trains),
+        cmocka_unit_test(bad_inputs_are_typed_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

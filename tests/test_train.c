@@ -1,0 +1,370 @@
+/* The trainer's pieces that need no model: options (flags and JSON config), the learning-rate
+ * schedule, checkpoints (round trip, truncated/corrupted files, mismatched runs), the metrics log
+ * and the stop request. Whole training runs are tested in test_train_run.c. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/train.h"
+
+static uint64_t rng;
+
+static void tmp_path(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "/tmp/lt_test_train_%ld_%s", (long)getpid(), name);
+}
+
+static lt_train_options base_options(void) {
+    lt_train_options o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.model, sizeof o.model, "m.gguf");
+    snprintf(o.data, sizeof o.data, "d");
+    return o;
+}
+
+static void options_defaults_and_flags(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_train_options in = base_options(), o;
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.iters, 1000);
+    assert_int_equal(o.batch_size, 4);
+    assert_int_equal(o.lora_rank, 8);
+    assert_string_equal(o.adapter_path, "adapters");
+    assert_string_equal(o.lora_targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    assert_int_equal(o.attention, LT_ATTENTION_FLASH);
+    assert_int_equal(o.loss, LT_LCE_FUSED);
+    /* Both spellings of a key; short target names normalise and deduplicate. */
+    assert_int_equal(lt_train_options_set(ctx, &in, "learning-rate", "2e-4"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "max_seq_length", "512"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "lora-targets", "q, v,q_proj"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "every:3"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "lr-schedule", "cosine"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "seed", "18446744073709551615"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_true(o.learning_rate == 2e-4);
+    assert_int_equal(o.max_seq_length, 512);
+    assert_string_equal(o.lora_targets, "q_proj,v_proj");
+    assert_int_equal(o.recompute, LT_RECOMPUTE_EVERY_K);
+    assert_int_equal(o.recompute_every, 3);
+    assert_int_equal(o.lr_schedule, LT_LR_SCHEDULE_COSINE);
+    assert_true(o.seed == UINT64_MAX);
+    assert_int_equal(lt_train_option_kind_of("mask-prompt"), LT_TRAIN_OPTION_BOOL);
+    assert_int_equal(lt_train_option_kind_of("iters"), LT_TRAIN_OPTION_VALUE);
+    assert_int_equal(lt_train_option_kind_of("nope"), LT_TRAIN_OPTION_UNKNOWN);
+    /* Bad values are typed errors naming the option. */
+    assert_int_equal(lt_train_options_set(ctx, &in, "iters", "12x"), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "iters"));
+    assert_int_equal(lt_train_options_set(ctx, &in, "batch-size", "0"), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "every:0"), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_train_options_set(ctx, &in, "lr-schedule", "linear"), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_train_options_set(ctx, &in, "seed", "-1"), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_train_options_set(ctx, &in, "frobnicate", "1"), LT_ERR_NOT_FOUND);
+    assert_int_equal(lt_train_options_set(ctx, &in, "lora-targets", "q,lm_head"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "lm_head"));
+    lt_train_options none;
+    memset(&none, 0, sizeof none);
+    assert_int_equal(lt_train_options_resolve(ctx, &none, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "model"));
+    lt_ctx_free(ctx);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void options_config_file_then_flags(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char path[256];
+    tmp_path(path, sizeof path, "config.json");
+    write_text(path, "{\n \"model\": \"x.gguf\", \"data\": \"dd\", \"iters\": 50, \"learning_rate\": 0.001,\n"
+                     " \"mask_prompt\": true, \"lora_targets\": [\"q\", \"down\"], \"warmup\": 5\n}\n");
+    lt_train_options in, o;
+    memset(&in, 0, sizeof in);
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "iters", "70"), LT_OK); /* a flag overrides */
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_string_equal(o.model, "x.gguf");
+    assert_int_equal(o.iters, 70);
+    assert_true(o.learning_rate == 0.001);
+    assert_int_equal(o.mask_prompt, 1);
+    assert_int_equal(o.warmup, 5);
+    assert_string_equal(o.lora_targets, "q_proj,down_proj");
+    /* Malformed JSON names the line; an unknown key and a bad value name the key. */
+    write_text(path, "{\n \"iters\": 5,\n \"seed\": ,\n}\n");
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_ERR_FORMAT);
+    assert_non_null(strstr(lt_ctx_error(ctx), ":3:"));
+    write_text(path, "{\"iterz\": 5}");
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_ERR_NOT_FOUND);
+    assert_non_null(strstr(lt_ctx_error(ctx), "iterz"));
+    write_text(path, "{\"batch_size\": -3}");
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "batch_size"));
+    write_text(path, "[1, 2]");
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_ERR_FORMAT);
+    unlink(path);
+    assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_ERR_IO);
+    lt_ctx_free(ctx);
+}
+
+static void schedule_values(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_train_options in = base_options(), o;
+    in.iters = 110;
+    in.warmup = 10;
+    in.learning_rate = 1e-3;
+    in.min_lr = 1e-4;
+    in.lr_schedule = LT_LR_SCHEDULE_COSINE;
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    /* Warmup: linear, reaching the peak at its last step. */
+    assert_true(fabs(lt_train_lr(&o, 0) - 1e-4) < 1e-15);
+    assert_true(fabs(lt_train_lr(&o, 4) - 5e-4) < 1e-15);
+    assert_true(fabs(lt_train_lr(&o, 9) - 1e-3) < 1e-15);
+    /* Cosine over the 100 steps after warmup: peak, midpoint, and monotone down to near min_lr. */
+    assert_true(fabs(lt_train_lr(&o, 10) - 1e-3) < 1e-15);
+    assert_true(fabs(lt_train_lr(&o, 60) - 5.5e-4) < 1e-12);
+    double prev = 1;
+    for (int64_t s = 10; s < 110; s++) {
+        double lr = lt_train_lr(&o, s);
+        assert_true(lr <= prev && lr > 1e-4);
+        prev = lr;
+    }
+    double want_last = 1e-4 + 0.5 * 9e-4 * (1 + cos(3.14159265358979323846 * 0.99));
+    assert_true(fabs(lt_train_lr(&o, 109) - want_last) < 1e-15);
+    o.lr_schedule = LT_LR_SCHEDULE_CONSTANT;
+    assert_true(lt_train_lr(&o, 50) == 1e-3 && lt_train_lr(&o, 109) == 1e-3);
+    assert_true(fabs(lt_train_lr(&o, 2) - 3e-4) < 1e-15);
+    lt_ctx_free(ctx);
+}
+
+/* A small param set with its storage: A (r, in), B (out, r) per module. */
+typedef struct {
+    lt_train_param p[4];
+    float *mem;
+} pset;
+
+static void pset_make(pset *s, int64_t r) {
+    const char *names[4] = {"model.layers.0.self_attn.q_proj.lora_A", "model.layers.0.self_attn.q_proj.lora_B",
+                            "model.layers.1.mlp.down_proj.lora_A", "model.layers.1.mlp.down_proj.lora_B"};
+    const int64_t shapes[4][2] = {{r, 16}, {24, r}, {r, 40}, {16, r}};
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) total += shapes[i][0] * shapes[i][1];
+    s->mem = malloc((size_t)total * 4 * sizeof(float));
+    lt_test_fill_normal(&rng, s->mem, total * 4, 1.0f);
+    int64_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        lt_train_param *p = &s->p[i];
+        memset(p, 0, sizeof *p);
+        snprintf(p->name, sizeof p->name, "%s", names[i]);
+        p->ndim = 2;
+        p->shape[0] = shapes[i][0];
+        p->shape[1] = shapes[i][1];
+        int64_t n = shapes[i][0] * shapes[i][1];
+        p->data = s->mem + at;
+        p->m = s->mem + at + n;
+        p->v = s->mem + at + 2 * n;
+        p->grad = s->mem + at + 3 * n;
+        at += 4 * n;
+    }
+}
+
+static int64_t pset_floats(const pset *s) {
+    int64_t n = 0;
+    for (int i = 0; i < 4; i++) n += 4 * lt_train_param_numel(&s->p[i]);
+    return n;
+}
+
+static void checkpoint_round_trip(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_train_options in = base_options(), o;
+    in.lora_rank = 4;
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    pset a, b;
+    pset_make(&a, 4);
+    pset_make(&b, 4);
+    lt_train_state st = {.step = 37, .rng = {1, 2, 3, UINT64_MAX}, .data_epoch = 2, .data_cursor = 11,
+                         .tokens_seen = 123456, .elapsed_s = 9.5};
+    char path[256];
+    tmp_path(path, sizeof path, "ckpt.bin");
+    assert_int_equal(lt_checkpoint_save(ctx, path, &o, &st, a.p, 4), LT_OK);
+    lt_train_state got;
+    memset(&got, 0, sizeof got);
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 4), LT_OK);
+    assert_memory_equal(&got, &st, sizeof st);
+    for (int i = 0; i < 4; i++) {
+        size_t bytes = (size_t)lt_train_param_numel(&a.p[i]) * sizeof(float);
+        assert_memory_equal(a.p[i].data, b.p[i].data, bytes);
+        assert_memory_equal(a.p[i].m, b.p[i].m, bytes);
+        assert_memory_equal(a.p[i].v, b.p[i].v, bytes);
+    }
+    /* The loaded checkpoint accounts its buffer and frees it. */
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    free(a.mem);
+    free(b.mem);
+    unlink(path);
+    lt_ctx_free(ctx);
+}
+
+static long file_size(const char *path) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+static void checkpoint_bad_files_change_nothing(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_train_options in = base_options(), o;
+    in.lora_rank = 4;
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    pset a, b;
+    pset_make(&a, 4);
+    pset_make(&b, 4);
+    float *before = malloc((size_t)pset_floats(&b) * sizeof(float));
+    memcpy(before, b.mem, (size_t)pset_floats(&b) * sizeof(float));
+    lt_train_state st = {.step = 5, .rng = {9, 8, 7, 6}}, got = {.step = -1};
+    char path[256];
+    tmp_path(path, sizeof path, "ckpt_bad.bin");
+    assert_int_equal(lt_checkpoint_save(ctx, path, &o, &st, a.p, 4), LT_OK);
+    long size = file_size(path);
+    FILE *f = fopen(path, "rb");
+    unsigned char *bytes = malloc((size_t)size);
+    assert_int_equal(fread(bytes, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    /* Truncated at random points, and single flipped bytes anywhere: LT_ERR_FORMAT, nothing written. */
+    for (int trial = 0; trial < 40; trial++) {
+        long cut = (long)(lt_test_rand_u64(&rng) % (uint64_t)size);
+        f = fopen(path, "wb");
+        fwrite(bytes, 1, (size_t)cut, f);
+        fclose(f);
+        assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 4), LT_ERR_FORMAT);
+        long at = (long)(lt_test_rand_u64(&rng) % (uint64_t)size);
+        bytes[at] ^= (unsigned char)(1u << (lt_test_rand_u64(&rng) % 8));
+        f = fopen(path, "wb");
+        fwrite(bytes, 1, (size_t)size, f);
+        fclose(f);
+        assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 4), LT_ERR_FORMAT);
+        /* Restore the good file and bytes for the next trial. */
+        assert_int_equal(lt_checkpoint_save(ctx, path, &o, &st, a.p, 4), LT_OK);
+        f = fopen(path, "rb");
+        assert_int_equal(fread(bytes, 1, (size_t)size, f), (size_t)size);
+        fclose(f);
+    }
+    assert_int_equal(got.step, -1);
+    assert_memory_equal(before, b.mem, (size_t)pset_floats(&b) * sizeof(float));
+    /* A different run: rank (shape and option), learning rate, layout. */
+    lt_train_options o2 = o;
+    o2.learning_rate = 3e-4;
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o2, &got, b.p, 4), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "learning_rate"));
+    snprintf(b.p[2].name, sizeof b.p[2].name, "model.layers.1.mlp.up_proj.lora_A");
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 4), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "up_proj"));
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 3), LT_ERR_INVALID_ARG);
+    pset c;
+    pset_make(&c, 2);
+    o2 = o;
+    o2.lora_rank = 2;
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o2, &got, c.p, 4), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "lora_rank"));
+    assert_int_equal(got.step, -1);
+    /* A missing file is an I/O error; the atomic writer left no temp file behind. */
+    unlink(path);
+    assert_int_equal(lt_checkpoint_load(ctx, path, &o, &got, b.p, 4), LT_ERR_IO);
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    free(bytes);
+    free(before);
+    free(a.mem);
+    free(b.mem);
+    free(c.mem);
+    lt_ctx_free(ctx);
+}
+
+static void metrics_lines_and_resume_truncation(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char path[256];
+    tmp_path(path, sizeof path, "metrics.jsonl");
+    lt_metrics *m;
+    assert_int_equal(lt_metrics_open(ctx, path, -1, &m), LT_OK);
+    for (int s = 1; s <= 6; s++) {
+        lt_metrics_record r = {.step = s, .train_loss = 3.0 - 0.1 * s, .val_loss = s % 3 ? NAN : 2.5,
+                               .learning_rate = 1e-4, .tokens_per_s = 100, .tokens = 10 * s, .elapsed_s = s,
+                               .peak_bytes = 4096, .plan_bytes = -1};
+        assert_int_equal(lt_metrics_write(ctx, m, &r), LT_OK);
+    }
+    lt_metrics_close(ctx, m);
+    char line[512];
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        assert_non_null(strstr(line, "\"train_loss\":"));
+        assert_non_null(strstr(line, "\"peak_bytes\":4096"));
+        assert_null(strstr(line, "plan_bytes"));
+        assert_int_equal(strstr(line, "val_loss") != NULL, n % 3 == 0);
+    }
+    fclose(f);
+    assert_int_equal(n, 6);
+    /* Resume at step 4: records 5 and 6 go, new ones append. */
+    assert_int_equal(lt_metrics_open(ctx, path, 4, &m), LT_OK);
+    lt_metrics_record r = {.step = 5, .train_loss = 1, .val_loss = NAN, .learning_rate = NAN,
+                           .tokens_per_s = NAN, .tokens = -1, .elapsed_s = NAN, .peak_bytes = -1, .plan_bytes = -1};
+    assert_int_equal(lt_metrics_write(ctx, m, &r), LT_OK);
+    lt_metrics_close(ctx, m);
+    f = fopen(path, "r");
+    n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        if (n == 5) assert_string_equal(line, "{\"step\":5,\"train_loss\":1}\n");
+    }
+    fclose(f);
+    assert_int_equal(n, 5);
+    unlink(path);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+static void stop_request(void **state) {
+    (void)state;
+    lt_train_clear_stop();
+    assert_int_equal(lt_train_stop_requested(), 0);
+    lt_train_request_stop(15);
+    assert_int_equal(lt_train_stop_requested(), 15);
+    lt_train_clear_stop();
+    assert_int_equal(lt_train_stop_requested(), 0);
+}
+
+int main(void) {
+    rng = lt_test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(options_defaults_and_flags),
+        cmocka_unit_test(options_config_file_then_flags),
+        cmocka_unit_test(schedule_values),
+        cmocka_unit_test(checkpoint_round_trip),
+        cmocka_unit_test(checkpoint_bad_files_change_nothing),
+        cmocka_unit_test(metrics_lines_and_resume_truncation),
+        cmocka_unit_test(stop_request),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
