@@ -13,6 +13,8 @@ gcc -O2 -std=c11 -Iinclude dev/cuda/bench_kernels.c build/liblongtune.a -L/usr/l
 rm -rf "$DEST" && mkdir -p "$DEST"
 git ls-files -co --exclude-standard | tar cf - -T - | tar xf - -C "$DEST"
 mkdir -p "$DEST/bin"
+# The device copy has no .git: the benches read the commit from LONGTUNE_COMMIT.
+c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"
 cp build/test_cuda_attention build/test_cuda_lce build/bench_kernels build/longtune "$DEST/bin/"
 tmp=$(mktemp -d)
 cp -L /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 /lib/x86_64-linux-gnu/libgfortran.so.5 \

@@ -7,6 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/ltlibs
 tar xJf libs.tar.xz -C /tmp/ltlibs 2>/dev/null
+export LONGTUNE_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
 export LD_LIBRARY_PATH=/tmp/ltlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 STEPS=${STEPS:-info tests bench peers sanitize}
 {
@@ -35,6 +36,10 @@ for s in $STEPS; do
     LONGTUNE_ATTN_BWD=8 timeout 100 bin/test_cuda_attention 2>&1 | tail -3 ;;
   cli)
     timeout 120 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" ;;
+  clilce)
+    timeout 150 bin/longtune bench lce --backend cuda --repeats 5 --out "$OUT" ;;
+  gputest)
+    JOBS=16 timeout 120 scripts/gpu-test.sh 2>&1 | tail -5 ;;
   lcepeers)
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/peers/lce_torch.py 5 | tee "$OUT/peers_lce.jsonl" ;;
   attn_only)
