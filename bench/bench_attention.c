@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "bench_cuda.h"
 #include "bench_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
@@ -177,9 +178,14 @@ int lt_bench_attention(int argc, char **argv) {
     lt_bench_common_init(&c);
     opts o = {.Ts = {512, 2048, 8192}, .nT = 3, .naive_max_T = 8192, .packed_T = 4096, .naive_repeats = 1,
               .sgemm_n = 2048, .seed = 1234, .dtype = LT_DTYPE_F32};
+    int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         int64_t n = 0;
+        if (!strcmp(f, "--no-peers")) {
+            peers = 0;
+            continue;
+        }
         if (!strcmp(f, "--help")) {
             printf("%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
                    "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
@@ -194,6 +200,9 @@ int lt_bench_attention(int argc, char **argv) {
                    "  --window W       sliding window (default 0 = none)\n"
                    "  --softcap C      logit softcap (default 0 = off)\n"
                    "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
+                   "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
+                   "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
+                   "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n"
                    LT_BENCH_COMMON_HELP,
                    usage);
             return 0;
@@ -212,12 +221,14 @@ int lt_bench_attention(int argc, char **argv) {
                     if (good) o.Ts[o.nT++] = n;
                 }
                 good = good && o.nT > 0;
+                t_given = 1;
             } else if (!strcmp(f, "--naive-max-T")) {
                 good = parse_i64(v, 0, 1 << 20, &o.naive_max_T);
             } else if (!strcmp(f, "--naive-repeats")) {
                 if ((good = parse_i64(v, 1, 1000, &n))) o.naive_repeats = (int)n;
             } else if (!strcmp(f, "--packed-T")) {
                 good = parse_i64(v, 0, 1 << 20, &o.packed_T);
+                packed_given = 1;
             } else if (!strcmp(f, "--threads")) {
                 if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
             } else if (!strcmp(f, "--seed")) {
@@ -248,6 +259,15 @@ int lt_bench_attention(int argc, char **argv) {
         }
         fprintf(stderr, "longtune bench attention: bad option '%s'\n%s\n", f, usage);
         return 2;
+    }
+    if (!strcmp(c.backend, "cuda")) {
+        static const int64_t cuda_Ts[3] = {2048, 8192, 32768};
+        const int64_t T = packed_given ? o.packed_T : 8192;
+        int32_t *offs = T > 0 ? malloc(sizeof(int32_t) * (size_t)(T + 2)) : NULL;
+        const int64_t S = offs ? pack_offsets(T, o.seed, offs, T + 2) : 0;
+        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers);
+        free(offs);
+        return rc;
     }
     if (strcmp(c.backend, "cpu")) {
         fprintf(stderr, "longtune bench attention: backend '%s' has no attention in this build\n", c.backend);
