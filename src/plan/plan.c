@@ -1,0 +1,185 @@
+/* The memory planner (see plan.h): the model's size table plus the trainer's optimizer state,
+ * the largest-value search and the JSON form. Pure functions; the budget (what the machine has)
+ * is the caller's business (guard.h measures it). */
+#include <stdio.h>
+#include <string.h>
+
+#include "longtune/alloc.h"
+#include "longtune/plan.h"
+
+static const char *const class_names[LT_PLAN_CLASS_COUNT_] = {
+    "frozen_weights", "lora_params", "lora_grads", "activations",
+    "transients",     "workspace",   "optimizer_state",
+};
+
+const char *lt_plan_class_name(lt_plan_class c) {
+    return (unsigned)c < LT_PLAN_CLASS_COUNT_ ? class_names[c] : "unknown";
+}
+
+const char *lt_plan_attention_name(lt_attention_impl a) {
+    return a == LT_ATTENTION_NAIVE ? "naive" : "flash";
+}
+
+const char *lt_plan_loss_name(lt_lce_impl l) {
+    switch (l) {
+    case LT_LCE_NAIVE: return "naive";
+    case LT_LCE_CHUNKED: return "chunked";
+    default: return "fused";
+    }
+}
+
+const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n) {
+    if (r == LT_RECOMPUTE_EVERY)
+        snprintf(buf, n, "all");
+    else if (r == LT_RECOMPUTE_EVERY_K)
+        snprintf(buf, n, "every:%lld", (long long)(k > 0 ? k : 2));
+    else
+        snprintf(buf, n, "none");
+    return buf;
+}
+
+lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, int64_t *k) {
+    *k = 0;
+    if (!s) s = "";
+    if (!strcmp(s, "none")) {
+        *r = LT_RECOMPUTE_NONE;
+        return LT_OK;
+    }
+    if (!strcmp(s, "all") || !strcmp(s, "every")) {
+        *r = LT_RECOMPUTE_EVERY;
+        return LT_OK;
+    }
+    if (!strncmp(s, "every:", 6) && s[6]) {
+        long long v = 0;
+        const char *p = s + 6;
+        for (; *p >= '0' && *p <= '9' && v < 1000000; p++) v = v * 10 + (*p - '0');
+        if (!*p && v >= 1) {
+            *r = LT_RECOMPUTE_EVERY_K;
+            *k = v;
+            return LT_OK;
+        }
+    }
+    return lt_error(ctx, LT_ERR_INVALID_ARG,
+                    "recompute policy '%s': expected none, all or every:K with K >= 1", s);
+}
+
+size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params) {
+    if (n_params <= 0) return 0;
+    if ((uint64_t)n_params > SIZE_MAX / 8) return SIZE_MAX;
+    size_t one = lt_alloc_accounted_size(dev, (size_t)n_params * sizeof(float));
+    return one > SIZE_MAX / 2 ? SIZE_MAX : 2 * one;
+}
+
+lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
+                          lt_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (!cfg || !opt) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: NULL config or options");
+    if ((unsigned)opt->device >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: unknown device %d", (int)opt->device);
+    if (opt->run.B < 1 || opt->run.T < 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: batch %lld and sequence length %lld must be >= 1",
+                        (long long)opt->run.B, (long long)opt->run.T);
+    lt_plan_options o = *opt;
+    if (!o.lora.rank) o.lora.rank = 8;
+    if (!o.lora.alpha) o.lora.alpha = 16;
+    if (!o.lora.targets) o.lora.targets = LT_LORA_ALL_TARGETS;
+    if (o.run.attention == LT_ATTENTION_AUTO) o.run.attention = LT_ATTENTION_FLASH;
+    if (o.run.loss == LT_LCE_AUTO) o.run.loss = LT_LCE_FUSED;
+    if (o.run.recompute == LT_RECOMPUTE_EVERY_K && !o.run.recompute_k) o.run.recompute_k = 2;
+    if (!o.run.threads) o.run.threads = lt_ctx_threads(ctx);
+
+    lt_model_sizes ms;
+    LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &o.run, &ms));
+    /* The model's classes map one to one onto the first six of the plan. Its table rounds each
+     * class block as the host allocator does (64 bytes); a CUDA block is rounded to 256 instead,
+     * and rounding the 64-rounded size up to 256 gives exactly the 256-rounded raw size. (The
+     * model's small host bookkeeping, inside the weights class, is then priced on the device.) */
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
+        out->bytes[c] = o.device == LT_DEVICE_CUDA && ms.bytes[c]
+                            ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ms.bytes[c])
+                            : ms.bytes[c];
+    out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
+    size_t total = 0;
+    for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
+        if (out->bytes[c] > SIZE_MAX - total)
+            return lt_error(ctx, LT_ERR_OOM, "plan: the %s class overflows the address space",
+                            class_names[c]);
+        total += out->bytes[c];
+    }
+    out->peak_bytes = total;
+    out->n_lora_params = ms.n_lora_params;
+    out->device = o.device;
+    out->options = o;
+    return LT_OK;
+}
+
+static int fits_at(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
+                   lt_plan_search what, int64_t v, size_t budget) {
+    lt_plan_options o = *opt;
+    if (what == LT_PLAN_SEARCH_SEQ)
+        o.run.T = v;
+    else
+        o.run.B = v;
+    lt_plan p;
+    if (lt_plan_compute(ctx, cfg, &o, &p) != LT_OK) {
+        lt_ctx_clear_error(ctx); /* too large to plan counts as too large to fit */
+        return 0;
+    }
+    return p.peak_bytes <= budget;
+}
+
+lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
+                             lt_plan_search what, int64_t hi, size_t budget_bytes, int64_t *out,
+                             int *found) {
+    *out = 0;
+    *found = 0;
+    if (hi < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan search: upper bound %lld < 1", (long long)hi);
+    lt_plan_options o = *opt;
+    if (what == LT_PLAN_SEARCH_SEQ)
+        o.run.T = 1;
+    else
+        o.run.B = 1;
+    lt_plan p;
+    LT_TRY(lt_plan_compute(ctx, cfg, &o, &p)); /* a config that cannot plan at all is an error */
+    if (p.peak_bytes > budget_bytes) return LT_OK;
+    int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
+    while (lo < top) {
+        int64_t mid = lo + (top - lo + 1) / 2;
+        if (fits_at(ctx, cfg, &o, what, mid, budget_bytes))
+            lo = mid;
+        else
+            top = mid - 1;
+    }
+    *out = lo;
+    *found = 1;
+    return LT_OK;
+}
+
+lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
+    if (!buf || n < 1024) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan json: buffer of %zu bytes", n);
+    const lt_plan_options *o = &p->options;
+    char rec[32];
+    size_t used = 0;
+    int w = snprintf(buf, n,
+                     "{\"device\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"lora_rank\": %lld, "
+                     "\"recompute\": \"%s\", \"attention\": \"%s\", \"loss\": \"%s\", "
+                     "\"n_lora_params\": %lld, \"classes\": {",
+                     p->device == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o->run.B,
+                     (long long)o->run.T, (long long)o->lora.rank,
+                     lt_plan_recompute_name(o->run.recompute, o->run.recompute_k, rec, sizeof rec),
+                     lt_plan_attention_name(o->run.attention), lt_plan_loss_name(o->run.loss),
+                     (long long)p->n_lora_params);
+    if (w < 0 || (size_t)w >= n) goto small;
+    used = (size_t)w;
+    for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
+        w = snprintf(buf + used, n - used, "%s\"%s\": %zu", c ? ", " : "", class_names[c], p->bytes[c]);
+        if (w < 0 || (size_t)w >= n - used) goto small;
+        used += (size_t)w;
+    }
+    w = snprintf(buf + used, n - used, "}, \"peak_bytes\": %zu}", p->peak_bytes);
+    if (w < 0 || (size_t)w >= n - used) goto small;
+    return LT_OK;
+small:
+    buf[0] = '\0';
+    return lt_error(ctx, LT_ERR_INVALID_ARG, "plan json: buffer of %zu bytes is too small", n);
+}

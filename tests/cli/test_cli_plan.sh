@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `longtune plan` against the real SmolLM2-135M config.json and a tiny Qwen3 one: the JSON object's
+# fields agree with each other and with the budget, --max-seq / --max-batch find the exact edge
+# (the answer fits, one more does not), the naive arms cost more, and bad flags exit 2.
+set -u
+bin="$1"
+src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+smol="$src/tests/fixtures/plan/smollm2-135m-config.json"
+qwen="$src/tests/fixtures/plan/qwen3-tiny-config.json"
+command -v python3 >/dev/null || { echo "skipped: python3 not found (used to read JSON)"; exit 77; }
+fail=0
+say() { echo "FAIL: $*"; fail=1; }
+
+# field FILE KEY: prints a top-level field of the JSON object in FILE ("None" when null).
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2]))' "$1" "$2"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# 1. The object is consistent: peak = sum of classes; fits = peak <= budget; naive arms >= peak.
+for args in "--seq-len 2048 --batch 2" "--seq-len 8192 --recompute all" "--seq-len 1000 --recompute every:3 --attention naive --loss naive"; do
+  for cfg in "$smol" "$qwen"; do
+    # shellcheck disable=SC2086
+    if ! "$bin" plan --config "$cfg" $args --budget 64G --json >"$tmp/p.json" 2>"$tmp/err"; then
+      say "plan --config $cfg $args: rc=$? $(cat "$tmp/err")"; continue
+    fi
+    python3 - "$tmp/p.json" <<'EOF' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))
+cls = p["classes"]
+want = {"frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace", "optimizer_state"}
+assert set(cls) == want, cls
+assert p["peak_bytes"] == sum(cls.values()), p
+assert p["budget_bytes"] == 64 * 2**30, p
+assert p["fits"] == (p["peak_bytes"] <= p["budget_bytes"]), p
+assert p["budget_source"] == "given"
+assert all(v > 0 for k, v in cls.items() if k != "activations"), cls
+for k, v in p["naive_arms"].items():  # rows of >= 1000 tokens: the naive paths never cost less
+    assert v is not None and v >= p["peak_bytes"], (k, v, p["peak_bytes"])
+EOF
+  done
+done
+
+# SmolLM2 at 8192 tokens: the naive loss holds the (T, V) fp32 logits (1.5 GiB) where the fused
+# loss held only its tiles (at most the whole workspace class).
+"$bin" plan --config "$smol" --seq-len 8192 --budget 64G --json >"$tmp/s.json" || say "smollm2 8192"
+python3 - "$tmp/s.json" <<'EOF' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["naive_arms"]["naive_loss"] >= p["peak_bytes"] + 8192 * 49152 * 4 - p["classes"]["workspace"], p
+assert p["naive_arms"]["naive_attention"] > p["peak_bytes"], p
+EOF
+
+# 2. Fits / does not fit flips with the budget.
+"$bin" plan --config "$qwen" --budget 1M --json >"$tmp/small.json" || say "budget 1M rc"
+[ "$(field "$tmp/small.json" fits)" = "False" ] || say "1 MiB budget should not fit"
+
+# 3. The searched maximum is the exact edge.
+for what in seq batch; do
+  "$bin" plan --config "$smol" --seq-len 512 --budget 1500M --max-$what --json >"$tmp/m.json" || { say "--max-$what rc"; continue; }
+  if [ $what = seq ]; then key=max_seq_len; flag=--seq-len; fixed="--batch 1"; else key=max_batch; flag=--batch; fixed="--seq-len 512"; fi
+  best=$(field "$tmp/m.json" $key)
+  case "$best" in ''|None|*[!0-9]*) say "--max-$what gave '$best'"; continue;; esac
+  "$bin" plan --config "$smol" $fixed $flag "$best" --budget 1500M --json >"$tmp/a.json"
+  "$bin" plan --config "$smol" $fixed $flag $((best + 1)) --budget 1500M --json >"$tmp/b.json"
+  [ "$(field "$tmp/a.json" fits)" = "True" ] || say "--max-$what $best does not fit"
+  [ "$(field "$tmp/b.json" fits)" = "False" ] || say "--max-$what $((best + 1)) fits too"
+done
+"$bin" plan --config "$smol" --budget 1K --max-seq --json >"$tmp/none.json" || say "--max-seq tiny budget rc"
+[ "$(field "$tmp/none.json" max_seq_len)" = "None" ] || say "nothing should fit 1 KiB"
+
+# 4. The table form names every class, the peak and the verdict; auto budget measures the host.
+out=$("$bin" plan --config "$smol" --seq-len 4096 2>&1) || say "text mode rc: $out"
+for w in frozen_weights lora_params optimizer_state workspace peak "budget:" "auto:" "fits:" naive_loss; do
+  grep -q -- "$w" <<<"$out" || say "text output lacks '$w': $out"
+done
+
+# 5. Usage errors exit 2; a missing file is a failure (1) naming it.
+expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
+expect 2
+expect 2 --config "$smol" --model x
+expect 2 --config "$smol" --max-seq --max-batch
+expect 2 --config "$smol" --budget lots
+expect 2 --config "$smol" --recompute sometimes
+expect 2 --config "$smol" --batch 0
+expect 2 --config "$smol" --attention fast
+expect 1 --config "$tmp/no-such-config.json"
+grep -q "no-such-config" "$tmp/e" || say "missing config not named: $(cat "$tmp/e")"
+exit $fail
