@@ -12,11 +12,8 @@
 #include <cblas.h>
 
 #include "bench_util.h"
-<<<<<<< HEAD
 #include "bench_cuda.h"
-=======
 #include "core/parallel.h"
->>>>>>> model
 #include "longtune/alloc.h"
 #include "longtune/lce.h"
 #include "longtune/log.h"
