@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include "bench_util.h"
+#include "bench_cuda.h"
 #include "longtune/alloc.h"
 #include "longtune/lce.h"
 #include "longtune/log.h"
@@ -71,7 +72,7 @@ int lt_bench_lce(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     lce_case k = {2048, 32000, 1024, LT_DTYPE_F32, LT_DTYPE_F32, 0};
-    int head_set = 0, arms_mask = 7, tile_n = 0, tile_v = 0, threads = 0;
+    int head_set = 0, arms_mask = 7, tile_n = 0, tile_v = 0, threads = 0, shape_set = 0, peers = 1;
     const char *tag = "small";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -87,7 +88,11 @@ int lt_bench_lce(int argc, char **argv) {
                    "  --arms LIST      comma list of naive,chunked,fused (default all)\n"
                    "  --dw             also accumulate grad W in the backward (dense heads)\n"
                    "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
-                   "  --threads N      worker threads (default: OpenMP's)\n" LT_BENCH_COMMON_HELP);
+                   "  --threads N      worker threads (default: OpenMP's)\n"
+                   "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
+                   "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
+                   "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n"
+                   LT_BENCH_COMMON_HELP);
             return 0;
         }
         int r = lt_bench_common_flag(&c, argc, argv, &i);
@@ -95,6 +100,10 @@ int lt_bench_lce(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--dw")) {
             k.dw = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-peers")) {
+            peers = 0;
             continue;
         }
         if (!v) return usage("missing value for", a);
@@ -111,6 +120,7 @@ int lt_bench_lce(int argc, char **argv) {
                 return usage("bad shape", v);
             }
             tag = v;
+            shape_set = 1;
         } else if (!strcmp(a, "--hidden")) {
             if (lt_dtype_parse(v, &k.hidden) != LT_OK) return usage("bad dtype", v);
         } else if (!strcmp(a, "--head")) {
@@ -132,6 +142,8 @@ int lt_bench_lce(int argc, char **argv) {
             return usage("bad option", a);
         }
     }
+    if (!strcmp(c.backend, "cuda")) /* its own arm: bench/bench_lce_cuda.c */
+        return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers) : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers);
     if (!head_set) k.head = k.hidden;
     if (strchr(tag, ',')) tag = "custom";
 

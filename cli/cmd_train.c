@@ -49,7 +49,15 @@ static void print_help(void) {
            usage);
 }
 
-static void on_signal(int sig) { lt_train_request_stop(sig); }
+/* First signal: finish the step, save, exit. A second one: stop at once (default action). */
+static void on_signal(int sig) {
+    if (lt_train_stop_requested()) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    lt_train_request_stop(sig);
+}
 
 int lt_cmd_train(int argc, char **argv) {
     lt_train_options opt;

@@ -1,9 +1,12 @@
 /* Entry point of the `longtune` command: dispatches to one handler per subcommand (cli/cmd_*.c).
  * The CLI is the only place that exits the process. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "longtune/sysinfo.h"
 
 typedef struct {
     const char *name;
@@ -26,7 +29,19 @@ static void print_help(FILE *f) {
     fprintf(f, "\n'longtune <command> --help' describes a command's options.\n");
 }
 
+/* Re-executes once with OPENBLAS_CORETYPE set when OpenBLAS did not recognise this CPU and fell
+ * back to slow generic kernels (see lt_sys_blas_coretype_hint). A user's own setting wins. */
+static void use_fast_blas_kernels(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE") || getenv("LONGTUNE_NO_REEXEC")) return;
+    const char *core = lt_sys_blas_coretype_hint();
+    if (!core) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("LONGTUNE_NO_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv); /* on failure, carry on with the kernels already loaded */
+}
+
 int main(int argc, char **argv) {
+    use_fast_blas_kernels(argv);
     if (argc < 2) {
         print_help(stderr);
         return LT_EXIT_USAGE;

@@ -2,8 +2,7 @@
  * loads quantized (QLoRA), its Q/K un-permutation is right (a real sentence scores < 4 nats per
  * token, greedy completion of a factual prompt is sensible), and a few LoRA AdamW steps through
  * the backend table lower the loss. Skipped with a message when the file is absent.
- * Text is split by greedy longest match over the GGUF vocabulary (not canonical BPE, but real
- * tokens of the model), so this test does not depend on the tokenizer module. */
+ * Text is encoded by the GGUF's own tokenizer (lt_tokenizer_load_gguf). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
@@ -22,6 +21,7 @@
 #include "longtune/alloc.h"
 #include "longtune/gguf.h"
 #include "longtune/model.h"
+#include "longtune/tokenizer.h"
 
 static char model_path[1024];
 
@@ -31,37 +31,15 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Byte-level BPE spells a space as U+0120 ("Ġ"). */
-static int64_t greedy_tokens(lt_ctx *ctx, const lt_gguf *g, const char *text, int32_t *out, int64_t cap) {
-    char buf[1024];
+/* Canonical BPE ids of `text` from the GGUF's own tokenizer (no special tokens). */
+static int64_t encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *text, int32_t *out, int64_t cap) {
+    int32_t *ids = NULL;
     size_t n = 0;
-    for (const char *p = text; *p && n + 2 < sizeof buf; p++) {
-        if (*p == ' ') buf[n++] = (char)0xc4, buf[n++] = (char)0xa0;
-        else buf[n++] = *p;
-    }
-    static const char **vs;
-    static size_t *vl;
-    static uint64_t V;
-    if (!vs) { /* the vocabulary once: element access walks the array */
-        lt_gguf_type et;
-        assert_int_equal(lt_gguf_get_array(ctx, g, "tokenizer.ggml.tokens", &et, &V), LT_OK);
-        vs = malloc(V * sizeof *vs);
-        vl = malloc(V * sizeof *vl);
-        for (uint64_t v = 0; v < V; v++)
-            assert_int_equal(lt_gguf_array_str(ctx, g, "tokenizer.ggml.tokens", v, &vs[v], &vl[v]), LT_OK);
-    }
-    int64_t k = 0;
-    size_t i = 0;
-    while (i < n && k < cap) {
-        size_t best = 0;
-        int32_t id = -1;
-        for (uint64_t v = 0; v < V; v++)
-            if (vl[v] > best && vl[v] <= n - i && !memcmp(vs[v], buf + i, vl[v])) best = vl[v], id = (int32_t)v;
-        assert_true(id >= 0);
-        out[k++] = id;
-        i += best;
-    }
-    return k;
+    assert_int_equal(lt_tokenizer_encode(ctx, tok, text, strlen(text), 0, &ids, &n), LT_OK);
+    assert_true((int64_t)n <= cap);
+    memcpy(out, ids, n * sizeof *ids);
+    free(ids);
+    return (int64_t)n;
 }
 
 static int setup(void **state) {
@@ -79,22 +57,15 @@ static void real_model_scores_text_and_learns(void **state) {
     lt_gguf *g = NULL;
     assert_int_equal(lt_gguf_open(ctx, model_path, &g), LT_OK);
     int32_t toks[64], prompt[16];
-    int64_t n = greedy_tokens(ctx, g,
+    lt_tokenizer *tok = NULL;
+    assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+    int64_t n = encode(ctx, tok,
                               "The capital of France is Paris. It is a large city with many museums, and "
                               "the Eiffel Tower is the most famous building in the city.",
                               toks, 64);
-    int64_t np = greedy_tokens(ctx, g, "The capital of France is", prompt, 16);
-    char want[32];
-    {
-        const char *s;
-        size_t len;
-        /* the reference word, spelled as a vocabulary entry */
-        int32_t paris[4];
-        assert_int_equal(greedy_tokens(ctx, g, " Paris", paris, 4), 1);
-        assert_int_equal(lt_gguf_array_str(ctx, g, "tokenizer.ggml.tokens", (uint64_t)paris[0], &s, &len), LT_OK);
-        snprintf(want, sizeof want, "%.*s", (int)len, s);
-    }
-    lt_gguf_close(g);
+    int64_t np = encode(ctx, tok, "The capital of France is", prompt, 16);
+    int32_t paris[4];
+    assert_int_equal(encode(ctx, tok, " Paris", paris, 4), 1);
 
     lt_lora_options lo = {0};
     lo.rank = 8;
@@ -127,14 +98,14 @@ static void real_model_scores_text_and_learns(void **state) {
     int64_t best = 0;
     for (int64_t v = 1; v < c->V; v++)
         if (logits[v] > logits[best]) best = v;
-    g = NULL;
-    assert_int_equal(lt_gguf_open(ctx, model_path, &g), LT_OK);
-    const char *s;
-    size_t len;
-    assert_int_equal(lt_gguf_array_str(ctx, g, "tokenizer.ggml.tokens", (uint64_t)best, &s, &len), LT_OK);
-    fprintf(stderr, "greedy next token after \"The capital of France is\": '%.*s' (want '%s')\n", (int)len, s, want);
-    assert_true(len == strlen(want) && !memcmp(s, want, len));
-    lt_gguf_close(g);
+    char *txt = NULL;
+    size_t tl = 0;
+    int32_t best32 = (int32_t)best;
+    assert_int_equal(lt_tokenizer_decode(ctx, tok, &best32, 1, 0, &txt, &tl), LT_OK);
+    fprintf(stderr, "greedy next token after \"The capital of France is\": '%s' (id %lld, want %d)\n", txt,
+            (long long)best, (int)paris[0]);
+    free(txt);
+    assert_int_equal(best, paris[0]);
     free(logits);
 
     /* Loss of a real sentence, then three AdamW steps on it. */
@@ -150,9 +121,9 @@ static void real_model_scores_text_and_learns(void **state) {
     int64_t np_ = 0;
     float *p = lt_model_lora_params(m, &np_), *gr = lt_model_lora_grads(m, NULL);
     float *mom = calloc((size_t)np_, 4), *var = calloc((size_t)np_, 4);
-    lt_adamw_params hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0};
+    lt_adamw_params hp = {2e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0};
     t0 = now();
-    for (int step = 1; step <= 3; step++) {
+    for (int step = 1; step <= 2; step++) {
         lt_model_zero_grads(m);
         b.step = (uint64_t)step;
         assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
@@ -161,18 +132,25 @@ static void real_model_scores_text_and_learns(void **state) {
     }
     assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
     double loss1 = r.loss_sum / (double)r.n_tokens;
-    fprintf(stderr, "after 3 LoRA AdamW steps (%.2f s): %.4f nats/token\n", now() - t0, loss1);
+    fprintf(stderr, "after 2 LoRA AdamW steps (%.2f s): %.4f nats/token\n", now() - t0, loss1);
     assert_true(loss1 < loss0 - 0.05);
     free(mom), free(var);
     lt_model_free(ctx, m);
+    lt_tokenizer_free(tok);
+    lt_gguf_close(g);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
 }
 
-int main(void) {
-    /* The CI machine is shared: spinning OpenMP workers waiting at barriers cost more than the
-     * work whenever a core is taken away (measured: 51 s active vs 9 s passive for the steps). */
-    setenv("OMP_WAIT_POLICY", "passive", 0);
+int main(int argc, char **argv) {
+    (void)argc;
+    /* The CI machine is shared: OpenMP workers spinning at barriers cost more than the work
+     * whenever a core is taken away (measured on the real model: 51 s active vs 9 s passive).
+     * libgomp reads the policy before main, hence the re-exec. */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv("/proc/self/exe", argv);
+    }
     setup(NULL);
     if (access(model_path, R_OK) != 0) {
         printf("skipped: %s is absent (run scripts/setup.sh)\n", model_path);

@@ -16,20 +16,27 @@ typedef struct lt_tokenizer lt_tokenizer;
 struct lt_gguf;
 
 /* From a tokenizer.json path; tokenizer_config.json beside it is read when present (chat template,
- * bos/eos, add_bos). Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (model
- * type or pre-tokenizer not implemented, named). */
+ * bos/eos/pad tokens). What add_special adds comes from the file's post_processor, as in HF
+ * `tokenizers`. Errors: LT_ERR_NOT_FOUND, LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED
+ * (model type, normalizer, pre-tokenizer, post-processor or decoder not implemented, named; see
+ * docs/tokenizer.md). The tokenizer keeps `ctx` (its tables are accounted there): ctx must outlive
+ * it. */
 lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **out);
-/* From an open GGUF file's tokenizer.ggml.* metadata (incl. the `pre` type). */
+/* From an open GGUF file's tokenizer.ggml.* metadata (model gpt2 with pre default, gpt-2, smollm,
+ * starcoder, llama-bpe, qwen2; model llama). Copies what it needs: `g` may be closed afterwards. */
 lt_status lt_tokenizer_load_gguf(lt_ctx *ctx, const struct lt_gguf *g, lt_tokenizer **out);
 void lt_tokenizer_free(lt_tokenizer *tok);
 
-/* Encodes `len` bytes of text (any bytes; invalid UTF-8 handled as the HF library does).
- * add_special: prepend BOS (and whatever the post-processor adds) as HF's add_special_tokens=True.
- * *ids is allocated with malloc (caller frees with free()); *n_ids its length. */
+/* Encodes `len` bytes of text (any bytes: invalid UTF-8 becomes U+FFFD per maximal ill-formed
+ * subpart, as Python's decode(errors="replace") before HF sees it). add_special: what the
+ * post-processor adds (e.g. BOS), as HF's add_special_tokens=True. *ids is allocated with malloc
+ * (caller frees with free(); never NULL on success); *n_ids its length. Safe to call from several
+ * threads at once on one tokenizer, each with its own ctx. Errors: LT_ERR_OOM, LT_ERR_INVALID_ARG. */
 lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *text, size_t len,
                               int add_special, int32_t **ids, size_t *n_ids);
-/* Decodes ids to bytes (malloc'd, NUL-terminated; *len excludes the NUL). skip_special drops
- * special tokens. Out-of-range ids are LT_ERR_INVALID_ARG naming the position. */
+/* Decodes ids to text through the tokenizer's decoders (malloc'd, NUL-terminated; *len excludes the
+ * NUL); byte-level output is read as lossy UTF-8 (U+FFFD), as HF. skip_special drops special
+ * tokens. Out-of-range ids are LT_ERR_INVALID_ARG naming the position. */
 lt_status lt_tokenizer_decode(lt_ctx *ctx, const lt_tokenizer *tok, const int32_t *ids, size_t n_ids,
                               int skip_special, char **text, size_t *len);
 

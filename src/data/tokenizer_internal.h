@@ -69,16 +69,17 @@ typedef struct tk_added {
 /* Word cache: direct-mapped slots under sharded locks, filled by encode (which may run on several
  * threads at once over one tokenizer). Words longer than TK_CACHE_KEY bytes or with more than
  * TK_CACHE_IDS tokens are not cached. */
-#define TK_CACHE_KEY 26
+#define TK_CACHE_KEY 30
 #define TK_CACHE_IDS 7
 #define TK_CACHE_SLOTS 16384
 #define TK_CACHE_SHARDS 64
-typedef struct tk_cache_slot {
+typedef struct tk_cache_slot { /* 64 bytes: one cache line (the array is 64-byte aligned) */
     uint32_t hash;
     uint8_t klen, nids; /* klen 0 = empty */
     char key[TK_CACHE_KEY];
     int32_t ids[TK_CACHE_IDS];
 } tk_cache_slot;
+_Static_assert(sizeof(tk_cache_slot) == 64, "a cache slot fills one cache line");
 
 #define TK_MAX_STAGES 8
 

@@ -215,14 +215,18 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         pre->kind = TK_PRE_SPLIT;
         pre->behavior = TK_SPLIT_REMOVED;
         pre->invert = 1;
-        const char *pat = "\\w+|[^\\w\\s]+";
+        /* HF runs \w+|[^\w\s]+ through Rust's regex crate, whose \w is Alphabetic, marks, Nd, Pc
+         * and Join_Control and whose \s is White_Space; PCRE2's \w lacks the marks. */
+        const char *pat = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]+"
+                          "|[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\p{White_Space}]+";
         return tk_compile(t, pat, strlen(pat), 0, &pre->re);
     }
     if (!strcmp(type, "WhitespaceSplit")) {
         LT_TRY(new_pre(L, &pre));
         pre->kind = TK_PRE_SPLIT;
         pre->behavior = TK_SPLIT_REMOVED;
-        return tk_compile(t, "\\s", 2, 0, &pre->re);
+        /* char::is_whitespace is the White_Space property. */
+        return tk_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
     }
     if (!strcmp(type, "Metaspace")) {
         const char *rep = jstr(p, "replacement");

@@ -64,13 +64,29 @@ void lt_atomic_abort(lt_atomic_file *af) {
     }
 }
 
-lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir) {
+static lt_status mkdir_one(lt_ctx *ctx, const char *dir) {
     if (mkdir(dir, 0755) == 0 || errno == EEXIST) {
         struct stat st;
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return LT_OK;
         return lt_error(ctx, LT_ERR_IO, "%s: exists and is not a folder", dir);
     }
     return lt_error(ctx, LT_ERR_IO, "%s: cannot create folder: %s", dir, strerror(errno));
+}
+
+lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir) {
+    char buf[LT_TRAIN_PATH_MAX];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof buf) return lt_error(ctx, LT_ERR_INVALID_ARG, "bad folder path '%s'", dir);
+    memcpy(buf, dir, n + 1);
+    /* Parents first, as mkdir -p. */
+    for (size_t i = 1; i < n; i++)
+        if (buf[i] == '/' && buf[i - 1] != '/') {
+            buf[i] = '\0';
+            lt_status s = mkdir_one(ctx, buf);
+            buf[i] = '/';
+            if (s != LT_OK) return s;
+        }
+    return mkdir_one(ctx, buf);
 }
 
 uint64_t lt_fnv64(uint64_t h, const void *p, size_t n) {

@@ -23,7 +23,7 @@ lt_status lt_atomic_commit(lt_ctx *ctx, lt_atomic_file *af);
 /* Closes and removes the temp file (after an error elsewhere). Safe to call twice. */
 void lt_atomic_abort(lt_atomic_file *af);
 
-/* Creates folder `dir` if absent (one level). LT_ERR_IO otherwise. */
+/* Creates folder `dir` and its parents if absent (as mkdir -p). LT_ERR_IO otherwise. */
 lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
 
 #define LT_FNV64_INIT 0xcbf29ce484222325ull

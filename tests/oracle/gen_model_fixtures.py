@@ -9,7 +9,12 @@ non-ignored targets of the batch, as longtune's default grad_scale. Writes, per 
 tests/fixtures/model/<case>/{config.json, model.safetensors, expected.safetensors}. Integers are
 stored as F32 (exact below 2^24) because the fixture reader takes F32/F16/BF16 only.
 
-Needs torch, transformers, peft and safetensors (pip); CI never runs this, only its outputs.
+The Llama cases are also written as model.gguf the way llama.cpp's converter does (Q/K rows
+permuted for interleaved RoPE, llama3 scaling as a rope_freqs.weight factor tensor, no
+output.weight when tied; f32 so the comparison stays exact) to test the GGUF loader against the
+same expected values.
+
+Needs torch, transformers, peft, safetensors and gguf (pip); CI never runs this, only its outputs.
 Usage: python3 tests/oracle/gen_model_fixtures.py [--out tests/fixtures/model]
 """
 import argparse
@@ -67,6 +72,76 @@ def build(case, spec, seed):
     return cfg, model
 
 
+def permute(w, n_head, n_head_kv):
+    """llama.cpp's LlamaModel.permute: rotate-half rows → interleaved rows."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, cfg, sd):
+    import math
+
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(path, "llama")
+    H, Hkv, C = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    D = C // H
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(C)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("rope_type") == "llama3":
+        base, factor = cfg["rope_theta"], rs["factor"]
+        lo, hi, old = rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+        freqs = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+        factors = []
+        for f in freqs.tolist():
+            wl = 2 * math.pi / f
+            if wl < old / hi:
+                factors.append(1.0)
+            elif wl > old / lo:
+                factors.append(factor)
+            else:
+                sm = (old / wl - lo) / (hi - lo)
+                factors.append(1 / ((1 - sm) / factor + sm))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    for k, v in sd.items():
+        a = v.float()
+        if k == "model.embed_tokens.weight":
+            n = "token_embd.weight"
+        elif k == "lm_head.weight":
+            n = "output.weight"
+        elif k == "model.norm.weight":
+            n = "output_norm.weight"
+        else:
+            parts = k.split(".")
+            layer, mod = parts[2], ".".join(parts[3:-1])
+            n = f"blk.{layer}.{names[mod]}.weight"
+            if mod == "self_attn.q_proj":
+                a = permute(a, H, H)
+            elif mod == "self_attn.k_proj":
+                a = permute(a, H, Hkv)
+        w.add_tensor(n, a.contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def batch(seed):
     g = torch.Generator().manual_seed(seed)
     # Row 0 packs two sequences (5 + 7 tokens); row 1 holds one of 12 with the first 3 targets
@@ -92,6 +167,8 @@ def run_case(out_dir, case, spec, seed):
     if spec["dtype"] == "bf16":
         sd = {k: v.to(torch.bfloat16) for k, v in sd.items()}
     save_file(sd, os.path.join(out_dir, case, "model.safetensors"), metadata={"format": "pt"})
+    if spec["model_type"] == "llama":
+        write_gguf(os.path.join(out_dir, case, "model.gguf"), cfg, sd)
     cfg_out = dict(cfg)
     cfg_out["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                                  "qwen3": "Qwen3ForCausalLM"}[spec["model_type"]]]

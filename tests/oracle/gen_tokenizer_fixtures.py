@@ -19,9 +19,17 @@ tokenizer.gguf where noted) and expected.jsonl.
                           transformers' SentencePieceExtractor does, BOS template.
   spm/tokenizer.gguf      the same vocabulary and scores as GGUF metadata (tokenizer.ggml.model
                           "llama"), so the GGUF loader is checked against the same expected ids.
+  bpe-nfc/tokenizer.gguf, bpe-im/tokenizer.gguf
+                          the same vocabularies as GGUF metadata with pre = qwen2 and llama-bpe.
   spm-meta/               the same vocabulary with a Metaspace(prepend_scheme=first) pre-tokenizer.
+  spm-split/              the same vocabulary with Metaspace(prepend_scheme=always, split=True).
+  v-gpt2/, v-behaviors/, v-invert/, v-ws/
+                          the bpe-nfc vocabulary under other pre-tokenizers (every Split
+                          behaviour, invert, Whitespace, WhitespaceSplit, Digits runs, GPT-2's
+                          add_prefix_space) and RobertaProcessing; short records only.
   NAME/expected.jsonl     per corpus line: ids (add_special_tokens=False), ids_special (True),
-                          decoded (decode(ids, skip_special_tokens=False)).
+                          decoded (decode(ids, skip_special_tokens=False)); {"skip": true} for a
+                          record a family leaves out.
 
 Usage: python3 tests/oracle/gen_tokenizer_fixtures.py [--gguf PATH]
 """
@@ -163,16 +171,19 @@ def write_jsonl(path, rows):
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def expected(tok, corpus, path):
+def expected(tok, corpus, path, max_len=None):
     rows = []
     for r in corpus:
         s = record_text(r)
+        if max_len is not None and len(s) > max_len:
+            rows.append({"skip": True})  # keeps line i = corpus record i
+            continue
         ids = tok.encode(s, add_special_tokens=False).ids
         ids_sp = tok.encode(s, add_special_tokens=True).ids
         dec = tok.decode(ids, skip_special_tokens=False)
         rows.append({"ids": ids, "ids_special": ids_sp, "decoded": dec})
     write_jsonl(path, rows)
-    n_ids = sum(len(r["ids"]) for r in rows)
+    n_ids = sum(len(r.get("ids", [])) for r in rows)
     print(f"{os.path.basename(path)}: {len(rows)} records, {n_ids} ids", file=sys.stderr)
 
 
@@ -290,6 +301,74 @@ def byte_level_family(corpus):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(j, f, ensure_ascii=False)
     expected(Tokenizer.from_file(path), corpus, fx("bpe-im", "expected.jsonl"))
+    byte_level_gguf("bpe-nfc", "qwen2", False)
+    byte_level_gguf("bpe-im", "llama-bpe", True)
+
+
+def byte_level_gguf(family, pre, add_bos):
+    """The family's vocabulary and merges as GGUF metadata with tokenizer.ggml.pre = `pre`.
+    Special added tokens become control tokens (type 3), other added tokens user-defined (type 4),
+    which GGUF cannot mark lstrip/rstrip: the C test skips records containing those."""
+    j = json.load(open(fx(family, "tokenizer.json"), encoding="utf-8"))
+    vocab = dict(j["model"]["vocab"])
+    types = {}
+    for a in j["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        types[a["id"]] = 3 if a["special"] else 4
+    tokens = [None] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    assert all(t is not None for t in tokens)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    kv = {
+        "general.architecture": (8, "llama"),
+        "tokenizer.ggml.model": (8, "gpt2"),
+        "tokenizer.ggml.pre": (8, pre),
+        "tokenizer.ggml.tokens": (9, (8, tokens)),
+        "tokenizer.ggml.token_type": (9, (5, [types.get(i, 1) for i in range(len(tokens))])),
+        "tokenizer.ggml.merges": (9, (8, merges)),
+        "tokenizer.ggml.add_bos_token": (7, add_bos),
+    }
+    if add_bos:
+        kv["tokenizer.ggml.bos_token_id"] = (4, vocab["<|begin_of_text|>"])
+    gguf_write(fx(family, "tokenizer.gguf"), kv)
+
+
+def variants(corpus):
+    """The bpe-nfc vocabulary under other pre-tokenizers and post-processors, to check each Split
+    behaviour, invert, Whitespace/WhitespaceSplit, Digits runs, GPT-2's add_prefix_space and
+    RobertaProcessing. Only the short records (not the long real text) to keep fixtures small."""
+    from tokenizers import Regex
+    base = Tokenizer.from_file(fx("bpe-nfc", "tokenizer.json"))
+    ids = base.get_vocab()
+    specs = {
+        "v-gpt2": (pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
+                   processors.RobertaProcessing(("<|im_end|>", ids["<|im_end|>"]),
+                                                ("<|im_start|>", ids["<|im_start|>"]))),
+        "v-behaviors": (pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{P}"), behavior="merged_with_previous"),
+            pre_tokenizers.Split(" ", behavior="merged_with_next"),
+            pre_tokenizers.Split(Regex(r"\d"), behavior="contiguous"),
+            pre_tokenizers.Split(Regex(r"[qQ]"), behavior="removed"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), None),
+        "v-invert": (pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Digits(individual_digits=False),
+            pre_tokenizers.Split(Regex(r"[aeiou]+"), behavior="isolated", invert=True),
+            pre_tokenizers.Split(Regex(r"\p{Lu}"), behavior="merged_with_next", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), None),
+        "v-ws": (pre_tokenizers.Sequence([
+            pre_tokenizers.Whitespace(),
+            pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]), None),
+    }
+    for name, (pre, post) in specs.items():
+        tok = Tokenizer.from_file(fx("bpe-nfc", "tokenizer.json"))
+        tok.normalizer = None
+        tok.pre_tokenizer = pre
+        if post is not None:
+            tok.post_processor = post
+        tok.save(fx(name, "tokenizer.json"))
+        expected(tok, corpus, fx(name, "expected.jsonl"), max_len=2000)
 
 
 def generate_merges(vocab, scores):
@@ -364,6 +443,17 @@ def spm_family(corpus):
     expected(Tokenizer.from_file(mpath), corpus, fx("spm-meta", "expected.jsonl"))
 
 
+def spm_variants(corpus):
+    """The spm vocabulary with Metaspace(prepend_scheme=always, split=True) and its decoder."""
+    tok = Tokenizer.from_file(fx("spm", "tokenizer.json"))
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    tok.save(fx("spm-split", "tokenizer.json"))
+    expected(tok, corpus, fx("spm-split", "expected.jsonl"), max_len=2000)
+
+
 def main():
     ap = argparse.ArgumentParser()
     cache = os.environ.get("LONGTUNE_CACHE", os.path.expanduser("~/.cache/longtune"))
@@ -377,7 +467,9 @@ def main():
     else:
         print(f"skipping SmolLM2: {args.gguf} absent", file=sys.stderr)
     byte_level_family(corpus)
+    variants(corpus)
     spm_family(corpus)
+    spm_variants(corpus)
 
 
 if __name__ == "__main__":
