@@ -25,7 +25,7 @@ static void print_help(void) {
            "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
            "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
            "  --adapter-path DIR         output folder [adapters]\n"
-           "  --resume-adapter-file F    checkpoint to resume from (DIR/" LT_TRAIN_CHECKPOINT_FILE ")\n"
+           "  --resume-adapter-file F    checkpoint to resume from (or the --adapter-path DIR holding it)\n"
            "  --iters N                  optimizer steps [1000]\n"
            "  --batch-size B             rows per micro-batch [4]\n"
            "  --grad-accum K             micro-batches per step [1]\n"

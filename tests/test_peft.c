@@ -253,7 +253,6 @@ static void peft_oracle_both_directions(void **state) {
     }
     lt_safetensors_close(ctx, ours);
     lt_safetensors_close(ctx, theirs);
-    unlink(path);
     long cn;
     snprintf(path, sizeof path, "%s/adapter_config.json", peft_dir);
     char *ct = read_all(path, &cn);

@@ -92,7 +92,7 @@ typedef struct lt_model_run_options {
 
 /* Lifetime classes of the model's memory, each allocated once. */
 typedef enum lt_mem_class {
-    LT_MEM_WEIGHTS = 0,   /* frozen base weights (quantized stays quantized) */
+    LT_MEM_WEIGHTS = 0,   /* frozen base weights (quantized stays quantized) + host bookkeeping */
     LT_MEM_LORA,          /* LoRA A and B, f32 */
     LT_MEM_GRADS,         /* LoRA gradients, f32 (same layout as LT_MEM_LORA) */
     LT_MEM_ACTIVATIONS,   /* saved for backward across layers (checkpoints or full stores) */

@@ -34,7 +34,8 @@ typedef struct lt_train_options {
     char model[LT_TRAIN_PATH_MAX];            /* HF folder or .gguf file (required) */
     char data[LT_TRAIN_PATH_MAX];             /* folder with train.jsonl [+ valid.jsonl] (required) */
     char adapter_path[LT_TRAIN_PATH_MAX];     /* output folder ["adapters"] */
-    char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint to resume from ["" = fresh run] */
+    char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint (or the adapter folder holding it) to
+                                                    resume from ["" = fresh run] */
     int64_t iters;                 /* optimizer steps [1000] */
     int64_t batch_size;            /* rows per micro-batch [4] */
     int64_t max_seq_length;        /* tokens per row; longer examples are truncated [2048] */
@@ -118,7 +119,9 @@ int64_t lt_train_param_numel(const lt_train_param *p);
 /* Everything besides the tensors that a bit-exact resume needs. */
 typedef struct lt_train_state {
     int64_t step;          /* optimizer steps completed */
-    uint64_t rng[4];       /* the trainer's RNG (dropout, shuffling) after `step` steps */
+    uint64_t rng[4];       /* the random streams' keys: {seed, next dropout micro-step, shuffle
+                              epoch, 0}. Dropout masks and shuffles are pure functions of these
+                              counters (no sequential generator), so they are the whole RNG state */
     int64_t data_epoch;    /* pass over the training set */
     int64_t data_cursor;   /* next batch within the epoch's order */
     int64_t tokens_seen;   /* trained (non-masked) tokens so far */

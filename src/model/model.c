@@ -141,13 +141,15 @@ static float *ckpt(const step *s, int64_t seg) {
 
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
 
-/* y (N, out) = x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. */
-static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float *y, float *lu, const float *bias) {
+/* y (N, out) = beta·y + x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds
+ * the projection onto a residual already in y. */
+static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float *y, float *lu, const float *bias,
+                     float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
-    s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, 0.0f, y, wsf(s, m->lay.mm_ws));
+    s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, beta, y, wsf(s, m->lay.mm_ws));
     if (bias) s->be->add_bias(s->ctx, y, bias, N, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
@@ -209,12 +211,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
-    int64_t N = s->N, C = c->C, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int64_t N = s->N, C = c->C;
     be->rmsnorm_fwd(s->ctx, x_in, L->attn_norm, c->rms_eps, N, C, st->h1, st->rstd1);
     float *qo = c->qk_norm ? st->q_raw : st->q, *ko = c->qk_norm ? st->k_raw : st->k;
-    proj_fwd(s, l, LT_PROJ_Q, st->h1, qo, st->lu[LT_PROJ_Q], L->bias[0]);
-    proj_fwd(s, l, LT_PROJ_K, st->h1, ko, st->lu[LT_PROJ_K], L->bias[1]);
-    proj_fwd(s, l, LT_PROJ_V, st->h1, st->v, st->lu[LT_PROJ_V], L->bias[2]);
+    proj_fwd(s, l, LT_PROJ_Q, st->h1, qo, st->lu[LT_PROJ_Q], L->bias[0], 0.0f);
+    proj_fwd(s, l, LT_PROJ_K, st->h1, ko, st->lu[LT_PROJ_K], L->bias[1], 0.0f);
+    proj_fwd(s, l, LT_PROJ_V, st->h1, st->v, st->lu[LT_PROJ_V], L->bias[2], 0.0f);
     if (c->qk_norm) {
         be->rmsnorm_fwd(s->ctx, st->q_raw, L->q_norm, c->rms_eps, N * c->H, c->D, st->q, st->rstd_q);
         be->rmsnorm_fwd(s->ctx, st->k_raw, L->k_norm, c->rms_eps, N * c->Hkv, c->D, st->k, st->rstd_k);
@@ -228,49 +230,17 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
     aa.workspace_size = m->lay.attn_ws_bytes;
     LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
-    (void)qd, (void)kvd;
     /* x_mid = x_in + o_proj(att) */
     LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
-    {
-        const lt_tensor *w = &L->w[LT_PROJ_O];
-        be->matmul(s->ctx, LT_MATMUL_NT, w, st->att, N, 1.0f, st->x_mid, wsf(s, m->lay.mm_ws));
-        if (L->lora_a[LT_PROJ_O]) {
-            /* proj_fwd overwrites; run the LoRA part alone by hand so the residual accumulates */
-            float *lu = st->lu[LT_PROJ_O];
-            const float *src = st->att;
-            int64_t in = w->shape[1], r = m->lora.rank;
-            if (s->train && m->lora.dropout > 0) {
-                float *scr = wsf(s, m->lay.scratch);
-                be->dropout(s->ctx, st->att, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, LT_PROJ_O));
-                src = scr;
-            }
-            be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[LT_PROJ_O], in, 0.0f, lu, r);
-            be->gemm(s->ctx, 0, 1, N, C, r, m->lora_scale, lu, r, L->lora_b[LT_PROJ_O], r, 1.0f, st->x_mid, C);
-        }
-    }
+    proj_fwd(s, l, LT_PROJ_O, st->att, st->x_mid, st->lu[LT_PROJ_O], NULL, 1.0f);
     be->rmsnorm_fwd(s->ctx, st->x_mid, L->mlp_norm, c->rms_eps, N, C, st->h2, st->rstd2);
-    proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL);
-    proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL);
+    proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL, 0.0f);
+    proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL, 0.0f);
     float *a = wsf(s, m->lay.da);
     be->swiglu_fwd(s->ctx, st->g, st->u, N * c->F, a);
     /* x_out = x_mid + down(a) */
     LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
-    {
-        const lt_tensor *w = &L->w[LT_PROJ_DOWN];
-        be->matmul(s->ctx, LT_MATMUL_NT, w, a, N, 1.0f, x_out, wsf(s, m->lay.mm_ws));
-        if (L->lora_a[LT_PROJ_DOWN]) {
-            float *lu = st->lu[LT_PROJ_DOWN];
-            const float *src = a;
-            int64_t in = c->F, r = m->lora.rank;
-            if (s->train && m->lora.dropout > 0) {
-                float *scr = wsf(s, m->lay.scratch);
-                be->dropout(s->ctx, a, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, LT_PROJ_DOWN));
-                src = scr;
-            }
-            be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[LT_PROJ_DOWN], in, 0.0f, lu, r);
-            be->gemm(s->ctx, 0, 1, N, C, r, m->lora_scale, lu, r, L->lora_b[LT_PROJ_DOWN], r, 1.0f, x_out, C);
-        }
-    }
+    proj_fwd(s, l, LT_PROJ_DOWN, a, x_out, st->lu[LT_PROJ_DOWN], NULL, 1.0f);
     return LT_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
@@ -239,7 +240,15 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
     return LT_OK;
 }
 
+static void set_rng_keys(trainer *t) {
+    t->st.rng[0] = t->o->seed;
+    t->st.rng[1] = (uint64_t)(t->st.step * t->o->grad_accum);
+    t->st.rng[2] = (uint64_t)t->st.data_epoch;
+    t->st.rng[3] = 0;
+}
+
 static lt_status save(trainer *t) {
+    set_rng_keys(t);
     LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
     return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
 }
@@ -285,8 +294,21 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     memset(&t->st, 0, sizeof t->st);
     t->plan_epoch = -1;
     if (o->resume_adapter_file[0]) {
-        LT_TRY(lt_checkpoint_load(ctx, o->resume_adapter_file, o, &t->st, t->tp, t->n_tp));
-        LT_INFO("resumed from %s at step %lld", o->resume_adapter_file, (long long)t->st.step);
+        /* A folder means the checkpoint a run saved into it. */
+        char rpath[LT_TRAIN_PATH_MAX + 32];
+        struct stat sb;
+        snprintf(rpath, sizeof rpath, "%s", o->resume_adapter_file);
+        if (stat(rpath, &sb) == 0 && S_ISDIR(sb.st_mode))
+            snprintf(rpath, sizeof rpath, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->resume_adapter_file);
+        LT_TRY(lt_checkpoint_load(ctx, rpath, o, &t->st, t->tp, t->n_tp));
+        uint64_t keys[4];
+        memcpy(keys, t->st.rng, sizeof keys);
+        set_rng_keys(t);
+        if (memcmp(keys, t->st.rng, sizeof keys))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: RNG keys {%llu, %llu, %llu} disagree with seed, step and epoch",
+                            rpath, (unsigned long long)keys[0], (unsigned long long)keys[1],
+                            (unsigned long long)keys[2]);
+        LT_INFO("resumed from %s at step %lld", rpath, (long long)t->st.step);
     }
     res->start_step = t->st.step;
     char mpath[LT_TRAIN_PATH_MAX + 32];
