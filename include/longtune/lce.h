@@ -61,7 +61,8 @@ typedef struct lt_lce_args {
     lt_tensor *dw;               /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
                                     tied embedding's gradient can be summed into */
     void *workspace;             /* optional: lt_lce_workspace_bytes() bytes on h's device,
-                                    64-byte aligned;
+                                    64-byte aligned, sized with the same options, shapes and the
+                                    context's thread count (a smaller one is overrun);
                                     NULL = allocated and freed through the accounting allocator */
 } lt_lce_args;
 
