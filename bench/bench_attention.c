@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "bench_cuda.h"
 #include "bench_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
@@ -23,7 +24,7 @@ typedef struct {
     int nT;
     int64_t naive_max_T, packed_T;
     int naive_repeats, threads;
-    int64_t window;
+    int64_t window, sgemm_n;
     float softcap;
     uint64_t seed;
     lt_dtype dtype;
@@ -124,7 +125,7 @@ fail:
 
 /* The sgemm ceiling right before an arm: on a shared machine the load moves between arms, so each
  * arm's ratio is taken against a rate measured next to it. */
-static double sgemm_now(int threads) { return lt_bench_sgemm_gflops(2048, 2, threads); }
+static double sgemm_now(const opts *o) { return lt_bench_sgemm_gflops((int)o->sgemm_n, 2, o->threads); }
 
 /* Adds one arm; `pairs` is the number of (query, key) pairs attended, sum of len^2 / 2 in
  * FlashAttention's causal convention (fwd FLOPs = 4 * H * D * pairs, bwd = 2.5 x fwd). */
@@ -176,10 +177,15 @@ int lt_bench_attention(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     opts o = {.Ts = {512, 2048, 8192}, .nT = 3, .naive_max_T = 8192, .packed_T = 4096, .naive_repeats = 1,
-              .seed = 1234, .dtype = LT_DTYPE_F32};
+              .sgemm_n = 2048, .seed = 1234, .dtype = LT_DTYPE_F32};
+    int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         int64_t n = 0;
+        if (!strcmp(f, "--no-peers")) {
+            peers = 0;
+            continue;
+        }
         if (!strcmp(f, "--help")) {
             printf("%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
                    "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
@@ -192,7 +198,12 @@ int lt_bench_attention(int argc, char **argv) {
                    "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
                    "  --dtype D        f32 | bf16 (default f32)\n"
                    "  --window W       sliding window (default 0 = none)\n"
-                   "  --softcap C      logit softcap (default 0 = off)\n" LT_BENCH_COMMON_HELP,
+                   "  --softcap C      logit softcap (default 0 = off)\n"
+                   "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
+                   "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
+                   "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
+                   "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n"
+                   LT_BENCH_COMMON_HELP,
                    usage);
             return 0;
         }
@@ -210,16 +221,20 @@ int lt_bench_attention(int argc, char **argv) {
                     if (good) o.Ts[o.nT++] = n;
                 }
                 good = good && o.nT > 0;
+                t_given = 1;
             } else if (!strcmp(f, "--naive-max-T")) {
                 good = parse_i64(v, 0, 1 << 20, &o.naive_max_T);
             } else if (!strcmp(f, "--naive-repeats")) {
                 if ((good = parse_i64(v, 1, 1000, &n))) o.naive_repeats = (int)n;
             } else if (!strcmp(f, "--packed-T")) {
                 good = parse_i64(v, 0, 1 << 20, &o.packed_T);
+                packed_given = 1;
             } else if (!strcmp(f, "--threads")) {
                 if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
             } else if (!strcmp(f, "--seed")) {
                 if ((good = parse_i64(v, 0, INT64_MAX, &n))) o.seed = (uint64_t)n;
+            } else if (!strcmp(f, "--sgemm-n")) {
+                good = parse_i64(v, 16, 8192, &o.sgemm_n);
             } else if (!strcmp(f, "--window")) {
                 good = parse_i64(v, 0, INT32_MAX, &o.window);
             } else if (!strcmp(f, "--softcap")) {
@@ -245,6 +260,15 @@ int lt_bench_attention(int argc, char **argv) {
         fprintf(stderr, "longtune bench attention: bad option '%s'\n%s\n", f, usage);
         return 2;
     }
+    if (!strcmp(c.backend, "cuda")) {
+        static const int64_t cuda_Ts[3] = {2048, 8192, 32768};
+        const int64_t T = packed_given ? o.packed_T : 8192;
+        int32_t *offs = T > 0 ? malloc(sizeof(int32_t) * (size_t)(T + 2)) : NULL;
+        const int64_t S = offs ? pack_offsets(T, o.seed, offs, T + 2) : 0;
+        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers);
+        free(offs);
+        return rc;
+    }
     if (strcmp(c.backend, "cpu")) {
         fprintf(stderr, "longtune bench attention: backend '%s' has no attention in this build\n", c.backend);
         return 1;
@@ -252,8 +276,8 @@ int lt_bench_attention(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     lt_ctx_set_threads(ctx, o.threads);
-    const double sgemm = lt_bench_sgemm_gflops(2048, 3, o.threads);
-    fprintf(stderr, "OpenBLAS (%s) sgemm n=2048: %.1f GFLOP/s\n", openblas_get_corename(), sgemm);
+    const double sgemm = lt_bench_sgemm_gflops((int)o.sgemm_n, 3, o.threads);
+    fprintf(stderr, "OpenBLAS (%s) sgemm n=%lld: %.1f GFLOP/s\n", openblas_get_corename(), (long long)o.sgemm_n, sgemm);
 
     cJSON *r = lt_bench_result_new("attention");
     cJSON *cfg = cJSON_AddObjectToObject(r, "config");
@@ -268,6 +292,7 @@ int lt_bench_attention(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "threads", o.threads);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
+    cJSON_AddNumberToObject(cfg, "sgemm_n", (double)o.sgemm_n);
     cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
     double load[1] = {0};
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_start", load[0]);
@@ -289,7 +314,7 @@ int lt_bench_attention(int argc, char **argv) {
             if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
             p.impl = (lt_attention_impl)impl;
             const int naive = impl == LT_ATTENTION_NAIVE;
-            const double sg = sgemm_now(o.threads);
+            const double sg = sgemm_now(&o);
             timing t = run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
             if (!t.ok) {
                 rc = 1;
@@ -341,11 +366,11 @@ int lt_bench_attention(int argc, char **argv) {
         lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
                                  .window = o.window, .softcap = o.softcap};
         char name[64];
-        const double sg_single = sgemm_now(o.threads);
+        const double sg_single = sgemm_now(&o);
         timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         p.seq_offsets = offs;
         p.S = S;
-        const double sg_packed = sgemm_now(o.threads);
+        const double sg_packed = sgemm_now(&o);
         timing packed = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
         if (single.ok && packed.ok) {
             p.seq_offsets = NULL;

@@ -270,5 +270,20 @@ int main(void) {
         cmocka_unit_test(sharded_index_is_followed_and_checked),
         cmocka_unit_test(hf_configs_parse_and_refuse),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (tmpdir[0]) { /* every file the tests wrote, then the folders */
+        static const char *const files[] = {"rt.safetensors", "bad.safetensors", "trunc.safetensors", "config.json",
+                                            "sharded/model-00001-of-00002.safetensors",
+                                            "sharded/model-00002-of-00002.safetensors",
+                                            "sharded/model.safetensors.index.json"};
+        char p[600];
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            snprintf(p, sizeof p, "%s/%s", tmpdir, files[i]);
+            unlink(p);
+        }
+        snprintf(p, sizeof p, "%s/sharded", tmpdir);
+        rmdir(p);
+        rmdir(tmpdir);
+    }
+    return failed;
 }

@@ -52,7 +52,7 @@ typedef struct lt_lce_args {
     const float *token_weight;   /* (N) optional per-token weight (finite, >= 0), NULL = 1 */
     float *loss;                 /* out: (1) for mean/sum, (N) for none */
     float *lse;                  /* out (forward) / in (backward): (N) fp32, of the softcapped
-                                    logits; written for ignored tokens too */
+                                    logits; 0 for ignored tokens (not computed) */
     float *token_loss;           /* optional out: (N) per-token loss, weighted, before reduction
                                     (0 for ignored tokens) */
     /* Backward only. */
@@ -60,7 +60,9 @@ typedef struct lt_lce_args {
     lt_tensor *dh;               /* out (N, C) f32 | bf16: overwritten */
     lt_tensor *dw;               /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
                                     tied embedding's gradient can be summed into */
-    void *workspace;             /* optional: lt_lce_workspace_bytes() bytes on h's device;
+    void *workspace;             /* optional: lt_lce_workspace_bytes() bytes on h's device,
+                                    64-byte aligned, sized with the same options, shapes and the
+                                    context's thread count (a smaller one is overrun);
                                     NULL = allocated and freed through the accounting allocator */
 } lt_lce_args;
 

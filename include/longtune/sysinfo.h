@@ -22,6 +22,13 @@ uint64_t lt_sys_process_rss(void);
 /* CPU model name and logical core count. */
 void lt_sys_cpu(char *name, int n, int *cores);
 
+/* OpenBLAS picks its kernels from the CPU model it recognises; on CPUs newer than the library
+ * (e.g. Sapphire/Emerald Rapids with OpenBLAS 0.3.21) it falls back to generic SSE3 "Prescott"
+ * kernels, 3-4x slower. Returns the OPENBLAS_CORETYPE to use ("SkylakeX" with AVX-512, "Haswell"
+ * with AVX2+FMA) when the loaded kernels are weaker than what the CPU supports, else NULL. The
+ * variable is read when OpenBLAS loads, so callers must set it and re-execute (the CLI does). */
+const char *lt_sys_blas_coretype_hint(void);
+
 typedef struct lt_cuda_device_info {
     int count;            /* 0 when no device or no CUDA in the build */
     char name[256];       /* device 0 */

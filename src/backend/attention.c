@@ -120,7 +120,7 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
         return LT_OK;
     }
     if (!cuda_head_dim_ok(p->D))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128, 256)",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128)",
                         (long long)p->D);
     if (!LT_HAVE_CUDA_ATTENTION)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: CUDA attention is not in this build");

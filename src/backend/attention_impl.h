@@ -7,17 +7,17 @@
 
 #include "longtune/attention.h"
 
-/* The CUDA attention kernels set this to LT_HAVE_CUDA when they land; until then a CUDA request is
- * LT_ERR_UNSUPPORTED "CUDA attention is not in this build". */
+/* The CUDA attention kernels (src/backend/cuda/attention_{fwd,bwd}.cu) are built whenever the
+ * CUDA backend is; without it a CUDA request is LT_ERR_UNSUPPORTED "not in this build". */
 #ifndef LT_HAVE_CUDA_ATTENTION
-#define LT_HAVE_CUDA_ATTENTION 0
+#define LT_HAVE_CUDA_ATTENTION LT_HAVE_CUDA
 #endif
 
 /* Largest head dim the CPU backend takes (any D in 1..256). */
 #define LT_ATTENTION_CPU_MAX_D 256
 
 /* Head dims the CUDA kernels are specialised for; anything else is LT_ERR_UNSUPPORTED. */
-#define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128, 256}
+#define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128}
 
 /* CPU reference backend (src/backend/cpu/attention_*.c). `threads` as in
  * lt_attention_workspace_bytes. */

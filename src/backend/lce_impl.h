@@ -16,9 +16,9 @@ size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *
 /* Tile sizes the CPU backend uses when the options leave them 0. */
 void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
 
-/* CUDA backend (src/backend/cuda/lce.cu): same contract; not part of this build yet, lce.c answers
- * LT_ERR_UNSUPPORTED for CUDA tensors until it is. Targets live on the device there, so lce.c
- * checks them through the backend's copy_to_host before calling. */
+/* CUDA backend (src/backend/cuda/lce.cu, built with the CUDA backend): same contract. Targets and
+ * weights live on the device there; the backend checks them there (first bad position named) before
+ * computing. bf16 h, bf16 or block-quantized heads; f32 is LT_ERR_UNSUPPORTED. */
 lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,

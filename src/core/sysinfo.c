@@ -6,6 +6,9 @@
 
 #include "longtune/sysinfo.h"
 
+#include <cblas.h>
+#include <strings.h>
+
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -117,4 +120,27 @@ lt_cuda_device_info lt_sys_cuda(void) {
     cudaRuntimeGetVersion(&info.runtime_version);
 #endif
     return info;
+}
+
+const char *lt_sys_blas_coretype_hint(void) {
+#if defined(__x86_64__)
+    const char *core = openblas_get_corename();
+    if (!core) return NULL;
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const char *const avx512_cores[] = {"skylakex", "cooperlake", "sapphirerapids", "zen"};
+    static const char *const weak_cores[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
+                                             "sandybridge", "atom", "katmai", "coppermine", "northwood"};
+    if (avx512) {
+        for (size_t i = 0; i < sizeof avx512_cores / sizeof *avx512_cores; i++)
+            if (!strcasecmp(core, avx512_cores[i])) return NULL;
+        return "SkylakeX";
+    }
+    if (avx2)
+        for (size_t i = 0; i < sizeof weak_cores / sizeof *weak_cores; i++)
+            if (!strcasecmp(core, weak_cores[i])) return "Haswell";
+#endif
+    return NULL;
 }

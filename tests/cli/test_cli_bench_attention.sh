@@ -9,7 +9,7 @@ fail=0
 "$bin" bench attention --help | grep -q "usage: longtune bench attention" || { echo "FAIL: --help"; fail=1; }
 "$bin" bench attention --T 0 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: --T 0 should exit 2"; fail=1; }
 "$bin" bench attention --nope >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown flag should exit 2"; fail=1; }
-if ! "$bin" bench attention --T 64,128 --packed-T 256 --repeats 1 --warmup 0 --threads 1 --out "$out" 2>/dev/null; then
+if ! "$bin" bench attention --T 64,128 --packed-T 256 --repeats 1 --warmup 0 --threads 1 --sgemm-n 128 --out "$out" 2>/dev/null; then
   echo "FAIL: tiny run"; fail=1
 fi
 f="$out/attention-cpu-f32.json"

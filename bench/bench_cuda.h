@@ -1,0 +1,23 @@
+/* The CUDA arms of `longtune bench attention|lce --backend cuda` (bench/bench_*_cuda.c): the
+ * library's CUDA entry points timed on the issue's shapes, with the PyTorch peers of bench/peers/
+ * run in the same invocation (when python3 with PyTorch is there) and reported as ratios. */
+#ifndef LT_BENCH_CUDA_H
+#define LT_BENCH_CUDA_H
+
+#include <stdint.h>
+
+#include "bench_util.h"
+
+/* Ts: sequence lengths of the causal arms (B=1, H=32, Hkv=8, D=128); packed_offs/packed_S: one
+ * packed row of length packed_T (NULL skips it). Returns 0, or 1 when an arm failed. */
+int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
+                            const int32_t *packed_offs, int64_t packed_S, int peers);
+
+/* Loss layer at N tokens, V vocabulary, C width, bf16, forward + grad of h. */
+int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers);
+
+/* Runs `python3 <script> <args>` from the source tree and returns its stdout JSON lines as an
+ * array (empty when python3 or PyTorch is missing). */
+cJSON *lt_bench_run_peers(const char *script, const char *args);
+
+#endif

@@ -1,0 +1,44 @@
+/* Private to the CUDA attention kernels: the device-side parameter block shared by the forward
+ * and backward launchers, the workspace layout, and the helper that turns packed-row offsets into
+ * a per-token lower key bound. The public boundary (validation of shapes, offsets, window) lives
+ * in src/backend/attention.c; nothing here re-validates. */
+#ifndef LT_ATTENTION_CUDA_H
+#define LT_ATTENTION_CUDA_H
+
+#include <stdint.h>
+
+/* The entry points lt_attention_cuda_{forward,backward,workspace_bytes} are declared in
+ * backend/attention_impl.h: bf16 tensors on the device, D in {64, 96, 128}; anything else is
+ * LT_ERR_UNSUPPORTED with the reason. The workspace holds the per-token key bounds, a device copy
+ * of the packed offsets, and for the backward the fp32 dQ accumulator (B, T, H, D) and the row dot
+ * products dO·O (B, H, T). */
+#ifdef __cplusplus
+extern "C" {
+#include "backend/attention_impl.h"
+}
+
+#include <cuda_bf16.h>
+
+/* Everything a kernel needs, strides in elements (D contiguous). */
+struct lt_attn_dev {
+    const __nv_bfloat16 *q, *k, *v;
+    __nv_bfloat16 *o;
+    float *lse;             /* (B, H, T) natural log */
+    const __nv_bfloat16 *dout;
+    __nv_bfloat16 *dq, *dk, *dv;
+    float *dq_acc;          /* (B, T, H, D) fp32, contiguous */
+    float *delta;           /* (B, H, T): rowsum(dO * O) */
+    const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
+    int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
+    int T, H, Hkv, group;
+    float scale;            /* softmax scale */
+    float softcap;          /* 0 = off */
+};
+
+/* Fills the common part of the parameter block, builds the key bounds into the workspace and
+ * returns the first unused workspace byte offset in *used. */
+lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a,
+                               void *workspace, lt_attn_dev *d, size_t *used);
+#endif
+
+#endif

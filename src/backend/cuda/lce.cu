@@ -1,0 +1,643 @@
+/* Linear cross-entropy on NVIDIA GPUs, chunked: logits are made tile by tile (Nc tokens x Vc
+ * vocabulary entries, fp32) by cuBLASLt bf16 tensor-core GEMMs into a bounded workspace, reduced
+ * at once into per-token online log-sum-exp statistics (forward), or turned into the bf16 logit
+ * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). Nothing of
+ * size (N, V) is ever stored: the workspace stays near 56 MiB whatever N·V is. Quantized heads are
+ * dequantized one vocabulary tile at a time. Gradient filtering of negligible tiles is not done:
+ * with the tolerance against the CPU reference it would not pay on dense softmaxes. */
+#include "backend/cuda/cuda_common.cuh"
+extern "C" {
+#include "backend/lce_impl.h"
+}
+
+#include <cublasLt.h>
+#include <math.h>
+#include <string.h>
+
+/* Tuning constants: the workspace budget bounds Nc·Vc; Nc = 2048 tokens forward, 1024 backward
+ * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/NOTES.md). cuBLASLt gets 4 MiB of scratch for its kernels. */
+#define LCE_BUDGET ((size_t)56 << 20)
+#define LCE_BLAS_WS ((size_t)4 << 20)
+#define LCE_NC_DEFAULT 2048
+#define LCE_VC_MAX 8192 /* the gradient kernel stages one fp32 logit row (32 KiB) in shared memory */
+#define LCE_THREADS 256
+
+typedef struct lce_plan {
+    int64_t Nc, Vc, ldz;
+    size_t off_stats, off_misc, off_blas, off_acc, off_deq, off_z, total;
+} lce_plan;
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
+                              int backward, int quantized) {
+    lce_plan pl;
+    memset(&pl, 0, sizeof pl);
+    /* The backward keeps an fp32 (Nc, C) dh accumulator that every vocabulary tile's GEMM reads
+     * and writes: a smaller Nc leaves room for a wider Vc, which cuts that traffic. */
+    pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, backward ? LCE_NC_DEFAULT / 2 : LCE_NC_DEFAULT);
+    if (pl.Nc < 1) pl.Nc = 1;
+    size_t acc = backward ? (size_t)pl.Nc * (size_t)C * 4 : 0;
+    size_t fixed = LCE_BLAS_WS + lt_cuda_align(acc);
+    int64_t vc;
+    if (opt && opt->tile_v > 0) {
+        vc = opt->tile_v;
+    } else {
+        size_t per_v = (size_t)pl.Nc * 4 + (quantized ? (size_t)C * 2 : 0);
+        size_t rest = LCE_BUDGET > fixed + per_v * 128 ? LCE_BUDGET - fixed : per_v * 128;
+        vc = (int64_t)(rest / per_v) / 128 * 128;
+    }
+    if (vc < 128) vc = 128;
+    if (vc > LCE_VC_MAX) vc = LCE_VC_MAX;
+    if (vc > V) vc = V;
+    pl.Vc = vc;
+    pl.ldz = (vc + 7) / 8 * 8;
+    size_t off = 0;
+    pl.off_stats = off;
+    off += lt_cuda_align((size_t)N * 6 * 4);
+    pl.off_misc = off;
+    off += 256;
+    pl.off_blas = off;
+    off += LCE_BLAS_WS;
+    pl.off_acc = off;
+    off += lt_cuda_align(acc);
+    pl.off_deq = off;
+    off += quantized ? lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
+    pl.off_z = off;
+    off += lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * 4);
+    pl.total = off;
+    return pl;
+}
+
+static int lce_quantized(lt_dtype t) {
+    return t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
+}
+
+extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a,
+                                              int backward, int threads) {
+    (void)threads;
+    return lce_make_plan(opt, a->h.shape[0], a->w.shape[0], a->h.shape[1], backward,
+                         lce_quantized(a->w.dtype))
+        .total;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* cuBLASLt: row-major operands expressed as column-major ones. */
+
+typedef struct lce_blas {
+    cublasLtHandle_t lt;
+    void *ws;
+    struct {
+        int ta, tb, ctype;
+        int64_t m, n, k, lda, ldb, ldc;
+        int ok;
+        cublasLtMatmulAlgo_t algo;
+    } cache[8];
+    int ncache;
+} lce_blas;
+
+/* C (m x n, col-major, ldc, fp32 or bf16) = op(A) op(B) + beta·C, A and B bf16. */
+static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
+                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    lt_status st = LT_OK;
+    float alpha = 1.0f;
+    size_t wsb = LCE_BLAS_WS;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&ad, CUDA_R_16BF, (uint64_t)(ta == CUBLAS_OP_N ? m : k),
+                                       (uint64_t)(ta == CUBLAS_OP_N ? k : m), lda);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&bd, CUDA_R_16BF, (uint64_t)(tb == CUBLAS_OP_N ? k : n),
+                                       (uint64_t)(tb == CUBLAS_OP_N ? n : k), ldb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutCreate(&cd, ctype, (uint64_t)m, (uint64_t)n, ldc);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt descriptor setup failed (%d)", (int)s);
+        goto done;
+    }
+    {
+        int slot = -1;
+        for (int i = 0; i < bl->ncache; i++)
+            if (bl->cache[i].ta == (int)ta && bl->cache[i].tb == (int)tb &&
+                bl->cache[i].ctype == (int)ctype && bl->cache[i].m == m && bl->cache[i].n == n &&
+                bl->cache[i].k == k && bl->cache[i].lda == lda && bl->cache[i].ldb == ldb &&
+                bl->cache[i].ldc == ldc)
+                slot = i;
+        if (slot < 0) {
+            cublasLtMatmulHeuristicResult_t res;
+            int nres = 0;
+            s = cublasLtMatmulPreferenceCreate(&pref);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmulAlgoGetHeuristic(bl->lt, op, ad, bd, cd, cd, pref, 1, &res, &nres);
+            if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
+                st = lt_error(ctx, LT_ERR_CUDA,
+                              "lce (CUDA): cuBLASLt has no algorithm for %lld x %lld x %lld (%d)",
+                              (long long)m, (long long)n, (long long)k, (int)s);
+                goto done;
+            }
+            slot = bl->ncache < 8 ? bl->ncache++ : 7;
+            bl->cache[slot].ta = (int)ta;
+            bl->cache[slot].tb = (int)tb;
+            bl->cache[slot].ctype = (int)ctype;
+            bl->cache[slot].m = m;
+            bl->cache[slot].n = n;
+            bl->cache[slot].k = k;
+            bl->cache[slot].lda = lda;
+            bl->cache[slot].ldb = ldb;
+            bl->cache[slot].ldc = ldc;
+            bl->cache[slot].algo = res.algo;
+        }
+        s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
+                           &bl->cache[slot].algo, bl->ws, wsb, 0);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (cd) cublasLtMatrixLayoutDestroy(cd);
+    if (bd) cublasLtMatrixLayoutDestroy(bd);
+    if (ad) cublasLtMatrixLayoutDestroy(ad);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernels. Row statistics live in the workspace as six (N) fp32 arrays:
+ * m (running max), s (Σ exp(z - m)), sumz (Σ z), zt (target logit), and two scratch arrays. */
+
+static __device__ __forceinline__ float lce_cap(float z, float cap) {
+    return cap > 0.0f ? cap * tanhf(z / cap) : z;
+}
+
+/* first_bad[0]: first target outside [0, V) that is not the ignore index; first_bad[1]: first
+ * weight that is negative or not finite. */
+static __global__ void lce_check_targets(const int32_t *tgt, const float *tw, int64_t N, int64_t V,
+                                         int32_t ign, int64_t *first_bad) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    int32_t t = tgt[i];
+    if (t != ign && (t < 0 || (int64_t)t >= V))
+        atomicMin((unsigned long long *)first_bad, (unsigned long long)i);
+    if (tw && !(tw[i] >= 0.0f && isfinite(tw[i])))
+        atomicMin((unsigned long long *)(first_bad + 1), (unsigned long long)i);
+}
+
+static __global__ void lce_init_stats(float *m, float *s, float *sumz, float *zt, int64_t N) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    m[i] = -INFINITY;
+    s[i] = 0.0f;
+    sumz[i] = 0.0f;
+    zt[i] = 0.0f;
+}
+
+static __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
+    float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) return;
+    s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+    m = mn;
+}
+
+/* One block per token row of the chunk: folds the row's vc logits into the running statistics. */
+static __global__ void __launch_bounds__(LCE_THREADS)
+lce_fwd_stats(const float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap,
+              float *m, float *s, float *sumz, float *zt) {
+    const int64_t i = blockIdx.x;
+    const float *z = Z + i * ldz;
+    const int32_t t = tgt[i];
+    float lm = -INFINITY, ls = 0.0f, lz = 0.0f;
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = lce_cap(z[j], cap);
+        if (x > lm) {
+            ls = ls * __expf(lm - x) + 1.0f;
+            lm = x;
+        } else {
+            ls += __expf(x - lm);
+        }
+        lz += x;
+        if ((int64_t)t == v0 + j) zt[i] = x;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, lm, o), s2 = __shfl_xor_sync(0xffffffffu, ls, o);
+        lse_merge(lm, ls, m2, s2);
+        lz += __shfl_xor_sync(0xffffffffu, lz, o);
+    }
+    __shared__ float sm[LCE_THREADS / 32], ss[LCE_THREADS / 32], sz[LCE_THREADS / 32];
+    const int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        sm[w] = lm;
+        ss[w] = ls;
+        sz[w] = lz;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = m[i], Sx = s[i], Z2 = 0.0f;
+        for (int k = 0; k < LCE_THREADS / 32; k++) {
+            lse_merge(M, Sx, sm[k], ss[k]);
+            Z2 += sz[k];
+        }
+        m[i] = M;
+        s[i] = Sx;
+        sumz[i] += Z2;
+    }
+}
+
+typedef struct lce_consts {
+    int32_t ignore;
+    float eps, zl, cap, invV;
+    int reduction;
+} lce_consts;
+
+/* Per token: lse, loss; scratch a = weighted loss, b = weight of non-ignored tokens. */
+static __global__ void lce_fwd_finish(lce_consts k, int64_t N, const int32_t *tgt, const float *tw,
+                                      const float *m, const float *s, const float *sumz,
+                                      const float *zt, float *lse, float *token_loss, float *sa,
+                                      float *sb, float *loss_none) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float l = m[i] + __logf(s[i]);
+    lse[i] = l;
+    float li = 0.0f, wi = 0.0f;
+    if (tgt[i] != k.ignore) {
+        wi = tw ? tw[i] : 1.0f;
+        li = (1.0f - k.eps) * (l - zt[i]) + k.eps * (l - sumz[i] * k.invV) + k.zl * l * l;
+        li *= wi;
+    }
+    if (token_loss) token_loss[i] = li;
+    if (loss_none) loss_none[i] = li;
+    sa[i] = li;
+    sb[i] = wi;
+}
+
+/* One block: out[0] = Σa, out[1] = Σb in double, fixed order (deterministic). */
+static __global__ void lce_sum2(const float *a, const float *b, int64_t N, double *out) {
+    __shared__ double ra[1024], rb[1024];
+    double x = 0.0, y = 0.0;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        x += a ? (double)a[i] : 0.0;
+        y += (double)b[i];
+    }
+    ra[threadIdx.x] = x;
+    rb[threadIdx.x] = y;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) {
+            ra[threadIdx.x] += ra[threadIdx.x + o];
+            rb[threadIdx.x] += rb[threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[0] = ra[0];
+        out[1] = rb[0];
+    }
+}
+
+static __global__ void lce_fwd_reduce_out(const double *sums, int reduction, float *loss) {
+    if (reduction == LT_REDUCTION_MEAN)
+        loss[0] = sums[1] > 0.0 ? (float)(sums[0] / sums[1]) : 0.0f;
+    else
+        loss[0] = (float)sums[0];
+}
+
+/* Backward per-token coefficient: upstream gradient times weight (0 for ignored tokens). */
+static __global__ void lce_bwd_coef(lce_consts k, int64_t N, const int32_t *tgt, const float *tw,
+                                    const float *dloss, const double *sums, float *coef) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float c = 0.0f;
+    if (tgt[i] != k.ignore) {
+        float w = tw ? tw[i] : 1.0f;
+        if (k.reduction == LT_REDUCTION_NONE) c = dloss[i] * w;
+        else if (k.reduction == LT_REDUCTION_SUM) c = dloss[0] * w;
+        else c = sums[1] > 0.0 ? (float)((double)dloss[0] * w / sums[1]) : 0.0f;
+    }
+    coef[i] = c;
+}
+
+static __global__ void lce_weights(const int32_t *tgt, const float *tw, int32_t ign, int64_t N,
+                                   float *wout) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    wout[i] = tgt[i] != ign ? (tw ? tw[i] : 1.0f) : 0.0f;
+}
+
+/* One block per token row: dz_j = c·((1 + 2·zl·lse)·p_j - (1-ε)[j = t] - ε/V)·cap'(z_j), written
+ * as bf16 over the first half of the same row (ld 2·ldz bf16) after the row is staged. */
+static __global__ void __launch_bounds__(LCE_THREADS)
+lce_bwd_grad(float *Z, int64_t ldz, int vc, int64_t v0, lce_consts k, const int32_t *tgt,
+             const float *lse, const float *coef) {
+    extern __shared__ float zrow[];
+    const int64_t i = blockIdx.x;
+    float *z = Z + i * ldz;
+    __nv_bfloat16 *g = (__nv_bfloat16 *)z;
+    const float c = coef[i];
+    if (c == 0.0f) {
+        for (int j = threadIdx.x; j < vc; j += LCE_THREADS) g[j] = __float2bfloat16(0.0f);
+        return;
+    }
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) zrow[j] = z[j];
+    __syncthreads();
+    const float l = lse[i], a = 1.0f + 2.0f * k.zl * l, smooth = k.eps * k.invV;
+    const int64_t t = tgt[i];
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = zrow[j], f = 1.0f;
+        if (k.cap > 0.0f) {
+            float th = tanhf(x / k.cap);
+            x = k.cap * th;
+            f = 1.0f - th * th;
+        }
+        float d = a * __expf(x - l) - smooth - (v0 + j == t ? 1.0f - k.eps : 0.0f);
+        g[j] = __float2bfloat16(c * d * f);
+    }
+}
+
+static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, void *dh, int dh_bf16,
+                                    int64_t ld) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nc * C) return;
+    int64_t r = i / C, col = i % C;
+    if (dh_bf16) ((__nv_bfloat16 *)dh)[r * ld + col] = __float2bfloat16(acc[i]);
+    else ((float *)dh)[r * ld + col] = acc[i];
+}
+
+/* Dequantizes rows [v0, v0+vc) of a block-quantized (V, C) head into bf16 (vc, C). One thread per
+ * block of 32 (64 for INT4_G64) weights. */
+static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C,
+                                   int64_t v0, int vc, __nv_bfloat16 *out) {
+    const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
+    const int64_t nb = C / be;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)vc * nb) return;
+    int64_t r = idx / nb, bi = idx % nb;
+    __nv_bfloat16 *o = out + r * C + bi * be;
+    const uint8_t *p = w + (v0 + r) * row_bytes;
+    if (dtype == LT_DTYPE_Q8_0) {
+        p += bi * 34;
+        float d = __half2float(*(const __half *)p);
+        for (int j = 0; j < 32; j++) o[j] = __float2bfloat16((float)(int8_t)p[2 + j] * d);
+    } else if (dtype == LT_DTYPE_Q4_0) {
+        p += bi * 18;
+        float d = __half2float(*(const __half *)p);
+        for (int j = 0; j < 16; j++) {
+            o[j] = __float2bfloat16((float)((p[2 + j] & 0xf) - 8) * d);
+            o[j + 16] = __float2bfloat16((float)((p[2 + j] >> 4) - 8) * d);
+        }
+    } else if (dtype == LT_DTYPE_Q4_1) {
+        p += bi * 20;
+        float d = __half2float(*(const __half *)p), mn = __half2float(*(const __half *)(p + 2));
+        for (int j = 0; j < 16; j++) {
+            o[j] = __float2bfloat16((float)(p[4 + j] & 0xf) * d + mn);
+            o[j + 16] = __float2bfloat16((float)(p[4 + j] >> 4) * d + mn);
+        }
+    } else {
+        p += bi * 36;
+        float sc = __half2float(*(const __half *)p), bias = __half2float(*(const __half *)(p + 2));
+        for (int q = 0; q < 8; q++) {
+            uint32_t v;
+            memcpy(&v, p + 4 + 4 * q, 4);
+            for (int j = 0; j < 8; j++)
+                o[q * 8 + j] = __float2bfloat16((float)((v >> (4 * j)) & 0xfu) * sc + bias);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The entry points. */
+
+typedef struct lce_run {
+    lce_plan pl;
+    char *ws;
+    size_t ws_bytes;
+    int own_ws;
+    int quantized;
+    int64_t N, V, C, row_bytes;
+    lce_consts k;
+    lce_blas bl;
+    float *m, *s, *sumz, *zt, *sa, *sb;
+    double *sums;
+    int64_t *bad;
+    float *z, *acc;
+    __nv_bfloat16 *deq;
+} lce_run;
+
+static unsigned nblk(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
+
+static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int backward,
+                           lce_run *r) {
+    memset(r, 0, sizeof *r);
+    const lt_tensor *h = &a->h, *w = &a->w;
+    if (h->device != LT_DEVICE_CUDA || w->device != LT_DEVICE_CUDA)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h and w must both be on the device");
+    if (h->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h dtype %s; only bf16 is implemented",
+                        lt_dtype_name(h->dtype));
+    switch (w->dtype) {
+    case LT_DTYPE_BF16: break;
+    case LT_DTYPE_Q8_0: case LT_DTYPE_Q4_0: case LT_DTYPE_Q4_1: case LT_DTYPE_INT4_G64:
+        r->quantized = 1;
+        break;
+    default:
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
+                        lt_dtype_name(w->dtype));
+    }
+    if (opt && opt->impl == LT_LCE_NAIVE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
+    r->N = h->shape[0];
+    r->C = h->shape[1];
+    r->V = w->shape[0];
+    if (h->stride[1] != 1 || h->stride[0] != r->C || w->shape[1] != r->C ||
+        (!r->quantized && (w->stride[1] != 1 || w->stride[0] != r->C)))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h and w must be contiguous rows");
+    r->row_bytes = lt_dtype_row_bytes(w->dtype, r->C);
+    if (backward && a->dw && r->quantized)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw needs a dense head, got %s",
+                        lt_dtype_name(w->dtype));
+    if (backward && a->dw && (a->dw->dtype != LT_DTYPE_F32 || a->dw->stride[1] != 1))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw must be contiguous f32");
+    if (backward && (a->dh->dtype != LT_DTYPE_BF16 && a->dh->dtype != LT_DTYPE_F32))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dh must be bf16 or f32");
+    r->k.ignore = opt && opt->ignore_index ? opt->ignore_index : LT_IGNORE_INDEX;
+    r->k.eps = opt ? opt->label_smoothing : 0.0f;
+    r->k.zl = opt ? opt->z_loss : 0.0f;
+    r->k.cap = opt ? opt->softcap : 0.0f;
+    r->k.invV = 1.0f / (float)r->V;
+    r->k.reduction = opt ? (int)opt->reduction : 0;
+
+    r->pl = lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
+    r->ws_bytes = r->pl.total;
+    r->ws = (char *)a->workspace;
+    if (!r->ws) {
+        r->ws = (char *)lt_alloc(ctx, LT_DEVICE_CUDA, r->ws_bytes, "lce workspace");
+        if (!r->ws) return lt_ctx_status(ctx);
+        r->own_ws = 1;
+    }
+    const int64_t N = r->N;
+    float *st = (float *)(r->ws + r->pl.off_stats);
+    r->m = st;
+    r->s = st + N;
+    r->sumz = st + 2 * N;
+    r->zt = st + 3 * N;
+    r->sa = st + 4 * N;
+    r->sb = st + 5 * N;
+    r->sums = (double *)(r->ws + r->pl.off_misc);
+    r->bad = (int64_t *)(r->ws + r->pl.off_misc + 64);
+    r->bl.ws = r->ws + r->pl.off_blas;
+    r->acc = (float *)(r->ws + r->pl.off_acc);
+    r->deq = (__nv_bfloat16 *)(r->ws + r->pl.off_deq);
+    r->z = (float *)(r->ws + r->pl.off_z);
+    if (cublasLtCreate(&r->bl.lt) != CUBLAS_STATUS_SUCCESS) {
+        r->bl.lt = NULL;
+        return lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cublasLtCreate failed");
+    }
+
+    /* Targets are on the device: find the first bad one there. */
+    int64_t none[2] = {INT64_MAX, INT64_MAX}, found[2];
+    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(r->bad, none, 16, cudaMemcpyHostToDevice), "lce: memcpy"));
+    if (N > 0)
+        lce_check_targets<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, N, r->V, r->k.ignore,
+                                                 r->bad);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "lce: target check kernel"));
+    LT_TRY(lt_cuda_check(ctx, cudaMemcpy(found, r->bad, 16, cudaMemcpyDeviceToHost), "lce: memcpy"));
+    const int64_t first = found[0];
+    if (found[1] != INT64_MAX) {
+        float wv = 0.0f;
+        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&wv, a->token_weight + found[1], 4, cudaMemcpyDeviceToHost),
+                             "lce: memcpy"));
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "lce: token_weight %g at position %lld must be finite and >= 0", (double)wv,
+                        (long long)found[1]);
+    }
+    if (first != INT64_MAX) {
+        int32_t t = 0;
+        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&t, a->targets + first, 4, cudaMemcpyDeviceToHost),
+                             "lce: memcpy"));
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: targets[%lld] = %d is outside [0, %lld)",
+                        (long long)first, (int)t, (long long)r->V);
+    }
+    return LT_OK;
+}
+
+static void lce_end(lt_ctx *ctx, lce_run *r) {
+    if (r->bl.lt) cublasLtDestroy(r->bl.lt);
+    if (r->own_ws) lt_free(ctx, LT_DEVICE_CUDA, r->ws, r->ws_bytes); /* waits for the GPU */
+}
+
+/* The bf16 (vc, C) rows of the head for vocabulary tile v0. */
+static lt_status lce_wtile(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_t v0, int vc,
+                           const __nv_bfloat16 **out) {
+    if (!r->quantized) {
+        *out = (const __nv_bfloat16 *)a->w.data + v0 * r->C;
+        return LT_OK;
+    }
+    const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
+    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128>>>(
+        (const uint8_t *)a->w.data, (int)a->w.dtype, r->row_bytes, r->C, v0, vc, r->deq);
+    *out = r->deq;
+    return lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
+}
+
+/* Z (nc x vc, ld ldz, fp32) = h[n0 .. n0+nc) · Wtileᵀ */
+static lt_status lce_logits(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_t n0, int64_t nc,
+                            const __nv_bfloat16 *wt, int vc) {
+    const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * r->C;
+    return lce_gemm(ctx, &r->bl, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, r->C, wt, r->C, h, r->C, 0.0f,
+                    r->z, CUDA_R_32F, r->pl.ldz);
+}
+
+extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    lce_run r;
+    lt_status st = lce_begin(ctx, opt, a, 0, &r);
+    const int64_t N = r.N, V = r.V;
+    if (st != LT_OK) goto done;
+    if (N > 0) lce_init_stats<<<nblk(N, 256), 256>>>(r.m, r.s, r.sumz, r.zt, N);
+    /* Vocabulary tiles outside, token tiles inside: a quantized tile is dequantized once. */
+    for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc) {
+        const int vc = (int)min64(r.pl.Vc, V - v0);
+        const __nv_bfloat16 *wt = NULL;
+        st = lce_wtile(ctx, &r, a, v0, vc, &wt);
+        for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
+            const int64_t nc = min64(r.pl.Nc, N - n0);
+            st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
+            if (st != LT_OK) break;
+            lce_fwd_stats<<<(unsigned)nc, LCE_THREADS>>>(r.z, r.pl.ldz, vc, v0, a->targets + n0,
+                                                         r.k.cap, r.m + n0, r.s + n0, r.sumz + n0,
+                                                         r.zt + n0);
+            st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
+        }
+    }
+    if (st == LT_OK && N > 0) {
+        const int none = r.k.reduction == LT_REDUCTION_NONE;
+        lce_fwd_finish<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, r.m, r.s, r.sumz,
+                                              r.zt, a->lse, a->token_loss, r.sa, r.sb,
+                                              none ? a->loss : NULL);
+        if (!none) {
+            lce_sum2<<<1, 1024>>>(r.sa, r.sb, N, r.sums);
+            lce_fwd_reduce_out<<<1, 1>>>(r.sums, r.k.reduction, a->loss);
+        }
+        st = lt_cuda_check(ctx, cudaGetLastError(), "lce: loss kernels");
+    } else if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {
+        st = lt_cuda_check(ctx, cudaMemset(a->loss, 0, 4), "lce: memset");
+    }
+done:
+    lce_end(ctx, &r);
+    return st;
+}
+
+extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    lce_run r;
+    lt_status st = lce_begin(ctx, opt, a, 1, &r);
+    const int64_t N = r.N, V = r.V, C = r.C;
+    float *coef = r.sa;
+    if (st != LT_OK || N == 0) goto done;
+    lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r.k.ignore, N, r.sb);
+    lce_sum2<<<1, 1024>>>(NULL, r.sb, N, r.sums);
+    lce_bwd_coef<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, a->dloss, r.sums, coef);
+    st = lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
+    /* Token tiles outside (dh accumulates in fp32 over the whole vocabulary), vocabulary inside. */
+    for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
+        const int64_t nc = min64(r.pl.Nc, N - n0);
+        const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * C;
+        for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc) {
+            const int vc = (int)min64(r.pl.Vc, V - v0);
+            const __nv_bfloat16 *wt = NULL;
+            st = lce_wtile(ctx, &r, a, v0, vc, &wt);
+            if (st == LT_OK) st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
+            if (st != LT_OK) break;
+            lce_bwd_grad<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
+                r.z, r.pl.ldz, vc, v0, r.k, a->targets + n0, a->lse + n0, coef + n0);
+            st = lt_cuda_check(ctx, cudaGetLastError(), "lce: gradient kernel");
+            const __nv_bfloat16 *g = (const __nv_bfloat16 *)r.z; /* (nc, vc), ld 2·ldz */
+            /* acc (nc x C) += G · Wtile */
+            if (st == LT_OK)
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_N, C, nc, vc, wt, C, g,
+                              2 * r.pl.ldz, v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
+            /* dW[v0 .. v0+vc) (vc x C, f32) += Gᵀ · h */
+            if (st == LT_OK && a->dw)
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_T, C, vc, nc, h, C, g,
+                              2 * r.pl.ldz, 1.0f, (float *)a->dw->data + v0 * a->dw->stride[0],
+                              CUDA_R_32F, a->dw->stride[0]);
+        }
+        if (st == LT_OK) {
+            const int bf = a->dh->dtype == LT_DTYPE_BF16;
+            char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
+            lce_store_dh<<<nblk(nc * C, 256), 256>>>(r.acc, nc, C, dst, bf, a->dh->stride[0]);
+            st = lt_cuda_check(ctx, cudaGetLastError(), "lce: dh store kernel");
+        }
+    }
+done:
+    lce_end(ctx, &r);
+    return st;
+}
