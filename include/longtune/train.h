@@ -197,7 +197,7 @@ typedef struct lt_train_result {
     int64_t tokens;           /* trained tokens, resumed ones included */
     double elapsed_s;         /* this call's wall time */
     size_t peak_bytes;        /* host high-water of the accounting allocator */
-    size_t plan_bytes;        /* model size table + optimizer moments */
+    size_t plan_bytes;        /* lt_plan_compute for the run, held bytes included */
     double *step_loss;        /* optional, caller-owned (iters) */
     int64_t stop_at;          /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */

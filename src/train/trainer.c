@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
+#include "longtune/plan.h"
 #include "train/train_internal.h"
 
 #define PEFT_KEY_PREFIX "base_model.model."
@@ -285,11 +286,20 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
     lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
                                 .attention = o->attention, .loss = o->loss, .threads = o->threads};
+    /* The plan the planner (lt_plan_compute) gives for this run. What this process already holds
+     * besides the model and the optimizer state -- tokenizer, data set, batch buffers, LoRA index --
+     * is known exactly at this point and passed as held bytes, so plan and the allocator's
+     * high-water describe the same allocations. */
+    lt_model_sizes loaded = lt_model_get_sizes(t->m);
+    size_t in_use = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+    size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
+    size_t moments = 2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float));
+    lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run};
+    popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
+    lt_plan plan;
+    LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
+    res->plan_bytes = plan.peak_bytes;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
-    res->plan_bytes = lt_model_get_sizes(t->m).total +
-                      2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float)) +
-                      lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n_tp * sizeof *t->tp) +
-                      lt_alloc_accounted_size(LT_DEVICE_CPU, t->batch_bytes);
 
     memset(&t->st, 0, sizeof t->st);
     t->plan_epoch = -1;
