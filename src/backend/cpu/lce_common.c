@@ -271,68 +271,10 @@ void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t
 
 /* ---- conversions ---- */
 
-static void dequant_row(lt_dtype t, const uint8_t *p, float *out, int64_t C) {
-    switch (t) {
-    case LT_DTYPE_Q8_0:
-        for (int64_t b = 0; b < C / 32; b++, p += 34) {
-            uint16_t d16;
-            memcpy(&d16, p, 2);
-            float d = lt_f16_to_f32(d16);
-            const int8_t *q = (const int8_t *)(p + 2);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)q[j] * d;
-        }
-        break;
-    case LT_DTYPE_Q4_0:
-        for (int64_t b = 0; b < C / 32; b++, p += 18) {
-            uint16_t d16;
-            memcpy(&d16, p, 2);
-            float d = lt_f16_to_f32(d16);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = (float)((p[2 + j] & 0xf) - 8) * d;
-                out[b * 32 + j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
-            }
-        }
-        break;
-    case LT_DTYPE_Q4_1:
-        for (int64_t b = 0; b < C / 32; b++, p += 20) {
-            uint16_t d16, m16;
-            memcpy(&d16, p, 2);
-            memcpy(&m16, p + 2, 2);
-            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = (float)(p[4 + j] & 0xf) * d + m;
-                out[b * 32 + j + 16] = (float)(p[4 + j] >> 4) * d + m;
-            }
-        }
-        break;
-    case LT_DTYPE_INT4_G64:
-        for (int64_t b = 0; b < C / 64; b++, p += 36) {
-            uint16_t s16, b16;
-            memcpy(&s16, p, 2);
-            memcpy(&b16, p + 2, 2);
-            float sc = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16);
-            uint32_t q[8];
-            memcpy(q, p + 4, 32);
-            for (int k = 0; k < 64; k++) out[b * 64 + k] = (float)((q[k >> 3] >> (4 * (k & 7))) & 0xfu) * sc + bias;
-        }
-        break;
-    case LT_DTYPE_BF16: {
-        const uint16_t *x = (const uint16_t *)p;
-        for (int64_t k = 0; k < C; k++) {
-            uint32_t u = (uint32_t)x[k] << 16;
-            memcpy(&out[k], &u, 4);
-        }
-        break;
-    }
-    default: /* F32 */
-        memcpy(out, p, (size_t)C * sizeof(float));
-        break;
-    }
-}
 
 void lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out) {
     const uint8_t *p = (const uint8_t *)base + r0 * row_bytes;
-    for (int64_t r = 0; r < nr; r++) dequant_row(t, p + r * row_bytes, out + r * C, C);
+    for (int64_t r = 0; r < nr; r++) lt_dequantize_row(t, p + r * row_bytes, out + r * C, C);
 }
 
 typedef struct {
