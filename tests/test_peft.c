@@ -279,10 +279,14 @@ static void peft_oracle_both_directions(void **state) {
     cJSON_Delete(jo);
     free(ct);
     free(co);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
-    unlink(path);
-    rmdir(out_dir);
+    if (getenv("LONGTUNE_TEST_KEEP")) { /* keep the longtune-written adapter for the PEFT check */
+        fprintf(stderr, "kept %s (tests/oracle/gen_peft_fixtures.py longtune --adapter %s)\n", out_dir, out_dir);
+    } else {
+        unlink(path);
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
+        unlink(path);
+        rmdir(out_dir);
+    }
 
     lt_safetensors_close(ctx, exp);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
