@@ -6,7 +6,7 @@ interleave it with its own steps. It only times; it does not install anything (t
 
 Protocol: argv = model_dir threads rank alpha seed. Prints {"ready": ...} once loaded; then for each
 stdin line "T" runs one step on a fresh random batch of T tokens and prints one JSON line
-{"T", "ms", "loss", "max_rss_bytes"}; "quit" (or EOF) exits."""
+{"T", "ms", "cpu_ms", "loss", "max_rss_bytes"} (cpu_ms: process CPU time, all threads); "quit" (or EOF) exits."""
 import json
 import resource
 import sys
@@ -48,14 +48,16 @@ def main():
             break
         T = int(line)
         ids = torch.randint(0, V, (1, T), generator=g)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - t0) * 1e3
+        cpu_ms = (time.process_time() - c0) * 1e3
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps({"T": T, "ms": ms, "loss": float(out.loss.detach()), "max_rss_bytes": rss}), flush=True)
+        print(json.dumps({"T": T, "ms": ms, "cpu_ms": cpu_ms, "loss": float(out.loss.detach()), "max_rss_bytes": rss}), flush=True)
 
 
 if __name__ == "__main__":
