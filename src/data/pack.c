@@ -7,6 +7,7 @@
 
 #include "longtune/alloc.h"
 #include "longtune/pack.h"
+#include "core/rng.h"
 
 typedef struct lt_pack_piece {
     int64_t seq;   /* input sequence */
@@ -26,27 +27,20 @@ struct lt_pack_plan {
 
 /* ---- deterministic randomness: splitmix64, seeded from (seed, epoch) ---- */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [0, n) without modulo bias (rejection of the short top range). */
 static uint64_t rand_below(uint64_t *s, uint64_t n) {
     uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t r;
-    do r = splitmix64(s);
+    do r = lt_splitmix64(s);
     while (r >= limit);
     return r % n;
 }
 
 static uint64_t rng_init(uint64_t seed, uint64_t epoch, uint64_t stream) {
     uint64_t s = seed ^ 0x6C6F6E6774756E65ull; /* "longtune" */
-    uint64_t a = splitmix64(&s);
+    uint64_t a = lt_splitmix64(&s);
     s = a ^ (epoch * 0xD1B54A32D192ED03ull) ^ (stream << 56);
-    (void)splitmix64(&s);
+    (void)lt_splitmix64(&s);
     return s;
 }
 

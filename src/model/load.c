@@ -13,6 +13,7 @@
 #include "longtune/gguf.h"
 #include "longtune/safetensors.h"
 #include "model/model_internal.h"
+#include "core/rng.h"
 
 typedef struct source {
     const char *path;
@@ -339,13 +340,6 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
 
 /* splitmix64-driven uniform in [-b, b): the LoRA A init (PEFT: kaiming_uniform_(a=√5) gives
  * bound 1/√fan_in). */
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static void init_lora(lt_model *m) {
     float *p = m->lora_params;
     for (int64_t l = m->l0; l < m->cfg.L; l++) {
@@ -361,7 +355,7 @@ static void init_lora(lt_model *m) {
             uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)k) * 0xd1b54a32d192ed03ULL);
             float bound = 1.0f / sqrtf((float)in);
             for (int64_t i = 0; i < r * in; i++)
-                p[i] = (float)(((double)(mix(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+                p[i] = (float)(((double)(lt_splitmix64(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
             p += r * in;
             L->lora_b[k] = p;
             L->grad_b[k] = m->lora_grads + (p - m->lora_params);

@@ -9,6 +9,7 @@
 #include "longtune/alloc.h"
 #include "longtune/gguf.h"
 #include "train/train_internal.h"
+#include "core/rng.h"
 
 lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, lt_tokenizer **out) {
     size_t n = strlen(model_path);
@@ -32,13 +33,6 @@ lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, lt_tokeni
     return lt_tokenizer_load_json(ctx, path, out);
 }
 
-static uint64_t next_u64(uint64_t *s) { /* splitmix64: one state word, reproducible per seed */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Picks the next id from one row of logits z (V); probs is (V) scratch, order (V) scratch. */
 static int32_t pick(const float *z, int64_t V, const lt_generate_options *o, uint64_t *rng, double *probs,
                     int32_t *order) {
@@ -49,7 +43,7 @@ static int32_t pick(const float *z, int64_t V, const lt_generate_options *o, uin
     double sum = 0;
     for (int64_t j = 0; j < V; j++) sum += probs[j] = exp(((double)z[j] - (double)z[best]) / o->temp);
     double top_p = o->top_p > 0 && o->top_p < 1 ? o->top_p : 1;
-    double u = (double)(next_u64(rng) >> 11) * 0x1.0p-53;
+    double u = (double)(lt_splitmix64(rng) >> 11) * 0x1.0p-53;
     if (top_p >= 1) {
         double acc = 0, target = u * sum;
         for (int64_t j = 0; j < V; j++)
