@@ -1,7 +1,10 @@
 /* The op table every backend fills. The model calls ops only through it, so there is one model
  * file for every backend and precision. Ops validate nothing: the model and the public boundary
- * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Tensors carry their
- * device; a backend only ever sees its own device's memory. */
+ * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Every pointer an op
+ * receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace and the weight
+ * tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA backend queues
+ * all work on the legacy default stream, in call order; no op waits for the device except sumsq
+ * and copy_to_host (and synchronize). */
 #ifndef LT_BACKEND_H
 #define LT_BACKEND_H
 
@@ -60,8 +63,16 @@ typedef struct lt_backend {
     /* y = x·keep/(1−p), keep drawn from a counter hash of (seed, offset + i); the same call on dy
      * is the backward. p = 0 copies. y may alias x. */
     void (*dropout)(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
-    /* One AdamW step over n parameters (m, v: first and second moments, updated in place). */
+    /* One AdamW step over n parameters (m, v: first and second moments, updated in place). hp is
+     * host memory (read at call time). */
     void (*adamw)(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+    /* p[0..bytes) = 0 (any buffer of this backend's memory). */
+    void (*zero)(lt_ctx *ctx, void *p, size_t bytes);
+    /* x *= a over n elements. */
+    void (*scale)(lt_ctx *ctx, float *x, float a, int64_t n);
+    /* Σ x² over n elements, accumulated in float64 and returned to the host rounded to float; waits
+     * for queued work (the one compute op that synchronises). */
+    float (*sumsq)(lt_ctx *ctx, const float *x, int64_t n);
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

@@ -24,5 +24,8 @@ void lt_cpu_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
 void lt_cpu_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
 void lt_cpu_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
 void lt_cpu_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes);
+void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n);
+float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 
 #endif
