@@ -295,6 +295,40 @@ int lt_bench_matmul(int argc, char **argv) {
         lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
         lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
     }
+    /* The LoRA products (f32 gemm, rank 8, C = 4096): forward u = x·Aᵀ, grad dA = duᵀ·x (a long
+     * reduction over N into a small output) and the input grad dx += du·A. */
+    {
+        const int64_t C = 4096, r = 8;
+        struct { const char *name; int ta; int64_t M, Nn, K; } g[3] = {
+            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dx", 0, N, C, r}};
+        void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
+        void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
+        if (!x || !u || !o) goto gemm_done;
+        for (int k = 0; k < 3; k++) {
+            const float *A = x, *B = u;
+            int64_t lda = g[k].ta ? g[k].M : g[k].K, ldb = g[k].Nn;
+            for (int rr = -c.warmup; rr < c.repeats; rr++) {
+                be->synchronize(ctx);
+                double t0 = lt_time_now();
+                be->gemm(ctx, g[k].ta, 0, g[k].M, g[k].Nn, g[k].K, 1.0f, A, lda, B, ldb, 0.0f, o, g[k].Nn);
+                be->synchronize(ctx);
+                if (rr >= 0) t[rr] = (lt_time_now() - t0) * 1e3;
+            }
+            const double ms = lt_bench_median(t, c.repeats);
+            const double tf = 2.0 * (double)g[k].M * (double)g[k].Nn * (double)g[k].K / (ms * 1e-3) * 1e-12;
+            cJSON *arm = cJSON_CreateObject();
+            cJSON_AddStringToObject(arm, "name", g[k].name);
+            cJSON_AddNumberToObject(arm, "median_ms", ms);
+            cJSON_AddNumberToObject(arm, "tflops", tf);
+            cJSON_AddItemToArray(arms, arm);
+            fprintf(stderr, "%-34s %9.3f ms %7.2f TFLOP/s (M=%lld N=%lld K=%lld)\n", g[k].name, ms, tf,
+                    (long long)g[k].M, (long long)g[k].Nn, (long long)g[k].K);
+        }
+    gemm_done:
+        if (x) lt_free(ctx, be->device, x, (size_t)(N * C) * 4);
+        if (u) lt_free(ctx, be->device, u, (size_t)(N * C) * 4);
+        if (o) lt_free(ctx, be->device, o, (size_t)(N * C) * 4);
+    }
     if (!cuda) cJSON_AddNumberToObject(cfg, "sgemm_gflops_ceiling", cpu_ceiling);
     rc = 0;
 done:
