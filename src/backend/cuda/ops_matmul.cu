@@ -24,9 +24,12 @@
  * y in the NN mode, where tiles split the reduction. Tile rows are a multiple of 128 so every
  * sub-matrix pointer stays 256-byte aligned. */
 #define MM_TILE_ELEMS ((int64_t)1 << 25)
-/* Rows of x converted to bf16 at a time: 8192 rows keep each GEMM large enough to run at full rate
- * (8192 x 4096 x 14336 is 0.96 TFLOP) while the bf16 copy stays ≤ 8192 · 14336 · 2 = 224 MiB. */
+/* Rows of x converted to bf16 at a time: at most MM_X_ROWS, and at most MM_X_ELEMS elements of
+ * bf16 x (224 MiB), so 8B MLP layers (max(out, in) = 14336) take 8192-row chunks and keep each GEMM
+ * large enough to run at full rate (8192 x 4096 x 14336 is 0.96 TFLOP), while a vocabulary-wide
+ * head (out = 151936) takes 773-row chunks instead of a 2.5 GB copy. Never fewer than 128 rows. */
 #define MM_X_ROWS ((int64_t)8192)
+#define MM_X_ELEMS ((int64_t)8192 * 14336)
 
 /* ---- cuBLASLt handle and plan cache ---- */
 
@@ -170,6 +173,7 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
 
 typedef struct mm_layout {
     int64_t tile_rows; /* rows of W per tile (out when W is bf16: no tile) */
+    int64_t x_rows;    /* rows of x per bf16 chunk */
     size_t off_tile, off_x, total;
 } mm_layout;
 
@@ -187,9 +191,13 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
     l.off_tile = align256(MM_BLAS_WS);
     size_t tile = dt == LT_DTYPE_BF16 ? 0 : align256((size_t)l.tile_rows * (size_t)in * 2);
     l.off_x = l.off_tile + tile;
-    int64_t rows = N_max < MM_X_ROWS ? N_max : MM_X_ROWS;
+    const int64_t xcols = in > out ? in : out;
+    l.x_rows = MM_X_ELEMS / (xcols > 0 ? xcols : 1);
+    if (l.x_rows > MM_X_ROWS) l.x_rows = MM_X_ROWS;
+    if (l.x_rows < 128) l.x_rows = 128;
+    int64_t rows = N_max < l.x_rows ? N_max : l.x_rows;
     if (rows < 0) rows = 0;
-    l.total = l.off_x + align256((size_t)rows * (size_t)(in > out ? in : out) * 2);
+    l.total = l.off_x + align256((size_t)rows * (size_t)xcols * 2);
     return l;
 }
 
@@ -225,7 +233,7 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
     __nv_bfloat16 *tile = (__nv_bfloat16 *)(wsc + l.off_tile);
     const int64_t xin = mode == LT_MATMUL_NT ? in : out;
     const size_t row_bytes = (size_t)lt_dtype_row_bytes(dt, in);
-    const int64_t nchunks = (N + MM_X_ROWS - 1) / MM_X_ROWS;
+    const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
     int x_ready = 0; /* one chunk: x is converted once for every tile */
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
@@ -238,8 +246,8 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
             LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
             wt = tile;
         }
-        for (int64_t n0 = 0; n0 < N; n0 += MM_X_ROWS) {
-            const int64_t nr = N - n0 < MM_X_ROWS ? N - n0 : MM_X_ROWS;
+        for (int64_t n0 = 0; n0 < N; n0 += XR) {
+            const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
                 to_bf16_k<<<lt_cuda_grid(nr * xin, 256), 256>>>(x + n0 * xin, xb, nr * xin);
                 LT_CUDA_LAUNCHED("matmul: x to bf16");
