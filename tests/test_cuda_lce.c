@@ -497,6 +497,9 @@ int main(void) {
         printf("skipped: no CUDA device\n");
         return 77;
     }
+    /* A subset for slow runs (compute-sanitizer): a cmocka name pattern such as "fb_*". */
+    const char *filter = getenv("LONGTUNE_TEST_FILTER");
+    if (filter && filter[0]) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mean_dense),
         cmocka_unit_test(sum_smoothing_zloss_softcap_weights_dw_small_tiles),
