@@ -683,6 +683,23 @@ static void lce_f32_on_device(void **state) {
     assert_true(loss32 == loss16);
     assert_memory_equal(lse32, lse16, F4(N));
     assert_memory_equal(dh32, dh16, F4(N * C));
+    /* the one-call forward_backward with f32 h, sized by its own pass: the two-call results within
+     * bf16 rounding (its fused path rescales a grad-hidden accumulator instead of re-making logits) */
+    a.h = lt_tensor_view(d_h, LT_DTYPE_F32, LT_DEVICE_CUDA, 2, hs);
+    size_t wfb = lt_lce_workspace_bytes(&opt, &a, LT_LCE_PASS_FORWARD_BACKWARD, 0);
+    assert_true(wfb >= (size_t)(N * C) * 2);
+    void *wsfb = lt_alloc(ctx, LT_DEVICE_CUDA, wfb, "lce fb ws");
+    a.workspace = wsfb;
+    assert_int_equal(gpu()->copy_to_device(ctx, d_dh, Pn, F4(N * C)), LT_OK);
+    assert_int_equal(lt_lce_forward_backward(ctx, &opt, &a), LT_OK);
+    float lossfb, *dhfb = malloc(F4(N * C));
+    down(ctx, &lossfb, d_loss, 4), down(ctx, dhfb, d_dh, F4(N * C));
+    double efl = fabs((double)lossfb - loss32) / fabs((double)loss32), efd = rel_err_ff(dhfb, dh32, N * C);
+    fprintf(stderr, "  lce f32 h forward_backward vs two calls: loss %.3g dh %.3g\n", efl, efd);
+    assert_true(efl <= TOL_BF16_FLOOR && efd <= TOL_BF16_FLOOR);
+    a.workspace = NULL;
+    lt_free(ctx, LT_DEVICE_CUDA, wsfb, wfb);
+    free(dhfb);
     /* the CPU in f32 on the original h and the same head values */
     lt_lce_args c = a;
     float closs, *clse = malloc(F4(N)), *cdh = malloc(F4(N * C));
