@@ -709,6 +709,10 @@ static void lce_f32_on_device(void **state) {
     c.targets = tgt, c.loss = &closs, c.lse = clse, c.dloss = &one, c.dh = &tcdh, c.workspace = NULL;
     assert_int_equal(lt_lce_forward(ctx, &opt, &c), LT_OK);
     assert_int_equal(lt_lce_backward(ctx, &opt, &c), LT_OK);
+    /* lse of ignored tokens is left out: only the kept tokens' values are compared here (what each
+     * backend stores for ignored rows is test_cuda_lce's business) */
+    for (int64_t i = 0; i < N; i++)
+        if (tgt[i] == LT_IGNORE_INDEX) lse32[i] = clse[i] = 0;
     double el = fabs((double)loss32 - closs) / fabs((double)closs), ee = rel_err_ff(lse32, clse, N),
            ed = rel_err_ff(dh32, cdh, N * C);
     fprintf(stderr, "  lce f32 h N=%lld C=%lld V=%lld vs cpu: loss %.3g lse %.3g dh %.3g\n", (long long)N,
