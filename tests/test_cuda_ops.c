@@ -228,6 +228,9 @@ static void matmul_every_weight_dtype(void **state) {
     /* two weight tiles (the second short): 8320 rows of 4096 > the 32M-element tile */
     matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 8320, 4096, 5, LT_MATMUL_NT, 0.0f);
     matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 8320, 4096, 5, LT_MATMUL_NN, 1.0f);
+    /* one row (generation) */
+    matmul_case(ctx, &rng, LT_DTYPE_Q4_1, 200, 256, 1, LT_MATMUL_NT, 0.0f);
+    matmul_case(ctx, &rng, LT_DTYPE_BF16, 200, 256, 1, LT_MATMUL_NN, 1.0f);
     /* two chunks of x rows (8192 + 9) */
     matmul_case(ctx, &rng, LT_DTYPE_BF16, 96, 64, 8201, LT_MATMUL_NT, 1.0f);
     matmul_case(ctx, &rng, LT_DTYPE_Q8_0, 96, 64, 8201, LT_MATMUL_NN, 0.0f);
