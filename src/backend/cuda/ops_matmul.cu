@@ -283,6 +283,7 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
     (void)ctx;
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
+    LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
     const lt_dtype dt = w->dtype;
     const mm_layout l = mm_plan(dt, out, in, N);
     char *wsc = (char *)ws;
