@@ -6,8 +6,11 @@
  * buffer and delta are workspace (lt_attention_cuda_workspace_bytes), counted by the allocator. */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define LOG2E_F 1.4426950408889634f
 
@@ -308,6 +311,251 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Hopper version of the main kernel (dev/cuda/NOTES.md, v5): the same CTA work (128 keys of one kv
+ * head, every query head of its group, 64 queries per step) on warpgroup MMAs. Two warpgroups of 4
+ * warps; warpgroup g owns keys 64g..64g+63 for Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q,
+ * and columns 64g..64g+63 of dQ = dS·K. K, V, Q, dO stay in shared memory in the 128-byte swizzle
+ * (wgmma reads them there, so no fragment lives in registers); Pᵀ and dSᵀ go from the score
+ * accumulators straight into A fragments in registers; dSᵀ also goes to shared memory once for dQ.
+ * dQ is added to the fp32 buffer with 2-wide vector atomics. D = 128 only. */
+template <int N>
+static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
+}
+
+template <int R, int D, int NT>
+static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
+                                                    int t0, int T, int tid) {
+    constexpr int CH = D / 8;
+    static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
+#pragma unroll
+    for (int it = 0; it < R * CH / NT; it++) {
+        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
+        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
+    }
+}
+
+template <int D>
+static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BN = 128, BM = 64, KS = D / 16, NH = D / 64;
+    constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sK = smem, *sV = sK + TILE_K, *sQ = sV + TILE_K, *sO = sQ + 2 * TILE_Q;
+    unsigned char *sDS = sO + 2 * TILE_Q; /* dSᵀ: BN keys x BM queries */
+    float *sL = (float *)(sDS + BN * BM * 2);
+    float *sD = sL + 2 * BM;
+    int *sLo = (int *)(sD + 2 * BM);
+
+    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+    int a0 = k0, z0 = T;
+    while (a0 < z0) {
+        int m = (a0 + z0) >> 1;
+        if (lo[m] > klast) z0 = m; else a0 = m + 1;
+    }
+    const int q_end = a0;
+    const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
+    const int steps = nqb * p.group;
+
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    wg_load_tile<BN, D, 256>(sK, gk, p.kv_st, k0, T, tid);
+    wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, k0, T, tid);
+    auto load_step = [&](int step, int buf) {
+        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        wg_load_tile<BM, D, 256>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+        wg_load_tile<BM, D, 256>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+        if (tid < BM) {
+            const int t = min(q0 + tid, T - 1);
+            const int64_t r = ((int64_t)b * p.H + h) * T + t;
+            bwd_cp_async<4>(sL + buf * BM + tid, p.lse + r);
+            bwd_cp_async<4>(sD + buf * BM + tid, p.delta + r);
+            bwd_cp_async<4>(sLo + buf * BM + tid, lo + t);
+        }
+    };
+    if (steps > 0) load_step(0, 0);
+    lt_cp_async_commit();
+
+    float dk[NH][32], dv[NH][32];
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dk[n][i] = dv[n][i] = 0.0f;
+    const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float sl2 = scale * LOG2E_F;
+    const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV), aDS = lt_smem_addr(sDS);
+    const int kw0 = k0 + 64 * wg;                          /* this warpgroup's first key */
+    const int krow = 64 * wg + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
+
+    for (int step = 0; step < steps; step++) {
+        const int buf = step & 1;
+        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        lt_cp_async_wait<0>();
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (step + 1 < steps) {
+            load_step(step + 1, buf ^ 1);
+            lt_cp_async_commit();
+        }
+        const uint32_t aQ = lt_smem_addr(sQ + buf * TILE_Q), aO = lt_smem_addr(sO + buf * TILE_Q);
+        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+        const int *cLo = sLo + buf * BM;
+        /* Warpgroup-uniform skip of key blocks no query of the step can see. */
+        const bool skip = kw0 > q0 + BM - 1 || kw0 + 63 < cLo[0];
+        uint32_t pa[4][4], da[4][4];
+        if (!skip) {
+            float s[32], dp[32];
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
+                                  lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
+                                  lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+                const int2 LO = *(const int2 *)(cLo + qc);
+                float pv[4], sv[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                    float x = s[4 * j + e], dfac = 1.0f, pr;
+                    const float lq = (e & 1) ? L.y : L.x, dq = (e & 1) ? Dl.y : Dl.x;
+                    if (cap > 0.0f) {
+                        const float th = tanhf(x * scale * inv_cap);
+                        dfac = 1.0f - th * th;
+                        pr = exp2f((cap * th) * LOG2E_F - lq * LOG2E_F);
+                    } else {
+                        pr = exp2f(fmaf(x, sl2, -lq * LOG2E_F));
+                    }
+                    if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                    pv[e] = pr;
+                    sv[e] = pr * (dp[4 * j + e] - dq) * dfac;
+                }
+                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(pv[0], pv[1]);
+                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(pv[2], pv[3]);
+                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
+                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
+                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
+                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
+            }
+            /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int n = 0; n < NH; n++)
+                    lt_wgmma_rs<1>(dv[n], pa[kk], lt_wgmma_desc(aO + n * (BM * 128) + kk * 2048), 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int n = 0; n < NH; n++)
+                    lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
+            lt_wgmma_commit();
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = 0u;
+                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
+            }
+        }
+        lt_fence_proxy_async();
+        __syncthreads();
+
+        /* dQ (64 queries x this warpgroup's 64 columns) = dS·K over the CTA's 128 keys. */
+        if (!(k0 > q0 + BM - 1 || klast < cLo[0])) {
+            float acc[32];
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
+                                  lt_wgmma_desc(aK + wg * (BN * 128) + kk * 2048), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
+            const int c = 64 * wg + 2 * (lane & 3);
+            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
+            float *g1 = g0 + (int64_t)8 * p.H * D;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
+                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
+            }
+        } else {
+            lt_wgmma_wait<0>();
+        }
+    }
+    lt_wgmma_wait<0>();
+
+    __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
+    __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int key = k0 + krow + 8 * hr;
+        if (key >= T) continue;
+#pragma unroll
+        for (int n = 0; n < NH; n++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int c = 64 * n + 8 * j + 2 * (lane & 3);
+                *(uint32_t *)(gdk + (int64_t)key * p.kv_st + c) =
+                    lt_pack_bf16(dk[n][4 * j + 2 * hr] * scale, dk[n][4 * j + 2 * hr + 1] * scale);
+                *(uint32_t *)(gdv + (int64_t)key * p.kv_st + c) =
+                    lt_pack_bf16(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]);
+            }
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+/* The Hopper kernel runs where the sm_90a code does: compute capability 9.0 exactly. */
+static int attn_bwd_have_wgmma(void) {
+    static int have = -1;
+    if (have < 0) {
+        int dev = 0, major = 0, minor = 0;
+        have = cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+               major == 9 && minor == 0;
+        (void)cudaGetLastError();
+    }
+    return have;
+}
+
+template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int BN = 128, BM = 64;
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
+    const int64_t rows = (int64_t)B * d.T * d.H;
+    attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "attention backward: shared memory size"));
+    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
+    attn_bwd_wg_kernel<D><<<grid, 256, smem>>>(d);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
+    const int64_t n2 = rows * D / 2;
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
+}
+
 template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int LD = D + 8, BN = 128, BM = 64;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
@@ -360,7 +608,14 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         switch (p->D) {
         case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
-        default: st = attn_bwd_launch<128>(ctx, d, (int)p->B); break;
+        default: {
+            const char *v = getenv("LONGTUNE_ATTN_BWD");
+            if (v && !strcmp(v, "wg") && attn_bwd_have_wgmma())
+                st = attn_bwd_wg_launch<128>(ctx, d, (int)p->B);
+            else
+                st = attn_bwd_launch<128>(ctx, d, (int)p->B);
+            break;
+        }
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes);

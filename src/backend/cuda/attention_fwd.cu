@@ -5,8 +5,10 @@
  * (tile skipping for causal, window and packed rows). It does not use Hopper's wgmma/TMA yet. */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Tuning constants: BN = 64 keys per tile; the query rows per CTA (warps x 16 x MT) are picked per
@@ -372,6 +374,193 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Hopper forward (dev/cuda/NOTES.md, v5): one warpgroup per CTA owns 64 query rows (warp w rows
+ * 16w..16w+15), S = Q·Kᵀ and O += P·V on warpgroup MMAs with Q, K and V in shared memory in the
+ * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
+ * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
+ * other's MMAs. D = 128 only. */
+template <int R, int D, int NT>
+static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
+                                                   int t0, int T, int tid) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int it = 0; it < R * CH / NT; it++) {
+        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
+        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
+    }
+}
+
+template <int D>
+static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + 2 * TILE;
+
+    const int T = p.T;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q0 = qb * BM, qlast = min(q0 + BM, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+    const int kb_begin = lo[q0] / BN, kb_end = qlast / BN;
+    const int lo_last = lo[qlast];
+
+    const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    fwd_wg_load<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
+    fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_cp_async_commit();
+
+    int row[2], rlo[2];
+    row[0] = q0 + 16 * warp + (lane >> 2);
+    row[1] = row[0] + 8;
+    rlo[0] = lo[min(row[0], T - 1)];
+    rlo[1] = lo[min(row[1], T - 1)];
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
+    const uint32_t aQ = lt_smem_addr(sQ);
+
+    float o[NH][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
+
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = (kb - kb_begin) & 1;
+        lt_cp_async_wait<0>();
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (kb < kb_end) {
+            fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_cp_async_commit();
+        }
+        const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
+        const int k0 = kb * BN;
+        float s[32];
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                              lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x;
+                if (cap > 0.0f) x = cap * tanhf(s[4 * j + e] * scale * inv_cap) * LOG2E_F;
+                else x = s[4 * j + e] * sl2;
+                if (!full) {
+                    const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                    if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
+                }
+                s[4 * j + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            const float mn = fmaxf(m[hr], mx[hr]);
+            /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            const float al = exp2f(m[hr] - mu);
+            m[hr] = mn;
+            float rs = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s[4 * j + 2 * hr] = exp2f(s[4 * j + 2 * hr] - mu);
+                s[4 * j + 2 * hr + 1] = exp2f(s[4 * j + 2 * hr + 1] - mu);
+                rs += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
+            }
+            l[hr] = l[hr] * al + rs;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    o[n][4 * j + 2 * hr] *= al;
+                    o[n][4 * j + 2 * hr + 1] *= al;
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+        }
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc(aV + n * (BN * 128) + kk * 2048), 1);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+    }
+
+    __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
+    const int c = 2 * (lane & 3);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const float il = 1.0f / lt;
+        const int r = row[hr];
+        if (r < T) {
+            __nv_bfloat16 *dst = go + (int64_t)r * p.o_st;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    *(uint32_t *)(dst + 64 * n + 8 * j + c) =
+                        lt_pack_bf16(o[n][4 * j + 2 * hr] * il, o[n][4 * j + 2 * hr + 1] * il);
+            if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * LN2_F;
+        }
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+static int attn_fwd_have_wgmma(void) {
+    static int have = -1;
+    if (have < 0) {
+        int dev = 0, major = 0, minor = 0;
+        have = cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+               major == 9 && minor == 0;
+        (void)cudaGetLastError();
+    }
+    return have;
+}
+
+template <int D> static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    const size_t smem = (size_t)5 * 64 * D * 2 + 1024;
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "attention forward: shared memory size"));
+    dim3 grid((unsigned)((d.T + 63) / 64), (unsigned)d.H, (unsigned)B);
+    attn_fwd_wg_kernel<D><<<grid, 128, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
+}
+
 /* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS).
  * Per head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
  * D=128 (4, 2, no): 250 TFLOP/s at T=8k against 167 for (8, 1, yes); (4, 2, yes) spills.
@@ -402,7 +591,14 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         switch (p->D) {
         case 64: st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B); break;
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
-        default: st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B); break;
+        default: {
+            const char *v = getenv("LONGTUNE_ATTN_FWD");
+            if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
+                st = attn_fwd_wg_launch<128>(ctx, d, (int)p->B);
+            else
+                st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
+            break;
+        }
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes); /* cudaFree waits for the kernel */
