@@ -46,6 +46,20 @@ template <int D> static __global__ void attn_bwd_convert_dq(lt_attn_dev p, int B
         lt_pack_bf16(v.x * p.scale, v.y * p.scale);
 }
 
+/* dK, dV from the fp32 sums of split CTAs (lt_attn_dev.dkv_acc, contiguous (B, T, Hkv, D) each). */
+template <int D> static __global__ void attn_bwd_convert_dkv(lt_attn_dev p, int B) {
+    int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    const int64_t n = (int64_t)B * p.T * p.Hkv * D;
+    if (i >= n) return;
+    const int d = (int)(i % D);
+    const int64_t r = i / D;
+    const int h = (int)(r % p.Hkv), t = (int)((r / p.Hkv) % p.T), b = (int)(r / ((int64_t)p.Hkv * p.T));
+    const float2 k = *(const float2 *)(p.dkv_acc + i), v = *(const float2 *)(p.dkv_acc + n + i);
+    const int64_t o = b * p.kv_sb + (int64_t)t * p.kv_st + h * p.kv_sh + d;
+    *(uint32_t *)(p.dk + o) = lt_pack_bf16(k.x * p.scale, k.y * p.scale);
+    *(uint32_t *)(p.dv + o) = lt_pack_bf16(v.x, v.y);
+}
+
 template <int D, int NW>
 static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g,
                                                      int64_t st, int t0, int rows, int T, int tid) {
@@ -350,7 +364,8 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
 
-    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y / p.nsplit, b = blockIdx.z;
+    const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.y % p.nsplit) * heads;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
@@ -361,14 +376,14 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     }
     const int q_end = a0;
     const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
-    const int steps = nqb * p.group;
+    const int steps = nqb * heads;
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
     wg_load_tile<BN, D, 256>(sK, gk, p.kv_st, k0, T, tid);
     wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
-        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
         wg_load_tile<BM, D, 256>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
         wg_load_tile<BM, D, 256>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
         if (tid < BM) {
@@ -395,7 +410,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
 
     for (int step = 0; step < steps; step++) {
         const int buf = step & 1;
-        const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
         lt_cp_async_wait<0>();
         lt_fence_proxy_async();
         __syncthreads();
@@ -411,48 +426,91 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         uint32_t pa[4][4], da[4][4];
         if (!skip) {
             float s[32], dp[32];
+            lt_wgmma_pin(s);
+            lt_wgmma_pin(dp);
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
                 lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
                                   lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
                 lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
                                   lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
-            lt_wgmma_wait<0>();
+            /* P from S while dPᵀ is still being computed (softcap needs both at once: wait). */
             const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
+            if (cap > 0.0f) {
+                lt_wgmma_wait<0>();
+                lt_wgmma_pin(s);
+                lt_wgmma_pin(dp);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+                    const int2 LO = *(const int2 *)(cLo + qc);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                        float pr = exp2f((cap * th) * LOG2E_F - ((e & 1) ? L.y : L.x) * LOG2E_F);
+                        if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                        /* dS here; the loop below then takes dp as it is. */
+                        dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * (1.0f - th * th);
+                        s[4 * j + e] = pr;
+                    }
+                }
+            } else {
+                lt_wgmma_wait<1>();
+                lt_wgmma_pin(s);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    const float2 L = *(const float2 *)(cL + qc);
+                    const int2 LO = *(const int2 *)(cLo + qc);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                        float pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LOG2E_F));
+                        if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                        s[4 * j + e] = pr;
+                    }
+                }
+                lt_wgmma_wait<0>();
+                lt_wgmma_pin(dp);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float2 Dl = *(const float2 *)(cD + 8 * j + 2 * (lane & 3));
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int qc = 8 * j + 2 * (lane & 3);
-                const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
-                const int2 LO = *(const int2 *)(cLo + qc);
-                float pv[4], sv[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                    float x = s[4 * j + e], dfac = 1.0f, pr;
-                    const float lq = (e & 1) ? L.y : L.x, dq = (e & 1) ? Dl.y : Dl.x;
-                    if (cap > 0.0f) {
-                        const float th = tanhf(x * scale * inv_cap);
-                        dfac = 1.0f - th * th;
-                        pr = exp2f((cap * th) * LOG2E_F - lq * LOG2E_F);
-                    } else {
-                        pr = exp2f(fmaf(x, sl2, -lq * LOG2E_F));
-                    }
-                    if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
-                    pv[e] = pr;
-                    sv[e] = pr * (dp[4 * j + e] - dq) * dfac;
-                }
-                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(pv[0], pv[1]);
-                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(pv[2], pv[3]);
-                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
-                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
+                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
+                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
                 *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
                 *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
             }
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
+#pragma unroll
+            for (int n = 0; n < NH; n++) {
+                lt_wgmma_pin(dv[n]);
+                lt_wgmma_pin(dk[n]);
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                lt_wgmma_pin_u(pa[kk]);
+                lt_wgmma_pin_u(da[kk]);
+            }
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
@@ -479,6 +537,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         /* dQ (64 queries x this warpgroup's 64 columns) = dS·K over the CTA's 128 keys. */
         if (!(k0 > q0 + BM - 1 || klast < cLo[0])) {
             float acc[32];
+            lt_wgmma_pin(acc);
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
@@ -486,6 +545,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                                   lt_wgmma_desc(aK + wg * (BN * 128) + kk * 2048), kk > 0);
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
+            lt_wgmma_pin(acc);
             const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
             const int c = 64 * wg + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
@@ -500,7 +560,31 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         }
     }
     lt_wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NH; n++) {
+        lt_wgmma_pin(dv[n]);
+        lt_wgmma_pin(dk[n]);
+    }
 
+    if (p.dkv_acc) {
+        /* Split heads: several CTAs add their partial sums (fp32, converted afterwards). */
+        const int64_t plane = (int64_t)gridDim.z * T * p.Hkv * D;
+        float *ak = p.dkv_acc + (((int64_t)b * T) * p.Hkv + hk) * D, *av = ak + plane;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int key = k0 + krow + 8 * hr;
+            if (key >= T) continue;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int64_t o = (int64_t)key * p.Hkv * D + 64 * n + 8 * j + 2 * (lane & 3);
+                    atomicAdd((float2 *)(ak + o), make_float2(dk[n][4 * j + 2 * hr], dk[n][4 * j + 2 * hr + 1]));
+                    atomicAdd((float2 *)(av + o), make_float2(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]));
+                }
+        }
+        return;
+    }
     __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
     __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
 #pragma unroll
@@ -538,6 +622,12 @@ static int attn_bwd_have_wgmma(void) {
     return have;
 }
 
+/* Kernel choice for D = 128 (experiments: LONGTUNE_ATTN_BWD=wg|mma). */
+static int attn_bwd_use_wg(void) {
+    const char *v = getenv("LONGTUNE_ATTN_BWD");
+    return v && !strcmp(v, "wg") && attn_bwd_have_wgmma();
+}
+
 template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int BN = 128, BM = 64;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
@@ -548,9 +638,14 @@ template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_
                          cudaFuncSetAttribute(attn_bwd_wg_kernel<D>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
+    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)(d.Hkv * d.nsplit), (unsigned)B);
     attn_bwd_wg_kernel<D><<<grid, 256, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
+    if (d.dkv_acc) {
+        const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
+        attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256>>>(d, B);
+        LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
+    }
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
@@ -602,15 +697,23 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4;
         d.dq_acc = (float *)w;
         d.delta = (float *)(w + lt_cuda_align(acc_bytes));
+        d.nsplit = 1;
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
+        const int split = lt_attn_cuda_bwd_split(p);
+        if (st == LT_OK && split > 1 && p->D == 128 && attn_bwd_use_wg()) {
+            const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
+            d.nsplit = split;
+            d.dkv_acc = (float *)(w + lt_cuda_align(acc_bytes) +
+                                  lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4));
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes), "attention backward: memset");
+        }
     }
     if (st == LT_OK) {
         switch (p->D) {
         case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default: {
-            const char *v = getenv("LONGTUNE_ATTN_BWD");
-            if (v && !strcmp(v, "wg") && attn_bwd_have_wgmma())
+            if (attn_bwd_use_wg())
                 st = attn_bwd_wg_launch<128>(ctx, d, (int)p->B);
             else
                 st = attn_bwd_launch<128>(ctx, d, (int)p->B);

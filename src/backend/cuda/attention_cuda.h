@@ -28,12 +28,19 @@ struct lt_attn_dev {
     __nv_bfloat16 *dq, *dk, *dv;
     float *dq_acc;          /* (B, T, H, D) fp32, contiguous */
     float *delta;           /* (B, H, T): rowsum(dO * O) */
+    float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
+    int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
     const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
     int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
     int T, H, Hkv, group;
     float scale;            /* softmax scale */
     float softcap;          /* 0 = off */
 };
+
+/* Backward: how many CTAs share the query heads of one (key block, kv head), so that short rows
+ * still fill the GPU; > 1 adds the fp32 dK/dV sums to the workspace. A function of the shape only,
+ * so that lt_attention_cuda_workspace_bytes is exact. */
+int lt_attn_cuda_bwd_split(const lt_attention_params *p);
 
 /* Fills the common part of the parameter block, builds the key bounds into the workspace and
  * returns the first unused workspace byte offset in *used. */

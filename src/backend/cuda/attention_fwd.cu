@@ -44,6 +44,21 @@ static size_t offsets_bytes(const lt_attention_params *p) {
     return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
 }
 
+int lt_attn_cuda_bwd_split(const lt_attention_params *p) {
+    const int64_t group = p->Hkv > 0 ? p->H / p->Hkv : 1;
+    const int64_t ctas = p->B * p->Hkv * ((p->T + 127) / 128);
+    int split = 1;
+    /* Fewer CTAs than two per SM of an H200 (132): the first key blocks of a causal row carry
+     * most of the work, so one wave of them leaves SMs idle. */
+    while (split < 4 && group % (2 * split) == 0 && ctas * split < 264) split *= 2;
+    const char *e = getenv("LONGTUNE_ATTN_SPLIT"); /* experiments (dev/cuda/NOTES.md) */
+    if (e) {
+        int v = atoi(e);
+        if (v >= 1 && v <= group && group % v == 0) split = v;
+    }
+    return split;
+}
+
 extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
                                                     int threads) {
     (void)threads;
@@ -51,6 +66,8 @@ extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p
     if (backward) {
         n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
         n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
+        if (lt_attn_cuda_bwd_split(p) > 1)
+            n += lt_cuda_align((size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4);
     }
     return n;
 }
@@ -446,6 +463,7 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
         const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
         const int k0 = kb * BN;
         float s[32];
+        lt_wgmma_pin(s);
         lt_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
@@ -453,6 +471,7 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
                               lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -501,6 +520,10 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
             pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
             pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
         }
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) lt_wgmma_pin_u(pa[kk]);
         lt_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
@@ -509,6 +532,8 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
                 lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc(aV + n * (BN * 128) + kk * 2048), 1);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
     }
 
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;

@@ -59,6 +59,18 @@ static __device__ __forceinline__ void lt_fence_proxy_async(void) {
 #endif
 }
 
+/* Pins accumulator registers in program order around the asynchronous MMAs: the compiler sees a
+ * write of every register here, so it cannot move a read of the accumulator above a wait_group or
+ * a write of it below an issue (CUTLASS's warpgroup_fence_operand). Emits no instruction. */
+static __device__ __forceinline__ void lt_wgmma_pin(float d[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+static __device__ __forceinline__ void lt_wgmma_pin_u(uint32_t a[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[i])::"memory");
+}
+
 #define LT_WG_D32                                                                                  \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
