@@ -201,6 +201,7 @@ int main(int argc, char **argv) {
         bench_attention(ctx, 8192, 32, 8, 96, 0, reps);
     }
     if (!strcmp(what, "attn8k")) bench_attention(ctx, 8192, 32, 8, 128, 0, reps);
+    if (!strcmp(what, "d64")) bench_attention(ctx, 8192, 32, 32, 64, 0, reps);
     /* The D = 128 rows and the packed row: what the kernel variants change. */
     if (!strcmp(what, "d128")) {
         const int64_t Ts[3] = {2048, 8192, 32768};

@@ -29,6 +29,8 @@ bench_cfg d128 wg wg
 bench_cfg d128 mma wg
 bench_cfg d128 wg wg 1
 bench_cfg d128 wg wg 2
+bench_cfg d64 mma mma
+bench_cfg d64 wg wg
 t "cli fwd=wg bwd=wg (T=8192, D=64 row, packed row)"
 env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 40 bin/longtune bench attention --backend cuda --no-peers \
   --T 8192 --repeats 10 --out "$OUT" 2>&1 | tail -3

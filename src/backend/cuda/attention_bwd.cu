@@ -332,7 +332,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
  * and columns 64g..64g+63 of dQ = dS·K. K, V, Q, dO stay in shared memory in the 128-byte swizzle
  * (wgmma reads them there, so no fragment lives in registers); Pᵀ and dSᵀ go from the score
  * accumulators straight into A fragments in registers; dSᵀ also goes to shared memory once for dQ.
- * dQ is added to the fp32 buffer with 2-wide vector atomics. D = 128 only. */
+ * dQ is added to the fp32 buffer with 2-wide vector atomics. D = 64 or 128. */
 template <int N>
 static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
@@ -534,20 +534,29 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         lt_fence_proxy_async();
         __syncthreads();
 
-        /* dQ (64 queries x this warpgroup's 64 columns) = dS·K over the CTA's 128 keys. */
-        if (!(k0 > q0 + BM - 1 || klast < cLo[0])) {
+        /* dQ = dS·K. D = 128: warpgroup g computes columns 64g..64g+63 over the CTA's 128 keys;
+         * D = 64: warpgroup g adds the part of its own 64 keys (both add into dq_acc). */
+        const bool dq_skip = D == 128 ? (k0 > q0 + BM - 1 || klast < cLo[0]) : skip;
+        if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
             lt_wgmma_fence();
+            if (D == 128) {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
-                                  lt_wgmma_desc(aK + wg * (BN * 128) + kk * 2048), kk > 0);
+                for (int kk = 0; kk < BN / 16; kk++)
+                    lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
+                                      lt_wgmma_desc(aK + wg * (BN * 128) + kk * 2048), kk > 0);
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + wg * 8192 + kk * 2048),
+                                      lt_wgmma_desc(aK + wg * 8192 + kk * 2048), kk > 0);
+            }
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
             const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
-            const int c = 64 * wg + 2 * (lane & 3);
+            const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
 #pragma unroll
@@ -700,7 +709,7 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         d.nsplit = 1;
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
         const int split = lt_attn_cuda_bwd_split(p);
-        if (st == LT_OK && split > 1 && p->D == 128 && attn_bwd_use_wg()) {
+        if (st == LT_OK && split > 1 && (p->D == 128 || p->D == 64) && attn_bwd_use_wg()) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
             d.nsplit = split;
             d.dkv_acc = (float *)(w + lt_cuda_align(acc_bytes) +
@@ -710,7 +719,10 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     }
     if (st == LT_OK) {
         switch (p->D) {
-        case 64: st = attn_bwd_launch<64>(ctx, d, (int)p->B); break;
+        case 64:
+            st = attn_bwd_use_wg() ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B)
+                                   : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default: {
             if (attn_bwd_use_wg())

@@ -396,7 +396,7 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
  * 16w..16w+15), S = Q·Kᵀ and O += P·V on warpgroup MMAs with Q, K and V in shared memory in the
  * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
  * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
- * other's MMAs. D = 128 only. */
+ * other's MMAs. D = 64 or 128. */
 template <int R, int D, int NT>
 static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
                                                    int t0, int T, int tid) {
@@ -614,7 +614,14 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
     if (st == LT_OK) {
         switch (p->D) {
-        case 64: st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B); break;
+        case 64: {
+            const char *v = getenv("LONGTUNE_ATTN_FWD");
+            if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
+                st = attn_fwd_wg_launch<64>(ctx, d, (int)p->B);
+            else
+                st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
+            break;
+        }
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
         default: {
             const char *v = getenv("LONGTUNE_ATTN_FWD");
