@@ -23,14 +23,17 @@ bench_cfg() { # what fwd bwd split
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 t probe; timeout 20 bin/wgmma_probe; echo "rc=$?"
 test_cfg wg wg
+test_cfg wg2 mma
 test_cfg mma wg 1
 bench_cfg d128 mma mma
 bench_cfg d128 wg wg
+bench_cfg d128 wg2 wg
 bench_cfg d128 mma wg
 bench_cfg d128 wg wg 1
 bench_cfg d128 wg wg 2
 bench_cfg d64 mma mma
 bench_cfg d64 wg wg
+bench_cfg d64 wg2 wg
 t "cli fwd=wg bwd=wg (T=8192, D=64 row, packed row)"
 env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 40 bin/longtune bench attention --backend cuda --no-peers \
   --T 8192 --repeats 10 --out "$OUT" 2>&1 | tail -3

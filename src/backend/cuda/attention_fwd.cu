@@ -409,7 +409,7 @@ static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_
     }
 }
 
-template <int D>
+template <int D, bool PIPE>
 static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -433,6 +433,10 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
     fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
     fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
+    if (PIPE && kb_begin < kb_end) {
+        fwd_wg_load<BN, D, 128>(sK + TILE, gk, p.kv_st, (kb_begin + 1) * BN, T, tid);
+        lt_cp_async_commit();
+    }
 
     int row[2], rlo[2];
     row[0] = q0 + 16 * warp + (lane >> 2);
@@ -450,21 +454,17 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
 #pragma unroll
         for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
 
-    for (int kb = kb_begin; kb <= kb_end; kb++) {
-        const int buf = (kb - kb_begin) & 1;
+    /* PIPE: S of the next tile is issued before the softmax of this one, so the tensor cores work
+     * while the softmax runs (FlashAttention-3's intra-warpgroup overlap). K tile j and V tile j
+     * sit in slot j & 1; at tile i the loads of K(i+2) and V(i+1) are in flight. */
+    float s[32], sn[32];
+    if (PIPE) {
         lt_cp_async_wait<0>();
         lt_fence_proxy_async();
         __syncthreads();
-        if (kb < kb_end) {
-            fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-            fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
-            lt_cp_async_commit();
-        }
-        const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
-        const int k0 = kb * BN;
-        float s[32];
         lt_wgmma_pin(s);
         lt_wgmma_fence();
+        const uint32_t aK = lt_smem_addr(sK);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
             lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
@@ -472,6 +472,51 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
         lt_wgmma_pin(s);
+    }
+
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = (kb - kb_begin) & 1;
+        const int k0 = kb * BN;
+        const uint32_t aV = lt_smem_addr(sV + buf * TILE);
+        if (PIPE) {
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+            if (kb + 2 <= kb_end)
+                fwd_wg_load<BN, D, 128>(sK + buf * TILE, gk, p.kv_st, (kb + 2) * BN, T, tid);
+            if (kb + 1 <= kb_end)
+                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_cp_async_commit();
+            if (kb + 1 <= kb_end) {
+                const uint32_t aKn = lt_smem_addr(sK + (buf ^ 1) * TILE);
+                lt_wgmma_pin(sn);
+                lt_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++)
+                    lt_wgmma_ss<0, 0>(sn, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                      lt_wgmma_desc(aKn + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+                lt_wgmma_commit();
+            }
+        } else {
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+            if (kb < kb_end) {
+                fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_cp_async_commit();
+            }
+            const uint32_t aK = lt_smem_addr(sK + buf * TILE);
+            lt_wgmma_pin(s);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
+        }
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -534,6 +579,11 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
         lt_wgmma_wait<0>();
 #pragma unroll
         for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+        if (PIPE) {
+            lt_wgmma_pin(sn);
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i] = sn[i];
+        }
     }
 
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
@@ -575,14 +625,15 @@ static int attn_fwd_have_wgmma(void) {
     return have;
 }
 
-template <int D> static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool PIPE>
+static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     const size_t smem = (size_t)5 * 64 * D * 2 + 1024;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D>,
+                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D, PIPE>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)((d.T + 63) / 64), (unsigned)d.H, (unsigned)B);
-    attn_fwd_wg_kernel<D><<<grid, 128, smem>>>(d);
+    attn_fwd_wg_kernel<D, PIPE><<<grid, 128, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -617,7 +668,9 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         case 64: {
             const char *v = getenv("LONGTUNE_ATTN_FWD");
             if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<64>(ctx, d, (int)p->B);
+                st = attn_fwd_wg_launch<64, false>(ctx, d, (int)p->B);
+            else if (v && !strcmp(v, "wg2") && attn_fwd_have_wgmma())
+                st = attn_fwd_wg_launch<64, true>(ctx, d, (int)p->B);
             else
                 st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
             break;
@@ -626,7 +679,9 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         default: {
             const char *v = getenv("LONGTUNE_ATTN_FWD");
             if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<128>(ctx, d, (int)p->B);
+                st = attn_fwd_wg_launch<128, false>(ctx, d, (int)p->B);
+            else if (v && !strcmp(v, "wg2") && attn_fwd_have_wgmma())
+                st = attn_fwd_wg_launch<128, true>(ctx, d, (int)p->B);
             else
                 st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
             break;
