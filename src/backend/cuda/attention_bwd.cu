@@ -14,24 +14,32 @@
 
 #define LOG2E_F 1.4426950408889634f
 
-/* delta[b,h,t] = Σ_d dO·O, one warp per (b, t, h) row; also zeroes nothing (dq_acc is memset). */
+/* delta[b,h,t] = Σ_d dO·O: 16 lanes per (b, t, h) row, 16-byte loads (a memory-bound pass over
+ * out and dout; dq_acc is zeroed by cudaMemsetAsync, not here). */
 template <int D> static __global__ void attn_bwd_delta(lt_attn_dev p, int B) {
-    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int64_t n = (int64_t)B * p.T * p.H;
-    if (row >= n) return;
-    int h = (int)(row % p.H), t = (int)((row / p.H) % p.T), b = (int)(row / ((int64_t)p.H * p.T));
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
+    const int sub = threadIdx.x & 15;
+    const int64_t n = (int64_t)B * p.T * p.H;
+    const bool live = row < n;
+    const int64_t rr = live ? row : 0;
+    const int h = (int)(rr % p.H), t = (int)((rr / p.H) % p.T), b = (int)(rr / ((int64_t)p.H * p.T));
     const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
     const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
     float acc = 0.0f;
-    for (int d = lane * 2; d < D; d += 64) {
-        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(o + d));
-        float2 c = __bfloat1622float2(*(const __nv_bfloat162 *)(g + d));
-        acc += a.x * c.x + a.y * c.y;
+#pragma unroll
+    for (int d = sub * 8; d < D; d += 128) {
+        if (!live) break;
+        const uint4 a = *(const uint4 *)(o + d), c = *(const uint4 *)(g + d);
+        const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *c2 = (const __nv_bfloat162 *)&c;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(c2[k]);
+            acc += x.x * y.x + x.y * y.y;
+        }
     }
 #pragma unroll
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0) p.delta[((int64_t)b * p.H + h) * p.T + t] = acc;
+    for (int s = 8; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (live && sub == 0) p.delta[((int64_t)b * p.H + h) * p.T + t] = acc;
 }
 
 template <int D> static __global__ void attn_bwd_convert_dq(lt_attn_dev p, int B) {
@@ -641,7 +649,7 @@ template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_
     constexpr int BN = 128, BM = 64;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
     const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
+    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
                          cudaFuncSetAttribute(attn_bwd_wg_kernel<D>,
@@ -665,7 +673,7 @@ template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
                         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
     const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 32 + 255) / 256), 256>>>(d, B);
+    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
                          cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
