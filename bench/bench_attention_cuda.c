@@ -175,6 +175,10 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddStringToObject(cfg, "dtype", "bf16");
     cJSON_AddStringToObject(cfg, "mask", "causal");
     cJSON_AddNumberToObject(cfg, "repeats", c->repeats);
+    /* Kernel overrides in effect (src/backend/cuda: LONGTUNE_ATTN_FWD / _BWD), for provenance. */
+    const char *kf = getenv("LONGTUNE_ATTN_FWD"), *kb = getenv("LONGTUNE_ATTN_BWD");
+    cJSON_AddStringToObject(cfg, "kernel_fwd", kf ? kf : "default");
+    cJSON_AddStringToObject(cfg, "kernel_bwd", kb ? kb : "default");
     cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *pl = peers ? lt_bench_run_peers("bench/peers/attention_sdpa.py", "10") : cJSON_CreateArray();

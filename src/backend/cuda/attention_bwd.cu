@@ -639,10 +639,15 @@ static int attn_bwd_have_wgmma(void) {
     return have;
 }
 
-/* Kernel choice for D = 128 (experiments: LONGTUNE_ATTN_BWD=wg|mma). */
+/* Backward kernel for D = 64 / 128: wgmma where the sm_90a code runs, else mma.sync.
+ * LONGTUNE_ATTN_BWD=mma|wg overrides the default for measurements (dev/cuda/NOTES.md). */
+#define LT_ATTN_BWD_DEFAULT_WG 0
 static int attn_bwd_use_wg(void) {
     const char *v = getenv("LONGTUNE_ATTN_BWD");
-    return v && !strcmp(v, "wg") && attn_bwd_have_wgmma();
+    int want = LT_ATTN_BWD_DEFAULT_WG;
+    if (v && !strcmp(v, "mma")) want = 0;
+    if (v && !strcmp(v, "wg")) want = 1;
+    return want && attn_bwd_have_wgmma();
 }
 
 template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {

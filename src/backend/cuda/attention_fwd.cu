@@ -625,6 +625,19 @@ static int attn_fwd_have_wgmma(void) {
     return have;
 }
 
+/* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma, 2 = wgmma with the next
+ * tile's S overlapping the softmax. The wgmma kernels need compute capability 9.0 (sm_90a code).
+ * LONGTUNE_ATTN_FWD=mma|wg|wg2 overrides the default for measurements (dev/cuda/NOTES.md). */
+#define LT_ATTN_FWD_DEFAULT 0
+static int attn_fwd_variant(void) {
+    const char *v = getenv("LONGTUNE_ATTN_FWD");
+    int want = LT_ATTN_FWD_DEFAULT;
+    if (v && !strcmp(v, "mma")) want = 0;
+    if (v && !strcmp(v, "wg")) want = 1;
+    if (v && !strcmp(v, "wg2")) want = 2;
+    return want && attn_fwd_have_wgmma() ? want : 0;
+}
+
 template <int D, bool PIPE>
 static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     const size_t smem = (size_t)5 * 64 * D * 2 + 1024;
@@ -666,24 +679,18 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     if (st == LT_OK) {
         switch (p->D) {
         case 64: {
-            const char *v = getenv("LONGTUNE_ATTN_FWD");
-            if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<64, false>(ctx, d, (int)p->B);
-            else if (v && !strcmp(v, "wg2") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<64, true>(ctx, d, (int)p->B);
-            else
-                st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
+            const int v = attn_fwd_variant();
+            st = v == 2 ? attn_fwd_wg_launch<64, true>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<64, false>(ctx, d, (int)p->B)
+                        : attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
             break;
         }
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
         default: {
-            const char *v = getenv("LONGTUNE_ATTN_FWD");
-            if (v && !strcmp(v, "wg") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<128, false>(ctx, d, (int)p->B);
-            else if (v && !strcmp(v, "wg2") && attn_fwd_have_wgmma())
-                st = attn_fwd_wg_launch<128, true>(ctx, d, (int)p->B);
-            else
-                st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
+            const int v = attn_fwd_variant();
+            st = v == 2 ? attn_fwd_wg_launch<128, true>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<128, false>(ctx, d, (int)p->B)
+                        : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
             break;
         }
         }
