@@ -25,11 +25,15 @@ t probe; timeout 10 bin/wgmma_probe; echo "rc=$?"
 test_cfg wg wg
 test_cfg wg2 mma
 test_cfg mma wg 1
+test_cfg mma mma
 bench_cfg d128 mma mma
 bench_cfg d128 wg wg
 bench_cfg d128 wg2 wg
 bench_cfg d128 wg wg 1
 bench_cfg d128 wg wg 2
+for ab in 1 2 4 6; do t "ablate $ab (wrong results; timing only)"
+  env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg LONGTUNE_ATTN_ABLATE=$ab timeout 10 bin/bench_kernels attn8k 10 \
+    | sed "s/^{/{\"ablate\":$ab,/" | tee -a "$OUT/bench.jsonl"; done
 bench_cfg d64 mma mma
 bench_cfg d64 wg wg
 bench_cfg d64 wg2 wg
@@ -44,7 +48,6 @@ env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 20 bin/longtune bench atte
   --T 8192 --repeats 10 --out "$OUT" 2>&1 | tail -4
 t memcheck
 LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 30 compute-sanitizer --tool memcheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -4
-test_cfg mma mma
 test_cfg mma wg 2
 t racecheck
 LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 30 compute-sanitizer --tool racecheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -4

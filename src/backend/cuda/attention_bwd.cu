@@ -519,6 +519,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 lt_wgmma_pin_u(pa[kk]);
                 lt_wgmma_pin_u(da[kk]);
             }
+            if (!(p.ablate & 4)) {
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
@@ -531,6 +532,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 for (int n = 0; n < NH; n++)
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -544,7 +546,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
 
         /* dQ = dS·K. D = 128: warpgroup g computes columns 64g..64g+63 over the CTA's 128 keys;
          * D = 64: warpgroup g adds the part of its own 64 keys (both add into dq_acc). */
-        const bool dq_skip = D == 128 ? (k0 > q0 + BM - 1 || klast < cLo[0]) : skip;
+        const bool dq_skip = (D == 128 ? (k0 > q0 + BM - 1 || klast < cLo[0]) : skip) || (p.ablate & 2);
         if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
@@ -567,6 +569,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
+            if (!(p.ablate & 1))
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
@@ -720,6 +723,8 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         d.dq_acc = (float *)w;
         d.delta = (float *)(w + lt_cuda_align(acc_bytes));
         d.nsplit = 1;
+        const char *ab = getenv("LONGTUNE_ATTN_ABLATE"); /* timing experiments only */
+        d.ablate = ab ? atoi(ab) : 0;
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
         const int split = lt_attn_cuda_bwd_split(p);
         if (st == LT_OK && split > 1 && (p->D == 128 || p->D == 64) && attn_bwd_use_wg()) {
