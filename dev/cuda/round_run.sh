@@ -25,10 +25,12 @@ t probe; timeout 10 bin/wgmma_probe; echo "rc=$?"
 test_cfg wg wg
 test_cfg wg2 mma
 test_cfg mma wg 1
+test_cfg mma wgb
 test_cfg mma mma
 bench_cfg d128 mma mma
 bench_cfg d128 wg wg
 bench_cfg d128 wg2 wg
+bench_cfg d128 wg2 wgb
 bench_cfg d128 wg wg 1
 bench_cfg d128 wg wg 2
 for ab in 1 2 4 6; do t "ablate $ab (wrong results; timing only)"

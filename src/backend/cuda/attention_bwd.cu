@@ -359,7 +359,25 @@ static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv
     }
 }
 
-template <int D>
+/* dQ through the copy engine: each row of a warpgroup's 64 x 64 fp32 dQ block goes from a shared
+ * staging tile to dq_acc with one bulk reduce-add (256 bytes), instead of 16 vector atomics per
+ * thread. */
+#if LT_WGMMA_OK
+static __device__ __forceinline__ void bwd_bulk_add_f32(float *g, const float *s, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(g),
+                 "r"(lt_smem_addr(s)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+static __device__ __forceinline__ void bwd_bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+static __device__ __forceinline__ void bwd_bulk_wait(void) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+#endif
+
+template <int D, bool DQB>
 static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BN = 128, BM = 64, KS = D / 16, NH = D / 64;
@@ -371,6 +389,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     float *sL = (float *)(sDS + BN * BM * 2);
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
+    float *sDQ = (float *)(sLo + 2 * BM); /* DQB: [warpgroup][64 rows][72] fp32 staging */
 
     const int T = p.T, kb = blockIdx.x, hk = blockIdx.y / p.nsplit, b = blockIdx.z;
     const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.y % p.nsplit) * heads;
@@ -421,6 +440,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
         lt_cp_async_wait<0>();
         lt_fence_proxy_async();
+        if (DQB) bwd_bulk_wait_read(); /* the staging tile is read out before it is rewritten */
         __syncthreads();
         if (step + 1 < steps) {
             load_step(step + 1, buf ^ 1);
@@ -569,7 +589,21 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
-            if (!(p.ablate & 1))
+            if (DQB) {
+                float *st = sDQ + wg * (64 * 72);
+                const int rr = 16 * warp + (lane >> 2), cc = 2 * (lane & 3);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    *(float2 *)(st + rr * 72 + 8 * j + cc) = make_float2(acc[4 * j], acc[4 * j + 1]);
+                    *(float2 *)(st + (rr + 8) * 72 + 8 * j + cc) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+                }
+                lt_fence_proxy_async();
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+                const int wt = tid & 127;
+                if (wt < 64 && q0 + wt < T && !(p.ablate & 1))
+                    bwd_bulk_add_f32(p.dq_acc + (((int64_t)b * T + q0 + wt) * p.H + h) * D + (D == 128 ? 64 * wg : 0),
+                                     st + wt * 72, 256);
+            } else if (!(p.ablate & 1))
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
@@ -580,6 +614,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         }
     }
     lt_wgmma_wait<0>();
+    if (DQB) bwd_bulk_wait();
 #pragma unroll
     for (int n = 0; n < NH; n++) {
         lt_wgmma_pin(dv[n]);
@@ -650,21 +685,24 @@ static int attn_bwd_use_wg(void) {
     int want = LT_ATTN_BWD_DEFAULT_WG;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
-    return want && attn_bwd_have_wgmma();
+    if (v && !strcmp(v, "wgb")) want = 2; /* dQ by bulk reduce-add instead of atomics */
+    return want && attn_bwd_have_wgmma() ? want : 0;
 }
 
-template <int D> static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool DQB>
+static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int BN = 128, BM = 64;
-    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024 +
+                        (DQB ? (size_t)2 * 64 * 72 * 4 : 0);
     const int64_t rows = (int64_t)B * d.T * d.H;
     attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D>,
+                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, DQB>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)(d.Hkv * d.nsplit), (unsigned)B);
-    attn_bwd_wg_kernel<D><<<grid, 256, smem>>>(d);
+    attn_bwd_wg_kernel<D, DQB><<<grid, 256, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
@@ -738,13 +776,16 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = attn_bwd_use_wg() ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B)
+            st = attn_bwd_use_wg() == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
+               : attn_bwd_use_wg() ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
                                    : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default: {
-            if (attn_bwd_use_wg())
-                st = attn_bwd_wg_launch<128>(ctx, d, (int)p->B);
+            if (attn_bwd_use_wg() == 2)
+                st = attn_bwd_wg_launch<128, true>(ctx, d, (int)p->B);
+            else if (attn_bwd_use_wg())
+                st = attn_bwd_wg_launch<128, false>(ctx, d, (int)p->B);
             else
                 st = attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
