@@ -14,8 +14,10 @@ nvcc -gencode arch=compute_90a,code=sm_90a -O3 -Iinclude -Isrc -DLT_HAVE_CUDA=1 
 rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cp build/test_cuda_attention build/bench_kernels build/wgmma_probe build/longtune "$DEST/bin/"
 strip "$DEST"/bin/* 2>/dev/null || true
-cp bench/peers/attention_sdpa.py dev/cuda/round_run.sh "$DEST/"
-mv "$DEST/round_run.sh" "$DEST/run.sh"
+mkdir -p "$DEST/bench/peers"
+cp bench/peers/attention_sdpa.py "$DEST/bench/peers/"
+cp bench/peers/attention_sdpa.py "$DEST/"
+cp dev/cuda/round_run.sh "$DEST/run.sh"
 c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"
 echo "${1:-150}" > "$DEST/seconds"
 du -sh "$DEST"

@@ -21,37 +21,27 @@ bench_cfg() { # what fwd bwd split
 }
 {
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-t probe; timeout 10 bin/wgmma_probe; echo "rc=$?"
-test_cfg wg wg
-test_cfg wg2 mma
-test_cfg mma wg 1
-test_cfg mma wgb
+test_cfg default default
 test_cfg mma mma
-bench_cfg d128 mma mma
-bench_cfg d128 wg wg
-bench_cfg d128 wg2 wg
-bench_cfg d128 wg2 wgb
-bench_cfg d128 wg wg 1
-bench_cfg d128 wg wg 2
-for ab in 1 2 4 6; do t "ablate $ab (wrong results; timing only)"
-  env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg LONGTUNE_ATTN_ABLATE=$ab timeout 10 bin/bench_kernels attn8k 10 \
+test_cfg wg wgb
+bench_cfg d128 default default
+bench_cfg d128 default default 2
+bench_cfg d128 default wgb
+bench_cfg d64 default default
+for ab in 1; do t "ablate $ab (wrong results; timing only)"
+  env LONGTUNE_ATTN_ABLATE=$ab timeout 10 bin/bench_kernels attn8k 10 \
     | sed "s/^{/{\"ablate\":$ab,/" | tee -a "$OUT/bench.jsonl"; done
-bench_cfg d64 mma mma
-bench_cfg d64 wg wg
-bench_cfg d64 wg2 wg
-t peers
-PYTHONUNBUFFERED=1 timeout 45 python3 -c "
-import sys; sys.argv = ['x', '10']
-import attention_sdpa as m
-m.SHAPES = [(2048, 32, 8, 128), (8192, 32, 8, 128), (32768, 32, 8, 128)]
-m.main()" | tee "$OUT/peers.jsonl"
-t "cli fwd=wg bwd=wg (T=8192, D=64 row, packed row)"
-env LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 20 bin/longtune bench attention --backend cuda --no-peers \
-  --T 8192 --repeats 10 --out "$OUT" 2>&1 | tail -4
+t "cli default kernels, with peers"
+LONGTUNE_SOURCE_DIR=$PWD timeout 60 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" 2>&1 | tail -12
+t "ncu bwd"
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+SEC="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy"
+timeout 40 $NCU --clock-control none -k regex:attn_bwd_wg_kernel -c 1 $SEC bin/bench_kernels attn8k 1 2>&1 | grep -v "^==PROF==\|^{" | tail -110
+t "ncu fwd"
+timeout 30 $NCU --clock-control none -k regex:attn_fwd_wg_kernel -c 1 $SEC bin/bench_kernels attn8k 1 2>&1 | grep -v "^==PROF==\|^{" | tail -110
 t memcheck
-LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 30 compute-sanitizer --tool memcheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -4
-test_cfg mma wg 2
+timeout 30 compute-sanitizer --tool memcheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
 t racecheck
-LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_BWD=wg timeout 30 compute-sanitizer --tool racecheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -4
+timeout 30 compute-sanitizer --tool racecheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
 t end
 } 2>&1 | tee "$OUT/device.log"

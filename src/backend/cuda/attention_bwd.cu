@@ -391,8 +391,11 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     int *sLo = (int *)(sD + 2 * BM);
     float *sDQ = (float *)(sLo + 2 * BM); /* DQB: [warpgroup][64 rows][72] fp32 staging */
 
-    const int T = p.T, kb = blockIdx.x, hk = blockIdx.y / p.nsplit, b = blockIdx.z;
-    const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.y % p.nsplit) * heads;
+    /* blockIdx.x: kv head (and split), fastest, so that every head's long first key blocks are
+     * scheduled before any short last one (longest-first; kb = 0 sees every query of a causal
+     * row). */
+    const int T = p.T, kb = blockIdx.y, hk = blockIdx.x / p.nsplit, b = blockIdx.z;
+    const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.x % p.nsplit) * heads;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
@@ -564,24 +567,17 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         lt_fence_proxy_async();
         __syncthreads();
 
-        /* dQ = dS·K. D = 128: warpgroup g computes columns 64g..64g+63 over the CTA's 128 keys;
-         * D = 64: warpgroup g adds the part of its own 64 keys (both add into dq_acc). */
-        const bool dq_skip = (D == 128 ? (k0 > q0 + BM - 1 || klast < cLo[0]) : skip) || (p.ablate & 2);
+        /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
+         * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
+        const bool dq_skip = (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || (p.ablate & 2);
         if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
             lt_wgmma_fence();
-            if (D == 128) {
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; kk++)
-                    lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
-                                      lt_wgmma_desc(aK + wg * (BN * 128) + kk * 2048), kk > 0);
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + wg * 8192 + kk * 2048),
-                                      lt_wgmma_desc(aK + wg * 8192 + kk * 2048), kk > 0);
-            }
+            for (int kk = 0; kk < BN / 16; kk++)
+                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
+                                  lt_wgmma_desc(aK + (D == 128 ? wg * (BN * 128) : 0) + kk * 2048), kk > 0);
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
@@ -679,14 +675,15 @@ static int attn_bwd_have_wgmma(void) {
 
 /* Backward kernel for D = 64 / 128: wgmma where the sm_90a code runs, else mma.sync.
  * LONGTUNE_ATTN_BWD=mma|wg overrides the default for measurements (dev/cuda/NOTES.md). */
-#define LT_ATTN_BWD_DEFAULT_WG 0
-static int attn_bwd_use_wg(void) {
+#define LT_ATTN_BWD_DEFAULT_WG 1
+static int attn_bwd_use_wg(int64_t T) {
     const char *v = getenv("LONGTUNE_ATTN_BWD");
     int want = LT_ATTN_BWD_DEFAULT_WG;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wgb")) want = 2; /* dQ by bulk reduce-add instead of atomics */
-    return want && attn_bwd_have_wgmma() ? want : 0;
+    /* The wgmma grid puts the key blocks in gridDim.y (at most 65535). */
+    return want && attn_bwd_have_wgmma() && (T + 127) / 128 <= 65535 ? want : 0;
 }
 
 template <int D, bool DQB>
@@ -701,7 +698,7 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                          cudaFuncSetAttribute(attn_bwd_wg_kernel<D, DQB>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)(d.Hkv * d.nsplit), (unsigned)B);
+    dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
     attn_bwd_wg_kernel<D, DQB><<<grid, 256, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     if (d.dkv_acc) {
@@ -765,7 +762,7 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         d.ablate = ab ? atoi(ab) : 0;
         st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
         const int split = lt_attn_cuda_bwd_split(p);
-        if (st == LT_OK && split > 1 && (p->D == 128 || p->D == 64) && attn_bwd_use_wg()) {
+        if (st == LT_OK && split > 1 && (p->D == 128 || p->D == 64) && attn_bwd_use_wg(p->T)) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
             d.nsplit = split;
             d.dkv_acc = (float *)(w + lt_cuda_align(acc_bytes) +
@@ -776,15 +773,15 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = attn_bwd_use_wg() == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
-               : attn_bwd_use_wg() ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
+            st = attn_bwd_use_wg(p->T) == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
+               : attn_bwd_use_wg(p->T) ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
                                    : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default: {
-            if (attn_bwd_use_wg() == 2)
+            if (attn_bwd_use_wg(p->T) == 2)
                 st = attn_bwd_wg_launch<128, true>(ctx, d, (int)p->B);
-            else if (attn_bwd_use_wg())
+            else if (attn_bwd_use_wg(p->T))
                 st = attn_bwd_wg_launch<128, false>(ctx, d, (int)p->B);
             else
                 st = attn_bwd_launch<128>(ctx, d, (int)p->B);

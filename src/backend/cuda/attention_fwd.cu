@@ -418,8 +418,10 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
     unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + 2 * TILE;
 
     const int T = p.T;
-    const int qb = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    /* Heads vary fastest and query blocks run from the last (longest causal rows) down, so every
+     * head's long blocks are scheduled before any short one. */
+    const int qb = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int q0 = qb * BM, qlast = min(q0 + BM, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
@@ -628,14 +630,15 @@ static int attn_fwd_have_wgmma(void) {
 /* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma, 2 = wgmma with the next
  * tile's S overlapping the softmax. The wgmma kernels need compute capability 9.0 (sm_90a code).
  * LONGTUNE_ATTN_FWD=mma|wg|wg2 overrides the default for measurements (dev/cuda/NOTES.md). */
-#define LT_ATTN_FWD_DEFAULT 0
-static int attn_fwd_variant(void) {
+#define LT_ATTN_FWD_DEFAULT 1
+static int attn_fwd_variant(int64_t T) {
     const char *v = getenv("LONGTUNE_ATTN_FWD");
     int want = LT_ATTN_FWD_DEFAULT;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wg2")) want = 2;
-    return want && attn_fwd_have_wgmma() ? want : 0;
+    /* The wgmma grid puts the query blocks in gridDim.y (at most 65535). */
+    return want && attn_fwd_have_wgmma() && (T + 63) / 64 <= 65535 ? want : 0;
 }
 
 template <int D, bool PIPE>
@@ -645,7 +648,7 @@ static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                          cudaFuncSetAttribute(attn_fwd_wg_kernel<D, PIPE>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
-    dim3 grid((unsigned)((d.T + 63) / 64), (unsigned)d.H, (unsigned)B);
+    dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
     attn_fwd_wg_kernel<D, PIPE><<<grid, 128, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
@@ -679,7 +682,7 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     if (st == LT_OK) {
         switch (p->D) {
         case 64: {
-            const int v = attn_fwd_variant();
+            const int v = attn_fwd_variant(p->T);
             st = v == 2 ? attn_fwd_wg_launch<64, true>(ctx, d, (int)p->B)
                : v == 1 ? attn_fwd_wg_launch<64, false>(ctx, d, (int)p->B)
                         : attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
@@ -687,7 +690,7 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         }
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
         default: {
-            const int v = attn_fwd_variant();
+            const int v = attn_fwd_variant(p->T);
             st = v == 2 ? attn_fwd_wg_launch<128, true>(ctx, d, (int)p->B)
                : v == 1 ? attn_fwd_wg_launch<128, false>(ctx, d, (int)p->B)
                         : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
