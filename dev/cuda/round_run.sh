@@ -22,15 +22,15 @@ bench_cfg() { # what fwd bwd split
 {
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 test_cfg default default
+t "test dQ atomic everywhere"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/test_cuda_attention 2>&1 | grep -v "^test seed\|cpu backend"
+t "test dQ kernel everywhere"; LONGTUNE_ATTN_DQ=sep timeout 20 bin/test_cuda_attention 2>&1 | grep -v "^test seed\|cpu backend"
 test_cfg mma mma
-test_cfg wg wgb
 bench_cfg d128 default default
 bench_cfg d128 default default 2
-bench_cfg d128 default wgb
 bench_cfg d64 default default
-for ab in 1; do t "ablate $ab (wrong results; timing only)"
-  env LONGTUNE_ATTN_ABLATE=$ab timeout 10 bin/bench_kernels attn8k 10 \
-    | sed "s/^{/{\"ablate\":$ab,/" | tee -a "$OUT/bench.jsonl"; done
+t "bench d128 dQ atomic"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/bench_kernels d128 10 | sed 's/^{/{"dq":"atomic",/' | tee -a "$OUT/bench.jsonl"
+t "cli packed row, dQ atomic (no peers)"
+LONGTUNE_ATTN_DQ=atomic timeout 20 bin/longtune bench attention --backend cuda --no-peers --T 8192 --repeats 10 --out "$OUT/dqatomic" 2>&1 | tail -4
 t "cli default kernels, with peers"
 LONGTUNE_SOURCE_DIR=$PWD timeout 60 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" 2>&1 | tail -12
 t "ncu bwd"

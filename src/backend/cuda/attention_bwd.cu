@@ -569,7 +569,8 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
 
         /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
          * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
-        const bool dq_skip = (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || (p.ablate & 2);
+        const bool dq_skip =
+            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || p.no_dq || (p.ablate & 2);
         if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
@@ -659,31 +660,156 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
 #endif
 }
 
-/* The Hopper kernel runs where the sm_90a code does: compute capability 9.0 exactly. */
-static int attn_bwd_have_wgmma(void) {
-    static int have = -1;
-    if (have < 0) {
-        int dev = 0, major = 0, minor = 0;
-        have = cudaGetDevice(&dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-               major == 9 && minor == 0;
-        (void)cudaGetLastError();
+/* ---------------------------------------------------------------------------------------------
+ * dQ without atomics, for rows whose visible key range is short (packed rows, small windows):
+ * one warpgroup owns 64 query rows of one head and walks the 64-key tiles they can see,
+ * recomputing S = Q·Kᵀ and dP = dO·Vᵀ (both operands K-major in shared memory), forming dS in
+ * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
+ * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
+ * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
+template <int D>
+static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sQ = smem, *sO = sQ + TILE, *sK = sO + TILE, *sV = sK + 2 * TILE;
+
+    const int T = p.T;
+    const int qb = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q0 = qb * BM, qlast = min(q0 + BM, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+    const int kb_begin = lo[q0] / BN, kb_end = qlast / BN;
+    const int lo_last = lo[qlast];
+
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_cp_async_commit();
+
+    int row[2], rlo[2];
+    float L2[2], Dl[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        row[hr] = q0 + 16 * warp + (lane >> 2) + 8 * hr;
+        const int t = min(row[hr], T - 1);
+        rlo[hr] = lo[t];
+        const int64_t r = ((int64_t)b * p.H + h) * T + t;
+        L2[hr] = p.lse[r] * LOG2E_F;
+        Dl[hr] = p.delta[r];
     }
-    return have;
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
+    const uint32_t aQ = lt_smem_addr(sQ), aO = lt_smem_addr(sO);
+
+    float dq[NH][32];
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dq[n][i] = 0.0f;
+
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = (kb - kb_begin) & 1;
+        lt_cp_async_wait<0>();
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (kb < kb_end) {
+            wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_cp_async_commit();
+        }
+        const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
+        const int k0 = kb * BN;
+        float s[32], dp[32];
+        lt_wgmma_pin(s);
+        lt_wgmma_pin(dp);
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                              lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                              lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
+        lt_wgmma_pin(dp);
+
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        uint32_t da[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                float pr, dfac = 1.0f;
+                if (cap > 0.0f) {
+                    const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                    dfac = 1.0f - th * th;
+                    pr = exp2f((cap * th) * LOG2E_F - L2[hr]);
+                } else {
+                    pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
+                }
+                if (!full && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
+                sv[e] = pr * (dp[4 * j + e] - Dl[hr]) * dfac;
+            }
+            da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
+            da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
+        }
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) lt_wgmma_pin_u(da[kk]);
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+                lt_wgmma_rs<1>(dq[n], da[kk], lt_wgmma_desc(aK + n * (BN * 128) + kk * 2048), 1);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
+    }
+
+    __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = row[hr];
+        if (r >= T) continue;
+        __nv_bfloat16 *dst = gdq + (int64_t)r * p.dq_st;
+#pragma unroll
+        for (int n = 0; n < NH; n++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
+                    lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
+    }
+#else
+    (void)p;
+    __trap();
+#endif
 }
 
-/* Backward kernel for D = 64 / 128: wgmma where the sm_90a code runs, else mma.sync.
- * LONGTUNE_ATTN_BWD=mma|wg overrides the default for measurements (dev/cuda/NOTES.md). */
-#define LT_ATTN_BWD_DEFAULT_WG 1
-static int attn_bwd_use_wg(int64_t T) {
-    const char *v = getenv("LONGTUNE_ATTN_BWD");
-    int want = LT_ATTN_BWD_DEFAULT_WG;
-    if (v && !strcmp(v, "mma")) want = 0;
-    if (v && !strcmp(v, "wg")) want = 1;
-    if (v && !strcmp(v, "wgb")) want = 2; /* dQ by bulk reduce-add instead of atomics */
-    /* The wgmma grid puts the key blocks in gridDim.y (at most 65535). */
-    return want && attn_bwd_have_wgmma() && (T + 127) / 128 <= 65535 ? want : 0;
+/* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
+template <int D> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem),
+                         "attention backward: shared memory size"));
+    dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
+    attn_bwd_dq_kernel<D><<<grid, 128, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
 template <int D, bool DQB>
@@ -706,6 +832,7 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
         attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
     }
+    if (d.no_dq) return attn_bwd_dq_launch<D>(ctx, d, B);
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
@@ -752,41 +879,43 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     lt_attn_dev d;
     size_t used = 0;
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
+    const lt_attn_bwd_plan pl = lt_attn_cuda_bwd_plan(p);
     if (st == LT_OK) {
+        /* Workspace after the key bounds: delta, then the fp32 dQ sums (unless dQ has its own
+         * kernel), then the fp32 dK/dV sums of split CTAs. */
         char *w = (char *)ws + used;
-        size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4;
-        d.dq_acc = (float *)w;
-        d.delta = (float *)(w + lt_cuda_align(acc_bytes));
+        const size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4;
+        d.delta = (float *)w;
+        w += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
         d.nsplit = 1;
+        d.no_dq = pl.dq_sep;
         const char *ab = getenv("LONGTUNE_ATTN_ABLATE"); /* timing experiments only */
         d.ablate = ab ? atoi(ab) : 0;
-        st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
-        const int split = lt_attn_cuda_bwd_split(p);
-        if (st == LT_OK && split > 1 && (p->D == 128 || p->D == 64) && attn_bwd_use_wg(p->T)) {
+        if (!pl.dq_sep) {
+            d.dq_acc = (float *)w;
+            w += lt_cuda_align(acc_bytes);
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
+        }
+        if (st == LT_OK && pl.split > 1) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
-            d.nsplit = split;
-            d.dkv_acc = (float *)(w + lt_cuda_align(acc_bytes) +
-                                  lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4));
+            d.nsplit = pl.split;
+            d.dkv_acc = (float *)w;
             st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes), "attention backward: memset");
         }
     }
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = attn_bwd_use_wg(p->T) == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
-               : attn_bwd_use_wg(p->T) ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
-                                   : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            st = pl.wg == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
+               : pl.wg ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
+                       : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
-        default: {
-            if (attn_bwd_use_wg(p->T) == 2)
-                st = attn_bwd_wg_launch<128, true>(ctx, d, (int)p->B);
-            else if (attn_bwd_use_wg(p->T))
-                st = attn_bwd_wg_launch<128, false>(ctx, d, (int)p->B);
-            else
-                st = attn_bwd_launch<128>(ctx, d, (int)p->B);
+        default:
+            st = pl.wg == 2 ? attn_bwd_wg_launch<128, true>(ctx, d, (int)p->B)
+               : pl.wg ? attn_bwd_wg_launch<128, false>(ctx, d, (int)p->B)
+                       : attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
-        }
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes);

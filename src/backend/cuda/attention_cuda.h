@@ -30,6 +30,7 @@ struct lt_attn_dev {
     float *delta;           /* (B, H, T): rowsum(dO * O) */
     float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
     int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
+    int no_dq;              /* backward main kernel: dQ comes from attn_bwd_dq_kernel instead */
     int ablate;             /* timing experiments only (LONGTUNE_ATTN_ABLATE, wrong results):
                                1 no dQ atomics, 2 no dQ, 4 no dV/dK MMAs */
     const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
@@ -39,10 +40,16 @@ struct lt_attn_dev {
     float softcap;          /* 0 = off */
 };
 
-/* Backward: how many CTAs share the query heads of one (key block, kv head), so that short rows
- * still fill the GPU; > 1 adds the fp32 dK/dV sums to the workspace. A function of the shape only,
- * so that lt_attention_cuda_workspace_bytes is exact. */
-int lt_attn_cuda_bwd_split(const lt_attention_params *p);
+/* How the backward runs, a function of the shape, the device and (for measurements) the
+ * LONGTUNE_ATTN_BWD / _SPLIT / _DQ environment overrides, so that lt_attention_cuda_workspace_bytes
+ * is exact. wg: 0 = mma.sync kernels, 1 = wgmma (sm_90a), 2 = wgmma with dQ by bulk reduce-add.
+ * split: CTAs sharing the query heads of one (key block, kv head) so that short rows fill the GPU
+ * (> 1 adds fp32 dK/dV sums to the workspace). dq_sep: dQ by its own kernel (no fp32 buffer),
+ * for rows whose visible key ranges are short (packed rows of short sequences, small windows). */
+typedef struct lt_attn_bwd_plan {
+    int wg, split, dq_sep;
+} lt_attn_bwd_plan;
+lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p);
 
 /* Fills the common part of the parameter block, builds the key bounds into the workspace and
  * returns the first unused workspace byte offset in *used. */

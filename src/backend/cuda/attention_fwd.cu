@@ -44,19 +44,46 @@ static size_t offsets_bytes(const lt_attention_params *p) {
     return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
 }
 
-int lt_attn_cuda_bwd_split(const lt_attention_params *p) {
-    const int64_t group = p->Hkv > 0 ? p->H / p->Hkv : 1;
+static int attn_have_wgmma(void) {
+    static int have = -1;
+    if (have < 0) {
+        int dev = 0, major = 0, minor = 0;
+        have = cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+               major == 9 && minor == 0;
+        (void)cudaGetLastError();
+    }
+    return have;
+}
+
+lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
+    lt_attn_bwd_plan pl = {0, 1, 0};
+    const char *v = getenv("LONGTUNE_ATTN_BWD");
+    pl.wg = 1;
+    if (v && !strcmp(v, "mma")) pl.wg = 0;
+    if (v && !strcmp(v, "wgb")) pl.wg = 2;
+    /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y (<= 65535). */
+    if ((p->D != 64 && p->D != 128) || !attn_have_wgmma() || (p->T + 127) / 128 > 65535) pl.wg = 0;
+    if (!pl.wg) return pl;
+    const int64_t group = p->H / p->Hkv;
     const int64_t ctas = p->B * p->Hkv * ((p->T + 127) / 128);
-    int split = 1;
     /* Fewer CTAs than two per SM of an H200 (132): the first key blocks of a causal row carry
      * most of the work, so one wave of them leaves SMs idle. */
-    while (split < 4 && group % (2 * split) == 0 && ctas * split < 264) split *= 2;
-    const char *e = getenv("LONGTUNE_ATTN_SPLIT"); /* experiments (dev/cuda/NOTES.md) */
+    while (pl.split < 4 && group % (2 * pl.split) == 0 && ctas * pl.split < 264) pl.split *= 2;
+    const char *e = getenv("LONGTUNE_ATTN_SPLIT");
     if (e) {
-        int v = atoi(e);
-        if (v >= 1 && v <= group && group % v == 0) split = v;
+        int n = atoi(e);
+        if (n >= 1 && n <= group && group % n == 0) pl.split = n;
     }
-    return split;
+    /* Short visible ranges: sequences of at most 1024 tokens on average, or a window of at most
+     * 512 keys. Recomputing S and dP for dQ then costs less than the fp32 dQ buffer's memset,
+     * atomics and conversion (dev/cuda/NOTES.md). */
+    pl.dq_sep = (p->seq_offsets && p->S > 0 && p->T / p->S <= 1024) || (p->window > 0 && p->window <= 512);
+    const char *q = getenv("LONGTUNE_ATTN_DQ");
+    if (q && !strcmp(q, "atomic")) pl.dq_sep = 0;
+    if (q && !strcmp(q, "sep")) pl.dq_sep = 1;
+    return pl;
 }
 
 extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
@@ -64,9 +91,10 @@ extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p
     (void)threads;
     size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4) + offsets_bytes(p);
     if (backward) {
-        n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        const lt_attn_bwd_plan pl = lt_attn_cuda_bwd_plan(p);
         n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
-        if (lt_attn_cuda_bwd_split(p) > 1)
+        if (!pl.dq_sep) n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        if (pl.split > 1)
             n += lt_cuda_align((size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4);
     }
     return n;
@@ -614,18 +642,6 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
 #endif
 }
 
-static int attn_fwd_have_wgmma(void) {
-    static int have = -1;
-    if (have < 0) {
-        int dev = 0, major = 0, minor = 0;
-        have = cudaGetDevice(&dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-               major == 9 && minor == 0;
-        (void)cudaGetLastError();
-    }
-    return have;
-}
 
 /* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma, 2 = wgmma with the next
  * tile's S overlapping the softmax. The wgmma kernels need compute capability 9.0 (sm_90a code).
@@ -638,7 +654,7 @@ static int attn_fwd_variant(int64_t T) {
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wg2")) want = 2;
     /* The wgmma grid puts the query blocks in gridDim.y (at most 65535). */
-    return want && attn_fwd_have_wgmma() && (T + 63) / 64 <= 65535 ? want : 0;
+    return want && attn_have_wgmma() && (T + 63) / 64 <= 65535 ? want : 0;
 }
 
 template <int D, bool PIPE>
