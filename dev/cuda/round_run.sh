@@ -30,7 +30,7 @@ bench_cfg d128 default default 2
 bench_cfg d64 default default
 t "bench d128 dQ atomic"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/bench_kernels d128 10 | sed 's/^{/{"dq":"atomic",/' | tee -a "$OUT/bench.jsonl"
 t "cli packed row, dQ atomic (no peers)"
-LONGTUNE_ATTN_DQ=atomic timeout 20 bin/longtune bench attention --backend cuda --no-peers --T 8192 --repeats 10 --out "$OUT/dqatomic" 2>&1 | tail -4
+mkdir -p "$OUT/dqatomic"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/longtune bench attention --backend cuda --no-peers --T 8192 --repeats 10 --out "$OUT/dqatomic" 2>&1 | tail -4
 t "cli default kernels, with peers"
 LONGTUNE_SOURCE_DIR=$PWD timeout 60 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" 2>&1 | tail -12
 t "ncu bwd"
