@@ -22,26 +22,17 @@ bench_cfg() { # what fwd bwd split
 {
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 test_cfg default default
-t "test dQ atomic everywhere"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/test_cuda_attention 2>&1 | grep -v "^test seed\|cpu backend"
-t "test dQ kernel everywhere"; LONGTUNE_ATTN_DQ=sep timeout 20 bin/test_cuda_attention 2>&1 | grep -v "^test seed\|cpu backend"
-test_cfg mma mma
-bench_cfg d128 default default
-bench_cfg d128 default default 2
-bench_cfg d64 default default
-t "bench d128 dQ atomic"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/bench_kernels d128 10 | sed 's/^{/{"dq":"atomic",/' | tee -a "$OUT/bench.jsonl"
-t "cli packed row, dQ atomic (no peers)"
-mkdir -p "$OUT/dqatomic"; LONGTUNE_ATTN_DQ=atomic timeout 20 bin/longtune bench attention --backend cuda --no-peers --T 8192 --repeats 10 --out "$OUT/dqatomic" 2>&1 | tail -4
+t "test fallbacks: fwd wg (2 buffers) everywhere, dQ atomic everywhere"
+LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_DQ=atomic timeout 15 bin/test_cuda_attention 2>&1 | grep -v "^test seed\|cpu backend"
 t "cli default kernels, with peers"
-LONGTUNE_SOURCE_DIR=$PWD timeout 60 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" 2>&1 | tail -12
-t "ncu bwd"
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-SEC="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy"
-timeout 40 $NCU --clock-control none -k regex:attn_bwd_wg_kernel -c 1 $SEC bin/bench_kernels attn8k 1 2>&1 | grep -v "^==PROF==\|^{" | tail -110
-t "ncu fwd"
-timeout 30 $NCU --clock-control none -k regex:attn_fwd_wg_kernel -c 1 $SEC bin/bench_kernels attn8k 1 2>&1 | grep -v "^==PROF==\|^{" | tail -110
+LONGTUNE_SOURCE_DIR=$PWD timeout 40 bin/longtune bench attention --backend cuda --repeats 10 --out "$OUT" 2>&1 | tail -12
+t "cli fwd wg + dQ atomic (packed comparison, no peers)"
+mkdir -p "$OUT/fallback"; LONGTUNE_ATTN_FWD=wg LONGTUNE_ATTN_DQ=atomic timeout 15 bin/longtune bench attention --backend cuda \
+  --no-peers --T 8192 --repeats 10 --out "$OUT/fallback" 2>&1 | tail -3
 t memcheck
-timeout 30 compute-sanitizer --tool memcheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
+timeout 15 compute-sanitizer --tool memcheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
 t racecheck
-timeout 30 compute-sanitizer --tool racecheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
+timeout 15 compute-sanitizer --tool racecheck --print-limit 10 bin/test_cuda_attention 2>&1 | tail -3
+bench_cfg d128 default default
 t end
 } 2>&1 | tee "$OUT/device.log"

@@ -528,8 +528,10 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 const int qc = 8 * j + 2 * (lane & 3);
                 da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
                 da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
-                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
+                if (!p.no_dq) {
+                    *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
+                    *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
+                }
             }
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
 #pragma unroll
@@ -556,7 +558,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
             }
-        } else {
+        } else if (!p.no_dq) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int qc = 8 * j + 2 * (lane & 3);
@@ -564,8 +566,12 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
             }
         }
-        lt_fence_proxy_async();
-        __syncthreads();
+        /* dSᵀ complete for dQ (without dQ here, nothing in shared memory is shared until the next
+         * step's barrier). */
+        if (!p.no_dq) {
+            lt_fence_proxy_async();
+            __syncthreads();
+        }
 
         /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
          * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */

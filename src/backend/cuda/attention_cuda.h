@@ -46,6 +46,10 @@ struct lt_attn_dev {
  * split: CTAs sharing the query heads of one (key block, kv head) so that short rows fill the GPU
  * (> 1 adds fp32 dK/dV sums to the workspace). dq_sep: dQ by its own kernel (no fp32 buffer),
  * for rows whose visible key ranges are short (packed rows of short sequences, small windows). */
+/* Rows whose queries see few keys: packed rows of sequences averaging at most 1024 tokens, or a
+ * window of at most 512 keys. Both directions pick kernels for many small tiles then. */
+int lt_attn_cuda_sparse(const lt_attention_params *p);
+
 typedef struct lt_attn_bwd_plan {
     int wg, split, dq_sep;
 } lt_attn_bwd_plan;

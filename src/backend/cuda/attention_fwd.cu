@@ -57,6 +57,10 @@ static int attn_have_wgmma(void) {
     return have;
 }
 
+int lt_attn_cuda_sparse(const lt_attention_params *p) {
+    return (p->seq_offsets && p->S > 0 && p->T / p->S <= 1024) || (p->window > 0 && p->window <= 512);
+}
+
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
     lt_attn_bwd_plan pl = {0, 1, 0};
     const char *v = getenv("LONGTUNE_ATTN_BWD");
@@ -79,7 +83,7 @@ lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
     /* Short visible ranges: sequences of at most 1024 tokens on average, or a window of at most
      * 512 keys. Recomputing S and dP for dQ then costs less than the fp32 dQ buffer's memset,
      * atomics and conversion (dev/cuda/NOTES.md). */
-    pl.dq_sep = (p->seq_offsets && p->S > 0 && p->T / p->S <= 1024) || (p->window > 0 && p->window <= 512);
+    pl.dq_sep = lt_attn_cuda_sparse(p);
     const char *q = getenv("LONGTUNE_ATTN_DQ");
     if (q && !strcmp(q, "atomic")) pl.dq_sep = 0;
     if (q && !strcmp(q, "sep")) pl.dq_sep = 1;
@@ -437,13 +441,13 @@ static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_
     }
 }
 
-template <int D, bool PIPE>
-static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev p) {
+template <int D, int NB>
+static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
-    unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + 2 * TILE;
+    unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + NB * TILE;
 
     const int T = p.T;
     /* Heads vary fastest and query blocks run from the last (longest causal rows) down, so every
@@ -463,10 +467,6 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
     fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
     fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
-    if (PIPE && kb_begin < kb_end) {
-        fwd_wg_load<BN, D, 128>(sK + TILE, gk, p.kv_st, (kb_begin + 1) * BN, T, tid);
-        lt_cp_async_commit();
-    }
 
     int row[2], rlo[2];
     row[0] = q0 + 16 * warp + (lane >> 2);
@@ -484,49 +484,33 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
 #pragma unroll
         for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
 
-    /* PIPE: S of the next tile is issued before the softmax of this one, so the tensor cores work
-     * while the softmax runs (FlashAttention-3's intra-warpgroup overlap). K tile j and V tile j
-     * sit in slot j & 1; at tile i the loads of K(i+2) and V(i+1) are in flight. */
-    float s[32], sn[32];
-    if (PIPE) {
-        lt_cp_async_wait<0>();
-        lt_fence_proxy_async();
-        __syncthreads();
-        lt_wgmma_pin(s);
-        lt_wgmma_fence();
-        const uint32_t aK = lt_smem_addr(sK);
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-        lt_wgmma_commit();
-        lt_wgmma_wait<0>();
-        lt_wgmma_pin(s);
-    }
-
+    float s[32];
     for (int kb = kb_begin; kb <= kb_end; kb++) {
-        const int buf = (kb - kb_begin) & 1;
+        const int buf = NB == 2 ? (kb - kb_begin) & 1 : 0;
         const int k0 = kb * BN;
         const uint32_t aV = lt_smem_addr(sV + buf * TILE);
-        if (PIPE) {
+        if (NB == 1) {
+            /* One K/V slot (three CTAs per SM): load this tile once every warp is done with the
+             * last one. */
+            if (kb > kb_begin) {
+                __syncthreads();
+                fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
+                fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_cp_async_commit();
+            }
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
             __syncthreads();
-            if (kb + 2 <= kb_end)
-                fwd_wg_load<BN, D, 128>(sK + buf * TILE, gk, p.kv_st, (kb + 2) * BN, T, tid);
-            if (kb + 1 <= kb_end)
-                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
-            lt_cp_async_commit();
-            if (kb + 1 <= kb_end) {
-                const uint32_t aKn = lt_smem_addr(sK + (buf ^ 1) * TILE);
-                lt_wgmma_pin(sn);
-                lt_wgmma_fence();
+            const uint32_t aK = lt_smem_addr(sK);
+            lt_wgmma_pin(s);
+            lt_wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < KS; kk++)
-                    lt_wgmma_ss<0, 0>(sn, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                      lt_wgmma_desc(aKn + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-                lt_wgmma_commit();
-            }
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
         } else {
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
@@ -609,11 +593,6 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
         lt_wgmma_wait<0>();
 #pragma unroll
         for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
-        if (PIPE) {
-            lt_wgmma_pin(sn);
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i] = sn[i];
-        }
     }
 
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
@@ -643,29 +622,29 @@ static __global__ void __launch_bounds__(128, 2) attn_fwd_wg_kernel(lt_attn_dev 
 }
 
 
-/* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma, 2 = wgmma with the next
- * tile's S overlapping the softmax. The wgmma kernels need compute capability 9.0 (sm_90a code).
- * LONGTUNE_ATTN_FWD=mma|wg|wg2 overrides the default for measurements (dev/cuda/NOTES.md). */
-#define LT_ATTN_FWD_DEFAULT 1
-static int attn_fwd_variant(int64_t T) {
+/* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma with double-buffered K/V
+ * tiles (two CTAs per SM), 2 = wgmma with one K/V slot (three CTAs per SM; for rows that see few
+ * tiles, where the overlap of CTAs pays more than prefetching). The wgmma kernels need compute
+ * capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (at most 65535).
+ * LONGTUNE_ATTN_FWD=mma|wg|wg1 overrides the choice for measurements (dev/cuda/NOTES.md). */
+static int attn_fwd_variant(const lt_attention_params *p) {
     const char *v = getenv("LONGTUNE_ATTN_FWD");
-    int want = LT_ATTN_FWD_DEFAULT;
+    int want = lt_attn_cuda_sparse(p) ? 2 : 1;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
-    if (v && !strcmp(v, "wg2")) want = 2;
-    /* The wgmma grid puts the query blocks in gridDim.y (at most 65535). */
-    return want && attn_have_wgmma() && (T + 63) / 64 <= 65535 ? want : 0;
+    if (v && !strcmp(v, "wg1")) want = 2;
+    return want && attn_have_wgmma() && (p->T + 63) / 64 <= 65535 ? want : 0;
 }
 
-template <int D, bool PIPE>
+template <int D, int NB>
 static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    const size_t smem = (size_t)5 * 64 * D * 2 + 1024;
+    const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D, PIPE>,
+                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D, NB>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_fwd_wg_kernel<D, PIPE><<<grid, 128, smem>>>(d);
+    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -698,17 +677,17 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     if (st == LT_OK) {
         switch (p->D) {
         case 64: {
-            const int v = attn_fwd_variant(p->T);
-            st = v == 2 ? attn_fwd_wg_launch<64, true>(ctx, d, (int)p->B)
-               : v == 1 ? attn_fwd_wg_launch<64, false>(ctx, d, (int)p->B)
+            const int v = attn_fwd_variant(p);
+            st = v == 2 ? attn_fwd_wg_launch<64, 1>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<64, 2>(ctx, d, (int)p->B)
                         : attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
             break;
         }
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
         default: {
-            const int v = attn_fwd_variant(p->T);
-            st = v == 2 ? attn_fwd_wg_launch<128, true>(ctx, d, (int)p->B)
-               : v == 1 ? attn_fwd_wg_launch<128, false>(ctx, d, (int)p->B)
+            const int v = attn_fwd_variant(p);
+            st = v == 2 ? attn_fwd_wg_launch<128, 1>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<128, 2>(ctx, d, (int)p->B)
                         : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
             break;
         }
