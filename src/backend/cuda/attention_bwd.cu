@@ -359,25 +359,7 @@ static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv
     }
 }
 
-/* dQ through the copy engine: each row of a warpgroup's 64 x 64 fp32 dQ block goes from a shared
- * staging tile to dq_acc with one bulk reduce-add (256 bytes), instead of 16 vector atomics per
- * thread. */
-#if LT_WGMMA_OK
-static __device__ __forceinline__ void bwd_bulk_add_f32(float *g, const float *s, int bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(g),
-                 "r"(lt_smem_addr(s)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-static __device__ __forceinline__ void bwd_bulk_wait_read(void) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-static __device__ __forceinline__ void bwd_bulk_wait(void) {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-#endif
-
-template <int D, bool DQB>
+template <int D, bool NODQ>
 static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BN = 128, BM = 64, KS = D / 16, NH = D / 64;
@@ -389,7 +371,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     float *sL = (float *)(sDS + BN * BM * 2);
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
-    float *sDQ = (float *)(sLo + 2 * BM); /* DQB: [warpgroup][64 rows][72] fp32 staging */
 
     /* blockIdx.x: kv head (and split), fastest, so that every head's long first key blocks are
      * scheduled before any short last one (longest-first; kb = 0 sees every query of a causal
@@ -443,7 +424,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
         lt_cp_async_wait<0>();
         lt_fence_proxy_async();
-        if (DQB) bwd_bulk_wait_read(); /* the staging tile is read out before it is rewritten */
         __syncthreads();
         if (step + 1 < steps) {
             load_step(step + 1, buf ^ 1);
@@ -528,10 +508,8 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 const int qc = 8 * j + 2 * (lane & 3);
                 da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
                 da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-                if (!p.no_dq) {
-                    *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
-                    *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
-                }
+                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
+                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
             }
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
 #pragma unroll
@@ -558,7 +536,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
             }
-        } else if (!p.no_dq) {
+        } else if (!NODQ) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int qc = 8 * j + 2 * (lane & 3);
@@ -566,17 +544,15 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
             }
         }
-        /* dSᵀ complete for dQ (without dQ here, nothing in shared memory is shared until the next
-         * step's barrier). */
-        if (!p.no_dq) {
-            lt_fence_proxy_async();
-            __syncthreads();
-        }
+        /* dSᵀ complete for dQ. Without dQ here the barrier is kept too: dropping it let the
+         * compiler stretch register lifetimes across steps and spill (ptxas, 88 bytes). */
+        lt_fence_proxy_async();
+        __syncthreads();
 
         /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
          * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
         const bool dq_skip =
-            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || p.no_dq || (p.ablate & 2);
+            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ || (p.ablate & 2);
         if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
@@ -592,21 +568,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
-            if (DQB) {
-                float *st = sDQ + wg * (64 * 72);
-                const int rr = 16 * warp + (lane >> 2), cc = 2 * (lane & 3);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    *(float2 *)(st + rr * 72 + 8 * j + cc) = make_float2(acc[4 * j], acc[4 * j + 1]);
-                    *(float2 *)(st + (rr + 8) * 72 + 8 * j + cc) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-                }
-                lt_fence_proxy_async();
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-                const int wt = tid & 127;
-                if (wt < 64 && q0 + wt < T && !(p.ablate & 1))
-                    bwd_bulk_add_f32(p.dq_acc + (((int64_t)b * T + q0 + wt) * p.H + h) * D + (D == 128 ? 64 * wg : 0),
-                                     st + wt * 72, 256);
-            } else if (!(p.ablate & 1))
+            if (!(p.ablate & 1))
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
@@ -617,7 +579,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         }
     }
     lt_wgmma_wait<0>();
-    if (DQB) bwd_bulk_wait();
 #pragma unroll
     for (int n = 0; n < NH; n++) {
         lt_wgmma_pin(dv[n]);
@@ -712,6 +673,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
     const uint32_t aQ = lt_smem_addr(sQ), aO = lt_smem_addr(sO);
+    const uint64_t dQ = lt_wgmma_desc(aQ), dO = lt_wgmma_desc(aO);
 
     float dq[NH][32];
 #pragma unroll
@@ -730,6 +692,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
             lt_cp_async_commit();
         }
         const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
+        const uint64_t dK = lt_wgmma_desc(aK), dV = lt_wgmma_desc(aV);
         const int k0 = kb * BN;
         float s[32], dp[32];
         lt_wgmma_pin(s);
@@ -737,13 +700,13 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                              lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         lt_wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc_at(dO, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                              lt_wgmma_desc_at(dV, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
         lt_wgmma_pin(s);
@@ -780,7 +743,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
             for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(dq[n], da[kk], lt_wgmma_desc(aK + n * (BN * 128) + kk * 2048), 1);
+                lt_wgmma_rs<1>(dq[n], da[kk], lt_wgmma_desc_at(dK, n * (BN * 128) + kk * 2048), 1);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
 #pragma unroll
@@ -818,20 +781,18 @@ template <int D> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
-template <int D, bool DQB>
+template <int D>
 static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int BN = 128, BM = 64;
-    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024 +
-                        (DQB ? (size_t)2 * 64 * 72 * 4 : 0);
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
     const int64_t rows = (int64_t)B * d.T * d.H;
     attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, DQB>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    auto kernel = d.no_dq ? attn_bwd_wg_kernel<D, true> : attn_bwd_wg_kernel<D, false>;
+    LT_TRY(lt_cuda_check(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_wg_kernel<D, DQB><<<grid, 256, smem>>>(d);
+    kernel<<<grid, 256, smem>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
@@ -912,15 +873,11 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = pl.wg == 2 ? attn_bwd_wg_launch<64, true>(ctx, d, (int)p->B)
-               : pl.wg ? attn_bwd_wg_launch<64, false>(ctx, d, (int)p->B)
-                       : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B) : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default:
-            st = pl.wg == 2 ? attn_bwd_wg_launch<128, true>(ctx, d, (int)p->B)
-               : pl.wg ? attn_bwd_wg_launch<128, false>(ctx, d, (int)p->B)
-                       : attn_bwd_launch<128>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B) : attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
         }
     }

@@ -42,7 +42,7 @@ struct lt_attn_dev {
 
 /* How the backward runs, a function of the shape, the device and (for measurements) the
  * LONGTUNE_ATTN_BWD / _SPLIT / _DQ environment overrides, so that lt_attention_cuda_workspace_bytes
- * is exact. wg: 0 = mma.sync kernels, 1 = wgmma (sm_90a), 2 = wgmma with dQ by bulk reduce-add.
+ * is exact. wg: 0 = mma.sync kernels, 1 = wgmma (sm_90a).
  * split: CTAs sharing the query heads of one (key block, kv head) so that short rows fill the GPU
  * (> 1 adds fp32 dK/dV sums to the workspace). dq_sep: dQ by its own kernel (no fp32 buffer),
  * for rows whose visible key ranges are short (packed rows of short sequences, small windows). */

@@ -66,7 +66,6 @@ lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
     const char *v = getenv("LONGTUNE_ATTN_BWD");
     pl.wg = 1;
     if (v && !strcmp(v, "mma")) pl.wg = 0;
-    if (v && !strcmp(v, "wgb")) pl.wg = 2;
     /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y (<= 65535). */
     if ((p->D != 64 && p->D != 128) || !attn_have_wgmma() || (p->T + 127) / 128 > 65535) pl.wg = 0;
     if (!pl.wg) return pl;
@@ -476,6 +475,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
     const uint32_t aQ = lt_smem_addr(sQ);
+    const uint64_t dQ = lt_wgmma_desc(aQ);
 
     float o[NH][32];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -489,6 +489,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
         const int buf = NB == 2 ? (kb - kb_begin) & 1 : 0;
         const int k0 = kb * BN;
         const uint32_t aV = lt_smem_addr(sV + buf * TILE);
+        const uint64_t dV = lt_wgmma_desc(aV);
         if (NB == 1) {
             /* One K/V slot (three CTAs per SM): load this tile once every warp is done with the
              * last one. */
@@ -502,12 +503,13 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
             lt_fence_proxy_async();
             __syncthreads();
             const uint32_t aK = lt_smem_addr(sK);
+            const uint64_t dK = lt_wgmma_desc(aK);
             lt_wgmma_pin(s);
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(s);
@@ -521,12 +523,13 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
                 lt_cp_async_commit();
             }
             const uint32_t aK = lt_smem_addr(sK + buf * TILE);
+            const uint64_t dK = lt_wgmma_desc(aK);
             lt_wgmma_pin(s);
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(s);
@@ -588,7 +591,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
             for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc(aV + n * (BN * 128) + kk * 2048), 1);
+                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV, n * (BN * 128) + kk * 2048), 1);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
 #pragma unroll

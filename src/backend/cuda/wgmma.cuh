@@ -37,6 +37,12 @@ static __device__ __forceinline__ uint64_t lt_wgmma_desc(uint32_t saddr) {
     return d;
 }
 
+/* The descriptor of base + bytes (bytes a multiple of 16): only the start-address field changes,
+ * and shared memory (< 256 KiB) never carries out of it, so one add replaces the rebuild. */
+static __device__ __forceinline__ uint64_t lt_wgmma_desc_at(uint64_t base, uint32_t bytes) {
+    return base + (bytes >> 4);
+}
+
 static __device__ __forceinline__ void lt_wgmma_fence(void) {
 #if LT_WGMMA_OK
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
