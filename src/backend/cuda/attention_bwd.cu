@@ -522,7 +522,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 lt_wgmma_pin_u(pa[kk]);
                 lt_wgmma_pin_u(da[kk]);
             }
-            if (!(p.ablate & 4)) {
             lt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
@@ -535,7 +534,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 for (int n = 0; n < NH; n++)
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
-            }
         } else if (!NODQ) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -552,7 +550,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
          * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
         const bool dq_skip =
-            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ || (p.ablate & 2);
+            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
         if (!dq_skip) {
             float acc[32];
             lt_wgmma_pin(acc);
@@ -568,7 +566,6 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
             float *g1 = g0 + (int64_t)8 * p.H * D;
-            if (!(p.ablate & 1))
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
@@ -856,8 +853,6 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         w += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
         d.nsplit = 1;
         d.no_dq = pl.dq_sep;
-        const char *ab = getenv("LONGTUNE_ATTN_ABLATE"); /* timing experiments only */
-        d.ablate = ab ? atoi(ab) : 0;
         if (!pl.dq_sep) {
             d.dq_acc = (float *)w;
             w += lt_cuda_align(acc_bytes);

@@ -31,8 +31,6 @@ struct lt_attn_dev {
     float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
     int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
     int no_dq;              /* backward main kernel: dQ comes from attn_bwd_dq_kernel instead */
-    int ablate;             /* timing experiments only (LONGTUNE_ATTN_ABLATE, wrong results):
-                               1 no dQ atomics, 2 no dQ, 4 no dV/dK MMAs */
     const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
     int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
     int T, H, Hkv, group;
