@@ -1,8 +1,9 @@
-/* Flash attention forward on NVIDIA GPUs (FlashAttention-2 design on warp-level bf16 tensor cores:
- * mma.sync m16n8k16, ldmatrix, cp.async double buffering), plus the preparation shared with the
- * backward: per-token key bounds from packed-row offsets and sliding window, and the workspace
- * layout. One CTA owns BM query rows of one head and walks only the key tiles its rows can see
- * (tile skipping for causal, window and packed rows). It does not use Hopper's wgmma/TMA yet. */
+/* Flash attention forward on NVIDIA GPUs, plus the preparation shared with the backward: per-token
+ * key bounds from packed-row offsets and sliding window, the workspace layout and the backward's
+ * plan. On compute capability 9.0, D = 64 or 128: one warpgroup per CTA owns 64 query rows, S and
+ * O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs): the
+ * FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). Both walk only the key
+ * tiles their rows can see (tile skipping for causal, window and packed rows). */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -651,8 +652,9 @@ static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
-/* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS).
- * Per head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
+/* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS);
+ * wgmma kernels for 64 and 128 on compute capability 9.0 (attn_fwd_variant). mma.sync kernels per
+ * head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
  * D=128 (4, 2, no): 250 TFLOP/s at T=8k against 167 for (8, 1, yes); (4, 2, yes) spills.
  * D=64 (4, 2, yes). D=96 (8, 1, yes): (4, 2, no) spills. */
 extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
