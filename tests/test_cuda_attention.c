@@ -360,6 +360,19 @@ static void packed_window_fused_layout_d128(void **s) {
     run_case(&c);
 }
 
+/* The Hopper backward kernel (D = 128) with softcap and window, and a longer causal row that walks
+ * many query steps per key block. */
+static void window_softcap_d128(void **s) {
+    (void)s;
+    acase c = {1, 333, 8, 2, 128, 100, 20.0f, 0, 0, 0};
+    run_case(&c);
+}
+static void causal_long_d128(void **s) {
+    (void)s;
+    acase c = {1, 700, 4, 1, 128, 0, 0, 0, 0, 0};
+    run_case(&c);
+}
+
 static void unsupported_requests_are_named(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
@@ -385,6 +398,8 @@ int main(void) {
         cmocka_unit_test(window_softcap_d96),
         cmocka_unit_test(packed_gqa_d128),
         cmocka_unit_test(packed_window_fused_layout_d128),
+        cmocka_unit_test(window_softcap_d128),
+        cmocka_unit_test(causal_long_d128),
         cmocka_unit_test(unsupported_requests_are_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -106,10 +106,12 @@ static void bench_attention(lt_ctx *ctx, int64_t T, int64_t H, int64_t Hkv, int6
     float mf = median(tf, reps), mb = median(tb, reps);
     /* FlashAttention's convention: forward 4·B·H·T²·D, halved for causal; backward 2.5x. */
     double ff = 4.0 * (double)B * (double)H * (double)T * (double)T * (double)D / 2.0;
-    printf("{\"bench\":\"attention\",\"T\":%lld,\"H\":%lld,\"Hkv\":%lld,\"D\":%lld,\"packed\":%d,"
+    const char *vf = getenv("LONGTUNE_ATTN_FWD"), *vb = getenv("LONGTUNE_ATTN_BWD");
+    printf("{\"bench\":\"attention\",\"fwd\":\"%s\",\"bwd\":\"%s\",\"T\":%lld,\"H\":%lld,\"Hkv\":%lld,\"D\":%lld,\"packed\":%d,"
            "\"S\":%lld,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
            "\"fwdbwd_tflops\":%.1f,\"workspace_bytes\":%zu}\n",
-           (long long)T, (long long)H, (long long)Hkv, (long long)D, packed, (long long)p.S, mf, mb,
+           vf ? vf : "default", vb ? vb : "default", (long long)T, (long long)H, (long long)Hkv,
+           (long long)D, packed, (long long)p.S, mf, mb,
            ff / mf / 1e9, 2.5 * ff / mb / 1e9, 3.5 * ff / (mf + mb) / 1e9, wsb);
     fflush(stdout);
     lt_free(ctx, LT_DEVICE_CUDA, (void *)a.q, (size_t)nq * 2);
@@ -199,6 +201,13 @@ int main(int argc, char **argv) {
         bench_attention(ctx, 8192, 32, 8, 96, 0, reps);
     }
     if (!strcmp(what, "attn8k")) bench_attention(ctx, 8192, 32, 8, 128, 0, reps);
+    if (!strcmp(what, "d64")) bench_attention(ctx, 8192, 32, 32, 64, 0, reps);
+    /* The D = 128 rows and the packed row: what the kernel variants change. */
+    if (!strcmp(what, "d128")) {
+        const int64_t Ts[3] = {2048, 8192, 32768};
+        for (int i = 0; i < 3; i++) bench_attention(ctx, Ts[i], 32, 8, 128, 0, reps);
+        bench_attention(ctx, 8192, 32, 8, 128, 1, reps);
+    }
     if (!strcmp(what, "all") || !strcmp(what, "lce")) bench_lce(ctx, 8192, 151936, 4096, reps > 5 ? 5 : reps);
     lt_ctx_free(ctx);
     return 0;

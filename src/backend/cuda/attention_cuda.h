@@ -28,12 +28,30 @@ struct lt_attn_dev {
     __nv_bfloat16 *dq, *dk, *dv;
     float *dq_acc;          /* (B, T, H, D) fp32, contiguous */
     float *delta;           /* (B, H, T): rowsum(dO * O) */
+    float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
+    int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
+    int no_dq;              /* backward main kernel: dQ comes from attn_bwd_dq_kernel instead */
     const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
     int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
     int T, H, Hkv, group;
     float scale;            /* softmax scale */
     float softcap;          /* 0 = off */
 };
+
+/* How the backward runs, a function of the shape, the device and (for measurements) the
+ * LONGTUNE_ATTN_BWD / _SPLIT / _DQ environment overrides, so that lt_attention_cuda_workspace_bytes
+ * is exact. wg: 0 = mma.sync kernels, 1 = wgmma (sm_90a).
+ * split: CTAs sharing the query heads of one (key block, kv head) so that short rows fill the GPU
+ * (> 1 adds fp32 dK/dV sums to the workspace). dq_sep: dQ by its own kernel (no fp32 buffer),
+ * for rows whose visible key ranges are short (packed rows of short sequences, small windows). */
+/* Rows whose queries see few keys: packed rows of sequences averaging at most 1024 tokens, or a
+ * window of at most 512 keys. Both directions pick kernels for many small tiles then. */
+int lt_attn_cuda_sparse(const lt_attention_params *p);
+
+typedef struct lt_attn_bwd_plan {
+    int wg, split, dq_sep;
+} lt_attn_bwd_plan;
+lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p);
 
 /* Fills the common part of the parameter block, builds the key bounds into the workspace and
  * returns the first unused workspace byte offset in *used. */

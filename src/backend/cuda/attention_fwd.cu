@@ -1,12 +1,15 @@
-/* Flash attention forward on NVIDIA GPUs (FlashAttention-2 design on warp-level bf16 tensor cores:
- * mma.sync m16n8k16, ldmatrix, cp.async double buffering), plus the preparation shared with the
- * backward: per-token key bounds from packed-row offsets and sliding window, and the workspace
- * layout. One CTA owns BM query rows of one head and walks only the key tiles its rows can see
- * (tile skipping for causal, window and packed rows). It does not use Hopper's wgmma/TMA yet. */
+/* Flash attention forward on NVIDIA GPUs, plus the preparation shared with the backward: per-token
+ * key bounds from packed-row offsets and sliding window, the workspace layout and the backward's
+ * plan. On compute capability 9.0, D = 64 or 128: one warpgroup per CTA owns 64 query rows, S and
+ * O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs): the
+ * FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). Both walk only the key
+ * tiles their rows can see (tile skipping for causal, window and packed rows). */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Tuning constants: BN = 64 keys per tile; the query rows per CTA (warps x 16 x MT) are picked per
@@ -42,13 +45,61 @@ static size_t offsets_bytes(const lt_attention_params *p) {
     return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
 }
 
+static int attn_have_wgmma(void) {
+    static int have = -1;
+    if (have < 0) {
+        int dev = 0, major = 0, minor = 0;
+        have = cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+               major == 9 && minor == 0;
+        (void)cudaGetLastError();
+    }
+    return have;
+}
+
+int lt_attn_cuda_sparse(const lt_attention_params *p) {
+    return (p->seq_offsets && p->S > 0 && p->T / p->S <= 1024) || (p->window > 0 && p->window <= 512);
+}
+
+lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
+    lt_attn_bwd_plan pl = {0, 1, 0};
+    const char *v = getenv("LONGTUNE_ATTN_BWD");
+    pl.wg = 1;
+    if (v && !strcmp(v, "mma")) pl.wg = 0;
+    /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y (<= 65535). */
+    if ((p->D != 64 && p->D != 128) || !attn_have_wgmma() || (p->T + 127) / 128 > 65535) pl.wg = 0;
+    if (!pl.wg) return pl;
+    const int64_t group = p->H / p->Hkv;
+    const int64_t ctas = p->B * p->Hkv * ((p->T + 127) / 128);
+    /* Fewer CTAs than two per SM of an H200 (132): the first key blocks of a causal row carry
+     * most of the work, so one wave of them leaves SMs idle. */
+    while (pl.split < 4 && group % (2 * pl.split) == 0 && ctas * pl.split < 264) pl.split *= 2;
+    const char *e = getenv("LONGTUNE_ATTN_SPLIT");
+    if (e) {
+        int n = atoi(e);
+        if (n >= 1 && n <= group && group % n == 0) pl.split = n;
+    }
+    /* Short visible ranges: sequences of at most 1024 tokens on average, or a window of at most
+     * 512 keys. Recomputing S and dP for dQ then costs less than the fp32 dQ buffer's memset,
+     * atomics and conversion (dev/cuda/NOTES.md). */
+    pl.dq_sep = lt_attn_cuda_sparse(p);
+    const char *q = getenv("LONGTUNE_ATTN_DQ");
+    if (q && !strcmp(q, "atomic")) pl.dq_sep = 0;
+    if (q && !strcmp(q, "sep")) pl.dq_sep = 1;
+    return pl;
+}
+
 extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
                                                     int threads) {
     (void)threads;
     size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4) + offsets_bytes(p);
     if (backward) {
-        n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        const lt_attn_bwd_plan pl = lt_attn_cuda_bwd_plan(p);
         n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
+        if (!pl.dq_sep) n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        if (pl.split > 1)
+            n += lt_cuda_align((size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4);
     }
     return n;
 }
@@ -372,8 +423,238 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
-/* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS).
- * Per head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
+/* ---------------------------------------------------------------------------------------------
+ * Hopper forward (dev/cuda/NOTES.md, v5): one warpgroup per CTA owns 64 query rows (warp w rows
+ * 16w..16w+15), S = Q·Kᵀ and O += P·V on warpgroup MMAs with Q, K and V in shared memory in the
+ * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
+ * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
+ * other's MMAs. D = 64 or 128. */
+template <int R, int D, int NT>
+static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
+                                                   int t0, int T, int tid) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int it = 0; it < R * CH / NT; it++) {
+        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
+        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
+    }
+}
+
+template <int D, int NB>
+static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + NB * TILE;
+
+    const int T = p.T;
+    /* Heads vary fastest and query blocks run from the last (longest causal rows) down, so every
+     * head's long blocks are scheduled before any short one. */
+    const int qb = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q0 = qb * BM, qlast = min(q0 + BM, T) - 1;
+    const int32_t *lo = p.lo + (int64_t)b * T;
+    const int kb_begin = lo[q0] / BN, kb_end = qlast / BN;
+    const int lo_last = lo[qlast];
+
+    const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    fwd_wg_load<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
+    fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_cp_async_commit();
+
+    int row[2], rlo[2];
+    row[0] = q0 + 16 * warp + (lane >> 2);
+    row[1] = row[0] + 8;
+    rlo[0] = lo[min(row[0], T - 1)];
+    rlo[1] = lo[min(row[1], T - 1)];
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
+    const uint32_t aQ = lt_smem_addr(sQ);
+    const uint64_t dQ = lt_wgmma_desc(aQ);
+
+    float o[NH][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
+
+    float s[32];
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = NB == 2 ? (kb - kb_begin) & 1 : 0;
+        const int k0 = kb * BN;
+        const uint32_t aV = lt_smem_addr(sV + buf * TILE);
+        const uint64_t dV = lt_wgmma_desc(aV);
+        if (NB == 1) {
+            /* One K/V slot (three CTAs per SM): load this tile once every warp is done with the
+             * last one. */
+            if (kb > kb_begin) {
+                __syncthreads();
+                fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
+                fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_cp_async_commit();
+            }
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+            const uint32_t aK = lt_smem_addr(sK);
+            const uint64_t dK = lt_wgmma_desc(aK);
+            lt_wgmma_pin(s);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
+        } else {
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+            if (kb < kb_end) {
+                fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_cp_async_commit();
+            }
+            const uint32_t aK = lt_smem_addr(sK + buf * TILE);
+            const uint64_t dK = lt_wgmma_desc(aK);
+            lt_wgmma_pin(s);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
+        }
+
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x;
+                if (cap > 0.0f) x = cap * tanhf(s[4 * j + e] * scale * inv_cap) * LOG2E_F;
+                else x = s[4 * j + e] * sl2;
+                if (!full) {
+                    const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                    if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
+                }
+                s[4 * j + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            const float mn = fmaxf(m[hr], mx[hr]);
+            /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            const float al = exp2f(m[hr] - mu);
+            m[hr] = mn;
+            float rs = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s[4 * j + 2 * hr] = exp2f(s[4 * j + 2 * hr] - mu);
+                s[4 * j + 2 * hr + 1] = exp2f(s[4 * j + 2 * hr + 1] - mu);
+                rs += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
+            }
+            l[hr] = l[hr] * al + rs;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    o[n][4 * j + 2 * hr] *= al;
+                    o[n][4 * j + 2 * hr + 1] *= al;
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+        }
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) lt_wgmma_pin_u(pa[kk]);
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV, n * (BN * 128) + kk * 2048), 1);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+    }
+
+    __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
+    const int c = 2 * (lane & 3);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const float il = 1.0f / lt;
+        const int r = row[hr];
+        if (r < T) {
+            __nv_bfloat16 *dst = go + (int64_t)r * p.o_st;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    *(uint32_t *)(dst + 64 * n + 8 * j + c) =
+                        lt_pack_bf16(o[n][4 * j + 2 * hr] * il, o[n][4 * j + 2 * hr + 1] * il);
+            if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * LN2_F;
+        }
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+
+/* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma with double-buffered K/V
+ * tiles (two CTAs per SM), 2 = wgmma with one K/V slot (three CTAs per SM; for rows that see few
+ * tiles, where the overlap of CTAs pays more than prefetching). The wgmma kernels need compute
+ * capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (at most 65535).
+ * LONGTUNE_ATTN_FWD=mma|wg|wg1 overrides the choice for measurements (dev/cuda/NOTES.md). */
+static int attn_fwd_variant(const lt_attention_params *p) {
+    const char *v = getenv("LONGTUNE_ATTN_FWD");
+    int want = lt_attn_cuda_sparse(p) ? 2 : 1;
+    if (v && !strcmp(v, "mma")) want = 0;
+    if (v && !strcmp(v, "wg")) want = 1;
+    if (v && !strcmp(v, "wg1")) want = 2;
+    return want && attn_have_wgmma() && (p->T + 63) / 64 <= 65535 ? want : 0;
+}
+
+template <int D, int NB>
+static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_fwd_wg_kernel<D, NB>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "attention forward: shared memory size"));
+    dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
+    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
+}
+
+/* Supported specialisations: bf16, head dims 64 / 96 / 128 (the table of LT_ATTENTION_CUDA_HEAD_DIMS);
+ * wgmma kernels for 64 and 128 on compute capability 9.0 (attn_fwd_variant). mma.sync kernels per
+ * head dim (warps, 16-row tiles per warp, Q in registers), measured on H200 (dev/cuda/NOTES.md):
  * D=128 (4, 2, no): 250 TFLOP/s at T=8k against 167 for (8, 1, yes); (4, 2, yes) spills.
  * D=64 (4, 2, yes). D=96 (8, 1, yes): (4, 2, no) spills. */
 extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
@@ -400,9 +681,21 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
     if (st == LT_OK) {
         switch (p->D) {
-        case 64: st = attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B); break;
+        case 64: {
+            const int v = attn_fwd_variant(p);
+            st = v == 2 ? attn_fwd_wg_launch<64, 1>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<64, 2>(ctx, d, (int)p->B)
+                        : attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
+            break;
+        }
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
-        default: st = attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B); break;
+        default: {
+            const int v = attn_fwd_variant(p);
+            st = v == 2 ? attn_fwd_wg_launch<128, 1>(ctx, d, (int)p->B)
+               : v == 1 ? attn_fwd_wg_launch<128, 2>(ctx, d, (int)p->B)
+                        : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
+            break;
+        }
         }
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, ws_bytes); /* cudaFree waits for the kernel */

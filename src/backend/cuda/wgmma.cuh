@@ -1,0 +1,121 @@
+/* Hopper warpgroup MMA (wgmma, sm_90a only) for the attention kernels: shared-memory matrix
+ * descriptors for the 128-byte-swizzled layout, the m64n64k16 bf16 instructions (both operands in
+ * shared memory, or A in registers) and the fences around them. Everything here compiles to
+ * nothing useful on other targets: callers guard uses with LT_WGMMA_OK and pick another kernel at
+ * run time on other GPUs. Private to src/backend/cuda/. */
+#ifndef LT_WGMMA_CUH
+#define LT_WGMMA_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LT_WGMMA_OK 1
+#else
+#define LT_WGMMA_OK 0
+#endif
+
+/* Tiles live in shared memory in the 128-byte swizzle of the tensor cores: a tile of R rows and
+ * C bf16 columns (C a multiple of 64) is C/64 column blocks of R rows x 128 bytes; the 16-byte
+ * chunk j of row r sits at chunk j ^ (r % 8). Blocks must start 1024-byte aligned. The same bytes
+ * serve as a K-major operand (rows = M or N, columns = K) and as an MN-major one (rows = K,
+ * columns = M or N). */
+static __device__ __forceinline__ uint32_t lt_sw128_offset(int r, int c, int rows) {
+    /* byte offset of element (r, c) */
+    return (uint32_t)((c >> 6) * rows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
+}
+
+/* Descriptor: start address, leading and stride byte offsets (16-byte units), swizzle 128B.
+ * K-major: SBO = 1024 (next 8 rows), LBO unused. MN-major tiles are used only 64 columns wide (one
+ * swizzle atom along M/N), so only the offset between 8-row groups along K matters; it is written
+ * into both fields (1024), which reads the same whichever field the hardware takes it from. */
+static __device__ __forceinline__ uint64_t lt_wgmma_desc(uint32_t saddr) {
+    uint64_t d = 0;
+    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
+    d |= (uint64_t)(1024 >> 4) << 16;
+    d |= (uint64_t)(1024 >> 4) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+/* The descriptor of base + bytes (bytes a multiple of 16): only the start-address field changes,
+ * and shared memory (< 256 KiB) never carries out of it, so one add replaces the rebuild. */
+static __device__ __forceinline__ uint64_t lt_wgmma_desc_at(uint64_t base, uint32_t bytes) {
+    return base + (bytes >> 4);
+}
+
+static __device__ __forceinline__ void lt_wgmma_fence(void) {
+#if LT_WGMMA_OK
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void lt_wgmma_commit(void) {
+#if LT_WGMMA_OK
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> static __device__ __forceinline__ void lt_wgmma_wait(void) {
+#if LT_WGMMA_OK
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* Generic-proxy shared-memory writes (st.shared, cp.async) that wgmma reads next. */
+static __device__ __forceinline__ void lt_fence_proxy_async(void) {
+#if LT_WGMMA_OK
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* Pins accumulator registers in program order around the asynchronous MMAs: the compiler sees a
+ * write of every register here, so it cannot move a read of the accumulator above a wait_group or
+ * a write of it below an issue (CUTLASS's warpgroup_fence_operand). Emits no instruction. */
+static __device__ __forceinline__ void lt_wgmma_pin(float d[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+static __device__ __forceinline__ void lt_wgmma_pin_u(uint32_t a[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+#define LT_WG_D32                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define LT_WG_R32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+/* d (64 x 64 fp32 per warpgroup; the accumulator layout of mma.sync m16n8 per warp, warp w of the
+ * group owning rows 16w..16w+15) = A·B (+ d when acc != 0), K = 16. TA / TB: 0 = K-major,
+ * 1 = MN-major. */
+template <int TA, int TB>
+static __device__ __forceinline__ void lt_wgmma_ss(float d[32], uint64_t da, uint64_t db, int acc) {
+#if LT_WGMMA_OK
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LT_WG_R32
+                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : LT_WG_D32
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+#endif
+}
+
+/* The same with A (64 x 16 bf16) in registers, in mma.sync's A-fragment layout per warp. */
+template <int TB>
+static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a[4], uint64_t db,
+                                                   int acc) {
+#if LT_WGMMA_OK
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LT_WG_R32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : LT_WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
+#else
+    (void)d; (void)a; (void)db; (void)acc;
+#endif
+}
+
+#endif
