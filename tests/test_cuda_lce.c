@@ -451,6 +451,75 @@ static void fb_workspace_at_the_large_shape(void **s) {
     assert_true(b > 0 && b <= ((size_t)64 << 20));
 }
 
+/* Allocation failure is LT_ERR_OOM with nothing leaked; a caller's workspace means no allocation
+ * and the same (deterministic) results. */
+static void fb_oom_and_caller_workspace(void **s) {
+    (void)s;
+    lt_ctx *ctx = lt_ctx_new();
+    uint64_t rng = lt_test_seed() + 5;
+    const int64_t N = 40, C = 64, V = 300;
+    uint16_t hb[40 * 64], wb[300 * 64];
+    float f;
+    for (int i = 0; i < N * C; i++) {
+        lt_test_fill_normal(&rng, &f, 1, 1.0f);
+        hb[i] = lt_f32_to_bf16(f);
+    }
+    for (int i = 0; i < V * C; i++) {
+        lt_test_fill_normal(&rng, &f, 1, 0.2f);
+        wb[i] = lt_f32_to_bf16(f);
+    }
+    int32_t tgt[40];
+    for (int i = 0; i < N; i++) tgt[i] = i % 7 == 2 ? LT_IGNORE_INDEX : (int32_t)lt_test_uniform(&rng, 0, (double)V);
+    const float one = 1.0f;
+    void *d_h = dev_copy(ctx, hb, sizeof hb), *d_w = dev_copy(ctx, wb, sizeof wb);
+    int32_t *d_t = dev_copy(ctx, tgt, sizeof tgt);
+    float *d_loss = dev_copy(ctx, NULL, 4), *d_lse = dev_copy(ctx, NULL, 4 * N), *d_dl = dev_copy(ctx, &one, 4);
+    void *d_dh = dev_copy(ctx, NULL, sizeof hb);
+    int64_t hs[2] = {N, C}, ws[2] = {V, C};
+    lt_tensor tdh = lt_tensor_view(d_dh, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    lt_lce_args a;
+    memset(&a, 0, sizeof a);
+    a.h = lt_tensor_view(d_h, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    a.w = lt_tensor_view(d_w, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, ws);
+    a.targets = d_t;
+    a.loss = d_loss;
+    a.lse = d_lse;
+    a.dloss = d_dl;
+    a.dh = &tdh;
+    lt_lce_options o = {.tile_n = 16, .tile_v = 128};
+    const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
+    lt_mem_fail_nth(ctx, 1);
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_ERR_OOM);
+    lt_mem_fail_nth(ctx, 0);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, used);
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_OK);
+    float l1 = 0, l2 = 0;
+    uint16_t dh1[40 * 64], dh2[40 * 64];
+    assert_int_equal(cudaMemcpy(&l1, d_loss, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dh1, d_dh, sizeof dh1, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t wsb = lt_lce_workspace_bytes(&o, &a, LT_LCE_PASS_FORWARD_BACKWARD, 0);
+    a.workspace = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
+    assert_non_null(a.workspace);
+    assert_int_equal(cudaMemset(d_dh, 0xff, sizeof hb), cudaSuccess);
+    const uint64_t n0 = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).n_allocs;
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_OK);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).n_allocs, n0);
+    assert_int_equal(cudaMemcpy(&l2, d_loss, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dh2, d_dh, sizeof dh2, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(l1 == l2 && isfinite(l1));
+    assert_memory_equal(dh1, dh2, sizeof dh1);
+    lt_free(ctx, LT_DEVICE_CUDA, a.workspace, wsb);
+    lt_free(ctx, LT_DEVICE_CUDA, d_h, sizeof hb);
+    lt_free(ctx, LT_DEVICE_CUDA, d_w, sizeof wb);
+    lt_free(ctx, LT_DEVICE_CUDA, d_t, sizeof tgt);
+    lt_free(ctx, LT_DEVICE_CUDA, d_loss, 4);
+    lt_free(ctx, LT_DEVICE_CUDA, d_lse, 4 * N);
+    lt_free(ctx, LT_DEVICE_CUDA, d_dl, 4);
+    lt_free(ctx, LT_DEVICE_CUDA, d_dh, sizeof hb);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static void bad_target_is_named(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
@@ -512,6 +581,7 @@ int main(void) {
         cmocka_unit_test(fb_quantized_heads),
         cmocka_unit_test(fb_late_max_rescales_and_one_stream),
         cmocka_unit_test(fb_workspace_at_the_large_shape),
+        cmocka_unit_test(fb_oom_and_caller_workspace),
         cmocka_unit_test(bad_target_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
