@@ -1,7 +1,7 @@
 /* `longtune bench lce --backend cuda`: the library's CUDA linear cross-entropy (bf16 h and dense
  * bf16 head, mean reduction) forward + grad of h at N tokens, V vocabulary, C width, in three
  * arms: lt_lce_forward then lt_lce_backward (three GEMMs), lt_lce_forward_backward (one call, two
- * GEMMs, second stream) and the same on one stream. Median time (device synchronised), extra
+ * GEMMs) and the same with a bf16 logit tile (LONGTUNE_LCE_FB_LOGITS=bf16). Median time (device synchronised), extra
  * device bytes from the accounting allocator (workspace), agreement of loss and dh with the first
  * arm, and ratios to the PyTorch peers of bench/peers/lce_torch.py run in the same invocation
  * (naive bf16 logits, fp32 upcast), to the GEMM floor 2·2·N·V·C and to the bf16 GEMM rate
@@ -106,9 +106,9 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     cJSON_AddNumberToObject(cfg, "tile_n", tile_n);
     cJSON_AddNumberToObject(cfg, "tile_v", tile_v);
     arms = cJSON_AddArrayToObject(r, "arms");
-    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-one-stream"};
+    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-bf16-logits"};
     for (int ai = 0; ai < 3; ai++) {
-        if (ai == 2) setenv("LONGTUNE_LCE_ONE_STREAM", "1", 1);
+        if (ai == 2) setenv("LONGTUNE_LCE_FB_LOGITS", "bf16", 1);
         const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
         lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
         for (int k = -c->warmup; k < c->repeats; k++) {
@@ -130,7 +130,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 tt[k] = (t2 - t0) * 1e3;
             }
         }
-        unsetenv("LONGTUNE_LCE_ONE_STREAM");
+        unsetenv("LONGTUNE_LCE_FB_LOGITS");
         const size_t extra = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used;
         const double ms = lt_bench_median(tt, c->repeats), fwd = lt_bench_median(tf, c->repeats);
         float lv = 0;

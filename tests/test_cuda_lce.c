@@ -2,8 +2,8 @@
  * backend, on fresh random inputs with poisoned outputs: mean / sum / none reductions, label
  * smoothing, z-loss, softcap, ignored targets, token weights, small tiles (many chunks), dW
  * accumulation, and the error naming a bad target; each through lt_lce_forward + lt_lce_backward
- * and through lt_lce_forward_backward (one pass: two GEMMs per tile, second stream, running max
- * moved late, one-stream variant; and its two-call fallback for dw, softcap with smoothing), with
+ * and through lt_lce_forward_backward (one pass: two GEMMs per tile, fp32 and bf16 logit tiles,
+ * running max moved late; and its two-call fallback for dw, softcap with smoothing), with
  * the workspace bound and the bytes the allocator saw. Tolerance: twice the error of a naive bf16
  * implementation (bf16 logits and logit gradients, emulated here) against the float64 reference.
  * Without a CUDA device (or build) it prints "skipped: no CUDA device" and exits 77. */
@@ -79,6 +79,7 @@ static void reference(const lcase *c, const float *h, const float *w, const int3
             li = wi * ((1 - eps) * (lse[i] - z[tgt[i]]) + eps * (lse[i] - sz / (double)V) + zl * lse[i] * lse[i]);
         }
         tl[i] = li;
+        if (tgt[i] == ign) lse[i] = 0; /* lce.h: lse is 0 for ignored tokens */
         sl += li;
         sw += wi;
         (void)f;
@@ -276,16 +277,19 @@ static void run_case(const lcase *c) {
         chk[4].emu = e_dw;
         chk[4].n = V * C;
     }
+    int bad = 0;
     for (int i = 0; i < 5; i++) {
         if (!chk[i].n) continue;
         double tol = fmax(2 * rel_err_dd(chk[i].emu, chk[i].ref, chk[i].n), TOL_BF16_FLOOR);
         double err = rel_err(chk[i].got, chk[i].ref, chk[i].n);
-        fprintf(stderr, "  %s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
-                c->one_call ? "fb" : "f+b", lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
+        fprintf(stderr, "  %s%s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
+                c->one_call ? "fb" : "f+b", getenv("LONGTUNE_LCE_FB_LOGITS") ? "(bf16 logits)" : "",
+                lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
                 (double)c->opt.z_loss, (double)c->opt.softcap, c->opt.tile_n, c->opt.tile_v, chk[i].name,
                 err, tol);
-        assert_true(err <= tol);
+        bad += !(err <= tol); /* every check is printed before the case fails */
     }
+    assert_int_equal(bad, 0);
     /* Ignored tokens: dh rows exactly zero. */
     for (int64_t i = 0; i < N; i++)
         if (tgt[i] == ign) {
@@ -362,15 +366,23 @@ static void quantized_heads(void **s) {
 }
 /* ---- forward_backward ---- */
 
+/* Each one-call case with the default fp32 logit tile and with LONGTUNE_LCE_FB_LOGITS=bf16. */
+static void run_fb(const lcase *c) {
+    run_case(c);
+    setenv("LONGTUNE_LCE_FB_LOGITS", "bf16", 1);
+    run_case(c);
+    unsetenv("LONGTUNE_LCE_FB_LOGITS");
+}
+
 static void fb_mean_dense_and_cpu(void **s) {
     (void)s;
     lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 0, 0, 0, 0, 1, 1, 0};
-    run_case(&c);
+    run_fb(&c);
     c.dh_f32 = 1;
     c.with_cpu = 0;
     c.opt.tile_n = 64; /* five token chunks, four vocabulary tiles: both logit buffers reused */
     c.opt.tile_v = 256;
-    run_case(&c);
+    run_fb(&c);
 }
 static void fb_sum_smoothing_zloss_weights_small_tiles(void **s) {
     (void)s;
@@ -380,7 +392,7 @@ static void fb_sum_smoothing_zloss_weights_small_tiles(void **s) {
     c.opt.z_loss = 1e-3f;
     c.opt.tile_n = 128;
     c.opt.tile_v = 256;
-    run_case(&c);
+    run_fb(&c);
 }
 static void fb_softcap_zloss_none_ignored(void **s) {
     (void)s;
@@ -390,7 +402,7 @@ static void fb_softcap_zloss_none_ignored(void **s) {
     c.opt.softcap = 5.0f;
     c.opt.z_loss = 2e-3f;
     c.opt.tile_v = 128;
-    run_case(&c);
+    run_fb(&c);
 }
 /* dw, and softcap with smoothing, need the final lse inside each tile: the call runs the forward
  * and the backward (lce.h); same results. */
@@ -403,9 +415,9 @@ static void fb_fallbacks_dw_and_softcap_with_smoothing(void **s) {
     c.opt.softcap = 20.0f;
     c.opt.tile_n = 128;
     c.opt.tile_v = 256;
-    run_case(&c);
+    run_fb(&c);
     c.with_dw = 0;
-    run_case(&c);
+    run_fb(&c);
 }
 static void fb_quantized_heads(void **s) {
     (void)s;
@@ -414,23 +426,22 @@ static void fb_quantized_heads(void **s) {
         lcase c = {200, 256, 600, q[i], {0}, 9, 0, 0, 0, 0, 1, 0};
         c.opt.tile_v = 256;
         c.opt.label_smoothing = i == 1 ? 0.05f : 0.0f;
-        run_case(&c);
+        run_fb(&c);
     }
 }
 /* The running max is set by the first tile and replaced (with the accumulator rescaled) when a
- * later tile exceeds it by the margin: both call forms, and on one stream. */
-static void fb_late_max_rescales_and_one_stream(void **s) {
+ * later tile exceeds it by the margin: both call forms, tiles of 256 and the default width. */
+static void fb_late_max_rescales(void **s) {
     (void)s;
     lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 11, 0, 0, 0, 0, 1, 1};
     c.opt.tile_v = 256;
-    run_case(&c);
+    run_fb(&c);
     c.one_call = 0;
     run_case(&c);
     c.one_call = 1;
     c.opt.tile_n = 100;
-    setenv("LONGTUNE_LCE_ONE_STREAM", "1", 1);
-    run_case(&c);
-    unsetenv("LONGTUNE_LCE_ONE_STREAM");
+    c.opt.tile_v = 0;
+    run_fb(&c);
 }
 /* The shape (N=8192, V=151936, C=4096): the one-pass workspace is at most 64 MiB. */
 static void fb_workspace_at_the_large_shape(void **s) {
@@ -579,7 +590,7 @@ int main(void) {
         cmocka_unit_test(fb_softcap_zloss_none_ignored),
         cmocka_unit_test(fb_fallbacks_dw_and_softcap_with_smoothing),
         cmocka_unit_test(fb_quantized_heads),
-        cmocka_unit_test(fb_late_max_rescales_and_one_stream),
+        cmocka_unit_test(fb_late_max_rescales),
         cmocka_unit_test(fb_workspace_at_the_large_shape),
         cmocka_unit_test(fb_oom_and_caller_workspace),
         cmocka_unit_test(bad_target_is_named),
