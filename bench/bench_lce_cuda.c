@@ -1,12 +1,11 @@
 /* `longtune bench lce --backend cuda`: the library's CUDA linear cross-entropy (bf16 h and dense
  * bf16 head, mean reduction) forward + grad of h at N tokens, V vocabulary, C width, in three
  * arms: lt_lce_forward then lt_lce_backward (three GEMMs), lt_lce_forward_backward (one call, two
- * GEMMs) and the same with a bf16 logit tile (LONGTUNE_LCE_FB_LOGITS=bf16). Median time (device synchronised), extra
+ * GEMMs, bf16 logit tiles: the default) and the same with fp32 logit tiles. Median time (device synchronised), extra
  * device bytes from the accounting allocator (workspace), agreement of loss and dh with the first
  * arm, and ratios to the PyTorch peers of bench/peers/lce_torch.py run in the same invocation
  * (naive bf16 logits, fp32 upcast), to the GEMM floor 2·2·N·V·C and to the bf16 GEMM rate
  * measured there (executed GEMM FLOPs: 6NVC for the two calls, 4NVC for the one). */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,9 +198,9 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     cJSON_AddNumberToObject(cfg, "tile_n", tile_n);
     cJSON_AddNumberToObject(cfg, "tile_v", tile_v);
     arms = cJSON_AddArrayToObject(r, "arms");
-    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-bf16-logits"};
+    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-fp32-logits"};
     for (int ai = 0; ai < 3; ai++) {
-        if (ai == 2) setenv("LONGTUNE_LCE_FB_LOGITS", "bf16", 1);
+        o.fp32_logit_tiles = ai == 2;
         const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
         lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
         for (int k = -c->warmup; k < c->repeats; k++) {
@@ -223,7 +222,6 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 tt[k] = (t2 - t0) * 1e3;
             }
         }
-        unsetenv("LONGTUNE_LCE_FB_LOGITS");
         const size_t extra = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used;
         const double ms = lt_bench_median(tt, c->repeats), fwd = lt_bench_median(tf, c->repeats);
         float lv = 0;
@@ -240,6 +238,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
         cJSON_AddNumberToObject(arm, "workspace_bytes",
                                 (double)lt_lce_workspace_bytes(&o, &a, ai == 0 ? 1 : LT_LCE_PASS_FORWARD_BACKWARD, 0));
+        cJSON_AddStringToObject(arm, "logit_tiles", ai == 0 ? "fp32" : ai == 1 ? "bf16" : "fp32");
         cJSON_AddNumberToObject(arm, "loss", lv);
         if (ai) cJSON_AddNumberToObject(arm, "dh_max_diff_vs_first_arm_scaled", ddh);
         cJSON_AddItemToArray(arms, arm);
@@ -249,10 +248,10 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 names[ai], (long long)N, (long long)V, (long long)C, ms, ai == 0 ? " (two calls)" : "",
                 (double)extra / (1 << 20), (double)lv, ddh);
     }
-    /* Same-run cuBLASLt ceilings at the tile shape of the one call (the library's defaults are
-     * 1024 x 8192 with fp32 logits; tile flags override). */
-    gemm_ceiling(r, "cublaslt_fp32_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 8192, 0);
+    /* Same-run cuBLASLt ceilings at the tile shapes of the one call (the library's defaults:
+     * 1024 x 16384 with bf16 logit tiles, 1024 x 8192 with fp32 ones; tile flags override). */
     gemm_ceiling(r, "cublaslt_bf16_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 16384, 1);
+    gemm_ceiling(r, "cublaslt_fp32_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 8192, 0);
     if (peers) {
         char args[64];
         snprintf(args, sizeof args, "%d %lld %lld %lld", c->repeats, (long long)N, (long long)V, (long long)C);

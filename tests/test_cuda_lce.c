@@ -2,12 +2,11 @@
  * backend, on fresh random inputs with poisoned outputs: mean / sum / none reductions, label
  * smoothing, z-loss, softcap, ignored targets, token weights, small tiles (many chunks), dW
  * accumulation, and the error naming a bad target; each through lt_lce_forward + lt_lce_backward
- * and through lt_lce_forward_backward (one pass: two GEMMs per tile, fp32 and bf16 logit tiles,
+ * and through lt_lce_forward_backward (one pass: two GEMMs per tile, bf16 and fp32 logit tiles,
  * running max moved late; and its two-call fallback for dw, softcap with smoothing), with
  * the workspace bound and the bytes the allocator saw. Tolerance: twice the error of a naive bf16
  * implementation (bf16 logits and logit gradients, emulated here) against the float64 reference.
  * Without a CUDA device (or build) it prints "skipped: no CUDA device" and exits 77. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -283,7 +282,7 @@ static void run_case(const lcase *c) {
         double tol = fmax(2 * rel_err_dd(chk[i].emu, chk[i].ref, chk[i].n), TOL_BF16_FLOOR);
         double err = rel_err(chk[i].got, chk[i].ref, chk[i].n);
         fprintf(stderr, "  %s%s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
-                c->one_call ? "fb" : "f+b", getenv("LONGTUNE_LCE_FB_LOGITS") ? "(bf16 logits)" : "",
+                c->one_call ? "fb" : "f+b", c->one_call && c->opt.fp32_logit_tiles ? "(fp32 logits)" : "",
                 lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
                 (double)c->opt.z_loss, (double)c->opt.softcap, c->opt.tile_n, c->opt.tile_v, chk[i].name,
                 err, tol);
@@ -366,12 +365,12 @@ static void quantized_heads(void **s) {
 }
 /* ---- forward_backward ---- */
 
-/* Each one-call case with the default fp32 logit tile and with LONGTUNE_LCE_FB_LOGITS=bf16. */
+/* Each one-call case with the default bf16 logit tile and with fp32 logit tiles. */
 static void run_fb(const lcase *c) {
     run_case(c);
-    setenv("LONGTUNE_LCE_FB_LOGITS", "bf16", 1);
-    run_case(c);
-    unsetenv("LONGTUNE_LCE_FB_LOGITS");
+    lcase f = *c;
+    f.opt.fp32_logit_tiles = 1;
+    run_case(&f);
 }
 
 static void fb_mean_dense_and_cpu(void **s) {

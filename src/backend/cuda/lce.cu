@@ -24,25 +24,21 @@ extern "C" {
 #define LCE_VC_MAX 8192 /* the gradient kernel stages one fp32 logit row (32 KiB) in shared memory */
 #define LCE_THREADS 256
 /* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and one logit tile
- * as wide as the budget allows (Vc = 8192 with fp32 logits, staged in shared memory by the
- * statistics kernel; up to 16384 with bf16 logits, which need no staging), inside 60 MiB. Measured
+ * as wide as the budget allows (Vc = 16384 with bf16 logits, which need no staging; 8192 with fp32
+ * logits, staged in shared memory by the statistics kernel), inside 60 MiB. Measured
  * on the H200 (dev/cuda/NOTES.md): the vocabulary width is what pays (fewer read-modify-writes of
  * the accumulator); a wider token chunk did not, and running the next tile's GEMM 1 on a second
  * stream beside the statistics kernel and GEMM 2 gained nothing (cuBLASLt's kernels fill the GPU)
  * while doubling the logit buffer, so there is one stream. The reference max of a token moves only
  * when a tile's max exceeds it by LCE_FB_MARGIN: exp(z - m) <= e^16 stays far from fp32/bf16
  * overflow even summed over any vocabulary, and a row rescale (C multiplies) is then rare after
- * the first tile. LONGTUNE_LCE_FB_LOGITS=bf16 makes the logit tile bf16 (as a naive bf16 layer
- * rounds its logits), an experiment measured against the fp32 default. */
+ * the first tile. The logit tile is bf16 unless the options ask for fp32 (lt_lce_options.
+ * fp32_logit_tiles): on the H200 the bf16 tile took 31.9 ms against 33.7 ms (its GEMM 1 writes and
+ * the statistics kernel reads half the bytes, and the tile is twice as wide in the same memory). */
 #define LCE_FB_BUDGET ((size_t)60 << 20)
 #define LCE_FB_NC_DEFAULT 1024
 #define LCE_FB_VC_MAX_BF16 16384
 #define LCE_FB_MARGIN 16.0f
-
-static int lce_fb_bf16_logits(void) {
-    const char *e = getenv("LONGTUNE_LCE_FB_LOGITS");
-    return e && !strcmp(e, "bf16");
-}
 
 typedef struct lce_plan {
     int64_t Nc, Vc, ldz;
@@ -59,7 +55,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     lce_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.fb = 1;
-    pl.zb = lce_fb_bf16_logits() ? 2 : 4;
+    pl.zb = opt && opt->fp32_logit_tiles ? 4 : 2;
     pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, LCE_FB_NC_DEFAULT);
     if (pl.Nc > N) pl.Nc = N;
     const int smooth = opt && opt->label_smoothing > 0.0f;
