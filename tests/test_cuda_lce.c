@@ -519,6 +519,12 @@ static void fb_oom_and_caller_workspace(void **s) {
     assert_true(l1 == l2 && isfinite(l1));
     assert_memory_equal(dh1, dh2, sizeof dh1);
     lt_free(ctx, LT_DEVICE_CUDA, a.workspace, wsb);
+    a.workspace = NULL;
+    /* fp32 logit tiles (the shared-memory staging path): the same loss to bf16 logit accuracy */
+    o.fp32_logit_tiles = 1;
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_OK);
+    assert_int_equal(cudaMemcpy(&l2, d_loss, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(fabs((double)l2 - l1) <= 4e-3 * fabs((double)l1));
     lt_free(ctx, LT_DEVICE_CUDA, d_h, sizeof hb);
     lt_free(ctx, LT_DEVICE_CUDA, d_w, sizeof wb);
     lt_free(ctx, LT_DEVICE_CUDA, d_t, sizeof tgt);
