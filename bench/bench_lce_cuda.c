@@ -1,12 +1,11 @@
 /* `longtune bench lce --backend cuda`: the library's CUDA linear cross-entropy (bf16 h and dense
  * bf16 head, mean reduction) forward + grad of h at N tokens, V vocabulary, C width, in three
  * arms: lt_lce_forward then lt_lce_backward (three GEMMs), lt_lce_forward_backward (one call, two
- * GEMMs, second stream) and the same on one stream. Median time (device synchronised), extra
+ * GEMMs, bf16 logit tiles: the default) and the same with fp32 logit tiles. Median time (device synchronised), extra
  * device bytes from the accounting allocator (workspace), agreement of loss and dh with the first
  * arm, and ratios to the PyTorch peers of bench/peers/lce_torch.py run in the same invocation
  * (naive bf16 logits, fp32 upcast), to the GEMM floor 2·2·N·V·C and to the bf16 GEMM rate
  * measured there (executed GEMM FLOPs: 6NVC for the two calls, 4NVC for the one). */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include "longtune/log.h"
 
 #if LT_HAVE_CUDA
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 static void *dev_uniform(lt_ctx *ctx, size_t n, float amp, uint64_t *s) {
@@ -47,6 +47,98 @@ static double peer_value(const cJSON *peers, const char *peer, const char *key) 
             return cJSON_GetNumberValue(cJSON_GetObjectItem(p, key));
     }
     return 0;
+}
+
+/* Milliseconds of one cuBLASLt bf16 GEMM (fp32 accumulate), C (m x n, col-major, fp32 or bf16
+ * output) = op(A)·op(B) + beta·C with A, B, C scratch of the right sizes, 4 MiB of cuBLASLt
+ * workspace as the library uses: the same-run ceiling of the library's own GEMMs. reps timed after
+ * one warm-up, CUDA events; 0 when cuBLASLt refuses. */
+static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, int64_t k, int ta, int tb,
+                         int c_bf16, float beta, int reps) {
+    void *A = NULL, *B = NULL, *Cm = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double ms = 0;
+    size_t wsb = (size_t)4 << 20;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float alpha = 1.0f;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    if (cudaMalloc(&A, (size_t)(m * k) * 2) != cudaSuccess || cudaMalloc(&B, (size_t)(k * n) * 2) != cudaSuccess ||
+        cudaMalloc(&Cm, (size_t)(m * n) * 4) != cudaSuccess)
+        goto out;
+    cudaMemset(A, 0x3c, (size_t)(m * k) * 2); /* bf16 0x3c3c ~ 0.0115: finite, non-zero */
+    cudaMemset(B, 0x3c, (size_t)(k * n) * 2);
+    cudaMemset(Cm, 0, (size_t)(m * n) * 4);
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto out;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    cublasLtMatrixLayoutCreate(&ad, CUDA_R_16BF, (uint64_t)(ta ? k : m), (uint64_t)(ta ? m : k), ta ? k : m);
+    cublasLtMatrixLayoutCreate(&bd, CUDA_R_16BF, (uint64_t)(tb ? n : k), (uint64_t)(tb ? k : n), tb ? n : k);
+    cublasLtMatrixLayoutCreate(&cd, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS || nres < 1)
+        goto out;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cublasLtMatmul(lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd, &res.algo, ws, wsb, 0);
+    cudaEventRecord(e0, 0);
+    for (int r = 0; r < reps; r++)
+        cublasLtMatmul(lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd, &res.algo, ws, wsb, 0);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms = (double)t / reps;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (cd) cublasLtMatrixLayoutDestroy(cd);
+    if (bd) cublasLtMatrixLayoutDestroy(bd);
+    if (ad) cublasLtMatrixLayoutDestroy(ad);
+    if (op) cublasLtMatmulDescDestroy(op);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(Cm);
+    (void)cudaGetLastError();
+    return ms;
+}
+
+/* The GEMM-only time of the one call at tiles nc x vc: (N/nc)·(V/vc) tiles of GEMM 1 (logits,
+ * fp32 or bf16 out) and GEMM 2 (accumulator, fp32, beta 1), timed here at those tile shapes (the
+ * ragged last tiles counted as full ones); and the rate of one N x V x C GEMM. */
+static void gemm_ceiling(cJSON *r, const char *key, int64_t N, int64_t V, int64_t C, int64_t nc, int64_t vc,
+                         int zbf16) {
+    cublasLtHandle_t lt = NULL;
+    void *ws = NULL;
+    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&ws, (size_t)4 << 20) != cudaSuccess) {
+        if (lt) cublasLtDestroy(lt);
+        return;
+    }
+    const double full = lt_gemm_ms(lt, ws, V, N, C, 1, 0, 1, 0.0f, 5);
+    const double g1 = lt_gemm_ms(lt, ws, vc, nc, C, 1, 0, zbf16, 0.0f, 20);
+    const double g2 = lt_gemm_ms(lt, ws, C, nc, vc, 0, 0, 0, 1.0f, 20);
+    const double tiles = (double)((N + nc - 1) / nc) * (double)((V + vc - 1) / vc);
+    const double fN = (double)N, fV = (double)V, fC = (double)C, fnc = (double)nc, fvc = (double)vc;
+    cJSON *o = cJSON_AddObjectToObject(r, key);
+    cJSON_AddNumberToObject(o, "full_gemm_ms", full);
+    cJSON_AddNumberToObject(o, "full_gemm_tflops", full > 0 ? 2.0 * fN * fV * fC / (full * 1e9) : 0);
+    cJSON_AddNumberToObject(o, "tile_n", (double)nc);
+    cJSON_AddNumberToObject(o, "tile_v", (double)vc);
+    cJSON_AddNumberToObject(o, "gemm1_tile_ms", g1);
+    cJSON_AddNumberToObject(o, "gemm2_tile_ms", g2);
+    cJSON_AddNumberToObject(o, "fb_gemm_only_ms", tiles * (g1 + g2));
+    fprintf(stderr, "  cuBLASLt (%s): %lldx%lldx%lld GEMM %.2f ms (%.0f TFLOP/s); tiles %lldx%lld: GEMM 1 %.3f ms (%.0f TFLOP/s), "
+                    "GEMM 2 %.3f ms (%.0f TFLOP/s), x%.0f tiles = %.2f ms of GEMMs for the one call\n",
+            key, (long long)N, (long long)V, (long long)C, full, full > 0 ? 2.0 * fN * fV * fC / (full * 1e9) : 0,
+            (long long)nc, (long long)vc, g1, g1 > 0 ? 2.0 * fnc * fvc * fC / (g1 * 1e9) : 0, g2,
+            g2 > 0 ? 2.0 * fnc * fvc * fC / (g2 * 1e9) : 0, tiles, tiles * (g1 + g2));
+    cudaFree(ws);
+    cublasLtDestroy(lt);
 }
 
 static double dh_max_diff(const void *d, const uint16_t *ref, size_t n, uint16_t *tmp) {
@@ -106,9 +198,9 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     cJSON_AddNumberToObject(cfg, "tile_n", tile_n);
     cJSON_AddNumberToObject(cfg, "tile_v", tile_v);
     arms = cJSON_AddArrayToObject(r, "arms");
-    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-one-stream"};
+    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-fp32-logits"};
     for (int ai = 0; ai < 3; ai++) {
-        if (ai == 2) setenv("LONGTUNE_LCE_ONE_STREAM", "1", 1);
+        o.fp32_logit_tiles = ai == 2;
         const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
         lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
         for (int k = -c->warmup; k < c->repeats; k++) {
@@ -130,7 +222,6 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 tt[k] = (t2 - t0) * 1e3;
             }
         }
-        unsetenv("LONGTUNE_LCE_ONE_STREAM");
         const size_t extra = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used;
         const double ms = lt_bench_median(tt, c->repeats), fwd = lt_bench_median(tf, c->repeats);
         float lv = 0;
@@ -147,6 +238,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
         cJSON_AddNumberToObject(arm, "workspace_bytes",
                                 (double)lt_lce_workspace_bytes(&o, &a, ai == 0 ? 1 : LT_LCE_PASS_FORWARD_BACKWARD, 0));
+        cJSON_AddStringToObject(arm, "logit_tiles", ai == 0 ? "fp32" : ai == 1 ? "bf16" : "fp32");
         cJSON_AddNumberToObject(arm, "loss", lv);
         if (ai) cJSON_AddNumberToObject(arm, "dh_max_diff_vs_first_arm_scaled", ddh);
         cJSON_AddItemToArray(arms, arm);
@@ -156,6 +248,10 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 names[ai], (long long)N, (long long)V, (long long)C, ms, ai == 0 ? " (two calls)" : "",
                 (double)extra / (1 << 20), (double)lv, ddh);
     }
+    /* Same-run cuBLASLt ceilings at the tile shapes of the one call (the library's defaults:
+     * 1024 x 16384 with bf16 logit tiles, 1024 x 8192 with fp32 ones; tile flags override). */
+    gemm_ceiling(r, "cublaslt_bf16_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 16384, 1);
+    gemm_ceiling(r, "cublaslt_fp32_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 8192, 0);
     if (peers) {
         char args[64];
         snprintf(args, sizeof args, "%d %lld %lld %lld", c->repeats, (long long)N, (long long)V, (long long)C);

@@ -3,8 +3,7 @@
  * at once into per-token online log-sum-exp statistics (forward), or turned into the bf16 logit
  * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). The
  * forward_backward call makes each logit tile once: exp(z - m) against a running reference max m
- * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs, the second
- * overlapped with the next tile's first on a second stream. Nothing of size (N, V) is ever stored:
+ * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs. Nothing of size (N, V) is ever stored:
  * the workspace stays under 64 MiB whatever N·V is. Quantized heads are dequantized one vocabulary
  * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
  * the CPU reference it would not pay on dense softmaxes. */
@@ -24,18 +23,27 @@ extern "C" {
 #define LCE_NC_DEFAULT 2048
 #define LCE_VC_MAX 8192 /* the gradient kernel stages one fp32 logit row (32 KiB) in shared memory */
 #define LCE_THREADS 256
-/* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and two logit
- * buffers (one filled by the next tile's GEMM while the other is reduced and multiplied back),
- * all inside 60 MiB. The reference max of a token moves only when a tile's max exceeds it by
- * LCE_FB_MARGIN: exp(z - m) <= e^16 stays far from fp32/bf16 overflow even summed over any
- * vocabulary, and a row rescale (C multiplies) is then rare after the first tile. */
+/* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and one logit tile
+ * as wide as the budget allows (Vc = 16384 with bf16 logits, which need no staging; 8192 with fp32
+ * logits, staged in shared memory by the statistics kernel), inside 60 MiB. Measured
+ * on the H200 (dev/cuda/NOTES.md): the vocabulary width is what pays (fewer read-modify-writes of
+ * the accumulator); a wider token chunk did not, and running the next tile's GEMM 1 on a second
+ * stream beside the statistics kernel and GEMM 2 gained nothing (cuBLASLt's kernels fill the GPU)
+ * while doubling the logit buffer, so there is one stream. The reference max of a token moves only
+ * when a tile's max exceeds it by LCE_FB_MARGIN: exp(z - m) <= e^16 stays far from fp32/bf16
+ * overflow even summed over any vocabulary, and a row rescale (C multiplies) is then rare after
+ * the first tile. The logit tile is bf16 unless the options ask for fp32 (lt_lce_options.
+ * fp32_logit_tiles): on the H200 the bf16 tile took 31.9 ms against 33.7 ms (its GEMM 1 writes and
+ * the statistics kernel reads half the bytes, and the tile is twice as wide in the same memory). */
 #define LCE_FB_BUDGET ((size_t)60 << 20)
 #define LCE_FB_NC_DEFAULT 1024
+#define LCE_FB_VC_MAX_BF16 16384
 #define LCE_FB_MARGIN 16.0f
 
 typedef struct lce_plan {
     int64_t Nc, Vc, ldz;
-    int fb;        /* forward_backward layout: two logit (and dequant) buffers, two BLAS scratches */
+    int fb;        /* forward_backward layout (accumulator, column sums, 8 stats arrays) */
+    int zb;        /* bytes per logit of the tile: 4, or 2 for bf16 logits (forward_backward) */
     size_t off_stats, off_misc, off_blas, off_acc, off_deq, off_z, off_colsum, total;
 } lce_plan;
 
@@ -47,23 +55,24 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     lce_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.fb = 1;
+    pl.zb = opt && opt->fp32_logit_tiles ? 4 : 2;
     pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, LCE_FB_NC_DEFAULT);
     if (pl.Nc > N) pl.Nc = N;
     const int smooth = opt && opt->label_smoothing > 0.0f;
-    size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + 2 * LCE_BLAS_WS +
+    size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + LCE_BLAS_WS +
                    lt_cuda_align((size_t)pl.Nc * (size_t)C * 4) +
                    (smooth ? lt_cuda_align((size_t)C * 4) : 0);
     int64_t vc;
     if (opt && opt->tile_v > 0) {
         vc = opt->tile_v;
     } else {
-        size_t per_v = 2 * ((size_t)pl.Nc * 4 + (quantized ? (size_t)C * 2 : 0));
+        size_t per_v = (size_t)pl.Nc * (size_t)pl.zb + (quantized ? (size_t)C * 2 : 0);
         size_t rest = LCE_FB_BUDGET > fixed + per_v * 128 ? LCE_FB_BUDGET - fixed : per_v * 128;
         vc = (int64_t)(rest / per_v);
         vc = vc >= 512 ? vc / 512 * 512 : vc / 128 * 128;
     }
     if (vc < 128) vc = 128;
-    if (vc > LCE_VC_MAX) vc = LCE_VC_MAX;
+    if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
     if (vc > V) vc = V;
     pl.Vc = vc;
     pl.ldz = (vc + 7) / 8 * 8;
@@ -73,15 +82,15 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     pl.off_misc = off;
     off += 256;
     pl.off_blas = off;
-    off += 2 * LCE_BLAS_WS;
+    off += LCE_BLAS_WS;
     pl.off_acc = off;
     off += lt_cuda_align((size_t)pl.Nc * (size_t)C * 4);
     pl.off_colsum = off;
     off += smooth ? lt_cuda_align((size_t)C * 4) : 0;
     pl.off_deq = off;
-    off += quantized ? 2 * lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
+    off += quantized ? lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
     pl.off_z = off;
-    off += 2 * lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * 4);
+    off += lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * (size_t)pl.zb);
     pl.total = off;
     return pl;
 }
@@ -167,10 +176,9 @@ typedef struct lce_blas {
 } lce_blas;
 
 /* C (m x n, col-major, ldc, fp32 or bf16) = op(A) op(B) + beta·C, A and B bf16. */
-static lt_status lce_gemm_on(lt_ctx *ctx, lce_blas *bl, cudaStream_t stream, void *blas_ws,
-                             cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                             int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
-                             float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
+static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
+                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -230,7 +238,7 @@ static lt_status lce_gemm_on(lt_ctx *ctx, lce_blas *bl, cudaStream_t stream, voi
             bl->cache[slot].algo = res.algo;
         }
         s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
-                           &bl->cache[slot].algo, blas_ws, wsb, stream);
+                           &bl->cache[slot].algo, bl->ws, wsb, 0);
         if (s != CUBLAS_STATUS_SUCCESS)
             st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
     }
@@ -241,13 +249,6 @@ done:
     if (ad) cublasLtMatrixLayoutDestroy(ad);
     if (op) cublasLtMatmulDescDestroy(op);
     return st;
-}
-
-/* The two calls' GEMMs: default stream, the first BLAS scratch. */
-static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
-                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
-    return lce_gemm_on(ctx, bl, 0, bl->ws, ta, tb, m, n, k, A, lda, B, ldb, beta, Cm, ctype, ldc);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -345,7 +346,7 @@ static __global__ void lce_fwd_finish(lce_consts k, int64_t N, const int32_t *tg
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     float l = m[i] + __logf(s[i]);
-    lse[i] = l;
+    lse[i] = tgt[i] != k.ignore ? l : 0.0f; /* lce.h: 0 for ignored tokens */
     float li = 0.0f, wi = 0.0f;
     if (tgt[i] != k.ignore) {
         wi = tw ? tw[i] : 1.0f;
@@ -564,6 +565,61 @@ lce_fb_stats(float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, floa
         float x = zrow[j], e = __expf(x - mn), th = x * icap;
         ls += e;
         g[j] = __float2bfloat16(e * (1.0f - th * th));
+    }
+    const float tse = lce_block_sum(ls, red);
+    if (threadIdx.x == 0) {
+        m[i] = mn;
+        s[i] = first ? tse : s[i] * f + tse;
+        sumz[i] = first ? tsum : sumz[i] + tsum;
+        if (first || s_found) zt[i] = s_found ? s_zt : 0.0f;
+    }
+}
+
+/* The same over a bf16 logit tile (ld ldz): E_j overwrites z_j at the same index, each element
+ * read and written by one thread, so nothing is staged. */
+static __global__ void __launch_bounds__(LCE_THREADS)
+lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap,
+                  int first, float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    __shared__ float red[LCE_THREADS / 32];
+    __shared__ float s_zt, s_m, s_f;
+    __shared__ int s_found;
+    const int64_t i = blockIdx.x;
+    __nv_bfloat16 *z = Z + i * ldz;
+    const int64_t t = tgt[i];
+    if (threadIdx.x == 0) s_found = 0;
+    __syncthreads();
+    float lm = -INFINITY, lz = 0.0f;
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = lce_cap(__bfloat162float(z[j]), cap);
+        lm = fmaxf(lm, x);
+        lz += x;
+        if (v0 + j == t) {
+            s_zt = x;
+            s_found = 1;
+        }
+    }
+    const float tmax = lce_block_max(lm, red);
+    const float tsum = lce_block_sum(lz, red);
+    if (threadIdx.x == 0) {
+        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
+        if (first) mn = tmax;
+        else if (tmax > mo + LCE_FB_MARGIN) {
+            mn = tmax;
+            f = __expf(mo - mn);
+        }
+        s_m = mn;
+        s_f = f;
+    }
+    __syncthreads();
+    const float mn = s_m, f = s_f;
+    if (f != 1.0f)
+        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
+    const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    float ls = 0.0f;
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = lce_cap(__bfloat162float(z[j]), cap), e = __expf(x - mn), th = x * icap;
+        ls += e;
+        z[j] = __float2bfloat16(e * (1.0f - th * th));
     }
     const float tse = lce_block_sum(ls, red);
     if (threadIdx.x == 0) {
@@ -896,11 +952,10 @@ done:
     return st;
 }
 
-/* One pass over the vocabulary per token chunk (lce.h, lt_lce_forward_backward): GEMM 1 makes a
- * logit tile on stream `side`, the statistics kernel and GEMM 2 (acc += E · Wtile) consume it on
- * the default stream, so the next tile's GEMM 1 overlaps them; two logit buffers and events
- * order the reuse. LONGTUNE_LCE_ONE_STREAM=1 runs everything on the default stream (for
- * measuring what the overlap buys). */
+/* One pass over the vocabulary per token chunk (lce.h, lt_lce_forward_backward): per vocabulary
+ * tile, GEMM 1 makes the logit tile, the statistics kernel turns it into E in place (and moves the
+ * reference max), GEMM 2 adds E · Wtile into the fp32 dh accumulator; after the last tile the
+ * finish kernel writes lse, the per-token loss and dh. All on the default stream. */
 extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt,
                                                  lt_lce_args *a) {
     if (!lce_fb_one_pass(opt, a)) {
@@ -908,78 +963,45 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         return lt_lce_cuda_backward(ctx, opt, a);
     }
     lce_run r;
-    cudaStream_t side = NULL;
-    cudaEvent_t ev_start = NULL, ev_z[2] = {NULL, NULL}, ev_free[2] = {NULL, NULL};
     lt_status st = lce_begin(ctx, opt, a, LT_LCE_PASS_FORWARD_BACKWARD, &r);
-    const int64_t N = r.N, V = r.V, C = r.C;
-    const char *one = getenv("LONGTUNE_LCE_ONE_STREAM");
-    const int two = !(one && one[0] == '1');
-    float *colsum = r.k.eps > 0.0f ? (float *)(r.ws + r.pl.off_colsum) : NULL;
-    const size_t zbuf = lt_cuda_align((size_t)r.pl.Nc * (size_t)r.pl.ldz * 4);
-    const size_t dbuf = lt_cuda_align((size_t)r.pl.Vc * (size_t)C * 2);
-    const int bf = st == LT_OK && a->dh->dtype == LT_DTYPE_BF16;
-    int64_t g = 0;
-    if (st != LT_OK) goto done;
-    if (two) {
-        st = lt_cuda_check(ctx, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "lce: stream");
-        for (int b = 0; b < 2 && st == LT_OK; b++) {
-            st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_z[b], cudaEventDisableTiming), "lce: event");
-            if (st == LT_OK)
-                st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_free[b], cudaEventDisableTiming),
-                                   "lce: event");
-        }
-        if (st == LT_OK)
-            st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_start, cudaEventDisableTiming), "lce: event");
-        if (st != LT_OK) goto done;
+    if (st != LT_OK) {
+        lce_end(ctx, &r);
+        return st;
     }
+    const int64_t N = r.N, V = r.V, C = r.C;
+    const int zbf = r.pl.zb == 2, bf = a->dh->dtype == LT_DTYPE_BF16;
+    float *colsum = r.k.eps > 0.0f ? (float *)(r.ws + r.pl.off_colsum) : NULL;
     /* Per-token coefficient (upstream gradient x weight; mean divides by the weight total). */
     lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r.k.ignore, N, r.sb);
     lce_sum2<<<1, 1024>>>(NULL, r.sb, N, r.sums);
     lce_bwd_coef<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, a->dloss, r.sums, r.coef);
     st = lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
-    if (st == LT_OK && two) {
-        st = lt_cuda_check(ctx, cudaEventRecord(ev_start, 0), "lce: event record");
-        if (st == LT_OK) st = lt_cuda_check(ctx, cudaStreamWaitEvent(side, ev_start, 0), "lce: stream wait");
-    }
     for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
         const int64_t nc = min64(r.pl.Nc, N - n0);
         const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * C;
-        for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc, g++) {
-            const int vc = (int)min64(r.pl.Vc, V - v0), b = (int)(g & 1);
-            cudaStream_t gs = two ? side : 0;
-            float *z = (float *)(r.ws + r.pl.off_z + (size_t)b * zbuf);
-            const __nv_bfloat16 *wt = (const __nv_bfloat16 *)a->w.data + v0 * C;
-            /* Buffer b was last read by GEMM 2 of tile g - 2. */
-            if (two && g >= 2) st = lt_cuda_check(ctx, cudaStreamWaitEvent(side, ev_free[b], 0), "lce: wait");
-            if (st == LT_OK && r.quantized) {
-                __nv_bfloat16 *d = (__nv_bfloat16 *)(r.ws + r.pl.off_deq + (size_t)b * dbuf);
-                const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
-                lce_dequant<<<nblk((int64_t)vc * (C / be), 128), 128, 0, gs>>>(
-                    (const uint8_t *)a->w.data, (int)a->w.dtype, r.row_bytes, C, v0, vc, d);
-                wt = d;
-                st = lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
-            }
+        for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc) {
+            const int vc = (int)min64(r.pl.Vc, V - v0);
+            const __nv_bfloat16 *wt = NULL;
+            st = lce_wtile(ctx, &r, a, v0, vc, &wt);
             if (st == LT_OK) /* Z (nc x vc) = h_chunk · Wtileᵀ */
-                st = lce_gemm_on(ctx, &r.bl, gs, r.bl.ws, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, C, wt, C,
-                                 h, C, 0.0f, z, CUDA_R_32F, r.pl.ldz);
-            if (st == LT_OK && two) {
-                st = lt_cuda_check(ctx, cudaEventRecord(ev_z[b], side), "lce: event record");
-                if (st == LT_OK) st = lt_cuda_check(ctx, cudaStreamWaitEvent(0, ev_z[b], 0), "lce: wait");
-            }
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, C, wt, C, h, C, 0.0f, r.z,
+                              zbf ? CUDA_R_16BF : CUDA_R_32F, r.pl.ldz);
             if (st != LT_OK) break;
             if (colsum && n0 == 0)
                 lce_colsum<<<nblk(C, 32), dim3(32, 8)>>>(wt, vc, C, colsum, v0 == 0);
-            lce_fb_stats<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
-                z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
-                r.sumz + n0, r.zt + n0, r.acc, C);
+            if (zbf)
+                lce_fb_stats_bf16<<<(unsigned)nc, LCE_THREADS>>>(
+                    (__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
+                    r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
+            else
+                lce_fb_stats<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
+                    r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
+                    r.sumz + n0, r.zt + n0, r.acc, C);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
-            /* acc (nc x C) (+)= E · Wtile */
+            /* acc (nc x C) (+)= E · Wtile; E is bf16 with ld 2·ldz (over fp32 logits) or ldz */
             if (st == LT_OK)
-                st = lce_gemm_on(ctx, &r.bl, 0, (char *)r.bl.ws + LCE_BLAS_WS, CUBLAS_OP_N, CUBLAS_OP_N,
-                                 C, nc, vc, wt, C, (const __nv_bfloat16 *)z, 2 * r.pl.ldz,
-                                 v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
-            if (st == LT_OK && two)
-                st = lt_cuda_check(ctx, cudaEventRecord(ev_free[b], 0), "lce: event record");
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_N, C, nc, vc, wt, C, r.z,
+                              zbf ? r.pl.ldz : 2 * r.pl.ldz, v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
         }
         if (st != LT_OK) break;
         const int none = r.k.reduction == LT_REDUCTION_NONE;
@@ -996,15 +1018,6 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         lce_fwd_reduce_out<<<1, 1>>>(r.sums, r.k.reduction, a->loss);
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: loss kernels");
     }
-done:
-    /* Work still queued on `side` is ordered before the default stream's last kernels (every
-     * logit buffer it filled was waited for), so releasing the stream and events here is safe. */
-    if (side) cudaStreamDestroy(side);
-    for (int b = 0; b < 2; b++) {
-        if (ev_z[b]) cudaEventDestroy(ev_z[b]);
-        if (ev_free[b]) cudaEventDestroy(ev_free[b]);
-    }
-    if (ev_start) cudaEventDestroy(ev_start);
     lce_end(ctx, &r);
     return st;
 }
