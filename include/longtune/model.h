@@ -179,6 +179,9 @@ typedef struct lt_model_batch {
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
     uint64_t step;              /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row;          /* index of row 0 within the whole batch when this is one rank's
+                                   share of it (data parallel): rows draw the dropout masks of
+                                   their place in the whole batch; 0 otherwise */
 } lt_model_batch;
 
 typedef struct lt_model_result {

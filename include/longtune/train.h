@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include "attention.h"
+#include "comm.h"
 #include "lce.h"
 #include "model.h"
 #include "pack.h"
@@ -70,6 +71,10 @@ typedef struct lt_train_options {
                                       default] */
     char quantize[16];             /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
     int threads;                   /* CPU threads [0 = all] */
+    char distributed[8];           /* "auto": data parallel over the world an MPI launcher started
+                                      (mpirun -np K), one process otherwise; "off": one process
+                                      whatever the launcher ["auto"]. Read by the caller that makes
+                                      the communicator (lt_train_result.comm) */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -201,6 +206,12 @@ typedef struct lt_train_result {
     double *step_loss;        /* optional, caller-owned (iters) */
     int64_t stop_at;          /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
+    struct lt_comm *comm;     /* optional input: data parallel over this host (MPI) world. Every
+                                 rank calls lt_train_fit/lt_train_run with the same options and
+                                 data; each trains its share of every micro-batch's rows, LoRA
+                                 gradients are summed over ranks before clipping and AdamW, and
+                                 only rank 0 writes checkpoints, metrics and the adapter. NULL or
+                                 a world of one = a single process */
 } lt_train_result;
 
 /* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for

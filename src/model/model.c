@@ -118,6 +118,7 @@ typedef struct step {
     const int32_t *seq_offsets;
     int64_t S;
     uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
+    uint64_t drop_row0;  /* tokens before this batch's row 0 in the whole (data-parallel) batch */
     int train;
 } step;
 
@@ -155,7 +156,7 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float 
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
         float *scr = wsf(s, m->lay.scratch);
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         src = scr;
     }
     s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
@@ -179,7 +180,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
     s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
     const float *src = x;
     if (drop) {
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         src = scr;
     }
     s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
@@ -187,7 +188,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
-        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         s->be->add(s->ctx, dx, scr, 1.0f, N * in);
     }
 }
@@ -303,6 +304,8 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
+    if (b->first_row < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
+    s->drop_row0 = (uint64_t)(b->first_row * b->T);
     for (int64_t i = 0; i < s->N; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",

@@ -1,6 +1,8 @@
 /* The training loop: packed batches → model forward/backward (gradient accumulation) → global-norm
  * clipping → AdamW through the backend op, with evaluation, metrics, checkpoints and PEFT export
- * on their schedules, and a clean stop on request. Every buffer is allocated before the first
+ * on their schedules, and a clean stop on request. Data parallel over a communicator: every rank
+ * packs the same global batches and trains its share of their rows; gradients are summed after the
+ * backward (bucketed, not overlapped with it on CPU). Every buffer is allocated before the first
  * step; nothing allocates inside it except packing plans, once per epoch. It does not load models
  * or read datasets (lt_train_run and the CLI do) and it never exits the process. */
 #include <math.h>
@@ -38,6 +40,14 @@ typedef struct trainer {
     lt_train_state st;
     lt_metrics *metrics;
     char ckpt_path[LT_TRAIN_PATH_MAX + 32];
+    /* Data parallel: this rank of `world`; red holds one step's per-micro-batch loss sums and the
+     * stop flag for their all-reduce (grad_accum + 1 doubles). stop_world: some rank was asked to
+     * stop during the last step (all ranks agree on it, so all stop after the same step). */
+    lt_comm *comm;
+    int rank, world;
+    double *red;
+    size_t red_bytes;
+    int stop_world;
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -153,6 +163,23 @@ static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input 
     return LT_OK;
 }
 
+/* This rank's share of batch b: rows [B·rank/world, B·(rank+1)/world), views into b's buffers.
+ * Returns the trained targets in the share (0 when it has no rows). */
+static int64_t shard(const trainer *t, const lt_model_batch *b, lt_model_batch *out) {
+    int64_t lo = b->B * t->rank / t->world, hi = b->B * (t->rank + 1) / t->world;
+    *out = *b;
+    out->B = hi - lo;
+    out->first_row = lo;
+    if (out->B == 0) return 0;
+    out->tokens = b->tokens + lo * b->T;
+    out->targets = b->targets + lo * b->T;
+    if (b->positions) out->positions = b->positions + lo * b->T;
+    if (b->seq_offsets) out->seq_offsets = b->seq_offsets + lo * (b->S + 1);
+    int64_t n = 0;
+    for (int64_t i = 0; i < out->B * b->T; i++) n += out->targets[i] != LT_PACK_IGNORE;
+    return n;
+}
+
 static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
     for (int tries = 0;; tries++) {
         if (!t->plan || t->plan_epoch != t->st.data_epoch) {
@@ -186,14 +213,20 @@ static lt_status evaluate(trainer *t, double *out) {
     double sum = 0;
     int64_t tokens = 0;
     for (int64_t i = 0; i < nb; i++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
-        if (!ntok) continue;
+        if (!ntok || !shard(t, &b, &lb)) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward(t->ctx, t->m, &b, &r, NULL));
+        LT_TRY(lt_model_forward(t->ctx, t->m, &lb, &r, NULL));
         sum += r.loss_sum;
         tokens += r.n_tokens;
+    }
+    if (t->world > 1) {
+        double v[2] = {sum, (double)tokens};
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, v, 2, LT_COMM_F64));
+        sum = v[0];
+        tokens = (int64_t)v[1];
     }
     if (tokens) *out = sum / (double)tokens;
     return LT_OK;
@@ -206,20 +239,38 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
     lt_model_zero_grads(t->m);
     double l = 0;
     int64_t tok = 0, rtok = 0;
+    /* Every rank packs the whole micro-batch, so the trained-token count that scales the mean loss
+     * is the global one without communication; each rank runs only its rows. red[k] collects the
+     * micro-batch's loss sum, red[grad_accum] the stop flag, for one all-reduce after the loop. */
+    double *lsum = t->red;
+    memset(lsum, 0, t->red_bytes);
+    int64_t *ntoks = (int64_t *)(lsum + o->grad_accum + 1);
     for (int64_t k = 0; k < o->grad_accum; k++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0, nreal = 0;
         LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
         rtok += nreal;
+        ntoks[k] = ntok;
         if (!ntok) continue;
         /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
         b.step = (uint64_t)(t->st.step * o->grad_accum + k);
+        tok += ntok;
+        if (!shard(t, &b, &lb)) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &b, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
+        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &lb, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
                                          NULL));
-        l += r.loss_sum / (double)(r.n_tokens ? r.n_tokens : 1) / (double)o->grad_accum;
-        tok += r.n_tokens;
+        lsum[k] = r.loss_sum;
     }
+    if (t->world > 1) {
+        /* After the backward, not inside it: the CPU model has no per-layer gradient hook, so the
+         * buckets pipeline with each other only. */
+        LT_TRY(lt_comm_allreduce_sum_bucketed(t->ctx, t->comm, t->grads, t->n, 0));
+        lsum[o->grad_accum] = lt_train_stop_requested() ? 1 : 0;
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
+        t->stop_world = lsum[o->grad_accum] > 0;
+    }
+    for (int64_t k = 0; k < o->grad_accum; k++)
+        if (ntoks[k]) l += lsum[k] / (double)ntoks[k] / (double)o->grad_accum;
     if (o->grad_clip > 0) {
         /* Sequential double sum: the same norm whatever the thread count. */
         double ss = 0;
@@ -248,10 +299,23 @@ static void set_rng_keys(trainer *t) {
     t->st.rng[3] = 0;
 }
 
+/* Rank 0 writes (all ranks hold the same parameters); the others learn whether it succeeded, so a
+ * failed save stops every rank instead of leaving them waiting in the next collective. */
 static lt_status save(trainer *t) {
     set_rng_keys(t);
-    LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
-    return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    lt_status s = LT_OK;
+    if (t->rank == 0) {
+        s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
+        if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    }
+    if (t->world > 1) {
+        double failed = s != LT_OK;
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
+        if (failed > 0 && s == LT_OK)
+            return lt_error(t->ctx, LT_ERR_IO, "rank 0 failed to save the checkpoint or adapter into %s",
+                            t->o->adapter_path);
+    }
+    return s;
 }
 
 static const char *fmt_bytes(size_t b, char *buf, size_t n) {
@@ -283,8 +347,13 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->B = o->batch_size;
     t->T = o->max_seq_length;
     LT_TRY(alloc_batch(t));
+    t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
+    t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
+    if (!t->red) return LT_ERR_OOM;
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
-    lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
+    /* A rank holds activations for its share of the rows only: ceil(B / world). */
+    int64_t b_rank = (t->B + t->world - 1) / t->world;
+    lt_model_run_options run = {.B = b_rank, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
                                 .attention = o->attention, .loss = o->loss, .threads = o->threads};
     /* The plan the planner (lt_plan_compute) gives for this run. What this process already holds
      * besides the model and the optimizer state -- tokenizer, data set, batch buffers, LoRA index --
@@ -323,7 +392,10 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     res->start_step = t->st.step;
     char mpath[LT_TRAIN_PATH_MAX + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
-    LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->world > 1)
+        LT_INFO("data parallel: rank %d of %d trains rows [%lld, %lld) of every micro-batch of %lld", t->rank, t->world,
+                (long long)(t->B * t->rank / t->world), (long long)(t->B * (t->rank + 1) / t->world), (long long)t->B);
 
     double t0 = lt_time_now(), elapsed0 = t->st.elapsed_s, val = NAN;
     if (t->st.step == 0) {
@@ -331,14 +403,16 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         res->first_val_loss = res->last_val_loss = val;
         lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes,
                                (int64_t)res->plan_bytes};
-        if (isfinite(val)) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+        if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
     }
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
     double win_loss = 0, win_t = lt_time_now();
     int64_t win_steps = 0, win_tok = 0;
     while (t->st.step < o->iters) {
+        /* Ranks stop together: the flag was summed over the world with the last step's losses. */
         int sig = lt_train_stop_requested();
+        if (t->world > 1) sig = t->stop_world ? (sig ? sig : -2) : 0;
         if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
@@ -347,8 +421,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             res->steps = t->st.step; /* the checkpoint's step, for the caller's report */
             res->tokens = t->st.tokens_seen;
             return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
-                            sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
-                            t->ckpt_path);
+                            sig > 0 ? "signal" : sig == -2 ? "stop on another rank" : "stop_at",
+                            sig > 0 ? sig : (int)t->st.step, (long long)t->st.step, t->ckpt_path);
         }
         double loss;
         int64_t tok, real;
@@ -373,7 +447,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         if (s % o->steps_per_report == 0 || eval_now) {
             lt_metrics_record r = {s, win_loss / (double)win_steps, val, lr, tps, t->st.tokens_seen,
                                    elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes};
-            LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+            if (t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
             if (isfinite(val)) {
                 char line[160];
                 snprintf(line, sizeof line, "step %lld: train loss %.4f, val loss %.4f", (long long)s,
@@ -406,9 +480,11 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
     double *step_loss = res->step_loss;
     int64_t stop_at = res->stop_at;
+    lt_comm *comm = res->comm;
     memset(res, 0, sizeof *res);
     res->step_loss = step_loss;
     res->stop_at = stop_at;
+    res->comm = comm;
     res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
     trainer t;
     memset(&t, 0, sizeof t);
@@ -419,11 +495,18 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.valid = valid;
     t.be = lt_backend_get(LT_DEVICE_CPU);
     if (!t.be || !t.be->adamw) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the CPU backend has no AdamW op");
+    t.comm = comm;
+    t.rank = lt_comm_rank(comm);
+    t.world = lt_comm_size(comm);
+    if (t.world > 1 && lt_comm_device(comm) != LT_DEVICE_CPU)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: the CPU trainer reduces host gradients; a %s "
+                        "communicator takes device buffers", lt_comm_backend_name(lt_comm_get_backend(comm)));
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);
     lt_pack_plan_free(ctx, t.vplan);
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
+    if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
     if (t.mom_m) lt_free(ctx, LT_DEVICE_CPU, t.mom_m, (size_t)t.n * sizeof(float));
     if (t.mom_v) lt_free(ctx, LT_DEVICE_CPU, t.mom_v, (size_t)t.n * sizeof(float));
