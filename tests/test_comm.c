@@ -14,7 +14,9 @@
 #include <cmocka.h>
 
 #include "helpers/test_util.h"
+#include "longtune/alloc.h"
 #include "longtune/comm.h"
+#include "longtune/sysinfo.h"
 
 /* ---- world of one ------------------------------------------------------------------------ */
 
@@ -78,10 +80,15 @@ static void test_errors(void **state) {
         assert_int_equal(lt_comm_init(ctx, &o, &c), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "no MPI"));
     }
+    o.backend = LT_COMM_NCCL;
     if (!LT_HAVE_NCCL) {
-        o.backend = LT_COMM_NCCL;
         assert_int_equal(lt_comm_init(ctx, &o, &c), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "no NCCL"));
+    } else if (lt_sys_cuda().count == 0) {
+        /* NCCL built in but no GPU: a CUDA error with the runtime's words, nothing left allocated. */
+        assert_int_equal(lt_comm_init(ctx, &o, &c), LT_ERR_CUDA);
+        assert_null(c);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     }
     assert_string_equal(lt_comm_backend_name(LT_COMM_NCCL), "nccl");
     lt_comm_free(ctx, NULL);
