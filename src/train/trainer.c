@@ -351,9 +351,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
     if (!t->red) return LT_ERR_OOM;
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
-    /* A rank holds activations for its share of the rows only: ceil(B / world). */
-    int64_t b_rank = (t->B + t->world - 1) / t->world;
-    lt_model_run_options run = {.B = b_rank, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
+    lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
                                 .attention = o->attention, .loss = o->loss, .threads = o->threads};
     /* The plan the planner (lt_plan_compute) gives for this run. What this process already holds
      * besides the model and the optimizer state -- tokenizer, data set, batch buffers, LoRA index --
@@ -363,11 +361,14 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     size_t in_use = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
     size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
     size_t moments = 2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float));
-    lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run};
+    lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run,
+                            .dp_size = t->world};
     popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
     lt_plan plan;
     LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
     res->plan_bytes = plan.peak_bytes;
+    /* A rank holds activations for its share of the rows only: ceil(B / world), as planned. */
+    run.B = (t->B + t->world - 1) / t->world;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
 
     memset(&t->st, 0, sizeof t->st);
