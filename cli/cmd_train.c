@@ -48,6 +48,8 @@ static void print_help(void) {
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
            "  --distributed auto|off     auto: under `mpirun -np K` train data parallel over the K ranks\n"
            "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
+           "  --context-parallel         under mpirun: split every row over the ranks instead (ring attention;\n"
+           "                             needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
            LT_CLI_GUARD_HELP,
            usage);
 }

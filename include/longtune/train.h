@@ -75,6 +75,11 @@ typedef struct lt_train_options {
                                       (mpirun -np K), one process otherwise; "off": one process
                                       whatever the launcher ["auto"]. Read by the caller that makes
                                       the communicator (lt_train_result.comm) */
+    int context_parallel;          /* with a world of K > 1 ranks: context parallel instead of data
+                                      parallel -- every row is split over the K ranks (zig-zag) and
+                                      attention is ring attention. Needs batch_size 1, no_pack and
+                                      max_seq_length a multiple of 2K; dropout masks then follow each
+                                      rank's local token index (not those of one process) */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without

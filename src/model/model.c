@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "model/model_internal.h"
 
 /* ---- run memory ---- */
@@ -66,6 +67,14 @@ float *lt_model_lora_params(lt_model *m, int64_t *n) {
 float *lt_model_lora_grads(lt_model *m, int64_t *n) {
     if (n) *n = m->lay.n_lora;
     return m->lora_grads;
+}
+
+lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
+    if (comm && lt_comm_size(comm) > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || m->opt.device != LT_DEVICE_CPU))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel runs ring attention on host buffers (CPU "
+                        "model, MPI communicator)");
+    m->cp = comm && lt_comm_size(comm) > 1 ? comm : NULL;
+    return LT_OK;
 }
 
 void lt_model_zero_grads(lt_model *m) {
@@ -230,7 +239,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
     aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
     aa.workspace_size = m->lay.attn_ws_bytes;
-    LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+    if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
+    } else {
+        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+    }
     /* x_mid = x_in + o_proj(att) */
     LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
     proj_fwd(s, l, LT_PROJ_O, st->att, st->x_mid, st->lu[LT_PROJ_O], NULL, 1.0f);
@@ -273,7 +287,12 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     aa.dout = datt, aa.dq = dq, aa.dk = dk, aa.dv = dv;
     aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
     aa.workspace_size = y->attn_ws_bytes;
-    LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+    if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk, dv));
+    } else {
+        LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+    }
     be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
     be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
     if (c->qk_norm) {
@@ -306,6 +325,8 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
     if (b->first_row < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->cp && (b->B != 1 || b->seq_offsets))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context parallel steps take one row (B = 1) without seq_offsets");
     for (int64_t i = 0; i < s->N; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",

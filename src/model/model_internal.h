@@ -107,6 +107,7 @@ struct lt_model {
     uint8_t *block[LT_MEM_CLASS_COUNT_];
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
+    struct lt_comm *cp;     /* context parallel: ring attention over this world (NULL = off) */
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

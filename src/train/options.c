@@ -61,6 +61,7 @@ static const option options[] = {
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
+    {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
 };
 #undef O
 #undef S

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "train/train_internal.h"
@@ -45,6 +46,11 @@ typedef struct trainer {
      * stop during the last step (all ranks agree on it, so all stop after the same step). */
     lt_comm *comm;
     int rank, world;
+    /* Context parallel: one row split over the world; this rank's tokens, targets and positions
+     * (T / world each) are gathered here from the filled row. */
+    int cp;
+    int32_t *cp_ids, *cp_tgt, *cp_pos;
+    size_t cp_bytes;
     double *red;
     size_t red_bytes;
     int stop_world;
@@ -163,21 +169,42 @@ static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input 
     return LT_OK;
 }
 
-/* This rank's share of batch b: rows [B·rank/world, B·(rank+1)/world), views into b's buffers.
- * Returns the trained targets in the share (0 when it has no rows). */
-static int64_t shard(const trainer *t, const lt_model_batch *b, lt_model_batch *out) {
+/* This rank's share of batch b: data parallel, rows [B·rank/world, B·(rank+1)/world) as views into
+ * b's buffers; context parallel, its zig-zag tokens of the one row, gathered into the cp buffers.
+ * *ntok: the trained targets in the share (0 when it has no rows). */
+static lt_status shard(trainer *t, const lt_model_batch *b, lt_model_batch *out, int64_t *ntok) {
+    if (t->cp) {
+        if (b->B != 1 || b->T % (2 * t->world))
+            return lt_error(t->ctx, LT_ERR_INVALID_ARG, "context parallel: batch of %lld x %lld tokens is not one row "
+                            "of a multiple of %d", (long long)b->B, (long long)b->T, 2 * t->world);
+        int64_t Tl = b->T / t->world, n = 0;
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t g = lt_cp_zigzag_position(b->T, t->world, t->rank, i);
+            t->cp_ids[i] = b->tokens[g];
+            t->cp_tgt[i] = b->targets[g];
+            t->cp_pos[i] = b->positions ? b->positions[g] : (int32_t)g;
+            n += t->cp_tgt[i] != LT_PACK_IGNORE;
+        }
+        memset(out, 0, sizeof *out);
+        out->B = 1, out->T = Tl, out->step = b->step;
+        out->tokens = t->cp_ids, out->targets = t->cp_tgt, out->positions = t->cp_pos;
+        *ntok = n;
+        return LT_OK;
+    }
     int64_t lo = b->B * t->rank / t->world, hi = b->B * (t->rank + 1) / t->world;
     *out = *b;
     out->B = hi - lo;
     out->first_row = lo;
-    if (out->B == 0) return 0;
+    *ntok = 0;
+    if (out->B == 0) return LT_OK;
     out->tokens = b->tokens + lo * b->T;
     out->targets = b->targets + lo * b->T;
     if (b->positions) out->positions = b->positions + lo * b->T;
     if (b->seq_offsets) out->seq_offsets = b->seq_offsets + lo * (b->S + 1);
     int64_t n = 0;
     for (int64_t i = 0; i < out->B * b->T; i++) n += out->targets[i] != LT_PACK_IGNORE;
-    return n;
+    *ntok = n;
+    return LT_OK;
 }
 
 static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
@@ -216,7 +243,11 @@ static lt_status evaluate(trainer *t, double *out) {
         lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
-        if (!ntok || !shard(t, &b, &lb)) continue;
+        if (!ntok) continue;
+        /* Context parallel ranks run every step, tokens or not: attention is a collective. */
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
         LT_TRY(lt_model_forward(t->ctx, t->m, &lb, &r, NULL));
         sum += r.loss_sum;
@@ -255,7 +286,9 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
         /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
         b.step = (uint64_t)(t->st.step * o->grad_accum + k);
         tok += ntok;
-        if (!shard(t, &b, &lb)) continue;
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
         LT_TRY(lt_model_forward_backward(t->ctx, t->m, &lb, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
                                          NULL));
@@ -339,6 +372,15 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->popt.overflow = LT_PACK_TRUNCATE;
     t->popt.seed = o->seed;
     t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
+    if (o->context_parallel && t->world > 1) {
+        if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
+                            "of %d (got %lld, %s, %lld)", t->world, 2 * t->world, (long long)o->batch_size,
+                            o->no_pack ? "no_pack" : "packing", (long long)o->max_seq_length);
+        t->cp = 1;
+        t->popt.pad_multiple = 2 * t->world; /* rows split into 2·world equal chunks */
+    }
     t->popt.algorithm = LT_PACK_FIRST_FIT;
     if (o->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, o->pack_algorithm, &t->popt.algorithm));
     if (o->no_pack) t->popt.algorithm = LT_PACK_NONE;
@@ -350,6 +392,15 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
     t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
     if (!t->red) return LT_ERR_OOM;
+    if (t->cp) {
+        int64_t Tl = t->T / t->world;
+        t->cp_bytes = (size_t)(3 * Tl) * sizeof(int32_t);
+        t->cp_ids = lt_alloc(ctx, LT_DEVICE_CPU, t->cp_bytes, "context-parallel row share");
+        if (!t->cp_ids) return LT_ERR_OOM;
+        t->cp_tgt = t->cp_ids + Tl;
+        t->cp_pos = t->cp_ids + 2 * Tl;
+        LT_TRY(lt_model_set_context_parallel(ctx, t->m, t->comm));
+    }
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
     lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
                                 .attention = o->attention, .loss = o->loss, .threads = o->threads};
@@ -362,13 +413,15 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
     size_t moments = 2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float));
     lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run,
-                            .dp_size = t->world};
+                            .dp_size = t->cp ? 1 : t->world, .cp_size = t->cp ? t->world : 1};
     popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
     lt_plan plan;
     LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
     res->plan_bytes = plan.peak_bytes;
-    /* A rank holds activations for its share of the rows only: ceil(B / world), as planned. */
-    run.B = (t->B + t->world - 1) / t->world;
+    /* A rank holds activations for its share only, as planned: ceil(B / world) rows, or (context
+     * parallel) T / world tokens of the one row. */
+    if (t->cp) run.T = t->T / t->world;
+    else run.B = (t->B + t->world - 1) / t->world;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
 
     memset(&t->st, 0, sizeof t->st);
@@ -394,7 +447,10 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     char mpath[LT_TRAIN_PATH_MAX + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
     if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
-    if (t->world > 1)
+    if (t->cp)
+        LT_INFO("context parallel: rank %d of %d holds %lld of every row's %lld tokens (zig-zag), ring attention",
+                t->rank, t->world, (long long)(t->T / t->world), (long long)t->T);
+    else if (t->world > 1)
         LT_INFO("data parallel: rank %d of %d trains rows [%lld, %lld) of every micro-batch of %lld", t->rank, t->world,
                 (long long)(t->B * t->rank / t->world), (long long)(t->B * (t->rank + 1) / t->world), (long long)t->B);
 
@@ -508,6 +564,8 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     lt_pack_plan_free(ctx, t.vplan);
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
     if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
+    if (t.cp_ids) lt_free(ctx, LT_DEVICE_CPU, t.cp_ids, t.cp_bytes);
+    if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
     if (t.mom_m) lt_free(ctx, LT_DEVICE_CPU, t.mom_m, (size_t)t.n * sizeof(float));
     if (t.mom_v) lt_free(ctx, LT_DEVICE_CPU, t.mom_v, (size_t)t.n * sizeof(float));

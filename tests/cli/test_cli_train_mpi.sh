@@ -2,8 +2,9 @@
 # Data-parallel `longtune train` under mpirun: 2 and 3 ranks (3 splits a batch of 4 rows unevenly)
 # train the same global batches as one process and must give the same loss trajectory (train and
 # validation losses per step) and the same adapter within fp32 tolerance, with LoRA dropout on
-# (ranks draw the masks of their rows' places in the whole batch). Only rank 0 writes. Skips (77)
-# only when mpirun is missing; scripts/setup.sh installs it, so CI runs this.
+# (ranks draw the masks of their rows' places in the whole batch). Only rank 0 writes. Then context
+# parallel (--context-parallel, ring attention) over 2 and 3 ranks against one process on the same
+# unpacked rows. Skips (77) only when mpirun is missing; scripts/setup.sh installs it, so CI runs this.
 set -u
 bin="$1"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,44 +40,25 @@ for np in 2 3; do
   if grep -q "data parallel: rank 1" "$dir/dp$np.out"; then echo "FAIL: np $np: rank 1 logged info lines"; fail=1; fi
   n=$(grep -c "^trained 6 steps" "$dir/dp$np.out")
   [ "$n" = 1 ] || { echo "FAIL: np $np: $n summaries (want 1 from rank 0)"; fail=1; }
-  python3 - "$dir/one" "$dir/dp$np" <<'PY' || fail=1
-import json, struct, sys
-TOL_REL = 2e-5   # fp32: reductions in another order, through 6 AdamW steps
-TOL_ABS = 1e-6
-def metrics(d):
-    recs = [json.loads(l) for l in open(d + "/metrics.jsonl")]
-    steps = [r["step"] for r in recs]
-    assert len(steps) == len(set(steps)), "%s: duplicated metrics steps %s (more than one writer?)" % (d, steps)
-    return {r["step"]: r for r in recs}
-def tensors(d):
-    b = open(d + "/adapter_model.safetensors", "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        if k == "__metadata__": continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-    return out
-a, b = metrics(sys.argv[1]), metrics(sys.argv[2])
-bad = []
-assert sorted(a) == sorted(b), "steps differ: %s vs %s" % (sorted(a), sorted(b))
-for s in sorted(a):
-    for key in ("train_loss", "val_loss", "tokens"):
-        x, y = a[s].get(key), b[s].get(key)
-        if (x is None) != (y is None): bad.append((s, key, x, y)); continue
-        if x is not None and abs(x - y) > TOL_ABS + TOL_REL * abs(x): bad.append((s, key, x, y))
-ta, tb = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert sorted(ta) == sorted(tb), "adapter tensor names differ"
-worst = 0.0
-for k in ta:
-    for x, y in zip(ta[k], tb[k]):
-        worst = max(worst, abs(x - y) / (TOL_ABS + TOL_REL * abs(x)))
-if worst > 1: bad.append(("adapter", "max error / tolerance", worst, None))
-if bad:
-    print("FAIL: %s vs %s:" % (sys.argv[1], sys.argv[2]), bad)
-    sys.exit(1)
-print("%s: %d steps match the single process (adapter max error %.3g of tolerance)" % (sys.argv[2], len(a), worst))
-PY
+  python3 "$here/compare_runs.py" "$dir/one" "$dir/dp$np" || fail=1
 done
+
+# Context parallel: one long row per step split over the ranks (ring attention) against one
+# process on the same rows (no dropout: masks follow each rank's local token index).
+cp=(--model "$dir/model" --data "$dir/data" --batch-size 1 --no-pack --grad-accum 2 --max-seq-length 48 --iters 4
+    --learning-rate 2e-3 --threads 1 --steps-per-report 1 --steps-per-eval 2 --val-batches -1 --save-every 4 --seed 3)
+"$bin" train "${cp[@]}" --adapter-path "$dir/cp1" > "$dir/cp1.out" 2>&1 \
+  || { echo "FAIL: single-process run (no packing): $(tail -5 "$dir/cp1.out")"; exit 1; }
+for np in 2 3; do
+  if ! "${mpi[@]}" -np $np "$bin" train "${cp[@]}" --context-parallel --adapter-path "$dir/cp$np" > "$dir/cp$np.out" 2>&1; then
+    echo "FAIL: mpirun -np $np --context-parallel: $(tail -8 "$dir/cp$np.out")"; fail=1; continue
+  fi
+  grep -q "context parallel: rank 0 of $np holds $((48 / np)) of every row's 48 tokens" "$dir/cp$np.out" \
+    || { echo "FAIL: cp $np: no context-parallel line: $(head -5 "$dir/cp$np.out")"; fail=1; }
+  python3 "$here/compare_runs.py" "$dir/cp1" "$dir/cp$np" || fail=1
+done
+# Bad combinations are refused by every rank with the reason.
+out=$("${mpi[@]}" -np 2 "$bin" train "${cp[@]}" --context-parallel --max-seq-length 50 --adapter-path "$dir/bad" 2>&1) \
+  && { echo "FAIL: --max-seq-length 50 over 2 ranks accepted"; fail=1; }
+grep -q "multiple of 4" <<<"$out" || { echo "FAIL: no reason for the refused context-parallel run: $out"; fail=1; }
 exit $fail
