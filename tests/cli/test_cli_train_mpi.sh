@@ -26,7 +26,8 @@ common=(--model "$dir/model" --data "$dir/data" --batch-size 4 --grad-accum 2 --
 # Open MPI in containers: no CMA single-copy (ptrace is often denied), shared memory + self only.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1
 # Under ASan, libmpi's own allocations outlive MPI_Finalize: suppressed by name, ours still count.
-export LSAN_OPTIONS="suppressions=$here/../lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export LSAN_OPTIONS="suppressions=$here/../lsan_mpi.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export OMPI_MCA_mca_base_component_disable_dlclose=1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 "$bin" train "${common[@]}" --adapter-path "$dir/one" > "$dir/one.out" 2>&1 \
