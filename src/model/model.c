@@ -77,6 +77,11 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
     return LT_OK;
 }
 
+void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg) {
+    m->grad_ready = fn;
+    m->grad_ready_arg = fn ? arg : NULL;
+}
+
 void lt_model_zero_grads(lt_model *m) {
     if (m->lora_grads) memset(m->lora_grads, 0, m->lay.lora_bytes);
 }
@@ -458,6 +463,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         }
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
+        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
     }
     if (res) *res = r;
     return LT_OK;

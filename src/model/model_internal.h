@@ -108,6 +108,8 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     struct lt_comm *cp;     /* context parallel: ring attention over this world (NULL = off) */
+    lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
+    void *grad_ready_arg;
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
