@@ -89,8 +89,8 @@ lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t coun
 /* Marks [offset, offset + n) final for this round (ranges of one round must not overlap) and
  * starts every bucket that is now complete, highest first. Mark ranges from the end of the buffer
  * towards its start (as a backward finishes layers): buckets then start in descending order on
- * every rank, also on ranks that mark fewer ranges, as collectives must. Errors: LT_ERR_INVALID_ARG (range outside the buffer),
- * the transport's. */
+ * every rank, also on ranks that mark fewer ranges, as collectives must. Errors:
+ * LT_ERR_INVALID_ARG (range outside the buffer, marked twice), the transport's. */
 lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset, int64_t n);
 /* Marks whatever is left final, waits for every bucket, and starts a new round: buf then holds the
  * sum over ranks (the same bits as lt_comm_allreduce_sum_bucketed with these buckets). */

@@ -124,7 +124,8 @@ lt_device lt_comm_device(const lt_comm *c) {
 
 static lt_status check_peer(lt_ctx *ctx, const lt_comm *c, int peer, const char *what) {
     int n = lt_comm_size(c);
-    if (peer < 0 || peer >= n) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s rank %d outside a world of %d", what, peer, n);
+    if (peer < 0 || peer >= n)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s rank %d outside a world of %d", what, peer, n);
     return LT_OK;
 }
 
@@ -177,7 +178,8 @@ lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t 
         if (send_bytes) memcpy(recvbuf, sendbuf, send_bytes);
         return LT_OK;
     }
-    if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
+    if (c->backend == LT_COMM_NCCL)
+        return lt_comm_nccl_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
     return lt_comm_mpi_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
 }
 
@@ -194,7 +196,8 @@ lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src
     LT_TRY(check_peer(ctx, c, src, "receive from"));
     if (bytes && !buf) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: receive into a NULL buffer");
     if (!c || c->backend == LT_COMM_SELF)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: a blocking receive from itself would never complete (use sendrecv)");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "comm: a blocking receive from itself would never complete (use sendrecv)");
     if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_recv(ctx, c, buf, bytes, src);
     return lt_comm_mpi_recv(ctx, c, buf, bytes, src);
 }
@@ -219,8 +222,8 @@ lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t coun
                                lt_comm_reducer **out) {
     *out = NULL;
     if (count < 1 || bucket_elems < 0 || !buf)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: reducer over %lld elements in buckets of %lld", (long long)count,
-                        (long long)bucket_elems);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: reducer over %lld elements in buckets of %lld",
+                        (long long)count, (long long)bucket_elems);
     lt_comm_reducer *r = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *r, "gradient reducer");
     if (!r) return LT_ERR_OOM;
     r->c = c, r->buf = buf, r->count = count;

@@ -70,7 +70,8 @@ float *lt_model_lora_grads(lt_model *m, int64_t *n) {
 }
 
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
-    if (comm && lt_comm_size(comm) > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || m->opt.device != LT_DEVICE_CPU))
+    int host = lt_comm_device(comm) == LT_DEVICE_CPU && m->opt.device == LT_DEVICE_CPU;
+    if (comm && lt_comm_size(comm) > 1 && !host)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel runs ring attention on host buffers (CPU "
                         "model, MPI communicator)");
     m->cp = comm && lt_comm_size(comm) > 1 ? comm : NULL;
@@ -155,6 +156,11 @@ static float *ckpt(const step *s, int64_t seg) {
 }
 
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
+/* Counter base of the mask on projection p's input (in features per token): the projection's stream
+ * plus this batch's place in the whole batch, so a data-parallel share draws the same masks. */
+static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in) {
+    return drop_offset(l, p) + s->drop_row0 * (uint64_t)in;
+}
 
 /* y (N, out) = beta·y + x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds
  * the projection onto a residual already in y. */
@@ -170,7 +176,7 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float 
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
         float *scr = wsf(s, m->lay.scratch);
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         src = scr;
     }
     s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
@@ -194,7 +200,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
     s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
     const float *src = x;
     if (drop) {
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         src = scr;
     }
     s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
@@ -202,7 +208,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
-        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         s->be->add(s->ctx, dx, scr, 1.0f, N * in);
     }
 }
@@ -294,7 +300,8 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     aa.workspace_size = y->attn_ws_bytes;
     if (m->cp) {
         lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk, dv));
+        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
+                                        dv));
     } else {
         LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
     }
@@ -328,10 +335,12 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
-    if (b->first_row < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
+    if (b->first_row < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
     if (m->cp && (b->B != 1 || b->seq_offsets))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context parallel steps take one row (B = 1) without seq_offsets");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: context parallel steps take one row (B = 1) without seq_offsets");
     for (int64_t i = 0; i < s->N; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",

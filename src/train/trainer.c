@@ -302,8 +302,8 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
         lt_model_result r;
         /* The last micro-batch finishes each layer's gradients: reduce them as they come. */
         if (t->reducer && k == o->grad_accum - 1) lt_model_set_grad_ready(t->m, grads_ready, t);
-        lt_status s = lt_model_forward_backward(t->ctx, t->m, &lb, (float)(1.0 / ((double)ntok * (double)o->grad_accum)),
-                                                &r, NULL);
+        float scale = (float)(1.0 / ((double)ntok * (double)o->grad_accum));
+        lt_status s = lt_model_forward_backward(t->ctx, t->m, &lb, scale, &r, NULL);
         lt_model_set_grad_ready(t->m, NULL, NULL);
         LT_TRY(s);
         lsum[k] = r.loss_sum;
@@ -596,7 +596,8 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
     if (t.cp_ids) lt_free(ctx, LT_DEVICE_CPU, t.cp_ids, t.cp_bytes);
     if (t.reducer) {
-        LT_INFO("gradient buckets started during the backward: %lld", (long long)lt_comm_reducer_early_buckets(t.reducer));
+        LT_INFO("gradient buckets started during the backward: %lld",
+                (long long)lt_comm_reducer_early_buckets(t.reducer));
         lt_comm_reducer_free(ctx, t.reducer);
     }
     if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
