@@ -90,7 +90,7 @@ static void matmul_every_weight_dtype(void **state) {
         }
         int64_t shape[2] = {out, in};
         lt_tensor w = lt_tensor_view(wq, dt, LT_DEVICE_CPU, 2, shape);
-        size_t wsb = be()->matmul_workspace_bytes(dt, out, in, lt_ctx_threads(ctx));
+        size_t wsb = be()->matmul_workspace_bytes(dt, out, in, N, lt_ctx_threads(ctx));
         void *ws = wsb ? lt_alloc(ctx, LT_DEVICE_CPU, wsb, "ws") : NULL;
         for (int mode = 0; mode < 2; mode++) {
             int64_t xin = mode == LT_MATMUL_NT ? in : out, yout = mode == LT_MATMUL_NT ? out : in;

@@ -36,10 +36,14 @@ typedef struct lt_backend {
     /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N). */
     void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-    /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, in) bytes (unused for f32 W). */
+    /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, out, in, N_max, threads) bytes, for
+     * any N <= N_max and either mode (may be NULL when that size is 0). */
     void (*matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                    float *y, void *ws);
-    size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int threads);
+    /* Exact workspace bytes of matmul with a W of this dtype and shape (out, in), called with at
+     * most N_max rows of x, on `threads` threads (CPU: per-thread f32 tiles, independent of N_max;
+     * CUDA: the cuBLASLt workspace, a bf16 tile of W and a bf16 copy of a chunk of x). */
+    size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
     /* y = x / rms(x) · w over rows of C (y may alias x); rstd (N) = 1/sqrt(mean(x²) + eps). */
     void (*rmsnorm_fwd)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                         float *rstd);
