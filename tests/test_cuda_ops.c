@@ -3,7 +3,9 @@
  * transpose, unaligned operands, K = 0), the bf16 weight matmul for every W dtype (several weight
  * tiles and x chunks, workspace guard bytes), RMSNorm, RoPE at long-context angles, SwiGLU,
  * embedding (bit-identical to the CPU gather), add, bias, dropout (masks identical to the CPU
- * ones), AdamW, zero, scale, sumsq and copies. Without a CUDA device (or build) it prints
+ * ones), AdamW, zero, scale, sumsq and copies; and f32 attention and linear cross-entropy on the
+ * device, which must equal the bf16 kernels on the rounded inputs (their accuracy is checked in
+ * test_cuda_attention and test_cuda_lce) and land near the CPU's f32 results. Without a CUDA device (or build) it prints
  * "skipped: no CUDA device" and exits 77. */
 #include <math.h>
 #include <setjmp.h>
@@ -18,6 +20,8 @@
 #include "backend/backend.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "longtune/attention.h"
+#include "longtune/lce.h"
 #include "longtune/tensor.h"
 
 #if LT_HAVE_CUDA
@@ -507,6 +511,196 @@ static void zero_sumsq_copies(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* ---- f32 attention and linear cross-entropy ---- */
+
+static void round_bf16(const float *x, float *xf, uint16_t *xb, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        xb[i] = lt_f32_to_bf16(x[i]);
+        xf[i] = lt_bf16_to_f32(xb[i]);
+    }
+}
+
+static void bf16_to_f32_n(const uint16_t *b, float *f, int64_t n) {
+    for (int64_t i = 0; i < n; i++) f[i] = lt_bf16_to_f32(b[i]);
+}
+
+static double rel_err_ff(const float *x, const float *ref, int64_t n) {
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e = fmax(e, fabs((double)x[i] - ref[i]));
+        r = fmax(r, fabs((double)ref[i]));
+    }
+    return r > 0 ? e / r : e;
+}
+
+/* Gross bound against the CPU f32 result: the f32 path's accuracy is the bf16 kernels' (tested
+ * with dtype-derived tolerances elsewhere); this catches layout, stride and conversion mistakes,
+ * which give errors of order 1. */
+#define TOL_F32_PATH_VS_CPU 0x1.0p-4
+
+/* q, k, v fused in one (B, T, H + 2·Hkv, D) buffer (strided layouts), packed rows in batch 0. */
+static void attention_case(lt_ctx *ctx, uint64_t *rng, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                           int64_t window, int packed) {
+    const int64_t W3 = H + 2 * Hkv, nf = B * T * W3 * D, no = B * T * H * D, nl = B * H * T;
+    lt_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.B = B, p.T = T, p.H = H, p.Hkv = Hkv, p.D = D, p.window = window, p.device = LT_DEVICE_CUDA;
+    p.q_layout = (lt_attention_layout){T * W3 * D, W3 * D, D};
+    p.kv_layout = p.q_layout;
+    int32_t off[2 * 4];
+    if (packed) {
+        for (int64_t b = 0; b < B; b++) {
+            off[b * 4] = 0, off[b * 4 + 3] = (int32_t)T;
+            off[b * 4 + 1] = b ? 0 : (int32_t)(T / 3); /* row 1: an empty first sequence */
+            off[b * 4 + 2] = (int32_t)(T / 3 + T / 4);
+        }
+        p.seq_offsets = off, p.S = 3;
+    }
+    float *qkv = fresh(rng, nf, 1), *g = fresh(rng, no, 1), *P = poisoned(nf);
+    float *rq = malloc(F4(nf)), *rg = malloc(F4(no)); /* rounded values (the bf16 arm's inputs) */
+    uint16_t *bq = malloc((size_t)nf * 2), *bg = malloc((size_t)no * 2);
+    round_bf16(qkv, rq, bq, nf);
+    round_bf16(g, rg, bg, no);
+    /* f32 on the device */
+    float *d_qkv = up(ctx, qkv, F4(nf)), *d_g = up(ctx, g, F4(no)), *d_o = up(ctx, P, F4(no));
+    float *d_lse = up(ctx, P, F4(nl)), *d_dqkv = up(ctx, P, F4(nf));
+    lt_attention_args a = {d_qkv, d_qkv + H * D, d_qkv + (H + Hkv) * D, d_o, d_lse, d_g,
+                           d_dqkv, d_dqkv + H * D, d_dqkv + (H + Hkv) * D, NULL, 0};
+    p.dtype = LT_DTYPE_F32;
+    assert_int_equal(lt_attention_forward(ctx, &p, &a), LT_OK);
+    assert_int_equal(lt_attention_backward(ctx, &p, &a), LT_OK);
+    float *o32 = malloc(F4(no)), *lse32 = malloc(F4(nl)), *dqkv32 = malloc(F4(nf));
+    down(ctx, o32, d_o, F4(no)), down(ctx, lse32, d_lse, F4(nl)), down(ctx, dqkv32, d_dqkv, F4(nf));
+    /* bf16 on the device, same (rounded) values */
+    uint16_t *d_bq = up(ctx, bq, (size_t)nf * 2), *d_bg = up(ctx, bg, (size_t)no * 2);
+    uint16_t *d_bo = up(ctx, P, (size_t)no * 2), *d_bd = up(ctx, P, (size_t)nf * 2);
+    lt_attention_args ab = {d_bq, d_bq + H * D, d_bq + (H + Hkv) * D, d_bo, d_lse, d_bg,
+                            d_bd, d_bd + H * D, d_bd + (H + Hkv) * D, NULL, 0};
+    p.dtype = LT_DTYPE_BF16;
+    assert_int_equal(lt_attention_forward(ctx, &p, &ab), LT_OK);
+    assert_int_equal(lt_attention_backward(ctx, &p, &ab), LT_OK);
+    uint16_t *ob = malloc((size_t)no * 2), *db = malloc((size_t)nf * 2);
+    float *o16 = malloc(F4(no)), *lse16 = malloc(F4(nl)), *d16 = malloc(F4(nf));
+    down(ctx, ob, d_bo, (size_t)no * 2), down(ctx, lse16, d_lse, F4(nl)), down(ctx, db, d_bd, (size_t)nf * 2);
+    bf16_to_f32_n(ob, o16, no);
+    bf16_to_f32_n(db, d16, nf);
+    /* the forward is deterministic: identical; the backward's fp32 dQ sums may be ordered
+     * differently between launches, so one bf16 rounding step apart at most */
+    assert_memory_equal(o32, o16, F4(no));
+    assert_memory_equal(lse32, lse16, F4(nl));
+    double e_same = rel_err_ff(dqkv32, d16, nf);
+    assert_true(e_same <= TOL_BF16_FLOOR);
+    /* the CPU in f32 on the original inputs */
+    lt_attention_params pc = p;
+    pc.device = LT_DEVICE_CPU, pc.dtype = LT_DTYPE_F32;
+    float *co = malloc(F4(no)), *clse = malloc(F4(nl)), *cd = malloc(F4(nf));
+    memcpy(cd, P, F4(nf));
+    lt_attention_args ac = {qkv, qkv + H * D, qkv + (H + Hkv) * D, co, clse, g, cd, cd + H * D, cd + (H + Hkv) * D,
+                            NULL, 0};
+    assert_int_equal(lt_attention_forward(ctx, &pc, &ac), LT_OK);
+    assert_int_equal(lt_attention_backward(ctx, &pc, &ac), LT_OK);
+    double eo = rel_err_ff(o32, co, no), el = rel_err_ff(lse32, clse, nl), ed = rel_err_ff(dqkv32, cd, nf);
+    fprintf(stderr, "  attention f32 T=%lld D=%lld H=%lld/%lld win=%lld packed=%d: vs bf16 path dqkv %.3g; vs cpu "
+            "out %.3g lse %.3g dqkv %.3g\n", (long long)T, (long long)D, (long long)H, (long long)Hkv,
+            (long long)window, packed, e_same, eo, el, ed);
+    assert_true(eo <= TOL_F32_PATH_VS_CPU && el <= TOL_F32_PATH_VS_CPU && ed <= TOL_F32_PATH_VS_CPU);
+    /* the workspace the boundary allocated was counted exactly: nothing is left allocated */
+    dfree(ctx, d_qkv, F4(nf)), dfree(ctx, d_g, F4(no)), dfree(ctx, d_o, F4(no)), dfree(ctx, d_lse, F4(nl));
+    dfree(ctx, d_dqkv, F4(nf)), dfree(ctx, d_bq, (size_t)nf * 2), dfree(ctx, d_bg, (size_t)no * 2);
+    dfree(ctx, d_bo, (size_t)no * 2), dfree(ctx, d_bd, (size_t)nf * 2);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(qkv), free(g), free(P), free(rq), free(rg), free(bq), free(bg), free(o32), free(lse32), free(dqkv32);
+    free(ob), free(db), free(o16), free(lse16), free(d16), free(co), free(clse), free(cd);
+}
+
+static void attention_f32_on_device(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 10;
+    lt_ctx *ctx = lt_ctx_new();
+    attention_case(ctx, &rng, 2, 77, 4, 2, 64, 0, 1);
+    attention_case(ctx, &rng, 1, 130, 4, 4, 128, 50, 0);
+    lt_ctx_free(ctx);
+}
+
+static void lce_f32_on_device(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 11;
+    lt_ctx *ctx = lt_ctx_new();
+    const int64_t N = 61, C = 128, V = 1000;
+    float *h = fresh(&rng, N * C, 1), *wf = fresh(&rng, V * C, 0.05f), *rh = malloc(F4(N * C));
+    uint16_t *hb = malloc((size_t)(N * C) * 2), *wb = malloc((size_t)(V * C) * 2);
+    float *wr = malloc(F4(V * C));
+    round_bf16(h, rh, hb, N * C);
+    round_bf16(wf, wr, wb, V * C); /* the head is bf16 on the device; the CPU gets the same values */
+    int32_t tgt[61];
+    for (int i = 0; i < N; i++) tgt[i] = i % 7 == 3 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
+    float one = 1.0f, P1 = LT_TEST_POISON;
+    float *Pn = poisoned(N * C);
+    float *d_h = up(ctx, h, F4(N * C)), *d_dh = up(ctx, Pn, F4(N * C)), *d_lse = up(ctx, Pn, F4(N));
+    float *d_loss = up(ctx, &P1, 4), *d_dl = up(ctx, &one, 4);
+    uint16_t *d_hb = up(ctx, hb, (size_t)(N * C) * 2), *d_w = up(ctx, wb, (size_t)(V * C) * 2);
+    int32_t *d_t = up(ctx, tgt, sizeof tgt);
+    int64_t hs[2] = {N, C}, wsh[2] = {V, C};
+    lt_tensor tdh = lt_tensor_view(d_dh, LT_DTYPE_F32, LT_DEVICE_CUDA, 2, hs);
+    lt_lce_args a;
+    memset(&a, 0, sizeof a);
+    a.h = lt_tensor_view(d_h, LT_DTYPE_F32, LT_DEVICE_CUDA, 2, hs);
+    a.w = lt_tensor_view(d_w, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, wsh);
+    a.targets = d_t, a.loss = d_loss, a.lse = d_lse, a.dloss = d_dl, a.dh = &tdh;
+    lt_lce_options opt;
+    memset(&opt, 0, sizeof opt);
+    /* with a caller workspace of exactly the reported size, then with none */
+    size_t wsb = lt_lce_workspace_bytes(&opt, &a, 1, 0), wsf = lt_lce_workspace_bytes(&opt, &a, 0, 0);
+    if (wsf > wsb) wsb = wsf;
+    assert_true(wsb >= (size_t)(N * C) * 2);
+    void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "lce ws");
+    a.workspace = ws;
+    assert_int_equal(lt_lce_forward(ctx, &opt, &a), LT_OK);
+    assert_int_equal(lt_lce_backward(ctx, &opt, &a), LT_OK);
+    float loss32, *lse32 = malloc(F4(N)), *dh32 = malloc(F4(N * C));
+    down(ctx, &loss32, d_loss, 4), down(ctx, lse32, d_lse, F4(N)), down(ctx, dh32, d_dh, F4(N * C));
+    a.workspace = NULL;
+    assert_int_equal(gpu()->copy_to_device(ctx, d_dh, Pn, F4(N * C)), LT_OK);
+    assert_int_equal(lt_lce_forward(ctx, &opt, &a), LT_OK);
+    assert_int_equal(lt_lce_backward(ctx, &opt, &a), LT_OK);
+    float loss32b, *dh32b = malloc(F4(N * C));
+    down(ctx, &loss32b, d_loss, 4), down(ctx, dh32b, d_dh, F4(N * C));
+    assert_true(loss32 == loss32b);
+    assert_memory_equal(dh32, dh32b, F4(N * C));
+    /* the bf16 h path on the rounded values gives the same numbers */
+    a.h = lt_tensor_view(d_hb, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    assert_int_equal(gpu()->copy_to_device(ctx, d_dh, Pn, F4(N * C)), LT_OK);
+    assert_int_equal(lt_lce_forward(ctx, &opt, &a), LT_OK);
+    assert_int_equal(lt_lce_backward(ctx, &opt, &a), LT_OK);
+    float loss16, *lse16 = malloc(F4(N)), *dh16 = malloc(F4(N * C));
+    down(ctx, &loss16, d_loss, 4), down(ctx, lse16, d_lse, F4(N)), down(ctx, dh16, d_dh, F4(N * C));
+    assert_true(loss32 == loss16);
+    assert_memory_equal(lse32, lse16, F4(N));
+    assert_memory_equal(dh32, dh16, F4(N * C));
+    /* the CPU in f32 on the original h and the same head values */
+    lt_lce_args c = a;
+    float closs, *clse = malloc(F4(N)), *cdh = malloc(F4(N * C));
+    lt_tensor tcdh = lt_tensor_view(cdh, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    c.h = lt_tensor_view(h, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    c.w = lt_tensor_view(wr, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wsh);
+    c.targets = tgt, c.loss = &closs, c.lse = clse, c.dloss = &one, c.dh = &tcdh, c.workspace = NULL;
+    assert_int_equal(lt_lce_forward(ctx, &opt, &c), LT_OK);
+    assert_int_equal(lt_lce_backward(ctx, &opt, &c), LT_OK);
+    double el = fabs((double)loss32 - closs) / fabs((double)closs), ee = rel_err_ff(lse32, clse, N),
+           ed = rel_err_ff(dh32, cdh, N * C);
+    fprintf(stderr, "  lce f32 h N=%lld C=%lld V=%lld vs cpu: loss %.3g lse %.3g dh %.3g\n", (long long)N,
+            (long long)C, (long long)V, el, ee, ed);
+    assert_true(el <= TOL_F32_PATH_VS_CPU && ee <= TOL_F32_PATH_VS_CPU && ed <= TOL_F32_PATH_VS_CPU);
+    lt_free(ctx, LT_DEVICE_CUDA, ws, wsb);
+    dfree(ctx, d_h, F4(N * C)), dfree(ctx, d_dh, F4(N * C)), dfree(ctx, d_lse, F4(N)), dfree(ctx, d_loss, 4);
+    dfree(ctx, d_dl, 4), dfree(ctx, d_hb, (size_t)(N * C) * 2), dfree(ctx, d_w, (size_t)(V * C) * 2);
+    dfree(ctx, d_t, sizeof tgt);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(h), free(wf), free(rh), free(hb), free(wb), free(wr), free(Pn), free(lse32), free(dh32), free(dh32b);
+    free(lse16), free(dh16), free(clse), free(cdh);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -525,6 +719,8 @@ int main(void) {
         cmocka_unit_test(dropout_masks_identical_to_cpu),
         cmocka_unit_test(adamw_matches_cpu),
         cmocka_unit_test(zero_sumsq_copies),
+        cmocka_unit_test(attention_f32_on_device),
+        cmocka_unit_test(lce_f32_on_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
