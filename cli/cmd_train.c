@@ -146,6 +146,11 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_usage_error("train", usage, "%s", lt_ctx_error(ctx));
         goto done;
     }
+    /* A device this build or machine lacks is refused before the guard measures it. */
+    if ((s = lt_model_device_available(ctx, resolved.device)) != LT_OK) {
+        rc = lt_cli_fail("train", ctx, s);
+        goto done;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

@@ -37,8 +37,11 @@
 #define BF16_U 0x1.0p-8
 #define TOL_LOSS (8 * BF16_U)
 #define TOL_GRAD (32 * BF16_U)
-/* Training trajectories: each step's mean loss within TOL_LOSS of the CPU one (relative), the
- * final LoRA parameters within TOL_GRAD of their largest magnitude. */
+/* Training trajectories: each step's mean loss within TOL_LOSS of the CPU one (relative). Adam
+ * turns a gradient element below the bf16 noise into a full-size step of either sign, so the
+ * final parameters are compared as a whole: the L2 distance between the two runs' parameters is
+ * at most a quarter of the distance the CPU run travelled from the shared initialisation. */
+#define TOL_TRAJECTORY 0.25
 
 static uint64_t rng;
 static FILE *devnull;
@@ -390,7 +393,7 @@ static void training_tracks_cpu(void **state) {
         make_data(&train, 40, t->V, &ds);
         make_data(&valid, 8, t->V, &ds);
         double loss[2][ITERS];
-        float *final[2] = {NULL, NULL};
+        float *final[2] = {NULL, NULL}, *init = NULL;
         int64_t n = 0;
         char dirs[2][256];
         for (int dev = 0; dev < 2; dev++) {
@@ -410,6 +413,11 @@ static void training_tracks_cpu(void **state) {
             lt_lora_options lora;
             assert_int_equal(lt_train_lora_options(ctx, &o, &lora), LT_OK);
             lt_model *m = load(ctx, t, o.device, &lora);
+            if (!dev) { /* both devices start from the same host-drawn initialisation */
+                (void)lt_model_lora_params(m, &n);
+                init = malloc((size_t)n * 4);
+                assert_int_equal(lt_model_lora_get(ctx, m, 0, 0, n, init), LT_OK);
+            }
             lt_train_result res;
             memset(&res, 0, sizeof res);
             res.step_loss = loss[dev];
@@ -417,7 +425,6 @@ static void training_tracks_cpu(void **state) {
             if (s != LT_OK) fprintf(stderr, "%s fit on %s: %s\n", t->name, dev ? "cuda" : "cpu", lt_ctx_error(ctx));
             assert_int_equal(s, LT_OK);
             assert_int_equal(res.steps, ITERS);
-            (void)lt_model_lora_params(m, &n);
             final[dev] = malloc((size_t)n * 4);
             assert_int_equal(lt_model_lora_get(ctx, m, 0, 0, n, final[dev]), LT_OK);
             fprintf(stderr, "  %-12s %s: val %.4f -> %.4f, peak %zu plan %zu (host peak %zu)\n", t->name,
@@ -448,12 +455,16 @@ static void training_tracks_cpu(void **state) {
             snprintf(what, sizeof what, "%s step %d loss", t->name, i + 1);
             compare(what, &g, &c, 1, TOL_LOSS);
         }
-        char what[160];
-        snprintf(what, sizeof what, "%s LoRA parameters after %d steps", t->name, ITERS);
-        double e = compare(what, final[1], final[0], n, TOL_GRAD);
-        fprintf(stderr, "  %-12s loss step 1 %.5f/%.5f, step %d %.5f/%.5f (cuda/cpu), params rel %.2e\n", t->name,
-                loss[1][0], loss[0][0], ITERS, loss[1][ITERS - 1], loss[0][ITERS - 1], e);
-        free(final[0]), free(final[1]);
+        double apart = 0, travelled = 0;
+        for (int64_t i = 0; i < n; i++) {
+            apart += ((double)final[1][i] - final[0][i]) * ((double)final[1][i] - final[0][i]);
+            travelled += ((double)final[0][i] - init[i]) * ((double)final[0][i] - init[i]);
+        }
+        double e = sqrt(apart / travelled);
+        fprintf(stderr, "  %-12s loss step 1 %.5f/%.5f, step %d %.5f/%.5f (cuda/cpu), params apart/travelled %.3f\n",
+                t->name, loss[1][0], loss[0][0], ITERS, loss[1][ITERS - 1], loss[0][ITERS - 1], e);
+        assert_true(travelled > 0 && e <= TOL_TRAJECTORY);
+        free(final[0]), free(final[1]), free(init);
         rm_adapter_dir(dirs[0]);
         rm_adapter_dir(dirs[1]);
         free_data(&train);

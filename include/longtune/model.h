@@ -112,9 +112,12 @@ typedef struct lt_model_sizes {
     int64_t n_lora_params;             /* trainable scalars */
 } lt_model_sizes;
 
-/* Pure: the bytes each class takes for this config, LoRA choice and run shape, equal to what
- * lt_model_load + lt_model_prepare allocate (the optimizer state is the trainer's). Errors:
- * LT_ERR_INVALID_ARG (bad shapes/options, named). */
+/* Pure: the bytes each class takes for this config, LoRA choice and run shape on run->device
+ * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
+ * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
+ * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
+ * shapes/options, named), LT_ERR_UNSUPPORTED (a device this build lacks, a head dim or impl the
+ * device's kernels do not serve). */
 lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                               const lt_model_run_options *run, lt_model_sizes *out);
 
@@ -126,6 +129,11 @@ typedef struct lt_model_options {
 } lt_model_options;
 
 typedef struct lt_model lt_model;
+
+/* LT_OK when a model can live on dev in this build on this machine. Errors: LT_ERR_UNSUPPORTED
+ * saying what is missing (a CUDA backend in the build, or a visible CUDA device),
+ * LT_ERR_INVALID_ARG for an unknown device. */
+lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev);
 
 /* Reads only headers (config.json + safetensors headers, or GGUF metadata and tensor infos) and
  * fills cfg as lt_model_load would, without touching weight data: the planner's entry point.
