@@ -172,11 +172,14 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_fail("train", ctx, s);
         goto done;
     }
-    char b1[32], b2[32];
-    printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; peak %s (plan %s)\n"
+    char b1[32], b2[32], b3[32], host[64] = "";
+    if (resolved.device != LT_DEVICE_CPU)
+        snprintf(host, sizeof host, "; host peak %s", lt_cli_fmt_bytes(res.host_peak_bytes, b3, 32));
+    printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; %s peak %s (plan %s)%s\n"
            "adapter: %s/adapter_model.safetensors\n",
            (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
-           res.last_val_loss, lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32),
+           res.last_val_loss, resolved.device == LT_DEVICE_CPU ? "host" : "device",
+           lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32), host,
            resolved.adapter_path);
 done:
     if (guard.g) lt_guard_stop(guard.g);
