@@ -7,6 +7,7 @@
 #define LONGTUNE_MODEL_H
 
 #include "attention.h"
+#include "comm.h"
 #include "lce.h"
 #include "tensor.h"
 
@@ -200,6 +201,9 @@ typedef struct lt_model_batch {
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
     uint64_t step;              /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row;          /* index of row 0 within the whole batch when this is one rank's
+                                   share of it (data parallel): rows draw the dropout masks of
+                                   their place in the whole batch; 0 otherwise */
 } lt_model_batch;
 
 typedef struct lt_model_result {
@@ -219,6 +223,14 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 /* Forward only (evaluation): no dropout, nothing saved. */
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);
+/* Context parallel: from now on every step of m is this rank's share of one sequence split over
+ * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
+ * positions of their places in the whole row), and attention is ring attention over comm (host
+ * buffers, MPI). Every rank must run the same steps. comm NULL or a world of one turns it off.
+ * The ring's blocks are allocated per call (priced by the planner's cp_size). Errors:
+ * LT_ERR_UNSUPPORTED (a device communicator, a CUDA model). */
+lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
+
 /* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
  * A device model allocates a (rows, V) device buffer for the call (not a training path). */
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
