@@ -160,6 +160,14 @@ lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, i
     return sync(ctx, c, "bucketed all-reduce");
 }
 
+lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, st->comm, st->stream), "ncclAllReduce");
+    return LT_OK;
+}
+
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { return sync(ctx, c, "all-reduce buckets"); }
+
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
     nccl_state *st = c->nccl;
     NCCL_TRY(ncclBroadcast(buf, buf, bytes, ncclUint8, root, st->comm, st->stream), "ncclBroadcast");
@@ -221,6 +229,11 @@ lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t byte
     return no_nccl(ctx);
 }
 lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
+    (void)c, (void)buf, (void)count;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
                                 int src) {
     (void)c, (void)sb, (void)sn, (void)dst, (void)rb, (void)rn, (void)src;

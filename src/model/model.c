@@ -92,6 +92,11 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
     return LT_OK;
 }
 
+void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg) {
+    m->grad_ready = fn;
+    m->grad_ready_arg = fn ? arg : NULL;
+}
+
 void lt_model_zero_grads(lt_model *m) {
     /* The zero op takes no thread count and reports nothing through the context. */
     if (m->lora_grads && m->lay.lora_bytes) m->be->zero(NULL, m->lora_grads, m->lay.lora_bytes);
@@ -533,6 +538,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         }
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
+        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
     }
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
