@@ -84,13 +84,26 @@ static void *make_f32(lt_ctx *ctx, const lt_backend *be, int64_t n, uint64_t *s,
 }
 
 #if LT_HAVE_CUDA
+static void *dev_bf16_random(lt_ctx *ctx, size_t n) {
+    uint16_t *h = malloc(n * 2);
+    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, "ceiling operand");
+    uint64_t s = 0x2545f4914f6cdd1dULL ^ n;
+    if (h && d) {
+        for (size_t i = 0; i < n; i++) h[i] = lt_f32_to_bf16(unif(&s));
+        cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
+    }
+    free(h);
+    return d;
+}
+
 /* The ceiling: cuBLASLt bf16 × bf16 → f32 (fp32 accumulate) at (m, n, k), median ms of `repeats`
  * calls with 32 MiB of workspace; < 0 when cuBLASLt refuses. Column-major, as the op runs it. */
 static double cublaslt_bf16_ms(lt_ctx *ctx, int64_t m, int64_t n, int64_t k, int ta, int repeats) {
     double ms = -1;
     size_t wsb = (size_t)32 << 20;
     size_t ab = (size_t)(m * k) * 2, bb = (size_t)(k * n) * 2, cb = (size_t)(m * n) * 4;
-    void *A = lt_calloc(ctx, LT_DEVICE_CUDA, ab, "ceiling A"), *B = lt_calloc(ctx, LT_DEVICE_CUDA, bb, "ceiling B");
+    /* random operands: tensor cores run measurably faster on zeros (less power, higher clocks) */
+    void *A = dev_bf16_random(ctx, (size_t)(m * k)), *B = dev_bf16_random(ctx, (size_t)(k * n));
     void *C = lt_alloc(ctx, LT_DEVICE_CUDA, cb, "ceiling C"), *W = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "ceiling ws");
     cublasLtHandle_t h = NULL;
     cublasLtMatmulDesc_t op = NULL;
@@ -294,6 +307,40 @@ int lt_bench_matmul(int argc, char **argv) {
         }
         lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
         lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
+    }
+    /* The LoRA products (f32 gemm, rank 8, C = 4096): forward u = x·Aᵀ, grad dA = duᵀ·x (a long
+     * reduction over N into a small output) and the input grad dx += du·A. */
+    {
+        const int64_t C = 4096, r = 8;
+        struct { const char *name; int ta; int64_t M, Nn, K; } g[3] = {
+            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dx", 0, N, C, r}};
+        void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
+        void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
+        if (!x || !u || !o) goto gemm_done;
+        for (int k = 0; k < 3; k++) {
+            const float *A = x, *B = u;
+            int64_t lda = g[k].ta ? g[k].M : g[k].K, ldb = g[k].Nn;
+            for (int rr = -c.warmup; rr < c.repeats; rr++) {
+                be->synchronize(ctx);
+                double t0 = lt_time_now();
+                be->gemm(ctx, g[k].ta, 0, g[k].M, g[k].Nn, g[k].K, 1.0f, A, lda, B, ldb, 0.0f, o, g[k].Nn);
+                be->synchronize(ctx);
+                if (rr >= 0) t[rr] = (lt_time_now() - t0) * 1e3;
+            }
+            const double ms = lt_bench_median(t, c.repeats);
+            const double tf = 2.0 * (double)g[k].M * (double)g[k].Nn * (double)g[k].K / (ms * 1e-3) * 1e-12;
+            cJSON *arm = cJSON_CreateObject();
+            cJSON_AddStringToObject(arm, "name", g[k].name);
+            cJSON_AddNumberToObject(arm, "median_ms", ms);
+            cJSON_AddNumberToObject(arm, "tflops", tf);
+            cJSON_AddItemToArray(arms, arm);
+            fprintf(stderr, "%-34s %9.3f ms %7.2f TFLOP/s (M=%lld N=%lld K=%lld)\n", g[k].name, ms, tf,
+                    (long long)g[k].M, (long long)g[k].Nn, (long long)g[k].K);
+        }
+    gemm_done:
+        if (x) lt_free(ctx, be->device, x, (size_t)(N * C) * 4);
+        if (u) lt_free(ctx, be->device, u, (size_t)(N * C) * 4);
+        if (o) lt_free(ctx, be->device, o, (size_t)(N * C) * 4);
     }
     if (!cuda) cJSON_AddNumberToObject(cfg, "sgemm_gflops_ceiling", cpu_ceiling);
     rc = 0;
