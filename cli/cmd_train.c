@@ -44,6 +44,7 @@ static void print_help(void) {
            "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
            "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
            "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
+           "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
            "  --distributed auto|off     auto: under `mpirun -np K` train data parallel over the K ranks\n"
@@ -152,6 +153,11 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_usage_error("train", usage, "%s", lt_ctx_error(ctx));
         goto done;
     }
+    /* A device this build or machine lacks is refused before the guard measures it. */
+    if ((s = lt_model_device_available(ctx, resolved.device)) != LT_OK) {
+        rc = lt_cli_fail("train", ctx, s);
+        goto done;
+    }
     /* The world an MPI launcher started; a plain run (or --distributed off) never touches MPI. */
     int env_rank = 0, env_size = 1;
     if (!strcmp(resolved.distributed, "auto") && lt_comm_env_world(&env_rank, &env_size, NULL) && env_size > 1) {
@@ -188,12 +194,15 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_fail("train", ctx, s);
         goto done;
     }
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32], host[64] = "";
+    if (resolved.device != LT_DEVICE_CPU)
+        snprintf(host, sizeof host, "; host peak %s", lt_cli_fmt_bytes(res.host_peak_bytes, b3, 32));
     if (lt_comm_rank(comm) == 0)
-        printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; peak %s (plan %s)\n"
+        printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; %s peak %s (plan %s)%s\n"
                "adapter: %s/adapter_model.safetensors\n",
                (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
-               res.last_val_loss, lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32),
+               res.last_val_loss, resolved.device == LT_DEVICE_CPU ? "host" : "device",
+               lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32), host,
                resolved.adapter_path);
 done:
     if (guard.g) lt_guard_stop(guard.g);

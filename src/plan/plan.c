@@ -88,6 +88,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     if (o.run.loss == LT_LCE_AUTO) o.run.loss = LT_LCE_FUSED;
     if (o.run.recompute == LT_RECOMPUTE_EVERY_K && !o.run.recompute_k) o.run.recompute_k = 2;
     if (!o.run.threads) o.run.threads = lt_ctx_threads(ctx);
+    o.run.device = o.device;
     if (o.dp_size <= 0) o.dp_size = 1;
     if (o.cp_size <= 0) o.cp_size = 1;
     if (o.dp_size > (1 << 20) || o.cp_size > (1 << 20))
@@ -103,16 +104,13 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
         int64_t c2 = 2 * o.cp_size, Tp = (o.run.T + c2 - 1) / c2 * c2;
         rr.T = Tp / o.cp_size;
     }
+    /* The model's classes map one to one onto the first six of the plan. Its size table for the
+     * device carries that device's kernel workspaces (a CUDA run: the CUDA attention, loss and
+     * matmul workspaces) and rounds each block as that device's allocator does; the model's host
+     * bookkeeping counts only in a CPU plan. */
     lt_model_sizes ms;
     LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &rr, &ms));
-    /* The model's classes map one to one onto the first six of the plan. Its table rounds each
-     * class block as the host allocator does (64 bytes); a CUDA block is rounded to 256 instead,
-     * and rounding the 64-rounded size up to 256 gives exactly the 256-rounded raw size. (The
-     * model's small host bookkeeping, inside the weights class, is then priced on the device.) */
-    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
-        out->bytes[c] = o.device == LT_DEVICE_CUDA && ms.bytes[c]
-                            ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ms.bytes[c])
-                            : ms.bytes[c];
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) out->bytes[c] = ms.bytes[c];
     if (o.cp_size > 1) {
         /* The ring's key/value blocks and their travelling gradients (the backward holds more
          * than the forward), one row at a time. */
