@@ -100,6 +100,11 @@ int main(void) {
     double *d64 = to_dev(h64, sizeof h64);
     CHECK(lt_comm_allreduce_sum(ctx, c, d64, 1001, LT_COMM_F64) == LT_OK);
     CHECK(same_as_host(d64, h64, sizeof h64));
+    /* Host statistics over the device communicator: staged through its 4 KiB buffer in pieces. */
+    double hs[1500], hs0[1500];
+    for (int i = 0; i < 1500; i++) hs[i] = hs0[i] = lt_test_normal(&rng);
+    CHECK(lt_comm_allreduce_sum_host(ctx, c, hs, 1500, LT_COMM_F64) == LT_OK);
+    CHECK(!memcmp(hs, hs0, sizeof hs));
     /* Broadcast of an odd byte count; a root outside the world is refused before NCCL. */
     CHECK(lt_comm_broadcast(ctx, c, d, 12345, 0) == LT_OK);
     CHECK(same_as_host(d, h, (size_t)n * sizeof *h));

@@ -72,6 +72,10 @@ lt_device lt_comm_device(const lt_comm *c);
  * stream synchronise). Errors: LT_ERR_INVALID_ARG (count < 0, dtype), LT_ERR_IO / LT_ERR_CUDA from
  * the transport. */
 lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
+/* The same for a small host buffer whatever the transport: NCCL stages it through a device buffer
+ * the communicator keeps (4 KiB at a time), so host-side statistics (loss sums, flags) can be
+ * reduced over a device communicator. */
+lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
 /* The same over a large f32 buffer cut into buckets of bucket_elems (0 = 4 Mi elements = 16 MiB):
  * every bucket's reduction is started before the first is waited on, so the transport pipelines
  * them (MPI_Iallreduce; NCCL groups them on its stream). Results equal lt_comm_allreduce_sum's. */

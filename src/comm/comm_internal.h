@@ -41,6 +41,8 @@ lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, i
 /* Enqueues one f32 sum all-reduce on the stream and returns; lt_comm_nccl_wait synchronises. */
 lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count);
 lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c);
+/* Host buffer through the staging area: copy in, all-reduce, copy out, in pieces. */
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt);
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root);
 lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c);
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,

@@ -22,8 +22,11 @@ typedef struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;
     int device;
-    float *scratch; /* one device float for the barrier */
+    float *scratch; /* STAGE bytes on the device: the barrier's float, staged host reductions */
 } nccl_state;
+
+/* Device staging area for host-buffer reductions (and the barrier). */
+#define STAGE 4096
 
 static lt_status nccl_fail(lt_ctx *ctx, lt_comm *c, ncclResult_t r, const char *what) {
     nccl_state *st = c ? c->nccl : NULL;
@@ -115,7 +118,7 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
     }
     CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     NCCL_TRY(ncclCommInitRank(&st->comm, c->size, id, c->rank), "ncclCommInitRank");
-    st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, sizeof(float), "NCCL barrier scratch");
+    st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, STAGE, "NCCL staging buffer");
     if (!st->scratch) return LT_ERR_OOM;
     return LT_OK;
 }
@@ -125,7 +128,7 @@ void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) {
     if (!st) return;
     if (st->comm) ncclCommDestroy(st->comm);
     if (st->stream) cudaStreamDestroy(st->stream);
-    if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, sizeof(float));
+    if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, STAGE);
     lt_free(ctx, LT_DEVICE_CPU, st, sizeof *st);
     c->nccl = NULL;
 }
@@ -167,6 +170,23 @@ lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count
 }
 
 lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { return sync(ctx, c, "all-reduce buckets"); }
+
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    nccl_state *st = c->nccl;
+    size_t es = dt == LT_COMM_F64 ? 8 : 4, per = STAGE / es;
+    char *p = buf;
+    for (int64_t i = 0; i < count; i += (int64_t)per) {
+        size_t n = (size_t)(count - i) < per ? (size_t)(count - i) : per;
+        CUDA_TRY(cudaMemcpyAsync(st->scratch, p + (size_t)i * es, n * es, cudaMemcpyHostToDevice, st->stream),
+                 "cudaMemcpyAsync (stage in)");
+        NCCL_TRY(ncclAllReduce(st->scratch, st->scratch, n, nccl_type(dt), ncclSum, st->comm, st->stream),
+                 "ncclAllReduce (staged)");
+        CUDA_TRY(cudaMemcpyAsync(p + (size_t)i * es, st->scratch, n * es, cudaMemcpyDeviceToHost, st->stream),
+                 "cudaMemcpyAsync (stage out)");
+        LT_TRY(sync(ctx, c, "staged all-reduce"));
+    }
+    return LT_OK;
+}
 
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
     nccl_state *st = c->nccl;
@@ -234,6 +254,10 @@ lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count
     return no_nccl(ctx);
 }
 lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    (void)c, (void)buf, (void)count, (void)dt;
+    return no_nccl(ctx);
+}
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
                                 int src) {
     (void)c, (void)sb, (void)sn, (void)dst, (void)rb, (void)rn, (void)src;

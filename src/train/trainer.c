@@ -62,6 +62,8 @@ typedef struct trainer {
     size_t red_bytes;
     int stop_world;
     lt_comm_reducer *reducer; /* gradient buckets, started from the model's grad-ready hook */
+    int dist;                 /* reductions run: a world of several ranks, or NCCL even for one (its
+                                 transport path, exercised on a single GPU) */
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -293,9 +295,9 @@ static lt_status evaluate(trainer *t, double *out) {
         sum += r.loss_sum;
         tokens += r.n_tokens;
     }
-    if (t->world > 1) {
+    if (t->dist) {
         double v[2] = {sum, (double)tokens};
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, v, 2, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, v, 2, LT_COMM_F64));
         sum = v[0];
         tokens = (int64_t)v[1];
     }
@@ -338,12 +340,12 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
         LT_TRY(s);
         lsum[k] = r.loss_sum;
     }
-    if (t->world > 1) {
+    if (t->dist) {
         /* Buckets the backward completed are in flight already; the rest start now (all ranks
          * issue them in the same order, see lt_comm_reducer_ready). */
         LT_TRY(lt_comm_reducer_finish(t->ctx, t->reducer));
         lsum[o->grad_accum] = lt_train_stop_requested() ? 1 : 0;
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
         t->stop_world = lsum[o->grad_accum] > 0;
     }
     for (int64_t k = 0; k < o->grad_accum; k++)
@@ -381,9 +383,9 @@ static lt_status save(trainer *t) {
         if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
         if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
     }
-    if (t->world > 1) {
+    if (t->dist) {
         double failed = s != LT_OK;
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
         if (failed > 0 && s == LT_OK)
             return lt_error(t->ctx, LT_ERR_IO, "rank 0 failed to save the checkpoint or adapter into %s",
                             t->o->adapter_path);
@@ -437,7 +439,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
     t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
     if (!t->red) return LT_ERR_OOM;
-    if (t->world > 1) {
+    if (t->dist) {
         /* Buckets of whole layers where possible (about 4 MiB); LONGTUNE_DP_BUCKET (elements)
          * overrides it, for tests that want many small buckets. */
         int64_t layers = 0, prev = -1, bucket = 0;
@@ -532,7 +534,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     while (t->st.step < o->iters) {
         /* Ranks stop together: the flag was summed over the world with the last step's losses. */
         int sig = lt_train_stop_requested();
-        if (t->world > 1) sig = t->stop_world ? (sig ? sig : -2) : 0;
+        if (t->dist) sig = t->stop_world ? (sig ? sig : -2) : 0;
         if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
@@ -620,10 +622,12 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.comm = comm;
     t.rank = lt_comm_rank(comm);
     t.world = lt_comm_size(comm);
-    if (t.world > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || t.dev != LT_DEVICE_CPU))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: the trainer reduces host gradients of a host "
-                        "model over a host communicator (here a %s model, a %s communicator)",
-                        t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA", lt_comm_backend_name(lt_comm_get_backend(comm)));
+    t.dist = t.world > 1 || lt_comm_get_backend(comm) == LT_COMM_NCCL;
+    /* Gradients are reduced where they live: a host model's over MPI, a CUDA model's over NCCL. */
+    if (t.dist && lt_comm_device(comm) != t.dev)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: a %s model's gradients cannot be reduced over a %s "
+                        "communicator (host models: MPI; CUDA models: NCCL)", t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA",
+                        lt_comm_backend_name(lt_comm_get_backend(comm)));
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);

@@ -77,6 +77,12 @@ for np in 2 3; do
     || { echo "FAIL: cp $np: no context-parallel line: $(head -5 "$dir/cp$np.out")"; fail=1; }
   python3 "$here/compare_runs.py" "$dir/cp1" "$dir/cp$np" || fail=1
 done
+# --distributed: a bad value is a usage error; nccl needs a CUDA device (a CPU model's gradients
+# are never reduced over it).
+out=$("$bin" train "${cp[@]}" --distributed all --adapter-path "$dir/bad" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "auto|off|nccl" <<<"$out" || { echo "FAIL: --distributed all -> rc=$rc: $out"; fail=1; }
+out=$("$bin" train "${cp[@]}" --distributed nccl --adapter-path "$dir/bad" 2>&1); rc=$?
+[ $rc = 1 ] && grep -qiE "nccl|cuda" <<<"$out" || { echo "FAIL: --distributed nccl on a CPU model -> rc=$rc: $out"; fail=1; }
 # Bad combinations are refused by every rank with the reason.
 out=$("${mpi[@]}" -np 2 "$bin" train "${cp[@]}" --context-parallel --max-seq-length 50 --adapter-path "$dir/bad" 2>&1) \
   && { echo "FAIL: --max-seq-length 50 over 2 ranks accepted"; fail=1; }
