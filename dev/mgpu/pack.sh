@@ -16,5 +16,5 @@ cp tests/cli/tiny_model.py tests/cli/compare_runs.py "$DEST/tests/cli/"
 cp tests/fixtures/tokenizer/bpe-nfc/tokenizer.json tests/fixtures/tokenizer/bpe-nfc/tokenizer_config.json \
    "$DEST/tests/fixtures/tokenizer/bpe-nfc/"
 c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"
-echo 30 > "$DEST/seconds"
+echo 15 > "$DEST/seconds"
 du -sh "$DEST"
