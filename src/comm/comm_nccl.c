@@ -1,6 +1,6 @@
-/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, each call
- * synchronised before it returns (the trainer's collectives sit between host-driven steps). NVLink
- * multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
+/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, ordered with
+ * the backend's kernels on the legacy default stream; blocking calls synchronise before they
+ * return, the reducer's buckets when it finishes. NVLink multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
  * nothing here creates multicast objects. Without NCCL in the build every entry point reports
  * LT_ERR_UNSUPPORTED. The unique id travels over MPI or through a rendezvous file. */
 #include <errno.h>
@@ -116,7 +116,11 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
         if (c->mpi_active) LT_TRY(lt_comm_mpi_broadcast(ctx, c, &id, sizeof id, 0));
         else LT_TRY(rendezvous(ctx, c, o, &id));
     }
-    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    /* A blocking stream: its work is ordered after what the CUDA backend enqueued on the legacy
+     * default stream (gradients are complete before a bucket is reduced) and before what comes
+     * next there (AdamW reads reduced gradients). The price: on a GPU the reduction does not
+     * overlap the backward; that needs the backend on its own stream and events. */
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamDefault), "cudaStreamCreate");
     NCCL_TRY(ncclCommInitRank(&st->comm, c->size, id, c->rank), "ncclCommInitRank");
     st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, STAGE, "NCCL staging buffer");
     if (!st->scratch) return LT_ERR_OOM;
