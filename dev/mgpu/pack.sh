@@ -13,6 +13,7 @@ nice -n 5 cmake --build $B -j2 --target test_cuda_comm longtune_cli >/dev/null
 rm -rf "$DEST" && mkdir -p "$DEST/tests/cli" "$DEST/tests/fixtures/tokenizer/bpe-nfc"
 cp $B/test_cuda_comm $B/longtune dev/mgpu/run.sh "$DEST/"
 cp tests/cli/tiny_model.py tests/cli/compare_runs.py "$DEST/tests/cli/"
+mkdir -p "$DEST/dev/mgpu" && cp dev/mgpu/nccl_train_check.sh "$DEST/dev/mgpu/"
 cp tests/fixtures/tokenizer/bpe-nfc/tokenizer.json tests/fixtures/tokenizer/bpe-nfc/tokenizer_config.json \
    "$DEST/tests/fixtures/tokenizer/bpe-nfc/"
 c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"

@@ -18,16 +18,6 @@ ldd ./longtune | grep -E "nccl|not found"
 echo "=== test_cuda_comm $(date -u +%T)"
 NCCL_DEBUG=WARN timeout 6 ./test_cuda_comm; echo "rc=$?"
 echo "=== train --device cuda, --distributed off vs nccl $(date -u +%T)"
-t=/tmp/mgpu-train; rm -rf $t; mkdir -p $t/data
-python3 tests/cli/tiny_model.py $t/model --hidden 128 --layers 2
-for i in $(seq 1 48); do echo "{\"text\": \"record $i: the quick brown fox jumps over the lazy dog $i times\"}"; done > $t/data/train.jsonl
-head -6 $t/data/train.jsonl > $t/data/valid.jsonl
-args=(--device cuda --model $t/model --data $t/data --batch-size 4 --grad-accum 2 --max-seq-length 64 --iters 6
-      --learning-rate 2e-3 --steps-per-report 1 --steps-per-eval 3 --val-batches -1 --save-every 3 --seed 7)
-for d in off nccl; do
-  timeout 5 ./longtune train "${args[@]}" --distributed $d --adapter-path "$OUT/train_$d" > "$OUT/train_$d.log" 2>&1
-  echo "$d rc=$?"; tail -3 "$OUT/train_$d.log"
-done
-python3 tests/cli/compare_runs.py "$OUT/train_off" "$OUT/train_nccl"; echo "compare rc=$?"
+bash dev/mgpu/nccl_train_check.sh ./longtune "$OUT" cuda; echo "check rc=$?"
 echo "=== end $(date -u +%T)"
 } 2>&1 | tee "$OUT/run.log"
