@@ -7,3 +7,4 @@ LT_BENCH(attention, lt_bench_attention, "naive vs flash attention fwd/bwd (CPU):
 LT_BENCH(lce, lt_bench_lce, "linear cross-entropy: naive / chunked / fused, time, memory, vs sgemm")
 LT_BENCH(train, lt_bench_train, "SmolLM2-135M LoRA steps at T=512/2048: tokens/s, peak bytes, MFU vs sgemm, vs torch+PEFT")
 LT_BENCH(matmul, lt_bench_matmul, "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
+LT_BENCH(scaling, lt_bench_scaling, "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")

@@ -19,6 +19,7 @@
 
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "longtune/safetensors.h"
@@ -213,16 +214,29 @@ static void plan_is_the_size_table_plus_optimizer(void **state) {
         int64_t qd = t->H * t->D, kvd = t->Hkv * t->D;
         int64_t per_layer = 4 * ((t->C + qd) + 2 * (t->C + kvd) + (qd + t->C) + 2 * (t->C + t->F) + (t->F + t->C));
         assert_int_equal(p.n_lora_params, per_layer * t->L);
-        /* On a CUDA device every block is rounded to 256 bytes instead of 64. */
+        /* A CUDA plan prices the CUDA kernels' workspaces, so it needs a build that has them, and
+         * head dims the CUDA attention serves (these tiny ones have none); with D = 64 its classes
+         * are the CUDA size table, every block rounded to 256 bytes. */
         lt_plan_options pc = po;
         pc.device = LT_DEVICE_CUDA;
         lt_plan q;
-        assert_int_equal(lt_plan_compute(ctx, &cfg, &pc, &q), LT_OK);
+        lt_status qs = lt_plan_compute(ctx, &cfg, &pc, &q);
+        assert_int_equal(qs, LT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(lt_ctx_error(ctx), LT_HAVE_CUDA ? "head dim" : "no CUDA backend"));
+#if LT_HAVE_CUDA
+        lt_model_config c64 = cfg;
+        c64.D = 64;
+        assert_int_equal(lt_plan_compute(ctx, &c64, &pc, &q), LT_OK);
         assert_int_equal(q.device, LT_DEVICE_CUDA);
+        lt_model_sizes mc;
+        assert_int_equal(lt_model_size_table(ctx, &c64, &q.options.lora, &q.options.run, &mc), LT_OK);
+        assert_int_equal(q.options.run.device, LT_DEVICE_CUDA);
         for (int c = 0; c < LT_PLAN_HELD; c++) {
             assert_int_equal(q.bytes[c] % 256, 0);
-            assert_true(q.bytes[c] >= p.bytes[c] && q.bytes[c] < p.bytes[c] + 2 * 256);
+            if (c < LT_MEM_CLASS_COUNT_) assert_int_equal(q.bytes[c], mc.bytes[c]);
         }
+        assert_int_equal(q.bytes[LT_PLAN_OPTIMIZER], lt_plan_optimizer_bytes(LT_DEVICE_CUDA, q.n_lora_params));
+#endif
     }
     lt_ctx_free(ctx);
 }
@@ -661,6 +675,59 @@ static void every_failed_allocation_is_a_clean_oom(void **state) {
     free_batch(&sb);
 }
 
+/* Several ranks: a data-parallel rank is priced as the run with its ceil(B/dp) rows; a
+ * context-parallel rank as its T'/cp tokens (T' padded to a multiple of 2·cp) plus exactly one ring
+ * attention backward's blocks in the workspace; the longest context grows with cp. */
+static void per_rank_plans(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config cfg = config_of(ctx, &tinies[0]);
+    lt_plan_options po;
+    memset(&po, 0, sizeof po);
+    po.run.B = 5;
+    po.run.T = 301;
+    po.run.recompute = LT_RECOMPUTE_EVERY;
+    lt_plan whole, rank, ref;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &po, &whole), LT_OK);
+    lt_plan_options o = po;
+    o.dp_size = 2;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    o = po;
+    o.run.B = 3;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &ref), LT_OK);
+    assert_int_equal(rank.peak_bytes, ref.peak_bytes);
+    assert_true(rank.peak_bytes < whole.peak_bytes);
+    o = po;
+    o.cp_size = 3; /* T' = 306: 102 tokens per rank */
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    o = po;
+    o.run.T = 102;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &ref), LT_OK);
+    lt_cp_attention_params cp = {306, cfg.H, cfg.Hkv, cfg.D, 0};
+    for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
+        assert_int_equal(rank.bytes[c],
+                         ref.bytes[c] + (c == LT_PLAN_WORKSPACE ? lt_cp_attention_workspace_bytes(&cp, 3, 1) : 0));
+    char buf[2048];
+    assert_int_equal(lt_plan_to_json(ctx, &rank, buf, sizeof buf), LT_OK);
+    assert_non_null(strstr(buf, "\"cp_size\": 3"));
+    /* The search stays exact with padding (plans are monotone in T), and cp = 4 reaches further. */
+    int64_t t1 = 0, t4 = 0;
+    int f1 = 0, f4 = 0;
+    size_t budget = whole.peak_bytes * 2;
+    assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &t1, &f1), LT_OK);
+    o = po;
+    o.cp_size = 4;
+    assert_int_equal(lt_plan_search_max(ctx, &cfg, &o, LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &t4, &f4), LT_OK);
+    assert_true(f1 && f4 && t4 > t1);
+    o.run.T = t4;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    assert_true(rank.peak_bytes <= budget);
+    o.run.T = t4 + 1;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    assert_true(rank.peak_bytes > budget);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     lt_log_set_level(LT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -671,6 +738,7 @@ int main(void) {
         cmocka_unit_test(measured_high_water_matches_plan),
         cmocka_unit_test(real_smollm2_measured_matches_plan),
         cmocka_unit_test(every_failed_allocation_is_a_clean_oom),
+        cmocka_unit_test(per_rank_plans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include "attention.h"
+#include "comm.h"
 #include "lce.h"
 #include "model.h"
 #include "pack.h"
@@ -70,6 +71,20 @@ typedef struct lt_train_options {
                                       default] */
     char quantize[16];             /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
     int threads;                   /* CPU threads [0 = all] */
+    lt_device device;              /* cpu | cuda: where the model, LoRA state and optimizer live
+                                      [cpu]; cuda in a build or on a machine without one is
+                                      LT_ERR_UNSUPPORTED from the run */
+    char distributed[8];           /* "auto": data parallel over the world an MPI launcher started
+                                      (mpirun -np K; MPI for a CPU model, NCCL for a CUDA one), one
+                                      process otherwise; "nccl": an NCCL world even without MPI
+                                      (RANK/WORLD_SIZE + LONGTUNE_RENDEZVOUS, or a world of one);
+                                      "off": one process whatever the launcher ["auto"]. Read by the
+                                      caller that makes the communicator (lt_train_result.comm) */
+    int context_parallel;          /* with a world of K > 1 ranks: context parallel instead of data
+                                      parallel -- every row is split over the K ranks (zig-zag) and
+                                      attention is ring attention. Needs batch_size 1, no_pack and
+                                      max_seq_length a multiple of 2K; dropout masks then follow each
+                                      rank's local token index (not those of one process) */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -169,8 +184,9 @@ typedef struct lt_metrics_record {
     double tokens_per_s;   /* real (non-padding) input tokens per second over the report window */
     int64_t tokens;        /* trained (supervised target) tokens so far */
     double elapsed_s;
-    int64_t peak_bytes;    /* accounting allocator high-water, host */
-    int64_t plan_bytes;    /* what the planner predicted for the run */
+    int64_t peak_bytes;    /* accounting allocator high-water on the run's device */
+    int64_t plan_bytes;    /* what the planner predicted for the run (same device) */
+    int64_t host_peak_bytes; /* device runs: the host high-water besides; 0 (left out) on CPU */
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;
@@ -196,11 +212,18 @@ typedef struct lt_train_result {
     double last_train_loss;
     int64_t tokens;           /* trained tokens, resumed ones included */
     double elapsed_s;         /* this call's wall time */
-    size_t peak_bytes;        /* host high-water of the accounting allocator */
-    size_t plan_bytes;        /* lt_plan_compute for the run, held bytes included */
+    size_t peak_bytes;        /* high-water of the accounting allocator on the run's device */
+    size_t plan_bytes;        /* lt_plan_compute for the run on that device, held bytes included */
+    size_t host_peak_bytes;   /* host high-water (the same as peak_bytes on a CPU run) */
     double *step_loss;        /* optional, caller-owned (iters) */
     int64_t stop_at;          /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
+    struct lt_comm *comm;     /* optional input: data parallel over this host (MPI) world. Every
+                                 rank calls lt_train_fit/lt_train_run with the same options and
+                                 data; each trains its share of every micro-batch's rows, LoRA
+                                 gradients are summed over ranks before clipping and AdamW, and
+                                 only rank 0 writes checkpoints, metrics and the adapter. NULL or
+                                 a world of one = a single process */
 } lt_train_result;
 
 /* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for

@@ -11,7 +11,7 @@
 
 #include "longtune/train.h"
 
-typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS } kind;
+typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE } kind;
 
 typedef struct {
     const char *key; /* with '_' */
@@ -60,6 +60,9 @@ static const option options[] = {
     {"pack_algorithm", K_STR, O(pack_algorithm), S(pack_algorithm), 0, 0},
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
+    {"device", K_DEVICE, O(device), 0, 0, 0},
+    {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
+    {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
 };
 #undef O
 #undef S
@@ -194,6 +197,16 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         else if (!strcmp(value, "chunked")) v = LT_LCE_CHUNKED;
         else if (!strcmp(value, "naive")) v = LT_LCE_NAIVE;
         else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not fused|chunked|naive", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_DEVICE: {
+        /* Whether this build and machine have the device is the loader's question (a typed
+         * LT_ERR_UNSUPPORTED), not a parse error. */
+        lt_device v;
+        if (!strcmp(value, "cpu")) v = LT_DEVICE_CPU;
+        else if (!strcmp(value, "cuda")) v = LT_DEVICE_CUDA;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not cpu|cuda", key, value);
         memcpy(field, &v, sizeof v);
         return LT_OK;
     }
@@ -333,6 +346,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.warmup > o.iters)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
                         (long long)o.warmup, (long long)o.iters);
+    if (!o.distributed[0]) snprintf(o.distributed, sizeof o.distributed, "auto");
+    if (strcmp(o.distributed, "auto") && strcmp(o.distributed, "off") && strcmp(o.distributed, "nccl"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off|nccl", o.distributed);
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
     if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") &&

@@ -1,15 +1,22 @@
 /* The training loop: packed batches → model forward/backward (gradient accumulation) → global-norm
- * clipping → AdamW through the backend op, with evaluation, metrics, checkpoints and PEFT export
- * on their schedules, and a clean stop on request. Every buffer is allocated before the first
- * step; nothing allocates inside it except packing plans, once per epoch. It does not load models
- * or read datasets (lt_train_run and the CLI do) and it never exits the process. */
+ * clipping → AdamW, all through the model's backend ops (so the optimizer state lives where the
+ * model does, host or GPU), with evaluation, metrics, checkpoints and PEFT export on their
+ * schedules, and a clean stop on request. Data parallel over a communicator (host models): every
+ * rank packs the same global batches and trains its share of their rows (or, context parallel, its
+ * share of each row's tokens); gradient buckets are summed over the ranks as the last backward
+ * completes them. Every buffer is allocated before the first step; nothing allocates inside it
+ * except packing plans, once per epoch. A device run copies the trainable state to a host mirror
+ * only to save it. It does not load models or read datasets (lt_train_run and the CLI do) and it
+ * never exits the process. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "train/train_internal.h"
@@ -20,10 +27,13 @@ typedef struct trainer {
     lt_ctx *ctx;
     const lt_train_options *o;
     lt_model *m;
-    const lt_backend *be;
-    /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each. */
+    const lt_backend *be;   /* the model's */
+    lt_device dev;
+    /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each, in
+     * the model's memory; a device run's host mirror of params, m and v (3n) for checkpoints. */
     int64_t n;
     float *params, *grads, *mom_m, *mom_v;
+    float *host;
     lt_train_param *tp;
     int n_tp;
     /* Data: the epoch's packing plan, the validation plan, one batch's buffers (B, T_cap). */
@@ -38,6 +48,22 @@ typedef struct trainer {
     lt_train_state st;
     lt_metrics *metrics;
     char ckpt_path[LT_TRAIN_PATH_MAX + 32];
+    /* Data parallel: this rank of `world`; red holds one step's per-micro-batch loss sums and the
+     * stop flag for their all-reduce (grad_accum + 1 doubles). stop_world: some rank was asked to
+     * stop during the last step (all ranks agree on it, so all stop after the same step). */
+    lt_comm *comm;
+    int rank, world;
+    /* Context parallel: one row split over the world; this rank's tokens, targets and positions
+     * (T / world each) are gathered here from the filled row. */
+    int cp;
+    int32_t *cp_ids, *cp_tgt, *cp_pos;
+    size_t cp_bytes;
+    double *red;
+    size_t red_bytes;
+    int stop_world;
+    lt_comm_reducer *reducer; /* gradient buckets, started from the model's grad-ready hook */
+    int dist;                 /* reductions run: a world of several ranks, or NCCL even for one (its
+                                 transport path, exercised on a single GPU) */
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -75,11 +101,19 @@ static lt_status bind_params(trainer *t) {
     int64_t count = lt_model_lora_count(t->m);
     if (!t->params || !t->grads || ng != t->n || t->n <= 0 || count <= 0 || count > (1 << 20))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model has no LoRA parameters to train (targets/layers empty?)");
-    t->mom_m = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW first moments");
-    t->mom_v = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW second moments");
+    size_t nb = (size_t)t->n * sizeof(float);
+    t->mom_m = lt_alloc(ctx, t->dev, nb, "AdamW first moments");
+    t->mom_v = lt_alloc(ctx, t->dev, nb, "AdamW second moments");
     t->tp = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)count * sizeof *t->tp, "LoRA tensor index");
     if (t->tp) t->n_tp = (int)count;
     if (!t->mom_m || !t->mom_v || !t->tp) return LT_ERR_OOM;
+    t->be->zero(ctx, t->mom_m, nb);
+    t->be->zero(ctx, t->mom_v, nb);
+    if (t->dev != LT_DEVICE_CPU && !(t->host = lt_alloc(ctx, LT_DEVICE_CPU, 3 * nb, "optimizer state host mirror")))
+        return LT_ERR_OOM;
+    /* What checkpoints and the adapter read and write: the state itself on the host, else the mirror. */
+    float *hp = t->host ? t->host : t->params, *hm = t->host ? t->host + t->n : t->mom_m,
+          *hv = t->host ? t->host + 2 * t->n : t->mom_v;
     size_t pl = strlen(PEFT_KEY_PREFIX), sl = strlen(".weight");
     for (int64_t i = 0; i < count; i++) {
         lt_lora_tensor lt;
@@ -96,12 +130,29 @@ static lt_status bind_params(trainer *t) {
         p->ndim = 2;
         p->shape[0] = lt.value.shape[0];
         p->shape[1] = lt.value.shape[1];
-        p->data = t->params + lt.offset;
-        p->grad = t->grads + lt.offset;
-        p->m = t->mom_m + lt.offset;
-        p->v = t->mom_v + lt.offset;
+        p->data = hp + lt.offset;
+        p->grad = t->host ? NULL : t->grads + lt.offset;
+        p->m = hm + lt.offset;
+        p->v = hv + lt.offset;
     }
     return LT_OK;
+}
+
+/* Device runs: the state into the host mirror (before a save) and back (after a resume). */
+static lt_status state_to_host(trainer *t) {
+    if (!t->host) return LT_OK;
+    size_t nb = (size_t)t->n * sizeof(float);
+    LT_TRY(lt_model_lora_get(t->ctx, t->m, 0, 0, t->n, t->host));
+    LT_TRY(t->be->copy_to_host(t->ctx, t->host + t->n, t->mom_m, nb));
+    return t->be->copy_to_host(t->ctx, t->host + 2 * t->n, t->mom_v, nb);
+}
+
+static lt_status state_from_host(trainer *t) {
+    if (!t->host) return LT_OK;
+    size_t nb = (size_t)t->n * sizeof(float);
+    LT_TRY(lt_model_lora_set(t->ctx, t->m, 0, t->n, t->host));
+    LT_TRY(t->be->copy_to_device(t->ctx, t->mom_m, t->host + t->n, nb));
+    return t->be->copy_to_device(t->ctx, t->mom_v, t->host + 2 * t->n, nb);
 }
 
 static lt_status alloc_batch(trainer *t) {
@@ -153,6 +204,44 @@ static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input 
     return LT_OK;
 }
 
+/* This rank's share of batch b: data parallel, rows [B·rank/world, B·(rank+1)/world) as views into
+ * b's buffers; context parallel, its zig-zag tokens of the one row, gathered into the cp buffers.
+ * *ntok: the trained targets in the share (0 when it has no rows). */
+static lt_status shard(trainer *t, const lt_model_batch *b, lt_model_batch *out, int64_t *ntok) {
+    if (t->cp) {
+        if (b->B != 1 || b->T % (2 * t->world))
+            return lt_error(t->ctx, LT_ERR_INVALID_ARG, "context parallel: batch of %lld x %lld tokens is not one row "
+                            "of a multiple of %d", (long long)b->B, (long long)b->T, 2 * t->world);
+        int64_t Tl = b->T / t->world, n = 0;
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t g = lt_cp_zigzag_position(b->T, t->world, t->rank, i);
+            t->cp_ids[i] = b->tokens[g];
+            t->cp_tgt[i] = b->targets[g];
+            t->cp_pos[i] = b->positions ? b->positions[g] : (int32_t)g;
+            n += t->cp_tgt[i] != LT_PACK_IGNORE;
+        }
+        memset(out, 0, sizeof *out);
+        out->B = 1, out->T = Tl, out->step = b->step;
+        out->tokens = t->cp_ids, out->targets = t->cp_tgt, out->positions = t->cp_pos;
+        *ntok = n;
+        return LT_OK;
+    }
+    int64_t lo = b->B * t->rank / t->world, hi = b->B * (t->rank + 1) / t->world;
+    *out = *b;
+    out->B = hi - lo;
+    out->first_row = lo;
+    *ntok = 0;
+    if (out->B == 0) return LT_OK;
+    out->tokens = b->tokens + lo * b->T;
+    out->targets = b->targets + lo * b->T;
+    if (b->positions) out->positions = b->positions + lo * b->T;
+    if (b->seq_offsets) out->seq_offsets = b->seq_offsets + lo * (b->S + 1);
+    int64_t n = 0;
+    for (int64_t i = 0; i < out->B * b->T; i++) n += out->targets[i] != LT_PACK_IGNORE;
+    *ntok = n;
+    return LT_OK;
+}
+
 static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
     for (int tries = 0;; tries++) {
         if (!t->plan || t->plan_epoch != t->st.data_epoch) {
@@ -172,6 +261,13 @@ static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, 
     return LT_OK;
 }
 
+/* The model finished a layer's gradients during the step's last backward: hand them to the
+ * reducer, which starts every bucket they complete. */
+static lt_status grads_ready(void *arg, int64_t offset, int64_t count) {
+    trainer *t = arg;
+    return lt_comm_reducer_ready(t->ctx, t->reducer, offset, count);
+}
+
 /* Mean token loss over the validation batches (NAN without a validation set). */
 static lt_status evaluate(trainer *t, double *out) {
     *out = NAN;
@@ -186,14 +282,24 @@ static lt_status evaluate(trainer *t, double *out) {
     double sum = 0;
     int64_t tokens = 0;
     for (int64_t i = 0; i < nb; i++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
         if (!ntok) continue;
+        /* Context parallel ranks run every step, tokens or not: attention is a collective. */
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward(t->ctx, t->m, &b, &r, NULL));
+        LT_TRY(lt_model_forward(t->ctx, t->m, &lb, &r, NULL));
         sum += r.loss_sum;
         tokens += r.n_tokens;
+    }
+    if (t->dist) {
+        double v[2] = {sum, (double)tokens};
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, v, 2, LT_COMM_F64));
+        sum = v[0];
+        tokens = (int64_t)v[1];
     }
     if (tokens) *out = sum / (double)tokens;
     return LT_OK;
@@ -203,32 +309,51 @@ static lt_status evaluate(trainer *t, double *out) {
  * of their token-mean loss; *tokens: trained targets; *real: real (non-padding) input tokens. */
 static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
     const lt_train_options *o = t->o;
-    lt_model_zero_grads(t->m);
+    t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
     double l = 0;
     int64_t tok = 0, rtok = 0;
+    /* Every rank packs the whole micro-batch, so the trained-token count that scales the mean loss
+     * is the global one without communication; each rank runs only its rows. red[k] collects the
+     * micro-batch's loss sum, red[grad_accum] the stop flag, for one all-reduce after the loop. */
+    double *lsum = t->red;
+    memset(lsum, 0, t->red_bytes);
+    int64_t *ntoks = (int64_t *)(lsum + o->grad_accum + 1);
     for (int64_t k = 0; k < o->grad_accum; k++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0, nreal = 0;
         LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
         rtok += nreal;
+        ntoks[k] = ntok;
         if (!ntok) continue;
         /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
         b.step = (uint64_t)(t->st.step * o->grad_accum + k);
+        tok += ntok;
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &b, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
-                                         NULL));
-        l += r.loss_sum / (double)(r.n_tokens ? r.n_tokens : 1) / (double)o->grad_accum;
-        tok += r.n_tokens;
+        /* The last micro-batch finishes each layer's gradients: reduce them as they come. */
+        if (t->reducer && k == o->grad_accum - 1) lt_model_set_grad_ready(t->m, grads_ready, t);
+        float scale = (float)(1.0 / ((double)ntok * (double)o->grad_accum));
+        lt_status s = lt_model_forward_backward(t->ctx, t->m, &lb, scale, &r, NULL);
+        lt_model_set_grad_ready(t->m, NULL, NULL);
+        LT_TRY(s);
+        lsum[k] = r.loss_sum;
     }
+    if (t->dist) {
+        /* Buckets the backward completed are in flight already; the rest start now (all ranks
+         * issue them in the same order, see lt_comm_reducer_ready). */
+        LT_TRY(lt_comm_reducer_finish(t->ctx, t->reducer));
+        lsum[o->grad_accum] = lt_train_stop_requested() ? 1 : 0;
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
+        t->stop_world = lsum[o->grad_accum] > 0;
+    }
+    for (int64_t k = 0; k < o->grad_accum; k++)
+        if (ntoks[k]) l += lsum[k] / (double)ntoks[k] / (double)o->grad_accum;
     if (o->grad_clip > 0) {
-        /* Sequential double sum: the same norm whatever the thread count. */
-        double ss = 0;
-        for (int64_t i = 0; i < t->n; i++) ss += (double)t->grads[i] * (double)t->grads[i];
-        double norm = sqrt(ss);
-        if (norm > o->grad_clip) {
-            float s = (float)(o->grad_clip / norm);
-            for (int64_t i = 0; i < t->n; i++) t->grads[i] *= s;
-        }
+        /* The one read besides the loss: the norm decides whether to scale. */
+        double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
+        if (norm > o->grad_clip) t->be->scale(t->ctx, t->grads, (float)(o->grad_clip / norm), t->n);
     }
     lt_adamw_params hp = {(float)lt_train_lr(o, t->st.step), (float)o->beta1, (float)o->beta2, (float)o->eps,
                           (float)o->weight_decay, t->st.step + 1};
@@ -248,10 +373,24 @@ static void set_rng_keys(trainer *t) {
     t->st.rng[3] = 0;
 }
 
+/* Rank 0 writes (all ranks hold the same parameters); the others learn whether it succeeded, so a
+ * failed save stops every rank instead of leaving them waiting in the next collective. */
 static lt_status save(trainer *t) {
     set_rng_keys(t);
-    LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
-    return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    lt_status s = LT_OK;
+    if (t->rank == 0) {
+        s = state_to_host(t);
+        if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
+        if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    }
+    if (t->dist) {
+        double failed = s != LT_OK;
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
+        if (failed > 0 && s == LT_OK)
+            return lt_error(t->ctx, LT_ERR_IO, "rank 0 failed to save the checkpoint or adapter into %s",
+                            t->o->adapter_path);
+    }
+    return s;
 }
 
 static const char *fmt_bytes(size_t b, char *buf, size_t n) {
@@ -261,6 +400,11 @@ static const char *fmt_bytes(size_t b, char *buf, size_t n) {
     while (v >= 1024 && i < 4) v /= 1024, i++;
     snprintf(buf, n, "%.1f %s", v, u[i]);
     return buf;
+}
+
+/* The metrics' host_peak_bytes: the host high-water of a device run, 0 (left out) on the host. */
+static int64_t host_peak(const trainer *t) {
+    return t->dev == LT_DEVICE_CPU ? 0 : (int64_t)lt_mem_get_stats(t->ctx, LT_DEVICE_CPU).peak_bytes;
 }
 
 static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
@@ -275,6 +419,15 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->popt.overflow = LT_PACK_TRUNCATE;
     t->popt.seed = o->seed;
     t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
+    if (o->context_parallel && t->world > 1) {
+        if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
+                            "of %d (got %lld, %s, %lld)", t->world, 2 * t->world, (long long)o->batch_size,
+                            o->no_pack ? "no_pack" : "packing", (long long)o->max_seq_length);
+        t->cp = 1;
+        t->popt.pad_multiple = 2 * t->world; /* rows split into 2·world equal chunks */
+    }
     t->popt.algorithm = LT_PACK_FIRST_FIT;
     if (o->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, o->pack_algorithm, &t->popt.algorithm));
     if (o->no_pack) t->popt.algorithm = LT_PACK_NONE;
@@ -283,22 +436,56 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->B = o->batch_size;
     t->T = o->max_seq_length;
     LT_TRY(alloc_batch(t));
+    t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
+    t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
+    if (!t->red) return LT_ERR_OOM;
+    if (t->dist) {
+        /* Buckets of whole layers where possible (about 4 MiB); LONGTUNE_DP_BUCKET (elements)
+         * overrides it, for tests that want many small buckets. */
+        int64_t layers = 0, prev = -1, bucket = 0;
+        for (int64_t i = 0; i < lt_model_lora_count(t->m); i++) {
+            lt_lora_tensor lt;
+            LT_TRY(lt_model_lora_tensor(ctx, t->m, i, &lt));
+            layers += lt.layer != prev;
+            prev = lt.layer;
+        }
+        int64_t per = layers > 0 ? t->n / layers : 0;
+        const char *env = getenv("LONGTUNE_DP_BUCKET");
+        if (env && atoll(env) > 0) bucket = atoll(env);
+        else if (per > 0) bucket = per * ((1 << 20) / per > 0 ? (1 << 20) / per : 1);
+        LT_TRY(lt_comm_reducer_init(ctx, t->comm, t->grads, t->n, bucket, &t->reducer));
+    }
+    if (t->cp) {
+        int64_t Tl = t->T / t->world;
+        t->cp_bytes = (size_t)(3 * Tl) * sizeof(int32_t);
+        t->cp_ids = lt_alloc(ctx, LT_DEVICE_CPU, t->cp_bytes, "context-parallel row share");
+        if (!t->cp_ids) return LT_ERR_OOM;
+        t->cp_tgt = t->cp_ids + Tl;
+        t->cp_pos = t->cp_ids + 2 * Tl;
+        LT_TRY(lt_model_set_context_parallel(ctx, t->m, t->comm));
+    }
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
-    lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
-                                .attention = o->attention, .loss = o->loss, .threads = o->threads};
-    /* The plan the planner (lt_plan_compute) gives for this run. What this process already holds
-     * besides the model and the optimizer state -- tokenizer, data set, batch buffers, LoRA index --
-     * is known exactly at this point and passed as held bytes, so plan and the allocator's
-     * high-water describe the same allocations. */
+    lt_model_run_options run = {.B = t->B, .T = t->T, .device = t->dev, .recompute = o->recompute,
+                                .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
+                                .threads = o->threads};
+    /* The plan the planner (lt_plan_compute) gives for this run on its device. What this process
+     * already holds there besides the model and the optimizer state -- on the host: tokenizer,
+     * data set, batch buffers, LoRA index; on a GPU: nothing -- is known exactly at this point and
+     * passed as held bytes, so plan and the allocator's high-water describe the same allocations. */
     lt_model_sizes loaded = lt_model_get_sizes(t->m);
-    size_t in_use = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+    size_t in_use = lt_mem_get_stats(ctx, t->dev).used_bytes;
     size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
-    size_t moments = 2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float));
-    lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run};
+    size_t moments = lt_plan_optimizer_bytes(t->dev, t->n);
+    lt_plan_options popt = {.device = t->dev, .lora = *lt_model_get_lora(t->m), .run = run,
+                            .dp_size = t->cp ? 1 : t->world, .cp_size = t->cp ? t->world : 1};
     popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
     lt_plan plan;
     LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
     res->plan_bytes = plan.peak_bytes;
+    /* A rank holds activations for its share only, as planned: ceil(B / world) rows, or (context
+     * parallel) T / world tokens of the one row. */
+    if (t->cp) run.T = t->T / t->world;
+    else run.B = (t->B + t->world - 1) / t->world;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
 
     memset(&t->st, 0, sizeof t->st);
@@ -311,6 +498,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         if (stat(rpath, &sb) == 0 && S_ISDIR(sb.st_mode))
             snprintf(rpath, sizeof rpath, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->resume_adapter_file);
         LT_TRY(lt_checkpoint_load(ctx, rpath, o, &t->st, t->tp, t->n_tp));
+        LT_TRY(state_from_host(t));
         uint64_t keys[4];
         memcpy(keys, t->st.rng, sizeof keys);
         set_rng_keys(t);
@@ -323,22 +511,30 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     res->start_step = t->st.step;
     char mpath[LT_TRAIN_PATH_MAX + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
-    LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->cp)
+        LT_INFO("context parallel: rank %d of %d holds %lld of every row's %lld tokens (zig-zag), ring attention",
+                t->rank, t->world, (long long)(t->T / t->world), (long long)t->T);
+    else if (t->world > 1)
+        LT_INFO("data parallel: rank %d of %d trains rows [%lld, %lld) of every micro-batch of %lld", t->rank, t->world,
+                (long long)(t->B * t->rank / t->world), (long long)(t->B * (t->rank + 1) / t->world), (long long)t->B);
 
     double t0 = lt_time_now(), elapsed0 = t->st.elapsed_s, val = NAN;
     if (t->st.step == 0) {
         LT_TRY(evaluate(t, &val));
         res->first_val_loss = res->last_val_loss = val;
-        lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes,
-                               (int64_t)res->plan_bytes};
-        if (isfinite(val)) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+        lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, t->dev).peak_bytes,
+                               (int64_t)res->plan_bytes, host_peak(t)};
+        if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
     }
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
     double win_loss = 0, win_t = lt_time_now();
     int64_t win_steps = 0, win_tok = 0;
     while (t->st.step < o->iters) {
+        /* Ranks stop together: the flag was summed over the world with the last step's losses. */
         int sig = lt_train_stop_requested();
+        if (t->dist) sig = t->stop_world ? (sig ? sig : -2) : 0;
         if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
@@ -347,8 +543,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             res->steps = t->st.step; /* the checkpoint's step, for the caller's report */
             res->tokens = t->st.tokens_seen;
             return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
-                            sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
-                            t->ckpt_path);
+                            sig > 0 ? "signal" : sig == -2 ? "stop on another rank" : "stop_at",
+                            sig > 0 ? sig : (int)t->st.step, (long long)t->st.step, t->ckpt_path);
         }
         double loss;
         int64_t tok, real;
@@ -368,12 +564,12 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             res->last_val_loss = val;
         }
         double now = lt_time_now();
-        size_t peak = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+        size_t peak = lt_mem_get_stats(ctx, t->dev).peak_bytes;
         double tps = (double)win_tok / (now - win_t > 0 ? now - win_t : 1e-9);
         if (s % o->steps_per_report == 0 || eval_now) {
             lt_metrics_record r = {s, win_loss / (double)win_steps, val, lr, tps, t->st.tokens_seen,
-                                   elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes};
-            LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+                                   elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes, host_peak(t)};
+            if (t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
             if (isfinite(val)) {
                 char line[160];
                 snprintf(line, sizeof line, "step %lld: train loss %.4f, val loss %.4f", (long long)s,
@@ -398,7 +594,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     res->steps = t->st.step;
     res->tokens = t->st.tokens_seen;
     res->elapsed_s = lt_time_now() - t0;
-    res->peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+    res->peak_bytes = lt_mem_get_stats(ctx, t->dev).peak_bytes;
+    res->host_peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
     return LT_OK;
 }
 
@@ -406,9 +603,11 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
     double *step_loss = res->step_loss;
     int64_t stop_at = res->stop_at;
+    lt_comm *comm = res->comm;
     memset(res, 0, sizeof *res);
     res->step_loss = step_loss;
     res->stop_at = stop_at;
+    res->comm = comm;
     res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
     trainer t;
     memset(&t, 0, sizeof t);
@@ -417,15 +616,34 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.m = m;
     t.train = train;
     t.valid = valid;
-    t.be = lt_backend_get(LT_DEVICE_CPU);
-    if (!t.be || !t.be->adamw) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the CPU backend has no AdamW op");
+    t.dev = lt_model_get_device(m);
+    t.be = lt_backend_get(t.dev);
+    if (!t.be) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the model's device has no backend in this build");
+    t.comm = comm;
+    t.rank = lt_comm_rank(comm);
+    t.world = lt_comm_size(comm);
+    t.dist = t.world > 1 || lt_comm_get_backend(comm) == LT_COMM_NCCL;
+    /* Gradients are reduced where they live: a host model's over MPI, a CUDA model's over NCCL. */
+    if (t.dist && lt_comm_device(comm) != t.dev)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: a %s model's gradients cannot be reduced over a %s "
+                        "communicator (host models: MPI; CUDA models: NCCL)", t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA",
+                        lt_comm_backend_name(lt_comm_get_backend(comm)));
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);
     lt_pack_plan_free(ctx, t.vplan);
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
+    if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
+    if (t.cp_ids) lt_free(ctx, LT_DEVICE_CPU, t.cp_ids, t.cp_bytes);
+    if (t.reducer) {
+        LT_INFO("gradient buckets started during the backward: %lld",
+                (long long)lt_comm_reducer_early_buckets(t.reducer));
+        lt_comm_reducer_free(ctx, t.reducer);
+    }
+    if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
-    if (t.mom_m) lt_free(ctx, LT_DEVICE_CPU, t.mom_m, (size_t)t.n * sizeof(float));
-    if (t.mom_v) lt_free(ctx, LT_DEVICE_CPU, t.mom_v, (size_t)t.n * sizeof(float));
+    if (t.mom_m) lt_free(ctx, t.dev, t.mom_m, (size_t)t.n * sizeof(float));
+    if (t.mom_v) lt_free(ctx, t.dev, t.mom_v, (size_t)t.n * sizeof(float));
+    if (t.host) lt_free(ctx, LT_DEVICE_CPU, t.host, 3 * (size_t)t.n * sizeof(float));
     return s;
 }
