@@ -281,6 +281,11 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     ap.device = dev;
     ap.impl = run->attention;
     LT_TRY(lt_attention_check(ctx, &ap));
+    /* Steps carry packed rows: price the workspace for offsets of up to T sequences per row (a
+     * device kernel copies them into its workspace; nothing reads them here). */
+    static const int32_t packed;
+    ap.seq_offsets = &packed;
+    ap.S = T;
     size_t aw = lt_attention_workspace_bytes(&ap, 0, threads);
     if (!fwd_only) {
         size_t ab = lt_attention_workspace_bytes(&ap, 1, threads);
