@@ -225,9 +225,9 @@ static void matmul_every_weight_dtype(void **state) {
                               LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (int mode = 0; mode < 2; mode++) matmul_case(ctx, &rng, types[ti], 150, 192, 70, mode, (ti + mode) % 2 ? 1.0f : 0.0f);
-    /* two weight tiles (the second short): 8320 rows of 4096 > the 32M-element tile */
-    matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 8320, 4096, 5, LT_MATMUL_NT, 0.0f);
-    matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 8320, 4096, 5, LT_MATMUL_NN, 1.0f);
+    /* two weight tiles (the second short): 16512 rows of 4096 > the 64M-element tile */
+    matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 16512, 4096, 3, LT_MATMUL_NT, 0.0f);
+    matmul_case(ctx, &rng, LT_DTYPE_Q4_0, 16512, 4096, 3, LT_MATMUL_NN, 1.0f);
     /* one row (generation) */
     matmul_case(ctx, &rng, LT_DTYPE_Q4_1, 200, 256, 1, LT_MATMUL_NT, 0.0f);
     matmul_case(ctx, &rng, LT_DTYPE_BF16, 200, 256, 1, LT_MATMUL_NN, 1.0f);
