@@ -43,6 +43,7 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
     mo.quantize = opt->quantize[0] != 0;
+    mo.device = opt->device; /* the dtypes a model is held in depend on it */
     lt_model_config cfg;
     lt_plan_options po;
     memset(&po, 0, sizeof po);

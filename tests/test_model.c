@@ -366,6 +366,7 @@ static void bad_inputs_are_typed_errors(void **state) {
     assert_int_equal(lt_model_lora_get(ctx, m, 1, n - 2, 2, back), LT_OK);
     assert_memory_equal(back, lt_model_lora_grads(m, NULL) + n - 2, sizeof back);
     assert_int_equal(lt_model_device_available(ctx, LT_DEVICE_CPU), LT_OK);
+    /* A GPU model holds an f32 embedding/head as bf16 (what the CUDA loss reads); the host keeps f32. */
     lt_model_free(ctx, m);
     lt_safetensors_close(ctx, f.exp);
 
@@ -444,6 +445,13 @@ static void f16_safetensors_match(void **state) {
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
     assert_int_equal(cfg.proj_dtype[LT_PROJ_Q], LT_DTYPE_F16);
     assert_int_equal(cfg.embed_dtype, LT_DTYPE_F32);
+    /* A GPU model holds an f16/f32 embedding/head as bf16 (what the CUDA loss reads). */
+    lt_model_options mo = {0};
+    mo.device = LT_DEVICE_CUDA;
+    assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
+    assert_int_equal(cfg.embed_dtype, LT_DTYPE_BF16);
+    assert_int_equal(cfg.head_dtype, LT_DTYPE_BF16);
+    assert_int_equal(cfg.proj_dtype[LT_PROJ_Q], LT_DTYPE_F16);
     lt_ctx_free(ctx);
     check_against_oracle("llama_tied", dir);
     unlink(p);

@@ -52,7 +52,9 @@ typedef struct lt_model_config {
     int qk_norm;           /* Qwen3 */
     int32_t bos_id, eos_id; /* -1 when unknown */
     /* In-memory dtypes of the frozen weights (after --quantize). proj_dtype per lt_proj; embed
-     * (V, C) and, untied only, head (V, C). Norm weights and biases are always held as f32. */
+     * (V, C) and, untied only, head (V, C): f16 ones widened to f32 on the CPU, f32 and f16 ones
+     * held as bf16 on a GPU (lt_model_inspect with the device). Norm weights and biases are always
+     * held as f32. */
     lt_dtype proj_dtype[LT_PROJ_COUNT_];
     lt_dtype embed_dtype, head_dtype;
 } lt_model_config;

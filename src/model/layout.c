@@ -281,10 +281,24 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     ap.device = dev;
     ap.impl = run->attention;
     LT_TRY(lt_attention_check(ctx, &ap));
-    size_t aw = lt_attention_workspace_bytes(&ap, 0, threads);
-    if (!fwd_only) {
-        size_t ab = lt_attention_workspace_bytes(&ap, 1, threads);
-        if (ab > aw) aw = ab;
+    /* How many sequences a step's rows hold is known only at the call, and a device kernel's
+     * workspace may depend on it (a copy of the offsets; a backward plan chosen by the mean
+     * sequence length). Take the largest of unpacked rows, one and T sequences per row, plus the
+     * (B, T+1) offsets table once more, which bounds every count in between when only the
+     * table's size and such a plan depend on it. Nothing reads the offsets here. */
+    static const int32_t packed;
+    const int64_t seqs[3] = {0, 1, T};
+    size_t aw = 0;
+    for (int pass = 0; pass < 2 - fwd_only; pass++)
+        for (int i = 0; i < 3; i++) {
+            ap.seq_offsets = seqs[i] ? &packed : NULL;
+            ap.S = seqs[i];
+            size_t w = lt_attention_workspace_bytes(&ap, pass, threads);
+            if (w > aw) aw = w;
+        }
+    if (dev != LT_DEVICE_CPU) {
+        size_t table = nb(B * (T + 1), 4);
+        aw = table > SIZE_MAX - aw ? SIZE_MAX : aw + table;
     }
     o->attn_ws_bytes = aw;
     o->attn_ws = carve_aligned(&cur, aw, al);

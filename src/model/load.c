@@ -2,7 +2,7 @@
  * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
  * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
  * quantized to INT4_G64 with opt->quantize), f16 embeddings/heads widened to f32 (the loss reads
- * f32, bf16 and block heads). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
+ * f32, bf16 and block heads; on a GPU f32/f16 ones are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
  * A device model converts rows into a bounded host staging buffer and copies it over chunk by
  * chunk, so the host never holds a second copy of the weights. LoRA A gets PEFT's
  * kaiming-uniform init from a seeded generator, B zeros. */
@@ -178,7 +178,13 @@ static lt_dtype held_proj(lt_dtype file, int quantize) {
     if (quantize && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16)) return LT_DTYPE_INT4_G64;
     return file;
 }
-static lt_dtype held_head(lt_dtype file) { return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file; }
+/* The embedding and head: f16 is widened to f32 on the host (its loss reads f32, bf16 and block
+ * heads). The CUDA loss reads bf16 and block heads and its GEMMs round the head to bf16 anyway,
+ * so a device model holds an f32 or f16 embedding/head as bf16 (half the bytes, same products). */
+static lt_dtype held_head(lt_dtype file, lt_device dev) {
+    if (dev != LT_DEVICE_CPU && (file == LT_DTYPE_F32 || file == LT_DTYPE_F16)) return LT_DTYPE_BF16;
+    return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file;
+}
 
 static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s, lt_model_config *c) {
     memset(s, 0, sizeof *s);
@@ -232,13 +238,14 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
     p.layer = -1;
     piece_name(s, &p, name, sizeof name);
     LT_TRY(find(ctx, s, name, &t));
-    c->embed_dtype = held_head(t.dtype);
+    lt_device dev = opt ? opt->device : LT_DEVICE_CPU;
+    c->embed_dtype = held_head(t.dtype, dev);
     c->head_dtype = c->embed_dtype;
     if (!c->tie_embeddings) {
         p.kind = LT_W_HEAD;
         piece_name(s, &p, name, sizeof name);
         LT_TRY(find(ctx, s, name, &t));
-        c->head_dtype = held_head(t.dtype);
+        c->head_dtype = held_head(t.dtype, dev);
     }
     return LT_OK;
 }
@@ -359,6 +366,9 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         } else if (p->dtype == LT_DTYPE_INT4_G64) {
             lt_dequantize_row(t.dtype, src, j->row, cols);
             lt_quantize_row(LT_DTYPE_INT4_G64, j->row, d, cols);
+        } else if (p->dtype == LT_DTYPE_BF16) {
+            lt_dequantize_row(t.dtype, src, j->row, cols);
+            for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(j->row[i]);
         } else {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
