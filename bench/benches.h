@@ -5,4 +5,5 @@ LT_BENCH(pack, lt_bench_pack, "sequence packing: plan 1M sequences (first-fit, b
 LT_BENCH(tokenizer, lt_bench_tokenizer, "tokenizer encoding MB/s on one thread vs HF tokenizers on the same text")
 LT_BENCH(attention, lt_bench_attention, "naive vs flash attention fwd/bwd (CPU): time, extra memory, packed rows")
 LT_BENCH(lce, lt_bench_lce, "linear cross-entropy: naive / chunked / fused, time, memory, vs sgemm")
-LT_BENCH(train, lt_bench_train, "SmolLM2-135M LoRA steps at T=512/2048: tokens/s, peak bytes, MFU vs sgemm, vs torch+PEFT")
+LT_BENCH(train, lt_bench_train, "LoRA training steps (SmolLM2-135M / Qwen3-8B shapes, cpu|cuda): tokens/s, peak vs plan, MFU, vs torch+PEFT")
+LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
