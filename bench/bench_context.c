@@ -84,12 +84,13 @@ static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_p
 }
 
 /* Allocates the run at T (lt_model_prepare under the guard's limit). 1 = fits, 0 = out of memory,
- * -1 = another error (in ctx). *peak: the allocator's high-water right after. */
+ * -1 = another error (in ctx). *peak: the bytes held right after, which is the run's high-water
+ * since the model allocates nothing inside a step; the peak counter is reset to it. */
 static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
     lt_model_run_options ro = run_opts(T, r->threads);
-    lt_mem_reset_peak(r->ctx, r->dev);
     lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
-    *peak = lt_mem_get_stats(r->ctx, r->dev).peak_bytes;
+    lt_mem_reset_peak(r->ctx, r->dev);
+    *peak = lt_mem_get_stats(r->ctx, r->dev).used_bytes;
     if (st == LT_OK) return 1;
     return st == LT_ERR_OOM ? 0 : -1;
 }
@@ -423,7 +424,6 @@ int lt_bench_context(int argc, char **argv) {
                     2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T) / rate, (long long)step);
             f = alloc_at(&R, T, &peak);
             if (f != 1) goto fail_st;
-            lt_mem_reset_peak(ctx, dev);
             ms = step_at(&R, T, &loss);
             if (ms < 0) goto fail_st;
             peak = lt_mem_get_stats(ctx, dev).peak_bytes;
