@@ -7,3 +7,4 @@ LT_BENCH(attention, lt_bench_attention, "naive vs flash attention fwd/bwd (CPU):
 LT_BENCH(lce, lt_bench_lce, "linear cross-entropy: naive / chunked / fused, time, memory, vs sgemm")
 LT_BENCH(train, lt_bench_train, "LoRA training steps (SmolLM2-135M / Qwen3-8B shapes, cpu|cuda): tokens/s, peak vs plan, MFU, vs torch+PEFT")
 LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
+LT_BENCH(packed, lt_bench_packed, "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
