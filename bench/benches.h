@@ -8,3 +8,4 @@ LT_BENCH(lce, lt_bench_lce, "linear cross-entropy: naive / chunked / fused, time
 LT_BENCH(train, lt_bench_train, "LoRA training steps (SmolLM2-135M / Qwen3-8B shapes, cpu|cuda): tokens/s, peak vs plan, MFU, vs torch+PEFT")
 LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
 LT_BENCH(packed, lt_bench_packed, "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
+LT_BENCH(suite, lt_bench_suite, "the community benchmark: longtune bench --tier quick|full|smoke (machine, plan, estimate, one JSON)")
