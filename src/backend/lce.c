@@ -127,6 +127,8 @@ static lt_status run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int
     LT_TRY(check_args(ctx, &o, a, backward, 1));
     if (a->h.device == LT_DEVICE_CUDA) {
 #if LT_HAVE_CUDA
+        if (a->h.dtype == LT_DTYPE_F32)
+            return backward ? lt_lce_cuda_f32_backward(ctx, &o, a) : lt_lce_cuda_f32_forward(ctx, &o, a);
         return backward ? lt_lce_cuda_backward(ctx, &o, a) : lt_lce_cuda_forward(ctx, &o, a);
 #else
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
@@ -146,7 +148,9 @@ size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, i
     if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, backward, 0) != LT_OK)
         return 0;
 #if LT_HAVE_CUDA
-    if (a->h.device == LT_DEVICE_CUDA) return lt_lce_cuda_workspace_bytes(&o, a, backward, threads);
+    if (a->h.device == LT_DEVICE_CUDA)
+        return a->h.dtype == LT_DTYPE_F32 ? lt_lce_cuda_f32_workspace_bytes(&o, a, backward, threads)
+                                          : lt_lce_cuda_workspace_bytes(&o, a, backward, threads);
 #endif
     if (a->h.device != LT_DEVICE_CPU) return 0; /* CUDA: not in this build (see run) */
     return lt_lce_cpu_workspace_bytes(&o, a, backward, threads);

@@ -18,10 +18,17 @@ void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
 
 /* CUDA backend (src/backend/cuda/lce.cu, built with the CUDA backend): same contract. Targets and
  * weights live on the device there; the backend checks them there (first bad position named) before
- * computing. bf16 h, bf16 or block-quantized heads; f32 is LT_ERR_UNSUPPORTED. */
+ * computing. bf16 h (f32 h arrives through the f32 entry points below), bf16 or block-quantized heads; an
+ * f32 head is LT_ERR_UNSUPPORTED. */
 lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,
                                    int threads);
+/* f32 h on CUDA (src/backend/cuda/lce_f32.cu): h rounded to a bf16 copy at the start of the
+ * workspace, then the entry points above; the workspace counts the copy and theirs. */
+lt_status lt_lce_cuda_f32_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+lt_status lt_lce_cuda_f32_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,
+                                       int threads);
 
 #endif
