@@ -43,6 +43,7 @@ static void print_help(void) {
            "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
            "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
            "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
+           "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
            LT_CLI_GUARD_HELP,

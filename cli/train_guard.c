@@ -46,6 +46,8 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     lt_model_config cfg;
     lt_plan_options po;
     memset(&po, 0, sizeof po);
+    po.device = opt->device;
+    po.run.device = opt->device;
     po.run.B = opt->batch_size;
     po.run.T = opt->max_seq_length;
     po.run.recompute = opt->recompute;
@@ -59,14 +61,14 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     lt_ctx_clear_error(ctx); /* a model that cannot be read is reported by the run itself */
     lt_guard_options go;
     memset(&go, 0, sizeof go);
-    go.device = LT_DEVICE_CPU;
+    go.device = opt->device; /* a CUDA run guards the device and the host */
     go.ceiling_bytes = cg->ceiling;
     go.allow_low_memory = cg->allow_low;
     go.plan_bytes = cg->have_plan ? cg->plan.peak_bytes : 0;
     go.on_breach = stop_training;
     lt_status s = lt_guard_start(ctx, &go, &cg->g);
     if (s != LT_OK) return lt_cli_fail("train", ctx, s);
-    lt_guard_ceiling c = lt_guard_get_ceiling(cg->g, LT_DEVICE_CPU);
+    lt_guard_ceiling c = lt_guard_get_ceiling(cg->g, opt->device);
     char b1[32], b2[32];
     fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n",
             lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1), c.overridden ? " (--memory-ceiling)" : "",
@@ -92,7 +94,7 @@ int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *o
         r.breach = lt_guard_get_breach(cg->g);
         r.step = res->steps;
         r.checkpoint = ckpt;
-        r.allocator_peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+        r.allocator_peak_bytes = lt_mem_get_stats(ctx, opt->device).peak_bytes;
         if (cg->have_plan && lt_plan_to_json(ctx, &cg->plan, pj, sizeof pj) == LT_OK) {
             r.plan_json = pj;
             r.plan_peak_bytes = cg->plan.peak_bytes;

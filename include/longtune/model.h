@@ -81,6 +81,9 @@ typedef enum lt_recompute {
  * depend on. Zero-initialised fields take the defaults noted. */
 typedef struct lt_model_run_options {
     int64_t B, T;             /* rows per batch and tokens per row (maximum; a batch may be smaller) */
+    lt_device device;         /* where the run's memory lives, for the size table (the planner
+                                 sets it from lt_plan_options.device); lt_model_prepare always
+                                 uses the model's device */
     lt_recompute recompute;
     int64_t recompute_k;      /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
     lt_attention_impl attention; /* AUTO = flash */
@@ -116,7 +119,8 @@ lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_
                               const lt_model_run_options *run, lt_model_sizes *out);
 
 typedef struct lt_model_options {
-    lt_device device;  /* where weights and activations live (CPU now) */
+    lt_device device;  /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
+                          LT_DEVICE_CUDA (the build and the machine must have it) */
     int quantize;      /* 1: quantize f32/bf16/f16 projection weights to INT4_G64 at load (QLoRA);
                           embeddings and the head keep their dtype */
 } lt_model_options;
@@ -130,16 +134,19 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
                            lt_model_config *cfg);
 
 /* Loads the model and creates LoRA parameters (A kaiming-uniform(a=sqrt 5) from lora->seed as
- * PEFT, B zero) and their zeroed gradients. Weights are copied into accounted memory (the file
- * mappings are closed before return); llama-arch GGUF Q/K rows are un-permuted to rotate-half.
- * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a missing tensor,
- * named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, dtype), LT_ERR_OOM. */
+ * PEFT, B zero) and their zeroed gradients. Weights are copied into accounted memory on
+ * opt->device (the file mappings are closed before return; a device load stages through a
+ * bounded host buffer, never a second full copy); llama-arch GGUF Q/K rows are un-permuted to
+ * rotate-half. Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a
+ * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, dtype; a CUDA device in
+ * a build without CUDA or on a machine without a GPU), LT_ERR_OOM, LT_ERR_CUDA. */
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
                         const lt_lora_options *lora, lt_model **out);
 void lt_model_free(lt_ctx *ctx, lt_model *m);
 
 const lt_model_config *lt_model_get_config(const lt_model *m);
 const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
+lt_device lt_model_get_device(const lt_model *m);
 /* Bytes currently held per class (weights/lora/grads always; the rest after lt_model_prepare). */
 lt_model_sizes lt_model_get_sizes(const lt_model *m);
 
@@ -149,11 +156,17 @@ lt_model_sizes lt_model_get_sizes(const lt_model *m);
 lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run);
 
 /* LoRA parameters: one contiguous f32 buffer of all A and B matrices (the optimizer's view) and
- * its gradient buffer of the same layout, both n_lora_params long, owned by the model. */
+ * its gradient buffer of the same layout, both n_lora_params long, owned by the model, in the
+ * model's device memory (read and write a CUDA model's through lt_model_lora_get/set). */
 float *lt_model_lora_params(lt_model *m, int64_t *n);
 float *lt_model_lora_grads(lt_model *m, int64_t *n);
 /* Zeroes the gradient buffer (gradients accumulate across lt_model_forward_backward calls). */
 void lt_model_zero_grads(lt_model *m);
+/* Copies n values from element `offset` of the parameters (grads = 0) or gradients (1) into host
+ * dst, or host src into the parameters; any device (a memcpy on the CPU). Waits for queued work.
+ * Errors: LT_ERR_INVALID_ARG (range outside n_lora_params), LT_ERR_CUDA. */
+lt_status lt_model_lora_get(lt_ctx *ctx, const lt_model *m, int grads, int64_t offset, int64_t n, float *dst);
+lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n, const float *src);
 
 /* One LoRA matrix, named as PEFT saves it:
  * "base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight" (mlp.* for gate/up/down).
@@ -188,7 +201,9 @@ typedef struct lt_model_result {
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient
  * buffer. grad_scale 0 means 1/n_tokens of this batch (mean loss). token_loss: optional (B, T)
- * out, 0 at ignored targets. Requires lt_model_prepare with a shape covering the batch. Errors:
+ * host out, 0 at ignored targets. The batch's arrays are host memory on every device (a device
+ * model copies them in once per call and reads only the loss back). Requires lt_model_prepare
+ * with a shape covering the batch. Errors:
  * LT_ERR_INVALID_ARG (shapes, token or target out of range, bad offsets; named by index),
  * LT_ERR_UNSUPPORTED / LT_ERR_OOM from attention and loss. */
 lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
@@ -196,7 +211,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 /* Forward only (evaluation): no dropout, nothing saved. */
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);
-/* Full logits (B*T, V) f32 into `logits` (caller's buffer), for tests; targets may be NULL. */
+/* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
+ * A device model allocates a (rows, V) device buffer for the call (not a training path). */
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
 /* Logits (B, V) of the last position of each row only (generation: recompute the whole prefix,
  * there is no KV cache). */

@@ -70,6 +70,9 @@ typedef struct lt_train_options {
                                       default] */
     char quantize[16];             /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
     int threads;                   /* CPU threads [0 = all] */
+    lt_device device;              /* cpu | cuda: where the model, LoRA state and optimizer live
+                                      [cpu]; cuda in a build or on a machine without one is
+                                      LT_ERR_UNSUPPORTED from the run */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -169,8 +172,9 @@ typedef struct lt_metrics_record {
     double tokens_per_s;   /* real (non-padding) input tokens per second over the report window */
     int64_t tokens;        /* trained (supervised target) tokens so far */
     double elapsed_s;
-    int64_t peak_bytes;    /* accounting allocator high-water, host */
-    int64_t plan_bytes;    /* what the planner predicted for the run */
+    int64_t peak_bytes;    /* accounting allocator high-water on the run's device */
+    int64_t plan_bytes;    /* what the planner predicted for the run (same device) */
+    int64_t host_peak_bytes; /* device runs: the host high-water besides; 0 (left out) on CPU */
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;
@@ -196,8 +200,9 @@ typedef struct lt_train_result {
     double last_train_loss;
     int64_t tokens;           /* trained tokens, resumed ones included */
     double elapsed_s;         /* this call's wall time */
-    size_t peak_bytes;        /* host high-water of the accounting allocator */
-    size_t plan_bytes;        /* lt_plan_compute for the run, held bytes included */
+    size_t peak_bytes;        /* high-water of the accounting allocator on the run's device */
+    size_t plan_bytes;        /* lt_plan_compute for the run on that device, held bytes included */
+    size_t host_peak_bytes;   /* host high-water (the same as peak_bytes on a CPU run) */
     double *step_loss;        /* optional, caller-owned (iters) */
     int64_t stop_at;          /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */

@@ -47,10 +47,10 @@ size_t lt_model_meta_bytes(const lt_model_config *cfg) {
     return sizeof(lt_model) + (size_t)cfg->L * sizeof(lt_layer);
 }
 
-/* Bump allocator over offsets: returns the aligned offset of a piece of `bytes` and advances.
- * Saturates at SIZE_MAX so an overflow is caught once at the end. */
-static size_t carve(size_t *cur, size_t bytes) {
-    size_t a = (*cur + LT_MODEL_ALIGN - 1) / LT_MODEL_ALIGN * LT_MODEL_ALIGN;
+/* Bump allocator over offsets: returns the `align`-aligned offset of a piece of `bytes` and
+ * advances. Saturates at SIZE_MAX so an overflow is caught once at the end. */
+static size_t carve_aligned(size_t *cur, size_t bytes, size_t align) {
+    size_t a = (*cur + align - 1) / align * align;
     if (a < *cur || bytes > SIZE_MAX - a) {
         *cur = SIZE_MAX;
         return 0;
@@ -58,6 +58,8 @@ static size_t carve(size_t *cur, size_t bytes) {
     *cur = a + bytes;
     return a;
 }
+
+static size_t carve(size_t *cur, size_t bytes) { return carve_aligned(cur, bytes, LT_MODEL_ALIGN); }
 
 /* n elements of s bytes, saturating. */
 static size_t nb(int64_t n, size_t s) {
@@ -110,12 +112,15 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     return ok && cur != SIZE_MAX ? cur : 0;
 }
 
-/* Store layout: offsets from 0 held in pointer fields (NULL + offset is never dereferenced). */
-static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, lt_store *s) {
+/* Store layout: offsets from 0 held in pointer fields (NULL + offset is never dereferenced).
+ * Pieces start at multiples of `align`; above the host's 64 (a device) the store's size is
+ * rounded up to it too, so every store of an array starts aligned. */
+static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, size_t align,
+                           lt_store *s) {
     int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
     size_t cur = 0;
     memset(s, 0, sizeof *s);
-#define PIECE(field, n) s->field = (float *)(uintptr_t)carve(&cur, nb(n, sizeof(float)))
+#define PIECE(field, n) s->field = (float *)(uintptr_t)carve_aligned(&cur, nb(n, sizeof(float)), align)
     PIECE(x_in, N * c->C);
     PIECE(h1, N * c->C);
     if (c->qk_norm) {
@@ -138,6 +143,7 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
         if (lo->targets & (1u << p)) PIECE(lu[p], N * lo->rank);
 #undef PIECE
+    if (align > LT_MODEL_ALIGN && cur != SIZE_MAX) carve_aligned(&cur, 0, align);
     return cur;
 }
 
@@ -181,6 +187,18 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     int64_t B = run->B, T = run->T;
     if (B <= 0 || T <= 0 || B > INT32_MAX || T > INT32_MAX || B * T > INT32_MAX)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: B=%lld, T=%lld out of range", (long long)B, (long long)T);
+    lt_device dev = run->device;
+    if ((unsigned)dev >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown device %d", (int)dev);
+    /* The workspaces are the device's kernels' own sizes, which only a build with that backend
+     * knows. */
+    const lt_backend *be = lt_backend_get(dev);
+    if (!be)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model run: this build has no %s backend (planning for it needs one)",
+                        dev == LT_DEVICE_CUDA ? "CUDA" : "such");
+    o->device = dev;
+    o->align = dev == LT_DEVICE_CPU ? LT_MODEL_ALIGN : LT_ALLOC_ALIGN_DEVICE;
+    size_t al = o->align;
     int64_t N = B * T, K = lo.num_layers, qd = c->H * c->D, kvd = c->Hkv * c->D;
     int64_t k = run->recompute == LT_RECOMPUTE_EVERY ? 1 : run->recompute_k > 0 ? run->recompute_k : 2;
     if ((unsigned)run->recompute > LT_RECOMPUTE_EVERY_K)
@@ -188,7 +206,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     if (k > K) k = K;
     int threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
     o->threads = threads;
-    o->store_bytes = store_layout(c, &lo, B, T, &o->store_off);
+    o->store_bytes = store_layout(c, &lo, B, T, al, &o->store_off);
     int fwd_only = run->forward_only;
 
     /* Activations: every LoRA layer's store (no recompute) or one input per segment. */
@@ -200,40 +218,49 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     } else {
         o->n_act_stores = 0, o->n_tr_stores = k, o->n_ckpt = (K + k - 1) / k;
     }
-    o->act_stores = carve(&cur, nb(o->n_act_stores, o->store_bytes));
-    o->ckpt = carve(&cur, nb(o->n_ckpt, nb(N * c->C, sizeof(float))));
+    o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
+    o->ckpt = carve_aligned(&cur, nb(o->n_ckpt, nb(N * c->C, sizeof(float))), al);
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 
     cur = 0;
-    o->tr_stores = carve(&cur, nb(o->n_tr_stores, o->store_bytes));
-    o->xa = carve(&cur, nb(N * c->C, 4));
-    o->xb = carve(&cur, nb(N * c->C, 4));
-    o->xf = carve(&cur, nb(N * c->C, 4));
-    o->hf = carve(&cur, nb(N * c->C, 4));
-    o->rstd_f = carve(&cur, nb(N, 4));
-    o->lse_f = carve(&cur, nb(N, 4));
-    o->pos = carve(&cur, nb(N, 4));
-    o->tloss = carve(&cur, nb(N, 4));
+    o->tr_stores = carve_aligned(&cur, nb(o->n_tr_stores, o->store_bytes), al);
+    o->xa = carve_aligned(&cur, nb(N * c->C, 4), al);
+    o->xb = carve_aligned(&cur, nb(N * c->C, 4), al);
+    o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    o->rstd_f = carve_aligned(&cur, nb(N, 4), al);
+    o->lse_f = carve_aligned(&cur, nb(N, 4), al);
+    o->tloss = carve_aligned(&cur, nb(N, 4), al);
+    if (dev == LT_DEVICE_CPU) {
+        o->pos = carve_aligned(&cur, nb(N, 4), al);
+    } else {
+        /* A device step reads its inputs from device memory: one block that the host stages and
+         * copies in a single transfer per step (see lt_layout.inputs). */
+        o->in_tokens = carve(&o->in_bytes, nb(N, 4));
+        o->in_targets = carve(&o->in_bytes, nb(N, 4));
+        o->in_pos = carve(&o->in_bytes, nb(N, 4));
+        o->in_scalars = carve(&o->in_bytes, 4 * sizeof(float));
+        o->inputs = carve_aligned(&cur, o->in_bytes, al);
+    }
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;
 
     /* Workspace: backward scratch (training only), the F-wide activation and LoRA scratch, and the
      * kernels' own workspaces at this shape. */
-    const lt_backend *be = lt_backend_get(LT_DEVICE_CPU);
     cur = 0;
     int64_t max_in = c->C > c->F ? c->C : c->F;
     if (qd > max_in) max_in = qd;
-    o->da = carve(&cur, nb(N * c->F, 4));
-    o->scratch = carve(&cur, nb(N * max_in, 4));
-    o->dlu = carve(&cur, nb(N * lo.rank, 4));
+    o->da = carve_aligned(&cur, nb(N * c->F, 4), al);
+    o->scratch = carve_aligned(&cur, nb(N * max_in, 4), al);
+    o->dlu = carve_aligned(&cur, nb(N * lo.rank, 4), al);
     if (!fwd_only) {
-        o->dx = carve(&cur, nb(N * c->C, 4));
-        o->dh = carve(&cur, nb(N * c->C, 4));
-        o->dg = carve(&cur, nb(N * c->F, 4));
-        o->du = carve(&cur, nb(N * c->F, 4));
-        o->dq = carve(&cur, nb(N * qd, 4));
-        o->datt = carve(&cur, nb(N * qd, 4));
-        o->dk = carve(&cur, nb(N * kvd, 4));
-        o->dv = carve(&cur, nb(N * kvd, 4));
+        o->dx = carve_aligned(&cur, nb(N * c->C, 4), al);
+        o->dh = carve_aligned(&cur, nb(N * c->C, 4), al);
+        o->dg = carve_aligned(&cur, nb(N * c->F, 4), al);
+        o->du = carve_aligned(&cur, nb(N * c->F, 4), al);
+        o->dq = carve_aligned(&cur, nb(N * qd, 4), al);
+        o->datt = carve_aligned(&cur, nb(N * qd, 4), al);
+        o->dk = carve_aligned(&cur, nb(N * kvd, 4), al);
+        o->dv = carve_aligned(&cur, nb(N * kvd, 4), al);
     }
     size_t mm = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {
@@ -245,13 +272,13 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, N, threads);
     if (wh > mm) mm = wh;
     o->mm_ws_bytes = mm;
-    o->mm_ws = carve(&cur, mm);
+    o->mm_ws = carve_aligned(&cur, mm, al);
 
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = B, ap.T = T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
     ap.dtype = LT_DTYPE_F32;
-    ap.device = LT_DEVICE_CPU;
+    ap.device = dev;
     ap.impl = run->attention;
     LT_TRY(lt_attention_check(ctx, &ap));
     size_t aw = lt_attention_workspace_bytes(&ap, 0, threads);
@@ -260,18 +287,18 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         if (ab > aw) aw = ab;
     }
     o->attn_ws_bytes = aw;
-    o->attn_ws = carve(&cur, aw);
+    o->attn_ws = carve_aligned(&cur, aw, al);
 
     lt_lce_options lopt;
     memset(&lopt, 0, sizeof lopt);
     lopt.impl = run->loss;
     lopt.reduction = LT_REDUCTION_SUM;
     int64_t hs[2] = {N, c->C}, wsh[2] = {c->V, c->C};
-    lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, LT_DEVICE_CPU, 2, hs);
+    lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, dev, 2, hs);
     lt_lce_args la;
     memset(&la, 0, sizeof la);
     la.h = hv;
-    la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, LT_DEVICE_CPU, 2, wsh);
+    la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, dev, 2, wsh);
     la.dh = &hv;
     size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, threads);
     if (!fwd_only) {
@@ -279,7 +306,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         if (lb > lw) lw = lb;
     }
     o->lce_ws_bytes = lw;
-    o->lce_ws = carve(&cur, lw);
+    o->lce_ws = carve_aligned(&cur, lw, al);
     o->class_bytes[LT_MEM_WORKSPACE] = cur;
     for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++)
         if (o->class_bytes[i] == SIZE_MAX)
@@ -293,9 +320,12 @@ lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_
     memset(out, 0, sizeof *out);
     lt_layout lay;
     LT_TRY(lt_model_layout(ctx, cfg, lora, run, &lay));
+    lt_device dev = run ? run->device : LT_DEVICE_CPU;
     for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++) {
-        out->bytes[i] = lay.class_bytes[i] ? lt_alloc_accounted_size(LT_DEVICE_CPU, lay.class_bytes[i]) : 0;
-        if (i == LT_MEM_WEIGHTS) out->bytes[i] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(cfg));
+        out->bytes[i] = lay.class_bytes[i] ? lt_alloc_accounted_size(dev, lay.class_bytes[i]) : 0;
+        /* The host bookkeeping counts where the classes live only when that is the host. */
+        if (i == LT_MEM_WEIGHTS && dev == LT_DEVICE_CPU)
+            out->bytes[i] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(cfg));
         out->total += out->bytes[i];
     }
     out->n_lora_params = lay.n_lora;

@@ -3,7 +3,9 @@
  * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
  * quantized to INT4_G64 with opt->quantize), f16 embeddings/heads widened to f32 (the loss reads
  * f32, bf16 and block heads). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
- * LoRA A gets PEFT's kaiming-uniform init from a seeded generator, B zeros. */
+ * A device model converts rows into a bounded host staging buffer and copies it over chunk by
+ * chunk, so the host never holds a second copy of the weights. LoRA A gets PEFT's
+ * kaiming-uniform init from a seeded generator, B zeros. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include "longtune/alloc.h"
 #include "longtune/gguf.h"
 #include "longtune/safetensors.h"
+#include "longtune/sysinfo.h"
 #include "model/model_internal.h"
 #include "core/rng.h"
 
@@ -249,14 +252,31 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
 
 /* ---- copying the weights ---- */
 
+/* Host staging of a device load: whole rows of one piece at a time, at most this many bytes
+ * (or one row when a row is larger). Large enough that a transfer's fixed cost is negligible. */
+#define LOAD_STAGE_BYTES ((size_t)16 << 20)
+
 typedef struct copy_job {
     lt_ctx *ctx;
     source *src;
     lt_model *m;
     uint8_t *block;
     float *row;        /* widest row, for conversions */
+    uint8_t *stage;    /* device loads: stage_bytes of host staging; NULL = write in place */
+    size_t stage_bytes;
     lt_status status;
 } copy_job;
+
+/* Where rows [r0, r0 + n) of a piece of row size rb are converted: in place on the host, else
+ * the staging buffer, which flush() then copies to the device. */
+static uint8_t *rows_at(copy_job *j, uint8_t *dst, int64_t r0, size_t rb) {
+    return j->stage ? j->stage : dst + (size_t)r0 * rb;
+}
+
+static void flush(copy_job *j, uint8_t *dst, int64_t r0, int64_t n, size_t rb) {
+    if (!j->stage || j->status != LT_OK) return;
+    j->status = j->m->be->copy_to_device(j->ctx, dst + (size_t)r0 * rb, j->stage, (size_t)n * rb);
+}
 
 static void copy_piece(void *arg, const lt_wpiece *p) {
     copy_job *j = arg;
@@ -279,7 +299,8 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     case LT_W_K_NORM: m->layers[p->layer].k_norm = (float *)dst; break;
     }
     if (p->kind == LT_W_INV_FREQ) {
-        lt_model_rope_inv_freq(c, (float *)dst);
+        float *inv = (float *)rows_at(j, dst, 0, p->bytes);
+        lt_model_rope_inv_freq(c, inv);
         if (j->src->has_rope_factors) {
             lt_tensor f;
             if ((j->status = find(ctx, j->src, "rope_freqs.weight", &f)) != LT_OK) return;
@@ -288,8 +309,9 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
                                      (long long)(c->D / 2));
                 return;
             }
-            for (int64_t i = 0; i < c->D / 2; i++) ((float *)dst)[i] /= ((const float *)f.data)[i];
+            for (int64_t i = 0; i < c->D / 2; i++) inv[i] /= ((const float *)f.data)[i];
         }
+        flush(j, dst, 0, 1, p->bytes);
         return;
     }
     char name[256];
@@ -313,16 +335,23 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         return;
     }
     int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
-    int64_t heads = p->which == LT_PROJ_Q ? c->H : c->Hkv, D = c->D;
+    int64_t D = c->D;
+    int64_t chunk = rows; /* rows per staging round */
+    if (j->stage) chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
+    int64_t r0 = 0;
     for (int64_t r = 0; r < rows; r++) {
+        if (r - r0 == chunk) {
+            flush(j, dst, r0, r - r0, (size_t)drb);
+            if (j->status != LT_OK) return;
+            r0 = r;
+        }
         int64_t sr = r;
         if (permute) { /* rotate-half row (h, half s, i) was stored at (h, 2i + s) */
             int64_t h = r / D, w = r % D, s = w / (D / 2), i = w % (D / 2);
             sr = h * D + 2 * i + s;
-            (void)heads;
         }
         const uint8_t *src = (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
-        uint8_t *d = dst + (size_t)r * (size_t)drb;
+        uint8_t *d = rows_at(j, dst, r0, (size_t)drb) + (size_t)(r - r0) * (size_t)drb;
         if (t.dtype == p->dtype) {
             memcpy(d, src, (size_t)drb);
         } else if (p->dtype == LT_DTYPE_F32) {
@@ -336,11 +365,14 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
             return;
         }
     }
+    flush(j, dst, r0, rows - r0, (size_t)drb);
 }
 
-/* splitmix64-driven uniform in [-b, b): the LoRA A init (PEFT: kaiming_uniform_(a=√5) gives
- * bound 1/√fan_in). */
-static void init_lora(lt_model *m) {
+/* Wires every LoRA layer's A/B (and gradient) pointers into the flat buffers and initialises
+ * the values: A uniform in [-b, b) from splitmix64 (PEFT: kaiming_uniform_(a=√5) gives bound
+ * 1/√fan_in), B zeros. On a device each A is drawn into host `stage` (the largest A's size)
+ * and copied over; on the host stage is NULL and A is drawn in place. */
+static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
     float *p = m->lora_params;
     for (int64_t l = m->l0; l < m->cfg.L; l++) {
         lt_layer *L = &m->layers[l];
@@ -353,23 +385,39 @@ static void init_lora(lt_model *m) {
             L->lora_a[k] = p;
             L->grad_a[k] = m->lora_grads + off;
             uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)k) * 0xd1b54a32d192ed03ULL);
-            float bound = 1.0f / sqrtf((float)in);
+            float bound = 1.0f / sqrtf((float)in), *a = stage ? stage : p;
             for (int64_t i = 0; i < r * in; i++)
-                p[i] = (float)(((double)(lt_splitmix64(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+                a[i] = (float)(((double)(lt_splitmix64(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+            if (stage) LT_TRY(m->be->copy_to_device(ctx, p, stage, (size_t)(r * in) * sizeof(float)));
             p += r * in;
             L->lora_b[k] = p;
             L->grad_b[k] = m->lora_grads + (p - m->lora_params);
-            memset(p, 0, (size_t)(out * r) * sizeof(float));
+            m->be->zero(ctx, p, (size_t)(out * r) * sizeof(float));
             p += out * r;
         }
     }
+    return LT_OK;
 }
 
 void lt_model_free(lt_ctx *ctx, lt_model *m) {
     if (!m) return;
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
+    if (m->host_inputs) lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
     lt_free(ctx, LT_DEVICE_CPU, m, lt_model_meta_bytes(&m->cfg));
+}
+
+/* A CUDA model needs the backend in the build and a device on the machine; say which is missing. */
+static lt_status check_device(lt_ctx *ctx, lt_device dev) {
+    if ((unsigned)dev >= LT_DEVICE_COUNT_) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: unknown device %d", (int)dev);
+    if (dev == LT_DEVICE_CPU) return LT_OK;
+    if (!lt_backend_get(dev))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: device cuda requested, but this build has no CUDA backend "
+                                                 "(it was configured without nvcc)");
+    if (lt_sys_cuda().count <= 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: device cuda requested, but no CUDA device is visible on this "
+                                                 "machine (driver missing or CUDA_VISIBLE_DEVICES empty)");
+    return LT_OK;
 }
 
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt_in, const lt_lora_options *lora,
@@ -378,13 +426,13 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     lt_model_options opt;
     memset(&opt, 0, sizeof opt);
     if (opt_in) opt = *opt_in;
-    if (opt.device != LT_DEVICE_CPU)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: only the CPU device is implemented for the model");
+    LT_TRY(check_device(ctx, opt.device));
     source src;
     lt_model_config cfg;
     lt_model *m = NULL;
     float *row = NULL;
-    size_t row_bytes = 0;
+    size_t row_bytes = 0, stage_bytes = 0;
+    uint8_t *stage = NULL;
     lt_status s = open_source(ctx, path, &opt, &src, &cfg);
     if (s != LT_OK) goto fail;
     lt_layout lay;
@@ -421,17 +469,31 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
         s = lt_ctx_status(ctx);
         goto fail;
     }
-    copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, LT_OK};
+    if (opt.device != LT_DEVICE_CPU) {
+        /* One f32 row of the widest piece always fits; so does the largest LoRA A (r, in). */
+        stage_bytes = LOAD_STAGE_BYTES;
+        if (row_bytes > stage_bytes) stage_bytes = row_bytes;
+        if ((size_t)(m->lora.rank * widest) * sizeof(float) > stage_bytes)
+            stage_bytes = (size_t)(m->lora.rank * widest) * sizeof(float);
+        if (!(stage = lt_alloc(ctx, LT_DEVICE_CPU, stage_bytes, "model load staging"))) {
+            s = lt_ctx_status(ctx);
+            goto fail;
+        }
+    }
+    copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, stage, stage_bytes, LT_OK};
     lt_model_weights_walk(&m->cfg, copy_piece, &job);
     if ((s = job.status) != LT_OK) goto fail;
-    init_lora(m);
+    if ((s = init_lora(ctx, m, (float *)stage)) != LT_OK) goto fail;
     lt_model_zero_grads(m);
+    if ((s = m->be->synchronize(ctx)) != LT_OK) goto fail;
     lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
+    if (stage) lt_free(ctx, LT_DEVICE_CPU, stage, stage_bytes);
     close_source(ctx, &src);
     *out = m;
     return LT_OK;
 fail:
     if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
+    if (stage) lt_free(ctx, LT_DEVICE_CPU, stage, stage_bytes);
     close_source(ctx, &src);
     lt_model_free(ctx, m);
     return s;

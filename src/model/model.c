@@ -17,12 +17,17 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
         m->block[c] = NULL;
         m->block_bytes[c] = 0;
     }
+    if (m->host_inputs) lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
+    m->host_inputs = NULL;
+    m->lay.in_bytes = 0;
     m->prepared = 0;
 }
 
-lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run) {
+lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run_in) {
     lt_layout lay;
     free_run(ctx, m);
+    lt_model_run_options run_dev = *run_in, *run = &run_dev;
+    run_dev.device = m->opt.device;
     LT_TRY(lt_model_layout(ctx, &m->cfg, &m->lora, run, &lay));
     static const char *const what[LT_MEM_CLASS_COUNT_] = {"", "", "", "model activations", "model transients",
                                                           "model workspace"};
@@ -36,6 +41,14 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
         }
         m->block_bytes[c] = lay.class_bytes[c];
     }
+    if (lay.in_bytes) {
+        m->host_inputs = lt_calloc(ctx, LT_DEVICE_CPU, lay.in_bytes, "model input staging");
+        if (!m->host_inputs) {
+            lt_status s = lt_ctx_status(ctx);
+            free_run(ctx, m);
+            return s;
+        }
+    }
     /* Keep the weights/LoRA part of the layout from load, take the run part. */
     m->lay = lay;
     m->run = *run;
@@ -48,7 +61,8 @@ lt_model_sizes lt_model_get_sizes(const lt_model *m) {
     memset(&s, 0, sizeof s);
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) {
         s.bytes[c] = m->block[c] ? lt_alloc_accounted_size(m->opt.device, m->block_bytes[c]) : 0;
-        if (c == LT_MEM_WEIGHTS) s.bytes[c] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(&m->cfg));
+        if (c == LT_MEM_WEIGHTS && m->opt.device == LT_DEVICE_CPU)
+            s.bytes[c] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(&m->cfg));
         s.total += s.bytes[c];
     }
     s.n_lora_params = m->lay.n_lora;
@@ -57,6 +71,7 @@ lt_model_sizes lt_model_get_sizes(const lt_model *m) {
 
 const lt_model_config *lt_model_get_config(const lt_model *m) { return &m->cfg; }
 const lt_lora_options *lt_model_get_lora(const lt_model *m) { return &m->lora; }
+lt_device lt_model_get_device(const lt_model *m) { return m->opt.device; }
 
 float *lt_model_lora_params(lt_model *m, int64_t *n) {
     if (n) *n = m->lay.n_lora;
@@ -69,7 +84,28 @@ float *lt_model_lora_grads(lt_model *m, int64_t *n) {
 }
 
 void lt_model_zero_grads(lt_model *m) {
-    if (m->lora_grads) memset(m->lora_grads, 0, m->lay.lora_bytes);
+    /* The zero op takes no thread count and reports nothing through the context. */
+    if (m->lora_grads && m->lay.lora_bytes) m->be->zero(NULL, m->lora_grads, m->lay.lora_bytes);
+}
+
+static lt_status lora_range(lt_ctx *ctx, const lt_model *m, int64_t offset, int64_t n) {
+    if (offset < 0 || n < 0 || offset > m->lay.n_lora || n > m->lay.n_lora - offset)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lora: range [%lld, %lld) outside the %lld parameters", (long long)offset,
+                        (long long)(offset + n), (long long)m->lay.n_lora);
+    return LT_OK;
+}
+
+lt_status lt_model_lora_get(lt_ctx *ctx, const lt_model *m, int grads, int64_t offset, int64_t n, float *dst) {
+    LT_TRY(lora_range(ctx, m, offset, n));
+    if (!n) return LT_OK;
+    const float *src = (grads ? m->lora_grads : m->lora_params) + offset;
+    return m->be->copy_to_host(ctx, dst, src, (size_t)n * sizeof(float));
+}
+
+lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n, const float *src) {
+    LT_TRY(lora_range(ctx, m, offset, n));
+    if (!n) return LT_OK;
+    return m->be->copy_to_device(ctx, m->lora_params + offset, src, (size_t)n * sizeof(float));
 }
 
 int64_t lt_model_lora_count(const lt_model *m) {
@@ -114,8 +150,12 @@ typedef struct step {
     lt_model *m;
     const lt_backend *be;
     int64_t B, T, N;
+    const int32_t *tokens, *targets; /* (N) in the model's memory */
     const int32_t *pos;
-    const int32_t *seq_offsets;
+    const int32_t *seq_offsets;      /* host (the attention boundary validates them there) */
+    int64_t n_tok;                   /* non-ignored targets */
+    float dloss;                     /* upstream gradient of the summed loss */
+    float *scalars;                  /* device runs: [0] loss, [1] dloss in device memory */
     int64_t S;
     uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
     int train;
@@ -287,7 +327,10 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     return LT_OK;
 }
 
-static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, step *s, int train) {
+/* Validates the batch on the host and makes its inputs visible to the backend: on the host the
+ * caller's arrays are read in place; a device run stages tokens, targets, positions and dloss
+ * into one host block laid out as the device's inputs piece and copies it in with one transfer. */
+static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, step *s, int train, float grad_scale) {
     if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
     if (train && m->run.forward_only)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
@@ -307,24 +350,56 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
                             (int)b->tokens[i], (long long)i, (long long)m->cfg.V);
-    int32_t *pos = (int32_t *)blk(s, LT_MEM_TRANSIENTS, m->lay.pos);
+    const lt_layout *y = &m->lay;
+    uint8_t *stage = m->host_inputs;
+    int32_t *pos = stage ? (int32_t *)(stage + y->in_pos) : (int32_t *)blk(s, LT_MEM_TRANSIENTS, y->pos);
     for (int64_t i = 0; i < s->N; i++) {
         int32_t p = b->positions ? b->positions[i] : (int32_t)(i % b->T);
         if (p < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative position %d at %lld", (int)p, (long long)i);
         pos[i] = p;
     }
     s->pos = pos;
+    s->tokens = b->tokens;
+    s->targets = b->targets;
+    if (b->targets)
+        for (int64_t i = 0; i < s->N; i++) s->n_tok += b->targets[i] != LT_IGNORE_INDEX;
+    s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
+    if (!stage) return LT_OK;
+    size_t nb = (size_t)s->N * sizeof(int32_t);
+    memcpy(stage + y->in_tokens, b->tokens, nb);
+    if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
+    float scal[4] = {0.0f, s->dloss, 0.0f, 0.0f};
+    memcpy(stage + y->in_scalars, scal, sizeof scal);
+    uint8_t *dev = blk(s, LT_MEM_TRANSIENTS, y->inputs);
+    LT_TRY(m->be->copy_to_device(ctx, dev, stage, y->in_bytes));
+    s->tokens = (const int32_t *)(dev + y->in_tokens);
+    s->targets = b->targets ? (const int32_t *)(dev + y->in_targets) : NULL;
+    s->pos = (const int32_t *)(dev + y->in_pos);
+    s->scalars = (float *)(dev + y->in_scalars);
+    return LT_OK;
+}
+
+/* Device runs: the loss (and per-token losses) come back to the host once, after the whole step
+ * is queued. The one read inside a step. */
+static lt_status read_loss(const step *s, lt_model_result *res, float *token_loss) {
+    if (!s->scalars) return LT_OK;
+    float loss = 0;
+    LT_TRY(s->be->copy_to_host(s->ctx, &loss, s->scalars, sizeof loss));
+    res->loss_sum = loss;
+    if (token_loss)
+        LT_TRY(s->be->copy_to_host(s->ctx, token_loss, blk(s, LT_MEM_TRANSIENTS, s->m->lay.tloss),
+                                   (size_t)s->N * sizeof(float)));
     return LT_OK;
 }
 
 /* Embedding and the frozen layers below the first LoRA layer, into `out` (N, C). The LoRA-free
  * layers use store slot 0 as scratch; `upto` is the first layer not run. */
-static lt_status run_plain(const step *s, const lt_model_batch *b, int64_t upto, float *out) {
+static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
     const lt_layout *y = &m->lay;
     float *xa = (float *)blk(s, LT_MEM_TRANSIENTS, y->xa), *xb = (float *)blk(s, LT_MEM_TRANSIENTS, y->xb);
     float *cur = upto == 0 ? out : xa;
-    s->be->embedding(s->ctx, &m->embed, b->tokens, s->N, cur);
+    s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, cur);
     lt_store st = store_slot(s, 0);
     for (int64_t l = 0; l < upto; l++) {
         float *nxt = l + 1 == upto ? out : (cur == xa ? xb : xa);
@@ -343,8 +418,7 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     float *rstd = (float *)blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
     s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
     if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
-    int64_t n_tok = 0;
-    for (int64_t i = 0; i < s->N; i++) n_tok += b->targets[i] != LT_IGNORE_INDEX;
+    int64_t n_tok = s->n_tok;
     lt_lce_options lo;
     memset(&lo, 0, sizeof lo);
     lo.impl = m->run.loss;
@@ -355,19 +429,20 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     memset(&la, 0, sizeof la);
     la.h = lt_tensor_view(hf, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.w = m->head;
-    la.targets = b->targets;
-    la.loss = &loss;
+    la.targets = s->targets;
+    la.loss = s->scalars ? s->scalars : &loss; /* a device loss is read back by read_loss */
     la.lse = (float *)blk(s, LT_MEM_TRANSIENTS, y->lse_f);
-    la.token_loss = token_loss;
+    la.token_loss = s->scalars && token_loss ? (float *)blk(s, LT_MEM_TRANSIENTS, y->tloss) : token_loss;
     la.workspace = blk(s, LT_MEM_WORKSPACE, y->lce_ws);
     LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
     res->loss_sum = loss;
     res->n_tokens = n_tok;
     if (!backward) return LT_OK;
-    float dloss = grad_scale != 0 ? grad_scale : (n_tok ? 1.0f / (float)n_tok : 0.0f);
+    (void)grad_scale; /* s->dloss, which check_batch derived from it (and staged on a device) */
+    float dloss = s->dloss;
     float *dx = wsf(s, y->dx), *dh = wsf(s, y->dh);
     lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
-    la.dloss = &dloss;
+    la.dloss = s->scalars ? s->scalars + 1 : &dloss;
     la.dh = &dht;
     la.token_loss = NULL;
     LT_TRY(lt_lce_backward(s->ctx, &lo, &la));
@@ -409,11 +484,11 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
                                     lt_model_result *res, float *token_loss) {
     step s;
     lt_model_result r = {0, 0};
-    LT_TRY(check_batch(ctx, m, b, &s, 1));
+    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale));
     int64_t K = m->lora.num_layers, l0 = m->l0;
     lt_store st;
     LT_TRY(slot_of(&s, 0, &st));
-    LT_TRY(run_plain(&s, b, l0, lora_in(&s, 0, &st)));
+    LT_TRY(run_plain(&s, l0, lora_in(&s, 0, &st)));
     for (int64_t j = 0; j < K; j++) {
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j)));
@@ -435,41 +510,51 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
     }
+    LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
     return LT_OK;
 }
 
-static lt_status forward_all(step *s, const lt_model_batch *b) {
+static lt_status forward_all(step *s) {
     lt_model *m = s->m;
-    return run_plain(s, b, m->cfg.L, (float *)blk(s, LT_MEM_TRANSIENTS, m->lay.xf));
+    return run_plain(s, m->cfg.L, (float *)blk(s, LT_MEM_TRANSIENTS, m->lay.xf));
 }
 
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
     step s;
     lt_model_result r = {0, 0};
-    LT_TRY(check_batch(ctx, m, b, &s, 0));
-    LT_TRY(forward_all(&s, b));
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
+    LT_TRY(forward_all(&s));
     LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
+    LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
     return LT_OK;
 }
 
 static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits, int last_only) {
     step s;
-    LT_TRY(check_batch(ctx, m, b, &s, 0));
-    LT_TRY(forward_all(&s, b));
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
+    LT_TRY(forward_all(&s));
     const lt_model_config *c = &m->cfg;
     float *xf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.xf), *hf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.hf);
     float *rstd = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
     m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
-    if (!last_only) {
-        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, logits, wsf(&s, m->lay.mm_ws));
-        return LT_OK;
-    }
-    for (int64_t r = 0; r < s.B; r++)
-        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, logits + r * c->V,
-                      wsf(&s, m->lay.mm_ws));
-    return LT_OK;
+    /* A device model writes the logits into a device buffer of this call's own (tests and
+     * generation, not the training step), then copies them out. */
+    int64_t rows = last_only ? s.B : s.N;
+    size_t bytes = (size_t)rows * (size_t)c->V * sizeof(float);
+    float *out = logits;
+    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits"))) return lt_ctx_status(ctx);
+    if (!last_only)
+        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, wsf(&s, m->lay.mm_ws));
+    else
+        for (int64_t r = 0; r < s.B; r++)
+            m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V,
+                          wsf(&s, m->lay.mm_ws));
+    if (out == logits) return LT_OK;
+    lt_status st = m->be->copy_to_host(ctx, logits, out, bytes);
+    lt_free(ctx, m->opt.device, out, bytes);
+    return st;
 }
 
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits) {

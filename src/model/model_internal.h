@@ -65,12 +65,19 @@ typedef struct lt_layout {
     int64_t n_act_stores, n_tr_stores, n_ckpt;
     size_t act_stores, ckpt;         /* offsets in the activation block */
     size_t tr_stores, xa, xb, xf, hf, rstd_f, lse_f, pos, tloss; /* transient block */
+    /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
+     * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
+     * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
+     * the loss kernel writes, [1] the upstream gradient dloss it reads. */
+    size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
     size_t dx, dh, da, dg, du, dq, dk, dv, datt, dlu, scratch, mm_ws, attn_ws, lce_ws; /* workspace */
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
     size_t weights_bytes, lora_bytes;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
     int threads;
+    lt_device device;                /* of the run part */
+    size_t align;                    /* of the run pieces: 64 host, 256 device (cudaMalloc's) */
 } lt_layout;
 
 /* Pure: the layout for (cfg, lora, run). run may be NULL (weights, LoRA and grads only). */
@@ -107,6 +114,7 @@ struct lt_model {
     uint8_t *block[LT_MEM_CLASS_COUNT_];
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
+    uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

@@ -87,17 +87,15 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     if (o.run.loss == LT_LCE_AUTO) o.run.loss = LT_LCE_FUSED;
     if (o.run.recompute == LT_RECOMPUTE_EVERY_K && !o.run.recompute_k) o.run.recompute_k = 2;
     if (!o.run.threads) o.run.threads = lt_ctx_threads(ctx);
+    o.run.device = o.device;
 
+    /* The model's classes map one to one onto the first six of the plan. Its size table for the
+     * device carries that device's kernel workspaces (a CUDA run: the CUDA attention, loss and
+     * matmul workspaces) and rounds each block as that device's allocator does; the model's host
+     * bookkeeping counts only in a CPU plan. */
     lt_model_sizes ms;
     LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &o.run, &ms));
-    /* The model's classes map one to one onto the first six of the plan. Its table rounds each
-     * class block as the host allocator does (64 bytes); a CUDA block is rounded to 256 instead,
-     * and rounding the 64-rounded size up to 256 gives exactly the 256-rounded raw size. (The
-     * model's small host bookkeeping, inside the weights class, is then priced on the device.) */
-    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
-        out->bytes[c] = o.device == LT_DEVICE_CUDA && ms.bytes[c]
-                            ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ms.bytes[c])
-                            : ms.bytes[c];
+    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) out->bytes[c] = ms.bytes[c];
     out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
     out->bytes[LT_PLAN_HELD] = o.held_bytes;
     size_t total = 0;

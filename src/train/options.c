@@ -11,7 +11,7 @@
 
 #include "longtune/train.h"
 
-typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS } kind;
+typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE } kind;
 
 typedef struct {
     const char *key; /* with '_' */
@@ -60,6 +60,7 @@ static const option options[] = {
     {"pack_algorithm", K_STR, O(pack_algorithm), S(pack_algorithm), 0, 0},
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
+    {"device", K_DEVICE, O(device), 0, 0, 0},
 };
 #undef O
 #undef S
@@ -194,6 +195,16 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         else if (!strcmp(value, "chunked")) v = LT_LCE_CHUNKED;
         else if (!strcmp(value, "naive")) v = LT_LCE_NAIVE;
         else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not fused|chunked|naive", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_DEVICE: {
+        /* Whether this build and machine have the device is the loader's question (a typed
+         * LT_ERR_UNSUPPORTED), not a parse error. */
+        lt_device v;
+        if (!strcmp(value, "cpu")) v = LT_DEVICE_CPU;
+        else if (!strcmp(value, "cuda")) v = LT_DEVICE_CUDA;
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not cpu|cuda", key, value);
         memcpy(field, &v, sizeof v);
         return LT_OK;
     }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longtune/alloc.h"
 #include "longtune/safetensors.h"
 #include "train/train_internal.h"
 
@@ -123,6 +124,8 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
     lt_safetensors *st = NULL;
     LT_TRY(lt_safetensors_open(ctx, path, &st));
     lt_status s = LT_OK;
+    float *row = NULL;
+    size_t row_bytes = 0;
     int64_t count = lt_model_lora_count(m);
     if (lt_safetensors_count(st) != count) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: %lld tensors, the model's LoRA layout has %lld", path,
@@ -142,15 +145,26 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
                          (long long)lt.value.shape[0], (long long)lt.value.shape[1]);
             break;
         }
-        float *dst = lt.value.data;
+        /* Converted on the host, then copied into the model (wherever it lives) in one call. */
         int64_t n = lt_tensor_numel(&lt.value);
-        for (int64_t j = 0; j < n; j++) {
-            if (src.dtype == LT_DTYPE_F32) dst[j] = ((const float *)src.data)[j];
-            else if (src.dtype == LT_DTYPE_BF16) dst[j] = lt_bf16_to_f32(((const uint16_t *)src.data)[j]);
-            else dst[j] = lt_f16_to_f32(((const uint16_t *)src.data)[j]);
+        if ((size_t)n * sizeof(float) > row_bytes) {
+            if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
+            row_bytes = (size_t)n * sizeof(float);
+            if (!(row = lt_alloc(ctx, LT_DEVICE_CPU, row_bytes, "adapter tensor"))) {
+                row_bytes = 0;
+                s = lt_ctx_status(ctx);
+                break;
+            }
         }
+        for (int64_t j = 0; j < n; j++) {
+            if (src.dtype == LT_DTYPE_F32) row[j] = ((const float *)src.data)[j];
+            else if (src.dtype == LT_DTYPE_BF16) row[j] = lt_bf16_to_f32(((const uint16_t *)src.data)[j]);
+            else row[j] = lt_f16_to_f32(((const uint16_t *)src.data)[j]);
+        }
+        s = lt_model_lora_set(ctx, m, lt.offset, n, row);
     }
 done:
+    if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
     lt_safetensors_close(ctx, st);
     return s;
 }

@@ -42,7 +42,7 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     }
     lt_lora_options lora;
     if ((s = lt_train_lora_options(ctx, opt, &lora)) != LT_OK) goto done;
-    lt_model_options mo = {LT_DEVICE_CPU, opt->quantize[0] != 0};
+    lt_model_options mo = {opt->device, opt->quantize[0] != 0};
     if ((s = lt_model_load(ctx, opt->model, &mo, &lora, &m)) != LT_OK) goto done;
     const lt_model_config *cfg = lt_model_get_config(m);
     lt_model_sizes sz = lt_model_get_sizes(m);

@@ -1,8 +1,10 @@
 /* The training loop: packed batches → model forward/backward (gradient accumulation) → global-norm
- * clipping → AdamW through the backend op, with evaluation, metrics, checkpoints and PEFT export
- * on their schedules, and a clean stop on request. Every buffer is allocated before the first
- * step; nothing allocates inside it except packing plans, once per epoch. It does not load models
- * or read datasets (lt_train_run and the CLI do) and it never exits the process. */
+ * clipping → AdamW, all through the model's backend ops (so the optimizer state lives where the
+ * model does, host or GPU), with evaluation, metrics, checkpoints and PEFT export on their
+ * schedules, and a clean stop on request. Every buffer is allocated before the first step;
+ * nothing allocates inside it except packing plans, once per epoch. A device run copies the
+ * trainable state to a host mirror only to save it. It does not load models or read datasets
+ * (lt_train_run and the CLI do) and it never exits the process. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,10 +22,13 @@ typedef struct trainer {
     lt_ctx *ctx;
     const lt_train_options *o;
     lt_model *m;
-    const lt_backend *be;
-    /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each. */
+    const lt_backend *be;   /* the model's */
+    lt_device dev;
+    /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each, in
+     * the model's memory; a device run's host mirror of params, m and v (3n) for checkpoints. */
     int64_t n;
     float *params, *grads, *mom_m, *mom_v;
+    float *host;
     lt_train_param *tp;
     int n_tp;
     /* Data: the epoch's packing plan, the validation plan, one batch's buffers (B, T_cap). */
@@ -75,11 +80,19 @@ static lt_status bind_params(trainer *t) {
     int64_t count = lt_model_lora_count(t->m);
     if (!t->params || !t->grads || ng != t->n || t->n <= 0 || count <= 0 || count > (1 << 20))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model has no LoRA parameters to train (targets/layers empty?)");
-    t->mom_m = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW first moments");
-    t->mom_v = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)t->n * sizeof(float), "AdamW second moments");
+    size_t nb = (size_t)t->n * sizeof(float);
+    t->mom_m = lt_alloc(ctx, t->dev, nb, "AdamW first moments");
+    t->mom_v = lt_alloc(ctx, t->dev, nb, "AdamW second moments");
     t->tp = lt_calloc(ctx, LT_DEVICE_CPU, (size_t)count * sizeof *t->tp, "LoRA tensor index");
     if (t->tp) t->n_tp = (int)count;
     if (!t->mom_m || !t->mom_v || !t->tp) return LT_ERR_OOM;
+    t->be->zero(ctx, t->mom_m, nb);
+    t->be->zero(ctx, t->mom_v, nb);
+    if (t->dev != LT_DEVICE_CPU && !(t->host = lt_alloc(ctx, LT_DEVICE_CPU, 3 * nb, "optimizer state host mirror")))
+        return LT_ERR_OOM;
+    /* What checkpoints and the adapter read and write: the state itself on the host, else the mirror. */
+    float *hp = t->host ? t->host : t->params, *hm = t->host ? t->host + t->n : t->mom_m,
+          *hv = t->host ? t->host + 2 * t->n : t->mom_v;
     size_t pl = strlen(PEFT_KEY_PREFIX), sl = strlen(".weight");
     for (int64_t i = 0; i < count; i++) {
         lt_lora_tensor lt;
@@ -96,12 +109,29 @@ static lt_status bind_params(trainer *t) {
         p->ndim = 2;
         p->shape[0] = lt.value.shape[0];
         p->shape[1] = lt.value.shape[1];
-        p->data = t->params + lt.offset;
-        p->grad = t->grads + lt.offset;
-        p->m = t->mom_m + lt.offset;
-        p->v = t->mom_v + lt.offset;
+        p->data = hp + lt.offset;
+        p->grad = t->host ? NULL : t->grads + lt.offset;
+        p->m = hm + lt.offset;
+        p->v = hv + lt.offset;
     }
     return LT_OK;
+}
+
+/* Device runs: the state into the host mirror (before a save) and back (after a resume). */
+static lt_status state_to_host(trainer *t) {
+    if (!t->host) return LT_OK;
+    size_t nb = (size_t)t->n * sizeof(float);
+    LT_TRY(lt_model_lora_get(t->ctx, t->m, 0, 0, t->n, t->host));
+    LT_TRY(t->be->copy_to_host(t->ctx, t->host + t->n, t->mom_m, nb));
+    return t->be->copy_to_host(t->ctx, t->host + 2 * t->n, t->mom_v, nb);
+}
+
+static lt_status state_from_host(trainer *t) {
+    if (!t->host) return LT_OK;
+    size_t nb = (size_t)t->n * sizeof(float);
+    LT_TRY(lt_model_lora_set(t->ctx, t->m, 0, t->n, t->host));
+    LT_TRY(t->be->copy_to_device(t->ctx, t->mom_m, t->host + t->n, nb));
+    return t->be->copy_to_device(t->ctx, t->mom_v, t->host + 2 * t->n, nb);
 }
 
 static lt_status alloc_batch(trainer *t) {
@@ -203,7 +233,7 @@ static lt_status evaluate(trainer *t, double *out) {
  * of their token-mean loss; *tokens: trained targets; *real: real (non-padding) input tokens. */
 static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
     const lt_train_options *o = t->o;
-    lt_model_zero_grads(t->m);
+    t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
     double l = 0;
     int64_t tok = 0, rtok = 0;
     for (int64_t k = 0; k < o->grad_accum; k++) {
@@ -221,14 +251,9 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
         tok += r.n_tokens;
     }
     if (o->grad_clip > 0) {
-        /* Sequential double sum: the same norm whatever the thread count. */
-        double ss = 0;
-        for (int64_t i = 0; i < t->n; i++) ss += (double)t->grads[i] * (double)t->grads[i];
-        double norm = sqrt(ss);
-        if (norm > o->grad_clip) {
-            float s = (float)(o->grad_clip / norm);
-            for (int64_t i = 0; i < t->n; i++) t->grads[i] *= s;
-        }
+        /* The one read besides the loss: the norm decides whether to scale. */
+        double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
+        if (norm > o->grad_clip) t->be->scale(t->ctx, t->grads, (float)(o->grad_clip / norm), t->n);
     }
     lt_adamw_params hp = {(float)lt_train_lr(o, t->st.step), (float)o->beta1, (float)o->beta2, (float)o->eps,
                           (float)o->weight_decay, t->st.step + 1};
@@ -250,6 +275,7 @@ static void set_rng_keys(trainer *t) {
 
 static lt_status save(trainer *t) {
     set_rng_keys(t);
+    LT_TRY(state_to_host(t));
     LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
     return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
 }
@@ -261,6 +287,11 @@ static const char *fmt_bytes(size_t b, char *buf, size_t n) {
     while (v >= 1024 && i < 4) v /= 1024, i++;
     snprintf(buf, n, "%.1f %s", v, u[i]);
     return buf;
+}
+
+/* The metrics' host_peak_bytes: the host high-water of a device run, 0 (left out) on the host. */
+static int64_t host_peak(const trainer *t) {
+    return t->dev == LT_DEVICE_CPU ? 0 : (int64_t)lt_mem_get_stats(t->ctx, LT_DEVICE_CPU).peak_bytes;
 }
 
 static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
@@ -284,17 +315,18 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->T = o->max_seq_length;
     LT_TRY(alloc_batch(t));
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
-    lt_model_run_options run = {.B = t->B, .T = t->T, .recompute = o->recompute, .recompute_k = o->recompute_every,
-                                .attention = o->attention, .loss = o->loss, .threads = o->threads};
-    /* The plan the planner (lt_plan_compute) gives for this run. What this process already holds
-     * besides the model and the optimizer state -- tokenizer, data set, batch buffers, LoRA index --
-     * is known exactly at this point and passed as held bytes, so plan and the allocator's
-     * high-water describe the same allocations. */
+    lt_model_run_options run = {.B = t->B, .T = t->T, .device = t->dev, .recompute = o->recompute,
+                                .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
+                                .threads = o->threads};
+    /* The plan the planner (lt_plan_compute) gives for this run on its device. What this process
+     * already holds there besides the model and the optimizer state -- on the host: tokenizer,
+     * data set, batch buffers, LoRA index; on a GPU: nothing -- is known exactly at this point and
+     * passed as held bytes, so plan and the allocator's high-water describe the same allocations. */
     lt_model_sizes loaded = lt_model_get_sizes(t->m);
-    size_t in_use = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+    size_t in_use = lt_mem_get_stats(ctx, t->dev).used_bytes;
     size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
-    size_t moments = 2 * lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)t->n * sizeof(float));
-    lt_plan_options popt = {.device = LT_DEVICE_CPU, .lora = *lt_model_get_lora(t->m), .run = run};
+    size_t moments = lt_plan_optimizer_bytes(t->dev, t->n);
+    lt_plan_options popt = {.device = t->dev, .lora = *lt_model_get_lora(t->m), .run = run};
     popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
     lt_plan plan;
     LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
@@ -311,6 +343,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         if (stat(rpath, &sb) == 0 && S_ISDIR(sb.st_mode))
             snprintf(rpath, sizeof rpath, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->resume_adapter_file);
         LT_TRY(lt_checkpoint_load(ctx, rpath, o, &t->st, t->tp, t->n_tp));
+        LT_TRY(state_from_host(t));
         uint64_t keys[4];
         memcpy(keys, t->st.rng, sizeof keys);
         set_rng_keys(t);
@@ -329,8 +362,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     if (t->st.step == 0) {
         LT_TRY(evaluate(t, &val));
         res->first_val_loss = res->last_val_loss = val;
-        lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes,
-                               (int64_t)res->plan_bytes};
+        lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, t->dev).peak_bytes,
+                               (int64_t)res->plan_bytes, host_peak(t)};
         if (isfinite(val)) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
     }
     lt_progress pg;
@@ -368,11 +401,11 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             res->last_val_loss = val;
         }
         double now = lt_time_now();
-        size_t peak = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+        size_t peak = lt_mem_get_stats(ctx, t->dev).peak_bytes;
         double tps = (double)win_tok / (now - win_t > 0 ? now - win_t : 1e-9);
         if (s % o->steps_per_report == 0 || eval_now) {
             lt_metrics_record r = {s, win_loss / (double)win_steps, val, lr, tps, t->st.tokens_seen,
-                                   elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes};
+                                   elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes, host_peak(t)};
             LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
             if (isfinite(val)) {
                 char line[160];
@@ -398,7 +431,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     res->steps = t->st.step;
     res->tokens = t->st.tokens_seen;
     res->elapsed_s = lt_time_now() - t0;
-    res->peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
+    res->peak_bytes = lt_mem_get_stats(ctx, t->dev).peak_bytes;
+    res->host_peak_bytes = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
     return LT_OK;
 }
 
@@ -417,15 +451,17 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.m = m;
     t.train = train;
     t.valid = valid;
-    t.be = lt_backend_get(LT_DEVICE_CPU);
-    if (!t.be || !t.be->adamw) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the CPU backend has no AdamW op");
+    t.dev = lt_model_get_device(m);
+    t.be = lt_backend_get(t.dev);
+    if (!t.be) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the model's device has no backend in this build");
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);
     lt_pack_plan_free(ctx, t.vplan);
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
-    if (t.mom_m) lt_free(ctx, LT_DEVICE_CPU, t.mom_m, (size_t)t.n * sizeof(float));
-    if (t.mom_v) lt_free(ctx, LT_DEVICE_CPU, t.mom_v, (size_t)t.n * sizeof(float));
+    if (t.mom_m) lt_free(ctx, t.dev, t.mom_m, (size_t)t.n * sizeof(float));
+    if (t.mom_v) lt_free(ctx, t.dev, t.mom_v, (size_t)t.n * sizeof(float));
+    if (t.host) lt_free(ctx, LT_DEVICE_CPU, t.host, 3 * (size_t)t.n * sizeof(float));
     return s;
 }
