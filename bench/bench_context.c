@@ -63,7 +63,7 @@ typedef struct ctx_run {
     int threads;
     float *mom_m, *mom_v;
     size_t mom_bytes;
-    int32_t *tok, *dtok; /* host and device (same on CPU) batch of 2·Tmax ids */
+    int32_t *tok;        /* host batch of 2·Tmax ids (the model copies a batch in itself) */
     size_t tok_bytes;
     size_t held_extra;   /* accounted bytes the bench holds besides model, optimizer and batch */
     lt_guard *guard;
@@ -79,7 +79,7 @@ static lt_model_run_options run_opts(int64_t T, int threads) {
 
 static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_plan *p) {
     lt_plan_options po = {.device = r->dev, .lora = r->lo, .run = run_opts(T, r->threads),
-                          .held_bytes = lt_alloc_accounted_size(r->dev, r->tok_bytes) + r->held_extra};
+                          .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) + r->held_extra};
     return lt_plan_compute(r->ctx, cfg, &po, p);
 }
 
@@ -102,10 +102,7 @@ static double step_at(ctx_run *r, int64_t T, double *loss) {
     for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&r->seed) % (uint64_t)cfg->V);
     for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
     y[T - 1] = LT_IGNORE_INDEX;
-    if (r->dtok != r->tok && (r->be->copy_to_device(r->ctx, r->dtok, x, (size_t)T * 4) != LT_OK ||
-                              r->be->copy_to_device(r->ctx, r->dtok + T, y, (size_t)T * 4) != LT_OK))
-        return -1;
-    lt_model_batch b = {.B = 1, .T = T, .tokens = r->dtok, .targets = r->dtok + T};
+    lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
     lt_model_result mr;
     int64_t n = 0;
     float *params = lt_model_lora_params(r->m, &n), *grads = lt_model_lora_grads(r->m, &n);
@@ -269,7 +266,7 @@ int lt_bench_context(int argc, char **argv) {
     }
     {
         lt_plan_options po = {.device = dev, .lora = R.lo, .run = run_opts(step, R.threads),
-                              .held_bytes = lt_alloc_accounted_size(dev, R.tok_bytes)};
+                              .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes)};
         if ((st = lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, tmax, budget, &t_plan, &found)) != LT_OK)
             goto fail;
     }
@@ -325,24 +322,15 @@ int lt_bench_context(int argc, char **argv) {
         int64_t n = 0;
         lt_model_lora_params(R.m, &n);
         R.mom_bytes = (size_t)n * sizeof(float);
-        R.mom_m = lt_calloc(ctx, LT_DEVICE_CPU, R.mom_bytes, "bench context zeros");
-        if (!R.mom_m) {
-            st = LT_ERR_OOM;
-            goto fail;
-        }
-        float *z = R.mom_m;
         R.mom_m = lt_alloc(ctx, dev, R.mom_bytes, "bench context AdamW m");
         R.mom_v = lt_alloc(ctx, dev, R.mom_bytes, "bench context AdamW v");
-        if (R.mom_m) st = R.be->copy_to_device(ctx, R.mom_m, z, R.mom_bytes);
-        if (R.mom_v && st == LT_OK) st = R.be->copy_to_device(ctx, R.mom_v, z, R.mom_bytes);
-        lt_free(ctx, LT_DEVICE_CPU, z, R.mom_bytes);
+        if (R.mom_m) R.be->zero(ctx, R.mom_m, R.mom_bytes);
+        if (R.mom_v) R.be->zero(ctx, R.mom_v, R.mom_bytes);
         R.tok = lt_alloc(ctx, LT_DEVICE_CPU, R.tok_bytes, "bench context batch (host)");
-        R.dtok = cuda ? lt_alloc(ctx, dev, R.tok_bytes, "bench context batch (device)") : R.tok;
-        if (!R.mom_m || !R.mom_v || !R.tok || !R.dtok) {
+        if (!R.mom_m || !R.mom_v || !R.tok) {
             st = LT_ERR_OOM;
             goto fail;
         }
-        if (st != LT_OK) goto fail;
     }
     {
         lt_guard_options g2 = {.device = dev, .ceiling_bytes = gc.ceiling_bytes};
@@ -479,7 +467,6 @@ out:
     cJSON_Delete(peer_lines);
     if (R.mom_m) lt_free(ctx, dev, R.mom_m, R.mom_bytes);
     if (R.mom_v) lt_free(ctx, dev, R.mom_v, R.mom_bytes);
-    if (R.dtok && R.dtok != R.tok) lt_free(ctx, dev, R.dtok, R.tok_bytes);
     if (R.tok) lt_free(ctx, LT_DEVICE_CPU, R.tok, R.tok_bytes);
     lt_model_free(ctx, R.m);
     lt_ctx_free(ctx);

@@ -184,7 +184,8 @@ static const arm_spec arm_specs[] = {
 };
 
 typedef struct step_bufs {
-    int32_t *host, *dev; /* ids, targets, positions (B·T each), offsets (B·(T+1)), pieces (B) */
+    int32_t *host;       /* ids, targets, positions (B·T each), offsets (B·(T+1)), pieces (B); host
+                            memory on every device: the model copies a batch in itself */
     size_t bytes;
     int64_t B, T;
 } step_bufs;
@@ -334,23 +335,13 @@ int lt_bench_packed(int argc, char **argv) {
     sb.B = 8, sb.T = L;
     sb.bytes = (size_t)(3 * 8 * L + 8 * (L + 1) + 8) * sizeof(int32_t);
     sb.host = lt_alloc(ctx, LT_DEVICE_CPU, sb.bytes, "bench packed batch (host)");
-    sb.dev = cuda ? lt_alloc(ctx, dev, sb.bytes, "bench packed batch (device)") : sb.host;
     mom = lt_alloc(ctx, dev, mom_bytes, "bench packed AdamW moments");
-    if (!sb.host || !sb.dev || !mom) {
+    if (!sb.host || !mom) {
         st = LT_ERR_OOM;
         goto fail;
     }
     const lt_backend *be = lt_backend_get(dev);
-    {
-        float *z = lt_calloc(ctx, LT_DEVICE_CPU, mom_bytes, "bench packed zeros");
-        if (!z) {
-            st = LT_ERR_OOM;
-            goto fail;
-        }
-        st = be->copy_to_device(ctx, mom, z, mom_bytes);
-        lt_free(ctx, LT_DEVICE_CPU, z, mom_bytes);
-        if (st != LT_OK) goto fail;
-    }
+    be->zero(ctx, mom, mom_bytes);
 
     res = lt_bench_result_new("packed");
     cJSON *jc = cJSON_AddObjectToObject(res, "config");
@@ -395,16 +386,15 @@ int lt_bench_packed(int argc, char **argv) {
         for (int64_t k = 0;; k++) {
             int64_t B, T, S, bi = k % nb;
             lt_pack_batch_shape(plan, bi, &B, &T, &S);
-            int32_t *h = sb.host, *d = sb.dev;
+            int32_t *h = sb.host;
             size_t bt = (size_t)(B * T), bo = (size_t)(B * (S + 1));
             lt_pack_batch pb = {h, h + bt, h + 2 * bt, h + 3 * bt, h + 3 * bt + bo};
             if ((st = lt_pack_fill(ctx, plan, &in, bi, &pb)) != LT_OK) break;
             int64_t nreal = 0, ntgt = 0;
             for (int64_t row = 0; row < B; row++) nreal += pb.seq_offsets[row * (S + 1) + pb.n_pieces[row]];
             for (size_t q = 0; q < bt; q++) ntgt += pb.targets[q] != LT_PACK_IGNORE;
-            if (cuda && (st = be->copy_to_device(ctx, d, h, (3 * bt + bo) * sizeof(int32_t))) != LT_OK) break;
-            lt_model_batch b = {.B = B, .T = T, .tokens = d, .targets = d + bt, .positions = d + 2 * bt,
-                                .seq_offsets = d + 3 * bt, .S = S, .step = (uint64_t)k};
+            lt_model_batch b = {.B = B, .T = T, .tokens = h, .targets = h + bt, .positions = h + 2 * bt,
+                                .seq_offsets = h + 3 * bt, .S = S, .step = (uint64_t)k};
             lt_model_result mr;
             lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++adam_step};
             if ((st = be->synchronize(ctx)) != LT_OK) break;
@@ -473,7 +463,6 @@ out:
     lt_pack_plan_free(ctx, plan);
     cJSON_Delete(res);
     if (mom) lt_free(ctx, dev, mom, mom_bytes);
-    if (sb.dev && sb.dev != sb.host) lt_free(ctx, dev, sb.dev, sb.bytes);
     if (sb.host) lt_free(ctx, LT_DEVICE_CPU, sb.host, sb.bytes);
     lt_model_free(ctx, m);
     tokset_free(ctx, &ts);

@@ -284,7 +284,7 @@ int lt_bench_train(int argc, char **argv) {
     peer pr;
     memset(&pr, 0, sizeof pr);
     float *mom_m = NULL, *mom_v = NULL;
-    int32_t *tok = NULL, *dtok = NULL;
+    int32_t *tok = NULL; /* host on every device: the model copies a batch in itself */
     size_t mom_bytes = 0, tok_bytes = 0;
     cJSON *res = NULL, *peer_lines = NULL;
     lt_guard *guard = NULL;
@@ -312,25 +312,13 @@ int lt_bench_train(int argc, char **argv) {
     for (int k = 0; k < n_seqs; k++) Tmax = seqs[k] > Tmax ? seqs[k] : Tmax;
     tok_bytes = 2 * (size_t)Tmax * sizeof(int32_t);
     tok = lt_alloc(ctx, LT_DEVICE_CPU, tok_bytes, "bench train batch (host)");
-    dtok = cuda ? lt_alloc(ctx, dev, tok_bytes, "bench train batch (device)") : tok;
-    if (!mom_m || !mom_v || !tok || !dtok) {
+    if (!mom_m || !mom_v || !tok) {
         st = LT_ERR_OOM;
         goto fail;
     }
     const lt_backend *be = lt_backend_get(dev);
-    {
-        /* zeroed moments: copy zeros up from a host chunk (the backend table has no memset on
-         * every branch this bench builds against) */
-        float *z = lt_calloc(ctx, LT_DEVICE_CPU, mom_bytes, "bench train zero moments");
-        if (!z) {
-            st = LT_ERR_OOM;
-            goto fail;
-        }
-        st = be->copy_to_device(ctx, mom_m, z, mom_bytes);
-        if (st == LT_OK) st = be->copy_to_device(ctx, mom_v, z, mom_bytes);
-        lt_free(ctx, LT_DEVICE_CPU, z, mom_bytes);
-        if (st != LT_OK) goto fail;
-    }
+    be->zero(ctx, mom_m, mom_bytes);
+    be->zero(ctx, mom_v, mom_bytes);
 
     if (peers && !cuda && !random_w) {
         fprintf(stderr, "peer skipped: it runs on the random-weight folders only (--weights random-f32|random-bf16)\n");
@@ -358,7 +346,7 @@ int lt_bench_train(int argc, char **argv) {
         lt_model_run_options ro = {.B = 1, .T = Tmax, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
                                    .loss = LT_LCE_FUSED, .threads = nthreads};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
-                              .held_bytes = lt_alloc_accounted_size(dev, tok_bytes)};
+                              .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)};
         lt_plan plan;
         lt_guard_options go = {.device = dev, .no_watchdog = 0};
         if (lt_plan_compute(ctx, cfg, &po, &plan) == LT_OK) go.plan_bytes = plan.peak_bytes;
@@ -411,7 +399,7 @@ int lt_bench_train(int argc, char **argv) {
         lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
                                    .loss = LT_LCE_FUSED, .threads = nthreads};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
-                              .held_bytes = lt_alloc_accounted_size(dev, tok_bytes) + guard_bytes};
+                              .held_bytes = (cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)) + guard_bytes};
         lt_plan plan;
         lt_model_sizes sizes;
         st = lt_model_prepare(ctx, m, &ro);
@@ -431,10 +419,7 @@ int lt_bench_train(int argc, char **argv) {
             for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&seed) % (uint64_t)cfg->V);
             for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
             y[T - 1] = LT_IGNORE_INDEX;
-            if (cuda && ((st = be->copy_to_device(ctx, dtok, x, (size_t)T * 4)) != LT_OK ||
-                         (st = be->copy_to_device(ctx, dtok + T, y, (size_t)T * 4)) != LT_OK))
-                break;
-            lt_model_batch b = {.B = 1, .T = T, .tokens = dtok, .targets = dtok + T, .step = (uint64_t)r};
+            lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y, .step = (uint64_t)r};
             lt_model_result mr;
             lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++adam_step};
             if ((st = be->synchronize(ctx)) != LT_OK) break;
@@ -554,9 +539,7 @@ int lt_bench_train(int argc, char **argv) {
         /* the device is handed to the peer empty of our blocks */
         lt_free(ctx, dev, mom_m, mom_bytes);
         lt_free(ctx, dev, mom_v, mom_bytes);
-        lt_free(ctx, dev, dtok, tok_bytes);
         mom_m = mom_v = NULL;
-        dtok = NULL;
         lt_model_free(ctx, m);
         m = NULL;
         char args[512], list[160] = "";
@@ -587,7 +570,6 @@ out:
     cJSON_Delete(peer_lines);
     if (mom_m) lt_free(ctx, dev, mom_m, mom_bytes);
     if (mom_v) lt_free(ctx, dev, mom_v, mom_bytes);
-    if (dtok && dtok != tok) lt_free(ctx, dev, dtok, tok_bytes);
     if (tok) lt_free(ctx, LT_DEVICE_CPU, tok, tok_bytes);
     lt_model_free(ctx, m);
     lt_ctx_free(ctx);

@@ -9,5 +9,4 @@ LT_BENCH(train, lt_bench_train, "LoRA training steps (SmolLM2-135M / Qwen3-8B sh
 LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
 LT_BENCH(packed, lt_bench_packed, "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
 LT_BENCH(suite, lt_bench_suite, "the community benchmark: longtune bench --tier quick|full|smoke (machine, plan, estimate, one JSON)")
-LT_BENCH(train, lt_bench_train, "SmolLM2-135M LoRA steps at T=512/2048: tokens/s, peak bytes, MFU vs sgemm, vs torch+PEFT")
 LT_BENCH(matmul, lt_bench_matmul, "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
