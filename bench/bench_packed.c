@@ -215,7 +215,8 @@ int lt_bench_packed(int argc, char **argv) {
                    "  --data DIR         folder with train.jsonl (default bench/data/alpaca-eval)\n"
                    "  --tokenizer PATH   GGUF or tokenizer.json to tokenise with (default: --model, else the\n"
                    "                     SmolLM2 GGUF)\n"
-                   "  --tokens FILE      read token ids from a cache written by --save-tokens instead\n"
+                   "  --tokens FILE      read token ids from a cache written by --save-tokens instead (default\n"
+                   "                     when the SmolLM2 GGUF is absent: DIR/smollm2-tokens.bin)\n"
                    "  --save-tokens FILE tokenise, write the cache and stop\n"
                    "  --seq L            packed row length and longest sequence (default cpu 256, cuda 2048)\n"
                    "  --seconds S        timed seconds per arm (default cpu 20, cuda 10)\n"
@@ -273,6 +274,15 @@ int lt_bench_packed(int argc, char **argv) {
         data = data_default;
     }
     if (!tokenizer) tokenizer = model_path && strcmp(model_path, gguf_default) ? model_path : gguf_default;
+    /* without the SmolLM2 GGUF (a GPU box with random weights), the committed token cache made
+     * from it stands in: the same ids */
+    char cache_default[1300];
+    snprintf(cache_default, sizeof cache_default, "%s/smollm2-tokens.bin", data);
+    if (!tokens_path && !save_tokens && !strcmp(tokenizer, gguf_default) && access(gguf_default, R_OK) != 0 &&
+        access(cache_default, R_OK) == 0) {
+        fprintf(stderr, "data: %s not found; using the token cache %s\n", gguf_default, cache_default);
+        tokens_path = cache_default;
+    }
 
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
