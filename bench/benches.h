@@ -10,3 +10,4 @@ LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocat
 LT_BENCH(packed, lt_bench_packed, "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
 LT_BENCH(suite, lt_bench_suite, "the community benchmark: longtune bench --tier quick|full|smoke (machine, plan, estimate, one JSON)")
 LT_BENCH(matmul, lt_bench_matmul, "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
+LT_BENCH(scaling, lt_bench_scaling, "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")

@@ -17,7 +17,8 @@ static const char *usage =
     "longtune plan (--model PATH | --config config.json) [--batch B] [--seq-len T] [--lora-rank r]\n"
     "       [--lora-layers K] [--attention flash|naive] [--loss fused|chunked|naive]\n"
     "       [--recompute none|all|every:K] [--backend cpu|cuda] [--budget BYTES|auto]\n"
-    "       [--max-seq | --max-batch] [--quantize] [--weights-dtype f32|bf16|f16] [--threads N] [--json]";
+    "       [--max-seq | --max-batch] [--quantize] [--weights-dtype f32|bf16|f16] [--threads N]\n"
+    "       [--dp K] [--cp K] [--json]";
 
 static void print_help(void) {
     printf("usage: %s\n\n"
@@ -38,6 +39,9 @@ static void print_help(void) {
            "  --max-batch         search the largest B that fits the budget (T fixed)\n"
            "  --quantize          QLoRA: projection weights held as int4 (group 64)\n"
            "  --threads N         CPU threads the run will use (workspaces scale with it)\n"
+           "  --dp K, --cp K      plan one rank of K data-parallel ranks (each takes ceil(B/K) rows)\n"
+           "                      or of K context-parallel ranks (each holds T/K tokens of every row,\n"
+           "                      T padded to a multiple of 2K, plus the ring attention's buffers)\n"
            "  --json              one JSON object on stdout instead of the table\n\n"
            "Exit status: 0 when planned (whether it fits or not: see \"fits\"), 1 on failure, 2 usage.\n",
            usage);
@@ -77,7 +81,7 @@ typedef struct arm {
 
 int lt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *config = NULL, *budget_s = "auto";
-    int64_t B = 1, T = 2048, rank = 8, layers = 0, threads = 0;
+    int64_t B = 1, T = 2048, rank = 8, layers = 0, threads = 0, dp = 1, cp = 1;
     lt_attention_impl att = LT_ATTENTION_FLASH;
     lt_lce_impl loss = LT_LCE_FUSED;
     const char *recompute_s = "none";
@@ -110,6 +114,14 @@ int lt_cmd_plan(int argc, char **argv) {
             NEED_VALUE();
             if (lt_cli_parse_i64(v, 1, 1ll << 30, &T))
                 return lt_cli_usage_error("plan", usage, "--seq-len '%s': expected 1..2^30", v);
+        } else if (!strcmp(a, "--dp")) {
+            NEED_VALUE();
+            if (lt_cli_parse_i64(v, 1, 1 << 20, &dp))
+                return lt_cli_usage_error("plan", usage, "--dp '%s': expected 1..%d ranks", v, 1 << 20);
+        } else if (!strcmp(a, "--cp")) {
+            NEED_VALUE();
+            if (lt_cli_parse_i64(v, 1, 1 << 20, &cp))
+                return lt_cli_usage_error("plan", usage, "--cp '%s': expected 1..%d ranks", v, 1 << 20);
         } else if (!strcmp(a, "--lora-rank")) {
             NEED_VALUE();
             if (lt_cli_parse_i64(v, 1, 65536, &rank))
@@ -215,6 +227,8 @@ int lt_cmd_plan(int argc, char **argv) {
     po.run.attention = att;
     po.run.loss = loss;
     po.run.threads = (int)threads;
+    po.dp_size = dp;
+    po.cp_size = cp;
 
     char how[256] = "given";
     if (budget_auto && (s = auto_budget(ctx, dev, &budget, how, sizeof how)) != LT_OK) {
@@ -311,6 +325,8 @@ int lt_cmd_plan(int argc, char **argv) {
            lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec,
                                   sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
+    if (dp > 1 || cp > 1)
+        printf("per rank: one of %lld data-parallel x %lld context-parallel ranks\n", (long long)dp, (long long)cp);
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
         if (c != LT_PLAN_HELD || plan.bytes[c]) /* nothing is held for a bare plan */
             printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "train_guard.h"
+#include "longtune/log.h"
 #include "longtune/train.h"
 
 static const char *usage =
@@ -46,6 +47,10 @@ static void print_help(void) {
            "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
+           "  --distributed auto|off     auto: under `mpirun -np K` train data parallel over the K ranks\n"
+           "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
+           "  --context-parallel         under mpirun: split every row over the ranks instead (ring attention;\n"
+           "                             needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
            LT_CLI_GUARD_HELP,
            usage);
 }
@@ -68,6 +73,8 @@ int lt_cmd_train(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return LT_EXIT_FAIL;
     int rc = LT_EXIT_OK;
+    lt_comm *comm = NULL;
+    FILE *quiet = NULL;
     /* --help first, then the config file, then every other flag over it. */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -146,6 +153,25 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_usage_error("train", usage, "%s", lt_ctx_error(ctx));
         goto done;
     }
+    /* A device this build or machine lacks is refused before the guard measures it. */
+    if ((s = lt_model_device_available(ctx, resolved.device)) != LT_OK) {
+        rc = lt_cli_fail("train", ctx, s);
+        goto done;
+    }
+    /* The world an MPI launcher started; a plain run (or --distributed off) never touches MPI. */
+    int env_rank = 0, env_size = 1;
+    if (!strcmp(resolved.distributed, "auto") && lt_comm_env_world(&env_rank, &env_size, NULL) && env_size > 1) {
+        lt_comm_options co = {.backend = LT_COMM_MPI};
+        if ((s = lt_comm_init(ctx, &co, &comm)) != LT_OK) {
+            rc = lt_cli_fail("train", ctx, s);
+            goto done;
+        }
+        if (lt_comm_rank(comm) != 0) {
+            /* One voice: the other ranks report warnings and errors only. */
+            lt_log_set_level(LT_LOG_WARN);
+            quiet = fopen("/dev/null", "w");
+        }
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -155,7 +181,8 @@ int lt_cmd_train(int argc, char **argv) {
     if ((rc = lt_cli_guard_start(ctx, &guard, &resolved)) != 0) goto done;
     lt_train_result res;
     memset(&res, 0, sizeof res);
-    s = lt_train_run(ctx, &resolved, stderr, &res);
+    res.comm = comm;
+    s = lt_train_run(ctx, &resolved, quiet ? quiet : stderr, &res);
     if ((rc = lt_cli_guard_finish(ctx, &guard, &resolved, &res, s)) != 0) goto done;
     if (s == LT_ERR_INTERRUPTED) {
         int sig = lt_train_stop_requested();
@@ -167,14 +194,26 @@ int lt_cmd_train(int argc, char **argv) {
         rc = lt_cli_fail("train", ctx, s);
         goto done;
     }
-    char b1[32], b2[32];
-    printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; peak %s (plan %s)\n"
-           "adapter: %s/adapter_model.safetensors\n",
-           (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
-           res.last_val_loss, lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32),
-           resolved.adapter_path);
+    char b1[32], b2[32], b3[32], host[64] = "";
+    if (resolved.device != LT_DEVICE_CPU)
+        snprintf(host, sizeof host, "; host peak %s", lt_cli_fmt_bytes(res.host_peak_bytes, b3, 32));
+    if (lt_comm_rank(comm) == 0)
+        printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; %s peak %s (plan %s)%s\n"
+               "adapter: %s/adapter_model.safetensors\n",
+               (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
+               res.last_val_loss, resolved.device == LT_DEVICE_CPU ? "host" : "device",
+               lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32), host,
+               resolved.adapter_path);
 done:
     if (guard.g) lt_guard_stop(guard.g);
+    if (quiet) fclose(quiet);
+    /* A rank that fails alone would leave the others waiting in a collective: end the job. A stop
+     * (exit 128 + signal) is taken by every rank after the same step and needs no abort. */
+    if (rc != LT_EXIT_OK && rc < 128 && lt_comm_size(comm) > 1) {
+        fflush(NULL);
+        lt_comm_abort(comm, rc);
+    }
+    lt_comm_free(ctx, comm);
     lt_ctx_free(ctx);
     return rc;
 }

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES="build-essential cmake pkg-config git python3 python3-pip unzip libopenblas-openmp-dev libpcre2-dev libcjson-dev libcmocka-dev python3.11-doc"
+PACKAGES="build-essential cmake pkg-config git python3 python3-pip unzip libopenblas-openmp-dev libpcre2-dev libcjson-dev libcmocka-dev libopenmpi-dev openmpi-bin python3.11-doc"
 missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -354,6 +354,18 @@ static void bad_inputs_are_typed_errors(void **state) {
     b = fixture_batch(&f);
     b.T = f.T + 1;
     assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_ERR_INVALID_ARG);
+    /* LoRA state through get/set (the device-neutral path): a range outside is refused, a
+     * round trip lands in the flat buffer. */
+    int64_t n;
+    float *lp = lt_model_lora_params(m, &n), two[2] = {0.25f, -0.5f}, back[2];
+    assert_int_equal(lt_model_lora_get(ctx, m, 0, n - 1, 2, back), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "outside"));
+    assert_int_equal(lt_model_lora_set(ctx, m, -1, 2, two), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_model_lora_set(ctx, m, n - 2, 2, two), LT_OK);
+    assert_true(lp[n - 2] == 0.25f && lp[n - 1] == -0.5f);
+    assert_int_equal(lt_model_lora_get(ctx, m, 1, n - 2, 2, back), LT_OK);
+    assert_memory_equal(back, lt_model_lora_grads(m, NULL) + n - 2, sizeof back);
+    assert_int_equal(lt_model_device_available(ctx, LT_DEVICE_CPU), LT_OK);
     lt_model_free(ctx, m);
     lt_safetensors_close(ctx, f.exp);
 

@@ -19,6 +19,7 @@
 
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "longtune/safetensors.h"
@@ -674,6 +675,59 @@ static void every_failed_allocation_is_a_clean_oom(void **state) {
     free_batch(&sb);
 }
 
+/* Several ranks: a data-parallel rank is priced as the run with its ceil(B/dp) rows; a
+ * context-parallel rank as its T'/cp tokens (T' padded to a multiple of 2·cp) plus exactly one ring
+ * attention backward's blocks in the workspace; the longest context grows with cp. */
+static void per_rank_plans(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config cfg = config_of(ctx, &tinies[0]);
+    lt_plan_options po;
+    memset(&po, 0, sizeof po);
+    po.run.B = 5;
+    po.run.T = 301;
+    po.run.recompute = LT_RECOMPUTE_EVERY;
+    lt_plan whole, rank, ref;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &po, &whole), LT_OK);
+    lt_plan_options o = po;
+    o.dp_size = 2;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    o = po;
+    o.run.B = 3;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &ref), LT_OK);
+    assert_int_equal(rank.peak_bytes, ref.peak_bytes);
+    assert_true(rank.peak_bytes < whole.peak_bytes);
+    o = po;
+    o.cp_size = 3; /* T' = 306: 102 tokens per rank */
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    o = po;
+    o.run.T = 102;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &ref), LT_OK);
+    lt_cp_attention_params cp = {306, cfg.H, cfg.Hkv, cfg.D, 0};
+    for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
+        assert_int_equal(rank.bytes[c],
+                         ref.bytes[c] + (c == LT_PLAN_WORKSPACE ? lt_cp_attention_workspace_bytes(&cp, 3, 1) : 0));
+    char buf[2048];
+    assert_int_equal(lt_plan_to_json(ctx, &rank, buf, sizeof buf), LT_OK);
+    assert_non_null(strstr(buf, "\"cp_size\": 3"));
+    /* The search stays exact with padding (plans are monotone in T), and cp = 4 reaches further. */
+    int64_t t1 = 0, t4 = 0;
+    int f1 = 0, f4 = 0;
+    size_t budget = whole.peak_bytes * 2;
+    assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &t1, &f1), LT_OK);
+    o = po;
+    o.cp_size = 4;
+    assert_int_equal(lt_plan_search_max(ctx, &cfg, &o, LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &t4, &f4), LT_OK);
+    assert_true(f1 && f4 && t4 > t1);
+    o.run.T = t4;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    assert_true(rank.peak_bytes <= budget);
+    o.run.T = t4 + 1;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &rank), LT_OK);
+    assert_true(rank.peak_bytes > budget);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     lt_log_set_level(LT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -684,6 +738,7 @@ int main(void) {
         cmocka_unit_test(measured_high_water_matches_plan),
         cmocka_unit_test(real_smollm2_measured_matches_plan),
         cmocka_unit_test(every_failed_allocation_is_a_clean_oom),
+        cmocka_unit_test(per_rank_plans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,6 +7,7 @@
 #define LONGTUNE_MODEL_H
 
 #include "attention.h"
+#include "comm.h"
 #include "lce.h"
 #include "tensor.h"
 
@@ -112,9 +113,12 @@ typedef struct lt_model_sizes {
     int64_t n_lora_params;             /* trainable scalars */
 } lt_model_sizes;
 
-/* Pure: the bytes each class takes for this config, LoRA choice and run shape, equal to what
- * lt_model_load + lt_model_prepare allocate (the optimizer state is the trainer's). Errors:
- * LT_ERR_INVALID_ARG (bad shapes/options, named). */
+/* Pure: the bytes each class takes for this config, LoRA choice and run shape on run->device
+ * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
+ * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
+ * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
+ * shapes/options, named), LT_ERR_UNSUPPORTED (a device this build lacks, a head dim or impl the
+ * device's kernels do not serve). */
 lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                               const lt_model_run_options *run, lt_model_sizes *out);
 
@@ -126,6 +130,11 @@ typedef struct lt_model_options {
 } lt_model_options;
 
 typedef struct lt_model lt_model;
+
+/* LT_OK when a model can live on dev in this build on this machine. Errors: LT_ERR_UNSUPPORTED
+ * saying what is missing (a CUDA backend in the build, or a visible CUDA device),
+ * LT_ERR_INVALID_ARG for an unknown device. */
+lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev);
 
 /* Reads only headers (config.json + safetensors headers, or GGUF metadata and tensor infos) and
  * fills cfg as lt_model_load would, without touching weight data: the planner's entry point.
@@ -192,6 +201,9 @@ typedef struct lt_model_batch {
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
     uint64_t step;              /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row;          /* index of row 0 within the whole batch when this is one rank's
+                                   share of it (data parallel): rows draw the dropout masks of
+                                   their place in the whole batch; 0 otherwise */
 } lt_model_batch;
 
 typedef struct lt_model_result {
@@ -211,6 +223,14 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 /* Forward only (evaluation): no dropout, nothing saved. */
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);
+/* Context parallel: from now on every step of m is this rank's share of one sequence split over
+ * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
+ * positions of their places in the whole row), and attention is ring attention over comm (host
+ * buffers, MPI). Every rank must run the same steps. comm NULL or a world of one turns it off.
+ * The ring's blocks are allocated per call (priced by the planner's cp_size). Errors:
+ * LT_ERR_UNSUPPORTED (a device communicator, a CUDA model). */
+lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
+
 /* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
  * A device model allocates a (rows, V) device buffer for the call (not a training path). */
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);

@@ -41,6 +41,14 @@ typedef struct lt_plan_options {
                                   besides the model and optimizer (a CPU trainer: its tokenizer and
                                   data set, read before planning, plus its batch buffers); 0 for
                                   `longtune plan` */
+    /* Several ranks: the plan is then one rank's memory. run.B and run.T stay the whole step's. */
+    int64_t dp_size;           /* data-parallel ranks sharing each batch's rows: a rank holds
+                                  ceil(B / dp_size) rows [0 = 1] */
+    int64_t cp_size;           /* context-parallel ranks sharing each row (ring attention, zig-zag
+                                  split): a rank holds T' / cp_size tokens of a row padded to T', the
+                                  next multiple of 2·cp_size, plus one ring attention call's blocks
+                                  (lt_cp_attention_workspace_bytes, backward) in the workspace
+                                  class [0 = 1] */
 } lt_plan_options;
 
 typedef struct lt_plan {
@@ -78,7 +86,7 @@ lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_p
 
 /* Writes the plan as one JSON object into buf (NUL-terminated):
  *   {"device", "batch", "seq_len", "lora_rank", "recompute", "attention", "loss",
- *    "n_lora_params", "classes": {<class name>: bytes, ...}, "peak_bytes"}
+ *    "n_lora_params", "dp_size", "cp_size", "classes": {<class name>: bytes, ...}, "peak_bytes"}
  * Errors: LT_ERR_INVALID_ARG when buf is too small (n < 1024 always is). */
 lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n);
 

@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include "attention.h"
+#include "comm.h"
 #include "lce.h"
 #include "model.h"
 #include "pack.h"
@@ -73,6 +74,15 @@ typedef struct lt_train_options {
     lt_device device;              /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is
                                       LT_ERR_UNSUPPORTED from the run */
+    char distributed[8];           /* "auto": data parallel over the world an MPI launcher started
+                                      (mpirun -np K), one process otherwise; "off": one process
+                                      whatever the launcher ["auto"]. Read by the caller that makes
+                                      the communicator (lt_train_result.comm) */
+    int context_parallel;          /* with a world of K > 1 ranks: context parallel instead of data
+                                      parallel -- every row is split over the K ranks (zig-zag) and
+                                      attention is ring attention. Needs batch_size 1, no_pack and
+                                      max_seq_length a multiple of 2K; dropout masks then follow each
+                                      rank's local token index (not those of one process) */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -206,6 +216,12 @@ typedef struct lt_train_result {
     double *step_loss;        /* optional, caller-owned (iters) */
     int64_t stop_at;          /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
+    struct lt_comm *comm;     /* optional input: data parallel over this host (MPI) world. Every
+                                 rank calls lt_train_fit/lt_train_run with the same options and
+                                 data; each trains its share of every micro-batch's rows, LoRA
+                                 gradients are summed over ranks before clipping and AdamW, and
+                                 only rank 0 writes checkpoints, metrics and the adapter. NULL or
+                                 a world of one = a single process */
 } lt_train_result;
 
 /* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for

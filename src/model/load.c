@@ -407,8 +407,7 @@ void lt_model_free(lt_ctx *ctx, lt_model *m) {
     lt_free(ctx, LT_DEVICE_CPU, m, lt_model_meta_bytes(&m->cfg));
 }
 
-/* A CUDA model needs the backend in the build and a device on the machine; say which is missing. */
-static lt_status check_device(lt_ctx *ctx, lt_device dev) {
+lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev) {
     if ((unsigned)dev >= LT_DEVICE_COUNT_) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: unknown device %d", (int)dev);
     if (dev == LT_DEVICE_CPU) return LT_OK;
     if (!lt_backend_get(dev))
@@ -426,7 +425,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     lt_model_options opt;
     memset(&opt, 0, sizeof opt);
     if (opt_in) opt = *opt_in;
-    LT_TRY(check_device(ctx, opt.device));
+    LT_TRY(lt_model_device_available(ctx, opt.device));
     source src;
     lt_model_config cfg;
     lt_model *m = NULL;

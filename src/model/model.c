@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "model/model_internal.h"
 
 /* ---- run memory ---- */
@@ -81,6 +82,14 @@ float *lt_model_lora_params(lt_model *m, int64_t *n) {
 float *lt_model_lora_grads(lt_model *m, int64_t *n) {
     if (n) *n = m->lay.n_lora;
     return m->lora_grads;
+}
+
+lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
+    if (comm && lt_comm_size(comm) > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || m->opt.device != LT_DEVICE_CPU))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel runs ring attention on host buffers (CPU "
+                        "model, MPI communicator)");
+    m->cp = comm && lt_comm_size(comm) > 1 ? comm : NULL;
+    return LT_OK;
 }
 
 void lt_model_zero_grads(lt_model *m) {
@@ -158,6 +167,7 @@ typedef struct step {
     float *scalars;                  /* device runs: [0] loss, [1] dloss in device memory */
     int64_t S;
     uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
+    uint64_t drop_row0;  /* tokens before this batch's row 0 in the whole (data-parallel) batch */
     int train;
 } step;
 
@@ -195,7 +205,7 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float 
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
         float *scr = wsf(s, m->lay.scratch);
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         src = scr;
     }
     s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
@@ -219,7 +229,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
     s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
     const float *src = x;
     if (drop) {
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         src = scr;
     }
     s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
@@ -227,7 +237,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
-        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p));
+        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
         s->be->add(s->ctx, dx, scr, 1.0f, N * in);
     }
 }
@@ -269,7 +279,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
     aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
     aa.workspace_size = m->lay.attn_ws_bytes;
-    LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+    if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
+    } else {
+        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+    }
     /* x_mid = x_in + o_proj(att) */
     LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
     proj_fwd(s, l, LT_PROJ_O, st->att, st->x_mid, st->lu[LT_PROJ_O], NULL, 1.0f);
@@ -312,7 +327,12 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     aa.dout = datt, aa.dq = dq, aa.dk = dk, aa.dv = dv;
     aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
     aa.workspace_size = y->attn_ws_bytes;
-    LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+    if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk, dv));
+    } else {
+        LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+    }
     be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
     be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
     if (c->qk_norm) {
@@ -346,6 +366,10 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
+    if (b->first_row < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
+    s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->cp && (b->B != 1 || b->seq_offsets))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context parallel steps take one row (B = 1) without seq_offsets");
     for (int64_t i = 0; i < s->N; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",

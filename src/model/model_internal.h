@@ -115,6 +115,7 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    struct lt_comm *cp;     /* context parallel: ring attention over this world (NULL = off) */
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/plan.h"
 
 static const char *const class_names[LT_PLAN_CLASS_COUNT_] = {
@@ -88,14 +89,38 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     if (o.run.recompute == LT_RECOMPUTE_EVERY_K && !o.run.recompute_k) o.run.recompute_k = 2;
     if (!o.run.threads) o.run.threads = lt_ctx_threads(ctx);
     o.run.device = o.device;
+    if (o.dp_size <= 0) o.dp_size = 1;
+    if (o.cp_size <= 0) o.cp_size = 1;
+    if (o.dp_size > (1 << 20) || o.cp_size > (1 << 20))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: %lld data-parallel or %lld context-parallel ranks",
+                        (long long)o.dp_size, (long long)o.cp_size);
+    if (o.run.T > ((int64_t)1 << 40))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: sequence length %lld", (long long)o.run.T);
 
+    /* One rank's share: its rows of the batch and its tokens of each (padded) row. */
+    lt_model_run_options rr = o.run;
+    rr.B = (o.run.B + o.dp_size - 1) / o.dp_size;
+    if (o.cp_size > 1) {
+        int64_t c2 = 2 * o.cp_size, Tp = (o.run.T + c2 - 1) / c2 * c2;
+        rr.T = Tp / o.cp_size;
+    }
     /* The model's classes map one to one onto the first six of the plan. Its size table for the
      * device carries that device's kernel workspaces (a CUDA run: the CUDA attention, loss and
      * matmul workspaces) and rounds each block as that device's allocator does; the model's host
      * bookkeeping counts only in a CPU plan. */
     lt_model_sizes ms;
-    LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &o.run, &ms));
+    LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &rr, &ms));
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) out->bytes[c] = ms.bytes[c];
+    if (o.cp_size > 1) {
+        /* The ring's key/value blocks and their travelling gradients (the backward holds more
+         * than the forward), one row at a time. */
+        int64_t c2 = 2 * o.cp_size;
+        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0};
+        size_t ring = lt_cp_attention_workspace_bytes(&cp, (int)o.cp_size, 1);
+        if (ring == SIZE_MAX || ring > SIZE_MAX - out->bytes[LT_PLAN_WORKSPACE])
+            return lt_error(ctx, LT_ERR_OOM, "plan: the ring attention buffers overflow the address space");
+        out->bytes[LT_PLAN_WORKSPACE] += o.device == LT_DEVICE_CUDA ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ring) : ring;
+    }
     out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
     out->bytes[LT_PLAN_HELD] = o.held_bytes;
     size_t total = 0;
@@ -162,12 +187,13 @@ lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
     int w = snprintf(buf, n,
                      "{\"device\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"lora_rank\": %lld, "
                      "\"recompute\": \"%s\", \"attention\": \"%s\", \"loss\": \"%s\", "
-                     "\"n_lora_params\": %lld, \"classes\": {",
+                     "\"n_lora_params\": %lld, \"dp_size\": %lld, \"cp_size\": %lld, \"classes\": {",
                      p->device == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o->run.B,
                      (long long)o->run.T, (long long)o->lora.rank,
                      lt_plan_recompute_name(o->run.recompute, o->run.recompute_k, rec, sizeof rec),
                      lt_plan_attention_name(o->run.attention), lt_plan_loss_name(o->run.loss),
-                     (long long)p->n_lora_params);
+                     (long long)p->n_lora_params, (long long)(o->dp_size > 0 ? o->dp_size : 1),
+                     (long long)(o->cp_size > 0 ? o->cp_size : 1));
     if (w < 0 || (size_t)w >= n) goto small;
     used = (size_t)w;
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {

@@ -61,6 +61,8 @@ static const option options[] = {
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
     {"device", K_DEVICE, O(device), 0, 0, 0},
+    {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
+    {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
 };
 #undef O
 #undef S
@@ -344,6 +346,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.warmup > o.iters)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
                         (long long)o.warmup, (long long)o.iters);
+    if (!o.distributed[0]) snprintf(o.distributed, sizeof o.distributed, "auto");
+    if (strcmp(o.distributed, "auto") && strcmp(o.distributed, "off"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off", o.distributed);
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
     if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") &&

@@ -1,10 +1,12 @@
 /* The training loop: packed batches → model forward/backward (gradient accumulation) → global-norm
  * clipping → AdamW, all through the model's backend ops (so the optimizer state lives where the
  * model does, host or GPU), with evaluation, metrics, checkpoints and PEFT export on their
- * schedules, and a clean stop on request. Every buffer is allocated before the first step;
- * nothing allocates inside it except packing plans, once per epoch. A device run copies the
- * trainable state to a host mirror only to save it. It does not load models or read datasets
- * (lt_train_run and the CLI do) and it never exits the process. */
+ * schedules, and a clean stop on request. Data parallel over a communicator (host models): every
+ * rank packs the same global batches and trains its share of their rows; gradients are summed
+ * after the backward (bucketed, not overlapped with it on CPU). Every buffer is allocated before
+ * the first step; nothing allocates inside it except packing plans, once per epoch. A device run
+ * copies the trainable state to a host mirror only to save it. It does not load models or read
+ * datasets (lt_train_run and the CLI do) and it never exits the process. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
+#include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "train/train_internal.h"
@@ -43,6 +46,19 @@ typedef struct trainer {
     lt_train_state st;
     lt_metrics *metrics;
     char ckpt_path[LT_TRAIN_PATH_MAX + 32];
+    /* Data parallel: this rank of `world`; red holds one step's per-micro-batch loss sums and the
+     * stop flag for their all-reduce (grad_accum + 1 doubles). stop_world: some rank was asked to
+     * stop during the last step (all ranks agree on it, so all stop after the same step). */
+    lt_comm *comm;
+    int rank, world;
+    /* Context parallel: one row split over the world; this rank's tokens, targets and positions
+     * (T / world each) are gathered here from the filled row. */
+    int cp;
+    int32_t *cp_ids, *cp_tgt, *cp_pos;
+    size_t cp_bytes;
+    double *red;
+    size_t red_bytes;
+    int stop_world;
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -183,6 +199,44 @@ static lt_status fill(trainer *t, const lt_pack_plan *plan, const lt_pack_input 
     return LT_OK;
 }
 
+/* This rank's share of batch b: data parallel, rows [B·rank/world, B·(rank+1)/world) as views into
+ * b's buffers; context parallel, its zig-zag tokens of the one row, gathered into the cp buffers.
+ * *ntok: the trained targets in the share (0 when it has no rows). */
+static lt_status shard(trainer *t, const lt_model_batch *b, lt_model_batch *out, int64_t *ntok) {
+    if (t->cp) {
+        if (b->B != 1 || b->T % (2 * t->world))
+            return lt_error(t->ctx, LT_ERR_INVALID_ARG, "context parallel: batch of %lld x %lld tokens is not one row "
+                            "of a multiple of %d", (long long)b->B, (long long)b->T, 2 * t->world);
+        int64_t Tl = b->T / t->world, n = 0;
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t g = lt_cp_zigzag_position(b->T, t->world, t->rank, i);
+            t->cp_ids[i] = b->tokens[g];
+            t->cp_tgt[i] = b->targets[g];
+            t->cp_pos[i] = b->positions ? b->positions[g] : (int32_t)g;
+            n += t->cp_tgt[i] != LT_PACK_IGNORE;
+        }
+        memset(out, 0, sizeof *out);
+        out->B = 1, out->T = Tl, out->step = b->step;
+        out->tokens = t->cp_ids, out->targets = t->cp_tgt, out->positions = t->cp_pos;
+        *ntok = n;
+        return LT_OK;
+    }
+    int64_t lo = b->B * t->rank / t->world, hi = b->B * (t->rank + 1) / t->world;
+    *out = *b;
+    out->B = hi - lo;
+    out->first_row = lo;
+    *ntok = 0;
+    if (out->B == 0) return LT_OK;
+    out->tokens = b->tokens + lo * b->T;
+    out->targets = b->targets + lo * b->T;
+    if (b->positions) out->positions = b->positions + lo * b->T;
+    if (b->seq_offsets) out->seq_offsets = b->seq_offsets + lo * (b->S + 1);
+    int64_t n = 0;
+    for (int64_t i = 0; i < out->B * b->T; i++) n += out->targets[i] != LT_PACK_IGNORE;
+    *ntok = n;
+    return LT_OK;
+}
+
 static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
     for (int tries = 0;; tries++) {
         if (!t->plan || t->plan_epoch != t->st.data_epoch) {
@@ -216,14 +270,24 @@ static lt_status evaluate(trainer *t, double *out) {
     double sum = 0;
     int64_t tokens = 0;
     for (int64_t i = 0; i < nb; i++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
         if (!ntok) continue;
+        /* Context parallel ranks run every step, tokens or not: attention is a collective. */
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward(t->ctx, t->m, &b, &r, NULL));
+        LT_TRY(lt_model_forward(t->ctx, t->m, &lb, &r, NULL));
         sum += r.loss_sum;
         tokens += r.n_tokens;
+    }
+    if (t->world > 1) {
+        double v[2] = {sum, (double)tokens};
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, v, 2, LT_COMM_F64));
+        sum = v[0];
+        tokens = (int64_t)v[1];
     }
     if (tokens) *out = sum / (double)tokens;
     return LT_OK;
@@ -236,20 +300,40 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
     t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
     double l = 0;
     int64_t tok = 0, rtok = 0;
+    /* Every rank packs the whole micro-batch, so the trained-token count that scales the mean loss
+     * is the global one without communication; each rank runs only its rows. red[k] collects the
+     * micro-batch's loss sum, red[grad_accum] the stop flag, for one all-reduce after the loop. */
+    double *lsum = t->red;
+    memset(lsum, 0, t->red_bytes);
+    int64_t *ntoks = (int64_t *)(lsum + o->grad_accum + 1);
     for (int64_t k = 0; k < o->grad_accum; k++) {
-        lt_model_batch b;
+        lt_model_batch b, lb;
         int64_t ntok = 0, nreal = 0;
         LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
         rtok += nreal;
+        ntoks[k] = ntok;
         if (!ntok) continue;
         /* Dropout masks are a function of the micro-step, so a resumed run draws the same ones. */
         b.step = (uint64_t)(t->st.step * o->grad_accum + k);
+        tok += ntok;
+        int64_t local = 0;
+        LT_TRY(shard(t, &b, &lb, &local));
+        if (!local && !t->cp) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &b, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
+        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &lb, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
                                          NULL));
-        l += r.loss_sum / (double)(r.n_tokens ? r.n_tokens : 1) / (double)o->grad_accum;
-        tok += r.n_tokens;
+        lsum[k] = r.loss_sum;
     }
+    if (t->world > 1) {
+        /* After the backward, not inside it: the CPU model has no per-layer gradient hook, so the
+         * buckets pipeline with each other only. */
+        LT_TRY(lt_comm_allreduce_sum_bucketed(t->ctx, t->comm, t->grads, t->n, 0));
+        lsum[o->grad_accum] = lt_train_stop_requested() ? 1 : 0;
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
+        t->stop_world = lsum[o->grad_accum] > 0;
+    }
+    for (int64_t k = 0; k < o->grad_accum; k++)
+        if (ntoks[k]) l += lsum[k] / (double)ntoks[k] / (double)o->grad_accum;
     if (o->grad_clip > 0) {
         /* The one read besides the loss: the norm decides whether to scale. */
         double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
@@ -273,11 +357,24 @@ static void set_rng_keys(trainer *t) {
     t->st.rng[3] = 0;
 }
 
+/* Rank 0 writes (all ranks hold the same parameters); the others learn whether it succeeded, so a
+ * failed save stops every rank instead of leaving them waiting in the next collective. */
 static lt_status save(trainer *t) {
     set_rng_keys(t);
-    LT_TRY(state_to_host(t));
-    LT_TRY(lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp));
-    return lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    lt_status s = LT_OK;
+    if (t->rank == 0) {
+        s = state_to_host(t);
+        if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
+        if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+    }
+    if (t->world > 1) {
+        double failed = s != LT_OK;
+        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
+        if (failed > 0 && s == LT_OK)
+            return lt_error(t->ctx, LT_ERR_IO, "rank 0 failed to save the checkpoint or adapter into %s",
+                            t->o->adapter_path);
+    }
+    return s;
 }
 
 static const char *fmt_bytes(size_t b, char *buf, size_t n) {
@@ -306,6 +403,15 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->popt.overflow = LT_PACK_TRUNCATE;
     t->popt.seed = o->seed;
     t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
+    if (o->context_parallel && t->world > 1) {
+        if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
+                            "of %d (got %lld, %s, %lld)", t->world, 2 * t->world, (long long)o->batch_size,
+                            o->no_pack ? "no_pack" : "packing", (long long)o->max_seq_length);
+        t->cp = 1;
+        t->popt.pad_multiple = 2 * t->world; /* rows split into 2·world equal chunks */
+    }
     t->popt.algorithm = LT_PACK_FIRST_FIT;
     if (o->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, o->pack_algorithm, &t->popt.algorithm));
     if (o->no_pack) t->popt.algorithm = LT_PACK_NONE;
@@ -314,6 +420,18 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->B = o->batch_size;
     t->T = o->max_seq_length;
     LT_TRY(alloc_batch(t));
+    t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
+    t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
+    if (!t->red) return LT_ERR_OOM;
+    if (t->cp) {
+        int64_t Tl = t->T / t->world;
+        t->cp_bytes = (size_t)(3 * Tl) * sizeof(int32_t);
+        t->cp_ids = lt_alloc(ctx, LT_DEVICE_CPU, t->cp_bytes, "context-parallel row share");
+        if (!t->cp_ids) return LT_ERR_OOM;
+        t->cp_tgt = t->cp_ids + Tl;
+        t->cp_pos = t->cp_ids + 2 * Tl;
+        LT_TRY(lt_model_set_context_parallel(ctx, t->m, t->comm));
+    }
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
     lt_model_run_options run = {.B = t->B, .T = t->T, .device = t->dev, .recompute = o->recompute,
                                 .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
@@ -326,11 +444,16 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     size_t in_use = lt_mem_get_stats(ctx, t->dev).used_bytes;
     size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
     size_t moments = lt_plan_optimizer_bytes(t->dev, t->n);
-    lt_plan_options popt = {.device = t->dev, .lora = *lt_model_get_lora(t->m), .run = run};
+    lt_plan_options popt = {.device = t->dev, .lora = *lt_model_get_lora(t->m), .run = run,
+                            .dp_size = t->cp ? 1 : t->world, .cp_size = t->cp ? t->world : 1};
     popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
     lt_plan plan;
     LT_TRY(lt_plan_compute(ctx, lt_model_get_config(t->m), &popt, &plan));
     res->plan_bytes = plan.peak_bytes;
+    /* A rank holds activations for its share only, as planned: ceil(B / world) rows, or (context
+     * parallel) T / world tokens of the one row. */
+    if (t->cp) run.T = t->T / t->world;
+    else run.B = (t->B + t->world - 1) / t->world;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
 
     memset(&t->st, 0, sizeof t->st);
@@ -356,7 +479,13 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     res->start_step = t->st.step;
     char mpath[LT_TRAIN_PATH_MAX + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
-    LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
+    if (t->cp)
+        LT_INFO("context parallel: rank %d of %d holds %lld of every row's %lld tokens (zig-zag), ring attention",
+                t->rank, t->world, (long long)(t->T / t->world), (long long)t->T);
+    else if (t->world > 1)
+        LT_INFO("data parallel: rank %d of %d trains rows [%lld, %lld) of every micro-batch of %lld", t->rank, t->world,
+                (long long)(t->B * t->rank / t->world), (long long)(t->B * (t->rank + 1) / t->world), (long long)t->B);
 
     double t0 = lt_time_now(), elapsed0 = t->st.elapsed_s, val = NAN;
     if (t->st.step == 0) {
@@ -364,14 +493,16 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         res->first_val_loss = res->last_val_loss = val;
         lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(ctx, t->dev).peak_bytes,
                                (int64_t)res->plan_bytes, host_peak(t)};
-        if (isfinite(val)) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+        if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
     }
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
     double win_loss = 0, win_t = lt_time_now();
     int64_t win_steps = 0, win_tok = 0;
     while (t->st.step < o->iters) {
+        /* Ranks stop together: the flag was summed over the world with the last step's losses. */
         int sig = lt_train_stop_requested();
+        if (t->world > 1) sig = t->stop_world ? (sig ? sig : -2) : 0;
         if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
@@ -380,8 +511,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
             res->steps = t->st.step; /* the checkpoint's step, for the caller's report */
             res->tokens = t->st.tokens_seen;
             return lt_error(ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
-                            sig > 0 ? "signal" : "stop_at", sig > 0 ? sig : (int)t->st.step, (long long)t->st.step,
-                            t->ckpt_path);
+                            sig > 0 ? "signal" : sig == -2 ? "stop on another rank" : "stop_at",
+                            sig > 0 ? sig : (int)t->st.step, (long long)t->st.step, t->ckpt_path);
         }
         double loss;
         int64_t tok, real;
@@ -406,7 +537,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
         if (s % o->steps_per_report == 0 || eval_now) {
             lt_metrics_record r = {s, win_loss / (double)win_steps, val, lr, tps, t->st.tokens_seen,
                                    elapsed0 + now - t0, (int64_t)peak, (int64_t)res->plan_bytes, host_peak(t)};
-            LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
+            if (t->metrics) LT_TRY(lt_metrics_write(ctx, t->metrics, &r));
             if (isfinite(val)) {
                 char line[160];
                 snprintf(line, sizeof line, "step %lld: train loss %.4f, val loss %.4f", (long long)s,
@@ -440,9 +571,11 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
     double *step_loss = res->step_loss;
     int64_t stop_at = res->stop_at;
+    lt_comm *comm = res->comm;
     memset(res, 0, sizeof *res);
     res->step_loss = step_loss;
     res->stop_at = stop_at;
+    res->comm = comm;
     res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
     trainer t;
     memset(&t, 0, sizeof t);
@@ -454,11 +587,21 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.dev = lt_model_get_device(m);
     t.be = lt_backend_get(t.dev);
     if (!t.be) return lt_error(ctx, LT_ERR_UNSUPPORTED, "the model's device has no backend in this build");
+    t.comm = comm;
+    t.rank = lt_comm_rank(comm);
+    t.world = lt_comm_size(comm);
+    if (t.world > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || t.dev != LT_DEVICE_CPU))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: the trainer reduces host gradients of a host "
+                        "model over a host communicator (here a %s model, a %s communicator)",
+                        t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA", lt_comm_backend_name(lt_comm_get_backend(comm)));
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);
     lt_pack_plan_free(ctx, t.vplan);
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
+    if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
+    if (t.cp_ids) lt_free(ctx, LT_DEVICE_CPU, t.cp_ids, t.cp_bytes);
+    if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
     if (t.mom_m) lt_free(ctx, t.dev, t.mom_m, (size_t)t.n * sizeof(float));
     if (t.mom_v) lt_free(ctx, t.dev, t.mom_v, (size_t)t.n * sizeof(float));

@@ -22,6 +22,11 @@ expect 2 "lm_head" -- train --model m --data d --lora-targets q,lm_head
 expect 2 "every:K" -- train --model m --data d --recompute sometimes
 expect 2 "constant|cosine" -- train --model m --data d --lr-schedule=linear
 expect 2 "unexpected argument" -- train --model m --data d stray
+expect 2 "cpu|cuda" -- train --model m --data d --device tpu
+# Without a GPU (CI), --device cuda is refused up front with the reason, before any file is read.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect 1 "device cuda requested" -- train --model "$tmp/no-model.gguf" --data d --device cuda
+fi
 expect 1 "cannot open" -- train --config "$tmp/none.json"
 printf '{"iters": 5,\n "seed": ,}\n' > "$tmp/bad.json"
 expect 1 "bad.json:2" -- train --config "$tmp/bad.json"

@@ -21,6 +21,11 @@ void lt_test_fill_normal(uint64_t *state, float *x, int64_t n, float stddev);
 #define LT_TOL_F32_REL 1e-5
 #define LT_TOL_F32_ABS 1e-6
 
+/* Runs this test program again as `mpirun -np np <self> worker_arg` (shared-memory transport, the
+ * parent's seed, LeakSanitizer suppressions for libmpi) and returns its exit status; -1 when mpirun
+ * is not installed (the caller skips), -2 when the program's own path cannot be read. */
+int lt_test_mpirun(int np, const char *worker_arg);
+
 /* Directory holding tests/fixtures (LONGTUNE_SOURCE_DIR or the compile-time source dir). */
 const char *lt_test_source_dir(void);
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Device round (one H200): the NCCL transport of lt_comm in a world of one rank. Logs to $OUT.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+{
+echo "=== info $(date -u +%T) commit $(cat COMMIT)"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if ldd ./test_cuda_comm | grep -q "libnccl.* not found"; then
+  # No libnccl beside the toolkit: use the one PyTorch ships.
+  d=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+  echo "libnccl from $d"
+fi
+ldd ./test_cuda_comm | grep -E "nccl|not found"
+echo "=== test_cuda_comm $(date -u +%T)"
+NCCL_DEBUG=WARN timeout 20 ./test_cuda_comm; echo "rc=$?"
+echo "=== end $(date -u +%T)"
+} 2>&1 | tee "$OUT/run.log"

@@ -1,0 +1,237 @@
+/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, each call
+ * synchronised before it returns (the trainer's collectives sit between host-driven steps). NVLink
+ * multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
+ * nothing here creates multicast objects. Without NCCL in the build every entry point reports
+ * LT_ERR_UNSUPPORTED. The unique id travels over MPI or through a rendezvous file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+#include "longtune/alloc.h"
+#include "longtune/log.h"
+
+#if LT_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+typedef struct nccl_state {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device;
+    float *scratch; /* one device float for the barrier */
+} nccl_state;
+
+static lt_status nccl_fail(lt_ctx *ctx, lt_comm *c, ncclResult_t r, const char *what) {
+    nccl_state *st = c ? c->nccl : NULL;
+    const char *last = st && st->comm ? ncclGetLastError(st->comm) : NULL;
+    return lt_error(ctx, LT_ERR_CUDA, "comm: %s failed: %s%s%s", what, ncclGetErrorString(r), last && *last ? ": " : "",
+                    last ? last : "");
+}
+
+static lt_status cuda_fail(lt_ctx *ctx, cudaError_t e, const char *what) {
+    (void)cudaGetLastError(); /* clear a sticky-free error so later calls start clean */
+    return lt_error(ctx, LT_ERR_CUDA, "comm: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+#define NCCL_TRY(call, what)                                        \
+    do {                                                            \
+        ncclResult_t r_ = (call);                                   \
+        if (r_ != ncclSuccess) return nccl_fail(ctx, c, r_, what);  \
+    } while (0)
+#define CUDA_TRY(call, what)                                        \
+    do {                                                            \
+        cudaError_t e_ = (call);                                    \
+        if (e_ != cudaSuccess) return cuda_fail(ctx, e_, what);     \
+    } while (0)
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Rank 0 writes the id to a temporary and renames it over `path` (readers never see half a file);
+ * the other ranks poll for it. The path must be fresh for each job, as a file:// rendezvous is. */
+static lt_status rendezvous(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o, ncclUniqueId *id) {
+    char path[sizeof o->rendezvous];
+    const char *env = getenv("LONGTUNE_RENDEZVOUS");
+    snprintf(path, sizeof path, "%s", o->rendezvous[0] ? o->rendezvous : env ? env : "");
+    if (!path[0])
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "comm: NCCL with %d ranks outside MPI needs a rendezvous file (LONGTUNE_RENDEZVOUS)", c->size);
+    if (c->rank == 0) {
+        char tmp[sizeof path + 32];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+        FILE *f = fopen(tmp, "wb");
+        if (!f) return lt_error(ctx, LT_ERR_IO, "comm: cannot write rendezvous file %s: %s", tmp, strerror(errno));
+        int ok = fwrite(id, sizeof *id, 1, f) == 1;
+        ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
+        ok &= fclose(f) == 0;
+        if (!ok || rename(tmp, path)) {
+            remove(tmp);
+            return lt_error(ctx, LT_ERR_IO, "comm: cannot write rendezvous file %s: %s", path, strerror(errno));
+        }
+        return LT_OK;
+    }
+    double limit = o->rendezvous_timeout_s > 0 ? o->rendezvous_timeout_s : 120, t0 = lt_time_now();
+    for (;;) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t got = fread(id, sizeof *id, 1, f);
+            fclose(f);
+            if (got == 1) return LT_OK;
+        }
+        if (lt_time_now() - t0 > limit)
+            return lt_error(ctx, LT_ERR_IO, "comm: rank %d waited %.0f s for rendezvous file %s", c->rank, limit, path);
+        sleep_ms(20);
+    }
+}
+
+lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) {
+    const char *nvls = getenv("NCCL_NVLS_ENABLE");
+    if (nvls && strcmp(nvls, "0"))
+        LT_WARN("NCCL_NVLS_ENABLE=%s overridden to 0: NVLink multicast stays off", nvls);
+    if (setenv("NCCL_NVLS_ENABLE", "0", 1))
+        return lt_error(ctx, LT_ERR_IO, "comm: cannot set NCCL_NVLS_ENABLE=0: %s", strerror(errno));
+    int ndev = 0;
+    CUDA_TRY(cudaGetDeviceCount(&ndev), "cudaGetDeviceCount");
+    if (ndev < 1) return lt_error(ctx, LT_ERR_CUDA, "comm: NCCL needs a CUDA device and none is visible");
+    int dev = o->set_device ? o->device : c->local_rank % ndev;
+    if (dev < 0 || dev >= ndev) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: CUDA device %d of %d", dev, ndev);
+    CUDA_TRY(cudaSetDevice(dev), "cudaSetDevice");
+    nccl_state *st = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *st, "NCCL state");
+    if (!st) return LT_ERR_OOM;
+    st->device = dev;
+    c->nccl = st;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (c->size > 1) {
+        if (c->mpi_active) LT_TRY(lt_comm_mpi_broadcast(ctx, c, &id, sizeof id, 0));
+        else LT_TRY(rendezvous(ctx, c, o, &id));
+    }
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    NCCL_TRY(ncclCommInitRank(&st->comm, c->size, id, c->rank), "ncclCommInitRank");
+    st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, sizeof(float), "NCCL barrier scratch");
+    if (!st->scratch) return LT_ERR_OOM;
+    return LT_OK;
+}
+
+void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) {
+    nccl_state *st = c->nccl;
+    if (!st) return;
+    if (st->comm) ncclCommDestroy(st->comm);
+    if (st->stream) cudaStreamDestroy(st->stream);
+    if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, sizeof(float));
+    lt_free(ctx, LT_DEVICE_CPU, st, sizeof *st);
+    c->nccl = NULL;
+}
+
+static lt_status sync(lt_ctx *ctx, lt_comm *c, const char *what) {
+    nccl_state *st = c->nccl;
+    cudaError_t e = cudaStreamSynchronize(st->stream);
+    if (e != cudaSuccess) return cuda_fail(ctx, e, what);
+    return LT_OK;
+}
+
+static ncclDataType_t nccl_type(lt_comm_dtype dt) { return dt == LT_COMM_F64 ? ncclFloat64 : ncclFloat32; }
+
+lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, nccl_type(dt), ncclSum, st->comm, st->stream), "ncclAllReduce");
+    return sync(ctx, c, "all-reduce");
+}
+
+lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    for (int64_t i = 0; i < count; i += bucket) {
+        int64_t n = count - i < bucket ? count - i : bucket;
+        ncclResult_t r = ncclAllReduce(buf + i, buf + i, (size_t)n, ncclFloat32, ncclSum, st->comm, st->stream);
+        if (r != ncclSuccess) {
+            ncclGroupEnd();
+            return nccl_fail(ctx, c, r, "ncclAllReduce (bucket)");
+        }
+    }
+    NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
+    return sync(ctx, c, "bucketed all-reduce");
+}
+
+lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclBroadcast(buf, buf, bytes, ncclUint8, root, st->comm, st->stream), "ncclBroadcast");
+    return sync(ctx, c, "broadcast");
+}
+
+lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclAllReduce(st->scratch, st->scratch, 1, ncclFloat32, ncclSum, st->comm, st->stream), "barrier");
+    return sync(ctx, c, "barrier");
+}
+
+lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
+                                int src) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    if (sn) r = ncclSend(sb, sn, ncclUint8, dst, st->comm, st->stream);
+    if (r == ncclSuccess && rn) r = ncclRecv(rb, rn, ncclUint8, src, st->comm, st->stream);
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess) return nccl_fail(ctx, c, r, "ncclSend/ncclRecv");
+    if (e != ncclSuccess) return nccl_fail(ctx, c, e, "ncclGroupEnd (send/recv)");
+    return sync(ctx, c, "send/recv");
+}
+
+lt_status lt_comm_nccl_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclSend(buf, bytes, ncclUint8, dst, st->comm, st->stream), "ncclSend");
+    return sync(ctx, c, "send");
+}
+
+lt_status lt_comm_nccl_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclRecv(buf, bytes, ncclUint8, src, st->comm, st->stream), "ncclRecv");
+    return sync(ctx, c, "recv");
+}
+
+#else /* no NCCL in this build */
+
+static lt_status no_nccl(lt_ctx *ctx) {
+    return lt_error(ctx, LT_ERR_UNSUPPORTED, "comm: this build has no NCCL (needs CUDA and libnccl)");
+}
+
+lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) {
+    (void)c, (void)o;
+    return no_nccl(ctx);
+}
+void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) { (void)ctx, (void)c; }
+lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    (void)c, (void)buf, (void)count, (void)dt;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket) {
+    (void)c, (void)buf, (void)count, (void)bucket;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
+    (void)c, (void)buf, (void)bytes, (void)root;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
+                                int src) {
+    (void)c, (void)sb, (void)sn, (void)dst, (void)rb, (void)rn, (void)src;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst) {
+    (void)c, (void)buf, (void)bytes, (void)dst;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src) {
+    (void)c, (void)buf, (void)bytes, (void)src;
+    return no_nccl(ctx);
+}
+#endif

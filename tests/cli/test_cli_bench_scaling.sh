@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `longtune bench scaling` on a tiny random model: world 1 in process and world 2 under mpirun both
+# measured (tokens/s > 0, speedup against world 1), the multi-GPU points reported as not run, and
+# `mpirun -np 2 longtune bench scaling` (started by the user) writes its own one-arm result. Flag
+# errors exit 2. Skips (77) only when mpirun is missing; scripts/setup.sh installs it.
+set -u
+bin="$1"
+command -v python3 >/dev/null || { echo "skipped: python3 not found"; exit 77; }
+command -v mpirun >/dev/null || { echo "skipped: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader
+export LSAN_OPTIONS="suppressions=$here/../lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+tiny=(--hidden 64 --layers 2 --vocab 512 --seq 64 --batch 4 --repeats 2 --warmup 1 --threads 2)
+"$bin" bench scaling "${tiny[@]}" --worlds 1,2 --out "$dir" > "$dir/out" 2>&1 || { echo "FAIL: bench scaling: $(tail -5 "$dir/out")"; fail=1; }
+mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" bench scaling "${tiny[@]}" --out "$dir" > "$dir/out2" 2>&1 \
+  || { echo "FAIL: mpirun bench scaling: $(tail -5 "$dir/out2")"; fail=1; }
+python3 - "$dir" <<'PY' || fail=1
+import json, sys
+d = sys.argv[1]
+r = json.load(open(d + "/scaling-cpu.json"))
+worlds = [a["world"] for a in r["arms"]]
+assert worlds == [1, 2], worlds
+for a in r["arms"]:
+    assert a["tokens_per_s"] > 0 and a["median_ms"] > 0 and a["peak_bytes"] > 0, a
+    assert "speedup_vs_world1" in a, a
+assert r["gpu_points"].startswith("not run"), r["gpu_points"]
+assert r["arms"][1]["threads_per_rank"] == 1, r["arms"][1]
+m = json.load(open(d + "/scaling-cpu-world2.json"))
+assert [a["world"] for a in m["arms"]] == [2] and m["arms"][0]["tokens_per_s"] > 0, m["arms"]
+print("bench scaling: world 1 %.0f tok/s, world 2 %.0f tok/s (tiny model)" % tuple(a["tokens_per_s"] for a in r["arms"]))
+PY
+out=$("$bin" bench scaling --worlds 0 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "bad world list" <<<"$out" || { echo "FAIL: --worlds 0 -> rc=$rc: $out"; fail=1; }
+out=$("$bin" bench scaling --backend cuda 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "CPU backend" <<<"$out" || { echo "FAIL: --backend cuda -> rc=$rc: $out"; fail=1; }
+exit $fail

@@ -1,0 +1,312 @@
+/* Context-parallel (ring) attention: the zig-zag split is a balanced permutation; forward and
+ * backward over a world of one and over 2 and 3 MPI processes (the test re-runs itself under
+ * mpirun) match a float64 causal attention of the whole sequence and the single-rank flash
+ * attention (lt_attention_forward/backward) within fp32 tolerance, every output element written;
+ * bad shapes are typed errors; the workspace the planner prices is exactly what is allocated. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/attention.h"
+#include "longtune/context_parallel.h"
+
+/* ---- float64 reference of the whole sequence ---------------------------------------------- */
+
+typedef struct {
+    int64_t T, H, Hkv, D;
+    float scale;
+} shape;
+
+typedef struct {
+    float *q, *k, *v, *dout;            /* inputs, whole sequence */
+    double *out, *lse, *dq, *dk, *dv;   /* float64 reference */
+    float *fout, *flse, *fdq, *fdk, *fdv; /* single-rank flash, f32 */
+} full;
+
+static double sc(const shape *s) { return s->scale > 0 ? s->scale : 1.0 / sqrt((double)s->D); }
+
+static void reference(const shape *s, full *f) {
+    const int64_t T = s->T, H = s->H, Hkv = s->Hkv, D = s->D, grp = H / Hkv;
+    double *p = calloc((size_t)T, sizeof *p), *dp = calloc((size_t)T, sizeof *dp);
+    memset(f->dk, 0, (size_t)(T * Hkv * D) * sizeof(double));
+    memset(f->dv, 0, (size_t)(T * Hkv * D) * sizeof(double));
+    for (int64_t h = 0; h < H; h++) {
+        int64_t g = h / grp;
+        for (int64_t i = 0; i < T; i++) {
+            const float *q = f->q + (i * H + h) * D, *dout = f->dout + (i * H + h) * D;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                double a = 0;
+                for (int64_t d = 0; d < D; d++) a += (double)q[d] * f->k[(j * Hkv + g) * D + d];
+                p[j] = a * sc(s);
+                mx = fmax(mx, p[j]);
+            }
+            for (int64_t j = 0; j <= i; j++) sum += exp(p[j] - mx);
+            f->lse[h * T + i] = mx + log(sum);
+            double *o = f->out + (i * H + h) * D, delta = 0;
+            for (int64_t d = 0; d < D; d++) o[d] = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                p[j] = exp(p[j] - f->lse[h * T + i]);
+                for (int64_t d = 0; d < D; d++) o[d] += p[j] * f->v[(j * Hkv + g) * D + d];
+            }
+            for (int64_t d = 0; d < D; d++) delta += (double)dout[d] * o[d];
+            double *dq = f->dq + (i * H + h) * D;
+            for (int64_t d = 0; d < D; d++) dq[d] = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                double a = 0;
+                for (int64_t d = 0; d < D; d++) a += (double)dout[d] * f->v[(j * Hkv + g) * D + d];
+                dp[j] = p[j] * (a - delta) * sc(s);
+                for (int64_t d = 0; d < D; d++) {
+                    dq[d] += dp[j] * f->k[(j * Hkv + g) * D + d];
+                    f->dk[(j * Hkv + g) * D + d] += dp[j] * q[d];
+                    f->dv[(j * Hkv + g) * D + d] += p[j] * dout[d];
+                }
+            }
+        }
+    }
+    free(p), free(dp);
+}
+
+static void flash(const shape *s, full *f) {
+    lt_ctx *ctx = lt_ctx_new();
+    lt_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.B = 1, p.T = s->T, p.H = s->H, p.Hkv = s->Hkv, p.D = s->D;
+    p.dtype = LT_DTYPE_F32, p.device = LT_DEVICE_CPU, p.impl = LT_ATTENTION_FLASH, p.scale = s->scale;
+    lt_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.q = f->q, a.k = f->k, a.v = f->v, a.out = f->fout, a.lse = f->flse, a.dout = f->dout;
+    a.dq = f->fdq, a.dk = f->fdk, a.dv = f->fdv;
+    assert_int_equal(lt_attention_forward(ctx, &p, &a), LT_OK);
+    assert_int_equal(lt_attention_backward(ctx, &p, &a), LT_OK);
+    lt_ctx_free(ctx);
+}
+
+static full make_full(const shape *s) {
+    uint64_t rng = lt_test_seed() ^ (uint64_t)(s->T * 131 + s->H * 7 + s->Hkv);
+    size_t nq = (size_t)(s->T * s->H * s->D), nk = (size_t)(s->T * s->Hkv * s->D), nl = (size_t)(s->T * s->H);
+    full f;
+    f.q = malloc(nq * 4), f.k = malloc(nk * 4), f.v = malloc(nk * 4), f.dout = malloc(nq * 4);
+    f.out = malloc(nq * 8), f.lse = malloc(nl * 8), f.dq = malloc(nq * 8), f.dk = malloc(nk * 8), f.dv = malloc(nk * 8);
+    f.fout = malloc(nq * 4), f.flse = malloc(nl * 4), f.fdq = malloc(nq * 4), f.fdk = malloc(nk * 4);
+    f.fdv = malloc(nk * 4);
+    lt_test_fill_normal(&rng, f.q, (int64_t)nq, 1.0f);
+    lt_test_fill_normal(&rng, f.k, (int64_t)nk, 1.0f);
+    lt_test_fill_normal(&rng, f.v, (int64_t)nk, 1.0f);
+    lt_test_fill_normal(&rng, f.dout, (int64_t)nq, 1.0f);
+    reference(s, &f);
+    flash(s, &f);
+    return f;
+}
+
+static void free_full(full *f) {
+    free(f->q), free(f->k), free(f->v), free(f->dout), free(f->out), free(f->lse), free(f->dq), free(f->dk);
+    free(f->dv), free(f->fout), free(f->flse), free(f->fdq), free(f->fdk), free(f->fdv);
+}
+
+/* Max error of this rank's rows of a (T, row) tensor against the reference (and the flash f32
+ * result) and the tolerance from the reference's magnitude, as test_attention.c: LT_TOL_F32_REL of
+ * the largest magnitude (at least 1) plus LT_TOL_F32_ABS. lse is (H, T): rows are positions of
+ * each head, passed with row = 1 and heads = H. Returns the worse ratio of error to tolerance. */
+static double local_err(const float *loc, const double *ref, const float *fl, const shape *s, int world, int rank,
+                        int64_t row, int64_t heads, int head_major) {
+    const int64_t Tl = s->T / world;
+    double mag = 0, e = 0, ef = 0;
+    for (int64_t i = 0; i < s->T * row * heads; i++) mag = fmax(mag, fabs(ref[i]));
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t gp = lt_cp_zigzag_position(s->T, world, rank, i);
+            for (int64_t d = 0; d < row; d++) {
+                size_t li = head_major ? (size_t)(h * Tl + i) : (size_t)(i * row + d);
+                size_t gi = head_major ? (size_t)(h * s->T + gp) : (size_t)(gp * row + d);
+                if (loc[li] == LT_TEST_POISON || !isfinite(loc[li])) return INFINITY;
+                e = fmax(e, fabs(loc[li] - ref[gi]));
+                ef = fmax(ef, fabs(loc[li] - fl[gi]));
+            }
+        }
+    double tol = LT_TOL_F32_REL * fmax(mag, 1.0) + LT_TOL_F32_ABS;
+    return fmax(e, ef) / tol;
+}
+
+/* Runs forward and backward on this rank's shard and returns the worst error / tolerance over out,
+ * lse, dq, dk, dv (INFINITY for an unwritten element or a failed call). */
+static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
+    const int world = lt_comm_size(c), rank = lt_comm_rank(c);
+    const int64_t Tl = s->T / world, qr = s->H * s->D, kr = s->Hkv * s->D;
+    size_t nq = (size_t)(Tl * qr), nk = (size_t)(Tl * kr), nl = (size_t)(Tl * s->H);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+    lt_cp_zigzag_scatter(f->q, q, s->T, world, rank, qr);
+    lt_cp_zigzag_scatter(f->k, k, s->T, world, rank, kr);
+    lt_cp_zigzag_scatter(f->v, v, s->T, world, rank, kr);
+    lt_cp_zigzag_scatter(f->dout, dout, s->T, world, rank, qr);
+    float *outs[] = {out, lse, dq, dk, dv};
+    size_t ns[] = {nq, nl, nq, nk, nk};
+    for (int t = 0; t < 5; t++)
+        for (size_t i = 0; i < ns[t]; i++) outs[t][i] = LT_TEST_POISON;
+    lt_cp_attention_params p = {s->T, s->H, s->Hkv, s->D, s->scale};
+    double worst = INFINITY;
+    if (lt_cp_attention_forward(ctx, c, &p, q, k, v, out, lse) != LT_OK ||
+        lt_cp_attention_backward(ctx, c, &p, q, k, v, out, lse, dout, dq, dk, dv) != LT_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, lt_ctx_error(ctx));
+    } else {
+        worst = local_err(out, f->out, f->fout, s, world, rank, qr, 1, 0);
+        worst = fmax(worst, local_err(lse, f->lse, f->flse, s, world, rank, 1, s->H, 1));
+        worst = fmax(worst, local_err(dq, f->dq, f->fdq, s, world, rank, qr, 1, 0));
+        worst = fmax(worst, local_err(dk, f->dk, f->fdk, s, world, rank, kr, 1, 0));
+        worst = fmax(worst, local_err(dv, f->dv, f->fdv, s, world, rank, kr, 1, 0));
+    }
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    return worst;
+}
+
+static const shape cases[] = {
+    {60, 4, 2, 16, 0.0f},   /* GQA 2:1, default scale */
+    {36, 3, 3, 8, 0.37f},   /* MHA, explicit scale */
+    {12, 2, 1, 32, 0.0f},   /* MQA, chunks of 2 tokens at 3 ranks */
+};
+
+/* ---- world of one ------------------------------------------------------------------------- */
+
+static void test_zigzag_split(void **state) {
+    (void)state;
+    for (int world = 1; world <= 4; world++) {
+        int64_t T = 8 * world;
+        int *seen = calloc((size_t)T, sizeof *seen);
+        int64_t work0 = -1;
+        for (int r = 0; r < world; r++) {
+            int64_t work = 0;
+            for (int64_t i = 0; i < T / world; i++) {
+                int64_t g = lt_cp_zigzag_position(T, world, r, i);
+                assert_true(g >= 0 && g < T);
+                seen[g]++;
+                work += g + 1; /* keys a causal query sees */
+            }
+            /* Balanced: every rank's queries see the same number of keys in all. */
+            if (work0 < 0) work0 = work;
+            assert_int_equal(work, work0);
+        }
+        for (int64_t g = 0; g < T; g++) assert_int_equal(seen[g], 1);
+        free(seen);
+    }
+    /* Scatter then gather is the identity. */
+    float full_in[48], loc[48], back[48];
+    for (int i = 0; i < 48; i++) full_in[i] = (float)i, back[i] = LT_TEST_POISON;
+    for (int r = 0; r < 3; r++) {
+        lt_cp_zigzag_scatter(full_in, loc, 24, 3, r, 2);
+        lt_cp_zigzag_gather(loc, back, 24, 3, r, 2);
+    }
+    assert_memory_equal(full_in, back, sizeof back);
+}
+
+static void test_world_of_one(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        full f = make_full(&cases[i]);
+        double w = run_rank(ctx, NULL, &cases[i], &f);
+        if (!(w <= 1)) fail_msg("case %zu: error / tolerance %.3g", i, w);
+        free_full(&f);
+    }
+    lt_ctx_free(ctx);
+}
+
+static void test_errors_and_workspace(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_cp_attention_params p = {30, 4, 2, 8, 0};
+    assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_OK);
+    p.T = 31;
+    assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "multiple of 2"));
+    p.T = 32, p.Hkv = 3;
+    assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
+    p.Hkv = 2, p.scale = -1;
+    assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
+    p.scale = 0, p.D = 0;
+    assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
+    /* The bytes the planner prices are the bytes the calls take from the allocator. */
+    const shape s = {40, 4, 2, 16, 0};
+    full f = make_full(&s);
+    lt_cp_attention_params q = {s.T, s.H, s.Hkv, s.D, 0};
+    size_t base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+    lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+    float *o = malloc((size_t)(s.T * s.H * s.D) * 4), *l = malloc((size_t)(s.T * s.H) * 4);
+    assert_int_equal(lt_cp_attention_forward(ctx, NULL, &q, f.q, f.k, f.v, o, l), LT_OK);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base, lt_cp_attention_workspace_bytes(&q, 1, 0));
+    float *dq = malloc((size_t)(s.T * s.H * s.D) * 4), *dk = malloc((size_t)(s.T * s.Hkv * s.D) * 4);
+    float *dv = malloc((size_t)(s.T * s.Hkv * s.D) * 4);
+    lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+    assert_int_equal(lt_cp_attention_backward(ctx, NULL, &q, f.q, f.k, f.v, o, l, f.dout, dq, dk, dv), LT_OK);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base, lt_cp_attention_workspace_bytes(&q, 1, 1));
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, base);
+    /* Out of memory is a clean error. */
+    lt_mem_fail_nth(ctx, 1);
+    assert_int_equal(lt_cp_attention_forward(ctx, NULL, &q, f.q, f.k, f.v, o, l), LT_ERR_OOM);
+    lt_mem_fail_nth(ctx, 0);
+    /* Per-rank workspace shrinks with the world: blocks of T/world tokens. */
+    assert_true(lt_cp_attention_workspace_bytes(&q, 4, 1) < lt_cp_attention_workspace_bytes(&q, 2, 1));
+    free(o), free(l), free(dq), free(dk), free(dv);
+    free_full(&f);
+    lt_ctx_free(ctx);
+}
+
+/* ---- over MPI ----------------------------------------------------------------------------- */
+
+static void run_world(int np) {
+    if (!LT_HAVE_MPI) {
+        printf("skipped: this build has no MPI\n");
+        skip();
+    }
+    int rc = lt_test_mpirun(np, "--cp-worker");
+    if (rc == -1) {
+        printf("skipped: mpirun not found (scripts/setup.sh installs openmpi-bin)\n");
+        skip();
+    }
+    if (rc != 0) fail_msg("mpirun -np %d ring attention worker exited with %d", np, rc);
+}
+static void test_mpi_two(void **state) { (void)state; run_world(2); }
+static void test_mpi_three(void **state) { (void)state; run_world(3); }
+
+static int worker(void) {
+    lt_ctx *ctx = lt_ctx_new();
+    lt_comm *c = NULL;
+    if (lt_comm_init(ctx, NULL, &c) != LT_OK) {
+        fprintf(stderr, "cp worker: %s\n", lt_ctx_error(ctx));
+        return 1;
+    }
+    int rank = lt_comm_rank(c), world = lt_comm_size(c);
+    double fails = world < 2;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].T % (2 * world)) continue;
+        full f = make_full(&cases[i]);
+        double w = run_rank(ctx, c, &cases[i], &f);
+        if (!(w <= 1)) {
+            fprintf(stderr, "rank %d of %d, case %zu (T %lld): error / tolerance %.3g\n", rank, world, i,
+                    (long long)cases[i].T, w);
+            fails++;
+        }
+        free_full(&f);
+    }
+    lt_comm_allreduce_sum(ctx, c, &fails, 1, LT_COMM_F64);
+    lt_comm_free(ctx, c);
+    lt_ctx_free(ctx);
+    return fails > 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--cp-worker")) return worker();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zigzag_split), cmocka_unit_test(test_world_of_one),
+        cmocka_unit_test(test_errors_and_workspace), cmocka_unit_test(test_mpi_two), cmocka_unit_test(test_mpi_three),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
