@@ -292,8 +292,10 @@ cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args) {
         cJSON *j = cJSON_Parse(line);
         if (!j) continue;
         if (cJSON_IsTrue(cJSON_GetObjectItem(j, "ready"))) ready = 1;
-        if (cJSON_IsNumber(cJSON_GetObjectItem(j, "T")))
-            fprintf(stderr, "peer: %.*s", (int)strcspn(line, "\n") > 300 ? 300 : (int)strcspn(line, "\n") + 1, line);
+        if (cJSON_IsNumber(cJSON_GetObjectItem(j, "T"))) { /* progress: the first 300 bytes of a result line */
+            int len = (int)strcspn(line, "\n");
+            fprintf(stderr, "peer: %.*s\n", len > 300 ? 300 : len, line);
+        }
         cJSON_AddItemToArray(lines, j);
     }
     int st = pclose(p);

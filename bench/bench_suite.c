@@ -5,6 +5,7 @@
  * every result into one provenance-complete JSON file (scripts/fold_results.py turns such files into
  * the README table). The "smoke" tier runs tiny shapes only, to check the plumbing. It measures
  * nothing itself. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -100,16 +101,26 @@ static int run_child(const suite_run *r, const char *dir, double limit_s, double
 
 /* The result file the child wrote: the newest <prefix>*.json in dir. */
 static cJSON *read_result(const char *dir, const char *prefix) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "ls -t '%s'/%s*.json 2>/dev/null | head -1", dir, prefix);
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    char path[1500] = "";
-    if (!fgets(path, sizeof path, p)) path[0] = 0;
-    pclose(p);
-    path[strcspn(path, "\n")] = 0;
-    if (!*path) return NULL;
-    FILE *f = fopen(path, "rb");
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    char best[1500] = "";
+    time_t best_t = 0;
+    struct dirent *e;
+    size_t pl = strlen(prefix);
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, prefix, pl) || n < 5 || strcmp(e->d_name + n - 5, ".json")) continue;
+        char path[1500];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0 && (!*best || st.st_mtime >= best_t)) {
+            best_t = st.st_mtime;
+            snprintf(best, sizeof best, "%s", path);
+        }
+    }
+    closedir(d);
+    if (!*best) return NULL;
+    FILE *f = fopen(best, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
