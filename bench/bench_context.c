@@ -448,7 +448,10 @@ peer:
             double ours_T = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "ceiling_T"));
             double theirs_T = cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T"));
             if (theirs_T > 0 && ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_ratio", ours_T / theirs_T);
-            fprintf(stderr, "peer: longest T %.0f -> longtune %.2fx\n", theirs_T, theirs_T > 0 ? ours_T / theirs_T : NAN);
+            int capped = !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T"));
+            cJSON_AddBoolToObject(pa, "search_capped", capped); /* no failure up to --peer-max */
+            fprintf(stderr, "peer: longest T %.0f%s -> longtune %.2fx%s\n", theirs_T, capped ? " (search capped by --peer-max)" : "",
+                    theirs_T > 0 ? ours_T / theirs_T : NAN, capped ? " at most" : "");
         }
         cJSON_AddItemToArray(arms, pa);
     }

@@ -67,7 +67,8 @@ def main():
     ys += [v for v in (total, ceiling) if v and v < 3 * max(ys + [1])]
     xmax = max(xs + [1]) * 1.05
     ymax = max(ys + [1]) / GIB * 1.08
-    xt, yt = nice_ticks(xmax), nice_ticks(ymax)
+    # x ticks at round numbers of k = 1024 tokens, so they read 32k, 64k, ...
+    xt, yt = [t * 1024 for t in nice_ticks(xmax / 1024)], nice_ticks(ymax)
     xmax, ymax = xt[-1], yt[-1]
     pw, ph = W - ML - MR, H - MT - MB
 
@@ -117,9 +118,10 @@ def main():
     legend = [(label, col) for label, col, _, _ in series]
     if peer_fail:
         legend.append(("transformers + PEFT out of memory (x)", "#d1242f"))
-    for i, (ct, who) in enumerate(((ours.get("ceiling_T"), "longtune"), (peer.get("ceiling_T"), "peer"))):
+    for ct, who, capped in ((ours.get("ceiling_T"), "longtune", False),
+                            (peer.get("ceiling_T"), "peer", peer.get("search_capped", False))):
         if ct:
-            legend.append((f"{who} longest T: {ct:,.0f}", "#444"))
+            legend.append((f"{who} longest T: {ct:,.0f}" + (" (search stopped there)" if capped else ""), "#444"))
     for label, col in legend:
         o.append(f'<rect x="{ML + 12}" y="{ly - 9}" width="10" height="10" fill="{col}"/>')
         o.append(f'<text x="{ML + 28}" y="{ly}">{esc(label)}</text>')
