@@ -231,8 +231,8 @@ static cJSON *run_world(const cfg *c, int K, const char *tmp) {
              "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader OMP_NUM_THREADS=%d mpirun "
              "--allow-run-as-root --oversubscribe --bind-to none -np %d '%s' bench scaling --child --model '%s' "
              "--seq %lld --batch %lld --repeats %lld --warmup %lld --threads %d --adapters '%s/dp%d'",
-             c->threads / K > 0 ? c->threads / K : 1, K, self, c->model, (long long)c->seq, (long long)c->batch, (long long)c->steps, (long long)c->warmup,
-             c->threads, tmp, K);
+             c->threads / K > 0 ? c->threads / K : 1, K, self, c->model, (long long)c->seq, (long long)c->batch,
+             (long long)c->steps, (long long)c->warmup, c->threads, tmp, K);
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;
     char line[8192];
@@ -366,7 +366,8 @@ int lt_bench_scaling(int argc, char **argv) {
     if (child) {
         /* One rank of a world K run started by the parent below. */
         if ((s = lt_comm_init(ctx, NULL, &comm)) != LT_OK || !adapters || !c.model[0]) {
-            fprintf(stderr, "longtune bench scaling: child: %s\n", s != LT_OK ? lt_ctx_error(ctx) : "needs --adapters and --model");
+            fprintf(stderr, "longtune bench scaling: child: %s\n",
+                    s != LT_OK ? lt_ctx_error(ctx) : "needs --adapters and --model");
             goto done;
         }
         double ms = 0, tps = 0;

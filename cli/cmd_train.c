@@ -47,7 +47,7 @@ static void print_help(void) {
            "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
-           "  --distributed auto|off     auto: under `mpirun -np K` train data parallel over the K ranks\n"
+           "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"
            "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
            "  --context-parallel         under mpirun: split every row over the ranks instead (ring attention;\n"
            "                             needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
@@ -159,9 +159,11 @@ int lt_cmd_train(int argc, char **argv) {
         goto done;
     }
     /* The world an MPI launcher started; a plain run (or --distributed off) never touches MPI. */
-    int env_rank = 0, env_size = 1;
-    if (!strcmp(resolved.distributed, "auto") && lt_comm_env_world(&env_rank, &env_size, NULL) && env_size > 1) {
-        lt_comm_options co = {.backend = LT_COMM_MPI};
+    int env_rank = 0, env_size = 1, launched = lt_comm_env_world(&env_rank, &env_size, NULL) && env_size > 1;
+    int nccl = !strcmp(resolved.distributed, "nccl");
+    if ((!strcmp(resolved.distributed, "auto") && launched) || nccl) {
+        /* Gradients are reduced where the model keeps them: MPI for host models, NCCL for CUDA. */
+        lt_comm_options co = {.backend = nccl || resolved.device == LT_DEVICE_CUDA ? LT_COMM_NCCL : LT_COMM_MPI};
         if ((s = lt_comm_init(ctx, &co, &comm)) != LT_OK) {
             rc = lt_cli_fail("train", ctx, s);
             goto done;

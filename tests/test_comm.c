@@ -198,6 +198,27 @@ static int worker(void) {
     WCHECK(lt_comm_broadcast(ctx, c, t, N * sizeof *t, 0) == LT_OK, "%s", lt_ctx_error(ctx));
     WCHECK(!memcmp(t, x, N * sizeof *x), "all-reduce results differ from rank 0's bits");
 
+    /* The gradient reducer with buckets of 64: every rank but 0 marks ranges from the end of the
+     * buffer downwards (as a backward does), rank 0 marks none (a data-parallel rank without rows);
+     * finish then gives the sum on every rank, in the same bits as the bucketed all-reduce. */
+    float *xr = malloc(N * sizeof *xr);
+    contribution(rank, xr, N);
+    lt_comm_reducer *red = NULL;
+    WCHECK(lt_comm_reducer_init(ctx, c, xr, N, 64, &red) == LT_OK, "%s", lt_ctx_error(ctx));
+    for (int round = 0; round < 2 && red; round++) {
+        if (round == 1) contribution(rank, xr, N);
+        if (rank != 0)
+            for (int64_t end = N; end > 0; end -= 100)
+                WCHECK(lt_comm_reducer_ready(ctx, red, end >= 100 ? end - 100 : 0, end >= 100 ? 100 : end) == LT_OK,
+                       "%s", lt_ctx_error(ctx));
+        WCHECK(lt_comm_reducer_finish(ctx, red) == LT_OK, "%s", lt_ctx_error(ctx));
+        WCHECK(!memcmp(xr, xb, N * sizeof *xr), "round %d: reducer differs from the bucketed all-reduce", round);
+    }
+    WCHECK(rank == 0 || lt_comm_reducer_early_buckets(red) > 0, "no bucket started before finish");
+    WCHECK(lt_comm_reducer_ready(ctx, red, N - 5, 10) == LT_ERR_INVALID_ARG, "range past the end accepted");
+    lt_comm_reducer_free(ctx, red);
+    free(xr);
+
     /* Broadcast of an odd byte count from the last rank. */
     unsigned char bb[777];
     for (int i = 0; i < 777; i++) bb[i] = (unsigned char)(rank == n - 1 ? (i * 7 + 3) & 0xff : 0xee);

@@ -1,7 +1,8 @@
 /* The NCCL transport with the world one GPU allows (one rank): the communicator comes up with
  * NVLink multicast off (NCCL_NVLS_ENABLE=0 in the environment), and sum all-reduce (f32, f64,
  * bucketed), broadcast, send/receive to itself and barrier run through NCCL on device buffers and
- * return the exact bits a world of one must (the sum of one contribution); bad roots are typed
+ * return the exact bits a world of one must (the sum of one contribution), also through the gradient
+ * reducer's buckets started on the stream as ranges are marked; bad roots are typed
  * errors and ring attention refuses device buffers. Several ranks need several GPUs: not run here. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,11 +82,29 @@ int main(void) {
     CHECK(same_as_host(d, h, (size_t)n * sizeof *h));
     CHECK(lt_comm_allreduce_sum_bucketed(ctx, c, d, n, 65536 + 3) == LT_OK);
     CHECK(same_as_host(d, h, (size_t)n * sizeof *h));
+    /* The gradient reducer on the NCCL stream: buckets started as ranges are marked, then waited. */
+    lt_comm_reducer *red = NULL;
+    CHECK(lt_comm_reducer_init(ctx, c, d, n, 100003, &red) == LT_OK);
+    if (red) {
+        for (int64_t end = n; end > 0; end -= 250000) {
+            int64_t len = end > 250000 ? 250000 : end;
+            CHECK(lt_comm_reducer_ready(ctx, red, end - len, len) == LT_OK);
+        }
+        CHECK(lt_comm_reducer_finish(ctx, red) == LT_OK);
+        CHECK(lt_comm_reducer_early_buckets(red) > 0);
+        CHECK(same_as_host(d, h, (size_t)n * sizeof *h));
+        lt_comm_reducer_free(ctx, red);
+    }
     double h64[1001];
     for (int i = 0; i < 1001; i++) h64[i] = lt_test_normal(&rng);
     double *d64 = to_dev(h64, sizeof h64);
     CHECK(lt_comm_allreduce_sum(ctx, c, d64, 1001, LT_COMM_F64) == LT_OK);
     CHECK(same_as_host(d64, h64, sizeof h64));
+    /* Host statistics over the device communicator: staged through its 4 KiB buffer in pieces. */
+    double hs[1500], hs0[1500];
+    for (int i = 0; i < 1500; i++) hs[i] = hs0[i] = lt_test_normal(&rng);
+    CHECK(lt_comm_allreduce_sum_host(ctx, c, hs, 1500, LT_COMM_F64) == LT_OK);
+    CHECK(!memcmp(hs, hs0, sizeof hs));
     /* Broadcast of an odd byte count; a root outside the world is refused before NCCL. */
     CHECK(lt_comm_broadcast(ctx, c, d, 12345, 0) == LT_OK);
     CHECK(same_as_host(d, h, (size_t)n * sizeof *h));

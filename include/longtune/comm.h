@@ -72,10 +72,37 @@ lt_device lt_comm_device(const lt_comm *c);
  * stream synchronise). Errors: LT_ERR_INVALID_ARG (count < 0, dtype), LT_ERR_IO / LT_ERR_CUDA from
  * the transport. */
 lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
+/* The same for a small host buffer whatever the transport: NCCL stages it through a device buffer
+ * the communicator keeps (4 KiB at a time), so host-side statistics (loss sums, flags) can be
+ * reduced over a device communicator. */
+lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
 /* The same over a large f32 buffer cut into buckets of bucket_elems (0 = 4 Mi elements = 16 MiB):
  * every bucket's reduction is started before the first is waited on, so the transport pipelines
  * them (MPI_Iallreduce; NCCL groups them on its stream). Results equal lt_comm_allreduce_sum's. */
 lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems);
+/* A gradient reducer: the sum all-reduce of one f32 buffer, cut into fixed buckets of
+ * bucket_elems (0 = 4 Mi), each started as soon as the caller has marked all of its elements final,
+ * so the reduction of late layers' gradients overlaps the backward of earlier ones. Every rank must
+ * mark the same ranges in the same order. MPI: nonblocking all-reduces, progressed whenever the
+ * caller marks a range; NCCL: enqueued on the communicator's stream; a world of one: nothing. */
+typedef struct lt_comm_reducer lt_comm_reducer;
+/* buf (count f32) stays the caller's and must outlive the reducer. Errors: LT_ERR_INVALID_ARG,
+ * LT_ERR_OOM. */
+lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems,
+                               lt_comm_reducer **out);
+/* Marks [offset, offset + n) final for this round (ranges of one round must not overlap) and
+ * starts every bucket that is now complete, highest first. Mark ranges from the end of the buffer
+ * towards its start (as a backward finishes layers): buckets then start in descending order on
+ * every rank, also on ranks that mark fewer ranges, as collectives must. Errors:
+ * LT_ERR_INVALID_ARG (range outside the buffer, marked twice), the transport's. */
+lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset, int64_t n);
+/* Marks whatever is left final, waits for every bucket, and starts a new round: buf then holds the
+ * sum over ranks (the same bits as lt_comm_allreduce_sum_bucketed with these buckets). */
+lt_status lt_comm_reducer_finish(lt_ctx *ctx, lt_comm_reducer *r);
+/* Buckets started before their round's finish, over all rounds (how much overlapped). */
+int64_t lt_comm_reducer_early_buckets(const lt_comm_reducer *r);
+void lt_comm_reducer_free(lt_ctx *ctx, lt_comm_reducer *r);
+
 /* Copies root's `bytes` at buf to every rank's buf. Errors as above, LT_ERR_INVALID_ARG for a root
  * outside the world. */
 lt_status lt_comm_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root);

@@ -231,6 +231,14 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
  * LT_ERR_UNSUPPORTED (a device communicator, a CUDA model). */
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
 
+/* Gradient-ready hook: while fn is set, lt_model_forward_backward calls fn(arg, offset, count) right
+ * after the backward of each LoRA layer (last layer first) with the range of the flat gradient
+ * buffer (lt_model_lora_grads) that layer owns, whose values are then final for this call, so a
+ * data-parallel trainer can start reducing them while earlier layers run their backward. A failing
+ * fn fails the call with its status. NULL turns it off. */
+typedef lt_status (*lt_model_grad_ready_fn)(void *arg, int64_t offset, int64_t count);
+void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg);
+
 /* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
  * A device model allocates a (rows, V) device buffer for the call (not a training path). */
 lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);

@@ -75,9 +75,11 @@ typedef struct lt_train_options {
                                       [cpu]; cuda in a build or on a machine without one is
                                       LT_ERR_UNSUPPORTED from the run */
     char distributed[8];           /* "auto": data parallel over the world an MPI launcher started
-                                      (mpirun -np K), one process otherwise; "off": one process
-                                      whatever the launcher ["auto"]. Read by the caller that makes
-                                      the communicator (lt_train_result.comm) */
+                                      (mpirun -np K; MPI for a CPU model, NCCL for a CUDA one), one
+                                      process otherwise; "nccl": an NCCL world even without MPI
+                                      (RANK/WORLD_SIZE + LONGTUNE_RENDEZVOUS, or a world of one);
+                                      "off": one process whatever the launcher ["auto"]. Read by the
+                                      caller that makes the communicator (lt_train_result.comm) */
     int context_parallel;          /* with a world of K > 1 ranks: context parallel instead of data
                                       parallel -- every row is split over the K ranks (zig-zag) and
                                       attention is ring attention. Needs batch_size 1, no_pack and

@@ -124,7 +124,8 @@ lt_device lt_comm_device(const lt_comm *c) {
 
 static lt_status check_peer(lt_ctx *ctx, const lt_comm *c, int peer, const char *what) {
     int n = lt_comm_size(c);
-    if (peer < 0 || peer >= n) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s rank %d outside a world of %d", what, peer, n);
+    if (peer < 0 || peer >= n)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s rank %d outside a world of %d", what, peer, n);
     return LT_OK;
 }
 
@@ -138,6 +139,16 @@ lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64_t coun
     }
     if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_allreduce(ctx, c, buf, count, dtype);
     return lt_comm_mpi_allreduce(ctx, c, buf, count, dtype);
+}
+
+lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype) {
+    if (c && c->backend == LT_COMM_NCCL) {
+        if (count < 0 || (unsigned)dtype >= LT_COMM_DTYPE_COUNT_ || (count > 0 && !buf))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: all-reduce of %lld elements of dtype %d", (long long)count,
+                            (int)dtype);
+        return count ? lt_comm_nccl_allreduce_host(ctx, c, buf, count, dtype) : LT_OK;
+    }
+    return lt_comm_allreduce_sum(ctx, c, buf, count, dtype);
 }
 
 lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems) {
@@ -177,7 +188,8 @@ lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t 
         if (send_bytes) memcpy(recvbuf, sendbuf, send_bytes);
         return LT_OK;
     }
-    if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
+    if (c->backend == LT_COMM_NCCL)
+        return lt_comm_nccl_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
     return lt_comm_mpi_sendrecv(ctx, c, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src);
 }
 
@@ -194,7 +206,111 @@ lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src
     LT_TRY(check_peer(ctx, c, src, "receive from"));
     if (bytes && !buf) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: receive into a NULL buffer");
     if (!c || c->backend == LT_COMM_SELF)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: a blocking receive from itself would never complete (use sendrecv)");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "comm: a blocking receive from itself would never complete (use sendrecv)");
     if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_recv(ctx, c, buf, bytes, src);
     return lt_comm_mpi_recv(ctx, c, buf, bytes, src);
+}
+
+/* ---- the gradient reducer ------------------------------------------------------------------ */
+
+struct lt_comm_reducer {
+    lt_comm *c;
+    float *buf;
+    int64_t count, bucket, nb;
+    int64_t *ready;     /* (nb) elements marked final this round */
+    uint8_t *started;   /* (nb) */
+    void *reqs;         /* (nb) MPI requests, in start order */
+    int nreq;
+    int64_t early;      /* buckets started before a finish, all rounds */
+    size_t bytes;       /* of the one block holding ready, started and reqs */
+};
+
+static int transported(const lt_comm *c) { return c && (c->size > 1 || c->backend == LT_COMM_NCCL); }
+
+lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems,
+                               lt_comm_reducer **out) {
+    *out = NULL;
+    if (count < 1 || bucket_elems < 0 || !buf)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: reducer over %lld elements in buckets of %lld",
+                        (long long)count, (long long)bucket_elems);
+    lt_comm_reducer *r = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *r, "gradient reducer");
+    if (!r) return LT_ERR_OOM;
+    r->c = c, r->buf = buf, r->count = count;
+    r->bucket = bucket_elems ? bucket_elems : (int64_t)4 << 20;
+    r->nb = (count + r->bucket - 1) / r->bucket;
+    size_t rq = c && c->backend == LT_COMM_MPI ? lt_comm_mpi_request_size() : 1;
+    r->bytes = (size_t)r->nb * (sizeof(int64_t) + 1 + rq) + sizeof(int64_t);
+    uint8_t *blk = lt_calloc(ctx, LT_DEVICE_CPU, r->bytes, "gradient reducer buckets");
+    if (!blk) {
+        lt_free(ctx, LT_DEVICE_CPU, r, sizeof *r);
+        return LT_ERR_OOM;
+    }
+    r->ready = (int64_t *)blk;
+    r->reqs = blk + (size_t)r->nb * sizeof(int64_t); /* 8-aligned: MPI requests are handles or pointers */
+    r->started = (uint8_t *)r->reqs + (size_t)r->nb * rq;
+    *out = r;
+    return LT_OK;
+}
+
+static int64_t bucket_size(const lt_comm_reducer *r, int64_t b) {
+    return r->count - b * r->bucket < r->bucket ? r->count - b * r->bucket : r->bucket;
+}
+
+static lt_status start_bucket(lt_ctx *ctx, lt_comm_reducer *r, int64_t b) {
+    int64_t off = b * r->bucket, n = r->count - off < r->bucket ? r->count - off : r->bucket;
+    r->started[b] = 1;
+    if (!transported(r->c)) return LT_OK;
+    if (r->c->backend == LT_COMM_NCCL) return lt_comm_nccl_istart(ctx, r->c, r->buf + off, n);
+    size_t rq = lt_comm_mpi_request_size();
+    LT_TRY(lt_comm_mpi_istart(ctx, r->c, r->buf + off, n, (uint8_t *)r->reqs + (size_t)r->nreq * rq));
+    r->nreq++;
+    return LT_OK;
+}
+
+lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset, int64_t n) {
+    if (offset < 0 || n < 0 || offset > r->count - n)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: reducer range [%lld, +%lld) outside %lld elements",
+                        (long long)offset, (long long)n, (long long)r->count);
+    if (n == 0) return LT_OK;
+    for (int64_t i = offset; i < offset + n;) {
+        int64_t b = i / r->bucket, end = (b + 1) * r->bucket < offset + n ? (b + 1) * r->bucket : offset + n;
+        r->ready[b] += end - i;
+        if (r->ready[b] > bucket_size(r, b))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: reducer bucket %lld marked ready twice", (long long)b);
+        i = end;
+    }
+    /* Highest bucket first, as finish does: every rank then issues the same sequence of
+     * collectives whether or not it marked ranges (a data-parallel rank without rows marks none). */
+    for (int64_t b = (offset + n - 1) / r->bucket; b >= offset / r->bucket; b--)
+        if (r->ready[b] == bucket_size(r, b) && !r->started[b]) {
+            LT_TRY(start_bucket(ctx, r, b));
+            r->early++;
+        }
+    if (transported(r->c) && r->c->backend == LT_COMM_MPI)
+        LT_TRY(lt_comm_mpi_progress(ctx, r->c, r->reqs, r->nreq));
+    return LT_OK;
+}
+
+lt_status lt_comm_reducer_finish(lt_ctx *ctx, lt_comm_reducer *r) {
+    lt_status s = LT_OK;
+    for (int64_t b = r->nb - 1; b >= 0 && s == LT_OK; b--)
+        if (!r->started[b]) s = start_bucket(ctx, r, b);
+    if (transported(r->c)) {
+        lt_status w = r->c->backend == LT_COMM_NCCL ? lt_comm_nccl_wait(ctx, r->c)
+                                                     : lt_comm_mpi_waitall(ctx, r->c, r->reqs, r->nreq);
+        if (s == LT_OK) s = w;
+    }
+    memset(r->ready, 0, (size_t)r->nb * sizeof(int64_t));
+    memset(r->started, 0, (size_t)r->nb);
+    r->nreq = 0;
+    return s;
+}
+
+int64_t lt_comm_reducer_early_buckets(const lt_comm_reducer *r) { return r ? r->early : 0; }
+
+void lt_comm_reducer_free(lt_ctx *ctx, lt_comm_reducer *r) {
+    if (!r) return;
+    lt_free(ctx, LT_DEVICE_CPU, r->ready, r->bytes);
+    lt_free(ctx, LT_DEVICE_CPU, r, sizeof *r);
 }

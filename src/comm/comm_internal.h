@@ -24,6 +24,12 @@ lt_status lt_comm_mpi_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes
 lt_status lt_comm_mpi_barrier(lt_ctx *ctx, lt_comm *c);
 lt_status lt_comm_mpi_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
                                int src);
+/* Nonblocking pieces of the reducer: req points at lt_comm_mpi_request_size() bytes. */
+size_t lt_comm_mpi_request_size(void);
+lt_status lt_comm_mpi_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, void *req);
+/* Progresses the n requests at reqs (MPI_Testsome); LT_OK whether or not they completed. */
+lt_status lt_comm_mpi_progress(lt_ctx *ctx, lt_comm *c, void *reqs, int n);
+lt_status lt_comm_mpi_waitall(lt_ctx *ctx, lt_comm *c, void *reqs, int n);
 lt_status lt_comm_mpi_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
 lt_status lt_comm_mpi_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
 
@@ -32,6 +38,11 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *opt
 void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c);
 lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt);
 lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket);
+/* Enqueues one f32 sum all-reduce on the stream and returns; lt_comm_nccl_wait synchronises. */
+lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count);
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c);
+/* Host buffer through the staging area: copy in, all-reduce, copy out, in pieces. */
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt);
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root);
 lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c);
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,

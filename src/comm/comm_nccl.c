@@ -1,6 +1,6 @@
-/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, each call
- * synchronised before it returns (the trainer's collectives sit between host-driven steps). NVLink
- * multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
+/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, ordered with
+ * the backend's kernels on the legacy default stream; blocking calls synchronise before they
+ * return, the reducer's buckets when it finishes. NVLink multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
  * nothing here creates multicast objects. Without NCCL in the build every entry point reports
  * LT_ERR_UNSUPPORTED. The unique id travels over MPI or through a rendezvous file. */
 #include <errno.h>
@@ -22,8 +22,11 @@ typedef struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;
     int device;
-    float *scratch; /* one device float for the barrier */
+    float *scratch; /* STAGE bytes on the device: the barrier's float, staged host reductions */
 } nccl_state;
+
+/* Device staging area for host-buffer reductions (and the barrier). */
+#define STAGE 4096
 
 static lt_status nccl_fail(lt_ctx *ctx, lt_comm *c, ncclResult_t r, const char *what) {
     nccl_state *st = c ? c->nccl : NULL;
@@ -113,9 +116,13 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
         if (c->mpi_active) LT_TRY(lt_comm_mpi_broadcast(ctx, c, &id, sizeof id, 0));
         else LT_TRY(rendezvous(ctx, c, o, &id));
     }
-    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    /* A blocking stream: its work is ordered after what the CUDA backend enqueued on the legacy
+     * default stream (gradients are complete before a bucket is reduced) and before what comes
+     * next there (AdamW reads reduced gradients). The price: on a GPU the reduction does not
+     * overlap the backward; that needs the backend on its own stream and events. */
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamDefault), "cudaStreamCreate");
     NCCL_TRY(ncclCommInitRank(&st->comm, c->size, id, c->rank), "ncclCommInitRank");
-    st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, sizeof(float), "NCCL barrier scratch");
+    st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, STAGE, "NCCL staging buffer");
     if (!st->scratch) return LT_ERR_OOM;
     return LT_OK;
 }
@@ -125,7 +132,7 @@ void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) {
     if (!st) return;
     if (st->comm) ncclCommDestroy(st->comm);
     if (st->stream) cudaStreamDestroy(st->stream);
-    if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, sizeof(float));
+    if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, STAGE);
     lt_free(ctx, LT_DEVICE_CPU, st, sizeof *st);
     c->nccl = NULL;
 }
@@ -158,6 +165,31 @@ lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, i
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
     return sync(ctx, c, "bucketed all-reduce");
+}
+
+lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
+    nccl_state *st = c->nccl;
+    NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, st->comm, st->stream), "ncclAllReduce");
+    return LT_OK;
+}
+
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { return sync(ctx, c, "all-reduce buckets"); }
+
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    nccl_state *st = c->nccl;
+    size_t es = dt == LT_COMM_F64 ? 8 : 4, per = STAGE / es;
+    char *p = buf;
+    for (int64_t i = 0; i < count; i += (int64_t)per) {
+        size_t n = (size_t)(count - i) < per ? (size_t)(count - i) : per;
+        CUDA_TRY(cudaMemcpyAsync(st->scratch, p + (size_t)i * es, n * es, cudaMemcpyHostToDevice, st->stream),
+                 "cudaMemcpyAsync (stage in)");
+        NCCL_TRY(ncclAllReduce(st->scratch, st->scratch, n, nccl_type(dt), ncclSum, st->comm, st->stream),
+                 "ncclAllReduce (staged)");
+        CUDA_TRY(cudaMemcpyAsync(p + (size_t)i * es, st->scratch, n * es, cudaMemcpyDeviceToHost, st->stream),
+                 "cudaMemcpyAsync (stage out)");
+        LT_TRY(sync(ctx, c, "staged all-reduce"));
+    }
+    return LT_OK;
 }
 
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
@@ -221,6 +253,15 @@ lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t byte
     return no_nccl(ctx);
 }
 lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
+    (void)c, (void)buf, (void)count;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    (void)c, (void)buf, (void)count, (void)dt;
+    return no_nccl(ctx);
+}
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
                                 int src) {
     (void)c, (void)sb, (void)sn, (void)dst, (void)rb, (void)rn, (void)src;

@@ -301,8 +301,8 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, dev, 2, wsh);
     la.dh = &hv;
     size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, threads);
-    if (!fwd_only) {
-        size_t lb = lt_lce_workspace_bytes(&lopt, &la, 1, threads);
+    if (!fwd_only) { /* the training step calls lt_lce_forward_backward */
+        size_t lb = lt_lce_workspace_bytes(&lopt, &la, LT_LCE_PASS_FORWARD_BACKWARD, threads);
         if (lb > lw) lw = lb;
     }
     o->lce_ws_bytes = lw;

@@ -85,11 +85,17 @@ float *lt_model_lora_grads(lt_model *m, int64_t *n) {
 }
 
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
-    if (comm && lt_comm_size(comm) > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || m->opt.device != LT_DEVICE_CPU))
+    int host = lt_comm_device(comm) == LT_DEVICE_CPU && m->opt.device == LT_DEVICE_CPU;
+    if (comm && lt_comm_size(comm) > 1 && !host)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel runs ring attention on host buffers (CPU "
                         "model, MPI communicator)");
     m->cp = comm && lt_comm_size(comm) > 1 ? comm : NULL;
     return LT_OK;
+}
+
+void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg) {
+    m->grad_ready = fn;
+    m->grad_ready_arg = fn ? arg : NULL;
 }
 
 void lt_model_zero_grads(lt_model *m) {
@@ -190,6 +196,11 @@ static float *ckpt(const step *s, int64_t seg) {
 }
 
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
+/* Counter base of the mask on projection p's input (in features per token): the projection's stream
+ * plus this batch's place in the whole batch, so a data-parallel share draws the same masks. */
+static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in) {
+    return drop_offset(l, p) + s->drop_row0 * (uint64_t)in;
+}
 
 /* y (N, out) = beta·y + x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds
  * the projection onto a residual already in y. */
@@ -205,7 +216,7 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float 
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
         float *scr = wsf(s, m->lay.scratch);
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         src = scr;
     }
     s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
@@ -229,7 +240,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
     s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
     const float *src = x;
     if (drop) {
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         src = scr;
     }
     s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
@@ -237,7 +248,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
-        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_offset(l, p) + s->drop_row0 * (uint64_t)in);
+        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
         s->be->add(s->ctx, dx, scr, 1.0f, N * in);
     }
 }
@@ -329,7 +340,8 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     aa.workspace_size = y->attn_ws_bytes;
     if (m->cp) {
         lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk, dv));
+        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
+                                        dv));
     } else {
         LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
     }
@@ -366,10 +378,12 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
-    if (b->first_row < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
+    if (b->first_row < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
     if (m->cp && (b->B != 1 || b->seq_offsets))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context parallel steps take one row (B = 1) without seq_offsets");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: context parallel steps take one row (B = 1) without seq_offsets");
     for (int64_t i = 0; i < s->N; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
@@ -458,18 +472,22 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     la.lse = (float *)blk(s, LT_MEM_TRANSIENTS, y->lse_f);
     la.token_loss = s->scalars && token_loss ? (float *)blk(s, LT_MEM_TRANSIENTS, y->tloss) : token_loss;
     la.workspace = blk(s, LT_MEM_WORKSPACE, y->lce_ws);
-    LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
-    res->loss_sum = loss;
     res->n_tokens = n_tok;
-    if (!backward) return LT_OK;
+    if (!backward) {
+        LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
+        res->loss_sum = loss;
+        return LT_OK;
+    }
+    /* Training: the upstream gradient is known before the loss, so loss and grad h come from one
+     * call (the fused loss makes the logits once: two GEMMs instead of three). */
     (void)grad_scale; /* s->dloss, which check_batch derived from it (and staged on a device) */
     float dloss = s->dloss;
     float *dx = wsf(s, y->dx), *dh = wsf(s, y->dh);
     lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.dloss = s->scalars ? s->scalars + 1 : &dloss;
     la.dh = &dht;
-    la.token_loss = NULL;
-    LT_TRY(lt_lce_backward(s->ctx, &lo, &la));
+    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    res->loss_sum = loss;
     s->be->rmsnorm_bwd(s->ctx, dh, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
     return LT_OK;
 }
@@ -533,6 +551,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         }
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
+        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
     }
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;

@@ -116,6 +116,8 @@ struct lt_model {
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
     struct lt_comm *cp;     /* context parallel: ring attention over this world (NULL = off) */
+    lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
+    void *grad_ready_arg;
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

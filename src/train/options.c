@@ -347,8 +347,8 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
                         (long long)o.warmup, (long long)o.iters);
     if (!o.distributed[0]) snprintf(o.distributed, sizeof o.distributed, "auto");
-    if (strcmp(o.distributed, "auto") && strcmp(o.distributed, "off"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off", o.distributed);
+    if (strcmp(o.distributed, "auto") && strcmp(o.distributed, "off") && strcmp(o.distributed, "nccl"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off|nccl", o.distributed);
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
     if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") &&

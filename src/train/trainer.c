@@ -2,13 +2,15 @@
  * clipping → AdamW, all through the model's backend ops (so the optimizer state lives where the
  * model does, host or GPU), with evaluation, metrics, checkpoints and PEFT export on their
  * schedules, and a clean stop on request. Data parallel over a communicator (host models): every
- * rank packs the same global batches and trains its share of their rows; gradients are summed
- * after the backward (bucketed, not overlapped with it on CPU). Every buffer is allocated before
- * the first step; nothing allocates inside it except packing plans, once per epoch. A device run
- * copies the trainable state to a host mirror only to save it. It does not load models or read
- * datasets (lt_train_run and the CLI do) and it never exits the process. */
+ * rank packs the same global batches and trains its share of their rows (or, context parallel, its
+ * share of each row's tokens); gradient buckets are summed over the ranks as the last backward
+ * completes them. Every buffer is allocated before the first step; nothing allocates inside it
+ * except packing plans, once per epoch. A device run copies the trainable state to a host mirror
+ * only to save it. It does not load models or read datasets (lt_train_run and the CLI do) and it
+ * never exits the process. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -59,6 +61,9 @@ typedef struct trainer {
     double *red;
     size_t red_bytes;
     int stop_world;
+    lt_comm_reducer *reducer; /* gradient buckets, started from the model's grad-ready hook */
+    int dist;                 /* reductions run: a world of several ranks, or NCCL even for one (its
+                                 transport path, exercised on a single GPU) */
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -256,6 +261,13 @@ static lt_status next_train_batch(trainer *t, lt_model_batch *b, int64_t *ntok, 
     return LT_OK;
 }
 
+/* The model finished a layer's gradients during the step's last backward: hand them to the
+ * reducer, which starts every bucket they complete. */
+static lt_status grads_ready(void *arg, int64_t offset, int64_t count) {
+    trainer *t = arg;
+    return lt_comm_reducer_ready(t->ctx, t->reducer, offset, count);
+}
+
 /* Mean token loss over the validation batches (NAN without a validation set). */
 static lt_status evaluate(trainer *t, double *out) {
     *out = NAN;
@@ -283,9 +295,9 @@ static lt_status evaluate(trainer *t, double *out) {
         sum += r.loss_sum;
         tokens += r.n_tokens;
     }
-    if (t->world > 1) {
+    if (t->dist) {
         double v[2] = {sum, (double)tokens};
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, v, 2, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, v, 2, LT_COMM_F64));
         sum = v[0];
         tokens = (int64_t)v[1];
     }
@@ -320,16 +332,20 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
         LT_TRY(shard(t, &b, &lb, &local));
         if (!local && !t->cp) continue;
         lt_model_result r;
-        LT_TRY(lt_model_forward_backward(t->ctx, t->m, &lb, (float)(1.0 / ((double)ntok * (double)o->grad_accum)), &r,
-                                         NULL));
+        /* The last micro-batch finishes each layer's gradients: reduce them as they come. */
+        if (t->reducer && k == o->grad_accum - 1) lt_model_set_grad_ready(t->m, grads_ready, t);
+        float scale = (float)(1.0 / ((double)ntok * (double)o->grad_accum));
+        lt_status s = lt_model_forward_backward(t->ctx, t->m, &lb, scale, &r, NULL);
+        lt_model_set_grad_ready(t->m, NULL, NULL);
+        LT_TRY(s);
         lsum[k] = r.loss_sum;
     }
-    if (t->world > 1) {
-        /* After the backward, not inside it: the CPU model has no per-layer gradient hook, so the
-         * buckets pipeline with each other only. */
-        LT_TRY(lt_comm_allreduce_sum_bucketed(t->ctx, t->comm, t->grads, t->n, 0));
+    if (t->dist) {
+        /* Buckets the backward completed are in flight already; the rest start now (all ranks
+         * issue them in the same order, see lt_comm_reducer_ready). */
+        LT_TRY(lt_comm_reducer_finish(t->ctx, t->reducer));
         lsum[o->grad_accum] = lt_train_stop_requested() ? 1 : 0;
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, lsum, o->grad_accum + 1, LT_COMM_F64));
         t->stop_world = lsum[o->grad_accum] > 0;
     }
     for (int64_t k = 0; k < o->grad_accum; k++)
@@ -367,9 +383,9 @@ static lt_status save(trainer *t) {
         if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
         if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
     }
-    if (t->world > 1) {
+    if (t->dist) {
         double failed = s != LT_OK;
-        LT_TRY(lt_comm_allreduce_sum(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
+        LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
         if (failed > 0 && s == LT_OK)
             return lt_error(t->ctx, LT_ERR_IO, "rank 0 failed to save the checkpoint or adapter into %s",
                             t->o->adapter_path);
@@ -423,6 +439,22 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->red_bytes = (size_t)(o->grad_accum + 1) * (sizeof(double) + sizeof(int64_t));
     t->red = lt_alloc(ctx, LT_DEVICE_CPU, t->red_bytes, "step loss sums");
     if (!t->red) return LT_ERR_OOM;
+    if (t->dist) {
+        /* Buckets of whole layers where possible (about 4 MiB); LONGTUNE_DP_BUCKET (elements)
+         * overrides it, for tests that want many small buckets. */
+        int64_t layers = 0, prev = -1, bucket = 0;
+        for (int64_t i = 0; i < lt_model_lora_count(t->m); i++) {
+            lt_lora_tensor lt;
+            LT_TRY(lt_model_lora_tensor(ctx, t->m, i, &lt));
+            layers += lt.layer != prev;
+            prev = lt.layer;
+        }
+        int64_t per = layers > 0 ? t->n / layers : 0;
+        const char *env = getenv("LONGTUNE_DP_BUCKET");
+        if (env && atoll(env) > 0) bucket = atoll(env);
+        else if (per > 0) bucket = per * ((1 << 20) / per > 0 ? (1 << 20) / per : 1);
+        LT_TRY(lt_comm_reducer_init(ctx, t->comm, t->grads, t->n, bucket, &t->reducer));
+    }
     if (t->cp) {
         int64_t Tl = t->T / t->world;
         t->cp_bytes = (size_t)(3 * Tl) * sizeof(int32_t);
@@ -502,7 +534,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     while (t->st.step < o->iters) {
         /* Ranks stop together: the flag was summed over the world with the last step's losses. */
         int sig = lt_train_stop_requested();
-        if (t->world > 1) sig = t->stop_world ? (sig ? sig : -2) : 0;
+        if (t->dist) sig = t->stop_world ? (sig ? sig : -2) : 0;
         if (!sig && res->stop_at > 0 && t->st.step >= res->stop_at) sig = -1;
         if (sig) {
             t->st.elapsed_s = elapsed0 + lt_time_now() - t0;
@@ -590,10 +622,12 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     t.comm = comm;
     t.rank = lt_comm_rank(comm);
     t.world = lt_comm_size(comm);
-    if (t.world > 1 && (lt_comm_device(comm) != LT_DEVICE_CPU || t.dev != LT_DEVICE_CPU))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: the trainer reduces host gradients of a host "
-                        "model over a host communicator (here a %s model, a %s communicator)",
-                        t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA", lt_comm_backend_name(lt_comm_get_backend(comm)));
+    t.dist = t.world > 1 || lt_comm_get_backend(comm) == LT_COMM_NCCL;
+    /* Gradients are reduced where they live: a host model's over MPI, a CUDA model's over NCCL. */
+    if (t.dist && lt_comm_device(comm) != t.dev)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: a %s model's gradients cannot be reduced over a %s "
+                        "communicator (host models: MPI; CUDA models: NCCL)", t.dev == LT_DEVICE_CPU ? "CPU" : "CUDA",
+                        lt_comm_backend_name(lt_comm_get_backend(comm)));
     lt_status s = run(&t, progress, res);
     lt_metrics_close(ctx, t.metrics);
     lt_pack_plan_free(ctx, t.plan);
@@ -601,6 +635,11 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     if (t.ids) lt_free(ctx, LT_DEVICE_CPU, t.ids, t.batch_bytes);
     if (t.red) lt_free(ctx, LT_DEVICE_CPU, t.red, t.red_bytes);
     if (t.cp_ids) lt_free(ctx, LT_DEVICE_CPU, t.cp_ids, t.cp_bytes);
+    if (t.reducer) {
+        LT_INFO("gradient buckets started during the backward: %lld",
+                (long long)lt_comm_reducer_early_buckets(t.reducer));
+        lt_comm_reducer_free(ctx, t.reducer);
+    }
     if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
     if (t.mom_m) lt_free(ctx, t.dev, t.mom_m, (size_t)t.n * sizeof(float));

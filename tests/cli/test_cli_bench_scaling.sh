@@ -12,7 +12,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail=0
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader
-export LSAN_OPTIONS="suppressions=$here/../lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export LSAN_OPTIONS="suppressions=$here/../lsan_mpi.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export OMPI_MCA_mca_base_component_disable_dlclose=1
 tiny=(--hidden 64 --layers 2 --vocab 512 --seq 64 --batch 4 --repeats 2 --warmup 1 --threads 2)
 "$bin" bench scaling "${tiny[@]}" --worlds 1,2 --out "$dir" > "$dir/out" 2>&1 || { echo "FAIL: bench scaling: $(tail -5 "$dir/out")"; fail=1; }
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" bench scaling "${tiny[@]}" --out "$dir" > "$dir/out2" 2>&1 \

@@ -2,7 +2,8 @@
 """Writes a tiny random Llama (Hugging Face folder: config.json, model.safetensors in f32, tied
 embeddings) with the bpe-nfc fixture tokenizer (1200 ids, ChatML template) for the CLI reliability
 tests and scripts/long-run.sh. Standard library only; not a model anyone should train for real.
-usage: tiny_model.py OUT_DIR [--vocab V] [--hidden C] [--layers L] [--seed S]"""
+usage: tiny_model.py OUT_DIR [--vocab V] [--hidden C] [--layers L] [--seed S] [--bf16]
+(--bf16: matrices stored as bf16, as the CUDA loss needs its head; norms stay f32)"""
 import argparse, json, os, random, shutil, struct
 
 ap = argparse.ArgumentParser()
@@ -11,6 +12,7 @@ ap.add_argument("--vocab", type=int, default=1200)
 ap.add_argument("--hidden", type=int, default=16)
 ap.add_argument("--layers", type=int, default=2)
 ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--bf16", action="store_true")
 a = ap.parse_args()
 V, C, L, H, HKV = a.vocab, a.hidden, a.layers, 2, 1
 D, F = C // H, 2 * C
@@ -35,8 +37,15 @@ for name, shape, std in tensors:
     for s in shape:
         n *= s
     vals = [1.0 + 0.05 * rng.gauss(0, 1) if std is None else std * rng.gauss(0, 1) for _ in range(n)]
-    blob = struct.pack("<%df" % n, *vals)
-    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(blob)]}
+    if a.bf16 and len(shape) == 2:
+        # Round to nearest even on the upper 16 bits of each f32.
+        bits = struct.unpack("<%dI" % n, struct.pack("<%df" % n, *vals))
+        blob = struct.pack("<%dH" % n, *[((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF for b in bits])
+        dt = "BF16"
+    else:
+        blob = struct.pack("<%df" % n, *vals)
+        dt = "F32"
+    header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(blob)]}
     blobs.append(blob)
     off += len(blob)
 h = json.dumps(header).encode()

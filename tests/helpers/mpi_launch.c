@@ -20,10 +20,13 @@ int lt_test_mpirun(int np, const char *worker_arg) {
     /* Containers often deny the ptrace-based single copy; shared memory and self suffice here. */
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     setenv("OMPI_MCA_btl", "self,vader", 1);
-    /* Under ASan, Open MPI's allocations that outlive MPI_Finalize are suppressed by library. */
+    /* Under ASan, Open MPI's allocations that outlive MPI_Finalize are suppressed by library: its
+     * components stay loaded (no dlclose) so their frames keep names, and stacks are unwound
+     * without frame pointers, which Open MPI's libraries lack. */
+    setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
     const char *old = getenv("LSAN_OPTIONS");
-    snprintf(lsan, sizeof lsan, "suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0%s%s", lt_test_source_dir(),
-             old ? ":" : "", old ? old : "");
+    snprintf(lsan, sizeof lsan, "suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0:fast_unwind_on_malloc=0%s%s",
+             lt_test_source_dir(), old ? ":" : "", old ? old : "");
     setenv("LSAN_OPTIONS", lsan, 1);
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "mpirun --allow-run-as-root --oversubscribe --bind-to none -np %d '%s' %s", np, self,

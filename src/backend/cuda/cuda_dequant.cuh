@@ -56,4 +56,55 @@ static __device__ __forceinline__ float lt_dq_elem(lt_dtype t, const uint8_t *ro
     }
 }
 
+/* Weights [32·g, 32·g + 32) of a row of a block format (in a multiple of 32 for every block
+ * format), as lt_dq_elem computes each: one thread decodes a whole group, reading each scale
+ * once. Plain dtypes are not handled here (lt_dq_elem serves them). */
+static __device__ __forceinline__ void lt_dq_group32(lt_dtype t, const uint8_t *row, int64_t g, float out[32]) {
+    switch (t) {
+    case LT_DTYPE_Q8_0: {
+        const uint8_t *b = row + g * 34;
+        const float d = lt_dq_f16(b);
+#pragma unroll
+        for (int j = 0; j < 32; j++) out[j] = __fmul_rn((float)(int8_t)b[2 + j], d);
+        break;
+    }
+    case LT_DTYPE_Q4_0: {
+        const uint8_t *b = row + g * 18;
+        const float d = lt_dq_f16(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[2 + j];
+            out[j] = __fmul_rn((float)((q & 0xf) - 8), d);
+            out[j + 16] = __fmul_rn((float)((q >> 4) - 8), d);
+        }
+        break;
+    }
+    case LT_DTYPE_Q4_1: {
+        const uint8_t *b = row + g * 20;
+        const float d = lt_dq_f16(b), m = lt_dq_f16(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[4 + j];
+            out[j] = __fadd_rn(__fmul_rn((float)(q & 0xf), d), m);
+            out[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), m);
+        }
+        break;
+    }
+    case LT_DTYPE_INT4_G64: {
+        const uint8_t *b = row + (g >> 1) * 36;
+        const float sc = lt_dq_f16(b), bias = lt_dq_f16(b + 2);
+        const uint8_t *q = b + 4 + 16 * (g & 1); /* this half's four words, low nibble first */
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            out[2 * j] = __fadd_rn(__fmul_rn((float)(q[j] & 0xf), sc), bias);
+            out[2 * j + 1] = __fadd_rn(__fmul_rn((float)(q[j] >> 4), sc), bias);
+        }
+        break;
+    }
+    default:
+#pragma unroll
+        for (int j = 0; j < 32; j++) out[j] = __int_as_float(0x7fc00000);
+    }
+}
+
 #endif

@@ -22,10 +22,10 @@ static size_t h_bytes(const lt_lce_args *a) {
     return lt_cuda_align((size_t)a->h.shape[0] * (size_t)a->h.shape[1] * 2);
 }
 
-extern "C" size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward,
+extern "C" size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass,
                                                   int threads) {
     lt_lce_args b = bf16_args(a, NULL);
-    return h_bytes(a) + lt_lce_cuda_workspace_bytes(opt, &b, backward, threads);
+    return h_bytes(a) + lt_lce_cuda_workspace_bytes(opt, &b, pass, threads);
 }
 
 __global__ void lce_h_to_bf16(const float *h, __nv_bfloat16 *hb, int64_t n) {
@@ -33,12 +33,12 @@ __global__ void lce_h_to_bf16(const float *h, __nv_bfloat16 *hb, int64_t n) {
         hb[i] = __float2bfloat16_rn(h[i]);
 }
 
-static lt_status f32_run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int backward) {
+extern "C" lt_status lt_lce_cuda_f32_run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass) {
     /* refuse what lce.cu refuses before allocating anything for the copy */
     if (a->w.dtype == LT_DTYPE_F32 || a->w.dtype == LT_DTYPE_F16)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
                         lt_dtype_name(a->w.dtype));
-    const size_t total = lt_lce_cuda_f32_workspace_bytes(opt, a, backward, 0);
+    const size_t total = lt_lce_cuda_f32_workspace_bytes(opt, a, pass, 0);
     char *ws = (char *)a->workspace;
     if (!ws) {
         ws = (char *)lt_alloc(ctx, LT_DEVICE_CUDA, total, "lce workspace (f32 h)");
@@ -52,16 +52,10 @@ static lt_status f32_run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a,
     if (st == LT_OK) {
         lt_lce_args b = bf16_args(a, ws);
         b.workspace = ws + h_bytes(a);
-        st = backward ? lt_lce_cuda_backward(ctx, opt, &b) : lt_lce_cuda_forward(ctx, opt, &b);
+        st = pass == LT_LCE_PASS_FORWARD_BACKWARD ? lt_lce_cuda_forward_backward(ctx, opt, &b)
+             : pass == LT_LCE_PASS_BACKWARD       ? lt_lce_cuda_backward(ctx, opt, &b)
+                                                  : lt_lce_cuda_forward(ctx, opt, &b);
     }
     if (!a->workspace) lt_free(ctx, LT_DEVICE_CUDA, ws, total); /* cudaFree waits for the kernels */
     return st;
-}
-
-extern "C" lt_status lt_lce_cuda_f32_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
-    return f32_run(ctx, opt, a, 0);
-}
-
-extern "C" lt_status lt_lce_cuda_f32_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
-    return f32_run(ctx, opt, a, 1);
 }

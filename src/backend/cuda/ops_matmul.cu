@@ -16,9 +16,15 @@
 #include "backend/cuda/cuda_ops.h"
 
 /* cuBLASLt workspace inside the matmul workspace (NVIDIA recommends 32 MiB on Hopper; 4 MiB lost
- * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). The f32 `gemm` has no workspace
- * argument and runs with none: its LoRA-sized products do not need split-K. */
+ * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). */
 #define MM_BLAS_WS ((size_t)32 << 20)
+/* The f32 `gemm` has no workspace argument, but its LoRA products with a long reduction over the
+ * tokens (dA = duᵀ·x: 8 x 4096 outputs, K = 8192) need split-K, which needs workspace: without
+ * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 4 MiB device array,
+ * part of the module's static memory rather than an lt_alloc block, shared by every call on the
+ * one stream. */
+#define GEMM_WS_BYTES ((size_t)4 << 20)
+__device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
 /* Weight elements converted to bf16 per tile: 32M (64 MiB) holds a whole 4096 x 4096 or 14336 x
  * 2048 projection, so most layers take one tile and one GEMM; smaller tiles mean more passes over
  * y in the NN mode, where tiles split the reduction. Tile rows are a multiple of 128 so every
@@ -54,6 +60,7 @@ typedef struct blas_plan {
 
 static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 static cublasLtHandle_t blas_handle;
+static void *gemm_ws; /* device address of lt_gemm_ws */
 static blas_plan blas_plans[BLAS_PLANS];
 static int blas_nplans, blas_next;
 
@@ -132,6 +139,11 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
     const blas_key *k = &key;
     pthread_mutex_lock(&blas_mu);
     if (!blas_handle) BLAS_OK(cublasLtCreate(&blas_handle), "handle creation");
+    if (!gemm_ws) {
+        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
+        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
+    }
+    if (ws == NULL && wsb) ws = gemm_ws; /* the f32 gemm's fixed workspace */
     blas_plan *p = NULL;
     for (int i = 0; i < blas_nplans && !p; i++)
         if (!memcmp(&blas_plans[i].key, &key, sizeof key)) p = &blas_plans[i];
@@ -166,7 +178,7 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
         return;
     }
     /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
-    blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, 0);
+    blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, GEMM_WS_BYTES);
 }
 
 /* ---- weight matmul ---- */
@@ -211,13 +223,57 @@ __global__ void to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
-/* Rows [r0, r0 + rows) of W (any dtype) into a bf16 (rows, in) tile. */
+static __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Eight floats in (two 16-byte loads), eight bf16 out (one 16-byte store). */
+__global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 a = x[2 * i], b = x[2 * i + 1];
+        y[i] = make_uint4(bf16x2_bits(a.x, a.y), bf16x2_bits(a.z, a.w), bf16x2_bits(b.x, b.y), bf16x2_bits(b.z, b.w));
+    }
+}
+
+/* n f32 → bf16 (dst 16-byte aligned): vector loads when src allows, then the tail. */
+static void to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
+    int64_t n8 = ((uintptr_t)x % 16) ? 0 : n / 8;
+    if (n8) {
+        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256>>>((const float4 *)x, (uint4 *)y, n8);
+        LT_CUDA_LAUNCHED("matmul: x to bf16");
+    }
+    if (n - 8 * n8) {
+        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
+        LT_CUDA_LAUNCHED("matmul: x to bf16");
+    }
+}
+
+/* Rows [r0, r0 + rows) of W (plain dtype) into a bf16 (rows, in) tile, one element a thread. */
 __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows, int64_t in,
                                __nv_bfloat16 *tile) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
         const uint8_t *row = w + (size_t)(r0 + r) * row_bytes;
         for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < in; c += (int64_t)gridDim.x * blockDim.x)
             tile[r * in + c] = __float2bfloat16_rn(lt_dq_elem(t, row, c));
+    }
+}
+
+/* The same for block formats, one 32-weight group a thread: the scale is read once per group and
+ * the 64 output bytes leave as four 16-byte stores (in is a multiple of 32, so groups never
+ * straddle rows and every group start is 64-byte aligned in the tile). */
+__global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
+                                 int64_t in, __nv_bfloat16 *tile) {
+    const int64_t gpr = in / 32, total = rows * gpr;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / gpr, g = i - r * gpr;
+        float v[32];
+        lt_dq_group32(t, w + (size_t)(r0 + r) * row_bytes, g, v);
+        uint4 *dst = (uint4 *)(tile + r * in + g * 32);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            dst[q] = make_uint4(bf16x2_bits(v[8 * q], v[8 * q + 1]), bf16x2_bits(v[8 * q + 2], v[8 * q + 3]),
+                                bf16x2_bits(v[8 * q + 4], v[8 * q + 5]), bf16x2_bits(v[8 * q + 6], v[8 * q + 7]));
     }
 }
 
@@ -241,16 +297,20 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
         if (dt == LT_DTYPE_BF16) {
             wt = (const __nv_bfloat16 *)w->data;
         } else {
-            dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
-            dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+            if (lt_dtype_is_quantized(dt)) {
+                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256>>>(dt, (const uint8_t *)w->data, row_bytes,
+                                                                              r0, rows, in, tile);
+            } else {
+                dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
+                dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+            }
             LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
             wt = tile;
         }
         for (int64_t n0 = 0; n0 < N; n0 += XR) {
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
-                to_bf16_k<<<lt_cuda_grid(nr * xin, 256), 256>>>(x + n0 * xin, xb, nr * xin);
-                LT_CUDA_LAUNCHED("matmul: x to bf16");
+                to_bf16(x + n0 * xin, xb, nr * xin);
                 x_ready = 1;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
