@@ -16,7 +16,7 @@ static const bench_entry benches[] = {
 #include "benches.h"
 #undef LT_BENCH
 };
-static const char *usage = "longtune bench <name> [options]";
+static const char *usage = "longtune bench <name> [options] | longtune bench --tier quick|full|smoke";
 
 int lt_cmd_bench(int argc, char **argv) {
     if (argc < 2) return lt_cli_usage_error("bench", usage, "missing benchmark name");
@@ -26,6 +26,8 @@ int lt_cmd_bench(int argc, char **argv) {
             printf("  %-10s %s\n", benches[i].name, benches[i].summary);
         return LT_EXIT_OK;
     }
+    /* `bench --tier T` is the community suite (bench_suite.c) */
+    if (!strncmp(argv[1], "--tier", 6)) return lt_bench_suite(argc, argv);
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
     return lt_cli_usage_error("bench", usage, "unknown benchmark '%s'", argv[1]);

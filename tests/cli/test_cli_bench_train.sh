@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `longtune bench train` flag contract only (the bench itself takes minutes and loads 135M
-# parameters, too slow for CI): --help prints the usage, malformed flags exit 2 naming the flag,
-# a missing weights path is a clean error (exit 1) with nothing left behind.
+# `longtune bench train` flag contract (the real shapes take minutes, too slow for CI): --help
+# prints the usage, malformed flags exit 2, a missing weights path is a clean error (exit 1) with
+# nothing left behind, --backend cuda without a device is a clean error; and one tiny CPU run
+# whose result file has the planner equal to the measured high-water.
 set -u
 bin="$1"
 fail=0
@@ -12,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$bin" bench train --help >"$tmp/out" 2>&1 || say "--help: rc=$?"
 grep -q "^usage: longtune bench train" "$tmp/out" || say "--help does not print the usage line"
 
-for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend cuda" "--repeats 0"; do
+for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend gpu" "--repeats 0" "--shape nope" "--seq 64,"; do
   # shellcheck disable=SC2086
   "$bin" bench train $args >"$tmp/out" 2>&1
   rc=$?
@@ -25,6 +26,36 @@ rc=$?
 [ "$rc" -eq 1 ] || say "missing weights exited $rc, want 1"
 grep -q "no-such-model" "$tmp/out" || say "missing weights: the message does not name the path: $(cat "$tmp/out")"
 [ ! -e "$tmp/res" ] || say "a failed run wrote a result"
+
+if "$bin" info 2>/dev/null | grep -q -e "^cuda: no device" -e "^cuda: not built"; then
+  "$bin" bench train --backend cuda --no-peer --out "$tmp/res" >"$tmp/out" 2>&1
+  rc=$?
+  [ "$rc" -eq 1 ] || say "--backend cuda without a device exited $rc, want 1"
+  grep -q "no CUDA device" "$tmp/out" || say "--backend cuda: no clear message: $(cat "$tmp/out")"
+fi
+
+LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench train --shape tiny --seq 32,64 --repeats 1 --warmup 1 --no-peer \
+  --threads 1 --out "$tmp/res" >"$tmp/out" 2>&1 || say "tiny run failed: $(tail -3 "$tmp/out")"
+f="$tmp/res/train-cpu-tiny-random-f32.json"
+[ -f "$f" ] || say "tiny run wrote no $f"
+[ -f "$tmp/w/tiny-f32/longtune-random" ] || say "the random checkpoint has no stamp"
+if [ -f "$f" ]; then
+  python3 - "$f" <<'PY' || say "tiny run result: $(cat "$f" | head -c 600)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+arms = [a for a in r["arms"] if a["name"].startswith("longtune-T")]
+assert [a["T"] for a in arms] == [32, 64], arms
+for a in arms:
+    assert a["plan_bytes"] == a["peak_bytes"], (a["plan_bytes"], a["peak_bytes"])
+    assert a["tokens_per_s"] > 0 and a["last_loss"] > 0
+assert r["config"]["shape"] == "tiny" and r["config"]["memory_guard"] == "on"
+assert "model_flops" in r["config"]["flops"]
+PY
+fi
+# a second run reuses the checkpoint instead of rewriting it
+LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench train --shape tiny --seq 32 --repeats 1 --warmup 0 --no-peer \
+  --threads 1 --out "$tmp/res" >"$tmp/out" 2>&1 || say "second tiny run failed"
+grep -q "reused from" "$tmp/out" || say "the second run did not reuse the checkpoint"
 
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"

@@ -1,0 +1,477 @@
+/* `longtune bench context`: the longest context one training step (batch 1, LoRA r=8 on all seven
+ * projections, recompute every layer, flash attention, fused loss, AdamW) fits in this machine's
+ * memory. The planner answers first (bisection over T against the memory guard's ceiling), the
+ * answer is confirmed by allocating the run under the guard (the model allocates everything at
+ * prepare time, so a length that does not fit fails there) and by real steps at the longest length
+ * whose step fits the time budget; the CUDA peer's ceiling (transformers + PEFT, real steps, by
+ * bisection) runs first, in its own process, on an untouched device. The result also carries peak
+ * memory against context for both arms (scripts/context_chart.py draws it). Reimplements no op. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_model.h"
+#include "bench_util.h"
+#include "backend/backend.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "longtune/alloc.h"
+#include "longtune/guard.h"
+#include "longtune/log.h"
+#include "longtune/model.h"
+#include "longtune/plan.h"
+#include "longtune/sysinfo.h"
+
+static int usage(const char *msg, const char *arg) {
+    fprintf(stderr, "longtune bench context: %s '%s'\nusage: longtune bench context [options]\n", msg, arg);
+    return 2;
+}
+
+static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) return -1;
+    *out = x;
+    return 0;
+}
+
+/* Parses "123", "64M", "12G" (binary units) into bytes. */
+static int parse_bytes(const char *v, uint64_t *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || x <= 0) return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1073741824.0, end++;
+    if (*end == 'i') end++;
+    if (*end == 'B') end++;
+    if (*end) return -1;
+    *out = (uint64_t)(x * mul);
+    return 0;
+}
+
+/* The run state one length is tried with. */
+typedef struct ctx_run {
+    lt_ctx *ctx;
+    lt_model *m;
+    lt_device dev;
+    const lt_backend *be;
+    lt_lora_options lo;
+    int threads;
+    float *mom_m, *mom_v;
+    size_t mom_bytes;
+    int32_t *tok;        /* host batch of 2·Tmax ids (the model copies a batch in itself) */
+    size_t tok_bytes;
+    size_t held_extra;   /* accounted bytes the bench holds besides model, optimizer and batch */
+    lt_guard *guard;
+    uint64_t seed;
+    int64_t adam_step;
+} ctx_run;
+
+static lt_model_run_options run_opts(int64_t T, int threads) {
+    lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
+                               .loss = LT_LCE_FUSED, .threads = threads};
+    return ro;
+}
+
+static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_plan *p) {
+    lt_plan_options po = {.device = r->dev, .lora = r->lo, .run = run_opts(T, r->threads),
+                          .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) + r->held_extra};
+    return lt_plan_compute(r->ctx, cfg, &po, p);
+}
+
+/* Allocates the run at T (lt_model_prepare under the guard's limit). 1 = fits, 0 = out of memory,
+ * -1 = another error (in ctx). *peak: the bytes held right after, which is the run's high-water
+ * since the model allocates nothing inside a step; the peak counter is reset to it. */
+static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
+    lt_model_run_options ro = run_opts(T, r->threads);
+    lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
+    lt_mem_reset_peak(r->ctx, r->dev);
+    *peak = lt_mem_get_stats(r->ctx, r->dev).used_bytes;
+    if (st == LT_OK) return 1;
+    return st == LT_ERR_OOM ? 0 : -1;
+}
+
+/* One real step at T (prepared). Returns its milliseconds, or < 0 on failure (status in ctx). */
+static double step_at(ctx_run *r, int64_t T, double *loss) {
+    const lt_model_config *cfg = lt_model_get_config(r->m);
+    int32_t *x = r->tok, *y = r->tok + T;
+    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&r->seed) % (uint64_t)cfg->V);
+    for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
+    y[T - 1] = LT_IGNORE_INDEX;
+    lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
+    lt_model_result mr;
+    int64_t n = 0;
+    float *params = lt_model_lora_params(r->m, &n), *grads = lt_model_lora_grads(r->m, &n);
+    lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++r->adam_step};
+    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
+    double t0 = lt_time_now();
+    lt_model_zero_grads(r->m);
+    if (lt_model_forward_backward(r->ctx, r->m, &b, 0.0f, &mr, NULL) != LT_OK) return -1;
+    r->be->adamw(r->ctx, params, grads, r->mom_m, r->mom_v, n, &hp);
+    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
+    *loss = mr.loss_sum / (double)mr.n_tokens;
+    if (r->guard && lt_guard_tripped(r->guard)) {
+        lt_guard_breach gb = lt_guard_get_breach(r->guard);
+        lt_error(r->ctx, LT_ERR_OOM, "memory guard: %s at %llu bytes passed the ceiling %llu at T=%lld", gb.source,
+                 (unsigned long long)gb.observed_bytes, (unsigned long long)gb.ceiling_bytes, (long long)T);
+        return -1;
+    }
+    return (lt_time_now() - t0) * 1e3;
+}
+
+static cJSON *point(int64_t T, const char *how, int ok, double plan, double peak) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "T", (double)T);
+    cJSON_AddStringToObject(p, "by", how);
+    cJSON_AddBoolToObject(p, "ok", ok);
+    if (plan > 0) cJSON_AddNumberToObject(p, "plan_bytes", plan);
+    if (peak > 0) cJSON_AddNumberToObject(p, "peak_bytes", peak);
+    if (plan > 0 && peak > 0) cJSON_AddNumberToObject(p, "plan_over_measured", plan / peak);
+    return p;
+}
+
+int lt_bench_context(int argc, char **argv) {
+    lt_bench_common c;
+    lt_bench_common_init(&c);
+    int64_t step = 0, tmax = 0, peer_max = 0, threads = 0;
+    double confirm_s = 120;
+    uint64_t ceiling = 0;
+    int peers = 1;
+    const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
+    if (!peer_path) peer_path = "/tmp/lt-peer";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: longtune bench context [options]\n\n"
+                   "Longest trainable context (batch 1, LoRA r=8 on all seven projections, recompute every layer,\n"
+                   "flash attention, fused loss, AdamW): the planner's answer against the memory guard's\n"
+                   "ceiling, confirmed by allocating the run under the guard and by real steps at the longest\n"
+                   "length whose step fits --confirm-seconds; on CUDA the transformers + PEFT peer's ceiling\n"
+                   "by real steps (bisection). Writes peak memory against context for both arms\n"
+                   "(python3 scripts/context_chart.py RESULT.json draws it as SVG).\n\n"
+                   "options:\n"
+                   "  --shape S            %s (default qwen3-8b)\n"
+                   "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
+                   "  --step N             resolution in tokens (default 8192 on cuda, 256 on cpu)\n"
+                   "  --max N              longest T searched (default 4194304)\n"
+                   "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
+                   "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
+                   "  --threads N          CPU threads\n"
+                   "  --no-peer            skip the peer\n"
+                   "  --peer-max N         longest T the peer tries (default 1048576)\n"
+                   "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
+                   "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
+                   "  --json, --out DIR, --backend cpu|cuda as every bench\n",
+                   lt_bench_shape_names());
+            return 0;
+        }
+        int r = lt_bench_common_flag(&c, argc, argv, &i);
+        if (r < 0) return usage("bad value for", a);
+        if (r > 0) continue;
+        if (!strcmp(a, "--no-peer")) {
+            peers = 0;
+            continue;
+        }
+        if (!v) return usage("missing value for", a);
+        i++;
+        if (!strcmp(a, "--shape")) {
+            if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
+            shape_name = v;
+        } else if (!strcmp(a, "--weights")) {
+            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32")) return usage("weights must be random-bf16|random-f32, not", v);
+            weights = v;
+        } else if (!strcmp(a, "--step")) {
+            if (parse_i64(v, 1, 1 << 20, &step)) return usage("bad step", v);
+        } else if (!strcmp(a, "--max")) {
+            if (parse_i64(v, 2, (int64_t)1 << 26, &tmax)) return usage("bad --max", v);
+        } else if (!strcmp(a, "--peer-max")) {
+            if (parse_i64(v, 2, (int64_t)1 << 26, &peer_max)) return usage("bad --peer-max", v);
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_i64(v, 1, 4096, &threads)) return usage("bad thread count", v);
+        } else if (!strcmp(a, "--memory-ceiling")) {
+            if (parse_bytes(v, &ceiling)) return usage("bad byte size", v);
+        } else if (!strcmp(a, "--confirm-seconds")) {
+            char *end;
+            confirm_s = strtod(v, &end);
+            if (end == v || *end || confirm_s < 0) return usage("bad seconds", v);
+        } else if (!strcmp(a, "--peer-path")) {
+            peer_path = v;
+        } else {
+            return usage("bad option", a);
+        }
+    }
+    const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
+    int cuda = !strcmp(c.backend, "cuda");
+    lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
+    if (!weights) weights = cuda ? "random-bf16" : "random-f32";
+    lt_dtype wdt = !strcmp(weights, "random-bf16") ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+    if (!step) step = cuda ? 8192 : 256;
+    if (!tmax) tmax = (int64_t)1 << 22;
+    if (!peer_max) peer_max = (int64_t)1 << 20;
+    if (tmax < step) return usage("--max is below --step", "--max");
+    signal(SIGPIPE, SIG_IGN);
+
+    /* The peer first, in its own process, before this one creates a CUDA context. */
+    cJSON *peer_lines = NULL;
+    if (peers && cuda) {
+        char args[256];
+        snprintf(args, sizeof args, "--shape %s --ceiling --ceiling-step %lld --ceiling-start %lld --ceiling-max %lld",
+                 shape->name, (long long)step, (long long)step, (long long)peer_max);
+        double t0 = lt_time_now();
+        peer_lines = lt_bench_gpu_peer_run(peer_path, args);
+        fprintf(stderr, "peer ceiling search took %.0f s\n", lt_time_now() - t0);
+    } else if (peers) {
+        fprintf(stderr, "peer: the context ceiling peer runs on CUDA only (CPU steps at these lengths take hours)\n");
+    }
+    if (cuda && lt_sys_cuda().count == 0) {
+        fprintf(stderr, "longtune bench context: --backend cuda: no CUDA device (or a build without CUDA)\n");
+        cJSON_Delete(peer_lines);
+        return 1;
+    }
+
+    lt_ctx *ctx = lt_ctx_new();
+    if (!ctx) return 1;
+    if (threads > 0) lt_ctx_set_threads(ctx, (int)threads);
+    ctx_run R;
+    memset(&R, 0, sizeof R);
+    R.ctx = ctx;
+    R.dev = dev;
+    R.be = lt_backend_get(dev);
+    R.threads = lt_parallel_threads(lt_ctx_threads(ctx));
+    R.lo = (lt_lora_options){.targets = LT_LORA_ALL_TARGETS, .rank = 8, .alpha = 16, .seed = 1};
+    R.seed = 0xc0de;
+    int rc = 1;
+    cJSON *res = NULL;
+    lt_status st = LT_OK;
+    lt_model_config cfg = lt_bench_shape_config(shape, wdt);
+    R.tok_bytes = 2 * (size_t)tmax * sizeof(int32_t);
+
+    /* 1. the planner, against the guard's ceiling for this device (nothing allocated yet) */
+    lt_guard_options go = {.device = dev, .ceiling_bytes = ceiling};
+    lt_guard_ceiling gc;
+    if ((st = lt_guard_measure(ctx, dev, &go, &gc)) != LT_OK) goto fail;
+    int64_t t_plan = 0;
+    int found = 0;
+    /* on the host, memory held outside the allocator (code, libraries, thread stacks) counts
+     * against the ceiling as the guard counts it, so the planner gets what the allocator will */
+    uint64_t budget = gc.ceiling_bytes;
+    if (!cuda) {
+        uint64_t rss = lt_sys_process_rss(), used = lt_mem_get_stats(ctx, dev).used_bytes;
+        uint64_t outside = rss > used ? rss - used : 0;
+        budget = budget > outside ? budget - outside : 0;
+    }
+    {
+        lt_plan_options po = {.device = dev, .lora = R.lo, .run = run_opts(step, R.threads),
+                              .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes)};
+        if ((st = lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, tmax, budget, &t_plan, &found)) != LT_OK)
+            goto fail;
+    }
+    int64_t t_cand = t_plan / step * step;
+    fprintf(stderr, "planner: ceiling %.3f GiB, %.3f GiB for the allocator (%s) -> longest T %lld, tried at %lld (multiple of %lld)\n",
+            (double)gc.ceiling_bytes / 1073741824.0, (double)budget / 1073741824.0, ceiling ? "given" : "guard rule", (long long)t_plan,
+            (long long)t_cand, (long long)step);
+
+    res = lt_bench_result_new("context");
+    cJSON *jc = cJSON_AddObjectToObject(res, "config");
+    cJSON_AddStringToObject(jc, "backend", c.backend);
+    cJSON_AddStringToObject(jc, "shape", shape->name);
+    cJSON_AddStringToObject(jc, "model", shape->title);
+    cJSON_AddStringToObject(jc, "weights", weights);
+    cJSON_AddStringToObject(jc, "run", "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute "
+                                       "every layer, flash attention, fused loss, AdamW");
+    cJSON_AddNumberToObject(jc, "step", (double)step);
+    cJSON_AddNumberToObject(jc, "max", (double)tmax);
+    cJSON_AddNumberToObject(jc, "memory_total_bytes", (double)gc.total_bytes);
+    cJSON_AddNumberToObject(jc, "memory_available_bytes", (double)gc.available_bytes);
+    cJSON_AddNumberToObject(jc, "ceiling_bytes", (double)gc.ceiling_bytes);
+    cJSON_AddNumberToObject(jc, "planner_budget_bytes", (double)budget);
+    cJSON_AddStringToObject(jc, "ceiling_rule", ceiling ? "--memory-ceiling" : "memory guard: min(0.90 total, in_use + available - cushion)");
+    cJSON_AddNumberToObject(jc, "confirm_seconds", confirm_s);
+    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
+    cJSON *ours = cJSON_CreateObject();
+    cJSON_AddItemToArray(arms, ours);
+    cJSON_AddStringToObject(ours, "name", "longtune");
+    cJSON_AddNumberToObject(ours, "plan_max_T", (double)t_plan);
+    cJSON *pts = cJSON_AddArrayToObject(ours, "points");
+    /* the planner's curve at every multiple of step up to its answer (pure, so cheap) */
+    cJSON *curve = cJSON_AddArrayToObject(ours, "plan_curve");
+    {
+        int64_t stride = step * ((t_cand / step + 63) / 64); /* at most ~64 points */
+        for (int64_t T = stride; T <= t_cand && stride > 0; T += stride) {
+            lt_plan p;
+            if (plan_at(&R, &cfg, T, &p) != LT_OK) break;
+            cJSON *q = cJSON_CreateObject();
+            cJSON_AddNumberToObject(q, "T", (double)T);
+            cJSON_AddNumberToObject(q, "plan_bytes", (double)p.peak_bytes);
+            cJSON_AddItemToArray(curve, q);
+        }
+    }
+    if (!found || t_cand < step) {
+        fprintf(stderr, "planner: not even T=%lld fits the ceiling\n", (long long)step);
+        cJSON_AddNumberToObject(ours, "ceiling_T", 0);
+        goto peer;
+    }
+
+    /* 2. the model under the guard, then allocation at the planner's answer and one step past it */
+    if ((st = lt_bench_load_random(ctx, shape, wdt, dev, &R.lo, R.threads, &R.m)) != LT_OK) goto fail;
+    {
+        int64_t n = 0;
+        lt_model_lora_params(R.m, &n);
+        R.mom_bytes = (size_t)n * sizeof(float);
+        R.mom_m = lt_alloc(ctx, dev, R.mom_bytes, "bench context AdamW m");
+        R.mom_v = lt_alloc(ctx, dev, R.mom_bytes, "bench context AdamW v");
+        if (R.mom_m) R.be->zero(ctx, R.mom_m, R.mom_bytes);
+        if (R.mom_v) R.be->zero(ctx, R.mom_v, R.mom_bytes);
+        R.tok = lt_alloc(ctx, LT_DEVICE_CPU, R.tok_bytes, "bench context batch (host)");
+        if (!R.mom_m || !R.mom_v || !R.tok) {
+            st = LT_ERR_OOM;
+            goto fail;
+        }
+    }
+    {
+        lt_guard_options g2 = {.device = dev, .ceiling_bytes = gc.ceiling_bytes};
+        size_t before = lt_mem_get_stats(ctx, dev).used_bytes;
+        if ((st = lt_guard_start(ctx, &g2, &R.guard)) != LT_OK) goto fail;
+        R.held_extra = lt_mem_get_stats(ctx, dev).used_bytes - before;
+    }
+    size_t peak = 0;
+    int64_t lo = 0, hi = 0; /* longest T that allocated, shortest that did not (multiples of step) */
+    int fits = alloc_at(&R, t_cand, &peak);
+    if (fits < 0) goto fail_st;
+    {
+        lt_plan p;
+        if ((st = plan_at(&R, &cfg, t_cand, &p)) != LT_OK) goto fail;
+        cJSON_AddItemToArray(pts, point(t_cand, "allocation", fits, (double)p.peak_bytes, fits ? (double)peak : 0));
+        fprintf(stderr, "allocate T=%lld: %s (plan %.3f GiB, measured %.3f GiB)\n", (long long)t_cand,
+                fits ? "fits" : "out of memory", (double)p.peak_bytes / 1073741824.0, (double)peak / 1073741824.0);
+    }
+    if (fits) {
+        lo = t_cand;
+        /* upward until a length does not allocate: shows whether the planner left memory unused */
+        for (int64_t T = t_cand + step; T <= tmax; T += step) {
+            int f = alloc_at(&R, T, &peak);
+            if (f < 0) goto fail_st;
+            lt_plan p;
+            if (plan_at(&R, &cfg, T, &p) != LT_OK) break;
+            cJSON_AddItemToArray(pts, point(T, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0));
+            fprintf(stderr, "allocate T=%lld: %s\n", (long long)T, f ? "fits" : "out of memory");
+            if (!f) {
+                hi = T;
+                break;
+            }
+            lo = T;
+        }
+    } else {
+        /* the planner was optimistic: bisect down in steps */
+        hi = t_cand;
+        while (hi - lo > step) {
+            int64_t mid = (lo + hi) / 2 / step * step;
+            if (mid <= lo) mid = lo + step;
+            int f = alloc_at(&R, mid, &peak);
+            if (f < 0) goto fail_st;
+            lt_plan p;
+            if (plan_at(&R, &cfg, mid, &p) != LT_OK) break;
+            cJSON_AddItemToArray(pts, point(mid, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0));
+            if (f) lo = mid;
+            else hi = mid;
+        }
+    }
+    cJSON_AddNumberToObject(ours, "alloc_ceiling_T", (double)lo);
+    if (hi) cJSON_AddNumberToObject(ours, "alloc_fails_T", (double)hi);
+
+    /* 3. real steps: one at `step` to measure the rate, then at the longest length whose
+     * estimated step time fits the budget (the ceiling itself when it does) */
+    int64_t stepped = 0;
+    if (confirm_s > 0 && lo >= step) {
+        double loss = 0;
+        int f = alloc_at(&R, step, &peak);
+        if (f != 1) goto fail_st;
+        double ms = step_at(&R, step, &loss);
+        if (ms < 0) goto fail_st;
+        ms = step_at(&R, step, &loss); /* the first step pays one-time setup */
+        if (ms < 0) goto fail_st;
+        peak = lt_mem_get_stats(ctx, dev).peak_bytes;
+        lt_plan p;
+        if ((st = plan_at(&R, &cfg, step, &p)) != LT_OK) goto fail;
+        cJSON *q = point(step, "step", 1, (double)p.peak_bytes, (double)peak);
+        cJSON_AddNumberToObject(q, "ms", ms);
+        cJSON_AddNumberToObject(q, "loss", loss);
+        cJSON_AddItemToArray(pts, q);
+        /* the estimate scales the short step by FLOPs and doubles it: at long T attention, which
+         * runs at a lower rate than the projections, takes most of the step */
+        double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step) / (ms * 1e-3);
+        int64_t T = lo;
+        while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T) / rate > confirm_s) T -= step;
+        stepped = step;
+        if (T > step) {
+            fprintf(stderr, "step at T=%lld (estimated %.0f s from the T=%lld step)\n", (long long)T,
+                    2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T) / rate, (long long)step);
+            f = alloc_at(&R, T, &peak);
+            if (f != 1) goto fail_st;
+            ms = step_at(&R, T, &loss);
+            if (ms < 0) goto fail_st;
+            peak = lt_mem_get_stats(ctx, dev).peak_bytes;
+            if ((st = plan_at(&R, &cfg, T, &p)) != LT_OK) goto fail;
+            q = point(T, "step", 1, (double)p.peak_bytes, (double)peak);
+            cJSON_AddNumberToObject(q, "ms", ms);
+            cJSON_AddNumberToObject(q, "loss", loss);
+            cJSON_AddNumberToObject(q, "tokens_per_s", (double)T / (ms * 1e-3));
+            cJSON_AddItemToArray(pts, q);
+            fprintf(stderr, "step T=%lld: %.1f s, loss %.4f, peak %.3f GiB (plan %.3f GiB)\n", (long long)T, ms * 1e-3, loss,
+                    (double)peak / 1073741824.0, (double)p.peak_bytes / 1073741824.0);
+            stepped = T;
+        }
+    }
+    cJSON_AddNumberToObject(ours, "step_confirmed_T", (double)stepped);
+    cJSON_AddNumberToObject(ours, "ceiling_T", (double)lo);
+    cJSON_AddStringToObject(ours, "ceiling_by",
+                            stepped == lo ? "planner, allocation and a real step"
+                                          : "planner and allocation (real step at step_confirmed_T)");
+    fprintf(stderr, "longtune: longest T %lld (planner %lld, allocation %lld, real step at %lld)\n", (long long)lo,
+            (long long)t_plan, (long long)lo, (long long)stepped);
+
+peer:
+    if (peer_lines) {
+        const cJSON *ready = lt_bench_peer_find(peer_lines, "ready", 0);
+        const cJSON *cl = cJSON_GetObjectItem(lt_bench_peer_find(peer_lines, "ceiling", 0), "ceiling");
+        cJSON *pa = cJSON_CreateObject();
+        cJSON_AddStringToObject(pa, "name", "torch-peft");
+        if (ready) cJSON_AddItemToObject(pa, "peer", cJSON_Duplicate(ready, 1));
+        if (cl) {
+            cJSON_AddNumberToObject(pa, "ceiling_T", cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T")));
+            cJSON_AddItemToObject(pa, "fails_T", cJSON_Duplicate(cJSON_GetObjectItem(cl, "fails_T"), 1));
+            cJSON_AddItemToObject(pa, "points", cJSON_Duplicate(cJSON_GetObjectItem(cl, "tries"), 1));
+            double ours_T = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "ceiling_T"));
+            double theirs_T = cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T"));
+            if (theirs_T > 0 && ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_ratio", ours_T / theirs_T);
+            int capped = !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T"));
+            cJSON_AddBoolToObject(pa, "search_capped", capped); /* no failure up to --peer-max */
+            fprintf(stderr, "peer: longest T %.0f%s -> longtune %.2fx%s\n", theirs_T, capped ? " (search capped by --peer-max)" : "",
+                    theirs_T > 0 ? ours_T / theirs_T : NAN, capped ? " at most" : "");
+        }
+        cJSON_AddItemToArray(arms, pa);
+    }
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s-%s", c.backend, shape->name);
+    rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
+    res = NULL;
+    goto out;
+fail_st:
+    st = lt_ctx_status(ctx);
+fail:
+    fprintf(stderr, "longtune bench context: %s\n", st != LT_OK ? lt_ctx_error(ctx) : "failed");
+out:
+    if (R.guard) lt_guard_stop(R.guard);
+    cJSON_Delete(res);
+    cJSON_Delete(peer_lines);
+    if (R.mom_m) lt_free(ctx, dev, R.mom_m, R.mom_bytes);
+    if (R.mom_v) lt_free(ctx, dev, R.mom_v, R.mom_bytes);
+    if (R.tok) lt_free(ctx, LT_DEVICE_CPU, R.tok, R.tok_bytes);
+    lt_model_free(ctx, R.m);
+    lt_ctx_free(ctx);
+    return rc;
+}
