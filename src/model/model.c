@@ -210,7 +210,8 @@ static lt_attention_params attn_params(const step *s) {
 
 /* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out =
  * NULL is the recompute before the layer's own backward, which needs the stores but not the
- * output: the down projection's base product is skipped (a quarter of the MLP's FLOPs). */
+ * output: the down projection's base product is skipped (a quarter of the MLP's FLOPs), and the
+ * SwiGLU output is left in the dg workspace where layer_bwd reads it. */
 static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
@@ -241,7 +242,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     be->rmsnorm_fwd(s->ctx, st->x_mid, L->mlp_norm, c->rms_eps, N, C, st->h2, st->rstd2);
     proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL, 0.0f);
     proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL, 0.0f);
-    float *a = wsf(s, m->lay.da);
+    float *a = wsf(s, x_out ? m->lay.da : m->lay.dg);
     be->swiglu_fwd(s->ctx, st->g, st->u, N * c->F, a);
     /* x_out = x_mid + down(a) */
     if (x_out) LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
@@ -251,8 +252,10 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
 
 /* dx holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0 (the
  * first LoRA layer: everything below it, the embedding included, is frozen) skips the attention
- * block's input gradient and leaves dx at ∂/∂x_mid. */
-static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx) {
+ * block's input gradient and leaves dx at ∂/∂x_mid. a_ready: the recompute just left the SwiGLU
+ * output in the dg workspace. */
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx,
+                           int a_ready) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
@@ -262,7 +265,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     float *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
     float *a = dg; /* the activation is recomputed into dg's buffer, which swiglu_bwd then overwrites */
     /* MLP: x_out = x_mid + down(swiglu(gate(h2), up(h2))) */
-    be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
+    if (!a_ready) be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
     proj_bwd(s, l, LT_PROJ_DOWN, a, dx, st->lu[LT_PROJ_DOWN], da, 0.0f);
     be->swiglu_bwd(s->ctx, da, st->g, st->u, N * F, dg, du);
     proj_bwd(s, l, LT_PROJ_GATE, st->h2, dg, st->lu[LT_PROJ_GATE], dh, 0.0f);
@@ -433,7 +436,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     int64_t last_seg = (K - 1) / k;
     for (int64_t j = K - 1; j >= 0; j--) {
         int64_t seg = j / k;
-        if (m->lay.n_ckpt && seg != last_seg && j % k == k - 1) {
+        int recomputed = m->lay.n_ckpt && seg != last_seg && j % k == k - 1;
+        if (recomputed) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
             for (int64_t i = seg * k; i <= j; i++) {
                 LT_TRY(slot_of(&s, i, &st));
@@ -442,7 +446,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
             }
         }
         LT_TRY(slot_of(&s, j, &st));
-        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0));
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0, recomputed));
     }
     if (res) *res = r;
     return LT_OK;
