@@ -6,6 +6,7 @@
  * in the same run, interleaved with ours so a loaded machine slows both alike. Weights are random
  * with the real shape (written as a safetensors folder both arms load) or a real file (ours only).
  * It calls the library's model and planner; it does not reimplement any op. */
+#define _DEFAULT_SOURCE /* getloadavg */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -434,6 +435,8 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "sgemm_n", 1024);
     cJSON_AddStringToObject(jc, "openblas_core", openblas_get_corename());
     cJSON_AddStringToObject(jc, "schedule", "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
+    double load[1];
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_start", load[0]);
     cJSON_AddStringToObject(jc, "flops",
                             "per step of T tokens: L*(6*P*T + 10*r*(in+out summed over the 7 adapters)*T + "
                             "4.5*2*H*T^2*D) + 4*V*C*T; P = weight elements of one layer's 7 projections "
@@ -556,6 +559,7 @@ int lt_bench_train(int argc, char **argv) {
         free(theirs_cpu);
     }
     peer_close(&pr);
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[64];
     snprintf(tag, sizeof tag, "cpu-%s", random_w ? weights : "file");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
