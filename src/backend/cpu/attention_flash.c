@@ -187,18 +187,12 @@ static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t h
 #pragma omp simd
                 for (int64_t x = c0; x < c1; x++) srow[x] = cap * lt_attn_tanh(srow[x] * inv);
             }
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int64_t x = c0; x < c1; x++) mx = srow[x] > mx ? srow[x] : mx;
+            const float mx = lt_attn_max(srow + c0, c1 - c0);
             const float mnew = mx > m[i] ? mx : m[i];
             const float alpha = m[i] == -INFINITY ? 0.0f : lt_attn_exp(m[i] - mnew);
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t x = c0; x < c1; x++) {
-                float e = lt_attn_exp(srow[x] - mnew);
-                srow[x] = e;
-                sum += e;
-            }
+#pragma omp simd
+            for (int64_t x = c0; x < c1; x++) srow[x] = lt_attn_exp(srow[x] - mnew);
+            const float sum = lt_attn_sum(srow + c0, c1 - c0);
             memset(srow, 0, (size_t)c0 * sizeof(float));
             memset(srow + c1, 0, (size_t)(c - c1) * sizeof(float));
             l[i] = l[i] * alpha + sum;
