@@ -1,8 +1,9 @@
-/* `longtune bench lce`: the linear cross-entropy arms (naive, chunked, fused) on one shape —
- * forward and forward+backward median milliseconds, extra peak bytes seen by the accounting
- * allocator (inputs and outputs excluded), effective GFLOP/s and their ratio to OpenBLAS sgemm
- * measured in the same run. It measures the library symbols lt_lce_forward/backward; it does not
- * run PyTorch peers (bench/peers/ does). */
+/* `longtune bench lce`: the linear cross-entropy arms (naive, chunked, fused: lt_lce_forward then
+ * lt_lce_backward; fused-fb: one lt_lce_forward_backward call) on one shape — forward and
+ * forward+backward median milliseconds (wall and process CPU time), extra peak bytes seen by the
+ * accounting allocator (inputs and outputs excluded), the GFLOP/s of the GEMM work each arm
+ * executes and its ratio to OpenBLAS sgemm measured in the same run. It does not run PyTorch peers
+ * (bench/peers/ does). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,10 +61,6 @@ static void *make_matrix(lt_ctx *ctx, uint64_t *s, lt_dtype t, int64_t rows, int
     return m;
 }
 
-static const char *impl_str(lt_lce_impl i) {
-    return i == LT_LCE_NAIVE ? "naive" : i == LT_LCE_CHUNKED ? "chunked" : "fused";
-}
-
 static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "longtune bench lce: %s '%s'\nusage: longtune bench lce [options]\n", msg, arg);
     return 2;
@@ -73,20 +70,21 @@ int lt_bench_lce(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     lce_case k = {2048, 32000, 1024, LT_DTYPE_F32, LT_DTYPE_F32, 0};
-    int head_set = 0, arms_mask = 7, tile_n = 0, tile_v = 0, threads = 0, shape_set = 0, peers = 1;
+    int head_set = 0, arms_mask = 15, tile_n = 0, tile_v = 0, threads = 0, shape_set = 0, peers = 1;
     const char *tag = "small";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: longtune bench lce [options]\n\n"
-                   "Linear cross-entropy arms naive, chunked, fused: forward and forward+backward (grad\n"
+                   "Linear cross-entropy arms naive, chunked, fused, fused-fb: forward and forward+backward (grad\n"
                    "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
                    "options:\n"
                    "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
                    "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
                    "  --hidden T       f32 (default) | bf16\n"
                    "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
-                   "  --arms LIST      comma list of naive,chunked,fused (default all)\n"
+                   "  --arms LIST      comma list of naive,chunked,fused,fused-fb (default all; fused-fb is\n"
+                   "                   lt_lce_forward_backward: loss and grads in one call)\n"
                    "  --dw             also accumulate grad W in the backward (dense heads)\n"
                    "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
                    "  --threads N      worker threads (default: OpenMP's)\n"
@@ -129,10 +127,18 @@ int lt_bench_lce(int argc, char **argv) {
             head_set = 1;
         } else if (!strcmp(a, "--arms")) {
             arms_mask = 0;
-            if (strstr(v, "naive")) arms_mask |= 1;
-            if (strstr(v, "chunked")) arms_mask |= 2;
-            if (strstr(v, "fused")) arms_mask |= 4;
-            if (!arms_mask) return usage("no known arm in", v);
+            for (const char *t = v; *t;) {
+                const char *e = strchr(t, ',');
+                size_t n = e ? (size_t)(e - t) : strlen(t);
+                int bit = n == 5 && !strncmp(t, "naive", n)      ? 1
+                          : n == 7 && !strncmp(t, "chunked", n)  ? 2
+                          : n == 5 && !strncmp(t, "fused", n)    ? 4
+                          : n == 8 && !strncmp(t, "fused-fb", n) ? 8
+                                                                 : 0;
+                if (!bit) return usage("unknown arm in", v);
+                arms_mask |= bit;
+                t += n + (e != NULL);
+            }
         } else if (!strcmp(a, "--tile-n")) {
             tile_n = atoi(v);
         } else if (!strcmp(a, "--tile-v")) {
@@ -144,7 +150,8 @@ int lt_bench_lce(int argc, char **argv) {
         }
     }
     if (!strcmp(c.backend, "cuda")) /* its own arm: bench/bench_lce_cuda.c */
-        return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers) : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers);
+        return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers, tile_n, tile_v)
+                         : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers, tile_n, tile_v);
     if (!head_set) k.head = k.hidden;
     if (strchr(tag, ',')) tag = "custom";
 
@@ -200,17 +207,21 @@ int lt_bench_lce(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
     cJSON_AddStringToObject(cfg, "openblas_config", openblas_get_config());
-    cJSON_AddStringToObject(cfg, "flops", "forward 2NVC; backward 4NVC (+2NVC with grad W)");
+    cJSON_AddStringToObject(cfg, "flops", "GEMM work executed: forward 2NVC; backward 4NVC (+2NVC with grad W); "
+                                          "fused-fb 4NVC (6NVC + 2NVC with grad W: it runs both passes then)");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
 
     double flops_f = 2.0 * (double)k.N * (double)k.V * (double)k.C, flops_b = flops_f * (k.dw ? 3.0 : 2.0);
     double naive_fb = 0, naive_peak = 0, fused_fb = 0, fused_peak = 0, naive_cpu = 0, fused_cpu = 0;
+    double one_fb = 0, one_peak = 0, one_cpu = 0;
     int first = 1, failed = 0;
     double *tf = malloc(sizeof(double) * (size_t)(c.repeats + 1)), *tb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
     double *cb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
-    const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED};
-    for (int ai = 0; ai < 3 && !failed; ai++) {
+    const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED, LT_LCE_FUSED};
+    static const char *names[] = {"naive", "chunked", "fused", "fused-fb"};
+    for (int ai = 0; ai < 4 && !failed; ai++) {
         if (!(arms_mask & (1 << ai))) continue;
+        const int one = ai == 3; /* lt_lce_forward_backward */
         lt_lce_options o = {.impl = impls[ai], .tile_n = tile_n, .tile_v = tile_v};
         size_t peak_f = 0, peak_b = 0;
         for (int r = -c.warmup; r < c.repeats; r++) {
@@ -219,16 +230,16 @@ int lt_bench_lce(int argc, char **argv) {
             /* process CPU time too: on a shared machine it shows the work done apart from waiting */
             clock_t c0 = clock();
             double t0 = lt_time_now();
-            lt_status st = lt_lce_forward(ctx, &o, &args);
+            lt_status st = one ? LT_OK : lt_lce_forward(ctx, &o, &args);
             double t1 = lt_time_now();
             size_t pf = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base;
             lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
-            if (st == LT_OK) st = lt_lce_backward(ctx, &o, &args);
+            if (st == LT_OK) st = one ? lt_lce_forward_backward(ctx, &o, &args) : lt_lce_backward(ctx, &o, &args);
             double t2 = lt_time_now();
             clock_t c2 = clock();
             size_t pb = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes - base;
             if (st != LT_OK) {
-                fprintf(stderr, "longtune bench lce: %s: %s\n", impl_str(impls[ai]), lt_ctx_error(ctx));
+                fprintf(stderr, "longtune bench lce: %s: %s\n", names[ai], lt_ctx_error(ctx));
                 failed = 1;
                 break;
             }
@@ -253,20 +264,27 @@ int lt_bench_lce(int argc, char **argv) {
         }
         first = 0;
         size_t peak = peak_f > peak_b ? peak_f : peak_b;
-        double gf = flops_f / (mf * 1e-3) * 1e-9, gfb = (flops_f + flops_b) / (mb * 1e-3) * 1e-9;
+        /* GEMM work executed: fused-fb makes the logits once unless it falls back (dw). */
+        double exec = one && !k.dw ? 2 * flops_f : flops_f + flops_b;
+        double gf = one ? 0 : flops_f / (mf * 1e-3) * 1e-9, gfb = exec / (mb * 1e-3) * 1e-9;
         cJSON *arm = cJSON_CreateObject();
-        cJSON_AddStringToObject(arm, "name", impl_str(impls[ai]));
+        cJSON_AddStringToObject(arm, "name", names[ai]);
         cJSON_AddNumberToObject(arm, "median_ms", mb);
-        cJSON_AddNumberToObject(arm, "fwd_ms", mf);
+        if (!one) cJSON_AddNumberToObject(arm, "fwd_ms", mf);
         cJSON_AddNumberToObject(arm, "fwd_bwd_ms", mb);
         cJSON_AddNumberToObject(arm, "fwd_bwd_cpu_ms", mc);
         cJSON_AddNumberToObject(arm, "tokens_per_s", (double)k.N / (mb * 1e-3));
         cJSON_AddNumberToObject(arm, "peak_bytes", (double)peak);
         cJSON_AddNumberToObject(arm, "fwd_peak_bytes", (double)peak_f);
         cJSON_AddNumberToObject(arm, "bwd_peak_bytes", (double)peak_b);
-        cJSON_AddNumberToObject(arm, "workspace_bytes_fwd", (double)lt_lce_workspace_bytes(&o, &args, 0, lt_ctx_threads(ctx)));
-        cJSON_AddNumberToObject(arm, "workspace_bytes_bwd", (double)lt_lce_workspace_bytes(&o, &args, 1, lt_ctx_threads(ctx)));
-        cJSON_AddNumberToObject(arm, "fwd_gflops", gf);
+        if (one) {
+            cJSON_AddNumberToObject(arm, "workspace_bytes_fwd_bwd",
+                                    (double)lt_lce_workspace_bytes(&o, &args, LT_LCE_PASS_FORWARD_BACKWARD, lt_ctx_threads(ctx)));
+        } else {
+            cJSON_AddNumberToObject(arm, "workspace_bytes_fwd", (double)lt_lce_workspace_bytes(&o, &args, 0, lt_ctx_threads(ctx)));
+            cJSON_AddNumberToObject(arm, "workspace_bytes_bwd", (double)lt_lce_workspace_bytes(&o, &args, 1, lt_ctx_threads(ctx)));
+            cJSON_AddNumberToObject(arm, "fwd_gflops", gf);
+        }
         cJSON_AddNumberToObject(arm, "fwd_bwd_gflops", gfb);
         cJSON_AddNumberToObject(arm, "fwd_bwd_vs_sgemm", gfb / sgemm);
         cJSON_AddNumberToObject(arm, "loss", loss);
@@ -274,9 +292,10 @@ int lt_bench_lce(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "lse_max_abs_diff_vs_first_arm", dlse);
         cJSON_AddItemToArray(arms, arm);
         fprintf(stderr, "  %-8s fwd %9.1f ms  fwd+bwd %9.1f ms (cpu %9.1f ms)  extra peak %8.1f MiB  %6.1f GFLOP/s (%.2fx sgemm)  loss %.6f\n",
-                impl_str(impls[ai]), mf, mb, mc, (double)peak / 1048576.0, gfb, gfb / sgemm, (double)loss);
-        if (impls[ai] == LT_LCE_NAIVE) naive_fb = mb, naive_peak = (double)peak, naive_cpu = mc;
-        if (impls[ai] == LT_LCE_FUSED) fused_fb = mb, fused_peak = (double)peak, fused_cpu = mc;
+                names[ai], one ? 0.0 : mf, mb, mc, (double)peak / 1048576.0, gfb, gfb / sgemm, (double)loss);
+        if (ai == 0) naive_fb = mb, naive_peak = (double)peak, naive_cpu = mc;
+        if (ai == 2) fused_fb = mb, fused_peak = (double)peak, fused_cpu = mc;
+        if (ai == 3) one_fb = mb, one_peak = (double)peak, one_cpu = mc;
     }
     free(tf);
     free(tb);
@@ -288,6 +307,15 @@ int lt_bench_lce(int argc, char **argv) {
         cJSON_AddNumberToObject(sum, "fused_extra_memory_fraction_of_naive", fused_peak / naive_peak);
         fprintf(stderr, "fused vs naive (fwd+bwd): %.2fx by wall time, %.2fx by CPU time; %.3f%% of the extra memory\n",
                 naive_fb / fused_fb, naive_cpu / fused_cpu, 100.0 * fused_peak / naive_peak);
+    }
+    if (naive_fb > 0 && one_fb > 0) {
+        cJSON *sum = cJSON_GetObjectItem(res, "summary");
+        if (!sum) sum = cJSON_AddObjectToObject(res, "summary");
+        cJSON_AddNumberToObject(sum, "fused_fb_speedup_vs_naive", naive_fb / one_fb);
+        cJSON_AddNumberToObject(sum, "fused_fb_speedup_cpu_time_vs_naive", naive_cpu / one_cpu);
+        cJSON_AddNumberToObject(sum, "fused_fb_extra_memory_fraction_of_naive", one_peak / naive_peak);
+        fprintf(stderr, "fused-fb vs naive (fwd+bwd): %.2fx by wall time, %.2fx by CPU time; %.3f%% of the extra memory\n",
+                naive_fb / one_fb, naive_cpu / one_cpu, 100.0 * one_peak / naive_peak);
     }
     lt_free(ctx, LT_DEVICE_CPU, h, hb);
     lt_free(ctx, LT_DEVICE_CPU, w, wb);

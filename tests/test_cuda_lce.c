@@ -1,9 +1,13 @@
 /* CUDA linear cross-entropy (bf16 h; bf16 and block-quantized heads) against float64 and the CPU
  * backend, on fresh random inputs with poisoned outputs: mean / sum / none reductions, label
  * smoothing, z-loss, softcap, ignored targets, token weights, small tiles (many chunks), dW
- * accumulation, and the error naming a bad target. Tolerance: twice the error of a naive bf16
+ * accumulation, and the error naming a bad target; each through lt_lce_forward + lt_lce_backward
+ * and through lt_lce_forward_backward (one pass: two GEMMs per tile, second stream, running max
+ * moved late, one-stream variant; and its two-call fallback for dw, softcap with smoothing), with
+ * the workspace bound and the bytes the allocator saw. Tolerance: twice the error of a naive bf16
  * implementation (bf16 logits and logit gradients, emulated here) against the float64 reference.
  * Without a CUDA device (or build) it prints "skipped: no CUDA device" and exits 77. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +37,8 @@ typedef struct lcase {
     int dh_f32;
     int with_dw;
     int with_cpu;
+    int one_call;      /* lt_lce_forward_backward instead of forward then backward */
+    int late_max;      /* the last quarter of the vocabulary gets 6x larger logits */
 } lcase;
 
 static double bfr(double x) { return (double)lt_bf16_to_f32(lt_f32_to_bf16((float)x)); }
@@ -146,6 +152,8 @@ static void run_case(const lcase *c) {
     float *h = malloc(sizeof(float) * (size_t)(N * C)), *w = malloc(sizeof(float) * (size_t)(V * C));
     lt_test_fill_normal(&rng, h, N * C, 1.0f);
     lt_test_fill_normal(&rng, w, V * C, (float)(2.0 / sqrt((double)C)));
+    if (c->late_max)
+        for (int64_t k = (V - V / 4) * C; k < V * C; k++) w[k] *= 6.0f;
     uint16_t *hb = malloc((size_t)(N * C) * 2);
     for (int64_t i = 0; i < N * C; i++) {
         hb[i] = lt_f32_to_bf16(h[i]);
@@ -209,15 +217,28 @@ static void run_case(const lcase *c) {
     a.dloss = d_dl;
     a.dh = &tdh;
     a.dw = c->with_dw ? &tdw : NULL;
-    lt_status st = lt_lce_forward(ctx, &c->opt, &a);
-    if (st != LT_OK) fprintf(stderr, "forward: %s\n", lt_ctx_error(ctx));
-    assert_int_equal(st, LT_OK);
-    st = lt_lce_backward(ctx, &c->opt, &a);
-    if (st != LT_OK) fprintf(stderr, "backward: %s\n", lt_ctx_error(ctx));
-    assert_int_equal(st, LT_OK);
-    /* The extra memory stays bounded: workspace only, through the allocator. */
-    size_t wsb = lt_lce_workspace_bytes(&c->opt, &a, 1, 0);
+    const size_t used0 = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
+    lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
+    lt_status st = LT_OK;
+    if (c->one_call) {
+        st = lt_lce_forward_backward(ctx, &c->opt, &a);
+        if (st != LT_OK) fprintf(stderr, "forward_backward: %s\n", lt_ctx_error(ctx));
+        assert_int_equal(st, LT_OK);
+    } else {
+        st = lt_lce_forward(ctx, &c->opt, &a);
+        if (st != LT_OK) fprintf(stderr, "forward: %s\n", lt_ctx_error(ctx));
+        assert_int_equal(st, LT_OK);
+        st = lt_lce_backward(ctx, &c->opt, &a);
+        if (st != LT_OK) fprintf(stderr, "backward: %s\n", lt_ctx_error(ctx));
+        assert_int_equal(st, LT_OK);
+    }
+    /* The extra memory stays bounded: workspace only, through the allocator, and for the one call
+     * exactly the advertised block. */
+    size_t wsb = lt_lce_workspace_bytes(&c->opt, &a, c->one_call ? LT_LCE_PASS_FORWARD_BACKWARD : 1, 0);
     assert_true(wsb > 0 && wsb <= ((size_t)64 << 20) + (size_t)N * 64);
+    if (c->one_call)
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used0,
+                         lt_alloc_accounted_size(LT_DEVICE_CUDA, wsb));
 
     float *g_loss = malloc(sizeof(float) * (size_t)nl), *g_lse = malloc(sizeof(float) * (size_t)N);
     float *g_tl = malloc(sizeof(float) * (size_t)N), *g_dh = malloc(sizeof(float) * (size_t)(N * C));
@@ -259,16 +280,18 @@ static void run_case(const lcase *c) {
         if (!chk[i].n) continue;
         double tol = fmax(2 * rel_err_dd(chk[i].emu, chk[i].ref, chk[i].n), TOL_BF16_FLOOR);
         double err = rel_err(chk[i].got, chk[i].ref, chk[i].n);
-        fprintf(stderr, "  %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
-                lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
+        fprintf(stderr, "  %s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
+                c->one_call ? "fb" : "f+b", lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
                 (double)c->opt.z_loss, (double)c->opt.softcap, c->opt.tile_n, c->opt.tile_v, chk[i].name,
                 err, tol);
         assert_true(err <= tol);
     }
     /* Ignored tokens: dh rows exactly zero. */
     for (int64_t i = 0; i < N; i++)
-        if (tgt[i] == ign)
+        if (tgt[i] == ign) {
             for (int64_t k = 0; k < C; k++) assert_true(g_dh[i * C + k] == 0.0f);
+            assert_true(g_tl[i] == 0.0f);
+        }
 
     if (c->with_cpu) {
         lt_lce_args ac = a;
@@ -307,12 +330,12 @@ static void run_case(const lcase *c) {
 
 static void mean_dense(void **s) {
     (void)s;
-    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 0, 0, 0, 0, 1};
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 0, 0, 0, 0, 1, 0, 0};
     run_case(&c);
 }
 static void sum_smoothing_zloss_softcap_weights_dw_small_tiles(void **s) {
     (void)s;
-    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 7, 1, 1, 1, 0};
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 7, 1, 1, 1, 0, 0, 0};
     c.opt.reduction = LT_REDUCTION_SUM;
     c.opt.label_smoothing = 0.1f;
     c.opt.z_loss = 1e-3f;
@@ -323,7 +346,7 @@ static void sum_smoothing_zloss_softcap_weights_dw_small_tiles(void **s) {
 }
 static void none_ignored(void **s) {
     (void)s;
-    lcase c = {257, 128, 777, LT_DTYPE_BF16, {0}, 5, 0, 0, 0, 0};
+    lcase c = {257, 128, 777, LT_DTYPE_BF16, {0}, 5, 0, 0, 0, 0, 0, 0};
     c.opt.reduction = LT_REDUCTION_NONE;
     c.opt.ignore_index = -1;
     run_case(&c);
@@ -332,11 +355,102 @@ static void quantized_heads(void **s) {
     (void)s;
     const lt_dtype q[4] = {LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
     for (int i = 0; i < 4; i++) {
-        lcase c = {200, 256, 600, q[i], {0}, 9, 0, 0, 0, 0};
+        lcase c = {200, 256, 600, q[i], {0}, 9, 0, 0, 0, 0, 0, 0};
         c.opt.tile_v = 256;
         run_case(&c);
     }
 }
+/* ---- forward_backward ---- */
+
+static void fb_mean_dense_and_cpu(void **s) {
+    (void)s;
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 0, 0, 0, 0, 1, 1, 0};
+    run_case(&c);
+    c.dh_f32 = 1;
+    c.with_cpu = 0;
+    c.opt.tile_n = 64; /* five token chunks, four vocabulary tiles: both logit buffers reused */
+    c.opt.tile_v = 256;
+    run_case(&c);
+}
+static void fb_sum_smoothing_zloss_weights_small_tiles(void **s) {
+    (void)s;
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 7, 1, 0, 0, 0, 1, 0};
+    c.opt.reduction = LT_REDUCTION_SUM;
+    c.opt.label_smoothing = 0.1f;
+    c.opt.z_loss = 1e-3f;
+    c.opt.tile_n = 128;
+    c.opt.tile_v = 256;
+    run_case(&c);
+}
+static void fb_softcap_zloss_none_ignored(void **s) {
+    (void)s;
+    lcase c = {257, 128, 777, LT_DTYPE_BF16, {0}, 5, 0, 0, 0, 0, 1, 0};
+    c.opt.reduction = LT_REDUCTION_NONE;
+    c.opt.ignore_index = -1;
+    c.opt.softcap = 5.0f;
+    c.opt.z_loss = 2e-3f;
+    c.opt.tile_v = 128;
+    run_case(&c);
+}
+/* dw, and softcap with smoothing, need the final lse inside each tile: the call runs the forward
+ * and the backward (lce.h); same results. */
+static void fb_fallbacks_dw_and_softcap_with_smoothing(void **s) {
+    (void)s;
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 7, 1, 1, 1, 0, 1, 0};
+    c.opt.reduction = LT_REDUCTION_SUM;
+    c.opt.label_smoothing = 0.1f;
+    c.opt.z_loss = 1e-3f;
+    c.opt.softcap = 20.0f;
+    c.opt.tile_n = 128;
+    c.opt.tile_v = 256;
+    run_case(&c);
+    c.with_dw = 0;
+    run_case(&c);
+}
+static void fb_quantized_heads(void **s) {
+    (void)s;
+    const lt_dtype q[4] = {LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
+    for (int i = 0; i < 4; i++) {
+        lcase c = {200, 256, 600, q[i], {0}, 9, 0, 0, 0, 0, 1, 0};
+        c.opt.tile_v = 256;
+        c.opt.label_smoothing = i == 1 ? 0.05f : 0.0f;
+        run_case(&c);
+    }
+}
+/* The running max is set by the first tile and replaced (with the accumulator rescaled) when a
+ * later tile exceeds it by the margin: both call forms, and on one stream. */
+static void fb_late_max_rescales_and_one_stream(void **s) {
+    (void)s;
+    lcase c = {300, 256, 1000, LT_DTYPE_BF16, {0}, 11, 0, 0, 0, 0, 1, 1};
+    c.opt.tile_v = 256;
+    run_case(&c);
+    c.one_call = 0;
+    run_case(&c);
+    c.one_call = 1;
+    c.opt.tile_n = 100;
+    setenv("LONGTUNE_LCE_ONE_STREAM", "1", 1);
+    run_case(&c);
+    unsetenv("LONGTUNE_LCE_ONE_STREAM");
+}
+/* The shape (N=8192, V=151936, C=4096): the one-pass workspace is at most 64 MiB. */
+static void fb_workspace_at_the_large_shape(void **s) {
+    (void)s;
+    int64_t hs[2] = {8192, 4096}, ws[2] = {151936, 4096};
+    lt_lce_args a;
+    memset(&a, 0, sizeof a);
+    a.h = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    a.w = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, ws);
+    lt_tensor dh = lt_tensor_view(NULL, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    a.dh = &dh;
+    size_t b = lt_lce_workspace_bytes(NULL, &a, LT_LCE_PASS_FORWARD_BACKWARD, 0);
+    fprintf(stderr, "  forward_backward workspace at N=8192 V=151936 C=4096: %.1f MiB\n", (double)b / (1 << 20));
+    assert_true(b > 0 && b <= ((size_t)64 << 20));
+    lt_lce_options q = {.label_smoothing = 0.1f};
+    a.w.dtype = LT_DTYPE_Q4_0;
+    b = lt_lce_workspace_bytes(&q, &a, LT_LCE_PASS_FORWARD_BACKWARD, 0);
+    assert_true(b > 0 && b <= ((size_t)64 << 20));
+}
+
 static void bad_target_is_named(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
@@ -358,6 +472,15 @@ static void bad_target_is_named(void **s) {
     a.lse = d_lse;
     assert_int_equal(lt_lce_forward(ctx, NULL, &a), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "5"));
+    float one = 1.0f, *d_dl = dev_copy(ctx, &one, 4);
+    void *d_dh = dev_copy(ctx, NULL, sizeof hb);
+    lt_tensor tdh = lt_tensor_view(d_dh, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
+    a.dloss = d_dl;
+    a.dh = &tdh;
+    assert_int_equal(lt_lce_forward_backward(ctx, NULL, &a), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "5"));
+    lt_free(ctx, LT_DEVICE_CUDA, d_dl, 4);
+    lt_free(ctx, LT_DEVICE_CUDA, d_dh, sizeof hb);
     lt_free(ctx, LT_DEVICE_CUDA, d_h, sizeof hb);
     lt_free(ctx, LT_DEVICE_CUDA, d_w, sizeof wb);
     lt_free(ctx, LT_DEVICE_CUDA, d_t, sizeof tgt);
@@ -374,11 +497,21 @@ int main(void) {
         printf("skipped: no CUDA device\n");
         return 77;
     }
+    /* A subset for slow runs (compute-sanitizer): a cmocka name pattern such as "fb_*". */
+    const char *filter = getenv("LONGTUNE_TEST_FILTER");
+    if (filter && filter[0]) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mean_dense),
         cmocka_unit_test(sum_smoothing_zloss_softcap_weights_dw_small_tiles),
         cmocka_unit_test(none_ignored),
         cmocka_unit_test(quantized_heads),
+        cmocka_unit_test(fb_mean_dense_and_cpu),
+        cmocka_unit_test(fb_sum_smoothing_zloss_weights_small_tiles),
+        cmocka_unit_test(fb_softcap_zloss_none_ignored),
+        cmocka_unit_test(fb_fallbacks_dw_and_softcap_with_smoothing),
+        cmocka_unit_test(fb_quantized_heads),
+        cmocka_unit_test(fb_late_max_rescales_and_one_stream),
+        cmocka_unit_test(fb_workspace_at_the_large_shape),
         cmocka_unit_test(bad_target_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

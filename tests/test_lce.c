@@ -2,7 +2,9 @@
  * reference computed here from the same quantised/rounded inputs — loss, lse, grad h, grad W —
  * across head dtypes, reductions, options and ignore patterns; bf16 against twice the error of a
  * naive bf16 computation; float64 finite differences; exact zeros for ignored rows; workspace
- * accounting; typed errors. Does not test CUDA (tests/test_cuda_lce.c will). */
+ * accounting; typed errors. Every numeric check runs twice: through lt_lce_forward then
+ * lt_lce_backward, and through lt_lce_forward_backward (dloss given up front). Does not test CUDA
+ * (tests/test_cuda_lce.c does). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -213,9 +215,10 @@ static void fill_poison(float *x, int64_t n) {
     for (int64_t k = 0; k < n; k++) x[k] = LT_TEST_POISON;
 }
 
-/* Forward then backward through the public API; dh in dh_dtype, dw when want_dw. */
-static outputs run_lib(lt_ctx *ctx, const problem *p, const lt_lce_options *o, const float *dloss, lt_dtype dh_dtype,
-                       int want_dw, uint64_t *rng) {
+/* Through the public API: forward then backward (one_call = 0) or lt_lce_forward_backward (1);
+ * dh in dh_dtype, dw when want_dw. Every output starts poisoned. */
+static outputs run_lib_mode(lt_ctx *ctx, const problem *p, const lt_lce_options *o, const float *dloss,
+                            lt_dtype dh_dtype, int want_dw, uint64_t *rng, int one_call) {
     int64_t N = p->N, V = p->V, C = p->C;
     outputs out = {0};
     int64_t nloss = o->reduction == LT_REDUCTION_NONE ? N : 1;
@@ -235,9 +238,12 @@ static outputs run_lib(lt_ctx *ctx, const problem *p, const lt_lce_options *o, c
     a.loss = out.loss;
     a.lse = out.lse;
     a.token_loss = out.tok;
-    lt_status st = lt_lce_forward(ctx, o, &a);
-    if (st != LT_OK) fprintf(stderr, "forward: %s\n", lt_ctx_error(ctx));
-    assert_int_equal(st, LT_OK);
+    lt_status st = LT_OK;
+    if (!one_call) {
+        st = lt_lce_forward(ctx, o, &a);
+        if (st != LT_OK) fprintf(stderr, "forward: %s\n", lt_ctx_error(ctx));
+        assert_int_equal(st, LT_OK);
+    }
 
     size_t dhb = (size_t)(N * C) * (dh_dtype == LT_DTYPE_F32 ? 4 : 2);
     out.dh = xmalloc(dhb);
@@ -253,13 +259,18 @@ static outputs run_lib(lt_ctx *ctx, const problem *p, const lt_lce_options *o, c
         a.dw = &dw;
     }
     a.dloss = dloss;
-    st = lt_lce_backward(ctx, o, &a);
-    if (st != LT_OK) fprintf(stderr, "backward: %s\n", lt_ctx_error(ctx));
+    st = one_call ? lt_lce_forward_backward(ctx, o, &a) : lt_lce_backward(ctx, o, &a);
+    if (st != LT_OK) fprintf(stderr, "%s: %s\n", one_call ? "forward_backward" : "backward", lt_ctx_error(ctx));
     assert_int_equal(st, LT_OK);
     out.dh32 = dh_as_f32(out.dh, dh_dtype, N * C);
     if (want_dw)
         for (int64_t k = 0; k < V * C; k++) out.dw[k] -= out.dw0[k]; /* the accumulated part */
     return out;
+}
+
+static outputs run_lib(lt_ctx *ctx, const problem *p, const lt_lce_options *o, const float *dloss, lt_dtype dh_dtype,
+                       int want_dw, uint64_t *rng) {
+    return run_lib_mode(ctx, p, o, dloss, dh_dtype, want_dw, rng, 0);
 }
 
 static void free_outputs(outputs *o) {
@@ -320,32 +331,37 @@ static void check_f32_case(lt_ctx *ctx, uint64_t *rng, lt_dtype wdt, lt_lce_impl
     float *dl = make_dloss(rng, &o, N, &dl64);
     reference r = ref_compute(&p, &o, dl64);
     int dense = wdt == LT_DTYPE_F32 || wdt == LT_DTYPE_BF16;
-    outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_F32, dense, rng);
-    char desc[160];
-    snprintf(desc, sizeof desc, "head %s impl %s reduction %d options %s ignore %d tiles %dx%d", lt_dtype_name(wdt),
-             impl_name(impl), (int)red, os->name, ignore, tile_n, tile_v);
-    double tol = LT_TOL_F32_REL;
-    if (red == LT_REDUCTION_NONE) {
-        check_close("loss", desc, out.loss, r.tok, N, tol);
-    } else {
-        double e = fabs((double)out.loss[0] - r.loss) / fmax(fabs(r.loss), 1e-30);
-        if (ignore == IGN_ALL) e = out.loss[0] == 0.0f ? 0 : 1;
-        if (!(e <= tol)) {
-            fprintf(stderr, "%s: loss %.9g vs %.9g\n", desc, (double)out.loss[0], r.loss);
-            fail();
+    /* forward_backward: without dw (the one-pass path for fused and auto), and with dw for auto */
+    for (int one_call = 0; one_call < 2; one_call++) {
+        int want_dw = dense && (!one_call || impl == LT_LCE_AUTO);
+        outputs out = run_lib_mode(ctx, &p, &o, dl, LT_DTYPE_F32, want_dw, rng, one_call);
+        char desc[180];
+        snprintf(desc, sizeof desc, "%s head %s impl %s reduction %d options %s ignore %d tiles %dx%d dw %d",
+                 one_call ? "forward_backward" : "forward+backward", lt_dtype_name(wdt), impl_name(impl), (int)red,
+                 os->name, ignore, tile_n, tile_v, want_dw);
+        double tol = LT_TOL_F32_REL;
+        if (red == LT_REDUCTION_NONE) {
+            check_close("loss", desc, out.loss, r.tok, N, tol);
+        } else {
+            double e = fabs((double)out.loss[0] - r.loss) / fmax(fabs(r.loss), 1e-30);
+            if (ignore == IGN_ALL) e = out.loss[0] == 0.0f ? 0 : 1;
+            if (!(e <= tol)) {
+                fprintf(stderr, "%s: loss %.9g vs %.9g\n", desc, (double)out.loss[0], r.loss);
+                fail();
+            }
         }
+        check_close("token loss", desc, out.tok, r.tok, N, tol);
+        check_close("lse", desc, out.lse, r.lse, N, tol);
+        check_close("dh", desc, out.dh32, r.dh, N * C, tol);
+        if (want_dw) check_close("dw", desc, out.dw, r.dw, V * C, tol);
+        check_ignored_exact(&p, &o, &out);
+        if (ignore == IGN_ALL) {
+            for (int64_t k = 0; k < N * C; k++) assert_true(out.dh32[k] == 0.0f);
+            if (want_dw)
+                for (int64_t k = 0; k < V * C; k++) assert_true(out.dw[k] == 0.0f);
+        }
+        free_outputs(&out);
     }
-    check_close("token loss", desc, out.tok, r.tok, N, tol);
-    check_close("lse", desc, out.lse, r.lse, N, tol);
-    check_close("dh", desc, out.dh32, r.dh, N * C, tol);
-    if (dense) check_close("dw", desc, out.dw, r.dw, V * C, tol);
-    check_ignored_exact(&p, &o, &out);
-    if (ignore == IGN_ALL) {
-        for (int64_t k = 0; k < N * C; k++) assert_true(out.dh32[k] == 0.0f);
-        if (dense)
-            for (int64_t k = 0; k < V * C; k++) assert_true(out.dw[k] == 0.0f);
-    }
-    free_outputs(&out);
     free_ref(&r);
     free(dl);
     free(dl64);
@@ -473,22 +489,26 @@ static void bf16_within_twice_the_naive_bf16_error(void **state) {
                 float *dl = make_dloss(&rng, &o, N, &dl64);
                 reference r = ref_compute(&p, &o, dl64);
                 naive_bf16 nb = naive_bf16_compute(&p, &o, dl64);
-                outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_BF16, 1, &rng);
-                char desc[128];
-                snprintf(desc, sizeof desc, "bf16 impl %s reduction %d options %s", impl_name(impls[ii]), red,
-                         option_sets[os].name);
-                /* floor: one bf16 half-ulp of the scale, for a naive error that happens to be tiny */
-                const double floor = 0x1.0p-9;
-                check_close("token loss", desc, out.tok, r.tok, N, fmax(2 * scaled_err(nb.tok, r.tok, N), floor));
-                check_close("lse", desc, out.lse, r.lse, N, fmax(2 * scaled_err(nb.lse, r.lse, N), floor));
-                check_close("dh", desc, out.dh32, r.dh, N * C, fmax(2 * scaled_err(nb.dh, r.dh, N * C), floor));
-                check_close("dw", desc, out.dw, r.dw, V * C, fmax(2 * scaled_err(nb.dw, r.dw, V * C), floor));
-                check_ignored_exact(&p, &o, &out);
+                for (int one_call = 0; one_call < 2; one_call++) {
+                    outputs out = run_lib_mode(ctx, &p, &o, dl, LT_DTYPE_BF16, !one_call, &rng, one_call);
+                    char desc[128];
+                    snprintf(desc, sizeof desc, "bf16 %s impl %s reduction %d options %s",
+                             one_call ? "forward_backward" : "forward+backward", impl_name(impls[ii]), red,
+                             option_sets[os].name);
+                    /* floor: one bf16 half-ulp of the scale, for a naive error that happens to be tiny */
+                    const double floor = 0x1.0p-9;
+                    check_close("token loss", desc, out.tok, r.tok, N, fmax(2 * scaled_err(nb.tok, r.tok, N), floor));
+                    check_close("lse", desc, out.lse, r.lse, N, fmax(2 * scaled_err(nb.lse, r.lse, N), floor));
+                    check_close("dh", desc, out.dh32, r.dh, N * C, fmax(2 * scaled_err(nb.dh, r.dh, N * C), floor));
+                    if (!one_call)
+                        check_close("dw", desc, out.dw, r.dw, V * C, fmax(2 * scaled_err(nb.dw, r.dw, V * C), floor));
+                    check_ignored_exact(&p, &o, &out);
+                    free_outputs(&out);
+                }
                 free(nb.tok);
                 free(nb.lse);
                 free(nb.dh);
                 free(nb.dw);
-                free_outputs(&out);
                 free_ref(&r);
                 free(dl);
                 free(dl64);
@@ -550,6 +570,9 @@ static void gradients_match_finite_differences(void **state) {
             outputs out = run_lib(ctx, &p, &o, dl, LT_DTYPE_F32, 1, &rng);
             check_close("dh vs FD", option_sets[os].name, out.dh32, fd_h, N * C, LT_TOL_F32_REL);
             check_close("dw vs FD", option_sets[os].name, out.dw, fd_w, V * C, LT_TOL_F32_REL);
+            free_outputs(&out);
+            out = run_lib_mode(ctx, &p, &o, dl, LT_DTYPE_F32, 0, &rng, 1);
+            check_close("forward_backward dh vs FD", option_sets[os].name, out.dh32, fd_h, N * C, LT_TOL_F32_REL);
             free(a64);
             free_outputs(&out);
             free(fd_h);
@@ -563,6 +586,12 @@ static void gradients_match_finite_differences(void **state) {
 }
 
 /* ---- workspace accounting ---- */
+
+static lt_status call(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a, int pass) {
+    return pass == LT_LCE_PASS_FORWARD    ? lt_lce_forward(ctx, o, a)
+           : pass == LT_LCE_PASS_BACKWARD ? lt_lce_backward(ctx, o, a)
+                                          : lt_lce_forward_backward(ctx, o, a);
+}
 
 static void workspace_is_exactly_what_is_allocated(void **state) {
     (void)state;
@@ -579,7 +608,10 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                 int64_t hs[2] = {N, C}, wsh[2] = {V, C};
                 float loss, *lse = xmalloc((size_t)N * 4), dloss = 1;
                 void *dhd = xmalloc((size_t)(N * C) * 4);
+                float *dwd = xmalloc((size_t)(V * C) * 4);
+                memset(dwd, 0, (size_t)(V * C) * 4);
                 lt_tensor dh = lt_tensor_view(dhd, hds[hi], LT_DEVICE_CPU, 2, hs);
+                lt_tensor dw = lt_tensor_view(dwd, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wsh);
                 lt_lce_args a;
                 memset(&a, 0, sizeof a);
                 a.h = lt_tensor_view(p.h, p.hdt, LT_DEVICE_CPU, 2, hs);
@@ -589,12 +621,14 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                 a.lse = lse;
                 a.dloss = &dloss;
                 a.dh = &dh;
-                for (int bw = 0; bw < 2; bw++) {
-                    size_t want = lt_lce_workspace_bytes(&o, &a, bw, lt_ctx_threads(ctx));
+                for (int bw = 0; bw < 4; bw++) { /* 3: forward_backward with dw (two calls inside) */
+                    int pass = bw < 3 ? bw : LT_LCE_PASS_FORWARD_BACKWARD;
+                    a.dw = bw == 3 && wds[wi] != LT_DTYPE_Q4_0 ? &dw : NULL;
+                    size_t want = lt_lce_workspace_bytes(&o, &a, pass, lt_ctx_threads(ctx));
                     assert_true(want > 0);
                     lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
                     lt_mem_stats before = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
-                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_OK);
+                    assert_int_equal(call(ctx, &o, &a, pass), LT_OK);
                     lt_mem_stats after = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
                     assert_int_equal(after.peak_bytes - before.used_bytes, lt_alloc_accounted_size(LT_DEVICE_CPU, want));
                     assert_int_equal(after.n_allocs - before.n_allocs, 1);
@@ -602,18 +636,19 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                     /* a caller-provided workspace: no allocation at all */
                     a.workspace = lt_alloc(ctx, LT_DEVICE_CPU, want, "test workspace");
                     before = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
-                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_OK);
+                    assert_int_equal(call(ctx, &o, &a, pass), LT_OK);
                     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).n_allocs, before.n_allocs);
                     lt_free(ctx, LT_DEVICE_CPU, a.workspace, want);
                     a.workspace = NULL;
                     /* allocation failure is LT_ERR_OOM with nothing leaked */
                     lt_mem_fail_nth(ctx, 1);
-                    assert_int_equal(bw ? lt_lce_backward(ctx, &o, &a) : lt_lce_forward(ctx, &o, &a), LT_ERR_OOM);
+                    assert_int_equal(call(ctx, &o, &a, pass), LT_ERR_OOM);
                     lt_mem_fail_nth(ctx, 0);
                     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
                 }
                 free(lse);
                 free(dhd);
+                free(dwd);
                 free_problem(&p);
             }
     lt_ctx_free(ctx);
@@ -636,6 +671,53 @@ static void fused_memory_does_not_scale_with_vocabulary(void **state) {
     assert_true(f1 == f2 && f1 > 0);
     assert_true(n2 >= (size_t)4096 * 151936 * 4);
     assert_true(f2 * 100 <= n2);
+    /* The issue's large shape (N=8192, V=151936, C=4096, 2 threads): the one-pass
+     * forward_backward, f32 and bf16 hidden and head, stays within 1% of naive's two calls. */
+    int64_t hl[2] = {8192, 4096}, wl[2] = {151936, 4096};
+    const lt_dtype dts[] = {LT_DTYPE_F32, LT_DTYPE_BF16};
+    for (int k = 0; k < 2; k++) {
+        a.h = lt_tensor_view(NULL, dts[k], LT_DEVICE_CPU, 2, hl);
+        a.w = lt_tensor_view(NULL, dts[k], LT_DEVICE_CPU, 2, wl);
+        dh = lt_tensor_view(NULL, dts[k], LT_DEVICE_CPU, 2, hl);
+        size_t fb = lt_lce_workspace_bytes(&fused, &a, LT_LCE_PASS_FORWARD_BACKWARD, 2);
+        size_t nfb = lt_lce_workspace_bytes(&naive, &a, LT_LCE_PASS_FORWARD_BACKWARD, 2);
+        assert_true(fb > 0 && fb * 100 <= nfb);
+    }
+}
+
+/* forward_backward's running max moves by a lot: the last vocabulary tiles hold logits ~8x larger
+ * than the first, so every token's max (and accumulator scale) is replaced late; f32 and bf16. */
+static void forward_backward_rescales_when_the_max_jumps(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 66;
+    lt_ctx *ctx = lt_ctx_new();
+    for (int k = 0; k < 2; k++) {
+        lt_lce_options o = {.impl = LT_LCE_FUSED, .reduction = LT_REDUCTION_MEAN, .z_loss = 1e-3f,
+                            .label_smoothing = 0.1f, .tile_n = 3, .tile_v = 32};
+        int64_t N = 9, V = 160, C = 32;
+        problem p = make_problem(&rng, N, V, C, LT_DTYPE_F32, LT_DTYPE_F32, IGN_SOME, 0, LT_IGNORE_INDEX);
+        float *w = p.w;
+        for (int64_t j = V - 40; j < V; j++)
+            for (int64_t c = 0; c < C; c++) {
+                w[j * C + c] *= 8.0f;
+                p.wx[j * C + c] = w[j * C + c];
+            }
+        if (k) o.tile_v = 0; /* default tiles: one vocabulary tile */
+        double *dl64;
+        float *dl = make_dloss(&rng, &o, N, &dl64);
+        reference r = ref_compute(&p, &o, dl64);
+        outputs out = run_lib_mode(ctx, &p, &o, dl, LT_DTYPE_F32, 0, &rng, 1);
+        check_close("lse", "late max", out.lse, r.lse, N, LT_TOL_F32_REL);
+        check_close("token loss", "late max", out.tok, r.tok, N, LT_TOL_F32_REL);
+        check_close("dh", "late max", out.dh32, r.dh, N * C, LT_TOL_F32_REL);
+        check_ignored_exact(&p, &o, &out);
+        free_outputs(&out);
+        free_ref(&r);
+        free(dl);
+        free(dl64);
+        free_problem(&p);
+    }
+    lt_ctx_free(ctx);
 }
 
 /* ---- typed errors ---- */
@@ -685,6 +767,16 @@ static void bad_input_gets_typed_errors(void **state) {
     lt_tensor dh_short = lt_tensor_view(dhd, LT_DTYPE_F32, LT_DEVICE_CPU, 2, wrong_n);
     a.dh = &dh_short;
     assert_int_equal(lt_lce_backward(ctx, &o, &a), LT_ERR_SHAPE);
+
+    /* forward_backward needs dloss and loss up front */
+    a = good;
+    a.dloss = NULL;
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "dloss"));
+    a = good;
+    a.loss = NULL;
+    assert_int_equal(lt_lce_forward_backward(ctx, &o, &a), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_lce_workspace_bytes(&o, &good, 3, 1), 0);
 
     /* C not a multiple of the quantized block */
     int64_t hs48[2] = {N, 48}, ws48[2] = {V, 48};
@@ -764,6 +856,7 @@ int main(void) {
         cmocka_unit_test(gradients_match_finite_differences),
         cmocka_unit_test(workspace_is_exactly_what_is_allocated),
         cmocka_unit_test(fused_memory_does_not_scale_with_vocabulary),
+        cmocka_unit_test(forward_backward_rescales_when_the_max_jumps),
         cmocka_unit_test(bad_input_gets_typed_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

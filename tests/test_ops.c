@@ -90,7 +90,7 @@ static void matmul_every_weight_dtype(void **state) {
         }
         int64_t shape[2] = {out, in};
         lt_tensor w = lt_tensor_view(wq, dt, LT_DEVICE_CPU, 2, shape);
-        size_t wsb = be()->matmul_workspace_bytes(dt, out, in, lt_ctx_threads(ctx));
+        size_t wsb = be()->matmul_workspace_bytes(dt, out, in, N, lt_ctx_threads(ctx));
         void *ws = wsb ? lt_alloc(ctx, LT_DEVICE_CPU, wsb, "ws") : NULL;
         for (int mode = 0; mode < 2; mode++) {
             int64_t xin = mode == LT_MATMUL_NT ? in : out, yout = mode == LT_MATMUL_NT ? out : in;
@@ -325,6 +325,33 @@ static void adamw_matches_torch_formula(void **state) {
     lt_ctx_free(ctx);
 }
 
+static void zero_scale_sumsq(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 7;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t n = 100003; /* several parallel chunks, not a multiple of any */
+    float *x = fresh(&rng, n, 2), *x0 = malloc((size_t)n * 4);
+    memcpy(x0, x, (size_t)n * 4);
+    be()->scale(ctx, x, -0.37f, n);
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(x[i] == x0[i] * -0.37f); /* one float multiply, exactly */
+        ss += (double)x[i] * x[i];
+    }
+    close_to(be()->sumsq(ctx, x, n), ss, 0, 1e-6, "sumsq", 0);
+    close_to(be()->sumsq(ctx, x, 1), (double)x[0] * x[0], 0, 1e-6, "sumsq 1", 0);
+    assert_true(be()->sumsq(ctx, x, 0) == 0.0f);
+    /* zero an odd byte range in the middle; the bytes around it stay */
+    uint8_t *b = (uint8_t *)x;
+    be()->zero(ctx, b + 3, 4001);
+    for (size_t i = 0; i < 4001; i++) assert_int_equal(b[3 + i], 0);
+    float want0 = x0[0] * -0.37f;
+    assert_memory_equal(b, &want0, 3);
+    for (int64_t i = (3 + 4001 + 3) / 4; i < n; i++) assert_true(x[i] == x0[i] * -0.37f);
+    free(x), free(x0);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_float64),
@@ -334,6 +361,7 @@ int main(void) {
         cmocka_unit_test(swiglu_forward_and_backward),
         cmocka_unit_test(embedding_add_bias_dropout),
         cmocka_unit_test(adamw_matches_torch_formula),
+        cmocka_unit_test(zero_scale_sumsq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -55,7 +55,7 @@ typedef struct lt_lce_args {
                                     logits; 0 for ignored tokens (not computed) */
     float *token_loss;           /* optional out: (N) per-token loss, weighted, before reduction
                                     (0 for ignored tokens) */
-    /* Backward only. */
+    /* Backward and forward_backward only. */
     const float *dloss;          /* (1) for mean/sum, (N) for none: upstream gradient */
     lt_tensor *dh;               /* out (N, C) f32 | bf16: overwritten */
     lt_tensor *dw;               /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
@@ -66,14 +66,21 @@ typedef struct lt_lce_args {
                                     NULL = allocated and freed through the accounting allocator */
 } lt_lce_args;
 
-/* Bytes of workspace the forward (backward = 0) or backward (1) will use for this request: exactly
- * what lt_lce_forward/backward allocate through lt_alloc when a->workspace is NULL (one block), so
- * the planner can price it. Reads only the options and a's tensor dtypes, shapes and device (h, w,
- * and for the backward dh and whether dw is set); no data pointer is touched, so views with NULL
- * data are fine. threads: CPU worker threads the call will run with (0 = default; pass the
- * context's lt_ctx_threads). Returns 0 when the request is invalid (the call would fail) or needs
- * no workspace. */
-size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward, int threads);
+/* Which call a workspace is sized for (the `pass` argument of lt_lce_workspace_bytes). */
+enum {
+    LT_LCE_PASS_FORWARD = 0,
+    LT_LCE_PASS_BACKWARD = 1,
+    LT_LCE_PASS_FORWARD_BACKWARD = 2,
+};
+
+/* Bytes of workspace lt_lce_forward (pass 0), lt_lce_backward (1) or lt_lce_forward_backward (2)
+ * will use for this request: exactly what the call allocates through lt_alloc when a->workspace
+ * is NULL (one block), so the planner can price it. Reads only the options and a's tensor dtypes,
+ * shapes and device (h, w, and for passes 1 and 2 dh and whether dw is set); no data pointer is
+ * touched, so views with NULL data are fine. threads: CPU worker threads the call will run with
+ * (0 = default; pass the context's lt_ctx_threads). Returns 0 when the request is invalid (the
+ * call would fail) or needs no workspace. */
+size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
 
 /* Forward: writes loss, lse and (if set) token_loss. Errors: LT_ERR_SHAPE / LT_ERR_DTYPE on
  * mismatch, LT_ERR_INVALID_ARG for a target outside [0, V) (message names the first bad position)
@@ -84,6 +91,21 @@ lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a)
 /* Backward: needs h, w, targets, lse (from the forward with the same options), dloss; writes dh
  * and accumulates dw. Same errors as the forward; dw with a quantized head is LT_ERR_UNSUPPORTED. */
 lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+
+/* Forward and backward in one call, for a training step that knows its upstream gradient before
+ * the loss: needs h, w, targets, dloss ((1) for mean/sum, (N) for none, given up front), dh;
+ * writes loss, lse, token_loss (if set) and dh exactly as lt_lce_forward followed by
+ * lt_lce_backward would (within rounding), and accumulates dw when set.
+ * Fused (and AUTO) make the logits once: each vocabulary tile's logits feed both the online
+ * log-sum-exp and, as exp(z - m) with the running max m, a grad-hidden accumulator that is
+ * rescaled when m moves; the softmax normaliser, z-loss factor, label-smoothing column sum of W
+ * and target row are applied per token at the end. Two GEMMs' worth of FLOPs (logits, dh) where
+ * the two calls spend three. Two requests cannot be served that way, because their gradient needs
+ * the final lse inside each tile: dw (grad of W is Gᵀ·h over the whole vocabulary) and softcap
+ * together with label smoothing; for them the fused impl runs its forward then its backward inside
+ * this call (three GEMMs, plus dw's), which lt_lce_workspace_bytes prices. Naive and chunked always
+ * run forward then backward. Errors: those of lt_lce_forward and lt_lce_backward. */
+lt_status lt_lce_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 
 #ifdef __cplusplus
 }

@@ -131,7 +131,9 @@ size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, 
     if (!p) return 0;
     if (p->device == LT_DEVICE_CPU) return lt_attention_cpu_workspace_bytes(p, backward != 0, threads);
 #if LT_HAVE_CUDA_ATTENTION
-    if (p->device == LT_DEVICE_CUDA) return lt_attention_cuda_workspace_bytes(p, backward != 0, threads);
+    if (p->device == LT_DEVICE_CUDA)
+        return p->dtype == LT_DTYPE_F32 ? lt_attention_cuda_f32_workspace_bytes(p, backward != 0, threads)
+                                        : lt_attention_cuda_workspace_bytes(p, backward != 0, threads);
 #endif
     return 0;
 }
@@ -157,7 +159,12 @@ static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_arg
     attention_fn fn = NULL;
     if (p->device == LT_DEVICE_CPU) fn = backward ? lt_attention_cpu_backward : lt_attention_cpu_forward;
 #if LT_HAVE_CUDA_ATTENTION
-    if (p->device == LT_DEVICE_CUDA) fn = backward ? lt_attention_cuda_backward : lt_attention_cuda_forward;
+    if (p->device == LT_DEVICE_CUDA) {
+        if (p->dtype == LT_DTYPE_F32)
+            fn = backward ? lt_attention_cuda_f32_backward : lt_attention_cuda_f32_forward;
+        else
+            fn = backward ? lt_attention_cuda_backward : lt_attention_cuda_forward;
+    }
 #endif
     if (!fn) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: no attention for this device", what);
 

@@ -1,7 +1,10 @@
 /* The op table every backend fills. The model calls ops only through it, so there is one model
  * file for every backend and precision. Ops validate nothing: the model and the public boundary
- * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Tensors carry their
- * device; a backend only ever sees its own device's memory. */
+ * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Every pointer an op
+ * receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace and the weight
+ * tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA backend queues
+ * all work on the legacy default stream, in call order; no op waits for the device except sumsq
+ * and copy_to_host (and synchronize). */
 #ifndef LT_BACKEND_H
 #define LT_BACKEND_H
 
@@ -30,13 +33,18 @@ typedef struct lt_backend {
     lt_status (*synchronize)(lt_ctx *ctx);
 
     /* ---- compute ops (f32 activations; threads from ctx) ---- */
-    /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N). */
+    /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N).
+     * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 4 MiB static device workspace for split-K. */
     void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-    /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, in) bytes (unused for f32 W). */
+    /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, out, in, N_max, threads) bytes, for
+     * any N <= N_max and either mode (may be NULL when that size is 0). */
     void (*matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                    float *y, void *ws);
-    size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int threads);
+    /* Exact workspace bytes of matmul with a W of this dtype and shape (out, in), called with at
+     * most N_max rows of x, on `threads` threads (CPU: per-thread f32 tiles, independent of N_max;
+     * CUDA: the cuBLASLt workspace, a bf16 tile of W and a bf16 copy of a chunk of x). */
+    size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
     /* y = x / rms(x) · w over rows of C (y may alias x); rstd (N) = 1/sqrt(mean(x²) + eps). */
     void (*rmsnorm_fwd)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                         float *rstd);
@@ -60,8 +68,16 @@ typedef struct lt_backend {
     /* y = x·keep/(1−p), keep drawn from a counter hash of (seed, offset + i); the same call on dy
      * is the backward. p = 0 copies. y may alias x. */
     void (*dropout)(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
-    /* One AdamW step over n parameters (m, v: first and second moments, updated in place). */
+    /* One AdamW step over n parameters (m, v: first and second moments, updated in place). hp is
+     * host memory (read at call time). */
     void (*adamw)(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+    /* p[0..bytes) = 0 (any buffer of this backend's memory). */
+    void (*zero)(lt_ctx *ctx, void *p, size_t bytes);
+    /* x *= a over n elements. */
+    void (*scale)(lt_ctx *ctx, float *x, float a, int64_t n);
+    /* Σ x² over n elements, accumulated in float64 and returned to the host rounded to float; waits
+     * for queued work (the one compute op that synchronises). */
+    float (*sumsq)(lt_ctx *ctx, const float *x, int64_t n);
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

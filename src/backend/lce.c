@@ -76,7 +76,7 @@ static lt_status check_args(lt_ctx *ctx, const lt_lce_options *o, const lt_lce_a
                         lt_dtype_name(a->w.dtype), (long long)lt_dtype_block_elems(a->w.dtype));
     if (N > INT64_MAX / V || N > INT64_MAX / C || V > INT64_MAX / C || N * V > INT64_MAX / 8)
         return lt_error(ctx, LT_ERR_SHAPE, "lce: N·V or V·C overflows");
-    if (backward) {
+    if (backward) { /* pass 1 or 2 */
         if (!a->dh) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce backward: dh is NULL");
         LT_TRY(check_matrix(ctx, a->dh, "dh", dev, N, C));
         if (!act_dtype_ok(a->dh->dtype))
@@ -92,9 +92,9 @@ static lt_status check_args(lt_ctx *ctx, const lt_lce_options *o, const lt_lce_a
         }
     }
     if (data) {
-        if (!a->h.data || !a->w.data || !a->targets || !a->lse || (!backward && !a->loss))
+        if (!a->h.data || !a->w.data || !a->targets || !a->lse || (backward != 1 && !a->loss))
             return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: h, w, targets, lse%s must be set",
-                            backward ? "" : " and loss");
+                            backward == 1 ? "" : " and loss");
         if (backward && (!a->dloss || !a->dh->data || (a->dw && !a->dw->data)))
             return lt_error(ctx, LT_ERR_INVALID_ARG, "lce backward: dloss, dh (and dw when given) must have data");
         if ((uintptr_t)a->workspace % LT_ALLOC_ALIGN_HOST)
@@ -120,34 +120,53 @@ static lt_status check_targets_host(lt_ctx *ctx, const lt_lce_options *o, const 
     return LT_OK;
 }
 
-static lt_status run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int backward) {
+/* pass: LT_LCE_PASS_FORWARD, _BACKWARD or _FORWARD_BACKWARD. */
+static lt_status run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass) {
     static const lt_lce_options defaults;
     lt_lce_options o;
     LT_TRY(check_options(ctx, opt ? opt : &defaults, &o));
-    LT_TRY(check_args(ctx, &o, a, backward, 1));
+    LT_TRY(check_args(ctx, &o, a, pass, 1));
+    if (pass == LT_LCE_PASS_FORWARD_BACKWARD && !a->dloss)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce forward_backward: dloss must be set (it is an input)");
     if (a->h.device == LT_DEVICE_CUDA) {
 #if LT_HAVE_CUDA
-        return backward ? lt_lce_cuda_backward(ctx, &o, a) : lt_lce_cuda_forward(ctx, &o, a);
+        if (a->h.dtype == LT_DTYPE_F32) return lt_lce_cuda_f32_run(ctx, &o, a, pass);
+        return pass == LT_LCE_PASS_FORWARD_BACKWARD ? lt_lce_cuda_forward_backward(ctx, &o, a)
+               : pass == LT_LCE_PASS_BACKWARD       ? lt_lce_cuda_backward(ctx, &o, a)
+                                                    : lt_lce_cuda_forward(ctx, &o, a);
 #else
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
 #endif
     }
     LT_TRY(check_targets_host(ctx, &o, a));
-    return backward ? lt_lce_cpu_backward(ctx, &o, a) : lt_lce_cpu_forward(ctx, &o, a);
+    return pass == LT_LCE_PASS_FORWARD_BACKWARD ? lt_lce_cpu_forward_backward(ctx, &o, a)
+           : pass == LT_LCE_PASS_BACKWARD       ? lt_lce_cpu_backward(ctx, &o, a)
+                                                : lt_lce_cpu_forward(ctx, &o, a);
 }
 
-lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) { return run(ctx, opt, a, 0); }
+lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    return run(ctx, opt, a, LT_LCE_PASS_FORWARD);
+}
 
-lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) { return run(ctx, opt, a, 1); }
+lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    return run(ctx, opt, a, LT_LCE_PASS_BACKWARD);
+}
 
-size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward, int threads) {
+lt_status lt_lce_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    return run(ctx, opt, a, LT_LCE_PASS_FORWARD_BACKWARD);
+}
+
+size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads) {
     static const lt_lce_options defaults;
     lt_lce_options o;
-    if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, backward, 0) != LT_OK)
+    if (pass < LT_LCE_PASS_FORWARD || pass > LT_LCE_PASS_FORWARD_BACKWARD) return 0;
+    if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, pass, 0) != LT_OK)
         return 0;
 #if LT_HAVE_CUDA
-    if (a->h.device == LT_DEVICE_CUDA) return lt_lce_cuda_workspace_bytes(&o, a, backward, threads);
+    if (a->h.device == LT_DEVICE_CUDA)
+        return a->h.dtype == LT_DTYPE_F32 ? lt_lce_cuda_f32_workspace_bytes(&o, a, pass, threads)
+                                          : lt_lce_cuda_workspace_bytes(&o, a, pass, threads);
 #endif
     if (a->h.device != LT_DEVICE_CPU) return 0; /* CUDA: not in this build (see run) */
-    return lt_lce_cpu_workspace_bytes(&o, a, backward, threads);
+    return lt_lce_cpu_workspace_bytes(&o, a, pass, threads);
 }

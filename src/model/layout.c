@@ -239,10 +239,10 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {
         int64_t out, in;
         lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, threads);
+        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, N, threads);
         if (w > mm) mm = w;
     }
-    size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, threads);
+    size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, N, threads);
     if (wh > mm) mm = wh;
     o->mm_ws_bytes = mm;
     o->mm_ws = carve(&cur, mm);
@@ -274,8 +274,8 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, LT_DEVICE_CPU, 2, wsh);
     la.dh = &hv;
     size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, threads);
-    if (!fwd_only) {
-        size_t lb = lt_lce_workspace_bytes(&lopt, &la, 1, threads);
+    if (!fwd_only) { /* the training step calls lt_lce_forward_backward */
+        size_t lb = lt_lce_workspace_bytes(&lopt, &la, LT_LCE_PASS_FORWARD_BACKWARD, threads);
         if (lb > lw) lw = lb;
     }
     o->lce_ws_bytes = lw;

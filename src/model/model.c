@@ -372,17 +372,21 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     la.lse = (float *)blk(s, LT_MEM_TRANSIENTS, y->lse_f);
     la.token_loss = token_loss;
     la.workspace = blk(s, LT_MEM_WORKSPACE, y->lce_ws);
-    LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
-    res->loss_sum = loss;
     res->n_tokens = n_tok;
-    if (!backward) return LT_OK;
+    if (!backward) {
+        LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
+        res->loss_sum = loss;
+        return LT_OK;
+    }
+    /* Training: the upstream gradient is known before the loss, so loss and grad h come from one
+     * call (the fused loss makes the logits once: two GEMMs instead of three). */
     float dloss = grad_scale != 0 ? grad_scale : (n_tok ? 1.0f / (float)n_tok : 0.0f);
     float *dx = wsf(s, y->dx), *dh = wsf(s, y->dh);
     lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.dloss = &dloss;
     la.dh = &dht;
-    la.token_loss = NULL;
-    LT_TRY(lt_lce_backward(s->ctx, &lo, &la));
+    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    res->loss_sum = loss;
     s->be->rmsnorm_bwd(s->ctx, dh, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
     return LT_OK;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `longtune bench lce`: flags are parsed (bad ones exit 2 with usage), and a tiny run writes a
-# result JSON with the three arms agreeing on the loss. Timings are not checked here.
+# result JSON with the four arms (naive, chunked, fused, fused-fb) agreeing on the loss. Timings are not checked here.
 set -u
 bin="$1"
 fail=0
@@ -9,6 +9,7 @@ trap 'rm -rf "$out"' EXIT
 "$bin" bench lce --help | grep -q "usage: longtune bench lce" || { echo "FAIL: --help"; fail=1; }
 "$bin" bench lce --shape 1,2 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: bad --shape not exit 2"; fail=1; }
 "$bin" bench lce --hidden f64 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: bad --hidden not exit 2"; fail=1; }
+"$bin" bench lce --arms fused,fast >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown arm not exit 2"; fail=1; }
 "$bin" bench lce --shape 37,300,64 --head q4_1 --repeats 1 --warmup 0 --out "$out" >/dev/null 2>&1 ||
   { echo "FAIL: tiny run"; fail=1; }
 f="$out/lce-custom-f32-q4_1.json"
@@ -17,9 +18,11 @@ python3 - "$f" <<'PY' || fail=1
 import json, sys
 r = json.load(open(sys.argv[1]))
 names = [a["name"] for a in r["arms"]]
-assert names == ["naive", "chunked", "fused"], names
+assert names == ["naive", "chunked", "fused", "fused-fb"], names
 for a in r["arms"]:
     assert a["loss_rel_diff_vs_first_arm"] < 1e-5, a
-    assert a["peak_bytes"] > 0 and a["peak_bytes"] >= a["workspace_bytes_bwd"], a
+    ws = a["workspace_bytes_fwd_bwd"] if a["name"] == "fused-fb" else a["workspace_bytes_bwd"]
+    assert a["peak_bytes"] > 0 and a["peak_bytes"] >= ws, a
+assert r["summary"]["fused_fb_extra_memory_fraction_of_naive"] > 0, r["summary"]  # tiny shape: fused may exceed naive
 PY
 exit $fail

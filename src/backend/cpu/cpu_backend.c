@@ -34,4 +34,7 @@ const lt_backend lt_backend_cpu = {
     .add_bias = lt_cpu_add_bias,
     .dropout = lt_cpu_dropout,
     .adamw = lt_cpu_adamw,
+    .zero = lt_cpu_zero,
+    .scale = lt_cpu_scale,
+    .sumsq = lt_cpu_sumsq,
 };

@@ -10,7 +10,7 @@ void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, in
                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                    float *y, void *ws);
-size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int threads);
+size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
 void lt_cpu_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                         float *rstd);
 void lt_cpu_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
@@ -24,5 +24,8 @@ void lt_cpu_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
 void lt_cpu_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
 void lt_cpu_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
 void lt_cpu_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes);
+void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n);
+float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 
 #endif

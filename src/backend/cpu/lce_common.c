@@ -52,24 +52,38 @@ static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_a
 }
 
 /* Bytes at the head of the workspace: the forward keeps one double of loss per token (reduced in
- * a fixed order afterwards), the backward one float of upstream coefficient per token. */
+ * a fixed order afterwards), the backward one float of upstream coefficient per token, the
+ * one-pass forward_backward both. */
 static size_t head_bytes(const lce_problem *P) {
     size_t cursor = 0;
-    lce_take(&cursor, (size_t)P->N * (P->backward ? sizeof(float) : sizeof(double)));
+    if (P->backward != 1) lce_take(&cursor, (size_t)P->N * sizeof(double));
+    if (P->backward) lce_take(&cursor, (size_t)P->N * sizeof(float));
     return cursor;
 }
 
 static size_t impl_workspace(const lce_problem *P, lt_lce_impl impl) {
     size_t cursor = head_bytes(P);
-    size_t own = impl == LT_LCE_NAIVE     ? lce_naive_workspace(P)
+    size_t own = P->backward == 2         ? lce_fused_fb_workspace(P)
+                 : impl == LT_LCE_NAIVE   ? lce_naive_workspace(P)
                  : impl == LT_LCE_CHUNKED ? lce_chunked_workspace(P)
                                           : lce_fused_workspace(P);
     return cursor + own;
 }
 
-size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int backward, int threads) {
+/* forward_backward runs in one pass when the impl is fused and the gradient does not need the
+ * final lse inside each tile (lce.h); otherwise it is the forward then the backward. */
+static int fb_one_pass(const lt_lce_options *o, const lt_lce_args *a) {
+    return o->impl == LT_LCE_FUSED && !a->dw && !(o->softcap > 0 && o->label_smoothing > 0);
+}
+
+size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads) {
     lce_problem P;
-    problem_init(&P, opt, a, backward, threads);
+    if (pass == LT_LCE_PASS_FORWARD_BACKWARD && !fb_one_pass(opt, a)) {
+        size_t f = lt_lce_cpu_workspace_bytes(opt, a, LT_LCE_PASS_FORWARD, threads);
+        size_t b = lt_lce_cpu_workspace_bytes(opt, a, LT_LCE_PASS_BACKWARD, threads);
+        return f > b ? f : b;
+    }
+    problem_init(&P, opt, a, pass, threads);
     return impl_workspace(&P, opt->impl);
 }
 
@@ -82,6 +96,34 @@ static lt_status workspace_get(lt_ctx *ctx, const lt_lce_args *a, size_t bytes, 
     if (!*ws) return lt_ctx_status(ctx);
     *owned = 1;
     return LT_OK;
+}
+
+/* loss (and token_loss) from the per-token weighted losses. Fixed-order double sums: the result
+ * does not depend on the thread split. */
+static void reduce_loss(const lce_problem *P, lt_lce_args *a, const double *row_loss) {
+    double total = 0, den = 0;
+    for (int64_t i = 0; i < P->N; i++) {
+        total += row_loss[i];
+        if (!lce_ignored(P, i)) den += P->weight ? P->weight[i] : 1.0;
+        if (a->token_loss) a->token_loss[i] = (float)row_loss[i];
+        if (P->reduction == LT_REDUCTION_NONE) a->loss[i] = (float)row_loss[i];
+    }
+    if (P->reduction == LT_REDUCTION_SUM) a->loss[0] = (float)total;
+    if (P->reduction == LT_REDUCTION_MEAN) a->loss[0] = den > 0 ? (float)(total / den) : 0.0f;
+}
+
+/* coef (N): upstream gradient × weight per token (mean divides by the weight total), 0 ignored. */
+static void upstream_coef(const lce_problem *P, const float *dloss, float *coef) {
+    double den = 0;
+    for (int64_t i = 0; i < P->N; i++)
+        if (!lce_ignored(P, i)) den += P->weight ? P->weight[i] : 1.0;
+    for (int64_t i = 0; i < P->N; i++) {
+        double up = P->reduction == LT_REDUCTION_NONE ? dloss[i]
+                    : P->reduction == LT_REDUCTION_SUM ? dloss[0]
+                    : den > 0                          ? dloss[0] / den
+                                                       : 0.0;
+        coef[i] = lce_ignored(P, i) ? 0.0f : (float)(up * (P->weight ? P->weight[i] : 1.0));
+    }
 }
 
 lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
@@ -98,16 +140,7 @@ lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args
     case LT_LCE_CHUNKED: lce_chunked_forward(&P, own, a->lse, row_loss); break;
     default: lce_fused_forward(&P, own, a->lse, row_loss); break;
     }
-    /* Fixed-order double sums: the result does not depend on the thread split. */
-    double total = 0, den = 0;
-    for (int64_t i = 0; i < P.N; i++) {
-        total += row_loss[i];
-        if (!lce_ignored(&P, i)) den += P.weight ? P.weight[i] : 1.0;
-        if (a->token_loss) a->token_loss[i] = (float)row_loss[i];
-        if (P.reduction == LT_REDUCTION_NONE) a->loss[i] = (float)row_loss[i];
-    }
-    if (P.reduction == LT_REDUCTION_SUM) a->loss[0] = (float)total;
-    if (P.reduction == LT_REDUCTION_MEAN) a->loss[0] = den > 0 ? (float)(total / den) : 0.0f;
+    reduce_loss(&P, a, row_loss);
     if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
     return LT_OK;
 }
@@ -121,16 +154,7 @@ lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_arg
     LT_TRY(workspace_get(ctx, a, bytes, &ws, &owned));
     float *coef = (float *)ws;
     char *own = ws + head_bytes(&P);
-    double den = 0;
-    for (int64_t i = 0; i < P.N; i++)
-        if (!lce_ignored(&P, i)) den += P.weight ? P.weight[i] : 1.0;
-    for (int64_t i = 0; i < P.N; i++) {
-        double up = P.reduction == LT_REDUCTION_NONE ? a->dloss[i]
-                    : P.reduction == LT_REDUCTION_SUM ? a->dloss[0]
-                    : den > 0                         ? a->dloss[0] / den
-                                                      : 0.0;
-        coef[i] = lce_ignored(&P, i) ? 0.0f : (float)(up * (P.weight ? P.weight[i] : 1.0));
-    }
+    upstream_coef(&P, a->dloss, coef);
     float *dw = P.want_dw ? (float *)a->dw->data : NULL;
     switch (opt->impl) {
     case LT_LCE_NAIVE: lce_naive_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
@@ -139,6 +163,31 @@ lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_arg
     }
     if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
     return LT_OK;
+}
+
+lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
+    const int threads = lt_ctx_threads(ctx);
+    size_t bytes = lt_lce_cpu_workspace_bytes(opt, a, LT_LCE_PASS_FORWARD_BACKWARD, threads);
+    char *ws;
+    int owned;
+    LT_TRY(workspace_get(ctx, a, bytes, &ws, &owned));
+    lt_status st = LT_OK;
+    if (!fb_one_pass(opt, a)) {
+        lt_lce_args b = *a; /* both calls share the one block, sized for the larger */
+        b.workspace = ws;
+        st = lt_lce_cpu_forward(ctx, opt, &b);
+        if (st == LT_OK) st = lt_lce_cpu_backward(ctx, opt, &b);
+    } else {
+        lce_problem P;
+        problem_init(&P, opt, a, LT_LCE_PASS_FORWARD_BACKWARD, threads);
+        double *row_loss = (double *)ws;
+        float *coef = (float *)(ws + (size_t)P.N * sizeof(double));
+        upstream_coef(&P, a->dloss, coef);
+        lce_fused_forward_backward(&P, ws + head_bytes(&P), a->lse, row_loss, coef, a->dh->data);
+        reduce_loss(&P, a, row_loss);
+    }
+    if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
+    return st;
 }
 
 /* ---- per-row math ---- */
@@ -267,6 +316,69 @@ void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t
         for (int64_t j = 0; j < n; j++) s[j] = a * lce_expf(s[j] - lse) - b;
         if (t >= 0) s[t] = a * lce_expf(st - lse) - b - hit;
     }
+}
+
+void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
+    lce_softcap_row(z, n, P->softcap);
+    float mx[LANES], sm[LANES];
+    for (int l = 0; l < LANES; l++) {
+        mx[l] = -INFINITY;
+        sm[l] = 0;
+    }
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float v = z[j + l];
+            mx[l] = v > mx[l] ? v : mx[l];
+            sm[l] += v;
+        }
+    float m = -INFINITY;
+    double sz = 0;
+    for (int l = 0; l < LANES; l++) {
+        m = mx[l] > m ? mx[l] : m;
+        sz += sm[l];
+    }
+    for (; j < n; j++) {
+        m = z[j] > m ? z[j] : m;
+        sz += z[j];
+    }
+    if (target >= v0 && target < v0 + n) st->zt = z[target - v0];
+    st->sz += sz;
+    if (m > st->m) {
+        double f = st->m == -INFINITY ? 0.0 : exp((double)st->m - (double)m);
+        st->s *= f;
+        if (acc_row) {
+            float ff = (float)f;
+            for (int64_t c = 0; c < P->C; c++) acc_row[c] *= ff;
+        }
+        st->m = m;
+    }
+    const float ref = st->m;
+    float es[LANES] = {0};
+    j = 0;
+    if (P->softcap > 0) {
+        const float ic = (float)(1.0 / P->softcap);
+        for (; j < n; j++) {
+            float e = lce_expf(z[j] - ref), th = z[j] * ic;
+            es[j % LANES] += e;
+            z[j] = e * (1.0f - th * th);
+        }
+    } else {
+        for (; j + LANES <= n; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float e = lce_expf(z[j + l] - ref);
+                es[l] += e;
+                z[j + l] = e;
+            }
+        for (; j < n; j++) {
+            float e = lce_expf(z[j] - ref);
+            es[0] += e;
+            z[j] = e;
+        }
+    }
+    double s = 0;
+    for (int l = 0; l < LANES; l++) s += es[l];
+    st->s += s;
 }
 
 /* ---- conversions ---- */

@@ -16,7 +16,8 @@
 typedef struct lce_problem {
     int64_t N, V, C;
     lt_dtype h_dtype, w_dtype, dh_dtype;
-    int backward, want_dw;
+    int backward;           /* the pass: 0 forward, 1 backward, 2 forward_backward in one pass */
+    int want_dw;
     int threads;            /* resolved worker count (>= 1) */
     int tile_n, tile_v;     /* resolved and clamped to N and V */
     int32_t ignore_index;
@@ -57,6 +58,11 @@ void lce_fused_forward(const lce_problem *P, char *ws, float *lse, double *row_l
 void lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
 void lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
 void lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
+/* forward_backward in one pass (fused only; no dw, not softcap together with label smoothing):
+ * writes lse, row_loss (weighted, 0 for ignored tokens) and dh (overwritten) from coef. */
+size_t lce_fused_fb_workspace(const lce_problem *P);
+void lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
+                                void *dh);
 
 /* ---- per-row math (lce_common.c) ---- */
 
@@ -77,6 +83,12 @@ double lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float
 /* Turns n raw logits s (vocabulary [v0, v0+n)) of token i into ∂loss/∂s in place, given its lse
  * and coef (upstream gradient × weight; 0 writes zeros). */
 void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef);
+
+/* One-pass step over n raw logits z of one token (vocabulary [v0, v0+n)): softcaps them, folds
+ * them into st against its running max (which only grows; when it does, st->s and, if acc_row is
+ * set, the token's C-float grad-hidden accumulator are rescaled to the new max), and overwrites z
+ * with exp(z_j − m)·cap'(z_j), the weights of W_j in that accumulator. */
+void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row);
 
 /* Dense f32 rows [r0, r0+nr) of h (f32 | bf16) and of the head w (any head dtype) into out
  * (nr, C). f32 sources are copied. */

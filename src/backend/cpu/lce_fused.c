@@ -7,6 +7,7 @@
  * the grad-hidden (and grad-W) GEMMs. Memory O(N + threads·tile); the (N, V) logits never exist.
  * Ignored tokens are skipped entirely, so masked prompt tokens cost nothing. */
 #include <cblas.h>
+#include <math.h>
 
 #include "backend/cpu/lce_cpu.h"
 #include "core/parallel.h"
@@ -197,5 +198,185 @@ void lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const 
         lt_parallel_for(P->threads, nvt, 1, bwd_range, &j);
         merge_job m = {&j, rows + k0, dh};
         lt_parallel_for(P->threads, j.nr, 16, merge_range, &m);
+    }
+}
+
+/* ---- forward_backward in one pass (lce.h) ----
+ * The same token × vocabulary tiling, with the logits made once: each thread keeps, for the rows
+ * of the token tile, its running max m, Σ exp(z − m) and an f32 grad-hidden accumulator
+ * Σ_j exp(z_j − m)·cap'(z_j)·W_j (rescaled when m grows), fed by a second GEMM straight from the
+ * tile. Merging the threads' partials (rescaled to the common max) gives lse; the softmax
+ * normaliser, z-loss factor, label-smoothing term (ε/V·Σ_j W_j, summed during the first token
+ * tile) and target row are applied per token at the end. */
+
+typedef struct {
+    size_t rows, tile_target, tile_coef, ran, hconv, colsum;
+    size_t wconv, logits, stats, acc, colpart; /* per thread, `per_thread` bytes apart */
+    size_t per_thread, end;
+} fb_layout;
+
+static fb_layout fb_layout_of(const lce_problem *P) {
+    fb_layout L = {0};
+    size_t c = 0, tn = (size_t)P->tile_n, tv = (size_t)P->tile_v, C = (size_t)P->C, T = (size_t)P->threads;
+    size_t cs = P->eps > 0 ? C * sizeof(double) : 0;
+    L.rows = lce_take(&c, (size_t)P->N * sizeof(int64_t));
+    L.tile_target = lce_take(&c, tn * sizeof(int32_t));
+    L.tile_coef = lce_take(&c, tn * sizeof(float));
+    L.ran = lce_take(&c, T * sizeof(int));
+    L.hconv = lce_take(&c, tn * C * sizeof(float));
+    L.colsum = lce_take(&c, cs);
+    size_t t = 0;
+    /* The merge dequantises a target row into wconv, so it is at least C floats. */
+    L.wconv = lce_take(&t, P->w_dtype == LT_DTYPE_F32 ? 0 : tv * C * sizeof(float));
+    L.logits = lce_take(&t, tn * tv * sizeof(float));
+    L.stats = lce_take(&t, tn * sizeof(lce_stat));
+    L.acc = lce_take(&t, tn * C * sizeof(float));
+    L.colpart = lce_take(&t, cs);
+    L.per_thread = t;
+    L.wconv += c;
+    L.logits += c;
+    L.stats += c;
+    L.acc += c;
+    L.colpart += c;
+    L.end = c + T * t;
+    return L;
+}
+
+size_t lce_fused_fb_workspace(const lce_problem *P) { return fb_layout_of(P).end; }
+
+typedef struct {
+    const lce_problem *P;
+    fb_layout L;
+    char *ws;
+    const float *hf;       /* (nr, C) gathered f32 tile */
+    int64_t nr;
+    const int32_t *target; /* (nr) */
+    const float *coef;     /* (nr) */
+    const int64_t *rows;   /* (nr) token index of each tile row */
+    int first_tile;        /* sum the columns of W for label smoothing */
+    float *lse;
+    void *dh;
+    double *row_loss;
+} fb_job;
+
+static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const fb_job *j = arg;
+    const lce_problem *P = j->P;
+    char *mine = j->ws + (size_t)thread * j->L.per_thread;
+    float *wbuf = (float *)(mine + j->L.wconv), *z = (float *)(mine + j->L.logits);
+    float *acc = (float *)(mine + j->L.acc);
+    lce_stat *st = (lce_stat *)(mine + j->L.stats);
+    double *colpart = (double *)(mine + j->L.colpart);
+    const int sum_cols = j->first_tile && P->eps > 0;
+    for (int64_t r = 0; r < j->nr; r++) lce_stat_init(&st[r]);
+    if (sum_cols) memset(colpart, 0, (size_t)P->C * sizeof(double));
+    for (int64_t vt = begin; vt < end; vt++) {
+        int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
+        const float *wf = w_tile(P, wbuf, v0, nv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
+                    wf, (int)P->C, 0.0f, z, (int)nv);
+        for (int64_t r = 0; r < j->nr; r++)
+            lce_fb_row(P, &st[r], z + r * nv, nv, v0, j->target[r], vt == begin ? NULL : acc + r * P->C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->nr, (int)P->C, (int)nv, 1.0f, z, (int)nv, wf,
+                    (int)P->C, vt == begin ? 0.0f : 1.0f, acc, (int)P->C);
+        if (sum_cols)
+            for (int64_t v = 0; v < nv; v++)
+                for (int64_t c = 0; c < P->C; c++) colpart[c] += wf[v * P->C + c];
+    }
+    ((int *)(j->ws + j->L.ran))[thread] = 1;
+}
+
+/* Per tile row: the threads' partials merged in thread order, then loss, lse and the dh row. */
+static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
+    const fb_job *j = arg;
+    const lce_problem *P = j->P;
+    const int *ran = (const int *)(j->ws + j->L.ran);
+    const double *colsum = (const double *)(j->ws + j->L.colsum);
+    float *wrow = (float *)(j->ws + (size_t)thread * j->L.per_thread + j->L.wconv);
+    for (int64_t r = begin; r < end; r++) {
+        lce_stat tot;
+        lce_stat_init(&tot);
+        for (int t = 0; t < P->threads; t++)
+            if (ran[t]) lce_stat_merge(&tot, (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r);
+        const int64_t i = j->rows[r];
+        j->row_loss[i] = lce_finish_row(P, i, &tot, j->lse);
+        float *out = NULL;
+        for (int t = 0; t < P->threads; t++) {
+            if (!ran[t]) continue;
+            const lce_stat *s = (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r;
+            float *a = (float *)(j->ws + (size_t)t * j->L.per_thread + j->L.acc) + r * P->C;
+            float f = (float)exp((double)s->m - (double)tot.m);
+            if (!out) {
+                out = a;
+                for (int64_t c = 0; c < P->C; c++) out[c] *= f;
+            } else {
+                for (int64_t c = 0; c < P->C; c++) out[c] += f * a[c];
+            }
+        }
+        const float coef = j->coef[r];
+        if (coef == 0) {
+            lce_rows_zero(P->dh_dtype, j->dh, i, 1, P->C);
+            continue;
+        }
+        const double l = (double)tot.m + log(tot.s);
+        const float A = (float)(coef * (1.0 + 2.0 * P->z_loss * l) / tot.s);
+        const double th = P->softcap > 0 ? tot.zt / P->softcap : 0.0;
+        const float T = (float)(coef * (1.0 - P->eps) * (1.0 - th * th));
+        const float B = (float)(coef * P->eps / (double)P->V);
+        const float *wt = P->w_dtype == LT_DTYPE_F32 ? (const float *)P->w + (int64_t)j->target[r] * P->C : wrow;
+        if (P->w_dtype != LT_DTYPE_F32) lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, j->target[r], 1, P->C, wrow);
+        for (int64_t c = 0; c < P->C; c++) out[c] = A * out[c] - T * wt[c];
+        if (P->eps > 0)
+            for (int64_t c = 0; c < P->C; c++) out[c] -= B * (float)colsum[c];
+        lce_rows_from_f32(P->dh_dtype, j->dh, i, 1, P->C, out);
+    }
+}
+
+void lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
+                                void *dh) {
+    fb_job j;
+    memset(&j, 0, sizeof j);
+    j.P = P;
+    j.L = fb_layout_of(P);
+    j.ws = ws;
+    j.lse = lse;
+    j.dh = dh;
+    j.row_loss = row_loss;
+    int64_t *rows = (int64_t *)(ws + j.L.rows);
+    int64_t na = active_rows(P, rows), nvt = (P->V + P->tile_v - 1) / P->tile_v;
+    for (int64_t i = 0; i < P->N; i++)
+        if (lce_ignored(P, i)) {
+            lse[i] = 0;
+            row_loss[i] = 0;
+            lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
+        }
+    float *hf = (float *)(ws + j.L.hconv), *tc = (float *)(ws + j.L.tile_coef);
+    int32_t *tt = (int32_t *)(ws + j.L.tile_target);
+    int64_t hrow = P->h_dtype == LT_DTYPE_F32 ? P->C * 4 : P->C * 2;
+    const int *ran = (const int *)(ws + j.L.ran);
+    j.hf = hf;
+    j.target = tt;
+    j.coef = tc;
+    for (int64_t k0 = 0; k0 < na; k0 += j.nr) {
+        j.nr = na - k0 < P->tile_n ? na - k0 : P->tile_n;
+        j.rows = rows + k0;
+        j.first_tile = k0 == 0;
+        for (int64_t r = 0; r < j.nr; r++) {
+            lce_rows_to_f32(P->h_dtype, P->h, hrow, rows[k0 + r], 1, P->C, hf + r * P->C);
+            tt[r] = P->targets[rows[k0 + r]];
+            tc[r] = coef[rows[k0 + r]];
+        }
+        memset(ws + j.L.ran, 0, (size_t)P->threads * sizeof(int));
+        lt_parallel_for(P->threads, nvt, 1, fb_range, &j);
+        if (j.first_tile && P->eps > 0) { /* Σ_j W_j in thread order (vocabulary order) */
+            double *cs = (double *)(ws + j.L.colsum);
+            memset(cs, 0, (size_t)P->C * sizeof(double));
+            for (int t = 0; t < P->threads; t++) {
+                if (!ran[t]) continue;
+                const double *cp = (const double *)(ws + (size_t)t * j.L.per_thread + j.L.colpart);
+                for (int64_t c = 0; c < P->C; c++) cs[c] += cp[c];
+            }
+        }
+        lt_parallel_for(P->threads, j.nr, 16, fb_merge_range, &j);
     }
 }

@@ -1,5 +1,5 @@
 /* Elementwise CPU ops: SwiGLU forward/backward, embedding gather (any weight dtype), axpy, bias
- * add and counter-based dropout. Each is a parallel loop over rows or element chunks; none keeps
+ * add, counter-based dropout, zero, scale and the sum of squares. Each is a parallel loop over rows or element chunks; none keeps
  * state between calls (dropout masks are a pure function of seed and element index). */
 #include <math.h>
 #include <string.h>
@@ -122,4 +122,48 @@ void lt_cpu_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, u
     j.threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     j.keep_scale = 1.0f / (1.0f - p);
     lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, dropout_f, &j);
+}
+
+void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes) {
+    (void)ctx;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static void scale_f(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    for (int64_t i = i0; i < i1; i++) j->y[i] *= j->alpha;
+}
+
+void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
+    ew_job j = {.y = x, .alpha = a};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, scale_f, &j);
+}
+
+/* One float64 partial per thread slot; the split is static, so the same thread count gives the
+ * same sum. */
+#define SUMSQ_MAX_THREADS 256
+
+typedef struct sumsq_job {
+    const float *x;
+    double part[SUMSQ_MAX_THREADS];
+} sumsq_job;
+
+static void sumsq_f(void *arg, int64_t i0, int64_t i1, int thread) {
+    sumsq_job *j = arg;
+    double s = 0;
+    for (int64_t i = i0; i < i1; i++) s += (double)j->x[i] * (double)j->x[i];
+    j->part[thread] = s;
+}
+
+float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
+    sumsq_job j;
+    memset(&j, 0, sizeof j);
+    j.x = x;
+    int threads = lt_parallel_threads(lt_ctx_threads(ctx));
+    if (threads > SUMSQ_MAX_THREADS) threads = SUMSQ_MAX_THREADS;
+    lt_parallel_for(threads, n, EW_GRAIN, sumsq_f, &j);
+    double s = 0;
+    for (int t = 0; t < SUMSQ_MAX_THREADS; t++) s += j.part[t];
+    return (float)s;
 }

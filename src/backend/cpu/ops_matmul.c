@@ -29,8 +29,8 @@ void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, in
                 (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
-size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int threads) {
-    (void)out;
+size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
+    (void)out, (void)N_max;
     if (wdtype == LT_DTYPE_F32) return 0;
     return (size_t)lt_parallel_threads(threads) * LT_MATMUL_TILE * (size_t)in * sizeof(float);
 }

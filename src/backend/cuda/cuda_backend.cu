@@ -1,10 +1,8 @@
-/* The CUDA backend's op table: memory movement on the default stream. Kernels live in one file
- * per op family beside this one. */
+/* The CUDA backend's op table: memory movement here, kernels in one file per op family beside
+ * this one (ops_*.cu, attention_*.cu, lce.cu). Everything is queued on the legacy default stream. */
 #include <cuda_runtime.h>
 
-extern "C" {
-#include "backend/backend.h"
-}
+#include "backend/cuda/cuda_ops.h"
 
 static lt_status cuda_status(lt_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return LT_OK;
@@ -12,11 +10,21 @@ static lt_status cuda_status(lt_ctx *ctx, cudaError_t e, const char *what) {
     return lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
+/* Device-to-device copies stay queued; a copy from host memory returns once the source has been
+ * read (the caller may free it), as cudaMemcpy does. */
 static lt_status cuda_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return LT_OK;
+    cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, src);
+    if (e != cudaSuccess) return cuda_status(ctx, e, "copy to device: cudaPointerGetAttributes");
+    if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged)
+        return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0),
+                           "copy within the device");
     return cuda_status(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy to device");
 }
 
 static lt_status cuda_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return LT_OK;
     return cuda_status(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy to host");
 }
 
@@ -25,5 +33,25 @@ static lt_status cuda_sync(lt_ctx *ctx) {
 }
 
 extern "C" const lt_backend lt_backend_cuda = {
-    "cuda", LT_DEVICE_CUDA, cuda_to_device, cuda_to_host, cuda_sync,
+    /* .name */ "cuda",
+    /* .device */ LT_DEVICE_CUDA,
+    /* .copy_to_device */ cuda_to_device,
+    /* .copy_to_host */ cuda_to_host,
+    /* .synchronize */ cuda_sync,
+    /* .gemm */ lt_cuda_gemm,
+    /* .matmul */ lt_cuda_matmul,
+    /* .matmul_workspace_bytes */ lt_cuda_matmul_workspace_bytes,
+    /* .rmsnorm_fwd */ lt_cuda_rmsnorm_fwd,
+    /* .rmsnorm_bwd */ lt_cuda_rmsnorm_bwd,
+    /* .rope */ lt_cuda_rope,
+    /* .swiglu_fwd */ lt_cuda_swiglu_fwd,
+    /* .swiglu_bwd */ lt_cuda_swiglu_bwd,
+    /* .embedding */ lt_cuda_embedding,
+    /* .add */ lt_cuda_add,
+    /* .add_bias */ lt_cuda_add_bias,
+    /* .dropout */ lt_cuda_dropout,
+    /* .adamw */ lt_cuda_adamw,
+    /* .zero */ lt_cuda_zero,
+    /* .scale */ lt_cuda_scale,
+    /* .sumsq */ lt_cuda_sumsq,
 };

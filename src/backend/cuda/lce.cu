@@ -1,10 +1,13 @@
 /* Linear cross-entropy on NVIDIA GPUs, chunked: logits are made tile by tile (Nc tokens x Vc
  * vocabulary entries, fp32) by cuBLASLt bf16 tensor-core GEMMs into a bounded workspace, reduced
  * at once into per-token online log-sum-exp statistics (forward), or turned into the bf16 logit
- * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). Nothing of
- * size (N, V) is ever stored: the workspace stays near 56 MiB whatever N·V is. Quantized heads are
- * dequantized one vocabulary tile at a time. Gradient filtering of negligible tiles is not done:
- * with the tolerance against the CPU reference it would not pay on dense softmaxes. */
+ * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). The
+ * forward_backward call makes each logit tile once: exp(z - m) against a running reference max m
+ * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs, the second
+ * overlapped with the next tile's first on a second stream. Nothing of size (N, V) is ever stored:
+ * the workspace stays under 64 MiB whatever N·V is. Quantized heads are dequantized one vocabulary
+ * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
+ * the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
 extern "C" {
 #include "backend/lce_impl.h"
@@ -21,13 +24,67 @@ extern "C" {
 #define LCE_NC_DEFAULT 2048
 #define LCE_VC_MAX 8192 /* the gradient kernel stages one fp32 logit row (32 KiB) in shared memory */
 #define LCE_THREADS 256
+/* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and two logit
+ * buffers (one filled by the next tile's GEMM while the other is reduced and multiplied back),
+ * all inside 60 MiB. The reference max of a token moves only when a tile's max exceeds it by
+ * LCE_FB_MARGIN: exp(z - m) <= e^16 stays far from fp32/bf16 overflow even summed over any
+ * vocabulary, and a row rescale (C multiplies) is then rare after the first tile. */
+#define LCE_FB_BUDGET ((size_t)60 << 20)
+#define LCE_FB_NC_DEFAULT 1024
+#define LCE_FB_MARGIN 16.0f
 
 typedef struct lce_plan {
     int64_t Nc, Vc, ldz;
-    size_t off_stats, off_misc, off_blas, off_acc, off_deq, off_z, total;
+    int fb;        /* forward_backward layout: two logit (and dequant) buffers, two BLAS scratches */
+    size_t off_stats, off_misc, off_blas, off_acc, off_deq, off_z, off_colsum, total;
 } lce_plan;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* The one-pass forward_backward layout (see lt_lce_forward_backward in lce.h for when it is used). */
+static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
+                                 int quantized) {
+    lce_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.fb = 1;
+    pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, LCE_FB_NC_DEFAULT);
+    if (pl.Nc > N) pl.Nc = N;
+    const int smooth = opt && opt->label_smoothing > 0.0f;
+    size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + 2 * LCE_BLAS_WS +
+                   lt_cuda_align((size_t)pl.Nc * (size_t)C * 4) +
+                   (smooth ? lt_cuda_align((size_t)C * 4) : 0);
+    int64_t vc;
+    if (opt && opt->tile_v > 0) {
+        vc = opt->tile_v;
+    } else {
+        size_t per_v = 2 * ((size_t)pl.Nc * 4 + (quantized ? (size_t)C * 2 : 0));
+        size_t rest = LCE_FB_BUDGET > fixed + per_v * 128 ? LCE_FB_BUDGET - fixed : per_v * 128;
+        vc = (int64_t)(rest / per_v);
+        vc = vc >= 512 ? vc / 512 * 512 : vc / 128 * 128;
+    }
+    if (vc < 128) vc = 128;
+    if (vc > LCE_VC_MAX) vc = LCE_VC_MAX;
+    if (vc > V) vc = V;
+    pl.Vc = vc;
+    pl.ldz = (vc + 7) / 8 * 8;
+    size_t off = 0;
+    pl.off_stats = off;
+    off += lt_cuda_align((size_t)N * 8 * 4);
+    pl.off_misc = off;
+    off += 256;
+    pl.off_blas = off;
+    off += 2 * LCE_BLAS_WS;
+    pl.off_acc = off;
+    off += lt_cuda_align((size_t)pl.Nc * (size_t)C * 4);
+    pl.off_colsum = off;
+    off += smooth ? lt_cuda_align((size_t)C * 4) : 0;
+    pl.off_deq = off;
+    off += quantized ? 2 * lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
+    pl.off_z = off;
+    off += 2 * lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * 4);
+    pl.total = off;
+    return pl;
+}
 
 static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
                               int backward, int quantized) {
@@ -73,12 +130,25 @@ static int lce_quantized(lt_dtype t) {
     return t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
 }
 
+/* forward_backward runs the one-pass kernels unless the request needs the final lse inside each
+ * tile (lce.h): dw, or softcap together with label smoothing; chunked asks for the two calls. */
+static int lce_fb_one_pass(const lt_lce_options *opt, const lt_lce_args *a) {
+    if (a->dw) return 0;
+    if (opt && opt->impl == LT_LCE_CHUNKED) return 0;
+    return !(opt && opt->softcap > 0.0f && opt->label_smoothing > 0.0f);
+}
+
 extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a,
-                                              int backward, int threads) {
+                                              int pass, int threads) {
     (void)threads;
-    return lce_make_plan(opt, a->h.shape[0], a->w.shape[0], a->h.shape[1], backward,
-                         lce_quantized(a->w.dtype))
-        .total;
+    const int64_t N = a->h.shape[0], V = a->w.shape[0], C = a->h.shape[1];
+    const int q = lce_quantized(a->w.dtype);
+    if (pass == LT_LCE_PASS_FORWARD_BACKWARD) {
+        if (lce_fb_one_pass(opt, a)) return lce_make_fb_plan(opt, N, V, C, q).total;
+        size_t f = lce_make_plan(opt, N, V, C, 0, q).total, b = lce_make_plan(opt, N, V, C, 1, q).total;
+        return f > b ? f : b;
+    }
+    return lce_make_plan(opt, N, V, C, pass, q).total;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -97,9 +167,10 @@ typedef struct lce_blas {
 } lce_blas;
 
 /* C (m x n, col-major, ldc, fp32 or bf16) = op(A) op(B) + beta·C, A and B bf16. */
-static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
-                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
+static lt_status lce_gemm_on(lt_ctx *ctx, lce_blas *bl, cudaStream_t stream, void *blas_ws,
+                             cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                             int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
+                             float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -159,7 +230,7 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
             bl->cache[slot].algo = res.algo;
         }
         s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
-                           &bl->cache[slot].algo, bl->ws, wsb, 0);
+                           &bl->cache[slot].algo, blas_ws, wsb, stream);
         if (s != CUBLAS_STATUS_SUCCESS)
             st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
     }
@@ -170,6 +241,13 @@ done:
     if (ad) cublasLtMatrixLayoutDestroy(ad);
     if (op) cublasLtMatmulDescDestroy(op);
     return st;
+}
+
+/* The two calls' GEMMs: default stream, the first BLAS scratch. */
+static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
+                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
+    return lce_gemm_on(ctx, bl, 0, bl->ws, ta, tb, m, n, k, A, lda, B, ldb, beta, Cm, ctype, ldc);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -413,6 +491,177 @@ static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_byte
     }
 }
 
+/* ---- forward_backward (one pass) ---- */
+
+static __device__ __forceinline__ float lce_block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* red may still be read from a previous reduction */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int k = 0; k < LCE_THREADS / 32; k++) t += red[k]; /* fixed order: deterministic */
+    return t;
+}
+
+static __device__ __forceinline__ float lce_block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int k = 0; k < LCE_THREADS / 32; k++) t = fmaxf(t, red[k]);
+    return t;
+}
+
+/* One block per token row of the chunk, vocabulary tile [v0, v0+vc): folds the (softcapped)
+ * logits into the row statistics against the reference max m (set by the first tile, moved up
+ * only past LCE_FB_MARGIN, which rescales s and the row's fp32 dh accumulator), then writes
+ * E_j = exp(z_j - m)·cap'(z_j) as bf16 over the first half of the same row (ld 2·ldz bf16) for
+ * the accumulator GEMM. The row is staged in shared memory before it is overwritten. */
+static __global__ void __launch_bounds__(LCE_THREADS)
+lce_fb_stats(float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
+             float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    extern __shared__ float zrow[];
+    __shared__ float red[LCE_THREADS / 32];
+    __shared__ float s_zt, s_m, s_f;
+    __shared__ int s_found;
+    const int64_t i = blockIdx.x;
+    float *z = Z + i * ldz;
+    const int64_t t = tgt[i];
+    if (threadIdx.x == 0) s_found = 0;
+    __syncthreads();
+    float lm = -INFINITY, lz = 0.0f;
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = lce_cap(z[j], cap);
+        zrow[j] = x;
+        lm = fmaxf(lm, x);
+        lz += x;
+        if (v0 + j == t) {
+            s_zt = x;
+            s_found = 1;
+        }
+    }
+    const float tmax = lce_block_max(lm, red);
+    const float tsum = lce_block_sum(lz, red);
+    if (threadIdx.x == 0) {
+        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
+        if (first) mn = tmax;
+        else if (tmax > mo + LCE_FB_MARGIN) {
+            mn = tmax;
+            f = __expf(mo - mn);
+        }
+        s_m = mn;
+        s_f = f;
+    }
+    __syncthreads();
+    const float mn = s_m, f = s_f;
+    if (f != 1.0f)
+        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
+    __nv_bfloat16 *g = (__nv_bfloat16 *)z;
+    const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    float ls = 0.0f;
+    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
+        float x = zrow[j], e = __expf(x - mn), th = x * icap;
+        ls += e;
+        g[j] = __float2bfloat16(e * (1.0f - th * th));
+    }
+    const float tse = lce_block_sum(ls, red);
+    if (threadIdx.x == 0) {
+        m[i] = mn;
+        s[i] = first ? tse : s[i] * f + tse;
+        sumz[i] = first ? tsum : sumz[i] + tsum;
+        if (first || s_found) zt[i] = s_found ? s_zt : 0.0f;
+    }
+}
+
+/* colsum[c] (+)= Σ_r wt[r][c] over a bf16 (vc, C) tile, fixed order: Σ_j W_j for label smoothing. */
+static __global__ void lce_colsum(const __nv_bfloat16 *wt, int vc, int64_t C, float *colsum, int first) {
+    __shared__ float red[8][33];
+    const int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    float a = 0.0f;
+    if (col < C)
+        for (int r = threadIdx.y; r < vc; r += 8) a += __bfloat162float(wt[(int64_t)r * C + col]);
+    red[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < C) {
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += red[k][threadIdx.x];
+        colsum[col] = first ? t : colsum[col] + t;
+    }
+}
+
+/* Element (row, col) of a (V, C) head in any head dtype, as fp32 (layouts as in lce_dequant). */
+static __device__ float lce_w_elem(const void *w, int dtype, int64_t row_bytes, int64_t row, int64_t col) {
+    const uint8_t *p = (const uint8_t *)w + row * row_bytes;
+    if (dtype == LT_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[col]);
+    const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
+    const int64_t bi = col / be;
+    const int j = (int)(col % be);
+    if (dtype == LT_DTYPE_Q8_0) {
+        p += bi * 34;
+        return (float)(int8_t)p[2 + j] * __half2float(*(const __half *)p);
+    }
+    if (dtype == LT_DTYPE_Q4_0) {
+        p += bi * 18;
+        const int q = j < 16 ? (p[2 + j] & 0xf) : (p[2 + j - 16] >> 4);
+        return (float)(q - 8) * __half2float(*(const __half *)p);
+    }
+    if (dtype == LT_DTYPE_Q4_1) {
+        p += bi * 20;
+        const int q = j < 16 ? (p[4 + j] & 0xf) : (p[4 + j - 16] >> 4);
+        return (float)q * __half2float(*(const __half *)p) + __half2float(*(const __half *)(p + 2));
+    }
+    p += bi * 36;
+    uint32_t v;
+    memcpy(&v, p + 4 + 4 * (j / 8), 4);
+    return (float)((v >> (4 * (j % 8))) & 0xfu) * __half2float(*(const __half *)p) +
+           __half2float(*(const __half *)(p + 2));
+}
+
+/* One block per token row of the chunk, after its last vocabulary tile: lse, loss, and
+ * dh = c·[(1 + 2·zl·lse)/s · acc − ε/V · Σ_j W_j − (1−ε)·cap'(z_t) · W_t] (0 for ignored rows or
+ * a zero coefficient). sa gets the weighted loss for the reduction. */
+static __global__ void __launch_bounds__(LCE_THREADS)
+lce_fb_finish(lce_consts k, const int32_t *tgt, const float *tw, const float *m, const float *s,
+              const float *sumz, const float *zt, const float *coef, const float *acc, int64_t C,
+              const float *colsum, const void *w, int wdtype, int64_t w_row_bytes, void *dh,
+              int dh_bf16, int64_t ld_dh, float *lse, float *token_loss, float *loss_none, float *sa) {
+    const int64_t i = blockIdx.x;
+    const int32_t t = tgt[i];
+    const int ign = t == k.ignore;
+    const float l = m[i] + __logf(s[i]);
+    if (threadIdx.x == 0) {
+        float li = 0.0f;
+        if (!ign) {
+            li = (1.0f - k.eps) * (l - zt[i]) + k.eps * (l - sumz[i] * k.invV) + k.zl * l * l;
+            li *= tw ? tw[i] : 1.0f;
+        }
+        lse[i] = ign ? 0.0f : l;
+        if (token_loss) token_loss[i] = li;
+        if (loss_none) loss_none[i] = li;
+        sa[i] = li;
+    }
+    const float c = coef[i];
+    __nv_bfloat16 *db = (__nv_bfloat16 *)dh + i * ld_dh;
+    float *df = (float *)dh + i * ld_dh;
+    if (ign || c == 0.0f) {
+        for (int64_t col = threadIdx.x; col < C; col += LCE_THREADS) {
+            if (dh_bf16) db[col] = __float2bfloat16(0.0f);
+            else df[col] = 0.0f;
+        }
+        return;
+    }
+    const float A = c * (1.0f + 2.0f * k.zl * l) / s[i], B = c * k.eps * k.invV;
+    const float th = k.cap > 0.0f ? zt[i] / k.cap : 0.0f, T = c * (1.0f - k.eps) * (1.0f - th * th);
+    const float *ar = acc + i * C;
+    for (int64_t col = threadIdx.x; col < C; col += LCE_THREADS) {
+        float v = A * ar[col] - T * lce_w_elem(w, wdtype, w_row_bytes, t, col);
+        if (colsum) v -= B * colsum[col];
+        if (dh_bf16) db[col] = __float2bfloat16(v);
+        else df[col] = v;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The entry points. */
 
@@ -425,7 +674,7 @@ typedef struct lce_run {
     int64_t N, V, C, row_bytes;
     lce_consts k;
     lce_blas bl;
-    float *m, *s, *sumz, *zt, *sa, *sb;
+    float *m, *s, *sumz, *zt, *sa, *sb, *coef; /* coef: forward_backward layout only */
     double *sums;
     int64_t *bad;
     float *z, *acc;
@@ -434,8 +683,10 @@ typedef struct lce_run {
 
 static unsigned nblk(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
 
-static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int backward,
+/* pass: LT_LCE_PASS_FORWARD, _BACKWARD, or _FORWARD_BACKWARD (the one-pass layout). */
+static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass,
                            lce_run *r) {
+    const int backward = pass != LT_LCE_PASS_FORWARD;
     memset(r, 0, sizeof *r);
     const lt_tensor *h = &a->h, *w = &a->w;
     if (h->device != LT_DEVICE_CUDA || w->device != LT_DEVICE_CUDA)
@@ -476,7 +727,9 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->k.invV = 1.0f / (float)r->V;
     r->k.reduction = opt ? (int)opt->reduction : 0;
 
-    r->pl = lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
+    r->pl = pass == LT_LCE_PASS_FORWARD_BACKWARD
+                ? lce_make_fb_plan(opt, r->N, r->V, r->C, r->quantized)
+                : lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
     r->ws_bytes = r->pl.total;
     r->ws = (char *)a->workspace;
     if (!r->ws) {
@@ -492,6 +745,7 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->zt = st + 3 * N;
     r->sa = st + 4 * N;
     r->sb = st + 5 * N;
+    r->coef = r->pl.fb ? st + 6 * N : NULL;
     r->sums = (double *)(r->ws + r->pl.off_misc);
     r->bad = (int64_t *)(r->ws + r->pl.off_misc + 64);
     r->bl.ws = r->ws + r->pl.off_blas;
@@ -638,6 +892,119 @@ extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt
         }
     }
 done:
+    lce_end(ctx, &r);
+    return st;
+}
+
+/* One pass over the vocabulary per token chunk (lce.h, lt_lce_forward_backward): GEMM 1 makes a
+ * logit tile on stream `side`, the statistics kernel and GEMM 2 (acc += E · Wtile) consume it on
+ * the default stream, so the next tile's GEMM 1 overlaps them; two logit buffers and events
+ * order the reuse. LONGTUNE_LCE_ONE_STREAM=1 runs everything on the default stream (for
+ * measuring what the overlap buys). */
+extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt,
+                                                 lt_lce_args *a) {
+    if (!lce_fb_one_pass(opt, a)) {
+        LT_TRY(lt_lce_cuda_forward(ctx, opt, a));
+        return lt_lce_cuda_backward(ctx, opt, a);
+    }
+    lce_run r;
+    cudaStream_t side = NULL;
+    cudaEvent_t ev_start = NULL, ev_z[2] = {NULL, NULL}, ev_free[2] = {NULL, NULL};
+    lt_status st = lce_begin(ctx, opt, a, LT_LCE_PASS_FORWARD_BACKWARD, &r);
+    const int64_t N = r.N, V = r.V, C = r.C;
+    const char *one = getenv("LONGTUNE_LCE_ONE_STREAM");
+    const int two = !(one && one[0] == '1');
+    float *colsum = r.k.eps > 0.0f ? (float *)(r.ws + r.pl.off_colsum) : NULL;
+    const size_t zbuf = lt_cuda_align((size_t)r.pl.Nc * (size_t)r.pl.ldz * 4);
+    const size_t dbuf = lt_cuda_align((size_t)r.pl.Vc * (size_t)C * 2);
+    const int bf = st == LT_OK && a->dh->dtype == LT_DTYPE_BF16;
+    int64_t g = 0;
+    if (st != LT_OK) goto done;
+    if (two) {
+        st = lt_cuda_check(ctx, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "lce: stream");
+        for (int b = 0; b < 2 && st == LT_OK; b++) {
+            st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_z[b], cudaEventDisableTiming), "lce: event");
+            if (st == LT_OK)
+                st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_free[b], cudaEventDisableTiming),
+                                   "lce: event");
+        }
+        if (st == LT_OK)
+            st = lt_cuda_check(ctx, cudaEventCreateWithFlags(&ev_start, cudaEventDisableTiming), "lce: event");
+        if (st != LT_OK) goto done;
+    }
+    /* Per-token coefficient (upstream gradient x weight; mean divides by the weight total). */
+    lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r.k.ignore, N, r.sb);
+    lce_sum2<<<1, 1024>>>(NULL, r.sb, N, r.sums);
+    lce_bwd_coef<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, a->dloss, r.sums, r.coef);
+    st = lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
+    if (st == LT_OK && two) {
+        st = lt_cuda_check(ctx, cudaEventRecord(ev_start, 0), "lce: event record");
+        if (st == LT_OK) st = lt_cuda_check(ctx, cudaStreamWaitEvent(side, ev_start, 0), "lce: stream wait");
+    }
+    for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
+        const int64_t nc = min64(r.pl.Nc, N - n0);
+        const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * C;
+        for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc, g++) {
+            const int vc = (int)min64(r.pl.Vc, V - v0), b = (int)(g & 1);
+            cudaStream_t gs = two ? side : 0;
+            float *z = (float *)(r.ws + r.pl.off_z + (size_t)b * zbuf);
+            const __nv_bfloat16 *wt = (const __nv_bfloat16 *)a->w.data + v0 * C;
+            /* Buffer b was last read by GEMM 2 of tile g - 2. */
+            if (two && g >= 2) st = lt_cuda_check(ctx, cudaStreamWaitEvent(side, ev_free[b], 0), "lce: wait");
+            if (st == LT_OK && r.quantized) {
+                __nv_bfloat16 *d = (__nv_bfloat16 *)(r.ws + r.pl.off_deq + (size_t)b * dbuf);
+                const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
+                lce_dequant<<<nblk((int64_t)vc * (C / be), 128), 128, 0, gs>>>(
+                    (const uint8_t *)a->w.data, (int)a->w.dtype, r.row_bytes, C, v0, vc, d);
+                wt = d;
+                st = lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
+            }
+            if (st == LT_OK) /* Z (nc x vc) = h_chunk · Wtileᵀ */
+                st = lce_gemm_on(ctx, &r.bl, gs, r.bl.ws, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, C, wt, C,
+                                 h, C, 0.0f, z, CUDA_R_32F, r.pl.ldz);
+            if (st == LT_OK && two) {
+                st = lt_cuda_check(ctx, cudaEventRecord(ev_z[b], side), "lce: event record");
+                if (st == LT_OK) st = lt_cuda_check(ctx, cudaStreamWaitEvent(0, ev_z[b], 0), "lce: wait");
+            }
+            if (st != LT_OK) break;
+            if (colsum && n0 == 0)
+                lce_colsum<<<nblk(C, 32), dim3(32, 8)>>>(wt, vc, C, colsum, v0 == 0);
+            lce_fb_stats<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
+                z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
+                r.sumz + n0, r.zt + n0, r.acc, C);
+            st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
+            /* acc (nc x C) (+)= E · Wtile */
+            if (st == LT_OK)
+                st = lce_gemm_on(ctx, &r.bl, 0, (char *)r.bl.ws + LCE_BLAS_WS, CUBLAS_OP_N, CUBLAS_OP_N,
+                                 C, nc, vc, wt, C, (const __nv_bfloat16 *)z, 2 * r.pl.ldz,
+                                 v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
+            if (st == LT_OK && two)
+                st = lt_cuda_check(ctx, cudaEventRecord(ev_free[b], 0), "lce: event record");
+        }
+        if (st != LT_OK) break;
+        const int none = r.k.reduction == LT_REDUCTION_NONE;
+        char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
+        lce_fb_finish<<<(unsigned)nc, LCE_THREADS>>>(
+            r.k, a->targets + n0, a->token_weight ? a->token_weight + n0 : NULL, r.m + n0, r.s + n0,
+            r.sumz + n0, r.zt + n0, r.coef + n0, r.acc, C, colsum, a->w.data, (int)a->w.dtype,
+            r.row_bytes, dst, bf, a->dh->stride[0], a->lse + n0,
+            a->token_loss ? a->token_loss + n0 : NULL, none ? a->loss + n0 : NULL, r.sa + n0);
+        st = lt_cuda_check(ctx, cudaGetLastError(), "lce: finish kernel");
+    }
+    if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {
+        lce_sum2<<<1, 1024>>>(r.sa, r.sb, N, r.sums);
+        lce_fwd_reduce_out<<<1, 1>>>(r.sums, r.k.reduction, a->loss);
+        st = lt_cuda_check(ctx, cudaGetLastError(), "lce: loss kernels");
+    }
+done:
+    /* Work still queued on `side` is ordered before the default stream's last kernels (every
+     * logit buffer it filled was waited for), so releasing the stream and events here is safe. */
+    if (side) cudaStreamDestroy(side);
+    for (int b = 0; b < 2; b++) {
+        if (ev_z[b]) cudaEventDestroy(ev_z[b]);
+        if (ev_free[b]) cudaEventDestroy(ev_free[b]);
+    }
+    if (ev_start) cudaEventDestroy(ev_start);
     lce_end(ctx, &r);
     return st;
 }

@@ -1,0 +1,354 @@
+/* `longtune bench matmul`: the backend's weight matmul (lt_backend.matmul: f32 x and y, W in any
+ * dtype) at Llama-8B layer shapes, both modes (NT: the forward y = x·Wᵀ; NN: the backward
+ * dx = dy·W), against the machine's GEMM ceiling measured in the same run: on CUDA a cuBLASLt bf16
+ * GEMM on operands already in bf16 (what the op would run at if x were bf16 and W never needed
+ * converting), on the CPU OpenBLAS sgemm. It measures the op as the model calls it, conversions
+ * included; it does not measure the model. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "bench_util.h"
+#include "longtune/alloc.h"
+#include "longtune/log.h"
+
+#if LT_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#endif
+
+typedef struct mm_shape {
+    int64_t out, in;
+} mm_shape;
+
+static int usage(const char *msg, const char *arg) {
+    fprintf(stderr, "longtune bench matmul: %s '%s'\nusage: longtune bench matmul [options]\n", msg, arg);
+    return 2;
+}
+
+static uint64_t xs(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float unif(uint64_t *s) { return (float)((double)(xs(s) >> 11) * 0x1.0p-52 - 1.0); }
+
+/* W (out, in) in dtype dt on dev, from uniform random floats; NULL on failure (ctx says why). */
+static void *make_weight(lt_ctx *ctx, const lt_backend *be, lt_dtype dt, int64_t out, int64_t in, uint64_t *s,
+                         size_t *bytes) {
+    size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
+    *bytes = rb * (size_t)out;
+    uint8_t *h = malloc(*bytes);
+    float *row = malloc((size_t)in * sizeof *row);
+    void *d = lt_alloc(ctx, be->device, *bytes, "bench matmul weight");
+    if (!h || !row || !d) goto fail;
+    for (int64_t r = 0; r < out; r++) {
+        for (int64_t c = 0; c < in; c++) row[c] = 0.05f * unif(s);
+        uint8_t *dst = h + rb * (size_t)r;
+        if (dt == LT_DTYPE_F32) memcpy(dst, row, rb);
+        else if (dt == LT_DTYPE_BF16)
+            for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_bf16(row[c]);
+        else if (dt == LT_DTYPE_F16)
+            for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_f16(row[c]);
+        else lt_quantize_row(dt, row, dst, in);
+    }
+    if (be->copy_to_device(ctx, d, h, *bytes) != LT_OK) goto fail;
+    free(h), free(row);
+    return d;
+fail:
+    free(h), free(row);
+    if (d) lt_free(ctx, be->device, d, *bytes);
+    return NULL;
+}
+
+static void *make_f32(lt_ctx *ctx, const lt_backend *be, int64_t n, uint64_t *s, const char *what) {
+    float *h = malloc((size_t)n * 4);
+    void *d = lt_alloc(ctx, be->device, (size_t)n * 4, what);
+    if (!h || !d) {
+        free(h);
+        if (d) lt_free(ctx, be->device, d, (size_t)n * 4);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) h[i] = unif(s);
+    lt_status st = be->copy_to_device(ctx, d, h, (size_t)n * 4);
+    free(h);
+    if (st != LT_OK) {
+        lt_free(ctx, be->device, d, (size_t)n * 4);
+        return NULL;
+    }
+    return d;
+}
+
+#if LT_HAVE_CUDA
+static void *dev_bf16_random(lt_ctx *ctx, size_t n) {
+    uint16_t *h = malloc(n * 2);
+    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, "ceiling operand");
+    uint64_t s = 0x2545f4914f6cdd1dULL ^ n;
+    if (h && d) {
+        for (size_t i = 0; i < n; i++) h[i] = lt_f32_to_bf16(unif(&s));
+        cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
+    }
+    free(h);
+    return d;
+}
+
+/* The ceiling: cuBLASLt bf16 × bf16 → f32 (fp32 accumulate) at (m, n, k), median ms of `repeats`
+ * calls with 32 MiB of workspace; < 0 when cuBLASLt refuses. Column-major, as the op runs it. */
+static double cublaslt_bf16_ms(lt_ctx *ctx, int64_t m, int64_t n, int64_t k, int ta, int repeats) {
+    double ms = -1;
+    size_t wsb = (size_t)32 << 20;
+    size_t ab = (size_t)(m * k) * 2, bb = (size_t)(k * n) * 2, cb = (size_t)(m * n) * 4;
+    /* random operands: tensor cores run measurably faster on zeros (less power, higher clocks) */
+    void *A = dev_bf16_random(ctx, (size_t)(m * k)), *B = dev_bf16_random(ctx, (size_t)(k * n));
+    void *C = lt_alloc(ctx, LT_DEVICE_CUDA, cb, "ceiling C"), *W = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "ceiling ws");
+    cublasLtHandle_t h = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    double *t = malloc(sizeof(double) * (size_t)repeats);
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    if (!A || !B || !C || !W || !t || cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) goto done;
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    cublasLtMatrixLayoutCreate(&ad, CUDA_R_16BF, (uint64_t)(ta ? k : m), (uint64_t)(ta ? m : k), ta ? k : m);
+    cublasLtMatrixLayoutCreate(&bd, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k);
+    cublasLtMatrixLayoutCreate(&cd, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    if (cublasLtMatmulAlgoGetHeuristic(h, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS || nres < 1)
+        goto done;
+    const float one = 1.0f, zero = 0.0f;
+    for (int r = -1; r < repeats; r++) {
+        cudaDeviceSynchronize();
+        double t0 = lt_time_now();
+        cublasLtMatmul(h, op, &one, A, ad, B, bd, &zero, C, cd, C, cd, &res.algo, W, wsb, 0);
+        cudaDeviceSynchronize();
+        if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+    }
+    ms = lt_bench_median(t, repeats);
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (cd) cublasLtMatrixLayoutDestroy(cd);
+    if (bd) cublasLtMatrixLayoutDestroy(bd);
+    if (ad) cublasLtMatrixLayoutDestroy(ad);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (h) cublasLtDestroy(h);
+    lt_free(ctx, LT_DEVICE_CUDA, A, ab), lt_free(ctx, LT_DEVICE_CUDA, B, bb);
+    lt_free(ctx, LT_DEVICE_CUDA, C, cb), lt_free(ctx, LT_DEVICE_CUDA, W, wsb);
+    free(t);
+    return ms;
+}
+#endif
+
+int lt_bench_matmul(int argc, char **argv) {
+    lt_bench_common c;
+    lt_bench_common_init(&c);
+    int64_t N = 0;
+    mm_shape shapes[8] = {{4096, 4096}, {14336, 4096}};
+    int nshapes = 2;
+    lt_dtype dts[8] = {LT_DTYPE_BF16, LT_DTYPE_Q4_0};
+    int ndts = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: longtune bench matmul [options]\n\n"
+                   "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
+                   "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
+                   "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
+                   "options:\n"
+                   "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
+                   "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
+                   "  --dtypes LIST    W dtypes, e.g. bf16,q4_0 (default)\n" LT_BENCH_COMMON_HELP);
+            return 0;
+        }
+        int r = lt_bench_common_flag(&c, argc, argv, &i);
+        if (r < 0) return usage("bad value for", a);
+        if (r > 0) continue;
+        if (!v) return usage("missing value for", a);
+        i++;
+        if (!strcmp(a, "--n")) {
+            char *e;
+            long long n = strtoll(v, &e, 10);
+            if (*e || n < 1 || n > (1 << 24)) return usage("bad --n", v);
+            N = n;
+        } else if (!strcmp(a, "--shapes")) {
+            nshapes = 0;
+            for (const char *p = v; *p && nshapes < 8;) {
+                long long o, in;
+                int used = 0;
+                if (sscanf(p, "%lldx%lld%n", &o, &in, &used) != 2 || o < 1 || in < 1 || o > (1 << 20) ||
+                    in > (1 << 20))
+                    return usage("bad shape list", v);
+                shapes[nshapes++] = (mm_shape){o, in};
+                p += used;
+                if (*p == ',') p++;
+                else if (*p) return usage("bad shape list", v);
+            }
+            if (!nshapes) return usage("bad shape list", v);
+        } else if (!strcmp(a, "--dtypes")) {
+            ndts = 0;
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok && ndts < 8; tok = strtok(NULL, ","))
+                if (lt_dtype_parse(tok, &dts[ndts++]) != LT_OK || dts[ndts - 1] == LT_DTYPE_I32)
+                    return usage("bad dtype", tok);
+            if (!ndts) return usage("bad dtype list", v);
+        } else {
+            return usage("unknown option", a);
+        }
+    }
+    const int cuda = !strcmp(c.backend, "cuda");
+    if (!cuda && strcmp(c.backend, "cpu")) return usage("unknown backend", c.backend);
+    const lt_backend *be = lt_backend_get(cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU);
+    if (!be) {
+        fprintf(stderr, "longtune bench matmul: this build has no %s backend\n", c.backend);
+        return 1;
+    }
+#if LT_HAVE_CUDA
+    int ndev = 0;
+    if (cuda && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)) {
+        fprintf(stderr, "longtune bench matmul: no CUDA device\n");
+        return 1;
+    }
+#endif
+    if (!N) N = cuda ? 8192 : 64;
+    lt_ctx *ctx = lt_ctx_new();
+    if (!ctx) return 1;
+    int rc = 1;
+    uint64_t s = 0x9e3779b97f4a7c15ULL;
+    double *t = malloc(sizeof(double) * (size_t)c.repeats);
+    cJSON *res = lt_bench_result_new("matmul");
+    cJSON *cfg = cJSON_AddObjectToObject(res, "config");
+    cJSON_AddStringToObject(cfg, "backend", c.backend);
+    cJSON_AddNumberToObject(cfg, "N", (double)N);
+    cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
+    cJSON_AddStringToObject(cfg, "measures", "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time");
+    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
+    double cpu_ceiling = cuda ? 0 : lt_bench_sgemm_gflops(1024, 3, lt_ctx_threads(ctx));
+    if (!t) goto done;
+    for (int si = 0; si < nshapes; si++) {
+        const int64_t out = shapes[si].out, in = shapes[si].in;
+        const double flop = 2.0 * (double)N * (double)out * (double)in;
+        const int64_t xmax = out > in ? out : in;
+        void *x = make_f32(ctx, be, N * xmax, &s, "bench matmul x"), *y = make_f32(ctx, be, N * xmax, &s, "bench matmul y");
+        if (!x || !y) {
+            if (x) lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
+            if (y) lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
+            goto done;
+        }
+        for (int mode = 0; mode < 2; mode++) {
+            double ceil_tflops = cpu_ceiling * 1e-3;
+#if LT_HAVE_CUDA
+            if (cuda) {
+                /* the GEMM each mode runs: NT is (out, N, in) with A transposed, NN is (in, N, out) */
+                double cms = mode == 0 ? cublaslt_bf16_ms(ctx, out, N, in, 1, c.repeats)
+                                       : cublaslt_bf16_ms(ctx, in, N, out, 0, c.repeats);
+                ceil_tflops = cms > 0 ? flop / (cms * 1e-3) * 1e-12 : 0;
+                cJSON *arm = cJSON_CreateObject();
+                char name[64];
+                snprintf(name, sizeof name, "cublaslt-bf16-%s-%lldx%lld", mode ? "nn" : "nt", (long long)out, (long long)in);
+                cJSON_AddStringToObject(arm, "name", name);
+                cJSON_AddNumberToObject(arm, "median_ms", cms);
+                cJSON_AddNumberToObject(arm, "tflops", ceil_tflops);
+                cJSON_AddItemToArray(arms, arm);
+                fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s\n", name, cms, ceil_tflops);
+            }
+#endif
+            for (int di = 0; di < ndts; di++) {
+                const lt_dtype dt = dts[di];
+                if (lt_dtype_row_bytes(dt, in) < 0) continue; /* in not a multiple of the block */
+                size_t wb = 0;
+                void *wd = make_weight(ctx, be, dt, out, in, &s, &wb);
+                if (!wd) {
+                    if (x) lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
+                    if (y) lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
+                    goto done;
+                }
+                int64_t shape[2] = {out, in};
+                lt_tensor w = lt_tensor_view(wd, dt, be->device, 2, shape);
+                size_t wsb = be->matmul_workspace_bytes(dt, out, in, N, lt_ctx_threads(ctx));
+                void *ws = wsb ? lt_alloc(ctx, be->device, wsb, "bench matmul workspace") : NULL;
+                if (wsb && !ws) {
+                    lt_free(ctx, be->device, wd, wb);
+                    lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
+                    lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
+                    goto done;
+                }
+                for (int r = -c.warmup; r < c.repeats; r++) {
+                    be->synchronize(ctx);
+                    double t0 = lt_time_now();
+                    be->matmul(ctx, (lt_matmul_mode)mode, &w, x, N, 0.0f, y, ws);
+                    be->synchronize(ctx);
+                    if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+                }
+                const double ms = lt_bench_median(t, c.repeats), tf = flop / (ms * 1e-3) * 1e-12;
+                char name[64];
+                snprintf(name, sizeof name, "%s-%s-%lldx%lld", lt_dtype_name(dt), mode ? "nn" : "nt", (long long)out,
+                         (long long)in);
+                cJSON *arm = cJSON_CreateObject();
+                cJSON_AddStringToObject(arm, "name", name);
+                cJSON_AddNumberToObject(arm, "median_ms", ms);
+                cJSON_AddNumberToObject(arm, "tflops", tf);
+                cJSON_AddNumberToObject(arm, "workspace_bytes", (double)wsb);
+                if (ceil_tflops > 0) cJSON_AddNumberToObject(arm, "fraction_of_ceiling", tf / ceil_tflops);
+                cJSON_AddItemToArray(arms, arm);
+                fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s  %.2f of the ceiling, workspace %.1f MiB\n", name, ms,
+                        tf, ceil_tflops > 0 ? tf / ceil_tflops : 0.0, (double)wsb / (1 << 20));
+                if (ws) lt_free(ctx, be->device, ws, wsb);
+                lt_free(ctx, be->device, wd, wb);
+            }
+        }
+        lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
+        lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
+    }
+    /* The LoRA products (f32 gemm, rank 8, C = 4096): forward u = x·Aᵀ, grad dA = duᵀ·x (a long
+     * reduction over N into a small output) and the input grad dx += du·A. */
+    {
+        const int64_t C = 4096, r = 8;
+        struct { const char *name; int ta; int64_t M, Nn, K; } g[3] = {
+            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dx", 0, N, C, r}};
+        void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
+        void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
+        if (!x || !u || !o) goto gemm_done;
+        for (int k = 0; k < 3; k++) {
+            const float *A = x, *B = u;
+            int64_t lda = g[k].ta ? g[k].M : g[k].K, ldb = g[k].Nn;
+            for (int rr = -c.warmup; rr < c.repeats; rr++) {
+                be->synchronize(ctx);
+                double t0 = lt_time_now();
+                be->gemm(ctx, g[k].ta, 0, g[k].M, g[k].Nn, g[k].K, 1.0f, A, lda, B, ldb, 0.0f, o, g[k].Nn);
+                be->synchronize(ctx);
+                if (rr >= 0) t[rr] = (lt_time_now() - t0) * 1e3;
+            }
+            const double ms = lt_bench_median(t, c.repeats);
+            const double tf = 2.0 * (double)g[k].M * (double)g[k].Nn * (double)g[k].K / (ms * 1e-3) * 1e-12;
+            cJSON *arm = cJSON_CreateObject();
+            cJSON_AddStringToObject(arm, "name", g[k].name);
+            cJSON_AddNumberToObject(arm, "median_ms", ms);
+            cJSON_AddNumberToObject(arm, "tflops", tf);
+            cJSON_AddItemToArray(arms, arm);
+            fprintf(stderr, "%-34s %9.3f ms %7.2f TFLOP/s (M=%lld N=%lld K=%lld)\n", g[k].name, ms, tf,
+                    (long long)g[k].M, (long long)g[k].Nn, (long long)g[k].K);
+        }
+    gemm_done:
+        if (x) lt_free(ctx, be->device, x, (size_t)(N * C) * 4);
+        if (u) lt_free(ctx, be->device, u, (size_t)(N * C) * 4);
+        if (o) lt_free(ctx, be->device, o, (size_t)(N * C) * 4);
+    }
+    if (!cuda) cJSON_AddNumberToObject(cfg, "sgemm_gflops_ceiling", cpu_ceiling);
+    rc = 0;
+done:
+    if (rc) lt_log(LT_LOG_ERROR, "bench matmul failed: %s", lt_ctx_error(ctx));
+    free(t);
+    lt_ctx_free(ctx);
+    if (!rc) rc = lt_bench_write(&c, res, cuda ? "cuda" : "cpu");
+    else cJSON_Delete(res);
+    return rc;
+}

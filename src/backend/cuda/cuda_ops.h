@@ -1,0 +1,65 @@
+/* The CUDA backend's compute ops (src/backend/cuda/ops_*.cu), gathered into lt_backend_cuda's table
+ * in cuda_backend.cu. Semantics are documented once, on the table in backend/backend.h; every
+ * pointer is device memory and every kernel runs on the legacy default stream. Ops return nothing,
+ * so a failed launch or library call is a broken invariant: LT_CUDA_LAUNCHED aborts through the
+ * abort hook with file:line and CUDA's message (after clearing the sticky error). */
+#ifndef LT_BACKEND_CUDA_OPS_H
+#define LT_BACKEND_CUDA_OPS_H
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+/* Aborts when the last launch failed (no synchronisation: only launch-time errors are seen here;
+ * asynchronous faults surface at the next synchronising call, which returns LT_ERR_CUDA). */
+#define LT_CUDA_LAUNCHED(what)                                                               \
+    do {                                                                                     \
+        cudaError_t lt_e_ = cudaGetLastError();                                              \
+        if (lt_e_ != cudaSuccess) LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_)); \
+    } while (0)
+
+/* The same for runtime calls made inside an op (memset, copies): the message also lands in ctx
+ * for the abort hook's benefit. */
+static inline void lt_cuda_check_abort(lt_ctx *ctx, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    (void)cudaGetLastError();
+    lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
+    LT_ABORT("%s: %s", what, cudaGetErrorString(e));
+}
+
+/* Blocks of `threads` for a grid-stride loop over n items (at least 1, at most 65535·16). */
+static inline unsigned lt_cuda_grid(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535 * 16) b = 65535 * 16;
+    return (unsigned)b;
+}
+
+extern "C" {
+void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                    float *y, void *ws);
+size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
+void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
+                         float *rstd);
+void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                         int64_t C, float *dx, float *dw);
+void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
+                  int64_t D, int inverse);
+void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
+void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
+                        float *du);
+void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
+void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
+void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
+void lt_cuda_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset);
+void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes);
+void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
+float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
+}
+
+#endif

@@ -1,0 +1,189 @@
+/* Elementwise CUDA ops: SwiGLU forward/backward, embedding gather (any table dtype), axpy, bias add,
+ * counter-hash dropout (the CPU backend's hash, so masks are identical), zero, scale and the sum
+ * of squares. All are grid-stride loops on the default stream; only sumsq waits for the device.
+ * Nothing here is fused with a neighbouring op: the model calls them one by one. */
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#define EW_THREADS 256
+
+__global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, float *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        a[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
+    (void)ctx;
+    if (n <= 0) return;
+    swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(g, u, n, a);
+    LT_CUDA_LAUNCHED("swiglu_fwd");
+}
+
+/* silu'(g) = σ(g)·(1 + g·(1 − σ(g))), as the CPU op. */
+__global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i], d = da[i];
+        float s = 1.0f / (1.0f + expf(-x));
+        dg[i] = d * u[i] * s * (1.0f + x * (1.0f - s));
+        du[i] = d * x * s;
+    }
+}
+
+void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
+                        float *du) {
+    (void)ctx;
+    if (n <= 0) return;
+    swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(da, g, u, n, dg, du);
+    LT_CUDA_LAUNCHED("swiglu_bwd");
+}
+
+/* One block row per token (grid-stride in y), threads across C. */
+__global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, const int32_t *ids, int64_t N,
+                            int64_t C, float *out) {
+    for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+        const uint8_t *row = table + (size_t)ids[n] * row_bytes;
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
+            out[n * C + c] = lt_dq_elem(t, row, c);
+    }
+}
+
+void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {
+    (void)ctx;
+    int64_t C = table->shape[1];
+    if (N <= 0 || C <= 0) return;
+    dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
+    embedding_k<<<grid, EW_THREADS>>>(table->dtype, (const uint8_t *)table->data,
+                                      (size_t)lt_dtype_row_bytes(table->dtype, C), ids, N, C, out);
+    LT_CUDA_LAUNCHED("embedding");
+}
+
+__global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += alpha * x[i];
+}
+
+void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
+    (void)ctx;
+    if (n <= 0) return;
+    axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(y, x, alpha, n);
+    LT_CUDA_LAUNCHED("add");
+}
+
+__global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
+    for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
+            y[n * C + c] += b[c];
+}
+
+void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {
+    (void)ctx;
+    if (N <= 0 || C <= 0) return;
+    dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
+    bias_k<<<grid, EW_THREADS>>>(y, b, N, C);
+    LT_CUDA_LAUNCHED("add_bias");
+}
+
+/* The CPU backend's splitmix64 finaliser of (seed, index) (src/backend/cpu/ops_elementwise.c):
+ * the two must stay the same function or CPU and CUDA draw different masks. */
+static __device__ __forceinline__ uint32_t dropout_hash(uint64_t seed, uint64_t i) {
+    uint64_t z = seed ^ (i * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+__global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshold, float keep_scale, uint64_t seed,
+                          uint64_t offset) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = dropout_hash(seed, offset + (uint64_t)i) >= threshold ? __fmul_rn(x[i], keep_scale) : 0.0f;
+}
+
+void lt_cuda_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
+    if (n <= 0) return;
+    if (p <= 0.0f) {
+        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, 0),
+                                        "dropout copy");
+        return;
+    }
+    /* threshold and scale computed on the host exactly as the CPU op does */
+    uint32_t threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+    float keep_scale = 1.0f / (1.0f - p);
+    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(x, y, n, threshold, keep_scale, seed, offset);
+    LT_CUDA_LAUNCHED("dropout");
+}
+
+void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes) {
+    if (!bytes) return;
+    lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, 0), "zero");
+}
+
+__global__ void scale_k(float *x, float a, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
+    (void)ctx;
+    if (n <= 0) return;
+    scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(x, a, n);
+    LT_CUDA_LAUNCHED("scale");
+}
+
+/* Sum of squares in two deterministic passes: SUMSQ_BLOCKS fixed blocks each reduce a strided
+ * share in float64 into a partial, then one block adds the partials in a fixed order. The
+ * partials live in a module-level device array, so the op needs no workspace; concurrent calls
+ * from several host threads would share it (the backend runs on one stream from one thread). */
+#define SUMSQ_BLOCKS 512
+#define SUMSQ_THREADS 256
+
+__device__ double lt_sumsq_part[SUMSQ_BLOCKS];
+__device__ double lt_sumsq_total;
+
+static __device__ double block_sum(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = 0;
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    }
+    return v; /* valid in thread 0 */
+}
+
+__global__ void sumsq_part_k(const float *x, int64_t n) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        double v = x[i];
+        s += v * v;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) lt_sumsq_part[blockIdx.x] = s;
+}
+
+__global__ void sumsq_final_k(int parts) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += lt_sumsq_part[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) lt_sumsq_total = s;
+}
+
+float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
+    if (n <= 0) return 0.0f;
+    unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    sumsq_part_k<<<blocks, SUMSQ_THREADS>>>(x, n);
+    LT_CUDA_LAUNCHED("sumsq");
+    sumsq_final_k<<<1, SUMSQ_THREADS>>>((int)blocks);
+    LT_CUDA_LAUNCHED("sumsq");
+    double s = 0;
+    lt_cuda_check_abort(ctx, cudaMemcpyFromSymbol(&s, lt_sumsq_total, sizeof s), "sumsq result");
+    return (float)s;
+}

@@ -1,0 +1,325 @@
+/* CUDA GEMMs through cuBLASLt. `gemm` is the f32 product of the LoRA factors (CUBLAS_COMPUTE_32F,
+ * no TF32, so the CUDA trainer can be compared tightly with the CPU one). `matmul` is the weight
+ * product: x is rounded to bf16 in the workspace, W is used directly when bf16 and otherwise
+ * converted to bf16 a tile of rows at a time (f32, f16, Q8_0, Q4_0, Q4_1, INT4_G64), and one
+ * bf16 cuBLASLt GEMM per tile accumulates in fp32 into the f32 output (beta honoured). There is
+ * no fused dequantising GEMM: the tile conversion is a separate memory-bound pass.
+ * Row-major products are column-major ones with the operands swapped: C = A·B ⇔ Cᵀ = Bᵀ·Aᵀ. */
+#include <pthread.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+/* cuBLASLt workspace inside the matmul workspace (NVIDIA recommends 32 MiB on Hopper; 4 MiB lost
+ * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). */
+#define MM_BLAS_WS ((size_t)32 << 20)
+/* The f32 `gemm` has no workspace argument, but its LoRA products with a long reduction over the
+ * tokens (dA = duᵀ·x: 8 x 4096 outputs, K = 8192) need split-K, which needs workspace: without
+ * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 4 MiB device array,
+ * part of the module's static memory rather than an lt_alloc block, shared by every call on the
+ * one stream. */
+#define GEMM_WS_BYTES ((size_t)4 << 20)
+__device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
+/* Weight elements converted to bf16 per tile: 64M (128 MiB) holds a whole 14336 x 4096 projection,
+ * so every 8B layer takes one tile and x is converted once per chunk. With 32M the MLP layers took
+ * two tiles, and with several x chunks each tile re-converted x: Q4_0 NN at N = 32768 ran at 0.80
+ * of the cuBLASLt bf16 rate against 0.93 for bf16 W (H200, bench matmul, R2). Tile rows are a
+ * multiple of 128 so every sub-matrix pointer stays 256-byte aligned. */
+#define MM_TILE_ELEMS ((int64_t)1 << 26)
+/* Rows of x converted to bf16 at a time: at most MM_X_ROWS, and at most MM_X_ELEMS elements of
+ * bf16 x (224 MiB), so 8B MLP layers (max(out, in) = 14336) take 8192-row chunks and keep each GEMM
+ * large enough to run at full rate (8192 x 4096 x 14336 is 0.96 TFLOP), while a vocabulary-wide
+ * head (out = 151936) takes 773-row chunks instead of a 2.5 GB copy. Never fewer than 128 rows. */
+#define MM_X_ROWS ((int64_t)8192)
+#define MM_X_ELEMS ((int64_t)8192 * 14336)
+
+/* ---- cuBLASLt handle and plan cache ---- */
+
+typedef struct blas_key {
+    int kind; /* 0: f32 A, B, C; 1: bf16 A, B, f32 C */
+    int ta, tb;
+    int64_t m, n, k, lda, ldb, ldc;
+    int align_a, align_b, align_c;
+    size_t ws;
+} blas_key;
+
+typedef struct blas_plan {
+    blas_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t ad, bd, cd;
+    cublasLtMatmulAlgo_t algo;
+} blas_plan;
+
+/* Plans are per shape; a model uses ~20 distinct shapes, so 128 slots never evict in practice
+ * (eviction is round-robin when they do). */
+#define BLAS_PLANS 128
+
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+static cublasLtHandle_t blas_handle;
+static void *gemm_ws; /* device address of lt_gemm_ws */
+static blas_plan blas_plans[BLAS_PLANS];
+static int blas_nplans, blas_next;
+
+static int ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
+    return al;
+}
+
+static void plan_free(blas_plan *p) {
+    if (p->cd) cublasLtMatrixLayoutDestroy(p->cd);
+    if (p->bd) cublasLtMatrixLayoutDestroy(p->bd);
+    if (p->ad) cublasLtMatrixLayoutDestroy(p->ad);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+#define BLAS_OK(call, what)                                                                          \
+    do {                                                                                             \
+        cublasStatus_t bs_ = (call);                                                                 \
+        if (bs_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            LT_ABORT("cuBLASLt %s failed (%d) for %lld x %lld x %lld", what, (int)bs_, (long long)k->m, \
+                     (long long)k->n, (long long)k->k);                                               \
+    } while (0)
+
+static void plan_make(blas_plan *p, const blas_key *k) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    cudaDataType_t ab = k->kind ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BLAS_OK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+    BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "descriptor");
+    BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "descriptor");
+    BLAS_OK(cublasLtMatrixLayoutCreate(&p->ad, ab, (uint64_t)(k->ta ? k->k : k->m), (uint64_t)(k->ta ? k->m : k->k),
+                                       k->lda),
+            "layout");
+    BLAS_OK(cublasLtMatrixLayoutCreate(&p->bd, ab, (uint64_t)(k->tb ? k->n : k->k), (uint64_t)(k->tb ? k->k : k->n),
+                                       k->ldb),
+            "layout");
+    BLAS_OK(cublasLtMatrixLayoutCreate(&p->cd, CUDA_R_32F, (uint64_t)k->m, (uint64_t)k->n, k->ldc), "layout");
+    cublasLtMatmulPreference_t pref = NULL;
+    BLAS_OK(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    uint32_t aa = (uint32_t)k->align_a, ba = (uint32_t)k->align_b, ca = (uint32_t)k->align_c;
+    BLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &k->ws, sizeof k->ws),
+            "preference");
+    BLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa),
+            "preference");
+    BLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ba, sizeof ba),
+            "preference");
+    BLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ca, sizeof ca),
+            "preference");
+    BLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ca, sizeof ca),
+            "preference");
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res,
+                                                      &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
+        LT_ABORT("cuBLASLt has no algorithm for %s %lld x %lld x %lld (status %d)", k->kind ? "bf16" : "f32",
+                 (long long)k->m, (long long)k->n, (long long)k->k, (int)s);
+    p->algo = res.algo;
+}
+
+/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on the default stream. */
+static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha, const void *A,
+                     int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
+                     size_t wsb) {
+    blas_key key;
+    memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
+    key.kind = kind, key.ta = ta, key.tb = tb;
+    key.m = m, key.n = n, key.k = kk, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+    key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_c = ptr_align(C);
+    key.ws = wsb;
+    const blas_key *k = &key;
+    pthread_mutex_lock(&blas_mu);
+    if (!blas_handle) BLAS_OK(cublasLtCreate(&blas_handle), "handle creation");
+    if (!gemm_ws) {
+        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
+        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
+    }
+    if (ws == NULL && wsb) ws = gemm_ws; /* the f32 gemm's fixed workspace */
+    blas_plan *p = NULL;
+    for (int i = 0; i < blas_nplans && !p; i++)
+        if (!memcmp(&blas_plans[i].key, &key, sizeof key)) p = &blas_plans[i];
+    if (!p) {
+        int slot = blas_nplans < BLAS_PLANS ? blas_nplans++ : (blas_next++ % BLAS_PLANS);
+        plan_free(&blas_plans[slot]);
+        plan_make(&blas_plans[slot], &key);
+        p = &blas_plans[slot];
+    }
+    BLAS_OK(cublasLtMatmul(blas_handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd, &p->algo, ws,
+                           wsb, 0),
+            "matmul");
+    pthread_mutex_unlock(&blas_mu);
+}
+
+/* ---- f32 GEMM ---- */
+
+__global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
+    for (int64_t i = blockIdx.y; i < M; i += gridDim.y)
+        for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x)
+            C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    (void)ctx;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* no product: C = beta·C, as the CPU op */
+        dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
+        scale_c_k<<<grid, 256>>>(C, M, N, ldc, beta);
+        LT_CUDA_LAUNCHED("gemm (K = 0)");
+        return;
+    }
+    /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
+    blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, GEMM_WS_BYTES);
+}
+
+/* ---- weight matmul ---- */
+
+typedef struct mm_layout {
+    int64_t tile_rows; /* rows of W per tile (out when W is bf16: no tile) */
+    int64_t x_rows;    /* rows of x per bf16 chunk */
+    size_t off_tile, off_x, total;
+} mm_layout;
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
+    mm_layout l;
+    if (dt == LT_DTYPE_BF16) {
+        l.tile_rows = out;
+    } else {
+        int64_t r = MM_TILE_ELEMS / (in > 0 ? in : 1) / 128 * 128;
+        if (r < 128) r = 128;
+        l.tile_rows = r < out ? r : out;
+    }
+    l.off_tile = align256(MM_BLAS_WS);
+    size_t tile = dt == LT_DTYPE_BF16 ? 0 : align256((size_t)l.tile_rows * (size_t)in * 2);
+    l.off_x = l.off_tile + tile;
+    const int64_t xcols = in > out ? in : out;
+    l.x_rows = MM_X_ELEMS / (xcols > 0 ? xcols : 1);
+    if (l.x_rows > MM_X_ROWS) l.x_rows = MM_X_ROWS;
+    if (l.x_rows < 128) l.x_rows = 128;
+    int64_t rows = N_max < l.x_rows ? N_max : l.x_rows;
+    if (rows < 0) rows = 0;
+    l.total = l.off_x + align256((size_t)rows * (size_t)xcols * 2);
+    return l;
+}
+
+size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
+    (void)threads;
+    return mm_plan(wdtype, out, in, N_max).total;
+}
+
+__global__ void to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+static __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Eight floats in (two 16-byte loads), eight bf16 out (one 16-byte store). */
+__global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 a = x[2 * i], b = x[2 * i + 1];
+        y[i] = make_uint4(bf16x2_bits(a.x, a.y), bf16x2_bits(a.z, a.w), bf16x2_bits(b.x, b.y), bf16x2_bits(b.z, b.w));
+    }
+}
+
+/* n f32 → bf16 (dst 16-byte aligned): vector loads when src allows, then the tail. */
+static void to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
+    int64_t n8 = ((uintptr_t)x % 16) ? 0 : n / 8;
+    if (n8) {
+        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256>>>((const float4 *)x, (uint4 *)y, n8);
+        LT_CUDA_LAUNCHED("matmul: x to bf16");
+    }
+    if (n - 8 * n8) {
+        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
+        LT_CUDA_LAUNCHED("matmul: x to bf16");
+    }
+}
+
+/* Rows [r0, r0 + rows) of W (plain dtype) into a bf16 (rows, in) tile, one element a thread. */
+__global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows, int64_t in,
+                               __nv_bfloat16 *tile) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const uint8_t *row = w + (size_t)(r0 + r) * row_bytes;
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < in; c += (int64_t)gridDim.x * blockDim.x)
+            tile[r * in + c] = __float2bfloat16_rn(lt_dq_elem(t, row, c));
+    }
+}
+
+/* The same for block formats, one 32-weight group a thread: the scale is read once per group and
+ * the 64 output bytes leave as four 16-byte stores (in is a multiple of 32, so groups never
+ * straddle rows and every group start is 64-byte aligned in the tile). */
+__global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
+                                 int64_t in, __nv_bfloat16 *tile) {
+    const int64_t gpr = in / 32, total = rows * gpr;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / gpr, g = i - r * gpr;
+        float v[32];
+        lt_dq_group32(t, w + (size_t)(r0 + r) * row_bytes, g, v);
+        uint4 *dst = (uint4 *)(tile + r * in + g * 32);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            dst[q] = make_uint4(bf16x2_bits(v[8 * q], v[8 * q + 1]), bf16x2_bits(v[8 * q + 2], v[8 * q + 3]),
+                                bf16x2_bits(v[8 * q + 4], v[8 * q + 5]), bf16x2_bits(v[8 * q + 6], v[8 * q + 7]));
+    }
+}
+
+void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                    float *y, void *ws) {
+    (void)ctx;
+    const int64_t out = w->shape[0], in = w->shape[1];
+    if (N <= 0 || out <= 0 || in <= 0) return;
+    LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
+    const lt_dtype dt = w->dtype;
+    const mm_layout l = mm_plan(dt, out, in, N);
+    char *wsc = (char *)ws;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)(wsc + l.off_x);
+    __nv_bfloat16 *tile = (__nv_bfloat16 *)(wsc + l.off_tile);
+    const int64_t xin = mode == LT_MATMUL_NT ? in : out;
+    const size_t row_bytes = (size_t)lt_dtype_row_bytes(dt, in);
+    const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
+    int x_ready = 0; /* one chunk: x is converted once for every tile */
+    for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
+        const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
+        const __nv_bfloat16 *wt;
+        if (dt == LT_DTYPE_BF16) {
+            wt = (const __nv_bfloat16 *)w->data;
+        } else {
+            if (lt_dtype_is_quantized(dt)) {
+                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256>>>(dt, (const uint8_t *)w->data, row_bytes,
+                                                                              r0, rows, in, tile);
+            } else {
+                dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
+                dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+            }
+            LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
+            wt = tile;
+        }
+        for (int64_t n0 = 0; n0 < N; n0 += XR) {
+            const int64_t nr = N - n0 < XR ? N - n0 : XR;
+            if (!(x_ready && nchunks == 1)) {
+                to_bf16(x + n0 * xin, xb, nr * xin);
+                x_ready = 1;
+            }
+            if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
+                blas_run(1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);
+            else /* yᵀ[:, n0:] += W_tileᵀ (in, rows) · xᵀ[r0:r0+rows, :] */
+                blas_run(1, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f, y + n0 * in, in,
+                         ws, MM_BLAS_WS);
+        }
+    }
+}
