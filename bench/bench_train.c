@@ -7,6 +7,8 @@
  * step, interleaved with ours so a loaded machine slows both alike; on CUDA
  * bench/peers/train_peft_gpu.py after our arm has freed the device. It calls the library's model
  * and planner; it does not reimplement any op. */
+#define _DEFAULT_SOURCE /* getloadavg */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -389,6 +391,8 @@ int lt_bench_train(int argc, char **argv) {
         cJSON_AddStringToObject(jc, "openblas_core", openblas_get_corename());
         cJSON_AddStringToObject(jc, "schedule", "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
     }
+    double load[1];
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_start", load[0]);
     if (peers && pr.hello) cJSON_AddItemToObject(jc, "peer", cJSON_Duplicate(pr.hello, 1));
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
 
@@ -556,6 +560,7 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddStringToObject(jc, "peer", "failed to start (see stderr)");
         }
     }
+    if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[160];
     snprintf(tag, sizeof tag, "%s-%s-%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;

@@ -370,6 +370,8 @@ static const tcase cases[] = {
     {.B = 3, .T = 97, .H = 4, .Hkv = 2, .D = 96, .offs = offs_b, .S = 4, .layout = LAYOUT_PADDED, .softcap = 4},
     {.B = 1, .T = 128, .H = 2, .Hkv = 1, .D = 128, .window = 1},
     {.B = 1, .T = 65, .H = 3, .Hkv = 3, .D = 7, .window = 64, .scale = 1.5f, .layout = LAYOUT_BHTD},
+    /* more key tiles than the CPU backward's 4 dQ buckets: a bucket accumulates several tiles */
+    {.B = 1, .T = 330, .H = 3, .Hkv = 1, .D = 16},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
@@ -716,9 +718,7 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
 }
 
 /* Every output element is computed by one work item the same way whatever the thread count. */
-static void results_do_not_depend_on_thread_count(void **state) {
-    (void)state;
-    const tcase c = cases[6];
+static void thread_count_case(const tcase c) {
     fixture f;
     fixture_init(&f, &c, LT_DTYPE_F32);
     tbuf *outs[] = {&f.o, &f.dq, &f.dk, &f.dv};
@@ -739,6 +739,12 @@ static void results_do_not_depend_on_thread_count(void **state) {
     }
     for (int i = 0; i < 4; i++) free(first[i]);
     fixture_free(&f);
+}
+
+static void results_do_not_depend_on_thread_count(void **state) {
+    (void)state;
+    thread_count_case(cases[6]);
+    thread_count_case(cases[NCASES - 1]);
 }
 
 int main(void) {

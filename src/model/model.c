@@ -203,15 +203,16 @@ static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in) {
 }
 
 /* y (N, out) = beta·y + x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds
- * the projection onto a residual already in y. */
+ * the projection onto a residual already in y. y = NULL computes only lu (a recompute that needs
+ * the saved LoRA product but not the output). */
 static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float *y, float *lu, const float *bias,
                      float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
-    s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, beta, y, wsf(s, m->lay.mm_ws));
-    if (bias) s->be->add_bias(s->ctx, y, bias, N, out);
+    if (y) s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, beta, y, wsf(s, m->lay.mm_ws));
+    if (y && bias) s->be->add_bias(s->ctx, y, bias, N, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
@@ -220,18 +221,19 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float 
         src = scr;
     }
     s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
-    s->be->gemm(s->ctx, 0, 1, N, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
+    if (y) s->be->gemm(s->ctx, 0, 1, N, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
 }
 
 /* Given dy (N, out) of projection p with input x: accumulates LoRA grads and adds the input
- * gradient into dx (N, in) (beta: 0 overwrites with the base part first, 1 accumulates). */
+ * gradient into dx (N, in) (beta: 0 overwrites with the base part first, 1 accumulates). dx = NULL
+ * skips the input gradient (nobody below needs it). */
 static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const float *dy, const float *lu, float *dx,
                      float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
-    s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, N, beta, dx, wsf(s, m->lay.mm_ws));
+    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, N, beta, dx, wsf(s, m->lay.mm_ws));
     if (!L->lora_a[p]) return;
     float sc = m->lora_scale, *dlu = wsf(s, m->lay.dlu), *scr = wsf(s, m->lay.scratch);
     int drop = m->lora.dropout > 0;
@@ -244,6 +246,7 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const 
         src = scr;
     }
     s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
+    if (!dx) return;
     if (!drop) {
         s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
@@ -266,7 +269,10 @@ static lt_attention_params attn_params(const step *s) {
     return ap;
 }
 
-/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). */
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out =
+ * NULL is the recompute before the layer's own backward, which needs the stores but not the
+ * output: the down projection's base product is skipped (a quarter of the MLP's FLOPs), and the
+ * SwiGLU output is left in the dg workspace where layer_bwd reads it. */
 static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
@@ -302,16 +308,20 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     be->rmsnorm_fwd(s->ctx, st->x_mid, L->mlp_norm, c->rms_eps, N, C, st->h2, st->rstd2);
     proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL, 0.0f);
     proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL, 0.0f);
-    float *a = wsf(s, m->lay.da);
+    float *a = wsf(s, x_out ? m->lay.da : m->lay.dg);
     be->swiglu_fwd(s->ctx, st->g, st->u, N * c->F, a);
     /* x_out = x_mid + down(a) */
-    LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
+    if (x_out) LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
     proj_fwd(s, l, LT_PROJ_DOWN, a, x_out, st->lu[LT_PROJ_DOWN], NULL, 1.0f);
     return LT_OK;
 }
 
-/* dx holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. */
-static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx) {
+/* dx holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0 (the
+ * first LoRA layer: everything below it, the embedding included, is frozen) skips the attention
+ * block's input gradient and leaves dx at ∂/∂x_mid. a_ready: the recompute just left the SwiGLU
+ * output in the dg workspace. */
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx,
+                           int a_ready) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
@@ -321,7 +331,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     float *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
     float *a = dg; /* the activation is recomputed into dg's buffer, which swiglu_bwd then overwrites */
     /* MLP: x_out = x_mid + down(swiglu(gate(h2), up(h2))) */
-    be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
+    if (!a_ready) be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
     proj_bwd(s, l, LT_PROJ_DOWN, a, dx, st->lu[LT_PROJ_DOWN], da, 0.0f);
     be->swiglu_bwd(s->ctx, da, st->g, st->u, N * F, dg, du);
     proj_bwd(s, l, LT_PROJ_GATE, st->h2, dg, st->lu[LT_PROJ_GATE], dh, 0.0f);
@@ -351,9 +361,11 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         be->rmsnorm_bwd(s->ctx, dq, st->q_raw, L->q_norm, st->rstd_q, N * c->H, c->D, dq, NULL);
         be->rmsnorm_bwd(s->ctx, dk, st->k_raw, L->k_norm, st->rstd_k, N * c->Hkv, c->D, dk, NULL);
     }
-    proj_bwd(s, l, LT_PROJ_Q, st->h1, dq, st->lu[LT_PROJ_Q], dh, 0.0f);
-    proj_bwd(s, l, LT_PROJ_K, st->h1, dk, st->lu[LT_PROJ_K], dh, 1.0f);
-    proj_bwd(s, l, LT_PROJ_V, st->h1, dv, st->lu[LT_PROJ_V], dh, 1.0f);
+    float *dhx = need_dx ? dh : NULL;
+    proj_bwd(s, l, LT_PROJ_Q, st->h1, dq, st->lu[LT_PROJ_Q], dhx, 0.0f);
+    proj_bwd(s, l, LT_PROJ_K, st->h1, dk, st->lu[LT_PROJ_K], dhx, 1.0f);
+    proj_bwd(s, l, LT_PROJ_V, st->h1, dv, st->lu[LT_PROJ_V], dhx, 1.0f);
+    if (!need_dx) return LT_OK;
     be->rmsnorm_bwd(s->ctx, dh, x_in, L->attn_norm, st->rstd1, N, C, dh, NULL);
     be->add(s->ctx, dx, dh, 1.0f, N * C);
     return LT_OK;
@@ -541,16 +553,17 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     int64_t last_seg = (K - 1) / k;
     for (int64_t j = K - 1; j >= 0; j--) {
         int64_t seg = j / k;
-        if (m->lay.n_ckpt && seg != last_seg && j % k == k - 1) {
+        int recomputed = m->lay.n_ckpt && seg != last_seg && j % k == k - 1;
+        if (recomputed) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
             for (int64_t i = seg * k; i <= j; i++) {
                 LT_TRY(slot_of(&s, i, &st));
-                float *out = i == j ? wsf(&s, m->lay.dh) : lora_out(&s, i); /* last output unused */
+                float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
                 LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out));
             }
         }
         LT_TRY(slot_of(&s, j, &st));
-        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx));
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0, recomputed));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
     }

@@ -5,7 +5,11 @@
 #ifndef LT_CPU_ATTENTION_CPU_H
 #define LT_CPU_ATTENTION_CPU_H
 
+#include <math.h>
 #include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <string.h>
 
 #include "backend/attention_impl.h"
@@ -70,6 +74,42 @@ static inline float lt_attn_tanh(float x) {
     const float r = ax < 0.4f ? small : big;
     return x < 0 ? -r : r;
 }
+
+/* Max and sum of x[0..n) for the softmax rows. GCC turns `omp simd reduction` over a 64-wide row
+ * into a vector loop followed by 16 dependent scalar steps through the stack, which cost as much as
+ * the loop; with AVX-512 these are 16-lane accumulators folded by shuffles. The sum's order is fixed
+ * by n alone for a given build (deterministic); the max is exact in any order. */
+#if defined(__AVX512F__)
+static inline float lt_attn_max(const float *x, int64_t n) {
+    __m512 acc = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
+    if (i < n) acc = _mm512_mask_max_ps(acc, (__mmask16)((1u << (n - i)) - 1u), acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), x + i));
+    return _mm512_reduce_max_ps(acc);
+}
+
+static inline float lt_attn_sum(const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + i));
+    if (i < n) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), x + i));
+    return _mm512_reduce_add_ps(acc);
+}
+#else
+static inline float lt_attn_max(const float *x, int64_t n) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+static inline float lt_attn_sum(const float *x, int64_t n) {
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) sum += x[i];
+    return sum;
+}
+#endif
 
 static inline float lt_attn_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -20,6 +20,8 @@ static void fwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
         const float *x = j->x + n * j->C;
         float *y = j->y + n * j->C;
         double ss = 0;
+        /* simd: the double sum in vector lanes (a fixed order for a given build), not one chain */
+#pragma omp simd reduction(+ : ss)
         for (int64_t c = 0; c < j->C; c++) ss += (double)x[c] * x[c];
         float r = (float)(1.0 / sqrt(ss / (double)j->C + (double)j->eps));
         if (j->r) j->r[n] = r;
@@ -41,6 +43,7 @@ static void bwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
         const float *x = j->x + n * j->C, *dy = j->dy + n * j->C;
         float *dx = j->dx + n * j->C;
         double r = j->rstd[n], dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t c = 0; c < j->C; c++) dot += (double)j->w[c] * dy[c] * x[c];
         double k = dot * r * r * r / (double)j->C;
         for (int64_t c = 0; c < j->C; c++) dx[c] = (float)(r * j->w[c] * dy[c] - x[c] * k);
