@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "core/rng.h"
@@ -87,6 +88,18 @@ double lt_test_rel_err_d(const double *x, const double *ref, int64_t n) {
         r = fmax(r, fabs(ref[i]));
     }
     return r > 0 ? e / r : e;
+}
+
+void lt_test_omp_passive(char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+}
+
+int lt_test_rm_tree(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : 1;
 }
 
 const char *lt_test_source_dir(void) {
