@@ -156,15 +156,6 @@ static void write_tiny(tiny *t) {
     for (int i = 0; i < n; i++) free(bufs[i]);
 }
 
-static void remove_tiny(const tiny *t) {
-    char p[400];
-    snprintf(p, sizeof p, "%s/config.json", t->dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", t->dir);
-    unlink(p);
-    rmdir(t->dir);
-}
-
 static lt_model *load(lt_ctx *ctx, const tiny *t, lt_device dev, const lt_lora_options *lo) {
     lt_model_options mo = {dev, t->quantize};
     lt_model *m = NULL;
@@ -557,7 +548,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    for (size_t i = 0; i < N_TINY; i++) remove_tiny(&tinies[i]);
+    for (size_t i = 0; i < N_TINY; i++) lt_test_rm_model_dir(tinies[i].dir);
     if (devnull) fclose(devnull);
     return 0;
 }

@@ -33,13 +33,23 @@ void lt_test_dataset_free(lt_test_dataset *d) {
     free(d->offsets);
 }
 
-void lt_test_rm_adapter_dir(const char *dir) {
-    const char *files[] = {"adapter_config.json", "adapter_model.safetensors", LT_TRAIN_CHECKPOINT_FILE,
-                           "metrics.jsonl"};
+/* Unlinks dir/files[i] for each i, then removes dir (missing files are fine). */
+static void rm_files_and_dir(const char *dir, const char *const *files, int n) {
     char p[400];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < n; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
     }
     rmdir(dir);
+}
+
+void lt_test_rm_adapter_dir(const char *dir) {
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors",
+                                        LT_TRAIN_CHECKPOINT_FILE, "metrics.jsonl"};
+    rm_files_and_dir(dir, files, 4);
+}
+
+void lt_test_rm_model_dir(const char *dir) {
+    static const char *const files[] = {"config.json", "model.safetensors"};
+    rm_files_and_dir(dir, files, 2);
 }

@@ -1,6 +1,7 @@
-/* Shared fixtures of the training tests (test_train_run, test_cuda_train): learnable in-memory
- * datasets and removal of an adapter folder a run wrote. Plain malloc, since these are test
- * scaffolding, not library allocations; no model writing (each test builds the shape it needs). */
+/* Shared fixtures of the training tests (test_train_run, test_cuda_train, test_plan): learnable
+ * in-memory datasets and removal of the model and adapter folders a test wrote. Plain malloc, since
+ * these are test scaffolding, not library allocations. No model writing: each test draws its own
+ * weights in its own order, and folding them would change the sequences its printed seed replays. */
 #ifndef LT_TEST_TRAIN_DATA_H
 #define LT_TEST_TRAIN_DATA_H
 
@@ -24,5 +25,7 @@ void lt_test_dataset_free(lt_test_dataset *d);
 
 /* Removes the files a training run writes into an adapter folder, then the folder. */
 void lt_test_rm_adapter_dir(const char *dir);
+/* Removes a test's HF model folder (config.json, model.safetensors), then the folder. */
+void lt_test_rm_model_dir(const char *dir);
 
 #endif
