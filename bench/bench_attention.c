@@ -13,6 +13,7 @@
 
 #include "bench_cuda.h"
 #include "bench_util.h"
+#include "core/rng.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
 #include "longtune/log.h"
@@ -30,13 +31,7 @@ typedef struct {
     lt_dtype dtype;
 } opts;
 
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static double unif(uint64_t *s) { return ((double)(mix(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double unif(uint64_t *s) { return ((double)(lt_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 static double normal(uint64_t *s) { return sqrt(-2 * log(unif(s))) * cos(6.283185307179586 * unif(s)); }
 
 /* Alpaca-like lengths (prompt + response tokens): log-normal with median ~61 and mean ~84 tokens

@@ -38,9 +38,9 @@ typedef struct {
     int ok;
 } cuda_timing;
 
-static void *dev_random(lt_ctx *ctx, size_t n, uint64_t *s) {
+void *lt_bench_cuda_uniform_bf16(lt_ctx *ctx, size_t n, float amp, uint64_t *s, const char *what) {
     uint16_t *h = malloc(n * 2);
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, "bench attention tensor");
+    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, what);
     if (!h || !d) {
         free(h);
         lt_free(ctx, LT_DEVICE_CUDA, d, n * 2);
@@ -50,7 +50,7 @@ static void *dev_random(lt_ctx *ctx, size_t n, uint64_t *s) {
         *s ^= *s << 13;
         *s ^= *s >> 7;
         *s ^= *s << 17;
-        h[i] = lt_f32_to_bf16((float)((double)(*s >> 11) * 0x1.0p-53 * 3.4641 - 1.7320)); /* unit variance */
+        h[i] = lt_f32_to_bf16(amp * (float)((double)(*s >> 11) * 0x1.0p-52 - 1.0));
     }
     cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
     free(h);
@@ -68,8 +68,9 @@ static cuda_timing time_cuda(lt_ctx *ctx, const lt_attention_params *p, int warm
     double *tf = malloc(sizeof(double) * (size_t)repeats), *tb = malloc(sizeof(double) * (size_t)repeats);
     uint64_t s = seed | 1;
     for (int i = 0; i < 8; i++) {
-        buf[i] = (i == 0 || i == 1 || i == 2 || i == 4) ? dev_random(ctx, sizes[i] / 2, &s)
-                                                         : lt_alloc(ctx, LT_DEVICE_CUDA, sizes[i], "bench attention out");
+        const int input = i == 0 || i == 1 || i == 2 || i == 4; /* q, k, v, dout: unit variance */
+        buf[i] = input ? lt_bench_cuda_uniform_bf16(ctx, sizes[i] / 2, 1.7320508f, &s, "bench attention tensor")
+                       : lt_alloc(ctx, LT_DEVICE_CUDA, sizes[i], "bench attention out");
         if (!buf[i]) goto fail;
     }
     if (!(lse = lt_alloc(ctx, LT_DEVICE_CUDA, nl, "bench attention lse")) || !tf || !tb) goto fail;

@@ -4,9 +4,11 @@
 #ifndef LT_BENCH_CUDA_H
 #define LT_BENCH_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bench_util.h"
+#include "longtune/status.h"
 
 /* Ts: sequence lengths of the causal arms (B=1, H=32, Hkv=8, D=128); packed_offs/packed_S: one
  * packed row of length packed_T (NULL skips it). Returns 0, or 1 when an arm failed. */
@@ -21,5 +23,12 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
 /* Runs `python3 <script> <args>` from the source tree and returns its stdout JSON lines as an
  * array (empty when python3 or PyTorch is missing). */
 cJSON *lt_bench_run_peers(const char *script, const char *args);
+
+#if LT_HAVE_CUDA
+/* A fresh device buffer (accounted as `what`) of n bf16 values amp·(2u − 1), u uniform in [0, 1)
+ * from the xorshift64 state *s (advanced); NULL with the context's error when allocation fails.
+ * Timing inputs only: the distribution keeps scores and logits in range, nothing checks values. */
+void *lt_bench_cuda_uniform_bf16(lt_ctx *ctx, size_t n, float amp, uint64_t *s, const char *what);
+#endif
 
 #endif

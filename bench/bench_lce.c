@@ -13,6 +13,7 @@
 #include <cblas.h>
 
 #include "bench_util.h"
+#include "core/rng.h"
 #include "bench_cuda.h"
 #include "core/parallel.h"
 #include "longtune/alloc.h"
@@ -25,16 +26,9 @@ typedef struct {
     int dw;
 } lce_case;
 
-static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-a, a): the distribution does not matter for speed, the scale keeps logits sane. */
 static void fill_uniform(uint64_t *s, float *x, int64_t n, float a) {
-    for (int64_t k = 0; k < n; k++) x[k] = a * ((float)(next_u64(s) >> 40) * 0x1.0p-23f - 1.0f);
+    for (int64_t k = 0; k < n; k++) x[k] = a * ((float)(lt_splitmix64(s) >> 40) * 0x1.0p-23f - 1.0f);
 }
 
 /* A (rows, C) matrix in dtype t through the accounting allocator. */
@@ -200,7 +194,7 @@ int lt_bench_lce(int argc, char **argv) {
         fprintf(stderr, "longtune bench lce: %s\n", lt_ctx_error(ctx));
         return 1;
     }
-    for (int64_t i = 0; i < k.N; i++) targets[i] = (int32_t)(next_u64(&seed) % (uint64_t)k.V);
+    for (int64_t i = 0; i < k.N; i++) targets[i] = (int32_t)(lt_splitmix64(&seed) % (uint64_t)k.V);
 
     int64_t hs[2] = {k.N, k.C}, ws[2] = {k.V, k.C};
     lt_tensor dht = lt_tensor_view(dh, k.hidden, LT_DEVICE_CPU, 2, hs);

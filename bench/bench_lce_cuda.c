@@ -20,25 +20,6 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-static void *dev_uniform(lt_ctx *ctx, size_t n, float amp, uint64_t *s) {
-    uint16_t *h = malloc(n * 2);
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, "bench lce tensor");
-    if (!h || !d) {
-        free(h);
-        lt_free(ctx, LT_DEVICE_CUDA, d, n * 2);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        h[i] = lt_f32_to_bf16(amp * (float)((double)(*s >> 11) * 0x1.0p-52 - 1.0));
-    }
-    cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
-    free(h);
-    return d;
-}
-
 static double peer_value(const cJSON *peers, const char *peer, const char *key) {
     const cJSON *p;
     cJSON_ArrayForEach(p, peers) {
@@ -164,7 +145,8 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     int rc = 1;
     uint64_t s = 0x9e3779b97f4a7c15ULL;
     const size_t hb = (size_t)(N * C) * 2, wb = (size_t)(V * C) * 2;
-    void *h = dev_uniform(ctx, (size_t)(N * C), 1.7f, &s), *w = dev_uniform(ctx, (size_t)(V * C), 0.05f, &s);
+    void *h = lt_bench_cuda_uniform_bf16(ctx, (size_t)(N * C), 1.7f, &s, "bench lce tensor"),
+         *w = lt_bench_cuda_uniform_bf16(ctx, (size_t)(V * C), 0.05f, &s, "bench lce tensor");
     void *dh = lt_alloc(ctx, LT_DEVICE_CUDA, hb, "bench lce dh");
     int32_t *tg = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)N * 4, "bench lce targets");
     float *lse = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)N * 4, "bench lce lse");

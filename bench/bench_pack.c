@@ -10,15 +10,9 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "core/rng.h"
 #include "longtune/log.h"
 #include "longtune/pack.h"
-
-static uint64_t bench_rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* CPU seconds of this process: on a shared machine wall time includes waiting for a core. */
 static double cpu_now(void) {
@@ -27,7 +21,7 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static double bench_uniform(uint64_t *s) { return ((double)(bench_rng(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double bench_uniform(uint64_t *s) { return ((double)(lt_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 /* Offsets of n sequences with log-normal lengths (median 150, sigma 1), at least 1 token. */
 static int64_t *make_offsets(int64_t n, uint64_t seed) {

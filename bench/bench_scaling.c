@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "core/rng.h"
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/comm.h"
@@ -36,13 +37,6 @@ typedef struct cfg {
 static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "longtune bench scaling: %s '%s'\nusage: longtune bench scaling [options] (--help)\n", msg, arg);
     return 2;
-}
-
-static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 /* A random Llama folder (config.json + f32 model.safetensors, tied embeddings) of shape s. */
@@ -97,7 +91,7 @@ static lt_status write_model(lt_ctx *ctx, const char *dir, const shape *s) {
         }
         /* Uniform with std 0.02 (transformers' initializer_range); norms 1. */
         for (int64_t i = 0; i < cnt; i++)
-            bufs[k][i] = c ? 0.0346f * ((float)(next_u64(&seed) >> 40) * 0x1.0p-23f - 1.0f) : 1.0f;
+            bufs[k][i] = c ? 0.0346f * ((float)(lt_splitmix64(&seed) >> 40) * 0x1.0p-23f - 1.0f) : 1.0f;
         int64_t shp[2] = {r, c};
         e[k].name = names[k];
         e[k].tensor = lt_tensor_view(bufs[k], LT_DTYPE_F32, LT_DEVICE_CPU, c ? 2 : 1, shp);
@@ -157,7 +151,7 @@ static lt_status measure(lt_ctx *ctx, lt_comm *comm, const cfg *c, const char *a
     lt_model_options mo = {LT_DEVICE_CPU, 0};
     if ((s = lt_model_load(ctx, c->model, &mo, &lora, &m)) != LT_OK) goto done;
     uint64_t seed = 0xda7a, V = (uint64_t)lt_model_get_config(m)->V;
-    for (int64_t i = 0; i < nseq * len; i++) tok[i] = (int32_t)(3 + next_u64(&seed) % (V - 3));
+    for (int64_t i = 0; i < nseq * len; i++) tok[i] = (int32_t)(3 + lt_splitmix64(&seed) % (V - 3));
     for (int64_t i = 0; i <= nseq; i++) off[i] = i * len;
     lt_pack_input in = {tok, NULL, off, nseq};
     lt_train_result res;

@@ -278,9 +278,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return lt_test_rm_tree(dir);
 }
 
 int main(void) {

@@ -32,8 +32,6 @@ typedef struct acase {
     int with_cpu;     /* also run the CPU backend */
 } acase;
 
-static double bfr(double x) { return (double)lt_bf16_to_f32(lt_f32_to_bf16((float)x)); }
-
 /* Float64 attention over bf16-valued inputs, contiguous (B, T, heads, D). emu = 1 rounds to bf16
  * where a naive bf16 implementation would (scores, probabilities, every matmul output). */
 static void reference(const acase *c, const int32_t *lo, const float *q, const float *k,
@@ -45,7 +43,7 @@ static void reference(const acase *c, const int32_t *lo, const float *q, const f
     double *dp = malloc(sizeof(double) * (size_t)T), *o = malloc(sizeof(double) * (size_t)D);
     memset(dk, 0, sizeof(double) * (size_t)(B * T * Hkv * D));
     memset(dv, 0, sizeof(double) * (size_t)(B * T * Hkv * D));
-#define RND(x) (emu ? bfr(x) : (x))
+#define RND(x) (emu ? lt_test_bf16_round(x) : (x))
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / G;
@@ -104,8 +102,8 @@ static void reference(const acase *c, const int32_t *lo, const float *q, const f
         }
     if (emu) {
         for (int64_t n = 0; n < B * T * Hkv * D; n++) {
-            dk[n] = bfr(dk[n]);
-            dv[n] = bfr(dv[n]);
+            dk[n] = lt_test_bf16_round(dk[n]);
+            dv[n] = lt_test_bf16_round(dv[n]);
         }
     }
 #undef RND
@@ -113,25 +111,6 @@ static void reference(const acase *c, const int32_t *lo, const float *q, const f
     free(th);
     free(dp);
     free(o);
-}
-
-/* max |x - ref| / max |ref|; a non-finite x (a poisoned, unwritten element) gives +inf. */
-static double rel_err_f(const float *x, const double *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(x[i])) return INFINITY;
-        e = fmax(e, fabs(x[i] - ref[i]));
-        r = fmax(r, fabs(ref[i]));
-    }
-    return r > 0 ? e / r : e;
-}
-static double rel_err_d(const double *x, const double *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        e = fmax(e, fabs(x[i] - ref[i]));
-        r = fmax(r, fabs(ref[i]));
-    }
-    return r > 0 ? e / r : e;
 }
 
 static void make_offsets(uint64_t *rng, const acase *c, int32_t *off, int64_t S) {
@@ -289,8 +268,8 @@ static void run_case(const acase *c) {
     const float *got[5] = {go, glse, gdq, gdk, gdv};
     const char *name[5] = {"out", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; i++) {
-        double tol = fmax(2 * rel_err_d(e[i], r[i], n[i]), TOL_BF16_FLOOR);
-        double err = rel_err_f(got[i], r[i], n[i]);
+        double tol = fmax(2 * lt_test_rel_err_d(e[i], r[i], n[i]), TOL_BF16_FLOOR);
+        double err = lt_test_rel_err_f(got[i], r[i], n[i]);
         fprintf(stderr, "  T=%lld D=%lld H=%lld/%lld win=%lld cap=%g packed=%d fused=%d %-4s cuda err %.3g (tol %.3g)\n",
                 (long long)T, (long long)D, (long long)H, (long long)Hkv, (long long)c->window,
                 (double)c->softcap, c->packed, c->fused, name[i], err, tol);
@@ -315,12 +294,12 @@ static void run_case(const acase *c) {
         assert_int_equal(lt_attention_backward(ctx, &pc, &ac), LT_OK);
         float *f = malloc(sizeof(float) * (size_t)nq);
         get(co, f, B, T, H, D, T * H * D, H * D, D);
-        double eo = rel_err_f(f, r[0], nq);
+        double eo = lt_test_rel_err_f(f, r[0], nq);
         get(cdq, f, B, T, H, D, T * H * D, H * D, D);
-        double eq = rel_err_f(f, r[2], nq);
+        double eq = lt_test_rel_err_f(f, r[2], nq);
         fprintf(stderr, "  cpu backend: out err %.3g, dq err %.3g\n", eo, eq);
-        assert_true(eo <= fmax(2 * rel_err_d(e[0], r[0], nq), TOL_BF16_FLOOR));
-        assert_true(eq <= fmax(2 * rel_err_d(e[2], r[2], nq), TOL_BF16_FLOOR));
+        assert_true(eo <= fmax(2 * lt_test_rel_err_d(e[0], r[0], nq), TOL_BF16_FLOOR));
+        assert_true(eq <= fmax(2 * lt_test_rel_err_d(e[2], r[2], nq), TOL_BF16_FLOOR));
         free(f); free(cq); free(ck); free(cv); free(cg); free(co); free(cdq); free(cdk); free(cdv); free(clse);
     }
 
@@ -387,12 +366,8 @@ static void unsupported_requests_are_named(void **s) {
 }
 
 int main(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError();
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    int skip = lt_test_cuda_skip();
+    if (skip) return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(causal_gqa_d64),
         cmocka_unit_test(window_softcap_d96),
@@ -405,8 +380,5 @@ int main(void) {
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else
-int main(void) {
-    printf("skipped: no CUDA device (this build has no CUDA)\n");
-    return 77;
-}
+int main(void) { return lt_test_cuda_skip(); }
 #endif

@@ -19,13 +19,7 @@
 #include <cuda_runtime.h>
 
 static int failures;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
+#define CHECK(cond) LT_TEST_CHECK(failures, cond)
 
 /* Host to a fresh device buffer (NULL on failure). */
 static void *to_dev(const void *h, size_t n) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/guard.h"
 #include "longtune/log.h"
@@ -15,13 +16,7 @@
 #include <cuda_runtime.h>
 
 static int failures;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
+#define CHECK(cond) LT_TEST_CHECK(failures, cond)
 #endif
 
 #define MIB (1024ull * 1024ull)

@@ -40,8 +40,6 @@ typedef struct lcase {
     int late_max;      /* the last quarter of the vocabulary gets 6x larger logits */
 } lcase;
 
-static double bfr(double x) { return (double)lt_bf16_to_f32(lt_f32_to_bf16((float)x)); }
-
 /* Float64 loss, lse, per-token loss and gradients; emu rounds logits, logit gradients and dh to
  * bf16 as a naive bf16 implementation would. */
 static void reference(const lcase *c, const float *h, const float *w, const int32_t *tgt,
@@ -58,7 +56,7 @@ static void reference(const lcase *c, const float *h, const float *w, const int3
         for (int64_t j = 0; j < V; j++) {
             double s = 0;
             for (int64_t k = 0; k < C; k++) s += (double)h[i * C + k] * w[j * C + k];
-            if (emu) s = bfr(s);
+            if (emu) s = lt_test_bf16_round(s);
             f[j] = 1;
             if (cap > 0) {
                 double t = tanh(s / cap);
@@ -98,7 +96,7 @@ static void reference(const lcase *c, const float *h, const float *w, const int3
         for (int64_t j = 0; j < V; j++) {
             double s = 0;
             for (int64_t k = 0; k < C; k++) s += (double)h[i * C + k] * w[j * C + k];
-            if (emu) s = bfr(s);
+            if (emu) s = lt_test_bf16_round(s);
             double fj = 1;
             if (cap > 0) {
                 double t = tanh(s / cap);
@@ -107,7 +105,7 @@ static void reference(const lcase *c, const float *h, const float *w, const int3
             }
             double g = coef * ((1 + 2 * zl * lse[i]) * exp(s - lse[i]) - eps / (double)V -
                                (j == tgt[i] ? 1 - eps : 0)) * fj;
-            if (emu) g = bfr(g);
+            if (emu) g = lt_test_bf16_round(g);
             for (int64_t k = 0; k < C; k++) {
                 dh[i * C + k] += g * w[j * C + k];
                 if (dw) dw[j * C + k] += g * h[i * C + k];
@@ -115,27 +113,9 @@ static void reference(const lcase *c, const float *h, const float *w, const int3
         }
     }
     if (emu && !c->dh_f32)
-        for (int64_t n = 0; n < N * C; n++) dh[n] = bfr(dh[n]);
+        for (int64_t n = 0; n < N * C; n++) dh[n] = lt_test_bf16_round(dh[n]);
     free(z);
     free(f);
-}
-
-static double rel_err(const float *x, const double *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(x[i])) return INFINITY;
-        e = fmax(e, fabs(x[i] - ref[i]));
-        r = fmax(r, fabs(ref[i]));
-    }
-    return r > 0 ? e / r : e;
-}
-static double rel_err_dd(const double *x, const double *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        e = fmax(e, fabs(x[i] - ref[i]));
-        r = fmax(r, fabs(ref[i]));
-    }
-    return r > 0 ? e / r : e;
 }
 
 static void *dev_copy(lt_ctx *ctx, const void *host, size_t bytes) {
@@ -279,8 +259,8 @@ static void run_case(const lcase *c) {
     int bad = 0;
     for (int i = 0; i < 5; i++) {
         if (!chk[i].n) continue;
-        double tol = fmax(2 * rel_err_dd(chk[i].emu, chk[i].ref, chk[i].n), TOL_BF16_FLOOR);
-        double err = rel_err(chk[i].got, chk[i].ref, chk[i].n);
+        double tol = fmax(2 * lt_test_rel_err_d(chk[i].emu, chk[i].ref, chk[i].n), TOL_BF16_FLOOR);
+        double err = lt_test_rel_err_f(chk[i].got, chk[i].ref, chk[i].n);
         fprintf(stderr, "  %s%s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
                 c->one_call ? "fb" : "f+b", c->one_call && c->opt.fp32_logit_tiles ? "(fp32 logits)" : "",
                 lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
@@ -576,12 +556,8 @@ static void bad_target_is_named(void **s) {
 }
 
 int main(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError();
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    int skip = lt_test_cuda_skip();
+    if (skip) return skip;
     /* A subset for slow runs (compute-sanitizer): a cmocka name pattern such as "fb_*". */
     const char *filter = getenv("LONGTUNE_TEST_FILTER");
     if (filter && filter[0]) cmocka_set_test_filter(filter);
@@ -603,8 +579,5 @@ int main(void) {
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else
-int main(void) {
-    printf("skipped: no CUDA device (this build has no CUDA)\n");
-    return 77;
-}
+int main(void) { return lt_test_cuda_skip(); }
 #endif

@@ -33,18 +33,6 @@
 static const lt_backend *gpu(void) { return lt_backend_get(LT_DEVICE_CUDA); }
 static const lt_backend *cpu(void) { return lt_backend_get(LT_DEVICE_CPU); }
 
-static float *fresh(uint64_t *rng, int64_t n, float sd) {
-    float *x = malloc((size_t)n * sizeof *x);
-    lt_test_fill_normal(rng, x, n, sd);
-    return x;
-}
-
-static float *poisoned(int64_t n) {
-    float *x = malloc((size_t)n * sizeof *x);
-    for (int64_t i = 0; i < n; i++) x[i] = LT_TEST_POISON;
-    return x;
-}
-
 /* Device buffer holding a copy of host bytes. */
 static void *up(lt_ctx *ctx, const void *h, size_t bytes) {
     void *d = lt_alloc(ctx, LT_DEVICE_CUDA, bytes, "test buffer");
@@ -61,15 +49,6 @@ static void dfree(lt_ctx *ctx, void *d, size_t bytes) { lt_free(ctx, LT_DEVICE_C
 
 #define F4(n) ((size_t)(n) * sizeof(float))
 
-/* |got - want| <= rel·(|want| + scale) + LT_TOL_F32_ABS. */
-static void close_to(double got, double want, double scale, double rel, const char *what, int64_t i) {
-    double tol = rel * (fabs(want) + scale) + LT_TOL_F32_ABS;
-    if (!(fabs(got - want) <= tol)) {
-        fprintf(stderr, "%s[%lld]: got %.9g want %.9g (tol %.3g)\n", what, (long long)i, got, want, tol);
-        fail();
-    }
-}
-
 /* |got - want| <= ADAMW_ULPS float epsilons of (|want| + scale): fp32 rounding of the same
  * formula, where the device may fuse a multiply-add the host rounds twice. */
 #define ADAMW_ULPS 4
@@ -81,8 +60,6 @@ static void ulps_close(double got, double want, double scale, const char *what, 
     }
 }
 
-static double bfr(double x) { return (double)lt_bf16_to_f32(lt_f32_to_bf16((float)x)); }
-
 /* ---- gemm ---- */
 
 static void gemm_case(lt_ctx *ctx, uint64_t *rng, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t pad,
@@ -93,7 +70,7 @@ static void gemm_case(lt_ctx *ctx, uint64_t *rng, int ta, int tb, int64_t M, int
     int64_t na = (ta ? K : M) * lda + pad, nb = (tb ? N : K) * ldb + pad, nc = M * ldc + pad;
     if (na < 1) na = 1; /* K = 0: empty operands, but buffers to point at */
     if (nb < 1) nb = 1;
-    float *A = fresh(rng, na, 1), *B = fresh(rng, nb, 1), *C = fresh(rng, nc, 1);
+    float *A = lt_test_fresh(rng, na, 1), *B = lt_test_fresh(rng, nb, 1), *C = lt_test_fresh(rng, nc, 1);
     if (beta == 0)
         for (int64_t i = 0; i < nc; i++) C[i] = LT_TEST_POISON;
     float *dA = up(ctx, A, F4(na)), *dB = up(ctx, B, F4(nb)), *dC = up(ctx, C, F4(nc));
@@ -110,7 +87,7 @@ static void gemm_case(lt_ctx *ctx, uint64_t *rng, int ta, int tb, int64_t M, int
                 sa += fabs(a * b);
             }
             double c0 = beta == 0 ? 0 : C[pad + i * ldc + j];
-            close_to(got[pad + i * ldc + j], 0.75 * s + beta * c0, sa + fabs(c0), LT_TOL_F32_REL, "gemm",
+            lt_test_close_to(got[pad + i * ldc + j], 0.75 * s + beta * c0, sa + fabs(c0), LT_TOL_F32_REL, "gemm",
                      i * N + j);
         }
     /* the padding between rows is never written */
@@ -141,7 +118,7 @@ static void gemm_f32_every_transpose(void **state) {
 static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in, float *wd) {
     size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
     uint8_t *wq = malloc(rb * (size_t)out);
-    float *wf = fresh(rng, in, 0.5f);
+    float *wf = lt_test_fresh(rng, in, 0.5f);
     for (int64_t r = 0; r < out; r++) {
         lt_test_fill_normal(rng, wf, in, 0.5f);
         uint8_t *row = wq + rb * (size_t)r;
@@ -155,16 +132,6 @@ static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in,
     }
     free(wf);
     return wq;
-}
-
-/* Relative max error (max |x − ref| / max |ref|). */
-static double rel_err(const double *x, const double *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        e = fmax(e, fabs(x[i] - ref[i]));
-        r = fmax(r, fabs(ref[i]));
-    }
-    return r > 0 ? e / r : e;
 }
 
 #define WS_GUARD 4096
@@ -182,7 +149,7 @@ static void matmul_case(lt_ctx *ctx, uint64_t *rng, lt_dtype dt, int64_t out, in
     memset(guard, 0xa5, wsb + WS_GUARD);
     uint8_t *ws = up(ctx, guard, wsb + WS_GUARD);
     int64_t xin = mode == LT_MATMUL_NT ? in : out, yout = mode == LT_MATMUL_NT ? out : in;
-    float *x = fresh(rng, N * xin, 1), *y0 = beta ? fresh(rng, N * yout, 1) : poisoned(N * yout);
+    float *x = lt_test_fresh(rng, N * xin, 1), *y0 = beta ? lt_test_fresh(rng, N * yout, 1) : lt_test_poisoned(N * yout);
     float *dx = up(ctx, x, F4(N * xin)), *dy = up(ctx, y0, F4(N * yout)), *y = malloc(F4(N * yout));
     gpu()->matmul(ctx, (lt_matmul_mode)mode, &w, dx, N, beta, dy, ws);
     down(ctx, y, dy, F4(N * yout));
@@ -193,8 +160,8 @@ static void matmul_case(lt_ctx *ctx, uint64_t *rng, lt_dtype dt, int64_t out, in
     double *ref = malloc(sizeof(double) * (size_t)(N * yout)), *naive = malloc(sizeof(double) * (size_t)(N * yout));
     double *got = malloc(sizeof(double) * (size_t)(N * yout));
     float *xr = malloc(F4(N * xin)), *wr = malloc(F4(out * in)); /* bf16-rounded copies */
-    for (int64_t i = 0; i < N * xin; i++) xr[i] = (float)bfr(x[i]);
-    for (int64_t i = 0; i < out * in; i++) wr[i] = (float)bfr(wd[i]);
+    for (int64_t i = 0; i < N * xin; i++) xr[i] = (float)lt_test_bf16_round(x[i]);
+    for (int64_t i = 0; i < out * in; i++) wr[i] = (float)lt_test_bf16_round(wd[i]);
     for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < yout; j++) {
             double s = 0, sb = 0;
@@ -205,10 +172,10 @@ static void matmul_case(lt_ctx *ctx, uint64_t *rng, lt_dtype dt, int64_t out, in
             }
             double acc = beta ? y0[n * yout + j] : 0;
             ref[n * yout + j] = s + acc;
-            naive[n * yout + j] = bfr(bfr(sb) + acc);
+            naive[n * yout + j] = lt_test_bf16_round(lt_test_bf16_round(sb) + acc);
             got[n * yout + j] = y[n * yout + j];
         }
-    double err = rel_err(got, ref, N * yout), tol = fmax(2 * rel_err(naive, ref, N * yout), TOL_BF16_FLOOR);
+    double err = lt_test_rel_err_d(got, ref, N * yout), tol = fmax(2 * lt_test_rel_err_d(naive, ref, N * yout), TOL_BF16_FLOOR);
     fprintf(stderr, "  matmul %-8s %s out=%lld in=%lld N=%lld beta=%g: err %.3g (tol %.3g)\n", lt_dtype_name(dt),
             mode == LT_MATMUL_NT ? "NT" : "NN", (long long)out, (long long)in, (long long)N, (double)beta, err, tol);
     assert_true(err <= tol);
@@ -245,9 +212,9 @@ static void rmsnorm_forward_and_backward(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     int64_t N = 70, C = 1000; /* C not a multiple of the block */
     float eps = 1e-5f;
-    float *x = fresh(&rng, N * C, 1.5f), *w = fresh(&rng, C, 1), *dy = fresh(&rng, N * C, 1);
-    float *dw0 = fresh(&rng, C, 1);
-    float *P = poisoned(N * C);
+    float *x = lt_test_fresh(&rng, N * C, 1.5f), *w = lt_test_fresh(&rng, C, 1), *dy = lt_test_fresh(&rng, N * C, 1);
+    float *dw0 = lt_test_fresh(&rng, C, 1);
+    float *P = lt_test_poisoned(N * C);
     float *dxx = up(ctx, x, F4(N * C)), *dw_ = up(ctx, w, F4(C)), *ddy = up(ctx, dy, F4(N * C));
     float *dyo = up(ctx, P, F4(N * C)), *dr = up(ctx, P, F4(N)), *ddx = up(ctx, P, F4(N * C)), *ddw = up(ctx, dw0, F4(C));
     gpu()->rmsnorm_fwd(ctx, dxx, dw_, eps, N, C, dyo, dr);
@@ -262,13 +229,13 @@ static void rmsnorm_forward_and_backward(void **state) {
             dota += fabs((double)w[c] * dy[n * C + c] * x[n * C + c]);
         }
         double rr = 1.0 / sqrt(ss / (double)C + eps);
-        close_to(r[n], rr, 0, LT_TOL_F32_REL, "rstd", n);
+        lt_test_close_to(r[n], rr, 0, LT_TOL_F32_REL, "rstd", n);
         for (int64_t c = 0; c < C; c++) {
-            close_to(y[n * C + c], w[c] * x[n * C + c] * rr, 0, LT_TOL_F32_REL, "rms y", n * C + c);
+            lt_test_close_to(y[n * C + c], w[c] * x[n * C + c] * rr, 0, LT_TOL_F32_REL, "rms y", n * C + c);
             double k = dot * rr * rr * rr / (double)C;
             double want = rr * w[c] * dy[n * C + c] - x[n * C + c] * k;
             double scale = fabs(rr * w[c] * dy[n * C + c]) + fabs(x[n * C + c] * dota * rr * rr * rr / (double)C);
-            close_to(gx[n * C + c], want, scale, LT_TOL_F32_REL, "rms dx", n * C + c);
+            lt_test_close_to(gx[n * C + c], want, scale, LT_TOL_F32_REL, "rms dx", n * C + c);
         }
     }
     for (int64_t c = 0; c < C; c++) {
@@ -278,7 +245,7 @@ static void rmsnorm_forward_and_backward(void **state) {
             s += t;
             sa += fabs(t);
         }
-        close_to(gw[c], s, sa, LT_TOL_F32_REL, "rms dw", c);
+        lt_test_close_to(gw[c], s, sa, LT_TOL_F32_REL, "rms dw", c);
     }
     dfree(ctx, dxx, F4(N * C)), dfree(ctx, dw_, F4(C)), dfree(ctx, ddy, F4(N * C)), dfree(ctx, dyo, F4(N * C));
     dfree(ctx, dr, F4(N)), dfree(ctx, ddx, F4(N * C)), dfree(ctx, ddw, F4(C));
@@ -297,7 +264,7 @@ static void rope_long_context_angles(void **state) {
     for (int i = 0; i < 64; i++) inv[i] = (float)pow(1000000.0, -2.0 * i / 128.0);
     int32_t pos[37];
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(lt_test_rand_u64(&rng) % 300000); /* angles up to 3e5 rad */
-    float *x = fresh(&rng, n, 1), *y = malloc(F4(n)), *yc = malloc(F4(n));
+    float *x = lt_test_fresh(&rng, n, 1), *y = malloc(F4(n)), *yc = malloc(F4(n));
     float *dx = up(ctx, x, F4(n)), *dinv = up(ctx, inv, sizeof inv);
     int32_t *dpos = up(ctx, pos, sizeof pos);
     for (int inverse = 0; inverse < 2; inverse++) {
@@ -315,8 +282,8 @@ static void rope_long_context_angles(void **state) {
                     double c = cos(ang), s = sg * sin(ang);
                     double want = i < 64 ? v[i] * c - v[i + 64] * s : v[i] * c + v[i - 64] * s;
                     int64_t k = (t * Hh + h) * D + i;
-                    close_to(y[k], want, 1, LT_TOL_F32_REL, "rope", k);
-                    close_to(y[k], yc[k], 1, LT_TOL_F32_REL, "rope vs cpu", k);
+                    lt_test_close_to(y[k], want, 1, LT_TOL_F32_REL, "rope", k);
+                    lt_test_close_to(y[k], yc[k], 1, LT_TOL_F32_REL, "rope vs cpu", k);
                 }
     }
     dfree(ctx, dx, F4(n)), dfree(ctx, dinv, sizeof inv), dfree(ctx, dpos, sizeof pos);
@@ -333,7 +300,7 @@ static void swiglu_forward_and_backward(void **state) {
     uint64_t rng = lt_test_seed() + 4;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 100003;
-    float *g = fresh(&rng, n, 3), *u = fresh(&rng, n, 1), *da = fresh(&rng, n, 1), *P = poisoned(n);
+    float *g = lt_test_fresh(&rng, n, 3), *u = lt_test_fresh(&rng, n, 1), *da = lt_test_fresh(&rng, n, 1), *P = lt_test_poisoned(n);
     float *dg_ = up(ctx, g, F4(n)), *du_ = up(ctx, u, F4(n)), *dda = up(ctx, da, F4(n));
     float *oa = up(ctx, P, F4(n)), *odg = up(ctx, P, F4(n)), *odu = up(ctx, P, F4(n));
     gpu()->swiglu_fwd(ctx, dg_, du_, n, oa);
@@ -342,11 +309,11 @@ static void swiglu_forward_and_backward(void **state) {
     down(ctx, a, oa, F4(n)), down(ctx, gg, odg, F4(n)), down(ctx, gu, odu, F4(n));
     for (int64_t i = 0; i < n; i++) {
         double s = 1 / (1 + exp(-(double)g[i]));
-        close_to(a[i], silu(g[i]) * u[i], 0, LT_TOL_F32_REL, "swiglu", i);
+        lt_test_close_to(a[i], silu(g[i]) * u[i], 0, LT_TOL_F32_REL, "swiglu", i);
         double want = (double)da[i] * u[i] * s * (1 + g[i] * (1 - s));
         double scale = fabs((double)da[i] * u[i] * s) * (1 + fabs(g[i] * (1 - s)));
-        close_to(gg[i], want, scale, LT_TOL_F32_REL, "swiglu dg", i);
-        close_to(gu[i], (double)da[i] * silu(g[i]), 0, LT_TOL_F32_REL, "swiglu du", i);
+        lt_test_close_to(gg[i], want, scale, LT_TOL_F32_REL, "swiglu dg", i);
+        lt_test_close_to(gu[i], (double)da[i] * silu(g[i]), 0, LT_TOL_F32_REL, "swiglu du", i);
     }
     dfree(ctx, dg_, F4(n)), dfree(ctx, du_, F4(n)), dfree(ctx, dda, F4(n));
     dfree(ctx, oa, F4(n)), dfree(ctx, odg, F4(n)), dfree(ctx, odu, F4(n));
@@ -367,7 +334,7 @@ static void embedding_every_dtype_bit_identical(void **state) {
     for (int i = 0; i < N; i++) ids[i] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
     ids[0] = 0, ids[1] = (int32_t)V - 1;
     int32_t *dids = up(ctx, ids, sizeof ids);
-    float *P = poisoned(N * C), *want = malloc(F4(N * C)), *got = malloc(F4(N * C));
+    float *P = lt_test_poisoned(N * C), *want = malloc(F4(N * C)), *got = malloc(F4(N * C));
     float *dout = up(ctx, P, F4(N * C));
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         lt_dtype dt = types[ti];
@@ -401,7 +368,7 @@ static void add_bias_scale(void **state) {
     uint64_t rng = lt_test_seed() + 6;
     lt_ctx *ctx = lt_ctx_new();
     int64_t N = 67, C = 300, n = N * C;
-    float *y = fresh(&rng, n, 1), *x = fresh(&rng, n, 1), *b = fresh(&rng, C, 1), *got = malloc(F4(n));
+    float *y = lt_test_fresh(&rng, n, 1), *x = lt_test_fresh(&rng, n, 1), *b = lt_test_fresh(&rng, C, 1), *got = malloc(F4(n));
     float *dy = up(ctx, y, F4(n)), *dx = up(ctx, x, F4(n)), *db = up(ctx, b, F4(C));
     gpu()->add_bias(ctx, dy, db, N, C);
     down(ctx, got, dy, F4(n));
@@ -410,7 +377,7 @@ static void add_bias_scale(void **state) {
     down(ctx, got, dy, F4(n));
     for (int64_t i = 0; i < n; i++) {
         double yb = (double)(y[i] + b[i % C]);
-        close_to(got[i], yb - 0.37 * (double)x[i], fabs(0.37 * x[i]), 1e-7, "add", i);
+        lt_test_close_to(got[i], yb - 0.37 * (double)x[i], fabs(0.37 * x[i]), 1e-7, "add", i);
     }
     float *before = malloc(F4(n));
     memcpy(before, got, F4(n));
@@ -429,7 +396,7 @@ static void dropout_masks_identical_to_cpu(void **state) {
     uint64_t rng = lt_test_seed() + 7;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 200003;
-    float *x = fresh(&rng, n, 1), *P = poisoned(n), *got = malloc(F4(n)), *want = malloc(F4(n));
+    float *x = lt_test_fresh(&rng, n, 1), *P = lt_test_poisoned(n), *got = malloc(F4(n)), *want = malloc(F4(n));
     float *dx = up(ctx, x, F4(n)), *dy = up(ctx, P, F4(n));
     const float ps[] = {0.3f, 0.05f, 0.0f};
     const uint64_t offs[] = {0, 1000, (uint64_t)1 << 40};
@@ -459,12 +426,12 @@ static void adamw_matches_cpu(void **state) {
     uint64_t rng = lt_test_seed() + 8;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 50003;
-    float *p = fresh(&rng, n, 1), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4);
+    float *p = lt_test_fresh(&rng, n, 1), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4);
     float *dp = up(ctx, p, F4(n)), *dm = up(ctx, m, F4(n)), *dv = up(ctx, v, F4(n));
     float *gp = malloc(F4(n)), *gm = malloc(F4(n)), *gv = malloc(F4(n));
     lt_adamw_params hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0};
     for (int step = 1; step <= 5; step++) {
-        float *g = fresh(&rng, n, step == 3 ? 1e-3f : 1.0f);
+        float *g = lt_test_fresh(&rng, n, step == 3 ? 1e-3f : 1.0f);
         float *dg = up(ctx, g, F4(n));
         hp.step = step;
         gpu()->adamw(ctx, dp, dg, dm, dv, n, &hp);
@@ -499,14 +466,14 @@ static void zero_sumsq_copies(void **state) {
     uint64_t rng = lt_test_seed() + 9;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 1000003;
-    float *x = fresh(&rng, n, 2), *got = malloc(F4(n));
+    float *x = lt_test_fresh(&rng, n, 2), *got = malloc(F4(n));
     float *dx = up(ctx, x, F4(n)), *dz = lt_alloc(ctx, LT_DEVICE_CUDA, F4(n), "copy");
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float s1 = gpu()->sumsq(ctx, dx, n), s2 = gpu()->sumsq(ctx, dx, n);
-    close_to(s1, ss, 0, 1e-7, "sumsq", 0);
+    lt_test_close_to(s1, ss, 0, 1e-7, "sumsq", 0);
     assert_true(s1 == s2); /* deterministic */
-    close_to(gpu()->sumsq(ctx, dx + 5, 1), (double)x[5] * x[5], 0, 1e-7, "sumsq 1", 0);
+    lt_test_close_to(gpu()->sumsq(ctx, dx + 5, 1), (double)x[5] * x[5], 0, 1e-7, "sumsq 1", 0);
     assert_true(gpu()->sumsq(ctx, dx, 0) == 0.0f);
     /* device-to-device through copy_to_device, then zero an odd byte range of the copy */
     assert_int_equal(gpu()->copy_to_device(ctx, dz, dx, F4(n)), LT_OK);
@@ -565,7 +532,7 @@ static void attention_case(lt_ctx *ctx, uint64_t *rng, int64_t B, int64_t T, int
         }
         p.seq_offsets = off, p.S = 3;
     }
-    float *qkv = fresh(rng, nf, 1), *g = fresh(rng, no, 1), *P = poisoned(nf);
+    float *qkv = lt_test_fresh(rng, nf, 1), *g = lt_test_fresh(rng, no, 1), *P = lt_test_poisoned(nf);
     float *rq = malloc(F4(nf)), *rg = malloc(F4(no)); /* rounded values (the bf16 arm's inputs) */
     uint16_t *bq = malloc((size_t)nf * 2), *bg = malloc((size_t)no * 2);
     round_bf16(qkv, rq, bq, nf);
@@ -636,7 +603,7 @@ static void lce_f32_on_device(void **state) {
     uint64_t rng = lt_test_seed() + 11;
     lt_ctx *ctx = lt_ctx_new();
     const int64_t N = 61, C = 128, V = 1000;
-    float *h = fresh(&rng, N * C, 1), *wf = fresh(&rng, V * C, 0.05f), *rh = malloc(F4(N * C));
+    float *h = lt_test_fresh(&rng, N * C, 1), *wf = lt_test_fresh(&rng, V * C, 0.05f), *rh = malloc(F4(N * C));
     uint16_t *hb = malloc((size_t)(N * C) * 2), *wb = malloc((size_t)(V * C) * 2);
     float *wr = malloc(F4(V * C));
     round_bf16(h, rh, hb, N * C);
@@ -644,7 +611,7 @@ static void lce_f32_on_device(void **state) {
     int32_t tgt[61];
     for (int i = 0; i < N; i++) tgt[i] = i % 7 == 3 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
     float one = 1.0f, P1 = LT_TEST_POISON;
-    float *Pn = poisoned(N * C);
+    float *Pn = lt_test_poisoned(N * C);
     float *d_h = up(ctx, h, F4(N * C)), *d_dh = up(ctx, Pn, F4(N * C)), *d_lse = up(ctx, Pn, F4(N));
     float *d_loss = up(ctx, &P1, 4), *d_dl = up(ctx, &one, 4);
     uint16_t *d_hb = up(ctx, hb, (size_t)(N * C) * 2), *d_w = up(ctx, wb, (size_t)(V * C) * 2);
@@ -732,12 +699,8 @@ static void lce_f32_on_device(void **state) {
 }
 
 int main(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError();
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    int skip = lt_test_cuda_skip();
+    if (skip) return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_f32_every_transpose),
         cmocka_unit_test(matmul_every_weight_dtype),
@@ -755,8 +718,5 @@ int main(void) {
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else
-int main(void) {
-    printf("skipped: no CUDA device (this build has no CUDA)\n");
-    return 77;
-}
+int main(void) { return lt_test_cuda_skip(); }
 #endif

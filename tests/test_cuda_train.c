@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "helpers/test_util.h"
+#include "helpers/train_data.h"
 #include "longtune/alloc.h"
 #include "longtune/plan.h"
 #include "longtune/safetensors.h"
@@ -153,15 +154,6 @@ static void write_tiny(tiny *t) {
     assert_int_equal(s, LT_OK);
     lt_ctx_free(ctx);
     for (int i = 0; i < n; i++) free(bufs[i]);
-}
-
-static void remove_tiny(const tiny *t) {
-    char p[400];
-    snprintf(p, sizeof p, "%s/config.json", t->dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", t->dir);
-    unlink(p);
-    rmdir(t->dir);
 }
 
 static lt_model *load(lt_ctx *ctx, const tiny *t, lt_device dev, const lt_lora_options *lo) {
@@ -338,49 +330,6 @@ static void plan_equals_device_high_water(void **state) {
 
 /* ---- training: the CUDA trajectory tracks the CPU one ---- */
 
-typedef struct dataset {
-    int32_t *tokens;
-    uint8_t *sup;
-    int64_t *offsets;
-    lt_pack_input in;
-} dataset;
-
-/* Learnable sequences: tok[i] = (a + i·s) mod V; the first two tokens are an unsupervised prompt. */
-static void make_data(dataset *d, int64_t n_seqs, int64_t V, uint64_t *st) {
-    d->offsets = malloc((size_t)(n_seqs + 1) * sizeof(int64_t));
-    d->offsets[0] = 0;
-    for (int64_t i = 0; i < n_seqs; i++) d->offsets[i + 1] = d->offsets[i] + 8 + (int64_t)(lt_test_rand_u64(st) % 24);
-    int64_t N = d->offsets[n_seqs];
-    d->tokens = malloc((size_t)N * sizeof(int32_t));
-    d->sup = malloc((size_t)N);
-    for (int64_t i = 0; i < n_seqs; i++) {
-        int64_t a = (int64_t)(lt_test_rand_u64(st) % (uint64_t)V), s = 1 + (int64_t)(lt_test_rand_u64(st) % 3);
-        for (int64_t j = d->offsets[i]; j < d->offsets[i + 1]; j++) {
-            int64_t k = j - d->offsets[i];
-            d->tokens[j] = (int32_t)((a + k * s) % V);
-            d->sup[j] = k >= 2;
-        }
-    }
-    d->in = (lt_pack_input){d->tokens, d->sup, d->offsets, n_seqs};
-}
-
-static void free_data(dataset *d) {
-    free(d->tokens);
-    free(d->sup);
-    free(d->offsets);
-}
-
-static void rm_adapter_dir(const char *dir) {
-    const char *files[] = {"adapter_config.json", "adapter_model.safetensors", LT_TRAIN_CHECKPOINT_FILE,
-                           "metrics.jsonl"};
-    char p[400];
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 enum { ITERS = 8 };
 
 static lt_train_options run_options(const tiny *t, const char *dir, lt_device dev) {
@@ -412,9 +361,9 @@ static void training_tracks_cpu(void **state) {
     for (int ci = 0; ci < 2; ci++) {
         const tiny *t = cases[ci];
         uint64_t ds = 17;
-        dataset train, valid;
-        make_data(&train, 40, t->V, &ds);
-        make_data(&valid, 8, t->V, &ds);
+        lt_test_dataset train, valid;
+        lt_test_dataset_make(&train, 40, t->V, 8, 24, &ds);
+        lt_test_dataset_make(&valid, 8, t->V, 8, 24, &ds);
         double loss[2][ITERS];
         float *final[2] = {NULL, NULL}, *init = NULL;
         int64_t n = 0;
@@ -476,10 +425,10 @@ static void training_tracks_cpu(void **state) {
                 t->name, loss[1][0], loss[0][0], ITERS, loss[1][ITERS - 1], loss[0][ITERS - 1], e);
         assert_true(travelled > 0 && e <= TOL_TRAJECTORY);
         free(final[0]), free(final[1]), free(init);
-        rm_adapter_dir(dirs[0]);
-        rm_adapter_dir(dirs[1]);
-        free_data(&train);
-        free_data(&valid);
+        lt_test_rm_adapter_dir(dirs[0]);
+        lt_test_rm_adapter_dir(dirs[1]);
+        lt_test_dataset_free(&train);
+        lt_test_dataset_free(&valid);
     }
 }
 
@@ -526,9 +475,9 @@ static void resume_on_cuda(void **state) {
     (void)state;
     const tiny *t = &tinies[0];
     uint64_t ds = 23;
-    dataset train, valid;
-    make_data(&train, 40, t->V, &ds);
-    make_data(&valid, 8, t->V, &ds);
+    lt_test_dataset train, valid;
+    lt_test_dataset_make(&train, 40, t->V, 8, 24, &ds);
+    lt_test_dataset_make(&valid, 8, t->V, 8, 24, &ds);
     char da[256], db[256];
     snprintf(da, sizeof da, "/tmp/lt_test_cuda_train_%ld_full", (long)getpid());
     snprintf(db, sizeof db, "/tmp/lt_test_cuda_train_%ld_split", (long)getpid());
@@ -582,10 +531,10 @@ static void resume_on_cuda(void **state) {
     lt_model_free(ctx, m);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
     free(want), free(mid), free(dev), free(got);
-    rm_adapter_dir(da);
-    rm_adapter_dir(db);
-    free_data(&train);
-    free_data(&valid);
+    lt_test_rm_adapter_dir(da);
+    lt_test_rm_adapter_dir(db);
+    lt_test_dataset_free(&train);
+    lt_test_dataset_free(&valid);
     lt_ctx_free(ctx);
 }
 
@@ -599,16 +548,14 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    for (size_t i = 0; i < N_TINY; i++) remove_tiny(&tinies[i]);
+    for (size_t i = 0; i < N_TINY; i++) lt_test_rm_model_dir(tinies[i].dir);
     if (devnull) fclose(devnull);
     return 0;
 }
 
 int main(void) {
-    if (lt_sys_cuda().count <= 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    int skip = lt_test_cuda_skip();
+    if (skip) return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(step_matches_cpu),
         cmocka_unit_test(plan_equals_device_high_water),
@@ -620,9 +567,6 @@ int main(void) {
 
 #else
 
-int main(void) {
-    printf("skipped: no CUDA device (this build has no CUDA)\n");
-    return 77;
-}
+int main(void) { return lt_test_cuda_skip(); }
 
 #endif

@@ -546,13 +546,7 @@ static void dropout_gradients_are_consistent(void **state) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    /* The CI machine is shared: OpenMP workers spinning at barriers cost more than the work
-     * whenever a core is taken away (measured on the real model: 51 s active vs 9 s passive).
-     * libgomp reads the policy before main, hence the re-exec. */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    lt_test_omp_passive(argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matches_pytorch_peft),
         cmocka_unit_test(gguf_matches_pytorch_peft),

@@ -144,13 +144,7 @@ static void real_model_scores_text_and_learns(void **state) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    /* The CI machine is shared: OpenMP workers spinning at barriers cost more than the work
-     * whenever a core is taken away (measured on the real model: 51 s active vs 9 s passive).
-     * libgomp reads the policy before main, hence the re-exec. */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    lt_test_omp_passive(argv);
     setup(NULL);
     if (access(model_path, R_OK) != 0) {
         printf("skipped: %s is absent (run scripts/setup.sh)\n", model_path);

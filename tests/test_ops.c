@@ -18,27 +18,6 @@
 
 static const lt_backend *be(void) { return lt_backend_get(LT_DEVICE_CPU); }
 
-static float *fresh(uint64_t *rng, int64_t n, float sd) {
-    float *x = malloc((size_t)n * sizeof *x);
-    lt_test_fill_normal(rng, x, n, sd);
-    return x;
-}
-
-static float *poisoned(int64_t n) {
-    float *x = malloc((size_t)n * sizeof *x);
-    for (int64_t i = 0; i < n; i++) x[i] = LT_TEST_POISON;
-    return x;
-}
-
-/* |got - want| <= rel·|want| + abs, with the tolerance scaled by the magnitude of the terms summed. */
-static void close_to(double got, double want, double scale, double rel, const char *what, int64_t i) {
-    double tol = rel * (fabs(want) + scale) + LT_TOL_F32_ABS;
-    if (!(fabs(got - want) <= tol)) {
-        fprintf(stderr, "%s[%lld]: got %.9g want %.9g (tol %.3g)\n", what, (long long)i, got, want, tol);
-        fail();
-    }
-}
-
 static void gemm_matches_float64(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
@@ -46,7 +25,7 @@ static void gemm_matches_float64(void **state) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             int64_t M = 37, N = 29, K = 53;
-            float *A = fresh(&rng, M * K, 1), *B = fresh(&rng, K * N, 1), *C = fresh(&rng, M * N, 1);
+            float *A = lt_test_fresh(&rng, M * K, 1), *B = lt_test_fresh(&rng, K * N, 1), *C = lt_test_fresh(&rng, M * N, 1);
             float *C0 = malloc((size_t)(M * N) * 4);
             memcpy(C0, C, (size_t)(M * N) * 4);
             int64_t lda = ta ? M : K, ldb = tb ? K : N;
@@ -59,7 +38,7 @@ static void gemm_matches_float64(void **state) {
                         s += a * b;
                         sa += fabs(a * b);
                     }
-                    close_to(C[i * N + j], 0.75 * s + 0.5 * C0[i * N + j], sa, 1e-5, "gemm", i * N + j);
+                    lt_test_close_to(C[i * N + j], 0.75 * s + 0.5 * C0[i * N + j], sa, 1e-5, "gemm", i * N + j);
                 }
             free(A), free(B), free(C), free(C0);
         }
@@ -75,7 +54,7 @@ static void matmul_every_weight_dtype(void **state) {
     int64_t out = 150, in = 128, N = 70; /* out is not a multiple of the tile, N not of the row chunk */
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         lt_dtype dt = types[ti];
-        float *wf = fresh(&rng, out * in, 0.5f), *wd = malloc((size_t)(out * in) * 4);
+        float *wf = lt_test_fresh(&rng, out * in, 0.5f), *wd = malloc((size_t)(out * in) * 4);
         size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
         uint8_t *wq = malloc(rb * (size_t)out);
         for (int64_t r = 0; r < out; r++) {
@@ -94,7 +73,7 @@ static void matmul_every_weight_dtype(void **state) {
         void *ws = wsb ? lt_alloc(ctx, LT_DEVICE_CPU, wsb, "ws") : NULL;
         for (int mode = 0; mode < 2; mode++) {
             int64_t xin = mode == LT_MATMUL_NT ? in : out, yout = mode == LT_MATMUL_NT ? out : in;
-            float *x = fresh(&rng, N * xin, 1), *y = poisoned(N * yout);
+            float *x = lt_test_fresh(&rng, N * xin, 1), *y = lt_test_poisoned(N * yout);
             float beta = 0;
             if (ti % 2) { /* accumulate into a fresh y on half the dtypes */
                 lt_test_fill_normal(&rng, y, N * yout, 1);
@@ -111,7 +90,7 @@ static void matmul_every_weight_dtype(void **state) {
                         s += x[n * xin + k] * wv;
                         sa += fabs(x[n * xin + k] * wv);
                     }
-                    close_to(y[n * yout + j], s + (beta ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
+                    lt_test_close_to(y[n * yout + j], s + (beta ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
                              n * yout + j);
                 }
             free(x), free(y), free(y0);
@@ -134,14 +113,14 @@ static void rmsnorm_forward_and_backward(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     int64_t N = 9, C = 40;
     float eps = 1e-5f;
-    float *x = fresh(&rng, N * C, 1.5f), *w = fresh(&rng, C, 1), *dy = fresh(&rng, N * C, 1);
-    float *y = poisoned(N * C), *r = poisoned(N), *dx = poisoned(N * C), *dw = calloc((size_t)C, 4);
+    float *x = lt_test_fresh(&rng, N * C, 1.5f), *w = lt_test_fresh(&rng, C, 1), *dy = lt_test_fresh(&rng, N * C, 1);
+    float *y = lt_test_poisoned(N * C), *r = lt_test_poisoned(N), *dx = lt_test_poisoned(N * C), *dw = calloc((size_t)C, 4);
     be()->rmsnorm_fwd(ctx, x, w, eps, N, C, y, r);
     be()->rmsnorm_bwd(ctx, dy, x, w, r, N, C, dx, dw);
     double *xd = malloc((size_t)C * 8);
     for (int64_t n = 0; n < N; n++) {
         for (int64_t c = 0; c < C; c++) xd[c] = x[n * C + c];
-        for (int64_t c = 0; c < C; c++) close_to(y[n * C + c], rms_ref(xd, w, eps, C, c), 0, 1e-5, "rms y", c);
+        for (int64_t c = 0; c < C; c++) lt_test_close_to(y[n * C + c], rms_ref(xd, w, eps, C, c), 0, 1e-5, "rms y", c);
         /* d/dx_c of Σ_k dy_k·y_k, central differences in float64 */
         for (int64_t c = 0; c < C; c++) {
             double h = 1e-6, lp = 0, lm = 0;
@@ -150,13 +129,13 @@ static void rmsnorm_forward_and_backward(void **state) {
             xd[c] -= 2 * h;
             for (int64_t k = 0; k < C; k++) lm += dy[n * C + k] * rms_ref(xd, w, eps, C, k);
             xd[c] += h;
-            close_to(dx[n * C + c], (lp - lm) / (2 * h), 1e-3, 1e-4, "rms dx", n * C + c);
+            lt_test_close_to(dx[n * C + c], (lp - lm) / (2 * h), 1e-3, 1e-4, "rms dx", n * C + c);
         }
     }
     for (int64_t c = 0; c < C; c++) {
         double s = 0;
         for (int64_t n = 0; n < N; n++) s += dy[n * C + c] * x[n * C + c] * (double)r[n];
-        close_to(dw[c], s, 1e-3, 1e-5, "rms dw", c);
+        lt_test_close_to(dw[c], s, 1e-3, 1e-5, "rms dw", c);
     }
     free(x), free(w), free(dy), free(y), free(r), free(dx), free(dw), free(xd);
     lt_ctx_free(ctx);
@@ -182,21 +161,21 @@ static void rope_forward_inverse_and_llama3_table(void **state) {
     int bands[3] = {0, 0, 0};
     for (int i = 0; i < 16; i++) {
         double f = pow(500000.0, -2.0 * i / 32.0), wl = 2 * 3.14159265358979323846 / f;
-        close_to(plain[i], f, 0, 1e-6, "inv_freq", i);
+        lt_test_close_to(plain[i], f, 0, 1e-6, "inv_freq", i);
         double want = wl < 64 / 4.0 ? f : wl > 64 / 1.0 ? f / 8 : 0;
         if (want == 0) {
             double s = (64 / wl - 1) / (4 - 1);
             want = (1 - s) * f / 8 + s * f;
         }
         bands[wl < 16 ? 0 : wl > 64 ? 2 : 1]++;
-        close_to(inv[i], want, 0, 1e-6, "llama3 inv_freq", i);
+        lt_test_close_to(inv[i], want, 0, 1e-6, "llama3 inv_freq", i);
     }
     assert_true(bands[0] > 0 && bands[1] > 0 && bands[2] > 0);
 
     int64_t N = 11, Hh = 3, D = 32;
     int32_t pos[11];
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(lt_test_rand_u64(&rng) % 5000);
-    float *x = fresh(&rng, N * Hh * D, 1), *y = malloc((size_t)(N * Hh * D) * 4);
+    float *x = lt_test_fresh(&rng, N * Hh * D, 1), *y = malloc((size_t)(N * Hh * D) * 4);
     memcpy(y, x, (size_t)(N * Hh * D) * 4);
     be()->rope(ctx, y, pos, inv, N, Hh, D, 0);
     for (int64_t n = 0; n < N; n++)
@@ -206,18 +185,18 @@ static void rope_forward_inverse_and_llama3_table(void **state) {
                 int64_t k = i % 16;
                 double ang = (double)((float)pos[n] * inv[k]);
                 double want = i < 16 ? v[i] * cos(ang) - v[i + 16] * sin(ang) : v[i] * cos(ang) + v[i - 16] * sin(ang);
-                close_to(y[(n * Hh + h) * D + i], want, 1, 1e-5, "rope", i);
+                lt_test_close_to(y[(n * Hh + h) * D + i], want, 1, 1e-5, "rope", i);
             }
     /* The backward is the inverse rotation: rope⁻¹(rope(x)) = x, and since the map is orthogonal,
      * ⟨dy, rope(x)⟩ = ⟨rope⁻¹(dy), x⟩ for any dy. */
-    float *dy = fresh(&rng, N * Hh * D, 1), *dx = malloc((size_t)(N * Hh * D) * 4);
+    float *dy = lt_test_fresh(&rng, N * Hh * D, 1), *dx = malloc((size_t)(N * Hh * D) * 4);
     memcpy(dx, dy, (size_t)(N * Hh * D) * 4);
     be()->rope(ctx, dx, pos, inv, N, Hh, D, 1);
     double lhs = 0, rhs = 0;
     for (int64_t i = 0; i < N * Hh * D; i++) lhs += (double)dy[i] * y[i], rhs += (double)dx[i] * x[i];
-    close_to(lhs, rhs, fabs(lhs) + 10, 1e-5, "rope adjoint", 0);
+    lt_test_close_to(lhs, rhs, fabs(lhs) + 10, 1e-5, "rope adjoint", 0);
     be()->rope(ctx, y, pos, inv, N, Hh, D, 1);
-    for (int64_t i = 0; i < N * Hh * D; i++) close_to(y[i], x[i], 1, 1e-5, "rope inverse", i);
+    for (int64_t i = 0; i < N * Hh * D; i++) lt_test_close_to(y[i], x[i], 1, 1e-5, "rope inverse", i);
     free(x), free(y), free(dy), free(dx);
     lt_ctx_free(ctx);
 }
@@ -229,17 +208,17 @@ static void swiglu_forward_and_backward(void **state) {
     uint64_t rng = lt_test_seed() + 4;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 10007;
-    float *g = fresh(&rng, n, 3), *u = fresh(&rng, n, 1), *da = fresh(&rng, n, 1);
-    float *a = poisoned(n), *dg = poisoned(n), *du = poisoned(n);
+    float *g = lt_test_fresh(&rng, n, 3), *u = lt_test_fresh(&rng, n, 1), *da = lt_test_fresh(&rng, n, 1);
+    float *a = lt_test_poisoned(n), *dg = lt_test_poisoned(n), *du = lt_test_poisoned(n);
     be()->swiglu_fwd(ctx, g, u, n, a);
     be()->swiglu_bwd(ctx, da, g, u, n, dg, du);
     for (int64_t i = 0; i < n; i++) {
-        close_to(a[i], silu(g[i]) * u[i], 0, 1e-5, "swiglu", i);
+        lt_test_close_to(a[i], silu(g[i]) * u[i], 0, 1e-5, "swiglu", i);
         double h = 1e-6;
         double fdg = da[i] * u[i] * (silu(g[i] + h) - silu(g[i] - h)) / (2 * h);
         double fdu = da[i] * silu(g[i]);
-        close_to(dg[i], fdg, 1e-4, 1e-4, "swiglu dg", i);
-        close_to(du[i], fdu, 0, 1e-5, "swiglu du", i);
+        lt_test_close_to(dg[i], fdg, 1e-4, 1e-4, "swiglu dg", i);
+        lt_test_close_to(du[i], fdu, 0, 1e-5, "swiglu du", i);
     }
     free(g), free(u), free(da), free(a), free(dg), free(du);
     lt_ctx_free(ctx);
@@ -250,7 +229,7 @@ static void embedding_add_bias_dropout(void **state) {
     uint64_t rng = lt_test_seed() + 5;
     lt_ctx *ctx = lt_ctx_new();
     int64_t V = 50, C = 64, N = 23;
-    float *tf = fresh(&rng, V * C, 1);
+    float *tf = lt_test_fresh(&rng, V * C, 1);
     uint8_t *tq = malloc((size_t)lt_dtype_row_bytes(LT_DTYPE_Q8_0, C) * (size_t)V);
     for (int64_t v = 0; v < V; v++) lt_quantize_row(LT_DTYPE_Q8_0, tf + v * C, tq + v * 68, C);
     int64_t sh[2] = {V, C};
@@ -258,7 +237,7 @@ static void embedding_add_bias_dropout(void **state) {
                            lt_tensor_view(tq, LT_DTYPE_Q8_0, LT_DEVICE_CPU, 2, sh)};
     int32_t ids[23];
     for (int i = 0; i < N; i++) ids[i] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
-    float *out = poisoned(N * C), row[64];
+    float *out = lt_test_poisoned(N * C), row[64];
     for (int t = 0; t < 2; t++) {
         be()->embedding(ctx, &tables[t], ids, N, out);
         for (int64_t n = 0; n < N; n++) {
@@ -266,15 +245,15 @@ static void embedding_add_bias_dropout(void **state) {
             assert_memory_equal(out + n * C, row, sizeof row);
         }
     }
-    float *b = fresh(&rng, C, 1), *y = fresh(&rng, N * C, 1), *y0 = malloc((size_t)(N * C) * 4);
+    float *b = lt_test_fresh(&rng, C, 1), *y = lt_test_fresh(&rng, N * C, 1), *y0 = malloc((size_t)(N * C) * 4);
     memcpy(y0, y, (size_t)(N * C) * 4);
     be()->add_bias(ctx, y, b, N, C);
-    for (int64_t i = 0; i < N * C; i++) close_to(y[i], (double)y0[i] + b[i % C], 0, 1e-6, "bias", i);
+    for (int64_t i = 0; i < N * C; i++) lt_test_close_to(y[i], (double)y0[i] + b[i % C], 0, 1e-6, "bias", i);
     be()->add(ctx, y, out, -0.5f, N * C);
-    for (int64_t i = 0; i < N * C; i++) close_to(y[i], (double)y0[i] + b[i % C] - 0.5 * out[i], 1, 1e-6, "add", i);
+    for (int64_t i = 0; i < N * C; i++) lt_test_close_to(y[i], (double)y0[i] + b[i % C] - 0.5 * out[i], 1, 1e-6, "add", i);
 
     int64_t n = 200000;
-    float *x = fresh(&rng, n, 1), *d1 = poisoned(n), *d2 = poisoned(n), *d3 = poisoned(n);
+    float *x = lt_test_fresh(&rng, n, 1), *d1 = lt_test_poisoned(n), *d2 = lt_test_poisoned(n), *d3 = lt_test_poisoned(n);
     float p = 0.3f;
     be()->dropout(ctx, x, d1, n, p, 42, 1000);
     be()->dropout(ctx, x, d2, n, p, 42, 1000);
@@ -284,7 +263,7 @@ static void embedding_add_bias_dropout(void **state) {
         assert_true(d1[i] == d2[i]);
         if (d1[i] != 0) {
             kept++;
-            close_to(d1[i], x[i] / (1 - p), 0, 1e-6, "dropout scale", i);
+            lt_test_close_to(d1[i], x[i] / (1 - p), 0, 1e-6, "dropout scale", i);
         }
         same3 += (d1[i] != 0) == (d3[i] != 0);
     }
@@ -302,12 +281,12 @@ static void adamw_matches_torch_formula(void **state) {
     uint64_t rng = lt_test_seed() + 6;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 5003;
-    float *p = fresh(&rng, n, 1), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4);
+    float *p = lt_test_fresh(&rng, n, 1), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4);
     double *pd = malloc((size_t)n * 8), *md = calloc((size_t)n, 8), *vd = calloc((size_t)n, 8);
     for (int64_t i = 0; i < n; i++) pd[i] = p[i];
     lt_adamw_params hp = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0};
     for (int step = 1; step <= 3; step++) {
-        float *g = fresh(&rng, n, 1);
+        float *g = lt_test_fresh(&rng, n, 1);
         hp.step = step;
         be()->adamw(ctx, p, g, m, v, n, &hp);
         for (int64_t i = 0; i < n; i++) {
@@ -316,8 +295,8 @@ static void adamw_matches_torch_formula(void **state) {
             vd[i] = 0.999 * vd[i] + 0.001 * (double)g[i] * g[i];
             double mh = md[i] / (1 - pow(0.9, step)), vh = vd[i] / (1 - pow(0.999, step));
             pd[i] -= (double)hp.lr * mh / (sqrt(vh) + 1e-8);
-            close_to(p[i], pd[i], 1e-2, 1e-5, "adamw p", i);
-            close_to(m[i], md[i], 1e-2, 1e-5, "adamw m", i);
+            lt_test_close_to(p[i], pd[i], 1e-2, 1e-5, "adamw p", i);
+            lt_test_close_to(m[i], md[i], 1e-2, 1e-5, "adamw m", i);
         }
         free(g);
     }
@@ -330,7 +309,7 @@ static void zero_scale_sumsq(void **state) {
     uint64_t rng = lt_test_seed() + 7;
     lt_ctx *ctx = lt_ctx_new();
     int64_t n = 100003; /* several parallel chunks, not a multiple of any */
-    float *x = fresh(&rng, n, 2), *x0 = malloc((size_t)n * 4);
+    float *x = lt_test_fresh(&rng, n, 2), *x0 = malloc((size_t)n * 4);
     memcpy(x0, x, (size_t)n * 4);
     be()->scale(ctx, x, -0.37f, n);
     double ss = 0;
@@ -338,8 +317,8 @@ static void zero_scale_sumsq(void **state) {
         assert_true(x[i] == x0[i] * -0.37f); /* one float multiply, exactly */
         ss += (double)x[i] * x[i];
     }
-    close_to(be()->sumsq(ctx, x, n), ss, 0, 1e-6, "sumsq", 0);
-    close_to(be()->sumsq(ctx, x, 1), (double)x[0] * x[0], 0, 1e-6, "sumsq 1", 0);
+    lt_test_close_to(be()->sumsq(ctx, x, n), ss, 0, 1e-6, "sumsq", 0);
+    lt_test_close_to(be()->sumsq(ctx, x, 1), (double)x[0] * x[0], 0, 1e-6, "sumsq 1", 0);
     assert_true(be()->sumsq(ctx, x, 0) == 0.0f);
     /* zero an odd byte range in the middle; the bytes around it stay */
     uint8_t *b = (uint8_t *)x;

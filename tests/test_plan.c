@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "helpers/test_util.h"
+#include "helpers/train_data.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
 #include "longtune/log.h"
@@ -137,15 +138,6 @@ static void write_tiny(tiny *t) {
     free(e);
 }
 
-static void remove_tiny(tiny *t) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", t->dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", t->dir);
-    unlink(path);
-    rmdir(t->dir);
-}
-
 static int setup(void **state) {
     (void)state;
     rng = lt_test_seed();
@@ -155,7 +147,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    for (size_t i = 0; i < N_TINY; i++) remove_tiny(&tinies[i]);
+    for (size_t i = 0; i < N_TINY; i++) lt_test_rm_model_dir(tinies[i].dir);
     return 0;
 }
 

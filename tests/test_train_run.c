@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "helpers/test_util.h"
+#include "helpers/train_data.h"
 #include "longtune/alloc.h"
 #include "longtune/safetensors.h"
 #include "longtune/train.h"
@@ -97,37 +98,6 @@ static void make_model(void) {
 
 /* Sequences with a learnable rule: tok[i] = (a + i*s) mod V, s in {1, 2, 3}; the first two tokens
  * are a prompt (unsupervised). */
-typedef struct {
-    int32_t *tokens;
-    uint8_t *sup;
-    int64_t *offsets;
-    lt_pack_input in;
-} dataset;
-
-static void make_data(dataset *d, int64_t n_seqs, uint64_t *state) {
-    d->offsets = malloc((size_t)(n_seqs + 1) * sizeof(int64_t));
-    d->offsets[0] = 0;
-    for (int64_t i = 0; i < n_seqs; i++) d->offsets[i + 1] = d->offsets[i] + 6 + (int64_t)(lt_test_rand_u64(state) % 14);
-    int64_t N = d->offsets[n_seqs];
-    d->tokens = malloc((size_t)N * sizeof(int32_t));
-    d->sup = malloc((size_t)N);
-    for (int64_t i = 0; i < n_seqs; i++) {
-        int64_t a = (int64_t)(lt_test_rand_u64(state) % V), s = 1 + (int64_t)(lt_test_rand_u64(state) % 3);
-        for (int64_t j = d->offsets[i]; j < d->offsets[i + 1]; j++) {
-            int64_t k = j - d->offsets[i];
-            d->tokens[j] = (int32_t)((a + k * s) % V);
-            d->sup[j] = k >= 2;
-        }
-    }
-    d->in = (lt_pack_input){d->tokens, d->sup, d->offsets, n_seqs};
-}
-
-static void free_data(dataset *d) {
-    free(d->tokens);
-    free(d->sup);
-    free(d->offsets);
-}
-
 static lt_train_options run_options(const char *adapter_dir) {
     lt_train_options in, o;
     memset(&in, 0, sizeof in);
@@ -163,17 +133,6 @@ static lt_model *load(lt_ctx *ctx, const lt_train_options *o) {
     return m;
 }
 
-static void rm_adapter_dir(const char *dir) {
-    const char *files[] = {"adapter_config.json", "adapter_model.safetensors", LT_TRAIN_CHECKPOINT_FILE,
-                           "metrics.jsonl"};
-    char p[400];
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 static void short_run_lowers_loss(void **state) {
     (void)state;
     char dir[256];
@@ -183,9 +142,9 @@ static void short_run_lowers_loss(void **state) {
     o.warmup = 4;
     lt_ctx *ctx = lt_ctx_new();
     uint64_t ds = 11;
-    dataset train, valid;
-    make_data(&train, 96, &ds);
-    make_data(&valid, 16, &ds);
+    lt_test_dataset train, valid;
+    lt_test_dataset_make(&train, 96, V, 6, 14, &ds);
+    lt_test_dataset_make(&valid, 16, V, 6, 14, &ds);
     lt_model *m = load(ctx, &o);
     double losses[40];
     lt_train_result res;
@@ -246,9 +205,9 @@ static void short_run_lowers_loss(void **state) {
 
     lt_model_free(ctx, m);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-    rm_adapter_dir(dir);
-    free_data(&train);
-    free_data(&valid);
+    lt_test_rm_adapter_dir(dir);
+    lt_test_dataset_free(&train);
+    lt_test_dataset_free(&valid);
     lt_ctx_free(ctx);
 }
 
@@ -271,9 +230,9 @@ static void resume_is_bit_exact(void **state) {
     }
     lt_ctx *ctx = lt_ctx_new();
     uint64_t ds = 5;
-    dataset train, valid;
-    make_data(&train, 20, &ds); /* a few batches per epoch, so the run crosses epochs */
-    make_data(&valid, 6, &ds);
+    lt_test_dataset train, valid;
+    lt_test_dataset_make(&train, 20, V, 6, 14, &ds); /* a few batches per epoch, so the run crosses epochs */
+    lt_test_dataset_make(&valid, 6, V, 6, 14, &ds);
     double full[12], split[12];
     for (int i = 0; i < 12; i++) full[i] = split[i] = NAN;
 
@@ -327,10 +286,10 @@ static void resume_is_bit_exact(void **state) {
     lt_model_free(ctx, m);
 
     free(want);
-    rm_adapter_dir(dir_a);
-    rm_adapter_dir(dir_b);
-    free_data(&train);
-    free_data(&valid);
+    lt_test_rm_adapter_dir(dir_a);
+    lt_test_rm_adapter_dir(dir_b);
+    lt_test_dataset_free(&train);
+    lt_test_dataset_free(&valid);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
 }

@@ -230,7 +230,9 @@ void lce_stat_init(lce_stat *st) {
 
 #define LANES 16 /* independent accumulators: one AVX-512 register, or two AVX2 ones */
 
-void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
+/* Max and sum of z[0..n) in LANES independent accumulators (so the compiler vectorises), folded
+ * in a fixed order: the same float result on every call, which the stat paths rely on. */
+static inline void row_max_sum(const float *z, int64_t n, float *max, double *sum) {
     float mx[LANES], sm[LANES];
     for (int l = 0; l < LANES; l++) {
         mx[l] = -INFINITY;
@@ -253,8 +255,16 @@ void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_
         m = z[j] > m ? z[j] : m;
         sz += z[j];
     }
+    *max = m;
+    *sum = sz;
+}
+
+void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
+    float m;
+    double sz;
+    row_max_sum(z, n, &m, &sz);
     float es[LANES] = {0};
-    j = 0;
+    int64_t j = 0;
     for (; j + LANES <= n; j += LANES)
         for (int l = 0; l < LANES; l++) es[l] += lce_expf(z[j + l] - m);
     double s = 0;
@@ -320,28 +330,9 @@ void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t
 
 void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
     lce_softcap_row(z, n, P->softcap);
-    float mx[LANES], sm[LANES];
-    for (int l = 0; l < LANES; l++) {
-        mx[l] = -INFINITY;
-        sm[l] = 0;
-    }
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float v = z[j + l];
-            mx[l] = v > mx[l] ? v : mx[l];
-            sm[l] += v;
-        }
-    float m = -INFINITY;
-    double sz = 0;
-    for (int l = 0; l < LANES; l++) {
-        m = mx[l] > m ? mx[l] : m;
-        sz += sm[l];
-    }
-    for (; j < n; j++) {
-        m = z[j] > m ? z[j] : m;
-        sz += z[j];
-    }
+    float m;
+    double sz;
+    row_max_sum(z, n, &m, &sz);
     if (target >= v0 && target < v0 + n) st->zt = z[target - v0];
     st->sz += sz;
     if (m > st->m) {
@@ -355,7 +346,7 @@ void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t
     }
     const float ref = st->m;
     float es[LANES] = {0};
-    j = 0;
+    int64_t j = 0;
     if (P->softcap > 0) {
         const float ic = (float)(1.0 / P->softcap);
         for (; j < n; j++) {

@@ -825,16 +825,7 @@ template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev
 
 extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p,
                                                 lt_attention_args *a) {
-    if (p->dtype != LT_DTYPE_BF16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): dtype %s; only bf16 is implemented",
-                        lt_dtype_name(p->dtype));
-    if (p->D != 64 && p->D != 96 && p->D != 128)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "attention (CUDA): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
-    if (p->impl == LT_ATTENTION_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
-    if (p->T > INT32_MAX / 2 || p->B > 65535 || p->Hkv > 65535)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
+    LT_TRY(lt_attn_cuda_supported(ctx, p, p->Hkv)); /* the key/value heads span a grid axis */
     if (p->T == 0 || p->B == 0) return LT_OK;
     size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 1, 0);
     void *ws = a->workspace;

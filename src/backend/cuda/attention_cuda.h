@@ -53,6 +53,11 @@ typedef struct lt_attn_bwd_plan {
 } lt_attn_bwd_plan;
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p);
 
+/* The specialisations both launchers implement (bf16; D 64, 96, 128; not the naive oracle) and
+ * CUDA's grid limits (grid_heads: the heads one launch spreads over a grid axis): LT_OK, or
+ * LT_ERR_UNSUPPORTED naming the reason. */
+lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int64_t grid_heads);
+
 /* Fills the common part of the parameter block, builds the key bounds into the workspace and
  * returns the first unused workspace byte offset in *used. */
 lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a,

@@ -106,6 +106,20 @@ extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p
 
 static int64_t stride_or(int64_t s, int64_t dflt) { return s ? s : dflt; }
 
+lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int64_t grid_heads) {
+    if (p->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): dtype %s; only bf16 is implemented",
+                        lt_dtype_name(p->dtype));
+    if (p->D != 64 && p->D != 96 && p->D != 128)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "attention (CUDA): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
+    if (p->impl == LT_ATTENTION_NAIVE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
+    if (p->T > INT32_MAX / 2 || p->B > 65535 || grid_heads > 65535)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
+    return LT_OK;
+}
+
 lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
                                           const lt_attention_args *a, void *workspace,
                                           lt_attn_dev *d, size_t *used) {
@@ -659,16 +673,7 @@ static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
  * D=64 (4, 2, yes). D=96 (8, 1, yes): (4, 2, no) spills. */
 extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
                                                lt_attention_args *a) {
-    if (p->dtype != LT_DTYPE_BF16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): dtype %s; only bf16 is implemented",
-                        lt_dtype_name(p->dtype));
-    if (p->D != 64 && p->D != 96 && p->D != 128)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "attention (CUDA): head dim %lld; implemented: 64, 96, 128", (long long)p->D);
-    if (p->impl == LT_ATTENTION_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
-    if (p->T > INT32_MAX / 2 || p->B > 65535 || p->H > 65535)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
+    LT_TRY(lt_attn_cuda_supported(ctx, p, p->H)); /* the query heads span a grid axis */
     if (p->T == 0 || p->B == 0) return LT_OK;
     size_t ws_bytes = lt_attention_cuda_workspace_bytes(p, 0, 0);
     void *ws = a->workspace;
