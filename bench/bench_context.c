@@ -72,8 +72,9 @@ typedef struct ctx_run {
 } ctx_run;
 
 static lt_model_run_options run_opts(int64_t T, int threads) {
-    lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                               .loss = LT_LCE_FUSED, .threads = threads};
+    /* Least memory: the recompute reruns attention rather than keeping its output. */
+    lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .recompute_attention = 1,
+                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = threads};
     return ro;
 }
 

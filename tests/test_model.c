@@ -154,11 +154,15 @@ static void check_against_oracle(const char *c, const char *file) {
         lt_model *m = load_case_file(ctx, c, &f, 0, file);
         int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
         lt_model_batch b = fixture_batch(&f);
-        const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+        /* The last two rerun the attention forward in the recompute instead of keeping it. */
+        const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY,
+                                     LT_RECOMPUTE_EVERY_K};
         float *first = NULL;
         int64_t ng = 0;
-        for (int pi = 0; pi < 3; pi++) {
-            prepare(ctx, m, f.B, f.T, pol[pi], 2);
+        for (int pi = 0; pi < 5; pi++) {
+            lt_model_run_options ro = {0};
+            ro.B = f.B, ro.T = f.T, ro.recompute = pol[pi], ro.recompute_k = 2, ro.recompute_attention = pi >= 3;
+            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
             float *logits = malloc((size_t)(N * V) * 4), tl[64];
             for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
             assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);

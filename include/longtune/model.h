@@ -89,6 +89,11 @@ typedef struct lt_model_run_options {
                                  uses the model's device */
     lt_recompute recompute;
     int64_t recompute_k;      /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
+    int recompute_attention;  /* under a recompute policy: 0 (default) keeps each LoRA layer's
+                                 attention output (N, H·D) and row log-sum-exp (B·H·T) with the
+                                 checkpoints, so the recompute skips the attention forward (the
+                                 largest per-layer cost at long T); 1 reruns it and keeps only the
+                                 layer inputs (least memory, e.g. for the longest context) */
     lt_attention_impl attention; /* AUTO = flash */
     lt_lce_impl loss;            /* AUTO = fused */
     int threads;              /* CPU threads; 0 = the context's */

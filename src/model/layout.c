@@ -220,6 +220,15 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     }
     o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
     o->ckpt = carve_aligned(&cur, nb(o->n_ckpt, nb(N * c->C, sizeof(float))), al);
+    if (o->n_ckpt && !run->recompute_attention) {
+        /* Each piece rounded up to the alignment so every layer's starts aligned. */
+        size_t as = nb(N * qd, 4), ls = nb(B * c->H * T, 4);
+        o->att_stride = as > SIZE_MAX - al ? SIZE_MAX : (as + al - 1) / al * al;
+        o->lse_stride = ls > SIZE_MAX - al ? SIZE_MAX : (ls + al - 1) / al * al;
+        o->keep_attn = 1;
+        o->keep_att = carve_aligned(&cur, nb(K, o->att_stride), al);
+        o->keep_lse = carve_aligned(&cur, nb(K, o->lse_stride), al);
+    }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 
     cur = 0;

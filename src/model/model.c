@@ -272,8 +272,10 @@ static lt_attention_params attn_params(const step *s) {
 /* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out =
  * NULL is the recompute before the layer's own backward, which needs the stores but not the
  * output: the down projection's base product is skipped (a quarter of the MLP's FLOPs), and the
- * SwiGLU output is left in the dg workspace where layer_bwd reads it. */
-static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out) {
+ * SwiGLU output is left in the dg workspace where layer_bwd reads it. att_kept = 1: st->att and
+ * st->lse already hold this layer's attention (kept from the first pass), so it is not rerun. */
+static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out,
+                           int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
@@ -296,7 +298,9 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
     aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
     aa.workspace_size = m->lay.attn_ws_bytes;
-    if (m->cp) {
+    if (att_kept) {
+        /* A recompute whose first pass kept st->att and st->lse (bit-identical to a rerun). */
+    } else if (m->cp) {
         lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
         LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
@@ -453,7 +457,7 @@ static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_store st = store_slot(s, 0);
     for (int64_t l = 0; l < upto; l++) {
         float *nxt = l + 1 == upto ? out : (cur == xa ? xb : xa);
-        LT_TRY(layer_fwd(s, l, &st, cur, nxt));
+        LT_TRY(layer_fwd(s, l, &st, cur, nxt, 0));
         cur = nxt;
     }
     return LT_OK;
@@ -531,6 +535,11 @@ static float *lora_out(const step *s, int64_t j) {
 static lt_status slot_of(const step *s, int64_t j, lt_store *st) {
     const lt_layout *y = &s->m->lay;
     *st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
+    if (y->keep_attn) {
+        /* The layer's attention output and lse live with the checkpoints, not in the slot. */
+        st->att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
+        st->lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
+    }
     return LT_OK;
 }
 
@@ -545,7 +554,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     LT_TRY(run_plain(&s, l0, lora_in(&s, 0, &st)));
     for (int64_t j = 0; j < K; j++) {
         LT_TRY(slot_of(&s, j, &st));
-        LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j)));
+        LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
     }
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     float *dx = wsf(&s, m->lay.dx);
@@ -559,7 +568,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
             for (int64_t i = seg * k; i <= j; i++) {
                 LT_TRY(slot_of(&s, i, &st));
                 float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out));
+                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, m->lay.keep_attn));
             }
         }
         LT_TRY(slot_of(&s, j, &st));

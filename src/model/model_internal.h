@@ -64,6 +64,10 @@ typedef struct lt_layout {
     lt_store store_off;              /* offsets within a store, as pointers from NULL */
     int64_t n_act_stores, n_tr_stores, n_ckpt;
     size_t act_stores, ckpt;         /* offsets in the activation block */
+    /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
+     * and a (B·H·T) lse in the activation block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
+    int keep_attn;
+    size_t keep_att, keep_lse, att_stride, lse_stride;
     size_t tr_stores, xa, xb, xf, hf, rstd_f, lse_f, pos, tloss; /* transient block */
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
