@@ -348,16 +348,19 @@ double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T) {
     return (double)cfg->L * (4.0 * P * t + 6.0 * R * t + 3.0 * A) + 4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T) {
-    double P, R, A, t = (double)T;
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention) {
+    double P, R, A, t = (double)T, CF = (double)cfg->C * (double)cfg->F;
     flop_terms(cfg, r, T, &P, &R, &A);
-    return (double)cfg->L * (6.0 * P * t + 10.0 * R * t + 4.5 * A) + 4.0 * (double)cfg->V * (double)cfg->C * t;
+    double attn = (recompute_attention ? 4.5 : 3.5) * A;
+    return (double)cfg->L * (4.0 * P * t + 2.0 * (P - CF) * t + 10.0 * R * t + attn) +
+           4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
 const char *const lt_bench_flops_note =
     "per step of T tokens, B=1: model_flops = L*(4*P*T + 6*R*T + 3*A) + 4*V*C*T (MFU); hw_flops = "
-    "L*(6*P*T + 10*R*T + 4.5*A) + 4*V*C*T (HFU: adds the recomputed layer forward, attention backward "
-    "2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
+    "L*(4*P*T + 2*(P - C*F)*T + 10*R*T + (3.5 + k)*A) + 4*V*C*T (HFU: adds the recomputed layer forward "
+    "without the down projection's base product, k = 1 when attention is recomputed and 0 when its output "
+    "is kept with the checkpoints; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
     "R = r*sum(in+out) over the 7 adapters; A = causal attention forward 2*H*T^2*D. Frozen base: "
     "no weight-gradient GEMMs. Head: forward + input gradient. Norms, RoPE, SwiGLU, AdamW not counted.";
 

@@ -74,11 +74,14 @@ lt_status lt_bench_load_random(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt
  *                   projections forward 2PT + input gradient 2PT (no weight gradient: frozen);
  *                   LoRA forward 2RT + backward 4RT; attention forward A + backward 2A;
  *                   head forward 2VCT + input gradient 2VCT; norms, RoPE, SwiGLU, AdamW left out
- *   hardware (HFU): L·(6·P·T + 10·R·T + 4.5·A) + 4·V·C·T
- *                   adds the recomputed layer forward (2PT + 2RT + A) and counts the attention
- *                   backward as FlashAttention does (2.5·A, which includes recomputing the scores) */
+ *   hardware (HFU): L·(4·P·T + 2·(P − C·F)·T + 10·R·T + (3.5 + k)·A) + 4·V·C·T
+ *                   adds what the recompute runs — the layer's projections except the down
+ *                   projection's base product (the model skips it), the LoRA products, and the
+ *                   attention forward when it is recomputed (k = 1; k = 0 when its output is kept
+ *                   with the checkpoints) — and counts the attention backward as FlashAttention
+ *                   does (2.5·A, which includes recomputing the scores) */
 double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T);
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T);
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention);
 /* The FLOP conventions above as one line for result files. */
 extern const char *const lt_bench_flops_note;
 /* Dense bf16 tensor-core peak of an H100/H200 SXM in FLOP/s (989.4 TFLOP/s; NVIDIA's datasheet
