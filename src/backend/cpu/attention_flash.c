@@ -17,6 +17,12 @@
  * G = 3, T = 2048 (one core), and it keeps the S and O tiles of larger groups (G = 4-8) in L2. */
 #define FBR 32
 #define BC LT_ATTN_BC
+#ifndef FBC
+#define FBC 64
+#endif
+#ifndef BBR
+#define BBR BR
+#endif
 
 /* One thread's scratch. A tile holds G = H/Hkv query heads of up to BR tokens: G·BR rows, row
  * x = i·G + g for token i of the tile and head g of the group (the order of a (T, H, D) tensor, so
@@ -43,7 +49,7 @@ static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
 /* Lays one slot out from `base` (or only counts when base is NULL); returns its size in floats.
  * The workspace size and the kernels both come from here, so they cannot disagree. */
 static size_t flash_carve(const lt_attention_params *p, int backward, float *base, flash_slot *sl) {
-    const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32, R = (size_t)group_of(p) * (backward ? BR : FBR);
+    const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32, R = (size_t)group_of(p) * (backward ? BBR : FBR);
     const size_t fwd = (size_t)!backward, bwd = (size_t)backward;
     size_t off = 0;
 #define TAKE(field, count)                                           \
@@ -54,10 +60,10 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     } while (0)
     TAKE(q, fwd * R * D);
     TAKE(k, conv * bwd * BC * D);
-    TAKE(v, conv * fwd * BC * D);
+    TAKE(v, conv * fwd * FBC * D);
     TAKE(kt, bwd * D * BC);
     TAKE(vt, bwd * D * BC);
-    TAKE(s, R * BC);
+    TAKE(s, R * (backward ? BC : FBC));
     TAKE(dp, bwd * R * BC);
     TAKE(acc, (fwd ? R : BC) * D);
     TAKE(acc2, bwd * BC * D);
@@ -214,15 +220,15 @@ static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t k
         m[x] = -INFINITY;
         l[x] = 0;
     }
-    for (int64_t kb = lt_attn_lo(qa, s0, W); kb < qe; kb += BC) {
-        const int64_t c = qe - kb < BC ? qe - kb : BC;
+    for (int64_t kb = lt_attn_lo(qa, s0, W); kb < qe; kb += FBC) {
+        const int64_t c = qe - kb < FBC ? qe - kb : FBC;
         int64_t c0 = 0, c1 = 0;
         const float *Kt = j->kt + ((b * p->Hkv + kvh) * D) * kt_ld(p) + kb;
         const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
-                    Kt, (int)kt_ld(p), 0.0f, S, BC);
+                    Kt, (int)kt_ld(p), 0.0f, S, FBC);
         for (int64_t x = 0; x < R; x++) {
-            float *srow = S + x * BC;
+            float *srow = S + x * FBC;
             if (x % G == 0) cols(qa + x / G, s0, W, kb, c, &c0, &c1);
             if (c1 <= c0) {
                 memset(srow, 0, (size_t)c * sizeof(float));
@@ -248,7 +254,7 @@ static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t k
                 for (int64_t d = 0; d < D; d++) o[d] *= alpha;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, S, BC, V,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, S, FBC, V,
                     ldv, 1.0f, O, (int)D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
@@ -367,8 +373,8 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
     float *dK = sl->acc, *dV = sl->acc2;
     memset(dK, 0, (size_t)(c * D) * sizeof(float));
     memset(dV, 0, (size_t)(c * D) * sizeof(float));
-    for (int64_t qb = ka; qb < qend; qb += BR) {
-        const int64_t R = (qend - qb < BR ? qend - qb : BR) * G, x0 = qb * G;
+    for (int64_t qb = ka; qb < qend; qb += BBR) {
+        const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
         const float *Q = sl->qs + x0 * D, *dO = sl->dos + x0 * D;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
                     sl->kt, BC, 0.0f, sl->s, BC);
