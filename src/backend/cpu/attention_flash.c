@@ -13,16 +13,15 @@
 #include "core/parallel.h"
 
 #define BR LT_ATTN_BR
-/* Forward tiles hold FBR query tokens (G·FBR stacked rows): measured equal to 16 and 64 tokens at
- * G = 3, T = 2048 (one core), and it keeps the S and O tiles of larger groups (G = 4-8) in L2. */
+/* Tile shapes beyond attention_cpu.h's: the forward's query tiles hold FBR tokens (G·FBR stacked
+ * rows) against key blocks of FBC keys; the backward's query tiles hold BBR tokens against key tiles
+ * of BC. Measured on one core at G = 3, T = 2048 (interleaved, loaded VM): FBR 16 / 32 / 64 equal
+ * (32 keeps the S and O tiles of larger groups in L2); FBC 256 or 512 no faster than 64; BBR 128 or
+ * 256 ~30% slower than 64 in the backward. */
 #define FBR 32
-#define BC LT_ATTN_BC
-#ifndef FBC
 #define FBC 64
-#endif
-#ifndef BBR
 #define BBR BR
-#endif
+#define BC LT_ATTN_BC
 
 /* One thread's scratch. A tile holds G = H/Hkv query heads of up to BR tokens: G·BR rows, row
  * x = i·G + g for token i of the tile and head g of the group (the order of a (T, H, D) tensor, so
