@@ -31,7 +31,10 @@
 /* Bᵀ copies for the NN row-dot case live on the calling thread's stack: at most this many floats. */
 #define THIN_BT_FLOATS 16384
 
-static inline __mmask16 thin_mask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+static inline __mmask16 thin_mask(int64_t n) {
+    const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
+    return (__mmask16)bits;
+}
 
 /* Row dots: C[m, n] = alpha·sum_k A[m, k]·Bt[n, k] + beta·C[m, n] for n < N <= THIN_MAX. */
 typedef struct {
