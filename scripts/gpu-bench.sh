@@ -49,6 +49,11 @@ for s in $steps; do
     run 60 "packed qwen3-8b" "$BIN" bench packed --backend cuda --shape qwen3-8b --seconds 10 --out "$OUT" ;;
   chart)
     for f in "$OUT"/context-cuda-*.json; do [ -f "$f" ] && python3 scripts/context_chart.py "$f"; done ;;
+  traincpu) # opt-in (not in the default list): the CPU training bench on the device's cores, both
+    # arms (longtune, PyTorch + transformers + PEFT), all cores; ~85 s expected at 16 threads (R2: 60 s
+    # reached the second of three T=2048 steps without warmup)
+    run 150 "train cpu smollm2-135m" env CUDA_VISIBLE_DEVICES= "$BIN" bench train --shape smollm2-135m \
+      --seq 512,2048 --repeats 3 --warmup 1 --out "$OUT" ;;
   *) echo "unknown step $s" ;;
   esac
 done

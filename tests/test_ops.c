@@ -18,30 +18,45 @@
 
 static const lt_backend *be(void) { return lt_backend_get(LT_DEVICE_CPU); }
 
+/* Every transpose combination, at a generic shape and at the thin ones of the LoRA adapters (one
+ * side <= 16, which the CPU backend runs outside OpenBLAS), with padded leading dimensions and beta
+ * 0 (C poisoned: it must be overwritten) or 0.5. */
 static void gemm_matches_float64(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
     lt_ctx *ctx = lt_ctx_new();
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) {
-            int64_t M = 37, N = 29, K = 53;
-            float *A = lt_test_fresh(&rng, M * K, 1), *B = lt_test_fresh(&rng, K * N, 1), *C = lt_test_fresh(&rng, M * N, 1);
-            float *C0 = malloc((size_t)(M * N) * 4);
-            memcpy(C0, C, (size_t)(M * N) * 4);
-            int64_t lda = ta ? M : K, ldb = tb ? K : N;
-            be()->gemm(ctx, ta, tb, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C, N);
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < N; j++) {
-                    double s = 0, sa = 0;
-                    for (int64_t k = 0; k < K; k++) {
-                        double a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
-                        s += a * b;
-                        sa += fabs(a * b);
+    static const int64_t shapes[][3] = {{37, 29, 53}, {70, 8, 53}, {70, 13, 100}, {8, 83, 130},
+                                        {16, 16, 17}, {3, 5, 2},   {130, 16, 7},  {11, 40, 300}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int bz = 0; bz < 2; bz++) {
+                    const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+                    const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+                    const float beta = bz ? 0.0f : 0.5f;
+                    float *A = lt_test_fresh(&rng, (ta ? K : M) * lda, 1), *B = lt_test_fresh(&rng, (tb ? N : K) * ldb, 1);
+                    float *C = lt_test_fresh(&rng, M * ldc, 1);
+                    if (bz)
+                        for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN;
+                    float *C0 = malloc((size_t)(M * ldc) * 4);
+                    memcpy(C0, C, (size_t)(M * ldc) * 4);
+                    be()->gemm(ctx, ta, tb, M, N, K, 0.75f, A, lda, B, ldb, beta, C, ldc);
+                    for (int64_t i = 0; i < M; i++) {
+                        for (int64_t j = 0; j < N; j++) {
+                            double sum = 0, sa = 0;
+                            for (int64_t k = 0; k < K; k++) {
+                                double a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                                sum += a * b;
+                                sa += fabs(a * b);
+                            }
+                            const double want = 0.75 * sum + (bz ? 0.0 : 0.5 * C0[i * ldc + j]);
+                            lt_test_close_to(C[i * ldc + j], want, sa + fabs(want), 1e-5, "gemm", i * ldc + j);
+                        }
+                        for (int64_t j = N; j < ldc; j++) /* the padding is not C's */
+                            assert_memory_equal(&C[i * ldc + j], &C0[i * ldc + j], 4);
                     }
-                    lt_test_close_to(C[i * N + j], 0.75 * s + 0.5 * C0[i * N + j], sa, 1e-5, "gemm", i * N + j);
+                    free(A), free(B), free(C), free(C0);
                 }
-            free(A), free(B), free(C), free(C0);
-        }
     lt_ctx_free(ctx);
 }
 

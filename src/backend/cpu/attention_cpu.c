@@ -2,6 +2,9 @@
  * kernels share: bf16 row conversion, packed-sequence lookup and the dynamic scheduler. The
  * kernels themselves are in attention_naive.c and attention_flash.c. */
 #include <stdatomic.h>
+#if LT_HAVE_OPENMP
+#include <omp.h>
+#endif
 
 #include "backend/cpu/attention_cpu.h"
 #include "core/parallel.h"
@@ -70,7 +73,20 @@ static void sched_worker(void *arg, int64_t begin, int64_t end, int thread) {
 void lt_attn_schedule(int slots, int64_t n, lt_attn_item_fn item, void *ctx) {
     sched s = {.n = n, .item = item, .ctx = ctx};
     atomic_init(&s.next, 0);
+#if LT_HAVE_OPENMP
+    /* The items multiply tiles with OpenBLAS, which must run them single-threaded for any slot
+     * count: with one slot there is no parallel region, and OpenBLAS would otherwise split a large
+     * enough tile product over omp_get_max_threads() threads, and its generic kernels then round
+     * differently than one thread does (measured: dQ/dK/dV of G = 2, D = 96 tiles differed between
+     * 1 and 4 threads). The worker team is sized explicitly, so lowering this task's default
+     * thread count only reaches OpenBLAS; it is restored after. */
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
     lt_parallel_for(slots, slots, 1, sched_worker, &s);
+#if LT_HAVE_OPENMP
+    omp_set_num_threads(saved);
+#endif
 }
 
 int lt_attn_slots(int threads, int64_t items) {

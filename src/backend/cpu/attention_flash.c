@@ -1,9 +1,11 @@
-/* Flash attention on the CPU: tiles of LT_ATTN_BR queries x LT_ATTN_BC keys, QK^T and PV as
+/* Flash attention on the CPU: tiles of LT_ATTN_BR query tokens x LT_ATTN_BC keys, QK^T and PV as
  * OpenBLAS sgemm on the tiles, online softmax, saved per-row log-sum-exp, and a backward that
  * recomputes each tile once (one pass over key tiles giving dK, dV and dQ; dQ is summed in a fixed
- * number of buckets so the result does not depend on the thread count). Tiles are cut at
- * packed-sequence boundaries and only the keys inside the causal / window band of the tile's own
- * sequence are visited, so a packed row costs sum(len^2), not T^2. No (T, T) buffer exists. */
+ * number of buckets so the result does not depend on the thread count). The query heads that share
+ * a kv head are stacked into one tile (rows ordered token-major, head-minor), so each K/V tile is
+ * multiplied once per group, not once per head. Tiles are cut at packed-sequence boundaries and
+ * only the keys inside the causal / window band of the tile's own sequence are visited, so a
+ * packed row costs sum(len^2), not T^2. No (T, T) buffer exists. */
 #include <cblas.h>
 #include <math.h>
 
@@ -11,26 +13,44 @@
 #include "core/parallel.h"
 
 #define BR LT_ATTN_BR
+/* Tile shapes beyond attention_cpu.h's: the forward's query tiles hold FBR tokens (G·FBR stacked
+ * rows) against key blocks of FBC keys; the backward's query tiles hold BBR tokens against key tiles
+ * of BC. Measured on one core at G = 3, T = 2048 (interleaved, loaded VM): FBR 16 / 32 / 64 equal
+ * (32 keeps the S and O tiles of larger groups in L2); FBC 256 or 512 no faster than 64; BBR 128 or
+ * 256 ~30% slower than 64 in the backward. */
+#define FBR 32
+#define FBC 64
+#define BBR BR
 #define BC LT_ATTN_BC
 
-/* One thread's scratch. The f32 tile copies exist only for bf16 (f32 tensors are read in place
- * by sgemm with their token stride as leading dimension). Products with Kᵀ and Vᵀ read transposed
- * copies (kt, vt here; all of Kᵀ in the forward's shared workspace): OpenBLAS runs these 64-wide
- * tiles as NN about 1.7x faster than as NT (measured 156 against 86-92 GFLOP/s on one core). */
+/* One thread's scratch. A tile holds G = H/Hkv query heads of t tokens (t <= FBR forward, BBR
+ * backward): G·t rows, row x = i·G + g for token i of the tile and head g of the group (the order
+ * of a (T, H, D) tensor, so the rows of one token are adjacent and share the mask). Stacking the
+ * group makes the QK^T and PV products G times taller and the dK/dV products G times deeper: at
+ * SmolLM2's heads (G = 3, T = 2048, one core) the backward took 131-134 ms against 149-154 ms for
+ * one head per tile. Products with Kᵀ and Vᵀ read transposed copies (kt, vt here; all of Kᵀ in the
+ * forward's shared workspace): OpenBLAS runs these 64-wide tiles as NN about 1.7x faster than as
+ * NT (measured 156 against 86-92 GFLOP/s on one core). */
 typedef struct {
-    float *q, *k, *v, *dout; /* bf16 -> f32 tiles: (BR, D), (BC, D), (BC, D), (BR, D) */
-    float *kt, *vt;          /* backward: Kᵀ, Vᵀ of the key tile, (D, BC) */
-    float *s, *dp;           /* (BR, BC): scores then P; dP then dS (backward) */
-    float *acc, *acc2;       /* forward: O (BR, D); dQ pass: dQ (BR, D); dK/dV pass: dK, dV (BC, D) */
-    float *m, *l;            /* forward: running max and sum per query row */
-    float *dq;               /* backward: the dQ bucket of the item running (not carved) */
+    float *q;          /* forward: the stacked queries (G·FBR, D), as f32 */
+    float *k, *v;      /* bf16 -> f32 tiles: backward K (BC, D); forward V (BC, D) */
+    float *kt, *vt;    /* backward: Kᵀ, Vᵀ of the key tile, (D, BC) */
+    float *s, *dp;     /* (G·FBR, FBC) / (G·BBR, BC): scores then P; dP then dS (backward) */
+    float *acc, *acc2; /* forward: O (G·FBR, D); backward: dK, dV (BC, D) */
+    float *m, *l;      /* forward: running max and sum per stacked row */
+    /* Backward, not carved: the running item's kv head's stacked Q, dO (T·G, D), lse, D_i (T·G)
+     * and its dQ bucket (T·G, D). */
+    const float *qs, *dos, *lse, *dvec;
+    float *dq;
 } flash_slot;
+
+static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
 
 /* Lays one slot out from `base` (or only counts when base is NULL); returns its size in floats.
  * The workspace size and the kernels both come from here, so they cannot disagree. */
 static size_t flash_carve(const lt_attention_params *p, int backward, float *base, flash_slot *sl) {
-    const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32;
-    const size_t rows = BR > BC ? BR : BC;
+    const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32, R = (size_t)group_of(p) * (backward ? BBR : FBR);
+    const size_t fwd = (size_t)!backward, bwd = (size_t)backward;
     size_t off = 0;
 #define TAKE(field, count)                                           \
     do {                                                             \
@@ -38,49 +58,62 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
         if (sl) sl->field = n_ && base ? base + off : NULL;          \
         off += lt_attn_round(n_);                                    \
     } while (0)
-    TAKE(q, conv * BR * D);
-    TAKE(k, conv * (size_t)backward * BC * D);
-    TAKE(v, conv * (size_t)!backward * BC * D);
-    TAKE(dout, conv * (size_t)backward * BR * D);
-    TAKE(kt, (size_t)backward * D * BC);
-    TAKE(vt, (size_t)backward * D * BC);
-    TAKE(s, (size_t)BR * BC);
-    TAKE(dp, (size_t)backward * BR * BC);
-    TAKE(acc, rows * D);
-    TAKE(acc2, (size_t)backward * BC * D);
-    TAKE(m, (size_t)!backward * BR);
-    TAKE(l, (size_t)!backward * BR);
+    TAKE(q, fwd * R * D);
+    TAKE(k, conv * bwd * BC * D);
+    TAKE(v, conv * fwd * FBC * D);
+    TAKE(kt, bwd * D * BC);
+    TAKE(vt, bwd * D * BC);
+    TAKE(s, R * (backward ? BC : FBC));
+    TAKE(dp, bwd * R * BC);
+    TAKE(acc, (fwd ? R : BC) * D);
+    TAKE(acc2, bwd * BC * D);
+    TAKE(m, fwd * R);
+    TAKE(l, fwd * R);
 #undef TAKE
     return off;
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Work items: forward and the dQ pass run over (B, H, query tiles), the dK/dV pass over
- * (B, Hkv, key tiles). */
-static int64_t flash_items(const lt_attention_params *p) { return p->B * p->H * cdiv(p->T, BR); }
+/* Forward work items: (B, Hkv, query tiles). */
+static int64_t flash_items(const lt_attention_params *p) { return p->B * p->Hkv * cdiv(p->T, FBR); }
 
 /* The backward's key tiles of one kv head are dealt round-robin into this many buckets; a bucket
  * is one work item (its tiles run in ascending order on one thread) with its own dQ accumulator,
  * and the buckets are summed in index order. So dQ is bit-identical for any thread count, at the
- * cost of DQ_BUCKETS·T·(H/Hkv)·D floats of workspace; 4 balances the causal tiles on 2-4 threads. */
+ * cost of DQ_BUCKETS·T·G·D floats of workspace per kv head in flight; 4 balances the causal tiles
+ * on 2-4 threads. */
 #define DQ_BUCKETS 4
 
-static size_t dq_bucket_floats(const lt_attention_params *p) { return (size_t)(p->T * (p->H / p->Hkv) * p->D); }
+/* Kv heads of one row whose backward runs at once (KV_BATCH·DQ_BUCKETS items in one parallel
+ * region, so more threads find work and there are fewer barriers); fixed, so the result does not
+ * depend on it either. Each costs (2 + DQ_BUCKETS)·T·G·D floats of workspace. */
+#define KV_BATCH 4
+
+static int64_t kv_batch(const lt_attention_params *p) { return p->Hkv < KV_BATCH ? p->Hkv : KV_BATCH; }
+
+/* One kv head's stacked rows: (T·G) rows of D floats. */
+static size_t stacked_floats(const lt_attention_params *p) { return (size_t)(p->T * group_of(p) * p->D); }
+static size_t stacked_rows(const lt_attention_params *p) { return (size_t)(p->T * group_of(p)); }
 
 /* Forward: Kᵀ of every (row, kv head), (B, Hkv, D, ld) with ld = T rounded up to 16 floats plus 16
  * more, so that the rows of a tile do not all fall into the same L1 sets when T is a power of two. */
 static int64_t kt_ld(const lt_attention_params *p) { return (p->T + 15) / 16 * 16 + 16; }
 static size_t kt_floats(const lt_attention_params *p) { return (size_t)(p->B * p->Hkv * p->D * kt_ld(p)); }
 
+/* Backward, per kv head in flight: Q and dO stacked (T·G, D), lse and D_i = rowsum(dO·O) stacked
+ * (T·G), then the DQ_BUCKETS dQ buckets (T·G, D). */
+static size_t head_block_floats(const lt_attention_params *p) {
+    return (2 + DQ_BUCKETS) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
+}
+
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
-    /* Backward: D_i = rowsum(dO * O) per (b, h, t), then the dQ buckets of one kv head. */
     if (!backward) return lt_attn_round(kt_floats(p));
-    return lt_attn_round((size_t)(p->B * p->H * p->T)) + DQ_BUCKETS * lt_attn_round(dq_bucket_floats(p));
+    return (size_t)kv_batch(p) * head_block_floats(p);
 }
 
 static int flash_slots(const lt_attention_params *p, int backward, int threads) {
-    return lt_attn_slots(threads, backward ? DQ_BUCKETS : flash_items(p));
+    return lt_attn_slots(threads, backward ? kv_batch(p) * DQ_BUCKETS : flash_items(p));
 }
 
 size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
@@ -98,19 +131,30 @@ typedef struct {
     const lt_attention_args *a;
     float *slots;      /* slot i at slots + i * slot_floats */
     size_t slot_floats;
-    const float *dvec; /* backward: (B, H, T) */
-    float *dq;         /* backward: DQ_BUCKETS buckets of (H/Hkv, T, D) for the kv head running */
     float *kt;         /* forward: Kᵀ, (B, Hkv, D, T) */
-    int64_t b, kvh;    /* backward: the (row, kv head) running */
-    int64_t group;     /* H / Hkv */
+    float *heads;      /* backward: kv_batch() head blocks (see head_block_floats) */
+    int64_t b, kv0, nk; /* backward: row b's kv heads [kv0, kv0 + nk) running */
+    int64_t group;     /* G = H / Hkv */
     int backward;
 } flash_job;
 
 static flash_slot slot_of(const flash_job *j, int slot) {
     flash_slot s;
-    s.dq = NULL;
+    memset(&s, 0, sizeof s);
     flash_carve(j->p, j->backward, j->slots + (size_t)slot * j->slot_floats, &s);
     return s;
+}
+
+/* Backward: the pieces of head block k (the kv head kv0 + k in flight). */
+typedef struct {
+    float *qs, *dos, *lse, *dvec, *dq;
+} head_block;
+
+static head_block head_block_of(const flash_job *j, int64_t k) {
+    const size_t sf = lt_attn_round(stacked_floats(j->p)), sr = lt_attn_round(stacked_rows(j->p));
+    float *base = j->heads + (size_t)k * head_block_floats(j->p);
+    head_block h = {base, base + sf, base + 2 * sf, base + 2 * sf + sr, base + 2 * sf + 2 * sr};
+    return h;
 }
 
 /* A (rows, D) operand for sgemm: in place for f32, converted into `scratch` for bf16. */
@@ -124,6 +168,14 @@ static const float *operand(const void *base, lt_dtype dt, const lt_attention_la
     lt_attn_load(scratch, src, dt, l->token, rows, D);
     *ld = (int)D;
     return scratch;
+}
+
+/* dst (rows·G, D) <- the G heads from kv head kvh's first query head of tokens [t, t + rows) of
+ * row b, stacked token-major, as f32. */
+static void stack_rows(float *dst, const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b,
+                       int64_t t, int64_t rows, int64_t h0, int64_t G, int64_t D) {
+    for (int64_t i = 0; i < rows; i++)
+        lt_attn_load(dst + i * G * D, lt_attn_at(base, dt, lt_attn_off(l, b, t + i, h0)), dt, l->head, G, D);
 }
 
 /* dst (D, ldt) <- the transpose of rows x D elements at (b, t, h) of base, as f32. */
@@ -153,31 +205,31 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
 
 /* ---- forward ---------------------------------------------------------------------------- */
 
-/* Queries [qa, qe) of one sequence starting at s0, head h of row b. */
-static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t h, int64_t qa,
+/* Query tokens [qa, qe) of one sequence starting at s0, all heads of kv head kvh of row b. */
+static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
                         int64_t qe, int64_t s0) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
-    const int64_t D = p->D, r = qe - qa, kvh = h / j->group, W = p->window;
+    const int64_t D = p->D, G = j->group, R = (qe - qa) * G, W = p->window;
     const float cap = p->softcap;
-    int ldq, ldv;
-    const float *Q = operand(a->q, p->dtype, &p->q_layout, b, qa, h, r, D, sl->q, &ldq);
-    float *O = sl->acc, *S = sl->s, *m = sl->m, *l = sl->l;
-    memset(O, 0, (size_t)(r * D) * sizeof(float));
-    for (int64_t i = 0; i < r; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
+    int ldv;
+    float *Q = sl->q, *O = sl->acc, *S = sl->s, *m = sl->m, *l = sl->l;
+    stack_rows(Q, a->q, p->dtype, &p->q_layout, b, qa, qe - qa, kvh * G, G, D);
+    memset(O, 0, (size_t)(R * D) * sizeof(float));
+    for (int64_t x = 0; x < R; x++) {
+        m[x] = -INFINITY;
+        l[x] = 0;
     }
-    for (int64_t kb = lt_attn_lo(qa, s0, W); kb < qe; kb += BC) {
-        const int64_t c = qe - kb < BC ? qe - kb : BC;
+    for (int64_t kb = lt_attn_lo(qa, s0, W); kb < qe; kb += FBC) {
+        const int64_t c = qe - kb < FBC ? qe - kb : FBC;
+        int64_t c0 = 0, c1 = 0;
         const float *Kt = j->kt + ((b * p->Hkv + kvh) * D) * kt_ld(p) + kb;
         const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)c, (int)D, p->scale, Q, ldq,
-                    Kt, (int)kt_ld(p), 0.0f, S, BC);
-        for (int64_t i = 0; i < r; i++) {
-            float *srow = S + i * BC;
-            int64_t c0, c1;
-            cols(qa + i, s0, W, kb, c, &c0, &c1);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
+                    Kt, (int)kt_ld(p), 0.0f, S, FBC);
+        for (int64_t x = 0; x < R; x++) {
+            float *srow = S + x * FBC;
+            if (x % G == 0) cols(qa + x / G, s0, W, kb, c, &c0, &c1);
             if (c1 <= c0) {
                 memset(srow, 0, (size_t)c * sizeof(float));
                 continue;
@@ -185,35 +237,36 @@ static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t h
             if (cap > 0) {
                 const float inv = 1.0f / cap;
 #pragma omp simd
-                for (int64_t x = c0; x < c1; x++) srow[x] = cap * lt_attn_tanh(srow[x] * inv);
+                for (int64_t y = c0; y < c1; y++) srow[y] = cap * lt_attn_tanh(srow[y] * inv);
             }
             const float mx = lt_attn_max(srow + c0, c1 - c0);
-            const float mnew = mx > m[i] ? mx : m[i];
-            const float alpha = m[i] == -INFINITY ? 0.0f : lt_attn_exp(m[i] - mnew);
+            const float mnew = mx > m[x] ? mx : m[x];
+            const float alpha = m[x] == -INFINITY ? 0.0f : lt_attn_exp(m[x] - mnew);
 #pragma omp simd
-            for (int64_t x = c0; x < c1; x++) srow[x] = lt_attn_exp(srow[x] - mnew);
+            for (int64_t y = c0; y < c1; y++) srow[y] = lt_attn_exp(srow[y] - mnew);
             const float sum = lt_attn_sum(srow + c0, c1 - c0);
             memset(srow, 0, (size_t)c0 * sizeof(float));
             memset(srow + c1, 0, (size_t)(c - c1) * sizeof(float));
-            l[i] = l[i] * alpha + sum;
-            m[i] = mnew;
+            l[x] = l[x] * alpha + sum;
+            m[x] = mnew;
             if (alpha != 1.0f) {
-                float *o = O + i * D;
+                float *o = O + x * D;
                 for (int64_t d = 0; d < D; d++) o[d] *= alpha;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)D, (int)c, 1.0f, S, BC, V,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, S, FBC, V,
                     ldv, 1.0f, O, (int)D);
     }
-    float *lse = a->lse + (b * p->H + h) * p->T;
-    for (int64_t i = 0; i < r; i++) {
-        void *dst = (char *)a->out + lt_attn_off(&p->o_layout, b, qa + i, h) * (p->dtype == LT_DTYPE_F32 ? 4 : 2);
-        lt_attn_store(dst, p->dtype, p->o_layout.token, O + i * D, 1, D, 1.0f / l[i]);
-        lse[qa + i] = m[i] + logf(l[i]);
+    const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
+    for (int64_t x = 0; x < R; x++) {
+        const int64_t t = qa + x / G, h = kvh * G + x % G;
+        void *dst = (char *)a->out + lt_attn_off(&p->o_layout, b, t, h) * (int64_t)es;
+        lt_attn_store(dst, p->dtype, p->o_layout.token, O + x * D, 1, D, 1.0f / l[x]);
+        a->lse[(b * p->H + h) * p->T + t] = m[x] + logf(l[x]);
     }
 }
 
-/* Calls seg(job, slot, b, head, x0, x1, s0, s1) for each piece of [t0, t1) inside one sequence. */
+/* Calls seg(job, slot, b, kv head, x0, x1, s0, s1) for each piece of [t0, t1) inside one sequence. */
 typedef void (*segment_fn)(const flash_job *, flash_slot *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t head, int64_t t0,
                          int64_t t1, segment_fn seg) {
@@ -226,28 +279,20 @@ static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t 
     }
 }
 
-static void fwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t h, int64_t x0, int64_t x1,
+static void fwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t x0, int64_t x1,
                     int64_t s0, int64_t s1) {
     (void)s1;
-    fwd_segment(j, sl, b, h, x0, x1, s0);
+    fwd_segment(j, sl, b, kvh, x0, x1, s0);
 }
 
-/* Item i of (B, H, query tiles), heaviest (last) tiles first so the tail of the schedule is short. */
-static void query_tile_item(const flash_job *j, int64_t i, int64_t *b, int64_t *h, int64_t *t0, int64_t *t1) {
-    const lt_attention_params *p = j->p;
-    const int64_t bh = p->B * p->H, nt = cdiv(p->T, BR), tile = nt - 1 - i / bh;
-    *b = (i % bh) / p->H;
-    *h = (i % bh) % p->H;
-    *t0 = tile * BR;
-    *t1 = *t0 + BR < p->T ? *t0 + BR : p->T;
-}
-
+/* Item i of (B, Hkv, query tiles), heaviest (last) tiles first so the tail of the schedule is short. */
 static void fwd_item(void *ctx, int64_t i, int slot) {
     const flash_job *j = ctx;
+    const lt_attention_params *p = j->p;
     flash_slot sl = slot_of(j, slot);
-    int64_t b, h, t0, t1;
-    query_tile_item(j, i, &b, &h, &t0, &t1);
-    for_segments(j, &sl, b, h, t0, t1, fwd_seg);
+    const int64_t bk = p->B * p->Hkv, tile = cdiv(p->T, FBR) - 1 - i / bk;
+    const int64_t b = (i % bk) / p->Hkv, kvh = (i % bk) % p->Hkv, t0 = tile * FBR;
+    for_segments(j, &sl, b, kvh, t0, t0 + FBR < p->T ? t0 + FBR : p->T, fwd_seg);
 }
 
 /* Kᵀ tiles [begin, end) of (B, Hkv, key tiles) into j->kt. */
@@ -267,7 +312,7 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
     const int64_t items = flash_items(p);
     float *kt = a->workspace;
     flash_job j = {.p = p, .a = a, .slots = kt + flash_shared_floats(p, 0),
-                   .slot_floats = flash_carve(p, 0, NULL, NULL), .kt = kt, .group = p->H / p->Hkv, .backward = 0};
+                   .slot_floats = flash_carve(p, 0, NULL, NULL), .kt = kt, .group = group_of(p), .backward = 0};
     lt_parallel_for(lt_ctx_threads(ctx), p->B * p->Hkv * cdiv(p->T, BC), 1, kt_tiles, &j);
     lt_attn_schedule(lt_attn_slots(lt_ctx_threads(ctx), items), items, fwd_item, &j);
     return LT_OK;
@@ -275,32 +320,33 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
 
 /* ---- backward --------------------------------------------------------------------------- */
 
-/* In place over an (r, c) tile of queries q0.. and keys kb..: S (scaled, uncapped scores) becomes
- * P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i) cap'(S); invisible entries become 0. */
-static void grad_tile(const flash_job *j, float *S, float *dP, int64_t r, int64_t c, int64_t q0,
+/* In place over an (R, c) tile of stacked rows (tokens q0.., G rows each) and keys kb..: S
+ * (scaled, uncapped scores) becomes P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i)
+ * cap'(S); invisible entries become 0. lse and dvec are the tile's stacked rows. */
+static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
                       int64_t kb, int64_t s0, const float *lse, const float *dvec) {
     const float cap = j->p->softcap;
-    for (int64_t i = 0; i < r; i++) {
-        float *srow = S + i * BC, *drow = dP + i * BC;
-        const int64_t q = q0 + i;
-        const float L = lse[q], Dq = dvec[q];
-        int64_t c0, c1;
-        cols(q, s0, j->p->window, kb, c, &c0, &c1);
+    const int64_t G = j->group;
+    int64_t c0 = 0, c1 = 0;
+    for (int64_t x = 0; x < R; x++) {
+        float *srow = S + x * BC, *drow = dP + x * BC;
+        const float L = lse[x], Dq = dvec[x];
+        if (x % G == 0) cols(q0 + x / G, s0, j->p->window, kb, c, &c0, &c1);
         if (cap > 0) {
             const float inv = 1.0f / cap;
 #pragma omp simd
-            for (int64_t x = c0; x < c1; x++) {
-                float t = lt_attn_tanh(srow[x] * inv);
+            for (int64_t y = c0; y < c1; y++) {
+                float t = lt_attn_tanh(srow[y] * inv);
                 float pv = lt_attn_exp(cap * t - L);
-                srow[x] = pv;
-                drow[x] = pv * (drow[x] - Dq) * (1.0f - t * t);
+                srow[y] = pv;
+                drow[y] = pv * (drow[y] - Dq) * (1.0f - t * t);
             }
         } else {
 #pragma omp simd
-            for (int64_t x = c0; x < c1; x++) {
-                float pv = lt_attn_exp(srow[x] - L);
-                srow[x] = pv;
-                drow[x] = pv * (drow[x] - Dq);
+            for (int64_t y = c0; y < c1; y++) {
+                float pv = lt_attn_exp(srow[y] - L);
+                srow[y] = pv;
+                drow[y] = pv * (drow[y] - Dq);
             }
         }
         memset(srow, 0, (size_t)c0 * sizeof(float));
@@ -310,43 +356,37 @@ static void grad_tile(const flash_job *j, float *S, float *dP, int64_t r, int64_
     }
 }
 
-/* Keys [ka, ke) of the sequence [s0, s1), kv head kvh of row b, against every query head of the
- * group and every query that sees one of these keys: dK and dV of the keys (complete when the loop
- * ends) and this tile's share of dQ, accumulated into the item's bucket sl->dq. */
+/* Keys [ka, ke) of the sequence [s0, s1), kv head kvh of row b, against the stacked rows of every
+ * query that sees one of these keys: dK and dV of the keys (complete when the loop ends) and this
+ * tile's share of dQ, accumulated into the item's bucket sl->dq. */
 static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke,
                     int64_t s0, int64_t s1) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
-    const int64_t D = p->D, c = ke - ka, W = p->window, T = p->T;
+    const int64_t D = p->D, G = j->group, c = ke - ka, W = p->window;
     /* The last query to see key ke-1 is ke-1+W-1 inside the window, else the sequence's last. */
     const int64_t qend = W > 0 && ke - 1 + W < s1 ? ke - 1 + W : s1;
-    int ldq, lddo, ldk;
+    int ldk;
     const float *K = operand(a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D, sl->k, &ldk);
     transpose_rows(sl->kt, BC, a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D);
     transpose_rows(sl->vt, BC, a->v, p->dtype, &p->kv_layout, b, ka, kvh, c, D);
     float *dK = sl->acc, *dV = sl->acc2;
     memset(dK, 0, (size_t)(c * D) * sizeof(float));
     memset(dV, 0, (size_t)(c * D) * sizeof(float));
-    for (int64_t g = 0; g < j->group; g++) {
-        const int64_t h = kvh * j->group + g;
-        const float *lse = a->lse + (b * p->H + h) * T, *dvec = j->dvec + (b * p->H + h) * T;
-        float *dQ = sl->dq + g * T * D;
-        for (int64_t qb = ka; qb < qend; qb += BR) {
-            const int64_t r = qend - qb < BR ? qend - qb : BR;
-            const float *Q = operand(a->q, p->dtype, &p->q_layout, b, qb, h, r, D, sl->q, &ldq);
-            const float *dO = operand(a->dout, p->dtype, &p->o_layout, b, qb, h, r, D, sl->dout, &lddo);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)c, (int)D, p->scale, Q,
-                        ldq, sl->kt, BC, 0.0f, sl->s, BC);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)c, (int)D, 1.0f, dO, lddo,
-                        sl->vt, BC, 0.0f, sl->dp, BC);
-            grad_tile(j, sl->s, sl->dp, r, c, qb, ka, s0, lse, dvec);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)r, 1.0f, sl->s, BC,
-                        dO, lddo, 1.0f, dV, (int)D);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)r, 1.0f, sl->dp, BC,
-                        Q, ldq, 1.0f, dK, (int)D);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)r, (int)D, (int)c, 1.0f, sl->dp, BC,
-                        K, ldk, 1.0f, dQ + qb * D, (int)D);
-        }
+    for (int64_t qb = ka; qb < qend; qb += BBR) {
+        const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
+        const float *Q = sl->qs + x0 * D, *dO = sl->dos + x0 * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
+                    sl->kt, BC, 0.0f, sl->s, BC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, 1.0f, dO, (int)D, sl->vt,
+                    BC, 0.0f, sl->dp, BC);
+        grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->s, BC, dO,
+                    (int)D, 1.0f, dV, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->dp, BC, Q,
+                    (int)D, 1.0f, dK, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, sl->dp, BC, K,
+                    ldk, 1.0f, sl->dq + x0 * D, (int)D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);
@@ -354,81 +394,87 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
     lt_attn_store((char *)a->dv + off * (int64_t)es, p->dtype, p->kv_layout.token, dV, c, D, 1.0f);
 }
 
-/* Bucket i of the running (row, kv head): its key tiles i, i + DQ_BUCKETS, ... in ascending order. */
+/* Item i: bucket i / nk of kv head kv0 + i % nk (every head's bucket 0, the heaviest, first): its
+ * key tiles bucket, bucket + DQ_BUCKETS, ... in ascending order. */
 static void bwd_item(void *ctx, int64_t i, int slot) {
     const flash_job *j = ctx;
+    const int64_t k = i % j->nk, bucket = i / j->nk;
     flash_slot sl = slot_of(j, slot);
-    sl.dq = j->dq + (size_t)i * lt_attn_round(dq_bucket_floats(j->p));
-    memset(sl.dq, 0, dq_bucket_floats(j->p) * sizeof(float));
-    for (int64_t t0 = i * BC; t0 < j->p->T; t0 += DQ_BUCKETS * BC)
-        for_segments(j, &sl, j->b, j->kvh, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
+    head_block hb = head_block_of(j, k);
+    sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
+    sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
+    memset(sl.dq, 0, stacked_floats(j->p) * sizeof(float));
+    for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += DQ_BUCKETS * BC)
+        for_segments(j, &sl, j->b, j->kv0 + k, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
 }
 
-/* dQ rows [begin, end) of the running (row, kv head): the buckets summed in index order, scaled. */
+/* Tokens [begin, end) of (nk, T) over the kv heads in flight: Q and dO stacked, lse stacked, and
+ * D_i = sum_d dO_id O_id. */
+static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const flash_job *j = arg;
+    const lt_attention_params *p = j->p;
+    const lt_attention_args *a = j->a;
+    const int64_t G = j->group, D = p->D;
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t k = u / p->T, t = u % p->T, h0 = (j->kv0 + k) * G;
+        head_block hb = head_block_of(j, k);
+        stack_rows(hb.qs + t * G * D, a->q, p->dtype, &p->q_layout, j->b, t, 1, h0, G, D);
+        stack_rows(hb.dos + t * G * D, a->dout, p->dtype, &p->o_layout, j->b, t, 1, h0, G, D);
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t x = t * G + g, off = lt_attn_off(&p->o_layout, j->b, t, h0 + g);
+            const float *dO = hb.dos + x * D;
+            float sum = 0;
+            if (p->dtype == LT_DTYPE_F32) {
+                const float *o = (const float *)a->out + off;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t d = 0; d < D; d++) sum += o[d] * dO[d];
+            } else {
+                const uint16_t *o = (const uint16_t *)a->out + off;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t d = 0; d < D; d++) sum += lt_attn_bf16(o[d]) * dO[d];
+            }
+            hb.dvec[x] = sum;
+            hb.lse[x] = a->lse[(j->b * p->H + h0 + g) * p->T + t];
+        }
+    }
+}
+
+/* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets summed in
+ * index order, scaled, stored at their (token, head). */
 static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
     const lt_attention_params *p = j->p;
-    const int64_t D = p->D;
-    const size_t stride = lt_attn_round(dq_bucket_floats(p));
+    const int64_t D = p->D, rows = (int64_t)stacked_rows(p);
+    const size_t stride = lt_attn_round(stacked_floats(p));
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
-    for (int64_t x = begin; x < end; x++) {
-        const int64_t g = x / p->T, t = x % p->T;
-        float *acc = j->dq + (size_t)x * (size_t)D;
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t k = u / rows, x = u % rows;
+        head_block hb = head_block_of(j, k);
+        float *acc = hb.dq + (size_t)x * (size_t)D;
         for (int nb = 1; nb < DQ_BUCKETS; nb++) {
-            const float *part = j->dq + (size_t)nb * stride + (size_t)x * (size_t)D;
+            const float *part = hb.dq + (size_t)nb * stride + (size_t)x * (size_t)D;
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] += part[d];
         }
-        const int64_t off = lt_attn_off(&p->q_layout, j->b, t, j->kvh * j->group + g);
+        const int64_t off = lt_attn_off(&p->q_layout, j->b, x / j->group, (j->kv0 + k) * j->group + x % j->group);
         lt_attn_store((char *)j->a->dq + off * (int64_t)es, p->dtype, p->q_layout.token, acc, 1, D, p->scale);
-    }
-}
-
-typedef struct {
-    const lt_attention_params *p;
-    const lt_attention_args *a;
-    float *dvec;
-} dvec_job;
-
-/* D_i = sum_d dO_id O_id for rows [begin, end) of (B, T), all heads. */
-static void dvec_rows(void *arg, int64_t begin, int64_t end, int thread) {
-    (void)thread;
-    const dvec_job *j = arg;
-    const lt_attention_params *p = j->p;
-    for (int64_t bt = begin; bt < end; bt++) {
-        const int64_t b = bt / p->T, t = bt % p->T;
-        for (int64_t h = 0; h < p->H; h++) {
-            const int64_t off = lt_attn_off(&p->o_layout, b, t, h);
-            float sum = 0;
-            if (p->dtype == LT_DTYPE_F32) {
-                const float *o = (const float *)j->a->out + off, *g = (const float *)j->a->dout + off;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t d = 0; d < p->D; d++) sum += o[d] * g[d];
-            } else {
-                const uint16_t *o = (const uint16_t *)j->a->out + off, *g = (const uint16_t *)j->a->dout + off;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t d = 0; d < p->D; d++) sum += lt_attn_bf16(o[d]) * lt_attn_bf16(g[d]);
-            }
-            j->dvec[(b * p->H + h) * p->T + t] = sum;
-        }
     }
 }
 
 lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     const int threads = lt_ctx_threads(ctx);
-    float *dvec = a->workspace;
-    flash_job j = {.p = p, .a = a, .slots = dvec + flash_shared_floats(p, 1),
-                   .slot_floats = flash_carve(p, 1, NULL, NULL), .dvec = dvec,
-                   .dq = dvec + lt_attn_round((size_t)(p->B * p->H * p->T)), .group = p->H / p->Hkv,
-                   .backward = 1};
-    dvec_job dj = {.p = p, .a = a, .dvec = dvec};
-    lt_parallel_for(threads, p->B * p->T, 256, dvec_rows, &dj);
+    float *ws = a->workspace;
+    flash_job j = {.p = p, .a = a, .slots = ws + flash_shared_floats(p, 1),
+                   .slot_floats = flash_carve(p, 1, NULL, NULL), .heads = ws, .group = group_of(p), .backward = 1};
     const int slots = flash_slots(p, 1, threads);
     for (j.b = 0; j.b < p->B; j.b++)
-        for (j.kvh = 0; j.kvh < p->Hkv; j.kvh++) {
-            lt_attn_schedule(slots, DQ_BUCKETS, bwd_item, &j);
-            lt_parallel_for(threads, j.group * p->T, 64, dq_rows, &j);
+        for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {
+            j.nk = p->Hkv - j.kv0 < kv_batch(p) ? p->Hkv - j.kv0 : kv_batch(p);
+            lt_parallel_for(threads, j.nk * p->T, 64, stack_tokens, &j);
+            lt_attn_schedule(slots, j.nk * DQ_BUCKETS, bwd_item, &j);
+            lt_parallel_for(threads, j.nk * (int64_t)stacked_rows(p), 64, dq_rows, &j);
         }
     return LT_OK;
 }
