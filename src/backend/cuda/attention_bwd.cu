@@ -361,16 +361,23 @@ static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv
     }
 }
 
-template <int D, bool NODQ>
-static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+template <int D, bool NODQ, int NWG, bool DEFER>
+static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+    /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
+     * of K in one warpgroup. DEFER: dQ of step i is issued at the top of step i + 1, together with
+     * that step's S and dP, so that its atomics overlap their MMAs and one barrier per step goes
+     * (dSᵀ double-buffered). */
+    static_assert(NWG == 2 || NODQ, "one warpgroup per CTA only without dQ");
+    static_assert(!(NODQ && DEFER), "DEFER moves the dQ part");
 #if LT_WGMMA_OK
-    constexpr int BN = 128, BM = 64, KS = D / 16, NH = D / 64;
+    constexpr int BN = 64 * NWG, BM = 64, KS = D / 16, NH = D / 64, NT = 128 * NWG;
+    constexpr uint32_t DS_BYTES = BN * BM * 2;
     constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
     unsigned char *sK = smem, *sV = sK + TILE_K, *sQ = sV + TILE_K, *sO = sQ + 2 * TILE_Q;
     unsigned char *sDS = sO + 2 * TILE_Q; /* dSᵀ: BN keys x BM queries */
-    float *sL = (float *)(sDS + BN * BM * 2);
+    float *sL = (float *)(sDS + (DEFER ? 2 : 1) * DS_BYTES);
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
 
@@ -393,12 +400,12 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    wg_load_tile<BN, D, 256>(sK, gk, p.kv_st, k0, T, tid);
-    wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, k0, T, tid);
+    wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
+    wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        wg_load_tile<BM, D, 256>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-        wg_load_tile<BM, D, 256>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+        wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+        wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
         if (tid < BM) {
             const int t = min(q0 + tid, T - 1);
             const int64_t r = ((int64_t)b * p.H + h) * T + t;
@@ -421,6 +428,49 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     const int kw0 = k0 + 64 * wg;                          /* this warpgroup's first key */
     const int krow = 64 * wg + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
 
+    /* dQ = dS·K over the CTA's 128 keys from the dSᵀ tile at aDSb. D = 128: warpgroup g computes
+     * columns 64g..64g+63; D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
+    auto dq_issue = [&](float *acc, uint32_t aDSb) {
+        lt_wgmma_pin(acc);
+        lt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDSb + kk * 2048),
+                              lt_wgmma_desc(aK + (D == 128 ? wg * (BN * 128) : 0) + kk * 2048), kk > 0);
+        lt_wgmma_commit();
+    };
+    auto dq_add = [&](float *acc, int hq, int q0q) {
+        const int r0 = q0q + 16 * warp + (lane >> 2), r1 = r0 + 8;
+        const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
+        float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + hq) * D + c;
+        float *g1 = g0 + (int64_t)8 * p.H * D;
+        if (p.dq_vec4) {
+            /* Lanes 2i and 2i+1 swap halves so that each holds four consecutive columns of one
+             * row (the even lane row r0, the odd lane row r1): one 16-byte reduction in place of
+             * two 8-byte ones. */
+            const int odd = lane & 1;
+            float *g = odd ? g1 - 2 : g0;
+            const bool live = odd ? r1 < T : r0 < T;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float x = __shfl_xor_sync(0xffffffffu, odd ? acc[4 * j] : acc[4 * j + 2], 1);
+                const float y = __shfl_xor_sync(0xffffffffu, odd ? acc[4 * j + 1] : acc[4 * j + 3], 1);
+                if (live) {
+                    if (odd) lt_red_add_v4(g + 8 * j, x, y, acc[4 * j + 2], acc[4 * j + 3]);
+                    else lt_red_add_v4(g + 8 * j, acc[4 * j], acc[4 * j + 1], x, y);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
+                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
+            }
+        }
+    };
+    int pq_h = 0, pq_q0 = 0;
+    bool pq_live = false; /* DEFER: the previous step's dQ is still to be done */
+
     for (int step = 0; step < steps; step++) {
         const int buf = step & 1;
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
@@ -434,9 +484,12 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
         const uint32_t aQ = lt_smem_addr(sQ + buf * TILE_Q), aO = lt_smem_addr(sO + buf * TILE_Q);
         const float *cL = sL + buf * BM, *cD = sD + buf * BM;
         const int *cLo = sLo + buf * BM;
+        unsigned char *cDS = sDS + (DEFER ? buf * DS_BYTES : 0);
         /* Warpgroup-uniform skip of key blocks no query of the step can see. */
         const bool skip = kw0 > q0 + BM - 1 || kw0 + 63 < cLo[0];
         uint32_t pa[4][4], da[4][4];
+        float dq_acc[32];
+        if (DEFER && pq_live) dq_issue(dq_acc, aDS + (buf ^ 1) * DS_BYTES);
         if (!skip) {
             float s[32], dp[32];
             lt_wgmma_pin(s);
@@ -452,6 +505,11 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
                                   lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
+            if (DEFER && pq_live) {
+                lt_wgmma_wait<2>();
+                lt_wgmma_pin(dq_acc);
+                dq_add(dq_acc, pq_h, pq_q0);
+            }
             /* P from S while dPᵀ is still being computed (softcap needs both at once: wait). */
             const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
             if (cap > 0.0f) {
@@ -510,8 +568,8 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 const int qc = 8 * j + 2 * (lane & 3);
                 da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
                 da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
-                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
+                *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
+                *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
             }
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
 #pragma unroll
@@ -536,45 +594,53 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
                 for (int n = 0; n < NH; n++)
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
-        } else if (!NODQ) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int qc = 8 * j + 2 * (lane & 3);
-                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = 0u;
-                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
+        } else {
+            if (DEFER && pq_live) {
+                lt_wgmma_wait<0>();
+                lt_wgmma_pin(dq_acc);
+                dq_add(dq_acc, pq_h, pq_q0);
             }
+            if (!NODQ)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = 0u;
+                    *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
+                }
+        }
+        const bool dq_live = !(k0 > q0 + BM - 1 || klast < cLo[0]) && !(D == 64 && wg == 1) && !NODQ;
+        if (DEFER) {
+            /* dV/dK done before the next step's loads overwrite this step's Q and dO tiles. */
+            lt_wgmma_wait<0>();
+            pq_live = dq_live;
+            pq_h = h;
+            pq_q0 = q0;
+            continue;
         }
         /* dSᵀ complete for dQ. Without dQ here the barrier is kept too: dropping it let the
          * compiler stretch register lifetimes across steps and spill (ptxas, 88 bytes). */
         lt_fence_proxy_async();
         __syncthreads();
-
-        /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
-         * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
-        const bool dq_skip =
-            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
-        if (!dq_skip) {
+        if (dq_live) {
             float acc[32];
-            lt_wgmma_pin(acc);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
-                                  lt_wgmma_desc(aK + (D == 128 ? wg * (BN * 128) : 0) + kk * 2048), kk > 0);
-            lt_wgmma_commit();
+            dq_issue(acc, aDS);
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
-            const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
-            const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
-            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
-            float *g1 = g0 + (int64_t)8 * p.H * D;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
-                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
-            }
+            dq_add(acc, h, q0);
         } else {
             lt_wgmma_wait<0>();
+        }
+    }
+    if (DEFER) {
+        /* The last step's dQ. */
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (pq_live) {
+            float acc[32];
+            dq_issue(acc, aDS + ((steps - 1) & 1) * DS_BYTES);
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(acc);
+            dq_add(acc, pq_h, pq_q0);
         }
     }
     lt_wgmma_wait<0>();
@@ -633,7 +699,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
  * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
  * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
  * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
-template <int D>
+template <int D, bool DELTA>
 static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -667,7 +733,29 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         rlo[hr] = lo[t];
         const int64_t r = ((int64_t)b * p.H + h) * T + t;
         L2[hr] = p.lse[r] * LOG2E_F;
-        Dl[hr] = p.delta[r];
+        if (DELTA) {
+            /* delta = rowsum(dO·O) here, for the main kernel that runs next: the four lanes of
+             * an accumulator row each take a quarter of D (16-byte loads), then reduce. */
+            const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            float acc = 0.0f;
+#pragma unroll
+            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8) {
+                const uint4 a = *(const uint4 *)(o + c), e = *(const uint4 *)(g + c);
+                const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *e2 = (const __nv_bfloat162 *)&e;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(e2[k]);
+                    acc += x.x * y.x + x.y * y.y;
+                }
+            }
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            Dl[hr] = acc;
+            if ((lane & 3) == 0 && row[hr] < T) p.delta[r] = acc;
+        } else {
+            Dl[hr] = p.delta[r];
+        }
     }
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
@@ -769,36 +857,53 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 }
 
 /* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
-template <int D> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool DELTA> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem),
+                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D, DELTA>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_bwd_dq_kernel<D><<<grid, 128, smem>>>(d);
+    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
-template <int D>
-static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    constexpr int BN = 128, BM = 64;
-    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
-    const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
-    auto kernel = d.no_dq ? attn_bwd_wg_kernel<D, true> : attn_bwd_wg_kernel<D, false>;
-    LT_TRY(lt_cuda_check(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+template <int D, bool NODQ, int NWG, bool DEFER>
+static lt_status attn_bwd_wg_main_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int BN = 64 * NWG, BM = 64;
+    const size_t smem =
+        (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)(DEFER ? 2 : 1) * BN * BM * 2 + 6 * BM * 4 + 1024;
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, NODQ, NWG, DEFER>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    kernel<<<grid, 256, smem>>>(d);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
+    attn_bwd_wg_kernel<D, NODQ, NWG, DEFER><<<grid, 128 * NWG, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
+}
+
+/* The wgmma backward: delta (its own pass, or inside the dQ kernel when that runs first), the main
+ * kernel (64 or 128 keys per CTA), then the conversions of whatever went through fp32 sums. */
+template <int D>
+static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, const lt_attn_bwd_plan &pl) {
+    const int64_t rows = (int64_t)B * d.T * d.H;
+    if (d.no_dq && pl.delta_dq) {
+        LT_TRY((attn_bwd_dq_launch<D, true>(ctx, d, B)));
+    } else {
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
+        LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
+    }
+    const lt_status st = d.no_dq       ? (pl.bn == 64 ? attn_bwd_wg_main_launch<D, true, 1, false>(ctx, d, B)
+                                                     : attn_bwd_wg_main_launch<D, true, 2, false>(ctx, d, B))
+                         : pl.defer ? attn_bwd_wg_main_launch<D, false, 2, true>(ctx, d, B)
+                                    : attn_bwd_wg_main_launch<D, false, 2, false>(ctx, d, B);
+    LT_TRY(st);
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
         attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
     }
-    if (d.no_dq) return attn_bwd_dq_launch<D>(ctx, d, B);
+    if (d.no_dq) return pl.delta_dq ? LT_OK : attn_bwd_dq_launch<D, false>(ctx, d, B);
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
@@ -846,6 +951,8 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         w += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
         d.nsplit = 1;
         d.no_dq = pl.dq_sep;
+        const char *red = getenv("LONGTUNE_ATTN_DQ_RED"); /* v2 | v4 (default), for measurements */
+        d.dq_vec4 = !(red && !strcmp(red, "v2"));
         if (!pl.dq_sep) {
             d.dq_acc = (float *)w;
             w += lt_cuda_align(acc_bytes);
@@ -861,11 +968,11 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B) : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B, pl) : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default:
-            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B) : attn_bwd_launch<128>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B, pl) : attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
         }
     }
