@@ -70,6 +70,17 @@ template <int D> static __global__ void attn_bwd_convert_dkv(lt_attn_dev p, int 
     *(uint32_t *)(p.dv + o) = lt_pack_bf16(v.x, v.y);
 }
 
+/* One past the last query that sees any key of [k0, klast]: lo is non-decreasing, so a binary
+ * search for the first query whose lower key bound passes klast. */
+static __device__ __forceinline__ int attn_bwd_q_end(const int32_t *lo, int k0, int klast, int T) {
+    int a = k0, z = T;
+    while (a < z) {
+        const int m = (a + z) >> 1;
+        if (lo[m] > klast) z = m; else a = m + 1;
+    }
+    return a;
+}
+
 template <int D, int NW>
 static __device__ __forceinline__ void bwd_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g,
                                                      int64_t st, int t0, int rows, int T, int tid) {
@@ -109,12 +120,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
-    int a0 = k0, z0 = T;
-    while (a0 < z0) {
-        int m = (a0 + z0) >> 1;
-        if (lo[m] > klast) z0 = m; else a0 = m + 1;
-    }
-    const int q_end = a0;
+    const int q_end = attn_bwd_q_end(lo, k0, klast, T);
     const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
     const int steps = nqb * p.group;
 
@@ -348,19 +354,6 @@ static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
-template <int R, int D, int NT>
-static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
-                                                    int t0, int T, int tid) {
-    constexpr int CH = D / 8;
-    static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
-#pragma unroll
-    for (int it = 0; it < R * CH / NT; it++) {
-        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
-        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
-        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
-    }
-}
-
 template <int D, bool NODQ, int NWG, bool DEFER>
 static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
     /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
@@ -389,23 +382,18 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
-    int a0 = k0, z0 = T;
-    while (a0 < z0) {
-        int m = (a0 + z0) >> 1;
-        if (lo[m] > klast) z0 = m; else a0 = m + 1;
-    }
-    const int q_end = a0;
+    const int q_end = attn_bwd_q_end(lo, k0, klast, T);
     const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
     const int steps = nqb * heads;
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
-    wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-        wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+        lt_wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+        lt_wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
         if (tid < BM) {
             const int t = min(q0 + tid, T - 1);
             const int64_t r = ((int64_t)b * p.H + h) * T + t;
@@ -495,6 +483,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             lt_wgmma_pin(s);
             lt_wgmma_pin(dp);
             lt_wgmma_fence();
+            /* Descriptors rebuilt per k-step here, not lt_wgmma_kmajor's offsets: with the helper,
+             * ptxas spilled 72 bytes in the deferred-dQ instance (16 this way). */
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
                 lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
@@ -718,10 +708,10 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-    wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
-    wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
-    wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -774,8 +764,8 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_fence_proxy_async();
         __syncthreads();
         if (kb < kb_end) {
-            wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-            wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
             lt_cp_async_commit();
         }
         const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
@@ -785,15 +775,9 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_wgmma_pin(s);
         lt_wgmma_pin(dp);
         lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, dK);
         lt_wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc_at(dO, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc_at(dV, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_kmajor<KS, BM, BN>(dp, dO, dV);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
         lt_wgmma_pin(s);
@@ -821,20 +805,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
             da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
             da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
         }
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) lt_wgmma_pin_u(da[kk]);
-        lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(dq[n], da[kk], lt_wgmma_desc_at(dK, n * (BN * 128) + kk * 2048), 1);
-        lt_wgmma_commit();
-        lt_wgmma_wait<0>();
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dK);
     }
 
     __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;

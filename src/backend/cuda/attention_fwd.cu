@@ -481,18 +481,6 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
  * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
  * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
  * other's MMAs. D = 64 or 128. */
-template <int R, int D, int NT>
-static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
-                                                   int t0, int T, int tid) {
-    constexpr int CH = D / 8;
-#pragma unroll
-    for (int it = 0; it < R * CH / NT; it++) {
-        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
-        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
-        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
-    }
-}
-
 template <int D, int NB>
 static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
@@ -515,9 +503,9 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
     const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    fwd_wg_load<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
-    fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
-    fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -548,45 +536,29 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
              * last one. */
             if (kb > kb_begin) {
                 __syncthreads();
-                fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
-                fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
                 lt_cp_async_commit();
             }
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
             __syncthreads();
-            const uint32_t aK = lt_smem_addr(sK);
-            const uint64_t dK = lt_wgmma_desc(aK);
-            lt_wgmma_pin(s);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
-            lt_wgmma_wait<0>();
-            lt_wgmma_pin(s);
         } else {
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
             __syncthreads();
             if (kb < kb_end) {
-                fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
                 lt_cp_async_commit();
             }
-            const uint32_t aK = lt_smem_addr(sK + buf * TILE);
-            const uint64_t dK = lt_wgmma_desc(aK);
-            lt_wgmma_pin(s);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
-            lt_wgmma_wait<0>();
-            lt_wgmma_pin(s);
         }
+        lt_wgmma_pin(s);
+        lt_wgmma_fence();
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, lt_wgmma_desc(lt_smem_addr(sK + buf * TILE)));
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -635,20 +607,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
             pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
             pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
         }
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) lt_wgmma_pin_u(pa[kk]);
-        lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV, n * (BN * 128) + kk * 2048), 1);
-        lt_wgmma_commit();
-        lt_wgmma_wait<0>();
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(o, pa, dV);
     }
 
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
