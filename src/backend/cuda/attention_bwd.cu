@@ -354,23 +354,19 @@ static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
-template <int D, bool NODQ, int NWG, bool DEFER>
+template <int D, bool NODQ, int NWG>
 static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
     /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
-     * of K in one warpgroup. DEFER: dQ of step i is issued at the top of step i + 1, together with
-     * that step's S and dP, so that its atomics overlap their MMAs and one barrier per step goes
-     * (dSᵀ double-buffered). */
+     * of K in one warpgroup. */
     static_assert(NWG == 2 || NODQ, "one warpgroup per CTA only without dQ");
-    static_assert(!(NODQ && DEFER), "DEFER moves the dQ part");
 #if LT_WGMMA_OK
     constexpr int BN = 64 * NWG, BM = 64, KS = D / 16, NH = D / 64, NT = 128 * NWG;
-    constexpr uint32_t DS_BYTES = BN * BM * 2;
     constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
     unsigned char *sK = smem, *sV = sK + TILE_K, *sQ = sV + TILE_K, *sO = sQ + 2 * TILE_Q;
     unsigned char *sDS = sO + 2 * TILE_Q; /* dSᵀ: BN keys x BM queries */
-    float *sL = (float *)(sDS + (DEFER ? 2 : 1) * DS_BYTES);
+    float *sL = (float *)(sDS + BN * BM * 2);
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
 
@@ -416,49 +412,6 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
     const int kw0 = k0 + 64 * wg;                          /* this warpgroup's first key */
     const int krow = 64 * wg + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
 
-    /* dQ = dS·K over the CTA's 128 keys from the dSᵀ tile at aDSb. D = 128: warpgroup g computes
-     * columns 64g..64g+63; D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
-    auto dq_issue = [&](float *acc, uint32_t aDSb) {
-        lt_wgmma_pin(acc);
-        lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDSb + kk * 2048),
-                              lt_wgmma_desc(aK + (D == 128 ? wg * (BN * 128) : 0) + kk * 2048), kk > 0);
-        lt_wgmma_commit();
-    };
-    auto dq_add = [&](float *acc, int hq, int q0q) {
-        const int r0 = q0q + 16 * warp + (lane >> 2), r1 = r0 + 8;
-        const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
-        float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + hq) * D + c;
-        float *g1 = g0 + (int64_t)8 * p.H * D;
-        if (p.dq_vec4) {
-            /* Lanes 2i and 2i+1 swap halves so that each holds four consecutive columns of one
-             * row (the even lane row r0, the odd lane row r1): one 16-byte reduction in place of
-             * two 8-byte ones. */
-            const int odd = lane & 1;
-            float *g = odd ? g1 - 2 : g0;
-            const bool live = odd ? r1 < T : r0 < T;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float x = __shfl_xor_sync(0xffffffffu, odd ? acc[4 * j] : acc[4 * j + 2], 1);
-                const float y = __shfl_xor_sync(0xffffffffu, odd ? acc[4 * j + 1] : acc[4 * j + 3], 1);
-                if (live) {
-                    if (odd) lt_red_add_v4(g + 8 * j, x, y, acc[4 * j + 2], acc[4 * j + 3]);
-                    else lt_red_add_v4(g + 8 * j, acc[4 * j], acc[4 * j + 1], x, y);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
-                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
-            }
-        }
-    };
-    int pq_h = 0, pq_q0 = 0;
-    bool pq_live = false; /* DEFER: the previous step's dQ is still to be done */
-
     for (int step = 0; step < steps; step++) {
         const int buf = step & 1;
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
@@ -472,19 +425,14 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
         const uint32_t aQ = lt_smem_addr(sQ + buf * TILE_Q), aO = lt_smem_addr(sO + buf * TILE_Q);
         const float *cL = sL + buf * BM, *cD = sD + buf * BM;
         const int *cLo = sLo + buf * BM;
-        unsigned char *cDS = sDS + (DEFER ? buf * DS_BYTES : 0);
         /* Warpgroup-uniform skip of key blocks no query of the step can see. */
         const bool skip = kw0 > q0 + BM - 1 || kw0 + 63 < cLo[0];
         uint32_t pa[4][4], da[4][4];
-        float dq_acc[32];
-        if (DEFER && pq_live) dq_issue(dq_acc, aDS + (buf ^ 1) * DS_BYTES);
         if (!skip) {
             float s[32], dp[32];
             lt_wgmma_pin(s);
             lt_wgmma_pin(dp);
             lt_wgmma_fence();
-            /* Descriptors rebuilt per k-step here, not lt_wgmma_kmajor's offsets: with the helper,
-             * ptxas spilled 72 bytes in the deferred-dQ instance (16 this way). */
 #pragma unroll
             for (int kk = 0; kk < KS; kk++)
                 lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
@@ -495,11 +443,6 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
                 lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + wg * 8192 + (kk & 3) * 32),
                                   lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
-            if (DEFER && pq_live) {
-                lt_wgmma_wait<2>();
-                lt_wgmma_pin(dq_acc);
-                dq_add(dq_acc, pq_h, pq_q0);
-            }
             /* P from S while dPᵀ is still being computed (softcap needs both at once: wait). */
             const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
             if (cap > 0.0f) {
@@ -558,8 +501,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
                 const int qc = 8 * j + 2 * (lane & 3);
                 da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
                 da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-                *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
-                *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
+                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
+                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
             }
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
 #pragma unroll
@@ -584,53 +527,47 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
                 for (int n = 0; n < NH; n++)
                     lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
-        } else {
-            if (DEFER && pq_live) {
-                lt_wgmma_wait<0>();
-                lt_wgmma_pin(dq_acc);
-                dq_add(dq_acc, pq_h, pq_q0);
-            }
-            if (!NODQ)
+        } else if (!NODQ) {
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int qc = 8 * j + 2 * (lane & 3);
-                    *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = 0u;
-                    *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
-                }
-        }
-        const bool dq_live = !(k0 > q0 + BM - 1 || klast < cLo[0]) && !(D == 64 && wg == 1) && !NODQ;
-        if (DEFER) {
-            /* dV/dK done before the next step's loads overwrite this step's Q and dO tiles. */
-            lt_wgmma_wait<0>();
-            pq_live = dq_live;
-            pq_h = h;
-            pq_q0 = q0;
-            continue;
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                *(uint32_t *)(sDS + lt_sw128_offset(krow, qc, BN)) = 0u;
+                *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
+            }
         }
         /* dSᵀ complete for dQ. Without dQ here the barrier is kept too: dropping it let the
          * compiler stretch register lifetimes across steps and spill (ptxas, 88 bytes). */
         lt_fence_proxy_async();
         __syncthreads();
-        if (dq_live) {
+
+        /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
+         * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
+        const bool dq_skip =
+            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
+        if (!dq_skip) {
             float acc[32];
-            dq_issue(acc, aDS);
+            lt_wgmma_pin(acc);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
+                                  lt_wgmma_desc(aK + (D == 128 ? wg * (BN * 128) : 0) + kk * 2048), kk > 0);
+            lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
-            dq_add(acc, h, q0);
+            /* 8-byte vector atomics: 16-byte red.global.add.v4.f32 after a lane-pair exchange
+             * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/NOTES.md, v8). */
+            const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
+            const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
+            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
+            float *g1 = g0 + (int64_t)8 * p.H * D;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
+                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
+            }
         } else {
             lt_wgmma_wait<0>();
-        }
-    }
-    if (DEFER) {
-        /* The last step's dQ. */
-        lt_fence_proxy_async();
-        __syncthreads();
-        if (pq_live) {
-            float acc[32];
-            dq_issue(acc, aDS + ((steps - 1) & 1) * DS_BYTES);
-            lt_wgmma_wait<0>();
-            lt_wgmma_pin(acc);
-            dq_add(acc, pq_h, pq_q0);
         }
     }
     lt_wgmma_wait<0>();
@@ -839,17 +776,16 @@ template <int D, bool DELTA> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, co
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
-template <int D, bool NODQ, int NWG, bool DEFER>
+template <int D, bool NODQ, int NWG>
 static lt_status attn_bwd_wg_main_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     constexpr int BN = 64 * NWG, BM = 64;
-    const size_t smem =
-        (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)(DEFER ? 2 : 1) * BN * BM * 2 + 6 * BM * 4 + 1024;
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, NODQ, NWG, DEFER>,
+                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, NODQ, NWG>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_wg_kernel<D, NODQ, NWG, DEFER><<<grid, 128 * NWG, smem>>>(d);
+    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
 }
 
@@ -864,10 +800,9 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, co
         attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     }
-    const lt_status st = d.no_dq       ? (pl.bn == 64 ? attn_bwd_wg_main_launch<D, true, 1, false>(ctx, d, B)
-                                                     : attn_bwd_wg_main_launch<D, true, 2, false>(ctx, d, B))
-                         : pl.defer ? attn_bwd_wg_main_launch<D, false, 2, true>(ctx, d, B)
-                                    : attn_bwd_wg_main_launch<D, false, 2, false>(ctx, d, B);
+    const lt_status st = !d.no_dq      ? attn_bwd_wg_main_launch<D, false, 2>(ctx, d, B)
+                         : pl.bn == 64 ? attn_bwd_wg_main_launch<D, true, 1>(ctx, d, B)
+                                       : attn_bwd_wg_main_launch<D, true, 2>(ctx, d, B);
     LT_TRY(st);
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
@@ -922,8 +857,6 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         w += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
         d.nsplit = 1;
         d.no_dq = pl.dq_sep;
-        const char *red = getenv("LONGTUNE_ATTN_DQ_RED"); /* v2 | v4 (default), for measurements */
-        d.dq_vec4 = !(red && !strcmp(red, "v2"));
         if (!pl.dq_sep) {
             d.dq_acc = (float *)w;
             w += lt_cuda_align(acc_bytes);

@@ -31,7 +31,6 @@ struct lt_attn_dev {
     float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
     int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
     int no_dq;              /* backward main kernel: dQ comes from attn_bwd_dq_kernel instead */
-    int dq_vec4;            /* backward main kernel: dQ sums by 16-byte reductions (else 8-byte atomics) */
     const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
     int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
     int T, H, Hkv, group;
@@ -52,10 +51,8 @@ int lt_attn_cuda_sparse(const lt_attention_params *p);
 /* bn: keys per CTA of the wgmma main kernel, 128 (two warpgroups) or 64 (one warpgroup, two
  * CTAs per SM; with dq_sep, where the main kernel has no dQ). delta_dq: with dq_sep, the dQ kernel
  * computes delta = rowsum(dO·O) for its rows and runs before the main kernel (no delta pass). */
-/* defer: the main kernel with dQ issues each step's dQ with the next step's S and dP (one
- * barrier per step; dev/cuda/NOTES.md, v8). */
 typedef struct lt_attn_bwd_plan {
-    int wg, split, dq_sep, bn, delta_dq, defer;
+    int wg, split, dq_sep, bn, delta_dq;
 } lt_attn_bwd_plan;
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p);
 

@@ -82,7 +82,7 @@ int lt_attn_cuda_sparse(const lt_attention_params *p) {
 }
 
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
-    lt_attn_bwd_plan pl = {0, 1, 0, 128, 0, 0};
+    lt_attn_bwd_plan pl = {0, 1, 0, 128, 0};
     const char *v = getenv("LONGTUNE_ATTN_BWD");
     pl.wg = 1;
     if (v && !strcmp(v, "mma")) pl.wg = 0;
@@ -102,8 +102,6 @@ lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
     pl.bn = pl.dq_sep && !(bn && !strcmp(bn, "128")) ? 64 : 128;
     const char *dl = getenv("LONGTUNE_ATTN_DELTA");
     pl.delta_dq = pl.dq_sep && !(dl && !strcmp(dl, "sep"));
-    const char *df = getenv("LONGTUNE_ATTN_BWD_DEFER");
-    pl.defer = !pl.dq_sep && df && !strcmp(df, "1");
     const int64_t group = p->H / p->Hkv;
     const int64_t ctas = p->B * p->Hkv * ((p->T + pl.bn - 1) / pl.bn);
     const int64_t per_sm = pl.bn == 64 ? 2 : 1;

@@ -45,16 +45,6 @@ static __device__ __forceinline__ uint64_t lt_wgmma_desc_at(uint64_t base, uint3
     return base + (bytes >> 4);
 }
 
-/* p[0..3] += (a, b, c, d) in global memory, one 16-byte reduction (sm_90; p 16-byte aligned). */
-static __device__ __forceinline__ void lt_red_add_v4(float *p, float a, float b, float c, float d) {
-#if LT_WGMMA_OK
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    (void)p; (void)a; (void)b; (void)c; (void)d;
-#endif
-}
-
 static __device__ __forceinline__ void lt_wgmma_fence(void) {
 #if LT_WGMMA_OK
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
