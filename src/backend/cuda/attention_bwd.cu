@@ -1,11 +1,12 @@
 /* Flash attention backward on NVIDIA GPUs. On compute capability 9.0 (H100/H200), D = 64 or 128:
  * warpgroup-MMA kernels (wgmma, sm_90a) — delta = rowsum(dO·O); the main kernel, where one CTA owns
- * 128 keys of one kv head and walks every query head of its group (or a share of them, when the
- * row is short) and every 64-query tile that sees those keys, with dK and dV in registers; and dQ
- * either by fp32 vector atomics into a buffer converted afterwards (long causal rows) or by its own
- * kernel that recomputes S and dP per query tile and writes dQ once (rows whose queries see few
- * keys). Elsewhere (D = 96, other GPUs): the FlashAttention-2 mma.sync kernel with fp32 dQ atomics.
- * Every buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
+ * 128 keys (64 for rows whose queries see few keys) of one kv head and walks every query head of
+ * its group (or a share of them, when the row is short) and every 64-query tile that sees those
+ * keys, with dK and dV in registers; and dQ either by fp32 vector atomics into a buffer converted
+ * afterwards (long causal rows) or by its own kernel that recomputes S and dP per query tile,
+ * forms delta on the way and writes dQ once (packed rows, small windows). Elsewhere (D = 96, other
+ * GPUs): the FlashAttention-2 mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized
+ * by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/wgmma.cuh"
