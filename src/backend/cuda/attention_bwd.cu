@@ -17,6 +17,18 @@
 
 #define LOG2E_F 1.4426950408889634f
 
+/* acc + Σ a[i]·b[i] over 8 bf16 elements read as one 16-byte load each (16-byte aligned). */
+static __device__ __forceinline__ float attn_dot8(float acc, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
+    const uint4 u = *(const uint4 *)a, v = *(const uint4 *)b;
+    const __nv_bfloat162 *u2 = (const __nv_bfloat162 *)&u, *v2 = (const __nv_bfloat162 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 x = __bfloat1622float2(u2[k]), y = __bfloat1622float2(v2[k]);
+        acc += x.x * y.x + x.y * y.y;
+    }
+    return acc;
+}
+
 /* delta[b,h,t] = Σ_d dO·O: 16 lanes per (b, t, h) row, 16-byte loads (a memory-bound pass over
  * out and dout; dq_acc is zeroed by cudaMemsetAsync, not here). */
 template <int D> static __global__ void attn_bwd_delta(lt_attn_dev p, int B) {
@@ -32,13 +44,7 @@ template <int D> static __global__ void attn_bwd_delta(lt_attn_dev p, int B) {
 #pragma unroll
     for (int d = sub * 8; d < D; d += 128) {
         if (!live) break;
-        const uint4 a = *(const uint4 *)(o + d), c = *(const uint4 *)(g + d);
-        const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *c2 = (const __nv_bfloat162 *)&c;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(c2[k]);
-            acc += x.x * y.x + x.y * y.y;
-        }
+        acc = attn_dot8(acc, o + d, g + d);
     }
 #pragma unroll
     for (int s = 8; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
@@ -668,15 +674,8 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
             const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
             float acc = 0.0f;
 #pragma unroll
-            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8) {
-                const uint4 a = *(const uint4 *)(o + c), e = *(const uint4 *)(g + c);
-                const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *e2 = (const __nv_bfloat162 *)&e;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(e2[k]);
-                    acc += x.x * y.x + x.y * y.y;
-                }
-            }
+            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8)
+                acc = attn_dot8(acc, o + c, g + c);
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
             Dl[hr] = acc;
