@@ -333,6 +333,13 @@ static void packed_gqa_d128(void **s) {
     acase c = {2, 300, 8, 2, 128, 0, 0, 1, 0, 1};
     run_case(&c);
 }
+/* D = 64 packed rows with softcap: the one-warpgroup dK/dV kernel and the dQ kernel that also
+ * forms delta (the sparse plan's D = 64 instances). */
+static void packed_softcap_d64(void **s) {
+    (void)s;
+    acase c = {2, 400, 4, 2, 64, 0, 10.0f, 1, 0, 0};
+    run_case(&c);
+}
 static void packed_window_fused_layout_d128(void **s) {
     (void)s;
     acase c = {1, 130, 2, 2, 128, 40, 0, 1, 1, 0};
@@ -372,6 +379,7 @@ int main(void) {
         cmocka_unit_test(causal_gqa_d64),
         cmocka_unit_test(window_softcap_d96),
         cmocka_unit_test(packed_gqa_d128),
+        cmocka_unit_test(packed_softcap_d64),
         cmocka_unit_test(packed_window_fused_layout_d128),
         cmocka_unit_test(window_softcap_d128),
         cmocka_unit_test(causal_long_d128),

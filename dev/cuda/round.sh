@@ -1,23 +1,21 @@
 #!/usr/bin/env bash
-# Fills the lead's device-round folder (/work/main/.dev-attn2 by default) from this worktree: the
-# test, kernel timer and wgmma probe built here, the SDPA peer script, and run.sh (dev/cuda/round_run.sh)
-# with the steps of this round. Usage: dev/cuda/round.sh [seconds]; then `touch $DEST/READY`.
+# Fills a lead-run device-round folder (/work/main/.dev-attn3 by default) from this worktree: the
+# GPU tests and the longtune binary built here (stripped, xz-packed: the folder stays < 10 MiB),
+# the SDPA and loss peer scripts, a run script from dev/cuda/ as run.sh and the helpers it sources
+# (dev/cuda/round_lib.sh). Usage:
+#   dev/cuda/round.sh dev/cuda/r1_run.sh 75     then   touch $DEST/READY
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DEST=${DEST:-/work/main/.dev-attn2}
+RUN=${1:?run script}
+DEST=${DEST:-/work/main/.dev-attn3}
 nice -n 5 make build JOBS=2 CMAKE_FLAGS=-DLT_WERROR=ON >/dev/null
-gcc -O2 -std=c11 -Iinclude dev/cuda/bench_kernels.c build/liblongtune.a -L/usr/local/cuda/lib64 \
-  -lcudart -lcublasLt -lcublas -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lpcre2-8 \
-  -lcjson -fopenmp -lm -lstdc++ -o build/bench_kernels
-nvcc -gencode arch=compute_90a,code=sm_90a -O3 -Iinclude -Isrc -DLT_HAVE_CUDA=1 \
-  dev/cuda/wgmma_probe.cu -o build/wgmma_probe 2>&1 | grep -v C7519 || true
-rm -rf "$DEST" && mkdir -p "$DEST/bin"
-cp build/test_cuda_attention build/bench_kernels build/wgmma_probe build/longtune "$DEST/bin/"
-strip "$DEST"/bin/* 2>/dev/null || true
-mkdir -p "$DEST/bench/peers"
-cp bench/peers/attention_sdpa.py "$DEST/bench/peers/"
-cp bench/peers/attention_sdpa.py "$DEST/"
-cp dev/cuda/round_run.sh "$DEST/run.sh"
+rm -rf "$DEST" && mkdir -p "$DEST/bin" "$DEST/bench/peers"
+cp build/test_cuda_attention build/test_cuda_lce build/longtune "$DEST/bin/"
+strip "$DEST"/bin/*
+tar cJf "$DEST/bin.tar.xz" -C "$DEST" bin && rm -rf "$DEST/bin"
+cp bench/peers/attention_sdpa.py bench/peers/lce_torch.py "$DEST/bench/peers/"
+cp "$RUN" "$DEST/run.sh"
+cp dev/cuda/round_lib.sh "$DEST/"
 c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"
-echo "${1:-150}" > "$DEST/seconds"
+echo "${2:-75}" > "$DEST/seconds"
 du -sh "$DEST"

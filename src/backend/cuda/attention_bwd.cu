@@ -1,11 +1,12 @@
 /* Flash attention backward on NVIDIA GPUs. On compute capability 9.0 (H100/H200), D = 64 or 128:
  * warpgroup-MMA kernels (wgmma, sm_90a) — delta = rowsum(dO·O); the main kernel, where one CTA owns
- * 128 keys of one kv head and walks every query head of its group (or a share of them, when the
- * row is short) and every 64-query tile that sees those keys, with dK and dV in registers; and dQ
- * either by fp32 vector atomics into a buffer converted afterwards (long causal rows) or by its own
- * kernel that recomputes S and dP per query tile and writes dQ once (rows whose queries see few
- * keys). Elsewhere (D = 96, other GPUs): the FlashAttention-2 mma.sync kernel with fp32 dQ atomics.
- * Every buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
+ * 128 keys (64 for rows whose queries see few keys) of one kv head and walks every query head of
+ * its group (or a share of them, when the row is short) and every 64-query tile that sees those
+ * keys, with dK and dV in registers; and dQ either by fp32 vector atomics into a buffer converted
+ * afterwards (long causal rows) or by its own kernel that recomputes S and dP per query tile,
+ * forms delta on the way and writes dQ once (packed rows, small windows). Elsewhere (D = 96, other
+ * GPUs): the FlashAttention-2 mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized
+ * by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -15,6 +16,18 @@
 #include <string.h>
 
 #define LOG2E_F 1.4426950408889634f
+
+/* acc + Σ a[i]·b[i] over 8 bf16 elements read as one 16-byte load each (16-byte aligned). */
+static __device__ __forceinline__ float attn_dot8(float acc, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
+    const uint4 u = *(const uint4 *)a, v = *(const uint4 *)b;
+    const __nv_bfloat162 *u2 = (const __nv_bfloat162 *)&u, *v2 = (const __nv_bfloat162 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 x = __bfloat1622float2(u2[k]), y = __bfloat1622float2(v2[k]);
+        acc += x.x * y.x + x.y * y.y;
+    }
+    return acc;
+}
 
 /* delta[b,h,t] = Σ_d dO·O: 16 lanes per (b, t, h) row, 16-byte loads (a memory-bound pass over
  * out and dout; dq_acc is zeroed by cudaMemsetAsync, not here). */
@@ -31,13 +44,7 @@ template <int D> static __global__ void attn_bwd_delta(lt_attn_dev p, int B) {
 #pragma unroll
     for (int d = sub * 8; d < D; d += 128) {
         if (!live) break;
-        const uint4 a = *(const uint4 *)(o + d), c = *(const uint4 *)(g + d);
-        const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *c2 = (const __nv_bfloat162 *)&c;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(c2[k]);
-            acc += x.x * y.x + x.y * y.y;
-        }
+        acc = attn_dot8(acc, o + d, g + d);
     }
 #pragma unroll
     for (int s = 8; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
@@ -68,6 +75,17 @@ template <int D> static __global__ void attn_bwd_convert_dkv(lt_attn_dev p, int 
     const int64_t o = b * p.kv_sb + (int64_t)t * p.kv_st + h * p.kv_sh + d;
     *(uint32_t *)(p.dk + o) = lt_pack_bf16(k.x * p.scale, k.y * p.scale);
     *(uint32_t *)(p.dv + o) = lt_pack_bf16(v.x, v.y);
+}
+
+/* One past the last query that sees any key of [k0, klast]: lo is non-decreasing, so a binary
+ * search for the first query whose lower key bound passes klast. */
+static __device__ __forceinline__ int attn_bwd_q_end(const int32_t *lo, int k0, int klast, int T) {
+    int a = k0, z = T;
+    while (a < z) {
+        const int m = (a + z) >> 1;
+        if (lo[m] > klast) z = m; else a = m + 1;
+    }
+    return a;
 }
 
 template <int D, int NW>
@@ -109,12 +127,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
-    int a0 = k0, z0 = T;
-    while (a0 < z0) {
-        int m = (a0 + z0) >> 1;
-        if (lo[m] > klast) z0 = m; else a0 = m + 1;
-    }
-    const int q_end = a0;
+    const int q_end = attn_bwd_q_end(lo, k0, klast, T);
     const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
     const int steps = nqb * p.group;
 
@@ -348,23 +361,13 @@ static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
-template <int R, int D, int NT>
-static __device__ __forceinline__ void wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
-                                                    int t0, int T, int tid) {
-    constexpr int CH = D / 8;
-    static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
-#pragma unroll
-    for (int it = 0; it < R * CH / NT; it++) {
-        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
-        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
-        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
-    }
-}
-
-template <int D, bool NODQ>
-static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+template <int D, bool NODQ, int NWG>
+static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+    /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
+     * of K in one warpgroup. */
+    static_assert(NWG == 2 || NODQ, "one warpgroup per CTA only without dQ");
 #if LT_WGMMA_OK
-    constexpr int BN = 128, BM = 64, KS = D / 16, NH = D / 64;
+    constexpr int BN = 64 * NWG, BM = 64, KS = D / 16, NH = D / 64, NT = 128 * NWG;
     constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
@@ -382,23 +385,18 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int k0 = kb * BN, klast = min(k0 + BN, T) - 1;
     const int32_t *lo = p.lo + (int64_t)b * T;
-    int a0 = k0, z0 = T;
-    while (a0 < z0) {
-        int m = (a0 + z0) >> 1;
-        if (lo[m] > klast) z0 = m; else a0 = m + 1;
-    }
-    const int q_end = a0;
+    const int q_end = attn_bwd_q_end(lo, k0, klast, T);
     const int qb_begin = k0 / BM, nqb = (q_end - 1) / BM - qb_begin + 1;
     const int steps = nqb * heads;
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    wg_load_tile<BN, D, 256>(sK, gk, p.kv_st, k0, T, tid);
-    wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
         const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        wg_load_tile<BM, D, 256>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-        wg_load_tile<BM, D, 256>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+        lt_wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+        lt_wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
         if (tid < BM) {
             const int t = min(q0 + tid, T - 1);
             const int64_t r = ((int64_t)b * p.H + h) * T + t;
@@ -564,6 +562,8 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
             lt_wgmma_commit();
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
+            /* 8-byte vector atomics: 16-byte red.global.add.v4.f32 after a lane-pair exchange
+             * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/NOTES.md, v8). */
             const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
@@ -633,7 +633,7 @@ static __global__ void __launch_bounds__(256, 1) attn_bwd_wg_kernel(lt_attn_dev 
  * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
  * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
  * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
-template <int D>
+template <int D, bool DELTA>
 static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = 64, BN = 64, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -652,10 +652,10 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-    wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
-    wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
-    wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -667,7 +667,22 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         rlo[hr] = lo[t];
         const int64_t r = ((int64_t)b * p.H + h) * T + t;
         L2[hr] = p.lse[r] * LOG2E_F;
-        Dl[hr] = p.delta[r];
+        if (DELTA) {
+            /* delta = rowsum(dO·O) here, for the main kernel that runs next: the four lanes of
+             * an accumulator row each take a quarter of D (16-byte loads), then reduce. */
+            const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            float acc = 0.0f;
+#pragma unroll
+            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8)
+                acc = attn_dot8(acc, o + c, g + c);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            Dl[hr] = acc;
+            if ((lane & 3) == 0 && row[hr] < T) p.delta[r] = acc;
+        } else {
+            Dl[hr] = p.delta[r];
+        }
     }
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LOG2E_F;
@@ -686,8 +701,8 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_fence_proxy_async();
         __syncthreads();
         if (kb < kb_end) {
-            wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-            wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
             lt_cp_async_commit();
         }
         const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
@@ -697,15 +712,9 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_wgmma_pin(s);
         lt_wgmma_pin(dp);
         lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, dK);
         lt_wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc_at(dO, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                              lt_wgmma_desc_at(dV, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_kmajor<KS, BM, BN>(dp, dO, dV);
         lt_wgmma_commit();
         lt_wgmma_wait<0>();
         lt_wgmma_pin(s);
@@ -733,20 +742,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
             da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
             da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
         }
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) lt_wgmma_pin_u(da[kk]);
-        lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(dq[n], da[kk], lt_wgmma_desc_at(dK, n * (BN * 128) + kk * 2048), 1);
-        lt_wgmma_commit();
-        lt_wgmma_wait<0>();
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(dq[n]);
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dK);
     }
 
     __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;
@@ -769,36 +765,51 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 }
 
 /* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
-template <int D> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool DELTA> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem),
+                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D, DELTA>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_bwd_dq_kernel<D><<<grid, 128, smem>>>(d);
+    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
-template <int D>
-static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    constexpr int BN = 128, BM = 64;
+template <int D, bool NODQ, int NWG>
+static lt_status attn_bwd_wg_main_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    constexpr int BN = 64 * NWG, BM = 64;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
-    const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
-    auto kernel = d.no_dq ? attn_bwd_wg_kernel<D, true> : attn_bwd_wg_kernel<D, false>;
-    LT_TRY(lt_cuda_check(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, NODQ, NWG>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    kernel<<<grid, 256, smem>>>(d);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
+    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem>>>(d);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
+}
+
+/* The wgmma backward: delta (its own pass, or inside the dQ kernel when that runs first), the main
+ * kernel (64 or 128 keys per CTA), then the conversions of whatever went through fp32 sums. */
+template <int D>
+static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, const lt_attn_bwd_plan &pl) {
+    const int64_t rows = (int64_t)B * d.T * d.H;
+    if (d.no_dq && pl.delta_dq) {
+        LT_TRY((attn_bwd_dq_launch<D, true>(ctx, d, B)));
+    } else {
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
+        LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
+    }
+    const lt_status st = !d.no_dq      ? attn_bwd_wg_main_launch<D, false, 2>(ctx, d, B)
+                         : pl.bn == 64 ? attn_bwd_wg_main_launch<D, true, 1>(ctx, d, B)
+                                       : attn_bwd_wg_main_launch<D, true, 2>(ctx, d, B);
+    LT_TRY(st);
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
         attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
     }
-    if (d.no_dq) return attn_bwd_dq_launch<D>(ctx, d, B);
+    if (d.no_dq) return pl.delta_dq ? LT_OK : attn_bwd_dq_launch<D, false>(ctx, d, B);
     const int64_t n2 = rows * D / 2;
     attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
@@ -861,11 +872,11 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B) : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B, pl) : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default:
-            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B) : attn_bwd_launch<128>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B, pl) : attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
         }
     }

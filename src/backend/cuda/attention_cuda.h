@@ -48,8 +48,11 @@ struct lt_attn_dev {
  * window of at most 512 keys. Both directions pick kernels for many small tiles then. */
 int lt_attn_cuda_sparse(const lt_attention_params *p);
 
+/* bn: keys per CTA of the wgmma main kernel, 128 (two warpgroups) or 64 (one warpgroup, two
+ * CTAs per SM; with dq_sep, where the main kernel has no dQ). delta_dq: with dq_sep, the dQ kernel
+ * computes delta = rowsum(dO·O) for its rows and runs before the main kernel (no delta pass). */
 typedef struct lt_attn_bwd_plan {
-    int wg, split, dq_sep;
+    int wg, split, dq_sep, bn, delta_dq;
 } lt_attn_bwd_plan;
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p);
 

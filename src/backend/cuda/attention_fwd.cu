@@ -21,14 +21,17 @@
 /* ---------------------------------------------------------------------------------------------
  * Key bounds: lo[b*T + t] = first key token t may attend to (start of its packed sequence, raised
  * by the sliding window). Non-decreasing in t within a row, which is what tile skipping uses. */
-static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B, int64_t window,
-                                     int32_t *lo) {
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)B * T) return;
-    int b = (int)(idx / T), t = (int)(idx % T);
+/* Sequence offsets passed by value (a kernel parameter, so no host-to-device copy precedes the
+ * launch): packed rows of up to LT_ATTN_OFFS_INLINE - 1 sequences in all, which covers training
+ * batches of short sequences, where the copy's latency is a visible share of the call. */
+#define LT_ATTN_OFFS_INLINE 960
+struct lt_attn_offs_inline {
+    int32_t o[LT_ATTN_OFFS_INLINE];
+};
+
+static __device__ __forceinline__ int32_t attn_lo_of(const int32_t *o, int64_t S, int t, int64_t window) {
     int64_t start = 0;
-    if (off) {
-        const int32_t *o = off + (int64_t)b * (S + 1);
+    if (o) {
         int64_t a = 0, z = S; /* largest s in [0, S) with o[s] <= t */
         while (a < z) {
             int64_t m = (a + z + 1) / 2;
@@ -38,7 +41,23 @@ static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B
         start = o[a];
     }
     if (window > 0 && (int64_t)t - window + 1 > start) start = (int64_t)t - window + 1;
-    lo[idx] = (int32_t)start;
+    return (int32_t)start;
+}
+
+static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B, int64_t window,
+                                     int32_t *lo) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)B * T) return;
+    const int b = (int)(idx / T), t = (int)(idx % T);
+    lo[idx] = attn_lo_of(off ? off + (int64_t)b * (S + 1) : NULL, S, t, window);
+}
+
+static __global__ void attn_build_lo_inline(lt_attn_offs_inline off, int64_t S, int T, int B,
+                                            int64_t window, int32_t *lo) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)B * T) return;
+    const int b = (int)(idx / T), t = (int)(idx % T);
+    lo[idx] = attn_lo_of(off.o + (int64_t)b * (S + 1), S, t, window);
 }
 
 static size_t offsets_bytes(const lt_attention_params *p) {
@@ -63,23 +82,13 @@ int lt_attn_cuda_sparse(const lt_attention_params *p) {
 }
 
 lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
-    lt_attn_bwd_plan pl = {0, 1, 0};
+    lt_attn_bwd_plan pl = {0, 1, 0, 128, 0};
     const char *v = getenv("LONGTUNE_ATTN_BWD");
     pl.wg = 1;
     if (v && !strcmp(v, "mma")) pl.wg = 0;
     /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y (<= 65535). */
-    if ((p->D != 64 && p->D != 128) || !attn_have_wgmma() || (p->T + 127) / 128 > 65535) pl.wg = 0;
+    if ((p->D != 64 && p->D != 128) || !attn_have_wgmma() || (p->T + 63) / 64 > 65535) pl.wg = 0;
     if (!pl.wg) return pl;
-    const int64_t group = p->H / p->Hkv;
-    const int64_t ctas = p->B * p->Hkv * ((p->T + 127) / 128);
-    /* Fewer CTAs than two per SM of an H200 (132): the first key blocks of a causal row carry
-     * most of the work, so one wave of them leaves SMs idle. */
-    while (pl.split < 4 && group % (2 * pl.split) == 0 && ctas * pl.split < 264) pl.split *= 2;
-    const char *e = getenv("LONGTUNE_ATTN_SPLIT");
-    if (e) {
-        int n = atoi(e);
-        if (n >= 1 && n <= group && group % n == 0) pl.split = n;
-    }
     /* Short visible ranges: sequences of at most 1024 tokens on average, or a window of at most
      * 512 keys. Recomputing S and dP for dQ then costs less than the fp32 dQ buffer's memset,
      * atomics and conversion (dev/cuda/NOTES.md). */
@@ -87,6 +96,23 @@ lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
     const char *q = getenv("LONGTUNE_ATTN_DQ");
     if (q && !strcmp(q, "atomic")) pl.dq_sep = 0;
     if (q && !strcmp(q, "sep")) pl.dq_sep = 1;
+    /* Without dQ in the main kernel, 64 keys per CTA: a 64-key block sees fewer query tiles of a
+     * short sequence than a 128-key one, and two CTAs share an SM (dev/cuda/NOTES.md, v8). */
+    const char *bn = getenv("LONGTUNE_ATTN_BWD_BN");
+    pl.bn = pl.dq_sep && !(bn && !strcmp(bn, "128")) ? 64 : 128;
+    const char *dl = getenv("LONGTUNE_ATTN_DELTA");
+    pl.delta_dq = pl.dq_sep && !(dl && !strcmp(dl, "sep"));
+    const int64_t group = p->H / p->Hkv;
+    const int64_t ctas = p->B * p->Hkv * ((p->T + pl.bn - 1) / pl.bn);
+    const int64_t per_sm = pl.bn == 64 ? 2 : 1;
+    /* Fewer CTAs than two waves of the H200's 132 SMs: the first key blocks of a causal row carry
+     * most of the work, so one wave of them leaves SMs idle. */
+    while (pl.split < 4 && group % (2 * pl.split) == 0 && ctas * pl.split < 264 * per_sm) pl.split *= 2;
+    const char *e = getenv("LONGTUNE_ATTN_SPLIT");
+    if (e) {
+        int n = atoi(e);
+        if (n >= 1 && n <= group && group % n == 0) pl.split = n;
+    }
     return pl;
 }
 
@@ -172,15 +198,27 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
     int32_t *lo = (int32_t *)(ws + off);
     off += lt_cuda_align((size_t)p->B * (size_t)T * 4);
     const int32_t *dev_off = NULL;
+    int64_t n = p->B * T;
+    const unsigned nb_lo = (unsigned)((n + 255) / 256);
+    int inl = 0;
     if (p->seq_offsets) {
-        /* Offsets may live on the host (the boundary validated them there) or on the device. */
+        /* Offsets may live on the host (the boundary validated them there) or on the device. A
+         * short host array travels as a kernel parameter; a longer one is copied first.
+         * LONGTUNE_ATTN_OFFS=copy forces the copy (for measurements). */
         cudaPointerAttributes attr;
         cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
         if (e != cudaSuccess) (void)cudaGetLastError();
         size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
+        const char *force = getenv("LONGTUNE_ATTN_OFFS");
+        const int copy = force && !strcmp(force, "copy");
         if (e == cudaSuccess &&
             (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
             dev_off = p->seq_offsets;
+        } else if (!copy && nb <= sizeof(lt_attn_offs_inline)) {
+            lt_attn_offs_inline in;
+            memcpy(in.o, p->seq_offsets, nb);
+            attn_build_lo_inline<<<nb_lo, 256>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
+            inl = 1;
         } else {
             int32_t *dst = (int32_t *)(ws + off);
             LT_TRY(lt_cuda_check(ctx, cudaMemcpy(dst, p->seq_offsets, nb, cudaMemcpyHostToDevice),
@@ -189,9 +227,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
         }
         off += offsets_bytes(p);
     }
-    int64_t n = p->B * T;
-    attn_build_lo<<<(unsigned)((n + 255) / 256), 256>>>(dev_off, p->S, (int)T, (int)p->B,
-                                                       p->window, lo);
+    if (!inl) attn_build_lo<<<nb_lo, 256>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel"));
     d->lo = lo;
     *used = off;
@@ -443,18 +479,6 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
  * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
  * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
  * other's MMAs. D = 64 or 128. */
-template <int R, int D, int NT>
-static __device__ __forceinline__ void fwd_wg_load(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
-                                                   int t0, int T, int tid) {
-    constexpr int CH = D / 8;
-#pragma unroll
-    for (int it = 0; it < R * CH / NT; it++) {
-        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
-        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
-        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
-    }
-}
-
 template <int D, int NB>
 static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
@@ -477,9 +501,9 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
     const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    fwd_wg_load<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
-    fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
-    fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -510,45 +534,29 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
              * last one. */
             if (kb > kb_begin) {
                 __syncthreads();
-                fwd_wg_load<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
-                fwd_wg_load<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
                 lt_cp_async_commit();
             }
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
             __syncthreads();
-            const uint32_t aK = lt_smem_addr(sK);
-            const uint64_t dK = lt_wgmma_desc(aK);
-            lt_wgmma_pin(s);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
-            lt_wgmma_wait<0>();
-            lt_wgmma_pin(s);
         } else {
             lt_cp_async_wait<0>();
             lt_fence_proxy_async();
             __syncthreads();
             if (kb < kb_end) {
-                fwd_wg_load<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-                fwd_wg_load<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
                 lt_cp_async_commit();
             }
-            const uint32_t aK = lt_smem_addr(sK + buf * TILE);
-            const uint64_t dK = lt_wgmma_desc(aK);
-            lt_wgmma_pin(s);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                                  lt_wgmma_desc_at(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
-            lt_wgmma_wait<0>();
-            lt_wgmma_pin(s);
         }
+        lt_wgmma_pin(s);
+        lt_wgmma_fence();
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, lt_wgmma_desc(lt_smem_addr(sK + buf * TILE)));
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -597,20 +605,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
             pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
             pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
         }
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) lt_wgmma_pin_u(pa[kk]);
-        lt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < NH; n++)
-                lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV, n * (BN * 128) + kk * 2048), 1);
-        lt_wgmma_commit();
-        lt_wgmma_wait<0>();
-#pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_pin(o[n]);
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(o, pa, dV);
     }
 
     __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;

@@ -49,6 +49,30 @@ typedef struct lce_plan {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* Workspace offsets of a plan whose Nc, Vc and zb are set: `stats` fp32 arrays of N, a misc
+ * block, cuBLASLt's workspace, the fp32 (Nc, C) accumulator (acc bytes), the column sums of W
+ * (label smoothing), the dequantized weight tile, the logit tile. */
+static void lce_plan_layout(lce_plan *pl, int64_t N, int64_t C, int stats, size_t acc, int colsum,
+                            int quantized) {
+    pl->ldz = (pl->Vc + 7) / 8 * 8;
+    size_t off = 0;
+    pl->off_stats = off;
+    off += lt_cuda_align((size_t)N * (size_t)stats * 4);
+    pl->off_misc = off;
+    off += 256;
+    pl->off_blas = off;
+    off += LCE_BLAS_WS;
+    pl->off_acc = off;
+    off += lt_cuda_align(acc);
+    pl->off_colsum = off;
+    off += colsum ? lt_cuda_align((size_t)C * 4) : 0;
+    pl->off_deq = off;
+    off += quantized ? lt_cuda_align((size_t)pl->Vc * (size_t)C * 2) : 0;
+    pl->off_z = off;
+    off += lt_cuda_align((size_t)pl->Nc * (size_t)pl->ldz * (size_t)pl->zb);
+    pl->total = off;
+}
+
 /* The one-pass forward_backward layout (see lt_lce_forward_backward in lce.h for when it is used). */
 static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
                                  int quantized) {
@@ -75,23 +99,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
     if (vc > V) vc = V;
     pl.Vc = vc;
-    pl.ldz = (vc + 7) / 8 * 8;
-    size_t off = 0;
-    pl.off_stats = off;
-    off += lt_cuda_align((size_t)N * 8 * 4);
-    pl.off_misc = off;
-    off += 256;
-    pl.off_blas = off;
-    off += LCE_BLAS_WS;
-    pl.off_acc = off;
-    off += lt_cuda_align((size_t)pl.Nc * (size_t)C * 4);
-    pl.off_colsum = off;
-    off += smooth ? lt_cuda_align((size_t)C * 4) : 0;
-    pl.off_deq = off;
-    off += quantized ? lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
-    pl.off_z = off;
-    off += lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * (size_t)pl.zb);
-    pl.total = off;
+    lce_plan_layout(&pl, N, C, 8, (size_t)pl.Nc * (size_t)C * 4, smooth, quantized);
     return pl;
 }
 
@@ -117,21 +125,8 @@ static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, i
     if (vc > LCE_VC_MAX) vc = LCE_VC_MAX;
     if (vc > V) vc = V;
     pl.Vc = vc;
-    pl.ldz = (vc + 7) / 8 * 8;
-    size_t off = 0;
-    pl.off_stats = off;
-    off += lt_cuda_align((size_t)N * 6 * 4);
-    pl.off_misc = off;
-    off += 256;
-    pl.off_blas = off;
-    off += LCE_BLAS_WS;
-    pl.off_acc = off;
-    off += lt_cuda_align(acc);
-    pl.off_deq = off;
-    off += quantized ? lt_cuda_align((size_t)pl.Vc * (size_t)C * 2) : 0;
-    pl.off_z = off;
-    off += lt_cuda_align((size_t)pl.Nc * (size_t)pl.ldz * 4);
-    pl.total = off;
+    pl.zb = 4;
+    lce_plan_layout(&pl, N, C, 6, acc, 0, quantized);
     return pl;
 }
 
@@ -514,27 +509,34 @@ static __device__ __forceinline__ float lce_block_max(float v, float *red) {
     return t;
 }
 
+static __device__ __forceinline__ float lce_f32(float x) { return x; }
+static __device__ __forceinline__ float lce_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* One block per token row of the chunk, vocabulary tile [v0, v0+vc): folds the (softcapped)
  * logits into the row statistics against the reference max m (set by the first tile, moved up
  * only past LCE_FB_MARGIN, which rescales s and the row's fp32 dh accumulator), then writes
- * E_j = exp(z_j - m)·cap'(z_j) as bf16 over the first half of the same row (ld 2·ldz bf16) for
- * the accumulator GEMM. The row is staged in shared memory before it is overwritten. */
+ * E_j = exp(z_j - m)·cap'(z_j) as bf16 for the accumulator GEMM. Over a bf16 logit tile (Tz =
+ * __nv_bfloat16) E_j overwrites z_j at the same index, each element read and written by one
+ * thread; over an fp32 tile (Tz = float) E goes over the first half of the same row (ld 2·ldz
+ * bf16), so the row is staged in shared memory (vc floats) before it is overwritten. */
+template <typename Tz>
 static __global__ void __launch_bounds__(LCE_THREADS)
-lce_fb_stats(float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
+lce_fb_stats(Tz *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
              float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    constexpr bool STAGE = sizeof(Tz) == 4;
     extern __shared__ float zrow[];
     __shared__ float red[LCE_THREADS / 32];
     __shared__ float s_zt, s_m, s_f;
     __shared__ int s_found;
     const int64_t i = blockIdx.x;
-    float *z = Z + i * ldz;
+    Tz *z = Z + i * ldz;
     const int64_t t = tgt[i];
     if (threadIdx.x == 0) s_found = 0;
     __syncthreads();
     float lm = -INFINITY, lz = 0.0f;
     for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = lce_cap(z[j], cap);
-        zrow[j] = x;
+        float x = lce_cap(lce_f32(z[j]), cap);
+        if (STAGE) zrow[j] = x;
         lm = fmaxf(lm, x);
         lz += x;
         if (v0 + j == t) {
@@ -562,64 +564,9 @@ lce_fb_stats(float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, floa
     const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
     for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = zrow[j], e = __expf(x - mn), th = x * icap;
+        float x = STAGE ? zrow[j] : lce_cap(lce_f32(z[j]), cap), e = __expf(x - mn), th = x * icap;
         ls += e;
         g[j] = __float2bfloat16(e * (1.0f - th * th));
-    }
-    const float tse = lce_block_sum(ls, red);
-    if (threadIdx.x == 0) {
-        m[i] = mn;
-        s[i] = first ? tse : s[i] * f + tse;
-        sumz[i] = first ? tsum : sumz[i] + tsum;
-        if (first || s_found) zt[i] = s_found ? s_zt : 0.0f;
-    }
-}
-
-/* The same over a bf16 logit tile (ld ldz): E_j overwrites z_j at the same index, each element
- * read and written by one thread, so nothing is staged. */
-static __global__ void __launch_bounds__(LCE_THREADS)
-lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap,
-                  int first, float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
-    __shared__ float red[LCE_THREADS / 32];
-    __shared__ float s_zt, s_m, s_f;
-    __shared__ int s_found;
-    const int64_t i = blockIdx.x;
-    __nv_bfloat16 *z = Z + i * ldz;
-    const int64_t t = tgt[i];
-    if (threadIdx.x == 0) s_found = 0;
-    __syncthreads();
-    float lm = -INFINITY, lz = 0.0f;
-    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = lce_cap(__bfloat162float(z[j]), cap);
-        lm = fmaxf(lm, x);
-        lz += x;
-        if (v0 + j == t) {
-            s_zt = x;
-            s_found = 1;
-        }
-    }
-    const float tmax = lce_block_max(lm, red);
-    const float tsum = lce_block_sum(lz, red);
-    if (threadIdx.x == 0) {
-        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
-        if (first) mn = tmax;
-        else if (tmax > mo + LCE_FB_MARGIN) {
-            mn = tmax;
-            f = __expf(mo - mn);
-        }
-        s_m = mn;
-        s_f = f;
-    }
-    __syncthreads();
-    const float mn = s_m, f = s_f;
-    if (f != 1.0f)
-        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
-    const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    float ls = 0.0f;
-    for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = lce_cap(__bfloat162float(z[j]), cap), e = __expf(x - mn), th = x * icap;
-        ls += e;
-        z[j] = __float2bfloat16(e * (1.0f - th * th));
     }
     const float tse = lce_block_sum(ls, red);
     if (threadIdx.x == 0) {
@@ -906,16 +853,23 @@ done:
     return st;
 }
 
+/* coef (N) = upstream gradient x token weight, 0 for ignored tokens; the mean divides by the total
+ * weight of the non-ignored tokens (r->sb and r->sums as scratch). */
+static lt_status lce_coefficients(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, float *coef) {
+    const int64_t N = r->N;
+    lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r->k.ignore, N, r->sb);
+    lce_sum2<<<1, 1024>>>(NULL, r->sb, N, r->sums);
+    lce_bwd_coef<<<nblk(N, 256), 256>>>(r->k, N, a->targets, a->token_weight, a->dloss, r->sums, coef);
+    return lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
+}
+
 extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
     lce_run r;
     lt_status st = lce_begin(ctx, opt, a, 1, &r);
     const int64_t N = r.N, V = r.V, C = r.C;
     float *coef = r.sa;
     if (st != LT_OK || N == 0) goto done;
-    lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r.k.ignore, N, r.sb);
-    lce_sum2<<<1, 1024>>>(NULL, r.sb, N, r.sums);
-    lce_bwd_coef<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, a->dloss, r.sums, coef);
-    st = lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
+    st = lce_coefficients(ctx, &r, a, coef);
     /* Token tiles outside (dh accumulates in fp32 over the whole vocabulary), vocabulary inside. */
     for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
         const int64_t nc = min64(r.pl.Nc, N - n0);
@@ -972,10 +926,7 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
     const int zbf = r.pl.zb == 2, bf = a->dh->dtype == LT_DTYPE_BF16;
     float *colsum = r.k.eps > 0.0f ? (float *)(r.ws + r.pl.off_colsum) : NULL;
     /* Per-token coefficient (upstream gradient x weight; mean divides by the weight total). */
-    lce_weights<<<nblk(N, 256), 256>>>(a->targets, a->token_weight, r.k.ignore, N, r.sb);
-    lce_sum2<<<1, 1024>>>(NULL, r.sb, N, r.sums);
-    lce_bwd_coef<<<nblk(N, 256), 256>>>(r.k, N, a->targets, a->token_weight, a->dloss, r.sums, r.coef);
-    st = lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
+    st = lce_coefficients(ctx, &r, a, r.coef);
     for (int64_t n0 = 0; n0 < N && st == LT_OK; n0 += r.pl.Nc) {
         const int64_t nc = min64(r.pl.Nc, N - n0);
         const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * C;
@@ -990,11 +941,11 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
             if (colsum && n0 == 0)
                 lce_colsum<<<nblk(C, 32), dim3(32, 8)>>>(wt, vc, C, colsum, v0 == 0);
             if (zbf)
-                lce_fb_stats_bf16<<<(unsigned)nc, LCE_THREADS>>>(
+                lce_fb_stats<__nv_bfloat16><<<(unsigned)nc, LCE_THREADS>>>(
                     (__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
                     r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
             else
-                lce_fb_stats<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
+                lce_fb_stats<float><<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4>>>(
                     r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
                     r.sumz + n0, r.zt + n0, r.acc, C);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");

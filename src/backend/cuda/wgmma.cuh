@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LT_WGMMA_OK 1
 #else
@@ -103,6 +105,31 @@ static __device__ __forceinline__ void lt_wgmma_ss(float d[32], uint64_t da, uin
 #endif
 }
 
+/* d = A·Bᵀ over K = 16·KS with both operands K-major in the 128-byte swizzle: A a tile of RA rows,
+ * B one of RB rows, K split in 64-column blocks (dev/cuda/NOTES.md: S = Q·Kᵀ, dP = dO·Vᵀ). */
+template <int KS, int RA, int RB>
+static __device__ __forceinline__ void lt_wgmma_kmajor(float d[32], uint64_t da, uint64_t db) {
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+        lt_wgmma_ss<0, 0>(d, lt_wgmma_desc_at(da, (kk >> 2) * (RA * 128) + (kk & 3) * 32),
+                          lt_wgmma_desc_at(db, (kk >> 2) * (RB * 128) + (kk & 3) * 32), kk > 0);
+}
+
+/* Loads rows t0..t0+R-1 (D bf16 each, row stride st elements) of a global tensor into a swizzled
+ * tile with cp.async, NT threads; rows past T are zero-filled (their source clamped in bounds). */
+template <int R, int D, int NT>
+static __device__ __forceinline__ void lt_wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
+                                                       int t0, int T, int tid) {
+    constexpr int CH = D / 8;
+    static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
+#pragma unroll
+    for (int it = 0; it < R * CH / NT; it++) {
+        const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
+        const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
+        lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
+    }
+}
+
 /* The same with A (64 x 16 bf16) in registers, in mma.sync's A-fragment layout per warp. */
 template <int TB>
 static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a[4], uint64_t db,
@@ -116,6 +143,26 @@ static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a
 #else
     (void)d; (void)a; (void)db; (void)acc;
 #endif
+}
+
+/* d[n] += A·B[:, 64n..64n+63] for n < NH, K = 16·KK: A in registers (KK fragments of 64 x 16), B
+ * MN-major in the swizzle (KK·16 rows, 64-column blocks of R rows each); issued, committed and
+ * waited for (O += P·V, dQ += dS·K). */
+template <int NH, int KK, int R>
+static __device__ __forceinline__ void lt_wgmma_rs_wait(float (*d)[32], uint32_t (*a)[4], uint64_t db) {
+#pragma unroll
+    for (int n = 0; n < NH; n++) lt_wgmma_pin(d[n]);
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++) lt_wgmma_pin_u(a[kk]);
+    lt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++)
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_rs<1>(d[n], a[kk], lt_wgmma_desc_at(db, n * (R * 128) + kk * 2048), 1);
+    lt_wgmma_commit();
+    lt_wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NH; n++) lt_wgmma_pin(d[n]);
 }
 
 #endif
