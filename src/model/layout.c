@@ -245,12 +245,16 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 
     /* Transients: the segment's stores (the frozen layers below the LoRA ones and the forward-only
-     * pass run in place on one of them), the final norm's input and output, the loss's row
-     * statistics and the inputs. */
+     * pass run in place on one of them), the loss's row statistics, the inputs, and in a
+     * forward-only run the final norm's input and output (a training run keeps them in the
+     * workspace, see below). */
     cur = 0;
     o->tr_stores = carve_aligned(&cur, nb(o->n_tr_stores, o->store_bytes), al);
-    o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
-    o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    if (fwd_only) {
+        o->final_class = LT_MEM_TRANSIENTS;
+        o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
+        o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    }
     o->rstd_f = carve_aligned(&cur, nb(N, 4), al);
     o->lse_f = carve_aligned(&cur, nb(N, 4), al);
     o->tloss = carve_aligned(&cur, nb(N, 4), al);
@@ -273,9 +277,14 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     int64_t max_in = c->C > c->F ? c->C : c->F;
     if (qd > max_in) max_in = qd;
     if (!fwd_only) {
+        /* The final norm's input and output are dead once its backward has run, before any
+         * layer's backward writes datt and dq: they share those pieces. */
+        int64_t wide = qd > c->C ? qd : c->C;
         o->dx = carve_aligned(&cur, nb(N * c->C, 4), al);
-        o->datt = carve_aligned(&cur, nb(N * qd, 4), al);
-        o->dq = carve_aligned(&cur, nb(N * qd, 4), al);
+        o->datt = carve_aligned(&cur, nb(N * wide, 4), al);
+        o->dq = carve_aligned(&cur, nb(N * wide, 4), al);
+        o->final_class = LT_MEM_WORKSPACE;
+        o->xf = o->dq, o->hf = o->datt;
         o->dk = carve_aligned(&cur, nb(N * kvd, 4), al);
         o->dv = carve_aligned(&cur, nb(N * kvd, 4), al);
     }

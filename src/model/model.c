@@ -179,6 +179,9 @@ typedef struct step {
 
 static uint8_t *blk(const step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
 static float *wsf(const step *s, size_t off) { return (float *)blk(s, LT_MEM_WORKSPACE, off); }
+/* The final norm's input (N, C) and output (N, C). */
+static float *xf_of(const step *s) { return (float *)blk(s, s->m->lay.final_class, s->m->lay.xf); }
+static float *hf_of(const step *s) { return (float *)blk(s, s->m->lay.final_class, s->m->lay.hf); }
 
 /* Store j (0-based among LoRA layers; stores of one recompute segment are slots). */
 static lt_store store_slot(const step *s, int64_t j) {
@@ -529,7 +532,7 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layout *y = &m->lay;
-    float *xf = (float *)blk(s, LT_MEM_TRANSIENTS, y->xf), *hf = (float *)blk(s, LT_MEM_TRANSIENTS, y->hf);
+    float *xf = xf_of(s), *hf = hf_of(s);
     float *rstd = (float *)blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
     s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
     if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
@@ -575,7 +578,7 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
  * every segment's first layer is also saved as a checkpoint, from which the backward reruns it. */
 static float *lora_out(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
-    if (j + 1 == s->m->lora.num_layers) return (float *)blk(s, LT_MEM_TRANSIENTS, y->xf);
+    if (j + 1 == s->m->lora.num_layers) return xf_of(s);
     lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
     return nx.x_in;
 }
@@ -640,7 +643,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 
 static lt_status forward_all(step *s) {
     lt_model *m = s->m;
-    return run_plain(s, m->cfg.L, (float *)blk(s, LT_MEM_TRANSIENTS, m->lay.xf));
+    return run_plain(s, m->cfg.L, xf_of(s));
 }
 
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
@@ -659,7 +662,7 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
     LT_TRY(forward_all(&s));
     const lt_model_config *c = &m->cfg;
-    float *xf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.xf), *hf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.hf);
+    float *xf = xf_of(&s), *hf = hf_of(&s);
     float *rstd = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
     m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
     /* A device model writes the logits into a device buffer of this call's own (tests and

@@ -77,14 +77,18 @@ typedef struct lt_layout {
      * the store's f32 att and widened back before the backward. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
-    size_t tr_stores, xf, hf, rstd_f, lse_f, pos, tloss; /* transient block */
+    size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
+    /* The final norm's input xf and output hf (N, C), in block `final_class`: the transients of a
+     * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward). */
+    lt_mem_class final_class;
+    size_t xf, hf;
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
      * the loss kernel writes, [1] the upstream gradient dloss it reads. */
     size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
-     * loss writes ∂/∂h), datt (N, H·D), dq (N, H·D), dk, dv (N, Hkv·D). Chunk-sized (`chunk`
+     * loss writes ∂/∂h), datt and dq (N, max(H·D, C)), dk, dv (N, Hkv·D). Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
      * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
      * dropout, dlu (r). */
