@@ -287,12 +287,53 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
 }
 
+/* Whole-batch attention tensor t (N, width) of the store or workspace, from row r0: f32 or bf16
+ * elements (the layout's attn_bf16). */
+static void *at_row(const step *s, void *t, int64_t r0, int64_t width) {
+    return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
+}
+
+/* Rows [r0, r0 + n) of attention tensor t as f32: in place for f32, widened into `buf` for bf16. */
+static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
+    if (!s->m->lay.attn_bf16) return (float *)at_row(s, t, r0, width);
+    s->be->from_bf16(s->ctx, (const uint16_t *)at_row(s, t, r0, width), buf, n * width);
+    return buf;
+}
+
+/* Per-head norm (Qwen3) and RoPE of the q and k rows [r0, r0 + n): q, k (n rows) hold the
+ * projections on entry (f32; with the norm they are the stores' q_raw, k_raw rows) and
+ * qo, ko receive the result (may alias q, k when there is no norm). */
+static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q, float *k,
+                      float *qo, float *ko) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    if (c->qk_norm) {
+        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
+        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
+    }
+    be->rope(s->ctx, qo, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 0);
+    be->rope(s->ctx, ko, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 0);
+}
+
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. */
+static void qk_finish_bwd(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
+                          float *dk) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
+    if (!c->qk_norm) return;
+    be->rmsnorm_bwd(s->ctx, dq, st->q_raw + r0 * qd, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, st->k_raw + r0 * kvd, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+}
+
 static lt_attention_params attn_params(const step *s) {
     const lt_model_config *c = &s->m->cfg;
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = s->B, ap.T = s->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
-    ap.dtype = LT_DTYPE_F32;
+    ap.dtype = s->m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     ap.device = s->m->opt.device;
     ap.impl = s->m->run.attention;
     ap.seq_offsets = s->seq_offsets;
@@ -303,35 +344,39 @@ static lt_attention_params attn_params(const step *s) {
 /* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out
  * may alias x_in (a chunk of rows is read before the same rows are written, and no later chunk
  * reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
- * only attention's tensors span the batch. x_out = NULL is the recompute before the layer's own
+ * only attention's tensors span the batch (in bf16 under attn_bf16: the q, k, v chunks are
+ * normed, rotated and rounded into them). x_out = NULL is the recompute before the layer's own
  * backward, which needs the attention half's stores and x_mid but not the MLP: layer_bwd reruns
- * the MLP chunk by chunk. att_kept = 1: this layer's attention output and lse were kept from the
- * first pass (st->lse already holds it; st->att too, or kept_bf16 holds it rounded, exactly when
- * the attention works in bf16), so it is not rerun. kept_bf16 (non-NULL when the layout keeps
- * attention in bf16): where the first pass rounds st->att to. */
+ * the MLP chunk by chunk. att_kept = 1: st->att and st->lse hold this layer's attention from the
+ * first pass (kept with the checkpoints), so it is not rerun. */
 static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out,
-                           int att_kept, uint16_t *kept_bf16) {
+                           int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
     const lt_layout *y = &m->lay;
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
-    float *h = wsf(s, y->h);
-    float *qo = c->qk_norm ? st->q_raw : st->q, *ko = c->qk_norm ? st->k_raw : st->k;
+    int ab = y->attn_bf16;
+    float *h = wsf(s, y->h), *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
+        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm; q, k, v
+         * when f32), or into the chunk buffer. */
+        float *qp = c->qk_norm ? st->q_raw + r0 * qd : ab ? qc : st->q + r0 * qd;
+        float *kp = c->qk_norm ? st->k_raw + r0 * kvd : ab ? qc + n * qd : st->k + r0 * kvd;
+        float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
         be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qo + r0 * qd, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
-        proj_fwd(s, l, LT_PROJ_K, r0, n, h, ko + r0 * kvd, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
-        proj_fwd(s, l, LT_PROJ_V, r0, n, h, st->v + r0 * kvd, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
+        proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
+        proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        if (!ab) continue;
+        qk_finish(s, L, st, r0, n, qp, kp, qc, qc + n * qd);
+        be->to_bf16(s->ctx, qc, (uint16_t *)at_row(s, st->q, r0, qd), n * qd);
+        be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
+        be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
     }
-    if (c->qk_norm) {
-        be->rmsnorm_fwd(s->ctx, st->q_raw, L->q_norm, c->rms_eps, N * c->H, c->D, st->q, st->rstd_q);
-        be->rmsnorm_fwd(s->ctx, st->k_raw, L->k_norm, c->rms_eps, N * c->Hkv, c->D, st->k, st->rstd_k);
-    }
-    be->rope(s->ctx, st->q, s->pos, m->inv_freq, N, c->H, c->D, 0);
-    be->rope(s->ctx, st->k, s->pos, m->inv_freq, N, c->Hkv, c->D, 0);
+    if (!ab) qk_finish(s, L, st, 0, N, c->qk_norm ? st->q_raw : st->q, c->qk_norm ? st->k_raw : st->k, st->q, st->k);
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
     memset(&aa, 0, sizeof aa);
@@ -339,23 +384,19 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
     aa.workspace_size = y->attn_ws_bytes;
     if (att_kept) {
-        /* A recompute whose first pass kept the output and lse (bit-identical to a rerun). */
-        if (kept_bf16) LT_TRY(saved_copy(s, kept_bf16, st->att, N * qd, 1));
+        /* A recompute whose first pass kept st->att and st->lse (bit-identical to a rerun). */
+    } else if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
-        if (m->cp) {
-            lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-            LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
-        } else {
-            LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
-        }
-        if (kept_bf16) LT_TRY(saved_copy(s, kept_bf16, st->att, N * qd, 0));
+        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
     }
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* x_mid = x_in + o_proj(att) */
-        float *xm = st->x_mid + r0 * C;
+        float *xm = st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
         LT_TRY(be->copy_to_device(s->ctx, xm, x_in + r0 * C, (size_t)(n * C) * 4));
-        proj_fwd(s, l, LT_PROJ_O, r0, n, st->att + r0 * qd, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
         if (!x_out) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
@@ -382,7 +423,9 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     const lt_backend *be = s->be;
     const lt_layout *y = &m->lay;
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16;
     float *h = wsf(s, y->h), *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
+    float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
@@ -405,11 +448,12 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
     }
     /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)), h1 = norm(x_in) */
-    float *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
+    void *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        proj_bwd(s, l, LT_PROJ_O, r0, n, st->att + r0 * qd, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), datt + r0 * qd,
-                 0.0f);
+        float *att = att_rows_f32(s, st->att, r0, n, qd, ac), *dattc = ab ? qc : (float *)at_row(s, datt, r0, qd);
+        proj_bwd(s, l, LT_PROJ_O, r0, n, att, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), dattc, 0.0f);
+        if (ab) be->to_bf16(s->ctx, dattc, (uint16_t *)at_row(s, datt, r0, qd), n * qd);
     }
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
@@ -425,19 +469,17 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     } else {
         LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
     }
-    be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
-    be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
-    if (c->qk_norm) {
-        be->rmsnorm_bwd(s->ctx, dq, st->q_raw, L->q_norm, st->rstd_q, N * c->H, c->D, dq, NULL);
-        be->rmsnorm_bwd(s->ctx, dk, st->k_raw, L->k_norm, st->rstd_k, N * c->Hkv, c->D, dk, NULL);
-    }
+    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk);
     float *dhx = need_dx ? dh : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
+        float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
+        float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
+        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc);
         be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dq + r0 * qd, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
-        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dk + r0 * kvd, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
-        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dv + r0 * kvd, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
+        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
+        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dkc, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
+        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dvc, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
         if (!need_dx) continue;
         be->rmsnorm_bwd(s->ctx, dh, x_in + r0 * C, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
         be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
@@ -467,6 +509,9 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->first_row < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->cp && m->lay.attn_bf16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
+                        "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "model: context parallel steps take one row (B = 1) without seq_offsets");
@@ -523,7 +568,7 @@ static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
     s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
     lt_store st = store_slot(s, 0);
-    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, out, out, 0, NULL));
+    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, out, out, 0));
     return LT_OK;
 }
 
@@ -583,19 +628,13 @@ static float *lora_out(const step *s, int64_t j) {
     return nx.x_in;
 }
 
-/* The store of LoRA layer j, with its kept attention when the layout keeps it in f32 (the store
- * then points there); *kept_bf16 = the layer's bf16 kept output, or NULL. */
-static lt_store slot_of(const step *s, int64_t j, uint16_t **kept_bf16) {
+/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones. */
+static lt_store slot_of(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
     lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
-    *kept_bf16 = NULL;
     if (y->keep_attn) {
-        uint8_t *att = blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
+        st.att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
         st.lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
-        if (y->saved_dtype == LT_DTYPE_F32)
-            st.att = (float *)att;
-        else
-            *kept_bf16 = (uint16_t *)att;
     }
     return st;
 }
@@ -608,13 +647,12 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     const lt_layout *y = &m->lay;
     int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
     int64_t k = y->n_ckpt ? y->n_tr_stores : K;
-    uint16_t *kb;
-    lt_store st = slot_of(&s, 0, &kb);
+    lt_store st = slot_of(&s, 0);
     LT_TRY(run_plain(&s, l0, st.x_in));
     for (int64_t j = 0; j < K; j++) {
-        st = slot_of(&s, j, &kb);
+        st = slot_of(&s, j);
         if (y->n_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
-        LT_TRY(layer_fwd(&s, l0 + j, &st, st.x_in, lora_out(&s, j), 0, kb));
+        LT_TRY(layer_fwd(&s, l0 + j, &st, st.x_in, lora_out(&s, j), 0));
     }
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     float *dx = wsf(&s, y->dx);
@@ -623,15 +661,15 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         int64_t seg = j / k;
         if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
-            st = slot_of(&s, seg * k, &kb);
+            st = slot_of(&s, seg * k);
             LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
             for (int64_t i = seg * k; i <= j; i++) {
-                st = slot_of(&s, i, &kb);
+                st = slot_of(&s, i);
                 float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(layer_fwd(&s, l0 + i, &st, st.x_in, out, y->keep_attn, kb));
+                LT_TRY(layer_fwd(&s, l0 + i, &st, st.x_in, out, y->keep_attn));
             }
         }
-        st = slot_of(&s, j, &kb);
+        st = slot_of(&s, j);
         LT_TRY(layer_bwd(&s, l0 + j, &st, st.x_in, dx, j > 0));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));

@@ -49,6 +49,8 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
 typedef struct lt_store {
     float *x_in;             /* (N, C) layer input */
     float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
+    /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
+     * attention reads and writes them directly), else f32. */
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
     float *att;              /* (N, H·D) attention output */
     float *lse;              /* (B, H, T) attention log-sum-exp */
@@ -71,10 +73,15 @@ typedef struct lt_layout {
      * store slot; checkpoints are copied (rounded) out of it and back. */
     size_t act_stores, ckpt, ckpt_stride;
     lt_dtype saved_dtype;
+    /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
+     * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
+     * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
+     * gradients, ac (chunk, H·D) for the output. */
+    int attn_bf16;
+    size_t qc, ac;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
-     * of saved_dtype and a (B·H·T) f32 lse in the activation block, `att_stride` / `lse_stride`
-     * bytes apart; 0 = none. An f32 output is the store's att itself; a bf16 one is rounded out of
-     * the store's f32 att and widened back before the backward. */
+     * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
+     * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
     size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
@@ -88,7 +95,8 @@ typedef struct lt_layout {
      * the loss kernel writes, [1] the upstream gradient dloss it reads. */
     size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
-     * loss writes ∂/∂h), datt and dq (N, max(H·D, C)), dk, dv (N, Hkv·D). Chunk-sized (`chunk`
+     * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
+     * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
      * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
      * dropout, dlu (r). */
