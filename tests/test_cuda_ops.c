@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "backend/prof.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
@@ -698,6 +699,64 @@ static void lce_f32_on_device(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* ---- op profiler ---- */
+
+/* The profiled table computes the plain table's bits; events bracket each op, the matmul's x
+ * conversion is a nested record taken out of the matmul's own time, and phases cover their ops. */
+static void profiler_times_device_ops(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 20;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_prof_enable(1);
+    const lt_backend *pb = lt_backend_profiled(&lt_backend_cuda);
+    assert_ptr_not_equal(pb, &lt_backend_cuda);
+    int64_t out = 256, in = 384, N = 1000;
+    float *wd = malloc(F4(out * in));
+    uint8_t *wq = make_weight(&rng, LT_DTYPE_BF16, out, in, wd);
+    int64_t shape[2] = {out, in};
+    lt_tensor w = lt_tensor_view(up(ctx, wq, (size_t)(out * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, shape);
+    size_t wsb = pb->matmul_workspace_bytes(LT_DTYPE_BF16, out, in, N, 1);
+    void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
+    float *x = lt_test_fresh(&rng, N * in, 1), *y1 = malloc(F4(N * out)), *y2 = malloc(F4(N * out));
+    float *dx = up(ctx, x, F4(N * in)), *dy = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * out), "test y");
+    lt_prof_totals t;
+    memset(&t, 0, sizeof t);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    memset(&t, 0, sizeof t);
+    lt_prof_set_phase(LT_DEVICE_CUDA, LT_PROF_FORWARD);
+    pb->matmul(ctx, LT_MATMUL_NT, &w, dx, N, 0.0f, dy, ws);
+    pb->scale(ctx, dy, 0.5f, N * out);
+    down(ctx, y1, dy, F4(N * out));
+    lt_prof_set_phase(LT_DEVICE_CUDA, LT_PROF_BACKWARD);
+    pb->rmsnorm_fwd(ctx, dx, dx, 1e-5f, N, in, dx, dy); /* any work: timed, not checked */
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    lt_prof_enable(0);
+    assert_int_equal(lt_backend_cuda.copy_to_device(ctx, dx, x, F4(N * in)), LT_OK);
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w, dx, N, 0.0f, dy, ws);
+    lt_backend_cuda.scale(ctx, dy, 0.5f, N * out);
+    down(ctx, y2, dy, F4(N * out));
+    assert_memory_equal(y1, y2, F4(N * out));
+    assert_int_equal(t.steps, 1);
+    assert_int_equal(t.dropped, 0);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_MATMUL], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_SCALE], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_COPY], 1);
+    assert_int_equal(t.calls[LT_PROF_BACKWARD][LT_PROF_RMSNORM_FWD], 1);
+    assert_true(t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL] > 0);
+    assert_true(t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT] > 0);
+    double ops = 0;
+    for (int k = 0; k < LT_PROF_OP_COUNT_; k++) ops += t.op_ms[LT_PROF_FORWARD][k];
+    assert_true(t.phase_ms[LT_PROF_FORWARD] >= ops * 0.999);
+    fprintf(stderr, "  profiler: matmul %.3f ms (x to bf16 %.3f ms), forward phase %.3f ms\n",
+            t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL], t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT],
+            t.phase_ms[LT_PROF_FORWARD]);
+    dfree(ctx, w.data, (size_t)(out * in) * 2), dfree(ctx, ws, wsb), dfree(ctx, dx, F4(N * in)), dfree(ctx, dy, F4(N * out));
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(wd), free(wq), free(x), free(y1), free(y2);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     int skip = lt_test_cuda_skip();
     if (skip) return skip;
@@ -714,6 +773,7 @@ int main(void) {
         cmocka_unit_test(zero_sumsq_copies),
         cmocka_unit_test(attention_f32_on_device),
         cmocka_unit_test(lce_f32_on_device),
+        cmocka_unit_test(profiler_times_device_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
+#include "backend/prof.h"
 #include "model/model_internal.h"
 
 /* ---- run memory ---- */
@@ -304,7 +305,10 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
         LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
-        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
+        lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
     /* x_mid = x_in + o_proj(att) */
     LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
@@ -357,7 +361,10 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
                                         dv));
     } else {
-        LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_BWD);
+        lt_status as = lt_attention_backward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
     be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
     be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
@@ -502,7 +509,10 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.dloss = s->scalars ? s->scalars + 1 : &dloss;
     la.dh = &dht;
-    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    int ph = lt_prof_begin(m->opt.device, LT_PROF_LCE);
+    lt_status ls = lt_lce_forward_backward(s->ctx, &lo, &la);
+    lt_prof_end(ph);
+    LT_TRY(ls);
     res->loss_sum = loss;
     s->be->rmsnorm_bwd(s->ctx, dh, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
     return LT_OK;
@@ -550,12 +560,15 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale));
     int64_t K = m->lora.num_layers, l0 = m->l0;
     lt_store st;
+    const lt_device dev = m->opt.device;
+    lt_prof_set_phase(dev, LT_PROF_FORWARD);
     LT_TRY(slot_of(&s, 0, &st));
     LT_TRY(run_plain(&s, l0, lora_in(&s, 0, &st)));
     for (int64_t j = 0; j < K; j++) {
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
     }
+    lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     float *dx = wsf(&s, m->lay.dx);
     int64_t k = m->lay.n_ckpt ? m->lay.n_tr_stores : K;
@@ -565,17 +578,20 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         int recomputed = m->lay.n_ckpt && seg != last_seg && j % k == k - 1;
         if (recomputed) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
+            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
             for (int64_t i = seg * k; i <= j; i++) {
                 LT_TRY(slot_of(&s, i, &st));
                 float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
                 LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, m->lay.keep_attn));
             }
         }
+        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
         LT_TRY(slot_of(&s, j, &st));
         LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0, recomputed));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
     }
+    lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
     return LT_OK;

@@ -15,6 +15,10 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+extern "C" {
+#include "backend/prof.h"
+}
+
 /* cuBLASLt workspace inside the matmul workspace (NVIDIA recommends 32 MiB on Hopper; 4 MiB lost
  * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). */
 #define MM_BLAS_WS ((size_t)32 << 20)
@@ -299,6 +303,7 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
         if (dt == LT_DTYPE_BF16) {
             wt = (const __nv_bfloat16 *)w->data;
         } else {
+            const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
                 dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256>>>(dt, (const uint8_t *)w->data, row_bytes,
                                                                               r0, rows, in, tile);
@@ -307,12 +312,15 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
                 dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
             }
             LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
+            lt_prof_end(ph);
             wt = tile;
         }
         for (int64_t n0 = 0; n0 < N; n0 += XR) {
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
+                const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
                 to_bf16(x + n0 * xin, xb, nr * xin);
+                lt_prof_end(ph);
                 x_ready = 1;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
