@@ -108,6 +108,20 @@ static void gemm_f32_every_transpose(void **state) {
             gemm_case(ctx, &rng, ta, tb, 37, 29, 53, 1, 0.0f);
             gemm_case(ctx, &rng, ta, tb, 8, 300, 1000, 0, 1.0f); /* LoRA-like: rank 8 */
         }
+    /* the skinny LoRA products (ops_gemm_skinny.cu): rank 8 and 13 (the R = 16 kernels), K not a
+     * multiple of the 128-float stride, M not of the rows a block takes; pad = 1 leaves them to
+     * cuBLASLt (unaligned), pad = 4 keeps 16-byte alignment with padded leading dimensions */
+    const int64_t ranks[2] = {8, 13};
+    for (int ri = 0; ri < 2; ri++) {
+        int64_t r = ranks[ri];
+        for (int64_t pad = 0; pad <= 4; pad += 4) {
+            gemm_case(ctx, &rng, 0, 1, 333, r, 1060, pad, 0.0f);  /* lu = x·Aᵀ */
+            gemm_case(ctx, &rng, 0, 0, 333, r, 1060, pad, 0.5f);  /* dlu = dy·B */
+            gemm_case(ctx, &rng, 1, 0, r, 300, 2100, pad, 1.0f);  /* dA += dluᵀ·x */
+            gemm_case(ctx, &rng, 1, 0, 260, r, 2100, pad, 0.0f);  /* dB = dyᵀ·lu */
+        }
+    }
+    gemm_case(ctx, &rng, 0, 1, 100, 8, 1000, 1, 0.0f); /* unaligned: cuBLASLt */
     gemm_case(ctx, &rng, 0, 0, 5, 7, 0, 0, 0.5f); /* K = 0: C = beta·C */
     gemm_case(ctx, &rng, 0, 0, 5, 7, 0, 0, 0.0f);
     lt_ctx_free(ctx);

@@ -166,6 +166,18 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
 
 /* ---- f32 GEMM ---- */
 
+/* Device address of the gemm's fixed workspace (looked up once). */
+static void *gemm_workspace(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (!gemm_ws) {
+        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
+        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
+    }
+    void *p = gemm_ws;
+    pthread_mutex_unlock(&blas_mu);
+    return p;
+}
+
 __global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
     for (int64_t i = blockIdx.y; i < M; i += gridDim.y)
         for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x)
@@ -182,6 +194,10 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
         LT_CUDA_LAUNCHED("gemm (K = 0)");
         return;
     }
+    /* the LoRA products with a rank-r side that stream a whole activation: one pass here */
+    if (lt_cuda_gemm_skinny(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(),
+                            GEMM_WS_BYTES))
+        return;
     /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
     blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, GEMM_WS_BYTES);
 }
