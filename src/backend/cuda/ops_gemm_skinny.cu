@@ -16,7 +16,10 @@
 #define SN_WARPS 4
 #define SN_ROWS 4
 
-template <int R, int B_T>
+/* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
+ * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
+ * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
+template <int R, int B_T, int VB>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
                                                            const float *__restrict__ A, int64_t lda,
                                                            const float *__restrict__ B, int64_t ldb, float beta,
@@ -31,11 +34,28 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             for (int j = 0; j < R; j++) acc[i][j] = 0.0f;
         for (int64_t k = lane * 4; k < K; k += 128) { /* K % 4 == 0 */
             float b[4][R];
+            if (VB && B_T) {
 #pragma unroll
-            for (int t = 0; t < 4; t++)
+                for (int j = 0; j < R; j++) {
+                    const float4 v = j < n ? __ldg((const float4 *)(B + j * ldb + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    b[0][j] = v.x, b[1][j] = v.y, b[2][j] = v.z, b[3][j] = v.w;
+                }
+            } else if (VB) {
 #pragma unroll
-                for (int j = 0; j < R; j++)
-                    b[t][j] = j < n ? __ldg(B_T ? B + j * ldb + k + t : B + (k + t) * ldb + j) : 0.0f;
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int q = 0; q < R / 4; q++) {
+                        const float4 v = 4 * q < n ? __ldg((const float4 *)(B + (k + t) * ldb + 4 * q))
+                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+                        b[t][4 * q] = v.x, b[t][4 * q + 1] = v.y, b[t][4 * q + 2] = v.z, b[t][4 * q + 3] = v.w;
+                    }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int j = 0; j < R; j++)
+                        b[t][j] = j < n ? __ldg(B_T ? B + j * ldb + k + t : B + (k + t) * ldb + j) : 0.0f;
+            }
 #pragma unroll
             for (int i = 0; i < SN_ROWS; i++) {
                 if (m0 + i >= M) break;
@@ -161,13 +181,17 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         int64_t blocks = (M + per_block - 1) / per_block;
         if (blocks > 65535) blocks = 65535;
         const int n = (int)N;
+        const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
+        const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
+#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
         if (N <= 8) {
-            if (tb) small_n_k<8, 1><<<(unsigned)blocks, SN_WARPS * 32>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
-            else small_n_k<8, 0><<<(unsigned)blocks, SN_WARPS * 32>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
+            else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
         } else {
-            if (tb) small_n_k<16, 1><<<(unsigned)blocks, SN_WARPS * 32>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
-            else small_n_k<16, 0><<<(unsigned)blocks, SN_WARPS * 32>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            if (tb) vb ? SMALL_N(16, 1, 1) : SMALL_N(16, 1, 0);
+            else vb ? SMALL_N(16, 0, 1) : SMALL_N(16, 0, 0);
         }
+#undef SMALL_N
         LT_CUDA_LAUNCHED("gemm: small n");
         return 1;
     }
