@@ -257,10 +257,16 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                          \
         return r;                                                                                                \
     }                                                                                                            \
-    static const lt_backend P##_table = {                                                                        \
-        "profiled", DEV, P##_copy_to_device, P##_copy_to_host, P##_synchronize, P##_gemm, P##_matmul,            \
-        NULL, P##_rmsnorm_fwd, P##_rmsnorm_bwd, P##_rope, P##_swiglu_fwd, P##_swiglu_bwd, P##_embedding,         \
-        P##_add, P##_add_bias, P##_dropout, P##_adamw, P##_zero, P##_scale, P##_sumsq};
+    /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
+    static void P##_install(lt_backend *t) {                                                                     \
+        *t = (REAL);                                                                                             \
+        t->copy_to_device = P##_copy_to_device, t->copy_to_host = P##_copy_to_host;                              \
+        t->synchronize = P##_synchronize, t->gemm = P##_gemm, t->matmul = P##_matmul;                            \
+        t->rmsnorm_fwd = P##_rmsnorm_fwd, t->rmsnorm_bwd = P##_rmsnorm_bwd, t->rope = P##_rope;                  \
+        t->swiglu_fwd = P##_swiglu_fwd, t->swiglu_bwd = P##_swiglu_bwd, t->embedding = P##_embedding;            \
+        t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;            \
+        t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
+    }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)
 #if LT_HAVE_CUDA
@@ -268,28 +274,17 @@ PROF_WRAPPERS(prof_cuda, lt_backend_cuda, LT_DEVICE_CUDA)
 #endif
 
 const lt_backend *lt_backend_profiled(const lt_backend *be) {
-    /* name and workspace sizing come from the real table (the sizing is no op to time) */
     static lt_backend cpu_t;
     static int cpu_ready;
     if (be == &lt_backend_cpu) {
-        if (!cpu_ready) {
-            cpu_t = prof_cpu_table;
-            cpu_t.name = lt_backend_cpu.name;
-            cpu_t.matmul_workspace_bytes = lt_backend_cpu.matmul_workspace_bytes;
-            cpu_ready = 1;
-        }
+        if (!cpu_ready) prof_cpu_install(&cpu_t), cpu_ready = 1;
         return &cpu_t;
     }
 #if LT_HAVE_CUDA
     static lt_backend cuda_t;
     static int cuda_ready;
     if (be == &lt_backend_cuda) {
-        if (!cuda_ready) {
-            cuda_t = prof_cuda_table;
-            cuda_t.name = lt_backend_cuda.name;
-            cuda_t.matmul_workspace_bytes = lt_backend_cuda.matmul_workspace_bytes;
-            cuda_ready = 1;
-        }
+        if (!cuda_ready) prof_cuda_install(&cuda_t), cuda_ready = 1;
         return &cuda_t;
     }
 #endif
