@@ -771,6 +771,54 @@ static void profiler_times_device_ops(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* NT_SAME_X after an NT on the same x gives the bits of a plain NT, without converting x again
+ * (the profiler counts the conversions); with x changed in between, the caller broke the
+ * contract, so only the pointer case is checked: a different x pointer is converted afresh. */
+static void matmul_same_x_reuses_conversion(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 21;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t in = 384, o1 = 256, o2 = 128, N = 1000;
+    float *wd = malloc(F4(o1 * in));
+    uint8_t *w1q = make_weight(&rng, LT_DTYPE_BF16, o1, in, wd), *w2q = make_weight(&rng, LT_DTYPE_BF16, o2, in, wd);
+    int64_t s1[2] = {o1, in}, s2[2] = {o2, in};
+    lt_tensor w1 = lt_tensor_view(up(ctx, w1q, (size_t)(o1 * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, s1);
+    lt_tensor w2 = lt_tensor_view(up(ctx, w2q, (size_t)(o2 * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, s2);
+    size_t wsb = lt_backend_cuda.matmul_workspace_bytes(LT_DTYPE_BF16, o1, in, N, 1);
+    void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
+    float *x = lt_test_fresh(&rng, N * in, 1), *x2 = lt_test_fresh(&rng, N * in, 1);
+    float *dx = up(ctx, x, F4(N * in)), *dx2 = up(ctx, x2, F4(N * in));
+    float *dy1 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o1), "y1"), *dy2 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o2), "y2");
+    float *want = malloc(F4(N * o2)), *got = malloc(F4(N * o2)), *want2 = malloc(F4(N * o2));
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w2, dx, N, 0.0f, dy2, ws);
+    down(ctx, want, dy2, F4(N * o2));
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w2, dx2, N, 0.0f, dy2, ws);
+    down(ctx, want2, dy2, F4(N * o2));
+    lt_prof_enable(1);
+    const lt_backend *pb = lt_backend_profiled(&lt_backend_cuda);
+    lt_prof_totals t;
+    memset(&t, 0, sizeof t);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    memset(&t, 0, sizeof t);
+    pb->matmul(ctx, LT_MATMUL_NT, &w1, dx, N, 0.0f, dy1, ws);
+    pb->matmul(ctx, LT_MATMUL_NT_SAME_X, &w2, dx, N, 0.0f, dy2, ws);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    lt_prof_enable(0);
+    down(ctx, got, dy2, F4(N * o2));
+    assert_memory_equal(got, want, F4(N * o2));
+    assert_int_equal(t.calls[LT_PROF_OTHER][LT_PROF_MATMUL], 2);
+    assert_int_equal(t.calls[LT_PROF_OTHER][LT_PROF_MATMUL_CVT], 1);
+    /* another x under the flag: converted, not reused */
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT_SAME_X, &w2, dx2, N, 0.0f, dy2, ws);
+    down(ctx, got, dy2, F4(N * o2));
+    assert_memory_equal(got, want2, F4(N * o2));
+    dfree(ctx, w1.data, (size_t)(o1 * in) * 2), dfree(ctx, w2.data, (size_t)(o2 * in) * 2), dfree(ctx, ws, wsb);
+    dfree(ctx, dx, F4(N * in)), dfree(ctx, dx2, F4(N * in)), dfree(ctx, dy1, F4(N * o1)), dfree(ctx, dy2, F4(N * o2));
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(wd), free(w1q), free(w2q), free(x), free(x2), free(want), free(got), free(want2);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     int skip = lt_test_cuda_skip();
     if (skip) return skip;
@@ -788,6 +836,7 @@ int main(void) {
         cmocka_unit_test(attention_f32_on_device),
         cmocka_unit_test(lce_f32_on_device),
         cmocka_unit_test(profiler_times_device_ops),
+        cmocka_unit_test(matmul_same_x_reuses_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
