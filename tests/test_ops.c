@@ -93,6 +93,13 @@ static void matmul_every_weight_dtype(void **state) {
                     lt_test_close_to(y[n * yout + j], s + (beta ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
                              n * yout + j);
                 }
+            if (mode == LT_MATMUL_NT) { /* the shared-input flag changes nothing on the host */
+                float *y2 = malloc((size_t)(N * yout) * 4);
+                memcpy(y2, y0, (size_t)(N * yout) * 4);
+                be()->matmul(ctx, LT_MATMUL_NT_SAME_X, &w, x, N, beta, y2, ws);
+                assert_memory_equal(y2, y, (size_t)(N * yout) * 4);
+                free(y2);
+            }
             free(x), free(y), free(y0);
         }
         if (ws) lt_free(ctx, LT_DEVICE_CPU, ws, wsb);

@@ -20,8 +20,12 @@ typedef struct lt_adamw_params {
 /* Weight products: W is (out, in) in any dtype (f32, bf16, f16 or a block format, dequantized
  * tile by tile into the workspace); x, y are f32 row-major.
  *   LT_MATMUL_NT: y (N, out) = x (N, in) · Wᵀ + beta·y
- *   LT_MATMUL_NN: y (N, in)  = x (N, out) · W  + beta·y */
-typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1 } lt_matmul_mode;
+ *   LT_MATMUL_NN: y (N, in)  = x (N, out) · W  + beta·y
+ *   LT_MATMUL_NT_SAME_X: NT, and x is the very input of the previous matmul call on this workspace
+ *     (same pointer, N and width, contents unchanged since): a backend may reuse what it derived
+ *     from x then (CUDA: the bf16 copy of x, when all of x fitted in one chunk). For projections
+ *     that share an input (q, k, v; gate, up). */
+typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_SAME_X = 2 } lt_matmul_mode;
 
 typedef struct lt_backend {
     const char *name;

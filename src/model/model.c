@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
+#include "backend/prof.h"
 #include "model/model_internal.h"
 
 /* ---- run memory ---- */
@@ -389,7 +390,10 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
         LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
-        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
+        lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
@@ -467,7 +471,10 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
                                         dv));
     } else {
-        LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_BWD);
+        lt_status as = lt_attention_backward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
     if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk);
     float *dhx = need_dx ? dh : NULL;
@@ -612,7 +619,10 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     lt_tensor dht = lt_tensor_view(dx, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.dloss = s->scalars ? s->scalars + 1 : &dloss;
     la.dh = &dht;
-    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    int ph = lt_prof_begin(m->opt.device, LT_PROF_LCE);
+    lt_status ls = lt_lce_forward_backward(s->ctx, &lo, &la);
+    lt_prof_end(ph);
+    LT_TRY(ls);
     res->loss_sum = loss;
     s->be->rmsnorm_bwd(s->ctx, dx, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
     return LT_OK;
@@ -647,6 +657,8 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     const lt_layout *y = &m->lay;
     int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
     int64_t k = y->n_ckpt ? y->n_tr_stores : K;
+    const lt_device dev = m->opt.device;
+    lt_prof_set_phase(dev, LT_PROF_FORWARD);
     lt_store st = slot_of(&s, 0);
     LT_TRY(run_plain(&s, l0, st.x_in));
     for (int64_t j = 0; j < K; j++) {
@@ -654,6 +666,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         if (y->n_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
         LT_TRY(layer_fwd(&s, l0 + j, &st, st.x_in, lora_out(&s, j), 0));
     }
+    lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     float *dx = wsf(&s, y->dx);
     int64_t last_seg = (K - 1) / k;
@@ -661,6 +674,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         int64_t seg = j / k;
         if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
+            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
             st = slot_of(&s, seg * k);
             LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
             for (int64_t i = seg * k; i <= j; i++) {
@@ -669,11 +683,13 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
                 LT_TRY(layer_fwd(&s, l0 + i, &st, st.x_in, out, y->keep_attn));
             }
         }
+        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
         st = slot_of(&s, j);
         LT_TRY(layer_bwd(&s, l0 + j, &st, st.x_in, dx, j > 0));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
     }
+    lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
     return LT_OK;

@@ -40,6 +40,10 @@ static inline unsigned lt_cuda_grid(int64_t n, int threads) {
 extern "C" {
 void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
+ * itself (a rank <= 16 side and a long streamed operand), 0 to leave it to cuBLASLt. */
+int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws);
 size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
