@@ -112,18 +112,19 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     return ok && cur != SIZE_MAX ? cur : 0;
 }
 
-/* Store layout: offsets from 0 held in pointer fields (NULL + offset is never dereferenced).
+/* Store layout: offsets from 0, plus one, held in pointer fields (NULL = absent; the values are
+ * never dereferenced).
  * Pieces start at multiples of `align`; above the host's 64 (a device) the store's size is
  * rounded up to it too, so every store of an array starts aligned. keep_mlp: the store keeps the
  * gate and up projections (no recompute). */
 static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, size_t align,
-                           int keep_mlp, size_t attn_es, lt_store *s) {
+                           int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
     int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
     size_t cur = 0;
     memset(s, 0, sizeof *s);
-#define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)carve_aligned(&cur, nb(n, es), align)
+#define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
-    PIECE(x_in, N * c->C);
+    if (keep_x_in) PIECE(x_in, N * c->C);
     if (c->qk_norm) {
         PIECE(q_raw, N * qd);
         PIECE(k_raw, N * kvd);
@@ -154,9 +155,7 @@ static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
     float **dst = (float **)s;
     float *const *src = (float *const *)off;
     for (size_t i = 0; i < sizeof *s / sizeof(float *); i++)
-        dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i]) : NULL;
-    /* x_in sits at offset 0, which reads as "absent" above; it is always present. */
-    s->x_in = (float *)base;
+        dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i] - 1) : NULL;
 }
 
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out) { rebase_store(out, &lay->store_off, base); }
@@ -216,7 +215,9 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : be->saved_dtype;
     size_t es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
-    o->store_bytes = store_layout(c, &lo, B, T, al, keep_mlp, es, &o->store_off);
+    /* Recomputing every layer, a layer's checkpoint is its input and the next one its output. */
+    o->resid_ckpt = !fwd_only && run->recompute != LT_RECOMPUTE_NONE && k == 1;
+    o->store_bytes = store_layout(c, &lo, B, T, al, !fwd_only && !o->resid_ckpt, keep_mlp, es, &o->store_off);
     if (run->chunk_rows < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: chunk_rows %lld is negative", (long long)run->chunk_rows);
     int64_t CH = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
@@ -294,6 +295,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         cur = fin > grads ? fin : grads;
     }
     o->h = carve_aligned(&cur, nb(CH * c->C, 4), al);
+    if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(&cur, nb(CH * c->C, 4), al);
     if (o->attn_bf16) {
         o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
         o->ac = carve_aligned(&cur, nb(CH * qd, 4), al);

@@ -342,16 +342,35 @@ static lt_attention_params attn_params(const step *s) {
     return ap;
 }
 
-/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out
- * may alias x_in (a chunk of rows is read before the same rows are written, and no later chunk
- * reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
+/* A layer's residual input or output (N, C): f32 rows, or a bf16 checkpoint read or written in
+ * place (h). */
+typedef struct resid {
+    float *f;
+    uint16_t *h;
+} resid;
+
+static resid resid_f32(float *f) {
+    resid r = {f, NULL};
+    return r;
+}
+
+/* Rows [r0, r0 + n) of x as f32: in place, or widened into buf. */
+static const float *resid_rows(const step *s, resid x, int64_t r0, int64_t n, float *buf) {
+    int64_t C = s->m->cfg.C;
+    if (x.f) return x.f + r0 * C;
+    s->be->from_bf16(s->ctx, x.h + r0 * C, buf, n * C);
+    return buf;
+}
+
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). An f32
+ * x_out may alias x_in (a chunk of rows is read before the same rows are written, and no later
+ * chunk reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
  * only attention's tensors span the batch (in bf16 under attn_bf16: the q, k, v chunks are
  * normed, rotated and rounded into them). x_out = NULL is the recompute before the layer's own
  * backward, which needs the attention half's stores and x_mid but not the MLP: layer_bwd reruns
  * the MLP chunk by chunk. att_kept = 1: st->att and st->lse hold this layer's attention from the
  * first pass (kept with the checkpoints), so it is not rerun. */
-static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out,
-                           int att_kept) {
+static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x_in, resid x_out, int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
@@ -360,6 +379,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
     int ab = y->attn_bf16;
     float *h = wsf(s, y->h), *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
+    float *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm; q, k, v
@@ -367,7 +387,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         float *qp = c->qk_norm ? st->q_raw + r0 * qd : ab ? qc : st->q + r0 * qd;
         float *kp = c->qk_norm ? st->k_raw + r0 * kvd : ab ? qc + n * qd : st->k + r0 * kvd;
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
-        be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
         proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
         proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
@@ -399,9 +419,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         int64_t n = chunk_rows(s, r0);
         /* x_mid = x_in + o_proj(att) */
         float *xm = st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
-        LT_TRY(be->copy_to_device(s->ctx, xm, x_in + r0 * C, (size_t)(n * C) * 4));
+        if (x_in.f)
+            LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+        else
+            be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
         proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
-        if (!x_out) continue;
+        if (!x_out.f && !x_out.h) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
@@ -409,8 +432,10 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
         proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
-        LT_TRY(be->copy_to_device(s->ctx, x_out + r0 * C, xm, (size_t)(n * C) * 4));
-        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, x_out + r0 * C, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        float *xo = x_out.f ? x_out.f + r0 * C : xc;
+        LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
+        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, xo, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
     }
     return LT_OK;
 }
@@ -420,7 +445,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
  * attention block's input gradient and leaves dx at ∂/∂x_mid. The MLP runs chunk by chunk: its
  * norm, gate and up projections (unless the store kept them) and SwiGLU are rerun from x_mid, then
  * differentiated, so nothing F-wide spans the batch. */
-static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx) {
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x_in, float *dx, int need_dx) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
@@ -429,7 +454,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
     int ab = y->attn_bf16;
     float *h = wsf(s, y->h), *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
-    float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
+    float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL, *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
@@ -483,12 +508,13 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
         float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
         if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc);
-        be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        const float *xr = resid_rows(s, x_in, r0, n, xc);
+        be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
         proj_bwd(s, l, LT_PROJ_K, r0, n, h, dkc, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
         proj_bwd(s, l, LT_PROJ_V, r0, n, h, dvc, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
         if (!need_dx) continue;
-        be->rmsnorm_bwd(s->ctx, dh, x_in + r0 * C, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
+        be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
         be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
     }
     return LT_OK;
@@ -575,7 +601,7 @@ static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
     s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
     lt_store st = store_slot(s, 0);
-    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, out, out, 0));
+    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, resid_f32(out), resid_f32(out), 0));
     return LT_OK;
 }
 
@@ -628,14 +654,26 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     return LT_OK;
 }
 
-/* LoRA layer j (0-based from l0) runs on its slot's x_in and writes the next slot's x_in (in
- * place when one slot serves the segment), the last one xf. Under a recompute policy the input of
- * every segment's first layer is also saved as a checkpoint, from which the backward reruns it. */
-static float *lora_out(const step *s, int64_t j) {
+/* LoRA layer j's residual input: checkpoint j under resid_ckpt, else its slot's x_in (for the first
+ * layer of a segment, a copy of the segment's checkpoint). */
+static resid lora_in(const step *s, int64_t j, const lt_store *st) {
     const lt_layout *y = &s->m->lay;
-    if (j + 1 == s->m->lora.num_layers) return xf_of(s);
+    if (!y->resid_ckpt) return resid_f32(st->x_in);
+    resid r = {NULL, NULL};
+    if (y->saved_dtype == LT_DTYPE_BF16)
+        r.h = (uint16_t *)ckpt(s, j);
+    else
+        r.f = (float *)ckpt(s, j);
+    return r;
+}
+
+/* Its output: xf for the last LoRA layer, else the next layer's input (the next slot's x_in, in
+ * place when one slot serves the segment). */
+static resid lora_out(const step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    if (j + 1 == s->m->lora.num_layers) return resid_f32(xf_of(s));
     lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
-    return nx.x_in;
+    return lora_in(s, j + 1, &nx);
 }
 
 /* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones. */
@@ -660,11 +698,16 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     const lt_device dev = m->opt.device;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
     lt_store st = slot_of(&s, 0);
-    LT_TRY(run_plain(&s, l0, st.x_in));
+    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+        LT_TRY(run_plain(&s, l0, xf_of(&s)));
+        LT_TRY(saved_copy(&s, ckpt(&s, 0), xf_of(&s), NC, 0));
+    } else {
+        LT_TRY(run_plain(&s, l0, st.x_in));
+    }
     for (int64_t j = 0; j < K; j++) {
         st = slot_of(&s, j);
-        if (y->n_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
-        LT_TRY(layer_fwd(&s, l0 + j, &st, st.x_in, lora_out(&s, j), 0));
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
+        LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
     }
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
@@ -676,16 +719,16 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
             lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
             st = slot_of(&s, seg * k);
-            LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
+            if (!y->resid_ckpt) LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
             for (int64_t i = seg * k; i <= j; i++) {
                 st = slot_of(&s, i);
-                float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(layer_fwd(&s, l0 + i, &st, st.x_in, out, y->keep_attn));
+                resid out = i == j ? resid_f32(NULL) : lora_out(&s, i); /* the last output is not needed */
+                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, y->keep_attn));
             }
         }
         lt_prof_set_phase(dev, LT_PROF_BACKWARD);
         st = slot_of(&s, j);
-        LT_TRY(layer_bwd(&s, l0 + j, &st, st.x_in, dx, j > 0));
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
     }

@@ -47,7 +47,8 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
  * position-wise work reruns them a chunk of rows at a time. Offsets (bytes) inside a store, or
  * pointers. */
 typedef struct lt_store {
-    float *x_in;             /* (N, C) layer input */
+    float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
+                                (lt_layout.resid_ckpt) or in a forward-only run (in place) */
     float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
@@ -73,6 +74,13 @@ typedef struct lt_layout {
      * store slot; checkpoints are copied (rounded) out of it and back. */
     size_t act_stores, ckpt, ckpt_stride;
     lt_dtype saved_dtype;
+    /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
+     * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
+     * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
+     * boundary, the forward and the recompute see the same inputs, and xc (chunk, C) f32 holds a
+     * chunk of rows in flight. */
+    int resid_ckpt;
+    size_t xc;
     /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
      * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
      * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
