@@ -126,8 +126,8 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
     if (keep_x_in) PIECE(x_in, N * c->C);
     if (c->qk_norm) {
-        PIECE(q_raw, N * qd);
-        PIECE(k_raw, N * kvd);
+        PIECE_ES(q_raw, N * qd, attn_es);
+        PIECE_ES(k_raw, N * kvd, attn_es);
         PIECE(rstd_q, N * c->H);
         PIECE(rstd_k, N * c->Hkv);
     }
@@ -298,7 +298,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(&cur, nb(CH * c->C, 4), al);
     if (o->attn_bf16) {
         o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
-        o->ac = carve_aligned(&cur, nb(CH * qd, 4), al);
+        o->ac = carve_aligned(&cur, nb(CH * (c->qk_norm ? qd + kvd : qd), 4), al);
     }
     if (!keep_mlp) {
         o->g = carve_aligned(&cur, nb(CH * c->F, 4), al);

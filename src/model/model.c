@@ -316,17 +316,20 @@ static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int6
     be->rope(s->ctx, ko, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 0);
 }
 
-/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. */
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. The norm's
+ * inputs are the stores' q_raw, k_raw rows, widened into buf (n, H·D + Hkv·D) when bf16. */
 static void qk_finish_bwd(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
-                          float *dk) {
+                          float *dk, float *buf) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
     be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
     be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
     if (!c->qk_norm) return;
-    be->rmsnorm_bwd(s->ctx, dq, st->q_raw + r0 * qd, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
-    be->rmsnorm_bwd(s->ctx, dk, st->k_raw + r0 * kvd, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+    const float *qr = att_rows_f32(s, st->q_raw, r0, n, qd, buf);
+    const float *kr = att_rows_f32(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
+    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
 }
 
 static lt_attention_params attn_params(const step *s) {
@@ -382,17 +385,21 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     float *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm; q, k, v
-         * when f32), or into the chunk buffer. */
-        float *qp = c->qk_norm ? st->q_raw + r0 * qd : ab ? qc : st->q + r0 * qd;
-        float *kp = c->qk_norm ? st->k_raw + r0 * kvd : ab ? qc + n * qd : st->k + r0 * kvd;
+        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm, else q,
+         * k; and v), or under attn_bf16 into the chunk buffer. */
+        float *qp = ab ? qc : (c->qk_norm ? st->q_raw : st->q) + r0 * qd;
+        float *kp = ab ? qc + n * qd : (c->qk_norm ? st->k_raw : st->k) + r0 * kvd;
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
         be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
         proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
         proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
         if (!ab) continue;
-        qk_finish(s, L, st, r0, n, qp, kp, qc, qc + n * qd);
+        if (c->qk_norm) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
+            be->to_bf16(s->ctx, qp, (uint16_t *)at_row(s, st->q_raw, r0, qd), n * qd);
+            be->to_bf16(s->ctx, kp, (uint16_t *)at_row(s, st->k_raw, r0, kvd), n * kvd);
+        }
+        qk_finish(s, L, st, r0, n, qp, kp, qp, kp);
         be->to_bf16(s->ctx, qc, (uint16_t *)at_row(s, st->q, r0, qd), n * qd);
         be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
         be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
@@ -501,13 +508,13 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
         lt_prof_end(ph);
         LT_TRY(as);
     }
-    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk);
+    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk, NULL);
     float *dhx = need_dx ? dh : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
         float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
-        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc);
+        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, ac);
         const float *xr = resid_rows(s, x_in, r0, n, xc);
         be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);

@@ -49,7 +49,8 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
 typedef struct lt_store {
     float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
                                 (lt_layout.resid_ckpt) or in a forward-only run (in place) */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
+    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only; bf16
+                                elements under attn_bf16, read only by the norm's backward) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
@@ -84,7 +85,8 @@ typedef struct lt_layout {
     /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
      * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
      * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
-     * gradients, ac (chunk, H·D) for the output. */
+     * gradients, ac (chunk, H·D) for the output, or (chunk, H·D + Hkv·D) to widen the stores'
+     * bf16 q_raw, k_raw for the per-head norm's backward. */
     int attn_bf16;
     size_t qc, ac;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
