@@ -305,7 +305,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         o->u = carve_aligned(&cur, nb(CH * c->F, 4), al);
     }
     o->dg = carve_aligned(&cur, nb(CH * c->F, 4), al);
-    o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al);
+    if (lo.dropout > 0) o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!fwd_only) {
         o->da = carve_aligned(&cur, nb(CH * c->F, 4), al);
         o->du = carve_aligned(&cur, nb(CH * c->F, 4), al);
