@@ -82,6 +82,14 @@ typedef struct lt_backend {
     /* Σ x² over n elements, accumulated in float64 and returned to the host rounded to float; waits
      * for queued work (the one compute op that synchronises). */
     float (*sumsq)(lt_ctx *ctx, const float *x, int64_t n);
+    /* y (n) = x rounded to bf16 (round to nearest even, NaN kept) / y (n) = x widened to f32; the
+     * model's bf16 checkpoints and kept attention outputs are stored and read back with these. */
+    void (*to_bf16)(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+    void (*from_bf16)(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
+    /* The dtype the model stores checkpoints (layer inputs kept across the step) and kept
+     * attention outputs in unless a run option says otherwise: f32 on the CPU (the reference),
+     * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
+    lt_dtype saved_dtype;
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

@@ -64,6 +64,8 @@ void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, in
 void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes);
 void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
+void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 }
 
 #endif
