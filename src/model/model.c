@@ -236,13 +236,13 @@ static float *lu_at(const step *s, const lt_store *st, lt_proj p, int64_t r0) {
  * (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds the projection onto a residual
  * already in y. y = NULL computes only lu (a recompute that needs the saved LoRA product but not
  * the output). */
-static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
-                     const float *bias, float beta) {
+static void proj_fwd_mode(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y,
+                          float *lu, const float *bias, float beta, lt_matmul_mode mode) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (y) s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, n, beta, y, wsf(s, m->lay.mm_ws));
+    if (y) s->be->matmul(s->ctx, mode, w, x, n, beta, y, wsf(s, m->lay.mm_ws));
     if (y && bias) s->be->add_bias(s->ctx, y, bias, n, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
@@ -253,6 +253,18 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
     s->be->gemm(s->ctx, 0, 1, n, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
     if (y) s->be->gemm(s->ctx, 0, 1, n, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
+}
+
+static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
+                     const float *bias, float beta) {
+    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT);
+}
+
+/* proj_fwd on the input of the proj_fwd just before it (k and v after q, up after gate: same x,
+ * rows and contents, and that call ran its base product): the backend may reuse its bf16 copy. */
+static void proj_fwd_shared(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y,
+                            float *lu, const float *bias, float beta) {
+    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT_SAME_X);
 }
 
 /* Over the n rows from row r0, given dy (n, out) of projection p with input x: accumulates LoRA
@@ -392,8 +404,8 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
         be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
-        proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
-        proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
         if (!ab) continue;
         if (c->qk_norm) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
             be->to_bf16(s->ctx, qp, (uint16_t *)at_row(s, st->q_raw, r0, qd), n * qd);
@@ -437,7 +449,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
         float *a = wsf(s, y->dg);
         proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
-        proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
         float *xo = x_out.f ? x_out.f + r0 * C : xc;
         LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
@@ -472,7 +484,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
         float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
         if (!st->g) {
             proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_g, NULL, 0.0f);
-            proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
+            proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
         }
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
         if (!st->g) proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, NULL, lu_d, NULL, 1.0f); /* its LoRA product */
