@@ -1,5 +1,6 @@
 /* The one decoder: forward and backward of packed rows through the backend op table, LoRA on the
- * projections of the last K layers, gradient checkpointing by segments, and the run memory
+ * projections of the last K layers, gradient checkpointing by segments (checkpoints and attention's
+ * tensors in the layout's saved dtype), position-wise work in row chunks, and the run memory
  * (allocated once by lt_model_prepare from the layout in layout.c). Loading lives in load.c. No
  * op is called directly and nothing is allocated inside a step. */
 #include <stdio.h>
@@ -200,8 +201,8 @@ static void *ckpt(const step *s, int64_t seg) {
     return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
 }
 
-/* Copies the f32 x (n elements) into saved storage at dst (rounding when the layout saves bf16),
- * or back (back = 1: dst is the f32 side). */
+/* Copies the f32 x (n elements) into `saved` (a checkpoint of the layout's saved dtype, rounded
+ * when bf16), or back = 1: `saved` into x. */
 static lt_status saved_copy(const step *s, void *saved, float *x, int64_t n, int back) {
     if (s->m->lay.saved_dtype == LT_DTYPE_F32)
         return back ? s->be->copy_to_device(s->ctx, x, saved, (size_t)n * 4)
@@ -221,7 +222,7 @@ static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in, int64_t r0)
     return drop_offset(l, p) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
 }
 
-/* Rows per chunk of the position-wise work, and the rows of the chunk starting at r0. */
+/* Rows of the position-wise chunk starting at row r0 (the layout's chunk rows, fewer at the end). */
 static int64_t chunk_rows(const step *s, int64_t r0) {
     int64_t ch = s->m->lay.chunk;
     return s->N - r0 < ch ? s->N - r0 : ch;
