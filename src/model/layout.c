@@ -136,7 +136,7 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
     PIECE_ES(v, N * kvd, attn_es);
     PIECE_ES(att, N * qd, attn_es);
     PIECE(lse, B * c->H * T);
-    PIECE(x_mid, N * c->C);
+    PIECE_ES(x_mid, N * c->C, attn_es);
     if (keep_mlp) {
         PIECE(g, N * c->F);
         PIECE(u, N * c->F);
@@ -299,6 +299,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     if (o->attn_bf16) {
         o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
         o->ac = carve_aligned(&cur, nb(CH * (c->qk_norm ? qd + kvd : qd), 4), al);
+        o->mc = carve_aligned(&cur, nb(CH * c->C, 4), al);
     }
     if (!keep_mlp) {
         o->g = carve_aligned(&cur, nb(CH * c->F, 4), al);

@@ -301,13 +301,13 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
 }
 
-/* Whole-batch attention tensor t (N, width) of the store or workspace, from row r0: f32 or bf16
- * elements (the layout's attn_bf16). */
+/* Row r0 of a whole-batch tensor t (N, width) held in the layout's attention dtype (attention's
+ * inputs, output and gradients, q_raw, k_raw, x_mid): bf16 under attn_bf16, else f32. */
 static void *at_row(const step *s, void *t, int64_t r0, int64_t width) {
     return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
 }
 
-/* Rows [r0, r0 + n) of attention tensor t as f32: in place for f32, widened into `buf` for bf16. */
+/* Rows [r0, r0 + n) of such a tensor as f32: in place for f32, widened into `buf` for bf16. */
 static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
     if (!s->m->lay.attn_bf16) return (float *)at_row(s, t, r0, width);
     s->be->from_bf16(s->ctx, (const uint16_t *)at_row(s, t, r0, width), buf, n * width);
@@ -315,8 +315,8 @@ static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_
 }
 
 /* Per-head norm (Qwen3) and RoPE of the q and k rows [r0, r0 + n): q, k (n rows) hold the
- * projections on entry (f32; with the norm they are the stores' q_raw, k_raw rows) and
- * qo, ko receive the result (may alias q, k when there is no norm). */
+ * projections on entry (f32 rows of the stores or of the chunk buffer) and
+ * qo, ko receive the result (may alias q, k). */
 static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q, float *k,
                       float *qo, float *ko) {
     const lt_model_config *c = &s->m->cfg;
@@ -438,12 +438,17 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* x_mid = x_in + o_proj(att) */
-        float *xm = st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
+        float *xm = ab ? wsf(s, y->mc) : st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
         if (x_in.f)
             LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
         else
             be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
         proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
+            uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
+            be->to_bf16(s->ctx, xm, xm16, n * C);
+            be->from_bf16(s->ctx, xm16, xm, n * C);
+        }
         if (!x_out.f && !x_out.h) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
@@ -477,7 +482,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
     float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL, *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
+        float *xm = att_rows_f32(s, st->x_mid, r0, n, C, ab ? wsf(s, y->mc) : NULL), *dxc = dx + r0 * C;
         float *lu_g = lu_at(s, st, LT_PROJ_GATE, r0), *lu_u = lu_at(s, st, LT_PROJ_UP, r0);
         float *lu_d = lu_at(s, st, LT_PROJ_DOWN, r0);
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);

@@ -56,7 +56,7 @@ typedef struct lt_store {
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
     float *att;              /* (N, H·D) attention output */
     float *lse;              /* (B, H, T) attention log-sum-exp */
-    float *x_mid;            /* (N, C) residual after attention */
+    float *x_mid;            /* (N, C) residual after attention (bf16 under attn_bf16) */
     float *g, *u;            /* (N, F) gate and up projections: only without recompute (the
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
@@ -86,9 +86,11 @@ typedef struct lt_layout {
      * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
      * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
      * gradients, ac (chunk, H·D) for the output, or (chunk, H·D + Hkv·D) to widen the stores'
-     * bf16 q_raw, k_raw for the per-head norm's backward. */
+     * bf16 q_raw, k_raw for the per-head norm's backward. The stores' x_mid is bf16 too, mc
+     * (chunk, C) its f32 rows: the forward rounds it before the MLP reads it, so forward,
+     * recompute and backward see the same values. */
     int attn_bf16;
-    size_t qc, ac;
+    size_t qc, ac, mc;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
      * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
      * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
