@@ -221,11 +221,9 @@ static void matmul_every_weight_dtype(void **state) {
 
 /* ---- RMSNorm ---- */
 
-static void rmsnorm_forward_and_backward(void **state) {
-    (void)state;
-    uint64_t rng = lt_test_seed() + 2;
+static void rmsnorm_case(uint64_t seed, int64_t N, int64_t C) {
+    uint64_t rng = seed;
     lt_ctx *ctx = lt_ctx_new();
-    int64_t N = 70, C = 1000; /* C not a multiple of the block */
     float eps = 1e-5f;
     float *x = lt_test_fresh(&rng, N * C, 1.5f), *w = lt_test_fresh(&rng, C, 1), *dy = lt_test_fresh(&rng, N * C, 1);
     float *dw0 = lt_test_fresh(&rng, C, 1);
@@ -266,6 +264,15 @@ static void rmsnorm_forward_and_backward(void **state) {
     dfree(ctx, dr, F4(N)), dfree(ctx, ddx, F4(N * C)), dfree(ctx, ddw, F4(C));
     free(x), free(w), free(dy), free(dw0), free(P), free(y), free(r), free(gx), free(gw);
     lt_ctx_free(ctx);
+}
+
+/* C = 1000 and 128 (the per-head norm) take the warp-per-row kernels (rows 16-byte aligned),
+ * C = 998 the block-per-row ones; no C is a multiple of a block's threads. */
+static void rmsnorm_forward_and_backward(void **state) {
+    (void)state;
+    rmsnorm_case(lt_test_seed() + 2, 70, 1000);
+    rmsnorm_case(lt_test_seed() + 3, 70, 998);
+    rmsnorm_case(lt_test_seed() + 4, 300, 128);
 }
 
 /* ---- RoPE ---- */
