@@ -509,6 +509,36 @@ static void zero_sumsq_copies(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* bf16 storage conversions: bit-identical to the CPU ops (round to nearest even, ties, overflow
+ * to infinity and NaN included), and widening back exactly. */
+static void bf16_conversions_match_cpu(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 10;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t n = 1000003;
+    float *x = lt_test_fresh(&rng, n, 3), *back = malloc(F4(n)), *want = malloc(F4(n));
+    uint16_t *h = malloc((size_t)n * 2), *hc = malloc((size_t)n * 2);
+    const uint32_t special[6] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u};
+    for (int i = 0; i < 6; i++) memcpy(&x[i], &special[i], 4);
+    float *dx = up(ctx, x, F4(n)), *db = lt_alloc(ctx, LT_DEVICE_CUDA, F4(n), "back");
+    uint16_t *dh = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)n * 2, "bf16");
+    assert_true(db && dh);
+    gpu()->to_bf16(ctx, dx, dh, n);
+    down(ctx, h, dh, (size_t)n * 2);
+    cpu()->to_bf16(ctx, x, hc, n);
+    for (int64_t i = 6; i < n; i++) assert_int_equal(h[i], hc[i]);
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], hc[i]);
+    assert_true((h[5] & 0x7f80) == 0x7f80 && (h[5] & 0x7f)); /* a NaN stays a NaN */
+    gpu()->from_bf16(ctx, dh, db, n);
+    down(ctx, back, db, F4(n));
+    cpu()->from_bf16(ctx, h, want, n);
+    assert_memory_equal(back, want, F4(n));
+    dfree(ctx, dx, F4(n)), dfree(ctx, db, F4(n));
+    lt_free(ctx, LT_DEVICE_CUDA, dh, (size_t)n * 2);
+    free(x), free(back), free(want), free(h), free(hc);
+    lt_ctx_free(ctx);
+}
+
 /* ---- f32 attention and linear cross-entropy ---- */
 
 static void round_bf16(const float *x, float *xf, uint16_t *xb, int64_t n) {
@@ -840,6 +870,7 @@ int main(void) {
         cmocka_unit_test(dropout_masks_identical_to_cpu),
         cmocka_unit_test(adamw_matches_cpu),
         cmocka_unit_test(zero_sumsq_copies),
+        cmocka_unit_test(bf16_conversions_match_cpu),
         cmocka_unit_test(attention_f32_on_device),
         cmocka_unit_test(lce_f32_on_device),
         cmocka_unit_test(profiler_times_device_ops),

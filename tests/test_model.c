@@ -551,19 +551,21 @@ static void dropout_gradients_are_consistent(void **state) {
     lt_ctx_free(ctx);
 }
 
-/* bf16 keeps 8 significant bits: rounding a checkpoint moves each element by at most u/2 of its
- * magnitude (u = 2^-8). The recompute reruns a layer from that input and the backward passes back
- * through it, so a gradient moves by a few u per layer traversal (the CUDA trainer's test allows
- * 4 u per traversal); forward and backward of the fixtures' L <= 3 layers give at most 24 u,
- * rounded up to 2^-3 of the largest gradient. Structural mistakes (a stale chunk, a missed row)
- * give errors of order 1. */
+/* saved_bf16 = 1 rounds the checkpoints, the kept attention outputs and attention's inputs,
+ * outputs and gradients to bf16 (8 significant bits, unit roundoff u = 2^-8), as the CUDA model
+ * does by default; the rest stays f32. The loss, a mean of token losses, carries a few u (the
+ * CUDA trainer's test allows 8 u). A gradient moves by a few u per layer traversal (that test
+ * allows 4 u per traversal): forward and backward of the fixtures' L <= 3 layers give at most
+ * 24 u, rounded up to 2^-3 of the largest gradient. Structural mistakes (a stale chunk, a missed
+ * row) give errors of order 1. */
+#define SAVED_BF16_LOSS (8 * 0x1.0p-8)
 #define SAVED_BF16_REL 0x1.0p-3
 
 /* Position-wise chunks change only the summation order of the LoRA gradients (fp32 rounding):
  * every policy, with and without kept attention, at 5 rows per chunk (the fixture's 36 rows are 8
  * chunks, the last one short) against one chunk, with LoRA dropout on (masks are drawn per
- * element index, whichever chunk holds it). bf16 checkpoints leave the forward (loss, token
- * losses) bit-identical and move the gradients by bf16 rounding only. */
+ * element index, whichever chunk holds it). bf16 saving (the CUDA model's layout, run here on the
+ * CPU's bf16 attention) moves loss and gradients by bf16 rounding only. */
 static void chunks_and_bf16_checkpoints(void **state) {
     (void)state;
     static const char *const cases[2] = {"qwen3_tied", "qwen2_untied"};
@@ -583,9 +585,9 @@ static void chunks_and_bf16_checkpoints(void **state) {
         lt_test_fill_normal(&rng, p, n, 0.1f); /* B != 0 so every gradient is live */
         lt_model_batch b = fixture_batch(&f);
         b.step = 2;
-        float *g0 = malloc((size_t)n * 4), *gf = malloc((size_t)n * 4), tl0[64], tl[64], tlf[64];
+        float *g0 = malloc((size_t)n * 4), *gf = malloc((size_t)n * 4), tl0[64], tl[64];
         assert_true(g0 && gf);
-        double loss0 = 0, lossf = 0, moved = 0;
+        double loss0 = 0, moved = 0;
         /* v = 0: the reference (one chunk); then 5-row chunks under each policy with f32 and bf16
          * checkpoints. */
         for (int v = 0; v < 13; v++) {
@@ -612,26 +614,23 @@ static void chunks_and_bf16_checkpoints(void **state) {
                 memcpy(g0, g, (size_t)n * 4);
                 continue;
             }
-            if (v == 1) lossf = r.loss_sum, memcpy(tlf, tl, sizeof tl);
             float l1 = (float)r.loss_sum, l0 = (float)loss0;
-            compare(what, &l1, &l0, 1, SAME_REL);
-            compare(what, tl, tl0, N, SAME_REL);
+            compare(what, &l1, &l0, 1, bf16 ? SAVED_BF16_LOSS : SAME_REL);
+            compare(what, tl, tl0, N, bf16 ? SAVED_BF16_LOSS : SAME_REL);
             if (!bf16) {
                 compare(what, g, g0, n, SAME_REL);
                 if (w % 3 == 0) memcpy(gf, g, (size_t)n * 4);
                 continue;
             }
-            /* The forward never reads a checkpoint back: the same bits as with f32 ones. */
-            assert_true(r.loss_sum == lossf);
-            assert_memory_equal(tl, tlf, (size_t)N * 4);
             double scale = 0, worst = 0;
             for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)gf[i]));
             for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)g[i] - gf[i]));
-            fprintf(stderr, "  %s: grads relative to f32 checkpoints %.3g\n", what, worst / scale);
+            fprintf(stderr, "  %s: loss %.6g vs %.6g, grads relative to f32 saving %.3g\n", what, (double)l1,
+                    (double)l0, worst / scale);
             moved = fmax(moved, worst / scale);
             compare(what, g, gf, n, SAVED_BF16_REL);
         }
-        assert_true(moved > 0); /* the rounding is real (a checkpoint or a kept output was rounded) */
+        assert_true(moved > 0); /* the rounding is real */
         free(g0), free(gf);
         lt_model_free(ctx, m);
         lt_safetensors_close(ctx, f.exp);

@@ -1,5 +1,6 @@
 /* The one decoder: forward and backward of packed rows through the backend op table, LoRA on the
- * projections of the last K layers, gradient checkpointing by segments, and the run memory
+ * projections of the last K layers, gradient checkpointing by segments (checkpoints and attention's
+ * tensors in the layout's saved dtype), position-wise work in row chunks, and the run memory
  * (allocated once by lt_model_prepare from the layout in layout.c). Loading lives in load.c. No
  * op is called directly and nothing is allocated inside a step. */
 #include <stdio.h>
@@ -200,8 +201,8 @@ static void *ckpt(const step *s, int64_t seg) {
     return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
 }
 
-/* Copies the f32 x (n elements) into saved storage at dst (rounding when the layout saves bf16),
- * or back (back = 1: dst is the f32 side). */
+/* Copies the f32 x (n elements) into `saved` (a checkpoint of the layout's saved dtype, rounded
+ * when bf16), or back = 1: `saved` into x. */
 static lt_status saved_copy(const step *s, void *saved, float *x, int64_t n, int back) {
     if (s->m->lay.saved_dtype == LT_DTYPE_F32)
         return back ? s->be->copy_to_device(s->ctx, x, saved, (size_t)n * 4)
@@ -221,7 +222,7 @@ static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in, int64_t r0)
     return drop_offset(l, p) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
 }
 
-/* Rows per chunk of the position-wise work, and the rows of the chunk starting at r0. */
+/* Rows of the position-wise chunk starting at row r0 (the layout's chunk rows, fewer at the end). */
 static int64_t chunk_rows(const step *s, int64_t r0) {
     int64_t ch = s->m->lay.chunk;
     return s->N - r0 < ch ? s->N - r0 : ch;
@@ -300,12 +301,56 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
 }
 
+/* Row r0 of a whole-batch tensor t (N, width) held in the layout's attention dtype (attention's
+ * inputs, output and gradients, q_raw, k_raw, x_mid): bf16 under attn_bf16, else f32. */
+static void *at_row(const step *s, void *t, int64_t r0, int64_t width) {
+    return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
+}
+
+/* Rows [r0, r0 + n) of such a tensor as f32: in place for f32, widened into `buf` for bf16. */
+static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
+    if (!s->m->lay.attn_bf16) return (float *)at_row(s, t, r0, width);
+    s->be->from_bf16(s->ctx, (const uint16_t *)at_row(s, t, r0, width), buf, n * width);
+    return buf;
+}
+
+/* Per-head norm (Qwen3) and RoPE of the q and k rows [r0, r0 + n): q, k (n rows) hold the
+ * projections on entry (f32 rows of the stores or of the chunk buffer) and
+ * qo, ko receive the result (may alias q, k). */
+static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q, float *k,
+                      float *qo, float *ko) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    if (c->qk_norm) {
+        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
+        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
+    }
+    be->rope(s->ctx, qo, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 0);
+    be->rope(s->ctx, ko, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 0);
+}
+
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. The norm's
+ * inputs are the stores' q_raw, k_raw rows, widened into buf (n, H·D + Hkv·D) when bf16. */
+static void qk_finish_bwd(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
+                          float *dk, float *buf) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
+    if (!c->qk_norm) return;
+    const float *qr = att_rows_f32(s, st->q_raw, r0, n, qd, buf);
+    const float *kr = att_rows_f32(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
+    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+}
+
 static lt_attention_params attn_params(const step *s) {
     const lt_model_config *c = &s->m->cfg;
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = s->B, ap.T = s->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
-    ap.dtype = LT_DTYPE_F32;
+    ap.dtype = s->m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     ap.device = s->m->opt.device;
     ap.impl = s->m->run.attention;
     ap.seq_offsets = s->seq_offsets;
@@ -313,38 +358,66 @@ static lt_attention_params attn_params(const step *s) {
     return ap;
 }
 
-/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out
- * may alias x_in (a chunk of rows is read before the same rows are written, and no later chunk
- * reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
- * only attention's tensors span the batch. x_out = NULL is the recompute before the layer's own
+/* A layer's residual input or output (N, C): f32 rows, or a bf16 checkpoint read or written in
+ * place (h). */
+typedef struct resid {
+    float *f;
+    uint16_t *h;
+} resid;
+
+static resid resid_f32(float *f) {
+    resid r = {f, NULL};
+    return r;
+}
+
+/* Rows [r0, r0 + n) of x as f32: in place, or widened into buf. */
+static const float *resid_rows(const step *s, resid x, int64_t r0, int64_t n, float *buf) {
+    int64_t C = s->m->cfg.C;
+    if (x.f) return x.f + r0 * C;
+    s->be->from_bf16(s->ctx, x.h + r0 * C, buf, n * C);
+    return buf;
+}
+
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). An f32
+ * x_out may alias x_in (a chunk of rows is read before the same rows are written, and no later
+ * chunk reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
+ * only attention's tensors span the batch (in bf16 under attn_bf16: the q, k, v chunks are
+ * normed, rotated and rounded into them). x_out = NULL is the recompute before the layer's own
  * backward, which needs the attention half's stores and x_mid but not the MLP: layer_bwd reruns
- * the MLP chunk by chunk. att_kept = 1: this layer's attention output and lse were kept from the
- * first pass (st->lse already holds it; st->att too, or kept_bf16 holds it rounded, exactly when
- * the attention works in bf16), so it is not rerun. kept_bf16 (non-NULL when the layout keeps
- * attention in bf16): where the first pass rounds st->att to. */
-static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out,
-                           int att_kept, uint16_t *kept_bf16) {
+ * the MLP chunk by chunk. att_kept = 1: st->att and st->lse hold this layer's attention from the
+ * first pass (kept with the checkpoints), so it is not rerun. */
+static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x_in, resid x_out, int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
     const lt_layout *y = &m->lay;
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
-    float *h = wsf(s, y->h);
-    float *qo = c->qk_norm ? st->q_raw : st->q, *ko = c->qk_norm ? st->k_raw : st->k;
+    int ab = y->attn_bf16;
+    float *h = wsf(s, y->h), *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
+    float *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qo + r0 * qd, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
-        proj_fwd_shared(s, l, LT_PROJ_K, r0, n, h, ko + r0 * kvd, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
-        proj_fwd_shared(s, l, LT_PROJ_V, r0, n, h, st->v + r0 * kvd, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm, else q,
+         * k; and v), or under attn_bf16 into the chunk buffer. */
+        float *qp = ab ? qc : (c->qk_norm ? st->q_raw : st->q) + r0 * qd;
+        float *kp = ab ? qc + n * qd : (c->qk_norm ? st->k_raw : st->k) + r0 * kvd;
+        float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
+        be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        if (!ab) continue;
+        if (c->qk_norm) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
+            be->to_bf16(s->ctx, qp, (uint16_t *)at_row(s, st->q_raw, r0, qd), n * qd);
+            be->to_bf16(s->ctx, kp, (uint16_t *)at_row(s, st->k_raw, r0, kvd), n * kvd);
+        }
+        qk_finish(s, L, st, r0, n, qp, kp, qp, kp);
+        be->to_bf16(s->ctx, qc, (uint16_t *)at_row(s, st->q, r0, qd), n * qd);
+        be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
+        be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
     }
-    if (c->qk_norm) {
-        be->rmsnorm_fwd(s->ctx, st->q_raw, L->q_norm, c->rms_eps, N * c->H, c->D, st->q, st->rstd_q);
-        be->rmsnorm_fwd(s->ctx, st->k_raw, L->k_norm, c->rms_eps, N * c->Hkv, c->D, st->k, st->rstd_k);
-    }
-    be->rope(s->ctx, st->q, s->pos, m->inv_freq, N, c->H, c->D, 0);
-    be->rope(s->ctx, st->k, s->pos, m->inv_freq, N, c->Hkv, c->D, 0);
+    if (!ab) qk_finish(s, L, st, 0, N, c->qk_norm ? st->q_raw : st->q, c->qk_norm ? st->k_raw : st->k, st->q, st->k);
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
     memset(&aa, 0, sizeof aa);
@@ -352,27 +425,31 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
     aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
     aa.workspace_size = y->attn_ws_bytes;
     if (att_kept) {
-        /* A recompute whose first pass kept the output and lse (bit-identical to a rerun). */
-        if (kept_bf16) LT_TRY(saved_copy(s, kept_bf16, st->att, N * qd, 1));
+        /* A recompute whose first pass kept st->att and st->lse (bit-identical to a rerun). */
+    } else if (m->cp) {
+        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
+        LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
-        if (m->cp) {
-            lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-            LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
-        } else {
-            int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
-            lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
-            lt_prof_end(ph);
-            LT_TRY(as);
-        }
-        if (kept_bf16) LT_TRY(saved_copy(s, kept_bf16, st->att, N * qd, 0));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
+        lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* x_mid = x_in + o_proj(att) */
-        float *xm = st->x_mid + r0 * C;
-        LT_TRY(be->copy_to_device(s->ctx, xm, x_in + r0 * C, (size_t)(n * C) * 4));
-        proj_fwd(s, l, LT_PROJ_O, r0, n, st->att + r0 * qd, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
-        if (!x_out) continue;
+        float *xm = ab ? wsf(s, y->mc) : st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
+        if (x_in.f)
+            LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+        else
+            be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
+        proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
+            uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
+            be->to_bf16(s->ctx, xm, xm16, n * C);
+            be->from_bf16(s->ctx, xm16, xm, n * C);
+        }
+        if (!x_out.f && !x_out.h) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
@@ -380,8 +457,10 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
         proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
-        LT_TRY(be->copy_to_device(s->ctx, x_out + r0 * C, xm, (size_t)(n * C) * 4));
-        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, x_out + r0 * C, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        float *xo = x_out.f ? x_out.f + r0 * C : xc;
+        LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
+        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, xo, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
     }
     return LT_OK;
 }
@@ -391,17 +470,19 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
  * attention block's input gradient and leaves dx at ∂/∂x_mid. The MLP runs chunk by chunk: its
  * norm, gate and up projections (unless the store kept them) and SwiGLU are rerun from x_mid, then
  * differentiated, so nothing F-wide spans the batch. */
-static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx) {
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x_in, float *dx, int need_dx) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
     const lt_layout *y = &m->lay;
     int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16;
     float *h = wsf(s, y->h), *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
+    float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL, *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
+        float *xm = att_rows_f32(s, st->x_mid, r0, n, C, ab ? wsf(s, y->mc) : NULL), *dxc = dx + r0 * C;
         float *lu_g = lu_at(s, st, LT_PROJ_GATE, r0), *lu_u = lu_at(s, st, LT_PROJ_UP, r0);
         float *lu_d = lu_at(s, st, LT_PROJ_DOWN, r0);
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
@@ -421,11 +502,12 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
     }
     /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)), h1 = norm(x_in) */
-    float *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
+    void *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        proj_bwd(s, l, LT_PROJ_O, r0, n, st->att + r0 * qd, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), datt + r0 * qd,
-                 0.0f);
+        float *att = att_rows_f32(s, st->att, r0, n, qd, ac), *dattc = ab ? qc : (float *)at_row(s, datt, r0, qd);
+        proj_bwd(s, l, LT_PROJ_O, r0, n, att, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), dattc, 0.0f);
+        if (ab) be->to_bf16(s->ctx, dattc, (uint16_t *)at_row(s, datt, r0, qd), n * qd);
     }
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
@@ -444,21 +526,20 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
         lt_prof_end(ph);
         LT_TRY(as);
     }
-    be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
-    be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
-    if (c->qk_norm) {
-        be->rmsnorm_bwd(s->ctx, dq, st->q_raw, L->q_norm, st->rstd_q, N * c->H, c->D, dq, NULL);
-        be->rmsnorm_bwd(s->ctx, dk, st->k_raw, L->k_norm, st->rstd_k, N * c->Hkv, c->D, dk, NULL);
-    }
+    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk, NULL);
     float *dhx = need_dx ? dh : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        be->rmsnorm_fwd(s->ctx, x_in + r0 * C, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dq + r0 * qd, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
-        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dk + r0 * kvd, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
-        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dv + r0 * kvd, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
+        float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
+        float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
+        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, ac);
+        const float *xr = resid_rows(s, x_in, r0, n, xc);
+        be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
+        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dkc, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
+        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dvc, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
         if (!need_dx) continue;
-        be->rmsnorm_bwd(s->ctx, dh, x_in + r0 * C, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
+        be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
         be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
     }
     return LT_OK;
@@ -486,6 +567,9 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->first_row < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->cp && m->lay.attn_bf16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
+                        "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "model: context parallel steps take one row (B = 1) without seq_offsets");
@@ -542,7 +626,7 @@ static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
     s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
     lt_store st = store_slot(s, 0);
-    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, out, out, 0, NULL));
+    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, resid_f32(out), resid_f32(out), 0));
     return LT_OK;
 }
 
@@ -595,29 +679,35 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     return LT_OK;
 }
 
-/* LoRA layer j (0-based from l0) runs on its slot's x_in and writes the next slot's x_in (in
- * place when one slot serves the segment), the last one xf. Under a recompute policy the input of
- * every segment's first layer is also saved as a checkpoint, from which the backward reruns it. */
-static float *lora_out(const step *s, int64_t j) {
+/* LoRA layer j's residual input: checkpoint j under resid_ckpt, else its slot's x_in (for the first
+ * layer of a segment, a copy of the segment's checkpoint). */
+static resid lora_in(const step *s, int64_t j, const lt_store *st) {
     const lt_layout *y = &s->m->lay;
-    if (j + 1 == s->m->lora.num_layers) return xf_of(s);
-    lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
-    return nx.x_in;
+    if (!y->resid_ckpt) return resid_f32(st->x_in);
+    resid r = {NULL, NULL};
+    if (y->saved_dtype == LT_DTYPE_BF16)
+        r.h = (uint16_t *)ckpt(s, j);
+    else
+        r.f = (float *)ckpt(s, j);
+    return r;
 }
 
-/* The store of LoRA layer j, with its kept attention when the layout keeps it in f32 (the store
- * then points there); *kept_bf16 = the layer's bf16 kept output, or NULL. */
-static lt_store slot_of(const step *s, int64_t j, uint16_t **kept_bf16) {
+/* Its output: xf for the last LoRA layer, else the next layer's input (the next slot's x_in, in
+ * place when one slot serves the segment). */
+static resid lora_out(const step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    if (j + 1 == s->m->lora.num_layers) return resid_f32(xf_of(s));
+    lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
+    return lora_in(s, j + 1, &nx);
+}
+
+/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones. */
+static lt_store slot_of(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
     lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
-    *kept_bf16 = NULL;
     if (y->keep_attn) {
-        uint8_t *att = blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
+        st.att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
         st.lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
-        if (y->saved_dtype == LT_DTYPE_F32)
-            st.att = (float *)att;
-        else
-            *kept_bf16 = (uint16_t *)att;
     }
     return st;
 }
@@ -630,15 +720,19 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     const lt_layout *y = &m->lay;
     int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
     int64_t k = y->n_ckpt ? y->n_tr_stores : K;
-    uint16_t *kb;
     const lt_device dev = m->opt.device;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
-    lt_store st = slot_of(&s, 0, &kb);
-    LT_TRY(run_plain(&s, l0, st.x_in));
+    lt_store st = slot_of(&s, 0);
+    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+        LT_TRY(run_plain(&s, l0, xf_of(&s)));
+        LT_TRY(saved_copy(&s, ckpt(&s, 0), xf_of(&s), NC, 0));
+    } else {
+        LT_TRY(run_plain(&s, l0, st.x_in));
+    }
     for (int64_t j = 0; j < K; j++) {
-        st = slot_of(&s, j, &kb);
-        if (y->n_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
-        LT_TRY(layer_fwd(&s, l0 + j, &st, st.x_in, lora_out(&s, j), 0, kb));
+        st = slot_of(&s, j);
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
+        LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
     }
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
@@ -649,17 +743,17 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
         if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
             lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
-            st = slot_of(&s, seg * k, &kb);
-            LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
+            st = slot_of(&s, seg * k);
+            if (!y->resid_ckpt) LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
             for (int64_t i = seg * k; i <= j; i++) {
-                st = slot_of(&s, i, &kb);
-                float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(layer_fwd(&s, l0 + i, &st, st.x_in, out, y->keep_attn, kb));
+                st = slot_of(&s, i);
+                resid out = i == j ? resid_f32(NULL) : lora_out(&s, i); /* the last output is not needed */
+                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, y->keep_attn));
             }
         }
         lt_prof_set_phase(dev, LT_PROF_BACKWARD);
-        st = slot_of(&s, j, &kb);
-        LT_TRY(layer_bwd(&s, l0 + j, &st, st.x_in, dx, j > 0));
+        st = slot_of(&s, j);
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
         if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
     }

@@ -47,12 +47,16 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
  * position-wise work reruns them a chunk of rows at a time. Offsets (bytes) inside a store, or
  * pointers. */
 typedef struct lt_store {
-    float *x_in;             /* (N, C) layer input */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
+    float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
+                                (lt_layout.resid_ckpt) or in a forward-only run (in place) */
+    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only; bf16
+                                elements under attn_bf16, read only by the norm's backward) */
+    /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
+     * attention reads and writes them directly), else f32. */
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
     float *att;              /* (N, H·D) attention output */
     float *lse;              /* (B, H, T) attention log-sum-exp */
-    float *x_mid;            /* (N, C) residual after attention */
+    float *x_mid;            /* (N, C) residual after attention (bf16 under attn_bf16) */
     float *g, *u;            /* (N, F) gate and up projections: only without recompute (the
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
@@ -71,10 +75,25 @@ typedef struct lt_layout {
      * store slot; checkpoints are copied (rounded) out of it and back. */
     size_t act_stores, ckpt, ckpt_stride;
     lt_dtype saved_dtype;
+    /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
+     * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
+     * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
+     * boundary, the forward and the recompute see the same inputs, and xc (chunk, C) f32 holds a
+     * chunk of rows in flight. */
+    int resid_ckpt;
+    size_t xc;
+    /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
+     * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
+     * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
+     * gradients, ac (chunk, H·D) for the output, or (chunk, H·D + Hkv·D) to widen the stores'
+     * bf16 q_raw, k_raw for the per-head norm's backward. The stores' x_mid is bf16 too, mc
+     * (chunk, C) its f32 rows: the forward rounds it before the MLP reads it, so forward,
+     * recompute and backward see the same values. */
+    int attn_bf16;
+    size_t qc, ac, mc;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
-     * of saved_dtype and a (B·H·T) f32 lse in the activation block, `att_stride` / `lse_stride`
-     * bytes apart; 0 = none. An f32 output is the store's att itself; a bf16 one is rounded out of
-     * the store's f32 att and widened back before the backward. */
+     * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
+     * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
     size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
@@ -88,10 +107,11 @@ typedef struct lt_layout {
      * the loss kernel writes, [1] the upstream gradient dloss it reads. */
     size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
-     * loss writes ∂/∂h), datt and dq (N, max(H·D, C)), dk, dv (N, Hkv·D). Chunk-sized (`chunk`
+     * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
+     * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
      * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
-     * dropout, dlu (r). */
+     * LoRA dropout (absent without), dlu (r). */
     int64_t chunk;
     size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
