@@ -119,6 +119,8 @@ static void gemm_f32_every_transpose(void **state) {
             gemm_case(ctx, &rng, 0, 0, 333, r, 1060, pad, 0.5f);  /* dlu = dy·B */
             gemm_case(ctx, &rng, 1, 0, r, 300, 2100, pad, 1.0f);  /* dA += dluᵀ·x */
             gemm_case(ctx, &rng, 1, 0, 260, r, 2100, pad, 0.0f);  /* dB = dyᵀ·lu */
+            gemm_case(ctx, &rng, 0, 1, 333, 300, r, pad, 1.0f);   /* y += lu·Bᵀ */
+            gemm_case(ctx, &rng, 0, 0, 333, 300, r, pad, 0.0f);   /* dx = dlu·A */
         }
     }
     gemm_case(ctx, &rng, 0, 1, 100, 8, 1000, 1, 0.0f); /* unaligned: cuBLASLt */
