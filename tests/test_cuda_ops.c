@@ -119,6 +119,8 @@ static void gemm_f32_every_transpose(void **state) {
             gemm_case(ctx, &rng, 0, 0, 333, r, 1060, pad, 0.5f);  /* dlu = dy·B */
             gemm_case(ctx, &rng, 1, 0, r, 300, 2100, pad, 1.0f);  /* dA += dluᵀ·x */
             gemm_case(ctx, &rng, 1, 0, 260, r, 2100, pad, 0.0f);  /* dB = dyᵀ·lu */
+            gemm_case(ctx, &rng, 0, 1, 333, 300, r, pad, 1.0f);   /* y += lu·Bᵀ */
+            gemm_case(ctx, &rng, 0, 0, 333, 300, r, pad, 0.0f);   /* dx = dlu·A */
         }
     }
     gemm_case(ctx, &rng, 0, 1, 100, 8, 1000, 1, 0.0f); /* unaligned: cuBLASLt */
@@ -329,6 +331,15 @@ static void swiglu_forward_and_backward(void **state) {
     gpu()->swiglu_bwd(ctx, dda, dg_, du_, n, odg, odu);
     float *a = malloc(F4(n)), *gg = malloc(F4(n)), *gu = malloc(F4(n));
     down(ctx, a, oa, F4(n)), down(ctx, gg, odg, F4(n)), down(ctx, gu, odu, F4(n));
+    {   /* n % 4 == 0 takes the float4 kernel: the scalar one's values */
+        const int64_t n4 = n - n % 4;
+        float *o4 = up(ctx, P, F4(n)), *a4 = malloc(F4(n));
+        gpu()->swiglu_fwd(ctx, dg_, du_, n4, o4);
+        down(ctx, a4, o4, F4(n));
+        for (int64_t i = 0; i < n4; i++) lt_test_close_to(a4[i], a[i], 0, LT_TOL_F32_REL, "swiglu float4", i);
+        dfree(ctx, o4, F4(n));
+        free(a4);
+    }
     for (int64_t i = 0; i < n; i++) {
         double s = 1 / (1 + exp(-(double)g[i]));
         lt_test_close_to(a[i], silu(g[i]) * u[i], 0, LT_TOL_F32_REL, "swiglu", i);
