@@ -111,7 +111,7 @@ int main(void) {
     CHECK(same_as_host(e, h, 40000));
     CHECK(lt_comm_barrier(ctx, c) == LT_OK);
     /* Ring attention runs on host buffers only. */
-    lt_cp_attention_params p = {8, 2, 1, 8, 0};
+    lt_cp_attention_params p = {8, 2, 1, 8, 0, LT_ATTENTION_AUTO};
     CHECK(lt_cp_attention_check(ctx, c, &p) == LT_ERR_UNSUPPORTED);
     /* One timing for the record: all-reduce of a 64 MiB f32 gradient in a world of one. */
     const int64_t big = (int64_t)16 << 20;
