@@ -2,8 +2,11 @@
  * NVLink multicast off (NCCL_NVLS_ENABLE=0 in the environment), and sum all-reduce (f32, f64,
  * bucketed), broadcast, send/receive to itself and barrier run through NCCL on device buffers and
  * return the exact bits a world of one must (the sum of one contribution), also through the gradient
- * reducer's buckets started on the stream as ranges are marked; bad roots are typed
- * errors and ring attention refuses device buffers. Several ranks need several GPUs: not run here. */
+ * reducer's buckets started on the stream as ranges are marked; the grouped exchange and the
+ * transpose put every byte where the host versions do; Ulysses attention in a world of one gives
+ * the bits of the device attention it wraps (forward and backward); bad roots are typed errors and
+ * ring attention refuses device buffers. Several ranks need several GPUs: not run here. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +116,89 @@ int main(void) {
     /* Ring attention runs on host buffers only. */
     lt_cp_attention_params p = {8, 2, 1, 8, 0, LT_ATTENTION_AUTO};
     CHECK(lt_cp_attention_check(ctx, c, &p) == LT_ERR_UNSUPPORTED);
+    /* Transpose and exchange on the device: the same bytes as the host versions. */
+    {
+        int32_t src[3 * 5 * 2], want[30], got[30];
+        for (int i = 0; i < 30; i++) src[i] = i * 3 + 1;
+        CHECK(lt_comm_transpose(ctx, NULL, want, src, 3, 5, 8) == LT_OK);
+        void *ds = to_dev(src, sizeof src), *dd = NULL;
+        CHECK(cudaMalloc(&dd, sizeof src) == cudaSuccess);
+        CHECK(lt_comm_transpose(ctx, c, dd, ds, 3, 5, 8) == LT_OK);
+        CHECK(same_as_host(dd, want, sizeof want));
+        CHECK(lt_comm_transpose(ctx, c, dd, ds, 5, 3, 8) == LT_OK);
+        CHECK(lt_comm_transpose(ctx, NULL, got, src, 5, 3, 8) == LT_OK);
+        CHECK(same_as_host(dd, got, sizeof got));
+        lt_comm_piece sp[2] = {{0, 0, 40}, {0, 40, 80}}, rp[2] = {{0, 80, 40}, {0, 0, 80}};
+        CHECK(lt_comm_exchange(ctx, c, ds, sizeof src, sp, 2, dd, sizeof src, rp, 2) == LT_OK);
+        CHECK(lt_comm_exchange(ctx, NULL, src, sizeof src, sp, 2, got, sizeof got, rp, 2) == LT_OK);
+        CHECK(same_as_host(dd, got, sizeof got));
+        cudaFree(ds), cudaFree(dd);
+    }
+    /* Ulysses in a world of one on the GPU: the zig-zag split of one rank is the natural order and
+     * the all-to-all moves whole heads, so forward and backward equal the device kernel's bits. */
+    {
+        lt_cp_attention_params up = {512, 8, 2, 128, 0, LT_ATTENTION_AUTO};
+        const size_t nq = (size_t)(up.T * up.H * up.D), nk = (size_t)(up.T * up.Hkv * up.D), nl = (size_t)(up.T * up.H);
+        float *hq = malloc(nq * 4), *hk = malloc(nk * 4), *hv = malloc(nk * 4), *hdo = malloc(nq * 4);
+        lt_test_fill_normal(&rng, hq, (int64_t)nq, 1.0f);
+        lt_test_fill_normal(&rng, hk, (int64_t)nk, 1.0f);
+        lt_test_fill_normal(&rng, hv, (int64_t)nk, 1.0f);
+        lt_test_fill_normal(&rng, hdo, (int64_t)nq, 1.0f);
+        float *q = to_dev(hq, nq * 4), *k = to_dev(hk, nk * 4), *v = to_dev(hv, nk * 4), *dout = to_dev(hdo, nq * 4);
+        float *bufs[10];
+        size_t sizes[10] = {nq, nl, nq, nk, nk, nq, nl, nq, nk, nk};
+        for (int i = 0; i < 10; i++) {
+            bufs[i] = NULL;
+            CHECK(cudaMalloc((void **)&bufs[i], sizes[i] * 4) == cudaSuccess);
+            cudaMemset(bufs[i], 0xff, sizes[i] * 4); /* NaN poison: every element must be written */
+        }
+        size_t wb = lt_cp_ulysses_workspace_bytes(&up, 1, LT_DEVICE_CUDA, 1);
+        void *ws = NULL;
+        CHECK(wb != SIZE_MAX && cudaMalloc(&ws, wb) == cudaSuccess);
+        CHECK(lt_cp_ulysses_forward(ctx, c, &up, q, k, v, bufs[0], bufs[1], ws, wb, 1) == LT_OK);
+        CHECK(lt_cp_ulysses_backward(ctx, c, &up, q, k, v, bufs[0], bufs[1], dout, bufs[2], bufs[3], bufs[4], ws, wb,
+                                     1) == LT_OK);
+        lt_attention_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.B = 1, ap.T = up.T, ap.H = up.H, ap.Hkv = up.Hkv, ap.D = up.D, ap.dtype = LT_DTYPE_F32;
+        ap.device = LT_DEVICE_CUDA;
+        lt_attention_args aa;
+        memset(&aa, 0, sizeof aa);
+        aa.q = q, aa.k = k, aa.v = v, aa.out = bufs[5], aa.lse = bufs[6], aa.dout = dout;
+        aa.dq = bufs[7], aa.dk = bufs[8], aa.dv = bufs[9];
+        CHECK(lt_attention_forward(ctx, &ap, &aa) == LT_OK);
+        CHECK(lt_attention_backward(ctx, &ap, &aa) == LT_OK);
+        for (int i = 0; i < 5; i++) {
+            float *a = malloc(sizes[i] * 4);
+            cudaMemcpy(a, bufs[5 + i], sizes[i] * 4, cudaMemcpyDeviceToHost);
+            int fin = 1;
+            for (size_t j = 0; j < sizes[i]; j++) fin &= a[j] == a[j];
+            CHECK(fin);
+            CHECK(same_as_host(bufs[i], a, sizes[i] * 4));
+            free(a);
+        }
+        /* One timing for the record: Ulysses forward + backward against the bare kernel (world of
+         * one: the all-to-all is a device copy). */
+        cudaDeviceSynchronize();
+        double t0 = lt_time_now();
+        for (int r = 0; r < 5; r++) {
+            lt_cp_ulysses_forward(ctx, c, &up, q, k, v, bufs[0], bufs[1], ws, wb, 1);
+            lt_cp_ulysses_backward(ctx, c, &up, q, k, v, bufs[0], bufs[1], dout, bufs[2], bufs[3], bufs[4], ws, wb, 1);
+        }
+        cudaDeviceSynchronize();
+        double t1 = lt_time_now();
+        for (int r = 0; r < 5; r++) {
+            lt_attention_forward(ctx, &ap, &aa);
+            lt_attention_backward(ctx, &ap, &aa);
+        }
+        cudaDeviceSynchronize();
+        printf("Ulysses world of one, T=%lld H=%lld Hkv=%lld D=%lld: fwd+bwd %.3f ms, bare kernel %.3f ms\n",
+               (long long)up.T, (long long)up.H, (long long)up.Hkv, (long long)up.D, (t1 - t0) / 5 * 1e3,
+               (lt_time_now() - t1) / 5 * 1e3);
+        for (int i = 0; i < 10; i++) cudaFree(bufs[i]);
+        cudaFree(ws), cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout);
+        free(hq), free(hk), free(hv), free(hdo);
+    }
     /* One timing for the record: all-reduce of a 64 MiB f32 gradient in a world of one. */
     const int64_t big = (int64_t)16 << 20;
     float *g = NULL;
