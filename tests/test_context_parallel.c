@@ -169,7 +169,7 @@ static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
     size_t ns[] = {nq, nl, nq, nk, nk};
     for (int t = 0; t < 5; t++)
         for (size_t i = 0; i < ns[t]; i++) outs[t][i] = LT_TEST_POISON;
-    lt_cp_attention_params p = {s->T, s->H, s->Hkv, s->D, s->scale, LT_ATTENTION_AUTO};
+    lt_cp_attention_params p = {s->T, s->H, s->Hkv, s->D, s->scale, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     double worst = INFINITY;
     lt_status st;
     if (uly) {
@@ -199,6 +199,64 @@ static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
 }
 
 static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) { return run_rank_kind(ctx, c, s, f, 0); }
+
+/* Ulysses in bf16 (the CUDA model's attention dtype) against the single-rank flash attention on the
+ * same bf16 inputs of the whole sequence: outputs are compared after both round to bf16, so the
+ * tolerance is two bf16 ulps of the largest magnitude (the ranks run the same kernel on fewer
+ * heads; nothing but the heads' grouping differs). Returns the worst error / tolerance. */
+static double run_rank_bf16(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
+    const int world = lt_comm_size(c), rank = lt_comm_rank(c);
+    const int64_t T = s->T, Tl = T / world, qr = s->H * s->D, kr = s->Hkv * s->D;
+    const size_t nq = (size_t)(T * qr), nk = (size_t)(T * kr);
+    uint16_t *g[4], *l[4], *ro[4], *lo[4]; /* q k v dout; out dq dk dv (full, local) */
+    const float *src[4] = {f->q, f->k, f->v, f->dout};
+    size_t n[4] = {nq, nk, nk, nq}, rw[4] = {(size_t)qr, (size_t)kr, (size_t)kr, (size_t)qr};
+    size_t on[4] = {nq, nq, nk, nk}, orw[4] = {(size_t)qr, (size_t)qr, (size_t)kr, (size_t)kr};
+    for (int t = 0; t < 4; t++) {
+        g[t] = malloc(n[t] * 2), l[t] = malloc(n[t] / (size_t)world * 2);
+        ro[t] = malloc(on[t] * 2), lo[t] = malloc(on[t] / (size_t)world * 2);
+        for (size_t i = 0; i < n[t]; i++) g[t][i] = lt_f32_to_bf16(src[t][i]);
+        for (int64_t i = 0; i < Tl; i++)
+            memcpy(l[t] + (size_t)i * rw[t], g[t] + (size_t)lt_cp_zigzag_position(T, world, rank, i) * rw[t], rw[t] * 2);
+        for (size_t i = 0; i < on[t] / (size_t)world; i++) lo[t][i] = 0x7fc1; /* NaN poison */
+    }
+    float *lse = malloc((size_t)(T * s->H) * 4), *llse = malloc((size_t)(Tl * s->H) * 4);
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = 1, ap.T = T, ap.H = s->H, ap.Hkv = s->Hkv, ap.D = s->D, ap.dtype = LT_DTYPE_BF16;
+    ap.device = LT_DEVICE_CPU, ap.impl = LT_ATTENTION_FLASH, ap.scale = s->scale;
+    lt_attention_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = g[0], aa.k = g[1], aa.v = g[2], aa.dout = g[3], aa.out = ro[0], aa.lse = lse;
+    aa.dq = ro[1], aa.dk = ro[2], aa.dv = ro[3];
+    double worst = INFINITY;
+    lt_cp_attention_params p = {T, s->H, s->Hkv, s->D, s->scale, LT_ATTENTION_AUTO, LT_DTYPE_BF16};
+    size_t wb = lt_cp_ulysses_workspace_bytes(&p, world, LT_DEVICE_CPU, lt_ctx_threads(ctx));
+    void *ws = wb == SIZE_MAX ? NULL : aligned_alloc(256, (wb + 255) / 256 * 256);
+    if (lt_attention_forward(ctx, &ap, &aa) != LT_OK || lt_attention_backward(ctx, &ap, &aa) != LT_OK || !ws ||
+        lt_cp_ulysses_forward(ctx, c, &p, l[0], l[1], l[2], lo[0], llse, ws, wb, lt_ctx_threads(ctx)) != LT_OK ||
+        lt_cp_ulysses_backward(ctx, c, &p, l[0], l[1], l[2], lo[0], llse, l[3], lo[1], lo[2], lo[3], ws, wb,
+                               lt_ctx_threads(ctx)) != LT_OK) {
+        fprintf(stderr, "rank %d: bf16: %s\n", rank, lt_ctx_error(ctx));
+    } else {
+        worst = 0;
+        for (int t = 0; t < 4; t++) {
+            double mag = 0, e = 0;
+            for (size_t i = 0; i < on[t]; i++) mag = fmax(mag, fabs(lt_bf16_to_f32(ro[t][i])));
+            for (int64_t i = 0; i < Tl; i++) {
+                int64_t gp = lt_cp_zigzag_position(T, world, rank, i);
+                for (size_t d = 0; d < orw[t]; d++) {
+                    float x = lt_bf16_to_f32(lo[t][(size_t)i * orw[t] + d]);
+                    e = isfinite(x) ? fmax(e, fabs(x - lt_bf16_to_f32(ro[t][(size_t)gp * orw[t] + d]))) : INFINITY;
+                }
+            }
+            worst = fmax(worst, e / (2.0 * 0x1p-8 * fmax(mag, 1.0)));
+        }
+    }
+    for (int t = 0; t < 4; t++) free(g[t]), free(l[t]), free(ro[t]), free(lo[t]);
+    free(lse), free(llse), free(ws);
+    return worst;
+}
 
 static const shape cases[] = {
     {60, 4, 2, 16, 0.0f},   /* GQA 2:1, default scale */
@@ -252,6 +310,8 @@ static void test_world_of_one(void **state) {
         if (!(w <= 1)) fail_msg("case %zu: error / tolerance %.3g", i, w);
         w = run_rank_kind(ctx, NULL, &cases[i], &f, 1);
         if (!(w <= 1)) fail_msg("case %zu, Ulysses: error / tolerance %.3g", i, w);
+        w = run_rank_bf16(ctx, NULL, &cases[i], &f);
+        if (!(w <= 1)) fail_msg("case %zu, Ulysses bf16: error / tolerance %.3g", i, w);
         free_full(&f);
     }
     lt_ctx_free(ctx);
@@ -260,7 +320,7 @@ static void test_world_of_one(void **state) {
 static void test_errors_and_workspace(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    lt_cp_attention_params p = {30, 4, 2, 8, 0, LT_ATTENTION_AUTO};
+    lt_cp_attention_params p = {30, 4, 2, 8, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_OK);
     p.T = 31;
     assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
@@ -274,7 +334,7 @@ static void test_errors_and_workspace(void **state) {
     /* The bytes the planner prices are the bytes the calls take from the allocator. */
     const shape s = {40, 4, 2, 16, 0};
     full f = make_full(&s);
-    lt_cp_attention_params q = {s.T, s.H, s.Hkv, s.D, 0, LT_ATTENTION_AUTO};
+    lt_cp_attention_params q = {s.T, s.H, s.Hkv, s.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     size_t base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
     lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
     float *o = malloc((size_t)(s.T * s.H * s.D) * 4), *l = malloc((size_t)(s.T * s.H) * 4);
@@ -358,6 +418,12 @@ static int worker(void) {
             if (!(w <= 1)) {
                 fprintf(stderr, "rank %d of %d, case %zu (T %lld), Ulysses: error / tolerance %.3g\n", rank, world, i,
                         (long long)cases[i].T, w);
+                fails++;
+            }
+            w = run_rank_bf16(ctx, c, &cases[i], &f);
+            if (!(w <= 1)) {
+                fprintf(stderr, "rank %d of %d, case %zu (T %lld), Ulysses bf16: error / tolerance %.3g\n", rank, world,
+                        i, (long long)cases[i].T, w);
                 fails++;
             }
             ulysses_cases++;

@@ -114,7 +114,7 @@ int main(void) {
     CHECK(same_as_host(e, h, 40000));
     CHECK(lt_comm_barrier(ctx, c) == LT_OK);
     /* Ring attention runs on host buffers only. */
-    lt_cp_attention_params p = {8, 2, 1, 8, 0, LT_ATTENTION_AUTO};
+    lt_cp_attention_params p = {8, 2, 1, 8, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     CHECK(lt_cp_attention_check(ctx, c, &p) == LT_ERR_UNSUPPORTED);
     /* Transpose and exchange on the device: the same bytes as the host versions. */
     {
@@ -137,7 +137,7 @@ int main(void) {
     /* Ulysses in a world of one on the GPU: the zig-zag split of one rank is the natural order and
      * the all-to-all moves whole heads, so forward and backward equal the device kernel's bits. */
     {
-        lt_cp_attention_params up = {512, 8, 2, 128, 0, LT_ATTENTION_AUTO};
+        lt_cp_attention_params up = {512, 8, 2, 128, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
         const size_t nq = (size_t)(up.T * up.H * up.D), nk = (size_t)(up.T * up.Hkv * up.D), nl = (size_t)(up.T * up.H);
         float *hq = malloc(nq * 4), *hk = malloc(nk * 4), *hv = malloc(nk * 4), *hdo = malloc(nq * 4);
         lt_test_fill_normal(&rng, hq, (int64_t)nq, 1.0f);

@@ -25,6 +25,8 @@ typedef struct lt_cp_attention_params {
     int64_t H, Hkv, D;   /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
     float scale;         /* 0 = 1/sqrt(D) */
     lt_attention_impl impl; /* Ulysses: the kernel run on each rank's heads (AUTO = flash) */
+    lt_dtype dtype;      /* Ulysses: of q, k, v, out, dout, dq, dk, dv: f32 (0) or bf16 (halves the
+                            exchanges and the workspace); lse stays f32. The ring takes f32 only. */
 } lt_cp_attention_params;
 
 typedef enum lt_cp_kind { LT_CP_RING = 0, LT_CP_ULYSSES = 1 } lt_cp_kind;
@@ -73,9 +75,10 @@ lt_status lt_cp_ulysses_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_atte
  * device; threads as the attention workspace counts them): head-layout q, k, v, out and their
  * gradients for all T tokens of the rank's heads, one staging buffer of T/world·H·D floats and the
  * attention kernel's workspace at the per-rank shape, each 256-byte aligned. About
- * (6·H + 8·Hkv)·D·T/world·4 bytes plus the kernel's. SIZE_MAX when the shape does not apply. */
+ * (6·H + 8·Hkv)·D·T/world·(4 or 2 for bf16) bytes plus the kernel's. SIZE_MAX when the shape or
+ * dtype does not apply. */
 size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world, lt_device dev, int threads);
-/* Forward on every rank at once, buffers on lt_comm_device(comm), ws of
+/* Forward on every rank at once, buffers on lt_comm_device(comm) in p->dtype, ws of
  * lt_cp_ulysses_workspace_bytes (256-aligned):
  *   q (T/world, H, D), k, v (T/world, Hkv, D) in, this rank's zig-zag tokens; out (T/world, H, D)
  *   out, every element; lse (H/world, T) out: the rank's heads over the whole sequence in order
@@ -83,15 +86,15 @@ size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world,
  * Device work is queued in order with the backend's (NCCL: events), without a host wait. Errors:
  * those of lt_cp_ulysses_check, LT_ERR_INVALID_ARG (workspace too small), the communicator's and the
  * attention kernel's. */
-lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                const float *k, const float *v, float *out, float *lse, void *ws, size_t ws_bytes,
+lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
+                                const void *k, const void *v, void *out, float *lse, void *ws, size_t ws_bytes,
                                 int threads);
 /* Backward: reads q, k, v, out, lse (as the forward wrote them) and dout (T/world, H, D); writes every
  * element of dq (T/world, H, D), dk and dv (T/world, Hkv, D). Exchanges q, k, v, out and dout again
  * rather than keeping the forward's head layout. */
-lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                 const float *k, const float *v, const float *out, const float *lse,
-                                 const float *dout, float *dq, float *dk, float *dv, void *ws, size_t ws_bytes,
+lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
+                                 const void *k, const void *v, const void *out, const float *lse,
+                                 const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
                                  int threads);
 
 #ifdef __cplusplus

@@ -3,7 +3,7 @@
  * heads and their Hkv/world key/value heads (GQA groups stay on one rank), the unchanged causal
  * attention kernel of the device runs on them, and a second all-to-all brings the output home. The
  * backward mirrors it. Buffers live where the communicator's collectives take them (host: MPI or
- * self; CUDA: NCCL), so the same code serves the CPU reference and the GPU. Not here: packed rows,
+ * self; CUDA: NCCL), in f32 or bf16, so the same code serves the CPU reference and the GPU. Not here: packed rows,
  * overlap of the all-to-all with the kernel, or H/world not a multiple of H/Hkv (that is ring's). */
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +18,7 @@ typedef struct uly {
     int64_t T, Tl, c, H, Hs, Hkv, Hks, D;
     int world, rank;
     lt_device dev;
+    size_t es; /* bytes per element of the attention tensors (f32 4, bf16 2) */
 } uly;
 
 static uly shape(const lt_comm *comm, const lt_cp_attention_params *p) {
@@ -26,6 +27,7 @@ static uly shape(const lt_comm *comm, const lt_cp_attention_params *p) {
     u.T = p->T, u.Tl = p->T / u.world, u.c = u.Tl / 2;
     u.H = p->H, u.Hs = p->H / u.world, u.Hkv = p->Hkv, u.Hks = p->Hkv / u.world, u.D = p->D;
     u.dev = lt_comm_device(comm);
+    u.es = p->dtype == LT_DTYPE_BF16 ? 2 : 4;
     return u;
 }
 
@@ -42,7 +44,7 @@ static lt_attention_params attn(const uly *u, const lt_cp_attention_params *p) {
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = 1, ap.T = u->T, ap.H = u->Hs, ap.Hkv = u->Hks, ap.D = u->D;
-    ap.dtype = LT_DTYPE_F32;
+    ap.dtype = u->es == 2 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     ap.device = u->dev;
     ap.impl = p->impl;
     ap.scale = p->scale;
@@ -56,6 +58,9 @@ lt_status lt_cp_ulysses_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_atte
     if (p->H % p->Hkv)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "context parallel (Ulysses): H = %lld is not a multiple of Hkv = %lld",
                         (long long)p->H, (long long)p->Hkv);
+    if (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "context parallel (Ulysses): dtype %s (f32, bf16)",
+                        lt_dtype_name(p->dtype));
     if (world > MAX_WORLD || p->Hkv % world)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "context parallel (Ulysses): Hkv = %lld key/value heads cannot be split over %d ranks "
@@ -90,11 +95,11 @@ static size_t add(size_t *cur, size_t bytes, size_t al) {
 static carve layout(const uly *u, const lt_cp_attention_params *p, int threads) {
     carve w;
     memset(&w, 0, sizeof w);
-    const size_t al = 256, q = (size_t)(u->T * u->Hs * u->D) * 4, kv = (size_t)(u->T * u->Hks * u->D) * 4;
+    const size_t al = 256, q = (size_t)(u->T * u->Hs * u->D) * u->es, kv = (size_t)(u->T * u->Hks * u->D) * u->es;
     size_t cur = 0;
     w.qh = add(&cur, q, al), w.kh = add(&cur, kv, al), w.vh = add(&cur, kv, al), w.oh = add(&cur, q, al);
     w.doh = add(&cur, q, al), w.dqh = add(&cur, q, al), w.dkh = add(&cur, kv, al), w.dvh = add(&cur, kv, al);
-    w.stage = add(&cur, (size_t)(u->Tl * u->H * u->D) * 4, al);
+    w.stage = add(&cur, (size_t)(u->Tl * u->H * u->D) * u->es, al);
     lt_attention_params ap = attn(u, p);
     size_t a0 = lt_attention_workspace_bytes(&ap, 0, threads), a1 = lt_attention_workspace_bytes(&ap, 1, threads);
     w.attn_bytes = a0 > a1 ? a0 : a1;
@@ -105,22 +110,24 @@ static carve layout(const uly *u, const lt_cp_attention_params *p, int threads) 
 
 size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world, lt_device dev, int threads) {
     if (!p || world < 1 || world > MAX_WORLD || p->T <= 0 || p->H <= 0 || p->Hkv <= 0 || p->D <= 0 ||
+        (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16) ||
         p->Hkv % world || p->H % p->Hkv || p->T % (2 * (int64_t)world) || p->T > ((int64_t)1 << 31) ||
         p->H * p->D > ((int64_t)1 << 24))
         return SIZE_MAX;
     uly u;
     u.world = world, u.rank = 0, u.T = p->T, u.Tl = p->T / world, u.c = u.Tl / 2;
     u.H = p->H, u.Hs = p->H / world, u.Hkv = p->Hkv, u.Hks = p->Hkv / world, u.D = p->D, u.dev = dev;
+    u.es = p->dtype == LT_DTYPE_BF16 ? 2 : 4;
     carve w = layout(&u, p, threads);
     return w.attn_bytes == SIZE_MAX ? SIZE_MAX : w.total;
 }
 
-/* The all-to-all over heads. E: bytes of one token's heads on one rank (heads/world · D · 4).
+/* The all-to-all over heads. E: bytes of one token's heads on one rank (heads/world · D · es).
  * to_heads: local (Tl, heads, D) -> stage (world, Tl, E) -> head (T, heads/world, D) in
  * whole-sequence order: the two zig-zag chunks of rank i land at chunks i and 2·world-1-i. */
-static lt_status to_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const float *local, float *stage, float *head,
+static lt_status to_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const void *local, void *stage, void *head,
                           int64_t heads) {
-    const size_t E = (size_t)(heads / u->world * u->D) * 4, ch = (size_t)u->c * E;
+    const size_t E = (size_t)(heads / u->world * u->D) * u->es, ch = (size_t)u->c * E;
     LT_TRY(lt_comm_transpose(ctx, comm, stage, local, u->Tl, u->world, E));
     lt_comm_piece sp[2 * MAX_WORLD], rp[2 * MAX_WORLD];
     for (int j = 0; j < u->world; j++) {
@@ -134,9 +141,9 @@ static lt_status to_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const float 
 }
 
 /* The reverse: head (T, heads/world, D) -> stage (world, Tl, E) -> local (Tl, heads, D). */
-static lt_status from_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const float *head, float *stage, float *local,
+static lt_status from_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const void *head, void *stage, void *local,
                             int64_t heads) {
-    const size_t E = (size_t)(heads / u->world * u->D) * 4, ch = (size_t)u->c * E;
+    const size_t E = (size_t)(heads / u->world * u->D) * u->es, ch = (size_t)u->c * E;
     lt_comm_piece sp[2 * MAX_WORLD], rp[2 * MAX_WORLD];
     for (int j = 0; j < u->world; j++) {
         sp[2 * j] = (lt_comm_piece){j, (size_t)j * ch, ch};
@@ -156,16 +163,16 @@ static lt_status check_ws(lt_ctx *ctx, const carve *w, void *ws, size_t ws_bytes
     return LT_OK;
 }
 
-#define AT(off) ((float *)((uint8_t *)ws + (off)))
+#define AT(off) ((void *)((uint8_t *)ws + (off)))
 
-lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                const float *k, const float *v, float *out, float *lse, void *ws, size_t ws_bytes,
+lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
+                                const void *k, const void *v, void *out, float *lse, void *ws, size_t ws_bytes,
                                 int threads) {
     LT_TRY(lt_cp_ulysses_check(ctx, comm, p));
     uly u = shape(comm, p);
     carve w = layout(&u, p, threads);
     LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    float *stage = AT(w.stage);
+    void *stage = AT(w.stage);
     LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));
     LT_TRY(to_heads(ctx, comm, &u, k, stage, AT(w.kh), u.Hkv));
     LT_TRY(to_heads(ctx, comm, &u, v, stage, AT(w.vh), u.Hkv));
@@ -179,15 +186,15 @@ lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attentio
     return from_heads(ctx, comm, &u, AT(w.oh), stage, out, u.H);
 }
 
-lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                 const float *k, const float *v, const float *out, const float *lse,
-                                 const float *dout, float *dq, float *dk, float *dv, void *ws, size_t ws_bytes,
+lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
+                                 const void *k, const void *v, const void *out, const float *lse,
+                                 const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
                                  int threads) {
     LT_TRY(lt_cp_ulysses_check(ctx, comm, p));
     uly u = shape(comm, p);
     carve w = layout(&u, p, threads);
     LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    float *stage = AT(w.stage);
+    void *stage = AT(w.stage);
     /* The forward's head-layout inputs are not kept (that would double the attention activations):
      * they are exchanged again from the local ones. */
     LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));

@@ -29,7 +29,7 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
 }
 
 static lt_cp_attention_params cp_params(const lt_model *m, int64_t T_local) {
-    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention};
+    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention, LT_DTYPE_F32};
     return p;
 }
 
@@ -119,7 +119,7 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
         if (lt_comm_device(comm) != m->opt.device)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel over a %s communicator needs a model on "
                             "its device (host: MPI; CUDA: NCCL)", lt_comm_backend_name(lt_comm_get_backend(comm)));
-        lt_cp_attention_params p = {2 * world, m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, LT_ATTENTION_AUTO};
+        lt_cp_attention_params p = {2 * world, m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
         int kind = lt_cp_choose(&p, world, m->opt.device);
         if (kind < 0)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel on this device needs Ulysses attention, "

@@ -116,7 +116,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
          * allocated with the run. Ring: the key/value blocks and their travelling gradients (the
          * backward holds more than the forward), one row at a time. */
         int64_t c2 = 2 * o.cp_size;
-        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention};
+        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention, LT_DTYPE_F32};
         int kind = lt_cp_choose(&cp, (int)o.cp_size, o.device);
         if (kind < 0)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "plan: context parallel over %lld ranks on this device splits "
