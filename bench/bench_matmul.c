@@ -308,16 +308,19 @@ int lt_bench_matmul(int argc, char **argv) {
         lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
         lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
     }
-    /* The LoRA products (f32 gemm, rank 8, C = 4096): forward u = x·Aᵀ, grad dA = duᵀ·x (a long
-     * reduction over N into a small output) and the input grad dx += du·A. */
+    /* The LoRA products (f32 gemm, rank 8, C = 4096): forward u = x·A (the dy·B shape), grads
+     * dA = duᵀ·x and dB = dyᵀ·u (long reductions over N into a small output) and the input grad
+     * dx += du·A. They are memory-bound: gbps counts the (N, C) operand (read, or read and written
+     * for dx) over the time. */
     {
         const int64_t C = 4096, r = 8;
-        struct { const char *name; int ta; int64_t M, Nn, K; } g[3] = {
-            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dx", 0, N, C, r}};
+        struct { const char *name; int ta; int64_t M, Nn, K; } g[4] = {
+            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dB", 1, C, r, N},
+            {"gemm-f32-lora-dx", 0, N, C, r}};
         void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
         void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
         if (!x || !u || !o) goto gemm_done;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             const float *A = x, *B = u;
             int64_t lda = g[k].ta ? g[k].M : g[k].K, ldb = g[k].Nn;
             for (int rr = -c.warmup; rr < c.repeats; rr++) {
@@ -333,8 +336,10 @@ int lt_bench_matmul(int argc, char **argv) {
             cJSON_AddStringToObject(arm, "name", g[k].name);
             cJSON_AddNumberToObject(arm, "median_ms", ms);
             cJSON_AddNumberToObject(arm, "tflops", tf);
+            const double gbps = (k == 3 ? 2.0 : 1.0) * (double)(N * C) * 4.0 / (ms * 1e-3) * 1e-9;
+            cJSON_AddNumberToObject(arm, "gbps", gbps);
             cJSON_AddItemToArray(arms, arm);
-            fprintf(stderr, "%-34s %9.3f ms %7.2f TFLOP/s (M=%lld N=%lld K=%lld)\n", g[k].name, ms, tf,
+            fprintf(stderr, "%-34s %9.3f ms %7.2f TFLOP/s %6.0f GB/s (M=%lld N=%lld K=%lld)\n", g[k].name, ms, tf, gbps,
                     (long long)g[k].M, (long long)g[k].Nn, (long long)g[k].K);
         }
     gemm_done:

@@ -23,6 +23,7 @@
 #include "bench_model.h"
 #include "bench_util.h"
 #include "backend/backend.h"
+#include "backend/prof.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "longtune/alloc.h"
@@ -139,6 +140,56 @@ static int python_imports_peer(const char *peer_path) {
 }
 
 
+/* The op profiler's totals of `steps` timed steps into arm["profile"] (ms per step per phase and
+ * per op of each phase) and a table on stderr, ops sorted by their time over all phases. */
+static void add_profile(cJSON *arm, const lt_prof_totals *t, double step_ms) {
+    double per = t->steps ? 1.0 / (double)t->steps : 0.0;
+    cJSON *jp = cJSON_AddObjectToObject(arm, "profile");
+    cJSON_AddNumberToObject(jp, "steps", (double)t->steps);
+    cJSON_AddNumberToObject(jp, "dropped_records", (double)t->dropped);
+    cJSON_AddStringToObject(jp, "units", "device milliseconds per step (CUDA events around every op; phases from "
+                                         "one phase change to the next, so phase minus its ops = gaps)");
+    cJSON *ph = cJSON_AddObjectToObject(jp, "phases");
+    cJSON *ops = cJSON_AddObjectToObject(jp, "ops");
+    double op_total[LT_PROF_OP_COUNT_] = {0};
+    int64_t op_calls[LT_PROF_OP_COUNT_] = {0};
+    fprintf(stderr, "  profile (ms/step over %lld steps; step %.1f ms):", (long long)t->steps, step_ms);
+    for (int p = 0; p < LT_PROF_PHASE_COUNT_; p++) {
+        double sum = 0;
+        cJSON *o = cJSON_AddObjectToObject(ops, lt_prof_phase_name((lt_prof_phase)p));
+        for (int k = 0; k < LT_PROF_OP_COUNT_; k++) {
+            if (!t->calls[p][k]) continue;
+            cJSON *e = cJSON_AddObjectToObject(o, lt_prof_op_name((lt_prof_op)k));
+            cJSON_AddNumberToObject(e, "ms", t->op_ms[p][k] * per);
+            cJSON_AddNumberToObject(e, "calls", (double)t->calls[p][k] * per);
+            sum += t->op_ms[p][k];
+            op_total[k] += t->op_ms[p][k] * per;
+            op_calls[k] += t->calls[p][k];
+        }
+        cJSON *e = cJSON_AddObjectToObject(ph, lt_prof_phase_name((lt_prof_phase)p));
+        cJSON_AddNumberToObject(e, "ms", t->phase_ms[p] * per);
+        cJSON_AddNumberToObject(e, "ops_ms", sum * per);
+        fprintf(stderr, " %s %.1f (ops %.1f)", lt_prof_phase_name((lt_prof_phase)p), t->phase_ms[p] * per, sum * per);
+    }
+    fputc('\n', stderr);
+    int order[LT_PROF_OP_COUNT_];
+    for (int k = 0; k < LT_PROF_OP_COUNT_; k++) order[k] = k;
+    for (int a = 1; a < LT_PROF_OP_COUNT_; a++)
+        for (int b = a; b > 0 && op_total[order[b]] > op_total[order[b - 1]]; b--) {
+            int x = order[b];
+            order[b] = order[b - 1], order[b - 1] = x;
+        }
+    for (int i = 0; i < LT_PROF_OP_COUNT_; i++) {
+        int k = order[i];
+        if (!op_calls[k]) continue;
+        fprintf(stderr, "    %-15s %9.2f ms %6.1f%%  %7.0f calls  [", lt_prof_op_name((lt_prof_op)k), op_total[k],
+                step_ms > 0 ? 100.0 * op_total[k] / step_ms : 0.0, (double)op_calls[k] * per);
+        for (int p = 0; p < LT_PROF_PHASE_COUNT_; p++)
+            if (t->calls[p][k]) fprintf(stderr, " %s %.2f", lt_prof_phase_name((lt_prof_phase)p), t->op_ms[p][k] * per);
+        fprintf(stderr, " ]\n");
+    }
+}
+
 /* Adds the CUDA peer's arms (one per T it ran) to `arms`, with ratios against our arm of the same T. */
 static void add_gpu_peer_arms(cJSON *arms, const cJSON *lines, const lt_model_config *cfg, int64_t rank,
                               const int64_t *seqs, int n_seqs) {
@@ -190,7 +241,7 @@ int lt_bench_train(int argc, char **argv) {
     c.repeats = 3;
     c.warmup = 2;
     int64_t seqs[MAX_SEQS];
-    int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0;
+    int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -214,6 +265,10 @@ int lt_bench_train(int argc, char **argv) {
                    "  --threads N      CPU threads of both arms (default: the context's)\n"
                    "  --no-peer        skip the PyTorch peer\n"
                    "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
+                   "  --recompute-attention 0|1  rerun attention's forward in the backward (1, the cuda\n"
+                   "                   default) or keep its output + lse with the checkpoints (0, cpu default)\n"
+                   "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
+                   "                   phase and op, on stderr and in each arm's \"profile\"\n"
                    "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
                    "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
                    "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n"
@@ -225,6 +280,10 @@ int lt_bench_train(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--no-peer")) {
             peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
             continue;
         }
         if (!strcmp(a, "--no-memory-guard")) {
@@ -248,6 +307,9 @@ int lt_bench_train(int argc, char **argv) {
             if (threads < 1) return usage("bad thread count", v);
         } else if (!strcmp(a, "--peer-path")) {
             peer_path = v;
+        } else if (!strcmp(a, "--recompute-attention")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) return usage("--recompute-attention takes 0 or 1, not", v);
+            recompute_attn = atoi(v);
         } else {
             return usage("bad option", a);
         }
@@ -264,6 +326,8 @@ int lt_bench_train(int argc, char **argv) {
         else if (!strcmp(shape->name, "qwen3-8b")) seqs[0] = 8192, seqs[1] = 32768, n_seqs = 2;
         else seqs[0] = 2048, seqs[1] = 8192, seqs[2] = 32768, n_seqs = 3;
     }
+    if (recompute_attn < 0) recompute_attn = cuda;
+    if (profile) lt_prof_enable(1); /* before the model takes its op table */
     if (cuda && lt_sys_cuda().count == 0) {
         fprintf(stderr, "longtune bench train: --backend cuda: no CUDA device (or a build without CUDA)\n");
         return 1;
@@ -346,7 +410,7 @@ int lt_bench_train(int argc, char **argv) {
 
     if (!guard_off) {
         lt_model_run_options ro = {.B = 1, .T = Tmax, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = cuda};
+                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
                               .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)};
         lt_plan plan;
@@ -377,7 +441,8 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "threads", nthreads);
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
-    cJSON_AddBoolToObject(jc, "recompute_attention", cuda);
+    cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
+    cJSON_AddBoolToObject(jc, "profiled", lt_prof_active);
     cJSON_AddStringToObject(jc, "flops", lt_bench_flops_note);
     if (cuda) {
         cJSON_AddNumberToObject(jc, "peak_flops", LT_BENCH_H200_BF16_PEAK);
@@ -401,10 +466,10 @@ int lt_bench_train(int argc, char **argv) {
     int64_t adam_step = 0;
     for (int si = 0; si < n_seqs; si++) {
         int64_t T = seqs[si];
-        /* CUDA recomputes attention with the layer (the configuration of the published GPU figures;
-         * keeping attention output + lse with the checkpoints has not been measured on a GPU yet). */
+        /* CUDA recomputes attention with the layer by default (the configuration of the published
+         * GPU figures); --recompute-attention 0 keeps attention output + lse with the checkpoints. */
         lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = cuda};
+                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
                               .held_bytes = (cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)) + guard_bytes};
         lt_plan plan;
@@ -421,6 +486,8 @@ int lt_bench_train(int argc, char **argv) {
         double *ours_cpu = calloc((size_t)n, sizeof(double)), *theirs_cpu = calloc((size_t)n, sizeof(double));
         double loss = 0, peer_loss = NAN, peer_rss = 0;
         int peer_ok = peers && !cuda;
+        lt_prof_totals prof, prof_warm;
+        memset(&prof, 0, sizeof prof);
         for (int r = 0; r < n && st == LT_OK; r++) {
             int32_t *x = tok, *y = tok + T;
             for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&seed) % (uint64_t)cfg->V);
@@ -439,6 +506,10 @@ int lt_bench_train(int argc, char **argv) {
             if ((st = be->synchronize(ctx)) != LT_OK) break;
             ours[r] = (lt_time_now() - t0) * 1e3;
             ours_cpu[r] = (double)(clock() - c0) * 1e3 / CLOCKS_PER_SEC;
+            if (lt_prof_active) {
+                memset(&prof_warm, 0, sizeof prof_warm);
+                if ((st = lt_prof_collect(ctx, dev, r < c.warmup ? &prof_warm : &prof)) != LT_OK) break;
+            }
             loss = mr.loss_sum / (double)mr.n_tokens;
             if (guard && lt_guard_tripped(guard)) {
                 lt_guard_breach gb = lt_guard_get_breach(guard);
@@ -502,6 +573,7 @@ int lt_bench_train(int argc, char **argv) {
         for (int r = c.warmup; r < n; r++) cJSON_AddItemToArray(ctimes, cJSON_CreateNumber(ours_cpu[r]));
         cJSON *times = cJSON_AddArrayToObject(arm, "step_ms");
         for (int r = c.warmup; r < n; r++) cJSON_AddItemToArray(times, cJSON_CreateNumber(ours[r]));
+        if (lt_prof_active) add_profile(arm, &prof, ms);
         cJSON_AddItemToArray(arms, arm);
         fprintf(stderr, "T=%lld longtune: %.1f ms/step, %.0f tokens/s, peak %.1f MiB (plan %.1f MiB, %.4f), ", (long long)T,
                 ms, (double)T / (ms * 1e-3), (double)peak / 1048576.0, (double)plan.peak_bytes / 1048576.0,
@@ -568,7 +640,10 @@ int lt_bench_train(int argc, char **argv) {
     }
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[160];
-    snprintf(tag, sizeof tag, "%s-%s-%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights");
+    /* runs off the default configuration never overwrite the published file */
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
+             recompute_attn != cuda ? (recompute_attn ? "-recompute-attn" : "-keep-attn") : "",
+             lt_prof_active ? "-profile" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -16,7 +16,8 @@
 static const char *usage =
     "longtune plan (--model PATH | --config config.json) [--batch B] [--seq-len T] [--lora-rank r]\n"
     "       [--lora-layers K] [--attention flash|naive] [--loss fused|chunked|naive]\n"
-    "       [--recompute none|all|every:K] [--backend cpu|cuda] [--budget BYTES|auto]\n"
+    "       [--recompute none|all|every:K] [--recompute-attention] [--saved f32|bf16]\n"
+    "       [--chunk-rows N] [--backend cpu|cuda] [--budget BYTES|auto]\n"
     "       [--max-seq | --max-batch] [--quantize] [--weights-dtype f32|bf16|f16] [--threads N]\n"
     "       [--dp K] [--cp K] [--json]";
 
@@ -31,6 +32,11 @@ static void print_help(void) {
            "  --lora-rank r       LoRA rank (8)                --lora-layers K  LoRA on the last K layers\n"
            "  --attention IMPL    flash (default) or naive     --loss IMPL   fused (default), chunked, naive\n"
            "  --recompute POLICY  none (default), all, every:K (keep every K-th layer's input)\n"
+           "  --recompute-attention  under a recompute policy, rerun each layer's attention instead of\n"
+           "                      keeping its output and log-sum-exp with the checkpoints\n"
+           "  --saved DTYPE       dtype of checkpoints and kept attention outputs (default: the\n"
+           "                      backend's, f32 on cpu and bf16 on cuda)\n"
+           "  --chunk-rows N      rows per chunk of the position-wise work (default 8192)\n"
            "  --backend DEV       cpu (default) or cuda\n"
            "  --budget BYTES|auto bytes (\"12G\", \"512MiB\") or auto (default): the memory guard's\n"
            "                      ceiling, i.e. min(0.90 x total, available - cushion) of host memory\n"
@@ -86,6 +92,8 @@ int lt_cmd_plan(int argc, char **argv) {
     lt_attention_impl att = LT_ATTENTION_FLASH;
     lt_lce_impl loss = LT_LCE_FUSED;
     const char *recompute_s = "none";
+    int recompute_attention = 0, saved = 0;
+    int64_t chunk_rows = 0;
     lt_device dev = LT_DEVICE_CPU;
     int max_seq = 0, max_batch = 0, json = 0, quantize = 0;
     lt_dtype wdtype = LT_DTYPE_F32;
@@ -149,6 +157,17 @@ int lt_cmd_plan(int argc, char **argv) {
         } else if (!strcmp(a, "--recompute")) {
             NEED_VALUE();
             recompute_s = v;
+        } else if (!strcmp(a, "--recompute-attention")) {
+            recompute_attention = 1;
+        } else if (!strcmp(a, "--saved")) {
+            NEED_VALUE();
+            if (!strcmp(v, "f32")) saved = -1;
+            else if (!strcmp(v, "bf16")) saved = 1;
+            else return lt_cli_usage_error("plan", usage, "--saved '%s': expected f32 or bf16", v);
+        } else if (!strcmp(a, "--chunk-rows")) {
+            NEED_VALUE();
+            if (lt_cli_parse_i64(v, 1, INT32_MAX, &chunk_rows))
+                return lt_cli_usage_error("plan", usage, "--chunk-rows '%s': expected a positive integer", v);
         } else if (!strcmp(a, "--backend")) {
             NEED_VALUE();
             if (!strcmp(v, "cpu")) dev = LT_DEVICE_CPU;
@@ -226,6 +245,9 @@ int lt_cmd_plan(int argc, char **argv) {
     po.run.B = B;
     po.run.T = T;
     po.run.attention = att;
+    po.run.recompute_attention = recompute_attention;
+    po.run.saved_bf16 = saved;
+    po.run.chunk_rows = chunk_rows;
     po.run.loss = loss;
     po.run.threads = (int)threads;
     po.dp_size = dp;

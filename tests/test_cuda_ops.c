@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "backend/prof.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
@@ -107,6 +108,20 @@ static void gemm_f32_every_transpose(void **state) {
             gemm_case(ctx, &rng, ta, tb, 37, 29, 53, 1, 0.0f);
             gemm_case(ctx, &rng, ta, tb, 8, 300, 1000, 0, 1.0f); /* LoRA-like: rank 8 */
         }
+    /* the skinny LoRA products (ops_gemm_skinny.cu): rank 8 and 13 (the R = 16 kernels), K not a
+     * multiple of the 128-float stride, M not of the rows a block takes; pad = 1 leaves them to
+     * cuBLASLt (unaligned), pad = 4 keeps 16-byte alignment with padded leading dimensions */
+    const int64_t ranks[2] = {8, 13};
+    for (int ri = 0; ri < 2; ri++) {
+        int64_t r = ranks[ri];
+        for (int64_t pad = 0; pad <= 4; pad += 4) {
+            gemm_case(ctx, &rng, 0, 1, 333, r, 1060, pad, 0.0f);  /* lu = x·Aᵀ */
+            gemm_case(ctx, &rng, 0, 0, 333, r, 1060, pad, 0.5f);  /* dlu = dy·B */
+            gemm_case(ctx, &rng, 1, 0, r, 300, 2100, pad, 1.0f);  /* dA += dluᵀ·x */
+            gemm_case(ctx, &rng, 1, 0, 260, r, 2100, pad, 0.0f);  /* dB = dyᵀ·lu */
+        }
+    }
+    gemm_case(ctx, &rng, 0, 1, 100, 8, 1000, 1, 0.0f); /* unaligned: cuBLASLt */
     gemm_case(ctx, &rng, 0, 0, 5, 7, 0, 0, 0.5f); /* K = 0: C = beta·C */
     gemm_case(ctx, &rng, 0, 0, 5, 7, 0, 0, 0.0f);
     lt_ctx_free(ctx);
@@ -487,6 +502,36 @@ static void zero_sumsq_copies(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* bf16 storage conversions: bit-identical to the CPU ops (round to nearest even, ties, overflow
+ * to infinity and NaN included), and widening back exactly. */
+static void bf16_conversions_match_cpu(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 10;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t n = 1000003;
+    float *x = lt_test_fresh(&rng, n, 3), *back = malloc(F4(n)), *want = malloc(F4(n));
+    uint16_t *h = malloc((size_t)n * 2), *hc = malloc((size_t)n * 2);
+    const uint32_t special[6] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u};
+    for (int i = 0; i < 6; i++) memcpy(&x[i], &special[i], 4);
+    float *dx = up(ctx, x, F4(n)), *db = lt_alloc(ctx, LT_DEVICE_CUDA, F4(n), "back");
+    uint16_t *dh = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)n * 2, "bf16");
+    assert_true(db && dh);
+    gpu()->to_bf16(ctx, dx, dh, n);
+    down(ctx, h, dh, (size_t)n * 2);
+    cpu()->to_bf16(ctx, x, hc, n);
+    for (int64_t i = 6; i < n; i++) assert_int_equal(h[i], hc[i]);
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], hc[i]);
+    assert_true((h[5] & 0x7f80) == 0x7f80 && (h[5] & 0x7f)); /* a NaN stays a NaN */
+    gpu()->from_bf16(ctx, dh, db, n);
+    down(ctx, back, db, F4(n));
+    cpu()->from_bf16(ctx, h, want, n);
+    assert_memory_equal(back, want, F4(n));
+    dfree(ctx, dx, F4(n)), dfree(ctx, db, F4(n));
+    lt_free(ctx, LT_DEVICE_CUDA, dh, (size_t)n * 2);
+    free(x), free(back), free(want), free(h), free(hc);
+    lt_ctx_free(ctx);
+}
+
 /* ---- f32 attention and linear cross-entropy ---- */
 
 static void round_bf16(const float *x, float *xf, uint16_t *xb, int64_t n) {
@@ -698,6 +743,112 @@ static void lce_f32_on_device(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* ---- op profiler ---- */
+
+/* The profiled table computes the plain table's bits; events bracket each op, the matmul's x
+ * conversion is a nested record taken out of the matmul's own time, and phases cover their ops. */
+static void profiler_times_device_ops(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 20;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_prof_enable(1);
+    const lt_backend *pb = lt_backend_profiled(&lt_backend_cuda);
+    assert_ptr_not_equal(pb, &lt_backend_cuda);
+    int64_t out = 256, in = 384, N = 1000;
+    float *wd = malloc(F4(out * in));
+    uint8_t *wq = make_weight(&rng, LT_DTYPE_BF16, out, in, wd);
+    int64_t shape[2] = {out, in};
+    lt_tensor w = lt_tensor_view(up(ctx, wq, (size_t)(out * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, shape);
+    size_t wsb = pb->matmul_workspace_bytes(LT_DTYPE_BF16, out, in, N, 1);
+    void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
+    float *x = lt_test_fresh(&rng, N * in, 1), *y1 = malloc(F4(N * out)), *y2 = malloc(F4(N * out));
+    float *dx = up(ctx, x, F4(N * in)), *dy = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * out), "test y");
+    lt_prof_totals t;
+    memset(&t, 0, sizeof t);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    memset(&t, 0, sizeof t);
+    lt_prof_set_phase(LT_DEVICE_CUDA, LT_PROF_FORWARD);
+    pb->matmul(ctx, LT_MATMUL_NT, &w, dx, N, 0.0f, dy, ws);
+    pb->scale(ctx, dy, 0.5f, N * out);
+    down(ctx, y1, dy, F4(N * out));
+    lt_prof_set_phase(LT_DEVICE_CUDA, LT_PROF_BACKWARD);
+    pb->rmsnorm_fwd(ctx, dx, dx, 1e-5f, N, in, dx, dy); /* any work: timed, not checked */
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    lt_prof_enable(0);
+    assert_int_equal(lt_backend_cuda.copy_to_device(ctx, dx, x, F4(N * in)), LT_OK);
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w, dx, N, 0.0f, dy, ws);
+    lt_backend_cuda.scale(ctx, dy, 0.5f, N * out);
+    down(ctx, y2, dy, F4(N * out));
+    assert_memory_equal(y1, y2, F4(N * out));
+    assert_int_equal(t.steps, 1);
+    assert_int_equal(t.dropped, 0);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_MATMUL], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_SCALE], 1);
+    assert_int_equal(t.calls[LT_PROF_FORWARD][LT_PROF_COPY], 1);
+    assert_int_equal(t.calls[LT_PROF_BACKWARD][LT_PROF_RMSNORM_FWD], 1);
+    assert_true(t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL] > 0);
+    assert_true(t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT] > 0);
+    double ops = 0;
+    for (int k = 0; k < LT_PROF_OP_COUNT_; k++) ops += t.op_ms[LT_PROF_FORWARD][k];
+    assert_true(t.phase_ms[LT_PROF_FORWARD] >= ops * 0.999);
+    fprintf(stderr, "  profiler: matmul %.3f ms (x to bf16 %.3f ms), forward phase %.3f ms\n",
+            t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL], t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT],
+            t.phase_ms[LT_PROF_FORWARD]);
+    dfree(ctx, w.data, (size_t)(out * in) * 2), dfree(ctx, ws, wsb), dfree(ctx, dx, F4(N * in)), dfree(ctx, dy, F4(N * out));
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(wd), free(wq), free(x), free(y1), free(y2);
+    lt_ctx_free(ctx);
+}
+
+/* NT_SAME_X after an NT on the same x gives the bits of a plain NT, without converting x again
+ * (the profiler counts the conversions); with x changed in between, the caller broke the
+ * contract, so only the pointer case is checked: a different x pointer is converted afresh. */
+static void matmul_same_x_reuses_conversion(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 21;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t in = 384, o1 = 256, o2 = 128, N = 1000;
+    float *wd = malloc(F4(o1 * in));
+    uint8_t *w1q = make_weight(&rng, LT_DTYPE_BF16, o1, in, wd), *w2q = make_weight(&rng, LT_DTYPE_BF16, o2, in, wd);
+    int64_t s1[2] = {o1, in}, s2[2] = {o2, in};
+    lt_tensor w1 = lt_tensor_view(up(ctx, w1q, (size_t)(o1 * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, s1);
+    lt_tensor w2 = lt_tensor_view(up(ctx, w2q, (size_t)(o2 * in) * 2), LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, s2);
+    size_t wsb = lt_backend_cuda.matmul_workspace_bytes(LT_DTYPE_BF16, o1, in, N, 1);
+    void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
+    float *x = lt_test_fresh(&rng, N * in, 1), *x2 = lt_test_fresh(&rng, N * in, 1);
+    float *dx = up(ctx, x, F4(N * in)), *dx2 = up(ctx, x2, F4(N * in));
+    float *dy1 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o1), "y1"), *dy2 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o2), "y2");
+    float *want = malloc(F4(N * o2)), *got = malloc(F4(N * o2)), *want2 = malloc(F4(N * o2));
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w2, dx, N, 0.0f, dy2, ws);
+    down(ctx, want, dy2, F4(N * o2));
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w2, dx2, N, 0.0f, dy2, ws);
+    down(ctx, want2, dy2, F4(N * o2));
+    lt_prof_enable(1);
+    const lt_backend *pb = lt_backend_profiled(&lt_backend_cuda);
+    lt_prof_totals t;
+    memset(&t, 0, sizeof t);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    memset(&t, 0, sizeof t);
+    pb->matmul(ctx, LT_MATMUL_NT, &w1, dx, N, 0.0f, dy1, ws);
+    pb->matmul(ctx, LT_MATMUL_NT_SAME_X, &w2, dx, N, 0.0f, dy2, ws);
+    assert_int_equal(lt_prof_collect(ctx, LT_DEVICE_CUDA, &t), LT_OK);
+    lt_prof_enable(0);
+    down(ctx, got, dy2, F4(N * o2));
+    assert_memory_equal(got, want, F4(N * o2));
+    assert_int_equal(t.calls[LT_PROF_OTHER][LT_PROF_MATMUL], 2);
+    assert_int_equal(t.calls[LT_PROF_OTHER][LT_PROF_MATMUL_CVT], 1);
+    /* another x under the flag: converted, not reused */
+    lt_backend_cuda.matmul(ctx, LT_MATMUL_NT_SAME_X, &w2, dx2, N, 0.0f, dy2, ws);
+    down(ctx, got, dy2, F4(N * o2));
+    assert_memory_equal(got, want2, F4(N * o2));
+    dfree(ctx, w1.data, (size_t)(o1 * in) * 2), dfree(ctx, w2.data, (size_t)(o2 * in) * 2), dfree(ctx, ws, wsb);
+    dfree(ctx, dx, F4(N * in)), dfree(ctx, dx2, F4(N * in)), dfree(ctx, dy1, F4(N * o1)), dfree(ctx, dy2, F4(N * o2));
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    free(wd), free(w1q), free(w2q), free(x), free(x2), free(want), free(got), free(want2);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     int skip = lt_test_cuda_skip();
     if (skip) return skip;
@@ -712,8 +863,11 @@ int main(void) {
         cmocka_unit_test(dropout_masks_identical_to_cpu),
         cmocka_unit_test(adamw_matches_cpu),
         cmocka_unit_test(zero_sumsq_copies),
+        cmocka_unit_test(bf16_conversions_match_cpu),
         cmocka_unit_test(attention_f32_on_device),
         cmocka_unit_test(lce_f32_on_device),
+        cmocka_unit_test(profiler_times_device_ops),
+        cmocka_unit_test(matmul_same_x_reuses_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,7 @@
  * Qwen2 (f32, q/k/v biases, tied), Qwen3 (bf16, per-head q/k norm, H·D != C) and a QLoRA Llama
  * (--quantize int4_g64), written as Hugging Face folders with head dim 64 (a CUDA attention size).
  * Loss, per-token loss and every LoRA gradient of a packed batch agree under every recompute
- * policy; a short training run (accumulation, clipping, weight decay) tracks the CPU trajectory;
+ * policy (the CUDA model keeps bf16 checkpoints) and in row chunks; a short training run (accumulation, clipping, weight decay) tracks the CPU trajectory;
  * the planner's CUDA plan equals the allocator's device high-water byte for byte; the exported
  * adapter loads back into a fresh CUDA model exactly. Without a CUDA build or device it prints
  * "skipped: no CUDA device" and exits 77. */
@@ -165,12 +165,24 @@ static lt_model *load(lt_ctx *ctx, const tiny *t, lt_device dev, const lt_lora_o
     return m;
 }
 
-static void prepare(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc) {
+/* variant 1: 40-row chunks of the position-wise work (the 192 rows of a batch are 5 chunks, the
+ * last one short) and the attention rerun in the recompute instead of kept. */
+static lt_model_run_options run_variant(int64_t B, int64_t T, lt_recompute rc, int variant) {
     lt_model_run_options ro = {0};
     ro.B = B, ro.T = T, ro.recompute = rc, ro.recompute_k = 2;
+    if (variant) ro.chunk_rows = 40, ro.recompute_attention = 1;
+    return ro;
+}
+
+static void prepare_variant(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc, int variant) {
+    lt_model_run_options ro = run_variant(B, T, rc, variant);
     lt_status s = lt_model_prepare(ctx, m, &ro);
     if (s != LT_OK) fprintf(stderr, "prepare: %s\n", lt_ctx_error(ctx));
     assert_int_equal(s, LT_OK);
+}
+
+static void prepare(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc) {
+    prepare_variant(ctx, m, B, T, rc, 0);
 }
 
 /* max |got - want| / max |want|, and fails above tol. */
@@ -254,9 +266,10 @@ static void step_matches_cpu(void **state) {
         assert_int_equal(lt_model_forward_backward(ctx, mc, &mb, 0.0f, &rc, tl_c), LT_OK);
         memcpy(gc, lt_model_lora_grads(mc, NULL), (size_t)n * 4);
 
-        const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
-        for (int pi = 0; pi < 3; pi++) {
-            prepare(ctx, mg, b.B, b.T, pol[pi]);
+        /* The last runs in 40-row chunks with the attention rerun (run_variant). */
+        const lt_recompute pol[4] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY};
+        for (int pi = 0; pi < 4; pi++) {
+            prepare_variant(ctx, mg, b.B, b.T, pol[pi], pi == 3);
             for (int64_t i = 0; i < N; i++) tl_g[i] = LT_TEST_POISON;
             lt_model_zero_grads(mg);
             lt_status s = lt_model_forward_backward(ctx, mg, &mb, 0.0f, &rg, tl_g);
@@ -297,13 +310,14 @@ static void plan_equals_device_high_water(void **state) {
     (void)state;
     for (size_t ti = 0; ti < N_TINY; ti++) {
         const tiny *t = &tinies[ti];
-        const lt_recompute pol[2] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY};
-        for (int pi = 0; pi < 2; pi++) {
+        /* The last in 40-row chunks with the attention rerun (run_variant). */
+        const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY};
+        for (int pi = 0; pi < 3; pi++) {
             lt_ctx *ctx = lt_ctx_new();
             lt_lora_options lo = {0};
             lo.rank = 4;
             lt_model *m = load(ctx, t, LT_DEVICE_CUDA, &lo);
-            prepare(ctx, m, 2, 96, pol[pi]);
+            prepare_variant(ctx, m, 2, 96, pol[pi], pi == 2);
             batch b;
             make_batch(&b, t->V);
             lt_model_batch mb = view(&b);
@@ -313,7 +327,7 @@ static void plan_equals_device_high_water(void **state) {
             lt_plan_options po = {0};
             po.device = LT_DEVICE_CUDA;
             po.lora = *lt_model_get_lora(m);
-            po.run.B = 2, po.run.T = 96, po.run.recompute = pol[pi];
+            po.run = run_variant(2, 96, pol[pi], pi == 2);
             lt_plan p;
             assert_int_equal(lt_plan_compute(ctx, lt_model_get_config(m), &po, &p), LT_OK);
             size_t measured = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes;

@@ -269,48 +269,51 @@ static void size_table_equals_allocations(void **state) {
     (void)state;
     const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
     for (int pi = 0; pi < 3; pi++)
-        for (int fo = 0; fo < 2; fo++) {
-            lt_ctx *ctx = lt_ctx_new();
-            char dir[1024];
-            case_dir("qwen2_untied", dir, sizeof dir);
-            lt_lora_options lo = {0};
-            lo.rank = 4;
-            lo.num_layers = 1;
-            lo.targets = (1u << LT_PROJ_Q) | (1u << LT_PROJ_DOWN);
-            lt_model_options mo = {0};
-            mo.quantize = pi == 1;
-            lt_model_config cfg;
-            assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
-            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-            lt_model_run_options ro = {0};
-            ro.B = 3, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
-            lt_model_sizes want;
-            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
-            lt_model *m = NULL;
-            assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
-            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
-            lt_model_sizes got = lt_model_get_sizes(m);
-            for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
-            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
-            assert_int_equal(got.n_lora_params, 4 * (64 + 64) + 4 * (128 + 64));
-            if (pi == 1) assert_int_equal(cfg.proj_dtype[LT_PROJ_Q], LT_DTYPE_INT4_G64);
-            /* A step allocates nothing. */
-            fixture f;
-            open_fixture(ctx, "qwen2_untied", &f);
-            size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
-            lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
-            lt_model_batch b = fixture_batch(&f);
-            lt_model_result r;
-            if (fo)
-                assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
-            else
-                assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
-            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
-            lt_safetensors_close(ctx, f.exp);
-            lt_model_free(ctx, m);
-            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-            lt_ctx_free(ctx);
-        }
+        for (int fo = 0; fo < 2; fo++)
+            for (int var = 0; var < 2; var++) {
+                /* var 1: 5-row chunks, bf16 checkpoints and kept attention, or none kept */
+                lt_ctx *ctx = lt_ctx_new();
+                char dir[1024];
+                case_dir("qwen2_untied", dir, sizeof dir);
+                lt_lora_options lo = {0};
+                lo.rank = 4;
+                lo.num_layers = 1;
+                lo.targets = (1u << LT_PROJ_Q) | (1u << LT_PROJ_DOWN);
+                lt_model_options mo = {0};
+                mo.quantize = pi == 1;
+                lt_model_config cfg;
+                assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+                lt_model_run_options ro = {0};
+                ro.B = 3, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
+                if (var) ro.chunk_rows = 5, ro.saved_bf16 = 1, ro.recompute_attention = pi == 2;
+                lt_model_sizes want;
+                assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+                lt_model *m = NULL;
+                assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                lt_model_sizes got = lt_model_get_sizes(m);
+                for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
+                assert_int_equal(got.n_lora_params, 4 * (64 + 64) + 4 * (128 + 64));
+                if (pi == 1) assert_int_equal(cfg.proj_dtype[LT_PROJ_Q], LT_DTYPE_INT4_G64);
+                /* A step allocates nothing. */
+                fixture f;
+                open_fixture(ctx, "qwen2_untied", &f);
+                size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+                lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+                lt_model_batch b = fixture_batch(&f);
+                lt_model_result r;
+                if (fo)
+                    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+                else
+                    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+                lt_safetensors_close(ctx, f.exp);
+                lt_model_free(ctx, m);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+                lt_ctx_free(ctx);
+            }
 }
 
 /* QLoRA: --quantize holds projections as INT4_G64; the loss stays close to the f32 one. */
@@ -548,6 +551,94 @@ static void dropout_gradients_are_consistent(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* saved_bf16 = 1 rounds the checkpoints, the kept attention outputs and attention's inputs,
+ * outputs and gradients to bf16 (8 significant bits, unit roundoff u = 2^-8), as the CUDA model
+ * does by default; the rest stays f32. The loss, a mean of token losses, carries a few u (the
+ * CUDA trainer's test allows 8 u). A gradient moves by a few u per layer traversal (that test
+ * allows 4 u per traversal): forward and backward of the fixtures' L <= 3 layers give at most
+ * 24 u, rounded up to 2^-3 of the largest gradient. Structural mistakes (a stale chunk, a missed
+ * row) give errors of order 1. */
+#define SAVED_BF16_LOSS (8 * 0x1.0p-8)
+#define SAVED_BF16_REL 0x1.0p-3
+
+/* Position-wise chunks change only the summation order of the LoRA gradients (fp32 rounding):
+ * every policy, with and without kept attention, at 5 rows per chunk (the fixture's 36 rows are 8
+ * chunks, the last one short) against one chunk, with LoRA dropout on (masks are drawn per
+ * element index, whichever chunk holds it). bf16 saving (the CUDA model's layout, run here on the
+ * CPU's bf16 attention) moves loss and gradients by bf16 rounding only. */
+static void chunks_and_bf16_checkpoints(void **state) {
+    (void)state;
+    static const char *const cases[2] = {"qwen3_tied", "qwen2_untied"};
+    for (int ci = 0; ci < 2; ci++) {
+        uint64_t rng = lt_test_seed() + 17 + (uint64_t)ci;
+        lt_ctx *ctx = lt_ctx_new();
+        fixture f;
+        open_fixture(ctx, cases[ci], &f);
+        char dir[1024];
+        case_dir(cases[ci], dir, sizeof dir);
+        lt_lora_options lo = {0};
+        lo.rank = 4, lo.alpha = 8, lo.dropout = ci ? 0.25f : 0.0f, lo.seed = 9;
+        lt_model *m = NULL;
+        assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
+        int64_t n, N = f.B * f.T;
+        float *p = lt_model_lora_params(m, &n);
+        lt_test_fill_normal(&rng, p, n, 0.1f); /* B != 0 so every gradient is live */
+        lt_model_batch b = fixture_batch(&f);
+        b.step = 2;
+        float *g0 = malloc((size_t)n * 4), *gf = malloc((size_t)n * 4), tl0[64], tl[64];
+        assert_true(g0 && gf);
+        double loss0 = 0, moved = 0;
+        /* v = 0: the reference (one chunk); then 5-row chunks under each policy with f32 and bf16
+         * checkpoints. */
+        for (int v = 0; v < 13; v++) {
+            const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+            lt_model_run_options ro = {0};
+            int w = v ? v - 1 : 0, bf16 = w >= 6;
+            ro.B = f.B, ro.T = f.T, ro.recompute = pol[w % 3], ro.recompute_k = 2;
+            ro.recompute_attention = (w / 3) % 2;
+            ro.chunk_rows = v ? 5 : 0;
+            ro.saved_bf16 = bf16 ? 1 : -1;
+            if (bf16 && ro.recompute == LT_RECOMPUTE_NONE) continue; /* nothing is checkpointed */
+            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+            lt_model_zero_grads(m);
+            lt_model_result r;
+            for (int64_t i = 0; i < N; i++) tl[i] = LT_TEST_POISON;
+            assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl), LT_OK);
+            const float *g = lt_model_lora_grads(m, NULL);
+            char what[200];
+            snprintf(what, sizeof what, "%s variant %d (policy %d, recompute attention %d, %s checkpoints)", cases[ci], v,
+                     w % 3, ro.recompute_attention, bf16 ? "bf16" : "f32");
+            if (v == 0) {
+                loss0 = r.loss_sum;
+                memcpy(tl0, tl, sizeof tl);
+                memcpy(g0, g, (size_t)n * 4);
+                continue;
+            }
+            float l1 = (float)r.loss_sum, l0 = (float)loss0;
+            compare(what, &l1, &l0, 1, bf16 ? SAVED_BF16_LOSS : SAME_REL);
+            compare(what, tl, tl0, N, bf16 ? SAVED_BF16_LOSS : SAME_REL);
+            if (!bf16) {
+                compare(what, g, g0, n, SAME_REL);
+                if (w % 3 == 0) memcpy(gf, g, (size_t)n * 4);
+                continue;
+            }
+            double scale = 0, worst = 0;
+            for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)gf[i]));
+            for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)g[i] - gf[i]));
+            fprintf(stderr, "  %s: loss %.6g vs %.6g, grads relative to f32 saving %.3g\n", what, (double)l1,
+                    (double)l0, worst / scale);
+            moved = fmax(moved, worst / scale);
+            compare(what, g, gf, n, SAVED_BF16_REL);
+        }
+        assert_true(moved > 0); /* the rounding is real */
+        free(g0), free(gf);
+        lt_model_free(ctx, m);
+        lt_safetensors_close(ctx, f.exp);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+        lt_ctx_free(ctx);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     lt_test_omp_passive(argv);
@@ -561,6 +652,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(bad_inputs_are_typed_errors),
         cmocka_unit_test(every_allocation_failure_is_clean),
         cmocka_unit_test(dropout_gradients_are_consistent),
+        cmocka_unit_test(chunks_and_bf16_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

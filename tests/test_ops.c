@@ -93,6 +93,13 @@ static void matmul_every_weight_dtype(void **state) {
                     lt_test_close_to(y[n * yout + j], s + (beta ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
                              n * yout + j);
                 }
+            if (mode == LT_MATMUL_NT) { /* the shared-input flag changes nothing on the host */
+                float *y2 = malloc((size_t)(N * yout) * 4);
+                memcpy(y2, y0, (size_t)(N * yout) * 4);
+                be()->matmul(ctx, LT_MATMUL_NT_SAME_X, &w, x, N, beta, y2, ws);
+                assert_memory_equal(y2, y, (size_t)(N * yout) * 4);
+                free(y2);
+            }
             free(x), free(y), free(y0);
         }
         if (ws) lt_free(ctx, LT_DEVICE_CPU, ws, wsb);
@@ -331,6 +338,32 @@ static void zero_scale_sumsq(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* bf16 storage conversions: round to nearest even (ties, the largest finite values, infinities
+ * and NaN included) against the scalar lt_f32_to_bf16, and widening back exactly. */
+static void bf16_conversions(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 8;
+    lt_ctx *ctx = lt_ctx_new();
+    int64_t n = 70001; /* several parallel chunks, not a multiple of any */
+    float *x = lt_test_fresh(&rng, n, 3), *back = malloc((size_t)n * 4);
+    uint16_t *h = malloc((size_t)n * 2);
+    const uint32_t special[6] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u};
+    for (int i = 0; i < 6; i++) memcpy(&x[i], &special[i], 4);
+    for (int64_t i = 0; i < n; i++) h[i] = 0xdead;
+    be()->to_bf16(ctx, x, h, n);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(h[i], lt_f32_to_bf16(x[i]));
+    assert_int_equal(h[0], 0x3f80); /* a tie rounds to even: down */
+    assert_int_equal(h[1], 0x3f82); /* and up */
+    for (int64_t i = 0; i < n; i++) back[i] = LT_TEST_POISON;
+    be()->from_bf16(ctx, h, back, n);
+    for (int64_t i = 0; i < n; i++) {
+        float w = lt_bf16_to_f32(h[i]);
+        assert_memory_equal(&back[i], &w, 4);
+    }
+    free(x), free(back), free(h);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_float64),
@@ -341,6 +374,7 @@ int main(void) {
         cmocka_unit_test(embedding_add_bias_dropout),
         cmocka_unit_test(adamw_matches_torch_formula),
         cmocka_unit_test(zero_scale_sumsq),
+        cmocka_unit_test(bf16_conversions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,18 @@ typedef struct lt_model_run_options {
     int threads;              /* CPU threads; 0 = the context's */
     int forward_only;         /* 1: evaluation / generation only (no saved activations, no
                                  backward buffers); lt_model_forward_backward is then refused */
+    int saved_bf16;           /* checkpoints (and the kept attention outputs) in bf16: 0 = the
+                                 backend's choice (CUDA bf16, CPU f32), 1 = bf16, -1 = f32. bf16
+                                 halves the largest activation class; the recompute then starts
+                                 from the rounded layer inputs (the forward itself runs on f32) */
+    int64_t chunk_rows;       /* rows per chunk of the position-wise work (norms, projections,
+                                 LoRA, the MLP) in forward, recompute and backward, so their
+                                 buffers are O(chunk) and only attention's inputs and outputs span
+                                 the whole batch; 0 = LT_MODEL_CHUNK_ROWS */
 } lt_model_run_options;
+
+/* Default rows per position-wise chunk: the CUDA matmul's own x-chunk, so no GEMM gets smaller. */
+#define LT_MODEL_CHUNK_ROWS 8192
 
 /* Lifetime classes of the model's memory, each allocated once. */
 typedef enum lt_mem_class {

@@ -20,8 +20,12 @@ typedef struct lt_adamw_params {
 /* Weight products: W is (out, in) in any dtype (f32, bf16, f16 or a block format, dequantized
  * tile by tile into the workspace); x, y are f32 row-major.
  *   LT_MATMUL_NT: y (N, out) = x (N, in) · Wᵀ + beta·y
- *   LT_MATMUL_NN: y (N, in)  = x (N, out) · W  + beta·y */
-typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1 } lt_matmul_mode;
+ *   LT_MATMUL_NN: y (N, in)  = x (N, out) · W  + beta·y
+ *   LT_MATMUL_NT_SAME_X: NT, and x is the very input of the previous matmul call on this workspace
+ *     (same pointer, N and width, contents unchanged since): a backend may reuse what it derived
+ *     from x then (CUDA: the bf16 copy of x, when all of x fitted in one chunk). For projections
+ *     that share an input (q, k, v; gate, up). */
+typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_SAME_X = 2 } lt_matmul_mode;
 
 typedef struct lt_backend {
     const char *name;
@@ -78,6 +82,14 @@ typedef struct lt_backend {
     /* Σ x² over n elements, accumulated in float64 and returned to the host rounded to float; waits
      * for queued work (the one compute op that synchronises). */
     float (*sumsq)(lt_ctx *ctx, const float *x, int64_t n);
+    /* y (n) = x rounded to bf16 (round to nearest even, NaN kept) / y (n) = x widened to f32; the
+     * model's bf16 checkpoints and kept attention outputs are stored and read back with these. */
+    void (*to_bf16)(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+    void (*from_bf16)(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
+    /* The dtype the model stores checkpoints (layer inputs kept across the step) and kept
+     * attention outputs in unless a run option says otherwise: f32 on the CPU (the reference),
+     * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
+    lt_dtype saved_dtype;
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

@@ -112,37 +112,41 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     return ok && cur != SIZE_MAX ? cur : 0;
 }
 
-/* Store layout: offsets from 0 held in pointer fields (NULL + offset is never dereferenced).
+/* Store layout: offsets from 0, plus one, held in pointer fields (NULL = absent; the values are
+ * never dereferenced).
  * Pieces start at multiples of `align`; above the host's 64 (a device) the store's size is
- * rounded up to it too, so every store of an array starts aligned. */
+ * rounded up to it too, so every store of an array starts aligned. keep_mlp: the store keeps the
+ * gate and up projections (no recompute). */
 static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, size_t align,
-                           lt_store *s) {
+                           int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
     int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
     size_t cur = 0;
     memset(s, 0, sizeof *s);
-#define PIECE(field, n) s->field = (float *)(uintptr_t)carve_aligned(&cur, nb(n, sizeof(float)), align)
-    PIECE(x_in, N * c->C);
-    PIECE(h1, N * c->C);
+#define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
+#define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
+    if (keep_x_in) PIECE(x_in, N * c->C);
     if (c->qk_norm) {
         PIECE(q_raw, N * qd);
         PIECE(k_raw, N * kvd);
         PIECE(rstd_q, N * c->H);
         PIECE(rstd_k, N * c->Hkv);
     }
-    PIECE(q, N * qd);
-    PIECE(k, N * kvd);
-    PIECE(v, N * kvd);
-    PIECE(att, N * qd);
+    PIECE_ES(q, N * qd, attn_es);
+    PIECE_ES(k, N * kvd, attn_es);
+    PIECE_ES(v, N * kvd, attn_es);
+    PIECE_ES(att, N * qd, attn_es);
     PIECE(lse, B * c->H * T);
     PIECE(x_mid, N * c->C);
-    PIECE(h2, N * c->C);
-    PIECE(g, N * c->F);
-    PIECE(u, N * c->F);
+    if (keep_mlp) {
+        PIECE(g, N * c->F);
+        PIECE(u, N * c->F);
+    }
     PIECE(rstd1, N);
     PIECE(rstd2, N);
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
         if (lo->targets & (1u << p)) PIECE(lu[p], N * lo->rank);
 #undef PIECE
+#undef PIECE_ES
     if (align > LT_MODEL_ALIGN && cur != SIZE_MAX) carve_aligned(&cur, 0, align);
     return cur;
 }
@@ -151,9 +155,7 @@ static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
     float **dst = (float **)s;
     float *const *src = (float *const *)off;
     for (size_t i = 0; i < sizeof *s / sizeof(float *); i++)
-        dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i]) : NULL;
-    /* x_in sits at offset 0, which reads as "absent" above; it is always present. */
-    s->x_in = (float *)base;
+        dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i] - 1) : NULL;
 }
 
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out) { rebase_store(out, &lay->store_off, base); }
@@ -206,8 +208,21 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     if (k > K) k = K;
     int threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
     o->threads = threads;
-    o->store_bytes = store_layout(c, &lo, B, T, al, &o->store_off);
     int fwd_only = run->forward_only;
+    int keep_mlp = !fwd_only && run->recompute == LT_RECOMPUTE_NONE;
+    if (run->saved_bf16 < -1 || run->saved_bf16 > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: saved_bf16 %d outside -1..1", run->saved_bf16);
+    o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : be->saved_dtype;
+    size_t es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
+    o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
+    /* Recomputing every layer, a layer's checkpoint is its input and the next one its output. */
+    o->resid_ckpt = !fwd_only && run->recompute != LT_RECOMPUTE_NONE && k == 1;
+    o->store_bytes = store_layout(c, &lo, B, T, al, !fwd_only && !o->resid_ckpt, keep_mlp, es, &o->store_off);
+    if (run->chunk_rows < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: chunk_rows %lld is negative", (long long)run->chunk_rows);
+    int64_t CH = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
+    if (CH > N) CH = N;
+    o->chunk = CH;
 
     /* Activations: every LoRA layer's store (no recompute) or one input per segment. */
     size_t cur = 0;
@@ -219,10 +234,12 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         o->n_act_stores = 0, o->n_tr_stores = k, o->n_ckpt = (K + k - 1) / k;
     }
     o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
-    o->ckpt = carve_aligned(&cur, nb(o->n_ckpt, nb(N * c->C, sizeof(float))), al);
+    /* Each piece rounded up to the alignment so every layer's starts aligned. */
+    size_t cs = nb(N * c->C, es);
+    o->ckpt_stride = cs > SIZE_MAX - al ? SIZE_MAX : (cs + al - 1) / al * al;
+    o->ckpt = carve_aligned(&cur, nb(o->n_ckpt, o->ckpt_stride), al);
     if (o->n_ckpt && !run->recompute_attention) {
-        /* Each piece rounded up to the alignment so every layer's starts aligned. */
-        size_t as = nb(N * qd, 4), ls = nb(B * c->H * T, 4);
+        size_t as = nb(N * qd, es), ls = nb(B * c->H * T, 4);
         o->att_stride = as > SIZE_MAX - al ? SIZE_MAX : (as + al - 1) / al * al;
         o->lse_stride = ls > SIZE_MAX - al ? SIZE_MAX : (ls + al - 1) / al * al;
         o->keep_attn = 1;
@@ -231,12 +248,17 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 
+    /* Transients: the segment's stores (the frozen layers below the LoRA ones and the forward-only
+     * pass run in place on one of them), the loss's row statistics, the inputs, and in a
+     * forward-only run the final norm's input and output (a training run keeps them in the
+     * workspace, see below). */
     cur = 0;
     o->tr_stores = carve_aligned(&cur, nb(o->n_tr_stores, o->store_bytes), al);
-    o->xa = carve_aligned(&cur, nb(N * c->C, 4), al);
-    o->xb = carve_aligned(&cur, nb(N * c->C, 4), al);
-    o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
-    o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    if (fwd_only) {
+        o->final_class = LT_MEM_TRANSIENTS;
+        o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
+        o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+    }
     o->rstd_f = carve_aligned(&cur, nb(N, 4), al);
     o->lse_f = carve_aligned(&cur, nb(N, 4), al);
     o->tloss = carve_aligned(&cur, nb(N, 4), al);
@@ -253,29 +275,48 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     }
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;
 
-    /* Workspace: backward scratch (training only), the F-wide activation and LoRA scratch, and the
-     * kernels' own workspaces at this shape. */
+    /* Workspace: the backward's whole-batch gradients (training only), the chunk buffers of the
+     * position-wise work, and the kernels' own workspaces at this shape. */
     cur = 0;
     int64_t max_in = c->C > c->F ? c->C : c->F;
     if (qd > max_in) max_in = qd;
-    o->da = carve_aligned(&cur, nb(N * c->F, 4), al);
-    o->scratch = carve_aligned(&cur, nb(N * max_in, 4), al);
-    o->dlu = carve_aligned(&cur, nb(N * lo.rank, 4), al);
     if (!fwd_only) {
+        /* The final norm's input and output are dead once its backward has run, before any
+         * layer's backward writes attention's gradients: they share one region. */
         o->dx = carve_aligned(&cur, nb(N * c->C, 4), al);
-        o->dh = carve_aligned(&cur, nb(N * c->C, 4), al);
-        o->dg = carve_aligned(&cur, nb(N * c->F, 4), al);
-        o->du = carve_aligned(&cur, nb(N * c->F, 4), al);
-        o->dq = carve_aligned(&cur, nb(N * qd, 4), al);
-        o->datt = carve_aligned(&cur, nb(N * qd, 4), al);
-        o->dk = carve_aligned(&cur, nb(N * kvd, 4), al);
-        o->dv = carve_aligned(&cur, nb(N * kvd, 4), al);
+        size_t region = carve_aligned(&cur, 0, al), fin = region, grads = region;
+        o->final_class = LT_MEM_WORKSPACE;
+        o->xf = carve_aligned(&fin, nb(N * c->C, 4), al);
+        o->hf = carve_aligned(&fin, nb(N * c->C, 4), al);
+        o->datt = carve_aligned(&grads, nb(N * qd, es), al);
+        o->dq = carve_aligned(&grads, nb(N * qd, es), al);
+        o->dk = carve_aligned(&grads, nb(N * kvd, es), al);
+        o->dv = carve_aligned(&grads, nb(N * kvd, es), al);
+        cur = fin > grads ? fin : grads;
+    }
+    o->h = carve_aligned(&cur, nb(CH * c->C, 4), al);
+    if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(&cur, nb(CH * c->C, 4), al);
+    if (o->attn_bf16) {
+        o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
+        o->ac = carve_aligned(&cur, nb(CH * qd, 4), al);
+    }
+    if (!keep_mlp) {
+        o->g = carve_aligned(&cur, nb(CH * c->F, 4), al);
+        o->u = carve_aligned(&cur, nb(CH * c->F, 4), al);
+    }
+    o->dg = carve_aligned(&cur, nb(CH * c->F, 4), al);
+    o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al);
+    if (!fwd_only) {
+        o->da = carve_aligned(&cur, nb(CH * c->F, 4), al);
+        o->du = carve_aligned(&cur, nb(CH * c->F, 4), al);
+        o->dh = carve_aligned(&cur, nb(CH * c->C, 4), al);
+        o->dlu = carve_aligned(&cur, nb(CH * lo.rank, 4), al);
     }
     size_t mm = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {
         int64_t out, in;
         lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, N, threads);
+        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, CH, threads);
         if (w > mm) mm = w;
     }
     size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, N, threads);
@@ -286,7 +327,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = B, ap.T = T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
-    ap.dtype = LT_DTYPE_F32;
+    ap.dtype = o->attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     ap.device = dev;
     ap.impl = run->attention;
     LT_TRY(lt_attention_check(ctx, &ap));

@@ -9,6 +9,7 @@
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
+#include "backend/prof.h"
 #include "model/model_internal.h"
 
 /* ---- run memory ---- */
@@ -219,6 +220,9 @@ typedef struct step {
 
 static uint8_t *blk(const step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
 static float *wsf(const step *s, size_t off) { return (float *)blk(s, LT_MEM_WORKSPACE, off); }
+/* The final norm's input (N, C) and output (N, C). */
+static float *xf_of(const step *s) { return (float *)blk(s, s->m->lay.final_class, s->m->lay.xf); }
+static float *hf_of(const step *s) { return (float *)blk(s, s->m->lay.final_class, s->m->lay.hf); }
 
 /* Store j (0-based among LoRA layers; stores of one recompute segment are slots). */
 static lt_store store_slot(const step *s, int64_t j) {
@@ -231,69 +235,138 @@ static lt_store store_slot(const step *s, int64_t j) {
     return st;
 }
 
-static float *ckpt(const step *s, int64_t seg) {
-    return (float *)blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * (size_t)s->N * (size_t)s->m->cfg.C * 4);
+/* Checkpoint seg: an (N, C) layer input of the layout's saved dtype. */
+static void *ckpt(const step *s, int64_t seg) {
+    return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
+}
+
+/* Copies the f32 x (n elements) into saved storage at dst (rounding when the layout saves bf16),
+ * or back (back = 1: dst is the f32 side). */
+static lt_status saved_copy(const step *s, void *saved, float *x, int64_t n, int back) {
+    if (s->m->lay.saved_dtype == LT_DTYPE_F32)
+        return back ? s->be->copy_to_device(s->ctx, x, saved, (size_t)n * 4)
+                    : s->be->copy_to_device(s->ctx, saved, x, (size_t)n * 4);
+    if (back)
+        s->be->from_bf16(s->ctx, (const uint16_t *)saved, x, n);
+    else
+        s->be->to_bf16(s->ctx, x, (uint16_t *)saved, n);
+    return LT_OK;
 }
 
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
-/* Counter base of the mask on projection p's input (in features per token): the projection's stream
- * plus this batch's place in the whole batch, so a data-parallel share draws the same masks. */
-static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in) {
-    return drop_offset(l, p) + s->drop_row0 * (uint64_t)in;
+/* Counter base of the mask on projection p's input (in features per token) from row r0 on: the
+ * projection's stream plus this batch's place in the whole batch, so a data-parallel share (and
+ * every chunk of rows) draws the same masks. */
+static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in, int64_t r0) {
+    return drop_offset(l, p) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
 }
 
-/* y (N, out) = beta·y + x·Wᵀ (+ bias) (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds
- * the projection onto a residual already in y. y = NULL computes only lu (a recompute that needs
- * the saved LoRA product but not the output). */
-static void proj_fwd(const step *s, int64_t l, lt_proj p, const float *x, float *y, float *lu, const float *bias,
-                     float beta) {
+/* Rows per chunk of the position-wise work, and the rows of the chunk starting at r0. */
+static int64_t chunk_rows(const step *s, int64_t r0) {
+    int64_t ch = s->m->lay.chunk;
+    return s->N - r0 < ch ? s->N - r0 : ch;
+}
+
+/* Row r0 of the (N, r) LoRA product of projection p in st (NULL when p carries no LoRA). */
+static float *lu_at(const step *s, const lt_store *st, lt_proj p, int64_t r0) {
+    return st->lu[p] ? st->lu[p] + r0 * s->m->lora.rank : NULL;
+}
+
+/* Over the n rows from row r0 (x, y, lu point at that row): y (n, out) = beta·y + x·Wᵀ (+ bias)
+ * (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds the projection onto a residual
+ * already in y. y = NULL computes only lu (a recompute that needs the saved LoRA product but not
+ * the output). */
+static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
+                     const float *bias, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
-    int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
-    if (y) s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, N, beta, y, wsf(s, m->lay.mm_ws));
-    if (y && bias) s->be->add_bias(s->ctx, y, bias, N, out);
+    int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
+    if (y) s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, n, beta, y, wsf(s, m->lay.mm_ws));
+    if (y && bias) s->be->add_bias(s->ctx, y, bias, n, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
     if (s->train && m->lora.dropout > 0) {
         float *scr = wsf(s, m->lay.scratch);
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
+        s->be->dropout(s->ctx, x, scr, n * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in, r0));
         src = scr;
     }
-    s->be->gemm(s->ctx, 0, 1, N, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
-    if (y) s->be->gemm(s->ctx, 0, 1, N, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
+    s->be->gemm(s->ctx, 0, 1, n, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
+    if (y) s->be->gemm(s->ctx, 0, 1, n, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
 }
 
-/* Given dy (N, out) of projection p with input x: accumulates LoRA grads and adds the input
- * gradient into dx (N, in) (beta: 0 overwrites with the base part first, 1 accumulates). dx = NULL
- * skips the input gradient (nobody below needs it). */
-static void proj_bwd(const step *s, int64_t l, lt_proj p, const float *x, const float *dy, const float *lu, float *dx,
-                     float beta) {
+/* Over the n rows from row r0, given dy (n, out) of projection p with input x: accumulates LoRA
+ * grads and adds the input gradient into dx (n, in) (beta: 0 overwrites with the base part
+ * first, 1 accumulates). dx = NULL skips the input gradient (nobody below needs it). */
+static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, const float *dy,
+                     const float *lu, float *dx, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
-    int64_t out = w->shape[0], in = w->shape[1], N = s->N, r = m->lora.rank;
-    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, N, beta, dx, wsf(s, m->lay.mm_ws));
+    int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
+    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, n, beta, dx, wsf(s, m->lay.mm_ws));
     if (!L->lora_a[p]) return;
     float sc = m->lora_scale, *dlu = wsf(s, m->lay.dlu), *scr = wsf(s, m->lay.scratch);
     int drop = m->lora.dropout > 0;
+    uint64_t doff = drop_at(s, l, p, in, r0);
     /* dB += s·dyᵀ·lu ; dlu = s·dy·B ; dA += dluᵀ·drop(x) ; dx += drop'(dlu·A) */
-    s->be->gemm(s->ctx, 1, 0, out, r, N, sc, dy, out, lu, r, 1.0f, L->grad_b[p], r);
-    s->be->gemm(s->ctx, 0, 0, N, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
+    s->be->gemm(s->ctx, 1, 0, out, r, n, sc, dy, out, lu, r, 1.0f, L->grad_b[p], r);
+    s->be->gemm(s->ctx, 0, 0, n, r, out, sc, dy, out, L->lora_b[p], r, 0.0f, dlu, r);
     const float *src = x;
     if (drop) {
-        s->be->dropout(s->ctx, x, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
+        s->be->dropout(s->ctx, x, scr, n * in, m->lora.dropout, s->drop_seed, doff);
         src = scr;
     }
-    s->be->gemm(s->ctx, 1, 0, r, in, N, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
+    s->be->gemm(s->ctx, 1, 0, r, in, n, 1.0f, dlu, r, src, in, 1.0f, L->grad_a[p], in);
     if (!dx) return;
     if (!drop) {
-        s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
+        s->be->gemm(s->ctx, 0, 0, n, in, r, 1.0f, dlu, r, L->lora_a[p], in, 1.0f, dx, in);
     } else {
-        s->be->gemm(s->ctx, 0, 0, N, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
-        s->be->dropout(s->ctx, scr, scr, N * in, m->lora.dropout, s->drop_seed, drop_at(s, l, p, in));
-        s->be->add(s->ctx, dx, scr, 1.0f, N * in);
+        s->be->gemm(s->ctx, 0, 0, n, in, r, 1.0f, dlu, r, L->lora_a[p], in, 0.0f, scr, in);
+        s->be->dropout(s->ctx, scr, scr, n * in, m->lora.dropout, s->drop_seed, doff);
+        s->be->add(s->ctx, dx, scr, 1.0f, n * in);
     }
+}
+
+/* Whole-batch attention tensor t (N, width) of the store or workspace, from row r0: f32 or bf16
+ * elements (the layout's attn_bf16). */
+static void *at_row(const step *s, void *t, int64_t r0, int64_t width) {
+    return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
+}
+
+/* Rows [r0, r0 + n) of attention tensor t as f32: in place for f32, widened into `buf` for bf16. */
+static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
+    if (!s->m->lay.attn_bf16) return (float *)at_row(s, t, r0, width);
+    s->be->from_bf16(s->ctx, (const uint16_t *)at_row(s, t, r0, width), buf, n * width);
+    return buf;
+}
+
+/* Per-head norm (Qwen3) and RoPE of the q and k rows [r0, r0 + n): q, k (n rows) hold the
+ * projections on entry (f32; with the norm they are the stores' q_raw, k_raw rows) and
+ * qo, ko receive the result (may alias q, k when there is no norm). */
+static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q, float *k,
+                      float *qo, float *ko) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    if (c->qk_norm) {
+        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
+        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
+    }
+    be->rope(s->ctx, qo, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 0);
+    be->rope(s->ctx, ko, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 0);
+}
+
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. */
+static void qk_finish_bwd(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
+                          float *dk) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
+    if (!c->qk_norm) return;
+    be->rmsnorm_bwd(s->ctx, dq, st->q_raw + r0 * qd, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, st->k_raw + r0 * kvd, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
 }
 
 static lt_attention_params attn_params(const step *s) {
@@ -301,7 +374,7 @@ static lt_attention_params attn_params(const step *s) {
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
     ap.B = s->B, ap.T = s->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
-    ap.dtype = LT_DTYPE_F32;
+    ap.dtype = s->m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     ap.device = s->m->opt.device;
     ap.impl = s->m->run.attention;
     ap.seq_offsets = s->seq_offsets;
@@ -309,35 +382,68 @@ static lt_attention_params attn_params(const step *s) {
     return ap;
 }
 
-/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). x_out =
- * NULL is the recompute before the layer's own backward, which needs the stores but not the
- * output: the down projection's base product is skipped (a quarter of the MLP's FLOPs), and the
- * SwiGLU output is left in the dg workspace where layer_bwd reads it. att_kept = 1: st->att and
- * st->lse already hold this layer's attention (kept from the first pass), so it is not rerun. */
-static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *x_out,
-                           int att_kept) {
+/* A layer's residual input or output (N, C): f32 rows, or a bf16 checkpoint read or written in
+ * place (h). */
+typedef struct resid {
+    float *f;
+    uint16_t *h;
+} resid;
+
+static resid resid_f32(float *f) {
+    resid r = {f, NULL};
+    return r;
+}
+
+/* Rows [r0, r0 + n) of x as f32: in place, or widened into buf. */
+static const float *resid_rows(const step *s, resid x, int64_t r0, int64_t n, float *buf) {
+    int64_t C = s->m->cfg.C;
+    if (x.f) return x.f + r0 * C;
+    s->be->from_bf16(s->ctx, x.h + r0 * C, buf, n * C);
+    return buf;
+}
+
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). An f32
+ * x_out may alias x_in (a chunk of rows is read before the same rows are written, and no later
+ * chunk reads them). The position-wise work runs a chunk of rows at a time through the chunk buffers;
+ * only attention's tensors span the batch (in bf16 under attn_bf16: the q, k, v chunks are
+ * normed, rotated and rounded into them). x_out = NULL is the recompute before the layer's own
+ * backward, which needs the attention half's stores and x_mid but not the MLP: layer_bwd reruns
+ * the MLP chunk by chunk. att_kept = 1: st->att and st->lse hold this layer's attention from the
+ * first pass (kept with the checkpoints), so it is not rerun. */
+static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x_in, resid x_out, int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
-    int64_t N = s->N, C = c->C;
-    be->rmsnorm_fwd(s->ctx, x_in, L->attn_norm, c->rms_eps, N, C, st->h1, st->rstd1);
-    float *qo = c->qk_norm ? st->q_raw : st->q, *ko = c->qk_norm ? st->k_raw : st->k;
-    proj_fwd(s, l, LT_PROJ_Q, st->h1, qo, st->lu[LT_PROJ_Q], L->bias[0], 0.0f);
-    proj_fwd(s, l, LT_PROJ_K, st->h1, ko, st->lu[LT_PROJ_K], L->bias[1], 0.0f);
-    proj_fwd(s, l, LT_PROJ_V, st->h1, st->v, st->lu[LT_PROJ_V], L->bias[2], 0.0f);
-    if (c->qk_norm) {
-        be->rmsnorm_fwd(s->ctx, st->q_raw, L->q_norm, c->rms_eps, N * c->H, c->D, st->q, st->rstd_q);
-        be->rmsnorm_fwd(s->ctx, st->k_raw, L->k_norm, c->rms_eps, N * c->Hkv, c->D, st->k, st->rstd_k);
+    const lt_layout *y = &m->lay;
+    int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16;
+    float *h = wsf(s, y->h), *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
+    float *xc = y->xc ? wsf(s, y->xc) : NULL;
+    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+        int64_t n = chunk_rows(s, r0);
+        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm; q, k, v
+         * when f32), or into the chunk buffer. */
+        float *qp = c->qk_norm ? st->q_raw + r0 * qd : ab ? qc : st->q + r0 * qd;
+        float *kp = c->qk_norm ? st->k_raw + r0 * kvd : ab ? qc + n * qd : st->k + r0 * kvd;
+        float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
+        be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
+        proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
+        proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        if (!ab) continue;
+        qk_finish(s, L, st, r0, n, qp, kp, qc, qc + n * qd);
+        be->to_bf16(s->ctx, qc, (uint16_t *)at_row(s, st->q, r0, qd), n * qd);
+        be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
+        be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
     }
-    be->rope(s->ctx, st->q, s->pos, m->inv_freq, N, c->H, c->D, 0);
-    be->rope(s->ctx, st->k, s->pos, m->inv_freq, N, c->Hkv, c->D, 0);
+    if (!ab) qk_finish(s, L, st, 0, N, c->qk_norm ? st->q_raw : st->q, c->qk_norm ? st->k_raw : st->k, st->q, st->k);
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
     memset(&aa, 0, sizeof aa);
     aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
-    aa.workspace = blk(s, LT_MEM_WORKSPACE, m->lay.attn_ws);
-    aa.workspace_size = m->lay.attn_ws_bytes;
+    aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
+    aa.workspace_size = y->attn_ws_bytes;
     if (att_kept) {
         /* A recompute whose first pass kept st->att and st->lse (bit-identical to a rerun). */
     } else if (m->cp) {
@@ -348,47 +454,80 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, const f
         else
             LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
-        LT_TRY(lt_attention_forward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
+        lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
-    /* x_mid = x_in + o_proj(att) */
-    LT_TRY(be->copy_to_device(s->ctx, st->x_mid, x_in, (size_t)(N * C) * 4));
-    proj_fwd(s, l, LT_PROJ_O, st->att, st->x_mid, st->lu[LT_PROJ_O], NULL, 1.0f);
-    be->rmsnorm_fwd(s->ctx, st->x_mid, L->mlp_norm, c->rms_eps, N, C, st->h2, st->rstd2);
-    proj_fwd(s, l, LT_PROJ_GATE, st->h2, st->g, st->lu[LT_PROJ_GATE], NULL, 0.0f);
-    proj_fwd(s, l, LT_PROJ_UP, st->h2, st->u, st->lu[LT_PROJ_UP], NULL, 0.0f);
-    float *a = wsf(s, x_out ? m->lay.da : m->lay.dg);
-    be->swiglu_fwd(s->ctx, st->g, st->u, N * c->F, a);
-    /* x_out = x_mid + down(a) */
-    if (x_out) LT_TRY(be->copy_to_device(s->ctx, x_out, st->x_mid, (size_t)(N * C) * 4));
-    proj_fwd(s, l, LT_PROJ_DOWN, a, x_out, st->lu[LT_PROJ_DOWN], NULL, 1.0f);
+    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+        int64_t n = chunk_rows(s, r0);
+        /* x_mid = x_in + o_proj(att) */
+        float *xm = st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
+        if (x_in.f)
+            LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+        else
+            be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
+        proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        if (!x_out.f && !x_out.h) continue;
+        /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
+        be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+        float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
+        float *a = wsf(s, y->dg);
+        proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
+        proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
+        be->swiglu_fwd(s->ctx, g, u, n * F, a);
+        float *xo = x_out.f ? x_out.f + r0 * C : xc;
+        LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
+        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, xo, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
+    }
     return LT_OK;
 }
 
-/* dx holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0 (the
- * first LoRA layer: everything below it, the embedding included, is frozen) skips the attention
- * block's input gradient and leaves dx at ∂/∂x_mid. a_ready: the recompute just left the SwiGLU
- * output in the dg workspace. */
-static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const float *x_in, float *dx, int need_dx,
-                           int a_ready) {
+/* dx (N, C) holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0
+ * (the first LoRA layer: everything below it, the embedding included, is frozen) skips the
+ * attention block's input gradient and leaves dx at ∂/∂x_mid. The MLP runs chunk by chunk: its
+ * norm, gate and up projections (unless the store kept them) and SwiGLU are rerun from x_mid, then
+ * differentiated, so nothing F-wide spans the batch. */
+static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x_in, float *dx, int need_dx) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layer *L = &m->layers[l];
     const lt_backend *be = s->be;
     const lt_layout *y = &m->lay;
-    int64_t N = s->N, C = c->C, F = c->F;
-    float *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
-    float *a = dg; /* the activation is recomputed into dg's buffer, which swiglu_bwd then overwrites */
-    /* MLP: x_out = x_mid + down(swiglu(gate(h2), up(h2))) */
-    if (!a_ready) be->swiglu_fwd(s->ctx, st->g, st->u, N * F, a);
-    proj_bwd(s, l, LT_PROJ_DOWN, a, dx, st->lu[LT_PROJ_DOWN], da, 0.0f);
-    be->swiglu_bwd(s->ctx, da, st->g, st->u, N * F, dg, du);
-    proj_bwd(s, l, LT_PROJ_GATE, st->h2, dg, st->lu[LT_PROJ_GATE], dh, 0.0f);
-    proj_bwd(s, l, LT_PROJ_UP, st->h2, du, st->lu[LT_PROJ_UP], dh, 1.0f);
-    be->rmsnorm_bwd(s->ctx, dh, st->x_mid, L->mlp_norm, st->rstd2, N, C, dh, NULL);
-    be->add(s->ctx, dx, dh, 1.0f, N * C); /* dx = ∂/∂x_mid */
-    /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)) */
-    float *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
-    proj_bwd(s, l, LT_PROJ_O, st->att, dx, st->lu[LT_PROJ_O], datt, 0.0f);
+    int64_t N = s->N, C = c->C, F = c->F, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16;
+    float *h = wsf(s, y->h), *da = wsf(s, y->da), *dg = wsf(s, y->dg), *du = wsf(s, y->du), *dh = wsf(s, y->dh);
+    float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL, *xc = y->xc ? wsf(s, y->xc) : NULL;
+    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+        int64_t n = chunk_rows(s, r0);
+        float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
+        float *lu_g = lu_at(s, st, LT_PROJ_GATE, r0), *lu_u = lu_at(s, st, LT_PROJ_UP, r0);
+        float *lu_d = lu_at(s, st, LT_PROJ_DOWN, r0);
+        be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+        float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
+        float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
+        if (!st->g) {
+            proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_g, NULL, 0.0f);
+            proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
+        }
+        be->swiglu_fwd(s->ctx, g, u, n * F, a);
+        if (!st->g) proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, NULL, lu_d, NULL, 1.0f); /* its LoRA product */
+        proj_bwd(s, l, LT_PROJ_DOWN, r0, n, a, dxc, lu_d, da, 0.0f);
+        be->swiglu_bwd(s->ctx, da, g, u, n * F, dg, du);
+        proj_bwd(s, l, LT_PROJ_GATE, r0, n, h, dg, lu_g, dh, 0.0f);
+        proj_bwd(s, l, LT_PROJ_UP, r0, n, h, du, lu_u, dh, 1.0f);
+        be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
+        be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
+    }
+    /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)), h1 = norm(x_in) */
+    void *datt = wsf(s, y->datt), *dq = wsf(s, y->dq), *dk = wsf(s, y->dk), *dv = wsf(s, y->dv);
+    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+        int64_t n = chunk_rows(s, r0);
+        float *att = att_rows_f32(s, st->att, r0, n, qd, ac), *dattc = ab ? qc : (float *)at_row(s, datt, r0, qd);
+        proj_bwd(s, l, LT_PROJ_O, r0, n, att, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), dattc, 0.0f);
+        if (ab) be->to_bf16(s->ctx, dattc, (uint16_t *)at_row(s, datt, r0, qd), n * qd);
+    }
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
     memset(&aa, 0, sizeof aa);
@@ -405,21 +544,27 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, const f
             LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
                                             dv));
     } else {
-        LT_TRY(lt_attention_backward(s->ctx, &ap, &aa));
+        int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_BWD);
+        lt_status as = lt_attention_backward(s->ctx, &ap, &aa);
+        lt_prof_end(ph);
+        LT_TRY(as);
     }
-    be->rope(s->ctx, dq, s->pos, m->inv_freq, N, c->H, c->D, 1);
-    be->rope(s->ctx, dk, s->pos, m->inv_freq, N, c->Hkv, c->D, 1);
-    if (c->qk_norm) {
-        be->rmsnorm_bwd(s->ctx, dq, st->q_raw, L->q_norm, st->rstd_q, N * c->H, c->D, dq, NULL);
-        be->rmsnorm_bwd(s->ctx, dk, st->k_raw, L->k_norm, st->rstd_k, N * c->Hkv, c->D, dk, NULL);
-    }
+    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk);
     float *dhx = need_dx ? dh : NULL;
-    proj_bwd(s, l, LT_PROJ_Q, st->h1, dq, st->lu[LT_PROJ_Q], dhx, 0.0f);
-    proj_bwd(s, l, LT_PROJ_K, st->h1, dk, st->lu[LT_PROJ_K], dhx, 1.0f);
-    proj_bwd(s, l, LT_PROJ_V, st->h1, dv, st->lu[LT_PROJ_V], dhx, 1.0f);
-    if (!need_dx) return LT_OK;
-    be->rmsnorm_bwd(s->ctx, dh, x_in, L->attn_norm, st->rstd1, N, C, dh, NULL);
-    be->add(s->ctx, dx, dh, 1.0f, N * C);
+    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+        int64_t n = chunk_rows(s, r0);
+        float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
+        float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
+        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc);
+        const float *xr = resid_rows(s, x_in, r0, n, xc);
+        be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
+        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dkc, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
+        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dvc, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
+        if (!need_dx) continue;
+        be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
+        be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
+    }
     return LT_OK;
 }
 
@@ -445,6 +590,9 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->first_row < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->cp && m->lay.attn_bf16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
+                        "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "model: context parallel steps take one row (B = 1) without seq_offsets");
@@ -494,20 +642,14 @@ static lt_status read_loss(const step *s, lt_model_result *res, float *token_los
     return LT_OK;
 }
 
-/* Embedding and the frozen layers below the first LoRA layer, into `out` (N, C). The LoRA-free
- * layers use store slot 0 as scratch; `upto` is the first layer not run. */
+/* Embedding and the frozen layers below the first LoRA layer, into `out` (N, C), in place (the
+ * layers take x_out = x_in). The LoRA-free layers use store slot 0 as scratch; `upto` is the
+ * first layer not run. */
 static lt_status run_plain(const step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
-    const lt_layout *y = &m->lay;
-    float *xa = (float *)blk(s, LT_MEM_TRANSIENTS, y->xa), *xb = (float *)blk(s, LT_MEM_TRANSIENTS, y->xb);
-    float *cur = upto == 0 ? out : xa;
-    s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, cur);
+    s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
     lt_store st = store_slot(s, 0);
-    for (int64_t l = 0; l < upto; l++) {
-        float *nxt = l + 1 == upto ? out : (cur == xa ? xb : xa);
-        LT_TRY(layer_fwd(s, l, &st, cur, nxt, 0));
-        cur = nxt;
-    }
+    for (int64_t l = 0; l < upto; l++) LT_TRY(layer_fwd(s, l, &st, resid_f32(out), resid_f32(out), 0));
     return LT_OK;
 }
 
@@ -516,7 +658,7 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
     const lt_layout *y = &m->lay;
-    float *xf = (float *)blk(s, LT_MEM_TRANSIENTS, y->xf), *hf = (float *)blk(s, LT_MEM_TRANSIENTS, y->hf);
+    float *xf = xf_of(s), *hf = hf_of(s);
     float *rstd = (float *)blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
     s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
     if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
@@ -546,49 +688,51 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
      * call (the fused loss makes the logits once: two GEMMs instead of three). */
     (void)grad_scale; /* s->dloss, which check_batch derived from it (and staged on a device) */
     float dloss = s->dloss;
-    float *dx = wsf(s, y->dx), *dh = wsf(s, y->dh);
-    lt_tensor dht = lt_tensor_view(dh, LT_DTYPE_F32, m->opt.device, 2, hs);
+    /* ∂/∂h goes into dx, which the final norm's backward then turns into ∂/∂x in place. */
+    float *dx = wsf(s, y->dx);
+    lt_tensor dht = lt_tensor_view(dx, LT_DTYPE_F32, m->opt.device, 2, hs);
     la.dloss = s->scalars ? s->scalars + 1 : &dloss;
     la.dh = &dht;
-    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    int ph = lt_prof_begin(m->opt.device, LT_PROF_LCE);
+    lt_status ls = lt_lce_forward_backward(s->ctx, &lo, &la);
+    lt_prof_end(ph);
+    LT_TRY(ls);
     res->loss_sum = loss;
-    s->be->rmsnorm_bwd(s->ctx, dh, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
+    s->be->rmsnorm_bwd(s->ctx, dx, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
     return LT_OK;
 }
 
-/* Where LoRA layer j (0-based from l0) reads its input and writes its output. */
-static float *lora_in(const step *s, int64_t j, const lt_store *st) {
+/* LoRA layer j's residual input: checkpoint j under resid_ckpt, else its slot's x_in (for the first
+ * layer of a segment, a copy of the segment's checkpoint). */
+static resid lora_in(const step *s, int64_t j, const lt_store *st) {
     const lt_layout *y = &s->m->lay;
-    if (y->n_ckpt) {
-        int64_t k = y->n_tr_stores;
-        return j % k == 0 ? ckpt(s, j / k) : st->x_in;
-    }
-    return st->x_in;
+    if (!y->resid_ckpt) return resid_f32(st->x_in);
+    resid r = {NULL, NULL};
+    if (y->saved_dtype == LT_DTYPE_BF16)
+        r.h = (uint16_t *)ckpt(s, j);
+    else
+        r.f = (float *)ckpt(s, j);
+    return r;
 }
 
-static float *lora_out(const step *s, int64_t j) {
+/* Its output: xf for the last LoRA layer, else the next layer's input (the next slot's x_in, in
+ * place when one slot serves the segment). */
+static resid lora_out(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
-    int64_t K = s->m->lora.num_layers;
-    if (j + 1 == K) return (float *)blk(s, LT_MEM_TRANSIENTS, y->xf);
-    if (y->n_ckpt) {
-        int64_t k = y->n_tr_stores;
-        if ((j + 1) % k == 0) return ckpt(s, (j + 1) / k);
-        lt_store nx = store_slot(s, (j + 1) % k);
-        return nx.x_in;
-    }
-    lt_store nx = store_slot(s, j + 1);
-    return nx.x_in;
+    if (j + 1 == s->m->lora.num_layers) return resid_f32(xf_of(s));
+    lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
+    return lora_in(s, j + 1, &nx);
 }
 
-static lt_status slot_of(const step *s, int64_t j, lt_store *st) {
+/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones. */
+static lt_store slot_of(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
-    *st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
+    lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
     if (y->keep_attn) {
-        /* The layer's attention output and lse live with the checkpoints, not in the slot. */
-        st->att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
-        st->lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
+        st.att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
+        st.lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
     }
-    return LT_OK;
+    return st;
 }
 
 lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
@@ -596,34 +740,47 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     step s;
     lt_model_result r = {0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale));
-    int64_t K = m->lora.num_layers, l0 = m->l0;
-    lt_store st;
-    LT_TRY(slot_of(&s, 0, &st));
-    LT_TRY(run_plain(&s, l0, lora_in(&s, 0, &st)));
+    const lt_layout *y = &m->lay;
+    int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
+    int64_t k = y->n_ckpt ? y->n_tr_stores : K;
+    const lt_device dev = m->opt.device;
+    lt_prof_set_phase(dev, LT_PROF_FORWARD);
+    lt_store st = slot_of(&s, 0);
+    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+        LT_TRY(run_plain(&s, l0, xf_of(&s)));
+        LT_TRY(saved_copy(&s, ckpt(&s, 0), xf_of(&s), NC, 0));
+    } else {
+        LT_TRY(run_plain(&s, l0, st.x_in));
+    }
     for (int64_t j = 0; j < K; j++) {
-        LT_TRY(slot_of(&s, j, &st));
+        st = slot_of(&s, j);
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
         LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
     }
+    lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
-    float *dx = wsf(&s, m->lay.dx);
-    int64_t k = m->lay.n_ckpt ? m->lay.n_tr_stores : K;
+    float *dx = wsf(&s, y->dx);
     int64_t last_seg = (K - 1) / k;
     for (int64_t j = K - 1; j >= 0; j--) {
         int64_t seg = j / k;
-        int recomputed = m->lay.n_ckpt && seg != last_seg && j % k == k - 1;
-        if (recomputed) {
+        if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
+            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
+            st = slot_of(&s, seg * k);
+            if (!y->resid_ckpt) LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
             for (int64_t i = seg * k; i <= j; i++) {
-                LT_TRY(slot_of(&s, i, &st));
-                float *out = i == j ? NULL : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, m->lay.keep_attn));
+                st = slot_of(&s, i);
+                resid out = i == j ? resid_f32(NULL) : lora_out(&s, i); /* the last output is not needed */
+                LT_TRY(layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, y->keep_attn));
             }
         }
-        LT_TRY(slot_of(&s, j, &st));
-        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0, recomputed));
+        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
+        st = slot_of(&s, j);
+        LT_TRY(layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0));
         /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
-        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (m->lay.n_lora / K), m->lay.n_lora / K));
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
     }
+    lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
     return LT_OK;
@@ -631,7 +788,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
 
 static lt_status forward_all(step *s) {
     lt_model *m = s->m;
-    return run_plain(s, m->cfg.L, (float *)blk(s, LT_MEM_TRANSIENTS, m->lay.xf));
+    return run_plain(s, m->cfg.L, xf_of(s));
 }
 
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
@@ -650,7 +807,7 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
     LT_TRY(forward_all(&s));
     const lt_model_config *c = &m->cfg;
-    float *xf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.xf), *hf = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.hf);
+    float *xf = xf_of(&s), *hf = hf_of(&s);
     float *rstd = (float *)blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
     m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
     /* A device model writes the logits into a device buffer of this call's own (tests and

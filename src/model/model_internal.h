@@ -42,17 +42,23 @@ typedef struct lt_wpiece {
  * total bytes, or 0 when a size overflows or a row is not a whole number of blocks. */
 size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, const lt_wpiece *p), void *arg);
 
-/* Everything one layer saves for its backward; offsets (bytes) inside a store, or pointers. */
+/* Everything one layer keeps for its backward: what attention reads and writes over the whole
+ * batch, plus the residual inputs of the two blocks. The norms' outputs are not kept: the
+ * position-wise work reruns them a chunk of rows at a time. Offsets (bytes) inside a store, or
+ * pointers. */
 typedef struct lt_store {
-    float *x_in;             /* (N, C) layer input */
-    float *h1;               /* (N, C) attention-norm output */
+    float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
+                                (lt_layout.resid_ckpt) or in a forward-only run (in place) */
     float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
+    /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
+     * attention reads and writes them directly), else f32. */
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
     float *att;              /* (N, H·D) attention output */
     float *lse;              /* (B, H, T) attention log-sum-exp */
     float *x_mid;            /* (N, C) residual after attention */
-    float *h2;               /* (N, C) MLP-norm output */
-    float *g, *u;            /* (N, F) gate and up projections */
+    float *g, *u;            /* (N, F) gate and up projections: only without recompute (the
+                                stores of every layer live through the step, so the backward
+                                reads them instead of rerunning two GEMMs); NULL otherwise */
     float *rstd1, *rstd2;    /* (N) */
     float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), Qwen3 only */
     float *lu[LT_PROJ_COUNT_]; /* (N, r) LoRA down-projections x·Aᵀ of targeted projections */
@@ -63,18 +69,47 @@ typedef struct lt_layout {
     size_t store_bytes;              /* one lt_store */
     lt_store store_off;              /* offsets within a store, as pointers from NULL */
     int64_t n_act_stores, n_tr_stores, n_ckpt;
-    size_t act_stores, ckpt;         /* offsets in the activation block */
+    /* Checkpoints: n_ckpt layer inputs (N, C) of `saved_dtype` (f32 or bf16), `ckpt_stride`
+     * bytes apart, at `ckpt` in the activation block. A layer always runs on the f32 x_in of its
+     * store slot; checkpoints are copied (rounded) out of it and back. */
+    size_t act_stores, ckpt, ckpt_stride;
+    lt_dtype saved_dtype;
+    /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
+     * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
+     * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
+     * boundary, the forward and the recompute see the same inputs, and xc (chunk, C) f32 holds a
+     * chunk of rows in flight. */
+    int resid_ckpt;
+    size_t xc;
+    /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
+     * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
+     * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
+     * gradients, ac (chunk, H·D) for the output. */
+    int attn_bf16;
+    size_t qc, ac;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
-     * and a (B·H·T) lse in the activation block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
+     * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
+     * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
-    size_t tr_stores, xa, xb, xf, hf, rstd_f, lse_f, pos, tloss; /* transient block */
+    size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
+    /* The final norm's input xf and output hf (N, C), in block `final_class`: the transients of a
+     * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward). */
+    lt_mem_class final_class;
+    size_t xf, hf;
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
      * the loss kernel writes, [1] the upstream gradient dloss it reads. */
     size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
-    size_t dx, dh, da, dg, du, dq, dk, dv, datt, dlu, scratch, mm_ws, attn_ws, lce_ws; /* workspace */
+    /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
+     * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
+     * with xf and hf. Chunk-sized (`chunk`
+     * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
+     * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
+     * dropout, dlu (r). */
+    int64_t chunk;
+    size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
     size_t weights_bytes, lora_bytes;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */

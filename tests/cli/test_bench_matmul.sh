@@ -20,7 +20,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 names = [a["name"] for a in r["arms"]]
 assert names == ["bf16-nt-96x64", "q4_0-nt-96x64", "bf16-nn-96x64", "q4_0-nn-96x64",
-                 "gemm-f32-lora-fwd", "gemm-f32-lora-dA", "gemm-f32-lora-dx"], names
+                 "gemm-f32-lora-fwd", "gemm-f32-lora-dA", "gemm-f32-lora-dB", "gemm-f32-lora-dx"], names
 for a in r["arms"]:
     assert a["median_ms"] > 0 and a["tflops"] > 0, a
 PY

@@ -37,4 +37,7 @@ const lt_backend lt_backend_cpu = {
     .zero = lt_cpu_zero,
     .scale = lt_cpu_scale,
     .sumsq = lt_cpu_sumsq,
+    .to_bf16 = lt_cpu_to_bf16,
+    .from_bf16 = lt_cpu_from_bf16,
+    .saved_dtype = LT_DTYPE_F32,
 };

@@ -27,5 +27,7 @@ void lt_cpu_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int
 void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes);
 void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n);
+void lt_cpu_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+void lt_cpu_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 
 #endif

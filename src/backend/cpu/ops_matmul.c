@@ -83,7 +83,7 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
     if (N <= 0) return;
     if (w->dtype == LT_DTYPE_F32) {
         const float *W = w->data;
-        if (mode == LT_MATMUL_NT)
+        if (mode != LT_MATMUL_NN) /* NT or NT_SAME_X: nothing to reuse here */
             lt_cpu_gemm(ctx, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out);
         else
             lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
@@ -91,7 +91,7 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
     }
     mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in)};
     int threads = lt_ctx_threads(ctx);
-    if (mode == LT_MATMUL_NT) {
+    if (mode != LT_MATMUL_NN) {
         lt_parallel_for(threads, (out + LT_MATMUL_TILE - 1) / LT_MATMUL_TILE, 1, nt_tiles, &j);
     } else {
         lt_parallel_for(threads, (N + LT_MATMUL_NN_ROWS - 1) / LT_MATMUL_NN_ROWS, 1, nn_rows, &j);

@@ -54,4 +54,7 @@ extern "C" const lt_backend lt_backend_cuda = {
     /* .zero */ lt_cuda_zero,
     /* .scale */ lt_cuda_scale,
     /* .sumsq */ lt_cuda_sumsq,
+    /* .to_bf16 */ lt_cuda_to_bf16,
+    /* .from_bf16 */ lt_cuda_from_bf16,
+    /* .saved_dtype */ LT_DTYPE_BF16,
 };

@@ -40,6 +40,10 @@ static inline unsigned lt_cuda_grid(int64_t n, int threads) {
 extern "C" {
 void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
+ * itself (a rank <= 16 side and a long streamed operand), 0 to leave it to cuBLASLt. */
+int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws);
 size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
@@ -60,6 +64,8 @@ void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, in
 void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes);
 void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
+void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 }
 
 #endif

@@ -6,6 +6,7 @@
  * no fused dequantising GEMM: the tile conversion is a separate memory-bound pass.
  * Row-major products are column-major ones with the operands swapped: C = A·B ⇔ Cᵀ = Bᵀ·Aᵀ. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -14,6 +15,10 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
+
+extern "C" {
+#include "backend/prof.h"
+}
 
 /* cuBLASLt workspace inside the matmul workspace (NVIDIA recommends 32 MiB on Hopper; 4 MiB lost
  * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). */
@@ -162,6 +167,18 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
 
 /* ---- f32 GEMM ---- */
 
+/* Device address of the gemm's fixed workspace (looked up once). */
+static void *gemm_workspace(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (!gemm_ws) {
+        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
+        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
+    }
+    void *p = gemm_ws;
+    pthread_mutex_unlock(&blas_mu);
+    return p;
+}
+
 __global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
     for (int64_t i = blockIdx.y; i < M; i += gridDim.y)
         for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x)
@@ -178,6 +195,12 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
         LT_CUDA_LAUNCHED("gemm (K = 0)");
         return;
     }
+    /* the LoRA products with a rank-r side that stream a whole activation: one pass here */
+    static int skinny = -1; /* R1 experiment switch (LONGTUNE_GEMM_SKINNY=0: cuBLASLt only); removed after */
+    if (skinny < 0) skinny = !(getenv("LONGTUNE_GEMM_SKINNY") && getenv("LONGTUNE_GEMM_SKINNY")[0] == '0');
+    if (skinny && lt_cuda_gemm_skinny(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(),
+                            GEMM_WS_BYTES))
+        return;
     /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
     blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, GEMM_WS_BYTES);
 }
@@ -278,11 +301,24 @@ __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes,
     }
 }
 
-void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+/* What the bf16 x area of a workspace holds: all of x (one chunk) from this call, or nothing
+ * (x == NULL). Read and written only by lt_cuda_matmul, from the one host thread that runs a
+ * model step. */
+typedef struct mm_xcache {
+    const void *ws;
+    const float *x;
+    int64_t N, width;
+    size_t off_x;
+} mm_xcache;
+static mm_xcache mm_last;
+
+void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws) {
     (void)ctx;
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
+    const int same_x = mode_in == LT_MATMUL_NT_SAME_X;
+    const lt_matmul_mode mode = mode_in == LT_MATMUL_NN ? LT_MATMUL_NN : LT_MATMUL_NT;
     LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
     const lt_dtype dt = w->dtype;
     const mm_layout l = mm_plan(dt, out, in, N);
@@ -292,13 +328,18 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
     const int64_t xin = mode == LT_MATMUL_NT ? in : out;
     const size_t row_bytes = (size_t)lt_dtype_row_bytes(dt, in);
     const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
-    int x_ready = 0; /* one chunk: x is converted once for every tile */
+    /* one chunk: x is converted once for every tile, and not at all when the caller says this x
+     * is the previous call's and that call left all of it in this workspace */
+    int x_ready = same_x && nchunks == 1 && mm_last.ws == ws && mm_last.x == x && mm_last.N == N &&
+                  mm_last.width == xin && mm_last.off_x == l.off_x;
+    if (!x_ready) mm_last.x = NULL;
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
         const __nv_bfloat16 *wt;
         if (dt == LT_DTYPE_BF16) {
             wt = (const __nv_bfloat16 *)w->data;
         } else {
+            const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
                 dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256>>>(dt, (const uint8_t *)w->data, row_bytes,
                                                                               r0, rows, in, tile);
@@ -307,13 +348,17 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const 
                 dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
             }
             LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
+            lt_prof_end(ph);
             wt = tile;
         }
         for (int64_t n0 = 0; n0 < N; n0 += XR) {
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
+                const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
                 to_bf16(x + n0 * xin, xb, nr * xin);
+                lt_prof_end(ph);
                 x_ready = 1;
+                if (nchunks == 1) mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
                 blas_run(1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);

@@ -1,0 +1,213 @@
+/* f32 GEMMs with one side of rank r <= 16: the LoRA products that read or reduce a whole
+ * activation (x·Aᵀ, dy·B, dyᵀ·lu, dluᵀ·x). They are memory-bound, and cuBLASLt's f32 kernels ran
+ * them at a third of the H200's bandwidth (bench matmul, last session: x·Aᵀ at N = 8192, in = 4096
+ * took 148 us for 128 MiB). Here each one is a single pass over the big operand with float4 loads,
+ * fp32 accumulation in a fixed order (deterministic; no atomics). The rank-r updates
+ * (lu·Bᵀ, dlu·A) stay with cuBLASLt, which already streams C at full bandwidth. */
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+/* ---- small n: C (M, n) = alpha·A (M, K)·op(B) + beta·C, A rows contiguous in k ----
+ * One warp owns SN_ROWS rows; lanes stride k four floats at a time (one float4 of each row),
+ * load the matching 4 x R block of op(B) once (L1-resident: B is r x K) and reuse it for the warp's
+ * rows; the lanes' partial sums meet by butterfly shuffles. 4 warps a block keep 512 blocks in
+ * flight at M = 8192 (8 warps x 8 rows left SMs idle at 128 blocks). */
+#define SN_WARPS 4
+#define SN_ROWS 4
+
+/* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
+ * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
+ * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
+template <int R, int B_T, int VB>
+__global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
+                                                           const float *__restrict__ A, int64_t lda,
+                                                           const float *__restrict__ B, int64_t ldb, float beta,
+                                                           float *C, int64_t ldc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t per_block = SN_WARPS * SN_ROWS;
+    for (int64_t m0 = blockIdx.x * per_block + warp * SN_ROWS; m0 < M; m0 += (int64_t)gridDim.x * per_block) {
+        float acc[SN_ROWS][R];
+#pragma unroll
+        for (int i = 0; i < SN_ROWS; i++)
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[i][j] = 0.0f;
+        for (int64_t k = lane * 4; k < K; k += 128) { /* K % 4 == 0 */
+            float b[4][R];
+            if (VB && B_T) {
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    const float4 v = j < n ? __ldg((const float4 *)(B + j * ldb + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    b[0][j] = v.x, b[1][j] = v.y, b[2][j] = v.z, b[3][j] = v.w;
+                }
+            } else if (VB) {
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int q = 0; q < R / 4; q++) {
+                        const float4 v = 4 * q < n ? __ldg((const float4 *)(B + (k + t) * ldb + 4 * q))
+                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+                        b[t][4 * q] = v.x, b[t][4 * q + 1] = v.y, b[t][4 * q + 2] = v.z, b[t][4 * q + 3] = v.w;
+                    }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int j = 0; j < R; j++)
+                        b[t][j] = j < n ? __ldg(B_T ? B + j * ldb + k + t : B + (k + t) * ldb + j) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < SN_ROWS; i++) {
+                if (m0 + i >= M) break;
+                const float4 a = __ldg((const float4 *)(A + (m0 + i) * lda + k));
+#pragma unroll
+                for (int j = 0; j < R; j++) acc[i][j] += a.x * b[0][j] + a.y * b[1][j] + a.z * b[2][j] + a.w * b[3][j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < SN_ROWS; i++) {
+            float mine = 0.0f; /* lane j keeps column j's total */
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float v = acc[i][j];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == j) mine = v;
+            }
+            const int64_t m = m0 + i;
+            if (m < M && lane < n) {
+                float *c = C + m * ldc + lane;
+                *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
+            }
+        }
+    }
+}
+
+/* ---- tall reduction: out[p][j] = Σ_k X[k][p]·U[k][j], P wide, n <= R, K long ----
+ * A block takes 512 columns of X (four per thread, float4) and one slice of k; its two thread
+ * groups take alternate rows and meet in shared memory. Each slice's partial (R, P) goes to the
+ * workspace; a second kernel adds the slices in order and applies alpha, beta and C's layout. */
+#define TR_THREADS 128
+#define TR_GROUPS 2
+#define TR_COLS (TR_THREADS * 4)
+
+template <int R>
+__global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n, int64_t K, int64_t kslice,
+                                                                 const float *__restrict__ X, int64_t ldx,
+                                                                 const float *__restrict__ U, int64_t ldu,
+                                                                 float *__restrict__ part) {
+    __shared__ float red[R][TR_COLS];
+    const int g = threadIdx.x / TR_THREADS, t = threadIdx.x % TR_THREADS;
+    const int64_t p = (int64_t)blockIdx.x * TR_COLS + 4 * t;
+    const int64_t k0 = (int64_t)blockIdx.y * kslice, k1 = k0 + kslice < K ? k0 + kslice : K;
+    float acc[4][R];
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int j = 0; j < R; j++) acc[c][j] = 0.0f;
+    if (p < P) { /* P % 4 == 0 */
+#pragma unroll 4
+        for (int64_t k = k0 + g; k < k1; k += TR_GROUPS) {
+            const float4 x = __ldg((const float4 *)(X + k * ldx + p));
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const float u = j < n ? __ldg(U + k * ldu + j) : 0.0f;
+                acc[0][j] += x.x * u, acc[1][j] += x.y * u, acc[2][j] += x.z * u, acc[3][j] += x.w * u;
+            }
+        }
+    }
+    if (g == 1)
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[j][4 * t + c] = acc[c][j];
+    __syncthreads();
+    if (g == 0 && p < P)
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            if (j < n)
+                *(float4 *)(part + ((int64_t)blockIdx.y * R + j) * P + p) =
+                    make_float4(acc[0][j] + red[j][4 * t], acc[1][j] + red[j][4 * t + 1], acc[2][j] + red[j][4 * t + 2],
+                                acc[3][j] + red[j][4 * t + 3]);
+}
+
+/* c_pj = 1: C[p·ldc + j] (the result is (P, n)); 0: C[j·ldc + p] (it is (n, P)). */
+__global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const float *__restrict__ part, float alpha,
+                              float beta, float *C, int64_t ldc, int c_pj) {
+    const int64_t total = (int64_t)n * P;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i / P, p = i - j * P;
+        float s = 0.0f;
+        for (int q = 0; q < splits; q++) s += part[((int64_t)q * R + j) * P + p];
+        float *c = c_pj ? C + p * ldc + j : C + j * ldc + p;
+        *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+    }
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Blocks that fill an H200 (132 SMs) a few times over. */
+#define SKINNY_TARGET_BLOCKS 528
+
+static void tall(int64_t P, int n, int64_t K, float alpha, const float *X, int64_t ldx, const float *U, int64_t ldu,
+                 float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
+    const int R = n <= 8 ? 8 : 16;
+    const int64_t colblocks = (P + TR_COLS - 1) / TR_COLS;
+    int64_t splits = (SKINNY_TARGET_BLOCKS + colblocks - 1) / colblocks;
+    const int64_t most = (int64_t)(ws_bytes / ((size_t)R * (size_t)P * sizeof(float)));
+    if (splits > most) splits = most;
+    if (splits > K / 64) splits = K / 64; /* at least 64 rows a slice */
+    if (splits < 1) splits = 1;
+    const int64_t kslice = (K + splits - 1) / splits;
+    splits = (K + kslice - 1) / kslice;
+    dim3 grid((unsigned)colblocks, (unsigned)splits);
+    float *part = (float *)ws;
+    if (R == 8) tall_k<8><<<grid, TR_THREADS * TR_GROUPS>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    else tall_k<16><<<grid, TR_THREADS * TR_GROUPS>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    LT_CUDA_LAUNCHED("gemm: tall reduction");
+    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
+    LT_CUDA_LAUNCHED("gemm: tall reduction sum");
+}
+
+/* Runs the row-major gemm C (M, N) = alpha·op(A)·op(B) + beta·C here when it is one of the skinny
+ * shapes above (K > 0) and returns 1; 0 leaves it to cuBLASLt. ws: at least ws_bytes of device
+ * scratch (the gemm's fixed workspace). */
+extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
+                                   size_t ws_bytes) {
+    if (!ta && N <= 16 && M >= 64 && K >= 128 && K % 4 == 0 && lda % 4 == 0 && aligned16(A)) {
+        /* x·Aᵀ (tb = 1) and dy·B (tb = 0): one pass over A's rows */
+        const int64_t per_block = SN_WARPS * SN_ROWS;
+        int64_t blocks = (M + per_block - 1) / per_block;
+        if (blocks > 65535) blocks = 65535;
+        const int n = (int)N;
+        const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
+        const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
+#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
+        if (N <= 8) {
+            if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
+            else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
+        } else {
+            if (tb) vb ? SMALL_N(16, 1, 1) : SMALL_N(16, 1, 0);
+            else vb ? SMALL_N(16, 0, 1) : SMALL_N(16, 0, 0);
+        }
+#undef SMALL_N
+        LT_CUDA_LAUNCHED("gemm: small n");
+        return 1;
+    }
+    if (ta && !tb && K >= 1024) {
+        /* dluᵀ·x (M = r): X = B (K, N), U = A (K, M), C (M, N) */
+        if (M <= 16 && N % 4 == 0 && ldb % 4 == 0 && aligned16(B) &&
+            (size_t)16 * (size_t)N * sizeof(float) <= ws_bytes) {
+            tall(N, (int)M, K, alpha, B, ldb, A, lda, beta, C, ldc, 0, ws, ws_bytes);
+            return 1;
+        }
+        /* dyᵀ·lu (N = r): X = A (K, M), U = B (K, N), C (M, N) */
+        if (N <= 16 && M % 4 == 0 && lda % 4 == 0 && aligned16(A) &&
+            (size_t)16 * (size_t)M * sizeof(float) <= ws_bytes) {
+            tall(M, (int)N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, ws, ws_bytes);
+            return 1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,292 @@
+/* The op profiler (prof.h): op-table wrappers that bracket every op with two timestamps, the mark
+ * and record pools, and the reduction of one step's records into per-phase, per-op totals. Marks
+ * are taken only while profiling; the plain tables are untouched, so the hot path carries no check.
+ * Not thread-safe: the model's step runs its ops from one host thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/prof.h"
+#include "longtune/log.h"
+
+/* Marks per collect: an 8B-shape step queues ~5,000 ops (two marks each) plus the nested parts. */
+#define PROF_MARKS 65536
+#define PROF_RECORDS (PROF_MARKS / 2)
+#define PROF_DEPTH 8
+
+typedef struct prof_mark {
+    lt_device dev;
+    double t; /* CPU: seconds; CUDA: the event slot is the mark's own index */
+} prof_mark;
+
+typedef struct prof_record {
+    int a, b;       /* marks; b < 0 while open */
+    int parent;     /* enclosing record or -1 */
+    uint8_t phase, op;
+} prof_record;
+
+typedef struct prof_change {
+    int mark;
+    lt_prof_phase phase;
+} prof_change;
+
+int lt_prof_active;
+static prof_mark marks[PROF_MARKS];
+static prof_record recs[PROF_RECORDS];
+static prof_change changes[PROF_RECORDS];
+static int n_marks, n_recs, n_changes, depth, open_stack[PROF_DEPTH];
+static lt_prof_phase phase_now;
+static int64_t dropped;
+
+void lt_prof_enable(int on) { lt_prof_active = on != 0; }
+
+static int mark(lt_device dev) {
+    if (n_marks >= PROF_MARKS) return -1;
+    int i = n_marks;
+    marks[i].dev = dev;
+    marks[i].t = 0;
+    if (dev == LT_DEVICE_CPU) {
+        marks[i].t = lt_time_now();
+#if LT_HAVE_CUDA
+    } else if (dev == LT_DEVICE_CUDA) {
+        if (lt_cuda_prof_record(i) != 0) return -1;
+#endif
+    } else {
+        return -1;
+    }
+    n_marks++;
+    return i;
+}
+
+void lt_prof_set_phase(lt_device dev, lt_prof_phase ph) {
+    if (!lt_prof_active || n_changes >= PROF_RECORDS) return;
+    int k = mark(dev);
+    if (k < 0) {
+        dropped++;
+        return;
+    }
+    changes[n_changes].mark = k;
+    changes[n_changes].phase = ph;
+    n_changes++;
+    phase_now = ph;
+}
+
+int lt_prof_begin(lt_device dev, lt_prof_op op) {
+    if (!lt_prof_active) return -1;
+    if (n_recs >= PROF_RECORDS || depth >= PROF_DEPTH) {
+        dropped++;
+        return -1;
+    }
+    int k = mark(dev);
+    if (k < 0) {
+        dropped++;
+        return -1;
+    }
+    prof_record *r = &recs[n_recs];
+    r->a = k, r->b = -1;
+    r->parent = depth ? open_stack[depth - 1] : -1;
+    r->phase = (uint8_t)phase_now, r->op = (uint8_t)op;
+    open_stack[depth++] = n_recs;
+    return n_recs++;
+}
+
+void lt_prof_end(int h) {
+    if (h < 0 || h >= n_recs) return;
+    /* records close innermost first; an unmatched end (a dropped inner record) closes down to h */
+    while (depth > 0 && open_stack[depth - 1] != h) depth--;
+    if (depth > 0) depth--;
+    int k = mark(marks[recs[h].a].dev);
+    if (k < 0) {
+        dropped++;
+        return;
+    }
+    recs[h].b = k;
+}
+
+static double span_ms(int a, int b) {
+    if (marks[a].dev != marks[b].dev) return 0;
+#if LT_HAVE_CUDA
+    if (marks[a].dev == LT_DEVICE_CUDA) return (double)lt_cuda_prof_ms(a, b);
+#endif
+    return (marks[b].t - marks[a].t) * 1e3;
+}
+
+lt_status lt_prof_collect(lt_ctx *ctx, lt_device dev, lt_prof_totals *tot) {
+    if (!lt_prof_active) return LT_OK;
+    int end = mark(dev);
+#if LT_HAVE_CUDA
+    if (dev == LT_DEVICE_CUDA) LT_TRY(lt_cuda_prof_wait(ctx));
+#else
+    (void)ctx;
+#endif
+    for (int i = 0; i < n_recs; i++) {
+        const prof_record *r = &recs[i];
+        if (r->b < 0) continue;
+        double ms = span_ms(r->a, r->b);
+        tot->op_ms[r->phase][r->op] += ms;
+        tot->calls[r->phase][r->op]++;
+        if (r->parent >= 0) tot->op_ms[recs[r->parent].phase][recs[r->parent].op] -= ms;
+    }
+    for (int i = 0; i < n_changes; i++) {
+        int b = i + 1 < n_changes ? changes[i + 1].mark : end;
+        if (b >= 0) tot->phase_ms[changes[i].phase] += span_ms(changes[i].mark, b);
+    }
+    tot->steps++;
+    tot->dropped += dropped;
+    n_marks = n_recs = n_changes = depth = 0;
+    dropped = 0;
+    /* the next step starts where this one ended */
+    lt_prof_set_phase(dev, LT_PROF_OTHER);
+    return LT_OK;
+}
+
+const char *lt_prof_op_name(lt_prof_op op) {
+    static const char *const names[LT_PROF_OP_COUNT_] = {
+        "matmul", "matmul_cvt", "matmul_dequant", "gemm_f32", "attn_fwd", "attn_bwd", "lce",
+        "rmsnorm_fwd", "rmsnorm_bwd", "rope", "swiglu_fwd", "swiglu_bwd", "embedding", "add", "add_bias",
+        "dropout", "adamw", "zero", "scale", "sumsq", "copy", "sync"};
+    return (unsigned)op < LT_PROF_OP_COUNT_ ? names[op] : "?";
+}
+
+const char *lt_prof_phase_name(lt_prof_phase ph) {
+    static const char *const names[LT_PROF_PHASE_COUNT_] = {"other", "forward", "loss", "recompute", "backward"};
+    return (unsigned)ph < LT_PROF_PHASE_COUNT_ ? names[ph] : "?";
+}
+
+/* ---- the wrapped tables: one set of wrappers per backend (an op receives no table pointer) ---- */
+
+#define PROF_WRAPPERS(P, REAL, DEV)                                                                              \
+    static lt_status P##_copy_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                 \
+        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                \
+        lt_status s = (REAL).copy_to_device(ctx, dst, src, bytes);                                               \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_copy_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                   \
+        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                \
+        lt_status s = (REAL).copy_to_host(ctx, dst, src, bytes);                                                 \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_synchronize(lt_ctx *ctx) {                                                              \
+        int h = lt_prof_begin(DEV, LT_PROF_SYNC);                                                                \
+        lt_status s = (REAL).synchronize(ctx);                                                                   \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static void P##_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, \
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {           \
+        int h = lt_prof_begin(DEV, LT_PROF_GEMM);                                                                \
+        (REAL).gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                                  \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,        \
+                           float beta, float *y, void *ws) {                                                     \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                              \
+        (REAL).matmul(ctx, mode, w, x, N, beta, y, ws);                                                          \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,      \
+                                float *y, float *rstd) {                                                         \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                         \
+        (REAL).rmsnorm_fwd(ctx, x, w, eps, N, C, y, rstd);                                                       \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,  \
+                                int64_t N, int64_t C, float *dx, float *dw) {                                    \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                         \
+        (REAL).rmsnorm_bwd(ctx, dy, x, w, rstd, N, C, dx, dw);                                                   \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N,            \
+                         int64_t heads, int64_t D, int inverse) {                                                \
+        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                \
+        (REAL).rope(ctx, x, pos, inv_freq, N, heads, D, inverse);                                                \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {              \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                          \
+        (REAL).swiglu_fwd(ctx, g, u, n, a);                                                                      \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, \
+                               float *du) {                                                                      \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                          \
+        (REAL).swiglu_bwd(ctx, da, g, u, n, dg, du);                                                             \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {  \
+        int h = lt_prof_begin(DEV, LT_PROF_EMBEDDING);                                                           \
+        (REAL).embedding(ctx, table, ids, N, out);                                                               \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {                         \
+        int h = lt_prof_begin(DEV, LT_PROF_ADD);                                                                 \
+        (REAL).add(ctx, y, x, alpha, n);                                                                         \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {                      \
+        int h = lt_prof_begin(DEV, LT_PROF_ADD_BIAS);                                                            \
+        (REAL).add_bias(ctx, y, b, N, C);                                                                        \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed,            \
+                            uint64_t offset) {                                                                   \
+        int h = lt_prof_begin(DEV, LT_PROF_DROPOUT);                                                             \
+        (REAL).dropout(ctx, x, y, n, p, seed, offset);                                                           \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,                  \
+                          const lt_adamw_params *hp) {                                                           \
+        int h = lt_prof_begin(DEV, LT_PROF_ADAMW);                                                               \
+        (REAL).adamw(ctx, p, g, m, v, n, hp);                                                                    \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_zero(lt_ctx *ctx, void *p, size_t bytes) {                                                   \
+        int h = lt_prof_begin(DEV, LT_PROF_ZERO);                                                                \
+        (REAL).zero(ctx, p, bytes);                                                                              \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_scale(lt_ctx *ctx, float *x, float a, int64_t n) {                                           \
+        int h = lt_prof_begin(DEV, LT_PROF_SCALE);                                                               \
+        (REAL).scale(ctx, x, a, n);                                                                              \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static float P##_sumsq(lt_ctx *ctx, const float *x, int64_t n) {                                             \
+        int h = lt_prof_begin(DEV, LT_PROF_SUMSQ);                                                               \
+        float r = (REAL).sumsq(ctx, x, n);                                                                       \
+        lt_prof_end(h);                                                                                          \
+        return r;                                                                                                \
+    }                                                                                                            \
+    /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
+    static void P##_install(lt_backend *t) {                                                                     \
+        *t = (REAL);                                                                                             \
+        t->copy_to_device = P##_copy_to_device, t->copy_to_host = P##_copy_to_host;                              \
+        t->synchronize = P##_synchronize, t->gemm = P##_gemm, t->matmul = P##_matmul;                            \
+        t->rmsnorm_fwd = P##_rmsnorm_fwd, t->rmsnorm_bwd = P##_rmsnorm_bwd, t->rope = P##_rope;                  \
+        t->swiglu_fwd = P##_swiglu_fwd, t->swiglu_bwd = P##_swiglu_bwd, t->embedding = P##_embedding;            \
+        t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;            \
+        t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
+    }
+
+PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)
+#if LT_HAVE_CUDA
+PROF_WRAPPERS(prof_cuda, lt_backend_cuda, LT_DEVICE_CUDA)
+#endif
+
+const lt_backend *lt_backend_profiled(const lt_backend *be) {
+    static lt_backend cpu_t;
+    static int cpu_ready;
+    if (be == &lt_backend_cpu) {
+        if (!cpu_ready) prof_cpu_install(&cpu_t), cpu_ready = 1;
+        return &cpu_t;
+    }
+#if LT_HAVE_CUDA
+    static lt_backend cuda_t;
+    static int cuda_ready;
+    if (be == &lt_backend_cuda) {
+        if (!cuda_ready) prof_cuda_install(&cuda_t), cuda_ready = 1;
+        return &cuda_t;
+    }
+#endif
+    return be;
+}
