@@ -30,7 +30,8 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
 }
 
 static lt_cp_attention_params cp_params(const lt_model *m, int64_t T_local) {
-    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention, LT_DTYPE_F32};
+    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention,
+                                m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32};
     return p;
 }
 
@@ -590,7 +591,7 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->first_row < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
-    if (m->cp && m->lay.attn_bf16)
+    if (m->cp && m->cp_kind == LT_CP_RING && m->lay.attn_bf16)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
                         "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))

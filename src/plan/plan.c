@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
 #include "longtune/plan.h"
@@ -116,7 +117,11 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
          * allocated with the run. Ring: the key/value blocks and their travelling gradients (the
          * backward holds more than the forward), one row at a time. */
         int64_t c2 = 2 * o.cp_size;
-        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention, LT_DTYPE_F32};
+        /* Attention's tensors are in the saved dtype (the layout's rule: bf16 on CUDA by default). */
+        const lt_backend *be = lt_backend_get(o.device);
+        lt_dtype adt = o.run.saved_bf16 > 0 ? LT_DTYPE_BF16 : o.run.saved_bf16 < 0 ? LT_DTYPE_F32
+                       : be ? be->saved_dtype : LT_DTYPE_F32;
+        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention, adt};
         int kind = lt_cp_choose(&cp, (int)o.cp_size, o.device);
         if (kind < 0)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "plan: context parallel over %lld ranks on this device splits "
