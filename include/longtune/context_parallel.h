@@ -36,6 +36,9 @@ typedef enum lt_cp_kind { LT_CP_RING = 0, LT_CP_ULYSSES = 1 } lt_cp_kind;
  * environment forces one (for tests and comparisons). -1 when none applies (a CUDA world whose
  * Hkv is not a multiple of world). Reads only p->Hkv. */
 int lt_cp_choose(const lt_cp_attention_params *p, int world, lt_device dev);
+/* 1 when LONGTUNE_CP names a kind: the model and trainer then run context parallel even over a
+ * world of one (its exchanges copy to itself), so a single GPU can check the whole path. */
+int lt_cp_env_forced(void);
 
 /* Whole-sequence position of token i (0 <= i < T/world) of `rank` in the zig-zag split: chunks of
  * c = T/(2·world) tokens, rank r holding chunk r then chunk 2·world-1-r. */

@@ -246,7 +246,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
  * positions of their places in the whole row), and attention runs over comm as lt_cp_choose picks:
  * Ulysses (all-to-all over heads, the device's own kernel; host over MPI or CUDA over NCCL) when
  * Hkv is a multiple of the world, else ring attention (host only). Every rank must run the same
- * steps. comm NULL or a world of one turns it off. The Ulysses workspace is allocated with the
+ * steps. comm NULL or a world of one turns it off (unless LONGTUNE_CP forces it: lt_cp_env_forced). The Ulysses workspace is allocated with the
  * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
  * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different
  * devices, a CUDA world that does not divide Hkv), LT_ERR_OOM. */

@@ -31,6 +31,11 @@ static uly shape(const lt_comm *comm, const lt_cp_attention_params *p) {
     return u;
 }
 
+int lt_cp_env_forced(void) {
+    const char *force = getenv("LONGTUNE_CP");
+    return force && (!strcmp(force, "ring") || !strcmp(force, "ulysses"));
+}
+
 int lt_cp_choose(const lt_cp_attention_params *p, int world, lt_device dev) {
     if (!p || world < 1 || p->Hkv <= 0) return -1;
     const char *force = getenv("LONGTUNE_CP");

@@ -116,8 +116,8 @@ float *lt_model_lora_grads(lt_model *m, int64_t *n) {
 }
 
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
-    int world = lt_comm_size(comm);
-    if (comm && world > 1) {
+    int world = lt_comm_size(comm), on = comm && (world > 1 || lt_cp_env_forced());
+    if (on) {
         if (lt_comm_device(comm) != m->opt.device)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel over a %s communicator needs a model on "
                             "its device (host: MPI; CUDA: NCCL)", lt_comm_backend_name(lt_comm_get_backend(comm)));
@@ -129,7 +129,7 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
                             (long long)m->cfg.Hkv, world);
         m->cp_kind = kind;
     }
-    m->cp = comm && world > 1 ? comm : NULL;
+    m->cp = on ? comm : NULL;
     return cp_alloc(ctx, m);
 }
 

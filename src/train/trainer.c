@@ -419,7 +419,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->popt.overflow = LT_PACK_TRUNCATE;
     t->popt.seed = o->seed;
     t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
-    if (o->context_parallel && t->world > 1) {
+    if (o->context_parallel && (t->world > 1 || (t->comm && lt_cp_env_forced()))) {
         if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
             return lt_error(ctx, LT_ERR_INVALID_ARG,
                             "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
