@@ -17,7 +17,7 @@ cp $B/test_cuda_comm $B/longtune dev/mgpu/nccl_env.sh "$DEST/"
 if [ "$MODE" = x2 ]; then cp dev/mgpu/x2_run.sh "$DEST/run.sh"; echo 180 > "$DEST/seconds"
 else cp dev/mgpu/run.sh "$DEST/run.sh"; echo 60 > "$DEST/seconds"; fi
 cp tests/cli/tiny_model.py tests/cli/compare_runs.py "$DEST/tests/cli/"
-cp dev/mgpu/nccl_train_check.sh dev/mgpu/x2_train_check.sh "$DEST/dev/mgpu/"
+cp dev/mgpu/nccl_train_check.sh dev/mgpu/x2_train_check.sh dev/mgpu/cp1_check.sh "$DEST/dev/mgpu/"
 cp tests/fixtures/tokenizer/bpe-nfc/tokenizer.json tests/fixtures/tokenizer/bpe-nfc/tokenizer_config.json \
    "$DEST/tests/fixtures/tokenizer/bpe-nfc/"
 c=$(git rev-parse --short HEAD); git diff --quiet HEAD || c="$c-dirty"; echo "$c" > "$DEST/COMMIT"
