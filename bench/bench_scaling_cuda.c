@@ -171,8 +171,12 @@ static int cp_alloc(rank_state *r, int gpus, int64_t T, size_t *peak) {
     double res[2] = {0, 0}; /* out of memory, other failure */
     *peak = 0;
     if (active) {
-        lt_status s = lt_model_set_context_parallel(r->ctx, r->m, gpus == 1 ? NULL : r->comm);
-        lt_model_run_options ro = run_opts(1, T / gpus, 1);
+        /* Release the previous run first: switching context parallel on sizes its workspace for the
+         * run prepared at that moment, which must not be the last (largest) one. */
+        lt_model_run_options small = run_opts(1, 2 * gpus, 1), ro = run_opts(1, T / gpus, 1);
+        lt_status s = lt_model_set_context_parallel(r->ctx, r->m, NULL);
+        if (s == LT_OK) s = lt_model_prepare(r->ctx, r->m, &small);
+        if (s == LT_OK) s = lt_model_set_context_parallel(r->ctx, r->m, gpus == 1 ? NULL : r->comm);
         if (s == LT_OK) s = lt_model_prepare(r->ctx, r->m, &ro);
         lt_mem_reset_peak(r->ctx, r->dev);
         *peak = lt_mem_get_stats(r->ctx, r->dev).used_bytes;

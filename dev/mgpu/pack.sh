@@ -14,6 +14,7 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLT_MPI=OFF -DLT_NATIVE=OFF -DLT_WE
 nice -n 5 cmake --build $B -j2 --target test_cuda_comm longtune_cli >/dev/null
 rm -rf "$DEST" && mkdir -p "$DEST/tests/cli" "$DEST/tests/fixtures/tokenizer/bpe-nfc" "$DEST/dev/mgpu"
 cp $B/test_cuda_comm $B/longtune dev/mgpu/nccl_env.sh "$DEST/"
+strip "$DEST/longtune" "$DEST/test_cuda_comm"  # the folder must stay under 10 MiB
 if [ "$MODE" = x2 ]; then cp dev/mgpu/x2_run.sh "$DEST/run.sh"; echo 180 > "$DEST/seconds"
 else cp dev/mgpu/run.sh "$DEST/run.sh"; echo 60 > "$DEST/seconds"; fi
 cp tests/cli/tiny_model.py tests/cli/compare_runs.py "$DEST/tests/cli/"
