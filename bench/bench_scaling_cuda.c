@@ -341,16 +341,29 @@ static int child(const opts *o) {
     /* The allocator's limit at the guard's ceiling, so an allocation past it fails as OOM. */
     lt_guard_options g2 = {.device = R.dev, .ceiling_bytes = gc.ceiling_bytes, .no_watchdog = 1};
     if ((s = lt_guard_start(ctx, &g2, &guard)) != LT_OK) goto fail;
+    /* Every rank plans against the smallest ceiling of the world (rank 0's device also holds the
+     * parent's CUDA context), so all ranks try the same lengths. */
+    double least = 0, all[64];
+    memset(all, 0, sizeof all);
+    if (R.world <= 64) {
+        all[R.rank] = (double)gc.ceiling_bytes;
+        if (lt_comm_allreduce_sum_host(ctx, R.comm, all, R.world, LT_COMM_F64) == LT_OK)
+            for (int i = 0; i < R.world; i++) least = i == 0 || all[i] < least ? all[i] : least;
+    }
+    if (!(least > 0)) {
+        s = lt_error(ctx, LT_ERR_CUDA, "the ranks' memory ceilings could not be exchanged");
+        goto fail;
+    }
     int64_t c1 = 0, cK = 0;
-    if ((s = ceiling_arm(&R, o, 1, gc.ceiling_bytes, arms, &c1)) != LT_OK) goto fail;
-    if (R.world > 1 && (s = ceiling_arm(&R, o, R.world, gc.ceiling_bytes, arms, &cK)) != LT_OK) goto fail;
+    if ((s = ceiling_arm(&R, o, 1, (uint64_t)least, arms, &c1)) != LT_OK) goto fail;
+    if (R.world > 1 && (s = ceiling_arm(&R, o, R.world, (uint64_t)least, arms, &cK)) != LT_OK) goto fail;
     for (int i = 0; i < o->n_cp; i++) {
         if (R.world > 1 && (s = cp_step_arm(&R, R.world, o->cp_seq[i], arms)) != LT_OK) goto fail;
         if (o->cp_seq[i] <= c1 && (s = cp_step_arm(&R, 1, o->cp_seq[i], arms)) != LT_OK) goto fail;
     }
     if (R.rank == 0) {
         char *text = cJSON_PrintUnformatted(arms);
-        printf(TAG "{\"ceiling_bytes\": %.0f, \"arms\": %s}\n", (double)gc.ceiling_bytes, text ? text : "[]");
+        printf(TAG "{\"ceiling_bytes\": %.0f, \"arms\": %s}\n", least, text ? text : "[]");
         fflush(stdout);
         cJSON_free(text);
     }
