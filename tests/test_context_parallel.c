@@ -361,7 +361,7 @@ static void test_errors_and_workspace(void **state) {
     assert_int_equal(lt_cp_choose(&r, 2, LT_DEVICE_CUDA), -1);
     assert_int_equal(lt_cp_ulysses_workspace_bytes(&r, 2, LT_DEVICE_CPU, 1), SIZE_MAX);
     size_t wb = lt_cp_ulysses_workspace_bytes(&q, 1, LT_DEVICE_CPU, 1);
-    assert_true(wb != SIZE_MAX && wb >= (size_t)(s.T * (6 * s.H + 8 * s.Hkv) * s.D) * 4);
+    assert_true(wb != SIZE_MAX && wb >= (size_t)(s.T * (4 * s.H + 8 * s.Hkv) * s.D) * 4);
     void *ws = aligned_alloc(256, (wb + 255) / 256 * 256);
     lt_ctx_set_threads(ctx, 1);
     base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;

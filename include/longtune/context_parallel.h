@@ -76,9 +76,9 @@ lt_status lt_cp_attention_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_atten
 lt_status lt_cp_ulysses_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_attention_params *p);
 /* Bytes of the workspace the forward and backward take on each rank (on `dev`, the communicator's
  * device; threads as the attention workspace counts them): head-layout q, k, v, out and their
- * gradients for all T tokens of the rank's heads, one staging buffer of T/world·H·D floats and the
- * attention kernel's workspace at the per-rank shape, each 256-byte aligned. About
- * (6·H + 8·Hkv)·D·T/world·(4 or 2 for bf16) bytes plus the kernel's. SIZE_MAX when the shape or
+ * gradients for all T tokens of the rank's heads (transposes stage through whichever of them is dead)
+ * and the attention kernel's workspace at the per-rank shape, each 256-byte aligned. About
+ * (4·H + 8·Hkv)·D·T/world·(4 or 2 for bf16) bytes plus the kernel's. SIZE_MAX when the shape or
  * dtype does not apply. */
 size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world, lt_device dev, int threads);
 /* Forward on every rank at once, buffers on lt_comm_device(comm) in p->dtype, ws of

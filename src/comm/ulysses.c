@@ -83,8 +83,11 @@ lt_status lt_cp_ulysses_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_atte
 }
 
 /* Byte offsets of the workspace pieces. */
+/* No staging buffer of its own: a transpose stages through a head-layout buffer of the same
+ * size (T·H/world = T/world·H elements) that is dead at that moment: before the kernel, the one
+ * it will write (oh forward, dqh backward); after it, qh. */
 typedef struct carve {
-    size_t qh, kh, vh, oh, doh, dqh, dkh, dvh, stage, attn, attn_bytes, total;
+    size_t qh, kh, vh, oh, doh, dqh, dkh, dvh, attn, attn_bytes, total;
 } carve;
 
 static size_t add(size_t *cur, size_t bytes, size_t al) {
@@ -104,7 +107,6 @@ static carve layout(const uly *u, const lt_cp_attention_params *p, int threads) 
     size_t cur = 0;
     w.qh = add(&cur, q, al), w.kh = add(&cur, kv, al), w.vh = add(&cur, kv, al), w.oh = add(&cur, q, al);
     w.doh = add(&cur, q, al), w.dqh = add(&cur, q, al), w.dkh = add(&cur, kv, al), w.dvh = add(&cur, kv, al);
-    w.stage = add(&cur, (size_t)(u->Tl * u->H * u->D) * u->es, al);
     lt_attention_params ap = attn(u, p);
     size_t a0 = lt_attention_workspace_bytes(&ap, 0, threads), a1 = lt_attention_workspace_bytes(&ap, 1, threads);
     w.attn_bytes = a0 > a1 ? a0 : a1;
@@ -177,7 +179,7 @@ lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attentio
     uly u = shape(comm, p);
     carve w = layout(&u, p, threads);
     LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    void *stage = AT(w.stage);
+    void *stage = AT(w.oh); /* written by the kernel only after the exchanges */
     LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));
     LT_TRY(to_heads(ctx, comm, &u, k, stage, AT(w.kh), u.Hkv));
     LT_TRY(to_heads(ctx, comm, &u, v, stage, AT(w.vh), u.Hkv));
@@ -188,7 +190,7 @@ lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attentio
     aa.workspace = w.attn_bytes ? AT(w.attn) : NULL;
     aa.workspace_size = w.attn_bytes;
     LT_TRY(lt_attention_forward(ctx, &ap, &aa));
-    return from_heads(ctx, comm, &u, AT(w.oh), stage, out, u.H);
+    return from_heads(ctx, comm, &u, AT(w.oh), AT(w.qh), out, u.H); /* qh is dead now */
 }
 
 lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
@@ -199,7 +201,7 @@ lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attenti
     uly u = shape(comm, p);
     carve w = layout(&u, p, threads);
     LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    void *stage = AT(w.stage);
+    void *stage = AT(w.dqh); /* written by the kernel only after the exchanges */
     /* The forward's head-layout inputs are not kept (that would double the attention activations):
      * they are exchanged again from the local ones. */
     LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));
@@ -215,6 +217,7 @@ lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attenti
     aa.workspace = w.attn_bytes ? AT(w.attn) : NULL;
     aa.workspace_size = w.attn_bytes;
     LT_TRY(lt_attention_backward(ctx, &ap, &aa));
+    stage = AT(w.qh); /* dead once the kernel has run */
     LT_TRY(from_heads(ctx, comm, &u, AT(w.dqh), stage, dq, u.H));
     LT_TRY(from_heads(ctx, comm, &u, AT(w.dkh), stage, dk, u.Hkv));
     return from_heads(ctx, comm, &u, AT(w.dvh), stage, dv, u.Hkv);
