@@ -65,7 +65,7 @@ static int usage(const char *msg, const char *arg) {
 
 static lt_model_run_options run_opts(int64_t B, int64_t T, int least_memory) {
     lt_model_run_options ro = {.B = B, .T = T, .recompute = LT_RECOMPUTE_EVERY, .recompute_attention = least_memory,
-                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = 1};
+                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = 0};
     return ro;
 }
 

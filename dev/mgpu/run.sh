@@ -16,12 +16,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ldd ./longtune | grep -E "nccl|not found"
 echo "=== test_cuda_comm $(date -u +%T)"
 NCCL_DEBUG=WARN timeout 10 ./test_cuda_comm; echo "rc=$?"
+if [ -z "${SKIP_DP_CHECK:-}" ]; then
 echo "=== train --device cuda, --distributed off vs nccl $(date -u +%T)"
 timeout 15 bash dev/mgpu/nccl_train_check.sh ./longtune "$OUT/train" cuda; echo "check rc=$?"
+fi
 echo "=== Ulysses forced over a world of one vs no context parallel $(date -u +%T)"
 timeout 15 bash dev/mgpu/cp1_check.sh ./longtune "$OUT/cp"; echo "cp check rc=$?"
 echo "=== bench scaling --backend cuda, one GPU, smollm2-135m $(date -u +%T)"
-LONGTUNE_BENCH_WEIGHTS=/tmp/lt-w timeout 18 ./longtune bench scaling --backend cuda --gpus 1 --shape smollm2-135m \
+LONGTUNE_BENCH_WEIGHTS=/tmp/lt-w timeout ${BENCH_S:-18} ./longtune bench scaling --backend cuda --gpus 1 --shape smollm2-135m \
   --seq 4096 --step 16384 --max 262144 --repeats 2 --warmup 1 --cp-seq 32768 --out "$OUT"; echo "bench rc=$?"
 echo "=== end $(date -u +%T)"
 } 2>&1 | tee "$OUT/run.log"
