@@ -283,7 +283,11 @@ int lt_bench_context(int argc, char **argv) {
     cJSON_AddStringToObject(jc, "model", shape->title);
     cJSON_AddStringToObject(jc, "weights", weights);
     cJSON_AddStringToObject(jc, "run", "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute "
-                                       "every layer, flash attention, fused loss, AdamW");
+                                       "every layer (attention rerun), flash attention, fused loss, AdamW");
+    cJSON_AddStringToObject(jc, "saved", dev == LT_DEVICE_CUDA
+                                             ? "checkpoints and attention tensors in bf16 (the CUDA default)"
+                                             : "checkpoints in f32 (the CPU default)");
+    cJSON_AddNumberToObject(jc, "chunk_rows", (double)LT_MODEL_CHUNK_ROWS);
     cJSON_AddNumberToObject(jc, "step", (double)step);
     cJSON_AddNumberToObject(jc, "max", (double)tmax);
     cJSON_AddNumberToObject(jc, "memory_total_bytes", (double)gc.total_bytes);

@@ -336,9 +336,9 @@ int lt_bench_packed(int argc, char **argv) {
             goto fail;
         }
     /* one preparation covers every arm: batches up to 8 rows of up to L tokens */
-    /* CUDA recomputes attention with the layer, as in the published GPU figures (see bench_train.c) */
+    /* attention output + lse kept with the checkpoints, as bench train does by default */
     lt_model_run_options ro = {.B = 8, .T = L, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                               .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = cuda};
+                               .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = 0};
     if ((st = lt_model_prepare(ctx, m, &ro)) != LT_OK) goto fail;
     int64_t n_params = 0;
     float *params = lt_model_lora_params(m, &n_params), *grads = lt_model_lora_grads(m, &n_params);

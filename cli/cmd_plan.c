@@ -348,6 +348,12 @@ int lt_cmd_plan(int argc, char **argv) {
            lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec,
                                   sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
+    if (plan.options.run.recompute != LT_RECOMPUTE_NONE)
+        printf("kept for the backward: %s%s, in %s; position-wise work in chunks of %lld rows\n",
+               recompute_attention ? "layer inputs" : "layer inputs and attention outputs",
+               recompute_attention ? " (attention rerun)" : "",
+               saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
+               (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
     if (dp > 1 || cp > 1)
         printf("per rank: one of %lld data-parallel x %lld context-parallel ranks\n", (long long)dp, (long long)cp);
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)

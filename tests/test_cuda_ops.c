@@ -119,6 +119,8 @@ static void gemm_f32_every_transpose(void **state) {
             gemm_case(ctx, &rng, 0, 0, 333, r, 1060, pad, 0.5f);  /* dlu = dy·B */
             gemm_case(ctx, &rng, 1, 0, r, 300, 2100, pad, 1.0f);  /* dA += dluᵀ·x */
             gemm_case(ctx, &rng, 1, 0, 260, r, 2100, pad, 0.0f);  /* dB = dyᵀ·lu */
+            gemm_case(ctx, &rng, 0, 1, 333, 300, r, pad, 1.0f);   /* y += lu·Bᵀ */
+            gemm_case(ctx, &rng, 0, 0, 333, 300, r, pad, 0.0f);   /* dx = dlu·A */
         }
     }
     gemm_case(ctx, &rng, 0, 1, 100, 8, 1000, 1, 0.0f); /* unaligned: cuBLASLt */
@@ -221,11 +223,9 @@ static void matmul_every_weight_dtype(void **state) {
 
 /* ---- RMSNorm ---- */
 
-static void rmsnorm_forward_and_backward(void **state) {
-    (void)state;
-    uint64_t rng = lt_test_seed() + 2;
+static void rmsnorm_case(uint64_t seed, int64_t N, int64_t C) {
+    uint64_t rng = seed;
     lt_ctx *ctx = lt_ctx_new();
-    int64_t N = 70, C = 1000; /* C not a multiple of the block */
     float eps = 1e-5f;
     float *x = lt_test_fresh(&rng, N * C, 1.5f), *w = lt_test_fresh(&rng, C, 1), *dy = lt_test_fresh(&rng, N * C, 1);
     float *dw0 = lt_test_fresh(&rng, C, 1);
@@ -266,6 +266,15 @@ static void rmsnorm_forward_and_backward(void **state) {
     dfree(ctx, dr, F4(N)), dfree(ctx, ddx, F4(N * C)), dfree(ctx, ddw, F4(C));
     free(x), free(w), free(dy), free(dw0), free(P), free(y), free(r), free(gx), free(gw);
     lt_ctx_free(ctx);
+}
+
+/* C = 1000 and 128 (the per-head norm) take the warp-per-row kernels (rows 16-byte aligned),
+ * C = 998 the block-per-row ones; no C is a multiple of a block's threads. */
+static void rmsnorm_forward_and_backward(void **state) {
+    (void)state;
+    rmsnorm_case(lt_test_seed() + 2, 70, 1000);
+    rmsnorm_case(lt_test_seed() + 3, 70, 998);
+    rmsnorm_case(lt_test_seed() + 4, 300, 128);
 }
 
 /* ---- RoPE ---- */
@@ -322,6 +331,15 @@ static void swiglu_forward_and_backward(void **state) {
     gpu()->swiglu_bwd(ctx, dda, dg_, du_, n, odg, odu);
     float *a = malloc(F4(n)), *gg = malloc(F4(n)), *gu = malloc(F4(n));
     down(ctx, a, oa, F4(n)), down(ctx, gg, odg, F4(n)), down(ctx, gu, odu, F4(n));
+    {   /* n % 4 == 0 takes the float4 kernel: the scalar one's values */
+        const int64_t n4 = n - n % 4;
+        float *o4 = up(ctx, P, F4(n)), *a4 = malloc(F4(n));
+        gpu()->swiglu_fwd(ctx, dg_, du_, n4, o4);
+        down(ctx, a4, o4, F4(n));
+        for (int64_t i = 0; i < n4; i++) lt_test_close_to(a4[i], a[i], 0, LT_TOL_F32_REL, "swiglu float4", i);
+        dfree(ctx, o4, F4(n));
+        free(a4);
+    }
     for (int64_t i = 0; i < n; i++) {
         double s = 1 / (1 + exp(-(double)g[i]));
         lt_test_close_to(a[i], silu(g[i]) * u[i], 0, LT_TOL_F32_REL, "swiglu", i);

@@ -373,6 +373,17 @@ static void bad_inputs_are_typed_errors(void **state) {
     assert_int_equal(lt_model_lora_get(ctx, m, 1, n - 2, 2, back), LT_OK);
     assert_memory_equal(back, lt_model_lora_grads(m, NULL) + n - 2, sizeof back);
     assert_int_equal(lt_model_device_available(ctx, LT_DEVICE_CPU), LT_OK);
+    /* Run options out of range are named. */
+    lt_model_run_options ro = {0};
+    ro.B = f.B, ro.T = f.T, ro.recompute = LT_RECOMPUTE_EVERY, ro.saved_bf16 = 2;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "saved_bf16"));
+    ro.saved_bf16 = 0, ro.chunk_rows = -3;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "chunk_rows"));
+    b = fixture_batch(&f);
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG); /* no run left prepared */
+    assert_non_null(strstr(lt_ctx_error(ctx), "lt_model_prepare"));
     /* A GPU model holds an f32 embedding/head as bf16 (what the CUDA loss reads); the host keeps f32. */
     lt_model_free(ctx, m);
     lt_safetensors_close(ctx, f.exp);

@@ -143,7 +143,7 @@ const char *lt_prof_op_name(lt_prof_op op) {
     static const char *const names[LT_PROF_OP_COUNT_] = {
         "matmul", "matmul_cvt", "matmul_dequant", "gemm_f32", "attn_fwd", "attn_bwd", "lce",
         "rmsnorm_fwd", "rmsnorm_bwd", "rope", "swiglu_fwd", "swiglu_bwd", "embedding", "add", "add_bias",
-        "dropout", "adamw", "zero", "scale", "sumsq", "copy", "sync"};
+        "dropout", "adamw", "zero", "scale", "sumsq", "copy", "sync", "saved_cvt"};
     return (unsigned)op < LT_PROF_OP_COUNT_ ? names[op] : "?";
 }
 
@@ -257,6 +257,16 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                          \
         return r;                                                                                                \
     }                                                                                                            \
+    static void P##_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {                               \
+        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                           \
+        (REAL).to_bf16(ctx, x, y, n);                                                                            \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {                             \
+        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                           \
+        (REAL).from_bf16(ctx, x, y, n);                                                                          \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
     /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
     static void P##_install(lt_backend *t) {                                                                     \
         *t = (REAL);                                                                                             \
@@ -266,6 +276,7 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->swiglu_fwd = P##_swiglu_fwd, t->swiglu_bwd = P##_swiglu_bwd, t->embedding = P##_embedding;            \
         t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;            \
         t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
+        t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                  \
     }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)

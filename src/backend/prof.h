@@ -29,6 +29,7 @@ typedef enum lt_prof_op {
     LT_PROF_RMSNORM_FWD, LT_PROF_RMSNORM_BWD, LT_PROF_ROPE, LT_PROF_SWIGLU_FWD, LT_PROF_SWIGLU_BWD,
     LT_PROF_EMBEDDING, LT_PROF_ADD, LT_PROF_ADD_BIAS, LT_PROF_DROPOUT, LT_PROF_ADAMW, LT_PROF_ZERO,
     LT_PROF_SCALE, LT_PROF_SUMSQ, LT_PROF_COPY, LT_PROF_SYNC,
+    LT_PROF_SAVED_CVT,      /* to_bf16 / from_bf16: checkpoints and kept outputs to and from bf16 */
     LT_PROF_OP_COUNT_
 } lt_prof_op;
 

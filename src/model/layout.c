@@ -126,8 +126,8 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
     if (keep_x_in) PIECE(x_in, N * c->C);
     if (c->qk_norm) {
-        PIECE(q_raw, N * qd);
-        PIECE(k_raw, N * kvd);
+        PIECE_ES(q_raw, N * qd, attn_es);
+        PIECE_ES(k_raw, N * kvd, attn_es);
         PIECE(rstd_q, N * c->H);
         PIECE(rstd_k, N * c->Hkv);
     }
@@ -136,7 +136,7 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
     PIECE_ES(v, N * kvd, attn_es);
     PIECE_ES(att, N * qd, attn_es);
     PIECE(lse, B * c->H * T);
-    PIECE(x_mid, N * c->C);
+    PIECE_ES(x_mid, N * c->C, attn_es);
     if (keep_mlp) {
         PIECE(g, N * c->F);
         PIECE(u, N * c->F);
@@ -298,14 +298,15 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(&cur, nb(CH * c->C, 4), al);
     if (o->attn_bf16) {
         o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
-        o->ac = carve_aligned(&cur, nb(CH * qd, 4), al);
+        o->ac = carve_aligned(&cur, nb(CH * (c->qk_norm ? qd + kvd : qd), 4), al);
+        o->mc = carve_aligned(&cur, nb(CH * c->C, 4), al);
     }
     if (!keep_mlp) {
         o->g = carve_aligned(&cur, nb(CH * c->F, 4), al);
         o->u = carve_aligned(&cur, nb(CH * c->F, 4), al);
     }
     o->dg = carve_aligned(&cur, nb(CH * c->F, 4), al);
-    o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al);
+    if (lo.dropout > 0) o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!fwd_only) {
         o->da = carve_aligned(&cur, nb(CH * c->F, 4), al);
         o->du = carve_aligned(&cur, nb(CH * c->F, 4), al);

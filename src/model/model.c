@@ -1,5 +1,6 @@
 /* The one decoder: forward and backward of packed rows through the backend op table, LoRA on the
- * projections of the last K layers, gradient checkpointing by segments, and the run memory
+ * projections of the last K layers, gradient checkpointing by segments (checkpoints and attention's
+ * tensors in the layout's saved dtype), position-wise work in row chunks, and the run memory
  * (allocated once by lt_model_prepare from the layout in layout.c). Loading lives in load.c. No
  * op is called directly and nothing is allocated inside a step. */
 #include <stdint.h>
@@ -241,8 +242,8 @@ static void *ckpt(const step *s, int64_t seg) {
     return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
 }
 
-/* Copies the f32 x (n elements) into saved storage at dst (rounding when the layout saves bf16),
- * or back (back = 1: dst is the f32 side). */
+/* Copies the f32 x (n elements) into `saved` (a checkpoint of the layout's saved dtype, rounded
+ * when bf16), or back = 1: `saved` into x. */
 static lt_status saved_copy(const step *s, void *saved, float *x, int64_t n, int back) {
     if (s->m->lay.saved_dtype == LT_DTYPE_F32)
         return back ? s->be->copy_to_device(s->ctx, x, saved, (size_t)n * 4)
@@ -262,7 +263,7 @@ static uint64_t drop_at(const step *s, int64_t l, int p, int64_t in, int64_t r0)
     return drop_offset(l, p) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
 }
 
-/* Rows per chunk of the position-wise work, and the rows of the chunk starting at r0. */
+/* Rows of the position-wise chunk starting at row r0 (the layout's chunk rows, fewer at the end). */
 static int64_t chunk_rows(const step *s, int64_t r0) {
     int64_t ch = s->m->lay.chunk;
     return s->N - r0 < ch ? s->N - r0 : ch;
@@ -277,13 +278,13 @@ static float *lu_at(const step *s, const lt_store *st, lt_proj p, int64_t r0) {
  * (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds the projection onto a residual
  * already in y. y = NULL computes only lu (a recompute that needs the saved LoRA product but not
  * the output). */
-static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
-                     const float *bias, float beta) {
+static void proj_fwd_mode(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y,
+                          float *lu, const float *bias, float beta, lt_matmul_mode mode) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (y) s->be->matmul(s->ctx, LT_MATMUL_NT, w, x, n, beta, y, wsf(s, m->lay.mm_ws));
+    if (y) s->be->matmul(s->ctx, mode, w, x, n, beta, y, wsf(s, m->lay.mm_ws));
     if (y && bias) s->be->add_bias(s->ctx, y, bias, n, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
@@ -294,6 +295,18 @@ static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
     s->be->gemm(s->ctx, 0, 1, n, r, in, 1.0f, src, in, L->lora_a[p], in, 0.0f, lu, r);
     if (y) s->be->gemm(s->ctx, 0, 1, n, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
+}
+
+static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
+                     const float *bias, float beta) {
+    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT);
+}
+
+/* proj_fwd on the input of the proj_fwd just before it (k and v after q, up after gate: same x,
+ * rows and contents, and that call ran its base product): the backend may reuse its bf16 copy. */
+static void proj_fwd_shared(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y,
+                            float *lu, const float *bias, float beta) {
+    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT_SAME_X);
 }
 
 /* Over the n rows from row r0, given dy (n, out) of projection p with input x: accumulates LoRA
@@ -329,13 +342,13 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
     }
 }
 
-/* Whole-batch attention tensor t (N, width) of the store or workspace, from row r0: f32 or bf16
- * elements (the layout's attn_bf16). */
+/* Row r0 of a whole-batch tensor t (N, width) held in the layout's attention dtype (attention's
+ * inputs, output and gradients, q_raw, k_raw, x_mid): bf16 under attn_bf16, else f32. */
 static void *at_row(const step *s, void *t, int64_t r0, int64_t width) {
     return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
 }
 
-/* Rows [r0, r0 + n) of attention tensor t as f32: in place for f32, widened into `buf` for bf16. */
+/* Rows [r0, r0 + n) of such a tensor as f32: in place for f32, widened into `buf` for bf16. */
 static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
     if (!s->m->lay.attn_bf16) return (float *)at_row(s, t, r0, width);
     s->be->from_bf16(s->ctx, (const uint16_t *)at_row(s, t, r0, width), buf, n * width);
@@ -343,8 +356,8 @@ static float *att_rows_f32(const step *s, void *t, int64_t r0, int64_t n, int64_
 }
 
 /* Per-head norm (Qwen3) and RoPE of the q and k rows [r0, r0 + n): q, k (n rows) hold the
- * projections on entry (f32; with the norm they are the stores' q_raw, k_raw rows) and
- * qo, ko receive the result (may alias q, k when there is no norm). */
+ * projections on entry (f32 rows of the stores or of the chunk buffer) and
+ * qo, ko receive the result (may alias q, k). */
 static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q, float *k,
                       float *qo, float *ko) {
     const lt_model_config *c = &s->m->cfg;
@@ -357,17 +370,20 @@ static void qk_finish(const step *s, const lt_layer *L, const lt_store *st, int6
     be->rope(s->ctx, ko, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 0);
 }
 
-/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. */
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. The norm's
+ * inputs are the stores' q_raw, k_raw rows, widened into buf (n, H·D + Hkv·D) when bf16. */
 static void qk_finish_bwd(const step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
-                          float *dk) {
+                          float *dk, float *buf) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
     be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
     be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
     if (!c->qk_norm) return;
-    be->rmsnorm_bwd(s->ctx, dq, st->q_raw + r0 * qd, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
-    be->rmsnorm_bwd(s->ctx, dk, st->k_raw + r0 * kvd, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+    const float *qr = att_rows_f32(s, st->q_raw, r0, n, qd, buf);
+    const float *kr = att_rows_f32(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
+    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
 }
 
 static lt_attention_params attn_params(const step *s) {
@@ -423,17 +439,21 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     float *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm; q, k, v
-         * when f32), or into the chunk buffer. */
-        float *qp = c->qk_norm ? st->q_raw + r0 * qd : ab ? qc : st->q + r0 * qd;
-        float *kp = c->qk_norm ? st->k_raw + r0 * kvd : ab ? qc + n * qd : st->k + r0 * kvd;
+        /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm, else q,
+         * k; and v), or under attn_bf16 into the chunk buffer. */
+        float *qp = ab ? qc : (c->qk_norm ? st->q_raw : st->q) + r0 * qd;
+        float *kp = ab ? qc + n * qd : (c->qk_norm ? st->k_raw : st->k) + r0 * kvd;
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
         be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
-        proj_fwd(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
-        proj_fwd(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
         if (!ab) continue;
-        qk_finish(s, L, st, r0, n, qp, kp, qc, qc + n * qd);
+        if (c->qk_norm) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
+            be->to_bf16(s->ctx, qp, (uint16_t *)at_row(s, st->q_raw, r0, qd), n * qd);
+            be->to_bf16(s->ctx, kp, (uint16_t *)at_row(s, st->k_raw, r0, kvd), n * kvd);
+        }
+        qk_finish(s, L, st, r0, n, qp, kp, qp, kp);
         be->to_bf16(s->ctx, qc, (uint16_t *)at_row(s, st->q, r0, qd), n * qd);
         be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
         be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
@@ -463,19 +483,24 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* x_mid = x_in + o_proj(att) */
-        float *xm = st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
+        float *xm = ab ? wsf(s, y->mc) : st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
         if (x_in.f)
             LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
         else
             be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
         proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
+            uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
+            be->to_bf16(s->ctx, xm, xm16, n * C);
+            be->from_bf16(s->ctx, xm16, xm, n * C);
+        }
         if (!x_out.f && !x_out.h) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
         float *a = wsf(s, y->dg);
         proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
-        proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
+        proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
         float *xo = x_out.f ? x_out.f + r0 * C : xc;
         LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
@@ -502,7 +527,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
     float *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL, *xc = y->xc ? wsf(s, y->xc) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        float *xm = st->x_mid + r0 * C, *dxc = dx + r0 * C;
+        float *xm = att_rows_f32(s, st->x_mid, r0, n, C, ab ? wsf(s, y->mc) : NULL), *dxc = dx + r0 * C;
         float *lu_g = lu_at(s, st, LT_PROJ_GATE, r0), *lu_u = lu_at(s, st, LT_PROJ_UP, r0);
         float *lu_d = lu_at(s, st, LT_PROJ_DOWN, r0);
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
@@ -510,7 +535,7 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
         float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
         if (!st->g) {
             proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_g, NULL, 0.0f);
-            proj_fwd(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
+            proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
         }
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
         if (!st->g) proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, NULL, lu_d, NULL, 1.0f); /* its LoRA product */
@@ -550,13 +575,13 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
         lt_prof_end(ph);
         LT_TRY(as);
     }
-    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk);
+    if (!ab) qk_finish_bwd(s, L, st, 0, N, dq, dk, NULL);
     float *dhx = need_dx ? dh : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *dqc = att_rows_f32(s, dq, r0, n, qd, qc), *dkc = att_rows_f32(s, dk, r0, n, kvd, ab ? qc + n * qd : NULL);
         float *dvc = att_rows_f32(s, dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
-        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc);
+        if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, ac);
         const float *xr = resid_rows(s, x_in, r0, n, xc);
         be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
         proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);

@@ -49,13 +49,14 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
 typedef struct lt_store {
     float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
                                 (lt_layout.resid_ckpt) or in a forward-only run (in place) */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only) */
+    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only; bf16
+                                elements under attn_bf16, read only by the norm's backward) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
     float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
     float *att;              /* (N, H·D) attention output */
     float *lse;              /* (B, H, T) attention log-sum-exp */
-    float *x_mid;            /* (N, C) residual after attention */
+    float *x_mid;            /* (N, C) residual after attention (bf16 under attn_bf16) */
     float *g, *u;            /* (N, F) gate and up projections: only without recompute (the
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
@@ -84,9 +85,12 @@ typedef struct lt_layout {
     /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
      * bf16 tensors (the stores' q, k, v, att; the workspace's datt, dq, dk, dv), made and read a
      * chunk at a time through f32 chunk buffers: qc (chunk, H·D + 2·Hkv·D) for q, k, v or their
-     * gradients, ac (chunk, H·D) for the output. */
+     * gradients, ac (chunk, H·D) for the output, or (chunk, H·D + Hkv·D) to widen the stores'
+     * bf16 q_raw, k_raw for the per-head norm's backward. The stores' x_mid is bf16 too, mc
+     * (chunk, C) its f32 rows: the forward rounds it before the MLP reads it, so forward,
+     * recompute and backward see the same values. */
     int attn_bf16;
-    size_t qc, ac;
+    size_t qc, ac, mc;
     /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
      * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
      * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
@@ -107,7 +111,7 @@ typedef struct lt_layout {
      * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
      * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
-     * dropout, dlu (r). */
+     * LoRA dropout (absent without), dlu (r). */
     int64_t chunk;
     size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;

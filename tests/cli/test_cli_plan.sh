@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `longtune plan` against the real SmolLM2-135M config.json and a tiny Qwen3 one: the JSON object's
 # fields agree with each other and with the budget, --max-seq / --max-batch find the exact edge
-# (the answer fits, one more does not), the naive arms cost more, and bad flags exit 2.
+# (the answer fits, one more does not), the naive arms cost more, rerunning attention, bf16 saving
+# and smaller chunks keep less, and bad flags exit 2.
 set -u
 bin="$1"
 src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -75,7 +76,16 @@ for w in frozen_weights lora_params optimizer_state workspace peak "budget:" "au
   grep -q -- "$w" <<<"$out" || say "text output lacks '$w': $out"
 done
 
-# 5. Usage errors exit 2; a missing file is a failure (1) naming it.
+# 5. What the backward keeps: rerunning attention keeps less than keeping its outputs; bf16 saving
+#    less than f32; smaller chunks of the position-wise work never more.
+peak() { "$bin" plan --config "$smol" --seq-len 4096 --recompute all --budget 64G --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_bytes"])'; }
+kept=$(peak --saved f32) rerun=$(peak --saved f32 --recompute-attention) half=$(peak --saved bf16 --recompute-attention)
+small=$(peak --saved bf16 --recompute-attention --chunk-rows 512)
+[ "$rerun" -lt "$kept" ] || say "--recompute-attention: $rerun not below $kept"
+[ "$half" -lt "$rerun" ] || say "--saved bf16: $half not below $rerun"
+[ "$small" -lt "$half" ] || say "--chunk-rows 512: $small not below $half"
+
+# 6. Usage errors exit 2; a missing file is a failure (1) naming it.
 expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
 expect 2
 expect 2 --config "$smol" --model x
@@ -84,6 +94,8 @@ expect 2 --config "$smol" --budget lots
 expect 2 --config "$smol" --recompute sometimes
 expect 2 --config "$smol" --batch 0
 expect 2 --config "$smol" --attention fast
+expect 2 --config "$smol" --saved f16
+expect 2 --config "$smol" --chunk-rows 0
 expect 1 --config "$tmp/no-such-config.json"
 grep -q "no-such-config" "$tmp/e" || say "missing config not named: $(cat "$tmp/e")"
 exit $fail

@@ -16,9 +16,30 @@ __global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, float *a
     }
 }
 
+/* The same four elements a thread with 16-byte loads and stores (n % 4 == 0, aligned pointers):
+ * the scalar loop ran at ~70% of the H200's bandwidth on the 8B MLP (R1 profile). */
+static __device__ __forceinline__ float silu_mul(float x, float u) { return x / (1.0f + expf(-x)) * u; }
+
+__global__ void swiglu_fwd4_k(const float4 *g, const float4 *u, int64_t n4, float4 *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = g[i], v = u[i];
+        a[i] = make_float4(silu_mul(x.x, v.x), silu_mul(x.y, v.y), silu_mul(x.z, v.z), silu_mul(x.w, v.w));
+    }
+}
+
+static int aligned16_3(const void *a, const void *b, const void *c) {
+    return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15);
+}
+
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
     (void)ctx;
     if (n <= 0) return;
+    if (n % 4 == 0 && aligned16_3(g, u, a)) {
+        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS>>>((const float4 *)g, (const float4 *)u, n / 4,
+                                                                        (float4 *)a);
+        LT_CUDA_LAUNCHED("swiglu_fwd");
+        return;
+    }
     swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(g, u, n, a);
     LT_CUDA_LAUNCHED("swiglu_fwd");
 }

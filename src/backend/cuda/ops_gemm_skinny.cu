@@ -2,8 +2,8 @@
  * activation (x·Aᵀ, dy·B, dyᵀ·lu, dluᵀ·x). They are memory-bound, and cuBLASLt's f32 kernels ran
  * them at a third of the H200's bandwidth (bench matmul, last session: x·Aᵀ at N = 8192, in = 4096
  * took 148 us for 128 MiB). Here each one is a single pass over the big operand with float4 loads,
- * fp32 accumulation in a fixed order (deterministic; no atomics). The rank-r updates
- * (lu·Bᵀ, dlu·A) stay with cuBLASLt, which already streams C at full bandwidth. */
+ * fp32 accumulation in a fixed order (deterministic; no atomics); the rank-r updates (lu·Bᵀ into
+ * y, dlu·A into dx) are one float4 read-modify-write pass over C. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_ops.h"
@@ -14,7 +14,10 @@
  * rows; the lanes' partial sums meet by butterfly shuffles. 4 warps a block keep 512 blocks in
  * flight at M = 8192 (8 warps x 8 rows left SMs idle at 128 blocks). */
 #define SN_WARPS 4
-#define SN_ROWS 4
+/* Rows per warp: each lane's 4 x R block of op(B) is reused for SN_ROWS(R) rows. 4 rows at R = 8
+ * streamed all of B through L2 per 64 KiB of A (R1: x·Aᵀ paths 61 ms of an 8k step); 8 halves
+ * that and still leaves 256 blocks at M = 8192. R = 16 keeps 4 (register budget). */
+#define SN_ROWS(R) ((R) <= 8 ? 8 : 4)
 
 /* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
  * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
@@ -25,11 +28,12 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
                                                            const float *__restrict__ B, int64_t ldb, float beta,
                                                            float *C, int64_t ldc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t per_block = SN_WARPS * SN_ROWS;
-    for (int64_t m0 = blockIdx.x * per_block + warp * SN_ROWS; m0 < M; m0 += (int64_t)gridDim.x * per_block) {
-        float acc[SN_ROWS][R];
+    constexpr int ROWS = SN_ROWS(R);
+    const int64_t per_block = SN_WARPS * ROWS;
+    for (int64_t m0 = blockIdx.x * per_block + warp * ROWS; m0 < M; m0 += (int64_t)gridDim.x * per_block) {
+        float acc[ROWS][R];
 #pragma unroll
-        for (int i = 0; i < SN_ROWS; i++)
+        for (int i = 0; i < ROWS; i++)
 #pragma unroll
             for (int j = 0; j < R; j++) acc[i][j] = 0.0f;
         for (int64_t k = lane * 4; k < K; k += 128) { /* K % 4 == 0 */
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
                         b[t][j] = j < n ? __ldg(B_T ? B + j * ldb + k + t : B + (k + t) * ldb + j) : 0.0f;
             }
 #pragma unroll
-            for (int i = 0; i < SN_ROWS; i++) {
+            for (int i = 0; i < ROWS; i++) {
                 if (m0 + i >= M) break;
                 const float4 a = __ldg((const float4 *)(A + (m0 + i) * lda + k));
 #pragma unroll
@@ -65,7 +69,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             }
         }
 #pragma unroll
-        for (int i = 0; i < SN_ROWS; i++) {
+        for (int i = 0; i < ROWS; i++) {
             float mine = 0.0f; /* lane j keeps column j's total */
 #pragma unroll
             for (int j = 0; j < R; j++) {
@@ -79,6 +83,41 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
                 float *c = C + m * ldc + lane;
                 *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
             }
+        }
+    }
+}
+
+/* ---- small k: C (M, N) = alpha·A (M, K)·op(B) + beta·C, K <= 16: a rank-K update streaming C ----
+ * One thread per four consecutive columns of a row (float4 read-modify-write of C): the thread
+ * takes the row's K values of A (the same for the whole row: broadcast loads) and a K x 4 block of
+ * op(B) (L1/L2-resident: B is K x N). cuBLASLt's f32 kernels ran these (lu·Bᵀ into y, dlu·A into
+ * dx) well under the H200's bandwidth. B_T = 1: B is (N, K); 0: B is (K, N). */
+template <int KMAX, int B_T>
+__global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ A, int64_t lda,
+                          const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t N4 = N / 4, total = M * N4;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = i / N4, c = 4 * (i - m * N4);
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < KMAX; j++) {
+            if (j >= K) break;
+            const float u = __ldg(A + m * lda + j);
+            float4 v;
+            if (B_T)
+                v = make_float4(__ldg(B + c * ldb + j), __ldg(B + (c + 1) * ldb + j), __ldg(B + (c + 2) * ldb + j),
+                                __ldg(B + (c + 3) * ldb + j));
+            else
+                v = __ldg((const float4 *)(B + (int64_t)j * ldb + c));
+            o.x += u * v.x, o.y += u * v.y, o.z += u * v.z, o.w += u * v.w;
+        }
+        float4 *cp = (float4 *)(C + m * ldc + c);
+        if (beta == 0.0f) {
+            *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
+        } else {
+            const float4 c0 = *cp;
+            *cp = make_float4(alpha * o.x + beta * c0.x, alpha * o.y + beta * c0.y, alpha * o.z + beta * c0.z,
+                              alpha * o.w + beta * c0.w);
         }
     }
 }
@@ -177,7 +216,7 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
                                    size_t ws_bytes) {
     if (!ta && N <= 16 && M >= 64 && K >= 128 && K % 4 == 0 && lda % 4 == 0 && aligned16(A)) {
         /* x·Aᵀ (tb = 1) and dy·B (tb = 0): one pass over A's rows */
-        const int64_t per_block = SN_WARPS * SN_ROWS;
+        const int64_t per_block = SN_WARPS * SN_ROWS(N <= 8 ? 8 : 16);
         int64_t blocks = (M + per_block - 1) / per_block;
         if (blocks > 65535) blocks = 65535;
         const int n = (int)N;
@@ -193,6 +232,20 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         }
 #undef SMALL_N
         LT_CUDA_LAUNCHED("gemm: small n");
+        return 1;
+    }
+    if (!ta && K <= 16 && M >= 64 && N % 4 == 0 && ldc % 4 == 0 && aligned16(C) && (tb || (ldb % 4 == 0 && aligned16(B)))) {
+        /* lu·Bᵀ (tb = 1) and dlu·A (tb = 0): one pass over C */
+        const int64_t total = M * (N / 4);
+        const unsigned g = lt_cuda_grid(total, 256);
+        if (K <= 8) {
+            if (tb) small_k_k<8, 1><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+            else small_k_k<8, 0><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        } else {
+            if (tb) small_k_k<16, 1><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+            else small_k_k<16, 0><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        }
+        LT_CUDA_LAUNCHED("gemm: small k");
         return 1;
     }
     if (ta && !tb && K >= 1024) {

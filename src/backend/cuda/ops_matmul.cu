@@ -6,7 +6,6 @@
  * no fused dequantising GEMM: the tile conversion is a separate memory-bound pass.
  * Row-major products are column-major ones with the operands swapped: C = A·B ⇔ Cᵀ = Bᵀ·Aᵀ. */
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -196,9 +195,7 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
         return;
     }
     /* the LoRA products with a rank-r side that stream a whole activation: one pass here */
-    static int skinny = -1; /* R1 experiment switch (LONGTUNE_GEMM_SKINNY=0: cuBLASLt only); removed after */
-    if (skinny < 0) skinny = !(getenv("LONGTUNE_GEMM_SKINNY") && getenv("LONGTUNE_GEMM_SKINNY")[0] == '0');
-    if (skinny && lt_cuda_gemm_skinny(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(),
+    if (lt_cuda_gemm_skinny(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(),
                             GEMM_WS_BYTES))
         return;
     /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
