@@ -39,7 +39,9 @@ out=$("$bin" bench scaling --worlds 0 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "bad world list" <<<"$out" || { echo "FAIL: --worlds 0 -> rc=$rc: $out"; fail=1; }
 LONGTUNE_BENCH_WEIGHTS="$dir/w" OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
   "$bin" bench scaling --backend cuda --child --device cpu --shape tiny --seq 64 --step 64 --max 4096 --cp-seq 128 \
-  --repeats 1 --warmup 0 > "$dir/gpu-logic" 2>&1 || { echo "FAIL: several-GPU logic on the host: $(tail -5 "$dir/gpu-logic")"; fail=1; }
+  --repeats 1 --warmup 0 > "$dir/gpu-logic" 2> "$dir/gpu-logic.err" \
+  || { echo "FAIL: several-GPU logic on the host: $(tail -5 "$dir/gpu-logic.err")"; fail=1; }
+# (stdout alone: mpirun may cut a long line of one rank's stdout with the other's stderr)
 python3 - "$dir/gpu-logic" <<'PY' || fail=1
 import json, sys
 tag = "LT_SCALING_CUDA "
