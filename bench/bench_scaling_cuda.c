@@ -11,7 +11,9 @@
  * Model-level steps (forward/backward, bucketed all-reduce, AdamW), not the trainer's data path. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "bench_model.h"
@@ -432,7 +434,14 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
         }
         if (!v) return usage("missing value for", a);
         i++;
-        if (!strcmp(a, "--shape")) {
+        if (!strcmp(a, "--parent-pid")) {
+            /* A rank started by the parent below dies with it (a timeout that kills the parent must
+             * not leave ranks holding the GPUs). */
+            int64_t pp = 0;
+            if (parse_i64(v, 1, INT32_MAX, &pp)) return usage("bad --parent-pid", v);
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != (pid_t)pp) return 1; /* the parent is already gone */
+        } else if (!strcmp(a, "--shape")) {
             if (!(o.shape = lt_bench_shape_find(v))) return usage("unknown shape", v);
         } else if (!strcmp(a, "--gpus")) {
             if (parse_i64(v, 1, 8, &gpus)) return usage("bad --gpus", v);
@@ -501,9 +510,9 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
     FILE *p[8] = {NULL};
     for (int r = K - 1; r >= 0; r--) {
         snprintf(cmd, sizeof cmd,
-                 "RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LONGTUNE_RENDEZVOUS='%s/nccl.id' NCCL_NVLS_ENABLE=0 '%s' bench "
-                 "scaling --backend cuda --child%s%s",
-                 r, K, r, rdv, self, rest, r ? " >&2" : "");
+                 "RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LONGTUNE_RENDEZVOUS='%s/nccl.id' NCCL_NVLS_ENABLE=0 exec '%s' bench "
+                 "scaling --backend cuda --child --parent-pid %ld%s%s",
+                 r, K, r, rdv, self, (long)getpid(), rest, r ? " >&2" : "");
         p[r] = popen(cmd, "r");
     }
     char line[1 << 16];
