@@ -16,10 +16,10 @@ echo "=== info $(date -u +%T) commit $(cat COMMIT)"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 echo "=== bench scaling --backend cuda --gpus 2, qwen3-8b $(date -u +%T)"
 export LONGTUNE_BENCH_WEIGHTS=${LONGTUNE_BENCH_WEIGHTS:-/tmp/longtune-bench-weights}
-timeout 135 ./longtune bench scaling --backend cuda --gpus 2 --shape qwen3-8b --seq 8192 --batch 2 --repeats 3 \
+timeout 128 ./longtune bench scaling --backend cuda --gpus 2 --shape qwen3-8b --seq 8192 --batch 2 --repeats 3 \
   --warmup 1 --step 8192 --cp-seq 32768 --out "$OUT"; echo "bench rc=$?"
 echo "=== train checks, tiny bf16 model $(date -u +%T)"
-timeout 35 bash dev/mgpu/x2_train_check.sh ./longtune "$OUT/train"; echo "train checks rc=$?"
+timeout 40 bash dev/mgpu/x2_train_check.sh ./longtune "$OUT/train"; echo "train checks rc=$?"
 echo "=== end $(date -u +%T)"
 } 2>&1 | tee "$OUT/run.log"
 find "$OUT" -type f -size +1M -delete
