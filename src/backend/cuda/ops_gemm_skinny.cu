@@ -2,8 +2,8 @@
  * activation (x·Aᵀ, dy·B, dyᵀ·lu, dluᵀ·x). They are memory-bound, and cuBLASLt's f32 kernels ran
  * them at a third of the H200's bandwidth (bench matmul, last session: x·Aᵀ at N = 8192, in = 4096
  * took 148 us for 128 MiB). Here each one is a single pass over the big operand with float4 loads,
- * fp32 accumulation in a fixed order (deterministic; no atomics); the rank-r updates (lu·Bᵀ into
- * y, dlu·A into dx) are one float4 read-modify-write pass over C. */
+ * fp32 accumulation in a fixed order (deterministic; no atomics); the rank-r update dlu·A into dx
+ * is one float4 read-modify-write pass over C. lu·Bᵀ into y stays with cuBLASLt (see small_k_k). */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_ops.h"
@@ -87,12 +87,15 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
     }
 }
 
-/* ---- small k: C (M, N) = alpha·A (M, K)·op(B) + beta·C, K <= 16: a rank-K update streaming C ----
+/* ---- small k: C (M, N) = alpha·A (M, K)·B (K, N) + beta·C, K <= 16: a rank-K update streaming C ----
  * One thread per four consecutive columns of a row (float4 read-modify-write of C): the thread
  * takes the row's K values of A (the same for the whole row: broadcast loads) and a K x 4 block of
- * op(B) (L1/L2-resident: B is K x N). cuBLASLt's f32 kernels ran these (lu·Bᵀ into y, dlu·A into
- * dx) well under the H200's bandwidth. B_T = 1: B is (N, K); 0: B is (K, N). */
-template <int KMAX, int B_T>
+ * B (float4 rows, coalesced across the warp, L2-resident: B is K x N). Only B untransposed
+ * (dlu·A into dx): with B transposed ((N, K), lu·Bᵀ into y) a thread's four B rows sit 4·ldb
+ * floats apart, so every lane of a load touched its own cache line (32 L1 wavefronts per load);
+ * that version made the whole 8k step 1.76 s instead of ~1.15 s (R2), and lu·Bᵀ stays with
+ * cuBLASLt. */
+template <int KMAX>
 __global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ A, int64_t lda,
                           const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int64_t N4 = N / 4, total = M * N4;
@@ -103,12 +106,7 @@ __global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float 
         for (int j = 0; j < KMAX; j++) {
             if (j >= K) break;
             const float u = __ldg(A + m * lda + j);
-            float4 v;
-            if (B_T)
-                v = make_float4(__ldg(B + c * ldb + j), __ldg(B + (c + 1) * ldb + j), __ldg(B + (c + 2) * ldb + j),
-                                __ldg(B + (c + 3) * ldb + j));
-            else
-                v = __ldg((const float4 *)(B + (int64_t)j * ldb + c));
+            const float4 v = __ldg((const float4 *)(B + (int64_t)j * ldb + c));
             o.x += u * v.x, o.y += u * v.y, o.z += u * v.z, o.w += u * v.w;
         }
         float4 *cp = (float4 *)(C + m * ldc + c);
@@ -234,17 +232,12 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         LT_CUDA_LAUNCHED("gemm: small n");
         return 1;
     }
-    if (!ta && K <= 16 && M >= 64 && N % 4 == 0 && ldc % 4 == 0 && aligned16(C) && (tb || (ldb % 4 == 0 && aligned16(B)))) {
-        /* lu·Bᵀ (tb = 1) and dlu·A (tb = 0): one pass over C */
-        const int64_t total = M * (N / 4);
-        const unsigned g = lt_cuda_grid(total, 256);
-        if (K <= 8) {
-            if (tb) small_k_k<8, 1><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-            else small_k_k<8, 0><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-        } else {
-            if (tb) small_k_k<16, 1><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-            else small_k_k<16, 0><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-        }
+    if (!ta && !tb && K <= 16 && M >= 64 && N % 4 == 0 && ldc % 4 == 0 && ldb % 4 == 0 && aligned16(C) &&
+        aligned16(B)) {
+        /* dlu·A into dx: one pass over C */
+        const unsigned g = lt_cuda_grid(M * (N / 4), 256);
+        if (K <= 8) small_k_k<8><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else small_k_k<16><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
         LT_CUDA_LAUNCHED("gemm: small k");
         return 1;
     }
