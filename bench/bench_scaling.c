@@ -2,8 +2,8 @@
  * (lt_train_fit) at each world size asked for: world 1 in this process, world K by re-running
  * this command under `mpirun -np K` (rank 0 reports back one JSON line). All ranks of one host
  * share its cores (the thread total is fixed), so the ideal speedup here is 1.0: the figure shows
- * the data-parallel overhead, not scaling with added hardware. Multi-GPU points need several GPUs
- * and are reported as not run. The model is a random small Llama (or --model PATH). */
+ * the data-parallel overhead, not scaling with added hardware. The model is a random small Llama
+ * (or --model PATH). Several GPUs: --backend cuda, in bench_scaling_cuda.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bench_scaling.h"
 #include "bench_util.h"
 #include "core/rng.h"
 #include "core/parallel.h"
@@ -260,9 +261,7 @@ static cJSON *new_result(const cfg *c, int random_model) {
                             "all ranks share one host's cores with a fixed thread total: the ideal speedup is 1.0 "
                             "and the figure is the data-parallel overhead (gradient all-reduce after the backward, "
                             "every rank packing the whole batch), not scaling with added hardware");
-    cJSON_AddStringToObject(result, "gpu_points",
-                            "not run: multi-GPU data parallel needs several GPUs; this session was lent one H200 "
-                            "only, and the data-parallel trainer reduces host gradients (CPU backend)");
+    cJSON_AddStringToObject(result, "gpu_points", "longtune bench scaling --backend cuda (one process per GPU, NCCL)");
     return result;
 }
 
@@ -280,6 +279,8 @@ static cJSON *arm_json(int world, double ms, double tps, size_t peak, int thread
 }
 
 int lt_bench_scaling(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--backend") && !strcmp(argv[i + 1], "cuda")) return lt_bench_scaling_cuda(argc, argv);
     lt_bench_common bc;
     lt_bench_common_init(&bc);
     bc.repeats = 3;
@@ -297,7 +298,8 @@ int lt_bench_scaling(int argc, char **argv) {
                    "Data-parallel training throughput of the trainer at each world size: world 1 in this\n"
                    "process, world K > 1 as `mpirun -np K longtune bench scaling` (Open MPI). Ranks of one host\n"
                    "share its cores (the thread total stays fixed), so the ideal speedup is 1.0 and the figure\n"
-                   "is the data-parallel overhead; points on several GPUs are reported as not run.\n\n"
+                   "is the data-parallel overhead. Several GPUs (NCCL, one process per GPU): --backend cuda\n"
+                   "(see `longtune bench scaling --backend cuda --help`).\n\n"
                    "options:\n"
                    "  --worlds LIST    world sizes, comma list (default 1, plus 2 when mpirun is installed)\n"
                    "  --model PATH     HF folder or .gguf to train (default: a random Llama of --hidden,\n"

@@ -47,7 +47,8 @@ static void print_help(void) {
            "  --threads N         CPU threads the run will use (workspaces scale with it)\n"
            "  --dp K, --cp K      plan one rank of K data-parallel ranks (each takes ceil(B/K) rows)\n"
            "                      or of K context-parallel ranks (each holds T/K tokens of every row,\n"
-           "                      T padded to a multiple of 2K, plus the ring attention's buffers)\n"
+           "                      T padded to a multiple of 2K, plus the context-parallel attention's\n"
+           "                      buffers: Ulysses when K divides the key/value heads, else the ring)\n"
            "  --json              one JSON object on stdout instead of the table\n\n"
            "Exit status: 0 when planned (whether it fits or not: see \"fits\"), 1 on failure, 2 usage.\n",
            usage);

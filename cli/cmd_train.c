@@ -49,8 +49,9 @@ static void print_help(void) {
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
            "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"
            "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
-           "  --context-parallel         under mpirun: split every row over the ranks instead (ring attention;\n"
-           "                             needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
+           "  --context-parallel         several ranks: split every row over them instead (Ulysses all-to-all\n"
+           "                             over heads when K divides the key/value heads, else ring attention on\n"
+           "                             the host; needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
            LT_CLI_GUARD_HELP,
            usage);
 }

@@ -52,6 +52,28 @@ static void test_world_of_one(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Transpose and the exchange in a world of one (NULL communicator): pieces land in order. */
+static void test_transpose_exchange_self(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    int32_t src[3 * 5 * 2], dst[5 * 3 * 2];
+    for (int i = 0; i < 30; i++) src[i] = i, dst[i] = -1;
+    assert_int_equal(lt_comm_transpose(ctx, NULL, dst, src, 3, 5, 8), LT_OK);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 5; j++)
+            for (int e = 0; e < 2; e++) assert_int_equal(dst[(j * 3 + i) * 2 + e], (i * 5 + j) * 2 + e);
+    assert_int_equal(lt_comm_transpose(ctx, NULL, dst, src, -1, 5, 8), LT_ERR_INVALID_ARG);
+    int32_t back[30];
+    lt_comm_piece sp[2] = {{0, 0, 40}, {0, 40, 80}}, rp[2] = {{0, 80, 40}, {0, 0, 80}};
+    assert_int_equal(lt_comm_exchange(ctx, NULL, src, sizeof src, sp, 2, back, sizeof back, rp, 2), LT_OK);
+    assert_memory_equal(back + 20, src, 40);
+    assert_memory_equal(back, src + 10, 80);
+    rp[1].bytes = 40;
+    assert_int_equal(lt_comm_exchange(ctx, NULL, src, sizeof src, sp, 2, back, sizeof back, rp, 2), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_comm_exchange(ctx, NULL, src, sizeof src, sp, 2, back, sizeof back, rp, 1), LT_ERR_INVALID_ARG);
+    lt_ctx_free(ctx);
+}
+
 static void test_errors(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -246,6 +268,42 @@ static int worker(void) {
     WCHECK(lt_comm_broadcast(ctx, c, msg, sizeof msg, n) == LT_ERR_INVALID_ARG, "root outside the world accepted");
     WCHECK(lt_comm_barrier(ctx, c) == LT_OK, "%s", lt_ctx_error(ctx));
 
+    /* A grouped exchange of uneven pieces, two per peer (itself included), landing in reversed
+     * order: piece k from rank a to b is (a + 1) * 3 + k values tagged with (a, b, k, index). */
+    {
+        int32_t sb[4096], rb[4096];
+        lt_comm_piece sp[64], rp[64];
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < n && j < 32; j++)
+            for (int k = 0; k < 2; k++) {
+                size_t cnt = (size_t)((rank + 1) * 3 + k);
+                for (size_t i = 0; i < cnt; i++) sb[so / 4 + i] = ((rank * 10 + j) * 10 + k) * 100 + (int32_t)i;
+                sp[2 * j + k] = (lt_comm_piece){j, so, cnt * 4};
+                so += cnt * 4;
+            }
+        for (int j = 0; j < n && j < 32; j++)
+            for (int k = 0; k < 2; k++) ro += (size_t)((j + 1) * 3 + k) * 4;
+        size_t at = ro;
+        for (int j = 0; j < n && j < 32; j++)
+            for (int k = 0; k < 2; k++) {
+                size_t b = (size_t)((j + 1) * 3 + k) * 4;
+                at -= b;
+                rp[2 * j + k] = (lt_comm_piece){j, at, b};
+            }
+        for (int i = 0; i < 4096; i++) rb[i] = -7;
+        WCHECK(lt_comm_exchange(ctx, c, sb, so, sp, 2 * n, rb, ro, rp, 2 * n) == LT_OK, "%s", lt_ctx_error(ctx));
+        bad = 0;
+        for (int j = 0; j < n && j < 32; j++)
+            for (int k = 0; k < 2; k++)
+                for (size_t i = 0; i < rp[2 * j + k].bytes / 4; i++)
+                    bad += rb[rp[2 * j + k].offset / 4 + i] != ((j * 10 + rank) * 10 + k) * 100 + (int32_t)i;
+        WCHECK(!bad, "exchange: %d values wrong", bad);
+        lt_comm_piece out = {n, 0, 4};
+        WCHECK(lt_comm_exchange(ctx, c, sb, so, &out, 1, rb, ro, rp, 0) == LT_ERR_INVALID_ARG, "peer %d accepted", n);
+        out = (lt_comm_piece){0, so - 2, 4};
+        WCHECK(lt_comm_exchange(ctx, c, sb, so, &out, 1, rb, ro, rp, 0) == LT_ERR_INVALID_ARG, "overrun accepted");
+    }
+
     /* Every rank learns whether any failed, so the exit status is the world's. */
     double f = fails;
     lt_comm_allreduce_sum(ctx, c, &f, 1, LT_COMM_F64);
@@ -258,7 +316,7 @@ static int worker(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--mpi-worker")) return worker();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world_of_one), cmocka_unit_test(test_errors), cmocka_unit_test(test_env_world),
+        cmocka_unit_test(test_world_of_one), cmocka_unit_test(test_transpose_exchange_self), cmocka_unit_test(test_errors), cmocka_unit_test(test_env_world),
         cmocka_unit_test(test_mpi_two), cmocka_unit_test(test_mpi_three),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

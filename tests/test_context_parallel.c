@@ -1,8 +1,9 @@
-/* Context-parallel (ring) attention: the zig-zag split is a balanced permutation; forward and
- * backward over a world of one and over 2 and 3 MPI processes (the test re-runs itself under
- * mpirun) match a float64 causal attention of the whole sequence and the single-rank flash
- * attention (lt_attention_forward/backward) within fp32 tolerance, every output element written;
- * bad shapes are typed errors; the workspace the planner prices is exactly what is allocated. */
+/* Context-parallel attention, ring and Ulysses: the zig-zag split is a balanced permutation;
+ * forward and backward over a world of one and over 2 and 3 MPI processes (the test re-runs
+ * itself under mpirun) match a float64 causal attention of the whole sequence and the single-rank
+ * flash attention (lt_attention_forward/backward) within fp32 tolerance, every output element
+ * written; bad shapes are typed errors; the workspace the planner prices is exactly what is
+ * allocated (ring) or what the calls check for (Ulysses). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -136,9 +137,25 @@ static double local_err(const float *loc, const double *ref, const float *fl, co
     return fmax(e, ef) / tol;
 }
 
-/* Runs forward and backward on this rank's shard and returns the worst error / tolerance over out,
- * lse, dq, dk, dv (INFINITY for an unwritten element or a failed call). */
-static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
+/* Ulysses' lse: (H/world, T), the rank's heads over the whole sequence in order. */
+static double ulysses_lse_err(const float *loc, const full *f, const shape *s, int world, int rank) {
+    const int64_t Hs = s->H / world;
+    double mag = 0, e = 0;
+    for (int64_t i = 0; i < s->T * s->H; i++) mag = fmax(mag, fabs(f->lse[i]));
+    for (int64_t h = 0; h < Hs; h++)
+        for (int64_t t = 0; t < s->T; t++) {
+            float x = loc[h * s->T + t];
+            size_t gi = (size_t)((rank * Hs + h) * s->T + t);
+            if (x == LT_TEST_POISON || !isfinite(x)) return INFINITY;
+            e = fmax(e, fmax(fabs(x - f->lse[gi]), fabs(x - f->flse[gi])));
+        }
+    return e / (LT_TOL_F32_REL * fmax(mag, 1.0) + LT_TOL_F32_ABS);
+}
+
+/* Runs forward and backward on this rank's shard (ring, or Ulysses with uly = 1) and returns the
+ * worst error / tolerance over out, lse, dq, dk, dv (INFINITY for an unwritten element or a failed
+ * call). */
+static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f, int uly) {
     const int world = lt_comm_size(c), rank = lt_comm_rank(c);
     const int64_t Tl = s->T / world, qr = s->H * s->D, kr = s->Hkv * s->D;
     size_t nq = (size_t)(Tl * qr), nk = (size_t)(Tl * kr), nl = (size_t)(Tl * s->H);
@@ -152,14 +169,27 @@ static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
     size_t ns[] = {nq, nl, nq, nk, nk};
     for (int t = 0; t < 5; t++)
         for (size_t i = 0; i < ns[t]; i++) outs[t][i] = LT_TEST_POISON;
-    lt_cp_attention_params p = {s->T, s->H, s->Hkv, s->D, s->scale};
+    lt_cp_attention_params p = {s->T, s->H, s->Hkv, s->D, s->scale, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     double worst = INFINITY;
-    if (lt_cp_attention_forward(ctx, c, &p, q, k, v, out, lse) != LT_OK ||
-        lt_cp_attention_backward(ctx, c, &p, q, k, v, out, lse, dout, dq, dk, dv) != LT_OK) {
+    lt_status st;
+    if (uly) {
+        size_t wb = lt_cp_ulysses_workspace_bytes(&p, world, LT_DEVICE_CPU, lt_ctx_threads(ctx));
+        assert_true(wb != SIZE_MAX);
+        void *ws = aligned_alloc(256, (wb + 255) / 256 * 256);
+        st = lt_cp_ulysses_forward(ctx, c, &p, q, k, v, out, lse, ws, wb, lt_ctx_threads(ctx));
+        if (st == LT_OK)
+            st = lt_cp_ulysses_backward(ctx, c, &p, q, k, v, out, lse, dout, dq, dk, dv, ws, wb, lt_ctx_threads(ctx));
+        free(ws);
+    } else {
+        st = lt_cp_attention_forward(ctx, c, &p, q, k, v, out, lse);
+        if (st == LT_OK) st = lt_cp_attention_backward(ctx, c, &p, q, k, v, out, lse, dout, dq, dk, dv);
+    }
+    if (st != LT_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, lt_ctx_error(ctx));
     } else {
         worst = local_err(out, f->out, f->fout, s, world, rank, qr, 1, 0);
-        worst = fmax(worst, local_err(lse, f->lse, f->flse, s, world, rank, 1, s->H, 1));
+        worst = fmax(worst, uly ? ulysses_lse_err(lse, f, s, world, rank)
+                                : local_err(lse, f->lse, f->flse, s, world, rank, 1, s->H, 1));
         worst = fmax(worst, local_err(dq, f->dq, f->fdq, s, world, rank, qr, 1, 0));
         worst = fmax(worst, local_err(dk, f->dk, f->fdk, s, world, rank, kr, 1, 0));
         worst = fmax(worst, local_err(dv, f->dv, f->fdv, s, world, rank, kr, 1, 0));
@@ -168,11 +198,75 @@ static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
     return worst;
 }
 
+static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) { return run_rank_kind(ctx, c, s, f, 0); }
+
+/* Ulysses in bf16 (the CUDA model's attention dtype) against the single-rank flash attention on the
+ * same bf16 inputs of the whole sequence: outputs are compared after both round to bf16, so the
+ * tolerance is two bf16 ulps of the largest magnitude (the ranks run the same kernel on fewer
+ * heads; nothing but the heads' grouping differs). Returns the worst error / tolerance. */
+static double run_rank_bf16(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
+    const int world = lt_comm_size(c), rank = lt_comm_rank(c);
+    const int64_t T = s->T, Tl = T / world, qr = s->H * s->D, kr = s->Hkv * s->D;
+    const size_t nq = (size_t)(T * qr), nk = (size_t)(T * kr);
+    uint16_t *g[4], *l[4], *ro[4], *lo[4]; /* q k v dout; out dq dk dv (full, local) */
+    const float *src[4] = {f->q, f->k, f->v, f->dout};
+    size_t n[4] = {nq, nk, nk, nq}, rw[4] = {(size_t)qr, (size_t)kr, (size_t)kr, (size_t)qr};
+    size_t on[4] = {nq, nq, nk, nk}, orw[4] = {(size_t)qr, (size_t)qr, (size_t)kr, (size_t)kr};
+    for (int t = 0; t < 4; t++) {
+        g[t] = malloc(n[t] * 2), l[t] = malloc(n[t] / (size_t)world * 2);
+        ro[t] = malloc(on[t] * 2), lo[t] = malloc(on[t] / (size_t)world * 2);
+        for (size_t i = 0; i < n[t]; i++) g[t][i] = lt_f32_to_bf16(src[t][i]);
+        for (int64_t i = 0; i < Tl; i++)
+            memcpy(l[t] + (size_t)i * rw[t], g[t] + (size_t)lt_cp_zigzag_position(T, world, rank, i) * rw[t], rw[t] * 2);
+        for (size_t i = 0; i < on[t] / (size_t)world; i++) lo[t][i] = 0x7fc1; /* NaN poison */
+    }
+    float *lse = malloc((size_t)(T * s->H) * 4), *llse = malloc((size_t)(Tl * s->H) * 4);
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = 1, ap.T = T, ap.H = s->H, ap.Hkv = s->Hkv, ap.D = s->D, ap.dtype = LT_DTYPE_BF16;
+    ap.device = LT_DEVICE_CPU, ap.impl = LT_ATTENTION_FLASH, ap.scale = s->scale;
+    lt_attention_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = g[0], aa.k = g[1], aa.v = g[2], aa.dout = g[3], aa.out = ro[0], aa.lse = lse;
+    aa.dq = ro[1], aa.dk = ro[2], aa.dv = ro[3];
+    double worst = INFINITY;
+    lt_cp_attention_params p = {T, s->H, s->Hkv, s->D, s->scale, LT_ATTENTION_AUTO, LT_DTYPE_BF16};
+    size_t wb = lt_cp_ulysses_workspace_bytes(&p, world, LT_DEVICE_CPU, lt_ctx_threads(ctx));
+    void *ws = wb == SIZE_MAX ? NULL : aligned_alloc(256, (wb + 255) / 256 * 256);
+    if (lt_attention_forward(ctx, &ap, &aa) != LT_OK || lt_attention_backward(ctx, &ap, &aa) != LT_OK || !ws ||
+        lt_cp_ulysses_forward(ctx, c, &p, l[0], l[1], l[2], lo[0], llse, ws, wb, lt_ctx_threads(ctx)) != LT_OK ||
+        lt_cp_ulysses_backward(ctx, c, &p, l[0], l[1], l[2], lo[0], llse, l[3], lo[1], lo[2], lo[3], ws, wb,
+                               lt_ctx_threads(ctx)) != LT_OK) {
+        fprintf(stderr, "rank %d: bf16: %s\n", rank, lt_ctx_error(ctx));
+    } else {
+        worst = 0;
+        for (int t = 0; t < 4; t++) {
+            double mag = 0, e = 0;
+            for (size_t i = 0; i < on[t]; i++) mag = fmax(mag, fabs(lt_bf16_to_f32(ro[t][i])));
+            for (int64_t i = 0; i < Tl; i++) {
+                int64_t gp = lt_cp_zigzag_position(T, world, rank, i);
+                for (size_t d = 0; d < orw[t]; d++) {
+                    float x = lt_bf16_to_f32(lo[t][(size_t)i * orw[t] + d]);
+                    e = isfinite(x) ? fmax(e, fabs(x - lt_bf16_to_f32(ro[t][(size_t)gp * orw[t] + d]))) : INFINITY;
+                }
+            }
+            worst = fmax(worst, e / (2.0 * 0x1p-8 * fmax(mag, 1.0)));
+        }
+    }
+    for (int t = 0; t < 4; t++) free(g[t]), free(l[t]), free(ro[t]), free(lo[t]);
+    free(lse), free(llse), free(ws);
+    return worst;
+}
+
 static const shape cases[] = {
     {60, 4, 2, 16, 0.0f},   /* GQA 2:1, default scale */
     {36, 3, 3, 8, 0.37f},   /* MHA, explicit scale */
     {12, 2, 1, 32, 0.0f},   /* MQA, chunks of 2 tokens at 3 ranks */
+    {48, 12, 6, 8, 0.0f},   /* GQA 2:1 over 6 kv heads: Ulysses at 2 and 3 ranks */
 };
+
+/* Ulysses applies where the world divides Hkv. */
+static int ulysses_fits(const shape *s, int world) { return s->Hkv % world == 0 && s->T % (2 * world) == 0; }
 
 /* ---- world of one ------------------------------------------------------------------------- */
 
@@ -214,6 +308,10 @@ static void test_world_of_one(void **state) {
         full f = make_full(&cases[i]);
         double w = run_rank(ctx, NULL, &cases[i], &f);
         if (!(w <= 1)) fail_msg("case %zu: error / tolerance %.3g", i, w);
+        w = run_rank_kind(ctx, NULL, &cases[i], &f, 1);
+        if (!(w <= 1)) fail_msg("case %zu, Ulysses: error / tolerance %.3g", i, w);
+        w = run_rank_bf16(ctx, NULL, &cases[i], &f);
+        if (!(w <= 1)) fail_msg("case %zu, Ulysses bf16: error / tolerance %.3g", i, w);
         free_full(&f);
     }
     lt_ctx_free(ctx);
@@ -222,7 +320,7 @@ static void test_world_of_one(void **state) {
 static void test_errors_and_workspace(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    lt_cp_attention_params p = {30, 4, 2, 8, 0};
+    lt_cp_attention_params p = {30, 4, 2, 8, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_OK);
     p.T = 31;
     assert_int_equal(lt_cp_attention_check(ctx, NULL, &p), LT_ERR_INVALID_ARG);
@@ -236,7 +334,7 @@ static void test_errors_and_workspace(void **state) {
     /* The bytes the planner prices are the bytes the calls take from the allocator. */
     const shape s = {40, 4, 2, 16, 0};
     full f = make_full(&s);
-    lt_cp_attention_params q = {s.T, s.H, s.Hkv, s.D, 0};
+    lt_cp_attention_params q = {s.T, s.H, s.Hkv, s.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     size_t base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
     lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
     float *o = malloc((size_t)(s.T * s.H * s.D) * 4), *l = malloc((size_t)(s.T * s.H) * 4);
@@ -254,6 +352,26 @@ static void test_errors_and_workspace(void **state) {
     lt_mem_fail_nth(ctx, 0);
     /* Per-rank workspace shrinks with the world: blocks of T/world tokens. */
     assert_true(lt_cp_attention_workspace_bytes(&q, 4, 1) < lt_cp_attention_workspace_bytes(&q, 2, 1));
+    /* Ulysses: Hkv must split over the world; the workspace is checked, not allocated. */
+    assert_int_equal(lt_cp_ulysses_check(ctx, NULL, &q), LT_OK);
+    assert_int_equal(lt_cp_choose(&q, 2, LT_DEVICE_CUDA), LT_CP_ULYSSES);
+    lt_cp_attention_params r = q;
+    r.Hkv = 3, r.H = 6;
+    assert_int_equal(lt_cp_choose(&r, 2, LT_DEVICE_CPU), LT_CP_RING);
+    assert_int_equal(lt_cp_choose(&r, 2, LT_DEVICE_CUDA), -1);
+    assert_int_equal(lt_cp_ulysses_workspace_bytes(&r, 2, LT_DEVICE_CPU, 1), SIZE_MAX);
+    size_t wb = lt_cp_ulysses_workspace_bytes(&q, 1, LT_DEVICE_CPU, 1);
+    assert_true(wb != SIZE_MAX && wb >= (size_t)(s.T * (4 * s.H + 8 * s.Hkv) * s.D) * 4);
+    void *ws = aligned_alloc(256, (wb + 255) / 256 * 256);
+    lt_ctx_set_threads(ctx, 1);
+    base = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+    assert_int_equal(lt_cp_ulysses_forward(ctx, NULL, &q, f.q, f.k, f.v, o, l, ws, wb - 1, 1), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "workspace"));
+    assert_int_equal(lt_cp_ulysses_forward(ctx, NULL, &q, f.q, f.k, f.v, o, l, ws, wb, 1), LT_OK);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, base);
+    q.T = 41;
+    assert_int_equal(lt_cp_ulysses_check(ctx, NULL, &q), LT_ERR_INVALID_ARG);
+    free(ws);
     free(o), free(l), free(dq), free(dk), free(dv);
     free_full(&f);
     lt_ctx_free(ctx);
@@ -285,6 +403,7 @@ static int worker(void) {
     }
     int rank = lt_comm_rank(c), world = lt_comm_size(c);
     double fails = world < 2;
+    int ulysses_cases = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].T % (2 * world)) continue;
         full f = make_full(&cases[i]);
@@ -294,8 +413,24 @@ static int worker(void) {
                     (long long)cases[i].T, w);
             fails++;
         }
+        if (ulysses_fits(&cases[i], world)) {
+            w = run_rank_kind(ctx, c, &cases[i], &f, 1);
+            if (!(w <= 1)) {
+                fprintf(stderr, "rank %d of %d, case %zu (T %lld), Ulysses: error / tolerance %.3g\n", rank, world, i,
+                        (long long)cases[i].T, w);
+                fails++;
+            }
+            w = run_rank_bf16(ctx, c, &cases[i], &f);
+            if (!(w <= 1)) {
+                fprintf(stderr, "rank %d of %d, case %zu (T %lld), Ulysses bf16: error / tolerance %.3g\n", rank, world,
+                        i, (long long)cases[i].T, w);
+                fails++;
+            }
+            ulysses_cases++;
+        }
         free_full(&f);
     }
+    if (!ulysses_cases) fails++; /* every world size tested must cover Ulysses too */
     lt_comm_allreduce_sum(ctx, c, &fails, 1, LT_COMM_F64);
     lt_comm_free(ctx, c);
     lt_ctx_free(ctx);

@@ -695,7 +695,7 @@ static void per_rank_plans(void **state) {
     o = po;
     o.run.T = 102;
     assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &ref), LT_OK);
-    lt_cp_attention_params cp = {306, cfg.H, cfg.Hkv, cfg.D, 0};
+    lt_cp_attention_params cp = {306, cfg.H, cfg.Hkv, cfg.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
         assert_int_equal(rank.bytes[c],
                          ref.bytes[c] + (c == LT_PLAN_WORKSPACE ? lt_cp_attention_workspace_bytes(&cp, 3, 1) : 0));

@@ -1,5 +1,6 @@
 /* The communicator: a world of ranks with the few collectives distributed training needs (sum
- * all-reduce, broadcast, barrier, paired send/receive for ring attention) over a standard
+ * all-reduce, broadcast, barrier, paired send/receive for ring attention, a grouped exchange of
+ * pieces for the all-to-all of Ulysses attention) over a standard
  * transport: MPI for host buffers, NCCL for CUDA device buffers. A world of one rank needs neither
  * (no mpirun, no MPI_Init). It is not a transport of its own and offers no other reductions. */
 #ifndef LONGTUNE_COMM_H
@@ -116,6 +117,30 @@ lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t 
 /* One-sided halves of the above (blocking); a send must meet a recv of the same size. */
 lt_status lt_comm_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
 lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
+
+/* One piece of a grouped exchange: `bytes` at byte `offset` of the send (receive) buffer, going to
+ * (coming from) rank `peer`. */
+typedef struct lt_comm_piece {
+    int peer;
+    size_t offset, bytes;
+} lt_comm_piece;
+
+/* A grouped point-to-point exchange (an all-to-all whose chunks may land anywhere): every send
+ * piece goes to its peer and every receive piece is filled from its peer; the k-th piece rank a
+ * sends to rank b fills the k-th piece rank b receives from a, and the two must have the same size.
+ * Peers may be the rank itself. Buffers on lt_comm_device(c); send and recv must not overlap.
+ * MPI: nonblocking sends and receives, waited on; NCCL: ncclSend/ncclRecv in one group, ordered
+ * after the backend's queued work and before what it queues next, without a host wait; self:
+ * copies. Errors: LT_ERR_INVALID_ARG (a peer outside the world, a piece outside a buffer, sizes of
+ * paired self pieces that differ), the transport's. Counts and order must agree across ranks or
+ * the exchange hangs (as with any collective). */
+lt_status lt_comm_exchange(lt_ctx *ctx, lt_comm *c, const void *send, size_t send_bytes, const lt_comm_piece *sp,
+                           int ns, void *recv, size_t recv_bytes, const lt_comm_piece *rp, int nr);
+/* dst (b, a, w bytes) = src (a, b, w bytes) with its first two dimensions swapped, on the
+ * communicator's device (host memcpy; NCCL: 2D copies on its stream, ordered like the exchange).
+ * dst and src must not overlap. Errors: LT_ERR_INVALID_ARG (negative or overflowing sizes),
+ * LT_ERR_CUDA. */
+lt_status lt_comm_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w);
 
 #ifdef __cplusplus
 }

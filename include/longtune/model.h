@@ -243,11 +243,16 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
                            float *token_loss);
 /* Context parallel: from now on every step of m is this rank's share of one sequence split over
  * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
- * positions of their places in the whole row), and attention is ring attention over comm (host
- * buffers, MPI). Every rank must run the same steps. comm NULL or a world of one turns it off.
- * The ring's blocks are allocated per call (priced by the planner's cp_size). Errors:
- * LT_ERR_UNSUPPORTED (a device communicator, a CUDA model). */
+ * positions of their places in the whole row), and attention runs over comm as lt_cp_choose picks:
+ * Ulysses (all-to-all over heads, the device's own kernel; host over MPI or CUDA over NCCL) when
+ * Hkv is a multiple of the world, else ring attention (host only). Every rank must run the same
+ * steps. comm NULL or a world of one turns it off (unless LONGTUNE_CP forces it: lt_cp_env_forced). The Ulysses workspace is allocated with the
+ * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
+ * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different
+ * devices, a CUDA world that does not divide Hkv), LT_ERR_OOM. */
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
+/* The lt_cp_kind in use (LT_CP_RING 0, LT_CP_ULYSSES 1), or -1 when context parallel is off. */
+int lt_model_cp_kind(const lt_model *m);
 
 /* Gradient-ready hook: while fn is set, lt_model_forward_backward calls fn(arg, offset, count) right
  * after the backward of each LoRA layer (last layer first) with the range of the flat gradient

@@ -44,11 +44,12 @@ typedef struct lt_plan_options {
     /* Several ranks: the plan is then one rank's memory. run.B and run.T stay the whole step's. */
     int64_t dp_size;           /* data-parallel ranks sharing each batch's rows: a rank holds
                                   ceil(B / dp_size) rows [0 = 1] */
-    int64_t cp_size;           /* context-parallel ranks sharing each row (ring attention, zig-zag
-                                  split): a rank holds T' / cp_size tokens of a row padded to T', the
-                                  next multiple of 2·cp_size, plus one ring attention call's blocks
-                                  (lt_cp_attention_workspace_bytes, backward) in the workspace
-                                  class [0 = 1] */
+    int64_t cp_size;           /* context-parallel ranks sharing each row (zig-zag split): a rank
+                                  holds T' / cp_size tokens of a row padded to T', the next multiple
+                                  of 2·cp_size, plus in the workspace class the attention's buffers
+                                  of the kind lt_cp_choose picks: Ulysses' workspace
+                                  (lt_cp_ulysses_workspace_bytes) or one ring attention call's
+                                  blocks (lt_cp_attention_workspace_bytes, backward) [0 = 1] */
 } lt_plan_options;
 
 typedef struct lt_plan {

@@ -1,6 +1,7 @@
 /* The communicator's front: world detection from the launcher's environment, argument checks, and
  * dispatch to the transport (comm_mpi.c, comm_nccl.c). A world of one rank is served here without
  * any library, so a plain `longtune train` never touches MPI. No transport code lives here. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +211,48 @@ lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src
                         "comm: a blocking receive from itself would never complete (use sendrecv)");
     if (c->backend == LT_COMM_NCCL) return lt_comm_nccl_recv(ctx, c, buf, bytes, src);
     return lt_comm_mpi_recv(ctx, c, buf, bytes, src);
+}
+
+static lt_status check_pieces(lt_ctx *ctx, const lt_comm *c, const lt_comm_piece *pc, int n, size_t total,
+                              const void *buf, const char *what) {
+    if (n < 0 || (n > 0 && !pc)) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: exchange with %d %s pieces", n, what);
+    for (int i = 0; i < n; i++) {
+        LT_TRY(check_peer(ctx, c, pc[i].peer, what));
+        if (pc[i].offset > total || pc[i].bytes > total - pc[i].offset || (pc[i].bytes && !buf))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s piece %d [%zu, +%zu) outside a buffer of %zu bytes", what,
+                            i, pc[i].offset, pc[i].bytes, total);
+    }
+    return LT_OK;
+}
+
+lt_status lt_comm_exchange(lt_ctx *ctx, lt_comm *c, const void *send, size_t send_bytes, const lt_comm_piece *sp,
+                           int ns, void *recv, size_t recv_bytes, const lt_comm_piece *rp, int nr) {
+    LT_TRY(check_pieces(ctx, c, sp, ns, send_bytes, send, "send"));
+    LT_TRY(check_pieces(ctx, c, rp, nr, recv_bytes, recv, "receive"));
+    if (c && c->backend == LT_COMM_NCCL) return lt_comm_nccl_exchange(ctx, c, send, sp, ns, recv, rp, nr);
+    if (c && c->backend == LT_COMM_MPI && c->size > 1) return lt_comm_mpi_exchange(ctx, c, send, sp, ns, recv, rp, nr);
+    /* A world of one: the k-th piece sent fills the k-th piece received. */
+    if (ns != nr) return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %d pieces sent to itself, %d received", ns, nr);
+    for (int i = 0; i < ns; i++) {
+        if (sp[i].bytes != rp[i].bytes)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: piece %d of %zu bytes sent to itself lands in %zu", i,
+                            sp[i].bytes, rp[i].bytes);
+        if (sp[i].bytes) memcpy((char *)recv + rp[i].offset, (const char *)send + sp[i].offset, sp[i].bytes);
+    }
+    return LT_OK;
+}
+
+lt_status lt_comm_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w) {
+    if (a < 0 || b < 0 || (a && b > INT64_MAX / a) || (w && (uint64_t)(a * b) > SIZE_MAX / w) ||
+        (a && b && w && (!dst || !src)))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: transpose of (%lld, %lld) pieces of %zu bytes", (long long)a,
+                        (long long)b, w);
+    if (!a || !b || !w) return LT_OK;
+    if (c && c->backend == LT_COMM_NCCL) return lt_comm_nccl_transpose(ctx, c, dst, src, a, b, w);
+    for (int64_t i = 0; i < a; i++)
+        for (int64_t j = 0; j < b; j++)
+            memcpy((char *)dst + (size_t)(j * a + i) * w, (const char *)src + (size_t)(i * b + j) * w, w);
+    return LT_OK;
 }
 
 /* ---- the gradient reducer ------------------------------------------------------------------ */

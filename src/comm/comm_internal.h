@@ -32,6 +32,8 @@ lt_status lt_comm_mpi_progress(lt_ctx *ctx, lt_comm *c, void *reqs, int n);
 lt_status lt_comm_mpi_waitall(lt_ctx *ctx, lt_comm *c, void *reqs, int n);
 lt_status lt_comm_mpi_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
 lt_status lt_comm_mpi_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
+lt_status lt_comm_mpi_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                               const lt_comm_piece *rp, int nr);
 
 /* NCCL (comm_nccl.c). Device buffers; every call synchronises its stream before returning. */
 lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *opt);
@@ -49,5 +51,10 @@ lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t 
                                 int src);
 lt_status lt_comm_nccl_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
 lt_status lt_comm_nccl_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
+/* Exchange and transpose: queued on the stream after the backend's work, which then waits for
+ * them (events, no host synchronisation). */
+lt_status lt_comm_nccl_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                                const lt_comm_piece *rp, int nr);
+lt_status lt_comm_nccl_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "longtune/alloc.h"
 
 #if LT_HAVE_MPI
 #include <mpi.h>
@@ -185,6 +186,43 @@ lt_status lt_comm_mpi_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int
     return LT_OK;
 }
 
+static int sub_messages(const lt_comm_piece *pc, int n) {
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) k += pc[i].bytes ? (int64_t)((pc[i].bytes + (size_t)PIECE - 1) / (size_t)PIECE) : 0;
+    return k > INT_MAX / 2 ? INT_MAX / 2 : (int)k;
+}
+
+/* Pieces of one peer pair are matched in order by MPI's non-overtaking rule (same source, tag and
+ * communicator); both sides cut a piece above PIECE bytes the same way. Receives are posted first. */
+lt_status lt_comm_mpi_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                               const lt_comm_piece *rp, int nr) {
+    (void)c;
+    int nreq = sub_messages(sp, ns) + sub_messages(rp, nr);
+    MPI_Request stack[64], *req = stack;
+    size_t rb = (size_t)nreq * sizeof(MPI_Request);
+    if (nreq > 64 && !(req = lt_alloc(ctx, LT_DEVICE_CPU, rb, "MPI exchange requests"))) return LT_ERR_OOM;
+    int k = 0, rc = MPI_SUCCESS;
+    for (int pass = 0; pass < 2 && rc == MPI_SUCCESS; pass++) {
+        const lt_comm_piece *pc = pass ? sp : rp;
+        for (int i = 0; i < (pass ? ns : nr) && rc == MPI_SUCCESS; i++)
+            for (size_t o = 0; o < pc[i].bytes && rc == MPI_SUCCESS; o += (size_t)PIECE) {
+                int n = (int)(pc[i].bytes - o < (size_t)PIECE ? pc[i].bytes - o : (size_t)PIECE);
+                if (pass)
+                    rc = MPI_Isend((const char *)send + pc[i].offset + o, n, MPI_BYTE, pc[i].peer, 73, MPI_COMM_WORLD,
+                                   &req[k++]);
+                else
+                    rc = MPI_Irecv((char *)recv + pc[i].offset + o, n, MPI_BYTE, pc[i].peer, 73, MPI_COMM_WORLD,
+                                   &req[k++]);
+            }
+    }
+    /* Whatever was posted is completed before returning, also after a failure (no request leaks). */
+    int wrc = k ? MPI_Waitall(k, req, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (req != stack) lt_free(ctx, LT_DEVICE_CPU, req, rb);
+    if (rc != MPI_SUCCESS) return mpi_fail(ctx, rc, "MPI_Isend/MPI_Irecv (exchange)");
+    if (wrc != MPI_SUCCESS) return mpi_fail(ctx, wrc, "MPI_Waitall (exchange)");
+    return LT_OK;
+}
+
 #else /* no MPI in this build */
 
 static lt_status no_mpi(lt_ctx *ctx) {
@@ -231,6 +269,11 @@ lt_status lt_comm_mpi_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t byte
 }
 lt_status lt_comm_mpi_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src) {
     (void)c, (void)buf, (void)bytes, (void)src;
+    return no_mpi(ctx);
+}
+lt_status lt_comm_mpi_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                               const lt_comm_piece *rp, int nr) {
+    (void)c, (void)send, (void)sp, (void)ns, (void)recv, (void)rp, (void)nr;
     return no_mpi(ctx);
 }
 #endif

@@ -1,7 +1,10 @@
-/* The NCCL transport of lt_comm: CUDA device buffers on one stream per communicator, ordered with
- * the backend's kernels on the legacy default stream; blocking calls synchronise before they
- * return, the reducer's buckets when it finishes. NVLink multicast (NVLS) is kept off through NCCL_NVLS_ENABLE=0 before the communicator exists, and
- * nothing here creates multicast objects. Without NCCL in the build every entry point reports
+/* The NCCL transport of lt_comm: CUDA device buffers on one non-blocking stream per communicator,
+ * ordered with the backend's kernels on the legacy default stream by events (the stream waits for
+ * what the backend queued before a call; the backend waits for the call before what it queues
+ * next), so a gradient bucket's all-reduce runs while the backward goes on. Blocking calls
+ * synchronise before they return, the reducer's buckets when it finishes, the exchange and
+ * transpose of context parallel never. NVLink multicast (NVLS) is kept off through
+ * NCCL_NVLS_ENABLE=0 before the communicator exists, and nothing here creates multicast objects. Without NCCL in the build every entry point reports
  * LT_ERR_UNSUPPORTED. The unique id travels over MPI or through a rendezvous file. */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 typedef struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t ev_in, ev_out; /* backend -> stream, stream -> backend */
     int device;
     float *scratch; /* STAGE bytes on the device: the barrier's float, staged host reductions */
 } nccl_state;
@@ -50,6 +54,20 @@ static lt_status cuda_fail(lt_ctx *ctx, cudaError_t e, const char *what) {
         cudaError_t e_ = (call);                                    \
         if (e_ != cudaSuccess) return cuda_fail(ctx, e_, what);     \
     } while (0)
+
+/* The communicator's stream waits for everything the backend queued so far. */
+static lt_status enter(lt_ctx *ctx, nccl_state *st) {
+    CUDA_TRY(cudaEventRecord(st->ev_in, cudaStreamLegacy), "cudaEventRecord (backend)");
+    CUDA_TRY(cudaStreamWaitEvent(st->stream, st->ev_in, 0), "cudaStreamWaitEvent (comm)");
+    return LT_OK;
+}
+
+/* What the backend queues from now on waits for everything queued on the stream. */
+static lt_status leave(lt_ctx *ctx, nccl_state *st) {
+    CUDA_TRY(cudaEventRecord(st->ev_out, st->stream), "cudaEventRecord (comm)");
+    CUDA_TRY(cudaStreamWaitEvent(cudaStreamLegacy, st->ev_out, 0), "cudaStreamWaitEvent (backend)");
+    return LT_OK;
+}
 
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -116,11 +134,11 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
         if (c->mpi_active) LT_TRY(lt_comm_mpi_broadcast(ctx, c, &id, sizeof id, 0));
         else LT_TRY(rendezvous(ctx, c, o, &id));
     }
-    /* A blocking stream: its work is ordered after what the CUDA backend enqueued on the legacy
-     * default stream (gradients are complete before a bucket is reduced) and before what comes
-     * next there (AdamW reads reduced gradients). The price: on a GPU the reduction does not
-     * overlap the backward; that needs the backend on its own stream and events. */
-    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamDefault), "cudaStreamCreate");
+    /* Non-blocking: ordered with the backend's legacy-stream work only through enter/leave, so a
+     * bucket's reduction (queued after its gradients, enter) overlaps the rest of the backward. */
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    CUDA_TRY(cudaEventCreateWithFlags(&st->ev_in, cudaEventDisableTiming), "cudaEventCreate");
+    CUDA_TRY(cudaEventCreateWithFlags(&st->ev_out, cudaEventDisableTiming), "cudaEventCreate");
     NCCL_TRY(ncclCommInitRank(&st->comm, c->size, id, c->rank), "ncclCommInitRank");
     st->scratch = lt_calloc(ctx, LT_DEVICE_CUDA, STAGE, "NCCL staging buffer");
     if (!st->scratch) return LT_ERR_OOM;
@@ -132,6 +150,8 @@ void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) {
     if (!st) return;
     if (st->comm) ncclCommDestroy(st->comm);
     if (st->stream) cudaStreamDestroy(st->stream);
+    if (st->ev_in) cudaEventDestroy(st->ev_in);
+    if (st->ev_out) cudaEventDestroy(st->ev_out);
     if (st->scratch) lt_free(ctx, LT_DEVICE_CUDA, st->scratch, STAGE);
     lt_free(ctx, LT_DEVICE_CPU, st, sizeof *st);
     c->nccl = NULL;
@@ -148,12 +168,14 @@ static ncclDataType_t nccl_type(lt_comm_dtype dt) { return dt == LT_COMM_F64 ? n
 
 lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, nccl_type(dt), ncclSum, st->comm, st->stream), "ncclAllReduce");
     return sync(ctx, c, "all-reduce");
 }
 
 lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
     for (int64_t i = 0; i < count; i += bucket) {
         int64_t n = count - i < bucket ? count - i : bucket;
@@ -169,14 +191,57 @@ lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, i
 
 lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, st->comm, st->stream), "ncclAllReduce");
     return LT_OK;
 }
 
-lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { return sync(ctx, c, "all-reduce buckets"); }
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) {
+    LT_TRY(leave(ctx, c->nccl));
+    return sync(ctx, c, "all-reduce buckets");
+}
+
+lt_status lt_comm_nccl_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                                const lt_comm_piece *rp, int nr) {
+    nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
+    /* Point-to-point operations between one pair of ranks are matched in the order they are
+     * issued, which is the pieces' order on both sides. */
+    NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < nr && r == ncclSuccess; i++)
+        if (rp[i].bytes)
+            r = ncclRecv((char *)recv + rp[i].offset, rp[i].bytes, ncclUint8, rp[i].peer, st->comm, st->stream);
+    for (int i = 0; i < ns && r == ncclSuccess; i++)
+        if (sp[i].bytes)
+            r = ncclSend((const char *)send + sp[i].offset, sp[i].bytes, ncclUint8, sp[i].peer, st->comm, st->stream);
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess) return nccl_fail(ctx, c, r, "ncclSend/ncclRecv (exchange)");
+    if (e != ncclSuccess) return nccl_fail(ctx, c, e, "ncclGroupEnd (exchange)");
+    return leave(ctx, st);
+}
+
+lt_status lt_comm_nccl_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w) {
+    nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
+    /* One 2D copy per index of the shorter dimension, so both pitches stay small. */
+    if (b <= a) {
+        for (int64_t j = 0; j < b; j++)
+            CUDA_TRY(cudaMemcpy2DAsync((char *)dst + (size_t)(j * a) * w, w, (const char *)src + (size_t)j * w,
+                                       (size_t)b * w, w, (size_t)a, cudaMemcpyDeviceToDevice, st->stream),
+                     "cudaMemcpy2DAsync (transpose)");
+    } else {
+        for (int64_t i = 0; i < a; i++)
+            CUDA_TRY(cudaMemcpy2DAsync((char *)dst + (size_t)i * w, (size_t)a * w, (const char *)src + (size_t)(i * b) * w,
+                                       w, w, (size_t)b, cudaMemcpyDeviceToDevice, st->stream),
+                     "cudaMemcpy2DAsync (transpose)");
+    }
+    return leave(ctx, st);
+}
 
 lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     size_t es = dt == LT_COMM_F64 ? 8 : 4, per = STAGE / es;
     char *p = buf;
     for (int64_t i = 0; i < count; i += (int64_t)per) {
@@ -194,12 +259,14 @@ lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_
 
 lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclBroadcast(buf, buf, bytes, ncclUint8, root, st->comm, st->stream), "ncclBroadcast");
     return sync(ctx, c, "broadcast");
 }
 
 lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclAllReduce(st->scratch, st->scratch, 1, ncclFloat32, ncclSum, st->comm, st->stream), "barrier");
     return sync(ctx, c, "barrier");
 }
@@ -207,6 +274,7 @@ lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) {
 lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t sn, int dst, void *rb, size_t rn,
                                 int src) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
     if (sn) r = ncclSend(sb, sn, ncclUint8, dst, st->comm, st->stream);
@@ -219,12 +287,14 @@ lt_status lt_comm_nccl_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sb, size_t 
 
 lt_status lt_comm_nccl_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclSend(buf, bytes, ncclUint8, dst, st->comm, st->stream), "ncclSend");
     return sync(ctx, c, "send");
 }
 
 lt_status lt_comm_nccl_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src) {
     nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
     NCCL_TRY(ncclRecv(buf, bytes, ncclUint8, src, st->comm, st->stream), "ncclRecv");
     return sync(ctx, c, "recv");
 }
@@ -273,6 +343,15 @@ lt_status lt_comm_nccl_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t byt
 }
 lt_status lt_comm_nccl_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src) {
     (void)c, (void)buf, (void)bytes, (void)src;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const lt_comm_piece *sp, int ns, void *recv,
+                                const lt_comm_piece *rp, int nr) {
+    (void)c, (void)send, (void)sp, (void)ns, (void)recv, (void)rp, (void)nr;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w) {
+    (void)c, (void)dst, (void)src, (void)a, (void)b, (void)w;
     return no_nccl(ctx);
 }
 #endif

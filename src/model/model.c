@@ -3,6 +3,7 @@
  * tensors in the layout's saved dtype), position-wise work in row chunks, and the run memory
  * (allocated once by lt_model_prepare from the layout in layout.c). Loading lives in load.c. No
  * op is called directly and nothing is allocated inside a step. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,10 +21,37 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
         m->block[c] = NULL;
         m->block_bytes[c] = 0;
     }
+    if (m->cp_ws) lt_free(ctx, m->opt.device, m->cp_ws, m->cp_ws_bytes);
+    m->cp_ws = NULL;
+    m->cp_ws_bytes = 0;
     if (m->host_inputs) lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
     m->host_inputs = NULL;
     m->lay.in_bytes = 0;
     m->prepared = 0;
+}
+
+static lt_cp_attention_params cp_params(const lt_model *m, int64_t T_local) {
+    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention,
+                                m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32};
+    return p;
+}
+
+/* The Ulysses workspace of a prepared context-parallel run, allocated with the run (the planner
+ * prices the same lt_cp_ulysses_workspace_bytes). */
+static lt_status cp_alloc(lt_ctx *ctx, lt_model *m) {
+    if (m->cp_ws) lt_free(ctx, m->opt.device, m->cp_ws, m->cp_ws_bytes);
+    m->cp_ws = NULL, m->cp_ws_bytes = 0;
+    if (!m->cp || m->cp_kind != LT_CP_ULYSSES || !m->prepared) return LT_OK;
+    lt_cp_attention_params p = cp_params(m, m->run.T);
+    size_t bytes = lt_cp_ulysses_workspace_bytes(&p, lt_comm_size(m->cp), m->opt.device, m->lay.threads);
+    if (bytes == SIZE_MAX) {
+        LT_TRY(lt_cp_ulysses_check(ctx, m->cp, &p));
+        return lt_error(ctx, LT_ERR_OOM, "model: the context-parallel workspace at T = %lld overflows", (long long)p.T);
+    }
+    if (!(m->cp_ws = lt_alloc(ctx, m->opt.device, bytes, "context-parallel (Ulysses) workspace")))
+        return lt_ctx_status(ctx);
+    m->cp_ws_bytes = bytes;
+    return LT_OK;
 }
 
 lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run_in) {
@@ -56,7 +84,9 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
     m->lay = lay;
     m->run = *run;
     m->prepared = 1;
-    return LT_OK;
+    lt_status s = cp_alloc(ctx, m);
+    if (s != LT_OK) free_run(ctx, m);
+    return s;
 }
 
 lt_model_sizes lt_model_get_sizes(const lt_model *m) {
@@ -87,13 +117,24 @@ float *lt_model_lora_grads(lt_model *m, int64_t *n) {
 }
 
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm) {
-    int host = lt_comm_device(comm) == LT_DEVICE_CPU && m->opt.device == LT_DEVICE_CPU;
-    if (comm && lt_comm_size(comm) > 1 && !host)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel runs ring attention on host buffers (CPU "
-                        "model, MPI communicator)");
-    m->cp = comm && lt_comm_size(comm) > 1 ? comm : NULL;
-    return LT_OK;
+    int world = lt_comm_size(comm), on = comm && (world > 1 || lt_cp_env_forced());
+    if (on) {
+        if (lt_comm_device(comm) != m->opt.device)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel over a %s communicator needs a model on "
+                            "its device (host: MPI; CUDA: NCCL)", lt_comm_backend_name(lt_comm_get_backend(comm)));
+        lt_cp_attention_params p = {2 * world, m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
+        int kind = lt_cp_choose(&p, world, m->opt.device);
+        if (kind < 0)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel on this device needs Ulysses attention, "
+                            "which splits Hkv = %lld key/value heads over the %d ranks (not a multiple)",
+                            (long long)m->cfg.Hkv, world);
+        m->cp_kind = kind;
+    }
+    m->cp = on ? comm : NULL;
+    return cp_alloc(ctx, m);
 }
+
+int lt_model_cp_kind(const lt_model *m) { return m->cp ? m->cp_kind : -1; }
 
 void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg) {
     m->grad_ready = fn;
@@ -427,8 +468,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     if (att_kept) {
         /* A recompute whose first pass kept st->att and st->lse (bit-identical to a rerun). */
     } else if (m->cp) {
-        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-        LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
+        lt_cp_attention_params cp = cp_params(m, s->T);
+        if (m->cp_kind == LT_CP_ULYSSES)
+            LT_TRY(lt_cp_ulysses_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, m->cp_ws,
+                                         m->cp_ws_bytes, m->lay.threads));
+        else
+            LT_TRY(lt_cp_attention_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse));
     } else {
         int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_FWD);
         lt_status as = lt_attention_forward(s->ctx, &ap, &aa);
@@ -517,9 +562,13 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
     aa.workspace = blk(s, LT_MEM_WORKSPACE, y->attn_ws);
     aa.workspace_size = y->attn_ws_bytes;
     if (m->cp) {
-        lt_cp_attention_params cp = {s->T * lt_comm_size(m->cp), c->H, c->Hkv, c->D, 0};
-        LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
-                                        dv));
+        lt_cp_attention_params cp = cp_params(m, s->T);
+        if (m->cp_kind == LT_CP_ULYSSES)
+            LT_TRY(lt_cp_ulysses_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk, dv,
+                                          m->cp_ws, m->cp_ws_bytes, m->lay.threads));
+        else
+            LT_TRY(lt_cp_attention_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, datt, dq, dk,
+                                            dv));
     } else {
         int ph = lt_prof_begin(m->opt.device, LT_PROF_ATTN_BWD);
         lt_status as = lt_attention_backward(s->ctx, &ap, &aa);
@@ -567,7 +616,7 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->first_row < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
-    if (m->cp && m->lay.attn_bf16)
+    if (m->cp && m->cp_kind == LT_CP_RING && m->lay.attn_bf16)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
                         "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))

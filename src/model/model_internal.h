@@ -158,7 +158,10 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
-    struct lt_comm *cp;     /* context parallel: ring attention over this world (NULL = off) */
+    struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
+    int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
+    void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
+    size_t cp_ws_bytes;
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
     void *grad_ready_arg;
 };

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
 #include "longtune/plan.h"
@@ -112,14 +113,27 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     LT_TRY(lt_model_size_table(ctx, cfg, &o.lora, &rr, &ms));
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) out->bytes[c] = ms.bytes[c];
     if (o.cp_size > 1) {
-        /* The ring's key/value blocks and their travelling gradients (the backward holds more
-         * than the forward), one row at a time. */
+        /* Ulysses: the head-layout buffers and the kernel's workspace at the per-rank shape,
+         * allocated with the run. Ring: the key/value blocks and their travelling gradients (the
+         * backward holds more than the forward), one row at a time. */
         int64_t c2 = 2 * o.cp_size;
-        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0};
-        size_t ring = lt_cp_attention_workspace_bytes(&cp, (int)o.cp_size, 1);
-        if (ring == SIZE_MAX || ring > SIZE_MAX - out->bytes[LT_PLAN_WORKSPACE])
-            return lt_error(ctx, LT_ERR_OOM, "plan: the ring attention buffers overflow the address space");
-        out->bytes[LT_PLAN_WORKSPACE] += o.device == LT_DEVICE_CUDA ? lt_alloc_accounted_size(LT_DEVICE_CUDA, ring) : ring;
+        /* Attention's tensors are in the saved dtype (the layout's rule: bf16 on CUDA by default). */
+        const lt_backend *be = lt_backend_get(o.device);
+        lt_dtype adt = o.run.saved_bf16 > 0 ? LT_DTYPE_BF16 : o.run.saved_bf16 < 0 ? LT_DTYPE_F32
+                       : be ? be->saved_dtype : LT_DTYPE_F32;
+        lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention, adt};
+        int kind = lt_cp_choose(&cp, (int)o.cp_size, o.device);
+        if (kind < 0)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "plan: context parallel over %lld ranks on this device splits "
+                            "Hkv = %lld key/value heads over them (not a multiple)", (long long)o.cp_size,
+                            (long long)cfg->Hkv);
+        size_t ws = kind == LT_CP_ULYSSES
+                        ? lt_cp_ulysses_workspace_bytes(&cp, (int)o.cp_size, o.device, o.run.threads)
+                        : lt_cp_attention_workspace_bytes(&cp, (int)o.cp_size, 1);
+        if (ws == SIZE_MAX || ws > SIZE_MAX - out->bytes[LT_PLAN_WORKSPACE])
+            return lt_error(ctx, LT_ERR_OOM, "plan: the context-parallel buffers overflow the address space");
+        if (kind == LT_CP_ULYSSES || o.device == LT_DEVICE_CUDA) ws = lt_alloc_accounted_size(o.device, ws);
+        out->bytes[LT_PLAN_WORKSPACE] += ws;
     }
     out->bytes[LT_PLAN_OPTIMIZER] = lt_plan_optimizer_bytes(o.device, ms.n_lora_params);
     out->bytes[LT_PLAN_HELD] = o.held_bytes;

@@ -419,7 +419,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     t->popt.overflow = LT_PACK_TRUNCATE;
     t->popt.seed = o->seed;
     t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
-    if (o->context_parallel && t->world > 1) {
+    if (o->context_parallel && (t->world > 1 || (t->comm && lt_cp_env_forced()))) {
         if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
             return lt_error(ctx, LT_ERR_INVALID_ARG,
                             "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
@@ -513,8 +513,9 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
     if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));
     if (t->cp)
-        LT_INFO("context parallel: rank %d of %d holds %lld of every row's %lld tokens (zig-zag), ring attention",
-                t->rank, t->world, (long long)(t->T / t->world), (long long)t->T);
+        LT_INFO("context parallel: rank %d of %d holds %lld of every row's %lld tokens (zig-zag), %s attention",
+                t->rank, t->world, (long long)(t->T / t->world), (long long)t->T,
+                lt_model_cp_kind(t->m) == LT_CP_ULYSSES ? "Ulysses (all-to-all over heads)" : "ring");
     else if (t->world > 1)
         LT_INFO("data parallel: rank %d of %d trains rows [%lld, %lld) of every micro-batch of %lld", t->rank, t->world,
                 (long long)(t->B * t->rank / t->world), (long long)(t->B * (t->rank + 1) / t->world), (long long)t->B);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `longtune bench scaling` on a tiny random model: world 1 in process and world 2 under mpirun both
-# measured (tokens/s > 0, speedup against world 1), the multi-GPU points reported as not run, and
-# `mpirun -np 2 longtune bench scaling` (started by the user) writes its own one-arm result. Flag
-# errors exit 2. Skips (77) only when mpirun is missing; scripts/setup.sh installs it.
+# measured (tokens/s > 0, speedup against world 1), and `mpirun -np 2 longtune bench scaling`
+# (started by the user) writes its own one-arm result. The several-GPU bench's rank logic (data
+# parallel on 1 and 2 ranks, the longest context on 1 and 2 with context parallel, a context-parallel
+# step) runs on the host under mpirun (--child --device cpu) and reports every arm. Flag errors
+# exit 2; --backend cuda without a GPU says so. Skips (77) only when mpirun is missing; scripts/setup.sh installs it.
 set -u
 bin="$1"
 command -v python3 >/dev/null || { echo "skipped: python3 not found"; exit 77; }
@@ -27,7 +29,7 @@ assert worlds == [1, 2], worlds
 for a in r["arms"]:
     assert a["tokens_per_s"] > 0 and a["median_ms"] > 0 and a["peak_bytes"] > 0, a
     assert "speedup_vs_world1" in a, a
-assert r["gpu_points"].startswith("not run"), r["gpu_points"]
+assert "backend cuda" in r["gpu_points"], r["gpu_points"]
 assert r["arms"][1]["threads_per_rank"] == 1, r["arms"][1]
 m = json.load(open(d + "/scaling-cpu-world2.json"))
 assert [a["world"] for a in m["arms"]] == [2] and m["arms"][0]["tokens_per_s"] > 0, m["arms"]
@@ -35,6 +37,25 @@ print("bench scaling: world 1 %.0f tok/s, world 2 %.0f tok/s (tiny model)" % tup
 PY
 out=$("$bin" bench scaling --worlds 0 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "bad world list" <<<"$out" || { echo "FAIL: --worlds 0 -> rc=$rc: $out"; fail=1; }
-out=$("$bin" bench scaling --backend cuda 2>&1); rc=$?
-[ $rc = 2 ] && grep -q "CPU backend" <<<"$out" || { echo "FAIL: --backend cuda -> rc=$rc: $out"; fail=1; }
+LONGTUNE_BENCH_WEIGHTS="$dir/w" OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+  "$bin" bench scaling --backend cuda --child --device cpu --shape tiny --seq 64 --step 64 --max 4096 --cp-seq 128 \
+  --repeats 1 --warmup 0 > "$dir/gpu-logic" 2> "$dir/gpu-logic.err" \
+  || { echo "FAIL: several-GPU logic on the host: $(tail -5 "$dir/gpu-logic.err")"; fail=1; }
+# (stdout alone: mpirun may cut a long line of one rank's stdout with the other's stderr)
+python3 - "$dir/gpu-logic" <<'PY' || fail=1
+import json, sys
+tag = "LT_SCALING_CUDA "
+lines = [l[len(tag):] for l in open(sys.argv[1]) if l.startswith(tag)]
+assert len(lines) == 1, "want one result line from rank 0, got %d" % len(lines)
+arms = json.loads(lines[0])["arms"]
+names = [a["name"] for a in arms]
+assert names[:4] == ["data parallel, 1 GPU", "data parallel, 2 GPUs", "longest context, 1 GPU",
+                     "longest context, 2 GPUs (Ulysses)"], names
+assert all(a["tokens_per_s"] > 0 for a in arms[:2]), arms[:2]
+assert arms[2]["ceiling_T"] >= 64 and arms[3]["ceiling_T"] >= arms[2]["ceiling_T"], arms[2:4]
+assert any(a["name"].startswith("context 128, 2 GPUs") and a.get("tokens_per_s", 0) > 0 for a in arms), names
+print("several-GPU logic on the host: %s" % ", ".join(names))
+PY
+out=$("$bin" bench scaling --backend cuda --gpus 9 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "bad --gpus" <<<"$out" || { echo "FAIL: --gpus 9 -> rc=$rc: $out"; fail=1; }
 exit $fail

@@ -3,8 +3,9 @@
 # train the same global batches as one process and must give the same loss trajectory (train and
 # validation losses per step) and the same adapter within fp32 tolerance, with LoRA dropout on
 # (ranks draw the masks of their rows' places in the whole batch). Only rank 0 writes. Then context
-# parallel (--context-parallel, ring attention) over 2 and 3 ranks against one process on the same
-# unpacked rows. Skips (77) only when mpirun is missing; scripts/setup.sh installs it, so CI runs this.
+# parallel (--context-parallel) over 2 and 3 ranks against one process on the same unpacked rows:
+# ring attention on a model whose one key/value head cannot be split, Ulysses (all-to-all over
+# heads) on one with six. Skips (77) only when mpirun is missing; scripts/setup.sh installs it, so CI runs this.
 set -u
 bin="$1"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -77,6 +78,22 @@ for np in 2 3; do
     || { echo "FAIL: cp $np: no context-parallel line: $(head -5 "$dir/cp$np.out")"; fail=1; }
   python3 "$here/compare_runs.py" "$dir/cp1" "$dir/cp$np" || fail=1
 done
+# Ulysses: six key/value heads split over 2 and 3 ranks (each rank attends over the whole row for
+# its heads); the ranks' info line names it.
+python3 "$here/tiny_model.py" "$dir/model6" --hidden 48 --heads 6 --kv-heads 6 >/dev/null || { echo "FAIL: tiny model 6"; exit 1; }
+uly=("${cp[@]}")
+uly[1]="$dir/model6"
+"$bin" train "${uly[@]}" --adapter-path "$dir/uly1" > "$dir/uly1.out" 2>&1 \
+  || { echo "FAIL: single-process run (6 heads): $(tail -5 "$dir/uly1.out")"; exit 1; }
+for np in 2 3; do
+  if ! "${mpi[@]}" -np $np "$bin" train "${uly[@]}" --context-parallel --adapter-path "$dir/uly$np" > "$dir/uly$np.out" 2>&1; then
+    echo "FAIL: mpirun -np $np --context-parallel (Ulysses): $(tail -8 "$dir/uly$np.out")"; fail=1; continue
+  fi
+  grep -q "context parallel: rank 0 of $np .*Ulysses" "$dir/uly$np.out" \
+    || { echo "FAIL: uly $np: not Ulysses: $(grep 'context parallel' "$dir/uly$np.out")"; fail=1; }
+  python3 "$here/compare_runs.py" "$dir/uly1" "$dir/uly$np" || fail=1
+done
+grep -q "context parallel: rank 0 of 2 .*ring attention" "$dir/cp2.out" || { echo "FAIL: cp 2: not ring"; fail=1; }
 # --distributed: a bad value is a usage error; nccl needs a CUDA device (a CPU model's gradients
 # are never reduced over it).
 out=$("$bin" train "${cp[@]}" --distributed all --adapter-path "$dir/bad" 2>&1); rc=$?

@@ -2,8 +2,9 @@
 """Writes a tiny random Llama (Hugging Face folder: config.json, model.safetensors in f32, tied
 embeddings) with the bpe-nfc fixture tokenizer (1200 ids, ChatML template) for the CLI reliability
 tests and scripts/long-run.sh. Standard library only; not a model anyone should train for real.
-usage: tiny_model.py OUT_DIR [--vocab V] [--hidden C] [--layers L] [--seed S] [--bf16]
-(--bf16: matrices stored as bf16, as the CUDA loss needs its head; norms stay f32)"""
+usage: tiny_model.py OUT_DIR [--vocab V] [--hidden C] [--layers L] [--heads H] [--kv-heads HKV] [--seed S] [--bf16]
+(--bf16: matrices stored as bf16, as the CUDA loss needs its head; norms stay f32; heads default 2
+and 1; Ulysses context parallel over K ranks needs HKV a multiple of K)"""
 import argparse, json, os, random, shutil, struct
 
 ap = argparse.ArgumentParser()
@@ -11,10 +12,12 @@ ap.add_argument("out")
 ap.add_argument("--vocab", type=int, default=1200)
 ap.add_argument("--hidden", type=int, default=16)
 ap.add_argument("--layers", type=int, default=2)
+ap.add_argument("--heads", type=int, default=2)
+ap.add_argument("--kv-heads", type=int, default=1)
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--bf16", action="store_true")
 a = ap.parse_args()
-V, C, L, H, HKV = a.vocab, a.hidden, a.layers, 2, 1
+V, C, L, H, HKV = a.vocab, a.hidden, a.layers, a.heads, a.kv_heads
 D, F = C // H, 2 * C
 rng = random.Random(a.seed)
 os.makedirs(a.out, exist_ok=True)
