@@ -13,7 +13,7 @@ MODEL=${MODEL:-$CACHE/smollm2-135m-instruct-q4_1.gguf}
 DATA=${DATA:-$CACHE/data/python-faq}
 BIN=${BIN:-build/longtune}
 OUT=${OUT:-bench/results}
-ITERS=${ITERS:-120}
+ITERS=${ITERS:-24}
 mkdir -p "$OUT"
 export LONGTUNE_PROGRESS=plain LONGTUNE_SOURCE_DIR=$PWD
 common=(--model "$MODEL" --data "$DATA" --batch-size 4 --max-seq-length 1024 --lora-rank 8 --lora-alpha 16
@@ -25,8 +25,8 @@ common=(--model "$MODEL" --data "$DATA" --batch-size 4 --max-seq-length 1024 --l
 # The fine-tune on the GPU: all 30 layers, packed rows of 1024 tokens.
 t0=$(date +%s.%N)
 "$BIN" train --device cuda "${common[@]}" --adapter-path "$OUT/real-cuda" --iters "$ITERS" \
-  --learning-rate 1e-3 --lr-schedule cosine --warmup "${WARMUP:-8}" --steps-per-eval 20 --steps-per-report 10 \
-  --save-every 40 > "$OUT/real-cuda.log" 2>&1
+  --learning-rate 1e-3 --lr-schedule cosine --warmup "${WARMUP:-2}" --steps-per-eval 6 --steps-per-report 2 \
+  --save-every 12 > "$OUT/real-cuda.log" 2>&1
 t1=$(date +%s.%N)
 tail -4 "$OUT/real-cuda.log"
 
