@@ -132,33 +132,32 @@ size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world,
 /* The all-to-all over heads. E: bytes of one token's heads on one rank (heads/world · D · es).
  * to_heads: local (Tl, heads, D) -> stage (world, Tl, E) -> head (T, heads/world, D) in
  * whole-sequence order: the two zig-zag chunks of rank i land at chunks i and 2·world-1-i. */
+static void zigzag_pieces(const uly *u, size_t ch, lt_comm_piece *by_rank, lt_comm_piece *by_position) {
+    /* by_rank: the two chunks of every rank in the order the stage holds them; by_position: the same
+     * chunks at their places in the whole sequence (rank j's at j and 2·world-1-j). */
+    for (int j = 0; j < u->world; j++) {
+        by_rank[2 * j] = (lt_comm_piece){j, (size_t)(2 * j) * ch, ch};
+        by_rank[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * j + 1) * ch, ch};
+        by_position[2 * j] = (lt_comm_piece){j, (size_t)j * ch, ch};
+        by_position[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * u->world - 1 - j) * ch, ch};
+    }
+}
+
 static lt_status to_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const void *local, void *stage, void *head,
                           int64_t heads) {
-    const size_t E = (size_t)(heads / u->world * u->D) * u->es, ch = (size_t)u->c * E;
+    const size_t E = (size_t)(heads / u->world * u->D) * u->es, total = (size_t)u->T * E;
     LT_TRY(lt_comm_transpose(ctx, comm, stage, local, u->Tl, u->world, E));
     lt_comm_piece sp[2 * MAX_WORLD], rp[2 * MAX_WORLD];
-    for (int j = 0; j < u->world; j++) {
-        sp[2 * j] = (lt_comm_piece){j, (size_t)(2 * j) * ch, ch};
-        sp[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * j + 1) * ch, ch};
-        rp[2 * j] = (lt_comm_piece){j, (size_t)j * ch, ch};
-        rp[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * u->world - 1 - j) * ch, ch};
-    }
-    size_t total = (size_t)u->T * E;
+    zigzag_pieces(u, (size_t)u->c * E, sp, rp);
     return lt_comm_exchange(ctx, comm, stage, total, sp, 2 * u->world, head, total, rp, 2 * u->world);
 }
 
 /* The reverse: head (T, heads/world, D) -> stage (world, Tl, E) -> local (Tl, heads, D). */
 static lt_status from_heads(lt_ctx *ctx, lt_comm *comm, const uly *u, const void *head, void *stage, void *local,
                             int64_t heads) {
-    const size_t E = (size_t)(heads / u->world * u->D) * u->es, ch = (size_t)u->c * E;
+    const size_t E = (size_t)(heads / u->world * u->D) * u->es, total = (size_t)u->T * E;
     lt_comm_piece sp[2 * MAX_WORLD], rp[2 * MAX_WORLD];
-    for (int j = 0; j < u->world; j++) {
-        sp[2 * j] = (lt_comm_piece){j, (size_t)j * ch, ch};
-        sp[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * u->world - 1 - j) * ch, ch};
-        rp[2 * j] = (lt_comm_piece){j, (size_t)(2 * j) * ch, ch};
-        rp[2 * j + 1] = (lt_comm_piece){j, (size_t)(2 * j + 1) * ch, ch};
-    }
-    size_t total = (size_t)u->T * E;
+    zigzag_pieces(u, (size_t)u->c * E, rp, sp);
     LT_TRY(lt_comm_exchange(ctx, comm, head, total, sp, 2 * u->world, stage, total, rp, 2 * u->world));
     return lt_comm_transpose(ctx, comm, local, stage, u->world, u->Tl, E);
 }
@@ -172,23 +171,36 @@ static lt_status check_ws(lt_ctx *ctx, const carve *w, void *ws, size_t ws_bytes
 
 #define AT(off) ((void *)((uint8_t *)ws + (off)))
 
+/* Shared start of both passes: checks, the workspace's carving, q/k/v exchanged into head layout
+ * (through `stage`, a region the kernel writes only after the exchanges) and the attention call's
+ * q/k/v and workspace set. */
+static lt_status heads_in(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q, const void *k,
+                          const void *v, void *ws, size_t ws_bytes, int threads, int backward, uly *u, carve *w,
+                          lt_attention_args *aa) {
+    LT_TRY(lt_cp_ulysses_check(ctx, comm, p));
+    *u = shape(comm, p);
+    *w = layout(u, p, threads);
+    LT_TRY(check_ws(ctx, w, ws, ws_bytes));
+    void *stage = AT(backward ? w->dqh : w->oh);
+    LT_TRY(to_heads(ctx, comm, u, q, stage, AT(w->qh), u->H));
+    LT_TRY(to_heads(ctx, comm, u, k, stage, AT(w->kh), u->Hkv));
+    LT_TRY(to_heads(ctx, comm, u, v, stage, AT(w->vh), u->Hkv));
+    memset(aa, 0, sizeof *aa);
+    aa->q = AT(w->qh), aa->k = AT(w->kh), aa->v = AT(w->vh), aa->out = AT(w->oh);
+    aa->workspace = w->attn_bytes ? AT(w->attn) : NULL;
+    aa->workspace_size = w->attn_bytes;
+    return LT_OK;
+}
+
 lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
                                 const void *k, const void *v, void *out, float *lse, void *ws, size_t ws_bytes,
                                 int threads) {
-    LT_TRY(lt_cp_ulysses_check(ctx, comm, p));
-    uly u = shape(comm, p);
-    carve w = layout(&u, p, threads);
-    LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    void *stage = AT(w.oh); /* written by the kernel only after the exchanges */
-    LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));
-    LT_TRY(to_heads(ctx, comm, &u, k, stage, AT(w.kh), u.Hkv));
-    LT_TRY(to_heads(ctx, comm, &u, v, stage, AT(w.vh), u.Hkv));
-    lt_attention_params ap = attn(&u, p);
+    uly u;
+    carve w;
     lt_attention_args aa;
-    memset(&aa, 0, sizeof aa);
-    aa.q = AT(w.qh), aa.k = AT(w.kh), aa.v = AT(w.vh), aa.out = AT(w.oh), aa.lse = lse;
-    aa.workspace = w.attn_bytes ? AT(w.attn) : NULL;
-    aa.workspace_size = w.attn_bytes;
+    LT_TRY(heads_in(ctx, comm, p, q, k, v, ws, ws_bytes, threads, 0, &u, &w, &aa));
+    aa.lse = lse;
+    lt_attention_params ap = attn(&u, p);
     LT_TRY(lt_attention_forward(ctx, &ap, &aa));
     return from_heads(ctx, comm, &u, AT(w.oh), AT(w.qh), out, u.H); /* qh is dead now */
 }
@@ -197,25 +209,18 @@ lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attenti
                                  const void *k, const void *v, const void *out, const float *lse,
                                  const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
                                  int threads) {
-    LT_TRY(lt_cp_ulysses_check(ctx, comm, p));
-    uly u = shape(comm, p);
-    carve w = layout(&u, p, threads);
-    LT_TRY(check_ws(ctx, &w, ws, ws_bytes));
-    void *stage = AT(w.dqh); /* written by the kernel only after the exchanges */
+    uly u;
+    carve w;
+    lt_attention_args aa;
     /* The forward's head-layout inputs are not kept (that would double the attention activations):
      * they are exchanged again from the local ones. */
-    LT_TRY(to_heads(ctx, comm, &u, q, stage, AT(w.qh), u.H));
-    LT_TRY(to_heads(ctx, comm, &u, k, stage, AT(w.kh), u.Hkv));
-    LT_TRY(to_heads(ctx, comm, &u, v, stage, AT(w.vh), u.Hkv));
+    LT_TRY(heads_in(ctx, comm, p, q, k, v, ws, ws_bytes, threads, 1, &u, &w, &aa));
+    void *stage = AT(w.dqh);
     LT_TRY(to_heads(ctx, comm, &u, out, stage, AT(w.oh), u.H));
     LT_TRY(to_heads(ctx, comm, &u, dout, stage, AT(w.doh), u.H));
-    lt_attention_params ap = attn(&u, p);
-    lt_attention_args aa;
-    memset(&aa, 0, sizeof aa);
-    aa.q = AT(w.qh), aa.k = AT(w.kh), aa.v = AT(w.vh), aa.out = AT(w.oh), aa.lse = (float *)lse;
+    aa.lse = (float *)lse;
     aa.dout = AT(w.doh), aa.dq = AT(w.dqh), aa.dk = AT(w.dkh), aa.dv = AT(w.dvh);
-    aa.workspace = w.attn_bytes ? AT(w.attn) : NULL;
-    aa.workspace_size = w.attn_bytes;
+    lt_attention_params ap = attn(&u, p);
     LT_TRY(lt_attention_backward(ctx, &ap, &aa));
     stage = AT(w.qh); /* dead once the kernel has run */
     LT_TRY(from_heads(ctx, comm, &u, AT(w.dqh), stage, dq, u.H));
