@@ -2,7 +2,13 @@
  * this one (ops_*.cu, attention_*.cu, lce.cu). Everything is queued on the legacy default stream. */
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+
+static cudaStream_t g_stream; /* null: the legacy default stream */
+
+cudaStream_t lt_cuda_stream(void) { return g_stream; }
+void lt_cuda_set_stream(cudaStream_t s) { g_stream = s; }
 
 static lt_status cuda_status(lt_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return LT_OK;
