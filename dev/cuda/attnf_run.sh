@@ -14,12 +14,12 @@ cli() { # name, T list, timeout, env...
   local n=$1 T=$2 to=$3; shift 3
   t "bench attention $n T=$T"
   mkdir -p "$OUT/cli_$n"
-  env "$@" timeout "$to" $B/longtune bench attention --backend cuda --no-peers --T "$T" --repeats ${REPEATS:-10} \
+  env "$@" timeout "$to" $B/longtune bench attention --backend cuda --no-peers --T "$T" --repeats 10 \
     --out "$OUT/cli_$n" 2>&1 | grep -v "^wrote"
 }
 {
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; cat COMMIT
-cli ws_smoke 8192 6 LONGTUNE_ATTN_FWD=ws REPEATS=3
+cli ws_smoke 8192 6 LONGTUNE_ATTN_FWD=ws
 t test_cuda_attention
 timeout ${TEST_S:-22} $B/test_cuda_attention > "$OUT/test_cuda_attention.log" 2>&1; echo "rc=$?"
 grep -E "seed|fwd |FAILED|PASSED|ERROR|forward" "$OUT/test_cuda_attention.log" | head -60
