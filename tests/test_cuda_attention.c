@@ -483,7 +483,24 @@ static void run_fwd_variants(const acase *c, int64_t S) {
         fprintf(stderr, "  fwd %-7s B=%lld T=%lld D=%lld H=%lld/%lld S=%lld win=%lld cap=%g fused=%d: out err %.3g (tol %.3g), lse err %.3g (tol %.3g)\n",
                 variants[vi][0] ? variants[vi] : "default", (long long)B, (long long)T, (long long)D, (long long)H,
                 (long long)Hkv, (long long)S, (long long)c->window, (double)c->softcap, c->fused, eo, tol[0], el, tol[1]);
-        if (!(eo <= tol[0]) || !(el <= tol[1])) bad++;
+        if (!(eo <= tol[0]) || !(el <= tol[1])) {
+            bad++;
+            /* Where it goes wrong: the worst output element and the worst lse row. */
+            int64_t wi = 0, wl = 0;
+            double we = -1, wle = -1;
+            for (int64_t i = 0; i < nq; i++) {
+                const double d = isfinite(go[i]) ? fabs(go[i] - r[0][i]) : INFINITY;
+                if (d > we) we = d, wi = i;
+            }
+            for (int64_t i = 0; i < nl; i++) {
+                const double d = isfinite(glse[i]) ? fabs(glse[i] - r[1][i]) : INFINITY;
+                if (d > wle) wle = d, wl = i;
+            }
+            fprintf(stderr, "    worst out: b=%lld t=%lld h=%lld d=%lld got %g want %g; worst lse: b=%lld h=%lld t=%lld got %g want %g\n",
+                    (long long)(wi / (T * H * D)), (long long)(wi / (H * D) % T), (long long)(wi / D % H),
+                    (long long)(wi % D), (double)go[wi], r[0][wi], (long long)(wl / (H * T)), (long long)(wl / T % H),
+                    (long long)(wl % T), (double)glse[wl], r[1][wl]);
+        }
     }
     if (saved) setenv("LONGTUNE_ATTN_FWD", saved, 1);
     else unsetenv("LONGTUNE_ATTN_FWD");

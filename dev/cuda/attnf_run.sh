@@ -23,8 +23,8 @@ cli ws_smoke 8192 6 LONGTUNE_ATTN_FWD=ws
 t test_cuda_attention
 timeout ${TEST_S:-22} $B/test_cuda_attention > "$OUT/test_cuda_attention.log" 2>&1; echo "rc=$?"
 grep -E "seed|fwd |FAILED|PASSED|ERROR|forward" "$OUT/test_cuda_attention.log" | head -60
-cli default 8192,32768 8 LONGTUNE_X=0
-cli ws 8192,32768 8 LONGTUNE_ATTN_FWD=ws
+cli default 2048,8192,32768 8 LONGTUNE_X=0
+cli ws 2048,8192,32768 8 LONGTUNE_ATTN_FWD=ws
 cli ws3 8192,32768 8 LONGTUNE_ATTN_FWD=ws3
 t end
 } 2>&1 | tee "$OUT/device.log"
