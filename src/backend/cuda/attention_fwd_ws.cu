@@ -11,6 +11,8 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define WS_LOG2E 1.4426950408889634f
 #define WS_LN2 0.6931471805599453f
@@ -69,7 +71,7 @@ static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float
 /* Grid (H, ceil(T / 128), B), 384 threads: warpgroup 0 produces, 1 and 2 consume. */
 template <int D, int NS>
 static __global__ void __launch_bounds__(384, 1)
-    attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p) {
+    attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p, const int pp) {
 #if LT_WGMMA_OK
     constexpr int BN = 128, NH = D / 64, KS = D / 16;
     constexpr int TQ = 64 * D * 2, TKV = BN * D * 2; /* bytes of one consumer's Q tile, one K or V tile */
@@ -180,14 +182,14 @@ static __global__ void __launch_bounds__(384, 1)
     } while (0)
 
     /* The second consumer lets the first issue first. */
-    if (w == 1) lt_bar_arrive(bar_other, 256);
+    if (pp && w == 1) lt_bar_arrive(bar_other, 256);
     lt_mbar_wait(barQ, 0);
 
     /* Tile 0: scores only. */
     lt_mbar_wait(&fullK[0], 0);
-    lt_bar_sync(bar_mine, 256);
+    if (pp) lt_bar_sync(bar_mine, 256);
     WS_ISSUE_S(0);
-    lt_bar_arrive(bar_other, 256);
+    if (pp) lt_bar_arrive(bar_other, 256);
     lt_wgmma_wait<0>();
     lt_pin_f<64>(s);
     if (lane == 0) lt_mbar_arrive(&emptyK[0]);
@@ -201,11 +203,11 @@ static __global__ void __launch_bounds__(384, 1)
     for (int i = 1; i < ntiles; i++) {
         const int st = i % NS, ph = (i / NS) & 1, sp = (i - 1) % NS, pph = ((i - 1) / NS) & 1;
         lt_mbar_wait(&fullK[st], ph);
-        lt_bar_sync(bar_mine, 256);
+        if (pp) lt_bar_sync(bar_mine, 256);
         WS_ISSUE_S(st);
         lt_mbar_wait(&fullV[sp], pph);
         WS_ISSUE_PV(sp);
-        lt_bar_arrive(bar_other, 256);
+        if (pp) lt_bar_arrive(bar_other, 256);
         lt_wgmma_wait<1>();
         lt_pin_f<64>(s);
         if (lane == 0) lt_mbar_arrive(&emptyK[st]);
@@ -232,10 +234,10 @@ static __global__ void __launch_bounds__(384, 1)
     {
         const int sp = (ntiles - 1) % NS, pph = ((ntiles - 1) / NS) & 1;
         lt_mbar_wait(&fullV[sp], pph);
-        lt_bar_sync(bar_mine, 256);
+        if (pp) lt_bar_sync(bar_mine, 256);
         WS_ISSUE_PV(sp);
         /* The first consumer's last turn hands over; the second's would have no taker. */
-        if (w == 0) lt_bar_arrive(bar_other, 256);
+        if (pp && w == 0) lt_bar_arrive(bar_other, 256);
         lt_wgmma_wait<0>();
         lt_pin_u<32>(&pa[0][0]);
 #pragma unroll
@@ -279,12 +281,13 @@ static __global__ void __launch_bounds__(384, 1)
 #else
     (void)maps;
     (void)p;
+    (void)pp;
     __trap();
 #endif
 }
 
 template <int D, int NS>
-static lt_status ws_launch(lt_ctx *ctx, const lt_attention_params *pp, const lt_attn_dev &d) {
+static lt_status ws_launch(lt_ctx *ctx, const lt_attention_params *pp, const lt_attn_dev &d, int ping) {
     constexpr int TQ = 64 * D * 2, TKV = 128 * D * 2;
     const size_t smem = 1024 + 2 * (size_t)TQ + 2 * (size_t)NS * TKV + (1 + 4 * NS) * 8;
     ws_maps maps;
@@ -298,15 +301,18 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attention_params *pp, const lt_
                                               (int)smem),
                          "attention forward (TMA): shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((T + 127) / 128), (unsigned)B);
-    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, lt_cuda_stream()>>>(maps, d);
+    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, lt_cuda_stream()>>>(maps, d, ping);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward (TMA) kernel launch");
 }
 
 } // namespace
 
 lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attention_params *p, const lt_attn_dev *d, int stages) {
-    if (p->D == 64) return stages == 3 ? ws_launch<64, 3>(ctx, p, *d) : ws_launch<64, 2>(ctx, p, *d);
-    return stages == 3 ? ws_launch<128, 3>(ctx, p, *d) : ws_launch<128, 2>(ctx, p, *d);
+    /* LONGTUNE_ATTN_WS_PP=0: both consumers issue MMAs whenever ready (for measurements). */
+    const char *e = getenv("LONGTUNE_ATTN_WS_PP");
+    const int ping = !(e && !strcmp(e, "0"));
+    if (p->D == 64) return stages == 3 ? ws_launch<64, 3>(ctx, p, *d, ping) : ws_launch<64, 2>(ctx, p, *d, ping);
+    return stages == 3 ? ws_launch<128, 3>(ctx, p, *d, ping) : ws_launch<128, 2>(ctx, p, *d, ping);
 }
 
 int lt_attn_fwd_ws_available(void) { return lt_tmap_encoder() != NULL; }
