@@ -1,8 +1,9 @@
 /* Flash attention forward on NVIDIA GPUs, plus the preparation shared with the backward: per-token
  * key bounds from packed-row offsets and sliding window, the workspace layout and the backward's
- * plan. On compute capability 9.0, D = 64 or 128: one warpgroup per CTA owns 64 query rows, S and
- * O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs): the
- * FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). Both walk only the key
+ * plan. On compute capability 9.0, D = 64 or 128: long rows go to the warp-specialised TMA kernel
+ * of attention_fwd_ws.cu; rows that see few keys to one warpgroup per CTA owning 64 query rows, S
+ * and O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs):
+ * the FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). All walk only the key
  * tiles their rows can see (tile skipping for causal, window and packed rows). */
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/attnf_pipeline.cuh"
@@ -650,15 +651,31 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
 }
 
 
+static int attn_sm_count(void) {
+    static int n = -1;
+    if (n < 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n = 132;
+        (void)cudaGetLastError();
+    }
+    return n;
+}
+
 /* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma with double-buffered K/V
  * tiles (two CTAs per SM), 2 = wgmma with one K/V slot (three CTAs per SM; for rows that see few
  * tiles, where the overlap of CTAs pays more than prefetching), 3 / 4 = the warp-specialised TMA
- * kernel of attention_fwd_ws.cu with 2 / 3 K/V stages. The wgmma kernels need compute capability
- * 9.0 (sm_90a code) and put the query blocks in gridDim.y (at most 65535).
- * LONGTUNE_ATTN_FWD=mma|wg|wg1|ws|ws3 overrides the choice for measurements (dev/cuda/NOTES.md). */
+ * kernel of attention_fwd_ws.cu with 2 / 3 K/V stages (one 128-row CTA per SM). The wgmma kernels
+ * need compute capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (<= 65535).
+ * Default (dev/cuda/NOTES.md, session 4): rows that see few keys (lt_attn_cuda_sparse) take 2;
+ * long rows take 4 when its 128-row blocks fill at least two waves of SMs, else 1.
+ * LONGTUNE_ATTN_FWD=mma|wg|wg1|ws|ws3 overrides the choice for measurements. */
 static int attn_fwd_variant(const lt_attention_params *p) {
     const char *v = getenv("LONGTUNE_ATTN_FWD");
-    int want = lt_attn_cuda_sparse(p) ? 2 : 1;
+    int want = 2;
+    if (!lt_attn_cuda_sparse(p))
+        want = p->B * p->H * ((p->T + 127) / 128) >= 2 * (int64_t)attn_sm_count() ? 4 : 1;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wg1")) want = 2;
