@@ -25,7 +25,8 @@ t "ping-pong off"
 LONGTUNE_ATTN_WS_PP=0 timeout 5 $B/longtune bench attention --backend cuda --no-peers --T 8192 --repeats 10 \
   --packed-T 0 --out "$OUT" 2>&1 | grep -v "^wrote"
 t memcheck
-timeout 12 compute-sanitizer --tool memcheck --print-limit 10 $B/test_cuda_attention > "$OUT/memcheck.log" 2>&1
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+timeout 12 $CS --tool memcheck --print-limit 10 $B/test_cuda_attention > "$OUT/memcheck.log" 2>&1
 echo "rc=$?"; tail -3 "$OUT/memcheck.log"
 t end
 } 2>&1 | tee "$OUT/device.log"
