@@ -668,14 +668,16 @@ static int attn_sm_count(void) {
  * tiles, where the overlap of CTAs pays more than prefetching), 3 / 4 = the warp-specialised TMA
  * kernel of attention_fwd_ws.cu with 2 / 3 K/V stages (one 128-row CTA per SM). The wgmma kernels
  * need compute capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (<= 65535).
- * Default (dev/cuda/NOTES.md, session 4): rows that see few keys (lt_attn_cuda_sparse) take 2;
- * long rows take 4 when its 128-row blocks fill at least two waves of SMs, else 1.
+ * Default (dev/cuda/NOTES.md, session 4, forward-only times per shape on the H200): rows that see
+ * few keys (lt_attn_cuda_sparse) take 2; the others take 4 when its 128-row blocks number at least
+ * 3/4 of the SMs (measured: ahead of 1 from 128 blocks up, T = 512 x 32 heads; behind by 4 % at
+ * 72, T = 1024 x 9 heads), else 1.
  * LONGTUNE_ATTN_FWD=mma|wg|wg1|ws|ws3 overrides the choice for measurements. */
 static int attn_fwd_variant(const lt_attention_params *p) {
     const char *v = getenv("LONGTUNE_ATTN_FWD");
     int want = 2;
     if (!lt_attn_cuda_sparse(p))
-        want = p->B * p->H * ((p->T + 127) / 128) >= 2 * (int64_t)attn_sm_count() ? 4 : 1;
+        want = 4 * p->B * p->H * ((p->T + 127) / 128) >= 3 * (int64_t)attn_sm_count() ? 4 : 1;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wg1")) want = 2;
