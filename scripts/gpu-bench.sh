@@ -57,6 +57,9 @@ for s in $steps; do
     # reached the second of three T=2048 steps without warmup)
     run 150 "train cpu smollm2-135m" env CUDA_VISIBLE_DEVICES= "$BIN" bench train --shape smollm2-135m \
       --seq 512,2048 --repeats 3 --warmup 1 --out "$OUT" ;;
+  attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
+    # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
+    run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
   *) echo "unknown step $s" ;;
   esac
 done
