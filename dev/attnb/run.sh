@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device round for the warp-specialised attention backward (attention_bwd_ws.cu): GPU tests with
-# the new kernel (default where eligible) and with the previous one (LONGTUNE_ATTN_BWD=wg), and the
-# attention bench at T = 8k/32k (D=128 GQA, and the D=64 arm) for both, no peers unless PEERS=1.
-# Expects bin.tar.xz (test_cuda_attention, longtune) next to it; logs under $OUT.
+# the new kernel (default where eligible), its variants (three stages, dQ by atomics) on the ws_*
+# cases, the previous kernel (LONGTUNE_ATTN_BWD=wg), and the attention bench at T = 8k/32k (D=128
+# GQA, and the D=64 arm) for each, no peers; memcheck of the ws cases last. Expects bin.tar.xz
+# (test_cuda_attention, longtune) next to it; logs under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/attnb && tar xJf bin.tar.xz -C /tmp/attnb
@@ -18,7 +19,7 @@ tst() { # name, seconds, env...
   local n=$1 s=$2; shift 2
   t "test_cuda_attention $n"
   env "$@" timeout $s $B/test_cuda_attention > "$OUT/test_attn_$n.log" 2>&1; echo "rc=$?"
-  grep -E "seed|FAILED|PASSED|ERROR|err .*dq|err .*dk|err .*dv" "$OUT/test_attn_$n.log" | tail -40
+  grep -E "seed|FAILED|PASSED|ERROR|err " "$OUT/test_attn_$n.log" | grep -vE " (out|lse) " | tail -40
 }
 cli() { # name, seconds, env...
   local n=$1 s=$2; shift 2
@@ -29,9 +30,15 @@ cli() { # name, seconds, env...
 }
 {
 t info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; cat COMMIT
-tst ws 16 LONGTUNE_X=0
-cli ws 10 LONGTUNE_X=0
-cli wg 10 LONGTUNE_ATTN_BWD=wg
-tst wg 14 LONGTUNE_ATTN_BWD=wg
+tst ws 12 LONGTUNE_X=0
+cli ws 8 LONGTUNE_X=0
+cli wg 8 LONGTUNE_ATTN_BWD=wg
+cli ws3 6 LONGTUNE_ATTN_WS_STAGES=3
+cli wsa 6 LONGTUNE_ATTN_WS_DQ=atomic
+tst ws3 6 LT_TEST_FILTER='ws_*' LONGTUNE_ATTN_WS_STAGES=3
+tst wsa 6 LT_TEST_FILTER='ws_*' LONGTUNE_ATTN_WS_DQ=atomic
+tst wg 8 LONGTUNE_ATTN_BWD=wg
+t memcheck
+LT_TEST_FILTER='ws_causal*' timeout 8 compute-sanitizer --tool memcheck --print-limit 10 $B/test_cuda_attention 2>&1 | tail -15
 t end
 } 2>&1 | tee "$OUT/run.log"

@@ -52,7 +52,7 @@ template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, in
     *(uint32_t *)(dst + 8 * p.dq_st) = lt_pack_bf16(v.z * p.scale, v.w * p.scale);
 }
 
-template <int D, int ST>
+template <int D, int ST, bool DQA>
 static __global__ void __launch_bounds__(384, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
@@ -112,7 +112,7 @@ static __global__ void __launch_bounds__(384, 1)
                 lt_bulk_load(sDl + st * BM, p.delta + r, BM * 4, &q_full[st]);
                 if (++st == ST) st = 0, ph ^= 1;
             }
-        } else if (warp == 1 && lane == 0) {
+        } else if (warp == 1 && lane == 0 && !DQA) {
             for (int step = 0; step < steps; step++) {
                 const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
                 lt_mbar_wait(dq_full, step & 1);
@@ -277,6 +277,18 @@ static __global__ void __launch_bounds__(384, 1)
             }
         /* Q, dO, lse and delta of this stage are read: hand the stage back to the producer. */
         lt_mbar_arrive(&q_empty[st]);
+        if (DQA) {
+            /* Variant: 16-byte fp32 atomics straight from the registers (same tile order). */
+            if (dq_mine) {
+                const int h = hk * p.group + step / nqb;
+                float4 *gq = (float4 *)(p.dq_acc + (((int64_t)b * p.H + h) * T + q0) * D) + (g * 8) * 128 + ct;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    atomicAdd(gq + j * 128, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+            }
+            if (++st == ST) st = 0, ph ^= 1;
+            continue;
+        }
         lt_mbar_wait(dq_empty, (step & 1) ^ 1);
         if (dq_mine) {
             float4 *dst = (float4 *)sDQ + (g * 8) * 128 + ct;
@@ -320,7 +332,7 @@ int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan
     return 1;
 }
 
-template <int D, int ST> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, int ST, bool DQA> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     CUtensorMap mq, mo, mk, mv;
     LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
@@ -328,20 +340,26 @@ template <int D, int ST> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_d
     LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
     const int smem = ws_plan<D, ST>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, ST, DQA>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, ST><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, ST, DQA><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
     attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
 }
 
-/* Stages of the Q/dO ring: 2, or 3 (LONGTUNE_ATTN_WS_STAGES=3; D = 128 then fills 226 KiB). */
+/* Measurement variants: LONGTUNE_ATTN_WS_STAGES=3 (a three-stage Q/dO ring; D = 128 then fills
+ * 226 KiB) and LONGTUNE_ATTN_WS_DQ=atomic (dQ by fp32 vector atomics from the consumers instead
+ * of the bulk reduction). */
+template <int D> static lt_status ws_pick(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    const char *e = getenv("LONGTUNE_ATTN_WS_STAGES"), *q = getenv("LONGTUNE_ATTN_WS_DQ");
+    const int three = e && !strcmp(e, "3"), atomic = q && !strcmp(q, "atomic");
+    if (atomic) return three ? ws_launch<D, 3, true>(ctx, d, B) : ws_launch<D, 2, true>(ctx, d, B);
+    return three ? ws_launch<D, 3, false>(ctx, d, B) : ws_launch<D, 2, false>(ctx, d, B);
+}
+
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
-    const char *e = getenv("LONGTUNE_ATTN_WS_STAGES");
-    const int three = e && !strcmp(e, "3");
-    if (D == 64) return three ? ws_launch<64, 3>(ctx, d, B) : ws_launch<64, 2>(ctx, d, B);
-    return three ? ws_launch<128, 3>(ctx, d, B) : ws_launch<128, 2>(ctx, d, B);
+    return D == 64 ? ws_pick<64>(ctx, d, B) : ws_pick<128>(ctx, d, B);
 }
