@@ -39,6 +39,7 @@ tst ws3 6 LT_TEST_FILTER='ws_*' LONGTUNE_ATTN_WS_STAGES=3
 tst wsa 6 LT_TEST_FILTER='ws_*' LONGTUNE_ATTN_WS_DQ=atomic
 tst wg 8 LONGTUNE_ATTN_BWD=wg
 t memcheck
-LT_TEST_FILTER='ws_causal*' timeout 8 compute-sanitizer --tool memcheck --print-limit 10 $B/test_cuda_attention 2>&1 | tail -15
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+LT_TEST_FILTER='ws_causal*' timeout 8 $CS --tool memcheck --print-limit 10 $B/test_cuda_attention 2>&1 | tail -15
 t end
 } 2>&1 | tee "$OUT/run.log"
