@@ -52,7 +52,38 @@ template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, in
     *(uint32_t *)(dst + 8 * p.dq_st) = lt_pack_bf16(v.z * p.scale, v.w * p.scale);
 }
 
-template <int D, int ST, bool DQA>
+/* acc[n] += A·B[:, 64n..] for the four 16-key fragments of A in registers and B MN-major (64
+ * query rows, column block n at n·64·128 bytes): dV += Pᵀ·dO and dK += dSᵀ·Q, issued and
+ * committed as one group, not waited for. */
+template <int NH>
+static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_t (&a)[4][4], uint32_t b_addr) {
+#pragma unroll
+    for (int n = 0; n < NH; n++) lt_wgmma_pin(acc[n]);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) lt_wgmma_pin_u(a[kk]);
+    lt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc(b_addr + n * (64 * 128) + kk * 2048), 1);
+    lt_wgmma_commit();
+}
+
+/* dSᵀ (fp32 accumulator layout, keys = rows) to bf16 A fragments and into the shared dSᵀ tile
+ * (128 keys x 64 queries, swizzled) that dQ = dS·K reads. */
+static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const float (&dp)[32], unsigned char *cDS,
+                                                   int krow, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int qc = 8 * j + 2 * (lane & 3);
+        da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
+        da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
+        *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, 128)) = da[j >> 1][(j & 1) * 2];
+        *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, 128)) = da[j >> 1][(j & 1) * 2 + 1];
+    }
+}
+
+template <int D, int ST, bool DQA, bool EDV, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
@@ -167,7 +198,8 @@ static __global__ void __launch_bounds__(384, 1)
                                   lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
             const bool full = kw0 + 63 <= q0;
-            if (cap > 0.0f) {
+            if (CAP || !EDV) {
+                /* Softcap needs S and dPᵀ at once (dS takes tanh' of the score): wait for both. */
                 lt_wgmma_wait<0>();
                 lt_wgmma_pin(s);
                 lt_wgmma_pin(dp);
@@ -178,14 +210,30 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                        float pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
+                        float pr, dfac = 1.0f;
+                        if (CAP) {
+                            const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                            dfac = 1.0f - th * th;
+                            pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
+                        } else {
+                            pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
+                        }
                         if (!full && key > q) pr = 0.0f;
-                        dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * (1.0f - th * th);
+                        dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
                         s[4 * j + e] = pr;
                     }
                 }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+                    pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+                }
+                ws_store_ds(da, dp, cDS, krow, lane);
+                ws_issue_rs<NH>(dv, pa, aO);
+                ws_issue_rs<NH>(dk, da, aQ);
             } else {
+                /* P as soon as S lands, and dV += Pᵀ·dO issued before dPᵀ is waited for, so the
+                 * tensor cores run dV while dS is formed. */
                 lt_wgmma_wait<1>();
                 lt_wgmma_pin(s);
 #pragma unroll
@@ -200,48 +248,30 @@ static __global__ void __launch_bounds__(384, 1)
                         s[4 * j + e] = pr;
                     }
                 }
-                lt_wgmma_wait<0>();
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+                    pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+                }
+                ws_issue_rs<NH>(dv, pa, aO);
+                lt_wgmma_wait<1>();
                 lt_wgmma_pin(dp);
+                /* dS from P as rounded to bf16 (the fp32 scores would keep 32 more registers live
+                 * across the wait and make ptxas serialise the MMAs). */
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     const float2 Dl = *(const float2 *)(cD + 8 * j + 2 * (lane & 3));
-#pragma unroll
-                    for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x));
+                    const uint32_t u0 = pa[j >> 1][(j & 1) * 2], u1 = pa[j >> 1][(j & 1) * 2 + 1];
+                    const float2 p0 = __bfloat1622float2(*(const __nv_bfloat162 *)&u0);
+                    const float2 p1 = __bfloat1622float2(*(const __nv_bfloat162 *)&u1);
+                    dp[4 * j] = p0.x * (dp[4 * j] - Dl.x);
+                    dp[4 * j + 1] = p0.y * (dp[4 * j + 1] - Dl.y);
+                    dp[4 * j + 2] = p1.x * (dp[4 * j + 2] - Dl.x);
+                    dp[4 * j + 3] = p1.y * (dp[4 * j + 3] - Dl.y);
                 }
+                ws_store_ds(da, dp, cDS, krow, lane);
+                ws_issue_rs<NH>(dk, da, aQ);
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int qc = 8 * j + 2 * (lane & 3);
-                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
-                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
-                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-                *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = da[j >> 1][(j & 1) * 2];
-                *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = da[j >> 1][(j & 1) * 2 + 1];
-            }
-            /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
-#pragma unroll
-            for (int n = 0; n < NH; n++) {
-                lt_wgmma_pin(dv[n]);
-                lt_wgmma_pin(dk[n]);
-            }
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                lt_wgmma_pin_u(pa[kk]);
-                lt_wgmma_pin_u(da[kk]);
-            }
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int n = 0; n < NH; n++)
-                    lt_wgmma_rs<1>(dv[n], pa[kk], lt_wgmma_desc(aO + n * (BM * 128) + kk * 2048), 1);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int n = 0; n < NH; n++)
-                    lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
-            lt_wgmma_commit();
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -332,7 +362,7 @@ int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan
     return 1;
 }
 
-template <int D, int ST, bool DQA> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, int ST, bool DQA, bool EDV, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     CUtensorMap mq, mo, mk, mv;
     LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
@@ -340,14 +370,21 @@ template <int D, int ST, bool DQA> static lt_status ws_launch(lt_ctx *ctx, const
     LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
     const int smem = ws_plan<D, ST>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, ST, DQA>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, ST, DQA, EDV, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, ST, DQA><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, ST, DQA, EDV, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
     attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
+}
+
+/* Softcap is a template parameter: a run-time branch around the early dV issue made ptxas
+ * serialise the MMAs for want of registers. */
+template <int D, int ST, bool DQA, bool EDV> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    return d.softcap > 0.0f ? ws_launch_one<D, ST, DQA, EDV, true>(ctx, d, B)
+                            : ws_launch_one<D, ST, DQA, EDV, false>(ctx, d, B);
 }
 
 /* Measurement variants: LONGTUNE_ATTN_WS_STAGES=3 (a three-stage Q/dO ring; D = 128 then fills
@@ -356,8 +393,10 @@ template <int D, int ST, bool DQA> static lt_status ws_launch(lt_ctx *ctx, const
 template <int D> static lt_status ws_pick(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     const char *e = getenv("LONGTUNE_ATTN_WS_STAGES"), *q = getenv("LONGTUNE_ATTN_WS_DQ");
     const int three = e && !strcmp(e, "3"), atomic = q && !strcmp(q, "atomic");
-    if (atomic) return three ? ws_launch<D, 3, true>(ctx, d, B) : ws_launch<D, 2, true>(ctx, d, B);
-    return three ? ws_launch<D, 3, false>(ctx, d, B) : ws_launch<D, 2, false>(ctx, d, B);
+    const char *o = getenv("LONGTUNE_ATTN_WS_ORDER");
+    if (o && !strcmp(o, "late")) return ws_launch<D, 2, false, false>(ctx, d, B);
+    if (atomic) return three ? ws_launch<D, 3, true, true>(ctx, d, B) : ws_launch<D, 2, true, true>(ctx, d, B);
+    return three ? ws_launch<D, 3, false, true>(ctx, d, B) : ws_launch<D, 2, false, true>(ctx, d, B);
 }
 
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
