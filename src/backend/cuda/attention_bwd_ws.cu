@@ -19,6 +19,7 @@
  * (64 queries), two dSᵀ buffers (so one named barrier per step suffices: a warpgroup writes dSᵀ of
  * step s only after both passed step s-1's barrier, which follows their dQ reads of step s-2), one
  * fp32 dQ tile, two stages of lse and delta, then the barriers. */
+/* ST stages of Q/dO: a third stage measured no faster (R1: 41.2 against 41.1 ms at 32k). */
 template <int D, int ST> struct ws_plan {
     static constexpr int BN = 128, BM = 64;
     static constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2, TILE_DS = BN * BM * 2, TILE_DQ = BM * D * 4;
@@ -83,12 +84,13 @@ static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const f
     }
 }
 
-template <int D, int ST, bool DQA, bool EDV, bool CAP>
+template <int D, bool EDV, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
                        const lt_attn_dev p) {
 #if LT_WGMMA_OK
+    constexpr int ST = 2;
     typedef ws_plan<D, ST> P;
     constexpr int BN = P::BN, BM = P::BM, KS = D / 16, NH = D / 64;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -143,7 +145,7 @@ static __global__ void __launch_bounds__(384, 1)
                 lt_bulk_load(sDl + st * BM, p.delta + r, BM * 4, &q_full[st]);
                 if (++st == ST) st = 0, ph ^= 1;
             }
-        } else if (warp == 1 && lane == 0 && !DQA) {
+        } else if (warp == 1 && lane == 0) {
             for (int step = 0; step < steps; step++) {
                 const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
                 lt_mbar_wait(dq_full, step & 1);
@@ -307,18 +309,6 @@ static __global__ void __launch_bounds__(384, 1)
             }
         /* Q, dO, lse and delta of this stage are read: hand the stage back to the producer. */
         lt_mbar_arrive(&q_empty[st]);
-        if (DQA) {
-            /* Variant: 16-byte fp32 atomics straight from the registers (same tile order). */
-            if (dq_mine) {
-                const int h = hk * p.group + step / nqb;
-                float4 *gq = (float4 *)(p.dq_acc + (((int64_t)b * p.H + h) * T + q0) * D) + (g * 8) * 128 + ct;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    atomicAdd(gq + j * 128, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-            }
-            if (++st == ST) st = 0, ph ^= 1;
-            continue;
-        }
         lt_mbar_wait(dq_empty, (step & 1) ^ 1);
         if (dq_mine) {
             float4 *dst = (float4 *)sDQ + (g * 8) * 128 + ct;
@@ -362,18 +352,18 @@ int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan
     return 1;
 }
 
-template <int D, int ST, bool DQA, bool EDV, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool EDV, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     CUtensorMap mq, mo, mk, mv;
     LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, &mk, d.k, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
     LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
-    const int smem = ws_plan<D, ST>::BYTES;
+    const int smem = ws_plan<D, 2>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, ST, DQA, EDV, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, EDV, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, ST, DQA, EDV, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, EDV, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
     attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
@@ -382,21 +372,15 @@ template <int D, int ST, bool DQA, bool EDV, bool CAP> static lt_status ws_launc
 
 /* Softcap is a template parameter: a run-time branch around the early dV issue made ptxas
  * serialise the MMAs for want of registers. */
-template <int D, int ST, bool DQA, bool EDV> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    return d.softcap > 0.0f ? ws_launch_one<D, ST, DQA, EDV, true>(ctx, d, B)
-                            : ws_launch_one<D, ST, DQA, EDV, false>(ctx, d, B);
+template <int D, bool EDV> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    return d.softcap > 0.0f ? ws_launch_one<D, EDV, true>(ctx, d, B) : ws_launch_one<D, EDV, false>(ctx, d, B);
 }
 
-/* Measurement variants: LONGTUNE_ATTN_WS_STAGES=3 (a three-stage Q/dO ring; D = 128 then fills
- * 226 KiB) and LONGTUNE_ATTN_WS_DQ=atomic (dQ by fp32 vector atomics from the consumers instead
- * of the bulk reduction). */
+/* LONGTUNE_ATTN_WS_ORDER=late (a measurement knob): dV issued after dS is formed, as the wgmma
+ * kernel of attention_bwd.cu does. */
 template <int D> static lt_status ws_pick(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    const char *e = getenv("LONGTUNE_ATTN_WS_STAGES"), *q = getenv("LONGTUNE_ATTN_WS_DQ");
-    const int three = e && !strcmp(e, "3"), atomic = q && !strcmp(q, "atomic");
     const char *o = getenv("LONGTUNE_ATTN_WS_ORDER");
-    if (o && !strcmp(o, "late")) return ws_launch<D, 2, false, false>(ctx, d, B);
-    if (atomic) return three ? ws_launch<D, 3, true, true>(ctx, d, B) : ws_launch<D, 2, true, true>(ctx, d, B);
-    return three ? ws_launch<D, 3, false, true>(ctx, d, B) : ws_launch<D, 2, false, true>(ctx, d, B);
+    return o && !strcmp(o, "late") ? ws_launch<D, false>(ctx, d, B) : ws_launch<D, true>(ctx, d, B);
 }
 
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
