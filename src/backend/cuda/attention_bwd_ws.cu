@@ -344,8 +344,12 @@ static __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/* Rows from this length on take the kernel even where the plan splits heads over CTAs (the split
+ * plan's fp32 dK/dV sums then go unused). */
+#define WS_MIN_T_SPLIT (1 << 30)
+
 int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
-    if (!pl->wg || pl->dq_sep || pl->split != 1) return 0;
+    if (!pl->wg || pl->dq_sep || (pl->split != 1 && p->T < WS_MIN_T_SPLIT)) return 0;
     if (p->D != 64 && p->D != 128) return 0;
     if (p->seq_offsets || p->window > 0 || p->T % 64 != 0 || p->T < 128) return 0;
     if ((uintptr_t)lse % 16) return 0;
