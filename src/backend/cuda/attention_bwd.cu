@@ -5,10 +5,10 @@
  * keys, with dK and dV in registers; and dQ either by fp32 vector atomics into a buffer converted
  * afterwards (long causal rows) or by its own kernel that recomputes S and dP per query tile,
  * forms delta on the way and writes dQ once (packed rows, small windows). Long causal rows without
- * packing or window (one CTA per kv head, T a multiple of 64) take the warp-specialised kernel of
- * attention_bwd_ws.cu instead of the main kernel here (TMA producer, mbarrier ring, bulk dQ adds;
- * 1.6x this file's kernel at 8k and 32k). Elsewhere (D = 96, other GPUs): the FlashAttention-2
- * mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized by
+ * packing or window (T a multiple of 64, one CTA per kv head) take the warp-specialised kernel
+ * of attention_bwd_ws.cu instead of the main kernel here (TMA producer, mbarrier ring, bulk dQ
+ * adds; 1.6x this file's kernel at 8k and 32k). Elsewhere (D = 96, other GPUs): the
+ * FlashAttention-2 mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized by
  * lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention_bwd_ws.h"
 #include "backend/cuda/attention_cuda.h"
@@ -876,7 +876,7 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
             w += lt_cuda_align(acc_bytes);
             st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes, lt_cuda_stream()), "attention backward: memset");
         }
-        if (st == LT_OK && pl.split > 1 && !use_ws) {
+        if (st == LT_OK && pl.split > 1) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
             d.nsplit = pl.split;
             d.dkv_acc = (float *)w;

@@ -5,8 +5,8 @@
  * mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
  * accumulator with one bulk reduction; two consumer warpgroups (64 keys each, registers raised by
  * setmaxnreg) compute Sᵀ, dPᵀ, dV, dK and dQ with wgmma. Only rows without packing or window,
- * T a multiple of 64, one CTA per kv head (no split): the launcher in attention_bwd.cu decides,
- * and keeps the other kernels for everything else. */
+ * T a multiple of 64, one CTA per kv head (no split; lt_attn_bwd_ws_eligible): the launcher in
+ * attention_bwd.cu keeps the other kernels for everything else. */
 #include "backend/cuda/attention_bwd_ws.h"
 #include "backend/cuda/pipeline_bwd.cuh"
 
@@ -84,7 +84,7 @@ static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const f
     }
 }
 
-template <int D, bool EDV, bool CAP>
+template <int D, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
@@ -200,80 +200,40 @@ static __global__ void __launch_bounds__(384, 1)
                                   lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
             lt_wgmma_commit();
             const bool full = kw0 + 63 <= q0;
-            if (CAP || !EDV) {
-                /* Softcap needs S and dPᵀ at once (dS takes tanh' of the score): wait for both. */
-                lt_wgmma_wait<0>();
-                lt_wgmma_pin(s);
-                lt_wgmma_pin(dp);
+            /* S and dPᵀ at once (softcap's dS takes tanh' of the score), P and dS, then dV and dK as
+             * two groups. Issuing dV before dPᵀ is waited for (dS from the bf16 P) measured 2-5%
+             * slower (R2: 2.69 against 2.64 ms at 8k, 42.8 against 41.8 at 32k). */
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
+            lt_wgmma_pin(dp);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int qc = 8 * j + 2 * (lane & 3);
-                    const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                        float pr, dfac = 1.0f;
-                        if (CAP) {
-                            const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                            dfac = 1.0f - th * th;
-                            pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
-                        } else {
-                            pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
-                        }
-                        if (!full && key > q) pr = 0.0f;
-                        dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
-                        s[4 * j + e] = pr;
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                    float pr, dfac = 1.0f;
+                    if (CAP) {
+                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                        dfac = 1.0f - th * th;
+                        pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
+                    } else {
+                        pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
                     }
+                    if (!full && key > q) pr = 0.0f;
+                    dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
+                    s[4 * j + e] = pr;
                 }
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
-                    pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-                }
-                ws_store_ds(da, dp, cDS, krow, lane);
-                ws_issue_rs<NH>(dv, pa, aO);
-                ws_issue_rs<NH>(dk, da, aQ);
-            } else {
-                /* P as soon as S lands, and dV += Pᵀ·dO issued before dPᵀ is waited for, so the
-                 * tensor cores run dV while dS is formed. */
-                lt_wgmma_wait<1>();
-                lt_wgmma_pin(s);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int qc = 8 * j + 2 * (lane & 3);
-                    const float2 L = *(const float2 *)(cL + qc);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                        float pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
-                        if (!full && key > q) pr = 0.0f;
-                        s[4 * j + e] = pr;
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
-                    pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-                }
-                ws_issue_rs<NH>(dv, pa, aO);
-                lt_wgmma_wait<1>();
-                lt_wgmma_pin(dp);
-                /* dS from P as rounded to bf16 (the fp32 scores would keep 32 more registers live
-                 * across the wait and make ptxas serialise the MMAs). */
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float2 Dl = *(const float2 *)(cD + 8 * j + 2 * (lane & 3));
-                    const uint32_t u0 = pa[j >> 1][(j & 1) * 2], u1 = pa[j >> 1][(j & 1) * 2 + 1];
-                    const float2 p0 = __bfloat1622float2(*(const __nv_bfloat162 *)&u0);
-                    const float2 p1 = __bfloat1622float2(*(const __nv_bfloat162 *)&u1);
-                    dp[4 * j] = p0.x * (dp[4 * j] - Dl.x);
-                    dp[4 * j + 1] = p0.y * (dp[4 * j + 1] - Dl.y);
-                    dp[4 * j + 2] = p1.x * (dp[4 * j + 2] - Dl.x);
-                    dp[4 * j + 3] = p1.y * (dp[4 * j + 3] - Dl.y);
-                }
-                ws_store_ds(da, dp, cDS, krow, lane);
-                ws_issue_rs<NH>(dk, da, aQ);
             }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+            }
+            ws_store_ds(da, dp, cDS, krow, lane);
+            ws_issue_rs<NH>(dv, pa, aO);
+            ws_issue_rs<NH>(dk, da, aQ);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -344,19 +304,19 @@ static __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Rows from this length on take the kernel even where the plan splits heads over CTAs (the split
- * plan's fp32 dK/dV sums then go unused). */
-#define WS_MIN_T_SPLIT (1 << 30)
-
+/* One CTA per kv head only (the plan's split == 1). Measured, not yet taken: where the plan splits
+ * the heads of short rows, this kernel with one CTA per kv head was faster at >= 128 CTAs (R2, H=32/8,
+ * D=128, LONGTUNE_ATTN_SPLIT=1: T=4096 0.763 ms against 1.219 with the split, T=2048 0.383 against
+ * 0.390); that selection was not run on the device and is left for a session with device time. */
 int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
-    if (!pl->wg || pl->dq_sep || (pl->split != 1 && p->T < WS_MIN_T_SPLIT)) return 0;
+    if (!pl->wg || pl->dq_sep || pl->split != 1) return 0;
     if (p->D != 64 && p->D != 128) return 0;
     if (p->seq_offsets || p->window > 0 || p->T % 64 != 0 || p->T < 128) return 0;
     if ((uintptr_t)lse % 16) return 0;
     return 1;
 }
 
-template <int D, bool EDV, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
     CUtensorMap mq, mo, mk, mv;
     LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
@@ -364,29 +324,21 @@ template <int D, bool EDV, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx,
     LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
     const int smem = ws_plan<D, 2>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, EDV, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, EDV, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
     attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
 }
 
-/* Softcap is a template parameter: a run-time branch around the early dV issue made ptxas
- * serialise the MMAs for want of registers. */
-template <int D, bool EDV> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    return d.softcap > 0.0f ? ws_launch_one<D, EDV, true>(ctx, d, B) : ws_launch_one<D, EDV, false>(ctx, d, B);
-}
-
-/* LONGTUNE_ATTN_WS_ORDER=late (a measurement knob): dV issued after dS is formed, as the wgmma
- * kernel of attention_bwd.cu does. */
-template <int D> static lt_status ws_pick(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    const char *o = getenv("LONGTUNE_ATTN_WS_ORDER");
-    return o && !strcmp(o, "late") ? ws_launch<D, false>(ctx, d, B) : ws_launch<D, true>(ctx, d, B);
+/* Softcap is a template parameter (the tanh and its derivative stay out of the common kernel). */
+template <int D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    return d.softcap > 0.0f ? ws_launch_one<D, true>(ctx, d, B) : ws_launch_one<D, false>(ctx, d, B);
 }
 
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
-    return D == 64 ? ws_pick<64>(ctx, d, B) : ws_pick<128>(ctx, d, B);
+    return D == 64 ? ws_launch<64>(ctx, d, B) : ws_launch<128>(ctx, d, B);
 }
