@@ -363,7 +363,7 @@ static void causal_long_d128(void **s) {
  * reduction) takes causal rows without packing or window, T a multiple of 64, one CTA per kv head.
  * These rows are short, so the plan would split the heads over CTAs: LONGTUNE_ATTN_SPLIT=1 keeps
  * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
- * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over eight kv
+ * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
  * heads, and a fused qkv layout (tensor-map strides other than the contiguous ones).
  * LONGTUNE_ATTN_BWD=wg runs the same cases on the previous kernel. */
 static void run_unsplit(const acase *c) {
@@ -394,7 +394,7 @@ static void ws_fused_layout_softcap_d128(void **s) {
 
 static void ws_gqa_d64(void **s) {
     (void)s;
-    acase c = {2, 1024, 16, 8, 64, 0, 0, 0, 0, 0};
+    acase c = {2, 640, 8, 4, 64, 0, 0, 0, 0, 0};
     run_unsplit(&c);
 }
 

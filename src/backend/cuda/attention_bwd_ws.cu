@@ -53,6 +53,7 @@ template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, in
     *(uint32_t *)(dst + 8 * p.dq_st) = lt_pack_bf16(v.z * p.scale, v.w * p.scale);
 }
 
+#if LT_WGMMA_OK /* the helpers only the sm_90a kernel body uses */
 /* acc[n] += A·B[:, 64n..] for the four 16-key fragments of A in registers and B MN-major (64
  * query rows, column block n at n·64·128 bytes): dV += Pᵀ·dO and dK += dSᵀ·Q, issued and
  * committed as one group, not waited for. */
@@ -83,6 +84,7 @@ static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const f
         *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, 128)) = da[j >> 1][(j & 1) * 2 + 1];
     }
 }
+#endif
 
 template <int D, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
