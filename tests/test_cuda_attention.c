@@ -544,6 +544,45 @@ static void causal_long_d128(void **s) {
     run_case(&c);
 }
 
+/* The warp-specialised backward (attention_bwd_ws.cu: TMA producer, mbarrier ring, bulk dQ
+ * reduction) takes causal rows without packing or window, T a multiple of 64, one CTA per kv head.
+ * These rows are short, so the plan would split the heads over CTAs: LONGTUNE_ATTN_SPLIT=1 keeps
+ * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
+ * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
+ * heads, and a fused qkv layout (tensor-map strides other than the contiguous ones).
+ * LONGTUNE_ATTN_BWD=wg runs the same cases on the previous kernel. */
+static void run_unsplit(const acase *c) {
+    setenv("LONGTUNE_ATTN_SPLIT", "1", 1);
+    run_case(c);
+    unsetenv("LONGTUNE_ATTN_SPLIT");
+}
+static void ws_causal_gqa_d128(void **s) {
+    (void)s;
+    acase c = {2, 512, 8, 2, 128, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_long_gqa_d128(void **s) {
+    (void)s;
+    acase c = {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_softcap_d64(void **s) {
+    (void)s;
+    acase c = {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_fused_layout_softcap_d128(void **s) {
+    (void)s;
+    acase c = {2, 320, 4, 2, 128, 0, 20.0f, 0, 1, 0};
+    run_unsplit(&c);
+}
+
+static void ws_gqa_d64(void **s) {
+    (void)s;
+    acase c = {2, 640, 8, 4, 64, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+
 static void unsupported_requests_are_named(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
@@ -572,8 +611,17 @@ int main(void) {
         cmocka_unit_test(packed_window_fused_layout_d128),
         cmocka_unit_test(window_softcap_d128),
         cmocka_unit_test(causal_long_d128),
+        cmocka_unit_test(ws_causal_gqa_d128),
+        cmocka_unit_test(ws_long_gqa_d128),
+        cmocka_unit_test(ws_softcap_d64),
+        cmocka_unit_test(ws_fused_layout_softcap_d128),
+        cmocka_unit_test(ws_gqa_d64),
         cmocka_unit_test(unsupported_requests_are_named),
     };
+    /* LT_TEST_FILTER=pattern runs the matching cases only (device rounds run variants of the
+     * backward on the ws_* cases alone). */
+    const char *filter = getenv("LT_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else
