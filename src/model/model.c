@@ -15,6 +15,18 @@
 
 /* ---- run memory ---- */
 
+/* Whole pages: host_register pins page ranges, and two ranges on one page cannot both be pinned. */
+#define STAGE_PAGE ((size_t)4096)
+
+void lt_model_free_inputs(lt_ctx *ctx, lt_model *m) {
+    if (!m->host_inputs_block) return;
+    if (m->be->host_register)
+        (void)m->be->host_register(ctx, m->host_inputs, (m->lay.in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1), 0);
+    lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
+    m->host_inputs_block = m->host_inputs = NULL;
+    m->host_inputs_bytes = 0;
+}
+
 static void free_run(lt_ctx *ctx, lt_model *m) {
     for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
@@ -24,11 +36,7 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
     if (m->cp_ws) lt_free(ctx, m->opt.device, m->cp_ws, m->cp_ws_bytes);
     m->cp_ws = NULL;
     m->cp_ws_bytes = 0;
-    if (m->host_inputs) {
-        if (m->be->host_register) (void)m->be->host_register(ctx, m->host_inputs, m->lay.in_bytes, 0);
-        lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
-    }
-    m->host_inputs = NULL;
+    lt_model_free_inputs(ctx, m);
     m->lay.in_bytes = 0;
     m->prepared = 0;
 }
@@ -76,14 +84,18 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
         m->block_bytes[c] = lay.class_bytes[c];
     }
     if (lay.in_bytes) {
-        m->host_inputs = lt_calloc(ctx, LT_DEVICE_CPU, lay.in_bytes, "model input staging");
         /* Pinned, so the step's one upload is queued (and, in a captured step, replayed) rather
          * than staged by the driver. */
-        lt_status s = m->host_inputs ? LT_OK : lt_ctx_status(ctx);
-        if (s == LT_OK && m->be->host_register &&
-            (s = m->be->host_register(ctx, m->host_inputs, lay.in_bytes, 1)) != LT_OK) {
-            lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, lay.in_bytes);
-            m->host_inputs = NULL;
+        size_t pages = (lay.in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1);
+        m->host_inputs_bytes = pages + STAGE_PAGE;
+        m->host_inputs_block = lt_calloc(ctx, LT_DEVICE_CPU, m->host_inputs_bytes, "model input staging");
+        lt_status s = m->host_inputs_block ? LT_OK : lt_ctx_status(ctx);
+        if (s == LT_OK) {
+            m->host_inputs = (uint8_t *)(((uintptr_t)m->host_inputs_block + STAGE_PAGE - 1) & ~(uintptr_t)(STAGE_PAGE - 1));
+            if (m->be->host_register && (s = m->be->host_register(ctx, m->host_inputs, pages, 1)) != LT_OK) {
+                lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
+                m->host_inputs_block = m->host_inputs = NULL;
+            }
         }
         if (s != LT_OK) {
             free_run(ctx, m);

@@ -158,6 +158,10 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    uint8_t *host_inputs_block; /* the lt_alloc block (host_inputs_bytes) holding it on whole pages of
+                                   its own: pinned by the backend (host_register), a range must not
+                                   share a page with another pinned range */
+    size_t host_inputs_bytes;
     struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
     int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
     void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
@@ -169,5 +173,8 @@ struct lt_model {
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
  * class of the size table. */
 size_t lt_model_meta_bytes(const lt_model_config *cfg);
+
+/* Unpins and frees the input staging (model.c; also called by lt_model_free). */
+void lt_model_free_inputs(lt_ctx *ctx, lt_model *m);
 
 #endif

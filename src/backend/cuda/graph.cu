@@ -72,9 +72,11 @@ extern "C" lt_status lt_cuda_graph_begin(lt_ctx *ctx) {
     memset(&g_pending, 0, sizeof g_pending);
     g_fail[0] = '\0';
     g_adamw_count = 0;
-    /* Global mode: any call that would wait on or allocate for the device while we capture (from
-     * this thread or another) fails instead of breaking the replay's meaning. */
-    LT_TRY(lt_cuda_check(ctx, cudaStreamBeginCapture(lt_cuda_stream(), cudaStreamCaptureModeGlobal),
+    /* Thread-local mode: a call of this thread that would wait on or allocate for the device while
+     * we capture fails (and the capture with it) instead of changing what a replay means; other
+     * threads (the memory guard's watchdog reads cudaMemGetInfo) stay free. Work queued on the
+     * legacy stream meanwhile fails in any mode, as our stream is a blocking one. */
+    LT_TRY(lt_cuda_check(ctx, cudaStreamBeginCapture(lt_cuda_stream(), cudaStreamCaptureModeThreadLocal),
                          "graph: cudaStreamBeginCapture"));
     g_capturing = 1;
     return LT_OK;
