@@ -110,19 +110,27 @@ static lt_model *load(lt_ctx *ctx) {
     return m;
 }
 
-/* Step k's batch of shape `kind`: 0 = 2 rows of 96 tokens packed as 3 + 2 sequences (the same
- * offsets every time), 1 = 2 rows of 64 tokens (other offsets). Tokens, targets and positions are
- * drawn afresh from a per-step seed, so a replay must read new inputs. */
+/* Step k's batch of shape `kind`: 0 = 2 rows of 96 tokens packed as 3 sequences with cut points
+ * drawn per step (a row's third one may be empty), 1 = 2 rows of 64 tokens (fixed cuts, S = 3).
+ * Both pad to S = 4 in the step graph. Tokens, targets, positions and kind 0's offsets are drawn
+ * afresh from a per-step seed, so a replay must read new inputs. */
 typedef struct batch {
     int32_t tok[BMAX * TMAX], tgt[BMAX * TMAX], pos[BMAX * TMAX], offs[BMAX * 4];
     lt_model_batch b;
 } batch;
 
 static void make_batch(batch *bt, int kind, uint64_t seed) {
-    static const int32_t cut0[2][4] = {{0, 40, 71, 96}, {0, 30, 96, 96}}, cut1[2][4] = {{0, 20, 64, 64}, {0, 64, 64, 64}};
-    const int32_t(*cut)[4] = kind ? cut1 : cut0;
+    static const int32_t cut1[2][4] = {{0, 20, 64, 64}, {0, 64, 64, 64}};
+    int32_t cut0[2][4];
     int64_t T = kind ? 64 : 96, S = 3;
     uint64_t s = seed;
+    for (int r = 0; r < 2; r++) {
+        cut0[r][0] = 0;
+        cut0[r][1] = 8 + (int32_t)(lt_test_rand_u64(&s) % 40);
+        cut0[r][2] = cut0[r][1] + 8 + (int32_t)(lt_test_rand_u64(&s) % (uint64_t)(96 - 8 - cut0[r][1] + 1));
+        cut0[r][3] = 96;
+    }
+    const int32_t(*cut)[4] = kind ? cut1 : (const int32_t(*)[4])cut0;
     memset(&bt->b, 0, sizeof bt->b);
     for (int64_t r = 0; r < BMAX; r++) {
         for (int64_t k = 0; k <= S; k++) bt->offs[r * (S + 1) + k] = cut[r][k];

@@ -233,6 +233,7 @@ typedef struct step {
     const int32_t *tokens, *targets; /* (N) in the model's memory */
     const int32_t *pos;
     const int32_t *seq_offsets;      /* host (the attention boundary validates them there) */
+    const int32_t *seq_offsets_dev;  /* device runs: their copy in the inputs piece */
     int64_t n_tok;                   /* non-ignored targets */
     float dloss;                     /* upstream gradient of the summed loss */
     float *scalars;                  /* device runs: [0] loss, [1] dloss in device memory */
@@ -418,6 +419,7 @@ static lt_attention_params attn_params(const step *s) {
     ap.device = s->m->opt.device;
     ap.impl = s->m->run.attention;
     ap.seq_offsets = s->seq_offsets;
+    ap.seq_offsets_device = s->seq_offsets_dev;
     ap.S = s->S;
     return ap;
 }
@@ -635,6 +637,9 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->ctx = ctx, s->m = m, s->be = m->be;
     s->B = b->B, s->T = b->T, s->N = b->B * b->T;
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
+    if (b->seq_offsets && (b->S < 1 || b->S > b->T))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: S = %lld sequences per row is outside 1..T = %lld",
+                        (long long)b->S, (long long)b->T);
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
     if (b->first_row < 0)
@@ -681,12 +686,14 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
     float scal[4] = {0.0f, s->dloss, 0.0f, 0.0f};
     memcpy(stage + y->in_scalars, scal, sizeof scal);
+    if (s->seq_offsets) memcpy(stage + y->in_offs, s->seq_offsets, (size_t)(s->B * (s->S + 1)) * sizeof(int32_t));
     uint8_t *dev = blk(s, LT_MEM_TRANSIENTS, y->inputs);
     if (upload) LT_TRY(m->be->copy_to_device(ctx, dev, stage, y->in_bytes));
     s->tokens = (const int32_t *)(dev + y->in_tokens);
     s->targets = b->targets ? (const int32_t *)(dev + y->in_targets) : NULL;
     s->pos = (const int32_t *)(dev + y->in_pos);
     s->scalars = (float *)(dev + y->in_scalars);
+    if (s->seq_offsets) s->seq_offsets_dev = (const int32_t *)(dev + y->in_offs);
     return LT_OK;
 }
 

@@ -104,8 +104,9 @@ typedef struct lt_layout {
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
-     * the loss kernel writes, [1] the upstream gradient dloss it reads. */
-    size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
+     * the loss kernel writes, [1] the upstream gradient dloss it reads; then the packed rows'
+     * sequence offsets (B·(S+1) int32 used of B·(T+1)), which attention reads on the device. */
+    size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars, in_offs;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
      * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
      * with xf and hf. Chunk-sized (`chunk`

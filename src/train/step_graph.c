@@ -13,13 +13,12 @@
 #include "longtune/log.h"
 #include "train/step_graph.h"
 
-/* The host values a captured step bakes into kernel arguments: the batch shape and the sequence
- * offsets (attention takes short offset tables by value). Everything else is read from device
- * memory at replay. */
+/* The host values a captured step bakes into kernel arguments: the batch shape, with the packed
+ * rows' sequence count (attention's plan depends on it). The offsets themselves, like tokens,
+ * targets and positions, reach the kernels through the model's staged inputs. */
 typedef struct shape_key {
     int64_t B, T, S;
-    int has_pos, valid;
-    int32_t *offs; /* B·(S+1) entries used, capacity B_max·(T_max+1) */
+    int valid;
 } shape_key;
 
 struct lt_step_graph {
@@ -27,6 +26,7 @@ struct lt_step_graph {
     const lt_backend *be;
     lt_step_optim o;
     int64_t B, T;
+    int32_t *offs; /* the batch's offsets padded to a power-of-two S (B_max·(T_max+1) capacity) */
     size_t offs_bytes;
     shape_key prev, cap; /* the last step's shape; the captured graph's */
     lt_graph *graph;
@@ -34,17 +34,34 @@ struct lt_step_graph {
 };
 
 static int key_equal(const shape_key *k, const lt_model_batch *b) {
-    if (!k->valid || k->B != b->B || k->T != b->T || k->has_pos != (b->positions != NULL)) return 0;
-    int64_t S = b->seq_offsets ? b->S : 0;
-    if (k->S != S) return 0;
-    return !S || !memcmp(k->offs, b->seq_offsets, (size_t)(b->B * (S + 1)) * sizeof(int32_t));
+    return k->valid && k->B == b->B && k->T == b->T && k->S == (b->seq_offsets ? b->S : 0);
 }
 
 static void key_set(shape_key *k, const lt_model_batch *b) {
-    k->B = b->B, k->T = b->T, k->has_pos = b->positions != NULL;
-    k->S = b->seq_offsets ? b->S : 0;
-    if (k->S) memcpy(k->offs, b->seq_offsets, (size_t)(b->B * (k->S + 1)) * sizeof(int32_t));
+    k->B = b->B, k->T = b->T, k->S = b->seq_offsets ? b->S : 0;
     k->valid = 1;
+}
+
+/* Packed rows hold a varying number of sequences; padding each row's offsets with empty ones (T
+ * repeated) up to the next power of two keeps S -- and with it the captured step -- the same for
+ * most batches of a run. The rows' tokens are unchanged; eager and replayed steps see the same
+ * padded batch, so their results agree. */
+static lt_model_batch padded(lt_step_graph *g, const lt_model_batch *b) {
+    lt_model_batch p = *b;
+    if (!b->seq_offsets || b->S < 1 || b->S > b->T || b->B > g->B || b->T > g->T) return p; /* the model refuses */
+    int64_t S = 1;
+    while (S < b->S) S *= 2;
+    if (S > b->T) S = b->T;
+    if (S == b->S) return p;
+    for (int64_t r = 0; r < b->B; r++) {
+        const int32_t *src = b->seq_offsets + r * (b->S + 1);
+        int32_t *dst = g->offs + r * (S + 1);
+        memcpy(dst, src, (size_t)(b->S + 1) * sizeof(int32_t));
+        for (int64_t k = b->S + 1; k <= S; k++) dst[k] = src[b->S];
+    }
+    p.seq_offsets = g->offs;
+    p.S = S;
+    return p;
 }
 
 static void give_up(lt_step_graph *g, const char *why) {
@@ -68,9 +85,8 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
     g->o = *o;
     g->B = B, g->T = T;
     g->offs_bytes = (size_t)(B * (T + 1)) * sizeof(int32_t);
-    g->prev.offs = lt_alloc(ctx, LT_DEVICE_CPU, g->offs_bytes, "step graph shape keys");
-    g->cap.offs = g->prev.offs ? lt_alloc(ctx, LT_DEVICE_CPU, g->offs_bytes, "step graph shape keys") : NULL;
-    if (!g->cap.offs) {
+    g->offs = lt_alloc(ctx, LT_DEVICE_CPU, g->offs_bytes, "step graph padded offsets");
+    if (!g->offs) {
         lt_status s = lt_ctx_status(ctx);
         lt_step_graph_free(ctx, g);
         return s;
@@ -93,8 +109,7 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
 void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g) {
     if (!g) return;
     if (g->graph) g->be->graph_free(g->graph);
-    if (g->prev.offs) lt_free(ctx, LT_DEVICE_CPU, g->prev.offs, g->offs_bytes);
-    if (g->cap.offs) lt_free(ctx, LT_DEVICE_CPU, g->cap.offs, g->offs_bytes);
+    if (g->offs) lt_free(ctx, LT_DEVICE_CPU, g->offs, g->offs_bytes);
     lt_free(ctx, LT_DEVICE_CPU, g, sizeof *g);
 }
 
@@ -151,13 +166,14 @@ static lt_status capture(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b,
     return LT_OK;
 }
 
-lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b, float grad_scale,
+lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *bin, float grad_scale,
                             const lt_adamw_params *hp, lt_model_result *res) {
     lt_model_result r = {0, 0};
     int ran = 0;
-    if (b->B > g->B || b->T > g->T)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld beyond %lld x %lld", (long long)b->B,
-                        (long long)b->T, (long long)g->B, (long long)g->T);
+    if (bin->B > g->B || bin->T > g->T)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld beyond %lld x %lld", (long long)bin->B,
+                        (long long)bin->T, (long long)g->B, (long long)g->T);
+    const lt_model_batch pb = padded(g, bin), *b = &pb;
     if (g->st.enabled && g->graph && key_equal(&g->cap, b)) {
         LT_TRY(lt_model_stage_batch(ctx, g->m, b, grad_scale, &r));
         LT_TRY(g->be->graph_launch(ctx, g->graph, hp));

@@ -29,16 +29,18 @@ typedef struct lt_step_graph_stats {
 /* For a prepared device model m (prepare again = a new lt_step_graph: a graph holds the buffers'
  * addresses) and batches of at most B rows of T tokens. enable = 0 runs every step eagerly. Capture
  * is also off (said once in the log) with the op profiler on, LoRA dropout (its masks are drawn
- * from a per-step seed passed by value) or a backend without graphs. Host bookkeeping: two copies
- * of a batch's sequence offsets, through lt_alloc. Errors: LT_ERR_INVALID_ARG (a host model),
+ * from a per-step seed passed by value) or a backend without graphs. Host bookkeeping: one
+ * (B, T+1) buffer of padded offsets, through lt_alloc. Errors: LT_ERR_INVALID_ARG (a host model),
  * LT_ERR_OOM. */
 lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, int64_t B, int64_t T, int enable,
                              lt_step_graph **out);
 void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g);
 
 /* One step on batch b (host arrays; grad_scale as lt_model_forward_backward's) with AdamW's hp.
- * The first batch of a shape runs eagerly; the same shape (B, T, S and sequence offsets) at the
- * next step is captured and launched, and replayed while it lasts; a step that cannot be captured
+ * Packed rows' offsets are padded with empty sequences to a power-of-two S first (the same
+ * tokens; attention reads the offsets from device memory, so only S is part of the shape). The
+ * first batch of a shape runs eagerly; the same shape (B, T, S) at the next step is captured and
+ * launched, and replayed while it lasts; a step that cannot be captured
  * runs eagerly and capture stays off for the rest of the run (the log says why, once). Either
  * way the results are bit-identical, and the only wait is the loss read at the end: res gets the
  * summed loss and trained-token count. Errors: as lt_model_forward_backward, LT_ERR_CUDA. */
