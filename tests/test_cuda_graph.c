@@ -3,7 +3,8 @@
  * the same steps run eagerly (fresh tokens, targets and positions every step, a learning rate that
  * changes every step, clipping on); a change of batch shape falls back to an eager step and a
  * graph is recaptured only when the new shape repeats; nothing is allocated on the device after the
- * first step; the trainer with --cuda-graph on and off trains the same adapter to the bit. The
+ * first step; the trainer with --cuda-graph on and off trains the same adapter to the bit (packed
+ * rows). The
  * attention backward runs its dQ pass without atomics (LONGTUNE_ATTN_DQ=sep) and the tiny model
  * has two query heads per key head, so even eager runs repeat to the bit. Without a CUDA build or
  * device it prints "skipped: no CUDA device" and exits 77. */
@@ -256,15 +257,15 @@ static void shape_change_falls_back(void **state) {
     assert_int_equal(s.replays, 3);
 }
 
-/* The trainer end to end: equal-length examples without packing give one batch shape, so
- * --cuda-graph on replays from the second step; evaluation runs between steps. Same adapter,
- * moments and losses as --cuda-graph off, to the bit. */
+/* The trainer end to end on packed rows of 32 tokens (2 to 4 examples of 8 to 15 tokens each, so
+ * S pads to 2 or 4 and most steps repeat the step before's shape); evaluation runs between steps.
+ * Same adapter and losses as --cuda-graph off, to the bit. */
 static void trainer_graph_on_equals_off(void **state) {
     (void)state;
     uint64_t ds = 29;
     lt_test_dataset train, valid;
-    lt_test_dataset_make(&train, 24, V, 24, 1, &ds);
-    lt_test_dataset_make(&valid, 4, V, 24, 1, &ds);
+    lt_test_dataset_make(&train, 48, V, 8, 8, &ds);
+    lt_test_dataset_make(&valid, 8, V, 8, 8, &ds);
     double loss[2][STEPS];
     float *final[2] = {NULL, NULL};
     int64_t n = 0;
@@ -278,7 +279,7 @@ static void trainer_graph_on_equals_off(void **state) {
         snprintf(in.adapter_path, sizeof in.adapter_path, "%s", dir);
         snprintf(in.cuda_graph, sizeof in.cuda_graph, "%s", on ? "on" : "off");
         in.iters = STEPS, in.batch_size = 2, in.max_seq_length = 32, in.learning_rate = 5e-3, in.warmup = 2;
-        in.lora_rank = 4, in.lora_alpha = 8, in.grad_clip = 0.5, in.weight_decay = 0.01, in.no_pack = 1;
+        in.lora_rank = 4, in.lora_alpha = 8, in.grad_clip = 0.5, in.weight_decay = 0.01;
         in.steps_per_eval = 3, in.save_every = 100, in.val_batches = -1, in.seed = 5, in.threads = 2;
         in.device = LT_DEVICE_CUDA;
         lt_ctx *ctx = lt_ctx_new();
