@@ -1,13 +1,13 @@
 /* Whole-step CUDA graphs (src/train/step_graph.c) on a tiny random Llama (bf16, head dim 64): steps
  * replayed from the captured graph give bit-identical losses, LoRA parameters and AdamW moments to
- * the same steps run eagerly (fresh tokens, targets and positions every step, a learning rate that
- * changes every step, clipping on); a change of batch shape falls back to an eager step and a
- * graph is recaptured only when the new shape repeats; nothing is allocated on the device after the
- * first step; the trainer with --cuda-graph on and off trains the same adapter to the bit (packed
- * rows). The
- * attention backward runs its dQ pass without atomics (LONGTUNE_ATTN_DQ=sep) and the tiny model
- * has two query heads per key head, so even eager runs repeat to the bit. Without a CUDA build or
- * device it prints "skipped: no CUDA device" and exits 77. */
+ * the same steps run eagerly (fresh tokens, targets, positions and packed offsets every step, a
+ * learning rate that changes every step, clipping on); a change of batch shape falls back to an
+ * eager step and a graph is recaptured only when the new shape repeats; nothing is allocated on
+ * the device after the first step; the trainer with --cuda-graph on and off trains the same
+ * adapter to the bit (packed rows). The attention backward runs its dQ pass without atomics
+ * (LONGTUNE_ATTN_DQ=sep) and the tiny model has two query heads per key head, so even eager runs
+ * repeat to the bit. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
+ * 77. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
