@@ -2,7 +2,7 @@
 # The flagship GPU benchmarks of README's benchmark section in one go, on one CUDA device, each
 # against transformers + PEFT in the same invocation: training steps of the Qwen3-8B and SmolLM2-135M
 # shapes, the Qwen3-8B context ceiling (with its chart) and packed throughput on Alpaca-shaped data.
-# Each step has its own time limit (565 s in all; about 375 s expected from the device rounds on
+# Each step has its own time limit (595 s in all; about 385 s expected from the device rounds on
 # an H200, the 16 GB random Qwen3-8B checkpoint written once in ~11 s and reused);
 # results and logs go to $OUT (default bench/results). It builds nothing and installs nothing.
 #
