@@ -3,7 +3,7 @@
  * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Every pointer an op
  * receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace and the weight
  * tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA backend queues
- * all work on the legacy default stream, in call order; no op waits for the device except sumsq
+ * all work on one stream (lt_cuda_stream: the legacy default stream unless set), in call order; no op waits for the device except sumsq
  * and copy_to_host (and synchronize). */
 #ifndef LT_BACKEND_H
 #define LT_BACKEND_H
@@ -26,6 +26,20 @@ typedef struct lt_adamw_params {
  *     from x then (CUDA: the bf16 copy of x, when all of x fitted in one chunk). For projections
  *     that share an input (q, k, v; gate, up). */
 typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_SAME_X = 2 } lt_matmul_mode;
+
+/* One LoRA-adapted projection of a group that shares its input x (n, in): q, k, v; gate, up; or
+ * one alone. Shapes: W (out, in) any matmul dtype; A (r, in), B (out, r), their gradients, lu
+ * (n, r), y and dy (n, out), bias (out) — all f32 in the backend's memory. a = NULL: the
+ * projection carries no adapter (b, ga, gb, lu unused). */
+typedef struct lt_lora_proj {
+    const lt_tensor *w;
+    const float *a, *b;
+    float *ga, *gb;     /* backward: accumulated (+=) */
+    const float *bias;  /* forward: added to y, or NULL */
+    float *y;           /* forward: the output, or NULL: compute lu only */
+    const float *dy;    /* backward: the output's gradient */
+    float *lu;          /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
+} lt_lora_proj;
 
 typedef struct lt_backend {
     const char *name;
@@ -90,7 +104,27 @@ typedef struct lt_backend {
      * attention outputs in unless a run option says otherwise: f32 on the CPU (the reference),
      * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
     lt_dtype saved_dtype;
+    /* The G (1..3) projections p[0..G) of one input x (n, in), LoRA rank r, scale s, no dropout:
+     *   lu_g = x·A_gᵀ;  y_g = beta·y_g + x·W_gᵀ + bias_g + s·lu_g·B_gᵀ   (y_g = NULL: lu_g only).
+     * ws: the matmul workspace (sized for every W of the group at n rows). CPU: exactly matmul
+     * then gemm, projection by projection (the reference); CUDA: the LoRA products may read x in
+     * bf16 (fp32 accumulate) and run before the base product, which then accumulates onto y. */
+    void (*lora_fwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                     float beta, void *ws);
+    /* The backward of lora_fwd over the same group, given dy_g and the forward's lu_g:
+     *   dlu_g = s·dy_g·B_g;  gb_g += s·dy_gᵀ·lu_g;  ga_g += dlu_gᵀ·x;
+     *   dx = beta·dx + Σ_g (dy_g·W_g + dlu_g·A_g)   (dx = NULL: skipped).
+     * dlu: (n, G·r) f32 scratch; ws as for lora_fwd. CUDA may read dy_g in bf16 for dlu_g and gb_g. */
+    void (*lora_bwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                     float *dx, float beta, float *dlu, void *ws);
 } lt_backend;
+
+/* The reference composition of lora_fwd / lora_bwd from be's matmul and gemm ops (the CPU
+ * backend's implementation; other backends fall back to it for shapes their fused paths skip). */
+void lt_lora_fwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n,
+                     int64_t r, float s, float beta, void *ws);
+void lt_lora_bwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n,
+                     int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */
 const lt_backend *lt_backend_get(lt_device dev);

@@ -63,4 +63,6 @@ extern "C" const lt_backend lt_backend_cuda = {
     /* .to_bf16 */ lt_cuda_to_bf16,
     /* .from_bf16 */ lt_cuda_from_bf16,
     /* .saved_dtype */ LT_DTYPE_BF16,
+    /* .lora_fwd */ lt_cuda_lora_fwd,
+    /* .lora_bwd */ lt_cuda_lora_bwd,
 };
