@@ -57,6 +57,10 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode, const lt_tensor *w, const float *
  * piecewise itself). */
 const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                                    int same_x);
+/* The workspace's bf16 x area for N rows of x (NULL when they do not fit one chunk), and the
+ * record that it now holds x (filled by someone else, e.g. lt_cuda_skinny_n_store). */
+void *lt_cuda_matmul_x_slot(lt_matmul_mode mode, const lt_tensor *w, int64_t N, void *ws);
+void lt_cuda_matmul_x_filled(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws);
 /* The f32 gemm's fixed device workspace and its size. */
 void *lt_cuda_gemm_workspace(size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
@@ -64,6 +68,10 @@ void *lt_cuda_gemm_workspace(size_t *bytes);
  * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P, bf16) and
  * U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update C (M, N) = alpha·U (M, K <= 32)·V
  * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
+/* The f32 small-n product (A (M, K) f32) that also stores A rounded to bf16 into As (M, K, row
+ * stride ldas): the down-product and the matmul's staging in one pass over the activation. */
+int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *As, int64_t ldas);
 int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,

@@ -25,11 +25,14 @@
 /* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
  * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
  * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
-template <int R, int B_T, int VB>
+/* ST: also store A rounded to bf16 into As (row stride ldas): every element of A is loaded by
+ * exactly one lane, so the pass leaves a whole bf16 copy (the weight matmul's staged x or dy)
+ * for the price of the writes alone. */
+template <int R, int B_T, int VB, int ST>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
                                                            const float *__restrict__ A, int64_t lda,
                                                            const float *__restrict__ B, int64_t ldb, float beta,
-                                                           float *C, int64_t ldc) {
+                                                           float *C, int64_t ldc, __nv_bfloat16 *As, int64_t ldas) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SN_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -67,6 +70,11 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             for (int i = 0; i < ROWS; i++) {
                 if (m0 + i >= M) break;
                 const float4 a = __ldg((const float4 *)(A + (m0 + i) * lda + k));
+                if (ST) {
+                    const __nv_bfloat162 lo = __floats2bfloat162_rn(a.x, a.y), hi = __floats2bfloat162_rn(a.z, a.w);
+                    *(uint2 *)(As + (m0 + i) * ldas + k) =
+                        make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+                }
 #pragma unroll
                 for (int j = 0; j < R; j++) acc[i][j] += a.x * b[0][j] + a.y * b[1][j] + a.z * b[2][j] + a.w * b[3][j];
             }
@@ -233,7 +241,8 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         const int n = (int)N;
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
+#define SMALL_N(R_, T_, V_) \
+    small_n_k<R_, T_, V_, 0><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -349,6 +358,32 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
             }
         }
     }
+}
+
+extern "C" int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                                      void *As, int64_t ldas) {
+    if (M <= 0 || N <= 0 || N > 16 || K < 4 || K % 4 || lda % 4 || !aligned16(A) || !aligned16(B) || ldb % 4 ||
+        (!tb && N % 4) || (uintptr_t)As % 8 || ldas % 4)
+        return 0;
+    const int64_t per_block = SN_WARPS * SN_ROWS(N <= 8 ? 8 : 16);
+    int64_t blocks = (M + per_block - 1) / per_block;
+    if (blocks > 65535) blocks = 65535;
+    const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
+    const int n = (int)N;
+    __nv_bfloat16 *as = (__nv_bfloat16 *)As;
+    cudaStream_t st = lt_cuda_stream();
+#define SMALL_NS(R_, T_) small_n_k<R_, T_, 1, 1><<<g, th, 0, st>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, as, ldas)
+    if (N <= 8) {
+        if (tb) SMALL_NS(8, 1);
+        else SMALL_NS(8, 0);
+    } else {
+        if (tb) SMALL_NS(16, 1);
+        else SMALL_NS(16, 0);
+    }
+#undef SMALL_NS
+    LT_CUDA_LAUNCHED("lora: small n storing bf16");
+    return 1;
 }
 
 extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,

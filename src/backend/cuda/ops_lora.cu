@@ -1,7 +1,8 @@
 /* The CUDA LoRA projection ops (backend.h's lora_fwd / lora_bwd): the base product through the
  * weight matmul and the rank-r LoRA products arranged around it so each activation is streamed
- * as few times as possible. The down-products (x·Aᵀ, dy·B, dyᵀ·lu) read the bf16 copy of x or dy
- * that the matmul makes for cuBLASLt anyway (fp32 accumulate, f32 factors); the up-product lu·Bᵀ
+ * as few times as possible. The first down-product of an input (x·Aᵀ, dy·B) reads it in f32 and
+ * writes the bf16 copy the matmul needs for cuBLASLt in the same pass; the others (the group's
+ * next x·Aᵀ, dyᵀ·lu) read that copy (fp32 accumulate, f32 factors); the up-product lu·Bᵀ
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
@@ -37,16 +38,25 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             lt_prof_end(ph);
             continue;
         }
+        const int fast = lora_fast(P, r) && out % 4 == 0 && al16(P->y) && al16(x);
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y)) xb = lt_cuda_matmul_stage_x(LT_MATMUL_NT, P->w, x, n, ws, staged);
-        if (xb) {
-            const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            int ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
+        int ok = 0;
+        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+        if (fast && !staged && (xb = lt_cuda_matmul_x_slot(LT_MATMUL_NT, P->w, n, ws)) != NULL) {
+            /* the first of the group: lu = x·Aᵀ while staging x in bf16 for the base product */
+            ok = lt_cuda_skinny_n_store(1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r, (void *)xb, in);
+            if (ok) lt_cuda_matmul_x_filled(LT_MATMUL_NT, P->w, x, n, ws);
+        }
+        lt_prof_end(ph);
+        if (fast && !ok && (xb = lt_cuda_matmul_stage_x(LT_MATMUL_NT, P->w, x, n, ws, staged)) != NULL)
+            ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r); /* reads the staged x */
+        if (ok) {
+            const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
-            ok = ok && lt_cuda_rank_update(n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
-            lt_prof_end(ph);
-            LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
+            ok = lt_cuda_rank_update(n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
+            lt_prof_end(ph2);
+            LT_ASSERT(ok); /* lora_fast checked every condition the rank update has */
             lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, 1.0f, P->y, ws, 1);
         } else {
             lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
@@ -92,10 +102,17 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         }
         float *dl = dlu + ia * r;
         apieces[ia++] = P->a;
-        const void *dyb = lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
-            int k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
+        /* dlu = s·dy·B while staging dy in bf16 for the base product, then gb += s·dyᵀ·lu from it */
+        void *dyb = al16(P->dy) ? lt_cuda_matmul_x_slot(LT_MATMUL_NN, P->w, n, ws) : NULL;
+        int k1 = dyb && lt_cuda_skinny_n_store(0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd, dyb, out);
+        if (k1) lt_cuda_matmul_x_filled(LT_MATMUL_NN, P->w, P->dy, n, ws);
+        else dyb = NULL;
+        lt_prof_end(ph);
+        if (!dyb) dyb = (void *)lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
+        const int ph1 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+        if (dyb) {
+            if (!k1) k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
             int k2 = k1 && lt_cuda_skinny_h_tall(out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
@@ -107,7 +124,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
-        lt_prof_end(ph);
+        lt_prof_end(ph1);
         if (dx) lt_cuda_matmul_reuse(LT_MATMUL_NN, P->w, P->dy, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
         based = 1;
         if (dx && G == 1 && !pre) {

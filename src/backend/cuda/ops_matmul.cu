@@ -300,8 +300,8 @@ __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes,
 }
 
 /* What the bf16 x area of a workspace holds: all of x (one chunk) from this call, or nothing
- * (x == NULL). Read and written only by lt_cuda_matmul, from the one host thread that runs a
- * model step. */
+ * (x == NULL). Read and written only by the matmul and the LoRA ops' staging calls below, from
+ * the one host thread that runs a model step. */
 typedef struct mm_xcache {
     const void *ws;
     const float *x;
@@ -316,18 +316,31 @@ static int mm_x_cached(const void *ws, const float *x, int64_t N, int64_t xin, c
            mm_last.off_x == l->off_x;
 }
 
-const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                                   int same_x) {
+void *lt_cuda_matmul_x_slot(lt_matmul_mode mode, const lt_tensor *w, int64_t N, void *ws) {
     const int64_t out = w->shape[0], in = w->shape[1];
     const mm_layout l = mm_plan(w->dtype, out, in, N);
     const int64_t xin = mode == LT_MATMUL_NN ? out : in;
     if (N <= 0 || N > l.x_rows || xin % 8) return NULL;
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
+    return (char *)ws + l.off_x;
+}
+
+void lt_cuda_matmul_x_filled(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws) {
+    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
+    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = mode == LT_MATMUL_NN ? w->shape[0] : w->shape[1];
+    mm_last.off_x = l.off_x;
+}
+
+const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
+                                   int same_x) {
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)lt_cuda_matmul_x_slot(mode, w, N, ws);
+    if (!xb) return NULL;
+    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
+    const int64_t xin = mode == LT_MATMUL_NN ? w->shape[0] : w->shape[1];
     if (!(same_x && mm_x_cached(ws, x, N, xin, &l))) {
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
         to_bf16(x, xb, N * xin);
         lt_prof_end(ph);
-        mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
+        lt_cuda_matmul_x_filled(mode, w, x, N, ws);
     }
     return xb;
 }
