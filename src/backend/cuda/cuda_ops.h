@@ -76,6 +76,9 @@ int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, con
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
                           int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes);
+int lt_cuda_tall_grouped(int64_t P, int64_t n, int kb, int64_t K, float alpha, const float *X, int64_t ldx,
+                         const float *U, int64_t ldu, float beta, float *const *C, int64_t ldc, void *ws,
+                         size_t ws_bytes);
 int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,

@@ -6,8 +6,8 @@
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
- * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead. It does not fuse
- * anything into cuBLASLt's kernels, and dA = dluᵀ·x still reads x in f32, projection by projection. */
+ * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead; a group's dA =
+ * dluᵀ·x is one f32 pass over x for all its members. It fuses nothing into cuBLASLt's kernels. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -91,6 +91,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
     void *gws = lt_cuda_gemm_workspace(&gws_bytes);
     const int64_t ldd = na * r; /* dlu (n, na·r): the adapted members' column blocks in order */
     const float *apieces[3] = {NULL, NULL, NULL};
+    float *gas[3] = {NULL, NULL, NULL};
     int ia = 0, based = 0;
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
@@ -120,7 +121,8 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
             lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
         }
-        lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in); /* ga += dluᵀ·x */
+        gas[ia - 1] = P->ga;
+        if (G == 1) lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in); /* ga += dluᵀ·x */
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
@@ -133,9 +135,16 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             lt_prof_end(ph2);
         }
     }
-    if (!dx || G == 1) return;
-    /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
+    if (G == 1) return;
     const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    /* ga_g += dlu_gᵀ·x for the adapted members: one pass over x for the group */
+    if (!lt_cuda_tall_grouped(in, ldd, (int)r, n, 1.0f, x, in, dlu, ldd, 1.0f, gas, in, gws, gws_bytes))
+        for (int j = 0; j < na; j++) lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dlu + j * r, ldd, x, in, 1.0f, gas[j], in);
+    if (!dx) {
+        lt_prof_end(ph);
+        return;
+    }
+    /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
     if (!lt_cuda_rank_update(n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, dx, in))
         for (int j = 0; j < na; j++)
             lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);

@@ -25,10 +25,12 @@ extern "C" {
 #define MM_BLAS_WS ((size_t)32 << 20)
 /* The f32 `gemm` has no workspace argument, but its LoRA products with a long reduction over the
  * tokens (dA = duᵀ·x: 8 x 4096 outputs, K = 8192) need split-K, which needs workspace: without
- * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 4 MiB device array,
+ * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 16 MiB device array,
  * part of the module's static memory rather than an lt_alloc block, shared by every call on the
- * one stream. */
-#define GEMM_WS_BYTES ((size_t)4 << 20)
+ * one stream. 16 MiB rather than 4: the tall reductions' partial sums (splits x rank x width)
+ * capped a 12288-wide reduction at 10 row slices (240 blocks for 132 SMs), and a q/k/v group's
+ * stacked dA (24 x 4096 per slice) needs the room too. */
+#define GEMM_WS_BYTES ((size_t)16 << 20)
 __device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
 /* Weight elements converted to bf16 per tile: 64M (128 MiB) holds a whole 14336 x 4096 projection,
  * so every 8B layer takes one tile and x is converted once per chunk. With 32M the MLP layers took
