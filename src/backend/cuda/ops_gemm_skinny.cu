@@ -32,7 +32,8 @@ template <int R, int B_T, int VB, int ST>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
                                                            const float *__restrict__ A, int64_t lda,
                                                            const float *__restrict__ B, int64_t ldb, float beta,
-                                                           float *C, int64_t ldc, __nv_bfloat16 *As, int64_t ldas) {
+                                                           float *C, int64_t ldc, __nv_bfloat16 *As, int64_t ldas,
+                                                           __nv_bfloat16 *Tl, int64_t ldt, float ts) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SN_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             if (m < M && lane < n) {
                 float *c = C + m * ldc + lane;
                 *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
+                if (Tl) Tl[m * ldt + lane] = __float2bfloat16_rn(ts * mine);
             }
         }
     }
@@ -283,7 +285,8 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
 #define SMALL_N(R_, T_, V_) \
-    small_n_k<R_, T_, V_, 0><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0)
+    small_n_k<R_, T_, V_, 0><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0, \
+                                                             NULL, 0, 0.0f)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -330,9 +333,10 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
 
 template <int R, int B_T>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, int64_t K, float alpha,
-                                                             const __nv_bfloat16 *__restrict__ A, int64_t lda,
+                                                             const __nv_bfloat16 *A, int64_t lda,
                                                              const float *__restrict__ B, int64_t ldb, float beta,
-                                                             float *C, int64_t ldc) {
+                                                             float *C, int64_t ldc, __nv_bfloat16 *Tl, int64_t ldt,
+                                                             float ts) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SNH_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -396,6 +400,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
             if (m < M && lane < n) {
                 float *c = C + m * ldc + lane;
                 *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
+                if (Tl) Tl[m * ldt + lane] = __float2bfloat16_rn(ts * mine);
             }
         }
     }
@@ -403,7 +408,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
 
 extern "C" int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                                      void *As, int64_t ldas) {
+                                      void *As, int64_t ldas, void *tail, int64_t ldt, float ts) {
     if (M <= 0 || N <= 0 || N > 16 || K < 4 || K % 4 || lda % 4 || !aligned16(A) || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4) || (uintptr_t)As % 8 || ldas % 4)
         return 0;
@@ -414,7 +419,9 @@ extern "C" int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, f
     const int n = (int)N;
     __nv_bfloat16 *as = (__nv_bfloat16 *)As;
     cudaStream_t st = lt_cuda_stream();
-#define SMALL_NS(R_, T_) small_n_k<R_, T_, 1, 1><<<g, th, 0, st>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, as, ldas)
+    __nv_bfloat16 *tl = (__nv_bfloat16 *)tail;
+#define SMALL_NS(R_, T_) \
+    small_n_k<R_, T_, 1, 1><<<g, th, 0, st>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, as, ldas, tl, ldt, ts)
     if (N <= 8) {
         if (tb) SMALL_NS(8, 1);
         else SMALL_NS(8, 0);
@@ -428,7 +435,8 @@ extern "C" int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, f
 }
 
 extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *tail,
+                                  int64_t ldt, float ts) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
         return 0;
@@ -439,13 +447,16 @@ extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float
     const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
     const int n = (int)N;
     cudaStream_t st = lt_cuda_stream();
+    __nv_bfloat16 *tl = (__nv_bfloat16 *)tail;
+#define SMALL_NH(R_, T_) small_n_h_k<R_, T_><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc, tl, ldt, ts)
     if (N <= 8) {
-        if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
-        else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        if (tb) SMALL_NH(8, 1);
+        else SMALL_NH(8, 0);
     } else {
-        if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
-        else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        if (tb) SMALL_NH(16, 1);
+        else SMALL_NH(16, 0);
     }
+#undef SMALL_NH
     LT_CUDA_LAUNCHED("lora: small n (bf16)");
     return 1;
 }

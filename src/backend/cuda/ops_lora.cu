@@ -5,9 +5,14 @@
  * next x·Aᵀ, dyᵀ·lu) read that copy (fp32 accumulate, f32 factors); the up-product lu·Bᵀ
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
+ * For bf16 W at rank 8 or 16 the forward goes further: s·lu is appended to the staged x's rows
+ * and B to a bf16 copy of W's, and one cuBLASLt GEMM over K = in + r writes y (see kcat_enabled).
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
  * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead; a group's dA =
  * dluᵀ·x is one f32 pass over x for all its members. It fuses nothing into cuBLASLt's kernels. */
+#include <stdlib.h>
+
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -25,9 +30,42 @@ static int lora_fast(const lt_lora_proj *P, int64_t r) {
     return P->a && r >= 4 && r <= 16 && r % 4 == 0 && in % 8 == 0 && al16(P->a) && al16(P->b) && al16(P->lu);
 }
 
+/* ext (out, in + r) bf16 = [W | B]: W's rows (bf16, in % 8 == 0) and B (out, r, f32, r % 8 == 0)
+ * rounded, eight elements (16 bytes) a thread. */
+__global__ void ext_build_k(const uint4 *__restrict__ w, const float *__restrict__ b, int64_t out, int64_t in, int r,
+                            uint4 *__restrict__ ext) {
+    const int64_t kq = (in + r) / 8, inq = in / 8, total = out * kq;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / kq, c = i - o * kq;
+        if (c < inq) {
+            ext[i] = w[o * inq + c];
+        } else {
+            const float4 *src = (const float4 *)(b + o * r + 8 * (c - inq));
+            const float4 u = src[0], v = src[1];
+            __nv_bfloat162 p0 = __floats2bfloat162_rn(u.x, u.y), p1 = __floats2bfloat162_rn(u.z, u.w);
+            __nv_bfloat162 p2 = __floats2bfloat162_rn(v.x, v.y), p3 = __floats2bfloat162_rn(v.z, v.w);
+            ext[i] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
+                                *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
+        }
+    }
+}
+
+/* The K-extended forward (on unless LONGTUNE_LORA_KCAT=0, which keeps the rank-update path for
+ * A/B measurements): y = [x | s·lu]·[W | B]ᵀ in one GEMM, so y is written once and never read
+ * back, at the price of copying W (bf16) beside B per call: 4·in bytes per weight row against
+ * the 8·n bytes per output column of a y read-modify-write, a win for n >= in / 2. */
+static int kcat_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LONGTUNE_LORA_KCAT");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float beta, void *ws) {
-    int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
+    int staged = 0; /* an earlier member of the group staged x in bf16 (at some pitch) */
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
@@ -39,18 +77,37 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             continue;
         }
         const int fast = lora_fast(P, r) && out % 4 == 0 && al16(P->y) && al16(x);
-        const void *xb = NULL;
+        void *ext = fast && kcat_enabled() && P->w->dtype == LT_DTYPE_BF16 && r % 8 == 0 && 2 * n >= in &&
+                            al16(P->w->data)
+                        ? lt_cuda_matmul_ext_slot(P->w, n, ws)
+                        : NULL;
+        const int64_t pitch = ext ? in + r : in, kext = pitch;
+        void *xb = NULL;
         int ok = 0;
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        if (fast && !staged && (xb = lt_cuda_matmul_x_slot(LT_MATMUL_NT, P->w, n, ws)) != NULL) {
-            /* the first of the group: lu = x·Aᵀ while staging x in bf16 for the base product */
-            ok = lt_cuda_skinny_n_store(1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r, (void *)xb, in);
-            if (ok) lt_cuda_matmul_x_filled(LT_MATMUL_NT, P->w, x, n, ws);
+        if (fast) {
+            /* lu = x·Aᵀ: from the staged bf16 x, or from x itself while staging it; with ext, s·lu
+             * goes into the staged rows' tail columns */
+            xb = staged ? lt_cuda_matmul_x_has(LT_MATMUL_NT, P->w, x, n, ws, pitch) : NULL;
+            if (xb) {
+                ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, pitch, P->a, in, 0.0f, P->lu, r,
+                                        ext ? (uint16_t *)xb + in : NULL, pitch, s);
+            } else if ((xb = lt_cuda_matmul_x_slot(LT_MATMUL_NT, P->w, n, ws, pitch)) != NULL) {
+                ok = lt_cuda_skinny_n_store(1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r, xb, pitch,
+                                            ext ? (uint16_t *)xb + in : NULL, pitch, s);
+                if (ok) lt_cuda_matmul_x_filled(LT_MATMUL_NT, P->w, x, n, ws, pitch);
+            }
+        }
+        if (ok && ext) {
+            const int64_t total = out * (kext / 8);
+            ext_build_k<<<lt_cuda_grid(total, 256), 256, 0, lt_cuda_stream()>>>(
+                (const uint4 *)P->w->data, P->b, out, in, (int)r, (uint4 *)ext);
+            LT_CUDA_LAUNCHED("lora: K-extended weight");
         }
         lt_prof_end(ph);
-        if (fast && !ok && (xb = lt_cuda_matmul_stage_x(LT_MATMUL_NT, P->w, x, n, ws, staged)) != NULL)
-            ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r); /* reads the staged x */
-        if (ok) {
+        if (ok && ext) {
+            lt_cuda_matmul_ext_run(P->w, ext, kext, xb, n, beta, P->y, ws);
+        } else if (ok) {
             const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
@@ -61,10 +118,10 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         } else {
             lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
             if (P->a) {
-                const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+                const int ph3 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
                 lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
                 lt_cuda_gemm(ctx, 0, 1, n, out, r, s, P->lu, r, P->b, r, 1.0f, P->y, out);
-                lt_prof_end(ph);
+                lt_prof_end(ph3);
             }
         }
         staged = 1;
@@ -105,15 +162,16 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         apieces[ia++] = P->a;
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         /* dlu = s·dy·B while staging dy in bf16 for the base product, then gb += s·dyᵀ·lu from it */
-        void *dyb = al16(P->dy) ? lt_cuda_matmul_x_slot(LT_MATMUL_NN, P->w, n, ws) : NULL;
-        int k1 = dyb && lt_cuda_skinny_n_store(0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd, dyb, out);
-        if (k1) lt_cuda_matmul_x_filled(LT_MATMUL_NN, P->w, P->dy, n, ws);
+        void *dyb = al16(P->dy) ? lt_cuda_matmul_x_slot(LT_MATMUL_NN, P->w, n, ws, out) : NULL;
+        int k1 = dyb && lt_cuda_skinny_n_store(0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd, dyb, out, NULL, 0,
+                                               0.0f);
+        if (k1) lt_cuda_matmul_x_filled(LT_MATMUL_NN, P->w, P->dy, n, ws, out);
         else dyb = NULL;
         lt_prof_end(ph);
         if (!dyb) dyb = (void *)lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph1 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) {
-            if (!k1) k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
+            if (!k1) k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd, NULL, 0, 0.0f);
             int k2 = k1 && lt_cuda_skinny_h_tall(out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
