@@ -65,11 +65,13 @@ void lt_cuda_matmul_x_filled(lt_matmul_mode mode, const lt_tensor *w, const floa
                              int64_t pitch);
 void *lt_cuda_matmul_x_has(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                            int64_t pitch);
-/* The workspace's room for a K-extended bf16 copy of W (out, in + up to 16), NULL when W is not
- * bf16 or too large; and y (N, out) = beta·y + xb·extᵀ over K = kext (ext and xb at row pitch kext). */
+/* The workspace's room for a K-extended bf16 copy of W ((out + 16) x (in + 16) elements), NULL
+ * when W is not bf16 or too large; and the GEMM over it: NT, y (N, out) = beta·y + xb·extᵀ with
+ * ext (out, kext) and xb at row pitch kext; NN, y (N, in) = beta·y + xb·ext with ext (kext, in)
+ * and xb (N, kext). */
 void *lt_cuda_matmul_ext_slot(const lt_tensor *w, int64_t N, void *ws);
-void lt_cuda_matmul_ext_run(const lt_tensor *w, const void *ext, int64_t kext, const void *xb, int64_t N, float beta,
-                            float *y, void *ws);
+void lt_cuda_matmul_ext_run(lt_matmul_mode mode, const lt_tensor *w, const void *ext, int64_t kext, const void *xb,
+                            int64_t N, float beta, float *y, void *ws);
 /* The f32 gemm's fixed device workspace and its size. */
 void *lt_cuda_gemm_workspace(size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or

@@ -6,7 +6,9 @@
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
  * For bf16 W at rank 8 or 16 the forward goes further: s·lu is appended to the staged x's rows
- * and B to a bf16 copy of W's, and one cuBLASLt GEMM over K = in + r writes y (see kcat_enabled).
+ * and B to a bf16 copy of W's, and one cuBLASLt GEMM over K = in + r writes y (see kcat_enabled);
+ * the backward likewise appends dlu to dy's staged rows and A under a copy of W's rows, so each
+ * member's GEMM over K = out + r adds dy·W + dlu·A into dx with no separate pass.
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
  * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead; a group's dA =
  * dluᵀ·x is one f32 pass over x for all its members. It fuses nothing into cuBLASLt's kernels. */
@@ -41,6 +43,25 @@ __global__ void ext_build_k(const uint4 *__restrict__ w, const float *__restrict
             ext[i] = w[o * inq + c];
         } else {
             const float4 *src = (const float4 *)(b + o * r + 8 * (c - inq));
+            const float4 u = src[0], v = src[1];
+            __nv_bfloat162 p0 = __floats2bfloat162_rn(u.x, u.y), p1 = __floats2bfloat162_rn(u.z, u.w);
+            __nv_bfloat162 p2 = __floats2bfloat162_rn(v.x, v.y), p3 = __floats2bfloat162_rn(v.z, v.w);
+            ext[i] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
+                                *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
+        }
+    }
+}
+
+/* ext (out + r, in) bf16 = [W; A]: W's rows (bf16) then A (r, in, f32) rounded, eight elements a
+ * thread (in % 8 == 0). */
+__global__ void ext_rows_k(const uint4 *__restrict__ w, const float *__restrict__ a, int64_t out, int64_t in, int r,
+                           uint4 *__restrict__ ext) {
+    const int64_t inq = in / 8, wq = out * inq, total = (out + r) * inq;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < wq) {
+            ext[i] = w[i];
+        } else {
+            const float4 *src = (const float4 *)(a + 8 * (i - wq));
             const float4 u = src[0], v = src[1];
             __nv_bfloat162 p0 = __floats2bfloat162_rn(u.x, u.y), p1 = __floats2bfloat162_rn(u.z, u.w);
             __nv_bfloat162 p2 = __floats2bfloat162_rn(v.x, v.y), p3 = __floats2bfloat162_rn(v.z, v.w);
@@ -106,7 +127,7 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         }
         lt_prof_end(ph);
         if (ok && ext) {
-            lt_cuda_matmul_ext_run(P->w, ext, kext, xb, n, beta, P->y, ws);
+            lt_cuda_matmul_ext_run(LT_MATMUL_NT, P->w, ext, kext, xb, n, beta, P->y, ws);
         } else if (ok) {
             const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
@@ -144,6 +165,14 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         lt_lora_bwd_ref(&lt_backend_cuda, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
         return;
     }
+    /* K-extended backward for the whole group or none of it: dx = beta·dx + Σ [dy_g | dlu_g]·[W_g; A_g],
+     * every adapted member bf16 at rank 8 or 16, worth its W copy (n >= out / 2), room in ws */
+    int kc = dx && kcat_enabled() && r % 8 == 0;
+    for (int g = 0; g < G && kc; g++)
+        if (p[g].a)
+            kc = p[g].w->dtype == LT_DTYPE_BF16 && 2 * n >= p[g].w->shape[0] && al16(p[g].w->data) &&
+                 al16(p[g].dy) && lt_cuda_matmul_ext_slot(p[g].w, n, ws) != NULL &&
+                 lt_cuda_matmul_x_slot(LT_MATMUL_NN, p[g].w, n, ws, p[g].w->shape[0] + r) != NULL;
     size_t gws_bytes = 0;
     void *gws = lt_cuda_gemm_workspace(&gws_bytes);
     const int64_t ldd = na * r; /* dlu (n, na·r): the adapted members' column blocks in order */
@@ -162,12 +191,29 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         apieces[ia++] = P->a;
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         /* dlu = s·dy·B while staging dy in bf16 for the base product, then gb += s·dyᵀ·lu from it */
-        void *dyb = al16(P->dy) ? lt_cuda_matmul_x_slot(LT_MATMUL_NN, P->w, n, ws, out) : NULL;
-        int k1 = dyb && lt_cuda_skinny_n_store(0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd, dyb, out, NULL, 0,
-                                               0.0f);
-        if (k1) lt_cuda_matmul_x_filled(LT_MATMUL_NN, P->w, P->dy, n, ws, out);
+        const int64_t pitch = kc ? out + r : out;
+        void *dyb = al16(P->dy) ? lt_cuda_matmul_x_slot(LT_MATMUL_NN, P->w, n, ws, pitch) : NULL;
+        int k1 = dyb && lt_cuda_skinny_n_store(0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd, dyb, pitch,
+                                               kc ? (uint16_t *)dyb + out : NULL, pitch, s);
+        if (k1) lt_cuda_matmul_x_filled(LT_MATMUL_NN, P->w, P->dy, n, ws, pitch);
         else dyb = NULL;
         lt_prof_end(ph);
+        if (kc && dyb) { /* gb from the staged dy, then dx += [dy | dlu]·[W; A] in one GEMM */
+            const int phk = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+            if (!lt_cuda_skinny_h_tall(out, r, n, s, dyb, pitch, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes))
+                lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
+            gas[ia - 1] = P->ga;
+            if (G == 1) lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
+            void *ext = lt_cuda_matmul_ext_slot(P->w, n, ws);
+            ext_rows_k<<<lt_cuda_grid((out + r) * (in / 8), 256), 256, 0, lt_cuda_stream()>>>(
+                (const uint4 *)P->w->data, P->a, out, in, (int)r, (uint4 *)ext);
+            LT_CUDA_LAUNCHED("lora: K-extended weight (rows)");
+            lt_prof_end(phk);
+            lt_cuda_matmul_ext_run(LT_MATMUL_NN, P->w, ext, out + r, dyb, n, bbeta, dx, ws);
+            based = 1;
+            continue;
+        }
+        LT_ASSERT(!kc); /* a K-extended group stages every member (one chunk, aligned: checked above) */
         if (!dyb) dyb = (void *)lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph1 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) {
@@ -195,6 +241,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
     }
     if (G == 1) return;
     const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    if (kc) dx = NULL; /* the extended GEMMs added every dlu·A already */
     /* ga_g += dlu_gᵀ·x for the adapted members: one pass over x for the group */
     if (!lt_cuda_tall_grouped(in, ldd, (int)r, n, 1.0f, x, in, dlu, ldd, 1.0f, gas, in, gws, gws_bytes))
         for (int j = 0; j < na; j++) lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dlu + j * r, ldd, x, in, 1.0f, gas[j], in);

@@ -208,9 +208,10 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
 /* ---- weight matmul ---- */
 
 /* Columns the bf16 x area keeps beyond x's width, and the K-extended weight copy beside it: the
- * LoRA forward (ops_lora.cu) appends s·lu (r <= 16 columns) to x's rows and B to W's, so one GEMM
- * over K = in + r gives x·Wᵀ + s·lu·Bᵀ. Only for bf16 W of at most MM_TILE_ELEMS extended
- * elements (a projection; not a vocabulary-wide head). */
+ * LoRA ops (ops_lora.cu) append s·lu (r <= 16 columns) to x's rows and B to W's, so one GEMM over
+ * K = in + r gives x·Wᵀ + s·lu·Bᵀ; backward, dlu to dy's rows and A under W's rows (K = out + r).
+ * Only for bf16 W of at most MM_TILE_ELEMS extended elements (a projection, not a
+ * vocabulary-wide head). */
 #define MM_XPAD 16
 
 typedef struct mm_layout {
@@ -240,8 +241,8 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
     int64_t rows = N_max < l.x_rows ? N_max : l.x_rows;
     if (rows < 0) rows = 0;
     l.off_ext = l.off_x + align256((size_t)rows * (size_t)(xcols + MM_XPAD) * 2);
-    l.ext_bytes = dt == LT_DTYPE_BF16 && out * (in + MM_XPAD) <= MM_TILE_ELEMS
-                      ? align256((size_t)out * (size_t)(in + MM_XPAD) * 2)
+    l.ext_bytes = dt == LT_DTYPE_BF16 && (out + MM_XPAD) * (in + MM_XPAD) <= MM_TILE_ELEMS
+                      ? align256((size_t)(out + MM_XPAD) * (size_t)(in + MM_XPAD) * 2)
                       : 0;
     l.total = l.off_ext + l.ext_bytes;
     return l;
@@ -357,10 +358,13 @@ void *lt_cuda_matmul_ext_slot(const lt_tensor *w, int64_t N, void *ws) {
     return l.ext_bytes ? (char *)ws + l.off_ext : NULL;
 }
 
-void lt_cuda_matmul_ext_run(const lt_tensor *w, const void *ext, int64_t kext, const void *xb, int64_t N, float beta,
-                            float *y, void *ws) {
-    /* yᵀ (out, N) = ext (out, kext) · xbᵀ: column-major, as the NT matmul */
-    blas_run(1, 1, 0, w->shape[0], N, kext, 1.0f, ext, kext, xb, kext, beta, y, w->shape[0], ws, MM_BLAS_WS);
+void lt_cuda_matmul_ext_run(lt_matmul_mode mode, const lt_tensor *w, const void *ext, int64_t kext, const void *xb,
+                            int64_t N, float beta, float *y, void *ws) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    if (mode == LT_MATMUL_NN) /* yᵀ (in, N) = extᵀ (in, kext) · xbᵀ, ext (kext, in) row-major */
+        blas_run(1, 0, 0, in, N, kext, 1.0f, ext, in, xb, kext, beta, y, in, ws, MM_BLAS_WS);
+    else /* yᵀ (out, N) = ext (out, kext) · xbᵀ: column-major, as the NT matmul */
+        blas_run(1, 1, 0, out, N, kext, 1.0f, ext, kext, xb, kext, beta, y, out, ws, MM_BLAS_WS);
 }
 
 const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
