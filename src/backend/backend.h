@@ -52,7 +52,7 @@ typedef struct lt_backend {
 
     /* ---- compute ops (f32 activations; threads from ctx) ---- */
     /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N).
-     * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 16 MiB static device workspace for split-K. */
+     * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 4 MiB static device workspace for split-K. */
     void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
     /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, out, in, N_max, threads) bytes, for

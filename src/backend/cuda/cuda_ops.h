@@ -57,21 +57,6 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode, const lt_tensor *w, const float *
  * piecewise itself). */
 const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                                    int same_x);
-/* The workspace's bf16 x area for N rows of x at row pitch `pitch` (x's width, up to 16 more;
- * NULL when they do not fit one chunk), the record that it now holds x at that pitch (filled by
- * someone else, e.g. lt_cuda_skinny_n_store), and the area when it holds x so (else NULL). */
-void *lt_cuda_matmul_x_slot(lt_matmul_mode mode, const lt_tensor *w, int64_t N, void *ws, int64_t pitch);
-void lt_cuda_matmul_x_filled(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                             int64_t pitch);
-void *lt_cuda_matmul_x_has(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                           int64_t pitch);
-/* The workspace's room for a K-extended bf16 copy of W ((out + 16) x (in + 16) elements), NULL
- * when W is not bf16 or too large; and the GEMM over it: NT, y (N, out) = beta·y + xb·extᵀ with
- * ext (out, kext) and xb at row pitch kext; NN, y (N, in) = beta·y + xb·ext with ext (kext, in)
- * and xb (N, kext). */
-void *lt_cuda_matmul_ext_slot(const lt_tensor *w, int64_t N, void *ws);
-void lt_cuda_matmul_ext_run(lt_matmul_mode mode, const lt_tensor *w, const void *ext, int64_t kext, const void *xb,
-                            int64_t N, float beta, float *y, void *ws);
 /* The f32 gemm's fixed device workspace and its size. */
 void *lt_cuda_gemm_workspace(size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
@@ -79,21 +64,10 @@ void *lt_cuda_gemm_workspace(size_t *bytes);
  * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P, bf16) and
  * U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update C (M, N) = alpha·U (M, K <= 32)·V
  * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
-/* The f32 small-n product (A (M, K) f32) that also stores A rounded to bf16 into As (M, K, row
- * stride ldas): the down-product and the matmul's staging in one pass over the activation. */
-int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *As, int64_t ldas,
-                           void *tail, int64_t ldt, float ts);
-/* tail (both): when not NULL, row m's N raw sums times ts are also stored in bf16 at
- * tail[m·ldt + 0..N) (the s·lu columns appended to the staged x for the K-extended GEMM). */
 int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *tail, int64_t ldt,
-                       float ts);
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
                           int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes);
-int lt_cuda_tall_grouped(int64_t P, int64_t n, int kb, int64_t K, float alpha, const float *X, int64_t ldx,
-                         const float *U, int64_t ldu, float beta, float *const *C, int64_t ldc, void *ws,
-                         size_t ws_bytes);
 int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,

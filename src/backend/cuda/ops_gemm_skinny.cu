@@ -25,15 +25,11 @@
 /* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
  * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
  * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
-/* ST: also store A rounded to bf16 into As (row stride ldas): every element of A is loaded by
- * exactly one lane, so the pass leaves a whole bf16 copy (the weight matmul's staged x or dy)
- * for the price of the writes alone. */
-template <int R, int B_T, int VB, int ST>
+template <int R, int B_T, int VB>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
                                                            const float *__restrict__ A, int64_t lda,
                                                            const float *__restrict__ B, int64_t ldb, float beta,
-                                                           float *C, int64_t ldc, __nv_bfloat16 *As, int64_t ldas,
-                                                           __nv_bfloat16 *Tl, int64_t ldt, float ts) {
+                                                           float *C, int64_t ldc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SN_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -71,11 +67,6 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             for (int i = 0; i < ROWS; i++) {
                 if (m0 + i >= M) break;
                 const float4 a = __ldg((const float4 *)(A + (m0 + i) * lda + k));
-                if (ST) {
-                    const __nv_bfloat162 lo = __floats2bfloat162_rn(a.x, a.y), hi = __floats2bfloat162_rn(a.z, a.w);
-                    *(uint2 *)(As + (m0 + i) * ldas + k) =
-                        make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
-                }
 #pragma unroll
                 for (int j = 0; j < R; j++) acc[i][j] += a.x * b[0][j] + a.y * b[1][j] + a.z * b[2][j] + a.w * b[3][j];
             }
@@ -94,7 +85,6 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int
             if (m < M && lane < n) {
                 float *c = C + m * ldc + lane;
                 *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
-                if (Tl) Tl[m * ldt + lane] = __float2bfloat16_rn(ts * mine);
             }
         }
     }
@@ -150,16 +140,12 @@ static __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
-/* GR thread groups (2 when R <= 16: alternate rows, met in shared memory; 1 for the stacked
- * R = 24 or 32 of a projection group, whose (R, 512) partial would not fit the static shared memory).
- * VU: U's row read as float4s (16-byte aligned, ldu % 4 == 0): R scalar loads per row of X were
- * most of the kernel's instructions. */
-template <int R, typename XT, int GR, int VU>
-__global__ void __launch_bounds__(TR_THREADS *GR) tall_k(int64_t P, int n, int64_t K, int64_t kslice,
-                                                         const XT *__restrict__ X, int64_t ldx,
-                                                         const float *__restrict__ U, int64_t ldu,
-                                                         float *__restrict__ part) {
-    __shared__ float red[GR > 1 ? R : 1][GR > 1 ? TR_COLS : 1];
+template <int R, typename XT>
+__global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n, int64_t K, int64_t kslice,
+                                                                 const XT *__restrict__ X, int64_t ldx,
+                                                                 const float *__restrict__ U, int64_t ldu,
+                                                                 float *__restrict__ part) {
+    __shared__ float red[R][TR_COLS];
     const int g = threadIdx.x / TR_THREADS, t = threadIdx.x % TR_THREADS;
     const int64_t p = (int64_t)blockIdx.x * TR_COLS + 4 * t;
     const int64_t k0 = (int64_t)blockIdx.y * kslice, k1 = k0 + kslice < K ? k0 + kslice : K;
@@ -170,62 +156,39 @@ __global__ void __launch_bounds__(TR_THREADS *GR) tall_k(int64_t P, int n, int64
         for (int j = 0; j < R; j++) acc[c][j] = 0.0f;
     if (p < P) { /* P % 4 == 0 */
 #pragma unroll 4
-        for (int64_t k = k0 + g; k < k1; k += GR) {
+        for (int64_t k = k0 + g; k < k1; k += TR_GROUPS) {
             const float4 x = ld4(X + k * ldx + p);
-            float u[R];
-            if (VU) {
 #pragma unroll
-                for (int q = 0; q < R / 4; q++) {
-                    const float4 v = 4 * q < n ? __ldg((const float4 *)(U + k * ldu + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    u[4 * q] = v.x, u[4 * q + 1] = v.y, u[4 * q + 2] = v.z, u[4 * q + 3] = v.w;
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < R; j++) u[j] = j < n ? __ldg(U + k * ldu + j) : 0.0f;
+            for (int j = 0; j < R; j++) {
+                const float u = j < n ? __ldg(U + k * ldu + j) : 0.0f;
+                acc[0][j] += x.x * u, acc[1][j] += x.y * u, acc[2][j] += x.z * u, acc[3][j] += x.w * u;
             }
-#pragma unroll
-            for (int j = 0; j < R; j++)
-                acc[0][j] += x.x * u[j], acc[1][j] += x.y * u[j], acc[2][j] += x.z * u[j], acc[3][j] += x.w * u[j];
         }
     }
-    if (GR > 1) {
-        if (g == 1)
-#pragma unroll
-            for (int j = 0; j < R; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) red[j][4 * t + c] = acc[c][j];
-        __syncthreads();
-        if (g == 1) return;
+    if (g == 1)
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[c][j] += red[j][4 * t + c];
-    }
-    if (p < P)
+            for (int c = 0; c < 4; c++) red[j][4 * t + c] = acc[c][j];
+    __syncthreads();
+    if (g == 0 && p < P)
 #pragma unroll
         for (int j = 0; j < R; j++)
             if (j < n)
                 *(float4 *)(part + ((int64_t)blockIdx.y * R + j) * P + p) =
-                    make_float4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
+                    make_float4(acc[0][j] + red[j][4 * t], acc[1][j] + red[j][4 * t + 1], acc[2][j] + red[j][4 * t + 2],
+                                acc[3][j] + red[j][4 * t + 3]);
 }
 
-/* Where the reduction's rows go: result row j (of n) is pieces p[j / kb], row j % kb; with c_pj = 1
- * one piece holds the whole (P, n) result at C[p·ldc + j], with 0 each piece is (kb, P) at
- * C[(j % kb)·ldc + p] (the dA of each projection of a group). */
-typedef struct tall_out {
-    float *p[3];
-    int kb;
-} tall_out;
-
+/* c_pj = 1: C[p·ldc + j] (the result is (P, n)); 0: C[j·ldc + p] (it is (n, P)). */
 __global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const float *__restrict__ part, float alpha,
-                              float beta, tall_out out, int64_t ldc, int c_pj) {
+                              float beta, float *C, int64_t ldc, int c_pj) {
     const int64_t total = (int64_t)n * P;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / P, p = i - j * P;
         float s = 0.0f;
         for (int q = 0; q < splits; q++) s += part[((int64_t)q * R + j) * P + p];
-        const int piece = (int)(j / out.kb), jj = (int)(j - (int64_t)piece * out.kb);
-        float *c = c_pj ? out.p[0] + p * ldc + j : out.p[piece] + jj * ldc + p;
+        float *c = c_pj ? C + p * ldc + j : C + j * ldc + p;
         *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
     }
 }
@@ -236,9 +199,9 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define SKINNY_TARGET_BLOCKS 528
 
 template <typename XT>
-static void tall_to(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
-                    float beta, tall_out out, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
-    const int R = n <= 8 ? 8 : n <= 16 ? 16 : n <= 24 ? 24 : 32;
+static void tall(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
+                 float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
+    const int R = n <= 8 ? 8 : 16;
     const int64_t colblocks = (P + TR_COLS - 1) / TR_COLS;
     int64_t splits = (SKINNY_TARGET_BLOCKS + colblocks - 1) / colblocks;
     const int64_t most = (int64_t)(ws_bytes / ((size_t)R * (size_t)P * sizeof(float)));
@@ -249,25 +212,11 @@ static void tall_to(int64_t P, int n, int64_t K, float alpha, const XT *X, int64
     splits = (K + kslice - 1) / kslice;
     dim3 grid((unsigned)colblocks, (unsigned)splits);
     float *part = (float *)ws;
-    const int vu = aligned16(U) && ldu % 4 == 0 && n % 4 == 0; /* whole float4s inside each row */
-    cudaStream_t st = lt_cuda_stream();
-#define TALL(R_, GR_, VU_) tall_k<R_, XT, GR_, VU_><<<grid, TR_THREADS * GR_, 0, st>>>(P, n, K, kslice, X, ldx, U, ldu, part)
-    if (R == 8) vu ? TALL(8, 2, 1) : TALL(8, 2, 0);
-    else if (R == 16) vu ? TALL(16, 2, 1) : TALL(16, 2, 0);
-    else if (R == 24) vu ? TALL(24, 1, 1) : TALL(24, 1, 0);
-    else vu ? TALL(32, 1, 1) : TALL(32, 1, 0);
-#undef TALL
+    if (R == 8) tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    else tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
     LT_CUDA_LAUNCHED("gemm: tall reduction");
-    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, st>>>(P, n, R, (int)splits, part, alpha, beta, out,
-                                                                     ldc, c_pj);
+    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream()>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
     LT_CUDA_LAUNCHED("gemm: tall reduction sum");
-}
-
-template <typename XT>
-static void tall(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
-                 float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
-    tall_out out = {{C, NULL, NULL}, n};
-    tall_to(P, n, K, alpha, X, ldx, U, ldu, beta, out, ldc, c_pj, ws, ws_bytes);
 }
 
 /* Runs the row-major gemm C (M, N) = alpha·op(A)·op(B) + beta·C here when it is one of the skinny
@@ -284,9 +233,7 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         const int n = (int)N;
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-#define SMALL_N(R_, T_, V_) \
-    small_n_k<R_, T_, V_, 0><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0, \
-                                                             NULL, 0, 0.0f)
+#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -333,10 +280,9 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
 
 template <int R, int B_T>
 __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, int64_t K, float alpha,
-                                                             const __nv_bfloat16 *A, int64_t lda,
+                                                             const __nv_bfloat16 *__restrict__ A, int64_t lda,
                                                              const float *__restrict__ B, int64_t ldb, float beta,
-                                                             float *C, int64_t ldc, __nv_bfloat16 *Tl, int64_t ldt,
-                                                             float ts) {
+                                                             float *C, int64_t ldc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SNH_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -400,43 +346,13 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
             if (m < M && lane < n) {
                 float *c = C + m * ldc + lane;
                 *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
-                if (Tl) Tl[m * ldt + lane] = __float2bfloat16_rn(ts * mine);
             }
         }
     }
 }
 
-extern "C" int lt_cuda_skinny_n_store(int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                                      void *As, int64_t ldas, void *tail, int64_t ldt, float ts) {
-    if (M <= 0 || N <= 0 || N > 16 || K < 4 || K % 4 || lda % 4 || !aligned16(A) || !aligned16(B) || ldb % 4 ||
-        (!tb && N % 4) || (uintptr_t)As % 8 || ldas % 4)
-        return 0;
-    const int64_t per_block = SN_WARPS * SN_ROWS(N <= 8 ? 8 : 16);
-    int64_t blocks = (M + per_block - 1) / per_block;
-    if (blocks > 65535) blocks = 65535;
-    const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-    const int n = (int)N;
-    __nv_bfloat16 *as = (__nv_bfloat16 *)As;
-    cudaStream_t st = lt_cuda_stream();
-    __nv_bfloat16 *tl = (__nv_bfloat16 *)tail;
-#define SMALL_NS(R_, T_) \
-    small_n_k<R_, T_, 1, 1><<<g, th, 0, st>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc, as, ldas, tl, ldt, ts)
-    if (N <= 8) {
-        if (tb) SMALL_NS(8, 1);
-        else SMALL_NS(8, 0);
-    } else {
-        if (tb) SMALL_NS(16, 1);
-        else SMALL_NS(16, 0);
-    }
-#undef SMALL_NS
-    LT_CUDA_LAUNCHED("lora: small n storing bf16");
-    return 1;
-}
-
 extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *tail,
-                                  int64_t ldt, float ts) {
+                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
         return 0;
@@ -447,16 +363,13 @@ extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float
     const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
     const int n = (int)N;
     cudaStream_t st = lt_cuda_stream();
-    __nv_bfloat16 *tl = (__nv_bfloat16 *)tail;
-#define SMALL_NH(R_, T_) small_n_h_k<R_, T_><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc, tl, ldt, ts)
     if (N <= 8) {
-        if (tb) SMALL_NH(8, 1);
-        else SMALL_NH(8, 0);
+        if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
     } else {
-        if (tb) SMALL_NH(16, 1);
-        else SMALL_NH(16, 0);
+        if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
     }
-#undef SMALL_NH
     LT_CUDA_LAUNCHED("lora: small n (bf16)");
     return 1;
 }
@@ -468,19 +381,6 @@ extern "C" int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alph
         (size_t)16 * (size_t)P * sizeof(float) > ws_bytes)
         return 0;
     tall(P, (int)n, K, alpha, (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc, c_pj, ws, ws_bytes);
-    return 1;
-}
-
-/* ga_g += alpha·(U's column block g)ᵀ·X for up to three pieces of kb columns of U (n = pieces·kb <= 32):
- * one pass over X (K, P, f32) for the dA of every adapted projection of a group. */
-extern "C" int lt_cuda_tall_grouped(int64_t P, int64_t n, int kb, int64_t K, float alpha, const float *X, int64_t ldx,
-                                    const float *U, int64_t ldu, float beta, float *const *C, int64_t ldc, void *ws,
-                                    size_t ws_bytes) {
-    if (P <= 0 || n <= 0 || n > 32 || kb <= 0 || (n + kb - 1) / kb > 3 || K < 1024 || P % 4 || ldx % 4 ||
-        !aligned16(X) || (size_t)32 * (size_t)P * sizeof(float) * 8 > ws_bytes)
-        return 0;
-    tall_out out = {{C[0], n > kb ? C[1] : NULL, n > 2 * kb ? C[2] : NULL}, kb};
-    tall_to(P, (int)n, K, alpha, X, ldx, U, ldu, beta, out, ldc, 0, ws, ws_bytes);
     return 1;
 }
 
@@ -498,7 +398,6 @@ typedef struct rank_src {
 } rank_src;
 
 #define RU_THREADS 128
-#define RU_ROWS 4
 
 template <int KMAX>
 __global__ void __launch_bounds__(RU_THREADS) rank_upd_k(int64_t M, int64_t N, int K, float alpha,
@@ -520,36 +419,26 @@ __global__ void __launch_bounds__(RU_THREADS) rank_upd_k(int64_t M, int64_t N, i
         }
     }
     const int64_t m0 = (int64_t)blockIdx.y * rows_per, m1 = m0 + rows_per < M ? m0 + rows_per : M;
-    /* RU_ROWS rows an iteration: their loads of C are in flight together (one 16-byte load a thread
-     * at a time left the read-modify-write passes waiting on memory latency) */
-    for (int64_t mb = m0; mb < m1; mb += RU_ROWS) {
-        float4 c0[RU_ROWS];
-        if (beta != 0.0f)
+    for (int64_t m = m0; m < m1; m++) {
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int i = 0; i < RU_ROWS; i++)
-                if (mb + i < m1) c0[i] = *(const float4 *)(C + (mb + i) * ldc + c);
+        for (int q = 0; q < KMAX / 4; q++) {
+            if (4 * q >= K) break;
+            const float4 u = __ldg((const float4 *)(U + m * ldu + 4 * q));
+            const float uu[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < RU_ROWS; i++) {
-            const int64_t m = mb + i;
-            if (m >= m1) break;
-            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int q = 0; q < KMAX / 4; q++) {
-                if (4 * q >= K) break;
-                const float4 u = __ldg((const float4 *)(U + m * ldu + 4 * q));
-                const float uu[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int j = 4 * q + e;
-                    o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
-                }
+            for (int e = 0; e < 4; e++) {
+                const int j = 4 * q + e;
+                o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
             }
-            float4 *cp = (float4 *)(C + m * ldc + c);
-            if (beta == 0.0f)
-                *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
-            else
-                *cp = make_float4(alpha * o.x + beta * c0[i].x, alpha * o.y + beta * c0[i].y,
-                                  alpha * o.z + beta * c0[i].z, alpha * o.w + beta * c0[i].w);
+        }
+        float4 *cp = (float4 *)(C + m * ldc + c);
+        if (beta == 0.0f) {
+            *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
+        } else {
+            const float4 c0 = *cp;
+            *cp = make_float4(alpha * o.x + beta * c0.x, alpha * o.y + beta * c0.y, alpha * o.z + beta * c0.z,
+                              alpha * o.w + beta * c0.w);
         }
     }
 }

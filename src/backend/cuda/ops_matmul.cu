@@ -25,12 +25,10 @@ extern "C" {
 #define MM_BLAS_WS ((size_t)32 << 20)
 /* The f32 `gemm` has no workspace argument, but its LoRA products with a long reduction over the
  * tokens (dA = duᵀ·x: 8 x 4096 outputs, K = 8192) need split-K, which needs workspace: without
- * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 16 MiB device array,
+ * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 4 MiB device array,
  * part of the module's static memory rather than an lt_alloc block, shared by every call on the
- * one stream. 16 MiB rather than 4: the tall reductions' partial sums (splits x rank x width)
- * capped a 12288-wide reduction at 10 row slices (240 blocks for 132 SMs), and a q/k/v group's
- * stacked dA (24 x 4096 per slice) needs the room too. */
-#define GEMM_WS_BYTES ((size_t)16 << 20)
+ * one stream. */
+#define GEMM_WS_BYTES ((size_t)4 << 20)
 __device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
 /* Weight elements converted to bf16 per tile: 64M (128 MiB) holds a whole 14336 x 4096 projection,
  * so every 8B layer takes one tile and x is converted once per chunk. With 32M the MLP layers took
@@ -207,17 +205,10 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
 
 /* ---- weight matmul ---- */
 
-/* Columns the bf16 x area keeps beyond x's width, and the K-extended weight copy beside it: the
- * LoRA ops (ops_lora.cu) append s·lu (r <= 16 columns) to x's rows and B to W's, so one GEMM over
- * K = in + r gives x·Wᵀ + s·lu·Bᵀ; backward, dlu to dy's rows and A under W's rows (K = out + r).
- * Only for bf16 W of at most MM_TILE_ELEMS extended elements (a projection, not a
- * vocabulary-wide head). */
-#define MM_XPAD 16
-
 typedef struct mm_layout {
     int64_t tile_rows; /* rows of W per tile (out when W is bf16: no tile) */
     int64_t x_rows;    /* rows of x per bf16 chunk */
-    size_t off_tile, off_x, off_ext, ext_bytes, total;
+    size_t off_tile, off_x, total;
 } mm_layout;
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -240,11 +231,7 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
     if (l.x_rows < 128) l.x_rows = 128;
     int64_t rows = N_max < l.x_rows ? N_max : l.x_rows;
     if (rows < 0) rows = 0;
-    l.off_ext = l.off_x + align256((size_t)rows * (size_t)(xcols + MM_XPAD) * 2);
-    l.ext_bytes = dt == LT_DTYPE_BF16 && (out + MM_XPAD) * (in + MM_XPAD) <= MM_TILE_ELEMS
-                      ? align256((size_t)(out + MM_XPAD) * (size_t)(in + MM_XPAD) * 2)
-                      : 0;
-    l.total = l.off_ext + l.ext_bytes;
+    l.total = l.off_x + align256((size_t)rows * (size_t)xcols * 2);
     return l;
 }
 
@@ -313,71 +300,34 @@ __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes,
 }
 
 /* What the bf16 x area of a workspace holds: all of x (one chunk) from this call, or nothing
- * (x == NULL). Read and written only by the matmul and the LoRA ops' staging calls below, from
- * the one host thread that runs a model step. */
+ * (x == NULL). Read and written only by lt_cuda_matmul, from the one host thread that runs a
+ * model step. */
 typedef struct mm_xcache {
     const void *ws;
     const float *x;
-    int64_t N, width, pitch; /* pitch: bf16 elements from one row to the next (width, or more) */
+    int64_t N, width;
     size_t off_x;
 } mm_xcache;
 static mm_xcache mm_last;
 
-/* Whether the workspace's bf16 x area holds all of x (N rows of width xin, row pitch `pitch`) for
- * a layout l. */
-static int mm_x_cached(const void *ws, const float *x, int64_t N, int64_t xin, int64_t pitch, const mm_layout *l) {
+/* Whether the workspace's bf16 x area holds all of x (N rows of width xin) for a layout l. */
+static int mm_x_cached(const void *ws, const float *x, int64_t N, int64_t xin, const mm_layout *l) {
     return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
-           mm_last.pitch == pitch && mm_last.off_x == l->off_x;
-}
-
-static int64_t mm_xin(lt_matmul_mode mode, const lt_tensor *w) { return mode == LT_MATMUL_NN ? w->shape[0] : w->shape[1]; }
-
-void *lt_cuda_matmul_x_slot(lt_matmul_mode mode, const lt_tensor *w, int64_t N, void *ws, int64_t pitch) {
-    const int64_t out = w->shape[0], in = w->shape[1];
-    const mm_layout l = mm_plan(w->dtype, out, in, N);
-    const int64_t xin = mm_xin(mode, w);
-    if (N <= 0 || N > l.x_rows || xin % 8 || pitch % 8 || pitch < xin || pitch > xin + MM_XPAD) return NULL;
-    return (char *)ws + l.off_x;
-}
-
-void lt_cuda_matmul_x_filled(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                             int64_t pitch) {
-    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
-    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = mm_xin(mode, w), mm_last.pitch = pitch;
-    mm_last.off_x = l.off_x;
-}
-
-void *lt_cuda_matmul_x_has(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                           int64_t pitch) {
-    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
-    return mm_x_cached(ws, x, N, mm_xin(mode, w), pitch, &l) ? (char *)ws + l.off_x : NULL;
-}
-
-void *lt_cuda_matmul_ext_slot(const lt_tensor *w, int64_t N, void *ws) {
-    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
-    return l.ext_bytes ? (char *)ws + l.off_ext : NULL;
-}
-
-void lt_cuda_matmul_ext_run(lt_matmul_mode mode, const lt_tensor *w, const void *ext, int64_t kext, const void *xb,
-                            int64_t N, float beta, float *y, void *ws) {
-    const int64_t out = w->shape[0], in = w->shape[1];
-    if (mode == LT_MATMUL_NN) /* yᵀ (in, N) = extᵀ (in, kext) · xbᵀ, ext (kext, in) row-major */
-        blas_run(1, 0, 0, in, N, kext, 1.0f, ext, in, xb, kext, beta, y, in, ws, MM_BLAS_WS);
-    else /* yᵀ (out, N) = ext (out, kext) · xbᵀ: column-major, as the NT matmul */
-        blas_run(1, 1, 0, out, N, kext, 1.0f, ext, kext, xb, kext, beta, y, out, ws, MM_BLAS_WS);
+           mm_last.off_x == l->off_x;
 }
 
 const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                                    int same_x) {
-    const int64_t xin = mm_xin(mode, w);
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)lt_cuda_matmul_x_slot(mode, w, N, ws, xin);
-    if (!xb) return NULL;
-    const mm_layout l = mm_plan(w->dtype, w->shape[0], w->shape[1], N);
-    if (!(same_x && mm_x_cached(ws, x, N, xin, xin, &l))) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const mm_layout l = mm_plan(w->dtype, out, in, N);
+    const int64_t xin = mode == LT_MATMUL_NN ? out : in;
+    if (N <= 0 || N > l.x_rows || xin % 8) return NULL;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
+    if (!(same_x && mm_x_cached(ws, x, N, xin, &l))) {
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
         to_bf16(x, xb, N * xin);
         lt_prof_end(ph);
-        lt_cuda_matmul_x_filled(mode, w, x, N, ws, xin);
+        mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
     }
     return xb;
 }
@@ -398,7 +348,7 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
     const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
     /* one chunk: x is converted once for every tile, and not at all when the caller says this x
      * is the previous call's and that call left all of it in this workspace */
-    int x_ready = same_x && nchunks == 1 && mm_x_cached(ws, x, N, xin, xin, &l);
+    int x_ready = same_x && nchunks == 1 && mm_x_cached(ws, x, N, xin, &l);
     if (!x_ready) mm_last.x = NULL;
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
@@ -425,7 +375,7 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
                 to_bf16(x + n0 * xin, xb, nr * xin);
                 lt_prof_end(ph);
                 x_ready = 1;
-                if (nchunks == 1) lt_cuda_matmul_x_filled(mode, w, x, N, ws, xin);
+                if (nchunks == 1) mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
                 blas_run(1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);
