@@ -29,6 +29,19 @@ typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_S
 
 /* A captured training step (CUDA graph), owned by the backend that made it. */
 typedef struct lt_graph lt_graph;
+/* One LoRA-adapted projection of a group that shares its input x (n, in): q, k, v; gate, up; or
+ * one alone. Shapes: W (out, in) any matmul dtype; A (r, in), B (out, r), their gradients, lu
+ * (n, r), y and dy (n, out), bias (out) — all f32 in the backend's memory. a = NULL: the
+ * projection carries no adapter (b, ga, gb, lu unused). */
+typedef struct lt_lora_proj {
+    const lt_tensor *w;
+    const float *a, *b;
+    float *ga, *gb;     /* backward: accumulated (+=) */
+    const float *bias;  /* forward: added to y, or NULL */
+    float *y;           /* forward: the output, or NULL: compute lu only */
+    const float *dy;    /* backward: the output's gradient */
+    float *lu;          /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
+} lt_lora_proj;
 
 typedef struct lt_backend {
     const char *name;
@@ -118,7 +131,27 @@ typedef struct lt_backend {
     lt_status (*graph_end)(lt_ctx *ctx, lt_graph **out);
     lt_status (*graph_launch)(lt_ctx *ctx, lt_graph *g, const lt_adamw_params *hp);
     void (*graph_free)(lt_graph *g);
+    /* The G (1..3) projections p[0..G) of one input x (n, in), LoRA rank r, scale s, no dropout:
+     *   lu_g = x·A_gᵀ;  y_g = beta·y_g + x·W_gᵀ + bias_g + s·lu_g·B_gᵀ   (y_g = NULL: lu_g only).
+     * ws: the matmul workspace (sized for every W of the group at n rows). CPU: exactly matmul
+     * then gemm, projection by projection (the reference); CUDA: the LoRA products may read x in
+     * bf16 (fp32 accumulate) and run before the base product, which then accumulates onto y. */
+    void (*lora_fwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                     float beta, void *ws);
+    /* The backward of lora_fwd over the same group, given dy_g and the forward's lu_g:
+     *   dlu_g = s·dy_g·B_g;  gb_g += s·dy_gᵀ·lu_g;  ga_g += dlu_gᵀ·x;
+     *   dx = beta·dx + Σ_g (dy_g·W_g + dlu_g·A_g)   (dx = NULL: skipped).
+     * dlu: (n, G·r) f32 scratch; ws as for lora_fwd. CUDA may read dy_g in bf16 for dlu_g and gb_g. */
+    void (*lora_bwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                     float *dx, float beta, float *dlu, void *ws);
 } lt_backend;
+
+/* The reference composition of lora_fwd / lora_bwd from be's matmul and gemm ops (the CPU
+ * backend's implementation; other backends fall back to it for shapes their fused paths skip). */
+void lt_lora_fwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n,
+                     int64_t r, float s, float beta, void *ws);
+void lt_lora_bwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n,
+                     int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */
 const lt_backend *lt_backend_get(lt_device dev);

@@ -267,6 +267,18 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         (REAL).from_bf16(ctx, x, y, n);                                                                          \
         lt_prof_end(h);                                                                                          \
     }                                                                                                            \
+    static void P##_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r,    \
+                             float s, float beta, void *ws) {                                                    \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL); /* its LoRA products nest as gemm */                         \
+        (REAL).lora_fwd(ctx, p, G, x, n, r, s, beta, ws);                                                        \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
+    static void P##_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r,    \
+                             float s, float *dx, float beta, float *dlu, void *ws) {                             \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                              \
+        (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                               \
+        lt_prof_end(h);                                                                                          \
+    }                                                                                                            \
     /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
     static void P##_install(lt_backend *t) {                                                                     \
         *t = (REAL);                                                                                             \
@@ -277,6 +289,7 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;            \
         t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
         t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                  \
+        t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                  \
     }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)

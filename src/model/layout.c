@@ -312,7 +312,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         o->da = carve_aligned(&cur, nb(CH * c->F, 4), al);
         o->du = carve_aligned(&cur, nb(CH * c->F, 4), al);
         o->dh = carve_aligned(&cur, nb(CH * c->C, 4), al);
-        o->dlu = carve_aligned(&cur, nb(CH * lo.rank, 4), al);
+        o->dlu = carve_aligned(&cur, nb(CH * 3 * lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }
     size_t mm = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {

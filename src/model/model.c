@@ -279,6 +279,10 @@ static lt_status saved_copy(const step *s, void *saved, float *x, int64_t n, int
     return LT_OK;
 }
 
+/* The projection groups that share an input. */
+static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
+static const lt_proj O_PROJ = LT_PROJ_O, DOWN_PROJ = LT_PROJ_DOWN;
+
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
 /* Counter base of the mask on projection p's input (in features per token) from row r0 on: the
  * projection's stream plus this batch's place in the whole batch, so a data-parallel share (and
@@ -321,16 +325,32 @@ static void proj_fwd_mode(const step *s, int64_t l, lt_proj p, int64_t r0, int64
     if (y) s->be->gemm(s->ctx, 0, 1, n, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
 }
 
-static void proj_fwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y, float *lu,
-                     const float *bias, float beta) {
-    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT);
-}
-
-/* proj_fwd on the input of the proj_fwd just before it (k and v after q, up after gate: same x,
- * rows and contents, and that call ran its base product): the backend may reuse its bf16 copy. */
-static void proj_fwd_shared(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n, const float *x, float *y,
-                            float *lu, const float *bias, float beta) {
-    proj_fwd_mode(s, l, p, r0, n, x, y, lu, bias, beta, LT_MATMUL_NT_SAME_X);
+/* The projections ps[0..G) of one input x over the n rows from row r0 (q, k, v; gate, up; or one
+ * alone), each into y[g] as proj_fwd (beta, the layer's q/k/v biases; y = NULL: lu only), through
+ * the backend's fused lora_fwd — or proj_fwd one by one under LoRA dropout, which masks x. */
+static void group_fwd(const step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                      const float *x, float *const *y, float beta) {
+    lt_model *m = s->m;
+    const lt_layer *L = &m->layers[l];
+    if (s->train && m->lora.dropout > 0) {
+        for (int g = 0; g < G; g++) {
+            const float *bias = ps[g] <= LT_PROJ_V ? L->bias[ps[g]] : NULL;
+            proj_fwd_mode(s, l, ps[g], r0, n, x, y[g], lu_at(s, st, ps[g], r0), bias, beta,
+                          g && y[g - 1] ? LT_MATMUL_NT_SAME_X : LT_MATMUL_NT);
+        }
+        return;
+    }
+    lt_lora_proj pp[3];
+    memset(pp, 0, sizeof pp);
+    for (int g = 0; g < G; g++) {
+        lt_proj p = ps[g];
+        pp[g].w = &L->w[p];
+        pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
+        pp[g].bias = p <= LT_PROJ_V ? L->bias[p] : NULL;
+        pp[g].y = y[g];
+        pp[g].lu = lu_at(s, st, p, r0);
+    }
+    s->be->lora_fwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, beta, wsf(s, m->lay.mm_ws));
 }
 
 /* Over the n rows from row r0, given dy (n, out) of projection p with input x: accumulates LoRA
@@ -364,6 +384,31 @@ static void proj_bwd(const step *s, int64_t l, lt_proj p, int64_t r0, int64_t n,
         s->be->dropout(s->ctx, scr, scr, n * in, m->lora.dropout, s->drop_seed, doff);
         s->be->add(s->ctx, dx, scr, 1.0f, n * in);
     }
+}
+
+/* The backward of group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the group's input
+ * gradient (NULL: skipped), LoRA grads accumulated. The backend's fused lora_bwd, or proj_bwd one
+ * by one under LoRA dropout. */
+static void group_bwd(const step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                      const float *x, const float *const *dy, float *dx, float beta) {
+    lt_model *m = s->m;
+    const lt_layer *L = &m->layers[l];
+    if (m->lora.dropout > 0) {
+        for (int g = 0; g < G; g++) proj_bwd(s, l, ps[g], r0, n, x, dy[g], lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
+        return;
+    }
+    lt_lora_proj pp[3];
+    memset(pp, 0, sizeof pp);
+    for (int g = 0; g < G; g++) {
+        lt_proj p = ps[g];
+        pp[g].w = &L->w[p];
+        pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
+        pp[g].ga = L->grad_a[p], pp[g].gb = L->grad_b[p];
+        pp[g].dy = dy[g];
+        pp[g].lu = lu_at(s, st, p, r0);
+    }
+    s->be->lora_bwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, dx, beta, wsf(s, m->lay.dlu),
+                    wsf(s, m->lay.mm_ws));
 }
 
 /* Row r0 of a whole-batch tensor t (N, width) held in the layout's attention dtype (attention's
@@ -470,9 +515,8 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
         float *kp = ab ? qc + n * qd : (c->qk_norm ? st->k_raw : st->k) + r0 * kvd;
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
         be->rmsnorm_fwd(s->ctx, resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_fwd(s, l, LT_PROJ_Q, r0, n, h, qp, lu_at(s, st, LT_PROJ_Q, r0), L->bias[0], 0.0f);
-        proj_fwd_shared(s, l, LT_PROJ_K, r0, n, h, kp, lu_at(s, st, LT_PROJ_K, r0), L->bias[1], 0.0f);
-        proj_fwd_shared(s, l, LT_PROJ_V, r0, n, h, vp, lu_at(s, st, LT_PROJ_V, r0), L->bias[2], 0.0f);
+        float *qkv[3] = {qp, kp, vp};
+        group_fwd(s, l, st, 3, QKV, r0, n, h, qkv, 0.0f);
         if (!ab) continue;
         if (c->qk_norm) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
             be->to_bf16(s->ctx, qp, (uint16_t *)at_row(s, st->q_raw, r0, qd), n * qd);
@@ -513,7 +557,7 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
             LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
         else
             be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
-        proj_fwd(s, l, LT_PROJ_O, r0, n, att, xm, lu_at(s, st, LT_PROJ_O, r0), NULL, 1.0f);
+        group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
         if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
             uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
             be->to_bf16(s->ctx, xm, xm16, n * C);
@@ -524,12 +568,12 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
         float *a = wsf(s, y->dg);
-        proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_at(s, st, LT_PROJ_GATE, r0), NULL, 0.0f);
-        proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_at(s, st, LT_PROJ_UP, r0), NULL, 0.0f);
+        float *gu[2] = {g, u};
+        group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
         float *xo = x_out.f ? x_out.f + r0 * C : xc;
         LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
-        proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, xo, lu_at(s, st, LT_PROJ_DOWN, r0), NULL, 1.0f);
+        group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &xo, 1.0f);
         if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
     }
     return LT_OK;
@@ -553,21 +597,21 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *xm = att_rows_f32(s, st->x_mid, r0, n, C, ab ? wsf(s, y->mc) : NULL), *dxc = dx + r0 * C;
-        float *lu_g = lu_at(s, st, LT_PROJ_GATE, r0), *lu_u = lu_at(s, st, LT_PROJ_UP, r0);
-        float *lu_d = lu_at(s, st, LT_PROJ_DOWN, r0);
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
         float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
         if (!st->g) {
-            proj_fwd(s, l, LT_PROJ_GATE, r0, n, h, g, lu_g, NULL, 0.0f);
-            proj_fwd_shared(s, l, LT_PROJ_UP, r0, n, h, u, lu_u, NULL, 0.0f);
+            float *gu[2] = {g, u};
+            group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
         }
         be->swiglu_fwd(s->ctx, g, u, n * F, a);
-        if (!st->g) proj_fwd(s, l, LT_PROJ_DOWN, r0, n, a, NULL, lu_d, NULL, 1.0f); /* its LoRA product */
-        proj_bwd(s, l, LT_PROJ_DOWN, r0, n, a, dxc, lu_d, da, 0.0f);
+        float *no_y = NULL;
+        if (!st->g) group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f); /* its LoRA product */
+        const float *dyc = dxc;
+        group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
         be->swiglu_bwd(s->ctx, da, g, u, n * F, dg, du);
-        proj_bwd(s, l, LT_PROJ_GATE, r0, n, h, dg, lu_g, dh, 0.0f);
-        proj_bwd(s, l, LT_PROJ_UP, r0, n, h, du, lu_u, dh, 1.0f);
+        const float *dgu[2] = {dg, du};
+        group_bwd(s, l, st, 2, GATE_UP, r0, n, h, dgu, dh, 0.0f);
         be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
         be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
     }
@@ -576,7 +620,8 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         float *att = att_rows_f32(s, st->att, r0, n, qd, ac), *dattc = ab ? qc : (float *)at_row(s, datt, r0, qd);
-        proj_bwd(s, l, LT_PROJ_O, r0, n, att, dx + r0 * C, lu_at(s, st, LT_PROJ_O, r0), dattc, 0.0f);
+        const float *dyo = dx + r0 * C;
+        group_bwd(s, l, st, 1, &O_PROJ, r0, n, att, &dyo, dattc, 0.0f);
         if (ab) be->to_bf16(s->ctx, dattc, (uint16_t *)at_row(s, datt, r0, qd), n * qd);
     }
     lt_attention_params ap = attn_params(s);
@@ -609,9 +654,8 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
         if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, ac);
         const float *xr = resid_rows(s, x_in, r0, n, xc);
         be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-        proj_bwd(s, l, LT_PROJ_Q, r0, n, h, dqc, lu_at(s, st, LT_PROJ_Q, r0), dhx, 0.0f);
-        proj_bwd(s, l, LT_PROJ_K, r0, n, h, dkc, lu_at(s, st, LT_PROJ_K, r0), dhx, 1.0f);
-        proj_bwd(s, l, LT_PROJ_V, r0, n, h, dvc, lu_at(s, st, LT_PROJ_V, r0), dhx, 1.0f);
+        const float *dqkv[3] = {dqc, dkc, dvc};
+        group_bwd(s, l, st, 3, QKV, r0, n, h, dqkv, dhx, 0.0f);
         if (!need_dx) continue;
         be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
         be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);

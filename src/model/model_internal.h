@@ -112,7 +112,7 @@ typedef struct lt_layout {
      * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
      * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
-     * LoRA dropout (absent without), dlu (r). */
+     * LoRA dropout (absent without), dlu (3·r: a group of three projections). */
     int64_t chunk;
     size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;

@@ -15,6 +15,16 @@ static lt_status cpu_sync(lt_ctx *ctx) {
     return LT_OK;
 }
 
+static void cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                         float beta, void *ws) {
+    lt_lora_fwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, beta, ws);
+}
+
+static void cpu_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                         float *dx, float beta, float *dlu, void *ws) {
+    lt_lora_bwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
+}
+
 const lt_backend lt_backend_cpu = {
     .name = "cpu",
     .device = LT_DEVICE_CPU,
@@ -40,4 +50,6 @@ const lt_backend lt_backend_cpu = {
     .to_bf16 = lt_cpu_to_bf16,
     .from_bf16 = lt_cpu_from_bf16,
     .saved_dtype = LT_DTYPE_F32,
+    .lora_fwd = cpu_lora_fwd,
+    .lora_bwd = cpu_lora_bwd,
 };

@@ -90,4 +90,6 @@ extern "C" const lt_backend lt_backend_cuda = {
     /* .graph_end */ lt_cuda_graph_end,
     /* .graph_launch */ lt_cuda_graph_launch,
     /* .graph_free */ lt_cuda_graph_free,
+    /* .lora_fwd */ lt_cuda_lora_fwd,
+    /* .lora_bwd */ lt_cuda_lora_bwd,
 };

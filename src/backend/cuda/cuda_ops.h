@@ -58,6 +58,33 @@ int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws);
 size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
+/* lt_cuda_matmul with the x-reuse rule of LT_MATMUL_NT_SAME_X for any mode: same_x = 1 says x
+ * (pointer, rows, contents) is the one the workspace's bf16 area was last filled from. */
+void lt_cuda_matmul_reuse(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
+                          void *ws, int same_x);
+/* Fills the workspace's bf16 x area with x (N rows of w's input width for NT, output width for
+ * NN) as the matmul would, unless same_x and it already holds it; returns the bf16 rows (row
+ * stride = that width), or NULL when x does not fit one chunk (the matmul then converts x
+ * piecewise itself). */
+const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
+                                   int same_x);
+/* The f32 gemm's fixed device workspace and its size. */
+void *lt_cuda_gemm_workspace(size_t *bytes);
+/* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
+ * alignment is not theirs: C (M, N <= 16) = alpha·A (M, K, bf16)·op(B) + beta·C (tb: B (N, K),
+ * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P, bf16) and
+ * U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update C (M, N) = alpha·U (M, K <= 32)·V
+ * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
+int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
+                          int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes);
+int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                        const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
+void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float beta, void *ws);
+void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float *dx, float beta, float *dlu, void *ws);
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd);
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,

@@ -3,9 +3,12 @@
  * them at a third of the H200's bandwidth (bench matmul, last session: x·Aᵀ at N = 8192, in = 4096
  * took 148 us for 128 MiB). Here each one is a single pass over the big operand with float4 loads,
  * fp32 accumulation in a fixed order (deterministic; no atomics); the rank-r update dlu·A into dx
- * is one float4 read-modify-write pass over C. lu·Bᵀ into y stays with cuBLASLt (see small_k_k). */
+ * is one float4 read-modify-write pass over C. lu·Bᵀ into y stays with cuBLASLt here (see small_k_k);
+ * the fused LoRA ops (ops_lora.cu) use the bf16-input variants and the rank update at the end. */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 /* ---- small n: C (M, n) = alpha·A (M, K)·op(B) + beta·C, A rows contiguous in k ----
@@ -128,9 +131,18 @@ __global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float 
 #define TR_GROUPS 2
 #define TR_COLS (TR_THREADS * 4)
 
-template <int R>
+/* Four consecutive elements of X as floats: one 16-byte f32 load, or one 8-byte bf16 load. */
+static __device__ __forceinline__ float4 ld4(const float *p) { return __ldg((const float4 *)p); }
+static __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *p) {
+    const uint2 v = __ldg((const uint2 *)p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <int R, typename XT>
 __global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n, int64_t K, int64_t kslice,
-                                                                 const float *__restrict__ X, int64_t ldx,
+                                                                 const XT *__restrict__ X, int64_t ldx,
                                                                  const float *__restrict__ U, int64_t ldu,
                                                                  float *__restrict__ part) {
     __shared__ float red[R][TR_COLS];
@@ -145,7 +157,7 @@ __global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n
     if (p < P) { /* P % 4 == 0 */
 #pragma unroll 4
         for (int64_t k = k0 + g; k < k1; k += TR_GROUPS) {
-            const float4 x = __ldg((const float4 *)(X + k * ldx + p));
+            const float4 x = ld4(X + k * ldx + p);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 const float u = j < n ? __ldg(U + k * ldu + j) : 0.0f;
@@ -186,7 +198,8 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 /* Blocks that fill an H200 (132 SMs) a few times over. */
 #define SKINNY_TARGET_BLOCKS 528
 
-static void tall(int64_t P, int n, int64_t K, float alpha, const float *X, int64_t ldx, const float *U, int64_t ldu,
+template <typename XT>
+static void tall(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
                  float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
     const int R = n <= 8 ? 8 : 16;
     const int64_t colblocks = (P + TR_COLS - 1) / TR_COLS;
@@ -199,10 +212,10 @@ static void tall(int64_t P, int n, int64_t K, float alpha, const float *X, int64
     splits = (K + kslice - 1) / kslice;
     dim3 grid((unsigned)colblocks, (unsigned)splits);
     float *part = (float *)ws;
-    if (R == 8) tall_k<8><<<grid, TR_THREADS * TR_GROUPS>>>(P, n, K, kslice, X, ldx, U, ldu, part);
-    else tall_k<16><<<grid, TR_THREADS * TR_GROUPS>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    if (R == 8) tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    else tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
     LT_CUDA_LAUNCHED("gemm: tall reduction");
-    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
+    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream()>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
     LT_CUDA_LAUNCHED("gemm: tall reduction sum");
 }
 
@@ -220,7 +233,7 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         const int n = (int)N;
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
+#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -236,8 +249,8 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         aligned16(B)) {
         /* dlu·A into dx: one pass over C */
         const unsigned g = lt_cuda_grid(M * (N / 4), 256);
-        if (K <= 8) small_k_k<8><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-        else small_k_k<16><<<g, 256>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (K <= 8) small_k_k<8><<<g, 256, 0, lt_cuda_stream()>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else small_k_k<16><<<g, 256, 0, lt_cuda_stream()>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
         LT_CUDA_LAUNCHED("gemm: small k");
         return 1;
     }
@@ -256,4 +269,200 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         }
     }
     return 0;
+}
+
+/* ---- bf16 x, f32 factors: C (M, n) = alpha·A (M, K, bf16)·op(B) + beta·C, n <= R ----
+ * small_n_k's scheme with A read as bf16, eight elements (16 bytes) a lane per step, so the pass
+ * over an activation moves half the bytes: the LoRA down-products x·Aᵀ (B_T = 1, B = A (r, K))
+ * and dy·B (B_T = 0, B (K, r)) read the bf16 copy the weight matmul made of x or dy. B stays f32
+ * (fp32 accumulate); only the activation is rounded, as the base product already rounds it. */
+#define SNH_ROWS(R) ((R) <= 8 ? 4 : 2)
+
+template <int R, int B_T>
+__global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, int64_t K, float alpha,
+                                                             const __nv_bfloat16 *__restrict__ A, int64_t lda,
+                                                             const float *__restrict__ B, int64_t ldb, float beta,
+                                                             float *C, int64_t ldc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int ROWS = SNH_ROWS(R);
+    const int64_t per_block = SN_WARPS * ROWS;
+    for (int64_t m0 = blockIdx.x * per_block + warp * ROWS; m0 < M; m0 += (int64_t)gridDim.x * per_block) {
+        float acc[ROWS][R];
+#pragma unroll
+        for (int i = 0; i < ROWS; i++)
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[i][j] = 0.0f;
+        for (int64_t k = lane * 8; k < K; k += 256) { /* K % 8 == 0 */
+            float b[8][R];
+            if (B_T) {
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    const float4 v0 = j < n ? __ldg((const float4 *)(B + j * ldb + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v1 = j < n ? __ldg((const float4 *)(B + j * ldb + k + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    b[0][j] = v0.x, b[1][j] = v0.y, b[2][j] = v0.z, b[3][j] = v0.w;
+                    b[4][j] = v1.x, b[5][j] = v1.y, b[6][j] = v1.z, b[7][j] = v1.w;
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 8; t++)
+#pragma unroll
+                    for (int q = 0; q < R / 4; q++) {
+                        const float4 v = 4 * q < n ? __ldg((const float4 *)(B + (k + t) * ldb + 4 * q))
+                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+                        b[t][4 * q] = v.x, b[t][4 * q + 1] = v.y, b[t][4 * q + 2] = v.z, b[t][4 * q + 3] = v.w;
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < ROWS; i++) {
+                if (m0 + i >= M) break;
+                const uint4 raw = __ldg((const uint4 *)(A + (m0 + i) * lda + k));
+                const uint32_t w4[4] = {raw.x, raw.y, raw.z, raw.w};
+                float a[8];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w4[q]));
+                    a[2 * q] = f.x, a[2 * q + 1] = f.y;
+                }
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    float t = acc[i][j];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) t += a[e] * b[e][j];
+                    acc[i][j] = t;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            float mine = 0.0f;
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float v = acc[i][j];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == j) mine = v;
+            }
+            const int64_t m = m0 + i;
+            if (m < M && lane < n) {
+                float *c = C + m * ldc + lane;
+                *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
+            }
+        }
+    }
+}
+
+extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
+        (!tb && N % 4))
+        return 0;
+    const int64_t per_block = SN_WARPS * SNH_ROWS(N <= 8 ? 8 : 16);
+    int64_t blocks = (M + per_block - 1) / per_block;
+    if (blocks > 65535) blocks = 65535;
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)A;
+    const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
+    const int n = (int)N;
+    cudaStream_t st = lt_cuda_stream();
+    if (N <= 8) {
+        if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+    } else {
+        if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+    }
+    LT_CUDA_LAUNCHED("lora: small n (bf16)");
+    return 1;
+}
+
+extern "C" int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
+                                     const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws,
+                                     size_t ws_bytes) {
+    if (P <= 0 || n <= 0 || n > 16 || K < 1024 || P % 4 || ldx % 4 || (uintptr_t)X % 8 ||
+        (size_t)16 * (size_t)P * sizeof(float) > ws_bytes)
+        return 0;
+    tall(P, (int)n, K, alpha, (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc, c_pj, ws, ws_bytes);
+    return 1;
+}
+
+/* ---- rank update: C (M, N) = alpha·U (M, K)·V + beta·C, K <= 32 (a multiple of 4) ----
+ * V (K, N) is given by up to three pieces of kb rows each (the A's of q, k, v stacked: dx +=
+ * dlu·[A_q; A_k; A_v]), or transposed (vt: piece g is (N, kb), V[j][c] = p_g[c·ld + j], the B of
+ * lu·Bᵀ). A thread owns four consecutive columns and keeps their K x 4 block of V in registers
+ * (read once, however V is laid out), then streams rows: U's row is a few broadcast float4 loads,
+ * C one float4 store (and load when beta != 0). So the LoRA up-products write y once, coalesced,
+ * whatever B's layout (the transposed small_k_k lost ~0.6 s a step to uncoalesced B loads). */
+typedef struct rank_src {
+    const float *p[3];
+    int64_t ld;
+    int kb, vt;
+} rank_src;
+
+#define RU_THREADS 128
+
+template <int KMAX>
+__global__ void __launch_bounds__(RU_THREADS) rank_upd_k(int64_t M, int64_t N, int K, float alpha,
+                                                         const float *__restrict__ U, int64_t ldu, rank_src V,
+                                                         float beta, float *C, int64_t ldc, int64_t rows_per) {
+    const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
+    if (c >= N) return; /* N % 4 == 0 */
+    float v[KMAX][4];
+#pragma unroll
+    for (int j = 0; j < KMAX; j++) {
+        if (j < K) {
+            const int g = j / V.kb, jj = j - g * V.kb;
+            const float *p = V.p[g];
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[j][i] = V.vt ? p[(c + i) * V.ld + jj] : p[jj * V.ld + c + i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[j][i] = 0.0f;
+        }
+    }
+    const int64_t m0 = (int64_t)blockIdx.y * rows_per, m1 = m0 + rows_per < M ? m0 + rows_per : M;
+    for (int64_t m = m0; m < m1; m++) {
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < KMAX / 4; q++) {
+            if (4 * q >= K) break;
+            const float4 u = __ldg((const float4 *)(U + m * ldu + 4 * q));
+            const float uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = 4 * q + e;
+                o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
+            }
+        }
+        float4 *cp = (float4 *)(C + m * ldc + c);
+        if (beta == 0.0f) {
+            *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
+        } else {
+            const float4 c0 = *cp;
+            *cp = make_float4(alpha * o.x + beta * c0.x, alpha * o.y + beta * c0.y, alpha * o.z + beta * c0.z,
+                              alpha * o.w + beta * c0.w);
+        }
+    }
+}
+
+extern "C" int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                                   const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C,
+                                   int64_t ldc) {
+    if (M <= 0 || N <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3 || N % 4 || ldc % 4 ||
+        ldu % 4 || !aligned16(C) || !aligned16(U))
+        return 0;
+    rank_src V;
+    V.p[0] = pieces[0], V.p[1] = K > kb ? pieces[1] : NULL, V.p[2] = K > 2 * kb ? pieces[2] : NULL;
+    V.ld = ld, V.kb = kb, V.vt = vt;
+    const int64_t colblocks = (N / 4 + RU_THREADS - 1) / RU_THREADS;
+    int64_t ys = (4 * 132 * 2 + colblocks - 1) / colblocks;
+    if (ys > M) ys = M;
+    if (ys > 65535) ys = 65535;
+    const int64_t rows_per = (M + ys - 1) / ys;
+    ys = (M + rows_per - 1) / rows_per;
+    dim3 grid((unsigned)colblocks, (unsigned)ys);
+    cudaStream_t st = lt_cuda_stream();
+    if (K <= 8) rank_upd_k<8><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    else if (K <= 16) rank_upd_k<16><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    else rank_upd_k<32><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    LT_CUDA_LAUNCHED("lora: rank update");
+    return 1;
 }

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -131,7 +132,7 @@ static void plan_make(blas_plan *p, const blas_key *k) {
     p->algo = res.algo;
 }
 
-/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on the default stream. */
+/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on the backend's stream. */
 static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha, const void *A,
                      int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
                      size_t wsb) {
@@ -159,7 +160,7 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
         p = &blas_plans[slot];
     }
     BLAS_OK(cublasLtMatmul(blas_handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd, &p->algo, ws,
-                           wsb, 0),
+                           wsb, lt_cuda_stream()),
             "matmul");
     pthread_mutex_unlock(&blas_mu);
 }
@@ -190,7 +191,7 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* no product: C = beta·C, as the CPU op */
         dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-        scale_c_k<<<grid, 256>>>(C, M, N, ldc, beta);
+        scale_c_k<<<grid, 256, 0, lt_cuda_stream()>>>(C, M, N, ldc, beta);
         LT_CUDA_LAUNCHED("gemm (K = 0)");
         return;
     }
@@ -261,11 +262,11 @@ __global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
 static void to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
     int64_t n8 = ((uintptr_t)x % 16) ? 0 : n / 8;
     if (n8) {
-        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256>>>((const float4 *)x, (uint4 *)y, n8);
+        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256, 0, lt_cuda_stream()>>>((const float4 *)x, (uint4 *)y, n8);
         LT_CUDA_LAUNCHED("matmul: x to bf16");
     }
     if (n - 8 * n8) {
-        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
+        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256, 0, lt_cuda_stream()>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
         LT_CUDA_LAUNCHED("matmul: x to bf16");
     }
 }
@@ -309,12 +310,32 @@ typedef struct mm_xcache {
 } mm_xcache;
 static mm_xcache mm_last;
 
-void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta,
-                    float *y, void *ws) {
-    (void)ctx;
+/* Whether the workspace's bf16 x area holds all of x (N rows of width xin) for a layout l. */
+static int mm_x_cached(const void *ws, const float *x, int64_t N, int64_t xin, const mm_layout *l) {
+    return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
+           mm_last.off_x == l->off_x;
+}
+
+const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
+                                   int same_x) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const mm_layout l = mm_plan(w->dtype, out, in, N);
+    const int64_t xin = mode == LT_MATMUL_NN ? out : in;
+    if (N <= 0 || N > l.x_rows || xin % 8) return NULL;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
+    if (!(same_x && mm_x_cached(ws, x, N, xin, &l))) {
+        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
+        to_bf16(x, xb, N * xin);
+        lt_prof_end(ph);
+        mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
+    }
+    return xb;
+}
+
+void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
+                          void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
-    const int same_x = mode_in == LT_MATMUL_NT_SAME_X;
     const lt_matmul_mode mode = mode_in == LT_MATMUL_NN ? LT_MATMUL_NN : LT_MATMUL_NT;
     LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
     const lt_dtype dt = w->dtype;
@@ -327,8 +348,7 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, con
     const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
     /* one chunk: x is converted once for every tile, and not at all when the caller says this x
      * is the previous call's and that call left all of it in this workspace */
-    int x_ready = same_x && nchunks == 1 && mm_last.ws == ws && mm_last.x == x && mm_last.N == N &&
-                  mm_last.width == xin && mm_last.off_x == l.off_x;
+    int x_ready = same_x && nchunks == 1 && mm_x_cached(ws, x, N, xin, &l);
     if (!x_ready) mm_last.x = NULL;
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
@@ -338,11 +358,11 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, con
         } else {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
-                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256>>>(dt, (const uint8_t *)w->data, row_bytes,
+                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream()>>>(dt, (const uint8_t *)w->data, row_bytes,
                                                                               r0, rows, in, tile);
             } else {
                 dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
-                dequant_tile_k<<<grid, 256>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+                dequant_tile_k<<<grid, 256, 0, lt_cuda_stream()>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
             }
             LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
             lt_prof_end(ph);
@@ -364,4 +384,15 @@ void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, con
                          ws, MM_BLAS_WS);
         }
     }
+}
+
+void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                    float *y, void *ws) {
+    (void)ctx;
+    lt_cuda_matmul_reuse(mode, w, x, N, beta, y, ws, mode == LT_MATMUL_NT_SAME_X);
+}
+
+void *lt_cuda_gemm_workspace(size_t *bytes) {
+    *bytes = GEMM_WS_BYTES;
+    return gemm_workspace();
 }

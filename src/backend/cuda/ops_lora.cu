@@ -1,0 +1,126 @@
+/* The CUDA LoRA projection ops (backend.h's lora_fwd / lora_bwd): the base product through the
+ * weight matmul and the rank-r LoRA products arranged around it so each activation is streamed
+ * as few times as possible. The down-products (x·Aᵀ, dy·B, dyᵀ·lu) read the bf16 copy of x or dy
+ * that the matmul makes for cuBLASLt anyway (fp32 accumulate, f32 factors); the up-product lu·Bᵀ
+ * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
+ * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
+ * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
+ * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead. It does not fuse
+ * anything into cuBLASLt's kernels, and dA = dluᵀ·x still reads x in f32, projection by projection. */
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+extern "C" {
+#include "backend/prof.h"
+}
+
+static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Whether projection P's adapter can take the fused path at rank r. */
+static int lora_fast(const lt_lora_proj *P, int64_t r) {
+    const int64_t in = P->w->shape[1];
+    return P->a && r >= 4 && r <= 16 && r % 4 == 0 && in % 8 == 0 && al16(P->a) && al16(P->b) && al16(P->lu);
+}
+
+void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float beta, void *ws) {
+    int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
+    for (int g = 0; g < G; g++) {
+        const lt_lora_proj *P = &p[g];
+        const int64_t out = P->w->shape[0], in = P->w->shape[1];
+        if (!P->y) { /* lu only (a recompute): one f32 pass over x */
+            if (!P->a) continue;
+            const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+            lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
+            lt_prof_end(ph);
+            continue;
+        }
+        const void *xb = NULL;
+        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y)) xb = lt_cuda_matmul_stage_x(LT_MATMUL_NT, P->w, x, n, ws, staged);
+        if (xb) {
+            const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+            int ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
+            /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
+            const float *bp[3] = {P->b, NULL, NULL};
+            ok = ok && lt_cuda_rank_update(n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
+            lt_prof_end(ph);
+            LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
+            lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, 1.0f, P->y, ws, 1);
+        } else {
+            lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
+            if (P->a) {
+                const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+                lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
+                lt_cuda_gemm(ctx, 0, 1, n, out, r, s, P->lu, r, P->b, r, 1.0f, P->y, out);
+                lt_prof_end(ph);
+            }
+        }
+        staged = 1;
+        if (P->bias) lt_cuda_add_bias(ctx, P->y, P->bias, n, out);
+    }
+}
+
+void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float *dx, float beta, float *dlu, void *ws) {
+    /* The fused path takes the whole group or none of it: every adapter fast, dx (n, in) aligned. */
+    int na = 0, ok = G >= 1 && G <= 3;
+    const int64_t in = p[0].w->shape[1];
+    for (int g = 0; g < G && ok; g++) {
+        if (!p[g].a) continue;
+        na++;
+        ok = lora_fast(&p[g], r) && p[g].w->shape[1] == in && p[g].w->shape[0] % 4 == 0;
+    }
+    if (ok && dx) ok = in % 4 == 0 && al16(dx);
+    if (!ok || !na) {
+        lt_lora_bwd_ref(&lt_backend_cuda, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
+        return;
+    }
+    size_t gws_bytes = 0;
+    void *gws = lt_cuda_gemm_workspace(&gws_bytes);
+    const int64_t ldd = na * r; /* dlu (n, na·r): the adapted members' column blocks in order */
+    const float *apieces[3] = {NULL, NULL, NULL};
+    int ia = 0, based = 0;
+    for (int g = 0; g < G; g++) {
+        const lt_lora_proj *P = &p[g];
+        const int64_t out = P->w->shape[0];
+        const float bbeta = based ? 1.0f : beta;
+        if (!P->a) {
+            if (dx) lt_cuda_matmul_reuse(LT_MATMUL_NN, P->w, P->dy, n, bbeta, dx, ws, 0), based = 1;
+            continue;
+        }
+        float *dl = dlu + ia * r;
+        apieces[ia++] = P->a;
+        const void *dyb = lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
+        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+        if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
+            int k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
+            int k2 = k1 && lt_cuda_skinny_h_tall(out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+            if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
+            if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
+        } else {
+            lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
+            lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
+        }
+        lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in); /* ga += dluᵀ·x */
+        int pre = 0;
+        if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
+            pre = lt_cuda_rank_update(n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
+        lt_prof_end(ph);
+        if (dx) lt_cuda_matmul_reuse(LT_MATMUL_NN, P->w, P->dy, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
+        based = 1;
+        if (dx && G == 1 && !pre) {
+            const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+            lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dl, ldd, P->a, in, 1.0f, dx, in);
+            lt_prof_end(ph2);
+        }
+    }
+    if (!dx || G == 1) return;
+    /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
+    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    if (!lt_cuda_rank_update(n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, dx, in))
+        for (int j = 0; j < na; j++)
+            lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);
+    lt_prof_end(ph);
+}

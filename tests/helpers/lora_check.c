@@ -1,0 +1,179 @@
+/* See lora_check.h. Buffers live in the backend's memory (copied there and back through the op
+ * table), outputs start poisoned unless the op accumulates into them, and the reference runs the
+ * op's definition in float64 on the very weights the backend sees (bf16-rounded for bf16 W). */
+#include "helpers/lora_check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/tensor.h"
+
+static void *dev_copy(lt_ctx *ctx, const lt_backend *be, const void *h, size_t bytes) {
+    void *d = lt_alloc(ctx, be->device, bytes, "lora test buffer");
+    if (d && h) be->copy_to_device(ctx, d, h, bytes);
+    return d;
+}
+
+static void host_copy(lt_ctx *ctx, const lt_backend *be, void *h, const void *d, size_t bytes) {
+    be->copy_to_host(ctx, h, d, bytes);
+}
+
+static double worst(double a, double b) { return a > b || a != a ? a : b; }
+
+void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err) {
+    lt_ctx *ctx = lt_ctx_new();
+    const int G = c->G;
+    const int64_t in = c->in, n = c->n, r = c->r;
+    memset(err, 0, sizeof *err);
+    float *x = lt_test_fresh(rng, n * in, 1.0f);
+    float *wv[3], *A[3], *B[3], *bias[3], *y0[3], *dy[3], *ga0[3], *gb0[3];
+    void *wh[3];
+    size_t wbytes[3];
+    lt_tensor wt[3];
+    void *dw[3];
+    float *dA[3], *dB[3], *dbias[3], *dyv[3], *ddy[3], *dga[3], *dgb[3], *dlu[3];
+    size_t ws_bytes = 0;
+    for (int g = 0; g < G; g++) {
+        const int64_t out = c->out[g];
+        wv[g] = lt_test_fresh(rng, out * in, 1.0f / sqrtf((float)in));
+        wbytes[g] = (size_t)(out * in) * (c->wdtype == LT_DTYPE_BF16 ? 2 : 4);
+        wh[g] = malloc(wbytes[g]);
+        if (c->wdtype == LT_DTYPE_BF16) {
+            uint16_t *h = wh[g];
+            for (int64_t i = 0; i < out * in; i++) h[i] = lt_f32_to_bf16(wv[g][i]), wv[g][i] = lt_bf16_to_f32(h[i]);
+        } else {
+            memcpy(wh[g], wv[g], wbytes[g]);
+        }
+        A[g] = lt_test_fresh(rng, r * in, 1.0f / sqrtf((float)in));
+        B[g] = lt_test_fresh(rng, out * r, 0.5f);
+        bias[g] = lt_test_fresh(rng, out, 1.0f);
+        y0[g] = c->beta != 0 ? lt_test_fresh(rng, n * out, 1.0f) : lt_test_poisoned(n * out);
+        dy[g] = lt_test_fresh(rng, n * out, 1.0f);
+        ga0[g] = lt_test_fresh(rng, r * in, 1.0f);
+        gb0[g] = lt_test_fresh(rng, out * r, 1.0f);
+        int64_t shape[2] = {out, in};
+        dw[g] = dev_copy(ctx, be, wh[g], wbytes[g]);
+        wt[g] = lt_tensor_view(dw[g], c->wdtype, be->device, 2, shape);
+        dA[g] = dev_copy(ctx, be, A[g], (size_t)(r * in) * 4);
+        dB[g] = dev_copy(ctx, be, B[g], (size_t)(out * r) * 4);
+        dbias[g] = dev_copy(ctx, be, bias[g], (size_t)out * 4);
+        dyv[g] = dev_copy(ctx, be, y0[g], (size_t)(n * out) * 4);
+        ddy[g] = dev_copy(ctx, be, dy[g], (size_t)(n * out) * 4);
+        dga[g] = dev_copy(ctx, be, ga0[g], (size_t)(r * in) * 4);
+        dgb[g] = dev_copy(ctx, be, gb0[g], (size_t)(out * r) * 4);
+        float *lp = lt_test_poisoned(n * r);
+        dlu[g] = dev_copy(ctx, be, lp, (size_t)(n * r) * 4);
+        free(lp);
+        size_t w = be->matmul_workspace_bytes(c->wdtype, out, in, n, lt_ctx_threads(ctx));
+        if (w > ws_bytes) ws_bytes = w;
+    }
+    void *ws = ws_bytes ? dev_copy(ctx, be, NULL, ws_bytes) : NULL;
+    float *dx0 = c->beta != 0 ? lt_test_fresh(rng, n * in, 1.0f) : lt_test_poisoned(n * in);
+    float *ddx = dev_copy(ctx, be, dx0, (size_t)(n * in) * 4);
+    float *ddlu = dev_copy(ctx, be, NULL, (size_t)(n * 3 * r) * 4);
+    float *dxv = dev_copy(ctx, be, x, (size_t)(n * in) * 4);
+
+    lt_lora_proj pp[3];
+    memset(pp, 0, sizeof pp);
+    for (int g = 0; g < G; g++) {
+        pp[g].w = &wt[g];
+        pp[g].a = c->adapted[g] ? dA[g] : NULL;
+        pp[g].b = dB[g];
+        pp[g].ga = dga[g], pp[g].gb = dgb[g];
+        pp[g].bias = c->bias ? dbias[g] : NULL;
+        pp[g].y = c->lu_only ? NULL : dyv[g];
+        pp[g].dy = ddy[g];
+        pp[g].lu = dlu[g];
+    }
+    be->lora_fwd(ctx, pp, G, dxv, n, r, c->s, c->beta, ws);
+    be->lora_bwd(ctx, pp, G, dxv, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, ws);
+
+    /* float64 reference, and the comparisons */
+    double *lu = malloc(sizeof(double) * (size_t)(n * r)), *dlur = malloc(sizeof(double) * (size_t)(n * r));
+    double *dxr = malloc(sizeof(double) * (size_t)(n * in));
+    for (int64_t i = 0; i < n * in; i++) dxr[i] = c->beta != 0 ? (double)c->beta * dx0[i] : 0.0;
+    for (int g = 0; g < G; g++) {
+        const int64_t out = c->out[g];
+        const int ad = c->adapted[g];
+        for (int64_t i = 0; i < n; i++)
+            for (int j = 0; j < r; j++) {
+                double a = 0;
+                for (int64_t k = 0; k < in; k++) a += (double)x[i * in + k] * A[g][j * in + k];
+                lu[i * r + j] = a;
+                double d = 0;
+                for (int64_t o = 0; o < out; o++) d += (double)dy[g][i * out + o] * B[g][o * r + j];
+                dlur[i * r + j] = c->s * d;
+            }
+        float *got = malloc(sizeof(float) * (size_t)(n * (out > in ? out : in)));
+        double *ref = malloc(sizeof(double) * (size_t)(n * (out > in ? out : in)));
+        if (ad) {
+            host_copy(ctx, be, got, dlu[g], (size_t)(n * r) * 4);
+            err->lu = worst(err->lu, lt_test_rel_err_f(got, lu, n * r));
+        }
+        if (!c->lu_only) {
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t o = 0; o < out; o++) {
+                    double v = c->beta != 0 ? (double)c->beta * y0[g][i * out + o] : 0.0;
+                    for (int64_t k = 0; k < in; k++) v += (double)x[i * in + k] * wv[g][o * in + k];
+                    if (c->bias) v += bias[g][o];
+                    if (ad)
+                        for (int j = 0; j < r; j++) v += c->s * lu[i * r + j] * B[g][o * r + j];
+                    ref[i * out + o] = v;
+                }
+            host_copy(ctx, be, got, dyv[g], (size_t)(n * out) * 4);
+            err->y = worst(err->y, lt_test_rel_err_f(got, ref, n * out));
+        }
+        if (ad) {
+            for (int j = 0; j < r; j++)
+                for (int64_t k = 0; k < in; k++) {
+                    double v = ga0[g][j * in + k];
+                    for (int64_t i = 0; i < n; i++) v += dlur[i * r + j] * x[i * in + k];
+                    ref[j * in + k] = v;
+                }
+            host_copy(ctx, be, got, dga[g], (size_t)(r * in) * 4);
+            err->ga = worst(err->ga, lt_test_rel_err_f(got, ref, r * in));
+            for (int64_t o = 0; o < out; o++)
+                for (int j = 0; j < r; j++) {
+                    double v = gb0[g][o * r + j];
+                    for (int64_t i = 0; i < n; i++) v += c->s * (double)dy[g][i * out + o] * lu[i * r + j];
+                    ref[o * r + j] = v;
+                }
+            host_copy(ctx, be, got, dgb[g], (size_t)(out * r) * 4);
+            err->gb = worst(err->gb, lt_test_rel_err_f(got, ref, out * r));
+        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t k = 0; k < in; k++) {
+                double v = 0;
+                for (int64_t o = 0; o < out; o++) v += (double)dy[g][i * out + o] * wv[g][o * in + k];
+                if (ad)
+                    for (int j = 0; j < r; j++) v += dlur[i * r + j] * A[g][j * in + k];
+                dxr[i * in + k] += v;
+            }
+        free(got), free(ref);
+    }
+    if (!c->no_dx) {
+        float *got = malloc(sizeof(float) * (size_t)(n * in));
+        host_copy(ctx, be, got, ddx, (size_t)(n * in) * 4);
+        err->dx = lt_test_rel_err_f(got, dxr, n * in);
+        free(got);
+    }
+
+    for (int g = 0; g < G; g++) {
+        const int64_t out = c->out[g];
+        lt_free(ctx, be->device, dw[g], wbytes[g]);
+        lt_free(ctx, be->device, dA[g], (size_t)(r * in) * 4), lt_free(ctx, be->device, dB[g], (size_t)(out * r) * 4);
+        lt_free(ctx, be->device, dbias[g], (size_t)out * 4), lt_free(ctx, be->device, dyv[g], (size_t)(n * out) * 4);
+        lt_free(ctx, be->device, ddy[g], (size_t)(n * out) * 4), lt_free(ctx, be->device, dga[g], (size_t)(r * in) * 4);
+        lt_free(ctx, be->device, dgb[g], (size_t)(out * r) * 4), lt_free(ctx, be->device, dlu[g], (size_t)(n * r) * 4);
+        free(wv[g]), free(wh[g]), free(A[g]), free(B[g]), free(bias[g]), free(y0[g]), free(dy[g]), free(ga0[g]);
+        free(gb0[g]);
+    }
+    if (ws) lt_free(ctx, be->device, ws, ws_bytes);
+    lt_free(ctx, be->device, ddx, (size_t)(n * in) * 4), lt_free(ctx, be->device, ddlu, (size_t)(n * 3 * r) * 4);
+    lt_free(ctx, be->device, dxv, (size_t)(n * in) * 4);
+    free(x), free(dx0), free(lu), free(dlur), free(dxr);
+    lt_ctx_free(ctx);
+}

@@ -1,0 +1,32 @@
+/* One random case of the backend's LoRA projection ops (lora_fwd, lora_bwd) run on a backend and
+ * compared with a float64 reference computed here: shared by the CPU test (test_lora_ops) and the
+ * CUDA one (test_cuda_lora), which differ only in shapes and tolerances. */
+#ifndef LT_TEST_LORA_CHECK_H
+#define LT_TEST_LORA_CHECK_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef struct lt_lora_case {
+    int G;               /* projections sharing x: 1..3 */
+    int64_t out[3];      /* their output widths */
+    int adapted[3];      /* 1: carries an adapter */
+    int64_t in, n, r;
+    float s, beta;
+    int bias;            /* forward: add a bias to every projection */
+    int lu_only;         /* forward: y = NULL (only lu) */
+    int no_dx;           /* backward: dx = NULL */
+    lt_dtype wdtype;     /* F32 or BF16 weights */
+} lt_lora_case;
+
+/* Worst relative errors (max |got - ref| / max |ref|) over the outputs of one case; +inf for a
+ * non-finite (poisoned, unwritten) element. */
+typedef struct lt_lora_errors {
+    double y, lu, dx, ga, gb;
+} lt_lora_errors;
+
+/* Runs lora_fwd then lora_bwd of `c` on be with fresh inputs from rng; fills *err. */
+void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err);
+
+#endif
