@@ -90,7 +90,24 @@ typedef struct lt_backend {
      * attention outputs in unless a run option says otherwise: f32 on the CPU (the reference),
      * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
     lt_dtype saved_dtype;
+
+    /* ---- checkpoint offload (lt_model_run_options.offload_ckpt) ----
+     * A copy queue beside the compute work, with LT_XFER_MARKS completion marks. xfer_copy queues
+     * a copy of `bytes` between host and this backend's memory (either way) that starts once every
+     * op queued before the call has finished, and sets `mark` when it is done; xfer_wait makes
+     * every op queued after the call wait until `mark` was set by the latest xfer_copy naming it.
+     * CUDA: a non-blocking copy stream ordered against lt_cuda_stream() by events (the host side
+     * must be page-locked, lt_alloc_pinned, for the copy to run asynchronously); CPU: the copy runs
+     * at once (memcpy) and waiting is free, so the CPU reference runs the same schedule. */
+    lt_status (*xfer_open)(lt_ctx *ctx, void **q);
+    /* Waits for the queue's copies and frees it; NULL is a no-op. */
+    void (*xfer_close)(lt_ctx *ctx, void *q);
+    lt_status (*xfer_copy)(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
+    lt_status (*xfer_wait)(lt_ctx *ctx, void *q, int mark);
 } lt_backend;
+
+/* Completion marks of one copy queue. */
+#define LT_XFER_MARKS 4
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */
 const lt_backend *lt_backend_get(lt_device dev);

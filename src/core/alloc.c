@@ -115,6 +115,72 @@ void lt_free(lt_ctx *ctx, lt_device dev, void *ptr, size_t bytes) {
     }
 }
 
+void *lt_alloc_pinned(lt_ctx *ctx, size_t bytes, const char *what) {
+    if (!what) what = "pinned buffer";
+#if LT_HAVE_CUDA
+    /* Reserve on the host (limit, fault injection, messages) through lt_alloc's own path, then
+     * swap its block for a page-locked one of the same accounted size. */
+    if (bytes == 0) {
+        lt_error(ctx, LT_ERR_INVALID_ARG, "pinned allocation of 0 bytes for %s refused", what);
+        return NULL;
+    }
+    struct lt_mem_dev *m = &ctx->mem[LT_DEVICE_CPU];
+    uint64_t nth = atomic_fetch_add(&ctx->alloc_counter, 1) + 1;
+    size_t sz = lt_alloc_accounted_size(LT_DEVICE_CPU, bytes);
+    if (ctx->fail_nth && nth == ctx->fail_nth) {
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of host memory: allocation %llu (%zu pinned bytes for %s) failed by "
+                 "fault injection", (unsigned long long)nth, bytes, what);
+        return NULL;
+    }
+    if (sz == SIZE_MAX || !reserve(ctx, LT_DEVICE_CPU, sz)) {
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of host memory: %zu pinned bytes for %s with %zu in use would pass "
+                 "the limit of %zu bytes", bytes, what, atomic_load(&m->used), m->limit);
+        return NULL;
+    }
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        atomic_fetch_sub(&m->used, sz);
+        atomic_fetch_add(&m->n_failed, 1);
+        lt_error(ctx, LT_ERR_OOM, "out of host memory: the CUDA driver refused to pin %zu bytes for %s", bytes, what);
+        return NULL;
+    }
+    atomic_fetch_add(&m->n_allocs, 1);
+    struct lt_mem_dev *pm = &ctx->pinned;
+    size_t now = atomic_fetch_add(&pm->used, sz) + sz, peak = atomic_load(&pm->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&pm->peak, &peak, now)) {
+    }
+    atomic_fetch_add(&pm->n_allocs, 1);
+    return p;
+#else
+    (void)bytes;
+    lt_error(ctx, LT_ERR_UNSUPPORTED, "pinned host memory for %s: this build has no CUDA", what);
+    return NULL;
+#endif
+}
+
+void lt_free_pinned(lt_ctx *ctx, void *ptr, size_t bytes) {
+    if (!ptr) return;
+    size_t sz = lt_alloc_accounted_size(LT_DEVICE_CPU, bytes);
+    LT_ASSERT(atomic_load(&ctx->mem[LT_DEVICE_CPU].used) >= sz && atomic_load(&ctx->pinned.used) >= sz);
+    atomic_fetch_sub(&ctx->mem[LT_DEVICE_CPU].used, sz);
+    atomic_fetch_sub(&ctx->pinned.used, sz);
+#if LT_HAVE_CUDA
+    cudaFreeHost(ptr);
+#endif
+}
+
+lt_mem_stats lt_mem_get_pinned_stats(const lt_ctx *ctx) {
+    lt_mem_stats s = {0};
+    if (!ctx) return s;
+    s.used_bytes = atomic_load(&ctx->pinned.used);
+    s.peak_bytes = atomic_load(&ctx->pinned.peak);
+    s.n_allocs = atomic_load(&ctx->pinned.n_allocs);
+    return s;
+}
+
 lt_mem_stats lt_mem_get_stats(const lt_ctx *ctx, lt_device dev) {
     lt_mem_stats s = {0};
     if (!ctx || (unsigned)dev >= LT_DEVICE_COUNT_) return s;
@@ -129,6 +195,7 @@ lt_mem_stats lt_mem_get_stats(const lt_ctx *ctx, lt_device dev) {
 
 void lt_mem_reset_peak(lt_ctx *ctx, lt_device dev) {
     atomic_store(&ctx->mem[dev].peak, atomic_load(&ctx->mem[dev].used));
+    if (dev == LT_DEVICE_CPU) atomic_store(&ctx->pinned.peak, atomic_load(&ctx->pinned.used));
 }
 
 void lt_mem_set_limit(lt_ctx *ctx, lt_device dev, size_t limit_bytes) {

@@ -75,6 +75,12 @@ typedef struct lt_layout {
      * store slot; checkpoints are copied (rounded) out of it and back. */
     size_t act_stores, ckpt, ckpt_stride;
     lt_dtype saved_dtype;
+    /* Offload (run->offload_ckpt with n_ckpt > 2): the activation block holds only two checkpoint
+     * slots at `ckpt` (checkpoint i lives in slot i % 2 while in use), and a separate host block
+     * of offload_bytes (pinned on a device) holds checkpoints 0 .. n_ckpt - 3, ckpt_stride apart
+     * (the last two are never overwritten in their slots, so they never travel). */
+    int offload;
+    size_t offload_bytes;
     /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
      * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
      * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
@@ -158,6 +164,8 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    uint8_t *offload;       /* lay.offload: the host block of offloaded checkpoints */
+    void *xfer;             /* lay.offload: the backend's copy queue */
     struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
     int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
     void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
@@ -165,6 +173,11 @@ struct lt_model {
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
     void *grad_ready_arg;
 };
+
+/* Frees what lt_model_prepare allocated (run classes, input staging, the offload block and its
+ * copy queue, the context-parallel workspace) and marks the model unprepared; lt_model_free calls
+ * it first. */
+void lt_model_release_run(lt_ctx *ctx, lt_model *m);
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
  * class of the size table. */

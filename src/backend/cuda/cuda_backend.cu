@@ -63,4 +63,8 @@ extern "C" const lt_backend lt_backend_cuda = {
     /* .to_bf16 */ lt_cuda_to_bf16,
     /* .from_bf16 */ lt_cuda_from_bf16,
     /* .saved_dtype */ LT_DTYPE_BF16,
+    /* .xfer_open */ lt_cuda_xfer_open,
+    /* .xfer_close */ lt_cuda_xfer_close,
+    /* .xfer_copy */ lt_cuda_xfer_copy,
+    /* .xfer_wait */ lt_cuda_xfer_wait,
 };
