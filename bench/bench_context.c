@@ -94,7 +94,7 @@ static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
     lt_model_run_options ro = run_opts(T, r->threads, r->offload);
     double t0 = lt_time_now();
     lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
-    if (r->offload)
+    if (r->offload && r->dev != LT_DEVICE_CPU)
         fprintf(stderr, "  prepare T=%lld with %.2f GiB pinned host memory: %.1f s\n", (long long)T,
                 (double)lt_mem_get_pinned_stats(r->ctx).used_bytes / 1073741824.0, lt_time_now() - t0);
     lt_mem_reset_peak(r->ctx, r->dev);
@@ -133,7 +133,7 @@ static double step_at(ctx_run *r, int64_t T, double *loss) {
 
 /* With offload: the host side of a point, planned and measured (pinned bytes held now). */
 static cJSON *host_side(cJSON *q, const ctx_run *r, const lt_plan *p, int allocated) {
-    if (!r->offload) return q;
+    if (!r->offload || r->dev == LT_DEVICE_CPU) return q; /* a CPU plan counts it in its peak */
     cJSON_AddNumberToObject(q, "host_plan_bytes", (double)p->offload_bytes);
     if (allocated) cJSON_AddNumberToObject(q, "pinned_bytes", (double)lt_mem_get_pinned_stats(r->ctx).used_bytes);
     return q;

@@ -4,7 +4,8 @@
  * compute; loss, per-token losses and every LoRA gradient must be bit-identical to the run that
  * keeps them on the device, over consecutive steps, under recompute all and every:2, with row
  * chunks and the attention kept or rerun. The plan equals the device high-water byte for byte and
- * its host side equals the pinned high-water. Without a CUDA build or device it prints "skipped:
+ * its host side equals the pinned high-water; a whole lt_train_fit run with offload_checkpoints ends
+ * at the very parameters of the run without, and its plan is its device high-water. Without a CUDA build or device it prints "skipped:
  * no CUDA device" and exits 77. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include "helpers/train_data.h"
 #include "longtune/alloc.h"
 #include "longtune/plan.h"
+#include "longtune/train.h"
 
 #if LT_HAVE_CUDA
 
@@ -170,12 +172,66 @@ static void plan_equals_high_waters(void **state) {
     }
 }
 
+/* lt_train_fit with and without offload_checkpoints (options, trainer, model): the same final
+ * adapter bit for bit, plan == device high-water in both. */
+static void training_run_is_identical(void **state) {
+    (void)state;
+    uint64_t ds = 23;
+    lt_test_dataset train, valid;
+    lt_test_dataset_make(&train, 32, tiny.V, 8, 24, &ds);
+    lt_test_dataset_make(&valid, 8, tiny.V, 8, 24, &ds);
+    float *final[2] = {NULL, NULL};
+    int64_t n = 0;
+    FILE *devnull = fopen("/dev/null", "w");
+    assert_non_null(devnull);
+    for (int off = 0; off < 2; off++) {
+        char adir[300];
+        snprintf(adir, sizeof adir, "%s_run%d", dir, off);
+        lt_train_options in, o;
+        memset(&in, 0, sizeof in);
+        snprintf(in.model, sizeof in.model, "%s", dir);
+        snprintf(in.data, sizeof in.data, "(in memory)");
+        snprintf(in.adapter_path, sizeof in.adapter_path, "%s", adir);
+        in.iters = 4, in.batch_size = 2, in.max_seq_length = 128, in.learning_rate = 5e-3;
+        in.lora_rank = 4, in.lora_alpha = 8, in.num_layers = LORA_LAYERS, in.steps_per_eval = 2, in.save_every = 100;
+        in.val_batches = -1, in.seed = 5, in.device = LT_DEVICE_CUDA, in.recompute = LT_RECOMPUTE_EVERY;
+        in.offload_checkpoints = off;
+        lt_ctx *ctx = lt_ctx_new();
+        assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+        lt_lora_options lora;
+        assert_int_equal(lt_train_lora_options(ctx, &o, &lora), LT_OK);
+        lt_model_options mo = {LT_DEVICE_CUDA, 0};
+        lt_model *m = NULL;
+        assert_int_equal(lt_model_load(ctx, dir, &mo, &lora, &m), LT_OK);
+        lt_train_result res;
+        memset(&res, 0, sizeof res);
+        lt_status s = lt_train_fit(ctx, &o, m, &train.in, &valid.in, devnull, &res);
+        if (s != LT_OK) fprintf(stderr, "fit (offload %d): %s\n", off, lt_ctx_error(ctx));
+        assert_int_equal(s, LT_OK);
+        (void)lt_model_lora_params(m, &n);
+        final[off] = malloc((size_t)n * 4);
+        assert_int_equal(lt_model_lora_get(ctx, m, 0, 0, n, final[off]), LT_OK);
+        fprintf(stderr, "  fit offload %d: val %.5f -> %.5f, device peak %zu plan %zu\n", off, res.first_val_loss,
+                res.last_val_loss, res.peak_bytes, res.plan_bytes);
+        assert_int_equal(res.plan_bytes, res.peak_bytes);
+        lt_model_free(ctx, m);
+        lt_ctx_free(ctx);
+        lt_test_rm_adapter_dir(adir);
+    }
+    assert_memory_equal(final[0], final[1], (size_t)n * 4);
+    free(final[0]), free(final[1]);
+    fclose(devnull);
+    lt_test_dataset_free(&train);
+    lt_test_dataset_free(&valid);
+}
+
 int main(void) {
     int skip = lt_test_cuda_skip();
     if (skip) return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bit_identical_on_cuda),
         cmocka_unit_test(plan_equals_high_waters),
+        cmocka_unit_test(training_run_is_identical),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/plan.h"
+#include "longtune/train.h"
 
 static uint64_t rng;
 static char dir[256];
@@ -256,6 +257,19 @@ static void misuse_and_failures_are_clean(void **state) {
         assert_true(k < 20);
     }
     lt_model_free(ctx, m);
+    /* the trainer's option: set by name, refused without a recompute policy */
+    lt_train_options in, out;
+    memset(&in, 0, sizeof in);
+    snprintf(in.model, sizeof in.model, "%s", dir);
+    snprintf(in.data, sizeof in.data, "(in memory)");
+    assert_int_equal(lt_train_options_set(ctx, &in, "offload-checkpoints", "true"), LT_OK);
+    assert_int_equal(in.offload_checkpoints, 1);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &out), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "recompute"));
+    lt_ctx_clear_error(ctx);
+    in.grad_checkpoint = 1;
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &out), LT_OK);
+    assert_true(out.offload_checkpoints && out.recompute == LT_RECOMPUTE_EVERY);
     /* pinned memory needs a CUDA build; without one it is a typed refusal */
     void *pp = lt_alloc_pinned(ctx, 4096, "test");
     if (pp) {
