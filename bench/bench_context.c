@@ -360,6 +360,7 @@ int lt_bench_context(int argc, char **argv) {
             cJSON *q = cJSON_CreateObject();
             cJSON_AddNumberToObject(q, "T", (double)T);
             cJSON_AddNumberToObject(q, "plan_bytes", (double)p.peak_bytes);
+            if (R.offload && cuda) cJSON_AddNumberToObject(q, "host_plan_bytes", (double)p.offload_bytes);
             cJSON_AddItemToArray(curve, q);
         }
     }
