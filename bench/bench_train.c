@@ -240,9 +240,9 @@ int lt_bench_train(int argc, char **argv) {
     lt_bench_common_init(&c);
     c.repeats = 3;
     c.warmup = 2;
+    int offload_lo = 0, offload_hi = 0; /* checkpoint offload off and/or on, per length */
     int64_t seqs[MAX_SEQS];
     int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1;
-    int offload_lo = 0, offload_hi = 0; /* checkpoint offload off and/or on, per length */
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -266,11 +266,11 @@ int lt_bench_train(int argc, char **argv) {
                    "  --threads N      CPU threads of both arms (default: the context's)\n"
                    "  --no-peer        skip the PyTorch peer\n"
                    "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
-                   "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
-                   "                   output + lse with the checkpoints (0, the default)\n"
                    "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
                    "                   and back on a copy stream while layers compute)\n"
                    "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
+                   "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
+                   "                   output + lse with the checkpoints (0, the default)\n"
                    "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
                    "                   phase and op, on stderr and in each arm's \"profile\"\n"
                    "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
@@ -491,14 +491,14 @@ int lt_bench_train(int argc, char **argv) {
         lt_model_sizes sizes;
         double tp = lt_time_now();
         st = lt_model_prepare(ctx, m, &ro);
-        if (st == LT_OK && offload)
-            fprintf(stderr, "T=%lld prepared with %.2f GiB of pinned host memory in %.2f s\n", (long long)T,
-                    (double)lt_mem_get_pinned_stats(ctx).used_bytes / 1073741824.0, lt_time_now() - tp);
         if (st == LT_OK) st = lt_plan_compute(ctx, cfg, &po, &plan);
         if (st == LT_OK) st = lt_model_size_table(ctx, cfg, &lo, &ro, &sizes);
         if (st != LT_OK) goto fail;
         lt_mem_reset_peak(ctx, dev);
         lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+        if (offload)
+            fprintf(stderr, "T=%lld prepared with %.2f GiB of pinned host memory in %.2f s\n", (long long)T,
+                    (double)lt_mem_get_pinned_stats(ctx).used_bytes / 1073741824.0, lt_time_now() - tp);
         int n = c.warmup + c.repeats;
         /* wall and process CPU milliseconds per step: on a shared machine the CPU time shows the
          * work done apart from waiting for a core */

@@ -15,17 +15,8 @@
 
 /* ---- run memory ---- */
 
-void lt_model_release_run(lt_ctx *ctx, lt_model *m) {
-    /* The copy queue first: closing it waits for copies that may still touch the blocks. */
-    if (m->xfer) m->be->xfer_close(ctx, m->xfer);
-    m->xfer = NULL;
-    if (m->offload) {
-        if (m->opt.device == LT_DEVICE_CPU)
-            lt_free(ctx, LT_DEVICE_CPU, m->offload, m->lay.offload_bytes);
-        else
-            lt_free_pinned(ctx, m->offload, m->lay.offload_bytes);
-    }
-    m->offload = NULL;
+static void free_run(lt_ctx *ctx, lt_model *m) {
+    lt_model_release_offload(ctx, m); /* first: its copies may still touch the blocks */
     for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
         m->block[c] = NULL;
@@ -63,8 +54,6 @@ static lt_status cp_alloc(lt_ctx *ctx, lt_model *m) {
     m->cp_ws_bytes = bytes;
     return LT_OK;
 }
-
-static void free_run(lt_ctx *ctx, lt_model *m) { lt_model_release_run(ctx, m); }
 
 lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run_in) {
     lt_layout lay;
@@ -276,6 +265,19 @@ static lt_store store_slot(const step *s, int64_t j) {
 static void *ckpt(const step *s, int64_t seg) {
     if (s->m->lay.offload) seg %= 2;
     return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
+}
+
+void lt_model_release_offload(lt_ctx *ctx, lt_model *m) {
+    /* The copy queue first: closing it waits for copies that may still touch the host block. */
+    if (m->xfer) m->be->xfer_close(ctx, m->xfer);
+    m->xfer = NULL;
+    if (m->offload) {
+        if (m->opt.device == LT_DEVICE_CPU)
+            lt_free(ctx, LT_DEVICE_CPU, m->offload, m->lay.offload_bytes);
+        else
+            lt_free_pinned(ctx, m->offload, m->lay.offload_bytes);
+    }
+    m->offload = NULL;
 }
 
 /* ---- checkpoint offload: two device slots, the host block, and the order of the copies ----

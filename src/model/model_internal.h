@@ -136,6 +136,10 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora
 /* The store whose block starts at base, with the layout's offsets. */
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out);
 
+/* Closes the offload copy queue (waiting for its copies) and frees the host block of offloaded
+ * checkpoints; no-op without them. The run's release and lt_model_free call it first. */
+void lt_model_release_offload(lt_ctx *ctx, struct lt_model *m);
+
 typedef struct lt_layer {
     lt_tensor w[LT_PROJ_COUNT_];       /* frozen (out, in) */
     float *bias[3];                    /* q, k, v biases (Qwen2), f32 */
@@ -164,20 +168,15 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
-    uint8_t *offload;       /* lay.offload: the host block of offloaded checkpoints */
-    void *xfer;             /* lay.offload: the backend's copy queue */
     struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
     int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
     void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
     size_t cp_ws_bytes;
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
     void *grad_ready_arg;
+    uint8_t *offload;       /* lay.offload: the host block of offloaded checkpoints */
+    void *xfer;             /* lay.offload: the backend's copy queue */
 };
-
-/* Frees what lt_model_prepare allocated (run classes, input staging, the offload block and its
- * copy queue, the context-parallel workspace) and marks the model unprepared; lt_model_free calls
- * it first. */
-void lt_model_release_run(lt_ctx *ctx, lt_model *m);
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
  * class of the size table. */

@@ -10,11 +10,6 @@ static lt_status cpu_copy(lt_ctx *ctx, void *dst, const void *src, size_t bytes)
     return LT_OK;
 }
 
-static lt_status cpu_sync(lt_ctx *ctx) {
-    (void)ctx;
-    return LT_OK;
-}
-
 /* The copy queue of the CPU: every op has finished when the next is called, so a copy runs at
  * once and a mark is always set. The handle only has to be non-NULL. */
 static int cpu_xfer_handle;
@@ -37,12 +32,21 @@ static lt_status cpu_xfer_wait(lt_ctx *ctx, void *q, int mark) {
     return LT_OK;
 }
 
+static lt_status cpu_sync(lt_ctx *ctx) {
+    (void)ctx;
+    return LT_OK;
+}
+
 const lt_backend lt_backend_cpu = {
     .name = "cpu",
     .device = LT_DEVICE_CPU,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_sync,
+    .xfer_open = cpu_xfer_open,
+    .xfer_close = cpu_xfer_close,
+    .xfer_copy = cpu_xfer_copy,
+    .xfer_wait = cpu_xfer_wait,
     .gemm = lt_cpu_gemm,
     .matmul = lt_cpu_matmul,
     .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,
@@ -62,8 +66,4 @@ const lt_backend lt_backend_cpu = {
     .to_bf16 = lt_cpu_to_bf16,
     .from_bf16 = lt_cpu_from_bf16,
     .saved_dtype = LT_DTYPE_F32,
-    .xfer_open = cpu_xfer_open,
-    .xfer_close = cpu_xfer_close,
-    .xfer_copy = cpu_xfer_copy,
-    .xfer_wait = cpu_xfer_wait,
 };

@@ -38,6 +38,11 @@ static inline unsigned lt_cuda_grid(int64_t n, int threads) {
 }
 
 extern "C" {
+/* The copy queue of checkpoint offload (ops_offload.cu). */
+lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q);
+void lt_cuda_xfer_close(lt_ctx *ctx, void *q);
+lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
+lt_status lt_cuda_xfer_wait(lt_ctx *ctx, void *q, int mark);
 void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
@@ -66,11 +71,6 @@ void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
-/* The copy queue of checkpoint offload (ops_offload.cu). */
-lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q);
-void lt_cuda_xfer_close(lt_ctx *ctx, void *q);
-lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
-lt_status lt_cuda_xfer_wait(lt_ctx *ctx, void *q, int mark);
 }
 
 #endif
