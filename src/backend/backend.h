@@ -106,7 +106,6 @@ typedef struct lt_backend {
     lt_dtype saved_dtype;
 } lt_backend;
 
-
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */
 const lt_backend *lt_backend_get(lt_device dev);
 
