@@ -69,17 +69,20 @@ typedef struct ctx_run {
     lt_guard *guard;
     uint64_t seed;
     int64_t adam_step;
+    int offload;         /* --offload-checkpoints */
+    size_t host_budget;  /* with offload: host bytes the offloaded checkpoints may take */
 } ctx_run;
 
-static lt_model_run_options run_opts(int64_t T, int threads) {
+static lt_model_run_options run_opts(int64_t T, int threads, int offload) {
     /* Least memory: the recompute reruns attention rather than keeping its output. */
     lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .recompute_attention = 1,
-                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = threads};
+                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = threads,
+                               .offload_ckpt = offload};
     return ro;
 }
 
 static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_plan *p) {
-    lt_plan_options po = {.device = r->dev, .lora = r->lo, .run = run_opts(T, r->threads),
+    lt_plan_options po = {.device = r->dev, .lora = r->lo, .run = run_opts(T, r->threads, r->offload),
                           .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) + r->held_extra};
     return lt_plan_compute(r->ctx, cfg, &po, p);
 }
@@ -88,8 +91,12 @@ static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_p
  * -1 = another error (in ctx). *peak: the bytes held right after, which is the run's high-water
  * since the model allocates nothing inside a step; the peak counter is reset to it. */
 static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
-    lt_model_run_options ro = run_opts(T, r->threads);
+    lt_model_run_options ro = run_opts(T, r->threads, r->offload);
+    double t0 = lt_time_now();
     lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
+    if (r->offload && r->dev != LT_DEVICE_CPU)
+        fprintf(stderr, "  prepare T=%lld with %.2f GiB pinned host memory: %.1f s\n", (long long)T,
+                (double)lt_mem_get_pinned_stats(r->ctx).used_bytes / 1073741824.0, lt_time_now() - t0);
     lt_mem_reset_peak(r->ctx, r->dev);
     *peak = lt_mem_get_stats(r->ctx, r->dev).used_bytes;
     if (st == LT_OK) return 1;
@@ -124,6 +131,14 @@ static double step_at(ctx_run *r, int64_t T, double *loss) {
     return (lt_time_now() - t0) * 1e3;
 }
 
+/* With offload: the host side of a point, planned and measured (pinned bytes held now). */
+static cJSON *host_side(cJSON *q, const ctx_run *r, const lt_plan *p, int allocated) {
+    if (!r->offload || r->dev == LT_DEVICE_CPU) return q; /* a CPU plan counts it in its peak */
+    cJSON_AddNumberToObject(q, "host_plan_bytes", (double)p->offload_bytes);
+    if (allocated) cJSON_AddNumberToObject(q, "pinned_bytes", (double)lt_mem_get_pinned_stats(r->ctx).used_bytes);
+    return q;
+}
+
 static cJSON *point(int64_t T, const char *how, int ok, double plan, double peak) {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddNumberToObject(p, "T", (double)T);
@@ -140,8 +155,8 @@ int lt_bench_context(int argc, char **argv) {
     lt_bench_common_init(&c);
     int64_t step = 0, tmax = 0, peer_max = 0, threads = 0;
     double confirm_s = 120;
-    uint64_t ceiling = 0;
-    int peers = 1;
+    uint64_t ceiling = 0, host_margin = (uint64_t)4 << 30;
+    int peers = 1, offload = 0;
     const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -161,6 +176,11 @@ int lt_bench_context(int argc, char **argv) {
                    "  --max N              longest T searched (default 4194304)\n"
                    "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
                    "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
+                   "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (two slots on\n"
+                   "                       the device): the longest T then also fits the host's memory\n"
+                   "                       (the guard's host ceiling less --host-margin)\n"
+                   "  --host-margin B      host memory left to the process besides the offloaded\n"
+                   "                       checkpoints (default 4G)\n"
                    "  --threads N          CPU threads\n"
                    "  --no-peer            skip the peer\n"
                    "  --peer-max N         longest T the peer tries (default 1048576)\n"
@@ -175,6 +195,10 @@ int lt_bench_context(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--no-peer")) {
             peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--offload-checkpoints")) {
+            offload = 1;
             continue;
         }
         if (!v) return usage("missing value for", a);
@@ -195,6 +219,8 @@ int lt_bench_context(int argc, char **argv) {
             if (parse_i64(v, 1, 4096, &threads)) return usage("bad thread count", v);
         } else if (!strcmp(a, "--memory-ceiling")) {
             if (parse_bytes(v, &ceiling)) return usage("bad byte size", v);
+        } else if (!strcmp(a, "--host-margin")) {
+            if (parse_bytes(v, &host_margin)) return usage("bad byte size", v);
         } else if (!strcmp(a, "--confirm-seconds")) {
             char *end;
             confirm_s = strtod(v, &end);
@@ -245,6 +271,7 @@ int lt_bench_context(int argc, char **argv) {
     R.threads = lt_parallel_threads(lt_ctx_threads(ctx));
     R.lo = (lt_lora_options){.targets = LT_LORA_ALL_TARGETS, .rank = 8, .alpha = 16, .seed = 1};
     R.seed = 0xc0de;
+    R.offload = offload;
     int rc = 1;
     cJSON *res = NULL;
     lt_status st = LT_OK;
@@ -265,9 +292,23 @@ int lt_bench_context(int argc, char **argv) {
         uint64_t outside = rss > used ? rss - used : 0;
         budget = budget > outside ? budget - outside : 0;
     }
+    /* with offload the checkpoints take host memory: the host's guard ceiling less a margin for
+     * the rest of the process (the CPU's own run counts them in its one budget) */
+    lt_guard_ceiling hc;
+    memset(&hc, 0, sizeof hc);
+    if (offload && cuda) {
+        lt_guard_options gh = {.device = LT_DEVICE_CPU};
+        if ((st = lt_guard_measure(ctx, LT_DEVICE_CPU, &gh, &hc)) != LT_OK) goto fail;
+        uint64_t rss = lt_sys_process_rss(), keep = rss + host_margin;
+        R.host_budget = hc.ceiling_bytes > keep ? (size_t)(hc.ceiling_bytes - keep) : 1;
+        fprintf(stderr, "host: ceiling %.3f GiB, process %.3f GiB, margin %.3f GiB -> %.3f GiB for offloaded checkpoints\n",
+                (double)hc.ceiling_bytes / 1073741824.0, (double)rss / 1073741824.0, (double)host_margin / 1073741824.0,
+                (double)R.host_budget / 1073741824.0);
+    }
     {
-        lt_plan_options po = {.device = dev, .lora = R.lo, .run = run_opts(step, R.threads),
-                              .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes)};
+        lt_plan_options po = {.device = dev, .lora = R.lo, .run = run_opts(step, R.threads, offload),
+                              .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes),
+                              .host_budget_bytes = R.host_budget};
         if ((st = lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, tmax, budget, &t_plan, &found)) != LT_OK)
             goto fail;
     }
@@ -288,6 +329,13 @@ int lt_bench_context(int argc, char **argv) {
                                              ? "checkpoints and attention tensors in bf16 (the CUDA default)"
                                              : "checkpoints in f32 (the CPU default)");
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)LT_MODEL_CHUNK_ROWS);
+    cJSON_AddBoolToObject(jc, "offload_checkpoints", offload);
+    if (offload && cuda) {
+        cJSON_AddNumberToObject(jc, "host_total_bytes", (double)hc.total_bytes);
+        cJSON_AddNumberToObject(jc, "host_ceiling_bytes", (double)hc.ceiling_bytes);
+        cJSON_AddNumberToObject(jc, "host_margin_bytes", (double)host_margin);
+        cJSON_AddNumberToObject(jc, "host_offload_budget_bytes", (double)R.host_budget);
+    }
     cJSON_AddNumberToObject(jc, "step", (double)step);
     cJSON_AddNumberToObject(jc, "max", (double)tmax);
     cJSON_AddNumberToObject(jc, "memory_total_bytes", (double)gc.total_bytes);
@@ -312,6 +360,7 @@ int lt_bench_context(int argc, char **argv) {
             cJSON *q = cJSON_CreateObject();
             cJSON_AddNumberToObject(q, "T", (double)T);
             cJSON_AddNumberToObject(q, "plan_bytes", (double)p.peak_bytes);
+            if (R.offload && cuda) cJSON_AddNumberToObject(q, "host_plan_bytes", (double)p.offload_bytes);
             cJSON_AddItemToArray(curve, q);
         }
     }
@@ -350,7 +399,8 @@ int lt_bench_context(int argc, char **argv) {
     {
         lt_plan p;
         if ((st = plan_at(&R, &cfg, t_cand, &p)) != LT_OK) goto fail;
-        cJSON_AddItemToArray(pts, point(t_cand, "allocation", fits, (double)p.peak_bytes, fits ? (double)peak : 0));
+        cJSON_AddItemToArray(pts, host_side(point(t_cand, "allocation", fits, (double)p.peak_bytes, fits ? (double)peak : 0),
+                                            &R, &p, fits));
         fprintf(stderr, "allocate T=%lld: %s (plan %.3f GiB, measured %.3f GiB)\n", (long long)t_cand,
                 fits ? "fits" : "out of memory", (double)p.peak_bytes / 1073741824.0, (double)peak / 1073741824.0);
     }
@@ -358,11 +408,20 @@ int lt_bench_context(int argc, char **argv) {
         lo = t_cand;
         /* upward until a length does not allocate: shows whether the planner left memory unused */
         for (int64_t T = t_cand + step; T <= tmax; T += step) {
-            int f = alloc_at(&R, T, &peak);
-            if (f < 0) goto fail_st;
             lt_plan p;
             if (plan_at(&R, &cfg, T, &p) != LT_OK) break;
-            cJSON_AddItemToArray(pts, point(T, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0));
+            if (R.offload && p.offload_bytes > R.host_budget) {
+                /* pinning past the host's budget would starve the machine: the planner's answer */
+                cJSON_AddItemToArray(pts, host_side(point(T, "planner: will not fit in host memory", 0, (double)p.peak_bytes, 0),
+                                                    &R, &p, 0));
+                fprintf(stderr, "T=%lld will not fit in host memory: %.3f GiB of offloaded checkpoints > %.3f GiB\n",
+                        (long long)T, (double)p.offload_bytes / 1073741824.0, (double)R.host_budget / 1073741824.0);
+                hi = T;
+                break;
+            }
+            int f = alloc_at(&R, T, &peak);
+            if (f < 0) goto fail_st;
+            cJSON_AddItemToArray(pts, host_side(point(T, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R, &p, f));
             fprintf(stderr, "allocate T=%lld: %s\n", (long long)T, f ? "fits" : "out of memory");
             if (!f) {
                 hi = T;
@@ -380,7 +439,7 @@ int lt_bench_context(int argc, char **argv) {
             if (f < 0) goto fail_st;
             lt_plan p;
             if (plan_at(&R, &cfg, mid, &p) != LT_OK) break;
-            cJSON_AddItemToArray(pts, point(mid, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0));
+            cJSON_AddItemToArray(pts, host_side(point(mid, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R, &p, f));
             if (f) lo = mid;
             else hi = mid;
         }
@@ -402,7 +461,7 @@ int lt_bench_context(int argc, char **argv) {
         peak = lt_mem_get_stats(ctx, dev).peak_bytes;
         lt_plan p;
         if ((st = plan_at(&R, &cfg, step, &p)) != LT_OK) goto fail;
-        cJSON *q = point(step, "step", 1, (double)p.peak_bytes, (double)peak);
+        cJSON *q = host_side(point(step, "step", 1, (double)p.peak_bytes, (double)peak), &R, &p, 1);
         cJSON_AddNumberToObject(q, "ms", ms);
         cJSON_AddNumberToObject(q, "loss", loss);
         cJSON_AddItemToArray(pts, q);
@@ -421,7 +480,7 @@ int lt_bench_context(int argc, char **argv) {
             if (ms < 0) goto fail_st;
             peak = lt_mem_get_stats(ctx, dev).peak_bytes;
             if ((st = plan_at(&R, &cfg, T, &p)) != LT_OK) goto fail;
-            q = point(T, "step", 1, (double)p.peak_bytes, (double)peak);
+            q = host_side(point(T, "step", 1, (double)p.peak_bytes, (double)peak), &R, &p, 1);
             cJSON_AddNumberToObject(q, "ms", ms);
             cJSON_AddNumberToObject(q, "loss", loss);
             cJSON_AddNumberToObject(q, "tokens_per_s", (double)T / (ms * 1e-3));
@@ -461,7 +520,7 @@ peer:
         cJSON_AddItemToArray(arms, pa);
     }
     char tag[128];
-    snprintf(tag, sizeof tag, "%s-%s", c.backend, shape->name);
+    snprintf(tag, sizeof tag, "%s-%s%s", c.backend, shape->name, offload ? "-offload" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -241,6 +241,7 @@ int lt_bench_train(int argc, char **argv) {
     lt_bench_common_init(&c);
     c.repeats = 3;
     c.warmup = 2;
+    int offload_lo = 0, offload_hi = 0; /* checkpoint offload off and/or on, per length */
     int64_t seqs[MAX_SEQS];
     int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1, graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
@@ -266,6 +267,9 @@ int lt_bench_train(int argc, char **argv) {
                    "  --threads N      CPU threads of both arms (default: the context's)\n"
                    "  --no-peer        skip the PyTorch peer\n"
                    "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
+                   "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
+                   "                   and back on a copy stream while layers compute)\n"
+                   "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
                    "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
                    "                   output + lse with the checkpoints (0, the default)\n"
                    "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
@@ -292,6 +296,11 @@ int lt_bench_train(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-memory-guard")) {
             guard_off = 1;
+            continue;
+        }
+        if (!strcmp(a, "--offload-checkpoints") || !strcmp(a, "--offload-both")) {
+            offload_hi = 1;
+            offload_lo = a[10] == 'b' ? 0 : 1;
             continue;
         }
         if (!v) return usage("missing value for", a);
@@ -421,7 +430,8 @@ int lt_bench_train(int argc, char **argv) {
 
     if (!guard_off) {
         lt_model_run_options ro = {.B = 1, .T = Tmax, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn};
+                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn,
+                                   .offload_ckpt = offload_lo};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
                               .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)};
         lt_plan plan;
@@ -453,6 +463,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
+    cJSON_AddStringToObject(jc, "offload_checkpoints", offload_lo ? "on" : offload_hi ? "off, then on (arms longtune-offload-T*)" : "off");
     cJSON_AddBoolToObject(jc, "profiled", lt_prof_active);
     if (cuda) cJSON_AddStringToObject(jc, "cuda_graph", graph ? "on" : "off");
     cJSON_AddStringToObject(jc, "flops", lt_bench_flops_note);
@@ -476,15 +487,18 @@ int lt_bench_train(int argc, char **argv) {
 
     uint64_t seed = 0xbe7cULL;
     int64_t adam_step = 0;
-    for (int si = 0; si < n_seqs; si++) {
+    for (int sv = 0; sv < n_seqs * (1 + offload_hi - offload_lo); sv++) {
+        int si = sv / (1 + offload_hi - offload_lo), offload = offload_lo + sv % (1 + offload_hi - offload_lo);
         int64_t T = seqs[si];
         /* attention output + lse are kept with the checkpoints unless --recompute-attention 1 */
         lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn};
+                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn,
+                                   .offload_ckpt = offload};
         lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
                               .held_bytes = (cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)) + guard_bytes};
         lt_plan plan;
         lt_model_sizes sizes;
+        double tp = lt_time_now();
         st = lt_model_prepare(ctx, m, &ro);
         /* A device step queued without waits (the loss read ends it), replayed from a CUDA graph
          * from its second run on unless --cuda-graph off; a new one per length (prepare moved the
@@ -497,13 +511,17 @@ int lt_bench_train(int argc, char **argv) {
         if (st == LT_OK) st = lt_model_size_table(ctx, cfg, &lo, &ro, &sizes);
         if (st != LT_OK) goto fail;
         lt_mem_reset_peak(ctx, dev);
+        lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+        if (offload)
+            fprintf(stderr, "T=%lld prepared with %.2f GiB of pinned host memory in %.2f s\n", (long long)T,
+                    (double)lt_mem_get_pinned_stats(ctx).used_bytes / 1073741824.0, lt_time_now() - tp);
         int n = c.warmup + c.repeats;
         /* wall and process CPU milliseconds per step: on a shared machine the CPU time shows the
          * work done apart from waiting for a core */
         double *ours = calloc((size_t)n, sizeof(double)), *theirs = calloc((size_t)n, sizeof(double));
         double *ours_cpu = calloc((size_t)n, sizeof(double)), *theirs_cpu = calloc((size_t)n, sizeof(double));
         double loss = 0, peer_loss = NAN, peer_rss = 0;
-        int peer_ok = peers && !cuda;
+        int peer_ok = peers && !cuda && offload == offload_lo; /* once per length */
         lt_prof_totals prof, prof_warm;
         memset(&prof, 0, sizeof prof);
         for (int r = 0; r < n && st == LT_OK; r++) {
@@ -565,9 +583,14 @@ int lt_bench_train(int argc, char **argv) {
         double mrate = mfl / (ms * 1e-3), hrate = hfl / (ms * 1e-3);
         cJSON *arm = cJSON_CreateObject();
         char name[64];
-        snprintf(name, sizeof name, "longtune-T%lld", (long long)T);
+        snprintf(name, sizeof name, "longtune-%sT%lld", offload ? "offload-" : "", (long long)T);
         cJSON_AddStringToObject(arm, "name", name);
         cJSON_AddNumberToObject(arm, "T", (double)T);
+        cJSON_AddBoolToObject(arm, "offload_checkpoints", offload);
+        if (offload) {
+            cJSON_AddNumberToObject(arm, "host_offload_plan_bytes", (double)plan.offload_bytes);
+            cJSON_AddNumberToObject(arm, "pinned_peak_bytes", (double)lt_mem_get_pinned_stats(ctx).peak_bytes);
+        }
         cJSON_AddNumberToObject(arm, "median_ms", ms);
         cJSON_AddNumberToObject(arm, "tokens_per_s", (double)T / (ms * 1e-3));
         cJSON_AddNumberToObject(arm, "cpu_ms", cms);
@@ -607,8 +630,11 @@ int lt_bench_train(int argc, char **argv) {
         for (int r = c.warmup; r < n; r++) cJSON_AddItemToArray(times, cJSON_CreateNumber(ours[r]));
         if (lt_prof_active) add_profile(arm, &prof, ms);
         cJSON_AddItemToArray(arms, arm);
-        fprintf(stderr, "T=%lld longtune: %.1f ms/step, %.0f tokens/s, peak %.1f MiB (plan %.1f MiB, %.4f), ", (long long)T,
-                ms, (double)T / (ms * 1e-3), (double)peak / 1048576.0, (double)plan.peak_bytes / 1048576.0,
+        if (offload)
+            fprintf(stderr, "T=%lld offloaded checkpoints: %.1f MiB pinned host memory (plan %.1f MiB)\n", (long long)T,
+                    (double)lt_mem_get_pinned_stats(ctx).peak_bytes / 1048576.0, (double)plan.offload_bytes / 1048576.0);
+        fprintf(stderr, "T=%lld longtune%s: %.1f ms/step, %.0f tokens/s, peak %.1f MiB (plan %.1f MiB, %.4f), ", (long long)T,
+                offload ? " (offload)" : "", ms, (double)T / (ms * 1e-3), (double)peak / 1048576.0, (double)plan.peak_bytes / 1048576.0,
                 peak ? (double)plan.peak_bytes / (double)peak : NAN);
         if (cuda) fprintf(stderr, "%.1f TFLOP/s = MFU %.3f (HFU %.3f)\n", mrate * 1e-12, mrate / LT_BENCH_H200_BF16_PEAK,
                           hrate / LT_BENCH_H200_BF16_PEAK);
@@ -675,9 +701,9 @@ int lt_bench_train(int argc, char **argv) {
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[160];
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
-             recompute_attn ? "-recompute-attn" : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "");
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
+             recompute_attn ? "-recompute-attn" : "", offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "",
+             lt_prof_active ? "-profile" : "", cuda && !graph ? "-nograph" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

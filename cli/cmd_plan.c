@@ -17,7 +17,8 @@ static const char *usage =
     "longtune plan (--model PATH | --config config.json) [--batch B] [--seq-len T] [--lora-rank r]\n"
     "       [--lora-layers K] [--attention flash|naive] [--loss fused|chunked|naive]\n"
     "       [--recompute none|all|every:K] [--recompute-attention] [--saved f32|bf16]\n"
-    "       [--chunk-rows N] [--backend cpu|cuda] [--budget BYTES|auto]\n"
+    "       [--chunk-rows N] [--offload-checkpoints] [--host-budget BYTES|auto]\n"
+    "       [--backend cpu|cuda] [--budget BYTES|auto]\n"
     "       [--max-seq | --max-batch] [--quantize] [--weights-dtype f32|bf16|f16] [--threads N]\n"
     "       [--dp K] [--cp K] [--json]";
 
@@ -37,6 +38,10 @@ static void print_help(void) {
            "  --saved DTYPE       dtype of checkpoints and kept attention outputs (default: the\n"
            "                      backend's, f32 on cpu and bf16 on cuda)\n"
            "  --chunk-rows N      rows per chunk of the position-wise work (default 8192)\n"
+           "  --offload-checkpoints  keep the layer checkpoints in (pinned) host memory, two slots on\n"
+           "                      the device; the host side is planned and checked on its own\n"
+           "  --host-budget BYTES|auto  host memory for the offloaded checkpoints of a cuda plan\n"
+           "                      (auto, the default: the guard's host ceiling less this process)\n"
            "  --backend DEV       cpu (default) or cuda\n"
            "  --budget BYTES|auto bytes (\"12G\", \"512MiB\") or auto (default): the memory guard's\n"
            "                      ceiling, i.e. min(0.90 x total, available - cushion) of host memory\n"
@@ -87,7 +92,8 @@ typedef struct arm {
 } arm;
 
 int lt_cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *config = NULL, *budget_s = "auto";
+    const char *model = NULL, *config = NULL, *budget_s = "auto", *host_budget_s = "auto";
+    int offload = 0;
     int64_t B = 1, T = 2048, rank = 8, layers = 0, threads = 0, dp = 1, cp = 1;
     lt_attention_impl att = LT_ATTENTION_FLASH;
     lt_lce_impl loss = LT_LCE_FUSED;
@@ -164,6 +170,11 @@ int lt_cmd_plan(int argc, char **argv) {
             if (!strcmp(v, "f32")) saved = -1;
             else if (!strcmp(v, "bf16")) saved = 1;
             else return lt_cli_usage_error("plan", usage, "--saved '%s': expected f32 or bf16", v);
+        } else if (!strcmp(a, "--offload-checkpoints")) {
+            offload = 1;
+        } else if (!strcmp(a, "--host-budget")) {
+            NEED_VALUE();
+            host_budget_s = v;
         } else if (!strcmp(a, "--chunk-rows")) {
             NEED_VALUE();
             if (lt_cli_parse_i64(v, 1, INT32_MAX, &chunk_rows))
@@ -206,6 +217,11 @@ int lt_cmd_plan(int argc, char **argv) {
     if (!budget_auto && (lt_cli_parse_bytes(budget_s, &budget) || budget == 0))
         return lt_cli_usage_error("plan", usage, "--budget '%s': expected a byte size (\"12G\") or auto",
                                   budget_s);
+    uint64_t host_budget = 0;
+    int host_auto = !strcmp(host_budget_s, "auto");
+    if (!host_auto && (lt_cli_parse_bytes(host_budget_s, &host_budget) || host_budget == 0))
+        return lt_cli_usage_error("plan", usage, "--host-budget '%s': expected a byte size (\"100G\") or auto",
+                                  host_budget_s);
 
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return LT_EXIT_FAIL;
@@ -248,6 +264,7 @@ int lt_cmd_plan(int argc, char **argv) {
     po.run.recompute_attention = recompute_attention;
     po.run.saved_bf16 = saved;
     po.run.chunk_rows = chunk_rows;
+    po.run.offload_ckpt = offload;
     po.run.loss = loss;
     po.run.threads = (int)threads;
     po.dp_size = dp;
@@ -260,12 +277,23 @@ int lt_cmd_plan(int argc, char **argv) {
         goto done;
     }
 
+    /* The host side of a device plan with offload: its own budget and its own answer. */
+    int host_check = offload && dev != LT_DEVICE_CPU;
+    char host_how[256] = "given";
+    if (host_check && host_auto && (s = auto_budget(ctx, LT_DEVICE_CPU, &host_budget, host_how, sizeof host_how)) != LT_OK) {
+        rc = lt_cli_fail("plan", ctx, s);
+        fprintf(stderr, "longtune plan: pass --host-budget BYTES to plan without measuring this machine\n");
+        goto done;
+    }
+    if (host_check) po.host_budget_bytes = host_budget;
+
     lt_plan plan;
     if ((s = lt_plan_compute(ctx, &cfg, &po, &plan)) != LT_OK) {
         rc = lt_cli_fail("plan", ctx, s);
         goto done;
     }
-    int fits = plan.peak_bytes <= budget;
+    int fits_host = !host_check || plan.offload_bytes <= host_budget;
+    int fits = plan.peak_bytes <= budget && fits_host;
 
     /* The naive arms: what the same run would need without the fused kernels. */
     arm arms[3];
@@ -313,6 +341,12 @@ int lt_cmd_plan(int argc, char **argv) {
         cJSON_AddNumberToObject(out, "budget_bytes", (double)budget);
         cJSON_AddStringToObject(out, "budget_source", budget_auto ? "auto" : "given");
         cJSON_AddBoolToObject(out, "fits", fits);
+        if (host_check) {
+            cJSON_AddNumberToObject(out, "host_budget_bytes", (double)host_budget);
+            cJSON_AddStringToObject(out, "host_budget_source", host_auto ? "auto" : "given");
+            cJSON_AddBoolToObject(out, "fits_device", plan.peak_bytes <= budget);
+            cJSON_AddBoolToObject(out, "fits_host", fits_host);
+        }
         cJSON *na = cJSON_AddObjectToObject(out, "naive_arms");
         for (int k = 0; k < 3; k++) {
             if (arms[k].ok)
@@ -354,6 +388,9 @@ int lt_cmd_plan(int argc, char **argv) {
                recompute_attention ? " (attention rerun)" : "",
                saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
                (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
+    if (offload && plan.options.run.recompute != LT_RECOMPUTE_NONE)
+        printf("checkpoints offloaded to %s host memory: two slots stay on the device\n",
+               dev == LT_DEVICE_CPU ? "(on the cpu: the same)" : "pinned");
     if (dp > 1 || cp > 1)
         printf("per rank: one of %lld data-parallel x %lld context-parallel ranks\n", (long long)dp, (long long)cp);
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
@@ -363,10 +400,21 @@ int lt_cmd_plan(int argc, char **argv) {
     printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32),
            plan.peak_bytes);
     printf("budget: %s (%s)\n", lt_cli_fmt_bytes(budget, b1, 32), how);
-    if (fits)
-        printf("fits: yes, %s to spare\n", lt_cli_fmt_bytes(budget - plan.peak_bytes, b2, 32));
+    if (plan.peak_bytes <= budget)
+        printf("fits: %s, %s to spare%s\n", fits ? "yes" : "on the device", lt_cli_fmt_bytes(budget - plan.peak_bytes, b2, 32),
+               fits ? "" : " (but not in host memory, below)");
     else
         printf("fits: NO, %s over\n", lt_cli_fmt_bytes(plan.peak_bytes - budget, b2, 32));
+    if (host_check) {
+        printf("host (pinned)     %12s  (%zu bytes) of offloaded checkpoints\n", lt_cli_fmt_bytes(plan.offload_bytes, b1, 32),
+               plan.offload_bytes);
+        printf("host budget: %s (%s)\n", lt_cli_fmt_bytes(host_budget, b1, 32), host_how);
+        if (fits_host)
+            printf("host: fits, %s to spare\n", lt_cli_fmt_bytes(host_budget - plan.offload_bytes, b2, 32));
+        else
+            printf("host: NO, will not fit in host memory (%s over)\n",
+                   lt_cli_fmt_bytes(plan.offload_bytes - host_budget, b2, 32));
+    }
     printf("naive arms (what the fused paths save):\n");
     for (int k = 0; k < 3; k++) {
         if (!arms[k].ok) {

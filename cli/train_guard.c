@@ -53,6 +53,7 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     po.run.T = opt->max_seq_length;
     po.run.recompute = opt->recompute;
     po.run.recompute_k = opt->recompute_every;
+    po.run.offload_ckpt = opt->offload_checkpoints;
     po.run.attention = opt->attention;
     po.run.loss = opt->loss;
     po.run.threads = opt->threads;
@@ -74,6 +75,13 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n",
             lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1), c.overridden ? " (--memory-ceiling)" : "",
             cg->have_plan ? lt_cli_fmt_bytes(cg->plan.peak_bytes, b2, sizeof b2) : "unknown");
+    if (cg->have_plan && cg->plan.offload_bytes && opt->device != LT_DEVICE_CPU) {
+        /* the offloaded checkpoints are host memory: the guard's host ceiling bounds them */
+        lt_guard_ceiling h = lt_guard_get_ceiling(cg->g, LT_DEVICE_CPU);
+        fprintf(stderr, "longtune train: offloaded checkpoints %s of pinned host memory (host ceiling %s)%s\n",
+                lt_cli_fmt_bytes(cg->plan.offload_bytes, b1, sizeof b1), lt_cli_fmt_bytes(h.ceiling_bytes, b2, sizeof b2),
+                h.ceiling_bytes && cg->plan.offload_bytes > h.ceiling_bytes ? ": will not fit in host memory" : "");
+    }
     return 0;
 }
 

@@ -35,7 +35,21 @@ typedef struct lt_mem_stats {
 } lt_mem_stats;
 
 lt_mem_stats lt_mem_get_stats(const lt_ctx *ctx, lt_device dev);
-/* Peak := current used. */
+
+/* Page-locked ("pinned") host memory, for buffers a device copies to and from while it computes
+ * (the model's offloaded checkpoints): cudaHostAlloc in a CUDA build. It is host RAM, so it is
+ * accounted on LT_DEVICE_CPU (the host's limit, high-water and the guard see it, rounded as any
+ * host block) and counted once more on its own (lt_mem_get_pinned_stats), so a plan's host side
+ * can be compared with it exactly. Fault injection counts it like any allocation. Errors (NULL
+ * returned, status in ctx): LT_ERR_INVALID_ARG for 0 bytes, LT_ERR_OOM (host limit, injection,
+ * or the driver refused), LT_ERR_UNSUPPORTED in a build without CUDA. */
+void *lt_alloc_pinned(lt_ctx *ctx, size_t bytes, const char *what);
+/* Frees a block from lt_alloc_pinned of `bytes`. NULL is a no-op. */
+void lt_free_pinned(lt_ctx *ctx, void *ptr, size_t bytes);
+/* The pinned blocks alone (used, high-water since the context was made or the host peak reset;
+ * limit_bytes is 0: the host limit applies to them). */
+lt_mem_stats lt_mem_get_pinned_stats(const lt_ctx *ctx);
+/* Peak := current used (on LT_DEVICE_CPU, the pinned high-water too). */
 void lt_mem_reset_peak(lt_ctx *ctx, lt_device dev);
 /* Hard limit on accounted bytes for dev; 0 removes it. */
 void lt_mem_set_limit(lt_ctx *ctx, lt_device dev, size_t limit_bytes);

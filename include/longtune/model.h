@@ -107,6 +107,18 @@ typedef struct lt_model_run_options {
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span
                                  the whole batch; 0 = LT_MODEL_CHUNK_ROWS */
+    int offload_ckpt;         /* 1: keep the checkpoints (layer inputs saved across the step) in
+                                 host memory, page-locked on a device (lt_alloc_pinned): two
+                                 device slots remain; a layer's checkpoint is copied out while the
+                                 next layer computes, and in the backward the one below is copied
+                                 back into the free slot while the current layer's backward runs
+                                 (a copy stream ordered by events; same results, bit for bit). The
+                                 two newest checkpoints never leave the slots, so the host holds
+                                 n_ckpt - 2 of them (lt_model_sizes.offload_bytes). Needs a
+                                 recompute policy (there are no checkpoints without one); ignored
+                                 by a forward_only run. On the CPU the same schedule runs between
+                                 two host blocks (the reference of the schedule; it saves nothing
+                                 there). Kept attention outputs stay on the device. */
 } lt_model_run_options;
 
 /* Default rows per position-wise chunk: the CUDA matmul's own x-chunk, so no GEMM gets smaller. */
@@ -129,6 +141,10 @@ typedef struct lt_model_sizes {
     size_t bytes[LT_MEM_CLASS_COUNT_]; /* accounted bytes (lt_alloc_accounted_size) per class */
     size_t total;
     int64_t n_lora_params;             /* trainable scalars */
+    size_t offload_bytes;              /* offloaded checkpoints (run->offload_ckpt): accounted bytes
+                                          in host memory (pinned on a device run), NOT in bytes[]
+                                          or total unless the run's device is the host: a CPU
+                                          run's offload block counts in bytes[LT_MEM_ACTIVATIONS] */
 } lt_model_sizes;
 
 /* Pure: the bytes each class takes for this config, LoRA choice and run shape on run->device

@@ -50,6 +50,9 @@ typedef struct lt_plan_options {
                                   of the kind lt_cp_choose picks: Ulysses' workspace
                                   (lt_cp_ulysses_workspace_bytes) or one ring attention call's
                                   blocks (lt_cp_attention_workspace_bytes, backward) [0 = 1] */
+    size_t host_budget_bytes;  /* lt_plan_search_max only: with run.offload_ckpt, a value whose
+                                  offloaded checkpoints (lt_plan.offload_bytes) exceed this many
+                                  host bytes does not fit either; 0 = host not checked */
 } lt_plan_options;
 
 typedef struct lt_plan {
@@ -57,6 +60,11 @@ typedef struct lt_plan {
     size_t peak_bytes;                  /* Σ bytes: every class is allocated once and lives
                                            through the step, so the sum is the high-water */
     int64_t n_lora_params;              /* trainable scalars */
+    size_t offload_bytes;               /* run.offload_ckpt: the checkpoints kept in host memory
+                                           (page-locked on CUDA), accounted as the host allocator
+                                           rounds; on a CPU plan also inside the activations class
+                                           and peak_bytes (the host is the device), on a device
+                                           plan in neither: check it against host memory */
     lt_device device;
     lt_plan_options options;            /* with the defaults resolved (rank, impls, ...) */
 } lt_plan;
@@ -77,8 +85,9 @@ typedef enum lt_plan_search {
     LT_PLAN_SEARCH_BATCH,   /* largest B with T fixed */
 } lt_plan_search;
 
-/* Largest value in [1, hi] of T (or B) whose plan's peak is <= budget_bytes, by bisection (every
- * class is non-decreasing in B and T), checked at the answer and one past it. *found = 0 and
+/* Largest value in [1, hi] of T (or B) whose plan's peak is <= budget_bytes (and, when
+ * opt->host_budget_bytes is set, whose offload_bytes are <= it), by bisection (every class is
+ * non-decreasing in B and T), checked at the answer and one past it. *found = 0 and
  * *out = 0 when even 1 does not fit. Errors: those of lt_plan_compute at 1 (other values that
  * fail to plan count as not fitting). */
 lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
@@ -87,7 +96,8 @@ lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_p
 
 /* Writes the plan as one JSON object into buf (NUL-terminated):
  *   {"device", "batch", "seq_len", "lora_rank", "recompute", "attention", "loss",
- *    "n_lora_params", "dp_size", "cp_size", "classes": {<class name>: bytes, ...}, "peak_bytes"}
+ *    "n_lora_params", "dp_size", "cp_size", "classes": {<class name>: bytes, ...}, "peak_bytes",
+ *    "offload_checkpoints": bool, "host_offload_bytes"}
  * Errors: LT_ERR_INVALID_ARG when buf is too small (n < 1024 always is). */
 lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n);
 

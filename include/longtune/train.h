@@ -64,6 +64,9 @@ typedef struct lt_train_options {
     lt_recompute recompute;        /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
     int64_t recompute_every;       /* K of "every:K" */
+    int offload_checkpoints;       /* keep the checkpoints in pinned host memory (a device run;
+                                      needs a recompute policy): lt_model_run_options.offload_ckpt
+                                      [0] */
     lt_attention_impl attention;   /* [flash] */
     lt_lce_impl loss;              /* [fused] */
     int no_pack;                   /* one example per row instead of packing */

@@ -55,6 +55,20 @@ typedef struct lt_backend {
     lt_status (*copy_to_host)(lt_ctx *ctx, void *dst_host, const void *src, size_t bytes);
     /* Waits for queued work (no-op on CPU). */
     lt_status (*synchronize)(lt_ctx *ctx);
+    /* Checkpoint offload (lt_model_run_options.offload_ckpt): a copy queue beside the compute
+     * work, with LT_XFER_MARKS completion marks. xfer_copy queues a copy of `bytes` between host
+     * and this backend's memory (either way) that starts once every op queued before the call has
+     * finished, and sets `mark` when it is done; xfer_wait makes every op queued after the call
+     * wait until `mark` was set by the latest xfer_copy naming it.
+     * CUDA: a non-blocking copy stream ordered against lt_cuda_stream() by events (the host side
+     * must be page-locked, lt_alloc_pinned, for the copy to run asynchronously); CPU: the copy runs
+     * at once (memcpy) and waiting is free, so the CPU reference runs the same schedule. */
+#define LT_XFER_MARKS 4 /* completion marks of one copy queue */
+    lt_status (*xfer_open)(lt_ctx *ctx, void **q);
+    /* Waits for the queue's copies and frees it; NULL is a no-op. */
+    void (*xfer_close)(lt_ctx *ctx, void *q);
+    lt_status (*xfer_copy)(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
+    lt_status (*xfer_wait)(lt_ctx *ctx, void *q, int mark);
 
     /* ---- compute ops (f32 activations; threads from ctx) ---- */
     /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N).

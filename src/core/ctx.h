@@ -18,6 +18,7 @@ struct lt_ctx {
     char error[1024];
     int threads;
     struct lt_mem_dev mem[LT_DEVICE_COUNT_];
+    struct lt_mem_dev pinned;           /* the part of mem[LT_DEVICE_CPU] that is page-locked */
     atomic_uint_fast64_t alloc_counter; /* allocations attempted since fail_nth was armed */
     uint64_t fail_nth;                  /* 0 = off */
 };

@@ -237,7 +237,14 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     /* Each piece rounded up to the alignment so every layer's starts aligned. */
     size_t cs = nb(N * c->C, es);
     o->ckpt_stride = cs > SIZE_MAX - al ? SIZE_MAX : (cs + al - 1) / al * al;
-    o->ckpt = carve_aligned(&cur, nb(o->n_ckpt, o->ckpt_stride), al);
+    if (run->offload_ckpt && !fwd_only && run->recompute == LT_RECOMPUTE_NONE)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: checkpoint offload needs a recompute policy (all or "
+                        "every:K): without one there are no checkpoints to offload");
+    /* Offload keeps two slots here and the rest on the host (see lt_layout.offload); with two
+     * checkpoints or fewer there is nothing to move. */
+    o->offload = run->offload_ckpt && o->n_ckpt > 2;
+    if (o->offload) o->offload_bytes = nb(o->n_ckpt - 2, o->ckpt_stride);
+    o->ckpt = carve_aligned(&cur, nb(o->offload ? 2 : o->n_ckpt, o->ckpt_stride), al);
     if (o->n_ckpt && !run->recompute_attention) {
         size_t as = nb(N * qd, es), ls = nb(B * c->H * T, 4);
         o->att_stride = as > SIZE_MAX - al ? SIZE_MAX : (as + al - 1) / al * al;
@@ -375,7 +382,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     o->lce_ws = carve_aligned(&cur, lw, al);
     o->class_bytes[LT_MEM_WORKSPACE] = cur;
     for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++)
-        if (o->class_bytes[i] == SIZE_MAX)
+        if (o->class_bytes[i] == SIZE_MAX || o->offload_bytes == SIZE_MAX)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: %s bytes overflow at B=%lld T=%lld",
                             lt_mem_class_name((lt_mem_class)i), (long long)B, (long long)T);
     return LT_OK;
@@ -393,6 +400,13 @@ lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_
         if (i == LT_MEM_WEIGHTS && dev == LT_DEVICE_CPU)
             out->bytes[i] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(cfg));
         out->total += out->bytes[i];
+    }
+    if (lay.offload) {
+        out->offload_bytes = lt_alloc_accounted_size(LT_DEVICE_CPU, lay.offload_bytes);
+        if (dev == LT_DEVICE_CPU) {
+            out->bytes[LT_MEM_ACTIVATIONS] += out->offload_bytes;
+            out->total += out->offload_bytes;
+        }
     }
     out->n_lora_params = lay.n_lora;
     return LT_OK;

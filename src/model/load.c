@@ -411,6 +411,7 @@ static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
 
 void lt_model_free(lt_ctx *ctx, lt_model *m) {
     if (!m) return;
+    lt_model_release_offload(ctx, m);
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
     lt_model_free_inputs(ctx, m);

@@ -28,6 +28,7 @@ void lt_model_free_inputs(lt_ctx *ctx, lt_model *m) {
 }
 
 static void free_run(lt_ctx *ctx, lt_model *m) {
+    lt_model_release_offload(ctx, m); /* first: its copies may still touch the blocks */
     for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
         m->block[c] = NULL;
@@ -102,8 +103,19 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
             return s;
         }
     }
-    /* Keep the weights/LoRA part of the layout from load, take the run part. */
+    /* Keep the weights/LoRA part of the layout from load, take the run part (free_run reads the
+     * offload size from it from here on). */
     m->lay = lay;
+    if (lay.offload) {
+        const char *hw = "offloaded checkpoints (host)";
+        m->offload = m->opt.device == LT_DEVICE_CPU ? lt_alloc(ctx, LT_DEVICE_CPU, lay.offload_bytes, hw)
+                                                    : lt_alloc_pinned(ctx, lay.offload_bytes, hw);
+        lt_status s = m->offload ? m->be->xfer_open(ctx, &m->xfer) : lt_ctx_status(ctx);
+        if (s != LT_OK) {
+            free_run(ctx, m);
+            return s;
+        }
+    }
     m->run = *run;
     m->prepared = 1;
     lt_status s = cp_alloc(ctx, m);
@@ -119,6 +131,13 @@ lt_model_sizes lt_model_get_sizes(const lt_model *m) {
         if (c == LT_MEM_WEIGHTS && m->opt.device == LT_DEVICE_CPU)
             s.bytes[c] += lt_alloc_accounted_size(LT_DEVICE_CPU, lt_model_meta_bytes(&m->cfg));
         s.total += s.bytes[c];
+    }
+    if (m->offload) { /* as lt_model_size_table counts it */
+        s.offload_bytes = lt_alloc_accounted_size(LT_DEVICE_CPU, m->lay.offload_bytes);
+        if (m->opt.device == LT_DEVICE_CPU) {
+            s.bytes[LT_MEM_ACTIVATIONS] += s.offload_bytes;
+            s.total += s.offload_bytes;
+        }
     }
     s.n_lora_params = m->lay.n_lora;
     return s;
@@ -242,6 +261,10 @@ typedef struct step {
     uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
     uint64_t drop_row0;  /* tokens before this batch's row 0 in the whole (data-parallel) batch */
     int train;
+    /* Offload: the checkpoint each device slot holds (-1 none) and whether a copy into it is
+     * still to be waited for. */
+    int64_t slot_has[2];
+    int slot_pending[2];
 } step;
 
 static uint8_t *blk(const step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
@@ -261,9 +284,72 @@ static lt_store store_slot(const step *s, int64_t j) {
     return st;
 }
 
-/* Checkpoint seg: an (N, C) layer input of the layout's saved dtype. */
+/* Checkpoint seg: an (N, C) layer input of the layout's saved dtype; under offload, its slot
+ * (which holds it only between the ckpt_* calls below that say so). */
 static void *ckpt(const step *s, int64_t seg) {
+    if (s->m->lay.offload) seg %= 2;
     return blk(s, LT_MEM_ACTIVATIONS, s->m->lay.ckpt + (size_t)seg * s->m->lay.ckpt_stride);
+}
+
+void lt_model_release_offload(lt_ctx *ctx, lt_model *m) {
+    /* The copy queue first: closing it waits for copies that may still touch the host block. */
+    if (m->xfer) m->be->xfer_close(ctx, m->xfer);
+    m->xfer = NULL;
+    if (m->offload) {
+        if (m->opt.device == LT_DEVICE_CPU)
+            lt_free(ctx, LT_DEVICE_CPU, m->offload, m->lay.offload_bytes);
+        else
+            lt_free_pinned(ctx, m->offload, m->lay.offload_bytes);
+    }
+    m->offload = NULL;
+}
+
+/* ---- checkpoint offload: two device slots, the host block, and the order of the copies ----
+ * Forward: checkpoint i goes into slot i % 2 once the copy out of its previous tenant, i - 2, is
+ * done (ckpt_will_write), and is copied out as soon as its writer is queued (ckpt_written), so the
+ * copy runs while the next layer computes. Backward: when checkpoint i is first needed
+ * (ckpt_need), the other slot's tenant, i + 1, has been read by everything queued, so checkpoint
+ * i - 1 is copied into it then, overlapping layer i's recompute and backward; i itself was
+ * copied in the same way one layer earlier, and only the wait for it is queued now. The two
+ * newest checkpoints never leave their slots. Without offload these are no-ops. */
+
+static uint8_t *ckpt_host(const step *s, int64_t i) {
+    LT_ASSERT(i >= 0 && i + 2 < s->m->lay.n_ckpt);
+    return s->m->offload + (size_t)i * s->m->lay.ckpt_stride;
+}
+
+static size_t ckpt_bytes(const step *s) {
+    return (size_t)(s->N * s->m->cfg.C) * (s->m->lay.saved_dtype == LT_DTYPE_BF16 ? 2 : 4);
+}
+
+static lt_status ckpt_will_write(const step *s, int64_t i) {
+    if (!s->m->lay.offload || i < 2) return LT_OK;
+    return s->be->xfer_wait(s->ctx, s->m->xfer, (int)(i % 2));
+}
+
+static lt_status ckpt_written(step *s, int64_t i) {
+    if (!s->m->lay.offload) return LT_OK;
+    s->slot_has[i % 2] = i;
+    s->slot_pending[i % 2] = 0;
+    if (i + 2 >= s->m->lay.n_ckpt) return LT_OK; /* stays in its slot through the backward */
+    return s->be->xfer_copy(s->ctx, s->m->xfer, (int)(i % 2), ckpt_host(s, i), ckpt(s, i), ckpt_bytes(s));
+}
+
+static lt_status ckpt_fetch(step *s, int64_t i) {
+    if (s->slot_has[i % 2] == i) return LT_OK;
+    LT_TRY(s->be->xfer_copy(s->ctx, s->m->xfer, (int)(i % 2), ckpt(s, i), ckpt_host(s, i), ckpt_bytes(s)));
+    s->slot_has[i % 2] = i;
+    s->slot_pending[i % 2] = 1;
+    return LT_OK;
+}
+
+static lt_status ckpt_need(step *s, int64_t i) {
+    if (!s->m->lay.offload) return LT_OK;
+    if (i > 0) LT_TRY(ckpt_fetch(s, i - 1));
+    LT_TRY(ckpt_fetch(s, i)); /* already there but for the first use after an odd start */
+    if (!s->slot_pending[i % 2]) return LT_OK;
+    s->slot_pending[i % 2] = 0;
+    return s->be->xfer_wait(s->ctx, s->m->xfer, (int)(i % 2));
 }
 
 /* Copies the f32 x (n elements) into `saved` (a checkpoint of the layout's saved dtype, rounded
@@ -858,17 +944,28 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     int64_t k = y->n_ckpt ? y->n_tr_stores : K;
     const lt_device dev = m->opt.device;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
+    s.slot_has[0] = s.slot_has[1] = -1;
     lt_store st = slot_of(&s, 0);
     if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
         LT_TRY(run_plain(&s, l0, xf_of(&s)));
+        LT_TRY(ckpt_will_write(&s, 0));
         LT_TRY(saved_copy(&s, ckpt(&s, 0), xf_of(&s), NC, 0));
+        LT_TRY(ckpt_written(&s, 0));
     } else {
         LT_TRY(run_plain(&s, l0, st.x_in));
     }
     for (int64_t j = 0; j < K; j++) {
         st = slot_of(&s, j);
-        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) {
+            LT_TRY(ckpt_will_write(&s, j / k));
+            LT_TRY(saved_copy(&s, ckpt(&s, j / k), st.x_in, NC, 0));
+            LT_TRY(ckpt_written(&s, j / k));
+        }
+        /* under resid_ckpt the layer writes checkpoint j + 1 (xf after the last layer) */
+        int writes = y->resid_ckpt && j + 1 < K;
+        if (writes) LT_TRY(ckpt_will_write(&s, j + 1));
         LT_TRY(layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
+        if (writes) LT_TRY(ckpt_written(&s, j + 1));
     }
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
@@ -876,11 +973,16 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     int64_t last_seg = (K - 1) / k;
     for (int64_t j = K - 1; j >= 0; j--) {
         int64_t seg = j / k;
+        /* Checkpoint j is layer j's input under resid_ckpt, read by its recompute and backward. */
+        if (y->resid_ckpt) LT_TRY(ckpt_need(&s, j));
         if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
             /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
             lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
             st = slot_of(&s, seg * k);
-            if (!y->resid_ckpt) LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
+            if (!y->resid_ckpt) {
+                LT_TRY(ckpt_need(&s, seg));
+                LT_TRY(saved_copy(&s, ckpt(&s, seg), st.x_in, NC, 1));
+            }
             for (int64_t i = seg * k; i <= j; i++) {
                 st = slot_of(&s, i);
                 resid out = i == j ? resid_f32(NULL) : lora_out(&s, i); /* the last output is not needed */

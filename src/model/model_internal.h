@@ -75,6 +75,12 @@ typedef struct lt_layout {
      * store slot; checkpoints are copied (rounded) out of it and back. */
     size_t act_stores, ckpt, ckpt_stride;
     lt_dtype saved_dtype;
+    /* Offload (run->offload_ckpt with n_ckpt > 2): the activation block holds only two checkpoint
+     * slots at `ckpt` (checkpoint i lives in slot i % 2 while in use), and a separate host block
+     * of offload_bytes (pinned on a device) holds checkpoints 0 .. n_ckpt - 3, ckpt_stride apart
+     * (the last two are never overwritten in their slots, so they never travel). */
+    int offload;
+    size_t offload_bytes;
     /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
      * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
      * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
@@ -131,6 +137,10 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora
 /* The store whose block starts at base, with the layout's offsets. */
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out);
 
+/* Closes the offload copy queue (waiting for its copies) and frees the host block of offloaded
+ * checkpoints; no-op without them. The run's release and lt_model_free call it first. */
+void lt_model_release_offload(lt_ctx *ctx, struct lt_model *m);
+
 typedef struct lt_layer {
     lt_tensor w[LT_PROJ_COUNT_];       /* frozen (out, in) */
     float *bias[3];                    /* q, k, v biases (Qwen2), f32 */
@@ -169,6 +179,8 @@ struct lt_model {
     size_t cp_ws_bytes;
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
     void *grad_ready_arg;
+    uint8_t *offload;       /* lay.offload: the host block of offloaded checkpoints */
+    void *xfer;             /* lay.offload: the backend's copy queue */
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

@@ -146,6 +146,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     }
     out->peak_bytes = total;
     out->n_lora_params = ms.n_lora_params;
+    out->offload_bytes = ms.offload_bytes;
     out->device = o.device;
     out->options = o;
     return LT_OK;
@@ -163,7 +164,7 @@ static int fits_at(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_option
         lt_ctx_clear_error(ctx); /* too large to plan counts as too large to fit */
         return 0;
     }
-    return p.peak_bytes <= budget;
+    return p.peak_bytes <= budget && (!o.host_budget_bytes || p.offload_bytes <= o.host_budget_bytes);
 }
 
 lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
@@ -179,7 +180,7 @@ lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_p
         o.run.B = 1;
     lt_plan p;
     LT_TRY(lt_plan_compute(ctx, cfg, &o, &p)); /* a config that cannot plan at all is an error */
-    if (p.peak_bytes > budget_bytes) return LT_OK;
+    if (p.peak_bytes > budget_bytes || (o.host_budget_bytes && p.offload_bytes > o.host_budget_bytes)) return LT_OK;
     int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
     while (lo < top) {
         int64_t mid = lo + (top - lo + 1) / 2;
@@ -215,7 +216,8 @@ lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
         if (w < 0 || (size_t)w >= n - used) goto small;
         used += (size_t)w;
     }
-    w = snprintf(buf + used, n - used, "}, \"peak_bytes\": %zu}", p->peak_bytes);
+    w = snprintf(buf + used, n - used, "}, \"peak_bytes\": %zu, \"offload_checkpoints\": %s, \"host_offload_bytes\": %zu}",
+                 p->peak_bytes, o->run.offload_ckpt ? "true" : "false", p->offload_bytes);
     if (w < 0 || (size_t)w >= n - used) goto small;
     return LT_OK;
 small:

@@ -54,6 +54,7 @@ static const option options[] = {
     {"grad_accum", K_I64, O(grad_accum), 0, 1, 1 << 20},
     {"grad_clip", K_F64, O(grad_clip), 0, 0, 1e9},
     {"recompute", K_RECOMP, O(recompute), 0, 0, 0},
+    {"offload_checkpoints", K_BOOL, O(offload_checkpoints), 0, 0, 1},
     {"attention", K_ATTN, O(attention), 0, 0, 0},
     {"loss", K_LOSS, O(loss), 0, 0, 0},
     {"no_pack", K_BOOL, O(no_pack), 0, 0, 1},
@@ -341,6 +342,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.recompute == LT_RECOMPUTE_EVERY_K && o.recompute_every < 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");
     if (o.recompute != LT_RECOMPUTE_EVERY_K) o.recompute_every = 0;
+    if (o.offload_checkpoints && o.recompute == LT_RECOMPUTE_NONE)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'offload_checkpoints' needs a recompute policy (recompute all or "
+                        "every:K, or grad_checkpoint): without one there are no checkpoints to offload");
     if (o.min_lr > o.learning_rate)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'min_lr' (%g) exceeds 'learning_rate' (%g)", o.min_lr,
                         o.learning_rate);

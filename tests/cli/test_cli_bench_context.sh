@@ -59,5 +59,19 @@ PY
   grep -q "<svg" "$tmp/chart.svg" 2>/dev/null || say "no SVG drawn"
   grep -q "longtune plan" "$tmp/chart.svg" 2>/dev/null || say "the SVG has no planner curve"
 fi
+# the same search with the checkpoints offloaded: on the CPU the same schedule between host blocks,
+# priced inside the one budget, so the answer is as consistent
+LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench context --shape tiny --step 256 --max 4096 --memory-ceiling 400M \
+  --confirm-seconds 1 --threads 1 --offload-checkpoints --out "$tmp/res" >"$tmp/out" 2>&1 || say "offload run failed: $(tail -3 "$tmp/out")"
+f="$tmp/res/context-cpu-tiny-offload.json"
+python3 - "$f" <<'PY' || say "offload run result inconsistent: $(head -c 800 "$f")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["offload_checkpoints"] is True, r["config"]
+a = r["arms"][0]
+pts = [p for p in a["points"] if p["ok"] and "peak_bytes" in p]
+assert pts and all(p["plan_bytes"] == p["peak_bytes"] for p in pts), pts
+assert any(p["by"] == "step" for p in pts), pts
+PY
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"

@@ -52,10 +52,19 @@ assert r["config"]["shape"] == "tiny" and r["config"]["memory_guard"] == "on"
 assert "model_flops" in r["config"]["flops"]
 PY
 fi
-# a second run reuses the checkpoint instead of rewriting it
+# a second run reuses the checkpoint instead of rewriting it; it runs each length without and with
+# checkpoint offload (--offload-both; the CPU runs the device's schedule between host blocks)
 LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench train --shape tiny --seq 32 --repeats 1 --warmup 0 --no-peer \
-  --threads 1 --out "$tmp/res" >"$tmp/out" 2>&1 || say "second tiny run failed"
+  --threads 1 --offload-both --out "$tmp/res" >"$tmp/out" 2>&1 || say "second tiny run failed"
 grep -q "reused from" "$tmp/out" || say "the second run did not reuse the checkpoint"
+python3 - "$tmp/res/train-cpu-tiny-random-f32-offload-both.json" <<'PY' || say "offload arms: $(tail -3 "$tmp/out")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+arms = {a["name"]: a for a in r["arms"]}
+assert set(arms) == {"longtune-T32", "longtune-offload-T32"}, arms
+assert arms["longtune-offload-T32"]["offload_checkpoints"] and not arms["longtune-T32"]["offload_checkpoints"]
+assert all(a["plan_bytes"] == a["peak_bytes"] for a in arms.values()), arms
+PY
 
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"

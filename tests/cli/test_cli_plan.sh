@@ -85,7 +85,40 @@ small=$(peak --saved bf16 --recompute-attention --chunk-rows 512)
 [ "$half" -lt "$rerun" ] || say "--saved bf16: $half not below $rerun"
 [ "$small" -lt "$half" ] || say "--chunk-rows 512: $small not below $half"
 
-# 6. Usage errors exit 2; a missing file is a failure (1) naming it.
+# 6. Checkpoint offload: on the CPU the host block is inside the peak (nothing is saved there); a
+#    CUDA plan (when this build has the backend; no device needed) moves n_ckpt - 2 of SmolLM2's 30
+#    checkpoints off the device and checks them against the host budget on their own.
+"$bin" plan --config "$qwen" --seq-len 4096 --recompute all --offload-checkpoints --budget 64G --json >"$tmp/o.json" ||
+  say "--offload-checkpoints rc"
+python3 - "$tmp/o.json" <<'EOF' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["offload_checkpoints"] is True and p["host_offload_bytes"] > 0, p
+assert p["peak_bytes"] == sum(p["classes"].values()) and p["classes"]["activations"] >= p["host_offload_bytes"], p
+EOF
+"$bin" plan --config "$qwen" --offload-checkpoints --budget 64G >/dev/null 2>"$tmp/e"
+[ $? = 1 ] && grep -q recompute "$tmp/e" || say "offload without recompute: $(cat "$tmp/e")"
+if "$bin" plan --config "$smol" --backend cuda --budget 64G --json >/dev/null 2>&1; then
+  cu() { "$bin" plan --config "$smol" --backend cuda --seq-len 8192 --recompute all --budget 64G --json "$@"; }
+  cu >"$tmp/c0.json" && cu --offload-checkpoints --host-budget 64G >"$tmp/c1.json" || say "cuda offload plan rc"
+  python3 - "$tmp/c0.json" "$tmp/c1.json" <<'EOF' || fail=1
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+ck = 8192 * 576 * 2  # one bf16 checkpoint of SmolLM2 (C = 576), a multiple of 256
+assert b["host_offload_bytes"] == 28 * ck, b  # 30 layers: 28 leave the device
+assert a["peak_bytes"] - b["peak_bytes"] == 28 * ck, (a["peak_bytes"], b["peak_bytes"])
+assert b["fits"] and b["fits_host"] and b["host_budget_bytes"] == 64 * 2**30, b
+EOF
+  out=$("$bin" plan --config "$smol" --backend cuda --seq-len 8192 --recompute all --offload-checkpoints --budget 64G --host-budget 1M 2>&1)
+  grep -q "will not fit in host memory" <<<"$out" || say "host verdict missing: $out"
+  grep -q "^fits: on the device" <<<"$out" || say "device verdict with a host miss: $out"
+  "$bin" plan --config "$smol" --backend cuda --recompute all --offload-checkpoints --budget 64G --host-budget 1G --max-seq --json >"$tmp/m.json" ||
+    say "cuda --max-seq with a host budget rc"
+  best=$(field "$tmp/m.json" max_seq_len)
+  [ "$best" -lt $((2**30 / (28 * 576 * 2) + 1)) ] 2>/dev/null || say "host budget did not bound --max-seq: $best"
+fi
+
+# 7. Usage errors exit 2; a missing file is a failure (1) naming it.
 expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
 expect 2
 expect 2 --config "$smol" --model x
@@ -96,6 +129,7 @@ expect 2 --config "$smol" --batch 0
 expect 2 --config "$smol" --attention fast
 expect 2 --config "$smol" --saved f16
 expect 2 --config "$smol" --chunk-rows 0
+expect 2 --config "$smol" --host-budget lots
 expect 1 --config "$tmp/no-such-config.json"
 grep -q "no-such-config" "$tmp/e" || say "missing config not named: $(cat "$tmp/e")"
 exit $fail

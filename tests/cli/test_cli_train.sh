@@ -20,6 +20,7 @@ expect 2 "iters" -- train --model m --data d --iters 12x
 expect 2 "needs a value" -- train --model m --data d --iters
 expect 2 "lm_head" -- train --model m --data d --lora-targets q,lm_head
 expect 2 "every:K" -- train --model m --data d --recompute sometimes
+expect 2 "recompute policy" -- train --model m --data d --offload-checkpoints
 expect 2 "constant|cosine" -- train --model m --data d --lr-schedule=linear
 expect 2 "unexpected argument" -- train --model m --data d stray
 expect 2 "cpu|cuda" -- train --model m --data d --device tpu

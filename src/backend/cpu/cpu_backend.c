@@ -10,6 +10,28 @@ static lt_status cpu_copy(lt_ctx *ctx, void *dst, const void *src, size_t bytes)
     return LT_OK;
 }
 
+/* The copy queue of the CPU: every op has finished when the next is called, so a copy runs at
+ * once and a mark is always set. The handle only has to be non-NULL. */
+static int cpu_xfer_handle;
+
+static lt_status cpu_xfer_open(lt_ctx *ctx, void **q) {
+    (void)ctx;
+    *q = &cpu_xfer_handle;
+    return LT_OK;
+}
+
+static void cpu_xfer_close(lt_ctx *ctx, void *q) { (void)ctx, (void)q; }
+
+static lt_status cpu_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes) {
+    (void)q, (void)mark;
+    return cpu_copy(ctx, dst, src, bytes);
+}
+
+static lt_status cpu_xfer_wait(lt_ctx *ctx, void *q, int mark) {
+    (void)ctx, (void)q, (void)mark;
+    return LT_OK;
+}
+
 static lt_status cpu_sync(lt_ctx *ctx) {
     (void)ctx;
     return LT_OK;
@@ -31,6 +53,10 @@ const lt_backend lt_backend_cpu = {
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_sync,
+    .xfer_open = cpu_xfer_open,
+    .xfer_close = cpu_xfer_close,
+    .xfer_copy = cpu_xfer_copy,
+    .xfer_wait = cpu_xfer_wait,
     .gemm = lt_cpu_gemm,
     .matmul = lt_cpu_matmul,
     .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,

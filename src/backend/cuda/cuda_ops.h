@@ -49,6 +49,11 @@ static inline unsigned lt_cuda_grid(int64_t n, int threads) {
 }
 
 extern "C" {
+/* The copy queue of checkpoint offload (ops_offload.cu). */
+lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q);
+void lt_cuda_xfer_close(lt_ctx *ctx, void *q);
+lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
+lt_status lt_cuda_xfer_wait(lt_ctx *ctx, void *q, int mark);
 void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
