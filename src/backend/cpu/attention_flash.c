@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "backend/cpu/attention_cpu.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/parallel.h"
 
 #define BR LT_ATTN_BR
@@ -206,7 +207,7 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
 /* ---- forward ---------------------------------------------------------------------------- */
 
 /* Query tokens [qa, qe) of one sequence starting at s0, all heads of kv head kvh of row b. */
-static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
+LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
                         int64_t qe, int64_t s0) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
@@ -323,7 +324,7 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
 /* In place over an (R, c) tile of stacked rows (tokens q0.., G rows each) and keys kb..: S
  * (scaled, uncapped scores) becomes P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i)
  * cap'(S); invisible entries become 0. lse and dvec are the tile's stacked rows. */
-static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
+LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
                       int64_t kb, int64_t s0, const float *lse, const float *dvec) {
     const float cap = j->p->softcap;
     const int64_t G = j->group;
@@ -410,7 +411,7 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
 
 /* Tokens [begin, end) of (nk, T) over the kv heads in flight: Q and dO stacked, lse stacked, and
  * D_i = sum_d dO_id O_id. */
-static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
+LT_CPU_CLONES static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
     const lt_attention_params *p = j->p;
@@ -442,7 +443,7 @@ static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets summed in
  * index order, scaled, stored at their (token, head). */
-static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
+LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
     const lt_attention_params *p = j->p;

@@ -6,7 +6,7 @@
  * are memory-bound, and OpenBLAS packs the wide operand before reading it. */
 #include <cblas.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__x86_64__) && defined(__GNUC__))
 #include <immintrin.h>
 #endif
 
@@ -21,7 +21,23 @@
 /* Tokens per thread chunk in the NN mode, where threads split the rows of x instead of W. */
 #define LT_MATMUL_NN_ROWS 32
 
+/* The thin products are AVX-512 code: always used when the build targets AVX-512 (-march=native on
+ * such a CPU), else (a portable x86-64 build) compiled for AVX-512 by function attribute and used
+ * when the CPU at hand has it. */
 #if defined(__AVX512F__)
+#define LT_THIN 1
+#define THIN_FN
+static int thin_available(void) { return 1; }
+#elif defined(__x86_64__) && defined(__GNUC__)
+#define LT_THIN 1
+#define THIN_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+static int thin_available(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+#if defined(LT_THIN)
 /* ---- thin products: C (M, N) with one of M, N (or both) at most THIN_MAX ----
  * The adapters' x·Aᵀ, dy·B (row dots), dyᵀ·lu and dluᵀ·x (column sums). On one core of the 2-core
  * Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
@@ -35,7 +51,7 @@
 /* Bᵀ copies for the NN row-dot case live on the calling thread's stack: at most this many floats. */
 #define THIN_BT_FLOATS 16384
 
-static inline __mmask16 thin_mask(int64_t n) {
+THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
 }
@@ -48,7 +64,7 @@ typedef struct {
     float alpha, beta;
 } rowdot_job;
 
-static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j, int64_t m, const int64_t N) {
+THIN_FN static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j, int64_t m, const int64_t N) {
     const float *a = j->A + m * j->lda;
     __m512 acc[THIN_MAX];
     for (int64_t n = 0; n < N; n++) acc[n] = _mm512_setzero_ps();
@@ -65,7 +81,7 @@ static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j
     }
 }
 
-static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
+THIN_FN static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
     (void)thread;
     const rowdot_job *j = arg;
     for (int64_t m = m0; m < m1; m++) {
@@ -98,7 +114,7 @@ typedef struct {
     int64_t chunks, items;
 } colsum_split;
 
-static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
+THIN_FN static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
                                                              const int64_t r) {
     float part[THIN_MAX][16 * COLSUM_CHUNKS];
     for (int64_t k0 = 0; k0 < j->K; k0 += COLSUM_ROWS) {
@@ -127,7 +143,7 @@ static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j
     }
 }
 
-static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
+THIN_FN static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const colsum_split *sp = arg;
     const colsum_job *j = sp->j;
@@ -140,7 +156,7 @@ static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
 }
 
 /* Runs the thin cases; 0 when the shape is not one of them (the caller uses OpenBLAS). */
-static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int threads = lt_ctx_threads(ctx);
     if (!ta && N <= THIN_MAX && (tb || N * K <= THIN_BT_FLOATS)) {
@@ -174,8 +190,9 @@ static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t 
 void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-#if defined(__AVX512F__)
-    if (K > 0 && thin_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#if defined(LT_THIN)
+    if (K > 0 && thin_available() && thin_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
 #else
     (void)ctx;
 #endif
