@@ -56,6 +56,7 @@ static void split_gemm(const shape *s, const float *A, const float *B, float *C,
 
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout's kill */
     printf("threads %d  OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", nt, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "-",
            getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "-");
     for (int w = 0; w <= 20000; w += 20000) {
