@@ -459,6 +459,10 @@ int lt_bench_train(int argc, char **argv) {
         cJSON_AddNumberToObject(jc, "sgemm_n", 1024);
         cJSON_AddStringToObject(jc, "openblas_core", openblas_get_corename());
         cJSON_AddStringToObject(jc, "schedule", "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
+        /* How idle OpenMP threads wait (libgomp reads these at start-up; the peer inherits them). */
+        const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
+        cJSON_AddStringToObject(jc, "omp_wait_policy", wp ? wp : "(unset)");
+        cJSON_AddStringToObject(jc, "gomp_spincount", sc ? sc : "(unset)");
     }
     double load[1];
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_start", load[0]);
