@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
         int lda = s->ta ? s->M : s->K, ldb = s->tb ? s->K : s->N;
         double best[3] = {1e9, 1e9, 1e9};
         for (int mode = 0; mode < 3; mode++) {
-            for (int r = 0; r < 30; r++) {
+            for (int r = 0; r < 12; r++) {
                 double t0 = now();
                 if (mode == 0 || mode == 1) {
                     openblas_set_num_threads(mode == 0 ? nt : 1);
