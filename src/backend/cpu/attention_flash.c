@@ -79,16 +79,24 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Forward work items: (B, Hkv, query tiles). */
 static int64_t flash_items(const lt_attention_params *p) { return p->B * p->Hkv * cdiv(p->T, FBR); }
 
-/* The backward's key tiles of one kv head are dealt round-robin into this many buckets; a bucket
- * is one work item (its tiles run in ascending order on one thread) with its own dQ accumulator,
- * and the buckets are summed in index order. So dQ is bit-identical for any thread count, at the
- * cost of DQ_BUCKETS·T·G·D floats of workspace per kv head in flight; 4 balances the causal tiles
- * on 2-4 threads. */
-#define DQ_BUCKETS 4
+/* The backward's key tiles of one kv head are dealt round-robin into dq_buckets(p) buckets; a
+ * bucket is one work item (its tiles run in ascending order on one thread) with its own dQ
+ * accumulator, and the buckets are summed in index order. So dQ is bit-identical for any thread
+ * count (the count depends on T alone), at the cost of buckets·T·G·D floats of workspace per kv
+ * head in flight. 4 balanced the causal tiles on 2-4 threads; on 16 threads SmolLM2's 3 kv heads
+ * gave 12 items, so 4 threads idled and the heaviest bucket (key tile 0 sees every query) set the
+ * pace: one bucket per key tile up to 8 spreads them (at T <= 256 there are fewer tiles than 8). */
+#define DQ_BUCKETS_MIN 4
+#define DQ_BUCKETS_MAX 8
 
-/* Kv heads of one row whose backward runs at once (KV_BATCH·DQ_BUCKETS items in one parallel
+static int64_t dq_buckets(const lt_attention_params *p) {
+    const int64_t tiles = (p->T + BC - 1) / BC;
+    return tiles < DQ_BUCKETS_MIN ? DQ_BUCKETS_MIN : tiles > DQ_BUCKETS_MAX ? DQ_BUCKETS_MAX : tiles;
+}
+
+/* Kv heads of one row whose backward runs at once (KV_BATCH·buckets items in one parallel
  * region, so more threads find work and there are fewer barriers); fixed, so the result does not
- * depend on it either. Each costs (2 + DQ_BUCKETS)·T·G·D floats of workspace. */
+ * depend on it either. Each costs (2 + buckets)·T·G·D floats of workspace. */
 #define KV_BATCH 4
 
 static int64_t kv_batch(const lt_attention_params *p) { return p->Hkv < KV_BATCH ? p->Hkv : KV_BATCH; }
@@ -103,9 +111,9 @@ static int64_t kt_ld(const lt_attention_params *p) { return (p->T + 15) / 16 * 1
 static size_t kt_floats(const lt_attention_params *p) { return (size_t)(p->B * p->Hkv * p->D * kt_ld(p)); }
 
 /* Backward, per kv head in flight: Q and dO stacked (T·G, D), lse and D_i = rowsum(dO·O) stacked
- * (T·G), then the DQ_BUCKETS dQ buckets (T·G, D). */
+ * (T·G), then the dq_buckets(p) dQ buckets (T·G, D). */
 static size_t head_block_floats(const lt_attention_params *p) {
-    return (2 + DQ_BUCKETS) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
+    return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
 }
 
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
@@ -114,7 +122,7 @@ static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
 }
 
 static int flash_slots(const lt_attention_params *p, int backward, int threads) {
-    return lt_attn_slots(threads, backward ? kv_batch(p) * DQ_BUCKETS : flash_items(p));
+    return lt_attn_slots(threads, backward ? kv_batch(p) * dq_buckets(p) : flash_items(p));
 }
 
 size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
@@ -396,7 +404,7 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
 }
 
 /* Item i: bucket i / nk of kv head kv0 + i % nk (every head's bucket 0, the heaviest, first): its
- * key tiles bucket, bucket + DQ_BUCKETS, ... in ascending order. */
+ * key tiles bucket, bucket + buckets, ... in ascending order. */
 static void bwd_item(void *ctx, int64_t i, int slot) {
     const flash_job *j = ctx;
     const int64_t k = i % j->nk, bucket = i / j->nk;
@@ -405,7 +413,7 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
     sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
     sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
     memset(sl.dq, 0, stacked_floats(j->p) * sizeof(float));
-    for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += DQ_BUCKETS * BC)
+    for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += dq_buckets(j->p) * BC)
         for_segments(j, &sl, j->b, j->kv0 + k, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
 }
 
@@ -454,7 +462,7 @@ LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thr
         const int64_t k = u / rows, x = u % rows;
         head_block hb = head_block_of(j, k);
         float *acc = hb.dq + (size_t)x * (size_t)D;
-        for (int nb = 1; nb < DQ_BUCKETS; nb++) {
+        for (int64_t nb = 1; nb < dq_buckets(p); nb++) {
             const float *part = hb.dq + (size_t)nb * stride + (size_t)x * (size_t)D;
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] += part[d];
@@ -474,7 +482,7 @@ lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p,
         for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {
             j.nk = p->Hkv - j.kv0 < kv_batch(p) ? p->Hkv - j.kv0 : kv_batch(p);
             lt_parallel_for(threads, j.nk * p->T, 64, stack_tokens, &j);
-            lt_attn_schedule(slots, j.nk * DQ_BUCKETS, bwd_item, &j);
+            lt_attn_schedule(slots, j.nk * dq_buckets(p), bwd_item, &j);
             lt_parallel_for(threads, j.nk * (int64_t)stacked_rows(p), 64, dq_rows, &j);
         }
     return LT_OK;
