@@ -304,86 +304,20 @@ static void nn_rows(void *arg, int64_t c0, int64_t c1, int thread) {
     }
 }
 
-/* ---- f32 weights: one OpenBLAS call per block of y over our own threads ----
- * y (N, cols) is cut into a grid of row blocks x column blocks (columns in multiples of 16, rows
- * in multiples of 8), one block per thread, each a single-threaded sgemm over the whole inner
- * dimension: every element of y is the same sum however the grid is cut, so the result does not
- * depend on the thread count. */
-typedef struct f32_job {
-    const float *W, *x;
-    float *y;
-    int64_t N, out, in, cols, inner, col_blocks, row_blocks;
-    float beta;
-    int nn;
-} f32_job;
-
-static int64_t grid_edge(int64_t n, int64_t unit, int64_t b, int64_t blocks) {
-    if (b >= blocks) return n;
-    return (n / unit) * b / blocks * unit;
-}
-
-static void f32_blocks(void *arg, int64_t b0, int64_t b1, int thread) {
-    (void)thread;
-    const f32_job *j = arg;
-    for (int64_t b = b0; b < b1; b++) {
-        const int64_t rb = b / j->col_blocks, cb = b % j->col_blocks;
-        const int64_t r0 = grid_edge(j->N, 8, rb, j->row_blocks), r1 = grid_edge(j->N, 8, rb + 1, j->row_blocks);
-        const int64_t c0 = grid_edge(j->cols, 16, cb, j->col_blocks), c1 = grid_edge(j->cols, 16, cb + 1, j->col_blocks);
-        if (r1 <= r0 || c1 <= c0) continue;
-        if (!j->nn) /* y = x·Wᵀ: W's rows c0..c1 */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r1 - r0), (blasint)(c1 - c0),
-                        (blasint)j->in, 1.0f, j->x + r0 * j->in, (blasint)j->in, j->W + c0 * j->in, (blasint)j->in,
-                        j->beta, j->y + r0 * j->cols + c0, (blasint)j->cols);
-        else /* y = x·W: W's columns c0..c1 */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)(r1 - r0), (blasint)(c1 - c0),
-                        (blasint)j->out, 1.0f, j->x + r0 * j->out, (blasint)j->out, j->W + c0, (blasint)j->in, j->beta,
-                        j->y + r0 * j->cols + c0, (blasint)j->cols);
-    }
-}
-
-/* Columns per block at least this wide (narrower blocks waste OpenBLAS's 16-wide micro-tiles and
- * re-read x once more per block); the remaining threads split the rows. */
-#define F32_MIN_COLS 64
-/* OpenBLAS 0.3.x runs sgemm products of at most 100^3 multiply-adds through separate small-matrix
- * kernels on AVX-512 CPUs, which round differently: a block that small while the whole product is
- * larger would make y depend on how many threads cut it. Blocks stay above it (and a product at or
- * below it is never cut), so every element goes through the same kernel for any thread count. */
-#define F32_MIN_BLOCK 1e6
-
-static void f32_matmul(lt_ctx *ctx, int nn, const float *W, const float *x, int64_t N, int64_t out, int64_t in,
-                       float beta, float *y) {
-    const int nt = lt_parallel_threads(lt_ctx_threads(ctx));
-    f32_job j = {W, x, y, N, out, in, nn ? in : out, nn ? out : in, 1, 1, beta, nn};
-    /* The grid of at most nt blocks with the most blocks, and of those the widest columns, whose
-     * smallest block is still above F32_MIN_BLOCK multiply-adds. */
-    int64_t cmax = j.cols / F32_MIN_COLS < nt ? j.cols / F32_MIN_COLS : nt, rmax = N / 8;
-    for (int64_t cb = cmax > 1 ? cmax : 1; cb >= 1; cb--) {
-        int64_t rb = nt / cb < rmax ? nt / cb : rmax;
-        if (rb < 1) rb = 1;
-        while (rb > 1 || cb > 1) { /* the smallest block: floor(N/8/rb)·8 rows x floor(cols/16/cb)·16 columns */
-            const double rows = (double)(N / 8 / rb * 8), cols = (double)(j.cols / 16 / cb * 16);
-            if (rows * cols * (double)j.inner > F32_MIN_BLOCK) break;
-            if (rb > 1) rb--;
-            else break;
-        }
-        const double rows = (double)(N / 8 / rb * 8), cols = (double)(j.cols / 16 / cb * 16);
-        if ((rb > 1 || cb > 1) && rows * cols * (double)j.inner <= F32_MIN_BLOCK) continue;
-        if (cb * rb > j.col_blocks * j.row_blocks) j.col_blocks = cb, j.row_blocks = rb;
-    }
-    if ((double)N * (double)j.cols * (double)j.inner <= F32_MIN_BLOCK) j.col_blocks = j.row_blocks = 1;
-    if (nt <= 1 || j.col_blocks * j.row_blocks <= 1) {
-        lt_cpu_gemm(ctx, 0, !nn, N, j.cols, j.inner, 1.0f, x, j.inner, W, in, beta, y, j.cols);
-        return;
-    }
-    lt_parallel_for(nt, j.col_blocks * j.row_blocks, 1, f32_blocks, &j);
-}
-
 void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                    float *y, void *ws) {
     int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0) return;
-    if (w->dtype == LT_DTYPE_F32) { /* NT or NT_SAME_X: nothing to reuse here */
-        f32_matmul(ctx, mode == LT_MATMUL_NN, w->data, x, N, out, in, beta, y);
+    if (w->dtype == LT_DTYPE_F32) {
+        /* One OpenBLAS call on OpenBLAS's own threads, which share the packed panels. Also tried
+         * (16-core device, T = 512): one single-threaded call per block of y over our threads,
+         * each thread packing its own copy of the shared operand: 521 ms of matmul per step
+         * against 467 ms. */
+        const float *W = w->data;
+        if (mode != LT_MATMUL_NN) /* NT or NT_SAME_X: nothing to reuse here */
+            lt_cpu_gemm(ctx, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out);
+        else
+            lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
         return;
     }
     mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in)};
