@@ -56,13 +56,30 @@ static cJSON *peer_read(peer *p) {
     return NULL;
 }
 
+#define PEER_EXIT_MS 3000
+
 static void peer_close(peer *p) {
     if (p->to) {
         fputs("quit\n", p->to);
         fclose(p->to);
     }
     if (p->from) fclose(p->from);
-    if (p->pid > 0) waitpid(p->pid, NULL, 0);
+    if (p->pid > 0) {
+        /* Its steps are done; give the interpreter PEER_EXIT_MS to exit, then end it: on the
+         * device the peer had not exited 15 s after its last step, and a bench
+         * under a time cap then lost its result file. */
+        int waited = 0;
+        while (waitpid(p->pid, NULL, WNOHANG) == 0) {
+            if (waited >= PEER_EXIT_MS) {
+                kill(p->pid, SIGKILL);
+                waitpid(p->pid, NULL, 0);
+                break;
+            }
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+            waited += 50;
+        }
+    }
     cJSON_Delete(p->hello);
     memset(p, 0, sizeof *p);
 }
