@@ -24,6 +24,7 @@
 #include "bench_util.h"
 #include "backend/backend.h"
 #include "backend/prof.h"
+#include "train/step_graph.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "longtune/alloc.h"
@@ -258,7 +259,7 @@ int lt_bench_train(int argc, char **argv) {
     c.repeats = 3;
     c.warmup = 2;
     int64_t seqs[MAX_SEQS];
-    int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1;
+    int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1, graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -284,6 +285,9 @@ int lt_bench_train(int argc, char **argv) {
                    "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
                    "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
                    "                   output + lse with the checkpoints (0, the default)\n"
+                   "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
+                   "                   CUDA graph captured at the second step of each length (default on; the\n"
+                   "                   profiler turns it off)\n"
                    "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
                    "                   phase and op, on stderr and in each arm's \"profile\"\n"
                    "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
@@ -324,6 +328,9 @@ int lt_bench_train(int argc, char **argv) {
             if (threads < 1) return usage("bad thread count", v);
         } else if (!strcmp(a, "--peer-path")) {
             peer_path = v;
+        } else if (!strcmp(a, "--cuda-graph")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) return usage("--cuda-graph takes on or off, not", v);
+            graph = !strcmp(v, "on");
         } else if (!strcmp(a, "--recompute-attention")) {
             if (strcmp(v, "0") && strcmp(v, "1")) return usage("--recompute-attention takes 0 or 1, not", v);
             recompute_attn = atoi(v);
@@ -374,6 +381,7 @@ int lt_bench_train(int argc, char **argv) {
     size_t mom_bytes = 0, tok_bytes = 0;
     cJSON *res = NULL, *peer_lines = NULL;
     lt_guard *guard = NULL;
+    lt_step_graph *sg = NULL;
     size_t guard_bytes = 0;
     char dir[1024] = "";
     lt_status st = LT_OK;
@@ -463,6 +471,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
     cJSON_AddBoolToObject(jc, "profiled", lt_prof_active);
+    if (cuda) cJSON_AddStringToObject(jc, "cuda_graph", graph ? "on" : "off");
     cJSON_AddStringToObject(jc, "flops", lt_bench_flops_note);
     if (cuda) {
         cJSON_AddNumberToObject(jc, "peak_flops", LT_BENCH_H200_BF16_PEAK);
@@ -498,6 +507,13 @@ int lt_bench_train(int argc, char **argv) {
         lt_plan plan;
         lt_model_sizes sizes;
         st = lt_model_prepare(ctx, m, &ro);
+        /* A device step queued without waits (the loss read ends it), replayed from a CUDA graph
+         * from its second run on unless --cuda-graph off; a new one per length (prepare moved the
+         * buffers a graph points at). */
+        lt_step_graph_free(ctx, sg);
+        sg = NULL;
+        lt_step_optim so = {params, grads, mom_m, mom_v, n_params, 0.0};
+        if (st == LT_OK && cuda) st = lt_step_graph_init(ctx, m, &so, 1, T, graph, &sg);
         if (st == LT_OK) st = lt_plan_compute(ctx, cfg, &po, &plan);
         if (st == LT_OK) st = lt_model_size_table(ctx, cfg, &lo, &ro, &sizes);
         if (st != LT_OK) goto fail;
@@ -522,11 +538,14 @@ int lt_bench_train(int argc, char **argv) {
             if ((st = be->synchronize(ctx)) != LT_OK) break;
             clock_t c0 = clock();
             double t0 = lt_time_now();
-            lt_model_zero_grads(m);
-            st = lt_model_forward_backward(ctx, m, &b, 0.0f, &mr, NULL);
-            if (st != LT_OK) break;
-            be->adamw(ctx, params, grads, mom_m, mom_v, n_params, &hp);
-            if ((st = be->synchronize(ctx)) != LT_OK) break;
+            if (sg) {
+                st = lt_step_graph_run(ctx, sg, &b, 0.0f, &hp, &mr);
+            } else {
+                lt_model_zero_grads(m);
+                st = lt_model_forward_backward(ctx, m, &b, 0.0f, &mr, NULL);
+                if (st == LT_OK) be->adamw(ctx, params, grads, mom_m, mom_v, n_params, &hp);
+            }
+            if (st != LT_OK || (st = be->synchronize(ctx)) != LT_OK) break;
             ours[r] = (lt_time_now() - t0) * 1e3;
             ours_cpu[r] = (double)(clock() - c0) * 1e3 / CLOCKS_PER_SEC;
             if (lt_prof_active) {
@@ -592,6 +611,17 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddNumberToObject(arm, "model_gflops", mrate * 1e-9);
         }
         cJSON_AddNumberToObject(arm, "last_loss", loss);
+        if (sg) {
+            lt_step_graph_stats gs = lt_step_graph_get_stats(sg);
+            cJSON *jg = cJSON_AddObjectToObject(arm, "cuda_graph");
+            cJSON_AddNumberToObject(jg, "replays", (double)gs.replays);
+            cJSON_AddNumberToObject(jg, "captures", (double)gs.captures);
+            cJSON_AddNumberToObject(jg, "eager", (double)gs.eager);
+            if (gs.why_off[0]) cJSON_AddStringToObject(jg, "off_because", gs.why_off);
+            fprintf(stderr, "T=%lld cuda graph: %lld replayed, %lld captured, %lld eager%s%s\n", (long long)T,
+                    (long long)gs.replays, (long long)gs.captures, (long long)gs.eager, gs.why_off[0] ? "; off: " : "",
+                    gs.why_off);
+        }
         cJSON *ctimes = cJSON_AddArrayToObject(arm, "step_cpu_ms");
         for (int r = c.warmup; r < n; r++) cJSON_AddItemToArray(ctimes, cJSON_CreateNumber(ours_cpu[r]));
         cJSON *times = cJSON_AddArrayToObject(arm, "step_ms");
@@ -640,6 +670,8 @@ int lt_bench_train(int argc, char **argv) {
         lt_guard_stop(guard);
         guard = NULL;
     }
+    lt_step_graph_free(ctx, sg);
+    sg = NULL;
     if (peers && cuda) {
         /* the device is handed to the peer empty of our blocks */
         lt_free(ctx, dev, mom_m, mom_bytes);
@@ -664,9 +696,9 @@ int lt_bench_train(int argc, char **argv) {
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[160];
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
-             recompute_attn ? "-recompute-attn" : "",
-             lt_prof_active ? "-profile" : "");
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
+             recompute_attn ? "-recompute-attn" : "", lt_prof_active ? "-profile" : "",
+             cuda && !graph ? "-nograph" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;
@@ -674,6 +706,7 @@ fail:
     fprintf(stderr, "longtune bench train: %s\n", lt_ctx_error(ctx));
 out:
     if (guard) lt_guard_stop(guard);
+    lt_step_graph_free(ctx, sg);
     peer_close(&pr);
     cJSON_Delete(res);
     cJSON_Delete(peer_lines);

@@ -45,6 +45,8 @@ static void print_help(void) {
            "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
            "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
            "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
+           "  --cuda-graph on|off        CUDA: replay the whole step from a CUDA graph while the batch\n"
+           "                             shape holds (bit-identical to eager steps) [on]\n"
            "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
            "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
            "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"

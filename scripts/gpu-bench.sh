@@ -2,11 +2,12 @@
 # The flagship GPU benchmarks of README's benchmark section in one go, on one CUDA device, each
 # against transformers + PEFT in the same invocation: training steps of the Qwen3-8B and SmolLM2-135M
 # shapes, the Qwen3-8B context ceiling (with its chart) and packed throughput on Alpaca-shaped data.
-# Each step has its own time limit (565 s in all; about 375 s expected from the device rounds on
+# Each step has its own time limit (595 s in all; about 385 s expected from the device rounds on
 # an H200, the 16 GB random Qwen3-8B checkpoint written once in ~11 s and reused);
 # results and logs go to $OUT (default bench/results). It builds nothing and installs nothing.
 #
-# usage: scripts/gpu-bench.sh [step ...]   steps: train8b profile8b train135m context8b packed135m packed8b chart
+# usage: scripts/gpu-bench.sh [step ...]   steps: train8b profile8b train135m nograph135m context8b packed135m
+#        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ if ldd "$BIN" 2>/dev/null | grep -q "libnccl.* not found"; then
   d=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
   [ -n "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 fi
-steps=${*:-train8b profile8b train135m context8b packed135m packed8b chart}
+steps=${*:-train8b profile8b train135m nograph135m context8b packed135m packed8b chart}
 log="$OUT/gpu-bench.log"
 t0=$(date +%s)
 run() { # limit label command...
@@ -43,6 +44,9 @@ for s in $steps; do
   train135m)
     run 70 "train smollm2-135m" "$BIN" bench train --backend cuda --shape smollm2-135m --seq 2048,8192,32768 \
       --repeats 5 --warmup 2 --out "$OUT" ;;
+  nograph135m) # the per-step-overhead case without the CUDA graph (train135m replays it): ~10 s
+    run 30 "train smollm2-135m 2k, --cuda-graph off" "$BIN" bench train --backend cuda --shape smollm2-135m \
+      --seq 2048 --no-peer --cuda-graph off --repeats 10 --warmup 2 --out "$OUT" ;;
   context8b)
     run 200 "context qwen3-8b" "$BIN" bench context --backend cuda --shape qwen3-8b --confirm-seconds 110 \
       --peer-max 65536 --out "$OUT" ;;
@@ -58,6 +62,9 @@ for s in $steps; do
     # processes can hold 3/4 of host memory, and the guard then refuses to start (R2).
     run 150 "train cpu smollm2-135m" env CUDA_VISIBLE_DEVICES= "$BIN" bench train --shape smollm2-135m \
       --seq 512,2048 --repeats 3 --warmup 1 --no-memory-guard --out "$OUT" ;;
+  attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
+    # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
+    run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
   *) echo "unknown step $s" ;;
   esac
 done

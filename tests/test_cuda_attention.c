@@ -3,6 +3,7 @@
  * packed rows (including empty and one-token sequences) and a fused qkv layout. The tolerance is
  * twice the error of a naive bf16 implementation (emulated here) against the same float64
  * reference. Without a CUDA device (or build) it prints "skipped: no CUDA device" and exits 77. */
+#define _POSIX_C_SOURCE 200809L /* setenv: the forward cases run every kernel variant */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -155,6 +156,190 @@ static void get(const uint16_t *host_buf, float *x, int64_t B, int64_t T, int64_
             for (int64_t h = 0; h < heads; h++)
                 for (int64_t d = 0; d < D; d++)
                     x[((b * T + t) * heads + h) * D + d] = lt_bf16_to_f32(host_buf[b * sb + t * st + h * sh + d]);
+}
+
+/* ---- Forward cases: every forward kernel (LONGTUNE_ATTN_FWD) on rows long enough to cycle the
+ * warp-specialised kernel's K/V ring several times, with partial last blocks, packed rows (also
+ * with more offsets than one kernel parameter holds), GQA, softcap, window, a fused layout. Only
+ * the forward is compared (out and lse), against a float64 forward. */
+static void reference_fwd(const acase *c, const int32_t *lo, const float *q, const float *k, const float *v,
+                          int emu, double *out, double *lse) {
+    const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D, G = H / Hkv;
+    const double scale = 1.0 / sqrt((double)D), cap = c->softcap;
+    double *pr = malloc(sizeof(double) * (size_t)T), *o = malloc(sizeof(double) * (size_t)D);
+#define RND(x) (emu ? lt_test_bf16_round(x) : (x))
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const float *qi = q + ((b * T + i) * H + h) * D;
+                const int64_t j0 = lo[b * T + i];
+                double m = -INFINITY, l = 0;
+                for (int64_t j = j0; j <= i; j++) {
+                    const float *kj = k + ((b * T + j) * Hkv + h / G) * D;
+                    double sc = 0;
+                    for (int64_t d = 0; d < D; d++) sc += (double)qi[d] * kj[d];
+                    sc = RND(sc * scale);
+                    if (cap > 0) sc = RND(cap * tanh(sc / cap));
+                    pr[j] = sc;
+                    m = fmax(m, sc);
+                }
+                for (int64_t j = j0; j <= i; j++) l += (pr[j] = exp(pr[j] - m));
+                lse[(b * H + h) * T + i] = m + log(l);
+                for (int64_t d = 0; d < D; d++) o[d] = 0;
+                for (int64_t j = j0; j <= i; j++) {
+                    const float *vj = v + ((b * T + j) * Hkv + h / G) * D;
+                    const double pj = RND(pr[j] / l);
+                    for (int64_t d = 0; d < D; d++) o[d] += pj * vj[d];
+                }
+                for (int64_t d = 0; d < D; d++) out[((b * T + i) * H + h) * D + d] = RND(o[d]);
+            }
+#undef RND
+    free(pr);
+    free(o);
+}
+
+static void run_fwd_variants(const acase *c, int64_t S) {
+    uint64_t rng = lt_test_seed() ^ (uint64_t)(c->T * 977 + c->D * 13 + S);
+    const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D;
+    const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+    float *q = lt_test_fresh(&rng, nq, 1.0f), *k = lt_test_fresh(&rng, nk, 1.0f), *v = lt_test_fresh(&rng, nk, 1.0f);
+    for (int64_t i = 0; i < nq; i++) q[i] = lt_bf16_to_f32(lt_f32_to_bf16(q[i]));
+    for (int64_t i = 0; i < nk; i++) {
+        k[i] = lt_bf16_to_f32(lt_f32_to_bf16(k[i]));
+        v[i] = lt_bf16_to_f32(lt_f32_to_bf16(v[i]));
+    }
+    int32_t *off = S ? malloc(sizeof(int32_t) * (size_t)(B * (S + 1))) : NULL;
+    if (off) make_offsets(&rng, c, off, S);
+    int32_t *lo = malloc(sizeof(int32_t) * (size_t)(B * T));
+    key_bounds(c, off, S, lo);
+    double *r[2], *e[2];
+    const int64_t n[2] = {nq, nl};
+    for (int i = 0; i < 2; i++) {
+        r[i] = malloc(sizeof(double) * (size_t)n[i]);
+        e[i] = malloc(sizeof(double) * (size_t)n[i]);
+    }
+    reference_fwd(c, lo, q, k, v, 0, r[0], r[1]);
+    reference_fwd(c, lo, q, k, v, 1, e[0], e[1]);
+    const double tol[2] = {fmax(2 * lt_test_rel_err_d(e[0], r[0], nq), TOL_BF16_FLOOR),
+                           fmax(2 * lt_test_rel_err_d(e[1], r[1], nl), TOL_BF16_FLOOR)};
+
+    lt_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.B = B; p.T = T; p.H = H; p.Hkv = Hkv; p.D = D;
+    p.dtype = LT_DTYPE_BF16;
+    p.device = LT_DEVICE_CUDA;
+    p.window = c->window;
+    p.softcap = c->softcap;
+    p.seq_offsets = off;
+    p.S = S;
+    const int64_t W = c->fused ? H + 2 * Hkv : 0;
+    const int64_t qsb = c->fused ? T * W * D : T * H * D, qst = c->fused ? W * D : H * D;
+    const int64_t ksb = c->fused ? T * W * D : T * Hkv * D, kst = c->fused ? W * D : Hkv * D;
+    if (c->fused) {
+        p.q_layout = (lt_attention_layout){qsb, qst, D};
+        p.kv_layout = (lt_attention_layout){ksb, kst, D};
+    }
+    const size_t elems = c->fused ? (size_t)(B * T * W * D) : (size_t)(nq + 2 * nk);
+    const size_t koff = c->fused ? (size_t)(H * D) : (size_t)nq, voff = c->fused ? (size_t)((H + Hkv) * D) : (size_t)(nq + nk);
+    uint16_t *hqkv = calloc(elems, 2), *hout = malloc((size_t)nq * 2);
+    put(hqkv, q, B, T, H, D, qsb, qst, D);
+    put(hqkv + koff, k, B, T, Hkv, D, ksb, kst, D);
+    put(hqkv + voff, v, B, T, Hkv, D, ksb, kst, D);
+    lt_ctx *ctx = lt_ctx_new();
+    char *dqkv = lt_alloc(ctx, LT_DEVICE_CUDA, elems * 2, "qkv");
+    char *dout = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)nq * 2, "out");
+    float *dlse = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)nl * 4, "lse");
+    assert_non_null(dqkv);
+    assert_non_null(dout);
+    assert_non_null(dlse);
+    assert_int_equal(cudaMemcpy(dqkv, hqkv, elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    float *go = malloc(sizeof(float) * (size_t)nq), *glse = malloc(sizeof(float) * (size_t)nl);
+
+    static const char *variants[] = {"", "mma", "wg", "wg1", "ws", "ws3"};
+    const char *was = getenv("LONGTUNE_ATTN_FWD");
+    char *saved = was ? strdup(was) : NULL;
+    int bad = 0;
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        setenv("LONGTUNE_ATTN_FWD", variants[vi], 1);
+        assert_int_equal(cudaMemset(dout, 0xFF, (size_t)nq * 2), cudaSuccess);
+        assert_int_equal(cudaMemset(dlse, 0xFF, (size_t)nl * 4), cudaSuccess);
+        lt_attention_args a;
+        memset(&a, 0, sizeof a);
+        a.q = dqkv;
+        a.k = dqkv + koff * 2;
+        a.v = dqkv + voff * 2;
+        a.out = dout;
+        a.lse = dlse;
+        lt_status st = lt_attention_forward(ctx, &p, &a);
+        if (st != LT_OK) fprintf(stderr, "forward (%s): %s\n", variants[vi], lt_ctx_error(ctx));
+        assert_int_equal(st, LT_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(hout, dout, (size_t)nq * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        get(hout, go, B, T, H, D, T * H * D, H * D, D);
+        assert_int_equal(cudaMemcpy(glse, dlse, (size_t)nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        const double eo = lt_test_rel_err_f(go, r[0], nq), el = lt_test_rel_err_f(glse, r[1], nl);
+        fprintf(stderr, "  fwd %-7s B=%lld T=%lld D=%lld H=%lld/%lld S=%lld win=%lld cap=%g fused=%d: out err %.3g (tol %.3g), lse err %.3g (tol %.3g)\n",
+                variants[vi][0] ? variants[vi] : "default", (long long)B, (long long)T, (long long)D, (long long)H,
+                (long long)Hkv, (long long)S, (long long)c->window, (double)c->softcap, c->fused, eo, tol[0], el, tol[1]);
+        if (!(eo <= tol[0]) || !(el <= tol[1])) {
+            bad++;
+            /* Where it goes wrong: the worst output element and the worst lse row. */
+            int64_t wi = 0, wl = 0;
+            double we = -1, wle = -1;
+            for (int64_t i = 0; i < nq; i++) {
+                const double d = isfinite(go[i]) ? fabs(go[i] - r[0][i]) : INFINITY;
+                if (d > we) we = d, wi = i;
+            }
+            for (int64_t i = 0; i < nl; i++) {
+                const double d = isfinite(glse[i]) ? fabs(glse[i] - r[1][i]) : INFINITY;
+                if (d > wle) wle = d, wl = i;
+            }
+            fprintf(stderr, "    worst out: b=%lld t=%lld h=%lld d=%lld got %g want %g; worst lse: b=%lld h=%lld t=%lld got %g want %g\n",
+                    (long long)(wi / (T * H * D)), (long long)(wi / (H * D) % T), (long long)(wi / D % H),
+                    (long long)(wi % D), (double)go[wi], r[0][wi], (long long)(wl / (H * T)), (long long)(wl / T % H),
+                    (long long)(wl % T), (double)glse[wl], r[1][wl]);
+        }
+    }
+    if (saved) setenv("LONGTUNE_ATTN_FWD", saved, 1);
+    else unsetenv("LONGTUNE_ATTN_FWD");
+    free(saved);
+    assert_int_equal(bad, 0);
+    lt_free(ctx, LT_DEVICE_CUDA, dqkv, elems * 2);
+    lt_free(ctx, LT_DEVICE_CUDA, dout, (size_t)nq * 2);
+    lt_free(ctx, LT_DEVICE_CUDA, dlse, (size_t)nl * 4);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    lt_ctx_free(ctx);
+    for (int i = 0; i < 2; i++) {
+        free(r[i]);
+        free(e[i]);
+    }
+    free(q); free(k); free(v); free(off); free(lo); free(hqkv); free(hout); free(go); free(glse);
+}
+
+/* Causal GQA, D = 128: 9 blocks of 128 queries, the last with its second warpgroup past T. */
+static void fwd_causal_gqa_d128(void **s) {
+    (void)s;
+    acase c = {1, 1050, 8, 2, 128, 0, 0, 0, 0, 0};
+    run_fwd_variants(&c, 0);
+}
+/* Two packed rows of long sequences in the fused q|k|v layout (the tensor maps' strides). */
+static void fwd_packed_fused_d128(void **s) {
+    (void)s;
+    acase c = {2, 900, 4, 1, 128, 0, 0, 1, 1, 0};
+    run_fwd_variants(&c, 6);
+}
+/* D = 64 with softcap and a window that starts rows mid-tile. */
+static void fwd_window_softcap_d64(void **s) {
+    (void)s;
+    acase c = {1, 1100, 4, 2, 64, 300, 30.0f, 0, 0, 0};
+    run_fwd_variants(&c, 0);
+}
+/* More packed offsets (2 x 1201) than one kernel parameter holds: the key bounds built piece by
+ * piece without a host-to-device copy. */
+static void fwd_many_offsets_d64(void **s) {
+    (void)s;
+    acase c = {2, 3000, 2, 1, 64, 0, 0, 1, 0, 0};
+    run_fwd_variants(&c, 1200);
 }
 
 static void run_case(const acase *c) {
@@ -359,6 +544,45 @@ static void causal_long_d128(void **s) {
     run_case(&c);
 }
 
+/* The warp-specialised backward (attention_bwd_ws.cu: TMA producer, mbarrier ring, bulk dQ
+ * reduction) takes causal rows without packing or window, T a multiple of 64, one CTA per kv head.
+ * These rows are short, so the plan would split the heads over CTAs: LONGTUNE_ATTN_SPLIT=1 keeps
+ * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
+ * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
+ * heads, and a fused qkv layout (tensor-map strides other than the contiguous ones).
+ * LONGTUNE_ATTN_BWD=wg runs the same cases on the previous kernel. */
+static void run_unsplit(const acase *c) {
+    setenv("LONGTUNE_ATTN_SPLIT", "1", 1);
+    run_case(c);
+    unsetenv("LONGTUNE_ATTN_SPLIT");
+}
+static void ws_causal_gqa_d128(void **s) {
+    (void)s;
+    acase c = {2, 512, 8, 2, 128, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_long_gqa_d128(void **s) {
+    (void)s;
+    acase c = {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_softcap_d64(void **s) {
+    (void)s;
+    acase c = {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0};
+    run_unsplit(&c);
+}
+static void ws_fused_layout_softcap_d128(void **s) {
+    (void)s;
+    acase c = {2, 320, 4, 2, 128, 0, 20.0f, 0, 1, 0};
+    run_unsplit(&c);
+}
+
+static void ws_gqa_d64(void **s) {
+    (void)s;
+    acase c = {2, 640, 8, 4, 64, 0, 0, 0, 0, 0};
+    run_unsplit(&c);
+}
+
 static void unsupported_requests_are_named(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
@@ -376,6 +600,10 @@ int main(void) {
     int skip = lt_test_cuda_skip();
     if (skip) return skip;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fwd_causal_gqa_d128),
+        cmocka_unit_test(fwd_packed_fused_d128),
+        cmocka_unit_test(fwd_window_softcap_d64),
+        cmocka_unit_test(fwd_many_offsets_d64),
         cmocka_unit_test(causal_gqa_d64),
         cmocka_unit_test(window_softcap_d96),
         cmocka_unit_test(packed_gqa_d128),
@@ -383,8 +611,17 @@ int main(void) {
         cmocka_unit_test(packed_window_fused_layout_d128),
         cmocka_unit_test(window_softcap_d128),
         cmocka_unit_test(causal_long_d128),
+        cmocka_unit_test(ws_causal_gqa_d128),
+        cmocka_unit_test(ws_long_gqa_d128),
+        cmocka_unit_test(ws_softcap_d64),
+        cmocka_unit_test(ws_fused_layout_softcap_d128),
+        cmocka_unit_test(ws_gqa_d64),
         cmocka_unit_test(unsupported_requests_are_named),
     };
+    /* LT_TEST_FILTER=pattern runs the matching cases only (device rounds run variants of the
+     * backward on the ws_* cases alone). */
+    const char *filter = getenv("LT_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else

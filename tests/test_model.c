@@ -358,6 +358,22 @@ static void bad_inputs_are_typed_errors(void **state) {
     b.tokens = tok;
     assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "position 7"));
+    /* Targets are checked on the host, before any upload (the CUDA loss no longer waits to check
+     * them on the device): one past the vocabulary and a negative one that is not the ignore index
+     * are refused by index, in forward and forward_backward alike. */
+    int32_t tgt[64];
+    b = fixture_batch(&f);
+    memcpy(tgt, b.targets, sizeof tgt);
+    tgt[11] = 96;
+    b.targets = tgt;
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "target 96 at position 11"));
+    tgt[11] = LT_IGNORE_INDEX;
+    tgt[3] = -1;
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "target -1 at position 3"));
+    tgt[3] = LT_IGNORE_INDEX;
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
     b = fixture_batch(&f);
     b.T = f.T + 1;
     assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_ERR_INVALID_ARG);

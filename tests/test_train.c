@@ -57,6 +57,14 @@ static void options_defaults_and_flags(void **state) {
     assert_int_equal(o.recompute_every, 3);
     assert_int_equal(o.lr_schedule, LT_LR_SCHEDULE_COSINE);
     assert_true(o.seed == UINT64_MAX);
+    assert_string_equal(o.cuda_graph, "on"); /* the default */
+    assert_int_equal(lt_train_options_set(ctx, &in, "cuda-graph", "off"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_string_equal(o.cuda_graph, "off");
+    assert_int_equal(lt_train_options_set(ctx, &in, "cuda-graph", "maybe"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "cuda_graph"));
+    assert_int_equal(lt_train_options_set(ctx, &in, "cuda-graph", "on"), LT_OK);
     assert_int_equal(lt_train_option_kind_of("mask-prompt"), LT_TRAIN_OPTION_BOOL);
     assert_int_equal(lt_train_option_kind_of("iters"), LT_TRAIN_OPTION_VALUE);
     assert_int_equal(lt_train_option_kind_of("nope"), LT_TRAIN_OPTION_UNKNOWN);

@@ -24,10 +24,10 @@ t0=$(date +%s)
 echo "=== commit $LONGTUNE_COMMIT $(date -u +%T)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ -n "${SMOL:-}" ]; then mkdir -p /tmp/smolparts && cp .dev-smol-$SMOL/part /tmp/smolparts/$SMOL && ls -la /tmp/smolparts; fi
 if [ "${TESTS:-0}" = 1 ]; then
-  for t in test_cuda_ops test_cuda_attention test_cuda_lce test_cuda_train test_cuda_comm test_cuda_guard; do
+  for t in test_cuda_ops test_cuda_attention test_cuda_lce test_cuda_train test_cuda_graph test_cuda_comm test_cuda_guard; do
     [ -x $F/bin/$t ] || continue
     echo "=== $t $(date -u +%T)"
-    timeout $(case $t in test_cuda_attention) echo 40;; test_cuda_comm|test_cuda_guard) echo 15;; *) echo 30;; esac) $F/bin/$t > "$OUT/final/$t.log" 2>&1; echo "rc=$?"
+    timeout $(case $t in test_cuda_attention) echo 40;; test_cuda_comm|test_cuda_guard|test_cuda_graph) echo 15;; *) echo 30;; esac) $F/bin/$t > "$OUT/final/$t.log" 2>&1; echo "rc=$?"
     grep -E "test seed|FAILED|PASSED|ERROR|error" "$OUT/final/$t.log" | head -12
   done
 fi

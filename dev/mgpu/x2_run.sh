@@ -9,6 +9,7 @@
 #     against one GPU (tests/cli/compare_runs.py --tol bf16).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export LONGTUNE_COMMIT=${LONGTUNE_COMMIT:-$(cat COMMIT 2>/dev/null)}
 export NCCL_NVLS_ENABLE=0
 . ./nccl_env.sh
 {

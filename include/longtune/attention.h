@@ -39,6 +39,10 @@ typedef struct lt_attention_params {
      * pads a row with fewer sequences). NULL = one sequence per row. */
     const int32_t *seq_offsets;
     int64_t S;
+    /* Optional, device calls only: the same offsets already in device memory. seq_offsets (host)
+     * is still what the boundary validates; the kernels then read this copy instead, so the call
+     * queues nothing that depends on the host array (a captured step replays with new offsets). */
+    const int32_t *seq_offsets_device;
     /* q_layout covers q and dq, kv_layout k, v, dk and dv, o_layout out and dout. A layout of all
      * zeros is the contiguous (B, T, heads, D) one; otherwise every stride of a dimension longer
      * than 1 must be at least D (rows of D elements never overlap) and the token stride must fit

@@ -68,6 +68,11 @@ typedef struct lt_lce_args {
                                     64-byte aligned, sized with the same options, shapes and the
                                     context's thread count (a smaller one is overrun);
                                     NULL = allocated and freed through the accounting allocator */
+    int targets_checked;         /* 1: the caller has checked targets (and token_weight) on the host
+                                    already, as the model's batch check does before the upload; the
+                                    CUDA impl then skips its own check of the device copy, which
+                                    waits for the device (one host synchronisation per call).
+                                    0 = checked here (the errors below) */
 } lt_lce_args;
 
 /* Which call a workspace is sized for (the `pass` argument of lt_lce_workspace_bytes). */

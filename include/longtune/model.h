@@ -222,6 +222,10 @@ typedef struct lt_model_batch {
     int64_t first_row;          /* index of row 0 within the whole batch when this is one rank's
                                    share of it (data parallel): rows draw the dropout masks of
                                    their place in the whole batch; 0 otherwise */
+    int defer_loss;             /* device models: leave the loss on the device (the result gets
+                                   n_tokens only; lt_model_read_loss reads loss_sum later), so the
+                                   call queues the step without waiting -- what a step captured
+                                   into a CUDA graph needs */
 } lt_model_batch;
 
 typedef struct lt_model_result {
@@ -238,6 +242,15 @@ typedef struct lt_model_result {
  * LT_ERR_UNSUPPORTED / LT_ERR_OOM from attention and loss. */
 lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
                                     float grad_scale, lt_model_result *res, float *token_loss);
+/* Replaying a captured step: validates b exactly as lt_model_forward_backward does and writes its
+ * inputs into the model's pinned staging block (no device work; the captured step's copy reads
+ * them), with res->n_tokens set. Only between steps (the previous step's loss has been read).
+ * lt_model_read_loss then reads the summed loss the step left on the device into res->loss_sum
+ * (waits for the queued work). Device models only. Errors: as lt_model_forward_backward;
+ * LT_ERR_INVALID_ARG on a host model. */
+lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                               lt_model_result *res);
+lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res);
 /* Forward only (evaluation): no dropout, nothing saved. */
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);

@@ -85,6 +85,12 @@ typedef struct lt_train_options {
                                       attention is ring attention. Needs batch_size 1, no_pack and
                                       max_seq_length a multiple of 2K; dropout masks then follow each
                                       rank's local token index (not those of one process) */
+    char cuda_graph[8];            /* "on" | "off": on a CUDA model, capture the whole step (forward,
+                                      loss, backward, clipping, AdamW) into a CUDA graph once the
+                                      batch shape has been seen twice and replay it while it stays
+                                      the same; any other run, a shape change, or a step that
+                                      cannot be captured runs eagerly (the log says why, once).
+                                      Results are bit-identical either way ["on"] */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without

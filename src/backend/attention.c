@@ -150,6 +150,9 @@ static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_arg
         return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: dout, dq, dk and dv must all be set", what);
 
     lt_attention_params r = *p;
+    /* Validated above on the host copy; the kernels take the device one when there is one. */
+    if (p->device != LT_DEVICE_CPU && p->seq_offsets && p->seq_offsets_device) r.seq_offsets = p->seq_offsets_device;
+    r.seq_offsets_device = NULL;
     r.q_layout = layout_resolve(p->q_layout, p->T, p->H, p->D);
     r.kv_layout = layout_resolve(p->kv_layout, p->T, p->Hkv, p->D);
     r.o_layout = layout_resolve(p->o_layout, p->T, p->H, p->D);

@@ -3,8 +3,8 @@
  * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Every pointer an op
  * receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace and the weight
  * tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA backend queues
- * all work on the legacy default stream, in call order; no op waits for the device except sumsq
- * and copy_to_host (and synchronize). */
+ * all work on its one stream (the legacy default stream until a graph capture makes its own), in
+ * call order; no op waits for the device except sumsq and copy_to_host (and synchronize). */
 #ifndef LT_BACKEND_H
 #define LT_BACKEND_H
 
@@ -27,10 +27,17 @@ typedef struct lt_adamw_params {
  *     that share an input (q, k, v; gate, up). */
 typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_SAME_X = 2 } lt_matmul_mode;
 
+/* A captured training step (CUDA graph), owned by the backend that made it. */
+typedef struct lt_graph lt_graph;
+
 typedef struct lt_backend {
     const char *name;
     lt_device device;
-    /* Copies `bytes` between host and this backend's memory (or within it). */
+    /* Copies `bytes` between host and this backend's memory (or within it). To the device: from
+     * pageable host memory the call returns once the source has been read; from memory pinned with
+     * host_register it is only queued (the source must stay unchanged until the next synchronising
+     * call), which is what lets a captured step read its inputs afresh at every replay. To the
+     * host: returns when the data is there (waits for the queued work). */
     lt_status (*copy_to_device)(lt_ctx *ctx, void *dst, const void *src_host, size_t bytes);
     lt_status (*copy_to_host)(lt_ctx *ctx, void *dst_host, const void *src, size_t bytes);
     /* Waits for queued work (no-op on CPU). */
@@ -90,6 +97,27 @@ typedef struct lt_backend {
      * attention outputs in unless a run option says otherwise: f32 on the CPU (the reference),
      * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
     lt_dtype saved_dtype;
+
+    /* ---- device-only hooks: NULL on the CPU, whose ops never wait or queue ---- */
+    /* Pins (on = 1) or unpins (0) host memory the caller allocated with lt_alloc (no bytes are
+     * allocated; the accounting stays with the caller). Errors: LT_ERR_CUDA. */
+    lt_status (*host_register)(lt_ctx *ctx, void *p, size_t bytes, int on);
+    /* Global-norm clipping with no host wait: norm = sqrt(Σ g²) (float64 sum rounded to float, as
+     * sumsq returns it) and, when norm > max_norm, g *= (float)(max_norm / norm): bit for bit what
+     * sumsq on the host followed by scale computes, decided on the device. */
+    void (*clip_norm)(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+    /* Whole-step graphs. graph_begin starts capturing everything queued from now on (the backend's
+     * own stream; nothing may wait, allocate or copy from pageable memory until graph_end).
+     * graph_end stops and instantiates it: LT_OK with *out set, or a typed error saying why the step
+     * could not be captured (*out NULL; the work queued meanwhile was not run, so the caller runs
+     * the step again eagerly). A captured step may hold one adamw call; graph_launch replays the
+     * graph with hp as that call's hyper-parameters (the one host value a fixed-shape step
+     * changes; inputs come through copies from pinned memory, read at replay). Errors: LT_ERR_CUDA,
+     * LT_ERR_UNSUPPORTED (graph_end: what broke the capture). */
+    lt_status (*graph_begin)(lt_ctx *ctx);
+    lt_status (*graph_end)(lt_ctx *ctx, lt_graph **out);
+    lt_status (*graph_launch)(lt_ctx *ctx, lt_graph *g, const lt_adamw_params *hp);
+    void (*graph_free)(lt_graph *g);
 } lt_backend;
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */

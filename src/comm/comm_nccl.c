@@ -1,5 +1,6 @@
 /* The NCCL transport of lt_comm: CUDA device buffers on one non-blocking stream per communicator,
- * ordered with the backend's kernels on the legacy default stream by events (the stream waits for
+ * ordered with the backend's kernels on its stream (lt_cuda_stream: the legacy default stream
+ * until the backend makes its own) by events (the stream waits for
  * what the backend queued before a call; the backend waits for the call before what it queues
  * next), so a gradient bucket's all-reduce runs while the backward goes on. Blocking calls
  * synchronise before they return, the reducer's buckets when it finishes, the exchange and
@@ -20,6 +21,14 @@
 #if LT_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "backend/cuda/cuda_stream.h"
+
+/* The stream the backend's kernels run on, which a collective must follow and precede. */
+static cudaStream_t backend_stream(void) {
+    cudaStream_t s = lt_cuda_stream();
+    return s ? s : cudaStreamLegacy;
+}
 
 typedef struct nccl_state {
     ncclComm_t comm;
@@ -57,7 +66,7 @@ static lt_status cuda_fail(lt_ctx *ctx, cudaError_t e, const char *what) {
 
 /* The communicator's stream waits for everything the backend queued so far. */
 static lt_status enter(lt_ctx *ctx, nccl_state *st) {
-    CUDA_TRY(cudaEventRecord(st->ev_in, cudaStreamLegacy), "cudaEventRecord (backend)");
+    CUDA_TRY(cudaEventRecord(st->ev_in, backend_stream()), "cudaEventRecord (backend)");
     CUDA_TRY(cudaStreamWaitEvent(st->stream, st->ev_in, 0), "cudaStreamWaitEvent (comm)");
     return LT_OK;
 }
@@ -65,7 +74,7 @@ static lt_status enter(lt_ctx *ctx, nccl_state *st) {
 /* What the backend queues from now on waits for everything queued on the stream. */
 static lt_status leave(lt_ctx *ctx, nccl_state *st) {
     CUDA_TRY(cudaEventRecord(st->ev_out, st->stream), "cudaEventRecord (comm)");
-    CUDA_TRY(cudaStreamWaitEvent(cudaStreamLegacy, st->ev_out, 0), "cudaStreamWaitEvent (backend)");
+    CUDA_TRY(cudaStreamWaitEvent(backend_stream(), st->ev_out, 0), "cudaStreamWaitEvent (backend)");
     return LT_OK;
 }
 
@@ -134,7 +143,7 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
         if (c->mpi_active) LT_TRY(lt_comm_mpi_broadcast(ctx, c, &id, sizeof id, 0));
         else LT_TRY(rendezvous(ctx, c, o, &id));
     }
-    /* Non-blocking: ordered with the backend's legacy-stream work only through enter/leave, so a
+    /* Non-blocking: ordered with the backend's stream only through enter/leave, so a
      * bucket's reduction (queued after its gradients, enter) overlaps the rest of the backward. */
     CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     CUDA_TRY(cudaEventCreateWithFlags(&st->ev_in, cudaEventDisableTiming), "cudaEventCreate");

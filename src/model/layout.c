@@ -271,6 +271,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         o->in_targets = carve(&o->in_bytes, nb(N, 4));
         o->in_pos = carve(&o->in_bytes, nb(N, 4));
         o->in_scalars = carve(&o->in_bytes, 4 * sizeof(float));
+        o->in_offs = carve(&o->in_bytes, nb(B * (T + 1), 4)); /* packed rows' offsets, S <= T */
         o->inputs = carve_aligned(&cur, o->in_bytes, al);
     }
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;

@@ -413,7 +413,7 @@ void lt_model_free(lt_ctx *ctx, lt_model *m) {
     if (!m) return;
     for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++)
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
-    if (m->host_inputs) lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
+    lt_model_free_inputs(ctx, m);
     lt_free(ctx, LT_DEVICE_CPU, m, lt_model_meta_bytes(&m->cfg));
 }
 

@@ -15,6 +15,18 @@
 
 /* ---- run memory ---- */
 
+/* Whole pages: host_register pins page ranges, and two ranges on one page cannot both be pinned. */
+#define STAGE_PAGE ((size_t)4096)
+
+void lt_model_free_inputs(lt_ctx *ctx, lt_model *m) {
+    if (!m->host_inputs_block) return;
+    if (m->be->host_register)
+        (void)m->be->host_register(ctx, m->host_inputs, (m->lay.in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1), 0);
+    lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
+    m->host_inputs_block = m->host_inputs = NULL;
+    m->host_inputs_bytes = 0;
+}
+
 static void free_run(lt_ctx *ctx, lt_model *m) {
     for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
         if (m->block[c]) lt_free(ctx, m->opt.device, m->block[c], m->block_bytes[c]);
@@ -24,8 +36,7 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
     if (m->cp_ws) lt_free(ctx, m->opt.device, m->cp_ws, m->cp_ws_bytes);
     m->cp_ws = NULL;
     m->cp_ws_bytes = 0;
-    if (m->host_inputs) lt_free(ctx, LT_DEVICE_CPU, m->host_inputs, m->lay.in_bytes);
-    m->host_inputs = NULL;
+    lt_model_free_inputs(ctx, m);
     m->lay.in_bytes = 0;
     m->prepared = 0;
 }
@@ -73,9 +84,20 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
         m->block_bytes[c] = lay.class_bytes[c];
     }
     if (lay.in_bytes) {
-        m->host_inputs = lt_calloc(ctx, LT_DEVICE_CPU, lay.in_bytes, "model input staging");
-        if (!m->host_inputs) {
-            lt_status s = lt_ctx_status(ctx);
+        /* Pinned, so the step's one upload is queued (and, in a captured step, replayed) rather
+         * than staged by the driver. */
+        size_t pages = (lay.in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1);
+        m->host_inputs_bytes = pages + STAGE_PAGE;
+        m->host_inputs_block = lt_calloc(ctx, LT_DEVICE_CPU, m->host_inputs_bytes, "model input staging");
+        lt_status s = m->host_inputs_block ? LT_OK : lt_ctx_status(ctx);
+        if (s == LT_OK) {
+            m->host_inputs = (uint8_t *)(((uintptr_t)m->host_inputs_block + STAGE_PAGE - 1) & ~(uintptr_t)(STAGE_PAGE - 1));
+            if (m->be->host_register && (s = m->be->host_register(ctx, m->host_inputs, pages, 1)) != LT_OK) {
+                lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
+                m->host_inputs_block = m->host_inputs = NULL;
+            }
+        }
+        if (s != LT_OK) {
             free_run(ctx, m);
             return s;
         }
@@ -211,9 +233,11 @@ typedef struct step {
     const int32_t *tokens, *targets; /* (N) in the model's memory */
     const int32_t *pos;
     const int32_t *seq_offsets;      /* host (the attention boundary validates them there) */
+    const int32_t *seq_offsets_dev;  /* device runs: their copy in the inputs piece */
     int64_t n_tok;                   /* non-ignored targets */
     float dloss;                     /* upstream gradient of the summed loss */
     float *scalars;                  /* device runs: [0] loss, [1] dloss in device memory */
+    int defer_loss;                  /* leave the loss on the device (lt_model_batch.defer_loss) */
     int64_t S;
     uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
     uint64_t drop_row0;  /* tokens before this batch's row 0 in the whole (data-parallel) batch */
@@ -395,6 +419,7 @@ static lt_attention_params attn_params(const step *s) {
     ap.device = s->m->opt.device;
     ap.impl = s->m->run.attention;
     ap.seq_offsets = s->seq_offsets;
+    ap.seq_offsets_device = s->seq_offsets_dev;
     ap.S = s->S;
     return ap;
 }
@@ -597,7 +622,8 @@ static lt_status layer_bwd(const step *s, int64_t l, const lt_store *st, resid x
 /* Validates the batch on the host and makes its inputs visible to the backend: on the host the
  * caller's arrays are read in place; a device run stages tokens, targets, positions and dloss
  * into one host block laid out as the device's inputs piece and copies it in with one transfer. */
-static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, step *s, int train, float grad_scale) {
+static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, step *s, int train, float grad_scale,
+                             int upload) {
     if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
     if (train && m->run.forward_only)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
@@ -611,6 +637,9 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->ctx = ctx, s->m = m, s->be = m->be;
     s->B = b->B, s->T = b->T, s->N = b->B * b->T;
     s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
+    if (b->seq_offsets && (b->S < 1 || b->S > b->T))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: S = %lld sequences per row is outside 1..T = %lld",
+                        (long long)b->S, (long long)b->T);
     s->train = train;
     s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
     if (b->first_row < 0)
@@ -637,8 +666,19 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     s->pos = pos;
     s->tokens = b->tokens;
     s->targets = b->targets;
+    s->defer_loss = b->defer_loss;
+    /* Targets are checked here, on the host, before the upload: the loss kernels then need no
+     * check of their own on the device (which would wait for it). */
     if (b->targets)
-        for (int64_t i = 0; i < s->N; i++) s->n_tok += b->targets[i] != LT_IGNORE_INDEX;
+        for (int64_t i = 0; i < s->N; i++) {
+            int32_t t = b->targets[i];
+            if (t == LT_IGNORE_INDEX) continue;
+            if (t < 0 || t >= m->cfg.V)
+                return lt_error(ctx, LT_ERR_INVALID_ARG, "model: target %d at position %lld is outside [0, %lld) "
+                                "and is not the ignore index %d", (int)t, (long long)i, (long long)m->cfg.V,
+                                LT_IGNORE_INDEX);
+            s->n_tok++;
+        }
     s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
     if (!stage) return LT_OK;
     size_t nb = (size_t)s->N * sizeof(int32_t);
@@ -646,19 +686,21 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
     float scal[4] = {0.0f, s->dloss, 0.0f, 0.0f};
     memcpy(stage + y->in_scalars, scal, sizeof scal);
+    if (s->seq_offsets) memcpy(stage + y->in_offs, s->seq_offsets, (size_t)(s->B * (s->S + 1)) * sizeof(int32_t));
     uint8_t *dev = blk(s, LT_MEM_TRANSIENTS, y->inputs);
-    LT_TRY(m->be->copy_to_device(ctx, dev, stage, y->in_bytes));
+    if (upload) LT_TRY(m->be->copy_to_device(ctx, dev, stage, y->in_bytes));
     s->tokens = (const int32_t *)(dev + y->in_tokens);
     s->targets = b->targets ? (const int32_t *)(dev + y->in_targets) : NULL;
     s->pos = (const int32_t *)(dev + y->in_pos);
     s->scalars = (float *)(dev + y->in_scalars);
+    if (s->seq_offsets) s->seq_offsets_dev = (const int32_t *)(dev + y->in_offs);
     return LT_OK;
 }
 
 /* Device runs: the loss (and per-token losses) come back to the host once, after the whole step
  * is queued. The one read inside a step. */
 static lt_status read_loss(const step *s, lt_model_result *res, float *token_loss) {
-    if (!s->scalars) return LT_OK;
+    if (!s->scalars || s->defer_loss) return LT_OK;
     float loss = 0;
     LT_TRY(s->be->copy_to_host(s->ctx, &loss, s->scalars, sizeof loss));
     res->loss_sum = loss;
@@ -704,6 +746,7 @@ static lt_status final_loss(const step *s, const lt_model_batch *b, int backward
     la.lse = (float *)blk(s, LT_MEM_TRANSIENTS, y->lse_f);
     la.token_loss = s->scalars && token_loss ? (float *)blk(s, LT_MEM_TRANSIENTS, y->tloss) : token_loss;
     la.workspace = blk(s, LT_MEM_WORKSPACE, y->lce_ws);
+    la.targets_checked = 1; /* check_batch did, on the host */
     res->n_tokens = n_tok;
     if (!backward) {
         LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
@@ -765,7 +808,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
                                     lt_model_result *res, float *token_loss) {
     step s;
     lt_model_result r = {0, 0};
-    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale));
+    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 1));
     const lt_layout *y = &m->lay;
     int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
     int64_t k = y->n_ckpt ? y->n_tr_stores : K;
@@ -812,6 +855,26 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     return LT_OK;
 }
 
+lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                               lt_model_result *res) {
+    if (!m->host_inputs)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: staging a batch needs a prepared device model");
+    step s;
+    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 0));
+    res->loss_sum = 0;
+    res->n_tokens = s.n_tok;
+    return LT_OK;
+}
+
+lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res) {
+    if (!m->host_inputs)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: the loss stays on the device only for a prepared device model");
+    float loss = 0;
+    LT_TRY(m->be->copy_to_host(ctx, &loss, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof loss));
+    res->loss_sum = loss;
+    return LT_OK;
+}
+
 static lt_status forward_all(step *s) {
     lt_model *m = s->m;
     return run_plain(s, m->cfg.L, xf_of(s));
@@ -820,7 +883,7 @@ static lt_status forward_all(step *s) {
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
     step s;
     lt_model_result r = {0, 0};
-    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
     LT_TRY(forward_all(&s));
     LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
     LT_TRY(read_loss(&s, &r, token_loss));
@@ -830,7 +893,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
 
 static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits, int last_only) {
     step s;
-    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f));
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
     LT_TRY(forward_all(&s));
     const lt_model_config *c = &m->cfg;
     float *xf = xf_of(&s), *hf = hf_of(&s);

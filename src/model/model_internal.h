@@ -104,8 +104,9 @@ typedef struct lt_layout {
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
-     * the loss kernel writes, [1] the upstream gradient dloss it reads. */
-    size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars;
+     * the loss kernel writes, [1] the upstream gradient dloss it reads; then the packed rows'
+     * sequence offsets (B·(S+1) int32 used of B·(T+1)), which attention reads on the device. */
+    size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars, in_offs;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
      * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
      * with xf and hf. Chunk-sized (`chunk`
@@ -158,6 +159,10 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    uint8_t *host_inputs_block; /* the lt_alloc block (host_inputs_bytes) holding it on whole pages of
+                                   its own: pinned by the backend (host_register), a range must not
+                                   share a page with another pinned range */
+    size_t host_inputs_bytes;
     struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
     int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
     void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
@@ -169,5 +174,8 @@ struct lt_model {
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
  * class of the size table. */
 size_t lt_model_meta_bytes(const lt_model_config *cfg);
+
+/* Unpins and frees the input staging (model.c; also called by lt_model_free). */
+void lt_model_free_inputs(lt_ctx *ctx, lt_model *m);
 
 #endif

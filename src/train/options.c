@@ -63,6 +63,7 @@ static const option options[] = {
     {"device", K_DEVICE, O(device), 0, 0, 0},
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
     {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
+    {"cuda_graph", K_STR, O(cuda_graph), S(cuda_graph), 0, 0},
 };
 #undef O
 #undef S
@@ -346,6 +347,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.warmup > o.iters)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
                         (long long)o.warmup, (long long)o.iters);
+    if (!o.cuda_graph[0]) snprintf(o.cuda_graph, sizeof o.cuda_graph, "on");
+    if (strcmp(o.cuda_graph, "on") && strcmp(o.cuda_graph, "off"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'cuda_graph': '%s' is not on|off", o.cuda_graph);
     if (!o.distributed[0]) snprintf(o.distributed, sizeof o.distributed, "auto");
     if (strcmp(o.distributed, "auto") && strcmp(o.distributed, "off") && strcmp(o.distributed, "nccl"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off|nccl", o.distributed);

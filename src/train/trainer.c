@@ -19,6 +19,7 @@
 #include "longtune/context_parallel.h"
 #include "longtune/log.h"
 #include "longtune/plan.h"
+#include "train/step_graph.h"
 #include "train/train_internal.h"
 
 #define PEFT_KEY_PREFIX "base_model.model."
@@ -64,6 +65,9 @@ typedef struct trainer {
     lt_comm_reducer *reducer; /* gradient buckets, started from the model's grad-ready hook */
     int dist;                 /* reductions run: a world of several ranks, or NCCL even for one (its
                                  transport path, exercised on a single GPU) */
+    lt_step_graph *sg;        /* device runs of one micro-batch per step on one rank: the step
+                                 queued without waits, captured into a CUDA graph when its shape
+                                 repeats (step_graph.h) */
 } trainer;
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
@@ -305,10 +309,38 @@ static lt_status evaluate(trainer *t, double *out) {
     return LT_OK;
 }
 
+/* train_step through the step graph (one micro-batch, one rank, a device model): the batch, the
+ * loss scale and AdamW's values go in, the loss comes back with the step's only wait. */
+static lt_status graph_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
+    const lt_train_options *o = t->o;
+    lt_model_batch b;
+    int64_t ntok = 0, nreal = 0;
+    LT_TRY(next_train_batch(t, &b, &ntok, &nreal));
+    lt_adamw_params hp = {(float)lt_train_lr(o, t->st.step), (float)o->beta1, (float)o->beta2, (float)o->eps,
+                          (float)o->weight_decay, t->st.step + 1};
+    double l = 0;
+    if (ntok) {
+        b.step = (uint64_t)(t->st.step * o->grad_accum);
+        lt_model_result r;
+        LT_TRY(lt_step_graph_run(t->ctx, t->sg, &b, (float)(1.0 / (double)ntok), &hp, &r));
+        l = r.loss_sum / (double)ntok;
+    } else { /* nothing to train on: zero gradients, the moments still decay (as train_step does) */
+        t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
+        t->be->adamw(t->ctx, t->params, t->grads, t->mom_m, t->mom_v, t->n, &hp);
+    }
+    t->st.step++;
+    t->st.tokens_seen += ntok;
+    *loss = l;
+    *tokens = ntok;
+    *real = nreal;
+    return LT_OK;
+}
+
 /* One optimizer step: grad_accum micro-batches, clipping, AdamW. *loss: mean over micro-batches
  * of their token-mean loss; *tokens: trained targets; *real: real (non-padding) input tokens. */
 static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *real) {
     const lt_train_options *o = t->o;
+    if (t->sg) return graph_step(t, loss, tokens, real);
     t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
     double l = 0;
     int64_t tok = 0, rtok = 0;
@@ -350,8 +382,10 @@ static lt_status train_step(trainer *t, double *loss, int64_t *tokens, int64_t *
     }
     for (int64_t k = 0; k < o->grad_accum; k++)
         if (ntoks[k]) l += lsum[k] / (double)ntoks[k] / (double)o->grad_accum;
-    if (o->grad_clip > 0) {
-        /* The one read besides the loss: the norm decides whether to scale. */
+    if (o->grad_clip > 0 && t->be->clip_norm) {
+        t->be->clip_norm(t->ctx, t->grads, t->n, o->grad_clip); /* decided on the device: no wait */
+    } else if (o->grad_clip > 0) {
+        /* The host reads the norm to decide whether to scale (a CPU step never waits anyway). */
         double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
         if (norm > o->grad_clip) t->be->scale(t->ctx, t->grads, (float)(o->grad_clip / norm), t->n);
     }
@@ -487,6 +521,14 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     if (t->cp) run.T = t->T / t->world;
     else run.B = (t->B + t->world - 1) / t->world;
     LT_TRY(lt_model_prepare(ctx, t->m, &run));
+    if (t->dev != LT_DEVICE_CPU && o->grad_accum == 1 && !t->dist && !t->cp) {
+        lt_step_optim so = {t->params, t->grads, t->mom_m, t->mom_v, t->n, o->grad_clip};
+        LT_TRY(lt_step_graph_init(ctx, t->m, &so, t->B, t->T, strcmp(o->cuda_graph, "off") != 0, &t->sg));
+    } else if (t->dev != LT_DEVICE_CPU && strcmp(o->cuda_graph, "off")) {
+        LT_INFO("cuda graph: off for this run, steps run eagerly: %s",
+                o->grad_accum > 1 ? "gradient accumulation (grad_accum > 1)"
+                                  : "several ranks (gradients are reduced during the backward)");
+    }
 
     memset(&t->st, 0, sizeof t->st);
     t->plan_epoch = -1;
@@ -642,6 +684,12 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
         lt_comm_reducer_free(ctx, t.reducer);
     }
     if (t.cp) lt_model_set_context_parallel(ctx, m, NULL);
+    if (t.sg) {
+        lt_step_graph_stats gs = lt_step_graph_get_stats(t.sg);
+        LT_INFO("cuda graph: %lld steps replayed, %lld captured, %lld eager", (long long)gs.replays,
+                (long long)gs.captures, (long long)gs.eager);
+        lt_step_graph_free(ctx, t.sg);
+    }
     if (t.tp) lt_free(ctx, LT_DEVICE_CPU, t.tp, (size_t)t.n_tp * sizeof *t.tp);
     if (t.mom_m) lt_free(ctx, t.dev, t.mom_m, (size_t)t.n * sizeof(float));
     if (t.mom_v) lt_free(ctx, t.dev, t.mom_v, (size_t)t.n * sizeof(float));

@@ -4,9 +4,13 @@
  * its group (or a share of them, when the row is short) and every 64-query tile that sees those
  * keys, with dK and dV in registers; and dQ either by fp32 vector atomics into a buffer converted
  * afterwards (long causal rows) or by its own kernel that recomputes S and dP per query tile,
- * forms delta on the way and writes dQ once (packed rows, small windows). Elsewhere (D = 96, other
- * GPUs): the FlashAttention-2 mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized
- * by lt_attention_cuda_workspace_bytes from the same plan. */
+ * forms delta on the way and writes dQ once (packed rows, small windows). Long causal rows without
+ * packing or window (T a multiple of 64, one CTA per kv head) take the warp-specialised kernel
+ * of attention_bwd_ws.cu instead of the main kernel here (TMA producer, mbarrier ring, bulk dQ
+ * adds; 1.6x this file's kernel at 8k and 32k). Elsewhere (D = 96, other GPUs): the
+ * FlashAttention-2 mma.sync kernel with fp32 dQ atomics. Every buffer is workspace sized by
+ * lt_attention_cuda_workspace_bytes from the same plan. */
+#include "backend/cuda/attention_bwd_ws.h"
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -772,7 +776,7 @@ template <int D, bool DELTA> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, co
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem>>>(d);
+    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem, lt_cuda_stream()>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
@@ -785,19 +789,25 @@ static lt_status attn_bwd_wg_main_launch(lt_ctx *ctx, const lt_attn_dev &d, int 
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem>>>(d);
+    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem, lt_cuda_stream()>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
 }
 
 /* The wgmma backward: delta (its own pass, or inside the dQ kernel when that runs first), the main
  * kernel (64 or 128 keys per CTA), then the conversions of whatever went through fp32 sums. */
 template <int D>
-static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, const lt_attn_bwd_plan &pl) {
+static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, const lt_attn_bwd_plan &pl,
+                                    int ws) {
     const int64_t rows = (int64_t)B * d.T * d.H;
+    if (ws) {
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+        LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
+        return lt_attn_bwd_ws_launch(ctx, d, B, D);
+    }
     if (d.no_dq && pl.delta_dq) {
         LT_TRY((attn_bwd_dq_launch<D, true>(ctx, d, B)));
     } else {
-        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     }
     const lt_status st = !d.no_dq      ? attn_bwd_wg_main_launch<D, false, 2>(ctx, d, B)
@@ -806,12 +816,12 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, co
     LT_TRY(st);
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
-        attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256>>>(d, B);
+        attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
     }
     if (d.no_dq) return pl.delta_dq ? LT_OK : attn_bwd_dq_launch<D, false>(ctx, d, B);
     const int64_t n2 = rows * D / 2;
-    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
 }
 
@@ -820,17 +830,17 @@ template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
                         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
     const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256>>>(d, B);
+    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
                          cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel<D><<<grid, 256, smem>>>(d);
+    attn_bwd_kernel<D><<<grid, 256, smem, lt_cuda_stream()>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     const int64_t n2 = rows * D / 2;
-    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256>>>(d, B);
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
 }
 
@@ -848,6 +858,10 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
     size_t used = 0;
     lt_status st = lt_attn_cuda_prepare(ctx, p, a, ws, &d, &used);
     const lt_attn_bwd_plan pl = lt_attn_cuda_bwd_plan(p);
+    /* The warp-specialised kernel (attention_bwd_ws.cu) where it applies, unless
+     * LONGTUNE_ATTN_BWD=wg keeps the previous kernels (for measurements). */
+    const char *which = getenv("LONGTUNE_ATTN_BWD");
+    const int use_ws = lt_attn_bwd_ws_eligible(p, &pl, a->lse) && !(which && !strcmp(which, "wg"));
     if (st == LT_OK) {
         /* Workspace after the key bounds: delta, then the fp32 dQ sums (unless dQ has its own
          * kernel), then the fp32 dK/dV sums of split CTAs. */
@@ -860,23 +874,23 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         if (!pl.dq_sep) {
             d.dq_acc = (float *)w;
             w += lt_cuda_align(acc_bytes);
-            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes), "attention backward: memset");
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes, lt_cuda_stream()), "attention backward: memset");
         }
         if (st == LT_OK && pl.split > 1) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
             d.nsplit = pl.split;
             d.dkv_acc = (float *)w;
-            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes), "attention backward: memset");
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes, lt_cuda_stream()), "attention backward: memset");
         }
     }
     if (st == LT_OK) {
         switch (p->D) {
         case 64:
-            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B, pl) : attn_bwd_launch<64>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<64>(ctx, d, (int)p->B, pl, use_ws) : attn_bwd_launch<64>(ctx, d, (int)p->B);
             break;
         case 96: st = attn_bwd_launch<96>(ctx, d, (int)p->B); break;
         default:
-            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B, pl) : attn_bwd_launch<128>(ctx, d, (int)p->B);
+            st = pl.wg ? attn_bwd_wg_launch<128>(ctx, d, (int)p->B, pl, use_ws) : attn_bwd_launch<128>(ctx, d, (int)p->B);
             break;
         }
     }

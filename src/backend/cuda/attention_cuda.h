@@ -9,8 +9,8 @@
 
 /* The entry points lt_attention_cuda_{forward,backward,workspace_bytes} are declared in
  * backend/attention_impl.h: bf16 tensors on the device, D in {64, 96, 128}; anything else is
- * LT_ERR_UNSUPPORTED with the reason. The workspace holds the per-token key bounds, a device copy
- * of the packed offsets, and for the backward the fp32 dQ accumulator (B, T, H, D) and the row dot
+ * LT_ERR_UNSUPPORTED with the reason. The workspace holds the per-token key bounds, and for the
+ * backward the fp32 dQ accumulator (B, T, H, D) and the row dot
  * products dO·O (B, H, T). */
 #ifdef __cplusplus
 extern "C" {

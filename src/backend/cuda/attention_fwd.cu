@@ -1,10 +1,12 @@
 /* Flash attention forward on NVIDIA GPUs, plus the preparation shared with the backward: per-token
  * key bounds from packed-row offsets and sliding window, the workspace layout and the backward's
- * plan. On compute capability 9.0, D = 64 or 128: one warpgroup per CTA owns 64 query rows, S and
- * O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs): the
- * FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). Both walk only the key
+ * plan. On compute capability 9.0, D = 64 or 128: long rows go to the warp-specialised TMA kernel
+ * of attention_fwd_ws.cu; rows that see few keys to one warpgroup per CTA owning 64 query rows, S
+ * and O on wgmma (sm_90a) with Q, K, V in swizzled shared memory. Elsewhere (D = 96, other GPUs):
+ * the FlashAttention-2 mma.sync kernel (ldmatrix, cp.async double buffering). All walk only the key
  * tiles their rows can see (tile skipping for causal, window and packed rows). */
 #include "backend/cuda/attention_cuda.h"
+#include "backend/cuda/attnf_pipeline.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -60,8 +62,14 @@ static __global__ void attn_build_lo_inline(lt_attn_offs_inline off, int64_t S, 
     lo[idx] = attn_lo_of(off.o + (int64_t)b * (S + 1), S, t, window);
 }
 
-static size_t offsets_bytes(const lt_attention_params *p) {
-    return p->seq_offsets ? lt_cuda_align((size_t)p->B * (size_t)(p->S + 1) * 4) : 0;
+/* Longer host offsets travel in pieces of up to LT_ATTN_OFFS_INLINE entries, one launch each: the
+ * piece o[i0..i1] of row b covers tokens [o[i0], o[i1]) (from 0 for the first piece, to T for the
+ * last), whose sequences all start inside the piece. No copy, no host wait, graph-capturable. */
+static __global__ void attn_build_lo_piece(lt_attn_offs_inline off, int n, int b, int t_begin, int t_end, int T,
+                                           int64_t window, int32_t *lo) {
+    const int t = t_begin + (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (t >= t_end) return;
+    lo[(int64_t)b * T + t] = attn_lo_of(off.o, n - 1, t, window);
 }
 
 static int attn_have_wgmma(void) {
@@ -119,7 +127,7 @@ lt_attn_bwd_plan lt_attn_cuda_bwd_plan(const lt_attention_params *p) {
 extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
                                                     int threads) {
     (void)threads;
-    size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4) + offsets_bytes(p);
+    size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4);
     if (backward) {
         const lt_attn_bwd_plan pl = lt_attn_cuda_bwd_plan(p);
         n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
@@ -202,32 +210,40 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
     const unsigned nb_lo = (unsigned)((n + 255) / 256);
     int inl = 0;
     if (p->seq_offsets) {
-        /* Offsets may live on the host (the boundary validated them there) or on the device. A
-         * short host array travels as a kernel parameter; a longer one is copied first.
-         * LONGTUNE_ATTN_OFFS=copy forces the copy (for measurements). */
+        /* Offsets may live on the host (the boundary validated them there) or on the device. Host
+         * offsets travel as kernel parameters: all rows in one launch when they fit, else in
+         * pieces (attn_build_lo_piece), so the step never waits on a host-to-device copy. */
         cudaPointerAttributes attr;
         cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
         if (e != cudaSuccess) (void)cudaGetLastError();
         size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
-        const char *force = getenv("LONGTUNE_ATTN_OFFS");
-        const int copy = force && !strcmp(force, "copy");
         if (e == cudaSuccess &&
             (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
             dev_off = p->seq_offsets;
-        } else if (!copy && nb <= sizeof(lt_attn_offs_inline)) {
+        } else if (nb <= sizeof(lt_attn_offs_inline)) {
             lt_attn_offs_inline in;
             memcpy(in.o, p->seq_offsets, nb);
-            attn_build_lo_inline<<<nb_lo, 256>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
+            attn_build_lo_inline<<<nb_lo, 256, 0, lt_cuda_stream()>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
             inl = 1;
         } else {
-            int32_t *dst = (int32_t *)(ws + off);
-            LT_TRY(lt_cuda_check(ctx, cudaMemcpy(dst, p->seq_offsets, nb, cudaMemcpyHostToDevice),
-                                 "attention (CUDA): copying sequence offsets"));
-            dev_off = dst;
+            for (int64_t b = 0; b < p->B; b++) {
+                const int32_t *o = p->seq_offsets + b * (p->S + 1);
+                for (int64_t i0 = 0; i0 < p->S;) {
+                    const int64_t i1 = i0 + LT_ATTN_OFFS_INLINE - 1 < p->S ? i0 + LT_ATTN_OFFS_INLINE - 1 : p->S;
+                    const int t0 = i0 == 0 ? 0 : o[i0], t1 = i1 == p->S ? (int)T : o[i1];
+                    if (t1 > t0) {
+                        lt_attn_offs_inline in;
+                        memcpy(in.o, o + i0, (size_t)(i1 - i0 + 1) * 4);
+                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, lt_cuda_stream()>>>(
+                            in, (int)(i1 - i0 + 1), (int)b, t0, t1, (int)T, p->window, lo);
+                    }
+                    i0 = i1;
+                }
+            }
+            inl = 1;
         }
-        off += offsets_bytes(p);
     }
-    if (!inl) attn_build_lo<<<nb_lo, 256>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
+    if (!inl) attn_build_lo<<<nb_lo, 256, 0, lt_cuda_stream()>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel"));
     d->lo = lo;
     *used = off;
@@ -469,7 +485,7 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
-    attn_fwd_kernel<D, NW, MT, QREG><<<grid, NW * 32, smem>>>(d);
+    attn_fwd_kernel<D, NW, MT, QREG><<<grid, NW * 32, smem, lt_cuda_stream()>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -635,17 +651,39 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
 }
 
 
+static int attn_sm_count(void) {
+    static int n = -1;
+    if (n < 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n = 132;
+        (void)cudaGetLastError();
+    }
+    return n;
+}
+
 /* Forward kernel for D = 64 / 128: 0 = mma.sync (any GPU), 1 = wgmma with double-buffered K/V
  * tiles (two CTAs per SM), 2 = wgmma with one K/V slot (three CTAs per SM; for rows that see few
- * tiles, where the overlap of CTAs pays more than prefetching). The wgmma kernels need compute
- * capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (at most 65535).
- * LONGTUNE_ATTN_FWD=mma|wg|wg1 overrides the choice for measurements (dev/cuda/NOTES.md). */
+ * tiles, where the overlap of CTAs pays more than prefetching), 3 / 4 = the warp-specialised TMA
+ * kernel of attention_fwd_ws.cu with 2 / 3 K/V stages (one 128-row CTA per SM). The wgmma kernels
+ * need compute capability 9.0 (sm_90a code) and put the query blocks in gridDim.y (<= 65535).
+ * Default (dev/cuda/NOTES.md, session 4, forward-only times per shape on the H200): rows that see
+ * few keys (lt_attn_cuda_sparse) take 2; the others take 4 when its 128-row blocks number at least
+ * 3/4 of the SMs (measured: ahead of 1 from 128 blocks up, T = 512 x 32 heads; behind by 4 % at
+ * 72, T = 1024 x 9 heads), else 1.
+ * LONGTUNE_ATTN_FWD=mma|wg|wg1|ws|ws3 overrides the choice for measurements. */
 static int attn_fwd_variant(const lt_attention_params *p) {
     const char *v = getenv("LONGTUNE_ATTN_FWD");
-    int want = lt_attn_cuda_sparse(p) ? 2 : 1;
+    int want = 2;
+    if (!lt_attn_cuda_sparse(p))
+        want = 4 * p->B * p->H * ((p->T + 127) / 128) >= 3 * (int64_t)attn_sm_count() ? 4 : 1;
     if (v && !strcmp(v, "mma")) want = 0;
     if (v && !strcmp(v, "wg")) want = 1;
     if (v && !strcmp(v, "wg1")) want = 2;
+    if (v && !strcmp(v, "ws")) want = 3;
+    if (v && !strcmp(v, "ws3")) want = 4;
+    if (want >= 3 && !lt_attn_fwd_ws_available()) want = 1;
     return want && attn_have_wgmma() && (p->T + 63) / 64 <= 65535 ? want : 0;
 }
 
@@ -657,7 +695,7 @@ static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem>>>(d);
+    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem, lt_cuda_stream()>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -683,7 +721,8 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         switch (p->D) {
         case 64: {
             const int v = attn_fwd_variant(p);
-            st = v == 2 ? attn_fwd_wg_launch<64, 1>(ctx, d, (int)p->B)
+            st = v >= 3 ? lt_attn_fwd_ws_launch(ctx, p, &d, v == 4 ? 3 : 2)
+               : v == 2 ? attn_fwd_wg_launch<64, 1>(ctx, d, (int)p->B)
                : v == 1 ? attn_fwd_wg_launch<64, 2>(ctx, d, (int)p->B)
                         : attn_fwd_launch<64, 4, 2, true>(ctx, d, (int)p->B);
             break;
@@ -691,7 +730,8 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         case 96: st = attn_fwd_launch<96, 8, 1, true>(ctx, d, (int)p->B); break;
         default: {
             const int v = attn_fwd_variant(p);
-            st = v == 2 ? attn_fwd_wg_launch<128, 1>(ctx, d, (int)p->B)
+            st = v >= 3 ? lt_attn_fwd_ws_launch(ctx, p, &d, v == 4 ? 3 : 2)
+               : v == 2 ? attn_fwd_wg_launch<128, 1>(ctx, d, (int)p->B)
                : v == 1 ? attn_fwd_wg_launch<128, 2>(ctx, d, (int)p->B)
                         : attn_fwd_launch<128, 4, 2, false>(ctx, d, (int)p->B);
             break;

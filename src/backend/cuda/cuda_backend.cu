@@ -1,5 +1,6 @@
-/* The CUDA backend's op table: memory movement here, kernels in one file per op family beside
- * this one (ops_*.cu, attention_*.cu, lce.cu). Everything is queued on the legacy default stream. */
+/* The CUDA backend's op table: memory movement and the stream here, step graphs in graph.cu,
+ * kernels in one file per op family beside this one (ops_*.cu, attention_*.cu, lce.cu). Everything
+ * is queued on lt_cuda_stream() in call order. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -7,8 +8,8 @@
 
 static cudaStream_t g_stream; /* null: the legacy default stream */
 
-cudaStream_t lt_cuda_stream(void) { return g_stream; }
-void lt_cuda_set_stream(cudaStream_t s) { g_stream = s; }
+extern "C" cudaStream_t lt_cuda_stream(void) { return g_stream; }
+extern "C" void lt_cuda_set_stream(cudaStream_t s) { g_stream = s; }
 
 static lt_status cuda_status(lt_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return LT_OK;
@@ -16,26 +17,46 @@ static lt_status cuda_status(lt_ctx *ctx, cudaError_t e, const char *what) {
     return lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
-/* Device-to-device copies stay queued; a copy from host memory returns once the source has been
- * read (the caller may free it), as cudaMemcpy does. */
+/* Every copy is queued on the stream. From pageable host memory the runtime stages the source
+ * before cudaMemcpyAsync returns (the caller may free it, as with cudaMemcpy) but no wait for the
+ * device happens; from pinned memory the copy stays queued, and under capture it becomes a graph
+ * node that reads the pinned source at every replay. cudaPointerGetAttributes is a host-side
+ * table lookup (no device wait, legal while capturing); it routes device sources to a D2D copy. */
 static lt_status cuda_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
     if (!bytes) return LT_OK;
     cudaPointerAttributes at;
     cudaError_t e = cudaPointerGetAttributes(&at, src);
     if (e != cudaSuccess) return cuda_status(ctx, e, "copy to device: cudaPointerGetAttributes");
     if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged)
-        return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0),
+        return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lt_cuda_stream()),
                            "copy within the device");
-    return cuda_status(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy to device");
+    if (at.type != cudaMemoryTypeHost && lt_cuda_capturing())
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "copy to device from pageable host memory while capturing a graph "
+                                                 "(the copy would not be replayed)");
+    return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, lt_cuda_stream()),
+                       "cudaMemcpyAsync to device");
 }
 
+/* The loss read: the one wait of a step. */
 static lt_status cuda_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
     if (!bytes) return LT_OK;
-    return cuda_status(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy to host");
+    if (lt_cuda_capturing())
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "copy to the host while capturing a graph (a step may not wait)");
+    LT_TRY(cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, lt_cuda_stream()),
+                       "cudaMemcpyAsync to host"));
+    return cuda_status(ctx, cudaStreamSynchronize(lt_cuda_stream()), "copy to host: cudaStreamSynchronize");
 }
 
 static lt_status cuda_sync(lt_ctx *ctx) {
+    if (lt_cuda_capturing())
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "synchronize while capturing a graph (a step may not wait)");
     return cuda_status(ctx, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+static lt_status cuda_host_register(lt_ctx *ctx, void *p, size_t bytes, int on) {
+    if (!p || !bytes) return LT_OK;
+    if (on) return cuda_status(ctx, cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+    return cuda_status(ctx, cudaHostUnregister(p), "cudaHostUnregister");
 }
 
 extern "C" const lt_backend lt_backend_cuda = {
@@ -63,4 +84,10 @@ extern "C" const lt_backend lt_backend_cuda = {
     /* .to_bf16 */ lt_cuda_to_bf16,
     /* .from_bf16 */ lt_cuda_from_bf16,
     /* .saved_dtype */ LT_DTYPE_BF16,
+    /* .host_register */ cuda_host_register,
+    /* .clip_norm */ lt_cuda_clip_norm,
+    /* .graph_begin */ lt_cuda_graph_begin,
+    /* .graph_end */ lt_cuda_graph_end,
+    /* .graph_launch */ lt_cuda_graph_launch,
+    /* .graph_free */ lt_cuda_graph_free,
 };

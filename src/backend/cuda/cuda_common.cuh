@@ -21,11 +21,7 @@ static inline lt_status lt_cuda_check(lt_ctx *ctx, cudaError_t e, const char *wh
     return lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
-/* The stream every kernel launch, cuBLASLt call and async copy of the backend is queued on
- * (defined in cuda_backend.cu). Null (the legacy default stream) until the trainer sets one;
- * new code must pass lt_cuda_stream() rather than 0 so the step can run on a captured stream. */
-cudaStream_t lt_cuda_stream(void);
-void lt_cuda_set_stream(cudaStream_t s);
+#include "backend/cuda/cuda_stream.h"
 
 static inline size_t lt_cuda_align(size_t n) { return (n + 255) & ~(size_t)255; }
 

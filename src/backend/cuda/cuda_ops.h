@@ -1,6 +1,6 @@
 /* The CUDA backend's compute ops (src/backend/cuda/ops_*.cu), gathered into lt_backend_cuda's table
  * in cuda_backend.cu. Semantics are documented once, on the table in backend/backend.h; every
- * pointer is device memory and every kernel runs on the legacy default stream. Ops return nothing,
+ * pointer is device memory and every kernel runs on the backend's stream (lt_cuda_stream). Ops return nothing,
  * so a failed launch or library call is a broken invariant: LT_CUDA_LAUNCHED aborts through the
  * abort hook with file:line and CUDA's message (after clearing the sticky error). */
 #ifndef LT_BACKEND_CUDA_OPS_H
@@ -8,16 +8,23 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_stream.h"
+
 extern "C" {
 #include "backend/backend.h"
 }
 
 /* Aborts when the last launch failed (no synchronisation: only launch-time errors are seen here;
- * asynchronous faults surface at the next synchronising call, which returns LT_ERR_CUDA). */
-#define LT_CUDA_LAUNCHED(what)                                                               \
-    do {                                                                                     \
-        cudaError_t lt_e_ = cudaGetLastError();                                              \
-        if (lt_e_ != cudaSuccess) LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_)); \
+ * asynchronous faults surface at the next synchronising call, which returns LT_ERR_CUDA). While
+ * the stream is being captured into a graph a failure marks the capture failed instead: the
+ * trainer then drops the graph and runs the step eagerly. */
+#define LT_CUDA_LAUNCHED(what)                                                                      \
+    do {                                                                                            \
+        cudaError_t lt_e_ = cudaGetLastError();                                                     \
+        if (lt_e_ != cudaSuccess) {                                                                 \
+            if (lt_cuda_capturing()) lt_cuda_capture_fail(what, lt_e_);                             \
+            else LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_));                \
+        }                                                                                           \
     } while (0)
 
 /* The same for runtime calls made inside an op (memset, copies): the message also lands in ctx
@@ -25,6 +32,10 @@ extern "C" {
 static inline void lt_cuda_check_abort(lt_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return;
     (void)cudaGetLastError();
+    if (lt_cuda_capturing()) {
+        lt_cuda_capture_fail(what, e);
+        return;
+    }
     lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
     LT_ABORT("%s: %s", what, cudaGetErrorString(e));
 }
@@ -66,6 +77,17 @@ void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
+void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+/* Step graphs (graph.cu). */
+lt_status lt_cuda_graph_begin(lt_ctx *ctx);
+lt_status lt_cuda_graph_end(lt_ctx *ctx, lt_graph **out);
+lt_status lt_cuda_graph_launch(lt_ctx *ctx, lt_graph *g, const lt_adamw_params *hp);
+void lt_cuda_graph_free(lt_graph *g);
+/* adamw under capture hands its kernel node to graph.cu (one per graph); graph.cu re-points the
+ * node at new hyper-parameters before each replay through lt_cuda_adamw_node_params. */
+void lt_cuda_graph_note_adamw(float *p, const float *g, float *m, float *v, int64_t n);
+lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p,
+                                    const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
 }
 
 #endif

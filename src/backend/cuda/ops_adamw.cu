@@ -6,6 +6,7 @@
 #include <math.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 #define ADAMW_THREADS 256
@@ -28,11 +29,34 @@ __global__ void adamw_k(float *p, const float *g, float *m, float *v, int64_t n,
     }
 }
 
+static void bias_corrections(const lt_adamw_params *hp, float *bc1, float *bc2) {
+    *bc1 = (float)(1.0 - pow((double)hp->beta1, (double)hp->step));
+    *bc2 = (float)(1.0 - pow((double)hp->beta2, (double)hp->step));
+}
+
 void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp) {
     (void)ctx;
     if (n <= 0) return;
-    float bc1 = (float)(1.0 - pow((double)hp->beta1, (double)hp->step));
-    float bc2 = (float)(1.0 - pow((double)hp->beta2, (double)hp->step));
-    adamw_k<<<lt_cuda_grid(n, ADAMW_THREADS), ADAMW_THREADS>>>(p, g, m, v, n, *hp, bc1, bc2);
+    float bc1, bc2;
+    bias_corrections(hp, &bc1, &bc2);
+    adamw_k<<<lt_cuda_grid(n, ADAMW_THREADS), ADAMW_THREADS, 0, lt_cuda_stream()>>>(p, g, m, v, n, *hp, bc1, bc2);
     LT_CUDA_LAUNCHED("adamw");
+    /* The learning rate and step change every step: a captured step's node gets them per replay. */
+    if (lt_cuda_capturing()) lt_cuda_graph_note_adamw(p, g, m, v, n);
+}
+
+/* The same launch as lt_cuda_adamw, written into a graph's kernel node (same grid, new values). */
+lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p,
+                                    const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp) {
+    lt_adamw_params h = *hp;
+    float bc1, bc2;
+    bias_corrections(hp, &bc1, &bc2);
+    void *args[] = {&p, &g, &m, &v, &n, &h, &bc1, &bc2};
+    cudaKernelNodeParams kp = {};
+    kp.func = (void *)adamw_k;
+    kp.gridDim = dim3(lt_cuda_grid(n, ADAMW_THREADS));
+    kp.blockDim = dim3(ADAMW_THREADS);
+    kp.sharedMemBytes = 0;
+    kp.kernelParams = args;
+    return lt_cuda_check(ctx, cudaGraphExecKernelNodeSetParams(exec, node, &kp), "adamw: graph node parameters");
 }

@@ -22,13 +22,13 @@ __global__ void cv_from_bf16_k(const __nv_bfloat16 *x, float *y, int64_t n) {
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {
     (void)ctx;
     if (n <= 0) return;
-    cv_to_bf16_k<<<lt_cuda_grid(n, CV_THREADS), CV_THREADS>>>(x, (__nv_bfloat16 *)y, n);
+    cv_to_bf16_k<<<lt_cuda_grid(n, CV_THREADS), CV_THREADS, 0, lt_cuda_stream()>>>(x, (__nv_bfloat16 *)y, n);
     LT_CUDA_LAUNCHED("to_bf16");
 }
 
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {
     (void)ctx;
     if (n <= 0) return;
-    cv_from_bf16_k<<<lt_cuda_grid(n, CV_THREADS), CV_THREADS>>>((const __nv_bfloat16 *)x, y, n);
+    cv_from_bf16_k<<<lt_cuda_grid(n, CV_THREADS), CV_THREADS, 0, lt_cuda_stream()>>>((const __nv_bfloat16 *)x, y, n);
     LT_CUDA_LAUNCHED("from_bf16");
 }

@@ -1,6 +1,7 @@
 /* Elementwise CUDA ops: SwiGLU forward/backward, embedding gather (any table dtype), axpy, bias add,
  * counter-hash dropout (the CPU backend's hash, so masks are identical), zero, scale and the sum
- * of squares. All are grid-stride loops on the default stream; only sumsq waits for the device.
+ * of squares and global-norm clipping. All are grid-stride loops on the backend's stream; only sumsq
+ * waits for the device (clip_norm keeps the norm on the device).
  * Nothing here is fused with a neighbouring op: the model calls them one by one. */
 #include <cuda_runtime.h>
 
@@ -35,12 +36,12 @@ void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, 
     (void)ctx;
     if (n <= 0) return;
     if (n % 4 == 0 && aligned16_3(g, u, a)) {
-        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS>>>((const float4 *)g, (const float4 *)u, n / 4,
+        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>((const float4 *)g, (const float4 *)u, n / 4,
                                                                         (float4 *)a);
         LT_CUDA_LAUNCHED("swiglu_fwd");
         return;
     }
-    swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(g, u, n, a);
+    swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(g, u, n, a);
     LT_CUDA_LAUNCHED("swiglu_fwd");
 }
 
@@ -58,7 +59,7 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
                         float *du) {
     (void)ctx;
     if (n <= 0) return;
-    swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(da, g, u, n, dg, du);
+    swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED("swiglu_bwd");
 }
 
@@ -77,7 +78,7 @@ void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, 
     int64_t C = table->shape[1];
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
-    embedding_k<<<grid, EW_THREADS>>>(table->dtype, (const uint8_t *)table->data,
+    embedding_k<<<grid, EW_THREADS, 0, lt_cuda_stream()>>>(table->dtype, (const uint8_t *)table->data,
                                       (size_t)lt_dtype_row_bytes(table->dtype, C), ids, N, C, out);
     LT_CUDA_LAUNCHED("embedding");
 }
@@ -90,7 +91,7 @@ __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
     (void)ctx;
     if (n <= 0) return;
-    axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(y, x, alpha, n);
+    axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(y, x, alpha, n);
     LT_CUDA_LAUNCHED("add");
 }
 
@@ -104,7 +105,7 @@ void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t 
     (void)ctx;
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
-    bias_k<<<grid, EW_THREADS>>>(y, b, N, C);
+    bias_k<<<grid, EW_THREADS, 0, lt_cuda_stream()>>>(y, b, N, C);
     LT_CUDA_LAUNCHED("add_bias");
 }
 
@@ -126,20 +127,20 @@ __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshol
 void lt_cuda_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
     if (n <= 0) return;
     if (p <= 0.0f) {
-        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, 0),
+        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, lt_cuda_stream()),
                                         "dropout copy");
         return;
     }
     /* threshold and scale computed on the host exactly as the CPU op does */
     uint32_t threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     float keep_scale = 1.0f / (1.0f - p);
-    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(x, y, n, threshold, keep_scale, seed, offset);
+    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(x, y, n, threshold, keep_scale, seed, offset);
     LT_CUDA_LAUNCHED("dropout");
 }
 
 void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes) {
     if (!bytes) return;
-    lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, 0), "zero");
+    lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, lt_cuda_stream()), "zero");
 }
 
 __global__ void scale_k(float *x, float a, int64_t n) {
@@ -150,7 +151,7 @@ __global__ void scale_k(float *x, float a, int64_t n) {
 void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
     (void)ctx;
     if (n <= 0) return;
-    scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS>>>(x, a, n);
+    scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(x, a, n);
     LT_CUDA_LAUNCHED("scale");
 }
 
@@ -200,11 +201,37 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
     if (n <= 0) return 0.0f;
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    sumsq_part_k<<<blocks, SUMSQ_THREADS>>>(x, n);
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream()>>>(x, n);
     LT_CUDA_LAUNCHED("sumsq");
-    sumsq_final_k<<<1, SUMSQ_THREADS>>>((int)blocks);
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream()>>>((int)blocks);
     LT_CUDA_LAUNCHED("sumsq");
     double s = 0;
-    lt_cuda_check_abort(ctx, cudaMemcpyFromSymbol(&s, lt_sumsq_total, sizeof s), "sumsq result");
+    lt_cuda_check_abort(ctx, cudaMemcpyFromSymbolAsync(&s, lt_sumsq_total, sizeof s, 0, cudaMemcpyDeviceToHost,
+                                                       lt_cuda_stream()),
+                        "sumsq result");
+    lt_cuda_check_abort(ctx, cudaStreamSynchronize(lt_cuda_stream()), "sumsq wait");
     return (float)s;
+}
+
+/* The trainer's clipping rule on the device: every thread derives the same factor from the total
+ * (rounded to float first, as sumsq hands it to the host), so no host wait decides it. */
+__global__ void clip_k(float *g, int64_t n, double max_norm) {
+    const double norm = sqrt((double)(float)lt_sumsq_total);
+    if (!(norm > max_norm)) return;
+    const float a = (float)(max_norm / norm);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        g[i] *= a;
+}
+
+void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm) {
+    (void)ctx;
+    if (n <= 0) return;
+    unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream()>>>(g, n);
+    LT_CUDA_LAUNCHED("clip_norm");
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream()>>>((int)blocks);
+    LT_CUDA_LAUNCHED("clip_norm");
+    clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(g, n, max_norm);
+    LT_CUDA_LAUNCHED("clip_norm");
 }

@@ -20,13 +20,14 @@ extern "C" int lt_cuda_prof_record(int slot) {
         events[slot] = NULL;
         return -1;
     }
-    if (cudaEventRecord(events[slot], 0) != cudaSuccess) {
+    if (cudaEventRecord(events[slot], lt_cuda_stream()) != cudaSuccess) {
         (void)cudaGetLastError();
         return -1;
     }
     return 0;
 }
 
+/* Profiling only (graph capture is off then): the marks are read once the step has finished. */
 extern "C" lt_status lt_cuda_prof_wait(lt_ctx *ctx) {
     return lt_cuda_check(ctx, cudaDeviceSynchronize(), "profiler: cudaDeviceSynchronize");
 }

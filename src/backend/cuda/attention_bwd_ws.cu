@@ -1,0 +1,346 @@
+/* Warp-specialised flash attention backward for long causal rows on Hopper (sm_90a), D = 64 or
+ * 128: one CTA owns 128 keys of one kv head and walks every query head of its group and every
+ * 64-query tile that sees those keys. A producer warp streams Q, dO (TMA, 128-byte swizzle), the
+ * log-sum-exp and delta rows (bulk copies) into a two-stage shared-memory ring guarded by
+ * mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
+ * accumulator with one bulk reduction; two consumer warpgroups (64 keys each, registers raised by
+ * setmaxnreg) compute Sᵀ, dPᵀ, dV, dK and dQ with wgmma. Only rows without packing or window,
+ * T a multiple of 64, one CTA per kv head (no split; lt_attn_bwd_ws_eligible): the launcher in
+ * attention_bwd.cu keeps the other kernels for everything else. */
+#include "backend/cuda/attention_bwd_ws.h"
+#include "backend/cuda/pipeline_bwd.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define WS_LOG2E 1.4426950408889634f
+
+/* Shared-memory plan (bytes from a 1024-aligned base): K and V (128 keys), two stages of Q and dO
+ * (64 queries), two dSᵀ buffers (so one named barrier per step suffices: a warpgroup writes dSᵀ of
+ * step s only after both passed step s-1's barrier, which follows their dQ reads of step s-2), one
+ * fp32 dQ tile, two stages of lse and delta, then the barriers. */
+/* ST stages of Q/dO: a third stage measured no faster (R1: 41.2 against 41.1 ms at 32k). */
+template <int D, int ST> struct ws_plan {
+    static constexpr int BN = 128, BM = 64;
+    static constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2, TILE_DS = BN * BM * 2, TILE_DQ = BM * D * 4;
+    static constexpr int OFF_K = 0, OFF_V = OFF_K + TILE_K, OFF_Q = OFF_V + TILE_K, OFF_O = OFF_Q + ST * TILE_Q;
+    static constexpr int OFF_DS = OFF_O + ST * TILE_Q, OFF_DQ = OFF_DS + 2 * TILE_DS, OFF_L = OFF_DQ + TILE_DQ;
+    static constexpr int OFF_DL = OFF_L + ST * BM * 4, OFF_BAR = OFF_DL + ST * BM * 4;
+    static constexpr int BYTES = OFF_BAR + (3 + 2 * ST) * 8 + 1024; /* + alignment slack */
+};
+
+/* The fp32 dQ accumulator of this kernel is kept per 64-query tile of one (b, h) in the order the
+ * consumer threads hold it: float4 slot (g·8 + j)·128 + t of the tile is accumulator values
+ * 4j..4j+3 of thread t of consumer warpgroup g (columns 64g..), so the shared-memory tile is
+ * written without bank conflicts and reduced into global memory by one contiguous bulk add. The
+ * tile of (b, h, query block qb) starts at float ((b·H + h)·T + 64·qb)·D. */
+template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, int B) {
+    const int64_t slot = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* one float4 each */
+    const int64_t n = (int64_t)B * p.H * p.T * D / 4;
+    if (slot >= n) return;
+    constexpr int PER_TILE = 64 * D / 4;
+    const int64_t tile = slot / PER_TILE;
+    const int s = (int)(slot % PER_TILE), g = s / 1024, j = (s / 128) % 8, t = s % 128;
+    const int w = t >> 5, l = t & 31;
+    const int row = 16 * w + (l >> 2), col = 64 * g + 8 * j + 2 * (l & 3);
+    const int64_t qb_count = p.T / 64;
+    const int qb = (int)(tile % qb_count);
+    const int64_t bh = tile / qb_count;
+    const int h = (int)(bh % p.H), b = (int)(bh / p.H);
+    const float4 v = *(const float4 *)(p.dq_acc + slot * 4);
+    __nv_bfloat16 *dst = p.dq + b * p.dq_sb + (int64_t)(64 * qb + row) * p.dq_st + h * p.dq_sh + col;
+    *(uint32_t *)dst = lt_pack_bf16(v.x * p.scale, v.y * p.scale);
+    *(uint32_t *)(dst + 8 * p.dq_st) = lt_pack_bf16(v.z * p.scale, v.w * p.scale);
+}
+
+#if LT_WGMMA_OK /* the helpers only the sm_90a kernel body uses */
+/* acc[n] += A·B[:, 64n..] for the four 16-key fragments of A in registers and B MN-major (64
+ * query rows, column block n at n·64·128 bytes): dV += Pᵀ·dO and dK += dSᵀ·Q, issued and
+ * committed as one group, not waited for. */
+template <int NH>
+static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_t (&a)[4][4], uint32_t b_addr) {
+#pragma unroll
+    for (int n = 0; n < NH; n++) lt_wgmma_pin(acc[n]);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) lt_wgmma_pin_u(a[kk]);
+    lt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int n = 0; n < NH; n++) lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc(b_addr + n * (64 * 128) + kk * 2048), 1);
+    lt_wgmma_commit();
+}
+
+/* dSᵀ (fp32 accumulator layout, keys = rows) to bf16 A fragments and into the shared dSᵀ tile
+ * (128 keys x 64 queries, swizzled) that dQ = dS·K reads. */
+static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const float (&dp)[32], unsigned char *cDS,
+                                                   int krow, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int qc = 8 * j + 2 * (lane & 3);
+        da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
+        da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
+        *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, 128)) = da[j >> 1][(j & 1) * 2];
+        *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, 128)) = da[j >> 1][(j & 1) * 2 + 1];
+    }
+}
+#endif
+
+template <int D, bool CAP>
+static __global__ void __launch_bounds__(384, 1)
+    attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
+                       const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
+                       const lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int ST = 2;
+    typedef ws_plan<D, ST> P;
+    constexpr int BN = P::BN, BM = P::BM, KS = D / 16, NH = D / 64;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sK = smem + P::OFF_K, *sV = smem + P::OFF_V, *sQ = smem + P::OFF_Q, *sO = smem + P::OFF_O;
+    unsigned char *sDS = smem + P::OFF_DS;
+    float *sDQ = (float *)(smem + P::OFF_DQ), *sL = (float *)(smem + P::OFF_L), *sDl = (float *)(smem + P::OFF_DL);
+    uint64_t *bars = (uint64_t *)(smem + P::OFF_BAR);
+    uint64_t *kv_full = bars, *dq_full = bars + 1, *dq_empty = bars + 2, *q_full = bars + 3, *q_empty = bars + 3 + ST;
+
+    const int T = p.T, hk = blockIdx.x, kb = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int k0 = kb * BN;
+    /* Causal rows without packing: every query from k0 on sees some key of the block. */
+    const int qb_begin = k0 / BM, nqb = T / BM - qb_begin, steps = nqb * p.group;
+
+    if (tid == 0) {
+        lt_mbar_init(kv_full, 1);
+        for (int i = 0; i < ST; i++) {
+            lt_mbar_init(&q_full[i], 1);
+            lt_mbar_init(&q_empty[i], 256);
+        }
+        lt_mbar_init(dq_full, 256);
+        lt_mbar_init(dq_empty, 1);
+        lt_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* Producer warpgroup: few registers; warp 0 loads, warp 1 reduces dQ, the rest leave. */
+        lt_setmaxnreg_dec<24>();
+        if (warp == 0 && lane == 0) {
+            lt_tma_prefetch_map(&tmQ);
+            lt_tma_prefetch_map(&tmO);
+            lt_mbar_arrive_tx(kv_full, 2 * P::TILE_K);
+#pragma unroll
+            for (int c = 0; c < NH; c++) {
+                lt_tma_load_4d(sK + c * BN * 128, &tmK, kv_full, 64 * c, k0, hk, b);
+                lt_tma_load_4d(sV + c * BN * 128, &tmV, kv_full, 64 * c, k0, hk, b);
+            }
+            for (int step = 0, st = 0, ph = 0; step < steps; step++) {
+                const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+                lt_mbar_wait(&q_empty[st], (uint32_t)ph ^ 1u);
+                lt_mbar_arrive_tx(&q_full[st], 2 * P::TILE_Q + 2 * BM * 4);
+#pragma unroll
+                for (int c = 0; c < NH; c++) {
+                    lt_tma_load_4d(sQ + st * P::TILE_Q + c * BM * 128, &tmQ, &q_full[st], 64 * c, q0, h, b);
+                    lt_tma_load_4d(sO + st * P::TILE_Q + c * BM * 128, &tmO, &q_full[st], 64 * c, q0, h, b);
+                }
+                const int64_t r = ((int64_t)b * p.H + h) * T + q0;
+                lt_bulk_load(sL + st * BM, p.lse + r, BM * 4, &q_full[st]);
+                lt_bulk_load(sDl + st * BM, p.delta + r, BM * 4, &q_full[st]);
+                if (++st == ST) st = 0, ph ^= 1;
+            }
+        } else if (warp == 1 && lane == 0) {
+            for (int step = 0; step < steps; step++) {
+                const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+                lt_mbar_wait(dq_full, step & 1);
+                lt_bulk_reduce_add_f32(p.dq_acc + (((int64_t)b * p.H + h) * T + q0) * D, sDQ, P::TILE_DQ);
+                lt_bulk_commit();
+                lt_bulk_wait_read0();
+                lt_mbar_arrive(dq_empty);
+            }
+            lt_bulk_wait0();
+        }
+        return;
+    }
+
+    lt_setmaxnreg_inc<240>();
+    const int g = wg - 1, ct = tid & 127;                 /* consumer warpgroup, thread in it */
+    const int kw0 = k0 + 64 * g;                          /* this warpgroup's first key */
+    const int krow = 64 * g + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
+    const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float sl2 = scale * WS_LOG2E;
+    const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV);
+
+    float dk[NH][32], dv[NH][32];
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dk[n][i] = dv[n][i] = 0.0f;
+    lt_mbar_wait(kv_full, 0);
+
+    for (int step = 0, st = 0, ph = 0; step < steps; step++) {
+        const int q0 = (qb_begin + step % nqb) * BM;
+        const uint32_t aQ = lt_smem_addr(sQ + st * P::TILE_Q), aO = lt_smem_addr(sO + st * P::TILE_Q);
+        const uint32_t aDS = lt_smem_addr(sDS + (step & 1) * P::TILE_DS);
+        unsigned char *cDS = sDS + (step & 1) * P::TILE_DS;
+        const float *cL = sL + st * BM, *cD = sDl + st * BM;
+        lt_mbar_wait(&q_full[st], (uint32_t)ph);
+
+        const bool skip = kw0 > q0 + BM - 1;
+        uint32_t pa[4][4], da[4][4];
+        if (!skip) {
+            float s[32], dp[32];
+            lt_wgmma_pin(s);
+            lt_wgmma_pin(dp);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
+                                  lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
+                                  lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+            lt_wgmma_commit();
+            const bool full = kw0 + 63 <= q0;
+            /* S and dPᵀ at once (softcap's dS takes tanh' of the score), P and dS, then dV and dK as
+             * two groups. Issuing dV before dPᵀ is waited for (dS from the bf16 P) measured 2-5%
+             * slower (R2: 2.69 against 2.64 ms at 8k, 42.8 against 41.8 at 32k). */
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(s);
+            lt_wgmma_pin(dp);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                    float pr, dfac = 1.0f;
+                    if (CAP) {
+                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                        dfac = 1.0f - th * th;
+                        pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
+                    } else {
+                        pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
+                    }
+                    if (!full && key > q) pr = 0.0f;
+                    dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
+                    s[4 * j + e] = pr;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+            }
+            ws_store_ds(da, dp, cDS, krow, lane);
+            ws_issue_rs<NH>(dv, pa, aO);
+            ws_issue_rs<NH>(dk, da, aQ);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int qc = 8 * j + 2 * (lane & 3);
+                *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = 0u;
+                *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
+            }
+        }
+        /* dSᵀ of both warpgroups complete for dQ. */
+        lt_fence_proxy_async();
+        lt_named_sync(1, 256);
+
+        /* dQ = dS·K over the CTA's 128 keys: D = 128, warpgroup g computes columns 64g..64g+63;
+         * D = 64, warpgroup 0 alone. */
+        const bool dq_mine = D == 128 || g == 0;
+        float acc[32];
+        if (dq_mine) {
+            lt_wgmma_pin(acc);
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
+                                  lt_wgmma_desc(aK + (D == 128 ? g * (BN * 128) : 0) + kk * 2048), kk > 0);
+            lt_wgmma_commit();
+        }
+        lt_wgmma_wait<0>();
+        if (dq_mine) lt_wgmma_pin(acc);
+        if (!skip)
+#pragma unroll
+            for (int n = 0; n < NH; n++) {
+                lt_wgmma_pin(dv[n]);
+                lt_wgmma_pin(dk[n]);
+            }
+        /* Q, dO, lse and delta of this stage are read: hand the stage back to the producer. */
+        lt_mbar_arrive(&q_empty[st]);
+        lt_mbar_wait(dq_empty, (step & 1) ^ 1);
+        if (dq_mine) {
+            float4 *dst = (float4 *)sDQ + (g * 8) * 128 + ct;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                dst[j * 128] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        }
+        lt_fence_proxy_async();
+        lt_mbar_arrive(dq_full);
+        if (++st == ST) st = 0, ph ^= 1;
+    }
+
+    __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
+    __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int key = k0 + krow + 8 * hr;
+        if (key >= T) continue;
+#pragma unroll
+        for (int n = 0; n < NH; n++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int c = 64 * n + 8 * j + 2 * (lane & 3);
+                *(uint32_t *)(gdk + (int64_t)key * p.kv_st + c) =
+                    lt_pack_bf16(dk[n][4 * j + 2 * hr] * scale, dk[n][4 * j + 2 * hr + 1] * scale);
+                *(uint32_t *)(gdv + (int64_t)key * p.kv_st + c) =
+                    lt_pack_bf16(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]);
+            }
+    }
+#else
+    (void)tmQ; (void)tmO; (void)tmK; (void)tmV; (void)p;
+    __trap();
+#endif
+}
+
+/* One CTA per kv head only (the plan's split == 1). Measured, not yet taken: where the plan splits
+ * the heads of short rows, this kernel with one CTA per kv head was faster at >= 128 CTAs (R2, H=32/8,
+ * D=128, LONGTUNE_ATTN_SPLIT=1: T=4096 0.763 ms against 1.219 with the split, T=2048 0.383 against
+ * 0.390); that selection was not run on the device and is left for a session with device time. */
+int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
+    if (!pl->wg || pl->dq_sep || pl->split != 1) return 0;
+    if (p->D != 64 && p->D != 128) return 0;
+    if (p->seq_offsets || p->window > 0 || p->T % 64 != 0 || p->T < 128) return 0;
+    if ((uintptr_t)lse % 16) return 0;
+    return 1;
+}
+
+template <int D, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    CUtensorMap mq, mo, mk, mv;
+    LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
+    LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
+    LT_TRY(lt_tma_map_bf16(ctx, &mk, d.k, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
+    LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
+    const int smem = ws_plan<D, 2>::BYTES;
+    LT_TRY(lt_cuda_check(ctx,
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         "attention backward (ws): shared memory size"));
+    dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
+    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
+    const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
+    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
+}
+
+/* Softcap is a template parameter (the tanh and its derivative stay out of the common kernel). */
+template <int D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+    return d.softcap > 0.0f ? ws_launch_one<D, true>(ctx, d, B) : ws_launch_one<D, false>(ctx, d, B);
+}
+
+lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
+    return D == 64 ? ws_launch<64>(ctx, d, B) : ws_launch<128>(ctx, d, B);
+}
