@@ -57,13 +57,30 @@ static cJSON *peer_read(peer *p) {
     return NULL;
 }
 
+#define PEER_EXIT_MS 3000
+
 static void peer_close(peer *p) {
     if (p->to) {
         fputs("quit\n", p->to);
         fclose(p->to);
     }
     if (p->from) fclose(p->from);
-    if (p->pid > 0) waitpid(p->pid, NULL, 0);
+    if (p->pid > 0) {
+        /* Its steps are done; give the interpreter PEER_EXIT_MS to exit, then end it: on the
+         * device the peer had not exited 15 s after its last step, and a bench
+         * under a time cap then lost its result file. */
+        int waited = 0;
+        while (waitpid(p->pid, NULL, WNOHANG) == 0) {
+            if (waited >= PEER_EXIT_MS) {
+                kill(p->pid, SIGKILL);
+                waitpid(p->pid, NULL, 0);
+                break;
+            }
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+            waited += 50;
+        }
+    }
     cJSON_Delete(p->hello);
     memset(p, 0, sizeof *p);
 }
@@ -479,6 +496,10 @@ int lt_bench_train(int argc, char **argv) {
         cJSON_AddNumberToObject(jc, "sgemm_n", 1024);
         cJSON_AddStringToObject(jc, "openblas_core", openblas_get_corename());
         cJSON_AddStringToObject(jc, "schedule", "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
+        /* How idle OpenMP threads wait (libgomp reads these at start-up; the peer inherits them). */
+        const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
+        cJSON_AddStringToObject(jc, "omp_wait_policy", wp ? wp : "(unset)");
+        cJSON_AddStringToObject(jc, "gomp_spincount", sc ? sc : "(unset)");
     }
     double load[1];
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_start", load[0]);

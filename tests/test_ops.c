@@ -19,14 +19,14 @@
 static const lt_backend *be(void) { return lt_backend_get(LT_DEVICE_CPU); }
 
 /* Every transpose combination, at a generic shape and at the thin ones of the LoRA adapters (one
- * side <= 16, which the CPU backend runs outside OpenBLAS), with padded leading dimensions and beta
+ * side or the inner dimension <= 16, which the CPU backend runs outside OpenBLAS), with padded leading dimensions and beta
  * 0 (C poisoned: it must be overwritten) or 0.5. */
 static void gemm_matches_float64(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
     lt_ctx *ctx = lt_ctx_new();
-    static const int64_t shapes[][3] = {{37, 29, 53}, {70, 8, 53}, {70, 13, 100}, {8, 83, 130},
-                                        {16, 16, 17}, {3, 5, 2},   {130, 16, 7},  {11, 40, 300}};
+    static const int64_t shapes[][3] = {{37, 29, 53}, {70, 8, 53},  {70, 13, 100}, {8, 83, 130}, {16, 16, 17},
+                                        {3, 5, 2},    {130, 16, 7}, {11, 40, 300}, {45, 83, 8},  {21, 40, 16}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)

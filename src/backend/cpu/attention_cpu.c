@@ -73,17 +73,23 @@ static void sched_worker(void *arg, int64_t begin, int64_t end, int thread) {
 void lt_attn_schedule(int slots, int64_t n, lt_attn_item_fn item, void *ctx) {
     sched s = {.n = n, .item = item, .ctx = ctx};
     atomic_init(&s.next, 0);
+    if (slots > 1) {
+        /* Inside the region OpenBLAS runs each tile product on its calling thread. */
+        lt_parallel_for(slots, slots, 1, sched_worker, &s);
+        return;
+    }
 #if LT_HAVE_OPENMP
-    /* The items multiply tiles with OpenBLAS, which must run them single-threaded for any slot
-     * count: with one slot there is no parallel region, and OpenBLAS would otherwise split a large
-     * enough tile product over omp_get_max_threads() threads, and its generic kernels then round
-     * differently than one thread does (measured: dQ/dK/dV of G = 2, D = 96 tiles differed between
-     * 1 and 4 threads). The worker team is sized explicitly, so lowering this task's default
-     * thread count only reaches OpenBLAS; it is restored after. */
+    /* One slot runs on the calling thread outside any parallel region, where OpenBLAS would split a
+     * large enough tile product over omp_get_max_threads() threads, and its generic kernels then
+     * round differently than one thread does (measured: dQ/dK/dV of G = 2, D = 96 tiles differed
+     * between 1 and 4 threads). Lowering this task's default thread count reaches only OpenBLAS;
+     * it is restored after. (Not around a region of several slots: OpenMP would then size the
+     * region's team below its default, and libgomp ends and restarts pooled threads whenever team
+     * sizes change; see lt_parallel_for.) */
     const int saved = omp_get_max_threads();
     omp_set_num_threads(1);
 #endif
-    lt_parallel_for(slots, slots, 1, sched_worker, &s);
+    sched_worker(&s, 0, 1, 0);
 #if LT_HAVE_OPENMP
     omp_set_num_threads(saved);
 #endif

@@ -96,18 +96,29 @@ static inline float lt_attn_sum(const float *x, int64_t n) {
     return _mm512_reduce_add_ps(acc);
 }
 #else
+/* Without AVX-512 at compile time (a portable build, whose AVX-512 / AVX2 clones of the callers
+ * vectorise these): 16 lane accumulators folded by halving, the same shape as the AVX-512 code. */
 static inline float lt_attn_max(const float *x, int64_t n) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    return mx;
+    float acc[16];
+    for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+    for (int l = 0; i < n; i++, l++) acc[l] = x[i] > acc[l] ? x[i] : acc[l];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
+    return acc[0];
 }
 
 static inline float lt_attn_sum(const float *x, int64_t n) {
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += x[i];
-    return sum;
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += x[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += x[i];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
 }
 #endif
 

@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "backend/cpu/attention_cpu.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/parallel.h"
 
 #define BR LT_ATTN_BR
@@ -78,16 +79,24 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Forward work items: (B, Hkv, query tiles). */
 static int64_t flash_items(const lt_attention_params *p) { return p->B * p->Hkv * cdiv(p->T, FBR); }
 
-/* The backward's key tiles of one kv head are dealt round-robin into this many buckets; a bucket
- * is one work item (its tiles run in ascending order on one thread) with its own dQ accumulator,
- * and the buckets are summed in index order. So dQ is bit-identical for any thread count, at the
- * cost of DQ_BUCKETS·T·G·D floats of workspace per kv head in flight; 4 balances the causal tiles
- * on 2-4 threads. */
-#define DQ_BUCKETS 4
+/* The backward's key tiles of one kv head are dealt round-robin into dq_buckets(p) buckets; a
+ * bucket is one work item (its tiles run in ascending order on one thread) with its own dQ
+ * accumulator, and the buckets are summed in index order. So dQ is bit-identical for any thread
+ * count (the count depends on T alone), at the cost of buckets·T·G·D floats of workspace per kv
+ * head in flight. 4 balanced the causal tiles on 2-4 threads; on 16 threads SmolLM2's 3 kv heads
+ * gave 12 items, so 4 threads idled and the heaviest bucket (key tile 0 sees every query) set the
+ * pace: one bucket per key tile up to 8 spreads them (at T <= 256 there are fewer tiles than 8). */
+#define DQ_BUCKETS_MIN 4
+#define DQ_BUCKETS_MAX 8
 
-/* Kv heads of one row whose backward runs at once (KV_BATCH·DQ_BUCKETS items in one parallel
+static int64_t dq_buckets(const lt_attention_params *p) {
+    const int64_t tiles = (p->T + BC - 1) / BC;
+    return tiles < DQ_BUCKETS_MIN ? DQ_BUCKETS_MIN : tiles > DQ_BUCKETS_MAX ? DQ_BUCKETS_MAX : tiles;
+}
+
+/* Kv heads of one row whose backward runs at once (KV_BATCH·buckets items in one parallel
  * region, so more threads find work and there are fewer barriers); fixed, so the result does not
- * depend on it either. Each costs (2 + DQ_BUCKETS)·T·G·D floats of workspace. */
+ * depend on it either. Each costs (2 + buckets)·T·G·D floats of workspace. */
 #define KV_BATCH 4
 
 static int64_t kv_batch(const lt_attention_params *p) { return p->Hkv < KV_BATCH ? p->Hkv : KV_BATCH; }
@@ -102,9 +111,9 @@ static int64_t kt_ld(const lt_attention_params *p) { return (p->T + 15) / 16 * 1
 static size_t kt_floats(const lt_attention_params *p) { return (size_t)(p->B * p->Hkv * p->D * kt_ld(p)); }
 
 /* Backward, per kv head in flight: Q and dO stacked (T·G, D), lse and D_i = rowsum(dO·O) stacked
- * (T·G), then the DQ_BUCKETS dQ buckets (T·G, D). */
+ * (T·G), then the dq_buckets(p) dQ buckets (T·G, D). */
 static size_t head_block_floats(const lt_attention_params *p) {
-    return (2 + DQ_BUCKETS) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
+    return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
 }
 
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
@@ -113,7 +122,7 @@ static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
 }
 
 static int flash_slots(const lt_attention_params *p, int backward, int threads) {
-    return lt_attn_slots(threads, backward ? kv_batch(p) * DQ_BUCKETS : flash_items(p));
+    return lt_attn_slots(threads, backward ? kv_batch(p) * dq_buckets(p) : flash_items(p));
 }
 
 size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
@@ -206,7 +215,7 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
 /* ---- forward ---------------------------------------------------------------------------- */
 
 /* Query tokens [qa, qe) of one sequence starting at s0, all heads of kv head kvh of row b. */
-static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
+LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
                         int64_t qe, int64_t s0) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
@@ -323,7 +332,7 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
 /* In place over an (R, c) tile of stacked rows (tokens q0.., G rows each) and keys kb..: S
  * (scaled, uncapped scores) becomes P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i)
  * cap'(S); invisible entries become 0. lse and dvec are the tile's stacked rows. */
-static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
+LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
                       int64_t kb, int64_t s0, const float *lse, const float *dvec) {
     const float cap = j->p->softcap;
     const int64_t G = j->group;
@@ -395,7 +404,7 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
 }
 
 /* Item i: bucket i / nk of kv head kv0 + i % nk (every head's bucket 0, the heaviest, first): its
- * key tiles bucket, bucket + DQ_BUCKETS, ... in ascending order. */
+ * key tiles bucket, bucket + buckets, ... in ascending order. */
 static void bwd_item(void *ctx, int64_t i, int slot) {
     const flash_job *j = ctx;
     const int64_t k = i % j->nk, bucket = i / j->nk;
@@ -404,13 +413,13 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
     sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
     sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
     memset(sl.dq, 0, stacked_floats(j->p) * sizeof(float));
-    for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += DQ_BUCKETS * BC)
+    for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += dq_buckets(j->p) * BC)
         for_segments(j, &sl, j->b, j->kv0 + k, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
 }
 
 /* Tokens [begin, end) of (nk, T) over the kv heads in flight: Q and dO stacked, lse stacked, and
  * D_i = sum_d dO_id O_id. */
-static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
+LT_CPU_CLONES static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
     const lt_attention_params *p = j->p;
@@ -442,7 +451,7 @@ static void stack_tokens(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets summed in
  * index order, scaled, stored at their (token, head). */
-static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
+LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
     const lt_attention_params *p = j->p;
@@ -453,7 +462,7 @@ static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
         const int64_t k = u / rows, x = u % rows;
         head_block hb = head_block_of(j, k);
         float *acc = hb.dq + (size_t)x * (size_t)D;
-        for (int nb = 1; nb < DQ_BUCKETS; nb++) {
+        for (int64_t nb = 1; nb < dq_buckets(p); nb++) {
             const float *part = hb.dq + (size_t)nb * stride + (size_t)x * (size_t)D;
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] += part[d];
@@ -473,7 +482,7 @@ lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p,
         for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {
             j.nk = p->Hkv - j.kv0 < kv_batch(p) ? p->Hkv - j.kv0 : kv_batch(p);
             lt_parallel_for(threads, j.nk * p->T, 64, stack_tokens, &j);
-            lt_attn_schedule(slots, j.nk * DQ_BUCKETS, bwd_item, &j);
+            lt_attn_schedule(slots, j.nk * dq_buckets(p), bwd_item, &j);
             lt_parallel_for(threads, j.nk * (int64_t)stacked_rows(p), 64, dq_rows, &j);
         }
     return LT_OK;

@@ -6,6 +6,17 @@
 
 #include "backend/backend.h"
 
+/* Hot loops of a portable build (LT_NATIVE=OFF: plain x86-64, SSE2) get AVX-512 and AVX2+FMA
+ * clones, picked once at load time by the CPU (GCC target_clones through an ifunc), so one binary
+ * runs on any x86-64 and still vectorises wide where it can. A -march=native build (AVX2 or more
+ * known at compile time) and other compilers or targets compile the loops once, as written. Each
+ * clone is deterministic on its own; machines that pick different clones may round differently. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__) && defined(__ELF__)
+#define LT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LT_CPU_CLONES
+#endif
+
 void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,

@@ -4,6 +4,7 @@
  * was validated by lce.c; nothing here checks it again. */
 #include <math.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lce_cpu.h"
 #include "backend/lce_impl.h"
 #include "core/parallel.h"
@@ -259,7 +260,7 @@ static inline void row_max_sum(const float *z, int64_t n, float *max, double *su
     *sum = sz;
 }
 
-void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
+LT_CPU_CLONES void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
     float m;
     double sz;
     row_max_sum(z, n, &m, &sz);
@@ -303,7 +304,7 @@ double lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float
     return P->weight ? loss * P->weight[i] : loss;
 }
 
-void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
+LT_CPU_CLONES void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
     if (coef == 0) {
         memset(s, 0, (size_t)n * sizeof(float));
         return;
@@ -328,7 +329,7 @@ void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t
     }
 }
 
-void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
+LT_CPU_CLONES void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
     lce_softcap_row(z, n, P->softcap);
     float m;
     double sz;

@@ -12,7 +12,7 @@ typedef struct adamw_job {
     float bc1, bc2;
 } adamw_job;
 
-static void adamw_range(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void adamw_range(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const adamw_job *j = arg;
     const lt_adamw_params *h = &j->hp;

@@ -13,13 +13,13 @@ typedef struct cv_job {
     uint16_t *ho;
 } cv_job;
 
-static void to_bf16_f(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void to_bf16_f(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const cv_job *j = arg;
     for (int64_t i = i0; i < i1; i++) j->ho[i] = lt_f32_to_bf16(j->f[i]);
 }
 
-static void from_bf16_f(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void from_bf16_f(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const cv_job *j = arg;
     for (int64_t i = i0; i < i1; i++) j->fo[i] = lt_bf16_to_f32(j->h[i]);

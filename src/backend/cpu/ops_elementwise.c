@@ -27,7 +27,7 @@ typedef struct ew_job {
  * clamp at −87 only moves σ of g < −87 from ~1e-38 to ~1e-38: silu there is below any tolerance. */
 static inline float sigmoid(float g) { return 1.0f / (1.0f + lt_attn_exp(-g)); }
 
-static void swiglu_f(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void swiglu_f(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
     const float *restrict gp = j->a, *restrict up = j->b;
@@ -42,7 +42,7 @@ void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, f
 }
 
 /* silu(g) = g·σ(g); silu'(g) = σ(g)·(1 + g·(1 − σ(g))). */
-static void swiglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void swiglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
     const float *restrict gp = j->a, *restrict up = j->b, *restrict dap = j->c;
@@ -75,7 +75,7 @@ void lt_cpu_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, i
     lt_parallel_for(lt_ctx_threads(ctx), N, 64, embed_rows, &j);
 }
 
-static void axpy(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void axpy(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
     for (int64_t i = i0; i < i1; i++) j->y[i] += j->alpha * j->a[i];
@@ -129,7 +129,7 @@ void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes) {
     if (bytes) memset(p, 0, bytes);
 }
 
-static void scale_f(void *arg, int64_t i0, int64_t i1, int thread) {
+LT_CPU_CLONES static void scale_f(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
     for (int64_t i = i0; i < i1; i++) j->y[i] *= j->alpha;

@@ -6,7 +6,7 @@
  * are memory-bound, and OpenBLAS packs the wide operand before reading it. */
 #include <cblas.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__x86_64__) && defined(__GNUC__))
 #include <immintrin.h>
 #endif
 
@@ -21,7 +21,23 @@
 /* Tokens per thread chunk in the NN mode, where threads split the rows of x instead of W. */
 #define LT_MATMUL_NN_ROWS 32
 
+/* The thin products are AVX-512 code: always used when the build targets AVX-512 (-march=native on
+ * such a CPU), else (a portable x86-64 build) compiled for AVX-512 by function attribute and used
+ * when the CPU at hand has it. */
 #if defined(__AVX512F__)
+#define LT_THIN 1
+#define THIN_FN
+static int thin_available(void) { return 1; }
+#elif defined(__x86_64__) && defined(__GNUC__)
+#define LT_THIN 1
+#define THIN_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+static int thin_available(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+#if defined(LT_THIN)
 /* ---- thin products: C (M, N) with one of M, N (or both) at most THIN_MAX ----
  * The adapters' x·Aᵀ, dy·B (row dots), dyᵀ·lu and dluᵀ·x (column sums). On one core of the 2-core
  * Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
@@ -35,7 +51,7 @@
 /* Bᵀ copies for the NN row-dot case live on the calling thread's stack: at most this many floats. */
 #define THIN_BT_FLOATS 16384
 
-static inline __mmask16 thin_mask(int64_t n) {
+THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
 }
@@ -48,7 +64,7 @@ typedef struct {
     float alpha, beta;
 } rowdot_job;
 
-static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j, int64_t m, const int64_t N) {
+THIN_FN static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j, int64_t m, const int64_t N) {
     const float *a = j->A + m * j->lda;
     __m512 acc[THIN_MAX];
     for (int64_t n = 0; n < N; n++) acc[n] = _mm512_setzero_ps();
@@ -65,7 +81,7 @@ static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j
     }
 }
 
-static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
+THIN_FN static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
     (void)thread;
     const rowdot_job *j = arg;
     for (int64_t m = m0; m < m1; m++) {
@@ -98,7 +114,7 @@ typedef struct {
     int64_t chunks, items;
 } colsum_split;
 
-static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
+THIN_FN static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
                                                              const int64_t r) {
     float part[THIN_MAX][16 * COLSUM_CHUNKS];
     for (int64_t k0 = 0; k0 < j->K; k0 += COLSUM_ROWS) {
@@ -127,7 +143,7 @@ static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j
     }
 }
 
-static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
+THIN_FN static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const colsum_split *sp = arg;
     const colsum_job *j = sp->j;
@@ -139,8 +155,48 @@ static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
+/* Rank-K updates: C[m, :] = alpha·sum_k A[m, k]·Bk[k, :] + beta·C[m, :] for K <= THIN_MAX, the
+ * adapters' lu·Bᵀ and dlu·A, with Bk (K, N) read in place (NN) or from a transposed copy of B (N, K).
+ * Each row is a sweep over 16-column chunks with the K row values broadcast: one read and one write
+ * of C, no packing. The sum over k runs in one fixed order for every element. */
+typedef struct {
+    const float *A, *Bk;
+    float *C;
+    int64_t N, K, lda, ldb, ldc;
+    float alpha, beta;
+} rankk_job;
+
+THIN_FN static inline __attribute__((always_inline)) void rankk_row(const rankk_job *j, int64_t m, const int64_t K) {
+    const float *a = j->A + m * j->lda;
+    float *c = j->C + m * j->ldc;
+    __m512 av[THIN_MAX];
+    for (int64_t k = 0; k < K; k++) av[k] = _mm512_set1_ps(a[k]);
+    const __m512 alpha = _mm512_set1_ps(j->alpha), beta = _mm512_set1_ps(j->beta);
+    for (int64_t n = 0; n < j->N; n += 16) {
+        const __mmask16 mk = thin_mask(j->N - n);
+        __m512 acc = _mm512_mul_ps(av[0], _mm512_maskz_loadu_ps(mk, j->Bk + n));
+        for (int64_t k = 1; k < K; k++) acc = _mm512_fmadd_ps(av[k], _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n), acc);
+        acc = _mm512_mul_ps(alpha, acc);
+        if (j->beta != 0.0f) acc = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c + n), acc);
+        _mm512_mask_storeu_ps(c + n, mk, acc);
+    }
+}
+
+THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
+    (void)thread;
+    const rankk_job *j = arg;
+    for (int64_t m = m0; m < m1; m++) {
+        if (j->K == 8) rankk_row(j, m, 8);
+        else if (j->K == 16) rankk_row(j, m, 16);
+        else rankk_row(j, m, j->K);
+    }
+}
+
+/* Rows per thread chunk of the rank-K updates: a few KiB of C each, so short row sets still spread. */
+#define RANKK_GRAIN 16
+
 /* Runs the thin cases; 0 when the shape is not one of them (the caller uses OpenBLAS). */
-static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int threads = lt_ctx_threads(ctx);
     if (!ta && N <= THIN_MAX && (tb || N * K <= THIN_BT_FLOATS)) {
@@ -153,6 +209,17 @@ static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t 
             j.Bt = bt, j.ldb = K;
         }
         lt_parallel_for(threads, M, 64, rowdot_rows, &j);
+        return 1;
+    }
+    if (!ta && K <= THIN_MAX && (!tb || N * K <= THIN_BT_FLOATS)) {
+        float bk[THIN_BT_FLOATS];
+        rankk_job j = {A, B, C, N, K, lda, ldb, ldc, alpha, beta};
+        if (tb) {
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++) bk[k * N + n] = B[n * ldb + k];
+            j.Bk = bk, j.ldb = N;
+        }
+        lt_parallel_for(threads, M, RANKK_GRAIN, rankk_rows, &j);
         return 1;
     }
     if (ta && !tb && (M <= THIN_MAX || N <= THIN_MAX)) {
@@ -174,8 +241,9 @@ static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t 
 void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-#if defined(__AVX512F__)
-    if (K > 0 && thin_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#if defined(LT_THIN)
+    if (K > 0 && thin_available() && thin_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
 #else
     (void)ctx;
 #endif
@@ -241,6 +309,10 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
     int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0) return;
     if (w->dtype == LT_DTYPE_F32) {
+        /* One OpenBLAS call on OpenBLAS's own threads, which share the packed panels. Also tried
+         * (16-core device, T = 512): one single-threaded call per block of y over our threads,
+         * each thread packing its own copy of the shared operand: 521 ms of matmul per step
+         * against 467 ms. */
         const float *W = w->data;
         if (mode != LT_MATMUL_NN) /* NT or NT_SAME_X: nothing to reuse here */
             lt_cpu_gemm(ctx, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out);

@@ -13,7 +13,7 @@ typedef struct norm_job {
     int64_t C;
 } norm_job;
 
-static void fwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
+LT_CPU_CLONES static void fwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
     (void)thread;
     const norm_job *j = arg;
     for (int64_t n = n0; n < n1; n++) {
@@ -36,7 +36,7 @@ void lt_cpu_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, 
 }
 
 /* y_c = w_c·x_c·r, r = (mean x² + eps)^-1/2  ⇒  dx_c = r·(w_c·dy_c) − x_c·r³/C · Σ_k w_k·dy_k·x_k */
-static void bwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
+LT_CPU_CLONES static void bwd_rows(void *arg, int64_t n0, int64_t n1, int thread) {
     (void)thread;
     const norm_job *j = arg;
     for (int64_t n = n0; n < n1; n++) {

@@ -14,7 +14,7 @@ typedef struct rope_job {
     float sign;
 } rope_job;
 
-static void rope_rows(void *arg, int64_t n0, int64_t n1, int thread) {
+LT_CPU_CLONES static void rope_rows(void *arg, int64_t n0, int64_t n1, int thread) {
     (void)thread;
     const rope_job *j = arg;
     int64_t half = j->D / 2;
