@@ -2,6 +2,7 @@
 # The lead's final device run from merged main, in up to three consecutive calls on one warm machine:
 #   TESTS=1      the GPU tests (test_cuda_*), logs under $OUT/final
 #   STEPS="..."  steps of scripts/gpu-bench.sh (flagship benches, transformers + PEFT peer in the same run)
+#   OFFLOAD="..." steps of scripts/gpu-offload.sh (checkpoint offload: test train context step)
 #   SMOL=a|b|c   stash this call's third of the real SmolLM2 GGUF (98 MB: over one call's 64 MiB transfer
 #                limit) from .dev-smol-<x>/part into /tmp/smolparts; with REAL=1 the parts are joined,
 #                checked against .dev-smol-c/sha256 and scripts/gpu-real.sh runs the real-model fine-tune.
@@ -24,7 +25,7 @@ t0=$(date +%s)
 echo "=== commit $LONGTUNE_COMMIT $(date -u +%T)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ -n "${SMOL:-}" ]; then mkdir -p /tmp/smolparts && cp .dev-smol-$SMOL/part /tmp/smolparts/$SMOL && ls -la /tmp/smolparts; fi
 if [ "${TESTS:-0}" = 1 ]; then
-  for t in test_cuda_ops test_cuda_attention test_cuda_lce test_cuda_train test_cuda_graph test_cuda_comm test_cuda_guard; do
+  for t in test_cuda_ops test_cuda_attention test_cuda_lce test_cuda_lora test_cuda_train test_cuda_graph test_cuda_offload test_cuda_comm test_cuda_guard; do
     [ -x $F/bin/$t ] || continue
     echo "=== $t $(date -u +%T)"
     timeout $(case $t in test_cuda_attention) echo 40;; test_cuda_comm|test_cuda_guard|test_cuda_graph) echo 15;; *) echo 30;; esac) $F/bin/$t > "$OUT/final/$t.log" 2>&1; echo "rc=$?"
@@ -34,6 +35,10 @@ fi
 if [ -n "${STEPS:-}" ]; then
   echo "=== benches $(( $(date +%s) - t0 ))s so far"
   BIN=$F/bin/longtune OUT=$OUT/bench timeout ${BENCH_LIMIT:-450} bash scripts/gpu-bench.sh $STEPS
+fi
+if [ -n "${OFFLOAD:-}" ]; then
+  echo "=== offload steps: $OFFLOAD $(( $(date +%s) - t0 ))s so far"
+  BIN=$F/bin/longtune TEST=$F/bin/test_cuda_offload OUT=$OUT/offload timeout ${OFFLOAD_LIMIT:-300} bash scripts/gpu-offload.sh $OFFLOAD
 fi
 if [ "${REAL:-0}" = 1 ]; then
   cat /tmp/smolparts/a /tmp/smolparts/b /tmp/smolparts/c > /tmp/smol.gguf 2>/dev/null
