@@ -467,13 +467,13 @@ int lt_bench_context(int argc, char **argv) {
         cJSON_AddItemToArray(pts, q);
         /* the estimate scales the short step by FLOPs and doubles it: at long T attention, which
          * runs at a lower rate than the projections, takes most of the step */
-        double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step, 1) / (ms * 1e-3);
+        double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step, 1, 0) / (ms * 1e-3);
         int64_t T = lo;
-        while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1) / rate > confirm_s) T -= step;
+        while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate > confirm_s) T -= step;
         stepped = step;
         if (T > step) {
             fprintf(stderr, "step at T=%lld (estimated %.0f s from the T=%lld step)\n", (long long)T,
-                    2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1) / rate, (long long)step);
+                    2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate, (long long)step);
             f = alloc_at(&R, T, &peak);
             if (f != 1) goto fail_st;
             ms = step_at(&R, T, &loss);

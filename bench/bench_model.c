@@ -348,11 +348,14 @@ double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T) {
     return (double)cfg->L * (4.0 * P * t + 6.0 * R * t + 3.0 * A) + 4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention) {
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention, int kept_qkv) {
     double P, R, A, t = (double)T, CF = (double)cfg->C * (double)cfg->F;
     flop_terms(cfg, r, T, &P, &R, &A);
     double attn = (recompute_attention ? 4.5 : 3.5) * A;
-    return (double)cfg->L * (4.0 * P * t + 2.0 * (P - CF) * t + 10.0 * R * t + attn) +
+    double C = (double)cfg->C, qd = (double)(cfg->H * cfg->D), kvd = (double)(cfg->Hkv * cfg->D);
+    double Pa = 2 * C * qd + 2 * C * kvd, Ra = (double)r * (2 * (C + qd) + 2 * (C + kvd));
+    double kept = kept_qkv && !recompute_attention ? 2.0 * (Pa + Ra) * t : 0.0;
+    return (double)cfg->L * (4.0 * P * t + 2.0 * (P - CF) * t + 10.0 * R * t + attn - kept) +
            4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
@@ -360,7 +363,8 @@ const char *const lt_bench_flops_note =
     "per step of T tokens, B=1: model_flops = L*(4*P*T + 6*R*T + 3*A) + 4*V*C*T (MFU); hw_flops = "
     "L*(4*P*T + 2*(P - C*F)*T + 10*R*T + (3.5 + k)*A) + 4*V*C*T (HFU: adds the recomputed layer forward "
     "without the down projection's base product, k = 1 when attention is recomputed and 0 when its output "
-    "is kept with the checkpoints; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
+    "is kept with the checkpoints; on the CPU, keeping it also keeps q, k, v and x_mid, so the recompute skips "
+    "the q,k,v,o projections: minus L*2*(Pa + Ra)*T, their shares of P and R; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
     "R = r*sum(in+out) over the 7 adapters; A = causal attention forward 2*H*T^2*D. Frozen base: "
     "no weight-gradient GEMMs. Head: forward + input gradient. Norms, RoPE, SwiGLU, AdamW not counted.";
 

@@ -81,7 +81,10 @@ lt_status lt_bench_load_random(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt
  *                   with the checkpoints) — and counts the attention backward as FlashAttention
  *                   does (2.5·A, which includes recomputing the scores) */
 double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T);
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention);
+/* kept_qkv = 1 (the host's kept attention, lt_layout.keep_qkv): the recompute also skips the
+ * q, k, v and o projections (base and LoRA), so hw_flops drops 2·(Pa + Ra)·T per layer, Pa, Ra
+ * those four projections' shares of P and R. */
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention, int kept_qkv);
 /* The FLOP conventions above as one line for result files. */
 extern const char *const lt_bench_flops_note;
 /* Dense bf16 tensor-core peak of an H100/H200 SXM in FLOP/s (989.4 TFLOP/s; NVIDIA's datasheet

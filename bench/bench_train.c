@@ -600,7 +600,8 @@ int lt_bench_train(int argc, char **argv) {
         size_t peak = lt_mem_get_stats(ctx, dev).peak_bytes;
         double ms = lt_bench_median(ours + c.warmup, c.repeats);
         double cms = lt_bench_median(ours_cpu + c.warmup, c.repeats);
-        double mfl = lt_bench_model_flops(cfg, rank, T), hfl = lt_bench_hw_flops(cfg, rank, T, recompute_attn);
+        double mfl = lt_bench_model_flops(cfg, rank, T);
+        double hfl = lt_bench_hw_flops(cfg, rank, T, recompute_attn, dev == LT_DEVICE_CPU);
         double mrate = mfl / (ms * 1e-3), hrate = hfl / (ms * 1e-3);
         cJSON *arm = cJSON_CreateObject();
         char name[64];
@@ -673,7 +674,7 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddNumberToObject(pa, "max_rss_bytes", peer_rss);
             /* the peer's checkpointing reruns the whole layer forward: attention and the down
              * projection's base product included */
-            double phfl = lt_bench_hw_flops(cfg, rank, T, 1) + 2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
+            double phfl = lt_bench_hw_flops(cfg, rank, T, 1, 0) + 2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
             cJSON_AddNumberToObject(pa, "gflops", phfl / (pms * 1e-3) * 1e-9);
             cJSON_AddNumberToObject(pa, "mfu_vs_sgemm", phfl / (pms * 1e-3) * 1e-9 / sgemm);
             cJSON_AddNumberToObject(pa, "last_loss", peer_loss);

@@ -384,7 +384,9 @@ int lt_cmd_plan(int argc, char **argv) {
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
     if (plan.options.run.recompute != LT_RECOMPUTE_NONE)
         printf("kept for the backward: %s%s, in %s; position-wise work in chunks of %lld rows\n",
-               recompute_attention ? "layer inputs" : "layer inputs and attention outputs",
+               recompute_attention    ? "layer inputs"
+               : dev == LT_DEVICE_CPU ? "layer inputs and attention halves (q, k, v, output, x_mid)"
+                                      : "layer inputs and attention outputs",
                recompute_attention ? " (attention rerun)" : "",
                saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
                (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));

@@ -264,6 +264,63 @@ static void packed_equals_unpacked(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Kept attention on the host keeps the attention half of every LoRA layer (q, k, v after norm and
+ * RoPE, the norm's inputs, x_mid, the LoRA products), so the recompute runs no q/k/v or o
+ * projection: the step's numbers are those of rerunning attention, bit for bit (the same ops on
+ * the same inputs), under both checkpoint dtypes, both recompute policies and LoRA dropout. */
+static void kept_qkv_equals_rerun_attention(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) {
+        uint64_t rng = lt_test_seed() + 31 + (uint64_t)ci;
+        lt_ctx *ctx = lt_ctx_new();
+        fixture f;
+        open_fixture(ctx, CASES[ci], &f);
+        char dir[1024];
+        case_dir(CASES[ci], dir, sizeof dir);
+        lt_lora_options lo = {0};
+        lo.rank = 4, lo.alpha = 8, lo.dropout = ci % 2 ? 0.25f : 0.0f, lo.seed = 5;
+        lt_model *m = NULL;
+        assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
+        int64_t n, N = f.B * f.T;
+        float *p = lt_model_lora_params(m, &n);
+        lt_test_fill_normal(&rng, p, n, 0.1f); /* B != 0 so every gradient is live */
+        lt_model_batch b = fixture_batch(&f);
+        b.step = 1;
+        float *gk = malloc((size_t)n * 4), tl[2][64];
+        assert_true(gk && N <= 64);
+        for (int v = 0; v < 4; v++) {
+            size_t act[2];
+            double loss[2];
+            for (int rerun = 0; rerun < 2; rerun++) {
+                lt_model_run_options ro = {0};
+                ro.B = f.B, ro.T = f.T, ro.recompute = v & 1 ? LT_RECOMPUTE_EVERY_K : LT_RECOMPUTE_EVERY;
+                ro.recompute_k = 2, ro.saved_bf16 = v & 2 ? 1 : -1, ro.chunk_rows = v & 2 ? 5 : 0;
+                ro.recompute_attention = rerun;
+                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                act[rerun] = lt_model_get_sizes(m).bytes[LT_MEM_ACTIVATIONS];
+                lt_model_zero_grads(m);
+                lt_model_result r;
+                for (int64_t i = 0; i < N; i++) tl[rerun][i] = LT_TEST_POISON;
+                assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl[rerun]), LT_OK);
+                loss[rerun] = r.loss_sum;
+                if (!rerun) memcpy(gk, lt_model_lora_grads(m, NULL), (size_t)n * 4);
+            }
+            assert_true(act[0] > act[1]);
+            if (loss[0] != loss[1] || memcmp(tl[0], tl[1], (size_t)N * 4) ||
+                memcmp(gk, lt_model_lora_grads(m, NULL), (size_t)n * 4)) {
+                fprintf(stderr, "%s variant %d: kept q/k/v differs from the rerun (loss %.9g vs %.9g)\n", CASES[ci], v,
+                        loss[0], loss[1]);
+                fail();
+            }
+        }
+        free(gk);
+        lt_model_free(ctx, m);
+        lt_safetensors_close(ctx, f.exp);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+        lt_ctx_free(ctx);
+    }
+}
+
 /* The planner's numbers are the allocator's numbers. */
 static void size_table_equals_allocations(void **state) {
     (void)state;
@@ -680,6 +737,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(every_allocation_failure_is_clean),
         cmocka_unit_test(dropout_gradients_are_consistent),
         cmocka_unit_test(chunks_and_bf16_checkpoints),
+        cmocka_unit_test(kept_qkv_equals_rerun_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -92,7 +92,9 @@ typedef struct lt_model_run_options {
     int recompute_attention;  /* under a recompute policy: 0 (default) keeps each LoRA layer's
                                  attention output (N, H·D) and row log-sum-exp (B·H·T) with the
                                  checkpoints, so the recompute skips the attention forward (the
-                                 largest per-layer cost at long T); 1 reruns it and keeps only the
+                                 largest per-layer cost at long T); on the CPU also q, k, v, the
+                                 mid-layer residual and the q/k/v/o LoRA products, so the recompute
+                                 runs no attention projection either; 1 reruns it and keeps only the
                                  layer inputs (least memory, e.g. for the longest context) */
     lt_attention_impl attention; /* AUTO = flash */
     lt_lce_impl loss;            /* AUTO = fused */

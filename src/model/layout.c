@@ -151,6 +151,36 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
     return cur;
 }
 
+/* The attention half of a store that a kept-q/k/v layout keeps per LoRA layer (lt_layout.keep_qkv):
+ * what the backward reads that the recompute would otherwise rebuild (the per-head norm's inputs
+ * and statistics, q, k, v after norm and RoPE, x_mid, the LoRA products of q, k, v, o). The other
+ * fields are NULL; att and lse are kept apart (keep_att, keep_lse). */
+static size_t kept_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t N, size_t align, size_t attn_es,
+                          lt_store *s) {
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    size_t cur = 0;
+    memset(s, 0, sizeof *s);
+#define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
+#define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
+    if (c->qk_norm) {
+        PIECE_ES(q_raw, N * qd, attn_es);
+        PIECE_ES(k_raw, N * kvd, attn_es);
+        PIECE(rstd_q, N * c->H);
+        PIECE(rstd_k, N * c->Hkv);
+    }
+    PIECE_ES(q, N * qd, attn_es);
+    PIECE_ES(k, N * kvd, attn_es);
+    PIECE_ES(v, N * kvd, attn_es);
+    PIECE_ES(x_mid, N * c->C, attn_es);
+    static const lt_proj attn_projs[4] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V, LT_PROJ_O};
+    for (int i = 0; i < 4; i++)
+        if (lo->targets & (1u << attn_projs[i])) PIECE(lu[attn_projs[i]], N * lo->rank);
+#undef PIECE
+#undef PIECE_ES
+    if (cur != SIZE_MAX) carve_aligned(&cur, 0, align);
+    return cur;
+}
+
 static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
     float **dst = (float **)s;
     float *const *src = (float *const *)off;
@@ -159,6 +189,15 @@ static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
 }
 
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out) { rebase_store(out, &lay->store_off, base); }
+
+void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st) {
+    lt_store k;
+    rebase_store(&k, &lay->kept_off, base);
+    float **dst = (float **)st;
+    float *const *src = (float *const *)&k;
+    for (size_t i = 0; i < sizeof k / sizeof(float *); i++)
+        if (src[i]) dst[i] = src[i];
+}
 
 lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in,
                           const lt_model_run_options *run, lt_layout *o) {
@@ -252,6 +291,14 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
         o->keep_attn = 1;
         o->keep_att = carve_aligned(&cur, nb(K, o->att_stride), al);
         o->keep_lse = carve_aligned(&cur, nb(K, o->lse_stride), al);
+        /* On the host, also what the recompute's q/k/v and o projections would rebuild (about 4%
+         * of a T=2048 step): the CUDA step keeps only the attention output (its device graph and
+         * memory budget are tuned around that). */
+        if (dev == LT_DEVICE_CPU) {
+            o->keep_qkv = 1;
+            o->kept_stride = kept_layout(c, &lo, N, al, es, &o->kept_off);
+            o->keep_store = carve_aligned(&cur, nb(K, o->kept_stride), al);
+        }
     }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 

@@ -582,7 +582,8 @@ static const float *resid_rows(const step *s, resid x, int64_t r0, int64_t n, fl
  * normed, rotated and rounded into them). x_out = NULL is the recompute before the layer's own
  * backward, which needs the attention half's stores and x_mid but not the MLP: layer_bwd reruns
  * the MLP chunk by chunk. att_kept = 1: st->att and st->lse hold this layer's attention from the
- * first pass (kept with the checkpoints), so it is not rerun. */
+ * first pass (kept with the checkpoints), so it is not rerun; with the layout's keep_qkv the whole
+ * attention half is kept (x_mid included), and only the MLP runs, when x_out is wanted. */
 static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x_in, resid x_out, int att_kept) {
     lt_model *m = s->m;
     const lt_model_config *c = &m->cfg;
@@ -593,7 +594,9 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     int ab = y->attn_bf16;
     float *h = wsf(s, y->h), *qc = ab ? wsf(s, y->qc) : NULL, *ac = ab ? wsf(s, y->ac) : NULL;
     float *xc = y->xc ? wsf(s, y->xc) : NULL;
-    for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
+    int half_kept = att_kept && y->keep_qkv;
+    if (half_kept && !x_out.f && !x_out.h) return LT_OK;
+    for (int64_t r0 = 0; !half_kept && r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
         /* Projections into the stores' f32 pieces (q_raw, k_raw with the per-head norm, else q,
          * k; and v), or under attn_bf16 into the chunk buffer. */
@@ -613,7 +616,8 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
         be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)at_row(s, st->k, r0, kvd), n * kvd);
         be->to_bf16(s->ctx, vp, (uint16_t *)at_row(s, st->v, r0, kvd), n * kvd);
     }
-    if (!ab) qk_finish(s, L, st, 0, N, c->qk_norm ? st->q_raw : st->q, c->qk_norm ? st->k_raw : st->k, st->q, st->k);
+    if (!ab && !half_kept)
+        qk_finish(s, L, st, 0, N, c->qk_norm ? st->q_raw : st->q, c->qk_norm ? st->k_raw : st->k, st->q, st->k);
     lt_attention_params ap = attn_params(s);
     lt_attention_args aa;
     memset(&aa, 0, sizeof aa);
@@ -637,19 +641,24 @@ static lt_status layer_fwd(const step *s, int64_t l, const lt_store *st, resid x
     }
     for (int64_t r0 = 0; r0 < N; r0 += y->chunk) {
         int64_t n = chunk_rows(s, r0);
-        /* x_mid = x_in + o_proj(att) */
-        float *xm = ab ? wsf(s, y->mc) : st->x_mid + r0 * C, *att = att_rows_f32(s, st->att, r0, n, qd, ac);
-        if (x_in.f)
-            LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
-        else
-            be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
-        group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
-        if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
-            uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
-            be->to_bf16(s->ctx, xm, xm16, n * C);
-            be->from_bf16(s->ctx, xm16, xm, n * C);
+        float *xm;
+        if (half_kept) { /* x_mid kept from the first pass (rounded there under attn_bf16) */
+            xm = att_rows_f32(s, st->x_mid, r0, n, C, ab ? wsf(s, y->mc) : NULL);
+        } else { /* x_mid = x_in + o_proj(att) */
+            xm = ab ? wsf(s, y->mc) : st->x_mid + r0 * C;
+            float *att = att_rows_f32(s, st->att, r0, n, qd, ac);
+            if (x_in.f)
+                LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+            else
+                be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
+            group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
+            if (ab) { /* keep x_mid rounded, and go on with the rounded values the backward will read */
+                uint16_t *xm16 = (uint16_t *)at_row(s, st->x_mid, r0, C);
+                be->to_bf16(s->ctx, xm, xm16, n * C);
+                be->from_bf16(s->ctx, xm16, xm, n * C);
+            }
+            if (!x_out.f && !x_out.h) continue;
         }
-        if (!x_out.f && !x_out.h) continue;
         /* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid) */
         be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
         float *g = st->g ? st->g + r0 * F : wsf(s, y->g), *u = st->u ? st->u + r0 * F : wsf(s, y->u);
@@ -923,7 +932,8 @@ static resid lora_out(const step *s, int64_t j) {
     return lora_in(s, j + 1, &nx);
 }
 
-/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones. */
+/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones,
+ * and with kept q/k/v the rest of its attention half too. */
 static lt_store slot_of(const step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
     lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
@@ -931,6 +941,7 @@ static lt_store slot_of(const step *s, int64_t j) {
         st.att = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
         st.lse = (float *)blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
     }
+    if (y->keep_qkv) lt_model_kept_at(y, blk(s, LT_MEM_ACTIVATIONS, y->keep_store + (size_t)j * y->kept_stride), &st);
     return st;
 }
 

@@ -102,6 +102,14 @@ typedef struct lt_layout {
      * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
+    /* Kept q/k/v (keep_attn on the host): per LoRA layer also the attention half of its store
+     * (q_raw, k_raw, rstd_q, rstd_k with the per-head norm; q, k, v after norm and RoPE; x_mid; the
+     * LoRA products of q, k, v, o) at `keep_store`, `kept_stride` bytes apart, with offsets
+     * `kept_off` (the fields it holds non-NULL), so the recompute runs only the MLP it needs for
+     * the next layer's input. */
+    int keep_qkv;
+    size_t keep_store, kept_stride;
+    lt_store kept_off;
     size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
     /* The final norm's input xf and output hf (N, C), in block `final_class`: the transients of a
      * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward). */
@@ -136,6 +144,9 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora
 
 /* The store whose block starts at base, with the layout's offsets. */
 void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out);
+
+/* Points the fields of st that the layout's kept_off holds at the kept pieces at base. */
+void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);
 
 /* Closes the offload copy queue (waiting for its copies) and frees the host block of offloaded
  * checkpoints; no-op without them. The run's release and lt_model_free call it first. */
