@@ -41,6 +41,8 @@ static void print_help(void) {
            "  --mask-prompt              train on completions/assistant turns only\n"
            "  --grad-checkpoint          recompute every layer in the backward (= --recompute all)\n"
            "  --recompute P              none | all | every:K [none]\n"
+           "  --recompute-attention      with a recompute policy, rerun attention in the backward\n"
+           "                             instead of keeping its output (less memory, slower)\n"
            "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
            "                             recompute policy; cuda: copies overlap the layers)\n"
            "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"

@@ -54,6 +54,7 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     po.run.recompute = opt->recompute;
     po.run.recompute_k = opt->recompute_every;
     po.run.offload_ckpt = opt->offload_checkpoints;
+    po.run.recompute_attention = opt->recompute_attention;
     po.run.attention = opt->attention;
     po.run.loss = opt->loss;
     po.run.threads = opt->threads;

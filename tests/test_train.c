@@ -65,6 +65,12 @@ static void options_defaults_and_flags(void **state) {
     assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "cuda_graph"));
     assert_int_equal(lt_train_options_set(ctx, &in, "cuda-graph", "on"), LT_OK);
+    assert_int_equal(o.recompute_attention, 0); /* the default: attention kept */
+    assert_int_equal(lt_train_option_kind_of("recompute-attention"), LT_TRAIN_OPTION_BOOL);
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute-attention", "true"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.recompute_attention, 1);
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute-attention", "false"), LT_OK);
     assert_int_equal(lt_train_option_kind_of("mask-prompt"), LT_TRAIN_OPTION_BOOL);
     assert_int_equal(lt_train_option_kind_of("iters"), LT_TRAIN_OPTION_VALUE);
     assert_int_equal(lt_train_option_kind_of("nope"), LT_TRAIN_OPTION_UNKNOWN);

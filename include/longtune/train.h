@@ -64,6 +64,10 @@ typedef struct lt_train_options {
     lt_recompute recompute;        /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
     int64_t recompute_every;       /* K of "every:K" */
+    int recompute_attention;       /* under a recompute policy, rerun each layer's attention in
+                                      the backward instead of keeping its output, lse (and, on the
+                                      CPU, q/k/v and the mid-layer residual): less memory, more time;
+                                      lt_model_run_options.recompute_attention [0] */
     int offload_checkpoints;       /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */

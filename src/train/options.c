@@ -54,6 +54,7 @@ static const option options[] = {
     {"grad_accum", K_I64, O(grad_accum), 0, 1, 1 << 20},
     {"grad_clip", K_F64, O(grad_clip), 0, 0, 1e9},
     {"recompute", K_RECOMP, O(recompute), 0, 0, 0},
+    {"recompute_attention", K_BOOL, O(recompute_attention), 0, 0, 1},
     {"offload_checkpoints", K_BOOL, O(offload_checkpoints), 0, 0, 1},
     {"attention", K_ATTN, O(attention), 0, 0, 0},
     {"loss", K_LOSS, O(loss), 0, 0, 0},

@@ -501,7 +501,8 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
     lt_model_run_options run = {.B = t->B, .T = t->T, .device = t->dev, .recompute = o->recompute,
                                 .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
-                                .threads = o->threads, .offload_ckpt = o->offload_checkpoints};
+                                .threads = o->threads, .offload_ckpt = o->offload_checkpoints,
+                                .recompute_attention = o->recompute_attention};
     /* The plan the planner (lt_plan_compute) gives for this run on its device. What this process
      * already holds there besides the model and the optimizer state -- on the host: tokenizer,
      * data set, batch buffers, LoRA index; on a GPU: nothing -- is known exactly at this point and
