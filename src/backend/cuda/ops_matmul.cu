@@ -159,9 +159,15 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
         plan_make(&blas_plans[slot], &key);
         p = &blas_plans[slot];
     }
-    BLAS_OK(cublasLtMatmul(blas_handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd, &p->algo, ws,
-                           wsb, lt_cuda_stream()),
-            "matmul");
+    cublasStatus_t bs = cublasLtMatmul(blas_handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd,
+                                       &p->algo, ws, wsb, lt_cuda_stream());
+    /* While a step is being captured, a failed matmul marks the capture failed (the trainer then
+     * runs the step eagerly), as failed launches do (LT_CUDA_LAUNCHED); otherwise it aborts. */
+    if (bs != CUBLAS_STATUS_SUCCESS && lt_cuda_capturing()) {
+        lt_cuda_capture_fail("cuBLASLt matmul", cudaErrorUnknown);
+        bs = CUBLAS_STATUS_SUCCESS;
+    }
+    BLAS_OK(bs, "matmul");
     pthread_mutex_unlock(&blas_mu);
 }
 
