@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Consumer test: installs the built library into a temporary prefix, checks that the install holds
+# the library, the CLI, every public header (each one included by the umbrella longtune.h) and a
+# pkg-config file, then builds the README's C API example (examples/api_example.c) as a user would,
+# with `cc $(pkg-config --cflags --libs --static longtune)`, and runs it on a fixture model.
+# usage: run.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/longtune-consumer.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+
+fail() { echo "consumer: $*" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log" >&2; fail "install failed"; }
+
+libdir=$(dirname "$(find "$prefix" -name longtune.pc -path '*/pkgconfig/*' | head -n 1)")
+[ -n "$libdir" ] && [ -f "$libdir/longtune.pc" ] || fail "no pkgconfig/longtune.pc under $prefix"
+libdir=$(dirname "$libdir")
+ls "$libdir"/liblongtune.* >/dev/null 2>&1 || fail "no liblongtune.* in $libdir"
+[ -x "$prefix/bin/longtune" ] || fail "no bin/longtune"
+[ -f "$prefix/include/longtune.h" ] || fail "no include/longtune.h"
+for h in "$src"/include/longtune/*.h; do
+  name=longtune/$(basename "$h")
+  [ -f "$prefix/include/$name" ] || fail "$name is not installed"
+  grep -q "#include \"$name\"" "$src/include/longtune.h" || fail "longtune.h does not include $name"
+done
+
+# The .pc file's prefix is the configure-time one; point pkg-config at the temporary prefix.
+export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs --static longtune) \
+  || fail "pkg-config cannot read longtune.pc"
+echo "cc examples/api_example.c $flags"
+# shellcheck disable=SC2086 # the flags are words
+cc -std=c11 -Wall -Wextra -Werror -o "$work/api_example" "$src/examples/api_example.c" $flags \
+  || fail "examples/api_example.c does not build against the installed library"
+
+out=$("$work/api_example" "$src/tests/fixtures/model/llama_tied" 256) || fail "api_example failed"
+echo "$out"
+grep -q "^peak .* MiB, [0-9]* trainable parameters$" <<<"$out" || fail "unexpected output"
+if "$work/api_example" "$work/no-such-model" 2>"$work/err"; then fail "a missing model was accepted"; fi
+grep -q "^error: " "$work/err" || fail "a missing model gave no error message"
+echo "consumer: ok"
