@@ -2,7 +2,8 @@
 # Consumer test: installs the built library into a temporary prefix, checks that the install holds
 # the library, the CLI, every public header (each one included by the umbrella longtune.h) and a
 # pkg-config file, then builds the README's C API example (examples/api_example.c) as a user would,
-# with `cc $(pkg-config --cflags --libs --static longtune)`, and runs it on a fixture model.
+# with `cc $(pkg-config --cflags --libs --static longtune)`, runs it on a fixture model, and checks
+# that README.md shows the same file.
 # usage: run.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -35,6 +36,11 @@ echo "cc examples/api_example.c $flags"
 # shellcheck disable=SC2086 # the flags are words
 cc -std=c11 -Wall -Wextra -Werror -o "$work/api_example" "$src/examples/api_example.c" $flags \
   || fail "examples/api_example.c does not build against the installed library"
+
+# The README shows the example: its first C block must be this file, byte for byte.
+awk '/^```c$/ {on = 1; next} on && /^```$/ {exit} on {print}' "$src/README.md" >"$work/readme_example.c"
+cmp -s "$work/readme_example.c" "$src/examples/api_example.c" \
+  || fail "README.md's C example differs from examples/api_example.c"
 
 out=$("$work/api_example" "$src/tests/fixtures/model/llama_tied" 256) || fail "api_example failed"
 echo "$out"
