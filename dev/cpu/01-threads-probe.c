@@ -57,7 +57,8 @@ static void split_gemm(const shape *s, const float *A, const float *B, float *C,
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout's kill */
-    printf("threads %d  OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", nt, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "-",
+    printf("threads %d  OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", nt,
+           getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "-",
            getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "-");
     for (int w = 0; w <= 20000; w += 20000) {
         printf("region fork-join (%5d adds/thread): ", w);
@@ -65,7 +66,7 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     static const shape shapes[] = {
-        {0, 1, 512, 576, 576, "x·Wᵀ q/o (512x576x576)"},      {0, 1, 512, 192, 576, "x·Wᵀ k/v (512x192x576)"},
+        {0, 1, 512, 576, 576, "x·Wᵀ q/o (512x576x576)"},       {0, 1, 512, 192, 576, "x·Wᵀ k/v (512x192x576)"},
         {0, 1, 512, 1536, 576, "x·Wᵀ gate/up (512x1536x576)"}, {0, 1, 512, 576, 1536, "x·Wᵀ down (512x576x1536)"},
         {0, 0, 512, 576, 576, "dy·W q/o (512x576x576)"},       {0, 0, 512, 576, 1536, "dy·W gate/up (512x576x1536)"},
         {0, 0, 512, 1536, 576, "dy·W down (512x1536x576)"},    {0, 1, 512, 576, 8, "lu·Bᵀ rank 8 (512x576x8)"},
@@ -95,9 +96,10 @@ int main(int argc, char **argv) {
                 if (r >= 2 && dt < best[mode]) best[mode] = dt;
             }
         }
-        printf("%-30s openblas %2d thr %7.1f us %6.1f GF/s | 1 thr %7.1f us %6.1f GF/s | split %2d thr %7.1f us %6.1f GF/s\n",
-               s->what, nt, best[0] * 1e6, flop / best[0] * 1e-9, best[1] * 1e6, flop / best[1] * 1e-9, nt,
-               best[2] * 1e6, flop / best[2] * 1e-9);
+        printf(
+            "%-30s openblas %2d thr %7.1f us %6.1f GF/s | 1 thr %7.1f us %6.1f GF/s | split %2d thr %7.1f us %6.1f GF/s\n",
+            s->what, nt, best[0] * 1e6, flop / best[0] * 1e-9, best[1] * 1e6, flop / best[1] * 1e-9, nt, best[2] * 1e6,
+            flop / best[2] * 1e-9);
     }
     free(A), free(B), free(C);
     return 0;

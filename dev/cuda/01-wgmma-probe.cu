@@ -73,7 +73,9 @@ int main(void) {
         for (int i = 0; i < na; i++) A[i] = bf((float)rand() / RAND_MAX - 0.5f);
         for (int i = 0; i < nb; i++) B[i] = bf((float)rand() / RAND_MAX - 0.5f);
         float *dA, *dB, *dC;
-        cudaMalloc(&dA, na * 4); cudaMalloc(&dB, nb * 4); cudaMalloc(&dC, 64 * 64 * 4);
+        cudaMalloc(&dA, na * 4);
+        cudaMalloc(&dB, nb * 4);
+        cudaMalloc(&dC, 64 * 64 * 4);
         cudaMemcpy(dA, A, na * 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dB, B, nb * 4, cudaMemcpyHostToDevice);
         cudaMemset(dC, 0xff, 64 * 64 * 4);
@@ -84,18 +86,25 @@ int main(void) {
         for (int m = 0; m < 64; m++)
             for (int n = 0; n < 64; n++) {
                 double ref = 0;
-                if (mode == 0) for (int k = 0; k < 128; k++) ref += (double)A[m * 128 + k] * B[n * 128 + k];
-                if (mode == 1) for (int k = 0; k < 64; k++) ref += (double)A[m * 64 + k] * B[k * 64 + n];
-                if (mode == 2) for (int k = 0; k < 128; k++) ref += (double)A[k * 64 + m] * B[k * 64 + n];
+                if (mode == 0)
+                    for (int k = 0; k < 128; k++) ref += (double)A[m * 128 + k] * B[n * 128 + k];
+                if (mode == 1)
+                    for (int k = 0; k < 64; k++) ref += (double)A[m * 64 + k] * B[k * 64 + n];
+                if (mode == 2)
+                    for (int k = 0; k < 128; k++) ref += (double)A[k * 64 + m] * B[k * 64 + n];
                 double x = C[m * 64 + n];
                 if (!(fabs(x - ref) <= err)) err = isnan(x) ? INFINITY : fabs(x - ref);
                 if (fabs(ref) > mx) mx = fabs(ref);
             }
-        printf("probe %-24s %s max err %.3g (max |ref| %.3g) %s\n", names[mode], cudaGetErrorString(e), err,
-               mx, err < 1e-3 * mx + 1e-3 ? "OK" : "WRONG");
+        printf("probe %-24s %s max err %.3g (max |ref| %.3g) %s\n", names[mode], cudaGetErrorString(e), err, mx,
+               err < 1e-3 * mx + 1e-3 ? "OK" : "WRONG");
         bad += !(err < 1e-3 * mx + 1e-3);
-        cudaFree(dA); cudaFree(dB); cudaFree(dC);
-        free(A); free(B); free(C);
+        cudaFree(dA);
+        cudaFree(dB);
+        cudaFree(dC);
+        free(A);
+        free(B);
+        free(C);
     }
     return bad ? 1 : 0;
 }

@@ -55,12 +55,15 @@ static int32_t *alpaca_offsets(int64_t T, int64_t *S) {
     return o;
 }
 
-static void bench_attention(lt_ctx *ctx, int64_t T, int64_t H, int64_t Hkv, int64_t D, int packed,
-                            int reps) {
+static void bench_attention(lt_ctx *ctx, int64_t T, int64_t H, int64_t Hkv, int64_t D, int packed, int reps) {
     const int64_t B = 1, nq = B * T * H * D, nk = B * T * Hkv * D;
     lt_attention_params p;
     memset(&p, 0, sizeof p);
-    p.B = B; p.T = T; p.H = H; p.Hkv = Hkv; p.D = D;
+    p.B = B;
+    p.T = T;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
     p.dtype = LT_DTYPE_BF16;
     p.device = LT_DEVICE_CUDA;
     int32_t *off = NULL;
@@ -110,9 +113,8 @@ static void bench_attention(lt_ctx *ctx, int64_t T, int64_t H, int64_t Hkv, int6
     printf("{\"bench\":\"attention\",\"T\":%lld,\"H\":%lld,\"Hkv\":%lld,\"D\":%lld,\"packed\":%d,"
            "\"S\":%lld,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
            "\"fwdbwd_tflops\":%.1f,\"workspace_bytes\":%zu}\n",
-           (long long)T, (long long)H, (long long)Hkv,
-           (long long)D, packed, (long long)p.S, mf, mb,
-           ff / mf / 1e9, 2.5 * ff / mb / 1e9, 3.5 * ff / (mf + mb) / 1e9, wsb);
+           (long long)T, (long long)H, (long long)Hkv, (long long)D, packed, (long long)p.S, mf, mb, ff / mf / 1e9,
+           2.5 * ff / mb / 1e9, 3.5 * ff / (mf + mb) / 1e9, wsb);
     fflush(stdout);
     lt_free(ctx, LT_DEVICE_CUDA, (void *)a.q, (size_t)nq * 2);
     lt_free(ctx, LT_DEVICE_CUDA, (void *)a.k, (size_t)nk * 2);
@@ -182,8 +184,7 @@ static void bench_lce(lt_ctx *ctx, int64_t N, int64_t V, int64_t C, int reps) {
     double gemm = 2.0 * (double)N * (double)V * (double)C;
     printf("{\"bench\":\"lce\",\"N\":%lld,\"V\":%lld,\"C\":%lld,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,"
            "\"total_ms\":%.3f,\"extra_bytes\":%zu,\"loss\":%.5f,\"gemm_tflops_effective\":%.1f}\n",
-           (long long)N, (long long)V, (long long)C, mf, mb, mf + mb, extra, loss_h,
-           3.0 * gemm / (mf + mb) / 1e9);
+           (long long)N, (long long)V, (long long)C, mf, mb, mf + mb, extra, loss_h, 3.0 * gemm / (mf + mb) / 1e9);
     fflush(stdout);
     free(t);
 }

@@ -41,7 +41,11 @@ static void shape(lt_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t Hkv, int
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     lt_attention_params p;
     memset(&p, 0, sizeof p);
-    p.B = B; p.T = T; p.H = H; p.Hkv = Hkv; p.D = D;
+    p.B = B;
+    p.T = T;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
     p.dtype = LT_DTYPE_BF16;
     p.device = LT_DEVICE_CUDA;
     int32_t *off = NULL;

@@ -16,9 +16,9 @@ fail() { echo "consumer: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log" >&2; fail "install failed"; }
 
-libdir=$(dirname "$(find "$prefix" -name longtune.pc -path '*/pkgconfig/*' | head -n 1)")
-[ -n "$libdir" ] && [ -f "$libdir/longtune.pc" ] || fail "no pkgconfig/longtune.pc under $prefix"
-libdir=$(dirname "$libdir")
+pc=$(find "$prefix" -name longtune.pc -path '*/pkgconfig/*' | head -n 1)
+[ -n "$pc" ] || fail "no pkgconfig/longtune.pc under $prefix"
+libdir=$(dirname "$(dirname "$pc")")
 ls "$libdir"/liblongtune.* >/dev/null 2>&1 || fail "no liblongtune.* in $libdir"
 [ -x "$prefix/bin/longtune" ] || fail "no bin/longtune"
 [ -f "$prefix/include/longtune.h" ] || fail "no include/longtune.h"
