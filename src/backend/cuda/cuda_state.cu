@@ -22,6 +22,7 @@ static void state_free(void *p) {
     }
     if (st->blas) cublasLtDestroy(st->blas);
     if (st->gemm_ws) cudaFree(st->gemm_ws); /* waits for the work that may still read it */
+    if (st->sumsq) cudaFree(st->sumsq);
     if (st->stream) cudaStreamDestroy(st->stream);
     (void)cudaGetLastError();
     pthread_mutex_destroy(&st->blas_mu);
@@ -53,6 +54,10 @@ cublasLtHandle_t lt_cuda_blas_handle(lt_cuda_state *st) {
     if (!st->gemm_ws) {
         cudaError_t e = cudaMalloc(&st->gemm_ws, LT_CUDA_GEMM_WS_BYTES);
         if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaMalloc: %s", cudaGetErrorString(e));
+    }
+    if (!st->sumsq) {
+        cudaError_t e = cudaMalloc((void **)&st->sumsq, (LT_CUDA_SUMSQ_PARTS + 1) * sizeof(double));
+        if (e != cudaSuccess) LT_ABORT("sumsq partials: cudaMalloc: %s", cudaGetErrorString(e));
     }
     return st->blas;
 }

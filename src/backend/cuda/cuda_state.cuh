@@ -1,7 +1,7 @@
 /* The layout of the CUDA backend's per-context state (cuda_state.h has the accessors): the stream,
- * the cuBLASLt handle with its plan cache and the f32 gemm's split-K workspace, the SM count, what
- * the matmul workspace's bf16 x area holds, and the graph-capture state. Private to
- * src/backend/cuda/; it holds no kernels. */
+ * the cuBLASLt handle with its plan cache, the f32 gemm's split-K workspace and the sum of squares
+ * partials, the SM count, what the matmul workspace's bf16 x area holds, and the graph-capture
+ * state. Private to src/backend/cuda/; it holds no kernels. */
 #ifndef LT_CUDA_STATE_CUH
 #define LT_CUDA_STATE_CUH
 
@@ -61,6 +61,7 @@ typedef struct lt_cuda_state {
     pthread_mutex_t blas_mu;
     cublasLtHandle_t blas;   /* made on first use; shared by matmul, gemm and lce */
     void *gemm_ws;           /* LT_CUDA_GEMM_WS_BYTES of device memory, made with the handle */
+    double *sumsq;           /* LT_CUDA_SUMSQ_PARTS partials + the total, made with the handle */
     lt_cuda_blas_plan plans[LT_CUDA_BLAS_PLANS];
     int nplans, next_plan;
     lt_cuda_xcache xcache;
@@ -74,11 +75,16 @@ typedef struct lt_cuda_state {
  * outside the accounting allocator (the planner prices model memory only). */
 #define LT_CUDA_GEMM_WS_BYTES ((size_t)4 << 20)
 
+/* sumsq and clip_norm reduce in two passes through this many float64 partials (ops_elementwise.cu). */
+#define LT_CUDA_SUMSQ_PARTS 512
+
 /* ctx's state, made on first use; NULL only for ctx NULL. Aborts when the host cannot allocate
  * the small state itself. */
 lt_cuda_state *lt_cuda_state_of(lt_ctx *ctx);
-/* The state's cuBLASLt handle and gemm workspace, made on first use (aborting on failure, as a
- * failed cuBLASLt call inside an op does); graph_begin makes them before a capture starts. */
+/* Makes the state's cuBLASLt handle and device scratch (gemm workspace, sumsq partials) unless
+ * made already, aborting on failure as a failed cuBLASLt call inside an op does; call it with
+ * blas_mu held. Ops call it on first use; graph_begin before a capture starts, since nothing may
+ * allocate while one runs. Returns the handle. */
 cublasLtHandle_t lt_cuda_blas_handle(lt_cuda_state *st);
 
 #endif

@@ -35,7 +35,6 @@ static void bias_corrections(const lt_adamw_params *hp, float *bc1, float *bc2) 
 }
 
 void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp) {
-    (void)ctx;
     if (n <= 0) return;
     float bc1, bc2;
     bias_corrections(hp, &bc1, &bc2);

@@ -52,7 +52,6 @@ static int64_t cv_vec_count(const void *f32, const void *b16, int64_t n) {
 }
 
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
     const int64_t n8 = cv_vec_count(x, y, n);
     if (n8) {
@@ -68,7 +67,6 @@ void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {
 }
 
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
     const int64_t n8 = cv_vec_count(y, x, n);
     if (n8) {

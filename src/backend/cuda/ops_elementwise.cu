@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_state.cuh"
 
 #define EW_THREADS 256
 
@@ -33,7 +34,6 @@ static int aligned16_3(const void *a, const void *b, const void *c) {
 }
 
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
-    (void)ctx;
     if (n <= 0) return;
     if (n % 4 == 0 && aligned16_3(g, u, a)) {
         swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)g, (const float4 *)u, n / 4,
@@ -57,7 +57,6 @@ __global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, in
 
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
                         float *du) {
-    (void)ctx;
     if (n <= 0) return;
     swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
@@ -74,7 +73,6 @@ __global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, 
 }
 
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {
-    (void)ctx;
     int64_t C = table->shape[1];
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
@@ -89,7 +87,6 @@ __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
 }
 
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
     axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(y, x, alpha, n);
     LT_CUDA_LAUNCHED(ctx, "add");
@@ -102,7 +99,6 @@ __global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
 }
 
 void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {
-    (void)ctx;
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
     bias_k<<<grid, EW_THREADS, 0, lt_cuda_stream(ctx)>>>(y, b, N, C);
@@ -149,7 +145,6 @@ __global__ void scale_k(float *x, float a, int64_t n) {
 }
 
 void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
     scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(x, a, n);
     LT_CUDA_LAUNCHED(ctx, "scale");
@@ -157,13 +152,19 @@ void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
 
 /* Sum of squares in two deterministic passes: SUMSQ_BLOCKS fixed blocks each reduce a strided
  * share in float64 into a partial, then one block adds the partials in a fixed order. The
- * partials live in a module-level device array, so the op needs no workspace; concurrent calls
- * from several host threads would share it (the backend runs on one stream from one thread). */
-#define SUMSQ_BLOCKS 512
+ * partials and the total (part[SUMSQ_BLOCKS]) live in the context's state (cuda_state.cuh), so
+ * the op needs no workspace argument and contexts never share them. */
+#define SUMSQ_BLOCKS LT_CUDA_SUMSQ_PARTS
 #define SUMSQ_THREADS 256
 
-__device__ double lt_sumsq_part[SUMSQ_BLOCKS];
-__device__ double lt_sumsq_total;
+static double *sumsq_parts(lt_ctx *ctx) {
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL); /* the partials live in a context's state */
+    pthread_mutex_lock(&st->blas_mu);
+    (void)lt_cuda_blas_handle(st);
+    pthread_mutex_unlock(&st->blas_mu);
+    return st->sumsq;
+}
 
 static __device__ double block_sum(double v, double *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -178,7 +179,7 @@ static __device__ double block_sum(double v, double *sh) {
     return v; /* valid in thread 0 */
 }
 
-__global__ void sumsq_part_k(const float *x, int64_t n) {
+__global__ void sumsq_part_k(const float *x, int64_t n, double *part) {
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -186,28 +187,29 @@ __global__ void sumsq_part_k(const float *x, int64_t n) {
         s += v * v;
     }
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) lt_sumsq_part[blockIdx.x] = s;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-__global__ void sumsq_final_k(int parts) {
+__global__ void sumsq_final_k(int parts, double *part) {
     __shared__ double sh[32];
     double s = 0;
-    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += lt_sumsq_part[i];
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) lt_sumsq_total = s;
+    if (threadIdx.x == 0) part[SUMSQ_BLOCKS] = s;
 }
 
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
     if (n <= 0) return 0.0f;
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(x, n);
+    double *part = sumsq_parts(ctx);
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(x, n, part);
     LT_CUDA_LAUNCHED(ctx, "sumsq");
-    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks);
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
     LT_CUDA_LAUNCHED(ctx, "sumsq");
     double s = 0;
-    lt_cuda_check_abort(ctx, cudaMemcpyFromSymbolAsync(&s, lt_sumsq_total, sizeof s, 0, cudaMemcpyDeviceToHost,
-                                                       lt_cuda_stream(ctx)),
+    lt_cuda_check_abort(ctx, cudaMemcpyAsync(&s, part + SUMSQ_BLOCKS, sizeof s, cudaMemcpyDeviceToHost,
+                                             lt_cuda_stream(ctx)),
                         "sumsq result");
     lt_cuda_check_abort(ctx, cudaStreamSynchronize(lt_cuda_stream(ctx)), "sumsq wait");
     return (float)s;
@@ -215,8 +217,8 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
 
 /* The trainer's clipping rule on the device: every thread derives the same factor from the total
  * (rounded to float first, as sumsq hands it to the host), so no host wait decides it. */
-__global__ void clip_k(float *g, int64_t n, double max_norm) {
-    const double norm = sqrt((double)(float)lt_sumsq_total);
+__global__ void clip_k(float *g, int64_t n, double max_norm, const double *total) {
+    const double norm = sqrt((double)(float)*total);
     if (!(norm > max_norm)) return;
     const float a = (float)(max_norm / norm);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -224,14 +226,14 @@ __global__ void clip_k(float *g, int64_t n, double max_norm) {
 }
 
 void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm) {
-    (void)ctx;
     if (n <= 0) return;
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n);
+    double *part = sumsq_parts(ctx);
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, part);
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
-    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks);
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
-    clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, max_norm);
+    clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, max_norm, part + SUMSQ_BLOCKS);
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
 }

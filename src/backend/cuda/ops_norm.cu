@@ -104,7 +104,6 @@ static unsigned warp_rows_grid(int64_t N) {
 
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd) {
-    (void)ctx;
     if (N <= 0) return;
     if (rows16(x, w, y, NULL, C)) {
         rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x, (const float4 *)w, eps, N, C / 4,
@@ -149,7 +148,6 @@ __global__ void rms_dw_k(const float *dy, const float *x, const float *rstd, int
 
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw) {
-    (void)ctx;
     if (N <= 0) return;
     if (dw) {
         rms_dw_k<<<(unsigned)((C + 31) / 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(dy, x, rstd, N, C, dw);
