@@ -1,12 +1,13 @@
-/* The public boundary of attention: validates the params and args once (shapes, dtype, head dim,
- * strides, packed offsets, options), resolves the defaults, provides the workspace through the
- * accounting allocator when the caller passes none, and dispatches to the backend of the device.
- * It computes nothing itself; the kernels live in src/backend/{cpu,cuda}/attention_*. */
+/* The public boundary of attention: validates the params and args once (shapes, dtype, strides,
+ * packed offsets, options), asks the device's backend whether it serves the request (head dim,
+ * dtype: supports.c), resolves the defaults, provides the workspace through the accounting
+ * allocator when the caller passes none, and calls the backend's attention slot. It computes
+ * nothing itself and knows no backend by name. */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
-#include "backend/attention_impl.h"
+#include "backend/backend.h"
 #include "longtune/alloc.h"
 
 static int64_t layout_span(const lt_attention_layout *l, int64_t B, int64_t T, int64_t heads,
@@ -49,13 +50,6 @@ static lt_status layout_check(lt_ctx *ctx, const char *name, lt_attention_layout
     return LT_OK;
 }
 
-static int cuda_head_dim_ok(int64_t D) {
-    static const int64_t dims[] = LT_ATTENTION_CUDA_HEAD_DIMS;
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i] == D) return 1;
-    return 0;
-}
-
 lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
     if (!p) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: params is NULL");
     if (p->B < 1 || p->T < 1 || p->H < 1 || p->Hkv < 1 || p->D < 1)
@@ -73,9 +67,7 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: unknown device %d", (int)p->device);
     if ((unsigned)p->impl > LT_ATTENTION_NAIVE)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: unknown impl %d", (int)p->impl);
-    if (p->dtype == LT_DTYPE_F16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: dtype f16 is not supported (f32, bf16)");
-    if (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16)
+    if (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16 && p->dtype != LT_DTYPE_F16)
         return lt_error(ctx, LT_ERR_DTYPE, "attention: dtype %s is not accepted (f32, bf16)",
                         lt_dtype_name(p->dtype));
     if (!isfinite(p->scale) || p->scale < 0)
@@ -113,32 +105,16 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
                                 (long long)b, (int)o[p->S], (long long)p->T);
         }
     }
-    if (p->device == LT_DEVICE_CPU) {
-        if (p->D > LT_ATTENTION_CPU_MAX_D)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld exceeds the CPU limit %d",
-                            (long long)p->D, LT_ATTENTION_CPU_MAX_D);
-        return LT_OK;
-    }
-    if (!cuda_head_dim_ok(p->D))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128)",
-                        (long long)p->D);
-    if (!LT_HAVE_CUDA_ATTENTION)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: CUDA attention is not in this build");
-    return LT_OK;
+    const lt_op_query q = {.op = LT_OP_ATTENTION, .dtype = p->dtype, .impl = (int)p->impl, .head_dim = p->D,
+                           .window = p->window, .softcap = p->softcap};
+    return lt_backend_supports(ctx, p->device, &q);
 }
 
 size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
     if (!p) return 0;
-    if (p->device == LT_DEVICE_CPU) return lt_attention_cpu_workspace_bytes(p, backward != 0, threads);
-#if LT_HAVE_CUDA_ATTENTION
-    if (p->device == LT_DEVICE_CUDA)
-        return p->dtype == LT_DTYPE_F32 ? lt_attention_cuda_f32_workspace_bytes(p, backward != 0, threads)
-                                        : lt_attention_cuda_workspace_bytes(p, backward != 0, threads);
-#endif
-    return 0;
+    const lt_backend *be = lt_backend_get(p->device);
+    return be ? be->attention_workspace_bytes(p, backward != 0, threads) : 0;
 }
-
-typedef lt_status (*attention_fn)(lt_ctx *, const lt_attention_params *, lt_attention_args *);
 
 static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a, int backward) {
     LT_TRY(lt_attention_check(ctx, p));
@@ -159,17 +135,10 @@ static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_arg
     if (r.scale == 0) r.scale = 1.0f / sqrtf((float)p->D);
     if (r.impl == LT_ATTENTION_AUTO) r.impl = LT_ATTENTION_FLASH;
 
-    attention_fn fn = NULL;
-    if (p->device == LT_DEVICE_CPU) fn = backward ? lt_attention_cpu_backward : lt_attention_cpu_forward;
-#if LT_HAVE_CUDA_ATTENTION
-    if (p->device == LT_DEVICE_CUDA) {
-        if (p->dtype == LT_DTYPE_F32)
-            fn = backward ? lt_attention_cuda_f32_backward : lt_attention_cuda_f32_forward;
-        else
-            fn = backward ? lt_attention_cuda_backward : lt_attention_cuda_forward;
-    }
-#endif
-    if (!fn) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: no attention for this device", what);
+    const lt_backend *be = lt_backend_get(p->device);
+    if (!be) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: no backend for device %d", what, (int)p->device);
+    lt_status (*fn)(lt_ctx *, const lt_attention_params *, lt_attention_args *) =
+        backward ? be->attention_bwd : be->attention_fwd;
 
     size_t need = lt_attention_workspace_bytes(p, backward, lt_ctx_threads(ctx));
     lt_attention_args w = *a;

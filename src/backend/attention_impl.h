@@ -1,14 +1,15 @@
-/* Private entry points of attention behind the public boundary (src/backend/attention.c), one
- * pair per backend. The boundary has validated every field and resolved the defaults before these
- * run: layouts are explicit (never all-zero), scale is set, and args.workspace points at
- * args.workspace_size >= the backend's workspace bytes on p->device. Nothing here re-validates. */
+/* The attention implementations each backend's table names in its attention slots (backend.h),
+ * and the limits its `supports` (supports.c) reads. The boundary (src/backend/attention.c) has
+ * validated every field, asked `supports` and resolved the defaults before these run: layouts are
+ * explicit (never all-zero), scale is set, and args.workspace points at args.workspace_size >= the
+ * backend's workspace bytes on p->device. Nothing here re-validates. */
 #ifndef LT_BACKEND_ATTENTION_IMPL_H
 #define LT_BACKEND_ATTENTION_IMPL_H
 
 #include "longtune/attention.h"
 
 /* The CUDA attention kernels (src/backend/cuda/attention_{fwd,bwd}.cu) are built whenever the
- * CUDA backend is; without it a CUDA request is LT_ERR_UNSUPPORTED "not in this build". */
+ * CUDA backend is; without it the CUDA `supports` answers LT_ERR_UNSUPPORTED "not in this build". */
 #ifndef LT_HAVE_CUDA_ATTENTION
 #define LT_HAVE_CUDA_ATTENTION LT_HAVE_CUDA
 #endif
@@ -30,7 +31,8 @@ size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backw
 lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 /* f32 tensors on the device (src/backend/cuda/attention_f32.cu): converted to bf16 copies in the
- * workspace around the bf16 kernels above; the workspace counts the copies and theirs. */
+ * workspace around the bf16 kernels above; the workspace counts the copies and theirs. The CUDA
+ * table's slots pick these or the bf16 ones by p->dtype. */
 size_t lt_attention_cuda_f32_workspace_bytes(const lt_attention_params *p, int backward, int threads);
 lt_status lt_attention_cuda_f32_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 lt_status lt_attention_cuda_f32_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);

@@ -1,4 +1,5 @@
-/* Backend lookup by device; the op profiler's wrapper table instead when profiling is on. */
+/* Backend lookup by device (the op profiler's wrapper table instead when profiling is on), and the
+ * supports query of a device whose backend may be missing from this build. */
 #include <stdlib.h>
 
 #include "backend.h"
@@ -26,4 +27,12 @@ const lt_backend *lt_backend_get(lt_device dev) {
     }
     const lt_backend *be = plain(dev);
     return be && lt_prof_active ? lt_backend_profiled(be) : be;
+}
+
+lt_status lt_backend_supports(lt_ctx *ctx, lt_device dev, const lt_op_query *q) {
+    const lt_backend *be = plain(dev);
+    if (be) return be->supports(ctx, q);
+    /* not in this build: that backend's refusals (which end with saying so) */
+    if (dev == LT_DEVICE_CUDA) return lt_backend_cuda_supports(ctx, q);
+    return lt_error(ctx, LT_ERR_UNSUPPORTED, "backend of device %d is not in this build", (int)dev);
 }

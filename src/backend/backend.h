@@ -1,13 +1,31 @@
-/* The op table every backend fills. The model calls ops only through it, so there is one model
- * file for every backend and precision. Ops validate nothing: the model and the public boundary
- * functions (lt_attention_*, lt_lce_*) have checked shapes before calling. Every pointer an op
- * receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace and the weight
- * tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA backend queues
- * all work on its one stream (the legacy default stream until a graph capture makes its own), in
- * call order; no op waits for the device except sumsq and copy_to_host (and synchronize). */
+/* The op table every backend fills, and the only way the model and the public boundary functions
+ * reach compute (attention and the loss included). A backend is an instance: this const interface
+ * plus a per-context state the backend makes on first use and keeps in the context (core/ctx_state.h;
+ * CUDA: its stream, cuBLASLt handle, plans and workspace, SM count, graph-capture state), so every
+ * op takes the context first. Ops validate nothing: the model and the public boundary functions
+ * (lt_attention_*, lt_lce_*) have checked shapes, and asked `supports`, before calling. Every
+ * pointer an op receives (including embedding's ids, rope's pos and inv_freq, matmul's workspace
+ * and the weight tensor's data) lives in that backend's memory: device memory for CUDA. The CUDA
+ * backend queues all work of a context on that context's stream (the legacy default stream until a
+ * graph capture makes its own), in call order; no op waits for the device except sumsq and
+ * copy_to_host (and synchronize).
+ *
+ * Adding an op: one slot here, with its contract in the comment above it (shapes, dtypes, what is
+ * overwritten or accumulated); one implementation per backend, named in that backend's table with a
+ * designated initialiser (a slot a backend leaves NULL must be one the callers test for, as the
+ * device-only hooks below); a refusal it can make goes into the backend's `supports` (an lt_op kind
+ * and the query fields it reads); the profiler's wrapper in prof.c when the op should be timed;
+ * and one row in the op test matrix under tests/ (the case, its float64 reference and the dtype
+ * rule), which then runs on every backend in the build.
+ * Adding a backend: a device in lt_device, a table `const lt_backend lt_backend_<name>` filled with
+ * designated initialisers (every compute slot set), its `supports` in supports.c, a case in
+ * lt_backend_get, and its state (if any) made on first use through lt_ctx_set_backend_state with a
+ * free function, so lt_ctx_free releases it. */
 #ifndef LT_BACKEND_H
 #define LT_BACKEND_H
 
+#include "longtune/attention.h"
+#include "longtune/lce.h"
 #include "longtune/tensor.h"
 
 /* AdamW hyper-parameters of one optimizer step (PyTorch's AdamW: decoupled weight decay,
@@ -43,6 +61,25 @@ typedef struct lt_lora_proj {
     float *lu;          /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
 } lt_lora_proj;
 
+/* What `supports` is asked: one op kind and the properties of a request that a backend may lack.
+ * Fields an op does not have stay 0. The public boundaries fill it after validating the request
+ * (so every value is one the op accepts) and before any work. */
+typedef enum lt_op {
+    LT_OP_ATTENTION = 0, /* attention_fwd / attention_bwd */
+    LT_OP_LCE,           /* lce_fwd / lce_bwd / lce_fwd_bwd */
+    LT_OP_COUNT_
+} lt_op;
+
+typedef struct lt_op_query {
+    lt_op op;
+    lt_dtype dtype;   /* attention: q, k, v, out; lce: h */
+    lt_dtype wdtype;  /* lce: the head w */
+    int impl;         /* lt_attention_impl / lt_lce_impl as requested (AUTO included) */
+    int64_t head_dim; /* attention: D */
+    int64_t window;   /* attention: sliding window, 0 = none */
+    float softcap;    /* attention or lce softcap, 0 = off */
+} lt_op_query;
+
 typedef struct lt_backend {
     const char *name;
     lt_device device;
@@ -60,7 +97,7 @@ typedef struct lt_backend {
      * and this backend's memory (either way) that starts once every op queued before the call has
      * finished, and sets `mark` when it is done; xfer_wait makes every op queued after the call
      * wait until `mark` was set by the latest xfer_copy naming it.
-     * CUDA: a non-blocking copy stream ordered against lt_cuda_stream() by events (the host side
+     * CUDA: a non-blocking copy stream ordered against the context's stream by events (the host side
      * must be page-locked, lt_alloc_pinned, for the copy to run asynchronously); CPU: the copy runs
      * at once (memcpy) and waiting is free, so the CPU reference runs the same schedule. */
 #define LT_XFER_MARKS 4 /* completion marks of one copy queue */
@@ -69,10 +106,19 @@ typedef struct lt_backend {
     void (*xfer_close)(lt_ctx *ctx, void *q);
     lt_status (*xfer_copy)(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes);
     lt_status (*xfer_wait)(lt_ctx *ctx, void *q, int mark);
+    /* Whether this backend serves a request of this kind: LT_OK, or LT_ERR_UNSUPPORTED with a
+     * message in ctx (may be NULL) naming what is refused (head dim, dtype, impl, ...). The one
+     * place a backend's refusals of a valid request are decided (supports.c). */
+    lt_status (*supports)(lt_ctx *ctx, const lt_op_query *q);
+    /* The native stream the ops of ctx are queued on (CUDA: its cudaStream_t, NULL meaning the
+     * legacy default stream), for communicators that order their own stream against it; NULL
+     * everywhere on the CPU. */
+    void *(*native_stream)(lt_ctx *ctx);
 
     /* ---- compute ops (f32 activations; threads from ctx) ---- */
     /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N).
-     * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 4 MiB static device workspace for split-K. */
+     * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 4 MiB device workspace for split-K, owned by
+     * the context's backend state. */
     void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
     /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, out, in, N_max, threads) bytes, for
@@ -125,6 +171,22 @@ typedef struct lt_backend {
      * bf16 on CUDA, whose matmuls and attention read their inputs in bf16 anyway. */
     lt_dtype saved_dtype;
 
+    /* ---- attention and the fused loss: the contracts of include/longtune/attention.h and lce.h,
+     * called by their public boundaries (attention.c, lce.c) after validation, `supports`, and
+     * resolution: layouts explicit, scale set, impl never AUTO, seq_offsets the copy this
+     * backend reads; lce options resolved (impl, ignore index). The workspace arrives set (the
+     * boundary allocates it when the caller passed none) for attention; lce receives a->workspace
+     * as the caller gave it (NULL: the implementation allocates one block through lt_alloc). Sizes
+     * are exact: what the call uses, so the planner can price them. ---- */
+    size_t (*attention_workspace_bytes)(const lt_attention_params *p, int backward, int threads);
+    lt_status (*attention_fwd)(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+    lt_status (*attention_bwd)(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+    /* pass: LT_LCE_PASS_FORWARD, _BACKWARD or _FORWARD_BACKWARD. */
+    size_t (*lce_workspace_bytes)(const lt_lce_options *o, const lt_lce_args *a, int pass, int threads);
+    lt_status (*lce_fwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
+    lt_status (*lce_bwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
+    lt_status (*lce_fwd_bwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
+
     /* ---- device-only hooks: NULL on the CPU, whose ops never wait or queue ---- */
     /* Pins (on = 1) or unpins (0) host memory the caller allocated with lt_alloc (no bytes are
      * allocated; the accounting stays with the caller). Errors: LT_ERR_CUDA. */
@@ -133,7 +195,7 @@ typedef struct lt_backend {
      * sumsq returns it) and, when norm > max_norm, g *= (float)(max_norm / norm): bit for bit what
      * sumsq on the host followed by scale computes, decided on the device. */
     void (*clip_norm)(lt_ctx *ctx, float *g, int64_t n, double max_norm);
-    /* Whole-step graphs. graph_begin starts capturing everything queued from now on (the backend's
+    /* Whole-step graphs. graph_begin starts capturing everything queued from now on (the context's
      * own stream; nothing may wait, allocate or copy from pageable memory until graph_end).
      * graph_end stops and instantiates it: LT_OK with *out set, or a typed error saying why the step
      * could not be captured (*out NULL; the work queued meanwhile was not run, so the caller runs
@@ -169,6 +231,14 @@ void lt_lora_bwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, i
 
 /* The backend of a device; NULL when this build lacks it (CUDA without nvcc). */
 const lt_backend *lt_backend_get(lt_device dev);
+
+/* `supports` of dev's backend; for a device whose backend this build lacks, that backend's own
+ * refusals still come first (supports.c), then LT_ERR_UNSUPPORTED "... is not in this build". */
+lt_status lt_backend_supports(lt_ctx *ctx, lt_device dev, const lt_op_query *q);
+
+/* The refusals of each backend (supports.c), compiled in every build. */
+lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q);
+lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q);
 
 extern const lt_backend lt_backend_cpu;
 #if LT_HAVE_CUDA

@@ -1,13 +1,15 @@
 /* The public boundary of the linear cross-entropy (include/longtune/lce.h): validates options,
- * shapes, dtypes, targets and weights once, resolves the options (impl, ignore index, tiles) and
- * dispatches on the device of h. The implementations (src/backend/cpu/lce_*.c, later
- * src/backend/cuda/lce.cu) trust what reaches them; see lce_impl.h. */
+ * shapes, dtypes, targets and weights once, asks the backend of h's device whether it serves the
+ * request (head dtype, impl: supports.c), resolves the options (impl, ignore index) and calls that
+ * backend's lce slot. The implementations trust what reaches them (lce_impl.h); this file knows no
+ * backend by name. */
 #include <math.h>
 
-#include "backend/lce_impl.h"
+#include "backend/backend.h"
 #include "longtune/alloc.h"
 
-/* Head dtypes each backend serves; everything else is LT_ERR_DTYPE. */
+/* Head dtypes the op takes at all; everything else is LT_ERR_DTYPE (which of them a backend
+ * serves is its `supports`). */
 static int head_dtype_ok(lt_dtype t) {
     return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16 || t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 ||
            t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
@@ -120,28 +122,29 @@ static lt_status check_targets_host(lt_ctx *ctx, const lt_lce_options *o, const 
     return LT_OK;
 }
 
+static lt_op_query query(const lt_lce_options *requested, const lt_lce_args *a) {
+    const lt_op_query q = {.op = LT_OP_LCE, .dtype = a->h.dtype, .wdtype = a->w.dtype, .impl = (int)requested->impl,
+                           .softcap = requested->softcap};
+    return q;
+}
+
 /* pass: LT_LCE_PASS_FORWARD, _BACKWARD or _FORWARD_BACKWARD. */
 static lt_status run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass) {
     static const lt_lce_options defaults;
+    const lt_lce_options *req = opt ? opt : &defaults;
     lt_lce_options o;
-    LT_TRY(check_options(ctx, opt ? opt : &defaults, &o));
+    LT_TRY(check_options(ctx, req, &o));
     LT_TRY(check_args(ctx, &o, a, pass, 1));
     if (pass == LT_LCE_PASS_FORWARD_BACKWARD && !a->dloss)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lce forward_backward: dloss must be set (it is an input)");
-    if (a->h.device == LT_DEVICE_CUDA) {
-#if LT_HAVE_CUDA
-        if (a->h.dtype == LT_DTYPE_F32) return lt_lce_cuda_f32_run(ctx, &o, a, pass);
-        return pass == LT_LCE_PASS_FORWARD_BACKWARD ? lt_lce_cuda_forward_backward(ctx, &o, a)
-               : pass == LT_LCE_PASS_BACKWARD       ? lt_lce_cuda_backward(ctx, &o, a)
-                                                    : lt_lce_cuda_forward(ctx, &o, a);
-#else
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
-#endif
-    }
-    LT_TRY(check_targets_host(ctx, &o, a));
-    return pass == LT_LCE_PASS_FORWARD_BACKWARD ? lt_lce_cpu_forward_backward(ctx, &o, a)
-           : pass == LT_LCE_PASS_BACKWARD       ? lt_lce_cpu_backward(ctx, &o, a)
-                                                : lt_lce_cpu_forward(ctx, &o, a);
+    const lt_op_query q = query(req, a);
+    LT_TRY(lt_backend_supports(ctx, a->h.device, &q));
+    /* Host targets are checked here; a device's own copy is checked by that backend (lce_impl.h). */
+    if (a->h.device == LT_DEVICE_CPU) LT_TRY(check_targets_host(ctx, &o, a));
+    const lt_backend *be = lt_backend_get(a->h.device);
+    return pass == LT_LCE_PASS_FORWARD_BACKWARD ? be->lce_fwd_bwd(ctx, &o, a)
+           : pass == LT_LCE_PASS_BACKWARD       ? be->lce_bwd(ctx, &o, a)
+                                                : be->lce_fwd(ctx, &o, a);
 }
 
 lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
@@ -162,11 +165,6 @@ size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, i
     if (pass < LT_LCE_PASS_FORWARD || pass > LT_LCE_PASS_FORWARD_BACKWARD) return 0;
     if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, pass, 0) != LT_OK)
         return 0;
-#if LT_HAVE_CUDA
-    if (a->h.device == LT_DEVICE_CUDA)
-        return a->h.dtype == LT_DTYPE_F32 ? lt_lce_cuda_f32_workspace_bytes(&o, a, pass, threads)
-                                          : lt_lce_cuda_workspace_bytes(&o, a, pass, threads);
-#endif
-    if (a->h.device != LT_DEVICE_CPU) return 0; /* CUDA: not in this build (see run) */
-    return lt_lce_cpu_workspace_bytes(&o, a, pass, threads);
+    const lt_backend *be = lt_backend_get(a->h.device);
+    return be ? be->lce_workspace_bytes(&o, a, pass, threads) : 0;
 }

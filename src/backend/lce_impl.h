@@ -1,7 +1,8 @@
-/* Private contract between the linear cross-entropy boundary (lce.c) and the backends that
- * implement it. Every entry point here is called only after lce.c has validated shapes, dtypes,
- * targets, weights and options, and with resolved options: impl is never AUTO, ignore_index is
- * the real (negative) index, and tile_n/tile_v are positive. Nothing here re-validates. */
+/* The linear cross-entropy implementations each backend's table names in its lce slots
+ * (backend.h). Every entry point here is called only after lce.c has validated shapes, dtypes,
+ * host targets, weights and options and asked the backend's `supports`, and with resolved
+ * options: impl is never AUTO and ignore_index is the real (negative) index; tile_n/tile_v of 0
+ * mean the backend's defaults. Nothing here re-validates. */
 #ifndef LT_BACKEND_LCE_IMPL_H
 #define LT_BACKEND_LCE_IMPL_H
 
@@ -20,8 +21,8 @@ void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
 
 /* CUDA backend (src/backend/cuda/lce.cu, built with the CUDA backend): same contract. Targets and
  * weights live on the device there; the backend checks them there (first bad position named) before
- * computing. bf16 h (f32 h arrives through the f32 entry points below), bf16 or block-quantized heads; an
- * f32 head is LT_ERR_UNSUPPORTED. */
+ * computing. bf16 h (f32 h arrives through the f32 entry points below), bf16 or block-quantized
+ * heads (`supports` refuses the others). */
 lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);

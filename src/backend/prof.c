@@ -279,6 +279,36 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                               \
         lt_prof_end(h);                                                                                          \
     }                                                                                                            \
+    static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {       \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                            \
+        lt_status s = (REAL).attention_fwd(ctx, p, a);                                                           \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_attention_bwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {       \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_BWD);                                                            \
+        lt_status s = (REAL).attention_bwd(ctx, p, a);                                                           \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_lce_fwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                         \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
+        lt_status s = (REAL).lce_fwd(ctx, o, a);                                                                 \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_lce_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                         \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
+        lt_status s = (REAL).lce_bwd(ctx, o, a);                                                                 \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static lt_status P##_lce_fwd_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                     \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
+        lt_status s = (REAL).lce_fwd_bwd(ctx, o, a);                                                             \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
     /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
     static void P##_install(lt_backend *t) {                                                                     \
         *t = (REAL);                                                                                             \
@@ -290,6 +320,8 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
         t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                  \
         t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                  \
+        t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                              \
+        t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                    \
     }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)

@@ -1,6 +1,6 @@
 /* The NCCL transport of lt_comm: CUDA device buffers on one non-blocking stream per communicator,
- * ordered with the backend's kernels on its stream (lt_cuda_stream: the legacy default stream
- * until the backend makes its own) by events (the stream waits for
+ * ordered with the backend's kernels on the calling context's stream (lt_backend.native_stream:
+ * the legacy default stream until the backend makes the context its own) by events (the stream waits for
  * what the backend queued before a call; the backend waits for the call before what it queues
  * next), so a gradient bucket's all-reduce runs while the backward goes on. Blocking calls
  * synchronise before they return, the reducer's buckets when it finishes, the exchange and
@@ -22,11 +22,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "backend/cuda/cuda_stream.h"
+#include "backend/backend.h"
 
-/* The stream the backend's kernels run on, which a collective must follow and precede. */
-static cudaStream_t backend_stream(void) {
-    cudaStream_t s = lt_cuda_stream();
+/* The stream the backend's kernels of ctx run on, which a collective must follow and precede. */
+static cudaStream_t backend_stream(lt_ctx *ctx) {
+    const lt_backend *be = lt_backend_get(LT_DEVICE_CUDA);
+    cudaStream_t s = be ? (cudaStream_t)be->native_stream(ctx) : NULL;
     return s ? s : cudaStreamLegacy;
 }
 
@@ -66,7 +67,7 @@ static lt_status cuda_fail(lt_ctx *ctx, cudaError_t e, const char *what) {
 
 /* The communicator's stream waits for everything the backend queued so far. */
 static lt_status enter(lt_ctx *ctx, nccl_state *st) {
-    CUDA_TRY(cudaEventRecord(st->ev_in, backend_stream()), "cudaEventRecord (backend)");
+    CUDA_TRY(cudaEventRecord(st->ev_in, backend_stream(ctx)), "cudaEventRecord (backend)");
     CUDA_TRY(cudaStreamWaitEvent(st->stream, st->ev_in, 0), "cudaStreamWaitEvent (comm)");
     return LT_OK;
 }
@@ -74,7 +75,7 @@ static lt_status enter(lt_ctx *ctx, nccl_state *st) {
 /* What the backend queues from now on waits for everything queued on the stream. */
 static lt_status leave(lt_ctx *ctx, nccl_state *st) {
     CUDA_TRY(cudaEventRecord(st->ev_out, st->stream), "cudaEventRecord (comm)");
-    CUDA_TRY(cudaStreamWaitEvent(backend_stream(), st->ev_out, 0), "cudaStreamWaitEvent (backend)");
+    CUDA_TRY(cudaStreamWaitEvent(backend_stream(ctx), st->ev_out, 0), "cudaStreamWaitEvent (backend)");
     return LT_OK;
 }
 

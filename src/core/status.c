@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ctx.h"
+#include "ctx_state.h"
 
 static const char *const status_names[LT_STATUS_COUNT_] = {
     [LT_OK] = "ok",
@@ -30,7 +31,25 @@ lt_ctx *lt_ctx_new(void) {
     return ctx;
 }
 
-void lt_ctx_free(lt_ctx *ctx) { free(ctx); }
+void lt_ctx_free(lt_ctx *ctx) {
+    if (!ctx) return;
+    for (int d = 0; d < LT_DEVICE_COUNT_; d++)
+        if (ctx->backend_state[d] && ctx->backend_state_free[d]) ctx->backend_state_free[d](ctx->backend_state[d]);
+    free(ctx);
+}
+
+void *lt_ctx_backend_state(const lt_ctx *ctx, lt_device dev) {
+    if (!ctx || (unsigned)dev >= LT_DEVICE_COUNT_) return NULL;
+    return ctx->backend_state[dev];
+}
+
+void lt_ctx_set_backend_state(lt_ctx *ctx, lt_device dev, void *state, void (*free_fn)(void *state)) {
+    if (!ctx || (unsigned)dev >= LT_DEVICE_COUNT_) return;
+    if (ctx->backend_state[dev] && ctx->backend_state_free[dev] && ctx->backend_state[dev] != state)
+        ctx->backend_state_free[dev](ctx->backend_state[dev]);
+    ctx->backend_state[dev] = state;
+    ctx->backend_state_free[dev] = free_fn;
+}
 
 const char *lt_ctx_error(const lt_ctx *ctx) { return ctx ? ctx->error : ""; }
 lt_status lt_ctx_status(const lt_ctx *ctx) { return ctx ? ctx->status : LT_OK; }

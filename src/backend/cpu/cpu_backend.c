@@ -1,7 +1,9 @@
 /* The CPU backend's op table: the reference every other backend is checked against. */
 #include <string.h>
 
+#include "backend/attention_impl.h"
 #include "backend/backend.h"
+#include "backend/lce_impl.h"
 #include "backend/cpu/cpu_ops.h"
 
 static lt_status cpu_copy(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
@@ -37,6 +39,12 @@ static lt_status cpu_sync(lt_ctx *ctx) {
     return LT_OK;
 }
 
+/* CPU ops run on the calling thread: there is no stream to order against. */
+static void *cpu_native_stream(lt_ctx *ctx) {
+    (void)ctx;
+    return NULL;
+}
+
 static void cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                          float beta, void *ws) {
     lt_lora_fwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, beta, ws);
@@ -57,6 +65,8 @@ const lt_backend lt_backend_cpu = {
     .xfer_close = cpu_xfer_close,
     .xfer_copy = cpu_xfer_copy,
     .xfer_wait = cpu_xfer_wait,
+    .supports = lt_backend_cpu_supports,
+    .native_stream = cpu_native_stream,
     .gemm = lt_cpu_gemm,
     .matmul = lt_cpu_matmul,
     .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,
@@ -78,4 +88,11 @@ const lt_backend lt_backend_cpu = {
     .saved_dtype = LT_DTYPE_F32,
     .lora_fwd = cpu_lora_fwd,
     .lora_bwd = cpu_lora_bwd,
+    .attention_workspace_bytes = lt_attention_cpu_workspace_bytes,
+    .attention_fwd = lt_attention_cpu_forward,
+    .attention_bwd = lt_attention_cpu_backward,
+    .lce_workspace_bytes = lt_lce_cpu_workspace_bytes,
+    .lce_fwd = lt_lce_cpu_forward,
+    .lce_bwd = lt_lce_cpu_backward,
+    .lce_fwd_bwd = lt_lce_cpu_forward_backward,
 };

@@ -776,7 +776,7 @@ template <int D, bool DELTA> static lt_status attn_bwd_dq_launch(lt_ctx *ctx, co
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem, lt_cuda_stream()>>>(d);
+    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem, lt_cuda_stream(ctx)>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
 }
 
@@ -789,7 +789,7 @@ static lt_status attn_bwd_wg_main_launch(lt_ctx *ctx, const lt_attn_dev &d, int 
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem, lt_cuda_stream()>>>(d);
+    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem, lt_cuda_stream(ctx)>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
 }
 
@@ -800,14 +800,14 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, co
                                     int ws) {
     const int64_t rows = (int64_t)B * d.T * d.H;
     if (ws) {
-        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
         return lt_attn_bwd_ws_launch(ctx, d, B, D);
     }
     if (d.no_dq && pl.delta_dq) {
         LT_TRY((attn_bwd_dq_launch<D, true>(ctx, d, B)));
     } else {
-        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+        attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     }
     const lt_status st = !d.no_dq      ? attn_bwd_wg_main_launch<D, false, 2>(ctx, d, B)
@@ -816,12 +816,12 @@ static lt_status attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, co
     LT_TRY(st);
     if (d.dkv_acc) {
         const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
-        attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+        attn_bwd_convert_dkv<D><<<(unsigned)((n3 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
         LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel"));
     }
     if (d.no_dq) return pl.delta_dq ? LT_OK : attn_bwd_dq_launch<D, false>(ctx, d, B);
     const int64_t n2 = rows * D / 2;
-    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
 }
 
@@ -830,17 +830,17 @@ template <int D> static lt_status attn_bwd_launch(lt_ctx *ctx, const lt_attn_dev
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
                         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
     const int64_t rows = (int64_t)B * d.T * d.H;
-    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+    attn_bwd_delta<D><<<(unsigned)((rows * 16 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel"));
     LT_TRY(lt_cuda_check(ctx,
                          cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               (int)smem),
                          "attention backward: shared memory size"));
     dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel<D><<<grid, 256, smem, lt_cuda_stream()>>>(d);
+    attn_bwd_kernel<D><<<grid, 256, smem, lt_cuda_stream(ctx)>>>(d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch"));
     const int64_t n2 = rows * D / 2;
-    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+    attn_bwd_convert_dq<D><<<(unsigned)((n2 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");
 }
 
@@ -874,13 +874,13 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         if (!pl.dq_sep) {
             d.dq_acc = (float *)w;
             w += lt_cuda_align(acc_bytes);
-            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes, lt_cuda_stream()), "attention backward: memset");
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dq_acc, 0, acc_bytes, lt_cuda_stream(ctx)), "attention backward: memset");
         }
         if (st == LT_OK && pl.split > 1) {
             const size_t kv_bytes = (size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4;
             d.nsplit = pl.split;
             d.dkv_acc = (float *)w;
-            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes, lt_cuda_stream()), "attention backward: memset");
+            st = lt_cuda_check(ctx, cudaMemsetAsync(d.dkv_acc, 0, kv_bytes, lt_cuda_stream(ctx)), "attention backward: memset");
         }
     }
     if (st == LT_OK) {

@@ -329,10 +329,10 @@ template <int D, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_
                          cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream()>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream(ctx)>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
-    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream()>>>(d, B);
+    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
 }
 

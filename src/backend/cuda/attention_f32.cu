@@ -95,12 +95,12 @@ static unsigned row_blocks(const rows &r) {
 }
 
 static lt_status narrow(lt_ctx *ctx, const rows &r, const void *src, char *ws, size_t off) {
-    f32_to_bf16_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream()>>>(r, (const float *)src, (__nv_bfloat16 *)(ws + off));
+    f32_to_bf16_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(r, (const float *)src, (__nv_bfloat16 *)(ws + off));
     return lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA f32): conversion to bf16");
 }
 
 static lt_status widen(lt_ctx *ctx, const rows &r, const char *ws, size_t off, void *dst) {
-    bf16_to_f32_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream()>>>(r, (const __nv_bfloat16 *)(ws + off), (float *)dst);
+    bf16_to_f32_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(r, (const __nv_bfloat16 *)(ws + off), (float *)dst);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA f32): conversion to f32");
 }
 

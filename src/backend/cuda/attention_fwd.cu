@@ -223,7 +223,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
         } else if (nb <= sizeof(lt_attn_offs_inline)) {
             lt_attn_offs_inline in;
             memcpy(in.o, p->seq_offsets, nb);
-            attn_build_lo_inline<<<nb_lo, 256, 0, lt_cuda_stream()>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
+            attn_build_lo_inline<<<nb_lo, 256, 0, lt_cuda_stream(ctx)>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
             inl = 1;
         } else {
             for (int64_t b = 0; b < p->B; b++) {
@@ -234,7 +234,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
                     if (t1 > t0) {
                         lt_attn_offs_inline in;
                         memcpy(in.o, o + i0, (size_t)(i1 - i0 + 1) * 4);
-                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, lt_cuda_stream()>>>(
+                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(
                             in, (int)(i1 - i0 + 1), (int)b, t0, t1, (int)T, p->window, lo);
                     }
                     i0 = i1;
@@ -243,7 +243,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p,
             inl = 1;
         }
     }
-    if (!inl) attn_build_lo<<<nb_lo, 256, 0, lt_cuda_stream()>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
+    if (!inl) attn_build_lo<<<nb_lo, 256, 0, lt_cuda_stream(ctx)>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel"));
     d->lo = lo;
     *used = off;
@@ -485,7 +485,7 @@ static lt_status attn_fwd_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
-    attn_fwd_kernel<D, NW, MT, QREG><<<grid, NW * 32, smem, lt_cuda_stream()>>>(d);
+    attn_fwd_kernel<D, NW, MT, QREG><<<grid, NW * 32, smem, lt_cuda_stream(ctx)>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 
@@ -695,7 +695,7 @@ static lt_status attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                          "attention forward: shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((d.T + 63) / 64), (unsigned)B);
-    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem, lt_cuda_stream()>>>(d);
+    attn_fwd_wg_kernel<D, NB><<<grid, 128, smem, lt_cuda_stream(ctx)>>>(d);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
 }
 

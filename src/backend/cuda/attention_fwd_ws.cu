@@ -301,7 +301,7 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attention_params *pp, const lt_
                                               (int)smem),
                          "attention forward (TMA): shared memory size"));
     dim3 grid((unsigned)d.H, (unsigned)((T + 127) / 128), (unsigned)B);
-    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, lt_cuda_stream()>>>(maps, d, ping);
+    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, lt_cuda_stream(ctx)>>>(maps, d, ping);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention forward (TMA) kernel launch");
 }
 

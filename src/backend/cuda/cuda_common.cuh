@@ -21,7 +21,7 @@ static inline lt_status lt_cuda_check(lt_ctx *ctx, cudaError_t e, const char *wh
     return lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
-#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/cuda_state.h"
 
 static inline size_t lt_cuda_align(size_t n) { return (n + 255) & ~(size_t)255; }
 

@@ -1,6 +1,6 @@
 /* The CUDA backend's compute ops (src/backend/cuda/ops_*.cu), gathered into lt_backend_cuda's table
  * in cuda_backend.cu. Semantics are documented once, on the table in backend/backend.h; every
- * pointer is device memory and every kernel runs on the backend's stream (lt_cuda_stream). Ops return nothing,
+ * pointer is device memory and every kernel runs on the context's stream (lt_cuda_stream(ctx)). Ops return nothing,
  * so a failed launch or library call is a broken invariant: LT_CUDA_LAUNCHED aborts through the
  * abort hook with file:line and CUDA's message (after clearing the sticky error). */
 #ifndef LT_BACKEND_CUDA_OPS_H
@@ -8,7 +8,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/cuda_state.h"
 
 extern "C" {
 #include "backend/backend.h"
@@ -18,11 +18,11 @@ extern "C" {
  * asynchronous faults surface at the next synchronising call, which returns LT_ERR_CUDA). While
  * the stream is being captured into a graph a failure marks the capture failed instead: the
  * trainer then drops the graph and runs the step eagerly. */
-#define LT_CUDA_LAUNCHED(what)                                                                      \
+#define LT_CUDA_LAUNCHED(ctx, what)                                                                 \
     do {                                                                                            \
         cudaError_t lt_e_ = cudaGetLastError();                                                     \
         if (lt_e_ != cudaSuccess) {                                                                 \
-            if (lt_cuda_capturing()) lt_cuda_capture_fail(what, lt_e_);                             \
+            if (lt_cuda_capturing(ctx)) lt_cuda_capture_fail(ctx, what, lt_e_);                     \
             else LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_));                \
         }                                                                                           \
     } while (0)
@@ -32,8 +32,8 @@ extern "C" {
 static inline void lt_cuda_check_abort(lt_ctx *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return;
     (void)cudaGetLastError();
-    if (lt_cuda_capturing()) {
-        lt_cuda_capture_fail(what, e);
+    if (lt_cuda_capturing(ctx)) {
+        lt_cuda_capture_fail(ctx, what, e);
         return;
     }
     lt_error(ctx, LT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
@@ -58,33 +58,33 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
  * itself (a rank <= 16 side and a long streamed operand), 0 to leave it to cuBLASLt. */
-int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws);
 size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
 /* lt_cuda_matmul with the x-reuse rule of LT_MATMUL_NT_SAME_X for any mode: same_x = 1 says x
  * (pointer, rows, contents) is the one the workspace's bf16 area was last filled from. */
-void lt_cuda_matmul_reuse(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
+void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
                           void *ws, int same_x);
 /* Fills the workspace's bf16 x area with x (N rows of w's input width for NT, output width for
  * NN) as the matmul would, unless same_x and it already holds it; returns the bf16 rows (row
  * stride = that width), or NULL when x does not fit one chunk (the matmul then converts x
  * piecewise itself). */
-const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
+const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                                    int same_x);
-/* The f32 gemm's fixed device workspace and its size. */
-void *lt_cuda_gemm_workspace(size_t *bytes);
+/* The f32 gemm's fixed device workspace of ctx's state and its size. */
+void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
  * alignment is not theirs: C (M, N <= 16) = alpha·A (M, K, bf16)·op(B) + beta·C (tb: B (N, K),
  * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P, bf16) and
  * U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update C (M, N) = alpha·U (M, K <= 32)·V
  * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
-int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
+int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
                           int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes);
-int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float beta, void *ws);
@@ -110,6 +110,8 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+/* The native stream of ctx for lt_backend.native_stream (cuda_backend.cu). */
+void *lt_cuda_native_stream(lt_ctx *ctx);
 /* Step graphs (graph.cu). */
 lt_status lt_cuda_graph_begin(lt_ctx *ctx);
 lt_status lt_cuda_graph_end(lt_ctx *ctx, lt_graph **out);
@@ -117,7 +119,7 @@ lt_status lt_cuda_graph_launch(lt_ctx *ctx, lt_graph *g, const lt_adamw_params *
 void lt_cuda_graph_free(lt_graph *g);
 /* adamw under capture hands its kernel node to graph.cu (one per graph); graph.cu re-points the
  * node at new hyper-parameters before each replay through lt_cuda_adamw_node_params. */
-void lt_cuda_graph_note_adamw(float *p, const float *g, float *m, float *v, int64_t n);
+void lt_cuda_graph_note_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n);
 lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p,
                                     const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
 }

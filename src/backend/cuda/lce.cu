@@ -8,6 +8,7 @@
  * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
  * the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_state.cuh"
 extern "C" {
 #include "backend/lce_impl.h"
 }
@@ -233,7 +234,7 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
             bl->cache[slot].algo = res.algo;
         }
         s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
-                           &bl->cache[slot].algo, bl->ws, wsb, lt_cuda_stream());
+                           &bl->cache[slot].algo, bl->ws, wsb, lt_cuda_stream(ctx));
         if (s != CUBLAS_STATUS_SUCCESS)
             st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
     }
@@ -697,18 +698,8 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     if (h->dtype != LT_DTYPE_BF16)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h dtype %s; only bf16 is implemented",
                         lt_dtype_name(h->dtype));
-    switch (w->dtype) {
-    case LT_DTYPE_BF16: break;
-    case LT_DTYPE_Q8_0: case LT_DTYPE_Q4_0: case LT_DTYPE_Q4_1: case LT_DTYPE_INT4_G64:
-        r->quantized = 1;
-        break;
-    default:
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
-                        lt_dtype_name(w->dtype));
-    }
-    if (opt && opt->impl == LT_LCE_NAIVE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
+    /* head dtype and impl: served ones only (lt_backend_cuda_supports, supports.c) */
+    r->quantized = lt_dtype_is_quantized(w->dtype);
     r->N = h->shape[0];
     r->C = h->shape[1];
     r->V = w->shape[0];
@@ -755,13 +746,12 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->acc = (float *)(r->ws + r->pl.off_acc);
     r->deq = (__nv_bfloat16 *)(r->ws + r->pl.off_deq);
     r->z = (float *)(r->ws + r->pl.off_z);
-    /* One cuBLASLt handle for the process: creating one per call is host work in every step. */
-    static cublasLtHandle_t handle;
-    if (!handle && cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
-        handle = NULL;
-        return lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cublasLtCreate failed");
-    }
-    r->bl.lt = handle;
+    /* The context's cuBLASLt handle: creating one per call is host work in every step. */
+    lt_cuda_state *cst = lt_cuda_state_of(ctx);
+    if (!cst) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce (CUDA): needs a context");
+    pthread_mutex_lock(&cst->blas_mu);
+    r->bl.lt = lt_cuda_blas_handle(cst);
+    pthread_mutex_unlock(&cst->blas_mu);
     /* The model checks its targets on the host before the upload (targets_checked): no wait. */
     if (a->targets_checked) return LT_OK;
 
@@ -769,7 +759,7 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     int64_t none[2] = {INT64_MAX, INT64_MAX}, found[2];
     LT_TRY(lt_cuda_check(ctx, cudaMemcpy(r->bad, none, 16, cudaMemcpyHostToDevice), "lce: memcpy"));
     if (N > 0)
-        lce_check_targets<<<nblk(N, 256), 256, 0, lt_cuda_stream()>>>(a->targets, a->token_weight, N, r->V, r->k.ignore,
+        lce_check_targets<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(a->targets, a->token_weight, N, r->V, r->k.ignore,
                                                  r->bad);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "lce: target check kernel"));
     LT_TRY(lt_cuda_check(ctx, cudaMemcpy(found, r->bad, 16, cudaMemcpyDeviceToHost), "lce: memcpy"));
@@ -804,7 +794,7 @@ static lt_status lce_wtile(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_
         return LT_OK;
     }
     const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
-    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream()>>>(
+    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream(ctx)>>>(
         (const uint8_t *)a->w.data, (int)a->w.dtype, r->row_bytes, r->C, v0, vc, r->deq);
     *out = r->deq;
     return lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
@@ -823,7 +813,7 @@ extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt,
     lt_status st = lce_begin(ctx, opt, a, 0, &r);
     const int64_t N = r.N, V = r.V;
     if (st != LT_OK) goto done;
-    if (N > 0) lce_init_stats<<<nblk(N, 256), 256, 0, lt_cuda_stream()>>>(r.m, r.s, r.sumz, r.zt, N);
+    if (N > 0) lce_init_stats<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r.m, r.s, r.sumz, r.zt, N);
     /* Vocabulary tiles outside, token tiles inside: a quantized tile is dequantized once. */
     for (int64_t v0 = 0; v0 < V && st == LT_OK; v0 += r.pl.Vc) {
         const int vc = (int)min64(r.pl.Vc, V - v0);
@@ -833,7 +823,7 @@ extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt,
             const int64_t nc = min64(r.pl.Nc, N - n0);
             st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
             if (st != LT_OK) break;
-            lce_fwd_stats<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream()>>>(r.z, r.pl.ldz, vc, v0, a->targets + n0,
+            lce_fwd_stats<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0, a->targets + n0,
                                                          r.k.cap, r.m + n0, r.s + n0, r.sumz + n0,
                                                          r.zt + n0);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
@@ -841,16 +831,16 @@ extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt,
     }
     if (st == LT_OK && N > 0) {
         const int none = r.k.reduction == LT_REDUCTION_NONE;
-        lce_fwd_finish<<<nblk(N, 256), 256, 0, lt_cuda_stream()>>>(r.k, N, a->targets, a->token_weight, r.m, r.s, r.sumz,
+        lce_fwd_finish<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r.k, N, a->targets, a->token_weight, r.m, r.s, r.sumz,
                                               r.zt, a->lse, a->token_loss, r.sa, r.sb,
                                               none ? a->loss : NULL);
         if (!none) {
-            lce_sum2<<<1, 1024, 0, lt_cuda_stream()>>>(r.sa, r.sb, N, r.sums);
-            lce_fwd_reduce_out<<<1, 1, 0, lt_cuda_stream()>>>(r.sums, r.k.reduction, a->loss);
+            lce_sum2<<<1, 1024, 0, lt_cuda_stream(ctx)>>>(r.sa, r.sb, N, r.sums);
+            lce_fwd_reduce_out<<<1, 1, 0, lt_cuda_stream(ctx)>>>(r.sums, r.k.reduction, a->loss);
         }
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: loss kernels");
     } else if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {
-        st = lt_cuda_check(ctx, cudaMemsetAsync(a->loss, 0, 4, lt_cuda_stream()), "lce: memset");
+        st = lt_cuda_check(ctx, cudaMemsetAsync(a->loss, 0, 4, lt_cuda_stream(ctx)), "lce: memset");
     }
 done:
     lce_end(ctx, &r);
@@ -861,9 +851,9 @@ done:
  * weight of the non-ignored tokens (r->sb and r->sums as scratch). */
 static lt_status lce_coefficients(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, float *coef) {
     const int64_t N = r->N;
-    lce_weights<<<nblk(N, 256), 256, 0, lt_cuda_stream()>>>(a->targets, a->token_weight, r->k.ignore, N, r->sb);
-    lce_sum2<<<1, 1024, 0, lt_cuda_stream()>>>(NULL, r->sb, N, r->sums);
-    lce_bwd_coef<<<nblk(N, 256), 256, 0, lt_cuda_stream()>>>(r->k, N, a->targets, a->token_weight, a->dloss, r->sums, coef);
+    lce_weights<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(a->targets, a->token_weight, r->k.ignore, N, r->sb);
+    lce_sum2<<<1, 1024, 0, lt_cuda_stream(ctx)>>>(NULL, r->sb, N, r->sums);
+    lce_bwd_coef<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r->k, N, a->targets, a->token_weight, a->dloss, r->sums, coef);
     return lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
 }
 
@@ -884,7 +874,7 @@ extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt
             st = lce_wtile(ctx, &r, a, v0, vc, &wt);
             if (st == LT_OK) st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
             if (st != LT_OK) break;
-            lce_bwd_grad<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream()>>>(
+            lce_bwd_grad<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(
                 r.z, r.pl.ldz, vc, v0, r.k, a->targets + n0, a->lse + n0, coef + n0);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: gradient kernel");
             const __nv_bfloat16 *g = (const __nv_bfloat16 *)r.z; /* (nc, vc), ld 2·ldz */
@@ -901,7 +891,7 @@ extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt
         if (st == LT_OK) {
             const int bf = a->dh->dtype == LT_DTYPE_BF16;
             char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
-            lce_store_dh<<<nblk(nc * C, 256), 256, 0, lt_cuda_stream()>>>(r.acc, nc, C, dst, bf, a->dh->stride[0]);
+            lce_store_dh<<<nblk(nc * C, 256), 256, 0, lt_cuda_stream(ctx)>>>(r.acc, nc, C, dst, bf, a->dh->stride[0]);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: dh store kernel");
         }
     }
@@ -943,13 +933,13 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
                               zbf ? CUDA_R_16BF : CUDA_R_32F, r.pl.ldz);
             if (st != LT_OK) break;
             if (colsum && n0 == 0)
-                lce_colsum<<<nblk(C, 32), dim3(32, 8), 0, lt_cuda_stream()>>>(wt, vc, C, colsum, v0 == 0);
+                lce_colsum<<<nblk(C, 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(wt, vc, C, colsum, v0 == 0);
             if (zbf)
-                lce_fb_stats<__nv_bfloat16><<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream()>>>(
+                lce_fb_stats<__nv_bfloat16><<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(
                     (__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
                     r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
             else
-                lce_fb_stats<float><<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream()>>>(
+                lce_fb_stats<float><<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(
                     r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
                     r.sumz + n0, r.zt + n0, r.acc, C);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
@@ -961,7 +951,7 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         if (st != LT_OK) break;
         const int none = r.k.reduction == LT_REDUCTION_NONE;
         char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
-        lce_fb_finish<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream()>>>(
+        lce_fb_finish<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(
             r.k, a->targets + n0, a->token_weight ? a->token_weight + n0 : NULL, r.m + n0, r.s + n0,
             r.sumz + n0, r.zt + n0, r.coef + n0, r.acc, C, colsum, a->w.data, (int)a->w.dtype,
             r.row_bytes, dst, bf, a->dh->stride[0], a->lse + n0,
@@ -969,8 +959,8 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: finish kernel");
     }
     if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {
-        lce_sum2<<<1, 1024, 0, lt_cuda_stream()>>>(r.sa, r.sb, N, r.sums);
-        lce_fwd_reduce_out<<<1, 1, 0, lt_cuda_stream()>>>(r.sums, r.k.reduction, a->loss);
+        lce_sum2<<<1, 1024, 0, lt_cuda_stream(ctx)>>>(r.sa, r.sb, N, r.sums);
+        lce_fwd_reduce_out<<<1, 1, 0, lt_cuda_stream(ctx)>>>(r.sums, r.k.reduction, a->loss);
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: loss kernels");
     }
     lce_end(ctx, &r);

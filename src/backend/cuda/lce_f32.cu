@@ -47,7 +47,7 @@ extern "C" lt_status lt_lce_cuda_f32_run(lt_ctx *ctx, const lt_lce_options *opt,
     const int64_t n = a->h.shape[0] * a->h.shape[1];
     int64_t blocks = (n + 255) / 256;
     if (blocks > 65535 * 16) blocks = 65535 * 16;
-    lce_h_to_bf16<<<(unsigned)(blocks < 1 ? 1 : blocks), 256, 0, lt_cuda_stream()>>>((const float *)a->h.data, (__nv_bfloat16 *)ws, n);
+    lce_h_to_bf16<<<(unsigned)(blocks < 1 ? 1 : blocks), 256, 0, lt_cuda_stream(ctx)>>>((const float *)a->h.data, (__nv_bfloat16 *)ws, n);
     lt_status st = lt_cuda_check(ctx, cudaGetLastError(), "lce (CUDA f32): h to bf16");
     if (st == LT_OK) {
         lt_lce_args b = bf16_args(a, ws);

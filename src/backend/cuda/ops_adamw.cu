@@ -35,14 +35,13 @@ static void bias_corrections(const lt_adamw_params *hp, float *bc1, float *bc2) 
 }
 
 void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp) {
-    (void)ctx;
     if (n <= 0) return;
     float bc1, bc2;
     bias_corrections(hp, &bc1, &bc2);
-    adamw_k<<<lt_cuda_grid(n, ADAMW_THREADS), ADAMW_THREADS, 0, lt_cuda_stream()>>>(p, g, m, v, n, *hp, bc1, bc2);
-    LT_CUDA_LAUNCHED("adamw");
+    adamw_k<<<lt_cuda_grid(n, ADAMW_THREADS), ADAMW_THREADS, 0, lt_cuda_stream(ctx)>>>(p, g, m, v, n, *hp, bc1, bc2);
+    LT_CUDA_LAUNCHED(ctx, "adamw");
     /* The learning rate and step change every step: a captured step's node gets them per replay. */
-    if (lt_cuda_capturing()) lt_cuda_graph_note_adamw(p, g, m, v, n);
+    if (lt_cuda_capturing(ctx)) lt_cuda_graph_note_adamw(ctx, p, g, m, v, n);
 }
 
 /* The same launch as lt_cuda_adamw, written into a graph's kernel node (same grid, new values). */

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_state.cuh"
 
 #define EW_THREADS 256
 
@@ -33,16 +34,15 @@ static int aligned16_3(const void *a, const void *b, const void *c) {
 }
 
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
-    (void)ctx;
     if (n <= 0) return;
     if (n % 4 == 0 && aligned16_3(g, u, a)) {
-        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>((const float4 *)g, (const float4 *)u, n / 4,
+        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)g, (const float4 *)u, n / 4,
                                                                         (float4 *)a);
-        LT_CUDA_LAUNCHED("swiglu_fwd");
+        LT_CUDA_LAUNCHED(ctx, "swiglu_fwd");
         return;
     }
-    swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(g, u, n, a);
-    LT_CUDA_LAUNCHED("swiglu_fwd");
+    swiglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, u, n, a);
+    LT_CUDA_LAUNCHED(ctx, "swiglu_fwd");
 }
 
 /* silu'(g) = σ(g)·(1 + g·(1 − σ(g))), as the CPU op. */
@@ -57,10 +57,9 @@ __global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, in
 
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
                         float *du) {
-    (void)ctx;
     if (n <= 0) return;
-    swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(da, g, u, n, dg, du);
-    LT_CUDA_LAUNCHED("swiglu_bwd");
+    swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
+    LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
 }
 
 /* One block row per token (grid-stride in y), threads across C. */
@@ -74,13 +73,12 @@ __global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, 
 }
 
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {
-    (void)ctx;
     int64_t C = table->shape[1];
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
-    embedding_k<<<grid, EW_THREADS, 0, lt_cuda_stream()>>>(table->dtype, (const uint8_t *)table->data,
+    embedding_k<<<grid, EW_THREADS, 0, lt_cuda_stream(ctx)>>>(table->dtype, (const uint8_t *)table->data,
                                       (size_t)lt_dtype_row_bytes(table->dtype, C), ids, N, C, out);
-    LT_CUDA_LAUNCHED("embedding");
+    LT_CUDA_LAUNCHED(ctx, "embedding");
 }
 
 __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
@@ -89,10 +87,9 @@ __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
 }
 
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
-    axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(y, x, alpha, n);
-    LT_CUDA_LAUNCHED("add");
+    axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(y, x, alpha, n);
+    LT_CUDA_LAUNCHED(ctx, "add");
 }
 
 __global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
@@ -102,11 +99,10 @@ __global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
 }
 
 void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {
-    (void)ctx;
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
-    bias_k<<<grid, EW_THREADS, 0, lt_cuda_stream()>>>(y, b, N, C);
-    LT_CUDA_LAUNCHED("add_bias");
+    bias_k<<<grid, EW_THREADS, 0, lt_cuda_stream(ctx)>>>(y, b, N, C);
+    LT_CUDA_LAUNCHED(ctx, "add_bias");
 }
 
 /* The CPU backend's splitmix64 finaliser of (seed, index) (src/backend/cpu/ops_elementwise.c):
@@ -127,20 +123,20 @@ __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshol
 void lt_cuda_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
     if (n <= 0) return;
     if (p <= 0.0f) {
-        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, lt_cuda_stream()),
+        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, lt_cuda_stream(ctx)),
                                         "dropout copy");
         return;
     }
     /* threshold and scale computed on the host exactly as the CPU op does */
     uint32_t threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     float keep_scale = 1.0f / (1.0f - p);
-    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(x, y, n, threshold, keep_scale, seed, offset);
-    LT_CUDA_LAUNCHED("dropout");
+    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(x, y, n, threshold, keep_scale, seed, offset);
+    LT_CUDA_LAUNCHED(ctx, "dropout");
 }
 
 void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes) {
     if (!bytes) return;
-    lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, lt_cuda_stream()), "zero");
+    lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, lt_cuda_stream(ctx)), "zero");
 }
 
 __global__ void scale_k(float *x, float a, int64_t n) {
@@ -149,21 +145,26 @@ __global__ void scale_k(float *x, float a, int64_t n) {
 }
 
 void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n) {
-    (void)ctx;
     if (n <= 0) return;
-    scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(x, a, n);
-    LT_CUDA_LAUNCHED("scale");
+    scale_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(x, a, n);
+    LT_CUDA_LAUNCHED(ctx, "scale");
 }
 
 /* Sum of squares in two deterministic passes: SUMSQ_BLOCKS fixed blocks each reduce a strided
  * share in float64 into a partial, then one block adds the partials in a fixed order. The
- * partials live in a module-level device array, so the op needs no workspace; concurrent calls
- * from several host threads would share it (the backend runs on one stream from one thread). */
-#define SUMSQ_BLOCKS 512
+ * partials and the total (part[SUMSQ_BLOCKS]) live in the context's state (cuda_state.cuh), so
+ * the op needs no workspace argument and contexts never share them. */
+#define SUMSQ_BLOCKS LT_CUDA_SUMSQ_PARTS
 #define SUMSQ_THREADS 256
 
-__device__ double lt_sumsq_part[SUMSQ_BLOCKS];
-__device__ double lt_sumsq_total;
+static double *sumsq_parts(lt_ctx *ctx) {
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL); /* the partials live in a context's state */
+    pthread_mutex_lock(&st->blas_mu);
+    (void)lt_cuda_blas_handle(st);
+    pthread_mutex_unlock(&st->blas_mu);
+    return st->sumsq;
+}
 
 static __device__ double block_sum(double v, double *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -178,7 +179,7 @@ static __device__ double block_sum(double v, double *sh) {
     return v; /* valid in thread 0 */
 }
 
-__global__ void sumsq_part_k(const float *x, int64_t n) {
+__global__ void sumsq_part_k(const float *x, int64_t n, double *part) {
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -186,37 +187,38 @@ __global__ void sumsq_part_k(const float *x, int64_t n) {
         s += v * v;
     }
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) lt_sumsq_part[blockIdx.x] = s;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-__global__ void sumsq_final_k(int parts) {
+__global__ void sumsq_final_k(int parts, double *part) {
     __shared__ double sh[32];
     double s = 0;
-    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += lt_sumsq_part[i];
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) lt_sumsq_total = s;
+    if (threadIdx.x == 0) part[SUMSQ_BLOCKS] = s;
 }
 
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
     if (n <= 0) return 0.0f;
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream()>>>(x, n);
-    LT_CUDA_LAUNCHED("sumsq");
-    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream()>>>((int)blocks);
-    LT_CUDA_LAUNCHED("sumsq");
+    double *part = sumsq_parts(ctx);
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(x, n, part);
+    LT_CUDA_LAUNCHED(ctx, "sumsq");
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
+    LT_CUDA_LAUNCHED(ctx, "sumsq");
     double s = 0;
-    lt_cuda_check_abort(ctx, cudaMemcpyFromSymbolAsync(&s, lt_sumsq_total, sizeof s, 0, cudaMemcpyDeviceToHost,
-                                                       lt_cuda_stream()),
+    lt_cuda_check_abort(ctx, cudaMemcpyAsync(&s, part + SUMSQ_BLOCKS, sizeof s, cudaMemcpyDeviceToHost,
+                                             lt_cuda_stream(ctx)),
                         "sumsq result");
-    lt_cuda_check_abort(ctx, cudaStreamSynchronize(lt_cuda_stream()), "sumsq wait");
+    lt_cuda_check_abort(ctx, cudaStreamSynchronize(lt_cuda_stream(ctx)), "sumsq wait");
     return (float)s;
 }
 
 /* The trainer's clipping rule on the device: every thread derives the same factor from the total
  * (rounded to float first, as sumsq hands it to the host), so no host wait decides it. */
-__global__ void clip_k(float *g, int64_t n, double max_norm) {
-    const double norm = sqrt((double)(float)lt_sumsq_total);
+__global__ void clip_k(float *g, int64_t n, double max_norm, const double *total) {
+    const double norm = sqrt((double)(float)*total);
     if (!(norm > max_norm)) return;
     const float a = (float)(max_norm / norm);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -224,14 +226,14 @@ __global__ void clip_k(float *g, int64_t n, double max_norm) {
 }
 
 void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm) {
-    (void)ctx;
     if (n <= 0) return;
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream()>>>(g, n);
-    LT_CUDA_LAUNCHED("clip_norm");
-    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream()>>>((int)blocks);
-    LT_CUDA_LAUNCHED("clip_norm");
-    clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream()>>>(g, n, max_norm);
-    LT_CUDA_LAUNCHED("clip_norm");
+    double *part = sumsq_parts(ctx);
+    sumsq_part_k<<<blocks, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, part);
+    LT_CUDA_LAUNCHED(ctx, "clip_norm");
+    sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
+    LT_CUDA_LAUNCHED(ctx, "clip_norm");
+    clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, max_norm, part + SUMSQ_BLOCKS);
+    LT_CUDA_LAUNCHED(ctx, "clip_norm");
 }

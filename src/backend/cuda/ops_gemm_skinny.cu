@@ -199,7 +199,7 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define SKINNY_TARGET_BLOCKS 528
 
 template <typename XT>
-static void tall(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
+static void tall(lt_ctx *ctx, int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
                  float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
     const int R = n <= 8 ? 8 : 16;
     const int64_t colblocks = (P + TR_COLS - 1) / TR_COLS;
@@ -212,17 +212,17 @@ static void tall(int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t 
     splits = (K + kslice - 1) / kslice;
     dim3 grid((unsigned)colblocks, (unsigned)splits);
     float *part = (float *)ws;
-    if (R == 8) tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
-    else tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream()>>>(P, n, K, kslice, X, ldx, U, ldu, part);
-    LT_CUDA_LAUNCHED("gemm: tall reduction");
-    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream()>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
-    LT_CUDA_LAUNCHED("gemm: tall reduction sum");
+    if (R == 8) tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    else tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    LT_CUDA_LAUNCHED(ctx, "gemm: tall reduction");
+    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream(ctx)>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
+    LT_CUDA_LAUNCHED(ctx, "gemm: tall reduction sum");
 }
 
 /* Runs the row-major gemm C (M, N) = alpha·op(A)·op(B) + beta·C here when it is one of the skinny
  * shapes above (K > 0) and returns 1; 0 leaves it to cuBLASLt. ws: at least ws_bytes of device
  * scratch (the gemm's fixed workspace). */
-extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+extern "C" int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
                                    size_t ws_bytes) {
     if (!ta && N <= 16 && M >= 64 && K >= 128 && K % 4 == 0 && lda % 4 == 0 && aligned16(A)) {
@@ -233,7 +233,7 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
         const int n = (int)N;
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream()>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
+#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream(ctx)>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -242,29 +242,29 @@ extern "C" int lt_cuda_gemm_skinny(int ta, int tb, int64_t M, int64_t N, int64_t
             else vb ? SMALL_N(16, 0, 1) : SMALL_N(16, 0, 0);
         }
 #undef SMALL_N
-        LT_CUDA_LAUNCHED("gemm: small n");
+        LT_CUDA_LAUNCHED(ctx, "gemm: small n");
         return 1;
     }
     if (!ta && !tb && K <= 16 && M >= 64 && N % 4 == 0 && ldc % 4 == 0 && ldb % 4 == 0 && aligned16(C) &&
         aligned16(B)) {
         /* dlu·A into dx: one pass over C */
         const unsigned g = lt_cuda_grid(M * (N / 4), 256);
-        if (K <= 8) small_k_k<8><<<g, 256, 0, lt_cuda_stream()>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-        else small_k_k<16><<<g, 256, 0, lt_cuda_stream()>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
-        LT_CUDA_LAUNCHED("gemm: small k");
+        if (K <= 8) small_k_k<8><<<g, 256, 0, lt_cuda_stream(ctx)>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else small_k_k<16><<<g, 256, 0, lt_cuda_stream(ctx)>>>(M, N, (int)K, alpha, A, lda, B, ldb, beta, C, ldc);
+        LT_CUDA_LAUNCHED(ctx, "gemm: small k");
         return 1;
     }
     if (ta && !tb && K >= 1024) {
         /* dluᵀ·x (M = r): X = B (K, N), U = A (K, M), C (M, N) */
         if (M <= 16 && N % 4 == 0 && ldb % 4 == 0 && aligned16(B) &&
             (size_t)16 * (size_t)N * sizeof(float) <= ws_bytes) {
-            tall(N, (int)M, K, alpha, B, ldb, A, lda, beta, C, ldc, 0, ws, ws_bytes);
+            tall(ctx, N, (int)M, K, alpha, B, ldb, A, lda, beta, C, ldc, 0, ws, ws_bytes);
             return 1;
         }
         /* dyᵀ·lu (N = r): X = A (K, M), U = B (K, N), C (M, N) */
         if (N <= 16 && M % 4 == 0 && lda % 4 == 0 && aligned16(A) &&
             (size_t)16 * (size_t)M * sizeof(float) <= ws_bytes) {
-            tall(M, (int)N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, ws, ws_bytes);
+            tall(ctx, M, (int)N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, ws, ws_bytes);
             return 1;
         }
     }
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
     }
 }
 
-extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
@@ -362,7 +362,7 @@ extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float
     const __nv_bfloat16 *a = (const __nv_bfloat16 *)A;
     const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
     const int n = (int)N;
-    cudaStream_t st = lt_cuda_stream();
+    cudaStream_t st = lt_cuda_stream(ctx);
     if (N <= 8) {
         if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
         else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
@@ -370,17 +370,17 @@ extern "C" int lt_cuda_skinny_h_n(int tb, int64_t M, int64_t N, int64_t K, float
         if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
         else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
     }
-    LT_CUDA_LAUNCHED("lora: small n (bf16)");
+    LT_CUDA_LAUNCHED(ctx, "lora: small n (bf16)");
     return 1;
 }
 
-extern "C" int lt_cuda_skinny_h_tall(int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
+extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
                                      const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws,
                                      size_t ws_bytes) {
     if (P <= 0 || n <= 0 || n > 16 || K < 1024 || P % 4 || ldx % 4 || (uintptr_t)X % 8 ||
         (size_t)16 * (size_t)P * sizeof(float) > ws_bytes)
         return 0;
-    tall(P, (int)n, K, alpha, (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc, c_pj, ws, ws_bytes);
+    tall(ctx, P, (int)n, K, alpha, (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc, c_pj, ws, ws_bytes);
     return 1;
 }
 
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(RU_THREADS) rank_upd_k(int64_t M, int64_t N, i
     }
 }
 
-extern "C" int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                                    const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C,
                                    int64_t ldc) {
     if (M <= 0 || N <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3 || N % 4 || ldc % 4 ||
@@ -459,10 +459,10 @@ extern "C" int lt_cuda_rank_update(int64_t M, int64_t N, int K, float alpha, con
     const int64_t rows_per = (M + ys - 1) / ys;
     ys = (M + rows_per - 1) / rows_per;
     dim3 grid((unsigned)colblocks, (unsigned)ys);
-    cudaStream_t st = lt_cuda_stream();
+    cudaStream_t st = lt_cuda_stream(ctx);
     if (K <= 8) rank_upd_k<8><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
     else if (K <= 16) rank_upd_k<16><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
     else rank_upd_k<32><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
-    LT_CUDA_LAUNCHED("lora: rank update");
+    LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
 }

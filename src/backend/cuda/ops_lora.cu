@@ -38,18 +38,18 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             continue;
         }
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y)) xb = lt_cuda_matmul_stage_x(LT_MATMUL_NT, P->w, x, n, ws, staged);
+        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y)) xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            int ok = lt_cuda_skinny_h_n(1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
+            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
-            ok = ok && lt_cuda_rank_update(n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
+            ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
             lt_prof_end(ph);
             LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
-            lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, 1.0f, P->y, ws, 1);
+            lt_cuda_matmul_reuse(ctx, LT_MATMUL_NT, P->w, x, n, 1.0f, P->y, ws, 1);
         } else {
-            lt_cuda_matmul_reuse(LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
+            lt_cuda_matmul_reuse(ctx, LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
             if (P->a) {
                 const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
                 lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
@@ -78,7 +78,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         return;
     }
     size_t gws_bytes = 0;
-    void *gws = lt_cuda_gemm_workspace(&gws_bytes);
+    void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
     const int64_t ldd = na * r; /* dlu (n, na·r): the adapted members' column blocks in order */
     const float *apieces[3] = {NULL, NULL, NULL};
     int ia = 0, based = 0;
@@ -87,16 +87,16 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         const int64_t out = P->w->shape[0];
         const float bbeta = based ? 1.0f : beta;
         if (!P->a) {
-            if (dx) lt_cuda_matmul_reuse(LT_MATMUL_NN, P->w, P->dy, n, bbeta, dx, ws, 0), based = 1;
+            if (dx) lt_cuda_matmul_reuse(ctx, LT_MATMUL_NN, P->w, P->dy, n, bbeta, dx, ws, 0), based = 1;
             continue;
         }
         float *dl = dlu + ia * r;
         apieces[ia++] = P->a;
-        const void *dyb = lt_cuda_matmul_stage_x(LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
+        const void *dyb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
-            int k1 = lt_cuda_skinny_h_n(0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
-            int k2 = k1 && lt_cuda_skinny_h_tall(out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
+            int k2 = k1 && lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
         } else {
@@ -106,9 +106,9 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in); /* ga += dluᵀ·x */
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
-            pre = lt_cuda_rank_update(n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
+            pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
         lt_prof_end(ph);
-        if (dx) lt_cuda_matmul_reuse(LT_MATMUL_NN, P->w, P->dy, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
+        if (dx) lt_cuda_matmul_reuse(ctx, LT_MATMUL_NN, P->w, P->dy, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
         based = 1;
         if (dx && G == 1 && !pre) {
             const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
@@ -119,7 +119,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
     if (!dx || G == 1) return;
     /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
     const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-    if (!lt_cuda_rank_update(n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, dx, in))
+    if (!lt_cuda_rank_update(ctx, n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, dx, in))
         for (int j = 0; j < na; j++)
             lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);
     lt_prof_end(ph);

@@ -5,7 +5,6 @@
  * bf16 cuBLASLt GEMM per tile accumulates in fp32 into the f32 output (beta honoured). There is
  * no fused dequantising GEMM: the tile conversion is a separate memory-bound pass.
  * Row-major products are column-major ones with the operands swapped: C = A·B ⇔ Cᵀ = Bᵀ·Aᵀ. */
-#include <pthread.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -15,6 +14,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_state.cuh"
 
 extern "C" {
 #include "backend/prof.h"
@@ -23,13 +23,6 @@ extern "C" {
 /* cuBLASLt workspace inside the matmul workspace (NVIDIA recommends 32 MiB on Hopper; 4 MiB lost
  * ~3% at 8192 x 4096 x 14336 in last session's LCE measurements). */
 #define MM_BLAS_WS ((size_t)32 << 20)
-/* The f32 `gemm` has no workspace argument, but its LoRA products with a long reduction over the
- * tokens (dA = duᵀ·x: 8 x 4096 outputs, K = 8192) need split-K, which needs workspace: without
- * any they ran at 1.6 TFLOP/s on an H200 (bench matmul, R1). It gets a fixed 4 MiB device array,
- * part of the module's static memory rather than an lt_alloc block, shared by every call on the
- * one stream. */
-#define GEMM_WS_BYTES ((size_t)4 << 20)
-__device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
 /* Weight elements converted to bf16 per tile: 64M (128 MiB) holds a whole 14336 x 4096 projection,
  * so every 8B layer takes one tile and x is converted once per chunk. With 32M the MLP layers took
  * two tiles, and with several x chunks each tile re-converted x: Q4_0 NN at N = 32768 ran at 0.80
@@ -43,32 +36,10 @@ __device__ __align__(256) unsigned char lt_gemm_ws[GEMM_WS_BYTES];
 #define MM_X_ROWS ((int64_t)8192)
 #define MM_X_ELEMS ((int64_t)8192 * 14336)
 
-/* ---- cuBLASLt handle and plan cache ---- */
+/* ---- cuBLASLt plans: the context's state holds the handle and the plan cache ---- */
 
-typedef struct blas_key {
-    int kind; /* 0: f32 A, B, C; 1: bf16 A, B, f32 C */
-    int ta, tb;
-    int64_t m, n, k, lda, ldb, ldc;
-    int align_a, align_b, align_c;
-    size_t ws;
-} blas_key;
-
-typedef struct blas_plan {
-    blas_key key;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t ad, bd, cd;
-    cublasLtMatmulAlgo_t algo;
-} blas_plan;
-
-/* Plans are per shape; a model uses ~20 distinct shapes, so 128 slots never evict in practice
- * (eviction is round-robin when they do). */
-#define BLAS_PLANS 128
-
-static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
-static cublasLtHandle_t blas_handle;
-static void *gemm_ws; /* device address of lt_gemm_ws */
-static blas_plan blas_plans[BLAS_PLANS];
-static int blas_nplans, blas_next;
+typedef lt_cuda_blas_key blas_key;
+typedef lt_cuda_blas_plan blas_plan;
 
 static int ptr_align(const void *p) {
     uintptr_t a = (uintptr_t)p;
@@ -93,7 +64,7 @@ static void plan_free(blas_plan *p) {
                      (long long)k->n, (long long)k->k);                                               \
     } while (0)
 
-static void plan_make(blas_plan *p, const blas_key *k) {
+static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     cudaDataType_t ab = k->kind ? CUDA_R_16BF : CUDA_R_32F;
@@ -123,7 +94,7 @@ static void plan_make(blas_plan *p, const blas_key *k) {
             "preference");
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res,
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res,
                                                       &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
@@ -132,8 +103,9 @@ static void plan_make(blas_plan *p, const blas_key *k) {
     p->algo = res.algo;
 }
 
-/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on the backend's stream. */
-static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha, const void *A,
+/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
+ * > 0 is the state's gemm workspace. */
+static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha, const void *A,
                      int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
                      size_t wsb) {
     blas_key key;
@@ -143,45 +115,42 @@ static void blas_run(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk,
     key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_c = ptr_align(C);
     key.ws = wsb;
     const blas_key *k = &key;
-    pthread_mutex_lock(&blas_mu);
-    if (!blas_handle) BLAS_OK(cublasLtCreate(&blas_handle), "handle creation");
-    if (!gemm_ws) {
-        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
-        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
-    }
-    if (ws == NULL && wsb) ws = gemm_ws; /* the f32 gemm's fixed workspace */
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL); /* cuBLASLt plans live in a context's state */
+    pthread_mutex_lock(&st->blas_mu);
+    cublasLtHandle_t handle = lt_cuda_blas_handle(st);
+    if (ws == NULL && wsb) ws = st->gemm_ws; /* the f32 gemm's fixed workspace */
     blas_plan *p = NULL;
-    for (int i = 0; i < blas_nplans && !p; i++)
-        if (!memcmp(&blas_plans[i].key, &key, sizeof key)) p = &blas_plans[i];
+    for (int i = 0; i < st->nplans && !p; i++)
+        if (!memcmp(&st->plans[i].key, &key, sizeof key)) p = &st->plans[i];
     if (!p) {
-        int slot = blas_nplans < BLAS_PLANS ? blas_nplans++ : (blas_next++ % BLAS_PLANS);
-        plan_free(&blas_plans[slot]);
-        plan_make(&blas_plans[slot], &key);
-        p = &blas_plans[slot];
+        int slot = st->nplans < LT_CUDA_BLAS_PLANS ? st->nplans++ : (st->next_plan++ % LT_CUDA_BLAS_PLANS);
+        plan_free(&st->plans[slot]);
+        plan_make(handle, &st->plans[slot], &key);
+        p = &st->plans[slot];
     }
-    cublasStatus_t bs = cublasLtMatmul(blas_handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd,
-                                       &p->algo, ws, wsb, lt_cuda_stream());
+    cublasStatus_t bs = cublasLtMatmul(handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd,
+                                       &p->algo, ws, wsb, st->stream);
     /* While a step is being captured, a failed matmul marks the capture failed (the trainer then
      * runs the step eagerly), as failed launches do (LT_CUDA_LAUNCHED); otherwise it aborts. */
-    if (bs != CUBLAS_STATUS_SUCCESS && lt_cuda_capturing()) {
-        lt_cuda_capture_fail("cuBLASLt matmul", cudaErrorUnknown);
+    if (bs != CUBLAS_STATUS_SUCCESS && st->cap.active) {
+        lt_cuda_capture_fail(ctx, "cuBLASLt matmul", cudaErrorUnknown);
         bs = CUBLAS_STATUS_SUCCESS;
     }
+    pthread_mutex_unlock(&st->blas_mu);
     BLAS_OK(bs, "matmul");
-    pthread_mutex_unlock(&blas_mu);
 }
 
 /* ---- f32 GEMM ---- */
 
-/* Device address of the gemm's fixed workspace (looked up once). */
-static void *gemm_workspace(void) {
-    pthread_mutex_lock(&blas_mu);
-    if (!gemm_ws) {
-        cudaError_t e = cudaGetSymbolAddress(&gemm_ws, lt_gemm_ws);
-        if (e != cudaSuccess) LT_ABORT("gemm workspace: cudaGetSymbolAddress: %s", cudaGetErrorString(e));
-    }
-    void *p = gemm_ws;
-    pthread_mutex_unlock(&blas_mu);
+/* The context's fixed gemm workspace (made with its cuBLASLt handle). */
+static void *gemm_workspace(lt_ctx *ctx) {
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL);
+    pthread_mutex_lock(&st->blas_mu);
+    (void)lt_cuda_blas_handle(st);
+    void *p = st->gemm_ws;
+    pthread_mutex_unlock(&st->blas_mu);
     return p;
 }
 
@@ -193,20 +162,19 @@ __global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float bet
 
 void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    (void)ctx;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* no product: C = beta·C, as the CPU op */
         dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-        scale_c_k<<<grid, 256, 0, lt_cuda_stream()>>>(C, M, N, ldc, beta);
-        LT_CUDA_LAUNCHED("gemm (K = 0)");
+        scale_c_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(C, M, N, ldc, beta);
+        LT_CUDA_LAUNCHED(ctx, "gemm (K = 0)");
         return;
     }
     /* the LoRA products with a rank-r side that stream a whole activation: one pass here */
-    if (lt_cuda_gemm_skinny(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(),
-                            GEMM_WS_BYTES))
+    if (lt_cuda_gemm_skinny(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, gemm_workspace(ctx),
+                            LT_CUDA_GEMM_WS_BYTES))
         return;
     /* row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) = op(B)ᵀ·op(A)ᵀ */
-    blas_run(0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, GEMM_WS_BYTES);
+    blas_run(ctx, 0, trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, NULL, LT_CUDA_GEMM_WS_BYTES);
 }
 
 /* ---- weight matmul ---- */
@@ -265,15 +233,15 @@ __global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
 }
 
 /* n f32 → bf16 (dst 16-byte aligned): vector loads when src allows, then the tail. */
-static void to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
+static void to_bf16(lt_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
     int64_t n8 = ((uintptr_t)x % 16) ? 0 : n / 8;
     if (n8) {
-        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256, 0, lt_cuda_stream()>>>((const float4 *)x, (uint4 *)y, n8);
-        LT_CUDA_LAUNCHED("matmul: x to bf16");
+        to_bf16_vec_k<<<lt_cuda_grid(n8, 256), 256, 0, lt_cuda_stream(ctx)>>>((const float4 *)x, (uint4 *)y, n8);
+        LT_CUDA_LAUNCHED(ctx, "matmul: x to bf16");
     }
     if (n - 8 * n8) {
-        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256, 0, lt_cuda_stream()>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
-        LT_CUDA_LAUNCHED("matmul: x to bf16");
+        to_bf16_k<<<lt_cuda_grid(n - 8 * n8, 256), 256, 0, lt_cuda_stream(ctx)>>>(x + 8 * n8, y + 8 * n8, n - 8 * n8);
+        LT_CUDA_LAUNCHED(ctx, "matmul: x to bf16");
     }
 }
 
@@ -305,40 +273,30 @@ __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes,
     }
 }
 
-/* What the bf16 x area of a workspace holds: all of x (one chunk) from this call, or nothing
- * (x == NULL). Read and written only by lt_cuda_matmul, from the one host thread that runs a
- * model step. */
-typedef struct mm_xcache {
-    const void *ws;
-    const float *x;
-    int64_t N, width;
-    size_t off_x;
-} mm_xcache;
-static mm_xcache mm_last;
-
 /* Whether the workspace's bf16 x area holds all of x (N rows of width xin) for a layout l. */
-static int mm_x_cached(const void *ws, const float *x, int64_t N, int64_t xin, const mm_layout *l) {
+static int mm_x_cached(const lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin, const mm_layout *l) {
     return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
            mm_last.off_x == l->off_x;
 }
 
-const void *lt_cuda_matmul_stage_x(lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
+const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
                                    int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     const mm_layout l = mm_plan(w->dtype, out, in, N);
     const int64_t xin = mode == LT_MATMUL_NN ? out : in;
     if (N <= 0 || N > l.x_rows || xin % 8) return NULL;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
-    if (!(same_x && mm_x_cached(ws, x, N, xin, &l))) {
+    lt_cuda_xcache &mm_last = lt_cuda_state_of(ctx)->xcache;
+    if (!(same_x && mm_x_cached(mm_last, ws, x, N, xin, &l))) {
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
-        to_bf16(x, xb, N * xin);
+        to_bf16(ctx, x, xb, N * xin);
         lt_prof_end(ph);
         mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
     }
     return xb;
 }
 
-void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
+void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
                           void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
@@ -354,7 +312,10 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
     const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
     /* one chunk: x is converted once for every tile, and not at all when the caller says this x
      * is the previous call's and that call left all of it in this workspace */
-    int x_ready = same_x && nchunks == 1 && mm_x_cached(ws, x, N, xin, &l);
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL);
+    lt_cuda_xcache &mm_last = st->xcache;
+    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l);
     if (!x_ready) mm_last.x = NULL;
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
@@ -364,13 +325,13 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
         } else {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
-                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream()>>>(dt, (const uint8_t *)w->data, row_bytes,
+                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes,
                                                                               r0, rows, in, tile);
             } else {
                 dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
-                dequant_tile_k<<<grid, 256, 0, lt_cuda_stream()>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+                dequant_tile_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
             }
-            LT_CUDA_LAUNCHED("matmul: weight tile to bf16");
+            LT_CUDA_LAUNCHED(ctx, "matmul: weight tile to bf16");
             lt_prof_end(ph);
             wt = tile;
         }
@@ -378,15 +339,15 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
                 const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
-                to_bf16(x + n0 * xin, xb, nr * xin);
+                to_bf16(ctx, x + n0 * xin, xb, nr * xin);
                 lt_prof_end(ph);
                 x_ready = 1;
                 if (nchunks == 1) mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
-                blas_run(1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);
+                blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);
             else /* yᵀ[:, n0:] += W_tileᵀ (in, rows) · xᵀ[r0:r0+rows, :] */
-                blas_run(1, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f, y + n0 * in, in,
+                blas_run(ctx, 1, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f, y + n0 * in, in,
                          ws, MM_BLAS_WS);
         }
     }
@@ -394,11 +355,10 @@ void lt_cuda_matmul_reuse(lt_matmul_mode mode_in, const lt_tensor *w, const floa
 
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws) {
-    (void)ctx;
-    lt_cuda_matmul_reuse(mode, w, x, N, beta, y, ws, mode == LT_MATMUL_NT_SAME_X);
+    lt_cuda_matmul_reuse(ctx, mode, w, x, N, beta, y, ws, mode == LT_MATMUL_NT_SAME_X);
 }
 
-void *lt_cuda_gemm_workspace(size_t *bytes) {
-    *bytes = GEMM_WS_BYTES;
-    return gemm_workspace();
+void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes) {
+    *bytes = LT_CUDA_GEMM_WS_BYTES;
+    return gemm_workspace(ctx);
 }

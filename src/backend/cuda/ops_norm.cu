@@ -104,16 +104,15 @@ static unsigned warp_rows_grid(int64_t N) {
 
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd) {
-    (void)ctx;
     if (N <= 0) return;
     if (rows16(x, w, y, NULL, C)) {
-        rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream()>>>((const float4 *)x, (const float4 *)w, eps, N, C / 4,
+        rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x, (const float4 *)w, eps, N, C / 4,
                                                             (float4 *)y, rstd);
-        LT_CUDA_LAUNCHED("rmsnorm_fwd");
+        LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
         return;
     }
-    rms_fwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream()>>>(x, w, eps, N, C, y, rstd);
-    LT_CUDA_LAUNCHED("rmsnorm_fwd");
+    rms_fwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(x, w, eps, N, C, y, rstd);
+    LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
 }
 
 /* dx_c = r·w_c·dy_c − x_c·r³/C·Σ_k w_k·dy_k·x_k (the CPU op's formula). */
@@ -149,18 +148,17 @@ __global__ void rms_dw_k(const float *dy, const float *x, const float *rstd, int
 
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw) {
-    (void)ctx;
     if (N <= 0) return;
     if (dw) {
-        rms_dw_k<<<(unsigned)((C + 31) / 32), dim3(32, 8), 0, lt_cuda_stream()>>>(dy, x, rstd, N, C, dw);
-        LT_CUDA_LAUNCHED("rmsnorm_bwd dw");
+        rms_dw_k<<<(unsigned)((C + 31) / 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(dy, x, rstd, N, C, dw);
+        LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd dw");
     }
     if (rows16(dy, x, w, dx, C)) {
-        rms_bwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream()>>>((const float4 *)dy, (const float4 *)x, (const float4 *)w,
+        rms_bwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)dy, (const float4 *)x, (const float4 *)w,
                                                             rstd, N, C / 4, (float4 *)dx);
-        LT_CUDA_LAUNCHED("rmsnorm_bwd");
+        LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
         return;
     }
-    rms_bwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream()>>>(dy, x, w, rstd, N, C, dx);
-    LT_CUDA_LAUNCHED("rmsnorm_bwd");
+    rms_bwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(dy, x, w, rstd, N, C, dx);
+    LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
 }

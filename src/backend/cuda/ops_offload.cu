@@ -1,5 +1,5 @@
 /* The CUDA copy queue of checkpoint offload (backend.h, xfer_*): one non-blocking copy stream whose
- * copies are ordered against the compute stream, lt_cuda_stream(), by events, so a checkpoint moves
+ * copies are ordered against the compute stream, lt_cuda_stream(ctx), by events, so a checkpoint moves
  * to or from page-locked host memory while layers compute. Nothing here blocks the host except
  * closing the queue; the pinned memory itself comes from lt_alloc_pinned (core/alloc.c). */
 #include <cuda_runtime.h>
@@ -45,7 +45,7 @@ extern "C" lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q) {
 extern "C" lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes) {
     lt_cuda_xfer *x = (lt_cuda_xfer *)q;
     if (mark < 0 || mark >= LT_XFER_MARKS) return lt_error(ctx, LT_ERR_INVALID_ARG, "offload: mark %d", mark);
-    LT_TRY(lt_cuda_check(ctx, cudaEventRecord(x->issued, lt_cuda_stream()), "offload: record on the compute stream"));
+    LT_TRY(lt_cuda_check(ctx, cudaEventRecord(x->issued, lt_cuda_stream(ctx)), "offload: record on the compute stream"));
     LT_TRY(lt_cuda_check(ctx, cudaStreamWaitEvent(x->copy, x->issued, 0), "offload: copy waits for compute"));
     if (bytes)
         LT_TRY(lt_cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, x->copy), "offload: cudaMemcpyAsync"));
@@ -55,5 +55,5 @@ extern "C" lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst
 extern "C" lt_status lt_cuda_xfer_wait(lt_ctx *ctx, void *q, int mark) {
     lt_cuda_xfer *x = (lt_cuda_xfer *)q;
     if (mark < 0 || mark >= LT_XFER_MARKS) return lt_error(ctx, LT_ERR_INVALID_ARG, "offload: mark %d", mark);
-    return lt_cuda_check(ctx, cudaStreamWaitEvent(lt_cuda_stream(), x->done[mark], 0), "offload: compute waits for a copy");
+    return lt_cuda_check(ctx, cudaStreamWaitEvent(lt_cuda_stream(ctx), x->done[mark], 0), "offload: compute waits for a copy");
 }

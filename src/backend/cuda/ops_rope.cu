@@ -28,9 +28,8 @@ __global__ void rope_k(float *x, const int32_t *pos, const float *inv_freq, int6
 
 void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
                   int64_t D, int inverse) {
-    (void)ctx;
     if (N <= 0 || heads <= 0 || D < 2) return;
-    rope_k<<<lt_cuda_grid(N * (D / 2), ROPE_THREADS), ROPE_THREADS, 0, lt_cuda_stream()>>>(x, pos, inv_freq, N, heads, D,
+    rope_k<<<lt_cuda_grid(N * (D / 2), ROPE_THREADS), ROPE_THREADS, 0, lt_cuda_stream(ctx)>>>(x, pos, inv_freq, N, heads, D,
                                                                       inverse ? -1.0f : 1.0f);
-    LT_CUDA_LAUNCHED("rope");
+    LT_CUDA_LAUNCHED(ctx, "rope");
 }

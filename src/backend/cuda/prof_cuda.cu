@@ -1,6 +1,9 @@
 /* The op profiler's CUDA clock (backend/prof.h): a pool of timing events, created on first use
- * and kept for the process, recorded on the stream the ops run on. Only the profiler calls these;
- * with profiling off no event exists. */
+ * and kept for the process, recorded on the legacy default stream. Every context's stream is
+ * either that stream or a blocking one, which the legacy stream is ordered with both ways, so a
+ * mark falls between the ops queued before and after it whichever context queued them (the
+ * profiler's hooks take no context). Only the profiler calls these; with profiling off no event
+ * exists. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -20,7 +23,7 @@ extern "C" int lt_cuda_prof_record(int slot) {
         events[slot] = NULL;
         return -1;
     }
-    if (cudaEventRecord(events[slot], lt_cuda_stream()) != cudaSuccess) {
+    if (cudaEventRecord(events[slot], cudaStreamLegacy) != cudaSuccess) {
         (void)cudaGetLastError();
         return -1;
     }

@@ -1,0 +1,66 @@
+/* Which valid requests each backend serves: the one place a backend's refusals are written (head
+ * dims, dtypes, impls), reached through its table's `supports` slot. Compiled in every build, so a
+ * build without the CUDA backend still names why a CUDA request could not run anywhere before it
+ * says the backend is missing. Validation of the request itself (shapes, strides, options) stays
+ * at the public boundaries; nothing here computes. */
+#include "backend/attention_impl.h"
+#include "backend/backend.h"
+
+static lt_status attention_dtype(lt_ctx *ctx, const lt_op_query *q) {
+    if (q->dtype == LT_DTYPE_F16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: dtype f16 is not supported (f32, bf16)");
+    return LT_OK;
+}
+
+lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q) {
+    switch (q->op) {
+    case LT_OP_ATTENTION:
+        LT_TRY(attention_dtype(ctx, q));
+        if (q->head_dim > LT_ATTENTION_CPU_MAX_D)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld exceeds the CPU limit %d",
+                            (long long)q->head_dim, LT_ATTENTION_CPU_MAX_D);
+        return LT_OK;
+    case LT_OP_LCE: /* every head dtype and impl the boundary accepts */
+        return LT_OK;
+    default:
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "cpu backend: unknown op %d", (int)q->op);
+    }
+}
+
+static int cuda_head_dim_ok(int64_t D) {
+    static const int64_t dims[] = LT_ATTENTION_CUDA_HEAD_DIMS;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] == D) return 1;
+    return 0;
+}
+
+lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
+    switch (q->op) {
+    case LT_OP_ATTENTION:
+        LT_TRY(attention_dtype(ctx, q));
+        if (!cuda_head_dim_ok(q->head_dim))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128)",
+                            (long long)q->head_dim);
+        if (q->impl == LT_ATTENTION_NAIVE)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
+        if (!LT_HAVE_CUDA_ATTENTION)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: CUDA attention is not in this build");
+        return LT_OK;
+    case LT_OP_LCE:
+        switch (q->wdtype) {
+        case LT_DTYPE_BF16: case LT_DTYPE_Q8_0: case LT_DTYPE_Q4_0: case LT_DTYPE_Q4_1: case LT_DTYPE_INT4_G64:
+            break;
+        default:
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
+                            lt_dtype_name(q->wdtype));
+        }
+        if (q->impl == LT_LCE_NAIVE)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
+        if (!LT_HAVE_CUDA)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
+        return LT_OK;
+    default:
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "cuda backend: unknown op %d", (int)q->op);
+    }
+}
