@@ -23,7 +23,7 @@ static chunked_layout layout(const lce_problem *P) {
     return L;
 }
 
-size_t lce_chunked_workspace(const lce_problem *P) { return layout(P).end; }
+size_t lt_cpu_lce_chunked_workspace(const lce_problem *P) { return layout(P).end; }
 
 typedef struct {
     const lce_problem *P;
@@ -41,37 +41,37 @@ static void fwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t i = begin; i < end; i++) {
         if (lce_ignored(j->P, i)) continue;
         float *zi = j->z + i * j->nv;
-        lce_softcap_row(zi, j->nv, j->P->softcap);
-        lce_stat_update(&j->stats[i], zi, j->nv, j->v0, j->P->targets[i]);
+        lt_cpu_lce_softcap_row(zi, j->nv, j->P->softcap);
+        lt_cpu_lce_stat_update(&j->stats[i], zi, j->nv, j->v0, j->P->targets[i]);
     }
 }
 
 static void finish_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const chunk_job *j = arg;
-    for (int64_t i = begin; i < end; i++) j->row_loss[i] = lce_finish_row(j->P, i, &j->stats[i], j->lse_out);
+    for (int64_t i = begin; i < end; i++) j->row_loss[i] = lt_cpu_lce_finish_row(j->P, i, &j->stats[i], j->lse_out);
 }
 
 /* f32 h (converted once) and a chunk of W as f32 (pointer into W, or dequantised into ws). */
 static const float *h_f32(const lce_problem *P, char *ws) {
     if (P->h_dtype == LT_DTYPE_F32) return P->h;
     float *hf = (float *)(ws + layout(P).hconv);
-    lce_rows_to_f32_parallel(P->threads, P->h_dtype, P->h, P->C * 2, 0, P->N, P->C, hf);
+    lt_cpu_lce_rows_to_f32_parallel(P->threads, P->h_dtype, P->h, P->C * 2, 0, P->N, P->C, hf);
     return hf;
 }
 
 static const float *w_chunk(const lce_problem *P, char *ws, int64_t v0, int64_t nv) {
     if (P->w_dtype == LT_DTYPE_F32) return (const float *)P->w + v0 * P->C;
     float *wf = (float *)(ws + layout(P).wconv);
-    lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, v0, nv, P->C, wf);
+    lt_cpu_lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, v0, nv, P->C, wf);
     return wf;
 }
 
-void lce_chunked_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
+void lt_cpu_lce_chunked_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
     chunked_layout L = layout(P);
     const float *hf = h_f32(P, ws);
     chunk_job j = {P, (float *)(ws + L.logits), 0, 0, (lce_stat *)(ws + L.stats), NULL, NULL, row_loss, lse};
-    for (int64_t i = 0; i < P->N; i++) lce_stat_init(&j.stats[i]);
+    for (int64_t i = 0; i < P->N; i++) lt_cpu_lce_stat_init(&j.stats[i]);
     for (j.v0 = 0; j.v0 < P->V; j.v0 += j.nv) {
         j.nv = P->V - j.v0 < P->tile_v ? P->V - j.v0 : P->tile_v;
         const float *wf = w_chunk(P, ws, j.v0, j.nv);
@@ -86,10 +86,10 @@ static void bwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const chunk_job *j = arg;
     for (int64_t i = begin; i < end; i++)
-        lce_grad_row(j->P, j->z + i * j->nv, j->nv, j->v0, j->P->targets[i], j->lse[i], j->coef[i]);
+        lt_cpu_lce_grad_row(j->P, j->z + i * j->nv, j->nv, j->v0, j->P->targets[i], j->lse[i], j->coef[i]);
 }
 
-void lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
     chunked_layout L = layout(P);
     const float *hf = h_f32(P, ws);
     float *acc = P->dh_dtype == LT_DTYPE_F32 ? dh : (float *)(ws + L.dhacc);
@@ -106,7 +106,7 @@ void lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, cons
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)j.nv, (int)P->C, (int)P->N, 1.0f, j.z, (int)j.nv,
                         hf, (int)P->C, 1.0f, dw + j.v0 * P->C, (int)P->C);
     }
-    if (P->dh_dtype != LT_DTYPE_F32) lce_rows_from_f32(P->dh_dtype, dh, 0, P->N, P->C, acc);
+    if (P->dh_dtype != LT_DTYPE_F32) lt_cpu_lce_rows_from_f32(P->dh_dtype, dh, 0, P->N, P->C, acc);
     for (int64_t i = 0; i < P->N; i++)
-        if (lce_ignored(P, i)) lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
+        if (lce_ignored(P, i)) lt_cpu_lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
 }

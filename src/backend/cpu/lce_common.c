@@ -64,10 +64,10 @@ static size_t head_bytes(const lce_problem *P) {
 
 static size_t impl_workspace(const lce_problem *P, lt_lce_impl impl) {
     size_t cursor = head_bytes(P);
-    size_t own = P->backward == 2         ? lce_fused_fb_workspace(P)
-                 : impl == LT_LCE_NAIVE   ? lce_naive_workspace(P)
-                 : impl == LT_LCE_CHUNKED ? lce_chunked_workspace(P)
-                                          : lce_fused_workspace(P);
+    size_t own = P->backward == 2         ? lt_cpu_lce_fused_fb_workspace(P)
+                 : impl == LT_LCE_NAIVE   ? lt_cpu_lce_naive_workspace(P)
+                 : impl == LT_LCE_CHUNKED ? lt_cpu_lce_chunked_workspace(P)
+                                          : lt_cpu_lce_fused_workspace(P);
     return cursor + own;
 }
 
@@ -137,9 +137,9 @@ lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args
     double *row_loss = (double *)ws;
     char *own = ws + head_bytes(&P);
     switch (opt->impl) {
-    case LT_LCE_NAIVE: lce_naive_forward(&P, own, a->lse, row_loss); break;
-    case LT_LCE_CHUNKED: lce_chunked_forward(&P, own, a->lse, row_loss); break;
-    default: lce_fused_forward(&P, own, a->lse, row_loss); break;
+    case LT_LCE_NAIVE: lt_cpu_lce_naive_forward(&P, own, a->lse, row_loss); break;
+    case LT_LCE_CHUNKED: lt_cpu_lce_chunked_forward(&P, own, a->lse, row_loss); break;
+    default: lt_cpu_lce_fused_forward(&P, own, a->lse, row_loss); break;
     }
     reduce_loss(&P, a, row_loss);
     if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
@@ -158,9 +158,9 @@ lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_arg
     upstream_coef(&P, a->dloss, coef);
     float *dw = P.want_dw ? (float *)a->dw->data : NULL;
     switch (opt->impl) {
-    case LT_LCE_NAIVE: lce_naive_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
-    case LT_LCE_CHUNKED: lce_chunked_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
-    default: lce_fused_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    case LT_LCE_NAIVE: lt_cpu_lce_naive_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    case LT_LCE_CHUNKED: lt_cpu_lce_chunked_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
+    default: lt_cpu_lce_fused_backward(&P, own, a->lse, coef, a->dh->data, dw); break;
     }
     if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
     return LT_OK;
@@ -184,7 +184,7 @@ lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt
         double *row_loss = (double *)ws;
         float *coef = (float *)(ws + (size_t)P.N * sizeof(double));
         upstream_coef(&P, a->dloss, coef);
-        lce_fused_forward_backward(&P, ws + head_bytes(&P), a->lse, row_loss, coef, a->dh->data);
+        lt_cpu_lce_fused_forward_backward(&P, ws + head_bytes(&P), a->lse, row_loss, coef, a->dh->data);
         reduce_loss(&P, a, row_loss);
     }
     if (owned) lt_free(ctx, LT_DEVICE_CPU, ws, bytes);
@@ -216,13 +216,13 @@ static inline float lce_expf(float x) {
     return p * scale;
 }
 
-void lce_softcap_row(float *z, int64_t n, double cap) {
+void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) {
     if (cap <= 0) return;
     float c = (float)cap, ic = (float)(1.0 / cap);
     for (int64_t j = 0; j < n; j++) z[j] = c * tanhf(z[j] * ic);
 }
 
-void lce_stat_init(lce_stat *st) {
+void lt_cpu_lce_stat_init(lce_stat *st) {
     st->m = -INFINITY;
     st->zt = 0;
     st->s = 0;
@@ -260,7 +260,7 @@ static inline void row_max_sum(const float *z, int64_t n, float *max, double *su
     *sum = sz;
 }
 
-LT_CPU_CLONES void lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
+LT_CPU_CLONES void lt_cpu_lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target) {
     float m;
     double sz;
     row_max_sum(z, n, &m, &sz);
@@ -281,7 +281,7 @@ LT_CPU_CLONES void lce_stat_update(lce_stat *st, const float *z, int64_t n, int6
     }
 }
 
-void lce_stat_merge(lce_stat *a, const lce_stat *b) {
+void lt_cpu_lce_stat_merge(lce_stat *a, const lce_stat *b) {
     if (b->s == 0) return; /* b saw nothing */
     a->zt += b->zt;        /* exactly one side captured the target; the other holds 0 */
     a->sz += b->sz;
@@ -293,7 +293,7 @@ void lce_stat_merge(lce_stat *a, const lce_stat *b) {
     }
 }
 
-double lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float *lse) {
+double lt_cpu_lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float *lse) {
     if (lce_ignored(P, i)) {
         lse[i] = 0;
         return 0;
@@ -304,7 +304,7 @@ double lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st, float
     return P->weight ? loss * P->weight[i] : loss;
 }
 
-LT_CPU_CLONES void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
+LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
     if (coef == 0) {
         memset(s, 0, (size_t)n * sizeof(float));
         return;
@@ -329,8 +329,8 @@ LT_CPU_CLONES void lce_grad_row(const lce_problem *P, float *s, int64_t n, int64
     }
 }
 
-LT_CPU_CLONES void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
-    lce_softcap_row(z, n, P->softcap);
+LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
+    lt_cpu_lce_softcap_row(z, n, P->softcap);
     float m;
     double sz;
     row_max_sum(z, n, &m, &sz);
@@ -376,7 +376,7 @@ LT_CPU_CLONES void lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int6
 /* ---- conversions ---- */
 
 
-void lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out) {
+void lt_cpu_lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out) {
     const uint8_t *p = (const uint8_t *)base + r0 * row_bytes;
     for (int64_t r = 0; r < nr; r++) lt_dequantize_row(t, p + r * row_bytes, out + r * C, C);
 }
@@ -391,16 +391,16 @@ typedef struct {
 static void conv_range(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const conv_job *j = arg;
-    lce_rows_to_f32(j->t, j->base, j->row_bytes, j->r0 + begin, end - begin, j->C, j->out + begin * j->C);
+    lt_cpu_lce_rows_to_f32(j->t, j->base, j->row_bytes, j->r0 + begin, end - begin, j->C, j->out + begin * j->C);
 }
 
-void lce_rows_to_f32_parallel(int threads, lt_dtype t, const void *base, int64_t row_bytes, int64_t r0,
+void lt_cpu_lce_rows_to_f32_parallel(int threads, lt_dtype t, const void *base, int64_t row_bytes, int64_t r0,
                               int64_t nr, int64_t C, float *out) {
     conv_job j = {t, base, row_bytes, r0, C, out};
     lt_parallel_for(threads, nr, 16, conv_range, &j);
 }
 
-void lce_rows_from_f32(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C, const float *src) {
+void lt_cpu_lce_rows_from_f32(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C, const float *src) {
     if (t == LT_DTYPE_F32) {
         memcpy((float *)base + r0 * C, src, (size_t)(nr * C) * sizeof(float));
         return;
@@ -409,7 +409,7 @@ void lce_rows_from_f32(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C
     for (int64_t k = 0; k < nr * C; k++) d[k] = lt_f32_to_bf16(src[k]);
 }
 
-void lce_rows_zero(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C) {
+void lt_cpu_lce_rows_zero(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C) {
     size_t es = t == LT_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
     memset((char *)base + (size_t)(r0 * C) * es, 0, (size_t)(nr * C) * es); /* bf16 0 is all-zero bits */
 }

@@ -41,7 +41,7 @@ static fused_layout layout(const lce_problem *P) {
     return L;
 }
 
-size_t lce_fused_workspace(const lce_problem *P) { return layout(P).end; }
+size_t lt_cpu_lce_fused_workspace(const lce_problem *P) { return layout(P).end; }
 
 typedef struct {
     const lce_problem *P;
@@ -57,7 +57,7 @@ typedef struct {
 /* f32 rows v0..v0+nv of W: a pointer into W when it is f32, else dequantised into buf. */
 static const float *w_tile(const lce_problem *P, float *buf, int64_t v0, int64_t nv) {
     if (P->w_dtype == LT_DTYPE_F32) return (const float *)P->w + v0 * P->C;
-    lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, v0, nv, P->C, buf);
+    lt_cpu_lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, v0, nv, P->C, buf);
     return buf;
 }
 
@@ -67,15 +67,15 @@ static void fwd_range(void *arg, int64_t begin, int64_t end, int thread) {
     char *mine = j->ws + (size_t)thread * j->L.per_thread;
     float *wbuf = (float *)(mine + j->L.wconv), *z = (float *)(mine + j->L.logits);
     lce_stat *st = (lce_stat *)(mine + j->L.stats);
-    for (int64_t r = 0; r < j->nr; r++) lce_stat_init(&st[r]);
+    for (int64_t r = 0; r < j->nr; r++) lt_cpu_lce_stat_init(&st[r]);
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
         const float *wf = w_tile(P, wbuf, v0, nv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
                     wf, (int)P->C, 0.0f, z, (int)nv);
         for (int64_t r = 0; r < j->nr; r++) {
-            lce_softcap_row(z + r * nv, nv, P->softcap);
-            lce_stat_update(&st[r], z + r * nv, nv, v0, j->target[r]);
+            lt_cpu_lce_softcap_row(z + r * nv, nv, P->softcap);
+            lt_cpu_lce_stat_update(&st[r], z + r * nv, nv, v0, j->target[r]);
         }
     }
     ((int *)(j->ws + j->L.ran))[thread] = 1;
@@ -92,7 +92,7 @@ static void bwd_range(void *arg, int64_t begin, int64_t end, int thread) {
         const float *wf = w_tile(P, wbuf, v0, nv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
                     wf, (int)P->C, 0.0f, g, (int)nv);
-        for (int64_t r = 0; r < j->nr; r++) lce_grad_row(P, g + r * nv, nv, v0, j->target[r], j->lse[r], j->coef[r]);
+        for (int64_t r = 0; r < j->nr; r++) lt_cpu_lce_grad_row(P, g + r * nv, nv, v0, j->target[r], j->lse[r], j->coef[r]);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->nr, (int)P->C, (int)nv, 1.0f, g, (int)nv, wf,
                     (int)P->C, vt == begin ? 0.0f : 1.0f, dhp, (int)P->C);
         if (j->dw)
@@ -117,7 +117,7 @@ static void tile_begin(tile_job *j, const int64_t *rows) {
     int32_t *tt = (int32_t *)(j->ws + j->L.tile_target);
     int64_t hrow = P->h_dtype == LT_DTYPE_F32 ? P->C * 4 : P->C * 2;
     for (int64_t r = 0; r < j->nr; r++) {
-        lce_rows_to_f32(P->h_dtype, P->h, hrow, rows[r], 1, P->C, hf + r * P->C);
+        lt_cpu_lce_rows_to_f32(P->h_dtype, P->h, hrow, rows[r], 1, P->C, hf + r * P->C);
         tt[r] = P->targets[rows[r]];
     }
     memset(j->ws + j->L.ran, 0, (size_t)P->threads * sizeof(int));
@@ -125,7 +125,7 @@ static void tile_begin(tile_job *j, const int64_t *rows) {
     j->target = tt;
 }
 
-void lce_fused_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
+void lt_cpu_lce_fused_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
     tile_job j = {P, layout(P), ws, NULL, 0, NULL, NULL, NULL, NULL};
     int64_t *rows = (int64_t *)(ws + j.L.rows);
     int64_t na = active_rows(P, rows), nvt = (P->V + P->tile_v - 1) / P->tile_v;
@@ -141,10 +141,10 @@ void lce_fused_forward(const lce_problem *P, char *ws, float *lse, double *row_l
         lt_parallel_for(P->threads, nvt, 1, fwd_range, &j);
         for (int64_t r = 0; r < j.nr; r++) {
             lce_stat st;
-            lce_stat_init(&st);
+            lt_cpu_lce_stat_init(&st);
             for (int t = 0; t < P->threads; t++)
-                if (ran[t]) lce_stat_merge(&st, (const lce_stat *)(ws + (size_t)t * j.L.per_thread + j.L.stats) + r);
-            row_loss[rows[k0 + r]] = lce_finish_row(P, rows[k0 + r], &st, lse);
+                if (ran[t]) lt_cpu_lce_stat_merge(&st, (const lce_stat *)(ws + (size_t)t * j.L.per_thread + j.L.stats) + r);
+            row_loss[rows[k0 + r]] = lt_cpu_lce_finish_row(P, rows[k0 + r], &st, lse);
         }
     }
 }
@@ -169,16 +169,16 @@ static void merge_range(void *arg, int64_t begin, int64_t end, int thread) {
             const float *dt = (const float *)(j->ws + (size_t)t * j->L.per_thread + j->L.dhp) + r * P->C;
             for (int64_t c = 0; c < P->C; c++) d0[c] += dt[c];
         }
-        lce_rows_from_f32(P->dh_dtype, m->dh, m->rows[r], 1, P->C, d0);
+        lt_cpu_lce_rows_from_f32(P->dh_dtype, m->dh, m->rows[r], 1, P->C, d0);
     }
 }
 
-void lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
     tile_job j = {P, layout(P), ws, NULL, 0, NULL, NULL, NULL, dw};
     int64_t *rows = (int64_t *)(ws + j.L.rows);
     int64_t na = active_rows(P, rows), nvt = (P->V + P->tile_v - 1) / P->tile_v;
     for (int64_t i = 0; i < P->N; i++)
-        if (lce_ignored(P, i)) lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
+        if (lce_ignored(P, i)) lt_cpu_lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
     float *tl = (float *)(ws + j.L.tile_lse), *tc = (float *)(ws + j.L.tile_coef);
     j.lse = tl;
     j.coef = tc;
@@ -191,7 +191,7 @@ void lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const 
             any |= tc[r] != 0;
         }
         if (!any) { /* zero upstream gradient or weights: nothing flows */
-            for (int64_t r = 0; r < j.nr; r++) lce_rows_zero(P->dh_dtype, dh, rows[k0 + r], 1, P->C);
+            for (int64_t r = 0; r < j.nr; r++) lt_cpu_lce_rows_zero(P->dh_dtype, dh, rows[k0 + r], 1, P->C);
             continue;
         }
         tile_begin(&j, rows + k0);
@@ -242,7 +242,7 @@ static fb_layout fb_layout_of(const lce_problem *P) {
     return L;
 }
 
-size_t lce_fused_fb_workspace(const lce_problem *P) { return fb_layout_of(P).end; }
+size_t lt_cpu_lce_fused_fb_workspace(const lce_problem *P) { return fb_layout_of(P).end; }
 
 typedef struct {
     const lce_problem *P;
@@ -268,7 +268,7 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
     lce_stat *st = (lce_stat *)(mine + j->L.stats);
     double *colpart = (double *)(mine + j->L.colpart);
     const int sum_cols = j->first_tile && P->eps > 0;
-    for (int64_t r = 0; r < j->nr; r++) lce_stat_init(&st[r]);
+    for (int64_t r = 0; r < j->nr; r++) lt_cpu_lce_stat_init(&st[r]);
     if (sum_cols) memset(colpart, 0, (size_t)P->C * sizeof(double));
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
@@ -276,7 +276,7 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
                     wf, (int)P->C, 0.0f, z, (int)nv);
         for (int64_t r = 0; r < j->nr; r++)
-            lce_fb_row(P, &st[r], z + r * nv, nv, v0, j->target[r], vt == begin ? NULL : acc + r * P->C);
+            lt_cpu_lce_fb_row(P, &st[r], z + r * nv, nv, v0, j->target[r], vt == begin ? NULL : acc + r * P->C);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->nr, (int)P->C, (int)nv, 1.0f, z, (int)nv, wf,
                     (int)P->C, vt == begin ? 0.0f : 1.0f, acc, (int)P->C);
         if (sum_cols)
@@ -295,11 +295,11 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
     float *wrow = (float *)(j->ws + (size_t)thread * j->L.per_thread + j->L.wconv);
     for (int64_t r = begin; r < end; r++) {
         lce_stat tot;
-        lce_stat_init(&tot);
+        lt_cpu_lce_stat_init(&tot);
         for (int t = 0; t < P->threads; t++)
-            if (ran[t]) lce_stat_merge(&tot, (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r);
+            if (ran[t]) lt_cpu_lce_stat_merge(&tot, (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r);
         const int64_t i = j->rows[r];
-        j->row_loss[i] = lce_finish_row(P, i, &tot, j->lse);
+        j->row_loss[i] = lt_cpu_lce_finish_row(P, i, &tot, j->lse);
         float *out = NULL;
         for (int t = 0; t < P->threads; t++) {
             if (!ran[t]) continue;
@@ -315,7 +315,7 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
         }
         const float coef = j->coef[r];
         if (coef == 0) {
-            lce_rows_zero(P->dh_dtype, j->dh, i, 1, P->C);
+            lt_cpu_lce_rows_zero(P->dh_dtype, j->dh, i, 1, P->C);
             continue;
         }
         const double l = (double)tot.m + log(tot.s);
@@ -324,15 +324,15 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
         const float T = (float)(coef * (1.0 - P->eps) * (1.0 - th * th));
         const float B = (float)(coef * P->eps / (double)P->V);
         const float *wt = P->w_dtype == LT_DTYPE_F32 ? (const float *)P->w + (int64_t)j->target[r] * P->C : wrow;
-        if (P->w_dtype != LT_DTYPE_F32) lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, j->target[r], 1, P->C, wrow);
+        if (P->w_dtype != LT_DTYPE_F32) lt_cpu_lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, j->target[r], 1, P->C, wrow);
         for (int64_t c = 0; c < P->C; c++) out[c] = A * out[c] - T * wt[c];
         if (P->eps > 0)
             for (int64_t c = 0; c < P->C; c++) out[c] -= B * (float)colsum[c];
-        lce_rows_from_f32(P->dh_dtype, j->dh, i, 1, P->C, out);
+        lt_cpu_lce_rows_from_f32(P->dh_dtype, j->dh, i, 1, P->C, out);
     }
 }
 
-void lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
+void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
                                 void *dh) {
     fb_job j;
     memset(&j, 0, sizeof j);
@@ -348,7 +348,7 @@ void lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, doub
         if (lce_ignored(P, i)) {
             lse[i] = 0;
             row_loss[i] = 0;
-            lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
+            lt_cpu_lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
         }
     float *hf = (float *)(ws + j.L.hconv), *tc = (float *)(ws + j.L.tile_coef);
     int32_t *tt = (int32_t *)(ws + j.L.tile_target);
@@ -362,7 +362,7 @@ void lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, doub
         j.rows = rows + k0;
         j.first_tile = k0 == 0;
         for (int64_t r = 0; r < j.nr; r++) {
-            lce_rows_to_f32(P->h_dtype, P->h, hrow, rows[k0 + r], 1, P->C, hf + r * P->C);
+            lt_cpu_lce_rows_to_f32(P->h_dtype, P->h, hrow, rows[k0 + r], 1, P->C, hf + r * P->C);
             tt[r] = P->targets[rows[k0 + r]];
             tc[r] = coef[rows[k0 + r]];
         }

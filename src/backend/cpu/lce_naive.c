@@ -24,7 +24,7 @@ static naive_layout layout(const lce_problem *P) {
     return L;
 }
 
-size_t lce_naive_workspace(const lce_problem *P) { return layout(P).end; }
+size_t lt_cpu_lce_naive_workspace(const lce_problem *P) { return layout(P).end; }
 
 /* Logits (N, V) = h · Wᵀ in ws; returns them and the f32 h and W used. */
 static float *logits(const lce_problem *P, char *ws, const float **hf, const float **wf) {
@@ -32,11 +32,11 @@ static float *logits(const lce_problem *P, char *ws, const float **hf, const flo
     *hf = P->h;
     *wf = P->w;
     if (P->h_dtype != LT_DTYPE_F32) {
-        lce_rows_to_f32_parallel(P->threads, P->h_dtype, P->h, P->C * 2, 0, P->N, P->C, (float *)(ws + L.hconv));
+        lt_cpu_lce_rows_to_f32_parallel(P->threads, P->h_dtype, P->h, P->C * 2, 0, P->N, P->C, (float *)(ws + L.hconv));
         *hf = (const float *)(ws + L.hconv);
     }
     if (P->w_dtype != LT_DTYPE_F32) {
-        lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, 0, P->V, P->C, (float *)(ws + L.wconv));
+        lt_cpu_lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, 0, P->V, P->C, (float *)(ws + L.wconv));
         *wf = (const float *)(ws + L.wconv);
     }
     float *z = (float *)(ws + L.logits);
@@ -60,16 +60,16 @@ static void fwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t i = begin; i < end; i++) {
         float *zi = j->z + i * P->V;
         lce_stat st;
-        lce_stat_init(&st);
+        lt_cpu_lce_stat_init(&st);
         if (!lce_ignored(P, i)) {
-            lce_softcap_row(zi, P->V, P->softcap);
-            lce_stat_update(&st, zi, P->V, 0, P->targets[i]);
+            lt_cpu_lce_softcap_row(zi, P->V, P->softcap);
+            lt_cpu_lce_stat_update(&st, zi, P->V, 0, P->targets[i]);
         }
-        j->row_loss[i] = lce_finish_row(P, i, &st, j->lse);
+        j->row_loss[i] = lt_cpu_lce_finish_row(P, i, &st, j->lse);
     }
 }
 
-void lce_naive_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
+void lt_cpu_lce_naive_forward(const lce_problem *P, char *ws, float *lse, double *row_loss) {
     const float *hf, *wf;
     rows_job j = {P, logits(P, ws, &hf, &wf), lse, row_loss, NULL};
     lt_parallel_for(P->threads, P->N, 16, fwd_rows, &j);
@@ -80,22 +80,22 @@ static void bwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
     const rows_job *j = arg;
     const lce_problem *P = j->P;
     for (int64_t i = begin; i < end; i++)
-        lce_grad_row(P, j->z + i * P->V, P->V, 0, P->targets[i], j->lse[i], j->coef[i]);
+        lt_cpu_lce_grad_row(P, j->z + i * P->V, P->V, 0, P->targets[i], j->lse[i], j->coef[i]);
 }
 
-void lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
     const float *hf, *wf;
     rows_job j = {P, logits(P, ws, &hf, &wf), (float *)lse, NULL, coef};
     lt_parallel_for(P->threads, P->N, 16, bwd_rows, &j);
     float *acc = P->dh_dtype == LT_DTYPE_F32 ? dh : (float *)(ws + layout(P).dhacc);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)P->N, (int)P->C, (int)P->V, 1.0f, j.z, (int)P->V, wf,
                 (int)P->C, 0.0f, acc, (int)P->C);
-    if (P->dh_dtype != LT_DTYPE_F32) lce_rows_from_f32(P->dh_dtype, dh, 0, P->N, P->C, acc);
+    if (P->dh_dtype != LT_DTYPE_F32) lt_cpu_lce_rows_from_f32(P->dh_dtype, dh, 0, P->N, P->C, acc);
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)P->V, (int)P->C, (int)P->N, 1.0f, j.z, (int)P->V, hf,
                     (int)P->C, 1.0f, dw, (int)P->C);
     /* Ignored rows of G are exact zeros, so their dh rows are too unless W holds inf/NaN; write
      * them anyway so the contract does not depend on W. */
     for (int64_t i = 0; i < P->N; i++)
-        if (lce_ignored(P, i)) lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
+        if (lce_ignored(P, i)) lt_cpu_lce_rows_zero(P->dh_dtype, dh, i, 1, P->C);
 }
