@@ -454,6 +454,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     }
     m->cfg = cfg;
     m->layers = (lt_layer *)(m + 1);
+    for (int64_t l = 0; l < cfg.L; l++) lt_model_describe_layer(&cfg, l, &m->layers[l].desc);
     m->opt = opt;
     m->be = lt_backend_get(opt.device);
     m->lora = lt_model_resolve_lora(&cfg, lora);
