@@ -21,11 +21,9 @@ static lt_store store_slot(const lt_step *s, int64_t j) {
     return st;
 }
 
-/* Validates the batch on the host and makes its inputs visible to the backend: on the host the
- * caller's arrays are read in place; a device run stages tokens, targets, positions and dloss
- * into one host block laid out as the device's inputs piece and copies it in with one transfer. */
-static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train, float grad_scale,
-                             int upload) {
+/* The batch's shape against the prepared run, and the step's state from it (nothing read yet
+ * from the token arrays). */
+static lt_status begin_step(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train) {
     if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
     if (train && m->run.forward_only)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
@@ -53,36 +51,46 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (m->cp && (b->B != 1 || b->seq_offsets))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "model: context parallel steps take one row (B = 1) without seq_offsets");
-    for (int64_t i = 0; i < s->N; i++)
-        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.V)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
-                            (int)b->tokens[i], (long long)i, (long long)m->cfg.V);
-    const lt_layout *y = &m->lay;
-    uint8_t *stage = m->host_inputs;
-    int32_t *pos = stage ? (int32_t *)(stage + y->in_pos) : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
-    for (int64_t i = 0; i < s->N; i++) {
-        int32_t p = b->positions ? b->positions[i] : (int32_t)(i % b->T);
-        if (p < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative position %d at %lld", (int)p, (long long)i);
-        pos[i] = p;
-    }
-    s->pos = pos;
     s->tokens = b->tokens;
     s->targets = b->targets;
     s->defer_loss = b->defer_loss;
-    /* Targets are checked here, on the host, before the upload: the loss kernels then need no
-     * check of their own on the device (which would wait for it). */
-    if (b->targets)
-        for (int64_t i = 0; i < s->N; i++) {
-            int32_t t = b->targets[i];
-            if (t == LT_IGNORE_INDEX) continue;
-            if (t < 0 || t >= m->cfg.V)
-                return lt_error(ctx, LT_ERR_INVALID_ARG, "model: target %d at position %lld is outside [0, %lld) "
-                                "and is not the ignore index %d", (int)t, (long long)i, (long long)m->cfg.V,
-                                LT_IGNORE_INDEX);
-            s->n_tok++;
-        }
-    s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
-    if (!stage) return LT_OK;
+    return LT_OK;
+}
+
+/* Tokens, positions (into pos) and targets checked on the host, before any upload: the kernels
+ * then need no check of their own on the device (which would wait for it). Counts the targets. */
+static lt_status check_tokens(lt_step *s, const lt_model_batch *b, int32_t *pos) {
+    const int64_t V = s->m->cfg.V;
+    for (int64_t i = 0; i < s->N; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= V)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
+                            (int)b->tokens[i], (long long)i, (long long)V);
+    for (int64_t i = 0; i < s->N; i++) {
+        int32_t p = b->positions ? b->positions[i] : (int32_t)(i % b->T);
+        if (p < 0)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: negative position %d at %lld", (int)p, (long long)i);
+        pos[i] = p;
+    }
+    s->pos = pos;
+    if (!b->targets) return LT_OK;
+    for (int64_t i = 0; i < s->N; i++) {
+        int32_t t = b->targets[i];
+        if (t == LT_IGNORE_INDEX) continue;
+        if (t < 0 || t >= V)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: target %d at position %lld is outside [0, %lld) "
+                            "and is not the ignore index %d", (int)t, (long long)i, (long long)V, LT_IGNORE_INDEX);
+        s->n_tok++;
+    }
+    return LT_OK;
+}
+
+/* A device run: tokens, targets, positions (already at stage), dloss and the offsets into the
+ * host block laid out as the device's inputs piece, copied in with one transfer (upload = 0
+ * leaves the copy to a captured step's replay); the step then reads the device copies. */
+static lt_status stage_inputs(lt_step *s, const lt_model_batch *b, int upload) {
+    const lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    uint8_t *stage = m->host_inputs;
     size_t nb = (size_t)s->N * sizeof(int32_t);
     memcpy(stage + y->in_tokens, b->tokens, nb);
     if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
@@ -90,13 +98,27 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     memcpy(stage + y->in_scalars, scal, sizeof scal);
     if (s->seq_offsets) memcpy(stage + y->in_offs, s->seq_offsets, (size_t)(s->B * (s->S + 1)) * sizeof(int32_t));
     uint8_t *dev = lt_step_blk(s, LT_MEM_TRANSIENTS, y->inputs);
-    if (upload) LT_TRY(m->be->copy_to_device(ctx, dev, stage, y->in_bytes));
+    if (upload) LT_TRY(m->be->copy_to_device(s->ctx, dev, stage, y->in_bytes));
     s->tokens = (const int32_t *)(dev + y->in_tokens);
     s->targets = b->targets ? (const int32_t *)(dev + y->in_targets) : NULL;
     s->pos = (const int32_t *)(dev + y->in_pos);
     s->scalars = (float *)(dev + y->in_scalars);
     if (s->seq_offsets) s->seq_offsets_dev = (const int32_t *)(dev + y->in_offs);
     return LT_OK;
+}
+
+/* The per-batch preparation, once per step: validates the batch on the host and makes its inputs
+ * visible to the backend (the caller's arrays in place on the host; one staged upload on a
+ * device). */
+static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train, float grad_scale,
+                             int upload) {
+    LT_TRY(begin_step(ctx, m, b, s, train));
+    const lt_layout *y = &m->lay;
+    int32_t *pos = m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos)
+                                  : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
+    LT_TRY(check_tokens(s, b, pos));
+    s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
+    return m->host_inputs ? stage_inputs(s, b, upload) : LT_OK;
 }
 
 /* Device runs: the loss (and per-token losses) come back to the host once, after the whole step
@@ -205,67 +227,94 @@ static lt_store slot_of(const lt_step *s, int64_t j) {
     return st;
 }
 
+/* Layers per recompute segment (all K without recompute: one segment, no checkpoints). */
+static int64_t seg_layers(const lt_step *s) { return s->m->lay.n_ckpt ? s->m->lay.n_tr_stores : s->m->lora.num_layers; }
+
+/* The embedding, the frozen layers and the LoRA layers, saving checkpoint 0 and then each
+ * segment's input (under resid_ckpt every layer's output is the next checkpoint). */
+static lt_status forward_layers(lt_step *s) {
+    const lt_layout *y = &s->m->lay;
+    int64_t K = s->m->lora.num_layers, l0 = s->m->l0, NC = s->N * s->m->cfg.C, k = seg_layers(s);
+    lt_store st = slot_of(s, 0);
+    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+        LT_TRY(run_plain(s, l0, lt_step_xf(s)));
+        LT_TRY(lt_step_ckpt_will_write(s, 0));
+        LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, 0), lt_step_xf(s), NC, 0));
+        LT_TRY(lt_step_ckpt_written(s, 0));
+    } else {
+        LT_TRY(run_plain(s, l0, st.x_in));
+    }
+    for (int64_t j = 0; j < K; j++) {
+        st = slot_of(s, j);
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) {
+            LT_TRY(lt_step_ckpt_will_write(s, j / k));
+            LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, j / k), st.x_in, NC, 0));
+            LT_TRY(lt_step_ckpt_written(s, j / k));
+        }
+        /* under resid_ckpt the layer writes checkpoint j + 1 (xf after the last layer) */
+        int writes = y->resid_ckpt && j + 1 < K;
+        if (writes) LT_TRY(lt_step_ckpt_will_write(s, j + 1));
+        LT_TRY(lt_step_layer_fwd(s, l0 + j, &st, lora_in(s, j, &st), lora_out(s, j), 0));
+        if (writes) LT_TRY(lt_step_ckpt_written(s, j + 1));
+    }
+    return LT_OK;
+}
+
+/* Entering segment seg from the top at its last layer j: its stores rebuilt from its checkpoint
+ * (kept attention is not rerun; the last layer's output is not needed). */
+static lt_status recompute_segment(lt_step *s, int64_t seg, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    int64_t k = seg_layers(s), l0 = s->m->l0;
+    lt_store st = slot_of(s, seg * k);
+    if (!y->resid_ckpt) {
+        LT_TRY(lt_step_ckpt_need(s, seg));
+        LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, seg), st.x_in, s->N * s->m->cfg.C, 1));
+    }
+    for (int64_t i = seg * k; i <= j; i++) {
+        st = slot_of(s, i);
+        lt_resid out = i == j ? lt_resid_f32(NULL) : lora_out(s, i);
+        LT_TRY(lt_step_layer_fwd(s, l0 + i, &st, lora_in(s, i, &st), out, y->keep_attn));
+    }
+    return LT_OK;
+}
+
+/* The LoRA layers' backward from the top, dx (N, C) holding ∂loss/∂xf on entry; each layer's
+ * gradient slice is announced to the grad-ready hook as soon as it is final. */
+static lt_status backward_layers(lt_step *s) {
+    lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    const lt_device dev = m->opt.device;
+    int64_t K = m->lora.num_layers, k = seg_layers(s), last_seg = (K - 1) / k;
+    float *dx = lt_step_ws(s, y->dx);
+    for (int64_t j = K - 1; j >= 0; j--) {
+        int64_t seg = j / k;
+        /* Checkpoint j is layer j's input under resid_ckpt, read by its recompute and backward. */
+        if (y->resid_ckpt) LT_TRY(lt_step_ckpt_need(s, j));
+        if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
+            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
+            LT_TRY(recompute_segment(s, seg, j));
+        }
+        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
+        lt_store st = slot_of(s, j);
+        LT_TRY(lt_step_layer_bwd(s, m->l0 + j, &st, lora_in(s, j, &st), dx, j > 0));
+        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
+    }
+    return LT_OK;
+}
+
 lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
                                     lt_model_result *res, float *token_loss) {
     lt_step s;
     lt_model_result r = {0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 1));
-    const lt_layout *y = &m->lay;
-    int64_t K = m->lora.num_layers, l0 = m->l0, NC = s.N * m->cfg.C;
-    int64_t k = y->n_ckpt ? y->n_tr_stores : K;
     const lt_device dev = m->opt.device;
-    lt_prof_set_phase(dev, LT_PROF_FORWARD);
     s.slot_has[0] = s.slot_has[1] = -1;
-    lt_store st = slot_of(&s, 0);
-    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
-        LT_TRY(run_plain(&s, l0, lt_step_xf(&s)));
-        LT_TRY(lt_step_ckpt_will_write(&s, 0));
-        LT_TRY(lt_step_saved_copy(&s, lt_step_ckpt(&s, 0), lt_step_xf(&s), NC, 0));
-        LT_TRY(lt_step_ckpt_written(&s, 0));
-    } else {
-        LT_TRY(run_plain(&s, l0, st.x_in));
-    }
-    for (int64_t j = 0; j < K; j++) {
-        st = slot_of(&s, j);
-        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) {
-            LT_TRY(lt_step_ckpt_will_write(&s, j / k));
-            LT_TRY(lt_step_saved_copy(&s, lt_step_ckpt(&s, j / k), st.x_in, NC, 0));
-            LT_TRY(lt_step_ckpt_written(&s, j / k));
-        }
-        /* under resid_ckpt the layer writes checkpoint j + 1 (xf after the last layer) */
-        int writes = y->resid_ckpt && j + 1 < K;
-        if (writes) LT_TRY(lt_step_ckpt_will_write(&s, j + 1));
-        LT_TRY(lt_step_layer_fwd(&s, l0 + j, &st, lora_in(&s, j, &st), lora_out(&s, j), 0));
-        if (writes) LT_TRY(lt_step_ckpt_written(&s, j + 1));
-    }
+    lt_prof_set_phase(dev, LT_PROF_FORWARD);
+    LT_TRY(forward_layers(&s));
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
-    float *dx = lt_step_ws(&s, y->dx);
-    int64_t last_seg = (K - 1) / k;
-    for (int64_t j = K - 1; j >= 0; j--) {
-        int64_t seg = j / k;
-        /* Checkpoint j is layer j's input under resid_ckpt, read by its recompute and backward. */
-        if (y->resid_ckpt) LT_TRY(lt_step_ckpt_need(&s, j));
-        if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
-            /* Entering an earlier segment from the top: recompute its stores from its checkpoint. */
-            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
-            st = slot_of(&s, seg * k);
-            if (!y->resid_ckpt) {
-                LT_TRY(lt_step_ckpt_need(&s, seg));
-                LT_TRY(lt_step_saved_copy(&s, lt_step_ckpt(&s, seg), st.x_in, NC, 1));
-            }
-            for (int64_t i = seg * k; i <= j; i++) {
-                st = slot_of(&s, i);
-                lt_resid out = i == j ? lt_resid_f32(NULL) : lora_out(&s, i); /* the last output is not needed */
-                LT_TRY(lt_step_layer_fwd(&s, l0 + i, &st, lora_in(&s, i, &st), out, y->keep_attn));
-            }
-        }
-        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
-        st = slot_of(&s, j);
-        LT_TRY(lt_step_layer_bwd(&s, l0 + j, &st, lora_in(&s, j, &st), dx, j > 0));
-        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
-        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
-    }
+    LT_TRY(backward_layers(&s));
     lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
     if (res) *res = r;
