@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/context_parallel.h"
 #include "model/model_internal.h"
@@ -70,61 +69,67 @@ static void resolve_attn_path(lt_model *m) {
     else m->attn_path = m->cp_kind == LT_CP_ULYSSES ? LT_ATTN_PATH_ULYSSES : LT_ATTN_PATH_RING;
 }
 
+/* The activation, transient and workspace blocks of lay. */
+static lt_status alloc_blocks(lt_ctx *ctx, lt_model *m, const lt_layout *lay) {
+    static const char *const what[LT_MEM_CLASS_COUNT_] = {"", "", "", "model activations", "model transients",
+                                                          "model workspace"};
+    for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
+        if (!lay->class_bytes[c]) continue;
+        if (!(m->block[c] = lt_alloc(ctx, m->opt.device, lay->class_bytes[c], what[c]))) return lt_ctx_status(ctx);
+        m->block_bytes[c] = lay->class_bytes[c];
+    }
+    return LT_OK;
+}
+
+/* A device run's host staging of the inputs piece, pinned, so the step's one upload is queued (and,
+ * in a captured step, replayed) rather than staged by the driver. */
+static lt_status alloc_staging(lt_ctx *ctx, lt_model *m, size_t in_bytes) {
+    if (!in_bytes) return LT_OK;
+    size_t pages = (in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1);
+    m->host_inputs_bytes = pages + STAGE_PAGE;
+    m->host_inputs_block = lt_calloc(ctx, LT_DEVICE_CPU, m->host_inputs_bytes, "model input staging");
+    if (!m->host_inputs_block) return lt_ctx_status(ctx);
+    m->host_inputs = (uint8_t *)(((uintptr_t)m->host_inputs_block + STAGE_PAGE - 1) & ~(uintptr_t)(STAGE_PAGE - 1));
+    lt_status s = m->be->host_register ? m->be->host_register(ctx, m->host_inputs, pages, 1) : LT_OK;
+    if (s != LT_OK) {
+        lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
+        m->host_inputs_block = m->host_inputs = NULL;
+    }
+    return s;
+}
+
+/* The host block of offloaded checkpoints (pinned on a device) and the backend's copy queue. */
+static lt_status alloc_offload(lt_ctx *ctx, lt_model *m) {
+    if (!m->lay.offload) return LT_OK;
+    const char *hw = "offloaded checkpoints (host)";
+    m->offload = m->opt.device == LT_DEVICE_CPU ? lt_alloc(ctx, LT_DEVICE_CPU, m->lay.offload_bytes, hw)
+                                                : lt_alloc_pinned(ctx, m->lay.offload_bytes, hw);
+    return m->offload ? m->be->xfer_open(ctx, &m->xfer) : lt_ctx_status(ctx);
+}
+
 lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run_in) {
     lt_layout lay;
     free_run(ctx, m);
     lt_model_run_options run_dev = *run_in, *run = &run_dev;
     run_dev.device = m->opt.device;
     LT_TRY(lt_model_layout(ctx, &m->cfg, &m->lora, run, &lay));
-    static const char *const what[LT_MEM_CLASS_COUNT_] = {"", "", "", "model activations", "model transients",
-                                                          "model workspace"};
-    for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
-        if (!lay.class_bytes[c]) continue;
-        m->block[c] = lt_alloc(ctx, m->opt.device, lay.class_bytes[c], what[c]);
-        if (!m->block[c]) {
-            lt_status s = lt_ctx_status(ctx);
-            free_run(ctx, m);
-            return s;
-        }
-        m->block_bytes[c] = lay.class_bytes[c];
-    }
-    if (lay.in_bytes) {
-        /* Pinned, so the step's one upload is queued (and, in a captured step, replayed) rather
-         * than staged by the driver. */
-        size_t pages = (lay.in_bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1);
-        m->host_inputs_bytes = pages + STAGE_PAGE;
-        m->host_inputs_block = lt_calloc(ctx, LT_DEVICE_CPU, m->host_inputs_bytes, "model input staging");
-        lt_status s = m->host_inputs_block ? LT_OK : lt_ctx_status(ctx);
-        if (s == LT_OK) {
-            m->host_inputs = (uint8_t *)(((uintptr_t)m->host_inputs_block + STAGE_PAGE - 1) & ~(uintptr_t)(STAGE_PAGE - 1));
-            if (m->be->host_register && (s = m->be->host_register(ctx, m->host_inputs, pages, 1)) != LT_OK) {
-                lt_free(ctx, LT_DEVICE_CPU, m->host_inputs_block, m->host_inputs_bytes);
-                m->host_inputs_block = m->host_inputs = NULL;
-            }
-        }
-        if (s != LT_OK) {
-            free_run(ctx, m);
-            return s;
-        }
+    lt_status s = alloc_blocks(ctx, m, &lay);
+    if (s == LT_OK) s = alloc_staging(ctx, m, lay.in_bytes);
+    if (s != LT_OK) {
+        free_run(ctx, m);
+        return s;
     }
     /* Keep the weights/LoRA part of the layout from load, take the run part (free_run reads the
      * offload size from it from here on). */
     m->lay = lay;
-    if (lay.offload) {
-        const char *hw = "offloaded checkpoints (host)";
-        m->offload = m->opt.device == LT_DEVICE_CPU ? lt_alloc(ctx, LT_DEVICE_CPU, lay.offload_bytes, hw)
-                                                    : lt_alloc_pinned(ctx, lay.offload_bytes, hw);
-        lt_status s = m->offload ? m->be->xfer_open(ctx, &m->xfer) : lt_ctx_status(ctx);
-        if (s != LT_OK) {
-            free_run(ctx, m);
-            return s;
-        }
+    if ((s = alloc_offload(ctx, m)) != LT_OK) {
+        free_run(ctx, m);
+        return s;
     }
     m->run = *run;
     m->prepared = 1;
     resolve_attn_path(m);
-    lt_status s = cp_alloc(ctx, m);
-    if (s != LT_OK) free_run(ctx, m);
+    if ((s = cp_alloc(ctx, m)) != LT_OK) free_run(ctx, m);
     return s;
 }
 
