@@ -210,8 +210,9 @@ typedef struct lt_model_sizes {
  * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
  * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
  * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
- * shapes/options, named), LT_ERR_UNSUPPORTED (a device this build lacks, a head dim or impl the
- * device's kernels do not serve). */
+ * shapes/options, named), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
+ * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
+ * kernels do not serve). */
 lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                               const lt_model_run_options *run, lt_model_sizes *out);
 
@@ -240,7 +241,7 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
  * opt->device (the file mappings are closed before return; a device load stages through a
  * bounded host buffer, never a second full copy); llama-arch GGUF Q/K rows are un-permuted to
  * rotate-half. Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a
- * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, dtype; a CUDA device in
+ * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, layer kind, dtype; a CUDA device in
  * a build without CUDA or on a machine without a GPU), LT_ERR_OOM, LT_ERR_CUDA. */
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
                         const lt_lora_options *lora, lt_model **out);
@@ -339,7 +340,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
  * steps. comm NULL or a world of one turns it off (unless LONGTUNE_CP forces it: lt_cp_env_forced). The Ulysses workspace is allocated with the
  * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
  * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different
- * devices, a CUDA world that does not divide Hkv), LT_ERR_OOM. */
+ * devices, a CUDA world that does not divide Hkv, a layer with a sliding window or softcap), LT_ERR_OOM. */
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
 /* The lt_cp_kind in use (LT_CP_RING 0, LT_CP_ULYSSES 1), or -1 when context parallel is off. */
 int lt_model_cp_kind(const lt_model *m);

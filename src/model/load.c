@@ -448,6 +448,24 @@ lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev) {
     return LT_OK;
 }
 
+/* The load's host buffers: one f32 row of the widest piece for conversions and, on a device, the
+ * bounded staging (one such row and the largest LoRA A (r, in) always fit). */
+static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, float **row, size_t *row_bytes, uint8_t **stage,
+                                    size_t *stage_bytes) {
+    const lt_model_config *c = &m->cfg;
+    int64_t widest = c->C > c->F ? c->C : c->F;
+    if (c->H * c->D > widest) widest = c->H * c->D;
+    *row_bytes = (size_t)widest * sizeof(float);
+    if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load row"))) return lt_ctx_status(ctx);
+    if (m->opt.device == LT_DEVICE_CPU) return LT_OK;
+    size_t sb = LOAD_STAGE_BYTES;
+    if (*row_bytes > sb) sb = *row_bytes;
+    if ((size_t)(m->lora.rank * widest) * sizeof(float) > sb) sb = (size_t)(m->lora.rank * widest) * sizeof(float);
+    *stage_bytes = sb;
+    if (!(*stage = lt_alloc(ctx, LT_DEVICE_CPU, sb, "model load staging"))) return lt_ctx_status(ctx);
+    return LT_OK;
+}
+
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt_in, const lt_lora_options *lora,
                         lt_model **out) {
     *out = NULL;
@@ -490,25 +508,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     }
     m->lora_params = (float *)m->block[LT_MEM_LORA];
     m->lora_grads = (float *)m->block[LT_MEM_GRADS];
-    int64_t widest = cfg.C > cfg.F ? cfg.C : cfg.F;
-    if (cfg.H * cfg.D > widest) widest = cfg.H * cfg.D;
-    row_bytes = (size_t)widest * sizeof(float);
-    row = lt_alloc(ctx, LT_DEVICE_CPU, row_bytes, "model load row");
-    if (!row) {
-        s = lt_ctx_status(ctx);
-        goto fail;
-    }
-    if (opt.device != LT_DEVICE_CPU) {
-        /* One f32 row of the widest piece always fits; so does the largest LoRA A (r, in). */
-        stage_bytes = LOAD_STAGE_BYTES;
-        if (row_bytes > stage_bytes) stage_bytes = row_bytes;
-        if ((size_t)(m->lora.rank * widest) * sizeof(float) > stage_bytes)
-            stage_bytes = (size_t)(m->lora.rank * widest) * sizeof(float);
-        if (!(stage = lt_alloc(ctx, LT_DEVICE_CPU, stage_bytes, "model load staging"))) {
-            s = lt_ctx_status(ctx);
-            goto fail;
-        }
-    }
+    if ((s = alloc_load_buffers(ctx, m, &row, &row_bytes, &stage, &stage_bytes)) != LT_OK) goto fail;
     copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, stage, stage_bytes, LT_OK};
     lt_model_weights_walk(&m->cfg, copy_piece, &job);
     if ((s = job.status) != LT_OK) goto fail;
