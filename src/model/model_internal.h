@@ -50,7 +50,7 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
 typedef struct lt_store {
     float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
                                 (lt_layout.resid_ckpt) or in a forward-only run (in place) */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only; bf16
+    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (desc.qk_norm; bf16
                                 elements under attn_bf16, read only by the norm's backward) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
@@ -62,7 +62,7 @@ typedef struct lt_store {
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
     float *rstd1, *rstd2;    /* (N) */
-    float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), Qwen3 only */
+    float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), desc.qk_norm only */
     float *lu[LT_PROJ_COUNT_]; /* (N, r) LoRA down-projections x·Aᵀ of targeted projections */
 } lt_store;
 
