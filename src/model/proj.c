@@ -19,6 +19,11 @@ static float *lu_at(const lt_step *s, const lt_store *st, lt_proj p, int64_t r0)
     return st->lu[p] ? st->lu[p] + r0 * s->m->lora.rank : NULL;
 }
 
+/* Projection p's bias: q, k and v carry one when the layer's description says so. */
+static const float *bias_of(const lt_layer *L, lt_proj p) {
+    return L->desc.qkv_bias && p <= LT_PROJ_V ? L->bias[p] : NULL;
+}
+
 /* Over the n rows from row r0 (x, y, lu point at that row): y (n, out) = beta·y + x·Wᵀ (+ bias)
  * (+ s·(drop(x)·Aᵀ)·Bᵀ), saving lu = drop(x)·Aᵀ. beta = 1 adds the projection onto a residual
  * already in y. y = NULL computes only lu (a recompute that needs the saved LoRA product but not
@@ -51,8 +56,7 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
     const lt_layer *L = &m->layers[l];
     if (s->train && m->lora.dropout > 0) {
         for (int g = 0; g < G; g++) {
-            const float *bias = ps[g] <= LT_PROJ_V ? L->bias[ps[g]] : NULL;
-            proj_fwd_mode(s, l, ps[g], r0, n, x, y[g], lu_at(s, st, ps[g], r0), bias, beta,
+            proj_fwd_mode(s, l, ps[g], r0, n, x, y[g], lu_at(s, st, ps[g], r0), bias_of(L, ps[g]), beta,
                           g && y[g - 1] ? LT_MATMUL_NT_SAME_X : LT_MATMUL_NT);
         }
         return;
@@ -63,7 +67,7 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         lt_proj p = ps[g];
         pp[g].w = &L->w[p];
         pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
-        pp[g].bias = p <= LT_PROJ_V ? L->bias[p] : NULL;
+        pp[g].bias = bias_of(L, p);
         pp[g].y = y[g];
         pp[g].lu = lu_at(s, st, p, r0);
     }
