@@ -1,7 +1,8 @@
-/* The model's memory as size tables: a pure layout function carves each lifetime class (frozen
- * weights, LoRA parameters, gradients, saved activations, transients, workspaces) into 64-byte
- * aligned pieces. The planner calls lt_model_size_table, the model allocates exactly the same
- * numbers in lt_model_load / lt_model_prepare; nothing here touches memory. */
+/* The model's memory as size tables: one pure function per lifetime class (frozen weights, LoRA
+ * parameters and gradients, saved activations, transients with the step's inputs, workspaces)
+ * carves it into aligned pieces, pricing the layer list from each layer's description. The
+ * planner calls lt_model_size_table, the model allocates exactly the same numbers in
+ * lt_model_load / lt_model_prepare; nothing here touches memory. */
 #include <string.h>
 
 #include "longtune/alloc.h"
