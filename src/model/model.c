@@ -184,10 +184,10 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
                             (long long)m->cfg.Hkv, world);
         for (int64_t l = 0; l < m->cfg.L; l++) {
             const lt_layer_desc *d = &m->layers[l].desc;
-            if (d->window || d->softcap)
+            if (d->window != 0 || d->softcap != 0.0f)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel attention has no sliding window or "
                                 "softcap (layer %lld has %s%s)", (long long)l, lt_attn_kind_name(d->attn),
-                                d->softcap ? " with a softcap" : "");
+                                d->softcap != 0.0f ? " with a softcap" : "");
         }
         m->cp_kind = kind;
     }
