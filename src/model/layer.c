@@ -98,8 +98,8 @@ static lt_status ring_fwd(const lt_step *s, const lt_layer *L, const lt_store *s
 static lt_status ring_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
     (void)L;
     lt_cp_attention_params cp = lt_model_cp_params(s->m, s->T);
-    return lt_cp_attention_backward(s->ctx, s->m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, g->dout, g->dq,
-                                    g->dk, g->dv);
+    return lt_cp_attention_backward(s->ctx, s->m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, g->dout, g->dq, g->dk,
+                                    g->dv);
 }
 
 static lt_status ulysses_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
@@ -182,10 +182,8 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     int ab = y->attn_bf16;
     float *xm = ab ? lt_step_ws(s, y->mc) : st->x_mid + r0 * C;
     float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
-    if (x_in.f)
-        LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
-    else
-        be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
+    if (x_in.f) LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+    else be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
     lt_step_group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
     if (ab) {
         uint16_t *xm16 = (uint16_t *)lt_step_at_row(s, st->x_mid, r0, C);
@@ -237,8 +235,7 @@ lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_
         float *xm;
         if (half_kept) /* x_mid kept from the first pass (rounded there under attn_bf16) */
             xm = lt_step_att_rows(s, st->x_mid, r0, n, s->m->cfg.C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL);
-        else
-            LT_TRY(mid_fwd(s, l, st, x_in, r0, n, &xm));
+        else LT_TRY(mid_fwd(s, l, st, x_in, r0, n, &xm));
         if (want_out) LT_TRY(mlp_fwd(s, l, st, xm, x_out, r0, n));
     }
     return LT_OK;
@@ -257,7 +254,8 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     int64_t C = c->C, F = c->F;
     float *h = lt_step_ws(s, y->h), *da = lt_step_ws(s, y->da), *dg = lt_step_ws(s, y->dg);
     float *du = lt_step_ws(s, y->du), *dh = lt_step_ws(s, y->dh);
-    float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL), *dxc = dx + r0 * C;
+    float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL),
+          *dxc = dx + r0 * C;
     be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */

@@ -44,14 +44,20 @@ static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, con
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has %s, which the model cannot run", ll,
                         lt_attn_kind_name(d->attn));
     if (d->norm != LT_NORM_PLACE_PRE)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has a %s block, which the model cannot run "
-                        "(pre-norm only)", ll, lt_norm_place_name(d->norm));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has a %s block, which the model cannot run "
+                        "(pre-norm only)",
+                        ll, lt_norm_place_name(d->norm));
     if (d->mlp != LT_MLP_KIND_SWIGLU)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has a %s, which the model cannot run (SwiGLU "
-                        "only)", ll, lt_mlp_kind_name(d->mlp));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has a %s, which the model cannot run (SwiGLU "
+                        "only)",
+                        ll, lt_mlp_kind_name(d->mlp));
     if (d->D != c->D || d->rope != 0)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has head dim %lld and RoPE table %d; the model "
-                        "runs one head dim (%lld) and one table", ll, (long long)d->D, d->rope, (long long)c->D);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has head dim %lld and RoPE table %d; the model "
+                        "runs one head dim (%lld) and one table",
+                        ll, (long long)d->D, d->rope, (long long)c->D);
     if (d->window < 0 || (d->attn == LT_ATTN_KIND_SLIDING && d->window == 0))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: layer %lld has a sliding window of %lld keys", ll,
                         (long long)d->window);

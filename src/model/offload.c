@@ -12,10 +12,8 @@ void lt_model_release_offload(lt_ctx *ctx, lt_model *m) {
     if (m->xfer) m->be->xfer_close(ctx, m->xfer);
     m->xfer = NULL;
     if (m->offload) {
-        if (m->opt.device == LT_DEVICE_CPU)
-            lt_free(ctx, LT_DEVICE_CPU, m->offload, m->lay.offload_bytes);
-        else
-            lt_free_pinned(ctx, m->offload, m->lay.offload_bytes);
+        if (m->opt.device == LT_DEVICE_CPU) lt_free(ctx, LT_DEVICE_CPU, m->offload, m->lay.offload_bytes);
+        else lt_free_pinned(ctx, m->offload, m->lay.offload_bytes);
     }
     m->offload = NULL;
 }
@@ -76,9 +74,7 @@ lt_status lt_step_saved_copy(const lt_step *s, void *saved, float *x, int64_t n,
     if (s->m->lay.saved_dtype == LT_DTYPE_F32)
         return back ? s->be->copy_to_device(s->ctx, x, saved, (size_t)n * 4)
                     : s->be->copy_to_device(s->ctx, saved, x, (size_t)n * 4);
-    if (back)
-        s->be->from_bf16(s->ctx, (const uint16_t *)saved, x, n);
-    else
-        s->be->to_bf16(s->ctx, x, (uint16_t *)saved, n);
+    if (back) s->be->from_bf16(s->ctx, (const uint16_t *)saved, x, n);
+    else s->be->to_bf16(s->ctx, x, (uint16_t *)saved, n);
     return LT_OK;
 }

@@ -51,7 +51,7 @@ static void proj_fwd_mode(const lt_step *s, int64_t l, lt_proj p, int64_t r0, in
  * alone), each into y[g] as proj_fwd (beta, the layer's q/k/v biases; y = NULL: lu only), through
  * the backend's fused lora_fwd — or proj_fwd one by one under LoRA dropout, which masks x. */
 void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                      const float *x, float *const *y, float beta) {
+                       const float *x, float *const *y, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     if (s->train && m->lora.dropout > 0) {
@@ -111,11 +111,12 @@ static void proj_bwd(const lt_step *s, int64_t l, lt_proj p, int64_t r0, int64_t
  * gradient (NULL: skipped), LoRA grads accumulated. The backend's fused lora_bwd, or proj_bwd one
  * by one under LoRA dropout. */
 void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                      const float *x, const float *const *dy, float *dx, float beta) {
+                       const float *x, const float *const *dy, float *dx, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     if (m->lora.dropout > 0) {
-        for (int g = 0; g < G; g++) proj_bwd(s, l, ps[g], r0, n, x, dy[g], lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
+        for (int g = 0; g < G; g++)
+            proj_bwd(s, l, ps[g], r0, n, x, dy[g], lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
         return;
     }
     lt_lora_proj pp[3];

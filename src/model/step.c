@@ -16,8 +16,7 @@ static lt_store store_slot(const lt_step *s, int64_t j) {
     lt_store st;
     if (y->n_act_stores)
         lt_model_store_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->act_stores + (size_t)j * y->store_bytes), &st);
-    else
-        lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)j * y->store_bytes), &st);
+    else lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)j * y->store_bytes), &st);
     return st;
 }
 
@@ -27,7 +26,8 @@ static lt_status begin_step(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, l
     if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
     if (train && m->run.forward_only)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
-    if (!b || !b->tokens || b->B <= 0 || b->T <= 0 || b->B > m->run.B || b->T > m->run.T || b->B * b->T > m->run.B * m->run.T)
+    if (!b || !b->tokens || b->B <= 0 || b->T <= 0 || b->B > m->run.B || b->T > m->run.T ||
+        b->B * b->T > m->run.B * m->run.T)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: batch (%lld, %lld) exceeds the prepared (%lld, %lld)",
                         b ? (long long)b->B : 0LL, b ? (long long)b->T : 0LL, (long long)m->run.B, (long long)m->run.T);
     if (lt_parallel_threads(lt_ctx_threads(ctx)) > lt_parallel_threads(m->lay.threads))
@@ -46,7 +46,8 @@ static lt_status begin_step(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, l
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
     s->drop_row0 = (uint64_t)(b->first_row * b->T);
     if (m->attn_path == LT_ATTN_PATH_RING && m->lay.attn_bf16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel ring attention takes f32 tensors; prepare "
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: context parallel ring attention takes f32 tensors; prepare "
                         "with saved_bf16 = -1");
     if (m->cp && (b->B != 1 || b->seq_offsets))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
@@ -77,8 +78,10 @@ static lt_status check_tokens(lt_step *s, const lt_model_batch *b, int32_t *pos)
         int32_t t = b->targets[i];
         if (t == LT_IGNORE_INDEX) continue;
         if (t < 0 || t >= V)
-            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: target %d at position %lld is outside [0, %lld) "
-                            "and is not the ignore index %d", (int)t, (long long)i, (long long)V, LT_IGNORE_INDEX);
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG,
+                            "model: target %d at position %lld is outside [0, %lld) "
+                            "and is not the ignore index %d",
+                            (int)t, (long long)i, (long long)V, LT_IGNORE_INDEX);
         s->n_tok++;
     }
     return LT_OK;
@@ -114,8 +117,8 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
                              int upload) {
     LT_TRY(begin_step(ctx, m, b, s, train));
     const lt_layout *y = &m->lay;
-    int32_t *pos = m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos)
-                                  : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
+    int32_t *pos =
+        m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos) : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
     LT_TRY(check_tokens(s, b, pos));
     s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
     return m->host_inputs ? stage_inputs(s, b, upload) : LT_OK;
@@ -198,10 +201,8 @@ static lt_resid lora_in(const lt_step *s, int64_t j, const lt_store *st) {
     const lt_layout *y = &s->m->lay;
     if (!y->resid_ckpt) return lt_resid_f32(st->x_in);
     lt_resid r = {NULL, NULL};
-    if (y->saved_dtype == LT_DTYPE_BF16)
-        r.h = (uint16_t *)lt_step_ckpt(s, j);
-    else
-        r.f = (float *)lt_step_ckpt(s, j);
+    if (y->saved_dtype == LT_DTYPE_BF16) r.h = (uint16_t *)lt_step_ckpt(s, j);
+    else r.f = (float *)lt_step_ckpt(s, j);
     return r;
 }
 
@@ -223,7 +224,8 @@ static lt_store slot_of(const lt_step *s, int64_t j) {
         st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
         st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
     }
-    if (y->keep_qkv) lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + (size_t)j * y->kept_stride), &st);
+    if (y->keep_qkv)
+        lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + (size_t)j * y->kept_stride), &st);
     return st;
 }
 
@@ -334,9 +336,11 @@ lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b
 
 lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res) {
     if (!m->host_inputs)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: the loss stays on the device only for a prepared device model");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: the loss stays on the device only for a prepared device model");
     float loss = 0;
-    LT_TRY(m->be->copy_to_host(ctx, &loss, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof loss));
+    LT_TRY(
+        m->be->copy_to_host(ctx, &loss, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof loss));
     res->loss_sum = loss;
     return LT_OK;
 }
@@ -370,9 +374,9 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     int64_t rows = last_only ? s.B : s.N;
     size_t bytes = (size_t)rows * (size_t)c->V * sizeof(float);
     float *out = logits;
-    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits"))) return lt_ctx_status(ctx);
-    if (!last_only)
-        m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, lt_step_ws(&s, m->lay.mm_ws));
+    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits")))
+        return lt_ctx_status(ctx);
+    if (!last_only) m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, lt_step_ws(&s, m->lay.mm_ws));
     else
         for (int64_t r = 0; r < s.B; r++)
             m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V,

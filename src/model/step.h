@@ -13,15 +13,15 @@ typedef struct lt_step {
     int64_t B, T, N;
     const int32_t *tokens, *targets; /* (N) in the model's memory */
     const int32_t *pos;
-    const int32_t *seq_offsets;      /* host (the attention boundary validates them there) */
-    const int32_t *seq_offsets_dev;  /* device runs: their copy in the inputs piece */
-    int64_t n_tok;                   /* non-ignored targets */
-    float dloss;                     /* upstream gradient of the summed loss */
-    float *scalars;                  /* device runs: [0] loss, [1] dloss in device memory */
-    int defer_loss;                  /* leave the loss on the device (lt_model_batch.defer_loss) */
+    const int32_t *seq_offsets;     /* host (the attention boundary validates them there) */
+    const int32_t *seq_offsets_dev; /* device runs: their copy in the inputs piece */
+    int64_t n_tok;                  /* non-ignored targets */
+    float dloss;                    /* upstream gradient of the summed loss */
+    float *scalars;                 /* device runs: [0] loss, [1] dloss in device memory */
+    int defer_loss;                 /* leave the loss on the device (lt_model_batch.defer_loss) */
     int64_t S;
-    uint64_t drop_seed;  /* 0 bits mean dropout off (evaluation) */
-    uint64_t drop_row0;  /* tokens before this batch's row 0 in the whole (data-parallel) batch */
+    uint64_t drop_seed; /* 0 bits mean dropout off (evaluation) */
+    uint64_t drop_row0; /* tokens before this batch's row 0 in the whole (data-parallel) batch */
     int train;
     /* Offload: the checkpoint each device slot holds (-1 none) and whether a copy into it is
      * still to be waited for. */
@@ -30,9 +30,7 @@ typedef struct lt_step {
 } lt_step;
 
 static inline uint8_t *lt_step_blk(const lt_step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
-static inline float *lt_step_ws(const lt_step *s, size_t off) {
-    return (float *)lt_step_blk(s, LT_MEM_WORKSPACE, off);
-}
+static inline float *lt_step_ws(const lt_step *s, size_t off) { return (float *)lt_step_blk(s, LT_MEM_WORKSPACE, off); }
 /* The final norm's input (N, C) and output (N, C). */
 static inline float *lt_step_xf(const lt_step *s) {
     return (float *)lt_step_blk(s, s->m->lay.final_class, s->m->lay.xf);
@@ -100,12 +98,12 @@ lt_status lt_step_saved_copy(const lt_step *s, void *saved, float *x, int64_t n,
 /* The projections ps[0..G) of one input x over the n rows from row r0 (q, k, v; gate, up; or one
  * alone), each into y[g] (n, out) = beta·y[g] + x·Wᵀ (+ the layer's q/k/v bias) + LoRA, saving
  * the LoRA product into st; y[g] = NULL computes only the LoRA product. */
-void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
-                       int64_t n, const float *x, float *const *y, float beta);
+void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                       const float *x, float *const *y, float beta);
 /* The backward of lt_step_group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the
  * group's input gradient (NULL: skipped), LoRA grads accumulated. */
-void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
-                       int64_t n, const float *x, const float *const *dy, float *dx, float beta);
+void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                       const float *x, const float *const *dy, float *dx, float beta);
 
 /* ---- layer.c: one layer ---- */
 
