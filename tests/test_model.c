@@ -2,7 +2,8 @@
  * logits, loss, per-token loss and every LoRA gradient of a packed batch for tiny Llama (tied,
  * llama3 rope scaling), Qwen2 and Qwen3 models. Also: every recompute policy gives the same
  * gradients, packed and unpacked rows give the same per-sequence loss, the size table equals
- * what the allocator measured, and bad inputs are typed errors. */
+ * what the allocator measured, bad inputs are typed errors, and each layer carries the description
+ * its family's config expands to. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
@@ -723,6 +724,90 @@ static void chunks_and_bf16_checkpoints(void **state) {
     }
 }
 
+/* The per-layer description: what each family's config expands to (uniform today, loaded models
+ * carry it), a sliding-window pattern, and the one check refusing the kinds the step cannot run,
+ * at load's layout and in the planner's size table alike, naming the layer and the kind. */
+static void layer_descriptions(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    static const struct {
+        const char *c;
+        int qkv_bias, qk_norm;
+    } fam[] = {{"llama_tied", 0, 0}, {"qwen2_untied", 1, 0}, {"qwen3_tied", 0, 1}};
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        fixture f;
+        open_fixture(ctx, fam[i].c, &f);
+        lt_model *m = load_case(ctx, fam[i].c, &f, 0);
+        const lt_model_config *cfg = lt_model_get_config(m);
+        for (int64_t l = 0; l < cfg->L; l++) {
+            const lt_layer_desc *d = lt_model_get_layer(m, l);
+            lt_layer_desc want;
+            lt_model_describe_layer(cfg, l, &want);
+            assert_non_null(d);
+            assert_memory_equal(d, &want, sizeof want);
+            assert_int_equal(d->attn, LT_ATTN_KIND_FULL);
+            assert_int_equal(d->window, 0);
+            assert_int_equal(d->D, cfg->D);
+            assert_true(d->softcap == 0.0f);
+            assert_int_equal(d->qkv_bias, fam[i].qkv_bias);
+            assert_int_equal(d->qk_norm, fam[i].qk_norm);
+            assert_int_equal(d->norm, LT_NORM_PLACE_PRE);
+            assert_int_equal(d->mlp, LT_MLP_KIND_SWIGLU);
+            assert_int_equal(d->rope, 0);
+        }
+        assert_null(lt_model_get_layer(m, -1));
+        assert_null(lt_model_get_layer(m, cfg->L));
+        assert_int_equal(lt_model_check_layers(ctx, cfg), LT_OK);
+        lt_model_free(ctx, m);
+        lt_safetensors_close(ctx, f.exp);
+    }
+    lt_model_config c;
+    char dir[1200], path[1300];
+    case_dir("qwen3_tied", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(lt_model_config_read_hf(ctx, path, &c), LT_OK);
+    lt_model_run_options run = {0};
+    run.B = 1, run.T = 16;
+    lt_model_sizes full, slid;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &run, &full), LT_OK);
+    /* Alternating local and global layers: every second layer keeps full attention. */
+    lt_model_config w = c;
+    w.sliding_window = 4, w.sliding_period = 2, w.L = 4;
+    for (int64_t l = 0; l < w.L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(&w, l, &d);
+        assert_int_equal(d.attn, l % 2 ? LT_ATTN_KIND_FULL : LT_ATTN_KIND_SLIDING);
+        assert_int_equal(d.window, l % 2 ? 0 : 4);
+    }
+    w.L = c.L;
+    assert_int_equal(lt_model_check_layers(ctx, &w), LT_OK);
+    assert_int_equal(lt_model_size_table(ctx, &w, NULL, &run, &slid), LT_OK);
+    assert_int_equal(slid.total, full.total); /* the CPU kernel's workspace does not grow with a window */
+    /* Refused kinds: one typed error naming the layer and the kind, before any size is priced. */
+    lt_model_config bad = c;
+    bad.mlp = LT_MLP_KIND_GEGLU;
+    assert_int_equal(lt_model_check_layers(ctx, &bad), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0 has a GeGLU MLP"));
+    assert_int_equal(lt_model_size_table(ctx, &bad, NULL, &run, &slid), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "GeGLU"));
+    bad = c;
+    bad.norm_place = LT_NORM_PLACE_SANDWICH;
+    assert_int_equal(lt_model_size_table(ctx, &bad, NULL, NULL, &slid), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0 has a sandwich norm block"));
+    bad = c;
+    bad.mlp = LT_MLP_KIND_MOE;
+    assert_int_equal(lt_model_check_layers(ctx, &bad), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "mixture-of-experts"));
+    bad = c;
+    bad.sliding_window = -1;
+    assert_int_equal(lt_model_check_layers(ctx, &bad), LT_ERR_INVALID_ARG);
+    bad = c;
+    bad.attn_softcap = -2.0f;
+    assert_int_equal(lt_model_check_layers(ctx, &bad), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "softcap"));
+    lt_ctx_free(ctx);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     lt_test_omp_passive(argv);
@@ -738,6 +823,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(dropout_gradients_are_consistent),
         cmocka_unit_test(chunks_and_bf16_checkpoints),
         cmocka_unit_test(kept_qkv_equals_rerun_attention),
+        cmocka_unit_test(layer_descriptions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
-/* The one decoder model (Llama, Llama 3.x with llama3 rope scaling, Qwen2/2.5, Qwen3, SmolLM2 as
- * config flags) with LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
+/* The one decoder model (Llama, Llama 3.x with llama3 rope scaling, Qwen2/2.5, Qwen3, SmolLM2:
+ * families whose config readers fill a per-layer description) with LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
  * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
  * planner sums. The base weights are frozen; only LoRA parameters get gradients. The optimizer,
  * schedules and adapter files belong to the trainer (train.h); there is no KV cache. */
@@ -31,6 +31,44 @@ typedef enum lt_proj {
 /* PEFT / HF module names of the projections ("q_proj", ..., "down_proj"). */
 const char *lt_proj_name(lt_proj p);
 
+/* ---- per-layer description ----
+ * What kind of block each layer is, expanded from the config (lt_model_describe_layer) at load and
+ * by the planner: the model runs the list, the layout prices it. Zero values are the pre-norm
+ * SwiGLU decoder layer with full causal attention that every family read today has. */
+typedef enum lt_attn_kind {
+    LT_ATTN_KIND_FULL = 0, /* causal over every earlier token of the sequence */
+    LT_ATTN_KIND_SLIDING,  /* causal over the last `window` tokens, the token itself included */
+    LT_ATTN_KIND_NONE,     /* no attention block (refused: nothing runs it yet) */
+} lt_attn_kind;
+
+typedef enum lt_norm_place {
+    LT_NORM_PLACE_PRE = 0, /* x + f(norm(x)) */
+    LT_NORM_PLACE_POST,    /* norm(x + f(x)) (refused: nothing runs it yet) */
+    LT_NORM_PLACE_SANDWICH,/* x + norm(f(norm(x))) (refused: nothing runs it yet) */
+} lt_norm_place;
+
+typedef enum lt_mlp_kind {
+    LT_MLP_KIND_SWIGLU = 0, /* down(silu(gate(h)) * up(h)) */
+    LT_MLP_KIND_GEGLU,      /* down(gelu_tanh(gate(h)) * up(h)) (refused: nothing runs it yet) */
+    LT_MLP_KIND_MOE,        /* routed experts (refused: nothing runs it yet) */
+} lt_mlp_kind;
+
+typedef struct lt_layer_desc {
+    lt_attn_kind attn;
+    int64_t window;     /* LT_ATTN_KIND_SLIDING: W keys per query; 0 otherwise */
+    int64_t D;          /* head dim of q, k, v */
+    float softcap;      /* attention scores -> cap * tanh(s / cap); 0 = off */
+    int qk_norm;        /* per-head RMSNorm of q and k over D before RoPE (Qwen3) */
+    int qkv_bias;       /* q, k, v projections carry biases (Qwen2) */
+    lt_norm_place norm;
+    lt_mlp_kind mlp;
+    int rope;           /* which RoPE table the layer rotates by (one table today: 0) */
+} lt_layer_desc;
+
+const char *lt_attn_kind_name(lt_attn_kind k);
+const char *lt_norm_place_name(lt_norm_place p);
+const char *lt_mlp_kind_name(lt_mlp_kind k);
+
 /* Architecture hyper-parameters plus the dtypes the frozen weights are held in (what the size
  * tables need). Filled by the loaders (lt_model_inspect) or by hand for planning. */
 typedef struct lt_model_config {
@@ -50,6 +88,15 @@ typedef struct lt_model_config {
     int tie_embeddings;    /* lm head = embedding matrix */
     int qkv_bias;          /* Qwen2 */
     int qk_norm;           /* Qwen3 */
+    /* Layer kinds beyond the uniform decoder (all zero for Llama, SmolLM2, Qwen2, Qwen3): the
+     * family's config reader sets them, lt_model_describe_layer expands them per layer. */
+    int64_t sliding_window; /* W > 0: layers attend over their last W tokens; 0 = full attention */
+    int64_t sliding_period; /* with sliding_window: layer l keeps full attention when
+                               l % period == period - 1 (alternating local/global); 0 = every
+                               layer slides */
+    float attn_softcap;     /* attention logit softcap of every layer; 0 = off */
+    lt_norm_place norm_place;
+    lt_mlp_kind mlp;
     int32_t bos_id, eos_id; /* -1 when unknown */
     /* In-memory dtypes of the frozen weights (after --quantize). proj_dtype per lt_proj; embed
      * (V, C) and, untied only, head (V, C): f16 ones widened to f32 on the CPU, f32 and f16 ones
@@ -58,6 +105,16 @@ typedef struct lt_model_config {
     lt_dtype proj_dtype[LT_PROJ_COUNT_];
     lt_dtype embed_dtype, head_dtype;
 } lt_model_config;
+
+/* Pure: the description of layer l (0 <= l < cfg->L) that cfg implies. */
+void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_layer_desc *out);
+
+/* The one check of the layer list: LT_OK when the model can run every layer's description,
+ * else LT_ERR_UNSUPPORTED naming the first layer and the kind it cannot run (no attention, post
+ * or sandwich norms, GeGLU or MoE blocks, a head dim or RoPE table other than the model's one)
+ * or LT_ERR_INVALID_ARG (a negative window or softcap). lt_model_load and the size table (so the
+ * planner) call it. */
+lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
 
 /* Reads a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM;
  * model_type llama/qwen2/qwen3). Dtypes are set to f32; the loaders overwrite them from the
@@ -153,8 +210,9 @@ typedef struct lt_model_sizes {
  * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
  * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
  * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
- * shapes/options, named), LT_ERR_UNSUPPORTED (a device this build lacks, a head dim or impl the
- * device's kernels do not serve). */
+ * shapes/options, named), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
+ * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
+ * kernels do not serve). */
 lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                               const lt_model_run_options *run, lt_model_sizes *out);
 
@@ -183,7 +241,7 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
  * opt->device (the file mappings are closed before return; a device load stages through a
  * bounded host buffer, never a second full copy); llama-arch GGUF Q/K rows are un-permuted to
  * rotate-half. Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a
- * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, dtype; a CUDA device in
+ * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, layer kind, dtype; a CUDA device in
  * a build without CUDA or on a machine without a GPU), LT_ERR_OOM, LT_ERR_CUDA. */
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
                         const lt_lora_options *lora, lt_model **out);
@@ -192,6 +250,8 @@ void lt_model_free(lt_ctx *ctx, lt_model *m);
 const lt_model_config *lt_model_get_config(const lt_model *m);
 const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
 lt_device lt_model_get_device(const lt_model *m);
+/* Layer l's description (as lt_model_describe_layer gave it at load); NULL outside [0, L). */
+const lt_layer_desc *lt_model_get_layer(const lt_model *m, int64_t l);
 /* Bytes currently held per class (weights/lora/grads always; the rest after lt_model_prepare). */
 lt_model_sizes lt_model_get_sizes(const lt_model *m);
 
@@ -280,7 +340,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
  * steps. comm NULL or a world of one turns it off (unless LONGTUNE_CP forces it: lt_cp_env_forced). The Ulysses workspace is allocated with the
  * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
  * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different
- * devices, a CUDA world that does not divide Hkv), LT_ERR_OOM. */
+ * devices, a CUDA world that does not divide Hkv, a layer with a sliding window or softcap), LT_ERR_OOM. */
 lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
 /* The lt_cp_kind in use (LT_CP_RING 0, LT_CP_ULYSSES 1), or -1 when context parallel is off. */
 int lt_model_cp_kind(const lt_model *m);

@@ -1,7 +1,8 @@
-/* The model's memory as size tables: a pure layout function carves each lifetime class (frozen
- * weights, LoRA parameters, gradients, saved activations, transients, workspaces) into 64-byte
- * aligned pieces. The planner calls lt_model_size_table, the model allocates exactly the same
- * numbers in lt_model_load / lt_model_prepare; nothing here touches memory. */
+/* The model's memory as size tables: one pure function per lifetime class (frozen weights, LoRA
+ * parameters and gradients, saved activations, transients with the step's inputs, workspaces)
+ * carves it into aligned pieces, pricing the layer list from each layer's description. The
+ * planner calls lt_model_size_table, the model allocates exactly the same numbers in
+ * lt_model_load / lt_model_prepare; nothing here touches memory. */
 #include <string.h>
 
 #include "longtune/alloc.h"
@@ -94,19 +95,21 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     ok &= emit(&cur, fn, arg, LT_W_FINAL_NORM, -1, 0, LT_DTYPE_F32, 1, c->C, 0);
     ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, c->D / 2, 0);
     for (int64_t l = 0; ok && l < c->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(c, l, &d);
         for (int p = 0; p < LT_PROJ_COUNT_; p++) {
             int64_t o, i;
             lt_model_proj_shape(c, (lt_proj)p, &o, &i);
             ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, c->proj_dtype[p], 2, o, i);
         }
-        if (c->qkv_bias)
+        if (d.qkv_bias)
             for (int b = 0; b < 3; b++)
-                ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * c->D, 0);
+                ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * d.D, 0);
         ok &= emit(&cur, fn, arg, LT_W_ATTN_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
         ok &= emit(&cur, fn, arg, LT_W_MLP_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
-        if (c->qk_norm) {
-            ok &= emit(&cur, fn, arg, LT_W_Q_NORM, l, 0, LT_DTYPE_F32, 1, c->D, 0);
-            ok &= emit(&cur, fn, arg, LT_W_K_NORM, l, 0, LT_DTYPE_F32, 1, c->D, 0);
+        if (d.qk_norm) {
+            ok &= emit(&cur, fn, arg, LT_W_Q_NORM, l, 0, LT_DTYPE_F32, 1, d.D, 0);
+            ok &= emit(&cur, fn, arg, LT_W_K_NORM, l, 0, LT_DTYPE_F32, 1, d.D, 0);
         }
     }
     return ok && cur != SIZE_MAX ? cur : 0;
@@ -117,15 +120,15 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
  * Pieces start at multiples of `align`; above the host's 64 (a device) the store's size is
  * rounded up to it too, so every store of an array starts aligned. keep_mlp: the store keeps the
  * gate and up projections (no recompute). */
-static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t B, int64_t T, size_t align,
-                           int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
+static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, const lt_lora_options *lo, int64_t B,
+                           int64_t T, size_t align, int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
     int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
     size_t cur = 0;
     memset(s, 0, sizeof *s);
 #define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
     if (keep_x_in) PIECE(x_in, N * c->C);
-    if (c->qk_norm) {
+    if (wd->qk_norm) {
         PIECE_ES(q_raw, N * qd, attn_es);
         PIECE_ES(k_raw, N * kvd, attn_es);
         PIECE(rstd_q, N * c->H);
@@ -155,14 +158,14 @@ static size_t store_layout(const lt_model_config *c, const lt_lora_options *lo, 
  * what the backward reads that the recompute would otherwise rebuild (the per-head norm's inputs
  * and statistics, q, k, v after norm and RoPE, x_mid, the LoRA products of q, k, v, o). The other
  * fields are NULL; att and lse are kept apart (keep_att, keep_lse). */
-static size_t kept_layout(const lt_model_config *c, const lt_lora_options *lo, int64_t N, size_t align, size_t attn_es,
-                          lt_store *s) {
+static size_t kept_layout(const lt_model_config *c, const lt_layer_desc *wd, const lt_lora_options *lo, int64_t N,
+                          size_t align, size_t attn_es, lt_store *s) {
     int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
     size_t cur = 0;
     memset(s, 0, sizeof *s);
 #define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
-    if (c->qk_norm) {
+    if (wd->qk_norm) {
         PIECE_ES(q_raw, N * qd, attn_es);
         PIECE_ES(k_raw, N * kvd, attn_es);
         PIECE(rstd_q, N * c->H);
@@ -199,12 +202,29 @@ void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st) {
         if (src[i]) dst[i] = src[i];
 }
 
-lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in,
-                          const lt_model_run_options *run, lt_layout *o) {
-    memset(o, 0, sizeof *o);
+/* The run's shape and the choices resolved from its options, shared by the per-class layouts. */
+typedef struct run_shape {
+    const lt_model_config *c;
+    lt_lora_options lo;
+    const lt_model_run_options *run;
+    const lt_backend *be;    /* of run->device: its kernels' workspace sizes */
+    lt_layer_desc wd;        /* the widest layer (what a store slot must hold) */
+    int64_t B, T, N, K, k;   /* K LoRA layers, k layers per recompute segment */
+    int64_t qd, kvd;         /* H·D, Hkv·D */
+    size_t al, es;           /* piece alignment; bytes of a saved element */
+    int fwd_only, keep_mlp;
+} run_shape;
+
+/* bytes rounded up to al, saturating. */
+static size_t round_up(size_t bytes, size_t al) { return bytes > SIZE_MAX - al ? SIZE_MAX : (bytes + al - 1) / al * al; }
+
+/* Frozen weights, LoRA parameters and their gradients: what lt_model_load allocates. */
+static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in, lt_layout *o,
+                               lt_lora_options *lo_out) {
     if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->H <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 ||
         c->H % c->Hkv)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: bad config (V, C, F, L, H, Hkv, D)");
+    LT_TRY(lt_model_check_layers(ctx, c));
     lt_lora_options lo = lt_model_resolve_lora(c, lora_in);
     if (!(lo.dropout >= 0 && lo.dropout < 1))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lora: dropout %g outside [0, 1)", (double)lo.dropout);
@@ -223,215 +243,293 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     o->class_bytes[LT_MEM_WEIGHTS] = o->weights_bytes;
     o->class_bytes[LT_MEM_LORA] = o->lora_bytes;
     o->class_bytes[LT_MEM_GRADS] = o->lora_bytes;
-    if (!run) return LT_OK;
+    *lo_out = lo;
+    return LT_OK;
+}
 
-    int64_t B = run->B, T = run->T;
-    if (B <= 0 || T <= 0 || B > INT32_MAX || T > INT32_MAX || B * T > INT32_MAX)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: B=%lld, T=%lld out of range", (long long)B, (long long)T);
+/* The run's shape, and its mode flags resolved once into the layout (saved dtype, bf16 attention
+ * tensors, checkpoints as residuals, kept attention and q/k/v, offload, the chunk), so the step
+ * reads them instead of the options. */
+static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_shape *r, lt_layout *o) {
+    const lt_model_config *c = r->c;
+    r->run = run;
+    r->B = run->B, r->T = run->T;
+    if (r->B <= 0 || r->T <= 0 || r->B > INT32_MAX || r->T > INT32_MAX || r->B * r->T > INT32_MAX)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: B=%lld, T=%lld out of range", (long long)r->B,
+                        (long long)r->T);
     lt_device dev = run->device;
     if ((unsigned)dev >= LT_DEVICE_COUNT_)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown device %d", (int)dev);
     /* The workspaces are the device's kernels' own sizes, which only a build with that backend
      * knows. */
-    const lt_backend *be = lt_backend_get(dev);
-    if (!be)
+    if (!(r->be = lt_backend_get(dev)))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model run: this build has no %s backend (planning for it needs one)",
                         dev == LT_DEVICE_CUDA ? "CUDA" : "such");
     o->device = dev;
-    o->align = dev == LT_DEVICE_CPU ? LT_MODEL_ALIGN : LT_ALLOC_ALIGN_DEVICE;
-    size_t al = o->align;
-    int64_t N = B * T, K = lo.num_layers, qd = c->H * c->D, kvd = c->Hkv * c->D;
-    int64_t k = run->recompute == LT_RECOMPUTE_EVERY ? 1 : run->recompute_k > 0 ? run->recompute_k : 2;
+    o->align = r->al = dev == LT_DEVICE_CPU ? LT_MODEL_ALIGN : LT_ALLOC_ALIGN_DEVICE;
+    r->N = r->B * r->T, r->K = r->lo.num_layers, r->qd = c->H * c->D, r->kvd = c->Hkv * c->D;
+    r->k = run->recompute == LT_RECOMPUTE_EVERY ? 1 : run->recompute_k > 0 ? run->recompute_k : 2;
     if ((unsigned)run->recompute > LT_RECOMPUTE_EVERY_K)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown recompute policy %d", (int)run->recompute);
-    if (k > K) k = K;
-    int threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
-    o->threads = threads;
-    int fwd_only = run->forward_only;
-    int keep_mlp = !fwd_only && run->recompute == LT_RECOMPUTE_NONE;
+    if (r->k > r->K) r->k = r->K;
+    o->threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
+    r->fwd_only = run->forward_only;
+    r->keep_mlp = !r->fwd_only && run->recompute == LT_RECOMPUTE_NONE;
     if (run->saved_bf16 < -1 || run->saved_bf16 > 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: saved_bf16 %d outside -1..1", run->saved_bf16);
-    o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : be->saved_dtype;
-    size_t es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
+    o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : r->be->saved_dtype;
+    r->es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
     /* Recomputing every layer, a layer's checkpoint is its input and the next one its output. */
-    o->resid_ckpt = !fwd_only && run->recompute != LT_RECOMPUTE_NONE && k == 1;
-    o->store_bytes = store_layout(c, &lo, B, T, al, !fwd_only && !o->resid_ckpt, keep_mlp, es, &o->store_off);
+    o->resid_ckpt = !r->fwd_only && run->recompute != LT_RECOMPUTE_NONE && r->k == 1;
+    o->store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, !r->fwd_only && !o->resid_ckpt, r->keep_mlp,
+                                  r->es, &o->store_off);
     if (run->chunk_rows < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: chunk_rows %lld is negative", (long long)run->chunk_rows);
-    int64_t CH = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
-    if (CH > N) CH = N;
-    o->chunk = CH;
-
-    /* Activations: every LoRA layer's store (no recompute) or one input per segment. */
-    size_t cur = 0;
-    if (fwd_only) {
+    o->chunk = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
+    if (o->chunk > r->N) o->chunk = r->N;
+    /* Every LoRA layer's store (no recompute) or one input per segment. */
+    if (r->fwd_only) {
         o->n_act_stores = 0, o->n_tr_stores = 1, o->n_ckpt = 0;
     } else if (run->recompute == LT_RECOMPUTE_NONE) {
-        o->n_act_stores = K, o->n_tr_stores = 0, o->n_ckpt = 0;
+        o->n_act_stores = r->K, o->n_tr_stores = 0, o->n_ckpt = 0;
     } else {
-        o->n_act_stores = 0, o->n_tr_stores = k, o->n_ckpt = (K + k - 1) / k;
+        o->n_act_stores = 0, o->n_tr_stores = r->k, o->n_ckpt = (r->K + r->k - 1) / r->k;
     }
-    o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
-    /* Each piece rounded up to the alignment so every layer's starts aligned. */
-    size_t cs = nb(N * c->C, es);
-    o->ckpt_stride = cs > SIZE_MAX - al ? SIZE_MAX : (cs + al - 1) / al * al;
-    if (run->offload_ckpt && !fwd_only && run->recompute == LT_RECOMPUTE_NONE)
+    if (run->offload_ckpt && !r->fwd_only && run->recompute == LT_RECOMPUTE_NONE)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: checkpoint offload needs a recompute policy (all or "
                         "every:K): without one there are no checkpoints to offload");
-    /* Offload keeps two slots here and the rest on the host (see lt_layout.offload); with two
-     * checkpoints or fewer there is nothing to move. */
+    /* Offload keeps two slots on the device and the rest on the host (see lt_layout.offload); with
+     * two checkpoints or fewer there is nothing to move. */
     o->offload = run->offload_ckpt && o->n_ckpt > 2;
+    o->keep_attn = o->n_ckpt && !run->recompute_attention;
+    /* On the host, also what the recompute's q/k/v and o projections would rebuild (about 4% of a
+     * T=2048 step): the CUDA step keeps only the attention output (its device graph and memory
+     * budget are tuned around that). */
+    o->keep_qkv = o->keep_attn && dev == LT_DEVICE_CPU;
+    return LT_OK;
+}
+
+/* Saved across the step: the stores of every LoRA layer (no recompute) or the checkpoints, and
+ * with kept attention each LoRA layer's attention output and lse (and on the host q/k/v). */
+static void layout_activations(const run_shape *r, lt_layout *o) {
+    const lt_model_config *c = r->c;
+    size_t al = r->al, cur = 0;
+    o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
+    /* Each piece rounded up to the alignment so every layer's starts aligned. */
+    o->ckpt_stride = round_up(nb(r->N * c->C, r->es), al);
     if (o->offload) o->offload_bytes = nb(o->n_ckpt - 2, o->ckpt_stride);
     o->ckpt = carve_aligned(&cur, nb(o->offload ? 2 : o->n_ckpt, o->ckpt_stride), al);
-    if (o->n_ckpt && !run->recompute_attention) {
-        size_t as = nb(N * qd, es), ls = nb(B * c->H * T, 4);
-        o->att_stride = as > SIZE_MAX - al ? SIZE_MAX : (as + al - 1) / al * al;
-        o->lse_stride = ls > SIZE_MAX - al ? SIZE_MAX : (ls + al - 1) / al * al;
-        o->keep_attn = 1;
-        o->keep_att = carve_aligned(&cur, nb(K, o->att_stride), al);
-        o->keep_lse = carve_aligned(&cur, nb(K, o->lse_stride), al);
-        /* On the host, also what the recompute's q/k/v and o projections would rebuild (about 4%
-         * of a T=2048 step): the CUDA step keeps only the attention output (its device graph and
-         * memory budget are tuned around that). */
-        if (dev == LT_DEVICE_CPU) {
-            o->keep_qkv = 1;
-            o->kept_stride = kept_layout(c, &lo, N, al, es, &o->kept_off);
-            o->keep_store = carve_aligned(&cur, nb(K, o->kept_stride), al);
-        }
+    if (o->keep_attn) {
+        o->att_stride = round_up(nb(r->N * r->qd, r->es), al);
+        o->lse_stride = round_up(nb(r->B * c->H * r->T, 4), al);
+        o->keep_att = carve_aligned(&cur, nb(r->K, o->att_stride), al);
+        o->keep_lse = carve_aligned(&cur, nb(r->K, o->lse_stride), al);
+    }
+    if (o->keep_qkv) {
+        o->kept_stride = kept_layout(c, &r->wd, &r->lo, r->N, al, r->es, &o->kept_off);
+        o->keep_store = carve_aligned(&cur, nb(r->K, o->kept_stride), al);
     }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
+}
 
-    /* Transients: the segment's stores (the frozen layers below the LoRA ones and the forward-only
-     * pass run in place on one of them), the loss's row statistics, the inputs, and in a
-     * forward-only run the final norm's input and output (a training run keeps them in the
-     * workspace, see below). */
-    cur = 0;
+/* Device runs only: the step's inputs as one piece the host stages and copies in with a single
+ * transfer per step (see lt_layout.inputs); the transients carve it. */
+static void layout_inputs(const run_shape *r, lt_layout *o) {
+    if (o->device == LT_DEVICE_CPU) return;
+    o->in_tokens = carve(&o->in_bytes, nb(r->N, 4));
+    o->in_targets = carve(&o->in_bytes, nb(r->N, 4));
+    o->in_pos = carve(&o->in_bytes, nb(r->N, 4));
+    o->in_scalars = carve(&o->in_bytes, 4 * sizeof(float));
+    o->in_offs = carve(&o->in_bytes, nb(r->B * (r->T + 1), 4)); /* packed rows' offsets, S <= T */
+}
+
+/* The segment's stores (the frozen layers below the LoRA ones and the forward-only pass run in
+ * place on one of them), the loss's row statistics, the inputs, and in a forward-only run the final
+ * norm's input and output (a training run keeps them in the workspace). */
+static void layout_transients(const run_shape *r, lt_layout *o) {
+    size_t al = r->al, cur = 0, nc = nb(r->N * r->c->C, 4);
     o->tr_stores = carve_aligned(&cur, nb(o->n_tr_stores, o->store_bytes), al);
-    if (fwd_only) {
+    if (r->fwd_only) {
         o->final_class = LT_MEM_TRANSIENTS;
-        o->xf = carve_aligned(&cur, nb(N * c->C, 4), al);
-        o->hf = carve_aligned(&cur, nb(N * c->C, 4), al);
+        o->xf = carve_aligned(&cur, nc, al);
+        o->hf = carve_aligned(&cur, nc, al);
     }
-    o->rstd_f = carve_aligned(&cur, nb(N, 4), al);
-    o->lse_f = carve_aligned(&cur, nb(N, 4), al);
-    o->tloss = carve_aligned(&cur, nb(N, 4), al);
-    if (dev == LT_DEVICE_CPU) {
-        o->pos = carve_aligned(&cur, nb(N, 4), al);
-    } else {
-        /* A device step reads its inputs from device memory: one block that the host stages and
-         * copies in a single transfer per step (see lt_layout.inputs). */
-        o->in_tokens = carve(&o->in_bytes, nb(N, 4));
-        o->in_targets = carve(&o->in_bytes, nb(N, 4));
-        o->in_pos = carve(&o->in_bytes, nb(N, 4));
-        o->in_scalars = carve(&o->in_bytes, 4 * sizeof(float));
-        o->in_offs = carve(&o->in_bytes, nb(B * (T + 1), 4)); /* packed rows' offsets, S <= T */
+    o->rstd_f = carve_aligned(&cur, nb(r->N, 4), al);
+    o->lse_f = carve_aligned(&cur, nb(r->N, 4), al);
+    o->tloss = carve_aligned(&cur, nb(r->N, 4), al);
+    if (o->device == LT_DEVICE_CPU)
+        o->pos = carve_aligned(&cur, nb(r->N, 4), al);
+    else
         o->inputs = carve_aligned(&cur, o->in_bytes, al);
-    }
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;
+}
 
-    /* Workspace: the backward's whole-batch gradients (training only), the chunk buffers of the
-     * position-wise work, and the kernels' own workspaces at this shape. */
-    cur = 0;
-    int64_t max_in = c->C > c->F ? c->C : c->F;
-    if (qd > max_in) max_in = qd;
-    if (!fwd_only) {
+/* The backward's whole-batch gradients (training only) and the chunk buffers of the
+ * position-wise work, from *cur on. */
+static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
+    const lt_model_config *c = r->c;
+    size_t al = r->al;
+    int64_t CH = o->chunk, max_in = c->C > c->F ? c->C : c->F;
+    if (r->qd > max_in) max_in = r->qd;
+    if (!r->fwd_only) {
         /* The final norm's input and output are dead once its backward has run, before any
          * layer's backward writes attention's gradients: they share one region. */
-        o->dx = carve_aligned(&cur, nb(N * c->C, 4), al);
-        size_t region = carve_aligned(&cur, 0, al), fin = region, grads = region;
+        o->dx = carve_aligned(cur, nb(r->N * c->C, 4), al);
+        size_t region = carve_aligned(cur, 0, al), fin = region, grads = region;
         o->final_class = LT_MEM_WORKSPACE;
-        o->xf = carve_aligned(&fin, nb(N * c->C, 4), al);
-        o->hf = carve_aligned(&fin, nb(N * c->C, 4), al);
-        o->datt = carve_aligned(&grads, nb(N * qd, es), al);
-        o->dq = carve_aligned(&grads, nb(N * qd, es), al);
-        o->dk = carve_aligned(&grads, nb(N * kvd, es), al);
-        o->dv = carve_aligned(&grads, nb(N * kvd, es), al);
-        cur = fin > grads ? fin : grads;
+        o->xf = carve_aligned(&fin, nb(r->N * c->C, 4), al);
+        o->hf = carve_aligned(&fin, nb(r->N * c->C, 4), al);
+        o->datt = carve_aligned(&grads, nb(r->N * r->qd, r->es), al);
+        o->dq = carve_aligned(&grads, nb(r->N * r->qd, r->es), al);
+        o->dk = carve_aligned(&grads, nb(r->N * r->kvd, r->es), al);
+        o->dv = carve_aligned(&grads, nb(r->N * r->kvd, r->es), al);
+        *cur = fin > grads ? fin : grads;
     }
-    o->h = carve_aligned(&cur, nb(CH * c->C, 4), al);
-    if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(&cur, nb(CH * c->C, 4), al);
+    o->h = carve_aligned(cur, nb(CH * c->C, 4), al);
+    if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(cur, nb(CH * c->C, 4), al);
     if (o->attn_bf16) {
-        o->qc = carve_aligned(&cur, nb(CH * (qd + 2 * kvd), 4), al);
-        o->ac = carve_aligned(&cur, nb(CH * (c->qk_norm ? qd + kvd : qd), 4), al);
-        o->mc = carve_aligned(&cur, nb(CH * c->C, 4), al);
+        o->qc = carve_aligned(cur, nb(CH * (r->qd + 2 * r->kvd), 4), al);
+        o->ac = carve_aligned(cur, nb(CH * (r->wd.qk_norm ? r->qd + r->kvd : r->qd), 4), al);
+        o->mc = carve_aligned(cur, nb(CH * c->C, 4), al);
     }
-    if (!keep_mlp) {
-        o->g = carve_aligned(&cur, nb(CH * c->F, 4), al);
-        o->u = carve_aligned(&cur, nb(CH * c->F, 4), al);
+    if (!r->keep_mlp) {
+        o->g = carve_aligned(cur, nb(CH * c->F, 4), al);
+        o->u = carve_aligned(cur, nb(CH * c->F, 4), al);
     }
-    o->dg = carve_aligned(&cur, nb(CH * c->F, 4), al);
-    if (lo.dropout > 0) o->scratch = carve_aligned(&cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
-    if (!fwd_only) {
-        o->da = carve_aligned(&cur, nb(CH * c->F, 4), al);
-        o->du = carve_aligned(&cur, nb(CH * c->F, 4), al);
-        o->dh = carve_aligned(&cur, nb(CH * c->C, 4), al);
-        o->dlu = carve_aligned(&cur, nb(CH * 3 * lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
+    o->dg = carve_aligned(cur, nb(CH * c->F, 4), al);
+    if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
+    if (!r->fwd_only) {
+        o->da = carve_aligned(cur, nb(CH * c->F, 4), al);
+        o->du = carve_aligned(cur, nb(CH * c->F, 4), al);
+        o->dh = carve_aligned(cur, nb(CH * c->C, 4), al);
+        o->dlu = carve_aligned(cur, nb(CH * 3 * r->lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }
+}
+
+/* The matmul's workspace: the largest over the projections at the chunk and the head over the
+ * batch. */
+static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
+    const lt_model_config *c = r->c;
     size_t mm = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {
         int64_t out, in;
         lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-        size_t w = be->matmul_workspace_bytes(c->proj_dtype[p], out, in, CH, threads);
+        size_t w = r->be->matmul_workspace_bytes(c->proj_dtype[p], out, in, o->chunk, o->threads);
         if (w > mm) mm = w;
     }
-    size_t wh = be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, N, threads);
-    if (wh > mm) mm = wh;
-    o->mm_ws_bytes = mm;
-    o->mm_ws = carve_aligned(&cur, mm, al);
+    size_t wh = r->be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, r->N,
+                                              o->threads);
+    return wh > mm ? wh : mm;
+}
 
-    lt_attention_params ap;
-    memset(&ap, 0, sizeof ap);
-    ap.B = B, ap.T = T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
-    ap.dtype = o->attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
-    ap.device = dev;
-    ap.impl = run->attention;
-    LT_TRY(lt_attention_check(ctx, &ap));
-    /* How many sequences a step's rows hold is known only at the call, and a device kernel's
-     * workspace may depend on it (a copy of the offsets; a backward plan chosen by the mean
-     * sequence length). Take the largest of unpacked rows, one and T sequences per row, plus the
-     * (B, T+1) offsets table once more, which bounds every count in between when only the
-     * table's size and such a plan depend on it. Nothing reads the offsets here. */
+/* Attention's workspace for one layer kind's parameters: the largest over the passes the run
+ * makes and over how many sequences a row holds. That count is known only at the call, and a
+ * device kernel's workspace may depend on it (a copy of the offsets; a backward plan chosen by the
+ * mean sequence length): take unpacked rows, one and T sequences per row. Nothing reads the
+ * offsets here. */
+static size_t attn_kind_workspace(const run_shape *r, lt_attention_params *ap, int threads) {
     static const int32_t packed;
-    const int64_t seqs[3] = {0, 1, T};
+    const int64_t seqs[3] = {0, 1, r->T};
     size_t aw = 0;
-    for (int pass = 0; pass < 2 - fwd_only; pass++)
+    for (int pass = 0; pass < 2 - r->fwd_only; pass++)
         for (int i = 0; i < 3; i++) {
-            ap.seq_offsets = seqs[i] ? &packed : NULL;
-            ap.S = seqs[i];
-            size_t w = lt_attention_workspace_bytes(&ap, pass, threads);
+            ap->seq_offsets = seqs[i] ? &packed : NULL;
+            ap->S = seqs[i];
+            size_t w = lt_attention_workspace_bytes(ap, pass, threads);
             if (w > aw) aw = w;
         }
-    if (dev != LT_DEVICE_CPU) {
-        size_t table = nb(B * (T + 1), 4);
+    return aw;
+}
+
+/* The attention workspace every layer's call can use: checked and sized per distinct layer kind
+ * (window, softcap, head dim), the largest taken; a device run adds the (B, T+1) offsets table
+ * once more, which bounds every count of sequences when only the table's size and such a plan
+ * depend on it. */
+static lt_status attn_workspace(lt_ctx *ctx, const run_shape *r, const lt_layout *o, size_t *out) {
+    const lt_model_config *c = r->c;
+    size_t aw = 0;
+    lt_layer_desc prev;
+    memset(&prev, 0, sizeof prev);
+    for (int64_t l = 0; l < c->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(c, l, &d);
+        if (l && d.window == prev.window && d.softcap == prev.softcap && d.D == prev.D) continue;
+        prev = d;
+        lt_attention_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.B = r->B, ap.T = r->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = d.D;
+        ap.dtype = o->attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+        ap.device = o->device;
+        ap.impl = r->run->attention;
+        ap.window = d.window;
+        ap.softcap = d.softcap;
+        LT_TRY(lt_attention_check(ctx, &ap));
+        size_t w = attn_kind_workspace(r, &ap, o->threads);
+        if (w > aw) aw = w;
+    }
+    if (o->device != LT_DEVICE_CPU) {
+        size_t table = nb(r->B * (r->T + 1), 4);
         aw = table > SIZE_MAX - aw ? SIZE_MAX : aw + table;
     }
-    o->attn_ws_bytes = aw;
-    o->attn_ws = carve_aligned(&cur, aw, al);
+    *out = aw;
+    return LT_OK;
+}
 
+/* The fused loss's workspace over the batch (forward, and forward-backward in training). */
+static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
+    const lt_model_config *c = r->c;
     lt_lce_options lopt;
     memset(&lopt, 0, sizeof lopt);
-    lopt.impl = run->loss;
+    lopt.impl = r->run->loss;
     lopt.reduction = LT_REDUCTION_SUM;
-    int64_t hs[2] = {N, c->C}, wsh[2] = {c->V, c->C};
-    lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, dev, 2, hs);
+    int64_t hs[2] = {r->N, c->C}, wsh[2] = {c->V, c->C};
+    lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, o->device, 2, hs);
     lt_lce_args la;
     memset(&la, 0, sizeof la);
     la.h = hv;
-    la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, dev, 2, wsh);
+    la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, o->device, 2, wsh);
     la.dh = &hv;
-    size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, threads);
-    if (!fwd_only) { /* the training step calls lt_lce_forward_backward */
-        size_t lb = lt_lce_workspace_bytes(&lopt, &la, LT_LCE_PASS_FORWARD_BACKWARD, threads);
+    size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, o->threads);
+    if (!r->fwd_only) { /* the training step calls lt_lce_forward_backward */
+        size_t lb = lt_lce_workspace_bytes(&lopt, &la, LT_LCE_PASS_FORWARD_BACKWARD, o->threads);
         if (lb > lw) lw = lb;
     }
-    o->lce_ws_bytes = lw;
-    o->lce_ws = carve_aligned(&cur, lw, al);
+    return lw;
+}
+
+/* The backward's gradients, the chunk buffers and the kernels' own workspaces at this shape. */
+static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
+    size_t cur = 0;
+    layout_buffers(r, o, &cur);
+    o->mm_ws_bytes = matmul_workspace(r, o);
+    o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
+    LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
+    o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);
+    o->lce_ws_bytes = lce_workspace(r, o);
+    o->lce_ws = carve_aligned(&cur, o->lce_ws_bytes, r->al);
     o->class_bytes[LT_MEM_WORKSPACE] = cur;
+    return LT_OK;
+}
+
+lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in,
+                          const lt_model_run_options *run, lt_layout *o) {
+    memset(o, 0, sizeof *o);
+    run_shape r;
+    memset(&r, 0, sizeof r);
+    r.c = c;
+    LT_TRY(layout_params(ctx, c, lora_in, o, &r.lo));
+    if (!run) return LT_OK;
+    r.wd = lt_model_widest_layer(c);
+    LT_TRY(resolve_run(ctx, run, &r, o));
+    layout_activations(&r, o);
+    layout_inputs(&r, o);
+    layout_transients(&r, o);
+    LT_TRY(layout_workspace(ctx, &r, o));
     for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++)
         if (o->class_bytes[i] == SIZE_MAX || o->offload_bytes == SIZE_MAX)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: %s bytes overflow at B=%lld T=%lld",
-                            lt_mem_class_name((lt_mem_class)i), (long long)B, (long long)T);
+                            lt_mem_class_name((lt_mem_class)i), (long long)r.B, (long long)r.T);
     return LT_OK;
 }
 

@@ -285,16 +285,11 @@ static void flush(copy_job *j, uint8_t *dst, int64_t r0, int64_t n, size_t rb) {
     j->status = j->m->be->copy_to_device(j->ctx, dst + (size_t)r0 * rb, j->stage, (size_t)n * rb);
 }
 
-static void copy_piece(void *arg, const lt_wpiece *p) {
-    copy_job *j = arg;
-    if (j->status != LT_OK) return;
-    lt_ctx *ctx = j->ctx;
-    lt_model *m = j->m;
-    const lt_model_config *c = &m->cfg;
-    uint8_t *dst = j->block + p->offset;
+/* Points the model's field for piece p at its place in the weights block. */
+static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     lt_tensor view = lt_tensor_view(dst, p->dtype, m->opt.device, p->ndim, p->shape);
-    switch (p->kind) { /* wire the pointer first: the head may be tied and never read */
-    case LT_W_EMBED: m->embed = view; if (c->tie_embeddings) m->head = view; break;
+    switch (p->kind) {
+    case LT_W_EMBED: m->embed = view; if (m->cfg.tie_embeddings) m->head = view; break;
     case LT_W_HEAD: m->head = view; break;
     case LT_W_FINAL_NORM: m->final_norm = (float *)dst; break;
     case LT_W_INV_FREQ: m->inv_freq = (float *)dst; break;
@@ -305,20 +300,53 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     case LT_W_Q_NORM: m->layers[p->layer].q_norm = (float *)dst; break;
     case LT_W_K_NORM: m->layers[p->layer].k_norm = (float *)dst; break;
     }
-    if (p->kind == LT_W_INV_FREQ) {
-        float *inv = (float *)rows_at(j, dst, 0, p->bytes);
-        lt_model_rope_inv_freq(c, inv);
-        if (j->src->has_rope_factors) {
-            lt_tensor f;
-            if ((j->status = find(ctx, j->src, "rope_freqs.weight", &f)) != LT_OK) return;
-            if (f.dtype != LT_DTYPE_F32 || lt_tensor_numel(&f) != c->D / 2) {
-                j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: rope_freqs.weight must be f32 (%lld)", j->src->path,
-                                     (long long)(c->D / 2));
-                return;
-            }
-            for (int64_t i = 0; i < c->D / 2; i++) inv[i] /= ((const float *)f.data)[i];
+}
+
+/* The RoPE table, computed (and divided by a GGUF's rope_freqs.weight when it has one). */
+static void copy_inv_freq(copy_job *j, const lt_wpiece *p, uint8_t *dst) {
+    const lt_model_config *c = &j->m->cfg;
+    float *inv = (float *)rows_at(j, dst, 0, p->bytes);
+    lt_model_rope_inv_freq(c, inv);
+    if (j->src->has_rope_factors) {
+        lt_tensor f;
+        if ((j->status = find(j->ctx, j->src, "rope_freqs.weight", &f)) != LT_OK) return;
+        if (f.dtype != LT_DTYPE_F32 || lt_tensor_numel(&f) != c->D / 2) {
+            j->status = lt_error(j->ctx, LT_ERR_FORMAT, "%s: rope_freqs.weight must be f32 (%lld)", j->src->path,
+                                 (long long)(c->D / 2));
+            return;
         }
-        flush(j, dst, 0, 1, p->bytes);
+        for (int64_t i = 0; i < c->D / 2; i++) inv[i] /= ((const float *)f.data)[i];
+    }
+    flush(j, dst, 0, 1, p->bytes);
+}
+
+/* One row of cols elements from the file's dtype into the held one (d); 0 when it cannot. */
+static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *src, uint8_t *d, int64_t cols,
+                       size_t bytes) {
+    if (from == to) {
+        memcpy(d, src, bytes);
+    } else if (to == LT_DTYPE_F32) {
+        lt_dequantize_row(from, src, (float *)d, cols);
+    } else if (to == LT_DTYPE_INT4_G64) {
+        lt_dequantize_row(from, src, j->row, cols);
+        lt_quantize_row(LT_DTYPE_INT4_G64, j->row, d, cols);
+    } else if (to == LT_DTYPE_BF16) {
+        lt_dequantize_row(from, src, j->row, cols);
+        for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(j->row[i]);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static void copy_piece(void *arg, const lt_wpiece *p) {
+    copy_job *j = arg;
+    if (j->status != LT_OK) return;
+    lt_ctx *ctx = j->ctx;
+    uint8_t *dst = j->block + p->offset;
+    wire_piece(j->m, p, dst); /* first: the head may be tied and never read */
+    if (p->kind == LT_W_INV_FREQ) {
+        copy_inv_freq(j, p, dst);
         return;
     }
     char name[256];
@@ -342,7 +370,7 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         return;
     }
     int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
-    int64_t D = c->D;
+    int64_t D = j->m->cfg.D;
     int64_t chunk = rows; /* rows per staging round */
     if (j->stage) chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
     int64_t r0 = 0;
@@ -359,17 +387,7 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         }
         const uint8_t *src = (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
         uint8_t *d = rows_at(j, dst, r0, (size_t)drb) + (size_t)(r - r0) * (size_t)drb;
-        if (t.dtype == p->dtype) {
-            memcpy(d, src, (size_t)drb);
-        } else if (p->dtype == LT_DTYPE_F32) {
-            lt_dequantize_row(t.dtype, src, (float *)d, cols);
-        } else if (p->dtype == LT_DTYPE_INT4_G64) {
-            lt_dequantize_row(t.dtype, src, j->row, cols);
-            lt_quantize_row(LT_DTYPE_INT4_G64, j->row, d, cols);
-        } else if (p->dtype == LT_DTYPE_BF16) {
-            lt_dequantize_row(t.dtype, src, j->row, cols);
-            for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(j->row[i]);
-        } else {
+        if (!convert_row(j, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
             return;
@@ -430,6 +448,24 @@ lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev) {
     return LT_OK;
 }
 
+/* The load's host buffers: one f32 row of the widest piece for conversions and, on a device, the
+ * bounded staging (one such row and the largest LoRA A (r, in) always fit). */
+static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, float **row, size_t *row_bytes, uint8_t **stage,
+                                    size_t *stage_bytes) {
+    const lt_model_config *c = &m->cfg;
+    int64_t widest = c->C > c->F ? c->C : c->F;
+    if (c->H * c->D > widest) widest = c->H * c->D;
+    *row_bytes = (size_t)widest * sizeof(float);
+    if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load row"))) return lt_ctx_status(ctx);
+    if (m->opt.device == LT_DEVICE_CPU) return LT_OK;
+    size_t sb = LOAD_STAGE_BYTES;
+    if (*row_bytes > sb) sb = *row_bytes;
+    if ((size_t)(m->lora.rank * widest) * sizeof(float) > sb) sb = (size_t)(m->lora.rank * widest) * sizeof(float);
+    *stage_bytes = sb;
+    if (!(*stage = lt_alloc(ctx, LT_DEVICE_CPU, sb, "model load staging"))) return lt_ctx_status(ctx);
+    return LT_OK;
+}
+
 lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt_in, const lt_lora_options *lora,
                         lt_model **out) {
     *out = NULL;
@@ -454,6 +490,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     }
     m->cfg = cfg;
     m->layers = (lt_layer *)(m + 1);
+    for (int64_t l = 0; l < cfg.L; l++) lt_model_describe_layer(&cfg, l, &m->layers[l].desc);
     m->opt = opt;
     m->be = lt_backend_get(opt.device);
     m->lora = lt_model_resolve_lora(&cfg, lora);
@@ -471,25 +508,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     }
     m->lora_params = (float *)m->block[LT_MEM_LORA];
     m->lora_grads = (float *)m->block[LT_MEM_GRADS];
-    int64_t widest = cfg.C > cfg.F ? cfg.C : cfg.F;
-    if (cfg.H * cfg.D > widest) widest = cfg.H * cfg.D;
-    row_bytes = (size_t)widest * sizeof(float);
-    row = lt_alloc(ctx, LT_DEVICE_CPU, row_bytes, "model load row");
-    if (!row) {
-        s = lt_ctx_status(ctx);
-        goto fail;
-    }
-    if (opt.device != LT_DEVICE_CPU) {
-        /* One f32 row of the widest piece always fits; so does the largest LoRA A (r, in). */
-        stage_bytes = LOAD_STAGE_BYTES;
-        if (row_bytes > stage_bytes) stage_bytes = row_bytes;
-        if ((size_t)(m->lora.rank * widest) * sizeof(float) > stage_bytes)
-            stage_bytes = (size_t)(m->lora.rank * widest) * sizeof(float);
-        if (!(stage = lt_alloc(ctx, LT_DEVICE_CPU, stage_bytes, "model load staging"))) {
-            s = lt_ctx_status(ctx);
-            goto fail;
-        }
-    }
+    if ((s = alloc_load_buffers(ctx, m, &row, &row_bytes, &stage, &stage_bytes)) != LT_OK) goto fail;
     copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, stage, stage_bytes, LT_OK};
     lt_model_weights_walk(&m->cfg, copy_piece, &job);
     if ((s = job.status) != LT_OK) goto fail;

@@ -5,6 +5,7 @@
 #define LT_MODEL_INTERNAL_H
 
 #include "backend/backend.h"
+#include "longtune/context_parallel.h"
 #include "longtune/model.h"
 
 /* Alignment of every piece carved from a class block (cache line, and what lce/attention require
@@ -49,7 +50,7 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
 typedef struct lt_store {
     float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
                                 (lt_layout.resid_ckpt) or in a forward-only run (in place) */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (Qwen3 only; bf16
+    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (desc.qk_norm; bf16
                                 elements under attn_bf16, read only by the norm's backward) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
@@ -61,7 +62,7 @@ typedef struct lt_store {
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
     float *rstd1, *rstd2;    /* (N) */
-    float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), Qwen3 only */
+    float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), desc.qk_norm only */
     float *lu[LT_PROJ_COUNT_]; /* (N, r) LoRA down-projections x·Aᵀ of targeted projections */
 } lt_store;
 
@@ -153,14 +154,23 @@ void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);
 void lt_model_release_offload(lt_ctx *ctx, struct lt_model *m);
 
 typedef struct lt_layer {
+    lt_layer_desc desc;                /* what the layer is (lt_model_describe_layer at load) */
     lt_tensor w[LT_PROJ_COUNT_];       /* frozen (out, in) */
-    float *bias[3];                    /* q, k, v biases (Qwen2), f32 */
+    float *bias[3];                    /* q, k, v biases (desc.qkv_bias), f32; else NULL */
     float *attn_norm, *mlp_norm;       /* (C) */
-    float *q_norm, *k_norm;            /* (D), Qwen3 */
+    float *q_norm, *k_norm;            /* (D), desc.qk_norm; else NULL */
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_];  /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];
 } lt_layer;
+
+/* How every layer's attention runs, chosen once (lt_model_prepare, lt_model_set_context_parallel). */
+typedef enum lt_attn_path {
+    LT_ATTN_PATH_KERNEL = 0, /* the device's lt_attention_forward / _backward */
+    LT_ATTN_PATH_RING,       /* context parallel: ring attention over the communicator (host) */
+    LT_ATTN_PATH_ULYSSES,    /* context parallel: all-to-all over heads around the device's kernel */
+    LT_ATTN_PATH_COUNT_
+} lt_attn_path;
 
 struct lt_model {
     lt_model_config cfg;
@@ -186,6 +196,7 @@ struct lt_model {
     size_t host_inputs_bytes;
     struct lt_comm *cp;     /* context parallel over this world (NULL = off) */
     int cp_kind;            /* lt_cp_kind: ring (host) or Ulysses (all-to-all over heads) */
+    lt_attn_path attn_path; /* from cp and cp_kind */
     void *cp_ws;            /* Ulysses workspace for the prepared run, on the model's device */
     size_t cp_ws_bytes;
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
@@ -197,6 +208,13 @@ struct lt_model {
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights
  * class of the size table. */
 size_t lt_model_meta_bytes(const lt_model_config *cfg);
+
+/* The context-parallel attention parameters of a step of T_local tokens per rank. */
+lt_cp_attention_params lt_model_cp_params(const lt_model *m, int64_t T_local);
+
+/* The union of every layer's description's per-token pieces (q/k norm, biases): a store slot
+ * serves any layer, so the layout sizes it for this. */
+lt_layer_desc lt_model_widest_layer(const lt_model_config *cfg);
 
 /* Unpins and frees the input staging (model.c; also called by lt_model_free). */
 void lt_model_free_inputs(lt_ctx *ctx, lt_model *m);

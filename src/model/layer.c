@@ -1,0 +1,331 @@
+/* One decoder layer, forward and backward, run from its lt_layer_desc: the attention half (norm,
+ * q/k/v projections, the per-head q/k norm when the desc has it, RoPE, attention as the model's
+ * attention path runs it) and the MLP half, the position-wise work a chunk of rows at a time.
+ * Only attention's tensors span the batch. Nothing here allocates or chooses a mode: the layout
+ * and the prepared attention path did. */
+#include <string.h>
+
+#include "longtune/context_parallel.h"
+#include "model/step.h"
+
+/* The projection groups that share an input. */
+static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
+static const lt_proj O_PROJ = LT_PROJ_O, DOWN_PROJ = LT_PROJ_DOWN;
+
+/* ---- q and k after their projections: per-head norm (desc->qk_norm) and RoPE ---- */
+
+/* Over rows [r0, r0 + n): q, k (n rows) hold the projections on entry (f32 rows of the stores or of
+ * the chunk buffer) and qo, ko receive the result (may alias q, k). */
+static void qk_finish(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q,
+                      float *k, float *qo, float *ko) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    const float *inv_freq = s->m->inv_freq; /* the RoPE table of L->desc.rope (one today) */
+    if (L->desc.qk_norm) {
+        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
+        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
+    }
+    be->rope(s->ctx, qo, s->pos + r0, inv_freq, n, c->H, c->D, 0);
+    be->rope(s->ctx, ko, s->pos + r0, inv_freq, n, c->Hkv, c->D, 0);
+}
+
+/* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. The norm's
+ * inputs are the stores' q_raw, k_raw rows, widened into buf (n, H·D + Hkv·D) when bf16. */
+static void qk_finish_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
+                          float *dk, float *buf) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
+    if (!L->desc.qk_norm) return;
+    const float *qr = lt_step_att_rows(s, st->q_raw, r0, n, qd, buf);
+    const float *kr = lt_step_att_rows(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
+    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+}
+
+/* ---- attention, by the path lt_model_prepare chose (the device's kernel, ring or Ulysses) ---- */
+
+typedef struct attn_grads {
+    void *dout, *dq, *dk, *dv;
+} attn_grads;
+
+static lt_attention_params attn_params(const lt_step *s, const lt_layer_desc *d) {
+    const lt_model_config *c = &s->m->cfg;
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = s->B, ap.T = s->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = d->D;
+    ap.dtype = s->m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+    ap.device = s->m->opt.device;
+    ap.impl = s->m->run.attention;
+    ap.window = d->window;
+    ap.softcap = d->softcap;
+    ap.seq_offsets = s->seq_offsets;
+    ap.seq_offsets_device = s->seq_offsets_dev;
+    ap.S = s->S;
+    return ap;
+}
+
+static lt_attention_args attn_args(const lt_step *s, const lt_store *st, const attn_grads *g) {
+    lt_attention_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = st->q, aa.k = st->k, aa.v = st->v, aa.out = st->att, aa.lse = st->lse;
+    if (g) aa.dout = g->dout, aa.dq = g->dq, aa.dk = g->dk, aa.dv = g->dv;
+    aa.workspace = lt_step_blk(s, LT_MEM_WORKSPACE, s->m->lay.attn_ws);
+    aa.workspace_size = s->m->lay.attn_ws_bytes;
+    return aa;
+}
+
+static lt_status kernel_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
+    lt_attention_params ap = attn_params(s, &L->desc);
+    lt_attention_args aa = attn_args(s, st, NULL);
+    return lt_attention_forward(s->ctx, &ap, &aa);
+}
+
+static lt_status kernel_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
+    lt_attention_params ap = attn_params(s, &L->desc);
+    lt_attention_args aa = attn_args(s, st, g);
+    return lt_attention_backward(s->ctx, &ap, &aa);
+}
+
+static lt_status ring_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
+    (void)L;
+    lt_cp_attention_params cp = lt_model_cp_params(s->m, s->T);
+    return lt_cp_attention_forward(s->ctx, s->m->cp, &cp, st->q, st->k, st->v, st->att, st->lse);
+}
+
+static lt_status ring_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
+    (void)L;
+    lt_cp_attention_params cp = lt_model_cp_params(s->m, s->T);
+    return lt_cp_attention_backward(s->ctx, s->m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, g->dout, g->dq, g->dk,
+                                    g->dv);
+}
+
+static lt_status ulysses_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
+    (void)L;
+    const lt_model *m = s->m;
+    lt_cp_attention_params cp = lt_model_cp_params(m, s->T);
+    return lt_cp_ulysses_forward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, m->cp_ws, m->cp_ws_bytes,
+                                 m->lay.threads);
+}
+
+static lt_status ulysses_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
+    (void)L;
+    const lt_model *m = s->m;
+    lt_cp_attention_params cp = lt_model_cp_params(m, s->T);
+    return lt_cp_ulysses_backward(s->ctx, m->cp, &cp, st->q, st->k, st->v, st->att, st->lse, g->dout, g->dq, g->dk,
+                                  g->dv, m->cp_ws, m->cp_ws_bytes, m->lay.threads);
+}
+
+static const struct {
+    lt_status (*fwd)(const lt_step *s, const lt_layer *L, const lt_store *st);
+    lt_status (*bwd)(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g);
+} attn_paths[LT_ATTN_PATH_COUNT_] = {
+    [LT_ATTN_PATH_KERNEL] = {kernel_fwd, kernel_bwd},
+    [LT_ATTN_PATH_RING] = {ring_fwd, ring_bwd},
+    [LT_ATTN_PATH_ULYSSES] = {ulysses_fwd, ulysses_bwd},
+};
+
+static lt_status attn_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
+    return attn_paths[s->m->attn_path].fwd(s, L, st);
+}
+
+static lt_status attn_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
+    return attn_paths[s->m->attn_path].bwd(s, L, st, g);
+}
+
+/* ---- forward ---- */
+
+/* Attention's inputs of the whole batch: per chunk the norm and the q, k, v projections, into the
+ * stores' f32 pieces (q_raw, k_raw with the per-head norm, else q, k; and v), or under attn_bf16
+ * into the chunk buffer, normed, rotated and rounded into the stores a chunk at a time. */
+static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16, qn = L->desc.qk_norm;
+    float *h = lt_step_ws(s, y->h), *qc = ab ? lt_step_ws(s, y->qc) : NULL, *xc = y->xc ? lt_step_ws(s, y->xc) : NULL;
+    for (int64_t r0 = 0; r0 < s->N; r0 += y->chunk) {
+        int64_t n = lt_step_chunk_rows(s, r0);
+        float *qp = ab ? qc : (qn ? st->q_raw : st->q) + r0 * qd;
+        float *kp = ab ? qc + n * qd : (qn ? st->k_raw : st->k) + r0 * kvd;
+        float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
+        be->rmsnorm_fwd(s->ctx, lt_resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, c->C, h,
+                        st->rstd1 + r0);
+        float *qkv[3] = {qp, kp, vp};
+        lt_step_group_fwd(s, l, st, 3, QKV, r0, n, h, qkv, 0.0f);
+        if (!ab) continue;
+        if (qn) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
+            be->to_bf16(s->ctx, qp, (uint16_t *)lt_step_at_row(s, st->q_raw, r0, qd), n * qd);
+            be->to_bf16(s->ctx, kp, (uint16_t *)lt_step_at_row(s, st->k_raw, r0, kvd), n * kvd);
+        }
+        qk_finish(s, L, st, r0, n, qp, kp, qp, kp);
+        be->to_bf16(s->ctx, qc, (uint16_t *)lt_step_at_row(s, st->q, r0, qd), n * qd);
+        be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)lt_step_at_row(s, st->k, r0, kvd), n * kvd);
+        be->to_bf16(s->ctx, vp, (uint16_t *)lt_step_at_row(s, st->v, r0, kvd), n * kvd);
+    }
+    if (!ab) qk_finish(s, L, st, 0, s->N, qn ? st->q_raw : st->q, qn ? st->k_raw : st->k, st->q, st->k);
+}
+
+/* x_mid = x_in + o_proj(att) over rows [r0, r0 + n), in the store's x_mid (f32) or, under
+ * attn_bf16, in the chunk buffer mc, with the store keeping it rounded and the rows going on with
+ * the rounded values the backward will read. Returns the f32 rows. */
+static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, int64_t r0, int64_t n,
+                         float **xm_out) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t C = c->C, qd = c->H * c->D;
+    int ab = y->attn_bf16;
+    float *xm = ab ? lt_step_ws(s, y->mc) : st->x_mid + r0 * C;
+    float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
+    if (x_in.f) LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+    else be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
+    lt_step_group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
+    if (ab) {
+        uint16_t *xm16 = (uint16_t *)lt_step_at_row(s, st->x_mid, r0, C);
+        be->to_bf16(s->ctx, xm, xm16, n * C);
+        be->from_bf16(s->ctx, xm16, xm, n * C);
+    }
+    *xm_out = xm;
+    return LT_OK;
+}
+
+/* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid), over rows [r0, r0 + n). */
+static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const float *xm, lt_resid x_out, int64_t r0,
+                         int64_t n) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t C = c->C, F = c->F;
+    float *h = lt_step_ws(s, y->h);
+    be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+    float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
+    float *a = lt_step_ws(s, y->dg);
+    float *gu[2] = {g, u};
+    lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
+    be->swiglu_fwd(s->ctx, g, u, n * F, a);
+    float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
+    LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
+    lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &xo, 1.0f);
+    if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
+    return LT_OK;
+}
+
+/* Layer l: x_out = layer(x_in), filling st (whose x_in field is ignored: x_in is passed). An f32
+ * x_out may alias x_in (a chunk of rows is read before the same rows are written, and no later
+ * chunk reads them). x_out empty is the recompute before the layer's own backward, which needs the
+ * attention half's stores and x_mid but not the MLP: the backward reruns the MLP chunk by chunk.
+ * att_kept = 1: st->att and st->lse hold this layer's attention from the first pass (kept with the
+ * checkpoints, bit-identical to a rerun), so it is not rerun; with the layout's keep_qkv the whole
+ * attention half is kept (x_mid included), and only the MLP runs, when x_out is wanted. */
+lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, lt_resid x_out,
+                            int att_kept) {
+    const lt_layout *y = &s->m->lay;
+    int half_kept = att_kept && y->keep_qkv, want_out = x_out.f || x_out.h;
+    if (half_kept && !want_out) return LT_OK;
+    if (!half_kept) qkv_fwd(s, l, st, x_in);
+    if (!att_kept) LT_TRY(attn_fwd(s, &s->m->layers[l], st));
+    for (int64_t r0 = 0; r0 < s->N; r0 += y->chunk) {
+        int64_t n = lt_step_chunk_rows(s, r0);
+        float *xm;
+        if (half_kept) /* x_mid kept from the first pass (rounded there under attn_bf16) */
+            xm = lt_step_att_rows(s, st->x_mid, r0, n, s->m->cfg.C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL);
+        else LT_TRY(mid_fwd(s, l, st, x_in, r0, n, &xm));
+        if (want_out) LT_TRY(mlp_fwd(s, l, st, xm, x_out, r0, n));
+    }
+    return LT_OK;
+}
+
+/* ---- backward ---- */
+
+/* The MLP over rows [r0, r0 + n): its norm, gate and up projections (unless the store kept them)
+ * and SwiGLU are rerun from x_mid, then differentiated; dx += ∂/∂x_mid through the MLP, so
+ * nothing F-wide spans the batch. */
+static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, int64_t r0, int64_t n) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t C = c->C, F = c->F;
+    float *h = lt_step_ws(s, y->h), *da = lt_step_ws(s, y->da), *dg = lt_step_ws(s, y->dg);
+    float *du = lt_step_ws(s, y->du), *dh = lt_step_ws(s, y->dh);
+    float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL),
+          *dxc = dx + r0 * C;
+    be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+    float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
+    float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
+    if (!st->g) {
+        float *gu[2] = {g, u};
+        lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
+    }
+    be->swiglu_fwd(s->ctx, g, u, n * F, a);
+    float *no_y = NULL;
+    if (!st->g) lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f); /* its LoRA product */
+    const float *dyc = dxc;
+    lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
+    be->swiglu_bwd(s->ctx, da, g, u, n * F, dg, du);
+    const float *dgu[2] = {dg, du};
+    lt_step_group_bwd(s, l, st, 2, GATE_UP, r0, n, h, dgu, dh, 0.0f);
+    be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
+    be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
+}
+
+/* The o projection over rows [r0, r0 + n): ∂/∂att into the whole-batch datt (rounded through the
+ * chunk buffer under attn_bf16). */
+static void o_bwd(const lt_step *s, int64_t l, const lt_store *st, const float *dx, void *datt, int64_t r0, int64_t n) {
+    const lt_layout *y = &s->m->lay;
+    int64_t qd = s->m->cfg.H * s->m->cfg.D;
+    int ab = y->attn_bf16;
+    float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
+    float *dattc = ab ? lt_step_ws(s, y->qc) : (float *)lt_step_at_row(s, datt, r0, qd);
+    const float *dyo = dx + r0 * s->m->cfg.C;
+    lt_step_group_bwd(s, l, st, 1, &O_PROJ, r0, n, att, &dyo, dattc, 0.0f);
+    if (ab) s->be->to_bf16(s->ctx, dattc, (uint16_t *)lt_step_at_row(s, datt, r0, qd), n * qd);
+}
+
+/* q, k, v back to the layer input over rows [r0, r0 + n): RoPE and the per-head norm (here under
+ * attn_bf16, else done once over the batch), the projections' LoRA grads, and with need_dx
+ * dx += ∂/∂x_in through the attention half. */
+static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, const attn_grads *g, float *dx,
+                    int need_dx, int64_t r0, int64_t n) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t C = c->C, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int ab = y->attn_bf16;
+    float *h = lt_step_ws(s, y->h), *dh = lt_step_ws(s, y->dh), *qc = ab ? lt_step_ws(s, y->qc) : NULL;
+    float *dqc = lt_step_att_rows(s, g->dq, r0, n, qd, qc);
+    float *dkc = lt_step_att_rows(s, g->dk, r0, n, kvd, ab ? qc + n * qd : NULL);
+    float *dvc = lt_step_att_rows(s, g->dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
+    if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, lt_step_ws(s, y->ac));
+    const float *xr = lt_resid_rows(s, x_in, r0, n, y->xc ? lt_step_ws(s, y->xc) : NULL);
+    be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
+    const float *dqkv[3] = {dqc, dkc, dvc};
+    lt_step_group_bwd(s, l, st, 3, QKV, r0, n, h, dqkv, need_dx ? dh : NULL, 0.0f);
+    if (!need_dx) return;
+    be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
+    be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
+}
+
+/* dx (N, C) holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0
+ * (the first LoRA layer: everything below it, the embedding included, is frozen) skips the
+ * attention block's input gradient and leaves dx at ∂/∂x_mid. */
+lt_status lt_step_layer_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, float *dx, int need_dx) {
+    const lt_layout *y = &s->m->lay;
+    const lt_layer *L = &s->m->layers[l];
+    for (int64_t r0 = 0; r0 < s->N; r0 += y->chunk) mlp_bwd(s, l, st, dx, r0, lt_step_chunk_rows(s, r0));
+    /* Attention: x_mid = x_in + o(attn(rope(norm?(q(h1))), ...)), h1 = norm(x_in) */
+    attn_grads g = {lt_step_ws(s, y->datt), lt_step_ws(s, y->dq), lt_step_ws(s, y->dk), lt_step_ws(s, y->dv)};
+    for (int64_t r0 = 0; r0 < s->N; r0 += y->chunk) o_bwd(s, l, st, dx, g.dout, r0, lt_step_chunk_rows(s, r0));
+    LT_TRY(attn_bwd(s, L, st, &g));
+    if (!y->attn_bf16) qk_finish_bwd(s, L, st, 0, s->N, g.dq, g.dk, NULL);
+    for (int64_t r0 = 0; r0 < s->N; r0 += y->chunk)
+        qkv_bwd(s, l, st, x_in, &g, dx, need_dx, r0, lt_step_chunk_rows(s, r0));
+    return LT_OK;
+}

@@ -1,0 +1,92 @@
+/* The per-layer description: how a config expands into one lt_layer_desc per layer, and the one
+ * check that refuses a kind the model cannot run yet. The families' config readers (config_hf.c,
+ * the GGUF reader in load.c) fill the config fields this reads; nothing here touches memory. */
+#include <string.h>
+
+#include "model/model_internal.h"
+
+const char *lt_attn_kind_name(lt_attn_kind k) {
+    static const char *const n[] = {"full attention", "sliding-window attention", "no attention"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "unknown attention";
+}
+
+const char *lt_norm_place_name(lt_norm_place p) {
+    static const char *const n[] = {"pre-norm", "post-norm", "sandwich norm"};
+    return (unsigned)p < sizeof n / sizeof n[0] ? n[p] : "unknown norm placement";
+}
+
+const char *lt_mlp_kind_name(lt_mlp_kind k) {
+    static const char *const n[] = {"SwiGLU MLP", "GeGLU MLP", "mixture-of-experts MLP"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "unknown MLP";
+}
+
+void lt_model_describe_layer(const lt_model_config *c, int64_t l, lt_layer_desc *d) {
+    memset(d, 0, sizeof *d);
+    int global = c->sliding_period > 0 && l % c->sliding_period == c->sliding_period - 1;
+    if (c->sliding_window > 0 && !global) {
+        d->attn = LT_ATTN_KIND_SLIDING;
+        d->window = c->sliding_window;
+    }
+    d->D = c->D;
+    d->softcap = c->attn_softcap;
+    d->qk_norm = c->qk_norm != 0;
+    d->qkv_bias = c->qkv_bias != 0;
+    d->norm = c->norm_place;
+    d->mlp = c->mlp;
+    d->rope = 0;
+}
+
+/* What the step runs: pre-norm blocks, SwiGLU, full or sliding attention over the model's head
+ * dim and its one RoPE table. */
+static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, const lt_layer_desc *d) {
+    const long long ll = (long long)l;
+    if (d->attn != LT_ATTN_KIND_FULL && d->attn != LT_ATTN_KIND_SLIDING)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has %s, which the model cannot run", ll,
+                        lt_attn_kind_name(d->attn));
+    if (d->norm != LT_NORM_PLACE_PRE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has a %s block, which the model cannot run "
+                        "(pre-norm only)",
+                        ll, lt_norm_place_name(d->norm));
+    if (d->mlp != LT_MLP_KIND_SWIGLU)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has a %s, which the model cannot run (SwiGLU "
+                        "only)",
+                        ll, lt_mlp_kind_name(d->mlp));
+    if (d->D != c->D || d->rope != 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: layer %lld has head dim %lld and RoPE table %d; the model "
+                        "runs one head dim (%lld) and one table",
+                        ll, (long long)d->D, d->rope, (long long)c->D);
+    if (d->window < 0 || (d->attn == LT_ATTN_KIND_SLIDING && d->window == 0))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: layer %lld has a sliding window of %lld keys", ll,
+                        (long long)d->window);
+    if (!(d->softcap >= 0))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: layer %lld has attention softcap %g (needs >= 0)", ll,
+                        (double)d->softcap);
+    return LT_OK;
+}
+
+lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *c) {
+    if (c->sliding_window < 0 || c->sliding_period < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: sliding_window %lld and sliding_period %lld must be >= 0",
+                        (long long)c->sliding_window, (long long)c->sliding_period);
+    for (int64_t l = 0; l < c->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(c, l, &d);
+        LT_TRY(check_one(ctx, c, l, &d));
+    }
+    return LT_OK;
+}
+
+lt_layer_desc lt_model_widest_layer(const lt_model_config *c) {
+    lt_layer_desc w;
+    lt_model_describe_layer(c, 0, &w);
+    for (int64_t l = 1; l < c->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(c, l, &d);
+        w.qk_norm |= d.qk_norm;
+        w.qkv_bias |= d.qkv_bias;
+    }
+    return w;
+}

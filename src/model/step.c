@@ -1,0 +1,396 @@
+/* One step over the layer list: the batch's validation and staging (once per step), the
+ * embedding and frozen layers, the LoRA layers with gradient checkpointing by segments, the final
+ * norm and the fused loss, the backward from the top (recomputing a segment from its checkpoint
+ * as it is entered), and the forward-only and logits entry points. No op is called directly and
+ * nothing is allocated inside a step (the logits calls of a device model excepted). */
+#include <string.h>
+
+#include "backend/prof.h"
+#include "core/parallel.h"
+#include "longtune/alloc.h"
+#include "model/step.h"
+
+/* Store j (0-based among LoRA layers; stores of one recompute segment are slots). */
+static lt_store store_slot(const lt_step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    lt_store st;
+    if (y->n_act_stores)
+        lt_model_store_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->act_stores + (size_t)j * y->store_bytes), &st);
+    else lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)j * y->store_bytes), &st);
+    return st;
+}
+
+/* The batch's shape against the prepared run, and the step's state from it (nothing read yet
+ * from the token arrays). */
+static lt_status begin_step(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train) {
+    if (!m->prepared) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: lt_model_prepare was not called");
+    if (train && m->run.forward_only)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: prepared forward_only; backward needs a training prepare");
+    if (!b || !b->tokens || b->B <= 0 || b->T <= 0 || b->B > m->run.B || b->T > m->run.T ||
+        b->B * b->T > m->run.B * m->run.T)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: batch (%lld, %lld) exceeds the prepared (%lld, %lld)",
+                        b ? (long long)b->B : 0LL, b ? (long long)b->T : 0LL, (long long)m->run.B, (long long)m->run.T);
+    if (lt_parallel_threads(lt_ctx_threads(ctx)) > lt_parallel_threads(m->lay.threads))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: context runs %d threads, workspaces were sized for %d",
+                        lt_parallel_threads(lt_ctx_threads(ctx)), lt_parallel_threads(m->lay.threads));
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx, s->m = m, s->be = m->be;
+    s->B = b->B, s->T = b->T, s->N = b->B * b->T;
+    s->seq_offsets = b->seq_offsets, s->S = b->seq_offsets ? b->S : 0;
+    if (b->seq_offsets && (b->S < 1 || b->S > b->T))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: S = %lld sequences per row is outside 1..T = %lld",
+                        (long long)b->S, (long long)b->T);
+    s->train = train;
+    s->drop_seed = m->lora.seed ^ ((b->step + 1) * 0x9e3779b97f4a7c15ULL);
+    if (b->first_row < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: negative first_row %lld", (long long)b->first_row);
+    s->drop_row0 = (uint64_t)(b->first_row * b->T);
+    if (m->attn_path == LT_ATTN_PATH_RING && m->lay.attn_bf16)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: context parallel ring attention takes f32 tensors; prepare "
+                        "with saved_bf16 = -1");
+    if (m->cp && (b->B != 1 || b->seq_offsets))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: context parallel steps take one row (B = 1) without seq_offsets");
+    s->tokens = b->tokens;
+    s->targets = b->targets;
+    s->defer_loss = b->defer_loss;
+    return LT_OK;
+}
+
+/* Tokens, positions (into pos) and targets checked on the host, before any upload: the kernels
+ * then need no check of their own on the device (which would wait for it). Counts the targets. */
+static lt_status check_tokens(lt_step *s, const lt_model_batch *b, int32_t *pos) {
+    const int64_t V = s->m->cfg.V;
+    for (int64_t i = 0; i < s->N; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= V)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: token %d at position %lld is outside [0, %lld)",
+                            (int)b->tokens[i], (long long)i, (long long)V);
+    for (int64_t i = 0; i < s->N; i++) {
+        int32_t p = b->positions ? b->positions[i] : (int32_t)(i % b->T);
+        if (p < 0)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: negative position %d at %lld", (int)p, (long long)i);
+        pos[i] = p;
+    }
+    s->pos = pos;
+    if (!b->targets) return LT_OK;
+    for (int64_t i = 0; i < s->N; i++) {
+        int32_t t = b->targets[i];
+        if (t == LT_IGNORE_INDEX) continue;
+        if (t < 0 || t >= V)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG,
+                            "model: target %d at position %lld is outside [0, %lld) "
+                            "and is not the ignore index %d",
+                            (int)t, (long long)i, (long long)V, LT_IGNORE_INDEX);
+        s->n_tok++;
+    }
+    return LT_OK;
+}
+
+/* A device run: tokens, targets, positions (already at stage), dloss and the offsets into the
+ * host block laid out as the device's inputs piece, copied in with one transfer (upload = 0
+ * leaves the copy to a captured step's replay); the step then reads the device copies. */
+static lt_status stage_inputs(lt_step *s, const lt_model_batch *b, int upload) {
+    const lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    uint8_t *stage = m->host_inputs;
+    size_t nb = (size_t)s->N * sizeof(int32_t);
+    memcpy(stage + y->in_tokens, b->tokens, nb);
+    if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
+    float scal[4] = {0.0f, s->dloss, 0.0f, 0.0f};
+    memcpy(stage + y->in_scalars, scal, sizeof scal);
+    if (s->seq_offsets) memcpy(stage + y->in_offs, s->seq_offsets, (size_t)(s->B * (s->S + 1)) * sizeof(int32_t));
+    uint8_t *dev = lt_step_blk(s, LT_MEM_TRANSIENTS, y->inputs);
+    if (upload) LT_TRY(m->be->copy_to_device(s->ctx, dev, stage, y->in_bytes));
+    s->tokens = (const int32_t *)(dev + y->in_tokens);
+    s->targets = b->targets ? (const int32_t *)(dev + y->in_targets) : NULL;
+    s->pos = (const int32_t *)(dev + y->in_pos);
+    s->scalars = (float *)(dev + y->in_scalars);
+    if (s->seq_offsets) s->seq_offsets_dev = (const int32_t *)(dev + y->in_offs);
+    return LT_OK;
+}
+
+/* The per-batch preparation, once per step: validates the batch on the host and makes its inputs
+ * visible to the backend (the caller's arrays in place on the host; one staged upload on a
+ * device). */
+static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train, float grad_scale,
+                             int upload) {
+    LT_TRY(begin_step(ctx, m, b, s, train));
+    const lt_layout *y = &m->lay;
+    int32_t *pos =
+        m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos) : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
+    LT_TRY(check_tokens(s, b, pos));
+    s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
+    return m->host_inputs ? stage_inputs(s, b, upload) : LT_OK;
+}
+
+/* Device runs: the loss (and per-token losses) come back to the host once, after the whole step
+ * is queued. The one read inside a step. */
+static lt_status read_loss(const lt_step *s, lt_model_result *res, float *token_loss) {
+    if (!s->scalars || s->defer_loss) return LT_OK;
+    float loss = 0;
+    LT_TRY(s->be->copy_to_host(s->ctx, &loss, s->scalars, sizeof loss));
+    res->loss_sum = loss;
+    if (token_loss)
+        LT_TRY(s->be->copy_to_host(s->ctx, token_loss, lt_step_blk(s, LT_MEM_TRANSIENTS, s->m->lay.tloss),
+                                   (size_t)s->N * sizeof(float)));
+    return LT_OK;
+}
+
+/* Embedding and the frozen layers below the first LoRA layer, into `out` (N, C), in place (the
+ * layers take x_out = x_in). The LoRA-free layers use store slot 0 as scratch; `upto` is the
+ * first layer not run. */
+static lt_status run_plain(const lt_step *s, int64_t upto, float *out) {
+    lt_model *m = s->m;
+    s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
+    lt_store st = store_slot(s, 0);
+    for (int64_t l = 0; l < upto; l++) LT_TRY(lt_step_layer_fwd(s, l, &st, lt_resid_f32(out), lt_resid_f32(out), 0));
+    return LT_OK;
+}
+
+static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backward, float grad_scale,
+                            lt_model_result *res, float *token_loss) {
+    lt_model *m = s->m;
+    const lt_model_config *c = &m->cfg;
+    const lt_layout *y = &m->lay;
+    float *xf = lt_step_xf(s), *hf = lt_step_hf(s);
+    float *rstd = (float *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
+    s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
+    if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
+    int64_t n_tok = s->n_tok;
+    lt_lce_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.impl = m->run.loss;
+    lo.reduction = LT_REDUCTION_SUM;
+    float loss = 0;
+    int64_t hs[2] = {s->N, c->C};
+    lt_lce_args la;
+    memset(&la, 0, sizeof la);
+    la.h = lt_tensor_view(hf, LT_DTYPE_F32, m->opt.device, 2, hs);
+    la.w = m->head;
+    la.targets = s->targets;
+    la.loss = s->scalars ? s->scalars : &loss; /* a device loss is read back by read_loss */
+    la.lse = (float *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->lse_f);
+    la.token_loss = s->scalars && token_loss ? (float *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->tloss) : token_loss;
+    la.workspace = lt_step_blk(s, LT_MEM_WORKSPACE, y->lce_ws);
+    la.targets_checked = 1; /* check_batch did, on the host */
+    res->n_tokens = n_tok;
+    if (!backward) {
+        LT_TRY(lt_lce_forward(s->ctx, &lo, &la));
+        res->loss_sum = loss;
+        return LT_OK;
+    }
+    /* Training: the upstream gradient is known before the loss, so loss and grad h come from one
+     * call (the fused loss makes the logits once: two GEMMs instead of three). */
+    (void)grad_scale; /* s->dloss, which check_batch derived from it (and staged on a device) */
+    float dloss = s->dloss;
+    /* ∂/∂h goes into dx, which the final norm's backward then turns into ∂/∂x in place. */
+    float *dx = lt_step_ws(s, y->dx);
+    lt_tensor dht = lt_tensor_view(dx, LT_DTYPE_F32, m->opt.device, 2, hs);
+    la.dloss = s->scalars ? s->scalars + 1 : &dloss;
+    la.dh = &dht;
+    LT_TRY(lt_lce_forward_backward(s->ctx, &lo, &la));
+    res->loss_sum = loss;
+    s->be->rmsnorm_bwd(s->ctx, dx, xf, m->final_norm, rstd, s->N, c->C, dx, NULL);
+    return LT_OK;
+}
+
+/* LoRA layer j's residual input: checkpoint j under resid_ckpt, else its slot's x_in (for the first
+ * layer of a segment, a copy of the segment's checkpoint). */
+static lt_resid lora_in(const lt_step *s, int64_t j, const lt_store *st) {
+    const lt_layout *y = &s->m->lay;
+    if (!y->resid_ckpt) return lt_resid_f32(st->x_in);
+    lt_resid r = {NULL, NULL};
+    if (y->saved_dtype == LT_DTYPE_BF16) r.h = (uint16_t *)lt_step_ckpt(s, j);
+    else r.f = (float *)lt_step_ckpt(s, j);
+    return r;
+}
+
+/* Its output: xf for the last LoRA layer, else the next layer's input (the next slot's x_in, in
+ * place when one slot serves the segment). */
+static lt_resid lora_out(const lt_step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    if (j + 1 == s->m->lora.num_layers) return lt_resid_f32(lt_step_xf(s));
+    lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
+    return lora_in(s, j + 1, &nx);
+}
+
+/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones,
+ * and with kept q/k/v the rest of its attention half too. */
+static lt_store slot_of(const lt_step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
+    if (y->keep_attn) {
+        st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
+        st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
+    }
+    if (y->keep_qkv)
+        lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + (size_t)j * y->kept_stride), &st);
+    return st;
+}
+
+/* Layers per recompute segment (all K without recompute: one segment, no checkpoints). */
+static int64_t seg_layers(const lt_step *s) { return s->m->lay.n_ckpt ? s->m->lay.n_tr_stores : s->m->lora.num_layers; }
+
+/* The embedding, the frozen layers and the LoRA layers, saving checkpoint 0 and then each
+ * segment's input (under resid_ckpt every layer's output is the next checkpoint). */
+static lt_status forward_layers(lt_step *s) {
+    const lt_layout *y = &s->m->lay;
+    int64_t K = s->m->lora.num_layers, l0 = s->m->l0, NC = s->N * s->m->cfg.C, k = seg_layers(s);
+    lt_store st = slot_of(s, 0);
+    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+        LT_TRY(run_plain(s, l0, lt_step_xf(s)));
+        LT_TRY(lt_step_ckpt_will_write(s, 0));
+        LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, 0), lt_step_xf(s), NC, 0));
+        LT_TRY(lt_step_ckpt_written(s, 0));
+    } else {
+        LT_TRY(run_plain(s, l0, st.x_in));
+    }
+    for (int64_t j = 0; j < K; j++) {
+        st = slot_of(s, j);
+        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) {
+            LT_TRY(lt_step_ckpt_will_write(s, j / k));
+            LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, j / k), st.x_in, NC, 0));
+            LT_TRY(lt_step_ckpt_written(s, j / k));
+        }
+        /* under resid_ckpt the layer writes checkpoint j + 1 (xf after the last layer) */
+        int writes = y->resid_ckpt && j + 1 < K;
+        if (writes) LT_TRY(lt_step_ckpt_will_write(s, j + 1));
+        LT_TRY(lt_step_layer_fwd(s, l0 + j, &st, lora_in(s, j, &st), lora_out(s, j), 0));
+        if (writes) LT_TRY(lt_step_ckpt_written(s, j + 1));
+    }
+    return LT_OK;
+}
+
+/* Entering segment seg from the top at its last layer j: its stores rebuilt from its checkpoint
+ * (kept attention is not rerun; the last layer's output is not needed). */
+static lt_status recompute_segment(lt_step *s, int64_t seg, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    int64_t k = seg_layers(s), l0 = s->m->l0;
+    lt_store st = slot_of(s, seg * k);
+    if (!y->resid_ckpt) {
+        LT_TRY(lt_step_ckpt_need(s, seg));
+        LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, seg), st.x_in, s->N * s->m->cfg.C, 1));
+    }
+    for (int64_t i = seg * k; i <= j; i++) {
+        st = slot_of(s, i);
+        lt_resid out = i == j ? lt_resid_f32(NULL) : lora_out(s, i);
+        LT_TRY(lt_step_layer_fwd(s, l0 + i, &st, lora_in(s, i, &st), out, y->keep_attn));
+    }
+    return LT_OK;
+}
+
+/* The LoRA layers' backward from the top, dx (N, C) holding ∂loss/∂xf on entry; each layer's
+ * gradient slice is announced to the grad-ready hook as soon as it is final. */
+static lt_status backward_layers(lt_step *s) {
+    lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    const lt_device dev = m->opt.device;
+    int64_t K = m->lora.num_layers, k = seg_layers(s), last_seg = (K - 1) / k;
+    float *dx = lt_step_ws(s, y->dx);
+    for (int64_t j = K - 1; j >= 0; j--) {
+        int64_t seg = j / k;
+        /* Checkpoint j is layer j's input under resid_ckpt, read by its recompute and backward. */
+        if (y->resid_ckpt) LT_TRY(lt_step_ckpt_need(s, j));
+        if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
+            lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
+            LT_TRY(recompute_segment(s, seg, j));
+        }
+        lt_prof_set_phase(dev, LT_PROF_BACKWARD);
+        lt_store st = slot_of(s, j);
+        LT_TRY(lt_step_layer_bwd(s, m->l0 + j, &st, lora_in(s, j, &st), dx, j > 0));
+        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
+    }
+    return LT_OK;
+}
+
+lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                                    lt_model_result *res, float *token_loss) {
+    lt_step s;
+    lt_model_result r = {0, 0};
+    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 1));
+    const lt_device dev = m->opt.device;
+    s.slot_has[0] = s.slot_has[1] = -1;
+    lt_prof_set_phase(dev, LT_PROF_FORWARD);
+    LT_TRY(forward_layers(&s));
+    lt_prof_set_phase(dev, LT_PROF_LOSS);
+    LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
+    LT_TRY(backward_layers(&s));
+    lt_prof_set_phase(dev, LT_PROF_OTHER);
+    LT_TRY(read_loss(&s, &r, token_loss));
+    if (res) *res = r;
+    return LT_OK;
+}
+
+lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                               lt_model_result *res) {
+    if (!m->host_inputs)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: staging a batch needs a prepared device model");
+    lt_step s;
+    LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 0));
+    res->loss_sum = 0;
+    res->n_tokens = s.n_tok;
+    return LT_OK;
+}
+
+lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res) {
+    if (!m->host_inputs)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: the loss stays on the device only for a prepared device model");
+    float loss = 0;
+    LT_TRY(
+        m->be->copy_to_host(ctx, &loss, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof loss));
+    res->loss_sum = loss;
+    return LT_OK;
+}
+
+static lt_status forward_all(lt_step *s) {
+    lt_model *m = s->m;
+    return run_plain(s, m->cfg.L, lt_step_xf(s));
+}
+
+lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
+    lt_step s;
+    lt_model_result r = {0, 0};
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
+    LT_TRY(forward_all(&s));
+    LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
+    LT_TRY(read_loss(&s, &r, token_loss));
+    if (res) *res = r;
+    return LT_OK;
+}
+
+static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits, int last_only) {
+    lt_step s;
+    LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
+    LT_TRY(forward_all(&s));
+    const lt_model_config *c = &m->cfg;
+    float *xf = lt_step_xf(&s), *hf = lt_step_hf(&s);
+    float *rstd = (float *)lt_step_blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
+    m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
+    /* A device model writes the logits into a device buffer of this call's own (tests and
+     * generation, not the training step), then copies them out. */
+    int64_t rows = last_only ? s.B : s.N;
+    size_t bytes = (size_t)rows * (size_t)c->V * sizeof(float);
+    float *out = logits;
+    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits")))
+        return lt_ctx_status(ctx);
+    if (!last_only) m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, lt_step_ws(&s, m->lay.mm_ws));
+    else
+        for (int64_t r = 0; r < s.B; r++)
+            m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V,
+                          lt_step_ws(&s, m->lay.mm_ws));
+    if (out == logits) return LT_OK;
+    lt_status st = m->be->copy_to_host(ctx, logits, out, bytes);
+    lt_free(ctx, m->opt.device, out, bytes);
+    return st;
+}
+
+lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits) {
+    return logits_rows(ctx, m, b, logits, 0);
+}
+
+lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits) {
+    return logits_rows(ctx, m, b, logits, 1);
+}

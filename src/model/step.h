@@ -1,0 +1,117 @@
+/* Internals of one step shared by the step's source files (step.c drives it, layer.c runs a layer,
+ * proj.c the LoRA projections, offload.c the checkpoint copies): the per-call state, the views of
+ * the prepared blocks it reads, and the residual-stream helper type. Not a public API. */
+#ifndef LT_MODEL_STEP_H
+#define LT_MODEL_STEP_H
+
+#include "model/model_internal.h"
+
+typedef struct lt_step {
+    lt_ctx *ctx;
+    lt_model *m;
+    const lt_backend *be;
+    int64_t B, T, N;
+    const int32_t *tokens, *targets; /* (N) in the model's memory */
+    const int32_t *pos;
+    const int32_t *seq_offsets;     /* host (the attention boundary validates them there) */
+    const int32_t *seq_offsets_dev; /* device runs: their copy in the inputs piece */
+    int64_t n_tok;                  /* non-ignored targets */
+    float dloss;                    /* upstream gradient of the summed loss */
+    float *scalars;                 /* device runs: [0] loss, [1] dloss in device memory */
+    int defer_loss;                 /* leave the loss on the device (lt_model_batch.defer_loss) */
+    int64_t S;
+    uint64_t drop_seed; /* 0 bits mean dropout off (evaluation) */
+    uint64_t drop_row0; /* tokens before this batch's row 0 in the whole (data-parallel) batch */
+    int train;
+    /* Offload: the checkpoint each device slot holds (-1 none) and whether a copy into it is
+     * still to be waited for. */
+    int64_t slot_has[2];
+    int slot_pending[2];
+} lt_step;
+
+static inline uint8_t *lt_step_blk(const lt_step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
+static inline float *lt_step_ws(const lt_step *s, size_t off) { return (float *)lt_step_blk(s, LT_MEM_WORKSPACE, off); }
+/* The final norm's input (N, C) and output (N, C). */
+static inline float *lt_step_xf(const lt_step *s) {
+    return (float *)lt_step_blk(s, s->m->lay.final_class, s->m->lay.xf);
+}
+static inline float *lt_step_hf(const lt_step *s) {
+    return (float *)lt_step_blk(s, s->m->lay.final_class, s->m->lay.hf);
+}
+
+/* A layer's residual input or output (N, C): f32 rows, or a bf16 checkpoint read or written in
+ * place (h). */
+typedef struct lt_resid {
+    float *f;
+    uint16_t *h;
+} lt_resid;
+
+static inline lt_resid lt_resid_f32(float *f) {
+    lt_resid r = {f, NULL};
+    return r;
+}
+
+/* Rows of the position-wise chunk starting at row r0 (the layout's chunk rows, fewer at the end). */
+static inline int64_t lt_step_chunk_rows(const lt_step *s, int64_t r0) {
+    int64_t ch = s->m->lay.chunk;
+    return s->N - r0 < ch ? s->N - r0 : ch;
+}
+
+/* Row r0 of a whole-batch tensor t (N, width) held in the layout's attention dtype (attention's
+ * inputs, output and gradients, q_raw, k_raw, x_mid): bf16 under attn_bf16, else f32. */
+static inline void *lt_step_at_row(const lt_step *s, void *t, int64_t r0, int64_t width) {
+    return (uint8_t *)t + (size_t)(r0 * width) * (s->m->lay.attn_bf16 ? 2 : 4);
+}
+
+/* Rows [r0, r0 + n) of such a tensor as f32: in place for f32, widened into `buf` for bf16. */
+static inline float *lt_step_att_rows(const lt_step *s, void *t, int64_t r0, int64_t n, int64_t width, float *buf) {
+    if (!s->m->lay.attn_bf16) return (float *)lt_step_at_row(s, t, r0, width);
+    s->be->from_bf16(s->ctx, (const uint16_t *)lt_step_at_row(s, t, r0, width), buf, n * width);
+    return buf;
+}
+
+/* Rows [r0, r0 + n) of a residual x as f32: in place, or widened into buf. */
+static inline const float *lt_resid_rows(const lt_step *s, lt_resid x, int64_t r0, int64_t n, float *buf) {
+    int64_t C = s->m->cfg.C;
+    if (x.f) return x.f + r0 * C;
+    s->be->from_bf16(s->ctx, x.h + r0 * C, buf, n * C);
+    return buf;
+}
+
+/* ---- offload.c: checkpoints and their copies ---- */
+
+/* Checkpoint seg: an (N, C) layer input of the layout's saved dtype; under offload, its slot
+ * (which holds it only between the calls below that say so). */
+void *lt_step_ckpt(const lt_step *s, int64_t seg);
+/* Before checkpoint i is written: waits for the copy out of its slot's previous tenant. */
+lt_status lt_step_ckpt_will_write(const lt_step *s, int64_t i);
+/* After its writer is queued: copies checkpoint i out to the host (unless it stays). */
+lt_status lt_step_ckpt_written(lt_step *s, int64_t i);
+/* Before checkpoint i is read in the backward: it is in its slot, and i - 1 is on its way. */
+lt_status lt_step_ckpt_need(lt_step *s, int64_t i);
+/* Copies the f32 x (n elements) into `saved` (a checkpoint of the layout's saved dtype, rounded
+ * when bf16), or back = 1: `saved` into x. */
+lt_status lt_step_saved_copy(const lt_step *s, void *saved, float *x, int64_t n, int back);
+
+/* ---- proj.c: the LoRA projections ---- */
+
+/* The projections ps[0..G) of one input x over the n rows from row r0 (q, k, v; gate, up; or one
+ * alone), each into y[g] (n, out) = beta·y[g] + x·Wᵀ (+ the layer's q/k/v bias) + LoRA, saving
+ * the LoRA product into st; y[g] = NULL computes only the LoRA product. */
+void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                       const float *x, float *const *y, float beta);
+/* The backward of lt_step_group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the
+ * group's input gradient (NULL: skipped), LoRA grads accumulated. */
+void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                       const float *x, const float *const *dy, float *dx, float beta);
+
+/* ---- layer.c: one layer ---- */
+
+/* Layer l: x_out = layer(x_in), filling st; see layer.c for the recompute forms (x_out empty,
+ * att_kept). */
+lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, lt_resid x_out,
+                            int att_kept);
+/* dx (N, C) holds ∂/∂x_out on entry and ∂/∂x_in on return (∂/∂x_mid when need_dx = 0). */
+lt_status lt_step_layer_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, float *dx, int need_dx);
+
+#endif
