@@ -25,7 +25,7 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "--quantize %s: the loader quantizes to int4_g64 only", opt->quantize);
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
-    if ((s = lt_train_load_tokenizer(ctx, opt->model, &tok)) != LT_OK) goto done;
+    if ((s = lt_tokenizer_load(ctx, opt->model, &tok)) != LT_OK) goto done;
     lt_dataset_options dopt;
     memset(&dopt, 0, sizeof dopt);
     dopt.mask_prompt = opt->mask_prompt;
