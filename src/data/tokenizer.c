@@ -16,8 +16,7 @@ const char *const tk_gpt2_pattern =
 
 /* ---- small growable buffers through the accounting allocator ----------------------------- */
 
-lt_status tk_grow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
-    if (need <= *cap) return LT_OK;
+lt_status tk_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
     size_t nc = *cap ? *cap : 16;
     while (nc < need) {
         if (nc > SIZE_MAX / 2 / elem) return lt_error(ctx, LT_ERR_OOM, "%s: size overflow", what);

@@ -141,8 +141,12 @@ char *tk_strdup(lt_tokenizer *t, const char *s, size_t len);
 lt_status tk_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int32_t *suffix, int ns);
 
 /* Grows the buffer *p of *cap elements of `elem` bytes to hold `need` (doubling from 16, contents
- * kept) through the accounting allocator. Errors: LT_ERR_OOM naming `what`. */
-lt_status tk_grow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what);
+ * kept) through the accounting allocator. Errors: LT_ERR_OOM naming `what`. Inline for the common
+ * case of enough room: encode calls it once per BPE symbol. */
+lt_status tk_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what);
+static inline lt_status tk_grow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
+    return need <= *cap ? LT_OK : tk_grow_slow(ctx, p, cap, elem, need, what);
+}
 /* Frees p (bytes long) when it is not NULL. */
 void tk_release(lt_ctx *ctx, void *p, size_t bytes);
 
