@@ -222,6 +222,20 @@ lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t ran
     return LT_OK;
 }
 
+lt_status tk_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
+                           int *missing) {
+    int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
+    char stackbuf[256];
+    char *cat = al + bl <= sizeof stackbuf ? stackbuf : lt_alloc(t->ctx, LT_DEVICE_CPU, al + bl, "merge scratch");
+    if (!cat) return lt_ctx_status(t->ctx);
+    memcpy(cat, a, al);
+    memcpy(cat + al, b, bl);
+    int32_t ic = tk_lookup(&t->by_string, cat, al + bl);
+    if (cat != stackbuf) lt_free(t->ctx, LT_DEVICE_CPU, cat, al + bl);
+    *missing = ia < 0 || ib < 0 || ic < 0;
+    return *missing ? LT_OK : tk_add_merge(t, ia, ib, rank, ic);
+}
+
 lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out) {
     int err;
     PCRE2_SIZE off;

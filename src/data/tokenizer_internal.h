@@ -133,6 +133,10 @@ lt_status tk_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len);
 lt_status tk_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
                        int rstrip, int single_word, int normalized);
 lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
+/* The merge of tokens a and b (by string) into the token a+b, at `rank`; *missing is set (and
+ * nothing added) when one of the three is not in the vocabulary. Errors: LT_ERR_OOM. */
+lt_status tk_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
+                           int *missing);
 /* Compiles a pre-tokenizer regex (PCRE2_UTF|PCRE2_UCP, JIT); `literal` for String patterns. */
 lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out);
 /* After vocab, merges and pre-tokenizers are set: builds enc map, byte tables, cache. */

@@ -389,6 +389,40 @@ static int merge_parts(const cJSON *m, const char **a, size_t *al, const char **
     return 0;
 }
 
+/* model.vocab: token string -> id. */
+static lt_status load_vocab(load_ctx *L, const cJSON *vocab) {
+    if (!cJSON_IsObject(vocab)) return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab is not an object", L->path);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        int64_t id;
+        if (!jint(e, 0, INT32_MAX - 1, &id))
+            return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
+        LT_TRY(tk_set_token(L->t, (int32_t)id, e->string, strlen(e->string)));
+    }
+    return LT_OK;
+}
+
+/* model.merges ("a b" strings or [a, b] pairs, rank = index) into the merge table. */
+static lt_status load_merges(load_ctx *L, const cJSON *merges) {
+    lt_ctx *ctx = L->t->ctx;
+    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
+    int32_t rank = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        const char *a, *b;
+        size_t al, bl;
+        if (!merge_parts(e, &a, &al, &b, &bl))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
+        int missing;
+        LT_TRY(tk_add_merge_str(L->t, a, al, b, bl, rank, &missing));
+        if (missing)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
+                            L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
+        rank++;
+    }
+    return LT_OK;
+}
+
 static lt_status load_model(load_ctx *L, const cJSON *model) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -406,58 +440,13 @@ static lt_status load_model(load_ctx *L, const cJSON *model) {
     t->byte_fallback = jbool(model, "byte_fallback", 0);
     t->fuse_unk = jbool(model, "fuse_unk", 0);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    if (!cJSON_IsObject(vocab)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab is not an object", L->path);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, vocab) {
-        int64_t id;
-        if (!jint(e, 0, INT32_MAX - 1, &id))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
-        LT_TRY(tk_set_token(t, (int32_t)id, e->string, strlen(e->string)));
-    }
+    LT_TRY(load_vocab(L, cJSON_GetObjectItemCaseSensitive(model, "vocab")));
     const char *unk = jstr(model, "unk_token");
     if (unk) {
         t->unk_id = tk_lookup(&t->by_string, unk, strlen(unk));
         if (t->unk_id < 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", L->path, unk);
     }
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
-    int32_t rank = 0;
-    char *cat = NULL;
-    size_t cat_cap = 0;
-    lt_status s = LT_OK;
-    cJSON_ArrayForEach(e, merges) {
-        const char *a, *b;
-        size_t al, bl;
-        if (!merge_parts(e, &a, &al, &b, &bl)) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
-            break;
-        }
-        int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
-        if (al + bl + 1 > cat_cap) {
-            if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
-            cat_cap = (al + bl + 1) * 2;
-            cat = lt_alloc(ctx, LT_DEVICE_CPU, cat_cap, "merge scratch");
-            if (!cat) {
-                cat_cap = 0;
-                s = lt_ctx_status(ctx);
-                break;
-            }
-        }
-        memcpy(cat, a, al);
-        memcpy(cat + al, b, bl);
-        int32_t ic = tk_lookup(&t->by_string, cat, al + bl);
-        if (ia < 0 || ib < 0 || ic < 0) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
-                         L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
-            break;
-        }
-        s = tk_add_merge(t, ia, ib, rank, ic);
-        if (s != LT_OK) break;
-        rank++;
-    }
-    if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
-    return s;
+    return load_merges(L, cJSON_GetObjectItemCaseSensitive(model, "merges"));
 }
 
 static lt_status load_added(load_ctx *L, const cJSON *added) {
