@@ -167,6 +167,45 @@ static int parse_prepend_scheme(const cJSON *o) {
     return jbool(o, "add_prefix_space", 1) ? TK_PREPEND_ALWAYS : TK_PREPEND_NEVER;
 }
 
+/* Split: a regex or string pattern, one of the five behaviours, invert. */
+static lt_status pre_split(load_ctx *L, const cJSON *p) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *pat;
+    int is_regex;
+    if (!jpattern(p, &pat, &is_regex))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: pre-tokenizer Split without a pattern", L->path);
+    int b = parse_behavior(jstr(p, "behavior"));
+    if (b < 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Split behavior '%s' is not supported", L->path,
+                        jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
+    tk_pre *pre = NULL;
+    LT_TRY(new_pre(L, &pre));
+    pre->kind = TK_PRE_SPLIT;
+    pre->behavior = b;
+    pre->invert = jbool(p, "invert", 0);
+    return tk_compile(L->t, pat, strlen(pat), !is_regex, &pre->re);
+}
+
+/* Metaspace: a one-character replacement, the prepend scheme, split. */
+static lt_status pre_metaspace(load_ctx *L, const cJSON *p) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *rep = jstr(p, "replacement");
+    if (!rep || !*rep || strlen(rep) > 4)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
+    int scheme = parse_prepend_scheme(p);
+    if (scheme < 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
+    tk_pre *pre = NULL;
+    LT_TRY(new_pre(L, &pre));
+    pre->kind = TK_PRE_METASPACE;
+    pre->rep_len = (int)strlen(rep);
+    memcpy(pre->rep, rep, (size_t)pre->rep_len);
+    pre->prepend_scheme = scheme;
+    pre->split = jbool(p, "split", 1);
+    if (pre->split) return tk_compile(L->t, rep, strlen(rep), 1, &pre->re);
+    return LT_OK;
+}
+
 static lt_status add_pre(load_ctx *L, const cJSON *p) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -187,21 +226,7 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
             LT_TRY(tk_compile(t, tk_gpt2_pattern, strlen(tk_gpt2_pattern), 0, &pre->re));
         return LT_OK;
     }
-    if (!strcmp(type, "Split")) {
-        const char *pat;
-        int is_regex;
-        if (!jpattern(p, &pat, &is_regex))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: pre-tokenizer Split without a pattern", L->path);
-        int b = parse_behavior(jstr(p, "behavior"));
-        if (b < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Split behavior '%s' is not supported", L->path,
-                            jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
-        LT_TRY(new_pre(L, &pre));
-        pre->kind = TK_PRE_SPLIT;
-        pre->behavior = b;
-        pre->invert = jbool(p, "invert", 0);
-        return tk_compile(t, pat, strlen(pat), !is_regex, &pre->re);
-    }
+    if (!strcmp(type, "Split")) return pre_split(L, p);
     if (!strcmp(type, "Digits")) {
         /* HF splits on char::is_numeric (Nd, Nl, No): one piece per digit or per run. */
         LT_TRY(new_pre(L, &pre));
@@ -228,22 +253,7 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         /* char::is_whitespace is the White_Space property. */
         return tk_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
     }
-    if (!strcmp(type, "Metaspace")) {
-        const char *rep = jstr(p, "replacement");
-        if (!rep || !*rep || strlen(rep) > 4)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
-        int scheme = parse_prepend_scheme(p);
-        if (scheme < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
-        LT_TRY(new_pre(L, &pre));
-        pre->kind = TK_PRE_METASPACE;
-        pre->rep_len = (int)strlen(rep);
-        memcpy(pre->rep, rep, (size_t)pre->rep_len);
-        pre->prepend_scheme = scheme;
-        pre->split = jbool(p, "split", 1);
-        if (pre->split) return tk_compile(t, rep, strlen(rep), 1, &pre->re);
-        return LT_OK;
-    }
+    if (!strcmp(type, "Metaspace")) return pre_metaspace(L, p);
     return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
                     "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)", L->path, type);
 }
@@ -310,6 +320,40 @@ static lt_status add_dec(load_ctx *L, const cJSON *d) {
 }
 
 /* Post-processor: what add_special adds around a single sequence. */
+/* TemplateProcessing's single-sequence template: special tokens before the Sequence item go to
+ * pre, those after it to suf (16 at most each). */
+static lt_status post_template(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
+    lt_ctx *ctx = L->t->ctx;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+    int seen_seq = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, single) {
+        if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
+            seen_seq = 1;
+            continue;
+        }
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
+        const char *name = sp ? jstr(sp, "id") : NULL;
+        if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
+        const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
+        if (!cJSON_IsArray(ids))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
+        const cJSON *idv;
+        cJSON_ArrayForEach(idv, ids) {
+            int64_t id;
+            if (!jint(idv, 0, INT32_MAX, &id))
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing '%s': bad id", L->path, name);
+            int32_t *dst = seen_seq ? suf : pre;
+            int *cnt = seen_seq ? ns : np;
+            if (*cnt >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than 16 template tokens", L->path);
+            dst[(*cnt)++] = (int32_t)id;
+        }
+    }
+    return LT_OK;
+}
+
 static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -322,36 +366,7 @@ static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, in
         cJSON_ArrayForEach(e, arr) LT_TRY(add_post(L, e, pre, np, suf, ns));
         return LT_OK;
     }
-    if (!strcmp(type, "TemplateProcessing")) {
-        const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
-        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
-        int seen_seq = 0;
-        const cJSON *item;
-        cJSON_ArrayForEach(item, single) {
-            if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
-                seen_seq = 1;
-                continue;
-            }
-            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
-            const char *name = sp ? jstr(sp, "id") : NULL;
-            if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
-            const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
-            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
-            if (!cJSON_IsArray(ids))
-                return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
-            const cJSON *idv;
-            cJSON_ArrayForEach(idv, ids) {
-                int64_t id;
-                if (!jint(idv, 0, INT32_MAX, &id))
-                    return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing '%s': bad id", L->path, name);
-                int32_t *dst = seen_seq ? suf : pre;
-                int *cnt = seen_seq ? ns : np;
-                if (*cnt >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than 16 template tokens", L->path);
-                dst[(*cnt)++] = (int32_t)id;
-            }
-        }
-        return LT_OK;
-    }
+    if (!strcmp(type, "TemplateProcessing")) return post_template(L, p, pre, np, suf, ns);
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
         int64_t c, s;
@@ -474,35 +489,11 @@ static const char *config_token(const cJSON *cfg, const char *key) {
     return NULL;
 }
 
-static lt_status load_config(lt_tokenizer *t, const char *json_path) {
+/* bos/eos/pad tokens and the chat template (a string, or the "default" of named templates) of a
+ * parsed tokenizer_config.json at `path`. */
+static lt_status apply_config(lt_tokenizer *t, const cJSON *cfg, const char *path) {
     lt_ctx *ctx = t->ctx;
-    const char *slash = strrchr(json_path, '/');
-    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
-    size_t plen = dir + sizeof "tokenizer_config.json";
-    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "config path");
-    if (!path) return lt_ctx_status(ctx);
-    memcpy(path, json_path, dir);
-    memcpy(path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
-    char *buf;
-    size_t len;
-    lt_status s = read_file(ctx, path, &buf, &len);
-    if (s == LT_ERR_NOT_FOUND) {
-        lt_ctx_clear_error(ctx);
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return LT_OK;
-    }
-    if (s != LT_OK) {
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return s;
-    }
-    cJSON *cfg = cJSON_ParseWithLength(buf, len);
-    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
-    if (!cJSON_IsObject(cfg)) {
-        cJSON_Delete(cfg);
-        s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return s;
-    }
+    lt_status s = LT_OK;
     struct { const char *key; int32_t *dst; } toks[] = {{"bos_token", &t->bos}, {"eos_token", &t->eos},
                                                         {"pad_token", &t->pad}};
     for (int i = 0; i < 3 && s == LT_OK; i++) {
@@ -527,6 +518,33 @@ static lt_status load_config(lt_tokenizer *t, const char *json_path) {
         t->chat_template = tk_strdup(t, tpl_s, t->chat_template_len);
         if (!t->chat_template) s = lt_ctx_status(ctx);
     }
+    return s;
+}
+
+static lt_status load_config(lt_tokenizer *t, const char *json_path) {
+    lt_ctx *ctx = t->ctx;
+    const char *slash = strrchr(json_path, '/');
+    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
+    size_t plen = dir + sizeof "tokenizer_config.json";
+    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "config path");
+    if (!path) return lt_ctx_status(ctx);
+    memcpy(path, json_path, dir);
+    memcpy(path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
+    char *buf;
+    size_t len;
+    cJSON *cfg = NULL;
+    lt_status s = read_file(ctx, path, &buf, &len);
+    if (s == LT_ERR_NOT_FOUND) { /* the config is optional */
+        lt_ctx_clear_error(ctx);
+        s = LT_OK;
+        goto done;
+    }
+    if (s != LT_OK) goto done;
+    cfg = cJSON_ParseWithLength(buf, len);
+    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+    if (!cJSON_IsObject(cfg)) s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+    else s = apply_config(t, cfg, path);
+done:
     cJSON_Delete(cfg);
     lt_free(ctx, LT_DEVICE_CPU, path, plen);
     return s;
