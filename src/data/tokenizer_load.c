@@ -258,6 +258,51 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
                     "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)", L->path, type);
 }
 
+/* Replace: a string pattern and its content. */
+static lt_status dec_replace(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *pat, *content = jstr(d, "content");
+    int is_regex;
+    if (!jpattern(d, &pat, &is_regex) || !content)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Replace needs 'pattern' and 'content'", L->path);
+    if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder Replace with a Regex pattern", L->path);
+    dec->kind = TK_DEC_REPLACE;
+    dec->alen = strlen(pat);
+    dec->blen = strlen(content);
+    if (!(dec->a = tk_strdup(L->t, pat, dec->alen))) return lt_ctx_status(ctx);
+    if (!(dec->b = tk_strdup(L->t, content, dec->blen))) return lt_ctx_status(ctx);
+    return LT_OK;
+}
+
+/* Strip: the character and how many of it to strip from the start and the stop. */
+static lt_status dec_strip(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    const char *c = jstr(d, "content");
+    int64_t a = 0, b = 0;
+    if (!c || !jint(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 1 << 20, &a) ||
+        !jint(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 1 << 20, &b))
+        return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", L->path);
+    dec->kind = TK_DEC_STRIP;
+    dec->start = (int)a;
+    dec->stop = (int)b;
+    dec->alen = strlen(c);
+    if (!(dec->a = tk_strdup(L->t, c, dec->alen))) return lt_ctx_status(L->t->ctx);
+    return LT_OK;
+}
+
+/* Metaspace: the replacement and the prepend scheme. */
+static lt_status dec_metaspace(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    const char *rep = jstr(d, "replacement");
+    int scheme = parse_prepend_scheme(d);
+    if (!rep || !*rep || scheme < 0)
+        return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
+                        L->path);
+    dec->kind = TK_DEC_METASPACE;
+    dec->prepend_scheme = scheme;
+    dec->alen = strlen(rep);
+    if (!(dec->a = tk_strdup(L->t, rep, dec->alen))) return lt_ctx_status(L->t->ctx);
+    return LT_OK;
+}
+
 static lt_status add_dec(load_ctx *L, const cJSON *d) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -272,54 +317,21 @@ static lt_status add_dec(load_ctx *L, const cJSON *d) {
     }
     if (t->n_decs >= TK_MAX_STAGES)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than %d decoders", L->path, TK_MAX_STAGES);
-    tk_dec *dec = &t->decs[t->n_decs];
+    /* Counted before its strings exist: after an error, freeing the tokenizer releases them. */
+    tk_dec *dec = &t->decs[t->n_decs++];
     memset(dec, 0, sizeof *dec);
     if (!strcmp(type, "ByteLevel")) dec->kind = TK_DEC_BYTELEVEL;
     else if (!strcmp(type, "ByteFallback")) dec->kind = TK_DEC_BYTEFALLBACK;
     else if (!strcmp(type, "Fuse")) dec->kind = TK_DEC_FUSE;
-    else if (!strcmp(type, "Replace")) {
-        const char *pat, *content = jstr(d, "content");
-        int is_regex;
-        if (!jpattern(d, &pat, &is_regex) || !content)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Replace needs 'pattern' and 'content'", L->path);
-        if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder Replace with a Regex pattern", L->path);
-        dec->kind = TK_DEC_REPLACE;
-        dec->alen = strlen(pat);
-        dec->blen = strlen(content);
-        if (!(dec->a = tk_strdup(t, pat, dec->alen))) return lt_ctx_status(ctx);
-        t->n_decs++;
-        if (!(dec->b = tk_strdup(t, content, dec->blen))) return lt_ctx_status(ctx);
-        return LT_OK;
-    } else if (!strcmp(type, "Strip")) {
-        const char *c = jstr(d, "content");
-        int64_t a = 0, b = 0;
-        if (!c || !jint(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 1 << 20, &a) ||
-            !jint(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 1 << 20, &b))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", L->path);
-        dec->kind = TK_DEC_STRIP;
-        dec->start = (int)a;
-        dec->stop = (int)b;
-        dec->alen = strlen(c);
-        if (!(dec->a = tk_strdup(t, c, dec->alen))) return lt_ctx_status(ctx);
-    } else if (!strcmp(type, "Metaspace")) {
-        const char *rep = jstr(d, "replacement");
-        int scheme = parse_prepend_scheme(d);
-        if (!rep || !*rep || scheme < 0)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
-                            L->path);
-        dec->kind = TK_DEC_METASPACE;
-        dec->prepend_scheme = scheme;
-        dec->alen = strlen(rep);
-        if (!(dec->a = tk_strdup(t, rep, dec->alen))) return lt_ctx_status(ctx);
-    } else {
+    else if (!strcmp(type, "Replace")) return dec_replace(L, d, dec);
+    else if (!strcmp(type, "Strip")) return dec_strip(L, d, dec);
+    else if (!strcmp(type, "Metaspace")) return dec_metaspace(L, d, dec);
+    else
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (supported: ByteLevel, "
                         "Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)", L->path, type);
-    }
-    t->n_decs++;
     return LT_OK;
 }
 
-/* Post-processor: what add_special adds around a single sequence. */
 /* TemplateProcessing's single-sequence template: special tokens before the Sequence item go to
  * pre, those after it to suf (16 at most each). */
 static lt_status post_template(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
