@@ -156,17 +156,19 @@ static lt_status spm_merges(lt_tokenizer *t, const lt_gguf *g, int32_t n_vocab) 
     return s;
 }
 
+/* A copy of the literal s (when not NULL) into *dst, its length into *len. */
+static lt_status dup_lit(lt_tokenizer *t, const char *s, char **dst, size_t *len) {
+    if (!s) return LT_OK;
+    *len = strlen(s);
+    return (*dst = tk_strdup(t, s, *len)) ? LT_OK : lt_ctx_status(t->ctx);
+}
+
 static lt_status set_norm(lt_tokenizer *t, int kind, const char *a, const char *b) {
     tk_norm *nm = &t->norms[t->n_norms++];
     memset(nm, 0, sizeof *nm);
     nm->kind = kind;
-    nm->alen = strlen(a);
-    if (!(nm->a = tk_strdup(t, a, nm->alen))) return lt_ctx_status(t->ctx);
-    if (b) {
-        nm->blen = strlen(b);
-        if (!(nm->b = tk_strdup(t, b, nm->blen))) return lt_ctx_status(t->ctx);
-    }
-    return LT_OK;
+    LT_TRY(dup_lit(t, a, &nm->a, &nm->alen));
+    return dup_lit(t, b, &nm->b, &nm->blen);
 }
 
 static lt_status set_dec(lt_tokenizer *t, int kind, const char *a, const char *b, int start, int stop) {
@@ -176,15 +178,8 @@ static lt_status set_dec(lt_tokenizer *t, int kind, const char *a, const char *b
     d->start = start;
     d->stop = stop;
     t->has_decoder = 1;
-    if (a) {
-        d->alen = strlen(a);
-        if (!(d->a = tk_strdup(t, a, d->alen))) return lt_ctx_status(t->ctx);
-    }
-    if (b) {
-        d->blen = strlen(b);
-        if (!(d->b = tk_strdup(t, b, d->blen))) return lt_ctx_status(t->ctx);
-    }
-    return LT_OK;
+    LT_TRY(dup_lit(t, a, &d->a, &d->alen));
+    return dup_lit(t, b, &d->b, &d->blen);
 }
 
 /* tokenizer.ggml.tokens (with token_type: unknown, control and user-defined tokens become added
