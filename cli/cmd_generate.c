@@ -110,7 +110,7 @@ int lt_cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL, *out = NULL;
     size_t n_ids = 0;
     int rc = LT_EXIT_OK;
-    lt_status s = lt_train_load_tokenizer(ctx, model, &tok);
+    lt_status s = lt_tokenizer_load(ctx, model, &tok);
     if (s != LT_OK) goto fail;
     if (no_template) {
         s = lt_tokenizer_encode(ctx, tok, prompt, strlen(prompt), 1, &ids, &n_ids);

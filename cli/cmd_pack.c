@@ -3,12 +3,10 @@
  * padding, truncations), as text or JSON. It writes nothing; the trainer packs the same way. */
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <cjson/cJSON.h>
 
 #include "cli.h"
 #include "longtune/dataset.h"
-#include "longtune/gguf.h"
 #include "longtune/pack.h"
 #include "longtune/tokenizer.h"
 
@@ -37,31 +35,6 @@ static void help(void) {
            "  --seed N, --epoch N  shuffle of the first-fit order / row order (default 0, 0)\n"
            "  --json               print the statistics as JSON\n",
            usage);
-}
-
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
-/* Loads the tokenizer of --model (GGUF metadata or tokenizer.json). */
-static lt_status load_tokenizer(lt_ctx *ctx, const char *model, lt_tokenizer **tok) {
-    char path[4096];
-    if (is_dir(model)) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", model);
-        return lt_tokenizer_load_json(ctx, path, tok);
-    }
-    if (ends_with(model, ".json")) return lt_tokenizer_load_json(ctx, model, tok);
-    lt_gguf *g = NULL;
-    LT_TRY(lt_gguf_open(ctx, model, &g));
-    lt_status s = lt_tokenizer_load_gguf(ctx, g, tok);
-    lt_gguf_close(g);
-    return s;
 }
 
 int lt_cmd_pack(int argc, char **argv) {
@@ -130,7 +103,7 @@ int lt_cmd_pack(int argc, char **argv) {
     lt_tokenizer *tok = NULL;
     lt_dataset *ds = NULL;
     lt_pack_plan *plan = NULL;
-    lt_status s = load_tokenizer(ctx, model, &tok);
+    lt_status s = lt_tokenizer_load(ctx, model, &tok);
     if (s == LT_OK) s = lt_dataset_load_split(ctx, data, split, tok, &dopt, &ds);
     lt_pack_input in;
     if (s == LT_OK) {

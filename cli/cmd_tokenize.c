@@ -7,10 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
-#include "longtune/gguf.h"
 #include "longtune/tokenizer.h"
 
 static const char *usage =
@@ -67,29 +65,6 @@ static char *read_stdin(size_t *len) {
     }
     *len = n;
     return b;
-}
-
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static lt_status load(lt_ctx *ctx, const char *model, const char *tokfile, lt_tokenizer **tok) {
-    if (tokfile) return lt_tokenizer_load_json(ctx, tokfile, tok);
-    if (is_dir(model)) {
-        size_t n = strlen(model) + sizeof "/tokenizer.json";
-        char *p = malloc(n);
-        if (!p) return lt_error(ctx, LT_ERR_OOM, "path");
-        snprintf(p, n, "%s/tokenizer.json", model);
-        lt_status s = lt_tokenizer_load_json(ctx, p, tok);
-        free(p);
-        return s;
-    }
-    lt_gguf *g;
-    LT_TRY(lt_gguf_open(ctx, model, &g));
-    lt_status s = lt_tokenizer_load_gguf(ctx, g, tok);
-    lt_gguf_close(g);
-    return s;
 }
 
 static void print_json_string(const char *s, size_t n) {
@@ -170,7 +145,7 @@ int lt_cmd_tokenize(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return LT_EXIT_FAIL;
     lt_tokenizer *tok = NULL;
-    lt_status s = load(ctx, model, tokfile, &tok);
+    lt_status s = tokfile ? lt_tokenizer_load_json(ctx, tokfile, &tok) : lt_tokenizer_load(ctx, model, &tok);
     if (s != LT_OK) {
         int rc = lt_cli_fail("tokenize", ctx, s);
         lt_ctx_free(ctx);

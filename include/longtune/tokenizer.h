@@ -25,6 +25,12 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
 /* From an open GGUF file's tokenizer.ggml.* metadata (model gpt2 with pre default, gpt-2, smollm,
  * starcoder, llama-bpe, qwen2; model llama). Copies what it needs: `g` may be closed afterwards. */
 lt_status lt_tokenizer_load_gguf(lt_ctx *ctx, const struct lt_gguf *g, lt_tokenizer **out);
+/* The tokenizer of a model path: the tokenizer.ggml.* metadata of a GGUF file (a .gguf name, or a
+ * file that starts with the GGUF magic), a file named *.json read as a tokenizer.json, else the
+ * tokenizer.json of an HF folder (or of the folder holding a file such as model.safetensors).
+ * Errors: those of lt_gguf_open, lt_tokenizer_load_gguf and lt_tokenizer_load_json;
+ * LT_ERR_NOT_FOUND naming the folder when it has no tokenizer.json. */
+lt_status lt_tokenizer_load(lt_ctx *ctx, const char *model_path, lt_tokenizer **out);
 void lt_tokenizer_free(lt_tokenizer *tok);
 
 /* Encodes `len` bytes of text (any bytes: invalid UTF-8 becomes U+FFFD per maximal ill-formed

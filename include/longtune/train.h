@@ -257,11 +257,6 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
  * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
 lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
 
-/* Opens the tokenizer of a model path: tokenizer.json in an HF folder (or beside a .safetensors
- * file), or the tokenizer.ggml.* metadata of a .gguf file. Free with lt_tokenizer_free. Errors:
- * those of the tokenizer and GGUF loaders; LT_ERR_NOT_FOUND when the folder has no tokenizer.json. */
-lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, struct lt_tokenizer **out);
-
 /* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
  * O(T²), fine for the short answers a before/after check needs). */
 typedef struct lt_generate_options {

@@ -156,17 +156,19 @@ static lt_status spm_merges(lt_tokenizer *t, const lt_gguf *g, int32_t n_vocab) 
     return s;
 }
 
+/* A copy of the literal s (when not NULL) into *dst, its length into *len. */
+static lt_status dup_lit(lt_tokenizer *t, const char *s, char **dst, size_t *len) {
+    if (!s) return LT_OK;
+    *len = strlen(s);
+    return (*dst = tk_strdup(t, s, *len)) ? LT_OK : lt_ctx_status(t->ctx);
+}
+
 static lt_status set_norm(lt_tokenizer *t, int kind, const char *a, const char *b) {
     tk_norm *nm = &t->norms[t->n_norms++];
     memset(nm, 0, sizeof *nm);
     nm->kind = kind;
-    nm->alen = strlen(a);
-    if (!(nm->a = tk_strdup(t, a, nm->alen))) return lt_ctx_status(t->ctx);
-    if (b) {
-        nm->blen = strlen(b);
-        if (!(nm->b = tk_strdup(t, b, nm->blen))) return lt_ctx_status(t->ctx);
-    }
-    return LT_OK;
+    LT_TRY(dup_lit(t, a, &nm->a, &nm->alen));
+    return dup_lit(t, b, &nm->b, &nm->blen);
 }
 
 static lt_status set_dec(lt_tokenizer *t, int kind, const char *a, const char *b, int start, int stop) {
@@ -176,38 +178,26 @@ static lt_status set_dec(lt_tokenizer *t, int kind, const char *a, const char *b
     d->start = start;
     d->stop = stop;
     t->has_decoder = 1;
-    if (a) {
-        d->alen = strlen(a);
-        if (!(d->a = tk_strdup(t, a, d->alen))) return lt_ctx_status(t->ctx);
-    }
-    if (b) {
-        d->blen = strlen(b);
-        if (!(d->b = tk_strdup(t, b, d->blen))) return lt_ctx_status(t->ctx);
-    }
-    return LT_OK;
+    LT_TRY(dup_lit(t, a, &d->a, &d->alen));
+    return dup_lit(t, b, &d->b, &d->blen);
 }
 
-static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
-    const char *model, *pre = "default";
-    size_t model_len, pre_len = 7;
-    LT_TRY(lt_gguf_get_str(ctx, g, KEY_MODEL, &model, &model_len));
-    int is_gpt2 = streq(model, model_len, "gpt2"), is_llama = streq(model, model_len, "llama");
-    if (!is_gpt2 && !is_llama)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tokenizer model '%.*s' is not supported (supported: gpt2, llama)",
-                        (int)(model_len > 64 ? 64 : model_len), model);
+/* tokenizer.ggml.tokens (with token_type: unknown, control and user-defined tokens become added
+ * tokens) into the id tables; *n_vocab gets the count. */
+static lt_status load_vocab(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t, int32_t *n_vocab) {
     lt_gguf_type et;
     uint64_t n_tok;
     LT_TRY(lt_gguf_get_array(ctx, g, KEY_TOKENS, &et, &n_tok));
     if (et != LT_GGUF_STRING || n_tok == 0 || n_tok > INT32_MAX / 2)
         return lt_error(ctx, LT_ERR_FORMAT, "GGUF %s must be a non-empty string array", KEY_TOKENS);
-    int32_t n_vocab = (int32_t)n_tok;
+    *n_vocab = (int32_t)n_tok;
     uint64_t n_types = 0;
     int have_types = lt_gguf_get_array(ctx, g, "tokenizer.ggml.token_type", &et, &n_types) == LT_OK;
     if (!have_types) lt_ctx_clear_error(ctx);
     else if (n_types != n_tok)
         return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.token_type has %llu entries for %llu tokens",
                         (unsigned long long)n_types, (unsigned long long)n_tok);
-    for (int32_t id = 0; id < n_vocab; id++) {
+    for (int32_t id = 0; id < *n_vocab; id++) {
         const char *s;
         size_t n;
         LT_TRY(lt_gguf_array_str(ctx, g, KEY_TOKENS, (uint64_t)id, &s, &n));
@@ -222,6 +212,96 @@ static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
         if (type == 2 || type == 3 || type == 4) LT_TRY(tk_add_added(t, id, s, n, type != 4, 0, 0, 0, 0));
         else LT_TRY(tk_set_token(t, id, s, n));
     }
+    return LT_OK;
+}
+
+/* tokenizer.ggml.merges ("a b" strings, rank = index) into the merge table. */
+static lt_status bpe_merges(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
+    lt_gguf_type et;
+    uint64_t n_merges;
+    LT_TRY(lt_gguf_get_array(ctx, g, "tokenizer.ggml.merges", &et, &n_merges));
+    if (et != LT_GGUF_STRING || n_merges > INT32_MAX)
+        return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges must be a string array");
+    for (uint64_t i = 0; i < n_merges; i++) {
+        const char *m;
+        size_t n;
+        LT_TRY(lt_gguf_array_str(ctx, g, "tokenizer.ggml.merges", i, &m, &n));
+        const char *sp = memchr(m, ' ', n);
+        if (!sp || sp == m || sp == m + n - 1 || memchr(sp + 1, ' ', n - (size_t)(sp - m) - 1))
+            return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] is not 'a b'", (unsigned long long)i);
+        size_t al = (size_t)(sp - m), bl = n - al - 1;
+        int missing;
+        LT_TRY(tk_add_merge_str(t, m, al, sp + 1, bl, (int32_t)i, &missing));
+        if (missing)
+            return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] ('%.*s') uses a token missing "
+                            "from the vocabulary", (unsigned long long)i, (int)(n > 80 ? 80 : n), m);
+    }
+    return LT_OK;
+}
+
+/* Model gpt2: the pre-tokenizers of tokenizer.ggml.pre, the merges, a ByteLevel decoder. */
+static lt_status gpt2_pipeline(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
+    const char *pre = "default";
+    size_t pre_len = 7;
+    lt_status s = lt_gguf_get_str(ctx, g, "tokenizer.ggml.pre", &pre, &pre_len);
+    if (s == LT_ERR_NOT_FOUND) lt_ctx_clear_error(ctx);
+    else if (s != LT_OK) return s;
+    LT_TRY(set_pre(t, pre, pre_len));
+    LT_TRY(bpe_merges(ctx, g, t));
+    return set_dec(t, TK_DEC_BYTELEVEL, NULL, NULL, 0, 0);
+}
+
+/* Model llama: SentencePiece-style BPE as HF's Llama converter writes it -- normalizer
+ * Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, byte fallback, fused unk, merges from the
+ * scores, and the decoders that undo it. */
+static lt_status llama_pipeline(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t, int32_t n_vocab,
+                                int add_space_prefix) {
+    lt_gguf_type et;
+    uint64_t n_scores;
+    LT_TRY(lt_gguf_get_array(ctx, g, "tokenizer.ggml.scores", &et, &n_scores));
+    if (n_scores != (uint64_t)n_vocab || (et != LT_GGUF_F32 && et != LT_GGUF_F64))
+        return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.scores must be %llu floats",
+                        (unsigned long long)n_vocab);
+    t->byte_fallback = 1;
+    t->fuse_unk = 1;
+    t->unk_id = 0;
+    LT_TRY(opt_id(ctx, g, "tokenizer.ggml.unknown_token_id", n_vocab, &t->unk_id));
+    if (t->unk_id >= 0 && t->tok_len[t->unk_id] == UINT32_MAX) t->unk_id = -1;
+    if (add_space_prefix) LT_TRY(set_norm(t, TK_NORM_PREPEND, "\xE2\x96\x81", NULL));
+    LT_TRY(set_norm(t, TK_NORM_REPLACE, " ", "\xE2\x96\x81"));
+    LT_TRY(spm_merges(t, g, n_vocab));
+    LT_TRY(set_dec(t, TK_DEC_REPLACE, "\xE2\x96\x81", " ", 0, 0));
+    LT_TRY(set_dec(t, TK_DEC_BYTEFALLBACK, NULL, NULL, 0, 0));
+    LT_TRY(set_dec(t, TK_DEC_FUSE, NULL, NULL, 0, 0));
+    if (add_space_prefix) LT_TRY(set_dec(t, TK_DEC_STRIP, " ", NULL, 1, 0));
+    return LT_OK;
+}
+
+/* tokenizer.chat_template, when present. */
+static lt_status chat_template(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
+    const char *tpl;
+    size_t tpl_len;
+    lt_status s = lt_gguf_get_str(ctx, g, "tokenizer.chat_template", &tpl, &tpl_len);
+    if (s == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (s != LT_OK) return s;
+    t->chat_template_len = tpl_len;
+    if (!(t->chat_template = tk_strdup(t, tpl, tpl_len))) return lt_ctx_status(ctx);
+    return LT_OK;
+}
+
+static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
+    const char *model;
+    size_t model_len;
+    LT_TRY(lt_gguf_get_str(ctx, g, KEY_MODEL, &model, &model_len));
+    int is_gpt2 = streq(model, model_len, "gpt2"), is_llama = streq(model, model_len, "llama");
+    if (!is_gpt2 && !is_llama)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tokenizer model '%.*s' is not supported (supported: gpt2, llama)",
+                        (int)(model_len > 64 ? 64 : model_len), model);
+    int32_t n_vocab = 0;
+    LT_TRY(load_vocab(ctx, g, t, &n_vocab));
     LT_TRY(opt_id(ctx, g, "tokenizer.ggml.bos_token_id", n_vocab, &t->bos));
     LT_TRY(opt_id(ctx, g, "tokenizer.ggml.eos_token_id", n_vocab, &t->eos));
     LT_TRY(opt_id(ctx, g, "tokenizer.ggml.padding_token_id", n_vocab, &t->pad));
@@ -229,74 +309,13 @@ static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     LT_TRY(opt_bool(ctx, g, "tokenizer.ggml.add_bos_token", &add_bos));
     LT_TRY(opt_bool(ctx, g, "tokenizer.ggml.add_eos_token", &add_eos));
     LT_TRY(opt_bool(ctx, g, "tokenizer.ggml.add_space_prefix", &add_space_prefix));
-
-    if (is_gpt2) {
-        lt_status s = lt_gguf_get_str(ctx, g, "tokenizer.ggml.pre", &pre, &pre_len);
-        if (s == LT_ERR_NOT_FOUND) lt_ctx_clear_error(ctx);
-        else if (s != LT_OK) return s;
-        LT_TRY(set_pre(t, pre, pre_len));
-        uint64_t n_merges;
-        LT_TRY(lt_gguf_get_array(ctx, g, "tokenizer.ggml.merges", &et, &n_merges));
-        if (et != LT_GGUF_STRING || n_merges > INT32_MAX)
-            return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges must be a string array");
-        for (uint64_t i = 0; i < n_merges; i++) {
-            const char *m;
-            size_t n;
-            LT_TRY(lt_gguf_array_str(ctx, g, "tokenizer.ggml.merges", i, &m, &n));
-            const char *sp = memchr(m, ' ', n);
-            if (!sp || sp == m || sp == m + n - 1 || memchr(sp + 1, ' ', n - (size_t)(sp - m) - 1))
-                return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] is not 'a b'", (unsigned long long)i);
-            size_t al = (size_t)(sp - m), bl = n - al - 1;
-            int32_t a = tk_lookup(&t->by_string, m, al), b = tk_lookup(&t->by_string, sp + 1, bl);
-            char stackbuf[256];
-            char *cat = al + bl <= sizeof stackbuf ? stackbuf : lt_alloc(ctx, LT_DEVICE_CPU, al + bl, "merge scratch");
-            if (!cat) return lt_ctx_status(ctx);
-            memcpy(cat, m, al);
-            memcpy(cat + al, sp + 1, bl);
-            int32_t c = tk_lookup(&t->by_string, cat, al + bl);
-            if (cat != stackbuf) lt_free(ctx, LT_DEVICE_CPU, cat, al + bl);
-            if (a < 0 || b < 0 || c < 0)
-                return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] ('%.*s') uses a token missing "
-                                "from the vocabulary", (unsigned long long)i, (int)(n > 80 ? 80 : n), m);
-            LT_TRY(tk_add_merge(t, a, b, (int32_t)i, c));
-        }
-        LT_TRY(set_dec(t, TK_DEC_BYTELEVEL, NULL, NULL, 0, 0));
-    } else {
-        uint64_t n_scores;
-        LT_TRY(lt_gguf_get_array(ctx, g, "tokenizer.ggml.scores", &et, &n_scores));
-        if (n_scores != n_tok || (et != LT_GGUF_F32 && et != LT_GGUF_F64))
-            return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.scores must be %llu floats",
-                            (unsigned long long)n_tok);
-        t->byte_fallback = 1;
-        t->fuse_unk = 1;
-        t->unk_id = 0;
-        LT_TRY(opt_id(ctx, g, "tokenizer.ggml.unknown_token_id", n_vocab, &t->unk_id));
-        if (t->unk_id >= 0 && t->tok_len[t->unk_id] == UINT32_MAX) t->unk_id = -1;
-        /* HF's Llama converter: normalizer Prepend("▁") + Replace(" ", "▁"); no pre-tokenizer. */
-        if (add_space_prefix) LT_TRY(set_norm(t, TK_NORM_PREPEND, "\xE2\x96\x81", NULL));
-        LT_TRY(set_norm(t, TK_NORM_REPLACE, " ", "\xE2\x96\x81"));
-        LT_TRY(spm_merges(t, g, n_vocab));
-        LT_TRY(set_dec(t, TK_DEC_REPLACE, "\xE2\x96\x81", " ", 0, 0));
-        LT_TRY(set_dec(t, TK_DEC_BYTEFALLBACK, NULL, NULL, 0, 0));
-        LT_TRY(set_dec(t, TK_DEC_FUSE, NULL, NULL, 0, 0));
-        if (add_space_prefix) LT_TRY(set_dec(t, TK_DEC_STRIP, " ", NULL, 1, 0));
-    }
+    LT_TRY(is_gpt2 ? gpt2_pipeline(ctx, g, t) : llama_pipeline(ctx, g, t, n_vocab, add_space_prefix));
     int32_t prefix[1], suffix[1];
     int np = 0, ns = 0;
     if (add_bos && t->bos >= 0) prefix[np++] = t->bos;
     if (add_eos && t->eos >= 0) suffix[ns++] = t->eos;
     LT_TRY(tk_set_post(t, prefix, np, suffix, ns));
-    const char *tpl;
-    size_t tpl_len;
-    lt_status s = lt_gguf_get_str(ctx, g, "tokenizer.chat_template", &tpl, &tpl_len);
-    if (s == LT_OK) {
-        t->chat_template_len = tpl_len;
-        if (!(t->chat_template = tk_strdup(t, tpl, tpl_len))) return lt_ctx_status(ctx);
-    } else if (s == LT_ERR_NOT_FOUND) {
-        lt_ctx_clear_error(ctx);
-    } else {
-        return s;
-    }
+    LT_TRY(chat_template(ctx, g, t));
     return tk_finish(t);
 }
 

@@ -167,6 +167,45 @@ static int parse_prepend_scheme(const cJSON *o) {
     return jbool(o, "add_prefix_space", 1) ? TK_PREPEND_ALWAYS : TK_PREPEND_NEVER;
 }
 
+/* Split: a regex or string pattern, one of the five behaviours, invert. */
+static lt_status pre_split(load_ctx *L, const cJSON *p) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *pat;
+    int is_regex;
+    if (!jpattern(p, &pat, &is_regex))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: pre-tokenizer Split without a pattern", L->path);
+    int b = parse_behavior(jstr(p, "behavior"));
+    if (b < 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Split behavior '%s' is not supported", L->path,
+                        jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
+    tk_pre *pre = NULL;
+    LT_TRY(new_pre(L, &pre));
+    pre->kind = TK_PRE_SPLIT;
+    pre->behavior = b;
+    pre->invert = jbool(p, "invert", 0);
+    return tk_compile(L->t, pat, strlen(pat), !is_regex, &pre->re);
+}
+
+/* Metaspace: a one-character replacement, the prepend scheme, split. */
+static lt_status pre_metaspace(load_ctx *L, const cJSON *p) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *rep = jstr(p, "replacement");
+    if (!rep || !*rep || strlen(rep) > 4)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
+    int scheme = parse_prepend_scheme(p);
+    if (scheme < 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
+    tk_pre *pre = NULL;
+    LT_TRY(new_pre(L, &pre));
+    pre->kind = TK_PRE_METASPACE;
+    pre->rep_len = (int)strlen(rep);
+    memcpy(pre->rep, rep, (size_t)pre->rep_len);
+    pre->prepend_scheme = scheme;
+    pre->split = jbool(p, "split", 1);
+    if (pre->split) return tk_compile(L->t, rep, strlen(rep), 1, &pre->re);
+    return LT_OK;
+}
+
 static lt_status add_pre(load_ctx *L, const cJSON *p) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -187,21 +226,7 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
             LT_TRY(tk_compile(t, tk_gpt2_pattern, strlen(tk_gpt2_pattern), 0, &pre->re));
         return LT_OK;
     }
-    if (!strcmp(type, "Split")) {
-        const char *pat;
-        int is_regex;
-        if (!jpattern(p, &pat, &is_regex))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: pre-tokenizer Split without a pattern", L->path);
-        int b = parse_behavior(jstr(p, "behavior"));
-        if (b < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Split behavior '%s' is not supported", L->path,
-                            jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
-        LT_TRY(new_pre(L, &pre));
-        pre->kind = TK_PRE_SPLIT;
-        pre->behavior = b;
-        pre->invert = jbool(p, "invert", 0);
-        return tk_compile(t, pat, strlen(pat), !is_regex, &pre->re);
-    }
+    if (!strcmp(type, "Split")) return pre_split(L, p);
     if (!strcmp(type, "Digits")) {
         /* HF splits on char::is_numeric (Nd, Nl, No): one piece per digit or per run. */
         LT_TRY(new_pre(L, &pre));
@@ -228,24 +253,54 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         /* char::is_whitespace is the White_Space property. */
         return tk_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
     }
-    if (!strcmp(type, "Metaspace")) {
-        const char *rep = jstr(p, "replacement");
-        if (!rep || !*rep || strlen(rep) > 4)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
-        int scheme = parse_prepend_scheme(p);
-        if (scheme < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
-        LT_TRY(new_pre(L, &pre));
-        pre->kind = TK_PRE_METASPACE;
-        pre->rep_len = (int)strlen(rep);
-        memcpy(pre->rep, rep, (size_t)pre->rep_len);
-        pre->prepend_scheme = scheme;
-        pre->split = jbool(p, "split", 1);
-        if (pre->split) return tk_compile(t, rep, strlen(rep), 1, &pre->re);
-        return LT_OK;
-    }
+    if (!strcmp(type, "Metaspace")) return pre_metaspace(L, p);
     return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
                     "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)", L->path, type);
+}
+
+/* Replace: a string pattern and its content. */
+static lt_status dec_replace(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    lt_ctx *ctx = L->t->ctx;
+    const char *pat, *content = jstr(d, "content");
+    int is_regex;
+    if (!jpattern(d, &pat, &is_regex) || !content)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Replace needs 'pattern' and 'content'", L->path);
+    if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder Replace with a Regex pattern", L->path);
+    dec->kind = TK_DEC_REPLACE;
+    dec->alen = strlen(pat);
+    dec->blen = strlen(content);
+    if (!(dec->a = tk_strdup(L->t, pat, dec->alen))) return lt_ctx_status(ctx);
+    if (!(dec->b = tk_strdup(L->t, content, dec->blen))) return lt_ctx_status(ctx);
+    return LT_OK;
+}
+
+/* Strip: the character and how many of it to strip from the start and the stop. */
+static lt_status dec_strip(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    const char *c = jstr(d, "content");
+    int64_t a = 0, b = 0;
+    if (!c || !jint(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 1 << 20, &a) ||
+        !jint(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 1 << 20, &b))
+        return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", L->path);
+    dec->kind = TK_DEC_STRIP;
+    dec->start = (int)a;
+    dec->stop = (int)b;
+    dec->alen = strlen(c);
+    if (!(dec->a = tk_strdup(L->t, c, dec->alen))) return lt_ctx_status(L->t->ctx);
+    return LT_OK;
+}
+
+/* Metaspace: the replacement and the prepend scheme. */
+static lt_status dec_metaspace(load_ctx *L, const cJSON *d, tk_dec *dec) {
+    const char *rep = jstr(d, "replacement");
+    int scheme = parse_prepend_scheme(d);
+    if (!rep || !*rep || scheme < 0)
+        return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
+                        L->path);
+    dec->kind = TK_DEC_METASPACE;
+    dec->prepend_scheme = scheme;
+    dec->alen = strlen(rep);
+    if (!(dec->a = tk_strdup(L->t, rep, dec->alen))) return lt_ctx_status(L->t->ctx);
+    return LT_OK;
 }
 
 static lt_status add_dec(load_ctx *L, const cJSON *d) {
@@ -262,54 +317,55 @@ static lt_status add_dec(load_ctx *L, const cJSON *d) {
     }
     if (t->n_decs >= TK_MAX_STAGES)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than %d decoders", L->path, TK_MAX_STAGES);
-    tk_dec *dec = &t->decs[t->n_decs];
+    /* Counted before its strings exist: after an error, freeing the tokenizer releases them. */
+    tk_dec *dec = &t->decs[t->n_decs++];
     memset(dec, 0, sizeof *dec);
     if (!strcmp(type, "ByteLevel")) dec->kind = TK_DEC_BYTELEVEL;
     else if (!strcmp(type, "ByteFallback")) dec->kind = TK_DEC_BYTEFALLBACK;
     else if (!strcmp(type, "Fuse")) dec->kind = TK_DEC_FUSE;
-    else if (!strcmp(type, "Replace")) {
-        const char *pat, *content = jstr(d, "content");
-        int is_regex;
-        if (!jpattern(d, &pat, &is_regex) || !content)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Replace needs 'pattern' and 'content'", L->path);
-        if (is_regex) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder Replace with a Regex pattern", L->path);
-        dec->kind = TK_DEC_REPLACE;
-        dec->alen = strlen(pat);
-        dec->blen = strlen(content);
-        if (!(dec->a = tk_strdup(t, pat, dec->alen))) return lt_ctx_status(ctx);
-        t->n_decs++;
-        if (!(dec->b = tk_strdup(t, content, dec->blen))) return lt_ctx_status(ctx);
-        return LT_OK;
-    } else if (!strcmp(type, "Strip")) {
-        const char *c = jstr(d, "content");
-        int64_t a = 0, b = 0;
-        if (!c || !jint(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 1 << 20, &a) ||
-            !jint(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 1 << 20, &b))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", L->path);
-        dec->kind = TK_DEC_STRIP;
-        dec->start = (int)a;
-        dec->stop = (int)b;
-        dec->alen = strlen(c);
-        if (!(dec->a = tk_strdup(t, c, dec->alen))) return lt_ctx_status(ctx);
-    } else if (!strcmp(type, "Metaspace")) {
-        const char *rep = jstr(d, "replacement");
-        int scheme = parse_prepend_scheme(d);
-        if (!rep || !*rep || scheme < 0)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
-                            L->path);
-        dec->kind = TK_DEC_METASPACE;
-        dec->prepend_scheme = scheme;
-        dec->alen = strlen(rep);
-        if (!(dec->a = tk_strdup(t, rep, dec->alen))) return lt_ctx_status(ctx);
-    } else {
+    else if (!strcmp(type, "Replace")) return dec_replace(L, d, dec);
+    else if (!strcmp(type, "Strip")) return dec_strip(L, d, dec);
+    else if (!strcmp(type, "Metaspace")) return dec_metaspace(L, d, dec);
+    else
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (supported: ByteLevel, "
                         "Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)", L->path, type);
-    }
-    t->n_decs++;
     return LT_OK;
 }
 
-/* Post-processor: what add_special adds around a single sequence. */
+/* TemplateProcessing's single-sequence template: special tokens before the Sequence item go to
+ * pre, those after it to suf (16 at most each). */
+static lt_status post_template(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
+    lt_ctx *ctx = L->t->ctx;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+    int seen_seq = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, single) {
+        if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
+            seen_seq = 1;
+            continue;
+        }
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
+        const char *name = sp ? jstr(sp, "id") : NULL;
+        if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
+        const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
+        if (!cJSON_IsArray(ids))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
+        const cJSON *idv;
+        cJSON_ArrayForEach(idv, ids) {
+            int64_t id;
+            if (!jint(idv, 0, INT32_MAX, &id))
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing '%s': bad id", L->path, name);
+            int32_t *dst = seen_seq ? suf : pre;
+            int *cnt = seen_seq ? ns : np;
+            if (*cnt >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than 16 template tokens", L->path);
+            dst[(*cnt)++] = (int32_t)id;
+        }
+    }
+    return LT_OK;
+}
+
 static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, int32_t *suf, int *ns) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -322,36 +378,7 @@ static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, in
         cJSON_ArrayForEach(e, arr) LT_TRY(add_post(L, e, pre, np, suf, ns));
         return LT_OK;
     }
-    if (!strcmp(type, "TemplateProcessing")) {
-        const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
-        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
-        int seen_seq = 0;
-        const cJSON *item;
-        cJSON_ArrayForEach(item, single) {
-            if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
-                seen_seq = 1;
-                continue;
-            }
-            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
-            const char *name = sp ? jstr(sp, "id") : NULL;
-            if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
-            const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
-            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
-            if (!cJSON_IsArray(ids))
-                return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
-            const cJSON *idv;
-            cJSON_ArrayForEach(idv, ids) {
-                int64_t id;
-                if (!jint(idv, 0, INT32_MAX, &id))
-                    return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing '%s': bad id", L->path, name);
-                int32_t *dst = seen_seq ? suf : pre;
-                int *cnt = seen_seq ? ns : np;
-                if (*cnt >= 16) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: more than 16 template tokens", L->path);
-                dst[(*cnt)++] = (int32_t)id;
-            }
-        }
-        return LT_OK;
-    }
+    if (!strcmp(type, "TemplateProcessing")) return post_template(L, p, pre, np, suf, ns);
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
         int64_t c, s;
@@ -389,6 +416,40 @@ static int merge_parts(const cJSON *m, const char **a, size_t *al, const char **
     return 0;
 }
 
+/* model.vocab: token string -> id. */
+static lt_status load_vocab(load_ctx *L, const cJSON *vocab) {
+    if (!cJSON_IsObject(vocab)) return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab is not an object", L->path);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        int64_t id;
+        if (!jint(e, 0, INT32_MAX - 1, &id))
+            return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
+        LT_TRY(tk_set_token(L->t, (int32_t)id, e->string, strlen(e->string)));
+    }
+    return LT_OK;
+}
+
+/* model.merges ("a b" strings or [a, b] pairs, rank = index) into the merge table. */
+static lt_status load_merges(load_ctx *L, const cJSON *merges) {
+    lt_ctx *ctx = L->t->ctx;
+    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
+    int32_t rank = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        const char *a, *b;
+        size_t al, bl;
+        if (!merge_parts(e, &a, &al, &b, &bl))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
+        int missing;
+        LT_TRY(tk_add_merge_str(L->t, a, al, b, bl, rank, &missing));
+        if (missing)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
+                            L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
+        rank++;
+    }
+    return LT_OK;
+}
+
 static lt_status load_model(load_ctx *L, const cJSON *model) {
     lt_tokenizer *t = L->t;
     lt_ctx *ctx = t->ctx;
@@ -406,58 +467,13 @@ static lt_status load_model(load_ctx *L, const cJSON *model) {
     t->byte_fallback = jbool(model, "byte_fallback", 0);
     t->fuse_unk = jbool(model, "fuse_unk", 0);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    if (!cJSON_IsObject(vocab)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab is not an object", L->path);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, vocab) {
-        int64_t id;
-        if (!jint(e, 0, INT32_MAX - 1, &id))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
-        LT_TRY(tk_set_token(t, (int32_t)id, e->string, strlen(e->string)));
-    }
+    LT_TRY(load_vocab(L, cJSON_GetObjectItemCaseSensitive(model, "vocab")));
     const char *unk = jstr(model, "unk_token");
     if (unk) {
         t->unk_id = tk_lookup(&t->by_string, unk, strlen(unk));
         if (t->unk_id < 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", L->path, unk);
     }
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
-    int32_t rank = 0;
-    char *cat = NULL;
-    size_t cat_cap = 0;
-    lt_status s = LT_OK;
-    cJSON_ArrayForEach(e, merges) {
-        const char *a, *b;
-        size_t al, bl;
-        if (!merge_parts(e, &a, &al, &b, &bl)) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
-            break;
-        }
-        int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
-        if (al + bl + 1 > cat_cap) {
-            if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
-            cat_cap = (al + bl + 1) * 2;
-            cat = lt_alloc(ctx, LT_DEVICE_CPU, cat_cap, "merge scratch");
-            if (!cat) {
-                cat_cap = 0;
-                s = lt_ctx_status(ctx);
-                break;
-            }
-        }
-        memcpy(cat, a, al);
-        memcpy(cat + al, b, bl);
-        int32_t ic = tk_lookup(&t->by_string, cat, al + bl);
-        if (ia < 0 || ib < 0 || ic < 0) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
-                         L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
-            break;
-        }
-        s = tk_add_merge(t, ia, ib, rank, ic);
-        if (s != LT_OK) break;
-        rank++;
-    }
-    if (cat) lt_free(ctx, LT_DEVICE_CPU, cat, cat_cap);
-    return s;
+    return load_merges(L, cJSON_GetObjectItemCaseSensitive(model, "merges"));
 }
 
 static lt_status load_added(load_ctx *L, const cJSON *added) {
@@ -485,35 +501,11 @@ static const char *config_token(const cJSON *cfg, const char *key) {
     return NULL;
 }
 
-static lt_status load_config(lt_tokenizer *t, const char *json_path) {
+/* bos/eos/pad tokens and the chat template (a string, or the "default" of named templates) of a
+ * parsed tokenizer_config.json at `path`. */
+static lt_status apply_config(lt_tokenizer *t, const cJSON *cfg, const char *path) {
     lt_ctx *ctx = t->ctx;
-    const char *slash = strrchr(json_path, '/');
-    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
-    size_t plen = dir + sizeof "tokenizer_config.json";
-    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "config path");
-    if (!path) return lt_ctx_status(ctx);
-    memcpy(path, json_path, dir);
-    memcpy(path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
-    char *buf;
-    size_t len;
-    lt_status s = read_file(ctx, path, &buf, &len);
-    if (s == LT_ERR_NOT_FOUND) {
-        lt_ctx_clear_error(ctx);
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return LT_OK;
-    }
-    if (s != LT_OK) {
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return s;
-    }
-    cJSON *cfg = cJSON_ParseWithLength(buf, len);
-    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
-    if (!cJSON_IsObject(cfg)) {
-        cJSON_Delete(cfg);
-        s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
-        lt_free(ctx, LT_DEVICE_CPU, path, plen);
-        return s;
-    }
+    lt_status s = LT_OK;
     struct { const char *key; int32_t *dst; } toks[] = {{"bos_token", &t->bos}, {"eos_token", &t->eos},
                                                         {"pad_token", &t->pad}};
     for (int i = 0; i < 3 && s == LT_OK; i++) {
@@ -538,6 +530,33 @@ static lt_status load_config(lt_tokenizer *t, const char *json_path) {
         t->chat_template = tk_strdup(t, tpl_s, t->chat_template_len);
         if (!t->chat_template) s = lt_ctx_status(ctx);
     }
+    return s;
+}
+
+static lt_status load_config(lt_tokenizer *t, const char *json_path) {
+    lt_ctx *ctx = t->ctx;
+    const char *slash = strrchr(json_path, '/');
+    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
+    size_t plen = dir + sizeof "tokenizer_config.json";
+    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "config path");
+    if (!path) return lt_ctx_status(ctx);
+    memcpy(path, json_path, dir);
+    memcpy(path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
+    char *buf;
+    size_t len;
+    cJSON *cfg = NULL;
+    lt_status s = read_file(ctx, path, &buf, &len);
+    if (s == LT_ERR_NOT_FOUND) { /* the config is optional */
+        lt_ctx_clear_error(ctx);
+        s = LT_OK;
+        goto done;
+    }
+    if (s != LT_OK) goto done;
+    cfg = cJSON_ParseWithLength(buf, len);
+    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+    if (!cJSON_IsObject(cfg)) s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+    else s = apply_config(t, cfg, path);
+done:
     cJSON_Delete(cfg);
     lt_free(ctx, LT_DEVICE_CPU, path, plen);
     return s;

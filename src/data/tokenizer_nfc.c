@@ -76,19 +76,12 @@ static void decompose(uint32_t cp, uint32_t *out, size_t *n) {
     out[(*n)++] = cp;
 }
 
-static uint32_t next_cp(const uint8_t *s, size_t *i) {
-    uint8_t c = s[*i];
-    if (c < 0x80) { (*i)++; return c; }
-    if (c < 0xE0) { uint32_t v = (uint32_t)(c & 0x1F) << 6 | (s[*i + 1] & 0x3F); *i += 2; return v; }
-    if (c < 0xF0) {
-        uint32_t v = (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[*i + 1] & 0x3F) << 6 | (s[*i + 2] & 0x3F);
-        *i += 3;
-        return v;
-    }
-    uint32_t v = (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[*i + 1] & 0x3F) << 12 | (uint32_t)(s[*i + 2] & 0x3F) << 6 |
-                 (s[*i + 3] & 0x3F);
-    *i += 4;
-    return v;
+/* The code point at s[*i] (valid UTF-8), advancing *i past it. */
+static inline uint32_t next_cp(const uint8_t *s, size_t *i) {
+    size_t len;
+    uint32_t cp = tk_utf8_decode(s + *i, &len);
+    *i += len;
+    return cp;
 }
 
 int tk_nfc_quick(const char *s, size_t len) {
@@ -103,14 +96,8 @@ int tk_nfc_quick(const char *s, size_t len) {
     return 1;
 }
 
-lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap) {
-    /* Decomposition grows a code point into at most 4 (Hangul 3): 4 per input byte bounds it. */
-    size_t ncp_cap = len * 4 + 4;
-    uint32_t *cps = lt_alloc(ctx, LT_DEVICE_CPU, ncp_cap * sizeof *cps, "nfc buffer");
-    if (!cps) return lt_ctx_status(ctx);
-    size_t n = 0;
-    for (size_t i = 0; i < len;) decompose(next_cp((const uint8_t *)s, &i), cps, &n);
-    /* Canonical ordering: stable insertion sort of each run of non-starters by class. */
+/* Canonical ordering: stable insertion sort of each run of non-starters by combining class. */
+static void canonical_order(uint32_t *cps, size_t n) {
     for (size_t i = 1; i < n; i++) {
         int c = ccc_of(cps[i]);
         if (!c) continue;
@@ -124,7 +111,10 @@ lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out
         }
         cps[j] = v;
     }
-    /* Canonical composition. */
+}
+
+/* Canonical composition in place; returns the new count. */
+static size_t compose(uint32_t *cps, size_t n) {
     size_t w = 0, starter = SIZE_MAX;
     int last_cc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -144,6 +134,18 @@ lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out
         cps[w++] = c;
         last_cc = cc;
     }
+    return w;
+}
+
+lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap) {
+    /* Decomposition grows a code point into at most 4 (Hangul 3): 4 per input byte bounds it. */
+    size_t ncp_cap = len * 4 + 4;
+    uint32_t *cps = lt_alloc(ctx, LT_DEVICE_CPU, ncp_cap * sizeof *cps, "nfc buffer");
+    if (!cps) return lt_ctx_status(ctx);
+    size_t n = 0;
+    for (size_t i = 0; i < len;) decompose(next_cp((const uint8_t *)s, &i), cps, &n);
+    canonical_order(cps, n);
+    size_t w = compose(cps, n);
     /* Back to UTF-8 (never longer than 4 bytes per code point). */
     size_t need = w * 4 + 1;
     if (need > *cap) {
@@ -156,20 +158,8 @@ lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out
         *out = nb;
         *cap = need;
     }
-    char *o = *out;
     size_t on = 0;
-    for (size_t i = 0; i < w; i++) {
-        uint32_t cp = cps[i];
-        if (cp < 0x80) o[on++] = (char)cp;
-        else if (cp < 0x800) { o[on++] = (char)(0xC0 | (cp >> 6)); o[on++] = (char)(0x80 | (cp & 0x3F)); }
-        else if (cp < 0x10000) {
-            o[on++] = (char)(0xE0 | (cp >> 12)); o[on++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-            o[on++] = (char)(0x80 | (cp & 0x3F));
-        } else {
-            o[on++] = (char)(0xF0 | (cp >> 18)); o[on++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-            o[on++] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[on++] = (char)(0x80 | (cp & 0x3F));
-        }
-    }
+    for (size_t i = 0; i < w; i++) on += (size_t)tk_utf8_put(*out + on, cps[i]);
     *out_len = on;
     lt_free(ctx, LT_DEVICE_CPU, cps, ncp_cap * sizeof *cps);
     return LT_OK;

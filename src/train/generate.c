@@ -1,37 +1,13 @@
 /* Text generation for before/after checks: greedy or temperature/top-p sampling over the model's
  * full logits, re-running the forward over the whole sequence for each new token (no KV cache; the
- * model has none; only the last position's logits are computed). Also opens a model path's tokenizer. Not a serving path. */
+ * model has none; only the last position's logits are computed). Not a serving path. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "longtune/alloc.h"
-#include "longtune/gguf.h"
 #include "train/train_internal.h"
 #include "core/rng.h"
-
-lt_status lt_train_load_tokenizer(lt_ctx *ctx, const char *model_path, lt_tokenizer **out) {
-    size_t n = strlen(model_path);
-    if (n > 5 && !strcmp(model_path + n - 5, ".gguf")) {
-        lt_gguf *g = NULL;
-        LT_TRY(lt_gguf_open(ctx, model_path, &g));
-        lt_status s = lt_tokenizer_load_gguf(ctx, g, out);
-        lt_gguf_close(g);
-        return s;
-    }
-    char dir[LT_TRAIN_PATH_MAX], path[LT_TRAIN_PATH_MAX + 32];
-    struct stat st;
-    snprintf(dir, sizeof dir, "%s", model_path);
-    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = '\0';
-        else snprintf(dir, sizeof dir, ".");
-    }
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (stat(path, &st) != 0) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: no tokenizer.json beside the model", dir);
-    return lt_tokenizer_load_json(ctx, path, out);
-}
 
 /* Picks the next id from one row of logits z (V); probs is (V) scratch, order (V) scratch. */
 static int32_t pick(const float *z, int64_t V, const lt_generate_options *o, uint64_t *rng, double *probs,
