@@ -345,8 +345,7 @@ int lt_cmd_plan(int argc, char **argv) {
     if (max_seq || max_batch) {
         lt_plan_search what = max_seq ? LT_PLAN_SEARCH_SEQ : LT_PLAN_SEARCH_BATCH;
         int64_t hi = max_seq ? (1ll << 24) : (1ll << 16);
-        /* The held class as planned for the given shape. */
-        if ((s = lt_plan_search_max(ctx, &cfg, &plan.options, what, hi, budget, &best, &found)) != LT_OK) {
+        if ((s = lt_train_plan_search(ctx, &ro, &cfg, &po, &held, what, hi, budget, &best, &found)) != LT_OK) {
             rc = lt_cli_fail("plan", ctx, s);
             goto done;
         }

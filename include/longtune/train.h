@@ -238,15 +238,25 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
 /* The plan of the run: lt_plan_compute of popt with, on a CPU run, the held class made of
  * held->caller_bytes, the trainer's buffers (lt_train_buffer_bytes), its metrics log, and the
  * larger of the packing plans' high-water and the packing plans plus the adapter export's index
- * (the save at the end); on a device run held->caller_bytes alone (the rest is host memory).
+ * (the save at the end), at popt's B and T; on a device run held->caller_bytes alone (the rest
+ * is host memory).
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
 lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                         const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
 /* Host bytes of the trainer's buffers allocated before its first step: the LoRA tensor index
- * (n_lora_tensors entries), one batch's ids, targets, positions, offsets and piece counts, the
- * step's loss sums, and with cp_size > 1 this rank's share of the row. */
-size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t n_lora_tensors, int64_t cp_size);
+ * (n_lora_tensors entries), one batch of B rows of T tokens (ids, targets, positions, offsets and
+ * piece counts), the step's loss sums (opt->grad_accum), and with cp_size > 1 this rank's share
+ * of the row. */
+size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
+                             int64_t cp_size);
+
+/* lt_plan_search_max through lt_train_plan: the largest T (or B) in [1, hi] whose plan fits
+ * budget_bytes (and popt->host_budget_bytes when set), the trainer's buffers following the shape
+ * and `held` (measured at the given shape) staying. Errors: those of lt_train_plan at 1. */
+lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
+                               int64_t hi, size_t budget_bytes, int64_t *out, int *found);
 
 /* The packing options the trainer packs opt's data with (cp_size > 1: context parallel rows). */
 lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);

@@ -95,9 +95,9 @@ done:
 
 static size_t add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
-size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t n_lora_tensors, int64_t cp_size) {
+size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
+                             int64_t cp_size) {
     const lt_device h = LT_DEVICE_CPU;
-    int64_t B = opt->batch_size, T = opt->max_seq_length;
     /* bind_params: one lt_train_param per LoRA tensor. */
     size_t n = lt_alloc_accounted_size(h, (size_t)(n_lora_tensors > 0 ? n_lora_tensors : 1) * sizeof(lt_train_param));
     /* One batch's ids, targets, positions (B·T each), seq_offsets (B·(T+1)) and pieces (B). */
@@ -140,7 +140,7 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
         uint32_t mask = po.lora.targets ? po.lora.targets : LT_LORA_ALL_TARGETS;
         for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
         int64_t n_tensors = 2 * targets * layers;
-        size_t own = lt_train_buffer_bytes(opt, n_tensors, po.cp_size);
+        size_t own = lt_train_buffer_bytes(opt, po.run.B, po.run.T, n_tensors, po.cp_size);
         /* After the plan: the metrics log, the packing plans, and while the adapter is saved (with
          * both packing plans held) its export index. */
         own = add(own, lt_alloc_accounted_size(LT_DEVICE_CPU, lt_metrics_bytes()));
@@ -150,4 +150,43 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
         po.held_bytes = add(po.held_bytes, own);
     }
     return lt_plan_compute(ctx, cfg, &po, out);
+}
+
+/* Does the run fit at B or T = v (the held class follows the shape; what was measured stays)? */
+static int fits_at(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg, const lt_plan_options *popt,
+                   const lt_train_held *held, lt_plan_search what, int64_t v, size_t budget, lt_status *err) {
+    lt_plan_options o = *popt;
+    if (what == LT_PLAN_SEARCH_SEQ)
+        o.run.T = v;
+    else
+        o.run.B = v;
+    lt_plan p;
+    lt_status s = lt_train_plan(ctx, opt, cfg, &o, held, &p);
+    if (s != LT_OK) {
+        if (err) *err = s;
+        else lt_ctx_clear_error(ctx); /* too large to plan counts as too large to fit */
+        return 0;
+    }
+    return p.peak_bytes <= budget && (!o.host_budget_bytes || p.offload_bytes <= o.host_budget_bytes);
+}
+
+lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
+                               int64_t hi, size_t budget_bytes, int64_t *out, int *found) {
+    *out = 0;
+    *found = 0;
+    if (hi < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan search: upper bound %lld < 1", (long long)hi);
+    lt_status err = LT_OK;
+    if (!fits_at(ctx, opt, cfg, popt, held, what, 1, budget_bytes, &err)) return err; /* error, or nothing fits */
+    int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
+    while (lo < top) {
+        int64_t mid = lo + (top - lo + 1) / 2;
+        if (fits_at(ctx, opt, cfg, popt, held, what, mid, budget_bytes, NULL))
+            lo = mid;
+        else
+            top = mid - 1;
+    }
+    *out = lo;
+    *found = 1;
+    return LT_OK;
 }

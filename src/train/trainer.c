@@ -503,7 +503,7 @@ static lt_status run(trainer *t, FILE *progress, lt_train_result *res) {
     size_t in_use = lt_mem_get_stats(ctx, t->dev).used_bytes;
     size_t known = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS] +
                    lt_plan_optimizer_bytes(t->dev, t->n) +
-                   (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->n_tp, t->cp ? t->world : 1) : 0);
+                   (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
     lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0};
     LT_TRY(lt_train_packing_bytes(ctx, &t->popt, t->train, t->valid, &held));
     lt_plan_options popt;
