@@ -238,8 +238,8 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
 /* The plan of the run: lt_plan_compute of popt with, on a CPU run, the held class made of
  * held->caller_bytes, the trainer's buffers (lt_train_buffer_bytes), its metrics log, and the
  * larger of the packing plans' high-water and the packing plans plus the adapter export's index
- * (the save at the end), at popt's B and T; on a device run held->caller_bytes alone (the rest
- * is host memory).
+ * (the save at the end) -- or, resuming, the checkpoint file read when that is larger -- at
+ * popt's B and T; on a device run held->caller_bytes alone (the rest is host memory).
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
 lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                         const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);

@@ -2,7 +2,9 @@
  * turns resolved run options into the planner's options and adds what the trainer holds on its
  * device besides the model and the optimizer state. `longtune plan`, the memory guard and the
  * trainer all call lt_train_plan, so the three give the same number for the same flags. */
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "longtune/alloc.h"
 #include "longtune/dataset.h"
@@ -95,6 +97,18 @@ done:
 
 static size_t add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
+/* A resumed run reads its whole checkpoint file into one block after the model is prepared. */
+static size_t resume_bytes(const lt_train_options *opt) {
+    if (!opt->resume_adapter_file[0]) return 0;
+    char path[LT_TRAIN_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s", opt->resume_adapter_file);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(path, sizeof path, "%s/" LT_TRAIN_CHECKPOINT_FILE, opt->resume_adapter_file);
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0) return 0;
+    return lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)sb.st_size);
+}
+
 size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
                              int64_t cp_size) {
     const lt_device h = LT_DEVICE_CPU;
@@ -141,12 +155,14 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
         for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
         int64_t n_tensors = 2 * targets * layers;
         size_t own = lt_train_buffer_bytes(opt, po.run.B, po.run.T, n_tensors, po.cp_size);
-        /* After the plan: the metrics log, the packing plans, and while the adapter is saved (with
-         * both packing plans held) its export index. */
-        own = add(own, lt_alloc_accounted_size(LT_DEVICE_CPU, lt_metrics_bytes()));
+        /* After the plan, one at a time: a resumed run's checkpoint file; then, beside the metrics
+         * log, the packing plans as they are built, and the adapter's export index while it is
+         * saved (both packing plans held). */
         size_t pk = held ? held->packing_peak_bytes : 0, ph = held ? held->packing_held_bytes : 0;
+        size_t metrics = lt_alloc_accounted_size(LT_DEVICE_CPU, lt_metrics_bytes());
         size_t save = add(ph, lt_alloc_accounted_size(LT_DEVICE_CPU, lt_peft_export_bytes((int)n_tensors)));
-        own = add(own, pk > save ? pk : save);
+        size_t late = add(metrics, pk > save ? pk : save), resume = resume_bytes(opt);
+        own = add(own, late > resume ? late : resume);
         po.held_bytes = add(po.held_bytes, own);
     }
     return lt_plan_compute(ctx, cfg, &po, out);
