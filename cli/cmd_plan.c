@@ -1,8 +1,10 @@
-/* `longtune plan`: will this training run fit? Prints the planner's bytes per lifetime class, the
- * peak, and fits / does not fit against a budget (given, or measured as the memory guard would);
- * optionally searches the longest sequence or largest batch that fits, and prices the naive
- * attention and loss arms so the saving of the fused paths is visible. Reads no weights: a GGUF's
- * metadata or an HF folder's config.json and safetensors headers only. */
+/* `longtune plan`: will this training run fit? Reads train's flags through train's option table
+ * (old names as aliases) and prints the plan `longtune train` makes for them (lt_cli_train_plan):
+ * bytes per lifetime class, the peak, and fits / does not fit against a budget (given, or
+ * measured as the memory guard would); optionally searches the longest sequence or largest batch
+ * that fits, and prices the naive attention and loss arms so the saving of the fused paths is
+ * visible. Reads no weights: a GGUF's metadata or an HF folder's config.json and safetensors
+ * headers, and with --data the tokenizer and the data set. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
