@@ -2,7 +2,7 @@
 # The planner's bar on the default model (SmolLM2-135M-Instruct q4_1, python-faq data) on the CPU:
 # `longtune plan` and `longtune train --iters 2` with the same flags, at T = 256 and 1024 with
 # recompute none and all. `plan` must give the very number train reports as its plan
-# (metrics.jsonl plan_bytes: one planner path), and train's measured high-water (the largest
+# (metrics.jsonl plan_bytes, and the memory guard's plan: one planner path), and train's measured high-water (the largest
 # peak_bytes in metrics.jsonl) over that plan must lie in [0.99, 1.00]: the plan is an upper
 # bound at most 1 % above what train holds. Skips when the model or the data are absent
 # (scripts/setup.sh fetches them).
@@ -44,9 +44,13 @@ print(f"T={sys.argv[3]} recompute {sys.argv[4]}: plan {planned}, train's plan {s
 assert plan["data_counted"] and plan["classes"]["held"] > 0, plan
 assert train_plan == {planned}, f"train planned {train_plan}, plan said {planned}"
 assert 0.99 <= ratio <= 1.00, f"high-water / plan = {ratio:.6f} outside [0.99, 1.00]"
-# The run's last word (after the adapter is saved): "host peak X MiB (plan Y MiB)".
-m = re.search(r"host peak ([0-9.]+) (\w+) \(plan ([0-9.]+) (\w+)\)", open(sys.argv[5]).read())
-assert m and m.group(2) == m.group(4) and float(m.group(1)) <= float(m.group(3)), m and m.group(0)
+# The run's last word (after the adapter is saved): "host peak X MiB (plan Y MiB)"; the guard's
+# plan, printed as the run starts, is the same number.
+text = open(sys.argv[5]).read()
+m = re.search(r"host peak ([0-9.]+) (\w+) \(plan ([0-9.]+ \w+)\)", text)
+assert m and m.group(3).endswith(m.group(2)) and float(m.group(1)) <= float(m.group(3).split()[0]), m and m.group(0)
+g = re.search(r"memory ceiling .*, plan ([0-9.]+ \w+)", text)
+assert g and g.group(1) == m.group(3), (g and g.group(0), m.group(0))
 EOF
   done
 done
