@@ -33,7 +33,8 @@ static void print_help(void) {
            "(learning rate, schedules, paths, ...) are accepted and ignored. Those that do:\n"
            "  --model PATH        HF folder (config.json + safetensors headers) or .gguf (metadata)\n"
            "  --data DIR          the run's data folder: tokenized (with the model's tokenizer) and\n"
-           "                      packed as train does, to count what they hold [none: not counted]\n"
+           "                      packed as train does, to count what a CPU run holds of them\n"
+           "                      [none: not counted]\n"
            "  --config FILE       train's options file (JSON), or an HF config.json alone (a file with\n"
            "                      \"hidden_size\" or \"model_type\"; weights taken as --weights-dtype)\n"
            "  --batch-size B      rows per step [4] (alias --batch)\n"
@@ -369,7 +370,7 @@ int lt_cmd_plan(int argc, char **argv) {
         cJSON_AddNumberToObject(hj, "data_and_guard", (double)held.caller_bytes);
         cJSON_AddNumberToObject(hj, "packing_peak", (double)held.packing_peak_bytes);
         cJSON_AddNumberToObject(hj, "trainer", (double)(plan.bytes[LT_PLAN_HELD] - (dev == LT_DEVICE_CPU ? held.caller_bytes : 0)));
-        cJSON_AddBoolToObject(out, "data_counted", ro.data[0] != 0);
+        cJSON_AddBoolToObject(out, "data_counted", ro.data[0] != 0 && dev == LT_DEVICE_CPU);
         cJSON_AddNumberToObject(out, "budget_bytes", (double)budget);
         cJSON_AddStringToObject(out, "budget_source", budget_auto ? "auto" : "given");
         cJSON_AddBoolToObject(out, "fits", fits);
@@ -470,7 +471,7 @@ int lt_cmd_plan(int argc, char **argv) {
         else
             printf("%s that fits: none (even 1 does not fit)\n", what);
     }
-    if (!ro.data[0])
+    if (!ro.data[0] && dev == LT_DEVICE_CPU)
         printf("held: the trainer's buffers only; --data DIR counts the tokenizer and data set too\n");
     rc = LT_EXIT_OK;
 done:

@@ -42,7 +42,8 @@ lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_m
                             const lt_plan_options *popt, int guard_on, lt_train_held *held, lt_plan *out) {
     lt_train_held h;
     memset(&h, 0, sizeof h);
-    if (opt->data[0]) LT_TRY(lt_train_measure_data(ctx, opt, popt->cp_size, &h));
+    /* The tokenizer and data set are host memory: on the run's device only in a CPU run. */
+    if (opt->data[0] && popt->device == LT_DEVICE_CPU) LT_TRY(lt_train_measure_data(ctx, opt, popt->cp_size, &h));
     if (guard_on && popt->device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
     if (held) *held = h;
     return lt_train_plan(ctx, opt, cfg, popt, &h, out);

@@ -30,8 +30,8 @@ int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, cons
                       int *used_value);
 
 /* The plan of a resolved run as `longtune train` holds it: lt_train_plan over cfg and popt
- * (lt_train_plan_options, perhaps refined), with opt->data measured (lt_train_measure_data) when it
- * names a folder, plus on a CPU run the guard's block when guard_on. held (optional) receives what
+ * (lt_train_plan_options, perhaps refined), on a CPU run with opt->data measured
+ * (lt_train_measure_data) when it names a folder and the guard's block when guard_on. held (optional) receives what
  * was measured. Errors: those of the loaders and of lt_train_plan. */
 lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                             const lt_plan_options *popt, int guard_on, lt_train_held *held, lt_plan *out);
