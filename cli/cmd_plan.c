@@ -1,8 +1,10 @@
-/* `longtune plan`: will this training run fit? Prints the planner's bytes per lifetime class, the
- * peak, and fits / does not fit against a budget (given, or measured as the memory guard would);
- * optionally searches the longest sequence or largest batch that fits, and prices the naive
- * attention and loss arms so the saving of the fused paths is visible. Reads no weights: a GGUF's
- * metadata or an HF folder's config.json and safetensors headers only. */
+/* `longtune plan`: will this training run fit? Reads train's flags through train's option table
+ * (old names as aliases) and prints the plan `longtune train` makes for them (lt_cli_train_plan):
+ * bytes per lifetime class, the peak, and fits / does not fit against a budget (given, or
+ * measured as the memory guard would); optionally searches the longest sequence or largest batch
+ * that fits, and prices the naive attention and loss arms so the saving of the fused paths is
+ * visible. Reads no weights: a GGUF's metadata or an HF folder's config.json and safetensors
+ * headers, and with --data the tokenizer and the data set. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,44 +14,49 @@
 #include "longtune/guard.h"
 #include "longtune/plan.h"
 #include "longtune/sysinfo.h"
+#include "longtune/train.h"
+#include "train_guard.h"
 
 static const char *usage =
-    "longtune plan (--model PATH | --config config.json) [--batch B] [--seq-len T] [--lora-rank r]\n"
-    "       [--lora-layers K] [--attention flash|naive] [--loss fused|chunked|naive]\n"
-    "       [--recompute none|all|every:K] [--recompute-attention] [--saved f32|bf16]\n"
-    "       [--chunk-rows N] [--offload-checkpoints] [--host-budget BYTES|auto]\n"
-    "       [--backend cpu|cuda] [--budget BYTES|auto]\n"
-    "       [--max-seq | --max-batch] [--quantize] [--weights-dtype f32|bf16|f16] [--threads N]\n"
-    "       [--dp K] [--cp K] [--json]";
+    "longtune plan (--model PATH | --config config.json) [--data DIR] [train flags]\n"
+    "       [--budget BYTES|auto] [--host-budget BYTES|auto] [--max-seq | --max-batch]\n"
+    "       [--saved f32|bf16] [--chunk-rows N] [--weights-dtype f32|bf16|f16] [--dp K] [--cp K] [--json]";
 
 static void print_help(void) {
     printf("usage: %s\n\n"
            "Plans the memory of a LoRA training run without reading weights: bytes per lifetime class\n"
            "(frozen weights, LoRA parameters and gradients, optimizer state, saved activations,\n"
-           "per-layer transients, workspaces), the peak, and whether it fits the budget.\n\n"
+           "per-layer transients, workspaces, and what the run holds besides: tokenizer, data set,\n"
+           "the trainer's buffers), the peak, and whether it fits the budget.\n\n"
+           "Every `longtune train` flag is read as train reads it, with train's defaults, so a train\n"
+           "command line pasted after `longtune plan` plans that run; flags that change no memory\n"
+           "(learning rate, schedules, paths, ...) are accepted and ignored. Those that do:\n"
            "  --model PATH        HF folder (config.json + safetensors headers) or .gguf (metadata)\n"
-           "  --config FILE       an HF config.json alone (weights taken as --weights-dtype, f32 default)\n"
-           "  --batch B           rows per step (1)            --seq-len T   tokens per row (2048)\n"
-           "  --lora-rank r       LoRA rank (8)                --lora-layers K  LoRA on the last K layers\n"
-           "  --attention IMPL    flash (default) or naive     --loss IMPL   fused (default), chunked, naive\n"
-           "  --recompute POLICY  none (default), all, every:K (keep every K-th layer's input)\n"
-           "  --recompute-attention  under a recompute policy, rerun each layer's attention instead of\n"
-           "                      keeping its output and log-sum-exp with the checkpoints\n"
+           "  --data DIR          the run's data folder: tokenized (with the model's tokenizer) and\n"
+           "                      packed as train does, to count what a CPU run holds of them\n"
+           "                      [none: not counted]\n"
+           "  --config FILE       train's options file (JSON), or an HF config.json alone (a file with\n"
+           "                      \"hidden_size\" or \"model_type\"; weights taken as --weights-dtype)\n"
+           "  --batch-size B      rows per step [4] (alias --batch)\n"
+           "  --max-seq-length T  tokens per row [2048] (alias --seq-len)\n"
+           "  --lora-rank r, --lora-targets LIST, --num-layers K (alias --lora-layers)\n"
+           "  --recompute P       none | all | every:K [none]; --grad-checkpoint = all\n"
+           "  --recompute-attention, --offload-checkpoints, --attention flash|naive, --loss\n"
+           "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
+           "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
+           "                      --context-parallel (with --cp K), --no-memory-guard\n"
+           "Plan-only flags:\n"
            "  --saved DTYPE       dtype of checkpoints and kept attention outputs (default: the\n"
            "                      backend's, f32 on cpu and bf16 on cuda)\n"
            "  --chunk-rows N      rows per chunk of the position-wise work (default 8192)\n"
-           "  --offload-checkpoints  keep the layer checkpoints in (pinned) host memory, two slots on\n"
-           "                      the device; the host side is planned and checked on its own\n"
            "  --host-budget BYTES|auto  host memory for the offloaded checkpoints of a cuda plan\n"
            "                      (auto, the default: the guard's host ceiling less this process)\n"
-           "  --backend DEV       cpu (default) or cuda\n"
            "  --budget BYTES|auto bytes (\"12G\", \"512MiB\") or auto (default): the memory guard's\n"
            "                      ceiling, i.e. min(0.90 x total, available - cushion) of host memory\n"
            "                      (cgroup limits honoured) or of the CUDA device\n"
            "  --max-seq           search the longest T that fits the budget (B fixed)\n"
            "  --max-batch         search the largest B that fits the budget (T fixed)\n"
-           "  --quantize          QLoRA: projection weights held as int4 (group 64)\n"
-           "  --threads N         CPU threads the run will use (workspaces scale with it)\n"
+           "  --weights-dtype D   f32, bf16 or f16: the weights of an HF config.json alone\n"
            "  --dp K, --cp K      plan one rank of K data-parallel ranks (each takes ceil(B/K) rows)\n"
            "                      or of K context-parallel ranks (each holds T/K tokens of every row,\n"
            "                      T padded to a multiple of 2K, plus the context-parallel attention's\n"
@@ -83,6 +90,36 @@ static lt_status auto_budget(lt_ctx *ctx, lt_device dev, uint64_t *out, char *ho
     return LT_OK;
 }
 
+/* 1 when FILE is an HF model config.json (an object with "hidden_size" or "model_type"), 0 when
+ * it is some other JSON object (train's options file), -1 when it cannot be read as JSON. */
+static int is_hf_config(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    char *text = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    int r = -1;
+    if (n >= 0 && n <= (1L << 24) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+        fread(text, 1, (size_t)n, f) == (size_t)n) {
+        text[n] = '\0';
+        cJSON *root = cJSON_ParseWithLength(text, (size_t)n);
+        if (cJSON_IsObject(root))
+            r = cJSON_GetObjectItemCaseSensitive(root, "hidden_size") || cJSON_GetObjectItemCaseSensitive(root, "model_type");
+        cJSON_Delete(root);
+    }
+    free(text);
+    fclose(f);
+    return r;
+}
+
+/* Plan-only names of train flags. */
+static const char *train_key(const char *key) {
+    if (!strcmp(key, "seq-len") || !strcmp(key, "seq_len")) return "max_seq_length";
+    if (!strcmp(key, "batch")) return "batch_size";
+    if (!strcmp(key, "backend")) return "device";
+    if (!strcmp(key, "lora-layers") || !strcmp(key, "lora_layers")) return "num_layers";
+    return key;
+}
+
 typedef struct arm {
     const char *name;
     lt_attention_impl attention;
@@ -92,183 +129,169 @@ typedef struct arm {
 } arm;
 
 int lt_cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *config = NULL, *budget_s = "auto", *host_budget_s = "auto";
-    int offload = 0;
-    int64_t B = 1, T = 2048, rank = 8, layers = 0, threads = 0, dp = 1, cp = 1;
-    lt_attention_impl att = LT_ATTENTION_FLASH;
-    lt_lce_impl loss = LT_LCE_FUSED;
-    const char *recompute_s = "none";
-    int recompute_attention = 0, saved = 0;
-    int64_t chunk_rows = 0;
-    lt_device dev = LT_DEVICE_CPU;
-    int max_seq = 0, max_batch = 0, json = 0, quantize = 0;
+    const char *hf_config = NULL, *budget_s = "auto", *host_budget_s = "auto";
+    int64_t dp = 1, cp = 1, chunk_rows = 0;
+    int saved = 0, max_seq = 0, max_batch = 0, json = 0;
     lt_dtype wdtype = LT_DTYPE_F32;
     int have_wdtype = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VALUE()                                                                  \
-    do {                                                                              \
-        if (!v) return lt_cli_usage_error("plan", usage, "%s needs a value", a);      \
-        i++;                                                                          \
-    } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            print_help();
-            return LT_EXIT_OK;
-        } else if (!strcmp(a, "--model")) {
-            NEED_VALUE();
-            model = v;
-        } else if (!strcmp(a, "--config")) {
-            NEED_VALUE();
-            config = v;
-        } else if (!strcmp(a, "--batch")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 1 << 20, &B))
-                return lt_cli_usage_error("plan", usage, "--batch '%s': expected 1..%d", v, 1 << 20);
-        } else if (!strcmp(a, "--seq-len")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 1ll << 30, &T))
-                return lt_cli_usage_error("plan", usage, "--seq-len '%s': expected 1..2^30", v);
-        } else if (!strcmp(a, "--dp")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 1 << 20, &dp))
-                return lt_cli_usage_error("plan", usage, "--dp '%s': expected 1..%d ranks", v, 1 << 20);
-        } else if (!strcmp(a, "--cp")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 1 << 20, &cp))
-                return lt_cli_usage_error("plan", usage, "--cp '%s': expected 1..%d ranks", v, 1 << 20);
-        } else if (!strcmp(a, "--lora-rank")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 65536, &rank))
-                return lt_cli_usage_error("plan", usage, "--lora-rank '%s': expected 1..65536", v);
-        } else if (!strcmp(a, "--lora-layers")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 0, 1 << 20, &layers))
-                return lt_cli_usage_error("plan", usage, "--lora-layers '%s': expected >= 0", v);
-        } else if (!strcmp(a, "--threads")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, 4096, &threads))
-                return lt_cli_usage_error("plan", usage, "--threads '%s': expected 1..4096", v);
-        } else if (!strcmp(a, "--attention")) {
-            NEED_VALUE();
-            if (!strcmp(v, "flash")) att = LT_ATTENTION_FLASH;
-            else if (!strcmp(v, "naive")) att = LT_ATTENTION_NAIVE;
-            else return lt_cli_usage_error("plan", usage, "--attention '%s': expected flash or naive", v);
-        } else if (!strcmp(a, "--loss")) {
-            NEED_VALUE();
-            if (!strcmp(v, "fused")) loss = LT_LCE_FUSED;
-            else if (!strcmp(v, "chunked")) loss = LT_LCE_CHUNKED;
-            else if (!strcmp(v, "naive")) loss = LT_LCE_NAIVE;
-            else return lt_cli_usage_error("plan", usage, "--loss '%s': expected fused, chunked or naive", v);
-        } else if (!strcmp(a, "--recompute")) {
-            NEED_VALUE();
-            recompute_s = v;
-        } else if (!strcmp(a, "--recompute-attention")) {
-            recompute_attention = 1;
-        } else if (!strcmp(a, "--saved")) {
-            NEED_VALUE();
-            if (!strcmp(v, "f32")) saved = -1;
-            else if (!strcmp(v, "bf16")) saved = 1;
-            else return lt_cli_usage_error("plan", usage, "--saved '%s': expected f32 or bf16", v);
-        } else if (!strcmp(a, "--offload-checkpoints")) {
-            offload = 1;
-        } else if (!strcmp(a, "--host-budget")) {
-            NEED_VALUE();
-            host_budget_s = v;
-        } else if (!strcmp(a, "--chunk-rows")) {
-            NEED_VALUE();
-            if (lt_cli_parse_i64(v, 1, INT32_MAX, &chunk_rows))
-                return lt_cli_usage_error("plan", usage, "--chunk-rows '%s': expected a positive integer", v);
-        } else if (!strcmp(a, "--backend")) {
-            NEED_VALUE();
-            if (!strcmp(v, "cpu")) dev = LT_DEVICE_CPU;
-            else if (!strcmp(v, "cuda")) dev = LT_DEVICE_CUDA;
-            else return lt_cli_usage_error("plan", usage, "--backend '%s': expected cpu or cuda", v);
-        } else if (!strcmp(a, "--budget")) {
-            NEED_VALUE();
-            budget_s = v;
-        } else if (!strcmp(a, "--weights-dtype")) {
-            NEED_VALUE();
-            if (parse_dtype(v, &wdtype))
-                return lt_cli_usage_error("plan", usage, "--weights-dtype '%s': expected f32, bf16 or f16", v);
-            have_wdtype = 1;
-        } else if (!strcmp(a, "--max-seq")) {
-            max_seq = 1;
-        } else if (!strcmp(a, "--max-batch")) {
-            max_batch = 1;
-        } else if (!strcmp(a, "--quantize")) {
-            quantize = 1;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else {
-            return lt_cli_usage_error("plan", usage, "unknown option '%s'", a);
-        }
-#undef NEED_VALUE
-    }
-    if (!model == !config)
-        return lt_cli_usage_error("plan", usage, "give exactly one of --model and --config");
-    if (max_seq && max_batch)
-        return lt_cli_usage_error("plan", usage, "--max-seq and --max-batch exclude each other");
-    if (have_wdtype && model)
-        return lt_cli_usage_error("plan", usage, "--weights-dtype applies to --config only (a model's "
-                                                 "files say their dtypes)");
-    uint64_t budget = 0;
-    int budget_auto = !strcmp(budget_s, "auto");
-    if (!budget_auto && (lt_cli_parse_bytes(budget_s, &budget) || budget == 0))
-        return lt_cli_usage_error("plan", usage, "--budget '%s': expected a byte size (\"12G\") or auto",
-                                  budget_s);
-    uint64_t host_budget = 0;
-    int host_auto = !strcmp(host_budget_s, "auto");
-    if (!host_auto && (lt_cli_parse_bytes(host_budget_s, &host_budget) || host_budget == 0))
-        return lt_cli_usage_error("plan", usage, "--host-budget '%s': expected a byte size (\"100G\") or auto",
-                                  host_budget_s);
-
+    lt_train_options opt;
+    memset(&opt, 0, sizeof opt);
+    lt_cli_guard guard; /* only its flags: whether the run will hold a guard */
+    memset(&guard, 0, sizeof guard);
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return LT_EXIT_FAIL;
     int rc = LT_EXIT_FAIL;
     cJSON *out = NULL;
     lt_status s;
+#define USAGE(...)                                              \
+    do {                                                        \
+        rc = lt_cli_usage_error("plan", usage, __VA_ARGS__);    \
+        goto done;                                              \
+    } while (0)
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_help();
+            rc = LT_EXIT_OK;
+            goto done;
+        }
+    /* --config first (an options file is applied under the flags, as train does). */
+    for (int i = 1; i < argc; i++) {
+        const char *file = NULL;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) USAGE("--config needs a file");
+            file = argv[i + 1];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            file = argv[i] + 9;
+        }
+        if (!file) continue;
+        int hf = is_hf_config(file);
+        if (hf == 0) {
+            if ((s = lt_train_options_load_json(ctx, &opt, file)) != LT_OK) {
+                rc = lt_cli_fail("plan", ctx, s);
+                goto done;
+            }
+        } else {
+            hf_config = file; /* unreadable: the HF reader names the problem */
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) || !a[2]) USAGE("unexpected argument '%s'", a);
+        char key[64];
+        const char *eq = strchr(a, '=');
+        size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (kl >= sizeof key) USAGE("unknown option '%s'", a);
+        memcpy(key, a + 2, kl);
+        key[kl] = '\0';
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *v = eq ? eq + 1 : next;
+        int takes = 1; /* a plan-only flag with a value consumes it */
+        if (!strcmp(key, "config") || !strcmp(key, "train")) {
+            takes = !strcmp(key, "config");
+        } else if (!strcmp(key, "budget") || !strcmp(key, "host-budget") || !strcmp(key, "dp") ||
+                   !strcmp(key, "cp") || !strcmp(key, "saved") || !strcmp(key, "chunk-rows") ||
+                   !strcmp(key, "weights-dtype")) {
+            if (!v) USAGE("%s needs a value", a);
+            if (!strcmp(key, "budget")) budget_s = v;
+            else if (!strcmp(key, "host-budget")) host_budget_s = v;
+            else if (!strcmp(key, "dp") && lt_cli_parse_i64(v, 1, 1 << 20, &dp))
+                USAGE("--dp '%s': expected 1..%d ranks", v, 1 << 20);
+            else if (!strcmp(key, "cp") && lt_cli_parse_i64(v, 1, 1 << 20, &cp))
+                USAGE("--cp '%s': expected 1..%d ranks", v, 1 << 20);
+            else if (!strcmp(key, "chunk-rows") && lt_cli_parse_i64(v, 1, INT32_MAX, &chunk_rows))
+                USAGE("--chunk-rows '%s': expected a positive integer", v);
+            else if (!strcmp(key, "saved")) {
+                if (!strcmp(v, "f32")) saved = -1;
+                else if (!strcmp(v, "bf16")) saved = 1;
+                else USAGE("--saved '%s': expected f32 or bf16", v);
+            } else if (!strcmp(key, "weights-dtype")) {
+                if (parse_dtype(v, &wdtype)) USAGE("--weights-dtype '%s': expected f32, bf16 or f16", v);
+                have_wdtype = 1;
+            }
+        } else if (!strcmp(key, "max-seq") || !strcmp(key, "max-batch") || !strcmp(key, "json")) {
+            takes = 0;
+            if (eq) USAGE("%s takes no value", key);
+            if (!strcmp(key, "max-seq")) max_seq = 1;
+            else if (!strcmp(key, "max-batch")) max_batch = 1;
+            else json = 1;
+        } else {
+            int used = 0, gf = lt_cli_guard_flag(&guard, usage, key, v, &used);
+            if (gf < 0) {
+                rc = LT_EXIT_USAGE;
+                goto done;
+            }
+            if (gf) {
+                i += used && !eq;
+                continue;
+            }
+            const char *tk = train_key(key);
+            lt_train_option_kind kind = lt_train_option_kind_of(tk);
+            if (kind == LT_TRAIN_OPTION_UNKNOWN) USAGE("unknown option '%s'", a);
+            if (kind == LT_TRAIN_OPTION_BOOL && !eq) {
+                v = "true";
+                takes = 0;
+            } else if (!v) {
+                USAGE("option '%s' needs a value", a);
+            }
+            if ((s = lt_train_options_set(ctx, &opt, tk, v)) != LT_OK) USAGE("%s", lt_ctx_error(ctx));
+        }
+        i += takes && !eq;
+    }
+    if (!opt.model[0] == !hf_config) USAGE("give exactly one of --model and an HF --config");
+    if (max_seq && max_batch) USAGE("--max-seq and --max-batch exclude each other");
+    if (have_wdtype && !hf_config)
+        USAGE("--weights-dtype applies to an HF --config only (a model's files say their dtypes)");
+    if (hf_config && opt.data[0])
+        USAGE("--data needs --model: the data set is tokenized with the model's tokenizer");
+    uint64_t budget = 0;
+    int budget_auto = !strcmp(budget_s, "auto");
+    if (!budget_auto && (lt_cli_parse_bytes(budget_s, &budget) || budget == 0))
+        USAGE("--budget '%s': expected a byte size (\"12G\") or auto", budget_s);
+    uint64_t host_budget = 0;
+    int host_auto = !strcmp(host_budget_s, "auto");
+    if (!host_auto && (lt_cli_parse_bytes(host_budget_s, &host_budget) || host_budget == 0))
+        USAGE("--host-budget '%s': expected a byte size (\"100G\") or auto", host_budget_s);
+
+    /* Train's defaults and checks; a plan needs neither a data folder nor (with an HF config) a
+     * model path, so stand-ins pass the resolver's "required" checks and are taken out again. */
+    int no_data = !opt.data[0];
+    if (no_data) snprintf(opt.data, sizeof opt.data, "-");
+    if (hf_config) snprintf(opt.model, sizeof opt.model, "%s", hf_config);
+    lt_train_options ro;
+    if ((s = lt_train_options_resolve(ctx, &opt, &ro)) != LT_OK) USAGE("%s", lt_ctx_error(ctx));
+    if (no_data) ro.data[0] = '\0';
+    if (ro.context_parallel && dp > 1) USAGE("--context-parallel splits rows over --cp ranks, not --dp");
+    if (ro.threads) lt_ctx_set_threads(ctx, ro.threads);
+
     lt_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    lt_plan_options po;
-    memset(&po, 0, sizeof po);
-    if ((s = lt_plan_recompute_parse(ctx, recompute_s, &po.run.recompute, &po.run.recompute_k))) {
-        rc = lt_cli_usage_error("plan", usage, "%s", lt_ctx_error(ctx));
-        goto done;
-    }
-    if (threads) lt_ctx_set_threads(ctx, (int)threads);
-    if (model) {
+    if (!hf_config) {
         lt_model_options mo;
         memset(&mo, 0, sizeof mo);
-        mo.device = dev;
-        mo.quantize = quantize;
-        s = lt_model_inspect(ctx, model, &mo, &cfg);
+        mo.device = ro.device;
+        mo.quantize = ro.quantize[0] != 0;
+        s = lt_model_inspect(ctx, ro.model, &mo, &cfg);
     } else {
-        s = lt_model_config_read_hf(ctx, config, &cfg);
+        s = lt_model_config_read_hf(ctx, hf_config, &cfg);
         if (s == LT_OK) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
             for (int p = 0; p < LT_PROJ_COUNT_; p++)
-                cfg.proj_dtype[p] = quantize ? LT_DTYPE_INT4_G64 : wdtype;
+                cfg.proj_dtype[p] = ro.quantize[0] ? LT_DTYPE_INT4_G64 : wdtype;
         }
     }
     if (s != LT_OK) {
         rc = lt_cli_fail("plan", ctx, s);
         goto done;
     }
-    po.device = dev;
-    po.lora.rank = rank;
-    po.lora.num_layers = layers;
-    po.run.B = B;
-    po.run.T = T;
-    po.run.attention = att;
-    po.run.recompute_attention = recompute_attention;
+    lt_device dev = ro.device;
+    int offload = ro.offload_checkpoints;
+    lt_plan_options po;
+    if ((s = lt_train_plan_options(ctx, &ro, dp, cp, &po)) != LT_OK) {
+        rc = lt_cli_fail("plan", ctx, s);
+        goto done;
+    }
     po.run.saved_bf16 = saved;
     po.run.chunk_rows = chunk_rows;
-    po.run.offload_ckpt = offload;
-    po.run.loss = loss;
-    po.run.threads = (int)threads;
-    po.dp_size = dp;
-    po.cp_size = cp;
 
     char how[256] = "given";
     if (budget_auto && (s = auto_budget(ctx, dev, &budget, how, sizeof how)) != LT_OK) {
@@ -288,12 +311,17 @@ int lt_cmd_plan(int argc, char **argv) {
     if (host_check) po.host_budget_bytes = host_budget;
 
     lt_plan plan;
-    if ((s = lt_plan_compute(ctx, &cfg, &po, &plan)) != LT_OK) {
+    lt_train_held held;
+    if ((s = lt_cli_train_plan(ctx, &ro, &cfg, &po, !guard.off, &held, &plan)) != LT_OK) {
         rc = lt_cli_fail("plan", ctx, s);
         goto done;
     }
     int fits_host = !host_check || plan.offload_bytes <= host_budget;
     int fits = plan.peak_bytes <= budget && fits_host;
+    lt_attention_impl att = plan.options.run.attention;
+    lt_lce_impl loss = plan.options.run.loss;
+    int64_t B = plan.options.run.B, T = plan.options.run.T;
+    int recompute_attention = plan.options.run.recompute_attention;
 
     /* The naive arms: what the same run would need without the fused kernels. */
     arm arms[3];
@@ -308,7 +336,7 @@ int lt_cmd_plan(int argc, char **argv) {
     arms[2].attention = LT_ATTENTION_NAIVE;
     arms[2].loss = LT_LCE_NAIVE;
     for (int k = 0; k < 3; k++) {
-        lt_plan_options ao = po;
+        lt_plan_options ao = plan.options;
         ao.run.attention = arms[k].attention;
         ao.run.loss = arms[k].loss;
         arms[k].ok = lt_plan_compute(ctx, &cfg, &ao, &arms[k].plan) == LT_OK;
@@ -320,7 +348,7 @@ int lt_cmd_plan(int argc, char **argv) {
     if (max_seq || max_batch) {
         lt_plan_search what = max_seq ? LT_PLAN_SEARCH_SEQ : LT_PLAN_SEARCH_BATCH;
         int64_t hi = max_seq ? (1ll << 24) : (1ll << 16);
-        if ((s = lt_plan_search_max(ctx, &cfg, &po, what, hi, budget, &best, &found)) != LT_OK) {
+        if ((s = lt_train_plan_search(ctx, &ro, &cfg, &po, &held, what, hi, budget, &best, &found)) != LT_OK) {
             rc = lt_cli_fail("plan", ctx, s);
             goto done;
         }
@@ -337,7 +365,12 @@ int lt_cmd_plan(int argc, char **argv) {
             fprintf(stderr, "longtune plan: out of memory\n");
             goto done;
         }
-        cJSON_AddStringToObject(out, "source", model ? model : config);
+        cJSON_AddStringToObject(out, "source", hf_config ? hf_config : ro.model);
+        cJSON *hj = cJSON_AddObjectToObject(out, "held_parts");
+        cJSON_AddNumberToObject(hj, "data_and_guard", (double)held.caller_bytes);
+        cJSON_AddNumberToObject(hj, "packing_peak", (double)held.packing_peak_bytes);
+        cJSON_AddNumberToObject(hj, "trainer", (double)(plan.bytes[LT_PLAN_HELD] - (dev == LT_DEVICE_CPU ? held.caller_bytes : 0)));
+        cJSON_AddBoolToObject(out, "data_counted", ro.data[0] != 0 && dev == LT_DEVICE_CPU);
         cJSON_AddNumberToObject(out, "budget_bytes", (double)budget);
         cJSON_AddStringToObject(out, "budget_source", budget_auto ? "auto" : "given");
         cJSON_AddBoolToObject(out, "fits", fits);
@@ -373,7 +406,7 @@ int lt_cmd_plan(int argc, char **argv) {
     }
 
     char b1[32], b2[32], rec[32];
-    printf("model: %s (L=%lld C=%lld F=%lld H=%lld Hkv=%lld D=%lld V=%lld%s)\n", model ? model : config,
+    printf("model: %s (L=%lld C=%lld F=%lld H=%lld Hkv=%lld D=%lld V=%lld%s)\n", hf_config ? hf_config : ro.model,
            (long long)cfg.L, (long long)cfg.C, (long long)cfg.F, (long long)cfg.H, (long long)cfg.Hkv,
            (long long)cfg.D, (long long)cfg.V, cfg.tie_embeddings ? ", tied head" : "");
     printf("run: %s, batch %lld x %lld tokens, LoRA r=%lld (%lld params), recompute %s, attention %s, "
@@ -396,7 +429,7 @@ int lt_cmd_plan(int argc, char **argv) {
     if (dp > 1 || cp > 1)
         printf("per rank: one of %lld data-parallel x %lld context-parallel ranks\n", (long long)dp, (long long)cp);
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++)
-        if (c != LT_PLAN_HELD || plan.bytes[c]) /* nothing is held for a bare plan */
+        if (c != LT_PLAN_HELD || plan.bytes[c]) /* a device plan holds nothing else there */
             printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),
                    lt_cli_fmt_bytes(plan.bytes[c], b1, 32), plan.bytes[c]);
     printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32),
@@ -438,8 +471,11 @@ int lt_cmd_plan(int argc, char **argv) {
         else
             printf("%s that fits: none (even 1 does not fit)\n", what);
     }
+    if (!ro.data[0] && dev == LT_DEVICE_CPU)
+        printf("held: the trainer's buffers only; --data DIR counts the tokenizer and data set too\n");
     rc = LT_EXIT_OK;
 done:
+#undef USAGE
     cJSON_Delete(out);
     lt_ctx_free(ctx);
     return rc;

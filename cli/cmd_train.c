@@ -187,7 +187,7 @@ int lt_cmd_train(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if ((rc = lt_cli_guard_start(ctx, &guard, &resolved)) != 0) goto done;
+    if ((rc = lt_cli_guard_start(ctx, &guard, &resolved, lt_comm_size(comm))) != 0) goto done;
     lt_train_result res;
     memset(&res, 0, sizeof res);
     res.comm = comm;

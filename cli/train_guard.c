@@ -38,7 +38,18 @@ static void stop_training(void *user) {
     lt_train_request_stop(SIGXCPU);
 }
 
-int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt) {
+lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                            const lt_plan_options *popt, int guard_on, lt_train_held *held, lt_plan *out) {
+    lt_train_held h;
+    memset(&h, 0, sizeof h);
+    /* The tokenizer and data set are host memory: on the run's device only in a CPU run. */
+    if (opt->data[0] && popt->device == LT_DEVICE_CPU) LT_TRY(lt_train_measure_data(ctx, opt, popt->cp_size, &h));
+    if (guard_on && popt->device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
+    if (held) *held = h;
+    return lt_train_plan(ctx, opt, cfg, popt, &h, out);
+}
+
+int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, int world) {
     if (cg->off) return 0;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
@@ -46,22 +57,11 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     mo.device = opt->device; /* the dtypes a model is held in depend on it */
     lt_model_config cfg;
     lt_plan_options po;
-    memset(&po, 0, sizeof po);
-    po.device = opt->device;
-    po.run.device = opt->device;
-    po.run.B = opt->batch_size;
-    po.run.T = opt->max_seq_length;
-    po.run.recompute = opt->recompute;
-    po.run.recompute_k = opt->recompute_every;
-    po.run.offload_ckpt = opt->offload_checkpoints;
-    po.run.recompute_attention = opt->recompute_attention;
-    po.run.attention = opt->attention;
-    po.run.loss = opt->loss;
-    po.run.threads = opt->threads;
+    int cp = opt->context_parallel && world > 1;
     cg->have_plan = lt_model_inspect(ctx, opt->model, &mo, &cfg) == LT_OK &&
-                    lt_train_lora_options(ctx, opt, &po.lora) == LT_OK &&
-                    lt_plan_compute(ctx, &cfg, &po, &cg->plan) == LT_OK;
-    lt_ctx_clear_error(ctx); /* a model that cannot be read is reported by the run itself */
+                    lt_train_plan_options(ctx, opt, cp ? 1 : world, cp ? world : 1, &po) == LT_OK &&
+                    lt_cli_train_plan(ctx, opt, &cfg, &po, 1, NULL, &cg->plan) == LT_OK;
+    lt_ctx_clear_error(ctx); /* a model or data set that cannot be read is reported by the run itself */
     lt_guard_options go;
     memset(&go, 0, sizeof go);
     go.device = opt->device; /* a CUDA run guards the device and the host */

@@ -29,10 +29,18 @@ typedef struct lt_cli_guard {
 int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value,
                       int *used_value);
 
-/* Plans the resolved run (model metadata only; no plan when that fails, the run reports it) and
- * starts the guard, whose breach raises the trainer's stop request. Returns the exit status to
- * use when it refuses (1), else 0. */
-int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt);
+/* The plan of a resolved run as `longtune train` holds it: lt_train_plan over cfg and popt
+ * (lt_train_plan_options, perhaps refined), on a CPU run with opt->data measured
+ * (lt_train_measure_data) when it names a folder and the guard's block when guard_on. held (optional) receives what
+ * was measured. Errors: those of the loaders and of lt_train_plan. */
+lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                            const lt_plan_options *popt, int guard_on, lt_train_held *held, lt_plan *out);
+
+/* Plans the resolved run on one of `world` ranks (lt_cli_train_plan over the model's metadata and
+ * the data folder; no plan when that fails, the run reports it) and starts the guard, whose
+ * breach raises the trainer's stop request. Returns the exit status to use when it refuses (1),
+ * else 0. */
+int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, int world);
 
 /* After lt_train_run returned `run`: when the guard tripped and stopped the run (run is
  * LT_ERR_INTERRUPTED), writes the artifact next to the checkpoint, says so on stderr and returns

@@ -24,6 +24,8 @@
 #include "longtune/log.h"
 #include "longtune/plan.h"
 #include "longtune/safetensors.h"
+#include "longtune/train.h"
+#include "train/train_internal.h"
 
 /* Measured high-water over plan must land in [BAR_LO, BAR_HI]. */
 #define BAR_LO 0.97
@@ -720,6 +722,67 @@ static void per_rank_plans(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* A training run's plan (lt_train_plan): the planner's plan of the options lt_train_plan_options
+ * derives, with the held class made of what the caller holds, the trainer's buffers at the shape,
+ * the metrics log and the larger of the packing high-water and the packing plans plus the adapter
+ * export's index; the search follows the shape. */
+static void train_plan_adds_the_runs_own_bytes(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config cfg = config_of(ctx, &tinies[0]);
+    lt_train_options in, o;
+    memset(&in, 0, sizeof in);
+    assert_int_equal(lt_train_options_set(ctx, &in, "model", "m"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "data", "d"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "max-seq-length", "96"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "batch-size", "3"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "grad-accum", "2"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "all"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "lora-targets", "q,v"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    lt_plan_options po;
+    assert_int_equal(lt_train_plan_options(ctx, &o, 1, 1, &po), LT_OK);
+    assert_int_equal(po.run.B, 3);
+    assert_int_equal(po.run.T, 96);
+    assert_int_equal(po.run.recompute, LT_RECOMPUTE_EVERY);
+    assert_int_equal(po.lora.targets, (1u << LT_PROJ_Q) | (1u << LT_PROJ_V));
+    lt_plan bare, p;
+    assert_int_equal(lt_plan_compute(ctx, &cfg, &po, &bare), LT_OK);
+    const size_t A = 64; /* host alignment */
+#define UP(x) (((size_t)(x) + A - 1) / A * A)
+    int64_t n_tensors = 2 * 2 * cfg.L; /* A and B of two targets in every layer */
+    size_t buffers = UP(n_tensors * sizeof(lt_train_param)) + UP((3 * 3 * 96 + 3 * 97 + 3) * 4) + UP(3 * 16);
+    assert_int_equal(lt_train_buffer_bytes(&o, 3, 96, n_tensors, 1), buffers);
+    size_t metrics = UP(lt_metrics_bytes()), export = UP(lt_peft_export_bytes((int)n_tensors));
+    /* Export over the packing high-water, then the packing high-water over the export. */
+    lt_train_held held[2] = {{1000, 640, 320}, {1000, 1 << 20, 4096}};
+    size_t late[2] = {320 + export, 1 << 20};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, &held[k], &p), LT_OK);
+        assert_int_equal(p.bytes[LT_PLAN_HELD], 1000 + buffers + metrics + late[k]);
+        assert_int_equal(p.peak_bytes, bare.peak_bytes + p.bytes[LT_PLAN_HELD]);
+    }
+    /* No measurement: the trainer's own bytes still count. */
+    assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, NULL, &p), LT_OK);
+    assert_int_equal(p.bytes[LT_PLAN_HELD], buffers + metrics + export);
+    /* The search is exact with the buffers following T. */
+    int64_t best = 0;
+    int found = 0;
+    size_t budget = p.peak_bytes * 3;
+    assert_int_equal(lt_train_plan_search(ctx, &o, &cfg, &po, &held[0], LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &best, &found),
+                     LT_OK);
+    assert_true(found && best > 96);
+    lt_plan_options at = po;
+    at.run.T = best;
+    assert_int_equal(lt_train_plan(ctx, &o, &cfg, &at, &held[0], &p), LT_OK);
+    assert_true(p.peak_bytes <= budget);
+    at.run.T = best + 1;
+    assert_int_equal(lt_train_plan(ctx, &o, &cfg, &at, &held[0], &p), LT_OK);
+    assert_true(p.peak_bytes > budget);
+#undef UP
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     lt_log_set_level(LT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -731,6 +794,7 @@ int main(void) {
         cmocka_unit_test(real_smollm2_measured_matches_plan),
         cmocka_unit_test(every_failed_allocation_is_a_clean_oom),
         cmocka_unit_test(per_rank_plans),
+        cmocka_unit_test(train_plan_adds_the_runs_own_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -95,6 +95,8 @@ typedef struct lt_guard_breach {
  * the ceiling is below what the allocator already holds; LT_ERR_IO / LT_ERR_UNSUPPORTED from
  * lt_guard_measure; LT_ERR_INVALID_ARG for share outside (0, 1] or a negative interval. */
 lt_status lt_guard_start(lt_ctx *ctx, const lt_guard_options *opt, lt_guard **out);
+/* Bytes a started guard holds in the accounting allocator (host), for the run's plan. */
+size_t lt_guard_host_bytes(void);
 
 /* 1 once the watchdog saw a sample above a ceiling (it then stops sampling). Cheap (one atomic
  * load): the trainer calls it every step. NULL guard → 0. */

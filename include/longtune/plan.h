@@ -23,7 +23,7 @@ typedef enum lt_plan_class {
     LT_PLAN_WORKSPACE,    /* dequantization tiles, attention and loss workspaces, scratch */
     LT_PLAN_OPTIMIZER,    /* AdamW first and second moments, f32, one block each */
     LT_PLAN_HELD,         /* what the caller holds through the run besides the model: tokenizer,
-                             tokenized data set, batch buffers (lt_plan_options.held_bytes) */
+                             tokenized data set, the trainer's buffers (lt_plan_options.held_bytes) */
     LT_PLAN_CLASS_COUNT_
 } lt_plan_class;
 
@@ -38,9 +38,9 @@ typedef struct lt_plan_options {
     lt_model_run_options run;  /* B, T (a packed row's length), recompute policy, attention and
                                   loss impls, threads */
     size_t held_bytes;         /* accounted bytes the caller holds on `device` through the run
-                                  besides the model and optimizer (a CPU trainer: its tokenizer and
-                                  data set, read before planning, plus its batch buffers); 0 for
-                                  `longtune plan` */
+                                  besides the model and optimizer (a CPU training run: tokenizer,
+                                  data set, packing plans and the trainer's buffers, which
+                                  lt_train_plan adds up) */
     /* Several ranks: the plan is then one rank's memory. run.B and run.T stay the whole step's. */
     int64_t dp_size;           /* data-parallel ranks sharing each batch's rows: a rank holds
                                   ceil(B / dp_size) rows [0 = 1] */

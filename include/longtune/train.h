@@ -12,6 +12,7 @@
 #include "lce.h"
 #include "model.h"
 #include "pack.h"
+#include "plan.h"
 #include "status.h"
 #include "tokenizer.h"
 
@@ -214,6 +215,60 @@ void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
 
 /* The model's LoRA choice for a resolved run (targets, last-K layers, rank, alpha, dropout, seed). */
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
+
+/* ---- The plan of a training run: one function (lt_train_plan) for `longtune plan`, the memory
+ * guard and the trainer, so the three agree for the same options. ---- */
+
+/* What a run holds on its device besides the model, the optimizer state and the trainer's own
+ * buffers (which lt_train_plan adds). */
+typedef struct lt_train_held {
+    size_t caller_bytes;       /* held by the caller through the run: the tokenizer and tokenized
+                                  splits (lt_train_run loads them), the CLI's memory guard */
+    size_t packing_peak_bytes; /* the packing plans' high-water: the validation plan and the first
+                                  epoch's training plan, built one after the other */
+    size_t packing_held_bytes; /* the two packing plans once built */
+} lt_train_held;
+
+/* The planner's options for a resolved run on one of dp_size data-parallel or cp_size
+ * context-parallel ranks (1 each for one process). The caller may refine what the run options
+ * leave to defaults (saved dtype, chunk rows) before lt_train_plan. */
+lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_t dp_size, int64_t cp_size,
+                                lt_plan_options *out);
+
+/* The plan of the run: lt_plan_compute of popt with, on a CPU run, the held class made of
+ * held->caller_bytes, the trainer's buffers (lt_train_buffer_bytes), its metrics log, and the
+ * larger of the packing plans' high-water and the packing plans plus the adapter export's index
+ * (the save at the end) -- or, resuming, the checkpoint file read when that is larger -- at
+ * popt's B and T; on a device run held->caller_bytes alone (the rest is host memory).
+ * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
+lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                        const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
+
+/* Host bytes of the trainer's buffers allocated before its first step: the LoRA tensor index
+ * (n_lora_tensors entries), one batch of B rows of T tokens (ids, targets, positions, offsets and
+ * piece counts), the step's loss sums (opt->grad_accum), and with cp_size > 1 this rank's share
+ * of the row. */
+size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
+                             int64_t cp_size);
+
+/* lt_plan_search_max through lt_train_plan: the largest T (or B) in [1, hi] whose plan fits
+ * budget_bytes (and popt->host_budget_bytes when set), the trainer's buffers following the shape
+ * and `held` (measured at the given shape) staying. Errors: those of lt_train_plan at 1. */
+lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
+                               int64_t hi, size_t budget_bytes, int64_t *out, int *found);
+
+/* The packing options the trainer packs opt's data with (cp_size > 1: context parallel rows). */
+lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);
+
+/* Builds the validation plan (valid may be NULL) and the first epoch's training plan in a scratch
+ * context and sets held->packing_peak_bytes and packing_held_bytes from its accounting. */
+lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
+                                 const lt_pack_input *valid, lt_train_held *held);
+
+/* Loads opt's tokenizer and data folder as lt_train_run does, in a scratch context, and fills
+ * *held: caller_bytes with what they hold (no guard) and the packing bytes of their plans. */
+lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_train_held *held);
 
 /* What a run did. step_loss, when the caller sets it, receives the training loss (token mean over
  * the step's micro-batches) of every step run by this call, indexed by step (iters entries). */

@@ -208,6 +208,8 @@ static lt_status guard_one(lt_guard *g, lt_device d) {
     return LT_OK;
 }
 
+size_t lt_guard_host_bytes(void) { return lt_alloc_accounted_size(LT_DEVICE_CPU, sizeof(lt_guard)); }
+
 lt_status lt_guard_start(lt_ctx *ctx, const lt_guard_options *opt, lt_guard **out) {
     *out = NULL;
     lt_guard_options def;

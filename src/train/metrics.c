@@ -40,6 +40,8 @@ static lt_status truncate_after(lt_ctx *ctx, const char *path, int64_t keep) {
     return lt_atomic_commit(ctx, &af);
 }
 
+size_t lt_metrics_bytes(void) { return sizeof(lt_metrics); }
+
 lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step, lt_metrics **out) {
     *out = NULL;
     if (strlen(path) >= LT_TRAIN_PATH_MAX) return lt_error(ctx, LT_ERR_INVALID_ARG, "metrics path too long");

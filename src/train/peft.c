@@ -53,8 +53,10 @@ static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt
     return LT_OK;
 }
 
+size_t lt_peft_export_bytes(int n) { return (size_t)(n > 0 ? n : 0) * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32); }
+
 static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n) {
-    size_t bytes = (size_t)n * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
+    size_t bytes = lt_peft_export_bytes(n);
     lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
     if (!e) return LT_ERR_OOM;
     char *names = (char *)(e + n);

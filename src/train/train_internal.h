@@ -1,5 +1,6 @@
-/* Private helpers shared by the files of src/train: atomic file writes (temp + fsync + rename)
- * and the 64-bit FNV-1a checksum checkpoints carry. Not part of the public API. */
+/* Private helpers shared by the files of src/train: atomic file writes (temp + fsync + rename),
+ * the sizes of the buffers the trainer's plan counts, and the 64-bit FNV-1a checksum checkpoints
+ * carry. Not part of the public API. */
 #ifndef LT_TRAIN_INTERNAL_H
 #define LT_TRAIN_INTERNAL_H
 
@@ -25,6 +26,11 @@ void lt_atomic_abort(lt_atomic_file *af);
 
 /* Creates folder `dir` and its parents if absent (as mkdir -p). LT_ERR_IO otherwise. */
 lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
+
+/* Bytes the metrics log holds while open (lt_metrics_open's one block). */
+size_t lt_metrics_bytes(void);
+/* Bytes the adapter export holds while it writes n tensors (its safetensors index and key names). */
+size_t lt_peft_export_bytes(int n);
 
 #define LT_FNV64_INIT 0xcbf29ce484222325ull
 uint64_t lt_fnv64(uint64_t h, const void *p, size_t n);

@@ -172,11 +172,6 @@ static lt_status alloc_batch(lt_trainer *t) {
 static lt_status setup_packing(lt_trainer *t) {
     lt_ctx *ctx = t->ctx;
     const lt_train_options *o = t->o;
-    t->popt.row_len = o->max_seq_length;
-    t->popt.batch_size = o->batch_size;
-    t->popt.overflow = LT_PACK_TRUNCATE;
-    t->popt.seed = o->seed;
-    t->popt.pad_multiple = 1; /* unpacked rows never pass max_seq_length */
     if (o->context_parallel && (t->world > 1 || (t->comm && lt_cp_env_forced()))) {
         if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
             return lt_error(ctx, LT_ERR_INVALID_ARG,
@@ -184,11 +179,8 @@ static lt_status setup_packing(lt_trainer *t) {
                             "of %d (got %lld, %s, %lld)", t->world, 2 * t->world, (long long)o->batch_size,
                             o->no_pack ? "no_pack" : "packing", (long long)o->max_seq_length);
         t->cp = 1;
-        t->popt.pad_multiple = 2 * t->world; /* rows split into 2·world equal chunks */
     }
-    t->popt.algorithm = LT_PACK_FIRST_FIT;
-    if (o->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, o->pack_algorithm, &t->popt.algorithm));
-    if (o->no_pack) t->popt.algorithm = LT_PACK_NONE;
+    LT_TRY(lt_train_pack_options(ctx, o, t->cp ? t->world : 1, &t->popt));
     LT_TRY(lt_pack_input_check(ctx, t->train));
     if (t->valid) LT_TRY(lt_pack_input_check(ctx, t->valid));
     return LT_OK;
@@ -236,20 +228,23 @@ static lt_status setup_buffers(lt_trainer *t) {
     return LT_OK;
 }
 
-/* The plan the planner (lt_plan_compute) gives for this run on its device. What this process
- * already holds there besides the model and the optimizer state -- on the host: tokenizer, data
- * set, batch buffers, LoRA index; on a GPU: nothing -- is known exactly at this point and passed
- * as held bytes, so plan and the allocator's high-water describe the same allocations. */
-static lt_status compute_plan(lt_trainer *t, const lt_model_run_options *run, lt_train_result *res) {
+/* The run's plan (lt_train_plan, as `longtune plan` and the guard compute it). What the caller
+ * holds on the device besides the model -- on the host: tokenizer, data set, the CLI's guard; on a
+ * GPU: nothing -- is known exactly at this point: what is in use less the model, the optimizer
+ * state and the trainer's buffers allocated so far. */
+static lt_status compute_plan(lt_trainer *t, lt_train_result *res) {
+    const lt_train_options *o = t->o;
     lt_model_sizes loaded = lt_model_get_sizes(t->m);
     size_t in_use = lt_mem_get_stats(t->ctx, t->dev).used_bytes;
-    size_t model_loaded = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS];
-    size_t moments = lt_plan_optimizer_bytes(t->dev, t->n);
-    lt_plan_options popt = {.device = t->dev, .lora = *lt_model_get_lora(t->m), .run = *run,
-                            .dp_size = t->cp ? 1 : t->world, .cp_size = t->cp ? t->world : 1};
-    popt.held_bytes = in_use > model_loaded + moments ? in_use - model_loaded - moments : 0;
+    size_t known = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS] +
+                   lt_plan_optimizer_bytes(t->dev, t->n) +
+                   (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
+    lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0};
+    LT_TRY(lt_train_packing_bytes(t->ctx, &t->popt, t->train, t->valid, &held));
+    lt_plan_options popt;
+    LT_TRY(lt_train_plan_options(t->ctx, o, t->cp ? 1 : t->world, t->cp ? t->world : 1, &popt));
     lt_plan plan;
-    LT_TRY(lt_plan_compute(t->ctx, lt_model_get_config(t->m), &popt, &plan));
+    LT_TRY(lt_train_plan(t->ctx, o, lt_model_get_config(t->m), &popt, &held, &plan));
     res->plan_bytes = plan.peak_bytes;
     return LT_OK;
 }
@@ -348,7 +343,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
                                 .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
                                 .threads = o->threads, .offload_ckpt = o->offload_checkpoints,
                                 .recompute_attention = o->recompute_attention};
-    LT_TRY(compute_plan(t, &run, res));
+    LT_TRY(compute_plan(t, res));
     LT_TRY(prepare_model(t, run));
     memset(&t->st, 0, sizeof t->st);
     t->plan_epoch = -1;

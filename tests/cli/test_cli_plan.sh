@@ -2,7 +2,8 @@
 # `longtune plan` against the real SmolLM2-135M config.json and a tiny Qwen3 one: the JSON object's
 # fields agree with each other and with the budget, --max-seq / --max-batch find the exact edge
 # (the answer fits, one more does not), the naive arms cost more, rerunning attention, bf16 saving
-# and smaller chunks keep less, and bad flags exit 2.
+# and smaller chunks keep less, train's flags (and its options file) mean what they mean in train
+# with the old names as aliases, and bad flags exit 2.
 set -u
 bin="$1"
 src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -34,8 +35,8 @@ assert p["peak_bytes"] == sum(cls.values()), p
 assert p["budget_bytes"] == 64 * 2**30, p
 assert p["fits"] == (p["peak_bytes"] <= p["budget_bytes"]), p
 assert p["budget_source"] == "given"
-assert cls["held"] == 0, cls  # longtune plan reads no data
-assert all(v > 0 for k, v in cls.items() if k not in ("activations", "held")), cls
+assert cls["held"] > 0 and not p["data_counted"], p  # the trainer's buffers; no --data
+assert all(v > 0 for k, v in cls.items() if k != "activations"), cls
 for k, v in p["naive_arms"].items():  # rows of >= 1000 tokens: the naive paths never cost less
     assert v is not None and v >= p["peak_bytes"], (k, v, p["peak_bytes"])
 EOF
@@ -58,8 +59,8 @@ EOF
 
 # 3. The searched maximum is the exact edge.
 for what in seq batch; do
-  "$bin" plan --config "$smol" --seq-len 512 --budget 1500M --max-$what --json >"$tmp/m.json" || { say "--max-$what rc"; continue; }
   if [ $what = seq ]; then key=max_seq_len; flag=--seq-len; fixed="--batch 1"; else key=max_batch; flag=--batch; fixed="--seq-len 512"; fi
+  "$bin" plan --config "$smol" --seq-len 512 $fixed --budget 1500M --max-$what --json >"$tmp/m.json" || { say "--max-$what rc"; continue; }
   best=$(field "$tmp/m.json" $key)
   case "$best" in ''|None|*[!0-9]*) say "--max-$what gave '$best'"; continue;; esac
   "$bin" plan --config "$smol" $fixed $flag "$best" --budget 1500M --json >"$tmp/a.json"
@@ -97,9 +98,9 @@ assert p["offload_checkpoints"] is True and p["host_offload_bytes"] > 0, p
 assert p["peak_bytes"] == sum(p["classes"].values()) and p["classes"]["activations"] >= p["host_offload_bytes"], p
 EOF
 "$bin" plan --config "$qwen" --offload-checkpoints --budget 64G >/dev/null 2>"$tmp/e"
-[ $? = 1 ] && grep -q recompute "$tmp/e" || say "offload without recompute: $(cat "$tmp/e")"
+[ $? = 2 ] && grep -q recompute "$tmp/e" || say "offload without recompute: $(cat "$tmp/e")"
 if "$bin" plan --config "$smol" --backend cuda --budget 64G --json >/dev/null 2>&1; then
-  cu() { "$bin" plan --config "$smol" --backend cuda --seq-len 8192 --recompute all --budget 64G --json "$@"; }
+  cu() { "$bin" plan --config "$smol" --backend cuda --batch 1 --seq-len 8192 --recompute all --budget 64G --json "$@"; }
   cu >"$tmp/c0.json" && cu --offload-checkpoints --host-budget 64G >"$tmp/c1.json" || say "cuda offload plan rc"
   python3 - "$tmp/c0.json" "$tmp/c1.json" <<'EOF' || fail=1
 import json, sys
@@ -109,17 +110,34 @@ assert b["host_offload_bytes"] == 28 * ck, b  # 30 layers: 28 leave the device
 assert a["peak_bytes"] - b["peak_bytes"] == 28 * ck, (a["peak_bytes"], b["peak_bytes"])
 assert b["fits"] and b["fits_host"] and b["host_budget_bytes"] == 64 * 2**30, b
 EOF
-  out=$("$bin" plan --config "$smol" --backend cuda --seq-len 8192 --recompute all --offload-checkpoints --budget 64G --host-budget 1M 2>&1)
+  out=$("$bin" plan --config "$smol" --backend cuda --batch 1 --seq-len 8192 --recompute all --offload-checkpoints --budget 64G --host-budget 1M 2>&1)
   grep -q "will not fit in host memory" <<<"$out" || say "host verdict missing: $out"
   grep -q "^fits: on the device" <<<"$out" || say "device verdict with a host miss: $out"
-  "$bin" plan --config "$smol" --backend cuda --recompute all --offload-checkpoints --budget 64G --host-budget 1G --max-seq --json >"$tmp/m.json" ||
+  "$bin" plan --config "$smol" --backend cuda --batch 1 --recompute all --offload-checkpoints --budget 64G --host-budget 1G --max-seq --json >"$tmp/m.json" ||
     say "cuda --max-seq with a host budget rc"
   best=$(field "$tmp/m.json" max_seq_len)
   [ "$best" -lt $((2**30 / (28 * 576 * 2) + 1)) ] 2>/dev/null || say "host budget did not bound --max-seq: $best"
 fi
 
-# 7. Usage errors exit 2; a missing file is a failure (1) naming it.
+# 7. Train's flags mean what they mean in train: the old names are aliases, train's defaults
+#    apply (batch 4), flags that change no memory are accepted, train's options file is read.
+pk() { "$bin" plan --config "$smol" --budget 64G --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_bytes"])'; }
+a=$(pk --seq-len 512 --batch 2 --lora-layers 3 --backend cpu)
+b=$(pk --max-seq-length 512 --batch-size 2 --num-layers 3 --device cpu)
+c=$(pk --max-seq-length=512 --batch-size=2 --num-layers=3 --learning-rate 1e-4 --iters 5 --adapter-path "$tmp/x" \
+       --seed 3 --lr-schedule cosine --steps-per-report 1 --train)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ] || say "aliases / train flags disagree: $a $b $c"
+[ "$(pk --seq-len 512)" = "$(pk --seq-len 512 --batch-size 4)" ] || say "the default batch is not train's (4)"
+[ "$(pk --seq-len 512 --grad-checkpoint)" = "$(pk --seq-len 512 --recompute all)" ] || say "--grad-checkpoint is not --recompute all"
+[ "$(pk --seq-len 512 --grad-accum 8)" -gt "$(pk --seq-len 512)" ] || say "--grad-accum does not count its loss sums"
+echo '{"max_seq_length": 512, "batch_size": 2, "num_layers": 3}' >"$tmp/opts.json"
+[ "$(pk --config "$tmp/opts.json")" = "$a" ] || say "train's --config options file is not read"
 expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
+expect 2 --config "$smol" --data "$tmp"
+expect 2 --config "$smol" --max-seq-length 1
+expect 2 --config "$smol" --no-such-flag
+
+# 8. Usage errors exit 2; a missing file is a failure (1) naming it.
 expect 2
 expect 2 --config "$smol" --model x
 expect 2 --config "$smol" --max-seq --max-batch

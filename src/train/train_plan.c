@@ -1,0 +1,208 @@
+/* The plan of a training run (see train.h, "The plan of a training run"): the one place that
+ * turns resolved run options into the planner's options and adds what the trainer holds on its
+ * device besides the model and the optimizer state. `longtune plan`, the memory guard and the
+ * trainer all call lt_train_plan, so the three give the same number for the same flags. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "longtune/alloc.h"
+#include "longtune/dataset.h"
+#include "longtune/safetensors.h"
+#include "train/train_internal.h"
+
+lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out) {
+    memset(out, 0, sizeof *out);
+    out->row_len = opt->max_seq_length;
+    out->batch_size = opt->batch_size;
+    out->overflow = LT_PACK_TRUNCATE;
+    out->seed = opt->seed;
+    /* Unpacked rows never pass max_seq_length; context parallel rows split into 2·K equal chunks. */
+    out->pad_multiple = cp_size > 1 ? 2 * cp_size : 1;
+    out->algorithm = LT_PACK_FIRST_FIT;
+    if (opt->pack_algorithm[0]) LT_TRY(lt_pack_algorithm_parse(ctx, opt->pack_algorithm, &out->algorithm));
+    if (opt->no_pack) out->algorithm = LT_PACK_NONE;
+    return LT_OK;
+}
+
+lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
+                                 const lt_pack_input *valid, lt_train_held *held) {
+    held->packing_peak_bytes = held->packing_held_bytes = 0;
+    lt_ctx *scratch = lt_ctx_new();
+    if (!scratch) return lt_error(ctx, LT_ERR_OOM, "plan: no scratch context to size the packing plans");
+    lt_pack_plan *vp = NULL, *tp = NULL;
+    lt_status s = LT_OK;
+    /* The trainer's order: the validation plan first (the evaluation before step 1), then the
+     * first epoch's training plan beside it. */
+    if (valid && valid->n_seqs > 0) {
+        lt_pack_options v = *popt;
+        v.epoch = 0;
+        if ((s = lt_pack_plan_build(scratch, valid, &v, &vp)) != LT_OK) goto done;
+    }
+    if (train && train->n_seqs > 0) {
+        lt_pack_options e = *popt;
+        e.epoch = 0;
+        if ((s = lt_pack_plan_build(scratch, train, &e, &tp)) != LT_OK) goto done;
+    }
+    lt_mem_stats st = lt_mem_get_stats(scratch, LT_DEVICE_CPU);
+    held->packing_peak_bytes = st.peak_bytes;
+    held->packing_held_bytes = st.used_bytes;
+done:
+    if (s != LT_OK) lt_error(ctx, s, "plan: packing the data set: %s", lt_ctx_error(scratch));
+    lt_pack_plan_free(scratch, tp);
+    lt_pack_plan_free(scratch, vp);
+    lt_ctx_free(scratch);
+    return s;
+}
+
+lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_train_held *held) {
+    memset(held, 0, sizeof *held);
+    lt_ctx *scratch = lt_ctx_new();
+    if (!scratch) return lt_error(ctx, LT_ERR_OOM, "plan: no scratch context to load the data set");
+    lt_tokenizer *tok = NULL;
+    lt_dataset *train = NULL, *valid = NULL;
+    lt_dataset_options dopt;
+    memset(&dopt, 0, sizeof dopt);
+    dopt.mask_prompt = opt->mask_prompt;
+    /* As lt_train_run loads them: the tokenizer, train.jsonl and valid.jsonl when present. */
+    lt_status s = lt_tokenizer_load(scratch, opt->model, &tok);
+    if (s == LT_OK) s = lt_dataset_load_split(scratch, opt->data, "train", tok, &dopt, &train);
+    if (s == LT_OK) {
+        s = lt_dataset_load_split(scratch, opt->data, "valid", tok, &dopt, &valid);
+        if (s == LT_ERR_NOT_FOUND) {
+            lt_ctx_clear_error(scratch);
+            valid = NULL;
+            s = LT_OK;
+        }
+    }
+    if (s != LT_OK) {
+        lt_error(ctx, s, "%s", lt_ctx_error(scratch));
+        goto done;
+    }
+    held->caller_bytes = lt_mem_get_stats(scratch, LT_DEVICE_CPU).used_bytes;
+    lt_pack_options popt;
+    if ((s = lt_train_pack_options(ctx, opt, cp_size, &popt)) != LT_OK) goto done;
+    lt_pack_input tin = lt_dataset_input(train), vin;
+    if (valid) vin = lt_dataset_input(valid);
+    size_t caller = held->caller_bytes;
+    s = lt_train_packing_bytes(ctx, &popt, &tin, valid ? &vin : NULL, held);
+    held->caller_bytes = caller;
+done:
+    if (valid) lt_dataset_free(scratch, valid);
+    if (train) lt_dataset_free(scratch, train);
+    if (tok) lt_tokenizer_free(tok);
+    lt_ctx_free(scratch);
+    return s;
+}
+
+static size_t add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+/* A resumed run reads its whole checkpoint file into one block after the model is prepared. */
+static size_t resume_bytes(const lt_train_options *opt) {
+    if (!opt->resume_adapter_file[0]) return 0;
+    char path[LT_TRAIN_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s", opt->resume_adapter_file);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(path, sizeof path, "%s/" LT_TRAIN_CHECKPOINT_FILE, opt->resume_adapter_file);
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0) return 0;
+    return lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)sb.st_size);
+}
+
+size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
+                             int64_t cp_size) {
+    const lt_device h = LT_DEVICE_CPU;
+    /* bind_params: one lt_train_param per LoRA tensor. */
+    size_t n = lt_alloc_accounted_size(h, (size_t)(n_lora_tensors > 0 ? n_lora_tensors : 1) * sizeof(lt_train_param));
+    /* One batch's ids, targets, positions (B·T each), seq_offsets (B·(T+1)) and pieces (B). */
+    n = add(n, lt_alloc_accounted_size(h, (size_t)(3 * B * T + B * (T + 1) + B) * sizeof(int32_t)));
+    /* The step's loss sums and token counts, one per micro-batch, plus the stop flag. */
+    n = add(n, lt_alloc_accounted_size(h, (size_t)(opt->grad_accum + 1) * (sizeof(double) + sizeof(int64_t))));
+    /* Context parallel: this rank's tokens, targets and positions of the row. */
+    if (cp_size > 1) n = add(n, lt_alloc_accounted_size(h, (size_t)(3 * (T / cp_size)) * sizeof(int32_t)));
+    return n;
+}
+
+lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_t dp_size, int64_t cp_size,
+                                lt_plan_options *out) {
+    memset(out, 0, sizeof *out);
+    LT_TRY(lt_train_lora_options(ctx, opt, &out->lora));
+    out->device = opt->device;
+    out->run.device = opt->device;
+    out->run.B = opt->batch_size;
+    out->run.T = opt->max_seq_length;
+    out->run.recompute = opt->recompute;
+    out->run.recompute_k = opt->recompute_every;
+    out->run.recompute_attention = opt->recompute_attention;
+    out->run.offload_ckpt = opt->offload_checkpoints;
+    out->run.attention = opt->attention;
+    out->run.loss = opt->loss;
+    out->run.threads = opt->threads;
+    out->dp_size = dp_size > 0 ? dp_size : 1;
+    out->cp_size = cp_size > 0 ? cp_size : 1;
+    return LT_OK;
+}
+
+lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                        const lt_plan_options *popt, const lt_train_held *held, lt_plan *out) {
+    lt_plan_options po = *popt;
+    po.held_bytes = held ? held->caller_bytes : 0;
+    if (po.device == LT_DEVICE_CPU) {
+        /* The trainer's host buffers are on the run's device only when that is the host. Its
+         * LoRA tensor index has one entry per A and B of every target of every LoRA layer. */
+        int64_t targets = 0, layers = po.lora.num_layers > 0 && po.lora.num_layers < cfg->L ? po.lora.num_layers : cfg->L;
+        uint32_t mask = po.lora.targets ? po.lora.targets : LT_LORA_ALL_TARGETS;
+        for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
+        int64_t n_tensors = 2 * targets * layers;
+        size_t own = lt_train_buffer_bytes(opt, po.run.B, po.run.T, n_tensors, po.cp_size);
+        /* After the plan, one at a time: a resumed run's checkpoint file; then, beside the metrics
+         * log, the packing plans as they are built, and the adapter's export index while it is
+         * saved (both packing plans held). */
+        size_t pk = held ? held->packing_peak_bytes : 0, ph = held ? held->packing_held_bytes : 0;
+        size_t metrics = lt_alloc_accounted_size(LT_DEVICE_CPU, lt_metrics_bytes());
+        size_t save = add(ph, lt_alloc_accounted_size(LT_DEVICE_CPU, lt_peft_export_bytes((int)n_tensors)));
+        size_t late = add(metrics, pk > save ? pk : save), resume = resume_bytes(opt);
+        own = add(own, late > resume ? late : resume);
+        po.held_bytes = add(po.held_bytes, own);
+    }
+    return lt_plan_compute(ctx, cfg, &po, out);
+}
+
+/* Does the run fit at B or T = v (the held class follows the shape; what was measured stays)? */
+static int fits_at(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg, const lt_plan_options *popt,
+                   const lt_train_held *held, lt_plan_search what, int64_t v, size_t budget, lt_status *err) {
+    lt_plan_options o = *popt;
+    if (what == LT_PLAN_SEARCH_SEQ)
+        o.run.T = v;
+    else
+        o.run.B = v;
+    lt_plan p;
+    lt_status s = lt_train_plan(ctx, opt, cfg, &o, held, &p);
+    if (s != LT_OK) {
+        if (err) *err = s;
+        else lt_ctx_clear_error(ctx); /* too large to plan counts as too large to fit */
+        return 0;
+    }
+    return p.peak_bytes <= budget && (!o.host_budget_bytes || p.offload_bytes <= o.host_budget_bytes);
+}
+
+lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
+                               int64_t hi, size_t budget_bytes, int64_t *out, int *found) {
+    *out = 0;
+    *found = 0;
+    if (hi < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan search: upper bound %lld < 1", (long long)hi);
+    lt_status err = LT_OK;
+    if (!fits_at(ctx, opt, cfg, popt, held, what, 1, budget_bytes, &err)) return err; /* error, or nothing fits */
+    int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
+    while (lo < top) {
+        int64_t mid = lo + (top - lo + 1) / 2;
+        if (fits_at(ctx, opt, cfg, popt, held, what, mid, budget_bytes, NULL))
+            lo = mid;
+        else
+            top = mid - 1;
+    }
+    *out = lo;
+    *found = 1;
+    return LT_OK;
+}
