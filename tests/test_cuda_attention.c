@@ -544,8 +544,9 @@ static void causal_long_d128(void **s) {
     run_case(&c);
 }
 
-/* The warp-specialised backward (attention_bwd_ws.cu: TMA producer, mbarrier ring, bulk dQ
- * reduction) takes causal rows without packing or window, T a multiple of 64, one CTA per kv head.
+/* The warp-specialised backward (src/backend/cuda/attention/bwd_ws.cu: TMA producer, mbarrier
+ * ring, bulk dQ reduction) takes causal rows without packing or window, T a multiple of 64, one CTA
+ * per kv head.
  * These rows are short, so the plan would split the heads over CTAs: an override of split = 1 keeps
  * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
  * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
