@@ -24,7 +24,7 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         const int B = (int)p->B, D = (int)p->D;
         const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
         const lt_attn_fwd_kind v =
-            D == 64 || D == 128 ? lt_attn_fwd_choose(p, lt_attn_cuda_device(), &force) : LT_ATTN_FWD_MMA;
+            LT_ATTN_WGMMA_HEAD_DIM(D) ? lt_attn_fwd_choose(p, lt_attn_cuda_device(), &force) : LT_ATTN_FWD_MMA;
         switch (v) {
         case LT_ATTN_FWD_WS2:
         case LT_ATTN_FWD_WS3:

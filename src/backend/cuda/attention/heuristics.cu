@@ -73,7 +73,7 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     lt_attn_bwd_plan pl = {1, 1, 0, 128, 0, force->bwd != LT_ATTN_BWD_WG};
     if (force->bwd == LT_ATTN_BWD_MMA) pl.wg = 0;
     /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y. */
-    if ((p->D != 64 && p->D != 128) || !dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
+    if (!LT_ATTN_WGMMA_HEAD_DIM(p->D) || !dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
     if (!pl.wg) return pl;
     pl.dq_sep = lt_attn_sparse(p);
     if (force->dq == LT_ATTN_DQ_ATOMIC) pl.dq_sep = 0;
@@ -92,7 +92,7 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
 
 int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
     if (!pl->ws_ok || !pl->wg || pl->dq_sep || pl->split != 1) return 0;
-    if (p->D != 64 && p->D != 128) return 0;
+    if (!LT_ATTN_WGMMA_HEAD_DIM(p->D)) return 0;
     if (p->seq_offsets || p->window > 0 || p->T % LT_ATTN_BWD_WS_BM != 0 || p->T < LT_ATTN_BWD_WS_BN) return 0;
     if ((uintptr_t)lse % 16) return 0;
     return 1;

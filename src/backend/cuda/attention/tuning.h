@@ -13,6 +13,8 @@
  * kernels only. Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128}
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128"
+/* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
+#define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
 
 /* ---- Variant table ---------------------------------------------------------------------------
  * forward (lt_attn_fwd_kind)       file         D       CTA                          per SM
