@@ -257,13 +257,9 @@ template <int D> static lt_status bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev 
     constexpr int LD = D + 8, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
                         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem),
-                         "attention backward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
-    attn_bwd_kernel<D><<<grid, LT_ATTN_BWD_MMA_WARPS * 32, smem, stream>>>(d);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
+    const dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
+    return lt_attn_launch(ctx, attn_bwd_kernel<D>, grid, LT_ATTN_BWD_MMA_WARPS * 32, smem, stream,
+                          "attention backward: shared memory size", "attention backward kernel launch", d);
 }
 
 lt_status lt_attn_bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream) {

@@ -374,13 +374,9 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 template <int D, bool DELTA>
 static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_dq_kernel<D, DELTA>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                         "attention backward: shared memory size"));
-    dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_BWD_DQ_BM - 1) / LT_ATTN_BWD_DQ_BM), (unsigned)B);
-    attn_bwd_dq_kernel<D, DELTA><<<grid, 128, smem, stream>>>(d);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq kernel launch");
+    const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_BWD_DQ_BM - 1) / LT_ATTN_BWD_DQ_BM), (unsigned)B);
+    return lt_attn_launch(ctx, attn_bwd_dq_kernel<D, DELTA>, grid, 128, smem, stream,
+                          "attention backward: shared memory size", "attention backward: dq kernel launch", d);
 }
 
 /* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
@@ -393,13 +389,9 @@ template <int D, bool NODQ, int NWG>
 static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     constexpr int BN = 64 * NWG, BM = LT_ATTN_BWD_WG_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_wg_kernel<D, NODQ, NWG>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                         "attention backward: shared memory size"));
-    dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_wg_kernel<D, NODQ, NWG><<<grid, 128 * NWG, smem, stream>>>(d);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention backward kernel launch");
+    const dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
+    return lt_attn_launch(ctx, attn_bwd_wg_kernel<D, NODQ, NWG>, grid, 128 * NWG, smem, stream,
+                          "attention backward: shared memory size", "attention backward kernel launch", d);
 }
 
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream) {

@@ -219,13 +219,9 @@ template <int D> static lt_status fwd_mma_launch(lt_ctx *ctx, const lt_attn_dev 
     typedef lt_attn_fwd_mma_shape<D> S;
     constexpr int BM = 16 * S::MT * S::NW, LD = D + 8;
     const size_t smem = (size_t)(BM + 4 * LT_ATTN_FWD_MMA_BN) * LD * sizeof(__nv_bfloat16);
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_kernel<D, S::NW, S::MT, S::QREG>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                         "attention forward: shared memory size"));
-    dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
-    attn_fwd_kernel<D, S::NW, S::MT, S::QREG><<<grid, S::NW * 32, smem, stream>>>(d);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward kernel launch");
+    const dim3 grid((unsigned)((d.T + BM - 1) / BM), (unsigned)d.H, (unsigned)B);
+    return lt_attn_launch(ctx, attn_fwd_kernel<D, S::NW, S::MT, S::QREG>, grid, S::NW * 32, smem, stream,
+                          "attention forward: shared memory size", "attention forward kernel launch", d);
 }
 
 lt_status lt_attn_fwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream) {

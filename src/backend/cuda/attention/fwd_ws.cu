@@ -291,13 +291,10 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, c
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.q, d.q, B, T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_ws_kernel<D, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem),
-                         "attention forward (TMA): shared memory size"));
-    dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
-    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, stream>>>(maps, d, ping);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward (TMA) kernel launch");
+    const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
+    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS>, grid, 384, smem, stream,
+                          "attention forward (TMA): shared memory size",
+                          "attention forward (TMA) kernel launch", maps, d, ping);
 }
 
 } // namespace

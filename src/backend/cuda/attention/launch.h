@@ -10,6 +10,7 @@
 
 #include "backend/cuda/attention/heuristics.h"
 #include "backend/cuda/attention/params.h"
+#include "backend/cuda/cuda_common.cuh"
 
 /* The specialisations every launcher implements (bf16, the head dims of tuning.h, not the naive
  * oracle) and CUDA's grid limits (grid_heads: the heads one launch spreads over a grid axis):
@@ -20,6 +21,18 @@ lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int6
  * `stream` and returns the first unused workspace byte offset in *used. */
 lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a,
                                void *workspace, lt_attn_dev *d, size_t *used, cudaStream_t stream);
+
+/* Raises the kernel's dynamic shared-memory limit to smem and queues it on `stream`; smem_what and
+ * launch_what name the two steps in an error. */
+template <typename... P, typename... A>
+static inline lt_status lt_attn_launch(lt_ctx *ctx, void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,
+                                       cudaStream_t stream, const char *smem_what, const char *launch_what,
+                                       const A &...args) {
+    LT_TRY(lt_cuda_check(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         smem_what));
+    kernel<<<grid, threads, smem, stream>>>(args...);
+    return lt_cuda_check(ctx, cudaGetLastError(), launch_what);
+}
 
 /* Forward kernels: out and lse. */
 lt_status lt_attn_fwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream);
