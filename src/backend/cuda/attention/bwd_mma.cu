@@ -1,11 +1,11 @@
 /* The mma.sync flash attention backward main kernel for every head dim and GPU, FlashAttention-2's
- * tiling (version 3 of dev/cuda/NOTES.md; version 2, where each
- * warp owned 16 keys and held Pᵀ/dSᵀ in registers, ran 10-25% slower). A CTA owns 128 keys (8 warps)
- * and steps over 64 query rows at a time, for every query head of its kv head's group. Sᵀ and dPᵀ are tiled 4 x 2 over the warps (32 keys x 32 queries
- * each); Pᵀ and dSᵀ go to shared memory as bf16; dV and dK are tiled 4 x 2 (32 keys x D/2 each) and
- * dQ 2 x 4 (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row tiles per warp let every
- * fragment read from shared memory feed two MMAs (shared-memory bandwidth bounds these kernels).
- * dQ goes into the fp32 buffer by atomics; bwd.cu runs delta before and the conversion after. */
+ * tiling (version 3 of dev/cuda/NOTES.md). A CTA owns 128 keys (8 warps) and steps over 64 query
+ * rows at a time, for every query head of its kv head's group. Sᵀ and dPᵀ are tiled 4 x 2 over the
+ * warps (32 keys x 32 queries each); Pᵀ and dSᵀ go to shared memory as bf16; dV and dK are tiled
+ * 4 x 2 (32 keys x D/2 each) and dQ 2 x 4 (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row
+ * tiles per warp let every fragment read from shared memory feed two MMAs (shared-memory bandwidth
+ * bounds these kernels). dQ goes into the fp32 buffer by atomics; bwd.cu runs delta before and the
+ * conversion after. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
 
@@ -13,7 +13,8 @@
 
 template <int D>
 static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
-    constexpr int NW = LT_ATTN_BWD_MMA_WARPS, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM, LD = D + 8, LDS = BM + 8, KC = D / 16;
+    constexpr int NW = LT_ATTN_BWD_MMA_WARPS, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
+    constexpr int LD = D + 8, LDS = BM + 8, KC = D / 16;
     constexpr int DH = D / 2;                        /* dV, dK: columns per warp */
     constexpr int DQ_MT = D == 96 ? 1 : 2;           /* dQ: 16-row tiles per warp */
     constexpr int DQ_QW = BM / (16 * DQ_MT);         /* warps along queries (4 or 2) */

@@ -1,8 +1,9 @@
-/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/NOTES.md, v5), D = 64 or 128: one warpgroup per CTA owns 64 query rows (warp w rows
- * 16w..16w+15), S = Q·Kᵀ and O += P·V on warpgroup MMAs with Q, K and V in shared memory in the
- * 128-byte swizzle (no fragments in registers but P, taken straight from the S accumulator). Tiles
- * of 64 keys, double-buffered with cp.async; two CTAs share an SM, so one's softmax overlaps the
- * other's MMAs (WG2); with one K/V slot three CTAs share an SM (WG1, for rows that see few tiles). */
+/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/NOTES.md, v5), D = 64 or 128:
+ * one warpgroup per CTA owns 64 query rows (warp w rows 16w..16w+15), S = Q·Kᵀ and O += P·V on
+ * warpgroup MMAs with Q, K and V in shared memory in the 128-byte swizzle (no fragments in
+ * registers but P, taken straight from the S accumulator). Tiles of 64 keys, double-buffered with
+ * cp.async; two CTAs share an SM, so one's softmax overlaps the other's MMAs (WG2); with one K/V
+ * slot three CTAs share an SM (WG1, for rows that see few tiles). */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
