@@ -32,6 +32,8 @@ cJSON *lt_bench_run_peers(const char *script, const char *args) {
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "backend/cuda/attention/tuning.h"
+
 typedef struct {
     double fwd_ms, bwd_ms;
     size_t extra_bytes;
@@ -176,10 +178,11 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddStringToObject(cfg, "dtype", "bf16");
     cJSON_AddStringToObject(cfg, "mask", "causal");
     cJSON_AddNumberToObject(cfg, "repeats", c->repeats);
-    /* Kernel overrides in effect (src/backend/cuda: LONGTUNE_ATTN_FWD / _BWD), for provenance. */
-    const char *kf = getenv("LONGTUNE_ATTN_FWD"), *kb = getenv("LONGTUNE_ATTN_BWD");
-    cJSON_AddStringToObject(cfg, "kernel_fwd", kf ? kf : "default");
-    cJSON_AddStringToObject(cfg, "kernel_bwd", kb ? kb : "default");
+    /* Kernel override in effect (src/backend/cuda/attention/tuning.h), for provenance. */
+    static const char *fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *bwd_names[] = {"default", "mma", "wg"};
+    const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
+    cJSON_AddStringToObject(cfg, "kernel_fwd", fwd_names[force.fwd >= 0 && force.fwd < LT_ATTN_FWD_KINDS_ ? force.fwd : 0]);
+    cJSON_AddStringToObject(cfg, "kernel_bwd", bwd_names[force.bwd >= 0 && force.bwd <= LT_ATTN_BWD_WG ? force.bwd : 0]);
     cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *pl = peers ? lt_bench_run_peers("bench/peers/attention_sdpa.py", "10") : cJSON_CreateArray();

@@ -3,7 +3,6 @@
  * packed rows (including empty and one-token sequences) and a fused qkv layout. The tolerance is
  * twice the error of a naive bf16 implementation (emulated here) against the same float64
  * reference. Without a CUDA device (or build) it prints "skipped: no CUDA device" and exits 77. */
-#define _POSIX_C_SOURCE 200809L /* setenv: the forward cases run every kernel variant */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +20,8 @@
 
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "backend/cuda/attention/tuning.h"
 
 /* Half an ulp of bf16 at 1: the least error any bf16 output can carry. */
 #define TOL_BF16_FLOOR 0x1.0p-8
@@ -158,7 +159,7 @@ static void get(const uint16_t *host_buf, float *x, int64_t B, int64_t T, int64_
                     x[((b * T + t) * heads + h) * D + d] = lt_bf16_to_f32(host_buf[b * sb + t * st + h * sh + d]);
 }
 
-/* ---- Forward cases: every forward kernel (LONGTUNE_ATTN_FWD) on rows long enough to cycle the
+/* ---- Forward cases: every forward kernel (lt_attn_cuda_tuning.fwd) on rows long enough to cycle the
  * warp-specialised kernel's K/V ring several times, with partial last blocks, packed rows (also
  * with more offsets than one kernel parameter holds), GQA, softcap, window, a fused layout. Only
  * the forward is compared (out and lse), against a float64 forward. */
@@ -255,12 +256,13 @@ static void run_fwd_variants(const acase *c, int64_t S) {
     assert_int_equal(cudaMemcpy(dqkv, hqkv, elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
     float *go = malloc(sizeof(float) * (size_t)nq), *glse = malloc(sizeof(float) * (size_t)nl);
 
-    static const char *variants[] = {"", "mma", "wg", "wg1", "ws", "ws3"};
-    const char *was = getenv("LONGTUNE_ATTN_FWD");
-    char *saved = was ? strdup(was) : NULL;
+    static const char *variants[] = LT_ATTN_FWD_KIND_NAMES;
+    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
     int bad = 0;
-    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
-        setenv("LONGTUNE_ATTN_FWD", variants[vi], 1);
+    for (int vi = LT_ATTN_FWD_AUTO; vi < LT_ATTN_FWD_KINDS_; vi++) {
+        lt_attn_cuda_tuning force = was;
+        force.fwd = vi;
+        lt_attn_cuda_tuning_set(&force);
         assert_int_equal(cudaMemset(dout, 0xFF, (size_t)nq * 2), cudaSuccess);
         assert_int_equal(cudaMemset(dlse, 0xFF, (size_t)nl * 4), cudaSuccess);
         lt_attention_args a;
@@ -279,7 +281,7 @@ static void run_fwd_variants(const acase *c, int64_t S) {
         assert_int_equal(cudaMemcpy(glse, dlse, (size_t)nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         const double eo = lt_test_rel_err_f(go, r[0], nq), el = lt_test_rel_err_f(glse, r[1], nl);
         fprintf(stderr, "  fwd %-7s B=%lld T=%lld D=%lld H=%lld/%lld S=%lld win=%lld cap=%g fused=%d: out err %.3g (tol %.3g), lse err %.3g (tol %.3g)\n",
-                variants[vi][0] ? variants[vi] : "default", (long long)B, (long long)T, (long long)D, (long long)H,
+                variants[vi], (long long)B, (long long)T, (long long)D, (long long)H,
                 (long long)Hkv, (long long)S, (long long)c->window, (double)c->softcap, c->fused, eo, tol[0], el, tol[1]);
         if (!(eo <= tol[0]) || !(el <= tol[1])) {
             bad++;
@@ -300,9 +302,7 @@ static void run_fwd_variants(const acase *c, int64_t S) {
                     (long long)(wl % T), (double)glse[wl], r[1][wl]);
         }
     }
-    if (saved) setenv("LONGTUNE_ATTN_FWD", saved, 1);
-    else unsetenv("LONGTUNE_ATTN_FWD");
-    free(saved);
+    lt_attn_cuda_tuning_set(&was);
     assert_int_equal(bad, 0);
     lt_free(ctx, LT_DEVICE_CUDA, dqkv, elems * 2);
     lt_free(ctx, LT_DEVICE_CUDA, dout, (size_t)nq * 2);
@@ -544,17 +544,21 @@ static void causal_long_d128(void **s) {
     run_case(&c);
 }
 
-/* The warp-specialised backward (attention_bwd_ws.cu: TMA producer, mbarrier ring, bulk dQ
- * reduction) takes causal rows without packing or window, T a multiple of 64, one CTA per kv head.
- * These rows are short, so the plan would split the heads over CTAs: LONGTUNE_ATTN_SPLIT=1 keeps
+/* The warp-specialised backward (src/backend/cuda/attention/bwd_ws.cu: TMA producer, mbarrier
+ * ring, bulk dQ reduction) takes causal rows without packing or window, T a multiple of 64, one CTA
+ * per kv head.
+ * These rows are short, so the plan would split the heads over CTAs: an override of split = 1 keeps
  * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
  * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
  * heads, and a fused qkv layout (tensor-map strides other than the contiguous ones).
- * LONGTUNE_ATTN_BWD=wg runs the same cases on the previous kernel. */
+ * An override of bwd = LT_ATTN_BWD_WG runs the same cases on the wgmma main kernel. */
 static void run_unsplit(const acase *c) {
-    setenv("LONGTUNE_ATTN_SPLIT", "1", 1);
+    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
+    lt_attn_cuda_tuning force = was;
+    force.split = 1;
+    lt_attn_cuda_tuning_set(&force);
     run_case(c);
-    unsetenv("LONGTUNE_ATTN_SPLIT");
+    lt_attn_cuda_tuning_set(&was);
 }
 static void ws_causal_gqa_d128(void **s) {
     (void)s;

@@ -4,9 +4,9 @@
  * learning rate that changes every step, clipping on); a change of batch shape falls back to an
  * eager step and a graph is recaptured only when the new shape repeats; nothing is allocated on
  * the device after the first step; the trainer with --cuda-graph on and off trains the same
- * adapter to the bit (packed rows). The attention backward runs its dQ pass without atomics
- * (LONGTUNE_ATTN_DQ=sep) and the tiny model has two query heads per key head, so even eager runs
- * repeat to the bit. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
+ * adapter to the bit (packed rows). The attention backward runs its dQ pass without atomics (an
+ * lt_attn_cuda_tuning override of dq = LT_ATTN_DQ_SEP) and the tiny model has two query heads per
+ * key head, so even eager runs repeat to the bit. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
  * 77. */
 #include <math.h>
 #include <setjmp.h>
@@ -28,6 +28,7 @@
 #include "train/step_graph.h"
 
 #if LT_HAVE_CUDA
+#include "backend/cuda/attention/tuning.h"
 
 enum { V = 256, C = 128, F = 256, L = 2, H = 2, HKV = 1, D = 64 };
 enum { STEPS = 6, BMAX = 2, TMAX = 96 };
@@ -316,7 +317,9 @@ static int setup(void **state) {
     (void)state;
     rng = lt_test_seed();
     devnull = fopen("/dev/null", "w");
-    setenv("LONGTUNE_ATTN_DQ", "sep", 1); /* dQ without atomics: eager runs repeat to the bit */
+    /* dQ without atomics: eager runs repeat to the bit */
+    const lt_attn_cuda_tuning force = {.dq = LT_ATTN_DQ_SEP};
+    lt_attn_cuda_tuning_set(&force);
     write_model();
     return 0;
 }

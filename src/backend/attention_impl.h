@@ -17,8 +17,9 @@
 /* Largest head dim the CPU backend takes (any D in 1..256). */
 #define LT_ATTENTION_CPU_MAX_D 256
 
-/* Head dims the CUDA kernels are specialised for; anything else is LT_ERR_UNSUPPORTED. */
-#define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128}
+/* Head dims the CUDA kernels are specialised for (LT_ATTENTION_CUDA_HEAD_DIMS, listed once in the
+ * CUDA attention tuning header, plain C); anything else is LT_ERR_UNSUPPORTED. */
+#include "backend/cuda/attention/tuning.h"
 
 /* CPU reference backend (src/backend/cpu/attention_*.c). `threads` as in
  * lt_attention_workspace_bytes. */

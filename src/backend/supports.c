@@ -39,7 +39,7 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
     case LT_OP_ATTENTION:
         LT_TRY(attention_dtype(ctx, q));
         if (!cuda_head_dim_ok(q->head_dim))
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (64, 96, 128)",
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (" LT_ATTENTION_CUDA_HEAD_DIMS_TEXT ")",
                             (long long)q->head_dim);
         if (q->impl == LT_ATTENTION_NAIVE)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");

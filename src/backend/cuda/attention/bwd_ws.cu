@@ -5,23 +5,20 @@
  * mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
  * accumulator with one bulk reduction; two consumer warpgroups (64 keys each, registers raised by
  * setmaxnreg) compute Sᵀ, dPᵀ, dV, dK and dQ with wgmma. Only rows without packing or window,
- * T a multiple of 64, one CTA per kv head (no split; lt_attn_bwd_ws_eligible): the launcher in
- * attention_bwd.cu keeps the other kernels for everything else. */
-#include "backend/cuda/attention_bwd_ws.h"
-#include "backend/cuda/pipeline_bwd.cuh"
-
-#include <stdlib.h>
-#include <string.h>
-
-#define WS_LOG2E 1.4426950408889634f
+ * T a multiple of 64, one CTA per kv head (no split; lt_attn_bwd_ws_eligible): bwd.cu keeps the
+ * other kernels for everything else. */
+#include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/bwd_wg.cuh"
+#include "backend/cuda/attention/hopper.cuh"
+#include "backend/cuda/attention/launch.h"
 
 /* Shared-memory plan (bytes from a 1024-aligned base): K and V (128 keys), two stages of Q and dO
  * (64 queries), two dSᵀ buffers (so one named barrier per step suffices: a warpgroup writes dSᵀ of
  * step s only after both passed step s-1's barrier, which follows their dQ reads of step s-2), one
  * fp32 dQ tile, two stages of lse and delta, then the barriers. */
-/* ST stages of Q/dO: a third stage measured no faster (R1: 41.2 against 41.1 ms at 32k). */
+/* ST stages of Q/dO (tuning.h: LT_ATTN_BWD_WS_STAGES). */
 template <int D, int ST> struct ws_plan {
-    static constexpr int BN = 128, BM = 64;
+    static constexpr int BN = LT_ATTN_BWD_WS_BN, BM = LT_ATTN_BWD_WS_BM;
     static constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2, TILE_DS = BN * BM * 2, TILE_DQ = BM * D * 4;
     static constexpr int OFF_K = 0, OFF_V = OFF_K + TILE_K, OFF_Q = OFF_V + TILE_K, OFF_O = OFF_Q + ST * TILE_Q;
     static constexpr int OFF_DS = OFF_O + ST * TILE_Q, OFF_DQ = OFF_DS + 2 * TILE_DS, OFF_L = OFF_DQ + TILE_DQ;
@@ -71,19 +68,6 @@ static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_
     lt_wgmma_commit();
 }
 
-/* dSᵀ (fp32 accumulator layout, keys = rows) to bf16 A fragments and into the shared dSᵀ tile
- * (128 keys x 64 queries, swizzled) that dQ = dS·K reads. */
-static __device__ __forceinline__ void ws_store_ds(uint32_t (&da)[4][4], const float (&dp)[32], unsigned char *cDS,
-                                                   int krow, int lane) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int qc = 8 * j + 2 * (lane & 3);
-        da[j >> 1][(j & 1) * 2] = lt_pack_bf16(dp[4 * j], dp[4 * j + 1]);
-        da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
-        *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, 128)) = da[j >> 1][(j & 1) * 2];
-        *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, 128)) = da[j >> 1][(j & 1) * 2 + 1];
-    }
-}
 #endif
 
 template <int D, bool CAP>
@@ -92,7 +76,7 @@ static __global__ void __launch_bounds__(384, 1)
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
                        const lt_attn_dev p) {
 #if LT_WGMMA_OK
-    constexpr int ST = 2;
+    constexpr int ST = LT_ATTN_BWD_WS_STAGES;
     typedef ws_plan<D, ST> P;
     constexpr int BN = P::BN, BM = P::BM, KS = D / 16, NH = D / 64;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -105,9 +89,9 @@ static __global__ void __launch_bounds__(384, 1)
 
     const int T = p.T, hk = blockIdx.x, kb = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int k0 = kb * BN;
     /* Causal rows without packing: every query from k0 on sees some key of the block. */
-    const int qb_begin = k0 / BM, nqb = T / BM - qb_begin, steps = nqb * p.group;
+    const lt_attn_kblock blk = lt_attn_kblock_at<BN, BM, true>(p, kb, b);
+    const int k0 = blk.k0, qb_begin = blk.qb_begin, nqb = blk.nqb, steps = nqb * p.group;
 
     if (tid == 0) {
         lt_mbar_init(kv_full, 1);
@@ -123,11 +107,11 @@ static __global__ void __launch_bounds__(384, 1)
 
     if (wg == 0) {
         /* Producer warpgroup: few registers; warp 0 loads, warp 1 reduces dQ, the rest leave. */
-        lt_setmaxnreg_dec<24>();
+        lt_setmaxnreg_dec<LT_ATTN_BWD_WS_REG_PRODUCER>();
         if (warp == 0 && lane == 0) {
             lt_tma_prefetch_map(&tmQ);
             lt_tma_prefetch_map(&tmO);
-            lt_mbar_arrive_tx(kv_full, 2 * P::TILE_K);
+            lt_mbar_arrive_expect_tx(kv_full, 2 * P::TILE_K);
 #pragma unroll
             for (int c = 0; c < NH; c++) {
                 lt_tma_load_4d(sK + c * BN * 128, &tmK, kv_full, 64 * c, k0, hk, b);
@@ -136,7 +120,7 @@ static __global__ void __launch_bounds__(384, 1)
             for (int step = 0, st = 0, ph = 0; step < steps; step++) {
                 const int h = hk * p.group + step / nqb, q0 = (qb_begin + step % nqb) * BM;
                 lt_mbar_wait(&q_empty[st], (uint32_t)ph ^ 1u);
-                lt_mbar_arrive_tx(&q_full[st], 2 * P::TILE_Q + 2 * BM * 4);
+                lt_mbar_arrive_expect_tx(&q_full[st], 2 * P::TILE_Q + 2 * BM * 4);
 #pragma unroll
                 for (int c = 0; c < NH; c++) {
                     lt_tma_load_4d(sQ + st * P::TILE_Q + c * BM * 128, &tmQ, &q_full[st], 64 * c, q0, h, b);
@@ -161,12 +145,12 @@ static __global__ void __launch_bounds__(384, 1)
         return;
     }
 
-    lt_setmaxnreg_inc<240>();
+    lt_setmaxnreg_inc<LT_ATTN_BWD_WS_REG_CONSUMER>();
     const int g = wg - 1, ct = tid & 127;                 /* consumer warpgroup, thread in it */
     const int kw0 = k0 + 64 * g;                          /* this warpgroup's first key */
     const int krow = 64 * g + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
     const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    const float sl2 = scale * WS_LOG2E;
+    const float sl2 = scale * LT_ATTN_LOG2E;
     const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV);
 
     float dk[NH][32], dv[NH][32];
@@ -188,23 +172,10 @@ static __global__ void __launch_bounds__(384, 1)
         uint32_t pa[4][4], da[4][4];
         if (!skip) {
             float s[32], dp[32];
-            lt_wgmma_pin(s);
-            lt_wgmma_pin(dp);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
-                                  lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-                lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
-                                  lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
-            lt_wgmma_commit();
+            lt_attn_bwd_issue_sdp<KS, BN, BM>(s, dp, aK, aV, aQ, aO, g);
             const bool full = kw0 + 63 <= q0;
             /* S and dPᵀ at once (softcap's dS takes tanh' of the score), P and dS, then dV and dK as
-             * two groups. Issuing dV before dPᵀ is waited for (dS from the bf16 P) measured 2-5%
-             * slower (R2: 2.69 against 2.64 ms at 8k, 42.8 against 41.8 at 32k). */
+             * two groups (tuning.h: issuing dV before dPᵀ is waited for measured slower). */
             lt_wgmma_wait<0>();
             lt_wgmma_pin(s);
             lt_wgmma_pin(dp);
@@ -219,48 +190,31 @@ static __global__ void __launch_bounds__(384, 1)
                     if (CAP) {
                         const float th = tanhf(s[4 * j + e] * scale * inv_cap);
                         dfac = 1.0f - th * th;
-                        pr = exp2f((cap * th) * WS_LOG2E - ((e & 1) ? L.y : L.x) * WS_LOG2E);
+                        pr = exp2f((cap * th) * LT_ATTN_LOG2E - ((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E);
                     } else {
-                        pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * WS_LOG2E));
+                        pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
                     }
                     if (!full && key > q) pr = 0.0f;
                     dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
                     s[4 * j + e] = pr;
                 }
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
-                pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-            }
-            ws_store_ds(da, dp, cDS, krow, lane);
+            lt_attn_bwd_pack_p(pa, s);
+            lt_attn_bwd_store_ds<BN>(da, dp, cDS, krow, lane);
             ws_issue_rs<NH>(dv, pa, aO);
             ws_issue_rs<NH>(dk, da, aQ);
         } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int qc = 8 * j + 2 * (lane & 3);
-                *(uint32_t *)(cDS + lt_sw128_offset(krow, qc, BN)) = 0u;
-                *(uint32_t *)(cDS + lt_sw128_offset(krow + 8, qc, BN)) = 0u;
-            }
+            lt_attn_bwd_zero_ds<BN>(cDS, krow, lane);
         }
         /* dSᵀ of both warpgroups complete for dQ. */
         lt_fence_proxy_async();
-        lt_named_sync(1, 256);
+        lt_bar_sync(1, 256);
 
         /* dQ = dS·K over the CTA's 128 keys: D = 128, warpgroup g computes columns 64g..64g+63;
          * D = 64, warpgroup 0 alone. */
         const bool dq_mine = D == 128 || g == 0;
         float acc[32];
-        if (dq_mine) {
-            lt_wgmma_pin(acc);
-            lt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
-                                  lt_wgmma_desc(aK + (D == 128 ? g * (BN * 128) : 0) + kk * 2048), kk > 0);
-            lt_wgmma_commit();
-        }
+        if (dq_mine) lt_attn_bwd_issue_dq<D, BN>(acc, aDS, aK, g);
         lt_wgmma_wait<0>();
         if (dq_mine) lt_wgmma_pin(acc);
         if (!skip)
@@ -283,64 +237,39 @@ static __global__ void __launch_bounds__(384, 1)
         if (++st == ST) st = 0, ph ^= 1;
     }
 
-    __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
-    __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int key = k0 + krow + 8 * hr;
-        if (key >= T) continue;
-#pragma unroll
-        for (int n = 0; n < NH; n++)
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int c = 64 * n + 8 * j + 2 * (lane & 3);
-                *(uint32_t *)(gdk + (int64_t)key * p.kv_st + c) =
-                    lt_pack_bf16(dk[n][4 * j + 2 * hr] * scale, dk[n][4 * j + 2 * hr + 1] * scale);
-                *(uint32_t *)(gdv + (int64_t)key * p.kv_st + c) =
-                    lt_pack_bf16(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]);
-            }
-    }
+    lt_attn_bwd_store_dkv<NH>(p, dk, dv, b, hk, k0, krow, lane, scale);
 #else
     (void)tmQ; (void)tmO; (void)tmK; (void)tmV; (void)p;
     __trap();
 #endif
 }
 
-/* One CTA per kv head only (the plan's split == 1). Measured, not yet taken: where the plan splits
- * the heads of short rows, this kernel with one CTA per kv head was faster at >= 128 CTAs (R2, H=32/8,
- * D=128, LONGTUNE_ATTN_SPLIT=1: T=4096 0.763 ms against 1.219 with the split, T=2048 0.383 against
- * 0.390); that selection was not run on the device and is left for a session with device time. */
-int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
-    if (!pl->wg || pl->dq_sep || pl->split != 1) return 0;
-    if (p->D != 64 && p->D != 128) return 0;
-    if (p->seq_offsets || p->window > 0 || p->T % 64 != 0 || p->T < 128) return 0;
-    if ((uintptr_t)lse % 16) return 0;
-    return 1;
-}
-
-template <int D, bool CAP> static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B) {
+template <int D, bool CAP>
+static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    static const char what[] = "attention backward (ws)";
+    constexpr int BN = LT_ATTN_BWD_WS_BN, BM = LT_ATTN_BWD_WS_BM;
     CUtensorMap mq, mo, mk, mv;
-    LT_TRY(lt_tma_map_bf16(ctx, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
-    LT_TRY(lt_tma_map_bf16(ctx, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, 64));
-    LT_TRY(lt_tma_map_bf16(ctx, &mk, d.k, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
-    LT_TRY(lt_tma_map_bf16(ctx, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128));
-    const int smem = ws_plan<D, 2>::BYTES;
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, BM));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, BM));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mk, d.k, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    const int smem = ws_plan<D, LT_ATTN_BWD_WS_STAGES>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
                          cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
-    dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + 127) / 128), (unsigned)B);
-    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, lt_cuda_stream(ctx)>>>(mq, mo, mk, mv, d);
+    dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
+    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, stream>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
-    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, lt_cuda_stream(ctx)>>>(d, B);
+    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
 }
 
 /* Softcap is a template parameter (the tanh and its derivative stay out of the common kernel). */
-template <int D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B) {
-    return d.softcap > 0.0f ? ws_launch_one<D, true>(ctx, d, B) : ws_launch_one<D, false>(ctx, d, B);
+template <int D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    return d.softcap > 0.0f ? ws_launch_one<D, true>(ctx, d, B, stream) : ws_launch_one<D, false>(ctx, d, B, stream);
 }
 
-lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D) {
-    return D == 64 ? ws_launch<64>(ctx, d, B) : ws_launch<128>(ctx, d, B);
+lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream) {
+    return D == 64 ? ws_launch<64>(ctx, d, B, stream) : ws_launch<128>(ctx, d, B, stream);
 }

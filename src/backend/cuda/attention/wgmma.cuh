@@ -1,10 +1,11 @@
 /* Hopper warpgroup MMA (wgmma, sm_90a only) for the attention kernels: shared-memory matrix
  * descriptors for the 128-byte-swizzled layout, the m64n64k16 bf16 instructions (both operands in
- * shared memory, or A in registers) and the fences around them. Everything here compiles to
- * nothing useful on other targets: callers guard uses with LT_WGMMA_OK and pick another kernel at
- * run time on other GPUs. Private to src/backend/cuda/. */
-#ifndef LT_WGMMA_CUH
-#define LT_WGMMA_CUH
+ * shared memory, or A in registers), the m64n128k16 one of the TMA forward, and the fences around
+ * them. Everything here compiles to nothing useful on other targets: callers guard uses with
+ * LT_WGMMA_OK and pick another kernel at run time on other GPUs. Private to
+ * src/backend/cuda/attention/. */
+#ifndef LT_ATTN_WGMMA_CUH
+#define LT_ATTN_WGMMA_CUH
 
 #include <stdint.h>
 
@@ -70,14 +71,17 @@ static __device__ __forceinline__ void lt_fence_proxy_async(void) {
 /* Pins accumulator registers in program order around the asynchronous MMAs: the compiler sees a
  * write of every register here, so it cannot move a read of the accumulator above a wait_group or
  * a write of it below an issue (CUTLASS's warpgroup_fence_operand). Emits no instruction. */
-static __device__ __forceinline__ void lt_wgmma_pin(float d[32]) {
+template <int N> static __device__ __forceinline__ void lt_pin_f(float *d) {
 #pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
-static __device__ __forceinline__ void lt_wgmma_pin_u(uint32_t a[4]) {
+template <int N> static __device__ __forceinline__ void lt_pin_u(uint32_t *a) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
 }
+/* One m64n64 accumulator, one A fragment. */
+static __device__ __forceinline__ void lt_wgmma_pin(float d[32]) { lt_pin_f<32>(d); }
+static __device__ __forceinline__ void lt_wgmma_pin_u(uint32_t a[4]) { lt_pin_u<4>(a); }
 
 #define LT_WG_D32                                                                                  \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
@@ -100,6 +104,36 @@ static __device__ __forceinline__ void lt_wgmma_ss(float d[32], uint64_t da, uin
                  ", %32, %33, p, 1, 1, %35, %36;\n}\n"
                  : LT_WG_D32
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+#endif
+}
+
+#define LT_WG_D64                                                                                   \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define LT_WG_R64                                                                                   \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "     \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
+    "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
+    "%58, %59, %60, %61, %62, %63}"
+
+/* d (64 x 128 fp32 per warpgroup: d[4j + e] is row 16·warp + lane/4 + 8·(e/2), column 8j +
+ * 2·(lane%4) + e%2) = A·Bᵀ (+ d when acc), K = 16, both operands K-major in the 128-byte swizzle. */
+static __device__ __forceinline__ void lt_wgmma_ss_n128(float d[64], uint64_t da, uint64_t db, int acc) {
+#if LT_WGMMA_OK
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LT_WG_R64
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : LT_WG_D64
+                 : "l"(da), "l"(db), "r"(acc));
 #else
     (void)d; (void)da; (void)db; (void)acc;
 #endif

@@ -3,19 +3,14 @@
  * and mbarriers, two consumer warpgroups own 64 query rows each (128 per CTA). The consumers take
  * turns issuing their MMAs (ping-pong on named barriers, so one's softmax runs under the other's
  * MMAs) and each overlaps its own softmax of tile n with the P·V of tile n - 1. Causal, window and
- * packed-row bounds arrive as the per-token key bounds of attention_fwd.cu; tiles no row of the
- * CTA can see are never loaded. Short packed sequences and small windows stay with the one-
- * warpgroup kernel of attention_fwd.cu (its 64-row CTAs skip more); attn_fwd_variant chooses. */
-#include "backend/cuda/attention_cuda.h"
-#include "backend/cuda/attnf_pipeline.cuh"
-#include "backend/cuda/cuda_common.cuh"
+ * packed-row bounds arrive as the per-token key bounds of prepare.cu; tiles no row of the CTA can
+ * see are never loaded. Short packed sequences and small windows stay with the one-warpgroup
+ * kernel of fwd_wg.cu (its 64-row CTAs skip more); lt_attn_fwd_choose decides. */
+#include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/hopper.cuh"
+#include "backend/cuda/attention/launch.h"
 
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define WS_LOG2E 1.4426950408889634f
-#define WS_LN2 0.6931471805599453f
 
 namespace {
 
@@ -38,7 +33,7 @@ static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float x = s[4 * j + e];
-            if (cap > 0.0f) x = cap * tanhf(x * scale * inv_cap) * WS_LOG2E;
+            if (cap > 0.0f) x = cap * tanhf(x * scale * inv_cap) * LT_ATTN_LOG2E;
             if (!full) {
                 const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
                 if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
@@ -73,7 +68,7 @@ template <int D, int NS>
 static __global__ void __launch_bounds__(384, 1)
     attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p, const int pp) {
 #if LT_WGMMA_OK
-    constexpr int BN = 128, NH = D / 64, KS = D / 16;
+    constexpr int BM = LT_ATTN_FWD_WS_BM, BN = LT_ATTN_FWD_WS_BN, NH = D / 64, KS = D / 16;
     constexpr int TQ = 64 * D * 2, TKV = BN * D * 2; /* bytes of one consumer's Q tile, one K or V tile */
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
@@ -85,9 +80,9 @@ static __global__ void __launch_bounds__(384, 1)
     const int qb = gridDim.y - 1 - blockIdx.y; /* the longest causal rows first */
     const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int q0 = qb * 128, qlast = min(q0 + 128, T) - 1;
-    const int32_t *lo = p.lo + (int64_t)b * T;
-    const int kb_begin = lo[q0] / BN, kb_end = qlast / BN, ntiles = kb_end - kb_begin + 1;
+    const lt_attn_qblock blk = lt_attn_qblock_at<BM, BN>(p, qb, b);
+    const int32_t *lo = blk.lo;
+    const int q0 = blk.q0, kb_begin = blk.kb_begin, ntiles = blk.kb_end - kb_begin + 1;
 
     if (tid == 0) {
         lt_mbar_init(barQ, 1);
@@ -103,32 +98,32 @@ static __global__ void __launch_bounds__(384, 1)
 
     if (wg == 0) {
         /* Producer: one thread issues every copy; the rest of the warpgroup leaves. */
-        lt_setmaxnreg_dec<40>();
+        lt_setmaxnreg_dec<LT_ATTN_FWD_WS_REG_PRODUCER>();
         if (tid == 0) {
-            lt_tma_prefetch_desc(&maps.q);
-            lt_tma_prefetch_desc(&maps.k);
-            lt_tma_prefetch_desc(&maps.v);
-            lt_mbar_expect_tx(barQ, 2 * TQ);
+            lt_tma_prefetch_map(&maps.q);
+            lt_tma_prefetch_map(&maps.k);
+            lt_tma_prefetch_map(&maps.v);
+            lt_mbar_arrive_expect_tx(barQ, 2 * TQ);
 #pragma unroll
             for (int w = 0; w < 2; w++)
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sQ + w * TQ + n * 64 * 128, &maps.q, barQ, 64 * n, h, q0 + 64 * w, b);
+                for (int n = 0; n < NH; n++) lt_tma_load_4d(sQ + w * TQ + n * 64 * 128, &maps.q, barQ, 64 * n, q0 + 64 * w, h, b);
             for (int i = 0; i < ntiles; i++) {
                 const int s = i % NS, ph = (i / NS) & 1, k0 = (kb_begin + i) * BN;
                 lt_mbar_wait(&emptyK[s], ph ^ 1);
-                lt_mbar_expect_tx(&fullK[s], TKV);
+                lt_mbar_arrive_expect_tx(&fullK[s], TKV);
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sK + s * TKV + n * BN * 128, &maps.k, &fullK[s], 64 * n, hk, k0, b);
+                for (int n = 0; n < NH; n++) lt_tma_load_4d(sK + s * TKV + n * BN * 128, &maps.k, &fullK[s], 64 * n, k0, hk, b);
                 lt_mbar_wait(&emptyV[s], ph ^ 1);
-                lt_mbar_expect_tx(&fullV[s], TKV);
+                lt_mbar_arrive_expect_tx(&fullV[s], TKV);
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sV + s * TKV + n * BN * 128, &maps.v, &fullV[s], 64 * n, hk, k0, b);
+                for (int n = 0; n < NH; n++) lt_tma_load_4d(sV + s * TKV + n * BN * 128, &maps.v, &fullV[s], 64 * n, k0, hk, b);
             }
         }
         return;
     }
 
-    lt_setmaxnreg_inc<232>();
+    lt_setmaxnreg_inc<LT_ATTN_FWD_WS_REG_CONSUMER>();
     const int w = wg - 1, ct = tid & 127, warp = ct >> 5, lane = tid & 31;
     const int q0w = q0 + 64 * w;
     int row[2], rlo[2];
@@ -138,7 +133,7 @@ static __global__ void __launch_bounds__(384, 1)
     rlo[1] = lo[min(row[1], T - 1)];
     const int lo_last = lo[min(q0w + 63, T - 1)];
     const float scale = p.scale, cap = p.softcap;
-    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * WS_LOG2E;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LT_ATTN_LOG2E;
     unsigned char *sQw = sQ + w * TQ;
     const uint64_t dQ = lt_wgmma_desc(lt_smem_addr(sQw));
     const uint64_t dK0 = lt_wgmma_desc(lt_smem_addr(sK)), dV0 = lt_wgmma_desc(lt_smem_addr(sV));
@@ -258,7 +253,7 @@ static __global__ void __launch_bounds__(384, 1)
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         il[hr] = 1.0f / lt;
         const int r = row[hr];
-        if (r < T && (lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * WS_LN2;
+        if (r < T && (lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * LT_ATTN_LN2;
     }
     const int rr = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
 #pragma unroll
@@ -287,32 +282,26 @@ static __global__ void __launch_bounds__(384, 1)
 }
 
 template <int D, int NS>
-static lt_status ws_launch(lt_ctx *ctx, const lt_attention_params *pp, const lt_attn_dev &d, int ping) {
-    constexpr int TQ = 64 * D * 2, TKV = 128 * D * 2;
+static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
+    constexpr int TQ = 64 * D * 2, TKV = LT_ATTN_FWD_WS_BN * D * 2;
     const size_t smem = 1024 + 2 * (size_t)TQ + 2 * (size_t)NS * TKV + (1 + 4 * NS) * 8;
+    static const char what[] = "attention forward (TMA)";
     ws_maps maps;
-    const int64_t B = pp->B, T = pp->T;
-    if (lt_tmap_bhtd(&maps.q, d.q, B, T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64) ||
-        lt_tmap_bhtd(&maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128) ||
-        lt_tmap_bhtd(&maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, 128))
-        return lt_error(ctx, LT_ERR_CUDA, "attention forward (TMA): tensor map encoding failed");
-    LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_fwd_ws_kernel<D, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem),
-                         "attention forward (TMA): shared memory size"));
-    dim3 grid((unsigned)d.H, (unsigned)((T + 127) / 128), (unsigned)B);
-    attn_fwd_ws_kernel<D, NS><<<grid, 384, smem, lt_cuda_stream(ctx)>>>(maps, d, ping);
-    return lt_cuda_check(ctx, cudaGetLastError(), "attention forward (TMA) kernel launch");
+    const int64_t T = d.T;
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.q, d.q, B, T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
+    const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
+    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS>, grid, 384, smem, stream,
+                          "attention forward (TMA): shared memory size",
+                          "attention forward (TMA) kernel launch", maps, d, ping);
 }
 
 } // namespace
 
-lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attention_params *p, const lt_attn_dev *d, int stages) {
-    /* LONGTUNE_ATTN_WS_PP=0: both consumers issue MMAs whenever ready (for measurements). */
-    const char *e = getenv("LONGTUNE_ATTN_WS_PP");
-    const int ping = !(e && !strcmp(e, "0"));
-    if (p->D == 64) return stages == 3 ? ws_launch<64, 3>(ctx, p, *d, ping) : ws_launch<64, 2>(ctx, p, *d, ping);
-    return stages == 3 ? ws_launch<128, 3>(ctx, p, *d, ping) : ws_launch<128, 2>(ctx, p, *d, ping);
+lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int stages, int pingpong,
+                                cudaStream_t stream) {
+    if (D == 64)
+        return stages == 3 ? ws_launch<64, 3>(ctx, d, B, pingpong, stream) : ws_launch<64, 2>(ctx, d, B, pingpong, stream);
+    return stages == 3 ? ws_launch<128, 3>(ctx, d, B, pingpong, stream) : ws_launch<128, 2>(ctx, d, B, pingpong, stream);
 }
-
-int lt_attn_fwd_ws_available(void) { return lt_tmap_encoder() != NULL; }

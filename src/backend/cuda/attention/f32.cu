@@ -94,19 +94,20 @@ static unsigned row_blocks(const rows &r) {
     return (unsigned)(b < 1 ? 1 : b > 65535 * 16 ? 65535 * 16 : b);
 }
 
-static lt_status narrow(lt_ctx *ctx, const rows &r, const void *src, char *ws, size_t off) {
-    f32_to_bf16_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(r, (const float *)src, (__nv_bfloat16 *)(ws + off));
+static lt_status narrow(lt_ctx *ctx, const rows &r, const void *src, char *ws, size_t off, cudaStream_t stream) {
+    f32_to_bf16_rows<<<row_blocks(r), dim3(32, 8), 0, stream>>>(r, (const float *)src, (__nv_bfloat16 *)(ws + off));
     return lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA f32): conversion to bf16");
 }
 
-static lt_status widen(lt_ctx *ctx, const rows &r, const char *ws, size_t off, void *dst) {
-    bf16_to_f32_rows<<<row_blocks(r), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(r, (const __nv_bfloat16 *)(ws + off), (float *)dst);
+static lt_status widen(lt_ctx *ctx, const rows &r, const char *ws, size_t off, void *dst, cudaStream_t stream) {
+    bf16_to_f32_rows<<<row_blocks(r), dim3(32, 8), 0, stream>>>(r, (const __nv_bfloat16 *)(ws + off), (float *)dst);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA f32): conversion to f32");
 }
 
 /* The boundary (attention.c) has resolved layouts and checked workspace size; p->dtype is F32. */
 static lt_status f32_run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a, int backward) {
     if (p->T == 0 || p->B == 0) return LT_OK;
+    const cudaStream_t stream = lt_cuda_stream(ctx);
     const f32_layout l = f32_plan(p, backward);
     char *ws = (char *)a->workspace;
     const lt_attention_params r = inner_params(p);
@@ -117,20 +118,20 @@ static lt_status f32_run(lt_ctx *ctx, const lt_attention_params *p, lt_attention
     b.q = ws + l.q, b.k = ws + l.k, b.v = ws + l.v, b.out = ws + l.o, b.lse = a->lse;
     b.workspace = ws + l.inner;
     b.workspace_size = l.total - l.inner;
-    LT_TRY(narrow(ctx, rq, a->q, ws, l.q));
-    LT_TRY(narrow(ctx, rk, a->k, ws, l.k));
-    LT_TRY(narrow(ctx, rk, a->v, ws, l.v));
+    LT_TRY(narrow(ctx, rq, a->q, ws, l.q, stream));
+    LT_TRY(narrow(ctx, rk, a->k, ws, l.k, stream));
+    LT_TRY(narrow(ctx, rk, a->v, ws, l.v, stream));
     if (!backward) {
         LT_TRY(lt_attention_cuda_forward(ctx, &r, &b));
-        return widen(ctx, ro, ws, l.o, a->out);
+        return widen(ctx, ro, ws, l.o, a->out, stream);
     }
-    LT_TRY(narrow(ctx, ro, a->out, ws, l.o));
-    LT_TRY(narrow(ctx, ro, a->dout, ws, l.dout));
+    LT_TRY(narrow(ctx, ro, a->out, ws, l.o, stream));
+    LT_TRY(narrow(ctx, ro, a->dout, ws, l.dout, stream));
     b.dout = ws + l.dout, b.dq = ws + l.dq, b.dk = ws + l.dk, b.dv = ws + l.dv;
     LT_TRY(lt_attention_cuda_backward(ctx, &r, &b));
-    LT_TRY(widen(ctx, rq, ws, l.dq, a->dq));
-    LT_TRY(widen(ctx, rk, ws, l.dk, a->dk));
-    return widen(ctx, rk, ws, l.dv, a->dv);
+    LT_TRY(widen(ctx, rq, ws, l.dq, a->dq, stream));
+    LT_TRY(widen(ctx, rk, ws, l.dk, a->dk, stream));
+    return widen(ctx, rk, ws, l.dv, a->dv, stream);
 }
 
 extern "C" lt_status lt_attention_cuda_f32_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {

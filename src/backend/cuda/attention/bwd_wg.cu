@@ -1,0 +1,405 @@
+/* The wgmma flash attention backward for Hopper (sm_90a), D = 64 or 128: the main kernel and the dQ
+ * kernel; bwd.cu sequences them with delta and the conversions of fp32 sums.
+ *
+ * The main kernel (dev/cuda/NOTES.md, v5) does the mma.sync kernel's CTA work (128 keys of one kv
+ * head, every query head of its group, 64 queries per step) on warpgroup MMAs. Two warpgroups of 4
+ * warps; warpgroup g owns keys 64g..64g+63 for Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q,
+ * and columns 64g..64g+63 of dQ = dS·K. K, V, Q, dO stay in shared memory in the 128-byte swizzle
+ * (wgmma reads them there, so no fragment lives in registers); Pᵀ and dSᵀ go from the score
+ * accumulators straight into A fragments in registers; dSᵀ also goes to shared memory once for dQ.
+ * dQ is added to the fp32 buffer with 2-wide vector atomics. D = 64 or 128. */
+#include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/bwd_wg.cuh"
+#include "backend/cuda/attention/launch.h"
+#include "backend/cuda/attention/wgmma.cuh"
+
+#include <math.h>
+
+template <int N>
+static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
+}
+
+template <int D, bool NODQ, int NWG>
+static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
+    /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
+     * of K in one warpgroup. */
+    static_assert(NWG == 2 || NODQ, "one warpgroup per CTA only without dQ");
+#if LT_WGMMA_OK
+    constexpr int BN = 64 * NWG, BM = LT_ATTN_BWD_WG_BM, KS = D / 16, NH = D / 64, NT = 128 * NWG;
+    constexpr int TILE_K = BN * D * 2, TILE_Q = BM * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sK = smem, *sV = sK + TILE_K, *sQ = sV + TILE_K, *sO = sQ + 2 * TILE_Q;
+    unsigned char *sDS = sO + 2 * TILE_Q; /* dSᵀ: BN keys x BM queries */
+    float *sL = (float *)(sDS + BN * BM * 2);
+    float *sD = sL + 2 * BM;
+    int *sLo = (int *)(sD + 2 * BM);
+
+    /* blockIdx.x: kv head (and split), fastest, so that every head's long first key blocks are
+     * scheduled before any short last one (longest-first; kb = 0 sees every query of a causal
+     * row). */
+    const int T = p.T, kb = blockIdx.y, hk = blockIdx.x / p.nsplit, b = blockIdx.z;
+    const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.x % p.nsplit) * heads;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const lt_attn_kblock blk = lt_attn_kblock_at<BN, BM, false>(p, kb, b);
+    const int32_t *lo = blk.lo;
+    const int k0 = blk.k0, klast = blk.klast, qb_begin = blk.qb_begin, nqb = blk.nqb;
+    const int steps = nqb * heads;
+
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    lt_wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
+    auto load_step = [&](int step, int buf) {
+        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        lt_wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+        lt_wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+        if (tid < BM) {
+            const int t = min(q0 + tid, T - 1);
+            const int64_t r = ((int64_t)b * p.H + h) * T + t;
+            bwd_cp_async<4>(sL + buf * BM + tid, p.lse + r);
+            bwd_cp_async<4>(sD + buf * BM + tid, p.delta + r);
+            bwd_cp_async<4>(sLo + buf * BM + tid, lo + t);
+        }
+    };
+    if (steps > 0) load_step(0, 0);
+    lt_cp_async_commit();
+
+    float dk[NH][32], dv[NH][32];
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dk[n][i] = dv[n][i] = 0.0f;
+    const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float sl2 = scale * LT_ATTN_LOG2E;
+    const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV), aDS = lt_smem_addr(sDS);
+    const int kw0 = k0 + 64 * wg;                          /* this warpgroup's first key */
+    const int krow = 64 * wg + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
+
+    for (int step = 0; step < steps; step++) {
+        const int buf = step & 1;
+        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
+        lt_cp_async_wait<0>();
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (step + 1 < steps) {
+            load_step(step + 1, buf ^ 1);
+            lt_cp_async_commit();
+        }
+        const uint32_t aQ = lt_smem_addr(sQ + buf * TILE_Q), aO = lt_smem_addr(sO + buf * TILE_Q);
+        const float *cL = sL + buf * BM, *cD = sD + buf * BM;
+        const int *cLo = sLo + buf * BM;
+        /* Warpgroup-uniform skip of key blocks no query of the step can see. */
+        const bool skip = kw0 > q0 + BM - 1 || kw0 + 63 < cLo[0];
+        uint32_t pa[4][4], da[4][4];
+        if (!skip) {
+            float s[32], dp[32];
+            lt_attn_bwd_issue_sdp<KS, BN, BM>(s, dp, aK, aV, aQ, aO, wg);
+            /* P from S while dPᵀ is still being computed (softcap needs both at once: wait). */
+            const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
+            if (cap > 0.0f) {
+                lt_wgmma_wait<0>();
+                lt_wgmma_pin(s);
+                lt_wgmma_pin(dp);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+                    const int2 LO = *(const int2 *)(cLo + qc);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                        float pr = exp2f((cap * th) * LT_ATTN_LOG2E - ((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E);
+                        if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                        /* dS here; the loop below then takes dp as it is. */
+                        dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * (1.0f - th * th);
+                        s[4 * j + e] = pr;
+                    }
+                }
+            } else {
+                lt_wgmma_wait<1>();
+                lt_wgmma_pin(s);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    const float2 L = *(const float2 *)(cL + qc);
+                    const int2 LO = *(const int2 *)(cLo + qc);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                        float pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
+                        if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                        s[4 * j + e] = pr;
+                    }
+                }
+                lt_wgmma_wait<0>();
+                lt_wgmma_pin(dp);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float2 Dl = *(const float2 *)(cD + 8 * j + 2 * (lane & 3));
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x));
+                }
+            }
+            lt_attn_bwd_pack_p(pa, s);
+            lt_attn_bwd_store_ds<BN>(da, dp, sDS, krow, lane);
+            /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
+#pragma unroll
+            for (int n = 0; n < NH; n++) {
+                lt_wgmma_pin(dv[n]);
+                lt_wgmma_pin(dk[n]);
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                lt_wgmma_pin_u(pa[kk]);
+                lt_wgmma_pin_u(da[kk]);
+            }
+            lt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int n = 0; n < NH; n++)
+                    lt_wgmma_rs<1>(dv[n], pa[kk], lt_wgmma_desc(aO + n * (BM * 128) + kk * 2048), 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int n = 0; n < NH; n++)
+                    lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
+            lt_wgmma_commit();
+        } else if (!NODQ) {
+            lt_attn_bwd_zero_ds<BN>(sDS, krow, lane);
+        }
+        /* dSᵀ complete for dQ. Without dQ here the barrier is kept too: dropping it let the
+         * compiler stretch register lifetimes across steps and spill (ptxas, 88 bytes). */
+        lt_fence_proxy_async();
+        __syncthreads();
+
+        /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
+         * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
+        const bool dq_skip =
+            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
+        if (!dq_skip) {
+            float acc[32];
+            lt_attn_bwd_issue_dq<D, BN>(acc, aDS, aK, wg);
+            lt_wgmma_wait<0>();
+            lt_wgmma_pin(acc);
+            /* 8-byte vector atomics: 16-byte red.global.add.v4.f32 after a lane-pair exchange
+             * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/NOTES.md, v8). */
+            const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
+            const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
+            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
+            float *g1 = g0 + (int64_t)8 * p.H * D;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
+                if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
+            }
+        } else {
+            lt_wgmma_wait<0>();
+        }
+    }
+    lt_wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NH; n++) {
+        lt_wgmma_pin(dv[n]);
+        lt_wgmma_pin(dk[n]);
+    }
+
+    if (p.dkv_acc) {
+        /* Split heads: several CTAs add their partial sums (fp32, converted afterwards). */
+        const int64_t plane = (int64_t)gridDim.z * T * p.Hkv * D;
+        float *ak = p.dkv_acc + (((int64_t)b * T) * p.Hkv + hk) * D, *av = ak + plane;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int key = k0 + krow + 8 * hr;
+            if (key >= T) continue;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int64_t o = (int64_t)key * p.Hkv * D + 64 * n + 8 * j + 2 * (lane & 3);
+                    atomicAdd((float2 *)(ak + o), make_float2(dk[n][4 * j + 2 * hr], dk[n][4 * j + 2 * hr + 1]));
+                    atomicAdd((float2 *)(av + o), make_float2(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]));
+                }
+        }
+        return;
+    }
+    lt_attn_bwd_store_dkv<NH>(p, dk, dv, b, hk, k0, krow, lane, scale);
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * dQ without atomics, for rows whose visible key range is short (packed rows, small windows):
+ * one warpgroup owns 64 query rows of one head and walks the 64-key tiles they can see,
+ * recomputing S = Q·Kᵀ and dP = dO·Vᵀ (both operands K-major in shared memory), forming dS in
+ * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
+ * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
+ * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
+template <int D, bool DELTA>
+static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BM = LT_ATTN_BWD_DQ_BM, BN = LT_ATTN_BWD_DQ_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sQ = smem, *sO = sQ + TILE, *sK = sO + TILE, *sV = sK + 2 * TILE;
+
+    const int T = p.T;
+    const int qb = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const lt_attn_qblock blk = lt_attn_qblock_at<BM, BN>(p, qb, b);
+    const int32_t *lo = blk.lo;
+    const int q0 = blk.q0, kb_begin = blk.kb_begin, kb_end = blk.kb_end, lo_last = blk.lo_last;
+
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    lt_wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_cp_async_commit();
+
+    int row[2], rlo[2];
+    float L2[2], Dl[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        row[hr] = q0 + 16 * warp + (lane >> 2) + 8 * hr;
+        const int t = min(row[hr], T - 1);
+        rlo[hr] = lo[t];
+        const int64_t r = ((int64_t)b * p.H + h) * T + t;
+        L2[hr] = p.lse[r] * LT_ATTN_LOG2E;
+        if (DELTA) {
+            /* delta = rowsum(dO·O) here, for the main kernel that runs next: the four lanes of
+             * an accumulator row each take a quarter of D (16-byte loads), then reduce. */
+            const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
+            float acc = 0.0f;
+#pragma unroll
+            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8)
+                acc = lt_attn_dot8(acc, o + c, g + c);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            Dl[hr] = acc;
+            if ((lane & 3) == 0 && row[hr] < T) p.delta[r] = acc;
+        } else {
+            Dl[hr] = p.delta[r];
+        }
+    }
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LT_ATTN_LOG2E;
+    const uint32_t aQ = lt_smem_addr(sQ), aO = lt_smem_addr(sO);
+    const uint64_t dQ = lt_wgmma_desc(aQ), dO = lt_wgmma_desc(aO);
+
+    float dq[NH][32];
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dq[n][i] = 0.0f;
+
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = (kb - kb_begin) & 1;
+        lt_cp_async_wait<0>();
+        lt_fence_proxy_async();
+        __syncthreads();
+        if (kb < kb_end) {
+            lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_cp_async_commit();
+        }
+        const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
+        const uint64_t dK = lt_wgmma_desc(aK), dV = lt_wgmma_desc(aV);
+        const int k0 = kb * BN;
+        float s[32], dp[32];
+        lt_wgmma_pin(s);
+        lt_wgmma_pin(dp);
+        lt_wgmma_fence();
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, dK);
+        lt_wgmma_commit();
+        lt_wgmma_kmajor<KS, BM, BN>(dp, dO, dV);
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
+        lt_wgmma_pin(dp);
+
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        uint32_t da[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                float pr, dfac = 1.0f;
+                if (cap > 0.0f) {
+                    const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                    dfac = 1.0f - th * th;
+                    pr = exp2f((cap * th) * LT_ATTN_LOG2E - L2[hr]);
+                } else {
+                    pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
+                }
+                if (!full && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
+                sv[e] = pr * (dp[4 * j + e] - Dl[hr]) * dfac;
+            }
+            da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
+            da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
+        }
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dK);
+    }
+
+    __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = row[hr];
+        if (r >= T) continue;
+        __nv_bfloat16 *dst = gdq + (int64_t)r * p.dq_st;
+#pragma unroll
+        for (int n = 0; n < NH; n++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
+                    lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+template <int D, bool DELTA>
+static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
+    const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_BWD_DQ_BM - 1) / LT_ATTN_BWD_DQ_BM), (unsigned)B);
+    return lt_attn_launch(ctx, attn_bwd_dq_kernel<D, DELTA>, grid, 128, smem, stream,
+                          "attention backward: shared memory size", "attention backward: dq kernel launch", d);
+}
+
+/* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
+lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream) {
+    if (D == 64) return delta ? bwd_dq_launch<64, true>(ctx, d, B, stream) : bwd_dq_launch<64, false>(ctx, d, B, stream);
+    return delta ? bwd_dq_launch<128, true>(ctx, d, B, stream) : bwd_dq_launch<128, false>(ctx, d, B, stream);
+}
+
+template <int D, bool NODQ, int NWG>
+static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    constexpr int BN = 64 * NWG, BM = LT_ATTN_BWD_WG_BM;
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
+    const dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
+    return lt_attn_launch(ctx, attn_bwd_wg_kernel<D, NODQ, NWG>, grid, 128 * NWG, smem, stream,
+                          "attention backward: shared memory size", "attention backward kernel launch", d);
+}
+
+lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream) {
+    if (D == 64)
+        return !d.no_dq   ? bwd_wg_launch<64, false, 2>(ctx, d, B, stream)
+               : bn == 64 ? bwd_wg_launch<64, true, 1>(ctx, d, B, stream)
+                          : bwd_wg_launch<64, true, 2>(ctx, d, B, stream);
+    return !d.no_dq   ? bwd_wg_launch<128, false, 2>(ctx, d, B, stream)
+           : bn == 64 ? bwd_wg_launch<128, true, 1>(ctx, d, B, stream)
+                      : bwd_wg_launch<128, true, 2>(ctx, d, B, stream);
+}

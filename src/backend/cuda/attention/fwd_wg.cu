@@ -1,0 +1,178 @@
+/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/NOTES.md, v5), D = 64 or 128:
+ * one warpgroup per CTA owns 64 query rows (warp w rows 16w..16w+15), S = Q·Kᵀ and O += P·V on
+ * warpgroup MMAs with Q, K and V in shared memory in the 128-byte swizzle (no fragments in
+ * registers but P, taken straight from the S accumulator). Tiles of 64 keys, double-buffered with
+ * cp.async; two CTAs share an SM, so one's softmax overlaps the other's MMAs (WG2); with one K/V
+ * slot three CTAs share an SM (WG1, for rows that see few tiles). */
+#include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/launch.h"
+#include "backend/cuda/attention/wgmma.cuh"
+
+#include <math.h>
+
+template <int D, int NB>
+static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
+#if LT_WGMMA_OK
+    constexpr int BM = LT_ATTN_FWD_WG_BM, BN = LT_ATTN_FWD_WG_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *sQ = smem, *sK = sQ + TILE, *sV = sK + NB * TILE;
+
+    const int T = p.T;
+    /* Heads vary fastest and query blocks run from the last (longest causal rows) down, so every
+     * head's long blocks are scheduled before any short one. */
+    const int qb = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const lt_attn_qblock blk = lt_attn_qblock_at<BM, BN>(p, qb, b);
+    const int32_t *lo = blk.lo;
+    const int q0 = blk.q0, kb_begin = blk.kb_begin, kb_end = blk.kb_end, lo_last = blk.lo_last;
+
+    const __nv_bfloat16 *gq = p.q + b * p.q_sb + h * p.q_sh;
+    const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
+    const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
+    lt_wg_load_tile<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_cp_async_commit();
+
+    int row[2], rlo[2];
+    row[0] = q0 + 16 * warp + (lane >> 2);
+    row[1] = row[0] + 8;
+    rlo[0] = lo[min(row[0], T - 1)];
+    rlo[1] = lo[min(row[1], T - 1)];
+    const float scale = p.scale, cap = p.softcap;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LT_ATTN_LOG2E;
+    const uint32_t aQ = lt_smem_addr(sQ);
+    const uint64_t dQ = lt_wgmma_desc(aQ);
+
+    float o[NH][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NH; n++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
+
+    float s[32];
+    for (int kb = kb_begin; kb <= kb_end; kb++) {
+        const int buf = NB == 2 ? (kb - kb_begin) & 1 : 0;
+        const int k0 = kb * BN;
+        const uint32_t aV = lt_smem_addr(sV + buf * TILE);
+        const uint64_t dV = lt_wgmma_desc(aV);
+        if (NB == 1) {
+            /* One K/V slot (three CTAs per SM): load this tile once every warp is done with the
+             * last one. */
+            if (kb > kb_begin) {
+                __syncthreads();
+                lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_cp_async_commit();
+            }
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+        } else {
+            lt_cp_async_wait<0>();
+            lt_fence_proxy_async();
+            __syncthreads();
+            if (kb < kb_end) {
+                lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_cp_async_commit();
+            }
+        }
+        lt_wgmma_pin(s);
+        lt_wgmma_fence();
+        lt_wgmma_kmajor<KS, BM, BN>(s, dQ, lt_wgmma_desc(lt_smem_addr(sK + buf * TILE)));
+        lt_wgmma_commit();
+        lt_wgmma_wait<0>();
+        lt_wgmma_pin(s);
+
+        const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x;
+                if (cap > 0.0f) x = cap * tanhf(s[4 * j + e] * scale * inv_cap) * LT_ATTN_LOG2E;
+                else x = s[4 * j + e] * sl2;
+                if (!full) {
+                    const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                    if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
+                }
+                s[4 * j + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            const float mn = fmaxf(m[hr], mx[hr]);
+            /* A row that has seen only masked keys keeps max -inf; subtract 0 instead (no NaN). */
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            const float al = exp2f(m[hr] - mu);
+            m[hr] = mn;
+            float rs = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s[4 * j + 2 * hr] = exp2f(s[4 * j + 2 * hr] - mu);
+                s[4 * j + 2 * hr + 1] = exp2f(s[4 * j + 2 * hr + 1] - mu);
+                rs += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
+            }
+            l[hr] = l[hr] * al + rs;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    o[n][4 * j + 2 * hr] *= al;
+                    o[n][4 * j + 2 * hr + 1] *= al;
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+        }
+        lt_wgmma_rs_wait<NH, BN / 16, BN>(o, pa, dV);
+    }
+
+    __nv_bfloat16 *go = p.o + b * p.o_sb + h * p.o_sh;
+    const int c = 2 * (lane & 3);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const float il = 1.0f / lt;
+        const int r = row[hr];
+        if (r < T) {
+            __nv_bfloat16 *dst = go + (int64_t)r * p.o_st;
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    *(uint32_t *)(dst + 64 * n + 8 * j + c) =
+                        lt_pack_bf16(o[n][4 * j + 2 * hr] * il, o[n][4 * j + 2 * hr + 1] * il);
+            if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * LT_ATTN_LN2;
+        }
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+template <int D, int NB>
+static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
+    const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM), (unsigned)B);
+    return lt_attn_launch(ctx, attn_fwd_wg_kernel<D, NB>, grid, 128, smem, stream,
+                          "attention forward: shared memory size", "attention forward kernel launch", d);
+}
+
+lt_status lt_attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int slots, cudaStream_t stream) {
+    if (D == 64) return slots == 1 ? fwd_wg_launch<64, 1>(ctx, d, B, stream) : fwd_wg_launch<64, 2>(ctx, d, B, stream);
+    return slots == 1 ? fwd_wg_launch<128, 1>(ctx, d, B, stream) : fwd_wg_launch<128, 2>(ctx, d, B, stream);
+}
