@@ -57,9 +57,9 @@ for s in $steps; do
   chart)
     for f in "$OUT"/context-cuda-*.json; do [ -f "$f" ] && python3 scripts/context_chart.py "$f"; done ;;
   traincpu) # opt-in (not in the default list): the CPU training bench on the device's cores, both
-    # arms (longtune, PyTorch + transformers + PEFT), all cores; ~60 s expected at 16 threads (session
-    # 4 R2: peer start 16 s, a T=512 step pair 2.5 s). Memory guard off: after the GPU steps other
-    # processes can hold 3/4 of host memory, and the guard then refuses to start (R2).
+    # arms (longtune, PyTorch + transformers + PEFT), all cores; ~60 s expected at 16 threads (peer
+    # start 16 s, a T=512 step pair 2.5 s). Memory guard off: after the GPU steps other processes
+    # can hold 3/4 of host memory, and the guard would then refuse to start.
     run 150 "train cpu smollm2-135m" env CUDA_VISIBLE_DEVICES= "$BIN" bench train --shape smollm2-135m \
       --seq 512,2048 --repeats 3 --warmup 1 --no-memory-guard --out "$OUT" ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with

@@ -62,7 +62,7 @@ static lt_status cuda_host_register(lt_ctx *ctx, void *p, size_t bytes, int on) 
     return cuda_status(ctx, cudaHostUnregister(p), "cudaHostUnregister");
 }
 
-/* f32 tensors take the conversion wrappers around the bf16 kernels (attention_f32.cu, lce_f32.cu). */
+/* f32 tensors take the conversion wrappers around the bf16 kernels (attention/f32.cu, lce_f32.cu). */
 static size_t cuda_attention_ws(const lt_attention_params *p, int backward, int threads) {
     return p->dtype == LT_DTYPE_F32 ? lt_attention_cuda_f32_workspace_bytes(p, backward, threads)
                                     : lt_attention_cuda_workspace_bytes(p, backward, threads);

@@ -18,7 +18,7 @@ extern "C" {
 #include <string.h>
 
 /* Tuning constants: the workspace budget bounds Nc·Vc; Nc = 2048 tokens forward, 1024 backward
- * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/NOTES.md). cuBLASLt gets 4 MiB of scratch for its kernels. */
+ * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/README.md). cuBLASLt gets 4 MiB of scratch for its kernels. */
 #define LCE_BUDGET ((size_t)56 << 20)
 #define LCE_BLAS_WS ((size_t)4 << 20)
 #define LCE_NC_DEFAULT 2048
@@ -27,7 +27,7 @@ extern "C" {
 /* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and one logit tile
  * as wide as the budget allows (Vc = 16384 with bf16 logits, which need no staging; 8192 with fp32
  * logits, staged in shared memory by the statistics kernel), inside 60 MiB. Measured
- * on the H200 (dev/cuda/NOTES.md): the vocabulary width is what pays (fewer read-modify-writes of
+ * on the H200 (dev/cuda/README.md): the vocabulary width is what pays (fewer read-modify-writes of
  * the accumulator); a wider token chunk did not, and running the next tile's GEMM 1 on a second
  * stream beside the statistics kernel and GEMM 2 gained nothing (cuBLASLt's kernels fill the GPU)
  * while doubling the logit buffer, so there is one stream. The reference max of a token moves only

@@ -1,6 +1,6 @@
 /* f32 GEMMs with one side of rank r <= 16: the LoRA products that read or reduce a whole
  * activation (x·Aᵀ, dy·B, dyᵀ·lu, dluᵀ·x). They are memory-bound, and cuBLASLt's f32 kernels ran
- * them at a third of the H200's bandwidth (bench matmul, last session: x·Aᵀ at N = 8192, in = 4096
+ * them at a third of the H200's bandwidth (bench matmul: x·Aᵀ at N = 8192, in = 4096
  * took 148 us for 128 MiB). Here each one is a single pass over the big operand with float4 loads,
  * fp32 accumulation in a fixed order (deterministic; no atomics); the rank-r update dlu·A into dx
  * is one float4 read-modify-write pass over C. lu·Bᵀ into y stays with cuBLASLt here (see small_k_k);

@@ -1,5 +1,5 @@
 /* The mma.sync flash attention backward main kernel for every head dim and GPU, FlashAttention-2's
- * tiling (version 3 of dev/cuda/NOTES.md). A CTA owns 128 keys (8 warps) and steps over 64 query
+ * tiling. A CTA owns 128 keys (8 warps) and steps over 64 query
  * rows at a time, for every query head of its kv head's group. Sᵀ and dPᵀ are tiled 4 x 2 over the
  * warps (32 keys x 32 queries each); Pᵀ and dSᵀ go to shared memory as bf16; dV and dK are tiled
  * 4 x 2 (32 keys x D/2 each) and dQ 2 x 4 (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row
@@ -187,7 +187,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
 
         /* dQ += dS K: A = dS (stored transposed), B = K rows. */
         /* Whole-warp tests only: a branch inside the unrolled loops stops the compiler from
-         * issuing the next fragment loads early, which measured slower (dev/cuda/NOTES.md). */
+         * issuing the next fragment loads early, which measured slower (dev/cuda/README.md). */
         if (!(k0 > q0 + 16 * DQ_MT * (warp % DQ_QW) + 16 * DQ_MT - 1 || klast < cLo[16 * DQ_MT * (warp % DQ_QW)])) {
             const int qw2 = warp % DQ_QW, dp2 = warp / DQ_QW;
             float acc[DQ_MT][DQ_DW / 8][4];

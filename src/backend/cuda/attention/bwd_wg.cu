@@ -1,7 +1,7 @@
 /* The wgmma flash attention backward for Hopper (sm_90a), D = 64 or 128: the main kernel and the dQ
  * kernel; bwd.cu sequences them with delta and the conversions of fp32 sums.
  *
- * The main kernel (dev/cuda/NOTES.md, v5) does the mma.sync kernel's CTA work (128 keys of one kv
+ * The main kernel (dev/cuda/README.md) does the mma.sync kernel's CTA work (128 keys of one kv
  * head, every query head of its group, 64 queries per step) on warpgroup MMAs. Two warpgroups of 4
  * warps; warpgroup g owns keys 64g..64g+63 for Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q,
  * and columns 64g..64g+63 of dQ = dS·K. K, V, Q, dO stay in shared memory in the 128-byte swizzle
@@ -187,7 +187,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             lt_wgmma_wait<0>();
             lt_wgmma_pin(acc);
             /* 8-byte vector atomics: 16-byte red.global.add.v4.f32 after a lane-pair exchange
-             * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/NOTES.md, v8). */
+             * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/README.md). */
             const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
             const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
             float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;

@@ -1,4 +1,4 @@
-/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/NOTES.md, v5), D = 64 or 128:
+/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/README.md), D = 64 or 128:
  * one warpgroup per CTA owns 64 query rows (warp w rows 16w..16w+15), S = Q·Kᵀ and O += P·V on
  * warpgroup MMAs with Q, K and V in shared memory in the 128-byte swizzle (no fragments in
  * registers but P, taken straight from the S accumulator). Tiles of 64 keys, double-buffered with

@@ -3,7 +3,7 @@
  * pick a variant per call are in heuristics.cu. Plain C (the head-dim list is read by the C
  * boundary in src/backend/attention.c); the per-head-dim kernel shapes at the end are C++.
  *
- * Measurements are H200 figures from dev/cuda/NOTES.md and dev/attnb/NOTES.md unless stated. */
+ * Measurements are H200 figures from dev/cuda/README.md unless stated. */
 #ifndef LT_ATTN_TUNING_H
 #define LT_ATTN_TUNING_H
 
@@ -87,7 +87,7 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
  * SM pays more than prefetching when a row sees few tiles), the backward dQ by its own kernel
  * (recomputing S and dP per query tile costs less than the fp32 dQ buffer's memset, atomics and
  * conversion) with 64 keys per main-kernel CTA (a 64-key block sees fewer query tiles of a short
- * sequence than a 128-key one, and two CTAs share an SM; NOTES.md v8), delta formed by the dQ kernel
+ * sequence than a 128-key one, and two CTAs share an SM), delta formed by the dQ kernel
  * (one pass and one launch fewer). The sparse paths together gained 18 % over the dense ones on
  * packed 2k rows (0.143 + 0.590 ms = 8.1x one causal row with the dense paths forced). */
 #define LT_ATTN_SPARSE_MEAN_SEQ 1024
@@ -123,7 +123,7 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
  * Q's fragments in registers. Measured: D = 128 (4, 2, no) 250 TFLOP/s at T = 8k against 167 for
  * (8, 1, yes), (4, 2, yes) spills; D = 64 (4, 2, yes); D = 96 (8, 1, yes), (4, 2, no) spills. */
 #define LT_ATTN_FWD_MMA_BN 64
-/* wgmma (fwd_wg.cu, NOTES.md v5): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
+/* wgmma (fwd_wg.cu): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
  * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. */
 #define LT_ATTN_FWD_WG_BM 64
 #define LT_ATTN_FWD_WG_BN 64
@@ -136,21 +136,21 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_FWD_WS_REG_CONSUMER 232
 
 /* ---- Backward tiles ---------------------------------------------------------------------------
- * mma.sync (bwd_mma.cu, NOTES.md v3): 128 keys per CTA (8 warps), 64-query steps over every query
+ * mma.sync (bwd_mma.cu): 128 keys per CTA (8 warps), 64-query steps over every query
  * head of the group. v2, where each warp owned 16 keys and held Pᵀ/dSᵀ in registers, ran 10-25 %
  * slower. Skip tests are whole-warp only: a branch inside the unrolled loops stops the compiler
  * from issuing the next fragment loads early, which measured slower. */
 #define LT_ATTN_BWD_MMA_BN 128
 #define LT_ATTN_BWD_MMA_BM 64
 #define LT_ATTN_BWD_MMA_WARPS 8
-/* wgmma (bwd_wg.cu, NOTES.md v5, v8): 64 queries per step; 128 keys per CTA (two warpgroups) with dQ
+/* wgmma (bwd_wg.cu): 64 queries per step; 128 keys per CTA (two warpgroups) with dQ
  * by fp32 2-wide vector atomics (16-byte red.global.add.v4.f32 after a lane-pair exchange measured
  * slower: 4.40 against 4.31 ms at 8k), or 64 keys (one warpgroup, two CTAs per SM) without dQ. The
  * dQ kernel: 64 query rows, 64-key tiles, double-buffered. */
 #define LT_ATTN_BWD_WG_BM 64
 #define LT_ATTN_BWD_DQ_BM 64
 #define LT_ATTN_BWD_DQ_BN 64
-/* TMA (bwd_ws.cu, dev/attnb/NOTES.md): 128 keys per CTA, 64-query steps, a 2-stage Q/dO ring (a
+/* TMA (bwd_ws.cu, dev/cuda/README.md): 128 keys per CTA, 64-query steps, a 2-stage Q/dO ring (a
  * third stage measured no faster: 41.2 against 41.1 ms at 32k); registers: producer 24, consumers
  * 240. Issuing dV before dPᵀ is waited for (dS from the bf16 P) measured 2-5 % slower (2.69 against
  * 2.64 ms at 8k, 42.8 against 41.8 at 32k). 1.6x the wgmma kernel at 8k and 32k. */

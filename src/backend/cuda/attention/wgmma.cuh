@@ -140,7 +140,7 @@ static __device__ __forceinline__ void lt_wgmma_ss_n128(float d[64], uint64_t da
 }
 
 /* d = A·Bᵀ over K = 16·KS with both operands K-major in the 128-byte swizzle: A a tile of RA rows,
- * B one of RB rows, K split in 64-column blocks (dev/cuda/NOTES.md: S = Q·Kᵀ, dP = dO·Vᵀ). */
+ * B one of RB rows, K split in 64-column blocks (dev/cuda/README.md: S = Q·Kᵀ, dP = dO·Vᵀ). */
 template <int KS, int RA, int RB>
 static __device__ __forceinline__ void lt_wgmma_kmajor(float d[32], uint64_t da, uint64_t db) {
 #pragma unroll
