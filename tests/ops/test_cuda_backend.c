@@ -30,7 +30,6 @@
 #define TOL_BF16_FLOOR 0x1.0p-8
 
 static const lt_backend *gpu(void) { return lt_backend_get(LT_DEVICE_CUDA); }
-static const lt_backend *cpu(void) { return lt_backend_get(LT_DEVICE_CPU); }
 
 /* Device buffer holding a copy of host bytes. */
 static void *up(lt_ctx *ctx, const void *h, size_t bytes) {
