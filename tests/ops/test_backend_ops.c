@@ -92,11 +92,10 @@ struct op_case {
     int opt;       /* per-op options (bits named in each run function) */
 };
 
-/* ---- gemm: s = {M, N, K, pad}; opt bit 0 trans_a, bit 1 trans_b, bits 2-3 beta 0 / 0.5 / 1 ---- */
+/* ---- gemm: s = {M, N, K, pad}; every transpose combination, each with beta = 0 (C poisoned:
+ * overwritten, never scaled) and beta = opt / 2 when opt > 0 ---- */
 
-static void run_gemm(const op_case *c, env *e) {
-    const int ta = c->opt & 1, tb = (c->opt >> 1) & 1;
-    const float beta = (float)((c->opt >> 2) & 3) * 0.5f;
+static void gemm_one(const op_case *c, env *e, int ta, int tb, float beta) {
     const int64_t M = c->s[0], N = c->s[1], K = c->s[2], pad = c->s[3];
     /* operands start `pad` floats into their buffers and rows are `pad` longer than needed */
     const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -126,6 +125,14 @@ static void run_gemm(const op_case *c, env *e) {
     }
     dfree(e, dA, F4(na)), dfree(e, dB, F4(nb)), dfree(e, dC, F4(nc));
     free(A), free(B), free(C), free(got);
+}
+
+static void run_gemm(const op_case *c, env *e) {
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_one(c, e, ta, tb, 0.0f);
+            if (c->opt > 0) gemm_one(c, e, ta, tb, (float)c->opt * 0.5f);
+        }
 }
 
 /* ---- weight products ---- */
@@ -938,35 +945,34 @@ static void run_lce(const op_case *c, env *e) {
 #define NT 0
 #define NN 1
 #define ACC 2
-#define GEMM(ta, tb, beta2) ((ta) | (tb) << 1 | (beta2) << 2) /* beta = beta2 / 2 */
 #define ATTN(D, packed, window, cap) ((D) | (packed) << 9 | (window) << 10 | (cap) << 11)
 
 static const op_case cases[] = {
-    /* gemm {M, N, K, pad}: every transpose at a generic shape, thin LoRA shapes (one side or the
-     * inner dimension <= 16), padded and 4-byte-aligned operands, K = 0 */
-    {"gemm", run_gemm, {37, 29, 53, 0}, 0, GEMM(0, 0, 1)},
-    {"gemm", run_gemm, {37, 29, 53, 1}, 0, GEMM(1, 0, 0)},
-    {"gemm", run_gemm, {37, 29, 53, 3}, 0, GEMM(0, 1, 1)},
-    {"gemm", run_gemm, {37, 29, 53, 1}, 0, GEMM(1, 1, 0)},
-    {"gemm", run_gemm, {70, 8, 53, 0}, 0, GEMM(0, 1, 0)},
-    {"gemm", run_gemm, {70, 13, 100, 2}, 0, GEMM(1, 0, 1)},
-    {"gemm", run_gemm, {8, 83, 130, 0}, 0, GEMM(1, 1, 1)},
-    {"gemm", run_gemm, {16, 16, 17, 1}, 0, GEMM(0, 0, 0)},
-    {"gemm", run_gemm, {3, 5, 2, 0}, 0, GEMM(1, 1, 0)},
-    {"gemm", run_gemm, {130, 16, 7, 0}, 0, GEMM(0, 1, 1)},
-    {"gemm", run_gemm, {11, 40, 300, 1}, 0, GEMM(1, 0, 0)},
-    {"gemm", run_gemm, {45, 83, 8, 0}, 0, GEMM(0, 0, 1)},
-    {"gemm", run_gemm, {21, 40, 16, 0}, 0, GEMM(1, 1, 1)},
-    {"gemm", run_gemm, {8, 300, 1000, 0}, 0, GEMM(0, 0, 2)},     /* rank 8 */
-    {"gemm", run_gemm, {333, 8, 1060, 0}, 0, GEMM(0, 1, 0)},     /* lu = x·Aᵀ */
-    {"gemm", run_gemm, {333, 13, 1060, 4}, 0, GEMM(0, 0, 1)},    /* dlu = dy·B */
-    {"gemm", run_gemm, {8, 300, 2100, 4}, 0, GEMM(1, 0, 2)},     /* dA += dluᵀ·x */
-    {"gemm", run_gemm, {260, 13, 2100, 0}, 0, GEMM(1, 0, 0)},    /* dB = dyᵀ·lu */
-    {"gemm", run_gemm, {333, 300, 8, 4}, 0, GEMM(0, 1, 2)},      /* y += lu·Bᵀ */
-    {"gemm", run_gemm, {333, 300, 13, 0}, 0, GEMM(0, 0, 0)},     /* dx = dlu·A */
-    {"gemm", run_gemm, {100, 8, 1000, 1}, 0, GEMM(0, 1, 0)},     /* unaligned */
-    {"gemm", run_gemm, {5, 7, 0, 0}, 0, GEMM(0, 0, 1)},          /* K = 0: C = beta·C */
-    {"gemm", run_gemm, {5, 7, 0, 0}, 0, GEMM(0, 0, 0)},
+    /* gemm {M, N, K, pad}, beta·2: a generic shape, the thin LoRA shapes (one side or the inner
+     * dimension <= 16) at ranks 8 and 13 with 16-byte-aligned (pad 0, 4) and 4-byte-aligned
+     * (pad 1, 3) operands and padded leading dimensions, K = 0 */
+    {"gemm", run_gemm, {37, 29, 53, 0}, 0, 1},
+    {"gemm", run_gemm, {37, 29, 53, 1}, 0, 2},
+    {"gemm", run_gemm, {70, 8, 53, 3}, 0, 1},
+    {"gemm", run_gemm, {70, 13, 100, 2}, 0, 1},
+    {"gemm", run_gemm, {8, 83, 130, 0}, 0, 1},
+    {"gemm", run_gemm, {16, 16, 17, 1}, 0, 1},
+    {"gemm", run_gemm, {3, 5, 2, 0}, 0, 1},
+    {"gemm", run_gemm, {130, 16, 7, 0}, 0, 1},
+    {"gemm", run_gemm, {11, 40, 300, 1}, 0, 1},
+    {"gemm", run_gemm, {45, 83, 8, 0}, 0, 1},
+    {"gemm", run_gemm, {21, 40, 16, 0}, 0, 1},
+    {"gemm", run_gemm, {8, 300, 1000, 0}, 0, 2},
+    {"gemm", run_gemm, {333, 8, 1060, 0}, 0, 1},   /* lu = x·Aᵀ, dlu = dy·B */
+    {"gemm", run_gemm, {333, 13, 1060, 4}, 0, 1},
+    {"gemm", run_gemm, {8, 300, 2100, 4}, 0, 2},   /* dA += dluᵀ·x */
+    {"gemm", run_gemm, {13, 300, 2100, 0}, 0, 2},
+    {"gemm", run_gemm, {260, 8, 2100, 4}, 0, 1},   /* dB = dyᵀ·lu */
+    {"gemm", run_gemm, {260, 13, 2100, 0}, 0, 1},
+    {"gemm", run_gemm, {333, 300, 8, 4}, 0, 2},    /* y += lu·Bᵀ, dx = dlu·A */
+    {"gemm", run_gemm, {333, 300, 13, 0}, 0, 2},
+    {"gemm", run_gemm, {100, 8, 1000, 1}, 0, 1},   /* unaligned */
+    {"gemm", run_gemm, {5, 7, 0, 0}, 0, 1},        /* K = 0: C = beta·C */
     /* matmul {out, in, N}: every weight dtype both ways (out not a multiple of a tile, N not of a
      * chunk), accumulating on half; two weight tiles; one row; two chunks of x rows */
     {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_F32, NT},
@@ -1079,6 +1085,11 @@ static void run_cell(void **state) {
 
 static void describe(const op_case *c, const char *be, char *out, size_t n) {
     int w = snprintf(out, n, "%s/%s", be, c->op);
+    if (c->run == run_gemm) {
+        snprintf(out + w, n - (size_t)w, " %lldx%lldx%lld pad %lld beta %g", (long long)c->s[0], (long long)c->s[1],
+                 (long long)c->s[2], (long long)c->s[3], c->opt * 0.5);
+        return;
+    }
     for (int i = 0; i < 4 && c->s[i]; i++)
         w += snprintf(out + w, n - (size_t)w, "%s%lld", i ? "x" : " ", (long long)c->s[i]);
     if (c->dt != LT_DTYPE_F32 || c->run == run_matmul || c->run == run_embedding)
