@@ -1117,5 +1117,8 @@ int main(void) {
             tests[nt] = (struct CMUnitTest){k->name, run_cell, NULL, NULL, k};
             nt++;
         }
+    /* LONGTUNE_OPS_FILTER="cuda/matmul*" runs the matching cells only (cmocka's glob) */
+    const char *filter = getenv("LONGTUNE_OPS_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return _cmocka_run_group_tests("backend_ops", tests, nt, NULL, NULL);
 }
