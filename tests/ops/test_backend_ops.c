@@ -816,84 +816,116 @@ static void run_attention(const op_case *c, env *e) {
     free(hq), free(hk), free(hv), free(hg), free(P);
 }
 
-/* ---- the fused loss through lt_lce_*: s = {N, C, V}; dt: the head's dtype; opt: the reduction
- * (lt_reduction). h in the backend's input dtype's values (f32 storage), every 7th target
- * ignored. Checked: loss, lse of kept tokens and dh against float64, the backward against central
- * differences of the float64 loss, and lt_lce_forward_backward against the two calls. ---- */
+/* ---- the fused loss through lt_lce_*: s = {N, C, V}; dt: the head's dtype; opt: bits 0-1 the
+ * reduction (lt_reduction), bit 2 label smoothing 0.1, bit 3 z-loss 0.01, bit 4 softcap 30, bit 5
+ * per-token weights. h holds values of the backend's input dtype (f32 storage), every 7th target
+ * is ignored. Checked: loss, the lse of kept tokens and dh against float64, dh's rows of ignored
+ * tokens exactly zero, the analytic dh against central differences of the float64 loss, and
+ * lt_lce_forward_backward against the same references. ---- */
 
+typedef struct lce_opts {
+    lt_reduction red;
+    double eps, zl, cap;
+    const double *tw; /* (N) token weights or NULL */
+} lce_opts;
+
+/* Forward (and, with dh, backward) in float64 as lce.h defines it. loss: (1) or, for NONE, (N).
+ * dloss: the upstream gradient, (1) or (N). Returns Σ dloss·loss, the scalar dh is the gradient of. */
 static double lce_ref(const double *h, const double *w, const int32_t *tgt, int64_t N, int64_t C, int64_t V,
-                      lt_reduction red, double *lse, double *dh) {
-    double *z = malloc(sizeof(double) * (size_t)V), loss = 0;
-    int64_t kept = 0;
-    for (int64_t i = 0; i < N; i++) kept += tgt[i] != LT_IGNORE_INDEX;
-    const double dl = red == LT_REDUCTION_MEAN ? (kept ? 1.0 / (double)kept : 0) : 1.0;
+                      const lce_opts *o, const double *dloss, double *loss, double *lse, double *dh) {
+    double *z = malloc(sizeof(double) * (size_t)V), *raw = malloc(sizeof(double) * (size_t)V);
+    double wsum = 0, total = 0, scalar = 0;
+    for (int64_t i = 0; i < N; i++) wsum += tgt[i] != LT_IGNORE_INDEX ? (o->tw ? o->tw[i] : 1.0) : 0.0;
     for (int64_t i = 0; i < N; i++) {
+        const double wi = o->tw ? o->tw[i] : 1.0;
         if (dh)
             for (int64_t c = 0; c < C; c++) dh[i * C + c] = 0;
-        if (tgt[i] == LT_IGNORE_INDEX) {
-            if (lse) lse[i] = 0;
-            continue;
-        }
-        double m = -INFINITY, s = 0;
+        if (o->red == LT_REDUCTION_NONE) loss[i] = 0;
+        if (lse) lse[i] = 0;
+        if (tgt[i] == LT_IGNORE_INDEX) continue;
+        double m = -INFINITY, se = 0, zmean = 0;
         for (int64_t j = 0; j < V; j++) {
-            double a = 0;
-            for (int64_t c = 0; c < C; c++) a += h[i * C + c] * w[j * C + c];
-            z[j] = a, m = fmax(m, a);
+            double acc = 0;
+            for (int64_t c = 0; c < C; c++) acc += h[i * C + c] * w[j * C + c];
+            raw[j] = acc;
+            z[j] = o->cap > 0 ? o->cap * tanh(acc / o->cap) : acc;
+            m = fmax(m, z[j]), zmean += z[j] / (double)V;
         }
-        for (int64_t j = 0; j < V; j++) s += exp(z[j] - m);
-        const double l = m + log(s);
+        for (int64_t j = 0; j < V; j++) se += exp(z[j] - m);
+        const double l = m + log(se);
         if (lse) lse[i] = l;
-        loss += (l - z[tgt[i]]) * dl;
+        const double li = wi * ((1 - o->eps) * (l - z[tgt[i]]) + o->eps * (l - zmean) + o->zl * l * l);
+        double gi;
+        if (o->red == LT_REDUCTION_NONE) loss[i] = li, gi = dloss[i], scalar += dloss[i] * li;
+        else total += li, gi = dloss[0] * (o->red == LT_REDUCTION_MEAN ? (wsum > 0 ? 1.0 / wsum : 0) : 1.0);
         if (dh)
             for (int64_t j = 0; j < V; j++) {
-                const double gj = (exp(z[j] - l) - (j == tgt[i])) * dl;
-                for (int64_t c = 0; c < C; c++) dh[i * C + c] += gj * w[j * C + c];
+                const double pj = exp(z[j] - l);
+                double dz = (1 - o->eps) * (pj - (j == tgt[i])) + o->eps * (pj - 1.0 / (double)V) + 2 * o->zl * l * pj;
+                if (o->cap > 0) {
+                    const double th = tanh(raw[j] / o->cap);
+                    dz *= 1 - th * th;
+                }
+                dz *= gi * wi;
+                for (int64_t c = 0; c < C; c++) dh[i * C + c] += dz * w[j * C + c];
             }
     }
-    free(z);
-    return loss;
+    if (o->red != LT_REDUCTION_NONE) {
+        loss[0] = o->red == LT_REDUCTION_MEAN ? (wsum > 0 ? total / wsum : 0) : total;
+        scalar = dloss[0] * loss[0];
+    }
+    free(z), free(raw);
+    return scalar;
 }
 
 static void run_lce(const op_case *c, env *e) {
     const lt_dtype dt = input_dtype(e->be, PREC_INPUTS);
     const int64_t N = c->s[0], C = c->s[1], V = c->s[2];
-    const lt_reduction red = (lt_reduction)c->opt;
+    lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
+                  NULL};
+    const int64_t nloss = o.red == LT_REDUCTION_NONE ? N : 1;
     double *hd = fresh_in(&e->rng, N * C, dt), *wd = malloc(sizeof(double) * (size_t)(V * C));
-    float *wfd = malloc(F4(V * C));
-    uint8_t *wq = make_weight(&e->rng, c->dt, V, C, wfd);
-    for (int64_t i = 0; i < V * C; i++) wd[i] = (double)wfd[i] * 0.1;
-    for (int64_t i = 0; i < V * C; i++) wfd[i] = (float)wd[i];
-    free(wq); /* the head: the dequantized values scaled, stored again in c->dt */
-    const size_t wb = (size_t)lt_dtype_row_bytes(c->dt, C) * (size_t)V;
-    wq = malloc(wb);
+    /* the head: fresh values scaled to keep logits O(1), stored in c->dt; the reference uses the
+     * exact stored values */
+    float *wf = malloc(F4(V * C));
+    for (int64_t i = 0; i < V * C; i++) wf[i] = (float)(0.1 * lt_test_normal(&e->rng));
+    const size_t rb = (size_t)lt_dtype_row_bytes(c->dt, C), wb = rb * (size_t)V;
+    uint8_t *wq = malloc(wb);
     for (int64_t r = 0; r < V; r++) {
-        uint8_t *row = wq + (size_t)lt_dtype_row_bytes(c->dt, C) * (size_t)r;
-        if (c->dt == LT_DTYPE_F32) memcpy(row, wfd + r * C, F4(C));
+        uint8_t *row = wq + rb * (size_t)r;
+        if (c->dt == LT_DTYPE_F32) memcpy(row, wf + r * C, F4(C));
         else if (c->dt == LT_DTYPE_BF16)
-            for (int64_t k = 0; k < C; k++) ((uint16_t *)row)[k] = lt_f32_to_bf16(wfd[r * C + k]);
-        else lt_quantize_row(c->dt, wfd + r * C, row, C);
-        lt_dequantize_row(c->dt, row, wfd + r * C, C);
-        for (int64_t k = 0; k < C; k++) wd[r * C + k] = wfd[r * C + k];
+            for (int64_t k = 0; k < C; k++) ((uint16_t *)row)[k] = lt_f32_to_bf16(wf[r * C + k]);
+        else lt_quantize_row(c->dt, wf + r * C, row, C);
+        lt_dequantize_row(c->dt, row, wf + r * C, C);
+        for (int64_t k = 0; k < C; k++) wd[r * C + k] = wf[r * C + k];
     }
     int32_t *tgt = malloc((size_t)N * 4);
-    for (int64_t i = 0; i < N; i++)
+    float *twf = malloc(F4(N)), *dlf = malloc(F4(nloss));
+    double *tw = malloc(sizeof(double) * (size_t)N), *dl = malloc(sizeof(double) * (size_t)nloss);
+    for (int64_t i = 0; i < N; i++) {
         tgt[i] = i % 7 == 3 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&e->rng) % (uint64_t)V);
-    double *lse = malloc(sizeof(double) * (size_t)N), *dh = malloc(sizeof(double) * (size_t)(N * C));
-    const double loss = lce_ref(hd, wd, tgt, N, C, V, red, lse, dh);
+        twf[i] = (float)lt_test_uniform(&e->rng, 0.25, 2.0), tw[i] = twf[i];
+    }
+    for (int64_t i = 0; i < nloss; i++) dlf[i] = nloss > 1 ? (float)lt_test_uniform(&e->rng, 0.5, 1.5) : 1.0f, dl[i] = dlf[i];
+    if (c->opt & 32) o.tw = tw;
+    double *loss = malloc(sizeof(double) * (size_t)nloss), *lse = malloc(sizeof(double) * (size_t)N);
+    double *dh = malloc(sizeof(double) * (size_t)(N * C)), *l2 = malloc(sizeof(double) * (size_t)nloss);
+    lce_ref(hd, wd, tgt, N, C, V, &o, dl, loss, lse, dh);
     for (int r = 0; r < 6; r++) { /* the analytic dh against central differences of the loss */
         const int64_t i = (int64_t)(lt_test_rand_u64(&e->rng) % (uint64_t)(N * C));
         const double x0 = hd[i], st = 1e-5;
         hd[i] = x0 + st;
-        const double lp = lce_ref(hd, wd, tgt, N, C, V, red, NULL, NULL);
+        const double lp = lce_ref(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
         hd[i] = x0 - st;
-        const double lm = lce_ref(hd, wd, tgt, N, C, V, red, NULL, NULL);
+        const double lm = lce_ref(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
         hd[i] = x0;
         CHECK(e, bad(dh[i], (lp - lm) / (2 * st), 1e-3, 1e-5, "lce dh fd", i));
     }
-    float *hf = malloc(F4(N * C)), *Pn = lt_test_poisoned(N * C), P1 = LT_TEST_POISON, one = 1.0f;
+    float *hf = malloc(F4(N * C)), *Pn = lt_test_poisoned(N * C);
     for (int64_t i = 0; i < N * C; i++) hf[i] = (float)hd[i];
     float *d_h = up(e, hf, F4(N * C)), *d_dh = up(e, Pn, F4(N * C)), *d_lse = up(e, Pn, F4(N));
-    float *d_loss = up(e, &P1, 4), *d_dl = up(e, &one, 4);
+    float *d_loss = up(e, Pn, F4(nloss)), *d_dl = up(e, dlf, F4(nloss)), *d_tw = up(e, twf, F4(N));
     void *d_w = up(e, wq, wb);
     int32_t *d_t = up(e, tgt, (size_t)N * 4);
     int64_t hs[2] = {N, C}, wsh[2] = {V, C};
@@ -903,41 +935,46 @@ static void run_lce(const op_case *c, env *e) {
     a.h = lt_tensor_view(d_h, LT_DTYPE_F32, e->be->device, 2, hs);
     a.w = lt_tensor_view(d_w, c->dt, e->be->device, 2, wsh);
     a.targets = d_t, a.loss = d_loss, a.lse = d_lse, a.dloss = d_dl, a.dh = &tdh;
+    a.token_weight = o.tw ? d_tw : NULL;
     lt_lce_options opt;
     memset(&opt, 0, sizeof opt);
-    opt.reduction = red;
+    opt.reduction = o.red, opt.label_smoothing = (float)o.eps, opt.z_loss = (float)o.zl, opt.softcap = (float)o.cap;
     lt_status st = lt_lce_forward(e->ctx, &opt, &a);
     if (st == LT_ERR_UNSUPPORTED) {
         fprintf(stderr, "    %s: unsupported here: %s\n", e->be->name, lt_ctx_error(e->ctx));
     } else {
         assert_int_equal(st, LT_OK);
         assert_int_equal(lt_lce_backward(e->ctx, &opt, &a), LT_OK);
-        float gloss, *glse = malloc(F4(N)), *gdh = malloc(F4(N * C)), *gdh2 = malloc(F4(N * C)), gloss2;
-        down(e, &gloss, d_loss, 4), down(e, glse, d_lse, F4(N)), down(e, gdh, d_dh, F4(N * C));
+        float *gloss = malloc(F4(nloss)), *glse = malloc(F4(N)), *gdh = malloc(F4(N * C));
         double *got = malloc(sizeof(double) * (size_t)(N * C)), *lref = malloc(sizeof(double) * (size_t)N);
-        for (int64_t i = 0; i < N; i++) /* ignored tokens' lse is not compared */
-            got[i] = tgt[i] == LT_IGNORE_INDEX ? 0 : glse[i], lref[i] = tgt[i] == LT_IGNORE_INDEX ? 0 : lse[i];
-        const double el = max_err(got, lref, N), tf = tol_for(dt, C);
-        for (int64_t i = 0; i < N * C; i++) got[i] = gdh[i];
-        const double ed = max_err(got, dh, N * C), tb = 2 * tol_for(dt, V);
-        const double eloss = fabs(gloss - loss) / fabs(loss);
-        int ignored_zero = 1;
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t k = 0; k < C && tgt[i] == LT_IGNORE_INDEX; k++) ignored_zero &= gdh[i * C + k] == 0;
-        /* one call: the two calls' results within the rule */
-        assert_int_equal(e->be->copy_to_device(e->ctx, d_dh, Pn, F4(N * C)), LT_OK);
-        assert_int_equal(lt_lce_forward_backward(e->ctx, &opt, &a), LT_OK);
-        down(e, &gloss2, d_loss, 4), down(e, gdh2, d_dh, F4(N * C));
-        for (int64_t i = 0; i < N * C; i++) got[i] = gdh2[i];
-        const double efd = max_err(got, dh, N * C), efl = fabs(gloss2 - loss) / fabs(loss);
-        fprintf(stderr, "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e dh %.2e\n",
-                eloss, el, tf, ed, tb, efl, efd);
-        CHECK(e, !(eloss <= tf && el <= tf && ed <= tb && efl <= tf && efd <= tb && ignored_zero));
-        free(glse), free(gdh), free(gdh2), free(got), free(lref);
+        const double tf = tol_for(dt, C), tb = 2 * tol_for(dt, V);
+        double err[6];
+        for (int pass = 0; pass < 2; pass++) { /* two calls, then forward_backward */
+            if (pass) {
+                assert_int_equal(e->be->copy_to_device(e->ctx, d_dh, Pn, F4(N * C)), LT_OK);
+                assert_int_equal(lt_lce_forward_backward(e->ctx, &opt, &a), LT_OK);
+            }
+            down(e, gloss, d_loss, F4(nloss)), down(e, glse, d_lse, F4(N)), down(e, gdh, d_dh, F4(N * C));
+            for (int64_t i = 0; i < nloss; i++) got[i] = gloss[i];
+            err[pass * 3] = max_err(got, loss, nloss);
+            for (int64_t i = 0; i < N; i++) /* the lse of ignored tokens is not compared */
+                got[i] = tgt[i] == LT_IGNORE_INDEX ? 0 : glse[i], lref[i] = tgt[i] == LT_IGNORE_INDEX ? 0 : lse[i];
+            err[pass * 3 + 1] = max_err(got, lref, N);
+            for (int64_t i = 0; i < N * C; i++) got[i] = gdh[i];
+            err[pass * 3 + 2] = max_err(got, dh, N * C);
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t k = 0; k < C && tgt[i] == LT_IGNORE_INDEX; k++) CHECK(e, gdh[i * C + k] != 0);
+        }
+        fprintf(stderr, "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e lse %.2e dh %.2e\n",
+                err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
+        for (int pass = 0; pass < 2; pass++)
+            CHECK(e, !(err[pass * 3] <= tf && err[pass * 3 + 1] <= tf && err[pass * 3 + 2] <= tb));
+        free(gloss), free(glse), free(gdh), free(got), free(lref);
     }
-    dfree(e, d_h, F4(N * C)), dfree(e, d_dh, F4(N * C)), dfree(e, d_lse, F4(N)), dfree(e, d_loss, 4);
-    dfree(e, d_dl, 4), dfree(e, d_w, wb), dfree(e, d_t, (size_t)N * 4);
-    free(hd), free(wd), free(wfd), free(wq), free(tgt), free(lse), free(dh), free(hf), free(Pn);
+    dfree(e, d_h, F4(N * C)), dfree(e, d_dh, F4(N * C)), dfree(e, d_lse, F4(N)), dfree(e, d_loss, F4(nloss));
+    dfree(e, d_dl, F4(nloss)), dfree(e, d_tw, F4(N)), dfree(e, d_w, wb), dfree(e, d_t, (size_t)N * 4);
+    free(hd), free(wd), free(wf), free(wq), free(tgt), free(twf), free(dlf), free(tw), free(dl), free(loss), free(lse);
+    free(dh), free(l2), free(hf), free(Pn);
 }
 
 /* ---- the matrix ---- */
@@ -1056,10 +1093,15 @@ static const op_case cases[] = {
     {"attention", run_attention, {1, 40, 2, 1}, 0, ATTN(64, 1, 1, 1)},
     {"attention", run_attention, {2, 200, 4, 2}, 0, ATTN(64, 0, 0, 0)},
     {"attention", run_attention, {1, 333, 8, 2}, 0, ATTN(128, 0, 1, 1)},
-    /* the fused loss {N, C, V}, head dtype, reduction */
+    /* the fused loss {N, C, V}, head dtype; opt: reduction | 4 smoothing | 8 z-loss | 16 softcap |
+     * 32 token weights */
     {"lce", run_lce, {61, 128, 1000}, LT_DTYPE_BF16, LT_REDUCTION_MEAN},
-    {"lce", run_lce, {40, 64, 300}, LT_DTYPE_BF16, LT_REDUCTION_SUM},
+    {"lce", run_lce, {40, 64, 300}, LT_DTYPE_BF16, LT_REDUCTION_SUM | 32},
     {"lce", run_lce, {33, 128, 500}, LT_DTYPE_Q8_0, LT_REDUCTION_MEAN},
+    {"lce", run_lce, {45, 64, 700}, LT_DTYPE_BF16, LT_REDUCTION_NONE},
+    {"lce", run_lce, {50, 128, 600}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 4 | 8},
+    {"lce", run_lce, {37, 64, 400}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 16 | 32},
+    {"lce", run_lce, {29, 128, 350}, LT_DTYPE_Q4_1, LT_REDUCTION_SUM | 4 | 16},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
