@@ -607,7 +607,8 @@ static void run_clip_norm(const op_case *c, env *e) {
 
 /* ---- attention through lt_attention_*: s = {B, T, H, Hkv}; dt unused; opt: D in bits 0-8,
  * bit 9 packed rows (row 0: an empty first sequence and three more), bit 10 window T/3, bit 11
- * softcap 20. q, k, v in the backend's input dtype (bf16 on CUDA, rounded for the reference). ---- */
+ * softcap 20, bit 12 q, k, v (and dq, dk, dv) interleaved in one (B, T, H + 2·Hkv, D) buffer
+ * (strided layouts). q, k, v in the backend's input dtype (bf16 on CUDA, rounded for the reference). ---- */
 
 typedef struct attn_shape {
     int64_t B, T, H, Hkv, D, window;
@@ -776,9 +777,30 @@ static void run_attention(const op_case *c, env *e) {
     p.window = a.window, p.softcap = (float)a.cap, p.seq_offsets = a.off, p.S = a.S;
     void *hq = to_dtype(q, nq, dt), *hk = to_dtype(k, nk, dt), *hv = to_dtype(v, nk, dt), *hg = to_dtype(g, nq, dt);
     float *P = lt_test_poisoned(nq > nk ? nq : nk);
-    void *d_q = up(e, hq, es * (size_t)nq), *d_k = up(e, hk, es * (size_t)nk), *d_v = up(e, hv, es * (size_t)nk);
-    void *d_g = up(e, hg, es * (size_t)nq), *d_o = up(e, P, es * (size_t)nq), *d_dq = up(e, P, es * (size_t)nq);
-    void *d_dk = up(e, P, es * (size_t)nk), *d_dv = up(e, P, es * (size_t)nk);
+    const int fused = (c->opt >> 12) & 1;
+    const int64_t W3 = a.H + 2 * a.Hkv, nf = a.B * a.T * W3 * a.D;
+    uint8_t *hf = NULL, *d_f = NULL, *d_fg = NULL;
+    void *d_q, *d_k, *d_v, *d_dq, *d_dk, *d_dv;
+    if (fused) { /* one row of a token: H query heads, Hkv key heads, Hkv value heads */
+        hf = malloc(es * (size_t)nf);
+        const void *src[3] = {hq, hk, hv};
+        const int64_t heads[3] = {a.H, a.Hkv, a.Hkv}, at[3] = {0, a.H, a.H + a.Hkv};
+        for (int w = 0; w < 3; w++)
+            for (int64_t bt = 0; bt < a.B * a.T; bt++)
+                memcpy(hf + es * (size_t)((bt * W3 + at[w]) * a.D),
+                       (const uint8_t *)src[w] + es * (size_t)(bt * heads[w] * a.D), es * (size_t)(heads[w] * a.D));
+        float *Pf = lt_test_poisoned(nf);
+        d_f = up(e, hf, es * (size_t)nf), d_fg = up(e, Pf, es * (size_t)nf);
+        free(Pf);
+        d_q = d_f, d_k = d_f + es * (size_t)(a.H * a.D), d_v = d_f + es * (size_t)((a.H + a.Hkv) * a.D);
+        d_dq = d_fg, d_dk = d_fg + es * (size_t)(a.H * a.D), d_dv = d_fg + es * (size_t)((a.H + a.Hkv) * a.D);
+        p.q_layout = (lt_attention_layout){a.T * W3 * a.D, W3 * a.D, a.D};
+        p.kv_layout = p.q_layout;
+    } else {
+        d_q = up(e, hq, es * (size_t)nq), d_k = up(e, hk, es * (size_t)nk), d_v = up(e, hv, es * (size_t)nk);
+        d_dq = up(e, P, es * (size_t)nq), d_dk = up(e, P, es * (size_t)nk), d_dv = up(e, P, es * (size_t)nk);
+    }
+    void *d_g = up(e, hg, es * (size_t)nq), *d_o = up(e, P, es * (size_t)nq);
     float *d_lse = up(e, P, F4(nl));
     lt_attention_args args = {d_q, d_k, d_v, d_o, d_lse, d_g, d_dq, d_dk, d_dv, NULL, 0};
     lt_status st = lt_attention_check(e->ctx, &p);
@@ -798,22 +820,39 @@ static void run_attention(const op_case *c, env *e) {
         down(e, gl, d_lse, F4(nl));
         for (int64_t i = 0; i < nl; i++) got[i] = gl[i];
         const double el = max_err(got, lse, nl);
-        down(e, buf, d_dq, es * (size_t)nq), from_dtype(buf, got, nq, dt);
-        const double eq = max_err(got, dq, nq);
-        down(e, buf, d_dk, es * (size_t)nk), from_dtype(buf, got, nk, dt);
-        const double ek = max_err(got, dk, nk);
-        down(e, buf, d_dv, es * (size_t)nk), from_dtype(buf, got, nk, dt);
-        const double ev = max_err(got, dv, nk);
+        double eg[3];
+        const double *gref[3] = {dq, dk, dv};
+        const int64_t heads[3] = {a.H, a.Hkv, a.Hkv}, at[3] = {0, a.H, a.H + a.Hkv};
+        uint8_t *fb = fused ? malloc(es * (size_t)nf) : NULL;
+        if (fused) down(e, fb, d_fg, es * (size_t)nf);
+        for (int w = 0; w < 3; w++) {
+            const int64_t n = a.B * a.T * heads[w] * a.D;
+            if (fused) {
+                for (int64_t bt = 0; bt < a.B * a.T; bt++)
+                    memcpy((uint8_t *)buf + es * (size_t)(bt * heads[w] * a.D),
+                           fb + es * (size_t)((bt * W3 + at[w]) * a.D), es * (size_t)(heads[w] * a.D));
+            } else {
+                down(e, buf, w == 0 ? d_dq : w == 1 ? d_dk : d_dv, es * (size_t)n);
+            }
+            from_dtype(buf, got, n, dt);
+            eg[w] = max_err(got, gref[w], n);
+        }
+        free(fb);
+        const double eq = eg[0], ek = eg[1], ev = eg[2];
         fprintf(stderr, "    out %.2e lse %.2e (tol %.2e) dq %.2e dk %.2e dv %.2e (tol %.2e)\n", eo, el, tf, eq, ek,
                 ev, tb);
         CHECK(e, !(eo <= tf && el <= tf && eq <= tb && ek <= tb && ev <= tb));
         free(buf), free(gl), free(got);
     }
-    dfree(e, d_q, es * (size_t)nq), dfree(e, d_k, es * (size_t)nk), dfree(e, d_v, es * (size_t)nk);
-    dfree(e, d_g, es * (size_t)nq), dfree(e, d_o, es * (size_t)nq), dfree(e, d_dq, es * (size_t)nq);
-    dfree(e, d_dk, es * (size_t)nk), dfree(e, d_dv, es * (size_t)nk), dfree(e, d_lse, F4(nl));
+    if (fused) {
+        dfree(e, d_f, es * (size_t)nf), dfree(e, d_fg, es * (size_t)nf);
+    } else {
+        dfree(e, d_q, es * (size_t)nq), dfree(e, d_k, es * (size_t)nk), dfree(e, d_v, es * (size_t)nk);
+        dfree(e, d_dq, es * (size_t)nq), dfree(e, d_dk, es * (size_t)nk), dfree(e, d_dv, es * (size_t)nk);
+    }
+    dfree(e, d_g, es * (size_t)nq), dfree(e, d_o, es * (size_t)nq), dfree(e, d_lse, F4(nl));
     free(q), free(k), free(v), free(g), free(o), free(lse), free(dq), free(dk), free(dv);
-    free(hq), free(hk), free(hv), free(hg), free(P);
+    free(hq), free(hk), free(hv), free(hg), free(P), free(hf);
 }
 
 /* ---- the fused loss through lt_lce_*: s = {N, C, V}; dt: the head's dtype; opt: bits 0-1 the
@@ -907,7 +946,8 @@ static void run_lce(const op_case *c, env *e) {
         tgt[i] = i % 7 == 3 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&e->rng) % (uint64_t)V);
         twf[i] = (float)lt_test_uniform(&e->rng, 0.25, 2.0), tw[i] = twf[i];
     }
-    for (int64_t i = 0; i < nloss; i++) dlf[i] = nloss > 1 ? (float)lt_test_uniform(&e->rng, 0.5, 1.5) : 1.0f, dl[i] = dlf[i];
+    for (int64_t i = 0; i < nloss; i++)
+        dlf[i] = nloss > 1 ? (float)lt_test_uniform(&e->rng, 0.5, 1.5) : 1.0f, dl[i] = dlf[i];
     if (c->opt & 32) o.tw = tw;
     double *loss = malloc(sizeof(double) * (size_t)nloss), *lse = malloc(sizeof(double) * (size_t)N);
     double *dh = malloc(sizeof(double) * (size_t)(N * C)), *l2 = malloc(sizeof(double) * (size_t)nloss);
@@ -965,8 +1005,8 @@ static void run_lce(const op_case *c, env *e) {
             for (int64_t i = 0; i < N; i++)
                 for (int64_t k = 0; k < C && tgt[i] == LT_IGNORE_INDEX; k++) CHECK(e, gdh[i * C + k] != 0);
         }
-        fprintf(stderr, "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e lse %.2e dh %.2e\n",
-                err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
+        fprintf(stderr, "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e lse %.2e"
+                " dh %.2e\n", err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
         for (int pass = 0; pass < 2; pass++)
             CHECK(e, !(err[pass * 3] <= tf && err[pass * 3 + 1] <= tf && err[pass * 3 + 2] <= tb));
         free(gloss), free(glse), free(gdh), free(got), free(lref);
@@ -983,6 +1023,7 @@ static void run_lce(const op_case *c, env *e) {
 #define NN 1
 #define ACC 2
 #define ATTN(D, packed, window, cap) ((D) | (packed) << 9 | (window) << 10 | (cap) << 11)
+#define FUSED (1 << 12)
 
 static const op_case cases[] = {
     /* gemm {M, N, K, pad}, beta·2: a generic shape, the thin LoRA shapes (one side or the inner
@@ -1093,6 +1134,8 @@ static const op_case cases[] = {
     {"attention", run_attention, {1, 40, 2, 1}, 0, ATTN(64, 1, 1, 1)},
     {"attention", run_attention, {2, 200, 4, 2}, 0, ATTN(64, 0, 0, 0)},
     {"attention", run_attention, {1, 333, 8, 2}, 0, ATTN(128, 0, 1, 1)},
+    {"attention", run_attention, {1, 130, 2, 2}, 0, ATTN(128, 1, 1, 0) | FUSED},
+    {"attention", run_attention, {2, 96, 4, 2}, 0, ATTN(64, 0, 0, 1) | FUSED},
     /* the fused loss {N, C, V}, head dtype; opt: reduction | 4 smoothing | 8 z-loss | 16 softcap |
      * 32 token weights */
     {"lce", run_lce, {61, 128, 1000}, LT_DTYPE_BF16, LT_REDUCTION_MEAN},
@@ -1137,8 +1180,9 @@ static void describe(const op_case *c, const char *be, char *out, size_t n) {
     if (c->dt != LT_DTYPE_F32 || c->run == run_matmul || c->run == run_embedding)
         w += snprintf(out + w, n - (size_t)w, " %s", lt_dtype_name(c->dt));
     if (c->run == run_attention)
-        snprintf(out + w, n - (size_t)w, " D%d%s%s%s", c->opt & 0x1ff, c->opt & 1 << 9 ? " packed" : "",
-                 c->opt & 1 << 10 ? " window" : "", c->opt & 1 << 11 ? " softcap" : "");
+        snprintf(out + w, n - (size_t)w, " D%d%s%s%s%s", c->opt & 0x1ff, c->opt & 1 << 9 ? " packed" : "",
+                 c->opt & 1 << 10 ? " window" : "", c->opt & 1 << 11 ? " softcap" : "",
+                 c->opt & 1 << 12 ? " fused-qkv" : "");
     else if (c->opt) snprintf(out + w, n - (size_t)w, " opt %d", c->opt);
 }
 
