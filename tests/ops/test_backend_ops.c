@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "helpers/lora_check.h"
+#include "helpers/ref_ops.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
@@ -610,99 +611,6 @@ static void run_clip_norm(const op_case *c, env *e) {
  * softcap 20, bit 12 q, k, v (and dq, dk, dv) interleaved in one (B, T, H + 2·Hkv, D) buffer
  * (strided layouts). q, k, v in the backend's input dtype (bf16 on CUDA, rounded for the reference). ---- */
 
-typedef struct attn_shape {
-    int64_t B, T, H, Hkv, D, window;
-    double scale, cap;
-    const int32_t *off; /* (B, S+1) or NULL */
-    int64_t S;
-} attn_shape;
-
-/* Start of the sequence holding token t in row b. */
-static int64_t seq_start(const attn_shape *a, int64_t b, int64_t t) {
-    if (!a->off) return 0;
-    int64_t s0 = 0;
-    for (int64_t s = 0; s < a->S; s++)
-        if (a->off[b * (a->S + 1) + s] <= t) s0 = a->off[b * (a->S + 1) + s];
-    return s0;
-}
-
-/* Scores of query (b, t, h) over keys j in [lo, t]: raw (before the cap) and capped. */
-static double attn_score(const attn_shape *a, const double *q, const double *k, int64_t b, int64_t t, int64_t h,
-                         int64_t j, double *raw) {
-    const int64_t hk = h / (a->H / a->Hkv), D = a->D;
-    const double *qv = q + ((b * a->T + t) * a->H + h) * D, *kv = k + ((b * a->T + j) * a->Hkv + hk) * D;
-    double s = 0;
-    for (int64_t d = 0; d < D; d++) s += qv[d] * kv[d];
-    s *= a->scale;
-    *raw = s;
-    return a->cap > 0 ? a->cap * tanh(s / a->cap) : s;
-}
-
-static int64_t attn_lo(const attn_shape *a, int64_t b, int64_t t) {
-    int64_t lo = seq_start(a, b, t);
-    if (a->window > 0 && t - a->window + 1 > lo) lo = t - a->window + 1;
-    return lo;
-}
-
-/* Forward in float64: o (B, T, H, D), lse (B, H, T). */
-static void attn_fwd_ref(const attn_shape *a, const double *q, const double *k, const double *v, double *o,
-                         double *lse) {
-    const int64_t D = a->D;
-    double *p = malloc(sizeof(double) * (size_t)a->T);
-    for (int64_t b = 0; b < a->B; b++)
-        for (int64_t h = 0; h < a->H; h++)
-            for (int64_t t = 0; t < a->T; t++) {
-                const int64_t lo = attn_lo(a, b, t), hk = h / (a->H / a->Hkv);
-                double m = -INFINITY, z = 0, raw;
-                for (int64_t j = lo; j <= t; j++) p[j] = attn_score(a, q, k, b, t, h, j, &raw), m = fmax(m, p[j]);
-                for (int64_t j = lo; j <= t; j++) p[j] = exp(p[j] - m), z += p[j];
-                lse[(b * a->H + h) * a->T + t] = m + log(z);
-                double *ov = o + ((b * a->T + t) * a->H + h) * D;
-                for (int64_t d = 0; d < D; d++) ov[d] = 0;
-                for (int64_t j = lo; j <= t; j++)
-                    for (int64_t d = 0; d < D; d++) ov[d] += p[j] / z * v[((b * a->T + j) * a->Hkv + hk) * D + d];
-            }
-    free(p);
-}
-
-/* Backward in float64 given dout: dq, dk, dv (zeroed here). */
-static void attn_bwd_ref(const attn_shape *a, const double *q, const double *k, const double *v, const double *o,
-                         const double *lse, const double *g, double *dq, double *dk, double *dv) {
-    const int64_t D = a->D, nq = a->B * a->T * a->H * D, nk = a->B * a->T * a->Hkv * D;
-    memset(dq, 0, sizeof(double) * (size_t)nq), memset(dk, 0, sizeof(double) * (size_t)nk);
-    memset(dv, 0, sizeof(double) * (size_t)nk);
-    for (int64_t b = 0; b < a->B; b++)
-        for (int64_t h = 0; h < a->H; h++)
-            for (int64_t t = 0; t < a->T; t++) {
-                const int64_t lo = attn_lo(a, b, t), hk = h / (a->H / a->Hkv), qi = ((b * a->T + t) * a->H + h) * D;
-                double go = 0;
-                for (int64_t d = 0; d < D; d++) go += g[qi + d] * o[qi + d];
-                for (int64_t j = lo; j <= t; j++) {
-                    const int64_t ki = ((b * a->T + j) * a->Hkv + hk) * D;
-                    double raw, s = attn_score(a, q, k, b, t, h, j, &raw);
-                    const double p = exp(s - lse[(b * a->H + h) * a->T + t]);
-                    double dp = 0;
-                    for (int64_t d = 0; d < D; d++) dp += g[qi + d] * v[ki + d], dv[ki + d] += p * g[qi + d];
-                    double ds = p * (dp - go);
-                    if (a->cap > 0) {
-                        const double th = tanh(raw / a->cap);
-                        ds *= 1 - th * th;
-                    }
-                    ds *= a->scale;
-                    for (int64_t d = 0; d < D; d++) dq[qi + d] += ds * k[ki + d], dk[ki + d] += ds * q[qi + d];
-                }
-            }
-}
-
-/* Σ g·o of the float64 forward: the scalar whose gradient the backward computes. */
-static double attn_loss(const attn_shape *a, const double *q, const double *k, const double *v, const double *g,
-                        double *o, double *lse) {
-    attn_fwd_ref(a, q, k, v, o, lse);
-    double l = 0;
-    for (int64_t i = 0; i < a->B * a->T * a->H * a->D; i++) l += g[i] * o[i];
-    return l;
-}
-
 /* Host values (rounded to dt) into the backend's dtype. */
 static void *to_dtype(const double *x, int64_t n, lt_dtype dt) {
     if (dt == LT_DTYPE_BF16) {
@@ -733,7 +641,7 @@ static double max_err(const double *got, const double *ref, int64_t n) { return 
 static void run_attention(const op_case *c, env *e) {
     const lt_dtype dt = input_dtype(e->be, PREC_INPUTS);
     const size_t es = dt == LT_DTYPE_BF16 ? 2 : 4;
-    attn_shape a = {c->s[0], c->s[1], c->s[2], c->s[3], c->opt & 0x1ff, 0, 0, 0, NULL, 0};
+    lt_ref_attn a = {c->s[0], c->s[1], c->s[2], c->s[3], c->opt & 0x1ff, 0, 0, 0, NULL, 0};
     a.scale = 1.0 / sqrt((double)a.D);
     if (c->opt & (1 << 10)) a.window = a.T / 3;
     if (c->opt & (1 << 11)) a.cap = 20;
@@ -751,8 +659,8 @@ static void run_attention(const op_case *c, env *e) {
     double *o = malloc(sizeof(double) * (size_t)nq), *lse = malloc(sizeof(double) * (size_t)nl);
     double *dq = malloc(sizeof(double) * (size_t)nq), *dk = malloc(sizeof(double) * (size_t)nk);
     double *dv = malloc(sizeof(double) * (size_t)nk);
-    attn_fwd_ref(&a, q, k, v, o, lse);
-    attn_bwd_ref(&a, q, k, v, o, lse, g, dq, dk, dv);
+    lt_ref_attn_forward(&a, q, k, v, o, lse);
+    lt_ref_attn_backward(&a, q, k, v, o, lse, g, dq, dk, dv);
     /* the analytic gradient against central differences of the forward, on a few coordinates */
     {
         double *o2 = malloc(sizeof(double) * (size_t)nq), *l2 = malloc(sizeof(double) * (size_t)nl);
@@ -763,9 +671,9 @@ static void run_attention(const op_case *c, env *e) {
                 const int64_t i = (int64_t)(lt_test_rand_u64(&e->rng) % (uint64_t)ns[w]);
                 const double x0 = xs[w][i], h = 1e-5;
                 xs[w][i] = x0 + h;
-                const double lp = attn_loss(&a, q, k, v, g, o2, l2);
+                const double lp = lt_ref_attn_loss(&a, q, k, v, g, o2, l2);
                 xs[w][i] = x0 - h;
-                const double lm = attn_loss(&a, q, k, v, g, o2, l2);
+                const double lm = lt_ref_attn_loss(&a, q, k, v, g, o2, l2);
                 xs[w][i] = x0;
                 CHECK(e, bad(gs[w][i], (lp - lm) / (2 * h), 1e-3, 1e-5, "attention grad fd", i));
             }
@@ -862,65 +770,10 @@ static void run_attention(const op_case *c, env *e) {
  * tokens exactly zero, the analytic dh against central differences of the float64 loss, and
  * lt_lce_forward_backward against the same references. ---- */
 
-typedef struct lce_opts {
-    lt_reduction red;
-    double eps, zl, cap;
-    const double *tw; /* (N) token weights or NULL */
-} lce_opts;
-
-/* Forward (and, with dh, backward) in float64 as lce.h defines it. loss: (1) or, for NONE, (N).
- * dloss: the upstream gradient, (1) or (N). Returns Σ dloss·loss, the scalar dh is the gradient of. */
-static double lce_ref(const double *h, const double *w, const int32_t *tgt, int64_t N, int64_t C, int64_t V,
-                      const lce_opts *o, const double *dloss, double *loss, double *lse, double *dh) {
-    double *z = malloc(sizeof(double) * (size_t)V), *raw = malloc(sizeof(double) * (size_t)V);
-    double wsum = 0, total = 0, scalar = 0;
-    for (int64_t i = 0; i < N; i++) wsum += tgt[i] != LT_IGNORE_INDEX ? (o->tw ? o->tw[i] : 1.0) : 0.0;
-    for (int64_t i = 0; i < N; i++) {
-        const double wi = o->tw ? o->tw[i] : 1.0;
-        if (dh)
-            for (int64_t c = 0; c < C; c++) dh[i * C + c] = 0;
-        if (o->red == LT_REDUCTION_NONE) loss[i] = 0;
-        if (lse) lse[i] = 0;
-        if (tgt[i] == LT_IGNORE_INDEX) continue;
-        double m = -INFINITY, se = 0, zmean = 0;
-        for (int64_t j = 0; j < V; j++) {
-            double acc = 0;
-            for (int64_t c = 0; c < C; c++) acc += h[i * C + c] * w[j * C + c];
-            raw[j] = acc;
-            z[j] = o->cap > 0 ? o->cap * tanh(acc / o->cap) : acc;
-            m = fmax(m, z[j]), zmean += z[j] / (double)V;
-        }
-        for (int64_t j = 0; j < V; j++) se += exp(z[j] - m);
-        const double l = m + log(se);
-        if (lse) lse[i] = l;
-        const double li = wi * ((1 - o->eps) * (l - z[tgt[i]]) + o->eps * (l - zmean) + o->zl * l * l);
-        double gi;
-        if (o->red == LT_REDUCTION_NONE) loss[i] = li, gi = dloss[i], scalar += dloss[i] * li;
-        else total += li, gi = dloss[0] * (o->red == LT_REDUCTION_MEAN ? (wsum > 0 ? 1.0 / wsum : 0) : 1.0);
-        if (dh)
-            for (int64_t j = 0; j < V; j++) {
-                const double pj = exp(z[j] - l);
-                double dz = (1 - o->eps) * (pj - (j == tgt[i])) + o->eps * (pj - 1.0 / (double)V) + 2 * o->zl * l * pj;
-                if (o->cap > 0) {
-                    const double th = tanh(raw[j] / o->cap);
-                    dz *= 1 - th * th;
-                }
-                dz *= gi * wi;
-                for (int64_t c = 0; c < C; c++) dh[i * C + c] += dz * w[j * C + c];
-            }
-    }
-    if (o->red != LT_REDUCTION_NONE) {
-        loss[0] = o->red == LT_REDUCTION_MEAN ? (wsum > 0 ? total / wsum : 0) : total;
-        scalar = dloss[0] * loss[0];
-    }
-    free(z), free(raw);
-    return scalar;
-}
-
 static void run_lce(const op_case *c, env *e) {
     const lt_dtype dt = input_dtype(e->be, PREC_INPUTS);
     const int64_t N = c->s[0], C = c->s[1], V = c->s[2];
-    lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
+    lt_ref_lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
                   NULL};
     const int64_t nloss = o.red == LT_REDUCTION_NONE ? N : 1;
     double *hd = fresh_in(&e->rng, N * C, dt), *wd = malloc(sizeof(double) * (size_t)(V * C));
@@ -951,14 +804,14 @@ static void run_lce(const op_case *c, env *e) {
     if (c->opt & 32) o.tw = tw;
     double *loss = malloc(sizeof(double) * (size_t)nloss), *lse = malloc(sizeof(double) * (size_t)N);
     double *dh = malloc(sizeof(double) * (size_t)(N * C)), *l2 = malloc(sizeof(double) * (size_t)nloss);
-    lce_ref(hd, wd, tgt, N, C, V, &o, dl, loss, lse, dh);
+    lt_ref_lce(hd, wd, tgt, N, C, V, &o, dl, loss, lse, dh);
     for (int r = 0; r < 6; r++) { /* the analytic dh against central differences of the loss */
         const int64_t i = (int64_t)(lt_test_rand_u64(&e->rng) % (uint64_t)(N * C));
         const double x0 = hd[i], st = 1e-5;
         hd[i] = x0 + st;
-        const double lp = lce_ref(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
+        const double lp = lt_ref_lce(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
         hd[i] = x0 - st;
-        const double lm = lce_ref(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
+        const double lm = lt_ref_lce(hd, wd, tgt, N, C, V, &o, dl, l2, NULL, NULL);
         hd[i] = x0;
         CHECK(e, bad(dh[i], (lp - lm) / (2 * st), 1e-3, 1e-5, "lce dh fd", i));
     }
