@@ -12,8 +12,7 @@
 #include <cblas.h>
 
 #include "bench_cuda.h"
-#include "bench_util.h"
-#include "core/rng.h"
+#include "bench.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
 #include "longtune/log.h"
@@ -31,7 +30,7 @@ typedef struct {
     lt_dtype dtype;
 } opts;
 
-static double unif(uint64_t *s) { return ((double)(lt_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double unif(uint64_t *s) { return ((double)(lt_bench_rand_u64(s) >> 11) + 0.5) * 0x1.0p-53; }
 static double normal(uint64_t *s) { return sqrt(-2 * log(unif(s))) * cos(6.283185307179586 * unif(s)); }
 
 /* Alpaca-like lengths (prompt + response tokens): log-normal with median ~61 and mean ~84 tokens

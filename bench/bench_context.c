@@ -13,10 +13,8 @@
 #include <string.h>
 
 #include "bench_model.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "backend/backend.h"
-#include "core/parallel.h"
-#include "core/rng.h"
 #include "longtune/alloc.h"
 #include "longtune/guard.h"
 #include "longtune/log.h"
@@ -107,7 +105,7 @@ static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
 static double step_at(ctx_run *r, int64_t T, double *loss) {
     const lt_model_config *cfg = lt_model_get_config(r->m);
     int32_t *x = r->tok, *y = r->tok + T;
-    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&r->seed) % (uint64_t)cfg->V);
+    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_bench_rand_u64(&r->seed) % (uint64_t)cfg->V);
     for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
     y[T - 1] = LT_IGNORE_INDEX;
     lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
@@ -268,7 +266,7 @@ int lt_bench_context(int argc, char **argv) {
     R.ctx = ctx;
     R.dev = dev;
     R.be = lt_backend_get(dev);
-    R.threads = lt_parallel_threads(lt_ctx_threads(ctx));
+    R.threads = lt_bench_threads(ctx);
     R.lo = (lt_lora_options){.targets = LT_LORA_ALL_TARGETS, .rank = 8, .alpha = 16, .seed = 1};
     R.seed = 0xc0de;
     R.offload = offload;

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bench_util.h"
+#include "bench.h"
 #include "longtune/status.h"
 
 /* Ts: sequence lengths of the causal arms (B=1, H=32, Hkv=8, D=128); packed_offs/packed_S: one

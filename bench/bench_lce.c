@@ -12,10 +12,8 @@
 
 #include <cblas.h>
 
-#include "bench_util.h"
-#include "core/rng.h"
+#include "bench.h"
 #include "bench_cuda.h"
-#include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/lce.h"
 #include "longtune/log.h"
@@ -28,7 +26,7 @@ typedef struct {
 
 /* Uniform in [-a, a): the distribution does not matter for speed, the scale keeps logits sane. */
 static void fill_uniform(uint64_t *s, float *x, int64_t n, float a) {
-    for (int64_t k = 0; k < n; k++) x[k] = a * ((float)(lt_splitmix64(s) >> 40) * 0x1.0p-23f - 1.0f);
+    for (int64_t k = 0; k < n; k++) x[k] = a * ((float)(lt_bench_rand_u64(s) >> 40) * 0x1.0p-23f - 1.0f);
 }
 
 /* A (rows, C) matrix in dtype t through the accounting allocator. */
@@ -194,7 +192,7 @@ int lt_bench_lce(int argc, char **argv) {
         fprintf(stderr, "longtune bench lce: %s\n", lt_ctx_error(ctx));
         return 1;
     }
-    for (int64_t i = 0; i < k.N; i++) targets[i] = (int32_t)(lt_splitmix64(&seed) % (uint64_t)k.V);
+    for (int64_t i = 0; i < k.N; i++) targets[i] = (int32_t)(lt_bench_rand_u64(&seed) % (uint64_t)k.V);
 
     int64_t hs[2] = {k.N, k.C}, ws[2] = {k.V, k.C};
     lt_tensor dht = lt_tensor_view(dh, k.hidden, LT_DEVICE_CPU, 2, hs);
@@ -219,7 +217,7 @@ int lt_bench_lce(int argc, char **argv) {
     cJSON_AddStringToObject(cfg, "hidden", lt_dtype_name(k.hidden));
     cJSON_AddStringToObject(cfg, "head", lt_dtype_name(k.head));
     cJSON_AddStringToObject(cfg, "backward", k.dw ? "grad hidden + grad W" : "grad hidden");
-    cJSON_AddNumberToObject(cfg, "threads", lt_parallel_threads(lt_ctx_threads(ctx)));
+    cJSON_AddNumberToObject(cfg, "threads", lt_bench_threads(ctx));
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "warmup", c.warmup);
     cJSON_AddNumberToObject(cfg, "sgemm_gflops", sgemm);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
 

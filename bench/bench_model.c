@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bench_lib.h"
 #include "bench_model.h"
-#include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
 #include "longtune/tensor.h"
@@ -243,7 +243,7 @@ int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shap
         for (int64_t first = 0; first < n; first += CHUNK) {
             int64_t k = n - first < CHUNK ? n - first : CHUNK;
             fill_job j = {buf, b16, norm, seed * 0xd1b54a32d192ed03ULL + ((uint64_t)i << 40), first};
-            lt_parallel_for(threads, k, 1 << 16, fill_range, &j);
+            lt_bench_parallel_for(threads, k, 1 << 16, fill_range, &j);
             if (write_all(out, buf, (size_t)k * (b16 ? 2u : 4u))) goto io_fail;
         }
     }

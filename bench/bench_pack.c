@@ -9,8 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_util.h"
-#include "core/rng.h"
+#include "bench.h"
 #include "longtune/log.h"
 #include "longtune/pack.h"
 
@@ -21,7 +20,7 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static double bench_uniform(uint64_t *s) { return ((double)(lt_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double bench_uniform(uint64_t *s) { return ((double)(lt_bench_rand_u64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 /* Offsets of n sequences with log-normal lengths (median 150, sigma 1), at least 1 token. */
 static int64_t *make_offsets(int64_t n, uint64_t seed) {

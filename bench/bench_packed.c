@@ -14,9 +14,8 @@
 #include <unistd.h>
 
 #include "bench_model.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "backend/backend.h"
-#include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "longtune/dataset.h"
 #include "longtune/gguf.h"
@@ -287,7 +286,7 @@ int lt_bench_packed(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     if (threads > 0) lt_ctx_set_threads(ctx, (int)threads);
-    int nthreads = lt_parallel_threads(lt_ctx_threads(ctx));
+    int nthreads = lt_bench_threads(ctx);
     int rc = 1;
     tokset ts;
     memset(&ts, 0, sizeof ts);

@@ -12,9 +12,7 @@
 #include <unistd.h>
 
 #include "bench_scaling.h"
-#include "bench_util.h"
-#include "core/rng.h"
-#include "core/parallel.h"
+#include "bench.h"
 #include "longtune/alloc.h"
 #include "longtune/comm.h"
 #include "longtune/log.h"
@@ -92,7 +90,7 @@ static lt_status write_model(lt_ctx *ctx, const char *dir, const shape *s) {
         }
         /* Uniform with std 0.02 (transformers' initializer_range); norms 1. */
         for (int64_t i = 0; i < cnt; i++)
-            bufs[k][i] = c ? 0.0346f * ((float)(lt_splitmix64(&seed) >> 40) * 0x1.0p-23f - 1.0f) : 1.0f;
+            bufs[k][i] = c ? 0.0346f * ((float)(lt_bench_rand_u64(&seed) >> 40) * 0x1.0p-23f - 1.0f) : 1.0f;
         int64_t shp[2] = {r, c};
         e[k].name = names[k];
         e[k].tensor = lt_tensor_view(bufs[k], LT_DTYPE_F32, LT_DEVICE_CPU, c ? 2 : 1, shp);
@@ -152,7 +150,7 @@ static lt_status measure(lt_ctx *ctx, lt_comm *comm, const cfg *c, const char *a
     lt_model_options mo = {LT_DEVICE_CPU, 0};
     if ((s = lt_model_load(ctx, c->model, &mo, &lora, &m)) != LT_OK) goto done;
     uint64_t seed = 0xda7a, V = (uint64_t)lt_model_get_config(m)->V;
-    for (int64_t i = 0; i < nseq * len; i++) tok[i] = (int32_t)(3 + lt_splitmix64(&seed) % (V - 3));
+    for (int64_t i = 0; i < nseq * len; i++) tok[i] = (int32_t)(3 + lt_bench_rand_u64(&seed) % (V - 3));
     for (int64_t i = 0; i <= nseq; i++) off[i] = i * len;
     lt_pack_input in = {tok, NULL, off, nseq};
     lt_train_result res;
@@ -351,7 +349,7 @@ int lt_bench_scaling(int argc, char **argv) {
         return usage("the data-parallel trainer runs on the CPU backend in this build; no --backend", bc.backend);
     c.steps = bc.repeats, c.warmup = bc.warmup;
     c.s.H = c.s.C / 64, c.s.Hkv = c.s.H > 1 ? c.s.H / 2 : 1, c.s.D = 64, c.s.F = 3 * c.s.C;
-    c.threads = threads > 0 ? (int)threads : lt_parallel_threads(0);
+    c.threads = threads > 0 ? (int)threads : lt_bench_threads(NULL);
     lt_log_set_level(LT_LOG_WARN);
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;

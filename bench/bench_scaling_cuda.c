@@ -18,10 +18,8 @@
 
 #include "bench_model.h"
 #include "bench_scaling.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "backend/backend.h"
-#include "core/parallel.h"
-#include "core/rng.h"
 #include "longtune/alloc.h"
 #include "longtune/comm.h"
 #include "longtune/guard.h"
@@ -81,7 +79,7 @@ static lt_status reducer_ready(void *arg, int64_t offset, int64_t count) {
  * device synchronised at both ends) or < 0 on failure. */
 static double step(rank_state *r, int64_t B, int64_t T, lt_comm *comm) {
     int32_t *x = r->tok, *y = r->tok + B * T;
-    for (int64_t i = 0; i < B * T; i++) x[i] = (int32_t)(3 + lt_splitmix64(&r->seed) % (uint64_t)(r->cfg.V - 3));
+    for (int64_t i = 0; i < B * T; i++) x[i] = (int32_t)(3 + lt_bench_rand_u64(&r->seed) % (uint64_t)(r->cfg.V - 3));
     for (int64_t i = 0; i < B * T; i++) y[i] = (i + 1) % T ? x[i + 1] : LT_IGNORE_INDEX;
     lt_model_batch b = {.B = B, .T = T, .tokens = x, .targets = y};
     int64_t n = 0;
@@ -310,7 +308,7 @@ static int child(const opts *o) {
         int written = 0;
         double bad = 0;
         lt_bench_random_dir(o->shape, LT_DTYPE_BF16, dir, sizeof dir);
-        if (R.rank == 0) bad = lt_bench_random_checkpoint(ctx, dir, o->shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_parallel_threads(0),
+        if (R.rank == 0) bad = lt_bench_random_checkpoint(ctx, dir, o->shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_bench_threads(NULL),
                                                           &written) != 0;
         if ((s = lt_comm_allreduce_sum_host(ctx, R.comm, &bad, 1, LT_COMM_F64)) != LT_OK) goto fail;
         if (bad > 0) {
@@ -489,7 +487,7 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
     char dir[1024];
     lt_bench_random_dir(o.shape, LT_DTYPE_BF16, dir, sizeof dir);
     int written = 0;
-    if (lt_bench_random_checkpoint(ctx, dir, o.shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_parallel_threads(0), &written)) {
+    if (lt_bench_random_checkpoint(ctx, dir, o.shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_bench_threads(NULL), &written)) {
         lt_ctx_free(ctx);
         return 1;
     }

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "bench_util.h"
+#include "bench.h"
 
 int lt_bench_sgemm(int argc, char **argv) {
     lt_bench_common c;

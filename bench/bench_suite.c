@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "bench_model.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "longtune/log.h"
 #include "longtune/sysinfo.h"
 

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_util.h"
+#include "bench.h"
 #include "longtune/gguf.h"
 #include "longtune/tokenizer.h"
 

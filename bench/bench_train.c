@@ -21,12 +21,10 @@
 #include <cblas.h>
 
 #include "bench_model.h"
-#include "bench_util.h"
+#include "bench.h"
 #include "backend/backend.h"
 #include "backend/prof.h"
 #include "train/step_graph.h"
-#include "core/parallel.h"
-#include "core/rng.h"
 #include "longtune/alloc.h"
 #include "longtune/guard.h"
 #include "longtune/log.h"
@@ -374,7 +372,7 @@ int lt_bench_train(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     if (threads > 0) lt_ctx_set_threads(ctx, threads);
-    int nthreads = lt_parallel_threads(lt_ctx_threads(ctx));
+    int nthreads = lt_bench_threads(ctx);
     double sgemm = 0;
     if (!cuda) {
         sgemm = lt_bench_sgemm_gflops(1024, 5, nthreads);
@@ -547,7 +545,7 @@ int lt_bench_train(int argc, char **argv) {
         memset(&prof, 0, sizeof prof);
         for (int r = 0; r < n && st == LT_OK; r++) {
             int32_t *x = tok, *y = tok + T;
-            for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_splitmix64(&seed) % (uint64_t)cfg->V);
+            for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_bench_rand_u64(&seed) % (uint64_t)cfg->V);
             for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
             y[T - 1] = LT_IGNORE_INDEX;
             lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y, .step = (uint64_t)r};

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "bench_util.h"
+#include "bench.h"
 #include "cli.h"
 
 typedef struct {

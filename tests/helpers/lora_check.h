@@ -1,6 +1,6 @@
 /* One random case of the backend's LoRA projection ops (lora_fwd, lora_bwd) run on a backend and
- * compared with a float64 reference computed here: shared by the CPU test (test_lora_ops) and the
- * CUDA one (test_cuda_lora), which differ only in shapes and tolerances. */
+ * compared with a float64 reference computed here: the lora rows of the op matrix
+ * (tests/ops/test_backend_ops.c) run it on every backend. */
 #ifndef LT_TEST_LORA_CHECK_H
 #define LT_TEST_LORA_CHECK_H
 

@@ -52,7 +52,7 @@ void lt_test_close_to(double got, double want, double scale, double rel, const c
  * is not installed (the caller skips), -2 when the program's own path cannot be read. */
 int lt_test_mpirun(int np, const char *worker_arg);
 
-/* For tests/test_cuda_*.c: 0 when a CUDA device is usable; otherwise prints "skipped: no CUDA device"
+/* For the test_cuda_*.c programs: 0 when a CUDA device is usable; otherwise prints "skipped: no CUDA device"
  * (and says so when this build has no CUDA at all) and returns 77, the code ctest reports as skipped. */
 int lt_test_cuda_skip(void);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/chat/: what transformers' apply_chat_template renders (its Jinja path,
 transformers.utils.chat_template_utils.render_jinja_template) for the chat templates of the model
-families longtune supports, over a fixed set of conversations. The C test (tests/test_chat.c)
+families longtune supports, over a fixed set of conversations. The C test (tests/unit/test_chat.c)
 renders the same conversations with the built-in renderers and compares byte for byte, and runs
 template recognition on the template texts saved under templates/.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Oracle fixtures for tests/test_model.c: tiny random Llama / Qwen2 / Qwen3 models (tied and
+"""Oracle fixtures for tests/e2e/test_model.c: tiny random Llama / Qwen2 / Qwen3 models (tied and
 untied, one with llama3 rope scaling) built with transformers, LoRA adapters from PEFT, and the
 expected logits, loss and every LoRA gradient after one fp32 forward/backward on a packed batch.
 

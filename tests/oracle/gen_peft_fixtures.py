@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Oracle fixtures for tests/test_peft.c: PEFT adapter files in both directions, on the tiny random
+"""Oracle fixtures for tests/unit/test_peft.c: PEFT adapter files in both directions, on the tiny random
 SmolLM2-like model of tests/fixtures/model/llama_tied (bf16 weights, tied embeddings).
 
 Stage "peft": builds a LoRA adapter with PEFT (r=4, alpha=8, all seven projections, last layer

@@ -5,7 +5,7 @@
  * attention, a frozen layer below the LoRA ones, and over consecutive steps; the size table equals
  * the allocations; the CUDA plan (pure, no device needed) moves exactly n_ckpt - 2 checkpoints from
  * the device to the host; misuse and every allocation failure are clean. The device run itself is
- * tests/test_cuda_offload.c. */
+ * tests/e2e/test_cuda_offload.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -4,7 +4,7 @@
  * naive bf16 computation; float64 finite differences; exact zeros for ignored rows; workspace
  * accounting; typed errors. Every numeric check runs twice: through lt_lce_forward then
  * lt_lce_backward, and through lt_lce_forward_backward (dloss given up front). Does not test CUDA
- * (tests/test_cuda_lce.c does). */
+ * (tests/ops/test_cuda_lce.c does). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -144,7 +144,7 @@ static void export_keys_shapes_and_data(void **state) {
     lt_ctx_free(ctx);
 }
 
-#define ORACLE_REL 1e-4 /* fp32 forward against PyTorch, as tests/test_model.c */
+#define ORACLE_REL 1e-4 /* fp32 forward against PyTorch, as tests/e2e/test_model.c */
 
 static void compare(const char *what, const float *got, const float *want, int64_t n) {
     double scale = 0, worst = 0;

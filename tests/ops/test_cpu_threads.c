@@ -1,7 +1,8 @@
 /* The CPU backend's weight products and LoRA GEMMs give bit-identical results for every thread count
  * (the trainer's exact resume and its determinism rest on it), at the SmolLM2 shapes' kinds of
  * widths (multiples of 16 and not) and row counts that do not divide into the thread grid. The
- * values themselves are checked against float64 in test_ops.c; here only 1 thread vs several. */
+ * values themselves are checked against float64 in the op matrix (test_backend_ops.c); here only
+ * 1 thread vs several. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
