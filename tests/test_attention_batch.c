@@ -130,22 +130,22 @@ static const int32_t offs3[] = {0, 5, 5, 17, 24, /* row 1 */ 0, 1, 9, 24, 24};
 
 static void cpu_packed_window_f32(void **s) {
     (void)s;
-    const bcase c = {.B = 2, .T = 24, .H = 4, .Hkv = 2, .D = 16, .window = 6, .S = 4, .dtype = LT_DTYPE_F32,
-                     .offs = offs3};
+    const bcase c =
+        {.B = 2, .T = 24, .H = 4, .Hkv = 2, .D = 16, .window = 6, .S = 4, .dtype = LT_DTYPE_F32, .offs = offs3};
     cpu_case(&c);
 }
 
 static void cpu_packed_softcap_bf16(void **s) {
     (void)s;
-    const bcase c = {.B = 2, .T = 24, .H = 6, .Hkv = 2, .D = 32, .S = 4, .softcap = 20.0f, .dtype = LT_DTYPE_BF16,
-                     .offs = offs3};
+    const bcase c =
+        {.B = 2, .T = 24, .H = 6, .Hkv = 2, .D = 32, .S = 4, .softcap = 20.0f, .dtype = LT_DTYPE_BF16, .offs = offs3};
     cpu_case(&c);
 }
 
 static void cpu_unpacked_naive(void **s) {
     (void)s;
-    const bcase c = {.B = 3, .T = 19, .H = 2, .Hkv = 1, .D = 8, .window = 4, .dtype = LT_DTYPE_F32,
-                     .impl = LT_ATTENTION_NAIVE};
+    const bcase c =
+        {.B = 3, .T = 19, .H = 2, .Hkv = 1, .D = 8, .window = 4, .dtype = LT_DTYPE_F32, .impl = LT_ATTENTION_NAIVE};
     cpu_case(&c);
 }
 
@@ -159,8 +159,8 @@ static void mismatched_batch_is_refused(void **s) {
     (void)s;
     lt_ctx *ctx = lt_ctx_new();
     assert_non_null(ctx);
-    const bcase c = {.B = 2, .T = 24, .H = 4, .Hkv = 2, .D = 16, .window = 6, .S = 4, .dtype = LT_DTYPE_F32,
-                     .offs = offs3};
+    const bcase c =
+        {.B = 2, .T = 24, .H = 4, .Hkv = 2, .D = 16, .window = 6, .S = 4, .dtype = LT_DTYPE_F32, .offs = offs3};
     lt_attention_params p = params_of(&c, LT_DEVICE_CPU);
     lt_attention_batch batch;
     assert_int_equal(lt_attention_batch_prepare(ctx, &p, NULL, 0, &batch), LT_OK);
@@ -236,8 +236,10 @@ static void cuda_run(lt_ctx *ctx, const bcase *c, const lt_attention_params *p, 
     const size_t es = esize(c->dtype), nl = (size_t)(c->B * c->H * c->T) * sizeof(float);
     void *q = to_dev(ctx, in->q, in->nq * es), *k = to_dev(ctx, in->k, in->nkv * es);
     void *v = to_dev(ctx, in->v, in->nkv * es), *dout = to_dev(ctx, in->dout, in->nq * es);
-    void *out = lt_alloc(ctx, LT_DEVICE_CUDA, in->nq * es, "out"), *dq = lt_alloc(ctx, LT_DEVICE_CUDA, in->nq * es, "dq");
-    void *dk = lt_alloc(ctx, LT_DEVICE_CUDA, in->nkv * es, "dk"), *dv = lt_alloc(ctx, LT_DEVICE_CUDA, in->nkv * es, "dv");
+    void *out = lt_alloc(ctx, LT_DEVICE_CUDA, in->nq * es, "out"),
+         *dq = lt_alloc(ctx, LT_DEVICE_CUDA, in->nq * es, "dq");
+    void *dk = lt_alloc(ctx, LT_DEVICE_CUDA, in->nkv * es, "dk"),
+         *dv = lt_alloc(ctx, LT_DEVICE_CUDA, in->nkv * es, "dv");
     float *lse = lt_alloc(ctx, LT_DEVICE_CUDA, nl, "lse");
     assert_true(out && dq && dk && dv && lse);
     lt_attention_args a;
@@ -303,8 +305,7 @@ static void cuda_case(const bcase *c, int device_offsets) {
     assert_ptr_equal(batch.bounds, buf);
     int32_t *lo = malloc((size_t)(c->B * c->T) * sizeof(int32_t));
     assert_non_null(lo);
-    assert_int_equal(cudaMemcpy(lo, buf, (size_t)(c->B * c->T) * sizeof(int32_t), cudaMemcpyDeviceToHost),
-                     cudaSuccess);
+    assert_int_equal(cudaMemcpy(lo, buf, (size_t)(c->B * c->T) * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t t = 0; t < c->T; t++) assert_int_equal(lo[b * c->T + t], key_bound(c, b, t));
     free(lo);
@@ -325,8 +326,16 @@ static void cuda_prepared_matches_unprepared(void **s) {
     if (!cuda_present()) skip();
     const bcase cases[] = {
         {.B = 2, .T = 512, .H = 8, .Hkv = 2, .D = 128, .S = 4, .dtype = LT_DTYPE_BF16, .offs = offs_long},
-        {.B = 2, .T = 512, .H = 4, .Hkv = 4, .D = 64, .window = 96, .S = 4, .softcap = 30.0f,
-         .dtype = LT_DTYPE_BF16, .offs = offs_long},
+        {.B = 2,
+         .T = 512,
+         .H = 4,
+         .Hkv = 4,
+         .D = 64,
+         .window = 96,
+         .S = 4,
+         .softcap = 30.0f,
+         .dtype = LT_DTYPE_BF16,
+         .offs = offs_long},
         {.B = 1, .T = 384, .H = 4, .Hkv = 2, .D = 64, .window = 128, .dtype = LT_DTYPE_F32},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -338,14 +347,14 @@ static void cuda_prepared_matches_unprepared(void **s) {
 
 int main(void) {
     rng = lt_test_seed();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cpu_packed_window_f32),
-        cmocka_unit_test(cpu_packed_softcap_bf16),
-        cmocka_unit_test(cpu_unpacked_naive),
-        cmocka_unit_test(mismatched_batch_is_refused),
-        cmocka_unit_test(prepare_validates_offsets),
+    const struct CMUnitTest tests[] =
+    { cmocka_unit_test(cpu_packed_window_f32),
+      cmocka_unit_test(cpu_packed_softcap_bf16),
+      cmocka_unit_test(cpu_unpacked_naive),
+      cmocka_unit_test(mismatched_batch_is_refused),
+      cmocka_unit_test(prepare_validates_offsets),
 #if LT_HAVE_CUDA
-        cmocka_unit_test(cuda_prepared_matches_unprepared),
+      cmocka_unit_test(cuda_prepared_matches_unprepared),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

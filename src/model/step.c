@@ -123,15 +123,17 @@ static lt_status prepare_attention(lt_step *s, int prepare) {
         for (int64_t l = 0; l < m->cfg.L && !d; l++)
             if (m->layers[l].desc.attn != LT_ATTN_KIND_NONE && m->layers[l].desc.window == y->attn_window[i])
                 d = &m->layers[l].desc;
-        if (!d) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: no layer has the layout's window %lld",
-                                (long long)y->attn_window[i]);
+        if (!d)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: no layer has the layout's window %lld",
+                            (long long)y->attn_window[i]);
         lt_attention_params ap = lt_step_attn_params(s, d);
         if (!prepare) {
             LT_TRY(lt_attention_check(s->ctx, &ap));
             continue;
         }
-        void *buf = y->attn_batch_bytes ? lt_step_blk(s, LT_MEM_TRANSIENTS, y->attn_batch + (size_t)i * y->attn_batch_bytes)
-                                        : NULL;
+        void *buf = y->attn_batch_bytes
+            ? lt_step_blk(s, LT_MEM_TRANSIENTS, y->attn_batch + (size_t)i * y->attn_batch_bytes)
+            : NULL;
         LT_TRY(lt_attention_batch_prepare(s->ctx, &ap, buf, y->attn_batch_bytes, &s->attn_batch[i]));
         s->n_attn_batch = i + 1;
     }
