@@ -161,11 +161,13 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_BWD_WS_REG_CONSUMER 240
 
 #ifdef __cplusplus
+extern "C++" { /* C++ even where a C header includes this one inside extern "C" */
 /* mma.sync forward per head dim: NW warps, MT 16-row tiles per warp, QREG Q kept in registers. */
 template <int D> struct lt_attn_fwd_mma_shape;
 template <> struct lt_attn_fwd_mma_shape<64> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = true; };
 template <> struct lt_attn_fwd_mma_shape<96> { static constexpr int NW = 8, MT = 1; static constexpr bool QREG = true; };
 template <> struct lt_attn_fwd_mma_shape<128> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = false; };
+} /* extern "C++" */
 #endif
 
 #endif
