@@ -24,6 +24,8 @@ typedef struct lt_attention_layout {
     int64_t batch, token, head;
 } lt_attention_layout;
 
+typedef struct lt_attention_batch lt_attention_batch;
+
 /* Shapes and options; zero-initialised fields take the defaults noted. */
 typedef struct lt_attention_params {
     int64_t B, T, H, Hkv, D;  /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
@@ -43,6 +45,11 @@ typedef struct lt_attention_params {
      * is still what the boundary validates; the kernels then read this copy instead, so the call
      * queues nothing that depends on the host array (a captured step replays with new offsets). */
     const int32_t *seq_offsets_device;
+    /* Optional: what lt_attention_batch_prepare made for this batch and window. The call then
+     * skips the offsets' validation and the device kernels read its key bounds; it must match
+     * (B, T, S, window, device and both offsets pointers), else LT_ERR_INVALID_ARG. NULL = the
+     * call prepares its own. */
+    const lt_attention_batch *batch;
     /* q_layout covers q and dq, kv_layout k, v, dk and dv, o_layout out and dout. A layout of all
      * zeros is the contiguous (B, T, heads, D) one; otherwise every stride of a dimension longer
      * than 1 must be at least D (rows of D elements never overlap) and the token stride must fit
@@ -69,6 +76,27 @@ typedef struct lt_attention_args {
  * the row, negative window, bad scale), LT_ERR_UNSUPPORTED (head dim, dtype or impl the backend
  * lacks; the message names it), LT_ERR_OOM (workspace). */
 lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p);
+
+/* Per-batch preparation: what depends only on the batch and the window, not on the layer — the
+ * packed offsets validated and, on a device, the per-token key bounds (B, T) int32 computed into
+ * the caller's buffer — done once and shared by every call on that batch (set params.batch).
+ * Filled by lt_attention_batch_prepare; read-only afterwards; the buffer must outlive its use and
+ * its offsets stay unchanged while it is used. */
+struct lt_attention_batch {
+    int64_t B, T, S, window;
+    lt_device device;
+    const int32_t *seq_offsets, *seq_offsets_device;
+    void *bounds; /* the key bounds in the caller's buffer; NULL where the device needs none (CPU) */
+};
+
+/* Bytes of buffer lt_attention_batch_prepare needs for p on p->device (0 on the CPU). */
+size_t lt_attention_batch_bytes(const lt_attention_params *p);
+/* Validates p as lt_attention_check does (p->batch ignored) and prepares *out for it, queueing the
+ * key bounds' computation into buffer (bytes >= lt_attention_batch_bytes(p), aligned like lt_alloc's
+ * blocks) on a device. Errors: those of lt_attention_check, LT_ERR_INVALID_ARG (buffer missing,
+ * small or misaligned), a device error. */
+lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, void *buffer, size_t bytes,
+                                     lt_attention_batch *out);
 
 /* Bytes of workspace one forward (backward = 0) or backward (1) call needs on p->device when the
  * context runs `threads` threads (the value given to lt_ctx_set_threads, 0 = default). This is

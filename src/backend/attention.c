@@ -1,11 +1,14 @@
 /* The public boundary of attention: validates the params and args once (shapes, dtype, strides,
  * packed offsets, options), asks the device's backend whether it serves the request (head dim,
  * dtype: supports.c), resolves the defaults, provides the workspace through the accounting
- * allocator when the caller passes none, and calls the backend's attention slot. It computes
- * nothing itself and knows no backend by name. */
+ * allocator when the caller passes none, and calls the backend's attention slot. A per-batch
+ * preparation (lt_attention_batch_prepare) runs the offsets' validation and the backend's
+ * batch slot once; calls that pass it check only that it matches. It computes nothing itself and
+ * knows no backend by name. */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "longtune/alloc.h"
@@ -50,6 +53,45 @@ static lt_status layout_check(lt_ctx *ctx, const char *name, lt_attention_layout
     return LT_OK;
 }
 
+/* The packed rows' offsets: each row starts at 0, never decreases and ends at T. */
+static lt_status offsets_check(lt_ctx *ctx, const lt_attention_params *p) {
+    if (!p->seq_offsets) return LT_OK;
+    for (int64_t b = 0; b < p->B; b++) {
+        const int32_t *o = p->seq_offsets + b * (p->S + 1);
+        if (o[0] != 0)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: seq_offsets row %lld starts at %d, not 0",
+                            (long long)b, (int)o[0]);
+        for (int64_t s = 1; s <= p->S; s++)
+            if (o[s] < o[s - 1])
+                return lt_error(ctx, LT_ERR_INVALID_ARG,
+                                "attention: seq_offsets row %lld index %lld: %d < %d (not monotone)",
+                                (long long)b, (long long)s, (int)o[s], (int)o[s - 1]);
+        if (o[p->S] != p->T)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "attention: seq_offsets row %lld ends at %d, not T = %lld (must cover the row)",
+                            (long long)b, (int)o[p->S], (long long)p->T);
+    }
+    return LT_OK;
+}
+
+/* A prepared batch stands for the offsets' check only when it was made for this very batch. */
+static lt_status batch_match(lt_ctx *ctx, const lt_attention_params *p) {
+    const lt_attention_batch *b = p->batch;
+    if (b->B != p->B || b->T != p->T || b->S != p->S || b->window != p->window || b->device != p->device)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "attention: prepared batch (B=%lld T=%lld S=%lld window=%lld device %d) does not match "
+                        "the call (B=%lld T=%lld S=%lld window=%lld device %d)",
+                        (long long)b->B, (long long)b->T, (long long)b->S, (long long)b->window, (int)b->device,
+                        (long long)p->B, (long long)p->T, (long long)p->S, (long long)p->window, (int)p->device);
+    if (b->seq_offsets != p->seq_offsets || b->seq_offsets_device != p->seq_offsets_device)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "attention: prepared batch was made for other seq_offsets (%p, device %p; the call "
+                        "passes %p, device %p)",
+                        (const void *)b->seq_offsets, (const void *)b->seq_offsets_device,
+                        (const void *)p->seq_offsets, (const void *)p->seq_offsets_device);
+    return LT_OK;
+}
+
 lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
     if (!p) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: params is NULL");
     if (p->B < 1 || p->T < 1 || p->H < 1 || p->Hkv < 1 || p->D < 1)
@@ -89,22 +131,8 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
                             (long long)p->S);
         if (__builtin_mul_overflow(p->B, p->S + 1, &n))
             return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: B*(S+1) offsets overflow");
-        for (int64_t b = 0; b < p->B; b++) {
-            const int32_t *o = p->seq_offsets + b * (p->S + 1);
-            if (o[0] != 0)
-                return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: seq_offsets row %lld starts at %d, not 0",
-                                (long long)b, (int)o[0]);
-            for (int64_t s = 1; s <= p->S; s++)
-                if (o[s] < o[s - 1])
-                    return lt_error(ctx, LT_ERR_INVALID_ARG,
-                                    "attention: seq_offsets row %lld index %lld: %d < %d (not monotone)",
-                                    (long long)b, (long long)s, (int)o[s], (int)o[s - 1]);
-            if (o[p->S] != p->T)
-                return lt_error(ctx, LT_ERR_INVALID_ARG,
-                                "attention: seq_offsets row %lld ends at %d, not T = %lld (must cover the row)",
-                                (long long)b, (int)o[p->S], (long long)p->T);
-        }
     }
+    LT_TRY(p->batch ? batch_match(ctx, p) : offsets_check(ctx, p));
     const lt_op_query q = {.op = LT_OP_ATTENTION, .dtype = p->dtype, .impl = (int)p->impl, .head_dim = p->D,
                            .window = p->window, .softcap = p->softcap};
     return lt_backend_supports(ctx, p->device, &q);
@@ -114,6 +142,41 @@ size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, 
     if (!p) return 0;
     const lt_backend *be = lt_backend_get(p->device);
     return be ? be->attention_workspace_bytes(p, backward != 0, threads) : 0;
+}
+
+size_t lt_attention_batch_bytes(const lt_attention_params *p) {
+    if (!p) return 0;
+    const lt_backend *be = lt_backend_get(p->device);
+    return be ? be->attention_batch_bytes(p) : 0;
+}
+
+lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, void *buffer, size_t bytes,
+                                     lt_attention_batch *out) {
+    if (!out) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention batch: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!p) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention batch: params is NULL");
+    lt_attention_params r = *p;
+    r.batch = NULL;
+    LT_TRY(lt_attention_check(ctx, &r));
+    const size_t need = lt_attention_batch_bytes(&r);
+    const uintptr_t align = p->device == LT_DEVICE_CPU ? LT_ALLOC_ALIGN_HOST : LT_ALLOC_ALIGN_DEVICE;
+    if (need && (!buffer || bytes < need))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention batch: buffer of %zu bytes, %zu needed",
+                        buffer ? bytes : (size_t)0, need);
+    if (need && (uintptr_t)buffer % align)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention batch: buffer %p is not aligned to %u bytes", buffer,
+                        (unsigned)align);
+    out->B = p->B, out->T = p->T, out->S = p->S, out->window = p->window, out->device = p->device;
+    out->seq_offsets = p->seq_offsets, out->seq_offsets_device = p->seq_offsets_device;
+    out->bounds = need ? buffer : NULL;
+    const lt_backend *be = lt_backend_get(p->device);
+    if (!be) return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention batch: no backend for device %d", (int)p->device);
+    /* The backend reads the offsets' copy it uses in its kernels, as in run(). */
+    if (p->device != LT_DEVICE_CPU && p->seq_offsets && p->seq_offsets_device) r.seq_offsets = p->seq_offsets_device;
+    r.seq_offsets_device = NULL;
+    lt_status s = be->attention_batch_prepare(ctx, &r, out);
+    if (s != LT_OK) memset(out, 0, sizeof *out);
+    return s;
 }
 
 static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a, int backward) {

@@ -31,6 +31,9 @@ lt_status lt_attention_cpu_backward(lt_ctx *ctx, const lt_attention_params *p, l
 size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward, int threads);
 lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+/* The per-batch key bounds (prepare.cu), for any dtype: (B, T) int32 into b->bounds, queued. */
+size_t lt_attention_cuda_batch_bytes(const lt_attention_params *p);
+lt_status lt_attention_cuda_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b);
 /* f32 tensors on the device (src/backend/cuda/attention/f32.cu): converted to bf16 copies in the
  * workspace around the bf16 kernels above; the workspace counts the copies and theirs. The CUDA
  * table's slots pick these or the bf16 ones by p->dtype. */

@@ -181,6 +181,13 @@ typedef struct lt_backend {
     size_t (*attention_workspace_bytes)(const lt_attention_params *p, int backward, int threads);
     lt_status (*attention_fwd)(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
     lt_status (*attention_bwd)(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+    /* The per-batch part of attention (lt_attention_batch_prepare): b arrives filled, b->bounds
+     * the caller's buffer of attention_batch_bytes(p) (NULL when that is 0); the slot computes
+     * what its attention calls then read from b instead (CUDA: the (B, T) key bounds, queued). A
+     * backend that needs nothing has 0 bytes and a slot that returns LT_OK (the boundary has
+     * validated the offsets). */
+    size_t (*attention_batch_bytes)(const lt_attention_params *p);
+    lt_status (*attention_batch_prepare)(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b);
     /* pass: LT_LCE_PASS_FORWARD, _BACKWARD or _FORWARD_BACKWARD. */
     size_t (*lce_workspace_bytes)(const lt_lce_options *o, const lt_lce_args *a, int pass, int threads);
     lt_status (*lce_fwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);

@@ -291,6 +291,14 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                          \
         return s;                                                                                                \
     }                                                                                                            \
+    /* The per-batch key bounds, timed as attention forward work. */                                            \
+    static lt_status P##_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p,                     \
+                                                 lt_attention_batch *b) {                                        \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                            \
+        lt_status s = (REAL).attention_batch_prepare(ctx, p, b);                                                 \
+        lt_prof_end(h);                                                                                          \
+        return s;                                                                                                \
+    }                                                                                                            \
     static lt_status P##_lce_fwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                         \
         int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
         lt_status s = (REAL).lce_fwd(ctx, o, a);                                                                 \
@@ -321,6 +329,7 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                  \
         t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                  \
         t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                              \
+        t->attention_batch_prepare = P##_attention_batch_prepare;                                                \
         t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                    \
     }
 

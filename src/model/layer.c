@@ -51,7 +51,7 @@ typedef struct attn_grads {
     void *dout, *dq, *dk, *dv;
 } attn_grads;
 
-static lt_attention_params attn_params(const lt_step *s, const lt_layer_desc *d) {
+lt_attention_params lt_step_attn_params(const lt_step *s, const lt_layer_desc *d) {
     const lt_model_config *c = &s->m->cfg;
     lt_attention_params ap;
     memset(&ap, 0, sizeof ap);
@@ -64,6 +64,8 @@ static lt_attention_params attn_params(const lt_step *s, const lt_layer_desc *d)
     ap.seq_offsets = s->seq_offsets;
     ap.seq_offsets_device = s->seq_offsets_dev;
     ap.S = s->S;
+    for (int i = 0; i < s->n_attn_batch; i++)
+        if (s->attn_batch[i].window == d->window) ap.batch = &s->attn_batch[i];
     return ap;
 }
 
@@ -78,13 +80,13 @@ static lt_attention_args attn_args(const lt_step *s, const lt_store *st, const a
 }
 
 static lt_status kernel_fwd(const lt_step *s, const lt_layer *L, const lt_store *st) {
-    lt_attention_params ap = attn_params(s, &L->desc);
+    lt_attention_params ap = lt_step_attn_params(s, &L->desc);
     lt_attention_args aa = attn_args(s, st, NULL);
     return lt_attention_forward(s->ctx, &ap, &aa);
 }
 
 static lt_status kernel_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g) {
-    lt_attention_params ap = attn_params(s, &L->desc);
+    lt_attention_params ap = lt_step_attn_params(s, &L->desc);
     lt_attention_args aa = attn_args(s, st, g);
     return lt_attention_backward(s->ctx, &ap, &aa);
 }

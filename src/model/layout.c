@@ -362,7 +362,35 @@ static void layout_transients(const run_shape *r, lt_layout *o) {
         o->pos = carve_aligned(&cur, nb(r->N, 4), al);
     else
         o->inputs = carve_aligned(&cur, o->in_bytes, al);
+    if (o->attn_batch_bytes) o->attn_batch = carve_aligned(&cur, nb(o->n_attn_batch, o->attn_batch_bytes), al);
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;
+}
+
+/* The step's per-batch attention preparations: the distinct windows of the layers that attend,
+ * and the buffer each needs at the run's shape (rounded to the piece alignment). */
+static lt_status layout_attn_batch(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
+    const lt_model_config *c = r->c;
+    o->n_attn_batch = 0;
+    for (int64_t l = 0; l < c->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(c, l, &d);
+        if (d.attn == LT_ATTN_KIND_NONE) continue;
+        int seen = 0;
+        for (int i = 0; i < o->n_attn_batch; i++) seen |= o->attn_window[i] == d.window;
+        if (seen) continue;
+        if (o->n_attn_batch == LT_MODEL_ATTN_WINDOWS_MAX)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "model layout: more than %d distinct attention windows",
+                            LT_MODEL_ATTN_WINDOWS_MAX);
+        o->attn_window[o->n_attn_batch++] = d.window;
+    }
+    lt_attention_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.B = r->B, ap.T = r->T, ap.H = c->H, ap.Hkv = c->Hkv, ap.D = c->D;
+    ap.dtype = o->attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+    ap.device = o->device;
+    size_t bytes = o->n_attn_batch ? lt_attention_batch_bytes(&ap) : 0;
+    o->attn_batch_bytes = bytes ? round_up(bytes, r->al) : 0;
+    return LT_OK;
 }
 
 /* The backward's whole-batch gradients (training only) and the chunk buffers of the
@@ -524,6 +552,7 @@ lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_o
     LT_TRY(resolve_run(ctx, run, &r, o));
     layout_activations(&r, o);
     layout_inputs(&r, o);
+    LT_TRY(layout_attn_batch(ctx, &r, o));
     layout_transients(&r, o);
     LT_TRY(layout_workspace(ctx, &r, o));
     for (int i = 0; i < LT_MEM_CLASS_COUNT_; i++)

@@ -12,6 +12,9 @@
  * of their workspaces). */
 #define LT_MODEL_ALIGN 64
 
+/* Distinct attention windows the layers of one model may have (a window per layer kind). */
+#define LT_MODEL_ATTN_WINDOWS_MAX 4
+
 /* inv_freq (D/2) for rotate-half RoPE: theta^(-2i/D) in fp32 as transformers computes it, then
  * the llama3 piecewise rescaling when cfg->rope_llama3 (factor, low/high frequency factors,
  * original context), exactly as transformers' _compute_llama3_parameters. */
@@ -112,6 +115,13 @@ typedef struct lt_layout {
     size_t keep_store, kept_stride;
     lt_store kept_off;
     size_t tr_stores, rstd_f, lse_f, pos, tloss; /* transient block */
+    /* The step's per-batch attention preparations (lt_attention_batch_prepare), one per distinct
+     * window among the layers (attn_window[0 .. n_attn_batch)), each with its buffer of
+     * attn_batch_bytes at attn_batch + i·attn_batch_bytes in the transient block (0 bytes where
+     * the device needs none: the CPU). */
+    int n_attn_batch;
+    int64_t attn_window[LT_MODEL_ATTN_WINDOWS_MAX];
+    size_t attn_batch, attn_batch_bytes;
     /* The final norm's input xf and output hf (N, C), in block `final_class`: the transients of a
      * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward). */
     lt_mem_class final_class;

@@ -110,9 +110,39 @@ static lt_status stage_inputs(lt_step *s, const lt_model_batch *b, int upload) {
     return LT_OK;
 }
 
-/* The per-batch preparation, once per step: validates the batch on the host and makes its inputs
+/* Attention's part of the batch (the device's kernel path): per distinct window of the layers,
+ * the offsets validated and, with prepare, the backend's key bounds made into the layout's buffer
+ * for every layer's forward and backward to read; without (a captured step's staging, whose
+ * replay recomputes them), the validation alone. */
+static lt_status prepare_attention(lt_step *s, int prepare) {
+    const lt_model *m = s->m;
+    const lt_layout *y = &m->lay;
+    if (m->attn_path != LT_ATTN_PATH_KERNEL) return LT_OK;
+    for (int i = 0; i < y->n_attn_batch; i++) {
+        const lt_layer_desc *d = NULL;
+        for (int64_t l = 0; l < m->cfg.L && !d; l++)
+            if (m->layers[l].desc.attn != LT_ATTN_KIND_NONE && m->layers[l].desc.window == y->attn_window[i])
+                d = &m->layers[l].desc;
+        if (!d)
+            return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: no layer has the layout's window %lld",
+                            (long long)y->attn_window[i]);
+        lt_attention_params ap = lt_step_attn_params(s, d);
+        if (!prepare) {
+            LT_TRY(lt_attention_check(s->ctx, &ap));
+            continue;
+        }
+        void *buf = y->attn_batch_bytes
+            ? lt_step_blk(s, LT_MEM_TRANSIENTS, y->attn_batch + (size_t)i * y->attn_batch_bytes)
+            : NULL;
+        LT_TRY(lt_attention_batch_prepare(s->ctx, &ap, buf, y->attn_batch_bytes, &s->attn_batch[i]));
+        s->n_attn_batch = i + 1;
+    }
+    return LT_OK;
+}
+
+/* The per-batch preparation, once per step: validates the batch on the host, makes its inputs
  * visible to the backend (the caller's arrays in place on the host; one staged upload on a
- * device). */
+ * device) and prepares attention's part of it. */
 static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_step *s, int train, float grad_scale,
                              int upload) {
     LT_TRY(begin_step(ctx, m, b, s, train));
@@ -121,7 +151,8 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
         m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos) : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
     LT_TRY(check_tokens(s, b, pos));
     s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
-    return m->host_inputs ? stage_inputs(s, b, upload) : LT_OK;
+    if (m->host_inputs) LT_TRY(stage_inputs(s, b, upload));
+    return prepare_attention(s, upload);
 }
 
 /* Device runs: the loss (and per-token losses) come back to the host once, after the whole step

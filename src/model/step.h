@@ -20,6 +20,10 @@ typedef struct lt_step {
     float *scalars;                 /* device runs: [0] loss, [1] dloss in device memory */
     int defer_loss;                 /* leave the loss on the device (lt_model_batch.defer_loss) */
     int64_t S;
+    /* The batch's attention preparations (kernel path), one per window of the layout's
+     * attn_window: the offsets validated and any device key bounds computed once for the step. */
+    lt_attention_batch attn_batch[LT_MODEL_ATTN_WINDOWS_MAX];
+    int n_attn_batch;
     uint64_t drop_seed; /* 0 bits mean dropout off (evaluation) */
     uint64_t drop_row0; /* tokens before this batch's row 0 in the whole (data-parallel) batch */
     int train;
@@ -106,6 +110,10 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
                        const float *x, const float *const *dy, float *dx, float beta);
 
 /* ---- layer.c: one layer ---- */
+
+/* The attention parameters of a layer of description d in this step (the kernel path), with the
+ * step's preparation for d's window when it has one. */
+lt_attention_params lt_step_attn_params(const lt_step *s, const lt_layer_desc *d);
 
 /* Layer l: x_out = layer(x_in), filling st; see layer.c for the recompute forms (x_out empty,
  * att_kept). */

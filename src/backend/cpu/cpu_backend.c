@@ -55,6 +55,18 @@ static void cpu_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     lt_lora_bwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
 }
 
+/* The CPU kernels look the packed sequences up themselves: a batch needs only the boundary's
+ * validation. */
+static size_t cpu_attention_batch_bytes(const lt_attention_params *p) {
+    (void)p;
+    return 0;
+}
+
+static lt_status cpu_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b) {
+    (void)ctx, (void)p, (void)b;
+    return LT_OK;
+}
+
 const lt_backend lt_backend_cpu = {
     .name = "cpu",
     .device = LT_DEVICE_CPU,
@@ -91,6 +103,8 @@ const lt_backend lt_backend_cpu = {
     .attention_workspace_bytes = lt_attention_cpu_workspace_bytes,
     .attention_fwd = lt_attention_cpu_forward,
     .attention_bwd = lt_attention_cpu_backward,
+    .attention_batch_bytes = cpu_attention_batch_bytes,
+    .attention_batch_prepare = cpu_attention_batch_prepare,
     .lce_workspace_bytes = lt_lce_cpu_workspace_bytes,
     .lce_fwd = lt_lce_cpu_forward,
     .lce_bwd = lt_lce_cpu_backward,

@@ -24,7 +24,8 @@ struct lt_attn_dev {
     float *dkv_acc;         /* NULL, or (2, B, T, Hkv, D) fp32 sums of dK, dV when nsplit > 1 */
     int nsplit;             /* backward: CTAs sharing one kv head's query heads (1 = one CTA) */
     int no_dq;              /* backward main kernel: dQ comes from the dQ kernel instead */
-    const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in) */
+    const int32_t *lo;      /* (B, T): first key token t may see (packing and window folded in); the
+                               workspace's, or the prepared batch's bounds */
     int64_t q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, o_sb, o_st, o_sh, dq_sb, dq_st, dq_sh;
     int T, H, Hkv, group;
     float scale;            /* softmax scale */

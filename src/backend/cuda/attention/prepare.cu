@@ -1,6 +1,7 @@
 /* What every CUDA attention call does first: the specialisation check, the parameter block, the
- * per-token key bounds from packed-row offsets and sliding window, and the workspace size (from
- * the same backward plan the launch uses, so the two agree). */
+ * per-token key bounds from packed-row offsets and sliding window (or those a per-batch
+ * preparation computed once, lt_attention_cuda_batch_prepare, with the same kernels), and the
+ * workspace size (from the same backward plan the launch uses, so the two agree). */
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -56,6 +57,61 @@ static __global__ void attn_build_lo_piece(lt_attn_offs_inline off, int n, int b
     const int t = t_begin + (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (t >= t_end) return;
     lo[(int64_t)b * T + t] = attn_lo_of(off.o, n - 1, t, window);
+}
+
+/* Queues lo (B, T) for p's offsets (host or device memory) and window on `stream`. */
+static lt_status key_bounds(lt_ctx *ctx, const lt_attention_params *p, int32_t *lo, cudaStream_t stream) {
+    const int32_t *dev_off = NULL;
+    int64_t n = p->B * p->T;
+    const unsigned nb_lo = (unsigned)((n + 255) / 256);
+    int inl = 0;
+    if (p->seq_offsets) {
+        /* Offsets may live on the host (the boundary validated them there) or on the device. Host
+         * offsets travel as kernel parameters: all rows in one launch when they fit, else in
+         * pieces (attn_build_lo_piece), so the step never waits on a host-to-device copy. */
+        cudaPointerAttributes attr;
+        cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
+        if (e == cudaSuccess &&
+            (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
+            dev_off = p->seq_offsets;
+        } else if (nb <= sizeof(lt_attn_offs_inline)) {
+            lt_attn_offs_inline in;
+            memcpy(in.o, p->seq_offsets, nb);
+            attn_build_lo_inline<<<nb_lo, 256, 0, stream>>>(in, p->S, (int)p->T, (int)p->B, p->window, lo);
+            inl = 1;
+        } else {
+            for (int64_t b = 0; b < p->B; b++) {
+                const int32_t *o = p->seq_offsets + b * (p->S + 1);
+                for (int64_t i0 = 0; i0 < p->S;) {
+                    const int64_t i1 = i0 + LT_ATTN_OFFS_INLINE - 1 < p->S ? i0 + LT_ATTN_OFFS_INLINE - 1 : p->S;
+                    const int t0 = i0 == 0 ? 0 : o[i0], t1 = i1 == p->S ? (int)p->T : o[i1];
+                    if (t1 > t0) {
+                        lt_attn_offs_inline in;
+                        memcpy(in.o, o + i0, (size_t)(i1 - i0 + 1) * 4);
+                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, stream>>>(
+                            in, (int)(i1 - i0 + 1), (int)b, t0, t1, (int)p->T, p->window, lo);
+                    }
+                    i0 = i1;
+                }
+            }
+            inl = 1;
+        }
+    }
+    if (!inl) attn_build_lo<<<nb_lo, 256, 0, stream>>>(dev_off, p->S, (int)p->T, (int)p->B, p->window, lo);
+    return lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel");
+}
+
+extern "C" size_t lt_attention_cuda_batch_bytes(const lt_attention_params *p) {
+    return lt_cuda_align((size_t)p->B * (size_t)p->T * 4);
+}
+
+extern "C" lt_status lt_attention_cuda_batch_prepare(lt_ctx *ctx, const lt_attention_params *p,
+                                                     lt_attention_batch *b) {
+    if (p->T > INT32_MAX / 2 || p->B > LT_ATTN_GRID_YZ_MAX)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
+    return key_bounds(ctx, p, (int32_t *)b->bounds, lt_cuda_stream(ctx));
 }
 
 extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
@@ -142,47 +198,12 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const 
     size_t off = 0;
     int32_t *lo = (int32_t *)(ws + off);
     off += lt_cuda_align((size_t)p->B * (size_t)T * 4);
-    const int32_t *dev_off = NULL;
-    int64_t n = p->B * T;
-    const unsigned nb_lo = (unsigned)((n + 255) / 256);
-    int inl = 0;
-    if (p->seq_offsets) {
-        /* Offsets may live on the host (the boundary validated them there) or on the device. Host
-         * offsets travel as kernel parameters: all rows in one launch when they fit, else in
-         * pieces (attn_build_lo_piece), so the step never waits on a host-to-device copy. */
-        cudaPointerAttributes attr;
-        cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
-        if (e != cudaSuccess) (void)cudaGetLastError();
-        size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
-        if (e == cudaSuccess &&
-            (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
-            dev_off = p->seq_offsets;
-        } else if (nb <= sizeof(lt_attn_offs_inline)) {
-            lt_attn_offs_inline in;
-            memcpy(in.o, p->seq_offsets, nb);
-            attn_build_lo_inline<<<nb_lo, 256, 0, stream>>>(in, p->S, (int)T, (int)p->B, p->window, lo);
-            inl = 1;
-        } else {
-            for (int64_t b = 0; b < p->B; b++) {
-                const int32_t *o = p->seq_offsets + b * (p->S + 1);
-                for (int64_t i0 = 0; i0 < p->S;) {
-                    const int64_t i1 = i0 + LT_ATTN_OFFS_INLINE - 1 < p->S ? i0 + LT_ATTN_OFFS_INLINE - 1 : p->S;
-                    const int t0 = i0 == 0 ? 0 : o[i0], t1 = i1 == p->S ? (int)T : o[i1];
-                    if (t1 > t0) {
-                        lt_attn_offs_inline in;
-                        memcpy(in.o, o + i0, (size_t)(i1 - i0 + 1) * 4);
-                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, stream>>>(
-                            in, (int)(i1 - i0 + 1), (int)b, t0, t1, (int)T, p->window, lo);
-                    }
-                    i0 = i1;
-                }
-            }
-            inl = 1;
-        }
+    if (p->batch && p->batch->bounds) {
+        d->lo = (const int32_t *)p->batch->bounds; /* computed once for the batch */
+    } else {
+        LT_TRY(key_bounds(ctx, p, lo, stream));
+        d->lo = lo;
     }
-    if (!inl) attn_build_lo<<<nb_lo, 256, 0, stream>>>(dev_off, p->S, (int)T, (int)p->B, p->window, lo);
-    LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention (CUDA): key bounds kernel"));
-    d->lo = lo;
     *used = off;
     return LT_OK;
 }
