@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The planner's bar on the default model (SmolLM2-135M-Instruct q4_1, python-faq data) on the CPU:
+# The planner's bar on the default model (SmolLM2-135M-Instruct q4_1, python-faq data) on the CPU
+# (DEVICE=cuda: on the GPU, where the plan and high-water are the device's; MODEL and DATA override
+# the paths):
 # `longtune plan` and `longtune train --iters 2` with the same flags, at T = 256 and 1024 with
 # recompute none and all. `plan` must give the very number train reports as its plan
 # (metrics.jsonl plan_bytes, and the memory guard's plan: one planner path), and train's measured high-water (the largest
@@ -9,8 +11,9 @@
 set -u
 bin="$1"
 cache="${LONGTUNE_CACHE:-$HOME/.cache/longtune}"
-model="$cache/smollm2-135m-instruct-q4_1.gguf"
-data="$cache/data/python-faq"
+model="${MODEL:-$cache/smollm2-135m-instruct-q4_1.gguf}"
+data="${DATA:-$cache/data/python-faq}"
+device="${DEVICE:-cpu}"
 [ -f "$model" ] || { echo "skipped: $model not found (scripts/setup.sh fetches it)"; exit 77; }
 [ -f "$data/train.jsonl" ] || { echo "skipped: $data/train.jsonl not found (scripts/setup.sh fetches it)"; exit 77; }
 command -v python3 >/dev/null || { echo "skipped: python3 not found (used to read JSON)"; exit 77; }
@@ -22,7 +25,7 @@ trap 'rm -rf "$tmp"' EXIT
 for T in 256 1024; do
   for R in none all; do
     flags=(--model "$model" --data "$data" --batch-size 1 --max-seq-length "$T" --recompute "$R"
-           --val-batches 1 --steps-per-eval 100)
+           --val-batches 1 --steps-per-eval 100 --device "$device")
     out="$tmp/a-$T-$R"
     if ! "$bin" plan "${flags[@]}" --budget 64G --json >"$tmp/p.json" 2>"$tmp/e"; then
       say "plan T=$T recompute $R: $(cat "$tmp/e")"; continue
@@ -30,7 +33,7 @@ for T in 256 1024; do
     if ! "$bin" train "${flags[@]}" --iters 2 --adapter-path "$out" >"$tmp/t.out" 2>&1; then
       say "train T=$T recompute $R: $(tail -5 "$tmp/t.out")"; continue
     fi
-    python3 - "$tmp/p.json" "$out/metrics.jsonl" "$T" "$R" "$tmp/t.out" <<'EOF' || fail=1
+    python3 - "$tmp/p.json" "$out/metrics.jsonl" "$T" "$R" "$tmp/t.out" "$device" <<'EOF' || fail=1
 import json, re, sys
 plan = json.load(open(sys.argv[1]))
 recs = [json.loads(line) for line in open(sys.argv[2]) if line.strip()]
@@ -39,11 +42,14 @@ planned = plan["peak_bytes"]
 train_plan = {r["plan_bytes"] for r in recs}
 peak = max(r["peak_bytes"] for r in recs)
 ratio = peak / planned
-print(f"T={sys.argv[3]} recompute {sys.argv[4]}: plan {planned}, train's plan {sorted(train_plan)}, "
+print(f"{sys.argv[6]} T={sys.argv[3]} recompute {sys.argv[4]}: plan {planned}, train's plan {sorted(train_plan)}, "
       f"high-water {peak}, ratio {ratio:.6f}")
-assert plan["data_counted"] and plan["classes"]["held"] > 0, plan
+cpu = sys.argv[6] == "cpu"
+assert not cpu or (plan["data_counted"] and plan["classes"]["held"] > 0), plan
 assert train_plan == {planned}, f"train planned {train_plan}, plan said {planned}"
 assert 0.99 <= ratio <= 1.00, f"high-water / plan = {ratio:.6f} outside [0.99, 1.00]"
+if not cpu:
+    sys.exit(0)
 # The run's last word (after the adapter is saved): "host peak X MiB (plan Y MiB)"; the guard's
 # plan, printed as the run starts, is the same number.
 text = open(sys.argv[5]).read()
