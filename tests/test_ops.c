@@ -105,7 +105,7 @@ static void matmul_every_weight_dtype(void **state) {
                         s += x[n * xin + k] * wv;
                         sa += fabs(x[n * xin + k] * wv);
                     }
-                    lt_test_close_to(y[n * yout + j], s + (beta ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
+                    lt_test_close_to(y[n * yout + j], s + (beta != 0.0f ? y0[n * yout + j] : 0), sa, 1e-5, lt_dtype_name(dt),
                              n * yout + j);
                 }
             if (mode == LT_MATMUL_NT) { /* the shared-input flag changes nothing on the host */
