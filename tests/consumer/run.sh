@@ -42,6 +42,9 @@ awk '/^```c$/ {on = 1; next} on && /^```$/ {exit} on {print}' "$src/README.md" >
 cmp -s "$work/readme_example.c" "$src/examples/api_example.c" \
   || fail "README.md's C example differs from examples/api_example.c"
 
+# A shared build installs liblongtune.so next to the archive and the example links it: let the
+# loader find it in the temporary prefix.
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 out=$("$work/api_example" "$src/tests/fixtures/model/llama_tied" 256) || fail "api_example failed"
 echo "$out"
 grep -q "^peak .* MiB, [0-9]* trainable parameters$" <<<"$out" || fail "unexpected output"

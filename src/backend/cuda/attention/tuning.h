@@ -161,11 +161,14 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_BWD_WS_REG_CONSUMER 240
 
 #ifdef __cplusplus
-/* mma.sync forward per head dim: NW warps, MT 16-row tiles per warp, QREG Q kept in registers. */
+/* mma.sync forward per head dim: NW warps, MT 16-row tiles per warp, QREG Q kept in registers.
+ * C++ linkage even where this header is included inside an extern "C" block. */
+extern "C++" {
 template <int D> struct lt_attn_fwd_mma_shape;
 template <> struct lt_attn_fwd_mma_shape<64> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = true; };
 template <> struct lt_attn_fwd_mma_shape<96> { static constexpr int NW = 8, MT = 1; static constexpr bool QREG = true; };
 template <> struct lt_attn_fwd_mma_shape<128> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = false; };
+}
 #endif
 
 #endif
