@@ -2,8 +2,9 @@
 # Consumer test: installs the built library into a temporary prefix, checks that the install holds
 # the library, the CLI, every public header (each one included by the umbrella longtune.h) and a
 # pkg-config file, then builds the README's C API example (examples/api_example.c) as a user would,
-# with `cc $(pkg-config --cflags --libs --static longtune)`, runs it on a fixture model, and checks
-# that README.md shows the same file.
+# with `cc $(pkg-config --cflags --libs --static longtune)` ($CC when set: the compiler that built the
+# library, whose OpenMP flag the .pc file carries), runs it on a fixture model, and checks that
+# README.md shows the same file.
 # usage: run.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -32,9 +33,10 @@ done
 export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs --static longtune) \
   || fail "pkg-config cannot read longtune.pc"
-echo "cc examples/api_example.c $flags"
+cc=${CC:-cc}
+echo "$cc examples/api_example.c $flags"
 # shellcheck disable=SC2086 # the flags are words
-cc -std=c11 -Wall -Wextra -Werror -o "$work/api_example" "$src/examples/api_example.c" $flags \
+"$cc" -std=c11 -Wall -Wextra -Werror -o "$work/api_example" "$src/examples/api_example.c" $flags \
   || fail "examples/api_example.c does not build against the installed library"
 
 # The README shows the example: its first C block must be this file, byte for byte.
