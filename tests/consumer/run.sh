@@ -29,6 +29,24 @@ for h in "$src"/include/longtune/*.h; do
   grep -q "#include \"$name\"" "$src/include/longtune.h" || fail "longtune.h does not include $name"
 done
 
+# Every global symbol the library defines starts with lt_ (C++ names demangled; DW.ref.* are the
+# compiler's hidden personality references), and a shared library exports only LT_API functions.
+if command -v nm >/dev/null 2>&1; then
+  if [ -f "$libdir/liblongtune.a" ]; then
+    bad=$(nm -g --defined-only -C "$libdir/liblongtune.a" 2>/dev/null \
+          | awk 'NF >= 3 && $1 ~ /^[0-9a-f]+$/ { $1 = ""; $2 = ""; sub(/^  /, ""); print }' \
+          | grep -v -e '^lt_' -e '^DW\.ref\.' | sort -u || true)
+    [ -z "$bad" ] || fail "liblongtune.a defines global symbols without the lt_ prefix: $bad"
+  fi
+  if [ -f "$libdir/liblongtune.so" ]; then
+    bad=$(nm -D --defined-only "$libdir/liblongtune.so" | awk '{ print $3 }' | grep -v '^lt_' || true)
+    [ -z "$bad" ] || fail "liblongtune.so exports symbols without the lt_ prefix: $bad"
+    declared=$(grep -ho --exclude=export.h 'LT_API [^(]*(' "$src"/include/longtune/*.h | sed -E 's/.*[ *]([A-Za-z_0-9]+)\($/\1/' | sort -u)
+    exported=$(nm -D --defined-only "$libdir/liblongtune.so" | awk '{ print $3 }' | sort -u)
+    [ "$declared" = "$exported" ] || fail "liblongtune.so's exports differ from the LT_API declarations: $(diff <(echo "$declared") <(echo "$exported") | grep '^[<>]' | tr '\n' ' ')"
+  fi
+fi
+
 # The .pc file's prefix is the configure-time one; point pkg-config at the temporary prefix.
 export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs --static longtune) \
