@@ -2,12 +2,14 @@
 #   make           build (CPU; CUDA too when nvcc is present) into build/
 #   make check     install dependencies, build with -Werror and run every test (CI runs this)
 #   make asan      the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make clang     the CPU build with clang and -Werror into build-clang/, then every test
 #   make demo      install assets and fine-tune the default model (the README's first command)
 JOBS ?= $(shell nproc)
+CLANG ?= clang
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build check test asan demo setup clean
+.PHONY: all build check test asan clang demo setup clean
 
 all: build
 
@@ -27,8 +29,11 @@ check: setup
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DLT_WERROR=ON -DLT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DLT_CUDA=OFF $(CMAKE_FLAGS)"
 
+clang:
+	$(MAKE) test BUILD=build-clang CC=$(CLANG) CMAKE_FLAGS="-DCMAKE_C_COMPILER=$(CLANG) -DLT_WERROR=ON -DLT_CUDA=OFF $(CMAKE_FLAGS)"
+
 demo: setup build
 	bash scripts/demo.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-clang

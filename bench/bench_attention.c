@@ -328,12 +328,12 @@ int lt_bench_attention(int argc, char **argv) {
      * flash fwd+bwd rate at T=2048. */
     cJSON *growth = cJSON_AddArrayToObject(targets, "flash_peak_growth_per_doubling");
     for (int ti = 1; ti < o.nT; ti++) {
-        if (!flash_peak[ti] || !flash_peak[ti - 1] || o.Ts[ti] <= o.Ts[ti - 1]) continue;
+        if (flash_peak[ti] == 0.0 || flash_peak[ti - 1] == 0.0 || o.Ts[ti] <= o.Ts[ti - 1]) continue;
         double doublings = log2((double)o.Ts[ti] / (double)o.Ts[ti - 1]);
         cJSON_AddItemToArray(growth, cJSON_CreateNumber(pow(flash_peak[ti] / flash_peak[ti - 1], 1 / doublings)));
     }
     for (int ti = o.nT - 1; ti >= 0; ti--)
-        if (flash_peak[ti] && naive_peak[ti]) {
+        if (flash_peak[ti] != 0.0 && naive_peak[ti] != 0.0) {
             cJSON_AddNumberToObject(targets, "flash_over_naive_peak_T", (double)o.Ts[ti]);
             cJSON_AddNumberToObject(targets, "flash_over_naive_peak", flash_peak[ti] / naive_peak[ti]);
             break;

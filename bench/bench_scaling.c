@@ -396,7 +396,7 @@ int lt_bench_scaling(int argc, char **argv) {
         double bad = 0;
         if (rank == 0) {
             if (!mkdtemp(dir)) bad = 1;
-            if (!bad && random_model) {
+            if (bad == 0.0 && random_model) {
                 snprintf(c.model, sizeof c.model, "%s/model", dir);
                 mkdir(c.model, 0755);
                 if (write_model(ctx, c.model, &c.s) != LT_OK) bad = 1;

@@ -5,6 +5,7 @@
 #ifndef LONGTUNE_H
 #define LONGTUNE_H
 
+#include "longtune/export.h"
 #include "longtune/status.h"
 #include "longtune/log.h"
 #include "longtune/alloc.h"

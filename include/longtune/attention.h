@@ -6,6 +6,7 @@
 #ifndef LONGTUNE_ATTENTION_H
 #define LONGTUNE_ATTENTION_H
 
+#include "export.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -75,7 +76,7 @@ typedef struct lt_attention_args {
 /* Errors for every entry point: LT_ERR_INVALID_ARG (H % Hkv, offsets not monotone / not covering
  * the row, negative window, bad scale), LT_ERR_UNSUPPORTED (head dim, dtype or impl the backend
  * lacks; the message names it), LT_ERR_OOM (workspace). */
-lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p);
+LT_API lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p);
 
 /* Per-batch preparation: what depends only on the batch and the window, not on the layer — the
  * packed offsets validated and, on a device, the per-token key bounds (B, T) int32 computed into
@@ -103,14 +104,14 @@ lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, 
  * exactly the size the call allocates through lt_alloc when args.workspace is NULL, so the planner
  * can price it. p must have passed lt_attention_check; 0 when the device has no attention; SIZE_MAX
  * when the size overflows (the allocation then fails with LT_ERR_OOM). */
-size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads);
+LT_API size_t lt_attention_workspace_bytes(const lt_attention_params *p, int backward, int threads);
 
 /* Forward: reads q, k, v; writes every element of out and lse. */
-lt_status lt_attention_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+LT_API lt_status lt_attention_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 /* Backward: reads q, k, v, out, lse (as the forward wrote them) and dout; writes every element of
  * dq, dk and dv (overwritten, not accumulated into; sums over the query heads of a group are
  * taken in fp32). */
-lt_status lt_attention_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
+LT_API lt_status lt_attention_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #ifndef LONGTUNE_CHAT_H
 #define LONGTUNE_CHAT_H
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -63,18 +64,18 @@ typedef struct lt_chat_text {
  * reused). Errors: LT_ERR_INVALID_ARG (format NONE or out of range, NULL role/content),
  * LT_ERR_UNSUPPORTED (a role the format does not take, naming messages[i]), LT_ERR_FORMAT (Mistral:
  * roles not alternating user/assistant, as the template's raise_exception), LT_ERR_OOM. */
-lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
+LT_API lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
                          const lt_chat_message *msgs, size_t n, lt_chat_text *out);
-void lt_chat_text_free(lt_ctx *ctx, lt_chat_text *t);
+LT_API void lt_chat_text_free(lt_ctx *ctx, lt_chat_text *t);
 
 /* Recognises a Jinja chat template (e.g. lt_tokenizer_chat_template) as one of the formats.
  * Errors: LT_ERR_NOT_FOUND (NULL or empty: the model has no template) and LT_ERR_UNSUPPORTED (not
  * recognised); both messages name `--chat-template NAME` and list the names. */
-lt_status lt_chat_detect(lt_ctx *ctx, const char *tmpl, lt_chat_format *out);
+LT_API lt_status lt_chat_detect(lt_ctx *ctx, const char *tmpl, lt_chat_format *out);
 
 /* Names as listed above ("chatml", "smollm2", ...). Parse errors: LT_ERR_INVALID_ARG listing them. */
-const char *lt_chat_format_name(lt_chat_format fmt);
-lt_status lt_chat_format_parse(lt_ctx *ctx, const char *name, lt_chat_format *out);
+LT_API const char *lt_chat_format_name(lt_chat_format fmt);
+LT_API lt_status lt_chat_format_parse(lt_ctx *ctx, const char *name, lt_chat_format *out);
 
 #ifdef __cplusplus
 }

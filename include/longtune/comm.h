@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -44,7 +45,7 @@ typedef struct lt_comm lt_comm;
 /* Where an MPI launcher put this process: *rank and *size from OMPI_COMM_WORLD_RANK/SIZE, PMIX_RANK
  * with OMPI_COMM_WORLD_SIZE, or PMI_RANK/PMI_SIZE (MPICH, Slurm). Returns 1 when found, 0 when the
  * process was not launched by MPI (then *rank = 0, *size = 1). Reads the environment only. */
-int lt_comm_env_world(int *rank, int *size, int *local_rank);
+LT_API int lt_comm_env_world(int *rank, int *size, int *local_rank);
 
 /* Creates the world. MPI is initialised here (thread level FUNNELED) unless the host program
  * already did; it is finalised by lt_comm_free only if initialised here. NCCL sets
@@ -52,35 +53,35 @@ int lt_comm_env_world(int *rank, int *size, int *local_rank);
  * its communicator. Errors: LT_ERR_UNSUPPORTED (the backend is not in this build, named),
  * LT_ERR_INVALID_ARG (rank/size inconsistent), LT_ERR_IO (MPI or the rendezvous file failed, with
  * the library's message), LT_ERR_CUDA (NCCL or CUDA failed, with its message), LT_ERR_OOM. */
-lt_status lt_comm_init(lt_ctx *ctx, const lt_comm_options *opt, lt_comm **out);
+LT_API lt_status lt_comm_init(lt_ctx *ctx, const lt_comm_options *opt, lt_comm **out);
 /* Tears down (NCCL communicator, MPI_Finalize when lt_comm_init called MPI_Init). NULL is a
  * no-op. */
-void lt_comm_free(lt_ctx *ctx, lt_comm *c);
+LT_API void lt_comm_free(lt_ctx *ctx, lt_comm *c);
 /* Ends the whole job at once after an unrecoverable error on one rank, so the others do not wait
  * forever in a collective (MPI_Abort under MPI); a world of one just returns. */
-void lt_comm_abort(lt_comm *c, int code);
+LT_API void lt_comm_abort(lt_comm *c, int code);
 
-int lt_comm_rank(const lt_comm *c);            /* 0 for NULL */
-int lt_comm_size(const lt_comm *c);            /* 1 for NULL */
-lt_comm_backend lt_comm_get_backend(const lt_comm *c);
-const char *lt_comm_backend_name(lt_comm_backend b); /* "auto", "self", "mpi", "nccl" */
+LT_API int lt_comm_rank(const lt_comm *c);            /* 0 for NULL */
+LT_API int lt_comm_size(const lt_comm *c);            /* 1 for NULL */
+LT_API lt_comm_backend lt_comm_get_backend(const lt_comm *c);
+LT_API const char *lt_comm_backend_name(lt_comm_backend b); /* "auto", "self", "mpi", "nccl" */
 /* Device of the buffers the collectives take: CPU for self and MPI, CUDA for NCCL. */
-lt_device lt_comm_device(const lt_comm *c);
+LT_API lt_device lt_comm_device(const lt_comm *c);
 
 /* In-place sum over ranks of buf (count elements of dtype) on every rank. Every rank must call it
  * with the same count and dtype. Every rank receives the same bits (MPI_Allreduce / ncclAllReduce).
  * NULL comm or a world of one leaves buf as is. Returns when buf holds the result (NCCL: after a
  * stream synchronise). Errors: LT_ERR_INVALID_ARG (count < 0, dtype), LT_ERR_IO / LT_ERR_CUDA from
  * the transport. */
-lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
+LT_API lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
 /* The same for a small host buffer whatever the transport: NCCL stages it through a device buffer
  * the communicator keeps (4 KiB at a time), so host-side statistics (loss sums, flags) can be
  * reduced over a device communicator. */
-lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
+LT_API lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
 /* The same over a large f32 buffer cut into buckets of bucket_elems (0 = 4 Mi elements = 16 MiB):
  * every bucket's reduction is started before the first is waited on, so the transport pipelines
  * them (MPI_Iallreduce; NCCL groups them on its stream). Results equal lt_comm_allreduce_sum's. */
-lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems);
+LT_API lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems);
 /* A gradient reducer: the sum all-reduce of one f32 buffer, cut into fixed buckets of
  * bucket_elems (0 = 4 Mi), each started as soon as the caller has marked all of its elements final,
  * so the reduction of late layers' gradients overlaps the backward of earlier ones. Every rank must
@@ -89,34 +90,34 @@ lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, in
 typedef struct lt_comm_reducer lt_comm_reducer;
 /* buf (count f32) stays the caller's and must outlive the reducer. Errors: LT_ERR_INVALID_ARG,
  * LT_ERR_OOM. */
-lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems,
+LT_API lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems,
                                lt_comm_reducer **out);
 /* Marks [offset, offset + n) final for this round (ranges of one round must not overlap) and
  * starts every bucket that is now complete, highest first. Mark ranges from the end of the buffer
  * towards its start (as a backward finishes layers): buckets then start in descending order on
  * every rank, also on ranks that mark fewer ranges, as collectives must. Errors:
  * LT_ERR_INVALID_ARG (range outside the buffer, marked twice), the transport's. */
-lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset, int64_t n);
+LT_API lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset, int64_t n);
 /* Marks whatever is left final, waits for every bucket, and starts a new round: buf then holds the
  * sum over ranks (the same bits as lt_comm_allreduce_sum_bucketed with these buckets). */
-lt_status lt_comm_reducer_finish(lt_ctx *ctx, lt_comm_reducer *r);
+LT_API lt_status lt_comm_reducer_finish(lt_ctx *ctx, lt_comm_reducer *r);
 /* Buckets started before their round's finish, over all rounds (how much overlapped). */
-int64_t lt_comm_reducer_early_buckets(const lt_comm_reducer *r);
-void lt_comm_reducer_free(lt_ctx *ctx, lt_comm_reducer *r);
+LT_API int64_t lt_comm_reducer_early_buckets(const lt_comm_reducer *r);
+LT_API void lt_comm_reducer_free(lt_ctx *ctx, lt_comm_reducer *r);
 
 /* Copies root's `bytes` at buf to every rank's buf. Errors as above, LT_ERR_INVALID_ARG for a root
  * outside the world. */
-lt_status lt_comm_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root);
-lt_status lt_comm_barrier(lt_ctx *ctx, lt_comm *c);
+LT_API lt_status lt_comm_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int root);
+LT_API lt_status lt_comm_barrier(lt_ctx *ctx, lt_comm *c);
 /* Sends send_bytes at sendbuf to rank dst and receives recv_bytes into recvbuf from rank src in one
  * deadlock-free exchange (MPI_Sendrecv; ncclSend + ncclRecv in one group): the step of a ring.
  * dst == src == own rank copies. Buffers must not overlap. Errors as above, LT_ERR_INVALID_ARG for a
  * rank outside the world. */
-lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t send_bytes, int dst,
+LT_API lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t send_bytes, int dst,
                            void *recvbuf, size_t recv_bytes, int src);
 /* One-sided halves of the above (blocking); a send must meet a recv of the same size. */
-lt_status lt_comm_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
-lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
+LT_API lt_status lt_comm_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
+LT_API lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
 
 /* One piece of a grouped exchange: `bytes` at byte `offset` of the send (receive) buffer, going to
  * (coming from) rank `peer`. */
@@ -134,13 +135,13 @@ typedef struct lt_comm_piece {
  * copies. Errors: LT_ERR_INVALID_ARG (a peer outside the world, a piece outside a buffer, sizes of
  * paired self pieces that differ), the transport's. Counts and order must agree across ranks or
  * the exchange hangs (as with any collective). */
-lt_status lt_comm_exchange(lt_ctx *ctx, lt_comm *c, const void *send, size_t send_bytes, const lt_comm_piece *sp,
+LT_API lt_status lt_comm_exchange(lt_ctx *ctx, lt_comm *c, const void *send, size_t send_bytes, const lt_comm_piece *sp,
                            int ns, void *recv, size_t recv_bytes, const lt_comm_piece *rp, int nr);
 /* dst (b, a, w bytes) = src (a, b, w bytes) with its first two dimensions swapped, on the
  * communicator's device (host memcpy; NCCL: 2D copies on its stream, ordered like the exchange).
  * dst and src must not overlap. Errors: LT_ERR_INVALID_ARG (negative or overflowing sizes),
  * LT_ERR_CUDA. */
-lt_status lt_comm_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w);
+LT_API lt_status lt_comm_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void *src, int64_t a, int64_t b, size_t w);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #ifndef LONGTUNE_DATASET_H
 #define LONGTUNE_DATASET_H
 
+#include "export.h"
 #include "chat.h"
 #include "pack.h"
 #include "status.h"
@@ -26,14 +27,14 @@ typedef struct lt_jsonl lt_jsonl;
 
 /* Opens `path` for line-by-line reading; max_line_bytes 0 = LT_JSONL_DEFAULT_MAX_LINE.
  * Errors: LT_ERR_NOT_FOUND (no such file), LT_ERR_IO, LT_ERR_OOM. */
-lt_status lt_jsonl_open(lt_ctx *ctx, const char *path, size_t max_line_bytes, lt_jsonl **out);
+LT_API lt_status lt_jsonl_open(lt_ctx *ctx, const char *path, size_t max_line_bytes, lt_jsonl **out);
 /* Next line that is not blank: *line points to it NUL-terminated (without "\n" / "\r\n"), owned by
  * the reader and valid until the next call; *line_no is 1-based. At end of file: LT_OK, *line NULL.
  * A longer line than the limit is LT_ERR_FORMAT "path:line: line longer than N bytes"; the reader
  * stays usable and the next call continues after that line. Errors: LT_ERR_IO, LT_ERR_OOM. */
-lt_status lt_jsonl_next(lt_ctx *ctx, lt_jsonl *r, const char **line, size_t *len, int64_t *line_no);
-const char *lt_jsonl_path(const lt_jsonl *r);
-void lt_jsonl_close(lt_ctx *ctx, lt_jsonl *r);
+LT_API lt_status lt_jsonl_next(lt_ctx *ctx, lt_jsonl *r, const char **line, size_t *len, int64_t *line_no);
+LT_API const char *lt_jsonl_path(const lt_jsonl *r);
+LT_API void lt_jsonl_close(lt_ctx *ctx, lt_jsonl *r);
 
 /* ---- records ---- */
 
@@ -58,9 +59,9 @@ typedef struct lt_record {
 /* Parses one JSONL line. Other keys are ignored (mlx-lm does the same). Errors: LT_ERR_FORMAT
  * "file:line: ..." naming the problem (bad JSON with its byte offset, not an object, none of the
  * three shapes, a key of the wrong type such as messages[2].content), LT_ERR_OOM. */
-lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char *file, int64_t line_no,
+LT_API lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char *file, int64_t line_no,
                           lt_record *rec);
-void lt_record_free(lt_ctx *ctx, lt_record *rec);
+LT_API void lt_record_free(lt_ctx *ctx, lt_record *rec);
 
 /* ---- tokenised datasets ---- */
 
@@ -98,21 +99,21 @@ typedef struct lt_dataset lt_dataset;
  * Errors: LT_ERR_NOT_FOUND (file; or a chat record and the model has no template: the message
  * names --chat-template), LT_ERR_UNSUPPORTED (unrecognised template), LT_ERR_FORMAT (file:line),
  * LT_ERR_IO, LT_ERR_OOM, and the tokenizer's errors. */
-lt_status lt_dataset_load(lt_ctx *ctx, const char *jsonl_path, const struct lt_tokenizer *tok,
+LT_API lt_status lt_dataset_load(lt_ctx *ctx, const char *jsonl_path, const struct lt_tokenizer *tok,
                           const lt_dataset_options *opt, lt_dataset **out);
 /* dir/<split>.jsonl for split "train" | "valid" | "test". */
-lt_status lt_dataset_load_split(lt_ctx *ctx, const char *dir, const char *split, const struct lt_tokenizer *tok,
+LT_API lt_status lt_dataset_load_split(lt_ctx *ctx, const char *dir, const char *split, const struct lt_tokenizer *tok,
                                 const lt_dataset_options *opt, lt_dataset **out);
-void lt_dataset_free(lt_ctx *ctx, lt_dataset *ds);
+LT_API void lt_dataset_free(lt_ctx *ctx, lt_dataset *ds);
 
 /* The records as pack.h input; valid while the dataset lives. */
-lt_pack_input lt_dataset_input(const lt_dataset *ds);
-lt_dataset_stats lt_dataset_get_stats(const lt_dataset *ds);
+LT_API lt_pack_input lt_dataset_input(const lt_dataset *ds);
+LT_API lt_dataset_stats lt_dataset_get_stats(const lt_dataset *ds);
 
 /* Prompt masking from byte spans, exposed for tests: token i covers bytes
  * [tok_start[i], tok_start[i+1]) of the rendered text and is supervised iff tok_start[i] lies inside
  * some span [begin, end). tok_start has n+1 entries, non-decreasing. mask has n entries. */
-void lt_dataset_mask_from_spans(const size_t *tok_start, size_t n, const lt_chat_span *spans, size_t n_spans,
+LT_API void lt_dataset_mask_from_spans(const size_t *tok_start, size_t n, const lt_chat_span *spans, size_t n_spans,
                                 uint8_t *mask);
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@
 #ifndef LONGTUNE_GGUF_H
 #define LONGTUNE_GGUF_H
 
+#include "export.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -22,45 +23,45 @@ typedef enum lt_gguf_type {
 /* Opens and maps `path`. Errors: LT_ERR_NOT_FOUND (no such file), LT_ERR_IO, LT_ERR_FORMAT (names
  * the key or tensor), LT_ERR_UNSUPPORTED (GGUF v1, big-endian, nested arrays). The handle keeps
  * `ctx` (its tables are accounted there), so ctx must outlive it. */
-lt_status lt_gguf_open(lt_ctx *ctx, const char *path, lt_gguf **out);
+LT_API lt_status lt_gguf_open(lt_ctx *ctx, const char *path, lt_gguf **out);
 /* Unmaps and frees; NULL is a no-op. Pointers obtained from the handle die with it. */
-void lt_gguf_close(lt_gguf *g);
-uint32_t lt_gguf_version(const lt_gguf *g);
+LT_API void lt_gguf_close(lt_gguf *g);
+LT_API uint32_t lt_gguf_version(const lt_gguf *g);
 /* general.alignment, or the default 32. */
-uint64_t lt_gguf_alignment(const lt_gguf *g);
+LT_API uint64_t lt_gguf_alignment(const lt_gguf *g);
 
 /* Metadata lookups; LT_ERR_NOT_FOUND when the key is absent, LT_ERR_FORMAT on a type mismatch
  * (integers of any width convert when the value fits). Strings point into the mapping and are
  * NOT NUL-terminated: use the length. */
-lt_status lt_gguf_get_u64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t *out);
-lt_status lt_gguf_get_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, int64_t *out);
-lt_status lt_gguf_get_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, double *out);
+LT_API lt_status lt_gguf_get_u64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t *out);
+LT_API lt_status lt_gguf_get_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, int64_t *out);
+LT_API lt_status lt_gguf_get_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, double *out);
 /* Any integer or bool; nonzero is 1. */
-lt_status lt_gguf_get_bool(lt_ctx *ctx, const lt_gguf *g, const char *key, int *out);
-lt_status lt_gguf_get_type(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *type);
-lt_status lt_gguf_get_str(lt_ctx *ctx, const lt_gguf *g, const char *key, const char **s, size_t *len);
+LT_API lt_status lt_gguf_get_bool(lt_ctx *ctx, const lt_gguf *g, const char *key, int *out);
+LT_API lt_status lt_gguf_get_type(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *type);
+LT_API lt_status lt_gguf_get_str(lt_ctx *ctx, const lt_gguf *g, const char *key, const char **s, size_t *len);
 /* Arrays: element type and count; then element access. */
-lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type,
+LT_API lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type,
                             uint64_t *count);
-lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s,
+LT_API lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s,
                             size_t *len);
-lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, int64_t *out);
-lt_status lt_gguf_array_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, double *out);
+LT_API lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, int64_t *out);
+LT_API lt_status lt_gguf_array_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, double *out);
 
 /* Metadata enumeration in file order: key i (not NUL-terminated) and its type. */
-int64_t lt_gguf_kv_count(const lt_gguf *g);
-lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const char **key, size_t *len,
+LT_API int64_t lt_gguf_kv_count(const lt_gguf *g);
+LT_API lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const char **key, size_t *len,
                          lt_gguf_type *type);
 
 /* Tensors: shape in row-major (PyTorch) order, i.e. GGUF's ne[] reversed; dtype mapped from the
  * ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1; others are LT_ERR_UNSUPPORTED naming the tensor);
  * data points into the mapping, validated to lie inside the file. */
-int64_t lt_gguf_tensor_count(const lt_gguf *g);
-const char *lt_gguf_tensor_name(const lt_gguf *g, int64_t i);
-lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, lt_tensor *out);
+LT_API int64_t lt_gguf_tensor_count(const lt_gguf *g);
+LT_API const char *lt_gguf_tensor_name(const lt_gguf *g, int64_t i);
+LT_API lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, lt_tensor *out);
 /* The raw ggml type id of a tensor and its name ("Q6_K", "unknown"), also for types longtune does
  * not read. LT_ERR_NOT_FOUND when absent. */
-lt_status lt_gguf_tensor_ggml_type(lt_ctx *ctx, const lt_gguf *g, const char *name, uint32_t *type,
+LT_API lt_status lt_gguf_tensor_ggml_type(lt_ctx *ctx, const lt_gguf *g, const char *name, uint32_t *type,
                                    const char **type_name);
 
 #ifdef __cplusplus

@@ -19,6 +19,7 @@
 #ifndef LONGTUNE_GUARD_H
 #define LONGTUNE_GUARD_H
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -46,7 +47,7 @@ typedef struct lt_guard_ceiling {
 
 /* The rule as a pure function. share <= 0 means LT_GUARD_DEFAULT_SHARE; cushion 0 means the
  * default clamp(total/32, 256 MiB, 4 GiB); plan 0 disables the warning test. */
-lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use,
+LT_API lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use,
                                        double share, uint64_t cushion, uint64_t plan);
 
 /* Zero-initialised = defaults. */
@@ -73,7 +74,7 @@ typedef struct lt_guard_options {
 /* Measures the machine and applies the rule for `dev` without starting anything. in_use is the
  * resident set (CPU) or the allocator's device bytes (CUDA). Errors: LT_ERR_IO when /proc/meminfo
  * is unreadable, LT_ERR_UNSUPPORTED for CUDA without a device. */
-lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt,
+LT_API lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt,
                            lt_guard_ceiling *out);
 
 typedef struct lt_guard lt_guard;
@@ -94,23 +95,23 @@ typedef struct lt_guard_breach {
  * memory is under a quarter of total (the message names allow_low_memory / --allow-low-memory) or
  * the ceiling is below what the allocator already holds; LT_ERR_IO / LT_ERR_UNSUPPORTED from
  * lt_guard_measure; LT_ERR_INVALID_ARG for share outside (0, 1] or a negative interval. */
-lt_status lt_guard_start(lt_ctx *ctx, const lt_guard_options *opt, lt_guard **out);
+LT_API lt_status lt_guard_start(lt_ctx *ctx, const lt_guard_options *opt, lt_guard **out);
 /* Bytes a started guard holds in the accounting allocator (host), for the run's plan. */
-size_t lt_guard_host_bytes(void);
+LT_API size_t lt_guard_host_bytes(void);
 
 /* 1 once the watchdog saw a sample above a ceiling (it then stops sampling). Cheap (one atomic
  * load): the trainer calls it every step. NULL guard → 0. */
-int lt_guard_tripped(const lt_guard *g);
-lt_guard_breach lt_guard_get_breach(const lt_guard *g);
+LT_API int lt_guard_tripped(const lt_guard *g);
+LT_API lt_guard_breach lt_guard_get_breach(const lt_guard *g);
 /* The rule's numbers for `dev` as measured at start (zeroed when that memory is not guarded). */
-lt_guard_ceiling lt_guard_get_ceiling(const lt_guard *g, lt_device dev);
+LT_API lt_guard_ceiling lt_guard_get_ceiling(const lt_guard *g, lt_device dev);
 /* Samples now on the calling thread (same check as the watchdog); returns lt_guard_tripped. Lets a
  * caller check at a point it chooses, e.g. right after model load. */
-int lt_guard_check_now(lt_guard *g);
+LT_API int lt_guard_check_now(lt_guard *g);
 
 /* Stops and joins the watchdog, restores the allocator limits that were in place before start,
  * frees the guard. NULL is a no-op. */
-void lt_guard_stop(lt_guard *g);
+LT_API void lt_guard_stop(lt_guard *g);
 
 /* The `aborted_memory_ceiling` artifact: one JSON object
  *   { "status": "aborted_memory_ceiling", "source", "device": "cpu"|"cuda", "ceiling_bytes",
@@ -129,7 +130,7 @@ typedef struct lt_guard_abort_record {
 /* Errors: LT_ERR_INVALID_ARG when plan_json is not a JSON object, LT_ERR_IO when the file cannot be
  * written, fsynced or renamed (an earlier file at `path` is then left as it was and the temporary
  * is removed), LT_ERR_OOM. */
-lt_status lt_guard_write_abort(lt_ctx *ctx, const char *path, const lt_guard_abort_record *r);
+LT_API lt_status lt_guard_write_abort(lt_ctx *ctx, const char *path, const lt_guard_abort_record *r);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #ifndef LONGTUNE_LCE_H
 #define LONGTUNE_LCE_H
 
+#include "export.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -89,17 +90,17 @@ enum {
  * touched, so views with NULL data are fine. threads: CPU worker threads the call will run with
  * (0 = default; pass the context's lt_ctx_threads). Returns 0 when the request is invalid (the
  * call would fail) or needs no workspace. */
-size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
+LT_API size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
 
 /* Forward: writes loss, lse and (if set) token_loss. Errors: LT_ERR_SHAPE / LT_ERR_DTYPE on
  * mismatch, LT_ERR_INVALID_ARG for a target outside [0, V) (message names the first bad position)
  * or bad options, LT_ERR_UNSUPPORTED when the impl cannot serve the request (message says why),
  * LT_ERR_OOM when the workspace cannot be allocated. */
-lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+LT_API lt_status lt_lce_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 
 /* Backward: needs h, w, targets, lse (from the forward with the same options), dloss; writes dh
  * and accumulates dw. Same errors as the forward; dw with a quantized head is LT_ERR_UNSUPPORTED. */
-lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+LT_API lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 
 /* Forward and backward in one call, for a training step that knows its upstream gradient before
  * the loss: needs h, w, targets, dloss ((1) for mean/sum, (N) for none, given up front), dh;
@@ -114,7 +115,7 @@ lt_status lt_lce_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a
  * together with label smoothing; for them the fused impl runs its forward then its backward inside
  * this call (three GEMMs, plus dw's), which lt_lce_workspace_bytes prices. Naive and chunked always
  * run forward then backward. Errors: those of lt_lce_forward and lt_lce_backward. */
-lt_status lt_lce_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
+LT_API lt_status lt_lce_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 
 #ifdef __cplusplus
 }

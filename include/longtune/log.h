@@ -5,6 +5,7 @@
 #define LONGTUNE_LOG_H
 
 #include <stdio.h>
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -13,9 +14,9 @@ extern "C" {
 
 typedef enum lt_log_level { LT_LOG_ERROR = 0, LT_LOG_WARN, LT_LOG_INFO, LT_LOG_DEBUG } lt_log_level;
 
-void lt_log_set_level(lt_log_level level);
-lt_log_level lt_log_get_level(void);
-void lt_log(lt_log_level level, const char *fmt, ...)
+LT_API void lt_log_set_level(lt_log_level level);
+LT_API lt_log_level lt_log_get_level(void);
+LT_API void lt_log(lt_log_level level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
@@ -25,7 +26,7 @@ void lt_log(lt_log_level level, const char *fmt, ...)
 #define LT_DEBUG(...) lt_log(LT_LOG_DEBUG, __VA_ARGS__)
 
 /* Monotonic wall clock in seconds. */
-double lt_time_now(void);
+LT_API double lt_time_now(void);
 
 typedef struct lt_progress {
     FILE *out;          /* stream written to (stderr by default) */
@@ -40,13 +41,13 @@ typedef struct lt_progress {
 
 /* Starts a display for `total` units on `out` (NULL = stderr); tty-ness detected from the stream,
  * LONGTUNE_PROGRESS=plain|bar overrides. */
-void lt_progress_begin(lt_progress *p, FILE *out, const char *label, int64_t total);
+LT_API void lt_progress_begin(lt_progress *p, FILE *out, const char *label, int64_t total);
 /* Advances to `done` units and redraws with a caller-formatted status text (e.g. "loss 2.31 lr
  * 1e-4"); bar mode redraws at most ~10 times a second. */
-void lt_progress_update(lt_progress *p, int64_t done, const char *status);
+LT_API void lt_progress_update(lt_progress *p, int64_t done, const char *status);
 /* Prints a line above the bar without breaking it. */
-void lt_progress_println(lt_progress *p, const char *line);
-void lt_progress_end(lt_progress *p, const char *status);
+LT_API void lt_progress_println(lt_progress *p, const char *line);
+LT_API void lt_progress_end(lt_progress *p, const char *status);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #ifndef LONGTUNE_MODEL_H
 #define LONGTUNE_MODEL_H
 
+#include "export.h"
 #include "attention.h"
 #include "comm.h"
 #include "lce.h"
@@ -29,7 +30,7 @@ typedef enum lt_proj {
 #define LT_LORA_ALL_TARGETS 0x7fu
 
 /* PEFT / HF module names of the projections ("q_proj", ..., "down_proj"). */
-const char *lt_proj_name(lt_proj p);
+LT_API const char *lt_proj_name(lt_proj p);
 
 /* ---- per-layer description ----
  * What kind of block each layer is, expanded from the config (lt_model_describe_layer) at load and
@@ -65,9 +66,9 @@ typedef struct lt_layer_desc {
     int rope;           /* which RoPE table the layer rotates by (one table today: 0) */
 } lt_layer_desc;
 
-const char *lt_attn_kind_name(lt_attn_kind k);
-const char *lt_norm_place_name(lt_norm_place p);
-const char *lt_mlp_kind_name(lt_mlp_kind k);
+LT_API const char *lt_attn_kind_name(lt_attn_kind k);
+LT_API const char *lt_norm_place_name(lt_norm_place p);
+LT_API const char *lt_mlp_kind_name(lt_mlp_kind k);
 
 /* Architecture hyper-parameters plus the dtypes the frozen weights are held in (what the size
  * tables need). Filled by the loaders (lt_model_inspect) or by hand for planning. */
@@ -107,20 +108,20 @@ typedef struct lt_model_config {
 } lt_model_config;
 
 /* Pure: the description of layer l (0 <= l < cfg->L) that cfg implies. */
-void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_layer_desc *out);
+LT_API void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_layer_desc *out);
 
 /* The one check of the layer list: LT_OK when the model can run every layer's description,
  * else LT_ERR_UNSUPPORTED naming the first layer and the kind it cannot run (no attention, post
  * or sandwich norms, GeGLU or MoE blocks, a head dim or RoPE table other than the model's one)
  * or LT_ERR_INVALID_ARG (a negative window or softcap). lt_model_load and the size table (so the
  * planner) call it. */
-lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
+LT_API lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
 
 /* Reads a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM;
  * model_type llama/qwen2/qwen3). Dtypes are set to f32; the loaders overwrite them from the
  * tensors. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON or a key of the wrong type, named),
  * LT_ERR_UNSUPPORTED (another architecture, an unknown rope_scaling type, sliding windows, ...). */
-lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *config_json_path, lt_model_config *cfg);
+LT_API lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *config_json_path, lt_model_config *cfg);
 
 typedef struct lt_lora_options {
     unsigned targets;   /* bit (1u << lt_proj); 0 = LT_LORA_ALL_TARGETS */
@@ -194,7 +195,7 @@ typedef enum lt_mem_class {
     LT_MEM_CLASS_COUNT_
 } lt_mem_class;
 
-const char *lt_mem_class_name(lt_mem_class c);
+LT_API const char *lt_mem_class_name(lt_mem_class c);
 
 typedef struct lt_model_sizes {
     size_t bytes[LT_MEM_CLASS_COUNT_]; /* accounted bytes (lt_alloc_accounted_size) per class */
@@ -213,7 +214,7 @@ typedef struct lt_model_sizes {
  * shapes/options, named), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
  * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
  * kernels do not serve). */
-lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
+LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                               const lt_model_run_options *run, lt_model_sizes *out);
 
 typedef struct lt_model_options {
@@ -228,12 +229,12 @@ typedef struct lt_model lt_model;
 /* LT_OK when a model can live on dev in this build on this machine. Errors: LT_ERR_UNSUPPORTED
  * saying what is missing (a CUDA backend in the build, or a visible CUDA device),
  * LT_ERR_INVALID_ARG for an unknown device. */
-lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev);
+LT_API lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev);
 
 /* Reads only headers (config.json + safetensors headers, or GGUF metadata and tensor infos) and
  * fills cfg as lt_model_load would, without touching weight data: the planner's entry point.
  * `path` is an HF folder, a .safetensors file inside one, or a .gguf file. */
-lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt,
+LT_API lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt,
                            lt_model_config *cfg);
 
 /* Loads the model and creates LoRA parameters (A kaiming-uniform(a=sqrt 5) from lora->seed as
@@ -243,35 +244,35 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
  * rotate-half. Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a
  * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, layer kind, dtype; a CUDA device in
  * a build without CUDA or on a machine without a GPU), LT_ERR_OOM, LT_ERR_CUDA. */
-lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
+LT_API lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
                         const lt_lora_options *lora, lt_model **out);
-void lt_model_free(lt_ctx *ctx, lt_model *m);
+LT_API void lt_model_free(lt_ctx *ctx, lt_model *m);
 
-const lt_model_config *lt_model_get_config(const lt_model *m);
-const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
-lt_device lt_model_get_device(const lt_model *m);
+LT_API const lt_model_config *lt_model_get_config(const lt_model *m);
+LT_API const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
+LT_API lt_device lt_model_get_device(const lt_model *m);
 /* Layer l's description (as lt_model_describe_layer gave it at load); NULL outside [0, L). */
-const lt_layer_desc *lt_model_get_layer(const lt_model *m, int64_t l);
+LT_API const lt_layer_desc *lt_model_get_layer(const lt_model *m, int64_t l);
 /* Bytes currently held per class (weights/lora/grads always; the rest after lt_model_prepare). */
-lt_model_sizes lt_model_get_sizes(const lt_model *m);
+LT_API lt_model_sizes lt_model_get_sizes(const lt_model *m);
 
 /* Allocates activations, transients and workspaces for this run shape (replacing earlier ones).
  * Every later step with B' <= B, T' <= T runs without allocating. Errors: LT_ERR_INVALID_ARG,
  * LT_ERR_UNSUPPORTED (attention/loss impl cannot serve the shapes, named), LT_ERR_OOM. */
-lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run);
+LT_API lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options *run);
 
 /* LoRA parameters: one contiguous f32 buffer of all A and B matrices (the optimizer's view) and
  * its gradient buffer of the same layout, both n_lora_params long, owned by the model, in the
  * model's device memory (read and write a CUDA model's through lt_model_lora_get/set). */
-float *lt_model_lora_params(lt_model *m, int64_t *n);
-float *lt_model_lora_grads(lt_model *m, int64_t *n);
+LT_API float *lt_model_lora_params(lt_model *m, int64_t *n);
+LT_API float *lt_model_lora_grads(lt_model *m, int64_t *n);
 /* Zeroes the gradient buffer (gradients accumulate across lt_model_forward_backward calls). */
-void lt_model_zero_grads(lt_model *m);
+LT_API void lt_model_zero_grads(lt_model *m);
 /* Copies n values from element `offset` of the parameters (grads = 0) or gradients (1) into host
  * dst, or host src into the parameters; any device (a memcpy on the CPU). Waits for queued work.
  * Errors: LT_ERR_INVALID_ARG (range outside n_lora_params), LT_ERR_CUDA. */
-lt_status lt_model_lora_get(lt_ctx *ctx, const lt_model *m, int grads, int64_t offset, int64_t n, float *dst);
-lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n, const float *src);
+LT_API lt_status lt_model_lora_get(lt_ctx *ctx, const lt_model *m, int grads, int64_t offset, int64_t n, float *dst);
+LT_API lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n, const float *src);
 
 /* One LoRA matrix, named as PEFT saves it:
  * "base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight" (mlp.* for gate/up/down).
@@ -284,8 +285,8 @@ typedef struct lt_lora_tensor {
     lt_tensor value, grad;
     int64_t offset;  /* element offset in the flat buffers */
 } lt_lora_tensor;
-int64_t lt_model_lora_count(const lt_model *m);
-lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
+LT_API int64_t lt_model_lora_count(const lt_model *m);
+LT_API lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
 
 /* A batch of packed rows. Rows hold one or more sequences; a token attends only to earlier
  * tokens of its own sequence. */
@@ -318,7 +319,7 @@ typedef struct lt_model_result {
  * with a shape covering the batch. Errors:
  * LT_ERR_INVALID_ARG (shapes, token or target out of range, bad offsets; named by index),
  * LT_ERR_UNSUPPORTED / LT_ERR_OOM from attention and loss. */
-lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
+LT_API lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
                                     float grad_scale, lt_model_result *res, float *token_loss);
 /* Replaying a captured step: validates b exactly as lt_model_forward_backward does and writes its
  * inputs into the model's pinned staging block (no device work; the captured step's copy reads
@@ -326,11 +327,11 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
  * lt_model_read_loss then reads the summed loss the step left on the device into res->loss_sum
  * (waits for the queued work). Device models only. Errors: as lt_model_forward_backward;
  * LT_ERR_INVALID_ARG on a host model. */
-lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+LT_API lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
                                lt_model_result *res);
-lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res);
+LT_API lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res);
 /* Forward only (evaluation): no dropout, nothing saved. */
-lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
+LT_API lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
                            float *token_loss);
 /* Context parallel: from now on every step of m is this rank's share of one sequence split over
  * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
@@ -341,9 +342,9 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
  * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
  * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different
  * devices, a CUDA world that does not divide Hkv, a layer with a sliding window or softcap), LT_ERR_OOM. */
-lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
+LT_API lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm *comm);
 /* The lt_cp_kind in use (LT_CP_RING 0, LT_CP_ULYSSES 1), or -1 when context parallel is off. */
-int lt_model_cp_kind(const lt_model *m);
+LT_API int lt_model_cp_kind(const lt_model *m);
 
 /* Gradient-ready hook: while fn is set, lt_model_forward_backward calls fn(arg, offset, count) right
  * after the backward of each LoRA layer (last layer first) with the range of the flat gradient
@@ -351,14 +352,14 @@ int lt_model_cp_kind(const lt_model *m);
  * data-parallel trainer can start reducing them while earlier layers run their backward. A failing
  * fn fails the call with its status. NULL turns it off. */
 typedef lt_status (*lt_model_grad_ready_fn)(void *arg, int64_t offset, int64_t count);
-void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg);
+LT_API void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void *arg);
 
 /* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
  * A device model allocates a (rows, V) device buffer for the call (not a training path). */
-lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
+LT_API lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
 /* Logits (B, V) of the last position of each row only (generation: recompute the whole prefix,
  * there is no KV cache). */
-lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
+LT_API lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
 
 #ifdef __cplusplus
 }

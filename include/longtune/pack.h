@@ -7,6 +7,7 @@
 #ifndef LONGTUNE_PACK_H
 #define LONGTUNE_PACK_H
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -79,16 +80,16 @@ typedef struct lt_pack_plan lt_pack_plan;
  * accounted on the CPU. The plan keeps no pointer into `in`: pass the same input to lt_pack_fill.
  * Errors: LT_ERR_INVALID_ARG (L < 2, L > INT32_MAX, negative batch size, bad offsets, naming the
  * index), LT_ERR_OOM. */
-lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack_options *opt,
+LT_API lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack_options *opt,
                              lt_pack_plan **out);
-void lt_pack_plan_free(lt_ctx *ctx, lt_pack_plan *plan);
+LT_API void lt_pack_plan_free(lt_ctx *ctx, lt_pack_plan *plan);
 
-lt_pack_stats lt_pack_plan_stats(const lt_pack_plan *plan);
-int64_t lt_pack_plan_batches(const lt_pack_plan *plan);
+LT_API lt_pack_stats lt_pack_plan_stats(const lt_pack_plan *plan);
+LT_API int64_t lt_pack_plan_batches(const lt_pack_plan *plan);
 /* Shape of batch `batch`: B rows of T tokens with S segments per row (seq_offsets has S+1 entries
  * per row). Packed plans: T = L for every batch; S is the plan's max_segments for every batch, so
  * the shapes are fixed. Unpacked: T varies per batch. */
-void lt_pack_batch_shape(const lt_pack_plan *plan, int64_t batch, int64_t *B, int64_t *T, int64_t *S);
+LT_API void lt_pack_batch_shape(const lt_pack_plan *plan, int64_t batch, int64_t *B, int64_t *T, int64_t *S);
 
 /* One batch, caller-owned buffers sized by lt_pack_batch_shape (or larger: rows are written at the
  * reported T and S, densely). */
@@ -105,16 +106,16 @@ typedef struct lt_pack_batch {
 /* Fills batch `batch` (0 <= batch < lt_pack_plan_batches). Allocates nothing.
  * Errors: LT_ERR_INVALID_ARG (batch out of range, input not the one planned: sequence count
  * differs). */
-lt_status lt_pack_fill(lt_ctx *ctx, const lt_pack_plan *plan, const lt_pack_input *in, int64_t batch,
+LT_API lt_status lt_pack_fill(lt_ctx *ctx, const lt_pack_plan *plan, const lt_pack_input *in, int64_t batch,
                        lt_pack_batch *out);
 
 /* Validates an input (offsets start at 0, non-decreasing, within int64). Errors: LT_ERR_INVALID_ARG
  * naming the first bad index. */
-lt_status lt_pack_input_check(lt_ctx *ctx, const lt_pack_input *in);
+LT_API lt_status lt_pack_input_check(lt_ctx *ctx, const lt_pack_input *in);
 
-const char *lt_pack_algorithm_name(lt_pack_algorithm a);
+LT_API const char *lt_pack_algorithm_name(lt_pack_algorithm a);
 /* "first-fit" | "bfd" | "none"; LT_ERR_INVALID_ARG naming the choices otherwise. */
-lt_status lt_pack_algorithm_parse(lt_ctx *ctx, const char *name, lt_pack_algorithm *out);
+LT_API lt_status lt_pack_algorithm_parse(lt_ctx *ctx, const char *name, lt_pack_algorithm *out);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #ifndef LONGTUNE_PLAN_H
 #define LONGTUNE_PLAN_H
 
+#include "export.h"
 #include "model.h"
 
 #ifdef __cplusplus
@@ -29,7 +30,7 @@ typedef enum lt_plan_class {
 
 /* "frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace",
  * "optimizer_state", "held" (the keys of the JSON form). */
-const char *lt_plan_class_name(lt_plan_class c);
+LT_API const char *lt_plan_class_name(lt_plan_class c);
 
 /* Zero-initialised = defaults (the model's and the trainer's). */
 typedef struct lt_plan_options {
@@ -73,12 +74,12 @@ typedef struct lt_plan {
  * Errors: LT_ERR_INVALID_ARG (shapes, rank, batch or length out of range; named),
  * LT_ERR_UNSUPPORTED (a combination the model cannot run, named), LT_ERR_OOM when a size overflows
  * size_t (the run could never be allocated). */
-lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
+LT_API lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
                           lt_plan *out);
 
 /* Bytes of the trainer's AdamW state for n trainable scalars on dev: two f32 blocks of n, each
  * rounded as the allocator rounds it. The trainer allocates exactly this. */
-size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params);
+LT_API size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params);
 
 typedef enum lt_plan_search {
     LT_PLAN_SEARCH_SEQ = 0, /* largest T with B fixed */
@@ -90,7 +91,7 @@ typedef enum lt_plan_search {
  * non-decreasing in B and T), checked at the answer and one past it. *found = 0 and
  * *out = 0 when even 1 does not fit. Errors: those of lt_plan_compute at 1 (other values that
  * fail to plan count as not fitting). */
-lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
+LT_API lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
                              lt_plan_search what, int64_t hi, size_t budget_bytes, int64_t *out,
                              int *found);
 
@@ -99,16 +100,16 @@ lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_p
  *    "n_lora_params", "dp_size", "cp_size", "classes": {<class name>: bytes, ...}, "peak_bytes",
  *    "offload_checkpoints": bool, "host_offload_bytes"}
  * Errors: LT_ERR_INVALID_ARG when buf is too small (n < 1024 always is). */
-lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n);
+LT_API lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n);
 
 /* Text names of the options, for messages and the JSON form ("none", "all", "every:2"; "flash",
  * "naive"; "fused", "chunked", "naive"; "cpu", "cuda"). */
-const char *lt_plan_attention_name(lt_attention_impl a);
-const char *lt_plan_loss_name(lt_lce_impl l);
+LT_API const char *lt_plan_attention_name(lt_attention_impl a);
+LT_API const char *lt_plan_loss_name(lt_lce_impl l);
 /* Writes the policy name into buf of n bytes and returns buf. */
-const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n);
+LT_API const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n);
 /* Parses "none", "all" (alias "every"), "every:K" (K >= 1). LT_ERR_INVALID_ARG names the text. */
-lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, int64_t *k);
+LT_API lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, int64_t *k);
 
 #ifdef __cplusplus
 }

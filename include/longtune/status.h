@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,7 +29,7 @@ typedef enum lt_status {
 } lt_status;
 
 /* Static, never NULL: "ok", "invalid argument", ... ; "unknown status" outside the enum. */
-const char *lt_status_str(lt_status s);
+LT_API const char *lt_status_str(lt_status s);
 
 typedef enum lt_device { LT_DEVICE_CPU = 0, LT_DEVICE_CUDA = 1, LT_DEVICE_COUNT_ } lt_device;
 
@@ -38,31 +39,31 @@ typedef enum lt_device { LT_DEVICE_CPU = 0, LT_DEVICE_CUDA = 1, LT_DEVICE_COUNT_
 typedef struct lt_ctx lt_ctx;
 
 /* Returns NULL only if the host cannot allocate the small context itself. */
-lt_ctx *lt_ctx_new(void);
-void lt_ctx_free(lt_ctx *ctx);
+LT_API lt_ctx *lt_ctx_new(void);
+LT_API void lt_ctx_free(lt_ctx *ctx);
 
 /* The message of the last failure recorded in ctx ("" when none). Valid until the next error. */
-const char *lt_ctx_error(const lt_ctx *ctx);
-lt_status lt_ctx_status(const lt_ctx *ctx);
-void lt_ctx_clear_error(lt_ctx *ctx);
+LT_API const char *lt_ctx_error(const lt_ctx *ctx);
+LT_API lt_status lt_ctx_status(const lt_ctx *ctx);
+LT_API void lt_ctx_clear_error(lt_ctx *ctx);
 
 /* Records status and a printf-style message in ctx and returns status, so callers can write
  * `return lt_error(ctx, LT_ERR_FORMAT, "%s:%d: ...", file, line);`. ctx may be NULL. */
-lt_status lt_error(lt_ctx *ctx, lt_status status, const char *fmt, ...)
+LT_API lt_status lt_error(lt_ctx *ctx, lt_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
 /* Threads used by parallel loops (0 = OpenMP default). */
-void lt_ctx_set_threads(lt_ctx *ctx, int threads);
-int lt_ctx_threads(const lt_ctx *ctx);
+LT_API void lt_ctx_set_threads(lt_ctx *ctx, int threads);
+LT_API int lt_ctx_threads(const lt_ctx *ctx);
 
 /* Abort hook for broken invariants: called with file, line and message; if it returns,
  * abort() follows. Process-wide. NULL restores the default (print to stderr). */
 typedef void (*lt_abort_fn)(const char *file, int line, const char *msg);
-void lt_set_abort_hook(lt_abort_fn fn);
-void lt_abort_at(const char *file, int line, const char *fmt, ...)
+LT_API void lt_set_abort_hook(lt_abort_fn fn);
+LT_API void lt_abort_at(const char *file, int line, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4), noreturn))
 #endif

@@ -4,6 +4,7 @@
 #ifndef LONGTUNE_SYSINFO_H
 #define LONGTUNE_SYSINFO_H
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -16,18 +17,18 @@ typedef struct lt_host_memory {
     uint64_t cgroup_limit;     /* 0 when no limit is set */
 } lt_host_memory;
 
-lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out);
+LT_API lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out);
 /* Resident set size of this process in bytes (0 if /proc is unreadable). */
-uint64_t lt_sys_process_rss(void);
+LT_API uint64_t lt_sys_process_rss(void);
 /* CPU model name and logical core count. */
-void lt_sys_cpu(char *name, int n, int *cores);
+LT_API void lt_sys_cpu(char *name, int n, int *cores);
 
 /* OpenBLAS picks its kernels from the CPU model it recognises; on CPUs newer than the library
  * (e.g. Sapphire/Emerald Rapids with OpenBLAS 0.3.21) it falls back to generic SSE3 "Prescott"
  * kernels, 3-4x slower. Returns the OPENBLAS_CORETYPE to use ("SkylakeX" with AVX-512, "Haswell"
  * with AVX2+FMA) when the loaded kernels are weaker than what the CPU supports, else NULL. The
  * variable is read when OpenBLAS loads, so callers must set it and re-execute (the CLI does). */
-const char *lt_sys_blas_coretype_hint(void);
+LT_API const char *lt_sys_blas_coretype_hint(void);
 
 typedef struct lt_cuda_device_info {
     int count;            /* 0 when no device or no CUDA in the build */
@@ -37,7 +38,7 @@ typedef struct lt_cuda_device_info {
 } lt_cuda_device_info;
 
 /* Never fails: a build without CUDA or a machine without a device reports count 0. */
-lt_cuda_device_info lt_sys_cuda(void);
+LT_API lt_cuda_device_info lt_sys_cuda(void);
 
 #ifdef __cplusplus
 }

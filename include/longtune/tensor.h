@@ -4,6 +4,7 @@
 #ifndef LONGTUNE_TENSOR_H
 #define LONGTUNE_TENSOR_H
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -38,40 +39,40 @@ typedef struct lt_tensor {
     int64_t stride[LT_MAX_DIMS];
 } lt_tensor;
 
-const char *lt_dtype_name(lt_dtype t);
+LT_API const char *lt_dtype_name(lt_dtype t);
 /* Parses "f32", "bf16", "q4_1", ...; returns LT_ERR_INVALID_ARG for anything else. */
-lt_status lt_dtype_parse(const char *name, lt_dtype *out);
-int lt_dtype_is_quantized(lt_dtype t);
+LT_API lt_status lt_dtype_parse(const char *name, lt_dtype *out);
+LT_API int lt_dtype_is_quantized(lt_dtype t);
 /* Weights per block (1 for plain dtypes) and bytes per block (element size for plain). */
-int64_t lt_dtype_block_elems(lt_dtype t);
-int64_t lt_dtype_block_bytes(lt_dtype t);
+LT_API int64_t lt_dtype_block_elems(lt_dtype t);
+LT_API int64_t lt_dtype_block_bytes(lt_dtype t);
 /* Bytes of one row of `cols` elements; -1 if cols is not a multiple of the block or overflows. */
-int64_t lt_dtype_row_bytes(lt_dtype t, int64_t cols);
+LT_API int64_t lt_dtype_row_bytes(lt_dtype t, int64_t cols);
 
 /* A contiguous tensor view of `data` with the given shape (row-major strides). */
-lt_tensor lt_tensor_view(void *data, lt_dtype dtype, lt_device dev, int ndim, const int64_t *shape);
-int64_t lt_tensor_numel(const lt_tensor *t);
+LT_API lt_tensor lt_tensor_view(void *data, lt_dtype dtype, lt_device dev, int ndim, const int64_t *shape);
+LT_API int64_t lt_tensor_numel(const lt_tensor *t);
 /* Total bytes of a contiguous tensor of this shape; -1 on overflow or bad block multiple. */
-int64_t lt_tensor_nbytes(const lt_tensor *t);
-int lt_tensor_is_contiguous(const lt_tensor *t);
+LT_API int64_t lt_tensor_nbytes(const lt_tensor *t);
+LT_API int lt_tensor_is_contiguous(const lt_tensor *t);
 
 /* Allocates a contiguous tensor through the accounting allocator; free with lt_tensor_release. */
-lt_status lt_tensor_alloc(lt_ctx *ctx, lt_tensor *out, lt_dtype dtype, lt_device dev, int ndim,
+LT_API lt_status lt_tensor_alloc(lt_ctx *ctx, lt_tensor *out, lt_dtype dtype, lt_device dev, int ndim,
                           const int64_t *shape, const char *what);
-void lt_tensor_release(lt_ctx *ctx, lt_tensor *t);
+LT_API void lt_tensor_release(lt_ctx *ctx, lt_tensor *t);
 
 /* Scalar conversions shared by every module (round-to-nearest-even for bf16/f16). */
-float lt_bf16_to_f32(uint16_t h);
-uint16_t lt_f32_to_bf16(float f);
-float lt_f16_to_f32(uint16_t h);
-uint16_t lt_f32_to_f16(float f);
+LT_API float lt_bf16_to_f32(uint16_t h);
+LT_API uint16_t lt_f32_to_bf16(float f);
+LT_API float lt_f16_to_f32(uint16_t h);
+LT_API uint16_t lt_f32_to_f16(float f);
 
 /* Dequantizes `n` consecutive weights of a row in a block format (n a multiple of the block),
  * starting at block-aligned `row` bytes, into f32 `out`. */
-void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n);
+LT_API void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n);
 /* Quantizes n floats (multiple of the block) into `row` (round to nearest, min/max per block for
  * the affine formats). Only for tests and --quantize; not a hot path. */
-void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n);
+LT_API void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #define LONGTUNE_TRAIN_H
 
 #include <stdio.h>
+#include "export.h"
 #include "attention.h"
 #include "comm.h"
 #include "lce.h"
@@ -108,26 +109,26 @@ typedef enum lt_train_option_kind {
     LT_TRAIN_OPTION_BOOL,  /* a bare flag sets it; "true"/"false"/"1"/"0" as a value */
     LT_TRAIN_OPTION_VALUE, /* takes one value */
 } lt_train_option_kind;
-lt_train_option_kind lt_train_option_kind_of(const char *key);
+LT_API lt_train_option_kind lt_train_option_kind_of(const char *key);
 
 /* Sets one option from its text form. Errors: LT_ERR_NOT_FOUND for an unknown key,
  * LT_ERR_INVALID_ARG for a value that does not parse or is out of range (message names both). */
-lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *key, const char *value);
+LT_API lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *key, const char *value);
 
 /* Applies a JSON config file (an object of option keys; values are numbers, strings, booleans, or
  * for lora_targets an array of strings). Keys already set by later flags win because the CLI
  * applies the file first. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON, names path and the key),
  * LT_ERR_NOT_FOUND (unknown key), LT_ERR_INVALID_ARG. */
-lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const char *path);
+LT_API lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const char *path);
 
 /* Copies `in` to `out` with defaults filled in and validates ranges and combinations.
  * LT_ERR_INVALID_ARG names the offending option. */
-lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out);
+LT_API lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out);
 
 /* Learning rate of optimizer step `step` (0-based) of a resolved run: linear warmup from
  * lr/warmup to lr over the first `warmup` steps, then constant or cosine from lr to min_lr over
  * the remaining iters - warmup steps (reaching min_lr one step after the last). */
-double lt_train_lr(const lt_train_options *opt, int64_t step);
+LT_API double lt_train_lr(const lt_train_options *opt, int64_t step);
 
 /* One trainable tensor as the trainer, checkpoints and adapter export see it: host f32, row-major,
  * contiguous. `name` is the module path without the PEFT prefix, e.g.
@@ -143,7 +144,7 @@ typedef struct lt_train_param {
     float *v;
 } lt_train_param;
 
-int64_t lt_train_param_numel(const lt_train_param *p);
+LT_API int64_t lt_train_param_numel(const lt_train_param *p);
 
 /* Everything besides the tensors that a bit-exact resume needs. */
 typedef struct lt_train_state {
@@ -160,7 +161,7 @@ typedef struct lt_train_state {
 /* Writes a checkpoint (state, the run options that must match on resume, every param's data, m
  * and v, and a checksum over all of it) to `path` atomically: temp file in the same folder, fsync,
  * rename. Errors: LT_ERR_IO (names the path), LT_ERR_INVALID_ARG for a param without m/v. */
-lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt,
+LT_API lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt,
                              const lt_train_state *st, const lt_train_param *params, int n_params);
 
 /* Reads a checkpoint into `st` and the params' data, m and v (which must be allocated with the
@@ -168,7 +169,7 @@ lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_optio
  * version, size, checksum (LT_ERR_FORMAT: truncated or corrupted, names the path and what), the
  * run options that change the trajectory (LT_ERR_INVALID_ARG names the option and both values),
  * and the param set (LT_ERR_INVALID_ARG names a missing, extra or mis-shaped tensor). */
-lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_options *opt,
+LT_API lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_options *opt,
                              lt_train_state *st, lt_train_param *params, int n_params);
 
 /* Saves a PEFT LoRA adapter into folder `dir` (created if absent): adapter_config.json and
@@ -176,18 +177,18 @@ lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_optio
  * atomically. base_model names the base in the config (a path or hub id). target_modules and
  * layers_to_transform are derived from the param names. Errors: LT_ERR_IO, LT_ERR_INVALID_ARG for a
  * name that is not "<module>.lora_A|lora_B" or a shape that does not agree with the rank. */
-lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
+LT_API lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
                        const lt_train_options *opt, const lt_train_param *params, int n_params);
 
 /* Reads a PEFT LoRA folder's adapter_config.json into the model's LoRA options for a base of L
  * layers (r, lora_alpha, target_modules; layers_to_transform must be the last K layers or null).
  * Errors: LT_ERR_IO, LT_ERR_FORMAT (names the key), LT_ERR_UNSUPPORTED (DoRA, rsLoRA, other
  * modules or layer sets, named). */
-lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
+LT_API lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
 /* Copies adapter_model.safetensors of `dir` (F32/BF16/F16) into the LoRA tensors of m, which must
  * have been loaded with lt_peft_read_config's options. Errors: LT_ERR_NOT_FOUND (a tensor, named),
  * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
-lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
+LT_API lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
 
 /* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
 typedef struct lt_metrics_record {
@@ -208,13 +209,13 @@ typedef struct lt_metrics lt_metrics;
 /* Opens `path` (JSON lines) for appending. keep_until_step >= 0 (a resume) first rewrites the file
  * atomically without the records after that step, so the log matches the resumed trajectory; < 0
  * starts a new file. Errors: LT_ERR_IO, LT_ERR_OOM. */
-lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step, lt_metrics **out);
+LT_API lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step, lt_metrics **out);
 /* Appends one line and flushes it. Errors: LT_ERR_IO. */
-lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *r);
-void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
+LT_API lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *r);
+LT_API void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
 
 /* The model's LoRA choice for a resolved run (targets, last-K layers, rank, alpha, dropout, seed). */
-lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
+LT_API lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
 
 /* ---- The plan of a training run: one function (lt_train_plan) for `longtune plan`, the memory
  * guard and the trainer, so the three agree for the same options. ---- */
@@ -232,7 +233,7 @@ typedef struct lt_train_held {
 /* The planner's options for a resolved run on one of dp_size data-parallel or cp_size
  * context-parallel ranks (1 each for one process). The caller may refine what the run options
  * leave to defaults (saved dtype, chunk rows) before lt_train_plan. */
-lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_t dp_size, int64_t cp_size,
+LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_t dp_size, int64_t cp_size,
                                 lt_plan_options *out);
 
 /* The plan of the run: lt_plan_compute of popt with, on a CPU run, the held class made of
@@ -241,34 +242,34 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
  * (the save at the end) -- or, resuming, the checkpoint file read when that is larger -- at
  * popt's B and T; on a device run held->caller_bytes alone (the rest is host memory).
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
-lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                         const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
 /* Host bytes of the trainer's buffers allocated before its first step: the LoRA tensor index
  * (n_lora_tensors entries), one batch of B rows of T tokens (ids, targets, positions, offsets and
  * piece counts), the step's loss sums (opt->grad_accum), and with cp_size > 1 this rank's share
  * of the row. */
-size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
+LT_API size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
                              int64_t cp_size);
 
 /* lt_plan_search_max through lt_train_plan: the largest T (or B) in [1, hi] whose plan fits
  * budget_bytes (and popt->host_budget_bytes when set), the trainer's buffers following the shape
  * and `held` (measured at the given shape) staying. Errors: those of lt_train_plan at 1. */
-lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+LT_API lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
                                int64_t hi, size_t budget_bytes, int64_t *out, int *found);
 
 /* The packing options the trainer packs opt's data with (cp_size > 1: context parallel rows). */
-lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);
+LT_API lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);
 
 /* Builds the validation plan (valid may be NULL) and the first epoch's training plan in a scratch
  * context and sets held->packing_peak_bytes and packing_held_bytes from its accounting. */
-lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
+LT_API lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
                                  const lt_pack_input *valid, lt_train_held *held);
 
 /* Loads opt's tokenizer and data folder as lt_train_run does, in a scratch context, and fills
  * *held: caller_bytes with what they hold (no guard) and the packing bytes of their plans. */
-lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_train_held *held);
+LT_API lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_train_held *held);
 
 /* What a run did. step_loss, when the caller sets it, receives the training loss (token mean over
  * the step's micro-batches) of every step run by this call, indexed by step (iters entries). */
@@ -303,14 +304,14 @@ typedef struct lt_train_result {
  * A stop request (lt_train_request_stop) saves a checkpoint and returns LT_ERR_INTERRUPTED.
  * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
  * checkpoint and file writers, all with messages. */
-lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res);
 
 /* The whole command: loads opt->model (a quantized GGUF stays quantized; opt->quantize quantizes a
  * dense base), its tokenizer, and the dataset folder opt->data (train.jsonl, valid.jsonl when
  * present; chat template applied, prompts masked with mask_prompt), then runs lt_train_fit.
  * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
-lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
+LT_API lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
 
 /* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
  * O(T²), fine for the short answers a before/after check needs). */
@@ -325,7 +326,7 @@ typedef struct lt_generate_options {
  * stopping after any id in stop_ids (included in out). on_token, when set, sees each new id as it is
  * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
  * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
-lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
+LT_API lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
                       int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
                       void (*on_token)(void *arg, int32_t id), void *arg);
 
@@ -334,10 +335,10 @@ lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n
 
 /* Stop request, async-signal-safe: a SIGINT/SIGTERM handler calls lt_train_request_stop(signo);
  * the trainer checks between steps, saves a checkpoint and returns LT_ERR_INTERRUPTED. */
-void lt_train_request_stop(int signo);
+LT_API void lt_train_request_stop(int signo);
 /* The signal number of the pending request, 0 when none. */
-int lt_train_stop_requested(void);
-void lt_train_clear_stop(void);
+LT_API int lt_train_stop_requested(void);
+LT_API void lt_train_clear_stop(void);
 
 #ifdef __cplusplus
 }

@@ -252,7 +252,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             float amax = 0;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
             uint16_t d16 = lt_f32_to_f16(amax / 127.0f);
-            float d = lt_f16_to_f32(d16), id = d ? 1.0f / d : 0.0f;
+            float d = lt_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
             memcpy(p, &d16, 2);
             for (int j = 0; j < 32; j++) {
                 long q = lrintf(x[j] * id);
@@ -270,7 +270,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
                     mx = x[j];
                 }
             uint16_t d16 = lt_f32_to_f16(mx / -8.0f);
-            float d = lt_f16_to_f32(d16), id = d ? 1.0f / d : 0.0f;
+            float d = lt_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
             memcpy(p, &d16, 2);
             for (int j = 0; j < 16; j++)
                 p[2 + j] = (uint8_t)(clamp_nibble(x[j] * id + 8.0f) | (clamp_nibble(x[j + 16] * id + 8.0f) << 4));
@@ -282,7 +282,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             float lo, hi;
             minmax(x, 32, &lo, &hi);
             uint16_t d16 = lt_f32_to_f16((hi - lo) / 15.0f), m16 = lt_f32_to_f16(lo);
-            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16), id = d ? 1.0f / d : 0.0f;
+            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16), id = d != 0.0f ? 1.0f / d : 0.0f;
             memcpy(p, &d16, 2);
             memcpy(p + 2, &m16, 2);
             for (int j = 0; j < 16; j++)
@@ -295,7 +295,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             float lo, hi;
             minmax(x, 64, &lo, &hi);
             uint16_t s16 = lt_f32_to_f16((hi - lo) / 15.0f), b16 = lt_f32_to_f16(lo);
-            float s = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16), is = s ? 1.0f / s : 0.0f;
+            float s = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16), is = s != 0.0f ? 1.0f / s : 0.0f;
             memcpy(p, &s16, 2);
             memcpy(p + 2, &b16, 2);
             for (int w = 0; w < 8; w++) {

@@ -1,6 +1,6 @@
 /* The tokenizer object: the tables every loader fills (token strings by id, the string maps, the
  * merge table, added tokens, the post-processor's ids), the step that readies them for encoding
- * (tk_finish), freeing, and the accessors. Encoding lives in tokenizer_encode.c and
+ * (lt_tok_finish), freeing, and the accessors. Encoding lives in tokenizer_encode.c and
  * tokenizer_bpe.c, decoding in tokenizer_decode.c, loading in tokenizer_load.c (tokenizer.json)
  * and tokenizer_gguf.c (GGUF metadata). */
 #define _POSIX_C_SOURCE 200809L
@@ -11,12 +11,12 @@
 #include "data/tokenizer_internal.h"
 #include "longtune/alloc.h"
 
-const char *const tk_gpt2_pattern =
+const char *const lt_tok_gpt2_pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 /* ---- small growable buffers through the accounting allocator ----------------------------- */
 
-lt_status tk_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
+lt_status lt_tok_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
     size_t nc = *cap ? *cap : 16;
     while (nc < need) {
         if (nc > SIZE_MAX / 2 / elem) return lt_error(ctx, LT_ERR_OOM, "%s: size overflow", what);
@@ -33,7 +33,7 @@ lt_status tk_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t n
     return LT_OK;
 }
 
-void tk_release(lt_ctx *ctx, void *p, size_t bytes) {
+void lt_tok_release(lt_ctx *ctx, void *p, size_t bytes) {
     if (p) lt_free(ctx, LT_DEVICE_CPU, p, bytes);
 }
 
@@ -48,7 +48,7 @@ static lt_status map_rehash(lt_ctx *ctx, tk_strmap *m, size_t cap) {
         while (slots[i]) i = (i + 1) & (cap - 1);
         slots[i] = (uint32_t)(k + 1);
     }
-    tk_release(ctx, m->slots, m->cap * sizeof *m->slots);
+    lt_tok_release(ctx, m->slots, m->cap * sizeof *m->slots);
     m->slots = slots;
     m->cap = cap;
     return LT_OK;
@@ -76,15 +76,15 @@ static lt_status map_put(lt_ctx *ctx, tk_strmap *m, const char *s, size_t len, i
 }
 
 static void map_free(lt_ctx *ctx, tk_strmap *m) {
-    tk_release(ctx, m->slots, m->cap * sizeof *m->slots);
-    tk_release(ctx, m->keys, m->keys_cap * sizeof *m->keys);
-    tk_release(ctx, m->blob, m->blob_cap);
+    lt_tok_release(ctx, m->slots, m->cap * sizeof *m->slots);
+    lt_tok_release(ctx, m->keys, m->keys_cap * sizeof *m->keys);
+    lt_tok_release(ctx, m->blob, m->blob_cap);
     memset(m, 0, sizeof *m);
 }
 
 /* ---- construction ------------------------------------------------------------------------ */
 
-lt_status tk_new(lt_ctx *ctx, lt_tokenizer **out) {
+lt_status lt_tok_new(lt_ctx *ctx, lt_tokenizer **out) {
     lt_tokenizer *t = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *t, "tokenizer");
     if (!t) return lt_ctx_status(ctx);
     t->ctx = ctx;
@@ -96,7 +96,7 @@ lt_status tk_new(lt_ctx *ctx, lt_tokenizer **out) {
     return LT_OK;
 }
 
-char *tk_strdup(lt_tokenizer *t, const char *s, size_t len) {
+char *lt_tok_strdup(lt_tokenizer *t, const char *s, size_t len) {
     char *p = lt_alloc(t->ctx, LT_DEVICE_CPU, len + 1, "tokenizer string");
     if (!p) return NULL;
     memcpy(p, s, len);
@@ -124,9 +124,9 @@ static lt_status grow_ids(lt_tokenizer *t, int32_t id) {
         uint32_t *nl = lt_alloc(ctx, LT_DEVICE_CPU, cap * 4, "token lengths");
         uint8_t *ns = lt_calloc(ctx, LT_DEVICE_CPU, cap, "token flags");
         if (!no || !nl || !ns) {
-            tk_release(ctx, no, cap * 4);
-            tk_release(ctx, nl, cap * 4);
-            tk_release(ctx, ns, cap);
+            lt_tok_release(ctx, no, cap * 4);
+            lt_tok_release(ctx, nl, cap * 4);
+            lt_tok_release(ctx, ns, cap);
             return lt_ctx_status(ctx);
         }
         if (n) {
@@ -134,9 +134,9 @@ static lt_status grow_ids(lt_tokenizer *t, int32_t id) {
             memcpy(nl, t->tok_len, n * 4);
             memcpy(ns, t->tok_special, n);
         }
-        tk_release(ctx, t->tok_off, old_cap * 4);
-        tk_release(ctx, t->tok_len, old_cap * 4);
-        tk_release(ctx, t->tok_special, old_cap);
+        lt_tok_release(ctx, t->tok_off, old_cap * 4);
+        lt_tok_release(ctx, t->tok_len, old_cap * 4);
+        lt_tok_release(ctx, t->tok_special, old_cap);
         t->tok_off = no;
         t->tok_len = nl;
         t->tok_special = ns;
@@ -146,7 +146,7 @@ static lt_status grow_ids(lt_tokenizer *t, int32_t id) {
     return LT_OK;
 }
 
-lt_status tk_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len) {
+lt_status lt_tok_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len) {
     lt_ctx *ctx = t->ctx;
     if (id < 0) return lt_error(ctx, LT_ERR_FORMAT, "negative token id %d", id);
     if (id >= t->n_vocab) LT_TRY(grow_ids(t, id));
@@ -167,17 +167,17 @@ lt_status tk_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len) {
 /* The added-token array holds n_added entries in a capacity of added_cap(n_added). */
 static size_t added_cap(size_t n) { return pow2_cap(n, 16); }
 
-lt_status tk_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
+lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
                        int rstrip, int single_word, int normalized) {
     if (len == 0) return lt_error(t->ctx, LT_ERR_FORMAT, "added token %d has empty content", id);
-    LT_TRY(tk_set_token(t, id, s, len));
+    LT_TRY(lt_tok_set_token(t, id, s, len));
     size_t have = added_cap(t->n_added);
     if (t->n_added + 1 > have) {
         size_t nc = have ? have * 2 : 16;
         tk_added *na = lt_alloc(t->ctx, LT_DEVICE_CPU, nc * sizeof *na, "added tokens");
         if (!na) return lt_ctx_status(t->ctx);
         if (t->n_added) memcpy(na, t->added, t->n_added * sizeof *na);
-        tk_release(t->ctx, t->added, have * sizeof *na);
+        lt_tok_release(t->ctx, t->added, have * sizeof *na);
         t->added = na;
     }
     tk_added *a = &t->added[t->n_added++];
@@ -195,7 +195,7 @@ lt_status tk_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, i
     return LT_OK;
 }
 
-lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged) {
+lt_status lt_tok_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged) {
     if ((t->n_merges + 1) * 2 > t->merges_cap) {
         size_t nc = t->merges_cap ? t->merges_cap * 2 : 4096;
         tk_merge *nm = lt_alloc(t->ctx, LT_DEVICE_CPU, nc * sizeof *nm, "merge table");
@@ -207,7 +207,7 @@ lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t ran
             while (nm[j].key != UINT64_MAX) j = (j + 1) & (nc - 1);
             nm[j] = t->merges[i];
         }
-        tk_release(t->ctx, t->merges, t->merges_cap * sizeof *nm);
+        lt_tok_release(t->ctx, t->merges, t->merges_cap * sizeof *nm);
         t->merges = nm;
         t->merges_cap = nc;
     }
@@ -222,7 +222,7 @@ lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t ran
     return LT_OK;
 }
 
-lt_status tk_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
+lt_status lt_tok_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
                            int *missing) {
     int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
     char stackbuf[256];
@@ -233,10 +233,10 @@ lt_status tk_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char
     int32_t ic = tk_lookup(&t->by_string, cat, al + bl);
     if (cat != stackbuf) lt_free(t->ctx, LT_DEVICE_CPU, cat, al + bl);
     *missing = ia < 0 || ib < 0 || ic < 0;
-    return *missing ? LT_OK : tk_add_merge(t, ia, ib, rank, ic);
+    return *missing ? LT_OK : lt_tok_add_merge(t, ia, ib, rank, ic);
 }
 
-lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out) {
+lt_status lt_tok_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out) {
     int err;
     PCRE2_SIZE off;
     /* PCRE2_LITERAL refuses PCRE2_UCP (it has no classes to apply it to). */
@@ -256,7 +256,7 @@ lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int liter
 
 /* Replaces *dst (*dn ids) with a copy of src (n ids). */
 static lt_status set_ids(lt_tokenizer *t, int32_t **dst, int *dn, const int32_t *src, int n) {
-    tk_release(t->ctx, *dst, (size_t)*dn * 4);
+    lt_tok_release(t->ctx, *dst, (size_t)*dn * 4);
     *dst = NULL;
     *dn = 0;
     if (!n) return LT_OK;
@@ -267,7 +267,7 @@ static lt_status set_ids(lt_tokenizer *t, int32_t **dst, int *dn, const int32_t 
     return LT_OK;
 }
 
-lt_status tk_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int32_t *suffix, int ns) {
+lt_status lt_tok_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int32_t *suffix, int ns) {
     LT_TRY(set_ids(t, &t->post_prefix, &t->n_post_prefix, prefix, np));
     return set_ids(t, &t->post_suffix, &t->n_post_suffix, suffix, ns);
 }
@@ -278,10 +278,10 @@ lt_status tk_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int3
 static ptrdiff_t unmap_bytes(const char *s, size_t len, char *out) {
     size_t o = 0, i = 0;
     while (i < len) {
-        size_t bad = 1, k = tk_utf8_char((const uint8_t *)s + i, len - i, &bad);
+        size_t bad = 1, k = lt_tok_utf8_char((const uint8_t *)s + i, len - i, &bad);
         if (!k) return -1;
         size_t cl;
-        int b = tk_cp_to_byte(tk_utf8_decode((const uint8_t *)s + i, &cl));
+        int b = lt_tok_cp_to_byte(tk_utf8_decode((const uint8_t *)s + i, &cl));
         if (b < 0) return -1;
         out[o++] = (char)b;
         i += k;
@@ -310,13 +310,13 @@ static lt_status build_enc_map(lt_tokenizer *t) {
         st = map_put(ctx, &t->enc, tmp, (size_t)o, id, NULL);
         if (o == 1 && t->byte_id[(uint8_t)tmp[0]] < 0) t->byte_id[(uint8_t)tmp[0]] = id;
     }
-    tk_release(ctx, tmp, tmp_cap);
+    lt_tok_release(ctx, tmp, tmp_cap);
     return st;
 }
 
-lt_status tk_finish(lt_tokenizer *t) {
+lt_status lt_tok_finish(lt_tokenizer *t) {
     lt_ctx *ctx = t->ctx;
-    tk_byte_map_init();
+    lt_tok_byte_map_init();
     if (t->n_pres && t->pres[t->n_pres - 1].kind == TK_PRE_BYTELEVEL) t->byte_level = 1;
     for (int i = 0; i < t->n_pres - 1; i++)
         if (t->pres[i].kind == TK_PRE_BYTELEVEL)
@@ -340,30 +340,30 @@ void lt_tokenizer_free(lt_tokenizer *t) {
     if (!t) return;
     lt_ctx *ctx = t->ctx;
     size_t cap = tok_cap(t);
-    tk_release(ctx, t->tok_off, cap * 4);
-    tk_release(ctx, t->tok_len, cap * 4);
-    tk_release(ctx, t->tok_special, cap);
-    tk_release(ctx, t->blob, t->blob_cap);
+    lt_tok_release(ctx, t->tok_off, cap * 4);
+    lt_tok_release(ctx, t->tok_len, cap * 4);
+    lt_tok_release(ctx, t->tok_special, cap);
+    lt_tok_release(ctx, t->blob, t->blob_cap);
     map_free(ctx, &t->by_string);
     map_free(ctx, &t->enc);
-    tk_release(ctx, t->merges, t->merges_cap * sizeof *t->merges);
-    tk_release(ctx, t->added, added_cap(t->n_added) * sizeof *t->added);
+    lt_tok_release(ctx, t->merges, t->merges_cap * sizeof *t->merges);
+    lt_tok_release(ctx, t->added, added_cap(t->n_added) * sizeof *t->added);
     for (int i = 0; i < t->n_norms; i++) {
-        if (t->norms[i].a) tk_release(ctx, t->norms[i].a, t->norms[i].alen + 1);
-        if (t->norms[i].b) tk_release(ctx, t->norms[i].b, t->norms[i].blen + 1);
+        if (t->norms[i].a) lt_tok_release(ctx, t->norms[i].a, t->norms[i].alen + 1);
+        if (t->norms[i].b) lt_tok_release(ctx, t->norms[i].b, t->norms[i].blen + 1);
     }
     for (int i = 0; i < t->n_pres; i++)
         if (t->pres[i].re) pcre2_code_free(t->pres[i].re);
     for (int i = 0; i < t->n_decs; i++) {
-        if (t->decs[i].a) tk_release(ctx, t->decs[i].a, t->decs[i].alen + 1);
-        if (t->decs[i].b) tk_release(ctx, t->decs[i].b, t->decs[i].blen + 1);
+        if (t->decs[i].a) lt_tok_release(ctx, t->decs[i].a, t->decs[i].alen + 1);
+        if (t->decs[i].b) lt_tok_release(ctx, t->decs[i].b, t->decs[i].blen + 1);
     }
-    tk_release(ctx, t->post_prefix, (size_t)t->n_post_prefix * 4);
-    tk_release(ctx, t->post_suffix, (size_t)t->n_post_suffix * 4);
-    if (t->chat_template) tk_release(ctx, t->chat_template, t->chat_template_len + 1);
+    lt_tok_release(ctx, t->post_prefix, (size_t)t->n_post_prefix * 4);
+    lt_tok_release(ctx, t->post_suffix, (size_t)t->n_post_suffix * 4);
+    if (t->chat_template) lt_tok_release(ctx, t->chat_template, t->chat_template_len + 1);
     if (t->cache_ready)
         for (int i = 0; i < TK_CACHE_SHARDS; i++) pthread_mutex_destroy(&t->cache_lock[i]);
-    tk_release(ctx, t->cache, (size_t)TK_CACHE_SLOTS * sizeof *t->cache);
+    lt_tok_release(ctx, t->cache, (size_t)TK_CACHE_SLOTS * sizeof *t->cache);
     lt_free(ctx, LT_DEVICE_CPU, t, sizeof *t);
 }
 

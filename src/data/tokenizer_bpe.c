@@ -8,7 +8,7 @@
 
 #include "data/tokenizer_internal.h"
 
-lt_status tk_push_id(tk_enc *st, int32_t id) {
+lt_status lt_tok_push_id(tk_enc *st, int32_t id) {
     if (st->n == st->cap) {
         size_t nc = st->cap ? st->cap * 2 : 256;
         int32_t *p = realloc(st->ids, nc * sizeof *p);
@@ -211,12 +211,12 @@ static lt_status char_symbols(tk_enc *st, const char *w, size_t n, size_t *ns) {
     return LT_OK;
 }
 
-lt_status tk_bpe_word(tk_enc *st, const char *w, size_t n) {
+lt_status lt_tok_bpe_word(tk_enc *st, const char *w, size_t n) {
     const lt_tokenizer *t = st->t;
     if (!n) return LT_OK;
     if (t->ignore_merges) {
         int32_t id = tk_lookup(&t->enc, w, n);
-        if (id >= 0) return tk_push_id(st, id);
+        if (id >= 0) return lt_tok_push_id(st, id);
     }
     uint32_t h = 0;
     if (n <= TK_CACHE_KEY) {
@@ -224,7 +224,7 @@ lt_status tk_bpe_word(tk_enc *st, const char *w, size_t n) {
         int32_t ids[TK_CACHE_IDS];
         int k = cache_get(t, w, n, h, ids);
         if (k) {
-            for (int i = 0; i < k; i++) LT_TRY(tk_push_id(st, ids[i]));
+            for (int i = 0; i < k; i++) LT_TRY(lt_tok_push_id(st, ids[i]));
             return LT_OK;
         }
     }
@@ -235,7 +235,7 @@ lt_status tk_bpe_word(tk_enc *st, const char *w, size_t n) {
     int32_t out[TK_CACHE_IDS];
     int k = 0;
     for (int32_t i = 0; i >= 0; i = st->sym[i].next) {
-        LT_TRY(tk_push_id(st, st->sym[i].id));
+        LT_TRY(lt_tok_push_id(st, st->sym[i].id));
         if (k <= TK_CACHE_IDS - 1) out[k] = st->sym[i].id;
         k++;
     }

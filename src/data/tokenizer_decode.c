@@ -37,8 +37,8 @@ static lt_status pl_append(lt_ctx *ctx, piece_list *pl, const char *s, size_t n)
 }
 
 static void pl_free(lt_ctx *ctx, piece_list *pl) {
-    tk_release(ctx, pl->buf, pl->cap);
-    tk_release(ctx, pl->off, pl->off_cap * sizeof *pl->off);
+    lt_tok_release(ctx, pl->buf, pl->cap);
+    lt_tok_release(ctx, pl->off, pl->off_cap * sizeof *pl->off);
     memset(pl, 0, sizeof *pl);
 }
 
@@ -46,11 +46,11 @@ static void pl_free(lt_ctx *ctx, piece_list *pl) {
 static lt_status append_lossy(lt_ctx *ctx, piece_list *pl, const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
-        size_t v = i + tk_utf8_valid_prefix((const uint8_t *)s + i, n - i);
+        size_t v = i + lt_tok_utf8_valid_prefix((const uint8_t *)s + i, n - i);
         if (v > i) LT_TRY(pl_append(ctx, pl, s + i, v - i));
         if (v >= n) break;
         size_t bad = 1;
-        tk_utf8_char((const uint8_t *)s + v, n - v, &bad);
+        lt_tok_utf8_char((const uint8_t *)s + v, n - v, &bad);
         LT_TRY(pl_append(ctx, pl, "\xEF\xBF\xBD", 3));
         i = v + bad;
     }
@@ -83,7 +83,7 @@ static lt_status unmap_token(lt_ctx *ctx, piece_list *raw, const char *p, size_t
     char tmp[64]; /* mapped in chunks */
     size_t tn = 0, mark = raw->len, cl;
     for (size_t j = 0; j < n; j += cl) {
-        int b = tk_cp_to_byte(tk_utf8_decode((const uint8_t *)p + j, &cl));
+        int b = lt_tok_cp_to_byte(tk_utf8_decode((const uint8_t *)p + j, &cl));
         if (b < 0) {
             raw->len = mark; /* drop the partial mapping */
             if (raw->n) raw->off[raw->n] = mark;
@@ -127,7 +127,7 @@ static lt_status dec_bytefallback(lt_ctx *ctx, const piece_list *in, piece_list 
             continue;
         }
         if (acc.len) {
-            if (tk_utf8_valid_prefix((const uint8_t *)acc.buf, acc.len) == acc.len) s = pl_add(ctx, out, acc.buf, acc.len);
+            if (lt_tok_utf8_valid_prefix((const uint8_t *)acc.buf, acc.len) == acc.len) s = pl_add(ctx, out, acc.buf, acc.len);
             else
                 for (size_t k = 0; k < acc.len && s == LT_OK; k++) s = pl_add(ctx, out, "\xEF\xBF\xBD", 3);
             acc.len = 0;

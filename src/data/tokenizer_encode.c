@@ -132,7 +132,7 @@ static lt_status metaspace(tk_enc *st, int level, const tk_pre *pre, const char 
 static lt_status pre_apply(tk_enc *st, int level, const char *p, size_t n, int at_start) {
     const lt_tokenizer *t = st->t;
     if (!n) return LT_OK;
-    if (level == t->n_pres) return tk_bpe_word(st, p, n);
+    if (level == t->n_pres) return lt_tok_bpe_word(st, p, n);
     const tk_pre *pre = &t->pres[level];
     size_t k;
     switch (pre->kind) {
@@ -196,8 +196,8 @@ static lt_status normalize(tk_enc *st, const char *p, size_t n, const char **out
         size_t *bcap = which ? &st->norm2_cap : &st->norm_cap;
         size_t on = 0;
         if (nm->kind == TK_NORM_NFC) {
-            if (tk_nfc_quick(cur, cn)) continue;
-            LT_TRY(tk_nfc(st->ctx, cur, cn, buf, &on, bcap));
+            if (lt_tok_nfc_quick(cur, cn)) continue;
+            LT_TRY(lt_tok_nfc(st->ctx, cur, cn, buf, &on, bcap));
         } else if (nm->kind == TK_NORM_PREPEND) {
             if (!cn) continue;
             LT_TRY(tk_grow(st->ctx, (void **)buf, bcap, 1, cn + nm->alen, "normalizer buffer"));
@@ -262,7 +262,7 @@ static lt_status added_split(tk_enc *st, int stage, int normalized, const char *
         if (ad->lstrip)
             while (text_end > pos && is_ws((uint8_t)p[text_end - 1])) text_end--;
         if (text_end > pos) LT_TRY(text_stage(st, stage, p + pos, text_end - pos, at_start && pos == 0));
-        LT_TRY(tk_push_id(st, ad->id));
+        LT_TRY(lt_tok_push_id(st, ad->id));
         pos = me;
         if (ad->rstrip)
             while (pos < n && is_ws((uint8_t)p[pos])) pos++;
@@ -292,14 +292,14 @@ static lt_status text_stage(tk_enc *st, int stage, const char *p, size_t n, int 
 
 static void enc_release(tk_enc *st) {
     for (int i = 0; i < TK_MAX_STAGES; i++) {
-        tk_release(st->ctx, st->scratch[i], st->scratch_cap[i]);
-        tk_release(st->ctx, st->spans[i], st->spans_cap[i] * sizeof(tk_span));
+        lt_tok_release(st->ctx, st->scratch[i], st->scratch_cap[i]);
+        lt_tok_release(st->ctx, st->spans[i], st->spans_cap[i] * sizeof(tk_span));
     }
-    tk_release(st->ctx, st->norm, st->norm_cap);
-    tk_release(st->ctx, st->norm2, st->norm2_cap);
-    tk_release(st->ctx, st->sym, st->sym_cap * sizeof *st->sym);
-    tk_release(st->ctx, st->rank, st->rank_cap * sizeof *st->rank);
-    tk_release(st->ctx, st->heap, st->heap_cap * sizeof *st->heap);
+    lt_tok_release(st->ctx, st->norm, st->norm_cap);
+    lt_tok_release(st->ctx, st->norm2, st->norm2_cap);
+    lt_tok_release(st->ctx, st->sym, st->sym_cap * sizeof *st->sym);
+    lt_tok_release(st->ctx, st->rank, st->rank_cap * sizeof *st->rank);
+    lt_tok_release(st->ctx, st->heap, st->heap_cap * sizeof *st->heap);
     if (st->md) pcre2_match_data_free(st->md);
 }
 
@@ -307,7 +307,7 @@ static void enc_release(tk_enc *st) {
  * bytes.decode('utf-8', 'replace') does before HF sees a str. Valid text is left in place
  * (*fixed stays NULL); otherwise *fixed holds the repaired copy of *n bytes. */
 static lt_status repair_utf8(lt_ctx *ctx, const char *text, size_t len, char **fixed, size_t *fixed_cap, size_t *n) {
-    size_t valid = tk_utf8_valid_prefix((const uint8_t *)text, len);
+    size_t valid = lt_tok_utf8_valid_prefix((const uint8_t *)text, len);
     *n = len;
     if (valid == len) return LT_OK;
     LT_TRY(tk_grow(ctx, (void **)fixed, fixed_cap, 1, len * 3 + 1, "utf-8 repair buffer"));
@@ -315,13 +315,13 @@ static lt_status repair_utf8(lt_ctx *ctx, const char *text, size_t len, char **f
     memcpy(o, text, valid);
     size_t w = valid;
     for (size_t i = valid; i < len;) {
-        size_t bad = 1, k = tk_utf8_char((const uint8_t *)text + i, len - i, &bad);
+        size_t bad = 1, k = lt_tok_utf8_char((const uint8_t *)text + i, len - i, &bad);
         if (k) {
             memcpy(o + w, text + i, k);
             w += k;
             i += k;
         } else {
-            w += (size_t)tk_utf8_put(o + w, 0xFFFD);
+            w += (size_t)lt_tok_utf8_put(o + w, 0xFFFD);
             i += bad;
         }
     }
@@ -353,14 +353,14 @@ lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *
     if (fixed) src = fixed;
     if (add_special)
         for (int i = 0; i < tok->n_post_prefix; i++)
-            if ((s = tk_push_id(&st, tok->post_prefix[i])) != LT_OK) goto fail;
+            if ((s = lt_tok_push_id(&st, tok->post_prefix[i])) != LT_OK) goto fail;
     s = added_split(&st, 1, 0, src, n, 1);
     if (s != LT_OK) goto fail;
     if (add_special)
         for (int i = 0; i < tok->n_post_suffix; i++)
-            if ((s = tk_push_id(&st, tok->post_suffix[i])) != LT_OK) goto fail;
+            if ((s = lt_tok_push_id(&st, tok->post_suffix[i])) != LT_OK) goto fail;
     enc_release(&st);
-    tk_release(ctx, fixed, fixed_cap);
+    lt_tok_release(ctx, fixed, fixed_cap);
     if (!st.ids) {
         st.ids = malloc(sizeof(int32_t));
         if (!st.ids) return lt_error(ctx, LT_ERR_OOM, "token id buffer");
@@ -370,7 +370,7 @@ lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *
     return LT_OK;
 fail:
     enc_release(&st);
-    tk_release(ctx, fixed, fixed_cap);
+    lt_tok_release(ctx, fixed, fixed_cap);
     free(st.ids);
     return s;
 }

@@ -56,14 +56,14 @@ static lt_status pre_split(lt_tokenizer *t, const char *pattern, int behavior) {
     memset(p, 0, sizeof *p);
     p->kind = TK_PRE_SPLIT;
     p->behavior = behavior;
-    return tk_compile(t, pattern, strlen(pattern), 0, &p->re);
+    return lt_tok_compile(t, pattern, strlen(pattern), 0, &p->re);
 }
 
 static lt_status pre_bytelevel(lt_tokenizer *t, int use_regex) {
     tk_pre *p = &t->pres[t->n_pres++];
     memset(p, 0, sizeof *p);
     p->kind = TK_PRE_BYTELEVEL;
-    if (use_regex) return tk_compile(t, tk_gpt2_pattern, strlen(tk_gpt2_pattern), 0, &p->re);
+    if (use_regex) return lt_tok_compile(t, lt_tok_gpt2_pattern, strlen(lt_tok_gpt2_pattern), 0, &p->re);
     return LT_OK;
 }
 
@@ -150,7 +150,7 @@ static lt_status spm_merges(lt_tokenizer *t, const lt_gguf *g, int32_t n_vocab) 
     }
     if (s == LT_OK && n) {
         qsort(pairs, n, sizeof *pairs, cmp_pair);
-        for (size_t i = 0; i < n && s == LT_OK; i++) s = tk_add_merge(t, pairs[i].l, pairs[i].r, (int32_t)i, pairs[i].t);
+        for (size_t i = 0; i < n && s == LT_OK; i++) s = lt_tok_add_merge(t, pairs[i].l, pairs[i].r, (int32_t)i, pairs[i].t);
     }
     if (pairs) lt_free(ctx, LT_DEVICE_CPU, pairs, cap * sizeof *pairs);
     return s;
@@ -160,7 +160,7 @@ static lt_status spm_merges(lt_tokenizer *t, const lt_gguf *g, int32_t n_vocab) 
 static lt_status dup_lit(lt_tokenizer *t, const char *s, char **dst, size_t *len) {
     if (!s) return LT_OK;
     *len = strlen(s);
-    return (*dst = tk_strdup(t, s, *len)) ? LT_OK : lt_ctx_status(t->ctx);
+    return (*dst = lt_tok_strdup(t, s, *len)) ? LT_OK : lt_ctx_status(t->ctx);
 }
 
 static lt_status set_norm(lt_tokenizer *t, int kind, const char *a, const char *b) {
@@ -205,12 +205,12 @@ static lt_status load_vocab(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t, int3
         if (have_types) LT_TRY(lt_gguf_array_i64(ctx, g, "tokenizer.ggml.token_type", (uint64_t)id, &type));
         if (n == 0) {
             /* Empty pieces exist in some vocabularies; they can never be produced or matched. */
-            LT_TRY(tk_set_token(t, id, "", 0));
+            LT_TRY(lt_tok_set_token(t, id, "", 0));
             continue;
         }
         /* Unknown (2) and control (3) tokens are special, as in HF's converted files. */
-        if (type == 2 || type == 3 || type == 4) LT_TRY(tk_add_added(t, id, s, n, type != 4, 0, 0, 0, 0));
-        else LT_TRY(tk_set_token(t, id, s, n));
+        if (type == 2 || type == 3 || type == 4) LT_TRY(lt_tok_add_added(t, id, s, n, type != 4, 0, 0, 0, 0));
+        else LT_TRY(lt_tok_set_token(t, id, s, n));
     }
     return LT_OK;
 }
@@ -231,7 +231,7 @@ static lt_status bpe_merges(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
             return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] is not 'a b'", (unsigned long long)i);
         size_t al = (size_t)(sp - m), bl = n - al - 1;
         int missing;
-        LT_TRY(tk_add_merge_str(t, m, al, sp + 1, bl, (int32_t)i, &missing));
+        LT_TRY(lt_tok_add_merge_str(t, m, al, sp + 1, bl, (int32_t)i, &missing));
         if (missing)
             return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] ('%.*s') uses a token missing "
                             "from the vocabulary", (unsigned long long)i, (int)(n > 80 ? 80 : n), m);
@@ -288,7 +288,7 @@ static lt_status chat_template(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     }
     if (s != LT_OK) return s;
     t->chat_template_len = tpl_len;
-    if (!(t->chat_template = tk_strdup(t, tpl, tpl_len))) return lt_ctx_status(ctx);
+    if (!(t->chat_template = lt_tok_strdup(t, tpl, tpl_len))) return lt_ctx_status(ctx);
     return LT_OK;
 }
 
@@ -314,15 +314,15 @@ static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     int np = 0, ns = 0;
     if (add_bos && t->bos >= 0) prefix[np++] = t->bos;
     if (add_eos && t->eos >= 0) suffix[ns++] = t->eos;
-    LT_TRY(tk_set_post(t, prefix, np, suffix, ns));
+    LT_TRY(lt_tok_set_post(t, prefix, np, suffix, ns));
     LT_TRY(chat_template(ctx, g, t));
-    return tk_finish(t);
+    return lt_tok_finish(t);
 }
 
 lt_status lt_tokenizer_load_gguf(lt_ctx *ctx, const struct lt_gguf *g, lt_tokenizer **out) {
     *out = NULL;
     lt_tokenizer *t;
-    LT_TRY(tk_new(ctx, &t));
+    LT_TRY(lt_tok_new(ctx, &t));
     lt_status s = load(ctx, g, t);
     if (s != LT_OK) {
         lt_tokenizer_free(t);

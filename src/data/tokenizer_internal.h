@@ -127,32 +127,32 @@ struct lt_tokenizer {
 };
 
 /* ---- the object and its tables (tokenizer.c) ---- */
-lt_status tk_new(lt_ctx *ctx, lt_tokenizer **out);
+lt_status lt_tok_new(lt_ctx *ctx, lt_tokenizer **out);
 /* Registers token `s` with `id` (grows the id tables). Duplicate strings keep the first id. */
-lt_status tk_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len);
-lt_status tk_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
+lt_status lt_tok_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len);
+lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
                        int rstrip, int single_word, int normalized);
-lt_status tk_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
+lt_status lt_tok_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
 /* The merge of tokens a and b (by string) into the token a+b, at `rank`; *missing is set (and
  * nothing added) when one of the three is not in the vocabulary. Errors: LT_ERR_OOM. */
-lt_status tk_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
+lt_status lt_tok_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
                            int *missing);
 /* Compiles a pre-tokenizer regex (PCRE2_UTF|PCRE2_UCP, JIT); `literal` for String patterns. */
-lt_status tk_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out);
+lt_status lt_tok_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out);
 /* After vocab, merges and pre-tokenizers are set: builds enc map, byte tables, cache. */
-lt_status tk_finish(lt_tokenizer *t);
-char *tk_strdup(lt_tokenizer *t, const char *s, size_t len);
-lt_status tk_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int32_t *suffix, int ns);
+lt_status lt_tok_finish(lt_tokenizer *t);
+char *lt_tok_strdup(lt_tokenizer *t, const char *s, size_t len);
+lt_status lt_tok_set_post(lt_tokenizer *t, const int32_t *prefix, int np, const int32_t *suffix, int ns);
 
 /* Grows the buffer *p of *cap elements of `elem` bytes to hold `need` (doubling from 16, contents
  * kept) through the accounting allocator. Errors: LT_ERR_OOM naming `what`. Inline for the common
  * case of enough room: encode calls it once per BPE symbol. */
-lt_status tk_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what);
+lt_status lt_tok_grow_slow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what);
 static inline lt_status tk_grow(lt_ctx *ctx, void **p, size_t *cap, size_t elem, size_t need, const char *what) {
-    return need <= *cap ? LT_OK : tk_grow_slow(ctx, p, cap, elem, need, what);
+    return need <= *cap ? LT_OK : lt_tok_grow_slow(ctx, p, cap, elem, need, what);
 }
 /* Frees p (bytes long) when it is not NULL. */
-void tk_release(lt_ctx *ctx, void *p, size_t bytes);
+void lt_tok_release(lt_ctx *ctx, void *p, size_t bytes);
 
 /* The hash of the string map and the word cache. */
 static inline uint64_t tk_hash(const char *s, size_t n) {
@@ -200,17 +200,17 @@ static inline size_t tk_merge_slot(uint64_t key, size_t mask) {
 }
 
 /* ---- UTF-8 and GPT-2's byte map (tokenizer_utf8.c) ---- */
-/* Builds the byte map once per process (thread-safe); tk_finish calls it before any use. */
-void tk_byte_map_init(void);
+/* Builds the byte map once per process (thread-safe); lt_tok_finish calls it before any use. */
+void lt_tok_byte_map_init(void);
 /* The byte a byte-level character stands for, -1 for a character outside the map. */
-int tk_cp_to_byte(uint32_t cp);
+int lt_tok_cp_to_byte(uint32_t cp);
 /* Writes code point cp as UTF-8 into o (room for 4 bytes); returns the length. */
-int tk_utf8_put(char *o, uint32_t cp);
+int lt_tok_utf8_put(char *o, uint32_t cp);
 /* Length of the well-formed UTF-8 character at s[0..n) (Unicode table 3-7), or 0 with *bad set to
  * the length of its maximal ill-formed subpart (>= 1): the unit one U+FFFD replaces. */
-size_t tk_utf8_char(const uint8_t *s, size_t n, size_t *bad);
+size_t lt_tok_utf8_char(const uint8_t *s, size_t n, size_t *bad);
 /* The number of bytes of s that are valid UTF-8 from the start. */
-size_t tk_utf8_valid_prefix(const uint8_t *s, size_t n);
+size_t lt_tok_utf8_valid_prefix(const uint8_t *s, size_t n);
 /* The code point at s and its length in *len, as many bytes as the lead byte announces: s must
  * hold them (encode repairs its input to valid UTF-8 first). */
 static inline uint32_t tk_utf8_decode(const uint8_t *s, size_t *len) {
@@ -257,14 +257,14 @@ typedef struct tk_enc {
 } tk_enc;
 
 /* Appends one id to the result (tokenizer_bpe.c). Errors: LT_ERR_OOM. */
-lt_status tk_push_id(tk_enc *st, int32_t id);
+lt_status lt_tok_push_id(tk_enc *st, int32_t id);
 /* One pre-token through the BPE model (word cache, initial symbols, merges): its ids are appended
  * to the result (tokenizer_bpe.c). Errors: LT_ERR_OOM, LT_ERR_FORMAT (a byte without a token). */
-lt_status tk_bpe_word(tk_enc *st, const char *w, size_t n);
+lt_status lt_tok_bpe_word(tk_enc *st, const char *w, size_t n);
 
-extern const char *const tk_gpt2_pattern;
+extern const char *const lt_tok_gpt2_pattern;
 /* NFC normalisation of valid UTF-8 (tokenizer_nfc.c). Writes into *out (lt_alloc'd, *cap grows). */
-lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap);
-int tk_nfc_quick(const char *s, size_t len); /* 1 when s is certainly NFC already */
+lt_status lt_tok_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap);
+int lt_tok_nfc_quick(const char *s, size_t len); /* 1 when s is certainly NFC already */
 
 #endif

@@ -114,7 +114,7 @@ static lt_status add_norm(load_ctx *L, const cJSON *n) {
         if (!p) return lt_error(ctx, LT_ERR_FORMAT, "%s: normalizer Prepend without 'prepend'", L->path);
         nm->kind = TK_NORM_PREPEND;
         nm->alen = strlen(p);
-        if (!(nm->a = tk_strdup(t, p, nm->alen))) return lt_ctx_status(ctx);
+        if (!(nm->a = lt_tok_strdup(t, p, nm->alen))) return lt_ctx_status(ctx);
     } else if (!strcmp(type, "Replace")) {
         const char *pat, *content = jstr(n, "content");
         int is_regex;
@@ -125,7 +125,7 @@ static lt_status add_norm(load_ctx *L, const cJSON *n) {
         nm->kind = TK_NORM_REPLACE;
         nm->alen = strlen(pat);
         nm->blen = strlen(content);
-        if (!(nm->a = tk_strdup(t, pat, nm->alen)) || !(nm->b = tk_strdup(t, content, nm->blen))) {
+        if (!(nm->a = lt_tok_strdup(t, pat, nm->alen)) || !(nm->b = lt_tok_strdup(t, content, nm->blen))) {
             t->n_norms++; /* so free() releases what was made */
             return lt_ctx_status(ctx);
         }
@@ -183,7 +183,7 @@ static lt_status pre_split(load_ctx *L, const cJSON *p) {
     pre->kind = TK_PRE_SPLIT;
     pre->behavior = b;
     pre->invert = jbool(p, "invert", 0);
-    return tk_compile(L->t, pat, strlen(pat), !is_regex, &pre->re);
+    return lt_tok_compile(L->t, pat, strlen(pat), !is_regex, &pre->re);
 }
 
 /* Metaspace: a one-character replacement, the prepend scheme, split. */
@@ -202,7 +202,7 @@ static lt_status pre_metaspace(load_ctx *L, const cJSON *p) {
     memcpy(pre->rep, rep, (size_t)pre->rep_len);
     pre->prepend_scheme = scheme;
     pre->split = jbool(p, "split", 1);
-    if (pre->split) return tk_compile(L->t, rep, strlen(rep), 1, &pre->re);
+    if (pre->split) return lt_tok_compile(L->t, rep, strlen(rep), 1, &pre->re);
     return LT_OK;
 }
 
@@ -223,7 +223,7 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         pre->kind = TK_PRE_BYTELEVEL;
         pre->add_prefix_space = jbool(p, "add_prefix_space", 1);
         if (jbool(p, "use_regex", 1))
-            LT_TRY(tk_compile(t, tk_gpt2_pattern, strlen(tk_gpt2_pattern), 0, &pre->re));
+            LT_TRY(lt_tok_compile(t, lt_tok_gpt2_pattern, strlen(lt_tok_gpt2_pattern), 0, &pre->re));
         return LT_OK;
     }
     if (!strcmp(type, "Split")) return pre_split(L, p);
@@ -233,7 +233,7 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         pre->kind = TK_PRE_SPLIT;
         int individual = jbool(p, "individual_digits", 0);
         pre->behavior = individual ? TK_SPLIT_ISOLATED : TK_SPLIT_CONTIGUOUS;
-        return tk_compile(t, "\\p{N}", 5, 0, &pre->re);
+        return lt_tok_compile(t, "\\p{N}", 5, 0, &pre->re);
     }
     if (!strcmp(type, "Whitespace")) {
         LT_TRY(new_pre(L, &pre));
@@ -244,14 +244,14 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
          * and Join_Control and whose \s is White_Space; PCRE2's \w lacks the marks. */
         const char *pat = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]+"
                           "|[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\p{White_Space}]+";
-        return tk_compile(t, pat, strlen(pat), 0, &pre->re);
+        return lt_tok_compile(t, pat, strlen(pat), 0, &pre->re);
     }
     if (!strcmp(type, "WhitespaceSplit")) {
         LT_TRY(new_pre(L, &pre));
         pre->kind = TK_PRE_SPLIT;
         pre->behavior = TK_SPLIT_REMOVED;
         /* char::is_whitespace is the White_Space property. */
-        return tk_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
+        return lt_tok_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
     }
     if (!strcmp(type, "Metaspace")) return pre_metaspace(L, p);
     return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
@@ -269,8 +269,8 @@ static lt_status dec_replace(load_ctx *L, const cJSON *d, tk_dec *dec) {
     dec->kind = TK_DEC_REPLACE;
     dec->alen = strlen(pat);
     dec->blen = strlen(content);
-    if (!(dec->a = tk_strdup(L->t, pat, dec->alen))) return lt_ctx_status(ctx);
-    if (!(dec->b = tk_strdup(L->t, content, dec->blen))) return lt_ctx_status(ctx);
+    if (!(dec->a = lt_tok_strdup(L->t, pat, dec->alen))) return lt_ctx_status(ctx);
+    if (!(dec->b = lt_tok_strdup(L->t, content, dec->blen))) return lt_ctx_status(ctx);
     return LT_OK;
 }
 
@@ -285,7 +285,7 @@ static lt_status dec_strip(load_ctx *L, const cJSON *d, tk_dec *dec) {
     dec->start = (int)a;
     dec->stop = (int)b;
     dec->alen = strlen(c);
-    if (!(dec->a = tk_strdup(L->t, c, dec->alen))) return lt_ctx_status(L->t->ctx);
+    if (!(dec->a = lt_tok_strdup(L->t, c, dec->alen))) return lt_ctx_status(L->t->ctx);
     return LT_OK;
 }
 
@@ -299,7 +299,7 @@ static lt_status dec_metaspace(load_ctx *L, const cJSON *d, tk_dec *dec) {
     dec->kind = TK_DEC_METASPACE;
     dec->prepend_scheme = scheme;
     dec->alen = strlen(rep);
-    if (!(dec->a = tk_strdup(L->t, rep, dec->alen))) return lt_ctx_status(L->t->ctx);
+    if (!(dec->a = lt_tok_strdup(L->t, rep, dec->alen))) return lt_ctx_status(L->t->ctx);
     return LT_OK;
 }
 
@@ -424,7 +424,7 @@ static lt_status load_vocab(load_ctx *L, const cJSON *vocab) {
         int64_t id;
         if (!jint(e, 0, INT32_MAX - 1, &id))
             return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
-        LT_TRY(tk_set_token(L->t, (int32_t)id, e->string, strlen(e->string)));
+        LT_TRY(lt_tok_set_token(L->t, (int32_t)id, e->string, strlen(e->string)));
     }
     return LT_OK;
 }
@@ -441,7 +441,7 @@ static lt_status load_merges(load_ctx *L, const cJSON *merges) {
         if (!merge_parts(e, &a, &al, &b, &bl))
             return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d is not 'a b' or [a, b]", L->path, rank);
         int missing;
-        LT_TRY(tk_add_merge_str(L->t, a, al, b, bl, rank, &missing));
+        LT_TRY(lt_tok_add_merge_str(L->t, a, al, b, bl, rank, &missing));
         if (missing)
             return lt_error(ctx, LT_ERR_FORMAT, "%s: merge %d ('%.*s' '%.*s') uses a token missing from the vocabulary",
                             L->path, rank, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b);
@@ -486,7 +486,7 @@ static lt_status load_added(load_ctx *L, const cJSON *added) {
         if (!content || !jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, INT32_MAX - 1, &id))
             return lt_error(t->ctx, LT_ERR_FORMAT, "%s: added_tokens[%d] needs 'id' and 'content'", L->path, i);
         int special = jbool(e, "special", 0);
-        LT_TRY(tk_add_added(t, (int32_t)id, content, strlen(content), special, jbool(e, "lstrip", 0),
+        LT_TRY(lt_tok_add_added(t, (int32_t)id, content, strlen(content), special, jbool(e, "lstrip", 0),
                             jbool(e, "rstrip", 0), jbool(e, "single_word", 0), jbool(e, "normalized", !special)));
         i++;
     }
@@ -527,7 +527,7 @@ static lt_status apply_config(lt_tokenizer *t, const cJSON *cfg, const char *pat
     }
     if (s == LT_OK && tpl_s) {
         t->chat_template_len = strlen(tpl_s);
-        t->chat_template = tk_strdup(t, tpl_s, t->chat_template_len);
+        t->chat_template = lt_tok_strdup(t, tpl_s, t->chat_template_len);
         if (!t->chat_template) s = lt_ctx_status(ctx);
     }
     return s;
@@ -574,7 +574,7 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
         return lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
     }
     lt_tokenizer *t;
-    lt_status s = tk_new(ctx, &t);
+    lt_status s = lt_tok_new(ctx, &t);
     if (s != LT_OK) {
         cJSON_Delete(root);
         return s;
@@ -595,10 +595,10 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
             goto fail;
         }
     }
-    if ((s = tk_set_post(t, pre, np, suf, ns)) != LT_OK) goto fail;
+    if ((s = lt_tok_set_post(t, pre, np, suf, ns)) != LT_OK) goto fail;
     if (np) t->bos = pre[0];
     if ((s = load_config(t, path)) != LT_OK) goto fail;
-    if ((s = tk_finish(t)) != LT_OK) goto fail;
+    if ((s = lt_tok_finish(t)) != LT_OK) goto fail;
     cJSON_Delete(root);
     *out = t;
     return LT_OK;

@@ -84,7 +84,7 @@ static inline uint32_t next_cp(const uint8_t *s, size_t *i) {
     return cp;
 }
 
-int tk_nfc_quick(const char *s, size_t len) {
+int lt_tok_nfc_quick(const char *s, size_t len) {
     const uint8_t *p = (const uint8_t *)s;
     size_t i = 0;
     while (i < len) {
@@ -137,7 +137,7 @@ static size_t compose(uint32_t *cps, size_t n) {
     return w;
 }
 
-lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap) {
+lt_status lt_tok_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out_len, size_t *cap) {
     /* Decomposition grows a code point into at most 4 (Hangul 3): 4 per input byte bounds it. */
     size_t ncp_cap = len * 4 + 4;
     uint32_t *cps = lt_alloc(ctx, LT_DEVICE_CPU, ncp_cap * sizeof *cps, "nfc buffer");
@@ -159,7 +159,7 @@ lt_status tk_nfc(lt_ctx *ctx, const char *s, size_t len, char **out, size_t *out
         *cap = need;
     }
     size_t on = 0;
-    for (size_t i = 0; i < w; i++) on += (size_t)tk_utf8_put(*out + on, cps[i]);
+    for (size_t i = 0; i < w; i++) on += (size_t)lt_tok_utf8_put(*out + on, cps[i]);
     *out_len = on;
     lt_free(ctx, LT_DEVICE_CPU, cps, ncp_cap * sizeof *cps);
     return LT_OK;

@@ -22,14 +22,14 @@ static void init_byte_tables(void) {
     for (int b = 0; b < 256; b++) cp_to_byte_table[byte_to_cp(b)] = b;
 }
 
-void tk_byte_map_init(void) {
+void lt_tok_byte_map_init(void) {
     static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
     pthread_once(&tables_once, init_byte_tables);
 }
 
-int tk_cp_to_byte(uint32_t cp) { return cp < 324 ? cp_to_byte_table[cp] : -1; }
+int lt_tok_cp_to_byte(uint32_t cp) { return cp < 324 ? cp_to_byte_table[cp] : -1; }
 
-int tk_utf8_put(char *o, uint32_t cp) {
+int lt_tok_utf8_put(char *o, uint32_t cp) {
     if (cp < 0x80) { o[0] = (char)cp; return 1; }
     if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
     if (cp < 0x10000) {
@@ -41,7 +41,7 @@ int tk_utf8_put(char *o, uint32_t cp) {
     return 4;
 }
 
-size_t tk_utf8_char(const uint8_t *s, size_t n, size_t *bad) {
+size_t lt_tok_utf8_char(const uint8_t *s, size_t n, size_t *bad) {
     uint8_t c = s[0];
     if (c < 0x80) return 1;
     size_t need;
@@ -66,7 +66,7 @@ size_t tk_utf8_char(const uint8_t *s, size_t n, size_t *bad) {
     return need + 1;
 }
 
-size_t tk_utf8_valid_prefix(const uint8_t *s, size_t n) {
+size_t lt_tok_utf8_valid_prefix(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         while (i + 8 <= n) {
@@ -78,7 +78,7 @@ size_t tk_utf8_valid_prefix(const uint8_t *s, size_t n) {
         if (i >= n) break;
         if (s[i] < 0x80) { i++; continue; }
         size_t bad = 1;
-        size_t k = tk_utf8_char(s + i, n - i, &bad);
+        size_t k = lt_tok_utf8_char(s + i, n - i, &bad);
         if (!k) return i;
         i += k;
     }

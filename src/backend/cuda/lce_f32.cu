@@ -28,7 +28,7 @@ extern "C" size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, con
     return h_bytes(a) + lt_lce_cuda_workspace_bytes(opt, &b, pass, threads);
 }
 
-__global__ void lce_h_to_bf16(const float *h, __nv_bfloat16 *hb, int64_t n) {
+static __global__ void lce_h_to_bf16(const float *h, __nv_bfloat16 *hb, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         hb[i] = __float2bfloat16_rn(h[i]);
 }

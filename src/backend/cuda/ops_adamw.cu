@@ -11,7 +11,7 @@
 
 #define ADAMW_THREADS 256
 
-__global__ void adamw_k(float *p, const float *g, float *m, float *v, int64_t n, lt_adamw_params h, float bc1,
+static __global__ void adamw_k(float *p, const float *g, float *m, float *v, int64_t n, lt_adamw_params h, float bc1,
                         float bc2) {
     /* every operation rounded separately, in the CPU op's order: no multiply-add is fused, so the
      * result matches a host compiled without FP contraction bit for bit */

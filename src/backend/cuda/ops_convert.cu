@@ -11,12 +11,12 @@
 
 #define CV_THREADS 256
 
-__global__ void cv_to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
+static __global__ void cv_to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
-__global__ void cv_from_bf16_k(const __nv_bfloat16 *x, float *y, int64_t n) {
+static __global__ void cv_from_bf16_k(const __nv_bfloat16 *x, float *y, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __bfloat162float(x[i]);
 }
@@ -30,14 +30,14 @@ static __device__ __forceinline__ float2 cv_unpack(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
 }
 
-__global__ void cv_to_bf16_vec_k(const float4 *__restrict__ x, uint4 *__restrict__ y, int64_t n8) {
+static __global__ void cv_to_bf16_vec_k(const float4 *__restrict__ x, uint4 *__restrict__ y, int64_t n8) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         const float4 a = x[2 * i], b = x[2 * i + 1];
         y[i] = make_uint4(cv_pack(a.x, a.y), cv_pack(a.z, a.w), cv_pack(b.x, b.y), cv_pack(b.z, b.w));
     }
 }
 
-__global__ void cv_from_bf16_vec_k(const uint4 *__restrict__ x, float4 *__restrict__ y, int64_t n8) {
+static __global__ void cv_from_bf16_vec_k(const uint4 *__restrict__ x, float4 *__restrict__ y, int64_t n8) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         const uint4 v = x[i];
         const float2 a = cv_unpack(v.x), b = cv_unpack(v.y), c = cv_unpack(v.z), d = cv_unpack(v.w);

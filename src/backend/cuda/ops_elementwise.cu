@@ -11,7 +11,7 @@
 
 #define EW_THREADS 256
 
-__global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, float *a) {
+static __global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, float *a) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float x = g[i];
         a[i] = x / (1.0f + expf(-x)) * u[i];
@@ -22,7 +22,7 @@ __global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, float *a
  * the scalar loop ran at ~70% of the H200's bandwidth on the 8B MLP (R1 profile). */
 static __device__ __forceinline__ float silu_mul(float x, float u) { return x / (1.0f + expf(-x)) * u; }
 
-__global__ void swiglu_fwd4_k(const float4 *g, const float4 *u, int64_t n4, float4 *a) {
+static __global__ void swiglu_fwd4_k(const float4 *g, const float4 *u, int64_t n4, float4 *a) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
         const float4 x = g[i], v = u[i];
         a[i] = make_float4(silu_mul(x.x, v.x), silu_mul(x.y, v.y), silu_mul(x.z, v.z), silu_mul(x.w, v.w));
@@ -46,7 +46,7 @@ void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, 
 }
 
 /* silu'(g) = σ(g)·(1 + g·(1 − σ(g))), as the CPU op. */
-__global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+static __global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float x = g[i], d = da[i];
         float s = 1.0f / (1.0f + expf(-x));
@@ -63,7 +63,7 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
 }
 
 /* One block row per token (grid-stride in y), threads across C. */
-__global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, const int32_t *ids, int64_t N,
+static __global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, const int32_t *ids, int64_t N,
                             int64_t C, float *out) {
     for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
         const uint8_t *row = table + (size_t)ids[n] * row_bytes;
@@ -81,7 +81,7 @@ void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, 
     LT_CUDA_LAUNCHED(ctx, "embedding");
 }
 
-__global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
+static __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += alpha * x[i];
 }
@@ -92,7 +92,7 @@ void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) 
     LT_CUDA_LAUNCHED(ctx, "add");
 }
 
-__global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
+static __global__ void bias_k(float *y, const float *b, int64_t N, int64_t C) {
     for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
         for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
             y[n * C + c] += b[c];
@@ -114,7 +114,7 @@ static __device__ __forceinline__ uint32_t dropout_hash(uint64_t seed, uint64_t 
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 
-__global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshold, float keep_scale, uint64_t seed,
+static __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshold, float keep_scale, uint64_t seed,
                           uint64_t offset) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = dropout_hash(seed, offset + (uint64_t)i) >= threshold ? __fmul_rn(x[i], keep_scale) : 0.0f;
@@ -139,7 +139,7 @@ void lt_cuda_zero(lt_ctx *ctx, void *p, size_t bytes) {
     lt_cuda_check_abort(ctx, cudaMemsetAsync(p, 0, bytes, lt_cuda_stream(ctx)), "zero");
 }
 
-__global__ void scale_k(float *x, float a, int64_t n) {
+static __global__ void scale_k(float *x, float a, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] *= a;
 }
@@ -179,7 +179,7 @@ static __device__ double block_sum(double v, double *sh) {
     return v; /* valid in thread 0 */
 }
 
-__global__ void sumsq_part_k(const float *x, int64_t n, double *part) {
+static __global__ void sumsq_part_k(const float *x, int64_t n, double *part) {
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -190,7 +190,7 @@ __global__ void sumsq_part_k(const float *x, int64_t n, double *part) {
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-__global__ void sumsq_final_k(int parts, double *part) {
+static __global__ void sumsq_final_k(int parts, double *part) {
     __shared__ double sh[32];
     double s = 0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
@@ -217,7 +217,7 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
 
 /* The trainer's clipping rule on the device: every thread derives the same factor from the total
  * (rounded to float first, as sumsq hands it to the host), so no host wait decides it. */
-__global__ void clip_k(float *g, int64_t n, double max_norm, const double *total) {
+static __global__ void clip_k(float *g, int64_t n, double max_norm, const double *total) {
     const double norm = sqrt((double)(float)*total);
     if (!(norm > max_norm)) return;
     const float a = (float)(max_norm / norm);

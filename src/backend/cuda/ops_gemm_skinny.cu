@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n
 }
 
 /* c_pj = 1: C[p·ldc + j] (the result is (P, n)); 0: C[j·ldc + p] (it is (n, P)). */
-__global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const float *__restrict__ part, float alpha,
+static __global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const float *__restrict__ part, float alpha,
                               float beta, float *C, int64_t ldc, int c_pj) {
     const int64_t total = (int64_t)n * P;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {

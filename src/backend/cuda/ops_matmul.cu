@@ -154,7 +154,7 @@ static void *gemm_workspace(lt_ctx *ctx) {
     return p;
 }
 
-__global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
+static __global__ void scale_c_k(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
     for (int64_t i = blockIdx.y; i < M; i += gridDim.y)
         for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x)
             C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
@@ -214,7 +214,7 @@ size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, 
     return mm_plan(wdtype, out, in, N_max).total;
 }
 
-__global__ void to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
+static __global__ void to_bf16_k(const float *x, __nv_bfloat16 *y, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16_rn(x[i]);
 }
@@ -225,7 +225,7 @@ static __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
 }
 
 /* Eight floats in (two 16-byte loads), eight bf16 out (one 16-byte store). */
-__global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
+static __global__ void to_bf16_vec_k(const float4 *x, uint4 *y, int64_t n8) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         const float4 a = x[2 * i], b = x[2 * i + 1];
         y[i] = make_uint4(bf16x2_bits(a.x, a.y), bf16x2_bits(a.z, a.w), bf16x2_bits(b.x, b.y), bf16x2_bits(b.z, b.w));
@@ -246,7 +246,7 @@ static void to_bf16(lt_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
 }
 
 /* Rows [r0, r0 + rows) of W (plain dtype) into a bf16 (rows, in) tile, one element a thread. */
-__global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows, int64_t in,
+static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows, int64_t in,
                                __nv_bfloat16 *tile) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
         const uint8_t *row = w + (size_t)(r0 + r) * row_bytes;
@@ -258,7 +258,7 @@ __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, i
 /* The same for block formats, one 32-weight group a thread: the scale is read once per group and
  * the 64 output bytes leave as four 16-byte stores (in is a multiple of 32, so groups never
  * straddle rows and every group start is 64-byte aligned in the tile). */
-__global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
+static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
                                  int64_t in, __nv_bfloat16 *tile) {
     const int64_t gpr = in / 32, total = rows * gpr;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {

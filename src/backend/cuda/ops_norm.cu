@@ -21,7 +21,7 @@ static __device__ float block_sum_f(float v, float *sh) {
     return t; /* every thread gets the same sum */
 }
 
-__global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, float *y, float *rstd) {
+static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, float *y, float *rstd) {
     __shared__ float sh[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const float *xr = x + n * C;
@@ -44,7 +44,7 @@ static __device__ __forceinline__ float warp_sum_f(float v) {
     return v;
 }
 
-__global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int64_t N, int64_t C4, float4 *y,
+static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int64_t N, int64_t C4, float4 *y,
                                float *rstd) {
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * (WROW_THREADS / 32);
@@ -68,7 +68,7 @@ __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int6
     }
 }
 
-__global__ void rms_bwd_warp_k(const float4 *dy, const float4 *x, const float4 *w, const float *rstd, int64_t N,
+static __global__ void rms_bwd_warp_k(const float4 *dy, const float4 *x, const float4 *w, const float *rstd, int64_t N,
                                int64_t C4, float4 *dx) {
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * (WROW_THREADS / 32);
@@ -116,7 +116,7 @@ void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps,
 }
 
 /* dx_c = r·w_c·dy_c − x_c·r³/C·Σ_k w_k·dy_k·x_k (the CPU op's formula). */
-__global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const float *rstd, int64_t N, int64_t C,
+static __global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const float *rstd, int64_t N, int64_t C,
                           float *dx) {
     __shared__ float sh[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -131,7 +131,7 @@ __global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const
 }
 
 /* dw_c += Σ_n dy·x·r: blocks of 32 columns × 8 row lanes, lanes combined in shared memory. */
-__global__ void rms_dw_k(const float *dy, const float *x, const float *rstd, int64_t N, int64_t C, float *dw) {
+static __global__ void rms_dw_k(const float *dy, const float *x, const float *rstd, int64_t N, int64_t C, float *dw) {
     __shared__ float sh[8][33];
     int64_t c = blockIdx.x * 32 + threadIdx.x;
     float s = 0;

@@ -8,7 +8,7 @@
 
 #define ROPE_THREADS 256
 
-__global__ void rope_k(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+static __global__ void rope_k(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
                        float sign) {
     int64_t half = D / 2, total = N * half;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {

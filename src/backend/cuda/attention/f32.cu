@@ -66,7 +66,7 @@ static __device__ __forceinline__ int64_t row_base(const rows &r, int64_t row) {
     return b * r.sb + t * r.st + h * r.sh;
 }
 
-__global__ void f32_to_bf16_rows(rows r, const float *src, __nv_bfloat16 *dst) {
+static __global__ void f32_to_bf16_rows(rows r, const float *src, __nv_bfloat16 *dst) {
     const int64_t nrows = r.B * r.T * r.heads;
     for (int64_t row = blockIdx.x * 8 + threadIdx.y; row < nrows; row += (int64_t)gridDim.x * 8) {
         const float *s = src + row_base(r, row);
@@ -75,7 +75,7 @@ __global__ void f32_to_bf16_rows(rows r, const float *src, __nv_bfloat16 *dst) {
     }
 }
 
-__global__ void bf16_to_f32_rows(rows r, const __nv_bfloat16 *src, float *dst) {
+static __global__ void bf16_to_f32_rows(rows r, const __nv_bfloat16 *src, float *dst) {
     const int64_t nrows = r.B * r.T * r.heads;
     for (int64_t row = blockIdx.x * 8 + threadIdx.y; row < nrows; row += (int64_t)gridDim.x * 8) {
         const __nv_bfloat16 *s = src + row * r.D;
