@@ -91,12 +91,12 @@ struct lt_attention_batch {
 };
 
 /* Bytes of buffer lt_attention_batch_prepare needs for p on p->device (0 on the CPU). */
-size_t lt_attention_batch_bytes(const lt_attention_params *p);
+LT_API size_t lt_attention_batch_bytes(const lt_attention_params *p);
 /* Validates p as lt_attention_check does (p->batch ignored) and prepares *out for it, queueing the
  * key bounds' computation into buffer (bytes >= lt_attention_batch_bytes(p), aligned like lt_alloc's
  * blocks) on a device. Errors: those of lt_attention_check, LT_ERR_INVALID_ARG (buffer missing,
  * small or misaligned), a device error. */
-lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, void *buffer, size_t bytes,
+LT_API lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, void *buffer, size_t bytes,
                                      lt_attention_batch *out);
 
 /* Bytes of workspace one forward (backward = 0) or backward (1) call needs on p->device when the
