@@ -81,8 +81,15 @@ static timing run_arm(lt_ctx *ctx, const lt_attention_params *p, int warmup, int
     fill(ctx, buf[1], nk, p->dtype, &s);
     fill(ctx, buf[2], nk, p->dtype, &s);
     fill(ctx, buf[4], nq, p->dtype, &s);
-    lt_attention_args a = {.q = buf[0], .k = buf[1], .v = buf[2], .out = buf[3], .lse = lse, .dout = buf[4],
-                           .dq = buf[5], .dk = buf[6], .dv = buf[7]};
+    lt_attention_args a = {.q = buf[0],
+                           .k = buf[1],
+                           .v = buf[2],
+                           .out = buf[3],
+                           .lse = lse,
+                           .dout = buf[4],
+                           .dq = buf[5],
+                           .dk = buf[6],
+                           .dv = buf[7]};
     tf = malloc(sizeof(double) * (size_t)repeats);
     tb = malloc(sizeof(double) * (size_t)repeats);
     if (!tf || !tb) goto fail;
@@ -123,8 +130,8 @@ static double sgemm_now(const opts *o) { return lt_bench_sgemm_gflops((int)o->sg
 
 /* Adds one arm; `pairs` is the number of (query, key) pairs attended, sum of len^2 / 2 in
  * FlashAttention's causal convention (fwd FLOPs = 4 * H * D * pairs, bwd = 2.5 x fwd). */
-static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *p, const timing *t,
-                      double pairs, double sgemm) {
+static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *p, const timing *t, double pairs,
+                      double sgemm) {
     const double fwd_flop = 4.0 * (double)(p->B * p->H * p->D) * pairs, bwd_flop = 2.5 * fwd_flop;
     const double fwd_g = fwd_flop / (t->fwd_ms * 1e6), bwd_g = bwd_flop / (t->bwd_ms * 1e6);
     const double all_g = (fwd_flop + bwd_flop) / ((t->fwd_ms + t->bwd_ms) * 1e6);
@@ -146,8 +153,8 @@ static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *
     cJSON_AddNumberToObject(a, "sgemm_gflops", sgemm);
     cJSON_AddNumberToObject(a, "ratio_to_sgemm", all_g / sgemm);
     cJSON_AddItemToArray(arms, a);
-    fprintf(stderr, "%-22s fwd %9.2f ms  bwd %9.2f ms  %7.1f GFLOP/s (%.0f%% of sgemm)  extra peak %.1f MiB\n",
-            name, t->fwd_ms, t->bwd_ms, all_g, 100 * all_g / sgemm, (double)peak / (1 << 20));
+    fprintf(stderr, "%-22s fwd %9.2f ms  bwd %9.2f ms  %7.1f GFLOP/s (%.0f%% of sgemm)  extra peak %.1f MiB\n", name,
+            t->fwd_ms, t->bwd_ms, all_g, 100 * all_g / sgemm, (double)peak / (1 << 20));
     return a;
 }
 
@@ -170,8 +177,14 @@ static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
 int lt_bench_attention(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
-    opts o = {.Ts = {512, 2048, 8192}, .nT = 3, .naive_max_T = 8192, .packed_T = 4096, .naive_repeats = 1,
-              .sgemm_n = 2048, .seed = 1234, .dtype = LT_DTYPE_F32};
+    opts o = {.Ts = {512, 2048, 8192},
+              .nT = 3,
+              .naive_max_T = 8192,
+              .packed_T = 4096,
+              .naive_repeats = 1,
+              .sgemm_n = 2048,
+              .seed = 1234,
+              .dtype = LT_DTYPE_F32};
     int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -181,24 +194,24 @@ int lt_bench_attention(int argc, char **argv) {
             continue;
         }
         if (!strcmp(f, "--help")) {
-            printf("%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
-                   "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
-                   "options:\n"
-                   "  --T LIST         comma-separated sequence lengths (default 512,2048,8192)\n"
-                   "  --naive-max-T N  skip the naive arm above this T (default 8192)\n"
-                   "  --naive-repeats N timed repetitions of the naive arm, no warmup (default 1)\n"
-                   "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
-                   "  --threads N      threads (default: OpenMP's)\n"
-                   "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
-                   "  --dtype D        f32 | bf16 (default f32)\n"
-                   "  --window W       sliding window (default 0 = none)\n"
-                   "  --softcap C      logit softcap (default 0 = off)\n"
-                   "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
-                   "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
-                   "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
-                   "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n"
-                   LT_BENCH_COMMON_HELP,
-                   usage);
+            printf(
+                "%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
+                "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
+                "options:\n"
+                "  --T LIST         comma-separated sequence lengths (default 512,2048,8192)\n"
+                "  --naive-max-T N  skip the naive arm above this T (default 8192)\n"
+                "  --naive-repeats N timed repetitions of the naive arm, no warmup (default 1)\n"
+                "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
+                "  --threads N      threads (default: OpenMP's)\n"
+                "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
+                "  --dtype D        f32 | bf16 (default f32)\n"
+                "  --window W       sliding window (default 0 = none)\n"
+                "  --softcap C      logit softcap (default 0 = off)\n"
+                "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
+                "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
+                "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
+                "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP,
+                usage);
             return 0;
         }
         int k = lt_bench_common_flag(&c, argc, argv, &i);
@@ -237,8 +250,7 @@ int lt_bench_attention(int argc, char **argv) {
                 good = end != v && !*end && x >= 0 && x < 1e6;
                 if (good) o.softcap = (float)x;
             } else if (!strcmp(f, "--dtype")) {
-                good = lt_dtype_parse(v, &o.dtype) == LT_OK &&
-                       (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
+                good = lt_dtype_parse(v, &o.dtype) == LT_OK && (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
             } else {
                 good = -1;
             }
@@ -293,7 +305,9 @@ int lt_bench_attention(int argc, char **argv) {
     /* OpenBLAS picks its kernels from the CPU it detects (OPENBLAS_CORETYPE overrides); on a VM that
      * hides the model it may fall back to an SSE3 kernel, which lowers sgemm and attention alike. */
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
-    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed; exact band count with a window); bwd 2.5 x fwd");
+    cJSON_AddStringToObject(
+        cfg, "flop_convention",
+        "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed; exact band count with a window); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *targets = cJSON_AddObjectToObject(r, "targets");
 
@@ -301,15 +315,16 @@ int lt_bench_attention(int argc, char **argv) {
     double flash_peak[8] = {0}, naive_peak[8] = {0}, flash_ratio[8] = {0};
     for (int ti = 0; ti < o.nT; ti++) {
         const int64_t T = o.Ts[ti];
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
-                                 .window = o.window, .softcap = o.softcap};
+        lt_attention_params p =
+            {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype, .window = o.window, .softcap = o.softcap};
         char name[64];
         for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
             if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
             p.impl = (lt_attention_impl)impl;
             const int naive = impl == LT_ATTENTION_NAIVE;
             const double sg = sgemm_now(&o);
-            timing t = run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
+            timing t =
+                run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
             if (!t.ok) {
                 rc = 1;
                 continue;
@@ -357,8 +372,8 @@ int lt_bench_attention(int argc, char **argv) {
             sum2 += len * len;
             pairs += seq_pairs(len, o.window);
         }
-        lt_attention_params p = {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype,
-                                 .window = o.window, .softcap = o.softcap};
+        lt_attention_params p =
+            {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype, .window = o.window, .softcap = o.softcap};
         char name[64];
         const double sg_single = sgemm_now(&o);
         timing single = run_arm(ctx, &p, c.warmup, c.repeats, o.seed + 1);
@@ -379,9 +394,10 @@ int lt_bench_attention(int argc, char **argv) {
             const double speedup = (single.fwd_ms + single.bwd_ms) / (packed.fwd_ms + packed.bwd_ms);
             cJSON_AddNumberToObject(targets, "packed_speedup_over_causal", speedup);
             cJSON_AddNumberToObject(targets, "packed_ideal_speedup_T2_over_sum_len2", (double)T * (double)T / sum2);
-            fprintf(stderr, "packed row: %lld sequences, mean %.1f tokens, %.1fx faster than one causal sequence "
-                    "(ideal T^2/sum len^2 = %.1fx)\n", (long long)S, (double)T / (double)S, speedup,
-                    (double)T * (double)T / sum2);
+            fprintf(stderr,
+                    "packed row: %lld sequences, mean %.1f tokens, %.1fx faster than one causal sequence "
+                    "(ideal T^2/sum len^2 = %.1fx)\n",
+                    (long long)S, (double)T / (double)S, speedup, (double)T * (double)T / sum2);
         } else {
             rc = 1;
         }

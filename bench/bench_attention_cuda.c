@@ -76,8 +76,15 @@ static cuda_timing time_cuda(lt_ctx *ctx, const lt_attention_params *p, int warm
         if (!buf[i]) goto fail;
     }
     if (!(lse = lt_alloc(ctx, LT_DEVICE_CUDA, nl, "bench attention lse")) || !tf || !tb) goto fail;
-    lt_attention_args a = {.q = buf[0], .k = buf[1], .v = buf[2], .out = buf[3], .lse = lse, .dout = buf[4],
-                           .dq = buf[5], .dk = buf[6], .dv = buf[7]};
+    lt_attention_args a = {.q = buf[0],
+                           .k = buf[1],
+                           .v = buf[2],
+                           .out = buf[3],
+                           .lse = lse,
+                           .dout = buf[4],
+                           .dq = buf[5],
+                           .dk = buf[6],
+                           .dv = buf[7]};
     const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
     lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
     /* One workspace for every call, as a training step holds it (the planner prices it): the
@@ -135,8 +142,8 @@ static cJSON *cuda_arm(cJSON *arms, const char *name, const lt_attention_params 
     const double all = (ff + fb) / ((t->fwd_ms + t->bwd_ms) * 1e9);
     cJSON_AddNumberToObject(a, "fwdbwd_tflops", all);
     cJSON_AddItemToArray(arms, a);
-    fprintf(stderr, "%-24s fwd %8.3f ms  bwd %8.3f ms  %6.1f TFLOP/s  workspace %.1f MiB\n", name, t->fwd_ms,
-            t->bwd_ms, all, (double)t->extra_bytes / (1 << 20));
+    fprintf(stderr, "%-24s fwd %8.3f ms  bwd %8.3f ms  %6.1f TFLOP/s  workspace %.1f MiB\n", name, t->fwd_ms, t->bwd_ms,
+            all, (double)t->extra_bytes / (1 << 20));
     return a;
 }
 
@@ -150,7 +157,7 @@ static void add_ratios(cJSON *arm, const cJSON *peers) {
         int same = 1;
         for (int k = 0; k < 4; k++)
             same &= cJSON_GetNumberValue(cJSON_GetObjectItem(pl, keys[k])) ==
-                    cJSON_GetNumberValue(cJSON_GetObjectItem(arm, keys[k]));
+                cJSON_GetNumberValue(cJSON_GetObjectItem(arm, keys[k]));
         if (!same) continue;
         char key[96];
         snprintf(key, sizeof key, "ratio_to_%s", name->valuestring);
@@ -158,7 +165,8 @@ static void add_ratios(cJSON *arm, const cJSON *peers) {
         cJSON_AddNumberToObject(arm, key, ours / tf->valuedouble);
         snprintf(key, sizeof key, "%s_tflops", name->valuestring);
         cJSON_AddNumberToObject(arm, key, tf->valuedouble);
-        fprintf(stderr, "    vs %-12s %6.1f TFLOP/s: %.2fx\n", name->valuestring, tf->valuedouble, ours / tf->valuedouble);
+        fprintf(stderr, "    vs %-12s %6.1f TFLOP/s: %.2fx\n", name->valuestring, tf->valuedouble,
+                ours / tf->valuedouble);
     }
 }
 
@@ -181,9 +189,12 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     /* Kernel override in effect (src/backend/cuda/attention/tuning.h), for provenance. */
     static const char *fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *bwd_names[] = {"default", "mma", "wg"};
     const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
-    cJSON_AddStringToObject(cfg, "kernel_fwd", fwd_names[force.fwd >= 0 && force.fwd < LT_ATTN_FWD_KINDS_ ? force.fwd : 0]);
-    cJSON_AddStringToObject(cfg, "kernel_bwd", bwd_names[force.bwd >= 0 && force.bwd <= LT_ATTN_BWD_WG ? force.bwd : 0]);
-    cJSON_AddStringToObject(cfg, "flop_convention", "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
+    cJSON_AddStringToObject(cfg, "kernel_fwd",
+                            fwd_names[force.fwd >= 0 && force.fwd < LT_ATTN_FWD_KINDS_ ? force.fwd : 0]);
+    cJSON_AddStringToObject(cfg, "kernel_bwd",
+                            bwd_names[force.bwd >= 0 && force.bwd <= LT_ATTN_BWD_WG ? force.bwd : 0]);
+    cJSON_AddStringToObject(cfg, "flop_convention",
+                            "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     cJSON *pl = peers ? lt_bench_run_peers("bench/peers/attention_sdpa.py", "10") : cJSON_CreateArray();
     cJSON_AddItemToObject(r, "peers", pl); /* owned by r from here */
@@ -191,8 +202,13 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     char name[64];
     for (int i = 0; i <= nT; i++) {
         /* The causal list at D=128, then D=64 with H = Hkv = 32 at T = 8192. */
-        lt_attention_params p = {.B = 1, .T = i < nT ? Ts[i] : 8192, .H = 32, .Hkv = i < nT ? 8 : 32,
-                                 .D = i < nT ? 128 : 64, .dtype = LT_DTYPE_BF16, .device = LT_DEVICE_CUDA};
+        lt_attention_params p = {.B = 1,
+                                 .T = i < nT ? Ts[i] : 8192,
+                                 .H = 32,
+                                 .Hkv = i < nT ? 8 : 32,
+                                 .D = i < nT ? 128 : 64,
+                                 .dtype = LT_DTYPE_BF16,
+                                 .device = LT_DEVICE_CUDA};
         cuda_timing t = time_cuda(ctx, &p, c->warmup, c->repeats, 77 + (uint64_t)i);
         if (!t.ok) {
             rc = 1;
@@ -205,8 +221,8 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
         double sum2 = 0;
         for (int64_t s = 0; s < packed_S; s++)
             sum2 += (double)(packed_offs[s + 1] - packed_offs[s]) * (double)(packed_offs[s + 1] - packed_offs[s]);
-        lt_attention_params p = {.B = 1, .T = packed_T, .H = 32, .Hkv = 8, .D = 128, .dtype = LT_DTYPE_BF16,
-                                 .device = LT_DEVICE_CUDA};
+        lt_attention_params p =
+            {.B = 1, .T = packed_T, .H = 32, .Hkv = 8, .D = 128, .dtype = LT_DTYPE_BF16, .device = LT_DEVICE_CUDA};
         cuda_timing single = time_cuda(ctx, &p, c->warmup, c->repeats, 5);
         p.seq_offsets = packed_offs;
         p.S = packed_S;
@@ -232,7 +248,13 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
 #else
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
                             const int32_t *packed_offs, int64_t packed_S, int peers) {
-    (void)c; (void)Ts; (void)nT; (void)packed_T; (void)packed_offs; (void)packed_S; (void)peers;
+    (void)c;
+    (void)Ts;
+    (void)nT;
+    (void)packed_T;
+    (void)packed_offs;
+    (void)packed_S;
+    (void)peers;
     fprintf(stderr, "longtune bench attention: this build has no CUDA backend\n");
     return 1;
 }

@@ -61,27 +61,35 @@ typedef struct ctx_run {
     int threads;
     float *mom_m, *mom_v;
     size_t mom_bytes;
-    int32_t *tok;        /* host batch of 2·Tmax ids (the model copies a batch in itself) */
+    int32_t *tok; /* host batch of 2·Tmax ids (the model copies a batch in itself) */
     size_t tok_bytes;
-    size_t held_extra;   /* accounted bytes the bench holds besides model, optimizer and batch */
+    size_t held_extra; /* accounted bytes the bench holds besides model, optimizer and batch */
     lt_guard *guard;
     uint64_t seed;
     int64_t adam_step;
-    int offload;         /* --offload-checkpoints */
-    size_t host_budget;  /* with offload: host bytes the offloaded checkpoints may take */
+    int offload;        /* --offload-checkpoints */
+    size_t host_budget; /* with offload: host bytes the offloaded checkpoints may take */
 } ctx_run;
 
 static lt_model_run_options run_opts(int64_t T, int threads, int offload) {
     /* Least memory: the recompute reruns attention rather than keeping its output. */
-    lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .recompute_attention = 1,
-                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = threads,
+    lt_model_run_options ro = {.B = 1,
+                               .T = T,
+                               .recompute = LT_RECOMPUTE_EVERY,
+                               .recompute_attention = 1,
+                               .attention = LT_ATTENTION_FLASH,
+                               .loss = LT_LCE_FUSED,
+                               .threads = threads,
                                .offload_ckpt = offload};
     return ro;
 }
 
 static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_plan *p) {
-    lt_plan_options po = {.device = r->dev, .lora = r->lo, .run = run_opts(T, r->threads, r->offload),
-                          .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) + r->held_extra};
+    lt_plan_options po = {.device = r->dev,
+                          .lora = r->lo,
+                          .run = run_opts(T, r->threads, r->offload),
+                          .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) +
+                              r->held_extra};
     return lt_plan_compute(r->ctx, cfg, &po, p);
 }
 
@@ -205,7 +213,8 @@ int lt_bench_context(int argc, char **argv) {
             if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
             shape_name = v;
         } else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32")) return usage("weights must be random-bf16|random-f32, not", v);
+            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
+                return usage("weights must be random-bf16|random-f32, not", v);
             weights = v;
         } else if (!strcmp(a, "--step")) {
             if (parse_i64(v, 1, 1 << 20, &step)) return usage("bad step", v);
@@ -299,21 +308,26 @@ int lt_bench_context(int argc, char **argv) {
         if ((st = lt_guard_measure(ctx, LT_DEVICE_CPU, &gh, &hc)) != LT_OK) goto fail;
         uint64_t rss = lt_sys_process_rss(), keep = rss + host_margin;
         R.host_budget = hc.ceiling_bytes > keep ? (size_t)(hc.ceiling_bytes - keep) : 1;
-        fprintf(stderr, "host: ceiling %.3f GiB, process %.3f GiB, margin %.3f GiB -> %.3f GiB for offloaded checkpoints\n",
+        fprintf(stderr,
+                "host: ceiling %.3f GiB, process %.3f GiB, margin %.3f GiB -> %.3f GiB for offloaded checkpoints\n",
                 (double)hc.ceiling_bytes / 1073741824.0, (double)rss / 1073741824.0, (double)host_margin / 1073741824.0,
                 (double)R.host_budget / 1073741824.0);
     }
     {
-        lt_plan_options po = {.device = dev, .lora = R.lo, .run = run_opts(step, R.threads, offload),
+        lt_plan_options po = {.device = dev,
+                              .lora = R.lo,
+                              .run = run_opts(step, R.threads, offload),
                               .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes),
                               .host_budget_bytes = R.host_budget};
         if ((st = lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, tmax, budget, &t_plan, &found)) != LT_OK)
             goto fail;
     }
     int64_t t_cand = t_plan / step * step;
-    fprintf(stderr, "planner: ceiling %.3f GiB, %.3f GiB for the allocator (%s) -> longest T %lld, tried at %lld (multiple of %lld)\n",
-            (double)gc.ceiling_bytes / 1073741824.0, (double)budget / 1073741824.0, ceiling ? "given" : "guard rule", (long long)t_plan,
-            (long long)t_cand, (long long)step);
+    fprintf(
+        stderr,
+        "planner: ceiling %.3f GiB, %.3f GiB for the allocator (%s) -> longest T %lld, tried at %lld (multiple of %lld)\n",
+        (double)gc.ceiling_bytes / 1073741824.0, (double)budget / 1073741824.0, ceiling ? "given" : "guard rule",
+        (long long)t_plan, (long long)t_cand, (long long)step);
 
     res = lt_bench_result_new("context");
     cJSON *jc = cJSON_AddObjectToObject(res, "config");
@@ -321,11 +335,12 @@ int lt_bench_context(int argc, char **argv) {
     cJSON_AddStringToObject(jc, "shape", shape->name);
     cJSON_AddStringToObject(jc, "model", shape->title);
     cJSON_AddStringToObject(jc, "weights", weights);
-    cJSON_AddStringToObject(jc, "run", "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute "
-                                       "every layer (attention rerun), flash attention, fused loss, AdamW");
-    cJSON_AddStringToObject(jc, "saved", dev == LT_DEVICE_CUDA
-                                             ? "checkpoints and attention tensors in bf16 (the CUDA default)"
-                                             : "checkpoints in f32 (the CPU default)");
+    cJSON_AddStringToObject(jc, "run",
+                            "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute "
+                            "every layer (attention rerun), flash attention, fused loss, AdamW");
+    cJSON_AddStringToObject(jc, "saved",
+                            dev == LT_DEVICE_CUDA ? "checkpoints and attention tensors in bf16 (the CUDA default)"
+                                                  : "checkpoints in f32 (the CPU default)");
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)LT_MODEL_CHUNK_ROWS);
     cJSON_AddBoolToObject(jc, "offload_checkpoints", offload);
     if (offload && cuda) {
@@ -340,7 +355,9 @@ int lt_bench_context(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "memory_available_bytes", (double)gc.available_bytes);
     cJSON_AddNumberToObject(jc, "ceiling_bytes", (double)gc.ceiling_bytes);
     cJSON_AddNumberToObject(jc, "planner_budget_bytes", (double)budget);
-    cJSON_AddStringToObject(jc, "ceiling_rule", ceiling ? "--memory-ceiling" : "memory guard: min(0.90 total, in_use + available - cushion)");
+    cJSON_AddStringToObject(jc, "ceiling_rule",
+                            ceiling ? "--memory-ceiling"
+                                    : "memory guard: min(0.90 total, in_use + available - cushion)");
     cJSON_AddNumberToObject(jc, "confirm_seconds", confirm_s);
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
     cJSON *ours = cJSON_CreateObject();
@@ -397,8 +414,9 @@ int lt_bench_context(int argc, char **argv) {
     {
         lt_plan p;
         if ((st = plan_at(&R, &cfg, t_cand, &p)) != LT_OK) goto fail;
-        cJSON_AddItemToArray(pts, host_side(point(t_cand, "allocation", fits, (double)p.peak_bytes, fits ? (double)peak : 0),
-                                            &R, &p, fits));
+        cJSON_AddItemToArray(pts,
+                             host_side(point(t_cand, "allocation", fits, (double)p.peak_bytes, fits ? (double)peak : 0),
+                                       &R, &p, fits));
         fprintf(stderr, "allocate T=%lld: %s (plan %.3f GiB, measured %.3f GiB)\n", (long long)t_cand,
                 fits ? "fits" : "out of memory", (double)p.peak_bytes / 1073741824.0, (double)peak / 1073741824.0);
     }
@@ -410,8 +428,10 @@ int lt_bench_context(int argc, char **argv) {
             if (plan_at(&R, &cfg, T, &p) != LT_OK) break;
             if (R.offload && p.offload_bytes > R.host_budget) {
                 /* pinning past the host's budget would starve the machine: the planner's answer */
-                cJSON_AddItemToArray(pts, host_side(point(T, "planner: will not fit in host memory", 0, (double)p.peak_bytes, 0),
-                                                    &R, &p, 0));
+                cJSON_AddItemToArray(pts,
+                                     host_side(point(T, "planner: will not fit in host memory", 0, (double)p.peak_bytes,
+                                                     0),
+                                               &R, &p, 0));
                 fprintf(stderr, "T=%lld will not fit in host memory: %.3f GiB of offloaded checkpoints > %.3f GiB\n",
                         (long long)T, (double)p.offload_bytes / 1073741824.0, (double)R.host_budget / 1073741824.0);
                 hi = T;
@@ -419,7 +439,9 @@ int lt_bench_context(int argc, char **argv) {
             }
             int f = alloc_at(&R, T, &peak);
             if (f < 0) goto fail_st;
-            cJSON_AddItemToArray(pts, host_side(point(T, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R, &p, f));
+            cJSON_AddItemToArray(pts,
+                                 host_side(point(T, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R,
+                                           &p, f));
             fprintf(stderr, "allocate T=%lld: %s\n", (long long)T, f ? "fits" : "out of memory");
             if (!f) {
                 hi = T;
@@ -437,7 +459,9 @@ int lt_bench_context(int argc, char **argv) {
             if (f < 0) goto fail_st;
             lt_plan p;
             if (plan_at(&R, &cfg, mid, &p) != LT_OK) break;
-            cJSON_AddItemToArray(pts, host_side(point(mid, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R, &p, f));
+            cJSON_AddItemToArray(pts,
+                                 host_side(point(mid, "allocation", f, (double)p.peak_bytes, f ? (double)peak : 0), &R,
+                                           &p, f));
             if (f) lo = mid;
             else hi = mid;
         }
@@ -483,8 +507,8 @@ int lt_bench_context(int argc, char **argv) {
             cJSON_AddNumberToObject(q, "loss", loss);
             cJSON_AddNumberToObject(q, "tokens_per_s", (double)T / (ms * 1e-3));
             cJSON_AddItemToArray(pts, q);
-            fprintf(stderr, "step T=%lld: %.1f s, loss %.4f, peak %.3f GiB (plan %.3f GiB)\n", (long long)T, ms * 1e-3, loss,
-                    (double)peak / 1073741824.0, (double)p.peak_bytes / 1073741824.0);
+            fprintf(stderr, "step T=%lld: %.1f s, loss %.4f, peak %.3f GiB (plan %.3f GiB)\n", (long long)T, ms * 1e-3,
+                    loss, (double)peak / 1073741824.0, (double)p.peak_bytes / 1073741824.0);
             stepped = T;
         }
     }
@@ -512,8 +536,9 @@ peer:
             if (theirs_T > 0 && ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_ratio", ours_T / theirs_T);
             int capped = !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T"));
             cJSON_AddBoolToObject(pa, "search_capped", capped); /* no failure up to --peer-max */
-            fprintf(stderr, "peer: longest T %.0f%s -> longtune %.2fx%s\n", theirs_T, capped ? " (search capped by --peer-max)" : "",
-                    theirs_T > 0 ? ours_T / theirs_T : NAN, capped ? " at most" : "");
+            fprintf(stderr, "peer: longest T %.0f%s -> longtune %.2fx%s\n", theirs_T,
+                    capped ? " (search capped by --peer-max)" : "", theirs_T > 0 ? ours_T / theirs_T : NAN,
+                    capped ? " at most" : "");
         }
         cJSON_AddItemToArray(arms, pa);
     }

@@ -42,12 +42,10 @@ static void *make_matrix(lt_ctx *ctx, uint64_t *s, lt_dtype t, int64_t rows, int
     }
     for (int64_t r = 0; r < rows; r++) {
         fill_uniform(s, row, C, a);
-        if (t == LT_DTYPE_F32)
-            memcpy(m + r * rb, row, (size_t)rb);
+        if (t == LT_DTYPE_F32) memcpy(m + r * rb, row, (size_t)rb);
         else if (t == LT_DTYPE_BF16)
             for (int64_t c = 0; c < C; c++) ((uint16_t *)(m + r * rb))[c] = lt_f32_to_bf16(row[c]);
-        else
-            lt_quantize_row(t, row, m + r * rb, C);
+        else lt_quantize_row(t, row, m + r * rb, C);
     }
     free(row);
     return m;
@@ -91,23 +89,23 @@ int lt_bench_lce(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench lce [options]\n\n"
-                   "Linear cross-entropy arms naive, chunked, fused, fused-fb: forward and forward+backward (grad\n"
-                   "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
-                   "options:\n"
-                   "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
-                   "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
-                   "  --hidden T       f32 (default) | bf16\n"
-                   "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
-                   "  --arms LIST      comma list of naive,chunked,fused,fused-fb (default all; fused-fb is\n"
-                   "                   lt_lce_forward_backward: loss and grads in one call)\n"
-                   "  --dw             also accumulate grad W in the backward (dense heads)\n"
-                   "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
-                   "  --threads N      worker threads (default: OpenMP's)\n"
-                   "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
-                   "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
-                   "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n"
-                   LT_BENCH_COMMON_HELP);
+            printf(
+                "usage: longtune bench lce [options]\n\n"
+                "Linear cross-entropy arms naive, chunked, fused, fused-fb: forward and forward+backward (grad\n"
+                "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
+                "options:\n"
+                "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
+                "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
+                "  --hidden T       f32 (default) | bf16\n"
+                "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
+                "  --arms LIST      comma list of naive,chunked,fused,fused-fb (default all; fused-fb is\n"
+                "                   lt_lce_forward_backward: loss and grads in one call)\n"
+                "  --dw             also accumulate grad W in the backward (dense heads)\n"
+                "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
+                "  --threads N      worker threads (default: OpenMP's)\n"
+                "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
+                "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
+                "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n" LT_BENCH_COMMON_HELP);
             return 0;
         }
         int r = lt_bench_common_flag(&c, argc, argv, &i);
@@ -146,11 +144,11 @@ int lt_bench_lce(int argc, char **argv) {
             for (const char *t = v; *t;) {
                 const char *e = strchr(t, ',');
                 size_t n = e ? (size_t)(e - t) : strlen(t);
-                int bit = n == 5 && !strncmp(t, "naive", n)      ? 1
-                          : n == 7 && !strncmp(t, "chunked", n)  ? 2
-                          : n == 5 && !strncmp(t, "fused", n)    ? 4
-                          : n == 8 && !strncmp(t, "fused-fb", n) ? 8
-                                                                 : 0;
+                int bit = n == 5 && !strncmp(t, "naive", n) ? 1
+                    : n == 7 && !strncmp(t, "chunked", n)   ? 2
+                    : n == 5 && !strncmp(t, "fused", n)     ? 4
+                    : n == 8 && !strncmp(t, "fused-fb", n)  ? 8
+                                                            : 0;
                 if (!bit) return usage("unknown arm in", v);
                 arms_mask |= bit;
                 t += n + (e != NULL);
@@ -175,9 +173,11 @@ int lt_bench_lce(int argc, char **argv) {
     if (!ctx) return 1;
     if (threads > 0) lt_ctx_set_threads(ctx, threads);
     double sgemm = lt_bench_sgemm_gflops(2048, 3, threads), sgemm_cpu = sgemm_cpu_gflops(2048, 3);
-    fprintf(stderr, "lce N=%lld V=%lld C=%lld hidden %s head %s%s; OpenBLAS sgemm (n=2048) %.1f GFLOP/s wall, %.1f per CPU-second\n",
-            (long long)k.N, (long long)k.V, (long long)k.C, lt_dtype_name(k.hidden), lt_dtype_name(k.head),
-            k.dw ? " +dw" : "", sgemm, sgemm_cpu);
+    fprintf(
+        stderr,
+        "lce N=%lld V=%lld C=%lld hidden %s head %s%s; OpenBLAS sgemm (n=2048) %.1f GFLOP/s wall, %.1f per CPU-second\n",
+        (long long)k.N, (long long)k.V, (long long)k.C, lt_dtype_name(k.hidden), lt_dtype_name(k.head),
+        k.dw ? " +dw" : "", sgemm, sgemm_cpu);
 
     uint64_t seed = 0x5eedULL;
     size_t hb, wb, dhb = (size_t)(k.N * k.C) * (k.hidden == LT_DTYPE_F32 ? 4 : 2), dwb = (size_t)(k.V * k.C) * 4;
@@ -224,15 +224,17 @@ int lt_bench_lce(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "sgemm_gflops_per_cpu_second", sgemm_cpu);
     cJSON_AddStringToObject(cfg, "openblas_core", openblas_get_corename());
     cJSON_AddStringToObject(cfg, "openblas_config", openblas_get_config());
-    cJSON_AddStringToObject(cfg, "flops", "GEMM work executed: forward 2NVC; backward 4NVC (+2NVC with grad W); "
-                                          "fused-fb 4NVC (6NVC + 2NVC with grad W: it runs both passes then)");
+    cJSON_AddStringToObject(cfg, "flops",
+                            "GEMM work executed: forward 2NVC; backward 4NVC (+2NVC with grad W); "
+                            "fused-fb 4NVC (6NVC + 2NVC with grad W: it runs both passes then)");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
 
     double flops_f = 2.0 * (double)k.N * (double)k.V * (double)k.C, flops_b = flops_f * (k.dw ? 3.0 : 2.0);
     double naive_fb = 0, naive_peak = 0, fused_fb = 0, fused_peak = 0, naive_cpu = 0, fused_cpu = 0;
     double one_fb = 0, one_peak = 0, one_cpu = 0;
     int first = 1, failed = 0;
-    double *tf = malloc(sizeof(double) * (size_t)(c.repeats + 1)), *tb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
+    double *tf = malloc(sizeof(double) * (size_t)(c.repeats + 1)),
+           *tb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
     double *cb = malloc(sizeof(double) * (size_t)(c.repeats + 1));
     const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED, LT_LCE_FUSED};
     static const char *names[] = {"naive", "chunked", "fused", "fused-fb"};
@@ -296,10 +298,13 @@ int lt_bench_lce(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "bwd_peak_bytes", (double)peak_b);
         if (one) {
             cJSON_AddNumberToObject(arm, "workspace_bytes_fwd_bwd",
-                                    (double)lt_lce_workspace_bytes(&o, &args, LT_LCE_PASS_FORWARD_BACKWARD, lt_ctx_threads(ctx)));
+                                    (double)lt_lce_workspace_bytes(&o, &args, LT_LCE_PASS_FORWARD_BACKWARD,
+                                                                   lt_ctx_threads(ctx)));
         } else {
-            cJSON_AddNumberToObject(arm, "workspace_bytes_fwd", (double)lt_lce_workspace_bytes(&o, &args, 0, lt_ctx_threads(ctx)));
-            cJSON_AddNumberToObject(arm, "workspace_bytes_bwd", (double)lt_lce_workspace_bytes(&o, &args, 1, lt_ctx_threads(ctx)));
+            cJSON_AddNumberToObject(arm, "workspace_bytes_fwd",
+                                    (double)lt_lce_workspace_bytes(&o, &args, 0, lt_ctx_threads(ctx)));
+            cJSON_AddNumberToObject(arm, "workspace_bytes_bwd",
+                                    (double)lt_lce_workspace_bytes(&o, &args, 1, lt_ctx_threads(ctx)));
             cJSON_AddNumberToObject(arm, "fwd_gflops", gf);
         }
         cJSON_AddNumberToObject(arm, "fwd_bwd_gflops", gfb);
@@ -311,9 +316,11 @@ int lt_bench_lce(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "loss_rel_diff_vs_first_arm", dl);
         cJSON_AddNumberToObject(arm, "lse_max_abs_diff_vs_first_arm", dlse);
         cJSON_AddItemToArray(arms, arm);
-        fprintf(stderr, "  %-8s fwd %9.1f ms  fwd+bwd %9.1f ms (cpu %9.1f ms)  extra peak %8.1f MiB  %6.1f GFLOP/s (%.2fx sgemm; by CPU time %.2fx)  loss %.6f\n",
-                names[ai], one ? 0.0 : mf, mb, mc, (double)peak / 1048576.0, gfb, gfb / sgemm,
-                sgemm_cpu > 0 ? exec / (mc * 1e-3) * 1e-9 / sgemm_cpu : 0.0, (double)loss);
+        fprintf(
+            stderr,
+            "  %-8s fwd %9.1f ms  fwd+bwd %9.1f ms (cpu %9.1f ms)  extra peak %8.1f MiB  %6.1f GFLOP/s (%.2fx sgemm; by CPU time %.2fx)  loss %.6f\n",
+            names[ai], one ? 0.0 : mf, mb, mc, (double)peak / 1048576.0, gfb, gfb / sgemm,
+            sgemm_cpu > 0 ? exec / (mc * 1e-3) * 1e-9 / sgemm_cpu : 0.0, (double)loss);
         if (ai == 0) naive_fb = mb, naive_peak = (double)peak, naive_cpu = mc;
         if (ai == 2) fused_fb = mb, fused_peak = (double)peak, fused_cpu = mc;
         if (ai == 3) one_fb = mb, one_peak = (double)peak, one_cpu = mc;
@@ -335,7 +342,8 @@ int lt_bench_lce(int argc, char **argv) {
         cJSON_AddNumberToObject(sum, "fused_fb_speedup_vs_naive", naive_fb / one_fb);
         cJSON_AddNumberToObject(sum, "fused_fb_speedup_cpu_time_vs_naive", naive_cpu / one_cpu);
         cJSON_AddNumberToObject(sum, "fused_fb_extra_memory_fraction_of_naive", one_peak / naive_peak);
-        fprintf(stderr, "fused-fb vs naive (fwd+bwd): %.2fx by wall time, %.2fx by CPU time; %.3f%% of the extra memory\n",
+        fprintf(stderr,
+                "fused-fb vs naive (fwd+bwd): %.2fx by wall time, %.2fx by CPU time; %.3f%% of the extra memory\n",
                 naive_fb / one_fb, naive_cpu / one_cpu, 100.0 * one_peak / naive_peak);
     }
     lt_free(ctx, LT_DEVICE_CPU, h, hb);

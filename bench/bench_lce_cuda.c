@@ -34,8 +34,8 @@ static double peer_value(const cJSON *peers, const char *peer, const char *key) 
  * output) = op(A)·op(B) + beta·C with A, B, C scratch of the right sizes, 4 MiB of cuBLASLt
  * workspace as the library uses: the same-run ceiling of the library's own GEMMs. reps timed after
  * one warm-up, CUDA events; 0 when cuBLASLt refuses. */
-static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, int64_t k, int ta, int tb,
-                         int c_bf16, float beta, int reps) {
+static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, int64_t k, int ta, int tb, int c_bf16,
+                         float beta, int reps) {
     void *A = NULL, *B = NULL, *Cm = NULL;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
@@ -61,7 +61,8 @@ static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, in
     cublasLtMatrixLayoutCreate(&cd, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-    if (cublasLtMatmulAlgoGetHeuristic(lt, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS || nres < 1)
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS ||
+        nres < 1)
         goto out;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -113,11 +114,13 @@ static void gemm_ceiling(cJSON *r, const char *key, int64_t N, int64_t V, int64_
     cJSON_AddNumberToObject(o, "gemm1_tile_ms", g1);
     cJSON_AddNumberToObject(o, "gemm2_tile_ms", g2);
     cJSON_AddNumberToObject(o, "fb_gemm_only_ms", tiles * (g1 + g2));
-    fprintf(stderr, "  cuBLASLt (%s): %lldx%lldx%lld GEMM %.2f ms (%.0f TFLOP/s); tiles %lldx%lld: GEMM 1 %.3f ms (%.0f TFLOP/s), "
-                    "GEMM 2 %.3f ms (%.0f TFLOP/s), x%.0f tiles = %.2f ms of GEMMs for the one call\n",
-            key, (long long)N, (long long)V, (long long)C, full, full > 0 ? 2.0 * fN * fV * fC / (full * 1e9) : 0,
-            (long long)nc, (long long)vc, g1, g1 > 0 ? 2.0 * fnc * fvc * fC / (g1 * 1e9) : 0, g2,
-            g2 > 0 ? 2.0 * fnc * fvc * fC / (g2 * 1e9) : 0, tiles, tiles * (g1 + g2));
+    fprintf(
+        stderr,
+        "  cuBLASLt (%s): %lldx%lldx%lld GEMM %.2f ms (%.0f TFLOP/s); tiles %lldx%lld: GEMM 1 %.3f ms (%.0f TFLOP/s), "
+        "GEMM 2 %.3f ms (%.0f TFLOP/s), x%.0f tiles = %.2f ms of GEMMs for the one call\n",
+        key, (long long)N, (long long)V, (long long)C, full, full > 0 ? 2.0 * fN * fV * fC / (full * 1e9) : 0,
+        (long long)nc, (long long)vc, g1, g1 > 0 ? 2.0 * fnc * fvc * fC / (g1 * 1e9) : 0, g2,
+        g2 > 0 ? 2.0 * fnc * fvc * fC / (g2 * 1e9) : 0, tiles, tiles * (g1 + g2));
     cudaFree(ws);
     cublasLtDestroy(lt);
 }
@@ -133,8 +136,7 @@ static double dh_max_diff(const void *d, const uint16_t *ref, size_t n, uint16_t
     return scale > 0 ? m / scale : m;
 }
 
-int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n,
-                      int tile_v) {
+int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n, int tile_v) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         fprintf(stderr, "longtune bench lce: no CUDA device\n");
@@ -165,7 +167,11 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     lt_tensor tdh = lt_tensor_view(dh, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs);
     lt_lce_args a = {.h = lt_tensor_view(h, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, hs),
                      .w = lt_tensor_view(w, LT_DTYPE_BF16, LT_DEVICE_CUDA, 2, ws),
-                     .targets = tg, .loss = loss, .lse = lse, .dloss = loss + 1, .dh = &tdh};
+                     .targets = tg,
+                     .loss = loss,
+                     .lse = lse,
+                     .dloss = loss + 1,
+                     .dh = &tdh};
     lt_lce_options o = {.tile_n = tile_n, .tile_v = tile_v};
 
     r = lt_bench_result_new("lce");
@@ -256,12 +262,14 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 cJSON_AddNumberToObject(arm, "fraction_of_gemm_floor", floor_ms / ms);
                 cJSON_AddNumberToObject(arm, "executed_gemm_tflops", exec);
                 cJSON_AddNumberToObject(arm, "fraction_of_gemm_rate", exec / gemm);
-                fprintf(stderr, "  %-26s GEMM floor %.2f ms at %.0f TFLOP/s: %.2fx of it; executed GEMMs at %.0f TFLOP/s (%.2f of the rate)\n",
-                        names[ai], floor_ms, gemm, ms / floor_ms, exec, exec / gemm);
+                fprintf(
+                    stderr,
+                    "  %-26s GEMM floor %.2f ms at %.0f TFLOP/s: %.2fx of it; executed GEMMs at %.0f TFLOP/s (%.2f of the rate)\n",
+                    names[ai], floor_ms, gemm, ms / floor_ms, exec, exec / gemm);
             }
             if (naive > 0)
-                fprintf(stderr, "  %-26s vs torch naive bf16 %.2f ms: %.2fx; vs fp32 upcast %.2f ms: %.2fx\n", names[ai],
-                        naive, naive / ms, up, up > 0 ? up / ms : 0);
+                fprintf(stderr, "  %-26s vs torch naive bf16 %.2f ms: %.2fx; vs fp32 upcast %.2f ms: %.2fx\n",
+                        names[ai], naive, naive / ms, up, up > 0 ? up / ms : 0);
         }
     }
     rc = 0;
@@ -290,9 +298,14 @@ done:
 }
 
 #else
-int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n,
-                      int tile_v) {
-    (void)c; (void)N; (void)V; (void)C; (void)peers; (void)tile_n; (void)tile_v;
+int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n, int tile_v) {
+    (void)c;
+    (void)N;
+    (void)V;
+    (void)C;
+    (void)peers;
+    (void)tile_n;
+    (void)tile_v;
     fprintf(stderr, "longtune bench lce: this build has no CUDA backend\n");
     return 1;
 }

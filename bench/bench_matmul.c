@@ -122,7 +122,8 @@ static double cublaslt_bf16_ms(lt_ctx *ctx, int64_t m, int64_t n, int64_t k, int
     cublasLtMatrixLayoutCreate(&cd, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-    if (cublasLtMatmulAlgoGetHeuristic(h, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS || nres < 1)
+    if (cublasLtMatmulAlgoGetHeuristic(h, op, ad, bd, cd, cd, pref, 1, &res, &nres) != CUBLAS_STATUS_SUCCESS ||
+        nres < 1)
         goto done;
     const float one = 1.0f, zero = 0.0f;
     for (int r = -1; r < repeats; r++) {
@@ -183,8 +184,7 @@ int lt_bench_matmul(int argc, char **argv) {
             for (const char *p = v; *p && nshapes < 8;) {
                 long long o, in;
                 int used = 0;
-                if (sscanf(p, "%lldx%lld%n", &o, &in, &used) != 2 || o < 1 || in < 1 || o > (1 << 20) ||
-                    in > (1 << 20))
+                if (sscanf(p, "%lldx%lld%n", &o, &in, &used) != 2 || o < 1 || in < 1 || o > (1 << 20) || in > (1 << 20))
                     return usage("bad shape list", v);
                 shapes[nshapes++] = (mm_shape){o, in};
                 p += used;
@@ -229,7 +229,8 @@ int lt_bench_matmul(int argc, char **argv) {
     cJSON_AddStringToObject(cfg, "backend", c.backend);
     cJSON_AddNumberToObject(cfg, "N", (double)N);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
-    cJSON_AddStringToObject(cfg, "measures", "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time");
+    cJSON_AddStringToObject(cfg, "measures",
+                            "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
     double cpu_ceiling = cuda ? 0 : lt_bench_sgemm_gflops(1024, 3, lt_ctx_threads(ctx));
     if (!t) goto done;
@@ -237,7 +238,8 @@ int lt_bench_matmul(int argc, char **argv) {
         const int64_t out = shapes[si].out, in = shapes[si].in;
         const double flop = 2.0 * (double)N * (double)out * (double)in;
         const int64_t xmax = out > in ? out : in;
-        void *x = make_f32(ctx, be, N * xmax, &s, "bench matmul x"), *y = make_f32(ctx, be, N * xmax, &s, "bench matmul y");
+        void *x = make_f32(ctx, be, N * xmax, &s, "bench matmul x"),
+             *y = make_f32(ctx, be, N * xmax, &s, "bench matmul y");
         if (!x || !y) {
             if (x) lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
             if (y) lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
@@ -253,7 +255,8 @@ int lt_bench_matmul(int argc, char **argv) {
                 ceil_tflops = cms > 0 ? flop / (cms * 1e-3) * 1e-12 : 0;
                 cJSON *arm = cJSON_CreateObject();
                 char name[64];
-                snprintf(name, sizeof name, "cublaslt-bf16-%s-%lldx%lld", mode ? "nn" : "nt", (long long)out, (long long)in);
+                snprintf(name, sizeof name, "cublaslt-bf16-%s-%lldx%lld", mode ? "nn" : "nt", (long long)out,
+                         (long long)in);
                 cJSON_AddStringToObject(arm, "name", name);
                 cJSON_AddNumberToObject(arm, "median_ms", cms);
                 cJSON_AddNumberToObject(arm, "tflops", ceil_tflops);
@@ -299,8 +302,8 @@ int lt_bench_matmul(int argc, char **argv) {
                 cJSON_AddNumberToObject(arm, "workspace_bytes", (double)wsb);
                 if (ceil_tflops > 0) cJSON_AddNumberToObject(arm, "fraction_of_ceiling", tf / ceil_tflops);
                 cJSON_AddItemToArray(arms, arm);
-                fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s  %.2f of the ceiling, workspace %.1f MiB\n", name, ms,
-                        tf, ceil_tflops > 0 ? tf / ceil_tflops : 0.0, (double)wsb / (1 << 20));
+                fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s  %.2f of the ceiling, workspace %.1f MiB\n", name, ms, tf,
+                        ceil_tflops > 0 ? tf / ceil_tflops : 0.0, (double)wsb / (1 << 20));
                 if (ws) lt_free(ctx, be->device, ws, wsb);
                 lt_free(ctx, be->device, wd, wb);
             }
@@ -314,9 +317,14 @@ int lt_bench_matmul(int argc, char **argv) {
      * for dx) over the time. */
     {
         const int64_t C = 4096, r = 8;
-        struct { const char *name; int ta; int64_t M, Nn, K; } g[4] = {
-            {"gemm-f32-lora-fwd", 0, N, r, C}, {"gemm-f32-lora-dA", 1, r, C, N}, {"gemm-f32-lora-dB", 1, C, r, N},
-            {"gemm-f32-lora-dx", 0, N, C, r}};
+        struct {
+            const char *name;
+            int ta;
+            int64_t M, Nn, K;
+        } g[4] = {{"gemm-f32-lora-fwd", 0, N, r, C},
+                  {"gemm-f32-lora-dA", 1, r, C, N},
+                  {"gemm-f32-lora-dB", 1, C, r, N},
+                  {"gemm-f32-lora-dx", 0, N, C, r}};
         void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
         void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
         if (!x || !u || !o) goto gemm_done;

@@ -15,12 +15,12 @@
 #include "longtune/tensor.h"
 
 static const lt_bench_shape shapes[] = {
-    {"qwen3-8b", "Qwen3-8B (L=36 C=4096 F=12288 H=32 Hkv=8 D=128 V=151936, untied)", LT_ARCH_QWEN3, 151936, 4096,
-     12288, 36, 32, 8, 128, 1000000.0, 1e-6, 0, 40960},
-    {"smollm2-135m", "SmolLM2-135M (L=30 C=576 F=1536 H=9 Hkv=3 D=64 V=49152, tied)", LT_ARCH_LLAMA, 49152, 576,
-     1536, 30, 9, 3, 64, 100000.0, 1e-5, 1, 8192},
-    {"tiny", "tiny Qwen3-style test shape (L=2 C=64 F=128 H=4 Hkv=2 D=16 V=512, untied)", LT_ARCH_QWEN3, 512, 64,
-     128, 2, 4, 2, 16, 10000.0, 1e-6, 0, 4096},
+    {"qwen3-8b", "Qwen3-8B (L=36 C=4096 F=12288 H=32 Hkv=8 D=128 V=151936, untied)", LT_ARCH_QWEN3, 151936, 4096, 12288,
+     36, 32, 8, 128, 1000000.0, 1e-6, 0, 40960},
+    {"smollm2-135m", "SmolLM2-135M (L=30 C=576 F=1536 H=9 Hkv=3 D=64 V=49152, tied)", LT_ARCH_LLAMA, 49152, 576, 1536,
+     30, 9, 3, 64, 100000.0, 1e-5, 1, 8192},
+    {"tiny", "tiny Qwen3-style test shape (L=2 C=64 F=128 H=4 Hkv=2 D=16 V=512, untied)", LT_ARCH_QWEN3, 512, 64, 128,
+     2, 4, 2, 16, 10000.0, 1e-6, 0, 4096},
 };
 
 const lt_bench_shape *lt_bench_shape_find(const char *name) {
@@ -56,13 +56,13 @@ typedef struct tdesc {
 
 static int64_t list_tensors(const lt_bench_shape *s, tdesc *out) {
     int64_t n = 0;
-#define ADD(R, Cc, ...)                                                     \
-    do {                                                                    \
-        if (out) {                                                          \
-            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);         \
-            out[n].r = (R), out[n].c = (Cc);                                \
-        }                                                                   \
-        n++;                                                                \
+#define ADD(R, Cc, ...)                                             \
+    do {                                                            \
+        if (out) {                                                  \
+            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__); \
+            out[n].r = (R), out[n].c = (Cc);                        \
+        }                                                           \
+        n++;                                                        \
     } while (0)
     int64_t q = s->H * s->D, kv = s->Hkv * s->D;
     ADD(s->V, s->C, "model.embed_tokens.weight");
@@ -136,10 +136,8 @@ static void fill_range(void *arg, int64_t b, int64_t e, int thread) {
             z ^= z >> 31;
             x = a * ((float)(z >> 40) * 0x1.0p-23f - 1.0f);
         }
-        if (j->bf16)
-            ((uint16_t *)j->buf)[i] = lt_f32_to_bf16(x);
-        else
-            ((float *)j->buf)[i] = x;
+        if (j->bf16) ((uint16_t *)j->buf)[i] = lt_f32_to_bf16(x);
+        else ((float *)j->buf)[i] = x;
     }
 }
 
@@ -155,8 +153,8 @@ static int write_file_text(const char *path, const char *text) {
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
-int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shape *s, lt_dtype dt, uint64_t seed, int threads,
-                               int *written) {
+int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shape *s, lt_dtype dt, uint64_t seed,
+                               int threads, int *written) {
     *written = 0;
     int bf16 = dt == LT_DTYPE_BF16;
     char path[1200], stamp[256], want[256];
@@ -210,19 +208,18 @@ int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shap
     }
     list_tensors(s, t);
     /* header: {"__metadata__": {...}, name: {dtype, shape, data_offsets}, ...}, space-padded to 8 */
-    size_t hl = (size_t)snprintf(hdr, hcap, "{\"__metadata__\":{\"format\":\"pt\",\"longtune\":\"random %s\"}",
-                                 s->name);
+    size_t hl =
+        (size_t)snprintf(hdr, hcap, "{\"__metadata__\":{\"format\":\"pt\",\"longtune\":\"random %s\"}", s->name);
     uint64_t off = 0;
     for (int64_t i = 0; i < nt; i++) {
         int norm = t[i].c == 0;
         uint64_t n = (uint64_t)(norm ? t[i].r : t[i].r * t[i].c), bytes = n * (norm || !bf16 ? 4u : 2u);
         char shape[64];
-        if (norm)
-            snprintf(shape, sizeof shape, "[%lld]", (long long)t[i].r);
-        else
-            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)t[i].r, (long long)t[i].c);
-        hl += (size_t)snprintf(hdr + hl, hcap - hl, ",\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
-                               t[i].name, norm || !bf16 ? "F32" : "BF16", shape, (unsigned long long)off,
+        if (norm) snprintf(shape, sizeof shape, "[%lld]", (long long)t[i].r);
+        else snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)t[i].r, (long long)t[i].c);
+        hl += (size_t)snprintf(hdr + hl, hcap - hl,
+                               ",\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}", t[i].name,
+                               norm || !bf16 ? "F32" : "BF16", shape, (unsigned long long)off,
                                (unsigned long long)(off + bytes));
         off += bytes;
     }
@@ -276,8 +273,10 @@ done:
 cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args) {
     const char *src = getenv("LONGTUNE_SOURCE_DIR");
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 '%s/bench/peers/train_peft_gpu.py' %s",
-             peer_path, src && *src ? src : ".", args);
+    snprintf(
+        cmd, sizeof cmd,
+        "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 '%s/bench/peers/train_peft_gpu.py' %s",
+        peer_path, src && *src ? src : ".", args);
     fprintf(stderr, "peer: %s\n", cmd);
     fflush(NULL);
     FILE *p = popen(cmd, "r");
@@ -330,7 +329,8 @@ lt_status lt_bench_load_random(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt
     t0 = lt_time_now();
     lt_model_options mo = {.device = dev};
     lt_status st = lt_model_load(ctx, dir, &mo, lo, out);
-    if (st == LT_OK) fprintf(stderr, "loaded on %s in %.1f s\n", dev == LT_DEVICE_CUDA ? "cuda" : "cpu", lt_time_now() - t0);
+    if (st == LT_OK)
+        fprintf(stderr, "loaded on %s in %.1f s\n", dev == LT_DEVICE_CUDA ? "cuda" : "cpu", lt_time_now() - t0);
     return st;
 }
 
@@ -356,7 +356,7 @@ double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int r
     double Pa = 2 * C * qd + 2 * C * kvd, Ra = (double)r * (2 * (C + qd) + 2 * (C + kvd));
     double kept = kept_qkv && !recompute_attention ? 2.0 * (Pa + Ra) * t : 0.0;
     return (double)cfg->L * (4.0 * P * t + 2.0 * (P - CF) * t + 10.0 * R * t + attn - kept) +
-           4.0 * (double)cfg->V * (double)cfg->C * t;
+        4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
 const char *const lt_bench_flops_note =

@@ -12,8 +12,8 @@
 #include "longtune/model.h"
 
 typedef struct lt_bench_shape {
-    const char *name;      /* "qwen3-8b", "smollm2-135m", "tiny" */
-    const char *title;     /* for result files, e.g. "Qwen3-8B (L=36 C=4096 ...)" */
+    const char *name;  /* "qwen3-8b", "smollm2-135m", "tiny" */
+    const char *title; /* for result files, e.g. "Qwen3-8B (L=36 C=4096 ...)" */
     lt_model_arch arch;
     int64_t V, C, F, L, H, Hkv, D;
     double rope_theta;
@@ -40,8 +40,8 @@ int64_t lt_bench_shape_params(const lt_bench_shape *s);
  * reused; anything else there is overwritten. Host memory stays at one 32 MiB chunk (from ctx's
  * accounting allocator), filled by `threads` threads. *written is 1 when the folder was
  * (re)written. Returns 0, or -1 with a message on stderr. */
-int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shape *s, lt_dtype dt, uint64_t seed, int threads,
-                               int *written);
+int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shape *s, lt_dtype dt, uint64_t seed,
+                               int threads, int *written);
 
 /* The default folder for (shape, dtype): $LONGTUNE_BENCH_WEIGHTS/<shape>-<dtype> when that variable
  * is set, else /tmp/longtune-bench-weights/<shape>-<dtype>. */

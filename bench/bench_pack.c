@@ -51,8 +51,9 @@ int lt_bench_pack(int argc, char **argv) {
             return 0;
         }
         int64_t *dst = !strcmp(argv[i], "--sequences") ? &n
-                       : !strcmp(argv[i], "--max-seq-length") ? &L
-                       : !strcmp(argv[i], "--batch-size") ? &B : NULL;
+            : !strcmp(argv[i], "--max-seq-length")     ? &L
+            : !strcmp(argv[i], "--batch-size")         ? &B
+                                                       : NULL;
         if (dst) {
             char *end = NULL;
             long long v = i + 1 < argc ? strtoll(argv[i + 1], &end, 10) : 0;
@@ -131,7 +132,8 @@ int lt_bench_pack(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "utilisation", st.utilisation);
         cJSON_AddNumberToObject(arm, "truncated", (double)st.truncated);
         cJSON_AddItemToArray(arms, arm);
-        fprintf(stderr, "pack %-9s %lld sequences: %.1f ms wall, %.1f ms cpu (medians of %d), %lld rows, %.2f seq/row, "
+        fprintf(stderr,
+                "pack %-9s %lld sequences: %.1f ms wall, %.1f ms cpu (medians of %d), %lld rows, %.2f seq/row, "
                 "utilisation %.4f\n",
                 lt_pack_algorithm_name(opt.algorithm), (long long)n, med * 1e3, med_cpu * 1e3, nt, (long long)st.rows,
                 st.seqs_per_row, st.utilisation);

@@ -68,7 +68,8 @@ static lt_status tokset_read(lt_ctx *ctx, const char *path, tokset *t) {
     uint64_t n[2];
     int32_t pad[2];
     lt_status s = LT_OK;
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, tok_magic, 8) || fread(n, 8, 2, f) != 2 || fread(pad, 4, 2, f) != 2) {
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, tok_magic, 8) || fread(n, 8, 2, f) != 2 ||
+        fread(pad, 4, 2, f) != 2) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a longtune token cache (bad header)", path);
         goto done;
     }
@@ -118,10 +119,10 @@ static lt_status tokset_write(lt_ctx *ctx, const char *path, const tokset *t) {
     uint64_t n[2] = {(uint64_t)t->n_seqs, (uint64_t)t->n_tokens};
     int32_t pad[2] = {t->pad_id, 0};
     int ok = fwrite(tok_magic, 1, 8, f) == 8 && fwrite(n, 8, 2, f) == 2 && fwrite(pad, 4, 2, f) == 2 &&
-             fwrite(t->offsets, 8, (size_t)t->n_seqs + 1, f) == (size_t)t->n_seqs + 1 &&
-             fwrite(t->tokens, 4, (size_t)t->n_tokens, f) == (size_t)t->n_tokens &&
-             fwrite(t->supervised, 1, (size_t)t->n_tokens, f) == (size_t)t->n_tokens && fflush(f) == 0 &&
-             fsync(fileno(f)) == 0;
+        fwrite(t->offsets, 8, (size_t)t->n_seqs + 1, f) == (size_t)t->n_seqs + 1 &&
+        fwrite(t->tokens, 4, (size_t)t->n_tokens, f) == (size_t)t->n_tokens &&
+        fwrite(t->supervised, 1, (size_t)t->n_tokens, f) == (size_t)t->n_tokens && fflush(f) == 0 &&
+        fsync(fileno(f)) == 0;
     if (fclose(f) != 0) ok = 0;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -154,7 +155,9 @@ static lt_status tokset_from_data(lt_ctx *ctx, const char *tok_path, const char 
         lt_dataset_stats st = lt_dataset_get_stats(ds);
         snprintf(tmpl, tmpl_n, "%s", lt_chat_format_name(st.chat_format));
         t->n_seqs = in.n_seqs, t->n_tokens = in.offsets[in.n_seqs];
-        t->pad_id = lt_tokenizer_pad(tok) >= 0 ? lt_tokenizer_pad(tok) : lt_tokenizer_eos(tok) >= 0 ? lt_tokenizer_eos(tok) : 0;
+        t->pad_id = lt_tokenizer_pad(tok) >= 0 ? lt_tokenizer_pad(tok)
+            : lt_tokenizer_eos(tok) >= 0       ? lt_tokenizer_eos(tok)
+                                               : 0;
         s = tokset_alloc(ctx, t);
         if (s == LT_OK) {
             memcpy(t->offsets, in.offsets, (size_t)(t->n_seqs + 1) * 8);
@@ -183,7 +186,7 @@ static const arm_spec arm_specs[] = {
 };
 
 typedef struct step_bufs {
-    int32_t *host;       /* ids, targets, positions (B·T each), offsets (B·(T+1)), pieces (B); host
+    int32_t *host; /* ids, targets, positions (B·T each), offsets (B·(T+1)), pieces (B); host
                             memory on every device: the model copies a batch in itself */
     size_t bytes;
     int64_t B, T;
@@ -233,7 +236,8 @@ int lt_bench_packed(int argc, char **argv) {
         char *end = NULL;
         if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32")) return usage("weights must be random-bf16|random-f32, not", v);
+            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
+                return usage("weights must be random-bf16|random-f32, not", v);
             weights = v;
         } else if (!strcmp(a, "--shape")) {
             if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
@@ -265,7 +269,9 @@ int lt_bench_packed(int argc, char **argv) {
     char gguf_default[1024], data_default[1200];
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache && *cache) snprintf(gguf_default, sizeof gguf_default, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
-    else snprintf(gguf_default, sizeof gguf_default, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
+    else
+        snprintf(gguf_default, sizeof gguf_default, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf",
+                 home ? home : "");
     if (!model_path && !weights) model_path = gguf_default;
     if (!data) {
         const char *src = getenv("LONGTUNE_SOURCE_DIR");
@@ -301,7 +307,8 @@ int lt_bench_packed(int argc, char **argv) {
     lt_status st;
 
     double t0 = lt_time_now();
-    st = tokens_path ? tokset_read(ctx, tokens_path, &ts) : tokset_from_data(ctx, tokenizer, data, &ts, tmpl, sizeof tmpl);
+    st = tokens_path ? tokset_read(ctx, tokens_path, &ts)
+                     : tokset_from_data(ctx, tokenizer, data, &ts, tmpl, sizeof tmpl);
     if (st != LT_OK) goto fail;
     fprintf(stderr, "data: %lld sequences, %lld tokens (%s) in %.1f s\n", (long long)ts.n_seqs, (long long)ts.n_tokens,
             tokens_path ? tokens_path : tokenizer, lt_time_now() - t0);
@@ -336,8 +343,13 @@ int lt_bench_packed(int argc, char **argv) {
         }
     /* one preparation covers every arm: batches up to 8 rows of up to L tokens */
     /* attention output + lse kept with the checkpoints, as bench train does by default */
-    lt_model_run_options ro = {.B = 8, .T = L, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                               .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = 0};
+    lt_model_run_options ro = {.B = 8,
+                               .T = L,
+                               .recompute = LT_RECOMPUTE_EVERY,
+                               .attention = LT_ATTENTION_FLASH,
+                               .loss = LT_LCE_FUSED,
+                               .threads = nthreads,
+                               .recompute_attention = 0};
     if ((st = lt_model_prepare(ctx, m, &ro)) != LT_OK) goto fail;
     int64_t n_params = 0;
     float *params = lt_model_lora_params(m, &n_params), *grads = lt_model_lora_grads(m, &n_params);
@@ -360,8 +372,9 @@ int lt_bench_packed(int argc, char **argv) {
     cJSON_AddStringToObject(jc, "weights", weights ? weights : "file");
     cJSON_AddStringToObject(jc, "proj_dtype", lt_dtype_name(cfg->proj_dtype[LT_PROJ_Q]));
     cJSON_AddStringToObject(jc, "data", tokens_path ? tokens_path : data);
-    cJSON_AddStringToObject(jc, "data_source", "AlpacaEval example/outputs.json (PyPI alpaca-eval 0.6.6), 805 "
-                                               "instruction/output pairs as chat records, prompts masked");
+    cJSON_AddStringToObject(jc, "data_source",
+                            "AlpacaEval example/outputs.json (PyPI alpaca-eval 0.6.6), 805 "
+                            "instruction/output pairs as chat records, prompts masked");
     cJSON_AddStringToObject(jc, "chat_template", tmpl);
     cJSON_AddNumberToObject(jc, "sequences", (double)ts.n_seqs);
     cJSON_AddNumberToObject(jc, "tokens", (double)ts.n_tokens);
@@ -369,20 +382,27 @@ int lt_bench_packed(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "seconds_per_arm", seconds);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddNumberToObject(jc, "threads", nthreads);
-    cJSON_AddStringToObject(jc, "run", "LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute every "
-                                       "layer, flash attention (packed rows: per-sequence segments), fused loss, AdamW");
-    cJSON_AddStringToObject(jc, "count", "real tokens: positions holding a data token (padding never counted), "
-                                         "summed over timed steps / their summed wall time");
-    cJSON_AddStringToObject(jc, "arms_note", "packed: first-fit rows of --seq, batch 1; unpacked-b1: one sequence per "
-                                             "step, no padding; padded-b8: 8 sequences of similar length (sorted by "
-                                             "length, batch order shuffled) padded to the longest");
+    cJSON_AddStringToObject(jc, "run",
+                            "LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute every "
+                            "layer, flash attention (packed rows: per-sequence segments), fused loss, AdamW");
+    cJSON_AddStringToObject(jc, "count",
+                            "real tokens: positions holding a data token (padding never counted), "
+                            "summed over timed steps / their summed wall time");
+    cJSON_AddStringToObject(jc, "arms_note",
+                            "packed: first-fit rows of --seq, batch 1; unpacked-b1: one sequence per "
+                            "step, no padding; padded-b8: 8 sequences of similar length (sorted by "
+                            "length, batch order shuffled) padded to the longest");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
     lt_pack_input in = {ts.tokens, ts.supervised, ts.offsets, ts.n_seqs};
     double base_rate = 0;
     int64_t adam_step = 0;
     for (size_t ai = 0; ai < sizeof arm_specs / sizeof arm_specs[0]; ai++) {
         const arm_spec *as = &arm_specs[ai];
-        lt_pack_options po = {.row_len = L, .batch_size = as->batch, .algorithm = as->alg, .seed = 7, .pad_multiple = 1,
+        lt_pack_options po = {.row_len = L,
+                              .batch_size = as->batch,
+                              .algorithm = as->alg,
+                              .seed = 7,
+                              .pad_multiple = 1,
                               .pad_id = ts.pad_id};
         if ((st = lt_pack_plan_build(ctx, &in, &po, &plan)) != LT_OK) goto fail;
         lt_pack_stats ps = lt_pack_plan_stats(plan);
@@ -403,8 +423,14 @@ int lt_bench_packed(int argc, char **argv) {
             int64_t nreal = 0, ntgt = 0;
             for (int64_t row = 0; row < B; row++) nreal += pb.seq_offsets[row * (S + 1) + pb.n_pieces[row]];
             for (size_t q = 0; q < bt; q++) ntgt += pb.targets[q] != LT_PACK_IGNORE;
-            lt_model_batch b = {.B = B, .T = T, .tokens = h, .targets = h + bt, .positions = h + 2 * bt,
-                                .seq_offsets = h + 3 * bt, .S = S, .step = (uint64_t)k};
+            lt_model_batch b = {.B = B,
+                                .T = T,
+                                .tokens = h,
+                                .targets = h + bt,
+                                .positions = h + 2 * bt,
+                                .seq_offsets = h + 3 * bt,
+                                .S = S,
+                                .step = (uint64_t)k};
             lt_model_result mr;
             lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++adam_step};
             if ((st = be->synchronize(ctx)) != LT_OK) break;
@@ -447,8 +473,8 @@ int lt_bench_packed(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "truncated_sequences", (double)ps.truncated);
         cJSON_AddItemToArray(arms, arm);
         free(ms);
-        fprintf(stderr, "%-12s %6lld steps in %5.1f s: %9.0f real tokens/s (%.1f%% of computed positions real)\n", as->name,
-                (long long)steps, secs, rate, cap ? 100.0 * (double)real / (double)cap : 0);
+        fprintf(stderr, "%-12s %6lld steps in %5.1f s: %9.0f real tokens/s (%.1f%% of computed positions real)\n",
+                as->name, (long long)steps, secs, rate, cap ? 100.0 * (double)real / (double)cap : 0);
     }
     {
         cJSON *a;
@@ -463,7 +489,8 @@ int lt_bench_packed(int argc, char **argv) {
                     cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(arms, 2), "real_tokens_per_s")));
     }
     char tag[160];
-    snprintf(tag, sizeof tag, "%s-%s-%s", c.backend, weights ? shape->name : "smollm2-135m-gguf", weights ? weights : "q4_1");
+    snprintf(tag, sizeof tag, "%s-%s-%s", c.backend, weights ? shape->name : "smollm2-135m-gguf",
+             weights ? weights : "q4_1");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

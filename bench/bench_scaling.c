@@ -29,8 +29,8 @@ typedef struct shape {
 typedef struct cfg {
     shape s;
     int64_t seq, batch, steps, warmup;
-    int threads;        /* threads of the whole world (each rank gets threads / K) */
-    char model[1024];   /* given model, or the random one written into tmp */
+    int threads;      /* threads of the whole world (each rank gets threads / K) */
+    char model[1024]; /* given model, or the random one written into tmp */
 } cfg;
 
 static int usage(const char *msg, const char *arg) {
@@ -65,12 +65,15 @@ static lt_status write_model(lt_ctx *ctx, const char *dir, const shape *s) {
     const int64_t q = s->H * s->D, kv = s->Hkv * s->D;
     const int64_t rows[9] = {s->C, q, kv, kv, s->C, s->C, s->F, s->F, s->C};
     const int64_t cols[9] = {0, s->C, s->C, s->C, q, 0, s->C, s->C, s->F};
-    static const char *const fmt[9] = {
-        "model.layers.%lld.input_layernorm.weight",  "model.layers.%lld.self_attn.q_proj.weight",
-        "model.layers.%lld.self_attn.k_proj.weight", "model.layers.%lld.self_attn.v_proj.weight",
-        "model.layers.%lld.self_attn.o_proj.weight", "model.layers.%lld.post_attention_layernorm.weight",
-        "model.layers.%lld.mlp.gate_proj.weight",    "model.layers.%lld.mlp.up_proj.weight",
-        "model.layers.%lld.mlp.down_proj.weight"};
+    static const char *const fmt[9] = {"model.layers.%lld.input_layernorm.weight",
+                                       "model.layers.%lld.self_attn.q_proj.weight",
+                                       "model.layers.%lld.self_attn.k_proj.weight",
+                                       "model.layers.%lld.self_attn.v_proj.weight",
+                                       "model.layers.%lld.self_attn.o_proj.weight",
+                                       "model.layers.%lld.post_attention_layernorm.weight",
+                                       "model.layers.%lld.mlp.gate_proj.weight",
+                                       "model.layers.%lld.mlp.up_proj.weight",
+                                       "model.layers.%lld.mlp.down_proj.weight"};
     uint64_t seed = 0x5ca1e;
     for (int64_t k = 0; k < n; k++) {
         int64_t r, c;

@@ -58,14 +58,20 @@ typedef struct rank_state {
 } rank_state;
 
 static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench scaling: %s '%s'\nusage: longtune bench scaling --backend cuda [options] (--help)\n",
-            msg, arg);
+    fprintf(stderr,
+            "longtune bench scaling: %s '%s'\nusage: longtune bench scaling --backend cuda [options] (--help)\n", msg,
+            arg);
     return 2;
 }
 
 static lt_model_run_options run_opts(int64_t B, int64_t T, int least_memory) {
-    lt_model_run_options ro = {.B = B, .T = T, .recompute = LT_RECOMPUTE_EVERY, .recompute_attention = least_memory,
-                               .attention = LT_ATTENTION_FLASH, .loss = LT_LCE_FUSED, .threads = 0};
+    lt_model_run_options ro = {.B = B,
+                               .T = T,
+                               .recompute = LT_RECOMPUTE_EVERY,
+                               .recompute_attention = least_memory,
+                               .attention = LT_ATTENTION_FLASH,
+                               .loss = LT_LCE_FUSED,
+                               .threads = 0};
     return ro;
 }
 
@@ -145,7 +151,8 @@ static lt_status dp_arm(rank_state *r, const opts *o, int gpus, cJSON *arms) {
     }
     double ok = s == LT_OK ? 0 : 1;
     LT_TRY(lt_comm_allreduce_sum_host(r->ctx, r->comm, &ok, 1, LT_COMM_F64));
-    if (ok > 0) return s != LT_OK ? s : lt_error(r->ctx, LT_ERR_CUDA, "data parallel on %d GPUs failed on another rank", gpus);
+    if (ok > 0)
+        return s != LT_OK ? s : lt_error(r->ctx, LT_ERR_CUDA, "data parallel on %d GPUs failed on another rank", gpus);
     if (r->rank == 0) {
         char name[64];
         snprintf(name, sizeof name, "data parallel, %d GPU%s", gpus, gpus > 1 ? "s" : "");
@@ -245,7 +252,8 @@ static lt_status ceiling_arm(rank_state *r, const opts *o, int gpus, uint64_t bu
 static lt_status cp_step_arm(rank_state *r, int gpus, int64_t T, cJSON *arms) {
     size_t peak = 0;
     int f = cp_alloc(r, gpus, T, &peak);
-    if (f < 0) return lt_error(r->ctx, LT_ERR_CUDA, "allocating a context of %lld on %d GPUs failed", (long long)T, gpus);
+    if (f < 0)
+        return lt_error(r->ctx, LT_ERR_CUDA, "allocating a context of %lld on %d GPUs failed", (long long)T, gpus);
     double ms = -1;
     int active = gpus == 1 ? r->rank == 0 : 1;
     if (f && active) {
@@ -271,8 +279,7 @@ static lt_status cp_step_arm(rank_state *r, int gpus, int64_t T, cJSON *arms) {
             cJSON_AddStringToObject(a, "not_run", "out of memory at allocation");
         }
         cJSON_AddItemToArray(arms, a);
-        fprintf(stderr, "context %lld on %d GPU(s): %s %.0f ms\n", (long long)T, gpus, f ? "step" : "does not fit",
-                ms);
+        fprintf(stderr, "context %lld on %d GPU(s): %s %.0f ms\n", (long long)T, gpus, f ? "step" : "does not fit", ms);
     }
     return LT_OK;
 }
@@ -308,8 +315,9 @@ static int child(const opts *o) {
         int written = 0;
         double bad = 0;
         lt_bench_random_dir(o->shape, LT_DTYPE_BF16, dir, sizeof dir);
-        if (R.rank == 0) bad = lt_bench_random_checkpoint(ctx, dir, o->shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_bench_threads(NULL),
-                                                          &written) != 0;
+        if (R.rank == 0)
+            bad = lt_bench_random_checkpoint(ctx, dir, o->shape, LT_DTYPE_BF16, 0x7ea1ULL, lt_bench_threads(NULL),
+                                             &written) != 0;
         if ((s = lt_comm_allreduce_sum_host(ctx, R.comm, &bad, 1, LT_COMM_F64)) != LT_OK) goto fail;
         if (bad > 0) {
             s = lt_error(ctx, LT_ERR_IO, "the random checkpoint in %s could not be written", dir);
@@ -504,13 +512,15 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
                              o.shape->name, (long long)o.seq, (long long)o.batch, (long long)o.step, (long long)o.tmax,
                              (long long)o.repeats, (long long)o.warmup);
     for (int i = 0; i < o.n_cp && used < sizeof rest; i++)
-        used += (size_t)snprintf(rest + used, sizeof rest - used, "%s%lld", i ? "," : " --cp-seq ", (long long)o.cp_seq[i]);
+        used +=
+            (size_t)snprintf(rest + used, sizeof rest - used, "%s%lld", i ? "," : " --cp-seq ", (long long)o.cp_seq[i]);
     FILE *p[8] = {NULL};
     for (int r = K - 1; r >= 0; r--) {
-        snprintf(cmd, sizeof cmd,
-                 "RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LONGTUNE_RENDEZVOUS='%s/nccl.id' NCCL_NVLS_ENABLE=0 exec '%s' bench "
-                 "scaling --backend cuda --child --parent-pid %ld%s%s",
-                 r, K, r, rdv, self, (long)getpid(), rest, r ? " >&2" : "");
+        snprintf(
+            cmd, sizeof cmd,
+            "RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LONGTUNE_RENDEZVOUS='%s/nccl.id' NCCL_NVLS_ENABLE=0 exec '%s' bench "
+            "scaling --backend cuda --child --parent-pid %ld%s%s",
+            r, K, r, rdv, self, (long)getpid(), rest, r ? " >&2" : "");
         p[r] = popen(cmd, "r");
     }
     char line[1 << 16];
@@ -536,9 +546,10 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
     cJSON_AddNumberToObject(config, "dp_global_rows", (double)o.batch);
     cJSON_AddNumberToObject(config, "timed_steps", (double)o.repeats);
     cJSON_AddStringToObject(config, "lora", "r=8 on all seven projections of every layer, AdamW");
-    cJSON_AddStringToObject(config, "data_parallel", "recompute every layer, attention output kept; gradient buckets "
-                                                     "(whole layers, ~4 MiB) all-reduced on NCCL's stream as the "
-                                                     "backward completes them; a step lasts as long as its slowest rank");
+    cJSON_AddStringToObject(config, "data_parallel",
+                            "recompute every layer, attention output kept; gradient buckets "
+                            "(whole layers, ~4 MiB) all-reduced on NCCL's stream as the "
+                            "backward completes them; a step lasts as long as its slowest rank");
     cJSON_AddStringToObject(config, "context",
                             "least memory (recompute every layer and its attention); context parallel = Ulysses "
                             "(all-to-all over heads, zig-zag split); ceiling = planner's longest T under the memory "

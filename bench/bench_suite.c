@@ -30,11 +30,12 @@ typedef struct suite_run {
     const char *argv[MAX_ARGS]; /* after "bench" */
     int argc;
     double estimate_s;
-    const char *result_glob;    /* the result file's name prefix in the run's folder */
+    const char *result_glob; /* the result file's name prefix in the run's folder */
 } suite_run;
 
 static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench --tier: %s '%s'\nusage: longtune bench --tier quick|full|smoke [options]\n", msg, arg);
+    fprintf(stderr, "longtune bench --tier: %s '%s'\nusage: longtune bench --tier quick|full|smoke [options]\n", msg,
+            arg);
     return 2;
 }
 
@@ -204,8 +205,7 @@ int lt_bench_suite(int argc, char **argv) {
     if (cu.count)
         fprintf(stderr, "gpu:     %s, %.1f GiB, sm_%d%d, driver %d, CUDA runtime %d (%d device%s)\n", cu.name, gpu_gib,
                 cu.cc_major, cu.cc_minor, cu.driver_version, cu.runtime_version, cu.count, cu.count > 1 ? "s" : "");
-    else
-        fprintf(stderr, "gpu:     none usable (CPU benches only)\n");
+    else fprintf(stderr, "gpu:     none usable (CPU benches only)\n");
 
     /* the plan */
     suite_run runs[MAX_RUNS];
@@ -213,16 +213,16 @@ int lt_bench_suite(int argc, char **argv) {
     const char *np = no_peer ? "--no-peer" : NULL; /* NULL also ends the list when peers stay on */
     char gguf[1024];
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
-    snprintf(gguf, sizeof gguf, "%s/smollm2-135m-instruct-q4_1.gguf",
-             cache && *cache ? cache : home ? home : ".");
-    if (!(cache && *cache)) snprintf(gguf, sizeof gguf, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : ".");
+    snprintf(gguf, sizeof gguf, "%s/smollm2-135m-instruct-q4_1.gguf", cache && *cache ? cache : home ? home : ".");
+    if (!(cache && *cache))
+        snprintf(gguf, sizeof gguf, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : ".");
     int have_gguf = file_exists(gguf);
     if (!strcmp(tier, "smoke")) {
         add(runs, &n, "sgemm", 3, "sgemm", "sgemm", "--repeats", "2", NULL);
-        add(runs, &n, "train tiny (cpu)", 5, "train-cpu-tiny", "train", "--shape", "tiny", "--seq", "64,128", "--repeats",
-            "2", "--warmup", "1", "--no-peer", NULL);
-        add(runs, &n, "context tiny (cpu)", 5, "context-cpu-tiny", "context", "--shape", "tiny", "--step", "256", "--max",
-            "8192", "--confirm-seconds", "1", NULL);
+        add(runs, &n, "train tiny (cpu)", 5, "train-cpu-tiny", "train", "--shape", "tiny", "--seq", "64,128",
+            "--repeats", "2", "--warmup", "1", "--no-peer", NULL);
+        add(runs, &n, "context tiny (cpu)", 5, "context-cpu-tiny", "context", "--shape", "tiny", "--step", "256",
+            "--max", "8192", "--confirm-seconds", "1", NULL);
         if (cu.count) {
             add(runs, &n, "train tiny (cuda)", 10, "train-cuda-tiny", "train", "--backend", "cuda", "--shape", "tiny",
                 "--seq", "256", "--repeats", "2", "--no-peer", NULL);
@@ -230,8 +230,9 @@ int lt_bench_suite(int argc, char **argv) {
     } else if (!cu.count) {
         int full = !strcmp(tier, "full");
         add(runs, &n, "sgemm", 5, "sgemm", "sgemm", NULL);
-        add(runs, &n, "train smollm2-135m (cpu)", full ? 600 : 120, "train-cpu-smollm2", "train", "--shape", "smollm2-135m",
-            "--seq", full ? "512,2048" : "256", "--repeats", full ? "3" : "2", "--warmup", "1", np, NULL);
+        add(runs, &n, "train smollm2-135m (cpu)", full ? 600 : 120, "train-cpu-smollm2", "train", "--shape",
+            "smollm2-135m", "--seq", full ? "512,2048" : "256", "--repeats", full ? "3" : "2", "--warmup", "1", np,
+            NULL);
         add(runs, &n, "context smollm2-135m (cpu)", full ? 120 : 40, "context-cpu-smollm2", "context", "--shape",
             "smollm2-135m", "--step", "1024", "--confirm-seconds", full ? "60" : "10", "--no-peer", NULL);
         if (have_gguf)
@@ -245,20 +246,21 @@ int lt_bench_suite(int argc, char **argv) {
     } else {
         int full = !strcmp(tier, "full"), big = gpu_gib >= 40, huge = gpu_gib >= 80;
         add(runs, &n, "train smollm2-135m (cuda)", full ? 90 : 45, "train-cuda-smollm2", "train", "--backend", "cuda",
-            "--shape", "smollm2-135m", "--seq", full ? "2048,8192,32768" : "2048,8192", "--repeats", "3", "--warmup", "1",
-            np, NULL);
+            "--shape", "smollm2-135m", "--seq", full ? "2048,8192,32768" : "2048,8192", "--repeats", "3", "--warmup",
+            "1", np, NULL);
         if (big)
-            add(runs, &n, "train qwen3-8b (cuda)", full ? 150 : 70, "train-cuda-qwen3", "train", "--backend", "cuda", "--shape",
-                "qwen3-8b", "--seq", full && huge ? "8192,32768" : "8192", "--repeats", full ? "3" : "2", "--warmup", "1", np,
-                NULL);
+            add(runs, &n, "train qwen3-8b (cuda)", full ? 150 : 70, "train-cuda-qwen3", "train", "--backend", "cuda",
+                "--shape", "qwen3-8b", "--seq", full && huge ? "8192,32768" : "8192", "--repeats", full ? "3" : "2",
+                "--warmup", "1", np, NULL);
         add(runs, &n, "packed smollm2-135m (cuda)", full ? 60 : 30, "packed-cuda", "packed", "--backend", "cuda",
             "--seconds", full ? "10" : "5", NULL);
         if (big)
-            add(runs, &n, "context qwen3-8b (cuda)", full ? 200 : 40, "context-cuda-qwen3", "context", "--backend", "cuda",
-                "--shape", "qwen3-8b", "--confirm-seconds", full ? "60" : "0", full && !no_peer ? NULL : "--no-peer", NULL);
+            add(runs, &n, "context qwen3-8b (cuda)", full ? 200 : 40, "context-cuda-qwen3", "context", "--backend",
+                "cuda", "--shape", "qwen3-8b", "--confirm-seconds", full ? "60" : "0",
+                full && !no_peer ? NULL : "--no-peer", NULL);
         else
-            add(runs, &n, "context smollm2-135m (cuda)", 40, "context-cuda-smollm2", "context", "--backend", "cuda", "--shape",
-                "smollm2-135m", "--confirm-seconds", full ? "60" : "0", "--no-peer", NULL);
+            add(runs, &n, "context smollm2-135m (cuda)", 40, "context-cuda-smollm2", "context", "--backend", "cuda",
+                "--shape", "smollm2-135m", "--confirm-seconds", full ? "60" : "0", "--no-peer", NULL);
         if (full) {
             add(runs, &n, "attention (cuda)", 120, "attention-cuda", "attention", "--backend", "cuda", NULL);
             add(runs, &n, "lce (cuda)", 150, "lce", "lce", "--backend", "cuda", NULL);
@@ -301,8 +303,8 @@ int lt_bench_suite(int argc, char **argv) {
     int failed = 0;
     double spent = 0;
     for (int i = 0; i < n; i++) {
-        fprintf(stderr, "\n=== [%d/%d] %s (estimate %.0f s, %.0f s so far)\n", i + 1, n, runs[i].label, runs[i].estimate_s,
-                spent);
+        fprintf(stderr, "\n=== [%d/%d] %s (estimate %.0f s, %.0f s so far)\n", i + 1, n, runs[i].label,
+                runs[i].estimate_s, spent);
         double secs = 0;
         int rc = run_child(&runs[i], dir, 4 * runs[i].estimate_s + 60, &secs);
         spent += secs;

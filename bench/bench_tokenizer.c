@@ -15,7 +15,8 @@
 #include "longtune/gguf.h"
 #include "longtune/tokenizer.h"
 
-static const char *usage = "longtune bench tokenizer [--model M.gguf | --tokenizer FILE] [--text DIR|FILE] [--mb N] [options]";
+static const char *usage =
+    "longtune bench tokenizer [--model M.gguf | --tokenizer FILE] [--text DIR|FILE] [--mb N] [options]";
 
 static double now_s(void) {
     struct timespec ts;
@@ -24,9 +25,9 @@ static double now_s(void) {
 }
 
 typedef struct docs {
-    char *buf;      /* documents separated by NUL */
+    char *buf; /* documents separated by NUL */
     size_t len, cap;
-    size_t *off;    /* start of each document; n+1 entries */
+    size_t *off; /* start of each document; n+1 entries */
     size_t n, off_cap;
 } docs;
 
@@ -109,9 +110,7 @@ static uint64_t fnv_ids(uint64_t h, const int32_t *ids, size_t n) {
     return h;
 }
 
-static int python_has_tokenizers(void) {
-    return system("python3 -c 'import tokenizers' >/dev/null 2>&1") == 0;
-}
+static int python_has_tokenizers(void) { return system("python3 -c 'import tokenizers' >/dev/null 2>&1") == 0; }
 
 int lt_bench_tokenizer(int argc, char **argv) {
     lt_bench_common c;
@@ -131,7 +130,8 @@ int lt_bench_tokenizer(int argc, char **argv) {
             return 0;
         }
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "--tokenizer") || !strcmp(argv[i], "--text") ||
-             !strcmp(argv[i], "--mb")) && i + 1 < argc) {
+             !strcmp(argv[i], "--mb")) &&
+            i + 1 < argc) {
             const char *k = argv[i++];
             if (!strcmp(k, "--model")) model = argv[i];
             else if (!strcmp(k, "--tokenizer")) tokfile = argv[i];
@@ -156,8 +156,9 @@ int lt_bench_tokenizer(int argc, char **argv) {
     if (!model && !tokfile) {
         const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
         if (cache) snprintf(default_model, sizeof default_model, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
-        else snprintf(default_model, sizeof default_model, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf",
-                      home ? home : "");
+        else
+            snprintf(default_model, sizeof default_model, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf",
+                     home ? home : "");
         model = default_model;
     }
     lt_ctx *ctx = lt_ctx_new();

@@ -84,8 +84,8 @@ static void peer_close(peer *p) {
 }
 
 /* Starts the peer on model_dir with PYTHONPATH = peer_path first; 0 once it reported ready. */
-static int peer_open(peer *p, const char *script, const char *peer_path, const char *model_dir, int threads,
-                     int rank, double alpha, uint64_t seed) {
+static int peer_open(peer *p, const char *script, const char *peer_path, const char *model_dir, int threads, int rank,
+                     double alpha, uint64_t seed) {
     memset(p, 0, sizeof *p);
     int in[2], out[2];
     if (pipe(in) != 0) return -1;
@@ -150,11 +150,11 @@ static double peer_step(peer *p, int64_t T, double *cpu_ms, double *loss, double
 
 static int python_imports_peer(const char *peer_path) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} python3 -c 'import torch, transformers, peft' >/dev/null 2>&1",
+    snprintf(cmd, sizeof cmd,
+             "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} python3 -c 'import torch, transformers, peft' >/dev/null 2>&1",
              peer_path);
     return system(cmd) == 0;
 }
-
 
 /* The op profiler's totals of `steps` timed steps into arm["profile"] (ms per step per phase and
  * per op of each phase) and a table on stderr, ops sorted by their time over all phases. */
@@ -163,8 +163,9 @@ static void add_profile(cJSON *arm, const lt_prof_totals *t, double step_ms) {
     cJSON *jp = cJSON_AddObjectToObject(arm, "profile");
     cJSON_AddNumberToObject(jp, "steps", (double)t->steps);
     cJSON_AddNumberToObject(jp, "dropped_records", (double)t->dropped);
-    cJSON_AddStringToObject(jp, "units", "device milliseconds per step (CUDA events around every op; phases from "
-                                         "one phase change to the next, so phase minus its ops = gaps)");
+    cJSON_AddStringToObject(jp, "units",
+                            "device milliseconds per step (CUDA events around every op; phases from "
+                            "one phase change to the next, so phase minus its ops = gaps)");
     cJSON *ph = cJSON_AddObjectToObject(jp, "phases");
     cJSON *ops = cJSON_AddObjectToObject(jp, "ops");
     double op_total[LT_PROF_OP_COUNT_] = {0};
@@ -237,15 +238,21 @@ static void add_gpu_peer_arms(cJSON *arms, const cJSON *lines, const lt_model_co
         char ours[64];
         snprintf(ours, sizeof ours, "longtune-T%lld", (long long)seqs[si]);
         cJSON_ArrayForEach(a, arms) {
-            if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(a, "name")) ? cJSON_GetStringValue(cJSON_GetObjectItem(a, "name")) : "", ours)) continue;
+            if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(a, "name"))
+                           ? cJSON_GetStringValue(cJSON_GetObjectItem(a, "name"))
+                           : "",
+                       ours))
+                continue;
             double oms = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "median_ms"));
             double opk = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
             double ppk = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "max_allocated_bytes"));
             cJSON_AddNumberToObject(pa, "longtune_speedup", ms / oms);
             if (ppk > 0) cJSON_AddNumberToObject(pa, "longtune_memory_ratio", opk / ppk);
-            fprintf(stderr, "T=%lld peer: %.0f ms/step, %.0f tokens/s, peak %.2f GiB -> longtune %.2fx the peer's tokens/s, %.2fx its memory\n",
-                    (long long)seqs[si], ms, (double)seqs[si] / (ms * 1e-3), ppk / 1073741824.0, ms / oms,
-                    ppk > 0 ? opk / ppk : NAN);
+            fprintf(
+                stderr,
+                "T=%lld peer: %.0f ms/step, %.0f tokens/s, peak %.2f GiB -> longtune %.2fx the peer's tokens/s, %.2fx its memory\n",
+                (long long)seqs[si], ms, (double)seqs[si] / (ms * 1e-3), ppk / 1073741824.0, ms / oms,
+                ppk > 0 ? opk / ppk : NAN);
         }
         cJSON_AddItemToArray(arms, pa);
     }
@@ -264,38 +271,39 @@ int lt_bench_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench train [options]\n\n"
-                   "LoRA training steps (batch 1, r=8 on q,k,v,o,gate,up,down of every layer, recompute every\n"
-                   "layer, flash attention, fused loss, AdamW): median step ms, tokens/s, peak bytes vs the\n"
-                   "plan, MFU, and the PyTorch + transformers + PEFT peer on the same shape in the same run\n"
-                   "(CPU: interleaved step by step on the same weights; CUDA: bench/peers/train_peft_gpu.py\n"
-                   "after our arm, bf16, SDPA, gradient checkpointing).\n\n"
-                   "options:\n"
-                   "  --shape S        %s (default smollm2-135m)\n"
-                   "  --seq LIST       tokens per step, comma list (default: cpu 512,2048; cuda smollm2-135m\n"
-                   "                   2048,8192,32768, qwen3-8b 8192,32768)\n"
-                   "  --weights W      random-f32 (cpu default) | random-bf16 (cuda default): random weights of\n"
-                   "                   the real shape, streamed once into $LONGTUNE_BENCH_WEIGHTS (default\n"
-                   "                   /tmp/longtune-bench-weights) and reused; or a path (.gguf or HF folder):\n"
-                   "                   longtune only\n"
-                   "  --rank N         LoRA rank (default 8; alpha = 2r)\n"
-                   "  --threads N      CPU threads of both arms (default: the context's)\n"
-                   "  --no-peer        skip the PyTorch peer\n"
-                   "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
-                   "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
-                   "                   and back on a copy stream while layers compute)\n"
-                   "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
-                   "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
-                   "                   output + lse with the checkpoints (0, the default)\n"
-                   "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
-                   "                   CUDA graph captured at the second step of each length (default on; the\n"
-                   "                   profiler turns it off)\n"
-                   "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
-                   "                   phase and op, on stderr and in each arm's \"profile\"\n"
-                   "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
-                   "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
-                   "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n"
-                   LT_BENCH_COMMON_HELP, lt_bench_shape_names());
+            printf(
+                "usage: longtune bench train [options]\n\n"
+                "LoRA training steps (batch 1, r=8 on q,k,v,o,gate,up,down of every layer, recompute every\n"
+                "layer, flash attention, fused loss, AdamW): median step ms, tokens/s, peak bytes vs the\n"
+                "plan, MFU, and the PyTorch + transformers + PEFT peer on the same shape in the same run\n"
+                "(CPU: interleaved step by step on the same weights; CUDA: bench/peers/train_peft_gpu.py\n"
+                "after our arm, bf16, SDPA, gradient checkpointing).\n\n"
+                "options:\n"
+                "  --shape S        %s (default smollm2-135m)\n"
+                "  --seq LIST       tokens per step, comma list (default: cpu 512,2048; cuda smollm2-135m\n"
+                "                   2048,8192,32768, qwen3-8b 8192,32768)\n"
+                "  --weights W      random-f32 (cpu default) | random-bf16 (cuda default): random weights of\n"
+                "                   the real shape, streamed once into $LONGTUNE_BENCH_WEIGHTS (default\n"
+                "                   /tmp/longtune-bench-weights) and reused; or a path (.gguf or HF folder):\n"
+                "                   longtune only\n"
+                "  --rank N         LoRA rank (default 8; alpha = 2r)\n"
+                "  --threads N      CPU threads of both arms (default: the context's)\n"
+                "  --no-peer        skip the PyTorch peer\n"
+                "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
+                "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
+                "                   and back on a copy stream while layers compute)\n"
+                "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
+                "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
+                "                   output + lse with the checkpoints (0, the default)\n"
+                "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
+                "                   CUDA graph captured at the second step of each length (default on; the\n"
+                "                   profiler turns it off)\n"
+                "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
+                "                   phase and op, on stderr and in each arm's \"profile\"\n"
+                "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
+                "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
+                "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n" LT_BENCH_COMMON_HELP,
+                lt_bench_shape_names());
             return 0;
         }
         int r = lt_bench_common_flag(&c, argc, argv, &i);
@@ -426,8 +434,10 @@ int lt_bench_train(int argc, char **argv) {
         peers = 0;
     }
     if (peers && !cuda && !python_imports_peer(peer_path)) {
-        fprintf(stderr, "peer skipped: python3 cannot import torch, transformers, peft (looked in %s first;\n"
-                        "install once with: pip install --target %s torch transformers peft)\n", peer_path, peer_path);
+        fprintf(stderr,
+                "peer skipped: python3 cannot import torch, transformers, peft (looked in %s first;\n"
+                "install once with: pip install --target %s torch transformers peft)\n",
+                peer_path, peer_path);
         peers = 0;
     }
     if (peers && !cuda) {
@@ -444,10 +454,17 @@ int lt_bench_train(int argc, char **argv) {
     }
 
     if (!guard_off) {
-        lt_model_run_options ro = {.B = 1, .T = Tmax, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn,
+        lt_model_run_options ro = {.B = 1,
+                                   .T = Tmax,
+                                   .recompute = LT_RECOMPUTE_EVERY,
+                                   .attention = LT_ATTENTION_FLASH,
+                                   .loss = LT_LCE_FUSED,
+                                   .threads = nthreads,
+                                   .recompute_attention = recompute_attn,
                                    .offload_ckpt = offload_lo};
-        lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
+        lt_plan_options po = {.device = dev,
+                              .lora = lo,
+                              .run = ro,
                               .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)};
         lt_plan plan;
         lt_guard_options go = {.device = dev, .no_watchdog = 0};
@@ -478,7 +495,10 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
-    cJSON_AddStringToObject(jc, "offload_checkpoints", offload_lo ? "on" : offload_hi ? "off, then on (arms longtune-offload-T*)" : "off");
+    cJSON_AddStringToObject(jc, "offload_checkpoints",
+                            offload_lo       ? "on"
+                                : offload_hi ? "off, then on (arms longtune-offload-T*)"
+                                             : "off");
     cJSON_AddBoolToObject(jc, "profiled", lt_prof_active);
     if (cuda) cJSON_AddStringToObject(jc, "cuda_graph", graph ? "on" : "off");
     cJSON_AddStringToObject(jc, "flops", lt_bench_flops_note);
@@ -493,7 +513,8 @@ int lt_bench_train(int argc, char **argv) {
         cJSON_AddNumberToObject(jc, "sgemm_gflops", sgemm);
         cJSON_AddNumberToObject(jc, "sgemm_n", 1024);
         cJSON_AddStringToObject(jc, "openblas_core", openblas_get_corename());
-        cJSON_AddStringToObject(jc, "schedule", "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
+        cJSON_AddStringToObject(jc, "schedule",
+                                "steps interleaved: ours, peer, ours, peer ... (shared machine: medians)");
         /* How idle OpenMP threads wait (libgomp reads these at start-up; the peer inherits them). */
         const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
         cJSON_AddStringToObject(jc, "omp_wait_policy", wp ? wp : "(unset)");
@@ -510,10 +531,17 @@ int lt_bench_train(int argc, char **argv) {
         int si = sv / (1 + offload_hi - offload_lo), offload = offload_lo + sv % (1 + offload_hi - offload_lo);
         int64_t T = seqs[si];
         /* attention output + lse are kept with the checkpoints unless --recompute-attention 1 */
-        lt_model_run_options ro = {.B = 1, .T = T, .recompute = LT_RECOMPUTE_EVERY, .attention = LT_ATTENTION_FLASH,
-                                   .loss = LT_LCE_FUSED, .threads = nthreads, .recompute_attention = recompute_attn,
+        lt_model_run_options ro = {.B = 1,
+                                   .T = T,
+                                   .recompute = LT_RECOMPUTE_EVERY,
+                                   .attention = LT_ATTENTION_FLASH,
+                                   .loss = LT_LCE_FUSED,
+                                   .threads = nthreads,
+                                   .recompute_attention = recompute_attn,
                                    .offload_ckpt = offload};
-        lt_plan_options po = {.device = dev, .lora = lo, .run = ro,
+        lt_plan_options po = {.device = dev,
+                              .lora = lo,
+                              .run = ro,
                               .held_bytes = (cuda ? 0 : lt_alloc_accounted_size(dev, tok_bytes)) + guard_bytes};
         lt_plan plan;
         lt_model_sizes sizes;
@@ -572,8 +600,8 @@ int lt_bench_train(int argc, char **argv) {
             if (guard && lt_guard_tripped(guard)) {
                 lt_guard_breach gb = lt_guard_get_breach(guard);
                 st = lt_error(ctx, LT_ERR_OOM, "memory guard: %s at %.2f GiB passed the ceiling %.2f GiB at T=%lld",
-                              gb.source, (double)gb.observed_bytes / 1073741824.0, (double)gb.ceiling_bytes / 1073741824.0,
-                              (long long)T);
+                              gb.source, (double)gb.observed_bytes / 1073741824.0,
+                              (double)gb.ceiling_bytes / 1073741824.0, (long long)T);
                 break;
             }
             if (peer_ok) {
@@ -584,8 +612,10 @@ int lt_bench_train(int argc, char **argv) {
                 }
             }
             fprintf(stderr, "  T=%-6lld %s %d: longtune %8.1f ms (cpu %8.0f, loss %.4f)", (long long)T,
-                    r < c.warmup ? "warmup" : "step  ", r < c.warmup ? r + 1 : r - c.warmup + 1, ours[r], ours_cpu[r], loss);
-            if (peer_ok) fprintf(stderr, "   peer %8.0f ms (cpu %8.0f, loss %.4f)", theirs[r], theirs_cpu[r], peer_loss);
+                    r < c.warmup ? "warmup" : "step  ", r < c.warmup ? r + 1 : r - c.warmup + 1, ours[r], ours_cpu[r],
+                    loss);
+            if (peer_ok)
+                fprintf(stderr, "   peer %8.0f ms (cpu %8.0f, loss %.4f)", theirs[r], theirs_cpu[r], peer_loss);
             fputc('\n', stderr);
         }
         if (st != LT_OK) {
@@ -652,12 +682,14 @@ int lt_bench_train(int argc, char **argv) {
         cJSON_AddItemToArray(arms, arm);
         if (offload)
             fprintf(stderr, "T=%lld offloaded checkpoints: %.1f MiB pinned host memory (plan %.1f MiB)\n", (long long)T,
-                    (double)lt_mem_get_pinned_stats(ctx).peak_bytes / 1048576.0, (double)plan.offload_bytes / 1048576.0);
-        fprintf(stderr, "T=%lld longtune%s: %.1f ms/step, %.0f tokens/s, peak %.1f MiB (plan %.1f MiB, %.4f), ", (long long)T,
-                offload ? " (offload)" : "", ms, (double)T / (ms * 1e-3), (double)peak / 1048576.0, (double)plan.peak_bytes / 1048576.0,
-                peak ? (double)plan.peak_bytes / (double)peak : NAN);
-        if (cuda) fprintf(stderr, "%.1f TFLOP/s = MFU %.3f (HFU %.3f)\n", mrate * 1e-12, mrate / LT_BENCH_H200_BF16_PEAK,
-                          hrate / LT_BENCH_H200_BF16_PEAK);
+                    (double)lt_mem_get_pinned_stats(ctx).peak_bytes / 1048576.0,
+                    (double)plan.offload_bytes / 1048576.0);
+        fprintf(stderr, "T=%lld longtune%s: %.1f ms/step, %.0f tokens/s, peak %.1f MiB (plan %.1f MiB, %.4f), ",
+                (long long)T, offload ? " (offload)" : "", ms, (double)T / (ms * 1e-3), (double)peak / 1048576.0,
+                (double)plan.peak_bytes / 1048576.0, peak ? (double)plan.peak_bytes / (double)peak : NAN);
+        if (cuda)
+            fprintf(stderr, "%.1f TFLOP/s = MFU %.3f (HFU %.3f)\n", mrate * 1e-12, mrate / LT_BENCH_H200_BF16_PEAK,
+                    hrate / LT_BENCH_H200_BF16_PEAK);
         else fprintf(stderr, "%.1f GFLOP/s = %.2f of sgemm\n", hrate * 1e-9, hrate * 1e-9 / sgemm);
         if (peer_ok) {
             double pms = lt_bench_median(theirs + c.warmup, c.repeats);
@@ -672,7 +704,8 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddNumberToObject(pa, "max_rss_bytes", peer_rss);
             /* the peer's checkpointing reruns the whole layer forward: attention and the down
              * projection's base product included */
-            double phfl = lt_bench_hw_flops(cfg, rank, T, 1, 0) + 2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
+            double phfl = lt_bench_hw_flops(cfg, rank, T, 1, 0) +
+                2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
             cJSON_AddNumberToObject(pa, "gflops", phfl / (pms * 1e-3) * 1e-9);
             cJSON_AddNumberToObject(pa, "mfu_vs_sgemm", phfl / (pms * 1e-3) * 1e-9 / sgemm);
             cJSON_AddNumberToObject(pa, "last_loss", peer_loss);
@@ -681,9 +714,11 @@ int lt_bench_train(int argc, char **argv) {
             times = cJSON_AddArrayToObject(pa, "step_ms");
             for (int r = c.warmup; r < n; r++) cJSON_AddItemToArray(times, cJSON_CreateNumber(theirs[r]));
             cJSON_AddItemToArray(arms, pa);
-            fprintf(stderr, "T=%lld peer:     %.0f ms/step, %.0f tokens/s, max RSS %.1f MiB -> longtune %.2fx the peer's tokens/s"
-                            " (%.2fx by CPU time)\n",
-                    (long long)T, pms, (double)T / (pms * 1e-3), peer_rss / 1048576.0, pms / ms, pcms / cms);
+            fprintf(
+                stderr,
+                "T=%lld peer:     %.0f ms/step, %.0f tokens/s, max RSS %.1f MiB -> longtune %.2fx the peer's tokens/s"
+                " (%.2fx by CPU time)\n",
+                (long long)T, pms, (double)T / (pms * 1e-3), peer_rss / 1048576.0, pms / ms, pcms / cms);
         }
         free(ours);
         free(theirs);
@@ -707,8 +742,8 @@ int lt_bench_train(int argc, char **argv) {
         char args[512], list[160] = "";
         for (int k = 0; k < n_seqs; k++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", k ? "," : "", (long long)seqs[k]);
-        snprintf(args, sizeof args, "--shape %s --seq %s --steps %d --warmup %d --rank %d", shape->name, list, c.repeats,
-                 c.warmup, rank);
+        snprintf(args, sizeof args, "--shape %s --seq %s --steps %d --warmup %d --rank %d", shape->name, list,
+                 c.repeats, c.warmup, rank);
         peer_lines = lt_bench_gpu_peer_run(peer_path, args);
         if (peer_lines) {
             cJSON_AddItemToObject(jc, "peer", cJSON_Duplicate(lt_bench_peer_find(peer_lines, "ready", 0), 1));
@@ -721,9 +756,10 @@ int lt_bench_train(int argc, char **argv) {
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
     char tag[160];
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s", c.backend, random_w ? shape->name : "file", random_w ? weights : "weights",
-             recompute_attn ? "-recompute-attn" : "", offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "",
-             lt_prof_active ? "-profile" : "", cuda && !graph ? "-nograph" : "");
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+             random_w ? weights : "weights", recompute_attn ? "-recompute-attn" : "",
+             offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
+             cuda && !graph ? "-nograph" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -5,9 +5,15 @@ LT_BENCH(pack, lt_bench_pack, "sequence packing: plan 1M sequences (first-fit, b
 LT_BENCH(tokenizer, lt_bench_tokenizer, "tokenizer encoding MB/s on one thread vs HF tokenizers on the same text")
 LT_BENCH(attention, lt_bench_attention, "naive vs flash attention fwd/bwd (CPU): time, extra memory, packed rows")
 LT_BENCH(lce, lt_bench_lce, "linear cross-entropy: naive / chunked / fused, time, memory, vs sgemm")
-LT_BENCH(train, lt_bench_train, "LoRA training steps (SmolLM2-135M / Qwen3-8B shapes, cpu|cuda): tokens/s, peak vs plan, MFU, vs torch+PEFT")
-LT_BENCH(context, lt_bench_context, "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
-LT_BENCH(packed, lt_bench_packed, "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
-LT_BENCH(suite, lt_bench_suite, "the community benchmark: longtune bench --tier quick|full|smoke (machine, plan, estimate, one JSON)")
-LT_BENCH(matmul, lt_bench_matmul, "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
-LT_BENCH(scaling, lt_bench_scaling, "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")
+LT_BENCH(train, lt_bench_train,
+         "LoRA training steps (SmolLM2-135M / Qwen3-8B shapes, cpu|cuda): tokens/s, peak vs plan, MFU, vs torch+PEFT")
+LT_BENCH(context, lt_bench_context,
+         "longest trainable context: planner, allocation and real steps under the guard, vs torch+PEFT")
+LT_BENCH(packed, lt_bench_packed,
+         "real tokens/s on Alpaca-shaped data: packed rows vs unpacked batch 1 vs padded batch 8")
+LT_BENCH(suite, lt_bench_suite,
+         "the community benchmark: longtune bench --tier quick|full|smoke (machine, plan, estimate, one JSON)")
+LT_BENCH(matmul, lt_bench_matmul,
+         "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
+LT_BENCH(scaling, lt_bench_scaling,
+         "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")

@@ -58,8 +58,8 @@ int lt_cmd_generate(int argc, char **argv) {
             no_template = 1;
             continue;
         }
-        const char *flags[] = {"--model", "--adapter", "--prompt", "--system", "--max-tokens", "--temp", "--top-p",
-                               "--seed", "--chat-template", "--threads"};
+        const char *flags[] = {"--model", "--adapter", "--prompt", "--system",        "--max-tokens",
+                               "--temp",  "--top-p",   "--seed",   "--chat-template", "--threads"};
         int k = -1;
         for (int j = 0; j < 10; j++)
             if (!strcmp(a, flags[j])) k = j;
@@ -74,7 +74,8 @@ int lt_cmd_generate(int argc, char **argv) {
         case 2: prompt = v; break;
         case 3: system = v; break;
         case 4:
-            if (lt_cli_parse_i64(v, 1, 4000, &iv)) return lt_cli_usage_error("generate", usage, "bad --max-tokens '%s'", v);
+            if (lt_cli_parse_i64(v, 1, 4000, &iv))
+                return lt_cli_usage_error("generate", usage, "bad --max-tokens '%s'", v);
             go.max_tokens = iv;
             break;
         case 5:
@@ -87,12 +88,14 @@ int lt_cmd_generate(int argc, char **argv) {
             go.top_p = dv;
             break;
         case 7:
-            if (lt_cli_parse_i64(v, 0, INT64_MAX, &iv)) return lt_cli_usage_error("generate", usage, "bad --seed '%s'", v);
+            if (lt_cli_parse_i64(v, 0, INT64_MAX, &iv))
+                return lt_cli_usage_error("generate", usage, "bad --seed '%s'", v);
             go.seed = (uint64_t)iv;
             break;
         case 8: tmpl_name = v; break;
         case 9:
-            if (lt_cli_parse_i64(v, 0, 4096, &iv)) return lt_cli_usage_error("generate", usage, "bad --threads '%s'", v);
+            if (lt_cli_parse_i64(v, 0, 4096, &iv))
+                return lt_cli_usage_error("generate", usage, "bad --threads '%s'", v);
             threads = (int)iv;
             break;
         }

@@ -11,7 +11,8 @@ int lt_cmd_info(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: %s\n\nPrints the build's features (CUDA, OpenMP, OpenBLAS), the CPU, host "
-                   "memory (honouring a cgroup limit) and CUDA devices.\n", usage);
+                   "memory (honouring a cgroup limit) and CUDA devices.\n",
+                   usage);
             return LT_EXIT_OK;
         }
         return lt_cli_usage_error("info", usage, "unknown option '%s'", argv[i]);
@@ -35,11 +36,10 @@ int lt_cmd_info(int argc, char **argv) {
            lt_cli_fmt_bytes(hm.available_bytes, b2, 32), hm.cgroup_limit ? " (cgroup limit)" : "");
     lt_cuda_device_info cu = lt_sys_cuda();
     if (cu.count)
-        printf("cuda: %d device(s); 0: %s sm_%d%d, %s total, %s free, driver %d, runtime %d\n", cu.count,
-               cu.name, cu.cc_major, cu.cc_minor, lt_cli_fmt_bytes(cu.total_bytes, b1, 32),
+        printf("cuda: %d device(s); 0: %s sm_%d%d, %s total, %s free, driver %d, runtime %d\n", cu.count, cu.name,
+               cu.cc_major, cu.cc_minor, lt_cli_fmt_bytes(cu.total_bytes, b1, 32),
                lt_cli_fmt_bytes(cu.free_bytes, b2, 32), cu.driver_version, cu.runtime_version);
-    else
-        printf("cuda: %s\n", LT_HAVE_CUDA ? "no device" : "not built");
+    else printf("cuda: %s\n", LT_HAVE_CUDA ? "no device" : "not built");
     lt_ctx_free(ctx);
     return LT_EXIT_OK;
 }

@@ -48,19 +48,30 @@ int lt_cmd_pack(int argc, char **argv) {
             help();
             return LT_EXIT_OK;
         }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        if (!strcmp(a, "--mask-prompt")) { mask_prompt = 1; continue; }
-        if (!strcmp(a, "--skip-bad-lines")) { skip_bad = 1; continue; }
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mask-prompt")) {
+            mask_prompt = 1;
+            continue;
+        }
+        if (!strcmp(a, "--skip-bad-lines")) {
+            skip_bad = 1;
+            continue;
+        }
         const char **str = !strcmp(a, "--model") ? &model
-                           : !strcmp(a, "--data") ? &data
-                           : !strcmp(a, "--split") ? &split
-                           : !strcmp(a, "--algorithm") ? &alg_name
-                           : !strcmp(a, "--overflow") ? &overflow
-                           : !strcmp(a, "--chat-template") ? &chat_name : NULL;
+            : !strcmp(a, "--data")               ? &data
+            : !strcmp(a, "--split")              ? &split
+            : !strcmp(a, "--algorithm")          ? &alg_name
+            : !strcmp(a, "--overflow")           ? &overflow
+            : !strcmp(a, "--chat-template")      ? &chat_name
+                                                 : NULL;
         int64_t *num = !strcmp(a, "--max-seq-length") ? &L
-                       : !strcmp(a, "--batch-size") ? &B
-                       : !strcmp(a, "--seed") ? &seed
-                       : !strcmp(a, "--epoch") ? &epoch : NULL;
+            : !strcmp(a, "--batch-size")              ? &B
+            : !strcmp(a, "--seed")                    ? &seed
+            : !strcmp(a, "--epoch")                   ? &epoch
+                                                      : NULL;
         if (!str && !num) return lt_cli_usage_error("pack", usage, "unknown option '%s'", a);
         if (i + 1 >= argc) return lt_cli_usage_error("pack", usage, "%s needs a value", a);
         if (str) {
@@ -108,7 +119,9 @@ int lt_cmd_pack(int argc, char **argv) {
     lt_pack_input in;
     if (s == LT_OK) {
         in = lt_dataset_input(ds);
-        po.pad_id = lt_tokenizer_pad(tok) >= 0 ? lt_tokenizer_pad(tok) : lt_tokenizer_eos(tok) >= 0 ? lt_tokenizer_eos(tok) : 0;
+        po.pad_id = lt_tokenizer_pad(tok) >= 0 ? lt_tokenizer_pad(tok)
+            : lt_tokenizer_eos(tok) >= 0       ? lt_tokenizer_eos(tok)
+                                               : 0;
         s = lt_pack_plan_build(ctx, &in, &po, &plan);
     }
     if (s != LT_OK) {
@@ -178,8 +191,8 @@ int lt_cmd_pack(int argc, char **argv) {
                lt_pack_algorithm_name(po.algorithm), (long long)L, (long long)B, (long long)p.rows,
                (long long)p.empty_rows, (long long)p.batches, p.seqs_per_row, (long long)p.max_segments);
         printf("tokens    %lld real of %lld: utilisation %.2f%%, padding waste %.2f%%, %lld targets\n",
-               (long long)p.real_tokens, (long long)p.capacity_tokens, 100.0 * p.utilisation,
-               100.0 * p.padding_waste, (long long)p.targets);
+               (long long)p.real_tokens, (long long)p.capacity_tokens, 100.0 * p.utilisation, 100.0 * p.padding_waste,
+               (long long)p.targets);
         printf("overflow  %lld truncated (%lld tokens dropped), %lld split\n", (long long)p.truncated,
                (long long)p.dropped_tokens, (long long)p.split);
     }

@@ -84,9 +84,8 @@ static lt_status auto_budget(lt_ctx *ctx, lt_device dev, uint64_t *out, char *ho
     uint64_t outside = dev == LT_DEVICE_CPU ? c.in_use_bytes : 0;
     *out = c.ceiling_bytes > outside ? c.ceiling_bytes - outside : 0;
     snprintf(how, n, "auto: min(%.2f x %llu total, %llu available + %llu in use - %llu cushion)%s",
-             LT_GUARD_DEFAULT_SHARE, (unsigned long long)c.total_bytes,
-             (unsigned long long)c.available_bytes, (unsigned long long)c.in_use_bytes,
-             (unsigned long long)c.cushion_bytes, outside ? " - resident set" : "");
+             LT_GUARD_DEFAULT_SHARE, (unsigned long long)c.total_bytes, (unsigned long long)c.available_bytes,
+             (unsigned long long)c.in_use_bytes, (unsigned long long)c.cushion_bytes, outside ? " - resident set" : "");
     return LT_OK;
 }
 
@@ -103,7 +102,8 @@ static int is_hf_config(const char *path) {
         text[n] = '\0';
         cJSON *root = cJSON_ParseWithLength(text, (size_t)n);
         if (cJSON_IsObject(root))
-            r = cJSON_GetObjectItemCaseSensitive(root, "hidden_size") || cJSON_GetObjectItemCaseSensitive(root, "model_type");
+            r = cJSON_GetObjectItemCaseSensitive(root, "hidden_size") ||
+                cJSON_GetObjectItemCaseSensitive(root, "model_type");
         cJSON_Delete(root);
     }
     free(text);
@@ -143,10 +143,10 @@ int lt_cmd_plan(int argc, char **argv) {
     int rc = LT_EXIT_FAIL;
     cJSON *out = NULL;
     lt_status s;
-#define USAGE(...)                                              \
-    do {                                                        \
-        rc = lt_cli_usage_error("plan", usage, __VA_ARGS__);    \
-        goto done;                                              \
+#define USAGE(...)                                           \
+    do {                                                     \
+        rc = lt_cli_usage_error("plan", usage, __VA_ARGS__); \
+        goto done;                                           \
     } while (0)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -188,9 +188,8 @@ int lt_cmd_plan(int argc, char **argv) {
         int takes = 1; /* a plan-only flag with a value consumes it */
         if (!strcmp(key, "config") || !strcmp(key, "train")) {
             takes = !strcmp(key, "config");
-        } else if (!strcmp(key, "budget") || !strcmp(key, "host-budget") || !strcmp(key, "dp") ||
-                   !strcmp(key, "cp") || !strcmp(key, "saved") || !strcmp(key, "chunk-rows") ||
-                   !strcmp(key, "weights-dtype")) {
+        } else if (!strcmp(key, "budget") || !strcmp(key, "host-budget") || !strcmp(key, "dp") || !strcmp(key, "cp") ||
+                   !strcmp(key, "saved") || !strcmp(key, "chunk-rows") || !strcmp(key, "weights-dtype")) {
             if (!v) USAGE("%s needs a value", a);
             if (!strcmp(key, "budget")) budget_s = v;
             else if (!strcmp(key, "host-budget")) host_budget_s = v;
@@ -241,8 +240,7 @@ int lt_cmd_plan(int argc, char **argv) {
     if (max_seq && max_batch) USAGE("--max-seq and --max-batch exclude each other");
     if (have_wdtype && !hf_config)
         USAGE("--weights-dtype applies to an HF --config only (a model's files say their dtypes)");
-    if (hf_config && opt.data[0])
-        USAGE("--data needs --model: the data set is tokenized with the model's tokenizer");
+    if (hf_config && opt.data[0]) USAGE("--data needs --model: the data set is tokenized with the model's tokenizer");
     uint64_t budget = 0;
     int budget_auto = !strcmp(budget_s, "auto");
     if (!budget_auto && (lt_cli_parse_bytes(budget_s, &budget) || budget == 0))
@@ -275,8 +273,7 @@ int lt_cmd_plan(int argc, char **argv) {
         s = lt_model_config_read_hf(ctx, hf_config, &cfg);
         if (s == LT_OK) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
-            for (int p = 0; p < LT_PROJ_COUNT_; p++)
-                cfg.proj_dtype[p] = ro.quantize[0] ? LT_DTYPE_INT4_G64 : wdtype;
+            for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = ro.quantize[0] ? LT_DTYPE_INT4_G64 : wdtype;
         }
     }
     if (s != LT_OK) {
@@ -303,7 +300,8 @@ int lt_cmd_plan(int argc, char **argv) {
     /* The host side of a device plan with offload: its own budget and its own answer. */
     int host_check = offload && dev != LT_DEVICE_CPU;
     char host_how[256] = "given";
-    if (host_check && host_auto && (s = auto_budget(ctx, LT_DEVICE_CPU, &host_budget, host_how, sizeof host_how)) != LT_OK) {
+    if (host_check && host_auto &&
+        (s = auto_budget(ctx, LT_DEVICE_CPU, &host_budget, host_how, sizeof host_how)) != LT_OK) {
         rc = lt_cli_fail("plan", ctx, s);
         fprintf(stderr, "longtune plan: pass --host-budget BYTES to plan without measuring this machine\n");
         goto done;
@@ -369,7 +367,8 @@ int lt_cmd_plan(int argc, char **argv) {
         cJSON *hj = cJSON_AddObjectToObject(out, "held_parts");
         cJSON_AddNumberToObject(hj, "data_and_guard", (double)held.caller_bytes);
         cJSON_AddNumberToObject(hj, "packing_peak", (double)held.packing_peak_bytes);
-        cJSON_AddNumberToObject(hj, "trainer", (double)(plan.bytes[LT_PLAN_HELD] - (dev == LT_DEVICE_CPU ? held.caller_bytes : 0)));
+        cJSON_AddNumberToObject(hj, "trainer",
+                                (double)(plan.bytes[LT_PLAN_HELD] - (dev == LT_DEVICE_CPU ? held.caller_bytes : 0)));
         cJSON_AddBoolToObject(out, "data_counted", ro.data[0] != 0 && dev == LT_DEVICE_CPU);
         cJSON_AddNumberToObject(out, "budget_bytes", (double)budget);
         cJSON_AddStringToObject(out, "budget_source", budget_auto ? "auto" : "given");
@@ -382,17 +381,13 @@ int lt_cmd_plan(int argc, char **argv) {
         }
         cJSON *na = cJSON_AddObjectToObject(out, "naive_arms");
         for (int k = 0; k < 3; k++) {
-            if (arms[k].ok)
-                cJSON_AddNumberToObject(na, arms[k].name, (double)arms[k].plan.peak_bytes);
-            else
-                cJSON_AddNullToObject(na, arms[k].name);
+            if (arms[k].ok) cJSON_AddNumberToObject(na, arms[k].name, (double)arms[k].plan.peak_bytes);
+            else cJSON_AddNullToObject(na, arms[k].name);
         }
         const char *key = max_seq ? "max_seq_len" : "max_batch";
         if (max_seq || max_batch) {
-            if (found)
-                cJSON_AddNumberToObject(out, key, (double)best);
-            else
-                cJSON_AddNullToObject(out, key);
+            if (found) cJSON_AddNumberToObject(out, key, (double)best);
+            else cJSON_AddNullToObject(out, key);
         }
         char *text = cJSON_Print(out);
         if (!text) {
@@ -407,19 +402,19 @@ int lt_cmd_plan(int argc, char **argv) {
 
     char b1[32], b2[32], rec[32];
     printf("model: %s (L=%lld C=%lld F=%lld H=%lld Hkv=%lld D=%lld V=%lld%s)\n", hf_config ? hf_config : ro.model,
-           (long long)cfg.L, (long long)cfg.C, (long long)cfg.F, (long long)cfg.H, (long long)cfg.Hkv,
-           (long long)cfg.D, (long long)cfg.V, cfg.tie_embeddings ? ", tied head" : "");
+           (long long)cfg.L, (long long)cfg.C, (long long)cfg.F, (long long)cfg.H, (long long)cfg.Hkv, (long long)cfg.D,
+           (long long)cfg.V, cfg.tie_embeddings ? ", tied head" : "");
     printf("run: %s, batch %lld x %lld tokens, LoRA r=%lld (%lld params), recompute %s, attention %s, "
-           "loss %s\n", dev == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)B, (long long)T,
-           (long long)plan.options.lora.rank, (long long)plan.n_lora_params,
-           lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec,
-                                  sizeof rec),
+           "loss %s\n",
+           dev == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)B, (long long)T, (long long)plan.options.lora.rank,
+           (long long)plan.n_lora_params,
+           lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec, sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
     if (plan.options.run.recompute != LT_RECOMPUTE_NONE)
         printf("kept for the backward: %s%s, in %s; position-wise work in chunks of %lld rows\n",
-               recompute_attention    ? "layer inputs"
-               : dev == LT_DEVICE_CPU ? "layer inputs and attention halves (q, k, v, output, x_mid)"
-                                      : "layer inputs and attention outputs",
+               recompute_attention        ? "layer inputs"
+                   : dev == LT_DEVICE_CPU ? "layer inputs and attention halves (q, k, v, output, x_mid)"
+                                          : "layer inputs and attention outputs",
                recompute_attention ? " (attention rerun)" : "",
                saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
                (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
@@ -432,20 +427,17 @@ int lt_cmd_plan(int argc, char **argv) {
         if (c != LT_PLAN_HELD || plan.bytes[c]) /* a device plan holds nothing else there */
             printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),
                    lt_cli_fmt_bytes(plan.bytes[c], b1, 32), plan.bytes[c]);
-    printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32),
-           plan.peak_bytes);
+    printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32), plan.peak_bytes);
     printf("budget: %s (%s)\n", lt_cli_fmt_bytes(budget, b1, 32), how);
     if (plan.peak_bytes <= budget)
-        printf("fits: %s, %s to spare%s\n", fits ? "yes" : "on the device", lt_cli_fmt_bytes(budget - plan.peak_bytes, b2, 32),
-               fits ? "" : " (but not in host memory, below)");
-    else
-        printf("fits: NO, %s over\n", lt_cli_fmt_bytes(plan.peak_bytes - budget, b2, 32));
+        printf("fits: %s, %s to spare%s\n", fits ? "yes" : "on the device",
+               lt_cli_fmt_bytes(budget - plan.peak_bytes, b2, 32), fits ? "" : " (but not in host memory, below)");
+    else printf("fits: NO, %s over\n", lt_cli_fmt_bytes(plan.peak_bytes - budget, b2, 32));
     if (host_check) {
-        printf("host (pinned)     %12s  (%zu bytes) of offloaded checkpoints\n", lt_cli_fmt_bytes(plan.offload_bytes, b1, 32),
-               plan.offload_bytes);
+        printf("host (pinned)     %12s  (%zu bytes) of offloaded checkpoints\n",
+               lt_cli_fmt_bytes(plan.offload_bytes, b1, 32), plan.offload_bytes);
         printf("host budget: %s (%s)\n", lt_cli_fmt_bytes(host_budget, b1, 32), host_how);
-        if (fits_host)
-            printf("host: fits, %s to spare\n", lt_cli_fmt_bytes(host_budget - plan.offload_bytes, b2, 32));
+        if (fits_host) printf("host: fits, %s to spare\n", lt_cli_fmt_bytes(host_budget - plan.offload_bytes, b2, 32));
         else
             printf("host: NO, will not fit in host memory (%s over)\n",
                    lt_cli_fmt_bytes(plan.offload_bytes - host_budget, b2, 32));
@@ -466,10 +458,8 @@ int lt_cmd_plan(int argc, char **argv) {
         const char *what = max_seq ? "longest sequence" : "largest batch";
         if (found)
             printf("%s that fits: %lld%s\n", what, (long long)best,
-                   max_seq && cfg.max_positions && best > cfg.max_positions
-                       ? " (beyond max_position_embeddings)" : "");
-        else
-            printf("%s that fits: none (even 1 does not fit)\n", what);
+                   max_seq && cfg.max_positions && best > cfg.max_positions ? " (beyond max_position_embeddings)" : "");
+        else printf("%s that fits: none (even 1 does not fit)\n", what);
     }
     if (!ro.data[0] && dev == LT_DEVICE_CPU)
         printf("held: the trainer's buffers only; --data DIR counts the tokenizer and data set too\n");

@@ -34,7 +34,10 @@ static long parse_delim(const char *s, char *buf, size_t cap) {
     size_t n = 0;
     for (; *s; s++) {
         if (n + 1 >= cap) return -1;
-        if (*s != '\\') { buf[n++] = *s; continue; }
+        if (*s != '\\') {
+            buf[n++] = *s;
+            continue;
+        }
         s++;
         switch (*s) {
         case 'n': buf[n++] = '\n'; break;
@@ -55,7 +58,10 @@ static char *read_stdin(size_t *len) {
     for (;;) {
         if (n == cap) {
             char *nb = realloc(b, cap * 2);
-            if (!nb) { free(b); return NULL; }
+            if (!nb) {
+                free(b);
+                return NULL;
+            }
             b = nb;
             cap *= 2;
         }
@@ -89,7 +95,10 @@ static int parse_ids(const char *s, size_t n, int32_t **ids, size_t *n_ids, size
     size_t i = 0;
     while (i < n) {
         char c = s[i];
-        if (c == ' ' || c == ',' || c == '[' || c == ']' || c == '\t' || c == '\r' || c == '\n') { i++; continue; }
+        if (c == ' ' || c == ',' || c == '[' || c == ']' || c == '\t' || c == '\r' || c == '\n') {
+            i++;
+            continue;
+        }
         if (c < '0' || c > '9') {
             if (!(c == '-' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')) {
                 *bad_at = i;
@@ -102,12 +111,19 @@ static int parse_ids(const char *s, size_t n, int32_t **ids, size_t *n_ids, size
         if (neg) i++;
         while (i < n && s[i] >= '0' && s[i] <= '9') {
             x = x * 10 + (s[i] - '0');
-            if (x > INT32_MAX) { *bad_at = i; free(v); return 1; }
+            if (x > INT32_MAX) {
+                *bad_at = i;
+                free(v);
+                return 1;
+            }
             i++;
         }
         if (k == cap) {
             int32_t *nv = realloc(v, cap * 2 * sizeof *v);
-            if (!nv) { free(v); return -1; }
+            if (!nv) {
+                free(v);
+                return -1;
+            }
             v = nv;
             cap *= 2;
         }
@@ -164,7 +180,10 @@ int lt_cmd_tokenize(int argc, char **argv) {
         const char *start = in + pos;
         size_t n = len - pos;
         for (size_t j = pos; j + (size_t)dlen <= len; j++)
-            if (!memcmp(in + j, delim, (size_t)dlen)) { n = j - pos; break; }
+            if (!memcmp(in + j, delim, (size_t)dlen)) {
+                n = j - pos;
+                break;
+            }
         pos += n + (size_t)dlen;
         rec++;
         if (!decode) {

@@ -11,55 +11,54 @@
 #include "longtune/log.h"
 #include "longtune/train.h"
 
-static const char *usage =
-    "longtune train --model M --data DIR [--config FILE.json] [--iters N] [--batch-size B] "
-    "[--max-seq-length T] [--learning-rate LR] [options]";
+static const char *usage = "longtune train --model M --data DIR [--config FILE.json] [--iters N] [--batch-size B] "
+                           "[--max-seq-length T] [--learning-rate LR] [options]";
 
 static void print_help(void) {
-    printf("usage: %s\n\n"
-           "Fine-tunes LoRA adapters of M (a Hugging Face folder or a .gguf file; a quantized base stays\n"
-           "quantized: QLoRA) on DIR/train.jsonl, evaluating on DIR/valid.jsonl. Writes the PEFT adapter\n"
-           "(adapter_config.json, adapter_model.safetensors), a resumable checkpoint and metrics.jsonl\n"
-           "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n\n"
-           "options (defaults in brackets; flags override --config):\n"
-           "  --model PATH               base model (required)\n"
-           "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
-           "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
-           "  --adapter-path DIR         output folder [adapters]\n"
-           "  --resume-adapter-file F    checkpoint to resume from (or the --adapter-path DIR holding it)\n"
-           "  --iters N                  optimizer steps [1000]\n"
-           "  --batch-size B             rows per micro-batch [4]\n"
-           "  --grad-accum K             micro-batches per step [1]\n"
-           "  --max-seq-length T         tokens per row [2048]\n"
-           "  --learning-rate LR         peak learning rate [1e-5]\n"
-           "  --lr-schedule S            constant | cosine [constant]; --warmup N [0]; --min-lr LR [0]\n"
-           "  --weight-decay W, --beta1, --beta2, --eps   AdamW [0, 0.9, 0.999, 1e-8]\n"
-           "  --grad-clip G              clip the global gradient norm [off]\n"
-           "  --num-layers K             LoRA on the last K layers [all]\n"
-           "  --lora-rank R, --lora-alpha A, --lora-dropout P   [8, 16, 0]\n"
-           "  --lora-targets LIST        q,k,v,o,gate,up,down [all seven]\n"
-           "  --mask-prompt              train on completions/assistant turns only\n"
-           "  --grad-checkpoint          recompute every layer in the backward (= --recompute all)\n"
-           "  --recompute P              none | all | every:K [none]\n"
-           "  --recompute-attention      with a recompute policy, rerun attention in the backward\n"
-           "                             instead of keeping its output (less memory, slower)\n"
-           "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
-           "                             recompute policy; cuda: copies overlap the layers)\n"
-           "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
-           "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
-           "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
-           "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
-           "  --cuda-graph on|off        CUDA: replay the whole step from a CUDA graph while the batch\n"
-           "                             shape holds (bit-identical to eager steps) [on]\n"
-           "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
-           "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
-           "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"
-           "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
-           "  --context-parallel         several ranks: split every row over them instead (Ulysses all-to-all\n"
-           "                             over heads when K divides the key/value heads, else ring attention on\n"
-           "                             the host; needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n"
-           LT_CLI_GUARD_HELP,
-           usage);
+    printf(
+        "usage: %s\n\n"
+        "Fine-tunes LoRA adapters of M (a Hugging Face folder or a .gguf file; a quantized base stays\n"
+        "quantized: QLoRA) on DIR/train.jsonl, evaluating on DIR/valid.jsonl. Writes the PEFT adapter\n"
+        "(adapter_config.json, adapter_model.safetensors), a resumable checkpoint and metrics.jsonl\n"
+        "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n\n"
+        "options (defaults in brackets; flags override --config):\n"
+        "  --model PATH               base model (required)\n"
+        "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
+        "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
+        "  --adapter-path DIR         output folder [adapters]\n"
+        "  --resume-adapter-file F    checkpoint to resume from (or the --adapter-path DIR holding it)\n"
+        "  --iters N                  optimizer steps [1000]\n"
+        "  --batch-size B             rows per micro-batch [4]\n"
+        "  --grad-accum K             micro-batches per step [1]\n"
+        "  --max-seq-length T         tokens per row [2048]\n"
+        "  --learning-rate LR         peak learning rate [1e-5]\n"
+        "  --lr-schedule S            constant | cosine [constant]; --warmup N [0]; --min-lr LR [0]\n"
+        "  --weight-decay W, --beta1, --beta2, --eps   AdamW [0, 0.9, 0.999, 1e-8]\n"
+        "  --grad-clip G              clip the global gradient norm [off]\n"
+        "  --num-layers K             LoRA on the last K layers [all]\n"
+        "  --lora-rank R, --lora-alpha A, --lora-dropout P   [8, 16, 0]\n"
+        "  --lora-targets LIST        q,k,v,o,gate,up,down [all seven]\n"
+        "  --mask-prompt              train on completions/assistant turns only\n"
+        "  --grad-checkpoint          recompute every layer in the backward (= --recompute all)\n"
+        "  --recompute P              none | all | every:K [none]\n"
+        "  --recompute-attention      with a recompute policy, rerun attention in the backward\n"
+        "                             instead of keeping its output (less memory, slower)\n"
+        "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
+        "                             recompute policy; cuda: copies overlap the layers)\n"
+        "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
+        "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
+        "  --quantize FMT             quantize a dense base at load (int4_g64)\n"
+        "  --device cpu|cuda          where the model, adapters and optimizer live [cpu]\n"
+        "  --cuda-graph on|off        CUDA: replay the whole step from a CUDA graph while the batch\n"
+        "                             shape holds (bit-identical to eager steps) [on]\n"
+        "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
+        "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
+        "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"
+        "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
+        "  --context-parallel         several ranks: split every row over them instead (Ulysses all-to-all\n"
+        "                             over heads when K divides the key/value heads, else ring attention on\n"
+        "                             the host; needs --batch-size 1 --no-pack, --max-seq-length a multiple of 2K)\n" LT_CLI_GUARD_HELP,
+        usage);
 }
 
 /* First signal: finish the step, save, exit. A second one: stop at once (default action). */
@@ -127,7 +126,8 @@ int lt_cmd_train(int argc, char **argv) {
             continue;
         }
         if (!strcmp(key, "train")) continue; /* mlx-lm's mode flag: training is what this command does */
-        int used = 0, gf = lt_cli_guard_flag(&guard, usage, key, eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : NULL), &used);
+        int used = 0,
+            gf = lt_cli_guard_flag(&guard, usage, key, eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : NULL), &used);
         if (gf < 0) {
             rc = LT_EXIT_USAGE;
             goto done;

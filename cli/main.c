@@ -22,9 +22,11 @@ static const command commands[] = {
 };
 
 static void print_help(FILE *f) {
-    fprintf(f, "longtune %s: long-context LoRA/QLoRA fine-tuning of Llama-family models\n\n"
-               "usage: longtune <command> [options]\n       longtune --version | --help\n\n"
-               "commands:\n", LT_VERSION_STRING);
+    fprintf(f,
+            "longtune %s: long-context LoRA/QLoRA fine-tuning of Llama-family models\n\n"
+            "usage: longtune <command> [options]\n       longtune --version | --help\n\n"
+            "commands:\n",
+            LT_VERSION_STRING);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'longtune <command> --help' describes a command's options.\n");
@@ -86,7 +88,9 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "longtune: unknown command '%s'\nusage: longtune <command> [options] "
-                    "(see 'longtune --help')\n", cmd);
+    fprintf(stderr,
+            "longtune: unknown command '%s'\nusage: longtune <command> [options] "
+            "(see 'longtune --help')\n",
+            cmd);
     return LT_EXIT_USAGE;
 }

@@ -9,8 +9,7 @@
 #include "longtune/alloc.h"
 #include "train_guard.h"
 
-int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value,
-                      int *used_value) {
+int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value, int *used_value) {
     *used_value = 0;
     if (!strcmp(key, "memory-ceiling") || !strcmp(key, "memory_ceiling")) {
         if (!value || lt_cli_parse_bytes(value, &cg->ceiling) || !cg->ceiling) {
@@ -59,8 +58,8 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     lt_plan_options po;
     int cp = opt->context_parallel && world > 1;
     cg->have_plan = lt_model_inspect(ctx, opt->model, &mo, &cfg) == LT_OK &&
-                    lt_train_plan_options(ctx, opt, cp ? 1 : world, cp ? world : 1, &po) == LT_OK &&
-                    lt_cli_train_plan(ctx, opt, &cfg, &po, 1, NULL, &cg->plan) == LT_OK;
+        lt_train_plan_options(ctx, opt, cp ? 1 : world, cp ? world : 1, &po) == LT_OK &&
+        lt_cli_train_plan(ctx, opt, &cfg, &po, 1, NULL, &cg->plan) == LT_OK;
     lt_ctx_clear_error(ctx); /* a model or data set that cannot be read is reported by the run itself */
     lt_guard_options go;
     memset(&go, 0, sizeof go);
@@ -73,28 +72,30 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     if (s != LT_OK) return lt_cli_fail("train", ctx, s);
     lt_guard_ceiling c = lt_guard_get_ceiling(cg->g, opt->device);
     char b1[32], b2[32];
-    fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n",
-            lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1), c.overridden ? " (--memory-ceiling)" : "",
+    fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n", lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1),
+            c.overridden ? " (--memory-ceiling)" : "",
             cg->have_plan ? lt_cli_fmt_bytes(cg->plan.peak_bytes, b2, sizeof b2) : "unknown");
     if (cg->have_plan && cg->plan.offload_bytes && opt->device != LT_DEVICE_CPU) {
         /* the offloaded checkpoints are host memory: the guard's host ceiling bounds them */
         lt_guard_ceiling h = lt_guard_get_ceiling(cg->g, LT_DEVICE_CPU);
         fprintf(stderr, "longtune train: offloaded checkpoints %s of pinned host memory (host ceiling %s)%s\n",
-                lt_cli_fmt_bytes(cg->plan.offload_bytes, b1, sizeof b1), lt_cli_fmt_bytes(h.ceiling_bytes, b2, sizeof b2),
+                lt_cli_fmt_bytes(cg->plan.offload_bytes, b1, sizeof b1),
+                lt_cli_fmt_bytes(h.ceiling_bytes, b2, sizeof b2),
                 h.ceiling_bytes && cg->plan.offload_bytes > h.ceiling_bytes ? ": will not fit in host memory" : "");
     }
     return 0;
 }
 
-int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt,
-                        const lt_train_result *res, lt_status run) {
+int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, const lt_train_result *res,
+                        lt_status run) {
     if (!cg->g) return 0;
     int rc = 0;
     if (lt_guard_tripped(cg->g) && run != LT_ERR_INTERRUPTED) {
         lt_guard_breach b = lt_guard_get_breach(cg->g);
-        fprintf(stderr, "longtune train: warning: memory passed the ceiling (%s %llu > %llu bytes) after "
-                "the last step boundary\n", b.source, (unsigned long long)b.observed_bytes,
-                (unsigned long long)b.ceiling_bytes);
+        fprintf(stderr,
+                "longtune train: warning: memory passed the ceiling (%s %llu > %llu bytes) after "
+                "the last step boundary\n",
+                b.source, (unsigned long long)b.observed_bytes, (unsigned long long)b.ceiling_bytes);
     } else if (lt_guard_tripped(cg->g)) {
         char ckpt[LT_TRAIN_PATH_MAX + 64], art[LT_TRAIN_PATH_MAX + 64], pj[4096], b1[32], b2[32];
         snprintf(ckpt, sizeof ckpt, "%s/%s", opt->adapter_path, LT_TRAIN_CHECKPOINT_FILE);
@@ -113,9 +114,10 @@ int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *o
         if (s != LT_OK) {
             rc = lt_cli_fail("train", ctx, s);
         } else {
-            fprintf(stderr, "longtune train: stopped at the memory ceiling: %s %s > %s at step %lld; "
-                    "checkpoint %s, report %s\n", r.breach.source,
-                    lt_cli_fmt_bytes(r.breach.observed_bytes, b1, sizeof b1),
+            fprintf(stderr,
+                    "longtune train: stopped at the memory ceiling: %s %s > %s at step %lld; "
+                    "checkpoint %s, report %s\n",
+                    r.breach.source, lt_cli_fmt_bytes(r.breach.observed_bytes, b1, sizeof b1),
                     lt_cli_fmt_bytes(r.breach.ceiling_bytes, b2, sizeof b2), (long long)r.step, ckpt, art);
             rc = LT_GUARD_EXIT_STATUS;
         }

@@ -8,15 +8,15 @@
 #include "longtune/train.h"
 
 typedef struct lt_cli_guard {
-    uint64_t ceiling;  /* --memory-ceiling BYTES (0 = the guard's rule) */
-    int allow_low;     /* --allow-low-memory */
-    int off;           /* --no-memory-guard */
+    uint64_t ceiling; /* --memory-ceiling BYTES (0 = the guard's rule) */
+    int allow_low;    /* --allow-low-memory */
+    int off;          /* --no-memory-guard */
     lt_guard *g;
     lt_plan plan;
     int have_plan;
 } lt_cli_guard;
 
-#define LT_CLI_GUARD_HELP                                                                           \
+#define LT_CLI_GUARD_HELP                                                                               \
     "  --memory-ceiling BYTES     stop cleanly above this much memory [min(0.90 x total, available -\n" \
     "                             cushion)]; --allow-low-memory: start even under a quarter free;\n"    \
     "                             --no-memory-guard: neither limit nor watchdog. A run stopped at\n"    \
@@ -26,8 +26,7 @@ typedef struct lt_cli_guard {
 /* If key (a flag name without dashes) is one of the guard's: applies it and returns 1, setting
  * *used_value when `value` was consumed; -1 for a bad value (message printed as a usage error);
  * 0 when the key is not the guard's. value may be NULL (the flag was the last argument). */
-int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value,
-                      int *used_value);
+int lt_cli_guard_flag(lt_cli_guard *cg, const char *usage, const char *key, const char *value, int *used_value);
 
 /* The plan of a resolved run as `longtune train` holds it: lt_train_plan over cfg and popt
  * (lt_train_plan_options, perhaps refined), on a CPU run with opt->data measured
@@ -46,7 +45,7 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
  * LT_ERR_INTERRUPTED), writes the artifact next to the checkpoint, says so on stderr and returns
  * LT_GUARD_EXIT_STATUS (1 when the artifact cannot be written); a breach after the last step only
  * warns. Returns 0 otherwise. Stops the guard either way. */
-int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt,
-                        const lt_train_result *res, lt_status run);
+int lt_cli_guard_finish(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, const lt_train_result *res,
+                        lt_status run);
 
 #endif

@@ -45,14 +45,21 @@ static int valid_utf8(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        size_t k = c < 0x80            ? 1
+            : (c >= 0xC2 && c <= 0xDF) ? 2
+            : (c >= 0xE0 && c <= 0xEF) ? 3
+            : (c >= 0xF0 && c <= 0xF4) ? 4
+                                       : 0;
         if (!k || i + k > n) return 0;
         for (size_t j = 1; j < k; j++)
             if ((s[i + j] & 0xC0) != 0x80) return 0;
-        uint32_t cp = k == 1 ? c : k == 2 ? (uint32_t)(c & 0x1F) << 6 | (s[i + 1] & 0x3F)
-                    : k == 3 ? (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F)
-                             : (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 | (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
-        if ((k == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+        uint32_t cp = k == 1 ? c
+            : k == 2         ? (uint32_t)(c & 0x1F) << 6 | (s[i + 1] & 0x3F)
+            : k == 3         ? (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F)
+                             : (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+                (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+        if ((k == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
         i += k;
     }
     return 1;

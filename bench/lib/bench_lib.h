@@ -27,11 +27,11 @@ void lt_bench_common_init(lt_bench_common *c);
 /* Consumes the common flag at argv[*i] (advancing *i past its value) and returns 1, returns 0 when
  * argv[*i] is not a common flag, -1 on a missing or malformed value. */
 int lt_bench_common_flag(lt_bench_common *c, int argc, char **argv, int *i);
-#define LT_BENCH_COMMON_HELP \
-    "  --json           print the result JSON on stdout\n" \
+#define LT_BENCH_COMMON_HELP                                                      \
+    "  --json           print the result JSON on stdout\n"                        \
     "  --out DIR        where to write the result file (default bench/results)\n" \
-    "  --repeats N      timed repetitions; the median is reported (default 5)\n" \
-    "  --warmup N       untimed repetitions first (default 1)\n" \
+    "  --repeats N      timed repetitions; the median is reported (default 5)\n"  \
+    "  --warmup N       untimed repetitions first (default 1)\n"                  \
     "  --backend B      cpu | cuda (default cpu)\n"
 
 /* Median of n values (the array is sorted in place); 0 for n <= 0. */

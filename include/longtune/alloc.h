@@ -28,11 +28,11 @@ LT_API void *lt_calloc(lt_ctx *ctx, lt_device dev, size_t bytes, const char *wha
 LT_API void lt_free(lt_ctx *ctx, lt_device dev, void *ptr, size_t bytes);
 
 typedef struct lt_mem_stats {
-    size_t used_bytes;   /* accounted bytes currently live */
-    size_t peak_bytes;   /* high-water of used_bytes since the context was made or reset */
-    size_t limit_bytes;  /* hard limit, 0 = none */
-    uint64_t n_allocs;   /* successful allocations so far */
-    uint64_t n_failed;   /* refused allocations (limit, injection or the system) */
+    size_t used_bytes;  /* accounted bytes currently live */
+    size_t peak_bytes;  /* high-water of used_bytes since the context was made or reset */
+    size_t limit_bytes; /* hard limit, 0 = none */
+    uint64_t n_allocs;  /* successful allocations so far */
+    uint64_t n_failed;  /* refused allocations (limit, injection or the system) */
 } lt_mem_stats;
 
 LT_API lt_mem_stats lt_mem_get_stats(const lt_ctx *ctx, lt_device dev);

@@ -16,7 +16,7 @@ extern "C" {
 typedef enum lt_attention_impl {
     LT_ATTENTION_AUTO = 0, /* flash where supported, else LT_ERR_UNSUPPORTED naming the reason */
     LT_ATTENTION_FLASH,
-    LT_ATTENTION_NAIVE,    /* materialises (T, T) scores per head: the oracle */
+    LT_ATTENTION_NAIVE, /* materialises (T, T) scores per head: the oracle */
 } lt_attention_impl;
 
 /* Strides in elements of a (B, T, heads, D) tensor; the D dimension is contiguous. Zero strides
@@ -29,14 +29,14 @@ typedef struct lt_attention_batch lt_attention_batch;
 
 /* Shapes and options; zero-initialised fields take the defaults noted. */
 typedef struct lt_attention_params {
-    int64_t B, T, H, Hkv, D;  /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
-    lt_dtype dtype;           /* f32 | bf16, for q, k, v, out, dout, dq, dk, dv */
+    int64_t B, T, H, Hkv, D; /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
+    lt_dtype dtype;          /* f32 | bf16, for q, k, v, out, dout, dq, dk, dv */
     lt_device device;
     lt_attention_impl impl;
-    float scale;              /* 0 = 1/sqrt(D) */
-    int64_t window;           /* sliding window: a token sees at most the previous `window` keys
+    float scale;    /* 0 = 1/sqrt(D) */
+    int64_t window; /* sliding window: a token sees at most the previous `window` keys
                                  including itself; 0 = unlimited */
-    float softcap;            /* scores -> cap·tanh(s/cap); 0 = off */
+    float softcap;  /* scores -> cap·tanh(s/cap); 0 = off */
     /* Packed rows: (B, S+1) int32 per-row sequence offsets, row b's offsets at
      * seq_offsets[b*(S+1) .. b*(S+1)+S], starting at 0, non-decreasing, ending at T (repeated T
      * pads a row with fewer sequences). NULL = one sequence per row. */
@@ -59,15 +59,15 @@ typedef struct lt_attention_params {
 } lt_attention_params;
 
 typedef struct lt_attention_args {
-    const void *q;      /* (B, T, H, D) */
-    const void *k, *v;  /* (B, T, Hkv, D), kv_layout */
-    void *out;          /* forward out / backward in: (B, T, H, D) */
-    float *lse;         /* forward out / backward in: (B, H, T) fp32, natural log */
+    const void *q;     /* (B, T, H, D) */
+    const void *k, *v; /* (B, T, Hkv, D), kv_layout */
+    void *out;         /* forward out / backward in: (B, T, H, D) */
+    float *lse;        /* forward out / backward in: (B, H, T) fp32, natural log */
     /* Backward only. */
-    const void *dout;   /* (B, T, H, D) */
-    void *dq;           /* out (B, T, H, D), q_layout */
-    void *dk, *dv;      /* out (B, T, Hkv, D), kv_layout */
-    void *workspace;    /* optional, lt_attention_workspace_bytes() bytes on the device, aligned
+    const void *dout;      /* (B, T, H, D) */
+    void *dq;              /* out (B, T, H, D), q_layout */
+    void *dk, *dv;         /* out (B, T, Hkv, D), kv_layout */
+    void *workspace;       /* optional, lt_attention_workspace_bytes() bytes on the device, aligned
                            like lt_alloc's blocks (64 bytes host, 256 device); NULL = allocated
                            and freed through the accounting allocator */
     size_t workspace_size; /* bytes at `workspace`; smaller than needed is LT_ERR_INVALID_ARG */
@@ -97,7 +97,7 @@ LT_API size_t lt_attention_batch_bytes(const lt_attention_params *p);
  * blocks) on a device. Errors: those of lt_attention_check, LT_ERR_INVALID_ARG (buffer missing,
  * small or misaligned), a device error. */
 LT_API lt_status lt_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, void *buffer, size_t bytes,
-                                     lt_attention_batch *out);
+                                            lt_attention_batch *out);
 
 /* Bytes of workspace one forward (backward = 0) or backward (1) call needs on p->device when the
  * context runs `threads` threads (the value given to lt_ctx_set_threads, 0 = default). This is

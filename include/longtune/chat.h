@@ -53,9 +53,9 @@ typedef struct lt_chat_span {
 
 /* Rendered conversation; owns its buffers (accounted host memory), free with lt_chat_text_free. */
 typedef struct lt_chat_text {
-    char *text;           /* NUL-terminated */
-    size_t len;           /* bytes, excluding the NUL */
-    lt_chat_span *spans;  /* one per assistant message, in order */
+    char *text;          /* NUL-terminated */
+    size_t len;          /* bytes, excluding the NUL */
+    lt_chat_span *spans; /* one per assistant message, in order */
     size_t n_spans;
     size_t cap_, spans_cap_; /* allocation sizes (private) */
 } lt_chat_text;
@@ -65,7 +65,7 @@ typedef struct lt_chat_text {
  * LT_ERR_UNSUPPORTED (a role the format does not take, naming messages[i]), LT_ERR_FORMAT (Mistral:
  * roles not alternating user/assistant, as the template's raise_exception), LT_ERR_OOM. */
 LT_API lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
-                         const lt_chat_message *msgs, size_t n, lt_chat_text *out);
+                                const lt_chat_message *msgs, size_t n, lt_chat_text *out);
 LT_API void lt_chat_text_free(lt_ctx *ctx, lt_chat_text *t);
 
 /* Recognises a Jinja chat template (e.g. lt_tokenizer_chat_template) as one of the formats.

@@ -61,8 +61,8 @@ LT_API void lt_comm_free(lt_ctx *ctx, lt_comm *c);
  * forever in a collective (MPI_Abort under MPI); a world of one just returns. */
 LT_API void lt_comm_abort(lt_comm *c, int code);
 
-LT_API int lt_comm_rank(const lt_comm *c);            /* 0 for NULL */
-LT_API int lt_comm_size(const lt_comm *c);            /* 1 for NULL */
+LT_API int lt_comm_rank(const lt_comm *c); /* 0 for NULL */
+LT_API int lt_comm_size(const lt_comm *c); /* 1 for NULL */
 LT_API lt_comm_backend lt_comm_get_backend(const lt_comm *c);
 LT_API const char *lt_comm_backend_name(lt_comm_backend b); /* "auto", "self", "mpi", "nccl" */
 /* Device of the buffers the collectives take: CPU for self and MPI, CUDA for NCCL. */
@@ -81,7 +81,8 @@ LT_API lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, 
 /* The same over a large f32 buffer cut into buckets of bucket_elems (0 = 4 Mi elements = 16 MiB):
  * every bucket's reduction is started before the first is waited on, so the transport pipelines
  * them (MPI_Iallreduce; NCCL groups them on its stream). Results equal lt_comm_allreduce_sum's. */
-LT_API lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems);
+LT_API lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count,
+                                                int64_t bucket_elems);
 /* A gradient reducer: the sum all-reduce of one f32 buffer, cut into fixed buckets of
  * bucket_elems (0 = 4 Mi), each started as soon as the caller has marked all of its elements final,
  * so the reduction of late layers' gradients overlaps the backward of earlier ones. Every rank must
@@ -91,7 +92,7 @@ typedef struct lt_comm_reducer lt_comm_reducer;
 /* buf (count f32) stays the caller's and must outlive the reducer. Errors: LT_ERR_INVALID_ARG,
  * LT_ERR_OOM. */
 LT_API lt_status lt_comm_reducer_init(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems,
-                               lt_comm_reducer **out);
+                                      lt_comm_reducer **out);
 /* Marks [offset, offset + n) final for this round (ranges of one round must not overlap) and
  * starts every bucket that is now complete, highest first. Mark ranges from the end of the buffer
  * towards its start (as a backward finishes layers): buckets then start in descending order on
@@ -114,7 +115,7 @@ LT_API lt_status lt_comm_barrier(lt_ctx *ctx, lt_comm *c);
  * dst == src == own rank copies. Buffers must not overlap. Errors as above, LT_ERR_INVALID_ARG for a
  * rank outside the world. */
 LT_API lt_status lt_comm_sendrecv(lt_ctx *ctx, lt_comm *c, const void *sendbuf, size_t send_bytes, int dst,
-                           void *recvbuf, size_t recv_bytes, int src);
+                                  void *recvbuf, size_t recv_bytes, int src);
 /* One-sided halves of the above (blocking); a send must meet a recv of the same size. */
 LT_API lt_status lt_comm_send(lt_ctx *ctx, lt_comm *c, const void *buf, size_t bytes, int dst);
 LT_API lt_status lt_comm_recv(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes, int src);
@@ -136,7 +137,7 @@ typedef struct lt_comm_piece {
  * paired self pieces that differ), the transport's. Counts and order must agree across ranks or
  * the exchange hangs (as with any collective). */
 LT_API lt_status lt_comm_exchange(lt_ctx *ctx, lt_comm *c, const void *send, size_t send_bytes, const lt_comm_piece *sp,
-                           int ns, void *recv, size_t recv_bytes, const lt_comm_piece *rp, int nr);
+                                  int ns, void *recv, size_t recv_bytes, const lt_comm_piece *rp, int nr);
 /* dst (b, a, w bytes) = src (a, b, w bytes) with its first two dimensions swapped, on the
  * communicator's device (host memcpy; NCCL: 2D copies on its stream, ordered like the exchange).
  * dst and src must not overlap. Errors: LT_ERR_INVALID_ARG (negative or overflowing sizes),

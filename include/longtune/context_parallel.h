@@ -22,11 +22,11 @@ extern "C" {
 
 /* Shapes; zero-initialised fields take the defaults noted. */
 typedef struct lt_cp_attention_params {
-    int64_t T;           /* tokens of the whole sequence, divisible by 2·world */
-    int64_t H, Hkv, D;   /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
-    float scale;         /* 0 = 1/sqrt(D) */
+    int64_t T;              /* tokens of the whole sequence, divisible by 2·world */
+    int64_t H, Hkv, D;      /* H % Hkv == 0; kv head of query head h = h / (H / Hkv) */
+    float scale;            /* 0 = 1/sqrt(D) */
     lt_attention_impl impl; /* Ulysses: the kernel run on each rank's heads (AUTO = flash) */
-    lt_dtype dtype;      /* Ulysses: of q, k, v, out, dout, dq, dk, dv: f32 (0) or bf16 (halves the
+    lt_dtype dtype;         /* Ulysses: of q, k, v, out, dout, dq, dk, dv: f32 (0) or bf16 (halves the
                             exchanges and the workspace); lse stays f32. The ring takes f32 only. */
 } lt_cp_attention_params;
 
@@ -62,12 +62,12 @@ LT_API size_t lt_cp_attention_workspace_bytes(const lt_cp_attention_params *p, i
  * Causal over whole-sequence positions. Errors: those of lt_cp_attention_check, LT_ERR_OOM, and the
  * communicator's (a failed exchange leaves out undefined). */
 LT_API lt_status lt_cp_attention_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                  const float *k, const float *v, float *out, float *lse);
+                                         const float *k, const float *v, float *out, float *lse);
 /* Backward: reads q, k, v, out, lse (as the forward wrote them) and dout (T/world, H, D); writes
  * every element of dq (T/world, H, D), dk and dv (T/world, Hkv, D) of this rank's tokens. */
 LT_API lt_status lt_cp_attention_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const float *q,
-                                   const float *k, const float *v, const float *out, const float *lse,
-                                   const float *dout, float *dq, float *dk, float *dv);
+                                          const float *k, const float *v, const float *out, const float *lse,
+                                          const float *dout, float *dq, float *dk, float *dv);
 
 /* ---- Ulysses ---- */
 
@@ -91,15 +91,15 @@ LT_API size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int
  * those of lt_cp_ulysses_check, LT_ERR_INVALID_ARG (workspace too small), the communicator's and the
  * attention kernel's. */
 LT_API lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
-                                const void *k, const void *v, void *out, float *lse, void *ws, size_t ws_bytes,
-                                int threads);
+                                       const void *k, const void *v, void *out, float *lse, void *ws, size_t ws_bytes,
+                                       int threads);
 /* Backward: reads q, k, v, out, lse (as the forward wrote them) and dout (T/world, H, D); writes every
  * element of dq (T/world, H, D), dk and dv (T/world, Hkv, D). Exchanges q, k, v, out and dout again
  * rather than keeping the forward's head layout. */
 LT_API lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
-                                 const void *k, const void *v, const void *out, const float *lse,
-                                 const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
-                                 int threads);
+                                        const void *k, const void *v, const void *out, const float *lse,
+                                        const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
+                                        int threads);
 
 #ifdef __cplusplus
 }

@@ -52,38 +52,38 @@ typedef struct lt_record {
     const char *prompt, *completion;
     lt_chat_message *messages;
     size_t n_messages;
-    void *json_;      /* private: the cJSON tree */
-    size_t msg_cap_;  /* private */
+    void *json_;     /* private: the cJSON tree */
+    size_t msg_cap_; /* private */
 } lt_record;
 
 /* Parses one JSONL line. Other keys are ignored (mlx-lm does the same). Errors: LT_ERR_FORMAT
  * "file:line: ..." naming the problem (bad JSON with its byte offset, not an object, none of the
  * three shapes, a key of the wrong type such as messages[2].content), LT_ERR_OOM. */
 LT_API lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char *file, int64_t line_no,
-                          lt_record *rec);
+                                 lt_record *rec);
 LT_API void lt_record_free(lt_ctx *ctx, lt_record *rec);
 
 /* ---- tokenised datasets ---- */
 
 /* Zero-initialised fields take the defaults noted. */
 typedef struct lt_dataset_options {
-    int mask_prompt;           /* supervise only completion / assistant tokens (else every token) */
-    int skip_bad_lines;        /* count and skip malformed lines instead of failing */
-    size_t max_line_bytes;     /* 0 = LT_JSONL_DEFAULT_MAX_LINE */
-    lt_chat_format chat_format;/* LT_CHAT_NONE = recognise the tokenizer's template when a record
+    int mask_prompt;            /* supervise only completion / assistant tokens (else every token) */
+    int skip_bad_lines;         /* count and skip malformed lines instead of failing */
+    size_t max_line_bytes;      /* 0 = LT_JSONL_DEFAULT_MAX_LINE */
+    lt_chat_format chat_format; /* LT_CHAT_NONE = recognise the tokenizer's template when a record
                                   needs one (--chat-template NAME sets it) */
-    lt_chat_options chat;      /* bos/eos default to the tokenizer's own token strings */
-    int64_t max_records;       /* stop after this many records, 0 = all */
+    lt_chat_options chat;       /* bos/eos default to the tokenizer's own token strings */
+    int64_t max_records;        /* stop after this many records, 0 = all */
 } lt_dataset_options;
 
 typedef struct lt_dataset_stats {
-    int64_t records;           /* tokenised records (= sequences) */
+    int64_t records; /* tokenised records (= sequences) */
     int64_t text_records, completion_records, chat_records;
-    int64_t skipped_lines;     /* malformed lines skipped (skip_bad_lines) */
-    int64_t tokens;            /* N */
-    int64_t supervised;        /* tokens flagged as targets (first tokens of sequences included) */
-    int64_t max_len, min_len;  /* tokens per record */
-    lt_chat_format chat_format;/* the format used (LT_CHAT_NONE if no record needed one) */
+    int64_t skipped_lines;      /* malformed lines skipped (skip_bad_lines) */
+    int64_t tokens;             /* N */
+    int64_t supervised;         /* tokens flagged as targets (first tokens of sequences included) */
+    int64_t max_len, min_len;   /* tokens per record */
+    lt_chat_format chat_format; /* the format used (LT_CHAT_NONE if no record needed one) */
 } lt_dataset_stats;
 
 typedef struct lt_dataset lt_dataset;
@@ -100,10 +100,10 @@ typedef struct lt_dataset lt_dataset;
  * names --chat-template), LT_ERR_UNSUPPORTED (unrecognised template), LT_ERR_FORMAT (file:line),
  * LT_ERR_IO, LT_ERR_OOM, and the tokenizer's errors. */
 LT_API lt_status lt_dataset_load(lt_ctx *ctx, const char *jsonl_path, const struct lt_tokenizer *tok,
-                          const lt_dataset_options *opt, lt_dataset **out);
+                                 const lt_dataset_options *opt, lt_dataset **out);
 /* dir/<split>.jsonl for split "train" | "valid" | "test". */
 LT_API lt_status lt_dataset_load_split(lt_ctx *ctx, const char *dir, const char *split, const struct lt_tokenizer *tok,
-                                const lt_dataset_options *opt, lt_dataset **out);
+                                       const lt_dataset_options *opt, lt_dataset **out);
 LT_API void lt_dataset_free(lt_ctx *ctx, lt_dataset *ds);
 
 /* The records as pack.h input; valid while the dataset lives. */
@@ -114,7 +114,7 @@ LT_API lt_dataset_stats lt_dataset_get_stats(const lt_dataset *ds);
  * [tok_start[i], tok_start[i+1]) of the rendered text and is supervised iff tok_start[i] lies inside
  * some span [begin, end). tok_start has n+1 entries, non-decreasing. mask has n entries. */
 LT_API void lt_dataset_mask_from_spans(const size_t *tok_start, size_t n, const lt_chat_span *spans, size_t n_spans,
-                                uint8_t *mask);
+                                       uint8_t *mask);
 
 #ifdef __cplusplus
 }

@@ -15,8 +15,19 @@ extern "C" {
 typedef struct lt_gguf lt_gguf;
 
 typedef enum lt_gguf_type {
-    LT_GGUF_U8 = 0, LT_GGUF_I8, LT_GGUF_U16, LT_GGUF_I16, LT_GGUF_U32, LT_GGUF_I32, LT_GGUF_F32,
-    LT_GGUF_BOOL, LT_GGUF_STRING, LT_GGUF_ARRAY, LT_GGUF_U64, LT_GGUF_I64, LT_GGUF_F64,
+    LT_GGUF_U8 = 0,
+    LT_GGUF_I8,
+    LT_GGUF_U16,
+    LT_GGUF_I16,
+    LT_GGUF_U32,
+    LT_GGUF_I32,
+    LT_GGUF_F32,
+    LT_GGUF_BOOL,
+    LT_GGUF_STRING,
+    LT_GGUF_ARRAY,
+    LT_GGUF_U64,
+    LT_GGUF_I64,
+    LT_GGUF_F64,
     LT_GGUF_TYPE_COUNT_
 } lt_gguf_type;
 
@@ -42,16 +53,16 @@ LT_API lt_status lt_gguf_get_type(lt_ctx *ctx, const lt_gguf *g, const char *key
 LT_API lt_status lt_gguf_get_str(lt_ctx *ctx, const lt_gguf *g, const char *key, const char **s, size_t *len);
 /* Arrays: element type and count; then element access. */
 LT_API lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type,
-                            uint64_t *count);
+                                   uint64_t *count);
 LT_API lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s,
-                            size_t *len);
+                                   size_t *len);
 LT_API lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, int64_t *out);
 LT_API lt_status lt_gguf_array_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, double *out);
 
 /* Metadata enumeration in file order: key i (not NUL-terminated) and its type. */
 LT_API int64_t lt_gguf_kv_count(const lt_gguf *g);
 LT_API lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const char **key, size_t *len,
-                         lt_gguf_type *type);
+                                lt_gguf_type *type);
 
 /* Tensors: shape in row-major (PyTorch) order, i.e. GGUF's ne[] reversed; dtype mapped from the
  * ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1; others are LT_ERR_UNSUPPORTED naming the tensor);
@@ -62,7 +73,7 @@ LT_API lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *
 /* The raw ggml type id of a tensor and its name ("Q6_K", "unknown"), also for types longtune does
  * not read. LT_ERR_NOT_FOUND when absent. */
 LT_API lt_status lt_gguf_tensor_ggml_type(lt_ctx *ctx, const lt_gguf *g, const char *name, uint32_t *type,
-                                   const char **type_name);
+                                          const char **type_name);
 
 #ifdef __cplusplus
 }

@@ -38,31 +38,31 @@ extern "C" {
 typedef struct lt_guard_ceiling {
     uint64_t total_bytes, available_bytes, in_use_bytes; /* inputs (see the rule above) */
     uint64_t cushion_bytes, static_bytes, dynamic_bytes;
-    uint64_t ceiling_bytes;                              /* min(static, dynamic) or the override */
-    uint64_t plan_bytes;                                 /* what the plan needs here, 0 = unknown */
-    int low_memory;                                      /* available < total / 4: refuse */
-    int plan_tight;                                      /* available + in_use < plan + cushion */
-    int overridden;                                      /* ceiling given by the caller */
+    uint64_t ceiling_bytes; /* min(static, dynamic) or the override */
+    uint64_t plan_bytes;    /* what the plan needs here, 0 = unknown */
+    int low_memory;         /* available < total / 4: refuse */
+    int plan_tight;         /* available + in_use < plan + cushion */
+    int overridden;         /* ceiling given by the caller */
 } lt_guard_ceiling;
 
 /* The rule as a pure function. share <= 0 means LT_GUARD_DEFAULT_SHARE; cushion 0 means the
  * default clamp(total/32, 256 MiB, 4 GiB); plan 0 disables the warning test. */
-LT_API lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use,
-                                       double share, uint64_t cushion, uint64_t plan);
+LT_API lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use, double share,
+                                              uint64_t cushion, uint64_t plan);
 
 /* Zero-initialised = defaults. */
 typedef struct lt_guard_options {
-    lt_device device;        /* where the run's tensors live. CPU guards host memory; CUDA guards
+    lt_device device;       /* where the run's tensors live. CPU guards host memory; CUDA guards
                                 the device and host memory both */
-    double share;            /* static share of total memory, in (0, 1]; 0 = 0.90 */
-    uint64_t cushion_bytes;  /* 0 = the rule's default */
-    uint64_t ceiling_bytes;  /* nonzero: use this ceiling for `device` instead of the rule (tests,
+    double share;           /* static share of total memory, in (0, 1]; 0 = 0.90 */
+    uint64_t cushion_bytes; /* 0 = the rule's default */
+    uint64_t ceiling_bytes; /* nonzero: use this ceiling for `device` instead of the rule (tests,
                                 `--memory-ceiling`) */
-    uint64_t plan_bytes;     /* planned peak on `device` (lt_plan.peak_bytes), 0 = unknown */
-    int allow_low_memory;    /* 1: start even when available < total / 4 */
-    int no_allocator_limit;  /* 1: leave the accounting allocator's limits alone */
-    int no_watchdog;         /* 1: no sampling thread (the allocator limit still applies) */
-    double interval_s;       /* watchdog period in seconds; 0 = 0.5 */
+    uint64_t plan_bytes;    /* planned peak on `device` (lt_plan.peak_bytes), 0 = unknown */
+    int allow_low_memory;   /* 1: start even when available < total / 4 */
+    int no_allocator_limit; /* 1: leave the accounting allocator's limits alone */
+    int no_watchdog;        /* 1: no sampling thread (the allocator limit still applies) */
+    double interval_s;      /* watchdog period in seconds; 0 = 0.5 */
     /* Optional: called once, from the thread whose sample tripped (the watchdog, or a caller of
      * lt_guard_check_now), right after the flag is raised, e.g. with
      * a function that calls lt_train_request_stop so a trainer that checks stop requests between
@@ -74,8 +74,7 @@ typedef struct lt_guard_options {
 /* Measures the machine and applies the rule for `dev` without starting anything. in_use is the
  * resident set (CPU) or the allocator's device bytes (CUDA). Errors: LT_ERR_IO when /proc/meminfo
  * is unreadable, LT_ERR_UNSUPPORTED for CUDA without a device. */
-LT_API lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt,
-                           lt_guard_ceiling *out);
+LT_API lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt, lt_guard_ceiling *out);
 
 typedef struct lt_guard lt_guard;
 
@@ -86,7 +85,7 @@ typedef struct lt_guard_breach {
     const char *source;      /* "host_rss" or "device_used" (static strings) */
     uint64_t observed_bytes; /* the sample that passed */
     uint64_t ceiling_bytes;
-    double elapsed_s;        /* since lt_guard_start */
+    double elapsed_s; /* since lt_guard_start */
 } lt_guard_breach;
 
 /* Measures, refuses or warns, sets the allocator's hard limit on each guarded memory to
@@ -120,10 +119,10 @@ LT_API void lt_guard_stop(lt_guard *g);
  * written to a temporary in the same folder, fsynced and renamed over `path`. */
 typedef struct lt_guard_abort_record {
     lt_guard_breach breach;
-    int64_t step;              /* the optimizer step at which the trainer stopped */
-    uint64_t plan_peak_bytes;  /* 0 = unknown */
-    const char *plan_json;     /* optional: a JSON object (e.g. lt_plan_to_json), embedded as "plan" */
-    const char *checkpoint;    /* optional: path of the checkpoint saved before stopping */
+    int64_t step;                  /* the optimizer step at which the trainer stopped */
+    uint64_t plan_peak_bytes;      /* 0 = unknown */
+    const char *plan_json;         /* optional: a JSON object (e.g. lt_plan_to_json), embedded as "plan" */
+    const char *checkpoint;        /* optional: path of the checkpoint saved before stopping */
     uint64_t allocator_peak_bytes; /* high-water of the accounting allocator on breach.device */
 } lt_guard_abort_record;
 

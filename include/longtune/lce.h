@@ -21,55 +21,55 @@ extern "C" {
 #define LT_IGNORE_INDEX (-100)
 
 typedef enum lt_lce_impl {
-    LT_LCE_AUTO = 0,  /* fused where the backend supports the request, else LT_ERR_UNSUPPORTED */
-    LT_LCE_FUSED,     /* token × vocabulary tiles, online log-sum-exp: O(N + threads·tile) */
-    LT_LCE_CHUNKED,   /* vocabulary tiles over all tokens: O(N · tile) */
-    LT_LCE_NAIVE,     /* materialises fp32 (N, V) logits: the oracle */
+    LT_LCE_AUTO = 0, /* fused where the backend supports the request, else LT_ERR_UNSUPPORTED */
+    LT_LCE_FUSED,    /* token × vocabulary tiles, online log-sum-exp: O(N + threads·tile) */
+    LT_LCE_CHUNKED,  /* vocabulary tiles over all tokens: O(N · tile) */
+    LT_LCE_NAIVE,    /* materialises fp32 (N, V) logits: the oracle */
 } lt_lce_impl;
 
 typedef enum lt_reduction {
     LT_REDUCTION_MEAN = 0, /* Σ loss_i / Σ w_i over non-ignored tokens (w_i = 1 without weights);
                               an all-ignored batch returns 0 with zero gradients */
     LT_REDUCTION_SUM,
-    LT_REDUCTION_NONE,     /* per-token loss (N); ignored tokens get 0 */
+    LT_REDUCTION_NONE, /* per-token loss (N); ignored tokens get 0 */
 } lt_reduction;
 
 /* Zero-initialised = defaults. */
 typedef struct lt_lce_options {
     lt_lce_impl impl;
     lt_reduction reduction;
-    int32_t ignore_index;   /* must be negative; 0 means LT_IGNORE_INDEX (-100) */
-    float label_smoothing;  /* ε in [0, 1) */
-    float z_loss;           /* coefficient of lse² (PaLM's z-loss), >= 0 */
-    float softcap;          /* final-logit softcap (Gemma 2), 0 = off */
-    int tile_n, tile_v;     /* tokens and vocabulary entries per tile (fused: both; chunked: tile_v;
+    int32_t ignore_index;  /* must be negative; 0 means LT_IGNORE_INDEX (-100) */
+    float label_smoothing; /* ε in [0, 1) */
+    float z_loss;          /* coefficient of lse² (PaLM's z-loss), >= 0 */
+    float softcap;         /* final-logit softcap (Gemma 2), 0 = off */
+    int tile_n, tile_v;    /* tokens and vocabulary entries per tile (fused: both; chunked: tile_v;
                                naive: neither); 0 = tuned defaults of the backend */
-    int fp32_logit_tiles;   /* CUDA lt_lce_forward_backward only: keep each logit tile in fp32
+    int fp32_logit_tiles;  /* CUDA lt_lce_forward_backward only: keep each logit tile in fp32
                                (lse and loss to ~1e-7 relative, ~6% slower on an H200) instead of
                                rounding it to bf16 as a naive bf16 layer rounds its logits (error
                                then within twice that layer's). CPU tiles are always fp32. */
 } lt_lce_options;
 
 typedef struct lt_lce_args {
-    lt_tensor h;                 /* (N, C) f32 | bf16 */
-    lt_tensor w;                 /* (V, C) f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64; dense or tied */
-    const int32_t *targets;      /* (N) in [0, V) or ignore_index, on h's device */
-    const float *token_weight;   /* (N) optional per-token weight (finite, >= 0), NULL = 1 */
-    float *loss;                 /* out: (1) for mean/sum, (N) for none */
-    float *lse;                  /* out (forward) / in (backward): (N) fp32, of the softcapped
+    lt_tensor h;               /* (N, C) f32 | bf16 */
+    lt_tensor w;               /* (V, C) f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64; dense or tied */
+    const int32_t *targets;    /* (N) in [0, V) or ignore_index, on h's device */
+    const float *token_weight; /* (N) optional per-token weight (finite, >= 0), NULL = 1 */
+    float *loss;               /* out: (1) for mean/sum, (N) for none */
+    float *lse;                /* out (forward) / in (backward): (N) fp32, of the softcapped
                                     logits; 0 for ignored tokens (not computed) */
-    float *token_loss;           /* optional out: (N) per-token loss, weighted, before reduction
+    float *token_loss;         /* optional out: (N) per-token loss, weighted, before reduction
                                     (0 for ignored tokens) */
     /* Backward and forward_backward only. */
-    const float *dloss;          /* (1) for mean/sum, (N) for none: upstream gradient */
-    lt_tensor *dh;               /* out (N, C) f32 | bf16: overwritten */
-    lt_tensor *dw;               /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
+    const float *dloss;  /* (1) for mean/sum, (N) for none: upstream gradient */
+    lt_tensor *dh;       /* out (N, C) f32 | bf16: overwritten */
+    lt_tensor *dw;       /* optional out (V, C) f32, dense heads only: accumulated (+=) so a
                                     tied embedding's gradient can be summed into */
-    void *workspace;             /* optional: lt_lce_workspace_bytes() bytes on h's device,
+    void *workspace;     /* optional: lt_lce_workspace_bytes() bytes on h's device,
                                     64-byte aligned, sized with the same options, shapes and the
                                     context's thread count (a smaller one is overrun);
                                     NULL = allocated and freed through the accounting allocator */
-    int targets_checked;         /* 1: the caller has checked targets (and token_weight) on the host
+    int targets_checked; /* 1: the caller has checked targets (and token_weight) on the host
                                     already, as the model's batch check does before the upload; the
                                     CUDA impl then skips its own check of the device copy, which
                                     waits for the device (one host synchronisation per call).

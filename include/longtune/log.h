@@ -29,9 +29,9 @@ LT_API void lt_log(lt_log_level level, const char *fmt, ...)
 LT_API double lt_time_now(void);
 
 typedef struct lt_progress {
-    FILE *out;          /* stream written to (stderr by default) */
-    int is_tty;         /* bar mode when 1, plain lines when 0 */
-    int64_t total;      /* units of work (steps) */
+    FILE *out;     /* stream written to (stderr by default) */
+    int is_tty;    /* bar mode when 1, plain lines when 0 */
+    int64_t total; /* units of work (steps) */
     int64_t done;
     double t_start;
     double t_last_draw;

@@ -24,7 +24,13 @@ typedef enum lt_model_arch {
 
 /* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
 typedef enum lt_proj {
-    LT_PROJ_Q = 0, LT_PROJ_K, LT_PROJ_V, LT_PROJ_O, LT_PROJ_GATE, LT_PROJ_UP, LT_PROJ_DOWN,
+    LT_PROJ_Q = 0,
+    LT_PROJ_K,
+    LT_PROJ_V,
+    LT_PROJ_O,
+    LT_PROJ_GATE,
+    LT_PROJ_UP,
+    LT_PROJ_DOWN,
     LT_PROJ_COUNT_
 } lt_proj;
 #define LT_LORA_ALL_TARGETS 0x7fu
@@ -43,9 +49,9 @@ typedef enum lt_attn_kind {
 } lt_attn_kind;
 
 typedef enum lt_norm_place {
-    LT_NORM_PLACE_PRE = 0, /* x + f(norm(x)) */
-    LT_NORM_PLACE_POST,    /* norm(x + f(x)) (refused: nothing runs it yet) */
-    LT_NORM_PLACE_SANDWICH,/* x + norm(f(norm(x))) (refused: nothing runs it yet) */
+    LT_NORM_PLACE_PRE = 0,  /* x + f(norm(x)) */
+    LT_NORM_PLACE_POST,     /* norm(x + f(x)) (refused: nothing runs it yet) */
+    LT_NORM_PLACE_SANDWICH, /* x + norm(f(norm(x))) (refused: nothing runs it yet) */
 } lt_norm_place;
 
 typedef enum lt_mlp_kind {
@@ -56,14 +62,14 @@ typedef enum lt_mlp_kind {
 
 typedef struct lt_layer_desc {
     lt_attn_kind attn;
-    int64_t window;     /* LT_ATTN_KIND_SLIDING: W keys per query; 0 otherwise */
-    int64_t D;          /* head dim of q, k, v */
-    float softcap;      /* attention scores -> cap * tanh(s / cap); 0 = off */
-    int qk_norm;        /* per-head RMSNorm of q and k over D before RoPE (Qwen3) */
-    int qkv_bias;       /* q, k, v projections carry biases (Qwen2) */
+    int64_t window; /* LT_ATTN_KIND_SLIDING: W keys per query; 0 otherwise */
+    int64_t D;      /* head dim of q, k, v */
+    float softcap;  /* attention scores -> cap * tanh(s / cap); 0 = off */
+    int qk_norm;    /* per-head RMSNorm of q and k over D before RoPE (Qwen3) */
+    int qkv_bias;   /* q, k, v projections carry biases (Qwen2) */
     lt_norm_place norm;
     lt_mlp_kind mlp;
-    int rope;           /* which RoPE table the layer rotates by (one table today: 0) */
+    int rope; /* which RoPE table the layer rotates by (one table today: 0) */
 } lt_layer_desc;
 
 LT_API const char *lt_attn_kind_name(lt_attn_kind k);
@@ -86,9 +92,9 @@ typedef struct lt_model_config {
     double rope_factor, rope_low_freq, rope_high_freq;
     int64_t rope_original_ctx;
     float rms_eps;
-    int tie_embeddings;    /* lm head = embedding matrix */
-    int qkv_bias;          /* Qwen2 */
-    int qk_norm;           /* Qwen3 */
+    int tie_embeddings; /* lm head = embedding matrix */
+    int qkv_bias;       /* Qwen2 */
+    int qk_norm;        /* Qwen3 */
     /* Layer kinds beyond the uniform decoder (all zero for Llama, SmolLM2, Qwen2, Qwen3): the
      * family's config reader sets them, lt_model_describe_layer expands them per layer. */
     int64_t sliding_window; /* W > 0: layers attend over their last W tokens; 0 = full attention */
@@ -141,13 +147,13 @@ typedef enum lt_recompute {
 /* Shapes of the step and execution choices: everything the activation and workspace classes
  * depend on. Zero-initialised fields take the defaults noted. */
 typedef struct lt_model_run_options {
-    int64_t B, T;             /* rows per batch and tokens per row (maximum; a batch may be smaller) */
-    lt_device device;         /* where the run's memory lives, for the size table (the planner
+    int64_t B, T;     /* rows per batch and tokens per row (maximum; a batch may be smaller) */
+    lt_device device; /* where the run's memory lives, for the size table (the planner
                                  sets it from lt_plan_options.device); lt_model_prepare always
                                  uses the model's device */
     lt_recompute recompute;
-    int64_t recompute_k;      /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
-    int recompute_attention;  /* under a recompute policy: 0 (default) keeps each LoRA layer's
+    int64_t recompute_k;         /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
+    int recompute_attention;     /* under a recompute policy: 0 (default) keeps each LoRA layer's
                                  attention output (N, H·D) and row log-sum-exp (B·H·T) with the
                                  checkpoints, so the recompute skips the attention forward (the
                                  largest per-layer cost at long T); on the CPU also q, k, v, the
@@ -156,18 +162,18 @@ typedef struct lt_model_run_options {
                                  layer inputs (least memory, e.g. for the longest context) */
     lt_attention_impl attention; /* AUTO = flash */
     lt_lce_impl loss;            /* AUTO = fused */
-    int threads;              /* CPU threads; 0 = the context's */
-    int forward_only;         /* 1: evaluation / generation only (no saved activations, no
+    int threads;                 /* CPU threads; 0 = the context's */
+    int forward_only;            /* 1: evaluation / generation only (no saved activations, no
                                  backward buffers); lt_model_forward_backward is then refused */
-    int saved_bf16;           /* checkpoints (and the kept attention outputs) in bf16: 0 = the
+    int saved_bf16;              /* checkpoints (and the kept attention outputs) in bf16: 0 = the
                                  backend's choice (CUDA bf16, CPU f32), 1 = bf16, -1 = f32. bf16
                                  halves the largest activation class; the recompute then starts
                                  from the rounded layer inputs (the forward itself runs on f32) */
-    int64_t chunk_rows;       /* rows per chunk of the position-wise work (norms, projections,
+    int64_t chunk_rows;          /* rows per chunk of the position-wise work (norms, projections,
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span
                                  the whole batch; 0 = LT_MODEL_CHUNK_ROWS */
-    int offload_ckpt;         /* 1: keep the checkpoints (layer inputs saved across the step) in
+    int offload_ckpt;            /* 1: keep the checkpoints (layer inputs saved across the step) in
                                  host memory, page-locked on a device (lt_alloc_pinned): two
                                  device slots remain; a layer's checkpoint is copied out while the
                                  next layer computes, and in the backward the one below is copied
@@ -186,12 +192,12 @@ typedef struct lt_model_run_options {
 
 /* Lifetime classes of the model's memory, each allocated once. */
 typedef enum lt_mem_class {
-    LT_MEM_WEIGHTS = 0,   /* frozen base weights (quantized stays quantized) + host bookkeeping */
-    LT_MEM_LORA,          /* LoRA A and B, f32 */
-    LT_MEM_GRADS,         /* LoRA gradients, f32 (same layout as LT_MEM_LORA) */
-    LT_MEM_ACTIVATIONS,   /* saved for backward across layers (checkpoints or full stores) */
-    LT_MEM_TRANSIENTS,    /* one recompute segment's per-layer stores + step buffers */
-    LT_MEM_WORKSPACE,     /* dequant tiles, attention and loss workspaces, backward scratch */
+    LT_MEM_WEIGHTS = 0, /* frozen base weights (quantized stays quantized) + host bookkeeping */
+    LT_MEM_LORA,        /* LoRA A and B, f32 */
+    LT_MEM_GRADS,       /* LoRA gradients, f32 (same layout as LT_MEM_LORA) */
+    LT_MEM_ACTIVATIONS, /* saved for backward across layers (checkpoints or full stores) */
+    LT_MEM_TRANSIENTS,  /* one recompute segment's per-layer stores + step buffers */
+    LT_MEM_WORKSPACE,   /* dequant tiles, attention and loss workspaces, backward scratch */
     LT_MEM_CLASS_COUNT_
 } lt_mem_class;
 
@@ -200,8 +206,8 @@ LT_API const char *lt_mem_class_name(lt_mem_class c);
 typedef struct lt_model_sizes {
     size_t bytes[LT_MEM_CLASS_COUNT_]; /* accounted bytes (lt_alloc_accounted_size) per class */
     size_t total;
-    int64_t n_lora_params;             /* trainable scalars */
-    size_t offload_bytes;              /* offloaded checkpoints (run->offload_ckpt): accounted bytes
+    int64_t n_lora_params; /* trainable scalars */
+    size_t offload_bytes;  /* offloaded checkpoints (run->offload_ckpt): accounted bytes
                                           in host memory (pinned on a device run), NOT in bytes[]
                                           or total unless the run's device is the host: a CPU
                                           run's offload block counts in bytes[LT_MEM_ACTIVATIONS] */
@@ -215,12 +221,12 @@ typedef struct lt_model_sizes {
  * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
  * kernels do not serve). */
 LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
-                              const lt_model_run_options *run, lt_model_sizes *out);
+                                     const lt_model_run_options *run, lt_model_sizes *out);
 
 typedef struct lt_model_options {
-    lt_device device;  /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
+    lt_device device; /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
                           LT_DEVICE_CUDA (the build and the machine must have it) */
-    int quantize;      /* 1: quantize f32/bf16/f16 projection weights to INT4_G64 at load (QLoRA);
+    int quantize;     /* 1: quantize f32/bf16/f16 projection weights to INT4_G64 at load (QLoRA);
                           embeddings and the head keep their dtype */
 } lt_model_options;
 
@@ -234,8 +240,7 @@ LT_API lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev);
 /* Reads only headers (config.json + safetensors headers, or GGUF metadata and tensor infos) and
  * fills cfg as lt_model_load would, without touching weight data: the planner's entry point.
  * `path` is an HF folder, a .safetensors file inside one, or a .gguf file. */
-LT_API lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt,
-                           lt_model_config *cfg);
+LT_API lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options *opt, lt_model_config *cfg);
 
 /* Loads the model and creates LoRA parameters (A kaiming-uniform(a=sqrt 5) from lora->seed as
  * PEFT, B zero) and their zeroed gradients. Weights are copied into accounted memory on
@@ -244,8 +249,8 @@ LT_API lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_
  * rotate-half. Errors: LT_ERR_IO, LT_ERR_FORMAT (names the tensor/key), LT_ERR_NOT_FOUND (a
  * missing tensor, named), LT_ERR_SHAPE, LT_ERR_UNSUPPORTED (architecture, layer kind, dtype; a CUDA device in
  * a build without CUDA or on a machine without a GPU), LT_ERR_OOM, LT_ERR_CUDA. */
-LT_API lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt,
-                        const lt_lora_options *lora, lt_model **out);
+LT_API lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *opt, const lt_lora_options *lora,
+                               lt_model **out);
 LT_API void lt_model_free(lt_ctx *ctx, lt_model *m);
 
 LT_API const lt_model_config *lt_model_get_config(const lt_model *m);
@@ -283,7 +288,7 @@ typedef struct lt_lora_tensor {
     lt_proj proj;
     int is_b;
     lt_tensor value, grad;
-    int64_t offset;  /* element offset in the flat buffers */
+    int64_t offset; /* element offset in the flat buffers */
 } lt_lora_tensor;
 LT_API int64_t lt_model_lora_count(const lt_model *m);
 LT_API lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
@@ -297,19 +302,19 @@ typedef struct lt_model_batch {
     const int32_t *positions;   /* (B, T) RoPE positions (restarting per sequence); NULL = 0..T-1 */
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
-    uint64_t step;              /* selects the LoRA dropout masks (same step → same masks) */
-    int64_t first_row;          /* index of row 0 within the whole batch when this is one rank's
+    uint64_t step;     /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row; /* index of row 0 within the whole batch when this is one rank's
                                    share of it (data parallel): rows draw the dropout masks of
                                    their place in the whole batch; 0 otherwise */
-    int defer_loss;             /* device models: leave the loss on the device (the result gets
+    int defer_loss;    /* device models: leave the loss on the device (the result gets
                                    n_tokens only; lt_model_read_loss reads loss_sum later), so the
                                    call queues the step without waiting -- what a step captured
                                    into a CUDA graph needs */
 } lt_model_batch;
 
 typedef struct lt_model_result {
-    double loss_sum;   /* Σ token losses over non-ignored targets (nats) */
-    int64_t n_tokens;  /* non-ignored targets */
+    double loss_sum;  /* Σ token losses over non-ignored targets (nats) */
+    int64_t n_tokens; /* non-ignored targets */
 } lt_model_result;
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient
@@ -319,8 +324,8 @@ typedef struct lt_model_result {
  * with a shape covering the batch. Errors:
  * LT_ERR_INVALID_ARG (shapes, token or target out of range, bad offsets; named by index),
  * LT_ERR_UNSUPPORTED / LT_ERR_OOM from attention and loss. */
-LT_API lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b,
-                                    float grad_scale, lt_model_result *res, float *token_loss);
+LT_API lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
+                                           lt_model_result *res, float *token_loss);
 /* Replaying a captured step: validates b exactly as lt_model_forward_backward does and writes its
  * inputs into the model's pinned staging block (no device work; the captured step's copy reads
  * them), with res->n_tokens set. Only between steps (the previous step's loss has been read).
@@ -328,11 +333,11 @@ LT_API lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_mo
  * (waits for the queued work). Device models only. Errors: as lt_model_forward_backward;
  * LT_ERR_INVALID_ARG on a host model. */
 LT_API lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
-                               lt_model_result *res);
+                                      lt_model_result *res);
 LT_API lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res);
 /* Forward only (evaluation): no dropout, nothing saved. */
 LT_API lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res,
-                           float *token_loss);
+                                  float *token_loss);
 /* Context parallel: from now on every step of m is this rank's share of one sequence split over
  * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
  * positions of their places in the whole row), and attention runs over comm as lt_cp_choose picks:

@@ -22,9 +22,9 @@ extern "C" {
  * from the tokens before it in the same sequence. The first token of a sequence has no predecessor
  * and is never a target, whatever its flag. supervised may be NULL (every token supervised). */
 typedef struct lt_pack_input {
-    const int32_t *tokens;      /* (N) */
-    const uint8_t *supervised;  /* (N) or NULL */
-    const int64_t *offsets;     /* (n_seqs + 1), offsets[0] = 0, non-decreasing, offsets[n_seqs] = N */
+    const int32_t *tokens;     /* (N) */
+    const uint8_t *supervised; /* (N) or NULL */
+    const int64_t *offsets;    /* (n_seqs + 1), offsets[0] = 0, non-decreasing, offsets[n_seqs] = N */
     int64_t n_seqs;
 } lt_pack_input;
 
@@ -44,34 +44,34 @@ typedef enum lt_pack_overflow {
 
 /* Zero-initialised fields take the defaults noted. */
 typedef struct lt_pack_options {
-    int64_t row_len;          /* L = T of packed rows, >= 2 (required) */
-    int64_t batch_size;       /* rows per batch, 0 = 1 */
+    int64_t row_len;    /* L = T of packed rows, >= 2 (required) */
+    int64_t batch_size; /* rows per batch, 0 = 1 */
     lt_pack_algorithm algorithm;
     lt_pack_overflow overflow;
-    uint64_t seed, epoch;     /* the shuffle is a pure function of (seed, epoch) */
-    int64_t pad_multiple;     /* LT_PACK_NONE: batch width rounded up to this, 0 = 32 */
-    int32_t pad_id;           /* input id written in padding (its targets are LT_PACK_IGNORE) */
+    uint64_t seed, epoch; /* the shuffle is a pure function of (seed, epoch) */
+    int64_t pad_multiple; /* LT_PACK_NONE: batch width rounded up to this, 0 = 32 */
+    int32_t pad_id;       /* input id written in padding (its targets are LT_PACK_IGNORE) */
 } lt_pack_options;
 
 /* What a plan holds, for humans and for the trainer's tokens/s. Token counts are input positions. */
 typedef struct lt_pack_stats {
-    int64_t input_sequences;  /* n_seqs of the input, empty ones included */
-    int64_t empty_sequences;  /* zero-length inputs, skipped */
-    int64_t pieces;           /* segments placed in rows (a split sequence gives several) */
-    int64_t truncated;        /* sequences longer than L that were truncated */
-    int64_t split;            /* sequences longer than L that were split */
-    int64_t dropped_tokens;   /* tokens lost to truncation */
-    int64_t rows;             /* rows holding at least one piece */
-    int64_t empty_rows;       /* all-padding rows completing the last batch */
+    int64_t input_sequences; /* n_seqs of the input, empty ones included */
+    int64_t empty_sequences; /* zero-length inputs, skipped */
+    int64_t pieces;          /* segments placed in rows (a split sequence gives several) */
+    int64_t truncated;       /* sequences longer than L that were truncated */
+    int64_t split;           /* sequences longer than L that were split */
+    int64_t dropped_tokens;  /* tokens lost to truncation */
+    int64_t rows;            /* rows holding at least one piece */
+    int64_t empty_rows;      /* all-padding rows completing the last batch */
     int64_t batches;
-    int64_t max_segments;     /* S: the most segments in a row (the padding tail counts as one) */
-    int64_t real_tokens;      /* positions holding a real token */
-    int64_t capacity_tokens;  /* sum over batches of B * T */
-    int64_t padding_tokens;   /* capacity - real */
-    int64_t targets;          /* positions with a target other than LT_PACK_IGNORE */
-    double seqs_per_row;      /* pieces / rows */
-    double utilisation;       /* real / capacity */
-    double padding_waste;     /* padding / capacity */
+    int64_t max_segments;    /* S: the most segments in a row (the padding tail counts as one) */
+    int64_t real_tokens;     /* positions holding a real token */
+    int64_t capacity_tokens; /* sum over batches of B * T */
+    int64_t padding_tokens;  /* capacity - real */
+    int64_t targets;         /* positions with a target other than LT_PACK_IGNORE */
+    double seqs_per_row;     /* pieces / rows */
+    double utilisation;      /* real / capacity */
+    double padding_waste;    /* padding / capacity */
 } lt_pack_stats;
 
 typedef struct lt_pack_plan lt_pack_plan;
@@ -81,7 +81,7 @@ typedef struct lt_pack_plan lt_pack_plan;
  * Errors: LT_ERR_INVALID_ARG (L < 2, L > INT32_MAX, negative batch size, bad offsets, naming the
  * index), LT_ERR_OOM. */
 LT_API lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack_options *opt,
-                             lt_pack_plan **out);
+                                    lt_pack_plan **out);
 LT_API void lt_pack_plan_free(lt_ctx *ctx, lt_pack_plan *plan);
 
 LT_API lt_pack_stats lt_pack_plan_stats(const lt_pack_plan *plan);
@@ -107,7 +107,7 @@ typedef struct lt_pack_batch {
  * Errors: LT_ERR_INVALID_ARG (batch out of range, input not the one planned: sequence count
  * differs). */
 LT_API lt_status lt_pack_fill(lt_ctx *ctx, const lt_pack_plan *plan, const lt_pack_input *in, int64_t batch,
-                       lt_pack_batch *out);
+                              lt_pack_batch *out);
 
 /* Validates an input (offsets start at 0, non-decreasing, within int64). Errors: LT_ERR_INVALID_ARG
  * naming the first bad index. */

@@ -37,8 +37,8 @@ typedef struct lt_safetensors_entry {
 /* Writes n tensors (in the given order) and optional "__metadata__" string pairs
  * (meta_kv[2i] = key, meta_kv[2i+1] = value) to `path` atomically. Errors: LT_ERR_INVALID_ARG
  * (duplicate or empty name, unsupported dtype, non-contiguous tensor), LT_ERR_IO. */
-LT_API lt_status lt_safetensors_write(lt_ctx *ctx, const char *path, const lt_safetensors_entry *entries,
-                               int64_t n, const char *const *meta_kv, int64_t n_meta);
+LT_API lt_status lt_safetensors_write(lt_ctx *ctx, const char *path, const lt_safetensors_entry *entries, int64_t n,
+                                      const char *const *meta_kv, int64_t n_meta);
 
 #ifdef __cplusplus
 }

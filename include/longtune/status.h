@@ -15,16 +15,16 @@ extern "C" {
 
 typedef enum lt_status {
     LT_OK = 0,
-    LT_ERR_INVALID_ARG,  /* a caller-supplied value is out of range or inconsistent */
-    LT_ERR_SHAPE,        /* tensor shapes do not agree */
-    LT_ERR_DTYPE,        /* tensor dtype not accepted here */
-    LT_ERR_UNSUPPORTED,  /* a valid request this build or backend does not implement */
-    LT_ERR_OOM,          /* host or device allocation failed or would pass the hard limit */
-    LT_ERR_IO,           /* open/read/write/fsync/rename failed */
-    LT_ERR_FORMAT,       /* a file or record is malformed (truncated, bad offsets, bad JSON) */
-    LT_ERR_NOT_FOUND,    /* a named file, key or tensor is absent */
-    LT_ERR_CUDA,         /* a CUDA runtime or library call failed */
-    LT_ERR_INTERRUPTED,  /* stopped by a signal or by the memory guard */
+    LT_ERR_INVALID_ARG, /* a caller-supplied value is out of range or inconsistent */
+    LT_ERR_SHAPE,       /* tensor shapes do not agree */
+    LT_ERR_DTYPE,       /* tensor dtype not accepted here */
+    LT_ERR_UNSUPPORTED, /* a valid request this build or backend does not implement */
+    LT_ERR_OOM,         /* host or device allocation failed or would pass the hard limit */
+    LT_ERR_IO,          /* open/read/write/fsync/rename failed */
+    LT_ERR_FORMAT,      /* a file or record is malformed (truncated, bad offsets, bad JSON) */
+    LT_ERR_NOT_FOUND,   /* a named file, key or tensor is absent */
+    LT_ERR_CUDA,        /* a CUDA runtime or library call failed */
+    LT_ERR_INTERRUPTED, /* stopped by a signal or by the memory guard */
     LT_STATUS_COUNT_
 } lt_status;
 
@@ -70,15 +70,15 @@ LT_API void lt_abort_at(const char *file, int line, const char *fmt, ...)
     ;
 
 #define LT_ABORT(...) lt_abort_at(__FILE__, __LINE__, __VA_ARGS__)
-#define LT_ASSERT(cond)                                                   \
-    do {                                                                  \
+#define LT_ASSERT(cond)                                                              \
+    do {                                                                             \
         if (!(cond)) lt_abort_at(__FILE__, __LINE__, "assertion failed: %s", #cond); \
     } while (0)
 
 /* Propagate a failing status: `LT_TRY(lt_foo(...));` inside a function returning lt_status. */
-#define LT_TRY(expr)                         \
-    do {                                     \
-        lt_status lt_try_s_ = (expr);        \
+#define LT_TRY(expr)                              \
+    do {                                          \
+        lt_status lt_try_s_ = (expr);             \
         if (lt_try_s_ != LT_OK) return lt_try_s_; \
     } while (0)
 

@@ -12,9 +12,9 @@ extern "C" {
 #endif
 
 typedef struct lt_host_memory {
-    uint64_t total_bytes;      /* min(MemTotal, cgroup limit) */
-    uint64_t available_bytes;  /* min(MemAvailable, cgroup limit - cgroup usage) */
-    uint64_t cgroup_limit;     /* 0 when no limit is set */
+    uint64_t total_bytes;     /* min(MemTotal, cgroup limit) */
+    uint64_t available_bytes; /* min(MemAvailable, cgroup limit - cgroup usage) */
+    uint64_t cgroup_limit;    /* 0 when no limit is set */
 } lt_host_memory;
 
 LT_API lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out);
@@ -31,8 +31,8 @@ LT_API void lt_sys_cpu(char *name, int n, int *cores);
 LT_API const char *lt_sys_blas_coretype_hint(void);
 
 typedef struct lt_cuda_device_info {
-    int count;            /* 0 when no device or no CUDA in the build */
-    char name[256];       /* device 0 */
+    int count;      /* 0 when no device or no CUDA in the build */
+    char name[256]; /* device 0 */
     uint64_t total_bytes, free_bytes;
     int driver_version, runtime_version, cc_major, cc_minor;
 } lt_cuda_device_info;

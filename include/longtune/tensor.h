@@ -17,10 +17,10 @@ typedef enum lt_dtype {
     LT_DTYPE_F16,
     LT_DTYPE_I32,
     /* Block formats: rows of `cols` weights, quantized along the last dimension. */
-    LT_DTYPE_Q8_0,       /* GGUF: 32 weights = { f16 d; int8 q[32] }, x = q*d (34 B) */
-    LT_DTYPE_Q4_0,       /* GGUF: 32 weights = { f16 d; u8 q[16] }, x = (nib-8)*d (18 B) */
-    LT_DTYPE_Q4_1,       /* GGUF: 32 weights = { f16 d; f16 m; u8 q[16] }, x = nib*d+m (20 B) */
-    LT_DTYPE_INT4_G64,   /* MLX-style affine int4, 64 weights = { f16 scale; f16 bias;
+    LT_DTYPE_Q8_0,     /* GGUF: 32 weights = { f16 d; int8 q[32] }, x = q*d (34 B) */
+    LT_DTYPE_Q4_0,     /* GGUF: 32 weights = { f16 d; u8 q[16] }, x = (nib-8)*d (18 B) */
+    LT_DTYPE_Q4_1,     /* GGUF: 32 weights = { f16 d; f16 m; u8 q[16] }, x = nib*d+m (20 B) */
+    LT_DTYPE_INT4_G64, /* MLX-style affine int4, 64 weights = { f16 scale; f16 bias;
                             u32 q[8] }, eight nibbles per u32, low nibble first,
                             x = nib*scale+bias (36 B) */
     LT_DTYPE_COUNT_
@@ -58,7 +58,7 @@ LT_API int lt_tensor_is_contiguous(const lt_tensor *t);
 
 /* Allocates a contiguous tensor through the accounting allocator; free with lt_tensor_release. */
 LT_API lt_status lt_tensor_alloc(lt_ctx *ctx, lt_tensor *out, lt_dtype dtype, lt_device dev, int ndim,
-                          const int64_t *shape, const char *what);
+                                 const int64_t *shape, const char *what);
 LT_API void lt_tensor_release(lt_ctx *ctx, lt_tensor *t);
 
 /* Scalar conversions shared by every module (round-to-nearest-even for bf16/f16). */

@@ -40,12 +40,12 @@ LT_API void lt_tokenizer_free(lt_tokenizer *tok);
  * (caller frees with free(); never NULL on success); *n_ids its length. Safe to call from several
  * threads at once on one tokenizer, each with its own ctx. Errors: LT_ERR_OOM, LT_ERR_INVALID_ARG. */
 LT_API lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *text, size_t len,
-                              int add_special, int32_t **ids, size_t *n_ids);
+                                     int add_special, int32_t **ids, size_t *n_ids);
 /* Decodes ids to text through the tokenizer's decoders (malloc'd, NUL-terminated; *len excludes the
  * NUL); byte-level output is read as lossy UTF-8 (U+FFFD), as HF. skip_special drops special
  * tokens. Out-of-range ids are LT_ERR_INVALID_ARG naming the position. */
 LT_API lt_status lt_tokenizer_decode(lt_ctx *ctx, const lt_tokenizer *tok, const int32_t *ids, size_t n_ids,
-                              int skip_special, char **text, size_t *len);
+                                     int skip_special, char **text, size_t *len);
 
 LT_API int32_t lt_tokenizer_vocab_size(const lt_tokenizer *tok);
 /* -1 when the tokenizer has none. */

@@ -29,72 +29,71 @@ typedef enum lt_lr_schedule {
     LT_LR_SCHEDULE_COSINE,       /* lr → min_lr along half a cosine over the steps after warmup */
 } lt_lr_schedule;
 
-
 /* Every option of a run. Zero-initialised = defaults: lt_train_options_resolve fills each zero
  * field with the default in brackets and validates the result. Flag names are the field names
  * with '-' for '_' ("--learning-rate"); the config file uses the same keys (either spelling). */
 typedef struct lt_train_options {
-    char model[LT_TRAIN_PATH_MAX];            /* HF folder or .gguf file (required) */
-    char data[LT_TRAIN_PATH_MAX];             /* folder with train.jsonl [+ valid.jsonl] (required) */
-    char adapter_path[LT_TRAIN_PATH_MAX];     /* output folder ["adapters"] */
+    char model[LT_TRAIN_PATH_MAX];               /* HF folder or .gguf file (required) */
+    char data[LT_TRAIN_PATH_MAX];                /* folder with train.jsonl [+ valid.jsonl] (required) */
+    char adapter_path[LT_TRAIN_PATH_MAX];        /* output folder ["adapters"] */
     char resume_adapter_file[LT_TRAIN_PATH_MAX]; /* checkpoint (or the adapter folder holding it) to
                                                     resume from ["" = fresh run] */
-    int64_t iters;                 /* optimizer steps [1000] */
-    int64_t batch_size;            /* rows per micro-batch [4] */
-    int64_t max_seq_length;        /* tokens per row; longer examples are truncated [2048] */
-    double learning_rate;          /* peak lr [1e-5] */
-    double min_lr;                 /* cosine floor [0] */
-    int64_t num_layers;            /* LoRA on the last K layers [0 or -1 = all] */
-    int mask_prompt;               /* loss only on completion/assistant tokens */
-    int grad_checkpoint;           /* shorthand for recompute = all */
-    int64_t save_every;            /* checkpoint + adapter every N steps [100] */
-    int64_t steps_per_eval;        /* validation every N steps [200] */
-    int64_t steps_per_report;      /* metrics line every N steps [10] */
-    int64_t val_batches;           /* batches per validation [25]; -1 = the whole set */
-    uint64_t seed;                 /* init, dropout and shuffling [0] */
-    int64_t lora_rank;             /* r [8] */
-    double lora_alpha;             /* scale = alpha / r [16] */
-    double lora_dropout;           /* dropout on the LoRA input, in [0, 1) [0] */
-    char lora_targets[256];        /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
+    int64_t iters;                               /* optimizer steps [1000] */
+    int64_t batch_size;                          /* rows per micro-batch [4] */
+    int64_t max_seq_length;                      /* tokens per row; longer examples are truncated [2048] */
+    double learning_rate;                        /* peak lr [1e-5] */
+    double min_lr;                               /* cosine floor [0] */
+    int64_t num_layers;                          /* LoRA on the last K layers [0 or -1 = all] */
+    int mask_prompt;                             /* loss only on completion/assistant tokens */
+    int grad_checkpoint;                         /* shorthand for recompute = all */
+    int64_t save_every;                          /* checkpoint + adapter every N steps [100] */
+    int64_t steps_per_eval;                      /* validation every N steps [200] */
+    int64_t steps_per_report;                    /* metrics line every N steps [10] */
+    int64_t val_batches;                         /* batches per validation [25]; -1 = the whole set */
+    uint64_t seed;                               /* init, dropout and shuffling [0] */
+    int64_t lora_rank;                           /* r [8] */
+    double lora_alpha;                           /* scale = alpha / r [16] */
+    double lora_dropout;                         /* dropout on the LoRA input, in [0, 1) [0] */
+    char lora_targets[256];                      /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
                                       gate_proj,up_proj,down_proj]; short forms q,k,v,o,gate,up,down */
-    lt_lr_schedule lr_schedule;    /* [constant] */
-    int64_t warmup;                /* linear warmup steps [0] */
-    double weight_decay;           /* AdamW decoupled decay [0] */
-    double beta1, beta2, eps;      /* [0.9, 0.999, 1e-8] */
-    int64_t grad_accum;            /* micro-batches per optimizer step [1] */
-    double grad_clip;              /* global L2 norm clip, 0 = off [0] */
-    lt_recompute recompute;        /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
+    lt_lr_schedule lr_schedule;                  /* [constant] */
+    int64_t warmup;                              /* linear warmup steps [0] */
+    double weight_decay;                         /* AdamW decoupled decay [0] */
+    double beta1, beta2, eps;                    /* [0.9, 0.999, 1e-8] */
+    int64_t grad_accum;                          /* micro-batches per optimizer step [1] */
+    double grad_clip;                            /* global L2 norm clip, 0 = off [0] */
+    lt_recompute recompute;                      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
-    int64_t recompute_every;       /* K of "every:K" */
-    int recompute_attention;       /* under a recompute policy, rerun each layer's attention in
+    int64_t recompute_every;                     /* K of "every:K" */
+    int recompute_attention;                     /* under a recompute policy, rerun each layer's attention in
                                       the backward instead of keeping its output, lse (and, on the
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
                                       lt_model_run_options.recompute_attention [0] */
-    int offload_checkpoints;       /* keep the checkpoints in pinned host memory (a device run;
+    int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */
-    lt_attention_impl attention;   /* [flash] */
-    lt_lce_impl loss;              /* [fused] */
-    int no_pack;                   /* one example per row instead of packing */
-    char pack_algorithm[32];       /* packing algorithm name, passed to the data module ["" = its
+    lt_attention_impl attention;                 /* [flash] */
+    lt_lce_impl loss;                            /* [fused] */
+    int no_pack;                                 /* one example per row instead of packing */
+    char pack_algorithm[32];                     /* packing algorithm name, passed to the data module ["" = its
                                       default] */
-    char quantize[16];             /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
-    int threads;                   /* CPU threads [0 = all] */
-    lt_device device;              /* cpu | cuda: where the model, LoRA state and optimizer live
+    char quantize[16];                           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
+    int threads;                                 /* CPU threads [0 = all] */
+    lt_device device;                            /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is
                                       LT_ERR_UNSUPPORTED from the run */
-    char distributed[8];           /* "auto": data parallel over the world an MPI launcher started
+    char distributed[8];                         /* "auto": data parallel over the world an MPI launcher started
                                       (mpirun -np K; MPI for a CPU model, NCCL for a CUDA one), one
                                       process otherwise; "nccl": an NCCL world even without MPI
                                       (RANK/WORLD_SIZE + LONGTUNE_RENDEZVOUS, or a world of one);
                                       "off": one process whatever the launcher ["auto"]. Read by the
                                       caller that makes the communicator (lt_train_result.comm) */
-    int context_parallel;          /* with a world of K > 1 ranks: context parallel instead of data
+    int context_parallel;                        /* with a world of K > 1 ranks: context parallel instead of data
                                       parallel -- every row is split over the K ranks (zig-zag) and
                                       attention is ring attention. Needs batch_size 1, no_pack and
                                       max_seq_length a multiple of 2K; dropout masks then follow each
                                       rank's local token index (not those of one process) */
-    char cuda_graph[8];            /* "on" | "off": on a CUDA model, capture the whole step (forward,
+    char cuda_graph[8];                          /* "on" | "off": on a CUDA model, capture the whole step (forward,
                                       loss, backward, clipping, AdamW) into a CUDA graph once the
                                       batch shape has been seen twice and replay it while it stays
                                       the same; any other run, a shape change, or a step that
@@ -148,37 +147,37 @@ LT_API int64_t lt_train_param_numel(const lt_train_param *p);
 
 /* Everything besides the tensors that a bit-exact resume needs. */
 typedef struct lt_train_state {
-    int64_t step;          /* optimizer steps completed */
-    uint64_t rng[4];       /* the random streams' keys: {seed, next dropout micro-step, shuffle
+    int64_t step;        /* optimizer steps completed */
+    uint64_t rng[4];     /* the random streams' keys: {seed, next dropout micro-step, shuffle
                               epoch, 0}. Dropout masks and shuffles are pure functions of these
                               counters (no sequential generator), so they are the whole RNG state */
-    int64_t data_epoch;    /* pass over the training set */
-    int64_t data_cursor;   /* next batch within the epoch's order */
-    int64_t tokens_seen;   /* trained (non-masked) tokens so far */
-    double elapsed_s;      /* training wall time so far (informational) */
+    int64_t data_epoch;  /* pass over the training set */
+    int64_t data_cursor; /* next batch within the epoch's order */
+    int64_t tokens_seen; /* trained (non-masked) tokens so far */
+    double elapsed_s;    /* training wall time so far (informational) */
 } lt_train_state;
 
 /* Writes a checkpoint (state, the run options that must match on resume, every param's data, m
  * and v, and a checksum over all of it) to `path` atomically: temp file in the same folder, fsync,
  * rename. Errors: LT_ERR_IO (names the path), LT_ERR_INVALID_ARG for a param without m/v. */
 LT_API lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt,
-                             const lt_train_state *st, const lt_train_param *params, int n_params);
+                                    const lt_train_state *st, const lt_train_param *params, int n_params);
 
 /* Reads a checkpoint into `st` and the params' data, m and v (which must be allocated with the
  * shapes they will be checked against). Validates everything before writing anything: magic,
  * version, size, checksum (LT_ERR_FORMAT: truncated or corrupted, names the path and what), the
  * run options that change the trajectory (LT_ERR_INVALID_ARG names the option and both values),
  * and the param set (LT_ERR_INVALID_ARG names a missing, extra or mis-shaped tensor). */
-LT_API lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_options *opt,
-                             lt_train_state *st, lt_train_param *params, int n_params);
+LT_API lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_train_options *opt, lt_train_state *st,
+                                    lt_train_param *params, int n_params);
 
 /* Saves a PEFT LoRA adapter into folder `dir` (created if absent): adapter_config.json and
  * adapter_model.safetensors with keys "base_model.model.<name>.weight" in f32, each written
  * atomically. base_model names the base in the config (a path or hub id). target_modules and
  * layers_to_transform are derived from the param names. Errors: LT_ERR_IO, LT_ERR_INVALID_ARG for a
  * name that is not "<module>.lora_A|lora_B" or a shape that does not agree with the rank. */
-LT_API lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model,
-                       const lt_train_options *opt, const lt_train_param *params, int n_params);
+LT_API lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
+                              const lt_train_param *params, int n_params);
 
 /* Reads a PEFT LoRA folder's adapter_config.json into the model's LoRA options for a base of L
  * layers (r, lora_alpha, target_modules; layers_to_transform must be the last K layers or null).
@@ -196,11 +195,11 @@ typedef struct lt_metrics_record {
     double train_loss;
     double val_loss;
     double learning_rate;
-    double tokens_per_s;   /* real (non-padding) input tokens per second over the report window */
-    int64_t tokens;        /* trained (supervised target) tokens so far */
+    double tokens_per_s; /* real (non-padding) input tokens per second over the report window */
+    int64_t tokens;      /* trained (supervised target) tokens so far */
     double elapsed_s;
-    int64_t peak_bytes;    /* accounting allocator high-water on the run's device */
-    int64_t plan_bytes;    /* what the planner predicted for the run (same device) */
+    int64_t peak_bytes;      /* accounting allocator high-water on the run's device */
+    int64_t plan_bytes;      /* what the planner predicted for the run (same device) */
     int64_t host_peak_bytes; /* device runs: the host high-water besides; 0 (left out) on CPU */
 } lt_metrics_record;
 
@@ -234,7 +233,7 @@ typedef struct lt_train_held {
  * context-parallel ranks (1 each for one process). The caller may refine what the run options
  * leave to defaults (saved dtype, chunk rows) before lt_train_plan. */
 LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_t dp_size, int64_t cp_size,
-                                lt_plan_options *out);
+                                       lt_plan_options *out);
 
 /* The plan of the run: lt_plan_compute of popt with, on a CPU run, the held class made of
  * held->caller_bytes, the trainer's buffers (lt_train_buffer_bytes), its metrics log, and the
@@ -243,21 +242,21 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
  * popt's B and T; on a device run held->caller_bytes alone (the rest is host memory).
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
-                        const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
 /* Host bytes of the trainer's buffers allocated before its first step: the LoRA tensor index
  * (n_lora_tensors entries), one batch of B rows of T tokens (ids, targets, positions, offsets and
  * piece counts), the step's loss sums (opt->grad_accum), and with cp_size > 1 this rank's share
  * of the row. */
 LT_API size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int64_t T, int64_t n_lora_tensors,
-                             int64_t cp_size);
+                                    int64_t cp_size);
 
 /* lt_plan_search_max through lt_train_plan: the largest T (or B) in [1, hi] whose plan fits
  * budget_bytes (and popt->host_budget_bytes when set), the trainer's buffers following the shape
  * and `held` (measured at the given shape) staying. Errors: those of lt_train_plan at 1. */
 LT_API lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
-                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
-                               int64_t hi, size_t budget_bytes, int64_t *out, int *found);
+                                      const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
+                                      int64_t hi, size_t budget_bytes, int64_t *out, int *found);
 
 /* The packing options the trainer packs opt's data with (cp_size > 1: context parallel rows). */
 LT_API lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);
@@ -265,7 +264,7 @@ LT_API lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt,
 /* Builds the validation plan (valid may be NULL) and the first epoch's training plan in a scratch
  * context and sets held->packing_peak_bytes and packing_held_bytes from its accounting. */
 LT_API lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
-                                 const lt_pack_input *valid, lt_train_held *held);
+                                        const lt_pack_input *valid, lt_train_held *held);
 
 /* Loads opt's tokenizer and data folder as lt_train_run does, in a scratch context, and fills
  * *held: caller_bytes with what they hold (no guard) and the packing bytes of their plans. */
@@ -274,20 +273,20 @@ LT_API lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt,
 /* What a run did. step_loss, when the caller sets it, receives the training loss (token mean over
  * the step's micro-batches) of every step run by this call, indexed by step (iters entries). */
 typedef struct lt_train_result {
-    int64_t steps;            /* optimizer steps completed, resumed ones included */
-    int64_t start_step;       /* the step this call started from (0, or the checkpoint's) */
-    double first_val_loss;    /* the first validation of this call (NAN when none) */
+    int64_t steps;         /* optimizer steps completed, resumed ones included */
+    int64_t start_step;    /* the step this call started from (0, or the checkpoint's) */
+    double first_val_loss; /* the first validation of this call (NAN when none) */
     double last_val_loss;
     double last_train_loss;
-    int64_t tokens;           /* trained tokens, resumed ones included */
-    double elapsed_s;         /* this call's wall time */
-    size_t peak_bytes;        /* high-water of the accounting allocator on the run's device */
-    size_t plan_bytes;        /* lt_plan_compute for the run on that device, held bytes included */
-    size_t host_peak_bytes;   /* host high-water (the same as peak_bytes on a CPU run) */
-    double *step_loss;        /* optional, caller-owned (iters) */
-    int64_t stop_at;          /* optional input: act as if a stop were requested once this step
+    int64_t tokens;         /* trained tokens, resumed ones included */
+    double elapsed_s;       /* this call's wall time */
+    size_t peak_bytes;      /* high-water of the accounting allocator on the run's device */
+    size_t plan_bytes;      /* lt_plan_compute for the run on that device, held bytes included */
+    size_t host_peak_bytes; /* host high-water (the same as peak_bytes on a CPU run) */
+    double *step_loss;      /* optional, caller-owned (iters) */
+    int64_t stop_at;        /* optional input: act as if a stop were requested once this step
                                  is done (checkpoint, LT_ERR_INTERRUPTED); 0 = never */
-    struct lt_comm *comm;     /* optional input: data parallel over this host (MPI) world. Every
+    struct lt_comm *comm;   /* optional input: data parallel over this host (MPI) world. Every
                                  rank calls lt_train_fit/lt_train_run with the same options and
                                  data; each trains its share of every micro-batch's rows, LoRA
                                  gradients are summed over ranks before clipping and AdamW, and
@@ -305,7 +304,7 @@ typedef struct lt_train_result {
  * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
  * checkpoint and file writers, all with messages. */
 LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
-                       const lt_pack_input *valid, FILE *progress, lt_train_result *res);
+                              const lt_pack_input *valid, FILE *progress, lt_train_result *res);
 
 /* The whole command: loads opt->model (a quantized GGUF stays quantized; opt->quantize quantizes a
  * dense base), its tokenizer, and the dataset folder opt->data (train.jsonl, valid.jsonl when
@@ -316,10 +315,10 @@ LT_API lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *pr
 /* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
  * O(T²), fine for the short answers a before/after check needs). */
 typedef struct lt_generate_options {
-    int64_t max_tokens;   /* new tokens at most [256] */
-    double temp;          /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
-    double top_p;         /* nucleus sampling mass, (0, 1]; 0 = 1 */
-    uint64_t seed;        /* sampling RNG */
+    int64_t max_tokens; /* new tokens at most [256] */
+    double temp;        /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
+    double top_p;       /* nucleus sampling mass, (0, 1]; 0 = 1 */
+    uint64_t seed;      /* sampling RNG */
 } lt_generate_options;
 
 /* Appends up to max_tokens tokens to prompt (n_prompt ids) into out (capacity >= max_tokens),
@@ -327,8 +326,8 @@ typedef struct lt_generate_options {
  * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
  * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
 LT_API lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
-                      int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
-                      void (*on_token)(void *arg, int32_t id), void *arg);
+                             int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
+                             void (*on_token)(void *arg, int32_t id), void *arg);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

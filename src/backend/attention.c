@@ -13,14 +13,12 @@
 #include "backend/backend.h"
 #include "longtune/alloc.h"
 
-static int64_t layout_span(const lt_attention_layout *l, int64_t B, int64_t T, int64_t heads,
-                           int64_t D) {
+static int64_t layout_span(const lt_attention_layout *l, int64_t B, int64_t T, int64_t heads, int64_t D) {
     /* Largest element offset + 1 the layout reaches; -1 on overflow. */
     int64_t span = D, t;
     const int64_t ext[3] = {B, T, heads}, str[3] = {l->batch, l->token, l->head};
     for (int i = 0; i < 3; i++) {
-        if (__builtin_mul_overflow(ext[i] - 1, str[i], &t) || __builtin_add_overflow(span, t, &span))
-            return -1;
+        if (__builtin_mul_overflow(ext[i] - 1, str[i], &t) || __builtin_add_overflow(span, t, &span)) return -1;
     }
     return span;
 }
@@ -34,20 +32,20 @@ static lt_attention_layout layout_resolve(lt_attention_layout l, int64_t T, int6
     return l;
 }
 
-static lt_status layout_check(lt_ctx *ctx, const char *name, lt_attention_layout l, int64_t B,
-                              int64_t T, int64_t heads, int64_t D) {
+static lt_status layout_check(lt_ctx *ctx, const char *name, lt_attention_layout l, int64_t B, int64_t T, int64_t heads,
+                              int64_t D) {
     l = layout_resolve(l, T, heads, D);
     const int64_t ext[3] = {B, T, heads}, str[3] = {l.batch, l.token, l.head};
     const char *dim[3] = {"batch", "token", "head"};
     for (int i = 0; i < 3; i++) {
         if (str[i] < 0 || (ext[i] > 1 && str[i] < D))
             return lt_error(ctx, LT_ERR_INVALID_ARG,
-                            "attention: %s %s stride %lld must be >= D = %lld (rows would overlap)",
-                            name, dim[i], (long long)str[i], (long long)D);
+                            "attention: %s %s stride %lld must be >= D = %lld (rows would overlap)", name, dim[i],
+                            (long long)str[i], (long long)D);
     }
     if (l.token > INT_MAX)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: %s token stride %lld exceeds INT_MAX",
-                        name, (long long)l.token);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: %s token stride %lld exceeds INT_MAX", name,
+                        (long long)l.token);
     if (layout_span(&l, B, T, heads, D) < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: %s layout overflows int64", name);
     return LT_OK;
@@ -64,8 +62,8 @@ static lt_status offsets_check(lt_ctx *ctx, const lt_attention_params *p) {
         for (int64_t s = 1; s <= p->S; s++)
             if (o[s] < o[s - 1])
                 return lt_error(ctx, LT_ERR_INVALID_ARG,
-                                "attention: seq_offsets row %lld index %lld: %d < %d (not monotone)",
-                                (long long)b, (long long)s, (int)o[s], (int)o[s - 1]);
+                                "attention: seq_offsets row %lld index %lld: %d < %d (not monotone)", (long long)b,
+                                (long long)s, (int)o[s], (int)o[s - 1]);
         if (o[p->S] != p->T)
             return lt_error(ctx, LT_ERR_INVALID_ARG,
                             "attention: seq_offsets row %lld ends at %d, not T = %lld (must cover the row)",
@@ -87,8 +85,8 @@ static lt_status batch_match(lt_ctx *ctx, const lt_attention_params *p) {
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "attention: prepared batch was made for other seq_offsets (%p, device %p; the call "
                         "passes %p, device %p)",
-                        (const void *)b->seq_offsets, (const void *)b->seq_offsets_device,
-                        (const void *)p->seq_offsets, (const void *)p->seq_offsets_device);
+                        (const void *)b->seq_offsets, (const void *)b->seq_offsets_device, (const void *)p->seq_offsets,
+                        (const void *)p->seq_offsets_device);
     return LT_OK;
 }
 
@@ -96,11 +94,10 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
     if (!p) return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: params is NULL");
     if (p->B < 1 || p->T < 1 || p->H < 1 || p->Hkv < 1 || p->D < 1)
         return lt_error(ctx, LT_ERR_SHAPE, "attention: B=%lld T=%lld H=%lld Hkv=%lld D=%lld must all be >= 1",
-                        (long long)p->B, (long long)p->T, (long long)p->H, (long long)p->Hkv,
-                        (long long)p->D);
+                        (long long)p->B, (long long)p->T, (long long)p->H, (long long)p->Hkv, (long long)p->D);
     if (p->H % p->Hkv)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: H=%lld is not a multiple of Hkv=%lld",
-                        (long long)p->H, (long long)p->Hkv);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: H=%lld is not a multiple of Hkv=%lld", (long long)p->H,
+                        (long long)p->Hkv);
     int64_t n;
     if (__builtin_mul_overflow(p->B, p->T, &n) || __builtin_mul_overflow(n, p->H, &n) ||
         __builtin_mul_overflow(n, p->D, &n) || n > INT64_MAX / 4)
@@ -110,14 +107,12 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
     if ((unsigned)p->impl > LT_ATTENTION_NAIVE)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: unknown impl %d", (int)p->impl);
     if (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16 && p->dtype != LT_DTYPE_F16)
-        return lt_error(ctx, LT_ERR_DTYPE, "attention: dtype %s is not accepted (f32, bf16)",
-                        lt_dtype_name(p->dtype));
+        return lt_error(ctx, LT_ERR_DTYPE, "attention: dtype %s is not accepted (f32, bf16)", lt_dtype_name(p->dtype));
     if (!isfinite(p->scale) || p->scale < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: scale %g must be finite and > 0 (0 = 1/sqrt(D))",
                         (double)p->scale);
     if (!isfinite(p->softcap) || p->softcap < 0)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0",
-                        (double)p->softcap);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0", (double)p->softcap);
     if (p->window < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: window %lld is negative", (long long)p->window);
     LT_TRY(layout_check(ctx, "q", p->q_layout, p->B, p->T, p->H, p->D));
@@ -133,8 +128,12 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
             return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: B*(S+1) offsets overflow");
     }
     LT_TRY(p->batch ? batch_match(ctx, p) : offsets_check(ctx, p));
-    const lt_op_query q = {.op = LT_OP_ATTENTION, .dtype = p->dtype, .impl = (int)p->impl, .head_dim = p->D,
-                           .window = p->window, .softcap = p->softcap};
+    const lt_op_query q = {.op = LT_OP_ATTENTION,
+                           .dtype = p->dtype,
+                           .impl = (int)p->impl,
+                           .head_dim = p->D,
+                           .window = p->window,
+                           .softcap = p->softcap};
     return lt_backend_supports(ctx, p->device, &q);
 }
 
@@ -208,11 +207,11 @@ static lt_status run(lt_ctx *ctx, const lt_attention_params *p, lt_attention_arg
     if (a->workspace) {
         const uintptr_t align = p->device == LT_DEVICE_CPU ? LT_ALLOC_ALIGN_HOST : LT_ALLOC_ALIGN_DEVICE;
         if ((uintptr_t)a->workspace % align)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace %p is not aligned to %u bytes", what,
-                            a->workspace, (unsigned)align);
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace %p is not aligned to %u bytes", what, a->workspace,
+                            (unsigned)align);
         if (a->workspace_size < need)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace of %zu bytes, %zu needed", what,
-                            a->workspace_size, need);
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: workspace of %zu bytes, %zu needed", what, a->workspace_size,
+                            need);
         return fn(ctx, &r, &w);
     }
     w.workspace_size = need;

@@ -7,14 +7,11 @@
 
 static const lt_backend *plain(lt_device dev) {
     switch (dev) {
-    case LT_DEVICE_CPU:
-        return &lt_backend_cpu;
+    case LT_DEVICE_CPU: return &lt_backend_cpu;
 #if LT_HAVE_CUDA
-    case LT_DEVICE_CUDA:
-        return &lt_backend_cuda;
+    case LT_DEVICE_CUDA: return &lt_backend_cuda;
 #endif
-    default:
-        return NULL;
+    default: return NULL;
     }
 }
 

@@ -54,11 +54,11 @@ typedef struct lt_graph lt_graph;
 typedef struct lt_lora_proj {
     const lt_tensor *w;
     const float *a, *b;
-    float *ga, *gb;     /* backward: accumulated (+=) */
-    const float *bias;  /* forward: added to y, or NULL */
-    float *y;           /* forward: the output, or NULL: compute lu only */
-    const float *dy;    /* backward: the output's gradient */
-    float *lu;          /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
+    float *ga, *gb;    /* backward: accumulated (+=) */
+    const float *bias; /* forward: added to y, or NULL */
+    float *y;          /* forward: the output, or NULL: compute lu only */
+    const float *dy;   /* backward: the output's gradient */
+    float *lu;         /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
 } lt_lora_proj;
 
 /* What `supports` is asked: one op kind and the properties of a request that a backend may lack.
@@ -119,8 +119,8 @@ typedef struct lt_backend {
     /* Row-major f32 GEMM: C (M, N) = alpha·op(A)·op(B) + beta·C, op(A) (M, K), op(B) (K, N).
      * CUDA: cuBLASLt in fp32 (no TF32) with a fixed 4 MiB device workspace for split-K, owned by
      * the context's backend state. */
-    void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    void (*gemm)(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
     /* See lt_matmul_mode. ws: matmul_workspace_bytes(w dtype, out, in, N_max, threads) bytes, for
      * any N <= N_max and either mode (may be NULL when that size is 0). */
     void (*matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
@@ -138,8 +138,8 @@ typedef struct lt_backend {
     /* Rotate-half RoPE in place on x (N, heads, D): pair (i, i + D/2) rotated by pos[n]·inv_freq[i]
      * (inv_freq (D/2), theta and llama3 scaling already applied). inverse = 1 rotates by −angle,
      * which is the backward (the rotation is orthogonal). */
-    void (*rope)(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
-                 int64_t D, int inverse);
+    void (*rope)(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+                 int inverse);
     /* a = silu(g)·u elementwise; backward gives dg, du from da. */
     void (*swiglu_fwd)(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
     void (*swiglu_bwd)(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);

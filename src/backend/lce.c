@@ -11,14 +11,15 @@
 /* Head dtypes the op takes at all; everything else is LT_ERR_DTYPE (which of them a backend
  * serves is its `supports`). */
 static int head_dtype_ok(lt_dtype t) {
-    return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16 || t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 ||
-           t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
+    return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16 || t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 ||
+        t == LT_DTYPE_INT4_G64;
 }
 static int act_dtype_ok(lt_dtype t) { return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16; }
 
 static lt_status check_options(lt_ctx *ctx, const lt_lce_options *in, lt_lce_options *o) {
     *o = *in;
-    if ((unsigned)o->impl > LT_LCE_NAIVE) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: unknown impl %d", (int)o->impl);
+    if ((unsigned)o->impl > LT_LCE_NAIVE)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: unknown impl %d", (int)o->impl);
     if ((unsigned)o->reduction > LT_REDUCTION_NONE)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: unknown reduction %d", (int)o->reduction);
     if (o->ignore_index == 0) o->ignore_index = LT_IGNORE_INDEX;
@@ -26,7 +27,8 @@ static lt_status check_options(lt_ctx *ctx, const lt_lce_options *in, lt_lce_opt
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: ignore_index %d must be negative (it would shadow a token)",
                         (int)o->ignore_index);
     if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: label_smoothing %g is outside [0, 1)", (double)o->label_smoothing);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: label_smoothing %g is outside [0, 1)",
+                        (double)o->label_smoothing);
     if (!(o->z_loss >= 0 && isfinite(o->z_loss)))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: z_loss %g must be finite and >= 0", (double)o->z_loss);
     if (!(o->softcap >= 0 && isfinite(o->softcap)))
@@ -40,10 +42,10 @@ static lt_status check_options(lt_ctx *ctx, const lt_lce_options *in, lt_lce_opt
 
 static lt_status check_matrix(lt_ctx *ctx, const lt_tensor *t, const char *name, lt_device dev, int64_t rows,
                               int64_t cols) {
-    if (t->ndim != 2)
-        return lt_error(ctx, LT_ERR_SHAPE, "lce: %s must be 2-D, got %d dims", name, t->ndim);
+    if (t->ndim != 2) return lt_error(ctx, LT_ERR_SHAPE, "lce: %s must be 2-D, got %d dims", name, t->ndim);
     if (t->device != dev)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: %s is on device %d, h on device %d", name, (int)t->device, (int)dev);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: %s is on device %d, h on device %d", name, (int)t->device,
+                        (int)dev);
     if ((rows >= 0 && t->shape[0] != rows) || (cols >= 0 && t->shape[1] != cols))
         return lt_error(ctx, LT_ERR_SHAPE, "lce: %s is (%lld, %lld), expected (%lld, %lld)", name,
                         (long long)t->shape[0], (long long)t->shape[1], (long long)(rows >= 0 ? rows : t->shape[0]),
@@ -57,7 +59,8 @@ static lt_status check_matrix(lt_ctx *ctx, const lt_tensor *t, const char *name,
 static lt_status check_args(lt_ctx *ctx, const lt_lce_options *o, const lt_lce_args *a, int backward, int data) {
     if (!a) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: args is NULL");
     lt_device dev = a->h.device;
-    if ((unsigned)dev >= LT_DEVICE_COUNT_) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: h has unknown device %d", (int)dev);
+    if ((unsigned)dev >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: h has unknown device %d", (int)dev);
     LT_TRY(check_matrix(ctx, &a->h, "h", dev, -1, -1));
     int64_t N = a->h.shape[0], C = a->h.shape[1], V = a->w.shape[0];
     if (!act_dtype_ok(a->h.dtype))
@@ -82,12 +85,14 @@ static lt_status check_args(lt_ctx *ctx, const lt_lce_options *o, const lt_lce_a
         if (!a->dh) return lt_error(ctx, LT_ERR_INVALID_ARG, "lce backward: dh is NULL");
         LT_TRY(check_matrix(ctx, a->dh, "dh", dev, N, C));
         if (!act_dtype_ok(a->dh->dtype))
-            return lt_error(ctx, LT_ERR_DTYPE, "lce backward: dh must be f32 or bf16, got %s", lt_dtype_name(a->dh->dtype));
+            return lt_error(ctx, LT_ERR_DTYPE, "lce backward: dh must be f32 or bf16, got %s",
+                            lt_dtype_name(a->dh->dtype));
         if (a->dw) {
             if (a->w.dtype != LT_DTYPE_F32 && a->w.dtype != LT_DTYPE_BF16)
-                return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                                "lce backward: grad of a %s head is not computed (quantized heads are frozen); pass dw = NULL",
-                                lt_dtype_name(a->w.dtype));
+                return lt_error(
+                    ctx, LT_ERR_UNSUPPORTED,
+                    "lce backward: grad of a %s head is not computed (quantized heads are frozen); pass dw = NULL",
+                    lt_dtype_name(a->w.dtype));
             LT_TRY(check_matrix(ctx, a->dw, "dw", dev, V, C));
             if (a->dw->dtype != LT_DTYPE_F32)
                 return lt_error(ctx, LT_ERR_DTYPE, "lce backward: dw must be f32, got %s", lt_dtype_name(a->dw->dtype));
@@ -123,7 +128,10 @@ static lt_status check_targets_host(lt_ctx *ctx, const lt_lce_options *o, const 
 }
 
 static lt_op_query query(const lt_lce_options *requested, const lt_lce_args *a) {
-    const lt_op_query q = {.op = LT_OP_LCE, .dtype = a->h.dtype, .wdtype = a->w.dtype, .impl = (int)requested->impl,
+    const lt_op_query q = {.op = LT_OP_LCE,
+                           .dtype = a->h.dtype,
+                           .wdtype = a->w.dtype,
+                           .impl = (int)requested->impl,
                            .softcap = requested->softcap};
     return q;
 }
@@ -143,7 +151,7 @@ static lt_status run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int
     if (a->h.device == LT_DEVICE_CPU) LT_TRY(check_targets_host(ctx, &o, a));
     const lt_backend *be = lt_backend_get(a->h.device);
     return pass == LT_LCE_PASS_FORWARD_BACKWARD ? be->lce_fwd_bwd(ctx, &o, a)
-           : pass == LT_LCE_PASS_BACKWARD       ? be->lce_bwd(ctx, &o, a)
+        : pass == LT_LCE_PASS_BACKWARD          ? be->lce_bwd(ctx, &o, a)
                                                 : be->lce_fwd(ctx, &o, a);
 }
 
@@ -163,8 +171,7 @@ size_t lt_lce_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, i
     static const lt_lce_options defaults;
     lt_lce_options o;
     if (pass < LT_LCE_PASS_FORWARD || pass > LT_LCE_PASS_FORWARD_BACKWARD) return 0;
-    if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, pass, 0) != LT_OK)
-        return 0;
+    if (check_options(NULL, opt ? opt : &defaults, &o) != LT_OK || check_args(NULL, &o, a, pass, 0) != LT_OK) return 0;
     const lt_backend *be = lt_backend_get(a->h.device);
     return be ? be->lce_workspace_bytes(&o, a, pass, threads) : 0;
 }

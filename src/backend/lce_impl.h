@@ -14,8 +14,7 @@ lt_status lt_lce_cpu_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args
 lt_status lt_lce_cpu_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 /* pass: LT_LCE_PASS_FORWARD, _BACKWARD or _FORWARD_BACKWARD (lce.h). */
-size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass,
-                                  int threads);
+size_t lt_lce_cpu_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
 /* Tile sizes the CPU backend uses when the options leave them 0. */
 void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
 
@@ -26,13 +25,11 @@ void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v);
 lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
-size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass,
-                                   int threads);
+size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
 /* f32 h on CUDA (src/backend/cuda/lce_f32.cu): h rounded to a bf16 copy at the start of the
  * workspace, then the entry point above of `pass` (LT_LCE_PASS_*); the workspace counts the copy
  * and theirs. */
 lt_status lt_lce_cuda_f32_run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass);
-size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass,
-                                       int threads);
+size_t lt_lce_cuda_f32_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
 
 #endif

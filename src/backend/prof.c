@@ -19,8 +19,8 @@ typedef struct prof_mark {
 } prof_mark;
 
 typedef struct prof_record {
-    int a, b;       /* marks; b < 0 while open */
-    int parent;     /* enclosing record or -1 */
+    int a, b;   /* marks; b < 0 while open */
+    int parent; /* enclosing record or -1 */
     uint8_t phase, op;
 } prof_record;
 
@@ -140,10 +140,14 @@ lt_status lt_prof_collect(lt_ctx *ctx, lt_device dev, lt_prof_totals *tot) {
 }
 
 const char *lt_prof_op_name(lt_prof_op op) {
-    static const char *const names[LT_PROF_OP_COUNT_] = {
-        "matmul", "matmul_cvt", "matmul_dequant", "gemm_f32", "attn_fwd", "attn_bwd", "lce",
-        "rmsnorm_fwd", "rmsnorm_bwd", "rope", "swiglu_fwd", "swiglu_bwd", "embedding", "add", "add_bias",
-        "dropout", "adamw", "zero", "scale", "sumsq", "copy", "sync", "saved_cvt"};
+    static const char *const names[LT_PROF_OP_COUNT_] = {"matmul",    "matmul_cvt",  "matmul_dequant",
+                                                         "gemm_f32",  "attn_fwd",    "attn_bwd",
+                                                         "lce",       "rmsnorm_fwd", "rmsnorm_bwd",
+                                                         "rope",      "swiglu_fwd",  "swiglu_bwd",
+                                                         "embedding", "add",         "add_bias",
+                                                         "dropout",   "adamw",       "zero",
+                                                         "scale",     "sumsq",       "copy",
+                                                         "sync",      "saved_cvt"};
     return (unsigned)op < LT_PROF_OP_COUNT_ ? names[op] : "?";
 }
 
@@ -154,183 +158,182 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
 
 /* ---- the wrapped tables: one set of wrappers per backend (an op receives no table pointer) ---- */
 
-#define PROF_WRAPPERS(P, REAL, DEV)                                                                              \
-    static lt_status P##_copy_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                 \
-        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                \
-        lt_status s = (REAL).copy_to_device(ctx, dst, src, bytes);                                               \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_copy_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                   \
-        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                \
-        lt_status s = (REAL).copy_to_host(ctx, dst, src, bytes);                                                 \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_synchronize(lt_ctx *ctx) {                                                              \
-        int h = lt_prof_begin(DEV, LT_PROF_SYNC);                                                                \
-        lt_status s = (REAL).synchronize(ctx);                                                                   \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static void P##_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, \
-                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {           \
-        int h = lt_prof_begin(DEV, LT_PROF_GEMM);                                                                \
-        (REAL).gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                                  \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,        \
-                           float beta, float *y, void *ws) {                                                     \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                              \
-        (REAL).matmul(ctx, mode, w, x, N, beta, y, ws);                                                          \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,      \
-                                float *y, float *rstd) {                                                         \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                         \
-        (REAL).rmsnorm_fwd(ctx, x, w, eps, N, C, y, rstd);                                                       \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,  \
-                                int64_t N, int64_t C, float *dx, float *dw) {                                    \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                         \
-        (REAL).rmsnorm_bwd(ctx, dy, x, w, rstd, N, C, dx, dw);                                                   \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N,            \
-                         int64_t heads, int64_t D, int inverse) {                                                \
-        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                \
-        (REAL).rope(ctx, x, pos, inv_freq, N, heads, D, inverse);                                                \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {              \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                          \
-        (REAL).swiglu_fwd(ctx, g, u, n, a);                                                                      \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, \
-                               float *du) {                                                                      \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                          \
-        (REAL).swiglu_bwd(ctx, da, g, u, n, dg, du);                                                             \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {  \
-        int h = lt_prof_begin(DEV, LT_PROF_EMBEDDING);                                                           \
-        (REAL).embedding(ctx, table, ids, N, out);                                                               \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {                         \
-        int h = lt_prof_begin(DEV, LT_PROF_ADD);                                                                 \
-        (REAL).add(ctx, y, x, alpha, n);                                                                         \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {                      \
-        int h = lt_prof_begin(DEV, LT_PROF_ADD_BIAS);                                                            \
-        (REAL).add_bias(ctx, y, b, N, C);                                                                        \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed,            \
-                            uint64_t offset) {                                                                   \
-        int h = lt_prof_begin(DEV, LT_PROF_DROPOUT);                                                             \
-        (REAL).dropout(ctx, x, y, n, p, seed, offset);                                                           \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,                  \
-                          const lt_adamw_params *hp) {                                                           \
-        int h = lt_prof_begin(DEV, LT_PROF_ADAMW);                                                               \
-        (REAL).adamw(ctx, p, g, m, v, n, hp);                                                                    \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_zero(lt_ctx *ctx, void *p, size_t bytes) {                                                   \
-        int h = lt_prof_begin(DEV, LT_PROF_ZERO);                                                                \
-        (REAL).zero(ctx, p, bytes);                                                                              \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_scale(lt_ctx *ctx, float *x, float a, int64_t n) {                                           \
-        int h = lt_prof_begin(DEV, LT_PROF_SCALE);                                                               \
-        (REAL).scale(ctx, x, a, n);                                                                              \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static float P##_sumsq(lt_ctx *ctx, const float *x, int64_t n) {                                             \
-        int h = lt_prof_begin(DEV, LT_PROF_SUMSQ);                                                               \
-        float r = (REAL).sumsq(ctx, x, n);                                                                       \
-        lt_prof_end(h);                                                                                          \
-        return r;                                                                                                \
-    }                                                                                                            \
-    static void P##_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {                               \
-        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                           \
-        (REAL).to_bf16(ctx, x, y, n);                                                                            \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {                             \
-        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                           \
-        (REAL).from_bf16(ctx, x, y, n);                                                                          \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r,    \
-                             float s, float beta, void *ws) {                                                    \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL); /* its LoRA products nest as gemm */                         \
-        (REAL).lora_fwd(ctx, p, G, x, n, r, s, beta, ws);                                                        \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static void P##_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r,    \
-                             float s, float *dx, float beta, float *dlu, void *ws) {                             \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                              \
-        (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                               \
-        lt_prof_end(h);                                                                                          \
-    }                                                                                                            \
-    static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {       \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                            \
-        lt_status s = (REAL).attention_fwd(ctx, p, a);                                                           \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_attention_bwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {       \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_BWD);                                                            \
-        lt_status s = (REAL).attention_bwd(ctx, p, a);                                                           \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    /* The per-batch key bounds, timed as attention forward work. */                                            \
-    static lt_status P##_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p,                     \
-                                                 lt_attention_batch *b) {                                        \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                            \
-        lt_status s = (REAL).attention_batch_prepare(ctx, p, b);                                                 \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_lce_fwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                         \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
-        lt_status s = (REAL).lce_fwd(ctx, o, a);                                                                 \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_lce_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                         \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
-        lt_status s = (REAL).lce_bwd(ctx, o, a);                                                                 \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    static lt_status P##_lce_fwd_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                     \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                 \
-        lt_status s = (REAL).lce_fwd_bwd(ctx, o, a);                                                             \
-        lt_prof_end(h);                                                                                          \
-        return s;                                                                                                \
-    }                                                                                                            \
-    /* The real table with the timed ops swapped in: fields added later stay the real ones. */      \
-    static void P##_install(lt_backend *t) {                                                                     \
-        *t = (REAL);                                                                                             \
-        t->copy_to_device = P##_copy_to_device, t->copy_to_host = P##_copy_to_host;                              \
-        t->synchronize = P##_synchronize, t->gemm = P##_gemm, t->matmul = P##_matmul;                            \
-        t->rmsnorm_fwd = P##_rmsnorm_fwd, t->rmsnorm_bwd = P##_rmsnorm_bwd, t->rope = P##_rope;                  \
-        t->swiglu_fwd = P##_swiglu_fwd, t->swiglu_bwd = P##_swiglu_bwd, t->embedding = P##_embedding;            \
-        t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;            \
-        t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                          \
-        t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                  \
-        t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                  \
-        t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                              \
-        t->attention_batch_prepare = P##_attention_batch_prepare;                                                \
-        t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                    \
+#define PROF_WRAPPERS(P, REAL, DEV)                                                                                    \
+    static lt_status P##_copy_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                       \
+        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                      \
+        lt_status s = (REAL).copy_to_device(ctx, dst, src, bytes);                                                     \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_copy_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                         \
+        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                      \
+        lt_status s = (REAL).copy_to_host(ctx, dst, src, bytes);                                                       \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_synchronize(lt_ctx *ctx) {                                                                    \
+        int h = lt_prof_begin(DEV, LT_PROF_SYNC);                                                                      \
+        lt_status s = (REAL).synchronize(ctx);                                                                         \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static void P##_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,    \
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {                \
+        int h = lt_prof_begin(DEV, LT_PROF_GEMM);                                                                      \
+        (REAL).gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                                        \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,            \
+                           float beta, float *y, void *ws) {                                                           \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
+        (REAL).matmul(ctx, mode, w, x, N, beta, y, ws);                                                                \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,          \
+                                float *y, float *rstd) {                                                               \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                               \
+        (REAL).rmsnorm_fwd(ctx, x, w, eps, N, C, y, rstd);                                                             \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,       \
+                                int64_t N, int64_t C, float *dx, float *dw) {                                          \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                               \
+        (REAL).rmsnorm_bwd(ctx, dy, x, w, rstd, N, C, dx, dw);                                                         \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,   \
+                         int64_t D, int inverse) {                                                                     \
+        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                      \
+        (REAL).rope(ctx, x, pos, inv_freq, N, heads, D, inverse);                                                      \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {                     \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                                \
+        (REAL).swiglu_fwd(ctx, g, u, n, a);                                                                            \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,     \
+                               float *du) {                                                                            \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
+        (REAL).swiglu_bwd(ctx, da, g, u, n, dg, du);                                                                   \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {        \
+        int h = lt_prof_begin(DEV, LT_PROF_EMBEDDING);                                                                 \
+        (REAL).embedding(ctx, table, ids, N, out);                                                                     \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {                               \
+        int h = lt_prof_begin(DEV, LT_PROF_ADD);                                                                       \
+        (REAL).add(ctx, y, x, alpha, n);                                                                               \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {                            \
+        int h = lt_prof_begin(DEV, LT_PROF_ADD_BIAS);                                                                  \
+        (REAL).add_bias(ctx, y, b, N, C);                                                                              \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed,                  \
+                            uint64_t offset) {                                                                         \
+        int h = lt_prof_begin(DEV, LT_PROF_DROPOUT);                                                                   \
+        (REAL).dropout(ctx, x, y, n, p, seed, offset);                                                                 \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,                        \
+                          const lt_adamw_params *hp) {                                                                 \
+        int h = lt_prof_begin(DEV, LT_PROF_ADAMW);                                                                     \
+        (REAL).adamw(ctx, p, g, m, v, n, hp);                                                                          \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_zero(lt_ctx *ctx, void *p, size_t bytes) {                                                         \
+        int h = lt_prof_begin(DEV, LT_PROF_ZERO);                                                                      \
+        (REAL).zero(ctx, p, bytes);                                                                                    \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_scale(lt_ctx *ctx, float *x, float a, int64_t n) {                                                 \
+        int h = lt_prof_begin(DEV, LT_PROF_SCALE);                                                                     \
+        (REAL).scale(ctx, x, a, n);                                                                                    \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static float P##_sumsq(lt_ctx *ctx, const float *x, int64_t n) {                                                   \
+        int h = lt_prof_begin(DEV, LT_PROF_SUMSQ);                                                                     \
+        float r = (REAL).sumsq(ctx, x, n);                                                                             \
+        lt_prof_end(h);                                                                                                \
+        return r;                                                                                                      \
+    }                                                                                                                  \
+    static void P##_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {                                     \
+        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                                 \
+        (REAL).to_bf16(ctx, x, y, n);                                                                                  \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {                                   \
+        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                                 \
+        (REAL).from_bf16(ctx, x, y, n);                                                                                \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, \
+                             float beta, void *ws) {                                                                   \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL); /* its LoRA products nest as gemm */                               \
+        (REAL).lora_fwd(ctx, p, G, x, n, r, s, beta, ws);                                                              \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, \
+                             float *dx, float beta, float *dlu, void *ws) {                                            \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
+        (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                                     \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                                  \
+        lt_status s = (REAL).attention_fwd(ctx, p, a);                                                                 \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_attention_bwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_BWD);                                                                  \
+        lt_status s = (REAL).attention_bwd(ctx, p, a);                                                                 \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    /* The per-batch key bounds, timed as attention forward work. */                                                   \
+    static lt_status P##_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b) {   \
+        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                                  \
+        lt_status s = (REAL).attention_batch_prepare(ctx, p, b);                                                       \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_lce_fwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                               \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
+        lt_status s = (REAL).lce_fwd(ctx, o, a);                                                                       \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_lce_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                               \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
+        lt_status s = (REAL).lce_bwd(ctx, o, a);                                                                       \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    static lt_status P##_lce_fwd_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                           \
+        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
+        lt_status s = (REAL).lce_fwd_bwd(ctx, o, a);                                                                   \
+        lt_prof_end(h);                                                                                                \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    /* The real table with the timed ops swapped in: fields added later stay the real ones. */                         \
+    static void P##_install(lt_backend *t) {                                                                           \
+        *t = (REAL);                                                                                                   \
+        t->copy_to_device = P##_copy_to_device, t->copy_to_host = P##_copy_to_host;                                    \
+        t->synchronize = P##_synchronize, t->gemm = P##_gemm, t->matmul = P##_matmul;                                  \
+        t->rmsnorm_fwd = P##_rmsnorm_fwd, t->rmsnorm_bwd = P##_rmsnorm_bwd, t->rope = P##_rope;                        \
+        t->swiglu_fwd = P##_swiglu_fwd, t->swiglu_bwd = P##_swiglu_bwd, t->embedding = P##_embedding;                  \
+        t->add = P##_add, t->add_bias = P##_add_bias, t->dropout = P##_dropout, t->adamw = P##_adamw;                  \
+        t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                                \
+        t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                        \
+        t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                        \
+        t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                                    \
+        t->attention_batch_prepare = P##_attention_batch_prepare;                                                      \
+        t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                          \
     }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)

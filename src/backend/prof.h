@@ -12,11 +12,11 @@
 #include "backend/backend.h"
 
 typedef enum lt_prof_phase {
-    LT_PROF_OTHER = 0,  /* outside a model step: optimizer, zeroing, inputs */
-    LT_PROF_FORWARD,    /* the first pass through the layers */
-    LT_PROF_LOSS,       /* final norm and the fused loss (forward and its gradient) */
-    LT_PROF_RECOMPUTE,  /* the checkpointed layers' forward again */
-    LT_PROF_BACKWARD,   /* layer backward passes */
+    LT_PROF_OTHER = 0, /* outside a model step: optimizer, zeroing, inputs */
+    LT_PROF_FORWARD,   /* the first pass through the layers */
+    LT_PROF_LOSS,      /* final norm and the fused loss (forward and its gradient) */
+    LT_PROF_RECOMPUTE, /* the checkpointed layers' forward again */
+    LT_PROF_BACKWARD,  /* layer backward passes */
     LT_PROF_PHASE_COUNT_
 } lt_prof_phase;
 
@@ -25,11 +25,25 @@ typedef enum lt_prof_op {
     LT_PROF_MATMUL_CVT,     /* nested in matmul: x (f32) to bf16 */
     LT_PROF_MATMUL_DEQUANT, /* nested in matmul: a weight tile to bf16 */
     LT_PROF_GEMM,           /* f32 GEMMs (LoRA factors) */
-    LT_PROF_ATTN_FWD, LT_PROF_ATTN_BWD, LT_PROF_LCE,
-    LT_PROF_RMSNORM_FWD, LT_PROF_RMSNORM_BWD, LT_PROF_ROPE, LT_PROF_SWIGLU_FWD, LT_PROF_SWIGLU_BWD,
-    LT_PROF_EMBEDDING, LT_PROF_ADD, LT_PROF_ADD_BIAS, LT_PROF_DROPOUT, LT_PROF_ADAMW, LT_PROF_ZERO,
-    LT_PROF_SCALE, LT_PROF_SUMSQ, LT_PROF_COPY, LT_PROF_SYNC,
-    LT_PROF_SAVED_CVT,      /* to_bf16 / from_bf16: checkpoints and kept outputs to and from bf16 */
+    LT_PROF_ATTN_FWD,
+    LT_PROF_ATTN_BWD,
+    LT_PROF_LCE,
+    LT_PROF_RMSNORM_FWD,
+    LT_PROF_RMSNORM_BWD,
+    LT_PROF_ROPE,
+    LT_PROF_SWIGLU_FWD,
+    LT_PROF_SWIGLU_BWD,
+    LT_PROF_EMBEDDING,
+    LT_PROF_ADD,
+    LT_PROF_ADD_BIAS,
+    LT_PROF_DROPOUT,
+    LT_PROF_ADAMW,
+    LT_PROF_ZERO,
+    LT_PROF_SCALE,
+    LT_PROF_SUMSQ,
+    LT_PROF_COPY,
+    LT_PROF_SYNC,
+    LT_PROF_SAVED_CVT, /* to_bf16 / from_bf16: checkpoints and kept outputs to and from bf16 */
     LT_PROF_OP_COUNT_
 } lt_prof_op;
 

@@ -20,10 +20,8 @@ lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q) {
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld exceeds the CPU limit %d",
                             (long long)q->head_dim, LT_ATTENTION_CPU_MAX_D);
         return LT_OK;
-    case LT_OP_LCE: /* every head dtype and impl the boundary accepts */
-        return LT_OK;
-    default:
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "cpu backend: unknown op %d", (int)q->op);
+    case LT_OP_LCE: /* every head dtype and impl the boundary accepts */ return LT_OK;
+    default: return lt_error(ctx, LT_ERR_UNSUPPORTED, "cpu backend: unknown op %d", (int)q->op);
     }
 }
 
@@ -39,7 +37,8 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
     case LT_OP_ATTENTION:
         LT_TRY(attention_dtype(ctx, q));
         if (!cuda_head_dim_ok(q->head_dim))
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention: head dim D=%lld has no CUDA kernel (" LT_ATTENTION_CUDA_HEAD_DIMS_TEXT ")",
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "attention: head dim D=%lld has no CUDA kernel (" LT_ATTENTION_CUDA_HEAD_DIMS_TEXT ")",
                             (long long)q->head_dim);
         if (q->impl == LT_ATTENTION_NAIVE)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
@@ -48,8 +47,11 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
         return LT_OK;
     case LT_OP_LCE:
         switch (q->wdtype) {
-        case LT_DTYPE_BF16: case LT_DTYPE_Q8_0: case LT_DTYPE_Q4_0: case LT_DTYPE_Q4_1: case LT_DTYPE_INT4_G64:
-            break;
+        case LT_DTYPE_BF16:
+        case LT_DTYPE_Q8_0:
+        case LT_DTYPE_Q4_0:
+        case LT_DTYPE_Q4_1:
+        case LT_DTYPE_INT4_G64: break;
         default:
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
                             "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
@@ -57,10 +59,8 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
         }
         if (q->impl == LT_LCE_NAIVE)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
-        if (!LT_HAVE_CUDA)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
+        if (!LT_HAVE_CUDA) return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
         return LT_OK;
-    default:
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "cuda backend: unknown op %d", (int)q->op);
+    default: return lt_error(ctx, LT_ERR_UNSUPPORTED, "cuda backend: unknown op %d", (int)q->op);
     }
 }

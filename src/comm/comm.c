@@ -20,8 +20,8 @@ static int env_int(const char *name, int *out) {
 
 int lt_comm_env_world(int *rank, int *size, int *local_rank) {
     int r = 0, n = 1, lr = -1;
-    int found = (env_int("OMPI_COMM_WORLD_RANK", &r) || env_int("PMIX_RANK", &r)) &&
-                env_int("OMPI_COMM_WORLD_SIZE", &n);
+    int found =
+        (env_int("OMPI_COMM_WORLD_RANK", &r) || env_int("PMIX_RANK", &r)) && env_int("OMPI_COMM_WORLD_SIZE", &n);
     if (found) env_int("OMPI_COMM_WORLD_LOCAL_RANK", &lr);
     if (!found) {
         r = 0, n = 1;
@@ -58,7 +58,8 @@ lt_status lt_comm_init(lt_ctx *ctx, const lt_comm_options *opt, lt_comm **out) {
             if (!LT_HAVE_MPI)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
                                 "comm: launched by an MPI launcher with %d ranks, but this build has no MPI "
-                                "(install libopenmpi-dev and rebuild)", en);
+                                "(install libopenmpi-dev and rebuild)",
+                                en);
             b = LT_COMM_MPI;
         } else {
             b = LT_COMM_SELF;
@@ -119,9 +120,7 @@ void lt_comm_abort(lt_comm *c, int code) {
 int lt_comm_rank(const lt_comm *c) { return c ? c->rank : 0; }
 int lt_comm_size(const lt_comm *c) { return c ? c->size : 1; }
 lt_comm_backend lt_comm_get_backend(const lt_comm *c) { return c ? c->backend : LT_COMM_SELF; }
-lt_device lt_comm_device(const lt_comm *c) {
-    return c && c->backend == LT_COMM_NCCL ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
-}
+lt_device lt_comm_device(const lt_comm *c) { return c && c->backend == LT_COMM_NCCL ? LT_DEVICE_CUDA : LT_DEVICE_CPU; }
 
 static lt_status check_peer(lt_ctx *ctx, const lt_comm *c, int peer, const char *what) {
     int n = lt_comm_size(c);
@@ -219,8 +218,8 @@ static lt_status check_pieces(lt_ctx *ctx, const lt_comm *c, const lt_comm_piece
     for (int i = 0; i < n; i++) {
         LT_TRY(check_peer(ctx, c, pc[i].peer, what));
         if (pc[i].offset > total || pc[i].bytes > total - pc[i].offset || (pc[i].bytes && !buf))
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s piece %d [%zu, +%zu) outside a buffer of %zu bytes", what,
-                            i, pc[i].offset, pc[i].bytes, total);
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: %s piece %d [%zu, +%zu) outside a buffer of %zu bytes",
+                            what, i, pc[i].offset, pc[i].bytes, total);
     }
     return LT_OK;
 }
@@ -261,12 +260,12 @@ struct lt_comm_reducer {
     lt_comm *c;
     float *buf;
     int64_t count, bucket, nb;
-    int64_t *ready;     /* (nb) elements marked final this round */
-    uint8_t *started;   /* (nb) */
-    void *reqs;         /* (nb) MPI requests, in start order */
+    int64_t *ready;   /* (nb) elements marked final this round */
+    uint8_t *started; /* (nb) */
+    void *reqs;       /* (nb) MPI requests, in start order */
     int nreq;
-    int64_t early;      /* buckets started before a finish, all rounds */
-    size_t bytes;       /* of the one block holding ready, started and reqs */
+    int64_t early; /* buckets started before a finish, all rounds */
+    size_t bytes;  /* of the one block holding ready, started and reqs */
 };
 
 static int transported(const lt_comm *c) { return c && (c->size > 1 || c->backend == LT_COMM_NCCL); }
@@ -330,8 +329,7 @@ lt_status lt_comm_reducer_ready(lt_ctx *ctx, lt_comm_reducer *r, int64_t offset,
             LT_TRY(start_bucket(ctx, r, b));
             r->early++;
         }
-    if (transported(r->c) && r->c->backend == LT_COMM_MPI)
-        LT_TRY(lt_comm_mpi_progress(ctx, r->c, r->reqs, r->nreq));
+    if (transported(r->c) && r->c->backend == LT_COMM_MPI) LT_TRY(lt_comm_mpi_progress(ctx, r->c, r->reqs, r->nreq));
     return LT_OK;
 }
 
@@ -341,7 +339,7 @@ lt_status lt_comm_reducer_finish(lt_ctx *ctx, lt_comm_reducer *r) {
         if (!r->started[b]) s = start_bucket(ctx, r, b);
     if (transported(r->c)) {
         lt_status w = r->c->backend == LT_COMM_NCCL ? lt_comm_nccl_wait(ctx, r->c)
-                                                     : lt_comm_mpi_waitall(ctx, r->c, r->reqs, r->nreq);
+                                                    : lt_comm_mpi_waitall(ctx, r->c, r->reqs, r->nreq);
         if (s == LT_OK) s = w;
     }
     memset(r->ready, 0, (size_t)r->nb * sizeof(int64_t));

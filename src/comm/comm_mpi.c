@@ -23,9 +23,9 @@ static lt_status mpi_fail(lt_ctx *ctx, int rc, const char *what) {
     return lt_error(ctx, LT_ERR_IO, "comm: %s failed: %s", what, len ? msg : "unknown MPI error");
 }
 
-#define MPI_TRY(call, what)                              \
-    do {                                                 \
-        int rc_ = (call);                                \
+#define MPI_TRY(call, what)                                      \
+    do {                                                         \
+        int rc_ = (call);                                        \
         if (rc_ != MPI_SUCCESS) return mpi_fail(ctx, rc_, what); \
     } while (0)
 
@@ -229,7 +229,10 @@ static lt_status no_mpi(lt_ctx *ctx) {
     return lt_error(ctx, LT_ERR_UNSUPPORTED, "comm: this build has no MPI (install libopenmpi-dev and rebuild)");
 }
 
-lt_status lt_comm_mpi_start(lt_ctx *ctx, lt_comm *c) { (void)c; return no_mpi(ctx); }
+lt_status lt_comm_mpi_start(lt_ctx *ctx, lt_comm *c) {
+    (void)c;
+    return no_mpi(ctx);
+}
 void lt_comm_mpi_stop(lt_comm *c) { c->mpi_active = 0; }
 void lt_comm_mpi_abort(int code) { (void)code; }
 lt_status lt_comm_mpi_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
@@ -244,7 +247,10 @@ lt_status lt_comm_mpi_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t bytes
     (void)c, (void)buf, (void)bytes, (void)root;
     return no_mpi(ctx);
 }
-lt_status lt_comm_mpi_barrier(lt_ctx *ctx, lt_comm *c) { (void)c; return no_mpi(ctx); }
+lt_status lt_comm_mpi_barrier(lt_ctx *ctx, lt_comm *c) {
+    (void)c;
+    return no_mpi(ctx);
+}
 size_t lt_comm_mpi_request_size(void) { return 1; }
 lt_status lt_comm_mpi_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, void *req) {
     (void)c, (void)buf, (void)count, (void)req;

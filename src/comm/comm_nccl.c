@@ -54,15 +54,15 @@ static lt_status cuda_fail(lt_ctx *ctx, cudaError_t e, const char *what) {
     return lt_error(ctx, LT_ERR_CUDA, "comm: %s failed: %s", what, cudaGetErrorString(e));
 }
 
-#define NCCL_TRY(call, what)                                        \
-    do {                                                            \
-        ncclResult_t r_ = (call);                                   \
-        if (r_ != ncclSuccess) return nccl_fail(ctx, c, r_, what);  \
+#define NCCL_TRY(call, what)                                       \
+    do {                                                           \
+        ncclResult_t r_ = (call);                                  \
+        if (r_ != ncclSuccess) return nccl_fail(ctx, c, r_, what); \
     } while (0)
-#define CUDA_TRY(call, what)                                        \
-    do {                                                            \
-        cudaError_t e_ = (call);                                    \
-        if (e_ != cudaSuccess) return cuda_fail(ctx, e_, what);     \
+#define CUDA_TRY(call, what)                                    \
+    do {                                                        \
+        cudaError_t e_ = (call);                                \
+        if (e_ != cudaSuccess) return cuda_fail(ctx, e_, what); \
     } while (0)
 
 /* The communicator's stream waits for everything the backend queued so far. */
@@ -123,8 +123,7 @@ static lt_status rendezvous(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o, n
 
 lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) {
     const char *nvls = getenv("NCCL_NVLS_ENABLE");
-    if (nvls && strcmp(nvls, "0"))
-        LT_WARN("NCCL_NVLS_ENABLE=%s overridden to 0: NVLink multicast stays off", nvls);
+    if (nvls && strcmp(nvls, "0")) LT_WARN("NCCL_NVLS_ENABLE=%s overridden to 0: NVLink multicast stays off", nvls);
     if (setenv("NCCL_NVLS_ENABLE", "0", 1))
         return lt_error(ctx, LT_ERR_IO, "comm: cannot set NCCL_NVLS_ENABLE=0: %s", strerror(errno));
     int ndev = 0;
@@ -242,8 +241,9 @@ lt_status lt_comm_nccl_transpose(lt_ctx *ctx, lt_comm *c, void *dst, const void 
                      "cudaMemcpy2DAsync (transpose)");
     } else {
         for (int64_t i = 0; i < a; i++)
-            CUDA_TRY(cudaMemcpy2DAsync((char *)dst + (size_t)i * w, (size_t)a * w, (const char *)src + (size_t)(i * b) * w,
-                                       w, w, (size_t)b, cudaMemcpyDeviceToDevice, st->stream),
+            CUDA_TRY(cudaMemcpy2DAsync((char *)dst + (size_t)i * w, (size_t)a * w,
+                                       (const char *)src + (size_t)(i * b) * w, w, w, (size_t)b,
+                                       cudaMemcpyDeviceToDevice, st->stream),
                      "cudaMemcpy2DAsync (transpose)");
     }
     return leave(ctx, st);
@@ -332,12 +332,18 @@ lt_status lt_comm_nccl_broadcast(lt_ctx *ctx, lt_comm *c, void *buf, size_t byte
     (void)c, (void)buf, (void)bytes, (void)root;
     return no_nccl(ctx);
 }
-lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_barrier(lt_ctx *ctx, lt_comm *c) {
+    (void)c;
+    return no_nccl(ctx);
+}
 lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count) {
     (void)c, (void)buf, (void)count;
     return no_nccl(ctx);
 }
-lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) { (void)c; return no_nccl(ctx); }
+lt_status lt_comm_nccl_wait(lt_ctx *ctx, lt_comm *c) {
+    (void)c;
+    return no_nccl(ctx);
+}
 lt_status lt_comm_nccl_allreduce_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
     (void)c, (void)buf, (void)count, (void)dt;
     return no_nccl(ctx);

@@ -46,8 +46,10 @@ lt_status lt_cp_attention_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_at
         return lt_error(ctx, LT_ERR_INVALID_ARG, "context parallel: shapes (T %lld, H %lld, D %lld) beyond the limits",
                         (long long)p->T, (long long)p->H, (long long)p->D);
     if (lt_comm_device(comm) != LT_DEVICE_CPU)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "context parallel: ring attention runs on host buffers; the %s "
-                        "communicator takes device buffers", lt_comm_backend_name(lt_comm_get_backend(comm)));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "context parallel: ring attention runs on host buffers; the %s "
+                        "communicator takes device buffers",
+                        lt_comm_backend_name(lt_comm_get_backend(comm)));
     return LT_OK;
 }
 
@@ -65,7 +67,7 @@ size_t lt_cp_attention_workspace_bytes(const lt_cp_attention_params *p, int worl
     size_t blocks = (size_t)(backward ? 8 : 4) * kv_floats(p, world);
     size_t rows = (size_t)(backward ? 1 : 2) * (size_t)p->H * (size_t)(p->T / world);
     return lt_alloc_accounted_size(LT_DEVICE_CPU, blocks * sizeof(float)) +
-           lt_alloc_accounted_size(LT_DEVICE_CPU, rows * sizeof(float));
+        lt_alloc_accounted_size(LT_DEVICE_CPU, rows * sizeof(float));
 }
 
 /* One block pair: local query chunk at local offset qo (c tokens) against key chunk at offset ko
@@ -159,8 +161,15 @@ lt_status lt_cp_attention_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attent
     float *cur = blk, *nxt = blk + 2 * n;
     memcpy(cur, k, n * sizeof(float));
     memcpy(cur + n, v, n * sizeof(float));
-    fwd_job j = {.p = p, .Tl = Tl, .c = c, .group = H / p->Hkv, .scale = resolved_scale(p), .q = q, .o = out,
-                 .m = st, .l = st + rows};
+    fwd_job j = {.p = p,
+                 .Tl = Tl,
+                 .c = c,
+                 .group = H / p->Hkv,
+                 .scale = resolved_scale(p),
+                 .q = q,
+                 .o = out,
+                 .m = st,
+                 .l = st + rows};
     for (size_t i = 0; i < rows; i++) j.m[i] = -INFINITY, j.l[i] = 0;
     memset(out, 0, (size_t)(Tl * H * D) * sizeof(float));
     for (int step = 0; step < world; step++) {
@@ -256,8 +265,16 @@ lt_status lt_cp_attention_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_atten
     memcpy(cur + n, v, n * sizeof(float));
     memset(cur + 2 * n, 0, 2 * n * sizeof(float));
     memset(dq, 0, (size_t)(Tl * H * D) * sizeof(float));
-    bwd_job j = {.p = p, .Tl = Tl, .c = c, .group = H / p->Hkv, .scale = resolved_scale(p), .q = q, .lse = lse,
-                 .dout = dout, .delta = delta, .dq = dq};
+    bwd_job j = {.p = p,
+                 .Tl = Tl,
+                 .c = c,
+                 .group = H / p->Hkv,
+                 .scale = resolved_scale(p),
+                 .q = q,
+                 .lse = lse,
+                 .dout = dout,
+                 .delta = delta,
+                 .dq = dq};
     const int right = (rank + 1) % world, left = (rank + world - 1) % world;
     for (int step = 0; step < world; step++) {
         int src = ((rank - step) % world + world) % world;

@@ -69,14 +69,17 @@ lt_status lt_cp_ulysses_check(lt_ctx *ctx, const lt_comm *comm, const lt_cp_atte
     if (world > MAX_WORLD || p->Hkv % world)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "context parallel (Ulysses): Hkv = %lld key/value heads cannot be split over %d ranks "
-                        "(each rank takes whole GQA groups; at most %d ranks)", (long long)p->Hkv, world, MAX_WORLD);
+                        "(each rank takes whole GQA groups; at most %d ranks)",
+                        (long long)p->Hkv, world, MAX_WORLD);
     if (p->T % (2 * (int64_t)world))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "context parallel (Ulysses): T = %lld is not a multiple of 2·world = %d (the zig-zag split)",
                         (long long)p->T, 2 * world);
     if (p->T > ((int64_t)1 << 31) || p->H * p->D > ((int64_t)1 << 24))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "context parallel (Ulysses): shapes (T %lld, H %lld, D %lld) beyond "
-                        "the limits", (long long)p->T, (long long)p->H, (long long)p->D);
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "context parallel (Ulysses): shapes (T %lld, H %lld, D %lld) beyond "
+                        "the limits",
+                        (long long)p->T, (long long)p->H, (long long)p->D);
     uly u = shape(comm, p);
     lt_attention_params ap = attn(&u, p);
     return lt_attention_check(ctx, &ap);
@@ -117,9 +120,8 @@ static carve layout(const uly *u, const lt_cp_attention_params *p, int threads) 
 
 size_t lt_cp_ulysses_workspace_bytes(const lt_cp_attention_params *p, int world, lt_device dev, int threads) {
     if (!p || world < 1 || world > MAX_WORLD || p->T <= 0 || p->H <= 0 || p->Hkv <= 0 || p->D <= 0 ||
-        (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16) ||
-        p->Hkv % world || p->H % p->Hkv || p->T % (2 * (int64_t)world) || p->T > ((int64_t)1 << 31) ||
-        p->H * p->D > ((int64_t)1 << 24))
+        (p->dtype != LT_DTYPE_F32 && p->dtype != LT_DTYPE_BF16) || p->Hkv % world || p->H % p->Hkv ||
+        p->T % (2 * (int64_t)world) || p->T > ((int64_t)1 << 31) || p->H * p->D > ((int64_t)1 << 24))
         return SIZE_MAX;
     uly u;
     u.world = world, u.rank = 0, u.T = p->T, u.Tl = p->T / world, u.c = u.Tl / 2;
@@ -206,9 +208,8 @@ lt_status lt_cp_ulysses_forward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attentio
 }
 
 lt_status lt_cp_ulysses_backward(lt_ctx *ctx, lt_comm *comm, const lt_cp_attention_params *p, const void *q,
-                                 const void *k, const void *v, const void *out, const float *lse,
-                                 const void *dout, void *dq, void *dk, void *dv, void *ws, size_t ws_bytes,
-                                 int threads) {
+                                 const void *k, const void *v, const void *out, const float *lse, const void *dout,
+                                 void *dq, void *dk, void *dv, void *ws, size_t ws_bytes, int threads) {
     uly u;
     carve w;
     lt_attention_args aa;

@@ -25,8 +25,7 @@ static int reserve(lt_ctx *ctx, lt_device dev, size_t sz) {
         if (atomic_compare_exchange_weak(&m->used, &old, old + sz)) break;
     }
     size_t now = old + sz, peak = atomic_load(&m->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {
-    }
+    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {}
     return 1;
 }
 
@@ -41,14 +40,18 @@ static int admit(lt_ctx *ctx, lt_device dev, size_t bytes, const char *what, con
     *sz = lt_alloc_accounted_size(dev, bytes);
     if (ctx->fail_nth && nth == ctx->fail_nth) {
         atomic_fetch_add(&m->n_failed, 1);
-        lt_error(ctx, LT_ERR_OOM, "out of %s memory: allocation %llu (%zu %sbytes for %s) failed by "
-                 "fault injection", dev_name(dev), (unsigned long long)nth, bytes, kind, what);
+        lt_error(ctx, LT_ERR_OOM,
+                 "out of %s memory: allocation %llu (%zu %sbytes for %s) failed by "
+                 "fault injection",
+                 dev_name(dev), (unsigned long long)nth, bytes, kind, what);
         return 0;
     }
     if (*sz == SIZE_MAX || !reserve(ctx, dev, *sz)) {
         atomic_fetch_add(&m->n_failed, 1);
-        lt_error(ctx, LT_ERR_OOM, "out of %s memory: %zu %sbytes for %s with %zu in use would pass "
-                 "the limit of %zu bytes", dev_name(dev), bytes, kind, what, atomic_load(&m->used), m->limit);
+        lt_error(ctx, LT_ERR_OOM,
+                 "out of %s memory: %zu %sbytes for %s with %zu in use would pass "
+                 "the limit of %zu bytes",
+                 dev_name(dev), bytes, kind, what, atomic_load(&m->used), m->limit);
         return 0;
     }
     return 1;
@@ -63,8 +66,7 @@ static void unreserve(lt_ctx *ctx, lt_device dev, size_t sz) {
 void *lt_alloc(lt_ctx *ctx, lt_device dev, size_t bytes, const char *what) {
     if (!what) what = "buffer";
     if ((unsigned)dev >= LT_DEVICE_COUNT_ || bytes == 0) {
-        lt_error(ctx, LT_ERR_INVALID_ARG, "allocation of %zu bytes for %s on device %d refused",
-                 bytes, what, (int)dev);
+        lt_error(ctx, LT_ERR_INVALID_ARG, "allocation of %zu bytes for %s on device %d refused", bytes, what, (int)dev);
         return NULL;
     }
     size_t sz;
@@ -145,8 +147,7 @@ void *lt_alloc_pinned(lt_ctx *ctx, size_t bytes, const char *what) {
     atomic_fetch_add(&ctx->mem[LT_DEVICE_CPU].n_allocs, 1);
     struct lt_mem_dev *pm = &ctx->pinned;
     size_t now = atomic_fetch_add(&pm->used, sz) + sz, peak = atomic_load(&pm->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&pm->peak, &peak, now)) {
-    }
+    while (now > peak && !atomic_compare_exchange_weak(&pm->peak, &peak, now)) {}
     atomic_fetch_add(&pm->n_allocs, 1);
     return p;
 #else
@@ -193,9 +194,7 @@ void lt_mem_reset_peak(lt_ctx *ctx, lt_device dev) {
     if (dev == LT_DEVICE_CPU) atomic_store(&ctx->pinned.peak, atomic_load(&ctx->pinned.used));
 }
 
-void lt_mem_set_limit(lt_ctx *ctx, lt_device dev, size_t limit_bytes) {
-    ctx->mem[dev].limit = limit_bytes;
-}
+void lt_mem_set_limit(lt_ctx *ctx, lt_device dev, size_t limit_bytes) { ctx->mem[dev].limit = limit_bytes; }
 
 void lt_mem_fail_nth(lt_ctx *ctx, uint64_t n) {
     atomic_store(&ctx->alloc_counter, 0);

@@ -35,10 +35,8 @@ static void fmt_duration(char *buf, size_t n, double s) {
         return;
     }
     long t = (long)(s + 0.5);
-    if (t >= 3600)
-        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-    else
-        snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
+    if (t >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+    else snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
 }
 
 void lt_progress_begin(lt_progress *p, FILE *out, const char *label, int64_t total) {
@@ -67,8 +65,8 @@ static void draw(lt_progress *p, const char *status, int final) {
         char bar[64];
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
         bar[width] = '\0';
-        fprintf(p->out, "\r\033[K%s [%s] %lld/%lld %.2f it/s %s<%s %s", p->label, bar,
-                (long long)p->done, (long long)p->total, rate, e, r, status ? status : "");
+        fprintf(p->out, "\r\033[K%s [%s] %lld/%lld %.2f it/s %s<%s %s", p->label, bar, (long long)p->done,
+                (long long)p->total, rate, e, r, status ? status : "");
         if (final) fputc('\n', p->out);
     } else {
         fprintf(p->out, "%s %lld/%lld %.2f it/s elapsed %s eta %s %s\n", p->label, (long long)p->done,

@@ -47,11 +47,11 @@ lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out) {
     uint64_t total = meminfo_kb("MemTotal") * 1024, avail = meminfo_kb("MemAvailable") * 1024;
     if (!total) return lt_error(ctx, LT_ERR_IO, "/proc/meminfo: cannot read MemTotal");
     uint64_t limit = 0, usage = 0;
-    int have = read_u64_file("/sys/fs/cgroup/memory.max", &limit) &&
-               read_u64_file("/sys/fs/cgroup/memory.current", &usage);
+    int have =
+        read_u64_file("/sys/fs/cgroup/memory.max", &limit) && read_u64_file("/sys/fs/cgroup/memory.current", &usage);
     if (!have)
         have = read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes", &limit) &&
-               read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes", &usage);
+            read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes", &usage);
     if (have && limit < total) {
         out->cgroup_limit = limit;
         total = limit;
@@ -128,11 +128,11 @@ const char *lt_sys_blas_coretype_hint(void) {
     if (!core) return NULL;
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     static const char *const avx512_cores[] = {"skylakex", "cooperlake", "sapphirerapids", "zen"};
-    static const char *const weak_cores[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
-                                             "sandybridge", "atom", "katmai", "coppermine", "northwood"};
+    static const char *const weak_cores[] = {"prescott",    "core2", "penryn", "dunnington", "nehalem",
+                                             "sandybridge", "atom",  "katmai", "coppermine", "northwood"};
     if (avx512) {
         for (size_t i = 0; i < sizeof avx512_cores / sizeof *avx512_cores; i++)
             if (!strcasecmp(core, avx512_cores[i])) return NULL;

@@ -11,15 +11,12 @@ static const struct {
     const char *name;
     int64_t block_elems, block_bytes;
 } dtype_info[LT_DTYPE_COUNT_] = {
-    [LT_DTYPE_F32] = {"f32", 1, 4},      [LT_DTYPE_BF16] = {"bf16", 1, 2},
-    [LT_DTYPE_F16] = {"f16", 1, 2},      [LT_DTYPE_I32] = {"i32", 1, 4},
-    [LT_DTYPE_Q8_0] = {"q8_0", 32, 34},  [LT_DTYPE_Q4_0] = {"q4_0", 32, 18},
-    [LT_DTYPE_Q4_1] = {"q4_1", 32, 20},  [LT_DTYPE_INT4_G64] = {"int4_g64", 64, 36},
+    [LT_DTYPE_F32] = {"f32", 1, 4},     [LT_DTYPE_BF16] = {"bf16", 1, 2},           [LT_DTYPE_F16] = {"f16", 1, 2},
+    [LT_DTYPE_I32] = {"i32", 1, 4},     [LT_DTYPE_Q8_0] = {"q8_0", 32, 34},         [LT_DTYPE_Q4_0] = {"q4_0", 32, 18},
+    [LT_DTYPE_Q4_1] = {"q4_1", 32, 20}, [LT_DTYPE_INT4_G64] = {"int4_g64", 64, 36},
 };
 
-const char *lt_dtype_name(lt_dtype t) {
-    return (unsigned)t < LT_DTYPE_COUNT_ ? dtype_info[t].name : "unknown";
-}
+const char *lt_dtype_name(lt_dtype t) { return (unsigned)t < LT_DTYPE_COUNT_ ? dtype_info[t].name : "unknown"; }
 
 lt_status lt_dtype_parse(const char *name, lt_dtype *out) {
     for (int i = 0; i < LT_DTYPE_COUNT_; i++)
@@ -92,8 +89,8 @@ int lt_tensor_is_contiguous(const lt_tensor *t) {
     return 1;
 }
 
-lt_status lt_tensor_alloc(lt_ctx *ctx, lt_tensor *out, lt_dtype dtype, lt_device dev, int ndim,
-                          const int64_t *shape, const char *what) {
+lt_status lt_tensor_alloc(lt_ctx *ctx, lt_tensor *out, lt_dtype dtype, lt_device dev, int ndim, const int64_t *shape,
+                          const char *what) {
     if ((unsigned)dtype >= LT_DTYPE_COUNT_ || ndim < 1 || ndim > LT_MAX_DIMS)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "tensor %s: bad dtype or rank %d", what ? what : "", ndim);
     *out = lt_tensor_view(NULL, dtype, dev, ndim, shape);
@@ -156,7 +153,7 @@ uint16_t lt_f32_to_f16(float f) {
     uint32_t absu = u & 0x7fffffffu;
     if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
     if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
-    if (absu < 0x38800000u) {                                     /* subnormal or zero */
+    if (absu < 0x38800000u) {                                   /* subnormal or zero */
         float a;
         memcpy(&a, &absu, 4);
         return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f)); /* a / 2^-24 */
@@ -215,17 +212,14 @@ void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n) {
             }
         }
         break;
-    case LT_DTYPE_F32:
-        memcpy(out, row, (size_t)n * 4);
-        break;
+    case LT_DTYPE_F32: memcpy(out, row, (size_t)n * 4); break;
     case LT_DTYPE_BF16:
         for (int64_t i = 0; i < n; i++) out[i] = lt_bf16_to_f32(((const uint16_t *)row)[i]);
         break;
     case LT_DTYPE_F16:
         for (int64_t i = 0; i < n; i++) out[i] = lt_f16_to_f32(((const uint16_t *)row)[i]);
         break;
-    default:
-        LT_ABORT("lt_dequantize_row: dtype %s has no float form", lt_dtype_name(t));
+    default: LT_ABORT("lt_dequantize_row: dtype %s has no float form", lt_dtype_name(t));
     }
 }
 
@@ -305,16 +299,13 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             }
         }
         break;
-    case LT_DTYPE_F32:
-        memcpy(row, in, (size_t)n * 4);
-        break;
+    case LT_DTYPE_F32: memcpy(row, in, (size_t)n * 4); break;
     case LT_DTYPE_BF16:
         for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = lt_f32_to_bf16(in[i]);
         break;
     case LT_DTYPE_F16:
         for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = lt_f32_to_f16(in[i]);
         break;
-    default:
-        LT_ABORT("lt_quantize_row: dtype %s has no float form", lt_dtype_name(t));
+    default: LT_ABORT("lt_quantize_row: dtype %s has no float form", lt_dtype_name(t));
     }
 }

@@ -11,8 +11,8 @@
 #include "longtune/chat.h"
 
 static const char *const format_names[LT_CHAT_FORMAT_COUNT_] = {
-    "none", "chatml", "smollm2", "qwen2", "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2", "mistral",
-    "mistral-v0.1",
+    "none",   "chatml",   "smollm2",  "qwen2",   "qwen2.5",      "qwen3",
+    "llama3", "llama3.1", "llama3.2", "mistral", "mistral-v0.1",
 };
 
 #define CHAT_NAMES_HELP "chatml, smollm2, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral, mistral-v0.1"
@@ -150,8 +150,7 @@ static size_t utf8_char(const unsigned char *s, size_t n, long *cp) {
 /* Python's str.isspace for one code point. */
 static int py_isspace(long c) {
     return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
+        (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* Jinja's trim (Python str.strip()): [*b, *e) shrinks past leading and trailing whitespace.
@@ -197,16 +196,18 @@ static lt_status check_roles(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_mess
         if (!role_is(&msgs[i], "system") && !role_is(&msgs[i], "user") && !role_is(&msgs[i], "assistant"))
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
                             "messages[%zu]: role '%s' is not supported by the built-in '%s' template "
-                            "(system, user, assistant)", i, msgs[i].role, lt_chat_format_name(fmt));
+                            "(system, user, assistant)",
+                            i, msgs[i].role, lt_chat_format_name(fmt));
     }
     return LT_OK;
 }
 
-static lt_status render_chatml(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
-                               const lt_chat_message *m, size_t n, lt_chat_text *o) {
+static lt_status render_chatml(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt, const lt_chat_message *m,
+                               size_t n, lt_chat_text *o) {
     const char *def = fmt == LT_CHAT_SMOLLM2 ? SMOLLM2_SYSTEM
-                      : fmt == LT_CHAT_QWEN2 ? QWEN2_SYSTEM
-                      : fmt == LT_CHAT_QWEN2_5 ? QWEN2_5_SYSTEM : NULL;
+        : fmt == LT_CHAT_QWEN2               ? QWEN2_SYSTEM
+        : fmt == LT_CHAT_QWEN2_5             ? QWEN2_5_SYSTEM
+                                             : NULL;
     /* SmolLM2/Qwen2 insert the default inside the loop at loop.first, Qwen2.5 before it: both
      * only when messages[0] is not a system message, and only when there are messages (Qwen2.5
      * writes it even for an empty list). */
@@ -221,8 +222,8 @@ static lt_status render_chatml(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_op
             const char *c = m[k].content;
             size_t cl = strlen(c);
             int tool_resp = cl >= strlen("<tool_response>") + strlen("</tool_response>") &&
-                            !strncmp(c, "<tool_response>", strlen("<tool_response>")) &&
-                            !strcmp(c + cl - strlen("</tool_response>"), "</tool_response>");
+                !strncmp(c, "<tool_response>", strlen("<tool_response>")) &&
+                !strcmp(c + cl - strlen("</tool_response>"), "</tool_response>");
             if (role_is(&m[k], "user") && !tool_resp) {
                 last_query = k;
                 break;
@@ -253,7 +254,7 @@ static lt_status render_chatml(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_op
             if (i > last_query && (i + 1 == n || re > rb)) {
                 while (rb < re && c[rb] == '\n') rb++; /* reasoning_content.strip('\n') */
                 while (re > rb && c[re - 1] == '\n') re--;
-                while (cb < ce && c[cb] == '\n') cb++;  /* content.lstrip('\n') */
+                while (cb < ce && c[cb] == '\n') cb++; /* content.lstrip('\n') */
                 LT_TRY(puts_(ctx, o, "<think>\n"));
                 LT_TRY(put(ctx, o, c + rb, re - rb));
                 LT_TRY(puts_(ctx, o, "\n</think>\n\n"));
@@ -282,8 +283,8 @@ static lt_status llama_message(lt_ctx *ctx, lt_chat_text *o, const lt_chat_messa
     return LT_OK;
 }
 
-static lt_status render_llama(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
-                              const lt_chat_message *m, size_t n, lt_chat_text *o) {
+static lt_status render_llama(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt, const lt_chat_message *m,
+                              size_t n, lt_chat_text *o) {
     const char *bos = opt->bos_token ? opt->bos_token : "<|begin_of_text|>";
     size_t first = 0;
     if (fmt == LT_CHAT_LLAMA3) {
@@ -318,8 +319,8 @@ static lt_status render_llama(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_opt
     return LT_OK;
 }
 
-static lt_status render_mistral(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
-                                const lt_chat_message *m, size_t n, lt_chat_text *o) {
+static lt_status render_mistral(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt, const lt_chat_message *m,
+                                size_t n, lt_chat_text *o) {
     const char *bos = opt->bos_token ? opt->bos_token : "<s>";
     const char *eos = opt->eos_token ? opt->eos_token : "</s>";
     LT_TRY(puts_(ctx, o, bos));
@@ -328,7 +329,8 @@ static lt_status render_mistral(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_o
         if (user != (i % 2 == 0))
             return lt_error(ctx, LT_ERR_FORMAT,
                             "messages[%zu]: conversation roles must alternate user/assistant/user/assistant/... "
-                            "(template '%s')", i, lt_chat_format_name(fmt));
+                            "(template '%s')",
+                            i, lt_chat_format_name(fmt));
         if (user) {
             LT_TRY(puts_(ctx, o, "[INST] "));
             LT_TRY(puts_(ctx, o, m[i].content));
@@ -349,8 +351,8 @@ static lt_status render_mistral(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_o
     return LT_OK;
 }
 
-lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt_in,
-                         const lt_chat_message *msgs, size_t n, lt_chat_text *out) {
+lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt_in, const lt_chat_message *msgs,
+                         size_t n, lt_chat_text *out) {
     lt_chat_options opt;
     memset(&opt, 0, sizeof opt);
     if (opt_in) opt = *opt_in;

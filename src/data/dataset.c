@@ -52,8 +52,7 @@ lt_pack_input lt_dataset_input(const lt_dataset *ds) {
 lt_dataset_stats lt_dataset_get_stats(const lt_dataset *ds) { return ds->st; }
 
 /* Appends ids (and mask, or all-ones when mask is NULL) as the tokens of the open record. */
-static lt_status append(lt_ctx *ctx, lt_dataset *ds, const int32_t *ids, const uint8_t *mask, uint8_t fill,
-                        size_t n) {
+static lt_status append(lt_ctx *ctx, lt_dataset *ds, const int32_t *ids, const uint8_t *mask, uint8_t fill, size_t n) {
     if (n == 0) return LT_OK; /* an empty piece: nothing to copy (the arrays may not exist yet) */
     size_t used = (size_t)ds->st.tokens;
     void *t = ds->tokens, *m = ds->mask;
@@ -132,7 +131,7 @@ static lt_status prefix_count(lt_ctx *ctx, const lt_tokenizer *tok, const char *
 typedef struct load_state {
     const lt_tokenizer *tok;
     const lt_dataset_options *opt;
-    lt_chat_format fmt;  /* resolved lazily */
+    lt_chat_format fmt; /* resolved lazily */
     int fmt_resolved;
     lt_chat_options chat;
     char *bos, *eos;
@@ -190,8 +189,8 @@ done:
     return s;
 }
 
-static lt_status tokenize_record(lt_ctx *ctx, load_state *ls, lt_dataset *ds, const lt_record *rec,
-                                 const char *file, int64_t line_no) {
+static lt_status tokenize_record(lt_ctx *ctx, load_state *ls, lt_dataset *ds, const lt_record *rec, const char *file,
+                                 int64_t line_no) {
     const int32_t eos = lt_tokenizer_eos(ls->tok);
     int32_t *ids = NULL;
     size_t n = 0;

@@ -16,9 +16,9 @@ struct lt_jsonl {
     FILE *f;
     char *path;
     size_t path_bytes;
-    char *chunk;          /* JSONL_CHUNK bytes of file data */
+    char *chunk; /* JSONL_CHUNK bytes of file data */
     size_t chunk_len, chunk_pos;
-    char *line;           /* current line, NUL-terminated */
+    char *line; /* current line, NUL-terminated */
     size_t line_len, line_cap, max_line;
     int64_t line_no;
     int eof;
@@ -91,7 +91,8 @@ static lt_status read_line(lt_ctx *ctx, lt_jsonl *r, int *got, int *too_long) {
             r->chunk_len = fread(r->chunk, 1, JSONL_CHUNK, r->f);
             r->chunk_pos = 0;
             if (r->chunk_len < JSONL_CHUNK) {
-                if (ferror(r->f)) return lt_error(ctx, LT_ERR_IO, "%s:%lld: read error", r->path, (long long)(r->line_no + 1));
+                if (ferror(r->f))
+                    return lt_error(ctx, LT_ERR_IO, "%s:%lld: read error", r->path, (long long)(r->line_no + 1));
                 r->eof = 1;
             }
             if (r->chunk_len == 0) break;
@@ -123,8 +124,8 @@ lt_status lt_jsonl_next(lt_ctx *ctx, lt_jsonl *r, const char **line, size_t *len
         if (!got) return LT_OK;
         *line_no = r->line_no;
         if (too_long)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: line longer than %zu bytes (raise the line limit)",
-                            r->path, (long long)r->line_no, r->max_line);
+            return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: line longer than %zu bytes (raise the line limit)", r->path,
+                            (long long)r->line_no, r->max_line);
         if (r->line_len && r->line[r->line_len - 1] == '\r') r->line_len--;
         r->line[r->line_len] = 0;
         size_t off = 0;
@@ -182,8 +183,7 @@ lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char 
         if (!cJSON_IsArray(messages))
             return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'messages' must be an array", file, (long long)line_no);
         size_t n = (size_t)cJSON_GetArraySize(messages);
-        if (n == 0)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'messages' is empty", file, (long long)line_no);
+        if (n == 0) return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'messages' is empty", file, (long long)line_no);
         if (n > rec->msg_cap_) {
             lt_chat_message *p = lt_alloc(ctx, LT_DEVICE_CPU, n * sizeof *p, "record messages");
             if (!p) return LT_ERR_OOM;
@@ -217,8 +217,7 @@ lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char 
         if (!cJSON_IsString(prompt))
             return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'prompt' must be a string", file, (long long)line_no);
         if (!cJSON_IsString(completion))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'completion' must be a string", file,
-                            (long long)line_no);
+            return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: key 'completion' must be a string", file, (long long)line_no);
         rec->prompt = prompt->valuestring;
         rec->completion = completion->valuestring;
         rec->kind = LT_RECORD_COMPLETION;

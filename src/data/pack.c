@@ -55,16 +55,16 @@ static void shuffle_i32(int32_t *v, int64_t n, uint64_t *rng) {
 
 /* ---- helpers ---- */
 
-#define PACK_ALLOC(ptr, count, what)                                                     \
-    do {                                                                                 \
-        size_t n_ = (size_t)((count) > 0 ? (count) : 1);                                 \
-        (ptr) = lt_alloc(ctx, LT_DEVICE_CPU, n_ * sizeof *(ptr), what);                  \
-        if (!(ptr)) goto fail;                                                           \
+#define PACK_ALLOC(ptr, count, what)                                    \
+    do {                                                                \
+        size_t n_ = (size_t)((count) > 0 ? (count) : 1);                \
+        (ptr) = lt_alloc(ctx, LT_DEVICE_CPU, n_ * sizeof *(ptr), what); \
+        if (!(ptr)) goto fail;                                          \
     } while (0)
-#define PACK_FREE(ptr, count)                                                            \
-    do {                                                                                 \
+#define PACK_FREE(ptr, count)                                                                             \
+    do {                                                                                                  \
         if (ptr) lt_free(ctx, LT_DEVICE_CPU, (ptr), (size_t)((count) > 0 ? (count) : 1) * sizeof *(ptr)); \
-        (ptr) = NULL;                                                                    \
+        (ptr) = NULL;                                                                                     \
     } while (0)
 
 static int64_t next_pow2(int64_t n) {
@@ -131,8 +131,8 @@ static void count_tree_add(int32_t *t, int64_t size, int64_t leaf, int32_t delta
  * First fit never leaves two rows at most half full (the later one's first piece would have fit in
  * the earlier), so rows < 2*total/L + 1 and 2*(total/L + 1) leaves always suffice: a tree that
  * small stays in cache. row_at[k]: row of the k-th placed piece. */
-static lt_status assign_first_fit(lt_ctx *ctx, const lt_pack_piece *p, const int32_t *order, int64_t n,
-                                  int32_t L, int32_t *row_at, int64_t *n_rows) {
+static lt_status assign_first_fit(lt_ctx *ctx, const lt_pack_piece *p, const int32_t *order, int64_t n, int32_t L,
+                                  int32_t *row_at, int64_t *n_rows) {
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += p[i].len;
     int64_t size = next_pow2(2 * (total / L + 1));
@@ -213,8 +213,7 @@ fail:
 }
 
 /* Stable counting sort of piece indices by length (ascending, or descending when desc). */
-static lt_status order_by_length(lt_ctx *ctx, const lt_pack_piece *p, int64_t n, int32_t L, int desc,
-                                 int32_t *order) {
+static lt_status order_by_length(lt_ctx *ctx, const lt_pack_piece *p, int64_t n, int32_t L, int desc, int32_t *order) {
     int64_t *cnt = NULL;
     PACK_ALLOC(cnt, (int64_t)L + 2, "length histogram");
     memset(cnt, 0, (size_t)(L + 2) * sizeof *cnt);
@@ -241,14 +240,13 @@ void lt_pack_plan_free(lt_ctx *ctx, lt_pack_plan *plan) {
     lt_free(ctx, LT_DEVICE_CPU, plan, sizeof *plan);
 }
 
-lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack_options *opt_in,
-                             lt_pack_plan **out) {
+lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack_options *opt_in, lt_pack_plan **out) {
     *out = NULL;
     if (!opt_in) return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: options are required");
     lt_pack_options opt = *opt_in;
     if (opt.row_len < 2 || opt.row_len > INT32_MAX / 2)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: row length %lld out of range [2, %d]",
-                        (long long)opt.row_len, INT32_MAX / 2);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: row length %lld out of range [2, %d]", (long long)opt.row_len,
+                        INT32_MAX / 2);
     if (opt.batch_size < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: negative batch size");
     if (opt.batch_size == 0) opt.batch_size = 1;
     if (opt.pad_multiple < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: negative pad multiple");
@@ -277,8 +275,8 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
         else n_pieces += (len - 1 + (L - 1) - 1) / (L - 1);
     }
     if (n_pieces > INT32_MAX)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: %lld pieces exceed the supported %d",
-                        (long long)n_pieces, INT32_MAX);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "pack: %lld pieces exceed the supported %d", (long long)n_pieces,
+                        INT32_MAX);
     PACK_ALLOC(pc, n_pieces, "pack pieces");
     {
         int64_t k = 0;
@@ -297,8 +295,8 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
                  * as an input with a target, so every token from 1 on is a target exactly once. */
                 for (int64_t s = 0;; s += L - 1) {
                     if (s > INT32_MAX) {
-                        lt_error(ctx, LT_ERR_INVALID_ARG, "pack: sequence %lld longer than %d tokens",
-                                 (long long)i, INT32_MAX);
+                        lt_error(ctx, LT_ERR_INVALID_ARG, "pack: sequence %lld longer than %d tokens", (long long)i,
+                                 INT32_MAX);
                         goto fail;
                     }
                     int64_t e = s + L < len ? s + L : len;
@@ -433,7 +431,7 @@ lt_status lt_pack_plan_build(lt_ctx *ctx, const lt_pack_input *in, const lt_pack
     *out = plan;
     return LT_OK;
 
-fail: {
+fail : {
     lt_status s = lt_ctx_status(ctx);
     if (s == LT_OK) s = LT_ERR_OOM;
     PACK_FREE(pc, n_pieces);

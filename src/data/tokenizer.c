@@ -37,7 +37,6 @@ void lt_tok_release(lt_ctx *ctx, void *p, size_t bytes) {
     if (p) lt_free(ctx, LT_DEVICE_CPU, p, bytes);
 }
 
-
 /* ---- the string map ---------------------------------------------------------------------- */
 
 static lt_status map_rehash(lt_ctx *ctx, tk_strmap *m, size_t cap) {
@@ -167,8 +166,8 @@ lt_status lt_tok_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t le
 /* The added-token array holds n_added entries in a capacity of added_cap(n_added). */
 static size_t added_cap(size_t n) { return pow2_cap(n, 16); }
 
-lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
-                       int rstrip, int single_word, int normalized) {
+lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip, int rstrip,
+                           int single_word, int normalized) {
     if (len == 0) return lt_error(t->ctx, LT_ERR_FORMAT, "added token %d has empty content", id);
     LT_TRY(lt_tok_set_token(t, id, s, len));
     size_t have = added_cap(t->n_added);
@@ -184,11 +183,11 @@ lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t le
     a->id = id;
     a->off = t->tok_off[id];
     a->len = (uint32_t)len;
-    a->special = (uint8_t)!!special;
-    a->lstrip = (uint8_t)!!lstrip;
-    a->rstrip = (uint8_t)!!rstrip;
-    a->single_word = (uint8_t)!!single_word;
-    a->normalized = (uint8_t)!!normalized;
+    a->special = (uint8_t) !!special;
+    a->lstrip = (uint8_t) !!lstrip;
+    a->rstrip = (uint8_t) !!rstrip;
+    a->single_word = (uint8_t) !!single_word;
+    a->normalized = (uint8_t) !!normalized;
     if (special) t->tok_special[id] = 1;
     t->added_first[(uint8_t)s[0]] = 1;
     if (normalized) t->any_normalized_added = 1;
@@ -223,7 +222,7 @@ lt_status lt_tok_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t
 }
 
 lt_status lt_tok_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
-                           int *missing) {
+                               int *missing) {
     int32_t ia = tk_lookup(&t->by_string, a, al), ib = tk_lookup(&t->by_string, b, bl);
     char stackbuf[256];
     char *cat = al + bl <= sizeof stackbuf ? stackbuf : lt_alloc(t->ctx, LT_DEVICE_CPU, al + bl, "merge scratch");

@@ -118,7 +118,10 @@ static lt_status merge_by_scan(tk_enc *st, size_t ns) {
     for (;;) {
         int32_t best = INT32_MAX, bi = -1;
         for (int32_t i = 0; i >= 0; i = s[i].next)
-            if (r[i] < best) { best = r[i]; bi = i; }
+            if (r[i] < best) {
+                best = r[i];
+                bi = i;
+            }
         if (bi < 0) break;
         merge_at(t, s, bi);
         r[bi] = pair_rank(t, s, bi);
@@ -197,7 +200,10 @@ static lt_status char_symbols(tk_enc *st, const char *w, size_t n, size_t *ns) {
         int fallback = id < 0 && t->byte_fallback;
         for (size_t k = 0; fallback && k < cl; k++) fallback = t->fallback_id[(uint8_t)w[i + k]] >= 0;
         if (id >= 0 || fallback) {
-            if (unk_pending) { LT_TRY(sym_push(st, ns, t->unk_id)); unk_pending = 0; }
+            if (unk_pending) {
+                LT_TRY(sym_push(st, ns, t->unk_id));
+                unk_pending = 0;
+            }
             if (id >= 0) LT_TRY(sym_push(st, ns, id));
             else
                 for (size_t k = 0; k < cl; k++) LT_TRY(sym_push(st, ns, t->fallback_id[(uint8_t)w[i + k]]));

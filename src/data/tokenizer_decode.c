@@ -127,7 +127,8 @@ static lt_status dec_bytefallback(lt_ctx *ctx, const piece_list *in, piece_list 
             continue;
         }
         if (acc.len) {
-            if (lt_tok_utf8_valid_prefix((const uint8_t *)acc.buf, acc.len) == acc.len) s = pl_add(ctx, out, acc.buf, acc.len);
+            if (lt_tok_utf8_valid_prefix((const uint8_t *)acc.buf, acc.len) == acc.len)
+                s = pl_add(ctx, out, acc.buf, acc.len);
             else
                 for (size_t k = 0; k < acc.len && s == LT_OK; k++) s = pl_add(ctx, out, "\xEF\xBF\xBD", 3);
             acc.len = 0;
@@ -176,16 +177,11 @@ static lt_status dec_strip(lt_ctx *ctx, const tk_dec *d, const piece_list *in, p
 
 static lt_status decode_step(lt_ctx *ctx, const tk_dec *d, const piece_list *in, piece_list *out) {
     switch (d->kind) {
-    case TK_DEC_BYTELEVEL:
-        return dec_bytelevel(ctx, in, out);
-    case TK_DEC_BYTEFALLBACK:
-        return dec_bytefallback(ctx, in, out);
-    case TK_DEC_FUSE:
-        return pl_add(ctx, out, in->buf ? in->buf : "", in->len);
-    case TK_DEC_REPLACE:
-        return replace_pieces(ctx, in, out, d->a, d->alen, d->b, d->blen, d->blen);
-    case TK_DEC_STRIP:
-        return dec_strip(ctx, d, in, out);
+    case TK_DEC_BYTELEVEL: return dec_bytelevel(ctx, in, out);
+    case TK_DEC_BYTEFALLBACK: return dec_bytefallback(ctx, in, out);
+    case TK_DEC_FUSE: return pl_add(ctx, out, in->buf ? in->buf : "", in->len);
+    case TK_DEC_REPLACE: return replace_pieces(ctx, in, out, d->a, d->alen, d->b, d->blen, d->blen);
+    case TK_DEC_STRIP: return dec_strip(ctx, d, in, out);
     case TK_DEC_METASPACE:
         /* The replacement becomes a space; in the first piece it is dropped unless the scheme is never. */
         return replace_pieces(ctx, in, out, d->a, d->alen, " ", 1, d->prepend_scheme != TK_PREPEND_NEVER ? 0 : 1);
@@ -222,8 +218,8 @@ lt_status lt_tokenizer_decode(lt_ctx *ctx, const lt_tokenizer *tok, const int32_
     for (size_t i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= tok->n_vocab || tok->tok_len[id] == UINT32_MAX) {
-            s = lt_error(ctx, LT_ERR_INVALID_ARG, "token id %d at position %zu is not in the vocabulary (size %d)", id, i,
-                         tok->n_vocab);
+            s = lt_error(ctx, LT_ERR_INVALID_ARG, "token id %d at position %zu is not in the vocabulary (size %d)", id,
+                         i, tok->n_vocab);
             goto done;
         }
         if (skip_special && tok->tok_special[id]) continue;

@@ -36,13 +36,15 @@ static lt_status find_spans(tk_enc *st, int level, const pcre2_code *re, const c
             pos = ms + cl;
             continue;
         }
-        LT_TRY(tk_grow(st->ctx, (void **)&st->spans[level], &st->spans_cap[level], sizeof(tk_span), k + 2, "pre-token spans"));
+        LT_TRY(tk_grow(st->ctx, (void **)&st->spans[level], &st->spans_cap[level], sizeof(tk_span), k + 2,
+                       "pre-token spans"));
         if (ms > prev) st->spans[level][k++] = (tk_span){(uint32_t)prev, (uint32_t)ms, (uint8_t)invert};
         st->spans[level][k++] = (tk_span){(uint32_t)ms, (uint32_t)me, (uint8_t)!invert};
         prev = pos = me;
     }
     if (prev < n) {
-        LT_TRY(tk_grow(st->ctx, (void **)&st->spans[level], &st->spans_cap[level], sizeof(tk_span), k + 1, "pre-token spans"));
+        LT_TRY(tk_grow(st->ctx, (void **)&st->spans[level], &st->spans_cap[level], sizeof(tk_span), k + 1,
+                       "pre-token spans"));
         st->spans[level][k++] = (tk_span){(uint32_t)prev, (uint32_t)n, (uint8_t)invert};
     }
     *count = k;
@@ -55,8 +57,7 @@ static size_t apply_behavior(tk_span *sp, size_t k, int behavior) {
     size_t m = 0; /* compacted output spans */
     int prev_match = 0;
     switch (behavior) {
-    case TK_SPLIT_ISOLATED:
-        return k;
+    case TK_SPLIT_ISOLATED: return k;
     case TK_SPLIT_REMOVED:
         for (size_t i = 0; i < k; i++)
             if (!sp[i].is_match) sp[m++] = sp[i];
@@ -99,8 +100,7 @@ static lt_status split_and_send(tk_enc *st, int level, int behavior, const char 
     size_t m = apply_behavior(st->spans[level], k, behavior);
     for (size_t i = 0; i < m; i++) {
         tk_span s = st->spans[level][i]; /* re-read: deeper stages use other levels' arrays */
-        if (s.end > s.start)
-            LT_TRY(pre_apply(st, level + 1, p + s.start, s.end - s.start, at_start && s.start == 0));
+        if (s.end > s.start) LT_TRY(pre_apply(st, level + 1, p + s.start, s.end - s.start, at_start && s.start == 0));
     }
     return LT_OK;
 }
@@ -114,11 +114,14 @@ static lt_status metaspace(tk_enc *st, int level, const tk_pre *pre, const char 
     char *o = st->scratch[level];
     size_t on = 0;
     for (size_t i = 0; i < n; i++) {
-        if (p[i] == ' ') { memcpy(o + on, pre->rep, rl); on += rl; }
-        else o[on++] = p[i];
+        if (p[i] == ' ') {
+            memcpy(o + on, pre->rep, rl);
+            on += rl;
+        } else o[on++] = p[i];
     }
     int starts = on >= rl && !memcmp(o, pre->rep, rl);
-    if (!starts && (pre->prepend_scheme == TK_PREPEND_ALWAYS || (pre->prepend_scheme == TK_PREPEND_FIRST && at_start))) {
+    if (!starts &&
+        (pre->prepend_scheme == TK_PREPEND_ALWAYS || (pre->prepend_scheme == TK_PREPEND_FIRST && at_start))) {
         memmove(o + rl, o, on);
         memcpy(o, pre->rep, rl);
         on += rl;
@@ -141,7 +144,8 @@ static lt_status pre_apply(tk_enc *st, int level, const char *p, size_t n, int a
         return split_and_send(st, level, pre->behavior, p, k, at_start);
     case TK_PRE_BYTELEVEL:
         if (pre->add_prefix_space && p[0] != ' ') {
-            LT_TRY(tk_grow(st->ctx, (void **)&st->scratch[level], &st->scratch_cap[level], 1, n + 1, "pre-token scratch"));
+            LT_TRY(
+                tk_grow(st->ctx, (void **)&st->scratch[level], &st->scratch_cap[level], 1, n + 1, "pre-token scratch"));
             st->scratch[level][0] = ' ';
             memcpy(st->scratch[level] + 1, p, n);
             p = st->scratch[level];
@@ -150,8 +154,7 @@ static lt_status pre_apply(tk_enc *st, int level, const char *p, size_t n, int a
         if (!pre->re) return pre_apply(st, level + 1, p, n, at_start);
         LT_TRY(find_spans(st, level, pre->re, p, n, 0, &k));
         return split_and_send(st, level, TK_SPLIT_ISOLATED, p, k, at_start);
-    case TK_PRE_METASPACE:
-        return metaspace(st, level, pre, p, n, at_start);
+    case TK_PRE_METASPACE: return metaspace(st, level, pre, p, n, at_start);
     }
     return LT_OK;
 }
@@ -162,8 +165,10 @@ static lt_status replace_literal(tk_enc *st, const tk_norm *nm, const char *cur,
                                  size_t *on, int *changed) {
     size_t cnt = 0;
     for (size_t j = 0; j + nm->alen <= cn;) {
-        if (!memcmp(cur + j, nm->a, nm->alen)) { cnt++; j += nm->alen; }
-        else j++;
+        if (!memcmp(cur + j, nm->a, nm->alen)) {
+            cnt++;
+            j += nm->alen;
+        } else j++;
     }
     *changed = cnt > 0;
     if (!cnt) return LT_OK;
@@ -219,7 +224,9 @@ static lt_status normalize(tk_enc *st, const char *p, size_t n, const char **out
 }
 
 static int is_ws(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-static int is_word(uint8_t c) { return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+static int is_word(uint8_t c) {
+    return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
+}
 
 /* Leftmost-longest match of an added token (of the given normalized-ness) in p[from..n). */
 static int added_find(const lt_tokenizer *t, const char *p, size_t n, size_t from, int normalized, size_t *ms,
@@ -334,7 +341,8 @@ lt_status lt_tokenizer_encode(lt_ctx *ctx, const lt_tokenizer *tok, const char *
     *ids = NULL;
     *n_ids = 0;
     if (!tok || (!text && len)) return lt_error(ctx, LT_ERR_INVALID_ARG, "lt_tokenizer_encode: NULL argument");
-    if (len > UINT32_MAX / 4) return lt_error(ctx, LT_ERR_INVALID_ARG, "text of %zu bytes is too long to encode at once", len);
+    if (len > UINT32_MAX / 4)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "text of %zu bytes is too long to encode at once", len);
     tk_enc st;
     memset(&st, 0, sizeof st);
     st.ctx = ctx;

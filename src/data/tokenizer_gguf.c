@@ -69,8 +69,7 @@ static lt_status pre_bytelevel(lt_tokenizer *t, int use_regex) {
 
 /* The pre-tokenizer of each `pre` value, as in the models' tokenizer.json files. */
 static lt_status set_pre(lt_tokenizer *t, const char *pre, size_t n) {
-    if (streq(pre, n, "default") || streq(pre, n, "gpt-2") || streq(pre, n, "gpt2"))
-        return pre_bytelevel(t, 1);
+    if (streq(pre, n, "default") || streq(pre, n, "gpt-2") || streq(pre, n, "gpt2")) return pre_bytelevel(t, 1);
     if (streq(pre, n, "smollm") || streq(pre, n, "starcoder")) {
         LT_TRY(pre_split(t, "\\p{N}", TK_SPLIT_ISOLATED)); /* Digits(individual_digits=true) */
         return pre_bytelevel(t, 1);
@@ -87,8 +86,10 @@ static lt_status set_pre(lt_tokenizer *t, const char *pre, size_t n) {
         LT_TRY(pre_split(t, qwen2_pattern, TK_SPLIT_ISOLATED));
         return pre_bytelevel(t, 0);
     }
-    return lt_error(t->ctx, LT_ERR_UNSUPPORTED, "GGUF tokenizer.ggml.pre '%.*s' is not supported (supported: default, "
-                    "gpt-2, smollm, starcoder, llama-bpe, qwen2)", (int)(n > 64 ? 64 : n), pre);
+    return lt_error(t->ctx, LT_ERR_UNSUPPORTED,
+                    "GGUF tokenizer.ggml.pre '%.*s' is not supported (supported: default, "
+                    "gpt-2, smollm, starcoder, llama-bpe, qwen2)",
+                    (int)(n > 64 ? 64 : n), pre);
 }
 
 typedef struct spm_pair {
@@ -150,7 +151,8 @@ static lt_status spm_merges(lt_tokenizer *t, const lt_gguf *g, int32_t n_vocab) 
     }
     if (s == LT_OK && n) {
         qsort(pairs, n, sizeof *pairs, cmp_pair);
-        for (size_t i = 0; i < n && s == LT_OK; i++) s = lt_tok_add_merge(t, pairs[i].l, pairs[i].r, (int32_t)i, pairs[i].t);
+        for (size_t i = 0; i < n && s == LT_OK; i++)
+            s = lt_tok_add_merge(t, pairs[i].l, pairs[i].r, (int32_t)i, pairs[i].t);
     }
     if (pairs) lt_free(ctx, LT_DEVICE_CPU, pairs, cap * sizeof *pairs);
     return s;
@@ -233,8 +235,10 @@ static lt_status bpe_merges(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
         int missing;
         LT_TRY(lt_tok_add_merge_str(t, m, al, sp + 1, bl, (int32_t)i, &missing));
         if (missing)
-            return lt_error(ctx, LT_ERR_FORMAT, "GGUF tokenizer.ggml.merges[%llu] ('%.*s') uses a token missing "
-                            "from the vocabulary", (unsigned long long)i, (int)(n > 80 ? 80 : n), m);
+            return lt_error(ctx, LT_ERR_FORMAT,
+                            "GGUF tokenizer.ggml.merges[%llu] ('%.*s') uses a token missing "
+                            "from the vocabulary",
+                            (unsigned long long)i, (int)(n > 80 ? 80 : n), m);
     }
     return LT_OK;
 }
@@ -254,8 +258,7 @@ static lt_status gpt2_pipeline(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
 /* Model llama: SentencePiece-style BPE as HF's Llama converter writes it -- normalizer
  * Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, byte fallback, fused unk, merges from the
  * scores, and the decoders that undo it. */
-static lt_status llama_pipeline(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t, int32_t n_vocab,
-                                int add_space_prefix) {
+static lt_status llama_pipeline(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t, int32_t n_vocab, int add_space_prefix) {
     lt_gguf_type et;
     uint64_t n_scores;
     LT_TRY(lt_gguf_get_array(ctx, g, "tokenizer.ggml.scores", &et, &n_scores));
@@ -298,7 +301,8 @@ static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     LT_TRY(lt_gguf_get_str(ctx, g, KEY_MODEL, &model, &model_len));
     int is_gpt2 = streq(model, model_len, "gpt2"), is_llama = streq(model, model_len, "llama");
     if (!is_gpt2 && !is_llama)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tokenizer model '%.*s' is not supported (supported: gpt2, llama)",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "GGUF tokenizer model '%.*s' is not supported (supported: gpt2, llama)",
                         (int)(model_len > 64 ? 64 : model_len), model);
     int32_t n_vocab = 0;
     LT_TRY(load_vocab(ctx, g, t, &n_vocab));

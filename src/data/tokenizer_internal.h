@@ -19,7 +19,11 @@
 typedef struct tk_strmap {
     uint32_t *slots; /* index+1 into keys, 0 = empty */
     size_t cap;      /* power of two */
-    struct tk_strkey { uint32_t off, len; int32_t val; uint32_t hash; } *keys;
+    struct tk_strkey {
+        uint32_t off, len;
+        int32_t val;
+        uint32_t hash;
+    } * keys;
     size_t n, keys_cap;
     char *blob;
     size_t blob_len, blob_cap;
@@ -43,8 +47,8 @@ typedef struct tk_pre {
     int add_prefix_space; /* BYTELEVEL */
     char rep[8];          /* METASPACE replacement (UTF-8) */
     int rep_len;
-    int prepend_scheme;   /* METASPACE */
-    int split;            /* METASPACE */
+    int prepend_scheme; /* METASPACE */
+    int split;          /* METASPACE */
 } tk_pre;
 
 enum { TK_NORM_NFC, TK_NORM_PREPEND, TK_NORM_REPLACE };
@@ -59,8 +63,8 @@ typedef struct tk_dec {
     int kind;
     char *a, *b; /* REPLACE: a -> b; STRIP: a = the character */
     size_t alen, blen;
-    int start, stop;      /* STRIP */
-    int prepend_scheme;   /* METASPACE */
+    int start, stop;    /* STRIP */
+    int prepend_scheme; /* METASPACE */
 } tk_dec;
 
 typedef struct tk_added {
@@ -87,8 +91,8 @@ _Static_assert(sizeof(tk_cache_slot) == 64, "a cache slot fills one cache line")
 #define TK_MAX_STAGES 8
 
 struct lt_tokenizer {
-    lt_ctx *ctx; /* the loading context: frees go through it */
-    int32_t n_vocab;      /* max id + 1 over model and added tokens */
+    lt_ctx *ctx;     /* the loading context: frees go through it */
+    int32_t n_vocab; /* max id + 1 over model and added tokens */
     /* Token strings by id as the tokenizer file spells them (byte-level: the mapped form). */
     char *blob;
     size_t blob_len, blob_cap;
@@ -97,16 +101,16 @@ struct lt_tokenizer {
     tk_strmap by_string;         /* token string -> id (model vocab and added tokens) */
     tk_strmap enc;               /* what BPE looks up: raw bytes (byte-level) or the string */
     tk_merge *merges;
-    size_t merges_cap;           /* power of two */
+    size_t merges_cap; /* power of two */
     size_t n_merges;
-    int byte_level;              /* the last pre-tokenizer is ByteLevel: BPE runs on raw bytes */
-    int32_t byte_id[256];        /* byte-level: id of each byte's token; -1 if absent */
-    int32_t fallback_id[256];    /* byte_fallback: id of "<0xXX>"; -1 if absent */
+    int byte_level;           /* the last pre-tokenizer is ByteLevel: BPE runs on raw bytes */
+    int32_t byte_id[256];     /* byte-level: id of each byte's token; -1 if absent */
+    int32_t fallback_id[256]; /* byte_fallback: id of "<0xXX>"; -1 if absent */
     int byte_fallback, fuse_unk, ignore_merges;
     int32_t unk_id;
     tk_added *added;
     size_t n_added;
-    uint8_t added_first[256];    /* bitmap-ish: 1 if some added token starts with this byte */
+    uint8_t added_first[256]; /* bitmap-ish: 1 if some added token starts with this byte */
     int any_normalized_added;
     tk_norm norms[TK_MAX_STAGES];
     int n_norms;
@@ -130,13 +134,13 @@ struct lt_tokenizer {
 lt_status lt_tok_new(lt_ctx *ctx, lt_tokenizer **out);
 /* Registers token `s` with `id` (grows the id tables). Duplicate strings keep the first id. */
 lt_status lt_tok_set_token(lt_tokenizer *t, int32_t id, const char *s, size_t len);
-lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip,
-                       int rstrip, int single_word, int normalized);
+lt_status lt_tok_add_added(lt_tokenizer *t, int32_t id, const char *s, size_t len, int special, int lstrip, int rstrip,
+                           int single_word, int normalized);
 lt_status lt_tok_add_merge(lt_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
 /* The merge of tokens a and b (by string) into the token a+b, at `rank`; *missing is set (and
  * nothing added) when one of the three is not in the vocabulary. Errors: LT_ERR_OOM. */
 lt_status lt_tok_add_merge_str(lt_tokenizer *t, const char *a, size_t al, const char *b, size_t bl, int32_t rank,
-                           int *missing);
+                               int *missing);
 /* Compiles a pre-tokenizer regex (PCRE2_UTF|PCRE2_UCP, JIT); `literal` for String patterns. */
 lt_status lt_tok_compile(lt_tokenizer *t, const char *pattern, size_t len, int literal, pcre2_code **out);
 /* After vocab, merges and pre-tokenizers are set: builds enc map, byte tables, cache. */
@@ -215,9 +219,18 @@ size_t lt_tok_utf8_valid_prefix(const uint8_t *s, size_t n);
  * hold them (encode repairs its input to valid UTF-8 first). */
 static inline uint32_t tk_utf8_decode(const uint8_t *s, size_t *len) {
     uint8_t c = s[0];
-    if (c < 0x80) { *len = 1; return c; }
-    if (c < 0xE0) { *len = 2; return (uint32_t)(c & 0x1F) << 6 | (s[1] & 0x3F); }
-    if (c < 0xF0) { *len = 3; return (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F); }
+    if (c < 0x80) {
+        *len = 1;
+        return c;
+    }
+    if (c < 0xE0) {
+        *len = 2;
+        return (uint32_t)(c & 0x1F) << 6 | (s[1] & 0x3F);
+    }
+    if (c < 0xF0) {
+        *len = 3;
+        return (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F);
+    }
     *len = 4;
     return (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 | (uint32_t)(s[2] & 0x3F) << 6 | (s[3] & 0x3F);
 }

@@ -130,8 +130,10 @@ static lt_status add_norm(load_ctx *L, const cJSON *n) {
             return lt_ctx_status(ctx);
         }
     } else {
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (supported: NFC, Prepend, "
-                        "Replace, Sequence)", L->path, type);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: normalizer '%s' is not supported (supported: NFC, Prepend, "
+                        "Replace, Sequence)",
+                        L->path, type);
     }
     t->n_norms++;
     return LT_OK;
@@ -194,7 +196,8 @@ static lt_status pre_metaspace(load_ctx *L, const cJSON *p) {
         return lt_error(ctx, LT_ERR_FORMAT, "%s: Metaspace needs a one-character 'replacement'", L->path);
     int scheme = parse_prepend_scheme(p);
     if (scheme < 0)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path, jstr(p, "prepend_scheme"));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s'", L->path,
+                        jstr(p, "prepend_scheme"));
     tk_pre *pre = NULL;
     LT_TRY(new_pre(L, &pre));
     pre->kind = TK_PRE_METASPACE;
@@ -254,8 +257,10 @@ static lt_status add_pre(load_ctx *L, const cJSON *p) {
         return lt_tok_compile(t, "\\p{White_Space}", 15, 0, &pre->re);
     }
     if (!strcmp(type, "Metaspace")) return pre_metaspace(L, p);
-    return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
-                    "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)", L->path, type);
+    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                    "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, "
+                    "Digits, Metaspace, Whitespace, WhitespaceSplit, Sequence)",
+                    L->path, type);
 }
 
 /* Replace: a string pattern and its content. */
@@ -294,8 +299,8 @@ static lt_status dec_metaspace(load_ctx *L, const cJSON *d, tk_dec *dec) {
     const char *rep = jstr(d, "replacement");
     int scheme = parse_prepend_scheme(d);
     if (!rep || !*rep || scheme < 0)
-        return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme",
-                        L->path);
+        return lt_error(L->t->ctx, LT_ERR_FORMAT,
+                        "%s: decoder Metaspace needs 'replacement' and a known prepend_scheme", L->path);
     dec->kind = TK_DEC_METASPACE;
     dec->prepend_scheme = scheme;
     dec->alen = strlen(rep);
@@ -327,8 +332,10 @@ static lt_status add_dec(load_ctx *L, const cJSON *d) {
     else if (!strcmp(type, "Strip")) return dec_strip(L, d, dec);
     else if (!strcmp(type, "Metaspace")) return dec_metaspace(L, d, dec);
     else
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (supported: ByteLevel, "
-                        "Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)", L->path, type);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: decoder '%s' is not supported (supported: ByteLevel, "
+                        "Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)",
+                        L->path, type);
     return LT_OK;
 }
 
@@ -347,7 +354,9 @@ static lt_status post_template(load_ctx *L, const cJSON *p, int32_t *pre, int *n
         }
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
         const char *name = sp ? jstr(sp, "id") : NULL;
-        if (!name) return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken", L->path);
+        if (!name)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: TemplateProcessing item is neither Sequence nor SpecialToken",
+                            L->path);
         const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
         if (!cJSON_IsArray(ids))
@@ -380,7 +389,8 @@ static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, in
     }
     if (!strcmp(type, "TemplateProcessing")) return post_template(L, p, pre, np, suf, ns);
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
-        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"),
+                    *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
         int64_t c, s;
         if (!jint(cJSON_GetArrayItem(cls, 1), 0, INT32_MAX, &c) || !jint(cJSON_GetArrayItem(sep, 1), 0, INT32_MAX, &s))
             return lt_error(ctx, LT_ERR_FORMAT, "%s: %s needs cls and sep", L->path, type);
@@ -389,8 +399,10 @@ static lt_status add_post(load_ctx *L, const cJSON *p, int32_t *pre, int *np, in
         suf[(*ns)++] = (int32_t)s;
         return LT_OK;
     }
-    return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: post-processor '%s' is not supported (supported: "
-                    "TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)", L->path, type);
+    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                    "%s: post-processor '%s' is not supported (supported: "
+                    "TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)",
+                    L->path, type);
 }
 
 /* "a b" or ["a", "b"]. */
@@ -432,7 +444,8 @@ static lt_status load_vocab(load_ctx *L, const cJSON *vocab) {
 /* model.merges ("a b" strings or [a, b] pairs, rank = index) into the merge table. */
 static lt_status load_merges(load_ctx *L, const cJSON *merges) {
     lt_ctx *ctx = L->t->ctx;
-    if (merges && !cJSON_IsArray(merges)) return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
+    if (merges && !cJSON_IsArray(merges))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: model.merges is not an array", L->path);
     int32_t rank = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, merges) {
@@ -462,8 +475,8 @@ static lt_status load_model(load_ctx *L, const cJSON *model) {
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: BPE dropout is not supported", L->path);
     const char *csp = jstr(model, "continuing_subword_prefix"), *eow = jstr(model, "end_of_word_suffix");
     if ((csp && *csp) || (eow && *eow))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: BPE continuing_subword_prefix/end_of_word_suffix are not supported",
-                        L->path);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: BPE continuing_subword_prefix/end_of_word_suffix are not supported", L->path);
     t->byte_fallback = jbool(model, "byte_fallback", 0);
     t->fuse_unk = jbool(model, "fuse_unk", 0);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
@@ -471,7 +484,8 @@ static lt_status load_model(load_ctx *L, const cJSON *model) {
     const char *unk = jstr(model, "unk_token");
     if (unk) {
         t->unk_id = tk_lookup(&t->by_string, unk, strlen(unk));
-        if (t->unk_id < 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", L->path, unk);
+        if (t->unk_id < 0)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", L->path, unk);
     }
     return load_merges(L, cJSON_GetObjectItemCaseSensitive(model, "merges"));
 }
@@ -487,7 +501,7 @@ static lt_status load_added(load_ctx *L, const cJSON *added) {
             return lt_error(t->ctx, LT_ERR_FORMAT, "%s: added_tokens[%d] needs 'id' and 'content'", L->path, i);
         int special = jbool(e, "special", 0);
         LT_TRY(lt_tok_add_added(t, (int32_t)id, content, strlen(content), special, jbool(e, "lstrip", 0),
-                            jbool(e, "rstrip", 0), jbool(e, "single_word", 0), jbool(e, "normalized", !special)));
+                                jbool(e, "rstrip", 0), jbool(e, "single_word", 0), jbool(e, "normalized", !special)));
         i++;
     }
     return LT_OK;
@@ -506,8 +520,10 @@ static const char *config_token(const cJSON *cfg, const char *key) {
 static lt_status apply_config(lt_tokenizer *t, const cJSON *cfg, const char *path) {
     lt_ctx *ctx = t->ctx;
     lt_status s = LT_OK;
-    struct { const char *key; int32_t *dst; } toks[] = {{"bos_token", &t->bos}, {"eos_token", &t->eos},
-                                                        {"pad_token", &t->pad}};
+    struct {
+        const char *key;
+        int32_t *dst;
+    } toks[] = {{"bos_token", &t->bos}, {"eos_token", &t->eos}, {"pad_token", &t->pad}};
     for (int i = 0; i < 3 && s == LT_OK; i++) {
         const char *name = config_token(cfg, toks[i].key);
         if (!name) continue;
@@ -587,7 +603,8 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
     if ((s = add_norm(&L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) != LT_OK) goto fail;
     if ((s = add_pre(&L, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"))) != LT_OK) goto fail;
     if ((s = add_dec(&L, cJSON_GetObjectItemCaseSensitive(root, "decoder"))) != LT_OK) goto fail;
-    if ((s = add_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), pre, &np, suf, &ns)) != LT_OK) goto fail;
+    if ((s = add_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), pre, &np, suf, &ns)) != LT_OK)
+        goto fail;
     for (int i = 0; i < np + ns; i++) {
         int32_t id = i < np ? pre[i] : suf[i - np];
         if (id >= t->n_vocab || t->tok_len[id] == UINT32_MAX) {

@@ -11,8 +11,17 @@
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
-enum { SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7, LCOUNT = 19, VCOUNT = 21, TCOUNT = 28,
-       NCOUNT = VCOUNT * TCOUNT, SCOUNT = LCOUNT * NCOUNT };
+enum {
+    SBASE = 0xAC00,
+    LBASE = 0x1100,
+    VBASE = 0x1161,
+    TBASE = 0x11A7,
+    LCOUNT = 19,
+    VCOUNT = 21,
+    TCOUNT = 28,
+    NCOUNT = VCOUNT * TCOUNT,
+    SCOUNT = LCOUNT * NCOUNT
+};
 
 static int in_ranges2(const uint32_t (*r)[2], size_t n, uint32_t cp) {
     size_t lo = 0, hi = n;
@@ -89,7 +98,10 @@ int lt_tok_nfc_quick(const char *s, size_t len) {
     size_t i = 0;
     while (i < len) {
         /* Bytes below 0xCC never start a code point >= U+0300. */
-        if (p[i] < 0xCC) { i++; continue; }
+        if (p[i] < 0xCC) {
+            i++;
+            continue;
+        }
         uint32_t cp = next_cp(p, &i);
         if (in_ranges2(nfc_unsafe, N_ELEMS(nfc_unsafe), cp)) return 0;
     }

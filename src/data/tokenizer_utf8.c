@@ -30,14 +30,25 @@ void lt_tok_byte_map_init(void) {
 int lt_tok_cp_to_byte(uint32_t cp) { return cp < 324 ? cp_to_byte_table[cp] : -1; }
 
 int lt_tok_utf8_put(char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
     if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F));
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
         return 3;
     }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
 
@@ -47,19 +58,36 @@ size_t lt_tok_utf8_char(const uint8_t *s, size_t n, size_t *bad) {
     size_t need;
     uint8_t lo = 0x80, hi = 0xBF;
     if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c == 0xE0) { need = 2; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) need = 2;
-    else if (c == 0xED) { need = 2; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) need = 2;
-    else if (c == 0xF0) { need = 3; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) need = 3;
-    else if (c == 0xF4) { need = 3; hi = 0x8F; }
-    else { *bad = 1; return 0; }
+    else if (c == 0xE0) {
+        need = 2;
+        lo = 0xA0;
+    } else if (c >= 0xE1 && c <= 0xEC) need = 2;
+    else if (c == 0xED) {
+        need = 2;
+        hi = 0x9F;
+    } else if (c >= 0xEE && c <= 0xEF) need = 2;
+    else if (c == 0xF0) {
+        need = 3;
+        lo = 0x90;
+    } else if (c >= 0xF1 && c <= 0xF3) need = 3;
+    else if (c == 0xF4) {
+        need = 3;
+        hi = 0x8F;
+    } else {
+        *bad = 1;
+        return 0;
+    }
     size_t i = 1;
     for (; i <= need; i++) {
-        if (i >= n) { *bad = i; return 0; }
+        if (i >= n) {
+            *bad = i;
+            return 0;
+        }
         uint8_t x = s[i];
-        if (x < lo || x > hi) { *bad = i; return 0; }
+        if (x < lo || x > hi) {
+            *bad = i;
+            return 0;
+        }
         lo = 0x80;
         hi = 0xBF;
     }
@@ -76,7 +104,10 @@ size_t lt_tok_utf8_valid_prefix(const uint8_t *s, size_t n) {
             i += 8;
         }
         if (i >= n) break;
-        if (s[i] < 0x80) { i++; continue; }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
         size_t bad = 1;
         size_t k = lt_tok_utf8_char(s + i, n - i, &bad);
         if (!k) return i;

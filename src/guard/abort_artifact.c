@@ -87,14 +87,10 @@ lt_status lt_guard_write_abort(lt_ctx *ctx, const char *path, const lt_guard_abo
     cJSON_AddNumberToObject(o, "elapsed_s", r->breach.elapsed_s);
     cJSON_AddNumberToObject(o, "plan_peak_bytes", (double)r->plan_peak_bytes);
     cJSON_AddNumberToObject(o, "allocator_peak_bytes", (double)r->allocator_peak_bytes);
-    if (plan)
-        cJSON_AddItemToObject(o, "plan", plan);
-    else
-        cJSON_AddNullToObject(o, "plan");
-    if (r->checkpoint)
-        cJSON_AddStringToObject(o, "checkpoint", r->checkpoint);
-    else
-        cJSON_AddNullToObject(o, "checkpoint");
+    if (plan) cJSON_AddItemToObject(o, "plan", plan);
+    else cJSON_AddNullToObject(o, "plan");
+    if (r->checkpoint) cJSON_AddStringToObject(o, "checkpoint", r->checkpoint);
+    else cJSON_AddNullToObject(o, "checkpoint");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return lt_error(ctx, LT_ERR_OOM, "abort artifact: out of memory");

@@ -17,8 +17,8 @@
 #define MIB (1024ull * 1024ull)
 #define GIB (1024ull * MIB)
 
-lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use,
-                                       double share, uint64_t cushion, uint64_t plan) {
+lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint64_t in_use, double share,
+                                       uint64_t cushion, uint64_t plan) {
     lt_guard_ceiling c;
     memset(&c, 0, sizeof c);
     if (share <= 0) share = LT_GUARD_DEFAULT_SHARE;
@@ -44,8 +44,7 @@ lt_guard_ceiling lt_guard_ceiling_rule(uint64_t total, uint64_t available, uint6
     return c;
 }
 
-lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt,
-                           lt_guard_ceiling *out) {
+lt_status lt_guard_measure(lt_ctx *ctx, lt_device dev, const lt_guard_options *opt, lt_guard_ceiling *out) {
     lt_guard_options def;
     memset(&def, 0, sizeof def);
     if (!opt) opt = &def;
@@ -174,8 +173,7 @@ static lt_status guard_one(lt_guard *g, lt_device d) {
                         "memory guard: refusing to start: %s memory available (%llu bytes) is under "
                         "a quarter of the total (%llu bytes); free memory or pass --allow-low-memory "
                         "(allow_low_memory) to run anyway",
-                        what, (unsigned long long)c->available_bytes,
-                        (unsigned long long)c->total_bytes);
+                        what, (unsigned long long)c->available_bytes, (unsigned long long)c->total_bytes);
     if (c->plan_tight)
         LT_WARN("memory guard: %s memory available (%llu bytes, %llu in use by this process) is under "
                 "the plan (%llu bytes) plus the cushion (%llu bytes); the run may stop at the ceiling",
@@ -190,8 +188,8 @@ static lt_status guard_one(lt_guard *g, lt_device d) {
     if (c->ceiling_bytes <= outside || c->ceiling_bytes - outside < ms.used_bytes)
         return lt_error(ctx, LT_ERR_OOM,
                         "memory guard: the %s ceiling of %llu bytes is below what this process "
-                        "already holds (%llu bytes)", what, (unsigned long long)c->ceiling_bytes,
-                        (unsigned long long)(outside + ms.used_bytes));
+                        "already holds (%llu bytes)",
+                        what, (unsigned long long)c->ceiling_bytes, (unsigned long long)(outside + ms.used_bytes));
     if (d == LT_DEVICE_CUDA) {
         lt_cuda_device_info cu = lt_sys_cuda();
         uint64_t used = cu.total_bytes - cu.free_bytes;
@@ -215,10 +213,8 @@ lt_status lt_guard_start(lt_ctx *ctx, const lt_guard_options *opt, lt_guard **ou
     lt_guard_options def;
     memset(&def, 0, sizeof def);
     if (!opt) opt = &def;
-    if (opt->share < 0 || opt->share > 1 || opt->interval_s < 0 ||
-        (unsigned)opt->device >= LT_DEVICE_COUNT_)
-        return lt_error(ctx, LT_ERR_INVALID_ARG,
-                        "memory guard: share %g must be in (0, 1], interval %g s must be >= 0",
+    if (opt->share < 0 || opt->share > 1 || opt->interval_s < 0 || (unsigned)opt->device >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "memory guard: share %g must be in (0, 1], interval %g s must be >= 0",
                         opt->share, opt->interval_s);
     lt_guard *g = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *g, "memory guard");
     if (!g) return LT_ERR_OOM;
@@ -262,9 +258,7 @@ fail:
     return s;
 }
 
-int lt_guard_tripped(const lt_guard *g) {
-    return g ? atomic_load(&((lt_guard *)g)->tripped) : 0;
-}
+int lt_guard_tripped(const lt_guard *g) { return g ? atomic_load(&((lt_guard *)g)->tripped) : 0; }
 
 lt_guard_breach lt_guard_get_breach(const lt_guard *g) {
     lt_guard_breach b;

@@ -35,8 +35,8 @@ typedef struct gguf_tensor {
     int ndim;
     int64_t ne[GGUF_MAX_DIMS]; /* GGUF order: ne[0] is the fastest-varying dimension */
     uint32_t ggml_type;
-    uint64_t offset;  /* relative to the data section */
-    int64_t nbytes;   /* -1 when the type's block size is not known here */
+    uint64_t offset; /* relative to the data section */
+    int64_t nbytes;  /* -1 when the type's block size is not known here */
 } gguf_tensor;
 
 struct lt_gguf {
@@ -50,11 +50,11 @@ struct lt_gguf {
     gguf_kv *kv;
     uint64_t n_tensors;
     gguf_tensor *tensors;
-    char *names;         /* all tensor names, NUL-separated */
+    char *names; /* all tensor names, NUL-separated */
     size_t names_bytes;
-    uint64_t *str_offs;  /* storage for every string array's offsets */
+    uint64_t *str_offs; /* storage for every string array's offsets */
     size_t str_offs_count;
-    uint32_t *kv_hash;   /* open addressing: index+1, 0 = empty */
+    uint32_t *kv_hash; /* open addressing: index+1, 0 = empty */
     uint32_t *t_hash;
     size_t kv_hcap, t_hcap;
 };
@@ -65,8 +65,8 @@ struct lt_gguf {
  * not read are still bounds-checked; a type missing here only has its offset checked. */
 typedef struct ggml_type_info {
     const char *name;
-    int lt;              /* lt_dtype, or -1 when longtune does not read it */
-    int block_elems;     /* 0 when the size is not known here */
+    int lt;          /* lt_dtype, or -1 when longtune does not read it */
+    int block_elems; /* 0 when the size is not known here */
     int block_bytes;
 } ggml_type_info;
 
@@ -131,17 +131,24 @@ static int cur_str(cursor *c, const char **s, uint64_t *len) {
 
 static uint64_t scalar_size(uint32_t t) {
     switch (t) {
-    case LT_GGUF_U8: case LT_GGUF_I8: case LT_GGUF_BOOL: return 1;
-    case LT_GGUF_U16: case LT_GGUF_I16: return 2;
-    case LT_GGUF_U32: case LT_GGUF_I32: case LT_GGUF_F32: return 4;
-    case LT_GGUF_U64: case LT_GGUF_I64: case LT_GGUF_F64: return 8;
+    case LT_GGUF_U8:
+    case LT_GGUF_I8:
+    case LT_GGUF_BOOL: return 1;
+    case LT_GGUF_U16:
+    case LT_GGUF_I16: return 2;
+    case LT_GGUF_U32:
+    case LT_GGUF_I32:
+    case LT_GGUF_F32: return 4;
+    case LT_GGUF_U64:
+    case LT_GGUF_I64:
+    case LT_GGUF_F64: return 8;
     default: return 0;
     }
 }
 
 static const char *type_name(uint32_t t) {
-    static const char *const names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool",
-                                        "string", "array", "u64", "i64", "f64"};
+    static const char *const names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                        "bool", "string", "array", "u64", "i64", "f64"};
     return t < LT_GGUF_TYPE_COUNT_ ? names[t] : "unknown";
 }
 
@@ -201,8 +208,7 @@ static void *alloc_table(lt_ctx *ctx, size_t bytes, const char *what) {
 
 /* Walks one value of type `t` at the cursor (validating it); for string arrays also counts the
  * elements so the offsets table can be sized. */
-static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_kv *kv,
-                                uint64_t *n_str_elems) {
+static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_kv *kv, uint64_t *n_str_elems) {
     const char *kn = kv->key;
     int kl = kv->key_len > 200 ? 200 : (int)kv->key_len;
     kv->val = c->p + c->pos;
@@ -239,8 +245,8 @@ static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_k
             return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': unknown array element type %u", path, kl, kn,
                             kv->elem_type);
         if (kv->count > (c->size - c->pos) / es)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': array of %llu %s runs past the end of the file",
-                            path, kl, kn, (unsigned long long)kv->count, type_name(kv->elem_type));
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': array of %llu %s runs past the end of the file", path,
+                            kl, kn, (unsigned long long)kv->count, type_name(kv->elem_type));
         c->pos += (size_t)(kv->count * es);
         return LT_OK;
     }
@@ -259,8 +265,7 @@ static lt_status gguf_parse(lt_ctx *ctx, const char *path, lt_gguf *g) {
     if (!cur_u32(&c, &magic) || memcmp(g->map, "GGUF", 4) != 0)
         return lt_error(ctx, LT_ERR_FORMAT, "%s: not a GGUF file (bad magic)", path);
     (void)magic;
-    if (!cur_u32(&c, &g->version))
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: truncated header", path);
+    if (!cur_u32(&c, &g->version)) return lt_error(ctx, LT_ERR_FORMAT, "%s: truncated header", path);
     if (g->version == 0x02000000u || g->version == 0x03000000u)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: big-endian GGUF is not supported", path);
     if (g->version == 1)
@@ -360,8 +365,7 @@ static lt_status gguf_parse(lt_ctx *ctx, const char *path, lt_gguf *g) {
             return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor %llu: empty name or name with a NUL byte", path,
                             (unsigned long long)i);
         uint32_t nd;
-        if (!cur_u32(&c, &nd))
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': truncated info", path, kl, nm);
+        if (!cur_u32(&c, &nd)) return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': truncated info", path, kl, nm);
         if (nd == 0 || nd > GGUF_MAX_DIMS)
             return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': %u dimensions (expected 1..%d)", path, kl, nm, nd,
                             GGUF_MAX_DIMS);
@@ -372,23 +376,25 @@ static lt_status gguf_parse(lt_ctx *ctx, const char *path, lt_gguf *g) {
             if (!cur_u64(&c, &ne))
                 return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': truncated info", path, kl, nm);
             if (ne > (uint64_t)INT64_MAX || (ne && (uint64_t)numel > (uint64_t)INT64_MAX / ne))
-                return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': dimension %u = %llu overflows", path, kl, nm,
-                                d, (unsigned long long)ne);
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': dimension %u = %llu overflows", path, kl, nm, d,
+                                (unsigned long long)ne);
             t->ne[d] = (int64_t)ne;
             numel *= (int64_t)ne;
         }
         if (!cur_u32(&c, &t->ggml_type) || !cur_u64(&c, &t->offset))
             return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': truncated info", path, kl, nm);
         if (t->offset % g->alignment)
-            return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': offset %llu is not a multiple of the alignment %llu",
-                            path, kl, nm, (unsigned long long)t->offset, (unsigned long long)g->alignment);
+            return lt_error(ctx, LT_ERR_FORMAT,
+                            "%s: tensor '%.*s': offset %llu is not a multiple of the alignment %llu", path, kl, nm,
+                            (unsigned long long)t->offset, (unsigned long long)g->alignment);
         ggml_type_info ti = ggml_type(t->ggml_type);
         t->nbytes = -1;
         if (ti.block_elems) {
             int64_t be = ti.block_elems;
             if (t->ne[0] % be)
-                return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': row length %lld is not a multiple of the %s block (%lld)",
-                                path, kl, nm, (long long)t->ne[0], ti.name, (long long)be);
+                return lt_error(ctx, LT_ERR_FORMAT,
+                                "%s: tensor '%.*s': row length %lld is not a multiple of the %s block (%lld)", path, kl,
+                                nm, (long long)t->ne[0], ti.name, (long long)be);
             int64_t bb = ti.block_bytes, blocks = numel / be;
             if (blocks > INT64_MAX / bb)
                 return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%.*s': byte size overflows", path, kl, nm);
@@ -489,17 +495,71 @@ static lt_status need_kv(lt_ctx *ctx, const lt_gguf *g, const char *key, const g
 static int read_scalar(uint32_t t, const uint8_t *p, int64_t *i, uint64_t *u, int *is_signed, double *f) {
     *is_signed = 1;
     switch (t) {
-    case LT_GGUF_U8: *u = *p; *is_signed = 0; return 1;
-    case LT_GGUF_BOOL: *u = *p != 0; *is_signed = 0; return 1;
-    case LT_GGUF_I8: { int8_t v; memcpy(&v, p, 1); *i = v; return 1; }
-    case LT_GGUF_U16: { uint16_t v; memcpy(&v, p, 2); *u = v; *is_signed = 0; return 1; }
-    case LT_GGUF_I16: { int16_t v; memcpy(&v, p, 2); *i = v; return 1; }
-    case LT_GGUF_U32: { uint32_t v; memcpy(&v, p, 4); *u = v; *is_signed = 0; return 1; }
-    case LT_GGUF_I32: { int32_t v; memcpy(&v, p, 4); *i = v; return 1; }
-    case LT_GGUF_U64: { uint64_t v; memcpy(&v, p, 8); *u = v; *is_signed = 0; return 1; }
-    case LT_GGUF_I64: { int64_t v; memcpy(&v, p, 8); *i = v; return 1; }
-    case LT_GGUF_F32: { float v; memcpy(&v, p, 4); *f = v; return 2; }
-    case LT_GGUF_F64: { double v; memcpy(&v, p, 8); *f = v; return 2; }
+    case LT_GGUF_U8:
+        *u = *p;
+        *is_signed = 0;
+        return 1;
+    case LT_GGUF_BOOL:
+        *u = *p != 0;
+        *is_signed = 0;
+        return 1;
+    case LT_GGUF_I8: {
+        int8_t v;
+        memcpy(&v, p, 1);
+        *i = v;
+        return 1;
+    }
+    case LT_GGUF_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *u = v;
+        *is_signed = 0;
+        return 1;
+    }
+    case LT_GGUF_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *i = v;
+        return 1;
+    }
+    case LT_GGUF_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        *u = v;
+        *is_signed = 0;
+        return 1;
+    }
+    case LT_GGUF_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *i = v;
+        return 1;
+    }
+    case LT_GGUF_U64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        *u = v;
+        *is_signed = 0;
+        return 1;
+    }
+    case LT_GGUF_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        *i = v;
+        return 1;
+    }
+    case LT_GGUF_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        *f = v;
+        return 2;
+    }
+    case LT_GGUF_F64: {
+        double v;
+        memcpy(&v, p, 8);
+        *f = v;
+        return 2;
+    }
     default: return 0;
     }
 }
@@ -585,8 +645,7 @@ lt_status lt_gguf_get_type(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gg
     return LT_OK;
 }
 
-lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type,
-                            uint64_t *count) {
+lt_status lt_gguf_get_array(lt_ctx *ctx, const lt_gguf *g, const char *key, lt_gguf_type *elem_type, uint64_t *count) {
     const gguf_kv *kv;
     LT_TRY(need_kv(ctx, g, key, &kv));
     if (kv->type != LT_GGUF_ARRAY)
@@ -606,8 +665,7 @@ static lt_status need_elem(lt_ctx *ctx, const lt_gguf *g, const char *key, uint6
     return LT_OK;
 }
 
-lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s,
-                            size_t *len) {
+lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, const char **s, size_t *len) {
     const gguf_kv *kv;
     LT_TRY(need_elem(ctx, g, key, i, &kv));
     if (kv->elem_type != LT_GGUF_STRING)
@@ -651,8 +709,7 @@ uint32_t lt_gguf_version(const lt_gguf *g) { return g->version; }
 uint64_t lt_gguf_alignment(const lt_gguf *g) { return g->alignment; }
 int64_t lt_gguf_kv_count(const lt_gguf *g) { return (int64_t)g->n_kv; }
 
-lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const char **key, size_t *len,
-                         lt_gguf_type *type) {
+lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const char **key, size_t *len, lt_gguf_type *type) {
     if (i < 0 || (uint64_t)i >= g->n_kv)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "GGUF metadata index %lld out of range (%llu entries)", (long long)i,
                         (unsigned long long)g->n_kv);
@@ -690,8 +747,10 @@ lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, l
     ggml_type_info ti = ggml_type(t->ggml_type);
     if (ti.lt < 0) {
         if (ti.name)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tensor '%s' has ggml type %s, which longtune does not read "
-                            "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)", name, ti.name);
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "GGUF tensor '%s' has ggml type %s, which longtune does not read "
+                            "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                            name, ti.name);
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tensor '%s' has unknown ggml type %u", name, t->ggml_type);
     }
     int64_t shape[GGUF_MAX_DIMS];

@@ -27,7 +27,7 @@ typedef struct st_shard {
 } st_shard;
 
 typedef struct st_entry {
-    char *name;      /* into the names arena */
+    char *name; /* into the names arena */
     lt_dtype dtype;
     int ndim;
     int64_t shape[LT_MAX_DIMS];
@@ -41,9 +41,9 @@ struct lt_safetensors {
     int n_shards;
     st_entry *entries;
     int64_t n, cap;
-    char *names;        /* arena of NUL-terminated names and metadata strings */
+    char *names; /* arena of NUL-terminated names and metadata strings */
     size_t names_used, names_cap;
-    char **meta;        /* key/value pairs into the arena (first shard's __metadata__) */
+    char **meta; /* key/value pairs into the arena (first shard's __metadata__) */
     int64_t n_meta, meta_cap;
 };
 
@@ -247,8 +247,7 @@ static lt_status load_shard(lt_ctx *ctx, lt_safetensors *st, const char *path) {
         uint64_t esz = (uint64_t)lt_dtype_block_bytes(e.dtype);
         if (numel > UINT64_MAX / esz || numel * esz != (uint64_t)o1 - (uint64_t)o0) {
             s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': %llu bytes of data for %llu %s elements", path, name,
-                         (unsigned long long)((uint64_t)o1 - (uint64_t)o0), (unsigned long long)numel,
-                         dt->valuestring);
+                         (unsigned long long)((uint64_t)o1 - (uint64_t)o0), (unsigned long long)numel, dt->valuestring);
             goto done;
         }
         e.shard = shard;
@@ -379,8 +378,8 @@ static lt_status load_index(lt_ctx *ctx, lt_safetensors *st, const char *index_p
         }
         const char *sp = st->shards[st->entries[i].shard].path;
         if (!ends_with(sp, it->valuestring)) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s' is in %s, the index says %s", index_path, it->string,
-                         sp, it->valuestring);
+            s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s' is in %s, the index says %s", index_path, it->string, sp,
+                         it->valuestring);
             break;
         }
     }
@@ -504,8 +503,8 @@ lt_status lt_safetensors_write(lt_ctx *ctx, const char *path, const lt_safetenso
             goto done;
         }
         if (!dt || !lt_tensor_is_contiguous(t) || t->device != LT_DEVICE_CPU) {
-            s = lt_error(ctx, LT_ERR_INVALID_ARG, "%s: tensor '%s' must be a contiguous host F32/F16/BF16 tensor",
-                         path, name);
+            s = lt_error(ctx, LT_ERR_INVALID_ARG, "%s: tensor '%s' must be a contiguous host F32/F16/BF16 tensor", path,
+                         name);
             goto done;
         }
         if (cJSON_GetObjectItemCaseSensitive(root, name)) {
@@ -551,7 +550,8 @@ lt_status lt_safetensors_write(lt_ctx *ctx, const char *path, const lt_safetenso
     }
     if ((s = write_all(ctx, fd, hdr, 8 + hl, tmp)) != LT_OK) goto done;
     for (int64_t i = 0; i < n; i++)
-        if ((s = write_all(ctx, fd, entries[i].tensor.data, (size_t)lt_tensor_nbytes(&entries[i].tensor), tmp)) != LT_OK)
+        if ((s = write_all(ctx, fd, entries[i].tensor.data, (size_t)lt_tensor_nbytes(&entries[i].tensor), tmp)) !=
+            LT_OK)
             goto done;
     if (fsync(fd) != 0) {
         s = lt_error(ctx, LT_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));

@@ -21,8 +21,7 @@ static lt_status get_int(lt_ctx *ctx, const char *path, const cJSON *root, const
         if (required) return lt_error(ctx, LT_ERR_FORMAT, "%s: missing key \"%s\"", path, key);
         return LT_OK;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-        v->valuedouble > 4.0e15)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 4.0e15)
         return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
     *out = (int64_t)v->valuedouble;
     return LT_OK;

@@ -8,14 +8,14 @@
 #include "longtune/alloc.h"
 #include "model/model_internal.h"
 
-static const char *const proj_names[LT_PROJ_COUNT_] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                      "gate_proj", "up_proj", "down_proj"};
+static const char *const proj_names[LT_PROJ_COUNT_] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                       "gate_proj", "up_proj", "down_proj"};
 
 const char *lt_proj_name(lt_proj p) { return (unsigned)p < LT_PROJ_COUNT_ ? proj_names[p] : "unknown"; }
 
 const char *lt_mem_class_name(lt_mem_class c) {
-    static const char *const n[LT_MEM_CLASS_COUNT_] = {"weights", "lora", "grads", "activations", "transients",
-                                                       "workspace"};
+    static const char *const n[LT_MEM_CLASS_COUNT_] = {"weights",     "lora",       "grads",
+                                                       "activations", "transients", "workspace"};
     return (unsigned)c < LT_MEM_CLASS_COUNT_ ? n[c] : "unknown";
 }
 
@@ -44,9 +44,7 @@ lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_
     return o;
 }
 
-size_t lt_model_meta_bytes(const lt_model_config *cfg) {
-    return sizeof(lt_model) + (size_t)cfg->L * sizeof(lt_layer);
-}
+size_t lt_model_meta_bytes(const lt_model_config *cfg) { return sizeof(lt_model) + (size_t)cfg->L * sizeof(lt_layer); }
 
 /* Bump allocator over offsets: returns the `align`-aligned offset of a piece of `bytes` and
  * advances. Saturates at SIZE_MAX so an overflow is caught once at the end. */
@@ -207,16 +205,18 @@ typedef struct run_shape {
     const lt_model_config *c;
     lt_lora_options lo;
     const lt_model_run_options *run;
-    const lt_backend *be;    /* of run->device: its kernels' workspace sizes */
-    lt_layer_desc wd;        /* the widest layer (what a store slot must hold) */
-    int64_t B, T, N, K, k;   /* K LoRA layers, k layers per recompute segment */
-    int64_t qd, kvd;         /* H·D, Hkv·D */
-    size_t al, es;           /* piece alignment; bytes of a saved element */
+    const lt_backend *be;  /* of run->device: its kernels' workspace sizes */
+    lt_layer_desc wd;      /* the widest layer (what a store slot must hold) */
+    int64_t B, T, N, K, k; /* K LoRA layers, k layers per recompute segment */
+    int64_t qd, kvd;       /* H·D, Hkv·D */
+    size_t al, es;         /* piece alignment; bytes of a saved element */
     int fwd_only, keep_mlp;
 } run_shape;
 
 /* bytes rounded up to al, saturating. */
-static size_t round_up(size_t bytes, size_t al) { return bytes > SIZE_MAX - al ? SIZE_MAX : (bytes + al - 1) / al * al; }
+static size_t round_up(size_t bytes, size_t al) {
+    return bytes > SIZE_MAX - al ? SIZE_MAX : (bytes + al - 1) / al * al;
+}
 
 /* Frozen weights, LoRA parameters and their gradients: what lt_model_load allocates. */
 static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in, lt_layout *o,
@@ -297,7 +297,8 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
         o->n_act_stores = 0, o->n_tr_stores = r->k, o->n_ckpt = (r->K + r->k - 1) / r->k;
     }
     if (run->offload_ckpt && !r->fwd_only && run->recompute == LT_RECOMPUTE_NONE)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: checkpoint offload needs a recompute policy (all or "
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model run: checkpoint offload needs a recompute policy (all or "
                         "every:K): without one there are no checkpoints to offload");
     /* Offload keeps two slots on the device and the rest on the host (see lt_layout.offload); with
      * two checkpoints or fewer there is nothing to move. */
@@ -358,10 +359,8 @@ static void layout_transients(const run_shape *r, lt_layout *o) {
     o->rstd_f = carve_aligned(&cur, nb(r->N, 4), al);
     o->lse_f = carve_aligned(&cur, nb(r->N, 4), al);
     o->tloss = carve_aligned(&cur, nb(r->N, 4), al);
-    if (o->device == LT_DEVICE_CPU)
-        o->pos = carve_aligned(&cur, nb(r->N, 4), al);
-    else
-        o->inputs = carve_aligned(&cur, o->in_bytes, al);
+    if (o->device == LT_DEVICE_CPU) o->pos = carve_aligned(&cur, nb(r->N, 4), al);
+    else o->inputs = carve_aligned(&cur, o->in_bytes, al);
     if (o->attn_batch_bytes) o->attn_batch = carve_aligned(&cur, nb(o->n_attn_batch, o->attn_batch_bytes), al);
     o->class_bytes[LT_MEM_TRANSIENTS] = cur;
 }
@@ -446,8 +445,8 @@ static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
         size_t w = r->be->matmul_workspace_bytes(c->proj_dtype[p], out, in, o->chunk, o->threads);
         if (w > mm) mm = w;
     }
-    size_t wh = r->be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, r->N,
-                                              o->threads);
+    size_t wh =
+        r->be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, r->N, o->threads);
     return wh > mm ? wh : mm;
 }
 

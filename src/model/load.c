@@ -22,8 +22,8 @@ typedef struct source {
     const char *path;
     lt_safetensors *st;
     lt_gguf *gg;
-    int permute_qk;        /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
-    int has_rope_factors;  /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+    int permute_qk;       /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
+    int has_rope_factors; /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
 } source;
 
 static void close_source(lt_ctx *ctx, source *s) {
@@ -38,8 +38,8 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-static const char *const gguf_proj[LT_PROJ_COUNT_] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                     "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const gguf_proj[LT_PROJ_COUNT_] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                      "ffn_gate", "ffn_up", "ffn_down"};
 
 static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n) {
     long long l = (long long)p->layer;
@@ -167,8 +167,8 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     lt_ctx_clear_error(ctx);
     s->has_rope_factors = lt_gguf_find_tensor(ctx, s->gg, "rope_freqs.weight", &t) == LT_OK;
     lt_ctx_clear_error(ctx);
-    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 ||
-        c->H % c->Hkv || c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
+    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 || c->H % c->Hkv ||
+        c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
         return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent GGUF hyper-parameters", s->path);
     return LT_OK;
 }
@@ -186,7 +186,8 @@ static lt_dtype held_head(lt_dtype file, lt_device dev) {
     return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file;
 }
 
-static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s, lt_model_config *c) {
+static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s,
+                             lt_model_config *c) {
     memset(s, 0, sizeof *s);
     memset(c, 0, sizeof *c);
     s->path = path;
@@ -222,16 +223,17 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
             LT_TRY(find(ctx, s, name, &t));
             if (l == 0) first = t.dtype;
             else if (t.dtype != first)
-                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: '%s' is %s but layer 0's is %s (mixed dtypes per projection)",
-                                path, name, lt_dtype_name(t.dtype), lt_dtype_name(first));
+                return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                "%s: '%s' is %s but layer 0's is %s (mixed dtypes per projection)", path, name,
+                                lt_dtype_name(t.dtype), lt_dtype_name(first));
         }
         c->proj_dtype[k] = held_proj(first, opt && opt->quantize);
         if (c->proj_dtype[k] == LT_DTYPE_INT4_G64 && first != LT_DTYPE_INT4_G64) {
             int64_t o, in;
             lt_model_proj_shape(c, (lt_proj)k, &o, &in);
             if (in % 64)
-                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: --quantize needs %s rows of a multiple of 64, got %lld", path,
-                                lt_proj_name((lt_proj)k), (long long)in);
+                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: --quantize needs %s rows of a multiple of 64, got %lld",
+                                path, lt_proj_name((lt_proj)k), (long long)in);
         }
     }
     p.kind = LT_W_EMBED;
@@ -268,8 +270,8 @@ typedef struct copy_job {
     source *src;
     lt_model *m;
     uint8_t *block;
-    float *row;        /* widest row, for conversions */
-    uint8_t *stage;    /* device loads: stage_bytes of host staging; NULL = write in place */
+    float *row;     /* widest row, for conversions */
+    uint8_t *stage; /* device loads: stage_bytes of host staging; NULL = write in place */
     size_t stage_bytes;
     lt_status status;
 } copy_job;
@@ -289,7 +291,10 @@ static void flush(copy_job *j, uint8_t *dst, int64_t r0, int64_t n, size_t rb) {
 static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     lt_tensor view = lt_tensor_view(dst, p->dtype, m->opt.device, p->ndim, p->shape);
     switch (p->kind) {
-    case LT_W_EMBED: m->embed = view; if (m->cfg.tie_embeddings) m->head = view; break;
+    case LT_W_EMBED:
+        m->embed = view;
+        if (m->cfg.tie_embeddings) m->head = view;
+        break;
     case LT_W_HEAD: m->head = view; break;
     case LT_W_FINAL_NORM: m->final_norm = (float *)dst; break;
     case LT_W_INV_FREQ: m->inv_freq = (float *)dst; break;
@@ -372,7 +377,8 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
     int64_t D = j->m->cfg.D;
     int64_t chunk = rows; /* rows per staging round */
-    if (j->stage) chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
+    if (j->stage)
+        chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
     int64_t r0 = 0;
     for (int64_t r = 0; r < rows; r++) {
         if (r - r0 == chunk) {
@@ -437,14 +443,17 @@ void lt_model_free(lt_ctx *ctx, lt_model *m) {
 }
 
 lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev) {
-    if ((unsigned)dev >= LT_DEVICE_COUNT_) return lt_error(ctx, LT_ERR_INVALID_ARG, "model: unknown device %d", (int)dev);
+    if ((unsigned)dev >= LT_DEVICE_COUNT_)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: unknown device %d", (int)dev);
     if (dev == LT_DEVICE_CPU) return LT_OK;
     if (!lt_backend_get(dev))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: device cuda requested, but this build has no CUDA backend "
-                                                 "(it was configured without nvcc)");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: device cuda requested, but this build has no CUDA backend "
+                        "(it was configured without nvcc)");
     if (lt_sys_cuda().count <= 0)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: device cuda requested, but no CUDA device is visible on this "
-                                                 "machine (driver missing or CUDA_VISIBLE_DEVICES empty)");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model: device cuda requested, but no CUDA device is visible on this "
+                        "machine (driver missing or CUDA_VISIBLE_DEVICES empty)");
     return LT_OK;
 }
 

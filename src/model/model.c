@@ -40,7 +40,12 @@ static void free_run(lt_ctx *ctx, lt_model *m) {
 }
 
 lt_cp_attention_params lt_model_cp_params(const lt_model *m, int64_t T_local) {
-    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp), m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, m->run.attention,
+    lt_cp_attention_params p = {T_local * lt_comm_size(m->cp),
+                                m->cfg.H,
+                                m->cfg.Hkv,
+                                m->cfg.D,
+                                0,
+                                m->run.attention,
                                 m->lay.attn_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32};
     return p;
 }
@@ -71,8 +76,8 @@ static void resolve_attn_path(lt_model *m) {
 
 /* The activation, transient and workspace blocks of lay. */
 static lt_status alloc_blocks(lt_ctx *ctx, lt_model *m, const lt_layout *lay) {
-    static const char *const what[LT_MEM_CLASS_COUNT_] = {"", "", "", "model activations", "model transients",
-                                                          "model workspace"};
+    static const char *const what[LT_MEM_CLASS_COUNT_] =
+        {"", "", "", "model activations", "model transients", "model workspace"};
     for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) {
         if (!lay->class_bytes[c]) continue;
         if (!(m->block[c] = lt_alloc(ctx, m->opt.device, lay->class_bytes[c], what[c]))) return lt_ctx_status(ctx);
@@ -174,20 +179,24 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
     int world = lt_comm_size(comm), on = comm && (world > 1 || lt_cp_env_forced());
     if (on) {
         if (lt_comm_device(comm) != m->opt.device)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel over a %s communicator needs a model on "
-                            "its device (host: MPI; CUDA: NCCL)", lt_comm_backend_name(lt_comm_get_backend(comm)));
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "model: context parallel over a %s communicator needs a model on "
+                            "its device (host: MPI; CUDA: NCCL)",
+                            lt_comm_backend_name(lt_comm_get_backend(comm)));
         lt_cp_attention_params p = {2 * world, m->cfg.H, m->cfg.Hkv, m->cfg.D, 0, LT_ATTENTION_AUTO, LT_DTYPE_F32};
         int kind = lt_cp_choose(&p, world, m->opt.device);
         if (kind < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel on this device needs Ulysses attention, "
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "model: context parallel on this device needs Ulysses attention, "
                             "which splits Hkv = %lld key/value heads over the %d ranks (not a multiple)",
                             (long long)m->cfg.Hkv, world);
         for (int64_t l = 0; l < m->cfg.L; l++) {
             const lt_layer_desc *d = &m->layers[l].desc;
             if (d->window != 0 || d->softcap != 0.0f)
-                return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: context parallel attention has no sliding window or "
-                                "softcap (layer %lld has %s%s)", (long long)l, lt_attn_kind_name(d->attn),
-                                d->softcap != 0.0f ? " with a softcap" : "");
+                return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                "model: context parallel attention has no sliding window or "
+                                "softcap (layer %lld has %s%s)",
+                                (long long)l, lt_attn_kind_name(d->attn), d->softcap != 0.0f ? " with a softcap" : "");
         }
         m->cp_kind = kind;
     }
@@ -210,8 +219,8 @@ void lt_model_zero_grads(lt_model *m) {
 
 static lt_status lora_range(lt_ctx *ctx, const lt_model *m, int64_t offset, int64_t n) {
     if (offset < 0 || n < 0 || offset > m->lay.n_lora || n > m->lay.n_lora - offset)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "lora: range [%lld, %lld) outside the %lld parameters", (long long)offset,
-                        (long long)(offset + n), (long long)m->lay.n_lora);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lora: range [%lld, %lld) outside the %lld parameters",
+                        (long long)offset, (long long)(offset + n), (long long)m->lay.n_lora);
     return LT_OK;
 }
 
@@ -236,7 +245,8 @@ int64_t lt_model_lora_count(const lt_model *m) {
 
 lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out) {
     int64_t n = lt_model_lora_count(m);
-    if (i < 0 || i >= n) return lt_error(ctx, LT_ERR_INVALID_ARG, "lora tensor %lld outside [0, %lld)", (long long)i, (long long)n);
+    if (i < 0 || i >= n)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lora tensor %lld outside [0, %lld)", (long long)i, (long long)n);
     memset(out, 0, sizeof *out);
     int64_t per_layer = n / m->lora.num_layers, j = i % per_layer;
     int64_t l = m->l0 + i / per_layer;
@@ -262,4 +272,3 @@ lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lor
              p <= LT_PROJ_O ? "self_attn" : "mlp", lt_proj_name((lt_proj)p), is_b ? 'B' : 'A');
     return LT_OK;
 }
-

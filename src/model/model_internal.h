@@ -28,15 +28,23 @@ lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_
 
 /* The frozen tensors in the order they are carved from the weights block. */
 typedef enum lt_wkind {
-    LT_W_EMBED = 0, LT_W_HEAD, LT_W_FINAL_NORM, LT_W_INV_FREQ, LT_W_PROJ, LT_W_BIAS, LT_W_ATTN_NORM,
-    LT_W_MLP_NORM, LT_W_Q_NORM, LT_W_K_NORM
+    LT_W_EMBED = 0,
+    LT_W_HEAD,
+    LT_W_FINAL_NORM,
+    LT_W_INV_FREQ,
+    LT_W_PROJ,
+    LT_W_BIAS,
+    LT_W_ATTN_NORM,
+    LT_W_MLP_NORM,
+    LT_W_Q_NORM,
+    LT_W_K_NORM
 } lt_wkind;
 
 typedef struct lt_wpiece {
     lt_wkind kind;
-    int64_t layer;        /* -1 for model-level tensors */
-    int which;            /* lt_proj for LT_W_PROJ; 0/1/2 = q/k/v for LT_W_BIAS */
-    lt_dtype dtype;       /* in memory */
+    int64_t layer;  /* -1 for model-level tensors */
+    int which;      /* lt_proj for LT_W_PROJ; 0/1/2 = q/k/v for LT_W_BIAS */
+    lt_dtype dtype; /* in memory */
     int ndim;
     int64_t shape[2];
     size_t offset, bytes; /* in the weights block */
@@ -51,28 +59,28 @@ size_t lt_model_weights_walk(const lt_model_config *cfg, void (*fn)(void *arg, c
  * position-wise work reruns them a chunk of rows at a time. Offsets (bytes) inside a store, or
  * pointers. */
 typedef struct lt_store {
-    float *x_in;             /* (N, C) layer input; NULL when the layer's checkpoint is its input
+    float *x_in;          /* (N, C) layer input; NULL when the layer's checkpoint is its input
                                 (lt_layout.resid_ckpt) or in a forward-only run (in place) */
-    float *q_raw, *k_raw;    /* (N, H·D), (N, Hkv·D) before the per-head norm (desc.qk_norm; bf16
+    float *q_raw, *k_raw; /* (N, H·D), (N, Hkv·D) before the per-head norm (desc.qk_norm; bf16
                                 elements under attn_bf16, read only by the norm's backward) */
     /* Attention's inputs and output hold bf16 elements when the layout's attn_bf16 says so (the
      * attention reads and writes them directly), else f32. */
-    float *q, *k, *v;        /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
-    float *att;              /* (N, H·D) attention output */
-    float *lse;              /* (B, H, T) attention log-sum-exp */
-    float *x_mid;            /* (N, C) residual after attention (bf16 under attn_bf16) */
-    float *g, *u;            /* (N, F) gate and up projections: only without recompute (the
+    float *q, *k, *v;          /* after norm and RoPE: (N, H·D), (N, Hkv·D), (N, Hkv·D) */
+    float *att;                /* (N, H·D) attention output */
+    float *lse;                /* (B, H, T) attention log-sum-exp */
+    float *x_mid;              /* (N, C) residual after attention (bf16 under attn_bf16) */
+    float *g, *u;              /* (N, F) gate and up projections: only without recompute (the
                                 stores of every layer live through the step, so the backward
                                 reads them instead of rerunning two GEMMs); NULL otherwise */
-    float *rstd1, *rstd2;    /* (N) */
-    float *rstd_q, *rstd_k;  /* (N·H), (N·Hkv), desc.qk_norm only */
+    float *rstd1, *rstd2;      /* (N) */
+    float *rstd_q, *rstd_k;    /* (N·H), (N·Hkv), desc.qk_norm only */
     float *lu[LT_PROJ_COUNT_]; /* (N, r) LoRA down-projections x·Aᵀ of targeted projections */
 } lt_store;
 
 /* Byte offsets of the pieces of each class block, and the class sizes. */
 typedef struct lt_layout {
-    size_t store_bytes;              /* one lt_store */
-    lt_store store_off;              /* offsets within a store, as pointers from NULL */
+    size_t store_bytes; /* one lt_store */
+    lt_store store_off; /* offsets within a store, as pointers from NULL */
     int64_t n_act_stores, n_tr_stores, n_ckpt;
     /* Checkpoints: n_ckpt layer inputs (N, C) of `saved_dtype` (f32 or bf16), `ckpt_stride`
      * bytes apart, at `ckpt` in the activation block. A layer always runs on the f32 x_in of its
@@ -145,8 +153,8 @@ typedef struct lt_layout {
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
     int threads;
-    lt_device device;                /* of the run part */
-    size_t align;                    /* of the run pieces: 64 host, 256 device (cudaMalloc's) */
+    lt_device device; /* of the run part */
+    size_t align;     /* of the run pieces: 64 host, 256 device (cudaMalloc's) */
 } lt_layout;
 
 /* Pure: the layout for (cfg, lora, run). run may be NULL (weights, LoRA and grads only). */
@@ -164,13 +172,13 @@ void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);
 void lt_model_release_offload(lt_ctx *ctx, struct lt_model *m);
 
 typedef struct lt_layer {
-    lt_layer_desc desc;                /* what the layer is (lt_model_describe_layer at load) */
-    lt_tensor w[LT_PROJ_COUNT_];       /* frozen (out, in) */
-    float *bias[3];                    /* q, k, v biases (desc.qkv_bias), f32; else NULL */
-    float *attn_norm, *mlp_norm;       /* (C) */
-    float *q_norm, *k_norm;            /* (D), desc.qk_norm; else NULL */
+    lt_layer_desc desc;          /* what the layer is (lt_model_describe_layer at load) */
+    lt_tensor w[LT_PROJ_COUNT_]; /* frozen (out, in) */
+    float *bias[3];              /* q, k, v biases (desc.qkv_bias), f32; else NULL */
+    float *attn_norm, *mlp_norm; /* (C) */
+    float *q_norm, *k_norm;      /* (D), desc.qk_norm; else NULL */
     int has_lora;
-    float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_];  /* NULL when not targeted */
+    float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];
 } lt_layer;
 
@@ -187,19 +195,19 @@ struct lt_model {
     lt_lora_options lora;
     lt_model_options opt;
     const lt_backend *be;
-    lt_layer *layers;       /* (L), host bookkeeping (accounted) */
-    lt_tensor embed, head;  /* head aliases embed when tied */
-    float *final_norm;      /* (C) */
-    float *inv_freq;        /* (D/2) */
-    float lora_scale;       /* alpha / r */
-    int64_t l0;             /* first LoRA layer */
-    lt_layout lay;          /* of the prepared run (weights/lora fields valid from load) */
+    lt_layer *layers;      /* (L), host bookkeeping (accounted) */
+    lt_tensor embed, head; /* head aliases embed when tied */
+    float *final_norm;     /* (C) */
+    float *inv_freq;       /* (D/2) */
+    float lora_scale;      /* alpha / r */
+    int64_t l0;            /* first LoRA layer */
+    lt_layout lay;         /* of the prepared run (weights/lora fields valid from load) */
     lt_model_run_options run;
     int prepared;
     uint8_t *block[LT_MEM_CLASS_COUNT_];
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
-    uint8_t *host_inputs;   /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    uint8_t *host_inputs;       /* device runs: host staging of the inputs piece (lay.in_bytes) */
     uint8_t *host_inputs_block; /* the lt_alloc block (host_inputs_bytes) holding it on whole pages of
                                    its own: pinned by the backend (host_register), a range must not
                                    share a page with another pinned range */
@@ -211,8 +219,8 @@ struct lt_model {
     size_t cp_ws_bytes;
     lt_model_grad_ready_fn grad_ready; /* lt_model_set_grad_ready */
     void *grad_ready_arg;
-    uint8_t *offload;       /* lay.offload: the host block of offloaded checkpoints */
-    void *xfer;             /* lay.offload: the backend's copy queue */
+    uint8_t *offload; /* lay.offload: the host block of offloaded checkpoints */
+    void *xfer;       /* lay.offload: the backend's copy queue */
 };
 
 /* Host bookkeeping of a loaded model (the struct and its layer table), counted in the weights

@@ -10,17 +10,14 @@
 #include "longtune/plan.h"
 
 static const char *const class_names[LT_PLAN_CLASS_COUNT_] = {
-    "frozen_weights", "lora_params", "lora_grads", "activations",
-    "transients",     "workspace",   "optimizer_state", "held",
+    "frozen_weights", "lora_params", "lora_grads", "activations", "transients", "workspace", "optimizer_state", "held",
 };
 
 const char *lt_plan_class_name(lt_plan_class c) {
     return (unsigned)c < LT_PLAN_CLASS_COUNT_ ? class_names[c] : "unknown";
 }
 
-const char *lt_plan_attention_name(lt_attention_impl a) {
-    return a == LT_ATTENTION_NAIVE ? "naive" : "flash";
-}
+const char *lt_plan_attention_name(lt_attention_impl a) { return a == LT_ATTENTION_NAIVE ? "naive" : "flash"; }
 
 const char *lt_plan_loss_name(lt_lce_impl l) {
     switch (l) {
@@ -31,12 +28,9 @@ const char *lt_plan_loss_name(lt_lce_impl l) {
 }
 
 const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n) {
-    if (r == LT_RECOMPUTE_EVERY)
-        snprintf(buf, n, "all");
-    else if (r == LT_RECOMPUTE_EVERY_K)
-        snprintf(buf, n, "every:%lld", (long long)(k > 0 ? k : 2));
-    else
-        snprintf(buf, n, "none");
+    if (r == LT_RECOMPUTE_EVERY) snprintf(buf, n, "all");
+    else if (r == LT_RECOMPUTE_EVERY_K) snprintf(buf, n, "every:%lld", (long long)(k > 0 ? k : 2));
+    else snprintf(buf, n, "none");
     return buf;
 }
 
@@ -61,8 +55,7 @@ lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, i
             return LT_OK;
         }
     }
-    return lt_error(ctx, LT_ERR_INVALID_ARG,
-                    "recompute policy '%s': expected none, all or every:K with K >= 1", s);
+    return lt_error(ctx, LT_ERR_INVALID_ARG, "recompute policy '%s': expected none, all or every:K with K >= 1", s);
 }
 
 size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params) {
@@ -72,8 +65,7 @@ size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params) {
     return one > SIZE_MAX / 2 ? SIZE_MAX : 2 * one;
 }
 
-lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
-                          lt_plan *out) {
+lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt, lt_plan *out) {
     memset(out, 0, sizeof *out);
     if (!cfg || !opt) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan: NULL config or options");
     if ((unsigned)opt->device >= LT_DEVICE_COUNT_)
@@ -119,17 +111,19 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
         int64_t c2 = 2 * o.cp_size;
         /* Attention's tensors are in the saved dtype (the layout's rule: bf16 on CUDA by default). */
         const lt_backend *be = lt_backend_get(o.device);
-        lt_dtype adt = o.run.saved_bf16 > 0 ? LT_DTYPE_BF16 : o.run.saved_bf16 < 0 ? LT_DTYPE_F32
-                       : be ? be->saved_dtype : LT_DTYPE_F32;
+        lt_dtype adt = o.run.saved_bf16 > 0 ? LT_DTYPE_BF16
+            : o.run.saved_bf16 < 0          ? LT_DTYPE_F32
+            : be                            ? be->saved_dtype
+                                            : LT_DTYPE_F32;
         lt_cp_attention_params cp = {(o.run.T + c2 - 1) / c2 * c2, cfg->H, cfg->Hkv, cfg->D, 0, o.run.attention, adt};
         int kind = lt_cp_choose(&cp, (int)o.cp_size, o.device);
         if (kind < 0)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "plan: context parallel over %lld ranks on this device splits "
-                            "Hkv = %lld key/value heads over them (not a multiple)", (long long)o.cp_size,
-                            (long long)cfg->Hkv);
-        size_t ws = kind == LT_CP_ULYSSES
-                        ? lt_cp_ulysses_workspace_bytes(&cp, (int)o.cp_size, o.device, o.run.threads)
-                        : lt_cp_attention_workspace_bytes(&cp, (int)o.cp_size, 1);
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "plan: context parallel over %lld ranks on this device splits "
+                            "Hkv = %lld key/value heads over them (not a multiple)",
+                            (long long)o.cp_size, (long long)cfg->Hkv);
+        size_t ws = kind == LT_CP_ULYSSES ? lt_cp_ulysses_workspace_bytes(&cp, (int)o.cp_size, o.device, o.run.threads)
+                                          : lt_cp_attention_workspace_bytes(&cp, (int)o.cp_size, 1);
         if (ws == SIZE_MAX || ws > SIZE_MAX - out->bytes[LT_PLAN_WORKSPACE])
             return lt_error(ctx, LT_ERR_OOM, "plan: the context-parallel buffers overflow the address space");
         if (kind == LT_CP_ULYSSES || o.device == LT_DEVICE_CUDA) ws = lt_alloc_accounted_size(o.device, ws);
@@ -140,8 +134,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     size_t total = 0;
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
         if (out->bytes[c] > SIZE_MAX - total)
-            return lt_error(ctx, LT_ERR_OOM, "plan: the %s class overflows the address space",
-                            class_names[c]);
+            return lt_error(ctx, LT_ERR_OOM, "plan: the %s class overflows the address space", class_names[c]);
         total += out->bytes[c];
     }
     out->peak_bytes = total;
@@ -152,13 +145,11 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     return LT_OK;
 }
 
-static int fits_at(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
-                   lt_plan_search what, int64_t v, size_t budget) {
+static int fits_at(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt, lt_plan_search what, int64_t v,
+                   size_t budget) {
     lt_plan_options o = *opt;
-    if (what == LT_PLAN_SEARCH_SEQ)
-        o.run.T = v;
-    else
-        o.run.B = v;
+    if (what == LT_PLAN_SEARCH_SEQ) o.run.T = v;
+    else o.run.B = v;
     lt_plan p;
     if (lt_plan_compute(ctx, cfg, &o, &p) != LT_OK) {
         lt_ctx_clear_error(ctx); /* too large to plan counts as too large to fit */
@@ -167,27 +158,22 @@ static int fits_at(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_option
     return p.peak_bytes <= budget && (!o.host_budget_bytes || p.offload_bytes <= o.host_budget_bytes);
 }
 
-lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt,
-                             lt_plan_search what, int64_t hi, size_t budget_bytes, int64_t *out,
-                             int *found) {
+lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan_options *opt, lt_plan_search what,
+                             int64_t hi, size_t budget_bytes, int64_t *out, int *found) {
     *out = 0;
     *found = 0;
     if (hi < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan search: upper bound %lld < 1", (long long)hi);
     lt_plan_options o = *opt;
-    if (what == LT_PLAN_SEARCH_SEQ)
-        o.run.T = 1;
-    else
-        o.run.B = 1;
+    if (what == LT_PLAN_SEARCH_SEQ) o.run.T = 1;
+    else o.run.B = 1;
     lt_plan p;
     LT_TRY(lt_plan_compute(ctx, cfg, &o, &p)); /* a config that cannot plan at all is an error */
     if (p.peak_bytes > budget_bytes || (o.host_budget_bytes && p.offload_bytes > o.host_budget_bytes)) return LT_OK;
     int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
     while (lo < top) {
         int64_t mid = lo + (top - lo + 1) / 2;
-        if (fits_at(ctx, cfg, &o, what, mid, budget_bytes))
-            lo = mid;
-        else
-            top = mid - 1;
+        if (fits_at(ctx, cfg, &o, what, mid, budget_bytes)) lo = mid;
+        else top = mid - 1;
     }
     *out = lo;
     *found = 1;
@@ -199,16 +185,15 @@ lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
     const lt_plan_options *o = &p->options;
     char rec[32];
     size_t used = 0;
-    int w = snprintf(buf, n,
-                     "{\"device\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"lora_rank\": %lld, "
-                     "\"recompute\": \"%s\", \"attention\": \"%s\", \"loss\": \"%s\", "
-                     "\"n_lora_params\": %lld, \"dp_size\": %lld, \"cp_size\": %lld, \"classes\": {",
-                     p->device == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o->run.B,
-                     (long long)o->run.T, (long long)o->lora.rank,
-                     lt_plan_recompute_name(o->run.recompute, o->run.recompute_k, rec, sizeof rec),
-                     lt_plan_attention_name(o->run.attention), lt_plan_loss_name(o->run.loss),
-                     (long long)p->n_lora_params, (long long)(o->dp_size > 0 ? o->dp_size : 1),
-                     (long long)(o->cp_size > 0 ? o->cp_size : 1));
+    int w =
+        snprintf(buf, n,
+                 "{\"device\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"lora_rank\": %lld, "
+                 "\"recompute\": \"%s\", \"attention\": \"%s\", \"loss\": \"%s\", "
+                 "\"n_lora_params\": %lld, \"dp_size\": %lld, \"cp_size\": %lld, \"classes\": {",
+                 p->device == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o->run.B, (long long)o->run.T,
+                 (long long)o->lora.rank, lt_plan_recompute_name(o->run.recompute, o->run.recompute_k, rec, sizeof rec),
+                 lt_plan_attention_name(o->run.attention), lt_plan_loss_name(o->run.loss), (long long)p->n_lora_params,
+                 (long long)(o->dp_size > 0 ? o->dp_size : 1), (long long)(o->cp_size > 0 ? o->cp_size : 1));
     if (w < 0 || (size_t)w >= n) goto small;
     used = (size_t)w;
     for (int c = 0; c < LT_PLAN_CLASS_COUNT_; c++) {
@@ -216,8 +201,9 @@ lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
         if (w < 0 || (size_t)w >= n - used) goto small;
         used += (size_t)w;
     }
-    w = snprintf(buf + used, n - used, "}, \"peak_bytes\": %zu, \"offload_checkpoints\": %s, \"host_offload_bytes\": %zu}",
-                 p->peak_bytes, o->run.offload_ckpt ? "true" : "false", p->offload_bytes);
+    w = snprintf(buf + used, n - used,
+                 "}, \"peak_bytes\": %zu, \"offload_checkpoints\": %s, \"host_offload_bytes\": %zu}", p->peak_bytes,
+                 o->run.offload_ckpt ? "true" : "false", p->offload_bytes);
     if (w < 0 || (size_t)w >= n - used) goto small;
     return LT_OK;
 small:

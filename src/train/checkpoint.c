@@ -26,11 +26,11 @@ static int options_text(const lt_train_options *o, char *buf, size_t cap) {
                     "learning_rate=%.17g\nmin_lr=%.17g\nlr_schedule=%d\nwarmup=%lld\nweight_decay=%.17g\n"
                     "beta1=%.17g\nbeta2=%.17g\neps=%.17g\ngrad_clip=%.17g\nmask_prompt=%d\nno_pack=%d\n"
                     "pack_algorithm=%s\n",
-                    (long long)o->lora_rank, o->lora_alpha, o->lora_dropout, o->lora_targets,
-                    (long long)o->num_layers, (unsigned long long)o->seed, (long long)o->batch_size,
-                    (long long)o->max_seq_length, (long long)o->grad_accum, (long long)o->iters,
-                    o->learning_rate, o->min_lr, (int)o->lr_schedule, (long long)o->warmup, o->weight_decay,
-                    o->beta1, o->beta2, o->eps, o->grad_clip, o->mask_prompt, o->no_pack, o->pack_algorithm);
+                    (long long)o->lora_rank, o->lora_alpha, o->lora_dropout, o->lora_targets, (long long)o->num_layers,
+                    (unsigned long long)o->seed, (long long)o->batch_size, (long long)o->max_seq_length,
+                    (long long)o->grad_accum, (long long)o->iters, o->learning_rate, o->min_lr, (int)o->lr_schedule,
+                    (long long)o->warmup, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip, o->mask_prompt,
+                    o->no_pack, o->pack_algorithm);
 }
 
 int64_t lt_train_param_numel(const lt_train_param *p) {
@@ -83,8 +83,8 @@ static lt_status save_body(lt_ctx *ctx, writer *w, const lt_train_options *opt, 
     return lt_atomic_write(ctx, &w->af, &h, 8);
 }
 
-lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt,
-                             const lt_train_state *st, const lt_train_param *params, int n_params) {
+lt_status lt_checkpoint_save(lt_ctx *ctx, const char *path, const lt_train_options *opt, const lt_train_state *st,
+                             const lt_train_param *params, int n_params) {
     if (n_params < 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "checkpoint: %d params", n_params);
     for (int i = 0; i < n_params; i++) {
         const lt_train_param *p = &params[i];
@@ -152,8 +152,8 @@ static lt_status walk_params(lt_ctx *ctx, reader *r, lt_train_param *params, int
     return LT_OK;
 }
 
-static lt_status parse(lt_ctx *ctx, reader *r, const lt_train_options *opt, lt_train_state *st,
-                       lt_train_param *params, int n_params) {
+static lt_status parse(lt_ctx *ctx, reader *r, const lt_train_options *opt, lt_train_state *st, lt_train_param *params,
+                       int n_params) {
     char magic[8];
     uint32_t version = 0, np = 0, tn = 0;
     if (r->n < 8 + 8 || memcmp(r->b, CKPT_MAGIC, 8))

@@ -63,9 +63,9 @@ lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *
     char line[1024];
     int n = snprintf(line, sizeof line, "{\"step\":%lld", (long long)r->step);
     /* JSON has no NaN: absent values are left out rather than written as null. */
-#define NUM(key, v)                                                                               \
+#define NUM(key, v) \
     if (isfinite(v)) n += snprintf(line + n, sizeof line - (size_t)n, ",\"" key "\":%.9g", (v))
-#define INT(key, v)                                                                               \
+#define INT(key, v) \
     if ((v) >= 0) n += snprintf(line + n, sizeof line - (size_t)n, ",\"" key "\":%lld", (long long)(v))
     NUM("train_loss", r->train_loss);
     NUM("val_loss", r->val_loss);

@@ -17,8 +17,8 @@ typedef struct {
     const char *key; /* with '_' */
     kind k;
     size_t off;
-    size_t cap;      /* K_STR: buffer size */
-    double lo, hi;   /* numeric range (inclusive) */
+    size_t cap;    /* K_STR: buffer size */
+    double lo, hi; /* numeric range (inclusive) */
 } option;
 
 #define O(f) offsetof(lt_train_options, f)
@@ -128,8 +128,8 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
     case K_INT: {
         int64_t v;
         if (parse_i64(value, &v) || (double)v < o->lo || (double)v > o->hi)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not an integer in [%.0f, %.0f]", key,
-                            value, o->lo, o->hi);
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not an integer in [%.0f, %.0f]", key, value,
+                            o->lo, o->hi);
         if (o->k == K_INT) {
             int iv = (int)v;
             memcpy(field, &iv, sizeof iv);
@@ -151,8 +151,8 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
     case K_F64: {
         double v;
         if (parse_f64(value, &v) || v < o->lo || v > o->hi)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not a number in [%g, %g]", key, value,
-                            o->lo, o->hi);
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not a number in [%g, %g]", key, value, o->lo,
+                            o->hi);
         memcpy(field, &v, sizeof v);
         return LT_OK;
     }
@@ -179,9 +179,7 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         else if (!strcmp(value, "all")) v = LT_RECOMPUTE_EVERY;
         else if (!strncmp(value, "every:", 6) && !parse_i64(value + 6, &every) && every >= 1 && every <= 65536)
             v = LT_RECOMPUTE_EVERY_K;
-        else
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)", key,
-                            value);
+        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)", key, value);
         opt->recompute = v;
         opt->recompute_every = every;
         return LT_OK;
@@ -235,8 +233,7 @@ static lt_status json_value_text(lt_ctx *ctx, const char *path, const cJSON *ite
         const cJSON *e;
         cJSON_ArrayForEach(e, item) {
             if (!cJSON_IsString(e))
-                return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%s': array elements must be strings", path,
-                                item->string);
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%s': array elements must be strings", path, item->string);
             int w = snprintf(buf + used, cap - used, "%s%s", used ? "," : "", e->valuestring);
             if (w < 0 || (size_t)w >= cap - used)
                 return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: key '%s': list too long", path, item->string);
@@ -255,7 +252,10 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
     char *text = NULL;
     lt_status s = LT_OK;
     cJSON *root = NULL;
-    if (fseek(f, 0, SEEK_END) != 0) { s = lt_error(ctx, LT_ERR_IO, "%s: cannot seek", path); goto done; }
+    if (fseek(f, 0, SEEK_END) != 0) {
+        s = lt_error(ctx, LT_ERR_IO, "%s: cannot seek", path);
+        goto done;
+    }
     long size = ftell(f);
     if (size < 0 || size > (1L << 24)) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: config file of %ld bytes (at most 16 MiB)", path, size);
@@ -264,7 +264,10 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
     rewind(f);
     /* Tiny transient host scratch for parsing (as in the CLI): not accounted. */
     text = malloc((size_t)size + 1);
-    if (!text) { s = lt_error(ctx, LT_ERR_OOM, "%s: cannot buffer the config", path); goto done; }
+    if (!text) {
+        s = lt_error(ctx, LT_ERR_OOM, "%s: cannot buffer the config", path);
+        goto done;
+    }
     if (fread(text, 1, (size_t)size, f) != (size_t)size) {
         s = lt_error(ctx, LT_ERR_IO, "%s: short read", path);
         goto done;
@@ -344,14 +347,15 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");
     if (o.recompute != LT_RECOMPUTE_EVERY_K) o.recompute_every = 0;
     if (o.offload_checkpoints && o.recompute == LT_RECOMPUTE_NONE)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'offload_checkpoints' needs a recompute policy (recompute all or "
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'offload_checkpoints' needs a recompute policy (recompute all or "
                         "every:K, or grad_checkpoint): without one there are no checkpoints to offload");
     if (o.min_lr > o.learning_rate)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'min_lr' (%g) exceeds 'learning_rate' (%g)", o.min_lr,
                         o.learning_rate);
     if (o.warmup > o.iters)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)",
-                        (long long)o.warmup, (long long)o.iters);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)", (long long)o.warmup,
+                        (long long)o.iters);
     if (!o.cuda_graph[0]) snprintf(o.cuda_graph, sizeof o.cuda_graph, "on");
     if (strcmp(o.cuda_graph, "on") && strcmp(o.cuda_graph, "off"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'cuda_graph': '%s' is not on|off", o.cuda_graph);
@@ -360,10 +364,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off|nccl", o.distributed);
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
-    if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") &&
-        strcmp(o.quantize, "q4_1") && strcmp(o.quantize, "q8_0"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0",
-                        o.quantize);
+    if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") && strcmp(o.quantize, "q4_1") &&
+        strcmp(o.quantize, "q8_0"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0", o.quantize);
     /* Normalise the target list to canonical names, each once, in the order given. */
     const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;
     char norm[sizeof o.lora_targets];

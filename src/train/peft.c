@@ -45,15 +45,16 @@ static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt
         int which;
         if (split_name(p->name, proj, sizeof proj, &layer, &which))
             return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s' is not '<module>.lora_A|lora_B'", p->name);
-        if (p->ndim != 2 || !p->data || p->shape[0] < 1 || p->shape[1] < 1 ||
-            p->shape[which ? 1 : 0] != opt->lora_rank)
+        if (p->ndim != 2 || !p->data || p->shape[0] < 1 || p->shape[1] < 1 || p->shape[which ? 1 : 0] != opt->lora_rank)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s': shape (%lld, %lld) disagrees with rank %lld",
                             p->name, (long long)p->shape[0], (long long)p->shape[1], (long long)opt->lora_rank);
     }
     return LT_OK;
 }
 
-size_t lt_peft_export_bytes(int n) { return (size_t)(n > 0 ? n : 0) * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32); }
+size_t lt_peft_export_bytes(int n) {
+    return (size_t)(n > 0 ? n : 0) * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
+}
 
 static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n) {
     size_t bytes = lt_peft_export_bytes(n);

@@ -70,7 +70,8 @@ lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_o
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: key 'lora_alpha' must be a positive number", path);
         goto done;
     }
-    if (cJSON_GetObjectItemCaseSensitive(c, "use_dora") && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_dora"))) {
+    if (cJSON_GetObjectItemCaseSensitive(c, "use_dora") &&
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_dora"))) {
         s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: DoRA adapters are not supported", path);
         goto done;
     }

@@ -77,7 +77,8 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
     if (lt_model_get_device(m) == LT_DEVICE_CPU)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: the model lives on the host (CPU steps never wait)");
     if (B <= 0 || T <= 0 || B > INT32_MAX / (T + 1))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld out of range", (long long)B, (long long)T);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld out of range", (long long)B,
+                        (long long)T);
     lt_step_graph *g = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *g, "step graph");
     if (!g) return lt_ctx_status(ctx);
     g->m = m;

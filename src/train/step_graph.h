@@ -22,7 +22,7 @@ typedef struct lt_step_graph lt_step_graph;
 /* Counters for logs and benchmarks. */
 typedef struct lt_step_graph_stats {
     int64_t eager, captures, replays;
-    int enabled;      /* capture allowed at all (see why_off) */
+    int enabled;       /* capture allowed at all (see why_off) */
     char why_off[200]; /* why capture is off or was given up, "" while it is on */
 } lt_step_graph_stats;
 

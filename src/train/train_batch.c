@@ -28,7 +28,8 @@ lt_status lt_trainer_fill(lt_trainer *t, const lt_pack_plan *plan, const lt_pack
         int64_t r = 0;
         for (int64_t row = 0; row < B; row++) {
             int32_t k = t->pieces[row];
-            if (k < 0 || k > S) return lt_error(t->ctx, LT_ERR_INVALID_ARG, "row %lld has %d pieces", (long long)row, k);
+            if (k < 0 || k > S)
+                return lt_error(t->ctx, LT_ERR_INVALID_ARG, "row %lld has %d pieces", (long long)row, k);
             r += t->offs[row * (S + 1) + k];
         }
         *nreal = r;
@@ -47,8 +48,10 @@ lt_status lt_trainer_fill(lt_trainer *t, const lt_pack_plan *plan, const lt_pack
 lt_status lt_trainer_shard(lt_trainer *t, const lt_model_batch *b, lt_model_batch *out, int64_t *ntok) {
     if (t->cp) {
         if (b->B != 1 || b->T % (2 * t->world))
-            return lt_error(t->ctx, LT_ERR_INVALID_ARG, "context parallel: batch of %lld x %lld tokens is not one row "
-                            "of a multiple of %d", (long long)b->B, (long long)b->T, 2 * t->world);
+            return lt_error(t->ctx, LT_ERR_INVALID_ARG,
+                            "context parallel: batch of %lld x %lld tokens is not one row "
+                            "of a multiple of %d",
+                            (long long)b->B, (long long)b->T, 2 * t->world);
         int64_t Tl = b->T / t->world, n = 0;
         for (int64_t i = 0; i < Tl; i++) {
             int64_t g = lt_cp_zigzag_position(b->T, t->world, t->rank, i);

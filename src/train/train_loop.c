@@ -61,8 +61,12 @@ static lt_status evaluate(lt_trainer *t, double *out) {
 /* AdamW's values for the step about to complete. */
 static lt_adamw_params adamw_params(const lt_trainer *t) {
     const lt_train_options *o = t->o;
-    return (lt_adamw_params){(float)lt_train_lr(o, t->st.step), (float)o->beta1, (float)o->beta2, (float)o->eps,
-                             (float)o->weight_decay, t->st.step + 1};
+    return (lt_adamw_params){(float)lt_train_lr(o, t->st.step),
+                             (float)o->beta1,
+                             (float)o->beta2,
+                             (float)o->eps,
+                             (float)o->weight_decay,
+                             t->st.step + 1};
 }
 
 /* Counts a completed step and reports its loss, trained targets and real input tokens. */
@@ -244,7 +248,9 @@ static lt_status stop(lt_trainer *t, lt_progress *pg, int sig, lt_train_result *
     res->steps = t->st.step; /* the checkpoint's step, for the caller's report */
     res->tokens = t->st.tokens_seen;
     return lt_error(t->ctx, LT_ERR_INTERRUPTED, "stopped (%s %d) at step %lld; checkpoint saved to %s",
-                    sig > 0 ? "signal" : sig == -2 ? "stop on another rank" : "stop_at",
+                    sig > 0         ? "signal"
+                        : sig == -2 ? "stop on another rank"
+                                    : "stop_at",
                     sig > 0 ? sig : (int)t->st.step, (long long)t->st.step, t->ckpt_path);
 }
 
@@ -253,8 +259,16 @@ static lt_status first_eval(lt_trainer *t, lt_train_result *res) {
     double val;
     LT_TRY(evaluate(t, &val));
     res->first_val_loss = res->last_val_loss = val;
-    lt_metrics_record r = {0, NAN, val, NAN, NAN, 0, 0, (int64_t)lt_mem_get_stats(t->ctx, t->dev).peak_bytes,
-                           (int64_t)res->plan_bytes, host_peak(t)};
+    lt_metrics_record r = {0,
+                           NAN,
+                           val,
+                           NAN,
+                           NAN,
+                           0,
+                           0,
+                           (int64_t)lt_mem_get_stats(t->ctx, t->dev).peak_bytes,
+                           (int64_t)res->plan_bytes,
+                           host_peak(t)};
     if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     return LT_OK;
 }
@@ -264,8 +278,16 @@ static lt_status first_eval(lt_trainer *t, lt_train_result *res) {
 static lt_status report(lt_trainer *t, lt_progress *pg, window *w, double val, double lr, double tps, double now,
                         size_t peak, const lt_train_result *res) {
     int64_t s = t->st.step;
-    lt_metrics_record r = {s, w->loss / (double)w->steps, val, lr, tps, t->st.tokens_seen,
-                           t->elapsed0 + now - t->t0, (int64_t)peak, (int64_t)res->plan_bytes, host_peak(t)};
+    lt_metrics_record r = {s,
+                           w->loss / (double)w->steps,
+                           val,
+                           lr,
+                           tps,
+                           t->st.tokens_seen,
+                           t->elapsed0 + now - t->t0,
+                           (int64_t)peak,
+                           (int64_t)res->plan_bytes,
+                           host_peak(t)};
     if (t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     if (isfinite(val)) {
         char line[160];

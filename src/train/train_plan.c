@@ -150,7 +150,8 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
     if (po.device == LT_DEVICE_CPU) {
         /* The trainer's host buffers are on the run's device only when that is the host. Its
          * LoRA tensor index has one entry per A and B of every target of every LoRA layer. */
-        int64_t targets = 0, layers = po.lora.num_layers > 0 && po.lora.num_layers < cfg->L ? po.lora.num_layers : cfg->L;
+        int64_t targets = 0,
+                layers = po.lora.num_layers > 0 && po.lora.num_layers < cfg->L ? po.lora.num_layers : cfg->L;
         uint32_t mask = po.lora.targets ? po.lora.targets : LT_LORA_ALL_TARGETS;
         for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
         int64_t n_tensors = 2 * targets * layers;
@@ -172,10 +173,8 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
 static int fits_at(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg, const lt_plan_options *popt,
                    const lt_train_held *held, lt_plan_search what, int64_t v, size_t budget, lt_status *err) {
     lt_plan_options o = *popt;
-    if (what == LT_PLAN_SEARCH_SEQ)
-        o.run.T = v;
-    else
-        o.run.B = v;
+    if (what == LT_PLAN_SEARCH_SEQ) o.run.T = v;
+    else o.run.B = v;
     lt_plan p;
     lt_status s = lt_train_plan(ctx, opt, cfg, &o, held, &p);
     if (s != LT_OK) {
@@ -187,8 +186,8 @@ static int fits_at(lt_ctx *ctx, const lt_train_options *opt, const lt_model_conf
 }
 
 lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
-                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
-                               int64_t hi, size_t budget_bytes, int64_t *out, int *found) {
+                               const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what, int64_t hi,
+                               size_t budget_bytes, int64_t *out, int *found) {
     *out = 0;
     *found = 0;
     if (hi < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "plan search: upper bound %lld < 1", (long long)hi);
@@ -197,10 +196,8 @@ lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const l
     int64_t lo = 1, top = hi; /* invariant: lo fits; everything above top does not */
     while (lo < top) {
         int64_t mid = lo + (top - lo + 1) / 2;
-        if (fits_at(ctx, opt, cfg, popt, held, what, mid, budget_bytes, NULL))
-            lo = mid;
-        else
-            top = mid - 1;
+        if (fits_at(ctx, opt, cfg, popt, held, what, mid, budget_bytes, NULL)) lo = mid;
+        else top = mid - 1;
     }
     *out = lo;
     *found = 1;

@@ -60,7 +60,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_model_sizes sz = lt_model_get_sizes(m);
     LT_INFO("model: %lld layers, width %lld, vocab %lld, projections %s; LoRA r=%lld on %lld layers: %lld parameters",
             (long long)cfg->L, (long long)cfg->C, (long long)cfg->V, lt_dtype_name(cfg->proj_dtype[LT_PROJ_Q]),
-            (long long)opt->lora_rank, (long long)(opt->num_layers > 0 && opt->num_layers < cfg->L ? opt->num_layers : cfg->L),
+            (long long)opt->lora_rank,
+            (long long)(opt->num_layers > 0 && opt->num_layers < cfg->L ? opt->num_layers : cfg->L),
             (long long)sz.n_lora_params);
     lt_pack_input tin = lt_dataset_input(train), vin;
     if (valid) vin = lt_dataset_input(valid);
@@ -87,8 +88,8 @@ lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lor
             }
         }
         if (!found)
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "lora target '%.*s' is not a projection (resolve the options first)",
-                            (int)len, p);
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "lora target '%.*s' is not a projection (resolve the options first)", (int)len, p);
         p = e ? e + 1 : p + len;
     }
     out->num_layers = opt->num_layers > 0 ? opt->num_layers : 0;
@@ -176,8 +177,9 @@ static lt_status setup_packing(lt_trainer *t) {
         if (o->batch_size != 1 || !o->no_pack || o->max_seq_length % (2 * t->world))
             return lt_error(ctx, LT_ERR_INVALID_ARG,
                             "context parallel over %d ranks needs batch_size 1, no_pack and max_seq_length a multiple "
-                            "of %d (got %lld, %s, %lld)", t->world, 2 * t->world, (long long)o->batch_size,
-                            o->no_pack ? "no_pack" : "packing", (long long)o->max_seq_length);
+                            "of %d (got %lld, %s, %lld)",
+                            t->world, 2 * t->world, (long long)o->batch_size, o->no_pack ? "no_pack" : "packing",
+                            (long long)o->max_seq_length);
         t->cp = 1;
     }
     LT_TRY(lt_train_pack_options(ctx, o, t->cp ? t->world : 1, &t->popt));
@@ -237,8 +239,8 @@ static lt_status compute_plan(lt_trainer *t, lt_train_result *res) {
     lt_model_sizes loaded = lt_model_get_sizes(t->m);
     size_t in_use = lt_mem_get_stats(t->ctx, t->dev).used_bytes;
     size_t known = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS] +
-                   lt_plan_optimizer_bytes(t->dev, t->n) +
-                   (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
+        lt_plan_optimizer_bytes(t->dev, t->n) +
+        (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
     lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0};
     LT_TRY(lt_train_packing_bytes(t->ctx, &t->popt, t->train, t->valid, &held));
     lt_plan_options popt;
@@ -290,9 +292,8 @@ static lt_status resume(lt_trainer *t) {
     memcpy(keys, t->st.rng, sizeof keys);
     lt_trainer_set_rng_keys(t);
     if (memcmp(keys, t->st.rng, sizeof keys))
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: RNG keys {%llu, %llu, %llu} disagree with seed, step and epoch",
-                        rpath, (unsigned long long)keys[0], (unsigned long long)keys[1],
-                        (unsigned long long)keys[2]);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: RNG keys {%llu, %llu, %llu} disagree with seed, step and epoch", rpath,
+                        (unsigned long long)keys[0], (unsigned long long)keys[1], (unsigned long long)keys[2]);
     LT_INFO("resumed from %s at step %lld", rpath, (long long)t->st.step);
     return LT_OK;
 }
@@ -324,9 +325,10 @@ lt_status lt_trainer_init(lt_trainer *t, lt_ctx *ctx, const lt_train_options *op
     t->dist = t->world > 1 || lt_comm_get_backend(comm) == LT_COMM_NCCL;
     /* Gradients are reduced where they live: a host model's over MPI, a CUDA model's over NCCL. */
     if (t->dist && lt_comm_device(comm) != t->dev)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "data parallel: a %s model's gradients cannot be reduced over a %s "
-                        "communicator (host models: MPI; CUDA models: NCCL)", t->dev == LT_DEVICE_CPU ? "CPU" : "CUDA",
-                        lt_comm_backend_name(lt_comm_get_backend(comm)));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "data parallel: a %s model's gradients cannot be reduced over a %s "
+                        "communicator (host models: MPI; CUDA models: NCCL)",
+                        t->dev == LT_DEVICE_CPU ? "CPU" : "CUDA", lt_comm_backend_name(lt_comm_get_backend(comm)));
     return LT_OK;
 }
 
@@ -339,9 +341,15 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
     LT_TRY(setup_packing(t));
     LT_TRY(setup_buffers(t));
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */
-    lt_model_run_options run = {.B = t->B, .T = t->T, .device = t->dev, .recompute = o->recompute,
-                                .recompute_k = o->recompute_every, .attention = o->attention, .loss = o->loss,
-                                .threads = o->threads, .offload_ckpt = o->offload_checkpoints,
+    lt_model_run_options run = {.B = t->B,
+                                .T = t->T,
+                                .device = t->dev,
+                                .recompute = o->recompute,
+                                .recompute_k = o->recompute_every,
+                                .attention = o->attention,
+                                .loss = o->loss,
+                                .threads = o->threads,
+                                .offload_ckpt = o->offload_checkpoints,
                                 .recompute_attention = o->recompute_attention};
     LT_TRY(compute_plan(t, res));
     LT_TRY(prepare_model(t, run));

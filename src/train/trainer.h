@@ -12,7 +12,7 @@ typedef struct lt_trainer {
     lt_ctx *ctx;
     const lt_train_options *o;
     lt_model *m;
-    const lt_backend *be;   /* the model's */
+    const lt_backend *be; /* the model's */
     lt_device dev;
     /* LoRA parameters, gradients (the model's) and AdamW moments (ours), flat, n floats each, in
      * the model's memory; a device run's host mirror of params, m and v (3n) for checkpoints. */

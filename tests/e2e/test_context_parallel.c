@@ -27,8 +27,8 @@ typedef struct {
 } shape;
 
 typedef struct {
-    float *q, *k, *v, *dout;            /* inputs, whole sequence */
-    double *out, *lse, *dq, *dk, *dv;   /* float64 reference */
+    float *q, *k, *v, *dout;              /* inputs, whole sequence */
+    double *out, *lse, *dq, *dk, *dv;     /* float64 reference */
     float *fout, *flse, *fdq, *fdk, *fdv; /* single-rank flash, f32 */
 } full;
 
@@ -160,7 +160,8 @@ static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
     const int64_t Tl = s->T / world, qr = s->H * s->D, kr = s->Hkv * s->D;
     size_t nq = (size_t)(Tl * qr), nk = (size_t)(Tl * kr), nl = (size_t)(Tl * s->H);
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
-    float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+    float *out = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4),
+          *dv = malloc(nk * 4);
     lt_cp_zigzag_scatter(f->q, q, s->T, world, rank, qr);
     lt_cp_zigzag_scatter(f->k, k, s->T, world, rank, kr);
     lt_cp_zigzag_scatter(f->v, v, s->T, world, rank, kr);
@@ -188,8 +189,9 @@ static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
         fprintf(stderr, "rank %d: %s\n", rank, lt_ctx_error(ctx));
     } else {
         worst = local_err(out, f->out, f->fout, s, world, rank, qr, 1, 0);
-        worst = fmax(worst, uly ? ulysses_lse_err(lse, f, s, world, rank)
-                                : local_err(lse, f->lse, f->flse, s, world, rank, 1, s->H, 1));
+        worst = fmax(worst,
+                     uly ? ulysses_lse_err(lse, f, s, world, rank)
+                         : local_err(lse, f->lse, f->flse, s, world, rank, 1, s->H, 1));
         worst = fmax(worst, local_err(dq, f->dq, f->fdq, s, world, rank, qr, 1, 0));
         worst = fmax(worst, local_err(dk, f->dk, f->fdk, s, world, rank, kr, 1, 0));
         worst = fmax(worst, local_err(dv, f->dv, f->fdv, s, world, rank, kr, 1, 0));
@@ -198,7 +200,9 @@ static double run_rank_kind(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
     return worst;
 }
 
-static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) { return run_rank_kind(ctx, c, s, f, 0); }
+static double run_rank(lt_ctx *ctx, lt_comm *c, const shape *s, const full *f) {
+    return run_rank_kind(ctx, c, s, f, 0);
+}
 
 /* Ulysses in bf16 (the CUDA model's attention dtype) against the single-rank flash attention on the
  * same bf16 inputs of the whole sequence: outputs are compared after both round to bf16, so the
@@ -217,7 +221,8 @@ static double run_rank_bf16(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
         ro[t] = malloc(on[t] * 2), lo[t] = malloc(on[t] / (size_t)world * 2);
         for (size_t i = 0; i < n[t]; i++) g[t][i] = lt_f32_to_bf16(src[t][i]);
         for (int64_t i = 0; i < Tl; i++)
-            memcpy(l[t] + (size_t)i * rw[t], g[t] + (size_t)lt_cp_zigzag_position(T, world, rank, i) * rw[t], rw[t] * 2);
+            memcpy(l[t] + (size_t)i * rw[t], g[t] + (size_t)lt_cp_zigzag_position(T, world, rank, i) * rw[t],
+                   rw[t] * 2);
         for (size_t i = 0; i < on[t] / (size_t)world; i++) lo[t][i] = 0x7fc1; /* NaN poison */
     }
     float *lse = malloc((size_t)(T * s->H) * 4), *llse = malloc((size_t)(Tl * s->H) * 4);
@@ -259,10 +264,10 @@ static double run_rank_bf16(lt_ctx *ctx, lt_comm *c, const shape *s, const full 
 }
 
 static const shape cases[] = {
-    {60, 4, 2, 16, 0.0f},   /* GQA 2:1, default scale */
-    {36, 3, 3, 8, 0.37f},   /* MHA, explicit scale */
-    {12, 2, 1, 32, 0.0f},   /* MQA, chunks of 2 tokens at 3 ranks */
-    {48, 12, 6, 8, 0.0f},   /* GQA 2:1 over 6 kv heads: Ulysses at 2 and 3 ranks */
+    {60, 4, 2, 16, 0.0f}, /* GQA 2:1, default scale */
+    {36, 3, 3, 8, 0.37f}, /* MHA, explicit scale */
+    {12, 2, 1, 32, 0.0f}, /* MQA, chunks of 2 tokens at 3 ranks */
+    {48, 12, 6, 8, 0.0f}, /* GQA 2:1 over 6 kv heads: Ulysses at 2 and 3 ranks */
 };
 
 /* Ulysses applies where the world divides Hkv. */
@@ -391,8 +396,14 @@ static void run_world(int np) {
     }
     if (rc != 0) fail_msg("mpirun -np %d ring attention worker exited with %d", np, rc);
 }
-static void test_mpi_two(void **state) { (void)state; run_world(2); }
-static void test_mpi_three(void **state) { (void)state; run_world(3); }
+static void test_mpi_two(void **state) {
+    (void)state;
+    run_world(2);
+}
+static void test_mpi_three(void **state) {
+    (void)state;
+    run_world(3);
+}
 
 static int worker(void) {
     lt_ctx *ctx = lt_ctx_new();
@@ -440,8 +451,11 @@ static int worker(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--cp-worker")) return worker();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zigzag_split), cmocka_unit_test(test_world_of_one),
-        cmocka_unit_test(test_errors_and_workspace), cmocka_unit_test(test_mpi_two), cmocka_unit_test(test_mpi_three),
+        cmocka_unit_test(test_zigzag_split),
+        cmocka_unit_test(test_world_of_one),
+        cmocka_unit_test(test_errors_and_workspace),
+        cmocka_unit_test(test_mpi_two),
+        cmocka_unit_test(test_mpi_three),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,7 +39,9 @@ typedef struct {
 } params;
 
 /* Every value of save k is a function of k, so a file mixing two saves is detected. */
-static float value_of(int64_t k, int which, int64_t i) { return (float)k + (float)which * 0.25f + (float)(i % 1000) * 1e-4f; }
+static float value_of(int64_t k, int which, int64_t i) {
+    return (float)k + (float)which * 0.25f + (float)(i % 1000) * 1e-4f;
+}
 
 static void params_make(params *ps) {
     const char *names[NP] = {"model.layers.0.self_attn.q_proj.lora_A", "model.layers.0.self_attn.q_proj.lora_B"};
@@ -133,7 +135,8 @@ static int64_t check_adapter(lt_ctx *ctx) {
         if (k < 0) k = (int64_t)x[0];
         int64_t n = lt_tensor_numel(&t);
         for (int64_t j = 0; j < n; j++)
-            if (x[j] != value_of(k, 0, j)) fail_msg("adapter mixes saves at %s[%lld]", lt_safetensors_name(st, i), (long long)j);
+            if (x[j] != value_of(k, 0, j))
+                fail_msg("adapter mixes saves at %s[%lld]", lt_safetensors_name(st, i), (long long)j);
     }
     lt_safetensors_close(ctx, st);
     return k;
@@ -257,7 +260,8 @@ static void full_disk_keeps_previous(void **state) {
         int status = 0;
         assert_int_equal(waitpid(pid, &status, 0), pid);
         assert_true(WIFEXITED(status));
-        if (WEXITSTATUS(status) != 0) fail_msg("limit %lu: child status %d", (unsigned long)limits[i], WEXITSTATUS(status));
+        if (WEXITSTATUS(status) != 0)
+            fail_msg("limit %lu: child status %d", (unsigned long)limits[i], WEXITSTATUS(status));
         assert_int_equal(check_checkpoint(ctx, &o), 3);
         assert_int_equal(check_adapter(ctx), adapter_step);
         assert_int_equal(file_size(ckpt), size);

@@ -58,7 +58,11 @@ static void write_model(void) {
     char names[MAXT][96];
     uint16_t *bufs[MAXT];
     int n = 0;
-    struct { const char *fmt; int64_t r, c; int kind; } spec[] = {
+    struct {
+        const char *fmt;
+        int64_t r, c;
+        int kind;
+    } spec[] = {
         {"model.layers.%d.input_layernorm.weight", C, 0, 1},
         {"model.layers.%d.post_attention_layernorm.weight", C, 0, 1},
         {"model.layers.%d.self_attn.q_proj.weight", H * D, C, 0},
@@ -141,8 +145,8 @@ static void make_batch(batch *bt, int kind, uint64_t seed) {
                 int64_t j = r * T + i;
                 bt->tok[j] = (int32_t)(lt_test_rand_u64(&s) % V);
                 bt->pos[j] = i - cut[r][k];
-                bt->tgt[j] = i + 1 == cut[r][k + 1] || i == cut[r][k] ? LT_IGNORE_INDEX
-                                                                     : (int32_t)(lt_test_rand_u64(&s) % V);
+                bt->tgt[j] =
+                    i + 1 == cut[r][k + 1] || i == cut[r][k] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&s) % V);
             }
     }
     bt->b.B = BMAX, bt->b.T = T, bt->b.S = S;
@@ -159,7 +163,8 @@ static void run_steps(const int *kinds, int nsteps, int enable, const float *ini
     float *params = lt_model_lora_params(m, &n), *grads = lt_model_lora_grads(m, &n);
     assert_int_equal(lt_model_lora_set(ctx, m, 0, n, init), LT_OK);
     size_t nb = (size_t)n * sizeof(float);
-    float *mm = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments"), *vv = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments");
+    float *mm = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments"),
+          *vv = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments");
     assert_non_null(mm);
     assert_non_null(vv);
     lt_step_optim so = {params, grads, mm, vv, n, 0.05};

@@ -72,7 +72,8 @@ static lt_model_batch make_batch(batch *b, uint64_t step) {
                 int k = r * T + i;
                 b->tokens[k] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
                 b->positions[k] = i - cuts[r][q];
-                b->targets[k] = i + 1 == cuts[r][q + 1] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
+                b->targets[k] =
+                    i + 1 == cuts[r][q + 1] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
             }
     lt_model_batch mb = {0};
     mb.B = B, mb.T = T, mb.S = S, mb.step = step;
@@ -112,7 +113,8 @@ static void bit_identical_on_cuda(void **state) {
     assert_int_equal(lt_model_lora_set(ctx, m, 0, n, p), LT_OK);
     batch b1, b2;
     lt_model_batch mb1 = make_batch(&b1, 1), mb2 = make_batch(&b2, 2);
-    float *g0 = malloc((size_t)n * 4), *g1 = malloc((size_t)n * 4), *h0 = malloc((size_t)n * 4), *h1 = malloc((size_t)n * 4);
+    float *g0 = malloc((size_t)n * 4), *g1 = malloc((size_t)n * 4), *h0 = malloc((size_t)n * 4),
+          *h1 = malloc((size_t)n * 4);
     assert_true(g0 && g1 && h0 && h1);
     static float tl0[N], tl1[N], tm0[N], tm1[N];
     for (int v = 0; v < 8; v++) {
@@ -127,8 +129,8 @@ static void bit_identical_on_cuda(void **state) {
         assert_true(pinned > 0);
         step(ctx, m, &mb1, &l1, tl1, g1, n);
         step(ctx, m, &mb2, &k1, tm1, h1, n);
-        fprintf(stderr, "  variant %d (%s, chunks %lld, recompute attention %d): loss %.6f / %.6f, %zu bytes pinned\n", v,
-                v & 1 ? "every:2" : "all", (long long)ro.chunk_rows, ro.recompute_attention, l0, l1, pinned);
+        fprintf(stderr, "  variant %d (%s, chunks %lld, recompute attention %d): loss %.6f / %.6f, %zu bytes pinned\n",
+                v, v & 1 ? "every:2" : "all", (long long)ro.chunk_rows, ro.recompute_attention, l0, l1, pinned);
         assert_memory_equal(&l0, &l1, sizeof l0);
         assert_memory_equal(&k0, &k1, sizeof k0);
         assert_memory_equal(tl0, tl1, sizeof tl0);

@@ -106,25 +106,25 @@ static void write_tiny(tiny *t) {
     void *bufs[MAXT];
     int n = 0;
     int64_t qd = t->H * t->D, kvd = t->Hkv * t->D;
-#define ADD(nm, r, c, kind)                                                                                 \
-    do {                                                                                                    \
-        assert_true(n < MAXT);                                                                              \
-        snprintf(names[n], sizeof names[n], "%s", nm);                                                      \
-        bufs[n] = random_tensor(t, r, c, kind);                                                             \
-        int64_t shape_[2] = {r, c};                                                                         \
-        e[n].name = names[n];                                                                               \
-        e[n].tensor = lt_tensor_view(bufs[n], t->dtype, LT_DEVICE_CPU, (c) ? 2 : 1, shape_);                \
-        n++;                                                                                                \
+#define ADD(nm, r, c, kind)                                                                  \
+    do {                                                                                     \
+        assert_true(n < MAXT);                                                               \
+        snprintf(names[n], sizeof names[n], "%s", nm);                                       \
+        bufs[n] = random_tensor(t, r, c, kind);                                              \
+        int64_t shape_[2] = {r, c};                                                          \
+        e[n].name = names[n];                                                                \
+        e[n].tensor = lt_tensor_view(bufs[n], t->dtype, LT_DEVICE_CPU, (c) ? 2 : 1, shape_); \
+        n++;                                                                                 \
     } while (0)
     ADD("model.embed_tokens.weight", t->V, t->C, 3);
     ADD("model.norm.weight", t->C, 0, 1);
     if (!t->tied) ADD("lm_head.weight", t->V, t->C, 0);
     for (int64_t l = 0; l < t->L; l++) {
         char nm[96];
-#define LAYER(fmt, r, c, kind)                                                                              \
-    do {                                                                                                    \
-        snprintf(nm, sizeof nm, fmt, (long long)l);                                                         \
-        ADD(nm, r, c, kind);                                                                                \
+#define LAYER(fmt, r, c, kind)                      \
+    do {                                            \
+        snprintf(nm, sizeof nm, fmt, (long long)l); \
+        ADD(nm, r, c, kind);                        \
     } while (0)
         LAYER("model.layers.%lld.input_layernorm.weight", t->C, 0, 1);
         LAYER("model.layers.%lld.post_attention_layernorm.weight", t->C, 0, 1);
@@ -223,7 +223,7 @@ static void make_batch(batch *b, int64_t V) {
                 b->positions[k] = i - cuts[r][s];
                 int last = i + 1 == cuts[r][s + 1], pad = r == 1 && s == 2;
                 b->targets[k] = last || pad || i - cuts[r][s] < 3 ? LT_IGNORE_INDEX
-                                                               : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
+                                                                  : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
             }
 }
 
@@ -292,7 +292,8 @@ static void step_matches_cpu(void **state) {
                 double e = compare(what, g + lt.offset, gc + lt.offset, lt_tensor_numel(&lt.grad), TOL_GRAD);
                 eg = fmax(eg, e);
             }
-            fprintf(stderr, "  %-12s recompute %d: loss %.6f vs %.6f (rel %.2e), token_loss rel %.2e, worst grad rel %.2e\n",
+            fprintf(stderr,
+                    "  %-12s recompute %d: loss %.6f vs %.6f (rel %.2e), token_loss rel %.2e, worst grad rel %.2e\n",
                     t->name, pi, (double)lg, (double)lc, el, et, eg);
         }
         lt_model_free(ctx, mg);
@@ -431,8 +432,8 @@ static void training_tracks_cpu(void **state) {
         }
         double apart = 0, travelled = 0;
         for (int64_t i = 0; i < n; i++) {
-            apart += ((double)final[1][i] - final[0][i]) * ((double)final[1][i] - final[0][i]);
-            travelled += ((double)final[0][i] - init[i]) * ((double)final[0][i] - init[i]);
+            apart += ((double) final[1][i] - final[0][i]) * ((double) final[1][i] - final[0][i]);
+            travelled += ((double) final[0][i] - init[i]) * ((double) final[0][i] - init[i]);
         }
         double e = sqrt(apart / travelled);
         fprintf(stderr, "  %-12s loss step 1 %.5f/%.5f, step %d %.5f/%.5f (cuda/cpu), params apart/travelled %.3f\n",

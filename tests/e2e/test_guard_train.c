@@ -36,8 +36,8 @@ enum { V = 96, C = 32, F = 64, L = 2, H = 4, HKV = 2, D = 8 };
 static uint64_t rng;
 static char root[128], model_dir[256];
 
-static void put_tensor(lt_safetensors_entry *e, char (*names)[96], float **bufs, int *n, const char *name,
-                       int64_t r, int64_t c, int norm) {
+static void put_tensor(lt_safetensors_entry *e, char (*names)[96], float **bufs, int *n, const char *name, int64_t r,
+                       int64_t c, int norm) {
     snprintf(names[*n], 96, "%s", name);
     int64_t numel = c ? r * c : r;
     bufs[*n] = malloc((size_t)numel * sizeof(float));
@@ -62,11 +62,13 @@ static int setup(void **state) {
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": %d, "
-               "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
-               "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"max_position_embeddings\": 512, "
-               "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, "
-               "\"hidden_act\": \"silu\"}\n", V, C, F, L, H, HKV);
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": %d, "
+            "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+            "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"max_position_embeddings\": 512, "
+            "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, "
+            "\"hidden_act\": \"silu\"}\n",
+            V, C, F, L, H, HKV);
     fclose(f);
     enum { NT = 3 + 9 * L };
     lt_safetensors_entry e[NT];
@@ -78,7 +80,8 @@ static int setup(void **state) {
     put_tensor(e, names, bufs, &n, "lm_head.weight", V, C, 0);
     for (int l = 0; l < L; l++) {
         char nm[96];
-#define T_(s, r, c, norm) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), put_tensor(e, names, bufs, &n, nm, r, c, norm))
+#define T_(s, r, c, norm) \
+    (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), put_tensor(e, names, bufs, &n, nm, r, c, norm))
         T_("input_layernorm.weight", C, 0, 1);
         T_("post_attention_layernorm.weight", C, 0, 1);
         T_("self_attn.q_proj.weight", H * D, C, 0);
@@ -244,8 +247,11 @@ static void watchdog_breach_stops_with_checkpoint_and_artifact(void **state) {
 
     /* A ceiling 48 MiB above the resident set now; 128 MiB appear outside the allocator later. */
     lt_train_clear_stop();
-    lt_guard_options go = {.device = LT_DEVICE_CPU, .allow_low_memory = 1, .interval_s = 0.02,
-                           .plan_bytes = plan.peak_bytes, .on_breach = stop_training};
+    lt_guard_options go = {.device = LT_DEVICE_CPU,
+                           .allow_low_memory = 1,
+                           .interval_s = 0.02,
+                           .plan_bytes = plan.peak_bytes,
+                           .on_breach = stop_training};
     go.ceiling_bytes = lt_sys_process_rss() + 48 * MIB;
     lt_guard *g = NULL;
     assert_int_equal(lt_guard_start(ctx, &go, &g), LT_OK);

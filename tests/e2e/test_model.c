@@ -362,10 +362,8 @@ static void size_table_equals_allocations(void **state) {
                 lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
                 lt_model_batch b = fixture_batch(&f);
                 lt_model_result r;
-                if (fo)
-                    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
-                else
-                    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+                if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+                else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
                 assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
                 lt_safetensors_close(ctx, f.exp);
                 lt_model_free(ctx, m);
@@ -691,8 +689,8 @@ static void chunks_and_bf16_checkpoints(void **state) {
             assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl), LT_OK);
             const float *g = lt_model_lora_grads(m, NULL);
             char what[200];
-            snprintf(what, sizeof what, "%s variant %d (policy %d, recompute attention %d, %s checkpoints)", cases[ci], v,
-                     w % 3, ro.recompute_attention, bf16 ? "bf16" : "f32");
+            snprintf(what, sizeof what, "%s variant %d (policy %d, recompute attention %d, %s checkpoints)", cases[ci],
+                     v, w % 3, ro.recompute_attention, bf16 ? "bf16" : "f32");
             if (v == 0) {
                 loss0 = r.loss_sum;
                 memcpy(tl0, tl, sizeof tl);

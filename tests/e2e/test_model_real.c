@@ -60,9 +60,9 @@ static void real_model_scores_text_and_learns(void **state) {
     lt_tokenizer *tok = NULL;
     assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
     int64_t n = encode(ctx, tok,
-                              "The capital of France is Paris. It is a large city with many museums, and "
-                              "the Eiffel Tower is the most famous building in the city.",
-                              toks, 64);
+                       "The capital of France is Paris. It is a large city with many museums, and "
+                       "the Eiffel Tower is the most famous building in the city.",
+                       toks, 64);
     int64_t np = encode(ctx, tok, "The capital of France is", prompt, 16);
     int32_t paris[4];
     assert_int_equal(encode(ctx, tok, " Paris", paris, 4), 1);

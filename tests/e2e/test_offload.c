@@ -70,7 +70,8 @@ static lt_model_batch make_batch(batch *b, uint64_t step) {
                 int k = r * T + i;
                 b->tokens[k] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
                 b->positions[k] = i - cuts[r][q];
-                b->targets[k] = i + 1 == cuts[r][q + 1] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
+                b->targets[k] =
+                    i + 1 == cuts[r][q + 1] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)tiny.V);
             }
         }
     lt_model_batch mb = {0};
@@ -100,7 +101,8 @@ static void bit_identical_on_cpu(void **state) {
     lt_test_fill_normal(&rng, p, n, 0.1f); /* B != 0 so every gradient is live */
     batch b1, b2;
     lt_model_batch mb1 = make_batch(&b1, 1), mb2 = make_batch(&b2, 2);
-    float *g0 = malloc((size_t)n * 4), *g1 = malloc((size_t)n * 4), *h0 = malloc((size_t)n * 4), *h1 = malloc((size_t)n * 4);
+    float *g0 = malloc((size_t)n * 4), *g1 = malloc((size_t)n * 4), *h0 = malloc((size_t)n * 4),
+          *h1 = malloc((size_t)n * 4);
     assert_true(g0 && g1 && h0 && h1);
     float tl0[N], tl1[N], tm0[N], tm1[N];
     /* policy (all, every:2) x saved dtype x (one chunk and kept attention, or 7-row chunks and
@@ -123,9 +125,9 @@ static void bit_identical_on_cpu(void **state) {
         /* two steps in a row: the slots' tenants from the first must not leak into the second */
         step(ctx, m, &mb1, &l1, tl1, g1, n);
         step(ctx, m, &mb2, &k1, tm1, h1, n);
-        fprintf(stderr, "  variant %2d (%s, %s, chunks %lld, recompute attention %d): loss %.6f, offloaded %zu bytes\n", v,
-                v & 1 ? "every:2" : "all", v & 2 ? "bf16" : "f32", (long long)ro.chunk_rows, ro.recompute_attention, l0 / 40,
-                ms.offload_bytes);
+        fprintf(stderr, "  variant %2d (%s, %s, chunks %lld, recompute attention %d): loss %.6f, offloaded %zu bytes\n",
+                v, v & 1 ? "every:2" : "all", v & 2 ? "bf16" : "f32", (long long)ro.chunk_rows, ro.recompute_attention,
+                l0 / 40, ms.offload_bytes);
         assert_memory_equal(&l0, &l1, sizeof l0);
         assert_memory_equal(&k0, &k1, sizeof k0);
         assert_memory_equal(tl0, tl1, sizeof tl0);
@@ -160,7 +162,9 @@ static void size_table_equals_allocations(void **state) {
         /* the checkpoints that leave the slots: n_ckpt - 2 of (N, C) bf16 */
         int64_t n_ckpt = v ? (LORA_LAYERS + 1) / 2 : LORA_LAYERS;
         assert_int_equal(want.offload_bytes,
-                         lt_alloc_accounted_size(LT_DEVICE_CPU, (size_t)(n_ckpt - 2) * (((size_t)N * (size_t)tiny.C * 2 + 63) / 64 * 64)));
+                         lt_alloc_accounted_size(LT_DEVICE_CPU,
+                                                 (size_t)(n_ckpt - 2) *
+                                                     (((size_t)N * (size_t)tiny.C * 2 + 63) / 64 * 64)));
         size_t run = 0;
         for (int c = LT_MEM_ACTIVATIONS; c < LT_MEM_CLASS_COUNT_; c++) run += want.bytes[c];
         assert_int_equal(after - before, run); /* the CPU's copy queue allocates nothing */
@@ -219,7 +223,8 @@ static void cuda_plan_moves_checkpoints(void **state) {
     po.host_budget_bytes = (size_t)64 << 30;
     int64_t best = 0;
     int found = 0;
-    assert_int_equal(lt_plan_search_max(ctx, &c, &po, LT_PLAN_SEARCH_SEQ, 1 << 22, (size_t)139 << 30, &best, &found), LT_OK);
+    assert_int_equal(lt_plan_search_max(ctx, &c, &po, LT_PLAN_SEARCH_SEQ, 1 << 22, (size_t)139 << 30, &best, &found),
+                     LT_OK);
     assert_true(found);
     po.run.T = best;
     lt_plan at, past;

@@ -56,8 +56,7 @@ typedef struct wbuf {
     int ndim;
 } wbuf;
 
-static void add_tensor(wbuf *w, int *n, const char *name, int64_t rows, int64_t cols, float scale,
-                       float offset) {
+static void add_tensor(wbuf *w, int *n, const char *name, int64_t rows, int64_t cols, float scale, float offset) {
     wbuf *t = &w[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = cols ? 2 : 1;
@@ -88,9 +87,8 @@ static void write_tiny(tiny *t) {
             "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"max_position_embeddings\": 8192, "
             "\"tie_word_embeddings\": %s, \"torch_dtype\": \"float32\", \"bos_token_id\": 1, "
             "\"eos_token_id\": 2}\n",
-            arch_names[t->arch], types[t->arch], (long long)t->V, (long long)t->C, (long long)t->F,
-            (long long)t->L, (long long)t->H, (long long)t->Hkv, (long long)t->D,
-            t->tied ? "true" : "false");
+            arch_names[t->arch], types[t->arch], (long long)t->V, (long long)t->C, (long long)t->F, (long long)t->L,
+            (long long)t->H, (long long)t->Hkv, (long long)t->D, t->tied ? "true" : "false");
     fclose(f);
 
     int cap = 16 + 16 * (int)t->L, n = 0;
@@ -307,13 +305,13 @@ static void search_finds_the_exact_largest_value(void **state) {
         o4.run.T = 4096;
         lt_plan p4;
         assert_int_equal(lt_plan_compute(ctx, &cfg, &o4, &p4), LT_OK);
-        size_t budget = base.peak_bytes +
-                        (size_t)(lt_test_uniform(&rng, 0.1, 0.9) * (double)(p4.peak_bytes - base.peak_bytes));
+        size_t budget =
+            base.peak_bytes + (size_t)(lt_test_uniform(&rng, 0.1, 0.9) * (double)(p4.peak_bytes - base.peak_bytes));
         for (int what = 0; what < 2; what++) {
             int64_t best = 0;
             int found = 0;
-            assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, (lt_plan_search)what, 1 << 16, budget,
-                                                &best, &found), LT_OK);
+            assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, (lt_plan_search)what, 1 << 16, budget, &best, &found),
+                             LT_OK);
             assert_true(found);
             lt_plan_options o = po;
             lt_plan p;
@@ -325,10 +323,8 @@ static void search_finds_the_exact_largest_value(void **state) {
             }
             assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &p), LT_OK);
             assert_true(p.peak_bytes <= budget);
-            if (what == LT_PLAN_SEARCH_SEQ)
-                o.run.T = best + 1;
-            else
-                o.run.B = best + 1;
+            if (what == LT_PLAN_SEARCH_SEQ) o.run.T = best + 1;
+            else o.run.B = best + 1;
             assert_int_equal(lt_plan_compute(ctx, &cfg, &o, &p), LT_OK);
             assert_true(p.peak_bytes > budget);
         }
@@ -336,12 +332,12 @@ static void search_finds_the_exact_largest_value(void **state) {
         int64_t best = 7;
         int found = 1;
         assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, 1 << 16,
-                                            base.bytes[LT_PLAN_WEIGHTS] / 2, &best, &found), LT_OK);
+                                            base.bytes[LT_PLAN_WEIGHTS] / 2, &best, &found),
+                         LT_OK);
         assert_false(found);
         assert_int_equal(best, 0);
         /* A saturated search returns the upper bound. */
-        assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_BATCH, 64, SIZE_MAX, &best,
-                                            &found), LT_OK);
+        assert_int_equal(lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_BATCH, 64, SIZE_MAX, &best, &found), LT_OK);
         assert_true(found);
         assert_int_equal(best, 64);
     }
@@ -416,8 +412,8 @@ static step_buffers make_batch(int64_t B, int64_t T, int64_t V) {
     assert_true(sb.tokens && sb.targets && sb.offsets);
     for (int64_t i = 0; i < B * T; i++) {
         sb.tokens[i] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
-        sb.targets[i] = lt_test_rand_u64(&rng) % 8 == 0 ? LT_IGNORE_INDEX
-                                                        : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
+        sb.targets[i] =
+            lt_test_rand_u64(&rng) % 8 == 0 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)V);
     }
     for (int64_t b = 0; b < B; b++) {
         int32_t *o = sb.offsets + b * (sb.S + 1);
@@ -440,8 +436,8 @@ static void free_batch(step_buffers *sb) {
 /* Model load + prepare + the optimizer state + one forward/backward + one AdamW update, all
  * through the accounting allocator, as the trainer runs it. Returns the first failure; frees
  * everything either way. */
-static lt_status load_and_step(lt_ctx *ctx, const tiny *t, const lt_plan_options *po,
-                               const step_buffers *sb, int quantize) {
+static lt_status load_and_step(lt_ctx *ctx, const tiny *t, const lt_plan_options *po, const step_buffers *sb,
+                               int quantize) {
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
     mo.quantize = quantize;
@@ -499,7 +495,7 @@ typedef struct arm_case {
     const char *recompute;
     lt_attention_impl att;
     lt_lce_impl loss;
-    int threads; /* workspaces are sized per thread, so the plan must use the run's count */
+    int threads;  /* workspaces are sized per thread, so the plan must use the run's count */
     int quantize; /* QLoRA: projections held as INT4_G64 */
 } arm_case;
 
@@ -514,8 +510,7 @@ static void check_case(const arm_case *c, double *worst_lo, double *worst_hi) {
     po.run.attention = c->att;
     po.run.loss = c->loss;
     po.lora.rank = 4;
-    assert_int_equal(lt_plan_recompute_parse(ctx, c->recompute, &po.run.recompute, &po.run.recompute_k),
-                     LT_OK);
+    assert_int_equal(lt_plan_recompute_parse(ctx, c->recompute, &po.run.recompute, &po.run.recompute_k), LT_OK);
     lt_model_config cfg = config_of_q(ctx, t, c->quantize);
     assert_int_equal(cfg.proj_dtype[LT_PROJ_DOWN], c->quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32);
     lt_plan p;
@@ -529,15 +524,17 @@ static void check_case(const arm_case *c, double *worst_lo, double *worst_hi) {
     lt_mem_stats ms = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
     assert_int_equal(ms.used_bytes, 0);
     double ratio = (double)ms.peak_bytes / (double)p.peak_bytes;
-    fprintf(stderr, "  %-5s%s B=%lld T=%-5lld recompute=%-7s attention=%-5s loss=%-5s plan %10zu "
-            "measured %10zu ratio %.4f (%d threads, %.2f s)\n", t->name, c->quantize ? "+q4" : "   ", (long long)c->B, (long long)c->T, c->recompute,
-            lt_plan_attention_name(c->att), lt_plan_loss_name(c->loss), p.peak_bytes, ms.peak_bytes, ratio, c->threads, dt);
+    fprintf(stderr,
+            "  %-5s%s B=%lld T=%-5lld recompute=%-7s attention=%-5s loss=%-5s plan %10zu "
+            "measured %10zu ratio %.4f (%d threads, %.2f s)\n",
+            t->name, c->quantize ? "+q4" : "   ", (long long)c->B, (long long)c->T, c->recompute,
+            lt_plan_attention_name(c->att), lt_plan_loss_name(c->loss), p.peak_bytes, ms.peak_bytes, ratio, c->threads,
+            dt);
     if (ratio < *worst_lo) *worst_lo = ratio;
     if (ratio > *worst_hi) *worst_hi = ratio;
     free_batch(&sb);
     lt_ctx_free(ctx);
-    if (ratio < BAR_LO || ratio > BAR_HI)
-        fail_msg("measured/plan %.4f outside [%.2f, %.2f]", ratio, BAR_LO, BAR_HI);
+    if (ratio < BAR_LO || ratio > BAR_HI) fail_msg("measured/plan %.4f outside [%.2f, %.2f]", ratio, BAR_LO, BAR_HI);
 }
 
 static void measured_high_water_matches_plan(void **state) {
@@ -584,10 +581,8 @@ static void real_smollm2_measured_matches_plan(void **state) {
     tiny t;
     memset(&t, 0, sizeof t);
     t.name = "smol2";
-    if (c)
-        snprintf(t.dir, sizeof t.dir, "%s/smollm2-135m-instruct-q4_1.gguf", c);
-    else
-        snprintf(t.dir, sizeof t.dir, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
+    if (c) snprintf(t.dir, sizeof t.dir, "%s/smollm2-135m-instruct-q4_1.gguf", c);
+    else snprintf(t.dir, sizeof t.dir, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
     /* One CPU step of a 135M model takes about a minute on a busy two-core machine: opt-in. */
     const char *slow = getenv("LONGTUNE_SLOW_TESTS");
     if (!slow || strcmp(slow, "1")) {
@@ -660,12 +655,10 @@ static void every_failed_allocation_is_a_clean_oom(void **state) {
             assert_int_equal(s, LT_OK); /* past the last allocation: nothing fails */
         }
         lt_mem_stats ms = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
-        if (ms.used_bytes)
-            fail_msg("failing allocation %llu leaked %zu bytes", (unsigned long long)k, ms.used_bytes);
+        if (ms.used_bytes) fail_msg("failing allocation %llu leaked %zu bytes", (unsigned long long)k, ms.used_bytes);
         lt_ctx_free(ctx);
     }
-    fprintf(stderr, "fault injection: %llu allocations, each failed once, cleanly\n",
-            (unsigned long long)total);
+    fprintf(stderr, "fault injection: %llu allocations, each failed once, cleanly\n", (unsigned long long)total);
     free_batch(&sb);
 }
 
@@ -769,7 +762,8 @@ static void train_plan_adds_the_runs_own_bytes(void **state) {
     int64_t best = 0;
     int found = 0;
     size_t budget = p.peak_bytes * 3;
-    assert_int_equal(lt_train_plan_search(ctx, &o, &cfg, &po, &held[0], LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &best, &found),
+    assert_int_equal(lt_train_plan_search(ctx, &o, &cfg, &po, &held[0], LT_PLAN_SEARCH_SEQ, 1 << 20, budget, &best,
+                                          &found),
                      LT_OK);
     assert_true(found && best > 96);
     lt_plan_options at = po;

@@ -45,8 +45,7 @@ static void qlora_lowers_validation_loss(void **state) {
     if (s != LT_OK) fprintf(stderr, "train: %s\n", lt_ctx_error(ctx));
     assert_int_equal(s, LT_OK);
     fprintf(stderr, "real model: val loss %.4f -> %.4f in %lld steps, %.1f s, peak %zu bytes, plan %zu\n",
-            res.first_val_loss, res.last_val_loss, (long long)res.steps, res.elapsed_s, res.peak_bytes,
-            res.plan_bytes);
+            res.first_val_loss, res.last_val_loss, (long long)res.steps, res.elapsed_s, res.peak_bytes, res.plan_bytes);
     assert_true(isfinite(res.first_val_loss) && isfinite(res.last_val_loss));
     assert_true(res.last_val_loss < res.first_val_loss);
     const char *files[] = {"adapter_config.json", "adapter_model.safetensors", LT_TRAIN_CHECKPOINT_FILE,

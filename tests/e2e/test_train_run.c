@@ -54,7 +54,10 @@ static void make_model(void) {
     char names[NT][96];
     float *bufs[NT];
     int n = 0;
-    struct { const char *fmt; int64_t r, c; } per_layer[9] = {
+    struct {
+        const char *fmt;
+        int64_t r, c;
+    } per_layer[9] = {
         {"model.layers.%d.input_layernorm.weight", C, 0},
         {"model.layers.%d.self_attn.q_proj.weight", H * D, C},
         {"model.layers.%d.self_attn.k_proj.weight", HKV * D, C},
@@ -82,8 +85,7 @@ static void make_model(void) {
         bufs[t] = malloc((size_t)numel * sizeof(float));
         if (norm)
             for (int64_t i = 0; i < numel; i++) bufs[t][i] = 1.0f + 0.1f * (float)lt_test_normal(&rng);
-        else
-            lt_test_fill_normal(&rng, bufs[t], numel, t == 0 ? 1.0f : 0.15f);
+        else lt_test_fill_normal(&rng, bufs[t], numel, t == 0 ? 1.0f : 0.15f);
         int64_t shape[2] = {r, c};
         e[n].name = names[t];
         e[n].tensor = lt_tensor_view(bufs[t], LT_DTYPE_F32, LT_DEVICE_CPU, c ? 2 : 1, shape);

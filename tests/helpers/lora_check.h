@@ -9,15 +9,15 @@
 #include "backend/backend.h"
 
 typedef struct lt_lora_case {
-    int G;               /* projections sharing x: 1..3 */
-    int64_t out[3];      /* their output widths */
-    int adapted[3];      /* 1: carries an adapter */
+    int G;          /* projections sharing x: 1..3 */
+    int64_t out[3]; /* their output widths */
+    int adapted[3]; /* 1: carries an adapter */
     int64_t in, n, r;
     float s, beta;
-    int bias;            /* forward: add a bias to every projection */
-    int lu_only;         /* forward: y = NULL (only lu) */
-    int no_dx;           /* backward: dx = NULL */
-    lt_dtype wdtype;     /* F32 or BF16 weights */
+    int bias;        /* forward: add a bias to every projection */
+    int lu_only;     /* forward: y = NULL (only lu) */
+    int no_dx;       /* backward: dx = NULL */
+    lt_dtype wdtype; /* F32 or BF16 weights */
 } lt_lora_case;
 
 /* Worst relative errors (max |got - ref| / max |ref|) over the outputs of one case; +inf for a

@@ -51,14 +51,14 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
     assert_true(e && names && bufs);
     int64_t qd = t->H * t->D, kvd = t->Hkv * t->D;
     /* one tensor: name, rows, cols (0 = a vector), kind (0 matrix, 1 norm, 3 embedding) */
-#define ADD(r, c, kind)                                                                                     \
-    do {                                                                                                    \
-        assert_true(n < max);                                                                               \
-        bufs[n] = tensor(t, r, c, kind, rng);                                                               \
-        int64_t shape_[2] = {r, c};                                                                         \
-        e[n].name = names[n];                                                                               \
-        e[n].tensor = lt_tensor_view(bufs[n], t->dtype, LT_DEVICE_CPU, (c) ? 2 : 1, shape_);                \
-        n++;                                                                                                \
+#define ADD(r, c, kind)                                                                      \
+    do {                                                                                     \
+        assert_true(n < max);                                                                \
+        bufs[n] = tensor(t, r, c, kind, rng);                                                \
+        int64_t shape_[2] = {r, c};                                                          \
+        e[n].name = names[n];                                                                \
+        e[n].tensor = lt_tensor_view(bufs[n], t->dtype, LT_DEVICE_CPU, (c) ? 2 : 1, shape_); \
+        n++;                                                                                 \
     } while (0)
     snprintf(names[n], 96, "model.embed_tokens.weight");
     ADD(t->V, t->C, 3);
@@ -66,9 +66,11 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
     ADD(t->C, 0, 1);
     snprintf(names[n], 96, "lm_head.weight");
     ADD(t->V, t->C, 0);
-    static const char *const part[9] = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-                                        "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    static const char *const part[9] = {"input_layernorm",  "post_attention_layernorm",
+                                        "self_attn.q_proj", "self_attn.k_proj",
+                                        "self_attn.v_proj", "self_attn.o_proj",
+                                        "mlp.gate_proj",    "mlp.up_proj",
+                                        "mlp.down_proj"};
     for (int64_t l = 0; l < t->L; l++) {
         const int64_t rows[9] = {t->C, t->C, qd, kvd, kvd, t->C, t->F, t->F, t->C};
         const int64_t cols[9] = {0, 0, t->C, t->C, t->C, qd, t->C, t->C, t->F};

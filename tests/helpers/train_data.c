@@ -44,8 +44,8 @@ static void rm_files_and_dir(const char *dir, const char *const *files, int n) {
 }
 
 void lt_test_rm_adapter_dir(const char *dir) {
-    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors",
-                                        LT_TRAIN_CHECKPOINT_FILE, "metrics.jsonl"};
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", LT_TRAIN_CHECKPOINT_FILE,
+                                        "metrics.jsonl"};
     rm_files_and_dir(dir, files, 4);
 }
 

@@ -88,9 +88,9 @@ typedef struct op_case op_case;
 struct op_case {
     const char *op;
     void (*run)(const op_case *c, env *e);
-    int64_t s[4];  /* shapes, per op (named in each run function) */
-    lt_dtype dt;   /* the weight / table / head dtype, where the op has one */
-    int opt;       /* per-op options (bits named in each run function) */
+    int64_t s[4]; /* shapes, per op (named in each run function) */
+    lt_dtype dt;  /* the weight / table / head dtype, where the op has one */
+    int opt;      /* per-op options (bits named in each run function) */
 };
 
 /* ---- gemm: s = {M, N, K, pad}; every transpose combination, each with beta = 0 (C poisoned:
@@ -213,8 +213,8 @@ static const lt_lora_case lora_rows[] = {
     {3, {48, 16, 16}, {1, 1, 1}, 64, 37, 4, 2.0f, 0.0f, 1, 0, 0, LT_DTYPE_F32},
     {3, {48, 16, 16}, {1, 0, 1}, 64, 37, 4, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_F32}, /* k without an adapter */
     {1, {40, 0, 0}, {1, 0, 0}, 96, 29, 8, 0.5f, 1.0f, 0, 0, 0, LT_DTYPE_BF16},
-    {1, {40, 0, 0}, {1, 0, 0}, 96, 29, 8, 0.5f, 0.0f, 0, 0, 1, LT_DTYPE_BF16},  /* no dx */
-    {2, {72, 72, 0}, {1, 1, 0}, 32, 17, 3, 1.5f, 0.0f, 0, 1, 0, LT_DTYPE_F32},  /* lu only */
+    {1, {40, 0, 0}, {1, 0, 0}, 96, 29, 8, 0.5f, 0.0f, 0, 0, 1, LT_DTYPE_BF16}, /* no dx */
+    {2, {72, 72, 0}, {1, 1, 0}, 32, 17, 3, 1.5f, 0.0f, 0, 1, 0, LT_DTYPE_F32}, /* lu only */
     /* the CUDA fused kernels: bf16 down-products, the rank update first, the tall reduction */
     {3, {256, 64, 64}, {1, 1, 1}, 256, 1100, 8, 2.0f, 0.0f, 1, 0, 0, LT_DTYPE_BF16},
     {3, {256, 64, 64}, {1, 0, 1}, 256, 1100, 8, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_BF16},
@@ -222,9 +222,9 @@ static const lt_lora_case lora_rows[] = {
     {1, {512, 0, 0}, {1, 0, 0}, 128, 1030, 16, 0.5f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
     {2, {384, 384, 0}, {1, 1, 0}, 128, 700, 4, 1.0f, 0.0f, 0, 0, 1, LT_DTYPE_F32},
     /* and the shapes the CUDA table leaves to the reference composition */
-    {2, {96, 96, 0}, {1, 1, 0}, 64, 300, 6, 2.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},  /* rank 6 */
-    {1, {64, 0, 0}, {1, 0, 0}, 36, 200, 8, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_F32},    /* in % 8 != 0 */
-    {1, {128, 0, 0}, {1, 0, 0}, 64, 500, 8, 1.0f, 0.0f, 0, 1, 0, LT_DTYPE_BF16},  /* lu only */
+    {2, {96, 96, 0}, {1, 1, 0}, 64, 300, 6, 2.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16}, /* rank 6 */
+    {1, {64, 0, 0}, {1, 0, 0}, 36, 200, 8, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_F32},   /* in % 8 != 0 */
+    {1, {128, 0, 0}, {1, 0, 0}, 64, 500, 8, 1.0f, 0.0f, 0, 1, 0, LT_DTYPE_BF16}, /* lu only */
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -323,8 +323,9 @@ static void run_rope(const op_case *c, env *e) {
                     const double ang = (double)((float)pos[t] * inv[i % half]); /* fp32 angle, as transformers */
                     const double co = cos(ang), si = sg * sin(ang);
                     const double want = i < half ? v[i] * co - v[i + half] * si : v[i] * co + v[i - half] * si;
-                    CHECK(e, bad(y[(t * Hh + h) * D + i], want, 1, tol, inverse ? "rope inverse" : "rope",
-                                 (t * Hh + h) * D + i));
+                    CHECK(e,
+                          bad(y[(t * Hh + h) * D + i], want, 1, tol, inverse ? "rope inverse" : "rope",
+                              (t * Hh + h) * D + i));
                 }
     }
     /* the backward is the inverse rotation, the adjoint of the orthogonal forward:
@@ -422,8 +423,9 @@ static void run_add_bias_scale(const op_case *c, env *e) {
     memcpy(before, got, F4(n));
     down(e, got, d_y, F4(n));
     for (int64_t i = 0; i < n; i++)
-        CHECK(e, bad(got[i], (double)before[i] - 0.37 * (double)x[i], fabs(0.37 * x[i]), tol_for(LT_DTYPE_F32, 2),
-                     "add", i));
+        CHECK(e,
+              bad(got[i], (double)before[i] - 0.37 * (double)x[i], fabs(0.37 * x[i]), tol_for(LT_DTYPE_F32, 2), "add",
+                  i));
     memcpy(before, got, F4(n));
     e->be->scale(e->ctx, d_y, 1.7f, n);
     down(e, got, d_y, F4(n));
@@ -462,7 +464,7 @@ static void run_dropout(const op_case *c, env *e) {
             e->be->dropout(e->ctx, d_x, d_y, n, p, seed, offs[oi]);
             down(e, want, d_y, F4(n));
             CHECK(e, memcmp(got, want, F4(n)) != 0); /* deterministic */
-            if (p > 0) { /* another offset draws another mask */
+            if (p > 0) {                             /* another offset draws another mask */
                 e->be->dropout(e->ctx, d_x, d_y, n, p, seed, offs[oi] + (uint64_t)n);
                 down(e, want, d_y, F4(n));
                 int64_t same = 0;
@@ -747,8 +749,8 @@ static void run_attention(const op_case *c, env *e) {
         }
         free(fb);
         const double eq = eg[0], ek = eg[1], ev = eg[2];
-        fprintf(stderr, "    out %.2e lse %.2e (tol %.2e) dq %.2e dk %.2e dv %.2e (tol %.2e)\n", eo, el, tf, eq, ek,
-                ev, tb);
+        fprintf(stderr, "    out %.2e lse %.2e (tol %.2e) dq %.2e dk %.2e dv %.2e (tol %.2e)\n", eo, el, tf, eq, ek, ev,
+                tb);
         CHECK(e, !(eo <= tf && el <= tf && eq <= tb && ek <= tb && ev <= tb));
         free(buf), free(gl), free(got);
     }
@@ -774,7 +776,7 @@ static void run_lce(const op_case *c, env *e) {
     const lt_dtype dt = input_dtype(e->be, PREC_INPUTS);
     const int64_t N = c->s[0], C = c->s[1], V = c->s[2];
     lt_ref_lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
-                  NULL};
+                         NULL};
     const int64_t nloss = o.red == LT_REDUCTION_NONE ? N : 1;
     double *hd = fresh_in(&e->rng, N * C, dt), *wd = malloc(sizeof(double) * (size_t)(V * C));
     /* the head: fresh values scaled to keep logits O(1), stored in c->dt; the reference uses the
@@ -858,8 +860,10 @@ static void run_lce(const op_case *c, env *e) {
             for (int64_t i = 0; i < N; i++)
                 for (int64_t k = 0; k < C && tgt[i] == LT_IGNORE_INDEX; k++) CHECK(e, gdh[i * C + k] != 0);
         }
-        fprintf(stderr, "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e lse %.2e"
-                " dh %.2e\n", err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
+        fprintf(stderr,
+                "    loss %.2e lse %.2e (tol %.2e) dh %.2e (tol %.2e); forward_backward loss %.2e lse %.2e"
+                " dh %.2e\n",
+                err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
         for (int pass = 0; pass < 2; pass++)
             CHECK(e, !(err[pass * 3] <= tf && err[pass * 3 + 1] <= tf && err[pass * 3 + 2] <= tb));
         free(gloss), free(glse), free(gdh), free(got), free(lref);
@@ -894,16 +898,16 @@ static const op_case cases[] = {
     {"gemm", run_gemm, {45, 83, 8, 0}, 0, 1},
     {"gemm", run_gemm, {21, 40, 16, 0}, 0, 1},
     {"gemm", run_gemm, {8, 300, 1000, 0}, 0, 2},
-    {"gemm", run_gemm, {333, 8, 1060, 0}, 0, 1},   /* lu = x·Aᵀ, dlu = dy·B */
+    {"gemm", run_gemm, {333, 8, 1060, 0}, 0, 1}, /* lu = x·Aᵀ, dlu = dy·B */
     {"gemm", run_gemm, {333, 13, 1060, 4}, 0, 1},
-    {"gemm", run_gemm, {8, 300, 2100, 4}, 0, 2},   /* dA += dluᵀ·x */
+    {"gemm", run_gemm, {8, 300, 2100, 4}, 0, 2}, /* dA += dluᵀ·x */
     {"gemm", run_gemm, {13, 300, 2100, 0}, 0, 2},
-    {"gemm", run_gemm, {260, 8, 2100, 4}, 0, 1},   /* dB = dyᵀ·lu */
+    {"gemm", run_gemm, {260, 8, 2100, 4}, 0, 1}, /* dB = dyᵀ·lu */
     {"gemm", run_gemm, {260, 13, 2100, 0}, 0, 1},
-    {"gemm", run_gemm, {333, 300, 8, 4}, 0, 2},    /* y += lu·Bᵀ, dx = dlu·A */
+    {"gemm", run_gemm, {333, 300, 8, 4}, 0, 2}, /* y += lu·Bᵀ, dx = dlu·A */
     {"gemm", run_gemm, {333, 300, 13, 0}, 0, 2},
-    {"gemm", run_gemm, {100, 8, 1000, 1}, 0, 1},   /* unaligned */
-    {"gemm", run_gemm, {5, 7, 0, 0}, 0, 1},        /* K = 0: C = beta·C */
+    {"gemm", run_gemm, {100, 8, 1000, 1}, 0, 1}, /* unaligned */
+    {"gemm", run_gemm, {5, 7, 0, 0}, 0, 1},      /* K = 0: C = beta·C */
     /* matmul {out, in, N}: every weight dtype both ways (out not a multiple of a tile, N not of a
      * chunk), accumulating on half; two weight tiles; one row; two chunks of x rows */
     {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_F32, NT},
@@ -921,11 +925,11 @@ static const op_case cases[] = {
     {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_INT4_G64, NT},
     {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_INT4_G64, NN | ACC},
     {"matmul", run_matmul, {150, 128, 70}, LT_DTYPE_INT4_G64, NT | ACC},
-    {"matmul", run_matmul, {16512, 4096, 3}, LT_DTYPE_Q4_0, NT},       /* two weight tiles */
+    {"matmul", run_matmul, {16512, 4096, 3}, LT_DTYPE_Q4_0, NT}, /* two weight tiles */
     {"matmul", run_matmul, {16512, 4096, 3}, LT_DTYPE_Q4_0, NN | ACC},
-    {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_Q4_1, NT},          /* one row */
+    {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_Q4_1, NT}, /* one row */
     {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_BF16, NN | ACC},
-    {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_BF16, NT | ACC},   /* two chunks of x */
+    {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_BF16, NT | ACC}, /* two chunks of x */
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_Q8_0, NN},
     /* lora_fwd + lora_bwd {G, in, n, r} of lora_rows[opt] */
     {"lora", run_lora, {3, 64, 37, 4}, LT_DTYPE_F32, 0},

@@ -43,8 +43,9 @@ static void f32_matmul_same_for_any_thread_count(void **state) {
                     memcpy(y, y0, (size_t)(N * yw) * 4);
                     be()->matmul(ctx, mode, &w, x, N, beta, y, NULL);
                     if (memcmp(y, ref, (size_t)(N * yw) * 4)) {
-                        fail_msg("matmul %s N=%lld out=%lld in=%lld beta=%g: %d threads differ from 1", nn ? "NN" : "NT",
-                                 (long long)N, (long long)out, (long long)in, (double)beta, threads[ti]);
+                        fail_msg("matmul %s N=%lld out=%lld in=%lld beta=%g: %d threads differ from 1",
+                                 nn ? "NN" : "NT", (long long)N, (long long)out, (long long)in, (double)beta,
+                                 threads[ti]);
                     }
                 }
                 free(W), free(x), free(y0), free(ref), free(y);
@@ -64,13 +65,14 @@ static void lora_gemms_same_for_any_thread_count(void **state) {
     for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++) {
         const int64_t r = ranks[ri];
         /* {ta, tb, M, N, K} as the model calls them */
-        const int64_t calls[][5] = {{0, 1, N, r, in},   {0, 1, N, out, r}, {1, 0, out, r, N},
+        const int64_t calls[][5] = {{0, 1, N, r, in},  {0, 1, N, out, r}, {1, 0, out, r, N},
                                     {0, 0, N, r, out}, {1, 0, r, in, N},  {0, 0, N, in, r}};
         for (size_t ci = 0; ci < sizeof calls / sizeof *calls; ci++) {
             const int ta = (int)calls[ci][0], tb = (int)calls[ci][1];
             const int64_t M = calls[ci][2], Nc = calls[ci][3], K = calls[ci][4];
             const int64_t lda = ta ? M : K, ldb = tb ? K : Nc;
-            float *A = lt_test_fresh(&rng, (ta ? K : M) * lda, 1.0f), *B = lt_test_fresh(&rng, (tb ? Nc : K) * ldb, 1.0f);
+            float *A = lt_test_fresh(&rng, (ta ? K : M) * lda, 1.0f),
+                  *B = lt_test_fresh(&rng, (tb ? Nc : K) * ldb, 1.0f);
             float *C0 = lt_test_fresh(&rng, M * Nc, 1.0f), *ref = malloc((size_t)(M * Nc) * 4);
             float *C = malloc((size_t)(M * Nc) * 4);
             lt_ctx_set_threads(ctx, 1);

@@ -47,7 +47,6 @@ static void dfree(lt_ctx *ctx, void *d, size_t bytes) { lt_free(ctx, LT_DEVICE_C
 
 #define F4(n) ((size_t)(n) * sizeof(float))
 
-
 /* W (out, in) of dtype dt built from random floats; wd gets the exact weights the op must use. */
 static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in, float *wd) {
     size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
@@ -119,7 +118,7 @@ static void attention_case(lt_ctx *ctx, uint64_t *rng, int64_t B, int64_t T, int
     /* f32 on the device */
     float *d_qkv = up(ctx, qkv, F4(nf)), *d_g = up(ctx, g, F4(no)), *d_o = up(ctx, P, F4(no));
     float *d_lse = up(ctx, P, F4(nl)), *d_dqkv = up(ctx, P, F4(nf));
-    lt_attention_args a = {d_qkv, d_qkv + H * D, d_qkv + (H + Hkv) * D, d_o, d_lse, d_g,
+    lt_attention_args a = {d_qkv,  d_qkv + H * D,  d_qkv + (H + Hkv) * D,  d_o,  d_lse, d_g,
                            d_dqkv, d_dqkv + H * D, d_dqkv + (H + Hkv) * D, NULL, 0};
     p.dtype = LT_DTYPE_F32;
     assert_int_equal(lt_attention_forward(ctx, &p, &a), LT_OK);
@@ -150,14 +149,15 @@ static void attention_case(lt_ctx *ctx, uint64_t *rng, int64_t B, int64_t T, int
     pc.device = LT_DEVICE_CPU, pc.dtype = LT_DTYPE_F32;
     float *co = malloc(F4(no)), *clse = malloc(F4(nl)), *cd = malloc(F4(nf));
     memcpy(cd, P, F4(nf));
-    lt_attention_args ac = {qkv, qkv + H * D, qkv + (H + Hkv) * D, co, clse, g, cd, cd + H * D, cd + (H + Hkv) * D,
-                            NULL, 0};
+    lt_attention_args ac = {qkv, qkv + H * D, qkv + (H + Hkv) * D, co,   clse, g,
+                            cd,  cd + H * D,  cd + (H + Hkv) * D,  NULL, 0};
     assert_int_equal(lt_attention_forward(ctx, &pc, &ac), LT_OK);
     assert_int_equal(lt_attention_backward(ctx, &pc, &ac), LT_OK);
     double eo = rel_err_ff(o32, co, no), el = rel_err_ff(lse32, clse, nl), ed = rel_err_ff(dqkv32, cd, nf);
-    fprintf(stderr, "  attention f32 T=%lld D=%lld H=%lld/%lld win=%lld packed=%d: vs bf16 path dqkv %.3g; vs cpu "
-            "out %.3g lse %.3g dqkv %.3g\n", (long long)T, (long long)D, (long long)H, (long long)Hkv,
-            (long long)window, packed, e_same, eo, el, ed);
+    fprintf(stderr,
+            "  attention f32 T=%lld D=%lld H=%lld/%lld win=%lld packed=%d: vs bf16 path dqkv %.3g; vs cpu "
+            "out %.3g lse %.3g dqkv %.3g\n",
+            (long long)T, (long long)D, (long long)H, (long long)Hkv, (long long)window, packed, e_same, eo, el, ed);
     assert_true(eo <= TOL_F32_PATH_VS_CPU && el <= TOL_F32_PATH_VS_CPU && ed <= TOL_F32_PATH_VS_CPU);
     /* the workspace the boundary allocated was counted exactly: nothing is left allocated */
     dfree(ctx, d_qkv, F4(nf)), dfree(ctx, d_g, F4(no)), dfree(ctx, d_o, F4(no)), dfree(ctx, d_lse, F4(nl));
@@ -264,8 +264,8 @@ static void lce_f32_on_device(void **state) {
         if (tgt[i] == LT_IGNORE_INDEX) lse32[i] = clse[i] = 0;
     double el = fabs((double)loss32 - closs) / fabs((double)closs), ee = rel_err_ff(lse32, clse, N),
            ed = rel_err_ff(dh32, cdh, N * C);
-    fprintf(stderr, "  lce f32 h N=%lld C=%lld V=%lld vs cpu: loss %.3g lse %.3g dh %.3g\n", (long long)N,
-            (long long)C, (long long)V, el, ee, ed);
+    fprintf(stderr, "  lce f32 h N=%lld C=%lld V=%lld vs cpu: loss %.3g lse %.3g dh %.3g\n", (long long)N, (long long)C,
+            (long long)V, el, ee, ed);
     assert_true(el <= TOL_F32_PATH_VS_CPU && ee <= TOL_F32_PATH_VS_CPU && ed <= TOL_F32_PATH_VS_CPU);
     lt_free(ctx, LT_DEVICE_CUDA, ws, wsb);
     dfree(ctx, d_h, F4(N * C)), dfree(ctx, d_dh, F4(N * C)), dfree(ctx, d_lse, F4(N)), dfree(ctx, d_loss, 4);
@@ -329,7 +329,8 @@ static void profiler_times_device_ops(void **state) {
     fprintf(stderr, "  profiler: matmul %.3f ms (x to bf16 %.3f ms), forward phase %.3f ms\n",
             t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL], t.op_ms[LT_PROF_FORWARD][LT_PROF_MATMUL_CVT],
             t.phase_ms[LT_PROF_FORWARD]);
-    dfree(ctx, w.data, (size_t)(out * in) * 2), dfree(ctx, ws, wsb), dfree(ctx, dx, F4(N * in)), dfree(ctx, dy, F4(N * out));
+    dfree(ctx, w.data, (size_t)(out * in) * 2), dfree(ctx, ws, wsb), dfree(ctx, dx, F4(N * in)),
+        dfree(ctx, dy, F4(N * out));
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
     free(wd), free(wq), free(x), free(y1), free(y2);
     lt_ctx_free(ctx);
@@ -352,7 +353,8 @@ static void matmul_same_x_reuses_conversion(void **state) {
     void *ws = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "test workspace");
     float *x = lt_test_fresh(&rng, N * in, 1), *x2 = lt_test_fresh(&rng, N * in, 1);
     float *dx = up(ctx, x, F4(N * in)), *dx2 = up(ctx, x2, F4(N * in));
-    float *dy1 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o1), "y1"), *dy2 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o2), "y2");
+    float *dy1 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o1), "y1"),
+          *dy2 = lt_alloc(ctx, LT_DEVICE_CUDA, F4(N * o2), "y2");
     float *want = malloc(F4(N * o2)), *got = malloc(F4(N * o2)), *want2 = malloc(F4(N * o2));
     lt_backend_cuda.matmul(ctx, LT_MATMUL_NT, &w2, dx, N, 0.0f, dy2, ws);
     down(ctx, want, dy2, F4(N * o2));

@@ -43,13 +43,13 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 static void write_text(const char *path, const char *s) { write_bytes(path, s, strlen(s)); }
 
 /* Asserts status and that the context's message contains `frag`. */
-#define EXPECT(ctx, call, status, frag)                                                                \
-    do {                                                                                               \
-        lt_status s_ = (call);                                                                         \
-        const char *m_ = lt_ctx_error(ctx);                                                            \
-        if (s_ != (status) || !strstr(m_, (frag)))                                                     \
-            fail_msg("%s: got %s \"%s\", expected %s with \"%s\"", #call, lt_status_str(s_), m_,     \
-                     lt_status_str(status), (frag));                                                  \
+#define EXPECT(ctx, call, status, frag)                                                          \
+    do {                                                                                         \
+        lt_status s_ = (call);                                                                   \
+        const char *m_ = lt_ctx_error(ctx);                                                      \
+        if (s_ != (status) || !strstr(m_, (frag)))                                               \
+            fail_msg("%s: got %s \"%s\", expected %s with \"%s\"", #call, lt_status_str(s_), m_, \
+                     lt_status_str(status), (frag));                                             \
     } while (0)
 
 /* ---- a tiny GGUF writer ---- */
@@ -122,10 +122,12 @@ static void gguf_truncated(void **state) {
     assert_int_equal(gguf_open_bytes(ctx, &b, b.n), LT_OK);
     EXPECT(ctx, gguf_open_bytes(ctx, &b, 10), LT_ERR_FORMAT, "is too short for a GGUF header");
     /* Cut inside the tensor info (after the key-value section). */
-    EXPECT(ctx, gguf_open_bytes(ctx, &b, 24 + 8 + 20 + 4 + 8 + 5 + 8), LT_ERR_FORMAT, "tensor 0: name runs past the end of the file");
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, 24 + 8 + 20 + 4 + 8 + 5 + 8), LT_ERR_FORMAT,
+           "tensor 0: name runs past the end of the file");
     EXPECT(ctx, gguf_open_bytes(ctx, &b, 24 + 8 + 20 + 4 + 8 + 9 + 4 + 8), LT_ERR_FORMAT, "tensor 'w': truncated info");
     /* Cut inside the data: the tensor runs past the end. */
-    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n - 1), LT_ERR_FORMAT, "tensor 'w': data [0, +32) lies past the end of the file");
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n - 1), LT_ERR_FORMAT,
+           "tensor 'w': data [0, +32) lies past the end of the file");
     lt_ctx_free(ctx);
 }
 
@@ -150,7 +152,8 @@ static void gguf_offset_past_end(void **state) {
     uint64_t d[1] = {8};
     put_tensor(&b, "w", 1, d, 0, 1ull << 40);
     put_data(&b, 32);
-    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT, "tensor 'w': data [1099511627776, +32) lies past the end");
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT,
+           "tensor 'w': data [1099511627776, +32) lies past the end");
     lt_ctx_free(ctx);
 }
 
@@ -168,7 +171,8 @@ static void gguf_overflowing_dimensions(void **state) {
     uint64_t d2[1] = {1ull << 63};
     put_tensor(&b, "w", 1, d2, 0, 0);
     put_data(&b, 32);
-    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT, "tensor 'w': dimension 0 = 9223372036854775808 overflows");
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT,
+           "tensor 'w': dimension 0 = 9223372036854775808 overflows");
     /* Counts that cannot fit the file. */
     b.n = 0;
     put_header(&b, 1ull << 60, 0);
@@ -191,7 +195,8 @@ static void gguf_wrong_dtype(void **state) {
     lt_status s = lt_gguf_open(ctx, p, &g);
     if (s == LT_OK) {
         lt_tensor t;
-        EXPECT(ctx, lt_gguf_find_tensor(ctx, g, "w", &t), LT_ERR_UNSUPPORTED, "GGUF tensor 'w' has unknown ggml type 200");
+        EXPECT(ctx, lt_gguf_find_tensor(ctx, g, "w", &t), LT_ERR_UNSUPPORTED,
+               "GGUF tensor 'w' has unknown ggml type 200");
         lt_gguf_close(g);
     } else {
         EXPECT(ctx, s, LT_ERR_FORMAT, "tensor 'w'");
@@ -226,7 +231,8 @@ static void gguf_string_past_end(void **state) {
     put_u32(&b, 8);
     put_u64(&b, 1000); /* string length past the end */
     put(&b, "abc", 3);
-    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT, "key 'general.name': string runs past the end of the file");
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT,
+           "key 'general.name': string runs past the end of the file");
     lt_ctx_free(ctx);
 }
 
@@ -269,7 +275,8 @@ static void safetensors_malformed(void **state) {
     const char *ok = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
     assert_int_equal(st_open_header(ctx, ok, 16, -1), LT_OK);
     /* Truncated: the file ends inside the data. */
-    EXPECT(ctx, st_open_header(ctx, ok, 8, -1), LT_ERR_FORMAT, "tensor 'w': data_offsets [0, 16] outside the 8 data bytes");
+    EXPECT(ctx, st_open_header(ctx, ok, 8, -1), LT_ERR_FORMAT,
+           "tensor 'w': data_offsets [0, 16] outside the 8 data bytes");
     /* Truncated: header length past the end. */
     EXPECT(ctx, st_open_header(ctx, ok, 16, 1 << 20), LT_ERR_FORMAT, "header length 1048576 does not fit the file");
     EXPECT(ctx, st_open_header(ctx, "", 0, 0), LT_ERR_FORMAT, "header length 0 does not fit the file (8 bytes)");
@@ -281,7 +288,9 @@ static void safetensors_malformed(void **state) {
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4096,4104]}}", 16, -1),
            LT_ERR_FORMAT, "tensor 'w': data_offsets [4096, 4104] outside the 16 data bytes");
     /* Overflowing dimensions. */
-    EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,16]}}", 16, -1),
+    EXPECT(ctx,
+           st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,16]}}",
+                          16, -1),
            LT_ERR_FORMAT, "tensor 'w': shape overflows");
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,16]}}", 16, -1),
            LT_ERR_FORMAT, "tensor 'w': bad shape[0]");
@@ -292,12 +301,18 @@ static void safetensors_malformed(void **state) {
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16, -1),
            LT_ERR_UNSUPPORTED, "tensor 'w': dtype I64 (only F32, F16, BF16)");
     /* Duplicate tensor names. */
-    EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                                    "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, -1),
+    EXPECT(ctx,
+           st_open_header(ctx,
+                          "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                          "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+                          16, -1),
            LT_ERR_FORMAT, "duplicate tensor name 'w'");
     /* Overlapping tensors. */
-    EXPECT(ctx, st_open_header(ctx, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, -1),
+    EXPECT(ctx,
+           st_open_header(ctx,
+                          "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                          "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                          16, -1),
            LT_ERR_FORMAT, "tensors 'a' and 'b' overlap");
     /* Missing keys. */
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 16, -1), LT_ERR_FORMAT,
@@ -456,7 +471,8 @@ static void jsonl_line_limit(void **state) {
     assert_int_equal(lt_jsonl_next(ctx, r, &line, &len, &no), LT_OK);
     assert_int_equal(len, lim);
     assert_int_equal(no, 1);
-    EXPECT(ctx, lt_jsonl_next(ctx, r, &line, &len, &no), LT_ERR_FORMAT, "long.jsonl:2: line longer than 16777216 bytes");
+    EXPECT(ctx, lt_jsonl_next(ctx, r, &line, &len, &no), LT_ERR_FORMAT,
+           "long.jsonl:2: line longer than 16777216 bytes");
     assert_int_equal(lt_jsonl_next(ctx, r, &line, &len, &no), LT_OK);
     assert_non_null(line);
     assert_int_equal(no, 3);
@@ -488,20 +504,13 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gguf_truncated),
-        cmocka_unit_test(gguf_bad_magic_and_version),
-        cmocka_unit_test(gguf_offset_past_end),
-        cmocka_unit_test(gguf_overflowing_dimensions),
-        cmocka_unit_test(gguf_wrong_dtype),
-        cmocka_unit_test(gguf_duplicates),
-        cmocka_unit_test(gguf_string_past_end),
-        cmocka_unit_test(gguf_unknown_architecture),
-        cmocka_unit_test(safetensors_malformed),
-        cmocka_unit_test(safetensors_index_malformed),
-        cmocka_unit_test(config_malformed),
-        cmocka_unit_test(tokenizer_malformed),
-        cmocka_unit_test(dataset_malformed),
-        cmocka_unit_test(jsonl_line_limit),
+        cmocka_unit_test(gguf_truncated),        cmocka_unit_test(gguf_bad_magic_and_version),
+        cmocka_unit_test(gguf_offset_past_end),  cmocka_unit_test(gguf_overflowing_dimensions),
+        cmocka_unit_test(gguf_wrong_dtype),      cmocka_unit_test(gguf_duplicates),
+        cmocka_unit_test(gguf_string_past_end),  cmocka_unit_test(gguf_unknown_architecture),
+        cmocka_unit_test(safetensors_malformed), cmocka_unit_test(safetensors_index_malformed),
+        cmocka_unit_test(config_malformed),      cmocka_unit_test(tokenizer_malformed),
+        cmocka_unit_test(dataset_malformed),     cmocka_unit_test(jsonl_line_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -158,18 +158,24 @@ static void run_world(int np) {
     }
     if (rc != 0) fail_msg("mpirun -np %d worker exited with %d", np, rc);
 }
-static void test_mpi_two(void **state) { (void)state; run_world(2); }
-static void test_mpi_three(void **state) { (void)state; run_world(3); }
+static void test_mpi_two(void **state) {
+    (void)state;
+    run_world(2);
+}
+static void test_mpi_three(void **state) {
+    (void)state;
+    run_world(3);
+}
 
 static int fails;
-#define WCHECK(cond, ...)                                              \
-    do {                                                               \
-        if (!(cond)) {                                                 \
+#define WCHECK(cond, ...)                                                  \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
             fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                              \
-            fprintf(stderr, "\n");                                     \
-            fails++;                                                   \
-        }                                                              \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            fails++;                                                       \
+        }                                                                  \
     } while (0)
 
 /* Rank r's contribution: normal values from the shared seed and r (every rank can rebuild all). */
@@ -316,8 +322,9 @@ static int worker(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--mpi-worker")) return worker();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world_of_one), cmocka_unit_test(test_transpose_exchange_self), cmocka_unit_test(test_errors), cmocka_unit_test(test_env_world),
-        cmocka_unit_test(test_mpi_two), cmocka_unit_test(test_mpi_three),
+        cmocka_unit_test(test_world_of_one), cmocka_unit_test(test_transpose_exchange_self),
+        cmocka_unit_test(test_errors),       cmocka_unit_test(test_env_world),
+        cmocka_unit_test(test_mpi_two),      cmocka_unit_test(test_mpi_three),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,7 +96,8 @@ static void ulysses_vs_kernel(lt_ctx *ctx, lt_comm *c, lt_dtype dt, uint64_t *rn
     CHECK(lt_attention_backward(ctx, &ap, &aa) == LT_OK);
     static const char *const names[5] = {"out", "lse", "dq", "dk", "dv"};
     char line[256];
-    int at = snprintf(line, sizeof line, "Ulysses world of one (%s) vs kernel, error / tolerance:", bf ? "bf16" : "f32");
+    int at =
+        snprintf(line, sizeof line, "Ulysses world of one (%s) vs kernel, error / tolerance:", bf ? "bf16" : "f32");
     for (int i = 0; i < 5; i++) {
         size_t b = sizes[i] * (i == 1 ? 4 : es);
         void *u = malloc(b), *k = malloc(b);

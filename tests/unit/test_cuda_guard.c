@@ -34,9 +34,9 @@ int main(void) {
     CHECK(lt_guard_measure(ctx, LT_DEVICE_CUDA, NULL, &c) == LT_OK);
     CHECK(c.total_bytes == cu.total_bytes);
     CHECK(c.ceiling_bytes <= c.static_bytes && c.ceiling_bytes > 0);
-    printf("device %s: total %llu, free %llu, cushion %llu, ceiling %llu\n", cu.name,
-           (unsigned long long)c.total_bytes, (unsigned long long)c.available_bytes,
-           (unsigned long long)c.cushion_bytes, (unsigned long long)c.ceiling_bytes);
+    printf("device %s: total %llu, free %llu, cushion %llu, ceiling %llu\n", cu.name, (unsigned long long)c.total_bytes,
+           (unsigned long long)c.available_bytes, (unsigned long long)c.cushion_bytes,
+           (unsigned long long)c.ceiling_bytes);
 
     lt_guard_options o;
     memset(&o, 0, sizeof o);

@@ -40,8 +40,9 @@ static void record_shapes(void **state) {
     assert_int_equal(rec.kind, LT_RECORD_COMPLETION);
     assert_string_equal(rec.prompt, "Q");
     assert_string_equal(rec.completion, "A \xc3\xa9");
-    const char *m = "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
-                    " {\"role\": \"assistant\", \"content\": \"a\"}]}";
+    const char *m =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
+        " {\"role\": \"assistant\", \"content\": \"a\"}]}";
     assert_int_equal(lt_record_parse(ctx, m, strlen(m), "f", 3, &rec), LT_OK);
     assert_int_equal(rec.kind, LT_RECORD_CHAT);
     assert_int_equal(rec.n_messages, 3);
@@ -55,23 +56,31 @@ static void record_shapes(void **state) {
 static void malformed_lines_name_file_line_and_key(void **state) {
     (void)state;
     const char *content =
-        "{\"text\": \"ok\"}\n"                                             /* 1 */
-        "\n"                                                               /* 2 blank */
-        "{\"text\": \"unterminated}\n"                                     /* 3 */
-        "[1, 2]\n"                                                         /* 4 */
-        "{\"text\": 5}\n"                                                  /* 5 */
-        "{\"prompt\": \"p\"}\n"                                            /* 6 */
+        "{\"text\": \"ok\"}\n"         /* 1 */
+        "\n"                           /* 2 blank */
+        "{\"text\": \"unterminated}\n" /* 3 */
+        "[1, 2]\n"                     /* 4 */
+        "{\"text\": 5}\n"              /* 5 */
+        "{\"prompt\": \"p\"}\n"        /* 6 */
         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": 7}]}\n" /* 7 */
-        "{\"question\": \"?\"}\n"                                          /* 8 */
-        "{\"messages\": []}\n"                                             /* 9 */
-        "{\"text\": \"a\"} {\"text\": \"b\"}\n"                            /* 10 */
-        "{\"messages\": [\"user\"]}\n"                                     /* 11 */
-        "{\"text\": \"last\"}";                                            /* 12, no newline */
+        "{\"question\": \"?\"}\n"               /* 8 */
+        "{\"messages\": []}\n"                  /* 9 */
+        "{\"text\": \"a\"} {\"text\": \"b\"}\n" /* 10 */
+        "{\"messages\": [\"user\"]}\n"          /* 11 */
+        "{\"text\": \"last\"}";                 /* 12, no newline */
     const char *path = write_tmp(content, strlen(content));
-    struct { int64_t line; const char *needle; } want[] = {
-        {3, "invalid JSON"}, {4, "JSON object"}, {5, "'text' must be a string"},
-        {6, "'completion' must be a string"}, {7, "messages[1].content must be a string"},
-        {8, "unknown record shape"}, {9, "'messages' is empty"}, {10, "trailing data"},
+    struct {
+        int64_t line;
+        const char *needle;
+    } want[] = {
+        {3, "invalid JSON"},
+        {4, "JSON object"},
+        {5, "'text' must be a string"},
+        {6, "'completion' must be a string"},
+        {7, "messages[1].content must be a string"},
+        {8, "unknown record shape"},
+        {9, "'messages' is empty"},
+        {10, "trailing data"},
         {11, "messages[0] must be an object"},
     };
     lt_ctx *ctx = lt_ctx_new();
@@ -160,7 +169,7 @@ static void streams_large_files_in_bounded_memory(void **state) {
     char *buf = malloc(400000);
     for (int i = 0; i < n_lines; i++) {
         size_t body = (size_t)(lt_test_uniform(&rng, 0, 1) < 0.1 ? lt_test_uniform(&rng, 1, 300000)
-                                                                  : lt_test_uniform(&rng, 1, 30000));
+                                                                 : lt_test_uniform(&rng, 1, 30000));
         seeds[i] = lt_test_rand_u64(&rng);
         uint64_t s = seeds[i];
         int k = sprintf(buf, "{\"text\": \"");

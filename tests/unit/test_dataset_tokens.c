@@ -108,7 +108,9 @@ static void chat_and_completion_follow_the_template(void **state) {
         assert_memory_equal(in.supervised + in.offsets[1], in.supervised, (size_t)in.offsets[1]);
         /* masked: the supervised runs decode to exactly the assistant spans' bytes */
         for (int64_t s = 0; s < in.n_seqs; s++) {
-            const char *want_runs[2][2] = {{"4<|im_end|>", NULL}, {"Hello!<|im_end|>", "Goodbye, \xc3\xa9t\xc3\xa9 \xf0\x9f\xa6\x99.<|im_end|>"}};
+            const char *want_runs[2][2] = {{"4<|im_end|>", NULL},
+                                           {"Hello!<|im_end|>",
+                                            "Goodbye, \xc3\xa9t\xc3\xa9 \xf0\x9f\xa6\x99.<|im_end|>"}};
             int which = s == 2 ? 1 : 0;
             int run = 0;
             for (int64_t j = in.offsets[s]; j < in.offsets[s + 1];) {
@@ -125,7 +127,8 @@ static void chat_and_completion_follow_the_template(void **state) {
                 while (e < in.offsets[s + 1] && in.supervised[e]) e++;
                 char *txt;
                 size_t len;
-                assert_int_equal(lt_tokenizer_decode(g_ctx, g_tok, in.tokens + j, (size_t)(e - j), 0, &txt, &len), LT_OK);
+                assert_int_equal(lt_tokenizer_decode(g_ctx, g_tok, in.tokens + j, (size_t)(e - j), 0, &txt, &len),
+                                 LT_OK);
                 assert_true(run < 2 && want_runs[which][run]);
                 assert_string_equal(txt, want_runs[which][run]);
                 free(txt);
@@ -177,7 +180,8 @@ static void packed_batches_train_exactly_the_supervised_tokens(void **state) {
         char line[512];
         snprintf(line, sizeof line,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"Question %d: why?\"}, "
-                 "{\"role\": \"assistant\", \"content\": \"Because %d is %s.\"}]}\n", i, i, i % 2 ? "odd" : "even");
+                 "{\"role\": \"assistant\", \"content\": \"Because %d is %s.\"}]}\n",
+                 i, i, i % 2 ? "odd" : "even");
         strcat(content, line);
     }
     lt_dataset_options opt = {0};
@@ -264,7 +268,8 @@ int main(void) {
     const char *cache = getenv("LONGTUNE_CACHE");
     const char *home = getenv("HOME");
     if (cache) snprintf(model_path, sizeof model_path, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
-    else snprintf(model_path, sizeof model_path, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
+    else
+        snprintf(model_path, sizeof model_path, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : "");
     g_ctx = lt_ctx_new();
     if (access(model_path, R_OK) != 0) {
         printf("model tests skipped: default model %s not found (run scripts/setup.sh)\n", model_path);

@@ -101,29 +101,84 @@ static void build_valid(wbuf *b) {
     w_header(b, 3, 7, 17);
     w_kv_u32(b, "general.alignment", REF_ALIGN);
     w_kv_str(b, "general.architecture", "llama");
-    w_str(b, "k.u8"); w_u32(b, LT_GGUF_U8); w_u8(b, 200);
-    w_str(b, "k.i8"); w_u32(b, LT_GGUF_I8); w_u8(b, (uint8_t)(int8_t)-5);
-    w_str(b, "k.u16"); w_u32(b, LT_GGUF_U16); { uint16_t v = 60000; w_bytes(b, &v, 2); }
-    w_str(b, "k.i16"); w_u32(b, LT_GGUF_I16); { int16_t v = -30000; w_bytes(b, &v, 2); }
+    w_str(b, "k.u8");
+    w_u32(b, LT_GGUF_U8);
+    w_u8(b, 200);
+    w_str(b, "k.i8");
+    w_u32(b, LT_GGUF_I8);
+    w_u8(b, (uint8_t)(int8_t)-5);
+    w_str(b, "k.u16");
+    w_u32(b, LT_GGUF_U16);
+    {
+        uint16_t v = 60000;
+        w_bytes(b, &v, 2);
+    }
+    w_str(b, "k.i16");
+    w_u32(b, LT_GGUF_I16);
+    {
+        int16_t v = -30000;
+        w_bytes(b, &v, 2);
+    }
     w_kv_u32(b, "k.u32", 4000000000u);
-    w_str(b, "k.i32"); w_u32(b, LT_GGUF_I32); { int32_t v = -123456; w_bytes(b, &v, 4); }
-    w_str(b, "k.f32"); w_u32(b, LT_GGUF_F32); { float v = 1.5e-5f; w_bytes(b, &v, 4); }
-    w_str(b, "k.bool"); w_u32(b, LT_GGUF_BOOL); w_u8(b, 1);
-    w_str(b, "k.u64"); w_u32(b, LT_GGUF_U64); w_u64(b, UINT64_MAX);
-    w_str(b, "k.i64"); w_u32(b, LT_GGUF_I64); { int64_t v = -(INT64_C(1) << 40); w_bytes(b, &v, 8); }
-    w_str(b, "k.f64"); w_u32(b, LT_GGUF_F64); { double v = 100000.0; w_bytes(b, &v, 8); }
-    w_str(b, "k.arr_i32"); w_u32(b, LT_GGUF_ARRAY); w_u32(b, LT_GGUF_I32); w_u64(b, 4);
-    for (int32_t i = 0; i < 4; i++) { int32_t v = i * 10 - 7; w_bytes(b, &v, 4); }
-    w_str(b, "k.arr_str"); w_u32(b, LT_GGUF_ARRAY); w_u32(b, LT_GGUF_STRING); w_u64(b, 3);
-    w_str(b, "alpha"); w_str(b, ""); w_str(b, "\xc4\xa0gamma");
-    w_str(b, "k.arr_f32"); w_u32(b, LT_GGUF_ARRAY); w_u32(b, LT_GGUF_F32); w_u64(b, 2);
-    { float v[2] = {-0.5f, 3.25f}; w_bytes(b, v, 8); }
+    w_str(b, "k.i32");
+    w_u32(b, LT_GGUF_I32);
+    {
+        int32_t v = -123456;
+        w_bytes(b, &v, 4);
+    }
+    w_str(b, "k.f32");
+    w_u32(b, LT_GGUF_F32);
+    {
+        float v = 1.5e-5f;
+        w_bytes(b, &v, 4);
+    }
+    w_str(b, "k.bool");
+    w_u32(b, LT_GGUF_BOOL);
+    w_u8(b, 1);
+    w_str(b, "k.u64");
+    w_u32(b, LT_GGUF_U64);
+    w_u64(b, UINT64_MAX);
+    w_str(b, "k.i64");
+    w_u32(b, LT_GGUF_I64);
+    {
+        int64_t v = -(INT64_C(1) << 40);
+        w_bytes(b, &v, 8);
+    }
+    w_str(b, "k.f64");
+    w_u32(b, LT_GGUF_F64);
+    {
+        double v = 100000.0;
+        w_bytes(b, &v, 8);
+    }
+    w_str(b, "k.arr_i32");
+    w_u32(b, LT_GGUF_ARRAY);
+    w_u32(b, LT_GGUF_I32);
+    w_u64(b, 4);
+    for (int32_t i = 0; i < 4; i++) {
+        int32_t v = i * 10 - 7;
+        w_bytes(b, &v, 4);
+    }
+    w_str(b, "k.arr_str");
+    w_u32(b, LT_GGUF_ARRAY);
+    w_u32(b, LT_GGUF_STRING);
+    w_u64(b, 3);
+    w_str(b, "alpha");
+    w_str(b, "");
+    w_str(b, "\xc4\xa0gamma");
+    w_str(b, "k.arr_f32");
+    w_u32(b, LT_GGUF_ARRAY);
+    w_u32(b, LT_GGUF_F32);
+    w_u64(b, 2);
+    {
+        float v[2] = {-0.5f, 3.25f};
+        w_bytes(b, v, 8);
+    }
     w_kv_str(b, "k.empty", "");
     /* Tensors: sizes F32 3x4 = 48 B, F16 2x8 = 32, BF16 8 = 16, Q8_0 2x64 = 4*34 = 136,
      * Q4_0 1x32 = 18, Q4_1 3x32 = 60, Q6_K 256 = 210. Offsets rounded to 64. */
     uint64_t off = 0;
-    uint64_t ne_f32[2] = {4, 3}, ne_f16[2] = {8, 2}, ne_bf16[1] = {8}, ne_q8[2] = {64, 2},
-             ne_q40[2] = {32, 1}, ne_q41[3] = {32, 3, 1}, ne_q6k[1] = {256};
+    uint64_t ne_f32[2] = {4, 3}, ne_f16[2] = {8, 2}, ne_bf16[1] = {8}, ne_q8[2] = {64, 2}, ne_q40[2] = {32, 1},
+             ne_q41[3] = {32, 3, 1}, ne_q6k[1] = {256};
     const uint64_t sizes[7] = {48, 32, 16, 136, 18, 60, 210};
     uint64_t offs[7];
     for (int i = 0; i < 7; i++) {
@@ -165,18 +220,30 @@ static void valid_file_round_trips(void **state) {
     int64_t i;
     double f;
     int bo;
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u8", &u), LT_OK); assert_int_equal(u, 200);
-    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i8", &i), LT_OK); assert_int_equal(i, -5);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u16", &u), LT_OK); assert_int_equal(u, 60000);
-    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i16", &i), LT_OK); assert_int_equal(i, -30000);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u32", &u), LT_OK); assert_int_equal(u, 4000000000u);
-    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i32", &i), LT_OK); assert_int_equal(i, -123456);
-    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.f32", &f), LT_OK); assert_float_equal(f, 1.5e-5, 1e-12);
-    assert_int_equal(lt_gguf_get_bool(ctx, g, "k.bool", &bo), LT_OK); assert_int_equal(bo, 1);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u64", &u), LT_OK); assert_true(u == UINT64_MAX);
-    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i64", &i), LT_OK); assert_true(i == -(INT64_C(1) << 40));
-    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.f64", &f), LT_OK); assert_float_equal(f, 100000.0, 0);
-    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.u32", &f), LT_OK); assert_float_equal(f, 4e9, 0);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u8", &u), LT_OK);
+    assert_int_equal(u, 200);
+    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i8", &i), LT_OK);
+    assert_int_equal(i, -5);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u16", &u), LT_OK);
+    assert_int_equal(u, 60000);
+    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i16", &i), LT_OK);
+    assert_int_equal(i, -30000);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u32", &u), LT_OK);
+    assert_int_equal(u, 4000000000u);
+    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i32", &i), LT_OK);
+    assert_int_equal(i, -123456);
+    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.f32", &f), LT_OK);
+    assert_float_equal(f, 1.5e-5, 1e-12);
+    assert_int_equal(lt_gguf_get_bool(ctx, g, "k.bool", &bo), LT_OK);
+    assert_int_equal(bo, 1);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "k.u64", &u), LT_OK);
+    assert_true(u == UINT64_MAX);
+    assert_int_equal(lt_gguf_get_i64(ctx, g, "k.i64", &i), LT_OK);
+    assert_true(i == -(INT64_C(1) << 40));
+    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.f64", &f), LT_OK);
+    assert_float_equal(f, 100000.0, 0);
+    assert_int_equal(lt_gguf_get_f64(ctx, g, "k.u32", &f), LT_OK);
+    assert_float_equal(f, 4e9, 0);
     /* Conversions that do not fit, and type mismatches, are typed errors. */
     assert_int_equal(lt_gguf_get_i64(ctx, g, "k.u64", &i), LT_ERR_FORMAT);
     assert_non_null(strstr(lt_ctx_error(ctx), "k.u64"));
@@ -205,11 +272,13 @@ static void valid_file_round_trips(void **state) {
     assert_int_equal(et, LT_GGUF_STRING);
     assert_int_equal(cnt, 3);
     assert_int_equal(lt_gguf_array_str(ctx, g, "k.arr_str", 0, &s, &n), LT_OK);
-    assert_int_equal(n, 5); assert_memory_equal(s, "alpha", 5);
+    assert_int_equal(n, 5);
+    assert_memory_equal(s, "alpha", 5);
     assert_int_equal(lt_gguf_array_str(ctx, g, "k.arr_str", 1, &s, &n), LT_OK);
     assert_int_equal(n, 0);
     assert_int_equal(lt_gguf_array_str(ctx, g, "k.arr_str", 2, &s, &n), LT_OK);
-    assert_int_equal(n, 7); assert_memory_equal(s, "\xc4\xa0gamma", 7);
+    assert_int_equal(n, 7);
+    assert_memory_equal(s, "\xc4\xa0gamma", 7);
     assert_int_equal(lt_gguf_array_str(ctx, g, "k.arr_str", 3, &s, &n), LT_ERR_INVALID_ARG);
     /* Keys in file order. */
     const char *key;
@@ -223,9 +292,15 @@ static void valid_file_round_trips(void **state) {
     assert_int_equal(lt_gguf_tensor_count(g), 7);
     assert_string_equal(lt_gguf_tensor_name(g, 3), "t.q8_0");
     assert_null(lt_gguf_tensor_name(g, 7));
-    struct { const char *name; lt_dtype dt; int nd; int64_t shape[3]; uint64_t off; } want[6] = {
-        {"t.f32", LT_DTYPE_F32, 2, {3, 4}, 0},    {"t.f16", LT_DTYPE_F16, 2, {2, 8}, 64},
-        {"t.bf16", LT_DTYPE_BF16, 1, {8}, 128},   {"t.q8_0", LT_DTYPE_Q8_0, 2, {2, 64}, 192},
+    struct {
+        const char *name;
+        lt_dtype dt;
+        int nd;
+        int64_t shape[3];
+        uint64_t off;
+    } want[6] = {
+        {"t.f32", LT_DTYPE_F32, 2, {3, 4}, 0},      {"t.f16", LT_DTYPE_F16, 2, {2, 8}, 64},
+        {"t.bf16", LT_DTYPE_BF16, 1, {8}, 128},     {"t.q8_0", LT_DTYPE_Q8_0, 2, {2, 64}, 192},
         {"t.q4_0", LT_DTYPE_Q4_0, 2, {1, 32}, 384}, {"t.q4_1", LT_DTYPE_Q4_1, 3, {1, 3, 32}, 448},
     };
     size_t data_start = 0;
@@ -279,8 +354,8 @@ static void every_truncation_is_a_format_error(void **state) {
     for (size_t len = 0; len < full; len++) {
         b.n = len;
         lt_status s = open_buf(ctx, &b);
-        if (s != LT_ERR_FORMAT) fail_msg("prefix of %zu/%zu bytes: got %s (%s)", len, full, lt_status_str(s),
-                                         lt_ctx_error(ctx));
+        if (s != LT_ERR_FORMAT)
+            fail_msg("prefix of %zu/%zu bytes: got %s (%s)", len, full, lt_status_str(s), lt_ctx_error(ctx));
     }
     b.n = full;
     assert_int_equal(open_buf(ctx, &b), LT_OK);
@@ -305,14 +380,20 @@ static void malformed_files_are_typed_errors(void **state) {
     wbuf b = {0};
     uint64_t ne1[1] = {8}, ne2[2] = {4, 4};
 
-    w_bytes(&b, "GGUG", 4); w_u32(&b, 3); w_u64(&b, 0); w_u64(&b, 0);
+    w_bytes(&b, "GGUG", 4);
+    w_u32(&b, 3);
+    w_u64(&b, 0);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "magic");
 
     w_header(&b, 1, 0, 0);
     open_and_expect(ctx, &b, LT_ERR_UNSUPPORTED, "version 1");
     w_header(&b, 7, 0, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "version 7");
-    w_bytes(&b, "GGUF", 4); w_u32(&b, 0x03000000u); w_u64(&b, 0); w_u64(&b, 0);
+    w_bytes(&b, "GGUF", 4);
+    w_u32(&b, 0x03000000u);
+    w_u64(&b, 0);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_UNSUPPORTED, "big-endian");
 
     /* An empty but well-formed file (v2) opens. */
@@ -325,74 +406,116 @@ static void malformed_files_are_typed_errors(void **state) {
     w_header(&b, 3, UINT64_MAX / 2, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "tensors cannot fit");
     w_header(&b, 3, 0, 1);
-    w_str(&b, "big"); w_u32(&b, LT_GGUF_ARRAY); w_u32(&b, LT_GGUF_U64); w_u64(&b, UINT64_MAX / 4);
+    w_str(&b, "big");
+    w_u32(&b, LT_GGUF_ARRAY);
+    w_u32(&b, LT_GGUF_U64);
+    w_u64(&b, UINT64_MAX / 4);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "big");
     w_header(&b, 3, 0, 1);
-    w_str(&b, "bigs"); w_u32(&b, LT_GGUF_ARRAY); w_u32(&b, LT_GGUF_STRING); w_u64(&b, UINT64_MAX);
+    w_str(&b, "bigs");
+    w_u32(&b, LT_GGUF_ARRAY);
+    w_u32(&b, LT_GGUF_STRING);
+    w_u64(&b, UINT64_MAX);
     w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "bigs");
     w_header(&b, 3, 0, 1);
-    w_str(&b, "s"); w_u32(&b, LT_GGUF_STRING); w_u64(&b, UINT64_MAX - 3); w_u64(&b, 0);
+    w_str(&b, "s");
+    w_u32(&b, LT_GGUF_STRING);
+    w_u64(&b, UINT64_MAX - 3);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "'s'");
     /* A key length that wraps the cursor. */
     w_header(&b, 3, 0, 1);
-    w_u64(&b, UINT64_MAX); w_u64(&b, 0);
+    w_u64(&b, UINT64_MAX);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "key");
 
     /* Unknown and nested value types. */
     w_header(&b, 3, 0, 1);
-    w_str(&b, "odd"); w_u32(&b, 99); w_u64(&b, 0);
+    w_str(&b, "odd");
+    w_u32(&b, 99);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "odd");
     w_header(&b, 3, 0, 1);
-    w_str(&b, "nest"); w_u32(&b, LT_GGUF_ARRAY); w_u32(&b, LT_GGUF_ARRAY); w_u64(&b, 1); w_u64(&b, 0);
+    w_str(&b, "nest");
+    w_u32(&b, LT_GGUF_ARRAY);
+    w_u32(&b, LT_GGUF_ARRAY);
+    w_u64(&b, 1);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_UNSUPPORTED, "nest");
 
     /* Duplicate keys. */
     w_header(&b, 3, 0, 2);
-    w_kv_u32(&b, "a.b", 1); w_kv_u32(&b, "a.b", 2);
+    w_kv_u32(&b, "a.b", 1);
+    w_kv_u32(&b, "a.b", 2);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "duplicate key 'a.b'");
 
     /* Alignment: not a power of two, zero, wrong type; tensor offset not aligned. */
-    w_header(&b, 3, 0, 1); w_kv_u32(&b, "general.alignment", 48);
+    w_header(&b, 3, 0, 1);
+    w_kv_u32(&b, "general.alignment", 48);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "alignment");
-    w_header(&b, 3, 0, 1); w_kv_u32(&b, "general.alignment", 0);
+    w_header(&b, 3, 0, 1);
+    w_kv_u32(&b, "general.alignment", 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "alignment");
-    w_header(&b, 3, 0, 1); w_kv_str(&b, "general.alignment", "32");
+    w_header(&b, 3, 0, 1);
+    w_kv_str(&b, "general.alignment", "32");
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "alignment");
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "w", 1, ne1, 0, 16);
-    w_pad(&b, 32); for (int k = 0; k < 64; k++) w_u8(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "w", 1, ne1, 0, 16);
+    w_pad(&b, 32);
+    for (int k = 0; k < 64; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "alignment");
 
     /* Tensor data past the end: offset beyond, and size beyond. */
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "w", 1, ne1, 0, 4096);
-    w_pad(&b, 32); for (int k = 0; k < 32; k++) w_u8(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "w", 1, ne1, 0, 4096);
+    w_pad(&b, 32);
+    for (int k = 0; k < 32; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "'w'");
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "w", 2, ne2, 0, 0);
-    w_pad(&b, 32); for (int k = 0; k < 63; k++) w_u8(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "w", 2, ne2, 0, 0);
+    w_pad(&b, 32);
+    for (int k = 0; k < 63; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "past the end");
     /* Exactly enough data is fine. */
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "w", 2, ne2, 0, 0);
-    w_pad(&b, 32); for (int k = 0; k < 64; k++) w_u8(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "w", 2, ne2, 0, 0);
+    w_pad(&b, 32);
+    for (int k = 0; k < 64; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_OK, NULL);
 
     /* Dimensions: too many, overflowing product, quantized row not a block multiple. */
     uint64_t ne5[5] = {1, 1, 1, 1, 1};
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "w5", 5, ne5, 0, 0); w_pad(&b, 32); w_u64(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "w5", 5, ne5, 0, 0);
+    w_pad(&b, 32);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "w5");
     uint64_t neh[2] = {UINT64_C(1) << 40, UINT64_C(1) << 40};
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "wh", 2, neh, 0, 0); w_pad(&b, 32); w_u64(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "wh", 2, neh, 0, 0);
+    w_pad(&b, 32);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "wh");
     uint64_t neq[1] = {33};
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "wq", 1, neq, 8, 0); w_pad(&b, 32);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "wq", 1, neq, 8, 0);
+    w_pad(&b, 32);
     for (int k = 0; k < 128; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "wq");
     uint64_t nebig[2] = {UINT64_C(1) << 31, UINT64_C(1) << 31};
-    w_header(&b, 3, 1, 0); w_tinfo(&b, "wb", 2, nebig, 0, 0); w_pad(&b, 32); w_u64(&b, 0);
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "wb", 2, nebig, 0, 0);
+    w_pad(&b, 32);
+    w_u64(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "wb");
 
     /* Duplicate tensor names. */
-    w_header(&b, 3, 2, 0); w_tinfo(&b, "same", 1, ne1, 0, 0); w_tinfo(&b, "same", 1, ne1, 0, 32);
-    w_pad(&b, 32); for (int k = 0; k < 64; k++) w_u8(&b, 0);
+    w_header(&b, 3, 2, 0);
+    w_tinfo(&b, "same", 1, ne1, 0, 0);
+    w_tinfo(&b, "same", 1, ne1, 0, 32);
+    w_pad(&b, 32);
+    for (int k = 0; k < 64; k++) w_u8(&b, 0);
     open_and_expect(ctx, &b, LT_ERR_FORMAT, "duplicate tensor name 'same'");
 
     /* Missing and non-regular files. */
@@ -477,10 +600,14 @@ static void real_smollm2_metadata(void **state) {
     assert_int_equal(n, 5);
     assert_memory_equal(s, "llama", 5);
     uint64_t u;
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.block_count", &u), LT_OK); assert_int_equal(u, 30);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.embedding_length", &u), LT_OK); assert_int_equal(u, 576);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.attention.head_count", &u), LT_OK); assert_int_equal(u, 9);
-    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.attention.head_count_kv", &u), LT_OK); assert_int_equal(u, 3);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.block_count", &u), LT_OK);
+    assert_int_equal(u, 30);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.embedding_length", &u), LT_OK);
+    assert_int_equal(u, 576);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.attention.head_count", &u), LT_OK);
+    assert_int_equal(u, 9);
+    assert_int_equal(lt_gguf_get_u64(ctx, g, "llama.attention.head_count_kv", &u), LT_OK);
+    assert_int_equal(u, 3);
     lt_gguf_type et;
     assert_int_equal(lt_gguf_get_array(ctx, g, "tokenizer.ggml.tokens", &et, &u), LT_OK);
     assert_int_equal(et, LT_GGUF_STRING);

@@ -82,8 +82,10 @@ static void start_sets_and_restores_the_allocator_limit(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     lt_mem_set_limit(ctx, LT_DEVICE_CPU, 1ull << 40);
     uint64_t rss = lt_sys_process_rss();
-    lt_guard_options o = {.device = LT_DEVICE_CPU, .ceiling_bytes = rss + 8 * MIB,
-                          .allow_low_memory = 1, .no_watchdog = 1};
+    lt_guard_options o = {.device = LT_DEVICE_CPU,
+                          .ceiling_bytes = rss + 8 * MIB,
+                          .allow_low_memory = 1,
+                          .no_watchdog = 1};
     lt_guard *g = NULL;
     assert_int_equal(lt_guard_start(ctx, &o, &g), LT_OK);
     size_t lim = lt_mem_get_stats(ctx, LT_DEVICE_CPU).limit_bytes;
@@ -138,8 +140,7 @@ static void watchdog_catches_memory_outside_the_allocator(void **state) {
     uint64_t rss = lt_sys_process_rss();
     assert_true(rss > 0);
     uint64_t ceiling = rss + 48 * MIB;
-    lt_guard_options o = {.device = LT_DEVICE_CPU, .ceiling_bytes = ceiling,
-                          .allow_low_memory = 1, .interval_s = 0.02};
+    lt_guard_options o = {.device = LT_DEVICE_CPU, .ceiling_bytes = ceiling, .allow_low_memory = 1, .interval_s = 0.02};
     int seen_flag = 0;
     o.on_breach = count_breach;
     o.user = &seen_flag;

@@ -146,9 +146,9 @@ static uint64_t check_plan(lt_ctx *ctx, const corpus *c, const lt_pack_options *
         for (int64_t i = 0; i < len; i++) {
             int64_t j = c->offsets[s] + i;
             int64_t want = (i >= 1 && i < keep && (!use_mask || c->mask[j])) ? 1 : 0;
-            if (seen[j] != want) fail_msg("token %lld (seq %lld, index %lld): target %lld times, want %lld",
-                                          (long long)j, (long long)s, (long long)i, (long long)seen[j],
-                                          (long long)want);
+            if (seen[j] != want)
+                fail_msg("token %lld (seq %lld, index %lld): target %lld times, want %lld", (long long)j, (long long)s,
+                         (long long)i, (long long)seen[j], (long long)want);
         }
     }
     assert_int_equal(st.truncated, truncated);
@@ -178,8 +178,8 @@ static void property_random_lengths(void **state) {
     for (int trial = 0; trial < 120; trial++) {
         int64_t L = 2 + (int64_t)lt_test_uniform(&rng, 0, 60);
         int64_t n = (int64_t)lt_test_uniform(&rng, 0, 300);
-        corpus c = make_corpus(&rng, n, (int64_t)((double)L * lt_test_uniform(&rng, 0.2, 2.5)),
-                               lt_test_uniform(&rng, 0, 1));
+        corpus c =
+            make_corpus(&rng, n, (int64_t)((double)L * lt_test_uniform(&rng, 0.2, 2.5)), lt_test_uniform(&rng, 0, 1));
         lt_pack_options opt = {0};
         opt.row_len = L;
         opt.batch_size = 1 + (int64_t)lt_test_uniform(&rng, 0, 5);
@@ -267,8 +267,8 @@ static void bfd_small_case_by_hand(void **state) {
     assert_int_equal(o[2], 8);
     const int32_t *r2 = ids + (1 - full) * 8, *t2 = tg + (1 - full) * 8, *o2 = so + (1 - full) * 3;
     const int32_t want2[8] = {108, 109, 110, 111, 0, 0, 0, 0};
-    const int32_t want2_tg[8] = {109, LT_PACK_IGNORE, 111, LT_PACK_IGNORE, LT_PACK_IGNORE, LT_PACK_IGNORE,
-                                 LT_PACK_IGNORE, LT_PACK_IGNORE};
+    const int32_t want2_tg[8] =
+        {109, LT_PACK_IGNORE, 111, LT_PACK_IGNORE, LT_PACK_IGNORE, LT_PACK_IGNORE, LT_PACK_IGNORE, LT_PACK_IGNORE};
     for (int j = 0; j < 8; j++) {
         assert_int_equal(r2[j], want2[j]);
         assert_int_equal(t2[j], want2_tg[j]);

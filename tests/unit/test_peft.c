@@ -47,7 +47,7 @@ static void export_keys_shapes_and_data(void **state) {
     o.lora_dropout = 0.05;
     const int64_t r = 4, C = 24, F = 40;
     const char *names[6] = {"model.layers.2.self_attn.q_proj.lora_A", "model.layers.2.self_attn.q_proj.lora_B",
-                            "model.layers.2.mlp.down_proj.lora_A", "model.layers.2.mlp.down_proj.lora_B",
+                            "model.layers.2.mlp.down_proj.lora_A",    "model.layers.2.mlp.down_proj.lora_B",
                             "model.layers.1.self_attn.q_proj.lora_A", "model.layers.1.self_attn.q_proj.lora_B"};
     const int64_t shapes[6][2] = {{r, C}, {C, r}, {r, F}, {C, r}, {r, C}, {C, r}};
     lt_train_param p[6];
@@ -259,8 +259,8 @@ static void peft_oracle_both_directions(void **state) {
     snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
     char *co = read_all(path, &cn);
     cJSON *jt = cJSON_Parse(ct), *jo = cJSON_Parse(co);
-    const char *same[] = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out",
-                          "layers_to_transform", "use_dora", "use_rslora", "modules_to_save"};
+    const char *same[] = {"peft_type",      "task_type",           "r",        "lora_alpha", "lora_dropout",   "bias",
+                          "fan_in_fan_out", "layers_to_transform", "use_dora", "use_rslora", "modules_to_save"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
         if (!cJSON_Compare(cJSON_GetObjectItem(jt, same[i]), cJSON_GetObjectItem(jo, same[i]), 1))
             fprintf(stderr, "adapter_config.json: '%s' differs from PEFT's\n", same[i]);

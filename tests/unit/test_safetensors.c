@@ -272,7 +272,10 @@ int main(void) {
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (tmpdir[0]) { /* every file the tests wrote, then the folders */
-        static const char *const files[] = {"rt.safetensors", "bad.safetensors", "trunc.safetensors", "config.json",
+        static const char *const files[] = {"rt.safetensors",
+                                            "bad.safetensors",
+                                            "trunc.safetensors",
+                                            "config.json",
                                             "sharded/model-00001-of-00002.safetensors",
                                             "sharded/model-00002-of-00002.safetensors",
                                             "sharded/model.safetensors.index.json"};

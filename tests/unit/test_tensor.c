@@ -40,8 +40,7 @@ static void f32_to_f16_and_bf16_round_to_nearest(void **state) {
         double h = lt_f16_to_f32(lt_f32_to_f16(x));
         if (fabs((double)x) >= 0x1.0p-14 && fabs((double)x) < 65504)
             assert_true(fabs(h - x) <= fabs((double)x) * 0x1.0p-11 * 1.0000001);
-        else if (fabs((double)x) < 0x1.0p-14)
-            assert_true(fabs(h - x) <= 0x1.0p-25 * 1.0000001);
+        else if (fabs((double)x) < 0x1.0p-14) assert_true(fabs(h - x) <= 0x1.0p-25 * 1.0000001);
     }
     /* Ties go to even. */
     uint32_t u = 0x3f808000u; /* 1 + 2^-8: halfway between two bf16 values */

@@ -138,8 +138,8 @@ static void report_diff(const char *family, size_t rec, const char *what, const 
                         const int32_t *got, size_t ng) {
     size_t k = 0;
     while (k < nw && k < ng && want[k] == got[k]) k++;
-    fprintf(stderr, "%s record %zu (%s): first difference at token %zu of %zu/%zu\n  want:", family, rec, what, k,
-            nw, ng);
+    fprintf(stderr, "%s record %zu (%s): first difference at token %zu of %zu/%zu\n  want:", family, rec, what, k, nw,
+            ng);
     for (size_t i = k > 3 ? k - 3 : 0; i < nw && i < k + 6; i++) fprintf(stderr, " %d", want[i]);
     fprintf(stderr, "\n  got: ");
     for (size_t i = k > 3 ? k - 3 : 0; i < ng && i < k + 6; i++) fprintf(stderr, " %d", got[i]);
@@ -198,7 +198,7 @@ static int check_family_skip(lt_ctx *ctx, const lt_tokenizer *tok, const char *f
         free(text);
         /* Round trip of our own encoding, for valid UTF-8 wherever HF round-trips as well. */
         int hf_rt = corpus[i].valid_utf8 && strlen(ex[i].decoded) == corpus[i].len &&
-                    !memcmp(ex[i].decoded, corpus[i].bytes, corpus[i].len);
+            !memcmp(ex[i].decoded, corpus[i].bytes, corpus[i].len);
         if (always_round_trip && corpus[i].valid_utf8 && !hf_rt && memchr(corpus[i].bytes, 0, corpus[i].len) == NULL) {
             fprintf(stderr, "%s record %zu: HF itself does not round-trip this valid UTF-8\n", family, i);
             bad++;
@@ -382,21 +382,27 @@ static void smollm2_gguf_matches_hf(void **state) {
 
 /* Random valid UTF-8 from a mix of scripts, whitespace, digits, emoji and combining marks. */
 static size_t random_text(uint64_t *rng, char *buf, size_t cap) {
-    static const uint32_t pools[][2] = {{0x20, 0x7E}, {0x20, 0x20}, {0x0A, 0x0A}, {0x30, 0x39}, {0xA0, 0xFF},
-                                        {0x300, 0x36F}, {0x400, 0x4FF}, {0x4E00, 0x4FFF}, {0x3040, 0x30FF},
-                                        {0xAC00, 0xAD00}, {0x1F600, 0x1F64F}, {0x09, 0x0D}, {0x660, 0x669}};
+    static const uint32_t pools[][2] = {{0x20, 0x7E},     {0x20, 0x20},     {0x0A, 0x0A},       {0x30, 0x39},
+                                        {0xA0, 0xFF},     {0x300, 0x36F},   {0x400, 0x4FF},     {0x4E00, 0x4FFF},
+                                        {0x3040, 0x30FF}, {0xAC00, 0xAD00}, {0x1F600, 0x1F64F}, {0x09, 0x0D},
+                                        {0x660, 0x669}};
     size_t n = 0, want = 1 + lt_test_rand_u64(rng) % 120;
     for (size_t i = 0; i < want && n + 4 < cap; i++) {
         const uint32_t *p = pools[lt_test_rand_u64(rng) % (sizeof pools / sizeof pools[0])];
         uint32_t cp = p[0] + (uint32_t)(lt_test_rand_u64(rng) % (p[1] - p[0] + 1));
         if (cp < 0x80) buf[n++] = (char)cp;
-        else if (cp < 0x800) { buf[n++] = (char)(0xC0 | (cp >> 6)); buf[n++] = (char)(0x80 | (cp & 0x3F)); }
-        else if (cp < 0x10000) {
-            buf[n++] = (char)(0xE0 | (cp >> 12)); buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        else if (cp < 0x800) {
+            buf[n++] = (char)(0xC0 | (cp >> 6));
+            buf[n++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            buf[n++] = (char)(0xE0 | (cp >> 12));
+            buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
             buf[n++] = (char)(0x80 | (cp & 0x3F));
         } else {
-            buf[n++] = (char)(0xF0 | (cp >> 18)); buf[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-            buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F)); buf[n++] = (char)(0x80 | (cp & 0x3F));
+            buf[n++] = (char)(0xF0 | (cp >> 18));
+            buf[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            buf[n++] = (char)(0x80 | (cp & 0x3F));
         }
     }
     return n;
@@ -478,8 +484,9 @@ static void expect_load_error(lt_ctx *ctx, const char *key, const char *value, l
     lt_tokenizer *tok = NULL;
     lt_status s = lt_tokenizer_load_json(ctx, p, &tok);
     unlink(p);
-    if (s != want) fail_msg("%s=%s: expected %s, got %s (%s)", key, value, lt_status_str(want), lt_status_str(s),
-                            lt_ctx_error(ctx));
+    if (s != want)
+        fail_msg("%s=%s: expected %s, got %s (%s)", key, value, lt_status_str(want), lt_status_str(s),
+                 lt_ctx_error(ctx));
     assert_null(tok);
     if (!strstr(lt_ctx_error(ctx), needle)) fail_msg("error '%s' does not name '%s'", lt_ctx_error(ctx), needle);
 }
@@ -491,9 +498,10 @@ static void unsupported_and_malformed_files_are_typed_errors(void **state) {
     expect_load_error(ctx, "normalizer", "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Lowercase\"}]}",
                       LT_ERR_UNSUPPORTED, "Lowercase");
     expect_load_error(ctx, "pre_tokenizer", "{\"type\":\"BertPreTokenizer\"}", LT_ERR_UNSUPPORTED, "BertPreTokenizer");
-    expect_load_error(ctx, "pre_tokenizer",
-                      "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\",\"invert\":false}",
-                      LT_ERR_UNSUPPORTED, "(unclosed");
+    expect_load_error(
+        ctx, "pre_tokenizer",
+        "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\",\"invert\":false}",
+        LT_ERR_UNSUPPORTED, "(unclosed");
     expect_load_error(ctx, "pre_tokenizer",
                       "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Sideways\",\"invert\":false}",
                       LT_ERR_UNSUPPORTED, "Sideways");
@@ -548,13 +556,21 @@ static void unsupported_and_malformed_files_are_typed_errors(void **state) {
         uint32_t u32;
         uint64_t u64;
         fwrite("GGUF", 1, 4, f);
-        u32 = 3; fwrite(&u32, 4, 1, f);
-        u64 = 0; fwrite(&u64, 8, 1, f);
-        u64 = 1; fwrite(&u64, 8, 1, f);
+        u32 = 3;
+        fwrite(&u32, 4, 1, f);
+        u64 = 0;
+        fwrite(&u64, 8, 1, f);
+        u64 = 1;
+        fwrite(&u64, 8, 1, f);
         const char *key = "tokenizer.ggml.model", *val = "bert";
-        u64 = strlen(key); fwrite(&u64, 8, 1, f); fwrite(key, 1, strlen(key), f);
-        u32 = LT_GGUF_STRING; fwrite(&u32, 4, 1, f);
-        u64 = strlen(val); fwrite(&u64, 8, 1, f); fwrite(val, 1, strlen(val), f);
+        u64 = strlen(key);
+        fwrite(&u64, 8, 1, f);
+        fwrite(key, 1, strlen(key), f);
+        u32 = LT_GGUF_STRING;
+        fwrite(&u32, 4, 1, f);
+        u64 = strlen(val);
+        fwrite(&u64, 8, 1, f);
+        fwrite(val, 1, strlen(val), f);
         fclose(f);
         lt_gguf *g;
         assert_int_equal(lt_gguf_open(ctx, gp, &g), LT_OK);

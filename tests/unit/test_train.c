@@ -104,8 +104,9 @@ static void options_config_file_then_flags(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     char path[256];
     tmp_path(path, sizeof path, "config.json");
-    write_text(path, "{\n \"model\": \"x.gguf\", \"data\": \"dd\", \"iters\": 50, \"learning_rate\": 0.001,\n"
-                     " \"mask_prompt\": true, \"lora_targets\": [\"q\", \"down\"], \"warmup\": 5\n}\n");
+    write_text(path,
+               "{\n \"model\": \"x.gguf\", \"data\": \"dd\", \"iters\": 50, \"learning_rate\": 0.001,\n"
+               " \"mask_prompt\": true, \"lora_targets\": [\"q\", \"down\"], \"warmup\": 5\n}\n");
     lt_train_options in, o;
     memset(&in, 0, sizeof in);
     assert_int_equal(lt_train_options_load_json(ctx, &in, path), LT_OK);
@@ -211,8 +212,12 @@ static void checkpoint_round_trip(void **state) {
     pset a, b;
     pset_make(&a, 4);
     pset_make(&b, 4);
-    lt_train_state st = {.step = 37, .rng = {1, 2, 3, UINT64_MAX}, .data_epoch = 2, .data_cursor = 11,
-                         .tokens_seen = 123456, .elapsed_s = 9.5};
+    lt_train_state st = {.step = 37,
+                         .rng = {1, 2, 3, UINT64_MAX},
+                         .data_epoch = 2,
+                         .data_cursor = 11,
+                         .tokens_seen = 123456,
+                         .elapsed_s = 9.5};
     char path[256];
     tmp_path(path, sizeof path, "ckpt.bin");
     assert_int_equal(lt_checkpoint_save(ctx, path, &o, &st, a.p, 4), LT_OK);
@@ -322,9 +327,15 @@ static void metrics_lines_and_resume_truncation(void **state) {
     lt_metrics *m;
     assert_int_equal(lt_metrics_open(ctx, path, -1, &m), LT_OK);
     for (int s = 1; s <= 6; s++) {
-        lt_metrics_record r = {.step = s, .train_loss = 3.0 - 0.1 * s, .val_loss = s % 3 ? NAN : 2.5,
-                               .learning_rate = 1e-4, .tokens_per_s = 100, .tokens = 10 * s, .elapsed_s = s,
-                               .peak_bytes = 4096, .plan_bytes = -1};
+        lt_metrics_record r = {.step = s,
+                               .train_loss = 3.0 - 0.1 * s,
+                               .val_loss = s % 3 ? NAN : 2.5,
+                               .learning_rate = 1e-4,
+                               .tokens_per_s = 100,
+                               .tokens = 10 * s,
+                               .elapsed_s = s,
+                               .peak_bytes = 4096,
+                               .plan_bytes = -1};
         assert_int_equal(lt_metrics_write(ctx, m, &r), LT_OK);
     }
     lt_metrics_close(ctx, m);
@@ -342,8 +353,15 @@ static void metrics_lines_and_resume_truncation(void **state) {
     assert_int_equal(n, 6);
     /* Resume at step 4: records 5 and 6 go, new ones append. */
     assert_int_equal(lt_metrics_open(ctx, path, 4, &m), LT_OK);
-    lt_metrics_record r = {.step = 5, .train_loss = 1, .val_loss = NAN, .learning_rate = NAN,
-                           .tokens_per_s = NAN, .tokens = -1, .elapsed_s = NAN, .peak_bytes = -1, .plan_bytes = -1};
+    lt_metrics_record r = {.step = 5,
+                           .train_loss = 1,
+                           .val_loss = NAN,
+                           .learning_rate = NAN,
+                           .tokens_per_s = NAN,
+                           .tokens = -1,
+                           .elapsed_s = NAN,
+                           .peak_bytes = -1,
+                           .plan_bytes = -1};
     assert_int_equal(lt_metrics_write(ctx, m, &r), LT_OK);
     lt_metrics_close(ctx, m);
     f = fopen(path, "r");

@@ -84,7 +84,9 @@ static inline float lt_attn_max(const float *x, int64_t n) {
     __m512 acc = _mm512_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
-    if (i < n) acc = _mm512_mask_max_ps(acc, (__mmask16)((1u << (n - i)) - 1u), acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), x + i));
+    if (i < n)
+        acc = _mm512_mask_max_ps(acc, (__mmask16)((1u << (n - i)) - 1u), acc,
+                                 _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), x + i));
     return _mm512_reduce_max_ps(acc);
 }
 

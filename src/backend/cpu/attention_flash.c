@@ -53,11 +53,11 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32, R = (size_t)group_of(p) * (backward ? BBR : FBR);
     const size_t fwd = (size_t)!backward, bwd = (size_t)backward;
     size_t off = 0;
-#define TAKE(field, count)                                           \
-    do {                                                             \
-        size_t n_ = (count);                                         \
-        if (sl) sl->field = n_ && base ? base + off : NULL;          \
-        off += lt_attn_round(n_);                                    \
+#define TAKE(field, count)                                  \
+    do {                                                    \
+        size_t n_ = (count);                                \
+        if (sl) sl->field = n_ && base ? base + off : NULL; \
+        off += lt_attn_round(n_);                           \
     } while (0)
     TAKE(q, fwd * R * D);
     TAKE(k, conv * bwd * BC * D);
@@ -138,12 +138,12 @@ size_t lt_attention_flash_workspace_bytes(const lt_attention_params *p, int back
 typedef struct {
     const lt_attention_params *p;
     const lt_attention_args *a;
-    float *slots;      /* slot i at slots + i * slot_floats */
+    float *slots; /* slot i at slots + i * slot_floats */
     size_t slot_floats;
-    float *kt;         /* forward: Kᵀ, (B, Hkv, D, T) */
-    float *heads;      /* backward: kv_batch() head blocks (see head_block_floats) */
+    float *kt;          /* forward: Kᵀ, (B, Hkv, D, T) */
+    float *heads;       /* backward: kv_batch() head blocks (see head_block_floats) */
     int64_t b, kv0, nk; /* backward: row b's kv heads [kv0, kv0 + nk) running */
-    int64_t group;     /* G = H / Hkv */
+    int64_t group;      /* G = H / Hkv */
     int backward;
 } flash_job;
 
@@ -167,8 +167,8 @@ static head_block head_block_of(const flash_job *j, int64_t k) {
 }
 
 /* A (rows, D) operand for sgemm: in place for f32, converted into `scratch` for bf16. */
-static const float *operand(const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b,
-                            int64_t t, int64_t h, int64_t rows, int64_t D, float *scratch, int *ld) {
+static const float *operand(const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b, int64_t t,
+                            int64_t h, int64_t rows, int64_t D, float *scratch, int *ld) {
     const void *src = lt_attn_at(base, dt, lt_attn_off(l, b, t, h));
     if (dt == LT_DTYPE_F32) {
         *ld = (int)l->token;
@@ -181,8 +181,8 @@ static const float *operand(const void *base, lt_dtype dt, const lt_attention_la
 
 /* dst (rows·G, D) <- the G heads from kv head kvh's first query head of tokens [t, t + rows) of
  * row b, stacked token-major, as f32. */
-static void stack_rows(float *dst, const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b,
-                       int64_t t, int64_t rows, int64_t h0, int64_t G, int64_t D) {
+static void stack_rows(float *dst, const void *base, lt_dtype dt, const lt_attention_layout *l, int64_t b, int64_t t,
+                       int64_t rows, int64_t h0, int64_t G, int64_t D) {
     for (int64_t i = 0; i < rows; i++)
         lt_attn_load(dst + i * G * D, lt_attn_at(base, dt, lt_attn_off(l, b, t + i, h0)), dt, l->head, G, D);
 }
@@ -216,7 +216,7 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
 
 /* Query tokens [qa, qe) of one sequence starting at s0, all heads of kv head kvh of row b. */
 LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t qa,
-                        int64_t qe, int64_t s0) {
+                                      int64_t qe, int64_t s0) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
     const int64_t D = p->D, G = j->group, R = (qe - qa) * G, W = p->window;
@@ -234,8 +234,8 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
         int64_t c0 = 0, c1 = 0;
         const float *Kt = j->kt + ((b * p->Hkv + kvh) * D) * kt_ld(p) + kb;
         const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
-                    Kt, (int)kt_ld(p), 0.0f, S, FBC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D, Kt,
+                    (int)kt_ld(p), 0.0f, S, FBC);
         for (int64_t x = 0; x < R; x++) {
             float *srow = S + x * FBC;
             if (x % G == 0) cols(qa + x / G, s0, W, kb, c, &c0, &c1);
@@ -263,8 +263,8 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
                 for (int64_t d = 0; d < D; d++) o[d] *= alpha;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, S, FBC, V,
-                    ldv, 1.0f, O, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, S, FBC, V, ldv, 1.0f, O,
+                    (int)D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     for (int64_t x = 0; x < R; x++) {
@@ -277,8 +277,8 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
 
 /* Calls seg(job, slot, b, kv head, x0, x1, s0, s1) for each piece of [t0, t1) inside one sequence. */
 typedef void (*segment_fn)(const flash_job *, flash_slot *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
-static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t head, int64_t t0,
-                         int64_t t1, segment_fn seg) {
+static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t head, int64_t t0, int64_t t1,
+                         segment_fn seg) {
     for (int64_t x = t0; x < t1;) {
         int64_t s0, s1;
         lt_attn_seq(j->p, b, x, &s0, &s1);
@@ -288,8 +288,8 @@ static void for_segments(const flash_job *j, flash_slot *sl, int64_t b, int64_t 
     }
 }
 
-static void fwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t x0, int64_t x1,
-                    int64_t s0, int64_t s1) {
+static void fwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t x0, int64_t x1, int64_t s0,
+                    int64_t s1) {
     (void)s1;
     fwd_segment(j, sl, b, kvh, x0, x1, s0);
 }
@@ -320,8 +320,13 @@ static void kt_tiles(void *arg, int64_t begin, int64_t end, int thread) {
 lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     const int64_t items = flash_items(p);
     float *kt = a->workspace;
-    flash_job j = {.p = p, .a = a, .slots = kt + flash_shared_floats(p, 0),
-                   .slot_floats = flash_carve(p, 0, NULL, NULL), .kt = kt, .group = group_of(p), .backward = 0};
+    flash_job j = {.p = p,
+                   .a = a,
+                   .slots = kt + flash_shared_floats(p, 0),
+                   .slot_floats = flash_carve(p, 0, NULL, NULL),
+                   .kt = kt,
+                   .group = group_of(p),
+                   .backward = 0};
     lt_parallel_for(lt_ctx_threads(ctx), p->B * p->Hkv * cdiv(p->T, BC), 1, kt_tiles, &j);
     lt_attn_schedule(lt_attn_slots(lt_ctx_threads(ctx), items), items, fwd_item, &j);
     return LT_OK;
@@ -333,7 +338,7 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
  * (scaled, uncapped scores) becomes P = exp(cap(S) - lse) and dP becomes dS = P (dP - D_i)
  * cap'(S); invisible entries become 0. lse and dvec are the tile's stacked rows. */
 LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int64_t R, int64_t c, int64_t q0,
-                      int64_t kb, int64_t s0, const float *lse, const float *dvec) {
+                                    int64_t kb, int64_t s0, const float *lse, const float *dvec) {
     const float cap = j->p->softcap;
     const int64_t G = j->group;
     int64_t c0 = 0, c1 = 0;
@@ -368,8 +373,8 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
 /* Keys [ka, ke) of the sequence [s0, s1), kv head kvh of row b, against the stacked rows of every
  * query that sees one of these keys: dK and dV of the keys (complete when the loop ends) and this
  * tile's share of dQ, accumulated into the item's bucket sl->dq. */
-static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke,
-                    int64_t s0, int64_t s1) {
+static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke, int64_t s0,
+                    int64_t s1) {
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
     const int64_t D = p->D, G = j->group, c = ke - ka, W = p->window;
@@ -385,17 +390,17 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
     for (int64_t qb = ka; qb < qend; qb += BBR) {
         const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
         const float *Q = sl->qs + x0 * D, *dO = sl->dos + x0 * D;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D,
-                    sl->kt, BC, 0.0f, sl->s, BC);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, 1.0f, dO, (int)D, sl->vt,
-                    BC, 0.0f, sl->dp, BC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, p->scale, Q, (int)D, sl->kt, BC,
+                    0.0f, sl->s, BC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)c, (int)D, 1.0f, dO, (int)D, sl->vt, BC,
+                    0.0f, sl->dp, BC);
         grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->s, BC, dO,
-                    (int)D, 1.0f, dV, (int)D);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->dp, BC, Q,
-                    (int)D, 1.0f, dK, (int)D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, sl->dp, BC, K,
-                    ldk, 1.0f, sl->dq + x0 * D, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->s, BC, dO, (int)D, 1.0f,
+                    dV, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, (int)D, (int)R, 1.0f, sl->dp, BC, Q, (int)D, 1.0f,
+                    dK, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)D, (int)c, 1.0f, sl->dp, BC, K, ldk, 1.0f,
+                    sl->dq + x0 * D, (int)D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);
@@ -475,8 +480,13 @@ LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thr
 lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     const int threads = lt_ctx_threads(ctx);
     float *ws = a->workspace;
-    flash_job j = {.p = p, .a = a, .slots = ws + flash_shared_floats(p, 1),
-                   .slot_floats = flash_carve(p, 1, NULL, NULL), .heads = ws, .group = group_of(p), .backward = 1};
+    flash_job j = {.p = p,
+                   .a = a,
+                   .slots = ws + flash_shared_floats(p, 1),
+                   .slot_floats = flash_carve(p, 1, NULL, NULL),
+                   .heads = ws,
+                   .group = group_of(p),
+                   .backward = 1};
     const int slots = flash_slots(p, 1, threads);
     for (j.b = 0; j.b < p->B; j.b++)
         for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {

@@ -55,8 +55,8 @@ static void load_head(float *dst, const void *base, const lt_attention_params *p
     lt_attn_load(dst, lt_attn_at(base, p->dtype, lt_attn_off(l, b, 0, h)), p->dtype, l->token, p->T, p->D);
 }
 
-static void store_head(void *base, const lt_attention_params *p, const lt_attention_layout *l, int64_t b,
-                       int64_t h, const float *src, float mul) {
+static void store_head(void *base, const lt_attention_params *p, const lt_attention_layout *l, int64_t b, int64_t h,
+                       const float *src, float mul) {
     void *dst = (char *)base + lt_attn_off(l, b, 0, h) * (p->dtype == LT_DTYPE_F32 ? 4 : 2);
     lt_attn_store(dst, p->dtype, l->token, src, p->T, p->D, mul);
 }
@@ -101,8 +101,8 @@ static void fwd_item(void *ctx, int64_t i, int slot) {
     scores(p, b, Q, K, S);
     float *lse = j->a->lse + (b * p->H + h) * T;
     for (int64_t q = 0; q < T; q++) lse[q] = softmax_row(S + q * T, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, S, (int)T, V, (int)D,
-                0.0f, O, (int)D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, S, (int)T, V, (int)D, 0.0f, O,
+                (int)D);
     store_head(j->a->out, p, &p->o_layout, b, h, O, 1.0f);
 }
 
@@ -133,8 +133,8 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
         load_head(O, a->out, p, &p->o_layout, b, h);
         load_head(dO, a->dout, p, &p->o_layout, b, h);
         scores(p, b, Q, K, P);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)D, 1.0f, dO, (int)D, V, (int)D,
-                    0.0f, dP, (int)T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)D, 1.0f, dO, (int)D, V, (int)D, 0.0f,
+                    dP, (int)T);
         for (int64_t q = 0; q < T; q++) {
             float *prow = P + q * T, *drow = dP + q * T, Di = 0, mx = -INFINITY, sum = 0;
             for (int64_t d = 0; d < D; d++) Di += dO[q * D + d] * O[q * D + d];
@@ -149,13 +149,13 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
                 prow[k] = pk;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, P, (int)T, dO, (int)D,
-                    1.0f, dV, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, P, (int)T, dO, (int)D, 1.0f,
+                    dV, (int)D);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, dP, (int)T, K, (int)D,
                     0.0f, dQ, (int)D);
         store_head(a->dq, p, &p->q_layout, b, h, dQ, p->scale);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, dP, (int)T, Q, (int)D,
-                    1.0f, dK, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, dP, (int)T, Q, (int)D, 1.0f,
+                    dK, (int)D);
     }
     store_head(a->dk, p, &p->kv_layout, b, kvh, dK, p->scale);
     store_head(a->dv, p, &p->kv_layout, b, kvh, dV, 1.0f);

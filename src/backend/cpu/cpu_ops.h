@@ -26,8 +26,8 @@ void lt_cpu_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, 
                         float *rstd);
 void lt_cpu_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                         int64_t C, float *dx, float *dw);
-void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
-                 int64_t D, int inverse);
+void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+                 int inverse);
 void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cpu_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);

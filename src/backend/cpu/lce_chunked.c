@@ -27,7 +27,7 @@ size_t lt_cpu_lce_chunked_workspace(const lce_problem *P) { return layout(P).end
 
 typedef struct {
     const lce_problem *P;
-    float *z;      /* (N, nv) */
+    float *z; /* (N, nv) */
     int64_t v0, nv;
     lce_stat *stats;
     const float *lse, *coef;
@@ -89,7 +89,8 @@ static void bwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
         lt_cpu_lce_grad_row(j->P, j->z + i * j->nv, j->nv, j->v0, j->P->targets[i], j->lse[i], j->coef[i]);
 }
 
-void lt_cpu_lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                                 float *dw) {
     chunked_layout L = layout(P);
     const float *hf = h_f32(P, ws);
     float *acc = P->dh_dtype == LT_DTYPE_F32 ? dh : (float *)(ws + L.dhacc);

@@ -22,8 +22,7 @@ void lt_lce_cpu_default_tiles(lt_lce_impl impl, int *tile_n, int *tile_v) {
     *tile_v = impl == LT_LCE_FUSED ? 512 : impl == LT_LCE_CHUNKED ? 4096 : 0;
 }
 
-static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_args *a, int backward,
-                         int threads) {
+static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_args *a, int backward, int threads) {
     memset(P, 0, sizeof *P);
     P->N = a->h.shape[0];
     P->C = a->h.shape[1];
@@ -64,10 +63,10 @@ static size_t head_bytes(const lce_problem *P) {
 
 static size_t impl_workspace(const lce_problem *P, lt_lce_impl impl) {
     size_t cursor = head_bytes(P);
-    size_t own = P->backward == 2         ? lt_cpu_lce_fused_fb_workspace(P)
-                 : impl == LT_LCE_NAIVE   ? lt_cpu_lce_naive_workspace(P)
-                 : impl == LT_LCE_CHUNKED ? lt_cpu_lce_chunked_workspace(P)
-                                          : lt_cpu_lce_fused_workspace(P);
+    size_t own = P->backward == 2 ? lt_cpu_lce_fused_fb_workspace(P)
+        : impl == LT_LCE_NAIVE    ? lt_cpu_lce_naive_workspace(P)
+        : impl == LT_LCE_CHUNKED  ? lt_cpu_lce_chunked_workspace(P)
+                                  : lt_cpu_lce_fused_workspace(P);
     return cursor + own;
 }
 
@@ -120,9 +119,9 @@ static void upstream_coef(const lce_problem *P, const float *dloss, float *coef)
         if (!lce_ignored(P, i)) den += P->weight ? P->weight[i] : 1.0;
     for (int64_t i = 0; i < P->N; i++) {
         double up = P->reduction == LT_REDUCTION_NONE ? dloss[i]
-                    : P->reduction == LT_REDUCTION_SUM ? dloss[0]
-                    : den > 0                          ? dloss[0] / den
-                                                       : 0.0;
+            : P->reduction == LT_REDUCTION_SUM        ? dloss[0]
+            : den > 0                                 ? dloss[0] / den
+                                                      : 0.0;
         coef[i] = lce_ignored(P, i) ? 0.0f : (float)(up * (P->weight ? P->weight[i] : 1.0));
     }
 }
@@ -304,7 +303,8 @@ double lt_cpu_lce_finish_row(const lce_problem *P, int64_t i, const lce_stat *st
     return P->weight ? loss * P->weight[i] : loss;
 }
 
-LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse, float coef) {
+LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, int32_t target, float lse,
+                                       float coef) {
     if (coef == 0) {
         memset(s, 0, (size_t)n * sizeof(float));
         return;
@@ -329,7 +329,8 @@ LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n
     }
 }
 
-LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row) {
+LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0,
+                                     int32_t target, float *acc_row) {
     lt_cpu_lce_softcap_row(z, n, P->softcap);
     float m;
     double sz;
@@ -375,8 +376,8 @@ LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *
 
 /* ---- conversions ---- */
 
-
-void lt_cpu_lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out) {
+void lt_cpu_lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C,
+                            float *out) {
     const uint8_t *p = (const uint8_t *)base + r0 * row_bytes;
     for (int64_t r = 0; r < nr; r++) lt_dequantize_row(t, p + r * row_bytes, out + r * C, C);
 }
@@ -395,7 +396,7 @@ static void conv_range(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 void lt_cpu_lce_rows_to_f32_parallel(int threads, lt_dtype t, const void *base, int64_t row_bytes, int64_t r0,
-                              int64_t nr, int64_t C, float *out) {
+                                     int64_t nr, int64_t C, float *out) {
     conv_job j = {t, base, row_bytes, r0, C, out};
     lt_parallel_for(threads, nr, 16, conv_range, &j);
 }

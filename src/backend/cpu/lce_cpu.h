@@ -16,10 +16,10 @@
 typedef struct lce_problem {
     int64_t N, V, C;
     lt_dtype h_dtype, w_dtype, dh_dtype;
-    int backward;           /* the pass: 0 forward, 1 backward, 2 forward_backward in one pass */
+    int backward; /* the pass: 0 forward, 1 backward, 2 forward_backward in one pass */
     int want_dw;
-    int threads;            /* resolved worker count (>= 1) */
-    int tile_n, tile_v;     /* resolved and clamped to N and V */
+    int threads;        /* resolved worker count (>= 1) */
+    int tile_n, tile_v; /* resolved and clamped to N and V */
     int32_t ignore_index;
     double eps, z_loss, softcap;
     lt_reduction reduction;
@@ -55,20 +55,21 @@ void lt_cpu_lce_chunked_forward(const lce_problem *P, char *ws, float *lse, doub
 void lt_cpu_lce_fused_forward(const lce_problem *P, char *ws, float *lse, double *row_loss);
 /* coef: (N) upstream gradient times weight per token, 0 for ignored tokens; dh (N, C) in
  * P->dh_dtype is overwritten, dw (V, C) f32 accumulated when non-NULL. */
-void lt_cpu_lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
-void lt_cpu_lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
-void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw);
+void lt_cpu_lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                               float *dw);
+void lt_cpu_lce_chunked_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                                 float *dw);
+void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                               float *dw);
 /* forward_backward in one pass (fused only; no dw, not softcap together with label smoothing):
  * writes lse, row_loss (weighted, 0 for ignored tokens) and dh (overwritten) from coef. */
 size_t lt_cpu_lce_fused_fb_workspace(const lce_problem *P);
 void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
-                                void *dh);
+                                       void *dh);
 
 /* ---- per-row math (lce_common.c) ---- */
 
-static inline int lce_ignored(const lce_problem *P, int64_t i) {
-    return P->targets[i] == P->ignore_index;
-}
+static inline int lce_ignored(const lce_problem *P, int64_t i) { return P->targets[i] == P->ignore_index; }
 /* z ← cap·tanh(z/cap) over n logits (no-op when cap = 0). */
 void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap);
 /* Folds n softcapped logits z[0..n) of one token, covering vocabulary [v0, v0+n), into st.
@@ -88,14 +89,16 @@ void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n, int64_t v0, 
  * them into st against its running max (which only grows; when it does, st->s and, if acc_row is
  * set, the token's C-float grad-hidden accumulator are rescaled to the new max), and overwrites z
  * with exp(z_j − m)·cap'(z_j), the weights of W_j in that accumulator. */
-void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target, float *acc_row);
+void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0, int32_t target,
+                       float *acc_row);
 
 /* Dense f32 rows [r0, r0+nr) of h (f32 | bf16) and of the head w (any head dtype) into out
  * (nr, C). f32 sources are copied. */
-void lt_cpu_lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C, float *out);
+void lt_cpu_lce_rows_to_f32(lt_dtype t, const void *base, int64_t row_bytes, int64_t r0, int64_t nr, int64_t C,
+                            float *out);
 /* The same in parallel over rows (for whole-matrix conversions outside parallel regions). */
 void lt_cpu_lce_rows_to_f32_parallel(int threads, lt_dtype t, const void *base, int64_t row_bytes, int64_t r0,
-                              int64_t nr, int64_t C, float *out);
+                                     int64_t nr, int64_t C, float *out);
 /* dst (nr, C) in dtype t (f32 | bf16) at rows [r0, ...) ← src f32. */
 void lt_cpu_lce_rows_from_f32(lt_dtype t, void *base, int64_t r0, int64_t nr, int64_t C, const float *src);
 /* Rows [r0, r0+nr) of dst (f32 | bf16) ← 0. */

@@ -47,9 +47,9 @@ typedef struct {
     const lce_problem *P;
     fused_layout L;
     char *ws;
-    const float *hf;  /* (nr, C) gathered f32 tile */
+    const float *hf; /* (nr, C) gathered f32 tile */
     int64_t nr;
-    const int32_t *target; /* (nr) */
+    const int32_t *target;   /* (nr) */
     const float *lse, *coef; /* (nr), backward */
     float *dw;
 } tile_job;
@@ -71,8 +71,8 @@ static void fwd_range(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
         const float *wf = w_tile(P, wbuf, v0, nv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
-                    wf, (int)P->C, 0.0f, z, (int)nv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C, wf,
+                    (int)P->C, 0.0f, z, (int)nv);
         for (int64_t r = 0; r < j->nr; r++) {
             lt_cpu_lce_softcap_row(z + r * nv, nv, P->softcap);
             lt_cpu_lce_stat_update(&st[r], z + r * nv, nv, v0, j->target[r]);
@@ -90,9 +90,10 @@ static void bwd_range(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
         const float *wf = w_tile(P, wbuf, v0, nv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
-                    wf, (int)P->C, 0.0f, g, (int)nv);
-        for (int64_t r = 0; r < j->nr; r++) lt_cpu_lce_grad_row(P, g + r * nv, nv, v0, j->target[r], j->lse[r], j->coef[r]);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C, wf,
+                    (int)P->C, 0.0f, g, (int)nv);
+        for (int64_t r = 0; r < j->nr; r++)
+            lt_cpu_lce_grad_row(P, g + r * nv, nv, v0, j->target[r], j->lse[r], j->coef[r]);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->nr, (int)P->C, (int)nv, 1.0f, g, (int)nv, wf,
                     (int)P->C, vt == begin ? 0.0f : 1.0f, dhp, (int)P->C);
         if (j->dw)
@@ -143,7 +144,8 @@ void lt_cpu_lce_fused_forward(const lce_problem *P, char *ws, float *lse, double
             lce_stat st;
             lt_cpu_lce_stat_init(&st);
             for (int t = 0; t < P->threads; t++)
-                if (ran[t]) lt_cpu_lce_stat_merge(&st, (const lce_stat *)(ws + (size_t)t * j.L.per_thread + j.L.stats) + r);
+                if (ran[t])
+                    lt_cpu_lce_stat_merge(&st, (const lce_stat *)(ws + (size_t)t * j.L.per_thread + j.L.stats) + r);
             row_loss[rows[k0 + r]] = lt_cpu_lce_finish_row(P, rows[k0 + r], &st, lse);
         }
     }
@@ -173,7 +175,8 @@ static void merge_range(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
-void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                               float *dw) {
     tile_job j = {P, layout(P), ws, NULL, 0, NULL, NULL, NULL, dw};
     int64_t *rows = (int64_t *)(ws + j.L.rows);
     int64_t na = active_rows(P, rows), nvt = (P->V + P->tile_v - 1) / P->tile_v;
@@ -248,7 +251,7 @@ typedef struct {
     const lce_problem *P;
     fb_layout L;
     char *ws;
-    const float *hf;       /* (nr, C) gathered f32 tile */
+    const float *hf; /* (nr, C) gathered f32 tile */
     int64_t nr;
     const int32_t *target; /* (nr) */
     const float *coef;     /* (nr) */
@@ -273,8 +276,8 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
         const float *wf = w_tile(P, wbuf, v0, nv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C,
-                    wf, (int)P->C, 0.0f, z, (int)nv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C, wf,
+                    (int)P->C, 0.0f, z, (int)nv);
         for (int64_t r = 0; r < j->nr; r++)
             lt_cpu_lce_fb_row(P, &st[r], z + r * nv, nv, v0, j->target[r], vt == begin ? NULL : acc + r * P->C);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->nr, (int)P->C, (int)nv, 1.0f, z, (int)nv, wf,
@@ -297,7 +300,8 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
         lce_stat tot;
         lt_cpu_lce_stat_init(&tot);
         for (int t = 0; t < P->threads; t++)
-            if (ran[t]) lt_cpu_lce_stat_merge(&tot, (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r);
+            if (ran[t])
+                lt_cpu_lce_stat_merge(&tot, (const lce_stat *)(j->ws + (size_t)t * j->L.per_thread + j->L.stats) + r);
         const int64_t i = j->rows[r];
         j->row_loss[i] = lt_cpu_lce_finish_row(P, i, &tot, j->lse);
         float *out = NULL;
@@ -324,7 +328,8 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
         const float T = (float)(coef * (1.0 - P->eps) * (1.0 - th * th));
         const float B = (float)(coef * P->eps / (double)P->V);
         const float *wt = P->w_dtype == LT_DTYPE_F32 ? (const float *)P->w + (int64_t)j->target[r] * P->C : wrow;
-        if (P->w_dtype != LT_DTYPE_F32) lt_cpu_lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, j->target[r], 1, P->C, wrow);
+        if (P->w_dtype != LT_DTYPE_F32)
+            lt_cpu_lce_rows_to_f32(P->w_dtype, P->w, P->w_row_bytes, j->target[r], 1, P->C, wrow);
         for (int64_t c = 0; c < P->C; c++) out[c] = A * out[c] - T * wt[c];
         if (P->eps > 0)
             for (int64_t c = 0; c < P->C; c++) out[c] -= B * (float)colsum[c];
@@ -333,7 +338,7 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
-                                void *dh) {
+                                       void *dh) {
     fb_job j;
     memset(&j, 0, sizeof j);
     j.P = P;

@@ -36,12 +36,13 @@ static float *logits(const lce_problem *P, char *ws, const float **hf, const flo
         *hf = (const float *)(ws + L.hconv);
     }
     if (P->w_dtype != LT_DTYPE_F32) {
-        lt_cpu_lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, 0, P->V, P->C, (float *)(ws + L.wconv));
+        lt_cpu_lce_rows_to_f32_parallel(P->threads, P->w_dtype, P->w, P->w_row_bytes, 0, P->V, P->C,
+                                        (float *)(ws + L.wconv));
         *wf = (const float *)(ws + L.wconv);
     }
     float *z = (float *)(ws + L.logits);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->N, (int)P->V, (int)P->C, 1.0f, *hf, (int)P->C,
-                *wf, (int)P->C, 0.0f, z, (int)P->V);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->N, (int)P->V, (int)P->C, 1.0f, *hf, (int)P->C, *wf,
+                (int)P->C, 0.0f, z, (int)P->V);
     return z;
 }
 
@@ -83,7 +84,8 @@ static void bwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
         lt_cpu_lce_grad_row(P, j->z + i * P->V, P->V, 0, P->targets[i], j->lse[i], j->coef[i]);
 }
 
-void lt_cpu_lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh, float *dw) {
+void lt_cpu_lce_naive_backward(const lce_problem *P, char *ws, const float *lse, const float *coef, void *dh,
+                               float *dw) {
     const float *hf, *wf;
     rows_job j = {P, logits(P, ws, &hf, &wf), (float *)lse, NULL, coef};
     lt_parallel_for(P->threads, P->N, 16, bwd_rows, &j);

@@ -33,7 +33,7 @@ static int thin_available(void) { return 1; }
 #define THIN_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 static int thin_available(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 }
 #endif
 
@@ -115,7 +115,7 @@ typedef struct {
 } colsum_split;
 
 THIN_FN static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
-                                                             const int64_t r) {
+                                                                     const int64_t r) {
     float part[THIN_MAX][16 * COLSUM_CHUNKS];
     for (int64_t k0 = 0; k0 < j->K; k0 += COLSUM_ROWS) {
         const int64_t k1 = k0 + COLSUM_ROWS < j->K ? k0 + COLSUM_ROWS : j->K;
@@ -175,7 +175,8 @@ THIN_FN static inline __attribute__((always_inline)) void rankk_row(const rankk_
     for (int64_t n = 0; n < j->N; n += 16) {
         const __mmask16 mk = thin_mask(j->N - n);
         __m512 acc = _mm512_mul_ps(av[0], _mm512_maskz_loadu_ps(mk, j->Bk + n));
-        for (int64_t k = 1; k < K; k++) acc = _mm512_fmadd_ps(av[k], _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n), acc);
+        for (int64_t k = 1; k < K; k++)
+            acc = _mm512_fmadd_ps(av[k], _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n), acc);
         acc = _mm512_mul_ps(alpha, acc);
         if (j->beta != 0.0f) acc = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c + n), acc);
         _mm512_mask_storeu_ps(c + n, mk, acc);
@@ -197,7 +198,7 @@ THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
 
 /* Runs the thin cases; 0 when the shape is not one of them (the caller uses OpenBLAS). */
 THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                     int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+                             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int threads = lt_ctx_threads(ctx);
     if (!ta && N <= THIN_MAX && (tb || N * K <= THIN_BT_FLOATS)) {
         /* C = A·Bᵀ with Bᵀ's rows read in place (tb), or from a copy of B transposed (NN). */
@@ -226,8 +227,8 @@ THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, 
         /* C = Aᵀ·B with A (K, M), B (K, N): the thin side is summed against 16-column chunks of
          * the wide one; Aᵀ thin (M <= 16) gives C's rows directly, B thin gives them transposed. */
         const int a_thin = M <= THIN_MAX;
-        colsum_job j = {a_thin ? B : A, a_thin ? A : B, C, a_thin ? M : N, a_thin ? N : M, K, a_thin ? ldb : lda,
-                        a_thin ? lda : ldb, ldc, alpha, beta, !a_thin};
+        colsum_job j = {a_thin ? B : A,     a_thin ? A : B,     C,   a_thin ? M : N, a_thin ? N : M, K,
+                        a_thin ? ldb : lda, a_thin ? lda : ldb, ldc, alpha,          beta,           !a_thin};
         colsum_split sp = {&j, (j.width + 15) / 16, 0};
         const int64_t nt = lt_parallel_threads(threads), least = (sp.chunks + COLSUM_CHUNKS - 1) / COLSUM_CHUNKS;
         sp.items = nt > least ? (nt < sp.chunks ? nt : sp.chunks) : least;
@@ -316,8 +317,7 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
         const float *W = w->data;
         if (mode != LT_MATMUL_NN) /* NT or NT_SAME_X: nothing to reuse here */
             lt_cpu_gemm(ctx, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out);
-        else
-            lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
+        else lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
         return;
     }
     mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in)};

@@ -33,8 +33,8 @@ LT_CPU_CLONES static void rope_rows(void *arg, int64_t n0, int64_t n1, int threa
     }
 }
 
-void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
-                 int64_t D, int inverse) {
+void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+                 int inverse) {
     rope_job j = {x, pos, inv_freq, heads, D, inverse ? -1.0f : 1.0f};
     lt_parallel_for(lt_ctx_threads(ctx), N, 16, rope_rows, &j);
 }

@@ -34,8 +34,9 @@ static lt_status cuda_to_device(lt_ctx *ctx, void *dst, const void *src, size_t 
         return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lt_cuda_stream(ctx)),
                            "copy within the device");
     if (at.type != cudaMemoryTypeHost && lt_cuda_capturing(ctx))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "copy to device from pageable host memory while capturing a graph "
-                                                 "(the copy would not be replayed)");
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "copy to device from pageable host memory while capturing a graph "
+                        "(the copy would not be replayed)");
     return cuda_status(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, lt_cuda_stream(ctx)),
                        "cudaMemcpyAsync to device");
 }

@@ -22,12 +22,9 @@ static __device__ __forceinline__ float lt_dq_f16(const uint8_t *p) {
 /* Weight c of the row starting at `row` (block-aligned, as lt_dtype_row_bytes lays rows out). */
 static __device__ __forceinline__ float lt_dq_elem(lt_dtype t, const uint8_t *row, int64_t c) {
     switch (t) {
-    case LT_DTYPE_F32:
-        return ((const float *)row)[c];
-    case LT_DTYPE_BF16:
-        return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
-    case LT_DTYPE_F16:
-        return __half2float(((const __half *)row)[c]);
+    case LT_DTYPE_F32: return ((const float *)row)[c];
+    case LT_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+    case LT_DTYPE_F16: return __half2float(((const __half *)row)[c]);
     case LT_DTYPE_Q8_0: {
         const uint8_t *b = row + (c >> 5) * 34;
         return __fmul_rn((float)(int8_t)b[2 + (c & 31)], lt_dq_f16(b));
@@ -51,8 +48,7 @@ static __device__ __forceinline__ float lt_dq_elem(lt_dtype t, const uint8_t *ro
         int q = (b[4 + 4 * (e >> 3) + ((e & 7) >> 1)] >> (4 * (e & 1))) & 0xf;
         return __fadd_rn(__fmul_rn((float)q, lt_dq_f16(b)), lt_dq_f16(b + 2));
     }
-    default:
-        return __int_as_float(0x7fc00000); /* unreachable: the model admits only the dtypes above */
+    default: return __int_as_float(0x7fc00000); /* unreachable: the model admits only the dtypes above */
     }
 }
 

@@ -18,13 +18,13 @@ extern "C" {
  * asynchronous faults surface at the next synchronising call, which returns LT_ERR_CUDA). While
  * the stream is being captured into a graph a failure marks the capture failed instead: the
  * trainer then drops the graph and runs the step eagerly. */
-#define LT_CUDA_LAUNCHED(ctx, what)                                                                 \
-    do {                                                                                            \
-        cudaError_t lt_e_ = cudaGetLastError();                                                     \
-        if (lt_e_ != cudaSuccess) {                                                                 \
-            if (lt_cuda_capturing(ctx)) lt_cuda_capture_fail(ctx, what, lt_e_);                     \
-            else LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_));                \
-        }                                                                                           \
+#define LT_CUDA_LAUNCHED(ctx, what)                                                  \
+    do {                                                                             \
+        cudaError_t lt_e_ = cudaGetLastError();                                      \
+        if (lt_e_ != cudaSuccess) {                                                  \
+            if (lt_cuda_capturing(ctx)) lt_cuda_capture_fail(ctx, what, lt_e_);      \
+            else LT_ABORT("%s: launch failed: %s", what, cudaGetErrorString(lt_e_)); \
+        }                                                                            \
     } while (0)
 
 /* The same for runtime calls made inside an op (memset, copies): the message also lands in ctx
@@ -58,21 +58,22 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* The skinny f32 products (ops_gemm_skinny.cu): 1 when it ran C = alpha·op(A)·op(B) + beta·C
  * itself (a rank <= 16 side and a long streamed operand), 0 to leave it to cuBLASLt. */
-int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
+int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
+                        size_t ws_bytes);
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                     float *y, void *ws);
 size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
 /* lt_cuda_matmul with the x-reuse rule of LT_MATMUL_NT_SAME_X for any mode: same_x = 1 says x
  * (pointer, rows, contents) is the one the workspace's bf16 area was last filled from. */
-void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
-                          void *ws, int same_x);
+void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                          float *y, void *ws, int same_x);
 /* Fills the workspace's bf16 x area with x (N rows of w's input width for NT, output width for
  * NN) as the matmul would, unless same_x and it already holds it; returns the bf16 rows (row
  * stride = that width), or NULL when x does not fit one chunk (the matmul then converts x
  * piecewise itself). */
-const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                                   int same_x);
+const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,
+                                   void *ws, int same_x);
 /* The f32 gemm's fixed device workspace of ctx's state and its size. */
 void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
@@ -82,8 +83,9 @@ void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
  * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
 int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx, const float *U,
-                          int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes);
+int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
+                          const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws,
+                          size_t ws_bytes);
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
@@ -94,11 +96,10 @@ void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps,
                          float *rstd);
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw);
-void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
-                  int64_t D, int inverse);
+void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+                  int inverse);
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
-void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
-                        float *du);
+void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
 void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);
@@ -120,8 +121,8 @@ void lt_cuda_graph_free(lt_graph *g);
 /* adamw under capture hands its kernel node to graph.cu (one per graph); graph.cu re-points the
  * node at new hyper-parameters before each replay through lt_cuda_adamw_node_params. */
 void lt_cuda_graph_note_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n);
-lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p,
-                                    const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp);
+lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p, const float *g,
+                                    float *m, float *v, int64_t n, const lt_adamw_params *hp);
 }
 
 #endif

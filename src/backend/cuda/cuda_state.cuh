@@ -55,13 +55,13 @@ typedef struct lt_cuda_capture {
 } lt_cuda_capture;
 
 typedef struct lt_cuda_state {
-    int device;          /* CUDA device ordinal current when the state was made */
+    int device; /* CUDA device ordinal current when the state was made */
     int sm_count;
     cudaStream_t stream; /* NULL: the legacy default stream, until graph_begin makes one */
     pthread_mutex_t blas_mu;
-    cublasLtHandle_t blas;   /* made on first use; shared by matmul, gemm and lce */
-    void *gemm_ws;           /* LT_CUDA_GEMM_WS_BYTES of device memory, made with the handle */
-    double *sumsq;           /* LT_CUDA_SUMSQ_PARTS partials + the total, made with the handle */
+    cublasLtHandle_t blas; /* made on first use; shared by matmul, gemm and lce */
+    void *gemm_ws;         /* LT_CUDA_GEMM_WS_BYTES of device memory, made with the handle */
+    double *sumsq;         /* LT_CUDA_SUMSQ_PARTS partials + the total, made with the handle */
     lt_cuda_blas_plan plans[LT_CUDA_BLAS_PLANS];
     int nplans, next_plan;
     lt_cuda_xcache xcache;

@@ -114,8 +114,7 @@ extern "C" lt_status lt_cuda_graph_end(lt_ctx *ctx, lt_graph **out) {
 }
 
 extern "C" lt_status lt_cuda_graph_launch(lt_ctx *ctx, lt_graph *g, const lt_adamw_params *hp) {
-    if (g->adamw && hp)
-        LT_TRY(lt_cuda_adamw_node_params(ctx, g->exec, g->adamw, g->p, g->g, g->m, g->v, g->n, hp));
+    if (g->adamw && hp) LT_TRY(lt_cuda_adamw_node_params(ctx, g->exec, g->adamw, g->p, g->g, g->m, g->v, g->n, hp));
     return lt_cuda_check(ctx, cudaGraphLaunch(g->exec, lt_cuda_stream(ctx)), "graph: cudaGraphLaunch");
 }
 

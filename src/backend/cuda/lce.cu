@@ -43,8 +43,8 @@ extern "C" {
 
 typedef struct lce_plan {
     int64_t Nc, Vc, ldz;
-    int fb;        /* forward_backward layout (accumulator, column sums, 8 stats arrays) */
-    int zb;        /* bytes per logit of the tile: 4, or 2 for bf16 logits (forward_backward) */
+    int fb; /* forward_backward layout (accumulator, column sums, 8 stats arrays) */
+    int zb; /* bytes per logit of the tile: 4, or 2 for bf16 logits (forward_backward) */
     size_t off_stats, off_misc, off_blas, off_acc, off_deq, off_z, off_colsum, total;
 } lce_plan;
 
@@ -53,8 +53,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* Workspace offsets of a plan whose Nc, Vc and zb are set: `stats` fp32 arrays of N, a misc
  * block, cuBLASLt's workspace, the fp32 (Nc, C) accumulator (acc bytes), the column sums of W
  * (label smoothing), the dequantized weight tile, the logit tile. */
-static void lce_plan_layout(lce_plan *pl, int64_t N, int64_t C, int stats, size_t acc, int colsum,
-                            int quantized) {
+static void lce_plan_layout(lce_plan *pl, int64_t N, int64_t C, int stats, size_t acc, int colsum, int quantized) {
     pl->ldz = (pl->Vc + 7) / 8 * 8;
     size_t off = 0;
     pl->off_stats = off;
@@ -75,8 +74,7 @@ static void lce_plan_layout(lce_plan *pl, int64_t N, int64_t C, int stats, size_
 }
 
 /* The one-pass forward_backward layout (see lt_lce_forward_backward in lce.h for when it is used). */
-static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
-                                 int quantized) {
+static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C, int quantized) {
     lce_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.fb = 1;
@@ -84,9 +82,8 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     pl.Nc = opt && opt->tile_n > 0 ? opt->tile_n : min64(N, LCE_FB_NC_DEFAULT);
     if (pl.Nc > N) pl.Nc = N;
     const int smooth = opt && opt->label_smoothing > 0.0f;
-    size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + LCE_BLAS_WS +
-                   lt_cuda_align((size_t)pl.Nc * (size_t)C * 4) +
-                   (smooth ? lt_cuda_align((size_t)C * 4) : 0);
+    size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + LCE_BLAS_WS + lt_cuda_align((size_t)pl.Nc * (size_t)C * 4) +
+        (smooth ? lt_cuda_align((size_t)C * 4) : 0);
     int64_t vc;
     if (opt && opt->tile_v > 0) {
         vc = opt->tile_v;
@@ -104,8 +101,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     return pl;
 }
 
-static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C,
-                              int backward, int quantized) {
+static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C, int backward, int quantized) {
     lce_plan pl;
     memset(&pl, 0, sizeof pl);
     /* The backward keeps an fp32 (Nc, C) dh accumulator that every vocabulary tile's GEMM reads
@@ -143,8 +139,7 @@ static int lce_fb_one_pass(const lt_lce_options *opt, const lt_lce_args *a) {
     return !(opt && opt->softcap > 0.0f && opt->label_smoothing > 0.0f);
 }
 
-extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a,
-                                              int pass, int threads) {
+extern "C" size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads) {
     (void)threads;
     const int64_t N = a->h.shape[0], V = a->w.shape[0], C = a->h.shape[1];
     const int q = lce_quantized(a->w.dtype);
@@ -172,9 +167,9 @@ typedef struct lce_blas {
 } lce_blas;
 
 /* C (m x n, col-major, ldc, fp32 or bf16) = op(A) op(B) + beta·C, A and B bf16. */
-static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb,
-                          int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                          int64_t ldb, float beta, void *Cm, cudaDataType_t ctype, int64_t ldc) {
+static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                          int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *Cm,
+                          cudaDataType_t ctype, int64_t ldc) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t ad = NULL, bd = NULL, cd = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -182,18 +177,15 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
     float alpha = 1.0f;
     size_t wsb = LCE_BLAS_WS;
     cublasStatus_t s = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatrixLayoutCreate(&ad, CUDA_R_16BF, (uint64_t)(ta == CUBLAS_OP_N ? m : k),
                                        (uint64_t)(ta == CUBLAS_OP_N ? k : m), lda);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatrixLayoutCreate(&bd, CUDA_R_16BF, (uint64_t)(tb == CUBLAS_OP_N ? k : n),
                                        (uint64_t)(tb == CUBLAS_OP_N ? n : k), ldb);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatrixLayoutCreate(&cd, ctype, (uint64_t)m, (uint64_t)n, ldc);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&cd, ctype, (uint64_t)m, (uint64_t)n, ldc);
     if (s != CUBLAS_STATUS_SUCCESS) {
         st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt descriptor setup failed (%d)", (int)s);
         goto done;
@@ -201,23 +193,21 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
     {
         int slot = -1;
         for (int i = 0; i < bl->ncache; i++)
-            if (bl->cache[i].ta == (int)ta && bl->cache[i].tb == (int)tb &&
-                bl->cache[i].ctype == (int)ctype && bl->cache[i].m == m && bl->cache[i].n == n &&
-                bl->cache[i].k == k && bl->cache[i].lda == lda && bl->cache[i].ldb == ldb &&
-                bl->cache[i].ldc == ldc)
+            if (bl->cache[i].ta == (int)ta && bl->cache[i].tb == (int)tb && bl->cache[i].ctype == (int)ctype &&
+                bl->cache[i].m == m && bl->cache[i].n == n && bl->cache[i].k == k && bl->cache[i].lda == lda &&
+                bl->cache[i].ldb == ldb && bl->cache[i].ldc == ldc)
                 slot = i;
         if (slot < 0) {
             cublasLtMatmulHeuristicResult_t res;
             int nres = 0;
             s = cublasLtMatmulPreferenceCreate(&pref);
             if (s == CUBLAS_STATUS_SUCCESS)
-                s = cublasLtMatmulPreferenceSetAttribute(
-                    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+                s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                                         sizeof wsb);
             if (s == CUBLAS_STATUS_SUCCESS)
                 s = cublasLtMatmulAlgoGetHeuristic(bl->lt, op, ad, bd, cd, cd, pref, 1, &res, &nres);
             if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
-                st = lt_error(ctx, LT_ERR_CUDA,
-                              "lce (CUDA): cuBLASLt has no algorithm for %lld x %lld x %lld (%d)",
+                st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt has no algorithm for %lld x %lld x %lld (%d)",
                               (long long)m, (long long)n, (long long)k, (int)s);
                 goto done;
             }
@@ -233,8 +223,8 @@ static lt_status lce_gemm(lt_ctx *ctx, lce_blas *bl, cublasOperation_t ta, cubla
             bl->cache[slot].ldc = ldc;
             bl->cache[slot].algo = res.algo;
         }
-        s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd,
-                           &bl->cache[slot].algo, bl->ws, wsb, lt_cuda_stream(ctx));
+        s = cublasLtMatmul(bl->lt, op, &alpha, A, ad, B, bd, &beta, Cm, cd, Cm, cd, &bl->cache[slot].algo, bl->ws, wsb,
+                           lt_cuda_stream(ctx));
         if (s != CUBLAS_STATUS_SUCCESS)
             st = lt_error(ctx, LT_ERR_CUDA, "lce (CUDA): cuBLASLt matmul failed (%d)", (int)s);
     }
@@ -251,19 +241,16 @@ done:
 /* Kernels. Row statistics live in the workspace as six (N) fp32 arrays:
  * m (running max), s (Σ exp(z - m)), sumz (Σ z), zt (target logit), and two scratch arrays. */
 
-static __device__ __forceinline__ float lce_cap(float z, float cap) {
-    return cap > 0.0f ? cap * tanhf(z / cap) : z;
-}
+static __device__ __forceinline__ float lce_cap(float z, float cap) { return cap > 0.0f ? cap * tanhf(z / cap) : z; }
 
 /* first_bad[0]: first target outside [0, V) that is not the ignore index; first_bad[1]: first
  * weight that is negative or not finite. */
-static __global__ void lce_check_targets(const int32_t *tgt, const float *tw, int64_t N, int64_t V,
-                                         int32_t ign, int64_t *first_bad) {
+static __global__ void lce_check_targets(const int32_t *tgt, const float *tw, int64_t N, int64_t V, int32_t ign,
+                                         int64_t *first_bad) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     int32_t t = tgt[i];
-    if (t != ign && (t < 0 || (int64_t)t >= V))
-        atomicMin((unsigned long long *)first_bad, (unsigned long long)i);
+    if (t != ign && (t < 0 || (int64_t)t >= V)) atomicMin((unsigned long long *)first_bad, (unsigned long long)i);
     if (tw && !(tw[i] >= 0.0f && isfinite(tw[i])))
         atomicMin((unsigned long long *)(first_bad + 1), (unsigned long long)i);
 }
@@ -286,8 +273,8 @@ static __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, f
 
 /* One block per token row of the chunk: folds the row's vc logits into the running statistics. */
 static __global__ void __launch_bounds__(LCE_THREADS)
-lce_fwd_stats(const float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap,
-              float *m, float *s, float *sumz, float *zt) {
+    lce_fwd_stats(const float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, float *m, float *s,
+                  float *sumz, float *zt) {
     const int64_t i = blockIdx.x;
     const float *z = Z + i * ldz;
     const int32_t t = tgt[i];
@@ -335,10 +322,9 @@ typedef struct lce_consts {
 } lce_consts;
 
 /* Per token: lse, loss; scratch a = weighted loss, b = weight of non-ignored tokens. */
-static __global__ void lce_fwd_finish(lce_consts k, int64_t N, const int32_t *tgt, const float *tw,
-                                      const float *m, const float *s, const float *sumz,
-                                      const float *zt, float *lse, float *token_loss, float *sa,
-                                      float *sb, float *loss_none) {
+static __global__ void lce_fwd_finish(lce_consts k, int64_t N, const int32_t *tgt, const float *tw, const float *m,
+                                      const float *s, const float *sumz, const float *zt, float *lse, float *token_loss,
+                                      float *sa, float *sb, float *loss_none) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     float l = m[i] + __logf(s[i]);
@@ -380,15 +366,13 @@ static __global__ void lce_sum2(const float *a, const float *b, int64_t N, doubl
 }
 
 static __global__ void lce_fwd_reduce_out(const double *sums, int reduction, float *loss) {
-    if (reduction == LT_REDUCTION_MEAN)
-        loss[0] = sums[1] > 0.0 ? (float)(sums[0] / sums[1]) : 0.0f;
-    else
-        loss[0] = (float)sums[0];
+    if (reduction == LT_REDUCTION_MEAN) loss[0] = sums[1] > 0.0 ? (float)(sums[0] / sums[1]) : 0.0f;
+    else loss[0] = (float)sums[0];
 }
 
 /* Backward per-token coefficient: upstream gradient times weight (0 for ignored tokens). */
-static __global__ void lce_bwd_coef(lce_consts k, int64_t N, const int32_t *tgt, const float *tw,
-                                    const float *dloss, const double *sums, float *coef) {
+static __global__ void lce_bwd_coef(lce_consts k, int64_t N, const int32_t *tgt, const float *tw, const float *dloss,
+                                    const double *sums, float *coef) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     float c = 0.0f;
@@ -401,8 +385,7 @@ static __global__ void lce_bwd_coef(lce_consts k, int64_t N, const int32_t *tgt,
     coef[i] = c;
 }
 
-static __global__ void lce_weights(const int32_t *tgt, const float *tw, int32_t ign, int64_t N,
-                                   float *wout) {
+static __global__ void lce_weights(const int32_t *tgt, const float *tw, int32_t ign, int64_t N, float *wout) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     wout[i] = tgt[i] != ign ? (tw ? tw[i] : 1.0f) : 0.0f;
@@ -411,8 +394,8 @@ static __global__ void lce_weights(const int32_t *tgt, const float *tw, int32_t 
 /* One block per token row: dz_j = c·((1 + 2·zl·lse)·p_j - (1-ε)[j = t] - ε/V)·cap'(z_j), written
  * as bf16 over the first half of the same row (ld 2·ldz bf16) after the row is staged. */
 static __global__ void __launch_bounds__(LCE_THREADS)
-lce_bwd_grad(float *Z, int64_t ldz, int vc, int64_t v0, lce_consts k, const int32_t *tgt,
-             const float *lse, const float *coef) {
+    lce_bwd_grad(float *Z, int64_t ldz, int vc, int64_t v0, lce_consts k, const int32_t *tgt, const float *lse,
+                 const float *coef) {
     extern __shared__ float zrow[];
     const int64_t i = blockIdx.x;
     float *z = Z + i * ldz;
@@ -438,8 +421,7 @@ lce_bwd_grad(float *Z, int64_t ldz, int vc, int64_t v0, lce_consts k, const int3
     }
 }
 
-static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, void *dh, int dh_bf16,
-                                    int64_t ld) {
+static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, void *dh, int dh_bf16, int64_t ld) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nc * C) return;
     int64_t r = i / C, col = i % C;
@@ -449,8 +431,8 @@ static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, voi
 
 /* Dequantizes rows [v0, v0+vc) of a block-quantized (V, C) head into bf16 (vc, C). One thread per
  * block of 32 (64 for INT4_G64) weights. */
-static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C,
-                                   int64_t v0, int vc, __nv_bfloat16 *out) {
+static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C, int64_t v0, int vc,
+                                   __nv_bfloat16 *out) {
     const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
     const int64_t nb = C / be;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -482,8 +464,7 @@ static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_byte
         for (int q = 0; q < 8; q++) {
             uint32_t v;
             memcpy(&v, p + 4 + 4 * q, 4);
-            for (int j = 0; j < 8; j++)
-                o[q * 8 + j] = __float2bfloat16((float)((v >> (4 * j)) & 0xfu) * sc + bias);
+            for (int j = 0; j < 8; j++) o[q * 8 + j] = __float2bfloat16((float)((v >> (4 * j)) & 0xfu) * sc + bias);
         }
     }
 }
@@ -522,8 +503,8 @@ static __device__ __forceinline__ float lce_f32(__nv_bfloat16 x) { return __bflo
  * bf16), so the row is staged in shared memory (vc floats) before it is overwritten. */
 template <typename Tz>
 static __global__ void __launch_bounds__(LCE_THREADS)
-lce_fb_stats(Tz *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
-             float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    lce_fb_stats(Tz *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first, float *m, float *s,
+                 float *sumz, float *zt, float *acc, int64_t C) {
     constexpr bool STAGE = sizeof(Tz) == 4;
     extern __shared__ float zrow[];
     __shared__ float red[LCE_THREADS / 32];
@@ -619,17 +600,17 @@ static __device__ float lce_w_elem(const void *w, int dtype, int64_t row_bytes, 
     uint32_t v;
     memcpy(&v, p + 4 + 4 * (j / 8), 4);
     return (float)((v >> (4 * (j % 8))) & 0xfu) * __half2float(*(const __half *)p) +
-           __half2float(*(const __half *)(p + 2));
+        __half2float(*(const __half *)(p + 2));
 }
 
 /* One block per token row of the chunk, after its last vocabulary tile: lse, loss, and
  * dh = c·[(1 + 2·zl·lse)/s · acc − ε/V · Σ_j W_j − (1−ε)·cap'(z_t) · W_t] (0 for ignored rows or
  * a zero coefficient). sa gets the weighted loss for the reduction. */
 static __global__ void __launch_bounds__(LCE_THREADS)
-lce_fb_finish(lce_consts k, const int32_t *tgt, const float *tw, const float *m, const float *s,
-              const float *sumz, const float *zt, const float *coef, const float *acc, int64_t C,
-              const float *colsum, const void *w, int wdtype, int64_t w_row_bytes, void *dh,
-              int dh_bf16, int64_t ld_dh, float *lse, float *token_loss, float *loss_none, float *sa) {
+    lce_fb_finish(lce_consts k, const int32_t *tgt, const float *tw, const float *m, const float *s, const float *sumz,
+                  const float *zt, const float *coef, const float *acc, int64_t C, const float *colsum, const void *w,
+                  int wdtype, int64_t w_row_bytes, void *dh, int dh_bf16, int64_t ld_dh, float *lse, float *token_loss,
+                  float *loss_none, float *sa) {
     const int64_t i = blockIdx.x;
     const int32_t t = tgt[i];
     const int ign = t == k.ignore;
@@ -688,8 +669,7 @@ typedef struct lce_run {
 static unsigned nblk(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
 
 /* pass: LT_LCE_PASS_FORWARD, _BACKWARD, or _FORWARD_BACKWARD (the one-pass layout). */
-static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass,
-                           lce_run *r) {
+static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass, lce_run *r) {
     const int backward = pass != LT_LCE_PASS_FORWARD;
     memset(r, 0, sizeof *r);
     const lt_tensor *h = &a->h, *w = &a->w;
@@ -708,8 +688,7 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): h and w must be contiguous rows");
     r->row_bytes = lt_dtype_row_bytes(w->dtype, r->C);
     if (backward && a->dw && r->quantized)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw needs a dense head, got %s",
-                        lt_dtype_name(w->dtype));
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw needs a dense head, got %s", lt_dtype_name(w->dtype));
     if (backward && a->dw && (a->dw->dtype != LT_DTYPE_F32 || a->dw->stride[1] != 1))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): dw must be contiguous f32");
     if (backward && (a->dh->dtype != LT_DTYPE_BF16 && a->dh->dtype != LT_DTYPE_F32))
@@ -721,9 +700,8 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     r->k.invV = 1.0f / (float)r->V;
     r->k.reduction = opt ? (int)opt->reduction : 0;
 
-    r->pl = pass == LT_LCE_PASS_FORWARD_BACKWARD
-                ? lce_make_fb_plan(opt, r->N, r->V, r->C, r->quantized)
-                : lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
+    r->pl = pass == LT_LCE_PASS_FORWARD_BACKWARD ? lce_make_fb_plan(opt, r->N, r->V, r->C, r->quantized)
+                                                 : lce_make_plan(opt, r->N, r->V, r->C, backward, r->quantized);
     r->ws_bytes = r->pl.total;
     r->ws = (char *)a->workspace;
     if (!r->ws) {
@@ -759,25 +737,23 @@ static lt_status lce_begin(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *
     int64_t none[2] = {INT64_MAX, INT64_MAX}, found[2];
     LT_TRY(lt_cuda_check(ctx, cudaMemcpy(r->bad, none, 16, cudaMemcpyHostToDevice), "lce: memcpy"));
     if (N > 0)
-        lce_check_targets<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(a->targets, a->token_weight, N, r->V, r->k.ignore,
-                                                 r->bad);
+        lce_check_targets<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(a->targets, a->token_weight, N, r->V,
+                                                                         r->k.ignore, r->bad);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "lce: target check kernel"));
     LT_TRY(lt_cuda_check(ctx, cudaMemcpy(found, r->bad, 16, cudaMemcpyDeviceToHost), "lce: memcpy"));
     const int64_t first = found[0];
     if (found[1] != INT64_MAX) {
         float wv = 0.0f;
-        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&wv, a->token_weight + found[1], 4, cudaMemcpyDeviceToHost),
-                             "lce: memcpy"));
-        return lt_error(ctx, LT_ERR_INVALID_ARG,
-                        "lce: token_weight %g at position %lld must be finite and >= 0", (double)wv,
-                        (long long)found[1]);
+        LT_TRY(
+            lt_cuda_check(ctx, cudaMemcpy(&wv, a->token_weight + found[1], 4, cudaMemcpyDeviceToHost), "lce: memcpy"));
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: token_weight %g at position %lld must be finite and >= 0",
+                        (double)wv, (long long)found[1]);
     }
     if (first != INT64_MAX) {
         int32_t t = 0;
-        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&t, a->targets + first, 4, cudaMemcpyDeviceToHost),
-                             "lce: memcpy"));
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: targets[%lld] = %d is outside [0, %lld)",
-                        (long long)first, (int)t, (long long)r->V);
+        LT_TRY(lt_cuda_check(ctx, cudaMemcpy(&t, a->targets + first, 4, cudaMemcpyDeviceToHost), "lce: memcpy"));
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "lce: targets[%lld] = %d is outside [0, %lld)", (long long)first,
+                        (int)t, (long long)r->V);
     }
     return LT_OK;
 }
@@ -794,8 +770,9 @@ static lt_status lce_wtile(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_
         return LT_OK;
     }
     const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
-    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream(ctx)>>>(
-        (const uint8_t *)a->w.data, (int)a->w.dtype, r->row_bytes, r->C, v0, vc, r->deq);
+    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream(ctx)>>>((const uint8_t *)a->w.data,
+                                                                                       (int)a->w.dtype, r->row_bytes,
+                                                                                       r->C, v0, vc, r->deq);
     *out = r->deq;
     return lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
 }
@@ -804,8 +781,8 @@ static lt_status lce_wtile(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_
 static lt_status lce_logits(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_t n0, int64_t nc,
                             const __nv_bfloat16 *wt, int vc) {
     const __nv_bfloat16 *h = (const __nv_bfloat16 *)a->h.data + n0 * r->C;
-    return lce_gemm(ctx, &r->bl, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, r->C, wt, r->C, h, r->C, 0.0f,
-                    r->z, CUDA_R_32F, r->pl.ldz);
+    return lce_gemm(ctx, &r->bl, CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, r->C, wt, r->C, h, r->C, 0.0f, r->z, CUDA_R_32F,
+                    r->pl.ldz);
 }
 
 extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
@@ -824,16 +801,16 @@ extern "C" lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt,
             st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
             if (st != LT_OK) break;
             lce_fwd_stats<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0, a->targets + n0,
-                                                         r.k.cap, r.m + n0, r.s + n0, r.sumz + n0,
-                                                         r.zt + n0);
+                                                                                 r.k.cap, r.m + n0, r.s + n0,
+                                                                                 r.sumz + n0, r.zt + n0);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
         }
     }
     if (st == LT_OK && N > 0) {
         const int none = r.k.reduction == LT_REDUCTION_NONE;
-        lce_fwd_finish<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r.k, N, a->targets, a->token_weight, r.m, r.s, r.sumz,
-                                              r.zt, a->lse, a->token_loss, r.sa, r.sb,
-                                              none ? a->loss : NULL);
+        lce_fwd_finish<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r.k, N, a->targets, a->token_weight, r.m, r.s,
+                                                                      r.sumz, r.zt, a->lse, a->token_loss, r.sa, r.sb,
+                                                                      none ? a->loss : NULL);
         if (!none) {
             lce_sum2<<<1, 1024, 0, lt_cuda_stream(ctx)>>>(r.sa, r.sb, N, r.sums);
             lce_fwd_reduce_out<<<1, 1, 0, lt_cuda_stream(ctx)>>>(r.sums, r.k.reduction, a->loss);
@@ -853,7 +830,8 @@ static lt_status lce_coefficients(lt_ctx *ctx, lce_run *r, const lt_lce_args *a,
     const int64_t N = r->N;
     lce_weights<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(a->targets, a->token_weight, r->k.ignore, N, r->sb);
     lce_sum2<<<1, 1024, 0, lt_cuda_stream(ctx)>>>(NULL, r->sb, N, r->sums);
-    lce_bwd_coef<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r->k, N, a->targets, a->token_weight, a->dloss, r->sums, coef);
+    lce_bwd_coef<<<nblk(N, 256), 256, 0, lt_cuda_stream(ctx)>>>(r->k, N, a->targets, a->token_weight, a->dloss, r->sums,
+                                                                coef);
     return lt_cuda_check(ctx, cudaGetLastError(), "lce: coefficient kernels");
 }
 
@@ -874,19 +852,19 @@ extern "C" lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt
             st = lce_wtile(ctx, &r, a, v0, vc, &wt);
             if (st == LT_OK) st = lce_logits(ctx, &r, a, n0, nc, wt, vc);
             if (st != LT_OK) break;
-            lce_bwd_grad<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(
-                r.z, r.pl.ldz, vc, v0, r.k, a->targets + n0, a->lse + n0, coef + n0);
+            lce_bwd_grad<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0, r.k,
+                                                                                             a->targets + n0,
+                                                                                             a->lse + n0, coef + n0);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: gradient kernel");
             const __nv_bfloat16 *g = (const __nv_bfloat16 *)r.z; /* (nc, vc), ld 2·ldz */
             /* acc (nc x C) += G · Wtile */
             if (st == LT_OK)
-                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_N, C, nc, vc, wt, C, g,
-                              2 * r.pl.ldz, v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_N, C, nc, vc, wt, C, g, 2 * r.pl.ldz,
+                              v0 > 0 ? 1.0f : 0.0f, r.acc, CUDA_R_32F, C);
             /* dW[v0 .. v0+vc) (vc x C, f32) += Gᵀ · h */
             if (st == LT_OK && a->dw)
-                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_T, C, vc, nc, h, C, g,
-                              2 * r.pl.ldz, 1.0f, (float *)a->dw->data + v0 * a->dw->stride[0],
-                              CUDA_R_32F, a->dw->stride[0]);
+                st = lce_gemm(ctx, &r.bl, CUBLAS_OP_N, CUBLAS_OP_T, C, vc, nc, h, C, g, 2 * r.pl.ldz, 1.0f,
+                              (float *)a->dw->data + v0 * a->dw->stride[0], CUDA_R_32F, a->dw->stride[0]);
         }
         if (st == LT_OK) {
             const int bf = a->dh->dtype == LT_DTYPE_BF16;
@@ -904,8 +882,7 @@ done:
  * tile, GEMM 1 makes the logit tile, the statistics kernel turns it into E in place (and moves the
  * reference max), GEMM 2 adds E · Wtile into the fp32 dh accumulator; after the last tile the
  * finish kernel writes lse, the per-token loss and dh. All on the default stream. */
-extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt,
-                                                 lt_lce_args *a) {
+extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a) {
     if (!lce_fb_one_pass(opt, a)) {
         LT_TRY(lt_lce_cuda_forward(ctx, opt, a));
         return lt_lce_cuda_backward(ctx, opt, a);
@@ -935,13 +912,17 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
             if (colsum && n0 == 0)
                 lce_colsum<<<nblk(C, 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(wt, vc, C, colsum, v0 == 0);
             if (zbf)
-                lce_fb_stats<__nv_bfloat16><<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(
-                    (__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
-                    r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
+                lce_fb_stats<__nv_bfloat16>
+                    <<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>((__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0,
+                                                                            a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
+                                                                            r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
             else
-                lce_fb_stats<float><<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(
-                    r.z, r.pl.ldz, vc, v0, a->targets + n0, r.k.cap, v0 == 0, r.m + n0, r.s + n0,
-                    r.sumz + n0, r.zt + n0, r.acc, C);
+                lce_fb_stats<float>
+                    <<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0,
+                                                                                         a->targets + n0, r.k.cap,
+                                                                                         v0 == 0, r.m + n0, r.s + n0,
+                                                                                         r.sumz + n0, r.zt + n0, r.acc,
+                                                                                         C);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
             /* acc (nc x C) (+)= E · Wtile; E is bf16 with ld 2·ldz (over fp32 logits) or ldz */
             if (st == LT_OK)
@@ -951,11 +932,15 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         if (st != LT_OK) break;
         const int none = r.k.reduction == LT_REDUCTION_NONE;
         char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
-        lce_fb_finish<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(
-            r.k, a->targets + n0, a->token_weight ? a->token_weight + n0 : NULL, r.m + n0, r.s + n0,
-            r.sumz + n0, r.zt + n0, r.coef + n0, r.acc, C, colsum, a->w.data, (int)a->w.dtype,
-            r.row_bytes, dst, bf, a->dh->stride[0], a->lse + n0,
-            a->token_loss ? a->token_loss + n0 : NULL, none ? a->loss + n0 : NULL, r.sa + n0);
+        lce_fb_finish<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(r.k, a->targets + n0,
+                                                                             a->token_weight ? a->token_weight + n0
+                                                                                             : NULL,
+                                                                             r.m + n0, r.s + n0, r.sumz + n0, r.zt + n0,
+                                                                             r.coef + n0, r.acc, C, colsum, a->w.data,
+                                                                             (int)a->w.dtype, r.row_bytes, dst, bf,
+                                                                             a->dh->stride[0], a->lse + n0,
+                                                                             a->token_loss ? a->token_loss + n0 : NULL,
+                                                                             none ? a->loss + n0 : NULL, r.sa + n0);
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: finish kernel");
     }
     if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {

@@ -12,7 +12,7 @@
 #define ADAMW_THREADS 256
 
 static __global__ void adamw_k(float *p, const float *g, float *m, float *v, int64_t n, lt_adamw_params h, float bc1,
-                        float bc2) {
+                               float bc2) {
     /* every operation rounded separately, in the CPU op's order: no multiply-add is fused, so the
      * result matches a host compiled without FP contraction bit for bit */
     const float decay = __fsub_rn(1.0f, __fmul_rn(h.lr, h.weight_decay));
@@ -45,8 +45,8 @@ void lt_cuda_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, in
 }
 
 /* The same launch as lt_cuda_adamw, written into a graph's kernel node (same grid, new values). */
-lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p,
-                                    const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp) {
+lt_status lt_cuda_adamw_node_params(lt_ctx *ctx, cudaGraphExec_t exec, cudaGraphNode_t node, float *p, const float *g,
+                                    float *m, float *v, int64_t n, const lt_adamw_params *hp) {
     lt_adamw_params h = *hp;
     float bc1, bc2;
     bias_corrections(hp, &bc1, &bc2);

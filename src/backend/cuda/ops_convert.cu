@@ -56,12 +56,14 @@ void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {
     const int64_t n8 = cv_vec_count(x, y, n);
     if (n8) {
         cv_to_bf16_vec_k<<<lt_cuda_grid(n8, CV_THREADS), CV_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x,
-                                                                                           (uint4 *)y, n8);
+                                                                                               (uint4 *)y, n8);
         LT_CUDA_LAUNCHED(ctx, "to_bf16");
     }
     if (n > 8 * n8) {
-        cv_to_bf16_k<<<lt_cuda_grid(n - 8 * n8, CV_THREADS), CV_THREADS, 0, lt_cuda_stream(ctx)>>>(
-            x + 8 * n8, (__nv_bfloat16 *)y + 8 * n8, n - 8 * n8);
+        cv_to_bf16_k<<<lt_cuda_grid(n - 8 * n8, CV_THREADS), CV_THREADS, 0, lt_cuda_stream(ctx)>>>(x + 8 * n8,
+                                                                                                   (__nv_bfloat16 *)y +
+                                                                                                       8 * n8,
+                                                                                                   n - 8 * n8);
         LT_CUDA_LAUNCHED(ctx, "to_bf16");
     }
 }
@@ -71,12 +73,12 @@ void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {
     const int64_t n8 = cv_vec_count(y, x, n);
     if (n8) {
         cv_from_bf16_vec_k<<<lt_cuda_grid(n8, CV_THREADS), CV_THREADS, 0, lt_cuda_stream(ctx)>>>((const uint4 *)x,
-                                                                                             (float4 *)y, n8);
+                                                                                                 (float4 *)y, n8);
         LT_CUDA_LAUNCHED(ctx, "from_bf16");
     }
     if (n > 8 * n8) {
-        cv_from_bf16_k<<<lt_cuda_grid(n - 8 * n8, CV_THREADS), CV_THREADS, 0, lt_cuda_stream(ctx)>>>(
-            (const __nv_bfloat16 *)x + 8 * n8, y + 8 * n8, n - 8 * n8);
+        cv_from_bf16_k<<<lt_cuda_grid(n - 8 * n8, CV_THREADS), CV_THREADS, 0,
+                         lt_cuda_stream(ctx)>>>((const __nv_bfloat16 *)x + 8 * n8, y + 8 * n8, n - 8 * n8);
         LT_CUDA_LAUNCHED(ctx, "from_bf16");
     }
 }

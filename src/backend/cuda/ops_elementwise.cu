@@ -36,8 +36,9 @@ static int aligned16_3(const void *a, const void *b, const void *c) {
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
     if (n <= 0) return;
     if (n % 4 == 0 && aligned16_3(g, u, a)) {
-        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)g, (const float4 *)u, n / 4,
-                                                                        (float4 *)a);
+        swiglu_fwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)g,
+                                                                                               (const float4 *)u, n / 4,
+                                                                                               (float4 *)a);
         LT_CUDA_LAUNCHED(ctx, "swiglu_fwd");
         return;
     }
@@ -55,8 +56,7 @@ static __global__ void swiglu_bwd_k(const float *da, const float *g, const float
     }
 }
 
-void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,
-                        float *du) {
+void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
     if (n <= 0) return;
     swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
@@ -64,7 +64,7 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
 
 /* One block row per token (grid-stride in y), threads across C. */
 static __global__ void embedding_k(lt_dtype t, const uint8_t *table, size_t row_bytes, const int32_t *ids, int64_t N,
-                            int64_t C, float *out) {
+                                   int64_t C, float *out) {
     for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
         const uint8_t *row = table + (size_t)ids[n] * row_bytes;
         for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
@@ -77,7 +77,8 @@ void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, 
     if (N <= 0 || C <= 0) return;
     dim3 grid((unsigned)((C + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
     embedding_k<<<grid, EW_THREADS, 0, lt_cuda_stream(ctx)>>>(table->dtype, (const uint8_t *)table->data,
-                                      (size_t)lt_dtype_row_bytes(table->dtype, C), ids, N, C, out);
+                                                              (size_t)lt_dtype_row_bytes(table->dtype, C), ids, N, C,
+                                                              out);
     LT_CUDA_LAUNCHED(ctx, "embedding");
 }
 
@@ -114,8 +115,8 @@ static __device__ __forceinline__ uint32_t dropout_hash(uint64_t seed, uint64_t 
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 
-static __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshold, float keep_scale, uint64_t seed,
-                          uint64_t offset) {
+static __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t threshold, float keep_scale,
+                                 uint64_t seed, uint64_t offset) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = dropout_hash(seed, offset + (uint64_t)i) >= threshold ? __fmul_rn(x[i], keep_scale) : 0.0f;
 }
@@ -123,14 +124,18 @@ static __global__ void dropout_k(const float *x, float *y, int64_t n, uint32_t t
 void lt_cuda_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset) {
     if (n <= 0) return;
     if (p <= 0.0f) {
-        if (y != x) lt_cuda_check_abort(ctx, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, lt_cuda_stream(ctx)),
-                                        "dropout copy");
+        if (y != x)
+            lt_cuda_check_abort(ctx,
+                                cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                                lt_cuda_stream(ctx)),
+                                "dropout copy");
         return;
     }
     /* threshold and scale computed on the host exactly as the CPU op does */
     uint32_t threshold = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     float keep_scale = 1.0f / (1.0f - p);
-    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(x, y, n, threshold, keep_scale, seed, offset);
+    dropout_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(x, y, n, threshold, keep_scale, seed,
+                                                                                   offset);
     LT_CUDA_LAUNCHED(ctx, "dropout");
 }
 
@@ -208,8 +213,8 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n) {
     sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
     LT_CUDA_LAUNCHED(ctx, "sumsq");
     double s = 0;
-    lt_cuda_check_abort(ctx, cudaMemcpyAsync(&s, part + SUMSQ_BLOCKS, sizeof s, cudaMemcpyDeviceToHost,
-                                             lt_cuda_stream(ctx)),
+    lt_cuda_check_abort(ctx,
+                        cudaMemcpyAsync(&s, part + SUMSQ_BLOCKS, sizeof s, cudaMemcpyDeviceToHost, lt_cuda_stream(ctx)),
                         "sumsq result");
     lt_cuda_check_abort(ctx, cudaStreamSynchronize(lt_cuda_stream(ctx)), "sumsq wait");
     return (float)s;

@@ -26,10 +26,9 @@
  * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
  * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
 template <int R, int B_T, int VB>
-__global__ void __launch_bounds__(SN_WARPS * 32) small_n_k(int64_t M, int n, int64_t K, float alpha,
-                                                           const float *__restrict__ A, int64_t lda,
-                                                           const float *__restrict__ B, int64_t ldb, float beta,
-                                                           float *C, int64_t ldc) {
+__global__ void __launch_bounds__(SN_WARPS * 32)
+    small_n_k(int64_t M, int n, int64_t K, float alpha, const float *__restrict__ A, int64_t lda,
+              const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SN_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -141,10 +140,9 @@ static __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *p) {
 }
 
 template <int R, typename XT>
-__global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n, int64_t K, int64_t kslice,
-                                                                 const XT *__restrict__ X, int64_t ldx,
-                                                                 const float *__restrict__ U, int64_t ldu,
-                                                                 float *__restrict__ part) {
+__global__ void __launch_bounds__(TR_THREADS *TR_GROUPS)
+    tall_k(int64_t P, int n, int64_t K, int64_t kslice, const XT *__restrict__ X, int64_t ldx,
+           const float *__restrict__ U, int64_t ldu, float *__restrict__ part) {
     __shared__ float red[R][TR_COLS];
     const int g = threadIdx.x / TR_THREADS, t = threadIdx.x % TR_THREADS;
     const int64_t p = (int64_t)blockIdx.x * TR_COLS + 4 * t;
@@ -182,7 +180,7 @@ __global__ void __launch_bounds__(TR_THREADS *TR_GROUPS) tall_k(int64_t P, int n
 
 /* c_pj = 1: C[p·ldc + j] (the result is (P, n)); 0: C[j·ldc + p] (it is (n, P)). */
 static __global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const float *__restrict__ part, float alpha,
-                              float beta, float *C, int64_t ldc, int c_pj) {
+                                     float beta, float *C, int64_t ldc, int c_pj) {
     const int64_t total = (int64_t)n * P;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / P, p = i - j * P;
@@ -199,8 +197,8 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define SKINNY_TARGET_BLOCKS 528
 
 template <typename XT>
-static void tall(lt_ctx *ctx, int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U, int64_t ldu,
-                 float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
+static void tall(lt_ctx *ctx, int64_t P, int n, int64_t K, float alpha, const XT *X, int64_t ldx, const float *U,
+                 int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
     const int R = n <= 8 ? 8 : 16;
     const int64_t colblocks = (P + TR_COLS - 1) / TR_COLS;
     int64_t splits = (SKINNY_TARGET_BLOCKS + colblocks - 1) / colblocks;
@@ -212,19 +210,22 @@ static void tall(lt_ctx *ctx, int64_t P, int n, int64_t K, float alpha, const XT
     splits = (K + kslice - 1) / kslice;
     dim3 grid((unsigned)colblocks, (unsigned)splits);
     float *part = (float *)ws;
-    if (R == 8) tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
-    else tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    if (R == 8)
+        tall_k<8, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
+    else
+        tall_k<16, XT><<<grid, TR_THREADS * TR_GROUPS, 0, lt_cuda_stream(ctx)>>>(P, n, K, kslice, X, ldx, U, ldu, part);
     LT_CUDA_LAUNCHED(ctx, "gemm: tall reduction");
-    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream(ctx)>>>(P, n, R, (int)splits, part, alpha, beta, C, ldc, c_pj);
+    tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, lt_cuda_stream(ctx)>>>(P, n, R, (int)splits, part, alpha,
+                                                                                      beta, C, ldc, c_pj);
     LT_CUDA_LAUNCHED(ctx, "gemm: tall reduction sum");
 }
 
 /* Runs the row-major gemm C (M, N) = alpha·op(A)·op(B) + beta·C here when it is one of the skinny
  * shapes above (K > 0) and returns 1; 0 leaves it to cuBLASLt. ws: at least ws_bytes of device
  * scratch (the gemm's fixed workspace). */
-extern "C" int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
-                                   size_t ws_bytes) {
+extern "C" int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                   int64_t ldc, void *ws, size_t ws_bytes) {
     if (!ta && N <= 16 && M >= 64 && K >= 128 && K % 4 == 0 && lda % 4 == 0 && aligned16(A)) {
         /* x·Aᵀ (tb = 1) and dy·B (tb = 0): one pass over A's rows */
         const int64_t per_block = SN_WARPS * SN_ROWS(N <= 8 ? 8 : 16);
@@ -233,7 +234,8 @@ extern "C" int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64
         const int n = (int)N;
         const int vb = aligned16(B) && ldb % 4 == 0 && (tb || n % 4 == 0);
         const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-#define SMALL_N(R_, T_, V_) small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream(ctx)>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
+#define SMALL_N(R_, T_, V_) \
+    small_n_k<R_, T_, V_><<<g, th, 0, lt_cuda_stream(ctx)>>>(M, n, K, alpha, A, lda, B, ldb, beta, C, ldc)
         if (N <= 8) {
             if (tb) vb ? SMALL_N(8, 1, 1) : SMALL_N(8, 1, 0);
             else vb ? SMALL_N(8, 0, 1) : SMALL_N(8, 0, 0);
@@ -279,10 +281,9 @@ extern "C" int lt_cuda_gemm_skinny(lt_ctx *ctx, int ta, int tb, int64_t M, int64
 #define SNH_ROWS(R) ((R) <= 8 ? 4 : 2)
 
 template <int R, int B_T>
-__global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, int64_t K, float alpha,
-                                                             const __nv_bfloat16 *__restrict__ A, int64_t lda,
-                                                             const float *__restrict__ B, int64_t ldb, float beta,
-                                                             float *C, int64_t ldc) {
+__global__ void __launch_bounds__(SN_WARPS * 32)
+    small_n_h_k(int64_t M, int n, int64_t K, float alpha, const __nv_bfloat16 *__restrict__ A, int64_t lda,
+                const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROWS = SNH_ROWS(R);
     const int64_t per_block = SN_WARPS * ROWS;
@@ -297,8 +298,10 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
             if (B_T) {
 #pragma unroll
                 for (int j = 0; j < R; j++) {
-                    const float4 v0 = j < n ? __ldg((const float4 *)(B + j * ldb + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    const float4 v1 = j < n ? __ldg((const float4 *)(B + j * ldb + k + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v0 =
+                        j < n ? __ldg((const float4 *)(B + j * ldb + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v1 =
+                        j < n ? __ldg((const float4 *)(B + j * ldb + k + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
                     b[0][j] = v0.x, b[1][j] = v0.y, b[2][j] = v0.z, b[3][j] = v0.w;
                     b[4][j] = v1.x, b[5][j] = v1.y, b[6][j] = v1.z, b[7][j] = v1.w;
                 }
@@ -351,8 +354,8 @@ __global__ void __launch_bounds__(SN_WARPS * 32) small_n_h_k(int64_t M, int n, i
     }
 }
 
-extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
         return 0;
@@ -374,9 +377,9 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
     return 1;
 }
 
-extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
-                                     const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws,
-                                     size_t ws_bytes) {
+extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
+                                     int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc,
+                                     int c_pj, void *ws, size_t ws_bytes) {
     if (P <= 0 || n <= 0 || n > 16 || K < 1024 || P % 4 || ldx % 4 || (uintptr_t)X % 8 ||
         (size_t)16 * (size_t)P * sizeof(float) > ws_bytes)
         return 0;
@@ -400,9 +403,9 @@ typedef struct rank_src {
 #define RU_THREADS 128
 
 template <int KMAX>
-__global__ void __launch_bounds__(RU_THREADS) rank_upd_k(int64_t M, int64_t N, int K, float alpha,
-                                                         const float *__restrict__ U, int64_t ldu, rank_src V,
-                                                         float beta, float *C, int64_t ldc, int64_t rows_per) {
+__global__ void __launch_bounds__(RU_THREADS)
+    rank_upd_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ U, int64_t ldu, rank_src V,
+               float beta, float *C, int64_t ldc, int64_t rows_per) {
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
     float v[KMAX][4];

@@ -38,7 +38,8 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             continue;
         }
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y)) xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
+        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y))
+            xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
@@ -96,7 +97,8 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
             int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
-            int k2 = k1 && lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+            int k2 =
+                k1 && lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
         } else {

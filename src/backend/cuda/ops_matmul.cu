@@ -56,12 +56,12 @@ static void plan_free(blas_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-#define BLAS_OK(call, what)                                                                          \
-    do {                                                                                             \
-        cublasStatus_t bs_ = (call);                                                                 \
-        if (bs_ != CUBLAS_STATUS_SUCCESS)                                                            \
+#define BLAS_OK(call, what)                                                                             \
+    do {                                                                                                \
+        cublasStatus_t bs_ = (call);                                                                    \
+        if (bs_ != CUBLAS_STATUS_SUCCESS)                                                               \
             LT_ABORT("cuBLASLt %s failed (%d) for %lld x %lld x %lld", what, (int)bs_, (long long)k->m, \
-                     (long long)k->n, (long long)k->k);                                               \
+                     (long long)k->n, (long long)k->k);                                                 \
     } while (0)
 
 static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) {
@@ -94,8 +94,7 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
             "preference");
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res,
-                                                      &nres);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
         LT_ABORT("cuBLASLt has no algorithm for %s %lld x %lld x %lld (status %d)", k->kind ? "bf16" : "f32",
@@ -105,9 +104,9 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
 
 /* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
  * > 0 is the state's gemm workspace. */
-static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha, const void *A,
-                     int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
-                     size_t wsb) {
+static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     void *ws, size_t wsb) {
     blas_key key;
     memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
     key.kind = kind, key.ta = ta, key.tb = tb;
@@ -129,8 +128,8 @@ static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n
         plan_make(handle, &st->plans[slot], &key);
         p = &st->plans[slot];
     }
-    cublasStatus_t bs = cublasLtMatmul(handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd,
-                                       &p->algo, ws, wsb, st->stream);
+    cublasStatus_t bs = cublasLtMatmul(handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd, &p->algo,
+                                       ws, wsb, st->stream);
     /* While a step is being captured, a failed matmul marks the capture failed (the trainer then
      * runs the step eagerly), as failed launches do (LT_CUDA_LAUNCHED); otherwise it aborts. */
     if (bs != CUBLAS_STATUS_SUCCESS && st->cap.active) {
@@ -246,8 +245,8 @@ static void to_bf16(lt_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
 }
 
 /* Rows [r0, r0 + rows) of W (plain dtype) into a bf16 (rows, in) tile, one element a thread. */
-static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows, int64_t in,
-                               __nv_bfloat16 *tile) {
+static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
+                                      int64_t in, __nv_bfloat16 *tile) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
         const uint8_t *row = w + (size_t)(r0 + r) * row_bytes;
         for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < in; c += (int64_t)gridDim.x * blockDim.x)
@@ -259,7 +258,7 @@ static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_b
  * the 64 output bytes leave as four 16-byte stores (in is a multiple of 32, so groups never
  * straddle rows and every group start is 64-byte aligned in the tile). */
 static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
-                                 int64_t in, __nv_bfloat16 *tile) {
+                                        int64_t in, __nv_bfloat16 *tile) {
     const int64_t gpr = in / 32, total = rows * gpr;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / gpr, g = i - r * gpr;
@@ -274,13 +273,14 @@ static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row
 }
 
 /* Whether the workspace's bf16 x area holds all of x (N rows of width xin) for a layout l. */
-static int mm_x_cached(const lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin, const mm_layout *l) {
+static int mm_x_cached(const lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin,
+                       const mm_layout *l) {
     return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
-           mm_last.off_x == l->off_x;
+        mm_last.off_x == l->off_x;
 }
 
-const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, void *ws,
-                                   int same_x) {
+const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,
+                                   void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     const mm_layout l = mm_plan(w->dtype, out, in, N);
     const int64_t xin = mode == LT_MATMUL_NN ? out : in;
@@ -296,8 +296,8 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
     return xb;
 }
 
-void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N, float beta, float *y,
-                          void *ws, int same_x) {
+void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N,
+                          float beta, float *y, void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
     const lt_matmul_mode mode = mode_in == LT_MATMUL_NN ? LT_MATMUL_NN : LT_MATMUL_NT;
@@ -325,11 +325,15 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
         } else {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
-                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes,
-                                                                              r0, rows, in, tile);
+                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream(ctx)>>>(dt,
+                                                                                                       (const uint8_t *)
+                                                                                                           w->data,
+                                                                                                       row_bytes, r0,
+                                                                                                       rows, in, tile);
             } else {
                 dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
-                dequant_tile_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows, in, tile);
+                dequant_tile_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows,
+                                                                      in, tile);
             }
             LT_CUDA_LAUNCHED(ctx, "matmul: weight tile to bf16");
             lt_prof_end(ph);
@@ -342,10 +346,12 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
                 to_bf16(ctx, x + n0 * xin, xb, nr * xin);
                 lt_prof_end(ph);
                 x_ready = 1;
-                if (nchunks == 1) mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
+                if (nchunks == 1)
+                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
-                blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws, MM_BLAS_WS);
+                blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws,
+                         MM_BLAS_WS);
             else /* yᵀ[:, n0:] += W_tileᵀ (in, rows) · xᵀ[r0:r0+rows, :] */
                 blas_run(ctx, 1, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f, y + n0 * in, in,
                          ws, MM_BLAS_WS);

@@ -21,7 +21,8 @@ static __device__ float block_sum_f(float v, float *sh) {
     return t; /* every thread gets the same sum */
 }
 
-static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, float *y, float *rstd) {
+static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
+                                 float *rstd) {
     __shared__ float sh[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const float *xr = x + n * C;
@@ -45,7 +46,7 @@ static __device__ __forceinline__ float warp_sum_f(float v) {
 }
 
 static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int64_t N, int64_t C4, float4 *y,
-                               float *rstd) {
+                                      float *rstd) {
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * (WROW_THREADS / 32);
     for (int64_t n = blockIdx.x * (int64_t)(WROW_THREADS / 32) + (threadIdx.x >> 5); n < N; n += step) {
@@ -69,7 +70,7 @@ static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float ep
 }
 
 static __global__ void rms_bwd_warp_k(const float4 *dy, const float4 *x, const float4 *w, const float *rstd, int64_t N,
-                               int64_t C4, float4 *dx) {
+                                      int64_t C4, float4 *dx) {
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * (WROW_THREADS / 32);
     for (int64_t n = blockIdx.x * (int64_t)(WROW_THREADS / 32) + (threadIdx.x >> 5); n < N; n += step) {
@@ -106,18 +107,20 @@ void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps,
                          float *rstd) {
     if (N <= 0) return;
     if (rows16(x, w, y, NULL, C)) {
-        rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x, (const float4 *)w, eps, N, C / 4,
-                                                            (float4 *)y, rstd);
+        rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x,
+                                                                                    (const float4 *)w, eps, N, C / 4,
+                                                                                    (float4 *)y, rstd);
         LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
         return;
     }
-    rms_fwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(x, w, eps, N, C, y, rstd);
+    rms_fwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(x, w, eps, N, C, y,
+                                                                                                     rstd);
     LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
 }
 
 /* dx_c = r·w_c·dy_c − x_c·r³/C·Σ_k w_k·dy_k·x_k (the CPU op's formula). */
-static __global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const float *rstd, int64_t N, int64_t C,
-                          float *dx) {
+static __global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                                 int64_t C, float *dx) {
     __shared__ float sh[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const float *xr = x + n * C, *dr = dy + n * C;
@@ -154,11 +157,14 @@ void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const flo
         LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd dw");
     }
     if (rows16(dy, x, w, dx, C)) {
-        rms_bwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)dy, (const float4 *)x, (const float4 *)w,
-                                                            rstd, N, C / 4, (float4 *)dx);
+        rms_bwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)dy,
+                                                                                    (const float4 *)x,
+                                                                                    (const float4 *)w, rstd, N, C / 4,
+                                                                                    (float4 *)dx);
         LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
         return;
     }
-    rms_bwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(dy, x, w, rstd, N, C, dx);
+    rms_bwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(dy, x, w, rstd, N,
+                                                                                                     C, dx);
     LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
 }

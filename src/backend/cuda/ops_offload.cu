@@ -29,7 +29,8 @@ extern "C" lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q) {
     *q = NULL;
     lt_cuda_xfer *x = (lt_cuda_xfer *)lt_calloc(ctx, LT_DEVICE_CPU, sizeof *x, "offload copy queue");
     if (!x) return lt_ctx_status(ctx);
-    lt_status s = lt_cuda_check(ctx, cudaStreamCreateWithFlags(&x->copy, cudaStreamNonBlocking), "offload: copy stream");
+    lt_status s =
+        lt_cuda_check(ctx, cudaStreamCreateWithFlags(&x->copy, cudaStreamNonBlocking), "offload: copy stream");
     if (s == LT_OK)
         s = lt_cuda_check(ctx, cudaEventCreateWithFlags(&x->issued, cudaEventDisableTiming), "offload: event");
     for (int i = 0; s == LT_OK && i < LT_XFER_MARKS; i++)
@@ -45,15 +46,18 @@ extern "C" lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q) {
 extern "C" lt_status lt_cuda_xfer_copy(lt_ctx *ctx, void *q, int mark, void *dst, const void *src, size_t bytes) {
     lt_cuda_xfer *x = (lt_cuda_xfer *)q;
     if (mark < 0 || mark >= LT_XFER_MARKS) return lt_error(ctx, LT_ERR_INVALID_ARG, "offload: mark %d", mark);
-    LT_TRY(lt_cuda_check(ctx, cudaEventRecord(x->issued, lt_cuda_stream(ctx)), "offload: record on the compute stream"));
+    LT_TRY(
+        lt_cuda_check(ctx, cudaEventRecord(x->issued, lt_cuda_stream(ctx)), "offload: record on the compute stream"));
     LT_TRY(lt_cuda_check(ctx, cudaStreamWaitEvent(x->copy, x->issued, 0), "offload: copy waits for compute"));
     if (bytes)
-        LT_TRY(lt_cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, x->copy), "offload: cudaMemcpyAsync"));
+        LT_TRY(lt_cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, x->copy),
+                             "offload: cudaMemcpyAsync"));
     return lt_cuda_check(ctx, cudaEventRecord(x->done[mark], x->copy), "offload: record on the copy stream");
 }
 
 extern "C" lt_status lt_cuda_xfer_wait(lt_ctx *ctx, void *q, int mark) {
     lt_cuda_xfer *x = (lt_cuda_xfer *)q;
     if (mark < 0 || mark >= LT_XFER_MARKS) return lt_error(ctx, LT_ERR_INVALID_ARG, "offload: mark %d", mark);
-    return lt_cuda_check(ctx, cudaStreamWaitEvent(lt_cuda_stream(ctx), x->done[mark], 0), "offload: compute waits for a copy");
+    return lt_cuda_check(ctx, cudaStreamWaitEvent(lt_cuda_stream(ctx), x->done[mark], 0),
+                         "offload: compute waits for a copy");
 }

@@ -9,7 +9,7 @@
 #define ROPE_THREADS 256
 
 static __global__ void rope_k(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
-                       float sign) {
+                              float sign) {
     int64_t half = D / 2, total = N * half;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = t / half, i = t - n * half;
@@ -26,10 +26,11 @@ static __global__ void rope_k(float *x, const int32_t *pos, const float *inv_fre
     }
 }
 
-void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,
-                  int64_t D, int inverse) {
+void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
+                  int inverse) {
     if (N <= 0 || heads <= 0 || D < 2) return;
-    rope_k<<<lt_cuda_grid(N * (D / 2), ROPE_THREADS), ROPE_THREADS, 0, lt_cuda_stream(ctx)>>>(x, pos, inv_freq, N, heads, D,
-                                                                      inverse ? -1.0f : 1.0f);
+    rope_k<<<lt_cuda_grid(N * (D / 2), ROPE_THREADS), ROPE_THREADS, 0, lt_cuda_stream(ctx)>>>(x, pos, inv_freq, N,
+                                                                                              heads, D,
+                                                                                              inverse ? -1.0f : 1.0f);
     LT_CUDA_LAUNCHED(ctx, "rope");
 }

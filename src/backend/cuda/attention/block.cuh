@@ -39,7 +39,8 @@ static __device__ __forceinline__ int lt_attn_q_end(const int32_t *lo, int k0, i
     int a = k0, z = T;
     while (a < z) {
         const int m = (a + z) >> 1;
-        if (lo[m] > klast) z = m; else a = m + 1;
+        if (lo[m] > klast) z = m;
+        else a = m + 1;
     }
     return a;
 }
@@ -71,8 +72,8 @@ static __device__ __forceinline__ lt_attn_kblock lt_attn_kblock_at(const lt_attn
  * of rows padded to D + 8 elements (so that ldmatrix's eight row addresses fall in distinct banks)
  * with cp.async over NT threads; rows past T are zero-filled (their source clamped in bounds). */
 template <int D, int NT>
-static __device__ __forceinline__ void lt_attn_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t st,
-                                                         int t0, int rows, int T, int tid) {
+static __device__ __forceinline__ void lt_attn_load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t st, int t0,
+                                                         int rows, int T, int tid) {
     constexpr int LD = D + 8, CH = D / 8;
     for (int c = tid; c < rows * CH; c += NT) {
         int r = c / CH, cc = c % CH, t = t0 + r;

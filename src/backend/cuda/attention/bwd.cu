@@ -118,8 +118,7 @@ static lt_status bwd_mma_run(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cu
     return bwd_convert_dq(ctx, d, B, D, stream);
 }
 
-extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p,
-                                                lt_attention_args *a) {
+extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     LT_TRY(lt_attn_cuda_supported(ctx, p, p->Hkv)); /* the key/value heads span a grid axis */
     if (p->T == 0 || p->B == 0) return LT_OK;
     const cudaStream_t stream = lt_cuda_stream(ctx);

@@ -11,21 +11,20 @@
 
 #include <math.h>
 
-template <int D>
-static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
+template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     constexpr int NW = LT_ATTN_BWD_MMA_WARPS, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
     constexpr int LD = D + 8, LDS = BM + 8, KC = D / 16;
-    constexpr int DH = D / 2;                        /* dV, dK: columns per warp */
-    constexpr int DQ_MT = D == 96 ? 1 : 2;           /* dQ: 16-row tiles per warp */
-    constexpr int DQ_QW = BM / (16 * DQ_MT);         /* warps along queries (4 or 2) */
-    constexpr int DQ_DW = D / (NW / DQ_QW);          /* columns per warp (48, 32 or 16) */
+    constexpr int DH = D / 2;                /* dV, dK: columns per warp */
+    constexpr int DQ_MT = D == 96 ? 1 : 2;   /* dQ: 16-row tiles per warp */
+    constexpr int DQ_QW = BM / (16 * DQ_MT); /* warps along queries (4 or 2) */
+    constexpr int DQ_DW = D / (NW / DQ_QW);  /* columns per warp (48, 32 or 16) */
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *sV = sK + BN * LD;
-    __nv_bfloat16 *sQ = sV + BN * LD;      /* 2 buffers */
-    __nv_bfloat16 *sO = sQ + 2 * BM * LD;  /* dO, 2 buffers */
-    __nv_bfloat16 *sP = sO + 2 * BM * LD;  /* Pᵀ, BN x LDS */
-    __nv_bfloat16 *sS = sP + BN * LDS;     /* dSᵀ, BN x LDS */
+    __nv_bfloat16 *sQ = sV + BN * LD;     /* 2 buffers */
+    __nv_bfloat16 *sO = sQ + 2 * BM * LD; /* dO, 2 buffers */
+    __nv_bfloat16 *sP = sO + 2 * BM * LD; /* Pᵀ, BN x LDS */
+    __nv_bfloat16 *sS = sP + BN * LDS;    /* dSᵀ, BN x LDS */
     float *sL = (float *)(sS + BN * LDS);
     float *sD = sL + 2 * BM;
     int *sLo = (int *)(sD + 2 * BM);
@@ -56,7 +55,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
     load_step(0, 0);
     lt_cp_async_commit();
 
-    const int kw = warp & 3, dh = warp >> 2;        /* Sᵀ/dPᵀ: qw = dh; dV/dK: D half = dh */
+    const int kw = warp & 3, dh = warp >> 2; /* Sᵀ/dPᵀ: qw = dh; dV/dK: D half = dh */
     float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
     for (int t = 0; t < 2; t++)
@@ -113,8 +112,8 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
                 }
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
-                    const int off = (32 * dh + 16 * np + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
-                                    ((lane >> 3) & 1) * 8;
+                    const int off =
+                        (32 * dh + 16 * np + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 + ((lane >> 3) & 1) * 8;
                     uint32_t rq[4], ro[4];
                     lt_ldsm_x4(rq, cQ + off);
                     lt_ldsm_x4(ro, cO + off);
@@ -161,29 +160,29 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
         if (!(kA > q0 + BM - 1 || kA + 31 < cLo[0]))
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++) {
-            uint32_t ap[2][4], as[2][4];
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                const int off = (32 * kw + 16 * t + (lane & 15)) * LDS + kc * 16 + (lane >> 4) * 8;
-                lt_ldsm_x4(ap[t], sP + off);
-                lt_ldsm_x4(as[t], sS + off);
-            }
-#pragma unroll
-            for (int np = 0; np < DH / 16; np++) {
-                const int off = (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dh * DH + np * 16 +
-                                (lane >> 4) * 8;
-                uint32_t ro[4], rq[4];
-                lt_ldsm_x4_t(ro, cO + off);
-                lt_ldsm_x4_t(rq, cQ + off);
+                uint32_t ap[2][4], as[2][4];
 #pragma unroll
                 for (int t = 0; t < 2; t++) {
-                    lt_mma16816(dv[t][2 * np], ap[t], ro[0], ro[1]);
-                    lt_mma16816(dv[t][2 * np + 1], ap[t], ro[2], ro[3]);
-                    lt_mma16816(dk[t][2 * np], as[t], rq[0], rq[1]);
-                    lt_mma16816(dk[t][2 * np + 1], as[t], rq[2], rq[3]);
+                    const int off = (32 * kw + 16 * t + (lane & 15)) * LDS + kc * 16 + (lane >> 4) * 8;
+                    lt_ldsm_x4(ap[t], sP + off);
+                    lt_ldsm_x4(as[t], sS + off);
+                }
+#pragma unroll
+                for (int np = 0; np < DH / 16; np++) {
+                    const int off =
+                        (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dh * DH + np * 16 + (lane >> 4) * 8;
+                    uint32_t ro[4], rq[4];
+                    lt_ldsm_x4_t(ro, cO + off);
+                    lt_ldsm_x4_t(rq, cQ + off);
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        lt_mma16816(dv[t][2 * np], ap[t], ro[0], ro[1]);
+                        lt_mma16816(dv[t][2 * np + 1], ap[t], ro[2], ro[3]);
+                        lt_mma16816(dk[t][2 * np], as[t], rq[0], rq[1]);
+                        lt_mma16816(dk[t][2 * np + 1], as[t], rq[2], rq[3]);
+                    }
                 }
             }
-        }
 
         /* dQ += dS K: A = dS (stored transposed), B = K rows. */
         /* Whole-warp tests only: a branch inside the unrolled loops stops the compiler from
@@ -200,13 +199,15 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
                 uint32_t a[DQ_MT][4];
 #pragma unroll
                 for (int t = 0; t < DQ_MT; t++)
-                    lt_ldsm_x4_t(a[t], sS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS +
-                                           16 * DQ_MT * qw2 + 16 * t + ((lane >> 3) & 1) * 8);
+                    lt_ldsm_x4_t(a[t],
+                                 sS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + 16 * DQ_MT * qw2 + 16 * t +
+                                     ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int np = 0; np < DQ_DW / 16; np++) {
                     uint32_t r[4];
-                    lt_ldsm_x4_t(r, sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp2 * DQ_DW +
-                                        np * 16 + (lane >> 4) * 8);
+                    lt_ldsm_x4_t(r,
+                                 sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp2 * DQ_DW + np * 16 +
+                                     (lane >> 4) * 8);
 #pragma unroll
                     for (int t = 0; t < DQ_MT; t++) {
                         lt_mma16816(acc[t][2 * np], a[t], r[0], r[1]);
@@ -257,7 +258,7 @@ static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
 template <int D> static lt_status bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     constexpr int LD = D + 8, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
-                        (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
+        (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
     const dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
     return lt_attn_launch(ctx, attn_bwd_kernel<D>, grid, LT_ATTN_BWD_MMA_WARPS * 32, smem, stream,
                           "attention backward: shared memory size", "attention backward kernel launch", d);

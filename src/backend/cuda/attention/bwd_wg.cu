@@ -15,8 +15,7 @@
 
 #include <math.h>
 
-template <int N>
-static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
+template <int N> static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
@@ -74,8 +73,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
     const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float sl2 = scale * LT_ATTN_LOG2E;
     const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV), aDS = lt_smem_addr(sDS);
-    const int kw0 = k0 + 64 * wg;                          /* this warpgroup's first key */
-    const int krow = 64 * wg + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
+    const int kw0 = k0 + 64 * wg;                       /* this warpgroup's first key */
+    const int krow = 64 * wg + 16 * warp + (lane >> 2); /* CTA-local key of accumulator row 0 */
 
     for (int step = 0; step < steps; step++) {
         const int buf = step & 1;
@@ -179,8 +178,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
 
         /* dQ = dS·K over the CTA's 128 keys. D = 128: warpgroup g computes columns 64g..64g+63;
          * D = 64: warpgroup 0 alone (half the atomics of a split over keys). */
-        const bool dq_skip =
-            (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
+        const bool dq_skip = (k0 > q0 + BM - 1 || klast < cLo[0]) || (D == 64 && wg == 1) || NODQ;
         if (!dq_skip) {
             float acc[32];
             lt_attn_bwd_issue_dq<D, BN>(acc, aDS, aK, wg);
@@ -241,8 +239,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
  * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
  * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
  * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
-template <int D, bool DELTA>
-static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
+template <int D, bool DELTA> static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_BWD_DQ_BM, BN = LT_ATTN_BWD_DQ_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -381,7 +378,8 @@ static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
 
 /* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
 lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream) {
-    if (D == 64) return delta ? bwd_dq_launch<64, true>(ctx, d, B, stream) : bwd_dq_launch<64, false>(ctx, d, B, stream);
+    if (D == 64)
+        return delta ? bwd_dq_launch<64, true>(ctx, d, B, stream) : bwd_dq_launch<64, false>(ctx, d, B, stream);
     return delta ? bwd_dq_launch<128, true>(ctx, d, B, stream) : bwd_dq_launch<128, false>(ctx, d, B, stream);
 }
 
@@ -396,10 +394,10 @@ static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
 
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream) {
     if (D == 64)
-        return !d.no_dq   ? bwd_wg_launch<64, false, 2>(ctx, d, B, stream)
-               : bn == 64 ? bwd_wg_launch<64, true, 1>(ctx, d, B, stream)
-                          : bwd_wg_launch<64, true, 2>(ctx, d, B, stream);
-    return !d.no_dq   ? bwd_wg_launch<128, false, 2>(ctx, d, B, stream)
-           : bn == 64 ? bwd_wg_launch<128, true, 1>(ctx, d, B, stream)
-                      : bwd_wg_launch<128, true, 2>(ctx, d, B, stream);
+        return !d.no_dq ? bwd_wg_launch<64, false, 2>(ctx, d, B, stream)
+            : bn == 64  ? bwd_wg_launch<64, true, 1>(ctx, d, B, stream)
+                        : bwd_wg_launch<64, true, 2>(ctx, d, B, stream);
+    return !d.no_dq ? bwd_wg_launch<128, false, 2>(ctx, d, B, stream)
+        : bn == 64  ? bwd_wg_launch<128, true, 1>(ctx, d, B, stream)
+                    : bwd_wg_launch<128, true, 2>(ctx, d, B, stream);
 }

@@ -13,8 +13,8 @@
 /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ over this warpgroup's 64 keys, issued as two committed groups (not
  * waited for). aK, aV: the BN-key tiles; aQ, aO: the 64-query tiles (shared addresses). */
 template <int KS, int BN, int BM>
-static __device__ __forceinline__ void lt_attn_bwd_issue_sdp(float (&s)[32], float (&dp)[32], uint32_t aK,
-                                                             uint32_t aV, uint32_t aQ, uint32_t aO, int g) {
+static __device__ __forceinline__ void lt_attn_bwd_issue_sdp(float (&s)[32], float (&dp)[32], uint32_t aK, uint32_t aV,
+                                                             uint32_t aQ, uint32_t aO, int g) {
     lt_wgmma_pin(s);
     lt_wgmma_pin(dp);
     lt_wgmma_fence();
@@ -55,8 +55,7 @@ static __device__ __forceinline__ void lt_attn_bwd_store_ds(uint32_t (&da)[4][4]
 }
 
 /* This thread's rows of the dSᵀ tile set to zero (a warpgroup whose keys the step cannot see). */
-template <int BN>
-static __device__ __forceinline__ void lt_attn_bwd_zero_ds(unsigned char *sDS, int krow, int lane) {
+template <int BN> static __device__ __forceinline__ void lt_attn_bwd_zero_ds(unsigned char *sDS, int krow, int lane) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int qc = 8 * j + 2 * (lane & 3);
@@ -81,8 +80,8 @@ static __device__ __forceinline__ void lt_attn_bwd_issue_dq(float (&acc)[32], ui
 /* dK (times the softmax scale) and dV of this thread's two keys, bf16, into the caller's tensors. */
 template <int NH>
 static __device__ __forceinline__ void lt_attn_bwd_store_dkv(const lt_attn_dev &p, const float (&dk)[NH][32],
-                                                             const float (&dv)[NH][32], int b, int hk, int k0,
-                                                             int krow, int lane, float scale) {
+                                                             const float (&dv)[NH][32], int b, int hk, int k0, int krow,
+                                                             int lane, float scale) {
     __nv_bfloat16 *gdk = p.dk + b * p.kv_sb + hk * p.kv_sh;
     __nv_bfloat16 *gdv = p.dv + b * p.kv_sb + hk * p.kv_sh;
 #pragma unroll

@@ -64,7 +64,8 @@ static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-        for (int n = 0; n < NH; n++) lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc(b_addr + n * (64 * 128) + kk * 2048), 1);
+        for (int n = 0; n < NH; n++)
+            lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc(b_addr + n * (64 * 128) + kk * 2048), 1);
     lt_wgmma_commit();
 }
 
@@ -146,9 +147,9 @@ static __global__ void __launch_bounds__(384, 1)
     }
 
     lt_setmaxnreg_inc<LT_ATTN_BWD_WS_REG_CONSUMER>();
-    const int g = wg - 1, ct = tid & 127;                 /* consumer warpgroup, thread in it */
-    const int kw0 = k0 + 64 * g;                          /* this warpgroup's first key */
-    const int krow = 64 * g + 16 * warp + (lane >> 2);    /* CTA-local key of accumulator row 0 */
+    const int g = wg - 1, ct = tid & 127;              /* consumer warpgroup, thread in it */
+    const int kw0 = k0 + 64 * g;                       /* this warpgroup's first key */
+    const int krow = 64 * g + 16 * warp + (lane >> 2); /* CTA-local key of accumulator row 0 */
     const float scale = p.scale, cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float sl2 = scale * LT_ATTN_LOG2E;
     const uint32_t aK = lt_smem_addr(sK), aV = lt_smem_addr(sV);
@@ -239,7 +240,11 @@ static __global__ void __launch_bounds__(384, 1)
 
     lt_attn_bwd_store_dkv<NH>(p, dk, dv, b, hk, k0, krow, lane, scale);
 #else
-    (void)tmQ; (void)tmO; (void)tmK; (void)tmV; (void)p;
+    (void)tmQ;
+    (void)tmO;
+    (void)tmK;
+    (void)tmV;
+    (void)p;
     __trap();
 #endif
 }
@@ -255,7 +260,8 @@ static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
     LT_TRY(lt_tma_map_bf16(ctx, what, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
     const int smem = ws_plan<D, LT_ATTN_BWD_WS_STAGES>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
     attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, stream>>>(mq, mo, mk, mv, d);

@@ -138,7 +138,6 @@ extern "C" lt_status lt_attention_cuda_f32_forward(lt_ctx *ctx, const lt_attenti
     return f32_run(ctx, p, a, 0);
 }
 
-extern "C" lt_status lt_attention_cuda_f32_backward(lt_ctx *ctx, const lt_attention_params *p,
-                                                    lt_attention_args *a) {
+extern "C" lt_status lt_attention_cuda_f32_backward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     return f32_run(ctx, p, a, 1);
 }

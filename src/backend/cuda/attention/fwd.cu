@@ -6,8 +6,7 @@
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/cuda_common.cuh"
 
-extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p,
-                                               lt_attention_args *a) {
+extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     LT_TRY(lt_attn_cuda_supported(ctx, p, p->H)); /* the query heads span a grid axis */
     if (p->T == 0 || p->B == 0) return LT_OK;
     const cudaStream_t stream = lt_cuda_stream(ctx);

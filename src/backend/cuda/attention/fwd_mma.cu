@@ -106,8 +106,7 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t r[4];
-                lt_ldsm_x4(r, cK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 +
-                                  ((lane >> 3) & 1) * 8);
+                lt_ldsm_x4(r, cK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int t = 0; t < MT; t++) {
                     lt_mma16816(s[t][2 * np], qa[t], r[0], r[1]);
@@ -180,8 +179,7 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t r[4];
-                lt_ldsm_x4_t(r, cV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
-                                    (lane >> 4) * 8);
+                lt_ldsm_x4_t(r, cV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int t = 0; t < MT; t++) {
                     lt_mma16816(o[t][2 * dp], a[t], r[0], r[1]);
@@ -206,10 +204,8 @@ static __global__ void __launch_bounds__(NW * 32) attn_fwd_kernel(lt_attn_dev p)
                 __nv_bfloat16 *dst = go + (int64_t)r * p.o_st;
 #pragma unroll
                 for (int j = 0; j < DT; j++)
-                    *(uint32_t *)(dst + j * 8 + c) =
-                        lt_pack_bf16(o[t][j][2 * hr] * il, o[t][j][2 * hr + 1] * il);
-                if ((lane & 3) == 0)
-                    p.lse[((int64_t)b * p.H + h) * T + r] = (m[t][hr] + log2f(lt)) * LT_ATTN_LN2;
+                    *(uint32_t *)(dst + j * 8 + c) = lt_pack_bf16(o[t][j][2 * hr] * il, o[t][j][2 * hr + 1] * il);
+                if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[t][hr] + log2f(lt)) * LT_ATTN_LN2;
             }
         }
     }

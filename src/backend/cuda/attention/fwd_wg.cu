@@ -164,8 +164,7 @@ static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kerne
 #endif
 }
 
-template <int D, int NB>
-static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+template <int D, int NB> static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
     const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM), (unsigned)B);
     return lt_attn_launch(ctx, attn_fwd_wg_kernel<D, NB>, grid, 128, smem, stream,

@@ -23,9 +23,9 @@ struct ws_maps {
  * applied, m the running row max in log2 units (k = scale·log2 e, so scaling and the shift are one
  * FMA; with softcap the capped logits are formed first and k = 1); sets the factor al that rescales
  * the rows' old sums and output, and updates m and l. */
-static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float l[2], float al[2], int k0,
-                                                  bool full, const int row[2], const int rlo[2], int lane,
-                                                  float sl2, float scale, float cap, float inv_cap) {
+static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float l[2], float al[2], int k0, bool full,
+                                                  const int row[2], const int rlo[2], int lane, float sl2, float scale,
+                                                  float cap, float inv_cap) {
     const float k = cap > 0.0f ? 1.0f : sl2;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -107,17 +107,20 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int w = 0; w < 2; w++)
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sQ + w * TQ + n * 64 * 128, &maps.q, barQ, 64 * n, q0 + 64 * w, h, b);
+                for (int n = 0; n < NH; n++)
+                    lt_tma_load_4d(sQ + w * TQ + n * 64 * 128, &maps.q, barQ, 64 * n, q0 + 64 * w, h, b);
             for (int i = 0; i < ntiles; i++) {
                 const int s = i % NS, ph = (i / NS) & 1, k0 = (kb_begin + i) * BN;
                 lt_mbar_wait(&emptyK[s], ph ^ 1);
                 lt_mbar_arrive_expect_tx(&fullK[s], TKV);
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sK + s * TKV + n * BN * 128, &maps.k, &fullK[s], 64 * n, k0, hk, b);
+                for (int n = 0; n < NH; n++)
+                    lt_tma_load_4d(sK + s * TKV + n * BN * 128, &maps.k, &fullK[s], 64 * n, k0, hk, b);
                 lt_mbar_wait(&emptyV[s], ph ^ 1);
                 lt_mbar_arrive_expect_tx(&fullV[s], TKV);
 #pragma unroll
-                for (int n = 0; n < NH; n++) lt_tma_load_4d(sV + s * TKV + n * BN * 128, &maps.v, &fullV[s], 64 * n, k0, hk, b);
+                for (int n = 0; n < NH; n++)
+                    lt_tma_load_4d(sV + s * TKV + n * BN * 128, &maps.v, &fullV[s], 64 * n, k0, hk, b);
             }
         }
         return;
@@ -149,31 +152,31 @@ static __global__ void __launch_bounds__(384, 1)
     uint32_t pa[8][4];
 
     /* S = Q·K_i^T for tile i, issued and committed (not waited). */
-#define WS_ISSUE_S(stage)                                                                              \
-    do {                                                                                               \
-        lt_pin_f<64>(s);                                                                               \
-        lt_wgmma_fence();                                                                              \
-        _Pragma("unroll") for (int kk = 0; kk < KS; kk++) lt_wgmma_ss_n128(                           \
-            s, lt_wgmma_desc_at(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                          \
-            lt_wgmma_desc_at(dK0, (stage) * TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);     \
-        lt_wgmma_commit();                                                                             \
+#define WS_ISSUE_S(stage)                                                                                          \
+    do {                                                                                                           \
+        lt_pin_f<64>(s);                                                                                           \
+        lt_wgmma_fence();                                                                                          \
+        _Pragma("unroll") for (int kk = 0; kk < KS; kk++)                                                          \
+            lt_wgmma_ss_n128(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                      \
+                             lt_wgmma_desc_at(dK0, (stage)*TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0); \
+        lt_wgmma_commit();                                                                                         \
     } while (0)
     /* O += P·V for the tile in `stage`, issued and committed. */
-#define WS_ISSUE_PV(stage)                                                                             \
-    do {                                                                                               \
-        _Pragma("unroll") for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);                            \
-        lt_pin_u<32>(&pa[0][0]);                                                                       \
-        lt_wgmma_fence();                                                                              \
+#define WS_ISSUE_PV(stage)                                                                                    \
+    do {                                                                                                      \
+        _Pragma("unroll") for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);                                    \
+        lt_pin_u<32>(&pa[0][0]);                                                                              \
+        lt_wgmma_fence();                                                                                     \
         _Pragma("unroll") for (int kk = 0; kk < BN / 16; kk++) _Pragma("unroll") for (int n = 0; n < NH; n++) \
-            lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV0, (stage) * TKV + n * (BN * 128) + kk * 2048), 1); \
-        lt_wgmma_commit();                                                                             \
+            lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV0, (stage)*TKV + n * (BN * 128) + kk * 2048), 1); \
+        lt_wgmma_commit();                                                                                    \
     } while (0)
-#define WS_PACK_P()                                                                                    \
-    do {                                                                                               \
-        _Pragma("unroll") for (int j = 0; j < 16; j++) {                                              \
-            pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);                           \
-            pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]);                   \
-        }                                                                                              \
+#define WS_PACK_P()                                                                 \
+    do {                                                                            \
+        _Pragma("unroll") for (int j = 0; j < 16; j++) {                            \
+            pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);         \
+            pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]); \
+        }                                                                           \
     } while (0)
 
     /* The second consumer lets the first issue first. */
@@ -190,8 +193,7 @@ static __global__ void __launch_bounds__(384, 1)
     if (lane == 0) lt_mbar_arrive(&emptyK[0]);
     {
         const int k0 = kb_begin * BN;
-        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
-                   inv_cap);
+        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap, inv_cap);
     }
     WS_PACK_P();
 
@@ -207,8 +209,7 @@ static __global__ void __launch_bounds__(384, 1)
         lt_pin_f<64>(s);
         if (lane == 0) lt_mbar_arrive(&emptyK[st]);
         const int k0 = (kb_begin + i) * BN;
-        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
-                   inv_cap);
+        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap, inv_cap);
         lt_wgmma_wait<0>();
         /* P's registers are read by the MMA until here: pinning them keeps the next P out of them. */
         lt_pin_u<32>(&pa[0][0]);
@@ -270,8 +271,7 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int it = 0; it < 64 * CH / 128; it++) {
         const int i = ct + it * 128, r = i / CH, cc = (i % CH) * 8, t = q0w + r;
-        if (t < T)
-            *(uint4 *)(go + (int64_t)t * p.o_st + cc) = *(const uint4 *)(sQw + lt_sw128_offset(r, cc, 64));
+        if (t < T) *(uint4 *)(go + (int64_t)t * p.o_st + cc) = *(const uint4 *)(sQw + lt_sw128_offset(r, cc, 64));
     }
 #else
     (void)maps;
@@ -293,8 +293,8 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, c
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
     const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
     return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS>, grid, 384, smem, stream,
-                          "attention forward (TMA): shared memory size",
-                          "attention forward (TMA) kernel launch", maps, d, ping);
+                          "attention forward (TMA): shared memory size", "attention forward (TMA) kernel launch", maps,
+                          d, ping);
 }
 
 } // namespace
@@ -302,6 +302,8 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, c
 lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int stages, int pingpong,
                                 cudaStream_t stream) {
     if (D == 64)
-        return stages == 3 ? ws_launch<64, 3>(ctx, d, B, pingpong, stream) : ws_launch<64, 2>(ctx, d, B, pingpong, stream);
-    return stages == 3 ? ws_launch<128, 3>(ctx, d, B, pingpong, stream) : ws_launch<128, 2>(ctx, d, B, pingpong, stream);
+        return stages == 3 ? ws_launch<64, 3>(ctx, d, B, pingpong, stream)
+                           : ws_launch<64, 2>(ctx, d, B, pingpong, stream);
+    return stages == 3 ? ws_launch<128, 3>(ctx, d, B, pingpong, stream)
+                       : ws_launch<128, 2>(ctx, d, B, pingpong, stream);
 }

@@ -31,8 +31,8 @@ const lt_attn_device *lt_attn_cuda_device(void) {
         lt_attn_device d = {LT_ATTN_SM_COUNT_FALLBACK, 0, 0};
         int major = 0, minor = 0, sms = 0;
         d.wgmma = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  major == 9 && minor == 0;
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+            minor == 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
             d.sm_count = sms;
         (void)cudaGetLastError();
@@ -45,7 +45,7 @@ const lt_attn_device *lt_attn_cuda_device(void) {
 
 int lt_attn_sparse(const lt_attention_params *p) {
     return (p->seq_offsets && p->S > 0 && p->T / p->S <= LT_ATTN_SPARSE_MEAN_SEQ) ||
-           (p->window > 0 && p->window <= LT_ATTN_SPARSE_WINDOW);
+        (p->window > 0 && p->window <= LT_ATTN_SPARSE_WINDOW);
 }
 
 lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_device *dev,
@@ -54,8 +54,8 @@ lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_
     if (!lt_attn_sparse(p)) {
         const int64_t blocks = p->B * p->H * ((p->T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM);
         want = LT_ATTN_FWD_WS_MIN_SM_DEN * blocks >= LT_ATTN_FWD_WS_MIN_SM_NUM * (int64_t)dev->sm_count
-                   ? LT_ATTN_FWD_WS3
-                   : LT_ATTN_FWD_WG2;
+            ? LT_ATTN_FWD_WS3
+            : LT_ATTN_FWD_WG2;
     }
     if (force && force->fwd > LT_ATTN_FWD_AUTO && force->fwd < LT_ATTN_FWD_KINDS_) want = (lt_attn_fwd_kind)force->fwd;
     if ((want == LT_ATTN_FWD_WS2 || want == LT_ATTN_FWD_WS3) && !dev->tma) want = LT_ATTN_FWD_WG2;

@@ -20,7 +20,8 @@ static __device__ __forceinline__ void lt_mbar_init(uint64_t *bar, uint32_t coun
 #if LT_WGMMA_OK
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(lt_smem_addr(bar)), "r"(count) : "memory");
 #else
-    (void)bar; (void)count;
+    (void)bar;
+    (void)count;
 #endif
 }
 /* Makes the initialised barriers visible to the asynchronous proxy (the TMA unit) before use. */
@@ -42,7 +43,8 @@ static __device__ __forceinline__ void lt_mbar_arrive_expect_tx(uint64_t *bar, u
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(lt_smem_addr(bar)), "r"(bytes)
                  : "memory");
 #else
-    (void)bar; (void)bytes;
+    (void)bar;
+    (void)bytes;
 #endif
 }
 /* Waits until the phase of the given parity has completed. A fresh barrier counts its (never
@@ -60,7 +62,8 @@ static __device__ __forceinline__ void lt_mbar_wait(uint64_t *bar, uint32_t pari
                      : "memory");
     } while (!done);
 #else
-    (void)bar; (void)parity;
+    (void)bar;
+    (void)parity;
 #endif
 }
 
@@ -68,15 +71,21 @@ static __device__ __forceinline__ void lt_mbar_wait(uint64_t *bar, uint32_t pari
 /* The box at coordinates (c0 innermost .. c3) of a 4-D tensor map into shared memory (1024-byte
  * aligned for the 128-byte swizzle), completing the box's bytes on bar. Out-of-range elements
  * arrive as zeros and still count towards the box's bytes. */
-static __device__ __forceinline__ void lt_tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
-                                                      int c1, int c2, int c3) {
+static __device__ __forceinline__ void lt_tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                                      int c2, int c3) {
 #if LT_WGMMA_OK
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(lt_smem_addr(dst)),
                  "l"((uint64_t)map), "r"(lt_smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 #else
-    (void)dst; (void)map; (void)bar; (void)c0; (void)c1; (void)c2; (void)c3;
+    (void)dst;
+    (void)map;
+    (void)bar;
+    (void)c0;
+    (void)c1;
+    (void)c2;
+    (void)c3;
 #endif
 }
 static __device__ __forceinline__ void lt_tma_prefetch_map(const CUtensorMap *map) {
@@ -94,7 +103,10 @@ static __device__ __forceinline__ void lt_bulk_load(void *dst, const void *src, 
                  "l"(src), "r"(bytes), "r"(lt_smem_addr(bar))
                  : "memory");
 #else
-    (void)dst; (void)src; (void)bytes; (void)bar;
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)bar;
 #endif
 }
 /* dst[i] += src[i] (fp32) for bytes/4 elements, shared -> global, asynchronous (bulk group). */
@@ -104,7 +116,9 @@ static __device__ __forceinline__ void lt_bulk_reduce_add_f32(float *dst, const 
                  "r"(lt_smem_addr(src)), "r"(bytes)
                  : "memory");
 #else
-    (void)dst; (void)src; (void)bytes;
+    (void)dst;
+    (void)src;
+    (void)bytes;
 #endif
 }
 static __device__ __forceinline__ void lt_bulk_commit(void) {
@@ -147,9 +161,8 @@ static __device__ __forceinline__ void lt_bar_arrive(int id, int n) {
 
 /* ---- host: tensor maps ------------------------------------------------------------------------ */
 typedef CUresult (*lt_tma_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
-                                     CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                     CUtensorMapFloatOOBfill);
+                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 /* The driver's cuTensorMapEncodeTiled, looked up once (NULL when the driver lacks it). */
 static inline lt_tma_encode_fn lt_tma_encoder(void) {
@@ -173,9 +186,9 @@ static inline lt_tma_encode_fn lt_tma_encoder(void) {
  * head, 128-byte swizzled: one box is one column block of the swizzled tiles of wgmma.cuh (column
  * block c of a tile is the box at coordinates (64c, t0, h, b)). Rows past T read as zeros.
  * LT_ERR_UNSUPPORTED, naming `what`, when the driver lacks the encoder or rejects the shape. */
-static inline lt_status lt_tma_map_bf16(lt_ctx *ctx, const char *what, CUtensorMap *map, const void *base,
-                                        int64_t B, int64_t T, int64_t heads, int64_t D, int64_t sb, int64_t st,
-                                        int64_t sh, int rows) {
+static inline lt_status lt_tma_map_bf16(lt_ctx *ctx, const char *what, CUtensorMap *map, const void *base, int64_t B,
+                                        int64_t T, int64_t heads, int64_t D, int64_t sb, int64_t st, int64_t sh,
+                                        int rows) {
     const lt_tma_encode_fn encode = lt_tma_encoder();
     if (!encode) return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: the driver has no cuTensorMapEncodeTiled", what);
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)T, (cuuint64_t)heads, (cuuint64_t)B};

@@ -20,8 +20,8 @@ lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int6
 /* Fills the common part of the parameter block, queues the key-bounds kernel into the workspace on
  * `stream` (or, when p->batch carries bounds, points the block at those and queues nothing) and
  * returns the first unused workspace byte offset in *used (the same either way). */
-lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a,
-                               void *workspace, lt_attn_dev *d, size_t *used, cudaStream_t stream);
+lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a, void *workspace,
+                               lt_attn_dev *d, size_t *used, cudaStream_t stream);
 
 /* Raises the kernel's dynamic shared-memory limit to smem and queues it on `stream`; smem_what and
  * launch_what name the two steps in an error. */

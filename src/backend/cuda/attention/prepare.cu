@@ -24,7 +24,8 @@ static __device__ __forceinline__ int32_t attn_lo_of(const int32_t *o, int64_t S
         int64_t a = 0, z = S; /* largest s in [0, S) with o[s] <= t */
         while (a < z) {
             int64_t m = (a + z + 1) / 2;
-            if (o[m] <= t) a = m; else z = m - 1;
+            if (o[m] <= t) a = m;
+            else z = m - 1;
         }
         if (a >= S) a = S - 1;
         start = o[a];
@@ -33,16 +34,15 @@ static __device__ __forceinline__ int32_t attn_lo_of(const int32_t *o, int64_t S
     return (int32_t)start;
 }
 
-static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B, int64_t window,
-                                     int32_t *lo) {
+static __global__ void attn_build_lo(const int32_t *off, int64_t S, int T, int B, int64_t window, int32_t *lo) {
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)B * T) return;
     const int b = (int)(idx / T), t = (int)(idx % T);
     lo[idx] = attn_lo_of(off ? off + (int64_t)b * (S + 1) : NULL, S, t, window);
 }
 
-static __global__ void attn_build_lo_inline(lt_attn_offs_inline off, int64_t S, int T, int B,
-                                            int64_t window, int32_t *lo) {
+static __global__ void attn_build_lo_inline(lt_attn_offs_inline off, int64_t S, int T, int B, int64_t window,
+                                            int32_t *lo) {
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)B * T) return;
     const int b = (int)(idx / T), t = (int)(idx % T);
@@ -73,8 +73,7 @@ static lt_status key_bounds(lt_ctx *ctx, const lt_attention_params *p, int32_t *
         cudaError_t e = cudaPointerGetAttributes(&attr, p->seq_offsets);
         if (e != cudaSuccess) (void)cudaGetLastError();
         size_t nb = (size_t)p->B * (size_t)(p->S + 1) * 4;
-        if (e == cudaSuccess &&
-            (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
+        if (e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
             dev_off = p->seq_offsets;
         } else if (nb <= sizeof(lt_attn_offs_inline)) {
             lt_attn_offs_inline in;
@@ -90,8 +89,11 @@ static lt_status key_bounds(lt_ctx *ctx, const lt_attention_params *p, int32_t *
                     if (t1 > t0) {
                         lt_attn_offs_inline in;
                         memcpy(in.o, o + i0, (size_t)(i1 - i0 + 1) * 4);
-                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, stream>>>(
-                            in, (int)(i1 - i0 + 1), (int)b, t0, t1, (int)p->T, p->window, lo);
+                        attn_build_lo_piece<<<(unsigned)((t1 - t0 + 255) / 256), 256, 0, stream>>>(in,
+                                                                                                   (int)(i1 - i0 + 1),
+                                                                                                   (int)b, t0, t1,
+                                                                                                   (int)p->T, p->window,
+                                                                                                   lo);
                     }
                     i0 = i1;
                 }
@@ -107,15 +109,13 @@ extern "C" size_t lt_attention_cuda_batch_bytes(const lt_attention_params *p) {
     return lt_cuda_align((size_t)p->B * (size_t)p->T * 4);
 }
 
-extern "C" lt_status lt_attention_cuda_batch_prepare(lt_ctx *ctx, const lt_attention_params *p,
-                                                     lt_attention_batch *b) {
+extern "C" lt_status lt_attention_cuda_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b) {
     if (p->T > INT32_MAX / 2 || p->B > LT_ATTN_GRID_YZ_MAX)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): B, H or T beyond the grid limits");
     return key_bounds(ctx, p, (int32_t *)b->bounds, lt_cuda_stream(ctx));
 }
 
-extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward,
-                                                    int threads) {
+extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p, int backward, int threads) {
     (void)threads;
     size_t n = lt_cuda_align((size_t)p->B * (size_t)p->T * 4);
     if (backward) {
@@ -139,8 +139,8 @@ lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int6
     int dim_ok = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) dim_ok |= dims[i] == p->D;
     if (!dim_ok)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): head dim %lld; implemented: %s",
-                        (long long)p->D, LT_ATTENTION_CUDA_HEAD_DIMS_TEXT);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): head dim %lld; implemented: %s", (long long)p->D,
+                        LT_ATTENTION_CUDA_HEAD_DIMS_TEXT);
     if (p->impl == LT_ATTENTION_NAIVE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): the naive oracle is CPU-only");
     if (p->T > INT32_MAX / 2 || p->B > LT_ATTN_GRID_YZ_MAX || grid_heads > LT_ATTN_GRID_YZ_MAX)
@@ -148,8 +148,8 @@ lt_status lt_attn_cuda_supported(lt_ctx *ctx, const lt_attention_params *p, int6
     return LT_OK;
 }
 
-lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a,
-                               void *workspace, lt_attn_dev *d, size_t *used, cudaStream_t stream) {
+lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const lt_attention_args *a, void *workspace,
+                               lt_attn_dev *d, size_t *used, cudaStream_t stream) {
     const int64_t T = p->T, H = p->H, Hkv = p->Hkv, D = p->D;
     memset(d, 0, sizeof *d);
     d->q = (const __nv_bfloat16 *)a->q;
@@ -182,8 +182,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const 
     d->softcap = p->softcap;
 
     /* cp.async moves 16-byte pieces: every row start must be 16-byte aligned. */
-    const int64_t strides[9] = {d->q_sb, d->q_st, d->q_sh, d->kv_sb, d->kv_st,
-                                d->kv_sh, d->o_sb, d->o_st, d->o_sh};
+    const int64_t strides[9] = {d->q_sb, d->q_st, d->q_sh, d->kv_sb, d->kv_st, d->kv_sh, d->o_sb, d->o_st, d->o_sh};
     for (int i = 0; i < 9; i++)
         if (strides[i] % 8)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -191,8 +190,7 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const 
     const void *ptrs[8] = {a->q, a->k, a->v, a->out, a->dout, a->dq, a->dk, a->dv};
     for (int i = 0; i < 8; i++)
         if ((uintptr_t)ptrs[i] % 16)
-            return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "attention (CUDA): tensors must be 16-byte aligned");
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "attention (CUDA): tensors must be 16-byte aligned");
 
     char *ws = (char *)workspace;
     size_t off = 0;
@@ -207,4 +205,3 @@ lt_status lt_attn_cuda_prepare(lt_ctx *ctx, const lt_attention_params *p, const 
     *used = off;
     return LT_OK;
 }
-

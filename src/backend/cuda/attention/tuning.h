@@ -11,7 +11,8 @@
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
  * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
  * kernels only. Adding one: README.md. */
-#define LT_ATTENTION_CUDA_HEAD_DIMS {64, 96, 128}
+#define LT_ATTENTION_CUDA_HEAD_DIMS \
+    { 64, 96, 128 }
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
@@ -42,7 +43,8 @@ typedef enum lt_attn_fwd_kind {
     LT_ATTN_FWD_KINDS_
 } lt_attn_fwd_kind;
 /* Short names, indexed by lt_attn_fwd_kind (the names the measurements in the notes use). */
-#define LT_ATTN_FWD_KIND_NAMES {"default", "mma", "wg", "wg1", "ws", "ws3"}
+#define LT_ATTN_FWD_KIND_NAMES \
+    { "default", "mma", "wg", "wg1", "ws", "ws3" }
 
 typedef enum lt_attn_bwd_kind {
     LT_ATTN_BWD_AUTO = 0,
@@ -60,12 +62,12 @@ typedef enum lt_attn_dq_kind {
  * variant the device or shape cannot run falls back as the heuristic's would (a TMA forward
  * without the driver's encoder runs WG2; anything wgmma off compute capability 9.0 runs MMA). */
 typedef struct lt_attn_cuda_tuning {
-    int fwd;       /* lt_attn_fwd_kind (D = 64, 128) */
-    int bwd;       /* lt_attn_bwd_kind */
-    int dq;        /* lt_attn_dq_kind (wgmma backward) */
-    int bwd_bn;    /* 128: 128 keys per CTA of the wgmma main kernel even with dQ by its own kernel */
-    int delta_sep; /* 1: delta by its own pass even when the dQ kernel could form it */
-    int split;     /* CTAs sharing a kv head's query heads: a divisor of H / Hkv; 0 = heuristic */
+    int fwd;                /* lt_attn_fwd_kind (D = 64, 128) */
+    int bwd;                /* lt_attn_bwd_kind */
+    int dq;                 /* lt_attn_dq_kind (wgmma backward) */
+    int bwd_bn;             /* 128: 128 keys per CTA of the wgmma main kernel even with dQ by its own kernel */
+    int delta_sep;          /* 1: delta by its own pass even when the dQ kernel could form it */
+    int split;              /* CTAs sharing a kv head's query heads: a divisor of H / Hkv; 0 = heuristic */
     int fwd_ws_no_pingpong; /* 1: the TMA forward's consumers issue MMAs without taking turns */
 } lt_attn_cuda_tuning;
 
@@ -164,9 +166,18 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 extern "C++" { /* C++ even where a C header includes this one inside extern "C" */
 /* mma.sync forward per head dim: NW warps, MT 16-row tiles per warp, QREG Q kept in registers. */
 template <int D> struct lt_attn_fwd_mma_shape;
-template <> struct lt_attn_fwd_mma_shape<64> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = true; };
-template <> struct lt_attn_fwd_mma_shape<96> { static constexpr int NW = 8, MT = 1; static constexpr bool QREG = true; };
-template <> struct lt_attn_fwd_mma_shape<128> { static constexpr int NW = 4, MT = 2; static constexpr bool QREG = false; };
+template <> struct lt_attn_fwd_mma_shape<64> {
+    static constexpr int NW = 4, MT = 2;
+    static constexpr bool QREG = true;
+};
+template <> struct lt_attn_fwd_mma_shape<96> {
+    static constexpr int NW = 8, MT = 1;
+    static constexpr bool QREG = true;
+};
+template <> struct lt_attn_fwd_mma_shape<128> {
+    static constexpr int NW = 4, MT = 2;
+    static constexpr bool QREG = false;
+};
 } /* extern "C++" */
 #endif
 

@@ -83,14 +83,13 @@ template <int N> static __device__ __forceinline__ void lt_pin_u(uint32_t *a) {
 static __device__ __forceinline__ void lt_wgmma_pin(float d[32]) { lt_pin_f<32>(d); }
 static __device__ __forceinline__ void lt_wgmma_pin_u(uint32_t a[4]) { lt_pin_u<4>(a); }
 
-#define LT_WG_D32                                                                                  \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define LT_WG_R32                                                                                  \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+#define LT_WG_D32                                                                                               \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define LT_WG_R32                                                                                 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
 /* d (64 x 64 fp32 per warpgroup; the accumulator layout of mma.sync m16n8 per warp, warp w of the
@@ -100,26 +99,27 @@ template <int TA, int TB>
 static __device__ __forceinline__ void lt_wgmma_ss(float d[32], uint64_t da, uint64_t db, int acc) {
 #if LT_WGMMA_OK
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LT_WG_R32
-                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LT_WG_R32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
                  : LT_WG_D32
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 #else
-    (void)d; (void)da; (void)db; (void)acc;
+    (void)d;
+    (void)da;
+    (void)db;
+    (void)acc;
 #endif
 }
 
-#define LT_WG_D64                                                                                   \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
+#define LT_WG_D64                                                                                               \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define LT_WG_R64                                                                                   \
+#define LT_WG_R64                                                                                     \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "     \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
     "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
@@ -130,12 +130,14 @@ static __device__ __forceinline__ void lt_wgmma_ss(float d[32], uint64_t da, uin
 static __device__ __forceinline__ void lt_wgmma_ss_n128(float d[64], uint64_t da, uint64_t db, int acc) {
 #if LT_WGMMA_OK
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LT_WG_R64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LT_WG_R64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : LT_WG_D64
                  : "l"(da), "l"(db), "r"(acc));
 #else
-    (void)d; (void)da; (void)db; (void)acc;
+    (void)d;
+    (void)da;
+    (void)db;
+    (void)acc;
 #endif
 }
 
@@ -152,8 +154,8 @@ static __device__ __forceinline__ void lt_wgmma_kmajor(float d[32], uint64_t da,
 /* Loads rows t0..t0+R-1 (D bf16 each, row stride st elements) of a global tensor into a swizzled
  * tile with cp.async, NT threads; rows past T are zero-filled (their source clamped in bounds). */
 template <int R, int D, int NT>
-static __device__ __forceinline__ void lt_wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st,
-                                                       int t0, int T, int tid) {
+static __device__ __forceinline__ void lt_wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st, int t0,
+                                                       int T, int tid) {
     constexpr int CH = D / 8;
     static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
 #pragma unroll
@@ -166,8 +168,7 @@ static __device__ __forceinline__ void lt_wg_load_tile(unsigned char *s, const _
 
 /* The same with A (64 x 16 bf16) in registers, in mma.sync's A-fragment layout per warp. */
 template <int TB>
-static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a[4], uint64_t db,
-                                                   int acc) {
+static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a[4], uint64_t db, int acc) {
 #if LT_WGMMA_OK
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LT_WG_R32
@@ -175,7 +176,10 @@ static __device__ __forceinline__ void lt_wgmma_rs(float d[32], const uint32_t a
                  : LT_WG_D32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 #else
-    (void)d; (void)a; (void)db; (void)acc;
+    (void)d;
+    (void)a;
+    (void)db;
+    (void)acc;
 #endif
 }
 
