@@ -259,7 +259,7 @@ static void lce_f32_on_device(void **state) {
     assert_int_equal(lt_lce_forward(ctx, &opt, &c), LT_OK);
     assert_int_equal(lt_lce_backward(ctx, &opt, &c), LT_OK);
     /* lse of ignored tokens is left out: only the kept tokens' values are compared here (what each
-     * backend stores for ignored rows is test_cuda_lce's business) */
+     * backend stores for ignored rows is test_lce's business) */
     for (int64_t i = 0; i < N; i++)
         if (tgt[i] == LT_IGNORE_INDEX) lse32[i] = clse[i] = 0;
     double el = fabs((double)loss32 - closs) / fabs((double)closs), ee = rel_err_ff(lse32, clse, N),
