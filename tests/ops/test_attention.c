@@ -255,9 +255,19 @@ typedef struct {
 } fixture;
 
 static lt_attention_params params_of(const tcase *c, lt_dtype dt, lt_attention_impl impl) {
-    lt_attention_params p = {.B = c->B, .T = c->T, .H = c->H, .Hkv = c->Hkv, .D = c->D, .dtype = dt,
-                             .device = LT_DEVICE_CPU, .impl = impl, .scale = c->scale, .window = c->window,
-                             .softcap = c->softcap, .seq_offsets = c->offs, .S = c->offs ? c->S : 0};
+    lt_attention_params p = {.B = c->B,
+                             .T = c->T,
+                             .H = c->H,
+                             .Hkv = c->Hkv,
+                             .D = c->D,
+                             .dtype = dt,
+                             .device = LT_DEVICE_CPU,
+                             .impl = impl,
+                             .scale = c->scale,
+                             .window = c->window,
+                             .softcap = c->softcap,
+                             .seq_offsets = c->offs,
+                             .S = c->offs ? c->S : 0};
     p.q_layout = make_layout(c->layout, c->T, c->H, c->D, 0);
     p.kv_layout = make_layout(c->layout, c->T, c->Hkv, c->D, 1);
     /* Padded cases give out/dout a third, different layout. */
@@ -309,8 +319,15 @@ static void fixture_run(lt_ctx *ctx, fixture *f, lt_attention_impl impl) {
     for (int i = 0; i < 4; i++) buf_fill(outs[i], 1);
     const size_t nl = (size_t)(f->c.B * f->c.H * f->c.T);
     for (size_t i = 0; i < nl; i++) f->lse[i] = LT_TEST_POISON;
-    lt_attention_args a = {.q = f->q.data, .k = f->k.data, .v = f->v.data, .out = f->o.data, .lse = f->lse,
-                           .dout = f->dout.data, .dq = f->dq.data, .dk = f->dk.data, .dv = f->dv.data};
+    lt_attention_args a = {.q = f->q.data,
+                           .k = f->k.data,
+                           .v = f->v.data,
+                           .out = f->o.data,
+                           .lse = f->lse,
+                           .dout = f->dout.data,
+                           .dq = f->dq.data,
+                           .dk = f->dk.data,
+                           .dv = f->dv.data};
     lt_status s = lt_attention_forward(ctx, &p, &a);
     if (s != LT_OK) fail_msg("forward: %s", lt_ctx_error(ctx));
     s = lt_attention_backward(ctx, &p, &a);
@@ -376,8 +393,8 @@ static const int32_t offs_a[] = {0, 1, 1, 65, 100, 150, /* row 1: */ 0, 150, 150
 static const int32_t offs_b[] = {0, 0, 30, 31, 97, /* */ 0, 40, 41, 41, 97, /* */ 0, 97, 97, 97, 97};
 
 static const tcase cases[] = {
-    {.B = 2, .T = 130, .H = 4, .Hkv = 4, .D = 16},                                       /* MHA */
-    {.B = 1, .T = 150, .H = 4, .Hkv = 1, .D = 64, .window = 37},                          /* GQA 4 */
+    {.B = 2, .T = 130, .H = 4, .Hkv = 4, .D = 16},               /* MHA */
+    {.B = 1, .T = 150, .H = 4, .Hkv = 1, .D = 64, .window = 37}, /* GQA 4 */
     {.B = 2, .T = 150, .H = 6, .Hkv = 1, .D = 24, .softcap = 3, .scale = 0.3f, .layout = LAYOUT_BHTD},
     {.B = 2, .T = 150, .H = 2, .Hkv = 1, .D = 80, .window = 20, .offs = offs_a, .S = 5, .layout = LAYOUT_PADDED},
     {.B = 1, .T = 70, .H = 2, .Hkv = 2, .D = 256, .softcap = 5, .window = 64},
@@ -445,8 +462,10 @@ static void bf16_within_twice_naive_bf16(void **state) {
             const double *ref, *naive;
             size_t n;
             const tbuf *t;
-        } outs[] = {{"out", r.o, nb.o, nq, &f.o}, {"dq", r.dq, nb.dq, nq, &f.dq},
-                    {"dk", r.dk, nb.dk, nk, &f.dk}, {"dv", r.dv, nb.dv, nk, &f.dv}};
+        } outs[] = {{"out", r.o, nb.o, nq, &f.o},
+                    {"dq", r.dq, nb.dq, nq, &f.dq},
+                    {"dk", r.dk, nb.dk, nk, &f.dk},
+                    {"dv", r.dv, nb.dv, nk, &f.dv}};
         for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
             char what[256];
             describe(c, what, sizeof what);
@@ -526,7 +545,10 @@ static void gradients_match_finite_differences(void **state) {
             fixture_run(ctx, &f, (lt_attention_impl)impl);
             for (int t = 0; t < 3; t++)
                 check_f32(impl == LT_ATTENTION_FLASH ? "finite differences, flash" : "finite differences, naive",
-                          t == 0 ? "dq" : t == 1 ? "dk" : "dv", buf_err(lib[t], c, fd[t]), fd[t], n[t]);
+                          t == 0       ? "dq"
+                              : t == 1 ? "dk"
+                                       : "dv",
+                          buf_err(lib[t], c, fd[t]), fd[t], n[t]);
         }
         for (int t = 0; t < 3; t++) free(fd[t]);
         ref_free(&r);
@@ -577,12 +599,14 @@ static void packed_row_equals_sequences_alone(void **state) {
                             mx = fmax(mx, fabs(x));
                             err = fmax(err, fabs(x - y));
                         }
-                if (err > 1e-6 * mx) fail_msg("window %lld sequence %d output %d: packed differs by %.3g (max %.3g)",
-                                              (long long)windows[wi], s, t, err, mx);
+                if (err > 1e-6 * mx)
+                    fail_msg("window %lld sequence %d output %d: packed differs by %.3g (max %.3g)",
+                             (long long)windows[wi], s, t, err, mx);
             }
             for (int64_t h = 0; h < 4; h++)
                 for (int64_t i = 0; i < len; i++)
-                    assert_true(fabs(g.lse[h * len + i] - f.lse[h * 300 + a + i]) <= 1e-6 * fmax(1, fabs(g.lse[h * len + i])));
+                    assert_true(fabs(g.lse[h * len + i] - f.lse[h * 300 + a + i]) <=
+                                1e-6 * fmax(1, fabs(g.lse[h * len + i])));
             fixture_free(&g);
         }
         fixture_free(&f);
@@ -601,8 +625,8 @@ static void bad_inputs_give_typed_errors(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
     int32_t offs[] = {0, 3, 8, /* row 1 */ 0, 5, 8};
-    const lt_attention_params good = {.B = 2, .T = 8, .H = 4, .Hkv = 2, .D = 16, .dtype = LT_DTYPE_F32,
-                                      .seq_offsets = offs, .S = 2};
+    const lt_attention_params good =
+        {.B = 2, .T = 8, .H = 4, .Hkv = 2, .D = 16, .dtype = LT_DTYPE_F32, .seq_offsets = offs, .S = 2};
     assert_int_equal(lt_attention_check(ctx, &good), LT_OK);
     lt_attention_params p;
 #define CASE(field_assign, status, substr) \
@@ -623,8 +647,8 @@ static void bad_inputs_give_typed_errors(void **state) {
     CASE(p.q_layout = ((lt_attention_layout){.batch = 1000, .token = 8, .head = 16}), LT_ERR_INVALID_ARG,
          "q token stride 8");
     CASE(p.kv_layout = ((lt_attention_layout){.batch = -5, .token = 64, .head = 16}), LT_ERR_INVALID_ARG, "kv batch");
-    CASE(p.o_layout = ((lt_attention_layout){.batch = 10000, .token = 64, .head = INT64_MAX / 2}),
-         LT_ERR_INVALID_ARG, "out layout overflows");
+    CASE(p.o_layout = ((lt_attention_layout){.batch = 10000, .token = 64, .head = INT64_MAX / 2}), LT_ERR_INVALID_ARG,
+         "out layout overflows");
     CASE(p.S = 0, LT_ERR_INVALID_ARG, "S=0");
     CASE((p.seq_offsets = NULL, p.S = 2), LT_ERR_INVALID_ARG, "without seq_offsets");
     CASE(p.device = LT_DEVICE_CUDA, LT_ERR_UNSUPPORTED, "D=16 has no CUDA kernel");
@@ -680,8 +704,15 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                 fixture f;
                 fixture_init(&f, &c, dt ? LT_DTYPE_BF16 : LT_DTYPE_F32);
                 lt_attention_params p = params_of(&c, f.dt, (lt_attention_impl)impl);
-                lt_attention_args a = {.q = f.q.data, .k = f.k.data, .v = f.v.data, .out = f.o.data, .lse = f.lse,
-                                       .dout = f.dout.data, .dq = f.dq.data, .dk = f.dk.data, .dv = f.dv.data};
+                lt_attention_args a = {.q = f.q.data,
+                                       .k = f.k.data,
+                                       .v = f.v.data,
+                                       .out = f.o.data,
+                                       .lse = f.lse,
+                                       .dout = f.dout.data,
+                                       .dq = f.dq.data,
+                                       .dk = f.dk.data,
+                                       .dv = f.dv.data};
                 for (int bwd = 0; bwd < 2; bwd++) {
                     const size_t want = lt_attention_workspace_bytes(&p, bwd, threads);
                     assert_true(want > 0);
@@ -703,8 +734,9 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                     buf_fill(outs[i], 1);
                 }
                 const size_t wf = lt_attention_workspace_bytes(&p, 0, threads),
-                             wb = (wf > lt_attention_workspace_bytes(&p, 1, threads) ? wf
-                                   : lt_attention_workspace_bytes(&p, 1, threads));
+                             wb = (wf > lt_attention_workspace_bytes(&p, 1, threads)
+                                       ? wf
+                                       : lt_attention_workspace_bytes(&p, 1, threads));
                 a.workspace_size = wb;
                 a.workspace = aligned_alloc(64, (wb + 63) / 64 * 64);
                 const uint64_t n0 = lt_mem_get_stats(ctx, LT_DEVICE_CPU).n_allocs;
@@ -915,16 +947,15 @@ static void every_backend_matches_float64_reference(void **state) {
 typedef struct acase {
     int64_t B, T, H, Hkv, D, window;
     float softcap;
-    int packed;       /* several sequences per row */
-    int fused;        /* q, k, v interleaved in one (B, T, H + 2·Hkv, D) buffer */
-    int with_cpu;     /* also run the CPU backend */
+    int packed;   /* several sequences per row */
+    int fused;    /* q, k, v interleaved in one (B, T, H + 2·Hkv, D) buffer */
+    int with_cpu; /* also run the CPU backend */
 } acase;
 
 /* Float64 attention over bf16-valued inputs, contiguous (B, T, heads, D). emu = 1 rounds to bf16
  * where a naive bf16 implementation would (scores, probabilities, every matmul output). */
-static void reference(const acase *c, const int32_t *lo, const float *q, const float *k,
-                      const float *v, const float *dout, int emu, double *out, double *lse,
-                      double *dq, double *dk, double *dv) {
+static void reference(const acase *c, const int32_t *lo, const float *q, const float *k, const float *v,
+                      const float *dout, int emu, double *out, double *lse, double *dq, double *dk, double *dv) {
     const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D, G = H / Hkv;
     const double scale = 1.0 / sqrt((double)D), cap = c->softcap;
     double *p = malloc(sizeof(double) * (size_t)T), *th = malloc(sizeof(double) * (size_t)T);
@@ -1028,16 +1059,16 @@ static void key_bounds(const acase *c, const int32_t *off, int64_t S, int32_t *l
 }
 
 /* Strided (B, T, heads, D) bf16 device tensor <-> contiguous float host array. */
-static void put(uint16_t *host_buf, const float *x, int64_t B, int64_t T, int64_t heads, int64_t D,
-                int64_t sb, int64_t st, int64_t sh) {
+static void put(uint16_t *host_buf, const float *x, int64_t B, int64_t T, int64_t heads, int64_t D, int64_t sb,
+                int64_t st, int64_t sh) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < heads; h++)
                 for (int64_t d = 0; d < D; d++)
                     host_buf[b * sb + t * st + h * sh + d] = lt_f32_to_bf16(x[((b * T + t) * heads + h) * D + d]);
 }
-static void get(const uint16_t *host_buf, float *x, int64_t B, int64_t T, int64_t heads, int64_t D,
-                int64_t sb, int64_t st, int64_t sh) {
+static void get(const uint16_t *host_buf, float *x, int64_t B, int64_t T, int64_t heads, int64_t D, int64_t sb,
+                int64_t st, int64_t sh) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < heads; h++)
@@ -1049,8 +1080,8 @@ static void get(const uint16_t *host_buf, float *x, int64_t B, int64_t T, int64_
  * warp-specialised kernel's K/V ring several times, with partial last blocks, packed rows (also
  * with more offsets than one kernel parameter holds), GQA, softcap, window, a fused layout. Only
  * the forward is compared (out and lse), against a float64 forward. */
-static void reference_fwd(const acase *c, const int32_t *lo, const float *q, const float *k, const float *v,
-                          int emu, double *out, double *lse) {
+static void reference_fwd(const acase *c, const int32_t *lo, const float *q, const float *k, const float *v, int emu,
+                          double *out, double *lse) {
     const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D, G = H / Hkv;
     const double scale = 1.0 / sqrt((double)D), cap = c->softcap;
     double *pr = malloc(sizeof(double) * (size_t)T), *o = malloc(sizeof(double) * (size_t)D);
@@ -1112,7 +1143,11 @@ static void run_fwd_variants(const acase *c, int64_t S) {
 
     lt_attention_params p;
     memset(&p, 0, sizeof p);
-    p.B = B; p.T = T; p.H = H; p.Hkv = Hkv; p.D = D;
+    p.B = B;
+    p.T = T;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
     p.dtype = LT_DTYPE_BF16;
     p.device = LT_DEVICE_CUDA;
     p.window = c->window;
@@ -1127,7 +1162,8 @@ static void run_fwd_variants(const acase *c, int64_t S) {
         p.kv_layout = (lt_attention_layout){ksb, kst, D};
     }
     const size_t elems = c->fused ? (size_t)(B * T * W * D) : (size_t)(nq + 2 * nk);
-    const size_t koff = c->fused ? (size_t)(H * D) : (size_t)nq, voff = c->fused ? (size_t)((H + Hkv) * D) : (size_t)(nq + nk);
+    const size_t koff = c->fused ? (size_t)(H * D) : (size_t)nq,
+                 voff = c->fused ? (size_t)((H + Hkv) * D) : (size_t)(nq + nk);
     uint16_t *hqkv = calloc(elems, 2), *hout = malloc((size_t)nq * 2);
     put(hqkv, q, B, T, H, D, qsb, qst, D);
     put(hqkv + koff, k, B, T, Hkv, D, ksb, kst, D);
@@ -1166,9 +1202,11 @@ static void run_fwd_variants(const acase *c, int64_t S) {
         get(hout, go, B, T, H, D, T * H * D, H * D, D);
         assert_int_equal(cudaMemcpy(glse, dlse, (size_t)nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         const double eo = lt_test_rel_err_f(go, r[0], nq), el = lt_test_rel_err_f(glse, r[1], nl);
-        fprintf(stderr, "  fwd %-7s B=%lld T=%lld D=%lld H=%lld/%lld S=%lld win=%lld cap=%g fused=%d: out err %.3g (tol %.3g), lse err %.3g (tol %.3g)\n",
-                variants[vi], (long long)B, (long long)T, (long long)D, (long long)H,
-                (long long)Hkv, (long long)S, (long long)c->window, (double)c->softcap, c->fused, eo, tol[0], el, tol[1]);
+        fprintf(
+            stderr,
+            "  fwd %-7s B=%lld T=%lld D=%lld H=%lld/%lld S=%lld win=%lld cap=%g fused=%d: out err %.3g (tol %.3g), lse err %.3g (tol %.3g)\n",
+            variants[vi], (long long)B, (long long)T, (long long)D, (long long)H, (long long)Hkv, (long long)S,
+            (long long)c->window, (double)c->softcap, c->fused, eo, tol[0], el, tol[1]);
         if (!(eo <= tol[0]) || !(el <= tol[1])) {
             bad++;
             /* Where it goes wrong: the worst output element and the worst lse row. */
@@ -1182,10 +1220,12 @@ static void run_fwd_variants(const acase *c, int64_t S) {
                 const double d = isfinite(glse[i]) ? fabs(glse[i] - r[1][i]) : INFINITY;
                 if (d > wle) wle = d, wl = i;
             }
-            fprintf(stderr, "    worst out: b=%lld t=%lld h=%lld d=%lld got %g want %g; worst lse: b=%lld h=%lld t=%lld got %g want %g\n",
-                    (long long)(wi / (T * H * D)), (long long)(wi / (H * D) % T), (long long)(wi / D % H),
-                    (long long)(wi % D), (double)go[wi], r[0][wi], (long long)(wl / (H * T)), (long long)(wl / T % H),
-                    (long long)(wl % T), (double)glse[wl], r[1][wl]);
+            fprintf(
+                stderr,
+                "    worst out: b=%lld t=%lld h=%lld d=%lld got %g want %g; worst lse: b=%lld h=%lld t=%lld got %g want %g\n",
+                (long long)(wi / (T * H * D)), (long long)(wi / (H * D) % T), (long long)(wi / D % H),
+                (long long)(wi % D), (double)go[wi], r[0][wi], (long long)(wl / (H * T)), (long long)(wl / T % H),
+                (long long)(wl % T), (double)glse[wl], r[1][wl]);
         }
     }
     lt_attn_cuda_tuning_set(&was);
@@ -1199,7 +1239,15 @@ static void run_fwd_variants(const acase *c, int64_t S) {
         free(r[i]);
         free(e[i]);
     }
-    free(q); free(k); free(v); free(off); free(lo); free(hqkv); free(hout); free(go); free(glse);
+    free(q);
+    free(k);
+    free(v);
+    free(off);
+    free(lo);
+    free(hqkv);
+    free(hout);
+    free(go);
+    free(glse);
 }
 
 /* Causal GQA, D = 128: 9 blocks of 128 queries, the last with its second warpgroup past T. */
@@ -1254,7 +1302,11 @@ static void run_case(const acase *c) {
 
     lt_attention_params p;
     memset(&p, 0, sizeof p);
-    p.B = B; p.T = T; p.H = H; p.Hkv = Hkv; p.D = D;
+    p.B = B;
+    p.T = T;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
     p.dtype = LT_DTYPE_BF16;
     p.device = LT_DEVICE_CUDA;
     p.window = c->window;
@@ -1270,7 +1322,8 @@ static void run_case(const acase *c) {
         p.kv_layout = (lt_attention_layout){ksb, kst, D};
     }
     size_t qkv_elems = c->fused ? (size_t)(B * T * W * D) : (size_t)(nq + 2 * nk);
-    size_t koff = c->fused ? (size_t)(H * D) : (size_t)nq, voff = c->fused ? (size_t)((H + Hkv) * D) : (size_t)(nq + nk);
+    size_t koff = c->fused ? (size_t)(H * D) : (size_t)nq,
+           voff = c->fused ? (size_t)((H + Hkv) * D) : (size_t)(nq + nk);
     uint16_t *hqkv = calloc(qkv_elems, 2), *hbuf = malloc((size_t)nq * 2);
     put(hqkv, q, B, T, H, D, qsb, qst, D);
     put(hqkv + koff, k, B, T, Hkv, D, ksb, kst, D);
@@ -1314,8 +1367,7 @@ static void run_case(const acase *c) {
     assert_int_equal(st, LT_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     /* The workspace came from the accounting allocator and went back to it. */
-    assert_true(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes >=
-                lt_attention_workspace_bytes(&p, 1, 0));
+    assert_true(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes >= lt_attention_workspace_bytes(&p, 1, 0));
 
     float *go = malloc(sizeof(float) * (size_t)nq), *glse = malloc(sizeof(float) * (size_t)(B * H * T));
     float *gdq = malloc(sizeof(float) * (size_t)nq), *gdk = malloc(sizeof(float) * (size_t)nk);
@@ -1341,9 +1393,10 @@ static void run_case(const acase *c) {
     for (int i = 0; i < 5; i++) {
         double tol = fmax(2 * lt_test_rel_err_d(e[i], r[i], n[i]), TOL_BF16_FLOOR);
         double err = lt_test_rel_err_f(got[i], r[i], n[i]);
-        fprintf(stderr, "  T=%lld D=%lld H=%lld/%lld win=%lld cap=%g packed=%d fused=%d %-4s cuda err %.3g (tol %.3g)\n",
-                (long long)T, (long long)D, (long long)H, (long long)Hkv, (long long)c->window,
-                (double)c->softcap, c->packed, c->fused, name[i], err, tol);
+        fprintf(stderr,
+                "  T=%lld D=%lld H=%lld/%lld win=%lld cap=%g packed=%d fused=%d %-4s cuda err %.3g (tol %.3g)\n",
+                (long long)T, (long long)D, (long long)H, (long long)Hkv, (long long)c->window, (double)c->softcap,
+                c->packed, c->fused, name[i], err, tol);
         assert_true(err <= tol);
     }
 
@@ -1371,7 +1424,16 @@ static void run_case(const acase *c) {
         fprintf(stderr, "  cpu backend: out err %.3g, dq err %.3g\n", eo, eq);
         assert_true(eo <= fmax(2 * lt_test_rel_err_d(e[0], r[0], nq), TOL_BF16_FLOOR));
         assert_true(eq <= fmax(2 * lt_test_rel_err_d(e[2], r[2], nq), TOL_BF16_FLOOR));
-        free(f); free(cq); free(ck); free(cv); free(cg); free(co); free(cdq); free(cdk); free(cdv); free(clse);
+        free(f);
+        free(cq);
+        free(ck);
+        free(cv);
+        free(cg);
+        free(co);
+        free(cdq);
+        free(cdk);
+        free(cdv);
+        free(clse);
     }
 
     for (int i = 0; i < 5; i++) {
@@ -1385,8 +1447,19 @@ static void run_case(const acase *c) {
     lt_free(ctx, LT_DEVICE_CUDA, dlse, (size_t)(B * H * T) * 4);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
     lt_ctx_free(ctx);
-    free(q); free(k); free(v); free(g); free(off); free(lo); free(hqkv); free(hbuf);
-    free(go); free(glse); free(gdq); free(gdk); free(gdv);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(off);
+    free(lo);
+    free(hqkv);
+    free(hbuf);
+    free(go);
+    free(glse);
+    free(gdq);
+    free(gdk);
+    free(gdv);
 }
 
 static void causal_gqa_d64(void **s) {
@@ -1478,7 +1551,11 @@ static void unsupported_requests_are_named(void **s) {
     lt_ctx *ctx = lt_ctx_new();
     lt_attention_params p;
     memset(&p, 0, sizeof p);
-    p.B = 1; p.T = 16; p.H = 2; p.Hkv = 2; p.D = 80;
+    p.B = 1;
+    p.T = 16;
+    p.H = 2;
+    p.Hkv = 2;
+    p.D = 80;
     p.dtype = LT_DTYPE_BF16;
     p.device = LT_DEVICE_CUDA;
     assert_int_equal(lt_attention_check(ctx, &p), LT_ERR_UNSUPPORTED);

@@ -41,10 +41,10 @@
 typedef struct {
     int64_t N, V, C;
     lt_dtype hdt, wdt;
-    void *h, *w;        /* library inputs */
-    double *hx, *wx;    /* their exact values (after rounding / quantisation) */
+    void *h, *w;     /* library inputs */
+    double *hx, *wx; /* their exact values (after rounding / quantisation) */
     int32_t *targets;
-    float *weight;      /* NULL or (N) */
+    float *weight; /* NULL or (N) */
 } problem;
 
 static void *xmalloc(size_t n) {
@@ -116,11 +116,11 @@ static void free_problem(problem *p) {
 /* ---- float64 reference ---- */
 
 typedef struct {
-    double loss;  /* reduced (mean/sum); for NONE unused */
-    double *tok;  /* (N) weighted per-token loss */
-    double *lse;  /* (N) */
-    double *dh;   /* (N, C) */
-    double *dw;   /* (V, C) */
+    double loss; /* reduced (mean/sum); for NONE unused */
+    double *tok; /* (N) weighted per-token loss */
+    double *lse; /* (N) */
+    double *dh;  /* (N, C) */
+    double *dw;  /* (V, C) */
 } reference;
 
 /* Straight from the definitions in lce.h: z = softcap(h·Wᵀ); per-token
@@ -164,8 +164,8 @@ static reference ref_compute(const problem *p, const lt_lce_options *o, const do
         r.tok[i] = wi * ((1 - eps) * (lse - z[t]) + eps * mean_nll + zl * lse * lse);
         total += r.tok[i];
         double up = o->reduction == LT_REDUCTION_NONE ? dloss[i]
-                    : o->reduction == LT_REDUCTION_SUM ? dloss[0]
-                    : dloss[0] / den;
+            : o->reduction == LT_REDUCTION_SUM        ? dloss[0]
+                                                      : dloss[0] / den;
         for (int64_t j = 0; j < V; j++) {
             double pj = exp(z[j] - lse);
             double dz = (1 - eps) * (pj - (j == t)) + eps * (pj - 1.0 / (double)V) + 2 * zl * lse * pj;
@@ -205,7 +205,8 @@ static double scaled_err(const float *got, const double *ref, int64_t n) {
     return worst / scale;
 }
 
-static void check_close(const char *what, const char *ctxs, const float *got, const double *ref, int64_t n, double tol) {
+static void check_close(const char *what, const char *ctxs, const float *got, const double *ref, int64_t n,
+                        double tol) {
     double e = scaled_err(got, ref, n);
     if (!(e <= tol)) {
         fprintf(stderr, "%s: %s scaled error %.3g > %.3g\n", ctxs, what, e, tol);
@@ -321,8 +322,8 @@ typedef struct {
 } option_set;
 
 static const option_set option_sets[] = {
-    {"plain", 0, 0, 0, 0},        {"smoothing", 0.1f, 0, 0, 0}, {"z-loss", 0, 1e-3f, 0, 0},
-    {"softcap", 0, 0, 3.0f, 0},   {"weights", 0, 0, 0, 1},      {"all", 0.2f, 5e-3f, 4.0f, 1},
+    {"plain", 0, 0, 0, 0},      {"smoothing", 0.1f, 0, 0, 0}, {"z-loss", 0, 1e-3f, 0, 0},
+    {"softcap", 0, 0, 3.0f, 0}, {"weights", 0, 0, 0, 1},      {"all", 0.2f, 5e-3f, 4.0f, 1},
 };
 #define N_OPTION_SETS ((int)(sizeof option_sets / sizeof option_sets[0]))
 
@@ -340,10 +341,16 @@ static float *make_dloss(uint64_t *rng, const lt_lce_options *o, int64_t N, doub
 /* One problem through one impl, compared with float64 at fp32 tolerance. */
 static void check_f32_case(lt_ctx *ctx, uint64_t *rng, lt_dtype wdt, lt_lce_impl impl, lt_reduction red,
                            const option_set *os, int ignore, int tile_n, int tile_v, int64_t N, int64_t V, int64_t C) {
-    lt_lce_options o = {.impl = impl, .reduction = red, .label_smoothing = os->eps, .z_loss = os->zl,
-                        .softcap = os->cap, .tile_n = tile_n, .tile_v = tile_v};
+    lt_lce_options o = {.impl = impl,
+                        .reduction = red,
+                        .label_smoothing = os->eps,
+                        .z_loss = os->zl,
+                        .softcap = os->cap,
+                        .tile_n = tile_n,
+                        .tile_v = tile_v};
     if (ignore == IGN_SOME && os->weights) o.ignore_index = -1; /* a non-default ignore index too */
-    problem p = make_problem(rng, N, V, C, LT_DTYPE_F32, wdt, ignore, os->weights, o.ignore_index ? o.ignore_index : -100);
+    problem p =
+        make_problem(rng, N, V, C, LT_DTYPE_F32, wdt, ignore, os->weights, o.ignore_index ? o.ignore_index : -100);
     double *dl64;
     float *dl = make_dloss(rng, &o, N, &dl64);
     reference r = ref_compute(&p, &o, dl64);
@@ -389,7 +396,8 @@ static void every_head_impl_reduction_option_and_ignore_pattern(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
     lt_ctx *ctx = lt_ctx_new();
-    const lt_dtype heads[] = {LT_DTYPE_F32, LT_DTYPE_BF16, LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
+    const lt_dtype heads[] = {LT_DTYPE_F32,  LT_DTYPE_BF16, LT_DTYPE_Q8_0,
+                              LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_INT4_G64};
     const lt_lce_impl impls[] = {LT_LCE_NAIVE, LT_LCE_CHUNKED, LT_LCE_FUSED, LT_LCE_AUTO};
     /* Every head × impl × reduction × ignore pattern; the option set rotates so that each head and
      * each impl meets every option set (for a fixed head, (ii + red + ig) covers 0..5). */
@@ -400,8 +408,8 @@ static void every_head_impl_reduction_option_and_ignore_pattern(void **state) {
                     int os = (hi + ii + red + ig) % N_OPTION_SETS;
                     /* ragged tiles: 13 tokens in tiles of 4, 203 vocabulary rows in tiles of 48 */
                     int tn = impls[ii] == LT_LCE_AUTO ? 0 : 4, tv = impls[ii] == LT_LCE_AUTO ? 0 : 48;
-                    check_f32_case(ctx, &rng, heads[hi], impls[ii], (lt_reduction)red, &option_sets[os], ig, tn, tv,
-                                   13, 203, 64);
+                    check_f32_case(ctx, &rng, heads[hi], impls[ii], (lt_reduction)red, &option_sets[os], ig, tn, tv, 13,
+                                   203, 64);
                 }
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
@@ -417,8 +425,8 @@ static void default_tiles_and_three_threads(void **state) {
         lt_ctx_set_threads(ctx, threads);
         check_f32_case(ctx, &rng, LT_DTYPE_F32, LT_LCE_FUSED, LT_REDUCTION_MEAN, &option_sets[5], IGN_SOME, 0, 0, 600,
                        1100, 32);
-        check_f32_case(ctx, &rng, LT_DTYPE_Q4_1, LT_LCE_CHUNKED, LT_REDUCTION_SUM, &option_sets[0], IGN_NONE, 0, 0,
-                       600, 1100, 32);
+        check_f32_case(ctx, &rng, LT_DTYPE_Q4_1, LT_LCE_CHUNKED, LT_REDUCTION_SUM, &option_sets[0], IGN_NONE, 0, 0, 600,
+                       1100, 32);
     }
     lt_ctx_free(ctx);
 }
@@ -467,8 +475,8 @@ static naive_bf16 naive_bf16_compute(const problem *p, const lt_lce_options *o, 
         r.lse[i] = lse;
         r.tok[i] = wi * ((1 - eps) * (lse - z[t]) + eps * (lse - sz / (float)V) + zl * lse * lse);
         float up = o->reduction == LT_REDUCTION_NONE ? (float)dloss[i]
-                   : o->reduction == LT_REDUCTION_SUM ? (float)dloss[0]
-                   : (float)dloss[0] / den;
+            : o->reduction == LT_REDUCTION_SUM       ? (float)dloss[0]
+                                                     : (float)dloss[0] / den;
         for (int64_t j = 0; j < V; j++) {
             float pj = expf(z[j] - lse);
             float dz = (1 + 2 * zl * lse) * pj - eps / (float)V - (j == t ? 1 - eps : 0);
@@ -496,12 +504,16 @@ static void bf16_within_twice_the_naive_bf16_error(void **state) {
     for (int ii = 0; ii < 3; ii++)
         for (int red = 0; red < 3; red++)
             for (int os = 0; os < N_OPTION_SETS; os++) {
-                lt_lce_options o = {.impl = impls[ii], .reduction = (lt_reduction)red,
-                                    .label_smoothing = option_sets[os].eps, .z_loss = option_sets[os].zl,
-                                    .softcap = option_sets[os].cap, .tile_n = 5, .tile_v = 64};
+                lt_lce_options o = {.impl = impls[ii],
+                                    .reduction = (lt_reduction)red,
+                                    .label_smoothing = option_sets[os].eps,
+                                    .z_loss = option_sets[os].zl,
+                                    .softcap = option_sets[os].cap,
+                                    .tile_n = 5,
+                                    .tile_v = 64};
                 int64_t N = 17, V = 150, C = 64;
-                problem p = make_problem(&rng, N, V, C, LT_DTYPE_BF16, LT_DTYPE_BF16, IGN_SOME,
-                                         option_sets[os].weights, LT_IGNORE_INDEX);
+                problem p = make_problem(&rng, N, V, C, LT_DTYPE_BF16, LT_DTYPE_BF16, IGN_SOME, option_sets[os].weights,
+                                         LT_IGNORE_INDEX);
                 double *dl64;
                 float *dl = make_dloss(&rng, &o, N, &dl64);
                 reference r = ref_compute(&p, &o, dl64);
@@ -541,8 +553,7 @@ static double ref_loss_only(const problem *p, const lt_lce_options *o, const dou
     double l = 0;
     if (o->reduction == LT_REDUCTION_NONE)
         for (int64_t i = 0; i < p->N; i++) l += dloss[i] * r.tok[i];
-    else
-        l = dloss[0] * r.loss;
+    else l = dloss[0] * r.loss;
     free_ref(&r);
     return l;
 }
@@ -564,7 +575,8 @@ static double summand_scale(const problem *p, const lt_lce_options *o, const dou
         if (p->targets[i] == LT_IGNORE_INDEX) continue;
         double w = p->weight ? p->weight[i] : 1.0;
         double d = o->reduction == LT_REDUCTION_NONE ? dl64[i]
-                   : o->reduction == LT_REDUCTION_SUM ? dl64[0] : dl64[0] / (wsum > 0 ? wsum : 1.0);
+            : o->reduction == LT_REDUCTION_SUM       ? dl64[0]
+                                                     : dl64[0] / (wsum > 0 ? wsum : 1.0);
         double g = 2.0 * (1.0 + 2.0 * o->z_loss * fabs(r->lse[i])) * w * fabs(d);
         best = fmax(best, g * xmax);
         total += g * xmax;
@@ -595,9 +607,13 @@ static void gradients_match_finite_differences(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     for (int red = 0; red < 3; red++)
         for (int os = 0; os < N_OPTION_SETS; os++) {
-            lt_lce_options o = {.impl = LT_LCE_FUSED, .reduction = (lt_reduction)red,
-                                .label_smoothing = option_sets[os].eps, .z_loss = option_sets[os].zl,
-                                .softcap = option_sets[os].cap, .tile_n = 2, .tile_v = 4};
+            lt_lce_options o = {.impl = LT_LCE_FUSED,
+                                .reduction = (lt_reduction)red,
+                                .label_smoothing = option_sets[os].eps,
+                                .z_loss = option_sets[os].zl,
+                                .softcap = option_sets[os].cap,
+                                .tile_n = 2,
+                                .tile_v = 4};
             int64_t N = 5, V = 11, C = 8;
             problem p = make_problem(&rng, N, V, C, LT_DTYPE_F32, LT_DTYPE_F32, IGN_SOME, option_sets[os].weights,
                                      LT_IGNORE_INDEX);
@@ -647,9 +663,9 @@ static void gradients_match_finite_differences(void **state) {
 /* ---- workspace accounting ---- */
 
 static lt_status call(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a, int pass) {
-    return pass == LT_LCE_PASS_FORWARD    ? lt_lce_forward(ctx, o, a)
-           : pass == LT_LCE_PASS_BACKWARD ? lt_lce_backward(ctx, o, a)
-                                          : lt_lce_forward_backward(ctx, o, a);
+    return pass == LT_LCE_PASS_FORWARD ? lt_lce_forward(ctx, o, a)
+        : pass == LT_LCE_PASS_BACKWARD ? lt_lce_backward(ctx, o, a)
+                                       : lt_lce_forward_backward(ctx, o, a);
 }
 
 static void workspace_is_exactly_what_is_allocated(void **state) {
@@ -689,7 +705,8 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                     lt_mem_stats before = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
                     assert_int_equal(call(ctx, &o, &a, pass), LT_OK);
                     lt_mem_stats after = lt_mem_get_stats(ctx, LT_DEVICE_CPU);
-                    assert_int_equal(after.peak_bytes - before.used_bytes, lt_alloc_accounted_size(LT_DEVICE_CPU, want));
+                    assert_int_equal(after.peak_bytes - before.used_bytes,
+                                     lt_alloc_accounted_size(LT_DEVICE_CPU, want));
                     assert_int_equal(after.n_allocs - before.n_allocs, 1);
                     assert_int_equal(after.used_bytes, before.used_bytes);
                     /* a caller-provided workspace: no allocation at all */
@@ -751,8 +768,12 @@ static void forward_backward_rescales_when_the_max_jumps(void **state) {
     uint64_t rng = lt_test_seed() + 66;
     lt_ctx *ctx = lt_ctx_new();
     for (int k = 0; k < 2; k++) {
-        lt_lce_options o = {.impl = LT_LCE_FUSED, .reduction = LT_REDUCTION_MEAN, .z_loss = 1e-3f,
-                            .label_smoothing = 0.1f, .tile_n = 3, .tile_v = 32};
+        lt_lce_options o = {.impl = LT_LCE_FUSED,
+                            .reduction = LT_REDUCTION_MEAN,
+                            .z_loss = 1e-3f,
+                            .label_smoothing = 0.1f,
+                            .tile_n = 3,
+                            .tile_v = 32};
         int64_t N = 9, V = 160, C = 32;
         problem p = make_problem(&rng, N, V, C, LT_DTYPE_F32, LT_DTYPE_F32, IGN_SOME, 0, LT_IGNORE_INDEX);
         float *w = p.w;
@@ -966,7 +987,8 @@ static void every_case_on(const every_case *c, lt_device dev, uint64_t *rng) {
         tgt[i] = i % 7 == 3 ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(rng) % (uint64_t)V);
         twf[i] = (float)lt_test_uniform(rng, 0.25, 2.0), tw[i] = twf[i];
     }
-    for (int64_t i = 0; i < nloss; i++) dlf[i] = nloss > 1 ? (float)lt_test_uniform(rng, 0.5, 1.5) : 1.0f, dl[i] = dlf[i];
+    for (int64_t i = 0; i < nloss; i++)
+        dlf[i] = nloss > 1 ? (float)lt_test_uniform(rng, 0.5, 1.5) : 1.0f, dl[i] = dlf[i];
     lt_ref_lce_opts ro = {c->red, c->eps, c->zl, c->cap, c->weights ? tw : NULL};
     double *loss = xmalloc(sizeof(double) * (size_t)nloss), *lse = xmalloc(sizeof(double) * (size_t)N);
     double *dh = xmalloc(sizeof(double) * (size_t)(N * C));
@@ -1055,20 +1077,19 @@ typedef struct lcase {
     int64_t N, C, V;
     lt_dtype wdtype;
     lt_lce_options opt;
-    int ignore_every;  /* every k-th target ignored (0 = none) */
+    int ignore_every; /* every k-th target ignored (0 = none) */
     int weights;
     int dh_f32;
     int with_dw;
     int with_cpu;
-    int one_call;      /* lt_lce_forward_backward instead of forward then backward */
-    int late_max;      /* the last quarter of the vocabulary gets 6x larger logits */
+    int one_call; /* lt_lce_forward_backward instead of forward then backward */
+    int late_max; /* the last quarter of the vocabulary gets 6x larger logits */
 } lcase;
 
 /* Float64 loss, lse, per-token loss and gradients; emu rounds logits, logit gradients and dh to
  * bf16 as a naive bf16 implementation would. */
-static void cuda_reference(const lcase *c, const float *h, const float *w, const int32_t *tgt,
-                      const float *tw, const float *dloss, int emu, double *loss, double *lse,
-                      double *tl, double *dh, double *dw) {
+static void cuda_reference(const lcase *c, const float *h, const float *w, const int32_t *tgt, const float *tw,
+                           const float *dloss, int emu, double *loss, double *lse, double *tl, double *dh, double *dw) {
     const int64_t N = c->N, C = c->C, V = c->V;
     const lt_lce_options *o = &c->opt;
     const int32_t ign = o->ignore_index ? o->ignore_index : LT_IGNORE_INDEX;
@@ -1127,8 +1148,8 @@ static void cuda_reference(const lcase *c, const float *h, const float *w, const
                 s = cap * t;
                 fj = 1 - t * t;
             }
-            double g = coef * ((1 + 2 * zl * lse[i]) * exp(s - lse[i]) - eps / (double)V -
-                               (j == tgt[i] ? 1 - eps : 0)) * fj;
+            double g =
+                coef * ((1 + 2 * zl * lse[i]) * exp(s - lse[i]) - eps / (double)V - (j == tgt[i] ? 1 - eps : 0)) * fj;
             if (emu) g = lt_test_bf16_round(g);
             for (int64_t k = 0; k < C; k++) {
                 dh[i * C + k] += g * w[j * C + k];
@@ -1267,9 +1288,16 @@ static void run_case(const lcase *c) {
     cuda_reference(c, h, w, tgt, tw, dloss, 0, r_loss, r_lse, r_tl, r_dh, r_dw);
     cuda_reference(c, h, w, tgt, tw, dloss, 1, e_loss, e_lse, e_tl, e_dh, e_dw);
 
-    struct { const char *name; const float *got; const double *ref, *emu; int64_t n; } chk[5] = {
-        {"loss", g_loss, r_loss, e_loss, nl}, {"lse", g_lse, r_lse, e_lse, N},
-        {"token_loss", g_tl, r_tl, e_tl, N}, {"dh", g_dh, r_dh, e_dh, N * C}, {"dw", NULL, NULL, NULL, 0}};
+    struct {
+        const char *name;
+        const float *got;
+        const double *ref, *emu;
+        int64_t n;
+    } chk[5] = {{"loss", g_loss, r_loss, e_loss, nl},
+                {"lse", g_lse, r_lse, e_lse, N},
+                {"token_loss", g_tl, r_tl, e_tl, N},
+                {"dh", g_dh, r_dh, e_dh, N * C},
+                {"dw", NULL, NULL, NULL, 0}};
     float *g_dw = NULL;
     if (c->with_dw) {
         g_dw = malloc(sizeof(float) * (size_t)(V * C));
@@ -1287,9 +1315,8 @@ static void run_case(const lcase *c) {
         double err = lt_test_rel_err_f(chk[i].got, chk[i].ref, chk[i].n);
         fprintf(stderr, "  %s%s %s red=%d eps=%g zl=%g cap=%g tiles=%d/%d %-10s cuda err %.3g (tol %.3g)\n",
                 c->one_call ? "fb" : "f+b", c->one_call && c->opt.fp32_logit_tiles ? "(fp32 logits)" : "",
-                lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing,
-                (double)c->opt.z_loss, (double)c->opt.softcap, c->opt.tile_n, c->opt.tile_v, chk[i].name,
-                err, tol);
+                lt_dtype_name(c->wdtype), (int)c->opt.reduction, (double)c->opt.label_smoothing, (double)c->opt.z_loss,
+                (double)c->opt.softcap, c->opt.tile_n, c->opt.tile_v, chk[i].name, err, tol);
         bad += !(err <= tol); /* every check is printed before the case fails */
     }
     assert_int_equal(bad, 0);
@@ -1329,10 +1356,29 @@ static void run_case(const lcase *c) {
     if (d_dw) lt_free(ctx, LT_DEVICE_CUDA, d_dw, sizeof(float) * (size_t)(V * C));
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
     lt_ctx_free(ctx);
-    free(h); free(w); free(hb); free(wq); free(tgt); free(tw); free(dloss); free(w0);
-    free(g_loss); free(g_lse); free(g_tl); free(g_dh); free(g_dw);
-    free(r_loss); free(r_lse); free(r_tl); free(r_dh); free(e_loss); free(e_lse); free(e_tl); free(e_dh);
-    free(r_dw); free(e_dw);
+    free(h);
+    free(w);
+    free(hb);
+    free(wq);
+    free(tgt);
+    free(tw);
+    free(dloss);
+    free(w0);
+    free(g_loss);
+    free(g_lse);
+    free(g_tl);
+    free(g_dh);
+    free(g_dw);
+    free(r_loss);
+    free(r_lse);
+    free(r_tl);
+    free(r_dh);
+    free(e_loss);
+    free(e_lse);
+    free(e_tl);
+    free(e_dh);
+    free(r_dw);
+    free(e_dw);
 }
 
 static void mean_dense(void **s) {
