@@ -30,12 +30,12 @@ for h in "$src"/include/longtune/*.h; do
 done
 
 # Every global symbol the library defines starts with lt_ (C++ names demangled; DW.ref.* are the
-# compiler's hidden personality references), and a shared library exports only LT_API functions.
+# compiler's hidden personality references, __odr_asan.* AddressSanitizer's one-definition markers), and a shared library exports only LT_API functions.
 if command -v nm >/dev/null 2>&1; then
   if [ -f "$libdir/liblongtune.a" ]; then
     bad=$(nm -g --defined-only -C "$libdir/liblongtune.a" 2>/dev/null \
           | awk 'NF >= 3 && $1 ~ /^[0-9a-f]+$/ { $1 = ""; $2 = ""; sub(/^  /, ""); print }' \
-          | grep -v -e '^lt_' -e '^DW\.ref\.' | sort -u || true)
+          | grep -v -e '^lt_' -e '^DW\.ref\.' -e '^__odr_asan\.' | sort -u || true)
     [ -z "$bad" ] || fail "liblongtune.a defines global symbols without the lt_ prefix: $bad"
   fi
   if [ -f "$libdir/liblongtune.so" ]; then
@@ -54,7 +54,8 @@ flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs --static l
 cc=${CC:-cc}
 echo "$cc examples/api_example.c $flags"
 # shellcheck disable=SC2086 # the flags are words
-"$cc" -std=c11 -Wall -Wextra -Werror -o "$work/api_example" "$src/examples/api_example.c" $flags \
+# LT_CONSUMER_CFLAGS: the sanitizer flags of an instrumented build (its archive needs their runtime).
+"$cc" -std=c11 -Wall -Wextra -Werror ${LT_CONSUMER_CFLAGS:-} -o "$work/api_example" "$src/examples/api_example.c" $flags \
   || fail "examples/api_example.c does not build against the installed library"
 
 # The README shows the example: its first C block must be this file, byte for byte.
