@@ -1,8 +1,8 @@
 /* The op x backend matrix: one table of cases (op, shapes, dtypes, options), each run on every
  * backend in the build (the CPU always; CUDA when built and a device is present, else the CUDA
  * column reports "skipped: no CUDA device") against a float64 reference computed here on the host,
- * with the tolerance of one rule (tol_for: the input dtype the backend computes the op in and the
- * op's reduction length). Inputs are fresh random (seeded, printed), outputs start poisoned, and
+ * with the tolerance of one rule (lt_test_tol_for, tests/helpers/backends.c: from the input dtype the
+ * backend computes the op in and the op's reduction length). Inputs are fresh random (seeded, printed), outputs start poisoned, and
  * every backward is checked against the analytic float64 gradient, which is itself checked against
  * central finite differences of the float64 forward. Attention and the fused loss go through their
  * public entry points (lt_attention_*, lt_lce_*). Adding an op, or a shape of one, is one row. */
@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "helpers/backends.h"
 #include "helpers/lora_check.h"
 #include "helpers/ref_ops.h"
 #include "helpers/test_util.h"
@@ -29,8 +30,6 @@
 /* ---- the dtype rule ---- */
 
 #define U_F32 0x1.0p-24 /* unit roundoff of f32 */
-#define U_BF16 0x1.0p-9 /* unit roundoff of bf16 */
-#define U_F16 0x1.0p-12
 
 /* The dtype a backend reads an op's inputs in: the CPU reference computes in f32 throughout; the
  * CUDA backend's weight products, LoRA products, attention and loss read their inputs in bf16
@@ -39,17 +38,6 @@ typedef enum op_precision { PREC_F32 = 0, PREC_INPUTS } op_precision;
 
 static lt_dtype input_dtype(const lt_backend *be, op_precision p) {
     return p == PREC_INPUTS && be->device == LT_DEVICE_CUDA ? LT_DTYPE_BF16 : LT_DTYPE_F32;
-}
-
-/* Tolerance of a result that sums k terms computed from inputs in dtype dt, relative to the
- * magnitude of what it sums (Σ|term| per element, or the largest reference element for a
- * max-normalised comparison): twice the error of a naive implementation in that dtype, i.e. each
- * product's inputs rounded (2u), the result rounded (u), and an f32 accumulation whose error grows
- * as √k; never below LT_TOL_F32_REL, the convention's fp32 tolerance. */
-static double tol_for(lt_dtype dt, int64_t k) {
-    const double u = dt == LT_DTYPE_BF16 ? U_BF16 : dt == LT_DTYPE_F16 ? U_F16 : U_F32;
-    const double t = 2.0 * (3.0 * u + 4.0 * U_F32 * sqrt((double)(k > 1 ? k : 1)));
-    return t > LT_TOL_F32_REL ? t : LT_TOL_F32_REL;
 }
 
 /* |got - want| <= tol·(|want| + scale) + LT_TOL_F32_ABS, else a message naming what[i]; returns 1
@@ -109,7 +97,7 @@ static void gemm_one(const op_case *c, env *e, int ta, int tb, float beta) {
     float *dA = up(e, A, F4(na)), *dB = up(e, B, F4(nb)), *dC = up(e, C, F4(nc)), *got = malloc(F4(nc));
     e->be->gemm(e->ctx, ta, tb, M, N, K, 0.75f, dA + pad, lda, dB + pad, ldb, beta, dC + pad, ldc);
     down(e, got, dC, F4(nc));
-    const double tol = tol_for(LT_DTYPE_F32, K);
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, K);
     for (int64_t i = 0; i < M; i++) {
         for (int64_t j = 0; j < N; j++) {
             double s = 0, sa = 0;
@@ -184,7 +172,7 @@ static void run_matmul(const op_case *c, env *e) {
     uint8_t *after = malloc(WS_GUARD);
     down(e, after, ws + wsb, WS_GUARD);
     for (int i = 0; i < WS_GUARD; i++) CHECK(e, after[i] != 0xa5);
-    const double tol = tol_for(input_dtype(e->be, PREC_INPUTS), xin);
+    const double tol = lt_test_tol_for(input_dtype(e->be, PREC_INPUTS), xin);
     for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < yout; j++) {
             double s = 0, sa = 0;
@@ -234,7 +222,7 @@ static void run_lora(const op_case *c, env *e) {
     /* the longest sums: x·Aᵀ and x·Wᵀ over in, dx over out + r, the gradients over n */
     int64_t k = lc->in > lc->n ? lc->in : lc->n;
     for (int g = 0; g < lc->G; g++) k = lc->out[g] + lc->r > k ? lc->out[g] + lc->r : k;
-    const double tol = tol_for(input_dtype(e->be, PREC_INPUTS), k);
+    const double tol = lt_test_tol_for(input_dtype(e->be, PREC_INPUTS), k);
     fprintf(stderr, "    y %.2e lu %.2e dx %.2e ga %.2e gb %.2e (tol %.2e)\n", er.y, er.lu, er.dx, er.ga, er.gb, tol);
     CHECK(e, !(er.y <= tol && er.lu <= tol && er.dx <= tol && er.ga <= tol && er.gb <= tol));
 }
@@ -258,7 +246,7 @@ static void run_rmsnorm(const op_case *c, env *e) {
     e->be->rmsnorm_bwd(e->ctx, d_dy, d_x, d_w, d_r, N, C, d_dx, d_dw);
     float *y = malloc(F4(N * C)), *r = malloc(F4(N)), *gx = malloc(F4(N * C)), *gw = malloc(F4(C));
     down(e, y, d_y, F4(N * C)), down(e, r, d_r, F4(N)), down(e, gx, d_dx, F4(N * C)), down(e, gw, d_dw, F4(C));
-    const double tol = tol_for(LT_DTYPE_F32, C);
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, C);
     double *xd = malloc(sizeof(double) * (size_t)C);
     for (int64_t n = 0; n < N; n++) {
         double ss = 0, dot = 0, dota = 0;
@@ -291,7 +279,7 @@ static void run_rmsnorm(const op_case *c, env *e) {
             double t = (double)dy[n * C + k] * x[n * C + k] * r[n];
             s += t, sa += fabs(t);
         }
-        CHECK(e, bad(gw[k], s, sa, tol_for(LT_DTYPE_F32, N), "rms dw", k));
+        CHECK(e, bad(gw[k], s, sa, lt_test_tol_for(LT_DTYPE_F32, N), "rms dw", k));
     }
     dfree(e, d_x, F4(N * C)), dfree(e, d_w, F4(C)), dfree(e, d_dy, F4(N * C)), dfree(e, d_y, F4(N * C));
     dfree(e, d_r, F4(N)), dfree(e, d_dx, F4(N * C)), dfree(e, d_dw, F4(C));
@@ -310,7 +298,7 @@ static void run_rope(const op_case *c, env *e) {
     float *dx = malloc(F4(n));
     float *d_x = up(e, x, F4(n)), *d_inv = up(e, inv, F4(half));
     int32_t *d_pos = up(e, pos, (size_t)N * 4);
-    const double tol = tol_for(LT_DTYPE_F32, 2);
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, 2);
     for (int inverse = 0; inverse < 2; inverse++) {
         assert_int_equal(e->be->copy_to_device(e->ctx, d_x, x, F4(n)), LT_OK);
         e->be->rope(e->ctx, d_x, d_pos, d_inv, N, Hh, D, inverse);
@@ -361,7 +349,7 @@ static void run_swiglu(const op_case *c, env *e) {
     e->be->swiglu_bwd(e->ctx, d_da, d_g, d_u, n, d_dg, d_du);
     float *a = malloc(F4(n)), *gg = malloc(F4(n)), *gu = malloc(F4(n));
     down(e, a, d_a, F4(n)), down(e, gg, d_dg, F4(n)), down(e, gu, d_du, F4(n));
-    const double tol = tol_for(LT_DTYPE_F32, 4);
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, 4);
     for (int64_t i = 0; i < n; i++) {
         const double s = 1 / (1 + exp(-(double)g[i]));
         CHECK(e, bad(a[i], silu(g[i]) * u[i], 0, tol, "swiglu", i));
@@ -424,8 +412,8 @@ static void run_add_bias_scale(const op_case *c, env *e) {
     down(e, got, d_y, F4(n));
     for (int64_t i = 0; i < n; i++)
         CHECK(e,
-              bad(got[i], (double)before[i] - 0.37 * (double)x[i], fabs(0.37 * x[i]), tol_for(LT_DTYPE_F32, 2), "add",
-                  i));
+              bad(got[i], (double)before[i] - 0.37 * (double)x[i], fabs(0.37 * x[i]), lt_test_tol_for(LT_DTYPE_F32, 2),
+                  "add", i));
     memcpy(before, got, F4(n));
     e->be->scale(e->ctx, d_y, 1.7f, n);
     down(e, got, d_y, F4(n));
@@ -724,7 +712,7 @@ static void run_attention(const op_case *c, env *e) {
         float *gl = malloc(F4(nl));
         double *got = malloc(sizeof(double) * (size_t)(nq > nl ? (nq > nk ? nq : nk) : nl));
         /* out is rounded to dt; the backward chains two products (dP = dO·Vᵀ, then dS·K) */
-        const double tf = tol_for(dt, a.T), tb = 2 * tol_for(dt, a.T);
+        const double tf = lt_test_tol_for(dt, a.T), tb = 2 * lt_test_tol_for(dt, a.T);
         down(e, buf, d_o, es * (size_t)nq), from_dtype(buf, got, nq, dt);
         const double eo = max_err(got, o, nq);
         down(e, gl, d_lse, F4(nl));
@@ -842,7 +830,7 @@ static void run_lce(const op_case *c, env *e) {
         assert_int_equal(lt_lce_backward(e->ctx, &opt, &a), LT_OK);
         float *gloss = malloc(F4(nloss)), *glse = malloc(F4(N)), *gdh = malloc(F4(N * C));
         double *got = malloc(sizeof(double) * (size_t)(N * C)), *lref = malloc(sizeof(double) * (size_t)N);
-        const double tf = tol_for(dt, C), tb = 2 * tol_for(dt, V);
+        const double tf = lt_test_tol_for(dt, C), tb = 2 * lt_test_tol_for(dt, V);
         double err[6];
         for (int pass = 0; pass < 2; pass++) { /* two calls, then forward_backward */
             if (pass) {
