@@ -20,7 +20,24 @@ typedef enum lt_model_arch {
     LT_ARCH_LLAMA = 0, /* Llama 1/2/3.x, SmolLM2, TinyLlama, Mistral-style without sliding window */
     LT_ARCH_QWEN2,     /* q/k/v biases */
     LT_ARCH_QWEN3,     /* per-head q/k RMSNorm, explicit head_dim */
+    LT_ARCH_MISTRAL,   /* Llama layout, optional sliding window, explicit head_dim (Nemo) */
+    LT_ARCH_GEMMA2,    /* GeGLU, sandwich norms, (1+w) RMSNorm, softcaps, alternating windows */
+    LT_ARCH_GEMMA3,    /* Gemma 2's block with q/k norms, 5 local : 1 global, two RoPE bases */
+    LT_ARCH_PHI3,      /* fused qkv and gate_up (split at load), longrope scaling */
 } lt_model_arch;
+
+/* RoPE frequency scaling, with Hugging Face's semantics (modeling_rope_utils). */
+typedef enum lt_rope_scaling {
+    LT_ROPE_SCALING_NONE = 0,
+    LT_ROPE_SCALING_LINEAR,
+    LT_ROPE_SCALING_DYNAMIC,
+    LT_ROPE_SCALING_YARN,
+    LT_ROPE_SCALING_LLAMA3,
+    LT_ROPE_SCALING_LONGROPE,
+} lt_rope_scaling;
+
+#define LT_MAX_EOS 8          /* end-of-sequence ids a model may list */
+#define LT_ROPE_MAX_FACTORS 256 /* longrope short/long factors: one per frequency (D/2) */
 
 /* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
 typedef enum lt_proj {
@@ -87,10 +104,18 @@ typedef struct lt_model_config {
     int64_t H, Hkv, D;     /* query heads, key/value heads, head dim (H*D need not equal C) */
     int64_t max_positions; /* max_position_embeddings (informational) */
     double rope_theta;
+    double rope_local_theta; /* RoPE base of sliding-window layers (Gemma 3
+                                rope_local_base_freq); 0 = rope_theta */
     /* rope_scaling type "llama3": factor, low/high frequency factors, original context. */
     int rope_llama3;
     double rope_factor, rope_low_freq, rope_high_freq;
     int64_t rope_original_ctx;
+    /* Every scaling type (rope_scaling): the fields above plus YaRN's beta_fast/beta_slow and
+     * attention factor (0 = its default from the factor), longrope's per-frequency factors. */
+    lt_rope_scaling rope_scaling;
+    double rope_beta_fast, rope_beta_slow, rope_attn_factor;
+    int64_t rope_n_factors; /* longrope: entries of rope_short/long_factor (D/2) */
+    float rope_short_factor[LT_ROPE_MAX_FACTORS], rope_long_factor[LT_ROPE_MAX_FACTORS];
     float rms_eps;
     int tie_embeddings; /* lm head = embedding matrix */
     int qkv_bias;       /* Qwen2 */
@@ -104,7 +129,16 @@ typedef struct lt_model_config {
     float attn_softcap;     /* attention logit softcap of every layer; 0 = off */
     lt_norm_place norm_place;
     lt_mlp_kind mlp;
+    /* Gemma: */
+    float final_softcap;  /* final logits -> cap * tanh(z / cap); 0 = off */
+    float embed_scale;    /* embedding rows multiplied by this (sqrt(C) rounded to the
+                             activations' dtype as transformers does); 0 = 1 */
+    double query_scale;   /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
+    int norm_plus_one;    /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
     int32_t bos_id, eos_id; /* -1 when unknown */
+    int32_t eos_ids[LT_MAX_EOS]; /* every end-of-sequence id (eos_id first; generation_config.json
+                                    lists), n_eos of them */
+    int n_eos;
     /* In-memory dtypes of the frozen weights (after --quantize). proj_dtype per lt_proj; embed
      * (V, C) and, untied only, head (V, C): f16 ones widened to f32 on the CPU, f32 and f16 ones
      * held as bf16 on a GPU (lt_model_inspect with the device). Norm weights and biases are always

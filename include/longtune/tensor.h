@@ -23,6 +23,17 @@ typedef enum lt_dtype {
     LT_DTYPE_INT4_G64, /* MLX-style affine int4, 64 weights = { f16 scale; f16 bias;
                             u32 q[8] }, eight nibbles per u32, low nibble first,
                             x = nib*scale+bias (36 B) */
+    /* The remaining GGUF block formats, laid out exactly as ggml stores them (block_q5_0, ...;
+     * ggml-common.h); the K-quants and IQ4_XS pack 256 weights per super-block. */
+    LT_DTYPE_Q5_0,   /* 32 weights = { f16 d; u8 qh[4]; u8 qs[16] } (22 B) */
+    LT_DTYPE_Q5_1,   /* 32 weights = { f16 d; f16 m; u8 qh[4]; u8 qs[16] } (24 B) */
+    LT_DTYPE_Q2_K,   /* 256 weights = { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin } (84 B) */
+    LT_DTYPE_Q3_K,   /* 256 weights = { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d } (110 B) */
+    LT_DTYPE_Q4_K,   /* 256 weights = { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] } (144 B) */
+    LT_DTYPE_Q5_K,   /* 256 weights = { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] } (176 B) */
+    LT_DTYPE_Q6_K,   /* 256 weights = { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } (210 B) */
+    LT_DTYPE_IQ4_NL, /* 32 weights = { f16 d; u8 qs[16] }, nibbles index a fixed 16-value table (18 B) */
+    LT_DTYPE_IQ4_XS, /* 256 weights = { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] } (136 B) */
     LT_DTYPE_COUNT_
 } lt_dtype;
 

@@ -14,6 +14,11 @@ static const struct {
     [LT_DTYPE_F32] = {"f32", 1, 4},     [LT_DTYPE_BF16] = {"bf16", 1, 2},           [LT_DTYPE_F16] = {"f16", 1, 2},
     [LT_DTYPE_I32] = {"i32", 1, 4},     [LT_DTYPE_Q8_0] = {"q8_0", 32, 34},         [LT_DTYPE_Q4_0] = {"q4_0", 32, 18},
     [LT_DTYPE_Q4_1] = {"q4_1", 32, 20}, [LT_DTYPE_INT4_G64] = {"int4_g64", 64, 36},
+    [LT_DTYPE_Q5_0] = {"q5_0", 32, 22}, [LT_DTYPE_Q5_1] = {"q5_1", 32, 24},
+    [LT_DTYPE_Q2_K] = {"q2_k", 256, 84}, [LT_DTYPE_Q3_K] = {"q3_k", 256, 110},
+    [LT_DTYPE_Q4_K] = {"q4_k", 256, 144}, [LT_DTYPE_Q5_K] = {"q5_k", 256, 176},
+    [LT_DTYPE_Q6_K] = {"q6_k", 256, 210}, [LT_DTYPE_IQ4_NL] = {"iq4_nl", 32, 18},
+    [LT_DTYPE_IQ4_XS] = {"iq4_xs", 256, 136},
 };
 
 const char *lt_dtype_name(lt_dtype t) { return (unsigned)t < LT_DTYPE_COUNT_ ? dtype_info[t].name : "unknown"; }
