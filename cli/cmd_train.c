@@ -31,6 +31,8 @@ static void print_help(void) {
         "  --batch-size B             rows per micro-batch [4]\n"
         "  --grad-accum K             micro-batches per step [1]\n"
         "  --max-seq-length T         tokens per row [2048]\n"
+        "  --seq-len-curriculum S     rows grow with progress, e.g. \"0:2048,0.3:8192,0.7:32768\" (fraction\n"
+        "                             of iters : tokens); each stage starts a new pass over the data\n"
         "  --learning-rate LR         peak learning rate [1e-5]\n"
         "  --lr-schedule S            constant | cosine [constant]; --warmup N [0]; --min-lr LR [0]\n"
         "  --weight-decay W, --beta1, --beta2, --eps   AdamW [0, 0.9, 0.999, 1e-8]\n"

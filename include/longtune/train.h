@@ -23,6 +23,7 @@ extern "C" {
 
 #define LT_TRAIN_PATH_MAX 1024
 #define LT_TRAIN_NAME_MAX 160
+#define LT_TRAIN_MAX_STAGES 16 /* stages of a sequence-length curriculum */
 
 typedef enum lt_lr_schedule {
     LT_LR_SCHEDULE_CONSTANT = 0, /* lr after warmup */
@@ -41,59 +42,66 @@ typedef struct lt_train_options {
     int64_t iters;                               /* optimizer steps [1000] */
     int64_t batch_size;                          /* rows per micro-batch [4] */
     int64_t max_seq_length;                      /* tokens per row; longer examples are truncated [2048] */
-    double learning_rate;                        /* peak lr [1e-5] */
-    double min_lr;                               /* cosine floor [0] */
-    int64_t num_layers;                          /* LoRA on the last K layers [0 or -1 = all] */
-    int mask_prompt;                             /* loss only on completion/assistant tokens */
-    int grad_checkpoint;                         /* shorthand for recompute = all */
-    int64_t save_every;                          /* checkpoint + adapter every N steps [100] */
-    int64_t steps_per_eval;                      /* validation every N steps [200] */
-    int64_t steps_per_report;                    /* metrics line every N steps [10] */
-    int64_t val_batches;                         /* batches per validation [25]; -1 = the whole set */
-    uint64_t seed;                               /* init, dropout and shuffling [0] */
-    int64_t lora_rank;                           /* r [8] */
-    double lora_alpha;                           /* scale = alpha / r [16] */
-    double lora_dropout;                         /* dropout on the LoRA input, in [0, 1) [0] */
-    char lora_targets[256];                      /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
+    char seq_len_curriculum[256];                /* "0:2048,0.3:8192,0.7:32768": from the fraction p of iters
+                                      on, rows hold the stage's tokens (a staircase; p strictly
+                                      rising from 0, lengths non-decreasing). max_seq_length is the
+                                      last stage's; each stage change starts a new pass over the
+                                      training set packed at the new length ["" = off] */
+    int n_stages;                                /* resolved curriculum: stage k from step stage_step[k] on */
+    int64_t stage_step[LT_TRAIN_MAX_STAGES], stage_len[LT_TRAIN_MAX_STAGES];
+    double learning_rate;        /* peak lr [1e-5] */
+    double min_lr;               /* cosine floor [0] */
+    int64_t num_layers;          /* LoRA on the last K layers [0 or -1 = all] */
+    int mask_prompt;             /* loss only on completion/assistant tokens */
+    int grad_checkpoint;         /* shorthand for recompute = all */
+    int64_t save_every;          /* checkpoint + adapter every N steps [100] */
+    int64_t steps_per_eval;      /* validation every N steps [200] */
+    int64_t steps_per_report;    /* metrics line every N steps [10] */
+    int64_t val_batches;         /* batches per validation [25]; -1 = the whole set */
+    uint64_t seed;               /* init, dropout and shuffling [0] */
+    int64_t lora_rank;           /* r [8] */
+    double lora_alpha;           /* scale = alpha / r [16] */
+    double lora_dropout;         /* dropout on the LoRA input, in [0, 1) [0] */
+    char lora_targets[256];      /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
                                       gate_proj,up_proj,down_proj]; short forms q,k,v,o,gate,up,down */
-    lt_lr_schedule lr_schedule;                  /* [constant] */
-    int64_t warmup;                              /* linear warmup steps [0] */
-    double weight_decay;                         /* AdamW decoupled decay [0] */
-    double beta1, beta2, eps;                    /* [0.9, 0.999, 1e-8] */
-    int64_t grad_accum;                          /* micro-batches per optimizer step [1] */
-    double grad_clip;                            /* global L2 norm clip, 0 = off [0] */
-    lt_recompute recompute;                      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
+    lt_lr_schedule lr_schedule;  /* [constant] */
+    int64_t warmup;              /* linear warmup steps [0] */
+    double weight_decay;         /* AdamW decoupled decay [0] */
+    double beta1, beta2, eps;    /* [0.9, 0.999, 1e-8] */
+    int64_t grad_accum;          /* micro-batches per optimizer step [1] */
+    double grad_clip;            /* global L2 norm clip, 0 = off [0] */
+    lt_recompute recompute;      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
-    int64_t recompute_every;                     /* K of "every:K" */
-    int recompute_attention;                     /* under a recompute policy, rerun each layer's attention in
+    int64_t recompute_every;     /* K of "every:K" */
+    int recompute_attention;     /* under a recompute policy, rerun each layer's attention in
                                       the backward instead of keeping its output, lse (and, on the
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
                                       lt_model_run_options.recompute_attention [0] */
-    int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
+    int offload_checkpoints;     /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */
-    lt_attention_impl attention;                 /* [flash] */
-    lt_lce_impl loss;                            /* [fused] */
-    int no_pack;                                 /* one example per row instead of packing */
-    char pack_algorithm[32];                     /* packing algorithm name, passed to the data module ["" = its
+    lt_attention_impl attention; /* [flash] */
+    lt_lce_impl loss;            /* [fused] */
+    int no_pack;                 /* one example per row instead of packing */
+    char pack_algorithm[32];     /* packing algorithm name, passed to the data module ["" = its
                                       default] */
-    char quantize[16];                           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
-    int threads;                                 /* CPU threads [0 = all] */
-    lt_device device;                            /* cpu | cuda: where the model, LoRA state and optimizer live
+    char quantize[16];           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
+    int threads;                 /* CPU threads [0 = all] */
+    lt_device device;            /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is
                                       LT_ERR_UNSUPPORTED from the run */
-    char distributed[8];                         /* "auto": data parallel over the world an MPI launcher started
+    char distributed[8];         /* "auto": data parallel over the world an MPI launcher started
                                       (mpirun -np K; MPI for a CPU model, NCCL for a CUDA one), one
                                       process otherwise; "nccl": an NCCL world even without MPI
                                       (RANK/WORLD_SIZE + LONGTUNE_RENDEZVOUS, or a world of one);
                                       "off": one process whatever the launcher ["auto"]. Read by the
                                       caller that makes the communicator (lt_train_result.comm) */
-    int context_parallel;                        /* with a world of K > 1 ranks: context parallel instead of data
+    int context_parallel;        /* with a world of K > 1 ranks: context parallel instead of data
                                       parallel -- every row is split over the K ranks (zig-zag) and
                                       attention is ring attention. Needs batch_size 1, no_pack and
                                       max_seq_length a multiple of 2K; dropout masks then follow each
                                       rank's local token index (not those of one process) */
-    char cuda_graph[8];                          /* "on" | "off": on a CUDA model, capture the whole step (forward,
+    char cuda_graph[8];          /* "on" | "off": on a CUDA model, capture the whole step (forward,
                                       loss, backward, clipping, AdamW) into a CUDA graph once the
                                       batch shape has been seen twice and replay it while it stays
                                       the same; any other run, a shape change, or a step that
@@ -128,6 +136,10 @@ LT_API lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *i
  * lr/warmup to lr over the first `warmup` steps, then constant or cosine from lr to min_lr over
  * the remaining iters - warmup steps (reaching min_lr one step after the last). */
 LT_API double lt_train_lr(const lt_train_options *opt, int64_t step);
+
+/* Tokens per row at optimizer step `step` (0-based) of a resolved run: the curriculum stage's
+ * length, or max_seq_length without a curriculum. */
+LT_API int64_t lt_train_seq_len_at(const lt_train_options *opt, int64_t step);
 
 /* One trainable tensor as the trainer, checkpoints and adapter export see it: host f32, row-major,
  * contiguous. `name` is the module path without the PEFT prefix, e.g.
@@ -201,6 +213,9 @@ typedef struct lt_metrics_record {
     int64_t peak_bytes;      /* accounting allocator high-water on the run's device */
     int64_t plan_bytes;      /* what the planner predicted for the run (same device) */
     int64_t host_peak_bytes; /* device runs: the host high-water besides; 0 (left out) on CPU */
+    int64_t seq_len;         /* a curriculum's row length at this step (and stage, 1-based);
+                                0 (left out) without a curriculum */
+    int stage;
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;
@@ -262,9 +277,11 @@ LT_API lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, 
 LT_API lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out);
 
 /* Builds the validation plan (valid may be NULL) and the first epoch's training plan in a scratch
- * context and sets held->packing_peak_bytes and packing_held_bytes from its accounting. */
-LT_API lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
-                                        const lt_pack_input *valid, lt_train_held *held);
+ * context and sets held->packing_peak_bytes and packing_held_bytes from its accounting; with a
+ * curriculum (opt->n_stages), the training plan of each stage's length in turn, each freed before
+ * the next as the trainer does, and the largest of them. */
+LT_API lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_train_options *opt, const lt_pack_options *popt,
+                                        const lt_pack_input *train, const lt_pack_input *valid, lt_train_held *held);
 
 /* Loads opt's tokenizer and data folder as lt_train_run does, in a scratch context, and fills
  * *held: caller_bytes with what they hold (no guard) and the packing bytes of their plans. */

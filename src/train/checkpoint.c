@@ -20,17 +20,21 @@
 
 /* The options that shape the trajectory, as "key=value\n" text; a resume must reproduce it. */
 static int options_text(const lt_train_options *o, char *buf, size_t cap) {
-    return snprintf(buf, cap,
-                    "lora_rank=%lld\nlora_alpha=%.17g\nlora_dropout=%.17g\nlora_targets=%s\nnum_layers=%lld\n"
-                    "seed=%llu\nbatch_size=%lld\nmax_seq_length=%lld\ngrad_accum=%lld\niters=%lld\n"
-                    "learning_rate=%.17g\nmin_lr=%.17g\nlr_schedule=%d\nwarmup=%lld\nweight_decay=%.17g\n"
-                    "beta1=%.17g\nbeta2=%.17g\neps=%.17g\ngrad_clip=%.17g\nmask_prompt=%d\nno_pack=%d\n"
-                    "pack_algorithm=%s\n",
-                    (long long)o->lora_rank, o->lora_alpha, o->lora_dropout, o->lora_targets, (long long)o->num_layers,
-                    (unsigned long long)o->seed, (long long)o->batch_size, (long long)o->max_seq_length,
-                    (long long)o->grad_accum, (long long)o->iters, o->learning_rate, o->min_lr, (int)o->lr_schedule,
-                    (long long)o->warmup, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip, o->mask_prompt,
-                    o->no_pack, o->pack_algorithm);
+    int n = snprintf(buf, cap,
+                     "lora_rank=%lld\nlora_alpha=%.17g\nlora_dropout=%.17g\nlora_targets=%s\nnum_layers=%lld\n"
+                     "seed=%llu\nbatch_size=%lld\nmax_seq_length=%lld\ngrad_accum=%lld\niters=%lld\n"
+                     "learning_rate=%.17g\nmin_lr=%.17g\nlr_schedule=%d\nwarmup=%lld\nweight_decay=%.17g\n"
+                     "beta1=%.17g\nbeta2=%.17g\neps=%.17g\ngrad_clip=%.17g\nmask_prompt=%d\nno_pack=%d\n"
+                     "pack_algorithm=%s\n",
+                     (long long)o->lora_rank, o->lora_alpha, o->lora_dropout, o->lora_targets, (long long)o->num_layers,
+                     (unsigned long long)o->seed, (long long)o->batch_size, (long long)o->max_seq_length,
+                     (long long)o->grad_accum, (long long)o->iters, o->learning_rate, o->min_lr, (int)o->lr_schedule,
+                     (long long)o->warmup, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip, o->mask_prompt,
+                     o->no_pack, o->pack_algorithm);
+    /* Only runs with a curriculum carry its line, so checkpoints of runs without one keep their text. */
+    if (n >= 0 && (size_t)n < cap && o->seq_len_curriculum[0])
+        n += snprintf(buf + n, cap - (size_t)n, "seq_len_curriculum=%s\n", o->seq_len_curriculum);
+    return n;
 }
 
 int64_t lt_train_param_numel(const lt_train_param *p) {

@@ -76,6 +76,10 @@ lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *
     INT("peak_bytes", r->peak_bytes);
     INT("plan_bytes", r->plan_bytes);
     if (r->host_peak_bytes > 0) INT("host_peak_bytes", r->host_peak_bytes); /* device runs only */
+    if (r->seq_len > 0) {
+        INT("seq_len", r->seq_len);
+        INT("stage", r->stage);
+    }
 #undef NUM
 #undef INT
     n += snprintf(line + n, sizeof line - (size_t)n, "}\n");

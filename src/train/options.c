@@ -31,6 +31,7 @@ static const option options[] = {
     {"iters", K_I64, O(iters), 0, 1, 1e12},
     {"batch_size", K_I64, O(batch_size), 0, 1, 1 << 20},
     {"max_seq_length", K_I64, O(max_seq_length), 0, 2, 1 << 24},
+    {"seq_len_curriculum", K_STR, O(seq_len_curriculum), S(seq_len_curriculum), 0, 0},
     {"learning_rate", K_F64, O(learning_rate), 0, 0, 10},
     {"min_lr", K_F64, O(min_lr), 0, 0, 10},
     {"num_layers", K_I64, O(num_layers), 0, -1, 1 << 16},
@@ -308,6 +309,78 @@ done:
     return s;
 }
 
+/* "p:len,p:len,...": stage k from step ceil(p_k · iters) on. The first p is 0, p rises strictly
+ * below 1, lengths do not fall; max_seq_length is the last stage's (an explicit other value is
+ * refused, so the planner and the buffers size the longest stage). */
+static lt_status parse_curriculum(lt_ctx *ctx, lt_train_options *o, int max_seq_given) {
+    const char *p = o->seq_len_curriculum;
+    int n = 0;
+    double prev_p = -1;
+    while (*p) {
+        if (n == LT_TRAIN_MAX_STAGES)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'seq_len_curriculum': more than %d stages",
+                            LT_TRAIN_MAX_STAGES);
+        char *end;
+        errno = 0;
+        double prog = strtod(p, &end);
+        if (end == p || *end != ':' || errno || !isfinite(prog))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': stage %d is not progress:length (\"%.40s\")", n + 1, p);
+        const char *q = end + 1;
+        if (*q < '0' || *q > '9')
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'seq_len_curriculum': stage %d has no length", n + 1);
+        errno = 0;
+        long long len = strtoll(q, &end, 10);
+        if (errno || (*end && *end != ','))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': stage %d: length \"%.20s\" is not an integer", n + 1, q);
+        if (n == 0 && prog != 0)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': the first stage must start at progress 0 (got %g)", prog);
+        if (prog < 0 || prog >= 1 || prog <= prev_p)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': stage %d starts at progress %g; progress must rise "
+                            "strictly within [0, 1)",
+                            n + 1, prog);
+        if (len < 2 || len > (1 << 24))
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': stage %d length %lld is outside [2, %d]", n + 1, len,
+                            1 << 24);
+        if (n > 0 && len < o->stage_len[n - 1])
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': stage %d length %lld is shorter than stage %d's %lld "
+                            "(lengths must not fall)",
+                            n + 1, len, n, (long long)o->stage_len[n - 1]);
+        o->stage_step[n] = (int64_t)ceil(prog * (double)o->iters);
+        o->stage_len[n] = len;
+        prev_p = prog;
+        n++;
+        p = *end ? end + 1 : end;
+        if (*end == ',' && !*p) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'seq_len_curriculum': trailing ','");
+    }
+    if (n == 0) return LT_OK;
+    o->n_stages = n;
+    int64_t last = o->stage_len[n - 1];
+    if (max_seq_given && o->max_seq_length != last)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'max_seq_length' (%lld) disagrees with 'seq_len_curriculum', whose longest stage is "
+                        "%lld tokens (leave max_seq_length out or set it to %lld)",
+                        (long long)o->max_seq_length, (long long)last, (long long)last);
+    o->max_seq_length = last;
+    if (o->context_parallel)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'seq_len_curriculum' cannot be combined with 'context_parallel' (its rows have "
+                        "one fixed length)");
+    return LT_OK;
+}
+
+int64_t lt_train_seq_len_at(const lt_train_options *opt, int64_t step) {
+    int64_t len = opt->max_seq_length;
+    for (int k = 0; k < opt->n_stages; k++)
+        if (step >= opt->stage_step[k]) len = opt->stage_len[k];
+    return len;
+}
+
 static const char *const default_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
 
 /* Canonical projection name of a target token ("q" → "q_proj"); NULL if unknown. */
@@ -327,7 +400,10 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (!o.adapter_path[0]) snprintf(o.adapter_path, sizeof o.adapter_path, "adapters");
     if (o.iters <= 0) o.iters = 1000;
     if (o.batch_size <= 0) o.batch_size = 4;
+    int max_seq_given = o.max_seq_length > 0;
     if (o.max_seq_length <= 0) o.max_seq_length = 2048;
+    o.n_stages = 0;
+    LT_TRY(parse_curriculum(ctx, &o, max_seq_given));
     if (o.learning_rate <= 0) o.learning_rate = 1e-5;
     if (o.num_layers == 0) o.num_layers = -1;
     if (o.save_every <= 0) o.save_every = 100;

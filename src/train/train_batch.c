@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "longtune/context_parallel.h"
+#include "longtune/log.h"
 #include "train/trainer.h"
 
 /* Trained targets (not LT_PACK_IGNORE) among n. */
@@ -80,15 +81,36 @@ lt_status lt_trainer_shard(lt_trainer *t, const lt_model_batch *b, lt_model_batc
     return LT_OK;
 }
 
+/* Builds the training plan of the data cursor's epoch with rows of `row_len`. */
+static lt_status build_plan(lt_trainer *t, int64_t row_len) {
+    lt_pack_plan_free(t->ctx, t->plan);
+    t->plan = NULL;
+    t->popt.epoch = (uint64_t)t->st.data_epoch;
+    t->popt.row_len = row_len;
+    LT_TRY(lt_pack_plan_build(t->ctx, t->train, &t->popt, &t->plan));
+    t->plan_epoch = t->st.data_epoch;
+    return LT_OK;
+}
+
 lt_status lt_trainer_next_batch(lt_trainer *t, lt_model_batch *b, int64_t *ntok, int64_t *nreal) {
-    for (int tries = 0;; tries++) {
-        if (!t->plan || t->plan_epoch != t->st.data_epoch) {
-            lt_pack_plan_free(t->ctx, t->plan);
-            t->plan = NULL;
-            t->popt.epoch = (uint64_t)t->st.data_epoch;
-            LT_TRY(lt_pack_plan_build(t->ctx, t->train, &t->popt, &t->plan));
-            t->plan_epoch = t->st.data_epoch;
+    /* A curriculum stage change starts a new pass over the data packed at the stage's length. The
+     * cursor always belongs to the plan of the previous step's stage, so a resumed run (which has
+     * no plan yet) rebuilds the same plan and makes the same switch as the run it continues. */
+    int64_t step = t->st.step, len = lt_train_seq_len_at(t->o, step);
+    if (t->o->n_stages > 0) {
+        if (!t->plan || t->plan_epoch != t->st.data_epoch)
+            LT_TRY(build_plan(t, lt_train_seq_len_at(t->o, step > 0 ? step - 1 : 0)));
+        if (t->popt.row_len != len) {
+            if (t->rank == 0)
+                LT_INFO("step %lld: the sequence-length curriculum moves to rows of %lld tokens", (long long)step + 1,
+                        (long long)len);
+            t->st.data_epoch++;
+            t->st.data_cursor = 0;
+            LT_TRY(build_plan(t, len));
         }
+    }
+    for (int tries = 0;; tries++) {
+        if (!t->plan || t->plan_epoch != t->st.data_epoch) LT_TRY(build_plan(t, len));
         if (t->st.data_cursor < lt_pack_plan_batches(t->plan)) break;
         if (tries > 1) return lt_error(t->ctx, LT_ERR_INVALID_ARG, "the training set yields no batches");
         t->st.data_epoch++;

@@ -28,6 +28,7 @@ static lt_status evaluate(lt_trainer *t, double *out) {
     if (!t->vplan) {
         lt_pack_options v = t->popt;
         v.epoch = 0;
+        v.row_len = t->o->max_seq_length; /* the longest stage's rows under a curriculum */
         LT_TRY(lt_pack_plan_build(t->ctx, t->valid, &v, &t->vplan));
     }
     int64_t nb = lt_pack_plan_batches(t->vplan);
@@ -268,7 +269,9 @@ static lt_status first_eval(lt_trainer *t, lt_train_result *res) {
                            0,
                            (int64_t)lt_mem_get_stats(t->ctx, t->dev).peak_bytes,
                            (int64_t)res->plan_bytes,
-                           host_peak(t)};
+                           host_peak(t),
+                           0,
+                           0};
     if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     return LT_OK;
 }
@@ -287,7 +290,14 @@ static lt_status report(lt_trainer *t, lt_progress *pg, window *w, double val, d
                            t->elapsed0 + now - t->t0,
                            (int64_t)peak,
                            (int64_t)res->plan_bytes,
-                           host_peak(t)};
+                           host_peak(t),
+                           0,
+                           0};
+    if (t->o->n_stages > 0) {
+        r.seq_len = lt_train_seq_len_at(t->o, s - 1);
+        for (int k = 0; k < t->o->n_stages; k++)
+            if (s - 1 >= t->o->stage_step[k]) r.stage = k + 1;
+    }
     if (t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     if (isfinite(val)) {
         char line[160];

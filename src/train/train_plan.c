@@ -25,8 +25,8 @@ lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_
     return LT_OK;
 }
 
-lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const lt_pack_input *train,
-                                 const lt_pack_input *valid, lt_train_held *held) {
+lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_train_options *opt, const lt_pack_options *popt,
+                                 const lt_pack_input *train, const lt_pack_input *valid, lt_train_held *held) {
     held->packing_peak_bytes = held->packing_held_bytes = 0;
     lt_ctx *scratch = lt_ctx_new();
     if (!scratch) return lt_error(ctx, LT_ERR_OOM, "plan: no scratch context to size the packing plans");
@@ -39,14 +39,19 @@ lt_status lt_train_packing_bytes(lt_ctx *ctx, const lt_pack_options *popt, const
         v.epoch = 0;
         if ((s = lt_pack_plan_build(scratch, valid, &v, &vp)) != LT_OK) goto done;
     }
-    if (train && train->n_seqs > 0) {
+    size_t used = lt_mem_get_stats(scratch, LT_DEVICE_CPU).used_bytes;
+    for (int k = 0; k < (opt && opt->n_stages > 0 ? opt->n_stages : 1) && train && train->n_seqs > 0; k++) {
         lt_pack_options e = *popt;
         e.epoch = 0;
+        if (opt && opt->n_stages > 0) e.row_len = opt->stage_len[k];
+        lt_pack_plan_free(scratch, tp);
+        tp = NULL;
         if ((s = lt_pack_plan_build(scratch, train, &e, &tp)) != LT_OK) goto done;
+        size_t u = lt_mem_get_stats(scratch, LT_DEVICE_CPU).used_bytes;
+        if (u > used || k == 0) used = u;
     }
-    lt_mem_stats st = lt_mem_get_stats(scratch, LT_DEVICE_CPU);
-    held->packing_peak_bytes = st.peak_bytes;
-    held->packing_held_bytes = st.used_bytes;
+    held->packing_peak_bytes = lt_mem_get_stats(scratch, LT_DEVICE_CPU).peak_bytes;
+    held->packing_held_bytes = used;
 done:
     if (s != LT_OK) lt_error(ctx, s, "plan: packing the data set: %s", lt_ctx_error(scratch));
     lt_pack_plan_free(scratch, tp);
@@ -85,7 +90,7 @@ lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_
     lt_pack_input tin = lt_dataset_input(train), vin;
     if (valid) vin = lt_dataset_input(valid);
     size_t caller = held->caller_bytes;
-    s = lt_train_packing_bytes(ctx, &popt, &tin, valid ? &vin : NULL, held);
+    s = lt_train_packing_bytes(ctx, opt, &popt, &tin, valid ? &vin : NULL, held);
     held->caller_bytes = caller;
 done:
     if (valid) lt_dataset_free(scratch, valid);

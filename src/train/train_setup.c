@@ -182,6 +182,20 @@ static lt_status setup_packing(lt_trainer *t) {
                             (long long)o->max_seq_length);
         t->cp = 1;
     }
+    if (o->n_stages > 0) {
+        /* The curriculum may not outgrow the model's context: max_position_embeddings, or the
+         * original context times the RoPE scaling factor where that is longer. */
+        const lt_model_config *c = lt_model_get_config(t->m);
+        double ctx_len = (double)c->max_positions;
+        if (c->rope_scaling != LT_ROPE_SCALING_NONE && c->rope_original_ctx > 0 && c->rope_factor > 0 &&
+            (double)c->rope_original_ctx * c->rope_factor > ctx_len)
+            ctx_len = (double)c->rope_original_ctx * c->rope_factor;
+        if (ctx_len > 0 && (double)o->max_seq_length > ctx_len)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'seq_len_curriculum': its longest stage (%lld tokens) exceeds the model's "
+                            "context of %.0f tokens (extend it with RoPE scaling first)",
+                            (long long)o->max_seq_length, ctx_len);
+    }
     LT_TRY(lt_train_pack_options(ctx, o, t->cp ? t->world : 1, &t->popt));
     LT_TRY(lt_pack_input_check(ctx, t->train));
     if (t->valid) LT_TRY(lt_pack_input_check(ctx, t->valid));
@@ -242,7 +256,7 @@ static lt_status compute_plan(lt_trainer *t, lt_train_result *res) {
         lt_plan_optimizer_bytes(t->dev, t->n) +
         (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
     lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0};
-    LT_TRY(lt_train_packing_bytes(t->ctx, &t->popt, t->train, t->valid, &held));
+    LT_TRY(lt_train_packing_bytes(t->ctx, o, &t->popt, t->train, t->valid, &held));
     lt_plan_options popt;
     LT_TRY(lt_train_plan_options(t->ctx, o, t->cp ? 1 : t->world, t->cp ? t->world : 1, &popt));
     lt_plan plan;

@@ -213,13 +213,15 @@ static void short_run_lowers_loss(void **state) {
     lt_ctx_free(ctx);
 }
 
-static void resume_is_bit_exact(void **state) {
-    (void)state;
+/* An uninterrupted run and one stopped at a random step and resumed give the same losses and
+ * adapter; `curriculum` (may be "") is the run's sequence-length curriculum. */
+static void resume_case(const char *curriculum) {
     char dir_a[256], dir_b[256];
     snprintf(dir_a, sizeof dir_a, "/tmp/lt_test_train_run_%ld_full", (long)getpid());
     snprintf(dir_b, sizeof dir_b, "/tmp/lt_test_train_run_%ld_split", (long)getpid());
     lt_train_options oa = run_options(dir_a), ob = run_options(dir_b);
     for (lt_train_options *o = &oa; o; o = o == &oa ? &ob : NULL) {
+        snprintf(o->seq_len_curriculum, sizeof o->seq_len_curriculum, "%s", curriculum);
         o->iters = 12;
         o->grad_accum = 2;
         o->grad_clip = 0.5;
@@ -229,6 +231,11 @@ static void resume_is_bit_exact(void **state) {
         o->warmup = 2;
         o->save_every = 100;
         o->steps_per_eval = 4;
+        lt_ctx *rc = lt_ctx_new();
+        lt_train_options r;
+        assert_int_equal(lt_train_options_resolve(rc, o, &r), LT_OK);
+        *o = r; /* the curriculum's stages follow the new iters */
+        lt_ctx_free(rc);
     }
     lt_ctx *ctx = lt_ctx_new();
     uint64_t ds = 5;
@@ -296,6 +303,83 @@ static void resume_is_bit_exact(void **state) {
     lt_ctx_free(ctx);
 }
 
+static void resume_is_bit_exact(void **state) {
+    (void)state;
+    resume_case("");
+}
+
+/* Under a curriculum the stage changes (steps 5 and 9 of 12) start new passes over the data; a
+ * resume on either side of them reproduces the run. */
+static void resume_is_bit_exact_with_curriculum(void **state) {
+    (void)state;
+    resume_case("0:16,0.4:32,0.7:48");
+}
+
+/* Rows follow the stages: the metrics name each window's stage and length, batches never exceed
+ * it, and the validation loss is measured at the longest stage's rows throughout. */
+static void curriculum_stages_in_metrics(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/lt_test_train_run_%ld_curr", (long)getpid());
+    lt_train_options in = run_options(dir), o;
+    snprintf(in.seq_len_curriculum, sizeof in.seq_len_curriculum, "0:16,0.5:48");
+    in.iters = 20;
+    in.max_seq_length = 0;
+    lt_ctx *ctx = lt_ctx_new();
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.max_seq_length, 48);
+    assert_int_equal(lt_train_seq_len_at(&o, 0), 16);
+    assert_int_equal(lt_train_seq_len_at(&o, 9), 16);
+    assert_int_equal(lt_train_seq_len_at(&o, 10), 48);
+    uint64_t ds = 3;
+    lt_test_dataset train, valid;
+    lt_test_dataset_make(&train, 48, V, 6, 14, &ds);
+    lt_test_dataset_make(&valid, 8, V, 6, 14, &ds);
+    lt_model *m = load(ctx, &o);
+    lt_train_result res;
+    memset(&res, 0, sizeof res);
+    lt_status s = lt_train_fit(ctx, &o, m, &train.in, &valid.in, devnull, &res);
+    if (s != LT_OK) fprintf(stderr, "fit: %s\n", lt_ctx_error(ctx));
+    assert_int_equal(s, LT_OK);
+    char p[400], line[512];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    int short_lines = 0, long_lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strstr(line, "train_loss")) continue;
+        long long step = atoll(strstr(line, "\"step\":") + 7);
+        const char *sl = strstr(line, "\"seq_len\":");
+        assert_non_null(sl);
+        long long len = atoll(sl + 10);
+        assert_int_equal(len, step <= 10 ? 16 : 48);
+        assert_non_null(strstr(line, step <= 10 ? "\"stage\":1" : "\"stage\":2"));
+        short_lines += len == 16;
+        long_lines += len == 48;
+    }
+    fclose(f);
+    assert_int_equal(short_lines, 2);
+    assert_int_equal(long_lines, 2);
+    lt_model_free(ctx, m);
+
+    /* A curriculum beyond the model's context is refused before any step. */
+    lt_train_options in2 = run_options(dir), o2;
+    snprintf(in2.seq_len_curriculum, sizeof in2.seq_len_curriculum, "0:64,0.5:100000");
+    in2.max_seq_length = 0;
+    assert_int_equal(lt_train_options_resolve(ctx, &in2, &o2), LT_OK);
+    m = load(ctx, &o2);
+    memset(&res, 0, sizeof res);
+    assert_int_equal(lt_train_fit(ctx, &o2, m, &train.in, &valid.in, devnull, &res), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "exceeds the model's context"));
+    lt_model_free(ctx, m);
+
+    lt_test_rm_adapter_dir(dir);
+    lt_test_dataset_free(&train);
+    lt_test_dataset_free(&valid);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static int teardown(void **state) {
     (void)state;
     char p[400];
@@ -314,6 +398,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(short_run_lowers_loss),
         cmocka_unit_test(resume_is_bit_exact),
+        cmocka_unit_test(resume_is_bit_exact_with_curriculum),
+        cmocka_unit_test(curriculum_stages_in_metrics),
     };
     int rc = cmocka_run_group_tests(tests, NULL, teardown);
     fclose(devnull);

@@ -92,6 +92,73 @@ static void options_defaults_and_flags(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The curriculum resolves to stages at ceil(p · iters) and sets max_seq_length to the longest;
+ * malformed, non-monotone or contradictory curricula are refused naming the problem. */
+static void curriculum_options(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_train_options in = base_options(), o;
+    in.iters = 100;
+    assert_int_equal(lt_train_options_set(ctx, &in, "seq-len-curriculum", "0:2048,0.3:8192,0.705:32768"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.n_stages, 3);
+    assert_int_equal(o.max_seq_length, 32768);
+    assert_int_equal(o.stage_step[1], 30);
+    assert_int_equal(o.stage_step[2], 71);
+    assert_int_equal(lt_train_seq_len_at(&o, 0), 2048);
+    assert_int_equal(lt_train_seq_len_at(&o, 29), 2048);
+    assert_int_equal(lt_train_seq_len_at(&o, 30), 8192);
+    assert_int_equal(lt_train_seq_len_at(&o, 70), 8192);
+    assert_int_equal(lt_train_seq_len_at(&o, 71), 32768);
+    /* Resolving a resolved run changes nothing. */
+    lt_train_options again;
+    assert_int_equal(lt_train_options_resolve(ctx, &o, &again), LT_OK);
+    assert_memory_equal(&o, &again, sizeof o);
+    /* Without a curriculum every step has max_seq_length. */
+    lt_train_options plain = base_options(), p;
+    assert_int_equal(lt_train_options_resolve(ctx, &plain, &p), LT_OK);
+    assert_int_equal(p.n_stages, 0);
+    assert_int_equal(lt_train_seq_len_at(&p, 5), p.max_seq_length);
+    static const struct {
+        const char *value, *msg;
+    } bad[] = {
+        {"0.1:2048,0.5:4096", "progress 0"},
+        {"0:2048,0.5:1024", "must not fall"},
+        {"0:2048,0.5:4096,0.4:8192", "rise"},
+        {"0:2048,1:4096", "rise"},
+        {"0:2048,0.5", "progress:length"},
+        {"0:2048,0.5:4k", "not an integer"},
+        {"0:1", "outside"},
+        {"0:2048,", "trailing"},
+        {"nan:2048", "progress:length"},
+        {"0:2048,0.5:-4", "no length"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lt_train_options b = base_options();
+        assert_int_equal(lt_train_options_set(ctx, &b, "seq-len-curriculum", bad[i].value), LT_OK);
+        assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_ERR_INVALID_ARG);
+        if (!strstr(lt_ctx_error(ctx), bad[i].msg)) fprintf(stderr, "%s: %s\n", bad[i].value, lt_ctx_error(ctx));
+        assert_non_null(strstr(lt_ctx_error(ctx), bad[i].msg));
+        assert_non_null(strstr(lt_ctx_error(ctx), "seq_len_curriculum"));
+    }
+    /* An explicit max_seq_length must be the longest stage's. */
+    lt_train_options b = base_options();
+    assert_int_equal(lt_train_options_set(ctx, &b, "seq-len-curriculum", "0:512,0.5:1024"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &b, "max-seq-length", "2048"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "max_seq_length"));
+    assert_int_equal(lt_train_options_set(ctx, &b, "max-seq-length", "1024"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_OK);
+    /* Seventeen stages are too many. */
+    char many[256] = "0:64";
+    for (int k = 1; k < 17; k++) snprintf(many + strlen(many), sizeof many - strlen(many), ",0.%02d:64", k * 5);
+    assert_int_equal(lt_train_options_set(ctx, &b, "seq-len-curriculum", many), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &b, "max-seq-length", "64"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "more than 16"));
+    lt_ctx_free(ctx);
+}
+
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -393,6 +460,7 @@ int main(void) {
         cmocka_unit_test(options_defaults_and_flags),
         cmocka_unit_test(options_config_file_then_flags),
         cmocka_unit_test(schedule_values),
+        cmocka_unit_test(curriculum_options),
         cmocka_unit_test(checkpoint_round_trip),
         cmocka_unit_test(checkpoint_bad_files_change_nothing),
         cmocka_unit_test(metrics_lines_and_resume_truncation),
