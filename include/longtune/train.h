@@ -48,7 +48,8 @@ typedef struct lt_train_options {
                                       last stage's; each stage change starts a new pass over the
                                       training set packed at the new length ["" = off] */
     int n_stages;                                /* resolved curriculum: stage k from step stage_step[k] on */
-    int64_t stage_step[LT_TRAIN_MAX_STAGES], stage_len[LT_TRAIN_MAX_STAGES];
+    int64_t stage_step[LT_TRAIN_MAX_STAGES];     /* with rows of stage_len[k] tokens */
+    int64_t stage_len[LT_TRAIN_MAX_STAGES];
     double learning_rate;        /* peak lr [1e-5] */
     double min_lr;               /* cosine floor [0] */
     int64_t num_layers;          /* LoRA on the last K layers [0 or -1 = all] */
