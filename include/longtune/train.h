@@ -49,60 +49,60 @@ typedef struct lt_train_options {
                                       training set packed at the new length ["" = off] */
     int n_stages;                                /* resolved curriculum: stage k from step stage_step[k] on */
     int64_t stage_step[LT_TRAIN_MAX_STAGES];     /* with rows of stage_len[k] tokens */
-    int64_t stage_len[LT_TRAIN_MAX_STAGES];
-    double learning_rate;        /* peak lr [1e-5] */
-    double min_lr;               /* cosine floor [0] */
-    int64_t num_layers;          /* LoRA on the last K layers [0 or -1 = all] */
-    int mask_prompt;             /* loss only on completion/assistant tokens */
-    int grad_checkpoint;         /* shorthand for recompute = all */
-    int64_t save_every;          /* checkpoint + adapter every N steps [100] */
-    int64_t steps_per_eval;      /* validation every N steps [200] */
-    int64_t steps_per_report;    /* metrics line every N steps [10] */
-    int64_t val_batches;         /* batches per validation [25]; -1 = the whole set */
-    uint64_t seed;               /* init, dropout and shuffling [0] */
-    int64_t lora_rank;           /* r [8] */
-    double lora_alpha;           /* scale = alpha / r [16] */
-    double lora_dropout;         /* dropout on the LoRA input, in [0, 1) [0] */
-    char lora_targets[256];      /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
+    int64_t stage_len[LT_TRAIN_MAX_STAGES];      /* (both filled by lt_train_options_resolve) */
+    double learning_rate;                        /* peak lr [1e-5] */
+    double min_lr;                               /* cosine floor [0] */
+    int64_t num_layers;                          /* LoRA on the last K layers [0 or -1 = all] */
+    int mask_prompt;                             /* loss only on completion/assistant tokens */
+    int grad_checkpoint;                         /* shorthand for recompute = all */
+    int64_t save_every;                          /* checkpoint + adapter every N steps [100] */
+    int64_t steps_per_eval;                      /* validation every N steps [200] */
+    int64_t steps_per_report;                    /* metrics line every N steps [10] */
+    int64_t val_batches;                         /* batches per validation [25]; -1 = the whole set */
+    uint64_t seed;                               /* init, dropout and shuffling [0] */
+    int64_t lora_rank;                           /* r [8] */
+    double lora_alpha;                           /* scale = alpha / r [16] */
+    double lora_dropout;                         /* dropout on the LoRA input, in [0, 1) [0] */
+    char lora_targets[256];                      /* comma list of projections [q_proj,k_proj,v_proj,o_proj,
                                       gate_proj,up_proj,down_proj]; short forms q,k,v,o,gate,up,down */
-    lt_lr_schedule lr_schedule;  /* [constant] */
-    int64_t warmup;              /* linear warmup steps [0] */
-    double weight_decay;         /* AdamW decoupled decay [0] */
-    double beta1, beta2, eps;    /* [0.9, 0.999, 1e-8] */
-    int64_t grad_accum;          /* micro-batches per optimizer step [1] */
-    double grad_clip;            /* global L2 norm clip, 0 = off [0] */
-    lt_recompute recompute;      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
+    lt_lr_schedule lr_schedule;                  /* [constant] */
+    int64_t warmup;                              /* linear warmup steps [0] */
+    double weight_decay;                         /* AdamW decoupled decay [0] */
+    double beta1, beta2, eps;                    /* [0.9, 0.999, 1e-8] */
+    int64_t grad_accum;                          /* micro-batches per optimizer step [1] */
+    double grad_clip;                            /* global L2 norm clip, 0 = off [0] */
+    lt_recompute recompute;                      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
-    int64_t recompute_every;     /* K of "every:K" */
-    int recompute_attention;     /* under a recompute policy, rerun each layer's attention in
+    int64_t recompute_every;                     /* K of "every:K" */
+    int recompute_attention;                     /* under a recompute policy, rerun each layer's attention in
                                       the backward instead of keeping its output, lse (and, on the
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
                                       lt_model_run_options.recompute_attention [0] */
-    int offload_checkpoints;     /* keep the checkpoints in pinned host memory (a device run;
+    int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */
-    lt_attention_impl attention; /* [flash] */
-    lt_lce_impl loss;            /* [fused] */
-    int no_pack;                 /* one example per row instead of packing */
-    char pack_algorithm[32];     /* packing algorithm name, passed to the data module ["" = its
+    lt_attention_impl attention;                 /* [flash] */
+    lt_lce_impl loss;                            /* [fused] */
+    int no_pack;                                 /* one example per row instead of packing */
+    char pack_algorithm[32];                     /* packing algorithm name, passed to the data module ["" = its
                                       default] */
-    char quantize[16];           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
-    int threads;                 /* CPU threads [0 = all] */
-    lt_device device;            /* cpu | cuda: where the model, LoRA state and optimizer live
+    char quantize[16];                           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
+    int threads;                                 /* CPU threads [0 = all] */
+    lt_device device;                            /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is
                                       LT_ERR_UNSUPPORTED from the run */
-    char distributed[8];         /* "auto": data parallel over the world an MPI launcher started
+    char distributed[8];                         /* "auto": data parallel over the world an MPI launcher started
                                       (mpirun -np K; MPI for a CPU model, NCCL for a CUDA one), one
                                       process otherwise; "nccl": an NCCL world even without MPI
                                       (RANK/WORLD_SIZE + LONGTUNE_RENDEZVOUS, or a world of one);
                                       "off": one process whatever the launcher ["auto"]. Read by the
                                       caller that makes the communicator (lt_train_result.comm) */
-    int context_parallel;        /* with a world of K > 1 ranks: context parallel instead of data
+    int context_parallel;                        /* with a world of K > 1 ranks: context parallel instead of data
                                       parallel -- every row is split over the K ranks (zig-zag) and
                                       attention is ring attention. Needs batch_size 1, no_pack and
                                       max_seq_length a multiple of 2K; dropout masks then follow each
                                       rank's local token index (not those of one process) */
-    char cuda_graph[8];          /* "on" | "off": on a CUDA model, capture the whole step (forward,
+    char cuda_graph[8];                          /* "on" | "off": on a CUDA model, capture the whole step (forward,
                                       loss, backward, clipping, AdamW) into a CUDA graph once the
                                       batch shape has been seen twice and replay it while it stays
                                       the same; any other run, a shape change, or a step that
