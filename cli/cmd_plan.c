@@ -41,7 +41,8 @@ static void print_help(void) {
            "  --max-seq-length T  tokens per row [2048] (alias --seq-len); --seq-len-curriculum S\n"
            "                      prices its longest stage\n"
            "  --lora-rank r, --lora-targets LIST, --num-layers K (alias --lora-layers)\n"
-           "  --recompute P       none | all | every:K [none]; --grad-checkpoint = all\n"
+           "  --recompute P       none | all | every:K | auto [none] (auto: what train would choose for\n"
+           "                      the budget); --grad-checkpoint = all\n"
            "  --recompute-attention, --offload-checkpoints, --attention flash|naive, --loss\n"
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
@@ -315,8 +316,29 @@ int lt_cmd_plan(int argc, char **argv) {
         rc = lt_cli_fail("plan", ctx, s);
         goto done;
     }
+    /* --recompute auto: the policy train would choose against this budget. */
+    int auto_fit = 1;
+    if (ro.recompute_auto) {
+        lt_train_options chosen;
+        lt_plan chosen_plan;
+        s = lt_train_choose_recompute(ctx, &ro, &cfg, &po, &held, (size_t)budget, &chosen, &chosen_plan);
+        if (s == LT_OK) {
+            ro = chosen;
+            po.run.recompute = ro.recompute;
+            po.run.recompute_k = ro.recompute_every;
+            po.run.recompute_attention = ro.recompute_attention;
+            plan = chosen_plan;
+        } else if (s == LT_ERR_OOM) {
+            fprintf(stderr, "longtune plan: %s\n", lt_ctx_error(ctx));
+            lt_ctx_clear_error(ctx);
+            auto_fit = 0; /* the plan shown stays recompute none */
+        } else {
+            rc = lt_cli_fail("plan", ctx, s);
+            goto done;
+        }
+    }
     int fits_host = !host_check || plan.offload_bytes <= host_budget;
-    int fits = plan.peak_bytes <= budget && fits_host;
+    int fits = plan.peak_bytes <= budget && fits_host && auto_fit;
     lt_attention_impl att = plan.options.run.attention;
     lt_lce_impl loss = plan.options.run.loss;
     int64_t B = plan.options.run.B, T = plan.options.run.T;

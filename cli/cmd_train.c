@@ -42,7 +42,8 @@ static void print_help(void) {
         "  --lora-targets LIST        q,k,v,o,gate,up,down [all seven]\n"
         "  --mask-prompt              train on completions/assistant turns only\n"
         "  --grad-checkpoint          recompute every layer in the backward (= --recompute all)\n"
-        "  --recompute P              none | all | every:K [none]\n"
+        "  --recompute P              none | all | every:K | auto [none]; auto: the least recompute whose\n"
+        "                             plan fits --memory-ceiling or the guard's ceiling\n"
         "  --recompute-attention      with a recompute policy, rerun attention in the backward\n"
         "                             instead of keeping its output (less memory, slower)\n"
         "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
@@ -189,6 +190,7 @@ int lt_cmd_train(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if ((rc = lt_cli_recompute_auto(ctx, &guard, &resolved, lt_comm_size(comm))) != 0) goto done;
     if ((rc = lt_cli_guard_start(ctx, &guard, &resolved, lt_comm_size(comm))) != 0) goto done;
     lt_train_result res;
     memset(&res, 0, sizeof res);

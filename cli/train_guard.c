@@ -48,6 +48,50 @@ lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_m
     return lt_train_plan(ctx, opt, cfg, popt, &h, out);
 }
 
+int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options *opt, int world) {
+    if (!opt->recompute_auto) return 0;
+    lt_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.quantize = opt->quantize[0] != 0;
+    mo.device = opt->device;
+    lt_model_config cfg;
+    lt_plan_options po;
+    int cp = opt->context_parallel && world > 1;
+    lt_status s = lt_model_inspect(ctx, opt->model, &mo, &cfg);
+    if (s == LT_OK) s = lt_train_plan_options(ctx, opt, cp ? 1 : world, cp ? world : 1, &po);
+    if (s != LT_OK) return lt_cli_fail("train", ctx, s);
+    /* The budget: --memory-ceiling, or the guard's ceiling less what this process holds already
+     * on the host (the plan counts the model, data and trainer it will load). */
+    uint64_t budget = cg->ceiling, outside = 0;
+    lt_guard_ceiling c;
+    memset(&c, 0, sizeof c);
+    if (!budget) {
+        lt_guard_options go;
+        memset(&go, 0, sizeof go);
+        go.device = opt->device;
+        if ((s = lt_guard_measure(ctx, opt->device, &go, &c)) != LT_OK) return lt_cli_fail("train", ctx, s);
+        outside = opt->device == LT_DEVICE_CPU ? c.in_use_bytes : 0;
+        budget = c.ceiling_bytes > outside ? c.ceiling_bytes - outside : 0;
+    }
+    lt_train_held h;
+    lt_plan plan;
+    lt_train_options chosen;
+    memset(&h, 0, sizeof h);
+    if (opt->data[0] && po.device == LT_DEVICE_CPU) s = lt_train_measure_data(ctx, opt, po.cp_size, &h);
+    if (s == LT_OK && !cg->off && po.device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
+    if (s == LT_OK) s = lt_train_choose_recompute(ctx, opt, &cfg, &po, &h, (size_t)budget, &chosen, &plan);
+    if (s != LT_OK) return lt_cli_fail("train", ctx, s);
+    char name[32], b1[32], b2[32], b3[32];
+    lt_plan_recompute_name(chosen.recompute, chosen.recompute_every, name, sizeof name);
+    fprintf(stderr, "longtune train: recompute auto: %s%s (plan %s of a %s budget%s%s%s)\n", name,
+            chosen.recompute_attention ? " + recompute_attention" : "",
+            lt_cli_fmt_bytes(plan.peak_bytes, b1, sizeof b1), lt_cli_fmt_bytes(budget, b2, sizeof b2),
+            cg->ceiling ? ": --memory-ceiling" : ": the guard's ceiling", outside ? " less the resident set of " : "",
+            outside ? lt_cli_fmt_bytes(outside, b3, sizeof b3) : "");
+    *opt = chosen;
+    return 0;
+}
+
 int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, int world) {
     if (cg->off) return 0;
     lt_model_options mo;

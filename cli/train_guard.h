@@ -40,6 +40,9 @@ lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_m
  * breach raises the trainer's stop request. Returns the exit status to use when it refuses (1),
  * else 0. */
 int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, int world);
+/* --recompute auto: replaces opt's policy by the least recompute whose plan fits --memory-ceiling
+ * or the guard's ceiling (lt_train_choose_recompute) and says which. 0, or the exit status. */
+int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options *opt, int world);
 
 /* After lt_train_run returned `run`: when the guard tripped and stopped the run (run is
  * LT_ERR_INTERRUPTED), writes the artifact next to the checkpoint, says so on stderr and returns

@@ -74,6 +74,9 @@ typedef struct lt_train_options {
     lt_recompute recompute;                      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
                                       (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
     int64_t recompute_every;                     /* K of "every:K" */
+    int recompute_auto;                          /* "auto": the least recompute whose plan fits the memory
+                                      budget, chosen by lt_train_choose_recompute before the run
+                                      (`longtune train` uses the memory guard's ceiling) [0] */
     int recompute_attention;                     /* under a recompute policy, rerun each layer's attention in
                                       the backward instead of keeping its output, lse (and, on the
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
@@ -259,6 +262,16 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
+
+/* recompute auto: the first candidate in order of recompute work -- none; every layer keeping the
+ * attention outputs (every:K for K = 1, 2, 4, ... < layers, the same work with fewer checkpoints);
+ * then the same rerunning attention (recompute_attention) -- whose plan (lt_train_plan with
+ * `held`) is <= budget_bytes. *out = opt with that policy and recompute_auto cleared; plan (may be
+ * NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
+ * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
+LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                                           const lt_plan_options *popt, const lt_train_held *held, size_t budget_bytes,
+                                           lt_train_options *out, lt_plan *plan);
 
 /* Host bytes of the trainer's buffers allocated before its first step: the LoRA tensor index
  * (n_lora_tensors entries), one batch of B rows of T tokens (ids, targets, positions, offsets and

@@ -176,11 +176,14 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
     case K_RECOMP: {
         lt_recompute v;
         int64_t every = 0;
-        if (!strcmp(value, "none")) v = LT_RECOMPUTE_NONE;
+        opt->recompute_auto = !strcmp(value, "auto");
+        if (!strcmp(value, "none") || opt->recompute_auto) v = LT_RECOMPUTE_NONE;
         else if (!strcmp(value, "all")) v = LT_RECOMPUTE_EVERY;
         else if (!strncmp(value, "every:", 6) && !parse_i64(value + 6, &every) && every >= 1 && every <= 65536)
             v = LT_RECOMPUTE_EVERY_K;
-        else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)", key, value);
+        else
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)|auto", key,
+                            value);
         opt->recompute = v;
         opt->recompute_every = every;
         return LT_OK;
@@ -418,6 +421,9 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.grad_accum <= 0) o.grad_accum = 1;
     if (o.attention == LT_ATTENTION_AUTO) o.attention = LT_ATTENTION_FLASH;
     if (o.loss == LT_LCE_AUTO) o.loss = LT_LCE_FUSED;
+    if (o.recompute_auto && (o.grad_checkpoint || o.offload_checkpoints))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute' auto chooses the policy itself: drop '%s'",
+                        o.grad_checkpoint ? "grad_checkpoint" : "offload_checkpoints");
     if (o.grad_checkpoint && o.recompute == LT_RECOMPUTE_NONE) o.recompute = LT_RECOMPUTE_EVERY;
     if (o.recompute == LT_RECOMPUTE_EVERY_K && o.recompute_every < 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");

@@ -375,6 +375,10 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     res->stop_at = stop_at;
     res->comm = comm;
     res->first_val_loss = res->last_val_loss = res->last_train_loss = NAN;
+    if (opt->recompute_auto)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "recompute auto is chosen before the run: pass the options through "
+                        "lt_train_choose_recompute with the memory budget first");
     lt_trainer t;
     memset(&t, 0, sizeof t);
     LT_TRY(lt_trainer_init(&t, ctx, opt, m, train, valid, comm));

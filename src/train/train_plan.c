@@ -208,3 +208,54 @@ lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const l
     *found = 1;
     return LT_OK;
 }
+
+/* The candidates of recompute auto, in order of recompute work (see train.h); an explicit
+ * recompute_attention keeps only the candidates that rerun attention. */
+lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
+                                    const lt_plan_options *popt, const lt_train_held *held, size_t budget_bytes,
+                                    lt_train_options *out, lt_plan *plan) {
+    *out = *opt;
+    if (!opt->recompute_auto) return plan ? lt_train_plan(ctx, opt, cfg, popt, held, plan) : LT_OK;
+    int64_t layers = opt->num_layers > 0 && opt->num_layers < cfg->L ? opt->num_layers : cfg->L;
+    struct {
+        lt_recompute policy;
+        int64_t k;
+        int rerun;
+    } cand[2 * 64 + 1];
+    int n = 0;
+    if (!opt->recompute_attention) cand[n++].policy = LT_RECOMPUTE_NONE, cand[n - 1].k = 0, cand[n - 1].rerun = 0;
+    for (int rerun = opt->recompute_attention ? 1 : 0; rerun <= 1; rerun++)
+        for (int64_t k = 1; k == 1 || (k < layers && n < (int)(sizeof cand / sizeof cand[0])); k *= 2) {
+            cand[n].policy = k == 1 ? LT_RECOMPUTE_EVERY : LT_RECOMPUTE_EVERY_K;
+            cand[n].k = k;
+            cand[n].rerun = rerun;
+            n++;
+        }
+    size_t smallest = SIZE_MAX;
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        lt_train_options c = *opt;
+        c.recompute_auto = 0;
+        c.recompute = cand[i].policy;
+        c.recompute_every = cand[i].policy == LT_RECOMPUTE_EVERY_K ? cand[i].k : 0;
+        c.recompute_attention = cand[i].rerun;
+        lt_plan_options po = *popt;
+        po.run.recompute = c.recompute;
+        po.run.recompute_k = c.recompute_every;
+        po.run.recompute_attention = c.recompute_attention;
+        lt_plan p;
+        LT_TRY(lt_train_plan(ctx, &c, cfg, &po, held, &p));
+        if (p.peak_bytes <= budget_bytes) {
+            *out = c;
+            if (plan) *plan = p;
+            return LT_OK;
+        }
+        if (p.peak_bytes < smallest) smallest = p.peak_bytes, best = i;
+    }
+    char name[32];
+    lt_plan_recompute_name(cand[best].policy, cand[best].k, name, sizeof name);
+    return lt_error(ctx, LT_ERR_OOM,
+                    "recompute auto: no policy fits the memory budget of %zu bytes; the smallest plan (recompute "
+                    "%s%s) needs %zu bytes (shorten max_seq_length or batch_size, or offload checkpoints)",
+                    budget_bytes, name, cand[best].rerun ? " + recompute_attention" : "", smallest);
+}

@@ -132,6 +132,16 @@ c=$(pk --max-seq-length=512 --batch-size=2 --num-layers=3 --learning-rate 1e-4 -
 [ "$(pk --seq-len 512 --grad-accum 8)" -gt "$(pk --seq-len 512)" ] || say "--grad-accum does not count its loss sums"
 echo '{"max_seq_length": 512, "batch_size": 2, "num_layers": 3}' >"$tmp/opts.json"
 [ "$(pk --config "$tmp/opts.json")" = "$a" ] || say "train's --config options file is not read"
+# 8. --recompute auto: with a budget at a policy's own peak, plan shows that policy (or one of
+#    less recompute work that also fits); none when everything fits; no fit is "fits": false.
+pa() { "$bin" plan --config "$smol" --seq-len 2048 --json "$@" | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["peak_bytes"], p["recompute"], p["fits"])' 2>/dev/null; }
+none=$(pk --seq-len 2048); all=$(pk --seq-len 2048 --recompute all)
+[ "$(pa --recompute auto --budget 64G | cut -d' ' -f1)" = "$none" ] || say "auto with room is not recompute none"
+read -r ap ar af <<<"$(pa --recompute auto --budget "$all")"
+[ "$ap" = "$all" ] && [ "$af" = "True" ] || say "auto at recompute all's own peak: $ap $ar $af (want $all)"
+read -r ap ar af <<<"$(pa --recompute auto --budget 1M)"
+[ "$af" = "False" ] || say "auto with no room says it fits: $ap $ar $af"
+"$bin" plan --config "$smol" --seq-len 2048 --recompute auto --budget 1M 2>&1 | grep -q "no policy fits" || say "auto without a fit names no reason"
 expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
 expect 2 --config "$smol" --data "$tmp"
 expect 2 --config "$smol" --max-seq-length 1

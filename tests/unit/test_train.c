@@ -159,6 +159,74 @@ static void curriculum_options(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* recompute auto picks the first candidate, in order of recompute work, whose plan fits: with a
+ * budget equal to each candidate's own plan, the choice is the first candidate at or below it; a
+ * budget below every plan is LT_ERR_OOM naming the smallest. */
+static void recompute_auto_choice(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = LT_ARCH_QWEN3, c.V = 4096, c.C = 256, c.F = 768, c.L = 8, c.H = 4, c.Hkv = 2, c.D = 64;
+    c.rope_theta = 1e6, c.rms_eps = 1e-6f, c.qk_norm = 1, c.bos_id = c.eos_id = -1;
+    for (int p = 0; p < LT_PROJ_COUNT_; p++) c.proj_dtype[p] = LT_DTYPE_F32;
+    c.embed_dtype = c.head_dtype = LT_DTYPE_F32;
+    lt_train_options in = base_options(), o;
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "max-seq-length", "1024"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.recompute_auto, 1);
+    lt_plan_options po;
+    assert_int_equal(lt_train_plan_options(ctx, &o, 1, 1, &po), LT_OK);
+    /* The candidates' own plans, in the chooser's order. */
+    static const struct {
+        lt_recompute r;
+        int64_t k;
+        int rerun;
+    } cand[] = {{LT_RECOMPUTE_NONE, 0, 0},    {LT_RECOMPUTE_EVERY, 1, 0}, {LT_RECOMPUTE_EVERY_K, 2, 0},
+                {LT_RECOMPUTE_EVERY_K, 4, 0}, {LT_RECOMPUTE_EVERY, 1, 1}, {LT_RECOMPUTE_EVERY_K, 2, 1},
+                {LT_RECOMPUTE_EVERY_K, 4, 1}};
+    enum { NC = sizeof cand / sizeof cand[0] };
+    size_t peak[NC], smallest = SIZE_MAX;
+    for (int i = 0; i < NC; i++) {
+        lt_train_options ci = o;
+        ci.recompute_auto = 0, ci.recompute = cand[i].r, ci.recompute_every = cand[i].k > 1 ? cand[i].k : 0;
+        ci.recompute_attention = cand[i].rerun;
+        lt_plan_options pi;
+        assert_int_equal(lt_train_plan_options(ctx, &ci, 1, 1, &pi), LT_OK);
+        lt_plan p;
+        assert_int_equal(lt_train_plan(ctx, &ci, &c, &pi, NULL, &p), LT_OK);
+        peak[i] = p.peak_bytes;
+        if (peak[i] < smallest) smallest = peak[i];
+    }
+    assert_true(peak[1] < peak[0]); /* recompute saves memory at this shape */
+    assert_true(peak[4] < peak[1]); /* so does rerunning attention */
+    for (int i = 0; i < NC; i++) {
+        int want = 0;
+        while (peak[want] > peak[i]) want++;
+        lt_train_options chosen;
+        lt_plan p;
+        assert_int_equal(lt_train_choose_recompute(ctx, &o, &c, &po, NULL, peak[i], &chosen, &p), LT_OK);
+        assert_int_equal(chosen.recompute_auto, 0);
+        assert_int_equal(chosen.recompute, cand[want].r);
+        assert_int_equal(chosen.recompute_attention, cand[want].rerun);
+        if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
+        assert_true(p.peak_bytes == peak[want] && p.peak_bytes <= peak[i]);
+    }
+    lt_train_options chosen;
+    assert_int_equal(lt_train_choose_recompute(ctx, &o, &c, &po, NULL, smallest - 1, &chosen, NULL), LT_ERR_OOM);
+    assert_non_null(strstr(lt_ctx_error(ctx), "no policy fits"));
+    /* The trainer refuses an unchosen auto; grad_checkpoint or offload beside auto is refused. */
+    lt_train_options b = in;
+    assert_int_equal(lt_train_options_set(ctx, &b, "grad-checkpoint", "true"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "auto"));
+    assert_int_equal(lt_train_options_set(ctx, &b, "recompute", "none"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_OK);
+    assert_int_equal(o.recompute_auto, 0);
+    lt_ctx_free(ctx);
+}
+
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -461,6 +529,7 @@ int main(void) {
         cmocka_unit_test(options_config_file_then_flags),
         cmocka_unit_test(schedule_values),
         cmocka_unit_test(curriculum_options),
+        cmocka_unit_test(recompute_auto_choice),
         cmocka_unit_test(checkpoint_round_trip),
         cmocka_unit_test(checkpoint_bad_files_change_nothing),
         cmocka_unit_test(metrics_lines_and_resume_truncation),
