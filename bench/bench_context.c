@@ -162,7 +162,7 @@ int lt_bench_context(int argc, char **argv) {
     int64_t step = 0, tmax = 0, peer_max = 0, threads = 0;
     double confirm_s = 120;
     uint64_t ceiling = 0, host_margin = (uint64_t)4 << 30;
-    int peers = 1, offload = 0;
+    int peers = 1, liger = 1, offload = 0;
     const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -189,6 +189,7 @@ int lt_bench_context(int argc, char **argv) {
                    "                       checkpoints (default 4G)\n"
                    "  --threads N          CPU threads\n"
                    "  --no-peer            skip the peer\n"
+                   "  --no-liger           skip the second peer, transformers + PEFT with Liger-Kernel\n"
                    "  --peer-max N         longest T the peer tries (default 1048576)\n"
                    "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
                    "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
@@ -201,6 +202,10 @@ int lt_bench_context(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--no-peer")) {
             peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--no-liger")) {
+            liger = 0;
             continue;
         }
         if (!strcmp(a, "--offload-checkpoints")) {
@@ -250,7 +255,7 @@ int lt_bench_context(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     /* The peer first, in its own process, before this one creates a CUDA context. */
-    cJSON *peer_lines = NULL;
+    cJSON *peer_lines = NULL, *liger_lines = NULL;
     if (peers && cuda) {
         char args[256];
         snprintf(args, sizeof args, "--shape %s --ceiling --ceiling-step %lld --ceiling-start %lld --ceiling-max %lld",
@@ -258,12 +263,20 @@ int lt_bench_context(int argc, char **argv) {
         double t0 = lt_time_now();
         peer_lines = lt_bench_gpu_peer_run(peer_path, args);
         fprintf(stderr, "peer ceiling search took %.0f s\n", lt_time_now() - t0);
+        if (liger) {
+            char largs[300];
+            snprintf(largs, sizeof largs, "%s --liger", args);
+            t0 = lt_time_now();
+            liger_lines = lt_bench_gpu_peer_run(peer_path, largs);
+            fprintf(stderr, "Liger peer ceiling search took %.0f s\n", lt_time_now() - t0);
+        }
     } else if (peers) {
         fprintf(stderr, "peer: the context ceiling peer runs on CUDA only (CPU steps at these lengths take hours)\n");
     }
     if (cuda && lt_sys_cuda().count == 0) {
         fprintf(stderr, "longtune bench context: --backend cuda: no CUDA device (or a build without CUDA)\n");
         cJSON_Delete(peer_lines);
+        cJSON_Delete(liger_lines);
         return 1;
     }
 
@@ -521,11 +534,21 @@ int lt_bench_context(int argc, char **argv) {
             (long long)t_plan, (long long)lo, (long long)stepped);
 
 peer:
-    if (peer_lines) {
-        const cJSON *ready = lt_bench_peer_find(peer_lines, "ready", 0);
-        const cJSON *cl = cJSON_GetObjectItem(lt_bench_peer_find(peer_lines, "ceiling", 0), "ceiling");
+    for (int pl = 0; pl < 2; pl++) {
+        const cJSON *lines = pl ? liger_lines : peer_lines;
+        if (!lines) {
+            if (pl && liger && peer_lines) {
+                cJSON *pa = cJSON_CreateObject();
+                cJSON_AddStringToObject(pa, "name", "torch-peft-liger");
+                cJSON_AddStringToObject(pa, "error", "failed to start (liger-kernel on --peer-path? see stderr)");
+                cJSON_AddItemToArray(arms, pa);
+            }
+            continue;
+        }
+        const cJSON *ready = lt_bench_peer_find(lines, "ready", 0);
+        const cJSON *cl = cJSON_GetObjectItem(lt_bench_peer_find(lines, "ceiling", 0), "ceiling");
         cJSON *pa = cJSON_CreateObject();
-        cJSON_AddStringToObject(pa, "name", "torch-peft");
+        cJSON_AddStringToObject(pa, "name", pl ? "torch-peft-liger" : "torch-peft");
         if (ready) cJSON_AddItemToObject(pa, "peer", cJSON_Duplicate(ready, 1));
         if (cl) {
             cJSON_AddNumberToObject(pa, "ceiling_T", cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T")));
@@ -536,7 +559,7 @@ peer:
             if (theirs_T > 0 && ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_ratio", ours_T / theirs_T);
             int capped = !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T"));
             cJSON_AddBoolToObject(pa, "search_capped", capped); /* no failure up to --peer-max */
-            fprintf(stderr, "peer: longest T %.0f%s -> longtune %.2fx%s\n", theirs_T,
+            fprintf(stderr, "%s: longest T %.0f%s -> longtune %.2fx%s\n", pl ? "Liger peer" : "peer", theirs_T,
                     capped ? " (search capped by --peer-max)" : "", theirs_T > 0 ? ours_T / theirs_T : NAN,
                     capped ? " at most" : "");
         }
@@ -555,6 +578,7 @@ out:
     if (R.guard) lt_guard_stop(R.guard);
     cJSON_Delete(res);
     cJSON_Delete(peer_lines);
+    cJSON_Delete(liger_lines);
     if (R.mom_m) lt_free(ctx, dev, R.mom_m, R.mom_bytes);
     if (R.mom_v) lt_free(ctx, dev, R.mom_v, R.mom_bytes);
     if (R.tok) lt_free(ctx, LT_DEVICE_CPU, R.tok, R.tok_bytes);

@@ -208,12 +208,12 @@ static void add_profile(cJSON *arm, const lt_prof_totals *t, double step_ms) {
 }
 
 /* Adds the CUDA peer's arms (one per T it ran) to `arms`, with ratios against our arm of the same T. */
-static void add_gpu_peer_arms(cJSON *arms, const cJSON *lines, const lt_model_config *cfg, int64_t rank,
-                              const int64_t *seqs, int n_seqs) {
+static void add_gpu_peer_arms(cJSON *arms, const cJSON *lines, const char *prefix, const lt_model_config *cfg,
+                              int64_t rank, const int64_t *seqs, int n_seqs) {
     for (int si = 0; si < n_seqs; si++) {
         const cJSON *j = lt_bench_peer_find(lines, "median_ms", seqs[si]);
         char name[64];
-        snprintf(name, sizeof name, "torch-peft-T%lld", (long long)seqs[si]);
+        snprintf(name, sizeof name, "%s-T%lld", prefix, (long long)seqs[si]);
         cJSON *pa = cJSON_CreateObject();
         cJSON_AddStringToObject(pa, "name", name);
         cJSON_AddNumberToObject(pa, "T", (double)seqs[si]);
@@ -250,8 +250,8 @@ static void add_gpu_peer_arms(cJSON *arms, const cJSON *lines, const lt_model_co
             if (ppk > 0) cJSON_AddNumberToObject(pa, "longtune_memory_ratio", opk / ppk);
             fprintf(
                 stderr,
-                "T=%lld peer: %.0f ms/step, %.0f tokens/s, peak %.2f GiB -> longtune %.2fx the peer's tokens/s, %.2fx its memory\n",
-                (long long)seqs[si], ms, (double)seqs[si] / (ms * 1e-3), ppk / 1073741824.0, ms / oms,
+                "T=%lld %s: %.0f ms/step, %.0f tokens/s, peak %.2f GiB -> longtune %.2fx its tokens/s, %.2fx its memory\n",
+                (long long)seqs[si], prefix, ms, (double)seqs[si] / (ms * 1e-3), ppk / 1073741824.0, ms / oms,
                 ppk > 0 ? opk / ppk : NAN);
         }
         cJSON_AddItemToArray(arms, pa);
@@ -265,7 +265,8 @@ int lt_bench_train(int argc, char **argv) {
     c.warmup = 2;
     int offload_lo = 0, offload_hi = 0; /* checkpoint offload off and/or on, per length */
     int64_t seqs[MAX_SEQS];
-    int n_seqs = 0, threads = 0, rank = 8, peers = 1, guard_off = 0, profile = 0, recompute_attn = -1, graph = 1;
+    int n_seqs = 0, threads = 0, rank = 8, peers = 1, liger = 1, guard_off = 0, profile = 0, recompute_attn = -1,
+        graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -289,6 +290,8 @@ int lt_bench_train(int argc, char **argv) {
                 "  --rank N         LoRA rank (default 8; alpha = 2r)\n"
                 "  --threads N      CPU threads of both arms (default: the context's)\n"
                 "  --no-peer        skip the PyTorch peer\n"
+                "  --no-liger       CUDA: skip the second peer arm, transformers + PEFT with Liger-Kernel's\n"
+                "                   fused kernels (its wheel on --peer-path; run after the plain peer)\n"
                 "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
                 "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
                 "                   and back on a copy stream while layers compute)\n"
@@ -311,6 +314,10 @@ int lt_bench_train(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--no-peer")) {
             peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--no-liger")) {
+            liger = 0;
             continue;
         }
         if (!strcmp(a, "--profile")) {
@@ -744,13 +751,26 @@ int lt_bench_train(int argc, char **argv) {
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", k ? "," : "", (long long)seqs[k]);
         snprintf(args, sizeof args, "--shape %s --seq %s --steps %d --warmup %d --rank %d", shape->name, list,
                  c.repeats, c.warmup, rank);
+        lt_model_config pc = lt_bench_shape_config(shape, wdt);
         peer_lines = lt_bench_gpu_peer_run(peer_path, args);
         if (peer_lines) {
             cJSON_AddItemToObject(jc, "peer", cJSON_Duplicate(lt_bench_peer_find(peer_lines, "ready", 0), 1));
-            lt_model_config pc = lt_bench_shape_config(shape, wdt);
-            add_gpu_peer_arms(arms, peer_lines, &pc, rank, seqs, n_seqs);
+            add_gpu_peer_arms(arms, peer_lines, "torch-peft", &pc, rank, seqs, n_seqs);
         } else {
             cJSON_AddStringToObject(jc, "peer", "failed to start (see stderr)");
+        }
+        if (liger) {
+            /* the strongest peer people pick: the same script with Liger-Kernel patched in */
+            char largs[600];
+            snprintf(largs, sizeof largs, "%s --liger", args);
+            cJSON *ll = lt_bench_gpu_peer_run(peer_path, largs);
+            if (ll) {
+                cJSON_AddItemToObject(jc, "peer_liger", cJSON_Duplicate(lt_bench_peer_find(ll, "ready", 0), 1));
+                add_gpu_peer_arms(arms, ll, "torch-peft-liger", &pc, rank, seqs, n_seqs);
+                cJSON_Delete(ll);
+            } else {
+                cJSON_AddStringToObject(jc, "peer_liger", "failed to start (liger-kernel on --peer-path? see stderr)");
+            }
         }
     }
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);

@@ -2,6 +2,10 @@
 transformers + PEFT on one CUDA device, random weights of a real model's shape (the config values
 are written below, nothing comes from the hub), bf16 base, LoRA r=8 on q,k,v,o,gate,up,down,
 batch 1, gradient checkpointing on every layer, SDPA attention, AdamW over the LoRA parameters.
+With --liger, Liger-Kernel's fused kernels (RoPE, RMSNorm, SwiGLU and the fused linear
+cross-entropy) are patched into transformers' model classes before the model is built, as Axolotl
+and LLaMA-Factory do with their one flag; the wheel comes on PYTHONPATH (the C bench puts the
+peer path first) and its version goes into the ready line.
 It measures and prints; it installs nothing and never compares itself with longtune (the C bench
 does that from these lines).
 
@@ -55,6 +59,17 @@ def build(args, torch, max_T):
     else:
         cfg = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, hidden_act="silu", use_cache=False, **s)
     cfg._attn_implementation = "sdpa"
+    liger = None
+    if args.liger:
+        import liger_kernel
+        from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen3
+        # the defaults: rope, rms_norm, swiglu and fused_linear_cross_entropy on, cross_entropy off
+        (apply_liger_kernel_to_qwen3 if arch == "qwen3" else apply_liger_kernel_to_llama)()
+        try:
+            from importlib.metadata import version
+            liger = version("liger-kernel")
+        except Exception:
+            liger = getattr(liger_kernel, "__version__", "unknown")
     dev = torch.device(args.device)
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -81,7 +96,10 @@ def build(args, torch, max_T):
             "lora_rank": args.rank, "lora_alpha": 2 * args.rank, "lora_targets": TARGETS,
             "attention": "sdpa", "gradient_checkpointing": "every layer (use_reentrant=False)",
             "loss": "transformers ForCausalLM loss on full logits (labels=input_ids)", "batch": 1,
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "liger_kernel": liger}
+    if liger:
+        info["loss"] = "Liger fused linear cross-entropy (labels=input_ids)"
     if dev.type == "cuda":
         info["memory_fraction"] = args.memory_fraction
         info["device_total_bytes"] = torch.cuda.get_device_properties(0).total_memory
@@ -145,6 +163,7 @@ def main():
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to check the script only)")
+    ap.add_argument("--liger", action="store_true", help="patch Liger-Kernel's fused kernels in first")
     ap.add_argument("--ceiling", action="store_true", help="search the longest T that trains a step")
     ap.add_argument("--ceiling-step", type=int, default=8192, help="search resolution in tokens")
     ap.add_argument("--ceiling-start", type=int, default=8192, help="first T tried (doubled until a failure)")
@@ -171,7 +190,11 @@ def main():
         if args.memory_fraction < 1.0:
             torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
     max_T = max(seqs + ([args.ceiling_max] if args.ceiling else []))
-    model, opt, info = build(args, torch, max_T)
+    try:
+        model, opt, info = build(args, torch, max_T)
+    except ImportError as e:
+        emit({"ready": False, "error": "liger-kernel is not importable: %s" % e})
+        return 1
     emit(info)
     V = SHAPES[args.shape]["vocab_size"]
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
