@@ -36,8 +36,8 @@ typedef enum lt_rope_scaling {
     LT_ROPE_SCALING_LONGROPE,
 } lt_rope_scaling;
 
-#define LT_MAX_EOS 8          /* end-of-sequence ids a model may list */
-#define LT_ROPE_MAX_FACTORS 256 /* longrope short/long factors: one per frequency (D/2) */
+#define LT_MAX_EOS 8                  /* end-of-sequence ids a model may list */
+#define LT_ROPE_MAX_FACTORS 256       /* longrope short/long factors: one per frequency (D/2) */
 #define LT_MODEL_MAX_MIXED_LAYERS 256 /* layers whose projections may change dtype (lt_model_config) */
 
 /* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
@@ -131,12 +131,12 @@ typedef struct lt_model_config {
     lt_norm_place norm_place;
     lt_mlp_kind mlp;
     /* Gemma: */
-    float final_softcap;  /* final logits -> cap * tanh(z / cap); 0 = off */
-    float embed_scale;    /* embedding rows multiplied by this (sqrt(C) rounded to the
+    float final_softcap;         /* final logits -> cap * tanh(z / cap); 0 = off */
+    float embed_scale;           /* embedding rows multiplied by this (sqrt(C) rounded to the
                              activations' dtype as transformers does); 0 = 1 */
-    double query_scale;   /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
-    int norm_plus_one;    /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
-    int32_t bos_id, eos_id; /* -1 when unknown */
+    double query_scale;          /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
+    int norm_plus_one;           /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
+    int32_t bos_id, eos_id;      /* -1 when unknown */
     int32_t eos_ids[LT_MAX_EOS]; /* every end-of-sequence id (eos_id first; generation_config.json
                                     lists), n_eos of them */
     int n_eos;
@@ -267,7 +267,7 @@ LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, co
                                      const lt_model_run_options *run, lt_model_sizes *out);
 
 typedef struct lt_model_options {
-    lt_device device; /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
+    lt_device device;        /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
                           LT_DEVICE_CUDA (the build and the machine must have it) */
     lt_dtype quantize_dtype; /* block format f32/bf16/f16 projection weights are quantized to at
                           load (QLoRA): int4_g64, q4_0, q4_1, q8_0, q4_k, q5_k or q6_k;

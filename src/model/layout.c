@@ -88,7 +88,8 @@ static int emit(size_t *cur, void (*fn)(void *, const lt_wpiece *), void *arg, l
 
 lt_dtype lt_model_proj_dtype(const lt_model_config *c, int64_t l, lt_proj p) {
     if ((unsigned)p >= LT_PROJ_COUNT_) return LT_DTYPE_F32;
-    if (l >= 0 && l < LT_MODEL_MAX_MIXED_LAYERS && c->layer_proj_dtype[l][p]) return (lt_dtype)(c->layer_proj_dtype[l][p] - 1);
+    if (l >= 0 && l < LT_MODEL_MAX_MIXED_LAYERS && c->layer_proj_dtype[l][p])
+        return (lt_dtype)(c->layer_proj_dtype[l][p] - 1);
     return c->proj_dtype[p];
 }
 

@@ -185,7 +185,10 @@ static int64_t proj_in(const lt_model_config *c, lt_proj k) {
  * super-blocks (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0); LT_DTYPE_COUNT_ when neither fits. */
 static lt_dtype quantize_target(lt_dtype q, int64_t in) {
     if (in % lt_dtype_block_elems(q) == 0) return q;
-    lt_dtype fb = q == LT_DTYPE_Q4_K ? LT_DTYPE_Q5_0 : q == LT_DTYPE_Q5_K ? LT_DTYPE_Q5_1 : q == LT_DTYPE_Q6_K ? LT_DTYPE_Q8_0 : LT_DTYPE_COUNT_;
+    lt_dtype fb = q == LT_DTYPE_Q4_K ? LT_DTYPE_Q5_0
+        : q == LT_DTYPE_Q5_K         ? LT_DTYPE_Q5_1
+        : q == LT_DTYPE_Q6_K         ? LT_DTYPE_Q8_0
+                                     : LT_DTYPE_COUNT_;
     return fb != LT_DTYPE_COUNT_ && in % lt_dtype_block_elems(fb) == 0 ? fb : LT_DTYPE_COUNT_;
 }
 
@@ -200,7 +203,7 @@ static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
 /* The formats --quantize offers (lt_quantize_row has a quantizer for each). */
 static int quantize_dtype_ok(lt_dtype q) {
     return q == LT_DTYPE_F32 || q == LT_DTYPE_INT4_G64 || q == LT_DTYPE_Q4_0 || q == LT_DTYPE_Q4_1 ||
-           q == LT_DTYPE_Q8_0 || q == LT_DTYPE_Q4_K || q == LT_DTYPE_Q5_K || q == LT_DTYPE_Q6_K;
+        q == LT_DTYPE_Q8_0 || q == LT_DTYPE_Q4_K || q == LT_DTYPE_Q5_K || q == LT_DTYPE_Q6_K;
 }
 /* The embedding and head: f16 is widened to f32 on the host (its loss reads f32, bf16 and block
  * heads). The CUDA loss reads bf16 and block heads and its GEMMs round the head to bf16 anyway,
@@ -532,8 +535,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
                 held == quantize_target(opt.quantize_dtype, proj_in(&cfg, (lt_proj)k)))
                 LT_INFO("--quantize %s: %s rows of %lld weights are not whole %s blocks; held as %s",
                         lt_dtype_name(opt.quantize_dtype), lt_proj_name((lt_proj)k),
-                        (long long)proj_in(&cfg, (lt_proj)k), lt_dtype_name(opt.quantize_dtype),
-                        lt_dtype_name(held));
+                        (long long)proj_in(&cfg, (lt_proj)k), lt_dtype_name(opt.quantize_dtype), lt_dtype_name(held));
         }
     lt_layout lay;
     if ((s = lt_model_layout(ctx, &cfg, lora, NULL, &lay)) != LT_OK) goto fail;
