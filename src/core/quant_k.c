@@ -104,10 +104,10 @@ static void dequant_k45(const uint8_t *p, float *out, int64_t nb, int five) {
     }
 }
 
-void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 0); }
-void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 1); }
+void lt_dequant_q4_k_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 0); }
+void lt_dequant_q5_k_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 1); }
 
-void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) {
+void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
         const uint8_t *ql = p, *qh = p + 128;
         const int8_t *sc = (const int8_t *)(p + 192);
@@ -137,6 +137,105 @@ void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) {
             }
         }
     }
+}
+
+/* ---- AVX2 dequantization ---------------------------------------------------------------------
+ * The levels of a super-block are unpacked to int8 with byte-wise vector ops, then each group of
+ * 8 becomes d*q (- m) with one float multiply and one subtract, the scalar code's two roundings
+ * (no FMA), so both paths give the same bits. AVX-512 builds use these too: the unpacking is
+ * 32 bytes wide and the float side is not the bottleneck. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline __m256 levels8(const int8_t *lev) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)lev)));
+}
+
+/* out[0..n) = dl*lev - ml, n a multiple of 8. */
+static inline void scale_minus(const int8_t *lev, float dl, float ml, float *out, int n) {
+    const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_mul_ps(d, levels8(lev + i)), m));
+}
+
+/* out[0..n) = dl*lev. */
+static inline void scale(const int8_t *lev, float dl, float *out, int n) {
+    const __m256 d = _mm256_set1_ps(dl);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(d, levels8(lev + i)));
+}
+
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+static inline void store32(int8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)(void *)p, v); }
+
+static void dequant_k45_avx2(const uint8_t *p, float *out, int64_t nb, int five) {
+    const int64_t bb = five ? 176 : 144;
+    const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += bb, out += QK) {
+        float d = half(p), dmin = half(p + 2);
+        const uint8_t *sc = p + 4, *qs = p + (five ? 48 : 16);
+        __m256i qh = five ? load32(p + 16) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i v = load32(qs + 32 * g);
+            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+            }
+            store32(lev + 64 * g, lo);
+            store32(lev + 64 * g + 32, hi);
+        }
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            k4_scale_min(sc, j, &s, &m);
+            scale_minus(lev + 32 * j, d * (float)s, dmin * (float)m, out + 32 * j, 32);
+        }
+    }
+}
+
+static void dequant_q6_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = half(p + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i a = load32(p + 64 * h), c = load32(p + 64 * h + 32), qh = load32(p + 128 + 32 * h);
+            __m256i lo4[4] = {_mm256_and_si256(a, nib), _mm256_and_si256(c, nib),
+                              _mm256_and_si256(_mm256_srli_epi16(a, 4), nib),
+                              _mm256_and_si256(_mm256_srli_epi16(c, 4), nib)};
+            for (int j = 0; j < 4; j++) {
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), three);
+                store32(lev + 128 * h + 32 * j,
+                        _mm256_sub_epi8(_mm256_or_si256(lo4[j], _mm256_slli_epi16(hi, 4)), off));
+            }
+        }
+        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)sc[k], out + 16 * k, 16);
+    }
+}
+#endif
+
+void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_k45_avx2(p, out, nb, 0);
+#else
+    lt_dequant_q4_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_k45_avx2(p, out, nb, 1);
+#else
+    lt_dequant_q5_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q6_k_avx2(p, out, nb);
+#else
+    lt_dequant_q6_k_scalar(p, out, nb);
+#endif
 }
 
 /* ---- quantizers ----------------------------------------------------------------------------- */

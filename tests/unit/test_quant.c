@@ -15,6 +15,7 @@
 
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "core/quant_internal.h"
 #include "longtune/tensor.h"
 
 static const lt_dtype fixture_types[] = {
@@ -61,6 +62,30 @@ static void dequantize_matches_gguf_py_bit_for_bit(void **state) {
             assert_memory_equal(one, ref + b * be, (size_t)be * 4);
             free(one);
         }
+        free(got);
+        free(raw);
+        free(ref);
+    }
+}
+
+/* The scalar definitions behind the vector paths give the same bits. */
+static void scalar_paths_match_gguf_py(void **state) {
+    (void)state;
+    const struct {
+        lt_dtype t;
+        void (*fn)(const uint8_t *, float *, int64_t);
+    } paths[] = {
+        {LT_DTYPE_Q4_K, lt_dequant_q4_k_scalar}, {LT_DTYPE_Q5_K, lt_dequant_q5_k_scalar},
+        {LT_DTYPE_Q6_K, lt_dequant_q6_k_scalar}, {LT_DTYPE_Q5_0, lt_dequant_q5_0_scalar},
+        {LT_DTYPE_Q5_1, lt_dequant_q5_1_scalar},
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        size_t nraw, nref;
+        uint8_t *raw = read_fixture(paths[i].t, ".blocks", &nraw);
+        float *ref = (float *)read_fixture(paths[i].t, ".f32", &nref);
+        float *got = lt_test_poisoned(WEIGHTS);
+        paths[i].fn(raw, got, WEIGHTS / lt_dtype_block_elems(paths[i].t));
+        assert_memory_equal(got, ref, WEIGHTS * 4);
         free(got);
         free(raw);
         free(ref);
@@ -209,6 +234,7 @@ static void block_sizes_and_bad_lengths(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dequantize_matches_gguf_py_bit_for_bit),
+        cmocka_unit_test(scalar_paths_match_gguf_py),
         cmocka_unit_test(quantize_matches_gguf_py_bytes),
         cmocka_unit_test(k_quants_round_trip_within_bounds),
         cmocka_unit_test(block_sizes_and_bad_lengths),
