@@ -17,6 +17,9 @@ void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb);
 /* The scalar definitions of the types that also have a vector path (which the functions above
  * take when the build has AVX2); both give the same bits, which test_quant checks. */
+void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb);
+void lt_dequant_q3_k_scalar(const uint8_t *p, float *out, int64_t nb);
+void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_q4_k_scalar(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_q5_k_scalar(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb);

@@ -56,7 +56,7 @@ static int q3_scale(const uint8_t *s, int k) {
     return (lo | (hi << 4)) - 32;
 }
 
-void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) {
+void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
         const uint8_t *sc = p, *qs = p + 16;
         float d = half(p + 80), dmin = half(p + 82);
@@ -69,7 +69,7 @@ void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) {
     }
 }
 
-void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) {
+void lt_dequant_q3_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
         const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
         float d = half(p + 108);
@@ -122,7 +122,7 @@ void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     }
 }
 
-void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) {
+void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
         float d = half(p);
         uint16_t sh;
@@ -212,7 +212,88 @@ static void dequant_q6_k_avx2(const uint8_t *p, float *out, int64_t nb) {
         for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)sc[k], out + 16 * k, 16);
     }
 }
+
+static void dequant_q2_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i three = _mm256_set1_epi8(3);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
+        const uint8_t *sc = p;
+        float d = half(p + 80), dmin = half(p + 82);
+        for (int h = 0; h < 2; h++) {
+            __m256i q = load32(p + 16 + 32 * h);
+            for (int j = 0; j < 4; j++)
+                store32(lev + 128 * h + 32 * j, _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three));
+        }
+        for (int k = 0; k < 16; k++)
+            scale_minus(lev + 16 * k, d * (float)(sc[k] & 0xf), dmin * (float)(sc[k] >> 4), out + 16 * k, 16);
+    }
+}
+
+static void dequant_q3_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
+        const uint8_t *sc = p + 96;
+        float d = half(p + 108);
+        __m256i hm = load32(p);
+        for (int h = 0; h < 2; h++) {
+            __m256i q = load32(p + 32 + 32 * h);
+            for (int j = 0; j < 4; j++) {
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three);
+                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                /* lo - 4 * (1 - hb) */
+                store32(lev + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four));
+            }
+        }
+        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)q3_scale(sc, k), out + 16 * k, 16);
+    }
+}
+
+static void dequant_iq4_xs_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)lt_iq4_values), nib = _mm_set1_epi8(0x0f);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
+        float d = half(p);
+        uint16_t sh;
+        memcpy(&sh, p + 2, 2);
+        const uint8_t *sl = p + 4;
+        for (int k = 0; k < 8; k++) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 8 + 16 * k));
+            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k), _mm_shuffle_epi8(table, _mm_and_si128(q, nib)));
+            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k + 16),
+                             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), nib)));
+        }
+        for (int k = 0; k < 8; k++) {
+            int s = (((sl[k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
+            scale(lev + 32 * k, d * (float)s, out + 32 * k, 32);
+        }
+    }
+}
 #endif
+
+void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q2_k_avx2(p, out, nb);
+#else
+    lt_dequant_q2_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q3_k_avx2(p, out, nb);
+#else
+    lt_dequant_q3_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_iq4_xs_avx2(p, out, nb);
+#else
+    lt_dequant_iq4_xs_scalar(p, out, nb);
+#endif
+}
 
 void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) {
 #if defined(__AVX2__)

@@ -75,9 +75,10 @@ static void scalar_paths_match_gguf_py(void **state) {
         lt_dtype t;
         void (*fn)(const uint8_t *, float *, int64_t);
     } paths[] = {
-        {LT_DTYPE_Q4_K, lt_dequant_q4_k_scalar}, {LT_DTYPE_Q5_K, lt_dequant_q5_k_scalar},
-        {LT_DTYPE_Q6_K, lt_dequant_q6_k_scalar}, {LT_DTYPE_Q5_0, lt_dequant_q5_0_scalar},
-        {LT_DTYPE_Q5_1, lt_dequant_q5_1_scalar},
+        {LT_DTYPE_Q2_K, lt_dequant_q2_k_scalar},     {LT_DTYPE_Q3_K, lt_dequant_q3_k_scalar},
+        {LT_DTYPE_IQ4_XS, lt_dequant_iq4_xs_scalar}, {LT_DTYPE_Q4_K, lt_dequant_q4_k_scalar},
+        {LT_DTYPE_Q5_K, lt_dequant_q5_k_scalar},     {LT_DTYPE_Q6_K, lt_dequant_q6_k_scalar},
+        {LT_DTYPE_Q5_0, lt_dequant_q5_0_scalar},     {LT_DTYPE_Q5_1, lt_dequant_q5_1_scalar},
     };
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         size_t nraw, nref;
