@@ -1,8 +1,9 @@
 /* Loading the one model: an HF folder (config.json + safetensors, sharded or not) or a GGUF file
  * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
- * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
- * quantized with opt->quantize_dtype; a file mixing dtypes across layers keeps each tensor's), f16 embeddings/heads widened to f32 (the loss reads
- * f32, bf16 and block heads; on a GPU f32/f16 ones are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
+ * in the layout's carve order: norms and biases as f32, projections in their file dtype, per tensor
+ * where a file mixes them across layers (or quantized with opt->quantize_dtype), f16
+ * embeddings/heads widened to f32 (the loss reads f32, bf16 and block heads; on a GPU f32/f16 ones
+ * are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
  * A device model converts rows into a bounded host staging buffer and copies it over chunk by
  * chunk, so the host never holds a second copy of the weights. LoRA A gets PEFT's
  * kaiming-uniform init from a seeded generator, B zeros. */
