@@ -54,6 +54,14 @@ static void *make_weight(lt_ctx *ctx, const lt_backend *be, lt_dtype dt, int64_t
             for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_bf16(row[c]);
         else if (dt == LT_DTYPE_F16)
             for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_f16(row[c]);
+        else if (dt == LT_DTYPE_IQ4_NL || dt == LT_DTYPE_IQ4_XS) /* no quantizer: random levels, scale ~0.05 */
+            for (size_t k = 0; k < rb; k++) {
+                dst[k] = (uint8_t)xs(s);
+                if (k % (size_t)lt_dtype_block_bytes(dt) == 0) {
+                    uint16_t sc = lt_f32_to_f16(dt == LT_DTYPE_IQ4_NL ? 0.05f / 127 : 0.05f / (127 * 24));
+                    memcpy(dst + k, &sc, 2), k++;
+                }
+            }
         else lt_quantize_row(dt, row, dst, in);
     }
     if (be->copy_to_device(ctx, d, h, *bytes) != LT_OK) goto fail;
@@ -154,19 +162,21 @@ int lt_bench_matmul(int argc, char **argv) {
     int64_t N = 0;
     mm_shape shapes[8] = {{4096, 4096}, {14336, 4096}};
     int nshapes = 2;
-    lt_dtype dts[8] = {LT_DTYPE_BF16, LT_DTYPE_Q4_0};
-    int ndts = 2;
+    lt_dtype dts[16];
+    int ndts = 0; /* 0: the backend's default list */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench matmul [options]\n\n"
-                   "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
-                   "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
-                   "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
-                   "options:\n"
-                   "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
-                   "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
-                   "  --dtypes LIST    W dtypes, e.g. bf16,q4_0 (default)\n" LT_BENCH_COMMON_HELP);
+            printf(
+                "usage: longtune bench matmul [options]\n\n"
+                "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
+                "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
+                "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
+                "options:\n"
+                "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
+                "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
+                "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,q4_0,q4_1,q8_0,\n"
+                "                   q5_0,q4_k,q5_k,q6_k; any block format, e.g. q2_k,iq4_xs)\n" LT_BENCH_COMMON_HELP);
             return 0;
         }
         int r = lt_bench_common_flag(&c, argc, argv, &i);
@@ -196,7 +206,7 @@ int lt_bench_matmul(int argc, char **argv) {
             ndts = 0;
             char buf[128];
             snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok && ndts < 8; tok = strtok(NULL, ","))
+            for (char *tok = strtok(buf, ","); tok && ndts < 16; tok = strtok(NULL, ","))
                 if (lt_dtype_parse(tok, &dts[ndts++]) != LT_OK || dts[ndts - 1] == LT_DTYPE_I32)
                     return usage("bad dtype", tok);
             if (!ndts) return usage("bad dtype list", v);
@@ -219,6 +229,14 @@ int lt_bench_matmul(int argc, char **argv) {
     }
 #endif
     if (!N) N = cuda ? 8192 : 64;
+    if (!ndts) {
+        /* the CPU list: the dense ceilings and every format a K_M file holds its projections in */
+        static const lt_dtype cpu_list[] = {LT_DTYPE_F32,  LT_DTYPE_BF16, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_Q8_0,
+                                            LT_DTYPE_Q5_0, LT_DTYPE_Q4_K, LT_DTYPE_Q5_K, LT_DTYPE_Q6_K};
+        if (cuda) dts[ndts++] = LT_DTYPE_BF16, dts[ndts++] = LT_DTYPE_Q4_0;
+        else
+            for (size_t k = 0; k < sizeof cpu_list / sizeof cpu_list[0]; k++) dts[ndts++] = cpu_list[k];
+    }
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     int rc = 1;

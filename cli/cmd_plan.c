@@ -269,13 +269,15 @@ int lt_cmd_plan(int argc, char **argv) {
         lt_model_options mo;
         memset(&mo, 0, sizeof mo);
         mo.device = ro.device;
-        mo.quantize = ro.quantize[0] != 0;
+        if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &mo.quantize_dtype); /* validated with the options */
         s = lt_model_inspect(ctx, ro.model, &mo, &cfg);
     } else {
         s = lt_model_config_read_hf(ctx, hf_config, &cfg);
         if (s == LT_OK) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
-            for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = ro.quantize[0] ? LT_DTYPE_INT4_G64 : wdtype;
+            lt_dtype qd = wdtype;
+            if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &qd);
+            for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = qd;
         }
     }
     if (s != LT_OK) {

@@ -96,7 +96,7 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     if (cg->off) return 0;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.quantize = opt->quantize[0] != 0;
+    if (opt->quantize[0]) (void)lt_dtype_parse(opt->quantize, &mo.quantize_dtype); /* validated with the options */
     mo.device = opt->device; /* the dtypes a model is held in depend on it */
     lt_model_config cfg;
     lt_plan_options po;

@@ -65,8 +65,11 @@ LT_API lt_status lt_gguf_kv_key(lt_ctx *ctx, const lt_gguf *g, int64_t i, const 
                                 lt_gguf_type *type);
 
 /* Tensors: shape in row-major (PyTorch) order, i.e. GGUF's ne[] reversed; dtype mapped from the
- * ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1; others are LT_ERR_UNSUPPORTED naming the tensor);
- * data points into the mapping, validated to lie inside the file. */
+ * ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+ * IQ4_XS; any other is LT_ERR_UNSUPPORTED naming the tensor and its type); data points into the
+ * mapping, validated to lie inside the file. lt_gguf_open already rejects (LT_ERR_FORMAT, naming
+ * tensor and type) a tensor of a known block type whose row length is not a whole number of
+ * blocks, or whose bytes (blocks x block bytes) overflow or run past the end of the file. */
 LT_API int64_t lt_gguf_tensor_count(const lt_gguf *g);
 LT_API const char *lt_gguf_tensor_name(const lt_gguf *g, int64_t i);
 LT_API lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, lt_tensor *out);

@@ -36,8 +36,9 @@ typedef enum lt_rope_scaling {
     LT_ROPE_SCALING_LONGROPE,
 } lt_rope_scaling;
 
-#define LT_MAX_EOS 8          /* end-of-sequence ids a model may list */
-#define LT_ROPE_MAX_FACTORS 256 /* longrope short/long factors: one per frequency (D/2) */
+#define LT_MAX_EOS 8                  /* end-of-sequence ids a model may list */
+#define LT_ROPE_MAX_FACTORS 256       /* longrope short/long factors: one per frequency (D/2) */
+#define LT_MODEL_MAX_MIXED_LAYERS 256 /* layers whose projections may change dtype (lt_model_config) */
 
 /* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
 typedef enum lt_proj {
@@ -130,12 +131,12 @@ typedef struct lt_model_config {
     lt_norm_place norm_place;
     lt_mlp_kind mlp;
     /* Gemma: */
-    float final_softcap;  /* final logits -> cap * tanh(z / cap); 0 = off */
-    float embed_scale;    /* embedding rows multiplied by this (sqrt(C) rounded to the
+    float final_softcap;         /* final logits -> cap * tanh(z / cap); 0 = off */
+    float embed_scale;           /* embedding rows multiplied by this (sqrt(C) rounded to the
                              activations' dtype as transformers does); 0 = 1 */
-    double query_scale;   /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
-    int norm_plus_one;    /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
-    int32_t bos_id, eos_id; /* -1 when unknown */
+    double query_scale;          /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
+    int norm_plus_one;           /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
+    int32_t bos_id, eos_id;      /* -1 when unknown */
     int32_t eos_ids[LT_MAX_EOS]; /* every end-of-sequence id (eos_id first; generation_config.json
                                     lists), n_eos of them */
     int n_eos;
@@ -145,7 +146,15 @@ typedef struct lt_model_config {
      * held as f32. */
     lt_dtype proj_dtype[LT_PROJ_COUNT_];
     lt_dtype embed_dtype, head_dtype;
+    /* Files whose projections change dtype across layers (llama.cpp's _K_M mixes hold attn_v and
+     * ffn_down as Q6_K in some layers, Q4_K in the rest): proj_dtype is layer 0's and
+     * layer_proj_dtype[l][p] is 1 + layer l's dtype where it differs, 0 where it is proj_dtype[p]
+     * (so a zeroed table means one dtype per projection). Read it through lt_model_proj_dtype. */
+    uint8_t layer_proj_dtype[LT_MODEL_MAX_MIXED_LAYERS][LT_PROJ_COUNT_];
 } lt_model_config;
+
+/* Pure: the in-memory dtype of layer l's projection p (proj_dtype[p] unless the layer's differs). */
+LT_API lt_dtype lt_model_proj_dtype(const lt_model_config *cfg, int64_t l, lt_proj p);
 
 /* Pure: the description of layer l (0 <= l < cfg->L) that cfg implies. */
 LT_API void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_layer_desc *out);
@@ -258,10 +267,14 @@ LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, co
                                      const lt_model_run_options *run, lt_model_sizes *out);
 
 typedef struct lt_model_options {
-    lt_device device; /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
+    lt_device device;        /* where weights, LoRA state and activations live: LT_DEVICE_CPU, or
                           LT_DEVICE_CUDA (the build and the machine must have it) */
-    int quantize;     /* 1: quantize f32/bf16/f16 projection weights to INT4_G64 at load (QLoRA);
-                          embeddings and the head keep their dtype */
+    lt_dtype quantize_dtype; /* block format f32/bf16/f16 projection weights are quantized to at
+                          load (QLoRA): int4_g64, q4_0, q4_1, q8_0, q4_k, q5_k or q6_k;
+                          LT_DTYPE_F32 (0) keeps the file's dtypes. A projection whose rows are
+                          not whole K-quant super-blocks (C = 576) takes llama.cpp's fallback,
+                          named in the log: q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0. Embeddings and
+                          the head keep their dtype. */
 } lt_model_options;
 
 typedef struct lt_model lt_model;

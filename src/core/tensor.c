@@ -1,6 +1,5 @@
-/* dtype tables, tensor views, scalar conversions and the reference (de)quantizers of the block
- * formats. The kernels keep their own fused dequantization; these are the definitions the tests
- * and loaders check against. */
+/* dtype tables, tensor views and scalar conversions. The block formats' reference (de)quantizers
+ * live in quant.c (32-weight blocks) and quant_k.c (256-weight super-blocks). */
 #include <math.h>
 #include <string.h>
 
@@ -11,13 +10,14 @@ static const struct {
     const char *name;
     int64_t block_elems, block_bytes;
 } dtype_info[LT_DTYPE_COUNT_] = {
-    [LT_DTYPE_F32] = {"f32", 1, 4},     [LT_DTYPE_BF16] = {"bf16", 1, 2},           [LT_DTYPE_F16] = {"f16", 1, 2},
-    [LT_DTYPE_I32] = {"i32", 1, 4},     [LT_DTYPE_Q8_0] = {"q8_0", 32, 34},         [LT_DTYPE_Q4_0] = {"q4_0", 32, 18},
-    [LT_DTYPE_Q4_1] = {"q4_1", 32, 20}, [LT_DTYPE_INT4_G64] = {"int4_g64", 64, 36},
-    [LT_DTYPE_Q5_0] = {"q5_0", 32, 22}, [LT_DTYPE_Q5_1] = {"q5_1", 32, 24},
-    [LT_DTYPE_Q2_K] = {"q2_k", 256, 84}, [LT_DTYPE_Q3_K] = {"q3_k", 256, 110},
-    [LT_DTYPE_Q4_K] = {"q4_k", 256, 144}, [LT_DTYPE_Q5_K] = {"q5_k", 256, 176},
-    [LT_DTYPE_Q6_K] = {"q6_k", 256, 210}, [LT_DTYPE_IQ4_NL] = {"iq4_nl", 32, 18},
+    [LT_DTYPE_F32] = {"f32", 1, 4},           [LT_DTYPE_BF16] = {"bf16", 1, 2},
+    [LT_DTYPE_F16] = {"f16", 1, 2},           [LT_DTYPE_I32] = {"i32", 1, 4},
+    [LT_DTYPE_Q8_0] = {"q8_0", 32, 34},       [LT_DTYPE_Q4_0] = {"q4_0", 32, 18},
+    [LT_DTYPE_Q4_1] = {"q4_1", 32, 20},       [LT_DTYPE_INT4_G64] = {"int4_g64", 64, 36},
+    [LT_DTYPE_Q5_0] = {"q5_0", 32, 22},       [LT_DTYPE_Q5_1] = {"q5_1", 32, 24},
+    [LT_DTYPE_Q2_K] = {"q2_k", 256, 84},      [LT_DTYPE_Q3_K] = {"q3_k", 256, 110},
+    [LT_DTYPE_Q4_K] = {"q4_k", 256, 144},     [LT_DTYPE_Q5_K] = {"q5_k", 256, 176},
+    [LT_DTYPE_Q6_K] = {"q6_k", 256, 210},     [LT_DTYPE_IQ4_NL] = {"iq4_nl", 32, 18},
     [LT_DTYPE_IQ4_XS] = {"iq4_xs", 256, 136},
 };
 
@@ -168,149 +168,4 @@ uint16_t lt_f32_to_f16(float f) {
     uint32_t rem = man & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
     return (uint16_t)(sign | h);
-}
-
-void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n) {
-    const uint8_t *p = row;
-    switch (t) {
-    case LT_DTYPE_Q8_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 34) {
-            uint16_t d16;
-            memcpy(&d16, p, 2);
-            float d = lt_f16_to_f32(d16);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
-        }
-        break;
-    case LT_DTYPE_Q4_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 18) {
-            uint16_t d16;
-            memcpy(&d16, p, 2);
-            float d = lt_f16_to_f32(d16);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = (float)((p[2 + j] & 0xf) - 8) * d;
-                out[b * 32 + j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
-            }
-        }
-        break;
-    case LT_DTYPE_Q4_1:
-        for (int64_t b = 0; b < n / 32; b++, p += 20) {
-            uint16_t d16, m16;
-            memcpy(&d16, p, 2);
-            memcpy(&m16, p + 2, 2);
-            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = (float)(p[4 + j] & 0xf) * d + m;
-                out[b * 32 + j + 16] = (float)(p[4 + j] >> 4) * d + m;
-            }
-        }
-        break;
-    case LT_DTYPE_INT4_G64:
-        for (int64_t b = 0; b < n / 64; b++, p += 36) {
-            uint16_t s16, b16;
-            memcpy(&s16, p, 2);
-            memcpy(&b16, p + 2, 2);
-            float s = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16);
-            for (int w = 0; w < 8; w++) {
-                uint32_t q;
-                memcpy(&q, p + 4 + 4 * w, 4);
-                for (int j = 0; j < 8; j++) out[b * 64 + w * 8 + j] = (float)((q >> (4 * j)) & 0xfu) * s + bias;
-            }
-        }
-        break;
-    case LT_DTYPE_F32: memcpy(out, row, (size_t)n * 4); break;
-    case LT_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) out[i] = lt_bf16_to_f32(((const uint16_t *)row)[i]);
-        break;
-    case LT_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++) out[i] = lt_f16_to_f32(((const uint16_t *)row)[i]);
-        break;
-    default: LT_ABORT("lt_dequantize_row: dtype %s has no float form", lt_dtype_name(t));
-    }
-}
-
-static void minmax(const float *x, int n, float *lo, float *hi) {
-    *lo = x[0];
-    *hi = x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < *lo) *lo = x[i];
-        if (x[i] > *hi) *hi = x[i];
-    }
-}
-
-static uint8_t clamp_nibble(float v) {
-    long r = lrintf(v);
-    return (uint8_t)(r < 0 ? 0 : r > 15 ? 15 : r);
-}
-
-void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
-    uint8_t *p = row;
-    switch (t) {
-    case LT_DTYPE_Q8_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 34) {
-            const float *x = in + b * 32;
-            float amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-            uint16_t d16 = lt_f32_to_f16(amax / 127.0f);
-            float d = lt_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
-            memcpy(p, &d16, 2);
-            for (int j = 0; j < 32; j++) {
-                long q = lrintf(x[j] * id);
-                p[2 + j] = (uint8_t)(int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
-            }
-        }
-        break;
-    case LT_DTYPE_Q4_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 18) {
-            const float *x = in + b * 32;
-            float amax = 0, mx = 0;
-            for (int j = 0; j < 32; j++)
-                if (fabsf(x[j]) > amax) {
-                    amax = fabsf(x[j]);
-                    mx = x[j];
-                }
-            uint16_t d16 = lt_f32_to_f16(mx / -8.0f);
-            float d = lt_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
-            memcpy(p, &d16, 2);
-            for (int j = 0; j < 16; j++)
-                p[2 + j] = (uint8_t)(clamp_nibble(x[j] * id + 8.0f) | (clamp_nibble(x[j + 16] * id + 8.0f) << 4));
-        }
-        break;
-    case LT_DTYPE_Q4_1:
-        for (int64_t b = 0; b < n / 32; b++, p += 20) {
-            const float *x = in + b * 32;
-            float lo, hi;
-            minmax(x, 32, &lo, &hi);
-            uint16_t d16 = lt_f32_to_f16((hi - lo) / 15.0f), m16 = lt_f32_to_f16(lo);
-            float d = lt_f16_to_f32(d16), m = lt_f16_to_f32(m16), id = d != 0.0f ? 1.0f / d : 0.0f;
-            memcpy(p, &d16, 2);
-            memcpy(p + 2, &m16, 2);
-            for (int j = 0; j < 16; j++)
-                p[4 + j] = (uint8_t)(clamp_nibble((x[j] - m) * id) | (clamp_nibble((x[j + 16] - m) * id) << 4));
-        }
-        break;
-    case LT_DTYPE_INT4_G64:
-        for (int64_t b = 0; b < n / 64; b++, p += 36) {
-            const float *x = in + b * 64;
-            float lo, hi;
-            minmax(x, 64, &lo, &hi);
-            uint16_t s16 = lt_f32_to_f16((hi - lo) / 15.0f), b16 = lt_f32_to_f16(lo);
-            float s = lt_f16_to_f32(s16), bias = lt_f16_to_f32(b16), is = s != 0.0f ? 1.0f / s : 0.0f;
-            memcpy(p, &s16, 2);
-            memcpy(p + 2, &b16, 2);
-            for (int w = 0; w < 8; w++) {
-                uint32_t q = 0;
-                for (int j = 0; j < 8; j++) q |= (uint32_t)clamp_nibble((x[w * 8 + j] - bias) * is) << (4 * j);
-                memcpy(p + 4 + 4 * w, &q, 4);
-            }
-        }
-        break;
-    case LT_DTYPE_F32: memcpy(row, in, (size_t)n * 4); break;
-    case LT_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = lt_f32_to_bf16(in[i]);
-        break;
-    case LT_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)row)[i] = lt_f32_to_f16(in[i]);
-        break;
-    default: LT_ABORT("lt_quantize_row: dtype %s has no float form", lt_dtype_name(t));
-    }
 }

@@ -61,6 +61,8 @@ struct lt_gguf {
 
 /* ---- ggml types -------------------------------------------------------------------------- */
 
+#define LT_GGUF_READ_TYPES "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"
+
 /* Block sizes of the ggml types whose layout is fixed and known, so that tensors longtune does
  * not read are still bounds-checked; a type missing here only has its offset checked. */
 typedef struct ggml_type_info {
@@ -76,18 +78,18 @@ static ggml_type_info ggml_type(uint32_t t) {
     case 1: return (ggml_type_info){"F16", LT_DTYPE_F16, 1, 2};
     case 2: return (ggml_type_info){"Q4_0", LT_DTYPE_Q4_0, 32, 18};
     case 3: return (ggml_type_info){"Q4_1", LT_DTYPE_Q4_1, 32, 20};
-    case 6: return (ggml_type_info){"Q5_0", -1, 32, 22};
-    case 7: return (ggml_type_info){"Q5_1", -1, 32, 24};
+    case 6: return (ggml_type_info){"Q5_0", LT_DTYPE_Q5_0, 32, 22};
+    case 7: return (ggml_type_info){"Q5_1", LT_DTYPE_Q5_1, 32, 24};
     case 8: return (ggml_type_info){"Q8_0", LT_DTYPE_Q8_0, 32, 34};
     case 9: return (ggml_type_info){"Q8_1", -1, 32, 36};
-    case 10: return (ggml_type_info){"Q2_K", -1, 256, 84};
-    case 11: return (ggml_type_info){"Q3_K", -1, 256, 110};
-    case 12: return (ggml_type_info){"Q4_K", -1, 256, 144};
-    case 13: return (ggml_type_info){"Q5_K", -1, 256, 176};
-    case 14: return (ggml_type_info){"Q6_K", -1, 256, 210};
+    case 10: return (ggml_type_info){"Q2_K", LT_DTYPE_Q2_K, 256, 84};
+    case 11: return (ggml_type_info){"Q3_K", LT_DTYPE_Q3_K, 256, 110};
+    case 12: return (ggml_type_info){"Q4_K", LT_DTYPE_Q4_K, 256, 144};
+    case 13: return (ggml_type_info){"Q5_K", LT_DTYPE_Q5_K, 256, 176};
+    case 14: return (ggml_type_info){"Q6_K", LT_DTYPE_Q6_K, 256, 210};
     case 15: return (ggml_type_info){"Q8_K", -1, 256, 292};
-    case 20: return (ggml_type_info){"IQ4_NL", -1, 32, 18};
-    case 23: return (ggml_type_info){"IQ4_XS", -1, 256, 136};
+    case 20: return (ggml_type_info){"IQ4_NL", LT_DTYPE_IQ4_NL, 32, 18};
+    case 23: return (ggml_type_info){"IQ4_XS", LT_DTYPE_IQ4_XS, 256, 136};
     case 24: return (ggml_type_info){"I8", -1, 1, 1};
     case 25: return (ggml_type_info){"I16", -1, 1, 2};
     case 26: return (ggml_type_info){"I32", -1, 1, 4};
@@ -749,10 +751,13 @@ lt_status lt_gguf_find_tensor(lt_ctx *ctx, const lt_gguf *g, const char *name, l
         if (ti.name)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
                             "GGUF tensor '%s' has ggml type %s, which longtune does not read "
-                            "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                            "(supported: " LT_GGUF_READ_TYPES ")",
                             name, ti.name);
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "GGUF tensor '%s' has unknown ggml type %u", name, t->ggml_type);
     }
+    /* ggml's block table and longtune's dtype table describe the same layouts. */
+    LT_ASSERT(lt_dtype_block_elems((lt_dtype)ti.lt) == ti.block_elems &&
+              lt_dtype_block_bytes((lt_dtype)ti.lt) == ti.block_bytes);
     int64_t shape[GGUF_MAX_DIMS];
     for (int d = 0; d < t->ndim; d++) shape[d] = t->ne[t->ndim - 1 - d];
     void *data = (void *)(uintptr_t)(g->map + g->data_off + t->offset);

@@ -86,6 +86,13 @@ static int emit(size_t *cur, void (*fn)(void *, const lt_wpiece *), void *arg, l
     return 1;
 }
 
+lt_dtype lt_model_proj_dtype(const lt_model_config *c, int64_t l, lt_proj p) {
+    if ((unsigned)p >= LT_PROJ_COUNT_) return LT_DTYPE_F32;
+    if (l >= 0 && l < LT_MODEL_MAX_MIXED_LAYERS && c->layer_proj_dtype[l][p])
+        return (lt_dtype)(c->layer_proj_dtype[l][p] - 1);
+    return c->proj_dtype[p];
+}
+
 size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, const lt_wpiece *p), void *arg) {
     size_t cur = 0;
     int ok = emit(&cur, fn, arg, LT_W_EMBED, -1, 0, c->embed_dtype, 2, c->V, c->C);
@@ -98,7 +105,7 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
         for (int p = 0; p < LT_PROJ_COUNT_; p++) {
             int64_t o, i;
             lt_model_proj_shape(c, (lt_proj)p, &o, &i);
-            ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, c->proj_dtype[p], 2, o, i);
+            ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, lt_model_proj_dtype(c, l, (lt_proj)p), 2, o, i);
         }
         if (d.qkv_bias)
             for (int b = 0; b < 3; b++)
@@ -434,16 +441,21 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     }
 }
 
-/* The matmul's workspace: the largest over the projections at the chunk and the head over the
- * batch. */
+/* The matmul's workspace: the largest over every layer's projections (their dtypes may differ
+ * per layer) at the chunk and the head over the batch. */
 static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
     const lt_model_config *c = r->c;
     size_t mm = 0;
+    int64_t mixed = c->L < LT_MODEL_MAX_MIXED_LAYERS ? c->L : LT_MODEL_MAX_MIXED_LAYERS;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) {
         int64_t out, in;
         lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-        size_t w = r->be->matmul_workspace_bytes(c->proj_dtype[p], out, in, o->chunk, o->threads);
-        if (w > mm) mm = w;
+        for (int64_t l = -1; l < mixed; l++) { /* -1: proj_dtype itself */
+            lt_dtype dt = l < 0 ? c->proj_dtype[p] : lt_model_proj_dtype(c, l, (lt_proj)p);
+            if (l >= 0 && dt == c->proj_dtype[p]) continue;
+            size_t w = r->be->matmul_workspace_bytes(dt, out, in, o->chunk, o->threads);
+            if (w > mm) mm = w;
+        }
     }
     size_t wh =
         r->be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, r->N, o->threads);

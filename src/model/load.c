@@ -1,8 +1,9 @@
 /* Loading the one model: an HF folder (config.json + safetensors, sharded or not) or a GGUF file
  * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
- * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
- * quantized to INT4_G64 with opt->quantize), f16 embeddings/heads widened to f32 (the loss reads
- * f32, bf16 and block heads; on a GPU f32/f16 ones are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
+ * in the layout's carve order: norms and biases as f32, projections in their file dtype, per tensor
+ * where a file mixes them across layers (or quantized with opt->quantize_dtype), f16
+ * embeddings/heads widened to f32 (the loss reads f32, bf16 and block heads; on a GPU f32/f16 ones
+ * are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
  * A device model converts rows into a bounded host staging buffer and copies it over chunk by
  * chunk, so the host never holds a second copy of the weights. LoRA A gets PEFT's
  * kaiming-uniform init from a seeded generator, B zeros. */
@@ -13,6 +14,7 @@
 
 #include "longtune/alloc.h"
 #include "longtune/gguf.h"
+#include "longtune/log.h"
 #include "longtune/safetensors.h"
 #include "longtune/sysinfo.h"
 #include "model/model_internal.h"
@@ -173,10 +175,36 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     return LT_OK;
 }
 
-/* Dtype the projection/embedding tensors are held in, from the file's. */
-static lt_dtype held_proj(lt_dtype file, int quantize) {
-    if (quantize && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16)) return LT_DTYPE_INT4_G64;
+static int64_t proj_in(const lt_model_config *c, lt_proj k) {
+    int64_t o, in;
+    lt_model_proj_shape(c, k, &o, &in);
+    return in;
+}
+
+/* The block format a dense projection with rows of `in` weights is quantized to under
+ * quantize_dtype q: q itself, or llama.cpp's fallback for rows that are not whole 256-weight
+ * super-blocks (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0); LT_DTYPE_COUNT_ when neither fits. */
+static lt_dtype quantize_target(lt_dtype q, int64_t in) {
+    if (in % lt_dtype_block_elems(q) == 0) return q;
+    lt_dtype fb = q == LT_DTYPE_Q4_K ? LT_DTYPE_Q5_0
+        : q == LT_DTYPE_Q5_K         ? LT_DTYPE_Q5_1
+        : q == LT_DTYPE_Q6_K         ? LT_DTYPE_Q8_0
+                                     : LT_DTYPE_COUNT_;
+    return fb != LT_DTYPE_COUNT_ && in % lt_dtype_block_elems(fb) == 0 ? fb : LT_DTYPE_COUNT_;
+}
+
+/* Dtype a projection tensor is held in, from the file's: dense ones quantized under q (not
+ * LT_DTYPE_F32), block ones as they are. */
+static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
+    if (q != LT_DTYPE_F32 && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16))
+        return quantize_target(q, in);
     return file;
+}
+
+/* The formats --quantize offers (lt_quantize_row has a quantizer for each). */
+static int quantize_dtype_ok(lt_dtype q) {
+    return q == LT_DTYPE_F32 || q == LT_DTYPE_INT4_G64 || q == LT_DTYPE_Q4_0 || q == LT_DTYPE_Q4_1 ||
+        q == LT_DTYPE_Q8_0 || q == LT_DTYPE_Q4_K || q == LT_DTYPE_Q5_K || q == LT_DTYPE_Q6_K;
 }
 /* The embedding and head: f16 is widened to f32 on the host (its loss reads f32, bf16 and block
  * heads). The CUDA loss reads bf16 and block heads and its GEMMs round the head to bf16 anyway,
@@ -208,7 +236,13 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
         LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
     }
-    /* Dtypes from the tensors: one per projection kind, the same in every layer. */
+    /* Dtypes from the tensors: one per projection kind, or per (layer, kind) where the file mixes
+     * them across layers (every _K_M file does); each tensor is held in its own type. */
+    lt_dtype q = opt ? opt->quantize_dtype : LT_DTYPE_F32;
+    if (!quantize_dtype_ok(q))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "%s: cannot quantize to %s (int4_g64, q4_0, q4_1, q8_0, q4_k, q5_k or q6_k)", path,
+                        lt_dtype_name(q));
     char name[256];
     lt_wpiece p;
     memset(&p, 0, sizeof p);
@@ -216,24 +250,29 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
     p.kind = LT_W_PROJ;
     for (int k = 0; k < LT_PROJ_COUNT_; k++) {
         p.which = k;
-        lt_dtype first = LT_DTYPE_F32;
+        int64_t o, in;
+        lt_model_proj_shape(c, (lt_proj)k, &o, &in);
         for (int64_t l = 0; l < c->L; l++) {
             p.layer = l;
             piece_name(s, &p, name, sizeof name);
             LT_TRY(find(ctx, s, name, &t));
-            if (l == 0) first = t.dtype;
-            else if (t.dtype != first)
+            lt_dtype held = held_proj(t.dtype, q, in);
+            if (held == LT_DTYPE_COUNT_)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                                "%s: '%s' is %s but layer 0's is %s (mixed dtypes per projection)", path, name,
-                                lt_dtype_name(t.dtype), lt_dtype_name(first));
-        }
-        c->proj_dtype[k] = held_proj(first, opt && opt->quantize);
-        if (c->proj_dtype[k] == LT_DTYPE_INT4_G64 && first != LT_DTYPE_INT4_G64) {
-            int64_t o, in;
-            lt_model_proj_shape(c, (lt_proj)k, &o, &in);
-            if (in % 64)
-                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: --quantize needs %s rows of a multiple of 64, got %lld",
-                                path, lt_proj_name((lt_proj)k), (long long)in);
+                                "%s: --quantize %s: tensor '%s' has rows of %lld weights, not whole %s blocks (%lld)",
+                                path, lt_dtype_name(q), name, (long long)in, lt_dtype_name(q),
+                                (long long)lt_dtype_block_elems(q));
+            if (l == 0) {
+                c->proj_dtype[k] = held;
+            } else if (held != c->proj_dtype[k]) {
+                if (l >= LT_MODEL_MAX_MIXED_LAYERS)
+                    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                    "%s: '%s' is %s but layer 0's is %s: dtypes can change across the first %d layers "
+                                    "only",
+                                    path, name, lt_dtype_name(held), lt_dtype_name(c->proj_dtype[k]),
+                                    LT_MODEL_MAX_MIXED_LAYERS);
+                c->layer_proj_dtype[l][k] = (uint8_t)(held + 1);
+            }
         }
     }
     p.kind = LT_W_EMBED;
@@ -332,9 +371,9 @@ static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *s
         memcpy(d, src, bytes);
     } else if (to == LT_DTYPE_F32) {
         lt_dequantize_row(from, src, (float *)d, cols);
-    } else if (to == LT_DTYPE_INT4_G64) {
+    } else if (lt_dtype_is_quantized(to) && !lt_dtype_is_quantized(from)) { /* --quantize */
         lt_dequantize_row(from, src, j->row, cols);
-        lt_quantize_row(LT_DTYPE_INT4_G64, j->row, d, cols);
+        lt_quantize_row(to, j->row, d, cols);
     } else if (to == LT_DTYPE_BF16) {
         lt_dequantize_row(from, src, j->row, cols);
         for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(j->row[i]);
@@ -490,6 +529,15 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     uint8_t *stage = NULL;
     lt_status s = open_source(ctx, path, &opt, &src, &cfg);
     if (s != LT_OK) goto fail;
+    if (opt.quantize_dtype != LT_DTYPE_F32)
+        for (int k = 0; k < LT_PROJ_COUNT_; k++) {
+            lt_dtype held = cfg.proj_dtype[k];
+            if (lt_dtype_is_quantized(held) && held != opt.quantize_dtype &&
+                held == quantize_target(opt.quantize_dtype, proj_in(&cfg, (lt_proj)k)))
+                LT_INFO("--quantize %s: %s rows of %lld weights are not whole %s blocks; held as %s",
+                        lt_dtype_name(opt.quantize_dtype), lt_proj_name((lt_proj)k),
+                        (long long)proj_in(&cfg, (lt_proj)k), lt_dtype_name(opt.quantize_dtype), lt_dtype_name(held));
+        }
     lt_layout lay;
     if ((s = lt_model_layout(ctx, &cfg, lora, NULL, &lay)) != LT_OK) goto fail;
     m = lt_calloc(ctx, LT_DEVICE_CPU, lt_model_meta_bytes(&cfg), "model bookkeeping");

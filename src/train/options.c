@@ -447,8 +447,10 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
     if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") && strcmp(o.quantize, "q4_1") &&
-        strcmp(o.quantize, "q8_0"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0", o.quantize);
+        strcmp(o.quantize, "q8_0") && strcmp(o.quantize, "q4_k") && strcmp(o.quantize, "q5_k") &&
+        strcmp(o.quantize, "q6_k"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k", o.quantize);
     /* Normalise the target list to canonical names, each once, in the order given. */
     const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;
     char norm[sizeof o.lora_targets];

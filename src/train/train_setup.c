@@ -32,8 +32,9 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_dataset *train = NULL, *valid = NULL;
     lt_model *m = NULL;
     lt_status s;
-    if (opt->quantize[0] && strcmp(opt->quantize, "int4_g64"))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "--quantize %s: the loader quantizes to int4_g64 only", opt->quantize);
+    lt_dtype quantize = LT_DTYPE_F32;
+    if (opt->quantize[0] && lt_dtype_parse(opt->quantize, &quantize) != LT_OK)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "--quantize %s: not a dtype", opt->quantize);
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
     if ((s = lt_tokenizer_load(ctx, opt->model, &tok)) != LT_OK) goto done;
@@ -54,7 +55,7 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     }
     lt_lora_options lora;
     if ((s = lt_train_lora_options(ctx, opt, &lora)) != LT_OK) goto done;
-    lt_model_options mo = {opt->device, opt->quantize[0] != 0};
+    lt_model_options mo = {opt->device, quantize};
     if ((s = lt_model_load(ctx, opt->model, &mo, &lora, &m)) != LT_OK) goto done;
     const lt_model_config *cfg = lt_model_get_config(m);
     lt_model_sizes sz = lt_model_get_sizes(m);

@@ -94,7 +94,7 @@ static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, in
     lo.num_layers = f->num_layers;
     lo.seed = 7;
     lt_model_options mo = {0};
-    mo.quantize = quantize;
+    mo.quantize_dtype = quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
     lt_model *m = NULL;
     if (lt_model_load(ctx, dir, &mo, &lo, &m) != LT_OK) {
         fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
@@ -338,7 +338,7 @@ static void size_table_equals_allocations(void **state) {
                 lo.num_layers = 1;
                 lo.targets = (1u << LT_PROJ_Q) | (1u << LT_PROJ_DOWN);
                 lt_model_options mo = {0};
-                mo.quantize = pi == 1;
+                mo.quantize_dtype = pi == 1 ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
                 lt_model_config cfg;
                 assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
                 assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);

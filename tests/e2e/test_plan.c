@@ -155,7 +155,7 @@ static lt_model_config config_of_q(lt_ctx *ctx, const tiny *t, int quantize) {
     lt_model_config cfg;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.quantize = quantize;
+    mo.quantize_dtype = quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
     assert_int_equal(lt_model_inspect(ctx, t->dir, &mo, &cfg), LT_OK);
     assert_int_equal(cfg.L, t->L);
     assert_int_equal(cfg.V, t->V);
@@ -440,7 +440,7 @@ static lt_status load_and_step(lt_ctx *ctx, const tiny *t, const lt_plan_options
                                int quantize) {
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.quantize = quantize;
+    mo.quantize_dtype = quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
     lt_model *m = NULL;
     float *adam_m = NULL, *adam_v = NULL;
     int64_t n = 0;

@@ -327,9 +327,10 @@ static void valid_file_round_trips(void **state) {
         }
     }
     lt_tensor t;
-    assert_int_equal(lt_gguf_find_tensor(ctx, g, "t.q6_k", &t), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "t.q6_k"));
-    assert_non_null(strstr(lt_ctx_error(ctx), "Q6_K"));
+    assert_int_equal(lt_gguf_find_tensor(ctx, g, "t.q6_k", &t), LT_OK);
+    assert_int_equal(t.dtype, LT_DTYPE_Q6_K);
+    assert_int_equal(lt_tensor_nbytes(&t), 210);
+    assert_int_equal((size_t)(uintptr_t)t.data - data_start, 512);
     uint32_t gt;
     const char *gtn;
     assert_int_equal(lt_gguf_tensor_ggml_type(ctx, g, "t.q6_k", &gt, &gtn), LT_OK);
@@ -529,6 +530,87 @@ static void malformed_files_are_typed_errors(void **state) {
 
 /* Random byte flips in the header must never crash or leak; any status is acceptable. Also
  * every allocation failure inside open is reported as LT_ERR_OOM without leaks. */
+/* Every GGUF block type longtune reads maps to its dtype with ggml's block size; a row that is
+ * not a whole number of blocks, a type longtune does not read and an unknown type id are typed
+ * errors naming the tensor and the type. */
+static void every_read_block_type_maps(void **state) {
+    (void)state;
+    const struct {
+        uint32_t id;
+        lt_dtype dt;
+        uint64_t be, bb;
+    } types[] = {
+        {6, LT_DTYPE_Q5_0, 32, 22},    {7, LT_DTYPE_Q5_1, 32, 24},    {10, LT_DTYPE_Q2_K, 256, 84},
+        {11, LT_DTYPE_Q3_K, 256, 110}, {12, LT_DTYPE_Q4_K, 256, 144}, {13, LT_DTYPE_Q5_K, 256, 176},
+        {14, LT_DTYPE_Q6_K, 256, 210}, {20, LT_DTYPE_IQ4_NL, 32, 18}, {23, LT_DTYPE_IQ4_XS, 256, 136},
+    };
+    const int nt = (int)(sizeof types / sizeof types[0]);
+    lt_ctx *ctx = lt_ctx_new();
+    wbuf b = {0};
+    w_header(&b, 3, (uint64_t)nt + 2, 0);
+    uint64_t off = 0, offs[16];
+    for (int i = 0; i < nt; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t.%s", lt_dtype_name(types[i].dt));
+        uint64_t ne[2] = {types[i].be * 2, 3};
+        offs[i] = off;
+        w_tinfo(&b, name, 2, ne, types[i].id, off);
+        off = (off + 6 * types[i].bb + 31) / 32 * 32;
+    }
+    uint64_t ne1[1] = {256};
+    w_tinfo(&b, "t.q8_k", 1, ne1, 15, off);
+    w_tinfo(&b, "t.odd", 1, ne1, 99, off);
+    w_pad(&b, 32);
+    for (uint64_t i = 0; i < off + 292; i++) w_u8(&b, (uint8_t)i);
+    lt_gguf *g = NULL;
+    assert_int_equal(lt_gguf_open(ctx, write_tmp(&b), &g), LT_OK);
+    const uint8_t *base = NULL;
+    for (int i = 0; i < nt; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t.%s", lt_dtype_name(types[i].dt));
+        lt_tensor t;
+        assert_int_equal(lt_gguf_find_tensor(ctx, g, name, &t), LT_OK);
+        assert_int_equal(t.dtype, types[i].dt);
+        assert_int_equal(t.shape[0], 3);
+        assert_int_equal(t.shape[1], (int64_t)types[i].be * 2);
+        assert_int_equal(lt_tensor_nbytes(&t), (int64_t)(6 * types[i].bb));
+        if (i == 0) base = t.data;
+        assert_int_equal((uint64_t)((const uint8_t *)t.data - base), offs[i]);
+    }
+    lt_tensor t;
+    assert_int_equal(lt_gguf_find_tensor(ctx, g, "t.q8_k", &t), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "t.q8_k"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "Q8_K"));
+    assert_int_equal(lt_gguf_find_tensor(ctx, g, "t.odd", &t), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "t.odd"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "99"));
+    lt_gguf_close(g);
+    unlink(tmp_path);
+    free(b.p);
+
+    /* C = 576 is not a whole number of 256-weight super-blocks: the file is malformed. */
+    memset(&b, 0, sizeof b);
+    w_header(&b, 3, 1, 0);
+    uint64_t ne576[2] = {576, 2};
+    w_tinfo(&b, "blk.0.attn_q.weight", 2, ne576, 12, 0);
+    w_pad(&b, 32);
+    for (int i = 0; i < 2048; i++) w_u8(&b, 0);
+    open_and_expect(ctx, &b, LT_ERR_FORMAT, "blk.0.attn_q.weight");
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "blk.0.attn_q.weight", 2, ne576, 14, 0);
+    w_pad(&b, 32);
+    for (int i = 0; i < 2048; i++) w_u8(&b, 0);
+    open_and_expect(ctx, &b, LT_ERR_FORMAT, "Q6_K");
+    /* A tensor whose blocks run past the end of the file. */
+    uint64_t ne_big[2] = {256, 64};
+    w_header(&b, 3, 1, 0);
+    w_tinfo(&b, "blk.0.ffn_down.weight", 2, ne_big, 13, 0);
+    w_pad(&b, 32);
+    for (int i = 0; i < 176 * 63; i++) w_u8(&b, 0);
+    open_and_expect(ctx, &b, LT_ERR_FORMAT, "blk.0.ffn_down.weight");
+    lt_ctx_free(ctx);
+}
+
 static void random_corruption_and_oom_never_crash(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
@@ -652,6 +734,7 @@ int main(void) {
         cmocka_unit_test(valid_file_round_trips),
         cmocka_unit_test(every_truncation_is_a_format_error),
         cmocka_unit_test(malformed_files_are_typed_errors),
+        cmocka_unit_test(every_read_block_type_maps),
         cmocka_unit_test(random_corruption_and_oom_never_crash),
         cmocka_unit_test(real_smollm2_metadata),
     };

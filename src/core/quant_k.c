@@ -1,0 +1,647 @@
+/* The reference (de)quantizers of the 256-weight super-block formats: Q2_K..Q6_K and IQ4_XS.
+ * Dequantization is bit-for-bit gguf-py's (gguf.quants.dequantize), every product and difference
+ * a separately rounded float32 operation in numpy's order. The quantizers follow the algorithms of
+ * ggml's reference quantizers (quantize_row_q{2..6}_K_ref): per sub-block a scale (and for the
+ * affine types a min) searched over a few candidate grids for the least weighted error, the
+ * sub-block scales then quantized to 4/6/8 bits against one f16 super-scale. There is no IQ4_XS
+ * quantizer: its importance-weighted search has no use here. */
+#include <math.h>
+#include <string.h>
+
+#include "core/quant_internal.h"
+#include "longtune/tensor.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+enum { QK = 256 };
+
+static float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return lt_f16_to_f32(h);
+}
+
+static void put_half(uint8_t *p, float f) {
+    uint16_t h = lt_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* d*q - m as two rounded float32 operations. */
+static float scaled_minus(float d, float q, float m) {
+    float t = d * q;
+    return t - m;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block's 12 scale bytes:
+ * bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; bytes 8-11 the low nibbles of
+ * scales/mins 4-7, whose top two bits ride in the high bits of bytes 0-7. */
+static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 2) & 0x30);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    }
+}
+
+/* Q3_K's 6-bit signed scale k (0..15) from its 12 scale bytes. */
+static int q3_scale(const uint8_t *s, int k) {
+    int lo = k < 8 ? (s[k] & 0xf) : (s[k - 8] >> 4);
+    int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
+        const uint8_t *sc = p, *qs = p + 16;
+        float d = half(p + 80), dmin = half(p + 82);
+        for (int e = 0; e < QK; e++) {
+            int h = e / 128, j = (e / 32) % 4, l = e % 32;
+            int q = (qs[h * 32 + l] >> (2 * j)) & 3, s = sc[e / 16];
+            float dl = d * (float)(s & 0xf), ml = dmin * (float)(s >> 4);
+            out[e] = scaled_minus(dl, (float)q, ml);
+        }
+    }
+}
+
+void lt_dequant_q3_k_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
+        const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
+        float d = half(p + 108);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)q3_scale(sc, k);
+            for (int i = 0; i < 16; i++) {
+                int e = k * 16 + i, h = e / 128, j = (e / 32) % 4, l = e % 32;
+                int lo = (qs[h * 32 + l] >> (2 * j)) & 3, hb = (hm[l] >> (e / 32)) & 1;
+                out[e] = dl * (float)(lo - ((hb ^ 1) << 2));
+            }
+        }
+    }
+}
+
+static void dequant_k45(const uint8_t *p, float *out, int64_t nb, int five) {
+    const int64_t bb = five ? 176 : 144;
+    for (int64_t b = 0; b < nb; b++, p += bb, out += QK) {
+        float d = half(p), dmin = half(p + 2);
+        const uint8_t *sc = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            k4_scale_min(sc, j, &s, &m);
+            float dl = d * (float)s, ml = dmin * (float)m;
+            const uint8_t *q = qs + (j / 2) * 32;
+            int shift = 4 * (j % 2);
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xf;
+                if (five) v |= ((qh[l] >> j) & 1) << 4;
+                out[j * 32 + l] = scaled_minus(dl, (float)v, ml);
+            }
+        }
+    }
+}
+
+void lt_dequant_q4_k_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 0); }
+void lt_dequant_q5_k_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_k45(p, out, nb, 1); }
+
+void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = half(p + 208);
+        for (int e = 0; e < QK; e++) {
+            int h = e / 128, r = e % 128;
+            int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0xf;
+            int hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+            float dl = d * (float)sc[e / 16];
+            out[e] = dl * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
+void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
+        float d = half(p);
+        uint16_t sh;
+        memcpy(&sh, p + 2, 2);
+        const uint8_t *sl = p + 4, *qs = p + 8;
+        for (int k = 0; k < 8; k++) {
+            int s = (((sl[k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
+            float dl = d * (float)s;
+            for (int i = 0; i < 32; i++) {
+                int q = (qs[k * 16 + i % 16] >> (4 * (i / 16))) & 0xf;
+                out[k * 32 + i] = dl * (float)lt_iq4_values[q];
+            }
+        }
+    }
+}
+
+/* ---- AVX2 dequantization ---------------------------------------------------------------------
+ * The levels of a super-block are unpacked to int8 with byte-wise vector ops, then each group of
+ * 8 becomes d*q (- m) with one float multiply and one subtract, the scalar code's two roundings
+ * (no FMA), so both paths give the same bits. AVX-512 builds use these too: the unpacking is
+ * 32 bytes wide and the float side is not the bottleneck. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline __m256 levels8(const int8_t *lev) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)lev)));
+}
+
+/* out[0..n) = dl*lev - ml, n a multiple of 8. */
+static inline void scale_minus(const int8_t *lev, float dl, float ml, float *out, int n) {
+    const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_mul_ps(d, levels8(lev + i)), m));
+}
+
+/* out[0..n) = dl*lev. */
+static inline void scale(const int8_t *lev, float dl, float *out, int n) {
+    const __m256 d = _mm256_set1_ps(dl);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(d, levels8(lev + i)));
+}
+
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+static inline void store32(int8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)(void *)p, v); }
+
+static void dequant_k45_avx2(const uint8_t *p, float *out, int64_t nb, int five) {
+    const int64_t bb = five ? 176 : 144;
+    const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += bb, out += QK) {
+        float d = half(p), dmin = half(p + 2);
+        const uint8_t *sc = p + 4, *qs = p + (five ? 48 : 16);
+        __m256i qh = five ? load32(p + 16) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i v = load32(qs + 32 * g);
+            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+            }
+            store32(lev + 64 * g, lo);
+            store32(lev + 64 * g + 32, hi);
+        }
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            k4_scale_min(sc, j, &s, &m);
+            scale_minus(lev + 32 * j, d * (float)s, dmin * (float)m, out + 32 * j, 32);
+        }
+    }
+}
+
+static void dequant_q6_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = half(p + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i a = load32(p + 64 * h), c = load32(p + 64 * h + 32), qh = load32(p + 128 + 32 * h);
+            __m256i lo4[4] = {_mm256_and_si256(a, nib), _mm256_and_si256(c, nib),
+                              _mm256_and_si256(_mm256_srli_epi16(a, 4), nib),
+                              _mm256_and_si256(_mm256_srli_epi16(c, 4), nib)};
+            for (int j = 0; j < 4; j++) {
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), three);
+                store32(lev + 128 * h + 32 * j,
+                        _mm256_sub_epi8(_mm256_or_si256(lo4[j], _mm256_slli_epi16(hi, 4)), off));
+            }
+        }
+        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)sc[k], out + 16 * k, 16);
+    }
+}
+
+static void dequant_q2_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i three = _mm256_set1_epi8(3);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
+        const uint8_t *sc = p;
+        float d = half(p + 80), dmin = half(p + 82);
+        for (int h = 0; h < 2; h++) {
+            __m256i q = load32(p + 16 + 32 * h);
+            for (int j = 0; j < 4; j++)
+                store32(lev + 128 * h + 32 * j, _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three));
+        }
+        for (int k = 0; k < 16; k++)
+            scale_minus(lev + 16 * k, d * (float)(sc[k] & 0xf), dmin * (float)(sc[k] >> 4), out + 16 * k, 16);
+    }
+}
+
+static void dequant_q3_k_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
+        const uint8_t *sc = p + 96;
+        float d = half(p + 108);
+        __m256i hm = load32(p);
+        for (int h = 0; h < 2; h++) {
+            __m256i q = load32(p + 32 + 32 * h);
+            for (int j = 0; j < 4; j++) {
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three);
+                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                /* lo - 4 * (1 - hb) */
+                store32(lev + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four));
+            }
+        }
+        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)q3_scale(sc, k), out + 16 * k, 16);
+    }
+}
+
+static void dequant_iq4_xs_avx2(const uint8_t *p, float *out, int64_t nb) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)lt_iq4_values), nib = _mm_set1_epi8(0x0f);
+    int8_t lev[QK];
+    for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
+        float d = half(p);
+        uint16_t sh;
+        memcpy(&sh, p + 2, 2);
+        const uint8_t *sl = p + 4;
+        for (int k = 0; k < 8; k++) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 8 + 16 * k));
+            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k), _mm_shuffle_epi8(table, _mm_and_si128(q, nib)));
+            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k + 16),
+                             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), nib)));
+        }
+        for (int k = 0; k < 8; k++) {
+            int s = (((sl[k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
+            scale(lev + 32 * k, d * (float)s, out + 32 * k, 32);
+        }
+    }
+}
+#endif
+
+void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q2_k_avx2(p, out, nb);
+#else
+    lt_dequant_q2_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q3_k_avx2(p, out, nb);
+#else
+    lt_dequant_q3_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_iq4_xs_avx2(p, out, nb);
+#else
+    lt_dequant_iq4_xs_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_k45_avx2(p, out, nb, 0);
+#else
+    lt_dequant_q4_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_k45_avx2(p, out, nb, 1);
+#else
+    lt_dequant_q5_k_scalar(p, out, nb);
+#endif
+}
+
+void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) {
+#if defined(__AVX2__)
+    dequant_q6_k_avx2(p, out, nb);
+#else
+    lt_dequant_q6_k_scalar(p, out, nb);
+#endif
+}
+
+/* ---- quantizers ----------------------------------------------------------------------------- */
+
+#define GROUP_EPS 1e-15f
+
+/* An affine grid x ≈ scale*L - mn, L in [0, nmax], for n weights with importance w: the min is
+ * pinned at or below zero; the grid spanning [min, max] is refined by trying nstep+1 widened or
+ * narrowed grids (nmax + rmin + rdelta*i levels over the range) and taking each one's weighted
+ * least-squares scale and min. use_mad weighs absolute instead of squared errors. Returns the
+ * scale; *mn gets the (non-negative) offset. */
+static float affine_search(int n, int nmax, const float *x, const float *w, uint8_t *L, float *mn, float rmin,
+                           float rdelta, int nstep, int use_mad) {
+    float lo = x[0], hi = x[0], sw = w[0], sx = w[0] * x[0];
+    for (int i = 1; i < n; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+        sw += w[i];
+        sx += w[i] * x[i];
+    }
+    if (lo > 0) lo = 0;
+    if (hi == lo) {
+        memset(L, 0, (size_t)n);
+        *mn = -lo;
+        return 0.0f;
+    }
+    float inv = (float)nmax / (hi - lo), scale = 1.0f / inv, best = 0;
+    for (int i = 0; i < n; i++) {
+        L[i] = (uint8_t)clampi(lt_quant_round(inv * (x[i] - lo)), 0, nmax);
+        float diff = scale * (float)L[i] + lo - x[i];
+        best += w[i] * (use_mad ? fabsf(diff) : diff * diff);
+    }
+    uint8_t cand[32];
+    for (int s = 0; s <= nstep; s++) {
+        inv = (rmin + rdelta * (float)s + (float)nmax) / (hi - lo);
+        float sl = 0, sl2 = 0, sxl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = clampi(lt_quant_round(inv * (x[i] - lo)), 0, nmax);
+            cand[i] = (uint8_t)l;
+            sl += w[i] * (float)l;
+            sl2 += w[i] * (float)l * (float)l;
+            sxl += w[i] * (float)l * x[i];
+        }
+        float det = sw * sl2 - sl * sl;
+        if (det <= 0) continue;
+        float cs = (sw * sxl - sx * sl) / det, cm = (sl2 * sx - sl * sxl) / det;
+        if (cm > 0) {
+            cm = 0;
+            cs = sxl / sl2;
+        }
+        float err = 0;
+        for (int i = 0; i < n; i++) {
+            float diff = cs * (float)cand[i] + cm - x[i];
+            err += w[i] * (use_mad ? fabsf(diff) : diff * diff);
+        }
+        if (err < best) {
+            memcpy(L, cand, (size_t)n);
+            best = err;
+            scale = cs;
+            lo = cm;
+        }
+    }
+    *mn = -lo;
+    return scale;
+}
+
+/* A symmetric grid x ≈ scale*(L - nmax), L - nmax in [-nmax, nmax-1], weighted by x² (ggml's
+ * rmse_type 1): the grid through the signed largest weight, then 18 nearby grids, keeping the one
+ * whose least-squares scale explains the most of the weighted energy. Returns the scale. */
+static float symmetric_search(int n, int nmax, const float *x, int8_t *L) {
+    float amax = 0, mx = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            mx = x[i];
+        }
+    if (amax < GROUP_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float scale = 0, best = 0;
+    for (int s = 0; s <= 18; s++) {
+        int is = s == 0 ? 0 : (s <= 9 ? s - 10 : s - 9); /* 0, then -9..-1, 1..9 */
+        float inv = -((float)nmax + 0.1f * (float)is) / mx;
+        float sxl = 0, sl2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = clampi(lt_quant_round(inv * x[i]), -nmax, nmax - 1);
+            float w = x[i] * x[i];
+            sxl += w * x[i] * (float)l;
+            sl2 += w * (float)l * (float)l;
+        }
+        if (s == 0 || (sl2 > 0 && sxl * sxl > best * sl2)) {
+            for (int i = 0; i < n; i++) L[i] = (int8_t)(clampi(lt_quant_round(inv * x[i]), -nmax, nmax - 1) + nmax);
+            scale = sl2 > 0 ? sxl / sl2 : 0.0f;
+            best = scale * sxl;
+        }
+    }
+    return scale;
+}
+
+/* Q3_K's symmetric grid (nmax 4): the grid through the signed largest weight, then up to five
+ * passes moving single levels while that raises the x²-weighted fit. L gets level + nmax. */
+static float q3_search(int n, int nmax, const float *x, int8_t *L) {
+    float amax = 0, mx = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            mx = x[i];
+        }
+    if (amax < GROUP_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float inv = -(float)nmax / mx, sxl = 0, sl2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = clampi(lt_quant_round(inv * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sxl += w * x[i] * (float)l;
+        sl2 += w * (float)l * (float)l;
+    }
+    for (int pass = 0; pass < 5; pass++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sxl - w * x[i] * (float)L[i];
+            if (slx <= 0) continue;
+            float sl2b = sl2 - w * (float)L[i] * (float)L[i];
+            int nl = clampi(lt_quant_round(x[i] * sl2b / slx), -nmax, nmax - 1);
+            if (nl == L[i]) continue;
+            slx += w * x[i] * (float)nl;
+            sl2b += w * (float)nl * (float)nl;
+            if (sl2b > 0 && slx * slx * sl2 > sxl * sxl * sl2b) {
+                L[i] = (int8_t)nl;
+                sxl = slx;
+                sl2 = sl2b;
+                changed++;
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return sl2 > 0 ? sxl / sl2 : 0.0f;
+}
+
+/* Packs 2-bit levels: byte h*32+l holds elements h*128 + 32*j + l at bits 2j (Q2_K, Q3_K). */
+static void pack_2bit(const uint8_t *L, uint8_t *qs) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *e = L + h * 128 + l;
+            qs[h * 32 + l] = (uint8_t)(e[0] | (e[32] << 2) | (e[64] << 4) | (e[96] << 6));
+        }
+}
+
+void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += QK, p += 84) {
+        uint8_t L[QK];
+        float scales[16], mins[16], w[16], max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; j++) {
+            for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
+            scales[j] = affine_search(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, 1);
+            max_scale = fmaxf(max_scale, scales[j]);
+            max_min = fmaxf(max_min, mins[j]);
+        }
+        uint8_t *sc = p;
+        memset(sc, 0, 16);
+        float is = max_scale > 0 ? 15.0f / max_scale : 0.0f, im = max_min > 0 ? 15.0f / max_min : 0.0f;
+        for (int j = 0; j < 16; j++)
+            sc[j] = (uint8_t)(clampi(lt_quant_round(is * scales[j]), 0, 15) |
+                              (clampi(lt_quant_round(im * mins[j]), 0, 15) << 4));
+        put_half(p + 80, max_scale > 0 ? max_scale / 15.0f : 0.0f);
+        put_half(p + 82, max_min > 0 ? max_min / 15.0f : 0.0f);
+        float d = half(p + 80), dmin = half(p + 82);
+        for (int j = 0; j < 16; j++) {
+            float dl = d * (float)(sc[j] & 0xf);
+            if (dl == 0.0f) continue;
+            float ml = dmin * (float)(sc[j] >> 4);
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (uint8_t)clampi(lt_quant_round((x[16 * j + l] + ml) / dl), 0, 3);
+        }
+        pack_2bit(L, p + 16);
+    }
+}
+
+void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += QK, p += 110) {
+        int8_t L[QK];
+        float scales[16], max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; j++) {
+            scales[j] = q3_search(16, 4, x + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > amax) {
+                amax = fabsf(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
+        memset(sc, 0, 12);
+        if (max_scale != 0.0f) {
+            float inv = -32.0f / max_scale;
+            for (int j = 0; j < 16; j++) {
+                int l = clampi(lt_quant_round(inv * scales[j]), -32, 31) + 32;
+                if (j < 8) sc[j] = (uint8_t)(l & 0xf);
+                else sc[j - 8] |= (uint8_t)((l & 0xf) << 4);
+                sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            put_half(p + 108, 1.0f / inv);
+        } else {
+            put_half(p + 108, 0.0f);
+        }
+        float d = half(p + 108);
+        for (int j = 0; j < 16; j++) {
+            float dl = d * (float)q3_scale(sc, j);
+            if (dl == 0.0f) continue;
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (int8_t)(clampi(lt_quant_round(x[16 * j + l] / dl), -4, 3) + 4);
+        }
+        /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
+        memset(hm, 0, 32);
+        uint8_t low[QK];
+        for (int e = 0; e < QK; e++) {
+            int l = L[e];
+            if (l > 3) {
+                hm[e % 32] |= (uint8_t)(1u << (e / 32));
+                l -= 4;
+            }
+            low[e] = (uint8_t)l;
+        }
+        pack_2bit(low, qs);
+    }
+}
+
+/* Q4_K (nmax 15) and Q5_K (nmax 31): eight 32-weight sub-blocks, each an affine grid weighted by
+ * rms(x) + |x|, their scales and mins quantized to 6 bits against f16 d and dmin. */
+static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
+    const int nmax = five ? 31 : 15, nstep = five ? 15 : 20;
+    const float rmin = five ? -0.5f : -1.0f;
+    for (int64_t b = 0; b < nb; b++, x += QK, p += five ? 176 : 144) {
+        uint8_t L[QK];
+        float scales[8], mins[8], w[32], max_scale = 0, max_min = 0;
+        for (int j = 0; j < 8; j++) {
+            const float *xs = x + 32 * j;
+            float s2 = 0;
+            for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
+            float av = sqrtf(s2 / 32.0f);
+            for (int l = 0; l < 32; l++) w[l] = av + fabsf(xs[l]);
+            scales[j] = affine_search(32, nmax, xs, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep, 0);
+            max_scale = fmaxf(max_scale, scales[j]);
+            max_min = fmaxf(max_min, mins[j]);
+        }
+        uint8_t *sc = p + 4;
+        memset(sc, 0, 12);
+        float is = max_scale > 0 ? 63.0f / max_scale : 0.0f, im = max_min > 0 ? 63.0f / max_min : 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int ls = clampi(lt_quant_round(is * scales[j]), 0, 63), lm = clampi(lt_quant_round(im * mins[j]), 0, 63);
+            if (j < 4) {
+                sc[j] = (uint8_t)ls;
+                sc[j + 4] = (uint8_t)lm;
+            } else {
+                sc[j + 4] = (uint8_t)((ls & 0xf) | ((lm & 0xf) << 4));
+                sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                sc[j] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        put_half(p, max_scale / 63.0f);
+        put_half(p + 2, max_min / 63.0f);
+        float d = half(p), dmin = half(p + 2);
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            k4_scale_min(sc, j, &s, &m);
+            float dl = d * (float)s;
+            if (dl == 0.0f) continue;
+            float ml = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                L[32 * j + l] = (uint8_t)clampi(lt_quant_round((x[32 * j + l] + ml) / dl), 0, nmax);
+        }
+        uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
+        if (five) memset(qh, 0, 32);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                int a = L[64 * g + l], c = L[64 * g + 32 + l];
+                if (five) {
+                    qh[l] |= (uint8_t)(((a >> 4) << (2 * g)) | ((c >> 4) << (2 * g + 1)));
+                    a &= 0xf;
+                    c &= 0xf;
+                }
+                qs[32 * g + l] = (uint8_t)(a | (c << 4));
+            }
+    }
+}
+
+void lt_quant_q4_k(const float *x, uint8_t *p, int64_t nb) { quant_k45(x, p, nb, 0); }
+void lt_quant_q5_k(const float *x, uint8_t *p, int64_t nb) { quant_k45(x, p, nb, 1); }
+
+void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += QK, p += 210) {
+        int8_t L[QK];
+        float scales[16], max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; j++) {
+            scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > amax) {
+                amax = fabsf(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        memset(p, 0, 210);
+        if (amax < GROUP_EPS) continue; /* an all-zero super-block: d = 0 */
+        float inv = -128.0f / max_scale;
+        int8_t *sc = (int8_t *)(p + 192);
+        for (int j = 0; j < 16; j++) sc[j] = (int8_t)clampi(lt_quant_round(inv * scales[j]), -128, 127);
+        put_half(p + 208, 1.0f / inv);
+        float d = half(p + 208);
+        for (int j = 0; j < 16; j++) {
+            float dl = d * (float)sc[j];
+            if (dl == 0.0f) continue;
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (int8_t)(clampi(lt_quant_round(x[16 * j + l] / dl), -32, 31) + 32);
+        }
+        uint8_t *ql = p, *qh = p + 128;
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const int8_t *e = L + 128 * h + l;
+                ql[64 * h + l] = (uint8_t)((e[0] & 0xf) | ((e[64] & 0xf) << 4));
+                ql[64 * h + 32 + l] = (uint8_t)((e[32] & 0xf) | ((e[96] & 0xf) << 4));
+                qh[32 * h + l] =
+                    (uint8_t)((e[0] >> 4) | ((e[32] >> 4) << 2) | ((e[64] >> 4) << 4) | ((e[96] >> 4) << 6));
+            }
+    }
+}

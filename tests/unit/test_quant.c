@@ -1,0 +1,244 @@
+/* The block formats against gguf-py: committed fixtures (tests/oracle/gen_quant_vectors.py) of
+ * random valid blocks of every GGUF type longtune reads, dequantised by gguf.quants.dequantize,
+ * must come out of lt_dequantize_row bit for bit; where gguf-py quantizes a type, lt_quantize_row
+ * must write its bytes exactly. The K-quant quantizers (no gguf-py quantizer) are held to error
+ * bounds on fresh random rows, and malformed sizes take the error paths. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "core/quant_internal.h"
+#include "longtune/tensor.h"
+
+static const lt_dtype fixture_types[] = {
+    LT_DTYPE_F16,  LT_DTYPE_BF16, LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_Q5_0,   LT_DTYPE_Q5_1,
+    LT_DTYPE_Q2_K, LT_DTYPE_Q3_K, LT_DTYPE_Q4_K, LT_DTYPE_Q5_K, LT_DTYPE_Q6_K, LT_DTYPE_IQ4_NL, LT_DTYPE_IQ4_XS,
+};
+enum { N_FIXTURE_TYPES = sizeof fixture_types / sizeof fixture_types[0], WEIGHTS = 1024 };
+
+/* The whole fixture file tests/fixtures/quant/<type><suffix>; fails the test if absent. */
+static uint8_t *read_fixture(lt_dtype t, const char *suffix, size_t *len) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/quant/%s%s", lt_test_source_dir(), lt_dtype_name(t), suffix);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("missing fixture %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)n + 1);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static void dequantize_matches_gguf_py_bit_for_bit(void **state) {
+    (void)state;
+    for (size_t ti = 0; ti < N_FIXTURE_TYPES; ti++) {
+        lt_dtype t = fixture_types[ti];
+        size_t nraw, nref;
+        uint8_t *raw = read_fixture(t, ".blocks", &nraw);
+        float *ref = (float *)read_fixture(t, ".f32", &nref);
+        assert_int_equal(nref, WEIGHTS * 4);
+        assert_int_equal((int64_t)nraw, lt_dtype_row_bytes(t, WEIGHTS));
+        float *got = lt_test_poisoned(WEIGHTS);
+        lt_dequantize_row(t, raw, got, WEIGHTS);
+        for (int i = 0; i < WEIGHTS; i++)
+            if (memcmp(&got[i], &ref[i], 4) != 0)
+                fail_msg("%s: weight %d: got %a, gguf-py %a", lt_dtype_name(t), i, (double)got[i], (double)ref[i]);
+        /* The same weights a block at a time from block-aligned offsets. */
+        int64_t be = lt_dtype_block_elems(t), bb = lt_dtype_block_bytes(t);
+        for (int64_t b = 0; b < WEIGHTS / be; b++) {
+            float *one = lt_test_poisoned(be);
+            lt_dequantize_row(t, raw + b * bb, one, be);
+            assert_memory_equal(one, ref + b * be, (size_t)be * 4);
+            free(one);
+        }
+        free(got);
+        free(raw);
+        free(ref);
+    }
+}
+
+/* The scalar definitions behind the vector paths give the same bits. */
+static void scalar_paths_match_gguf_py(void **state) {
+    (void)state;
+    const struct {
+        lt_dtype t;
+        void (*fn)(const uint8_t *, float *, int64_t);
+    } paths[] = {
+        {LT_DTYPE_Q2_K, lt_dequant_q2_k_scalar},     {LT_DTYPE_Q3_K, lt_dequant_q3_k_scalar},
+        {LT_DTYPE_IQ4_XS, lt_dequant_iq4_xs_scalar}, {LT_DTYPE_Q4_K, lt_dequant_q4_k_scalar},
+        {LT_DTYPE_Q5_K, lt_dequant_q5_k_scalar},     {LT_DTYPE_Q6_K, lt_dequant_q6_k_scalar},
+        {LT_DTYPE_Q5_0, lt_dequant_q5_0_scalar},     {LT_DTYPE_Q5_1, lt_dequant_q5_1_scalar},
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        size_t nraw, nref;
+        uint8_t *raw = read_fixture(paths[i].t, ".blocks", &nraw);
+        float *ref = (float *)read_fixture(paths[i].t, ".f32", &nref);
+        float *got = lt_test_poisoned(WEIGHTS);
+        paths[i].fn(raw, got, WEIGHTS / lt_dtype_block_elems(paths[i].t));
+        assert_memory_equal(got, ref, WEIGHTS * 4);
+        free(got);
+        free(raw);
+        free(ref);
+    }
+}
+
+static void quantize_matches_gguf_py_bytes(void **state) {
+    (void)state;
+    const lt_dtype types[] = {LT_DTYPE_Q8_0, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_Q5_0, LT_DTYPE_Q5_1, LT_DTYPE_BF16};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        lt_dtype t = types[ti];
+        size_t nin, nout;
+        float *x = (float *)read_fixture(t, ".qin.f32", &nin);
+        uint8_t *want = read_fixture(t, ".qout", &nout);
+        assert_int_equal(nin, WEIGHTS * 4);
+        assert_int_equal((int64_t)nout, lt_dtype_row_bytes(t, WEIGHTS));
+        uint8_t *got = malloc(nout);
+        memset(got, 0xa5, nout);
+        lt_quantize_row(t, x, got, WEIGHTS);
+        for (size_t i = 0; i < nout; i++)
+            if (got[i] != want[i])
+                fail_msg("%s: byte %zu: got 0x%02x, gguf-py 0x%02x", lt_dtype_name(t), i, got[i], want[i]);
+        free(x);
+        free(want);
+        free(got);
+    }
+}
+
+/* A K-quant's sub-block shape: `sub` weights on a grid of `nmax` steps, affine (x = d*l - m,
+ * l in [0, nmax]) or symmetric (x = d*l, l in [-nmax, nmax-1]). */
+typedef struct kq {
+    lt_dtype t;
+    int sub, nmax, affine;
+    double slack; /* allowed error over the float64 plain grid's */
+} kq;
+
+/* Squared error of the plain grid in float64 with exact per-sub-block scales: affine over
+ * [min(0, lo), hi]; symmetric through the signed largest weight, which lands on -nmax. */
+static double plain_grid_se(const kq *k, const float *x) {
+    double lo = 0, hi = 0, amax = 0, mx = 0, se = 0;
+    for (int i = 0; i < k->sub; i++) {
+        lo = fmin(lo, x[i]);
+        hi = fmax(hi, x[i]);
+        if (fabs(x[i]) > amax) {
+            amax = fabs(x[i]);
+            mx = x[i];
+        }
+    }
+    if (amax == 0) return 0;
+    for (int i = 0; i < k->sub; i++) {
+        double y;
+        if (k->affine) {
+            double d = (hi - lo) / k->nmax;
+            y = lo + d * fmin(k->nmax, fmax(0, nearbyint((x[i] - lo) / d)));
+        } else {
+            double d = -mx / k->nmax;
+            y = d * fmin(k->nmax - 1, fmax(-k->nmax, nearbyint(x[i] / d)));
+        }
+        se += (y - x[i]) * (y - x[i]);
+    }
+    return se;
+}
+
+static void k_quants_round_trip_within_bounds(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 7;
+    /* The searched grids beat the plain one per sub-block; the 4-bit (Q2_K), 6-bit (Q3_K, Q4_K,
+     * Q5_K) and 8-bit (Q6_K) quantization of the sub-block scales against one f16 super-scale
+     * costs back a fraction of it, most where few bits quantize the scales. */
+    const kq types[] = {
+        {LT_DTYPE_Q2_K, 16, 3, 1, 1.35},  {LT_DTYPE_Q3_K, 16, 4, 0, 1.15},  {LT_DTYPE_Q4_K, 32, 15, 1, 1.10},
+        {LT_DTYPE_Q5_K, 32, 31, 1, 1.10}, {LT_DTYPE_Q6_K, 16, 32, 0, 1.10},
+    };
+    const int64_t n = 256 * 16;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const kq *k = &types[ti];
+        float *x = lt_test_fresh(&rng, n, 0.02f), *y = lt_test_poisoned(n);
+        /* outliers, a constant and an all-zero super-block */
+        for (int i = 0; i < 16; i++) x[(int64_t)(lt_test_uniform(&rng, 0, (double)n - 1))] *= 30.0f;
+        for (int i = 0; i < 256; i++) x[256 + i] = 0.125f;
+        for (int i = 0; i < 256; i++) x[512 + i] = 0.0f;
+        uint8_t *row = malloc((size_t)lt_dtype_row_bytes(k->t, n));
+        lt_quantize_row(k->t, x, row, n);
+        lt_dequantize_row(k->t, row, y, n);
+        double se = 0, se_plain = 0, sx = 0;
+        for (int64_t i = 0; i < n; i++) {
+            se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            sx += (double)x[i] * x[i];
+        }
+        for (int64_t s = 0; s < n / k->sub; s++) se_plain += plain_grid_se(k, x + s * k->sub);
+        /* the all-zero super-block comes back exactly; the constant one within f16 rounding */
+        for (int i = 0; i < 256; i++) assert_true(y[512 + i] == 0.0f);
+        for (int i = 0; i < 256; i++) assert_true(fabs(y[256 + i] - 0.125) <= 0.125 * 2e-3);
+        double rel = sqrt(se / sx), rel_plain = sqrt(se_plain / sx);
+        print_message("%s: relative rms error %.4f, plain grid %.4f\n", lt_dtype_name(k->t), rel, rel_plain);
+        assert_true(rel <= k->slack * rel_plain);
+        /* requantizing the dequantized row loses at most a little more */
+        uint8_t *row2 = malloc((size_t)lt_dtype_row_bytes(k->t, n));
+        float *y2 = lt_test_poisoned(n);
+        lt_quantize_row(k->t, y, row2, n);
+        lt_dequantize_row(k->t, row2, y2, n);
+        double se2 = 0;
+        for (int64_t i = 0; i < n; i++) se2 += ((double)y2[i] - y[i]) * ((double)y2[i] - y[i]);
+        assert_true(sqrt(se2 / sx) <= rel);
+        free(row2);
+        free(y2);
+        free(x);
+        free(y);
+        free(row);
+    }
+}
+
+static void block_sizes_and_bad_lengths(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const struct {
+        lt_dtype t;
+        const char *name;
+        int64_t elems, bytes;
+    } want[] = {
+        {LT_DTYPE_Q5_0, "q5_0", 32, 22},   {LT_DTYPE_Q5_1, "q5_1", 32, 24},     {LT_DTYPE_Q2_K, "q2_k", 256, 84},
+        {LT_DTYPE_Q3_K, "q3_k", 256, 110}, {LT_DTYPE_Q4_K, "q4_k", 256, 144},   {LT_DTYPE_Q5_K, "q5_k", 256, 176},
+        {LT_DTYPE_Q6_K, "q6_k", 256, 210}, {LT_DTYPE_IQ4_NL, "iq4_nl", 32, 18}, {LT_DTYPE_IQ4_XS, "iq4_xs", 256, 136},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        lt_dtype d;
+        assert_int_equal(lt_dtype_parse(want[i].name, &d), LT_OK);
+        assert_int_equal(d, want[i].t);
+        assert_string_equal(lt_dtype_name(d), want[i].name);
+        assert_true(lt_dtype_is_quantized(d));
+        assert_int_equal(lt_dtype_block_elems(d), want[i].elems);
+        assert_int_equal(lt_dtype_block_bytes(d), want[i].bytes);
+        assert_int_equal(lt_dtype_row_bytes(d, 3 * want[i].elems), 3 * want[i].bytes);
+        /* a row that is not a whole number of blocks has no size and cannot be allocated */
+        assert_int_equal(lt_dtype_row_bytes(d, want[i].elems + 16), -1);
+        int64_t shape[2] = {2, want[i].elems == 256 ? 576 : 48};
+        lt_tensor t;
+        assert_int_equal(lt_tensor_alloc(ctx, &t, d, LT_DEVICE_CPU, 2, shape, "w"), LT_ERR_SHAPE);
+        assert_true(strstr(lt_ctx_error(ctx), want[i].name) != NULL);
+    }
+    assert_int_equal(lt_dtype_row_bytes(LT_DTYPE_Q8_0, INT64_MAX - 31), -1);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(dequantize_matches_gguf_py_bit_for_bit),
+        cmocka_unit_test(scalar_paths_match_gguf_py),
+        cmocka_unit_test(quantize_matches_gguf_py_bytes),
+        cmocka_unit_test(k_quants_round_trip_within_bounds),
+        cmocka_unit_test(block_sizes_and_bad_lengths),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
