@@ -9,11 +9,11 @@
 
 /* ---- Specialisations -------------------------------------------------------------------------
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
- * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
- * kernels only. Adding one: README.md. */
+ * the launchers' switches follow it). 64 and 128 have every variant below; 96 and 256 (Gemma 2/3)
+ * have the mma.sync kernels only. Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
-    { 64, 96, 128 }
-#define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128"
+    { 64, 96, 128, 256 }
+#define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
 
@@ -25,14 +25,14 @@
  *   WS2  TMA + warp-specialised     fwd_ws.cu    64,128  128 rows, 1 producer + 2     1
  *   WS3  the same, 3 K/V stages     fwd_ws.cu    64,128    consumer warpgroups        1
  * backward (lt_attn_bwd_plan)
- *   mma  mma.sync, dQ by atomics    bwd_mma.cu   all     128 keys, 8 warps            -
+ *   mma  mma.sync, dQ by atomics    bwd_mma.cu   all     128 keys (256: 64), 8 warps  -
  *   wg   wgmma, dQ by atomics       bwd_wg.cu    64,128  128 keys, 2 warpgroups       1
  *   wg   wgmma, dQ by its own kernel bwd_wg.cu   64,128  64 keys (bn), 1 warpgroup    2
  *          + the dQ kernel                               64 queries, 1 warpgroup      2
  *   ws   TMA + warp-specialised     bwd_ws.cu    64,128  128 keys, 1 producer + 2     1
  *                                                          consumer warpgroups
- * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96,
- * the mma.sync kernels run. */
+ * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96
+ * and 256, the mma.sync kernels run. */
 typedef enum lt_attn_fwd_kind {
     LT_ATTN_FWD_AUTO = 0, /* the heuristic (in an override: no override) */
     LT_ATTN_FWD_MMA,
@@ -123,7 +123,8 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
  * 16 x MT x NW from the per-head-dim table below. MT = 2 lets each K/V fragment read from shared
  * memory feed two MMAs (shared-memory bandwidth, not the tensor cores, bounds MT = 1); QREG keeps
  * Q's fragments in registers. Measured: D = 128 (4, 2, no) 250 TFLOP/s at T = 8k against 167 for
- * (8, 1, yes), (4, 2, yes) spills; D = 64 (4, 2, yes); D = 96 (8, 1, yes), (4, 2, no) spills. */
+ * (8, 1, yes), (4, 2, yes) spills; D = 64 (4, 2, yes); D = 96 (8, 1, yes), (4, 2, no) spills. D = 256
+ * (8, 1, no): the shape that fits, not a measured choice (lt_attn_fwd_mma_shape<256>). */
 #define LT_ATTN_FWD_MMA_BN 64
 /* wgmma (fwd_wg.cu): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
  * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. */
@@ -178,6 +179,20 @@ template <> struct lt_attn_fwd_mma_shape<128> {
     static constexpr int NW = 4, MT = 2;
     static constexpr bool QREG = false;
 };
+/* D = 256: one 16-row tile per warp (O alone is 128 fp32 registers a thread), Q re-read from shared
+ * memory; 128 query rows and two 64-key K/V buffers take 198 KiB of shared memory (rows padded to
+ * 264), one CTA per SM. */
+template <> struct lt_attn_fwd_mma_shape<256> {
+    static constexpr int NW = 8, MT = 1;
+    static constexpr bool QREG = false;
+};
+/* mma.sync backward per head dim: BN keys per CTA (LT_ATTN_BWD_MMA_BN, 8 warps, 64-query steps).
+ * D = 256 takes 64 keys: with 128 the K, V, Q and dO tiles alone exceed Hopper's 227 KiB and dK/dV
+ * would need 256 fp32 registers a thread; with 64 keys the warps tile Sᵀ 2 x 4 (32 keys x 16
+ * queries) and dK/dV 2 x 4 (32 keys x 64 columns, as D = 128), in 217.5 KiB (FlashAttention-2 and
+ * -3 also run hdim 256 backward on 64 x 64 tiles). */
+template <int D> struct lt_attn_bwd_mma_shape { static constexpr int BN = LT_ATTN_BWD_MMA_BN; };
+template <> struct lt_attn_bwd_mma_shape<256> { static constexpr int BN = 64; };
 } /* extern "C++" */
 #endif
 
