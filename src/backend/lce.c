@@ -10,10 +10,7 @@
 
 /* Head dtypes the op takes at all; everything else is LT_ERR_DTYPE (which of them a backend
  * serves is its `supports`). */
-static int head_dtype_ok(lt_dtype t) {
-    return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16 || t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 ||
-        t == LT_DTYPE_INT4_G64;
-}
+static int head_dtype_ok(lt_dtype t) { return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16 || lt_dtype_is_quantized(t); }
 static int act_dtype_ok(lt_dtype t) { return t == LT_DTYPE_F32 || t == LT_DTYPE_BF16; }
 
 static lt_status check_options(lt_ctx *ctx, const lt_lce_options *in, lt_lce_options *o) {
@@ -66,7 +63,7 @@ static lt_status check_args(lt_ctx *ctx, const lt_lce_options *o, const lt_lce_a
     if (!act_dtype_ok(a->h.dtype))
         return lt_error(ctx, LT_ERR_DTYPE, "lce: h must be f32 or bf16, got %s", lt_dtype_name(a->h.dtype));
     if (!head_dtype_ok(a->w.dtype))
-        return lt_error(ctx, LT_ERR_DTYPE, "lce: head w must be f32, bf16, q8_0, q4_0, q4_1 or int4_g64, got %s",
+        return lt_error(ctx, LT_ERR_DTYPE, "lce: head w must be f32, bf16 or a block format (q8_0, q4_k, ...), got %s",
                         lt_dtype_name(a->w.dtype));
     LT_TRY(check_matrix(ctx, &a->w, "w", dev, -1, C));
     if (N < 1 || C < 1 || V < 1)
