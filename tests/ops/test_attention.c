@@ -1275,7 +1275,8 @@ static void fwd_many_offsets_d64(void **s) {
     run_fwd_variants(&c, 1200);
 }
 
-/* D = 256 (the mma.sync forward: 128 rows per CTA, one 16-row tile per warp): causal GQA over six
+/* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot,
+ * else, and when forced, the mma.sync forward of 128 rows per CTA): causal GQA over several
  * blocks, the last past T; packed rows with a window and softcap. */
 static void fwd_causal_gqa_d256(void **s) {
     (void)s;

@@ -9,19 +9,25 @@
 
 /* ---- Specialisations -------------------------------------------------------------------------
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
- * the launchers' switches follow it). 64 and 128 have every variant below; 96 and 256 (Gemma 2/3)
- * have the mma.sync kernels only. Adding one: README.md. */
+ * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
+ * kernels only; 256 (Gemma 2/3) the mma.sync kernels and the one-warpgroup wgmma forward with one
+ * K/V slot (WG1). Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
     { 64, 96, 128, 256 }
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
+/* The head dims of the one-warpgroup wgmma forward (fwd_wg.cu): those, and 256 (WG1 only), whose
+ * 64 x 256 fp32 O (128 registers a thread) still fits one warpgroup; the TMA forward's 128-key S
+ * tile beside it would not, nor would any wgmma backward's dK and dV at 256. */
+#define LT_ATTN_FWD_WG_HEAD_DIM(D) (LT_ATTN_WGMMA_HEAD_DIM(D) || (D) == 256)
 
 /* ---- Variant table ---------------------------------------------------------------------------
  * forward (lt_attn_fwd_kind)       file         D       CTA                          per SM
  *   MMA  mma.sync, FlashAttention-2 fwd_mma.cu   all     16·MT·NW rows, NW warps      -
  *   WG2  wgmma, 2 K/V buffers       fwd_wg.cu    64,128  64 rows, 1 warpgroup         2
- *   WG1  wgmma, 1 K/V slot          fwd_wg.cu    64,128  64 rows, 1 warpgroup         3
+ *   WG1  wgmma, 1 K/V slot          fwd_wg.cu    64,128, 64 rows, 1 warpgroup         3 (256: 2)
+ *                                                256
  *   WS2  TMA + warp-specialised     fwd_ws.cu    64,128  128 rows, 1 producer + 2     1
  *   WS3  the same, 3 K/V stages     fwd_ws.cu    64,128    consumer warpgroups        1
  * backward (lt_attn_bwd_plan)
@@ -127,7 +133,11 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
  * (8, 1, no): the shape that fits, not a measured choice (lt_attn_fwd_mma_shape<256>). */
 #define LT_ATTN_FWD_MMA_BN 64
 /* wgmma (fwd_wg.cu): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
- * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. */
+ * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. At D = 256
+ * the tiles are 32 KiB each and only WG1 is built: two CTAs per SM (97 KiB, 255 registers a thread,
+ * no spills); WG2 would hold one CTA per SM (161 KiB) and spilled 44 bytes. Every D = 256 forward
+ * on compute capability 9.0 takes WG1 (a forced WG2, WS2 or WS3 too): chosen from the occupancy
+ * and the spills, not yet measured against the mma.sync kernel. */
 #define LT_ATTN_FWD_WG_BM 64
 #define LT_ATTN_FWD_WG_BN 64
 /* TMA (fwd_ws.cu): 128 query rows (two consumers of 64), 128-key tiles in a 2- or 3-stage ring;
