@@ -22,7 +22,8 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
     constexpr int DQ_MT = D == 96 ? 1 : 2;   /* dQ: 16-row tiles per warp */
     constexpr int DQ_QW = BM / (16 * DQ_MT); /* warps along queries (4 or 2) */
     constexpr int DQ_DW = D / (NW / DQ_QW);  /* columns per warp (64, 48, 32 or 16) */
-    static_assert(KW * QW == NW && QN % 16 == 0 && DH % 16 == 0 && DQ_DW % 16 == 0, "backward warp tiling");
+    static_assert((KW == 4 || KW == 2) && KW * QW == NW && QN % 16 == 0 && DH % 16 == 0 && DQ_DW % 16 == 0,
+                  "backward warp tiling");
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *sV = sK + BN * LD;
@@ -60,7 +61,8 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
     load_step(0, 0);
     lt_cp_async_commit();
 
-    const int kw = warp % KW, dh = warp / KW; /* Sᵀ/dPᵀ: query share dh; dV/dK: D share dh */
+    /* Sᵀ/dPᵀ: query share dh; dV/dK: D share dh (KW is 4 or 2: masks and shifts, as unsigned) */
+    const int kw = warp & (KW - 1), dh = warp >> (KW == 4 ? 2 : 1);
     float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
     for (int t = 0; t < 2; t++)
