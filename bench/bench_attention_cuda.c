@@ -1,5 +1,6 @@
 /* `longtune bench attention --backend cuda`: the library's CUDA flash attention (bf16, causal) at
- * B=1, H=32, Hkv=8, D=128 over a list of T, D=64 with H=Hkv=32 at T=8192, and one packed row
+ * B=1, H=32, Hkv=8, D=128 over a list of T, D=64 with H=Hkv=32 at T=8192, Gemma 2/3's D=256 with
+ * H=16, Hkv=8 at T=8192, and one packed row
  * against one causal sequence of the same length; forward and backward medians (device
  * synchronised around each call), TFLOP/s in FlashAttention's convention, extra device bytes from
  * the accounting allocator, and ratios to PyTorch SDPA's FlashAttention-2 and cuDNN backends
@@ -200,13 +201,18 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddItemToObject(r, "peers", pl); /* owned by r from here */
     int rc = 0;
     char name[64];
-    for (int i = 0; i <= nT; i++) {
-        /* The causal list at D=128, then D=64 with H = Hkv = 32 at T = 8192. */
+    for (int i = 0; i <= nT + 1; i++) {
+        /* The causal list at D=128, then D=64 with H = Hkv = 32 and D=256 with H = 16, Hkv = 8 (Gemma
+         * 2 9B, Gemma 3 12B) at T = 8192. */
         lt_attention_params p = {.B = 1,
                                  .T = i < nT ? Ts[i] : 8192,
-                                 .H = 32,
-                                 .Hkv = i < nT ? 8 : 32,
-                                 .D = i < nT ? 128 : 64,
+                                 .H = i <= nT ? 32 : 16,
+                                 .Hkv = i < nT ? 8
+                                     : i == nT ? 32
+                                               : 8,
+                                 .D = i < nT   ? 128
+                                     : i == nT ? 64
+                                               : 256,
                                  .dtype = LT_DTYPE_BF16,
                                  .device = LT_DEVICE_CUDA};
         cuda_timing t = time_cuda(ctx, &p, c->warmup, c->repeats, 77 + (uint64_t)i);

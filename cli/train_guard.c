@@ -52,7 +52,7 @@ int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options 
     if (!opt->recompute_auto) return 0;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.quantize = opt->quantize[0] != 0;
+    if (opt->quantize[0]) (void)lt_dtype_parse(opt->quantize, &mo.quantize_dtype); /* validated with the options */
     mo.device = opt->device;
     lt_model_config cfg;
     lt_plan_options po;

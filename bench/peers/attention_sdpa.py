@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHAPES = [(2048, 32, 8, 128), (8192, 32, 8, 128), (32768, 32, 8, 128), (8192, 32, 32, 64), (8192, 32, 8, 96)]
+SHAPES = [(2048, 32, 8, 128), (8192, 32, 8, 128), (32768, 32, 8, 128), (8192, 32, 32, 64), (8192, 32, 8, 96),
+          (8192, 16, 8, 256)]
 
 
 def time_backend(backend, T, H, Hkv, D, reps):

@@ -51,10 +51,20 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
         case LT_DTYPE_Q8_0:
         case LT_DTYPE_Q4_0:
         case LT_DTYPE_Q4_1:
-        case LT_DTYPE_INT4_G64: break;
+        case LT_DTYPE_INT4_G64:
+        case LT_DTYPE_Q5_0:
+        case LT_DTYPE_Q5_1:
+        case LT_DTYPE_Q2_K:
+        case LT_DTYPE_Q3_K:
+        case LT_DTYPE_Q4_K:
+        case LT_DTYPE_Q5_K:
+        case LT_DTYPE_Q6_K:
+        case LT_DTYPE_IQ4_NL:
+        case LT_DTYPE_IQ4_XS: break;
         default:
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
+                            "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64, q5_0, q5_1, "
+                            "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs",
                             lt_dtype_name(q->wdtype));
         }
         if (q->impl == LT_LCE_NAIVE)

@@ -8,7 +8,7 @@
  * against their sequences run alone, typed errors for bad inputs, poisoned outputs, the exact
  * workspace size and independence of the thread count. CUDA cases (bf16 flash attention, every
  * forward and backward kernel variant forced through lt_attn_cuda_tuning_set): causal, grouped-query
- * heads, head dims 64/96/128, sliding window, softcap, packed rows (including empty and one-token
+ * heads, head dims 64/96/128/256, sliding window, softcap, packed rows (including empty and one-token
  * sequences) and a fused qkv layout against float64 with twice the error of a naive bf16
  * implementation (emulated here), some also against the CPU backend; they are skipped with a
  * message without a device. LT_TEST_FILTER=pattern runs the matching cases only (cmocka's glob). */
@@ -810,10 +810,9 @@ typedef struct every_case {
 } every_case;
 
 static const every_case every_cases[] = {
-    {2, 70, 4, 2, 64, 0, 0, 1},
-    {1, 150, 4, 4, 128, 40, 0, 0},
-    {1, 90, 6, 2, 96, 0, 30, 0},
-    {1, 48, 2, 1, 64, 15, 20, 1},
+    {2, 70, 4, 2, 64, 0, 0, 1},     {1, 150, 4, 4, 128, 40, 0, 0}, {1, 90, 6, 2, 96, 0, 30, 0},
+    {1, 48, 2, 1, 64, 15, 20, 1},   {1, 80, 4, 2, 256, 0, 0, 1}, /* Gemma's head dim: GQA, packed rows */
+    {1, 100, 2, 1, 256, 30, 50, 0},                              /* a sliding window with softcap */
 };
 
 static void *dev_up(lt_ctx *ctx, const lt_backend *be, const void *h, size_t bytes) {
@@ -1276,6 +1275,20 @@ static void fwd_many_offsets_d64(void **s) {
     run_fwd_variants(&c, 1200);
 }
 
+/* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot,
+ * else, and when forced, the mma.sync forward of 128 rows per CTA): causal GQA over several
+ * blocks, the last past T; packed rows with a window and softcap. */
+static void fwd_causal_gqa_d256(void **s) {
+    (void)s;
+    acase c = {1, 700, 8, 2, 256, 0, 0, 0, 0, 0};
+    run_fwd_variants(&c, 0);
+}
+static void fwd_packed_window_softcap_d256(void **s) {
+    (void)s;
+    acase c = {2, 500, 4, 2, 256, 96, 50.0f, 1, 0, 0};
+    run_fwd_variants(&c, 5);
+}
+
 static void run_case(const acase *c) {
     uint64_t crng = lt_test_seed() ^ (uint64_t)(c->T * 131 + c->D * 7 + c->packed);
     const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D;
@@ -1503,6 +1516,30 @@ static void causal_long_d128(void **s) {
     run_case(&c);
 }
 
+/* D = 256, the mma.sync backward with 64 keys per CTA: causal GQA with a last key block of 8 keys
+ * (also against the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the
+ * fused qkv layout with packed rows, a window and softcap. */
+static void causal_gqa_d256(void **s) {
+    (void)s;
+    acase c = {2, 200, 4, 2, 256, 0, 0, 0, 0, 1};
+    run_case(&c);
+}
+static void window_softcap_d256(void **s) {
+    (void)s;
+    acase c = {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0};
+    run_case(&c);
+}
+static void packed_gqa_d256(void **s) {
+    (void)s;
+    acase c = {2, 300, 8, 2, 256, 0, 0, 1, 0, 0};
+    run_case(&c);
+}
+static void packed_window_softcap_fused_d256(void **s) {
+    (void)s;
+    acase c = {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0};
+    run_case(&c);
+}
+
 /* The warp-specialised backward (src/backend/cuda/attention/bwd_ws.cu: TMA producer, mbarrier
  * ring, bulk dQ reduction) takes causal rows without packing or window, T a multiple of 64, one CTA
  * per kv head.
@@ -1590,6 +1627,12 @@ int main(void) {
         cmocka_unit_test(packed_window_fused_layout_d128),
         cmocka_unit_test(window_softcap_d128),
         cmocka_unit_test(causal_long_d128),
+        cmocka_unit_test(fwd_causal_gqa_d256),
+        cmocka_unit_test(fwd_packed_window_softcap_d256),
+        cmocka_unit_test(causal_gqa_d256),
+        cmocka_unit_test(window_softcap_d256),
+        cmocka_unit_test(packed_gqa_d256),
+        cmocka_unit_test(packed_window_softcap_fused_d256),
         cmocka_unit_test(ws_causal_gqa_d128),
         cmocka_unit_test(ws_long_gqa_d128),
         cmocka_unit_test(ws_softcap_d64),

@@ -8,6 +8,7 @@
  * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
  * the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_state.cuh"
 extern "C" {
 #include "backend/lce_impl.h"
@@ -127,9 +128,7 @@ static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, i
     return pl;
 }
 
-static int lce_quantized(lt_dtype t) {
-    return t == LT_DTYPE_Q8_0 || t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 || t == LT_DTYPE_INT4_G64;
-}
+static int lce_quantized(lt_dtype t) { return lt_dtype_is_quantized(t); }
 
 /* forward_backward runs the one-pass kernels unless the request needs the final lse inside each
  * tile (lce.h): dw, or softcap together with label smoothing; chunked asks for the two calls. */
@@ -430,7 +429,8 @@ static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, voi
 }
 
 /* Dequantizes rows [v0, v0+vc) of a block-quantized (V, C) head into bf16 (vc, C). One thread per
- * block of 32 (64 for INT4_G64) weights. */
+ * block of 32 (64 for INT4_G64) weights; the formats beyond Q4_1 one thread per 32-weight group
+ * (lt_dq_group32: a K-quant super-block is 8 of them). */
 static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C, int64_t v0, int vc,
                                    __nv_bfloat16 *out) {
     const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
@@ -458,6 +458,10 @@ static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_byte
             o[j] = __float2bfloat16((float)(p[4 + j] & 0xf) * d + mn);
             o[j + 16] = __float2bfloat16((float)(p[4 + j] >> 4) * d + mn);
         }
+    } else if (dtype != LT_DTYPE_INT4_G64) {
+        float v[32];
+        lt_dq_group32((lt_dtype)dtype, p, bi, v);
+        for (int j = 0; j < 32; j++) o[j] = __float2bfloat16(v[j]);
     } else {
         p += bi * 36;
         float sc = __half2float(*(const __half *)p), bias = __half2float(*(const __half *)(p + 2));
@@ -579,6 +583,8 @@ static __global__ void lce_colsum(const __nv_bfloat16 *wt, int vc, int64_t C, fl
 static __device__ float lce_w_elem(const void *w, int dtype, int64_t row_bytes, int64_t row, int64_t col) {
     const uint8_t *p = (const uint8_t *)w + row * row_bytes;
     if (dtype == LT_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[col]);
+    if (dtype != LT_DTYPE_Q8_0 && dtype != LT_DTYPE_Q4_0 && dtype != LT_DTYPE_Q4_1 && dtype != LT_DTYPE_INT4_G64)
+        return lt_dq_elem((lt_dtype)dtype, p, col);
     const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
     const int64_t bi = col / be;
     const int j = (int)(col % be);

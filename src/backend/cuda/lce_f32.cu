@@ -34,8 +34,7 @@ static __global__ void lce_h_to_bf16(const float *h, __nv_bfloat16 *hb, int64_t 
 extern "C" lt_status lt_lce_cuda_f32_run(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a, int pass) {
     /* refuse what lce.cu refuses before allocating anything for the copy */
     if (a->w.dtype == LT_DTYPE_F32 || a->w.dtype == LT_DTYPE_F16)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "lce (CUDA): head dtype %s; implemented: bf16, q8_0, q4_0, q4_1, int4_g64",
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): head dtype %s; implemented: bf16 and every block format",
                         lt_dtype_name(a->w.dtype));
     const size_t total = lt_lce_cuda_f32_workspace_bytes(opt, a, pass, 0);
     char *ws = (char *)a->workspace;

@@ -1,7 +1,8 @@
 /* CUDA GEMMs through cuBLASLt. `gemm` is the f32 product of the LoRA factors (CUBLAS_COMPUTE_32F,
  * no TF32, so the CUDA trainer can be compared tightly with the CPU one). `matmul` is the weight
  * product: x is rounded to bf16 in the workspace, W is used directly when bf16 and otherwise
- * converted to bf16 a tile of rows at a time (f32, f16, Q8_0, Q4_0, Q4_1, INT4_G64), and one
+ * converted to bf16 a tile of rows at a time (f32, f16, and every block format: Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, IQ4_NL, INT4_G64, the 256-weight super-blocks of Q2_K..Q6_K and IQ4_XS), and one
  * bf16 cuBLASLt GEMM per tile accumulates in fp32 into the f32 output (beta honoured). There is
  * no fused dequantising GEMM: the tile conversion is a separate memory-bound pass.
  * Row-major products are column-major ones with the operands swapped: C = A·B ⇔ Cᵀ = Bᵀ·Aᵀ. */
@@ -255,8 +256,9 @@ static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_b
 }
 
 /* The same for block formats, one 32-weight group a thread: the scale is read once per group and
- * the 64 output bytes leave as four 16-byte stores (in is a multiple of 32, so groups never
- * straddle rows and every group start is 64-byte aligned in the tile). */
+ * the 64 output bytes leave as four 16-byte stores (in is a multiple of the block, 32, 64 or 256,
+ * so groups never straddle rows or super-blocks and every group start is 64-byte aligned in the
+ * tile). The tile and x sizes do not depend on the format: the workspace is the same for all. */
 static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
                                         int64_t in, __nv_bfloat16 *tile) {
     const int64_t gpr = in / 32, total = rows * gpr;

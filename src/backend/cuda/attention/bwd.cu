@@ -8,7 +8,7 @@
  * own kernel that recomputes S and dP per query tile, forms delta on the way and writes dQ once
  * (packed rows, small windows). Long causal rows without packing or window (T a multiple of 64,
  * one CTA per kv head) take the warp-specialised kernel of bwd_ws.cu instead of the main kernel.
- * Elsewhere (D = 96, other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
+ * Elsewhere (D = 96 and 256, other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
  * buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
@@ -70,6 +70,7 @@ lt_status lt_attn_bwd_delta_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int
     switch (D) {
     case 64: bwd_delta_queue<64>(d, B, rows, stream); break;
     case 96: bwd_delta_queue<96>(d, B, rows, stream); break;
+    case 256: bwd_delta_queue<256>(d, B, rows, stream); break;
     default: bwd_delta_queue<128>(d, B, rows, stream); break;
     }
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: delta kernel");
@@ -81,6 +82,7 @@ static lt_status bwd_convert_dq(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
     switch (D) {
     case 64: attn_bwd_convert_dq<64><<<blocks, 256, 0, stream>>>(d, B); break;
     case 96: attn_bwd_convert_dq<96><<<blocks, 256, 0, stream>>>(d, B); break;
+    case 256: attn_bwd_convert_dq<256><<<blocks, 256, 0, stream>>>(d, B); break;
     default: attn_bwd_convert_dq<128><<<blocks, 256, 0, stream>>>(d, B); break;
     }
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dq conversion kernel");

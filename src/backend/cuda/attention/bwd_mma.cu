@@ -1,8 +1,9 @@
 /* The mma.sync flash attention backward main kernel for every head dim and GPU, FlashAttention-2's
- * tiling. A CTA owns 128 keys (8 warps) and steps over 64 query
+ * tiling. A CTA owns 128 keys (8 warps; 64 keys at D = 256) and steps over 64 query
  * rows at a time, for every query head of its kv head's group. Sᵀ and dPᵀ are tiled 4 x 2 over the
- * warps (32 keys x 32 queries each); Pᵀ and dSᵀ go to shared memory as bf16; dV and dK are tiled
- * 4 x 2 (32 keys x D/2 each) and dQ 2 x 4 (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row
+ * warps (32 keys x 32 queries each; 2 x 4 of 32 x 16 at 64 keys); Pᵀ and dSᵀ go to shared memory as
+ * bf16; dV and dK are tiled 4 x 2 (32 keys x D/2 each; 2 x 4 of 32 x D/4 at 64 keys) and dQ 2 x 4
+ * (32 queries x D/4; D = 96: 4 x 2 of 16 x 48). Two 16-row
  * tiles per warp let every fragment read from shared memory feed two MMAs (shared-memory bandwidth
  * bounds these kernels). dQ goes into the fp32 buffer by atomics; bwd.cu runs delta before and the
  * conversion after. */
@@ -12,12 +13,17 @@
 #include <math.h>
 
 template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(lt_attn_dev p) {
-    constexpr int NW = LT_ATTN_BWD_MMA_WARPS, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
+    constexpr int NW = LT_ATTN_BWD_MMA_WARPS, BN = lt_attn_bwd_mma_shape<D>::BN, BM = LT_ATTN_BWD_MMA_BM;
     constexpr int LD = D + 8, LDS = BM + 8, KC = D / 16;
-    constexpr int DH = D / 2;                /* dV, dK: columns per warp */
+    constexpr int KW = BN / 32;              /* warps along keys (32 keys each) */
+    constexpr int QW = NW / KW;              /* warps along queries (Sᵀ, dPᵀ) and along D (dV, dK) */
+    constexpr int QN = BM / QW;              /* Sᵀ, dPᵀ: queries per warp (32 or 16) */
+    constexpr int DH = D / QW;               /* dV, dK: columns per warp */
     constexpr int DQ_MT = D == 96 ? 1 : 2;   /* dQ: 16-row tiles per warp */
     constexpr int DQ_QW = BM / (16 * DQ_MT); /* warps along queries (4 or 2) */
-    constexpr int DQ_DW = D / (NW / DQ_QW);  /* columns per warp (48, 32 or 16) */
+    constexpr int DQ_DW = D / (NW / DQ_QW);  /* columns per warp (64, 48, 32 or 16) */
+    static_assert((KW == 4 || KW == 2) && KW * QW == NW && QN % 16 == 0 && DH % 16 == 0 && DQ_DW % 16 == 0,
+                  "backward warp tiling");
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *sV = sK + BN * LD;
@@ -55,7 +61,8 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
     load_step(0, 0);
     lt_cp_async_commit();
 
-    const int kw = warp & 3, dh = warp >> 2; /* Sᵀ/dPᵀ: qw = dh; dV/dK: D half = dh */
+    /* Sᵀ/dPᵀ: query share dh; dV/dK: D share dh (KW is 4 or 2: masks and shifts, as unsigned) */
+    const int kw = warp & (KW - 1), dh = warp >> (KW == 4 ? 2 : 1);
     float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
     for (int t = 0; t < 2; t++)
@@ -81,24 +88,24 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
         /* Tiles whose keys no query of the tile can see (packed rows, window, the causal
          * diagonal) are skipped warp by warp: lo is non-decreasing, so the first row bounds all. */
         const int kA = k0 + 32 * kw;
-        const bool skip1 = kA > q0 + 32 * dh + 31 || kA + 31 < cLo[32 * dh];
+        const bool skip1 = kA > q0 + QN * dh + QN - 1 || kA + 31 < cLo[QN * dh];
         if (skip1) {
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int r = 32 * kw + 16 * t + (lane >> 2), c = 32 * dh + j * 8 + (lane & 3) * 2;
+                for (int j = 0; j < QN / 8; j++) {
+                    const int r = 32 * kw + 16 * t + (lane >> 2), c = QN * dh + j * 8 + (lane & 3) * 2;
                     *(uint32_t *)(sP + r * LDS + c) = 0u;
                     *(uint32_t *)(sP + (r + 8) * LDS + c) = 0u;
                     *(uint32_t *)(sS + r * LDS + c) = 0u;
                     *(uint32_t *)(sS + (r + 8) * LDS + c) = 0u;
                 }
         } else {
-            float st[2][4][4], dp[2][4][4];
+            float st[2][QN / 8][4], dp[2][QN / 8][4];
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < QN / 8; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) st[t][j][e] = dp[t][j][e] = 0.0f;
 #pragma unroll
@@ -111,9 +118,9 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
                     lt_ldsm_x4(av[t], sV + off);
                 }
 #pragma unroll
-                for (int np = 0; np < 2; np++) {
+                for (int np = 0; np < QN / 16; np++) {
                     const int off =
-                        (32 * dh + 16 * np + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 + ((lane >> 3) & 1) * 8;
+                        (QN * dh + 16 * np + (lane & 7) + ((lane >> 4) << 3)) * LD + kc * 16 + ((lane >> 3) & 1) * 8;
                     uint32_t rq[4], ro[4];
                     lt_ldsm_x4(rq, cQ + off);
                     lt_ldsm_x4(ro, cO + off);
@@ -130,11 +137,11 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < QN / 8; j++) {
                     float pv[4], sv[4];
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const int qc = 32 * dh + j * 8 + (lane & 3) * 2 + (e & 1);
+                        const int qc = QN * dh + j * 8 + (lane & 3) * 2 + (e & 1);
                         const int key = k0 + 32 * kw + 16 * t + (lane >> 2) + (e >> 1) * 8, q = q0 + qc;
                         float x = st[t][j][e] * scale, dfac = 1.0f;
                         if (cap > 0.0f) {
@@ -147,7 +154,7 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
                         pv[e] = pr;
                         sv[e] = pr * (dp[t][j][e] - cD[qc]) * dfac;
                     }
-                    const int r = 32 * kw + 16 * t + (lane >> 2), c = 32 * dh + j * 8 + (lane & 3) * 2;
+                    const int r = 32 * kw + 16 * t + (lane >> 2), c = QN * dh + j * 8 + (lane & 3) * 2;
                     *(uint32_t *)(sP + r * LDS + c) = lt_pack_bf16(pv[0], pv[1]);
                     *(uint32_t *)(sP + (r + 8) * LDS + c) = lt_pack_bf16(pv[2], pv[3]);
                     *(uint32_t *)(sS + r * LDS + c) = lt_pack_bf16(sv[0], sv[1]);
@@ -156,7 +163,7 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
         }
         __syncthreads();
 
-        /* dV += Pᵀ dO and dK += dSᵀ Q over this warp's 32 keys and half of D. */
+        /* dV += Pᵀ dO and dK += dSᵀ Q over this warp's 32 keys and its share of D. */
         if (!(kA > q0 + BM - 1 || kA + 31 < cLo[0]))
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++) {
@@ -256,7 +263,7 @@ template <int D> static __global__ void __launch_bounds__(256) attn_bwd_kernel(l
 }
 
 template <int D> static lt_status bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
-    constexpr int LD = D + 8, BN = LT_ATTN_BWD_MMA_BN, BM = LT_ATTN_BWD_MMA_BM;
+    constexpr int LD = D + 8, BN = lt_attn_bwd_mma_shape<D>::BN, BM = LT_ATTN_BWD_MMA_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(__nv_bfloat16) +
         (size_t)2 * BN * (BM + 8) * sizeof(__nv_bfloat16) + (size_t)6 * BM * sizeof(float);
     const dim3 grid((unsigned)((d.T + BN - 1) / BN), (unsigned)d.Hkv, (unsigned)B);
@@ -268,6 +275,7 @@ lt_status lt_attn_bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D
     switch (D) {
     case 64: return bwd_mma_launch<64>(ctx, d, B, stream);
     case 96: return bwd_mma_launch<96>(ctx, d, B, stream);
+    case 256: return bwd_mma_launch<256>(ctx, d, B, stream);
     default: return bwd_mma_launch<128>(ctx, d, B, stream);
     }
 }

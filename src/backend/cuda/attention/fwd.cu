@@ -2,7 +2,8 @@
  * the heuristic for the variant (heuristics.cu; variant table in tuning.h) and launches it. On
  * compute capability 9.0, D = 64 or 128: long rows take the warp-specialised TMA kernel (fwd_ws.cu)
  * or the one-warpgroup wgmma kernel (fwd_wg.cu), rows that see few keys the wgmma kernel with one
- * K/V slot; elsewhere (D = 96, other GPUs) the mma.sync kernel (fwd_mma.cu). */
+ * K/V slot; D = 256 always the wgmma kernel with one K/V slot; elsewhere (D = 96, other GPUs) the mma.sync
+ * kernel (fwd_mma.cu). */
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -23,7 +24,7 @@ extern "C" lt_status lt_attention_cuda_forward(lt_ctx *ctx, const lt_attention_p
         const int B = (int)p->B, D = (int)p->D;
         const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
         const lt_attn_fwd_kind v =
-            LT_ATTN_WGMMA_HEAD_DIM(D) ? lt_attn_fwd_choose(p, lt_attn_cuda_device(), &force) : LT_ATTN_FWD_MMA;
+            LT_ATTN_FWD_WG_HEAD_DIM(D) ? lt_attn_fwd_choose(p, lt_attn_cuda_device(), &force) : LT_ATTN_FWD_MMA;
         switch (v) {
         case LT_ATTN_FWD_WS2:
         case LT_ATTN_FWD_WS3:

@@ -224,6 +224,7 @@ lt_status lt_attn_fwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D
     switch (D) {
     case 64: return fwd_mma_launch<64>(ctx, d, B, stream);
     case 96: return fwd_mma_launch<96>(ctx, d, B, stream);
+    case 256: return fwd_mma_launch<256>(ctx, d, B, stream);
     default: return fwd_mma_launch<128>(ctx, d, B, stream);
     }
 }

@@ -1,17 +1,21 @@
-/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/README.md), D = 64 or 128:
+/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/README.md), D = 64, 128 or 256:
  * one warpgroup per CTA owns 64 query rows (warp w rows 16w..16w+15), S = Q·Kᵀ and O += P·V on
  * warpgroup MMAs with Q, K and V in shared memory in the 128-byte swizzle (no fragments in
  * registers but P, taken straight from the S accumulator). Tiles of 64 keys, double-buffered with
  * cp.async; two CTAs share an SM, so one's softmax overlaps the other's MMAs (WG2); with one K/V
- * slot three CTAs share an SM (WG1, for rows that see few tiles). */
+ * slot three CTAs share an SM (WG1, for rows that see few tiles). At D = 256 (32 KiB tiles, O in 128
+ * registers a thread) only WG1 is built, two CTAs an SM. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
 
 #include <math.h>
 
+/* CTAs an SM holds (the register budget __launch_bounds__ gives each thread follows from it). */
+template <int D, int NB> static constexpr int fwd_wg_ctas() { return D == 256 ? 2 : NB == 1 ? 3 : 2; }
+
 template <int D, int NB>
-static __global__ void __launch_bounds__(128, NB == 1 ? 3 : 2) attn_fwd_wg_kernel(lt_attn_dev p) {
+static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_FWD_WG_BM, BN = LT_ATTN_FWD_WG_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -173,5 +177,6 @@ template <int D, int NB> static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_at
 
 lt_status lt_attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int slots, cudaStream_t stream) {
     if (D == 64) return slots == 1 ? fwd_wg_launch<64, 1>(ctx, d, B, stream) : fwd_wg_launch<64, 2>(ctx, d, B, stream);
+    if (D == 256) return fwd_wg_launch<256, 1>(ctx, d, B, stream); /* WG1 only (tuning.h) */
     return slots == 1 ? fwd_wg_launch<128, 1>(ctx, d, B, stream) : fwd_wg_launch<128, 2>(ctx, d, B, stream);
 }

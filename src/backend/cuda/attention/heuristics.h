@@ -24,7 +24,8 @@ const lt_attn_device *lt_attn_cuda_device(void);
 /* Rows whose queries see few keys (tuning.h: LT_ATTN_SPARSE_*). */
 int lt_attn_sparse(const lt_attention_params *p);
 
-/* The forward kernel for D = 64 or 128 (D = 96 always runs LT_ATTN_FWD_MMA). */
+/* The forward kernel for D = 64, 128 or 256 (D = 96 always runs LT_ATTN_FWD_MMA; D = 256 runs
+ * LT_ATTN_FWD_WG1 or, off compute capability 9.0, LT_ATTN_FWD_MMA). */
 lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_device *dev,
                                     const lt_attn_cuda_tuning *force);
 

@@ -1,7 +1,8 @@
 /* The host side shared by the CUDA attention files: the checks and the preparation every entry
  * point runs (prepare.cu), and each variant's launcher (one per kernel file). Every launcher
  * queues its work on the stream it is given, which the entry point (fwd.cu, bwd.cu) obtains once.
- * D is one of LT_ATTENTION_CUDA_HEAD_DIMS and, for the wgmma and TMA variants, 64 or 128.
+ * D is one of LT_ATTENTION_CUDA_HEAD_DIMS and, for the wgmma and TMA variants, 64 or 128 (the
+ * one-warpgroup wgmma forward with one K/V slot also 256).
  * Private to src/backend/cuda/attention/. */
 #ifndef LT_ATTN_LAUNCH_H
 #define LT_ATTN_LAUNCH_H

@@ -10,29 +10,35 @@
 /* ---- Specialisations -------------------------------------------------------------------------
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
  * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
- * kernels only. Adding one: README.md. */
+ * kernels only; 256 (Gemma 2/3) the mma.sync kernels and the one-warpgroup wgmma forward with one
+ * K/V slot (WG1). Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
-    { 64, 96, 128 }
-#define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128"
+    { 64, 96, 128, 256 }
+#define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
+/* The head dims of the one-warpgroup wgmma forward (fwd_wg.cu): those, and 256 (WG1 only), whose
+ * 64 x 256 fp32 O (128 registers a thread) still fits one warpgroup; the TMA forward's 128-key S
+ * tile beside it would not, nor would any wgmma backward's dK and dV at 256. */
+#define LT_ATTN_FWD_WG_HEAD_DIM(D) (LT_ATTN_WGMMA_HEAD_DIM(D) || (D) == 256)
 
 /* ---- Variant table ---------------------------------------------------------------------------
  * forward (lt_attn_fwd_kind)       file         D       CTA                          per SM
  *   MMA  mma.sync, FlashAttention-2 fwd_mma.cu   all     16·MT·NW rows, NW warps      -
  *   WG2  wgmma, 2 K/V buffers       fwd_wg.cu    64,128  64 rows, 1 warpgroup         2
- *   WG1  wgmma, 1 K/V slot          fwd_wg.cu    64,128  64 rows, 1 warpgroup         3
+ *   WG1  wgmma, 1 K/V slot          fwd_wg.cu    64,128, 64 rows, 1 warpgroup         3 (256: 2)
+ *                                                256
  *   WS2  TMA + warp-specialised     fwd_ws.cu    64,128  128 rows, 1 producer + 2     1
  *   WS3  the same, 3 K/V stages     fwd_ws.cu    64,128    consumer warpgroups        1
  * backward (lt_attn_bwd_plan)
- *   mma  mma.sync, dQ by atomics    bwd_mma.cu   all     128 keys, 8 warps            -
+ *   mma  mma.sync, dQ by atomics    bwd_mma.cu   all     128 keys (256: 64), 8 warps  -
  *   wg   wgmma, dQ by atomics       bwd_wg.cu    64,128  128 keys, 2 warpgroups       1
  *   wg   wgmma, dQ by its own kernel bwd_wg.cu   64,128  64 keys (bn), 1 warpgroup    2
  *          + the dQ kernel                               64 queries, 1 warpgroup      2
  *   ws   TMA + warp-specialised     bwd_ws.cu    64,128  128 keys, 1 producer + 2     1
  *                                                          consumer warpgroups
- * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96,
- * the mma.sync kernels run. */
+ * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96
+ * and 256, the mma.sync kernels run. */
 typedef enum lt_attn_fwd_kind {
     LT_ATTN_FWD_AUTO = 0, /* the heuristic (in an override: no override) */
     LT_ATTN_FWD_MMA,
@@ -123,10 +129,15 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
  * 16 x MT x NW from the per-head-dim table below. MT = 2 lets each K/V fragment read from shared
  * memory feed two MMAs (shared-memory bandwidth, not the tensor cores, bounds MT = 1); QREG keeps
  * Q's fragments in registers. Measured: D = 128 (4, 2, no) 250 TFLOP/s at T = 8k against 167 for
- * (8, 1, yes), (4, 2, yes) spills; D = 64 (4, 2, yes); D = 96 (8, 1, yes), (4, 2, no) spills. */
+ * (8, 1, yes), (4, 2, yes) spills; D = 64 (4, 2, yes); D = 96 (8, 1, yes), (4, 2, no) spills. D = 256
+ * (8, 1, no): the shape that fits, not a measured choice (lt_attn_fwd_mma_shape<256>). */
 #define LT_ATTN_FWD_MMA_BN 64
 /* wgmma (fwd_wg.cu): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
- * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. */
+ * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. At D = 256
+ * the tiles are 32 KiB each and only WG1 is built: two CTAs per SM (97 KiB, 255 registers a thread,
+ * no spills); WG2 would hold one CTA per SM (161 KiB) and spilled 44 bytes. Every D = 256 forward
+ * on compute capability 9.0 takes WG1 (a forced WG2, WS2 or WS3 too): chosen from the occupancy
+ * and the spills, not yet measured against the mma.sync kernel. */
 #define LT_ATTN_FWD_WG_BM 64
 #define LT_ATTN_FWD_WG_BN 64
 /* TMA (fwd_ws.cu): 128 query rows (two consumers of 64), 128-key tiles in a 2- or 3-stage ring;
@@ -178,6 +189,20 @@ template <> struct lt_attn_fwd_mma_shape<128> {
     static constexpr int NW = 4, MT = 2;
     static constexpr bool QREG = false;
 };
+/* D = 256: one 16-row tile per warp (O alone is 128 fp32 registers a thread), Q re-read from shared
+ * memory; 128 query rows and two 64-key K/V buffers take 198 KiB of shared memory (rows padded to
+ * 264), one CTA per SM. */
+template <> struct lt_attn_fwd_mma_shape<256> {
+    static constexpr int NW = 8, MT = 1;
+    static constexpr bool QREG = false;
+};
+/* mma.sync backward per head dim: BN keys per CTA (LT_ATTN_BWD_MMA_BN, 8 warps, 64-query steps).
+ * D = 256 takes 64 keys: with 128 the K, V, Q and dO tiles alone exceed Hopper's 227 KiB and dK/dV
+ * would need 256 fp32 registers a thread; with 64 keys the warps tile Sᵀ 2 x 4 (32 keys x 16
+ * queries) and dK/dV 2 x 4 (32 keys x 64 columns, as D = 128), in 217.5 KiB (FlashAttention-2 and
+ * -3 also run hdim 256 backward on 64 x 64 tiles). */
+template <int D> struct lt_attn_bwd_mma_shape { static constexpr int BN = LT_ATTN_BWD_MMA_BN; };
+template <> struct lt_attn_bwd_mma_shape<256> { static constexpr int BN = 64; };
 } /* extern "C++" */
 #endif
 
