@@ -454,11 +454,118 @@ def spm_variants(corpus):
     expected(tok, corpus, fx("spm-split", "expected.jsonl"), max_len=2000)
 
 
+# ---- llama.cpp's vocabulary tests, reduced ----------------------------------------------------
+
+LLAMA_CPP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "llama-bpe", "qwen2", "qwen35", "deepseek-llm",
+                    "deepseek-coder", "command-r", "refact", "gemma-4"]
+LLAMA_CPP_SEP = "\n__ggml_vocab_test__\n"
+
+
+def split_merge(m):
+    """A GGUF merge "a b" split at the first space after the first byte, as llama.cpp reads it."""
+    k = m.find(" ", 1)
+    return m[:k], m[k + 1:]
+
+
+def reduce_llama_cpp_vocab(src, name):
+    """llama.cpp's models/ggml-vocab-NAME.gguf (MIT) with its .inp/.out test pair, reduced to the
+    tokens the expected encodings can pass through: every token of the .out file, every token
+    that is not a plain one (control, user-defined, byte), every single character, and the
+    merge ancestors of all of those (for SentencePiece vocabularies: every split of a kept piece
+    into two pieces). A merge is kept when its two parts and its result are, so the merges the
+    full vocabulary applies to the test inputs are all present and every other kept one was a
+    candidate there too: the reduced vocabulary encodes the inputs to the same tokens. Ids are
+    renumbered in order; the .out ids with them. Writes llama.cpp/NAME.{gguf,inp,out}."""
+    meta = gguf_read_meta(src)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
+    model = meta["tokenizer.ggml.model"]
+    with open(src + ".inp", encoding="utf-8", newline="") as f:
+        inp = f.read()
+    with open(src + ".out", encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    n_tests = inp.count(LLAMA_CPP_SEP) + (0 if inp.endswith(LLAMA_CPP_SEP) else 1)  # as test-tokenizer-0
+    outs = [[int(x) for x in line.split()] for line in lines[:n_tests]]
+    by_str = {t: i for i, t in enumerate(tokens)}
+    keep = set(i for o in outs for i in o)
+    for i, t in enumerate(tokens):
+        if (types and types[i] != 1) or len(t) == 1:
+            keep.add(i)
+    for k in ("bos", "eos", "unknown", "padding"):
+        v = meta.get(f"tokenizer.ggml.{k}_token_id")
+        if v is not None and 0 <= v < len(tokens):
+            keep.add(v)
+    merges = [split_merge(m) for m in meta.get("tokenizer.ggml.merges", [])]
+    producers = {}
+    for i, (a, b) in enumerate(merges):
+        producers.setdefault(a + b, []).append((a, b))
+    work = list(keep)
+    while work:
+        t = tokens[work.pop()]
+        if model == "llama":
+            parts = [(t[:k], t[k:]) for k in range(1, len(t))]
+        else:
+            parts = producers.get(t, [])
+        for a, b in parts:
+            ia, ib = by_str.get(a), by_str.get(b)
+            if ia is None or ib is None:
+                continue
+            for x in (ia, ib):
+                if x not in keep:
+                    keep.add(x)
+                    work.append(x)
+    order = sorted(keep)
+    new_id = {old: new for new, old in enumerate(order)}
+    kv = {"tokenizer.ggml.model": (8, model)}
+    if "tokenizer.ggml.pre" in meta:
+        kv["tokenizer.ggml.pre"] = (8, meta["tokenizer.ggml.pre"])
+    kv["tokenizer.ggml.tokens"] = (9, (8, [tokens[i] for i in order]))
+    if types:
+        kv["tokenizer.ggml.token_type"] = (9, (5, [types[i] for i in order]))
+    if "tokenizer.ggml.scores" in meta:
+        kv["tokenizer.ggml.scores"] = (9, (6, [meta["tokenizer.ggml.scores"][i] for i in order]))
+    if merges:
+        kept_strs = set(tokens[i] for i in order)
+        kv["tokenizer.ggml.merges"] = (9, (8, [a + " " + b for a, b in merges
+                                                if a in kept_strs and b in kept_strs and a + b in kept_strs]))
+    for k in ("bos", "eos", "unknown", "padding"):
+        v = meta.get(f"tokenizer.ggml.{k}_token_id")
+        if v is not None and v in new_id:
+            kv[f"tokenizer.ggml.{k}_token_id"] = (4, new_id[v])
+    for k in ("add_bos_token", "add_eos_token", "add_space_prefix"):
+        if f"tokenizer.ggml.{k}" in meta:
+            kv[f"tokenizer.ggml.{k}"] = (7, bool(meta[f"tokenizer.ggml.{k}"]))
+    d = fx("llama.cpp", "")
+    os.makedirs(d, exist_ok=True)
+    gguf_write(os.path.join(d, name + ".gguf"), kv)
+    with open(os.path.join(d, name + ".inp"), "w", encoding="utf-8", newline="") as f:
+        f.write(inp)
+    with open(os.path.join(d, name + ".out"), "w", encoding="utf-8") as f:
+        for o in outs:
+            f.write(" ".join(str(new_id[i]) for i in o) + "\n")
+    print(f"llama.cpp/{name}: {len(tokens)} -> {len(order)} tokens, {len(outs)} tests", file=sys.stderr)
+
+
+def llama_cpp_vocabs(llama_dir):
+    for name in LLAMA_CPP_VOCABS:
+        src = os.path.join(llama_dir, "models", f"ggml-vocab-{name}.gguf")
+        if os.path.exists(src + ".out"):
+            reduce_llama_cpp_vocab(src, name)
+        else:
+            print(f"skipping llama.cpp vocabulary {name}: {src}.out absent", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     cache = os.environ.get("LONGTUNE_CACHE", os.path.expanduser("~/.cache/longtune"))
     ap.add_argument("--gguf", default=os.path.join(cache, "smollm2-135m-instruct-q4_1.gguf"))
+    ap.add_argument("--llama-cpp", default=os.environ.get("LLAMA_CPP_DIR", ""),
+                    help="llama.cpp source tree: reduce its models/ggml-vocab-*.gguf test pairs")
+    ap.add_argument("--only-llama-cpp", action="store_true", help="write only the llama.cpp/ fixtures")
     args = ap.parse_args()
+    if args.llama_cpp:
+        llama_cpp_vocabs(args.llama_cpp)
+    if args.only_llama_cpp:
+        return
     os.makedirs(OUT, exist_ok=True)
     corpus = build_corpus()
     write_jsonl(os.path.join(OUT, "corpus.jsonl"), corpus)

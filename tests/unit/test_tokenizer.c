@@ -339,6 +339,78 @@ static void llama_bpe_gguf_matches_hf(void **state) {
     byte_level_gguf("bpe-im");
 }
 
+/* llama.cpp's own vocabulary tests (models/ggml-vocab-NAME.gguf with .inp/.out, reduced to the
+ * tokens those inputs pass through by tests/oracle/gen_tokenizer_fixtures.py --llama-cpp): each
+ * input, split as llama.cpp's test-tokenizer-0 splits the .inp file, must encode (without special
+ * tokens) to the ids of its .out line. Covers the SentencePiece models (Llama 2, Phi-3), Gemma 4's
+ * BPE and the byte-level pre-tokenizers of GPT-2, StarCoder, Llama 3, Qwen2, Qwen3.5, DeepSeek,
+ * Command-R and Refact. */
+static void llama_cpp_vocab_tests_match(void **state) {
+    (void)state;
+    static const char *const names[] = {"llama-spm",      "phi-3",     "gpt-2",  "starcoder",
+                                        "llama-bpe",      "qwen2",     "qwen35", "deepseek-llm",
+                                        "deepseek-coder", "command-r", "refact", "gemma-4"};
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    lt_ctx *ctx = lt_ctx_new();
+    size_t n_checked = 0;
+    for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+        char path[1024], rel[256];
+        snprintf(rel, sizeof rel, "llama.cpp/%s.gguf", names[v]);
+        fixture_path(path, sizeof path, rel);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        lt_status s = lt_tokenizer_load_gguf(ctx, g, &tok);
+        if (s != LT_OK) fail_msg("%s: %s: %s", rel, lt_status_str(s), lt_ctx_error(ctx));
+        lt_gguf_close(g);
+        size_t ni, no;
+        snprintf(rel, sizeof rel, "llama.cpp/%s.inp", names[v]);
+        fixture_path(path, sizeof path, rel);
+        char *inp = slurp(path, &ni);
+        snprintf(rel, sizeof rel, "llama.cpp/%s.out", names[v]);
+        fixture_path(path, sizeof path, rel);
+        char *out = slurp(path, &no);
+        assert_non_null(inp);
+        assert_non_null(out);
+        char *ip = inp, *op = out;
+        size_t k = 0;
+        while (ip < inp + ni) {
+            char *next = strstr(ip, sep);
+            size_t len = next ? (size_t)(next - ip) : strlen(ip);
+            char *eol = strchr(op, '\n');
+            if (!eol) fail_msg("%s: .out has fewer lines than .inp has tests", names[v]);
+            *eol = '\0';
+            int32_t want[4096];
+            size_t nw = 0;
+            for (char *q = op, *e; *q; q = e) {
+                long id = strtol(q, &e, 10);
+                if (e == q) break;
+                assert_true(nw < 4096);
+                want[nw++] = (int32_t)id;
+            }
+            int32_t *ids;
+            size_t n;
+            assert_int_equal(lt_tokenizer_encode(ctx, tok, ip, len, 0, &ids, &n), LT_OK);
+            if (n != nw || memcmp(ids, want, n * sizeof *ids)) {
+                report_diff(names[v], k, "llama.cpp ids", want, nw, ids, n);
+                fail_msg("%s: test %zu ('%.*s') differs from llama.cpp", names[v], k, (int)(len > 60 ? 60 : len), ip);
+            }
+            free(ids);
+            op = eol + 1;
+            ip = next ? next + strlen(sep) : inp + ni;
+            k++;
+            n_checked++;
+        }
+        assert_true(k >= 46);
+        free(inp);
+        free(out);
+        lt_tokenizer_free(tok);
+    }
+    assert_int_equal(n_checked, 11 * 46 + 50);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static const char *model_path(char *buf, size_t cap) {
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache) snprintf(buf, cap, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
@@ -658,6 +730,7 @@ int main(void) {
         cmocka_unit_test(spm_gguf_matches_hf),
         cmocka_unit_test(qwen2_gguf_matches_hf),
         cmocka_unit_test(llama_bpe_gguf_matches_hf),
+        cmocka_unit_test(llama_cpp_vocab_tests_match),
         cmocka_unit_test(byte_level_round_trips_random_text),
         cmocka_unit_test(unsupported_and_malformed_files_are_typed_errors),
         cmocka_unit_test(allocation_failures_are_clean),
