@@ -40,8 +40,14 @@ static void span_markers(lt_chat_format f, const char **before, const char **end
     } else if (f >= LT_CHAT_LLAMA3 && f <= LT_CHAT_LLAMA3_2) {
         *before = "<|start_header_id|>assistant<|end_header_id|>\n\n";
         *end = "<|eot_id|>";
+    } else if (f == LT_CHAT_GEMMA || f == LT_CHAT_GEMMA3) {
+        *before = "<start_of_turn>model\n";
+        *end = "<end_of_turn>";
+    } else if (f == LT_CHAT_PHI3) {
+        *before = "<|assistant|>\n";
+        *end = "<|end|>";
     } else {
-        *before = " [/INST]";
+        *before = f == LT_CHAT_MISTRAL_V0_3 || f == LT_CHAT_MISTRAL_NEMO ? "[/INST]" : " [/INST]";
         *end = "</s>";
     }
 }

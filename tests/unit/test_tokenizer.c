@@ -651,6 +651,18 @@ static void unsupported_and_malformed_files_are_typed_errors(void **state) {
         lt_gguf_close(g);
         unlink(gp);
     }
+    /* A tokenizer.ggml.pre value longtune does not know is named in the error. */
+    {
+        char gp[1024];
+        fixture_path(gp, sizeof gp, "llama.cpp/unknown-pre.gguf");
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, gp, &g), LT_OK);
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_ERR_UNSUPPORTED);
+        assert_null(tok);
+        assert_non_null(strstr(lt_ctx_error(ctx), "'mystery-pre'"));
+        assert_non_null(strstr(lt_ctx_error(ctx), "tekken"));
+        lt_gguf_close(g);
+    }
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
 }
