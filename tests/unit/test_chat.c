@@ -148,8 +148,26 @@ static void unknown_or_missing_template_names_the_flag(void **state) {
                                        "You are Hermes.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
                                        "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
                                        "{% endfor %}";
-    const char *bad[] = {llama2, gemma, chatml_other_default, "{{ messages }}"};
-    for (int i = 0; i < 4; i++) {
+    /* Phi-3-medium's and Phi-3-small's templates (no system block, or bos and <|role|> spelled from
+     * the role) render differently from Phi-3.5's and are not taken for it. */
+    const char *phi3_medium = "{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
+                              "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif "
+                              "(message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif "
+                              "%}{% endfor %}";
+    const char *phi3_small = "{{ bos_token }}{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + "
+                             "message['content'] + '<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+                             "'<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+    /* Mistral Small 3.x's [SYSTEM_PROMPT] template and a v3 template with an unknown reply shape. */
+    const char *mistral_small = "{%- set default_system_message = 'You are Mistral Small 3' %}{{- bos_token }}"
+                                "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{%- for message in "
+                                "loop_messages %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- endfor %}";
+    const char *mistral_v3_other = "{%- if loop.last and system_message is defined %}{{- \"[INST]\" + "
+                                   "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
+                                   "{%- elif message[\"role\"] == \"assistant\" %}{{- \" \" + "
+                                   "message[\"content\"] + \"</s>\" }}";
+    const char *bad[] = {llama2,      gemma,      chatml_other_default, "{{ messages }}",
+                         phi3_medium, phi3_small, mistral_small,        mistral_v3_other};
+    for (int i = 0; i < 8; i++) {
         assert_int_equal(lt_chat_detect(ctx, bad[i], &f), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
         assert_non_null(strstr(lt_ctx_error(ctx), "smollm2"));
@@ -173,6 +191,18 @@ static void role_errors_are_typed(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "alternate"));
     lt_chat_message sys[] = {{"system", "s"}, {"user", "b"}};
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_MISTRAL, NULL, sys, 2, &out), LT_ERR_FORMAT);
+    /* Gemma 1/2 refuse a system message; Gemma 3 and Mistral v3 check alternation after it. */
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_GEMMA, NULL, sys, 2, &out), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "messages[0]"));
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_GEMMA3, NULL, sys, 2, &out), LT_OK);
+    assert_string_equal(out.text, "<bos><start_of_turn>user\ns\n\nb<end_of_turn>\n");
+    lt_chat_message sys_twice[] = {{"system", "s"}, {"user", "a"}, {"user", "b"}};
+    lt_chat_format alternating[] = {LT_CHAT_GEMMA3, LT_CHAT_MISTRAL_V0_3, LT_CHAT_MISTRAL_NEMO};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(lt_chat_render(ctx, alternating[i], NULL, sys_twice, 3, &out), LT_ERR_FORMAT);
+        assert_non_null(strstr(lt_ctx_error(ctx), "messages[2]"));
+        assert_int_equal(lt_chat_render(ctx, alternating[i], NULL, twice, 2, &out), LT_ERR_FORMAT);
+    }
     lt_chat_message nul[] = {{"user", NULL}};
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_CHATML, NULL, nul, 1, &out), LT_ERR_INVALID_ARG);
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_NONE, NULL, twice, 2, &out), LT_ERR_INVALID_ARG);
