@@ -27,6 +27,9 @@ tokenizer.gguf where noted) and expected.jsonl.
                           the bpe-nfc vocabulary under other pre-tokenizers (every Split
                           behaviour, invert, Whitespace, WhitespaceSplit, Digits runs, GPT-2's
                           add_prefix_space) and RobertaProcessing; short records only.
+  gemma/, tekken/, qwen35/ the spm and bpe-nfc vocabularies as Gemma's, Mistral Nemo's (Tekken) and
+                          Qwen3.5's tokenizer.json lay them out, each with a tokenizer.gguf.
+  llama.cpp/              llama.cpp's own vocabulary tests, reduced (--llama-cpp DIR; see its README).
   NAME/expected.jsonl     per corpus line: ids (add_special_tokens=False), ids_special (True),
                           decoded (decode(ids, skip_special_tokens=False)); {"skip": true} for a
                           record a family leaves out.
@@ -456,6 +459,59 @@ def spm_variants(corpus):
 
 # ---- llama.cpp's vocabulary tests, reduced ----------------------------------------------------
 
+TEKKEN_RE = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"""
+             r"""[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"""
+             r"""|\s+(?!\S)|\s+""")
+QWEN35_RE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def family_variants(corpus):
+    """The layouts of the families added later, over the committed vocabularies:
+      gemma/   the spm vocabulary as Gemma's tokenizer.json lays it out (transformers'
+               GemmaTokenizer): Replace(" ", "▁") normalizer, no prefix, Split(" ",
+               merged_with_previous), byte_fallback; tokenizer.gguf: model llama with
+               add_space_prefix = false, as Gemma 2/3 GGUFs carry it.
+      tekken/  the bpe-nfc vocabulary as Mistral Nemo's Tekken tokenizer.json: no normalizer, the
+               Tekken split regex, ByteLevel, ignore_merges; tokenizer.gguf with pre = tekken.
+      qwen35/  the bpe-nfc vocabulary as Qwen3.5's: no normalizer (combining marks stay apart),
+               the Qwen3.5 regex with \p{M}; tokenizer.gguf with pre = qwen35."""
+    j = json.load(open(fx("spm", "tokenizer.json"), encoding="utf-8"))
+    j["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    j["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                          "invert": False}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}]}
+    path = fx("gemma", "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    expected(Tokenizer.from_file(path), corpus, fx("gemma", "expected.jsonl"))
+    meta = gguf_read_meta(fx("spm", "tokenizer.gguf"))
+    gguf_write(fx("gemma", "tokenizer.gguf"), {
+        "general.architecture": (8, "gemma2"),
+        "tokenizer.ggml.model": (8, "llama"),
+        "tokenizer.ggml.tokens": (9, (8, meta["tokenizer.ggml.tokens"])),
+        "tokenizer.ggml.scores": (9, (6, meta["tokenizer.ggml.scores"])),
+        "tokenizer.ggml.token_type": (9, (5, meta["tokenizer.ggml.token_type"])),
+        "tokenizer.ggml.bos_token_id": (4, 1),
+        "tokenizer.ggml.eos_token_id": (4, 2),
+        "tokenizer.ggml.unknown_token_id": (4, 0),
+        "tokenizer.ggml.add_bos_token": (7, True),
+        "tokenizer.ggml.add_space_prefix": (7, False),
+    })
+    for name, regex in (("tekken", TEKKEN_RE), ("qwen35", QWEN35_RE)):
+        j = json.load(open(fx("bpe-nfc", "tokenizer.json"), encoding="utf-8"))
+        j["normalizer"] = None
+        j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": regex}
+        j["model"]["ignore_merges"] = name == "tekken"
+        path = fx(name, "tokenizer.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        expected(Tokenizer.from_file(path), corpus, fx(name, "expected.jsonl"))
+        byte_level_gguf(name, name, False)
+
+
 LLAMA_CPP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "llama-bpe", "qwen2", "qwen35", "deepseek-llm",
                     "deepseek-coder", "command-r", "refact", "gemma-4"]
 LLAMA_CPP_SEP = "\n__ggml_vocab_test__\n"
@@ -581,6 +637,7 @@ def main():
     variants(corpus)
     spm_family(corpus)
     spm_variants(corpus)
+    family_variants(corpus)
 
 
 if __name__ == "__main__":

@@ -411,6 +411,40 @@ static void llama_cpp_vocab_tests_match(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The later families' layouts (tests/fixtures/tokenizer/{gemma,tekken,qwen35}/): Gemma's
+ * tokenizer.json (Replace normalizer, no prefix space, Split on " ", byte fallback) and the same
+ * vocabulary as a Gemma GGUF (model llama, add_space_prefix false); Mistral Nemo's Tekken and
+ * Qwen3.5's byte-level layouts, as tokenizer.json and as GGUF (pre = tekken, qwen35). */
+static void gemma_matches_hf(void **state) {
+    (void)state;
+    json_family("gemma", 0);
+    lt_ctx *ctx = lt_ctx_new();
+    char path[1024];
+    fixture_path(path, sizeof path, "gemma/tokenizer.gguf");
+    lt_gguf *g;
+    assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+    lt_tokenizer *tok;
+    lt_status s = lt_tokenizer_load_gguf(ctx, g, &tok);
+    if (s != LT_OK) fail_msg("%s: %s", lt_status_str(s), lt_ctx_error(ctx));
+    lt_gguf_close(g);
+    assert_int_equal(check_family(ctx, tok, "gemma", 0), 0);
+    lt_tokenizer_free(tok);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+static void tekken_matches_hf(void **state) {
+    (void)state;
+    json_family("tekken", 0);
+    byte_level_gguf("tekken");
+}
+
+static void qwen35_matches_hf(void **state) {
+    (void)state;
+    json_family("qwen35", 0);
+    byte_level_gguf("qwen35");
+}
+
 static const char *model_path(char *buf, size_t cap) {
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache) snprintf(buf, cap, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
@@ -743,6 +777,9 @@ int main(void) {
         cmocka_unit_test(qwen2_gguf_matches_hf),
         cmocka_unit_test(llama_bpe_gguf_matches_hf),
         cmocka_unit_test(llama_cpp_vocab_tests_match),
+        cmocka_unit_test(gemma_matches_hf),
+        cmocka_unit_test(tekken_matches_hf),
+        cmocka_unit_test(qwen35_matches_hf),
         cmocka_unit_test(byte_level_round_trips_random_text),
         cmocka_unit_test(unsupported_and_malformed_files_are_typed_errors),
         cmocka_unit_test(allocation_failures_are_clean),
