@@ -1,9 +1,10 @@
 /* Loads a tokenizer from GGUF metadata (tokenizer.ggml.*) into the same tables a tokenizer.json
  * fills, spelled the way Hugging Face's converters spell these tokenizers, so the encodings agree
- * with `tokenizers` on the equivalent tokenizer.json:
- *   model "gpt2"  -> byte-level BPE with the merges; `pre` picks the pre-tokenizer;
- *   model "llama" -> SentencePiece-style BPE with byte fallback, merges derived from the scores
- *                    as transformers' SentencePieceExtractor does.
+ * with `tokenizers` on the equivalent tokenizer.json and with llama.cpp on the GGUF:
+ *   model "gpt2"   -> byte-level BPE with the merges; `pre` picks the pre-tokenizer;
+ *   model "llama"  -> SentencePiece-style BPE with byte fallback, merges derived from the scores
+ *                     as transformers' SentencePieceExtractor does (Gemma 2/3: no space prefix);
+ *   model "gemma4" -> BPE over characters with the GGUF's merges and byte fallback.
  * Unknown and control tokens (types 2, 3) are special added tokens, user-defined ones (type 4)
  * plain added ones.
  * Other models (bert, t5, rwkv, ...) and unknown `pre` values are LT_ERR_UNSUPPORTED. */
