@@ -34,6 +34,8 @@ typedef enum lt_chat_format {
     LT_CHAT_MISTRAL_V0_3, /* "mistral-v0.3": v3 template ([INST] ...[/INST] trimmed reply</s>, the system
                              message before the last user message) */
     LT_CHAT_MISTRAL_NEMO, /* "mistral-nemo": v3-tekken template ([INST]...[/INST]reply</s>) */
+    LT_CHAT_PHI3_MINI,    /* "phi3-mini": Phi-3-mini's first template (bos, <|assistant|>\n after each user
+                             turn, system messages left out) */
     LT_CHAT_FORMAT_COUNT_
 } lt_chat_format;
 

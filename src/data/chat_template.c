@@ -11,13 +11,13 @@
 #include "longtune/chat.h"
 
 static const char *const format_names[LT_CHAT_FORMAT_COUNT_] = {
-    "none",     "chatml",  "smollm2",      "qwen2", "qwen2.5", "qwen3", "llama3",       "llama3.1",
-    "llama3.2", "mistral", "mistral-v0.1", "gemma", "gemma3",  "phi3",  "mistral-v0.3", "mistral-nemo",
+    "none",    "chatml",       "smollm2", "qwen2",  "qwen2.5", "qwen3",        "llama3",       "llama3.1",  "llama3.2",
+    "mistral", "mistral-v0.1", "gemma",   "gemma3", "phi3",    "mistral-v0.3", "mistral-nemo", "phi3-mini",
 };
 
 #define CHAT_NAMES_HELP                                                                                         \
     "chatml, smollm2, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral, mistral-v0.1, mistral-v0.3, " \
-    "mistral-nemo, gemma, gemma3, phi3"
+    "mistral-nemo, gemma, gemma3, phi3, phi3-mini"
 
 static const char SMOLLM2_SYSTEM[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 static const char QWEN2_SYSTEM[] = "You are a helpful assistant.";
@@ -85,6 +85,18 @@ lt_status lt_chat_detect(lt_ctx *ctx, const char *t, lt_chat_format *out) {
                strstr(t, "message['role'] == 'system' and message['content']") && strstr(t, "eos_token") &&
                !strstr(t, "bos_token")) {
         f = LT_CHAT_PHI3;
+    } else if (strstr(t,
+                      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+                      "{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}"
+                      "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\\n'}}"
+                      "{% endif %}{% endfor %}") ||
+               strstr(t,
+                      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+                      "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+                      "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}"
+                      "{% endif %}{% endfor %}")) {
+        /* Phi-3-mini's first template, with its '\n' pieces escaped or as newlines. */
+        f = LT_CHAT_PHI3_MINI;
     }
     if (f == LT_CHAT_NONE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -436,6 +448,27 @@ static lt_status render_phi3(lt_ctx *ctx, const lt_chat_options *opt, const lt_c
     return puts_(ctx, o, opt->eos_token ? opt->eos_token : "<|endoftext|>");
 }
 
+/* Phi-3-mini's first template: each user turn ends with the assistant header, so there is no
+ * separate generation prompt; system messages are left out. */
+static lt_status render_phi3_mini(lt_ctx *ctx, const lt_chat_options *opt, const lt_chat_message *m, size_t n,
+                                  lt_chat_text *o) {
+    LT_TRY(puts_(ctx, o, opt->bos_token ? opt->bos_token : "<s>"));
+    for (size_t i = 0; i < n; i++) {
+        if (role_is(&m[i], "user")) {
+            LT_TRY(puts_(ctx, o, "<|user|>\n"));
+            LT_TRY(puts_(ctx, o, m[i].content));
+            LT_TRY(puts_(ctx, o, "<|end|>\n<|assistant|>\n"));
+        } else if (role_is(&m[i], "assistant")) {
+            size_t begin = o->len;
+            LT_TRY(puts_(ctx, o, m[i].content));
+            LT_TRY(puts_(ctx, o, "<|end|>"));
+            LT_TRY(add_span(ctx, o, begin, i));
+            LT_TRY(puts_(ctx, o, "\n"));
+        }
+    }
+    return LT_OK;
+}
+
 /* Mistral's v3 templates: an optional leading system message goes before the last message when
  * that is a user message (and is dropped otherwise, as the templates do). */
 static lt_status render_mistral_v3(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
@@ -495,6 +528,7 @@ lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options 
     case LT_CHAT_GEMMA:
     case LT_CHAT_GEMMA3: return render_gemma(ctx, fmt, &opt, msgs, n, out);
     case LT_CHAT_PHI3: return render_phi3(ctx, &opt, msgs, n, out);
+    case LT_CHAT_PHI3_MINI: return render_phi3_mini(ctx, &opt, msgs, n, out);
     case LT_CHAT_MISTRAL_V0_3:
     case LT_CHAT_MISTRAL_NEMO: return render_mistral_v3(ctx, fmt, &opt, msgs, n, out);
     default: break;

@@ -428,6 +428,13 @@ MISTRAL_V03 = r"""{%- if messages[0]["role"] == "system" %}
 {%- endfor %}
 """
 
+# Phi-3-mini-4k-instruct's first template, as llama.cpp's models/ggml-vocab-phi-3.gguf carries it.
+PHI3_MINI = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
+    "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') %}"
+    "{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}"
+)
+
 MISTRAL_NEMO = r"""{%- if messages[0]["role"] == "system" %}
     {%- set system_message = messages[0]["content"] %}
     {%- set loop_messages = messages[1:] %}
@@ -534,6 +541,7 @@ FORMATS = {
     "phi3": (PHI3, "<s>", "<|endoftext|>", {}),
     "mistral-v0.3": (MISTRAL_V03, "<s>", "</s>", {}),
     "mistral-nemo": (MISTRAL_NEMO, "<s>", "</s>", {}),
+    "phi3-mini": (PHI3_MINI, "<s>", "<|endoftext|>", {}),
 }
 # Formats whose template raises on a system message.
 NO_SYSTEM = {"mistral", "mistral-v0.1", "gemma"}

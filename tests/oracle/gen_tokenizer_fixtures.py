@@ -590,6 +590,8 @@ def reduce_llama_cpp_vocab(src, name):
     for k in ("add_bos_token", "add_eos_token", "add_space_prefix"):
         if f"tokenizer.ggml.{k}" in meta:
             kv[f"tokenizer.ggml.{k}"] = (7, bool(meta[f"tokenizer.ggml.{k}"]))
+    if "tokenizer.chat_template" in meta and len(meta["tokenizer.chat_template"]) < 4096:
+        kv["tokenizer.chat_template"] = (8, meta["tokenizer.chat_template"])  # for test_chat's recognition
     d = fx("llama.cpp", "")
     os.makedirs(d, exist_ok=True)
     gguf_write(os.path.join(d, name + ".gguf"), kv)

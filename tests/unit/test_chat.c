@@ -15,6 +15,8 @@
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/chat.h"
+#include "longtune/gguf.h"
+#include "longtune/tokenizer.h"
 
 static char *slurp(const char *rel, size_t *len) {
     char path[1024];
@@ -43,7 +45,7 @@ static void span_markers(lt_chat_format f, const char **before, const char **end
     } else if (f == LT_CHAT_GEMMA || f == LT_CHAT_GEMMA3) {
         *before = "<start_of_turn>model\n";
         *end = "<end_of_turn>";
-    } else if (f == LT_CHAT_PHI3) {
+    } else if (f == LT_CHAT_PHI3 || f == LT_CHAT_PHI3_MINI) {
         *before = "<|assistant|>\n";
         *end = "<|end|>";
     } else {
@@ -128,6 +130,42 @@ static void recognises_real_templates(void **state) {
         if (s != LT_OK || got != (lt_chat_format)f)
             fail_msg("%s recognised as %s (%s)", rel, lt_chat_format_name(got), lt_ctx_error(ctx));
         free(t);
+    }
+    lt_ctx_free(ctx);
+}
+
+/* The chat templates real GGUFs carry (llama.cpp's vocabulary files, in
+ * tests/fixtures/tokenizer/llama.cpp/): Phi-3-mini's is recognised; Qwen2's, whose default system
+ * prompt ("You are a helpful assistant" without the period) none of the renderers writes, and
+ * Command-R's are typed errors naming the flag. */
+static void recognises_gguf_templates(void **state) {
+    (void)state;
+    static const struct {
+        const char *file;
+        lt_status want;
+        lt_chat_format fmt;
+    } cases[] = {{"phi-3", LT_OK, LT_CHAT_PHI3_MINI},
+                 {"qwen2", LT_ERR_UNSUPPORTED, LT_CHAT_NONE},
+                 {"command-r", LT_ERR_UNSUPPORTED, LT_CHAT_NONE}};
+    lt_ctx *ctx = lt_ctx_new();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/llama.cpp/%s.gguf", lt_test_source_dir(),
+                 cases[i].file);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        const char *tmpl = lt_tokenizer_chat_template(tok);
+        assert_non_null(tmpl);
+        lt_chat_format f;
+        lt_status s = lt_chat_detect(ctx, tmpl, &f);
+        if (s != cases[i].want || f != cases[i].fmt)
+            fail_msg("%s: got %s / %s (%s)", cases[i].file, lt_status_str(s), lt_chat_format_name(f),
+                     lt_ctx_error(ctx));
+        if (s != LT_OK) assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
+        lt_tokenizer_free(tok);
     }
     lt_ctx_free(ctx);
 }
@@ -219,9 +257,8 @@ static void role_errors_are_typed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(renders_equal_transformers),
-        cmocka_unit_test(recognises_real_templates),
-        cmocka_unit_test(unknown_or_missing_template_names_the_flag),
+        cmocka_unit_test(renders_equal_transformers), cmocka_unit_test(recognises_real_templates),
+        cmocka_unit_test(recognises_gguf_templates),  cmocka_unit_test(unknown_or_missing_template_names_the_flag),
         cmocka_unit_test(role_errors_are_typed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
