@@ -367,6 +367,39 @@ static lt_status chat_template(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     return LT_OK;
 }
 
+/* 1 when s[0..n) contains the lower-case ASCII literal `lit`, ignoring ASCII case. */
+static int ci_contains(const char *s, size_t n, const char *lit) {
+    size_t m = strlen(lit);
+    for (size_t i = 0; i + m <= n; i++) {
+        size_t k = 0;
+        while (k < m && (s[i + k] >= 'A' && s[i + k] <= 'Z' ? s[i + k] + 32 : s[i + k]) == lit[k]) k++;
+        if (k == m) return 1;
+    }
+    return 0;
+}
+
+/* Phi-3's tokenizer.json marks its special tokens rstrip (whitespace after <|end|>, <|user|>, ...
+ * joins the token), except <unk>, <s> and <|endoftext|>; its GGUFs cannot say so, and llama.cpp
+ * restores it for a general.name containing "phi-3" or "phi3" (any case). So does this. */
+static lt_status phi3_rstrip(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
+    const char *name;
+    size_t len;
+    lt_status s = lt_gguf_get_str(ctx, g, "general.name", &name, &len);
+    if (s == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (s != LT_OK) return s;
+    if (!ci_contains(name, len, "phi-3") && !ci_contains(name, len, "phi3")) return LT_OK;
+    for (size_t a = 0; a < t->n_added; a++) {
+        tk_added *ad = &t->added[a];
+        const char *c = t->blob + ad->off;
+        int keep = streq(c, ad->len, "<unk>") || streq(c, ad->len, "<s>") || streq(c, ad->len, "<|endoftext|>");
+        ad->rstrip = (uint8_t)!keep;
+    }
+    return LT_OK;
+}
+
 static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
     const char *model;
     size_t model_len;
@@ -394,6 +427,7 @@ static lt_status load(lt_ctx *ctx, const lt_gguf *g, lt_tokenizer *t) {
         LT_TRY(gemma4_pipeline(ctx, g, t, n_vocab));
     }
     if (is_llama) LT_TRY(llama_pipeline(ctx, g, t, n_vocab, add_space_prefix));
+    LT_TRY(phi3_rstrip(ctx, g, t));
     int32_t prefix[1], suffix[1];
     int np = 0, ns = 0;
     if (add_bos && t->bos >= 0) prefix[np++] = t->bos;

@@ -571,7 +571,8 @@ def reduce_llama_cpp_vocab(src, name):
                     work.append(x)
     order = sorted(keep)
     new_id = {old: new for new, old in enumerate(order)}
-    kv = {"tokenizer.ggml.model": (8, model)}
+    kv = {k: (8, meta[k]) for k in ("general.architecture", "general.name") if k in meta}
+    kv["tokenizer.ggml.model"] = (8, model)
     if "tokenizer.ggml.pre" in meta:
         kv["tokenizer.ggml.pre"] = (8, meta["tokenizer.ggml.pre"])
     kv["tokenizer.ggml.tokens"] = (9, (8, [tokens[i] for i in order]))

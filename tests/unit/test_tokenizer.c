@@ -445,6 +445,57 @@ static void qwen35_matches_hf(void **state) {
     byte_level_gguf("qwen35");
 }
 
+static void encode_str(lt_ctx *ctx, const lt_tokenizer *tok, const char *s, int32_t **ids, size_t *n) {
+    assert_int_equal(lt_tokenizer_encode(ctx, tok, s, strlen(s), 0, ids, n), LT_OK);
+}
+
+static int same_ids(lt_ctx *ctx, const lt_tokenizer *tok, const char *a, const char *b) {
+    int32_t *x, *y;
+    size_t nx, ny;
+    encode_str(ctx, tok, a, &x, &nx);
+    encode_str(ctx, tok, b, &y, &ny);
+    int same = nx == ny && !memcmp(x, y, nx * sizeof *x);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A Phi-3 GGUF (general.name "Phi3") gets llama.cpp's rstrip on its special tokens, as Phi-3's
+ * tokenizer.json has them: the newlines after <|user|>, <|end|> and <|assistant|> join the token,
+ * those after <|endoftext|> and <s> stay; other models keep whitespace after special tokens. */
+static void phi3_special_tokens_rstrip(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *files[] = {"llama.cpp/phi-3.gguf", "llama.cpp/llama-spm.gguf"};
+    for (int f = 0; f < 2; f++) {
+        char path[1024];
+        fixture_path(path, sizeof path, files[f]);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        if (f == 0) {
+            assert_true(same_ids(ctx, tok, "<|user|>\nHi<|end|>\n<|assistant|>\n", "<|user|>Hi<|end|><|assistant|>"));
+            int32_t *ids;
+            size_t n;
+            encode_str(ctx, tok, "<|user|>\nHi<|end|>\n<|assistant|>\n", &ids, &n);
+            assert_true(n >= 4);
+            assert_int_equal(ids[0], lt_tokenizer_token_id(tok, "<|user|>"));
+            assert_int_equal(ids[n - 2], lt_tokenizer_token_id(tok, "<|end|>"));
+            assert_int_equal(ids[n - 1], lt_tokenizer_token_id(tok, "<|assistant|>"));
+            free(ids);
+            assert_false(same_ids(ctx, tok, "<|endoftext|>\nHi", "<|endoftext|>Hi"));
+            assert_false(same_ids(ctx, tok, "<s>\nHi", "<s>Hi"));
+        } else {
+            assert_false(same_ids(ctx, tok, "</s>\nHi", "</s>Hi"));
+        }
+        lt_tokenizer_free(tok);
+    }
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static const char *model_path(char *buf, size_t cap) {
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache) snprintf(buf, cap, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
@@ -777,6 +828,7 @@ int main(void) {
         cmocka_unit_test(qwen2_gguf_matches_hf),
         cmocka_unit_test(llama_bpe_gguf_matches_hf),
         cmocka_unit_test(llama_cpp_vocab_tests_match),
+        cmocka_unit_test(phi3_special_tokens_rstrip),
         cmocka_unit_test(gemma_matches_hf),
         cmocka_unit_test(tekken_matches_hf),
         cmocka_unit_test(qwen35_matches_hf),
