@@ -342,9 +342,9 @@ static void llama_bpe_gguf_matches_hf(void **state) {
 /* llama.cpp's own vocabulary tests (models/ggml-vocab-NAME.gguf with .inp/.out, reduced to the
  * tokens those inputs pass through by tests/oracle/gen_tokenizer_fixtures.py --llama-cpp): each
  * input, split as llama.cpp's test-tokenizer-0 splits the .inp file, must encode (without special
- * tokens) to the ids of its .out line. Covers the SentencePiece models (Llama 2, Phi-3), Gemma 4's
- * BPE and the byte-level pre-tokenizers of GPT-2, StarCoder, Llama 3, Qwen2, Qwen3.5, DeepSeek,
- * Command-R and Refact. */
+ * tokens) to the ids of its .out line, and those ids must decode to the input again. Covers the
+ * SentencePiece models (Llama 2, Phi-3), Gemma 4's BPE and the byte-level pre-tokenizers of GPT-2,
+ * StarCoder, Llama 3, Qwen2, Qwen3.5, DeepSeek, Command-R and Refact. */
 static void llama_cpp_vocab_tests_match(void **state) {
     (void)state;
     static const char *const names[] = {"llama-spm",      "phi-3",     "gpt-2",  "starcoder",
@@ -395,6 +395,12 @@ static void llama_cpp_vocab_tests_match(void **state) {
                 report_diff(names[v], k, "llama.cpp ids", want, nw, ids, n);
                 fail_msg("%s: test %zu ('%.*s') differs from llama.cpp", names[v], k, (int)(len > 60 ? 60 : len), ip);
             }
+            char *text;
+            size_t tl;
+            assert_int_equal(lt_tokenizer_decode(ctx, tok, ids, n, 0, &text, &tl), LT_OK);
+            if (tl != len || memcmp(text, ip, len))
+                fail_msg("%s: test %zu ('%.*s') decodes to '%s'", names[v], k, (int)(len > 60 ? 60 : len), ip, text);
+            free(text);
             free(ids);
             op = eol + 1;
             ip = next ? next + strlen(sep) : inp + ni;
