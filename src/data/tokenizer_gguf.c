@@ -29,7 +29,7 @@ static const char *const tekken_pattern =
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}"
     "\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 /* DeepSeek's letters (Latin, Greek, Cyrillic, Armenian, ... cased scripts), punctuation and CJK runs. */
-static const char *const deepseek_llm_letters =
+static const char *const ds_letters =
     "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}"
     "\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}"
     "\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}"
@@ -45,9 +45,9 @@ static const char *const deepseek_llm_letters =
     "\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}"
     "\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-"
     "\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+";
-static const char *const deepseek_llm_punct =
+static const char *const ds_punct =
     "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+";
-static const char *const cjk_pattern = "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+";
+static const char *const ds_cjk = "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+";
 
 static int streq(const char *s, size_t n, const char *lit) { return strlen(lit) == n && !memcmp(s, lit, n); }
 
@@ -110,29 +110,25 @@ static lt_status set_norm(lt_tokenizer *t, int kind, const char *a, const char *
 }
 
 /* The pre-tokenizer of each `pre` value, as the models' tokenizer.json files spell it (Split
- * stages with HF's regexes, then ByteLevel without its own regex), and the llama.cpp names that
- * share one. `model` flags set alongside: NFC normalisation, ignore_merges (whole words found in
- * the vocabulary skip the merges) and whether add_bos defaults to on. */
+ * stages with HF's regexes, then ByteLevel with the GPT-2 regex or without one), under the
+ * llama.cpp names that share it, with the flags that go with it: NFC normalisation,
+ * ignore_merges (a whole word found in the vocabulary skips the merges) and add_bos on by default
+ * (as llama.cpp; the GGUF's tokenizer.ggml.add_bos_token overrides it). */
 typedef struct pre_spec {
     const char *names; /* space-separated llama.cpp names */
-    const char *regex[6];
     int nfc, ignore_merges, add_bos, gpt2_regex;
+    const char *regex[6]; /* the Split stages, in order */
 } pre_spec;
 
 static const pre_spec pre_specs[] = {
-    {"default gpt-2 gpt2 phi-2", {NULL}, 0, 0, 0, 1},
-    {"smollm starcoder refact command-r", {"\\p{N}"}, 0, 0, 0, 1},
-    {"llama-bpe llama3 llama-v3 pixtral", {llama3_pattern}, 0, 1, 1, 0},
-    {"qwen2 deepseek-r1-qwen", {qwen2_pattern}, 1, 0, 0, 0},
-    {"qwen35", {qwen35_pattern}, 0, 0, 0, 0}, /* no NFC: combining marks stay apart */
-    {"tekken", {tekken_pattern}, 0, 1, 1, 0},
-    {"deepseek-llm",
-     {"[\\r\\n]", deepseek_llm_letters, deepseek_llm_punct, "\\s+$", cjk_pattern, "\\p{N}+"},
-     0,
-     0,
-     1,
-     0},
-    {"deepseek-coder", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", cjk_pattern, "\\p{N}"}, 0, 0, 1, 0},
+    {"default gpt-2 gpt2 phi-2", 0, 0, 0, 1, {NULL}},
+    {"smollm starcoder refact command-r", 0, 0, 0, 1, {"\\p{N}"}},
+    {"llama-bpe llama3 llama-v3 pixtral", 0, 1, 1, 0, {llama3_pattern}},
+    {"qwen2 deepseek-r1-qwen", 1, 0, 0, 0, {qwen2_pattern}},
+    {"qwen35", 0, 0, 0, 0, {qwen35_pattern}}, /* no NFC: combining marks stay apart */
+    {"tekken", 0, 1, 1, 0, {tekken_pattern}},
+    {"deepseek-llm", 0, 0, 0, 0, {"[\\r\\n]", ds_letters, ds_punct, "\\s+$", ds_cjk, "\\p{N}+"}},
+    {"deepseek-coder", 0, 0, 0, 0, {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", ds_cjk, "\\p{N}"}},
 };
 
 static int name_in(const char *names, const char *s, size_t n) {
