@@ -502,6 +502,39 @@ static void phi3_special_tokens_rstrip(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Without tokenizer.ggml.add_bos_token, BOS is added as llama.cpp adds it: for the Llama 3 (and
+ * Tekken) pre-tokenizers and SentencePiece models, not for GPT-2's or Qwen2's. */
+static void gguf_add_bos_defaults(void **state) {
+    (void)state;
+    static const struct {
+        const char *file;
+        int bos_first;
+    } cases[] = {{"llama.cpp/llama-bpe.gguf", 1}, {"llama.cpp/gpt-2.gguf", 0}, {"llama.cpp/qwen2.gguf", 0}};
+    lt_ctx *ctx = lt_ctx_new();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024];
+        fixture_path(path, sizeof path, cases[i].file);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        int has_key = 0;
+        assert_int_equal(lt_gguf_get_bool(ctx, g, "tokenizer.ggml.add_bos_token", &has_key), LT_ERR_NOT_FOUND);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        int32_t *ids, *plain;
+        size_t n, np;
+        assert_int_equal(lt_tokenizer_encode(ctx, tok, "Hi there", 8, 1, &ids, &n), LT_OK);
+        assert_int_equal(lt_tokenizer_encode(ctx, tok, "Hi there", 8, 0, &plain, &np), LT_OK);
+        assert_int_equal(n, np + (size_t)cases[i].bos_first);
+        if (cases[i].bos_first) assert_int_equal(ids[0], lt_tokenizer_bos(tok));
+        assert_memory_equal(ids + cases[i].bos_first, plain, np * sizeof *plain);
+        free(ids);
+        free(plain);
+        lt_tokenizer_free(tok);
+    }
+    lt_ctx_free(ctx);
+}
+
 static const char *model_path(char *buf, size_t cap) {
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache) snprintf(buf, cap, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
@@ -835,6 +868,7 @@ int main(void) {
         cmocka_unit_test(llama_bpe_gguf_matches_hf),
         cmocka_unit_test(llama_cpp_vocab_tests_match),
         cmocka_unit_test(phi3_special_tokens_rstrip),
+        cmocka_unit_test(gguf_add_bos_defaults),
         cmocka_unit_test(gemma_matches_hf),
         cmocka_unit_test(tekken_matches_hf),
         cmocka_unit_test(qwen35_matches_hf),
