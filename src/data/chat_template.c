@@ -80,7 +80,9 @@ lt_status lt_chat_detect(lt_ctx *ctx, const char *t, lt_chat_format *out) {
     } else if (strstr(t, "<start_of_turn>") && strstr(t, "<end_of_turn>") && strstr(t, "model") &&
                strstr(t, "| trim")) {
         if (strstr(t, "System role not supported")) f = LT_CHAT_GEMMA;
-        else if (strstr(t, "first_user_prefix")) f = LT_CHAT_GEMMA3;
+        else if (strstr(t, "first_user_prefix = messages[0]['content'] + '\\n\\n'") ||
+                 strstr(t, "first_user_prefix = messages[0]['content'] + '\n\n'"))
+            f = LT_CHAT_GEMMA3; /* copies that join the system text with one newline are not it */
     } else if (strstr(t, "<|user|>") && strstr(t, "<|assistant|>") && strstr(t, "<|end|>") &&
                strstr(t, "message['role'] == 'system' and message['content']") && strstr(t, "eos_token") &&
                !strstr(t, "bos_token")) {

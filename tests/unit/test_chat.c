@@ -203,9 +203,16 @@ static void unknown_or_missing_template_names_the_flag(void **state) {
                                    "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
                                    "{%- elif message[\"role\"] == \"assistant\" %}{{- \" \" + "
                                    "message[\"content\"] + \"</s>\" }}";
-    const char *bad[] = {llama2,      gemma,      chatml_other_default, "{{ messages }}",
-                         phi3_medium, phi3_small, mistral_small,        mistral_v3_other};
-    for (int i = 0; i < 8; i++) {
+    /* A Gemma 3 copy that joins the system text to the first turn with one newline. */
+    const char *gemma3_one_newline =
+        "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = "
+        "messages[0]['content'] + '\\n' -%}{%- endif -%}{%- for message in loop_messages -%}"
+        "{%- set role = \"model\" -%}{{ '<start_of_turn>' + role + '\\n' + "
+        "(first_user_prefix if loop.first else \"\") }}{{ message['content'] | trim }}"
+        "{{ '<end_of_turn>\\n' }}{%- endfor -%}";
+    const char *bad[] = {llama2,     gemma,         chatml_other_default, "{{ messages }}",  phi3_medium,
+                         phi3_small, mistral_small, mistral_v3_other,     gemma3_one_newline};
+    for (int i = 0; i < 9; i++) {
         assert_int_equal(lt_chat_detect(ctx, bad[i], &f), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
         assert_non_null(strstr(lt_ctx_error(ctx), "smollm2"));
