@@ -58,15 +58,31 @@ lt_status lt_chat_detect(lt_ctx *ctx, const char *t, lt_chat_format *out) {
         return lt_error(ctx, LT_ERR_NOT_FOUND,
                         "the model has no chat template; pass --chat-template NAME (one of: " CHAT_NAMES_HELP ")");
     lt_chat_format f = LT_CHAT_NONE;
+    /* Relatives that share a family's markers but render differently are told apart by a piece
+     * only the family's own template has: Qwen3's rule for earlier reasoning (Qwen3.5, MiniCPM5,
+     * StepFun differ), SmolLM2's system line ending its turn (SmolLM3 goes on), no tools or BOS in
+     * plain ChatML (Hermes' tool templates, LFM2), no functions in Llama 3 (FireFunction,
+     * Functionary) and Llama 3.1's date_string line (Functionary 3.1 has none). */
     if (strstr(t, "<|im_start|>") && strstr(t, "<|im_end|>")) {
-        if (strstr(t, "<think>") && strstr(t, "last_query_index")) f = LT_CHAT_QWEN3;
-        else if (strstr(t, SMOLLM2_SYSTEM)) f = LT_CHAT_SMOLLM2;
-        else if (strstr(t, QWEN2_5_SYSTEM)) f = LT_CHAT_QWEN2_5;
-        else if (strstr(t, "You are a helpful assistant.<|im_end|>") && strstr(t, "loop.first")) f = LT_CHAT_QWEN2;
-        else if (!chatml_has_unknown_default(t) && !strstr(t, "<think>")) f = LT_CHAT_CHATML;
+        if (strstr(t, "<think>") && strstr(t, "last_query_index")) {
+            if (strstr(t, "(not loop.last and reasoning_content)")) f = LT_CHAT_QWEN3;
+        } else if (strstr(t, SMOLLM2_SYSTEM)) {
+            if (strstr(t, "trained by Hugging Face<|im_end|>")) f = LT_CHAT_SMOLLM2;
+        } else if (strstr(t, QWEN2_5_SYSTEM)) {
+            f = LT_CHAT_QWEN2_5;
+        } else if (strstr(t, "You are a helpful assistant.<|im_end|>") && strstr(t, "loop.first")) {
+            f = LT_CHAT_QWEN2;
+        } else if (!chatml_has_unknown_default(t) && !strstr(t, "<think>") && !strstr(t, "tool") &&
+                   !strstr(t, "bos_token")) {
+            f = LT_CHAT_CHATML;
+        }
     } else if (strstr(t, "<|start_header_id|>") && strstr(t, "<|eot_id|>")) {
-        if (strstr(t, "Cutting Knowledge Date")) f = strstr(t, "strftime_now") ? LT_CHAT_LLAMA3_2 : LT_CHAT_LLAMA3_1;
-        else if (strstr(t, "trim") && strstr(t, "bos_token")) f = LT_CHAT_LLAMA3;
+        if (strstr(t, "Cutting Knowledge Date")) {
+            if (strstr(t, "\"Today Date: \" + date_string"))
+                f = strstr(t, "strftime_now") ? LT_CHAT_LLAMA3_2 : LT_CHAT_LLAMA3_1;
+        } else if (strstr(t, "trim") && strstr(t, "bos_token") && !strstr(t, "function")) {
+            f = LT_CHAT_LLAMA3;
+        }
     } else if (strstr(t, "'[INST] ' + message['content'] + ' [/INST]'") && !strstr(t, "<<SYS>>") &&
                !strstr(t, "system")) {
         f = strstr(t, "eos_token + ' '") ? LT_CHAT_MISTRAL_V0_1 : LT_CHAT_MISTRAL;

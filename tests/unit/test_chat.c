@@ -210,9 +210,42 @@ static void unknown_or_missing_template_names_the_flag(void **state) {
         "{%- set role = \"model\" -%}{{ '<start_of_turn>' + role + '\\n' + "
         "(first_user_prefix if loop.first else \"\") }}{{ message['content'] | trim }}"
         "{{ '<end_of_turn>\\n' }}{%- endfor -%}";
-    const char *bad[] = {llama2,     gemma,         chatml_other_default, "{{ messages }}",  phi3_medium,
-                         phi3_small, mistral_small, mistral_v3_other,     gemma3_one_newline};
-    for (int i = 0; i < 9; i++) {
+    /* Relatives of the recognised families that render plain conversations differently: SmolLM3
+     * (SmolLM2's sentence inside a longer system prompt), LFM2 (ChatML after a BOS), Hermes' tool
+     * templates, Qwen3.5 (Qwen3's markers, another rule for reasoning), Functionary 3.1 (Llama
+     * 3.1's header without the date line) and FireFunction (Llama 3 with functions). */
+    const char *smollm3 = "{{ '<|im_start|>system\\n' }}You are a helpful AI assistant named SmolLM, trained by "
+                          "Hugging Face. Your role is to think.{% for m in messages %}<|im_start|>{{ m.role }}\\n"
+                          "{{ m.content }}<|im_end|>\\n{% endfor %}";
+    const char *lfm2 = "{{ bos_token }}{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+                       "'<|im_end|>' + '\\n'}}{% endfor %}";
+    const char *hermes_tools = "{% if tools %}{{ '<|im_start|>system\\n' + tools | tojson }}{% endif %}{% for m in "
+                               "messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+                               "{% endfor %}";
+    const char *qwen35 = "{%- set ns = namespace(last_query_index=messages|length - 1) %}{% for m in messages %}"
+                         "<|im_start|>{{ m.role }}\\n{% if loop.last %}<think>\\n\\n</think>\\n\\n{% endif %}"
+                         "{{ m.content }}<|im_end|>\\n{% endfor %}{{ '<|im_start|>assistant\\n<think>\\n' }}";
+    const char *functionary31 = "{{ bos_token }}<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge "
+                                "Date: December 2023\\n\\n<|eot_id|>{% for m in messages %}{{ m.content | trim }}"
+                                "<|eot_id|>{% endfor %}";
+    const char *firefunction = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+                               "\\n\\n{{ m.content | trim }} {{ functions }}<|eot_id|>{% endfor %}";
+    const char *bad[] = {llama2,
+                         gemma,
+                         chatml_other_default,
+                         "{{ messages }}",
+                         phi3_medium,
+                         phi3_small,
+                         mistral_small,
+                         mistral_v3_other,
+                         gemma3_one_newline,
+                         smollm3,
+                         lfm2,
+                         hermes_tools,
+                         qwen35,
+                         functionary31,
+                         firefunction};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(lt_chat_detect(ctx, bad[i], &f), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
         assert_non_null(strstr(lt_ctx_error(ctx), "smollm2"));
