@@ -30,7 +30,8 @@ static void help(void) {
            "  --overflow O         truncate (default) | split sequences longer than L\n"
            "  --mask-prompt        supervise only completion / assistant tokens\n"
            "  --chat-template NAME chatml, smollm2, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama3.2,\n"
-           "                       mistral, mistral-v0.1 (default: recognised from the model)\n"
+           "                       mistral, mistral-v0.1, mistral-v0.3, mistral-nemo, gemma, gemma3, phi3,\n"
+           "                       phi3-mini (default: recognised from the model)\n"
            "  --skip-bad-lines     count and skip malformed lines instead of failing\n"
            "  --seed N, --epoch N  shuffle of the first-fit order / row order (default 0, 0)\n"
            "  --json               print the statistics as JSON\n",

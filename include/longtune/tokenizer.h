@@ -1,5 +1,6 @@
-/* Tokenizers: byte-level BPE (GPT-2 family: Llama 3, Qwen2/2.5/3, SmolLM2, StarCoder) and
- * SentencePiece-style BPE with byte fallback (Llama 2, Mistral v0.1, TinyLlama), loaded from a
+/* Tokenizers: byte-level BPE (GPT-2 family: Llama 3, Qwen2/2.5/3/3.5, Mistral Nemo's Tekken,
+ * SmolLM2, StarCoder, DeepSeek) and SentencePiece-style BPE with byte fallback (Llama 2, Mistral
+ * v0.1-v0.3, Phi-3, Gemma 2/3, Gemma 4's character BPE, TinyLlama), loaded from a
  * Hugging Face tokenizer.json (+ tokenizer_config.json) or from GGUF metadata. Special and added
  * tokens are matched before BPE; pre-tokenizer regexes run through PCRE2 (UTF, JIT). Encodings
  * equal the Hugging Face `tokenizers` library's, token for token. No training of tokenizers. */
@@ -24,7 +25,10 @@ struct lt_gguf;
  * it. */
 LT_API lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **out);
 /* From an open GGUF file's tokenizer.ggml.* metadata (model gpt2 with pre default, gpt-2, smollm,
- * starcoder, llama-bpe, qwen2; model llama). Copies what it needs: `g` may be closed afterwards. */
+ * starcoder, refact, command-r, llama-bpe, pixtral, qwen2, qwen35, tekken, deepseek-llm,
+ * deepseek-coder; model llama, with or without add_space_prefix; model gemma4), encoding as
+ * llama.cpp does. Copies what it needs: `g` may be closed afterwards. Errors: LT_ERR_UNSUPPORTED
+ * naming an unknown model or pre value, LT_ERR_FORMAT naming the key of malformed metadata. */
 LT_API lt_status lt_tokenizer_load_gguf(lt_ctx *ctx, const struct lt_gguf *g, lt_tokenizer **out);
 /* The tokenizer of a model path: the tokenizer.ggml.* metadata of a GGUF file (a .gguf name, or a
  * file that starts with the GGUF magic), a file named *.json read as a tokenizer.json, else the

@@ -1,6 +1,6 @@
 /* Built-in chat template renderers (chat.h). Each format is written out by hand from the Jinja
  * template it replaces, with the same string operations (Python's str.strip for Jinja's trim,
- * Qwen3's think-block splitting), so plain conversations render byte for byte as transformers
+ * Qwen3's think-block splitting, Gemma 3's and Mistral v3's placement of the system message), so plain conversations render byte for byte as transformers
  * does; tests/fixtures/chat/ holds transformers' own output. Recognition looks for the literal
  * pieces that make each template distinct. No Jinja is interpreted here. */
 #define _POSIX_C_SOURCE 200809L /* localtime_r */
@@ -11,11 +11,13 @@
 #include "longtune/chat.h"
 
 static const char *const format_names[LT_CHAT_FORMAT_COUNT_] = {
-    "none",   "chatml",   "smollm2",  "qwen2",   "qwen2.5",      "qwen3",
-    "llama3", "llama3.1", "llama3.2", "mistral", "mistral-v0.1",
+    "none",    "chatml",       "smollm2", "qwen2",  "qwen2.5", "qwen3",        "llama3",       "llama3.1",  "llama3.2",
+    "mistral", "mistral-v0.1", "gemma",   "gemma3", "phi3",    "mistral-v0.3", "mistral-nemo", "phi3-mini",
 };
 
-#define CHAT_NAMES_HELP "chatml, smollm2, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral, mistral-v0.1"
+#define CHAT_NAMES_HELP                                                                                         \
+    "chatml, smollm2, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama3.2, mistral, mistral-v0.1, mistral-v0.3, " \
+    "mistral-nemo, gemma, gemma3, phi3, phi3-mini"
 
 static const char SMOLLM2_SYSTEM[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 static const char QWEN2_SYSTEM[] = "You are a helpful assistant.";
@@ -56,18 +58,63 @@ lt_status lt_chat_detect(lt_ctx *ctx, const char *t, lt_chat_format *out) {
         return lt_error(ctx, LT_ERR_NOT_FOUND,
                         "the model has no chat template; pass --chat-template NAME (one of: " CHAT_NAMES_HELP ")");
     lt_chat_format f = LT_CHAT_NONE;
+    /* Relatives that share a family's markers but render differently are told apart by a piece
+     * only the family's own template has: Qwen3's rule for earlier reasoning (Qwen3.5, MiniCPM5,
+     * StepFun differ), SmolLM2's system line ending its turn (SmolLM3 goes on), no tools or BOS in
+     * plain ChatML (Hermes' tool templates, LFM2), no functions in Llama 3 (FireFunction,
+     * Functionary) and Llama 3.1's date_string line (Functionary 3.1 has none). */
     if (strstr(t, "<|im_start|>") && strstr(t, "<|im_end|>")) {
-        if (strstr(t, "<think>") && strstr(t, "last_query_index")) f = LT_CHAT_QWEN3;
-        else if (strstr(t, SMOLLM2_SYSTEM)) f = LT_CHAT_SMOLLM2;
-        else if (strstr(t, QWEN2_5_SYSTEM)) f = LT_CHAT_QWEN2_5;
-        else if (strstr(t, "You are a helpful assistant.<|im_end|>") && strstr(t, "loop.first")) f = LT_CHAT_QWEN2;
-        else if (!chatml_has_unknown_default(t) && !strstr(t, "<think>")) f = LT_CHAT_CHATML;
+        if (strstr(t, "<think>") && strstr(t, "last_query_index")) {
+            if (strstr(t, "(not loop.last and reasoning_content)")) f = LT_CHAT_QWEN3;
+        } else if (strstr(t, SMOLLM2_SYSTEM)) {
+            if (strstr(t, "trained by Hugging Face<|im_end|>")) f = LT_CHAT_SMOLLM2;
+        } else if (strstr(t, QWEN2_5_SYSTEM)) {
+            f = LT_CHAT_QWEN2_5;
+        } else if (strstr(t, "You are a helpful assistant.<|im_end|>") && strstr(t, "loop.first")) {
+            f = LT_CHAT_QWEN2;
+        } else if (!chatml_has_unknown_default(t) && !strstr(t, "<think>") && !strstr(t, "tool") &&
+                   !strstr(t, "bos_token")) {
+            f = LT_CHAT_CHATML;
+        }
     } else if (strstr(t, "<|start_header_id|>") && strstr(t, "<|eot_id|>")) {
-        if (strstr(t, "Cutting Knowledge Date")) f = strstr(t, "strftime_now") ? LT_CHAT_LLAMA3_2 : LT_CHAT_LLAMA3_1;
-        else if (strstr(t, "trim") && strstr(t, "bos_token")) f = LT_CHAT_LLAMA3;
+        if (strstr(t, "Cutting Knowledge Date")) {
+            if (strstr(t, "\"Today Date: \" + date_string"))
+                f = strstr(t, "strftime_now") ? LT_CHAT_LLAMA3_2 : LT_CHAT_LLAMA3_1;
+        } else if (strstr(t, "trim") && strstr(t, "bos_token") && !strstr(t, "function")) {
+            f = LT_CHAT_LLAMA3;
+        }
     } else if (strstr(t, "'[INST] ' + message['content'] + ' [/INST]'") && !strstr(t, "<<SYS>>") &&
                !strstr(t, "system")) {
         f = strstr(t, "eos_token + ' '") ? LT_CHAT_MISTRAL_V0_1 : LT_CHAT_MISTRAL;
+    } else if (strstr(t, "loop.last and system_message is defined") && strstr(t, "[/INST]")) {
+        /* Mistral's v3 templates: v0.3 writes "[INST] " and " " + trimmed reply, Nemo (tekken)
+         * "[INST]" and the reply as is. */
+        if (strstr(t, "\"[INST] \" + system_message") && strstr(t, "\" \" + message[\"content\"]|trim + eos_token"))
+            f = LT_CHAT_MISTRAL_V0_3;
+        else if (strstr(t, "\"[INST]\" + system_message") && strstr(t, "message[\"content\"] + eos_token"))
+            f = LT_CHAT_MISTRAL_NEMO;
+    } else if (strstr(t, "<start_of_turn>") && strstr(t, "<end_of_turn>") && strstr(t, "model") &&
+               strstr(t, "| trim")) {
+        if (strstr(t, "System role not supported")) f = LT_CHAT_GEMMA;
+        else if (strstr(t, "first_user_prefix = messages[0]['content'] + '\\n\\n'") ||
+                 strstr(t, "first_user_prefix = messages[0]['content'] + '\n\n'"))
+            f = LT_CHAT_GEMMA3; /* copies that join the system text with one newline are not it */
+    } else if (strstr(t, "<|user|>") && strstr(t, "<|assistant|>") && strstr(t, "<|end|>") &&
+               strstr(t, "message['role'] == 'system' and message['content']") && strstr(t, "eos_token") &&
+               !strstr(t, "bos_token")) {
+        f = LT_CHAT_PHI3;
+    } else if (strstr(t,
+                      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+                      "{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}"
+                      "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\\n'}}"
+                      "{% endif %}{% endfor %}") ||
+               strstr(t,
+                      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+                      "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+                      "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}"
+                      "{% endif %}{% endfor %}")) {
+        /* Phi-3-mini's first template, with its '\n' pieces escaped or as newlines. */
+        f = LT_CHAT_PHI3_MINI;
     }
     if (f == LT_CHAT_NONE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -351,6 +398,128 @@ static lt_status render_mistral(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_o
     return LT_OK;
 }
 
+/* Alternation as the templates' raise_exception: message k of the loop must be a user message
+ * exactly when k is even. */
+static lt_status check_alternation(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_message *m, size_t from, size_t n) {
+    for (size_t i = from; i < n; i++)
+        if (role_is(&m[i], "user") != ((i - from) % 2 == 0))
+            return lt_error(ctx, LT_ERR_FORMAT,
+                            "messages[%zu]: conversation roles must alternate user/assistant/user/assistant/... "
+                            "(template '%s'%s)",
+                            i, lt_chat_format_name(fmt), from ? ", after the optional system message" : "");
+    return LT_OK;
+}
+
+static lt_status put_trimmed(lt_ctx *ctx, lt_chat_text *o, const char *s) {
+    size_t b = 0, e = strlen(s);
+    py_strip(s, &b, &e);
+    return put(ctx, o, s + b, e - b);
+}
+
+/* Gemma 1/2: no system role; Gemma 3: a system message's text + "\n\n" opens the first turn. */
+static lt_status render_gemma(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt, const lt_chat_message *m,
+                              size_t n, lt_chat_text *o) {
+    size_t first = 0;
+    const char *prefix = NULL;
+    if (n && role_is(&m[0], "system")) {
+        if (fmt == LT_CHAT_GEMMA)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "messages[0]: the system role is not supported by template 'gemma' (Gemma 1/2 raise "
+                            "'System role not supported'; gemma3 folds it into the first user turn)");
+        prefix = m[0].content;
+        first = 1;
+    }
+    LT_TRY(check_alternation(ctx, fmt, m, first, n));
+    LT_TRY(puts_(ctx, o, opt->bos_token ? opt->bos_token : "<bos>"));
+    for (size_t i = first; i < n; i++) {
+        int assistant = role_is(&m[i], "assistant");
+        LT_TRY(puts_(ctx, o, assistant ? "<start_of_turn>model\n" : "<start_of_turn>user\n"));
+        if (prefix && i == first) {
+            LT_TRY(puts_(ctx, o, prefix));
+            LT_TRY(puts_(ctx, o, "\n\n"));
+        }
+        size_t begin = o->len;
+        LT_TRY(put_trimmed(ctx, o, m[i].content));
+        LT_TRY(puts_(ctx, o, "<end_of_turn>"));
+        if (assistant) LT_TRY(add_span(ctx, o, begin, i));
+        LT_TRY(puts_(ctx, o, "\n"));
+    }
+    if (opt->add_generation_prompt) LT_TRY(puts_(ctx, o, "<start_of_turn>model\n"));
+    return LT_OK;
+}
+
+/* Phi-3.5: a system message with empty content is left out; eos ends a conversation that asks
+ * for no reply. */
+static lt_status render_phi3(lt_ctx *ctx, const lt_chat_options *opt, const lt_chat_message *m, size_t n,
+                             lt_chat_text *o) {
+    for (size_t i = 0; i < n; i++) {
+        int assistant = role_is(&m[i], "assistant");
+        if (role_is(&m[i], "system") && !m[i].content[0]) continue;
+        LT_TRY(puts_(ctx, o, assistant ? "<|assistant|>\n" : role_is(&m[i], "user") ? "<|user|>\n" : "<|system|>\n"));
+        size_t begin = o->len;
+        LT_TRY(puts_(ctx, o, m[i].content));
+        LT_TRY(puts_(ctx, o, "<|end|>"));
+        if (assistant) LT_TRY(add_span(ctx, o, begin, i));
+        LT_TRY(puts_(ctx, o, "\n"));
+    }
+    if (opt->add_generation_prompt) return puts_(ctx, o, "<|assistant|>\n");
+    return puts_(ctx, o, opt->eos_token ? opt->eos_token : "<|endoftext|>");
+}
+
+/* Phi-3-mini's first template: each user turn ends with the assistant header, so there is no
+ * separate generation prompt; system messages are left out. */
+static lt_status render_phi3_mini(lt_ctx *ctx, const lt_chat_options *opt, const lt_chat_message *m, size_t n,
+                                  lt_chat_text *o) {
+    LT_TRY(puts_(ctx, o, opt->bos_token ? opt->bos_token : "<s>"));
+    for (size_t i = 0; i < n; i++) {
+        if (role_is(&m[i], "user")) {
+            LT_TRY(puts_(ctx, o, "<|user|>\n"));
+            LT_TRY(puts_(ctx, o, m[i].content));
+            LT_TRY(puts_(ctx, o, "<|end|>\n<|assistant|>\n"));
+        } else if (role_is(&m[i], "assistant")) {
+            size_t begin = o->len;
+            LT_TRY(puts_(ctx, o, m[i].content));
+            LT_TRY(puts_(ctx, o, "<|end|>"));
+            LT_TRY(add_span(ctx, o, begin, i));
+            LT_TRY(puts_(ctx, o, "\n"));
+        }
+    }
+    return LT_OK;
+}
+
+/* Mistral's v3 templates: an optional leading system message goes before the last message when
+ * that is a user message (and is dropped otherwise, as the templates do). */
+static lt_status render_mistral_v3(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt,
+                                   const lt_chat_message *m, size_t n, lt_chat_text *o) {
+    size_t first = n && role_is(&m[0], "system") ? 1 : 0;
+    int v3 = fmt == LT_CHAT_MISTRAL_V0_3;
+    LT_TRY(check_alternation(ctx, fmt, m, first, n));
+    LT_TRY(puts_(ctx, o, opt->bos_token ? opt->bos_token : "<s>"));
+    const char *eos = opt->eos_token ? opt->eos_token : "</s>";
+    for (size_t i = first; i < n; i++) {
+        if (role_is(&m[i], "user")) {
+            LT_TRY(puts_(ctx, o, v3 ? "[INST] " : "[INST]"));
+            if (first && i + 1 == n) {
+                LT_TRY(puts_(ctx, o, m[0].content));
+                LT_TRY(puts_(ctx, o, "\n\n"));
+            }
+            LT_TRY(puts_(ctx, o, m[i].content));
+            LT_TRY(puts_(ctx, o, "[/INST]"));
+        } else {
+            size_t begin = o->len;
+            if (v3) {
+                LT_TRY(puts_(ctx, o, " "));
+                LT_TRY(put_trimmed(ctx, o, m[i].content));
+            } else {
+                LT_TRY(puts_(ctx, o, m[i].content));
+            }
+            LT_TRY(puts_(ctx, o, eos));
+            LT_TRY(add_span(ctx, o, begin, i));
+        }
+    }
+    return LT_OK;
+}
+
 lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options *opt_in, const lt_chat_message *msgs,
                          size_t n, lt_chat_text *out) {
     lt_chat_options opt;
@@ -374,6 +543,12 @@ lt_status lt_chat_render(lt_ctx *ctx, lt_chat_format fmt, const lt_chat_options 
     case LT_CHAT_LLAMA3_2: return render_llama(ctx, fmt, &opt, msgs, n, out);
     case LT_CHAT_MISTRAL:
     case LT_CHAT_MISTRAL_V0_1: return render_mistral(ctx, fmt, &opt, msgs, n, out);
+    case LT_CHAT_GEMMA:
+    case LT_CHAT_GEMMA3: return render_gemma(ctx, fmt, &opt, msgs, n, out);
+    case LT_CHAT_PHI3: return render_phi3(ctx, &opt, msgs, n, out);
+    case LT_CHAT_PHI3_MINI: return render_phi3_mini(ctx, &opt, msgs, n, out);
+    case LT_CHAT_MISTRAL_V0_3:
+    case LT_CHAT_MISTRAL_NEMO: return render_mistral_v3(ctx, fmt, &opt, msgs, n, out);
     default: break;
     }
     return lt_error(ctx, LT_ERR_INVALID_ARG, "chat: unknown format %d", (int)fmt);

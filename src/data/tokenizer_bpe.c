@@ -217,10 +217,16 @@ static lt_status char_symbols(tk_enc *st, const char *w, size_t n, size_t *ns) {
     return LT_OK;
 }
 
+static int all_newlines(const char *w, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != '\n') return 0;
+    return 1;
+}
+
 lt_status lt_tok_bpe_word(tk_enc *st, const char *w, size_t n) {
     const lt_tokenizer *t = st->t;
     if (!n) return LT_OK;
-    if (t->ignore_merges) {
+    if (t->ignore_merges || (t->newline_words && all_newlines(w, n))) {
         int32_t id = tk_lookup(&t->enc, w, n);
         if (id >= 0) return lt_tok_push_id(st, id);
     }

@@ -107,6 +107,7 @@ struct lt_tokenizer {
     int32_t byte_id[256];     /* byte-level: id of each byte's token; -1 if absent */
     int32_t fallback_id[256]; /* byte_fallback: id of "<0xXX>"; -1 if absent */
     int byte_fallback, fuse_unk, ignore_merges;
+    int newline_words; /* a word of only newlines that is one token is taken whole (Gemma 4) */
     int32_t unk_id;
     tk_added *added;
     size_t n_added;

@@ -27,6 +27,9 @@ tokenizer.gguf where noted) and expected.jsonl.
                           the bpe-nfc vocabulary under other pre-tokenizers (every Split
                           behaviour, invert, Whitespace, WhitespaceSplit, Digits runs, GPT-2's
                           add_prefix_space) and RobertaProcessing; short records only.
+  gemma/, tekken/, qwen35/ the spm and bpe-nfc vocabularies as Gemma's, Mistral Nemo's (Tekken) and
+                          Qwen3.5's tokenizer.json lay them out, each with a tokenizer.gguf.
+  llama.cpp/              llama.cpp's own vocabulary tests, reduced (--llama-cpp DIR; see its README).
   NAME/expected.jsonl     per corpus line: ids (add_special_tokens=False), ids_special (True),
                           decoded (decode(ids, skip_special_tokens=False)); {"skip": true} for a
                           record a family leaves out.
@@ -454,11 +457,178 @@ def spm_variants(corpus):
     expected(tok, corpus, fx("spm-split", "expected.jsonl"), max_len=2000)
 
 
+# ---- llama.cpp's vocabulary tests, reduced ----------------------------------------------------
+
+TEKKEN_RE = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"""
+             r"""[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"""
+             r"""|\s+(?!\S)|\s+""")
+QWEN35_RE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def family_variants(corpus):
+    """The layouts of the families added later, over the committed vocabularies:
+      gemma/   the spm vocabulary as Gemma's tokenizer.json lays it out (transformers'
+               GemmaTokenizer): Replace(" ", "▁") normalizer, no prefix, Split(" ",
+               merged_with_previous), byte_fallback; tokenizer.gguf: model llama with
+               add_space_prefix = false, as Gemma 2/3 GGUFs carry it.
+      tekken/  the bpe-nfc vocabulary as Mistral Nemo's Tekken tokenizer.json: no normalizer, the
+               Tekken split regex, ByteLevel, ignore_merges; tokenizer.gguf with pre = tekken.
+      qwen35/  the bpe-nfc vocabulary as Qwen3.5's: no normalizer (combining marks stay apart),
+               the Qwen3.5 regex with \p{M}; tokenizer.gguf with pre = qwen35."""
+    j = json.load(open(fx("spm", "tokenizer.json"), encoding="utf-8"))
+    j["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    j["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                          "invert": False}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}]}
+    path = fx("gemma", "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    expected(Tokenizer.from_file(path), corpus, fx("gemma", "expected.jsonl"))
+    meta = gguf_read_meta(fx("spm", "tokenizer.gguf"))
+    gguf_write(fx("gemma", "tokenizer.gguf"), {
+        "general.architecture": (8, "gemma2"),
+        "tokenizer.ggml.model": (8, "llama"),
+        "tokenizer.ggml.tokens": (9, (8, meta["tokenizer.ggml.tokens"])),
+        "tokenizer.ggml.scores": (9, (6, meta["tokenizer.ggml.scores"])),
+        "tokenizer.ggml.token_type": (9, (5, meta["tokenizer.ggml.token_type"])),
+        "tokenizer.ggml.bos_token_id": (4, 1),
+        "tokenizer.ggml.eos_token_id": (4, 2),
+        "tokenizer.ggml.unknown_token_id": (4, 0),
+        "tokenizer.ggml.add_bos_token": (7, True),
+        "tokenizer.ggml.add_space_prefix": (7, False),
+    })
+    for name, regex in (("tekken", TEKKEN_RE), ("qwen35", QWEN35_RE)):
+        j = json.load(open(fx("bpe-nfc", "tokenizer.json"), encoding="utf-8"))
+        j["normalizer"] = None
+        j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": regex}
+        j["model"]["ignore_merges"] = name == "tekken"
+        path = fx(name, "tokenizer.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        expected(Tokenizer.from_file(path), corpus, fx(name, "expected.jsonl"))
+        byte_level_gguf(name, name, False)
+
+
+LLAMA_CPP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "llama-bpe", "qwen2", "qwen35", "deepseek-llm",
+                    "deepseek-coder", "command-r", "refact", "gemma-4"]
+LLAMA_CPP_SEP = "\n__ggml_vocab_test__\n"
+
+
+def split_merge(m):
+    """A GGUF merge "a b" split at the first space after the first byte, as llama.cpp reads it."""
+    k = m.find(" ", 1)
+    return m[:k], m[k + 1:]
+
+
+def reduce_llama_cpp_vocab(src, name):
+    """llama.cpp's models/ggml-vocab-NAME.gguf (MIT) with its .inp/.out test pair, reduced to the
+    tokens the expected encodings can pass through: every token of the .out file, every token
+    that is not a plain one (control, user-defined, byte), every single character, and the
+    merge ancestors of all of those (for SentencePiece vocabularies: every split of a kept piece
+    into two pieces). A merge is kept when its two parts and its result are, so the merges the
+    full vocabulary applies to the test inputs are all present and every other kept one was a
+    candidate there too: the reduced vocabulary encodes the inputs to the same tokens. Ids are
+    renumbered in order; the .out ids with them. Writes llama.cpp/NAME.{gguf,inp,out}."""
+    meta = gguf_read_meta(src)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
+    model = meta["tokenizer.ggml.model"]
+    with open(src + ".inp", encoding="utf-8", newline="") as f:
+        inp = f.read()
+    with open(src + ".out", encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    n_tests = inp.count(LLAMA_CPP_SEP) + (0 if inp.endswith(LLAMA_CPP_SEP) else 1)  # as test-tokenizer-0
+    outs = [[int(x) for x in line.split()] for line in lines[:n_tests]]
+    by_str = {t: i for i, t in enumerate(tokens)}
+    keep = set(i for o in outs for i in o)
+    for i, t in enumerate(tokens):
+        if (types and types[i] != 1) or len(t) == 1:
+            keep.add(i)
+    for k in ("bos", "eos", "unknown", "padding"):
+        v = meta.get(f"tokenizer.ggml.{k}_token_id")
+        if v is not None and 0 <= v < len(tokens):
+            keep.add(v)
+    merges = [split_merge(m) for m in meta.get("tokenizer.ggml.merges", [])]
+    producers = {}
+    for i, (a, b) in enumerate(merges):
+        producers.setdefault(a + b, []).append((a, b))
+    work = list(keep)
+    while work:
+        t = tokens[work.pop()]
+        if model == "llama":
+            parts = [(t[:k], t[k:]) for k in range(1, len(t))]
+        else:
+            parts = producers.get(t, [])
+        for a, b in parts:
+            ia, ib = by_str.get(a), by_str.get(b)
+            if ia is None or ib is None:
+                continue
+            for x in (ia, ib):
+                if x not in keep:
+                    keep.add(x)
+                    work.append(x)
+    order = sorted(keep)
+    new_id = {old: new for new, old in enumerate(order)}
+    kv = {k: (8, meta[k]) for k in ("general.architecture", "general.name") if k in meta}
+    kv["tokenizer.ggml.model"] = (8, model)
+    if "tokenizer.ggml.pre" in meta:
+        kv["tokenizer.ggml.pre"] = (8, meta["tokenizer.ggml.pre"])
+    kv["tokenizer.ggml.tokens"] = (9, (8, [tokens[i] for i in order]))
+    if types:
+        kv["tokenizer.ggml.token_type"] = (9, (5, [types[i] for i in order]))
+    if "tokenizer.ggml.scores" in meta:
+        kv["tokenizer.ggml.scores"] = (9, (6, [meta["tokenizer.ggml.scores"][i] for i in order]))
+    if merges:
+        kept_strs = set(tokens[i] for i in order)
+        kv["tokenizer.ggml.merges"] = (9, (8, [a + " " + b for a, b in merges
+                                                if a in kept_strs and b in kept_strs and a + b in kept_strs]))
+    for k in ("bos", "eos", "unknown", "padding"):
+        v = meta.get(f"tokenizer.ggml.{k}_token_id")
+        if v is not None and v in new_id:
+            kv[f"tokenizer.ggml.{k}_token_id"] = (4, new_id[v])
+    for k in ("add_bos_token", "add_eos_token", "add_space_prefix"):
+        if f"tokenizer.ggml.{k}" in meta:
+            kv[f"tokenizer.ggml.{k}"] = (7, bool(meta[f"tokenizer.ggml.{k}"]))
+    if "tokenizer.chat_template" in meta and len(meta["tokenizer.chat_template"]) < 4096:
+        kv["tokenizer.chat_template"] = (8, meta["tokenizer.chat_template"])  # for test_chat's recognition
+    d = fx("llama.cpp", "")
+    os.makedirs(d, exist_ok=True)
+    gguf_write(os.path.join(d, name + ".gguf"), kv)
+    with open(os.path.join(d, name + ".inp"), "w", encoding="utf-8", newline="") as f:
+        f.write(inp)
+    with open(os.path.join(d, name + ".out"), "w", encoding="utf-8") as f:
+        for o in outs:
+            f.write(" ".join(str(new_id[i]) for i in o) + "\n")
+    print(f"llama.cpp/{name}: {len(tokens)} -> {len(order)} tokens, {len(outs)} tests", file=sys.stderr)
+    return kv
+
+
+def llama_cpp_vocabs(llama_dir):
+    for name in LLAMA_CPP_VOCABS:
+        src = os.path.join(llama_dir, "models", f"ggml-vocab-{name}.gguf")
+        if os.path.exists(src + ".out"):
+            kv = reduce_llama_cpp_vocab(src, name)
+            if name == "gpt-2":  # a pre-tokenizer name longtune does not know: a typed error
+                kv["tokenizer.ggml.pre"] = (8, "mystery-pre")
+                gguf_write(fx("llama.cpp", "unknown-pre.gguf"), kv)
+        else:
+            print(f"skipping llama.cpp vocabulary {name}: {src}.out absent", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     cache = os.environ.get("LONGTUNE_CACHE", os.path.expanduser("~/.cache/longtune"))
     ap.add_argument("--gguf", default=os.path.join(cache, "smollm2-135m-instruct-q4_1.gguf"))
+    ap.add_argument("--llama-cpp", default=os.environ.get("LLAMA_CPP_DIR", ""),
+                    help="llama.cpp source tree: reduce its models/ggml-vocab-*.gguf test pairs")
+    ap.add_argument("--only-llama-cpp", action="store_true", help="write only the llama.cpp/ fixtures")
     args = ap.parse_args()
+    if args.llama_cpp:
+        llama_cpp_vocabs(args.llama_cpp)
+    if args.only_llama_cpp:
+        return
     os.makedirs(OUT, exist_ok=True)
     corpus = build_corpus()
     write_jsonl(os.path.join(OUT, "corpus.jsonl"), corpus)
@@ -470,6 +640,7 @@ def main():
     variants(corpus)
     spm_family(corpus)
     spm_variants(corpus)
+    family_variants(corpus)
 
 
 if __name__ == "__main__":

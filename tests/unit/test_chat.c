@@ -15,6 +15,8 @@
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/chat.h"
+#include "longtune/gguf.h"
+#include "longtune/tokenizer.h"
 
 static char *slurp(const char *rel, size_t *len) {
     char path[1024];
@@ -40,8 +42,14 @@ static void span_markers(lt_chat_format f, const char **before, const char **end
     } else if (f >= LT_CHAT_LLAMA3 && f <= LT_CHAT_LLAMA3_2) {
         *before = "<|start_header_id|>assistant<|end_header_id|>\n\n";
         *end = "<|eot_id|>";
+    } else if (f == LT_CHAT_GEMMA || f == LT_CHAT_GEMMA3) {
+        *before = "<start_of_turn>model\n";
+        *end = "<end_of_turn>";
+    } else if (f == LT_CHAT_PHI3 || f == LT_CHAT_PHI3_MINI) {
+        *before = "<|assistant|>\n";
+        *end = "<|end|>";
     } else {
-        *before = " [/INST]";
+        *before = f == LT_CHAT_MISTRAL_V0_3 || f == LT_CHAT_MISTRAL_NEMO ? "[/INST]" : " [/INST]";
         *end = "</s>";
     }
 }
@@ -126,6 +134,42 @@ static void recognises_real_templates(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The chat templates real GGUFs carry (llama.cpp's vocabulary files, in
+ * tests/fixtures/tokenizer/llama.cpp/): Phi-3-mini's is recognised; Qwen2's, whose default system
+ * prompt ("You are a helpful assistant" without the period) none of the renderers writes, and
+ * Command-R's are typed errors naming the flag. */
+static void recognises_gguf_templates(void **state) {
+    (void)state;
+    static const struct {
+        const char *file;
+        lt_status want;
+        lt_chat_format fmt;
+    } cases[] = {{"phi-3", LT_OK, LT_CHAT_PHI3_MINI},
+                 {"qwen2", LT_ERR_UNSUPPORTED, LT_CHAT_NONE},
+                 {"command-r", LT_ERR_UNSUPPORTED, LT_CHAT_NONE}};
+    lt_ctx *ctx = lt_ctx_new();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/llama.cpp/%s.gguf", lt_test_source_dir(),
+                 cases[i].file);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        const char *tmpl = lt_tokenizer_chat_template(tok);
+        assert_non_null(tmpl);
+        lt_chat_format f;
+        lt_status s = lt_chat_detect(ctx, tmpl, &f);
+        if (s != cases[i].want || f != cases[i].fmt)
+            fail_msg("%s: got %s / %s (%s)", cases[i].file, lt_status_str(s), lt_chat_format_name(f),
+                     lt_ctx_error(ctx));
+        if (s != LT_OK) assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
+        lt_tokenizer_free(tok);
+    }
+    lt_ctx_free(ctx);
+}
+
 static void unknown_or_missing_template_names_the_flag(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -142,8 +186,66 @@ static void unknown_or_missing_template_names_the_flag(void **state) {
                                        "You are Hermes.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
                                        "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
                                        "{% endfor %}";
-    const char *bad[] = {llama2, gemma, chatml_other_default, "{{ messages }}"};
-    for (int i = 0; i < 4; i++) {
+    /* Phi-3-medium's and Phi-3-small's templates (no system block, or bos and <|role|> spelled from
+     * the role) render differently from Phi-3.5's and are not taken for it. */
+    const char *phi3_medium = "{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
+                              "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif "
+                              "(message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif "
+                              "%}{% endfor %}";
+    const char *phi3_small = "{{ bos_token }}{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + "
+                             "message['content'] + '<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+                             "'<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+    /* Mistral Small 3.x's [SYSTEM_PROMPT] template and a v3 template with an unknown reply shape. */
+    const char *mistral_small = "{%- set default_system_message = 'You are Mistral Small 3' %}{{- bos_token }}"
+                                "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{%- for message in "
+                                "loop_messages %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- endfor %}";
+    const char *mistral_v3_other = "{%- if loop.last and system_message is defined %}{{- \"[INST]\" + "
+                                   "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
+                                   "{%- elif message[\"role\"] == \"assistant\" %}{{- \" \" + "
+                                   "message[\"content\"] + \"</s>\" }}";
+    /* A Gemma 3 copy that joins the system text to the first turn with one newline. */
+    const char *gemma3_one_newline =
+        "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = "
+        "messages[0]['content'] + '\\n' -%}{%- endif -%}{%- for message in loop_messages -%}"
+        "{%- set role = \"model\" -%}{{ '<start_of_turn>' + role + '\\n' + "
+        "(first_user_prefix if loop.first else \"\") }}{{ message['content'] | trim }}"
+        "{{ '<end_of_turn>\\n' }}{%- endfor -%}";
+    /* Relatives of the recognised families that render plain conversations differently: SmolLM3
+     * (SmolLM2's sentence inside a longer system prompt), LFM2 (ChatML after a BOS), Hermes' tool
+     * templates, Qwen3.5 (Qwen3's markers, another rule for reasoning), Functionary 3.1 (Llama
+     * 3.1's header without the date line) and FireFunction (Llama 3 with functions). */
+    const char *smollm3 = "{{ '<|im_start|>system\\n' }}You are a helpful AI assistant named SmolLM, trained by "
+                          "Hugging Face. Your role is to think.{% for m in messages %}<|im_start|>{{ m.role }}\\n"
+                          "{{ m.content }}<|im_end|>\\n{% endfor %}";
+    const char *lfm2 = "{{ bos_token }}{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+                       "'<|im_end|>' + '\\n'}}{% endfor %}";
+    const char *hermes_tools = "{% if tools %}{{ '<|im_start|>system\\n' + tools | tojson }}{% endif %}{% for m in "
+                               "messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+                               "{% endfor %}";
+    const char *qwen35 = "{%- set ns = namespace(last_query_index=messages|length - 1) %}{% for m in messages %}"
+                         "<|im_start|>{{ m.role }}\\n{% if loop.last %}<think>\\n\\n</think>\\n\\n{% endif %}"
+                         "{{ m.content }}<|im_end|>\\n{% endfor %}{{ '<|im_start|>assistant\\n<think>\\n' }}";
+    const char *functionary31 = "{{ bos_token }}<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge "
+                                "Date: December 2023\\n\\n<|eot_id|>{% for m in messages %}{{ m.content | trim }}"
+                                "<|eot_id|>{% endfor %}";
+    const char *firefunction = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+                               "\\n\\n{{ m.content | trim }} {{ functions }}<|eot_id|>{% endfor %}";
+    const char *bad[] = {llama2,
+                         gemma,
+                         chatml_other_default,
+                         "{{ messages }}",
+                         phi3_medium,
+                         phi3_small,
+                         mistral_small,
+                         mistral_v3_other,
+                         gemma3_one_newline,
+                         smollm3,
+                         lfm2,
+                         hermes_tools,
+                         qwen35,
+                         functionary31,
+                         firefunction};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(lt_chat_detect(ctx, bad[i], &f), LT_ERR_UNSUPPORTED);
         assert_non_null(strstr(lt_ctx_error(ctx), "--chat-template NAME"));
         assert_non_null(strstr(lt_ctx_error(ctx), "smollm2"));
@@ -167,6 +269,18 @@ static void role_errors_are_typed(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "alternate"));
     lt_chat_message sys[] = {{"system", "s"}, {"user", "b"}};
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_MISTRAL, NULL, sys, 2, &out), LT_ERR_FORMAT);
+    /* Gemma 1/2 refuse a system message; Gemma 3 and Mistral v3 check alternation after it. */
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_GEMMA, NULL, sys, 2, &out), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "messages[0]"));
+    assert_int_equal(lt_chat_render(ctx, LT_CHAT_GEMMA3, NULL, sys, 2, &out), LT_OK);
+    assert_string_equal(out.text, "<bos><start_of_turn>user\ns\n\nb<end_of_turn>\n");
+    lt_chat_message sys_twice[] = {{"system", "s"}, {"user", "a"}, {"user", "b"}};
+    lt_chat_format alternating[] = {LT_CHAT_GEMMA3, LT_CHAT_MISTRAL_V0_3, LT_CHAT_MISTRAL_NEMO};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(lt_chat_render(ctx, alternating[i], NULL, sys_twice, 3, &out), LT_ERR_FORMAT);
+        assert_non_null(strstr(lt_ctx_error(ctx), "messages[2]"));
+        assert_int_equal(lt_chat_render(ctx, alternating[i], NULL, twice, 2, &out), LT_ERR_FORMAT);
+    }
     lt_chat_message nul[] = {{"user", NULL}};
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_CHATML, NULL, nul, 1, &out), LT_ERR_INVALID_ARG);
     assert_int_equal(lt_chat_render(ctx, LT_CHAT_NONE, NULL, twice, 2, &out), LT_ERR_INVALID_ARG);
@@ -183,9 +297,8 @@ static void role_errors_are_typed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(renders_equal_transformers),
-        cmocka_unit_test(recognises_real_templates),
-        cmocka_unit_test(unknown_or_missing_template_names_the_flag),
+        cmocka_unit_test(renders_equal_transformers), cmocka_unit_test(recognises_real_templates),
+        cmocka_unit_test(recognises_gguf_templates),  cmocka_unit_test(unknown_or_missing_template_names_the_flag),
         cmocka_unit_test(role_errors_are_typed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -339,6 +339,202 @@ static void llama_bpe_gguf_matches_hf(void **state) {
     byte_level_gguf("bpe-im");
 }
 
+/* llama.cpp's own vocabulary tests (models/ggml-vocab-NAME.gguf with .inp/.out, reduced to the
+ * tokens those inputs pass through by tests/oracle/gen_tokenizer_fixtures.py --llama-cpp): each
+ * input, split as llama.cpp's test-tokenizer-0 splits the .inp file, must encode (without special
+ * tokens) to the ids of its .out line, and those ids must decode to the input again. Covers the
+ * SentencePiece models (Llama 2, Phi-3), Gemma 4's BPE and the byte-level pre-tokenizers of GPT-2,
+ * StarCoder, Llama 3, Qwen2, Qwen3.5, DeepSeek, Command-R and Refact. */
+static void llama_cpp_vocab_tests_match(void **state) {
+    (void)state;
+    static const char *const names[] = {"llama-spm",      "phi-3",     "gpt-2",  "starcoder",
+                                        "llama-bpe",      "qwen2",     "qwen35", "deepseek-llm",
+                                        "deepseek-coder", "command-r", "refact", "gemma-4"};
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    lt_ctx *ctx = lt_ctx_new();
+    size_t n_checked = 0;
+    for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+        char path[1024], rel[256];
+        snprintf(rel, sizeof rel, "llama.cpp/%s.gguf", names[v]);
+        fixture_path(path, sizeof path, rel);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        lt_status s = lt_tokenizer_load_gguf(ctx, g, &tok);
+        if (s != LT_OK) fail_msg("%s: %s: %s", rel, lt_status_str(s), lt_ctx_error(ctx));
+        lt_gguf_close(g);
+        size_t ni, no;
+        snprintf(rel, sizeof rel, "llama.cpp/%s.inp", names[v]);
+        fixture_path(path, sizeof path, rel);
+        char *inp = slurp(path, &ni);
+        snprintf(rel, sizeof rel, "llama.cpp/%s.out", names[v]);
+        fixture_path(path, sizeof path, rel);
+        char *out = slurp(path, &no);
+        assert_non_null(inp);
+        assert_non_null(out);
+        char *ip = inp, *op = out;
+        size_t k = 0;
+        while (ip < inp + ni) {
+            char *next = strstr(ip, sep);
+            size_t len = next ? (size_t)(next - ip) : strlen(ip);
+            char *eol = strchr(op, '\n');
+            if (!eol) fail_msg("%s: .out has fewer lines than .inp has tests", names[v]);
+            *eol = '\0';
+            int32_t want[4096];
+            size_t nw = 0;
+            for (char *q = op, *e; *q; q = e) {
+                long id = strtol(q, &e, 10);
+                if (e == q) break;
+                assert_true(nw < 4096);
+                want[nw++] = (int32_t)id;
+            }
+            int32_t *ids;
+            size_t n;
+            assert_int_equal(lt_tokenizer_encode(ctx, tok, ip, len, 0, &ids, &n), LT_OK);
+            if (n != nw || memcmp(ids, want, n * sizeof *ids)) {
+                report_diff(names[v], k, "llama.cpp ids", want, nw, ids, n);
+                fail_msg("%s: test %zu ('%.*s') differs from llama.cpp", names[v], k, (int)(len > 60 ? 60 : len), ip);
+            }
+            char *text;
+            size_t tl;
+            assert_int_equal(lt_tokenizer_decode(ctx, tok, ids, n, 0, &text, &tl), LT_OK);
+            if (tl != len || memcmp(text, ip, len))
+                fail_msg("%s: test %zu ('%.*s') decodes to '%s'", names[v], k, (int)(len > 60 ? 60 : len), ip, text);
+            free(text);
+            free(ids);
+            op = eol + 1;
+            ip = next ? next + strlen(sep) : inp + ni;
+            k++;
+            n_checked++;
+        }
+        assert_true(k >= 46);
+        free(inp);
+        free(out);
+        lt_tokenizer_free(tok);
+    }
+    assert_int_equal(n_checked, 11 * 46 + 50);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+/* The later families' layouts (tests/fixtures/tokenizer/{gemma,tekken,qwen35}/): Gemma's
+ * tokenizer.json (Replace normalizer, no prefix space, Split on " ", byte fallback) and the same
+ * vocabulary as a Gemma GGUF (model llama, add_space_prefix false); Mistral Nemo's Tekken and
+ * Qwen3.5's byte-level layouts, as tokenizer.json and as GGUF (pre = tekken, qwen35). */
+static void gemma_matches_hf(void **state) {
+    (void)state;
+    json_family("gemma", 0);
+    lt_ctx *ctx = lt_ctx_new();
+    char path[1024];
+    fixture_path(path, sizeof path, "gemma/tokenizer.gguf");
+    lt_gguf *g;
+    assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+    lt_tokenizer *tok;
+    lt_status s = lt_tokenizer_load_gguf(ctx, g, &tok);
+    if (s != LT_OK) fail_msg("%s: %s", lt_status_str(s), lt_ctx_error(ctx));
+    lt_gguf_close(g);
+    assert_int_equal(check_family(ctx, tok, "gemma", 0), 0);
+    lt_tokenizer_free(tok);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+static void tekken_matches_hf(void **state) {
+    (void)state;
+    json_family("tekken", 0);
+    byte_level_gguf("tekken");
+}
+
+static void qwen35_matches_hf(void **state) {
+    (void)state;
+    json_family("qwen35", 0);
+    byte_level_gguf("qwen35");
+}
+
+static void encode_str(lt_ctx *ctx, const lt_tokenizer *tok, const char *s, int32_t **ids, size_t *n) {
+    assert_int_equal(lt_tokenizer_encode(ctx, tok, s, strlen(s), 0, ids, n), LT_OK);
+}
+
+static int same_ids(lt_ctx *ctx, const lt_tokenizer *tok, const char *a, const char *b) {
+    int32_t *x, *y;
+    size_t nx, ny;
+    encode_str(ctx, tok, a, &x, &nx);
+    encode_str(ctx, tok, b, &y, &ny);
+    int same = nx == ny && !memcmp(x, y, nx * sizeof *x);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A Phi-3 GGUF (general.name "Phi3") gets llama.cpp's rstrip on its special tokens, as Phi-3's
+ * tokenizer.json has them: the newlines after <|user|>, <|end|> and <|assistant|> join the token,
+ * those after <|endoftext|> and <s> stay; other models keep whitespace after special tokens. */
+static void phi3_special_tokens_rstrip(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *files[] = {"llama.cpp/phi-3.gguf", "llama.cpp/llama-spm.gguf"};
+    for (int f = 0; f < 2; f++) {
+        char path[1024];
+        fixture_path(path, sizeof path, files[f]);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        if (f == 0) {
+            assert_true(same_ids(ctx, tok, "<|user|>\nHi<|end|>\n<|assistant|>\n", "<|user|>Hi<|end|><|assistant|>"));
+            int32_t *ids;
+            size_t n;
+            encode_str(ctx, tok, "<|user|>\nHi<|end|>\n<|assistant|>\n", &ids, &n);
+            assert_true(n >= 4);
+            assert_int_equal(ids[0], lt_tokenizer_token_id(tok, "<|user|>"));
+            assert_int_equal(ids[n - 2], lt_tokenizer_token_id(tok, "<|end|>"));
+            assert_int_equal(ids[n - 1], lt_tokenizer_token_id(tok, "<|assistant|>"));
+            free(ids);
+            assert_false(same_ids(ctx, tok, "<|endoftext|>\nHi", "<|endoftext|>Hi"));
+            assert_false(same_ids(ctx, tok, "<s>\nHi", "<s>Hi"));
+        } else {
+            assert_false(same_ids(ctx, tok, "</s>\nHi", "</s>Hi"));
+        }
+        lt_tokenizer_free(tok);
+    }
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+/* Without tokenizer.ggml.add_bos_token, BOS is added as llama.cpp adds it: for the Llama 3 (and
+ * Tekken) pre-tokenizers and SentencePiece models, not for GPT-2's or Qwen2's. */
+static void gguf_add_bos_defaults(void **state) {
+    (void)state;
+    static const struct {
+        const char *file;
+        int bos_first;
+    } cases[] = {{"llama.cpp/llama-bpe.gguf", 1}, {"llama.cpp/gpt-2.gguf", 0}, {"llama.cpp/qwen2.gguf", 0}};
+    lt_ctx *ctx = lt_ctx_new();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024];
+        fixture_path(path, sizeof path, cases[i].file);
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, path, &g), LT_OK);
+        int has_key = 0;
+        assert_int_equal(lt_gguf_get_bool(ctx, g, "tokenizer.ggml.add_bos_token", &has_key), LT_ERR_NOT_FOUND);
+        lt_tokenizer *tok;
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_OK);
+        lt_gguf_close(g);
+        int32_t *ids, *plain;
+        size_t n, np;
+        assert_int_equal(lt_tokenizer_encode(ctx, tok, "Hi there", 8, 1, &ids, &n), LT_OK);
+        assert_int_equal(lt_tokenizer_encode(ctx, tok, "Hi there", 8, 0, &plain, &np), LT_OK);
+        assert_int_equal(n, np + (size_t)cases[i].bos_first);
+        if (cases[i].bos_first) assert_int_equal(ids[0], lt_tokenizer_bos(tok));
+        assert_memory_equal(ids + cases[i].bos_first, plain, np * sizeof *plain);
+        free(ids);
+        free(plain);
+        lt_tokenizer_free(tok);
+    }
+    lt_ctx_free(ctx);
+}
+
 static const char *model_path(char *buf, size_t cap) {
     const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");
     if (cache) snprintf(buf, cap, "%s/smollm2-135m-instruct-q4_1.gguf", cache);
@@ -579,6 +775,18 @@ static void unsupported_and_malformed_files_are_typed_errors(void **state) {
         lt_gguf_close(g);
         unlink(gp);
     }
+    /* A tokenizer.ggml.pre value longtune does not know is named in the error. */
+    {
+        char gp[1024];
+        fixture_path(gp, sizeof gp, "llama.cpp/unknown-pre.gguf");
+        lt_gguf *g;
+        assert_int_equal(lt_gguf_open(ctx, gp, &g), LT_OK);
+        assert_int_equal(lt_tokenizer_load_gguf(ctx, g, &tok), LT_ERR_UNSUPPORTED);
+        assert_null(tok);
+        assert_non_null(strstr(lt_ctx_error(ctx), "'mystery-pre'"));
+        assert_non_null(strstr(lt_ctx_error(ctx), "tekken"));
+        lt_gguf_close(g);
+    }
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
 }
@@ -658,6 +866,12 @@ int main(void) {
         cmocka_unit_test(spm_gguf_matches_hf),
         cmocka_unit_test(qwen2_gguf_matches_hf),
         cmocka_unit_test(llama_bpe_gguf_matches_hf),
+        cmocka_unit_test(llama_cpp_vocab_tests_match),
+        cmocka_unit_test(phi3_special_tokens_rstrip),
+        cmocka_unit_test(gguf_add_bos_defaults),
+        cmocka_unit_test(gemma_matches_hf),
+        cmocka_unit_test(tekken_matches_hf),
+        cmocka_unit_test(qwen35_matches_hf),
         cmocka_unit_test(byte_level_round_trips_random_text),
         cmocka_unit_test(unsupported_and_malformed_files_are_typed_errors),
         cmocka_unit_test(allocation_failures_are_clean),
