@@ -46,13 +46,51 @@ static lt_status write_json(lt_ctx *ctx, const char *dir, const char *file, cJSO
     return s;
 }
 
+/* Llama 3 RoPE scaling from a GGUF's rope_freqs.weight: the factors are 1 in the high-frequency
+ * band, `factor` in the low one and interpolated between, with low_freq_factor 1 and
+ * high_freq_factor 4 in every Llama 3.x; the original context follows from an interpolated
+ * entry, else from the band edges. The result is accepted only if it regenerates every factor. */
+static int recover_llama3(const float *fr, lt_model_config *c) {
+    const double pi = 3.14159265358979323846, low = 1.0, high = 4.0;
+    int64_t half = c->D / 2;
+    double factor = 1, lo_old = 0, hi_old = INFINITY, old = -1;
+    for (int64_t i = 0; i < half; i++) factor = fmax(factor, fr[i]);
+    if (!(factor > 1)) return 0;
+    for (int64_t i = 0; i < half; i++) {
+        double f = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->D), wl = 2 * pi / f;
+        if (fabs(fr[i] - 1.0) < 1e-6) lo_old = fmax(lo_old, high * wl);
+        else if (fabs(fr[i] - factor) < 1e-6 * factor) hi_old = fmin(hi_old, low * wl);
+        else if (old < 0) {
+            double smooth = (1.0 / fr[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
+            old = wl * (smooth * (high - low) + low);
+        }
+    }
+    if (old < 0)
+        old = isfinite(hi_old) && lo_old > 0 ? sqrt(lo_old * hi_old) : isfinite(hi_old) ? hi_old / 2 : lo_old * 2;
+    lt_model_config t = *c;
+    t.rope_factor = factor, t.rope_low_freq = low, t.rope_high_freq = high, t.rope_original_ctx = (int64_t)llround(old);
+    if (t.rope_original_ctx < 1) return 0;
+    float regen[LT_ROPE_MAX_FACTORS];
+    if (half > LT_ROPE_MAX_FACTORS) return 0;
+    ex_llama3_rope_factors(&t, regen);
+    for (int64_t i = 0; i < half; i++)
+        if (fabs(regen[i] - fr[i]) > 1e-5 * fabs(fr[i])) return 0;
+    *c = t;
+    c->rope_llama3 = 1;
+    return 1;
+}
+
 static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJSON **out) {
-    const lt_model_config *c = &b->cfg;
-    if (b->has_rope_freqs)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: rope_freqs.weight (per-frequency RoPE factors) has no config.json form; export this "
-                        "base with --format gguf",
-                        b->path);
+    lt_model_config cfg = b->cfg, *c = &cfg;
+    if (b->has_rope_freqs) {
+        lt_tensor f;
+        if (lt_gguf_find_tensor(ctx, b->gg, "rope_freqs.weight", &f) != LT_OK || f.dtype != LT_DTYPE_F32 ||
+            lt_tensor_numel(&f) != c->D / 2 || !recover_llama3(f.data, c))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: rope_freqs.weight is not a Llama 3 RoPE scaling, so it has no config.json form; "
+                            "export this base with --format gguf",
+                            b->path);
+    }
     static const char *const archs[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
     cJSON *j = cJSON_CreateObject();
     if (!j) return lt_error(ctx, LT_ERR_OOM, "config.json");
@@ -69,7 +107,16 @@ static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJ
     cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_positions);
     cJSON_AddNumberToObject(j, "rms_norm_eps", f2d(c->rms_eps));
     cJSON_AddNumberToObject(j, "rope_theta", f2d(c->rope_theta));
-    cJSON_AddNullToObject(j, "rope_scaling");
+    if (c->rope_llama3) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", f2d(c->rope_factor));
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", (double)c->rope_original_ctx);
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     if (c->arch != LT_ARCH_QWEN2) {
