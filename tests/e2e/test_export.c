@@ -358,12 +358,60 @@ static void test_errors(void **s) {
     lt_ctx_free(ctx);
 }
 
+/* A GGUF that names its Hugging Face source gives the adapter a base transformers can load. */
+static void test_peft_base_model(void **s) {
+    (void)s;
+    lt_ctx *ctx = lt_ctx_new();
+    char gg[400], dir[400], cfg[500];
+    static const char *const urls[] = {"https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct", NULL};
+    static const char *const want[] = {"\"HuggingFaceTB/SmolLM2-135M-Instruct\"", NULL};
+    for (int c = 0; c < 2; c++) {
+        snprintf(gg, sizeof gg, "%s/named-%d.gguf", tmp_root, c);
+        lt_gguf_writer *w;
+        must(ctx, lt_gguf_writer_new(ctx, &w), "writer");
+        must(ctx, lt_gguf_writer_set_str(ctx, w, "general.architecture", "llama", 5), "kv");
+        if (urls[c]) must(ctx, lt_gguf_writer_set_str(ctx, w, "general.source.url", urls[c], strlen(urls[c])), "kv");
+        must(ctx, lt_gguf_writer_begin(ctx, w, gg), gg);
+        must(ctx, lt_gguf_writer_finish(ctx, w), gg);
+        lt_gguf_writer_free(w);
+        float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, mv[8] = {0};
+        lt_train_param p[2];
+        memset(p, 0, sizeof p);
+        snprintf(p[0].name, sizeof p[0].name, "model.layers.0.self_attn.q_proj.lora_A");
+        snprintf(p[1].name, sizeof p[1].name, "model.layers.0.self_attn.q_proj.lora_B");
+        for (int i = 0; i < 2; i++) {
+            p[i].ndim = 2, p[i].data = a, p[i].m = p[i].v = mv;
+            p[i].shape[0] = i ? 4 : 2, p[i].shape[1] = i ? 2 : 4;
+        }
+        lt_train_options opt;
+        memset(&opt, 0, sizeof opt);
+        opt.lora_rank = 2, opt.lora_alpha = 4;
+        snprintf(dir, sizeof dir, "%s/named-adapter-%d", tmp_root, c);
+        must(ctx, lt_peft_save(ctx, dir, gg, &opt, p, 2), "peft save");
+        snprintf(cfg, sizeof cfg, "%s/adapter_config.json", dir);
+        FILE *f = fopen(cfg, "rb");
+        assert_non_null(f);
+        char text[8192];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        char line[600];
+        snprintf(line, sizeof line, "\"%s\"", gg);
+        if (!strstr(text, want[c] ? want[c] : line)) {
+            fprintf(stderr, "adapter_config.json lacks %s:\n%s\n", want[c] ? want[c] : line, text);
+            fail();
+        }
+    }
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_tied_hf),    cmocka_unit_test(test_llama_tied_gguf),
         cmocka_unit_test(test_llama3_untied_hf), cmocka_unit_test(test_llama3_untied_gguf),
         cmocka_unit_test(test_qwen2_untied),     cmocka_unit_test(test_qwen3_tied),
         cmocka_unit_test(test_gguf_lora),        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_peft_base_model),
     };
     return cmocka_run_group_tests(tests, run_setup, run_teardown);
 }
