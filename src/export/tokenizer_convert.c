@@ -65,6 +65,168 @@ static cJSON *pre_tokenizer(const char *pre, int *ignore_merges) {
     return NULL;
 }
 
+/* ---- SentencePiece BPE ("llama" vocabularies), laid out as transformers' LlamaTokenizerFast ---- */
+
+static cJSON *replace(const char *from, const char *to) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "Replace");
+    cJSON *p = cJSON_AddObjectToObject(o, "pattern");
+    cJSON_AddStringToObject(p, "String", from);
+    cJSON_AddStringToObject(o, "content", to);
+    return o;
+}
+
+static cJSON *spm_normalizer(int add_space) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "Sequence");
+    cJSON *l = cJSON_AddArrayToObject(o, "normalizers");
+    if (add_space) {
+        cJSON *pre = cJSON_CreateObject();
+        cJSON_AddStringToObject(pre, "type", "Prepend");
+        cJSON_AddStringToObject(pre, "prepend", "\xe2\x96\x81");
+        cJSON_AddItemToArray(l, pre);
+    }
+    cJSON_AddItemToArray(l, replace(" ", "\xe2\x96\x81"));
+    return o;
+}
+
+static cJSON *spm_decoder(int add_space) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "Sequence");
+    cJSON *l = cJSON_AddArrayToObject(o, "decoders");
+    cJSON_AddItemToArray(l, replace("\xe2\x96\x81", " "));
+    cJSON *bf = cJSON_CreateObject(), *fu = cJSON_CreateObject();
+    cJSON_AddStringToObject(bf, "type", "ByteFallback");
+    cJSON_AddStringToObject(fu, "type", "Fuse");
+    cJSON_AddItemToArray(l, bf);
+    cJSON_AddItemToArray(l, fu);
+    if (add_space) {
+        cJSON *st = cJSON_CreateObject();
+        cJSON_AddStringToObject(st, "type", "Strip");
+        cJSON_AddStringToObject(st, "content", " ");
+        cJSON_AddNumberToObject(st, "start", 1);
+        cJSON_AddNumberToObject(st, "stop", 0);
+        cJSON_AddItemToArray(l, st);
+    }
+    return o;
+}
+
+typedef struct piece_ref {
+    const char *s;
+    size_t n;
+} piece_ref;
+
+typedef struct spm_merge {
+    int32_t l, r;
+    float score;
+    int64_t order;
+} spm_merge;
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int32_t lookup(const piece_ref *p, const int32_t *table, size_t cap, const char *s, size_t n) {
+    for (size_t h = (size_t)hash_bytes(s, n) & (cap - 1);; h = (h + 1) & (cap - 1)) {
+        int32_t id = table[h];
+        if (id < 0) return -1;
+        if (p[id].n == n && !memcmp(p[id].s, s, n)) return id;
+    }
+}
+
+static int cmp_local(const void *a, const void *b) {
+    const spm_merge *x = a, *y = b;
+    if (x->l != y->l) return x->l < y->l ? -1 : 1;
+    return (x->r > y->r) - (x->r < y->r);
+}
+
+static int cmp_score(const void *a, const void *b) { /* score descending, then generation order */
+    const spm_merge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* The merges a SentencePiece BPE model implies, as transformers' SentencePieceExtractor derives
+ * them: every split of every piece (at character boundaries) whose two halves are pieces, ranked
+ * by the merged piece's score (ties: piece order, then the halves' ids). */
+static lt_status spm_merges(lt_ctx *ctx, const lt_gguf *g, uint64_t n, cJSON *out) {
+    size_t cap = 1;
+    while (cap < 2 * n) cap <<= 1;
+    size_t bytes = (size_t)n * (sizeof(piece_ref) + sizeof(float)) + cap * sizeof(int32_t);
+    piece_ref *p = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "tokenizer pieces");
+    if (!p) return lt_ctx_status(ctx);
+    float *score = (float *)(p + n);
+    int32_t *table = (int32_t *)(score + n);
+    memset(table, 0xff, cap * sizeof(int32_t));
+    spm_merge *m = NULL;
+    size_t nm = 0, mcap = 0, mbytes = 0;
+    lt_status s = LT_OK;
+    for (uint64_t i = 0; i < n && s == LT_OK; i++) {
+        s = lt_gguf_array_str(ctx, g, "tokenizer.ggml.tokens", i, &p[i].s, &p[i].n);
+        double sc = 0;
+        if (s == LT_OK && lt_gguf_array_f64(ctx, g, "tokenizer.ggml.scores", i, &sc) != LT_OK) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "tokenizer.ggml.scores lacks entry %llu", (unsigned long long)i);
+            break;
+        }
+        score[i] = (float)sc;
+        if (s == LT_OK && lookup(p, table, cap, p[i].s, p[i].n) < 0) {
+            size_t h = (size_t)hash_bytes(p[i].s, p[i].n) & (cap - 1);
+            while (table[h] >= 0) h = (h + 1) & (cap - 1);
+            table[h] = (int32_t)i;
+        }
+    }
+    for (uint64_t i = 0; i < n && s == LT_OK; i++) {
+        size_t first = nm;
+        for (size_t k = 1; k < p[i].n; k++) {
+            if (((uint8_t)p[i].s[k] & 0xc0) == 0x80) continue; /* inside a UTF-8 character */
+            int32_t l = lookup(p, table, cap, p[i].s, k), r = lookup(p, table, cap, p[i].s + k, p[i].n - k);
+            if (l < 0 || r < 0) continue;
+            if (nm == mcap) {
+                size_t nc = mcap ? 2 * mcap : 1024, nb = nc * sizeof *m;
+                spm_merge *nmv = lt_alloc(ctx, LT_DEVICE_CPU, nb, "tokenizer merges");
+                if (!nmv) {
+                    s = lt_ctx_status(ctx);
+                    break;
+                }
+                if (m) {
+                    memcpy(nmv, m, nm * sizeof *m);
+                    lt_free(ctx, LT_DEVICE_CPU, m, mbytes);
+                }
+                m = nmv;
+                mcap = nc;
+                mbytes = nb;
+            }
+            m[nm++] = (spm_merge){l, r, score[i], 0};
+        }
+        qsort(m + first, nm - first, sizeof *m, cmp_local);
+        for (size_t k = first; k < nm; k++) m[k].order = (int64_t)k;
+    }
+    if (s == LT_OK && nm) qsort(m, nm, sizeof *m, cmp_score);
+    for (size_t k = 0; k < nm && s == LT_OK; k++) {
+        cJSON *pair = cJSON_CreateArray();
+        char *a = malloc(p[m[k].l].n + 1), *b = malloc(p[m[k].r].n + 1); /* transient */
+        if (!pair || !a || !b) s = lt_error(ctx, LT_ERR_OOM, "tokenizer merges");
+        else {
+            memcpy(a, p[m[k].l].s, p[m[k].l].n);
+            a[p[m[k].l].n] = 0;
+            memcpy(b, p[m[k].r].s, p[m[k].r].n);
+            b[p[m[k].r].n] = 0;
+            cJSON_AddItemToArray(pair, cJSON_CreateString(a));
+            cJSON_AddItemToArray(pair, cJSON_CreateString(b));
+            cJSON_AddItemToArray(out, pair);
+            pair = NULL;
+        }
+        cJSON_Delete(pair);
+        free(a);
+        free(b);
+    }
+    if (m) lt_free(ctx, LT_DEVICE_CPU, m, mbytes);
+    lt_free(ctx, LT_DEVICE_CPU, p, bytes);
+    return s;
+}
+
 static int gguf_id(lt_ctx *ctx, const lt_gguf *g, const char *key) {
     int64_t v;
     if (lt_gguf_get_i64(ctx, g, key, &v) != LT_OK) {
@@ -81,14 +243,19 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     *tokenizer_config = NULL;
     if (!ex_gguf_str(ctx, g, "tokenizer.ggml.model", model, sizeof model))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s has no tokenizer.ggml.model", b->path);
-    if (strcmp(model, "gpt2"))
+    int spm = !strcmp(model, "llama");
+    if (strcmp(model, "gpt2") && !spm)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "the GGUF vocabulary is '%s'; only byte-level BPE ('gpt2') converts to tokenizer.json", model);
+                        "the GGUF vocabulary is '%s'; byte-level BPE ('gpt2') and SentencePiece BPE ('llama') convert "
+                        "to tokenizer.json",
+                        model);
     ex_gguf_str(ctx, g, "tokenizer.ggml.pre", pre, sizeof pre);
-    int ignore_merges;
-    cJSON *pt = pre_tokenizer(pre, &ignore_merges);
+    int ignore_merges = 0, add_space = 1;
+    cJSON *pt = spm ? cJSON_CreateNull() : pre_tokenizer(pre, &ignore_merges);
     if (!pt)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "the GGUF pre-tokenizer '%s' has no tokenizer.json form here", pre);
+    if (spm && lt_gguf_get_bool(ctx, g, "tokenizer.ggml.add_space_prefix", &add_space) != LT_OK) add_space = 1;
+    lt_ctx_clear_error(ctx);
     lt_gguf_type et;
     uint64_t n = 0, nm = 0, ntt = 0;
     lt_status s = lt_gguf_get_array(ctx, g, "tokenizer.ggml.tokens", &et, &n);
@@ -104,7 +271,7 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     cJSON_AddNullToObject(root, "truncation");
     cJSON_AddNullToObject(root, "padding");
     cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
-    cJSON_AddNullToObject(root, "normalizer");
+    cJSON_AddItemToObject(root, "normalizer", spm ? spm_normalizer(add_space) : cJSON_CreateNull());
     cJSON_AddItemToObject(root, "pre_tokenizer", pt);
     int bos = gguf_id(ctx, g, "tokenizer.ggml.bos_token_id"), eos = gguf_id(ctx, g, "tokenizer.ggml.eos_token_id");
     int unk = gguf_id(ctx, g, "tokenizer.ggml.unknown_token_id"),
@@ -115,11 +282,12 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     cJSON *model_o = cJSON_CreateObject();
     cJSON_AddStringToObject(model_o, "type", "BPE");
     cJSON_AddNullToObject(model_o, "dropout");
-    cJSON_AddNullToObject(model_o, "unk_token");
+    cJSON *unk_slot = cJSON_CreateNull();
+    cJSON_AddItemToObject(model_o, "unk_token", unk_slot);
     cJSON_AddNullToObject(model_o, "continuing_subword_prefix");
     cJSON_AddNullToObject(model_o, "end_of_word_suffix");
-    cJSON_AddFalseToObject(model_o, "fuse_unk");
-    cJSON_AddFalseToObject(model_o, "byte_fallback");
+    cJSON_AddBoolToObject(model_o, "fuse_unk", spm);
+    cJSON_AddBoolToObject(model_o, "byte_fallback", spm);
     cJSON_AddBoolToObject(model_o, "ignore_merges", ignore_merges);
     cJSON *vocab = cJSON_AddObjectToObject(model_o, "vocab");
     char *tmp = NULL;
@@ -144,7 +312,7 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
         cJSON_AddItemToObject(vocab, tmp, item);
         int64_t type = 1;
         if (i < ntt && lt_gguf_array_i64(ctx, g, "tokenizer.ggml.token_type", i, &type) != LT_OK) type = 1;
-        if (type == 3 || type == 4) {
+        if (type == 3 || type == 4 || (spm && type == 2)) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", (double)i);
             cJSON_AddStringToObject(a, "content", tmp);
@@ -152,7 +320,7 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
             cJSON_AddFalseToObject(a, "lstrip");
             cJSON_AddFalseToObject(a, "rstrip");
             cJSON_AddBoolToObject(a, "normalized", type == 4);
-            cJSON_AddBoolToObject(a, "special", type == 3);
+            cJSON_AddBoolToObject(a, "special", type != 4);
             cJSON_AddItemToArray(added, a);
         }
         if ((int64_t)i == bos) bos_s = cJSON_GetArrayItem(vocab, cJSON_GetArraySize(vocab) - 1)->string;
@@ -162,7 +330,8 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     }
     free(tmp);
     cJSON *merges = cJSON_AddArrayToObject(model_o, "merges");
-    for (uint64_t i = 0; i < nm && s == LT_OK; i++) {
+    if (spm && s == LT_OK) s = spm_merges(ctx, g, n, merges);
+    for (uint64_t i = 0; i < nm && s == LT_OK && !spm; i++) {
         const char *t;
         size_t tl;
         if ((s = lt_gguf_array_str(ctx, g, "tokenizer.ggml.merges", i, &t, &tl)) != LT_OK) break;
@@ -200,9 +369,11 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
         cJSON_AddItemToArray(toks, cJSON_CreateString(bos_s));
         cJSON_AddItemToObject(root, "post_processor", tp);
     } else {
-        cJSON_AddItemToObject(root, "post_processor", byte_level(1, 0, 1));
+        cJSON_AddItemToObject(root, "post_processor", spm ? cJSON_CreateNull() : byte_level(1, 0, 1));
     }
-    cJSON_AddItemToObject(root, "decoder", byte_level(1, 1, 1));
+    cJSON_AddItemToObject(root, "decoder", spm ? spm_decoder(add_space) : byte_level(1, 1, 1));
+    if (spm && unk_s) cJSON_ReplaceItemInObjectCaseSensitive(model_o, "unk_token", cJSON_CreateString(unk_s));
+    (void)unk_slot;
     cJSON_AddItemToObject(root, "model", model_o);
     cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
     cJSON_AddFalseToObject(tc, "add_eos_token");
@@ -269,6 +440,39 @@ static const char *detect_pre(const cJSON *pt) {
     if (re && !strcmp(re, RE_QWEN2)) return "qwen2";
     if (re && !strcmp(re, RE_LLAMA3)) return "llama-bpe";
     return NULL;
+}
+
+/* Whether the post-processor puts a special token first (a TemplateProcessing, alone or in a
+ * Sequence), which is how a tokenizer.json without tokenizer_config.json adds BOS. */
+static int template_bos_id(const cJSON *tj, const cJSON *vocab, const cJSON *added);
+static int find_id(const cJSON *vocab, const cJSON *added, const char *tok);
+
+static int template_adds_bos(const cJSON *tj) {
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(tj, "post_processor"), *e;
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(pp, "type"));
+    if (type && !strcmp(type, "Sequence")) {
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pp, "processors")) {
+            const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type"));
+            if (t && !strcmp(t, "TemplateProcessing")) pp = e, type = t;
+        }
+    }
+    if (!type || strcmp(type, "TemplateProcessing")) return 0;
+    const cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pp, "single"), 0);
+    return cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") != NULL;
+}
+
+/* The id of that first special token, or -1. */
+static int template_bos_id(const cJSON *tj, const cJSON *vocab, const cJSON *added) {
+    if (!template_adds_bos(tj)) return -1;
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(tj, "post_processor"), *e, *tp = pp;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pp, "processors")) {
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type"));
+        if (t && !strcmp(t, "TemplateProcessing")) tp = e;
+    }
+    const cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(tp, "single"), 0);
+    const char *tok = cJSON_GetStringValue(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(first, "SpecialToken"), "id"));
+    return find_id(vocab, added, tok);
 }
 
 static int find_id(const cJSON *vocab, const cJSON *added, const char *tok) {
@@ -348,6 +552,14 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
         if (!cJSON_IsNumber(id) || !c || id->valuedouble < 0 || id->valuedouble >= (double)V) continue;
         toks[id->valueint] = c;
         types[id->valueint] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? 3 : 4;
+        if ((cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "lstrip")) ||
+             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "rstrip")) ||
+             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "single_word"))) &&
+            !note[0])
+            snprintf(note, note_n,
+                     "added token '%.64s' strips or matches whole words (lstrip/rstrip/single_word), which GGUF "
+                     "metadata cannot carry: text around it may tokenize differently",
+                     c);
     }
     for (int64_t i = 0; i < V; i++)
         if (!toks[i]) { /* the embedding is larger than the vocabulary: convert_hf_to_gguf pads */
@@ -402,11 +614,13 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
                                                {"pad_token", "tokenizer.ggml.padding_token_id"}};
         for (int k = 0; k < 4; k++) {
             int id = find_id(vocab, added, token_text(cJSON_GetObjectItemCaseSensitive(tc, keys[k][0])));
+            if (id < 0 && k == 0) id = template_bos_id(tj, vocab, added);
             if (id < 0 && k == 0) id = b->cfg.bos_id;
             if (id < 0 && k == 1) id = b->cfg.eos_id;
             if (id >= 0 && (s = lt_gguf_writer_set_u32(ctx, w, keys[k][1], (uint32_t)id)) != LT_OK) goto done;
         }
-        int add_bos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(tc, "add_bos_token"));
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(tc, "add_bos_token");
+        int add_bos = cJSON_IsBool(ab) ? cJSON_IsTrue(ab) : template_adds_bos(tj);
         if ((s = lt_gguf_writer_set_bool(ctx, w, "tokenizer.ggml.add_bos_token", add_bos)) != LT_OK) goto done;
         const char *tpl = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(tc, "chat_template"));
         char *jinja = NULL;
@@ -418,7 +632,7 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
             lt_ctx_clear_error(ctx);
         }
         if (tpl) s = lt_gguf_writer_set_str(ctx, w, "tokenizer.chat_template", tpl, strlen(tpl));
-        else snprintf(note, note_n, "the base has no chat template");
+        else if (!note[0]) snprintf(note, note_n, "the base has no chat template");
         free(jinja);
     }
 done:
