@@ -200,7 +200,7 @@ static lt_status spm_merges(lt_ctx *ctx, const lt_gguf *g, uint64_t n, cJSON *ou
             }
             m[nm++] = (spm_merge){l, r, score[i], 0};
         }
-        qsort(m + first, nm - first, sizeof *m, cmp_local);
+        if (nm > first) qsort(m + first, nm - first, sizeof *m, cmp_local);
         for (size_t k = first; k < nm; k++) m[k].order = (int64_t)k;
     }
     if (s == LT_OK && nm) qsort(m, nm, sizeof *m, cmp_score);
