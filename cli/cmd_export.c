@@ -37,18 +37,26 @@ static int parse_format(const char *v, lt_export_format *f) {
     return 0;
 }
 
+static void json_str(const char *s) {
+    putchar('"');
+    for (const char *p = s; *p; p++) {
+        if (*p == '"' || *p == '\\') putchar('\\');
+        putchar((unsigned char)*p >= 0x20 ? *p : ' ');
+    }
+    putchar('"');
+}
+
 static void print_report(const lt_export_report *r, const char *out, const char *fmt, int json) {
     char b[32];
     if (json) {
-        printf("{\"out\": \"%s\", \"format\": \"%s\", \"tensors\": %lld, \"merged\": %lld, \"bytes\": %llu, "
-               "\"files\": %d, \"shards\": %d, \"tokenizer_converted\": %s, \"note\": \"",
-               out, fmt, (long long)r->n_tensors, (long long)r->n_merged, (unsigned long long)r->bytes, r->n_files,
+        printf("{\"out\": ");
+        json_str(out);
+        printf(", \"format\": \"%s\", \"tensors\": %lld, \"merged\": %lld, \"bytes\": %llu, \"files\": %d, "
+               "\"shards\": %d, \"tokenizer_converted\": %s, \"note\": ",
+               fmt, (long long)r->n_tensors, (long long)r->n_merged, (unsigned long long)r->bytes, r->n_files,
                r->n_shards, r->tokenizer_converted ? "true" : "false");
-        for (const char *p = r->note; *p; p++) {
-            if (*p == '"' || *p == '\\') putchar('\\');
-            putchar((unsigned char)*p >= 0x20 ? *p : ' ');
-        }
-        printf("\", \"requantization_error\": {");
+        json_str(r->note);
+        printf(", \"requantization_error\": {");
         for (int c = 0; c < r->n_classes; c++) {
             const lt_export_class_error *e = &r->classes[c];
             printf("%s\"%s\": {\"dtype\": \"%s\", \"tensors\": %lld, \"elements\": %lld, \"max_abs\": %.6g, "

@@ -121,6 +121,7 @@ lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char
     if (s != LT_OK) goto done;
     s = b->gg ? copy_metadata(ctx, b, w) : synth_metadata(ctx, b, w, rep);
     if (s != LT_OK) goto done;
+    if (b->gg) rep->tokenizer_converted = lt_gguf_writer_has_key(w, "tokenizer.ggml.tokens");
     lt_dtype main = LT_DTYPE_F32;
     int quantized = 0;
     for (int64_t i = 0; i < np; i++) {
