@@ -192,11 +192,17 @@ def main():
         tools = llama_tools(args.llama_bin)
         result["llama_cpp"] = {"bin": args.llama_bin, "tools": sorted(tools)}
         if "llama-completion" in tools:
-            out = run([tools["llama-completion"], "-m", os.path.join(work, "f32.gguf"), "-p", TEXT, "-n", "16",
-                       "--temp", "0", "--top-k", "1", "-no-cnv", "--no-warmup", "-t", "2"]).stdout
             want = tok.decode(gen)
-            result["llama_cpp"]["greedy_f32"] = {"transformers": want, "llama_cpp": out[-len(want) - 64:]}
-            chk["llama_cpp_greedy_equal_transformers_f32"] = out.rstrip().endswith(want.rstrip())
+            greedy = {"transformers": want}
+            for name, cmd in (("merged_f32", ["-m", os.path.join(work, "f32.gguf")]),
+                              ("base_plus_lora", ["-m", args.model, "--lora", os.path.join(work, "lora.gguf")])):
+                out = subprocess.run([tools["llama-completion"]] + cmd +
+                                     ["-p", TEXT, "-n", "16", "--temp", "0", "--top-k", "1", "-no-cnv",
+                                      "--no-display-prompt", "--no-warmup", "-t", "2", "-s", "0"],
+                                     capture_output=True, text=True)
+                greedy[name] = out.stdout
+                chk["llama_cpp_greedy_%s_equal_transformers" % name] = out.stdout.strip() == want.strip()
+            result["llama_cpp"]["greedy"] = greedy
         if "llama-perplexity" in tools:
             tf = args.text
             if not tf:
