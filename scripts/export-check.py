@@ -146,7 +146,11 @@ def main():
     args = ap.parse_args()
     lt = os.path.join(args.build, "longtune")
     work = tempfile.mkdtemp(prefix="export-check.")
-    result = {"bench": "export-llamacpp", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+    result = {"bench": "export-llamacpp", "commit": commit,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": {"cpu": cpu},
               "config": {"model": args.model, "adapter": args.adapter}, "checks": {}}
     chk = result["checks"]
     try:
