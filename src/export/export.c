@@ -91,9 +91,6 @@ lt_status ex_pick_dtype(lt_ctx *ctx, const ex_base *b, const ex_adapter *a, cons
     else want = t->data ? t->dtype : LT_DTYPE_F32;
     if (opt->dequantize && !is_float(want))
         want = opt->outtype_set && is_float(opt->outtype) ? opt->outtype : LT_DTYPE_F16;
-    if (opt->dequantize && opt->outtype_set && !is_float(opt->outtype))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "--dequantize writes f32, f16 or bf16, not --outtype %s",
-                        lt_dtype_name(opt->outtype));
     if (lt_dtype_row_bytes(want, cols) < 0) {
         /* Rows that are not whole blocks: llama.cpp's quantizer falls back the same way. */
         want = LT_DTYPE_F16;
@@ -133,6 +130,9 @@ lt_status lt_export_model(lt_ctx *ctx, const char *model, const char *out, const
                         lt_dtype_name(opt.outtype));
     if (opt.outtype_set && opt.format == LT_EXPORT_GGUF && !lt_export_can_quantize(opt.outtype))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "export: this build has no %s quantizer", lt_dtype_name(opt.outtype));
+    if (opt.dequantize && opt.outtype_set && !is_float(opt.outtype))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "export: --dequantize writes f32, f16 or bf16, not --outtype %s",
+                        lt_dtype_name(opt.outtype));
     if (opt.format == LT_EXPORT_GGUF_LORA && !opt.adapter)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "export: --format gguf-lora needs an adapter");
     if (exists(out) && !opt.overwrite)

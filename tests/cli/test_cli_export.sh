@@ -42,6 +42,20 @@ expect 0 '"requantization_error"' -- export --model "$model" --adapter "$adapter
 expect 0 '"attn_q": {"dtype": "q8_0"' -- export --model "$model" --adapter "$adapter" --out "$tmp/m.gguf" \
   --format gguf --outtype q8_0 --json --overwrite
 expect 0 "wrote" -- export --model "$model" --adapter "$adapter" --out "$tmp/l.gguf" --format gguf-lora
+# A quantized base: merged matrices are requantized into their own type, or written as f16 with
+# --dequantize; an HF folder from it is f16 by default.
+expect 0 "wrote" -- export --model "$model" --out "$tmp/q8base.gguf" --format gguf --outtype q8_0
+expect 0 '"attn_q": {"dtype": "q8_0"' -- export --model "$tmp/q8base.gguf" --adapter "$adapter" \
+  --out "$tmp/req.gguf" --format gguf --json
+expect 0 '"attn_q": {"dtype": "f16"' -- export --model "$tmp/q8base.gguf" --adapter "$adapter" \
+  --out "$tmp/dq.gguf" --format gguf --dequantize --json
+expect 2 "" -- export --model "$tmp/q8base.gguf" --out "$tmp/x.gguf" --format gguf --outtype q9
+expect 1 "dequantize writes" -- export --model "$tmp/q8base.gguf" --adapter "$adapter" --out "$tmp/dq2.gguf" \
+  --format gguf --dequantize --outtype q4_0
+expect 0 '"attn_q": {"dtype": "f16"' -- export --model "$tmp/q8base.gguf" --adapter "$adapter" \
+  --out "$tmp/fromq8" --format hf --json
+grep -q '"torch_dtype":.*"float16"' "$tmp/fromq8/config.json" || { echo "FAIL: fromq8 config not float16"; fail=1; }
+expect 0 '"merged": 0' -- export --model "$model" --adapter "$adapter" --out "$tmp/lora2.gguf" --format gguf-lora --json
 # An adapter trained on a model of other shapes is refused, naming the tensor and both shapes.
 expect 1 "does not match this base" -- export --model "$src/tests/fixtures/model/qwen3_tied" \
   --adapter "$adapter" --out "$tmp/q.gguf" --format gguf
