@@ -1,10 +1,11 @@
-/* Tokenizer conversions between GGUF metadata and Hugging Face tokenizer files, for byte-level
- * BPE vocabularies (tokenizer.ggml.model "gpt2": SmolLM, Qwen2/3, Llama 3 and GPT-2
- * pre-tokenizers): GGUF → tokenizer.json + tokenizer_config.json (vocabulary, merges, added and
- * special tokens, pre-tokenizer of tokenizer.ggml.pre, chat template) and tokenizer.json →
- * tokenizer.ggml.* keys as convert_hf_to_gguf.py writes them. Other vocabularies (SentencePiece
- * "llama", WordPiece, Unigram) are refused with LT_ERR_UNSUPPORTED naming the kind, so the caller
- * can say what was not carried over. */
+/* Tokenizer conversions between GGUF metadata and Hugging Face tokenizer files, for the two BPE
+ * kinds: byte-level ("gpt2": the smollm, qwen2, llama-bpe and gpt-2 pre-tokenizers) and
+ * SentencePiece with byte fallback ("llama"). GGUF → tokenizer.json + tokenizer_config.json
+ * (vocabulary, merges -- derived from the piece scores for SentencePiece --, added and special
+ * tokens, normalizer / pre-tokenizer / decoder, chat template) and tokenizer.json →
+ * tokenizer.ggml.* keys as convert_hf_to_gguf.py writes them (SentencePiece scores derived from
+ * the merge ranks). Other vocabularies (WordPiece, Unigram, other pre-tokenizers) are refused with
+ * LT_ERR_UNSUPPORTED naming the kind, so the caller can say what was not carried over. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,6 +412,64 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
 
 /* ---- HF → GGUF ---- */
 
+/* SentencePiece scores for llama.cpp's SPM tokenizer, which merges the adjacent pair whose
+ * concatenation is the highest-scoring piece: a piece made by merge i of tokenizer.json scores -i
+ * (earlier merges win, as SentencePiece's scores order them); pieces no merge makes score 0 (they
+ * are never a merge result, so their score is not compared). */
+static lt_status spm_scores(lt_ctx *ctx, const char *const *toks, int64_t V, const cJSON *merges, lt_gguf_writer *w) {
+    size_t cap = 1;
+    while (cap < 2 * (size_t)V) cap <<= 1;
+    size_t bytes = (size_t)V * (sizeof(piece_ref) + sizeof(float) + 1) + cap * sizeof(int32_t);
+    piece_ref *p = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "tokenizer scores");
+    if (!p) return lt_ctx_status(ctx);
+    int32_t *table = (int32_t *)(p + V);
+    float *score = (float *)(table + cap);
+    uint8_t *set = (uint8_t *)(score + V);
+    memset(table, 0xff, cap * sizeof(int32_t));
+    memset(set, 0, (size_t)V);
+    for (int64_t i = 0; i < V; i++) {
+        p[i].s = toks[i];
+        p[i].n = strlen(toks[i]);
+        score[i] = 0;
+        if (lookup(p, table, cap, p[i].s, p[i].n) < 0) {
+            size_t h = (size_t)hash_bytes(p[i].s, p[i].n) & (cap - 1);
+            while (table[h] >= 0) h = (h + 1) & (cap - 1);
+            table[h] = (int32_t)i;
+        }
+    }
+    lt_status s = LT_OK;
+    char buf[1024];
+    int64_t rank = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        const char *x = NULL, *y = NULL;
+        const char *sp = cJSON_IsString(e) ? strchr(e->valuestring, ' ') : NULL;
+        size_t lx, ly;
+        if (sp) x = e->valuestring, lx = (size_t)(sp - x), y = sp + 1, ly = strlen(y);
+        else if (cJSON_IsArray(e)) {
+            x = cJSON_GetStringValue(cJSON_GetArrayItem(e, 0));
+            y = cJSON_GetStringValue(cJSON_GetArrayItem(e, 1));
+            lx = x ? strlen(x) : 0;
+            ly = y ? strlen(y) : 0;
+        }
+        if (!x || !y) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "tokenizer.json: merge %lld is neither \"a b\" nor [a, b]",
+                         (long long)rank);
+            break;
+        }
+        if (lx + ly < sizeof buf) {
+            memcpy(buf, x, lx);
+            memcpy(buf + lx, y, ly);
+            int32_t id = lookup(p, table, cap, buf, lx + ly);
+            if (id >= 0 && !set[id]) score[id] = -(float)rank, set[id] = 1;
+        }
+        rank++;
+    }
+    if (s == LT_OK) s = lt_gguf_writer_set_array(ctx, w, "tokenizer.ggml.scores", LT_GGUF_F32, score, (uint64_t)V);
+    lt_free(ctx, LT_DEVICE_CPU, p, bytes);
+    return s;
+}
+
 static const char *token_text(const cJSON *v) {
     if (cJSON_IsString(v)) return v->valuestring;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(v, "content");
@@ -514,15 +573,15 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
     const char *mtype = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(model, "type"));
     const char *pre = detect_pre(cJSON_GetObjectItemCaseSensitive(tj, "pre_tokenizer"));
-    if (!mtype || strcmp(mtype, "BPE") || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
-        !cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
+    int spm = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+    if (!mtype || strcmp(mtype, "BPE") || !cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
         s = lt_error(ctx, LT_ERR_UNSUPPORTED,
-                     "%s: only byte-level BPE tokenizers convert to GGUF metadata (model type %s%s)", p,
-                     mtype ? mtype : "?",
-                     cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ? ", byte fallback" : "");
+                     "%s: only BPE tokenizers (byte-level or SentencePiece with byte fallback) convert to GGUF "
+                     "metadata, not model type %s",
+                     p, mtype ? mtype : "?");
         goto done;
     }
-    if (!pre) {
+    if (!pre && !spm) {
         s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: the pre-tokenizer matches none of gpt-2, smollm, qwen2, llama-bpe",
                      p);
         goto done;
@@ -567,13 +626,37 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
             toks[i] = pads + 16 * i;
             types[i] = 5;
         }
-    if ((s = lt_gguf_writer_set_str(ctx, w, "tokenizer.ggml.model", "gpt2", 4)) != LT_OK) goto done;
-    if ((s = lt_gguf_writer_set_str(ctx, w, "tokenizer.ggml.pre", pre, strlen(pre))) != LT_OK) goto done;
-    if ((s = lt_gguf_writer_set_array_str(ctx, w, "tokenizer.ggml.tokens", toks, NULL, (uint64_t)V)) != LT_OK)
-        goto done;
-    if ((s = lt_gguf_writer_set_array(ctx, w, "tokenizer.ggml.token_type", LT_GGUF_I32, types, (uint64_t)V)) != LT_OK)
-        goto done;
-    {
+    if (spm) {
+        const char *unk = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(model, "unk_token"));
+        for (int64_t i = 0; i < V; i++) {
+            size_t l = strlen(toks[i]);
+            if (types[i] == 1 && l == 6 && !strncmp(toks[i], "<0x", 3) && toks[i][5] == '>') types[i] = 6;
+            if (unk && !strcmp(toks[i], unk)) types[i] = 2;
+        }
+        if ((s = lt_gguf_writer_set_str(ctx, w, "tokenizer.ggml.model", "llama", 5)) != LT_OK) goto done;
+        if ((s = lt_gguf_writer_set_array_str(ctx, w, "tokenizer.ggml.tokens", toks, NULL, (uint64_t)V)) != LT_OK)
+            goto done;
+        if ((s = spm_scores(ctx, toks, V, merges, w)) != LT_OK) goto done;
+        if ((s = lt_gguf_writer_set_array(ctx, w, "tokenizer.ggml.token_type", LT_GGUF_I32, types, (uint64_t)V)) !=
+            LT_OK)
+            goto done;
+        int prepend = 0;
+        const cJSON *nz = cJSON_GetObjectItemCaseSensitive(tj, "normalizer");
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(nz, "normalizers")) {
+            const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type"));
+            if (t && !strcmp(t, "Prepend")) prepend = 1;
+        }
+        if ((s = lt_gguf_writer_set_bool(ctx, w, "tokenizer.ggml.add_space_prefix", prepend)) != LT_OK) goto done;
+    } else {
+        if ((s = lt_gguf_writer_set_str(ctx, w, "tokenizer.ggml.model", "gpt2", 4)) != LT_OK) goto done;
+        if ((s = lt_gguf_writer_set_str(ctx, w, "tokenizer.ggml.pre", pre, strlen(pre))) != LT_OK) goto done;
+        if ((s = lt_gguf_writer_set_array_str(ctx, w, "tokenizer.ggml.tokens", toks, NULL, (uint64_t)V)) != LT_OK)
+            goto done;
+        if ((s = lt_gguf_writer_set_array(ctx, w, "tokenizer.ggml.token_type", LT_GGUF_I32, types, (uint64_t)V)) !=
+            LT_OK)
+            goto done;
+    }
+    if (!spm) {
         int64_t nm = cJSON_GetArraySize(merges), i = 0;
         size_t mbytes = (size_t)nm * sizeof(char *);
         const char **ms = lt_calloc(ctx, LT_DEVICE_CPU, mbytes ? mbytes : 1, "tokenizer merges");
