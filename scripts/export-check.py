@@ -184,6 +184,14 @@ def main():
         l_gguf = lt_logits(helper, os.path.join(work, "f32.gguf"), None, ids, work, V)
         chk["longtune_f32_gguf_vs_transformers_rel"] = rel(l_gguf, t_hf)
         chk["gguf_f32"] = check_gguf(os.path.join(work, "f32.gguf"), hf, cfg, True)
+        # transformers' own GGUF reader (it un-permutes llama Q/K itself) on the merged f32 GGUF.
+        import torch
+        from transformers import AutoModelForCausalLM
+        tg = AutoModelForCausalLM.from_pretrained(work, gguf_file="f32.gguf", dtype=torch.float32)
+        with torch.no_grad():
+            t_gguf = tg(torch.tensor([ids])).logits[0].double().numpy()
+        chk["transformers_gguf_f32_vs_hf_rel"] = rel(t_gguf.astype(np.float32), t_hf)
+        del tg
         chk["gguf_own_types"] = check_gguf(os.path.join(work, "own.gguf"), hf, cfg, False)
         import gguf
         lr = gguf.GGUFReader(os.path.join(work, "lora.gguf"))
