@@ -8,3 +8,4 @@ LT_CMD(tokenize, lt_cmd_tokenize, "print the token ids of text on stdin (or deco
 LT_CMD(pack, lt_cmd_pack, "tokenise a dataset, pack it into rows of --max-seq-length and print the statistics")
 LT_CMD(train, lt_cmd_train, "fine-tune LoRA/QLoRA adapters (mlx-lm lora flags; see train --help)")
 LT_CMD(generate, lt_cmd_generate, "answer a prompt with a model and optionally an adapter")
+LT_CMD(export, lt_cmd_export, "merge an adapter into its base and write an HF folder, a GGUF or a GGUF LoRA")

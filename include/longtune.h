@@ -25,5 +25,6 @@
 #include "longtune/plan.h"
 #include "longtune/guard.h"
 #include "longtune/train.h"
+#include "longtune/export_model.h"
 
 #endif

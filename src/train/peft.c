@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "longtune/alloc.h"
+#include "longtune/gguf.h"
 #include "longtune/safetensors.h"
 #include "train/train_internal.h"
 
@@ -73,6 +74,47 @@ static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train
     return s;
 }
 
+/* base_model_name_or_path for a GGUF base: transformers cannot load a .gguf path by itself, so
+ * the Hugging Face repository the GGUF says it was converted from ("org/name", from
+ * general.source.repo_url, general.source.url, general.repo_url or general.url when one points at
+ * huggingface.co) when it names one, else the path as given (docs/export.md shows how to load
+ * the adapter onto a GGUF base then). */
+static const char *base_model_name(lt_ctx *ctx, const char *base, char *buf, size_t n) {
+    size_t bl = base ? strlen(base) : 0;
+    if (bl < 5 || strcmp(base + bl - 5, ".gguf")) return base;
+    lt_gguf *g;
+    if (lt_gguf_open(ctx, base, &g) != LT_OK) {
+        lt_ctx_clear_error(ctx);
+        return base;
+    }
+    static const char *const keys[] = {"general.source.repo_url", "general.source.url", "general.repo_url",
+                                       "general.url"};
+    const char *found = NULL;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !found; k++) {
+        const char *v;
+        size_t vl;
+        if (lt_gguf_get_str(ctx, g, keys[k], &v, &vl) != LT_OK) continue;
+        const char *host = "huggingface.co/";
+        size_t hl = strlen(host);
+        for (size_t i = 0; i + hl <= vl; i++) {
+            if (memcmp(v + i, host, hl)) continue;
+            const char *r = v + i + hl, *end = v + vl;
+            const char *slash = memchr(r, '/', (size_t)(end - r));
+            if (!slash || slash == r) break;
+            const char *e = slash + 1;
+            while (e < end && *e != '/' && *e != '?' && *e != '#') e++;
+            if (e == slash + 1 || (size_t)(e - r) >= n) break;
+            memcpy(buf, r, (size_t)(e - r));
+            buf[e - r] = '\0';
+            found = buf;
+            break;
+        }
+    }
+    lt_ctx_clear_error(ctx);
+    lt_gguf_close(g);
+    return found ? found : base;
+}
+
 static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_model, const lt_train_options *opt,
                               const lt_train_param *params, int n) {
     cJSON *c = cJSON_CreateObject();
@@ -110,7 +152,9 @@ static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_mo
     for (int t = 0; t < nl; t++) cJSON_AddItemToArray(lt, cJSON_CreateNumber((double)layers[t]));
     cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(c, "auto_mapping");
-    cJSON_AddStringToObject(c, "base_model_name_or_path", base_model ? base_model : "");
+    char repo[256];
+    const char *bm = base_model_name(ctx, base_model, repo, sizeof repo);
+    cJSON_AddStringToObject(c, "base_model_name_or_path", bm ? bm : "");
     cJSON_AddStringToObject(c, "bias", "none");
     cJSON_AddFalseToObject(c, "fan_in_fan_out");
     cJSON_AddTrueToObject(c, "inference_mode");

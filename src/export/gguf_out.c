@@ -1,0 +1,225 @@
+/* GGUF outputs: the merged model (a GGUF base's metadata carried over key by key; an HF base's
+ * synthesized as convert_hf_to_gguf.py writes it for llama / qwen2 / qwen3, tokenizer included)
+ * with llama-arch Q/K rows permuted back to llama.cpp's interleaved order and norms, biases and
+ * RoPE factors in f32; and llama.cpp's LoRA adapter GGUF (general.type = adapter, A as (r, in),
+ * B as (out, r), the Q/K permutation applied to B's rows) for `llama-cli -m base --lora file`. */
+#include <math.h>
+#include <string.h>
+
+#include "export/export_internal.h"
+#include "export/pipeline.h"
+#include "longtune/alloc.h"
+
+static uint32_t llama_ftype(lt_dtype t) {
+    switch (t) {
+    case LT_DTYPE_F32: return 0;
+    case LT_DTYPE_F16: return 1;
+    case LT_DTYPE_Q4_0: return 2;
+    case LT_DTYPE_Q4_1: return 3;
+    case LT_DTYPE_Q8_0: return 7;
+    case LT_DTYPE_Q5_0: return 8;
+    case LT_DTYPE_Q5_1: return 9;
+    case LT_DTYPE_Q2_K: return 10;
+    case LT_DTYPE_Q3_K: return 12;
+    case LT_DTYPE_Q4_K: return 15;
+    case LT_DTYPE_Q5_K: return 17;
+    case LT_DTYPE_Q6_K: return 18;
+    case LT_DTYPE_IQ4_NL: return 25;
+    case LT_DTYPE_IQ4_XS: return 30;
+    case LT_DTYPE_BF16: return 32;
+    default: return 0;
+    }
+}
+
+/* Keys a rewritten file must not inherit: its type mix and layout are the writer's. */
+static int skip_key(const char *k, size_t n) {
+    static const char *const skip[] = {"general.file_type", "general.quantization_version", "general.alignment"};
+    for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
+        if (strlen(skip[i]) == n && !memcmp(k, skip[i], n)) return 1;
+    return 0;
+}
+
+static lt_status copy_metadata(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w) {
+    int64_t n = lt_gguf_kv_count(b->gg);
+    for (int64_t i = 0; i < n; i++) {
+        const char *k;
+        size_t kl;
+        lt_gguf_type t;
+        LT_TRY(lt_gguf_kv_key(ctx, b->gg, i, &k, &kl, &t));
+        if (skip_key(k, kl)) continue;
+        LT_TRY(lt_gguf_writer_copy_kv(ctx, w, b->gg, i));
+    }
+    return LT_OK;
+}
+
+static lt_status arch_u32(lt_ctx *ctx, lt_gguf_writer *w, const char *arch, const char *key, int64_t v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return lt_gguf_writer_set_u32(ctx, w, k, (uint32_t)v);
+}
+
+static lt_status arch_f32(lt_ctx *ctx, lt_gguf_writer *w, const char *arch, const char *key, double v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return lt_gguf_writer_set_f32(ctx, w, k, (float)v);
+}
+
+static lt_status synth_metadata(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w, lt_export_report *rep) {
+    const lt_model_config *c = &b->cfg;
+    const char *arch = b->arch;
+    LT_TRY(lt_gguf_writer_set_str(ctx, w, "general.architecture", arch, strlen(arch)));
+    LT_TRY(lt_gguf_writer_set_str(ctx, w, "general.type", "model", 5));
+    const char *name = strrchr(b->dir, '/') ? strrchr(b->dir, '/') + 1 : b->dir;
+    LT_TRY(lt_gguf_writer_set_str(ctx, w, "general.name", name, strlen(name)));
+    LT_TRY(arch_u32(ctx, w, arch, "context_length", c->max_positions));
+    LT_TRY(arch_u32(ctx, w, arch, "embedding_length", c->C));
+    LT_TRY(arch_u32(ctx, w, arch, "block_count", c->L));
+    LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->F));
+    LT_TRY(arch_u32(ctx, w, arch, "attention.head_count", c->H));
+    LT_TRY(arch_u32(ctx, w, arch, "attention.head_count_kv", c->Hkv));
+    LT_TRY(arch_f32(ctx, w, arch, "rope.freq_base", c->rope_theta));
+    LT_TRY(arch_f32(ctx, w, arch, "attention.layer_norm_rms_epsilon", c->rms_eps));
+    LT_TRY(arch_u32(ctx, w, arch, "attention.key_length", c->D));
+    LT_TRY(arch_u32(ctx, w, arch, "attention.value_length", c->D));
+    if (c->arch == LT_ARCH_LLAMA) {
+        LT_TRY(arch_u32(ctx, w, arch, "vocab_size", c->V));
+        LT_TRY(arch_u32(ctx, w, arch, "rope.dimension_count", c->D));
+    }
+    lt_status s = ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
+    if (s == LT_ERR_NOT_FOUND || s == LT_ERR_UNSUPPORTED) {
+        /* The file is still a valid GGUF (longtune reads it); llama.cpp needs a vocabulary. */
+        snprintf(rep->note, sizeof rep->note, "tokenizer not carried over (llama.cpp needs one): %s",
+                 lt_ctx_error(ctx));
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    rep->tokenizer_converted = s == LT_OK;
+    return s;
+}
+
+typedef struct gguf_sink {
+    lt_gguf_writer *w;
+} gguf_sink;
+
+static lt_status to_gguf(lt_ctx *ctx, void *arg, const void *data, size_t n) {
+    return lt_gguf_writer_write(ctx, ((gguf_sink *)arg)->w, data, n);
+}
+
+lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
+                        lt_export_report *rep) {
+    int rope = b->gg ? b->has_rope_freqs : b->cfg.rope_llama3;
+    int64_t np = ex_pieces(b, rope, NULL, 0);
+    size_t pbytes = (size_t)np * (sizeof(ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
+    ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
+    if (!ps) return lt_ctx_status(ctx);
+    lt_tensor *ts = (lt_tensor *)(ps + np);
+    lt_dtype *dts = (lt_dtype *)(ts + np);
+    ex_pieces(b, rope, ps, np);
+    lt_gguf_writer *w = NULL;
+    ex_rows rows = {0};
+    lt_status s = lt_gguf_writer_new(ctx, &w);
+    if (s != LT_OK) goto done;
+    s = b->gg ? copy_metadata(ctx, b, w) : synth_metadata(ctx, b, w, rep);
+    if (s != LT_OK) goto done;
+    if (b->gg) rep->tokenizer_converted = lt_gguf_writer_has_key(w, "tokenizer.ggml.tokens");
+    lt_dtype main = LT_DTYPE_F32;
+    int quantized = 0;
+    for (int64_t i = 0; i < np; i++) {
+        if ((s = ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
+        if ((s = ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
+        if (ps[i].kind == EX_PROJ && ps[i].layer == 0 && ps[i].which == LT_PROJ_Q) main = dts[i];
+        quantized |= lt_dtype_is_quantized(dts[i]);
+        char name[160];
+        ex_gguf_name(&ps[i], name, sizeof name);
+        int64_t shape[2] = {ps[i].shape[0], ps[i].shape[1]};
+        if ((s = lt_gguf_writer_add_tensor(ctx, w, name, dts[i], ps[i].ndim, shape)) != LT_OK) goto done;
+    }
+    if ((s = lt_gguf_writer_set_u32(ctx, w, "general.file_type", llama_ftype(main))) != LT_OK) goto done;
+    if (quantized && (s = lt_gguf_writer_set_u32(ctx, w, "general.quantization_version", 2)) != LT_OK) goto done;
+    uint64_t bytes = lt_gguf_writer_file_bytes(w);
+    if ((s = ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
+    if ((s = ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
+    if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
+    gguf_sink sk = {w};
+    for (int64_t i = 0; i < np && s == LT_OK; i++)
+        s = ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], b->cfg.arch == LT_ARCH_LLAMA, &rows, to_gguf, &sk, rep);
+    if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
+    if (s == LT_OK) {
+        rep->bytes = bytes;
+        rep->n_files = 1;
+    }
+done:
+    ex_rows_free(ctx, &rows);
+    lt_gguf_writer_free(w);
+    lt_free(ctx, LT_DEVICE_CPU, ps, pbytes);
+    return s;
+}
+
+lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out,
+                             const lt_export_options *opt, lt_export_report *rep) {
+    (void)opt;
+    const lt_model_config *c = &b->cfg;
+    lt_gguf_writer *w = NULL;
+    lt_status s = lt_gguf_writer_new(ctx, &w);
+    if (s != LT_OK) return s;
+    const char *arch = b->arch;
+    char name[160];
+    if ((s = lt_gguf_writer_set_str(ctx, w, "general.architecture", arch, strlen(arch))) != LT_OK) goto done;
+    if ((s = lt_gguf_writer_set_str(ctx, w, "general.type", "adapter", 7)) != LT_OK) goto done;
+    if ((s = lt_gguf_writer_set_str(ctx, w, "adapter.type", "lora", 4)) != LT_OK) goto done;
+    if ((s = lt_gguf_writer_set_f32(ctx, w, "adapter.lora.alpha", a->alpha)) != LT_OK) goto done;
+    if (a->base_model[0] &&
+        (s = lt_gguf_writer_set_str(ctx, w, "general.base_model.0.name", a->base_model, strlen(a->base_model))) !=
+            LT_OK)
+        goto done;
+    if ((s = lt_gguf_writer_set_u32(ctx, w, "general.base_model.count", a->base_model[0] ? 1 : 0)) != LT_OK) goto done;
+    ex_piece p = {EX_PROJ, 0, 0, 2, {0, 0}};
+    for (int64_t l = 0; l < c->L; l++)
+        for (int k = 0; k < LT_PROJ_COUNT_; k++) {
+            if (!ex_adapter_has(a, l, k)) continue;
+            p.layer = l;
+            p.which = k;
+            ex_gguf_name(&p, name, sizeof name);
+            int64_t o = 0, in = 0;
+            if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
+            else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
+            else if (k == LT_PROJ_O) o = c->C, in = c->H * c->D;
+            else if (k == LT_PROJ_DOWN) o = c->C, in = c->F;
+            else o = c->F, in = c->C;
+            int64_t sa[2] = {a->rank, in}, sb[2] = {o, a->rank};
+            char full_a[176], full_b[176];
+            snprintf(full_a, sizeof full_a, "%s.lora_a", name);
+            snprintf(full_b, sizeof full_b, "%s.lora_b", name);
+            if ((s = lt_gguf_writer_add_tensor(ctx, w, full_a, LT_DTYPE_F32, 2, sa)) != LT_OK) goto done;
+            if ((s = lt_gguf_writer_add_tensor(ctx, w, full_b, LT_DTYPE_F32, 2, sb)) != LT_OK) goto done;
+        }
+    uint64_t bytes = lt_gguf_writer_file_bytes(w);
+    if ((s = ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
+    if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
+    for (int64_t l = 0; l < c->L && s == LT_OK; l++)
+        for (int k = 0; k < LT_PROJ_COUNT_ && s == LT_OK; k++) {
+            if (!ex_adapter_has(a, l, k)) continue;
+            int64_t o, in;
+            if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
+            else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
+            else if (k == LT_PROJ_O) o = c->C, in = c->H * c->D;
+            else if (k == LT_PROJ_DOWN) o = c->C, in = c->F;
+            else o = c->F, in = c->C;
+            const float *A = a->a[l * LT_PROJ_COUNT_ + k], *B = a->b[l * LT_PROJ_COUNT_ + k];
+            if ((s = lt_gguf_writer_write(ctx, w, A, (size_t)(a->rank * in) * sizeof(float))) != LT_OK) break;
+            int qk = c->arch == LT_ARCH_LLAMA && (k == LT_PROJ_Q || k == LT_PROJ_K);
+            for (int64_t g = 0; g < o && s == LT_OK; g++) {
+                int64_t r = qk ? ex_deinterleave_row(g, c->D) : g;
+                s = lt_gguf_writer_write(ctx, w, B + r * a->rank, (size_t)a->rank * sizeof(float));
+            }
+            rep->n_tensors += 2;
+        }
+    if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
+    if (s == LT_OK) {
+        rep->bytes = bytes;
+        rep->n_files = 1;
+    }
+done:
+    lt_gguf_writer_free(w);
+    return s;
+}

@@ -1,0 +1,397 @@
+/* The HF folder output: config.json (the base's own, or converted from GGUF metadata),
+ * model.safetensors or shards of at most max_shard_bytes of tensors with
+ * model.safetensors.index.json, the tokenizer files (copied from an HF base; converted from a
+ * GGUF base's vocabulary) and generation_config.json. Each file is written to a temporary in the
+ * folder, fsynced and renamed; files of an earlier export that would shadow the new one (a
+ * single model.safetensors beside a new index, or the reverse, stale shards) are removed. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "export/export_internal.h"
+#include "export/pipeline.h"
+#include "longtune/alloc.h"
+#include "train/train_internal.h"
+
+#define EX_DEFAULT_SHARD 5000000000ull
+
+static const char *st_dtype(lt_dtype t) { return t == LT_DTYPE_F32 ? "F32" : t == LT_DTYPE_F16 ? "F16" : "BF16"; }
+static const char *torch_dtype(lt_dtype t) {
+    return t == LT_DTYPE_F32 ? "float32" : t == LT_DTYPE_F16 ? "float16" : "bfloat16";
+}
+
+/* A float32 metadata value as the decimal a config would carry (1e-05, not 9.99999974e-06). */
+static double f2d(double v) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", v);
+    return strtod(b, NULL);
+}
+
+static lt_status write_json(lt_ctx *ctx, const char *dir, const char *file, cJSON *j, lt_export_report *rep) {
+    char path[EX_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *text = cJSON_Print(j);
+    if (!text) return lt_error(ctx, LT_ERR_OOM, "%s: cannot print", path);
+    size_t n = strlen(text);
+    lt_status s = ex_write_file(ctx, path, text, n);
+    free(text);
+    if (s == LT_OK) {
+        rep->bytes += n;
+        rep->n_files++;
+    }
+    return s;
+}
+
+/* Llama 3 RoPE scaling from a GGUF's rope_freqs.weight: the factors are 1 in the high-frequency
+ * band, `factor` in the low one and interpolated between, with low_freq_factor 1 and
+ * high_freq_factor 4 in every Llama 3.x; the original context follows from an interpolated
+ * entry, else from the band edges. The result is accepted only if it regenerates every factor. */
+static int recover_llama3(const float *fr, lt_model_config *c) {
+    const double pi = 3.14159265358979323846, low = 1.0, high = 4.0;
+    int64_t half = c->D / 2;
+    double factor = 1, lo_old = 0, hi_old = INFINITY, old = -1;
+    for (int64_t i = 0; i < half; i++) factor = fmax(factor, fr[i]);
+    if (!(factor > 1)) return 0;
+    for (int64_t i = 0; i < half; i++) {
+        double f = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->D), wl = 2 * pi / f;
+        if (fabs(fr[i] - 1.0) < 1e-6) lo_old = fmax(lo_old, high * wl);
+        else if (fabs(fr[i] - factor) < 1e-6 * factor) hi_old = fmin(hi_old, low * wl);
+        else if (old < 0) {
+            double smooth = (1.0 / fr[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
+            old = wl * (smooth * (high - low) + low);
+        }
+    }
+    if (old < 0)
+        old = isfinite(hi_old) && lo_old > 0 ? sqrt(lo_old * hi_old) : isfinite(hi_old) ? hi_old / 2 : lo_old * 2;
+    lt_model_config t = *c;
+    t.rope_factor = factor, t.rope_low_freq = low, t.rope_high_freq = high, t.rope_original_ctx = (int64_t)llround(old);
+    if (t.rope_original_ctx < 1) return 0;
+    float regen[LT_ROPE_MAX_FACTORS];
+    if (half > LT_ROPE_MAX_FACTORS) return 0;
+    ex_llama3_rope_factors(&t, regen);
+    for (int64_t i = 0; i < half; i++)
+        if (fabs(regen[i] - fr[i]) > 1e-5 * fabs(fr[i])) return 0;
+    *c = t;
+    c->rope_llama3 = 1;
+    return 1;
+}
+
+static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJSON **out) {
+    lt_model_config cfg = b->cfg, *c = &cfg;
+    if (b->has_rope_freqs) {
+        lt_tensor f;
+        if (lt_gguf_find_tensor(ctx, b->gg, "rope_freqs.weight", &f) != LT_OK || f.dtype != LT_DTYPE_F32 ||
+            lt_tensor_numel(&f) != c->D / 2 || !recover_llama3(f.data, c))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: rope_freqs.weight is not a Llama 3 RoPE scaling, so it has no config.json form; "
+                            "export this base with --format gguf",
+                            b->path);
+    }
+    static const char *const archs[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return lt_error(ctx, LT_ERR_OOM, "config.json");
+    cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(ar, cJSON_CreateString(archs[c->arch]));
+    cJSON_AddStringToObject(j, "model_type", b->arch);
+    cJSON_AddNumberToObject(j, "vocab_size", (double)c->V);
+    cJSON_AddNumberToObject(j, "hidden_size", (double)c->C);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->F);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->L);
+    cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->H);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->Hkv);
+    cJSON_AddNumberToObject(j, "head_dim", (double)c->D);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_positions);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", f2d(c->rms_eps));
+    cJSON_AddNumberToObject(j, "rope_theta", f2d(c->rope_theta));
+    if (c->rope_llama3) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", f2d(c->rope_factor));
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", (double)c->rope_original_ctx);
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    if (c->arch != LT_ARCH_QWEN2) {
+        cJSON_AddFalseToObject(j, "attention_bias");
+    } else {
+        cJSON_AddFalseToObject(j, "use_sliding_window");
+    }
+    if (c->arch == LT_ARCH_LLAMA) cJSON_AddFalseToObject(j, "mlp_bias");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0);
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
+    if (c->eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_id);
+    cJSON_AddStringToObject(j, "torch_dtype", torch_dtype(dt));
+    cJSON_AddTrueToObject(j, "use_cache");
+    *out = j;
+    return LT_OK;
+}
+
+static lt_status read_json(lt_ctx *ctx, const char *path, cJSON **out) {
+    char *text;
+    size_t n;
+    LT_TRY(ex_read_file(ctx, path, (size_t)64 << 20, &text, &n));
+    *out = cJSON_ParseWithLength(text, n);
+    free(text);
+    if (!*out) return lt_error(ctx, LT_ERR_FORMAT, "%s: not JSON", path);
+    return LT_OK;
+}
+
+static lt_status write_config(lt_ctx *ctx, const ex_base *b, lt_dtype dt, const char *dir, lt_export_report *rep) {
+    cJSON *j = NULL;
+    if (b->gg) LT_TRY(config_from_gguf(ctx, b, dt, &j));
+    else {
+        char p[EX_PATH_MAX + 32];
+        snprintf(p, sizeof p, "%s/config.json", b->dir);
+        LT_TRY(read_json(ctx, p, &j));
+        cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
+        cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
+        cJSON_AddStringToObject(j, "torch_dtype", torch_dtype(dt));
+    }
+    lt_status s = write_json(ctx, dir, "config.json", j, rep);
+    cJSON_Delete(j);
+    return s;
+}
+
+static lt_status copy_file(lt_ctx *ctx, const char *from_dir, const char *name, const char *to_dir,
+                           lt_export_report *rep, int *copied) {
+    char src[EX_PATH_MAX + 64], dst[EX_PATH_MAX + 64];
+    snprintf(src, sizeof src, "%s/%s", from_dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", to_dir, name);
+    *copied = 0;
+    char *text;
+    size_t n;
+    lt_status s = ex_read_file(ctx, src, (size_t)256 << 20, &text, &n);
+    if (s == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (s != LT_OK) return s;
+    s = ex_write_file(ctx, dst, text, n);
+    free(text);
+    if (s == LT_OK) {
+        rep->bytes += n;
+        rep->n_files++;
+        *copied = 1;
+    }
+    return s;
+}
+
+static lt_status write_tokenizer(lt_ctx *ctx, const ex_base *b, const char *dir, lt_export_report *rep) {
+    if (!b->gg) {
+        static const char *const files[] = {"tokenizer.json",
+                                            "tokenizer_config.json",
+                                            "special_tokens_map.json",
+                                            "tokenizer.model",
+                                            "vocab.json",
+                                            "merges.txt",
+                                            "added_tokens.json",
+                                            "chat_template.jinja",
+                                            "chat_template.json",
+                                            "generation_config.json"};
+        int any = 0, c;
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            LT_TRY(copy_file(ctx, b->dir, files[i], dir, rep, &c));
+            if (i < 2) any += c;
+        }
+        rep->tokenizer_converted = any == 2;
+        if (any < 2)
+            snprintf(rep->note, sizeof rep->note, "the base folder has no tokenizer.json/tokenizer_config.json");
+        return LT_OK;
+    }
+    char *tj = NULL;
+    cJSON *tc = NULL;
+    lt_status s = ex_tokenizer_from_gguf(ctx, b, &tj, &tc);
+    if (s == LT_ERR_UNSUPPORTED) {
+        snprintf(rep->note, sizeof rep->note, "tokenizer not converted: %s", lt_ctx_error(ctx));
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (s != LT_OK) return s;
+    char p[EX_PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    s = ex_write_file(ctx, p, tj, strlen(tj));
+    if (s == LT_OK) {
+        rep->bytes += strlen(tj);
+        rep->n_files++;
+        s = write_json(ctx, dir, "tokenizer_config.json", tc, rep);
+    }
+    free(tj);
+    cJSON_Delete(tc);
+    rep->tokenizer_converted = s == LT_OK;
+    return s;
+}
+
+static lt_status write_generation(lt_ctx *ctx, const ex_base *b, const char *dir, lt_export_report *rep) {
+    char p[EX_PATH_MAX + 48];
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    struct stat sb;
+    if (stat(p, &sb) == 0 && !b->gg) return LT_OK; /* copied with the tokenizer files */
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return lt_error(ctx, LT_ERR_OOM, "generation_config.json");
+    cJSON_AddTrueToObject(j, "_from_model_config");
+    if (b->cfg.bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", b->cfg.bos_id);
+    if (b->cfg.eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", b->cfg.eos_id);
+    lt_status s = write_json(ctx, dir, "generation_config.json", j, rep);
+    cJSON_Delete(j);
+    return s;
+}
+
+/* ---- safetensors shards ---- */
+
+typedef struct shard_sink {
+    lt_atomic_file af;
+} shard_sink;
+
+static lt_status to_file(lt_ctx *ctx, void *arg, const void *data, size_t n) {
+    return lt_atomic_write(ctx, &((shard_sink *)arg)->af, data, n);
+}
+
+/* Removes files an earlier export left that the new one does not replace but a loader would
+ * prefer or list: the single file when sharding, the index when not, and other shards. */
+static void remove_stale(const char *dir, int sharded, int n_shards) {
+    char p[EX_PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, sharded ? "model.safetensors" : "model.safetensors.index.json");
+    unlink(p);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int a, b;
+        char tail[32];
+        if (sscanf(e->d_name, "model-%5d-of-%5d.safetensor%31s", &a, &b, tail) == 3 && !strcmp(tail, "s") &&
+            (!sharded || b != n_shards)) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+}
+
+lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
+                      lt_export_report *rep) {
+    int64_t np = ex_pieces(b, 0, NULL, 0);
+    size_t pbytes =
+        (size_t)np * (sizeof(ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype) + sizeof(int) + sizeof(uint64_t)) + 8;
+    ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
+    if (!ps) return lt_ctx_status(ctx);
+    lt_tensor *ts = (lt_tensor *)(ps + np);
+    lt_dtype *dts = (lt_dtype *)(ts + np);
+    uint64_t *nb = (uint64_t *)(void *)(((uintptr_t)(dts + np) + 7) & ~(uintptr_t)7);
+    int *shard = (int *)(nb + np);
+    ex_pieces(b, 0, ps, np);
+    ex_rows rows = {0};
+    cJSON *index = NULL, **headers = NULL;
+    size_t hbytes = 0;
+    lt_status s = LT_OK;
+    uint64_t max_shard = opt->max_shard_bytes ? opt->max_shard_bytes : EX_DEFAULT_SHARD, total = 0, cur = 0;
+    int n_shards = 1;
+    lt_dtype main = LT_DTYPE_F32;
+    for (int64_t i = 0; i < np; i++) {
+        if ((s = ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
+        if ((s = ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
+        if (i == 0) main = dts[i];
+        int64_t cols = ps[i].ndim == 2 ? ps[i].shape[1] : ps[i].shape[0], nr = ps[i].ndim == 2 ? ps[i].shape[0] : 1;
+        nb[i] = (uint64_t)lt_dtype_row_bytes(dts[i], cols) * (uint64_t)nr;
+        if (cur > 0 && cur + nb[i] > max_shard) {
+            n_shards++;
+            cur = 0;
+        }
+        shard[i] = n_shards - 1;
+        cur += nb[i];
+        total += nb[i];
+    }
+    if ((s = ex_check_space(ctx, out, total + (uint64_t)np * 256 + ((uint64_t)64 << 20))) != LT_OK) goto done;
+    if ((s = lt_train_mkdir(ctx, out)) != LT_OK) goto done;
+    /* Headers, one per shard, in the order tensors are written. */
+    hbytes = (size_t)n_shards * sizeof(cJSON *);
+    headers = lt_calloc(ctx, LT_DEVICE_CPU, hbytes, "export shard headers");
+    if (!headers) {
+        s = lt_ctx_status(ctx);
+        goto done;
+    }
+    index = cJSON_CreateObject();
+    cJSON *wm = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON_AddItemToObject(index, "weight_map", wm);
+    uint64_t off = 0;
+    for (int64_t i = 0; i < np; i++) {
+        int sh = shard[i];
+        if (!headers[sh]) {
+            headers[sh] = cJSON_CreateObject();
+            cJSON *m = cJSON_AddObjectToObject(headers[sh], "__metadata__");
+            cJSON_AddStringToObject(m, "format", "pt");
+            off = 0;
+        }
+        char name[160], file[64];
+        ex_hf_name(&ps[i], name, sizeof name);
+        cJSON *e = cJSON_AddObjectToObject(headers[sh], name);
+        cJSON_AddStringToObject(e, "dtype", st_dtype(dts[i]));
+        cJSON *shp = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < ps[i].ndim; d++) cJSON_AddItemToArray(shp, cJSON_CreateNumber((double)ps[i].shape[d]));
+        cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + nb[i])));
+        off += nb[i];
+        if (n_shards == 1) snprintf(file, sizeof file, "model.safetensors");
+        else snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", sh + 1, n_shards);
+        cJSON_AddStringToObject(wm, name, file);
+    }
+    if ((s = ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
+    int64_t i = 0;
+    for (int sh = 0; sh < n_shards && s == LT_OK; sh++) {
+        char path[EX_PATH_MAX + 64];
+        if (n_shards == 1) snprintf(path, sizeof path, "%s/model.safetensors", out);
+        else snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", out, sh + 1, n_shards);
+        char *hj = cJSON_PrintUnformatted(headers[sh]);
+        if (!hj) {
+            s = lt_error(ctx, LT_ERR_OOM, "%s: header", path);
+            break;
+        }
+        size_t hl = strlen(hj), padded = (hl + 7) / 8 * 8;
+        shard_sink sk;
+        if ((s = lt_atomic_open(ctx, &sk.af, path)) != LT_OK) {
+            free(hj);
+            break;
+        }
+        uint64_t hl64 = padded;
+        s = lt_atomic_write(ctx, &sk.af, &hl64, 8);
+        if (s == LT_OK) s = lt_atomic_write(ctx, &sk.af, hj, hl);
+        if (s == LT_OK) s = lt_atomic_write(ctx, &sk.af, "        ", padded - hl);
+        rep->bytes += 8 + padded;
+        free(hj);
+        for (; s == LT_OK && i < np && shard[i] == sh; i++) {
+            s = ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], 0, &rows, to_file, &sk, rep);
+            rep->bytes += nb[i];
+        }
+        if (s != LT_OK) {
+            lt_atomic_abort(&sk.af);
+            break;
+        }
+        if ((s = lt_atomic_commit(ctx, &sk.af)) != LT_OK) break;
+        rep->n_files++;
+        rep->n_shards++;
+    }
+    if (s != LT_OK) goto done;
+    if (n_shards > 1 && (s = write_json(ctx, out, "model.safetensors.index.json", index, rep)) != LT_OK) goto done;
+    remove_stale(out, n_shards > 1, n_shards);
+    if ((s = write_config(ctx, b, main, out, rep)) != LT_OK) goto done;
+    if ((s = write_tokenizer(ctx, b, out, rep)) != LT_OK) goto done;
+    s = write_generation(ctx, b, out, rep);
+done:
+    ex_rows_free(ctx, &rows);
+    if (headers) {
+        for (int sh = 0; sh < n_shards; sh++) cJSON_Delete(headers[sh]);
+        lt_free(ctx, LT_DEVICE_CPU, headers, hbytes);
+    }
+    cJSON_Delete(index);
+    lt_free(ctx, LT_DEVICE_CPU, ps, pbytes);
+    return s;
+}
