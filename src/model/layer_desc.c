@@ -68,6 +68,9 @@ static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, con
 }
 
 lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *c) {
+    if (c->D / 2 > LT_ROPE_MAX_FACTORS)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: head dim %lld is above the RoPE table's %d", (long long)c->D,
+                        2 * LT_ROPE_MAX_FACTORS);
     if (c->sliding_window < 0 || c->sliding_period < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: sliding_window %lld and sliding_period %lld must be >= 0",
                         (long long)c->sliding_window, (long long)c->sliding_period);

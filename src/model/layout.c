@@ -91,7 +91,7 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     int ok = emit(&cur, fn, arg, LT_W_EMBED, -1, 0, c->embed_dtype, 2, c->V, c->C);
     if (!c->tie_embeddings) ok &= emit(&cur, fn, arg, LT_W_HEAD, -1, 0, c->head_dtype, 2, c->V, c->C);
     ok &= emit(&cur, fn, arg, LT_W_FINAL_NORM, -1, 0, LT_DTYPE_F32, 1, c->C, 0);
-    ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, c->D / 2, 0);
+    ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, LT_ROPE_TABLE_LEN(c->D), 0);
     for (int64_t l = 0; ok && l < c->L; l++) {
         lt_layer_desc d;
         lt_model_describe_layer(c, l, &d);

@@ -133,6 +133,10 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
     }
     m->run = *run;
     m->prepared = 1;
+    if (lt_model_rope_depends_on_T(&m->cfg) && (s = lt_model_rope_refresh(ctx, m, run->T)) != LT_OK) {
+        free_run(ctx, m);
+        return s;
+    }
     resolve_attn_path(m);
     if ((s = cp_alloc(ctx, m)) != LT_OK) free_run(ctx, m);
     return s;

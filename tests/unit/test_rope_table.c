@@ -18,14 +18,14 @@ static void plain_and_llama3_tables(void **state) {
     memset(&cfg, 0, sizeof cfg);
     cfg.D = 32;
     cfg.rope_theta = 500000.0;
-    cfg.rope_llama3 = 1;
+    cfg.rope_scaling = LT_ROPE_SCALING_LLAMA3;
     cfg.rope_factor = 8;
     cfg.rope_low_freq = 1;
     cfg.rope_high_freq = 4;
     cfg.rope_original_ctx = 64; /* small so all three bands appear at D = 32 */
-    float inv[16], plain[16];
+    float inv[17], plain[17];
     lt_model_rope_inv_freq(&cfg, inv);
-    cfg.rope_llama3 = 0;
+    cfg.rope_scaling = LT_ROPE_SCALING_NONE;
     lt_model_rope_inv_freq(&cfg, plain);
     int bands[3] = {0, 0, 0};
     for (int i = 0; i < 16; i++) {
