@@ -230,12 +230,171 @@ static void bad_fused_tensor_is_named(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* ---- CUDA against the CPU, at a CUDA head dim ---- */
+
+/* The CUDA step rounds matmul inputs to bf16 and runs attention in bf16 (unit roundoff 2^-8);
+ * the bounds are test_cuda_train's: a few u on the loss, 32 u of the largest gradient. */
+#define BF16_U 0x1.0p-8
+#define TOL_LOSS (8 * BF16_U)
+#define TOL_GRAD (32 * BF16_U)
+
+static double rel_err(const float *got, const float *want, int64_t n) {
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)want[i]));
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+    return scale > 0 ? worst / scale : worst;
+}
+
+/* A random HF folder of the family at D = 64 (C = 128, H = 2, Hkv = 1): Mistral with a window of
+ * 24, or Phi-3 with fused tensors, longrope past its original context of 32 and a window of 40. */
+static void write_twin(lt_ctx *ctx, const char *dir, int phi, uint64_t *rng) {
+    const int64_t V = 64, C = 128, F = 128, L = 2, H = 2, Hkv = 1, D = 64;
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"model_type\": \"%s\", \"vocab_size\": %lld, \"hidden_size\": %lld, \"intermediate_size\": %lld, "
+            "\"num_hidden_layers\": %lld, \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, "
+            "\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, "
+            "\"bos_token_id\": 1, \"eos_token_id\": 2",
+            phi ? "phi3" : "mistral", (long long)V, (long long)C, (long long)F, (long long)L, (long long)H,
+            (long long)Hkv);
+    if (phi) {
+        fprintf(f,
+                ", \"sliding_window\": 40, \"original_max_position_embeddings\": 32, \"rope_parameters\": "
+                "{\"rope_type\": \"longrope\", \"rope_theta\": 10000.0, \"short_factor\": [");
+        for (int i = 0; i < 32; i++) fprintf(f, "%s%.3f", i ? ", " : "", 1.0 + 0.01 * i);
+        fprintf(f, "], \"long_factor\": [");
+        for (int i = 0; i < 32; i++) fprintf(f, "%s%.3f", i ? ", " : "", 1.0 + 0.5 * i);
+        fprintf(f, "]}}");
+    } else {
+        fprintf(f, ", \"sliding_window\": 24, \"rope_theta\": 1000000.0}");
+    }
+    fclose(f);
+    const int64_t qkv = (H + 2 * Hkv) * D;
+    struct {
+        char name[96];
+        int64_t r, c;
+        int norm;
+    } t[32];
+    int nt = 0;
+    snprintf(t[nt].name, 96, "model.embed_tokens.weight"), t[nt].r = V, t[nt].c = C, t[nt++].norm = 0;
+    snprintf(t[nt].name, 96, "lm_head.weight"), t[nt].r = V, t[nt].c = C, t[nt++].norm = 0;
+    snprintf(t[nt].name, 96, "model.norm.weight"), t[nt].r = 1, t[nt].c = C, t[nt++].norm = 1;
+    for (int64_t l = 0; l < L; l++) {
+        const char *pre = "model.layers";
+        snprintf(t[nt].name, 96, "%s.%lld.input_layernorm.weight", pre, (long long)l), t[nt].r = 1, t[nt].c = C,
+                                                                                       t[nt++].norm = 1;
+        snprintf(t[nt].name, 96, "%s.%lld.post_attention_layernorm.weight", pre, (long long)l),
+            t[nt].r = 1, t[nt].c = C, t[nt++].norm = 1;
+        if (phi) {
+            snprintf(t[nt].name, 96, "%s.%lld.self_attn.qkv_proj.weight", pre, (long long)l),
+                t[nt].r = qkv, t[nt].c = C, t[nt++].norm = 0;
+            snprintf(t[nt].name, 96, "%s.%lld.mlp.gate_up_proj.weight", pre, (long long)l),
+                t[nt].r = 2 * F, t[nt].c = C, t[nt++].norm = 0;
+        } else {
+            static const char *const qkvn[3] = {"q", "k", "v"};
+            for (int k = 0; k < 3; k++)
+                snprintf(t[nt].name, 96, "%s.%lld.self_attn.%s_proj.weight", pre, (long long)l, qkvn[k]),
+                    t[nt].r = k ? Hkv * D : H * D, t[nt].c = C, t[nt++].norm = 0;
+            snprintf(t[nt].name, 96, "%s.%lld.mlp.gate_proj.weight", pre, (long long)l), t[nt].r = F, t[nt].c = C,
+                                                                                         t[nt++].norm = 0;
+            snprintf(t[nt].name, 96, "%s.%lld.mlp.up_proj.weight", pre, (long long)l), t[nt].r = F, t[nt].c = C,
+                                                                                       t[nt++].norm = 0;
+        }
+        snprintf(t[nt].name, 96, "%s.%lld.self_attn.o_proj.weight", pre, (long long)l), t[nt].r = C, t[nt].c = H * D,
+                                                                                        t[nt++].norm = 0;
+        snprintf(t[nt].name, 96, "%s.%lld.mlp.down_proj.weight", pre, (long long)l), t[nt].r = C, t[nt].c = F,
+                                                                                     t[nt++].norm = 0;
+    }
+    lt_safetensors_entry e[32];
+    float *buf[32];
+    for (int i = 0; i < nt; i++) {
+        int64_t n = t[i].r * t[i].c;
+        buf[i] = malloc((size_t)n * 4);
+        for (int64_t k = 0; k < n; k++)
+            buf[i][k] = t[i].norm ? (float)(1 + 0.1 * lt_test_normal(rng)) : (float)(0.08 * lt_test_normal(rng));
+        int64_t sh[2] = {t[i].r, t[i].c};
+        e[i].name = t[i].name;
+        e[i].tensor = t[i].r == 1 ? lt_tensor_view(buf[i], LT_DTYPE_F32, LT_DEVICE_CPU, 1, sh + 1)
+                                  : lt_tensor_view(buf[i], LT_DTYPE_F32, LT_DEVICE_CPU, 2, sh);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    assert_int_equal(lt_safetensors_write(ctx, p, e, nt, NULL, 0), LT_OK);
+    for (int i = 0; i < nt; i++) free(buf[i]);
+}
+
+static void cuda_matches_cpu(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    if (lt_model_device_available(ctx, LT_DEVICE_CUDA) != LT_OK) {
+        printf("skipped: no CUDA device (%s)\n", lt_ctx_error(ctx));
+        lt_ctx_free(ctx);
+        skip();
+    }
+    uint64_t rng = lt_test_seed() + 77;
+    for (int phi = 0; phi < 2; phi++) {
+        char dir[] = "/tmp/lt_family_cuda_XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        write_twin(ctx, dir, phi, &rng);
+        lt_lora_options lo = {0};
+        lo.rank = 8, lo.alpha = 16, lo.seed = 9;
+        lt_model_options oc = {0}, og = {0};
+        og.device = LT_DEVICE_CUDA;
+        lt_model *mc = NULL, *mg = NULL;
+        if (lt_model_load(ctx, dir, &oc, &lo, &mc) != LT_OK || lt_model_load(ctx, dir, &og, &lo, &mg) != LT_OK)
+            fail_msg("%s: %s", dir, lt_ctx_error(ctx));
+        int64_t n;
+        lt_model_lora_params(mc, &n);
+        float *p = malloc((size_t)n * 4), *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
+        lt_test_fill_normal(&rng, p, n, 0.05f); /* B != 0: every gradient is live */
+        assert_int_equal(lt_model_lora_set(ctx, mc, 0, n, p), LT_OK);
+        assert_int_equal(lt_model_lora_set(ctx, mg, 0, n, p), LT_OK);
+        /* two rows of 96 tokens, three sequences each: past the window and (Phi-3) the original
+         * context, so the long factors, the attention factor and the window all act */
+        int32_t tok[192], tgt[192], pos[192], off[8] = {0, 50, 80, 96, 0, 20, 96, 96};
+        for (int r = 0; r < 2; r++)
+            for (int s = 0; s < 3; s++)
+                for (int32_t i = off[r * 4 + s]; i < off[r * 4 + s + 1]; i++) {
+                    tok[r * 96 + i] = (int32_t)(lt_test_rand_u64(&rng) % 64);
+                    tgt[r * 96 + i] =
+                        i + 1 == off[r * 4 + s + 1] ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&rng) % 64);
+                    pos[r * 96 + i] = i - off[r * 4 + s];
+                }
+        lt_model_batch b = {0};
+        b.B = 2, b.T = 96, b.S = 3, b.tokens = tok, b.targets = tgt, b.positions = pos, b.seq_offsets = off;
+        lt_model_run_options ro = {0};
+        ro.B = 2, ro.T = 96;
+        lt_model_result rc, rg;
+        assert_int_equal(lt_model_prepare(ctx, mc, &ro), LT_OK);
+        if (lt_model_prepare(ctx, mg, &ro) != LT_OK) fail_msg("cuda prepare: %s", lt_ctx_error(ctx));
+        lt_model_zero_grads(mc);
+        lt_model_zero_grads(mg);
+        assert_int_equal(lt_model_forward_backward(ctx, mc, &b, 0.0f, &rc, NULL), LT_OK);
+        if (lt_model_forward_backward(ctx, mg, &b, 0.0f, &rg, NULL) != LT_OK) fail_msg("cuda: %s", lt_ctx_error(ctx));
+        assert_int_equal(lt_model_lora_get(ctx, mc, 1, 0, n, gc), LT_OK);
+        assert_int_equal(lt_model_lora_get(ctx, mg, 1, 0, n, gg), LT_OK);
+        float lc = (float)(rc.loss_sum / (double)rc.n_tokens), lg = (float)(rg.loss_sum / (double)rg.n_tokens);
+        double el = rel_err(&lg, &lc, 1), eg = rel_err(gg, gc, n);
+        printf("  %s: loss %.6f (cuda %.6f, rel %.3g), grads rel %.3g\n", phi ? "phi3 longrope" : "mistral window",
+               (double)lc, (double)lg, el, eg);
+        if (!(el <= TOL_LOSS) || !(eg <= TOL_GRAD)) fail_msg("cuda differs from cpu beyond bf16 bounds");
+        free(p), free(gc), free(gg);
+        lt_model_free(ctx, mc);
+        lt_model_free(ctx, mg);
+        assert_int_equal(lt_test_rm_tree(dir), 0);
+    }
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(configs_describe_the_families),
         cmocka_unit_test(matches_transformers_peft),
         cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(bad_fused_tensor_is_named),
+        cmocka_unit_test(cuda_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
