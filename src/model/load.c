@@ -172,8 +172,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     else if (!strcmp(arch, "phi3")) c->arch = LT_ARCH_PHI3;
     else
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: GGUF architecture '%s' is not supported (llama incl. Mistral, qwen2, qwen3, phi3)",
-                        s->path, arch);
+                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3)", s->path, arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
     LT_TRY(gg_int(ctx, s, arch, "feed_forward_length", 1, &c->F));
@@ -237,7 +236,8 @@ static lt_status gguf_factors(lt_ctx *ctx, const source *s, const char *name, in
 }
 
 /* {arch}.rope.scaling.*: none, linear, yarn (factor, original context, attention factor, betas),
- * and Phi-3's longrope (its factor tensors; llama.cpp writes no scaling type for it). */
+ * longrope; Phi-3's longrope is its factor tensors without a scaling type (as llama.cpp writes
+ * it). */
 static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c) {
     char k[160];
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
@@ -249,7 +249,7 @@ static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_co
     lt_tensor t;
     int longrope = lt_gguf_find_tensor(ctx, s->gg, "rope_factors_long.weight", &t) == LT_OK;
     lt_ctx_clear_error(ctx);
-    if (longrope) {
+    if (longrope && r == LT_ERR_NOT_FOUND) {
         st = "longrope";
         sl = 8;
     }
@@ -259,8 +259,9 @@ static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_co
     else if (sl == 4 && !memcmp(st, "yarn", 4)) c->rope_scaling = LT_ROPE_SCALING_YARN;
     else if (sl == 8 && !memcmp(st, "longrope", 8)) c->rope_scaling = LT_ROPE_SCALING_LONGROPE;
     else
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: metadata '%s' = '%.*s' is not supported (none, linear, yarn)",
-                        s->path, k, (int)sl, st);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: metadata '%s' = '%.*s' is not supported (none, linear, yarn, longrope)", s->path, k,
+                        (int)sl, st);
     c->rope_original_ctx = c->max_positions;
     LT_TRY(gg_int(ctx, s, arch, "rope.scaling.original_context_length", 0, &c->rope_original_ctx));
     c->rope_factor = 0;

@@ -230,6 +230,108 @@ static void bad_fused_tensor_is_named(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* GGUF metadata the loader refuses, named (tests/fixtures/family/bad, written by the generator). */
+static void bad_gguf_metadata_is_named(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    static const struct {
+        const char *file, *needle;
+        lt_status want;
+    } cases[] = {
+        {"rope_type_su.gguf", "metadata 'phi3.rope.scaling.type' = 'su' is not supported", LT_ERR_UNSUPPORTED},
+        {"rope_factors_short_list.gguf", "'rope_factors_long.weight' must hold 4 f32 factors", LT_ERR_FORMAT},
+        {"eot_negative.gguf", "metadata 'tokenizer.ggml.eot_token_id' must be a token id", LT_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/tests/fixtures/family/bad/%s", lt_test_source_dir(), cases[i].file);
+        lt_model_config cfg;
+        lt_status s = lt_model_inspect(ctx, p, NULL, &cfg);
+        if (s != cases[i].want || !strstr(lt_ctx_error(ctx), cases[i].needle))
+            fail_msg("%s: status %d, '%s'", cases[i].file, (int)s, lt_ctx_error(ctx));
+    }
+    lt_ctx_free(ctx);
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* config.json as transformers 4.x and 5.x write it: a multimodal wrapper's text_config, dtype or
+ * torch_dtype, EOS lists in the config and in generation_config.json; keys longtune reads but does
+ * not run are errors naming key and value. */
+static void configs_as_transformers_writes_them(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[] = "/tmp/lt_family_cfg_XXXXXX", p[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    const char *text_model = "\"model_type\": \"mistral\", \"vocab_size\": 64, \"hidden_size\": 32, "
+                             "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                             "\"head_dim\": 16, \"sliding_window\": null, \"rope_theta\": 1000000000.0";
+    char cfgtext[2048];
+    snprintf(cfgtext, sizeof cfgtext,
+             "{\"model_type\": \"mistral3\", \"architectures\": [\"Mistral3ForConditionalGeneration\"], "
+             "\"dtype\": \"bfloat16\", \"vision_config\": {\"model_type\": \"pixtral\"}, \"eos_token_id\": 2, "
+             "\"text_config\": {%s}}",
+             text_model);
+    write_file(dir, "config.json", cfgtext);
+    write_file(dir, "generation_config.json", "{\"bos_token_id\": 1, \"eos_token_id\": [2, 7, 9]}");
+    lt_model_config c;
+    if (lt_model_config_read_hf(ctx, p, &c) != LT_OK) fail_msg("%s", lt_ctx_error(ctx));
+    assert_int_equal(c.arch, LT_ARCH_MISTRAL);
+    assert_int_equal(c.D, 16);
+    assert_true(c.rope_theta == 1e9);
+    assert_int_equal(c.n_eos, 3);
+    assert_int_equal(c.eos_id, 2);
+    assert_int_equal(c.eos_ids[1], 7);
+    assert_int_equal(c.eos_ids[2], 9);
+    /* Llama 3 style: a list in the config, generation_config adds nothing new */
+    snprintf(cfgtext, sizeof cfgtext, "{%s, \"torch_dtype\": \"float16\", \"eos_token_id\": [9, 8]}", text_model);
+    write_file(dir, "config.json", cfgtext);
+    assert_int_equal(lt_model_config_read_hf(ctx, p, &c), LT_OK);
+    assert_int_equal(c.n_eos, 4);
+    assert_int_equal(c.eos_id, 9);
+    assert_int_equal(c.eos_ids[1], 8);
+    assert_int_equal(c.eos_ids[2], 2);
+    assert_int_equal(c.eos_ids[3], 7);
+    static const struct {
+        const char *extra, *needle;
+        lt_status want;
+    } bad[] = {
+        {", \"hidden_act\": \"gelu\"", "hidden_act gelu is not supported", LT_ERR_UNSUPPORTED},
+        {", \"dtype\": \"float8_e4m3fn\"", "dtype float8_e4m3fn is not supported", LT_ERR_UNSUPPORTED},
+        {", \"torch_dtype\": 16", "torch_dtype (not a string) is not supported", LT_ERR_UNSUPPORTED},
+        {", \"quantization_config\": {\"quant_method\": \"gptq\"}", "quantization_config (quant_method gptq)",
+         LT_ERR_UNSUPPORTED},
+        {", \"eos_token_id\": \"</s>\"", "\"eos_token_id\" must be an integer or a list", LT_ERR_FORMAT},
+        {", \"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]", "lists more than 8 ids", LT_ERR_FORMAT},
+        {", \"attention_bias\": true", "mistral with attention_bias is not supported", LT_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cfgtext, sizeof cfgtext, "{%s%s}", text_model, bad[i].extra);
+        write_file(dir, "config.json", cfgtext);
+        lt_status s = lt_model_config_read_hf(ctx, p, &c);
+        if (s != bad[i].want || !strstr(lt_ctx_error(ctx), bad[i].needle))
+            fail_msg("%s: status %d, '%s'", bad[i].extra, (int)s, lt_ctx_error(ctx));
+    }
+    write_file(dir, "config.json", "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"gemma\"}}");
+    assert_int_equal(lt_model_config_read_hf(ctx, p, &c), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "text_config model_type \"gemma\""));
+    write_file(dir, "generation_config.json", "{\"eos_token_id\": [2, -1]}");
+    snprintf(cfgtext, sizeof cfgtext, "{%s}", text_model);
+    write_file(dir, "config.json", cfgtext);
+    assert_int_equal(lt_model_config_read_hf(ctx, p, &c), LT_ERR_FORMAT);
+    assert_non_null(strstr(lt_ctx_error(ctx), "generation_config.json"));
+    assert_int_equal(lt_test_rm_tree(dir), 0);
+    lt_ctx_free(ctx);
+}
+
 /* ---- CUDA against the CPU, at a CUDA head dim ---- */
 
 /* The CUDA step rounds matmul inputs to bf16 and runs attention in bf16 (unit roundoff 2^-8);
@@ -394,6 +496,8 @@ int main(void) {
         cmocka_unit_test(matches_transformers_peft),
         cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(bad_fused_tensor_is_named),
+        cmocka_unit_test(bad_gguf_metadata_is_named),
+        cmocka_unit_test(configs_as_transformers_writes_them),
         cmocka_unit_test(cuda_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

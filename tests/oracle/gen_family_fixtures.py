@@ -260,6 +260,41 @@ def run_case(out_dir, case, spec, seed):
     print(f"{case}: loss {loss.item():.6f}, {n_lora} LoRA tensors")
 
 
+def write_bad_ggufs(out_dir):
+    """Metadata the loader must refuse, each in an otherwise plausible phi3 header."""
+    import gguf
+    import numpy as np
+
+    d = os.path.join(out_dir, "bad")
+    os.makedirs(d, exist_ok=True)
+
+    def header(name, scaling=None, factors=4, eot=3):
+        w = gguf.GGUFWriter(os.path.join(d, name), "phi3")
+        w.add_block_count(1)
+        w.add_context_length(64)
+        w.add_embedding_length(32)
+        w.add_feed_forward_length(64)
+        w.add_head_count(4)
+        w.add_head_count_kv(2)
+        w.add_rope_dimension_count(8)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_scaling_orig_ctx_len(16)
+        if scaling:
+            w.add_string("phi3.rope.scaling.type", scaling)
+        w.add_int32("tokenizer.ggml.eot_token_id", eot)
+        w.add_tensor("rope_factors_long.weight", np.ones(factors, dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.ones(4, dtype=np.float32))
+        w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    header("rope_type_su.gguf", scaling="su")
+    header("rope_factors_short_list.gguf", factors=3)
+    header("eot_negative.gguf", eot=-1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -268,6 +303,7 @@ def main():
     torch.set_num_threads(1)
     for i, (case, spec) in enumerate(sorted(CASES.items())):
         run_case(args.out, case, spec, 2000 + 31 * i)
+    write_bad_ggufs(args.out)
 
 
 if __name__ == "__main__":
