@@ -231,12 +231,13 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
     o->weights_bytes = lt_model_weights_walk(c, NULL, NULL);
     if (!o->weights_bytes)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: weight sizes overflow or rows are not whole blocks");
+    LT_TRY(lt_model_check_lora_targets(ctx, c, lo.targets));
     int64_t n = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
-        if (lo.targets & (1u << p)) {
+        if (lo.targets & (1u << p)) { /* a fused module's members share its owner's A */
             int64_t out, in;
             lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-            n += lo.rank * (out + in);
+            n += lo.rank * (out + (lt_model_lora_owner(c, (lt_proj)p) == (lt_proj)p ? in : 0));
         }
     o->n_lora = n * lo.num_layers;
     o->lora_bytes = nb(o->n_lora, sizeof(float));

@@ -557,6 +557,16 @@ static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
             int64_t out, in, r = m->lora.rank;
             lt_model_proj_shape(&m->cfg, (lt_proj)k, &out, &in);
             int64_t off = p - m->lora_params;
+            lt_proj own = lt_model_lora_owner(&m->cfg, (lt_proj)k);
+            if (own != (lt_proj)k) { /* a fused module's member: the owner's A, B rows after the owner's */
+                L->lora_a[k] = L->lora_a[own];
+                L->grad_a[k] = L->grad_a[own];
+                L->lora_b[k] = p;
+                L->grad_b[k] = m->lora_grads + off;
+                m->be->zero(ctx, p, (size_t)(out * r) * sizeof(float));
+                p += out * r;
+                continue;
+            }
             L->lora_a[k] = p;
             L->grad_a[k] = m->lora_grads + off;
             uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)k) * 0xd1b54a32d192ed03ULL);

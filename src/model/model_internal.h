@@ -36,6 +36,17 @@ lt_status lt_model_rope_check(lt_ctx *ctx, const char *where, const lt_model_con
 /* Recomputes m's RoPE table for T tokens per row into its place in the weights block. */
 lt_status lt_model_rope_refresh(lt_ctx *ctx, lt_model *m, int64_t T);
 
+/* Phi-3's fused modules carry LoRA as PEFT puts it, one adapter per module: qkv_proj's A is q's
+ * (k and v use it) and its B is q's, k's and v's B rows one after another in memory, one (q + k + v
+ * rows, r) matrix; gate_up_proj likewise with gate and up. The projection whose A p uses: p
+ * itself for every other projection and family. */
+lt_proj lt_model_lora_owner(const lt_model_config *cfg, lt_proj p);
+/* PEFT's module name of owner p ("qkv_proj" and "gate_up_proj" for Phi-3, else lt_proj_name). */
+const char *lt_model_lora_module(const lt_model_config *cfg, lt_proj p);
+/* LT_OK when targets takes every fused module whole (q, k, v together; gate and up together), else
+ * LT_ERR_UNSUPPORTED naming the module. */
+lt_status lt_model_check_lora_targets(lt_ctx *ctx, const lt_model_config *cfg, unsigned targets);
+
 /* Shapes (out, in) of projection p. */
 void lt_model_proj_shape(const lt_model_config *cfg, lt_proj p, int64_t *out, int64_t *in);
 

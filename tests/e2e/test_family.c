@@ -1,8 +1,8 @@
 /* Mistral and Phi-3 against transformers + PEFT fixtures (tests/oracle/gen_family_fixtures.py):
  * logits, loss, per-token loss and every LoRA gradient of a packed batch for Mistral v0.1 (sliding
  * window 4), v0.3 (no window), Nemo-style (head_dim with H·D != C), Phi-3-mini (fused qkv_proj and
- * gate_up_proj split at load) and Phi-3 with longrope (long factors and attention factor) and a
- * window, from the transformers folders and, for mistral_v01 and phi3_longrope, from GGUF files
+ * gate_up_proj split at load, LoRA per fused module as PEFT puts it) and Phi-3 with longrope (long
+ * factors and attention factor) and a window, from the transformers folders and, for mistral_v01 and phi3_longrope, from GGUF files
  * written as llama.cpp writes them. The configs read into the described layers, RoPE scaling and
  * EOS lists. On a CUDA device, the same families at a CUDA head dim match the CPU (skipped without
  * one). */
@@ -201,6 +201,39 @@ static void configs_describe_the_families(void **state) {
             assert_true(fabs(af - sqrt(3.0)) < 1e-6);
         }
     }
+    lt_ctx_free(ctx);
+}
+
+/* Phi-3's LoRA is one adapter per fused module, named as PEFT names it; a target list that splits
+ * a fused module is refused naming it. */
+static void phi3_lora_is_per_fused_module(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1200];
+    case_dir("phi3_mini", dir, sizeof dir);
+    lt_lora_options lo = {0};
+    lo.rank = 4;
+    lo.targets = 1u << LT_PROJ_Q | 1u << LT_PROJ_K; /* q and k without v */
+    lt_model *m = NULL;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "qkv_proj is one module of this model (q, k and v)"));
+    lo.targets = 1u << LT_PROJ_UP;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "gate_up_proj"));
+    lo.targets = 1u << LT_PROJ_Q | 1u << LT_PROJ_K | 1u << LT_PROJ_V | 1u << LT_PROJ_GATE | 1u << LT_PROJ_UP;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
+    assert_int_equal(lt_model_lora_count(m), 2 * 2 * 2); /* 2 modules x (A, B) x 2 layers */
+    lt_lora_tensor t;
+    assert_int_equal(lt_model_lora_tensor(ctx, m, 1, &t), LT_OK);
+    assert_string_equal(t.name, "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight");
+    assert_int_equal(t.value.shape[0], 32 + 2 * 16); /* q + k + v rows */
+    assert_int_equal(lt_model_lora_tensor(ctx, m, 3, &t), LT_OK);
+    assert_string_equal(t.name, "base_model.model.model.layers.0.mlp.gate_up_proj.lora_B.weight");
+    assert_int_equal(t.value.shape[0], 2 * 64);
+    int64_t n;
+    lt_model_lora_params(m, &n);
+    assert_int_equal(n, 2 * (4 * 32 + 64 * 4 + 4 * 32 + 128 * 4));
+    lt_model_free(ctx, m);
     lt_ctx_free(ctx);
 }
 
@@ -492,13 +525,10 @@ static void cuda_matches_cpu(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(configs_describe_the_families),
-        cmocka_unit_test(matches_transformers_peft),
-        cmocka_unit_test(gguf_matches_transformers_peft),
-        cmocka_unit_test(bad_fused_tensor_is_named),
-        cmocka_unit_test(bad_gguf_metadata_is_named),
-        cmocka_unit_test(configs_as_transformers_writes_them),
-        cmocka_unit_test(cuda_matches_cpu),
+        cmocka_unit_test(configs_describe_the_families),       cmocka_unit_test(matches_transformers_peft),
+        cmocka_unit_test(gguf_matches_transformers_peft),      cmocka_unit_test(phi3_lora_is_per_fused_module),
+        cmocka_unit_test(bad_fused_tensor_is_named),           cmocka_unit_test(bad_gguf_metadata_is_named),
+        cmocka_unit_test(configs_as_transformers_writes_them), cmocka_unit_test(cuda_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
