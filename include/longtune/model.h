@@ -1,5 +1,6 @@
-/* The one decoder model (Llama, Llama 3.x with llama3 rope scaling, Qwen2/2.5, Qwen3, SmolLM2:
- * families whose config readers fill a per-layer description) with LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
+/* The one decoder model (Llama, Llama 3.x, Qwen2/2.5, Qwen3, SmolLM2, Mistral, Phi-3: families
+ * whose config readers fill a per-layer description; RoPE scaling as transformers has it) with
+ * LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
  * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
  * planner sums. The base weights are frozen; only LoRA parameters get gradients. The optimizer,
  * schedules and adapter files belong to the trainer (train.h); there is no KV cache. */

@@ -1,5 +1,6 @@
 /* Loading the one model: an HF folder (config.json + safetensors, sharded or not) or a GGUF file
- * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
+ * (llama incl. Mistral / qwen2 / qwen3 / phi3 architectures; Phi-3's fused qkv and gate_up
+ * tensors are read as row ranges of the fused tensor). Weights are copied once into the accounted weights block
  * in the layout's carve order: norms and biases as f32, projections in their file dtype (or
  * quantized to INT4_G64 with opt->quantize), f16 embeddings/heads widened to f32 (the loss reads
  * f32, bf16 and block heads; on a GPU f32/f16 ones are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
