@@ -151,13 +151,19 @@ int lt_cmd_generate(int argc, char **argv) {
     if ((s = lt_model_load(ctx, model, &mo, &lora, &m)) != LT_OK) goto fail;
     if (adapter && (s = lt_peft_load(ctx, adapter, m)) != LT_OK) goto fail;
 
-    int32_t stops[4];
+    int32_t stops[4 + LT_MAX_EOS];
     int n_stop = 0;
     const char *stop_tokens[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>"};
     if (lt_tokenizer_eos(tok) >= 0) stops[n_stop++] = lt_tokenizer_eos(tok);
     for (int i = 0; i < 3; i++) {
         int32_t id = lt_tokenizer_token_id(tok, stop_tokens[i]);
         if (id >= 0 && n_stop < 4) stops[n_stop++] = id;
+    }
+    const lt_model_config *mcfg = lt_model_get_config(m); /* the model's EOS list (generation_config, GGUF eot) */
+    for (int i = 0; i < mcfg->n_eos; i++) {
+        int seen = 0;
+        for (int k = 0; k < n_stop; k++) seen |= stops[k] == mcfg->eos_ids[i];
+        if (!seen) stops[n_stop++] = mcfg->eos_ids[i];
     }
     stream st = {ctx, tok, {0}, 0, 0};
     out = malloc((size_t)go.max_tokens * sizeof(int32_t));

@@ -47,6 +47,9 @@ static void print_help(void) {
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"
+           "  --rope-scaling linear|dynamic|yarn|llama3|longrope --rope-factor F [--original-max-position N]\n"
+           "                      [--yarn-beta-fast X --yarn-beta-slow Y] [--rope-attn-factor A]: extend\n"
+           "                      the context as train would (checked, and the plan's model extended)\n"
            "Plan-only flags:\n"
            "  --saved DTYPE       dtype of checkpoints and kept attention outputs (default: the\n"
            "                      backend's, f32 on cpu and bf16 on cuda)\n"
@@ -280,6 +283,8 @@ int lt_cmd_plan(int argc, char **argv) {
             for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = qd;
         }
     }
+    lt_rope_override rope = lt_train_rope_override(&ro);
+    if (s == LT_OK) s = lt_model_config_apply_rope(ctx, &cfg, &rope);
     if (s != LT_OK) {
         rc = lt_cli_fail("plan", ctx, s);
         goto done;

@@ -1,5 +1,6 @@
-/* The one decoder model (Llama, Llama 3.x with llama3 rope scaling, Qwen2/2.5, Qwen3, SmolLM2:
- * families whose config readers fill a per-layer description) with LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
+/* The one decoder model (Llama, Llama 3.x, Qwen2/2.5, Qwen3, SmolLM2, Mistral, Phi-3: families
+ * whose config readers fill a per-layer description; RoPE scaling as transformers has it) with
+ * LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
  * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
  * planner sums. The base weights are frozen; only LoRA parameters get gradients. The optimizer,
  * schedules and adapter files belong to the trainer (train.h); there is no KV cache. */
@@ -107,14 +108,17 @@ typedef struct lt_model_config {
     double rope_theta;
     double rope_local_theta; /* RoPE base of sliding-window layers (Gemma 3
                                 rope_local_base_freq); 0 = rope_theta */
-    /* rope_scaling type "llama3": factor, low/high frequency factors, original context. */
-    int rope_llama3;
+    /* RoPE scaling (rope_parameters / rope_scaling) with transformers' semantics: the factor, the
+     * pretraining context (original_max_position_embeddings; max_position_embeddings for
+     * dynamic), llama3's low/high frequency factors, YaRN's beta_fast/beta_slow (0 = 32 / 1) and
+     * truncate flag (stored negated: 0 = truncate, the default), the attention factor cos and sin
+     * are multiplied by (YaRN, longrope; 0 = its default from the factor), longrope's
+     * per-frequency factors. */
+    lt_rope_scaling rope_scaling;
     double rope_factor, rope_low_freq, rope_high_freq;
     int64_t rope_original_ctx;
-    /* Every scaling type (rope_scaling): the fields above plus YaRN's beta_fast/beta_slow and
-     * attention factor (0 = its default from the factor), longrope's per-frequency factors. */
-    lt_rope_scaling rope_scaling;
     double rope_beta_fast, rope_beta_slow, rope_attn_factor;
+    int rope_yarn_no_truncate;
     int64_t rope_n_factors; /* longrope: entries of rope_short/long_factor (D/2) */
     float rope_short_factor[LT_ROPE_MAX_FACTORS], rope_long_factor[LT_ROPE_MAX_FACTORS];
     float rms_eps;
@@ -166,11 +170,43 @@ LT_API void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_la
  * planner) call it. */
 LT_API lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
 
-/* Reads a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM;
- * model_type llama/qwen2/qwen3). Dtypes are set to f32; the loaders overwrite them from the
- * tensors. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON or a key of the wrong type, named),
- * LT_ERR_UNSUPPORTED (another architecture, an unknown rope_scaling type, sliding windows, ...). */
+/* Reads a Hugging Face config.json as transformers 4.x or 5.x writes it (model_type llama, qwen2,
+ * qwen3, mistral, phi3; or a multimodal wrapper's text_config of one), RoPE from rope_parameters
+ * or rope_scaling, and the EOS ids of generation_config.json beside it. Dtypes are set to f32;
+ * the loaders overwrite them from the tensors. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON or a
+ * key of the wrong type, named), LT_ERR_UNSUPPORTED (another architecture, a rope type, dtype,
+ * activation or quantization_config longtune does not run, naming key and value). */
 LT_API lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *config_json_path, lt_model_config *cfg);
+
+/* The lt_rope_scaling of a transformers rope_type name ("default", "linear", "dynamic", "yarn",
+ * "llama3", "longrope"). Errors: LT_ERR_UNSUPPORTED naming the value. */
+LT_API lt_status lt_rope_scaling_parse(lt_ctx *ctx, const char *name, lt_rope_scaling *out);
+/* The transformers rope_type name of s ("default" for none). */
+LT_API const char *lt_rope_scaling_name(lt_rope_scaling s);
+
+/* cfg's RoPE as the rope_parameters object transformers 5 reads ({"rope_type": ..., "rope_theta":
+ * ..., "factor": ..., ...}; longrope with its factor lists), NUL-terminated into buf. The one
+ * serialisation of the RoPE config for every file longtune writes. Errors: LT_ERR_INVALID_ARG
+ * when cap is too small (the needed size named). */
+LT_API lt_status lt_model_config_rope_json(lt_ctx *ctx, const lt_model_config *cfg, char *buf, size_t cap);
+
+/* RoPE scaling requested on top of the model's own (the CLI's --rope-scaling): replaces the
+ * config's scaling (lt_model_config_apply_rope on an inspected config, lt_model_set_rope on a
+ * loaded model). original_ctx 0 = the model's max_position_embeddings; beta_fast/slow and
+ * attn_factor 0 = transformers' defaults. The model's max_positions becomes original_ctx ×
+ * factor. */
+typedef struct lt_rope_override {
+    lt_rope_scaling scaling; /* NONE = no override */
+    double factor;
+    int64_t original_ctx;
+    double beta_fast, beta_slow, attn_factor;
+} lt_rope_override;
+
+/* Applies ov to cfg (nothing when ov->scaling is NONE).
+ * Errors: LT_ERR_INVALID_ARG (factor <= 0, NaN or < 1, an original context longer than the
+ * extended one or than the model's own, negative betas or attention factor, longrope without the
+ * model's factor lists), named. */
+LT_API lt_status lt_model_config_apply_rope(lt_ctx *ctx, lt_model_config *cfg, const lt_rope_override *ov);
 
 typedef struct lt_lora_options {
     unsigned targets;   /* bit (1u << lt_proj); 0 = LT_LORA_ALL_TARGETS */
@@ -301,6 +337,10 @@ LT_API lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_opt
 LT_API void lt_model_free(lt_ctx *ctx, lt_model *m);
 
 LT_API const lt_model_config *lt_model_get_config(const lt_model *m);
+/* Replaces the loaded model's RoPE scaling (lt_model_config_apply_rope) and recomputes its RoPE
+ * table; call before lt_model_prepare. Errors: as lt_model_config_apply_rope; LT_ERR_UNSUPPORTED
+ * for a GGUF whose RoPE comes as a rope_freqs.weight tensor. */
+LT_API lt_status lt_model_set_rope(lt_ctx *ctx, lt_model *m, const lt_rope_override *ov);
 LT_API const lt_lora_options *lt_model_get_lora(const lt_model *m); /* with defaults resolved */
 LT_API lt_device lt_model_get_device(const lt_model *m);
 /* Layer l's description (as lt_model_describe_layer gave it at load); NULL outside [0, L). */

@@ -111,6 +111,17 @@ typedef struct lt_train_options {
                                       the same; any other run, a shape change, or a step that
                                       cannot be captured runs eagerly (the log says why, once).
                                       Results are bit-identical either way ["on"] */
+    /* RoPE scaling to extend the model's context (replaces the model's own; lt_rope_override):
+     * --rope-scaling linear|dynamic|yarn|llama3|longrope with --rope-factor F (required),
+     * --original-max-position N [the model's max_position_embeddings], --yarn-beta-fast X,
+     * --yarn-beta-slow Y [32, 1], --rope-attn-factor A [the type's default] */
+    lt_rope_scaling rope_scaling;
+    double rope_factor;
+    int64_t original_max_position;
+    double yarn_beta_fast, yarn_beta_slow, rope_attn_factor;
+    char chat_template[LT_TRAIN_PATH_MAX]; /* a chat format name (chatml, llama3, ...) or a file
+                                              holding a Jinja template, recognised as one of
+                                              them ["" = the tokenizer's own template] */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -234,6 +245,8 @@ LT_API void lt_metrics_close(lt_ctx *ctx, lt_metrics *m);
 
 /* The model's LoRA choice for a resolved run (targets, last-K layers, rank, alpha, dropout, seed). */
 LT_API lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out);
+/* The RoPE override the rope options ask for (scaling NONE when none). */
+LT_API lt_rope_override lt_train_rope_override(const lt_train_options *opt);
 
 /* ---- The plan of a training run: one function (lt_train_plan) for `longtune plan`, the memory
  * guard and the trainer, so the three agree for the same options. ---- */

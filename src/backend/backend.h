@@ -136,7 +136,8 @@ typedef struct lt_backend {
     void (*rmsnorm_bwd)(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                         int64_t C, float *dx, float *dw);
     /* Rotate-half RoPE in place on x (N, heads, D): pair (i, i + D/2) rotated by pos[n]·inv_freq[i]
-     * (inv_freq (D/2), theta and llama3 scaling already applied). inverse = 1 rotates by −angle,
+     * and scaled by inv_freq[D/2] (the table: D/2 frequencies with the scaling applied, then the
+     * attention factor cos and sin are multiplied by). inverse = 1 rotates by −angle,
      * which is the backward (the rotation is orthogonal). */
     void (*rope)(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
                  int inverse);

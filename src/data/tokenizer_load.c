@@ -549,6 +549,30 @@ static lt_status apply_config(lt_tokenizer *t, const cJSON *cfg, const char *pat
     return s;
 }
 
+/* transformers 5 saves the chat template as chat_template.jinja beside tokenizer_config.json;
+ * it is read when the config carries none. A missing file is no error. */
+static lt_status load_template_file(lt_tokenizer *t, const char *json_path, size_t dir) {
+    lt_ctx *ctx = t->ctx;
+    size_t plen = dir + sizeof "chat_template.jinja";
+    char *path = lt_alloc(ctx, LT_DEVICE_CPU, plen, "template path");
+    if (!path) return lt_ctx_status(ctx);
+    memcpy(path, json_path, dir);
+    memcpy(path + dir, "chat_template.jinja", sizeof "chat_template.jinja");
+    char *buf;
+    size_t len;
+    lt_status s = read_file(ctx, path, &buf, &len);
+    lt_free(ctx, LT_DEVICE_CPU, path, plen);
+    if (s == LT_ERR_NOT_FOUND) {
+        lt_ctx_clear_error(ctx);
+        return LT_OK;
+    }
+    if (s != LT_OK) return s;
+    t->chat_template_len = strlen(buf); /* up to a NUL, as a JSON string would hold */
+    t->chat_template = lt_tok_strdup(t, buf, t->chat_template_len);
+    lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+    return t->chat_template ? LT_OK : lt_ctx_status(ctx);
+}
+
 static lt_status load_config(lt_tokenizer *t, const char *json_path) {
     lt_ctx *ctx = t->ctx;
     const char *slash = strrchr(json_path, '/');
@@ -575,6 +599,7 @@ static lt_status load_config(lt_tokenizer *t, const char *json_path) {
 done:
     cJSON_Delete(cfg);
     lt_free(ctx, LT_DEVICE_CPU, path, plen);
+    if (s == LT_OK && !t->chat_template) s = load_template_file(t, json_path, dir);
     return s;
 }
 

@@ -1,9 +1,10 @@
 /* Hugging Face config.json → lt_model_config for the families the one model implements (Llama
- * incl. llama3 rope scaling and SmolLM2, Qwen2, Qwen3): the shape keys every family shares, then
- * the family's own reader, which fills the layer features lt_model_describe_layer expands per
- * layer. Anything it cannot honour exactly (other model types, other rope scalings, sliding
- * windows, non-SiLU activations) is refused with a typed error rather than approximated. Weight
- * dtypes are left to the loaders. */
+ * and SmolLM2, Qwen2, Qwen3, Mistral, Phi-3), as transformers 4.x and 5.x write it: the shape keys
+ * every family shares, the family's own reader (the layer features lt_model_describe_layer
+ * expands), RoPE from rope_parameters or rope_scaling, the text_config of a multimodal wrapper,
+ * and the EOS list of generation_config.json. Anything it cannot honour exactly is refused with a
+ * typed error naming the key and value rather than approximated. Weight dtypes are left to the
+ * loaders. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -72,10 +73,37 @@ static lt_status family_qwen3(lt_ctx *ctx, const char *path, const cJSON *root, 
     return refuse_true(ctx, path, root, "use_sliding_window", "use_sliding_window=true");
 }
 
+/* sliding_window: null (v0.2, v0.3, Nemo) is full attention, W > 0 every layer slides over W. */
+static lt_status read_window(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->sliding_window = 0;
+    LT_TRY(get_int(ctx, path, root, "sliding_window", 0, &cfg->sliding_window));
+    cfg->sliding_period = 0;
+    return LT_OK;
+}
+
+/* Mistral 7B v0.1 (sliding_window 4096), v0.2/v0.3 (null), Nemo (explicit head_dim, H*D != C):
+ * the Llama block with an optional window on every layer. */
+static lt_status family_mistral(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_MISTRAL;
+    LT_TRY(refuse_true(ctx, path, root, "attention_bias", "mistral with attention_bias"));
+    return read_window(ctx, path, root, cfg);
+}
+
+/* Phi-3 / 3.5-mini: fused qkv_proj and gate_up_proj (split at load), longrope, optional window. */
+static lt_status family_phi3(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_PHI3;
+    LT_TRY(refuse_true(ctx, path, root, "attention_bias", "phi3 with attention_bias"));
+    return read_window(ctx, path, root, cfg);
+}
+
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
-} families[] = {{"llama", family_llama}, {"qwen2", family_qwen2}, {"qwen3", family_qwen3}};
+} families[] = {{"llama", family_llama},
+                {"qwen2", family_qwen2},
+                {"qwen3", family_qwen3},
+                {"mistral", family_mistral},
+                {"phi3", family_phi3}};
 
 /* ---- keys every family shares ---- */
 
@@ -92,8 +120,6 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     LT_TRY(get_int(ctx, path, root, "head_dim", 0, &cfg->D));
     cfg->max_positions = 2048;
     LT_TRY(get_int(ctx, path, root, "max_position_embeddings", 0, &cfg->max_positions));
-    cfg->rope_theta = 10000.0;
-    LT_TRY(get_num(ctx, path, root, "rope_theta", &cfg->rope_theta));
     double eps = 1e-6;
     LT_TRY(get_num(ctx, path, root, "rms_norm_eps", &eps));
     cfg->rms_eps = (float)eps;
@@ -101,52 +127,199 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", path);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (\"silu\")", path,
+                        cJSON_IsString(act) ? act->valuestring : "(not a string)");
+    /* torch_dtype (transformers 4) / dtype (5): only informational (the tensors carry theirs),
+     * but a value longtune does not know is refused rather than ignored. */
+    static const char *const dkeys[2] = {"dtype", "torch_dtype"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, dkeys[k]);
+        if (!d || cJSON_IsNull(d)) continue;
+        if (!cJSON_IsString(d) ||
+            (strcmp(d->valuestring, "float32") && strcmp(d->valuestring, "float16") &&
+             strcmp(d->valuestring, "bfloat16") && strcmp(d->valuestring, "auto")))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: %s %s is not supported (float32, float16, bfloat16)", path,
+                            dkeys[k], cJSON_IsString(d) ? d->valuestring : "(not a string)");
+    }
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        const cJSON *qm = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: quantization_config (quant_method %s) is not supported; load the unquantized "
+                        "weights (and --quantize) or a GGUF",
+                        path, cJSON_IsString(qm) ? qm->valuestring : "unknown");
+    }
     return LT_OK;
 }
 
-static lt_status read_rope_scaling(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    cfg->rope_llama3 = 0;
+/* ---- RoPE: rope_theta, and the scaling in rope_parameters (transformers 5) or rope_scaling
+ * (transformers 4, keyed "type" or "rope_type"), with transformers' own defaults
+ * (modeling_rope_utils.standardize_rope_params) ---- */
+
+static const struct {
+    const char *name;
+    lt_rope_scaling kind;
+} rope_types[] = {{"default", LT_ROPE_SCALING_NONE},    {"linear", LT_ROPE_SCALING_LINEAR},
+                  {"dynamic", LT_ROPE_SCALING_DYNAMIC}, {"yarn", LT_ROPE_SCALING_YARN},
+                  {"llama3", LT_ROPE_SCALING_LLAMA3},   {"longrope", LT_ROPE_SCALING_LONGROPE}};
+
+lt_status lt_rope_scaling_parse(lt_ctx *ctx, const char *name, lt_rope_scaling *out) {
+    for (size_t i = 0; i < sizeof rope_types / sizeof rope_types[0]; i++)
+        if (!strcmp(name, rope_types[i].name)) {
+            *out = rope_types[i].kind;
+            return LT_OK;
+        }
+    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                    "rope scaling type \"%s\" is not supported (default, linear, dynamic, yarn, llama3, longrope)",
+                    name);
+}
+
+static lt_status get_factors(lt_ctx *ctx, const char *path, const cJSON *rs, const char *key, int64_t half,
+                             float *out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!cJSON_IsArray(a)) return lt_error(ctx, LT_ERR_FORMAT, "%s: longrope needs a list \"%s\"", path, key);
+    if ((int64_t)cJSON_GetArraySize(a) != half || half > LT_ROPE_MAX_FACTORS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" has %d entries, the head needs %lld (at most %d)", path, key,
+                        cJSON_GetArraySize(a), (long long)half, LT_ROPE_MAX_FACTORS);
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, a) {
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > 0))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\"[%d] must be a positive number", path, key, i);
+        out[i++] = (float)v->valuedouble;
+    }
+    return LT_OK;
+}
+
+static lt_status read_rope(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->rope_theta = 10000.0;
+    LT_TRY(get_num(ctx, path, root, "rope_theta", &cfg->rope_theta));
+    double prf = 1.0;
+    LT_TRY(get_num(ctx, path, root, "partial_rotary_factor", &prf));
+    const char *rkey = "rope_scaling";
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, rkey);
+    if (!rs || cJSON_IsNull(rs)) { /* transformers: rope_scaling, when given, wins */
+        rkey = "rope_parameters";
+        rs = cJSON_GetObjectItemCaseSensitive(root, rkey);
+    }
+    cfg->rope_scaling = LT_ROPE_SCALING_NONE;
+    if (rs && !cJSON_IsNull(rs)) {
+        if (!cJSON_IsObject(rs)) return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" must be an object", path, rkey);
+        LT_TRY(get_num(ctx, path, rs, "rope_theta", &cfg->rope_theta));
+        LT_TRY(get_num(ctx, path, rs, "partial_rotary_factor", &prf));
+    }
+    if (prf != 1.0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: partial_rotary_factor %g is not supported (1.0: RoPE over the whole head)", path, prf);
     if (!rs || cJSON_IsNull(rs)) return LT_OK;
-    if (!cJSON_IsObject(rs)) return lt_error(ctx, LT_ERR_FORMAT, "%s: rope_scaling must be an object", path);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    if (!cJSON_IsString(t)) return lt_error(ctx, LT_ERR_FORMAT, "%s: rope_scaling.rope_type missing", path);
-    if (!strcmp(t->valuestring, "default")) return LT_OK;
-    if (strcmp(t->valuestring, "llama3"))
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (llama3)", path,
-                        t->valuestring);
-    cfg->rope_llama3 = 1;
-    cfg->rope_factor = 8.0;
-    cfg->rope_low_freq = 1.0;
-    cfg->rope_high_freq = 4.0;
-    cfg->rope_original_ctx = 8192;
-    LT_TRY(get_num(ctx, path, rs, "factor", &cfg->rope_factor));
-    LT_TRY(get_num(ctx, path, rs, "low_freq_factor", &cfg->rope_low_freq));
-    LT_TRY(get_num(ctx, path, rs, "high_freq_factor", &cfg->rope_high_freq));
+    if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (t && !cJSON_IsString(t)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope_type must be a string", path, rkey);
+    const char *type = t ? t->valuestring : "default";
+    if (cfg->arch == LT_ARCH_PHI3 && (!strcmp(type, "su") || !strcmp(type, "yarn"))) type = "longrope"; /* Phi3Config */
+    if (lt_rope_scaling_parse(ctx, type, &cfg->rope_scaling) != LT_OK)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: %s.rope_type \"%s\" is not supported (default, linear, dynamic, yarn, llama3, longrope)",
+                        path, rkey, type);
+    if (cfg->rope_scaling == LT_ROPE_SCALING_NONE) return LT_OK;
+    /* The pretraining context: Phi-3 keeps it at the top level, which then wins; else the
+     * scaling's own, else max_position_embeddings. */
+    cfg->rope_original_ctx = cfg->max_positions;
     LT_TRY(get_int(ctx, path, rs, "original_max_position_embeddings", 0, &cfg->rope_original_ctx));
-    if (cfg->rope_factor <= 0 || cfg->rope_high_freq <= cfg->rope_low_freq || cfg->rope_original_ctx <= 0)
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent llama3 rope_scaling", path);
+    LT_TRY(get_int(ctx, path, root, "original_max_position_embeddings", 0, &cfg->rope_original_ctx));
+    if (cfg->rope_scaling == LT_ROPE_SCALING_DYNAMIC) cfg->rope_original_ctx = cfg->max_positions;
+    if (cfg->rope_original_ctx <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: original_max_position_embeddings must be positive", path);
+    cfg->rope_factor = 0;
+    LT_TRY(get_num(ctx, path, rs, "factor", &cfg->rope_factor));
+    LT_TRY(get_num(ctx, path, rs, "attention_factor", &cfg->rope_attn_factor));
+    switch (cfg->rope_scaling) {
+    case LT_ROPE_SCALING_LINEAR:
+    case LT_ROPE_SCALING_DYNAMIC:
+        if (!cJSON_GetObjectItemCaseSensitive(rs, "factor"))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: %s type \"%s\" needs \"factor\"", path, rkey, type);
+        break;
+    case LT_ROPE_SCALING_YARN: {
+        if (cfg->rope_factor == 0) cfg->rope_factor = (double)cfg->max_positions / (double)cfg->rope_original_ctx;
+        double ms = 0, msa = 0;
+        LT_TRY(get_num(ctx, path, rs, "mscale", &ms));
+        LT_TRY(get_num(ctx, path, rs, "mscale_all_dim", &msa));
+        if (cfg->rope_attn_factor == 0 && ms != 0 && msa != 0) {
+            double f = cfg->rope_factor;
+            double a = f <= 1 ? 1.0 : 0.1 * ms * log(f) + 1.0, b = f <= 1 ? 1.0 : 0.1 * msa * log(f) + 1.0;
+            cfg->rope_attn_factor = a / b;
+        }
+        LT_TRY(get_num(ctx, path, rs, "beta_fast", &cfg->rope_beta_fast));
+        LT_TRY(get_num(ctx, path, rs, "beta_slow", &cfg->rope_beta_slow));
+        int truncate = 1;
+        LT_TRY(get_bool(ctx, path, rs, "truncate", &truncate));
+        cfg->rope_yarn_no_truncate = !truncate;
+        break;
+    }
+    case LT_ROPE_SCALING_LLAMA3:
+        cfg->rope_low_freq = 1.0;
+        cfg->rope_high_freq = 4.0;
+        LT_TRY(get_num(ctx, path, rs, "low_freq_factor", &cfg->rope_low_freq));
+        LT_TRY(get_num(ctx, path, rs, "high_freq_factor", &cfg->rope_high_freq));
+        if (cfg->rope_factor == 0) cfg->rope_factor = 8.0;
+        break;
+    case LT_ROPE_SCALING_LONGROPE:
+        if (cfg->rope_factor == 0) cfg->rope_factor = (double)cfg->max_positions / (double)cfg->rope_original_ctx;
+        cfg->rope_n_factors = cfg->D / 2;
+        LT_TRY(get_factors(ctx, path, rs, "short_factor", cfg->D / 2, cfg->rope_short_factor));
+        LT_TRY(get_factors(ctx, path, rs, "long_factor", cfg->D / 2, cfg->rope_long_factor));
+        break;
+    default: break;
+    }
+    char where[600];
+    snprintf(where, sizeof where, "%s: %s", path, rkey);
+    return lt_model_rope_check(ctx, where, cfg);
+}
+
+/* Adds one end-of-sequence id to the list (once). */
+static lt_status add_eos(lt_ctx *ctx, const char *path, const char *key, int64_t id, lt_model_config *cfg) {
+    if (id > INT32_MAX)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" %lld is out of range", path, key, (long long)id);
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == (int32_t)id) return LT_OK;
+    if (cfg->n_eos == LT_MAX_EOS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" lists more than %d ids", path, key, LT_MAX_EOS);
+    cfg->eos_ids[cfg->n_eos++] = (int32_t)id;
+    if (cfg->eos_id < 0) cfg->eos_id = (int32_t)id;
+    return LT_OK;
+}
+
+/* eos_token_id: an integer or a list of integers (Llama 3, generation_config.json). */
+static lt_status read_eos(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    if (!e || cJSON_IsNull(e)) return LT_OK;
+    if (cJSON_IsNumber(e)) {
+        int64_t id = -1;
+        LT_TRY(get_int(ctx, path, root, "eos_token_id", 0, &id));
+        return add_eos(ctx, path, "eos_token_id", id, cfg);
+    }
+    if (!cJSON_IsArray(e))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", path);
+    const cJSON *v;
+    cJSON_ArrayForEach(v, e) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: \"eos_token_id\" must list non-negative integers", path);
+        LT_TRY(add_eos(ctx, path, "eos_token_id", (int64_t)v->valuedouble, cfg));
+    }
     return LT_OK;
 }
 
 static lt_status read_token_ids(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
     int64_t id = -1;
     cfg->bos_id = cfg->eos_id = -1;
+    cfg->n_eos = 0;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
     if (cJSON_IsNumber(b)) {
         LT_TRY(get_int(ctx, path, root, "bos_token_id", 0, &id));
+        if (id > INT32_MAX) return lt_error(ctx, LT_ERR_FORMAT, "%s: \"bos_token_id\" is out of range", path);
         cfg->bos_id = (int32_t)id;
     }
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-    if (cJSON_IsNumber(e)) {
-        LT_TRY(get_int(ctx, path, root, "eos_token_id", 0, &id));
-        cfg->eos_id = (int32_t)id;
-    } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0))) {
-        cfg->eos_id = (int32_t)cJSON_GetArrayItem(e, 0)->valueint;
-    }
-    return LT_OK;
+    return read_eos(ctx, path, root, cfg);
 }
 
 static lt_status check_shape(lt_ctx *ctx, const char *path, const lt_model_config *cfg) {
@@ -161,48 +334,95 @@ static lt_status check_shape(lt_ctx *ctx, const char *path, const lt_model_confi
     return LT_OK;
 }
 
-static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+/* A multimodal wrapper (Mistral 3, LLaVA-style) keeps the language model's config in
+ * text_config: read that when the top level is not a family longtune knows. */
+static const cJSON *text_root(const cJSON *root) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (!cJSON_IsString(mt)) return lt_error(ctx, LT_ERR_FORMAT, "%s: missing string \"model_type\"", path);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!cJSON_IsObject(tc)) return root;
+    if (cJSON_IsString(mt))
+        for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
+            if (!strcmp(mt->valuestring, families[f].model_type)) return root;
+    return tc;
+}
+
+static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model_config *cfg) {
+    const cJSON *root = text_root(top);
+    const char *where = root == top ? "" : " text_config";
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt)) return lt_error(ctx, LT_ERR_FORMAT, "%s:%s missing string \"model_type\"", path, where);
     size_t f = 0, nf = sizeof families / sizeof families[0];
     while (f < nf && strcmp(mt->valuestring, families[f].model_type)) f++;
     if (f == nf)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3)", path,
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3)", path, where,
                         mt->valuestring);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));
-    LT_TRY(read_rope_scaling(ctx, path, root, cfg));
+    LT_TRY(read_rope(ctx, path, root, cfg));
     LT_TRY(read_token_ids(ctx, path, root, cfg));
+    if (root != top && cfg->n_eos == 0) LT_TRY(read_token_ids(ctx, path, top, cfg));
     LT_TRY(check_shape(ctx, path, cfg));
     for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg->proj_dtype[p] = LT_DTYPE_F32;
     cfg->embed_dtype = cfg->head_dtype = LT_DTYPE_F32;
     return LT_OK;
 }
 
-lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
+/* The parsed object of a JSON file of at most 1 MiB, or NULL with the error set. */
+static cJSON *read_json(lt_ctx *ctx, const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) return lt_error(ctx, errno == ENOENT ? LT_ERR_NOT_FOUND : LT_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20); /* transient: config.json files are a few KB */
+    if (!f) {
+        lt_error(ctx, errno == ENOENT ? LT_ERR_NOT_FOUND : LT_ERR_IO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(1 << 20); /* transient: config files are a few KB */
     if (!buf) {
         fclose(f);
-        return lt_error(ctx, LT_ERR_OOM, "%s: read buffer", path);
+        lt_error(ctx, LT_ERR_OOM, "%s: read buffer", path);
+        return NULL;
     }
     size_t n = fread(buf, 1, (1 << 20) - 1, f);
     int big = !feof(f);
     fclose(f);
     if (big) {
         free(buf);
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: larger than 1 MiB", path);
+        lt_error(ctx, LT_ERR_FORMAT, "%s: larger than 1 MiB", path);
+        return NULL;
     }
     buf[n] = 0;
     cJSON *root = cJSON_Parse(buf);
     free(buf);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+        lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
+        return NULL;
     }
+    return root;
+}
+
+/* generation_config.json beside config.json: its eos_token_id (an id or a list) joins the
+ * config's list (generation stops at any of them). A missing file is no error. */
+static lt_status read_generation_config(lt_ctx *ctx, const char *config_path, lt_model_config *cfg) {
+    char gp[4200];
+    const char *slash = strrchr(config_path, '/');
+    int dlen = slash ? (int)(slash - config_path) : 1;
+    snprintf(gp, sizeof gp, "%.*s/generation_config.json", dlen, slash ? config_path : ".");
+    FILE *f = fopen(gp, "rb");
+    if (!f) return LT_OK;
+    fclose(f);
+    cJSON *root = read_json(ctx, gp);
+    if (!root) return lt_ctx_status(ctx);
+    lt_status s = read_eos(ctx, gp, root, cfg);
+    cJSON_Delete(root);
+    return s;
+}
+
+lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = read_json(ctx, path);
+    if (!root) return lt_ctx_status(ctx);
     lt_status s = parse(ctx, path, root, cfg);
     cJSON_Delete(root);
+    if (s == LT_OK) s = read_generation_config(ctx, path, cfg);
     return s;
 }

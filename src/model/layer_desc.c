@@ -68,6 +68,9 @@ static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, con
 }
 
 lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *c) {
+    if (c->D / 2 > LT_ROPE_MAX_FACTORS)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: head dim %lld is above the RoPE table's %d", (long long)c->D,
+                        2 * LT_ROPE_MAX_FACTORS);
     if (c->sliding_window < 0 || c->sliding_period < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: sliding_window %lld and sliding_period %lld must be >= 0",
                         (long long)c->sliding_window, (long long)c->sliding_period);
@@ -89,4 +92,28 @@ lt_layer_desc lt_model_widest_layer(const lt_model_config *c) {
         w.qkv_bias |= d.qkv_bias;
     }
     return w;
+}
+
+lt_proj lt_model_lora_owner(const lt_model_config *c, lt_proj p) {
+    if (c->arch != LT_ARCH_PHI3) return p;
+    if (p == LT_PROJ_K || p == LT_PROJ_V) return LT_PROJ_Q;
+    if (p == LT_PROJ_UP) return LT_PROJ_GATE;
+    return p;
+}
+
+const char *lt_model_lora_module(const lt_model_config *c, lt_proj p) {
+    if (c->arch == LT_ARCH_PHI3 && p == LT_PROJ_Q) return "qkv_proj";
+    if (c->arch == LT_ARCH_PHI3 && p == LT_PROJ_GATE) return "gate_up_proj";
+    return lt_proj_name(p);
+}
+
+lt_status lt_model_check_lora_targets(lt_ctx *ctx, const lt_model_config *c, unsigned targets) {
+    for (int p = 0; p < LT_PROJ_COUNT_; p++) {
+        lt_proj o = lt_model_lora_owner(c, (lt_proj)p);
+        if (((targets >> p) & 1u) != ((targets >> o) & 1u))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "lora: %s is one module of this model (%s); target all of its projections or none",
+                            lt_model_lora_module(c, o), o == LT_PROJ_Q ? "q, k and v" : "gate and up");
+    }
+    return LT_OK;
 }

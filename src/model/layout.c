@@ -98,7 +98,7 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     int ok = emit(&cur, fn, arg, LT_W_EMBED, -1, 0, c->embed_dtype, 2, c->V, c->C);
     if (!c->tie_embeddings) ok &= emit(&cur, fn, arg, LT_W_HEAD, -1, 0, c->head_dtype, 2, c->V, c->C);
     ok &= emit(&cur, fn, arg, LT_W_FINAL_NORM, -1, 0, LT_DTYPE_F32, 1, c->C, 0);
-    ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, c->D / 2, 0);
+    ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, LT_ROPE_TABLE_LEN(c->D), 0);
     for (int64_t l = 0; ok && l < c->L; l++) {
         lt_layer_desc d;
         lt_model_describe_layer(c, l, &d);
@@ -238,12 +238,13 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
     o->weights_bytes = lt_model_weights_walk(c, NULL, NULL);
     if (!o->weights_bytes)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: weight sizes overflow or rows are not whole blocks");
+    LT_TRY(lt_model_check_lora_targets(ctx, c, lo.targets));
     int64_t n = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
-        if (lo.targets & (1u << p)) {
+        if (lo.targets & (1u << p)) { /* a fused module's members share its owner's A */
             int64_t out, in;
             lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-            n += lo.rank * (out + in);
+            n += lo.rank * (out + (lt_model_lora_owner(c, (lt_proj)p) == (lt_proj)p ? in : 0));
         }
     o->n_lora = n * lo.num_layers;
     o->lora_bytes = nb(o->n_lora, sizeof(float));

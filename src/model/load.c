@@ -1,9 +1,10 @@
 /* Loading the one model: an HF folder (config.json + safetensors, sharded or not) or a GGUF file
- * (llama / qwen2 / qwen3 architectures). Weights are copied once into the accounted weights block
- * in the layout's carve order: norms and biases as f32, projections in their file dtype, per tensor
- * where a file mixes them across layers (or quantized with opt->quantize_dtype), f16
- * embeddings/heads widened to f32 (the loss reads f32, bf16 and block heads; on a GPU f32/f16 ones
- * are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
+ * (llama incl. Mistral / qwen2 / qwen3 / phi3 architectures; Phi-3's fused qkv and gate_up
+ * tensors are read as row ranges of the fused tensor). Weights are copied once into the accounted
+ * weights block in the layout's carve order: norms and biases as f32, projections in their file
+ * dtype, per tensor where a file mixes them across layers (or quantized with opt->quantize_dtype),
+ * f16 embeddings/heads widened to f32 (the loss reads f32, bf16 and block heads; on a GPU f32/f16
+ * ones are held as bf16). llama-arch GGUF Q/K rows are un-permuted back to rotate-half order.
  * A device model converts rows into a bounded host staging buffer and copies it over chunk by
  * chunk, so the host never holds a second copy of the weights. LoRA A gets PEFT's
  * kaiming-uniform init from a seeded generator, B zeros. */
@@ -26,6 +27,8 @@ typedef struct source {
     lt_gguf *gg;
     int permute_qk;       /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_factors; /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+    int fused;            /* Phi-3: q/k/v rows of one qkv tensor, gate/up rows of one gate_up */
+    const lt_model_config *cfg;
 } source;
 
 static void close_source(lt_ctx *ctx, source *s) {
@@ -43,9 +46,36 @@ static int ends_with(const char *s, const char *suf) {
 static const char *const gguf_proj[LT_PROJ_COUNT_] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                       "ffn_gate", "ffn_up", "ffn_down"};
 
+/* Phi-3's fused projections: the tensor holding projection k and the rows [*r0, *r0 + *rows) of
+ * it that are k's (q, k, v of qkv_proj; gate, up of gate_up_proj, gate first). 0 when k is a
+ * tensor of its own. */
+static int fused_rows(const source *s, int k, int64_t *r0, int64_t *rows, int64_t *total) {
+    if (!s->fused || k == LT_PROJ_O || k == LT_PROJ_DOWN) return 0;
+    const lt_model_config *c = s->cfg;
+    int64_t q = c->H * c->D, kv = c->Hkv * c->D;
+    if (k <= LT_PROJ_V) {
+        *r0 = k == LT_PROJ_Q ? 0 : k == LT_PROJ_K ? q : q + kv;
+        *rows = k == LT_PROJ_Q ? q : kv;
+        *total = q + 2 * kv;
+    } else {
+        *r0 = k == LT_PROJ_GATE ? 0 : c->F;
+        *rows = c->F;
+        *total = 2 * c->F;
+    }
+    return 1;
+}
+
 static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n) {
     long long l = (long long)p->layer;
     static const char qkv[3] = {'q', 'k', 'v'};
+    int64_t r0, rows, total;
+    if (p->kind == LT_W_PROJ && fused_rows(s, p->which, &r0, &rows, &total)) {
+        int attn = p->which <= LT_PROJ_V;
+        if (s->gg) snprintf(buf, n, "blk.%lld.%s.weight", l, attn ? "attn_qkv" : "ffn_up");
+        else
+            snprintf(buf, n, "model.layers.%lld.%s", l, attn ? "self_attn.qkv_proj.weight" : "mlp.gate_up_proj.weight");
+        return;
+    }
     if (s->gg) {
         switch (p->kind) {
         case LT_W_EMBED: snprintf(buf, n, "token_embd.weight"); break;
@@ -84,6 +114,24 @@ static lt_status find(lt_ctx *ctx, const source *s, const char *name, lt_tensor 
     return st;
 }
 
+/* The tensor of piece p (named `name` by piece_name): for a fused projection, the view of its
+ * rows in the fused tensor, whose row count is checked first. */
+static lt_status find_piece(lt_ctx *ctx, const source *s, const lt_wpiece *p, const char *name, lt_tensor *t) {
+    LT_TRY(find(ctx, s, name, t));
+    int64_t r0, rows, total;
+    if (p->kind != LT_W_PROJ || !fused_rows(s, p->which, &r0, &rows, &total)) return LT_OK;
+    if (t->ndim != 2 || t->shape[0] != total)
+        return lt_error(ctx, LT_ERR_SHAPE, "%s: fused tensor '%s' has %lld rows, expected %lld", s->path, name,
+                        (long long)t->shape[0], (long long)total);
+    int64_t rb = lt_dtype_row_bytes(t->dtype, t->shape[1]);
+    if (rb < 0)
+        return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s': %lld columns are not whole %s blocks", s->path, name,
+                        (long long)t->shape[1], lt_dtype_name(t->dtype));
+    t->data = (uint8_t *)t->data + (size_t)r0 * (size_t)rb;
+    t->shape[0] = rows;
+    return LT_OK;
+}
+
 /* ---- config from GGUF metadata ---- */
 
 static lt_status gg_int(lt_ctx *ctx, const source *s, const char *arch, const char *key, int required, int64_t *out) {
@@ -110,6 +158,9 @@ static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const ch
     return LT_OK;
 }
 
+static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c);
+static lt_status gguf_token_ids(lt_ctx *ctx, const source *s, lt_model_config *c);
+
 static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     const char *a;
     size_t alen;
@@ -121,9 +172,10 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     if (!strcmp(arch, "llama")) c->arch = LT_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = LT_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = LT_ARCH_QWEN3;
+    else if (!strcmp(arch, "phi3")) c->arch = LT_ARCH_PHI3;
     else
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3)",
-                        s->path, arch);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3)", s->path, arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
     LT_TRY(gg_int(ctx, s, arch, "feed_forward_length", 1, &c->F));
@@ -145,23 +197,16 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     double eps = 1e-6;
     LT_TRY(gg_num(ctx, s, arch, "attention.layer_norm_rms_epsilon", &eps));
     c->rms_eps = (float)eps;
-    char k[160];
-    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
-    const char *st;
-    size_t sl;
-    if (lt_gguf_get_str(ctx, s->gg, k, &st, &sl) == LT_OK) {
-        if (!(sl == 4 && !memcmp(st, "none", 4)))
-            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported", s->path, (int)sl, st);
-    }
-    lt_ctx_clear_error(ctx);
+    /* A sliding window (Mistral v0.1 as llama, Phi-3); 0 = full attention. A llama-arch GGUF with
+     * one is Mistral. */
+    LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
+    if (c->arch == LT_ARCH_LLAMA && c->sliding_window > 0) c->arch = LT_ARCH_MISTRAL;
     c->qkv_bias = c->arch == LT_ARCH_QWEN2;
     c->qk_norm = c->arch == LT_ARCH_QWEN3;
-    s->permute_qk = c->arch == LT_ARCH_LLAMA;
-    int64_t id;
-    c->bos_id = c->eos_id = -1;
-    if (lt_gguf_get_i64(ctx, s->gg, "tokenizer.ggml.bos_token_id", &id) == LT_OK) c->bos_id = (int32_t)id;
-    if (lt_gguf_get_i64(ctx, s->gg, "tokenizer.ggml.eos_token_id", &id) == LT_OK) c->eos_id = (int32_t)id;
-    lt_ctx_clear_error(ctx);
+    s->permute_qk = c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL;
+    s->fused = c->arch == LT_ARCH_PHI3;
+    LT_TRY(gguf_rope(ctx, s, arch, c));
+    LT_TRY(gguf_token_ids(ctx, s, c));
     lt_tensor t;
     LT_TRY(find(ctx, s, "token_embd.weight", &t));
     c->V = t.shape[0];
@@ -172,6 +217,100 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 || c->H % c->Hkv ||
         c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
         return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent GGUF hyper-parameters", s->path);
+    return LT_OK;
+}
+
+/* ---- RoPE scaling and token ids from GGUF metadata ---- */
+
+/* rope_factors_short/long.weight (Phi-3 longrope): D/2 f32 factors each. */
+static lt_status gguf_factors(lt_ctx *ctx, const source *s, const char *name, int64_t half, float *out) {
+    lt_tensor t;
+    LT_TRY(find(ctx, s, name, &t));
+    if (t.dtype != LT_DTYPE_F32 || lt_tensor_numel(&t) != half || half > LT_ROPE_MAX_FACTORS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: '%s' must hold %lld f32 factors (at most %d)", s->path, name,
+                        (long long)half, LT_ROPE_MAX_FACTORS);
+    for (int64_t i = 0; i < half; i++) {
+        out[i] = ((const float *)t.data)[i];
+        if (!(out[i] > 0) || !isfinite(out[i]))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: '%s'[%lld] = %g must be positive", s->path, name, (long long)i,
+                            (double)out[i]);
+    }
+    return LT_OK;
+}
+
+/* {arch}.rope.scaling.*: none, linear, yarn (factor, original context, attention factor, betas),
+ * longrope; Phi-3's longrope is its factor tensors without a scaling type (as llama.cpp writes
+ * it). */
+static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    const char *st = "none";
+    size_t sl = 4;
+    lt_status r = lt_gguf_get_str(ctx, s->gg, k, &st, &sl);
+    if (r != LT_OK && r != LT_ERR_NOT_FOUND) return r;
+    lt_ctx_clear_error(ctx);
+    lt_tensor t;
+    int longrope = lt_gguf_find_tensor(ctx, s->gg, "rope_factors_long.weight", &t) == LT_OK;
+    lt_ctx_clear_error(ctx);
+    if (longrope && r == LT_ERR_NOT_FOUND) {
+        st = "longrope";
+        sl = 8;
+    }
+    c->rope_scaling = LT_ROPE_SCALING_NONE;
+    if (sl == 4 && !memcmp(st, "none", 4)) return LT_OK;
+    if (sl == 6 && !memcmp(st, "linear", 6)) c->rope_scaling = LT_ROPE_SCALING_LINEAR;
+    else if (sl == 4 && !memcmp(st, "yarn", 4)) c->rope_scaling = LT_ROPE_SCALING_YARN;
+    else if (sl == 8 && !memcmp(st, "longrope", 8)) c->rope_scaling = LT_ROPE_SCALING_LONGROPE;
+    else
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: metadata '%s' = '%.*s' is not supported (none, linear, yarn, longrope)", s->path, k,
+                        (int)sl, st);
+    c->rope_original_ctx = c->max_positions;
+    LT_TRY(gg_int(ctx, s, arch, "rope.scaling.original_context_length", 0, &c->rope_original_ctx));
+    c->rope_factor = 0;
+    LT_TRY(gg_num(ctx, s, arch, "rope.scaling.factor", &c->rope_factor));
+    if (c->rope_factor == 0 && c->rope_original_ctx > 0)
+        c->rope_factor = (double)c->max_positions / (double)c->rope_original_ctx;
+    LT_TRY(gg_num(ctx, s, arch, "rope.scaling.attn_factor", &c->rope_attn_factor));
+    if (c->rope_scaling == LT_ROPE_SCALING_YARN) {
+        LT_TRY(gg_num(ctx, s, arch, "rope.scaling.yarn_beta_fast", &c->rope_beta_fast));
+        LT_TRY(gg_num(ctx, s, arch, "rope.scaling.yarn_beta_slow", &c->rope_beta_slow));
+        double mul = 0;
+        LT_TRY(gg_num(ctx, s, arch, "rope.scaling.yarn_log_multiplier", &mul));
+        if (mul != 0 && c->rope_attn_factor == 0)
+            c->rope_attn_factor = c->rope_factor <= 1 ? 1 : 1 + mul * log(c->rope_factor);
+    }
+    if (c->rope_scaling == LT_ROPE_SCALING_LONGROPE) {
+        c->rope_n_factors = c->D / 2;
+        LT_TRY(gguf_factors(ctx, s, "rope_factors_long.weight", c->D / 2, c->rope_long_factor));
+        LT_TRY(gguf_factors(ctx, s, "rope_factors_short.weight", c->D / 2, c->rope_short_factor));
+    }
+    char where[4300];
+    snprintf(where, sizeof where, "%s: %s.rope.scaling", s->path, arch);
+    return lt_model_rope_check(ctx, where, c);
+}
+
+/* bos, and every end id the metadata names: eos, eot (end of turn), eom (end of message). */
+static lt_status gguf_token_ids(lt_ctx *ctx, const source *s, lt_model_config *c) {
+    static const char *const keys[3] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                        "tokenizer.ggml.eom_token_id"};
+    int64_t id;
+    c->bos_id = c->eos_id = -1;
+    c->n_eos = 0;
+    lt_status r = lt_gguf_get_i64(ctx, s->gg, "tokenizer.ggml.bos_token_id", &id);
+    if (r == LT_OK && id >= 0 && id <= INT32_MAX) c->bos_id = (int32_t)id;
+    lt_ctx_clear_error(ctx);
+    for (int k = 0; k < 3; k++) {
+        r = lt_gguf_get_i64(ctx, s->gg, keys[k], &id);
+        lt_ctx_clear_error(ctx);
+        if (r == LT_ERR_NOT_FOUND) continue;
+        if (r != LT_OK || id < 0 || id > INT32_MAX)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s' must be a token id", s->path, keys[k]);
+        int seen = 0;
+        for (int i = 0; i < c->n_eos; i++) seen |= c->eos_ids[i] == (int32_t)id;
+        if (!seen && c->n_eos < LT_MAX_EOS) c->eos_ids[c->n_eos++] = (int32_t)id;
+    }
+    if (c->n_eos) c->eos_id = c->eos_ids[0];
     return LT_OK;
 }
 
@@ -219,6 +358,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
     memset(s, 0, sizeof *s);
     memset(c, 0, sizeof *c);
     s->path = path;
+    s->cfg = c;
     struct stat sb;
     if (stat(path, &sb) != 0) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: no such file or folder", path);
     if (ends_with(path, ".gguf")) {
@@ -234,6 +374,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         }
         snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
         LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
+        s->fused = c->arch == LT_ARCH_PHI3;
         LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
     }
     /* Dtypes from the tensors: one per projection kind, or per (layer, kind) where the file mixes
@@ -255,7 +396,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         for (int64_t l = 0; l < c->L; l++) {
             p.layer = l;
             piece_name(s, &p, name, sizeof name);
-            LT_TRY(find(ctx, s, name, &t));
+            LT_TRY(find_piece(ctx, s, &p, name, &t));
             lt_dtype held = held_proj(t.dtype, q, in);
             if (held == LT_DTYPE_COUNT_)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -351,6 +492,7 @@ static void copy_inv_freq(copy_job *j, const lt_wpiece *p, uint8_t *dst) {
     const lt_model_config *c = &j->m->cfg;
     float *inv = (float *)rows_at(j, dst, 0, p->bytes);
     lt_model_rope_inv_freq(c, inv);
+    j->m->rope_file_factors = j->src->has_rope_factors;
     if (j->src->has_rope_factors) {
         lt_tensor f;
         if ((j->status = find(j->ctx, j->src, "rope_freqs.weight", &f)) != LT_OK) return;
@@ -396,7 +538,7 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     char name[256];
     piece_name(j->src, p, name, sizeof name);
     lt_tensor t;
-    if ((j->status = find(ctx, j->src, name, &t)) != LT_OK) return;
+    if ((j->status = find_piece(ctx, j->src, p, name, &t)) != LT_OK) return;
     /* Shape: 1-D pieces must hold exactly their elements; matrices match (out, in). */
     int ok = p->ndim == 1 ? lt_tensor_numel(&t) == p->shape[0]
                           : t.ndim == 2 && t.shape[0] == p->shape[0] && t.shape[1] == p->shape[1];
@@ -455,6 +597,16 @@ static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
             int64_t out, in, r = m->lora.rank;
             lt_model_proj_shape(&m->cfg, (lt_proj)k, &out, &in);
             int64_t off = p - m->lora_params;
+            lt_proj own = lt_model_lora_owner(&m->cfg, (lt_proj)k);
+            if (own != (lt_proj)k) { /* a fused module's member: the owner's A, B rows after the owner's */
+                L->lora_a[k] = L->lora_a[own];
+                L->grad_a[k] = L->grad_a[own];
+                L->lora_b[k] = p;
+                L->grad_b[k] = m->lora_grads + off;
+                m->be->zero(ctx, p, (size_t)(out * r) * sizeof(float));
+                p += out * r;
+                continue;
+            }
             L->lora_a[k] = p;
             L->grad_a[k] = m->lora_grads + off;
             uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)k) * 0xd1b54a32d192ed03ULL);

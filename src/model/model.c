@@ -133,6 +133,10 @@ lt_status lt_model_prepare(lt_ctx *ctx, lt_model *m, const lt_model_run_options 
     }
     m->run = *run;
     m->prepared = 1;
+    if (lt_model_rope_depends_on_T(&m->cfg) && (s = lt_model_rope_refresh(ctx, m, run->T)) != LT_OK) {
+        free_run(ctx, m);
+        return s;
+    }
     resolve_attn_path(m);
     if ((s = cp_alloc(ctx, m)) != LT_OK) free_run(ctx, m);
     return s;
@@ -237,9 +241,11 @@ lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n,
     return m->be->copy_to_device(ctx, m->lora_params + offset, src, (size_t)n * sizeof(float));
 }
 
+/* Adapted modules per layer: one per targeted projection, one per fused module (Phi-3). */
 int64_t lt_model_lora_count(const lt_model *m) {
     int64_t t = 0;
-    for (int p = 0; p < LT_PROJ_COUNT_; p++) t += (m->lora.targets >> p) & 1u;
+    for (int p = 0; p < LT_PROJ_COUNT_; p++)
+        t += ((m->lora.targets >> p) & 1u) && lt_model_lora_owner(&m->cfg, (lt_proj)p) == (lt_proj)p;
     return 2 * t * m->lora.num_layers;
 }
 
@@ -252,13 +258,18 @@ lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lor
     int64_t l = m->l0 + i / per_layer;
     int p = 0, seen = -1;
     for (p = 0; p < LT_PROJ_COUNT_; p++)
-        if ((m->lora.targets >> p) & 1u) {
+        if (((m->lora.targets >> p) & 1u) && lt_model_lora_owner(&m->cfg, (lt_proj)p) == (lt_proj)p) {
             seen++;
             if (seen == j / 2) break;
         }
     int is_b = (int)(j % 2);
     int64_t o, in;
     lt_model_proj_shape(&m->cfg, (lt_proj)p, &o, &in);
+    for (int q = p + 1; q < LT_PROJ_COUNT_; q++) { /* a fused module's B spans its members' rows */
+        int64_t qo, qi;
+        lt_model_proj_shape(&m->cfg, (lt_proj)q, &qo, &qi);
+        if (q != p && lt_model_lora_owner(&m->cfg, (lt_proj)q) == (lt_proj)p) o += qo;
+    }
     int64_t shape[2] = {is_b ? o : m->lora.rank, is_b ? m->lora.rank : in};
     const lt_layer *L = &m->layers[l];
     float *v = is_b ? L->lora_b[p] : L->lora_a[p], *g = is_b ? L->grad_b[p] : L->grad_a[p];
@@ -269,6 +280,6 @@ lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lor
     out->grad = lt_tensor_view(g, LT_DTYPE_F32, m->opt.device, 2, shape);
     out->offset = v - m->lora_params;
     snprintf(out->name, sizeof out->name, "base_model.model.model.layers.%lld.%s.%s.lora_%c.weight", (long long)l,
-             p <= LT_PROJ_O ? "self_attn" : "mlp", lt_proj_name((lt_proj)p), is_b ? 'B' : 'A');
+             p <= LT_PROJ_O ? "self_attn" : "mlp", lt_model_lora_module(&m->cfg, (lt_proj)p), is_b ? 'B' : 'A');
     return LT_OK;
 }

@@ -15,10 +15,37 @@
 /* Distinct attention windows the layers of one model may have (a window per layer kind). */
 #define LT_MODEL_ATTN_WINDOWS_MAX 4
 
-/* inv_freq (D/2) for rotate-half RoPE: theta^(-2i/D) in fp32 as transformers computes it, then
- * the llama3 piecewise rescaling when cfg->rope_llama3 (factor, low/high frequency factors,
- * original context), exactly as transformers' _compute_llama3_parameters. */
+/* Floats of a RoPE table for head dim D: D/2 inverse frequencies, then the attention factor the
+ * rope op multiplies cos and sin by (1 unless YaRN or longrope). */
+#define LT_ROPE_TABLE_LEN(D) ((D) / 2 + 1)
+
+/* The RoPE table (LT_ROPE_TABLE_LEN(cfg->D) floats) for a run of T tokens per row: theta^(-2i/D)
+ * and cfg->rope_scaling exactly as transformers' ROPE_INIT_FUNCTIONS compute it (in float64,
+ * then rounded). T matters to dynamic NTK (its seq_len: max(T, original context)) and longrope
+ * (long factors when T exceeds the original context); 0 = the table at load. */
+void lt_model_rope_table(const lt_model_config *cfg, int64_t T, float *table);
+/* lt_model_rope_table at T = 0 (the table at load). */
 void lt_model_rope_inv_freq(const lt_model_config *cfg, float *inv_freq);
+/* The attention factor of the config's scaling (transformers' attention_scaling). */
+double lt_model_rope_attn_factor(const lt_model_config *cfg);
+/* 1 when the table depends on the run's T (dynamic, longrope). */
+int lt_model_rope_depends_on_T(const lt_model_config *cfg);
+/* The consistency check of cfg's RoPE fields; `where` prefixes the message (file: key). Errors:
+ * LT_ERR_INVALID_ARG naming the field and value. */
+lt_status lt_model_rope_check(lt_ctx *ctx, const char *where, const lt_model_config *cfg);
+/* Recomputes m's RoPE table for T tokens per row into its place in the weights block. */
+lt_status lt_model_rope_refresh(lt_ctx *ctx, lt_model *m, int64_t T);
+
+/* Phi-3's fused modules carry LoRA as PEFT puts it, one adapter per module: qkv_proj's A is q's
+ * (k and v use it) and its B is q's, k's and v's B rows one after another in memory, one (q + k + v
+ * rows, r) matrix; gate_up_proj likewise with gate and up. The projection whose A p uses: p
+ * itself for every other projection and family. */
+lt_proj lt_model_lora_owner(const lt_model_config *cfg, lt_proj p);
+/* PEFT's module name of owner p ("qkv_proj" and "gate_up_proj" for Phi-3, else lt_proj_name). */
+const char *lt_model_lora_module(const lt_model_config *cfg, lt_proj p);
+/* LT_OK when targets takes every fused module whole (q, k, v together; gate and up together), else
+ * LT_ERR_UNSUPPORTED naming the module. */
+lt_status lt_model_check_lora_targets(lt_ctx *ctx, const lt_model_config *cfg, unsigned targets);
 
 /* Shapes (out, in) of projection p. */
 void lt_model_proj_shape(const lt_model_config *cfg, lt_proj p, int64_t *out, int64_t *in);
@@ -198,7 +225,8 @@ struct lt_model {
     lt_layer *layers;      /* (L), host bookkeeping (accounted) */
     lt_tensor embed, head; /* head aliases embed when tied */
     float *final_norm;     /* (C) */
-    float *inv_freq;       /* (D/2) */
+    float *inv_freq;       /* (LT_ROPE_TABLE_LEN(D)): inverse frequencies + attention factor */
+    int rope_file_factors; /* the table is divided by a GGUF's rope_freqs.weight */
     float lora_scale;      /* alpha / r */
     int64_t l0;            /* first LoRA layer */
     lt_layout lay;         /* of the prepared run (weights/lora fields valid from load) */

@@ -11,7 +11,9 @@ static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT
  * projection's stream plus this batch's place in the whole batch, so a data-parallel share (and
  * every chunk of rows) draws the same masks. */
 static uint64_t drop_at(const lt_step *s, int64_t l, int p, int64_t in, int64_t r0) {
-    return drop_offset(l, p) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
+    /* a fused module's projections share one mask, as PEFT drops the module's one input */
+    int o = (int)lt_model_lora_owner(&s->m->cfg, (lt_proj)p);
+    return drop_offset(l, o) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
 }
 
 /* Row r0 of the (N, r) LoRA product of projection p in st (NULL when p carries no LoRA). */

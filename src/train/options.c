@@ -11,7 +11,7 @@
 
 #include "longtune/train.h"
 
-typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE } kind;
+typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE, K_ROPE } kind;
 
 typedef struct {
     const char *key; /* with '_' */
@@ -67,6 +67,13 @@ static const option options[] = {
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
     {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
     {"cuda_graph", K_STR, O(cuda_graph), S(cuda_graph), 0, 0},
+    {"rope_scaling", K_ROPE, O(rope_scaling), 0, 0, 0},
+    {"rope_factor", K_F64, O(rope_factor), 0, -1e300, 1e300}, /* > 0 checked by resolve, named */
+    {"original_max_position", K_I64, O(original_max_position), 0, 1, 1e15},
+    {"yarn_beta_fast", K_F64, O(yarn_beta_fast), 0, 0, 1e6},
+    {"yarn_beta_slow", K_F64, O(yarn_beta_slow), 0, 0, 1e6},
+    {"rope_attn_factor", K_F64, O(rope_attn_factor), 0, 0, 1e6},
+    {"chat_template", K_STR, O(chat_template), S(chat_template), 0, 0},
 };
 #undef O
 #undef S
@@ -202,6 +209,14 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         else if (!strcmp(value, "chunked")) v = LT_LCE_CHUNKED;
         else if (!strcmp(value, "naive")) v = LT_LCE_NAIVE;
         else return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not fused|chunked|naive", key, value);
+        memcpy(field, &v, sizeof v);
+        return LT_OK;
+    }
+    case K_ROPE: {
+        lt_rope_scaling v;
+        if (!strcmp(value, "default") || lt_rope_scaling_parse(ctx, value, &v) != LT_OK)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not linear|dynamic|yarn|llama3|longrope",
+                            key, value);
         memcpy(field, &v, sizeof v);
         return LT_OK;
     }
@@ -451,6 +466,16 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         strcmp(o.quantize, "q6_k"))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k", o.quantize);
+    if (o.rope_scaling == LT_ROPE_SCALING_NONE &&
+        (o.rope_factor != 0 || o.original_max_position || o.yarn_beta_fast || o.yarn_beta_slow || o.rope_attn_factor))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "options 'rope_factor', 'original_max_position', 'yarn_beta_*' and 'rope_attn_factor' need "
+                        "'rope_scaling'");
+    if (o.rope_scaling != LT_ROPE_SCALING_NONE && !(o.rope_factor > 0))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'rope_scaling' %s needs 'rope_factor' > 0 (got %g)",
+                        lt_rope_scaling_name(o.rope_scaling), o.rope_factor);
+    if ((o.yarn_beta_fast || o.yarn_beta_slow) && o.rope_scaling != LT_ROPE_SCALING_YARN)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "options 'yarn_beta_fast'/'yarn_beta_slow' need 'rope_scaling' yarn");
     /* Normalise the target list to canonical names, each once, in the order given. */
     const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;
     char norm[sizeof o.lora_targets];
@@ -484,4 +509,16 @@ double lt_train_lr(const lt_train_options *opt, int64_t step) {
     double progress = (double)(step - opt->warmup) / (double)span;
     if (progress > 1) progress = 1;
     return opt->min_lr + 0.5 * (lr - opt->min_lr) * (1 + cos(3.14159265358979323846 * progress));
+}
+
+lt_rope_override lt_train_rope_override(const lt_train_options *opt) {
+    lt_rope_override r;
+    memset(&r, 0, sizeof r);
+    r.scaling = opt->rope_scaling;
+    r.factor = opt->rope_factor;
+    r.original_ctx = opt->original_max_position;
+    r.beta_fast = opt->yarn_beta_fast;
+    r.beta_slow = opt->yarn_beta_slow;
+    r.attn_factor = opt->rope_attn_factor;
+    return r;
 }

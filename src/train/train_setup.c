@@ -27,6 +27,30 @@ static void log_split(const char *name, const lt_dataset *ds) {
             s.chat_format != LT_CHAT_NONE ? lt_chat_format_name(s.chat_format) : "");
 }
 
+/* --chat-template: a format name, else a file holding a Jinja template recognised as one. */
+static lt_status chat_template_option(lt_ctx *ctx, const char *arg, lt_chat_format *out) {
+    if (lt_chat_format_parse(ctx, arg, out) == LT_OK) return LT_OK;
+    char name_err[512];
+    snprintf(name_err, sizeof name_err, "%s", lt_ctx_error(ctx));
+    FILE *f = fopen(arg, "rb");
+    if (!f) return lt_error(ctx, LT_ERR_INVALID_ARG, "--chat-template %s: no such file, and %s", arg, name_err);
+    char *text = malloc((size_t)1 << 20); /* transient: a template is a few KB */
+    size_t n = text ? fread(text, 1, ((size_t)1 << 20) - 1, f) : 0;
+    int big = text && !feof(f);
+    fclose(f);
+    if (!text) return lt_error(ctx, LT_ERR_OOM, "--chat-template %s: read buffer", arg);
+    text[n] = 0;
+    lt_status s = big ? lt_error(ctx, LT_ERR_FORMAT, "--chat-template %s: larger than 1 MiB", arg)
+                      : lt_chat_detect(ctx, text, out);
+    free(text);
+    if (s != LT_OK && !big) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+        s = lt_error(ctx, s, "--chat-template %s: %s", arg, msg);
+    }
+    return s;
+}
+
 lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res) {
     lt_tokenizer *tok = NULL;
     lt_dataset *train = NULL, *valid = NULL;
@@ -41,6 +65,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_dataset_options dopt;
     memset(&dopt, 0, sizeof dopt);
     dopt.mask_prompt = opt->mask_prompt;
+    if (opt->chat_template[0] && (s = chat_template_option(ctx, opt->chat_template, &dopt.chat_format)) != LT_OK)
+        goto done;
     if ((s = lt_dataset_load_split(ctx, opt->data, "train", tok, &dopt, &train)) != LT_OK) goto done;
     log_split("train", train);
     s = lt_dataset_load_split(ctx, opt->data, "valid", tok, &dopt, &valid);
@@ -57,6 +83,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     if ((s = lt_train_lora_options(ctx, opt, &lora)) != LT_OK) goto done;
     lt_model_options mo = {opt->device, quantize};
     if ((s = lt_model_load(ctx, opt->model, &mo, &lora, &m)) != LT_OK) goto done;
+    lt_rope_override rope = lt_train_rope_override(opt);
+    if ((s = lt_model_set_rope(ctx, m, &rope)) != LT_OK) goto done;
     const lt_model_config *cfg = lt_model_get_config(m);
     lt_model_sizes sz = lt_model_get_sizes(m);
     LT_INFO("model: %lld layers, width %lld, vocab %lld, projections %s; LoRA r=%lld on %lld layers: %lld parameters",

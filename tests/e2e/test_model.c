@@ -482,10 +482,10 @@ static void bad_inputs_are_typed_errors(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "model.layers.0.self_attn.q_proj.weight"));
     snprintf(p, sizeof p, "%s/config.json", dir);
     out = fopen(p, "w");
-    fputs("{\"model_type\":\"mistral\",\"vocab_size\":96,\"hidden_size\":64}", out);
+    fputs("{\"model_type\":\"gpt_neox\",\"vocab_size\":96,\"hidden_size\":64}", out);
     fclose(out);
     assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &bad), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "mistral"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "gpt_neox"));
     assert_null(bad);
     unlink(p);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);

@@ -290,13 +290,14 @@ static void run_rmsnorm(const op_case *c, env *e) {
 
 static void run_rope(const op_case *c, env *e) {
     const int64_t N = c->s[0], Hh = c->s[1], D = c->s[2], n = N * Hh * D, half = D / 2;
-    float *inv = malloc(F4(half));
+    float *inv = malloc(F4(half + 1)); /* the model's table: frequencies, then the attention factor */
     for (int64_t i = 0; i < half; i++) inv[i] = (float)pow(1000000.0, -2.0 * (double)i / (double)D);
+    inv[half] = 1.0f + (float)(lt_test_rand_u64(&e->rng) % 4) * 0.125f;
     int32_t *pos = malloc((size_t)N * 4);
     for (int64_t t = 0; t < N; t++) pos[t] = (int32_t)(lt_test_rand_u64(&e->rng) % (uint64_t)c->s[3]);
     float *x = lt_test_fresh(&e->rng, n, 1), *y = malloc(F4(n)), *dy = lt_test_fresh(&e->rng, n, 1);
     float *dx = malloc(F4(n));
-    float *d_x = up(e, x, F4(n)), *d_inv = up(e, inv, F4(half));
+    float *d_x = up(e, x, F4(n)), *d_inv = up(e, inv, F4(half + 1));
     int32_t *d_pos = up(e, pos, (size_t)N * 4);
     const double tol = lt_test_tol_for(LT_DTYPE_F32, 2);
     for (int inverse = 0; inverse < 2; inverse++) {
@@ -309,15 +310,15 @@ static void run_rope(const op_case *c, env *e) {
                 for (int64_t i = 0; i < D; i++) {
                     const float *v = x + (t * Hh + h) * D;
                     const double ang = (double)((float)pos[t] * inv[i % half]); /* fp32 angle, as transformers */
-                    const double co = cos(ang), si = sg * sin(ang);
+                    const double co = inv[half] * cos(ang), si = inv[half] * sg * sin(ang);
                     const double want = i < half ? v[i] * co - v[i + half] * si : v[i] * co + v[i - half] * si;
                     CHECK(e,
                           bad(y[(t * Hh + h) * D + i], want, 1, tol, inverse ? "rope inverse" : "rope",
                               (t * Hh + h) * D + i));
                 }
     }
-    /* the backward is the inverse rotation, the adjoint of the orthogonal forward:
-     * ⟨dy, rope(x)⟩ = ⟨rope⁻¹(dy), x⟩, and rope⁻¹(rope(x)) = x */
+    /* the backward is the inverse rotation by the same factor s, the adjoint of the forward:
+     * ⟨dy, rope(x)⟩ = ⟨rope⁻¹(dy), x⟩, and rope⁻¹(rope(x)) = s² x */
     assert_int_equal(e->be->copy_to_device(e->ctx, d_x, x, F4(n)), LT_OK);
     e->be->rope(e->ctx, d_x, d_pos, d_inv, N, Hh, D, 0);
     down(e, y, d_x, F4(n));
@@ -330,8 +331,9 @@ static void run_rope(const op_case *c, env *e) {
     double lhs = 0, rhs = 0;
     for (int64_t i = 0; i < n; i++) lhs += (double)dy[i] * y[i], rhs += (double)dx[i] * x[i];
     CHECK(e, bad(lhs, rhs, fabs(lhs) + sqrt((double)n), tol, "rope adjoint", 0));
-    for (int64_t i = 0; i < n; i++) CHECK(e, bad(back[i], x[i], 1, tol, "rope round trip", i));
-    dfree(e, d_x, F4(n)), dfree(e, d_inv, F4(half)), dfree(e, d_pos, (size_t)N * 4);
+    for (int64_t i = 0; i < n; i++)
+        CHECK(e, bad(back[i], (double)inv[half] * inv[half] * x[i], 1, tol, "rope round trip", i));
+    dfree(e, d_x, F4(n)), dfree(e, d_inv, F4(half + 1)), dfree(e, d_pos, (size_t)N * 4);
     free(inv), free(pos), free(x), free(y), free(dy), free(dx), free(back);
 }
 

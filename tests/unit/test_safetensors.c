@@ -222,7 +222,7 @@ static void hf_configs_parse_and_refuse(void **state) {
                                  "\"eos_token_id\":[128001,128008]}",
                                  &c),
                      LT_OK);
-    assert_true(c.rope_llama3);
+    assert_int_equal(c.rope_scaling, LT_ROPE_SCALING_LLAMA3);
     assert_true(fabs(c.rope_factor - 32) < 1e-9);
     assert_int_equal(c.eos_id, 128001);
     assert_int_equal(config_from(ctx,
@@ -244,10 +244,10 @@ static void hf_configs_parse_and_refuse(void **state) {
     assert_int_equal(config_from(ctx,
                                  "{\"model_type\":\"llama\",\"vocab_size\":1000,\"hidden_size\":64,"
                                  "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
-                                 "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}",
+                                 "\"rope_scaling\":{\"type\":\"ntk-by-parts\",\"factor\":4}}",
                                  &c),
                      LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "yarn"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "ntk-by-parts"));
     assert_int_equal(config_from(ctx,
                                  "{\"model_type\":\"llama\",\"vocab_size\":\"x\",\"hidden_size\":64,"
                                  "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4}",

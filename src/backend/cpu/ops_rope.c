@@ -1,6 +1,7 @@
 /* Rotate-half RoPE (Hugging Face layout) on the CPU: element i of a head pairs with i + D/2.
  * Angles are pos·inv_freq computed in fp32 as transformers does, so the two agree to rounding.
- * The frequency table (theta, llama3 scaling) is the model's; this file only rotates. */
+ * The table (D/2 frequencies with the scaling applied, then the attention factor cos and sin are
+ * multiplied by) is the model's; this file only rotates. */
 #include <math.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -18,11 +19,12 @@ LT_CPU_CLONES static void rope_rows(void *arg, int64_t n0, int64_t n1, int threa
     (void)thread;
     const rope_job *j = arg;
     int64_t half = j->D / 2;
+    const float scale = j->inv_freq[half];
     for (int64_t n = n0; n < n1; n++) {
         float p = (float)j->pos[n];
         for (int64_t i = 0; i < half; i++) {
             float ang = p * j->inv_freq[i];
-            float c = cosf(ang), s = j->sign * sinf(ang);
+            float c = scale * cosf(ang), s = scale * j->sign * sinf(ang);
             for (int64_t h = 0; h < j->heads; h++) {
                 float *v = j->x + (n * j->heads + h) * j->D;
                 float a = v[i], b = v[i + half];
