@@ -72,10 +72,153 @@ static lt_status family_qwen3(lt_ctx *ctx, const char *path, const cJSON *root, 
     return refuse_true(ctx, path, root, "use_sliding_window", "use_sliding_window=true");
 }
 
+/* ---- Gemma 2 and Gemma 3 (text): GeGLU, sandwich norms with (1 + w) weights, sqrt(C) embedding
+ * scale, query_pre_attn_scalar, softcaps, alternating sliding and global layers; Gemma 3 adds
+ * q/k norms and a second RoPE base for its sliding layers. ---- */
+
+static lt_status gemma_num(lt_ctx *ctx, const char *path, const cJSON *root, const char *key, double lo, double *out) {
+    LT_TRY(get_num(ctx, path, root, key, out));
+    if (!(*out >= lo)) return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" = %g must be >= %g", path, key, *out, lo);
+    return LT_OK;
+}
+
+/* One entry of transformers 5's rope_parameters (the object itself for Gemma 2, per layer type for
+ * Gemma 3): its base into *theta; any rope_type but "default" is refused. */
+static lt_status gemma_rope_entry(lt_ctx *ctx, const char *path, const cJSON *rp, const char *what, double *theta) {
+    if (!cJSON_IsObject(rp)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s must be an object", path, what);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+    if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: %s.rope_type \"%s\" is not supported for Gemma (default)", path,
+                        what, cJSON_IsString(t) ? t->valuestring : "?");
+    LT_TRY(get_num(ctx, path, rp, "rope_theta", theta));
+    if (!(*theta > 0)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope_theta must be positive", path, what);
+    return LT_OK;
+}
+
+/* The layer kinds: `layer_types` when present (every entry "sliding_attention" or "full_attention",
+ * which must follow one period: layer l global exactly when l % p == p - 1), else every
+ * `default_period`-th layer global. Without a sliding window every layer is global. */
+static lt_status gemma_layers(lt_ctx *ctx, const char *path, const cJSON *root, int64_t default_period,
+                              lt_model_config *cfg) {
+    LT_TRY(get_int(ctx, path, root, "sliding_window", 0, &cfg->sliding_window));
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (!lt || cJSON_IsNull(lt)) {
+        cfg->sliding_period = default_period;
+        return LT_OK;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != (int)cfg->L)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"layer_types\" must list one type per layer (%lld)", path,
+                        (long long)cfg->L);
+    int64_t first_full = -1, n_full = 0;
+    for (int64_t l = 0; l < cfg->L; l++) {
+        const cJSON *e = cJSON_GetArrayItem(lt, (int)l);
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        if (!full && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention")))
+            return lt_error(ctx, LT_ERR_FORMAT,
+                            "%s: layer_types[%lld] must be \"sliding_attention\" or \"full_attention\"", path,
+                            (long long)l);
+        if (full && first_full < 0) first_full = l;
+        n_full += full;
+    }
+    if (n_full == cfg->L) { /* every layer global */
+        cfg->sliding_window = cfg->sliding_period = 0;
+        return LT_OK;
+    }
+    if (cfg->sliding_window == 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: layer_types has sliding layers but no sliding_window", path);
+    /* every layer sliding: period 0; else the period the first global layer gives */
+    int64_t p = first_full < 0 ? 0 : first_full + 1;
+    for (int64_t l = 0; l < cfg->L; l++) {
+        int full = !strcmp(cJSON_GetArrayItem(lt, (int)l)->valuestring, "full_attention");
+        if (full != (p > 0 && l % p == p - 1))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: layer_types[%lld] is %s, which no period of global layers gives (period %lld from "
+                            "the first global layer)",
+                            path, (long long)l, full ? "full_attention" : "sliding_attention", (long long)p);
+    }
+    cfg->sliding_period = p;
+    return LT_OK;
+}
+
+/* The keys Gemma 2 and Gemma 3 share. */
+static lt_status gemma_common(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_activation");
+    if (!act || cJSON_IsNull(act)) act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !cJSON_IsNull(act) &&
+        !(cJSON_IsString(act) &&
+          (!strcmp(act->valuestring, "gelu_pytorch_tanh") || !strcmp(act->valuestring, "gelu_new"))))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Gemma hidden_activation must be \"gelu_pytorch_tanh\"", path);
+    LT_TRY(refuse_true(ctx, path, root, "attention_bias", "gemma with attention_bias"));
+    LT_TRY(refuse_true(ctx, path, root, "use_bidirectional_attention", "use_bidirectional_attention=true"));
+    cfg->mlp = LT_MLP_KIND_GEGLU;
+    cfg->norm_place = LT_NORM_PLACE_SANDWICH;
+    cfg->norm_plus_one = 1;
+    cfg->embed_scale = (float)sqrt((double)cfg->C);
+    double qs = (double)cfg->D;
+    LT_TRY(gemma_num(ctx, path, root, "query_pre_attn_scalar", 1e-30, &qs));
+    cfg->query_scale = 1.0 / sqrt(qs);
+    double cap = 0;
+    LT_TRY(gemma_num(ctx, path, root, "attn_logit_softcapping", 0, &cap));
+    cfg->attn_softcap = (float)cap;
+    cap = 0;
+    LT_TRY(gemma_num(ctx, path, root, "final_logit_softcapping", 0, &cap));
+    cfg->final_softcap = (float)cap;
+    return LT_OK;
+}
+
+static lt_status family_gemma2(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_GEMMA2;
+    LT_TRY(gemma_common(ctx, path, root, cfg));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+    return gemma_layers(ctx, path, root, 2, cfg);
+}
+
+static lt_status family_gemma3(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_GEMMA3;
+    cfg->qk_norm = 1;
+    LT_TRY(gemma_common(ctx, path, root, cfg));
+    cfg->rope_local_theta = 10000.0;
+    LT_TRY(get_num(ctx, path, root, "rope_local_base_freq", &cfg->rope_local_theta));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+        if (full || slide) {
+            if (full) LT_TRY(gemma_rope_entry(ctx, path, full, "rope_parameters.full_attention", &cfg->rope_theta));
+            if (slide)
+                LT_TRY(gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", &cfg->rope_local_theta));
+        } else {
+            LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+        }
+    }
+    if (!(cfg->rope_local_theta > 0))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: rope_local_base_freq must be positive", path);
+    int64_t period = 6;
+    LT_TRY(get_int(ctx, path, root, "sliding_window_pattern", 0, &period));
+    LT_TRY(get_int(ctx, path, root, "_sliding_window_pattern", 0, &period));
+    return gemma_layers(ctx, path, root, period, cfg);
+}
+
+/* Gemma3ForConditionalGeneration's config.json: the text model's keys live in "text_config" (its
+ * model_type gemma3_text); the vision tower is not read. */
+static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON *root, lt_status *st) {
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    *st = LT_OK;
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3")) return root;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!cJSON_IsObject(tc)) {
+        *st = lt_error(ctx, LT_ERR_FORMAT, "%s: model_type \"gemma3\" needs a \"text_config\" object", path);
+        return NULL;
+    }
+    return tc;
+}
+
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
-} families[] = {{"llama", family_llama}, {"qwen2", family_qwen2}, {"qwen3", family_qwen3}};
+} families[] = {{"llama", family_llama},   {"qwen2", family_qwen2},        {"qwen3", family_qwen3},
+                {"gemma2", family_gemma2}, {"gemma3_text", family_gemma3}, {"gemma3", family_gemma3}};
 
 /* ---- keys every family shares ---- */
 
@@ -100,7 +243,10 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     cfg->tie_embeddings = 0;
     LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    int gemma = cJSON_IsString(mt) && !strncmp(mt->valuestring, "gemma", 5); /* gemma_common reads it */
+    if (act && !gemma &&
+        !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", path);
     return LT_OK;
 }
@@ -167,8 +313,12 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *root, lt_mode
     size_t f = 0, nf = sizeof families / sizeof families[0];
     while (f < nf && strcmp(mt->valuestring, families[f].model_type)) f++;
     if (f == nf)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3)", path,
-                        mt->valuestring);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3, gemma2, gemma3_text, gemma3)",
+                        path, mt->valuestring);
+    lt_status gs;
+    root = gemma3_text_root(ctx, path, root, &gs);
+    LT_TRY(gs);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));
     LT_TRY(read_rope_scaling(ctx, path, root, cfg));
