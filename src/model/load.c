@@ -24,6 +24,7 @@ typedef struct source {
     lt_gguf *gg;
     int permute_qk;       /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_factors; /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+    int sandwich;         /* the config has sandwich norms (Gemma): HF names its norms differently */
 } source;
 
 static void close_source(lt_ctx *ctx, source *s) {
@@ -55,6 +56,8 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         case LT_W_MLP_NORM: snprintf(buf, n, "blk.%lld.ffn_norm.weight", l); break;
         case LT_W_Q_NORM: snprintf(buf, n, "blk.%lld.attn_q_norm.weight", l); break;
         case LT_W_K_NORM: snprintf(buf, n, "blk.%lld.attn_k_norm.weight", l); break;
+        case LT_W_POST_ATTN_NORM: snprintf(buf, n, "blk.%lld.post_attention_norm.weight", l); break;
+        case LT_W_POST_MLP_NORM: snprintf(buf, n, "blk.%lld.post_ffw_norm.weight", l); break;
         default: buf[0] = 0;
         }
         return;
@@ -69,7 +72,12 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         break;
     case LT_W_BIAS: snprintf(buf, n, "model.layers.%lld.self_attn.%c_proj.bias", l, qkv[p->which]); break;
     case LT_W_ATTN_NORM: snprintf(buf, n, "model.layers.%lld.input_layernorm.weight", l); break;
-    case LT_W_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_attention_layernorm.weight", l); break;
+    case LT_W_MLP_NORM: /* sandwich norms (Gemma): the MLP's input norm is pre_feedforward_layernorm */
+        snprintf(buf, n, "model.layers.%lld.%s.weight", l,
+                 s->sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+        break;
+    case LT_W_POST_ATTN_NORM: snprintf(buf, n, "model.layers.%lld.post_attention_layernorm.weight", l); break;
+    case LT_W_POST_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_feedforward_layernorm.weight", l); break;
     case LT_W_Q_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.q_norm.weight", l); break;
     case LT_W_K_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.k_norm.weight", l); break;
     default: buf[0] = 0;
@@ -206,6 +214,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         }
         snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
         LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
+        s->sandwich = c->norm_place == LT_NORM_PLACE_SANDWICH;
         LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
     }
     /* Dtypes from the tensors: one per projection kind, the same in every layer. */
@@ -304,6 +313,9 @@ static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     case LT_W_MLP_NORM: m->layers[p->layer].mlp_norm = (float *)dst; break;
     case LT_W_Q_NORM: m->layers[p->layer].q_norm = (float *)dst; break;
     case LT_W_K_NORM: m->layers[p->layer].k_norm = (float *)dst; break;
+    case LT_W_INV_FREQ_LOCAL: m->inv_freq_local = (float *)dst; break;
+    case LT_W_POST_ATTN_NORM: m->layers[p->layer].post_attn_norm = (float *)dst; break;
+    case LT_W_POST_MLP_NORM: m->layers[p->layer].post_mlp_norm = (float *)dst; break;
     }
 }
 
@@ -354,6 +366,15 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         copy_inv_freq(j, p, dst);
         return;
     }
+    if (p->kind == LT_W_INV_FREQ_LOCAL) { /* the sliding layers' base, unscaled (Gemma 3) */
+        lt_model_config lc = j->m->cfg;
+        lc.rope_theta = lc.rope_local_theta;
+        lc.rope_llama3 = 0;
+        lc.rope_scaling = LT_ROPE_SCALING_NONE;
+        lt_model_rope_inv_freq(&lc, (float *)rows_at(j, dst, 0, p->bytes));
+        flush(j, dst, 0, 1, p->bytes);
+        return;
+    }
     char name[256];
     piece_name(j->src, p, name, sizeof name);
     lt_tensor t;
@@ -375,6 +396,10 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         return;
     }
     int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
+    int norm_plus_one = j->m->cfg.norm_plus_one &&
+        (p->kind == LT_W_FINAL_NORM || p->kind == LT_W_ATTN_NORM || p->kind == LT_W_MLP_NORM ||
+         p->kind == LT_W_Q_NORM || p->kind == LT_W_K_NORM || p->kind == LT_W_POST_ATTN_NORM ||
+         p->kind == LT_W_POST_MLP_NORM);
     int64_t D = j->m->cfg.D;
     int64_t chunk = rows; /* rows per staging round */
     if (j->stage)
@@ -398,6 +423,8 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
             return;
         }
+        if (norm_plus_one) /* (1 + w) once, in f32 as transformers' Gemma RMSNorm computes it */
+            for (int64_t i = 0; i < cols; i++) ((float *)d)[i] += 1.0f;
     }
     flush(j, dst, r0, rows - r0, (size_t)drb);
 }
