@@ -116,6 +116,48 @@ static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const ch
     return LT_OK;
 }
 
+/* Gemma 2 / Gemma 3 metadata as llama.cpp's converter writes it and llama.cpp reads it: softcaps
+ * (Gemma 2 defaults 50 and 30 when absent, Gemma 3 none), the sliding window (Gemma 2 default
+ * 4096; Gemma 3 slides only with one) and its period (attention.sliding_window_pattern, default 2
+ * and 6), the sliding layers' RoPE base (rope.freq_base_swa, default 10000 for Gemma 3). The norm
+ * weights are stored with the 1 already added, so nothing is added at load. The file has no
+ * query_pre_attn_scalar: as llama.cpp, the score scale is 1/sqrt(C/H) for the 27B models (46 and
+ * 62 layers) and 1/sqrt(D) otherwise. */
+static lt_status gemma_from_gguf(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c) {
+    int g2 = c->arch == LT_ARCH_GEMMA2;
+    double cap = g2 ? 50.0 : 0.0, fcap = g2 ? 30.0 : 0.0;
+    LT_TRY(gg_num(ctx, s, arch, "attn_logit_softcapping", &cap));
+    LT_TRY(gg_num(ctx, s, arch, "final_logit_softcapping", &fcap));
+    if (!(cap >= 0) || !(fcap >= 0))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: %s softcaps %g, %g must be >= 0", s->path, arch, cap, fcap);
+    c->attn_softcap = (float)cap;
+    c->final_softcap = (float)fcap;
+    c->sliding_window = g2 ? 4096 : 0;
+    LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
+    char k[160];
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
+    lt_gguf_type ty;
+    if (lt_gguf_get_type(ctx, s->gg, k, &ty) == LT_OK && ty == LT_GGUF_ARRAY)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: '%s' as a per-layer list is not supported (a period)", s->path,
+                        k);
+    lt_ctx_clear_error(ctx);
+    c->sliding_period = g2 ? 2 : 6;
+    LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window_pattern", 0, &c->sliding_period));
+    if (!g2 && c->sliding_window > 0) {
+        c->rope_local_theta = 10000.0;
+        LT_TRY(gg_num(ctx, s, arch, "rope.freq_base_swa", &c->rope_local_theta));
+        if (!(c->rope_local_theta > 0))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope.freq_base_swa must be positive", s->path, arch);
+    }
+    c->mlp = LT_MLP_KIND_GEGLU;
+    c->norm_place = LT_NORM_PLACE_SANDWICH;
+    c->norm_plus_one = 0;
+    c->embed_scale = (float)sqrt((double)c->C);
+    int big = c->L == (g2 ? 46 : 62);
+    c->query_scale = 1.0 / sqrt(big ? (double)(c->C / c->H) : (double)c->D);
+    return LT_OK;
+}
+
 static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     const char *a;
     size_t alen;
@@ -127,9 +169,12 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     if (!strcmp(arch, "llama")) c->arch = LT_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = LT_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = LT_ARCH_QWEN3;
+    else if (!strcmp(arch, "gemma2")) c->arch = LT_ARCH_GEMMA2;
+    else if (!strcmp(arch, "gemma3")) c->arch = LT_ARCH_GEMMA3;
     else
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3)",
-                        s->path, arch);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, gemma2, gemma3)", s->path,
+                        arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
     LT_TRY(gg_int(ctx, s, arch, "feed_forward_length", 1, &c->F));
@@ -161,7 +206,8 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     }
     lt_ctx_clear_error(ctx);
     c->qkv_bias = c->arch == LT_ARCH_QWEN2;
-    c->qk_norm = c->arch == LT_ARCH_QWEN3;
+    c->qk_norm = c->arch == LT_ARCH_QWEN3 || c->arch == LT_ARCH_GEMMA3;
+    if (c->arch == LT_ARCH_GEMMA2 || c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma_from_gguf(ctx, s, arch, c));
     s->permute_qk = c->arch == LT_ARCH_LLAMA;
     int64_t id;
     c->bos_id = c->eos_id = -1;

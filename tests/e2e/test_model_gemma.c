@@ -204,6 +204,14 @@ static void matches_pytorch_peft(void **state) {
     for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) check_against_oracle(CASES[ci], NULL);
 }
 
+/* The same models as llama.cpp's converter writes them (norm weights with the 1 added, metadata
+ * for the softcaps, window, period and the sliding layers' RoPE base) give the same numbers. */
+static void gguf_matches_pytorch_peft(void **state) {
+    (void)state;
+    check_against_oracle("gemma2", "model.gguf");
+    check_against_oracle("gemma3", "model.gguf");
+}
+
 /* Kept attention equals rerunning it in the recompute bit for bit, over 5-row chunks (the chunked
  * sandwich norms), with bf16 checkpoints (every layer recomputed, so forward and recompute both
  * start from the rounded inputs; the bf16 attention tensors) and f32 ones over segments of two
@@ -309,7 +317,7 @@ static void read_config(lt_ctx *ctx, const char *c, const char *file, lt_model_c
 static void configs_and_layer_descriptions(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    for (int gg = 0; gg < 1; gg++) {
+    for (int gg = 0; gg < 2; gg++) {
         lt_model_config c;
         read_config(ctx, "gemma2", gg ? "model.gguf" : NULL, &c);
         assert_int_equal(c.arch, LT_ARCH_GEMMA2);
@@ -429,7 +437,8 @@ int main(int argc, char **argv) {
     (void)argc;
     lt_test_omp_passive(argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(matches_pytorch_peft),           cmocka_unit_test(chunks_bf16_and_kept_attention), cmocka_unit_test(size_table_equals_allocations),
+        cmocka_unit_test(matches_pytorch_peft),           cmocka_unit_test(gguf_matches_pytorch_peft),
+        cmocka_unit_test(chunks_bf16_and_kept_attention), cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(configs_and_layer_descriptions), cmocka_unit_test(config_variants_and_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
