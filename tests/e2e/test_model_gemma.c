@@ -324,7 +324,7 @@ static void configs_and_layer_descriptions(void **state) {
         assert_int_equal(c.sliding_window, 5);
         assert_int_equal(c.sliding_period, 2);
         assert_true(c.attn_softcap == 1.0f && c.final_softcap == 2.0f && c.embed_scale == 8.0f);
-        assert_true(fabs(c.query_scale - 1.0 / sqrt(32.0)) < 1e-12);
+        assert_true(fabs(c.query_scale - 1.0 / sqrt(64.0)) < 1e-12);
         assert_int_equal(c.norm_plus_one, !gg); /* the GGUF holds 1 + w already */
         assert_int_equal(c.mlp, LT_MLP_KIND_GEGLU);
         assert_int_equal(c.norm_place, LT_NORM_PLACE_SANDWICH);

@@ -11,16 +11,17 @@ logits; the norm weights are random around 0 (Gemma's RMSNorm multiplies by 1 + 
 
 Cases, per tests/fixtures/gemma/<case>/{config.json, model.safetensors, expected.safetensors}:
   gemma2       Gemma 2: even layers slide, attention and final softcaps; config.json written in
-               the transformers 4 style (rope_theta, no layer_types) as the Hub's checkpoints are;
-               weights stored in bf16 (computed in fp32), the GGUF holds the same values in f32.
+               the transformers 4 style (rope_theta, no layer_types) as the Hub's checkpoints are.
   gemma3       Gemma 3 text: q/k norms, a global layer every 3rd (layer_types), the sliding layers'
                own RoPE base; config.json as transformers 5 writes it (rope_parameters per type).
   gemma3_d256  Gemma 3 with head_dim 256 and query_pre_attn_scalar 48 (a score scale other than
-               1/sqrt(D)); weights stored in bf16 to keep the file small (computed in fp32).
+               1/sqrt(D)).
+Weights are stored in bf16 to keep the files small (the models compute in fp32).
 gemma2 and gemma3 are also written as model.gguf the way llama.cpp's converter writes them
 (1 added to every norm weight, no output.weight, softcaps, sliding window and the swa RoPE base
-as metadata; f32), to test the GGUF loader against the same expected values. GGUF holds no
-query_pre_attn_scalar (llama.cpp uses 1/sqrt(D) below 27B), so those two cases keep it at D.
+as metadata; the same values in f32), to test the GGUF loader against the same expected values. GGUF holds no
+query_pre_attn_scalar (llama.cpp uses 1/sqrt(D) below 27B), so those two cases keep it at D; their
+head dim 64 is one the CUDA attention kernels serve (tests/e2e/test_cuda_gemma.c).
 
 Needs torch, transformers, peft, safetensors and gguf; CI never runs this, only its outputs.
 Usage: python3 tests/oracle/gen_gemma_fixtures.py [--out tests/fixtures/gemma]
@@ -40,9 +41,9 @@ RANK, ALPHA = 4, 8.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 CASES = {
-    "gemma2": dict(kind="gemma2", L=3, D=32, qpas=32, window=5, attn_cap=1.0, final_cap=2.0, dtype="bf16",
+    "gemma2": dict(kind="gemma2", L=3, D=64, qpas=64, window=5, attn_cap=1.0, final_cap=2.0, dtype="bf16",
                    last_k=2, gguf=True),
-    "gemma3": dict(kind="gemma3", L=3, D=32, qpas=32, window=4, attn_cap=None, final_cap=2.5, dtype="f32",
+    "gemma3": dict(kind="gemma3", L=3, D=64, qpas=64, window=4, attn_cap=None, final_cap=2.5, dtype="bf16",
                    last_k=3, gguf=True, layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
     "gemma3_d256": dict(kind="gemma3", L=2, D=256, qpas=48, window=4, attn_cap=None, final_cap=None, dtype="bf16",
                         last_k=2, gguf=False, layer_types=["sliding_attention", "full_attention"]),
