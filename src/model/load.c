@@ -22,9 +22,10 @@ typedef struct source {
     const char *path;
     lt_safetensors *st;
     lt_gguf *gg;
-    int permute_qk;       /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
-    int has_rope_factors; /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
-    int sandwich;         /* the config has sandwich norms (Gemma): HF names its norms differently */
+    int permute_qk;        /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
+    int has_rope_factors;  /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+    int sandwich;          /* the config has sandwich norms (Gemma): HF names its norms differently */
+    const char *hf_prefix; /* HF names' "model." as a multimodal checkpoint spells it, or NULL */
 } source;
 
 static void close_source(lt_ctx *ctx, source *s) {
@@ -81,6 +82,11 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
     case LT_W_Q_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.q_norm.weight", l); break;
     case LT_W_K_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.k_norm.weight", l); break;
     default: buf[0] = 0;
+    }
+    if (s->hf_prefix && !strncmp(buf, "model.", 6)) { /* the text model inside a multimodal checkpoint */
+        char t[256];
+        snprintf(t, sizeof t, "%s%s", s->hf_prefix, buf + 6);
+        snprintf(buf, n, "%s", t);
     }
 }
 
@@ -240,6 +246,26 @@ static lt_dtype held_head(lt_dtype file, lt_device dev) {
     return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file;
 }
 
+/* Gemma3ForConditionalGeneration checkpoints hold the text model under "language_model.model."
+ * (transformers 4) or "model.language_model." (transformers 5) beside the vision tower, which is
+ * not read; a Gemma3ForCausalLM one under "model.". */
+static lt_status gemma3_prefix(lt_ctx *ctx, source *s) {
+    static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
+    lt_tensor t;
+    if (lt_safetensors_find(ctx, s->st, "model.embed_tokens.weight", &t) == LT_OK) return LT_OK;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%sembed_tokens.weight", prefixes[i]);
+        if (lt_safetensors_find(ctx, s->st, name, &t) == LT_OK) {
+            lt_ctx_clear_error(ctx);
+            s->hf_prefix = prefixes[i];
+            return LT_OK;
+        }
+    }
+    lt_ctx_clear_error(ctx);
+    return LT_OK; /* the missing tensor is then named by the load */
+}
+
 static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s,
                              lt_model_config *c) {
     memset(s, 0, sizeof *s);
@@ -262,6 +288,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
         s->sandwich = c->norm_place == LT_NORM_PLACE_SANDWICH;
         LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
+        if (c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma3_prefix(ctx, s));
     }
     /* Dtypes from the tensors: one per projection kind, the same in every layer. */
     char name[256];

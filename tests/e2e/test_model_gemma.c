@@ -212,6 +212,77 @@ static void gguf_matches_pytorch_peft(void **state) {
     check_against_oracle("gemma3", "model.gguf");
 }
 
+/* The gemma3 fixture as a Gemma3ForConditionalGeneration checkpoint: config.json with the text
+ * model's keys in text_config, the tensors renamed under `prefix` (and a vision tensor beside them,
+ * which is not read); written to a scratch folder, `dir` receives its path. */
+static void write_multimodal(const char *prefix, char *dir) {
+    lt_ctx *ctx = lt_ctx_new();
+    char src[1024], p[1300];
+    case_dir("gemma3", src, sizeof src);
+    snprintf(p, sizeof p, "%s/config.json", src);
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    strcpy(dir, "/tmp/lt_gemma_mm_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    f = fopen(p, "wb");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"model_type\": \"gemma3\", \"architectures\": [\"Gemma3ForConditionalGeneration\"], "
+            "\"text_config\": %s}",
+            text);
+    fclose(f);
+    lt_safetensors *st;
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    assert_int_equal(lt_safetensors_open(ctx, p, &st), LT_OK);
+    int64_t k = lt_safetensors_count(st);
+    lt_safetensors_entry *e = calloc((size_t)k + 1, sizeof *e);
+    char(*names)[160] = calloc((size_t)k + 1, sizeof *names);
+    for (int64_t i = 0; i < k; i++) {
+        const char *nm = lt_safetensors_name(st, i);
+        assert_int_equal(strncmp(nm, "model.", 6), 0);
+        snprintf(names[i], sizeof names[i], "%s%s", prefix, nm + 6);
+        e[i].name = names[i];
+        assert_int_equal(lt_safetensors_find(ctx, st, nm, &e[i].tensor), LT_OK);
+    }
+    static float patch[4];
+    int64_t ps[1] = {4};
+    e[k].name = "vision_tower.vision_model.embeddings.patch_embedding.weight";
+    e[k].tensor = lt_tensor_view(patch, LT_DTYPE_F32, LT_DEVICE_CPU, 1, ps);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    assert_int_equal(lt_safetensors_write(ctx, p, e, k + 1, NULL, 0), LT_OK);
+    free(e);
+    free(names);
+    lt_safetensors_close(ctx, st);
+    lt_ctx_free(ctx);
+}
+
+static void remove_dir(const char *dir) {
+    char p[300];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+/* Gemma3ForConditionalGeneration checkpoints as transformers 4 ("language_model.model.") and 5
+ * ("model.language_model.") name them train the text model to the same numbers. */
+static void multimodal_checkpoint_matches(void **state) {
+    (void)state;
+    static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
+    for (int i = 0; i < 2; i++) {
+        char dir[64];
+        write_multimodal(prefixes[i], dir);
+        check_against_oracle("gemma3", dir);
+        remove_dir(dir);
+    }
+}
+
 /* Kept attention equals rerunning it in the recompute bit for bit, over 5-row chunks (the chunked
  * sandwich norms), with bf16 checkpoints (every layer recomputed, so forward and recompute both
  * start from the rounded inputs; the bf16 attention tensors) and f32 ones over segments of two
@@ -437,9 +508,10 @@ int main(int argc, char **argv) {
     (void)argc;
     lt_test_omp_passive(argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(matches_pytorch_peft),           cmocka_unit_test(gguf_matches_pytorch_peft),
-        cmocka_unit_test(chunks_bf16_and_kept_attention), cmocka_unit_test(size_table_equals_allocations),
-        cmocka_unit_test(configs_and_layer_descriptions), cmocka_unit_test(config_variants_and_refusals),
+        cmocka_unit_test(matches_pytorch_peft),          cmocka_unit_test(gguf_matches_pytorch_peft),
+        cmocka_unit_test(multimodal_checkpoint_matches), cmocka_unit_test(chunks_bf16_and_kept_attention),
+        cmocka_unit_test(size_table_equals_allocations), cmocka_unit_test(configs_and_layer_descriptions),
+        cmocka_unit_test(config_variants_and_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
