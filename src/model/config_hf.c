@@ -150,6 +150,8 @@ static lt_status gemma_common(lt_ctx *ctx, const char *path, const cJSON *root, 
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Gemma hidden_activation must be \"gelu_pytorch_tanh\"", path);
     LT_TRY(refuse_true(ctx, path, root, "attention_bias", "gemma with attention_bias"));
     LT_TRY(refuse_true(ctx, path, root, "use_bidirectional_attention", "use_bidirectional_attention=true"));
+    cfg->tie_embeddings = 1; /* Gemma's default: a config.json may leave it out */
+    LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
     cfg->mlp = LT_MLP_KIND_GEGLU;
     cfg->norm_place = LT_NORM_PLACE_SANDWICH;
     cfg->norm_plus_one = 1;
@@ -201,24 +203,56 @@ static lt_status family_gemma3(lt_ctx *ctx, const char *path, const cJSON *root,
 }
 
 /* Gemma3ForConditionalGeneration's config.json: the text model's keys live in "text_config" (its
- * model_type gemma3_text); the vision tower is not read. */
-static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON *root, lt_status *st) {
+ * model_type gemma3_text), which lists only what differs from Gemma3TextConfig's defaults, so
+ * those are filled in first; the vision tower is not read. Returns root itself for any other
+ * config, else a copy the caller deletes (*owned), or NULL with *st set. */
+static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON *root, cJSON **owned, lt_status *st) {
+    static const struct {
+        const char *key;
+        double value;
+    } defaults[] = {{"vocab_size", 262208},      {"hidden_size", 2304},
+                    {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+                    {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+                    {"head_dim", 256},           {"max_position_embeddings", 131072},
+                    {"rms_norm_eps", 1e-6},      {"query_pre_attn_scalar", 256},
+                    {"sliding_window", 4096},    {"rope_local_base_freq", 10000},
+                    {"bos_token_id", 2},         {"eos_token_id", 1}};
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     *st = LT_OK;
+    *owned = NULL;
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3")) return root;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     if (!cJSON_IsObject(tc)) {
         *st = lt_error(ctx, LT_ERR_FORMAT, "%s: model_type \"gemma3\" needs a \"text_config\" object", path);
         return NULL;
     }
-    return tc;
+    cJSON *t = cJSON_Duplicate(tc, 1);
+    int ok = t != NULL;
+    for (size_t i = 0; ok && i < sizeof defaults / sizeof defaults[0]; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(t, defaults[i].key))
+            ok = cJSON_AddNumberToObject(t, defaults[i].key, defaults[i].value) != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(t, "rope_theta") &&
+        !cJSON_GetObjectItemCaseSensitive(t, "rope_parameters"))
+        ok = cJSON_AddNumberToObject(t, "rope_theta", 1e6) != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings"))
+        ok = cJSON_AddBoolToObject(t, "tie_word_embeddings", 1) != NULL;
+    if (!ok) {
+        cJSON_Delete(t);
+        *st = lt_error(ctx, LT_ERR_OOM, "%s: text_config copy", path);
+        return NULL;
+    }
+    *owned = t;
+    return t;
 }
 
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
-} families[] = {{"llama", family_llama},   {"qwen2", family_qwen2},        {"qwen3", family_qwen3},
-                {"gemma2", family_gemma2}, {"gemma3_text", family_gemma3}, {"gemma3", family_gemma3}};
+} families[] = {{"llama", family_llama},
+                {"qwen2", family_qwen2},
+                {"qwen3", family_qwen3},
+                {"gemma2", family_gemma2},
+                {"gemma3_text", family_gemma3}};
 
 /* ---- keys every family shares ---- */
 
@@ -316,9 +350,6 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *root, lt_mode
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3, gemma2, gemma3_text, gemma3)",
                         path, mt->valuestring);
-    lt_status gs;
-    root = gemma3_text_root(ctx, path, root, &gs);
-    LT_TRY(gs);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));
     LT_TRY(read_rope_scaling(ctx, path, root, cfg));
@@ -327,6 +358,23 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *root, lt_mode
     for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg->proj_dtype[p] = LT_DTYPE_F32;
     cfg->embed_dtype = cfg->head_dtype = LT_DTYPE_F32;
     return LT_OK;
+}
+
+/* parse, on the text model's keys (gemma3: text_config with its defaults). */
+static lt_status parse_text(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cJSON *owned;
+    lt_status st;
+    const cJSON *text = gemma3_text_root(ctx, path, root, &owned, &st);
+    if (!text) return st;
+    if (text != root) { /* the text model's type picks the family; "gemma3" names the wrapper */
+        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(text, "model_type");
+        if (!tmt) cJSON_AddStringToObject(owned, "model_type", "gemma3_text");
+        else if (!cJSON_IsString(tmt) || strcmp(tmt->valuestring, "gemma3_text"))
+            st = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: text_config.model_type must be \"gemma3_text\"", path);
+    }
+    if (st == LT_OK) st = parse(ctx, path, text, cfg);
+    cJSON_Delete(owned);
+    return st;
 }
 
 lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config *cfg) {
@@ -352,7 +400,7 @@ lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config
         cJSON_Delete(root);
         return lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
     }
-    lt_status s = parse(ctx, path, root, cfg);
+    lt_status s = parse_text(ctx, path, root, cfg);
     cJSON_Delete(root);
     return s;
 }

@@ -467,6 +467,20 @@ static void config_variants_and_refusals(void **state) {
     assert_int_equal(d.attn, LT_ATTN_KIND_FULL);
     lt_model_describe_layer(&c, 6, &d);
     assert_true(d.attn == LT_ATTN_KIND_SLIDING && d.rope == 1);
+    /* A Hub-style sparse text_config (Gemma 3 4B's keys): the rest are Gemma3TextConfig's defaults;
+     * its linear RoPE scaling is refused by name. */
+    static const char sparse[] = "{\"model_type\": \"gemma3\", \"text_config\": {\"hidden_size\": 2560, "
+                                 "\"intermediate_size\": 10240, \"model_type\": \"gemma3_text\", "
+                                 "\"num_hidden_layers\": 34, \"sliding_window\": 1024%s}}";
+    char sp[600];
+    snprintf(sp, sizeof sp, sparse, "");
+    assert_int_equal(read_json(ctx, sp, &c), LT_OK);
+    assert_true(c.V == 262208 && c.C == 2560 && c.F == 10240 && c.L == 34 && c.H == 8 && c.Hkv == 4 && c.D == 256);
+    assert_true(c.tie_embeddings && c.sliding_window == 1024 && c.sliding_period == 6 && c.rope_theta == 1e6 &&
+                c.rope_local_theta == 1e4 && fabs(c.query_scale - 1.0 / 16) < 1e-12 && c.bos_id == 2 && c.eos_id == 1);
+    snprintf(sp, sizeof sp, sparse, ", \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}");
+    assert_int_equal(read_json(ctx, sp, &c), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "linear"));
     /* layer_types with no period */
     char buf[2048];
     snprintf(buf, sizeof buf,
