@@ -36,7 +36,7 @@ typedef enum lt_rope_scaling {
     LT_ROPE_SCALING_LONGROPE,
 } lt_rope_scaling;
 
-#define LT_MAX_EOS 8          /* end-of-sequence ids a model may list */
+#define LT_MAX_EOS 8            /* end-of-sequence ids a model may list */
 #define LT_ROPE_MAX_FACTORS 256 /* longrope short/long factors: one per frequency (D/2) */
 
 /* Projections that can carry LoRA; bit masks for lt_lora_options.targets. */
@@ -131,12 +131,12 @@ typedef struct lt_model_config {
     lt_norm_place norm_place;
     lt_mlp_kind mlp;
     /* Gemma: */
-    float final_softcap;  /* final logits -> cap * tanh(z / cap); 0 = off */
-    float embed_scale;    /* embedding rows multiplied by this (sqrt(C) rounded to the
+    float final_softcap;         /* final logits -> cap * tanh(z / cap); 0 = off */
+    float embed_scale;           /* embedding rows multiplied by this (sqrt(C) rounded to the
                              activations' dtype as transformers does); 0 = 1 */
-    double query_scale;   /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
-    int norm_plus_one;    /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
-    int32_t bos_id, eos_id; /* -1 when unknown */
+    double query_scale;          /* attention score scale; 0 = 1/sqrt(D) (query_pre_attn_scalar^-0.5) */
+    int norm_plus_one;           /* RMSNorm weights stored as w - 1 (the loader adds 1 once) */
+    int32_t bos_id, eos_id;      /* -1 when unknown */
     int32_t eos_ids[LT_MAX_EOS]; /* every end-of-sequence id (eos_id first; generation_config.json
                                     lists), n_eos of them */
     int n_eos;
