@@ -70,12 +70,12 @@ typedef enum lt_attn_kind {
 typedef enum lt_norm_place {
     LT_NORM_PLACE_PRE = 0,  /* x + f(norm(x)) */
     LT_NORM_PLACE_POST,     /* norm(x + f(x)) (refused: nothing runs it yet) */
-    LT_NORM_PLACE_SANDWICH, /* x + norm(f(norm(x))) (refused: nothing runs it yet) */
+    LT_NORM_PLACE_SANDWICH, /* x + norm(f(norm(x))) (Gemma 2 / 3) */
 } lt_norm_place;
 
 typedef enum lt_mlp_kind {
     LT_MLP_KIND_SWIGLU = 0, /* down(silu(gate(h)) * up(h)) */
-    LT_MLP_KIND_GEGLU,      /* down(gelu_tanh(gate(h)) * up(h)) (refused: nothing runs it yet) */
+    LT_MLP_KIND_GEGLU,      /* down(gelu_tanh(gate(h)) * up(h)) (Gemma 2 / 3) */
     LT_MLP_KIND_MOE,        /* routed experts (refused: nothing runs it yet) */
 } lt_mlp_kind;
 
@@ -88,7 +88,8 @@ typedef struct lt_layer_desc {
     int qkv_bias;   /* q, k, v projections carry biases (Qwen2) */
     lt_norm_place norm;
     lt_mlp_kind mlp;
-    int rope; /* which RoPE table the layer rotates by (one table today: 0) */
+    int rope; /* which RoPE table the layer rotates by: 0 (rope_theta and its scaling) or, with
+                 rope_local_theta, 1 for sliding layers (Gemma 3) */
 } lt_layer_desc;
 
 LT_API const char *lt_attn_kind_name(lt_attn_kind k);
@@ -165,17 +166,19 @@ LT_API void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_la
 
 /* The one check of the layer list: LT_OK when the model can run every layer's description,
  * else LT_ERR_UNSUPPORTED naming the first layer and the kind it cannot run (no attention, post
- * or sandwich norms, GeGLU or MoE blocks, a head dim or RoPE table other than the model's one)
- * or LT_ERR_INVALID_ARG (a negative window or softcap). lt_model_load and the size table (so the
+ * norms, MoE blocks, a head dim other than the model's one, a RoPE table it does not have) or
+ * LT_ERR_INVALID_ARG (a negative window or softcap; a negative or non-finite final softcap,
+ * embedding scale, query scale or local RoPE base). lt_model_load and the size table (so the
  * planner) call it. */
 LT_API lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
 
 /* Reads a Hugging Face config.json as transformers 4.x or 5.x writes it (model_type llama, qwen2,
- * qwen3, mistral, phi3; or a multimodal wrapper's text_config of one), RoPE from rope_parameters
- * or rope_scaling, and the EOS ids of generation_config.json beside it. Dtypes are set to f32;
- * the loaders overwrite them from the tensors. Errors: LT_ERR_IO, LT_ERR_FORMAT (bad JSON or a
- * key of the wrong type, named), LT_ERR_UNSUPPORTED (another architecture, a rope type, dtype,
- * activation or quantization_config longtune does not run, naming key and value). */
+ * qwen3, mistral, phi3, gemma2, gemma3_text; or a multimodal wrapper's text_config of one, such as
+ * gemma3's), RoPE from rope_parameters or rope_scaling, and the EOS ids of generation_config.json
+ * beside it. Dtypes are set to f32; the loaders overwrite them from the tensors. Errors: LT_ERR_IO,
+ * LT_ERR_FORMAT (bad JSON or a key of the wrong type, named), LT_ERR_UNSUPPORTED (another
+ * architecture, a rope type, dtype, activation or quantization_config longtune does not run,
+ * naming key and value). */
 LT_API lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *config_json_path, lt_model_config *cfg);
 
 /* The lt_rope_scaling of a transformers rope_type name ("default", "linear", "dynamic", "yarn",

@@ -144,6 +144,10 @@ typedef struct lt_backend {
     /* a = silu(g)·u elementwise; backward gives dg, du from da. */
     void (*swiglu_fwd)(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
     void (*swiglu_bwd)(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
+    /* a = gelu_tanh(g)·u elementwise (GELU's tanh approximation, PyTorch's approximate="tanh");
+     * backward gives dg, du from da. */
+    void (*geglu_fwd)(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
+    void (*geglu_bwd)(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
     /* out (N, C) = rows ids[n] of table (V, C), any dtype, as f32. */
     void (*embedding)(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
     /* y += alpha·x over n elements. */

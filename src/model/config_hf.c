@@ -96,6 +96,179 @@ static lt_status family_phi3(lt_ctx *ctx, const char *path, const cJSON *root, l
     return read_window(ctx, path, root, cfg);
 }
 
+/* ---- Gemma 2 and Gemma 3 (text): GeGLU, sandwich norms with (1 + w) weights, sqrt(C) embedding
+ * scale, query_pre_attn_scalar, softcaps, alternating sliding and global layers; Gemma 3 adds
+ * q/k norms and a second RoPE base for its sliding layers. ---- */
+
+static lt_status gemma_num(lt_ctx *ctx, const char *path, const cJSON *root, const char *key, double lo, double *out) {
+    LT_TRY(get_num(ctx, path, root, key, out));
+    if (!(*out >= lo)) return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" = %g must be >= %g", path, key, *out, lo);
+    return LT_OK;
+}
+
+/* One entry of transformers 5's rope_parameters (the object itself for Gemma 2, per layer type for
+ * Gemma 3): its base into *theta; any rope_type but "default" is refused. */
+static lt_status gemma_rope_entry(lt_ctx *ctx, const char *path, const cJSON *rp, const char *what, double *theta) {
+    if (!cJSON_IsObject(rp)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s must be an object", path, what);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+    if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: %s.rope_type \"%s\" is not supported for Gemma (default)", path,
+                        what, cJSON_IsString(t) ? t->valuestring : "?");
+    LT_TRY(get_num(ctx, path, rp, "rope_theta", theta));
+    if (!(*theta > 0)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope_theta must be positive", path, what);
+    return LT_OK;
+}
+
+/* The layer kinds: `layer_types` when present (every entry "sliding_attention" or "full_attention",
+ * which must follow one period: layer l global exactly when l % p == p - 1), else every
+ * `default_period`-th layer global. Without a sliding window every layer is global. */
+static lt_status gemma_layers(lt_ctx *ctx, const char *path, const cJSON *root, int64_t default_period,
+                              lt_model_config *cfg) {
+    LT_TRY(get_int(ctx, path, root, "sliding_window", 0, &cfg->sliding_window));
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (!lt || cJSON_IsNull(lt)) {
+        cfg->sliding_period = default_period;
+        return LT_OK;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != (int)cfg->L)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"layer_types\" must list one type per layer (%lld)", path,
+                        (long long)cfg->L);
+    int64_t first_full = -1, n_full = 0;
+    for (int64_t l = 0; l < cfg->L; l++) {
+        const cJSON *e = cJSON_GetArrayItem(lt, (int)l);
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        if (!full && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention")))
+            return lt_error(ctx, LT_ERR_FORMAT,
+                            "%s: layer_types[%lld] must be \"sliding_attention\" or \"full_attention\"", path,
+                            (long long)l);
+        if (full && first_full < 0) first_full = l;
+        n_full += full;
+    }
+    if (n_full == cfg->L) { /* every layer global */
+        cfg->sliding_window = cfg->sliding_period = 0;
+        return LT_OK;
+    }
+    if (cfg->sliding_window == 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: layer_types has sliding layers but no sliding_window", path);
+    /* every layer sliding: period 0; else the period the first global layer gives */
+    int64_t p = first_full < 0 ? 0 : first_full + 1;
+    for (int64_t l = 0; l < cfg->L; l++) {
+        int full = !strcmp(cJSON_GetArrayItem(lt, (int)l)->valuestring, "full_attention");
+        if (full != (p > 0 && l % p == p - 1))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: layer_types[%lld] is %s, which no period of global layers gives (period %lld from "
+                            "the first global layer)",
+                            path, (long long)l, full ? "full_attention" : "sliding_attention", (long long)p);
+    }
+    cfg->sliding_period = p;
+    return LT_OK;
+}
+
+/* The keys Gemma 2 and Gemma 3 share. */
+static lt_status gemma_common(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_activation");
+    if (!act || cJSON_IsNull(act)) act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !cJSON_IsNull(act) &&
+        !(cJSON_IsString(act) &&
+          (!strcmp(act->valuestring, "gelu_pytorch_tanh") || !strcmp(act->valuestring, "gelu_new"))))
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: Gemma hidden_activation must be \"gelu_pytorch_tanh\"", path);
+    LT_TRY(refuse_true(ctx, path, root, "attention_bias", "gemma with attention_bias"));
+    LT_TRY(refuse_true(ctx, path, root, "use_bidirectional_attention", "use_bidirectional_attention=true"));
+    cfg->tie_embeddings = 1; /* Gemma's default: a config.json may leave it out */
+    LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
+    cfg->mlp = LT_MLP_KIND_GEGLU;
+    cfg->norm_place = LT_NORM_PLACE_SANDWICH;
+    cfg->norm_plus_one = 1;
+    cfg->embed_scale = (float)sqrt((double)cfg->C);
+    double qs = (double)cfg->D;
+    LT_TRY(gemma_num(ctx, path, root, "query_pre_attn_scalar", 1e-30, &qs));
+    cfg->query_scale = 1.0 / sqrt(qs);
+    double cap = 0;
+    LT_TRY(gemma_num(ctx, path, root, "attn_logit_softcapping", 0, &cap));
+    cfg->attn_softcap = (float)cap;
+    cap = 0;
+    LT_TRY(gemma_num(ctx, path, root, "final_logit_softcapping", 0, &cap));
+    cfg->final_softcap = (float)cap;
+    return LT_OK;
+}
+
+static lt_status family_gemma2(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_GEMMA2;
+    LT_TRY(gemma_common(ctx, path, root, cfg));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+    return gemma_layers(ctx, path, root, 2, cfg);
+}
+
+static lt_status family_gemma3(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cfg->arch = LT_ARCH_GEMMA3;
+    cfg->qk_norm = 1;
+    LT_TRY(gemma_common(ctx, path, root, cfg));
+    cfg->rope_local_theta = 10000.0;
+    LT_TRY(get_num(ctx, path, root, "rope_local_base_freq", &cfg->rope_local_theta));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+        if (full || slide) {
+            if (full) LT_TRY(gemma_rope_entry(ctx, path, full, "rope_parameters.full_attention", &cfg->rope_theta));
+            if (slide)
+                LT_TRY(gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", &cfg->rope_local_theta));
+        } else {
+            LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+        }
+    }
+    if (!(cfg->rope_local_theta > 0))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: rope_local_base_freq must be positive", path);
+    int64_t period = 6;
+    LT_TRY(get_int(ctx, path, root, "sliding_window_pattern", 0, &period));
+    LT_TRY(get_int(ctx, path, root, "_sliding_window_pattern", 0, &period));
+    return gemma_layers(ctx, path, root, period, cfg);
+}
+
+/* Gemma3ForConditionalGeneration's config.json: the text model's keys live in "text_config" (its
+ * model_type gemma3_text), which lists only what differs from Gemma3TextConfig's defaults, so
+ * those are filled in first; the vision tower is not read. Returns root itself for any other
+ * config, else a copy the caller deletes (*owned), or NULL with *st set. */
+static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON *root, cJSON **owned, lt_status *st) {
+    static const struct {
+        const char *key;
+        double value;
+    } defaults[] = {{"vocab_size", 262208},      {"hidden_size", 2304},
+                    {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+                    {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+                    {"head_dim", 256},           {"max_position_embeddings", 131072},
+                    {"rms_norm_eps", 1e-6},      {"query_pre_attn_scalar", 256},
+                    {"sliding_window", 4096},    {"rope_local_base_freq", 10000},
+                    {"bos_token_id", 2},         {"eos_token_id", 1}};
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    *st = LT_OK;
+    *owned = NULL;
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3")) return root;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!cJSON_IsObject(tc)) {
+        *st = lt_error(ctx, LT_ERR_FORMAT, "%s: model_type \"gemma3\" needs a \"text_config\" object", path);
+        return NULL;
+    }
+    cJSON *t = cJSON_Duplicate(tc, 1);
+    int ok = t != NULL;
+    for (size_t i = 0; ok && i < sizeof defaults / sizeof defaults[0]; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(t, defaults[i].key))
+            ok = cJSON_AddNumberToObject(t, defaults[i].key, defaults[i].value) != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(t, "rope_theta") &&
+        !cJSON_GetObjectItemCaseSensitive(t, "rope_parameters"))
+        ok = cJSON_AddNumberToObject(t, "rope_theta", 1e6) != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings"))
+        ok = cJSON_AddBoolToObject(t, "tie_word_embeddings", 1) != NULL;
+    if (!ok) {
+        cJSON_Delete(t);
+        *st = lt_error(ctx, LT_ERR_OOM, "%s: text_config copy", path);
+        return NULL;
+    }
+    *owned = t;
+    return t;
+}
+
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
@@ -103,7 +276,9 @@ static const struct {
                 {"qwen2", family_qwen2},
                 {"qwen3", family_qwen3},
                 {"mistral", family_mistral},
-                {"phi3", family_phi3}};
+                {"phi3", family_phi3},
+                {"gemma2", family_gemma2},
+                {"gemma3_text", family_gemma3}};
 
 /* ---- keys every family shares ---- */
 
@@ -126,7 +301,10 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     cfg->tie_embeddings = 0;
     LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    int gemma = cJSON_IsString(mt) && !strncmp(mt->valuestring, "gemma", 5); /* gemma_common reads it */
+    if (act && !gemma &&
+        !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (\"silu\")", path,
                         cJSON_IsString(act) ? act->valuestring : "(not a string)");
     /* torch_dtype (transformers 4) / dtype (5): only informational (the tensors carry theirs),
@@ -203,6 +381,12 @@ static lt_status read_rope(lt_ctx *ctx, const char *path, const cJSON *root, lt_
         rs = cJSON_GetObjectItemCaseSensitive(root, rkey);
     }
     cfg->rope_scaling = LT_ROPE_SCALING_NONE;
+    if (cJSON_IsObject(rs) && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rs, "full_attention"))) {
+        /* transformers 5 per layer type (Gemma 3): the global layers' entry is the model's RoPE;
+         * the sliding layers' base is the family reader's (rope_local_theta) */
+        rkey = "rope_parameters.full_attention";
+        rs = cJSON_GetObjectItemCaseSensitive(rs, "full_attention");
+    }
     if (rs && !cJSON_IsNull(rs)) {
         if (!cJSON_IsObject(rs)) return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" must be an object", path, rkey);
         LT_TRY(get_num(ctx, path, rs, "rope_theta", &cfg->rope_theta));
@@ -355,8 +539,9 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model
     while (f < nf && strcmp(mt->valuestring, families[f].model_type)) f++;
     if (f == nf)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3)", path, where,
-                        mt->valuestring);
+                        "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, "
+                        "gemma3_text, gemma3)",
+                        path, where, mt->valuestring);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));
     LT_TRY(read_rope(ctx, path, root, cfg));
@@ -366,6 +551,23 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model
     for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg->proj_dtype[p] = LT_DTYPE_F32;
     cfg->embed_dtype = cfg->head_dtype = LT_DTYPE_F32;
     return LT_OK;
+}
+
+/* parse, on the text model's keys (gemma3: text_config with its defaults). */
+static lt_status parse_text(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    cJSON *owned;
+    lt_status st;
+    const cJSON *text = gemma3_text_root(ctx, path, root, &owned, &st);
+    if (!text) return st;
+    if (text != root) { /* the text model's type picks the family; "gemma3" names the wrapper */
+        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(text, "model_type");
+        if (!tmt) cJSON_AddStringToObject(owned, "model_type", "gemma3_text");
+        else if (!cJSON_IsString(tmt) || strcmp(tmt->valuestring, "gemma3_text"))
+            st = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: text_config.model_type must be \"gemma3_text\"", path);
+    }
+    if (st == LT_OK) st = parse(ctx, path, text, cfg);
+    cJSON_Delete(owned);
+    return st;
 }
 
 /* The parsed object of a JSON file of at most 1 MiB, or NULL with the error set. */
@@ -421,7 +623,7 @@ lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config
     memset(cfg, 0, sizeof *cfg);
     cJSON *root = read_json(ctx, path);
     if (!root) return lt_ctx_status(ctx);
-    lt_status s = parse(ctx, path, root, cfg);
+    lt_status s = parse_text(ctx, path, root, cfg);
     cJSON_Delete(root);
     if (s == LT_OK) s = read_generation_config(ctx, path, cfg);
     return s;

@@ -20,7 +20,7 @@ static void qk_finish(const lt_step *s, const lt_layer *L, const lt_store *st, i
                       float *k, float *qo, float *ko) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
-    const float *inv_freq = s->m->inv_freq; /* the RoPE table of L->desc.rope (one today) */
+    const float *inv_freq = L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
     if (L->desc.qk_norm) {
         be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
         be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
@@ -36,8 +36,9 @@ static void qk_finish_bwd(const lt_step *s, const lt_layer *L, const lt_store *s
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
-    be->rope(s->ctx, dq, s->pos + r0, s->m->inv_freq, n, c->H, c->D, 1);
-    be->rope(s->ctx, dk, s->pos + r0, s->m->inv_freq, n, c->Hkv, c->D, 1);
+    const float *inv_freq = L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
+    be->rope(s->ctx, dq, s->pos + r0, inv_freq, n, c->H, c->D, 1);
+    be->rope(s->ctx, dk, s->pos + r0, inv_freq, n, c->Hkv, c->D, 1);
     if (!L->desc.qk_norm) return;
     const float *qr = lt_step_att_rows(s, st->q_raw, r0, n, qd, buf);
     const float *kr = lt_step_att_rows(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
@@ -61,6 +62,7 @@ lt_attention_params lt_step_attn_params(const lt_step *s, const lt_layer_desc *d
     ap.impl = s->m->run.attention;
     ap.window = d->window;
     ap.softcap = d->softcap;
+    ap.scale = (float)c->query_scale; /* 0: the boundary's 1/sqrt(D) */
     ap.seq_offsets = s->seq_offsets;
     ap.seq_offsets_device = s->seq_offsets_dev;
     ap.S = s->S;
@@ -172,6 +174,41 @@ static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
     if (!ab) qk_finish(s, L, st, 0, s->N, qn ? st->q_raw : st->q, qn ? st->k_raw : st->k, st->q, st->k);
 }
 
+/* ---- the blocks' outputs onto the residual: y += proj(x), or with sandwich norms
+ * y += norm(proj(x)) (the post-norm's input rebuilt in the backward, not kept) ---- */
+
+static int sandwich(const lt_layer *L) { return L->desc.norm == LT_NORM_PLACE_SANDWICH; }
+
+/* y (n, C) += the block output proj(x) of rows [r0, r0 + n), through post_norm when sandwiched. */
+static void block_out_fwd(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj, const float *post_norm,
+                          int64_t r0, int64_t n, const float *x, float *y) {
+    const lt_layout *lay = &s->m->lay;
+    if (!sandwich(&s->m->layers[l])) {
+        lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &y, 1.0f);
+        return;
+    }
+    const lt_model_config *c = &s->m->cfg;
+    float *pn = lt_step_ws(s, lay->pn);
+    lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &pn, 0.0f);
+    s->be->rmsnorm_fwd(s->ctx, pn, post_norm, c->rms_eps, n, c->C, pn, lt_step_ws(s, lay->prs));
+    s->be->add(s->ctx, y, pn, 1.0f, n * c->C);
+}
+
+/* The gradient at the projection's output for rows [r0, r0 + n) given dy (n, C), the residual's:
+ * dy itself, or through the post-norm (its input proj(x) rerun into pn, the result in the
+ * workspace's dh). */
+static const float *block_out_grad(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj,
+                                   const float *post_norm, int64_t r0, int64_t n, const float *x, const float *dy) {
+    if (!sandwich(&s->m->layers[l])) return dy;
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layout *lay = &s->m->lay;
+    float *pn = lt_step_ws(s, lay->pn), *dh = lt_step_ws(s, lay->dh), *rs = lt_step_ws(s, lay->prs);
+    lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &pn, 0.0f);
+    s->be->rmsnorm_fwd(s->ctx, pn, post_norm, c->rms_eps, n, c->C, dh, rs);
+    s->be->rmsnorm_bwd(s->ctx, dy, pn, post_norm, rs, n, c->C, dh, NULL);
+    return dh;
+}
+
 /* x_mid = x_in + o_proj(att) over rows [r0, r0 + n), in the store's x_mid (f32) or, under
  * attn_bf16, in the chunk buffer mc, with the store keeping it rounded and the rows going on with
  * the rounded values the backward will read. Returns the f32 rows. */
@@ -186,7 +223,7 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
     if (x_in.f) LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
     else be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
-    lt_step_group_fwd(s, l, st, 1, &O_PROJ, r0, n, att, &xm, 1.0f);
+    block_out_fwd(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, xm);
     if (ab) {
         uint16_t *xm16 = (uint16_t *)lt_step_at_row(s, st->x_mid, r0, C);
         be->to_bf16(s->ctx, xm, xm16, n * C);
@@ -196,7 +233,20 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     return LT_OK;
 }
 
-/* x_out = x_mid + down(swiglu(gate(h2), up(h2))), h2 = norm(x_mid), over rows [r0, r0 + n). */
+/* The gated activation of the layer's MLP kind: a = act(g)·u (SiLU or GELU's tanh form). */
+static void glu_fwd(const lt_step *s, const lt_layer *L, const float *g, const float *u, int64_t n, float *a) {
+    if (L->desc.mlp == LT_MLP_KIND_GEGLU) s->be->geglu_fwd(s->ctx, g, u, n, a);
+    else s->be->swiglu_fwd(s->ctx, g, u, n, a);
+}
+
+static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const float *g, const float *u, int64_t n,
+                    float *dg, float *du) {
+    if (L->desc.mlp == LT_MLP_KIND_GEGLU) s->be->geglu_bwd(s->ctx, da, g, u, n, dg, du);
+    else s->be->swiglu_bwd(s->ctx, da, g, u, n, dg, du);
+}
+
+/* x_out = x_mid + down(glu(gate(h2), up(h2))), h2 = norm(x_mid), over rows [r0, r0 + n); with
+ * sandwich norms the down projection's output goes through the post-MLP norm first. */
 static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const float *xm, lt_resid x_out, int64_t r0,
                          int64_t n) {
     const lt_model_config *c = &s->m->cfg;
@@ -210,10 +260,10 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     float *a = lt_step_ws(s, y->dg);
     float *gu[2] = {g, u};
     lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
-    be->swiglu_fwd(s->ctx, g, u, n * F, a);
+    glu_fwd(s, L, g, u, n * F, a);
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
     LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
-    lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &xo, 1.0f);
+    block_out_fwd(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, xo);
     if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
     return LT_OK;
 }
@@ -246,7 +296,7 @@ lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_
 /* ---- backward ---- */
 
 /* The MLP over rows [r0, r0 + n): its norm, gate and up projections (unless the store kept them)
- * and SwiGLU are rerun from x_mid, then differentiated; dx += ∂/∂x_mid through the MLP, so
+ * and the gated activation are rerun from x_mid, then differentiated; dx += ∂/∂x_mid through the MLP, so
  * nothing F-wide spans the batch. */
 static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, int64_t r0, int64_t n) {
     const lt_model_config *c = &s->m->cfg;
@@ -265,12 +315,13 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
         float *gu[2] = {g, u};
         lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
     }
-    be->swiglu_fwd(s->ctx, g, u, n * F, a);
+    glu_fwd(s, L, g, u, n * F, a);
     float *no_y = NULL;
-    if (!st->g) lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f); /* its LoRA product */
-    const float *dyc = dxc;
+    /* its LoRA product (the sandwich's post-norm gradient reruns the whole projection instead) */
+    if (!st->g && !sandwich(L)) lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f);
+    const float *dyc = block_out_grad(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, dxc);
     lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
-    be->swiglu_bwd(s->ctx, da, g, u, n * F, dg, du);
+    glu_bwd(s, L, da, g, u, n * F, dg, du);
     const float *dgu[2] = {dg, du};
     lt_step_group_bwd(s, l, st, 2, GATE_UP, r0, n, h, dgu, dh, 0.0f);
     be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
@@ -285,7 +336,8 @@ static void o_bwd(const lt_step *s, int64_t l, const lt_store *st, const float *
     int ab = y->attn_bf16;
     float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
     float *dattc = ab ? lt_step_ws(s, y->qc) : (float *)lt_step_at_row(s, datt, r0, qd);
-    const float *dyo = dx + r0 * s->m->cfg.C;
+    const float *dyo =
+        block_out_grad(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, dx + r0 * s->m->cfg.C);
     lt_step_group_bwd(s, l, st, 1, &O_PROJ, r0, n, att, &dyo, dattc, 0.0f);
     if (ab) s->be->to_bf16(s->ctx, dattc, (uint16_t *)lt_step_at_row(s, datt, r0, qd), n * qd);
 }

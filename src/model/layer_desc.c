@@ -1,6 +1,7 @@
 /* The per-layer description: how a config expands into one lt_layer_desc per layer, and the one
  * check that refuses a kind the model cannot run yet. The families' config readers (config_hf.c,
  * the GGUF reader in load.c) fill the config fields this reads; nothing here touches memory. */
+#include <math.h>
 #include <string.h>
 
 #include "model/model_internal.h"
@@ -33,31 +34,34 @@ void lt_model_describe_layer(const lt_model_config *c, int64_t l, lt_layer_desc 
     d->qkv_bias = c->qkv_bias != 0;
     d->norm = c->norm_place;
     d->mlp = c->mlp;
-    d->rope = 0;
+    /* Gemma 3: sliding layers rotate by their own base (table 1), global ones by rope_theta */
+    d->rope = d->attn == LT_ATTN_KIND_SLIDING && c->rope_local_theta > 0 ? 1 : 0;
 }
 
-/* What the step runs: pre-norm blocks, SwiGLU, full or sliding attention over the model's head
- * dim and its one RoPE table. */
+/* What the step runs: pre-norm or sandwich-norm blocks, SwiGLU or GeGLU, full or sliding attention
+ * over the model's head dim and its RoPE table (a second one for sliding layers when the config has
+ * rope_local_theta). */
 static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, const lt_layer_desc *d) {
     const long long ll = (long long)l;
     if (d->attn != LT_ATTN_KIND_FULL && d->attn != LT_ATTN_KIND_SLIDING)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has %s, which the model cannot run", ll,
                         lt_attn_kind_name(d->attn));
-    if (d->norm != LT_NORM_PLACE_PRE)
+    if (d->norm != LT_NORM_PLACE_PRE && d->norm != LT_NORM_PLACE_SANDWICH)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "model: layer %lld has a %s block, which the model cannot run "
-                        "(pre-norm only)",
+                        "(pre-norm or sandwich norm)",
                         ll, lt_norm_place_name(d->norm));
-    if (d->mlp != LT_MLP_KIND_SWIGLU)
+    if (d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_GEGLU)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "model: layer %lld has a %s, which the model cannot run (SwiGLU "
-                        "only)",
+                        "or GeGLU)",
                         ll, lt_mlp_kind_name(d->mlp));
-    if (d->D != c->D || d->rope != 0)
+    int n_tables = c->rope_local_theta > 0 ? 2 : 1;
+    if (d->D != c->D || d->rope < 0 || d->rope >= n_tables)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "model: layer %lld has head dim %lld and RoPE table %d; the model "
-                        "runs one head dim (%lld) and one table",
-                        ll, (long long)d->D, d->rope, (long long)c->D);
+                        "runs one head dim (%lld) and %d table(s)",
+                        ll, (long long)d->D, d->rope, (long long)c->D, n_tables);
     if (d->window < 0 || (d->attn == LT_ATTN_KIND_SLIDING && d->window == 0))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: layer %lld has a sliding window of %lld keys", ll,
                         (long long)d->window);
@@ -74,6 +78,13 @@ lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *c) {
     if (c->sliding_window < 0 || c->sliding_period < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: sliding_window %lld and sliding_period %lld must be >= 0",
                         (long long)c->sliding_window, (long long)c->sliding_period);
+    if (!(c->final_softcap >= 0 && isfinite(c->final_softcap)) || !(c->embed_scale >= 0 && isfinite(c->embed_scale)) ||
+        !(c->query_scale >= 0 && isfinite(c->query_scale)) ||
+        !(c->rope_local_theta >= 0 && isfinite(c->rope_local_theta)))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model: final_softcap %g, embed_scale %g, query_scale %g and rope_local_theta %g must be "
+                        "finite and >= 0",
+                        (double)c->final_softcap, (double)c->embed_scale, c->query_scale, c->rope_local_theta);
     for (int64_t l = 0; l < c->L; l++) {
         lt_layer_desc d;
         lt_model_describe_layer(c, l, &d);
@@ -90,6 +101,7 @@ lt_layer_desc lt_model_widest_layer(const lt_model_config *c) {
         lt_model_describe_layer(c, l, &d);
         w.qk_norm |= d.qk_norm;
         w.qkv_bias |= d.qkv_bias;
+        if (d.norm == LT_NORM_PLACE_SANDWICH) w.norm = d.norm;
     }
     return w;
 }

@@ -99,6 +99,8 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
     if (!c->tie_embeddings) ok &= emit(&cur, fn, arg, LT_W_HEAD, -1, 0, c->head_dtype, 2, c->V, c->C);
     ok &= emit(&cur, fn, arg, LT_W_FINAL_NORM, -1, 0, LT_DTYPE_F32, 1, c->C, 0);
     ok &= emit(&cur, fn, arg, LT_W_INV_FREQ, -1, 0, LT_DTYPE_F32, 1, LT_ROPE_TABLE_LEN(c->D), 0);
+    if (c->rope_local_theta > 0)
+        ok &= emit(&cur, fn, arg, LT_W_INV_FREQ_LOCAL, -1, 0, LT_DTYPE_F32, 1, LT_ROPE_TABLE_LEN(c->D), 0);
     for (int64_t l = 0; ok && l < c->L; l++) {
         lt_layer_desc d;
         lt_model_describe_layer(c, l, &d);
@@ -112,6 +114,10 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
                 ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * d.D, 0);
         ok &= emit(&cur, fn, arg, LT_W_ATTN_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
         ok &= emit(&cur, fn, arg, LT_W_MLP_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
+        if (d.norm == LT_NORM_PLACE_SANDWICH) {
+            ok &= emit(&cur, fn, arg, LT_W_POST_ATTN_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
+            ok &= emit(&cur, fn, arg, LT_W_POST_MLP_NORM, l, 0, LT_DTYPE_F32, 1, c->C, 0);
+        }
         if (d.qk_norm) {
             ok &= emit(&cur, fn, arg, LT_W_Q_NORM, l, 0, LT_DTYPE_F32, 1, d.D, 0);
             ok &= emit(&cur, fn, arg, LT_W_K_NORM, l, 0, LT_DTYPE_F32, 1, d.D, 0);
@@ -433,6 +439,10 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
         o->u = carve_aligned(cur, nb(CH * c->F, 4), al);
     }
     o->dg = carve_aligned(cur, nb(CH * c->F, 4), al);
+    if (r->wd.norm == LT_NORM_PLACE_SANDWICH) { /* a block's output before its post-norm, and its rstd */
+        o->pn = carve_aligned(cur, nb(CH * c->C, 4), al);
+        o->prs = carve_aligned(cur, nb(CH, 4), al);
+    }
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
         o->da = carve_aligned(cur, nb(CH * c->F, 4), al);

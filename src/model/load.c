@@ -25,9 +25,11 @@ typedef struct source {
     const char *path;
     lt_safetensors *st;
     lt_gguf *gg;
-    int permute_qk;       /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
-    int has_rope_factors; /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
-    int fused;            /* Phi-3: q/k/v rows of one qkv tensor, gate/up rows of one gate_up */
+    int permute_qk;        /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
+    int has_rope_factors;  /* GGUF rope_freqs.weight (Llama 3.1 style frequency factors) */
+    int fused;             /* Phi-3: q/k/v rows of one qkv tensor, gate/up rows of one gate_up */
+    int sandwich;          /* the config has sandwich norms (Gemma): HF names its norms differently */
+    const char *hf_prefix; /* HF names' "model." as a multimodal checkpoint spells it, or NULL */
     const lt_model_config *cfg;
 } source;
 
@@ -87,6 +89,8 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         case LT_W_MLP_NORM: snprintf(buf, n, "blk.%lld.ffn_norm.weight", l); break;
         case LT_W_Q_NORM: snprintf(buf, n, "blk.%lld.attn_q_norm.weight", l); break;
         case LT_W_K_NORM: snprintf(buf, n, "blk.%lld.attn_k_norm.weight", l); break;
+        case LT_W_POST_ATTN_NORM: snprintf(buf, n, "blk.%lld.post_attention_norm.weight", l); break;
+        case LT_W_POST_MLP_NORM: snprintf(buf, n, "blk.%lld.post_ffw_norm.weight", l); break;
         default: buf[0] = 0;
         }
         return;
@@ -101,10 +105,20 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         break;
     case LT_W_BIAS: snprintf(buf, n, "model.layers.%lld.self_attn.%c_proj.bias", l, qkv[p->which]); break;
     case LT_W_ATTN_NORM: snprintf(buf, n, "model.layers.%lld.input_layernorm.weight", l); break;
-    case LT_W_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_attention_layernorm.weight", l); break;
+    case LT_W_MLP_NORM: /* sandwich norms (Gemma): the MLP's input norm is pre_feedforward_layernorm */
+        snprintf(buf, n, "model.layers.%lld.%s.weight", l,
+                 s->sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+        break;
+    case LT_W_POST_ATTN_NORM: snprintf(buf, n, "model.layers.%lld.post_attention_layernorm.weight", l); break;
+    case LT_W_POST_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_feedforward_layernorm.weight", l); break;
     case LT_W_Q_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.q_norm.weight", l); break;
     case LT_W_K_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.k_norm.weight", l); break;
     default: buf[0] = 0;
+    }
+    if (s->hf_prefix && !strncmp(buf, "model.", 6)) { /* the text model inside a multimodal checkpoint */
+        char t[256];
+        snprintf(t, sizeof t, "%s%s", s->hf_prefix, buf + 6);
+        snprintf(buf, n, "%s", t);
     }
 }
 
@@ -160,6 +174,47 @@ static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const ch
 
 static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c);
 static lt_status gguf_token_ids(lt_ctx *ctx, const source *s, lt_model_config *c);
+/* Gemma 2 / Gemma 3 metadata as llama.cpp's converter writes it and llama.cpp reads it: softcaps
+ * (Gemma 2 defaults 50 and 30 when absent, Gemma 3 none), the sliding window (Gemma 2 default
+ * 4096; Gemma 3 slides only with one) and its period (attention.sliding_window_pattern, default 2
+ * and 6), the sliding layers' RoPE base (rope.freq_base_swa, default 10000 for Gemma 3). The norm
+ * weights are stored with the 1 already added, so nothing is added at load. The file has no
+ * query_pre_attn_scalar: as llama.cpp, the score scale is 1/sqrt(C/H) for the 27B models (46 and
+ * 62 layers) and 1/sqrt(D) otherwise. */
+static lt_status gemma_from_gguf(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c) {
+    int g2 = c->arch == LT_ARCH_GEMMA2;
+    double cap = g2 ? 50.0 : 0.0, fcap = g2 ? 30.0 : 0.0;
+    LT_TRY(gg_num(ctx, s, arch, "attn_logit_softcapping", &cap));
+    LT_TRY(gg_num(ctx, s, arch, "final_logit_softcapping", &fcap));
+    if (!(cap >= 0) || !(fcap >= 0))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: %s softcaps %g, %g must be >= 0", s->path, arch, cap, fcap);
+    c->attn_softcap = (float)cap;
+    c->final_softcap = (float)fcap;
+    c->sliding_window = g2 ? 4096 : 0;
+    LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
+    char k[160];
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
+    lt_gguf_type ty;
+    if (lt_gguf_get_type(ctx, s->gg, k, &ty) == LT_OK && ty == LT_GGUF_ARRAY)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: '%s' as a per-layer list is not supported (a period)", s->path,
+                        k);
+    lt_ctx_clear_error(ctx);
+    c->sliding_period = g2 ? 2 : 6;
+    LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window_pattern", 0, &c->sliding_period));
+    if (!g2 && c->sliding_window > 0) {
+        c->rope_local_theta = 10000.0;
+        LT_TRY(gg_num(ctx, s, arch, "rope.freq_base_swa", &c->rope_local_theta));
+        if (!(c->rope_local_theta > 0))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope.freq_base_swa must be positive", s->path, arch);
+    }
+    c->mlp = LT_MLP_KIND_GEGLU;
+    c->norm_place = LT_NORM_PLACE_SANDWICH;
+    c->norm_plus_one = 0;
+    c->embed_scale = (float)sqrt((double)c->C);
+    int big = c->L == (g2 ? 46 : 62);
+    c->query_scale = 1.0 / sqrt(big ? (double)(c->C / c->H) : (double)c->D);
+    return LT_OK;
+}
 
 static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     const char *a;
@@ -173,9 +228,12 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     else if (!strcmp(arch, "qwen2")) c->arch = LT_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = LT_ARCH_QWEN3;
     else if (!strcmp(arch, "phi3")) c->arch = LT_ARCH_PHI3;
+    else if (!strcmp(arch, "gemma2")) c->arch = LT_ARCH_GEMMA2;
+    else if (!strcmp(arch, "gemma3")) c->arch = LT_ARCH_GEMMA3;
     else
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3)", s->path, arch);
+                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3)",
+                        s->path, arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
     LT_TRY(gg_int(ctx, s, arch, "feed_forward_length", 1, &c->F));
@@ -202,7 +260,8 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
     if (c->arch == LT_ARCH_LLAMA && c->sliding_window > 0) c->arch = LT_ARCH_MISTRAL;
     c->qkv_bias = c->arch == LT_ARCH_QWEN2;
-    c->qk_norm = c->arch == LT_ARCH_QWEN3;
+    c->qk_norm = c->arch == LT_ARCH_QWEN3 || c->arch == LT_ARCH_GEMMA3;
+    if (c->arch == LT_ARCH_GEMMA2 || c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma_from_gguf(ctx, s, arch, c));
     s->permute_qk = c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL;
     s->fused = c->arch == LT_ARCH_PHI3;
     LT_TRY(gguf_rope(ctx, s, arch, c));
@@ -353,6 +412,26 @@ static lt_dtype held_head(lt_dtype file, lt_device dev) {
     return file == LT_DTYPE_F16 ? LT_DTYPE_F32 : file;
 }
 
+/* Gemma3ForConditionalGeneration checkpoints hold the text model under "language_model.model."
+ * (transformers 4) or "model.language_model." (transformers 5) beside the vision tower, which is
+ * not read; a Gemma3ForCausalLM one under "model.". */
+static lt_status gemma3_prefix(lt_ctx *ctx, source *s) {
+    static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
+    lt_tensor t;
+    if (lt_safetensors_find(ctx, s->st, "model.embed_tokens.weight", &t) == LT_OK) return LT_OK;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%sembed_tokens.weight", prefixes[i]);
+        if (lt_safetensors_find(ctx, s->st, name, &t) == LT_OK) {
+            lt_ctx_clear_error(ctx);
+            s->hf_prefix = prefixes[i];
+            return LT_OK;
+        }
+    }
+    lt_ctx_clear_error(ctx);
+    return LT_OK; /* the missing tensor is then named by the load */
+}
+
 static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_options *opt, source *s,
                              lt_model_config *c) {
     memset(s, 0, sizeof *s);
@@ -375,7 +454,9 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
         snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
         LT_TRY(lt_model_config_read_hf(ctx, cfgp, c));
         s->fused = c->arch == LT_ARCH_PHI3;
+        s->sandwich = c->norm_place == LT_NORM_PLACE_SANDWICH;
         LT_TRY(lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? dir : path, &s->st));
+        if (c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma3_prefix(ctx, s));
     }
     /* Dtypes from the tensors: one per projection kind, or per (layer, kind) where the file mixes
      * them across layers (every _K_M file does); each tensor is held in its own type. */
@@ -484,6 +565,9 @@ static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     case LT_W_MLP_NORM: m->layers[p->layer].mlp_norm = (float *)dst; break;
     case LT_W_Q_NORM: m->layers[p->layer].q_norm = (float *)dst; break;
     case LT_W_K_NORM: m->layers[p->layer].k_norm = (float *)dst; break;
+    case LT_W_INV_FREQ_LOCAL: m->inv_freq_local = (float *)dst; break;
+    case LT_W_POST_ATTN_NORM: m->layers[p->layer].post_attn_norm = (float *)dst; break;
+    case LT_W_POST_MLP_NORM: m->layers[p->layer].post_mlp_norm = (float *)dst; break;
     }
 }
 
@@ -535,6 +619,15 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         copy_inv_freq(j, p, dst);
         return;
     }
+    if (p->kind == LT_W_INV_FREQ_LOCAL) { /* the sliding layers' base, unscaled (Gemma 3) */
+        lt_model_config lc = j->m->cfg;
+        lc.rope_theta = lc.rope_local_theta;
+        lc.rope_llama3 = 0;
+        lc.rope_scaling = LT_ROPE_SCALING_NONE;
+        lt_model_rope_inv_freq(&lc, (float *)rows_at(j, dst, 0, p->bytes));
+        flush(j, dst, 0, 1, p->bytes);
+        return;
+    }
     char name[256];
     piece_name(j->src, p, name, sizeof name);
     lt_tensor t;
@@ -556,6 +649,10 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         return;
     }
     int permute = j->src->permute_qk && p->kind == LT_W_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
+    int norm_plus_one = j->m->cfg.norm_plus_one &&
+        (p->kind == LT_W_FINAL_NORM || p->kind == LT_W_ATTN_NORM || p->kind == LT_W_MLP_NORM ||
+         p->kind == LT_W_Q_NORM || p->kind == LT_W_K_NORM || p->kind == LT_W_POST_ATTN_NORM ||
+         p->kind == LT_W_POST_MLP_NORM);
     int64_t D = j->m->cfg.D;
     int64_t chunk = rows; /* rows per staging round */
     if (j->stage)
@@ -579,6 +676,8 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
             return;
         }
+        if (norm_plus_one) /* (1 + w) once, in f32 as transformers' Gemma RMSNorm computes it */
+            for (int64_t i = 0; i < cols; i++) ((float *)d)[i] += 1.0f;
     }
     flush(j, dst, r0, rows - r0, (size_t)drb);
 }

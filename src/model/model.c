@@ -4,6 +4,7 @@
  * lives in load.c, the step in step.c (with layer.c, proj.c and offload.c). */
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 #include "longtune/alloc.h"
@@ -202,6 +203,11 @@ lt_status lt_model_set_context_parallel(lt_ctx *ctx, lt_model *m, struct lt_comm
                                 "softcap (layer %lld has %s%s)",
                                 (long long)l, lt_attn_kind_name(d->attn), d->softcap != 0.0f ? " with a softcap" : "");
         }
+        if (m->cfg.query_scale != 0 && (float)m->cfg.query_scale != 1.0f / sqrtf((float)m->cfg.D))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "model: context parallel attention scales scores by 1/sqrt(D); this model's query "
+                            "scale is %g",
+                            m->cfg.query_scale);
         m->cp_kind = kind;
     }
     m->cp = on ? comm : NULL;

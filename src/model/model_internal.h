@@ -64,7 +64,10 @@ typedef enum lt_wkind {
     LT_W_ATTN_NORM,
     LT_W_MLP_NORM,
     LT_W_Q_NORM,
-    LT_W_K_NORM
+    LT_W_K_NORM,
+    LT_W_INV_FREQ_LOCAL, /* RoPE table 1 (sliding layers of Gemma 3), when cfg->rope_local_theta > 0 */
+    LT_W_POST_ATTN_NORM, /* sandwich norms: on the attention block's output */
+    LT_W_POST_MLP_NORM   /* and on the MLP's output */
 } lt_wkind;
 
 typedef struct lt_wpiece {
@@ -175,6 +178,9 @@ typedef struct lt_layout {
      * LoRA dropout (absent without), dlu (3·r: a group of three projections). */
     int64_t chunk;
     size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
+    /* Sandwich norms only (else 0): pn (chunk, C) a block's output before its post-norm, prs
+     * (chunk) that norm's row statistics (rebuilt wherever they are needed). */
+    size_t pn, prs;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
     size_t weights_bytes, lora_bytes;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
@@ -199,11 +205,12 @@ void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);
 void lt_model_release_offload(lt_ctx *ctx, struct lt_model *m);
 
 typedef struct lt_layer {
-    lt_layer_desc desc;          /* what the layer is (lt_model_describe_layer at load) */
-    lt_tensor w[LT_PROJ_COUNT_]; /* frozen (out, in) */
-    float *bias[3];              /* q, k, v biases (desc.qkv_bias), f32; else NULL */
-    float *attn_norm, *mlp_norm; /* (C) */
-    float *q_norm, *k_norm;      /* (D), desc.qk_norm; else NULL */
+    lt_layer_desc desc;                    /* what the layer is (lt_model_describe_layer at load) */
+    lt_tensor w[LT_PROJ_COUNT_];           /* frozen (out, in) */
+    float *bias[3];                        /* q, k, v biases (desc.qkv_bias), f32; else NULL */
+    float *attn_norm, *mlp_norm;           /* (C) */
+    float *q_norm, *k_norm;                /* (D), desc.qk_norm; else NULL */
+    float *post_attn_norm, *post_mlp_norm; /* (C), desc.norm == LT_NORM_PLACE_SANDWICH; else NULL */
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];
@@ -227,6 +234,8 @@ struct lt_model {
     float *final_norm;     /* (C) */
     float *inv_freq;       /* (LT_ROPE_TABLE_LEN(D)): inverse frequencies + attention factor */
     int rope_file_factors; /* the table is divided by a GGUF's rope_freqs.weight */
+    float *inv_freq_local; /* (LT_ROPE_TABLE_LEN(D)): RoPE table 1 (cfg.rope_local_theta, unscaled),
+                              else NULL */
     float lora_scale;      /* alpha / r */
     int64_t l0;            /* first LoRA layer */
     lt_layout lay;         /* of the prepared run (weights/lora fields valid from load) */

@@ -3,6 +3,7 @@
  * norm and the fused loss, the backward from the top (recomputing a segment from its checkpoint
  * as it is entered), and the forward-only and logits entry points. No op is called directly and
  * nothing is allocated inside a step (the logits calls of a device model excepted). */
+#include <math.h>
 #include <string.h>
 
 #include "backend/prof.h"
@@ -174,6 +175,9 @@ static lt_status read_loss(const lt_step *s, lt_model_result *res, float *token_
 static lt_status run_plain(const lt_step *s, int64_t upto, float *out) {
     lt_model *m = s->m;
     s->be->embedding(s->ctx, &m->embed, s->tokens, s->N, out);
+    /* Gemma: the rows times sqrt(C) rounded to f32 (transformers' normalizer in the hidden dtype) */
+    if (m->cfg.embed_scale > 0 && m->cfg.embed_scale != 1.0f)
+        s->be->scale(s->ctx, out, m->cfg.embed_scale, s->N * m->cfg.C);
     lt_store st = store_slot(s, 0);
     for (int64_t l = 0; l < upto; l++) LT_TRY(lt_step_layer_fwd(s, l, &st, lt_resid_f32(out), lt_resid_f32(out), 0));
     return LT_OK;
@@ -193,6 +197,7 @@ static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backw
     memset(&lo, 0, sizeof lo);
     lo.impl = m->run.loss;
     lo.reduction = LT_REDUCTION_SUM;
+    lo.softcap = c->final_softcap; /* Gemma's final-logit softcap, inside the fused loss */
     float loss = 0;
     int64_t hs[2] = {s->N, c->C};
     lt_lce_args la;
@@ -412,9 +417,15 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
         for (int64_t r = 0; r < s.B; r++)
             m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V,
                           lt_step_ws(&s, m->lay.mm_ws));
-    if (out == logits) return LT_OK;
-    lt_status st = m->be->copy_to_host(ctx, logits, out, bytes);
-    lt_free(ctx, m->opt.device, out, bytes);
+    lt_status st = LT_OK;
+    if (out != logits) {
+        st = m->be->copy_to_host(ctx, logits, out, bytes);
+        lt_free(ctx, m->opt.device, out, bytes);
+    }
+    if (st == LT_OK && c->final_softcap > 0) { /* z -> cap·tanh(z / cap), as the loss sees them */
+        const float cap = c->final_softcap;
+        for (size_t i = 0; i < (size_t)rows * (size_t)c->V; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
     return st;
 }
 

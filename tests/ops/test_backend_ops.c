@@ -369,6 +369,45 @@ static void run_swiglu(const op_case *c, env *e) {
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
 }
 
+/* ---- geglu: s = {n}: GELU's tanh approximation times u ---- */
+
+static double gelu_tanh(double g) {
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    return 0.5 * g * (1 + tanh(k * (g + 0.044715 * g * g * g)));
+}
+
+static void run_geglu(const op_case *c, env *e) {
+    const int64_t n = c->s[0];
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    float *g = lt_test_fresh(&e->rng, n, 3), *u = lt_test_fresh(&e->rng, n, 1), *da = lt_test_fresh(&e->rng, n, 1);
+    float *P = lt_test_poisoned(n);
+    float *d_g = up(e, g, F4(n)), *d_u = up(e, u, F4(n)), *d_da = up(e, da, F4(n));
+    float *d_a = up(e, P, F4(n)), *d_dg = up(e, P, F4(n)), *d_du = up(e, P, F4(n));
+    e->be->geglu_fwd(e->ctx, d_g, d_u, n, d_a);
+    e->be->geglu_bwd(e->ctx, d_da, d_g, d_u, n, d_dg, d_du);
+    float *a = malloc(F4(n)), *gg = malloc(F4(n)), *gu = malloc(F4(n));
+    down(e, a, d_a, F4(n)), down(e, gg, d_dg, F4(n)), down(e, gu, d_du, F4(n));
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, 4);
+    for (int64_t i = 0; i < n; i++) {
+        const double x = g[i], t = tanh(k * (x + 0.044715 * x * x * x));
+        /* the tanh's argument carries the input's rounding times its slope: scale by its size */
+        const double targ = fabs(k * (x + 0.044715 * x * x * x)) * (1 - t * t);
+        CHECK(e, bad(a[i], gelu_tanh(x) * u[i], fabs(0.5 * x * u[i]) * (1 + targ), tol, "geglu", i));
+        const double dgl = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+        const double want = (double)da[i] * u[i] * dgl;
+        const double scale = fabs((double)da[i] * u[i]) * (1 + fabs(0.5 * x * k * (1 + 3 * 0.044715 * x * x)));
+        CHECK(e, bad(gg[i], want, scale, tol, "geglu dg", i));
+        CHECK(e, bad(gu[i], (double)da[i] * gelu_tanh(x), fabs(0.5 * x * da[i]) * (1 + targ), tol, "geglu du", i));
+        if (i < 1000) { /* the analytic dg against central differences */
+            const double h = 1e-6, fd = da[i] * u[i] * (gelu_tanh(x + h) - gelu_tanh(x - h)) / (2 * h);
+            CHECK(e, bad(want, fd, 1e-4, 1e-4, "geglu dg fd", i));
+        }
+    }
+    dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
+    dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
+    free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
+}
+
 /* ---- embedding: s = {V, C, N}: bit-identical to the dequantized rows ---- */
 
 static void run_embedding(const op_case *c, env *e) {
@@ -948,6 +987,9 @@ static const op_case cases[] = {
     {"swiglu", run_swiglu, {10007}, 0, 0},
     {"swiglu", run_swiglu, {100003}, 0, 0},
     {"swiglu", run_swiglu, {100000}, 0, 0},
+    /* geglu {n}: odd lengths */
+    {"geglu", run_geglu, {10007}, 0, 0},
+    {"geglu", run_geglu, {100003}, 0, 0},
     /* embedding {V, C, N}: every table dtype, bit-identical rows */
     {"embedding", run_embedding, {300, 576, 41}, LT_DTYPE_F32, 0},
     {"embedding", run_embedding, {300, 576, 41}, LT_DTYPE_BF16, 0},

@@ -322,8 +322,13 @@ typedef struct {
 } option_set;
 
 static const option_set option_sets[] = {
-    {"plain", 0, 0, 0, 0},      {"smoothing", 0.1f, 0, 0, 0}, {"z-loss", 0, 1e-3f, 0, 0},
-    {"softcap", 0, 0, 3.0f, 0}, {"weights", 0, 0, 0, 1},      {"all", 0.2f, 5e-3f, 4.0f, 1},
+    {"plain", 0, 0, 0, 0},
+    {"smoothing", 0.1f, 0, 0, 0},
+    {"z-loss", 0, 1e-3f, 0, 0},
+    {"softcap", 0, 0, 3.0f, 0},
+    {"weights", 0, 0, 0, 1},
+    {"all", 0.2f, 5e-3f, 4.0f, 1},
+    {"saturating softcap", 0, 0, 0.5f, 0},
 };
 #define N_OPTION_SETS ((int)(sizeof option_sets / sizeof option_sets[0]))
 

@@ -30,6 +30,8 @@ void lt_cpu_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_fre
                  int inverse);
 void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
+void lt_cpu_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
+void lt_cpu_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cpu_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
 void lt_cpu_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
 void lt_cpu_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);

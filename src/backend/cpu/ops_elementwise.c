@@ -1,4 +1,4 @@
-/* Elementwise CPU ops: SwiGLU forward/backward, embedding gather (any weight dtype), axpy, bias
+/* Elementwise CPU ops: SwiGLU and GeGLU forward/backward, embedding gather (any weight dtype), axpy, bias
  * add, counter-based dropout, zero, scale and the sum of squares. Each is a parallel loop over rows or element chunks; none keeps
  * state between calls (dropout masks are a pure function of seed and element index). */
 #include <math.h>
@@ -59,6 +59,47 @@ LT_CPU_CLONES static void swiglu_b(void *arg, int64_t i0, int64_t i1, int thread
 void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
     ew_job j = {.a = g, .b = u, .c = da, .y = dg, .z = du};
     lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, swiglu_b, &j);
+}
+
+/* GeGLU with the tanh approximation of GELU (PyTorch's gelu(approximate="tanh"), Gemma's
+ * gelu_pytorch_tanh): gelu(g) = g/2·(1 + tanh(k·(g + 0.044715·g³))), k = √(2/π), in f32 as
+ * PyTorch computes it; tanhf keeps it within an ulp of that. */
+#define GELU_K 0.7978845608028654f
+#define GELU_A 0.044715f
+
+static inline float gelu_tanh(float g) { return 0.5f * g * (1.0f + tanhf(GELU_K * (g + GELU_A * g * g * g))); }
+
+static void geglu_f(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    const float *restrict gp = j->a, *restrict up = j->b;
+    float *restrict ap = j->y;
+    for (int64_t i = i0; i < i1; i++) ap[i] = gelu_tanh(gp[i]) * up[i];
+}
+
+void lt_cpu_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
+    ew_job j = {.a = g, .b = u, .y = a};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, geglu_f, &j);
+}
+
+/* gelu'(g) = (1 + t)/2 + g/2·(1 − t²)·k·(1 + 3·0.044715·g²), t = tanh(k·(g + 0.044715·g³)). */
+static void geglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const ew_job *j = arg;
+    const float *restrict gp = j->a, *restrict up = j->b, *restrict dap = j->c;
+    float *restrict dg = j->y, *restrict du = j->z;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = gp[i], u = up[i], da = dap[i];
+        float t = tanhf(GELU_K * (g + GELU_A * g * g * g));
+        float d = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * g * g);
+        dg[i] = da * u * d;
+        du[i] = da * 0.5f * g * (1.0f + t);
+    }
+}
+
+void lt_cpu_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+    ew_job j = {.a = g, .b = u, .c = da, .y = dg, .z = du};
+    lt_parallel_for(lt_ctx_threads(ctx), n, EW_GRAIN, geglu_b, &j);
 }
 
 static void embed_rows(void *arg, int64_t n0, int64_t n1, int thread) {

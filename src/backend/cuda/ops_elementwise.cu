@@ -1,4 +1,4 @@
-/* Elementwise CUDA ops: SwiGLU forward/backward, embedding gather (any table dtype), axpy, bias add,
+/* Elementwise CUDA ops: SwiGLU and GeGLU forward/backward, embedding gather (any table dtype), axpy, bias add,
  * counter-hash dropout (the CPU backend's hash, so masks are identical), zero, scale and the sum
  * of squares and global-norm clipping. All are grid-stride loops on the backend's stream; only sumsq
  * waits for the device (clip_norm keeps the norm on the device).
@@ -60,6 +60,40 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
     if (n <= 0) return;
     swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
+}
+
+/* GeGLU with GELU's tanh approximation, as the CPU op: gelu(g) = g/2·(1 + tanh(k·(g + 0.044715·g³))). */
+#define GELU_K 0.7978845608028654f
+#define GELU_A 0.044715f
+
+static __global__ void geglu_fwd_k(const float *g, const float *u, int64_t n, float *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        a[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x))) * u[i];
+    }
+}
+
+void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
+    if (n <= 0) return;
+    geglu_fwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, u, n, a);
+    LT_CUDA_LAUNCHED(ctx, "geglu_fwd");
+}
+
+/* gelu'(g) = (1 + t)/2 + g/2·(1 − t²)·k·(1 + 3·0.044715·g²), as the CPU op. */
+static __global__ void geglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i], d = da[i];
+        float t = tanhf(GELU_K * (x + GELU_A * x * x * x));
+        float dgelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dg[i] = d * u[i] * dgelu;
+        du[i] = d * 0.5f * x * (1.0f + t);
+    }
+}
+
+void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
+    if (n <= 0) return;
+    geglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
+    LT_CUDA_LAUNCHED(ctx, "geglu_bwd");
 }
 
 /* One block row per token (grid-stride in y), threads across C. */
