@@ -312,8 +312,8 @@ LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model
  * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
 LT_API lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
 
-/* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
- * O(T²), fine for the short answers a before/after check needs). */
+/* Text generation of one prompt over a KV cache (generate.h has the batched form and every
+ * sampling option). */
 typedef struct lt_generate_options {
     int64_t max_tokens; /* new tokens at most [256] */
     double temp;        /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
@@ -323,8 +323,8 @@ typedef struct lt_generate_options {
 
 /* Appends up to max_tokens tokens to prompt (n_prompt ids) into out (capacity >= max_tokens),
  * stopping after any id in stop_ids (included in out). on_token, when set, sees each new id as it is
- * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
- * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
+ * chosen (for streaming). Runs a KV cache of n_prompt + max_tokens positions. Errors: those of the
+ * model; LT_ERR_INVALID_ARG for an empty prompt, ids out of range or a prompt past the model's context; LT_ERR_OOM. */
 LT_API lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
                              int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
                              void (*on_token)(void *arg, int32_t id), void *arg);
