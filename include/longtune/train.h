@@ -99,6 +99,9 @@ typedef struct lt_train_options {
                                       the same; any other run, a shape change, or a step that
                                       cannot be captured runs eagerly (the log says why, once).
                                       Results are bit-identical either way ["on"] */
+    int test;                                    /* after training, evaluate the data folder's test.jsonl (as
+                                      mlx-lm's --test): lt_train_result.test_loss [0] */
+    int64_t test_batches;                        /* batches of that evaluation [500]; -1 = the whole set */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -278,6 +281,8 @@ typedef struct lt_train_result {
     double first_val_loss; /* the first validation of this call (NAN when none) */
     double last_val_loss;
     double last_train_loss;
+    double test_loss;       /* opt->test: mean token loss over the test split (NAN otherwise) */
+    int64_t test_tokens;    /* its scored tokens */
     int64_t tokens;         /* trained tokens, resumed ones included */
     double elapsed_s;       /* this call's wall time */
     size_t peak_bytes;      /* high-water of the accounting allocator on the run's device */
@@ -328,6 +333,22 @@ typedef struct lt_generate_options {
 LT_API lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
                              int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
                              void (*on_token)(void *arg, int32_t id), void *arg);
+
+/* Evaluation of a data split the way training reads it: the same packing (rows of
+ * max_seq_length, batch_size rows per batch, no_pack), masking (done by the data set: mask_prompt)
+ * and forward as the trainer's validation, on the loaded model as it is. At most max_batches
+ * batches (-1 or 0 = all). */
+typedef struct lt_eval_result {
+    double loss_sum;  /* Σ token losses (nats) */
+    int64_t n_tokens; /* scored targets */
+    int64_t n_batches, n_seqs;
+    double mean_loss, ppl; /* loss_sum / n_tokens and exp of it (NAN without tokens) */
+} lt_eval_result;
+/* opt resolved (batch_size, max_seq_length, no_pack, pack_algorithm, attention, loss are read).
+ * Prepares m forward-only for (batch_size, max_seq_length). Errors: those of the packer and the
+ * model; LT_ERR_INVALID_ARG when the split yields no scored token. */
+LT_API lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *data,
+                                   int64_t max_batches, lt_eval_result *res);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

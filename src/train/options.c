@@ -66,6 +66,8 @@ static const option options[] = {
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
     {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
     {"cuda_graph", K_STR, O(cuda_graph), S(cuda_graph), 0, 0},
+    {"test", K_BOOL, O(test), 0, 0, 1},
+    {"test_batches", K_I64, O(test_batches), 0, -1, 1e12},
 };
 #undef O
 #undef S
@@ -356,6 +358,7 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.warmup > o.iters)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)", (long long)o.warmup,
                         (long long)o.iters);
+    if (o.test_batches == 0) o.test_batches = 500;
     if (!o.cuda_graph[0]) snprintf(o.cuda_graph, sizeof o.cuda_graph, "on");
     if (strcmp(o.cuda_graph, "on") && strcmp(o.cuda_graph, "off"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'cuda_graph': '%s' is not on|off", o.cuda_graph);

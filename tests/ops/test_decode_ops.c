@@ -1,7 +1,7 @@
 /* The ops of KV-cache decoding against float64 references on fresh random inputs (seed printed):
  * decode attention on every backend present (GQA, sliding windows, softcap, rows of different
  * lengths, poisoned outputs), and the CPU matmul's decode path (LT_MATMUL_NT_DECODE) for the block
- * formats it dots directly (Q4_0, Q4_1, Q8_0: within the bound of x's 8-bit rounding) and for those
+ * formats it dots directly (Q4_0, Q4_1, Q8_0: within the bound of x's 8-bit or 16-bit rounding) and for those
  * it widens a row at a time (int4_g64, bf16, f16: f32 tolerance), with beta accumulation. */
 #include <math.h>
 #include <setjmp.h>
@@ -172,7 +172,7 @@ static void run_matvec(lt_dtype dt, int64_t out, int64_t in, int64_t N, float be
                     double wv = wf[o * in + b * 32 + i], xv = x[n * in + b * 32 + i];
                     ref += wv * xv;
                     mag += fabs(wv * xv);
-                    bound += fabs(wv) * amax / 127.0 / 2.0;
+                    bound += fabs(wv) * amax / (dt == LT_DTYPE_Q8_0 ? 32767.0 : 127.0) / 2.0;
                 }
             }
             double tol = (b32 ? bound * 1.001 : 0) + lt_test_tol_for(LT_DTYPE_F32, in) * (mag + 1e-30);
@@ -197,6 +197,7 @@ static void test_matvec(void **st) {
         run_matvec(dts[i], 77, 256, 1, 0.0f, &r);
         run_matvec(dts[i], 130, 512, 3, 1.0f, &r);
         run_matvec(dts[i], 33, 768, LT_MATVEC_MAX_N, 0.5f, &r);
+        if (dts[i] != LT_DTYPE_INT4_G64) run_matvec(dts[i], 20, 96, 2, 0.0f, &r); /* odd block count: loop tails */
     }
 }
 
