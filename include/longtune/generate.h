@@ -48,6 +48,8 @@ typedef struct lt_generate_request {
 typedef struct lt_generate_stats {
     int64_t prompt_tokens, new_tokens, decode_steps;
     double prefill_s, decode_s; /* wall time of the prefill and of the decode steps */
+    size_t cache_bytes;         /* lt_generate_batch: every byte its cache allocated (keys and values
+                                   L·2·B·ctx·Hkv·D·4, plus scratch) */
 } lt_generate_stats;
 
 /* Sees each new id of row i (its index among the call's rows) as soon as it is chosen; returns

@@ -39,7 +39,7 @@ lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q) {
     }
 }
 
-/* The CUDA decode kernel keeps a head's D values in registers, four per lane of a warp. */
+/* The CUDA decode kernel keeps a head's D values in registers, at most eight per lane of a warp. */
 #define LT_DECODE_ATTENTION_CUDA_MAX_D 256
 
 static int cuda_head_dim_ok(int64_t D) {

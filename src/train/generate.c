@@ -119,10 +119,12 @@ lt_status lt_generate_batch(lt_ctx *ctx, lt_model *m, int64_t n, const int32_t *
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += n_prompt[i];
     lt_kv_cache *c = NULL;
-    LT_TRY(lt_kv_cache_new(ctx, m, n, ctx_len, total > n ? total : n, &c, NULL));
+    size_t cache_bytes = 0;
+    LT_TRY(lt_kv_cache_new(ctx, m, n, ctx_len, total > n ? total : n, &c, &cache_bytes));
     int64_t rows[LT_KV_MAX_RUNS];
     for (int64_t i = 0; i < n; i++) rows[i] = i;
     lt_status s = lt_generate_rows(ctx, c, n, rows, prompt, n_prompt, req, NULL, on_token, arg, stats);
+    if (stats) stats->cache_bytes = cache_bytes;
     lt_kv_cache_free(ctx, c);
     return s;
 }
