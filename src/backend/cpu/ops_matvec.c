@@ -38,15 +38,23 @@ typedef struct xblock16 {
  * LT_MATVEC_MAX_N·in/32 blocks of 72 bytes) or one widened row per thread. */
 static int block32(lt_dtype t) { return t == LT_DTYPE_Q4_0 || t == LT_DTYPE_Q4_1 || t == LT_DTYPE_Q8_0; }
 
+/* Inline forms of fmaxf(a, |v|) and lrintf (half away from zero) that the compiler vectorises
+ * (the libm calls are not inlined without -ffast-math). */
+static inline float absmax(float a, float v) {
+    float m = v < 0 ? -v : v;
+    return m > a ? m : a;
+}
+static inline int round_int(float v) { return (int)(v + (v >= 0 ? 0.5f : -0.5f)); }
+
 static void quantize_x(const float *x, int64_t in, xblock *xb) {
     for (int64_t b = 0; b < in / 32; b++) {
         const float *v = x + b * 32;
         float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        for (int i = 0; i < 32; i++) amax = absmax(amax, v[i]);
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < 32; i++) {
-            int q = (int)lrintf(v[i] * id);
+            int q = round_int(v[i] * id);
             xb[b].q[i] = (int8_t)q;
             sum += q;
         }
@@ -70,9 +78,9 @@ static void quantize_x16(const float *x, int64_t in, xblock16 *xb) {
     for (int64_t b = 0; b < in / 32; b++) {
         const float *v = x + b * 32;
         float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        for (int i = 0; i < 32; i++) amax = absmax(amax, v[i]);
         float d = amax / 32767.0f, id = d > 0 ? 1.0f / d : 0.0f;
-        for (int i = 0; i < 32; i++) xb[b].q[i] = (int16_t)lrintf(v[i] * id);
+        for (int i = 0; i < 32; i++) xb[b].q[i] = (int16_t)round_int(v[i] * id);
         xb[b].d = d, xb[b].pad = 0;
     }
 }
