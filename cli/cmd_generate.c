@@ -2,7 +2,8 @@
  * with a base model, optionally with a PEFT LoRA adapter, so a user can compare before and after
  * a fine-tune. The model's chat template is applied unless --no-chat-template. Greedy by default;
  * --temp samples (top-k, top-p, min-p, repetition penalty, seed). One prompt streams its text to
- * stdout as it is generated; a prompts file prints one JSON line per prompt as each finishes. */
+ * stdout as it is generated; a prompts file prints one JSON line per prompt, in file order, once the
+ * batch is done. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
