@@ -15,7 +15,7 @@
 static const char *usage =
     "longtune chat --model M [--adapter DIR] [--system TEXT] [--max-tokens N] [--ctx N] [--temp T] [--top-k K] "
     "[--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STRING]... [--chat-template NAME] "
-    "[--device cpu|cuda] [--threads N]";
+    "[--device cpu|cuda] [--threads N] [--stats]";
 
 #define MAX_TURNS 4096
 
@@ -42,7 +42,7 @@ static int on_token(void *arg, int64_t i, int32_t id) {
 
 int lt_cmd_chat(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *system = NULL, *tmpl_name = NULL, *stops[LT_GEN_MAX_STOP];
-    int threads = 0, n_stops = 0;
+    int threads = 0, n_stops = 0, stats = 0;
     int64_t ctx_len = 4096;
     lt_device dev = LT_DEVICE_CPU;
     lt_generate_request req;
@@ -55,9 +55,15 @@ int lt_cmd_chat(int argc, char **argv) {
                    "the PEFT adapter in DIR). /reset forgets the conversation, /quit (or end of input) ends it.\n"
                    "  --ctx N  positions the conversation may hold [4096, at most the model's]\n"
                    "  --max-tokens N  tokens per reply at most [512]\n"
+                   "  --stats  after each reply, print on stderr the prompt tokens, how many the cache\n"
+                   "           already held, the new tokens and the decode rate\n"
                    "  sampling as `generate` (greedy unless --temp > 0)\n",
                    usage);
             return LT_EXIT_OK;
+        }
+        if (!strcmp(a, "--stats")) {
+            stats = 1;
+            continue;
         }
         if (i + 1 >= argc) return lt_cli_usage_error("chat", usage, "option '%s' needs a value (or is unknown)", a);
         const char *v = argv[++i];
@@ -172,7 +178,9 @@ int lt_cmd_chat(int argc, char **argv) {
         cs.st.stops = stops, cs.st.n_stops = n_stops, cs.st.stop_ids = stop_ids, cs.st.n_stop_ids = n_stop_ids;
         int64_t row = 0, n_new = (int64_t)(n_ids - p);
         const int32_t *feed = ids + p;
-        if (s == LT_OK) s = lt_generate_rows(ctx, c, 1, &row, &feed, &n_new, &req, &rng, on_token, &cs, NULL);
+        lt_generate_stats gs;
+        memset(&gs, 0, sizeof gs);
+        if (s == LT_OK) s = lt_generate_rows(ctx, c, 1, &row, &feed, &n_new, &req, &rng, on_token, &cs, &gs);
         if (s != LT_OK) {
             lt_cli_fail("chat", ctx, s);
             lt_ctx_clear_error(ctx);
@@ -185,6 +193,9 @@ int lt_cmd_chat(int argc, char **argv) {
         lt_gen_stream_finish(&cs.st);
         printf("\n");
         fflush(stdout);
+        if (stats)
+            fprintf(stderr, "chat: %zu prompt tokens, %zu reused from the cache, %lld new tokens (%.1f tok/s)\n", n_ids,
+                    p, (long long)gs.new_tokens, gs.decode_s > 0 ? (double)(gs.new_tokens - 1) / gs.decode_s : 0.0);
         /* the cache now holds the prompt and every generated id but the last */
         size_t need = n_ids + cs.n_gen;
         if (need > cap_cached) {

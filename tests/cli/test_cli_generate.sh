@@ -70,15 +70,24 @@ expect 1 "bad.jsonl:1" -- "${g[@]}" --prompts "$dir/bad.jsonl"
 long=$(python3 -c "print(' '.join(['fox'] * 5000))")
 expect 1 "max_positions" -- "${g[@]}" --prompt "$long" --max-tokens 4
 
-# chat: two turns, a reset, a third; a reply per turn on stdout (one line each: --stop at a newline)
+# chat: two turns, a reset, a third; a reply per turn on stdout (one line each: --stop at a newline),
+# the cache reused for the second turn's unchanged prefix
 out=$(printf 'the quick brown\nover the lazy\n/reset\nthe quick brown\n/quit\nignored\n' |
-  "$bin" chat --model "$M" --threads 1 --chat-template chatml --max-tokens 12 --stop $'\n' 2>"$dir/chat.err"); rc=$?
+  "$bin" chat --model "$M" --threads 1 --chat-template chatml --max-tokens 12 --stop $'\n' --stats 2>"$dir/chat.err"); rc=$?
 n=$(grep -c '' <<<"$out")
 if [ $rc != 0 ] || [ "$n" != 3 ] || ! grep -q "reset" "$dir/chat.err"; then
   echo "FAIL: chat rc $rc, $n lines: $out / $(cat "$dir/chat.err")"; fail=1
 fi
 first=$(sed -n 1p <<<"$out"); third=$(sed -n 3p <<<"$out")
 [ "$first" = "$third" ] || { echo "FAIL: chat after /reset: '$third' vs '$first'"; fail=1; }
+# the second turn reuses the cached first turn (its whole prompt at least); after /reset nothing
+python3 - "$dir/chat.err" <<'PY' || fail=1
+import re, sys
+rows = [tuple(map(int, m)) for m in re.findall(r"chat: (\d+) prompt tokens, (\d+) reused", open(sys.argv[1]).read())]
+ok = len(rows) == 3 and rows[0][1] == 0 and rows[1][1] >= rows[0][0] and rows[1][1] < rows[1][0] and rows[2][1] == 0
+if not ok: print("FAIL: chat cache reuse %r" % rows)
+sys.exit(0 if ok else 1)
+PY
 expect 1 "top_p" -- chat --model "$M" --top-p 2
 
 # eval --json against train --test on the same data and adapter
