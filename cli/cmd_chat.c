@@ -18,6 +18,7 @@ static const char *usage =
     "[--device cpu|cuda] [--threads N] [--stats]";
 
 #define MAX_TURNS 4096
+#define CHAT_PASS_TOKENS 1024
 
 typedef struct chat_state {
     lt_gen_stream st;
@@ -128,7 +129,10 @@ int lt_cmd_chat(int argc, char **argv) {
     if (s != LT_OK) goto fail;
     const lt_model_config *cf = lt_model_get_config(m);
     if (cf->max_positions > 0 && ctx_len > cf->max_positions) ctx_len = cf->max_positions;
-    if ((s = lt_kv_cache_new(ctx, m, 1, ctx_len, 0, &c, NULL)) != LT_OK) goto fail;
+    /* turns longer than CHAT_PASS_TOKENS prefill in passes of that many (the scratch's size) */
+    if ((s = lt_kv_cache_new(ctx, m, 1, ctx_len, ctx_len < CHAT_PASS_TOKENS ? ctx_len : CHAT_PASS_TOKENS, &c, NULL)) !=
+        LT_OK)
+        goto fail;
     int32_t stop_ids[16];
     int n_stop_ids = lt_gen_stop_ids(tok, m, stop_ids, 16);
     req.stop_ids = stop_ids, req.n_stop = n_stop_ids;

@@ -11,6 +11,9 @@
 #include "longtune/log.h"
 #include "train/train_internal.h"
 
+/* Tokens of one prefill pass at most: bounds the scratch (activations of that many tokens). */
+#define LT_GENERATE_PASS_TOKENS 2048
+
 lt_status lt_generate_rows(lt_ctx *ctx, lt_kv_cache *c, int64_t n, const int64_t *rows, const int32_t *const *prompt,
                            const int64_t *n_prompt, const lt_generate_request *req, uint64_t *rng_io,
                            lt_generate_token_fn on_token, void *arg, lt_generate_stats *stats) {
@@ -120,7 +123,11 @@ lt_status lt_generate_batch(lt_ctx *ctx, lt_model *m, int64_t n, const int32_t *
     for (int64_t i = 0; i < n; i++) total += n_prompt[i];
     lt_kv_cache *c = NULL;
     size_t cache_bytes = 0;
-    LT_TRY(lt_kv_cache_new(ctx, m, n, ctx_len, total > n ? total : n, &c, &cache_bytes));
+    /* one pass holds every prompt up to LT_GENERATE_PASS_TOKENS tokens in all (longer batches
+       prefill row by row in passes of that size), and always one token of every row */
+    int64_t n_max = total < LT_GENERATE_PASS_TOKENS ? total : LT_GENERATE_PASS_TOKENS;
+    if (n_max < n) n_max = n;
+    LT_TRY(lt_kv_cache_new(ctx, m, n, ctx_len, n_max, &c, &cache_bytes));
     int64_t rows[LT_KV_MAX_RUNS];
     for (int64_t i = 0; i < n; i++) rows[i] = i;
     lt_status s = lt_generate_rows(ctx, c, n, rows, prompt, n_prompt, req, NULL, on_token, arg, stats);

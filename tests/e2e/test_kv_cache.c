@@ -3,7 +3,8 @@
  * every token decoded after it equal lt_model_logits over the whole sequence at each position;
  * likewise with sliding windows put on some layers, for two rows of different lengths decoded
  * together, for a multi-token continuation after cached positions (decode attention with several
- * queries), after a truncation, and on CUDA when present. Bad requests are typed errors. */
+ * queries), after a truncation, for prompts longer than one pass's scratch, and on CUDA when
+ * present. Bad requests are typed errors. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -144,6 +145,13 @@ static void run_case(lt_ctx *ctx, lt_model *m, const char *what) {
     const int32_t *tb = &bad_tok;
     assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row0, &tb, &one, lg), LT_ERR_INVALID_ARG);
     assert_int_equal(lt_kv_cache_truncate(ctx, c, 0, 100), LT_ERR_INVALID_ARG);
+    lt_kv_cache_free(ctx, c);
+    /* scratch for 4 tokens per pass: both prompts prefill in passes (flash, then decode attention) */
+    assert_int_equal(lt_kv_cache_new(ctx, m, 2, 32, 4, &c, NULL), LT_OK);
+    int64_t np2[2] = {Ta, Tb};
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 2, rows, tp, np2, lg), LT_OK);
+    check_row(what, Ta - 1, lg, fa + (Ta - 1) * V, V);
+    check_row(what, Tb - 1, lg + V, fb + (Tb - 1) * V, V);
     lt_kv_cache_free(ctx, c);
     free(fa), free(fb), free(lg);
 }
