@@ -106,12 +106,12 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
 #define PIECE(o, bytes) (o = off, off += up(bytes))
     PIECE(o_x, (size_t)(n * C) * f);
     PIECE(o_h, (size_t)(n * C) * f);
-    PIECE(o_q, (size_t)(n * qd) * f);
+    PIECE(o_q, (size_t)(n * qd + qd + 2 * kvd) * f); /* + room for q, k, v of one token side by side */
     PIECE(o_k, (size_t)(n * kvd) * f);
     PIECE(o_v, (size_t)(n * kvd) * f);
     PIECE(o_att, (size_t)(n * qd) * f);
     PIECE(o_lse, (size_t)(n * cf->H) * f);
-    PIECE(o_g, (size_t)(n * F) * f);
+    PIECE(o_g, (size_t)((n + 1) * F) * f); /* + room for gate and up of one token side by side */
     PIECE(o_u, (size_t)(n * F) * f);
     PIECE(o_a, (size_t)(n * F) * f);
     PIECE(o_lu, (size_t)(n * (r > 0 ? r : 1)) * f);
@@ -128,6 +128,15 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
         size_t b = be->matmul_workspace_bytes(cf->proj_dtype[p], po, pi, n, c->threads);
         if (b > mmb) mmb = b;
     }
+    /* the fused one-token groups (proj_group): q, k, v and gate, up as one weight */
+    int64_t oq, ok, ov, og, ou, iq, ig;
+    lt_model_proj_shape(cf, LT_PROJ_Q, &oq, &iq), lt_model_proj_shape(cf, LT_PROJ_K, &ok, &iq);
+    lt_model_proj_shape(cf, LT_PROJ_V, &ov, &iq), lt_model_proj_shape(cf, LT_PROJ_GATE, &og, &ig);
+    lt_model_proj_shape(cf, LT_PROJ_UP, &ou, &ig);
+    size_t fb = be->matmul_workspace_bytes(cf->proj_dtype[LT_PROJ_Q], oq + ok + ov, iq, 1, c->threads);
+    if (fb > mmb) mmb = fb;
+    fb = be->matmul_workspace_bytes(cf->proj_dtype[LT_PROJ_GATE], og + ou, ig, 1, c->threads);
+    if (fb > mmb) mmb = fb;
     PIECE(o_mm, mmb);
     int32_t offs_probe[2] = {0, (int32_t)n};
     size_t atb = 0, decb = 0;
@@ -216,6 +225,52 @@ static void proj(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, lt_proj p, const 
     be->gemm(ctx, 0, 1, n, out, r, m->lora_scale, c->lu, r, L->lora_b[p], r, 1.0f, y, out);
 }
 
+/* The projections ps[0..G) of layer l as one (Σ out, in) weight when their tensors lie back to
+ * back in the weights block with one dtype and width (the carve order puts q, k, v and gate, up
+ * next to each other): one matmul reads them all, so a one-token decode step makes one parallel
+ * pass over the group's rows instead of G. 0 when they do not. */
+static int fused_view(const lt_layer *L, const lt_proj *ps, int G, lt_tensor *out) {
+    const lt_tensor *w0 = &L->w[ps[0]];
+    if (w0->ndim != 2) return 0;
+    size_t rb = (size_t)lt_dtype_row_bytes(w0->dtype, w0->shape[1]);
+    int64_t rows = 0;
+    for (int g = 0; g < G; g++) {
+        const lt_tensor *w = &L->w[ps[g]];
+        if (w->ndim != 2 || w->dtype != w0->dtype || w->shape[1] != w0->shape[1] ||
+            (const uint8_t *)w->data != (const uint8_t *)w0->data + (size_t)rows * rb)
+            return 0;
+        rows += w->shape[0];
+    }
+    *out = *w0;
+    out->shape[0] = rows;
+    return 1;
+}
+
+/* The group ps[0..G) of one input x (n rows) into y[g]: one fused matmul for a single token when
+ * the weights allow it (the outputs then lie side by side from y[0], as the caller arranged), else
+ * projection by projection; biases and LoRA per projection either way. */
+static void proj_group(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, const lt_proj *ps, int G, const float *x,
+                       int64_t n, float *const *y) {
+    const lt_layer *L = &c->m->layers[l];
+    lt_tensor fw;
+    if (n != 1 || !fused_view(L, ps, G, &fw)) {
+        for (int g = 0; g < G; g++) proj(c, ctx, l, ps[g], x, n, y[g], 0.0f);
+        return;
+    }
+    c->be->matmul(ctx, LT_MATMUL_NT_DECODE, &fw, x, 1, 0.0f, y[0], c->mm_ws);
+    const lt_model *m = c->m;
+    for (int g = 0; g < G; g++) {
+        lt_proj p = ps[g];
+        int64_t out = L->w[p].shape[0], in = L->w[p].shape[1], r = m->lora.rank;
+        if (L->desc.qkv_bias && p <= LT_PROJ_V) c->be->add_bias(ctx, y[g], L->bias[p], 1, out);
+        if (!L->lora_a[p]) continue;
+        c->be->gemm(ctx, 0, 1, 1, r, in, 1.0f, x, in, L->lora_a[p], in, 0.0f, c->lu, r);
+        c->be->gemm(ctx, 0, 1, 1, out, r, m->lora_scale, c->lu, r, L->lora_b[p], r, 1.0f, y[g], out);
+    }
+}
+
+static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
+
 /* One pass over n tokens (staged in c's int32 inputs): rows[i] holds a run of tokens of one row
  * starting at position p0[i], nr runs; fresh = every run starts at 0 (flash attention). */
 static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const int64_t *rows, const int64_t *p0,
@@ -226,51 +281,51 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
     const lt_backend *be = c->be;
     int64_t C = cf->C, F = cf->F, qd = cf->H * cf->D, kvd = cf->Hkv * cf->D;
     be->embedding(ctx, &m->embed, c->d_tok, n, c->x);
+    /* one token: q, k, v side by side in q's piece, gate and up in g's (what a fused group writes) */
+    float *q = c->q, *k = n == 1 ? c->q + qd : c->k, *v = n == 1 ? c->q + qd + kvd : c->v;
+    float *gt = c->g, *up = n == 1 ? c->g + F : c->u;
+    float *qkv[3] = {q, k, v}, *gu[2] = {gt, up};
     for (int64_t l = 0; l < cf->L; l++) {
         const lt_layer *L = &m->layers[l];
         be->rmsnorm_fwd(ctx, c->x, L->attn_norm, cf->rms_eps, n, C, c->h, c->rstd);
-        proj(c, ctx, l, LT_PROJ_Q, c->h, n, c->q, 0.0f);
-        proj(c, ctx, l, LT_PROJ_K, c->h, n, c->k, 0.0f);
-        proj(c, ctx, l, LT_PROJ_V, c->h, n, c->v, 0.0f);
+        proj_group(c, ctx, l, QKV, 3, c->h, n, qkv);
         if (L->desc.qk_norm) {
-            be->rmsnorm_fwd(ctx, c->q, L->q_norm, cf->rms_eps, n * cf->H, cf->D, c->q, c->rstd_qk);
-            be->rmsnorm_fwd(ctx, c->k, L->k_norm, cf->rms_eps, n * cf->Hkv, cf->D, c->k, c->rstd_qk);
+            be->rmsnorm_fwd(ctx, q, L->q_norm, cf->rms_eps, n * cf->H, cf->D, q, c->rstd_qk);
+            be->rmsnorm_fwd(ctx, k, L->k_norm, cf->rms_eps, n * cf->Hkv, cf->D, k, c->rstd_qk);
         }
-        be->rope(ctx, c->q, c->d_pos, m->inv_freq, n, cf->H, cf->D, 0);
-        be->rope(ctx, c->k, c->d_pos, m->inv_freq, n, cf->Hkv, cf->D, 0);
+        be->rope(ctx, q, c->d_pos, m->inv_freq, n, cf->H, cf->D, 0);
+        be->rope(ctx, k, c->d_pos, m->inv_freq, n, cf->Hkv, cf->D, 0);
         float *kc = kv_at(c, l, 0), *vc = kv_at(c, l, 1);
         int64_t t0 = 0;
         for (int64_t i = 0; i < nr; i++) { /* each run is contiguous in its cache row */
             size_t at = (size_t)((rows[i] * c->ctx_len + p0[i]) * kvd), bytes = (size_t)(cnt[i] * kvd) * sizeof(float);
-            LT_TRY(be->copy_to_device(ctx, kc + at, c->k + t0 * kvd, bytes));
-            LT_TRY(be->copy_to_device(ctx, vc + at, c->v + t0 * kvd, bytes));
+            LT_TRY(be->copy_to_device(ctx, kc + at, k + t0 * kvd, bytes));
+            LT_TRY(be->copy_to_device(ctx, vc + at, v + t0 * kvd, bytes));
             t0 += cnt[i];
         }
         if (fresh) {
             lt_attention_params ap = prefill_params(c, &L->desc, n, nr, offs_host);
             lt_attention_args aa;
             memset(&aa, 0, sizeof aa);
-            aa.q = c->q, aa.k = c->k, aa.v = c->v, aa.out = c->att, aa.lse = c->lse;
+            aa.q = q, aa.k = k, aa.v = v, aa.out = c->att, aa.lse = c->lse;
             aa.workspace = c->attn_ws, aa.workspace_size = c->attn_ws_bytes;
             LT_TRY(lt_attention_forward(ctx, &ap, &aa));
         } else {
             lt_decode_attention_params dp = decode_params(c, &L->desc, n);
-            dp.q = c->q, dp.kc = kc, dp.vc = vc, dp.out = c->att;
+            dp.q = q, dp.kc = kc, dp.vc = vc, dp.out = c->att;
             LT_TRY(be->decode_attention(ctx, &dp));
         }
         proj(c, ctx, l, LT_PROJ_O, c->att, n, c->x, 1.0f);
         be->rmsnorm_fwd(ctx, c->x, L->mlp_norm, cf->rms_eps, n, C, c->h, c->rstd);
-        proj(c, ctx, l, LT_PROJ_GATE, c->h, n, c->g, 0.0f);
-        proj(c, ctx, l, LT_PROJ_UP, c->h, n, c->u, 0.0f);
-        be->swiglu_fwd(ctx, c->g, c->u, n * F, c->a);
+        proj_group(c, ctx, l, GATE_UP, 2, c->h, n, gu);
+        be->swiglu_fwd(ctx, gt, up, n * F, c->a);
         proj(c, ctx, l, LT_PROJ_DOWN, c->a, n, c->x, 1.0f);
     }
-    (void)qd;
     if (!n_out) return LT_OK;
-    /* the last token of each finished row, gathered into h's rows, then norm and head */
+    /* the last token of each finished row, gathered into a's rows (F >= C), then norm and head */
     for (int64_t i = 0; i < n_out; i++)
-        LT_TRY(be->copy_to_device(ctx, c->q + i * C, c->x + last[i] * C, (size_t)C * sizeof(float)));
-    be->rmsnorm_fwd(ctx, c->q, m->final_norm, cf->rms_eps, n_out, C, c->h, c->rstd);
+        LT_TRY(be->copy_to_device(ctx, c->a + i * C, c->x + last[i] * C, (size_t)C * sizeof(float)));
+    be->rmsnorm_fwd(ctx, c->a, m->final_norm, cf->rms_eps, n_out, C, c->h, c->rstd);
     be->matmul(ctx, n_out <= LT_MATVEC_MAX_N ? LT_MATMUL_NT_DECODE : LT_MATMUL_NT, &m->head, c->h, n_out, 0.0f,
                c->logits, c->mm_ws);
     return be->copy_to_host(ctx, logits_host + out_row0 * cf->V, c->logits, (size_t)(n_out * cf->V) * sizeof(float));
