@@ -17,3 +17,5 @@ LT_BENCH(matmul, lt_bench_matmul,
          "weight matmul (any W dtype) at 8B layer shapes vs the GEMM ceiling (cuBLASLt bf16 / sgemm)")
 LT_BENCH(scaling, lt_bench_scaling,
          "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")
+LT_BENCH(generate, lt_bench_generate,
+         "KV-cache prefill and decode tokens/s (CPU) vs llama-bench pp/tg on the same GGUF and threads")

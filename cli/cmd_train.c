@@ -65,6 +65,8 @@ static void print_help(void) {
         "                             shape holds (bit-identical to eager steps) [on]\n"
         "  --save-every N [100], --steps-per-eval N [200], --steps-per-report N [10],\n"
         "  --val-batches N [25, -1 = all], --seed S [0], --threads N [all]\n"
+        "  --test                     after training, evaluate DIR/test.jsonl (Test loss, Test ppl);\n"
+        "                             --test-batches N [500, -1 = all]\n"
         "  --distributed auto|off|nccl  auto: under `mpirun -np K` train data parallel over the K ranks\n"
         "                             (each takes its share of every batch's rows; rank 0 writes) [auto]\n"
         "  --context-parallel         several ranks: split every row over them instead (Ulysses all-to-all\n"

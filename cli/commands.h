@@ -9,3 +9,5 @@ LT_CMD(pack, lt_cmd_pack, "tokenise a dataset, pack it into rows of --max-seq-le
 LT_CMD(train, lt_cmd_train, "fine-tune LoRA/QLoRA adapters (mlx-lm lora flags; see train --help)")
 LT_CMD(generate, lt_cmd_generate, "answer a prompt with a model and optionally an adapter")
 LT_CMD(export, lt_cmd_export, "merge an adapter into its base and write an HF folder, a GGUF or a GGUF LoRA")
+LT_CMD(chat, lt_cmd_chat, "talk to a model (and an adapter) over stdin, the history kept through its chat template")
+LT_CMD(eval, lt_cmd_eval, "mean loss and perplexity of a model (and an adapter) on a data split, as train evaluates")

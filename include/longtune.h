@@ -22,6 +22,8 @@
 #include "longtune/comm.h"
 #include "longtune/context_parallel.h"
 #include "longtune/model.h"
+#include "longtune/kv_cache.h"
+#include "longtune/generate.h"
 #include "longtune/plan.h"
 #include "longtune/guard.h"
 #include "longtune/train.h"

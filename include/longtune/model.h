@@ -3,7 +3,7 @@
  * LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
  * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
  * planner sums. The base weights are frozen; only LoRA parameters get gradients. The optimizer,
- * schedules and adapter files belong to the trainer (train.h); there is no KV cache. */
+ * schedules and adapter files belong to the trainer (train.h); generation's KV cache is kv_cache.h. */
 #ifndef LONGTUNE_MODEL_H
 #define LONGTUNE_MODEL_H
 
@@ -452,8 +452,8 @@ LT_API void lt_model_set_grad_ready(lt_model *m, lt_model_grad_ready_fn fn, void
 /* Full logits (B*T, V) f32 into `logits` (caller's host buffer), for tests; targets may be NULL.
  * A device model allocates a (rows, V) device buffer for the call (not a training path). */
 LT_API lt_status lt_model_logits(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
-/* Logits (B, V) of the last position of each row only (generation: recompute the whole prefix,
- * there is no KV cache). */
+/* Logits (B, V) of the last position of each row only, recomputing the whole prefix (generation
+ * runs over the KV cache of kv_cache.h instead). */
 LT_API lt_status lt_model_logits_last(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float *logits);
 
 #ifdef __cplusplus

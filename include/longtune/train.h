@@ -122,6 +122,9 @@ typedef struct lt_train_options {
     char chat_template[LT_TRAIN_PATH_MAX]; /* a chat format name (chatml, llama3, ...) or a file
                                               holding a Jinja template, recognised as one of
                                               them ["" = the tokenizer's own template] */
+    int test;                                    /* after training, evaluate the data folder's test.jsonl (as
+                                      mlx-lm's --test): lt_train_result.test_loss [0] */
+    int64_t test_batches;                        /* batches of that evaluation [500]; -1 = the whole set */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -322,6 +325,8 @@ typedef struct lt_train_result {
     double first_val_loss; /* the first validation of this call (NAN when none) */
     double last_val_loss;
     double last_train_loss;
+    double test_loss;       /* opt->test: mean token loss over the test split (NAN otherwise) */
+    int64_t test_tokens;    /* its scored tokens */
     int64_t tokens;         /* trained tokens, resumed ones included */
     double elapsed_s;       /* this call's wall time */
     size_t peak_bytes;      /* high-water of the accounting allocator on the run's device */
@@ -356,8 +361,8 @@ LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model
  * opt must be resolved. Errors: those of the loaders and of lt_train_fit. */
 LT_API lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res);
 
-/* Text generation without a KV cache (each new token re-runs the forward over the whole sequence:
- * O(T²), fine for the short answers a before/after check needs). */
+/* Text generation of one prompt over a KV cache (generate.h has the batched form and every
+ * sampling option). */
 typedef struct lt_generate_options {
     int64_t max_tokens; /* new tokens at most [256] */
     double temp;        /* 0 = greedy (argmax, lowest id on ties); > 0 samples softmax(z/temp) */
@@ -367,11 +372,27 @@ typedef struct lt_generate_options {
 
 /* Appends up to max_tokens tokens to prompt (n_prompt ids) into out (capacity >= max_tokens),
  * stopping after any id in stop_ids (included in out). on_token, when set, sees each new id as it is
- * chosen (for streaming). Prepares m for B = 1, T = n_prompt + max_tokens. Errors: those of the
- * model; LT_ERR_INVALID_ARG for an empty prompt or ids out of range; LT_ERR_OOM. */
+ * chosen (for streaming). Runs a KV cache of n_prompt + max_tokens positions. Errors: those of the
+ * model; LT_ERR_INVALID_ARG for an empty prompt, ids out of range or a prompt past the model's context; LT_ERR_OOM. */
 LT_API lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n_prompt, const int32_t *stop_ids,
                              int n_stop, const lt_generate_options *opt, int32_t *out, int64_t *n_out,
                              void (*on_token)(void *arg, int32_t id), void *arg);
+
+/* Evaluation of a data split the way training reads it: the same packing (rows of
+ * max_seq_length, batch_size rows per batch, no_pack), masking (done by the data set: mask_prompt)
+ * and forward as the trainer's validation, on the loaded model as it is. At most max_batches
+ * batches (-1 or 0 = all). */
+typedef struct lt_eval_result {
+    double loss_sum;  /* Σ token losses (nats) */
+    int64_t n_tokens; /* scored targets */
+    int64_t n_batches, n_seqs;
+    double mean_loss, ppl; /* loss_sum / n_tokens and exp of it (NAN without tokens) */
+} lt_eval_result;
+/* opt resolved (batch_size, max_seq_length, no_pack, pack_algorithm, attention, loss are read).
+ * Prepares m forward-only for (batch_size, max_seq_length). Errors: those of the packer and the
+ * model; LT_ERR_INVALID_ARG when the split yields no scored token. */
+LT_API lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *data,
+                                   int64_t max_batches, lt_eval_result *res);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

@@ -43,7 +43,15 @@ typedef struct lt_adamw_params {
  *     (same pointer, N and width, contents unchanged since): a backend may reuse what it derived
  *     from x then (CUDA: the bf16 copy of x, when all of x fitted in one chunk). For projections
  *     that share an input (q, k, v; gate, up). */
-typedef enum lt_matmul_mode { LT_MATMUL_NT = 0, LT_MATMUL_NN = 1, LT_MATMUL_NT_SAME_X = 2 } lt_matmul_mode;
+typedef enum lt_matmul_mode {
+    LT_MATMUL_NT = 0,
+    LT_MATMUL_NN = 1,
+    LT_MATMUL_NT_SAME_X = 2,
+    /* NT for a decode step (a few rows of x, LT_MATVEC_MAX_N at most on the CPU's direct path): a
+     * backend may round x to 8 bits per block of 32 and dot it with quantized rows directly (CPU:
+     * Q4_0, Q4_1, Q8_0), trading that rounding for reading every weight row once. */
+    LT_MATMUL_NT_DECODE = 3
+} lt_matmul_mode;
 
 /* A captured training step (CUDA graph), owned by the backend that made it. */
 typedef struct lt_graph lt_graph;
@@ -65,8 +73,9 @@ typedef struct lt_lora_proj {
  * Fields an op does not have stay 0. The public boundaries fill it after validating the request
  * (so every value is one the op accepts) and before any work. */
 typedef enum lt_op {
-    LT_OP_ATTENTION = 0, /* attention_fwd / attention_bwd */
-    LT_OP_LCE,           /* lce_fwd / lce_bwd / lce_fwd_bwd */
+    LT_OP_ATTENTION = 0,    /* attention_fwd / attention_bwd */
+    LT_OP_LCE,              /* lce_fwd / lce_bwd / lce_fwd_bwd */
+    LT_OP_DECODE_ATTENTION, /* decode_attention (dtype f32, head_dim, window, softcap) */
     LT_OP_COUNT_
 } lt_op;
 
@@ -79,6 +88,25 @@ typedef struct lt_op_query {
     int64_t window;   /* attention: sliding window, 0 = none */
     float softcap;    /* attention or lce softcap, 0 = off */
 } lt_op_query;
+
+/* ---- decode attention: one query row per token over the keys a KV cache holds ----
+ * n query tokens, each of cache row seq[i] (0 <= seq < B_cache) seeing cache positions
+ * [max(0, len[i] − window), len[i]) (window 0: from 0), len[i] >= 1. q, out (n, H, D); kc, vc the
+ * layer's cache (B_cache, ctx, Hkv, D), positions already rotated; all f32. Scores
+ * cap·tanh(scale·q·k/cap) when softcap > 0 (as the prefill kernels); GQA: query head h reads kv head
+ * h / (H / Hkv). seq and len live in the backend's memory. The workspace holds the per-split
+ * partial results of the split over keys (flash-decoding) where a backend splits. */
+typedef struct lt_decode_attention_params {
+    int64_t n, H, Hkv, D, ctx;
+    int64_t max_len; /* >= every len[i]: bounds the splits */
+    float scale, softcap;
+    int64_t window;
+    const int32_t *seq, *len;
+    const float *q, *kc, *vc;
+    float *out;
+    void *workspace;
+} lt_decode_attention_params;
+#define LT_MATVEC_MAX_N 8 /* rows of x the CPU's direct quantized matmul path serves */
 
 typedef struct lt_backend {
     const char *name;
@@ -232,6 +260,10 @@ typedef struct lt_backend {
      * dlu: (n, G·r) f32 scratch; ws as for lora_fwd. CUDA may read dy_g in bf16 for dlu_g and gb_g. */
     void (*lora_bwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                      float *dx, float beta, float *dlu, void *ws);
+    /* Decode attention (lt_decode_attention_params); workspace bytes for n queries of at most
+     * max_len keys (0 where the backend needs none). Refusals: supports with LT_OP_DECODE_ATTENTION. */
+    size_t (*decode_attention_workspace_bytes)(const lt_decode_attention_params *p, int threads);
+    lt_status (*decode_attention)(lt_ctx *ctx, const lt_decode_attention_params *p);
 } lt_backend;
 
 /* The reference composition of lora_fwd / lora_bwd from be's matmul and gemm ops (the CPU

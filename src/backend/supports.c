@@ -12,6 +12,19 @@ static lt_status attention_dtype(lt_ctx *ctx, const lt_op_query *q) {
     return LT_OK;
 }
 
+/* Decode attention reads an f32 cache on every backend; head dims up to a backend's limit. */
+static lt_status decode_attention_common(lt_ctx *ctx, const lt_op_query *q, int64_t max_d, const char *be) {
+    if (q->dtype != LT_DTYPE_F32)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "decode attention: dtype %s is not supported (f32)",
+                        lt_dtype_name(q->dtype));
+    if (q->head_dim > max_d || q->head_dim < 1)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "decode attention: head dim D=%lld outside the %s limit 1..%lld",
+                        (long long)q->head_dim, be, (long long)max_d);
+    if (q->window < 0 || q->softcap < 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "decode attention: negative window or softcap");
+    return LT_OK;
+}
+
 lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q) {
     switch (q->op) {
     case LT_OP_ATTENTION:
@@ -21,9 +34,13 @@ lt_status lt_backend_cpu_supports(lt_ctx *ctx, const lt_op_query *q) {
                             (long long)q->head_dim, LT_ATTENTION_CPU_MAX_D);
         return LT_OK;
     case LT_OP_LCE: /* every head dtype and impl the boundary accepts */ return LT_OK;
+    case LT_OP_DECODE_ATTENTION: return decode_attention_common(ctx, q, LT_ATTENTION_CPU_MAX_D, "CPU");
     default: return lt_error(ctx, LT_ERR_UNSUPPORTED, "cpu backend: unknown op %d", (int)q->op);
     }
 }
+
+/* The CUDA decode kernel keeps a head's D values in registers, at most eight per lane of a warp. */
+#define LT_DECODE_ATTENTION_CUDA_MAX_D 256
 
 static int cuda_head_dim_ok(int64_t D) {
     static const int64_t dims[] = LT_ATTENTION_CUDA_HEAD_DIMS;
@@ -70,6 +87,10 @@ lt_status lt_backend_cuda_supports(lt_ctx *ctx, const lt_op_query *q) {
         if (q->impl == LT_LCE_NAIVE)
             return lt_error(ctx, LT_ERR_UNSUPPORTED, "lce (CUDA): the naive oracle is CPU-only");
         if (!LT_HAVE_CUDA) return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA linear cross-entropy is not in this build");
+        return LT_OK;
+    case LT_OP_DECODE_ATTENTION:
+        LT_TRY(decode_attention_common(ctx, q, LT_DECODE_ATTENTION_CUDA_MAX_D, "CUDA"));
+        if (!LT_HAVE_CUDA) return lt_error(ctx, LT_ERR_UNSUPPORTED, "CUDA decode attention is not in this build");
         return LT_OK;
     default: return lt_error(ctx, LT_ERR_UNSUPPORTED, "cuda backend: unknown op %d", (int)q->op);
     }

@@ -74,6 +74,8 @@ static const option options[] = {
     {"yarn_beta_slow", K_F64, O(yarn_beta_slow), 0, 0, 1e6},
     {"rope_attn_factor", K_F64, O(rope_attn_factor), 0, 0, 1e6},
     {"chat_template", K_STR, O(chat_template), S(chat_template), 0, 0},
+    {"test", K_BOOL, O(test), 0, 0, 1},
+    {"test_batches", K_I64, O(test_batches), 0, -1, 1e12},
 };
 #undef O
 #undef S
@@ -453,6 +455,7 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.warmup > o.iters)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'warmup' (%lld) exceeds 'iters' (%lld)", (long long)o.warmup,
                         (long long)o.iters);
+    if (o.test_batches == 0) o.test_batches = 500;
     if (!o.cuda_graph[0]) snprintf(o.cuda_graph, sizeof o.cuda_graph, "on");
     if (strcmp(o.cuda_graph, "on") && strcmp(o.cuda_graph, "off"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'cuda_graph': '%s' is not on|off", o.cuda_graph);

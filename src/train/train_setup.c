@@ -51,6 +51,24 @@ static lt_status chat_template_option(lt_ctx *ctx, const char *arg, lt_chat_form
     return s;
 }
 
+/* train --test: the test split, read and evaluated as the validation split is. */
+static lt_status test_split(lt_ctx *ctx, const lt_train_options *opt, const lt_tokenizer *tok,
+                            const lt_dataset_options *dopt, lt_model *m, lt_train_result *res) {
+    lt_dataset *test = NULL;
+    LT_TRY(lt_dataset_load_split(ctx, opt->data, "test", tok, dopt, &test));
+    log_split("test", test);
+    lt_pack_input in = lt_dataset_input(test);
+    lt_eval_result ev;
+    lt_status s = lt_train_evaluate(ctx, opt, m, &in, opt->test_batches, &ev);
+    if (s == LT_OK) {
+        res->test_loss = ev.mean_loss;
+        res->test_tokens = ev.n_tokens;
+        LT_INFO("Test loss %.3f, Test ppl %.3f (%lld tokens)", ev.mean_loss, ev.ppl, (long long)ev.n_tokens);
+    }
+    lt_dataset_free(ctx, test);
+    return s;
+}
+
 lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress, lt_train_result *res) {
     lt_tokenizer *tok = NULL;
     lt_dataset *train = NULL, *valid = NULL;
@@ -95,6 +113,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_pack_input tin = lt_dataset_input(train), vin;
     if (valid) vin = lt_dataset_input(valid);
     s = lt_train_fit(ctx, opt, m, &tin, valid ? &vin : NULL, progress, res);
+    res->test_loss = NAN;
+    if (s == LT_OK && opt->test) s = test_split(ctx, opt, tok, &dopt, m, res);
 done:
     if (m) lt_model_free(ctx, m);
     if (valid) lt_dataset_free(ctx, valid);

@@ -320,6 +320,7 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
         else lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
         return;
     }
+    if (mode == LT_MATMUL_NT_DECODE && lt_cpu_matvec(ctx, w, x, N, beta, y, ws)) return;
     mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in)};
     int threads = lt_ctx_threads(ctx);
     if (mode != LT_MATMUL_NN) {

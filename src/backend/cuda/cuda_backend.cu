@@ -148,4 +148,6 @@ extern "C" const lt_backend lt_backend_cuda = {
     .graph_free = lt_cuda_graph_free,
     .lora_fwd = lt_cuda_lora_fwd,
     .lora_bwd = lt_cuda_lora_bwd,
+    .decode_attention_workspace_bytes = lt_cuda_decode_attention_workspace_bytes,
+    .decode_attention = lt_cuda_decode_attention,
 };

@@ -49,6 +49,9 @@ static inline unsigned lt_cuda_grid(int64_t n, int threads) {
 }
 
 extern "C" {
+/* Decode attention (attention/decode.cu): split over keys, then a combine kernel. */
+size_t lt_cuda_decode_attention_workspace_bytes(const lt_decode_attention_params *p, int threads);
+lt_status lt_cuda_decode_attention(lt_ctx *ctx, const lt_decode_attention_params *p);
 /* The copy queue of checkpoint offload (ops_offload.cu). */
 lt_status lt_cuda_xfer_open(lt_ctx *ctx, void **q);
 void lt_cuda_xfer_close(lt_ctx *ctx, void *q);

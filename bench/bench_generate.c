@@ -1,0 +1,222 @@
+/* `longtune bench generate`: longtune's KV-cache prefill (pp: a prompt of --pp tokens into an empty
+ * cache) and decode (tg: --tg single-token steps from an empty cache, logits to the host each
+ * step) against llama.cpp's llama-bench on the same GGUF with the same threads (its pp and tg
+ * tests), in the same invocation and interleaved round by round, so both see the same machine load.
+ * Reports tokens/s (median over rounds) and the ratios longtune / llama.cpp. llama-bench comes
+ * from --llama-bench, $LLAMA_BENCH, or /work/cache/llama-build/bin/llama-bench; without it only
+ * longtune's arms are measured. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bench.h"
+#include "longtune/alloc.h"
+#include "longtune/kv_cache.h"
+#include "longtune/log.h"
+#include "longtune/model.h"
+
+#define MAX_ROUNDS 64
+
+typedef struct gen_bench {
+    lt_ctx *ctx;
+    lt_model *m;
+    lt_kv_cache *c;
+    int32_t *prompt;
+    float *logits;
+    int64_t pp, tg;
+} gen_bench;
+
+static int run_pp(gen_bench *g, double *s) {
+    if (lt_kv_cache_truncate(g->ctx, g->c, 0, 0) != LT_OK) return -1;
+    int64_t row = 0;
+    const int32_t *t = g->prompt;
+    double t0 = lt_time_now();
+    if (lt_kv_cache_extend(g->ctx, g->c, 1, &row, &t, &g->pp, g->logits) != LT_OK) return -1;
+    *s = lt_time_now() - t0;
+    return 0;
+}
+
+static int run_tg(gen_bench *g, double *s) {
+    if (lt_kv_cache_truncate(g->ctx, g->c, 0, 0) != LT_OK) return -1;
+    int64_t row = 0, one = 1;
+    double t0 = lt_time_now();
+    for (int64_t i = 0; i < g->tg; i++) {
+        const int32_t *t = g->prompt + i;
+        if (lt_kv_cache_extend(g->ctx, g->c, 1, &row, &t, &one, g->logits) != LT_OK) return -1;
+    }
+    *s = lt_time_now() - t0;
+    return 0;
+}
+
+/* One llama-bench run of pp and tg (one repetition each); tokens/s into *pp_ts, *tg_ts. */
+static int llama_round(const char *exe, const char *model, int threads, int64_t pp, int64_t tg, double *pp_ts,
+                       double *tg_ts) {
+    char cmd[4096];
+    int n = snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -p %lld -n %lld -r 1 -o json 2>/dev/null", exe, model,
+                     threads, (long long)pp, (long long)tg);
+    if (n < 0 || (size_t)n >= sizeof cmd || strchr(model, '\'') || strchr(exe, '\'')) return -1;
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        pclose(f);
+        return -1;
+    }
+    size_t got;
+    while (len + 1 < cap && (got = fread(buf + len, 1, cap - 1 - len, f)) > 0) len += got;
+    buf[len] = 0;
+    int rc = pclose(f);
+    cJSON *j = rc == 0 ? cJSON_Parse(buf) : NULL;
+    free(buf);
+    *pp_ts = *tg_ts = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        const cJSON *np = cJSON_GetObjectItem(it, "n_prompt"), *ng = cJSON_GetObjectItem(it, "n_gen"),
+                    *ts = cJSON_GetObjectItem(it, "avg_ts");
+        if (!cJSON_IsNumber(np) || !cJSON_IsNumber(ng) || !cJSON_IsNumber(ts)) continue;
+        if (np->valuedouble > 0 && ng->valuedouble == 0) *pp_ts = ts->valuedouble;
+        if (np->valuedouble == 0 && ng->valuedouble > 0) *tg_ts = ts->valuedouble;
+    }
+    cJSON_Delete(j);
+    return *pp_ts > 0 && *tg_ts > 0 ? 0 : -1;
+}
+
+static cJSON *arm(const char *name, double ts, int64_t tokens) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "name", name);
+    cJSON_AddNumberToObject(a, "tokens", (double)tokens);
+    cJSON_AddNumberToObject(a, "tokens_per_s", ts);
+    cJSON_AddNumberToObject(a, "median_ms", ts > 0 ? 1e3 * (double)tokens / ts : 0);
+    return a;
+}
+
+int lt_bench_generate(int argc, char **argv) {
+    lt_bench_common c;
+    lt_bench_common_init(&c);
+    c.repeats = 5;
+    const char *home = getenv("HOME"), *llama = getenv("LLAMA_BENCH"), *model = NULL;
+    char def_model[1024];
+    snprintf(def_model, sizeof def_model, "%s/.cache/longtune/smollm2-135m-instruct-q4_1.gguf", home ? home : ".");
+    model = def_model;
+    if (!llama) llama = "/work/cache/llama-build/bin/llama-bench";
+    int threads = 2;
+    int64_t pp = 512, tg = 128;
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help")) {
+            printf("usage: longtune bench generate [--model GGUF] [--threads N] [--pp N] [--tg N] [--llama-bench PATH] "
+                   "[options]\n\nKV-cache prefill and decode tokens/s vs llama-bench (pp, tg) on the same model and "
+                   "threads.\n  --model GGUF  [~/.cache/longtune/smollm2-135m-instruct-q4_1.gguf]\n"
+                   "  --threads N  [2]\n  --pp N  prompt tokens [512]\n  --tg N  generated tokens [128]\n"
+                   "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench]\n"
+                   "options:\n" LT_BENCH_COMMON_HELP "  (--repeats: rounds, each one longtune pp, tg and one "
+                   "llama-bench run [5])\n");
+            return 0;
+        }
+        int k = lt_bench_common_flag(&c, argc, argv, &i);
+        if (k > 0) continue;
+        if (k < 0 || i + 1 >= argc) goto bad;
+        const char *v = argv[++i];
+        char *end;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--llama-bench")) llama = v;
+        else if (!strcmp(a, "--threads")) {
+            threads = (int)strtol(v, &end, 10);
+            if (*end || threads < 1 || threads > 4096) goto bad;
+        } else if (!strcmp(a, "--pp")) {
+            pp = strtoll(v, &end, 10);
+            if (*end || pp < 1 || pp > 65536) goto bad;
+        } else if (!strcmp(a, "--tg")) {
+            tg = strtoll(v, &end, 10);
+            if (*end || tg < 1 || tg > 65536) goto bad;
+        } else goto bad;
+    }
+    if (c.repeats > MAX_ROUNDS) c.repeats = MAX_ROUNDS;
+    struct stat sb;
+    int have_llama = stat(llama, &sb) == 0 && (sb.st_mode & S_IXUSR);
+    gen_bench g;
+    memset(&g, 0, sizeof g);
+    g.pp = pp, g.tg = tg;
+    g.ctx = lt_ctx_new();
+    lt_ctx_set_threads(g.ctx, threads);
+    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_lora_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.targets = 1u << LT_PROJ_Q, lo.num_layers = 1, lo.rank = 1; /* B = 0: the base model */
+    int rc = 1;
+    if (lt_model_load(g.ctx, model, &mo, &lo, &g.m) != LT_OK) {
+        fprintf(stderr, "longtune bench generate: %s\n", lt_ctx_error(g.ctx));
+        goto done;
+    }
+    const lt_model_config *cf = lt_model_get_config(g.m);
+    int64_t ctx_len = pp > tg ? pp : tg;
+    size_t cache_bytes = 0;
+    if (lt_kv_cache_new(g.ctx, g.m, 1, ctx_len, pp, &g.c, &cache_bytes) != LT_OK) {
+        fprintf(stderr, "longtune bench generate: %s\n", lt_ctx_error(g.ctx));
+        goto done;
+    }
+    g.prompt = malloc((size_t)ctx_len * sizeof(int32_t));
+    g.logits = malloc((size_t)cf->V * sizeof(float));
+    if (!g.prompt || !g.logits) goto done;
+    uint64_t r = 1;
+    for (int64_t j = 0; j < ctx_len; j++) g.prompt[j] = (int32_t)(lt_bench_rand_u64(&r) % (uint64_t)cf->V);
+    double lpp[MAX_ROUNDS], ltg[MAX_ROUNDS], cpp[MAX_ROUNDS], ctg[MAX_ROUNDS], s;
+    int n_llama = 0;
+    for (int w = 0; w < c.warmup; w++)
+        if (run_pp(&g, &s) || run_tg(&g, &s)) goto done;
+    for (int k = 0; k < c.repeats; k++) {
+        if (run_pp(&g, &s)) goto done;
+        lpp[k] = (double)pp / s;
+        if (run_tg(&g, &s)) goto done;
+        ltg[k] = (double)tg / s;
+        if (have_llama && llama_round(llama, model, threads, pp, tg, &cpp[n_llama], &ctg[n_llama]) == 0) n_llama++;
+        fprintf(stderr, "round %d: longtune pp %.1f tg %.1f tok/s%s", k + 1, lpp[k], ltg[k],
+                n_llama && have_llama ? "" : "\n");
+        if (have_llama && n_llama)
+            fprintf(stderr, ", llama.cpp pp %.1f tg %.1f tok/s\n", cpp[n_llama - 1], ctg[n_llama - 1]);
+    }
+    double mpp = lt_bench_median(lpp, c.repeats), mtg = lt_bench_median(ltg, c.repeats);
+    double mcpp = n_llama ? lt_bench_median(cpp, n_llama) : 0, mctg = n_llama ? lt_bench_median(ctg, n_llama) : 0;
+    cJSON *res = lt_bench_result_new("generate");
+    cJSON *cfg = cJSON_AddObjectToObject(res, "config");
+    cJSON_AddStringToObject(cfg, "model", model);
+    cJSON_AddNumberToObject(cfg, "threads", threads);
+    cJSON_AddNumberToObject(cfg, "pp", (double)pp);
+    cJSON_AddNumberToObject(cfg, "tg", (double)tg);
+    cJSON_AddNumberToObject(cfg, "rounds", c.repeats);
+    cJSON_AddNumberToObject(cfg, "kv_cache_bytes", (double)cache_bytes);
+    cJSON_AddStringToObject(cfg, "llama_bench", n_llama ? llama : "");
+    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
+    cJSON_AddItemToArray(arms, arm("longtune-pp", mpp, pp));
+    cJSON_AddItemToArray(arms, arm("longtune-tg", mtg, tg));
+    if (n_llama) {
+        cJSON_AddItemToArray(arms, arm("llama.cpp-pp", mcpp, pp));
+        cJSON_AddItemToArray(arms, arm("llama.cpp-tg", mctg, tg));
+        cJSON *ra = cJSON_AddObjectToObject(res, "ratios");
+        cJSON_AddNumberToObject(ra, "prefill", mpp / mcpp);
+        cJSON_AddNumberToObject(ra, "decode", mtg / mctg);
+        cJSON_AddBoolToObject(ra, "prefill_bar_0.8", mpp / mcpp >= 0.8);
+        cJSON_AddBoolToObject(ra, "decode_bar_1.0", mtg / mctg >= 1.0);
+        fprintf(
+            stderr,
+            "median: longtune pp %.1f tg %.1f tok/s; llama.cpp pp %.1f tg %.1f tok/s; ratios prefill %.2f decode %.2f\n",
+            mpp, mtg, mcpp, mctg, mpp / mcpp, mtg / mctg);
+    } else {
+        fprintf(stderr, "median: longtune pp %.1f tg %.1f tok/s (no llama-bench at %s)\n", mpp, mtg, llama);
+    }
+    rc = lt_bench_write(&c, res, "cpu");
+done:
+    free(g.prompt);
+    free(g.logits);
+    lt_kv_cache_free(g.ctx, g.c);
+    if (g.m) lt_model_free(g.ctx, g.m);
+    lt_ctx_free(g.ctx);
+    return rc;
+bad:
+    fprintf(stderr, "longtune bench generate: bad option '%s'\nusage: longtune bench generate [options]\n",
+            i < argc ? argv[i] : "");
+    return 2;
+}

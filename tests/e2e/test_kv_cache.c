@@ -1,0 +1,228 @@
+/* The KV-cache forward against the full-sequence forward: on each tiny fixture model (GQA in all
+ * of them), with random LoRA weights, the logits of a prompt prefilled through the cache and of
+ * every token decoded after it equal lt_model_logits over the whole sequence at each position;
+ * likewise with sliding windows put on some layers, for two rows of different lengths decoded
+ * together, for a multi-token continuation after cached positions (decode attention with several
+ * queries), after a truncation, for prompts longer than one pass's scratch, and on CUDA when
+ * present. Bad requests are typed errors. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/kv_cache.h"
+#include "longtune/model.h"
+#include "model/model_internal.h"
+
+/* f32 end to end on the CPU; the two paths differ in summation order (flash vs decode attention,
+ * one row vs many in a GEMM). Relative to the largest logit magnitude of the position. On CUDA the
+ * matmuls read x in bf16 (fp32 accumulate) on both paths, and x reaches them by different sums, so
+ * an input may round to the neighbouring bf16 value: a few bf16 ulps (2^-8) of a logit. A wrong
+ * position, cache row or key range moves logits by O(1), far above either bound. */
+#define KV_REL 2e-4
+#define KV_REL_CUDA 2e-2
+static double g_rel = KV_REL;
+
+static const char *const CASES[] = {"llama_tied", "llama3_untied", "qwen2_untied", "qwen3_tied",
+                                    "llama_tied/model.gguf"};
+#define T_ALL 24
+
+static lt_model *load(lt_ctx *ctx, const char *name, lt_device dev, uint64_t seed) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/model/%s", lt_test_source_dir(), name);
+    lt_model_options mo = {dev, 0};
+    lt_lora_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.rank = 4;
+    lt_model *m = NULL;
+    if (lt_model_load(ctx, dir, &mo, &lo, &m) != LT_OK) {
+        fprintf(stderr, "load %s: %s\n", name, lt_ctx_error(ctx));
+        fail();
+    }
+    int64_t n;
+    lt_model_lora_params(m, &n);
+    float *p = malloc((size_t)n * sizeof(float));
+    uint64_t r = seed;
+    for (int64_t i = 0; i < n; i++) p[i] = (float)((double)(lt_splitmix64(&r) >> 11) * 0x1.0p-53 - 0.5) * 0.2f;
+    assert_int_equal(lt_model_lora_set(ctx, m, 0, n, p), LT_OK);
+    free(p);
+    return m;
+}
+
+static void full_logits(lt_ctx *ctx, lt_model *m, const int32_t *tok, int64_t T, float *out) {
+    lt_model_run_options run;
+    memset(&run, 0, sizeof run);
+    run.B = 1, run.T = T, run.forward_only = 1;
+    run.saved_bf16 = -1; /* attention in f32 on every device, as the cache's */
+    assert_int_equal(lt_model_prepare(ctx, m, &run), LT_OK);
+    lt_model_batch b;
+    memset(&b, 0, sizeof b);
+    b.B = 1, b.T = T, b.tokens = tok;
+    assert_int_equal(lt_model_logits(ctx, m, &b, out), LT_OK);
+}
+
+static double row_err(const float *a, const float *b, int64_t V) {
+    double mx = 0, e = 0;
+    for (int64_t j = 0; j < V; j++) {
+        if (fabs(b[j]) > mx) mx = fabs(b[j]);
+        if (fabs((double)a[j] - b[j]) > e) e = fabs((double)a[j] - b[j]);
+    }
+    return e / (mx > 0 ? mx : 1);
+}
+
+static void check_row(const char *what, int64_t pos, const float *got, const float *want, int64_t V) {
+    double e = row_err(got, want, V);
+    if (e > g_rel) {
+        fprintf(stderr, "%s: position %lld relative error %.3g > %.3g\n", what, (long long)pos, e, g_rel);
+        fail();
+    }
+}
+
+/* Sequence a (T_ALL tokens) and b (T_ALL - 12) in rows 1 and 0: prefill both, decode both together,
+ * a three-token continuation on row 1, truncation and re-extension on row 0. */
+static void run_case(lt_ctx *ctx, lt_model *m, const char *what) {
+    const lt_model_config *cf = lt_model_get_config(m);
+    int64_t V = cf->V;
+    int32_t a[T_ALL], bq[T_ALL];
+    uint64_t r = 7;
+    for (int i = 0; i < T_ALL; i++) a[i] = (int32_t)(lt_splitmix64(&r) % (uint64_t)V);
+    for (int i = 0; i < T_ALL; i++) bq[i] = (int32_t)(lt_splitmix64(&r) % (uint64_t)V);
+    int64_t Ta = T_ALL, Tb = T_ALL - 12;
+    float *fa = malloc((size_t)(Ta * V) * 4), *fb = malloc((size_t)(Tb * V) * 4), *lg = malloc((size_t)(2 * V) * 4);
+    full_logits(ctx, m, a, Ta, fa);
+    full_logits(ctx, m, bq, Tb, fb);
+    lt_kv_cache *c = NULL;
+    size_t bytes = 0;
+    assert_int_equal(lt_kv_cache_new(ctx, m, 2, 32, 0, &c, &bytes), LT_OK);
+    size_t kvb = 0;
+    assert_int_equal(lt_kv_cache_bytes(ctx, cf, 2, 32, &kvb), LT_OK);
+    assert_int_equal(kvb, (size_t)(cf->L * 2 * 2 * 32 * cf->Hkv * cf->D * 4));
+    assert_true(bytes > kvb);
+    /* prefill: a's first 9, b's first 5, packed in one flash pass */
+    int64_t rows[2] = {1, 0}, np[2] = {9, 5};
+    const int32_t *tp[2] = {a, bq};
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 2, rows, tp, np, lg), LT_OK);
+    check_row(what, 8, lg, fa + 8 * V, V);
+    check_row(what, 4, lg + V, fb + 4 * V, V);
+    int64_t pa = 9, pb = 5;
+    /* decode both, one token each, until b is done */
+    while (pb < Tb) {
+        const int32_t *t2[2] = {a + pa, bq + pb};
+        int64_t ones[2] = {1, 1};
+        assert_int_equal(lt_kv_cache_extend(ctx, c, 2, rows, t2, ones, lg), LT_OK);
+        check_row(what, pa, lg, fa + pa * V, V);
+        check_row(what, pb, lg + V, fb + pb * V, V);
+        pa++, pb++;
+    }
+    /* a continues by three tokens in one call (decode attention with three queries), then singly */
+    int64_t three = 3, row1 = 1;
+    const int32_t *t3 = a + pa;
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row1, &t3, &three, lg), LT_OK);
+    pa += 3;
+    check_row(what, pa - 1, lg, fa + (pa - 1) * V, V);
+    for (int i = (int)pa; i < T_ALL; i++) {
+        const int32_t *t1 = &a[i];
+        int64_t one = 1;
+        assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row1, &t1, &one, lg), LT_OK);
+        check_row(what, i, lg, fa + (int64_t)i * V, V);
+    }
+    /* row 0 back to 3 positions, then the rest of b again in one continuation */
+    int64_t row0 = 0, rest = Tb - 3;
+    assert_int_equal(lt_kv_cache_truncate(ctx, c, 0, 3), LT_OK);
+    assert_int_equal(lt_kv_cache_length(c, 0), 3);
+    const int32_t *tr = bq + 3;
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row0, &tr, &rest, lg), LT_OK);
+    check_row(what, Tb - 1, lg, fb + (Tb - 1) * V, V);
+    /* bad requests */
+    int64_t too_many = 40;
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row0, &tr, &too_many, lg), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "context"));
+    int64_t bad_row = 2, one = 1;
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &bad_row, &tr, &one, lg), LT_ERR_INVALID_ARG);
+    int32_t bad_tok = (int32_t)V;
+    const int32_t *tb = &bad_tok;
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row0, &tb, &one, lg), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_kv_cache_truncate(ctx, c, 0, 100), LT_ERR_INVALID_ARG);
+    lt_kv_cache_free(ctx, c);
+    /* scratch for 4 tokens per pass: both prompts prefill in passes (flash, then decode attention) */
+    assert_int_equal(lt_kv_cache_new(ctx, m, 2, 32, 4, &c, NULL), LT_OK);
+    int64_t np2[2] = {Ta, Tb};
+    assert_int_equal(lt_kv_cache_extend(ctx, c, 2, rows, tp, np2, lg), LT_OK);
+    check_row(what, Ta - 1, lg, fa + (Ta - 1) * V, V);
+    check_row(what, Tb - 1, lg + V, fb + (Tb - 1) * V, V);
+    lt_kv_cache_free(ctx, c);
+    free(fa), free(fb), free(lg);
+}
+
+static void each_case(lt_device dev, int windows) {
+    g_rel = dev == LT_DEVICE_CPU ? KV_REL : KV_REL_CUDA;
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        lt_ctx *ctx = lt_ctx_new();
+        lt_model *m = load(ctx, CASES[i], dev, 11 + i);
+        char what[128];
+        snprintf(what, sizeof what, "%s%s (%s)", CASES[i], windows ? " windowed" : "",
+                 dev == LT_DEVICE_CPU ? "cpu" : "cuda");
+        if (windows) /* layer 0 slides over 5 keys, layer 1 keeps full attention */
+            for (int64_t l = 0; l < m->cfg.L; l += 2) {
+                m->layers[l].desc.attn = LT_ATTN_KIND_SLIDING;
+                m->layers[l].desc.window = 5;
+            }
+        run_case(ctx, m, what);
+        lt_model_free(ctx, m);
+        lt_ctx_free(ctx);
+    }
+}
+
+static void test_cpu(void **st) {
+    (void)st;
+    each_case(LT_DEVICE_CPU, 0);
+}
+
+static void test_cpu_window(void **st) {
+    (void)st;
+    each_case(LT_DEVICE_CPU, 1);
+}
+
+static void test_cuda(void **st) {
+    (void)st;
+    lt_ctx *ctx = lt_ctx_new();
+    if (lt_model_device_available(ctx, LT_DEVICE_CUDA) != LT_OK) {
+        lt_ctx_free(ctx);
+        skip();
+    }
+    lt_ctx_free(ctx);
+    each_case(LT_DEVICE_CUDA, 0);
+    each_case(LT_DEVICE_CUDA, 1);
+}
+
+static void test_bad_new(void **st) {
+    (void)st;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model *m = load(ctx, "llama_tied", LT_DEVICE_CPU, 1);
+    lt_kv_cache *c = NULL;
+    /* the fixture's max_position_embeddings is 64 */
+    assert_int_equal(lt_kv_cache_new(ctx, m, 1, 65, 0, &c, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "max_positions"));
+    assert_int_equal(lt_kv_cache_new(ctx, m, 0, 8, 0, &c, NULL), LT_ERR_INVALID_ARG);
+    assert_null(c);
+    lt_model_free(ctx, m);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu),
+        cmocka_unit_test(test_cpu_window),
+        cmocka_unit_test(test_cuda),
+        cmocka_unit_test(test_bad_new),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
