@@ -20,7 +20,9 @@ static void print_help(void) {
         "Fine-tunes LoRA adapters of M (a Hugging Face folder or a .gguf file; a quantized base stays\n"
         "quantized: QLoRA) on DIR/train.jsonl, evaluating on DIR/valid.jsonl. Writes the PEFT adapter\n"
         "(adapter_config.json, adapter_model.safetensors), a resumable checkpoint and metrics.jsonl\n"
-        "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n\n"
+        "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n"
+        "Exit status: 0 done, 1 failure, 2 usage, 3 memory ceiling, 4 diverged (a non-finite loss or\n"
+        "gradient norm: the last good adapter is kept, diverged.json says where), 128+N signal N.\n\n"
         "options (defaults in brackets; flags override --config):\n"
         "  --model PATH               base model (required)\n"
         "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
@@ -197,6 +199,11 @@ int lt_cmd_train(int argc, char **argv) {
         int sig = lt_train_stop_requested();
         fprintf(stderr, "longtune train: %s\n", lt_ctx_error(ctx));
         rc = 128 + (sig > 0 ? sig : SIGINT);
+        goto done;
+    }
+    if (s == LT_ERR_DIVERGED) {
+        fprintf(stderr, "longtune train: %s: %s\n", lt_status_str(s), lt_ctx_error(ctx));
+        rc = LT_EXIT_DIVERGED;
         goto done;
     }
     if (s != LT_OK) {

@@ -23,6 +23,8 @@ extern "C" {
 
 #define LT_TRAIN_PATH_MAX 1024
 #define LT_TRAIN_NAME_MAX 160
+/* The record a diverged run leaves in its adapter folder (see lt_train_fit). */
+#define LT_TRAIN_DIVERGED_FILE "diverged.json"
 
 typedef enum lt_lr_schedule {
     LT_LR_SCHEDULE_CONSTANT = 0, /* lr after warmup */
@@ -189,7 +191,9 @@ LT_API lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt
  * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
 LT_API lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
 
-/* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
+/* One metrics record; NAN (or a negative value for the byte counts) leaves a field out, except a
+ * measured train_loss (train_loss_measured = 1): a non-finite one is written as
+ * "train_loss":null with "train_loss_non_finite":"nan" | "inf" | "-inf". */
 typedef struct lt_metrics_record {
     int64_t step;
     double train_loss;
@@ -201,6 +205,7 @@ typedef struct lt_metrics_record {
     int64_t peak_bytes;      /* accounting allocator high-water on the run's device */
     int64_t plan_bytes;      /* what the planner predicted for the run (same device) */
     int64_t host_peak_bytes; /* device runs: the host high-water besides; 0 (left out) on CPU */
+    int train_loss_measured; /* train_loss is this window's measured loss, finite or not */
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;
@@ -301,7 +306,12 @@ typedef struct lt_train_result {
  * before the first and after the last), writes metrics, checkpoints and the PEFT adapter into
  * adapter_path every save_every steps and at the end, and resumes from resume_adapter_file.
  * A stop request (lt_train_request_stop) saves a checkpoint and returns LT_ERR_INTERRUPTED.
- * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
+ * A non-finite loss or gradient norm stops the run with LT_ERR_DIVERGED (the message names the
+ * step and the quantity): nothing more is saved, so the last good checkpoint and adapter stay,
+ * the step's metrics line holds "train_loss":null with its flag, and adapter_path gets
+ * LT_TRAIN_DIVERGED_FILE (status, step, quantity, value, last_good_step, checkpoint); a save
+ * whose parameters are not finite is refused the same way. The next successful save removes an
+ * earlier record. progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
  * checkpoint and file writers, all with messages. */
 LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
                               const lt_pack_input *valid, FILE *progress, lt_train_result *res);

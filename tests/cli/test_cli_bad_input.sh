@@ -54,4 +54,35 @@ expect 1 "longtune train: malformed input: $dir/badline/train.jsonl:2:" --model 
 expect 1 "longtune train: not found: $dir/nodir/train.jsonl: cannot open" --model "$dir/model" --data "$dir/nodir" --iters 2 "${ad[@]}"
 expect 1 "longtune train: not found: $dir/nomodel" --model "$dir/nomodel" --data "$dir/data" --iters 2 "${ad[@]}"
 expect 1 "longtune train: I/O error: $dir/nockpt: cannot open checkpoint" "${run[@]}" "${ad[@]}" --resume-adapter-file "$dir/nockpt"
+# Divergence: a run whose loss turns NaN stops with exit 4, names the step and the quantity, keeps
+# the last good (finite) adapter and checkpoint, records the NaN in metrics.jsonl as null + flag,
+# and leaves diverged.json; the kept adapter loads in generate.
+div=(--model "$dir/model" --data "$dir/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 60
+  --learning-rate 10 --lora-alpha 1000000 --lora-rank 64 --beta2 0.5 --eps 1e-30 --save-every 1
+  --steps-per-report 1 --adapter-path "$dir/div")
+out=$("$bin" train "${div[@]}" 2>&1); rc=$?
+if [ $rc != 4 ] || ! grep -qE "^longtune train: training diverged: training diverged at step [0-9]+: train_loss is nan \(learning rate 10\); the checkpoint and adapter of step [0-9]+ in $dir/div are kept; see $dir/div/diverged.json" <<<"$out"; then
+  echo "FAIL: divergence -> exit $rc:"; echo "$out" | tail -2; fail=1
+fi
+grep -q '"train_loss":null,"train_loss_non_finite":"nan"' "$dir/div/metrics.jsonl" || { echo "FAIL: metrics lacks the null loss"; fail=1; }
+grep -q '"quantity":.*"train_loss"' "$dir/div/diverged.json" || { echo "FAIL: no divergence record"; fail=1; }
+"$bin" generate --model "$dir/model" --adapter "$dir/div" --prompt hi --max-tokens 2 >/dev/null 2>&1 ||
+  { echo "FAIL: the kept adapter does not load"; fail=1; }
+# An adapter holding a NaN is refused naming the tensor.
+cp -r "$dir/div" "$dir/nanad"
+python3 - "$dir/nanad/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+k = sorted(x for x in h if x != "__metadata__")[0]
+o = 8 + n + h[k]["data_offsets"][0]
+b[o:o + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(b)
+PY
+out=$("$bin" generate --model "$dir/model" --adapter "$dir/nanad" --prompt hi --max-tokens 2 2>&1); rc=$?
+if [ $rc != 1 ] || ! grep -qF "adapter_model.safetensors: tensor " <<<"$out" || ! grep -qF ": element 0 is nan (not finite)" <<<"$out"; then
+  echo "FAIL: a NaN adapter -> exit $rc: $out" | tail -2; fail=1
+fi
+
 exit $fail
