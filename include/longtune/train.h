@@ -101,6 +101,9 @@ typedef struct lt_train_options {
                                       the same; any other run, a shape change, or a step that
                                       cannot be captured runs eagerly (the log says why, once).
                                       Results are bit-identical either way ["on"] */
+    int overwrite;                               /* lt_train_run: a fresh run (no resume_adapter_file) into an
+                                      adapter_path that holds adapter_model.safetensors is refused
+                                      unless set [0] */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without

@@ -66,6 +66,7 @@ static const option options[] = {
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
     {"context_parallel", K_BOOL, O(context_parallel), 0, 0, 1},
     {"cuda_graph", K_STR, O(cuda_graph), S(cuda_graph), 0, 0},
+    {"overwrite", K_BOOL, O(overwrite), 0, 0, 1},
 };
 #undef O
 #undef S

@@ -26,6 +26,11 @@ void lt_atomic_abort(lt_atomic_file *af);
 
 /* Creates folder `dir` and its parents if absent (as mkdir -p). LT_ERR_IO otherwise. */
 lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
+/* Takes the adapter folder's lock (lock.c) for this process; *fd (-1 on failure) holds it until
+ * lt_train_unlock_dir. LT_ERR_INVALID_ARG names the pid of a run holding it already. */
+#define LT_TRAIN_LOCK_FILE ".longtune.lock"
+lt_status lt_train_lock_dir(lt_ctx *ctx, const char *dir, int *fd);
+void lt_train_unlock_dir(int fd);
 
 /* Bytes the metrics log holds while open (lt_metrics_open's one block). */
 size_t lt_metrics_bytes(void);

@@ -85,4 +85,17 @@ if [ $rc != 1 ] || ! grep -qF "adapter_model.safetensors: tensor " <<<"$out" || 
   echo "FAIL: a NaN adapter -> exit $rc: $out" | tail -2; fail=1
 fi
 
+# One run per adapter folder: a second run while the first holds the lock is refused naming the
+# first's pid; a fresh run into a folder holding an adapter needs --overwrite (or a resume).
+"$bin" train "${run[@]}" --iters 100000 --save-every 100000 --adapter-path "$dir/locked" >"$dir/locked.out" 2>&1 &
+first=$!
+for _ in $(seq 1 600); do [ -s "$dir/locked/.longtune.lock" ] && break; sleep 0.1; done
+expect 1 "longtune train: invalid argument: $dir/locked is in use by another training run (pid $first, lock $dir/locked/.longtune.lock)" \
+  "${run[@]}" --adapter-path "$dir/locked"
+kill -TERM $first; wait $first
+expect 1 "longtune train: invalid argument: $dir/locked already holds an adapter (adapter_model.safetensors): --overwrite replaces it, --resume-adapter-file $dir/locked continues its run" \
+  "${run[@]}" --adapter-path "$dir/locked"
+expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --overwrite
+expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --resume-adapter-file "$dir/locked"
+
 exit $fail
