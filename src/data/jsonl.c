@@ -9,6 +9,7 @@
 
 #include "longtune/alloc.h"
 #include "longtune/dataset.h"
+#include "io/json_nul.h"
 
 #define JSONL_CHUNK (1u << 20)
 
@@ -159,6 +160,9 @@ lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char 
     rec->messages = keep;
     rec->msg_cap_ = keep_cap;
     const char *end = NULL;
+    if (lt_json_nul_line(line, len))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: string contains U+0000 (a \\u0000 escape or a NUL byte)", file,
+                        (long long)line_no);
     cJSON *j = cJSON_ParseWithLengthOpts(line, len, &end, 0);
     if (!j) {
         const char *at = cJSON_GetErrorPtr();

@@ -15,6 +15,7 @@
 
 #include "data/tokenizer_internal.h"
 #include "longtune/alloc.h"
+#include "io/json_nul.h"
 
 typedef struct load_ctx {
     lt_tokenizer *t;
@@ -568,6 +569,12 @@ static lt_status load_config(lt_tokenizer *t, const char *json_path) {
         goto done;
     }
     if (s != LT_OK) goto done;
+    int64_t nul = lt_json_nul_line(buf, len);
+    if (nul) {
+        lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
     cfg = cJSON_ParseWithLength(buf, len);
     lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
     if (!cJSON_IsObject(cfg)) s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
@@ -583,6 +590,11 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
     char *buf;
     size_t len;
     LT_TRY(read_file(ctx, path, &buf, &len));
+    int64_t nul = lt_json_nul_line(buf, len);
+    if (nul) {
+        lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+    }
     cJSON *root = cJSON_ParseWithLength(buf, len);
     lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
     if (!cJSON_IsObject(root)) {

@@ -15,6 +15,7 @@
 
 #include "longtune/alloc.h"
 #include "longtune/safetensors.h"
+#include "io/json_nul.h"
 
 #define ST_MAX_HEADER (256u << 20) /* larger headers are refused rather than parsed */
 #define ST_MAX_SHARDS 1024
@@ -160,6 +161,11 @@ static lt_status load_shard(lt_ctx *ctx, lt_safetensors *st, const char *path) {
     if (!hdr) return lt_error(ctx, LT_ERR_OOM, "%s: header copy of %llu bytes", path, (unsigned long long)hlen);
     memcpy(hdr, base + 8, (size_t)hlen);
     hdr[hlen] = 0;
+    int64_t nul = lt_json_nul_line(hdr, (size_t)hlen);
+    if (nul) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: header line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
     root = cJSON_Parse(hdr);
     if (!root || !cJSON_IsObject(root)) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: header is not a JSON object", path);

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/model_internal.h"
+#include "io/json_nul.h"
 
 static lt_status get_int(lt_ctx *ctx, const char *path, const cJSON *root, const char *key, int required,
                          int64_t *out) {
@@ -196,7 +197,12 @@ lt_status lt_model_config_read_hf(lt_ctx *ctx, const char *path, lt_model_config
         return lt_error(ctx, LT_ERR_FORMAT, "%s: larger than 1 MiB", path);
     }
     buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
+    int64_t nul = lt_json_nul_line(buf, n);
+    if (nul) {
+        free(buf);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+    }
+    cJSON *root = cJSON_ParseWithLength(buf, n);
     free(buf);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "longtune/train.h"
+#include "io/json_nul.h"
 
 typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE } kind;
 
@@ -274,6 +275,11 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
         goto done;
     }
     text[size] = '\0';
+    int64_t nul = lt_json_nul_line(text, (size_t)size);
+    if (nul) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
     root = cJSON_ParseWithLength(text, (size_t)size);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();

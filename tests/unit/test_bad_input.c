@@ -497,6 +497,37 @@ static int setup(void **state) {
     return 0;
 }
 
+/* ---- U+0000 in JSON strings: refused (cJSON's C strings would drop the text after it) ---- */
+
+static void json_nul(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_record rec;
+    memset(&rec, 0, sizeof rec);
+    const char esc[] = "{\"text\": \"before\\u0000after\"}";
+    EXPECT(ctx, lt_record_parse(ctx, esc, sizeof esc - 1, "t.jsonl", 7, &rec), LT_ERR_FORMAT,
+           "t.jsonl:7: string contains U+0000");
+    const char raw[] = "{\"text\": \"before\0after\"}";
+    EXPECT(ctx, lt_record_parse(ctx, raw, sizeof raw - 1, "t.jsonl", 8, &rec), LT_ERR_FORMAT,
+           "t.jsonl:8: string contains U+0000");
+    /* An escaped backslash before u0000 is the text \u0000, kept whole. */
+    const char lit[] = "{\"text\": \"a\\\\u0000b\"}";
+    assert_int_equal(lt_record_parse(ctx, lit, sizeof lit - 1, "t.jsonl", 9, &rec), LT_OK);
+    assert_string_equal(rec.text, "a\\u0000b");
+    lt_record_free(ctx, &rec);
+    const char *p = tmp_path("config.json");
+    lt_model_config cfg;
+    const char cj[] = "{\"model_type\": \"llama\",\n\"x\": \"a\0b\"}";
+    write_bytes(p, cj, sizeof cj - 1);
+    EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, "config.json: line 2: string contains U+0000");
+    const char *tp = tmp_path("tokenizer.json");
+    write_text(tp, "{\"model\": {\"type\": \"BPE\",\n\n \"vocab\": {\"a\\u0000\": 0}}}");
+    lt_tokenizer *tok = NULL;
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, tp, &tok), LT_ERR_FORMAT, "tokenizer.json: line 3: string contains U+0000");
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static int teardown(void **state) {
     (void)state;
     return lt_test_rm_tree(dir);
@@ -504,13 +535,21 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gguf_truncated),        cmocka_unit_test(gguf_bad_magic_and_version),
-        cmocka_unit_test(gguf_offset_past_end),  cmocka_unit_test(gguf_overflowing_dimensions),
-        cmocka_unit_test(gguf_wrong_dtype),      cmocka_unit_test(gguf_duplicates),
-        cmocka_unit_test(gguf_string_past_end),  cmocka_unit_test(gguf_unknown_architecture),
-        cmocka_unit_test(safetensors_malformed), cmocka_unit_test(safetensors_index_malformed),
-        cmocka_unit_test(config_malformed),      cmocka_unit_test(tokenizer_malformed),
-        cmocka_unit_test(dataset_malformed),     cmocka_unit_test(jsonl_line_limit),
+        cmocka_unit_test(gguf_truncated),
+        cmocka_unit_test(gguf_bad_magic_and_version),
+        cmocka_unit_test(gguf_offset_past_end),
+        cmocka_unit_test(gguf_overflowing_dimensions),
+        cmocka_unit_test(gguf_wrong_dtype),
+        cmocka_unit_test(gguf_duplicates),
+        cmocka_unit_test(gguf_string_past_end),
+        cmocka_unit_test(gguf_unknown_architecture),
+        cmocka_unit_test(safetensors_malformed),
+        cmocka_unit_test(safetensors_index_malformed),
+        cmocka_unit_test(config_malformed),
+        cmocka_unit_test(tokenizer_malformed),
+        cmocka_unit_test(dataset_malformed),
+        cmocka_unit_test(jsonl_line_limit),
+        cmocka_unit_test(json_nul),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
