@@ -11,6 +11,7 @@
 
 #include "longtune/train.h"
 #include "io/json_nul.h"
+#include "train/train_internal.h"
 
 typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE } kind;
 
@@ -332,6 +333,7 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (!o.model[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'model' is required");
     if (!o.data[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'data' is required");
     if (!o.adapter_path[0]) snprintf(o.adapter_path, sizeof o.adapter_path, "adapters");
+    LT_TRY(lt_train_check_out_paths(ctx, o.adapter_path));
     if (o.iters <= 0) o.iters = 1000;
     if (o.batch_size <= 0) o.batch_size = 4;
     if (o.max_seq_length <= 0) o.max_seq_length = 2048;

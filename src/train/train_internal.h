@@ -31,6 +31,9 @@ lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
 #define LT_TRAIN_LOCK_FILE ".longtune.lock"
 lt_status lt_train_lock_dir(lt_ctx *ctx, const char *dir, int *fd);
 void lt_train_unlock_dir(int fd);
+/* Every output path of a run into dir (out_paths.c) fits PATH_MAX, LT_TRAIN_PATH_MAX and
+ * NAME_MAX; LT_ERR_INVALID_ARG names the file and the longest folder path allowed. */
+lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);
 
 /* Bytes the metrics log holds while open (lt_metrics_open's one block). */
 size_t lt_metrics_bytes(void);

@@ -98,4 +98,20 @@ expect 1 "longtune train: invalid argument: $dir/locked already holds an adapter
 expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --overwrite
 expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --resume-adapter-file "$dir/locked"
 
+# Output paths are checked in full before anything loads: the longest --adapter-path allowed (970
+# bytes: its longest output, aborted_memory_ceiling.json.tmp.PID, must fit 1023) trains and saves;
+# one byte more is a usage error; a component over NAME_MAX too.
+long_path() { # LEN: a path under $dir of exactly LEN bytes, components of at most 200
+  local p="$dir/lp" n
+  while [ ${#p} -lt "$1" ]; do n=$(( $1 - ${#p} - 1 )); [ $n -gt 200 ] && n=200; [ $n -lt 1 ] && n=1
+    p="$p/$(head -c $n /dev/zero | tr '\0' x)"; done
+  echo "$p"
+}
+lp=$(long_path 970)
+expect 0 "adapter: $lp/adapter_model.safetensors" "${run[@]}" --adapter-path "$lp"
+[ -s "$lp/checkpoint.ltck" ] || { echo "FAIL: no checkpoint under the 970-byte path"; fail=1; }
+lp=$(long_path 971)
+expect 2 "option 'adapter_path': 971 bytes leaves no room for its outputs (aborted_memory_ceiling.json and its temporary aborted_memory_ceiling.json.tmp.PID): a folder path of at most 970 bytes" "${run[@]}" --adapter-path "$lp"
+expect 2 "option 'adapter_path': component 256 bytes long at byte " "${run[@]}" --adapter-path "$dir/$(head -c 256 /dev/zero | tr '\0' y)"
+
 exit $fail
