@@ -314,6 +314,19 @@ static void safetensors_malformed(void **state) {
                           "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
                           16, -1),
            LT_ERR_FORMAT, "tensors 'a' and 'b' overlap");
+    /* A zero-size tensor holds no bytes: at [0,0] beside a tensor at [0,8] it overlaps nothing. */
+    assert_int_equal(st_open_header(ctx,
+                                    "{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                                    "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                    "\"z\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[4,4]}}",
+                                    8, -1),
+                     LT_OK);
+    /* Trailing garbage after the header's JSON (space padding is the format's and is accepted). */
+    EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}} xyz", 16, -1),
+           LT_ERR_FORMAT, "3 bytes of trailing data after the header's JSON object (byte 58)");
+    assert_int_equal(st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}    ", 16,
+                                    -1),
+                     LT_OK);
     /* Missing keys. */
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 16, -1), LT_ERR_FORMAT,
            "tensor 'w': needs dtype, shape and two data_offsets");
