@@ -14,6 +14,7 @@
 
 #include "model/model_internal.h"
 #include "io/json_nul.h"
+#include "model/config_bounds.h"
 
 static lt_status get_int(lt_ctx *ctx, const char *path, const cJSON *root, const char *key, int required,
                          int64_t *out) {
@@ -97,6 +98,9 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     LT_TRY(get_num(ctx, path, root, "rope_theta", &cfg->rope_theta));
     double eps = 1e-6;
     LT_TRY(get_num(ctx, path, root, "rms_norm_eps", &eps));
+    if (!(eps > 0 && eps <= LT_MODEL_MAX_RMS_EPS)) /* before the float conversion */
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: rms_norm_eps = %g is outside (0, %g]", path, eps,
+                        LT_MODEL_MAX_RMS_EPS);
     cfg->rms_eps = (float)eps;
     cfg->tie_embeddings = 0;
     LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
@@ -151,6 +155,7 @@ static lt_status read_token_ids(lt_ctx *ctx, const char *path, const cJSON *root
 }
 
 static lt_status check_shape(lt_ctx *ctx, const char *path, const lt_model_config *cfg) {
+    LT_TRY(lt_model_config_check_bounds(ctx, path, cfg, NULL));
     if (cfg->V <= 0 || cfg->C <= 0 || cfg->F <= 0 || cfg->L <= 0 || cfg->Hkv <= 0 || cfg->D <= 0 ||
         cfg->H % cfg->Hkv != 0 || cfg->D % 2 != 0 || cfg->V > INT32_MAX)
         return lt_error(ctx, LT_ERR_FORMAT,

@@ -17,6 +17,7 @@
 #include "longtune/sysinfo.h"
 #include "model/model_internal.h"
 #include "core/rng.h"
+#include "model/config_bounds.h"
 
 typedef struct source {
     const char *path;
@@ -92,7 +93,11 @@ static lt_status gg_int(lt_ctx *ctx, const source *s, const char *arch, const ch
         lt_ctx_clear_error(ctx);
         return LT_OK;
     }
-    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    if (st != LT_OK) {
+        char msg[512]; /* the reader's message, copied: lt_error formats into the same buffer */
+        snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+        return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, msg);
+    }
     return LT_OK;
 }
 
@@ -104,7 +109,11 @@ static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const ch
         lt_ctx_clear_error(ctx);
         return LT_OK;
     }
-    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    if (st != LT_OK) {
+        char msg[512]; /* the reader's message, copied: lt_error formats into the same buffer */
+        snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+        return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, msg);
+    }
     return LT_OK;
 }
 
@@ -128,20 +137,31 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     LT_TRY(gg_int(ctx, s, arch, "attention.head_count", 1, &c->H));
     c->Hkv = c->H;
     LT_TRY(gg_int(ctx, s, arch, "attention.head_count_kv", 0, &c->Hkv));
-    if (c->H <= 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: zero attention heads", s->path);
+    if (c->H <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.attention.head_count' = %lld: no attention heads",
+                        s->path, arch, (long long)c->H);
     c->D = c->C / c->H;
     LT_TRY(gg_int(ctx, s, arch, "attention.key_length", 0, &c->D));
+    if (c->D <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT,
+                        "%s: head dim %lld (metadata '%s.attention.key_length', or embedding_length %lld / head_count "
+                        "%lld) is not positive",
+                        s->path, (long long)c->D, arch, (long long)c->C, (long long)c->H);
     int64_t rope_dim = c->D;
     LT_TRY(gg_int(ctx, s, arch, "rope.dimension_count", 0, &rope_dim));
     if (rope_dim != c->D)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: partial RoPE (%lld of %lld dims) is not supported", s->path,
-                        (long long)rope_dim, (long long)c->D);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: partial RoPE (%lld of the head's %lld dims) is not supported",
+                        s->path, (long long)rope_dim, (long long)c->D);
     c->max_positions = 2048;
     LT_TRY(gg_int(ctx, s, arch, "context_length", 0, &c->max_positions));
     c->rope_theta = 10000.0;
     LT_TRY(gg_num(ctx, s, arch, "rope.freq_base", &c->rope_theta));
     double eps = 1e-6;
     LT_TRY(gg_num(ctx, s, arch, "attention.layer_norm_rms_epsilon", &eps));
+    if (!(eps > 0 && eps <= LT_MODEL_MAX_RMS_EPS)) /* before the float conversion */
+        return lt_error(ctx, LT_ERR_FORMAT,
+                        "%s: metadata '%s.attention.layer_norm_rms_epsilon' = %g is outside (0, %g]", s->path, arch,
+                        eps, LT_MODEL_MAX_RMS_EPS);
     c->rms_eps = (float)eps;
     char k[160];
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
@@ -167,9 +187,17 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     lt_ctx_clear_error(ctx);
     s->has_rope_factors = lt_gguf_find_tensor(ctx, s->gg, "rope_freqs.weight", &t) == LT_OK;
     lt_ctx_clear_error(ctx);
-    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 || c->H % c->Hkv ||
-        c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent GGUF hyper-parameters", s->path);
+    char kn[9][96];
+    static const char *const sfx[9] =
+        {"embedding_length",     "feed_forward_length",     "block_count",
+         "attention.head_count", "attention.head_count_kv", "attention.key_length",
+         "context_length",       "rope.freq_base",          "attention.layer_norm_rms_epsilon"};
+    lt_model_config_keys keys = {{"the rows of 'token_embd.weight' (vocab)"}};
+    for (int i = 0; i < 9; i++) {
+        snprintf(kn[i], sizeof kn[i], "metadata '%s.%s'", arch, sfx[i]);
+        keys.name[i + 1] = kn[i];
+    }
+    LT_TRY(lt_model_config_check_bounds(ctx, s->path, c, &keys));
     return LT_OK;
 }
 
