@@ -64,9 +64,10 @@ static void print_help(void) {
         usage);
 }
 
-/* First signal: finish the step, save, exit. A second one: stop at once (default action). */
+/* First signal: finish the step, save, exit. A second one, or any while the tokenizer, data and
+ * model load (nothing to save yet): stop at once (default action). */
 static void on_signal(int sig) {
-    if (lt_train_stop_requested()) {
+    if (lt_train_stop_requested() || !lt_train_stop_saves()) {
         signal(sig, SIG_DFL);
         raise(sig);
         return;

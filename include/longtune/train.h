@@ -351,6 +351,12 @@ LT_API void lt_train_request_stop(int signo);
 /* The signal number of the pending request, 0 when none. */
 LT_API int lt_train_stop_requested(void);
 LT_API void lt_train_clear_stop(void);
+/* 1 while a stop request is answered with a checkpoint: from lt_train_fit's first step (its
+ * first validation included) to its last save; 0 before, while the tokenizer, data and model
+ * load, and after. A signal handler that sees 0 has nothing to save and ends the process at once
+ * (async-signal-safe, as the request). */
+LT_API int lt_train_stop_saves(void);
+LT_API void lt_train_set_stop_saves(int on);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,9 @@ static lt_status evaluate(lt_trainer *t, double *out) {
     double sum = 0;
     int64_t tokens = 0;
     for (int64_t i = 0; i < nb; i++) {
+        /* A stop request ends the validation early (one rank alone: every rank must run the
+         * same batches, so a distributed run finishes it); the loss is then not reported. */
+        if (!t->dist && lt_train_stop_requested()) return LT_OK;
         lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(lt_trainer_fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
@@ -417,12 +420,21 @@ static lt_status diverged(lt_trainer *t, lt_progress *pg, int64_t step, double l
                     t->bad_what, nonfinite_text(t->bad_value), lr, kept, t->o->adapter_path, LT_TRAIN_DIVERGED_FILE);
 }
 
+static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res);
+
 /* The steps from the resumed (or first) one to iters, or to a stop. */
 static lt_status run_steps(lt_trainer *t, FILE *progress, lt_train_result *res) {
-    const lt_train_options *o = t->o;
     t->t0 = lt_time_now();
     t->elapsed0 = t->st.elapsed_s;
     t->saved_step = t->st.step > 0 ? t->st.step : -1; /* a resumed run starts from its checkpoint */
+    lt_train_set_stop_saves(1);
+    lt_status s = run_loop(t, progress, res);
+    lt_train_set_stop_saves(0);
+    return s;
+}
+
+static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res) {
+    const lt_train_options *o = t->o;
     if (t->st.step == 0) LT_TRY(first_eval(t, res));
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);

@@ -114,4 +114,28 @@ lp=$(long_path 971)
 expect 2 "option 'adapter_path': 971 bytes leaves no room for its outputs (aborted_memory_ceiling.json and its temporary aborted_memory_ceiling.json.tmp.PID): a folder path of at most 970 bytes" "${run[@]}" --adapter-path "$lp"
 expect 2 "option 'adapter_path': component 256 bytes long at byte " "${run[@]}" --adapter-path "$dir/$(head -c 256 /dev/zero | tr '\0' y)"
 
+# Data that never ends or is not a file: refused at open, never read forever.
+mkdir -p "$dir/zero" "$dir/folder/train.jsonl"
+ln -s /dev/zero "$dir/zero/train.jsonl"
+expect 1 "longtune train: invalid argument: $dir/zero/train.jsonl: is not a regular file (a device, FIFO or socket), not a JSONL file" \
+  --model "$dir/model" --data "$dir/zero" --iters 2 --adapter-path "$dir/ad_zero"
+expect 1 "longtune train: invalid argument: $dir/folder/train.jsonl: is a folder, not a JSONL file" \
+  --model "$dir/model" --data "$dir/folder" --iters 2 --adapter-path "$dir/ad_folder"
+# A signal while the data loads (nothing to save yet) ends the run at once, with the signal's
+# status, instead of waiting for the first step.
+mkdir -p "$dir/big"
+python3 -c "
+import sys
+w = sys.stdout.write
+for i in range(400000): w('{\"text\": \"record %d: the quick brown fox jumps over the lazy dog\"}\\n' % i)" > "$dir/big/train.jsonl"
+"$bin" train --model "$dir/model" --data "$dir/big" --iters 2 --threads 1 --adapter-path "$dir/ad_big" >"$dir/big.out" 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+t0=$SECONDS
+wait $pid; rc=$?
+if [ $rc != 130 ] || [ $((SECONDS - t0)) -gt 10 ] || [ -e "$dir/ad_big/checkpoint.ltck" ] || grep -q "train 1/" "$dir/big.out"; then
+  echo "FAIL: SIGINT while loading: exit $rc after $((SECONDS - t0)) s: $(tail -2 "$dir/big.out")"; fail=1
+fi
+
 exit $fail

@@ -457,6 +457,10 @@ static void dataset_malformed(void **state) {
     assert_int_equal(lt_dataset_load(ctx, p, tok, &opt, &ds), LT_OK);
     assert_int_equal(lt_dataset_get_stats(ds).records, 0);
     lt_dataset_free(ctx, ds);
+    /* Only regular files: /dev/zero would stream NUL bytes forever, a folder reads as an error. */
+    EXPECT(ctx, lt_dataset_load(ctx, "/dev/zero", tok, &opt, &ds), LT_ERR_INVALID_ARG,
+           "/dev/zero: is not a regular file (a device, FIFO or socket), not a JSONL file");
+    EXPECT(ctx, lt_dataset_load(ctx, dir, tok, &opt, &ds), LT_ERR_INVALID_ARG, ": is a folder, not a JSONL file");
     lt_tokenizer_free(tok);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
@@ -666,6 +670,35 @@ static void gguf_config_bounds(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Vocabulary ids are bounded by the vocabulary's size (model.vocab plus added_tokens entries): one
+ * id of 2,147,483,646 in a small file would otherwise size a table of 2^31 entries. */
+static void tokenizer_ids_bounded(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *p = tmp_path("tokenizer.json");
+    lt_tokenizer *tok = NULL;
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2147483646, \"c\": 1}, \"merges\": []}}");
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, p, &tok), LT_ERR_FORMAT,
+           "tokenizer.json: model.vocab['b'] has id 2147483646, past the vocabulary's 3 entries (model.vocab and "
+           "added_tokens)");
+    assert_null(tok);
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+               " \"added_tokens\": [{\"id\": 70000, \"content\": \"<x>\", \"special\": true}]}");
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, p, &tok), LT_ERR_FORMAT,
+           "tokenizer.json: added_tokens[0] '<x>' has id 70000, past the vocabulary's 3 entries");
+    /* Ids up to entries - 1 are fine (an added token beyond the model's vocabulary). */
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+               " \"added_tokens\": [{\"id\": 2, \"content\": \"<x>\", \"special\": true}]}");
+    assert_int_equal(lt_tokenizer_load_json(ctx, p, &tok), LT_OK);
+    assert_int_equal(lt_tokenizer_vocab_size(tok), 3);
+    lt_tokenizer_free(tok);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static int teardown(void **state) {
     (void)state;
     return lt_test_rm_tree(dir);
@@ -690,6 +723,7 @@ int main(void) {
         cmocka_unit_test(json_nul),
         cmocka_unit_test(config_bounds),
         cmocka_unit_test(gguf_config_bounds),
+        cmocka_unit_test(tokenizer_ids_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
