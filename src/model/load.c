@@ -348,8 +348,24 @@ static void copy_inv_freq(copy_job *j, const lt_wpiece *p, uint8_t *dst) {
                                  (long long)(c->D / 2));
             return;
         }
-        for (int64_t i = 0; i < c->D / 2; i++) inv[i] /= ((const float *)f.data)[i];
+        for (int64_t i = 0; i < c->D / 2; i++) {
+            float fi = ((const float *)f.data)[i];
+            if (!(isfinite(fi) && fi > 0)) {
+                j->status =
+                    lt_error(j->ctx, LT_ERR_FORMAT,
+                             "%s: rope_freqs.weight[%lld] = %g (a frequency factor must be finite and positive)",
+                             j->src->path, (long long)i, (double)fi);
+                return;
+            }
+            inv[i] /= fi;
+        }
     }
+    for (int64_t i = 0; i < c->D / 2; i++)
+        if (!(isfinite(inv[i]) && inv[i] > 0)) {
+            j->status = lt_error(j->ctx, LT_ERR_FORMAT, "%s: RoPE inverse frequency %lld is %g (rope_theta %g)",
+                                 j->src->path, (long long)i, (double)inv[i], c->rope_theta);
+            return;
+        }
     flush(j, dst, 0, 1, p->bytes);
 }
 
@@ -370,6 +386,18 @@ static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *s
         return 0;
     }
     return 1;
+}
+
+/* The first non-finite element of a converted row held as `to` (cols elements), or -1. */
+static int64_t nonfinite_at(copy_job *j, lt_dtype to, const uint8_t *d, int64_t cols) {
+    const float *x = (const float *)d;
+    if (to != LT_DTYPE_F32) {
+        lt_dequantize_row(to, d, j->row, cols);
+        x = j->row;
+    }
+    for (int64_t i = 0; i < cols; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
 }
 
 static void copy_piece(void *arg, const lt_wpiece *p) {
@@ -424,6 +452,14 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         if (!convert_row(j, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
+            return;
+        }
+        /* Every row of the norms, biases, embedding and head (one pass at load): a NaN or Inf
+         * there reaches every logit. The projections are left to the loss's own check. */
+        int64_t bad = p->kind != LT_W_PROJ ? nonfinite_at(j, p->dtype, d, cols) : -1;
+        if (bad >= 0) {
+            j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
+                                 j->src->path, name, (long long)r, (long long)bad, lt_dtype_name(t.dtype));
             return;
         }
     }

@@ -138,4 +138,25 @@ if [ $rc != 130 ] || [ $((SECONDS - t0)) -gt 10 ] || [ -e "$dir/ad_big/checkpoin
   echo "FAIL: SIGINT while loading: exit $rc after $((SECONDS - t0)) s: $(tail -2 "$dir/big.out")"; fail=1
 fi
 
+# Non-finite weights are refused at load, naming the tensor and element: every row of the
+# embedding (here its last), the norms.
+poison() { # DIR TENSOR INDEX VALUE: a copy of the tiny model with one f32 element replaced
+  cp -r "$dir/model" "$1"
+  python3 - "$1/model.safetensors" "$2" "$3" "$4" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+o = 8 + n + h[sys.argv[2]]["data_offsets"][0] + 4 * int(sys.argv[3])
+b[o:o + 4] = struct.pack("<f", float(sys.argv[4]))
+open(sys.argv[1], "wb").write(b)
+PY
+}
+poison "$dir/nan_norm" model.norm.weight 3 nan
+expect 1 "longtune train: malformed input: $dir/nan_norm: tensor 'model.norm.weight': element [0, 3] is not finite (f32 data)" \
+  --model "$dir/nan_norm" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_nan"
+poison "$dir/inf_embed" model.embed_tokens.weight $((1200 * 16 - 1)) inf
+expect 1 "tensor 'model.embed_tokens.weight': element [1199, 15] is not finite (f32 data)" \
+  --model "$dir/inf_embed" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_inf"
+
 exit $fail
