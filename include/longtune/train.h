@@ -32,7 +32,7 @@ typedef enum lt_lr_schedule {
 } lt_lr_schedule;
 
 /* Every option of a run. Zero-initialised = defaults: lt_train_options_resolve fills each zero
- * field with the default in brackets and validates the result. Flag names are the field names
+ * field that was not given (see `given`) with the default in brackets and validates the result. Flag names are the field names
  * with '-' for '_' ("--learning-rate"); the config file uses the same keys (either spelling). */
 typedef struct lt_train_options {
     char model[LT_TRAIN_PATH_MAX];               /* HF folder or .gguf file (required) */
@@ -101,6 +101,9 @@ typedef struct lt_train_options {
                                       the same; any other run, a shape change, or a step that
                                       cannot be captured runs eagerly (the log says why, once).
                                       Results are bit-identical either way ["on"] */
+    uint64_t given;                              /* bit i: the i-th option was given through lt_train_options_set
+                                      (flags, config file), so lt_train_options_resolve honours or
+                                      refuses a given 0 instead of defaulting it [0: none given] */
     int overwrite;                               /* lt_train_run: a fresh run (no resume_adapter_file) into an
                                       adapter_path that holds adapter_model.safetensors is refused
                                       unless set [0] */

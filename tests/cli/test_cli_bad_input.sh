@@ -159,4 +159,19 @@ poison "$dir/inf_embed" model.embed_tokens.weight $((1200 * 16 - 1)) inf
 expect 1 "tensor 'model.embed_tokens.weight': element [1199, 15] is not finite (f32 data)" \
   --model "$dir/inf_embed" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_inf"
 
+# A given option is honoured or refused, never replaced by its default; numbers are plain decimal.
+expect 2 "option 'eps': 0 is not in (0, 1]" "${run[@]}" --eps 0
+expect 2 "option 'lora_alpha': 0 is not in (0, 1e+06] (it would scale LoRA to 0)" "${run[@]}" --lora-alpha 0
+expect 2 "option 'num_layers': 0 is not in [1, 65536] or -1 (all)" "${run[@]}" --num-layers 0
+expect 2 "option 'val_batches': 0 is not in [1, 1e12] or -1 (all)" "${run[@]}" --val-batches 0
+expect 2 "option 'lora_targets' is empty" "${run[@]}" --lora-targets ""
+expect 2 "option 'iters': '0x2' is not an integer in [1, 1000000000000]" "${run[@]}" --iters 0x2
+expect 2 "option 'iters': ' 2' is not an integer in [1, 1000000000000]" "${run[@]}" --iters " 2"
+expect 2 "option 'iters': '2 ' is not an integer in [1, 1000000000000]" "${run[@]}" --iters "2 "
+expect 2 "option 'seed': ' -1' is not a non-negative integer" "${run[@]}" --seed " -1"
+expect 2 "option 'learning-rate': '0x1p-3' is not a number in [0, 10]" "${run[@]}" --learning-rate 0x1p-3
+expect 0 "trained 2 steps" "${run[@]}" --learning-rate 0 --beta1 0 --adapter-path "$dir/lr0"
+grep -q '"learning_rate":0,' "$dir/lr0/metrics.jsonl" || { echo "FAIL: --learning-rate 0 not honoured"; fail=1; }
+expect 0 "trained 2 steps" "${run[@]}" --learning-rate 1e-320 --adapter-path "$dir/lrsub"
+
 exit $fail
