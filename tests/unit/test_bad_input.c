@@ -223,6 +223,30 @@ static void gguf_duplicates(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Tensors sharing bytes: every tensor at offset 0 would alias all the weights. */
+static void gguf_overlapping_tensors(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    buf_t b;
+    b.n = 0;
+    put_header(&b, 3, 0);
+    uint64_t d[2] = {4, 2};
+    put_tensor(&b, "a", 2, d, 0, 0);
+    put_tensor(&b, "b", 2, d, 0, 0);
+    put_tensor(&b, "c", 2, d, 0, 32);
+    put_data(&b, 64);
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT,
+           "tensors 'a' and 'b' overlap (data [0, +32) and [0, +32))");
+    /* Back to back is fine. */
+    b.n = 0;
+    put_header(&b, 2, 0);
+    put_tensor(&b, "a", 2, d, 0, 0);
+    put_tensor(&b, "b", 2, d, 0, 32);
+    put_data(&b, 64);
+    assert_int_equal(gguf_open_bytes(ctx, &b, b.n), LT_OK);
+    lt_ctx_free(ctx);
+}
+
 static void gguf_string_past_end(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -712,6 +736,7 @@ int main(void) {
         cmocka_unit_test(gguf_overflowing_dimensions),
         cmocka_unit_test(gguf_wrong_dtype),
         cmocka_unit_test(gguf_duplicates),
+        cmocka_unit_test(gguf_overlapping_tensors),
         cmocka_unit_test(gguf_string_past_end),
         cmocka_unit_test(gguf_unknown_architecture),
         cmocka_unit_test(safetensors_malformed),
