@@ -53,6 +53,16 @@ lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n
     const lt_model_config *cfg = lt_model_get_config(m);
     int64_t V = cfg->V, Tmax = n_prompt + o.max_tokens;
     if (n_prompt < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "generate: empty prompt");
+    /* Positions past the model's context were never trained: refuse the prompt, stop the reply. */
+    if (cfg->max_positions > 0 && n_prompt >= cfg->max_positions)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "generate: the prompt's %lld tokens fill the model's context of %lld positions "
+                        "(max_position_embeddings)",
+                        (long long)n_prompt, (long long)cfg->max_positions);
+    if (cfg->max_positions > 0 && Tmax > cfg->max_positions) {
+        o.max_tokens = cfg->max_positions - n_prompt;
+        Tmax = cfg->max_positions;
+    }
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "generate: prompt id %d at %lld outside [0, %lld)", prompt[i],
