@@ -13,6 +13,7 @@
 #define LT_EXIT_OK 0
 #define LT_EXIT_FAIL 1
 #define LT_EXIT_USAGE 2
+#define LT_EXIT_DIVERGED 4 /* train: a non-finite loss or gradient norm stopped the run */
 
 /* Prints "longtune <cmd>: <message>" and "usage: <usage>" to stderr; returns LT_EXIT_USAGE. */
 int lt_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)

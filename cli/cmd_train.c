@@ -20,12 +20,15 @@ static void print_help(void) {
         "Fine-tunes LoRA adapters of M (a Hugging Face folder or a .gguf file; a quantized base stays\n"
         "quantized: QLoRA) on DIR/train.jsonl, evaluating on DIR/valid.jsonl. Writes the PEFT adapter\n"
         "(adapter_config.json, adapter_model.safetensors), a resumable checkpoint and metrics.jsonl\n"
-        "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n\n"
+        "into --adapter-path. Ctrl-C saves a checkpoint; resume with --resume-adapter-file.\n"
+        "Exit status: 0 done, 1 failure, 2 usage, 3 memory ceiling, 4 diverged (a non-finite loss or\n"
+        "gradient norm: the last good adapter is kept, diverged.json says where), 128+N signal N.\n\n"
         "options (defaults in brackets; flags override --config):\n"
         "  --model PATH               base model (required)\n"
         "  --data DIR                 train.jsonl [+ valid.jsonl] in mlx-lm formats (required)\n"
         "  --config FILE.json         options as a JSON object (keys as below, '-' or '_')\n"
-        "  --adapter-path DIR         output folder [adapters]\n"
+        "  --adapter-path DIR         output folder [adapters]; one run at a time (locked)\n"
+        "  --overwrite                a fresh run may replace the adapter already in it\n"
         "  --resume-adapter-file F    checkpoint to resume from (or the --adapter-path DIR holding it)\n"
         "  --iters N                  optimizer steps [1000]\n"
         "  --batch-size B             rows per micro-batch [4]\n"
@@ -75,9 +78,10 @@ static void print_help(void) {
         usage);
 }
 
-/* First signal: finish the step, save, exit. A second one: stop at once (default action). */
+/* First signal: finish the step, save, exit. A second one, or any while the tokenizer, data and
+ * model load (nothing to save yet): stop at once (default action). */
 static void on_signal(int sig) {
-    if (lt_train_stop_requested()) {
+    if (lt_train_stop_requested() || !lt_train_stop_saves()) {
         signal(sig, SIG_DFL);
         raise(sig);
         return;
@@ -212,6 +216,11 @@ int lt_cmd_train(int argc, char **argv) {
         int sig = lt_train_stop_requested();
         fprintf(stderr, "longtune train: %s\n", lt_ctx_error(ctx));
         rc = 128 + (sig > 0 ? sig : SIGINT);
+        goto done;
+    }
+    if (s == LT_ERR_DIVERGED) {
+        fprintf(stderr, "longtune train: %s: %s\n", lt_status_str(s), lt_ctx_error(ctx));
+        rc = LT_EXIT_DIVERGED;
         goto done;
     }
     if (s != LT_OK) {

@@ -25,6 +25,7 @@ typedef enum lt_status {
     LT_ERR_NOT_FOUND,   /* a named file, key or tensor is absent */
     LT_ERR_CUDA,        /* a CUDA runtime or library call failed */
     LT_ERR_INTERRUPTED, /* stopped by a signal or by the memory guard */
+    LT_ERR_DIVERGED,    /* training produced a non-finite loss, gradient norm or parameter */
     LT_STATUS_COUNT_
 } lt_status;
 

@@ -24,6 +24,8 @@ extern "C" {
 #define LT_TRAIN_PATH_MAX 1024
 #define LT_TRAIN_NAME_MAX 160
 #define LT_TRAIN_MAX_STAGES 16 /* stages of a sequence-length curriculum */
+/* The record a diverged run leaves in its adapter folder (see lt_train_fit). */
+#define LT_TRAIN_DIVERGED_FILE "diverged.json"
 
 typedef enum lt_lr_schedule {
     LT_LR_SCHEDULE_CONSTANT = 0, /* lr after warmup */
@@ -31,7 +33,7 @@ typedef enum lt_lr_schedule {
 } lt_lr_schedule;
 
 /* Every option of a run. Zero-initialised = defaults: lt_train_options_resolve fills each zero
- * field with the default in brackets and validates the result. Flag names are the field names
+ * field that was not given (see `given`) with the default in brackets and validates the result. Flag names are the field names
  * with '-' for '_' ("--learning-rate"); the config file uses the same keys (either spelling). */
 typedef struct lt_train_options {
     char model[LT_TRAIN_PATH_MAX];               /* HF folder or .gguf file (required) */
@@ -125,6 +127,12 @@ typedef struct lt_train_options {
     int test;                                    /* after training, evaluate the data folder's test.jsonl (as
                                       mlx-lm's --test): lt_train_result.test_loss [0] */
     int64_t test_batches;                        /* batches of that evaluation [500]; -1 = the whole set */
+    uint64_t given;                              /* bit i: the i-th option was given through lt_train_options_set
+                                      (flags, config file), so lt_train_options_resolve honours or
+                                      refuses a given 0 instead of defaulting it [0: none given] */
+    int overwrite;                               /* lt_train_run: a fresh run (no resume_adapter_file) into an
+                                      adapter_path that holds adapter_model.safetensors is refused
+                                      unless set [0] */
 } lt_train_options;
 
 /* Kind of an option key, so argv parsing knows whether a value follows. Key: a flag name without
@@ -219,7 +227,9 @@ LT_API lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt
  * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
 LT_API lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
 
-/* One metrics record; NAN (or a negative value for the byte counts) leaves a field out. */
+/* One metrics record; NAN (or a negative value for the byte counts) leaves a field out, except a
+ * measured train_loss (train_loss_measured = 1): a non-finite one is written as
+ * "train_loss":null with "train_loss_non_finite":"nan" | "inf" | "-inf". */
 typedef struct lt_metrics_record {
     int64_t step;
     double train_loss;
@@ -234,6 +244,7 @@ typedef struct lt_metrics_record {
     int64_t seq_len;         /* a curriculum's row length at this step (and stage, 1-based);
                                 0 (left out) without a curriculum */
     int stage;
+    int train_loss_measured; /* train_loss is this window's measured loss, finite or not */
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;
@@ -350,7 +361,12 @@ typedef struct lt_train_result {
  * before the first and after the last), writes metrics, checkpoints and the PEFT adapter into
  * adapter_path every save_every steps and at the end, and resumes from resume_adapter_file.
  * A stop request (lt_train_request_stop) saves a checkpoint and returns LT_ERR_INTERRUPTED.
- * progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
+ * A non-finite loss or gradient norm stops the run with LT_ERR_DIVERGED (the message names the
+ * step and the quantity): nothing more is saved, so the last good checkpoint and adapter stay,
+ * the step's metrics line holds "train_loss":null with its flag, and adapter_path gets
+ * LT_TRAIN_DIVERGED_FILE (status, step, quantity, value, last_good_step, checkpoint); a save
+ * whose parameters are not finite is refused the same way. The next successful save removes an
+ * earlier record. progress: where the progress display goes (NULL = stderr). Errors: those of the model, packing,
  * checkpoint and file writers, all with messages. */
 LT_API lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
                               const lt_pack_input *valid, FILE *progress, lt_train_result *res);
@@ -403,6 +419,12 @@ LT_API void lt_train_request_stop(int signo);
 /* The signal number of the pending request, 0 when none. */
 LT_API int lt_train_stop_requested(void);
 LT_API void lt_train_clear_stop(void);
+/* 1 while a stop request is answered with a checkpoint: from lt_train_fit's first step (its
+ * first validation included) to its last save; 0 before, while the tokenizer, data and model
+ * load, and after. A signal handler that sees 0 has nothing to save and ends the process at once
+ * (async-signal-safe, as the request). */
+LT_API int lt_train_stop_saves(void);
+LT_API void lt_train_set_stop_saves(int on);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@ static const char *const status_names[LT_STATUS_COUNT_] = {
     [LT_ERR_NOT_FOUND] = "not found",
     [LT_ERR_CUDA] = "CUDA error",
     [LT_ERR_INTERRUPTED] = "interrupted",
+    [LT_ERR_DIVERGED] = "training diverged",
 };
 
 const char *lt_status_str(lt_status s) {

@@ -2,13 +2,16 @@
  * read buffer and a line buffer bounded by a maximum length, so files of any size stream in bounded
  * memory; and the three mlx-lm record shapes, validated with errors naming file:line and the key.
  * Tokenisation lives in dataset.c; nothing here knows about tokens. */
+#define _POSIX_C_SOURCE 200809L /* fileno, fstat */
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <cjson/cJSON.h>
 
 #include "longtune/alloc.h"
 #include "longtune/dataset.h"
+#include "io/json_nul.h"
 
 #define JSONL_CHUNK (1u << 20)
 
@@ -31,6 +34,15 @@ lt_status lt_jsonl_open(lt_ctx *ctx, const char *path, size_t max_line_bytes, lt
     if (!f)
         return lt_error(ctx, errno == ENOENT ? LT_ERR_NOT_FOUND : LT_ERR_IO, "%s: cannot open: %s", path,
                         strerror(errno));
+    /* Only a regular file has an end: a device (/dev/zero), FIFO or socket could stream forever. */
+    struct stat sb;
+    memset(&sb, 0, sizeof sb);
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        int dir = S_ISDIR(sb.st_mode);
+        fclose(f);
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: is %s, not a JSONL file", path,
+                        dir ? "a folder" : "not a regular file (a device, FIFO or socket)");
+    }
     lt_jsonl *r = lt_calloc(ctx, LT_DEVICE_CPU, sizeof *r, "jsonl reader");
     if (!r) {
         fclose(f);
@@ -159,6 +171,9 @@ lt_status lt_record_parse(lt_ctx *ctx, const char *line, size_t len, const char 
     rec->messages = keep;
     rec->msg_cap_ = keep_cap;
     const char *end = NULL;
+    if (lt_json_nul_line(line, len))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s:%lld: string contains U+0000 (a \\u0000 escape or a NUL byte)", file,
+                        (long long)line_no);
     cJSON *j = cJSON_ParseWithLengthOpts(line, len, &end, 0);
     if (!j) {
         const char *at = cJSON_GetErrorPtr();

@@ -15,10 +15,13 @@
 
 #include "data/tokenizer_internal.h"
 #include "longtune/alloc.h"
+#include "io/json_nul.h"
 
 typedef struct load_ctx {
     lt_tokenizer *t;
     const char *path;
+    int64_t id_limit; /* ids lie in [0, entries of model.vocab + added_tokens): the table is dense, so
+                         a larger id would only size it for ids nothing names */
 } load_ctx;
 
 static lt_status read_file(lt_ctx *ctx, const char *path, char **buf, size_t *len) {
@@ -436,6 +439,11 @@ static lt_status load_vocab(load_ctx *L, const cJSON *vocab) {
         int64_t id;
         if (!jint(e, 0, INT32_MAX - 1, &id))
             return lt_error(L->t->ctx, LT_ERR_FORMAT, "%s: model.vocab['%.80s'] is not a valid id", L->path, e->string);
+        if (id >= L->id_limit)
+            return lt_error(L->t->ctx, LT_ERR_FORMAT,
+                            "%s: model.vocab['%.80s'] has id %lld, past the vocabulary's %lld entries (model.vocab and "
+                            "added_tokens)",
+                            L->path, e->string, (long long)id, (long long)L->id_limit);
         LT_TRY(lt_tok_set_token(L->t, (int32_t)id, e->string, strlen(e->string)));
     }
     return LT_OK;
@@ -499,6 +507,11 @@ static lt_status load_added(load_ctx *L, const cJSON *added) {
         const char *content = jstr(e, "content");
         if (!content || !jint(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, INT32_MAX - 1, &id))
             return lt_error(t->ctx, LT_ERR_FORMAT, "%s: added_tokens[%d] needs 'id' and 'content'", L->path, i);
+        if (id >= L->id_limit)
+            return lt_error(t->ctx, LT_ERR_FORMAT,
+                            "%s: added_tokens[%d] '%.80s' has id %lld, past the vocabulary's %lld entries (model.vocab "
+                            "and added_tokens)",
+                            L->path, i, content, (long long)id, (long long)L->id_limit);
         int special = jbool(e, "special", 0);
         LT_TRY(lt_tok_add_added(t, (int32_t)id, content, strlen(content), special, jbool(e, "lstrip", 0),
                                 jbool(e, "rstrip", 0), jbool(e, "single_word", 0), jbool(e, "normalized", !special)));
@@ -592,6 +605,12 @@ static lt_status load_config(lt_tokenizer *t, const char *json_path) {
         goto done;
     }
     if (s != LT_OK) goto done;
+    int64_t nul = lt_json_nul_line(buf, len);
+    if (nul) {
+        lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
     cfg = cJSON_ParseWithLength(buf, len);
     lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
     if (!cJSON_IsObject(cfg)) s = lt_error(ctx, LT_ERR_FORMAT, "%s: not a JSON object", path);
@@ -608,6 +627,11 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
     char *buf;
     size_t len;
     LT_TRY(read_file(ctx, path, &buf, &len));
+    int64_t nul = lt_json_nul_line(buf, len);
+    if (nul) {
+        lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+    }
     cJSON *root = cJSON_ParseWithLength(buf, len);
     lt_free(ctx, LT_DEVICE_CPU, buf, len + 1);
     if (!cJSON_IsObject(root)) {
@@ -620,7 +644,12 @@ lt_status lt_tokenizer_load_json(lt_ctx *ctx, const char *path, lt_tokenizer **o
         cJSON_Delete(root);
         return s;
     }
-    load_ctx L = {t, path};
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model"), *added;
+    added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    const cJSON *vocab = cJSON_IsObject(model) ? cJSON_GetObjectItemCaseSensitive(model, "vocab") : NULL;
+    load_ctx L = {t, path,
+                  (int64_t)(cJSON_IsObject(vocab) || cJSON_IsArray(vocab) ? cJSON_GetArraySize(vocab) : 0) +
+                      (cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0)};
     int32_t pre[16], suf[16];
     int np = 0, ns = 0;
     if ((s = load_model(&L, cJSON_GetObjectItemCaseSensitive(root, "model"))) != LT_OK) goto fail;

@@ -260,6 +260,33 @@ static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_k
     return LT_OK;
 }
 
+static int cmp_by_offset(const void *a, const void *b) {
+    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* Tensors must not share bytes (every one at offset 0 would alias all the weights); tensors of
+ * no bytes, or of a type whose size is not known here, overlap nothing. O(n log n). */
+static lt_status check_overlap(lt_ctx *ctx, const char *path, const lt_gguf *g) {
+    if (g->n_tensors < 2) return LT_OK;
+    const gguf_tensor **v = malloc((size_t)g->n_tensors * sizeof *v); /* transient */
+    if (!v)
+        return lt_error(ctx, LT_ERR_OOM, "%s: overlap check of %llu tensors", path, (unsigned long long)g->n_tensors);
+    size_t n = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes > 0) v[n++] = &g->tensors[i];
+    if (n > 1) qsort(v, n, sizeof *v, cmp_by_offset);
+    lt_status s = LT_OK;
+    for (size_t i = 1; i < n && s == LT_OK; i++)
+        if (v[i - 1]->offset + (uint64_t)v[i - 1]->nbytes > v[i]->offset)
+            s = lt_error(ctx, LT_ERR_FORMAT,
+                         "%s: tensors '%.200s' and '%.200s' overlap (data [%llu, +%lld) and [%llu, +%lld))", path,
+                         v[i - 1]->name, v[i]->name, (unsigned long long)v[i - 1]->offset, (long long)v[i - 1]->nbytes,
+                         (unsigned long long)v[i]->offset, (long long)v[i]->nbytes);
+    free(v);
+    return s;
+}
+
 static lt_status gguf_parse(lt_ctx *ctx, const char *path, lt_gguf *g) {
     cursor c = {g->map, g->size, 0};
     uint32_t magic;
@@ -438,7 +465,7 @@ static lt_status gguf_parse(lt_ctx *ctx, const char *path, lt_gguf *g) {
         }
         g->t_hash[h] = (uint32_t)(i + 1);
     }
-    return LT_OK;
+    return check_overlap(ctx, path, g);
 }
 
 lt_status lt_gguf_open(lt_ctx *ctx, const char *path, lt_gguf **out) {

@@ -15,6 +15,7 @@
 
 #include "longtune/alloc.h"
 #include "longtune/safetensors.h"
+#include "io/json_nul.h"
 
 #define ST_MAX_HEADER (256u << 20) /* larger headers are refused rather than parsed */
 #define ST_MAX_SHARDS 1024
@@ -45,6 +46,8 @@ struct lt_safetensors {
     size_t names_used, names_cap;
     char **meta; /* key/value pairs into the arena (first shard's __metadata__) */
     int64_t n_meta, meta_cap;
+    const st_entry **by_name; /* every entry sorted by name (built once loading is done): lookups
+                                 are binary searches, so an index of n tensors costs O(n log n) */
 };
 
 static int dtype_from_str(const char *s, lt_dtype *out) {
@@ -98,9 +101,34 @@ static lt_status grow(lt_ctx *ctx, void **arr, int64_t *cap, int64_t need, size_
 }
 
 static int64_t find_index(const lt_safetensors *st, const char *name) {
-    for (int64_t i = 0; i < st->n; i++)
-        if (!strcmp(st->entries[i].name, name)) return i;
+    int64_t lo = 0, hi = st->by_name ? st->n : 0;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->by_name[mid]->name, name);
+        if (!c) return st->by_name[mid] - st->entries;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
     return -1;
+}
+
+static int cmp_by_name(const void *a, const void *b) {
+    return strcmp((*(const st_entry *const *)a)->name, (*(const st_entry *const *)b)->name);
+}
+
+/* Sorts the loaded entries by name for find_index and refuses a name given twice (in one file or
+ * in two shards). */
+static lt_status build_name_table(lt_ctx *ctx, lt_safetensors *st) {
+    if (st->n == 0) return LT_OK;
+    st->by_name = lt_alloc(ctx, LT_DEVICE_CPU, (size_t)st->n * sizeof *st->by_name, "safetensors name table");
+    if (!st->by_name) return lt_ctx_status(ctx);
+    for (int64_t i = 0; i < st->n; i++) st->by_name[i] = &st->entries[i];
+    qsort(st->by_name, (size_t)st->n, sizeof *st->by_name, cmp_by_name);
+    for (int64_t i = 1; i < st->n; i++)
+        if (!strcmp(st->by_name[i - 1]->name, st->by_name[i]->name))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: duplicate tensor name '%s'",
+                            st->shards[st->by_name[i]->shard].path, st->by_name[i]->name);
+    return LT_OK;
 }
 
 static int cmp_by_data(const void *a, const void *b) {
@@ -160,11 +188,25 @@ static lt_status load_shard(lt_ctx *ctx, lt_safetensors *st, const char *path) {
     if (!hdr) return lt_error(ctx, LT_ERR_OOM, "%s: header copy of %llu bytes", path, (unsigned long long)hlen);
     memcpy(hdr, base + 8, (size_t)hlen);
     hdr[hlen] = 0;
-    root = cJSON_Parse(hdr);
+    int64_t nul = lt_json_nul_line(hdr, (size_t)hlen);
+    if (nul) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: header line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
+    const char *hend = NULL;
+    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &hend, 0);
     if (!root || !cJSON_IsObject(root)) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: header is not a JSON object", path);
         goto done;
     }
+    /* The format pads the header with spaces; anything else after the object is not a header. */
+    for (const char *q = hend; q && q < hdr + hlen; q++)
+        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
+            s = lt_error(ctx, LT_ERR_FORMAT,
+                         "%s: %lld bytes of trailing data after the header's JSON object (byte %lld)", path,
+                         (long long)(hdr + hlen - q), (long long)(q - hdr));
+            goto done;
+        }
     const uint8_t *data = base + 8 + hlen;
     size_t dsize = fsize - 8 - (size_t)hlen;
     for (cJSON *it = root->child; it; it = it->next) {
@@ -195,10 +237,6 @@ static lt_status load_shard(lt_ctx *ctx, lt_safetensors *st, const char *path) {
         }
         if (!*name) {
             s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor with an empty name", path);
-            goto done;
-        }
-        if (find_index(st, name) >= 0) {
-            s = lt_error(ctx, LT_ERR_FORMAT, "%s: duplicate tensor name '%s'", path, name);
             goto done;
         }
         cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
@@ -270,13 +308,24 @@ static lt_status load_shard(lt_ctx *ctx, lt_safetensors *st, const char *path) {
             goto done;
         }
         for (int64_t i = 0; i < cnt; i++) sorted[i] = &st->entries[first + i];
-        qsort(sorted, (size_t)cnt, sizeof *sorted, cmp_by_data);
+        qsort(sorted, (size_t)cnt, sizeof *sorted, cmp_by_name); /* a name twice first */
         for (int64_t i = 1; i < cnt; i++)
-            if (sorted[i - 1]->data + sorted[i - 1]->nbytes > sorted[i]->data) {
-                s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", path, sorted[i - 1]->name,
+            if (!strcmp(sorted[i - 1]->name, sorted[i]->name)) {
+                s = lt_error(ctx, LT_ERR_FORMAT, "%s: duplicate tensor name '%s'", path, sorted[i]->name);
+                goto done;
+            }
+        qsort(sorted, (size_t)cnt, sizeof *sorted, cmp_by_data);
+        /* A zero-size tensor holds no bytes, so it overlaps nothing wherever it points. */
+        const st_entry *prev = NULL;
+        for (int64_t i = 0; i < cnt; i++) {
+            if (!sorted[i]->nbytes) continue;
+            if (prev && prev->data + prev->nbytes > sorted[i]->data) {
+                s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", path, prev->name,
                              sorted[i]->name);
                 goto done;
             }
+            prev = sorted[i];
+        }
     }
 done:
     free(sorted);
@@ -329,6 +378,24 @@ static int file_exists(const char *p) {
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+/* A weight_map entry and its position in the file, for finding each shard's first mention. */
+typedef struct wm_ref {
+    cJSON *item;
+    int64_t pos;
+    int first;
+} wm_ref;
+
+static int cmp_ref_by_shard(const void *a, const void *b) {
+    const wm_ref *x = a, *y = b;
+    int c = strcmp(x->item->valuestring, y->item->valuestring);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+static int cmp_ref_by_pos(const void *a, const void *b) {
+    const wm_ref *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
 /* Opens the shards named by an index file and checks that every weight_map entry is found in the
  * shard it names. */
 static lt_status load_index(lt_ctx *ctx, lt_safetensors *st, const char *index_path) {
@@ -351,17 +418,34 @@ static lt_status load_index(lt_ctx *ctx, lt_safetensors *st, const char *index_p
         cJSON_Delete(root);
         return lt_error(ctx, LT_ERR_FORMAT, "%s: no \"weight_map\" object", index_path);
     }
-    /* Distinct shard names in order of first appearance. */
-    for (cJSON *it = wm->child; it && s == LT_OK; it = it->next) {
+    /* Distinct shard names in order of first appearance: the entries sorted by (shard name,
+     * position), the first of each run marked, then loaded in position order (O(n log n)). */
+    int64_t nw = 0;
+    for (cJSON *it = wm->child; it; it = it->next) {
         if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !it->valuestring[0]) {
             s = lt_error(ctx, LT_ERR_FORMAT, "%s: weight_map['%s'] is not a file name in the folder", index_path,
                          it->string);
-            break;
+            cJSON_Delete(root);
+            return s;
         }
-        int seen = 0;
-        for (cJSON *p = wm->child; p != it; p = p->next)
-            if (!strcmp(p->valuestring, it->valuestring)) seen = 1;
-        if (seen) continue;
+        nw++;
+    }
+    wm_ref *refs = nw ? malloc((size_t)nw * sizeof *refs) : NULL; /* transient */
+    if (nw && !refs) {
+        cJSON_Delete(root);
+        return lt_error(ctx, LT_ERR_OOM, "%s: %lld weight_map entries", index_path, (long long)nw);
+    }
+    int64_t k = 0;
+    for (cJSON *it = wm->child; it; it = it->next, k++) refs[k] = (wm_ref){it, k, 0};
+    if (nw) {
+        qsort(refs, (size_t)nw, sizeof *refs, cmp_ref_by_shard);
+        for (k = 0; k < nw; k++)
+            refs[k].first = k == 0 || strcmp(refs[k - 1].item->valuestring, refs[k].item->valuestring) != 0;
+        qsort(refs, (size_t)nw, sizeof *refs, cmp_ref_by_pos);
+    }
+    for (k = 0; k < nw && s == LT_OK; k++) {
+        if (!refs[k].first) continue;
+        cJSON *it = refs[k].item;
         int w = snprintf(shard_path, sizeof shard_path, "%s%s%s", dir, dlen ? "/" : "", it->valuestring);
         if (w < 0 || (size_t)w >= sizeof shard_path) {
             s = lt_error(ctx, LT_ERR_INVALID_ARG, "%s: shard path too long", index_path);
@@ -369,6 +453,8 @@ static lt_status load_index(lt_ctx *ctx, lt_safetensors *st, const char *index_p
         }
         s = load_shard(ctx, st, shard_path);
     }
+    free(refs);
+    if (s == LT_OK) s = build_name_table(ctx, st);
     for (cJSON *it = wm->child; it && s == LT_OK; it = it->next) {
         int64_t i = find_index(st, it->string);
         if (i < 0) {
@@ -413,11 +499,13 @@ lt_status lt_safetensors_open(lt_ctx *ctx, const char *path, lt_safetensors **ou
                 goto fail;
             }
             s = load_shard(ctx, st, buf);
+            if (s == LT_OK) s = build_name_table(ctx, st);
         }
     } else if (ends_with(path, ".json")) {
         s = load_index(ctx, st, path);
     } else {
         s = load_shard(ctx, st, path);
+        if (s == LT_OK) s = build_name_table(ctx, st);
     }
     if (s != LT_OK) goto fail;
     *out = st;
@@ -439,6 +527,7 @@ void lt_safetensors_close(lt_ctx *ctx, lt_safetensors *st) {
     if (st->entries) lt_free(ctx, LT_DEVICE_CPU, st->entries, (size_t)st->cap * sizeof(st_entry));
     if (st->meta) lt_free(ctx, LT_DEVICE_CPU, st->meta, (size_t)st->meta_cap * sizeof(char *));
     if (st->names) lt_free(ctx, LT_DEVICE_CPU, st->names, st->names_cap);
+    if (st->by_name) lt_free(ctx, LT_DEVICE_CPU, st->by_name, (size_t)st->n * sizeof *st->by_name);
     lt_free(ctx, LT_DEVICE_CPU, st, sizeof *st);
 }
 

@@ -14,6 +14,8 @@
 #include <cjson/cJSON.h>
 
 #include "model/model_internal.h"
+#include "io/json_nul.h"
+#include "model/config_bounds.h"
 
 static lt_status get_int(lt_ctx *ctx, const char *path, const cJSON *root, const char *key, int required,
                          int64_t *out) {
@@ -297,6 +299,9 @@ static lt_status read_shape(lt_ctx *ctx, const char *path, const cJSON *root, lt
     LT_TRY(get_int(ctx, path, root, "max_position_embeddings", 0, &cfg->max_positions));
     double eps = 1e-6;
     LT_TRY(get_num(ctx, path, root, "rms_norm_eps", &eps));
+    if (!(eps > 0 && eps <= LT_MODEL_MAX_RMS_EPS)) /* before the float conversion */
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: rms_norm_eps = %g is outside (0, %g]", path, eps,
+                        LT_MODEL_MAX_RMS_EPS);
     cfg->rms_eps = (float)eps;
     cfg->tie_embeddings = 0;
     LT_TRY(get_bool(ctx, path, root, "tie_word_embeddings", &cfg->tie_embeddings));
@@ -507,6 +512,7 @@ static lt_status read_token_ids(lt_ctx *ctx, const char *path, const cJSON *root
 }
 
 static lt_status check_shape(lt_ctx *ctx, const char *path, const lt_model_config *cfg) {
+    LT_TRY(lt_model_config_check_bounds(ctx, path, cfg, NULL));
     if (cfg->V <= 0 || cfg->C <= 0 || cfg->F <= 0 || cfg->L <= 0 || cfg->Hkv <= 0 || cfg->D <= 0 ||
         cfg->H % cfg->Hkv != 0 || cfg->D % 2 != 0 || cfg->V > INT32_MAX)
         return lt_error(ctx, LT_ERR_FORMAT,
@@ -592,7 +598,12 @@ static cJSON *read_json(lt_ctx *ctx, const char *path) {
         return NULL;
     }
     buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
+    int64_t nul = lt_json_nul_line(buf, n);
+    if (nul) {
+        free(buf);
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+    }
+    cJSON *root = cJSON_ParseWithLength(buf, n);
     free(buf);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

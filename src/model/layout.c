@@ -7,6 +7,7 @@
 
 #include "longtune/alloc.h"
 #include "model/model_internal.h"
+#include "model/config_bounds.h"
 
 static const char *const proj_names[LT_PROJ_COUNT_] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                        "gate_proj", "up_proj", "down_proj"};
@@ -59,6 +60,12 @@ static size_t carve_aligned(size_t *cur, size_t bytes, size_t align) {
 }
 
 static size_t carve(size_t *cur, size_t bytes) { return carve_aligned(cur, bytes, LT_MODEL_ALIGN); }
+
+/* a·b, or -1 (which nb turns into SIZE_MAX) when it overflows. */
+static int64_t mulx(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? -1 : r;
+}
 
 /* n elements of s bytes, saturating. */
 static size_t nb(int64_t n, size_t s) {
@@ -133,32 +140,32 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
  * gate and up projections (no recompute). */
 static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, const lt_lora_options *lo, int64_t B,
                            int64_t T, size_t align, int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
-    int64_t N = B * T, qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int64_t N = mulx(B, T), qd = mulx(c->H, c->D), kvd = mulx(c->Hkv, c->D);
     size_t cur = 0;
     memset(s, 0, sizeof *s);
 #define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
-    if (keep_x_in) PIECE(x_in, N * c->C);
+    if (keep_x_in) PIECE(x_in, mulx(N, c->C));
     if (wd->qk_norm) {
-        PIECE_ES(q_raw, N * qd, attn_es);
-        PIECE_ES(k_raw, N * kvd, attn_es);
-        PIECE(rstd_q, N * c->H);
-        PIECE(rstd_k, N * c->Hkv);
+        PIECE_ES(q_raw, mulx(N, qd), attn_es);
+        PIECE_ES(k_raw, mulx(N, kvd), attn_es);
+        PIECE(rstd_q, mulx(N, c->H));
+        PIECE(rstd_k, mulx(N, c->Hkv));
     }
-    PIECE_ES(q, N * qd, attn_es);
-    PIECE_ES(k, N * kvd, attn_es);
-    PIECE_ES(v, N * kvd, attn_es);
-    PIECE_ES(att, N * qd, attn_es);
-    PIECE(lse, B * c->H * T);
-    PIECE_ES(x_mid, N * c->C, attn_es);
+    PIECE_ES(q, mulx(N, qd), attn_es);
+    PIECE_ES(k, mulx(N, kvd), attn_es);
+    PIECE_ES(v, mulx(N, kvd), attn_es);
+    PIECE_ES(att, mulx(N, qd), attn_es);
+    PIECE(lse, mulx(mulx(B, c->H), T));
+    PIECE_ES(x_mid, mulx(N, c->C), attn_es);
     if (keep_mlp) {
-        PIECE(g, N * c->F);
-        PIECE(u, N * c->F);
+        PIECE(g, mulx(N, c->F));
+        PIECE(u, mulx(N, c->F));
     }
     PIECE(rstd1, N);
     PIECE(rstd2, N);
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
-        if (lo->targets & (1u << p)) PIECE(lu[p], N * lo->rank);
+        if (lo->targets & (1u << p)) PIECE(lu[p], mulx(N, lo->rank));
 #undef PIECE
 #undef PIECE_ES
     if (align > LT_MODEL_ALIGN && cur != SIZE_MAX) carve_aligned(&cur, 0, align);
@@ -171,24 +178,24 @@ static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, co
  * fields are NULL; att and lse are kept apart (keep_att, keep_lse). */
 static size_t kept_layout(const lt_model_config *c, const lt_layer_desc *wd, const lt_lora_options *lo, int64_t N,
                           size_t align, size_t attn_es, lt_store *s) {
-    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    int64_t qd = mulx(c->H, c->D), kvd = mulx(c->Hkv, c->D);
     size_t cur = 0;
     memset(s, 0, sizeof *s);
 #define PIECE_ES(field, n, es) s->field = (float *)(uintptr_t)(carve_aligned(&cur, nb(n, es), align) + 1)
 #define PIECE(field, n) PIECE_ES(field, n, sizeof(float))
     if (wd->qk_norm) {
-        PIECE_ES(q_raw, N * qd, attn_es);
-        PIECE_ES(k_raw, N * kvd, attn_es);
-        PIECE(rstd_q, N * c->H);
-        PIECE(rstd_k, N * c->Hkv);
+        PIECE_ES(q_raw, mulx(N, qd), attn_es);
+        PIECE_ES(k_raw, mulx(N, kvd), attn_es);
+        PIECE(rstd_q, mulx(N, c->H));
+        PIECE(rstd_k, mulx(N, c->Hkv));
     }
-    PIECE_ES(q, N * qd, attn_es);
-    PIECE_ES(k, N * kvd, attn_es);
-    PIECE_ES(v, N * kvd, attn_es);
-    PIECE_ES(x_mid, N * c->C, attn_es);
+    PIECE_ES(q, mulx(N, qd), attn_es);
+    PIECE_ES(k, mulx(N, kvd), attn_es);
+    PIECE_ES(v, mulx(N, kvd), attn_es);
+    PIECE_ES(x_mid, mulx(N, c->C), attn_es);
     static const lt_proj attn_projs[4] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V, LT_PROJ_O};
     for (int i = 0; i < 4; i++)
-        if (lo->targets & (1u << attn_projs[i])) PIECE(lu[attn_projs[i]], N * lo->rank);
+        if (lo->targets & (1u << attn_projs[i])) PIECE(lu[attn_projs[i]], mulx(N, lo->rank));
 #undef PIECE
 #undef PIECE_ES
     if (cur != SIZE_MAX) carve_aligned(&cur, 0, align);
@@ -234,6 +241,8 @@ static size_t round_up(size_t bytes, size_t al) {
 /* Frozen weights, LoRA parameters and their gradients: what lt_model_load allocates. */
 static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lora_in, lt_layout *o,
                                lt_lora_options *lo_out) {
+    /* The bounds keep every size product below 2^63; the store layouts check theirs besides. */
+    LT_TRY(lt_model_config_check_bounds(ctx, "model layout", c, NULL));
     if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->H <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 ||
         c->H % c->Hkv)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: bad config (V, C, F, L, H, Hkv, D)");
@@ -250,9 +259,14 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
         if (lo.targets & (1u << p)) { /* a fused module's members share its owner's A */
             int64_t out, in;
             lt_model_proj_shape(c, (lt_proj)p, &out, &in);
-            n += lo.rank * (out + (lt_model_lora_owner(c, (lt_proj)p) == (lt_proj)p ? in : 0));
+            int64_t add = mulx(lo.rank, out + (lt_model_lora_owner(c, (lt_proj)p) == (lt_proj)p ? in : 0));
+            n = add < 0 || n > INT64_MAX - add ? -1 : n + add;
+            if (n < 0) break;
         }
-    o->n_lora = n * lo.num_layers;
+    o->n_lora = n < 0 ? -1 : mulx(n, lo.num_layers);
+    if (o->n_lora < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: LoRA rank %lld over %lld layers overflows",
+                        (long long)lo.rank, (long long)lo.num_layers);
     o->lora_bytes = nb(o->n_lora, sizeof(float));
     o->class_bytes[LT_MEM_WEIGHTS] = o->weights_bytes;
     o->class_bytes[LT_MEM_LORA] = o->lora_bytes;

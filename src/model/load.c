@@ -20,6 +20,7 @@
 #include "longtune/sysinfo.h"
 #include "model/model_internal.h"
 #include "core/rng.h"
+#include "model/config_bounds.h"
 
 typedef struct source {
     const char *path;
@@ -156,7 +157,11 @@ static lt_status gg_int(lt_ctx *ctx, const source *s, const char *arch, const ch
         lt_ctx_clear_error(ctx);
         return LT_OK;
     }
-    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    if (st != LT_OK) {
+        char msg[512]; /* the reader's message, copied: lt_error formats into the same buffer */
+        snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+        return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, msg);
+    }
     return LT_OK;
 }
 
@@ -168,7 +173,11 @@ static lt_status gg_num(lt_ctx *ctx, const source *s, const char *arch, const ch
         lt_ctx_clear_error(ctx);
         return LT_OK;
     }
-    if (st != LT_OK) return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, lt_ctx_error(ctx));
+    if (st != LT_OK) {
+        char msg[512]; /* the reader's message, copied: lt_error formats into the same buffer */
+        snprintf(msg, sizeof msg, "%s", lt_ctx_error(ctx));
+        return lt_error(ctx, st, "%s: metadata '%s': %s", s->path, k, msg);
+    }
     return LT_OK;
 }
 
@@ -240,20 +249,31 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     LT_TRY(gg_int(ctx, s, arch, "attention.head_count", 1, &c->H));
     c->Hkv = c->H;
     LT_TRY(gg_int(ctx, s, arch, "attention.head_count_kv", 0, &c->Hkv));
-    if (c->H <= 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: zero attention heads", s->path);
+    if (c->H <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.attention.head_count' = %lld: no attention heads",
+                        s->path, arch, (long long)c->H);
     c->D = c->C / c->H;
     LT_TRY(gg_int(ctx, s, arch, "attention.key_length", 0, &c->D));
+    if (c->D <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT,
+                        "%s: head dim %lld (metadata '%s.attention.key_length', or embedding_length %lld / head_count "
+                        "%lld) is not positive",
+                        s->path, (long long)c->D, arch, (long long)c->C, (long long)c->H);
     int64_t rope_dim = c->D;
     LT_TRY(gg_int(ctx, s, arch, "rope.dimension_count", 0, &rope_dim));
     if (rope_dim != c->D)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: partial RoPE (%lld of %lld dims) is not supported", s->path,
-                        (long long)rope_dim, (long long)c->D);
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: partial RoPE (%lld of the head's %lld dims) is not supported",
+                        s->path, (long long)rope_dim, (long long)c->D);
     c->max_positions = 2048;
     LT_TRY(gg_int(ctx, s, arch, "context_length", 0, &c->max_positions));
     c->rope_theta = 10000.0;
     LT_TRY(gg_num(ctx, s, arch, "rope.freq_base", &c->rope_theta));
     double eps = 1e-6;
     LT_TRY(gg_num(ctx, s, arch, "attention.layer_norm_rms_epsilon", &eps));
+    if (!(eps > 0 && eps <= LT_MODEL_MAX_RMS_EPS)) /* before the float conversion */
+        return lt_error(ctx, LT_ERR_FORMAT,
+                        "%s: metadata '%s.attention.layer_norm_rms_epsilon' = %g is outside (0, %g]", s->path, arch,
+                        eps, LT_MODEL_MAX_RMS_EPS);
     c->rms_eps = (float)eps;
     /* A sliding window (Mistral v0.1 as llama, Phi-3); 0 = full attention. A llama-arch GGUF with
      * one is Mistral. */
@@ -273,9 +293,17 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     lt_ctx_clear_error(ctx);
     s->has_rope_factors = lt_gguf_find_tensor(ctx, s->gg, "rope_freqs.weight", &t) == LT_OK;
     lt_ctx_clear_error(ctx);
-    if (c->V <= 0 || c->C <= 0 || c->F <= 0 || c->L <= 0 || c->Hkv <= 0 || c->D <= 0 || c->D % 2 || c->H % c->Hkv ||
-        c->V > INT32_MAX || !(c->rms_eps > 0) || !(c->rope_theta > 0))
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: inconsistent GGUF hyper-parameters", s->path);
+    char kn[9][96];
+    static const char *const sfx[9] =
+        {"embedding_length",     "feed_forward_length",     "block_count",
+         "attention.head_count", "attention.head_count_kv", "attention.key_length",
+         "context_length",       "rope.freq_base",          "attention.layer_norm_rms_epsilon"};
+    lt_model_config_keys keys = {{"the rows of 'token_embd.weight' (vocab)"}};
+    for (int i = 0; i < 9; i++) {
+        snprintf(kn[i], sizeof kn[i], "metadata '%s.%s'", arch, sfx[i]);
+        keys.name[i + 1] = kn[i];
+    }
+    LT_TRY(lt_model_config_check_bounds(ctx, s->path, c, &keys));
     return LT_OK;
 }
 
@@ -585,8 +613,24 @@ static void copy_inv_freq(copy_job *j, const lt_wpiece *p, uint8_t *dst) {
                                  (long long)(c->D / 2));
             return;
         }
-        for (int64_t i = 0; i < c->D / 2; i++) inv[i] /= ((const float *)f.data)[i];
+        for (int64_t i = 0; i < c->D / 2; i++) {
+            float fi = ((const float *)f.data)[i];
+            if (!(isfinite(fi) && fi > 0)) {
+                j->status =
+                    lt_error(j->ctx, LT_ERR_FORMAT,
+                             "%s: rope_freqs.weight[%lld] = %g (a frequency factor must be finite and positive)",
+                             j->src->path, (long long)i, (double)fi);
+                return;
+            }
+            inv[i] /= fi;
+        }
     }
+    for (int64_t i = 0; i < c->D / 2; i++)
+        if (!(isfinite(inv[i]) && inv[i] > 0)) {
+            j->status = lt_error(j->ctx, LT_ERR_FORMAT, "%s: RoPE inverse frequency %lld is %g (rope_theta %g)",
+                                 j->src->path, (long long)i, (double)inv[i], c->rope_theta);
+            return;
+        }
     flush(j, dst, 0, 1, p->bytes);
 }
 
@@ -607,6 +651,18 @@ static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *s
         return 0;
     }
     return 1;
+}
+
+/* The first non-finite element of a converted row held as `to` (cols elements), or -1. */
+static int64_t nonfinite_at(copy_job *j, lt_dtype to, const uint8_t *d, int64_t cols) {
+    const float *x = (const float *)d;
+    if (to != LT_DTYPE_F32) {
+        lt_dequantize_row(to, d, j->row, cols);
+        x = j->row;
+    }
+    for (int64_t i = 0; i < cols; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
 }
 
 static void copy_piece(void *arg, const lt_wpiece *p) {
@@ -674,6 +730,14 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         if (!convert_row(j, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
+            return;
+        }
+        /* Every row of the norms, biases, embedding and head (one pass at load): a NaN or Inf
+         * there reaches every logit. The projections are left to the loss's own check. */
+        int64_t bad = p->kind != LT_W_PROJ ? nonfinite_at(j, p->dtype, d, cols) : -1;
+        if (bad >= 0) {
+            j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
+                                 j->src->path, name, (long long)r, (long long)bad, lt_dtype_name(t.dtype));
             return;
         }
         if (norm_plus_one) /* (1 + w) once, in f32 as transformers' Gemma RMSNorm computes it */

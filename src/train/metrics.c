@@ -62,12 +62,17 @@ lt_status lt_metrics_open(lt_ctx *ctx, const char *path, int64_t keep_until_step
 lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *r) {
     char line[1024];
     int n = snprintf(line, sizeof line, "{\"step\":%lld", (long long)r->step);
-    /* JSON has no NaN: absent values are left out rather than written as null. */
+    /* JSON has no NaN: absent values are left out; a measured loss that is not finite is null. */
 #define NUM(key, v) \
     if (isfinite(v)) n += snprintf(line + n, sizeof line - (size_t)n, ",\"" key "\":%.9g", (v))
 #define INT(key, v) \
     if ((v) >= 0) n += snprintf(line + n, sizeof line - (size_t)n, ",\"" key "\":%lld", (long long)(v))
-    NUM("train_loss", r->train_loss);
+    if (r->train_loss_measured && !isfinite(r->train_loss))
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"train_loss\":null,\"train_loss_non_finite\":\"%s\"",
+                      isnan(r->train_loss)    ? "nan"
+                          : r->train_loss > 0 ? "inf"
+                                              : "-inf");
+    else NUM("train_loss", r->train_loss);
     NUM("val_loss", r->val_loss);
     NUM("learning_rate", r->learning_rate);
     NUM("tokens_per_s", r->tokens_per_s);

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "longtune/train.h"
+#include "io/json_nul.h"
+#include "train/train_internal.h"
 
 typedef enum { K_STR, K_I64, K_U64, K_F64, K_BOOL, K_INT, K_SCHED, K_RECOMP, K_ATTN, K_LOSS, K_DEVICE, K_ROPE } kind;
 
@@ -76,8 +78,11 @@ static const option options[] = {
     {"chat_template", K_STR, O(chat_template), S(chat_template), 0, 0},
     {"test", K_BOOL, O(test), 0, 0, 1},
     {"test_batches", K_I64, O(test_batches), 0, -1, 1e12},
+    {"overwrite", K_BOOL, O(overwrite), 0, 0, 1},
 };
-#undef O
+/* lt_train_options.given has one bit per option. */
+_Static_assert(sizeof options / sizeof options[0] <= 64, "more options than bits in lt_train_options.given");
+_Static_assert(sizeof options / sizeof options[0] <= 64, "lt_train_options.given has a bit per option");
 #undef S
 
 static const option *find(const char *key) {
@@ -96,17 +101,29 @@ lt_train_option_kind lt_train_option_kind_of(const char *key) {
     return o->k == K_BOOL ? LT_TRAIN_OPTION_BOOL : LT_TRAIN_OPTION_VALUE;
 }
 
+/* Numbers are plain decimal text: digits, sign, point and exponent only -- no spaces (strtod and
+ * strtoll skip leading ones), no hex ("0x2"), no inf/nan. */
+static int plain_decimal(const char *s) {
+    if (!*s) return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' || *p == 'e' || *p == 'E')) return 0;
+    return 1;
+}
+
 static int parse_f64(const char *s, double *out) {
     char *end;
+    if (!plain_decimal(s)) return -1;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || *end || errno == ERANGE || !isfinite(v)) return -1;
+    /* An underflow (1e-320: subnormal or 0) is still the number written; an overflow is not. */
+    if (end == s || *end || (errno == ERANGE && fabs(v) >= 1) || !isfinite(v)) return -1;
     *out = v;
     return 0;
 }
 
 static int parse_i64(const char *s, int64_t *out) {
     char *end;
+    if (!plain_decimal(s)) return -1;
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (end == s || *end || errno == ERANGE) {
@@ -120,10 +137,25 @@ static int parse_i64(const char *s, int64_t *out) {
     return 0;
 }
 
+static lt_status set_value(lt_ctx *ctx, lt_train_options *opt, const option *o, const char *key, const char *value);
+
 lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *key, const char *value) {
     const option *o = key ? find(key) : NULL;
     if (!o) return lt_error(ctx, LT_ERR_NOT_FOUND, "unknown training option '%s'", key ? key : "(null)");
     if (!value) return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s' needs a value", key);
+    LT_TRY(set_value(ctx, opt, o, key, value));
+    opt->given |= 1ull << (o - options); /* so a given 0 is honoured or refused, never defaulted */
+    return LT_OK;
+}
+
+/* Whether the option stored at offset `off` was given (lt_train_options_set). */
+static int given(const lt_train_options *opt, size_t off) {
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+        if (options[i].off == off) return (int)((opt->given >> i) & 1);
+    return 0;
+}
+
+static lt_status set_value(lt_ctx *ctx, lt_train_options *opt, const option *o, const char *key, const char *value) {
     char *field = (char *)opt + o->off;
     switch (o->k) {
     case K_STR: {
@@ -152,7 +184,7 @@ lt_status lt_train_options_set(lt_ctx *ctx, lt_train_options *opt, const char *k
         char *end;
         errno = 0;
         unsigned long long v = strtoull(value, &end, 10);
-        if (end == value || *end || errno == ERANGE || value[0] == '-')
+        if (!plain_decimal(value) || strpbrk(value, "-+.eE") || end == value || *end || errno == ERANGE)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not a non-negative integer", key, value);
         uint64_t u = v;
         memcpy(field, &u, sizeof u);
@@ -294,6 +326,11 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
         goto done;
     }
     text[size] = '\0';
+    int64_t nul = lt_json_nul_line(text, (size_t)size);
+    if (nul) {
+        s = lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        goto done;
+    }
     root = cJSON_ParseWithLength(text, (size_t)size);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -418,13 +455,26 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (!o.model[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'model' is required");
     if (!o.data[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'data' is required");
     if (!o.adapter_path[0]) snprintf(o.adapter_path, sizeof o.adapter_path, "adapters");
+    LT_TRY(lt_train_check_out_paths(ctx, o.adapter_path));
     if (o.iters <= 0) o.iters = 1000;
     if (o.batch_size <= 0) o.batch_size = 4;
     int max_seq_given = o.max_seq_length > 0;
     if (o.max_seq_length <= 0) o.max_seq_length = 2048;
     o.n_stages = 0;
     LT_TRY(parse_curriculum(ctx, &o, max_seq_given));
-    if (o.learning_rate <= 0) o.learning_rate = 1e-5;
+    /* Defaults fill what was not given; a given value of 0 is honoured where it means something
+     * (learning rate, beta1, beta2) and refused where it does not. */
+    if (given(in, O(eps)) && o.eps <= 0) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'eps': 0 is not in (0, 1]");
+    if (given(in, O(lora_alpha)) && o.lora_alpha <= 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'lora_alpha': 0 is not in (0, 1e+06] (it would scale LoRA to 0)");
+    if (given(in, O(num_layers)) && o.num_layers == 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'num_layers': 0 is not in [1, 65536] or -1 (all)");
+    if (given(in, O(val_batches)) && o.val_batches == 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'val_batches': 0 is not in [1, 1e12] or -1 (all)");
+    if (given(in, O(lora_targets)) && !o.lora_targets[0])
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_targets' is empty");
+    if (o.learning_rate <= 0 && !given(in, O(learning_rate))) o.learning_rate = 1e-5;
     if (o.num_layers == 0) o.num_layers = -1;
     if (o.save_every <= 0) o.save_every = 100;
     if (o.steps_per_eval <= 0) o.steps_per_eval = 200;
@@ -432,8 +482,8 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.val_batches == 0) o.val_batches = 25;
     if (o.lora_rank <= 0) o.lora_rank = 8;
     if (o.lora_alpha <= 0) o.lora_alpha = 16;
-    if (o.beta1 <= 0) o.beta1 = 0.9;
-    if (o.beta2 <= 0) o.beta2 = 0.999;
+    if (o.beta1 <= 0 && !given(in, O(beta1))) o.beta1 = 0.9;
+    if (o.beta2 <= 0 && !given(in, O(beta2))) o.beta2 = 0.999;
     if (o.eps <= 0) o.eps = 1e-8;
     if (o.grad_accum <= 0) o.grad_accum = 1;
     if (o.attention == LT_ATTENTION_AUTO) o.attention = LT_ATTENTION_FLASH;

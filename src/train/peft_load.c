@@ -162,6 +162,16 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
             else if (src.dtype == LT_DTYPE_BF16) row[j] = lt_bf16_to_f32(((const uint16_t *)src.data)[j]);
             else row[j] = lt_f16_to_f32(((const uint16_t *)src.data)[j]);
         }
+        /* A diverged adapter would only turn every logit into NaN. */
+        for (int64_t j = 0; j < n; j++)
+            if (!isfinite(row[j])) {
+                s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor %s: element %lld is %s (not finite)", path, lt.name,
+                             (long long)j,
+                             isnan(row[j])    ? "nan"
+                                 : row[j] > 0 ? "inf"
+                                              : "-inf");
+                goto done;
+            }
         s = lt_model_lora_set(ctx, m, lt.offset, n, row);
     }
 done:

@@ -26,6 +26,14 @@ void lt_atomic_abort(lt_atomic_file *af);
 
 /* Creates folder `dir` and its parents if absent (as mkdir -p). LT_ERR_IO otherwise. */
 lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
+/* Takes the adapter folder's lock (lock.c) for this process; *fd (-1 on failure) holds it until
+ * lt_train_unlock_dir. LT_ERR_INVALID_ARG names the pid of a run holding it already. */
+#define LT_TRAIN_LOCK_FILE ".longtune.lock"
+lt_status lt_train_lock_dir(lt_ctx *ctx, const char *dir, int *fd);
+void lt_train_unlock_dir(int fd);
+/* Every output path of a run into dir (out_paths.c) fits PATH_MAX, LT_TRAIN_PATH_MAX and
+ * NAME_MAX; LT_ERR_INVALID_ARG names the file and the longest folder path allowed. */
+lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);
 
 /* Bytes the metrics log holds while open (lt_metrics_open's one block). */
 size_t lt_metrics_bytes(void);

@@ -6,9 +6,11 @@
  * row's tokens); gradient buckets are summed over the ranks as the last backward completes them.
  * Nothing allocates inside a step except packing plans, once per epoch; a device run copies the
  * trainable state to a host mirror only to save it. Setup and teardown are train_setup.c's. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "longtune/alloc.h"
 #include "longtune/log.h"
@@ -36,6 +38,9 @@ static lt_status evaluate(lt_trainer *t, double *out) {
     double sum = 0;
     int64_t tokens = 0;
     for (int64_t i = 0; i < nb; i++) {
+        /* A stop request ends the validation early (one rank alone: every rank must run the
+         * same batches, so a distributed run finishes it); the loss is then not reported. */
+        if (!t->dist && lt_train_stop_requested()) return LT_OK;
         lt_model_batch b, lb;
         int64_t ntok = 0;
         LT_TRY(lt_trainer_fill(t, t->vplan, t->valid, i, &b, &ntok, NULL));
@@ -93,6 +98,11 @@ static lt_status graph_step(lt_trainer *t, double *loss, int64_t *tokens, int64_
         lt_model_result r;
         LT_TRY(lt_step_graph_run(t->ctx, t->sg, &b, (float)(1.0 / (double)ntok), &hp, &r));
         l = r.loss_sum / (double)ntok;
+        /* AdamW ran inside the graph: a non-finite step is caught after it, and its parameters
+         * are never saved (the run stops here). */
+        double gn = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
+        if (!isfinite(l)) t->bad_what = "train_loss", t->bad_value = l;
+        else if (!isfinite(gn)) t->bad_what = "grad_norm", t->bad_value = gn;
     } else { /* nothing to train on: zero gradients, the moments still decay (as train_step does) */
         t->be->zero(t->ctx, t->grads, (size_t)t->n * sizeof(float));
         t->be->adamw(t->ctx, t->params, t->grads, t->mom_m, t->mom_v, t->n, &hp);
@@ -148,14 +158,12 @@ static lt_status reduce_step(lt_trainer *t) {
     return LT_OK;
 }
 
-/* Global L2 norm clipping of the gradients to grad_clip (when set). */
-static void clip(lt_trainer *t) {
+/* Global L2 norm clipping of the gradients (whose norm is `norm`) to grad_clip (when set). */
+static void clip(lt_trainer *t, double norm) {
     double c = t->o->grad_clip;
     if (c > 0 && t->be->clip_norm) {
-        t->be->clip_norm(t->ctx, t->grads, t->n, c); /* decided on the device: no wait */
+        t->be->clip_norm(t->ctx, t->grads, t->n, c); /* decided on the device */
     } else if (c > 0) {
-        /* The host reads the norm to decide whether to scale (a CPU step never waits anyway). */
-        double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
         if (norm > c) t->be->scale(t->ctx, t->grads, (float)(c / norm), t->n);
     }
 }
@@ -174,7 +182,18 @@ static lt_status train_step(lt_trainer *t, double *loss, int64_t *tokens, int64_
     double l = 0;
     for (int64_t k = 0; k < o->grad_accum; k++)
         if (ntoks[k]) l += lsum[k] / (double)ntoks[k] / (double)o->grad_accum;
-    clip(t);
+    /* A non-finite loss or gradient norm stops the run before AdamW touches the parameters (the
+     * step waited for its loss already; the norm is one more reduction over the LoRA gradients). */
+    double norm = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
+    if (!isfinite(l) || !isfinite(norm)) {
+        t->bad_what = !isfinite(l) ? "train_loss" : "grad_norm";
+        t->bad_value = !isfinite(l) ? l : norm;
+        *loss = l;
+        *tokens = tok;
+        *real = rtok;
+        return LT_OK;
+    }
+    clip(t, norm);
     lt_adamw_params hp = adamw_params(t);
     t->be->adamw(t->ctx, t->params, t->grads, t->mom_m, t->mom_v, t->n, &hp);
     step_done(t, l, tok, rtok, loss, tokens, real);
@@ -196,12 +215,25 @@ static lt_status state_to_host(lt_trainer *t) {
 static lt_status save(lt_trainer *t) {
     t->st.elapsed_s = t->elapsed0 + lt_time_now() - t->t0;
     lt_trainer_set_rng_keys(t);
+    /* Non-finite parameters never replace the last good checkpoint and adapter. */
+    double pn = (double)t->be->sumsq(t->ctx, t->params, t->n);
+    if (!isfinite(pn))
+        return lt_error(t->ctx, LT_ERR_DIVERGED,
+                        "the LoRA parameters are not finite after step %lld: nothing saved; the last good "
+                        "checkpoint and adapter in %s are kept",
+                        (long long)t->st.step, t->o->adapter_path);
     lt_status s = LT_OK;
     if (t->rank == 0) {
         s = state_to_host(t);
         if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
         if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+        if (s == LT_OK) {
+            char rec[LT_TRAIN_PATH_MAX + 32];
+            snprintf(rec, sizeof rec, "%s/" LT_TRAIN_DIVERGED_FILE, t->o->adapter_path);
+            (void)unlink(rec); /* a record of an earlier divergence no longer describes the folder */
+        }
     }
+    if (s == LT_OK) t->saved_step = t->st.step;
     if (t->dist) {
         double failed = s != LT_OK;
         LT_TRY(lt_comm_allreduce_sum_host(t->ctx, t->comm, &failed, 1, LT_COMM_F64));
@@ -271,6 +303,7 @@ static lt_status first_eval(lt_trainer *t, lt_train_result *res) {
                            (int64_t)res->plan_bytes,
                            host_peak(t),
                            0,
+                           0,
                            0};
     if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     return LT_OK;
@@ -292,7 +325,8 @@ static lt_status report(lt_trainer *t, lt_progress *pg, window *w, double val, d
                            (int64_t)res->plan_bytes,
                            host_peak(t),
                            0,
-                           0};
+                           0,
+                           1};
     if (t->o->n_stages > 0) {
         r.seq_len = lt_train_seq_len_at(t->o, s - 1);
         for (int k = 0; k < t->o->n_stages; k++)
@@ -333,11 +367,84 @@ static lt_status after_step(lt_trainer *t, lt_progress *pg, window *w, double lo
     return LT_OK;
 }
 
+static const char *nonfinite_text(double v) { return isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
+/* The divergence record beside the adapter: what went non-finite at which step, and the last good
+ * checkpoint kept (written atomically, as the memory guard's artifact). */
+static lt_status write_divergence(lt_trainer *t, int64_t step, const char *what, double v) {
+    char path[LT_TRAIN_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/" LT_TRAIN_DIVERGED_FILE, t->o->adapter_path);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return lt_error(t->ctx, LT_ERR_OOM, "divergence record: out of memory");
+    cJSON_AddStringToObject(o, "status", "diverged");
+    cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddStringToObject(o, "quantity", what);
+    cJSON_AddStringToObject(o, "value", nonfinite_text(v));
+    cJSON_AddNumberToObject(o, "learning_rate", lt_train_lr(t->o, step - 1));
+    if (t->saved_step >= 0) {
+        cJSON_AddNumberToObject(o, "last_good_step", (double)t->saved_step);
+        cJSON_AddStringToObject(o, "checkpoint", t->ckpt_path);
+    } else {
+        cJSON_AddNullToObject(o, "last_good_step");
+        cJSON_AddNullToObject(o, "checkpoint");
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return lt_error(t->ctx, LT_ERR_OOM, "divergence record: out of memory");
+    lt_atomic_file af;
+    lt_status s = lt_atomic_open(t->ctx, &af, path);
+    if (s == LT_OK) s = lt_atomic_write(t->ctx, &af, text, strlen(text));
+    if (s == LT_OK) s = lt_atomic_write(t->ctx, &af, "\n", 1);
+    if (s == LT_OK) s = lt_atomic_commit(t->ctx, &af);
+    else lt_atomic_abort(&af);
+    cJSON_free(text);
+    return s;
+}
+
+/* Step `step` produced a non-finite t->bad_what: its metrics line (the value as null with a
+ * flag), the divergence record, and LT_ERR_DIVERGED. Nothing is saved. */
+static lt_status diverged(lt_trainer *t, lt_progress *pg, int64_t step, double loss, double lr, lt_train_result *res) {
+    lt_metrics_record r = {step,
+                           loss,
+                           NAN,
+                           lr,
+                           NAN,
+                           t->st.tokens_seen,
+                           t->elapsed0 + lt_time_now() - t->t0,
+                           (int64_t)lt_mem_get_stats(t->ctx, t->dev).peak_bytes,
+                           (int64_t)res->plan_bytes,
+                           host_peak(t),
+                           1};
+    if (t->metrics && t->rank == 0) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
+    if (t->rank == 0) LT_TRY(write_divergence(t, step, t->bad_what, t->bad_value));
+    lt_progress_end(pg, "diverged");
+    res->steps = t->saved_step >= 0 ? t->saved_step : 0;
+    res->tokens = t->st.tokens_seen;
+    char kept[LT_TRAIN_PATH_MAX + 96];
+    if (t->saved_step >= 0)
+        snprintf(kept, sizeof kept, "the checkpoint and adapter of step %lld in %s are kept", (long long)t->saved_step,
+                 t->o->adapter_path);
+    else snprintf(kept, sizeof kept, "no adapter was saved");
+    return lt_error(t->ctx, LT_ERR_DIVERGED,
+                    "training diverged at step %lld: %s is %s (learning rate %g); %s; see %s/%s", (long long)step,
+                    t->bad_what, nonfinite_text(t->bad_value), lr, kept, t->o->adapter_path, LT_TRAIN_DIVERGED_FILE);
+}
+
+static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res);
+
 /* The steps from the resumed (or first) one to iters, or to a stop. */
 static lt_status run_steps(lt_trainer *t, FILE *progress, lt_train_result *res) {
-    const lt_train_options *o = t->o;
     t->t0 = lt_time_now();
     t->elapsed0 = t->st.elapsed_s;
+    t->saved_step = t->st.step > 0 ? t->st.step : -1; /* a resumed run starts from its checkpoint */
+    lt_train_set_stop_saves(1);
+    lt_status s = run_loop(t, progress, res);
+    lt_train_set_stop_saves(0);
+    return s;
+}
+
+static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res) {
+    const lt_train_options *o = t->o;
     if (t->st.step == 0) LT_TRY(first_eval(t, res));
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
@@ -348,7 +455,9 @@ static lt_status run_steps(lt_trainer *t, FILE *progress, lt_train_result *res) 
         double loss;
         int64_t tok, real;
         double lr = lt_train_lr(o, t->st.step);
+        int64_t step = t->st.step + 1;
         LT_TRY(train_step(t, &loss, &tok, &real));
+        if (t->bad_what) return diverged(t, &pg, step, loss, lr, res);
         if (res->step_loss) res->step_loss[t->st.step - 1] = loss;
         res->last_train_loss = loss;
         w.loss += loss;

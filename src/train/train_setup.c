@@ -79,6 +79,16 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
         return lt_error(ctx, LT_ERR_INVALID_ARG, "--quantize %s: not a dtype", opt->quantize);
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
+    if (!opt->resume_adapter_file[0] && !opt->overwrite) {
+        char ap[LT_TRAIN_PATH_MAX + 32];
+        struct stat sb;
+        snprintf(ap, sizeof ap, "%s/adapter_model.safetensors", opt->adapter_path);
+        if (stat(ap, &sb) == 0)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "%s already holds an adapter (adapter_model.safetensors): --overwrite replaces it, "
+                            "--resume-adapter-file %s continues its run",
+                            opt->adapter_path, opt->adapter_path);
+    }
     if ((s = lt_tokenizer_load(ctx, opt->model, &tok)) != LT_OK) goto done;
     lt_dataset_options dopt;
     memset(&dopt, 0, sizeof dopt);
@@ -375,6 +385,7 @@ static void log_layout(const lt_trainer *t) {
 lt_status lt_trainer_init(lt_trainer *t, lt_ctx *ctx, const lt_train_options *opt, lt_model *m,
                           const lt_pack_input *train, const lt_pack_input *valid, lt_comm *comm) {
     t->ctx = ctx;
+    t->lock_fd = -1;
     t->o = opt;
     t->m = m;
     t->train = train;
@@ -400,6 +411,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
     const lt_train_options *o = t->o;
     LT_TRY(bind_params(t));
     LT_TRY(lt_train_mkdir(ctx, o->adapter_path));
+    if (t->rank == 0) LT_TRY(lt_train_lock_dir(ctx, o->adapter_path, &t->lock_fd));
     snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->adapter_path);
     LT_TRY(setup_packing(t));
     LT_TRY(setup_buffers(t));
@@ -430,6 +442,8 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
 void lt_trainer_free(lt_trainer *t) {
     lt_ctx *ctx = t->ctx;
     lt_metrics_close(ctx, t->metrics);
+    lt_train_unlock_dir(t->lock_fd);
+    t->lock_fd = -1;
     lt_pack_plan_free(ctx, t->plan);
     lt_pack_plan_free(ctx, t->vplan);
     if (t->ids) lt_free(ctx, LT_DEVICE_CPU, t->ids, t->batch_bytes);

@@ -53,6 +53,10 @@ typedef struct lt_trainer {
                                  queued without waits, captured into a CUDA graph when its shape
                                  repeats (step_graph.h) */
     double t0, elapsed0;      /* this call's start (lt_time_now) and the run's elapsed_s then */
+    int lock_fd;              /* adapter_path's lock file, held for the run (rank 0; -1: none) */
+    int64_t saved_step;       /* the step of the checkpoint and adapter on disk (-1: none) */
+    const char *bad_what;     /* set by a step whose loss or gradient norm is not finite */
+    double bad_value;
 } lt_trainer;
 
 /* ---- train_setup.c ---- */

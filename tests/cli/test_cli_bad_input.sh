@@ -54,4 +54,136 @@ expect 1 "longtune train: malformed input: $dir/badline/train.jsonl:2:" --model 
 expect 1 "longtune train: not found: $dir/nodir/train.jsonl: cannot open" --model "$dir/model" --data "$dir/nodir" --iters 2 "${ad[@]}"
 expect 1 "longtune train: not found: $dir/nomodel" --model "$dir/nomodel" --data "$dir/data" --iters 2 "${ad[@]}"
 expect 1 "longtune train: I/O error: $dir/nockpt: cannot open checkpoint" "${run[@]}" "${ad[@]}" --resume-adapter-file "$dir/nockpt"
+# Divergence: a run whose loss turns NaN stops with exit 4, names the step and the quantity, keeps
+# the last good (finite) adapter and checkpoint, records the NaN in metrics.jsonl as null + flag,
+# and leaves diverged.json; the kept adapter loads in generate.
+div=(--model "$dir/model" --data "$dir/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 60
+  --learning-rate 10 --lora-alpha 1000000 --lora-rank 64 --beta2 0.5 --eps 1e-30 --save-every 1
+  --steps-per-report 1 --adapter-path "$dir/div")
+out=$("$bin" train "${div[@]}" 2>&1); rc=$?
+if [ $rc != 4 ] || ! grep -qE "^longtune train: training diverged: training diverged at step [0-9]+: train_loss is nan \(learning rate 10\); the checkpoint and adapter of step [0-9]+ in $dir/div are kept; see $dir/div/diverged.json" <<<"$out"; then
+  echo "FAIL: divergence -> exit $rc:"; echo "$out" | tail -2; fail=1
+fi
+grep -q '"train_loss":null,"train_loss_non_finite":"nan"' "$dir/div/metrics.jsonl" || { echo "FAIL: metrics lacks the null loss"; fail=1; }
+grep -q '"quantity":.*"train_loss"' "$dir/div/diverged.json" || { echo "FAIL: no divergence record"; fail=1; }
+"$bin" generate --model "$dir/model" --adapter "$dir/div" --prompt hi --max-tokens 2 >/dev/null 2>&1 ||
+  { echo "FAIL: the kept adapter does not load"; fail=1; }
+# An adapter holding a NaN is refused naming the tensor.
+cp -r "$dir/div" "$dir/nanad"
+python3 - "$dir/nanad/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+k = sorted(x for x in h if x != "__metadata__")[0]
+o = 8 + n + h[k]["data_offsets"][0]
+b[o:o + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(b)
+PY
+out=$("$bin" generate --model "$dir/model" --adapter "$dir/nanad" --prompt hi --max-tokens 2 2>&1); rc=$?
+if [ $rc != 1 ] || ! grep -qF "adapter_model.safetensors: tensor " <<<"$out" || ! grep -qF ": element 0 is nan (not finite)" <<<"$out"; then
+  echo "FAIL: a NaN adapter -> exit $rc: $out" | tail -2; fail=1
+fi
+
+# One run per adapter folder: a second run while the first holds the lock is refused naming the
+# first's pid; a fresh run into a folder holding an adapter needs --overwrite (or a resume).
+"$bin" train "${run[@]}" --iters 100000 --save-every 100000 --adapter-path "$dir/locked" >"$dir/locked.out" 2>&1 &
+first=$!
+for _ in $(seq 1 600); do [ -s "$dir/locked/.longtune.lock" ] && break; sleep 0.1; done
+expect 1 "longtune train: invalid argument: $dir/locked is in use by another training run (pid $first, lock $dir/locked/.longtune.lock)" \
+  "${run[@]}" --adapter-path "$dir/locked"
+kill -TERM $first; wait $first
+expect 1 "longtune train: invalid argument: $dir/locked already holds an adapter (adapter_model.safetensors): --overwrite replaces it, --resume-adapter-file $dir/locked continues its run" \
+  "${run[@]}" --adapter-path "$dir/locked"
+expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --overwrite
+expect 0 "adapter: $dir/locked/adapter_model.safetensors" "${run[@]}" --adapter-path "$dir/locked" --resume-adapter-file "$dir/locked"
+
+# Output paths are checked in full before anything loads: the longest --adapter-path allowed (970
+# bytes: its longest output, aborted_memory_ceiling.json.tmp.PID, must fit 1023) trains and saves;
+# one byte more is a usage error; a component over NAME_MAX too.
+long_path() { # LEN: a path under $dir of exactly LEN bytes, components of at most 200
+  local p="$dir/lp" n
+  while [ ${#p} -lt "$1" ]; do n=$(( $1 - ${#p} - 1 )); [ $n -gt 200 ] && n=200; [ $n -lt 1 ] && n=1
+    p="$p/$(head -c $n /dev/zero | tr '\0' x)"; done
+  echo "$p"
+}
+lp=$(long_path 970)
+expect 0 "adapter: $lp/adapter_model.safetensors" "${run[@]}" --adapter-path "$lp"
+[ -s "$lp/checkpoint.ltck" ] || { echo "FAIL: no checkpoint under the 970-byte path"; fail=1; }
+lp=$(long_path 971)
+expect 2 "option 'adapter_path': 971 bytes leaves no room for its outputs (aborted_memory_ceiling.json and its temporary aborted_memory_ceiling.json.tmp.PID): a folder path of at most 970 bytes" "${run[@]}" --adapter-path "$lp"
+expect 2 "option 'adapter_path': component 256 bytes long at byte " "${run[@]}" --adapter-path "$dir/$(head -c 256 /dev/zero | tr '\0' y)"
+
+# Data that never ends or is not a file: refused at open, never read forever.
+mkdir -p "$dir/zero" "$dir/folder/train.jsonl"
+ln -s /dev/zero "$dir/zero/train.jsonl"
+expect 1 "longtune train: invalid argument: $dir/zero/train.jsonl: is not a regular file (a device, FIFO or socket), not a JSONL file" \
+  --model "$dir/model" --data "$dir/zero" --iters 2 --adapter-path "$dir/ad_zero"
+expect 1 "longtune train: invalid argument: $dir/folder/train.jsonl: is a folder, not a JSONL file" \
+  --model "$dir/model" --data "$dir/folder" --iters 2 --adapter-path "$dir/ad_folder"
+# A signal while the data loads (nothing to save yet) ends the run at once, with the signal's
+# status, instead of waiting for the first step.
+mkdir -p "$dir/big"
+python3 -c "
+import sys
+w = sys.stdout.write
+for i in range(400000): w('{\"text\": \"record %d: the quick brown fox jumps over the lazy dog\"}\\n' % i)" > "$dir/big/train.jsonl"
+"$bin" train --model "$dir/model" --data "$dir/big" --iters 2 --threads 1 --adapter-path "$dir/ad_big" >"$dir/big.out" 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+t0=$SECONDS
+wait $pid; rc=$?
+if [ $rc != 130 ] || [ $((SECONDS - t0)) -gt 10 ] || [ -e "$dir/ad_big/checkpoint.ltck" ] || grep -q "train 1/" "$dir/big.out"; then
+  echo "FAIL: SIGINT while loading: exit $rc after $((SECONDS - t0)) s: $(tail -2 "$dir/big.out")"; fail=1
+fi
+
+# Non-finite weights are refused at load, naming the tensor and element: every row of the
+# embedding (here its last), the norms.
+poison() { # DIR TENSOR INDEX VALUE: a copy of the tiny model with one f32 element replaced
+  cp -r "$dir/model" "$1"
+  python3 - "$1/model.safetensors" "$2" "$3" "$4" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+o = 8 + n + h[sys.argv[2]]["data_offsets"][0] + 4 * int(sys.argv[3])
+b[o:o + 4] = struct.pack("<f", float(sys.argv[4]))
+open(sys.argv[1], "wb").write(b)
+PY
+}
+poison "$dir/nan_norm" model.norm.weight 3 nan
+expect 1 "longtune train: malformed input: $dir/nan_norm: tensor 'model.norm.weight': element [0, 3] is not finite (f32 data)" \
+  --model "$dir/nan_norm" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_nan"
+poison "$dir/inf_embed" model.embed_tokens.weight $((1200 * 16 - 1)) inf
+expect 1 "tensor 'model.embed_tokens.weight': element [1199, 15] is not finite (f32 data)" \
+  --model "$dir/inf_embed" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_inf"
+
+# A given option is honoured or refused, never replaced by its default; numbers are plain decimal.
+expect 2 "option 'eps': 0 is not in (0, 1]" "${run[@]}" --eps 0
+expect 2 "option 'lora_alpha': 0 is not in (0, 1e+06] (it would scale LoRA to 0)" "${run[@]}" --lora-alpha 0
+expect 2 "option 'num_layers': 0 is not in [1, 65536] or -1 (all)" "${run[@]}" --num-layers 0
+expect 2 "option 'val_batches': 0 is not in [1, 1e12] or -1 (all)" "${run[@]}" --val-batches 0
+expect 2 "option 'lora_targets' is empty" "${run[@]}" --lora-targets ""
+expect 2 "option 'iters': '0x2' is not an integer in [1, 1000000000000]" "${run[@]}" --iters 0x2
+expect 2 "option 'iters': ' 2' is not an integer in [1, 1000000000000]" "${run[@]}" --iters " 2"
+expect 2 "option 'iters': '2 ' is not an integer in [1, 1000000000000]" "${run[@]}" --iters "2 "
+expect 2 "option 'seed': ' -1' is not a non-negative integer" "${run[@]}" --seed " -1"
+expect 2 "option 'learning-rate': '0x1p-3' is not a number in [0, 10]" "${run[@]}" --learning-rate 0x1p-3
+expect 0 "trained 2 steps" "${run[@]}" --learning-rate 0 --beta1 0 --adapter-path "$dir/lr0"
+grep -q '"learning_rate":0,' "$dir/lr0/metrics.jsonl" || { echo "FAIL: --learning-rate 0 not honoured"; fail=1; }
+expect 0 "trained 2 steps" "${run[@]}" --learning-rate 1e-320 --adapter-path "$dir/lrsub"
+
+# generate: a prompt that fills the model's context is refused; a reply stops at the context's end.
+cp -r "$dir/model" "$dir/ctx8"
+sed -i 's/"max_position_embeddings": 4096/"max_position_embeddings": 8/' "$dir/ctx8/config.json"
+out=$("$bin" generate --model "$dir/ctx8" --prompt "the quick brown fox jumps over the lazy dog" 2>&1); rc=$?
+if [ $rc != 1 ] || ! grep -qF "generate: the prompt's 35 tokens fill the model's context of 8 positions (max_position_embeddings)" <<<"$out"; then
+  echo "FAIL: generate past the context -> exit $rc: $out" | tail -2; fail=1
+fi
+out=$("$bin" generate --model "$dir/ctx8" --prompt ab --no-chat-template --max-tokens 40 2>&1); rc=$?
+if [ $rc != 0 ] || ! grep -qF "1 prompt tokens, 7 new tokens" <<<"$out"; then
+  echo "FAIL: generate up to the context -> exit $rc: $out" | tail -2; fail=1
+fi
+
 exit $fail

@@ -4,6 +4,7 @@
  * What needs the CLI (flags, empty dataset, token ids past the model's vocabulary) is
  * tests/cli/test_cli_bad_input.sh. Corrupted checkpoints are test_train.c's. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -222,6 +223,30 @@ static void gguf_duplicates(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Tensors sharing bytes: every tensor at offset 0 would alias all the weights. */
+static void gguf_overlapping_tensors(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    buf_t b;
+    b.n = 0;
+    put_header(&b, 3, 0);
+    uint64_t d[2] = {4, 2};
+    put_tensor(&b, "a", 2, d, 0, 0);
+    put_tensor(&b, "b", 2, d, 0, 0);
+    put_tensor(&b, "c", 2, d, 0, 32);
+    put_data(&b, 64);
+    EXPECT(ctx, gguf_open_bytes(ctx, &b, b.n), LT_ERR_FORMAT,
+           "tensors 'a' and 'b' overlap (data [0, +32) and [0, +32))");
+    /* Back to back is fine. */
+    b.n = 0;
+    put_header(&b, 2, 0);
+    put_tensor(&b, "a", 2, d, 0, 0);
+    put_tensor(&b, "b", 2, d, 0, 32);
+    put_data(&b, 64);
+    assert_int_equal(gguf_open_bytes(ctx, &b, b.n), LT_OK);
+    lt_ctx_free(ctx);
+}
+
 static void gguf_string_past_end(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -314,6 +339,19 @@ static void safetensors_malformed(void **state) {
                           "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
                           16, -1),
            LT_ERR_FORMAT, "tensors 'a' and 'b' overlap");
+    /* A zero-size tensor holds no bytes: at [0,0] beside a tensor at [0,8] it overlaps nothing. */
+    assert_int_equal(st_open_header(ctx,
+                                    "{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                                    "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                    "\"z\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[4,4]}}",
+                                    8, -1),
+                     LT_OK);
+    /* Trailing garbage after the header's JSON (space padding is the format's and is accepted). */
+    EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}} xyz", 16, -1),
+           LT_ERR_FORMAT, "3 bytes of trailing data after the header's JSON object (byte 58)");
+    assert_int_equal(st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}    ", 16,
+                                    -1),
+                     LT_OK);
     /* Missing keys. */
     EXPECT(ctx, st_open_header(ctx, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 16, -1), LT_ERR_FORMAT,
            "tensor 'w': needs dtype, shape and two data_offsets");
@@ -444,6 +482,10 @@ static void dataset_malformed(void **state) {
     assert_int_equal(lt_dataset_load(ctx, p, tok, &opt, &ds), LT_OK);
     assert_int_equal(lt_dataset_get_stats(ds).records, 0);
     lt_dataset_free(ctx, ds);
+    /* Only regular files: /dev/zero would stream NUL bytes forever, a folder reads as an error. */
+    EXPECT(ctx, lt_dataset_load(ctx, "/dev/zero", tok, &opt, &ds), LT_ERR_INVALID_ARG,
+           "/dev/zero: is not a regular file (a device, FIFO or socket), not a JSONL file");
+    EXPECT(ctx, lt_dataset_load(ctx, dir, tok, &opt, &ds), LT_ERR_INVALID_ARG, ": is a folder, not a JSONL file");
     lt_tokenizer_free(tok);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
@@ -498,6 +540,190 @@ static int setup(void **state) {
     return 0;
 }
 
+/* ---- U+0000 in JSON strings: refused (cJSON's C strings would drop the text after it) ---- */
+
+static void json_nul(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_record rec;
+    memset(&rec, 0, sizeof rec);
+    const char esc[] = "{\"text\": \"before\\u0000after\"}";
+    EXPECT(ctx, lt_record_parse(ctx, esc, sizeof esc - 1, "t.jsonl", 7, &rec), LT_ERR_FORMAT,
+           "t.jsonl:7: string contains U+0000");
+    const char raw[] = "{\"text\": \"before\0after\"}";
+    EXPECT(ctx, lt_record_parse(ctx, raw, sizeof raw - 1, "t.jsonl", 8, &rec), LT_ERR_FORMAT,
+           "t.jsonl:8: string contains U+0000");
+    /* An escaped backslash before u0000 is the text \u0000, kept whole. */
+    const char lit[] = "{\"text\": \"a\\\\u0000b\"}";
+    assert_int_equal(lt_record_parse(ctx, lit, sizeof lit - 1, "t.jsonl", 9, &rec), LT_OK);
+    assert_string_equal(rec.text, "a\\u0000b");
+    lt_record_free(ctx, &rec);
+    const char *p = tmp_path("config.json");
+    lt_model_config cfg;
+    const char cj[] = "{\"model_type\": \"llama\",\n\"x\": \"a\0b\"}";
+    write_bytes(p, cj, sizeof cj - 1);
+    EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, "config.json: line 2: string contains U+0000");
+    const char *tp = tmp_path("tokenizer.json");
+    write_text(tp, "{\"model\": {\"type\": \"BPE\",\n\n \"vocab\": {\"a\\u0000\": 0}}}");
+    lt_tokenizer *tok = NULL;
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, tp, &tok), LT_ERR_FORMAT, "tokenizer.json: line 3: string contains U+0000");
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+/* ---- configuration bounds (config.json, GGUF metadata) ---- */
+
+static const char *cfg_json(char *buf, size_t n, const char *key, const char *value) {
+    static const char *const base[][2] = {{"model_type", "\"llama\""},  {"vocab_size", "96"},
+                                          {"hidden_size", "16"},        {"intermediate_size", "32"},
+                                          {"num_hidden_layers", "2"},   {"num_attention_heads", "2"},
+                                          {"num_key_value_heads", "1"}, {"rms_norm_eps", "1e-5"},
+                                          {"rope_theta", "10000"}};
+    size_t u = (size_t)snprintf(buf, n, "{");
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        u += (size_t)snprintf(buf + u, n - u, "%s\"%s\": %s", i ? ", " : "", base[i][0],
+                              !strcmp(base[i][0], key) ? value : base[i][1]);
+    snprintf(buf + u, n - u, "}");
+    return buf;
+}
+
+static void config_bounds(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *p = tmp_path("config.json");
+    lt_model_config cfg;
+    char j[1024];
+    write_text(p, cfg_json(j, sizeof j, "", ""));
+    assert_int_equal(lt_model_config_read_hf(ctx, p, &cfg), LT_OK);
+    static const char *const cases[][3] = {
+        {"num_hidden_layers", "4e15", "num_hidden_layers = 4000000000000000 is outside [1, 1024]"},
+        {"num_hidden_layers", "1025", "num_hidden_layers = 1025 is outside [1, 1024]"},
+        {"hidden_size", "2097152", "hidden_size = 2097152 is outside [1, 1048576]"},
+        {"intermediate_size", "8388608", "intermediate_size = 8388608 is outside [1, 4194304]"},
+        {"vocab_size", "16777217", "vocab_size = 16777217 is outside [1, 16777216]"},
+        {"num_attention_heads", "8192", "num_attention_heads = 8192 is outside [1, 4096]"},
+        {"num_key_value_heads", "3", "num_key_value_heads = 3 is outside [1, 2]"},
+        {"rms_norm_eps", "1e308", "rms_norm_eps = 1e+308 is outside (0, 1]"},
+        {"rope_theta", "1e-308", "rope_theta = 1e-308 is outside [1, 1e+12]"},
+        {"rope_theta", "1e300", "rope_theta = 1e+300 is outside [1, 1e+12]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_text(p, cfg_json(j, sizeof j, cases[i][0], cases[i][1]));
+        EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, cases[i][2]);
+    }
+    /* A caller's own struct: the size tables refuse it instead of overflowing. */
+    write_text(p, cfg_json(j, sizeof j, "", ""));
+    assert_int_equal(lt_model_config_read_hf(ctx, p, &cfg), LT_OK);
+    cfg.L = 4000000000000000LL;
+    lt_model_run_options run = {.B = 1, .T = 16, .device = LT_DEVICE_CPU};
+    lt_model_sizes tab;
+    EXPECT(ctx, lt_model_size_table(ctx, &cfg, NULL, &run, &tab), LT_ERR_FORMAT,
+           "model layout: num_hidden_layers = 4000000000000000 is outside [1, 1024]");
+    lt_ctx_free(ctx);
+}
+
+/* A GGUF of general.architecture llama with the given extra key/values (u32 or f32) and a
+ * token_embd.weight of 4 x 8. */
+typedef struct {
+    const char *key;
+    int is_f32;
+    double v;
+} gg_kv;
+
+static const char *gguf_config(const gg_kv *extra, int n_extra) {
+    static const gg_kv base[] = {{"llama.block_count", 0, 1},
+                                 {"llama.embedding_length", 0, 8},
+                                 {"llama.feed_forward_length", 0, 16},
+                                 {"llama.attention.head_count", 0, 2}};
+    const gg_kv *kvs[8];
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        int overridden = 0;
+        for (int e = 0; e < n_extra; e++) overridden |= !strcmp(extra[e].key, base[i].key);
+        if (!overridden) kvs[n++] = &base[i];
+    }
+    for (int e = 0; e < n_extra; e++) kvs[n++] = &extra[e];
+    buf_t b;
+    b.n = 0;
+    put_header(&b, 1, (uint64_t)(1 + n));
+    put_kv_str(&b, "general.architecture", "llama");
+    for (int i = 0; i < n; i++) {
+        put_str(&b, kvs[i]->key);
+        if (kvs[i]->is_f32) {
+            put_u32(&b, 6);
+            float f = (float)kvs[i]->v;
+            put(&b, &f, 4);
+        } else {
+            put_u32(&b, 4);
+            put_u32(&b, (uint32_t)kvs[i]->v);
+        }
+    }
+    uint64_t d[2] = {8, 4};
+    put_tensor(&b, "token_embd.weight", 2, d, 0, 0);
+    put_data(&b, 128);
+    const char *p = tmp_path("cfg.gguf");
+    write_bytes(p, b.b, b.n);
+    return p;
+}
+
+static void gguf_config_bounds(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config cfg;
+    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    gg_kv eps_inf = {"llama.attention.layer_norm_rms_epsilon", 1, INFINITY};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&eps_inf, 1), &mo, &cfg), LT_ERR_FORMAT,
+           "metadata 'llama.attention.layer_norm_rms_epsilon' = inf is outside (0, 1]");
+    gg_kv theta_inf = {"llama.rope.freq_base", 1, INFINITY};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&theta_inf, 1), &mo, &cfg), LT_ERR_FORMAT,
+           "metadata 'llama.rope.freq_base' = inf is outside [1, 1e+12]");
+    gg_kv layers = {"llama.block_count", 0, 5000};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&layers, 1), &mo, &cfg), LT_ERR_FORMAT,
+           "metadata 'llama.block_count' = 5000 is outside [1, 1024]");
+    gg_kv kv3 = {"llama.attention.head_count_kv", 0, 3};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&kv3, 1), &mo, &cfg), LT_ERR_FORMAT,
+           "metadata 'llama.attention.head_count_kv' = 3 is outside [1, 2]");
+    /* Head dim 0 (width 8 over 16 heads) is named, not reported as partial RoPE of 0 dims. */
+    gg_kv rope[2] = {{"llama.attention.key_length", 0, 0}, {"llama.rope.dimension_count", 0, 32}};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(rope, 2), &mo, &cfg), LT_ERR_FORMAT,
+           "head dim 0 (metadata 'llama.attention.key_length', or embedding_length 8 / head_count 2) is not positive");
+    /* The reader's own message survives the loader's wrapping (a float where an integer goes). */
+    gg_kv ctxlen = {"llama.context_length", 1, 4096};
+    EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&ctxlen, 1), &mo, &cfg), LT_ERR_FORMAT,
+           "cfg.gguf: metadata 'llama.context_length': GGUF key 'llama.context_length' has type");
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+/* Vocabulary ids are bounded by the vocabulary's size (model.vocab plus added_tokens entries): one
+ * id of 2,147,483,646 in a small file would otherwise size a table of 2^31 entries. */
+static void tokenizer_ids_bounded(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *p = tmp_path("tokenizer.json");
+    lt_tokenizer *tok = NULL;
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2147483646, \"c\": 1}, \"merges\": []}}");
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, p, &tok), LT_ERR_FORMAT,
+           "tokenizer.json: model.vocab['b'] has id 2147483646, past the vocabulary's 3 entries (model.vocab and "
+           "added_tokens)");
+    assert_null(tok);
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+               " \"added_tokens\": [{\"id\": 70000, \"content\": \"<x>\", \"special\": true}]}");
+    EXPECT(ctx, lt_tokenizer_load_json(ctx, p, &tok), LT_ERR_FORMAT,
+           "tokenizer.json: added_tokens[0] '<x>' has id 70000, past the vocabulary's 3 entries");
+    /* Ids up to entries - 1 are fine (an added token beyond the model's vocabulary). */
+    write_text(p,
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+               " \"added_tokens\": [{\"id\": 2, \"content\": \"<x>\", \"special\": true}]}");
+    assert_int_equal(lt_tokenizer_load_json(ctx, p, &tok), LT_OK);
+    assert_int_equal(lt_tokenizer_vocab_size(tok), 3);
+    lt_tokenizer_free(tok);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 static int teardown(void **state) {
     (void)state;
     return lt_test_rm_tree(dir);
@@ -505,13 +731,25 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gguf_truncated),        cmocka_unit_test(gguf_bad_magic_and_version),
-        cmocka_unit_test(gguf_offset_past_end),  cmocka_unit_test(gguf_overflowing_dimensions),
-        cmocka_unit_test(gguf_wrong_dtype),      cmocka_unit_test(gguf_duplicates),
-        cmocka_unit_test(gguf_string_past_end),  cmocka_unit_test(gguf_unknown_architecture),
-        cmocka_unit_test(safetensors_malformed), cmocka_unit_test(safetensors_index_malformed),
-        cmocka_unit_test(config_malformed),      cmocka_unit_test(tokenizer_malformed),
-        cmocka_unit_test(dataset_malformed),     cmocka_unit_test(jsonl_line_limit),
+        cmocka_unit_test(gguf_truncated),
+        cmocka_unit_test(gguf_bad_magic_and_version),
+        cmocka_unit_test(gguf_offset_past_end),
+        cmocka_unit_test(gguf_overflowing_dimensions),
+        cmocka_unit_test(gguf_wrong_dtype),
+        cmocka_unit_test(gguf_duplicates),
+        cmocka_unit_test(gguf_overlapping_tensors),
+        cmocka_unit_test(gguf_string_past_end),
+        cmocka_unit_test(gguf_unknown_architecture),
+        cmocka_unit_test(safetensors_malformed),
+        cmocka_unit_test(safetensors_index_malformed),
+        cmocka_unit_test(config_malformed),
+        cmocka_unit_test(tokenizer_malformed),
+        cmocka_unit_test(dataset_malformed),
+        cmocka_unit_test(jsonl_line_limit),
+        cmocka_unit_test(json_nul),
+        cmocka_unit_test(config_bounds),
+        cmocka_unit_test(gguf_config_bounds),
+        cmocka_unit_test(tokenizer_ids_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

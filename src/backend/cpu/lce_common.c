@@ -194,13 +194,16 @@ lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt
 
 /* exp for x <= ~88 written so GCC vectorises loops over it without -ffast-math: Cody-Waite
  * reduction to r in [-ln2/2, ln2/2], degree-6 Taylor (error < 2^-23 relative), 2^n by exponent
- * bits. Inputs below -87 give exp(-87) ≈ 1.6e-38, which is 0 for every sum it enters. */
+ * bits. Inputs below -87 (-inf included) give exp(-87) ≈ 1.6e-38, which is 0 for every sum it
+ * enters; above 88 (+inf included) exp(88). Defined for every input: the reduction runs on a
+ * clamped copy (NaN compares false, so it becomes -87 there) and a NaN input returns NaN, so a
+ * non-finite logit reaches the loss as NaN instead of an out-of-range exponent. */
 static inline float lce_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float t = x * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5·2^23 */
+    float c = x >= -87.0f ? x : -87.0f;
+    c = c <= 88.0f ? c : 88.0f;
+    float t = c * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5·2^23 */
     float n = t - 12582912.0f;
-    float r = x - n * 0.693145751953125f;
+    float r = c - n * 0.693145751953125f;
     r = r - n * 1.428606765330187e-06f;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -209,10 +212,10 @@ static inline float lce_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
+    uint32_t e = (uint32_t)((int32_t)n + 127) << 23; /* n in [-126, 127] */
     float scale;
     memcpy(&scale, &e, 4);
-    return p * scale;
+    return x == x ? p * scale : x;
 }
 
 void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) {
