@@ -214,6 +214,11 @@ LT_API lt_status lt_checkpoint_load(lt_ctx *ctx, const char *path, const lt_trai
  * atomically. base_model names the base in the config (a path or hub id). target_modules and
  * layers_to_transform are derived from the param names. Errors: LT_ERR_IO, LT_ERR_INVALID_ARG for a
  * name that is not "<module>.lora_A|lora_B" or a shape that does not agree with the rank. */
+/* base_model_name_or_path for `base`: for a .gguf file the Hugging Face repository it says it was
+ * converted from ("org/name", from general.source.repo_url, general.source.url, general.repo_url
+ * or general.url on huggingface.co), written into buf (n bytes); else base itself. lt_peft_save
+ * applies it. */
+LT_API const char *lt_peft_base_model_name(lt_ctx *ctx, const char *base, char *buf, size_t n);
 LT_API lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
                               const lt_train_param *params, int n_params);
 

@@ -107,7 +107,7 @@ static lt_status to_gguf(lt_ctx *ctx, void *arg, const void *data, size_t n) {
 
 lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
                         lt_export_report *rep) {
-    int rope = b->gg ? b->has_rope_freqs : b->cfg.rope_llama3;
+    int rope = b->gg ? b->has_rope_freqs : b->cfg.rope_scaling == LT_ROPE_SCALING_LLAMA3;
     int64_t np = ex_pieces(b, rope, NULL, 0);
     size_t pbytes = (size_t)np * (sizeof(ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
     ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");

@@ -76,7 +76,7 @@ static int recover_llama3(const float *fr, lt_model_config *c) {
     for (int64_t i = 0; i < half; i++)
         if (fabs(regen[i] - fr[i]) > 1e-5 * fabs(fr[i])) return 0;
     *c = t;
-    c->rope_llama3 = 1;
+    c->rope_scaling = LT_ROPE_SCALING_LLAMA3;
     return 1;
 }
 
@@ -107,7 +107,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJ
     cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_positions);
     cJSON_AddNumberToObject(j, "rms_norm_eps", f2d(c->rms_eps));
     cJSON_AddNumberToObject(j, "rope_theta", f2d(c->rope_theta));
-    if (c->rope_llama3) {
+    if (c->rope_scaling == LT_ROPE_SCALING_LLAMA3) {
         cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
         cJSON_AddNumberToObject(rs, "factor", f2d(c->rope_factor));

@@ -109,11 +109,14 @@ static lt_status gemma_num(lt_ctx *ctx, const char *path, const cJSON *root, con
 }
 
 /* One entry of transformers 5's rope_parameters (the object itself for Gemma 2, per layer type for
- * Gemma 3): its base into *theta; any rope_type but "default" is refused. */
-static lt_status gemma_rope_entry(lt_ctx *ctx, const char *path, const cJSON *rp, const char *what, double *theta) {
+ * Gemma 3): its base into *theta. The global layers' scaling is read by the shared RoPE reader
+ * (every type); the sliding layers' table is plain RoPE, so a rope_type there other than
+ * "default" is refused. */
+static lt_status gemma_rope_entry(lt_ctx *ctx, const char *path, const cJSON *rp, const char *what, int sliding,
+                                  double *theta) {
     if (!cJSON_IsObject(rp)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s must be an object", path, what);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
-    if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
+    if (sliding && t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default")))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: %s.rope_type \"%s\" is not supported for Gemma (default)", path,
                         what, cJSON_IsString(t) ? t->valuestring : "?");
     LT_TRY(get_num(ctx, path, rp, "rope_theta", theta));
@@ -198,7 +201,7 @@ static lt_status family_gemma2(lt_ctx *ctx, const char *path, const cJSON *root,
     cfg->arch = LT_ARCH_GEMMA2;
     LT_TRY(gemma_common(ctx, path, root, cfg));
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
-    if (rp && !cJSON_IsNull(rp)) LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+    if (rp && !cJSON_IsNull(rp)) LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", 0, &cfg->rope_theta));
     return gemma_layers(ctx, path, root, 2, cfg);
 }
 
@@ -213,11 +216,12 @@ static lt_status family_gemma3(lt_ctx *ctx, const char *path, const cJSON *root,
         const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
         const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
         if (full || slide) {
-            if (full) LT_TRY(gemma_rope_entry(ctx, path, full, "rope_parameters.full_attention", &cfg->rope_theta));
+            if (full) LT_TRY(gemma_rope_entry(ctx, path, full, "rope_parameters.full_attention", 0, &cfg->rope_theta));
             if (slide)
-                LT_TRY(gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", &cfg->rope_local_theta));
+                LT_TRY(gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", 1,
+                                        &cfg->rope_local_theta));
         } else {
-            LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", &cfg->rope_theta));
+            LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", 0, &cfg->rope_theta));
         }
     }
     if (!(cfg->rope_local_theta > 0))
@@ -601,7 +605,8 @@ static cJSON *read_json(lt_ctx *ctx, const char *path) {
     int64_t nul = lt_json_nul_line(buf, n);
     if (nul) {
         free(buf);
-        return lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        lt_error(ctx, LT_ERR_FORMAT, "%s: line %lld: string contains U+0000", path, (long long)nul);
+        return NULL;
     }
     cJSON *root = cJSON_ParseWithLength(buf, n);
     free(buf);

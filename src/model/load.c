@@ -678,7 +678,6 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     if (p->kind == LT_W_INV_FREQ_LOCAL) { /* the sliding layers' base, unscaled (Gemma 3) */
         lt_model_config lc = j->m->cfg;
         lc.rope_theta = lc.rope_local_theta;
-        lc.rope_llama3 = 0;
         lc.rope_scaling = LT_ROPE_SCALING_NONE;
         lt_model_rope_inv_freq(&lc, (float *)rows_at(j, dst, 0, p->bytes));
         flush(j, dst, 0, 1, p->bytes);

@@ -79,7 +79,7 @@ static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train
  * general.source.repo_url, general.source.url, general.repo_url or general.url when one points at
  * huggingface.co) when it names one, else the path as given (docs/export.md shows how to load
  * the adapter onto a GGUF base then). */
-static const char *base_model_name(lt_ctx *ctx, const char *base, char *buf, size_t n) {
+const char *lt_peft_base_model_name(lt_ctx *ctx, const char *base, char *buf, size_t n) {
     size_t bl = base ? strlen(base) : 0;
     if (bl < 5 || strcmp(base + bl - 5, ".gguf")) return base;
     lt_gguf *g;
@@ -152,9 +152,7 @@ static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_mo
     for (int t = 0; t < nl; t++) cJSON_AddItemToArray(lt, cJSON_CreateNumber((double)layers[t]));
     cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(c, "auto_mapping");
-    char repo[256];
-    const char *bm = base_model_name(ctx, base_model, repo, sizeof repo);
-    cJSON_AddStringToObject(c, "base_model_name_or_path", bm ? bm : "");
+    cJSON_AddStringToObject(c, "base_model_name_or_path", base_model ? base_model : "");
     cJSON_AddStringToObject(c, "bias", "none");
     cJSON_AddFalseToObject(c, "fan_in_fan_out");
     cJSON_AddTrueToObject(c, "inference_mode");
@@ -198,6 +196,13 @@ done:
 
 lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
                        const lt_train_param *params, int n_params) {
+    char repo[256];
+    return lt_peft_save_named(ctx, dir, lt_peft_base_model_name(ctx, base_model, repo, sizeof repo), opt, params,
+                              n_params);
+}
+
+lt_status lt_peft_save_named(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
+                             const lt_train_param *params, int n_params) {
     if (n_params < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter export: no LoRA tensors");
     LT_TRY(check_params(ctx, opt, params, n_params));
     LT_TRY(lt_train_mkdir(ctx, dir));

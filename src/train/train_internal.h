@@ -35,6 +35,11 @@ void lt_train_unlock_dir(int fd);
  * NAME_MAX; LT_ERR_INVALID_ARG names the file and the longest folder path allowed. */
 lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);
 
+/* lt_peft_save with base_model written as given (already resolved by lt_peft_base_model_name):
+ * the trainer resolves the name once at setup, so a save opens nothing but its own files. */
+lt_status lt_peft_save_named(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
+                             const lt_train_param *params, int n_params);
+
 /* Bytes the metrics log holds while open (lt_metrics_open's one block). */
 size_t lt_metrics_bytes(void);
 /* Bytes the adapter export holds while it writes n tensors (its safetensors index and key names). */

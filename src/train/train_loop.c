@@ -226,7 +226,7 @@ static lt_status save(lt_trainer *t) {
     if (t->rank == 0) {
         s = state_to_host(t);
         if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
-        if (s == LT_OK) s = lt_peft_save(t->ctx, t->o->adapter_path, t->o->model, t->o, t->tp, t->n_tp);
+        if (s == LT_OK) s = lt_peft_save_named(t->ctx, t->o->adapter_path, t->base_name, t->o, t->tp, t->n_tp);
         if (s == LT_OK) {
             char rec[LT_TRAIN_PATH_MAX + 32];
             snprintf(rec, sizeof rec, "%s/" LT_TRAIN_DIVERGED_FILE, t->o->adapter_path);
@@ -414,7 +414,12 @@ static lt_status diverged(lt_trainer *t, lt_progress *pg, int64_t step, double l
                            (int64_t)lt_mem_get_stats(t->ctx, t->dev).peak_bytes,
                            (int64_t)res->plan_bytes,
                            host_peak(t),
+                           lt_train_seq_len_at(t->o, step - 1),
+                           0,
                            1};
+    if (t->o->n_stages == 0) r.seq_len = 0;
+    for (int k = 0; k < t->o->n_stages; k++)
+        if (step - 1 >= t->o->stage_step[k]) r.stage = k + 1;
     if (t->metrics && t->rank == 0) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     if (t->rank == 0) LT_TRY(write_divergence(t, step, t->bad_what, t->bad_value));
     lt_progress_end(pg, "diverged");

@@ -413,6 +413,8 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
     LT_TRY(lt_train_mkdir(ctx, o->adapter_path));
     if (t->rank == 0) LT_TRY(lt_train_lock_dir(ctx, o->adapter_path, &t->lock_fd));
     snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->adapter_path);
+    /* before the plan's measurement: reading a GGUF base's metadata is setup's transient, not a save's */
+    t->base_name = lt_peft_base_model_name(ctx, o->model, t->base_repo, sizeof t->base_repo);
     LT_TRY(setup_packing(t));
     LT_TRY(setup_buffers(t));
     if (o->threads > 0) lt_ctx_set_threads(ctx, o->threads); /* the model sizes workspaces per thread */

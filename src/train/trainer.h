@@ -33,6 +33,8 @@ typedef struct lt_trainer {
     lt_train_state st;
     lt_metrics *metrics;
     char ckpt_path[LT_TRAIN_PATH_MAX + 32];
+    char base_repo[256];   /* lt_peft_base_model_name's buffer */
+    const char *base_name; /* the adapter's base_model_name_or_path, resolved at setup */
     /* Data parallel: this rank of `world`; red holds one step's per-micro-batch loss sums and the
      * stop flag for their all-reduce (grad_accum + 1 doubles). stop_world: some rank was asked to
      * stop during the last step (all ranks agree on it, so all stop after the same step). */

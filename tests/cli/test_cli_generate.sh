@@ -125,6 +125,6 @@ b[off:off + 4] = struct.pack("<f", float("nan"))
 open(p, "wb").write(bytes(b))
 print(name, file=sys.stderr)
 PY
-expect 1 "non-finite" -- "${g[@]}" --adapter "$dir/ad_nan" --prompt hi
+expect 1 "is nan (not finite)" -- "${g[@]}" --adapter "$dir/ad_nan" --prompt hi
 expect 1 "lora_" -- eval --model "$M" --adapter "$dir/ad_nan" "${tr[@]}" --threads 1
 exit $fail

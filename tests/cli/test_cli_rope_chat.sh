@@ -26,7 +26,7 @@ expect() { # expect EXIT FRAGMENT CMD ARGS...
     echo "FAIL: $* -> exit $rc (want $want), output lacks '$frag':"; echo "$out" | tail -3; fail=1
   fi
 }
-run=(--model "$dir/model" --iters 2 --batch-size 2 --max-seq-length 32 --threads 1 --adapter-path "$dir/ad")
+run=(--model "$dir/model" --iters 2 --batch-size 2 --max-seq-length 32 --threads 1 --adapter-path "$dir/ad" --overwrite)
 
 expect 2 "option 'rope-scaling': 'ntk' is not linear|dynamic|yarn|llama3|longrope" train "${run[@]}" --data "$dir/text" --rope-scaling ntk
 expect 2 "needs 'rope_factor' > 0 (got 0)" train "${run[@]}" --data "$dir/text" --rope-scaling yarn --rope-factor 0

@@ -94,7 +94,7 @@ static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, in
     lo.num_layers = f->num_layers;
     lo.seed = 7;
     lt_model_options mo = {0};
-    mo.quantize = quantize;
+    mo.quantize_dtype = quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
     lt_model *m = NULL;
     if (lt_model_load(ctx, dir, &mo, &lo, &m) != LT_OK) {
         fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
@@ -478,9 +478,11 @@ static void config_variants_and_refusals(void **state) {
     assert_true(c.V == 262208 && c.C == 2560 && c.F == 10240 && c.L == 34 && c.H == 8 && c.Hkv == 4 && c.D == 256);
     assert_true(c.tie_embeddings && c.sliding_window == 1024 && c.sliding_period == 6 && c.rope_theta == 1e6 &&
                 c.rope_local_theta == 1e4 && fabs(c.query_scale - 1.0 / 16) < 1e-12 && c.bos_id == 2 && c.eos_id == 1);
+    /* Gemma 3 4B's linear scaling applies to the global layers' table; the sliding layers keep
+     * plain RoPE at rope_local_base_freq. */
     snprintf(sp, sizeof sp, sparse, ", \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}");
-    assert_int_equal(read_json(ctx, sp, &c), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "linear"));
+    assert_int_equal(read_json(ctx, sp, &c), LT_OK);
+    assert_true(c.rope_scaling == LT_ROPE_SCALING_LINEAR && c.rope_factor == 8.0 && c.rope_local_theta == 1e4);
     /* layer_types with no period */
     char buf[2048];
     snprintf(buf, sizeof buf,
@@ -511,8 +513,8 @@ static void config_variants_and_refusals(void **state) {
     assert_int_equal(read_json(ctx, "{\"model_type\": \"gemma3\"}", &c), LT_ERR_FORMAT);
     assert_non_null(strstr(lt_ctx_error(ctx), "text_config"));
     snprintf(buf, sizeof buf,
-             "{\"model_type\": \"gemma3_text\", " GEMMA3_KEYS ", \"rope_parameters\": {\"full_attention\": "
-             "{\"rope_type\": \"yarn\", \"rope_theta\": 1e6}}}");
+             "{\"model_type\": \"gemma3_text\", " GEMMA3_KEYS ", \"rope_parameters\": {\"sliding_attention\": "
+             "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}}}");
     assert_int_equal(read_json(ctx, buf, &c), LT_ERR_UNSUPPORTED);
     assert_non_null(strstr(lt_ctx_error(ctx), "rope_type"));
     lt_ctx_free(ctx);
