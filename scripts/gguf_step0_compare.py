@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization progress bars
+
 
 def records(data_dir, n, max_chars):
     out = []
@@ -63,7 +65,7 @@ def hf_loss(gguf, ids_list, eos, T):
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(gguf)),
-                                                 gguf_file=os.path.basename(gguf), torch_dtype=torch.float32)
+                                                 gguf_file=os.path.basename(gguf), dtype=torch.float32)
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():

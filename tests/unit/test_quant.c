@@ -165,7 +165,12 @@ static void k_quants_round_trip_within_bounds(void **state) {
         const kq *k = &types[ti];
         float *x = lt_test_fresh(&rng, n, 0.02f), *y = lt_test_poisoned(n);
         /* outliers, a constant and an all-zero super-block */
-        for (int i = 0; i < 16; i++) x[(int64_t)(lt_test_uniform(&rng, 0, (double)n - 1))] *= 30.0f;
+        int outlier_sb[16] = {0, 1, 1}; /* outliers, the constant and the zero super-block: outside the comparison */
+        for (int i = 0; i < 16; i++) {
+            int64_t at = (int64_t)lt_test_uniform(&rng, 0, (double)n - 1);
+            x[at] *= 30.0f;
+            outlier_sb[at / 256] = 1;
+        }
         for (int i = 0; i < 256; i++) x[256 + i] = 0.125f;
         for (int i = 0; i < 256; i++) x[512 + i] = 0.0f;
         uint8_t *row = malloc((size_t)lt_dtype_row_bytes(k->t, n));
@@ -173,10 +178,12 @@ static void k_quants_round_trip_within_bounds(void **state) {
         lt_dequantize_row(k->t, row, y, n);
         double se = 0, se_plain = 0, sx = 0;
         for (int64_t i = 0; i < n; i++) {
+            if (outlier_sb[i / 256]) continue;
             se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
             sx += (double)x[i] * x[i];
         }
-        for (int64_t s = 0; s < n / k->sub; s++) se_plain += plain_grid_se(k, x + s * k->sub);
+        for (int64_t s = 0; s < n / k->sub; s++)
+            if (!outlier_sb[s * k->sub / 256]) se_plain += plain_grid_se(k, x + s * k->sub);
         /* the all-zero super-block comes back exactly; the constant one within f16 rounding */
         for (int i = 0; i < 256; i++) assert_true(y[512 + i] == 0.0f);
         for (int i = 0; i < 256; i++) assert_true(fabs(y[256 + i] - 0.125) <= 0.125 * 2e-3);
@@ -189,7 +196,8 @@ static void k_quants_round_trip_within_bounds(void **state) {
         lt_quantize_row(k->t, y, row2, n);
         lt_dequantize_row(k->t, row2, y2, n);
         double se2 = 0;
-        for (int64_t i = 0; i < n; i++) se2 += ((double)y2[i] - y[i]) * ((double)y2[i] - y[i]);
+        for (int64_t i = 0; i < n; i++)
+            if (!outlier_sb[i / 256]) se2 += ((double)y2[i] - y[i]) * ((double)y2[i] - y[i]);
         assert_true(sqrt(se2 / sx) <= rel);
         free(row2);
         free(y2);
