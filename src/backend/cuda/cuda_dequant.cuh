@@ -3,9 +3,11 @@
  * round-to-nearest multiplies, adds and subtractions in the host's order: no FMA contraction).
  * Every GGUF block format longtune reads: the 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * IQ4_NL), INT4_G64's 64, and the 256-weight super-blocks of Q2_K..Q6_K and IQ4_XS (decoded in
- * 32-weight groups, each inside one super-block). Used by the embedding gather, the matmul's tile
- * conversion and the fused loss's head tiles; not a fused GEMM prologue. Private to
- * src/backend/cuda. */
+ * 32-weight groups, each inside one super-block). lt_dq_elem decodes any of them; the group
+ * decoders are split, lt_dq_group32 for Q8_0/Q4_0/Q4_1/INT4_G64 and lt_dq_group32_ext for the rest,
+ * so that kernels instantiated for the first four keep the register budget they were measured
+ * with. Used by the embedding gather, the matmul's tile conversion and the fused loss's head tiles;
+ * not a fused GEMM prologue. Private to src/backend/cuda. */
 #ifndef LT_CUDA_DEQUANT_CUH
 #define LT_CUDA_DEQUANT_CUH
 
