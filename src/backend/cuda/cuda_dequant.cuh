@@ -3,9 +3,11 @@
  * round-to-nearest multiplies, adds and subtractions in the host's order: no FMA contraction).
  * Every GGUF block format longtune reads: the 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * IQ4_NL), INT4_G64's 64, and the 256-weight super-blocks of Q2_K..Q6_K and IQ4_XS (decoded in
- * 32-weight groups, each inside one super-block). Used by the embedding gather, the matmul's tile
- * conversion and the fused loss's head tiles; not a fused GEMM prologue. Private to
- * src/backend/cuda. */
+ * 32-weight groups, each inside one super-block). lt_dq_elem decodes any of them; the group
+ * decoders are split, lt_dq_group32 for Q8_0/Q4_0/Q4_1/INT4_G64 and lt_dq_group32_ext for the rest,
+ * so that kernels instantiated for the first four keep the register budget they were measured
+ * with. Used by the embedding gather, the matmul's tile conversion and the fused loss's head tiles;
+ * not a fused GEMM prologue. Private to src/backend/cuda. */
 #ifndef LT_CUDA_DEQUANT_CUH
 #define LT_CUDA_DEQUANT_CUH
 
@@ -176,9 +178,10 @@ static __device__ __forceinline__ float lt_dq_elem(lt_dtype t, const uint8_t *ro
     }
 }
 
-/* Weights [32·g, 32·g + 32) of a row of a block format (in a multiple of 32 for every block
- * format; a 256-weight super-block is 8 groups), as lt_dq_elem computes each: one thread decodes a
- * whole group, reading each scale once. Plain dtypes are not handled here (lt_dq_elem serves them). */
+/* Weights [32·g, 32·g + 32) of a row of Q8_0, Q4_0, Q4_1 or INT4_G64 (in a multiple of 32 for
+ * every block format), as lt_dq_elem computes each: one thread decodes a whole group, reading each
+ * scale once. The formats beyond Q4_1 have lt_dq_group32_ext (their own kernels, so these keep
+ * their register budget); plain dtypes are not handled here (lt_dq_plain serves them). */
 static __device__ __forceinline__ void lt_dq_group32(lt_dtype t, const uint8_t *row, int64_t g, float out[32]) {
     switch (t) {
     case LT_DTYPE_Q8_0: {
@@ -221,6 +224,22 @@ static __device__ __forceinline__ void lt_dq_group32(lt_dtype t, const uint8_t *
         }
         break;
     }
+    default:
+#pragma unroll
+        for (int j = 0; j < 32; j++) out[j] = __int_as_float(0x7fc00000);
+    }
+}
+
+/* 1 for the formats beyond Q4_1 (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS): lt_dq_group32_ext's. */
+static __host__ __device__ __forceinline__ int lt_dq_ext(lt_dtype t) {
+    return t == LT_DTYPE_Q5_0 || t == LT_DTYPE_Q5_1 || t == LT_DTYPE_IQ4_NL || t == LT_DTYPE_Q2_K ||
+        t == LT_DTYPE_Q3_K || t == LT_DTYPE_Q4_K || t == LT_DTYPE_Q5_K || t == LT_DTYPE_Q6_K || t == LT_DTYPE_IQ4_XS;
+}
+
+/* lt_dq_group32 for the formats beyond Q4_1: group g is block g of the 32-weight formats, or
+ * group g % 8 of super-block g / 8 (256 weights). */
+static __device__ __forceinline__ void lt_dq_group32_ext(lt_dtype t, const uint8_t *row, int64_t g, float out[32]) {
+    switch (t) {
     case LT_DTYPE_Q5_0:
     case LT_DTYPE_Q5_1:
     case LT_DTYPE_IQ4_NL: {
@@ -244,6 +263,16 @@ static __device__ __forceinline__ void lt_dq_group32(lt_dtype t, const uint8_t *
     default:
 #pragma unroll
         for (int j = 0; j < 32; j++) out[j] = __int_as_float(0x7fc00000);
+    }
+}
+
+/* One weight of a plain dtype (the matmul's f32 / f16 tiles). */
+static __device__ __forceinline__ float lt_dq_plain(lt_dtype t, const uint8_t *row, int64_t c) {
+    switch (t) {
+    case LT_DTYPE_F32: return ((const float *)row)[c];
+    case LT_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+    case LT_DTYPE_F16: return __half2float(((const __half *)row)[c]);
+    default: return __int_as_float(0x7fc00000); /* unreachable: block formats take lt_dq_group32(_ext) */
     }
 }
 

@@ -429,8 +429,7 @@ static __global__ void lce_store_dh(const float *acc, int64_t nc, int64_t C, voi
 }
 
 /* Dequantizes rows [v0, v0+vc) of a block-quantized (V, C) head into bf16 (vc, C). One thread per
- * block of 32 (64 for INT4_G64) weights; the formats beyond Q4_1 one thread per 32-weight group
- * (lt_dq_group32: a K-quant super-block is 8 of them). */
+ * block of 32 (64 for INT4_G64) weights. */
 static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C, int64_t v0, int vc,
                                    __nv_bfloat16 *out) {
     const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
@@ -458,10 +457,6 @@ static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_byte
             o[j] = __float2bfloat16((float)(p[4 + j] & 0xf) * d + mn);
             o[j + 16] = __float2bfloat16((float)(p[4 + j] >> 4) * d + mn);
         }
-    } else if (dtype != LT_DTYPE_INT4_G64) {
-        float v[32];
-        lt_dq_group32((lt_dtype)dtype, p, bi, v);
-        for (int j = 0; j < 32; j++) o[j] = __float2bfloat16(v[j]);
     } else {
         p += bi * 36;
         float sc = __half2float(*(const __half *)p), bias = __half2float(*(const __half *)(p + 2));
@@ -471,6 +466,21 @@ static __global__ void lce_dequant(const uint8_t *w, int dtype, int64_t row_byte
             for (int j = 0; j < 8; j++) o[q * 8 + j] = __float2bfloat16((float)((v >> (4 * j)) & 0xfu) * sc + bias);
         }
     }
+}
+
+/* The same for the formats beyond Q4_1 (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS), one thread per
+ * 32-weight group (lt_dq_group32_ext: a 256-weight super-block is 8 of them); a kernel of its own
+ * so that lce_dequant keeps its register budget. */
+static __global__ void lce_dequant_ext(const uint8_t *w, int dtype, int64_t row_bytes, int64_t C, int64_t v0, int vc,
+                                       __nv_bfloat16 *out) {
+    const int64_t ng = C / 32;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)vc * ng) return;
+    const int64_t r = idx / ng, g = idx % ng;
+    float v[32];
+    lt_dq_group32_ext((lt_dtype)dtype, w + (v0 + r) * row_bytes, g, v);
+    __nv_bfloat16 *o = out + r * C + g * 32;
+    for (int j = 0; j < 32; j++) o[j] = __float2bfloat16(v[j]);
 }
 
 /* ---- forward_backward (one pass) ---- */
@@ -579,12 +589,14 @@ static __global__ void lce_colsum(const __nv_bfloat16 *wt, int vc, int64_t C, fl
     }
 }
 
-/* Element (row, col) of a (V, C) head in any head dtype, as fp32 (layouts as in lce_dequant). */
+/* Element (row, col) of a (V, C) head in any head dtype, as fp32 (layouts as in lce_dequant). EXT:
+ * the formats beyond Q4_1 (lt_dq_elem), instantiated apart so that the other heads' kernels keep
+ * their register budget. */
+template <bool EXT>
 static __device__ float lce_w_elem(const void *w, int dtype, int64_t row_bytes, int64_t row, int64_t col) {
     const uint8_t *p = (const uint8_t *)w + row * row_bytes;
+    if (EXT) return lt_dq_elem((lt_dtype)dtype, p, col);
     if (dtype == LT_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[col]);
-    if (dtype != LT_DTYPE_Q8_0 && dtype != LT_DTYPE_Q4_0 && dtype != LT_DTYPE_Q4_1 && dtype != LT_DTYPE_INT4_G64)
-        return lt_dq_elem((lt_dtype)dtype, p, col);
     const int be = dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
     const int64_t bi = col / be;
     const int j = (int)(col % be);
@@ -612,6 +624,7 @@ static __device__ float lce_w_elem(const void *w, int dtype, int64_t row_bytes, 
 /* One block per token row of the chunk, after its last vocabulary tile: lse, loss, and
  * dh = c·[(1 + 2·zl·lse)/s · acc − ε/V · Σ_j W_j − (1−ε)·cap'(z_t) · W_t] (0 for ignored rows or
  * a zero coefficient). sa gets the weighted loss for the reduction. */
+template <bool EXT>
 static __global__ void __launch_bounds__(LCE_THREADS)
     lce_fb_finish(lce_consts k, const int32_t *tgt, const float *tw, const float *m, const float *s, const float *sumz,
                   const float *zt, const float *coef, const float *acc, int64_t C, const float *colsum, const void *w,
@@ -646,7 +659,7 @@ static __global__ void __launch_bounds__(LCE_THREADS)
     const float th = k.cap > 0.0f ? zt[i] / k.cap : 0.0f, T = c * (1.0f - k.eps) * (1.0f - th * th);
     const float *ar = acc + i * C;
     for (int64_t col = threadIdx.x; col < C; col += LCE_THREADS) {
-        float v = A * ar[col] - T * lce_w_elem(w, wdtype, w_row_bytes, t, col);
+        float v = A * ar[col] - T * lce_w_elem<EXT>(w, wdtype, w_row_bytes, t, col);
         if (colsum) v -= B * colsum[col];
         if (dh_bf16) db[col] = __float2bfloat16(v);
         else df[col] = v;
@@ -776,9 +789,10 @@ static lt_status lce_wtile(lt_ctx *ctx, lce_run *r, const lt_lce_args *a, int64_
         return LT_OK;
     }
     const int be = a->w.dtype == LT_DTYPE_INT4_G64 ? 64 : 32;
-    lce_dequant<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream(ctx)>>>((const uint8_t *)a->w.data,
-                                                                                       (int)a->w.dtype, r->row_bytes,
-                                                                                       r->C, v0, vc, r->deq);
+    auto *k = lt_dq_ext(a->w.dtype) ? lce_dequant_ext : lce_dequant;
+    k<<<nblk((int64_t)vc * (r->C / be), 128), 128, 0, lt_cuda_stream(ctx)>>>((const uint8_t *)a->w.data,
+                                                                             (int)a->w.dtype, r->row_bytes, r->C, v0,
+                                                                             vc, r->deq);
     *out = r->deq;
     return lt_cuda_check(ctx, cudaGetLastError(), "lce: dequantize kernel");
 }
@@ -938,15 +952,15 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
         if (st != LT_OK) break;
         const int none = r.k.reduction == LT_REDUCTION_NONE;
         char *dst = (char *)a->dh->data + (size_t)(n0 * a->dh->stride[0]) * (bf ? 2 : 4);
-        lce_fb_finish<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(r.k, a->targets + n0,
-                                                                             a->token_weight ? a->token_weight + n0
-                                                                                             : NULL,
-                                                                             r.m + n0, r.s + n0, r.sumz + n0, r.zt + n0,
-                                                                             r.coef + n0, r.acc, C, colsum, a->w.data,
-                                                                             (int)a->w.dtype, r.row_bytes, dst, bf,
-                                                                             a->dh->stride[0], a->lse + n0,
-                                                                             a->token_loss ? a->token_loss + n0 : NULL,
-                                                                             none ? a->loss + n0 : NULL, r.sa + n0);
+        auto *fin = lt_dq_ext(a->w.dtype) ? lce_fb_finish<true> : lce_fb_finish<false>;
+        fin<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>(r.k, a->targets + n0,
+                                                                   a->token_weight ? a->token_weight + n0 : NULL,
+                                                                   r.m + n0, r.s + n0, r.sumz + n0, r.zt + n0,
+                                                                   r.coef + n0, r.acc, C, colsum, a->w.data,
+                                                                   (int)a->w.dtype, r.row_bytes, dst, bf,
+                                                                   a->dh->stride[0], a->lse + n0,
+                                                                   a->token_loss ? a->token_loss + n0 : NULL,
+                                                                   none ? a->loss + n0 : NULL, r.sa + n0);
         st = lt_cuda_check(ctx, cudaGetLastError(), "lce: finish kernel");
     }
     if (st == LT_OK && r.k.reduction != LT_REDUCTION_NONE) {

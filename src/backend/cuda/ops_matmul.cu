@@ -251,21 +251,25 @@ static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_b
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
         const uint8_t *row = w + (size_t)(r0 + r) * row_bytes;
         for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < in; c += (int64_t)gridDim.x * blockDim.x)
-            tile[r * in + c] = __float2bfloat16_rn(lt_dq_elem(t, row, c));
+            tile[r * in + c] = __float2bfloat16_rn(lt_dq_plain(t, row, c));
     }
 }
 
 /* The same for block formats, one 32-weight group a thread: the scale is read once per group and
  * the 64 output bytes leave as four 16-byte stores (in is a multiple of the block, 32, 64 or 256,
  * so groups never straddle rows or super-blocks and every group start is 64-byte aligned in the
- * tile). The tile and x sizes do not depend on the format: the workspace is the same for all. */
+ * tile). The tile and x sizes do not depend on the format: the workspace is the same for all. EXT
+ * selects the formats beyond Q4_1 (lt_dq_group32_ext), in their own instantiation so that Q8_0,
+ * Q4_0, Q4_1 and INT4_G64 keep the kernel (and register count) they were measured with. */
+template <bool EXT>
 static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
                                         int64_t in, __nv_bfloat16 *tile) {
     const int64_t gpr = in / 32, total = rows * gpr;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / gpr, g = i - r * gpr;
         float v[32];
-        lt_dq_group32(t, w + (size_t)(r0 + r) * row_bytes, g, v);
+        if (EXT) lt_dq_group32_ext(t, w + (size_t)(r0 + r) * row_bytes, g, v);
+        else lt_dq_group32(t, w + (size_t)(r0 + r) * row_bytes, g, v);
         uint4 *dst = (uint4 *)(tile + r * in + g * 32);
 #pragma unroll
         for (int q = 0; q < 4; q++)
@@ -327,11 +331,9 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
         } else {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
             if (lt_dtype_is_quantized(dt)) {
-                dequant_groups_k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream(ctx)>>>(dt,
-                                                                                                       (const uint8_t *)
-                                                                                                           w->data,
-                                                                                                       row_bytes, r0,
-                                                                                                       rows, in, tile);
+                auto *k = lt_dq_ext(dt) ? dequant_groups_k<true> : dequant_groups_k<false>;
+                k<<<lt_cuda_grid(rows * (in / 32), 256), 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data,
+                                                                                        row_bytes, r0, rows, in, tile);
             } else {
                 dim3 grid((unsigned)((in + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
                 dequant_tile_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(dt, (const uint8_t *)w->data, row_bytes, r0, rows,
