@@ -371,6 +371,8 @@ LT_API lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int
 
 /* One LoRA matrix, named as PEFT saves it:
  * "base_model.model.model.layers.<l>.self_attn.q_proj.lora_A.weight" (mlp.* for gate/up/down).
+ * Phi-3 has one adapter per fused module as PEFT does: self_attn.qkv_proj (proj LT_PROJ_Q; B is
+ * (q + k + v rows, r), k and v share its A) and mlp.gate_up_proj (LT_PROJ_GATE).
  * A is (r, in), B is (out, r); value/grad are views into the buffers above. */
 typedef struct lt_lora_tensor {
     char name[128];

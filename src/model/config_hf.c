@@ -407,6 +407,13 @@ static lt_status read_rope(lt_ctx *ctx, const char *path, const cJSON *root, lt_
     if (!rs || cJSON_IsNull(rs)) return LT_OK;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t || cJSON_IsNull(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const cJSON *member;
+    cJSON_ArrayForEach(member, rs) { /* transformers 5 nests one object per layer type (Gemma 3) */
+        if (cJSON_IsObject(member))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: %s.%s: RoPE parameters per layer type are not supported for this model_type", path,
+                            rkey, member->string);
+    }
     if (t && !cJSON_IsString(t)) return lt_error(ctx, LT_ERR_FORMAT, "%s: %s.rope_type must be a string", path, rkey);
     const char *type = t ? t->valuestring : "default";
     if (cfg->arch == LT_ARCH_PHI3 && (!strcmp(type, "su") || !strcmp(type, "yarn"))) type = "longrope"; /* Phi3Config */

@@ -218,6 +218,8 @@ static void bad_rope_input_is_typed(void **state) {
         {",\"rope_parameters\":\"yarn\"", "rope_parameters", LT_ERR_FORMAT},
         {",\"rope_parameters\":{\"rope_type\":7}", "rope_type", LT_ERR_FORMAT},
         {",\"partial_rotary_factor\":0.5", "partial_rotary_factor 0.5", LT_ERR_UNSUPPORTED},
+        {",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"default\",\"rope_theta\":1e6}}",
+         "rope_parameters.full_attention: RoPE parameters per layer type", LT_ERR_UNSUPPORTED},
         {",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":-1}", "rope_theta", LT_ERR_FORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
