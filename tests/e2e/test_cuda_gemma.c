@@ -163,7 +163,7 @@ static void step_matches_cpu(void **state) {
         memcpy(gc, lt_model_lora_grads(mc, NULL), (size_t)n * 4);
         const lt_recompute pol[4] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY};
         for (int pi = 0; pi < 4; pi++) {
-            char what[300];
+            char what[1600];
             prepare(ctx, mg, &f, pol[pi], pi == 3);
             if (pi == 0) {
                 for (int64_t i = 0; i < N * V; i++) lg[i] = LT_TEST_POISON;
