@@ -30,6 +30,7 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "def fibonacci(n):\n    "
 TEXT = ("The quick brown fox jumps over the lazy dog. In Python, a list comprehension builds a list "
         "from an iterable: [x * x for x in range(10)] gives the squares of 0 to 9, 12345 in all.")
 
@@ -200,20 +201,22 @@ def main():
                             "alpha": float(lr.fields["adapter.lora.alpha"].parts[-1][0]),
                             "first": [lr.tensors[0].name, [int(x) for x in lr.tensors[0].shape]]}
         import torch
-        gen = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0][len(ids):].tolist()
+        pids = tok(PROMPT).input_ids
+        gen = model.generate(torch.tensor([pids]), max_new_tokens=16, do_sample=False)[0][len(pids):].tolist()
         tools = llama_tools(args.llama_bin)
         result["llama_cpp"] = {"bin": args.llama_bin, "tools": sorted(tools)}
         if "llama-completion" in tools:
-            want = tok.decode(gen)
+            want = tok.decode(gen, skip_special_tokens=True)
             greedy = {"transformers": want}
             for name, cmd in (("merged_f32", ["-m", os.path.join(work, "f32.gguf")]),
                               ("base_plus_lora", ["-m", args.model, "--lora", os.path.join(work, "lora.gguf")])):
                 out = subprocess.run([tools["llama-completion"]] + cmd +
-                                     ["-p", TEXT, "-n", "16", "--temp", "0", "--top-k", "1", "-no-cnv",
+                                     ["-p", PROMPT, "-n", "16", "--temp", "0", "--top-k", "1", "-no-cnv",
                                       "--no-display-prompt", "--no-warmup", "-t", "2", "-s", "0"],
                                      capture_output=True, text=True)
-                greedy[name] = out.stdout
-                chk["llama_cpp_greedy_%s_equal_transformers" % name] = out.stdout.strip() == want.strip()
+                text = out.stdout.replace("[end of text]", "")
+                greedy[name] = text
+                chk["llama_cpp_greedy_%s_equal_transformers" % name] = text.strip() == want.strip()
             result["llama_cpp"]["greedy"] = greedy
         if "llama-perplexity" in tools:
             tf = args.text

@@ -283,8 +283,7 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     cJSON *model_o = cJSON_CreateObject();
     cJSON_AddStringToObject(model_o, "type", "BPE");
     cJSON_AddNullToObject(model_o, "dropout");
-    cJSON *unk_slot = cJSON_CreateNull();
-    cJSON_AddItemToObject(model_o, "unk_token", unk_slot);
+    cJSON_AddNullToObject(model_o, "unk_token"); /* SentencePiece: replaced by the unknown token below */
     cJSON_AddNullToObject(model_o, "continuing_subword_prefix");
     cJSON_AddNullToObject(model_o, "end_of_word_suffix");
     cJSON_AddBoolToObject(model_o, "fuse_unk", spm);
@@ -374,7 +373,6 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
     }
     cJSON_AddItemToObject(root, "decoder", spm ? spm_decoder(add_space) : byte_level(1, 1, 1));
     if (spm && unk_s) cJSON_ReplaceItemInObjectCaseSensitive(model_o, "unk_token", cJSON_CreateString(unk_s));
-    (void)unk_slot;
     cJSON_AddItemToObject(root, "model", model_o);
     cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
     cJSON_AddFalseToObject(tc, "add_eos_token");
