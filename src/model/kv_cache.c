@@ -6,6 +6,7 @@
  * decode attention over the cache. Only the last new token of each row goes through the final norm
  * and the head. Not a training path: no stores, no backward. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "longtune/alloc.h"
@@ -82,10 +83,13 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     const lt_model_config *cf = &m->cfg;
     size_t kvb;
     LT_TRY(lt_kv_cache_bytes(ctx, cf, B, ctx_len, &kvb));
+    if (ctx_len > INT32_MAX / 2)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "kv cache: context %lld exceeds the int32 positions",
+                        (long long)ctx_len);
     if (cf->max_positions > 0 && ctx_len > cf->max_positions)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "kv cache: context %lld exceeds the model's max_positions %lld",
                         (long long)ctx_len, (long long)cf->max_positions);
-    if (n_max <= 0 || n_max > ctx_len * B) n_max = ctx_len < ctx_len * B ? ctx_len : ctx_len * B;
+    if (n_max <= 0) n_max = ctx_len;
     if (n_max > ctx_len * B) n_max = ctx_len * B;
     const lt_backend *be = m->be;
     for (int64_t l = 0; l < cf->L; l++) {

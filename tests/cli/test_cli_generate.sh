@@ -5,7 +5,7 @@
 # answers each turn and /reset, eval prints mean loss / ppl / tokens (--json) equal to train
 # --test's test loss for the same adapter, and bad input is a typed error: sampling values out of
 # range, a prompt longer than the model's context, an adapter holding a NaN (named tensor), a bad
-# prompts file.
+# prompts file; bench generate writes its result without a peer.
 set -u
 bin="$1"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -127,4 +127,14 @@ print(name, file=sys.stderr)
 PY
 expect 1 "is nan (not finite)" -- "${g[@]}" --adapter "$dir/ad_nan" --prompt hi
 expect 1 "lora_" -- eval --model "$M" --adapter "$dir/ad_nan" "${tr[@]}" --threads 1
+
+# bench generate on the tiny model without a peer: longtune's two arms in the result file
+"$bin" bench generate --model "$M" --threads 1 --pp 8 --tg 4 --repeats 1 --warmup 0 --llama-bench "$dir/none" \
+  --out "$dir/bench" >"$dir/bench.out" 2>&1 || { echo "FAIL: bench generate: $(tail -3 "$dir/bench.out")"; fail=1; }
+python3 - "$dir/bench/generate-cpu.json" <<'PY' || { echo "FAIL: bench generate result"; fail=1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+names = [a["name"] for a in r["arms"]]
+sys.exit(0 if names == ["longtune-pp", "longtune-tg"] and all(a["tokens_per_s"] > 0 for a in r["arms"]) else 1)
+PY
 exit $fail
