@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "longtune/train.h"
 #include "io/json_nul.h"
@@ -282,6 +283,12 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
     char *text = NULL;
     lt_status s = LT_OK;
     cJSON *root = NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        s = lt_error(ctx, LT_ERR_INVALID_ARG, "%s: is %s, not a JSON config file", path,
+                     S_ISDIR(sb.st_mode) ? "a folder" : "not a regular file");
+        goto done;
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         s = lt_error(ctx, LT_ERR_IO, "%s: cannot seek", path);
         goto done;
@@ -412,9 +419,10 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'distributed': '%s' is not auto|off|nccl", o.distributed);
     if (o.lora_dropout < 0 || o.lora_dropout >= 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_dropout' must be in [0, 1)");
-    if (o.quantize[0] && strcmp(o.quantize, "int4_g64") && strcmp(o.quantize, "q4_0") && strcmp(o.quantize, "q4_1") &&
-        strcmp(o.quantize, "q8_0"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0", o.quantize);
+    /* Only what the loader does (lt_train_run), refused here before anything loads. */
+    if (o.quantize[0] && strcmp(o.quantize, "int4_g64"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'quantize': '%s' is not int4_g64 (what the loader quantizes to)", o.quantize);
     /* Normalise the target list to canonical names, each once, in the order given. */
     const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;
     char norm[sizeof o.lora_targets];

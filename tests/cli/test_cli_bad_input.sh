@@ -186,4 +186,32 @@ if [ $rc != 0 ] || ! grep -qF "1 prompt tokens, 7 new tokens" <<<"$out"; then
   echo "FAIL: generate up to the context -> exit $rc: $out" | tail -2; fail=1
 fi
 
+# Messages that name what is wrong.
+expect 1 "longtune train: invalid argument: $dir: is a folder, not a JSON config file" "${run[@]}" --config "$dir"
+expect 1 "longtune train: invalid argument: /dev/null: is not a model folder or file (a device, FIFO or socket)" \
+  --model /dev/null --data "$dir/data" --iters 2 --adapter-path "$dir/ad_devnull"
+ln -s "$dir/nowhere/x" "$dir/dangling"
+expect 1 "longtune train: I/O error: $dir/dangling: is a symbolic link to nothing (a dangling link), not a folder" \
+  "${run[@]}" --adapter-path "$dir/dangling"
+expect 2 "option 'quantize': 'q4_0' is not int4_g64 (what the loader quantizes to)" "${run[@]}" --quantize q4_0
+out=$(echo "5 99999" | "$bin" tokenize --model "$dir/model" --decode 2>&1)
+if [ "$(grep -o 'longtune tokenize' <<<"$out" | wc -l)" != 1 ] ||
+   ! grep -qF "longtune tokenize: invalid argument: record 1: token id 99999 at position 1 is not in the vocabulary" <<<"$out"; then
+  echo "FAIL: tokenize --decode message: $out"; fail=1
+fi
+cp -r "$dir/model" "$dir/shape3"
+python3 - "$dir/shape3/model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h["model.embed_tokens.weight"]["shape"] += [1]
+j = json.dumps(h, separators=(",", ":")).encode()
+j += b" " * (n - len(j))
+assert len(j) == n
+open(sys.argv[1], "wb").write(b[:8] + j + b[8 + n:])
+PY
+expect 1 "tensor 'model.embed_tokens.weight' has shape (1200, 16, 1), expected (1200, 16)" \
+  --model "$dir/shape3" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_shape3"
+
 exit $fail
