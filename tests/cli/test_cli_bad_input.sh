@@ -214,4 +214,27 @@ PY
 expect 1 "tensor 'model.embed_tokens.weight' has shape (1200, 16, 1), expected (1200, 16)" \
   --model "$dir/shape3" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_shape3"
 
+# After a resume: the summary counts this call's tokens; the next save removes an earlier
+# aborted_memory_ceiling.json; NAME.tmp.PID files of dead processes are removed at the start.
+expect 0 "trained 2 steps (" "${run[@]}" --adapter-path "$dir/res"
+expect 0 "trained 0 steps (0 tokens)" "${run[@]}" --adapter-path "$dir/res" --resume-adapter-file "$dir/res"
+echo '{"status": "aborted_memory_ceiling"}' > "$dir/res/aborted_memory_ceiling.json"
+echo stale > "$dir/res/adapter_model.safetensors.tmp.2147483647"
+"$bin" train "${run[@]}" --iters 100000 --steps-per-report 1 --adapter-path "$dir/res2" >"$dir/res2.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -q '"step":1,' "$dir/res2/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid; wait $pid
+cp "$dir/res/aborted_memory_ceiling.json" "$dir/res/adapter_model.safetensors.tmp.2147483647" "$dir/res2/"
+"$bin" train "${run[@]}" --iters 100000 --steps-per-report 1 --adapter-path "$dir/res2" --resume-adapter-file "$dir/res2" >"$dir/res2.out" 2>&1 &
+pid=$!
+k=$(grep -o '"step":[0-9]*,"train_loss"' "$dir/res2/metrics.jsonl" | tail -1 | grep -o '[0-9][0-9]*')
+for _ in $(seq 1 600); do
+  [ "$(grep -o '"step":[0-9]*,"train_loss"' "$dir/res2/metrics.jsonl" | tail -1 | grep -o '[0-9][0-9]*')" -gt "$k" ] && break
+  sleep 0.1
+done
+kill -INT $pid; wait $pid; rc=$?
+if [ $rc != 130 ] || [ -e "$dir/res2/aborted_memory_ceiling.json" ] || [ -e "$dir/res2/adapter_model.safetensors.tmp.2147483647" ]; then
+  echo "FAIL: resume cleanup: exit $rc; $(ls "$dir/res2"); $(tail -2 "$dir/res2.out")"; fail=1
+fi
+
 exit $fail
