@@ -18,7 +18,10 @@ fi
 CC=$cc cmake -S . -B build-fuzz -DLT_FUZZ=ON -DLT_CUDA=OFF -DLT_NATIVE=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$cc" >/dev/null
 targets=$(ls fuzz/fuzz_*.c | sed 's|fuzz/fuzz_||; s|\.c$||')
-for t in $targets; do cmake --build build-fuzz --target "fuzz_$t" -j "${JOBS:-$(nproc)}" >/dev/null; done
+for t in $targets; do
+  cmake --build build-fuzz --target "fuzz_$t" -j "${JOBS:-$(nproc)}" >"$probe/build.log" 2>&1 ||
+    { echo "fuzz-ci: building fuzz_$t failed:"; tail -30 "$probe/build.log"; exit 1; }
+done
 fail=0
 for t in $targets; do
   mkdir -p "$probe/$t" "fuzz/crashes/$t" "fuzz/corpus/$t" "fuzz/regressions/$t"
