@@ -1,7 +1,8 @@
 # Short wrappers around CMake so the README's commands stay short.
 #   make           build (CPU; CUDA too when nvcc is present) into build/
 #   make check     install dependencies, build with -Werror and run every test (CI runs this)
-#   make asan      the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make asan      the same under AddressSanitizer + UndefinedBehaviorSanitizer, then make fuzz-ci
+#   make fuzz-ci   every fuzz target for FUZZ_SECONDS (10) each with libFuzzer (clang)
 #   make clang     the CPU build with clang and -Werror into build-clang/, then every test
 #   make demo      install assets and fine-tune the default model (the README's first command)
 JOBS ?= $(shell nproc)
@@ -9,7 +10,7 @@ CLANG ?= clang
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build check test asan clang demo setup clean
+.PHONY: all build check test asan fuzz-ci clang demo setup clean
 
 all: build
 
@@ -28,6 +29,12 @@ check: setup
 
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DLT_WERROR=ON -DLT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DLT_CUDA=OFF $(CMAKE_FLAGS)"
+	$(MAKE) fuzz-ci
+
+# Every libFuzzer target for FUZZ_SECONDS each (skipped, saying so, without clang's libFuzzer).
+FUZZ_SECONDS ?= 10
+fuzz-ci:
+	bash scripts/fuzz-ci.sh $(FUZZ_SECONDS)
 
 clang:
 	$(MAKE) test BUILD=build-clang CC=$(CLANG) CMAKE_FLAGS="-DCMAKE_C_COMPILER=$(CLANG) -DLT_WERROR=ON -DLT_CUDA=OFF $(CMAKE_FLAGS)"

@@ -213,8 +213,8 @@ int lt_cmd_tokenize(int argc, char **argv) {
             s = lt_tokenizer_decode(ctx, tok, ids, k, skip_special, &text, &tl);
             free(ids);
             if (s != LT_OK) {
-                fprintf(stderr, "longtune tokenize: record %zu: ", rec);
-                rc = lt_cli_fail("tokenize", ctx, s);
+                fprintf(stderr, "longtune tokenize: %s: record %zu: %s\n", lt_status_str(s), rec, lt_ctx_error(ctx));
+                rc = LT_EXIT_FAIL;
                 break;
             }
             if (json) {

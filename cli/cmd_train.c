@@ -233,8 +233,8 @@ int lt_cmd_train(int argc, char **argv) {
     if (lt_comm_rank(comm) == 0)
         printf("trained %lld steps (%lld tokens) in %.1f s; val loss %.4f -> %.4f; %s peak %s (plan %s)%s\n"
                "adapter: %s/adapter_model.safetensors\n",
-               (long long)(res.steps - res.start_step), (long long)res.tokens, res.elapsed_s, res.first_val_loss,
-               res.last_val_loss, resolved.device == LT_DEVICE_CPU ? "host" : "device",
+               (long long)(res.steps - res.start_step), (long long)(res.tokens - res.start_tokens), res.elapsed_s,
+               res.first_val_loss, res.last_val_loss, resolved.device == LT_DEVICE_CPU ? "host" : "device",
                lt_cli_fmt_bytes(res.peak_bytes, b1, 32), lt_cli_fmt_bytes(res.plan_bytes, b2, 32), host,
                resolved.adapter_path);
 done:

@@ -357,6 +357,8 @@ typedef struct lt_train_result {
                                  gradients are summed over ranks before clipping and AdamW, and
                                  only rank 0 writes checkpoints, metrics and the adapter. NULL or
                                  a world of one = a single process */
+    int64_t start_tokens;   /* trained tokens of the checkpoint this call resumed from (0 fresh):
+                                 this call trained tokens - start_tokens */
 } lt_train_result;
 
 /* Trains the LoRA parameters of a loaded model on tokenised sequences (train, and valid for

@@ -43,6 +43,9 @@ lt_status lt_tokenizer_load(lt_ctx *ctx, const char *model_path, lt_tokenizer **
     char dir[PATH_CAP], path[PATH_CAP + 32];
     if (snprintf(dir, sizeof dir, "%s", model_path) >= (int)sizeof dir)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model path of %zu bytes is too long", strlen(model_path));
+    if (exists && !is_dir && !S_ISREG(st.st_mode))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: is not a model folder or file (a device, FIFO or socket)",
+                        model_path);
     if (exists && !is_dir) {
         char *slash = strrchr(dir, '/');
         if (slash) *slash = '\0';

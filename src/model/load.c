@@ -691,9 +691,12 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     int ok = p->ndim == 1 ? lt_tensor_numel(&t) == p->shape[0]
                           : t.ndim == 2 && t.shape[0] == p->shape[0] && t.shape[1] == p->shape[1];
     if (!ok) {
-        j->status = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)",
-                             j->src->path, name, (long long)t.shape[0], (long long)(t.ndim > 1 ? t.shape[1] : 1),
-                             (long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 1));
+        char dims[160] = "";
+        for (int k = 0, u = 0; k < t.ndim && u < (int)sizeof dims; k++) /* every dim, not the first two */
+            u += snprintf(dims + u, sizeof dims - (size_t)u, "%s%lld", k ? ", " : "", (long long)t.shape[k]);
+        j->status =
+            lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%s), expected (%lld%s%.0lld)", j->src->path, name,
+                     dims, (long long)p->shape[0], p->ndim > 1 ? ", " : "", (long long)(p->ndim > 1 ? p->shape[1] : 0));
         return;
     }
     int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];

@@ -68,6 +68,8 @@ static lt_status mkdir_one(lt_ctx *ctx, const char *dir) {
     if (mkdir(dir, 0755) == 0 || errno == EEXIST) {
         struct stat st;
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return LT_OK;
+        if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode))
+            return lt_error(ctx, LT_ERR_IO, "%s: is a symbolic link to nothing (a dangling link), not a folder", dir);
         return lt_error(ctx, LT_ERR_IO, "%s: exists and is not a folder", dir);
     }
     return lt_error(ctx, LT_ERR_IO, "%s: cannot create folder: %s", dir, strerror(errno));

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -43,4 +45,22 @@ lt_status lt_train_lock_dir(lt_ctx *ctx, const char *dir, int *fd_out) {
 
 void lt_train_unlock_dir(int fd) {
     if (fd >= 0) close(fd); /* releases the flock; the file stays (removing it would race a waiter) */
+}
+
+void lt_train_clean_stale_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || t == e->d_name) continue;
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end || end == t + 5 || pid <= 0) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive or unknown */
+        char path[LT_TRAIN_PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        (void)unlink(path);
+    }
+    closedir(d);
 }

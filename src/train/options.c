@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "longtune/train.h"
 #include "io/json_nul.h"
@@ -305,6 +306,12 @@ lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, const c
     char *text = NULL;
     lt_status s = LT_OK;
     cJSON *root = NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        s = lt_error(ctx, LT_ERR_INVALID_ARG, "%s: is %s, not a JSON config file", path,
+                     S_ISDIR(sb.st_mode) ? "a folder" : "not a regular file");
+        goto done;
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         s = lt_error(ctx, LT_ERR_IO, "%s: cannot seek", path);
         goto done;

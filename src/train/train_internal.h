@@ -31,6 +31,9 @@ lt_status lt_train_mkdir(lt_ctx *ctx, const char *dir);
 #define LT_TRAIN_LOCK_FILE ".longtune.lock"
 lt_status lt_train_lock_dir(lt_ctx *ctx, const char *dir, int *fd);
 void lt_train_unlock_dir(int fd);
+/* Removes NAME.tmp.PID files of saves killed midway (their pid no longer runs) from dir; the
+ * lock is held, so no live run of this folder is writing one. Best effort. */
+void lt_train_clean_stale_tmp(const char *dir);
 /* Every output path of a run into dir (out_paths.c) fits PATH_MAX, LT_TRAIN_PATH_MAX and
  * NAME_MAX; LT_ERR_INVALID_ARG names the file and the longest folder path allowed. */
 lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);

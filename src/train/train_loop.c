@@ -231,6 +231,8 @@ static lt_status save(lt_trainer *t) {
             char rec[LT_TRAIN_PATH_MAX + 32];
             snprintf(rec, sizeof rec, "%s/" LT_TRAIN_DIVERGED_FILE, t->o->adapter_path);
             (void)unlink(rec); /* a record of an earlier divergence no longer describes the folder */
+            snprintf(rec, sizeof rec, "%s/aborted_memory_ceiling.json", t->o->adapter_path);
+            (void)unlink(rec); /* nor one of an earlier stop at the memory ceiling */
         }
     }
     if (s == LT_OK) t->saved_step = t->st.step;

@@ -412,6 +412,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
     LT_TRY(bind_params(t));
     LT_TRY(lt_train_mkdir(ctx, o->adapter_path));
     if (t->rank == 0) LT_TRY(lt_train_lock_dir(ctx, o->adapter_path, &t->lock_fd));
+    if (t->rank == 0) lt_train_clean_stale_tmp(o->adapter_path);
     snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s/" LT_TRAIN_CHECKPOINT_FILE, o->adapter_path);
     /* before the plan's measurement: reading a GGUF base's metadata is setup's transient, not a save's */
     t->base_name = lt_peft_base_model_name(ctx, o->model, t->base_repo, sizeof t->base_repo);
@@ -434,6 +435,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
     t->plan_epoch = -1;
     if (o->resume_adapter_file[0]) LT_TRY(resume(t));
     res->start_step = t->st.step;
+    res->start_tokens = t->st.tokens_seen;
     char mpath[LT_TRAIN_PATH_MAX + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->adapter_path);
     if (t->rank == 0) LT_TRY(lt_metrics_open(ctx, mpath, o->resume_adapter_file[0] ? t->st.step : -1, &t->metrics));

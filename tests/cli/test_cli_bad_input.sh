@@ -187,4 +187,55 @@ if [ $rc != 0 ] || ! grep -qF "1 prompt tokens in" <<<"$out" || ! grep -qF ", 8 
   echo "FAIL: generate up to the context -> exit $rc: $out" | tail -2; fail=1
 fi
 
+# Messages that name what is wrong.
+expect 1 "longtune train: invalid argument: $dir: is a folder, not a JSON config file" "${run[@]}" --config "$dir"
+expect 1 "longtune train: invalid argument: /dev/null: is not a model folder or file (a device, FIFO or socket)" \
+  --model /dev/null --data "$dir/data" --iters 2 --adapter-path "$dir/ad_devnull"
+ln -s "$dir/nowhere/x" "$dir/dangling"
+expect 1 "longtune train: I/O error: $dir/dangling: is a symbolic link to nothing (a dangling link), not a folder" \
+  "${run[@]}" --adapter-path "$dir/dangling"
+expect 2 "option 'quantize': 'q3_k' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k" "${run[@]}" --quantize q3_k
+out=$(echo "5 99999" | "$bin" tokenize --model "$dir/model" --decode 2>&1)
+if [ "$(grep -o 'longtune tokenize' <<<"$out" | wc -l)" != 1 ] ||
+   ! grep -qF "longtune tokenize: invalid argument: record 1: token id 99999 at position 1 is not in the vocabulary" <<<"$out"; then
+  echo "FAIL: tokenize --decode message: $out"; fail=1
+fi
+cp -r "$dir/model" "$dir/shape3"
+python3 - "$dir/shape3/model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h["model.embed_tokens.weight"]["shape"] += [1]
+j = json.dumps(h, separators=(",", ":")).encode()
+j += b" " * (n - len(j))
+assert len(j) == n
+open(sys.argv[1], "wb").write(b[:8] + j + b[8 + n:])
+PY
+expect 1 "tensor 'model.embed_tokens.weight' has shape (1200, 16, 1), expected (1200, 16)" \
+  --model "$dir/shape3" --data "$dir/data" --iters 2 --adapter-path "$dir/ad_shape3"
+
+# After a resume: the summary counts this call's tokens; the next save removes an earlier
+# aborted_memory_ceiling.json; NAME.tmp.PID files of dead processes are removed at the start.
+expect 0 "trained 2 steps (" "${run[@]}" --adapter-path "$dir/res"
+expect 0 "trained 0 steps (0 tokens)" "${run[@]}" --adapter-path "$dir/res" --resume-adapter-file "$dir/res"
+echo '{"status": "aborted_memory_ceiling"}' > "$dir/res/aborted_memory_ceiling.json"
+echo stale > "$dir/res/adapter_model.safetensors.tmp.2147483647"
+"$bin" train "${run[@]}" --iters 100000 --steps-per-report 1 --adapter-path "$dir/res2" >"$dir/res2.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -q '"step":1,' "$dir/res2/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid; wait $pid
+cp "$dir/res/aborted_memory_ceiling.json" "$dir/res/adapter_model.safetensors.tmp.2147483647" "$dir/res2/"
+"$bin" train "${run[@]}" --iters 100000 --steps-per-report 1 --adapter-path "$dir/res2" --resume-adapter-file "$dir/res2" >"$dir/res2.out" 2>&1 &
+pid=$!
+k=$(grep -o '"step":[0-9]*,"train_loss"' "$dir/res2/metrics.jsonl" | tail -1 | grep -o '[0-9][0-9]*')
+for _ in $(seq 1 600); do
+  [ "$(grep -o '"step":[0-9]*,"train_loss"' "$dir/res2/metrics.jsonl" | tail -1 | grep -o '[0-9][0-9]*')" -gt "$k" ] && break
+  sleep 0.1
+done
+kill -INT $pid; wait $pid; rc=$?
+if [ $rc != 130 ] || [ -e "$dir/res2/aborted_memory_ceiling.json" ] || [ -e "$dir/res2/adapter_model.safetensors.tmp.2147483647" ]; then
+  echo "FAIL: resume cleanup: exit $rc; $(ls "$dir/res2"); $(tail -2 "$dir/res2.out")"; fail=1
+fi
+
 exit $fail
