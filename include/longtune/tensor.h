@@ -59,6 +59,11 @@ LT_API int64_t lt_dtype_block_elems(lt_dtype t);
 LT_API int64_t lt_dtype_block_bytes(lt_dtype t);
 /* Bytes of one row of `cols` elements; -1 if cols is not a multiple of the block or overflows. */
 LT_API int64_t lt_dtype_row_bytes(lt_dtype t, int64_t cols);
+/* The block format rows of `cols` weights are quantized to when `q` asks for one: q itself when
+ * the rows are whole blocks of it, else llama.cpp's fallback for rows that are not whole 256-weight
+ * super-blocks (q2_k, q3_k -> q4_0; q4_k -> q5_0; q5_k -> q5_1; q6_k -> q8_0; IQ4_NL's place is
+ * taken by q4_0, which has a quantizer); LT_DTYPE_COUNT_ when neither fits. */
+LT_API lt_dtype lt_dtype_quantize_target(lt_dtype q, int64_t cols);
 
 /* A contiguous tensor view of `data` with the given shape (row-major strides). */
 LT_API lt_tensor lt_tensor_view(void *data, lt_dtype dtype, lt_device dev, int ndim, const int64_t *shape);

@@ -124,13 +124,13 @@ typedef struct lt_train_options {
     char chat_template[LT_TRAIN_PATH_MAX]; /* a chat format name (chatml, llama3, ...) or a file
                                               holding a Jinja template, recognised as one of
                                               them ["" = the tokenizer's own template] */
-    int test;                                    /* after training, evaluate the data folder's test.jsonl (as
+    int test;                              /* after training, evaluate the data folder's test.jsonl (as
                                       mlx-lm's --test): lt_train_result.test_loss [0] */
-    int64_t test_batches;                        /* batches of that evaluation [500]; -1 = the whole set */
-    uint64_t given;                              /* bit i: the i-th option was given through lt_train_options_set
+    int64_t test_batches;                  /* batches of that evaluation [500]; -1 = the whole set */
+    uint64_t given;                        /* bit i: the i-th option was given through lt_train_options_set
                                       (flags, config file), so lt_train_options_resolve honours or
                                       refuses a given 0 instead of defaulting it [0: none given] */
-    int overwrite;                               /* lt_train_run: a fresh run (no resume_adapter_file) into an
+    int overwrite;                         /* lt_train_run: a fresh run (no resume_adapter_file) into an
                                       adapter_path that holds adapter_model.safetensors is refused
                                       unless set [0] */
 } lt_train_options;

@@ -44,6 +44,16 @@ int64_t lt_dtype_row_bytes(lt_dtype t, int64_t cols) {
     return cols / be * bb;
 }
 
+lt_dtype lt_dtype_quantize_target(lt_dtype q, int64_t cols) {
+    if (lt_dtype_row_bytes(q, cols) >= 0) return q;
+    lt_dtype fb = q == LT_DTYPE_Q2_K || q == LT_DTYPE_Q3_K ? LT_DTYPE_Q4_0
+        : q == LT_DTYPE_Q4_K                               ? LT_DTYPE_Q5_0
+        : q == LT_DTYPE_Q5_K                               ? LT_DTYPE_Q5_1
+        : q == LT_DTYPE_Q6_K                               ? LT_DTYPE_Q8_0
+                                                           : LT_DTYPE_COUNT_;
+    return fb != LT_DTYPE_COUNT_ && lt_dtype_row_bytes(fb, cols) >= 0 ? fb : LT_DTYPE_COUNT_;
+}
+
 lt_tensor lt_tensor_view(void *data, lt_dtype dtype, lt_device dev, int ndim, const int64_t *shape) {
     lt_tensor t;
     memset(&t, 0, sizeof t);

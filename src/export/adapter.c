@@ -43,7 +43,7 @@ static int parse_name(const char *name, int64_t *layer, int *proj, int *is_b) {
     return -1;
 }
 
-static lt_status alloc_adapter(lt_ctx *ctx, const ex_base *b, ex_adapter *a) {
+static lt_status alloc_adapter(lt_ctx *ctx, const lt_ex_base *b, lt_ex_adapter *a) {
     const lt_model_config *c = &b->cfg;
     a->L = c->L;
     a->ptr_bytes = (size_t)c->L * LT_PROJ_COUNT_ * sizeof(float *);
@@ -77,8 +77,8 @@ static lt_status alloc_adapter(lt_ctx *ctx, const ex_base *b, ex_adapter *a) {
 
 /* Checks one tensor (layer, proj, factor) of shape (d0, d1) against the base and returns where
  * its values go. */
-static lt_status slot(lt_ctx *ctx, const char *file, const char *name, const ex_base *b, const ex_adapter *a, int64_t l,
-                      int k, int is_b, int64_t d0, int64_t d1, float **dst) {
+static lt_status slot(lt_ctx *ctx, const char *file, const char *name, const lt_ex_base *b, const lt_ex_adapter *a,
+                      int64_t l, int k, int is_b, int64_t d0, int64_t d1, float **dst) {
     const lt_model_config *c = &b->cfg;
     if (l >= c->L)
         return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' is for layer %lld, the base has %lld layers", file, name,
@@ -99,7 +99,7 @@ static lt_status slot(lt_ctx *ctx, const char *file, const char *name, const ex_
     return LT_OK;
 }
 
-static lt_status read_peft(lt_ctx *ctx, const char *dir, const ex_base *b, ex_adapter *a) {
+static lt_status read_peft(lt_ctx *ctx, const char *dir, const lt_ex_base *b, lt_ex_adapter *a) {
     lt_lora_options lo;
     LT_TRY(lt_peft_read_config(ctx, dir, b->cfg.L, &lo));
     a->rank = lo.rank;
@@ -110,7 +110,7 @@ static lt_status read_peft(lt_ctx *ctx, const char *dir, const ex_base *b, ex_ad
     snprintf(cfgp, sizeof cfgp, "%s/adapter_config.json", dir);
     char *text = NULL;
     size_t n = 0;
-    if (ex_read_file(ctx, cfgp, 1u << 22, &text, &n) == LT_OK) {
+    if (lt_ex_read_file(ctx, cfgp, 1u << 22, &text, &n) == LT_OK) {
         cJSON *j = cJSON_ParseWithLength(text, n);
         const cJSON *bm = cJSON_GetObjectItemCaseSensitive(j, "base_model_name_or_path");
         if (cJSON_IsString(bm)) snprintf(a->base_model, sizeof a->base_model, "%s", bm->valuestring);
@@ -195,7 +195,7 @@ static int option(const char *text, const char *key, char *val, size_t n) {
     return 0;
 }
 
-static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const ex_base *b, ex_adapter *a) {
+static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const lt_ex_base *b, lt_ex_adapter *a) {
     if (c->n < 16 || memcmp(c->p, "LTCKPT01", 8))
         return lt_error(ctx, LT_ERR_FORMAT, "%s: not a longtune checkpoint (bad magic)", c->path);
     uint64_t want, got = lt_fnv64(LT_FNV64_INIT, c->p, c->n - 8);
@@ -273,17 +273,17 @@ static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const ex_base *b, ex_adapter
     return LT_OK;
 }
 
-static lt_status read_ckpt(lt_ctx *ctx, const char *path, const ex_base *b, ex_adapter *a) {
+static lt_status read_ckpt(lt_ctx *ctx, const char *path, const lt_ex_base *b, lt_ex_adapter *a) {
     char *buf = NULL;
     size_t n = 0;
-    LT_TRY(ex_read_file(ctx, path, (size_t)1 << 40, &buf, &n));
+    LT_TRY(lt_ex_read_file(ctx, path, (size_t)1 << 40, &buf, &n));
     cursor c = {(const uint8_t *)buf, n, 0, path};
     lt_status s = parse_ckpt(ctx, &c, b, a);
     free(buf);
     return s;
 }
 
-lt_status ex_adapter_read(lt_ctx *ctx, const char *path, const ex_base *b, ex_adapter *a) {
+lt_status lt_ex_adapter_read(lt_ctx *ctx, const char *path, const lt_ex_base *b, lt_ex_adapter *a) {
     memset(a, 0, sizeof *a);
     struct stat sb;
     if (stat(path, &sb) != 0) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: no such adapter file or folder", path);
@@ -304,26 +304,26 @@ lt_status ex_adapter_read(lt_ctx *ctx, const char *path, const ex_base *b, ex_ad
         s = read_ckpt(ctx, path, b, a);
     }
     if (s != LT_OK) {
-        ex_adapter_free(ctx, a);
+        lt_ex_adapter_free(ctx, a);
         return s;
     }
     a->scale = a->alpha / (float)a->rank;
     return LT_OK;
 }
 
-void ex_adapter_free(lt_ctx *ctx, ex_adapter *a) {
+void lt_ex_adapter_free(lt_ctx *ctx, lt_ex_adapter *a) {
     if (a->a) lt_free(ctx, LT_DEVICE_CPU, a->a, 2 * a->ptr_bytes);
     if (a->data) lt_free(ctx, LT_DEVICE_CPU, a->data, a->data_bytes ? a->data_bytes : 1);
     a->a = a->b = NULL;
     a->data = NULL;
 }
 
-int ex_adapter_has(const ex_adapter *a, int64_t l, int k) {
+int lt_ex_adapter_has(const lt_ex_adapter *a, int64_t l, int k) {
     return a && a->a && l >= 0 && l < a->L && a->a[l * LT_PROJ_COUNT_ + k] != NULL;
 }
 
-void ex_adapter_add_row(const ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row) {
-    if (!ex_adapter_has(a, l, k)) return;
+void lt_ex_adapter_add_row(const lt_ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row) {
+    if (!lt_ex_adapter_has(a, l, k)) return;
     const float *A = a->a[l * LT_PROJ_COUNT_ + k], *B = a->b[l * LT_PROJ_COUNT_ + k] + r * a->rank;
     for (int64_t j = 0; j < a->rank; j++) {
         float s = a->scale * B[j];

@@ -14,7 +14,7 @@ static int ends_with(const char *s, const char *suf) {
 
 static const char *const arch_names[] = {"llama", "qwen2", "qwen3"};
 
-lt_status ex_base_open(lt_ctx *ctx, const char *path, ex_base *b) {
+lt_status lt_ex_base_open(lt_ctx *ctx, const char *path, lt_ex_base *b) {
     memset(b, 0, sizeof *b);
     b->path = path;
     struct stat sb;
@@ -43,20 +43,20 @@ lt_status ex_base_open(lt_ctx *ctx, const char *path, ex_base *b) {
     return lt_safetensors_open(ctx, S_ISDIR(sb.st_mode) ? b->dir : path, &b->st);
 }
 
-void ex_base_close(lt_ctx *ctx, ex_base *b) {
+void lt_ex_base_close(lt_ctx *ctx, lt_ex_base *b) {
     if (b->gg) lt_gguf_close(b->gg);
     if (b->st) lt_safetensors_close(ctx, b->st);
     b->gg = NULL;
     b->st = NULL;
 }
 
-static void piece(ex_piece *out, int64_t cap, int64_t *n, ex_kind k, int64_t l, int which, int ndim, int64_t s0,
+static void piece(lt_ex_piece *out, int64_t cap, int64_t *n, lt_ex_kind k, int64_t l, int which, int ndim, int64_t s0,
                   int64_t s1) {
-    if (out && *n < cap) out[*n] = (ex_piece){k, l, which, ndim, {s0, s1}};
+    if (out && *n < cap) out[*n] = (lt_ex_piece){k, l, which, ndim, {s0, s1}};
     (*n)++;
 }
 
-int64_t ex_pieces(const ex_base *b, int with_rope_freqs, ex_piece *out, int64_t cap) {
+int64_t lt_ex_pieces(const lt_ex_base *b, int with_rope_freqs, lt_ex_piece *out, int64_t cap) {
     const lt_model_config *c = &b->cfg;
     int64_t n = 0;
     piece(out, cap, &n, EX_EMBED, -1, 0, 2, c->V, c->C);
@@ -88,7 +88,7 @@ int64_t ex_pieces(const ex_base *b, int with_rope_freqs, ex_piece *out, int64_t 
 static const char *const gguf_proj[LT_PROJ_COUNT_] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                       "ffn_gate", "ffn_up", "ffn_down"};
 
-void ex_gguf_name(const ex_piece *p, char *buf, size_t n) {
+void lt_ex_gguf_name(const lt_ex_piece *p, char *buf, size_t n) {
     long long l = (long long)p->layer;
     static const char qkv[3] = {'q', 'k', 'v'};
     switch (p->kind) {
@@ -105,7 +105,7 @@ void ex_gguf_name(const ex_piece *p, char *buf, size_t n) {
     }
 }
 
-void ex_hf_name(const ex_piece *p, char *buf, size_t n) {
+void lt_ex_hf_name(const lt_ex_piece *p, char *buf, size_t n) {
     long long l = (long long)p->layer;
     static const char qkv[3] = {'q', 'k', 'v'};
     switch (p->kind) {
@@ -125,7 +125,7 @@ void ex_hf_name(const ex_piece *p, char *buf, size_t n) {
     }
 }
 
-const char *ex_class_name(const ex_piece *p) {
+const char *lt_ex_class_name(const lt_ex_piece *p) {
     switch (p->kind) {
     case EX_EMBED: return "token_embd";
     case EX_HEAD: return "output";
@@ -136,12 +136,12 @@ const char *ex_class_name(const ex_piece *p) {
     }
 }
 
-lt_status ex_find(lt_ctx *ctx, const ex_base *b, const ex_piece *p, lt_tensor *t) {
+lt_status lt_ex_find(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_piece *p, lt_tensor *t) {
     char name[160];
     memset(t, 0, sizeof *t);
     if (p->kind == EX_ROPE_FREQS && !b->gg) return LT_OK; /* computed from the config */
-    if (b->gg) ex_gguf_name(p, name, sizeof name);
-    else ex_hf_name(p, name, sizeof name);
+    if (b->gg) lt_ex_gguf_name(p, name, sizeof name);
+    else lt_ex_hf_name(p, name, sizeof name);
     lt_status s = b->gg ? lt_gguf_find_tensor(ctx, b->gg, name, t) : lt_safetensors_find(ctx, b->st, name, t);
     if (s == LT_ERR_NOT_FOUND) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: tensor '%s' is missing", b->path, name);
     if (s != LT_OK) return s;
@@ -158,20 +158,20 @@ lt_status ex_find(lt_ctx *ctx, const ex_base *b, const ex_piece *p, lt_tensor *t
     return LT_OK;
 }
 
-int64_t ex_interleaved_row(int64_t r, int64_t D) {
+int64_t lt_ex_interleaved_row(int64_t r, int64_t D) {
     int64_t h = r / D, w = r % D, s = w / (D / 2), i = w % (D / 2);
     return h * D + 2 * i + s;
 }
 
-void ex_read_row(const ex_base *b, const ex_piece *p, const lt_tensor *t, int64_t r, float *out) {
+void lt_ex_read_row(const lt_ex_base *b, const lt_ex_piece *p, const lt_tensor *t, int64_t r, float *out) {
     int64_t cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
     if (p->kind == EX_ROPE_FREQS && !t->data) {
-        ex_llama3_rope_factors(&b->cfg, out);
+        lt_ex_llama3_rope_factors(&b->cfg, out);
         return;
     }
     int64_t sr = r;
     if (b->permute_qk && p->kind == EX_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K))
-        sr = ex_interleaved_row(r, b->cfg.D);
+        sr = lt_ex_interleaved_row(r, b->cfg.D);
     int64_t rb = lt_dtype_row_bytes(t->dtype, cols);
     const uint8_t *src = (const uint8_t *)t->data + (size_t)sr * (size_t)rb;
     switch (t->dtype) {
@@ -186,7 +186,7 @@ void ex_read_row(const ex_base *b, const ex_piece *p, const lt_tensor *t, int64_
     }
 }
 
-void ex_llama3_rope_factors(const lt_model_config *c, float *out) {
+void lt_ex_llama3_rope_factors(const lt_model_config *c, float *out) {
     const double pi = 3.14159265358979323846;
     double old = (double)c->rope_original_ctx;
     double low_wl = old / c->rope_low_freq, high_wl = old / c->rope_high_freq;

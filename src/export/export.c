@@ -10,12 +10,12 @@
 #include "export/pipeline.h"
 #include "longtune/alloc.h"
 
-int64_t ex_deinterleave_row(int64_t g, int64_t D) {
+int64_t lt_ex_deinterleave_row(int64_t g, int64_t D) {
     int64_t h = g / D, w = g % D, i = w / 2, s = w % 2;
     return h * D + s * (D / 2) + i;
 }
 
-lt_status ex_rows_init(lt_ctx *ctx, ex_rows *r, const ex_base *b) {
+lt_status lt_ex_rows_init(lt_ctx *ctx, lt_ex_rows *r, const lt_ex_base *b) {
     memset(r, 0, sizeof *r);
     const lt_model_config *c = &b->cfg;
     int64_t w = c->C > c->F ? c->C : c->F;
@@ -29,37 +29,37 @@ lt_status ex_rows_init(lt_ctx *ctx, ex_rows *r, const ex_base *b) {
     return LT_OK;
 }
 
-void ex_rows_free(lt_ctx *ctx, ex_rows *r) {
+void lt_ex_rows_free(lt_ctx *ctx, lt_ex_rows *r) {
     if (r->f) lt_free(ctx, LT_DEVICE_CPU, r->f, r->bytes);
     r->f = NULL;
 }
 
-lt_status ex_stream_piece(lt_ctx *ctx, const ex_base *b, const ex_adapter *a, const ex_piece *p, const lt_tensor *t,
-                          lt_dtype dt, int out_interleaved, ex_rows *rows, ex_sink sink, void *arg,
-                          lt_export_report *rep) {
+lt_status lt_ex_stream_piece(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter *a, const lt_ex_piece *p,
+                             const lt_tensor *t, lt_dtype dt, int out_interleaved, lt_ex_rows *rows, lt_ex_sink sink,
+                             void *arg, lt_export_report *rep) {
     int64_t nrows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
-    int merged = p->kind == EX_PROJ && ex_adapter_has(a, p->layer, p->which);
+    int merged = p->kind == EX_PROJ && lt_ex_adapter_has(a, p->layer, p->which);
     int qk = p->kind == EX_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
     int64_t D = b->cfg.D;
     int64_t orb = lt_dtype_row_bytes(dt, cols);
     if (orb < 0)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: %lld columns are not whole %s blocks", ex_class_name(p),
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: %lld columns are not whole %s blocks", lt_ex_class_name(p),
                         (long long)cols, lt_dtype_name(dt));
-    const char *cls = ex_class_name(p);
+    const char *cls = lt_ex_class_name(p);
     int copy = !merged && t->data && t->dtype == dt;
     int64_t srb = t->data ? lt_dtype_row_bytes(t->dtype, cols) : 0;
     for (int64_t g = 0; g < nrows; g++) {
-        int64_t r = (qk && out_interleaved) ? ex_deinterleave_row(g, D) : g; /* canonical row */
+        int64_t r = (qk && out_interleaved) ? lt_ex_deinterleave_row(g, D) : g; /* canonical row */
         if (copy) {
-            int64_t sr = (qk && b->permute_qk) ? ex_interleaved_row(r, D) : r;
+            int64_t sr = (qk && b->permute_qk) ? lt_ex_interleaved_row(r, D) : r;
             LT_TRY(sink(ctx, arg, (const uint8_t *)t->data + (size_t)sr * (size_t)srb, (size_t)orb));
-            ex_report_add(rep, cls, dt, NULL, NULL, cols, g == 0);
+            lt_ex_report_add(rep, cls, dt, NULL, NULL, cols, g == 0);
             continue;
         }
-        ex_read_row(b, p, t, r, rows->f);
-        if (merged) ex_adapter_add_row(a, p->layer, p->which, r, cols, rows->f);
-        ex_convert_row(dt, rows->f, rows->out, rows->back, cols);
-        ex_report_add(rep, cls, dt, rows->f, rows->back, cols, g == 0);
+        lt_ex_read_row(b, p, t, r, rows->f);
+        if (merged) lt_ex_adapter_add_row(a, p->layer, p->which, r, cols, rows->f);
+        lt_ex_convert_row(dt, rows->f, rows->out, rows->back, cols);
+        lt_ex_report_add(rep, cls, dt, rows->f, rows->back, cols, g == 0);
         LT_TRY(sink(ctx, arg, rows->out, (size_t)orb));
     }
     if (merged && rep) rep->n_merged++;
@@ -69,11 +69,11 @@ lt_status ex_stream_piece(lt_ctx *ctx, const ex_base *b, const ex_adapter *a, co
 
 static int is_float(lt_dtype t) { return t == LT_DTYPE_F32 || t == LT_DTYPE_F16 || t == LT_DTYPE_BF16; }
 
-lt_status ex_pick_dtype(lt_ctx *ctx, const ex_base *b, const ex_adapter *a, const ex_piece *p, const lt_tensor *t,
-                        const lt_export_options *opt, lt_dtype *out) {
+lt_status lt_ex_pick_dtype(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter *a, const lt_ex_piece *p,
+                           const lt_tensor *t, const lt_export_options *opt, lt_dtype *out) {
     int64_t cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
     char name[160];
-    ex_gguf_name(p, name, sizeof name);
+    lt_ex_gguf_name(p, name, sizeof name);
     if (opt->format == LT_EXPORT_HF) {
         if (opt->outtype_set) *out = opt->outtype;
         else {
@@ -92,10 +92,12 @@ lt_status ex_pick_dtype(lt_ctx *ctx, const ex_base *b, const ex_adapter *a, cons
     if (opt->dequantize && !is_float(want))
         want = opt->outtype_set && is_float(opt->outtype) ? opt->outtype : LT_DTYPE_F16;
     if (lt_dtype_row_bytes(want, cols) < 0) {
-        /* Rows that are not whole blocks: llama.cpp's quantizer falls back the same way. */
-        want = LT_DTYPE_F16;
+        /* Rows that are not whole blocks: llama.cpp's quantizer falls back the same way (a
+         * K-quant to a 32-weight format, anything else to f16). */
+        lt_dtype fb = lt_dtype_quantize_target(want, cols);
+        want = fb != LT_DTYPE_COUNT_ ? fb : LT_DTYPE_F16;
     }
-    int merged = p->kind == EX_PROJ && ex_adapter_has(a, p->layer, p->which);
+    int merged = p->kind == EX_PROJ && lt_ex_adapter_has(a, p->layer, p->which);
     int copy = !merged && t->data && t->dtype == want;
     if (!copy && !lt_export_can_quantize(want))
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -137,20 +139,20 @@ lt_status lt_export_model(lt_ctx *ctx, const char *model, const char *out, const
         return lt_error(ctx, LT_ERR_INVALID_ARG, "export: --format gguf-lora needs an adapter");
     if (exists(out) && !opt.overwrite)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: exists (pass --overwrite to replace it)", out);
-    ex_base b;
-    ex_adapter a;
+    lt_ex_base b;
+    lt_ex_adapter a;
     memset(&a, 0, sizeof a);
-    lt_status s = ex_base_open(ctx, model, &b);
+    lt_status s = lt_ex_base_open(ctx, model, &b);
     if (s != LT_OK) goto done;
-    if (opt.adapter && (s = ex_adapter_read(ctx, opt.adapter, &b, &a)) != LT_OK) goto done;
+    if (opt.adapter && (s = lt_ex_adapter_read(ctx, opt.adapter, &b, &a)) != LT_OK) goto done;
     switch (opt.format) {
-    case LT_EXPORT_HF: s = ex_write_hf(ctx, &b, opt.adapter ? &a : NULL, out, &opt, rep); break;
-    case LT_EXPORT_GGUF: s = ex_write_gguf(ctx, &b, opt.adapter ? &a : NULL, out, &opt, rep); break;
-    case LT_EXPORT_GGUF_LORA: s = ex_write_gguf_lora(ctx, &b, &a, out, &opt, rep); break;
+    case LT_EXPORT_HF: s = lt_ex_write_hf(ctx, &b, opt.adapter ? &a : NULL, out, &opt, rep); break;
+    case LT_EXPORT_GGUF: s = lt_ex_write_gguf(ctx, &b, opt.adapter ? &a : NULL, out, &opt, rep); break;
+    case LT_EXPORT_GGUF_LORA: s = lt_ex_write_gguf_lora(ctx, &b, &a, out, &opt, rep); break;
     }
-    ex_report_finish(rep);
+    lt_ex_report_finish(rep);
 done:
-    ex_adapter_free(ctx, &a);
-    ex_base_close(ctx, &b);
+    lt_ex_adapter_free(ctx, &a);
+    lt_ex_base_close(ctx, &b);
     return s;
 }

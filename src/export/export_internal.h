@@ -15,7 +15,7 @@
 
 #define EX_PATH_MAX 4096
 
-typedef struct ex_base {
+typedef struct lt_ex_base {
     const char *path;
     char dir[EX_PATH_MAX]; /* HF: the folder holding config.json and the tokenizer files */
     lt_gguf *gg;
@@ -24,9 +24,9 @@ typedef struct ex_base {
     char arch[32];      /* "llama", "qwen2", "qwen3" */
     int permute_qk;     /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_freqs; /* GGUF rope_freqs.weight */
-} ex_base;
+} lt_ex_base;
 
-typedef enum ex_kind {
+typedef enum lt_ex_kind {
     EX_EMBED = 0,
     EX_ATTN_NORM,
     EX_PROJ,
@@ -37,18 +37,18 @@ typedef enum ex_kind {
     EX_FINAL_NORM,
     EX_HEAD,
     EX_ROPE_FREQS,
-} ex_kind;
+} lt_ex_kind;
 
-typedef struct ex_piece {
-    ex_kind kind;
+typedef struct lt_ex_piece {
+    lt_ex_kind kind;
     int64_t layer; /* -1 for model-wide pieces */
     int which;     /* lt_proj for EX_PROJ, 0..2 (q, k, v) for EX_BIAS */
     int ndim;
     int64_t shape[2]; /* row-major; 1-D pieces use shape[0] */
-} ex_piece;
+} lt_ex_piece;
 
 /* The adapter: A (r, in) and B (out, r) per (layer, projection), f32, host. */
-typedef struct ex_adapter {
+typedef struct lt_ex_adapter {
     int64_t rank, L;
     float alpha, scale;
     unsigned targets;
@@ -57,68 +57,68 @@ typedef struct ex_adapter {
     float *data;
     size_t data_bytes, ptr_bytes;
     char base_model[512]; /* adapter_config.json base_model_name_or_path, "" if none */
-} ex_adapter;
+} lt_ex_adapter;
 
-lt_status ex_base_open(lt_ctx *ctx, const char *path, ex_base *b);
-void ex_base_close(lt_ctx *ctx, ex_base *b);
+lt_status lt_ex_base_open(lt_ctx *ctx, const char *path, lt_ex_base *b);
+void lt_ex_base_close(lt_ctx *ctx, lt_ex_base *b);
 
 /* Pieces of cfg in HF order (embed, per layer, final norm, head; rope freqs last when present).
  * Returns the count; writes at most cap into out (out NULL: count only). */
-int64_t ex_pieces(const ex_base *b, int with_rope_freqs, ex_piece *out, int64_t cap);
-void ex_hf_name(const ex_piece *p, char *buf, size_t n);
-void ex_gguf_name(const ex_piece *p, char *buf, size_t n);
+int64_t lt_ex_pieces(const lt_ex_base *b, int with_rope_freqs, lt_ex_piece *out, int64_t cap);
+void lt_ex_hf_name(const lt_ex_piece *p, char *buf, size_t n);
+void lt_ex_gguf_name(const lt_ex_piece *p, char *buf, size_t n);
 /* The class a piece's error is reported under ("attn_q", "token_embd", "norm", ...). */
-const char *ex_class_name(const ex_piece *p);
+const char *lt_ex_class_name(const lt_ex_piece *p);
 /* The source tensor of a piece (NULL data for computed rope freqs of an HF llama3 base). */
-lt_status ex_find(lt_ctx *ctx, const ex_base *b, const ex_piece *p, lt_tensor *t);
+lt_status lt_ex_find(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_piece *p, lt_tensor *t);
 /* Row r (canonical rotate-half order) of piece p as f32: un-permutes llama GGUF Q/K rows,
  * dequantizes. 1-D pieces have one row. */
-void ex_read_row(const ex_base *b, const ex_piece *p, const lt_tensor *t, int64_t r, float *out);
+void lt_ex_read_row(const lt_ex_base *b, const lt_ex_piece *p, const lt_tensor *t, int64_t r, float *out);
 /* Stored row index of canonical row r in a source with interleaved (GGUF llama) Q/K. */
-int64_t ex_interleaved_row(int64_t r, int64_t D);
+int64_t lt_ex_interleaved_row(int64_t r, int64_t D);
 /* Llama 3 RoPE frequency factors (D/2) as convert_hf_to_gguf writes rope_freqs.weight. */
-void ex_llama3_rope_factors(const lt_model_config *c, float *out);
+void lt_ex_llama3_rope_factors(const lt_model_config *c, float *out);
 
 /* Reads a PEFT folder (adapter_config.json + adapter_model.safetensors), a folder holding
  * checkpoint.ltck, or a checkpoint file, checked against the base's shapes. */
-lt_status ex_adapter_read(lt_ctx *ctx, const char *path, const ex_base *b, ex_adapter *a);
-void ex_adapter_free(lt_ctx *ctx, ex_adapter *a);
+lt_status lt_ex_adapter_read(lt_ctx *ctx, const char *path, const lt_ex_base *b, lt_ex_adapter *a);
+void lt_ex_adapter_free(lt_ctx *ctx, lt_ex_adapter *a);
 /* Adds scale·(B·A)[r, :] to row (in floats) for projection k of layer l; no-op without LoRA. */
-int ex_adapter_has(const ex_adapter *a, int64_t l, int k);
-void ex_adapter_add_row(const ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row);
+int lt_ex_adapter_has(const lt_ex_adapter *a, int64_t l, int k);
+void lt_ex_adapter_add_row(const lt_ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row);
 
 /* Error accumulation per class. */
-void ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const float *merged, const float *written,
-                   int64_t n, int new_tensor);
-void ex_report_finish(lt_export_report *rep);
+void lt_ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const float *merged, const float *written,
+                      int64_t n, int new_tensor);
+void lt_ex_report_finish(lt_export_report *rep);
 
 /* Converts n f32 values to dtype (plain or block) into dst; writes the round-tripped values
  * into back (may be NULL) for the error report. */
-void ex_convert_row(lt_dtype dt, const float *src, void *dst, float *back, int64_t n);
+void lt_ex_convert_row(lt_dtype dt, const float *src, void *dst, float *back, int64_t n);
 
 /* Free space at the folder holding path (statvfs); LT_ERR_IO naming need and have when short. */
-lt_status ex_check_space(lt_ctx *ctx, const char *path, uint64_t need);
+lt_status lt_ex_check_space(lt_ctx *ctx, const char *path, uint64_t need);
 
 /* Writers. */
-lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
-                      lt_export_report *rep);
-lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
-                        lt_export_report *rep);
-lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out,
-                             const lt_export_options *opt, lt_export_report *rep);
+lt_status lt_ex_write_hf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                         const lt_export_options *opt, lt_export_report *rep);
+lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                           const lt_export_options *opt, lt_export_report *rep);
+lt_status lt_ex_write_gguf_lora(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                                const lt_export_options *opt, lt_export_report *rep);
 
 /* Tokenizer and metadata conversions. */
 /* GGUF base → tokenizer.json text (malloc'd; caller frees with free) and tokenizer_config.json
  * object; LT_ERR_UNSUPPORTED with the reason when the vocabulary kind has no conversion. */
-lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer_json, cJSON **tokenizer_config);
+lt_status lt_ex_tokenizer_from_gguf(lt_ctx *ctx, const lt_ex_base *b, char **tokenizer_json, cJSON **tokenizer_config);
 /* HF base → the tokenizer.ggml.* metadata of its tokenizer.json / tokenizer_config.json. */
-lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w, char *note, size_t note_n);
+lt_status lt_ex_tokenizer_to_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w, char *note, size_t note_n);
 
 /* Whole-file helpers. */
-lt_status ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, size_t *n);
+lt_status lt_ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, size_t *n);
 /* Writes n bytes to path atomically (temp in the same folder, fsync, rename). */
-lt_status ex_write_file(lt_ctx *ctx, const char *path, const void *data, size_t n);
+lt_status lt_ex_write_file(lt_ctx *ctx, const char *path, const void *data, size_t n);
 /* A GGUF string metadata value as a NUL-terminated copy into buf (0 when absent or too long). */
-int ex_gguf_str(lt_ctx *ctx, const lt_gguf *g, const char *key, char *buf, size_t n);
+int lt_ex_gguf_str(lt_ctx *ctx, const lt_gguf *g, const char *key, char *buf, size_t n);
 
 #endif

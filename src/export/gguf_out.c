@@ -39,7 +39,7 @@ static int skip_key(const char *k, size_t n) {
     return 0;
 }
 
-static lt_status copy_metadata(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w) {
+static lt_status copy_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w) {
     int64_t n = lt_gguf_kv_count(b->gg);
     for (int64_t i = 0; i < n; i++) {
         const char *k;
@@ -64,7 +64,7 @@ static lt_status arch_f32(lt_ctx *ctx, lt_gguf_writer *w, const char *arch, cons
     return lt_gguf_writer_set_f32(ctx, w, k, (float)v);
 }
 
-static lt_status synth_metadata(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w, lt_export_report *rep) {
+static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w, lt_export_report *rep) {
     const lt_model_config *c = &b->cfg;
     const char *arch = b->arch;
     LT_TRY(lt_gguf_writer_set_str(ctx, w, "general.architecture", arch, strlen(arch)));
@@ -85,7 +85,7 @@ static lt_status synth_metadata(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w
         LT_TRY(arch_u32(ctx, w, arch, "vocab_size", c->V));
         LT_TRY(arch_u32(ctx, w, arch, "rope.dimension_count", c->D));
     }
-    lt_status s = ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
+    lt_status s = lt_ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
     if (s == LT_ERR_NOT_FOUND || s == LT_ERR_UNSUPPORTED) {
         /* The file is still a valid GGUF (longtune reads it); llama.cpp needs a vocabulary. */
         snprintf(rep->note, sizeof rep->note, "tokenizer not carried over (llama.cpp needs one): %s",
@@ -105,18 +105,18 @@ static lt_status to_gguf(lt_ctx *ctx, void *arg, const void *data, size_t n) {
     return lt_gguf_writer_write(ctx, ((gguf_sink *)arg)->w, data, n);
 }
 
-lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
-                        lt_export_report *rep) {
+lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                           const lt_export_options *opt, lt_export_report *rep) {
     int rope = b->gg ? b->has_rope_freqs : b->cfg.rope_scaling == LT_ROPE_SCALING_LLAMA3;
-    int64_t np = ex_pieces(b, rope, NULL, 0);
-    size_t pbytes = (size_t)np * (sizeof(ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
-    ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
+    int64_t np = lt_ex_pieces(b, rope, NULL, 0);
+    size_t pbytes = (size_t)np * (sizeof(lt_ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
+    lt_ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
     if (!ps) return lt_ctx_status(ctx);
     lt_tensor *ts = (lt_tensor *)(ps + np);
     lt_dtype *dts = (lt_dtype *)(ts + np);
-    ex_pieces(b, rope, ps, np);
+    lt_ex_pieces(b, rope, ps, np);
     lt_gguf_writer *w = NULL;
-    ex_rows rows = {0};
+    lt_ex_rows rows = {0};
     lt_status s = lt_gguf_writer_new(ctx, &w);
     if (s != LT_OK) goto done;
     s = b->gg ? copy_metadata(ctx, b, w) : synth_metadata(ctx, b, w, rep);
@@ -125,38 +125,39 @@ lt_status ex_write_gguf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char
     lt_dtype main = LT_DTYPE_F32;
     int quantized = 0;
     for (int64_t i = 0; i < np; i++) {
-        if ((s = ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
-        if ((s = ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
+        if ((s = lt_ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
+        if ((s = lt_ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
         if (ps[i].kind == EX_PROJ && ps[i].layer == 0 && ps[i].which == LT_PROJ_Q) main = dts[i];
         quantized |= lt_dtype_is_quantized(dts[i]);
         char name[160];
-        ex_gguf_name(&ps[i], name, sizeof name);
+        lt_ex_gguf_name(&ps[i], name, sizeof name);
         int64_t shape[2] = {ps[i].shape[0], ps[i].shape[1]};
         if ((s = lt_gguf_writer_add_tensor(ctx, w, name, dts[i], ps[i].ndim, shape)) != LT_OK) goto done;
     }
     if ((s = lt_gguf_writer_set_u32(ctx, w, "general.file_type", llama_ftype(main))) != LT_OK) goto done;
     if (quantized && (s = lt_gguf_writer_set_u32(ctx, w, "general.quantization_version", 2)) != LT_OK) goto done;
     uint64_t bytes = lt_gguf_writer_file_bytes(w);
-    if ((s = ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
-    if ((s = ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
+    if ((s = lt_ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
+    if ((s = lt_ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
     if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
     gguf_sink sk = {w};
     for (int64_t i = 0; i < np && s == LT_OK; i++)
-        s = ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], b->cfg.arch == LT_ARCH_LLAMA, &rows, to_gguf, &sk, rep);
+        s = lt_ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], b->cfg.arch == LT_ARCH_LLAMA, &rows, to_gguf, &sk,
+                               rep);
     if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
     if (s == LT_OK) {
         rep->bytes = bytes;
         rep->n_files = 1;
     }
 done:
-    ex_rows_free(ctx, &rows);
+    lt_ex_rows_free(ctx, &rows);
     lt_gguf_writer_free(w);
     lt_free(ctx, LT_DEVICE_CPU, ps, pbytes);
     return s;
 }
 
-lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out,
-                             const lt_export_options *opt, lt_export_report *rep) {
+lt_status lt_ex_write_gguf_lora(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                                const lt_export_options *opt, lt_export_report *rep) {
     (void)opt;
     const lt_model_config *c = &b->cfg;
     lt_gguf_writer *w = NULL;
@@ -173,13 +174,13 @@ lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const
             LT_OK)
         goto done;
     if ((s = lt_gguf_writer_set_u32(ctx, w, "general.base_model.count", a->base_model[0] ? 1 : 0)) != LT_OK) goto done;
-    ex_piece p = {EX_PROJ, 0, 0, 2, {0, 0}};
+    lt_ex_piece p = {EX_PROJ, 0, 0, 2, {0, 0}};
     for (int64_t l = 0; l < c->L; l++)
         for (int k = 0; k < LT_PROJ_COUNT_; k++) {
-            if (!ex_adapter_has(a, l, k)) continue;
+            if (!lt_ex_adapter_has(a, l, k)) continue;
             p.layer = l;
             p.which = k;
-            ex_gguf_name(&p, name, sizeof name);
+            lt_ex_gguf_name(&p, name, sizeof name);
             int64_t o = 0, in = 0;
             if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
             else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
@@ -194,11 +195,11 @@ lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const
             if ((s = lt_gguf_writer_add_tensor(ctx, w, full_b, LT_DTYPE_F32, 2, sb)) != LT_OK) goto done;
         }
     uint64_t bytes = lt_gguf_writer_file_bytes(w);
-    if ((s = ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
+    if ((s = lt_ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
     if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
     for (int64_t l = 0; l < c->L && s == LT_OK; l++)
         for (int k = 0; k < LT_PROJ_COUNT_ && s == LT_OK; k++) {
-            if (!ex_adapter_has(a, l, k)) continue;
+            if (!lt_ex_adapter_has(a, l, k)) continue;
             int64_t o, in;
             if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
             else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
@@ -209,7 +210,7 @@ lt_status ex_write_gguf_lora(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const
             if ((s = lt_gguf_writer_write(ctx, w, A, (size_t)(a->rank * in) * sizeof(float))) != LT_OK) break;
             int qk = c->arch == LT_ARCH_LLAMA && (k == LT_PROJ_Q || k == LT_PROJ_K);
             for (int64_t g = 0; g < o && s == LT_OK; g++) {
-                int64_t r = qk ? ex_deinterleave_row(g, c->D) : g;
+                int64_t r = qk ? lt_ex_deinterleave_row(g, c->D) : g;
                 s = lt_gguf_writer_write(ctx, w, B + r * a->rank, (size_t)a->rank * sizeof(float));
             }
             rep->n_tensors += 2;

@@ -37,7 +37,7 @@ static lt_status write_json(lt_ctx *ctx, const char *dir, const char *file, cJSO
     char *text = cJSON_Print(j);
     if (!text) return lt_error(ctx, LT_ERR_OOM, "%s: cannot print", path);
     size_t n = strlen(text);
-    lt_status s = ex_write_file(ctx, path, text, n);
+    lt_status s = lt_ex_write_file(ctx, path, text, n);
     free(text);
     if (s == LT_OK) {
         rep->bytes += n;
@@ -72,7 +72,7 @@ static int recover_llama3(const float *fr, lt_model_config *c) {
     if (t.rope_original_ctx < 1) return 0;
     float regen[LT_ROPE_MAX_FACTORS];
     if (half > LT_ROPE_MAX_FACTORS) return 0;
-    ex_llama3_rope_factors(&t, regen);
+    lt_ex_llama3_rope_factors(&t, regen);
     for (int64_t i = 0; i < half; i++)
         if (fabs(regen[i] - fr[i]) > 1e-5 * fabs(fr[i])) return 0;
     *c = t;
@@ -80,7 +80,7 @@ static int recover_llama3(const float *fr, lt_model_config *c) {
     return 1;
 }
 
-static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJSON **out) {
+static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt, cJSON **out) {
     lt_model_config cfg = b->cfg, *c = &cfg;
     if (b->has_rope_freqs) {
         lt_tensor f;
@@ -137,14 +137,14 @@ static lt_status config_from_gguf(lt_ctx *ctx, const ex_base *b, lt_dtype dt, cJ
 static lt_status read_json(lt_ctx *ctx, const char *path, cJSON **out) {
     char *text;
     size_t n;
-    LT_TRY(ex_read_file(ctx, path, (size_t)64 << 20, &text, &n));
+    LT_TRY(lt_ex_read_file(ctx, path, (size_t)64 << 20, &text, &n));
     *out = cJSON_ParseWithLength(text, n);
     free(text);
     if (!*out) return lt_error(ctx, LT_ERR_FORMAT, "%s: not JSON", path);
     return LT_OK;
 }
 
-static lt_status write_config(lt_ctx *ctx, const ex_base *b, lt_dtype dt, const char *dir, lt_export_report *rep) {
+static lt_status write_config(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt, const char *dir, lt_export_report *rep) {
     cJSON *j = NULL;
     if (b->gg) LT_TRY(config_from_gguf(ctx, b, dt, &j));
     else {
@@ -168,13 +168,13 @@ static lt_status copy_file(lt_ctx *ctx, const char *from_dir, const char *name, 
     *copied = 0;
     char *text;
     size_t n;
-    lt_status s = ex_read_file(ctx, src, (size_t)256 << 20, &text, &n);
+    lt_status s = lt_ex_read_file(ctx, src, (size_t)256 << 20, &text, &n);
     if (s == LT_ERR_NOT_FOUND) {
         lt_ctx_clear_error(ctx);
         return LT_OK;
     }
     if (s != LT_OK) return s;
-    s = ex_write_file(ctx, dst, text, n);
+    s = lt_ex_write_file(ctx, dst, text, n);
     free(text);
     if (s == LT_OK) {
         rep->bytes += n;
@@ -184,7 +184,7 @@ static lt_status copy_file(lt_ctx *ctx, const char *from_dir, const char *name, 
     return s;
 }
 
-static lt_status write_tokenizer(lt_ctx *ctx, const ex_base *b, const char *dir, lt_export_report *rep) {
+static lt_status write_tokenizer(lt_ctx *ctx, const lt_ex_base *b, const char *dir, lt_export_report *rep) {
     if (!b->gg) {
         static const char *const files[] = {"tokenizer.json",
                                             "tokenizer_config.json",
@@ -208,7 +208,7 @@ static lt_status write_tokenizer(lt_ctx *ctx, const ex_base *b, const char *dir,
     }
     char *tj = NULL;
     cJSON *tc = NULL;
-    lt_status s = ex_tokenizer_from_gguf(ctx, b, &tj, &tc);
+    lt_status s = lt_ex_tokenizer_from_gguf(ctx, b, &tj, &tc);
     if (s == LT_ERR_UNSUPPORTED) {
         snprintf(rep->note, sizeof rep->note, "tokenizer not converted: %s", lt_ctx_error(ctx));
         lt_ctx_clear_error(ctx);
@@ -217,7 +217,7 @@ static lt_status write_tokenizer(lt_ctx *ctx, const ex_base *b, const char *dir,
     if (s != LT_OK) return s;
     char p[EX_PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    s = ex_write_file(ctx, p, tj, strlen(tj));
+    s = lt_ex_write_file(ctx, p, tj, strlen(tj));
     if (s == LT_OK) {
         rep->bytes += strlen(tj);
         rep->n_files++;
@@ -229,7 +229,7 @@ static lt_status write_tokenizer(lt_ctx *ctx, const ex_base *b, const char *dir,
     return s;
 }
 
-static lt_status write_generation(lt_ctx *ctx, const ex_base *b, const char *dir, lt_export_report *rep) {
+static lt_status write_generation(lt_ctx *ctx, const lt_ex_base *b, const char *dir, lt_export_report *rep) {
     char p[EX_PATH_MAX + 48];
     snprintf(p, sizeof p, "%s/generation_config.json", dir);
     struct stat sb;
@@ -275,19 +275,19 @@ static void remove_stale(const char *dir, int sharded, int n_shards) {
     closedir(d);
 }
 
-lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *out, const lt_export_options *opt,
-                      lt_export_report *rep) {
-    int64_t np = ex_pieces(b, 0, NULL, 0);
+lt_status lt_ex_write_hf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
+                         const lt_export_options *opt, lt_export_report *rep) {
+    int64_t np = lt_ex_pieces(b, 0, NULL, 0);
     size_t pbytes =
-        (size_t)np * (sizeof(ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype) + sizeof(int) + sizeof(uint64_t)) + 8;
-    ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
+        (size_t)np * (sizeof(lt_ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype) + sizeof(int) + sizeof(uint64_t)) + 8;
+    lt_ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
     if (!ps) return lt_ctx_status(ctx);
     lt_tensor *ts = (lt_tensor *)(ps + np);
     lt_dtype *dts = (lt_dtype *)(ts + np);
     uint64_t *nb = (uint64_t *)(void *)(((uintptr_t)(dts + np) + 7) & ~(uintptr_t)7);
     int *shard = (int *)(nb + np);
-    ex_pieces(b, 0, ps, np);
-    ex_rows rows = {0};
+    lt_ex_pieces(b, 0, ps, np);
+    lt_ex_rows rows = {0};
     cJSON *index = NULL, **headers = NULL;
     size_t hbytes = 0;
     lt_status s = LT_OK;
@@ -295,8 +295,8 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
     int n_shards = 1;
     lt_dtype main = LT_DTYPE_F32;
     for (int64_t i = 0; i < np; i++) {
-        if ((s = ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
-        if ((s = ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
+        if ((s = lt_ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
+        if ((s = lt_ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
         if (i == 0) main = dts[i];
         int64_t cols = ps[i].ndim == 2 ? ps[i].shape[1] : ps[i].shape[0], nr = ps[i].ndim == 2 ? ps[i].shape[0] : 1;
         nb[i] = (uint64_t)lt_dtype_row_bytes(dts[i], cols) * (uint64_t)nr;
@@ -308,7 +308,7 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
         cur += nb[i];
         total += nb[i];
     }
-    if ((s = ex_check_space(ctx, out, total + (uint64_t)np * 256 + ((uint64_t)64 << 20))) != LT_OK) goto done;
+    if ((s = lt_ex_check_space(ctx, out, total + (uint64_t)np * 256 + ((uint64_t)64 << 20))) != LT_OK) goto done;
     if ((s = lt_train_mkdir(ctx, out)) != LT_OK) goto done;
     /* Headers, one per shard, in the order tensors are written. */
     hbytes = (size_t)n_shards * sizeof(cJSON *);
@@ -331,7 +331,7 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
             off = 0;
         }
         char name[160], file[64];
-        ex_hf_name(&ps[i], name, sizeof name);
+        lt_ex_hf_name(&ps[i], name, sizeof name);
         cJSON *e = cJSON_AddObjectToObject(headers[sh], name);
         cJSON_AddStringToObject(e, "dtype", st_dtype(dts[i]));
         cJSON *shp = cJSON_AddArrayToObject(e, "shape");
@@ -344,7 +344,7 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
         else snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", sh + 1, n_shards);
         cJSON_AddStringToObject(wm, name, file);
     }
-    if ((s = ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
+    if ((s = lt_ex_rows_init(ctx, &rows, b)) != LT_OK) goto done;
     int64_t i = 0;
     for (int sh = 0; sh < n_shards && s == LT_OK; sh++) {
         char path[EX_PATH_MAX + 64];
@@ -368,7 +368,7 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
         rep->bytes += 8 + padded;
         free(hj);
         for (; s == LT_OK && i < np && shard[i] == sh; i++) {
-            s = ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], 0, &rows, to_file, &sk, rep);
+            s = lt_ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], 0, &rows, to_file, &sk, rep);
             rep->bytes += nb[i];
         }
         if (s != LT_OK) {
@@ -386,7 +386,7 @@ lt_status ex_write_hf(lt_ctx *ctx, ex_base *b, const ex_adapter *a, const char *
     if ((s = write_tokenizer(ctx, b, out, rep)) != LT_OK) goto done;
     s = write_generation(ctx, b, out, rep);
 done:
-    ex_rows_free(ctx, &rows);
+    lt_ex_rows_free(ctx, &rows);
     if (headers) {
         for (int sh = 0; sh < n_shards; sh++) cJSON_Delete(headers[sh]);
         lt_free(ctx, LT_DEVICE_CPU, headers, hbytes);

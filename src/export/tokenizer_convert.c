@@ -237,12 +237,12 @@ static int gguf_id(lt_ctx *ctx, const lt_gguf *g, const char *key) {
     return v >= 0 && v < INT32_MAX ? (int)v : -1;
 }
 
-lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer_json, cJSON **tokenizer_config) {
+lt_status lt_ex_tokenizer_from_gguf(lt_ctx *ctx, const lt_ex_base *b, char **tokenizer_json, cJSON **tokenizer_config) {
     const lt_gguf *g = b->gg;
     char model[32] = "", pre[64] = "default";
     *tokenizer_json = NULL;
     *tokenizer_config = NULL;
-    if (!ex_gguf_str(ctx, g, "tokenizer.ggml.model", model, sizeof model))
+    if (!lt_ex_gguf_str(ctx, g, "tokenizer.ggml.model", model, sizeof model))
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s has no tokenizer.ggml.model", b->path);
     int spm = !strcmp(model, "llama");
     if (strcmp(model, "gpt2") && !spm)
@@ -250,7 +250,7 @@ lt_status ex_tokenizer_from_gguf(lt_ctx *ctx, const ex_base *b, char **tokenizer
                         "the GGUF vocabulary is '%s'; byte-level BPE ('gpt2') and SentencePiece BPE ('llama') convert "
                         "to tokenizer.json",
                         model);
-    ex_gguf_str(ctx, g, "tokenizer.ggml.pre", pre, sizeof pre);
+    lt_ex_gguf_str(ctx, g, "tokenizer.ggml.pre", pre, sizeof pre);
     int ignore_merges = 0, add_space = 1;
     cJSON *pt = spm ? cJSON_CreateNull() : pre_tokenizer(pre, &ignore_merges);
     if (!pt)
@@ -544,19 +544,19 @@ static int find_id(const cJSON *vocab, const cJSON *added, const char *tok) {
     return cJSON_IsNumber(v) ? v->valueint : -1;
 }
 
-lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w, char *note, size_t note_n) {
+lt_status lt_ex_tokenizer_to_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w, char *note, size_t note_n) {
     char p[EX_PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/tokenizer.json", b->dir);
     char *text;
     size_t n;
-    LT_TRY(ex_read_file(ctx, p, (size_t)256 << 20, &text, &n));
+    LT_TRY(lt_ex_read_file(ctx, p, (size_t)256 << 20, &text, &n));
     cJSON *tj = cJSON_ParseWithLength(text, n);
     free(text);
     if (!tj) return lt_error(ctx, LT_ERR_FORMAT, "%s: not JSON", p);
     cJSON *tc = NULL;
     char pc[EX_PATH_MAX + 32];
     snprintf(pc, sizeof pc, "%s/tokenizer_config.json", b->dir);
-    if (ex_read_file(ctx, pc, (size_t)64 << 20, &text, &n) == LT_OK) {
+    if (lt_ex_read_file(ctx, pc, (size_t)64 << 20, &text, &n) == LT_OK) {
         tc = cJSON_ParseWithLength(text, n);
         free(text);
     }
@@ -709,7 +709,7 @@ lt_status ex_tokenizer_to_gguf(lt_ctx *ctx, const ex_base *b, lt_gguf_writer *w,
         if (!tpl) {
             char pj[EX_PATH_MAX + 32];
             snprintf(pj, sizeof pj, "%s/chat_template.jinja", b->dir);
-            if (ex_read_file(ctx, pj, (size_t)1 << 24, &jinja, &jl) == LT_OK) tpl = jinja;
+            if (lt_ex_read_file(ctx, pj, (size_t)1 << 24, &jinja, &jl) == LT_OK) tpl = jinja;
             lt_ctx_clear_error(ctx);
         }
         if (tpl) s = lt_gguf_writer_set_str(ctx, w, "tokenizer.chat_template", tpl, strlen(tpl));

@@ -18,12 +18,19 @@ int lt_export_can_quantize(lt_dtype t) {
     case LT_DTYPE_BF16:
     case LT_DTYPE_Q8_0:
     case LT_DTYPE_Q4_0:
-    case LT_DTYPE_Q4_1: return 1;
+    case LT_DTYPE_Q4_1:
+    case LT_DTYPE_Q5_0:
+    case LT_DTYPE_Q5_1:
+    case LT_DTYPE_Q2_K:
+    case LT_DTYPE_Q3_K:
+    case LT_DTYPE_Q4_K:
+    case LT_DTYPE_Q5_K:
+    case LT_DTYPE_Q6_K: return 1;
     default: return 0;
     }
 }
 
-lt_status ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, size_t *n) {
+lt_status lt_ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, size_t *n) {
     *out = NULL;
     *n = 0;
     FILE *f = fopen(path, "rb");
@@ -52,7 +59,7 @@ lt_status ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, si
     return LT_OK;
 }
 
-lt_status ex_write_file(lt_ctx *ctx, const char *path, const void *data, size_t n) {
+lt_status lt_ex_write_file(lt_ctx *ctx, const char *path, const void *data, size_t n) {
     lt_atomic_file af;
     LT_TRY(lt_atomic_open(ctx, &af, path));
     lt_status s = lt_atomic_write(ctx, &af, data, n);
@@ -63,7 +70,7 @@ lt_status ex_write_file(lt_ctx *ctx, const char *path, const void *data, size_t 
     return lt_atomic_commit(ctx, &af);
 }
 
-int ex_gguf_str(lt_ctx *ctx, const lt_gguf *g, const char *key, char *buf, size_t n) {
+int lt_ex_gguf_str(lt_ctx *ctx, const lt_gguf *g, const char *key, char *buf, size_t n) {
     const char *s;
     size_t l;
     if (lt_gguf_get_str(ctx, g, key, &s, &l) != LT_OK || l >= n) {
@@ -75,7 +82,7 @@ int ex_gguf_str(lt_ctx *ctx, const lt_gguf *g, const char *key, char *buf, size_
     return 1;
 }
 
-lt_status ex_check_space(lt_ctx *ctx, const char *path, uint64_t need) {
+lt_status lt_ex_check_space(lt_ctx *ctx, const char *path, uint64_t need) {
     char dir[EX_PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -93,7 +100,7 @@ lt_status ex_check_space(lt_ctx *ctx, const char *path, uint64_t need) {
     return LT_OK;
 }
 
-void ex_convert_row(lt_dtype dt, const float *src, void *dst, float *back, int64_t n) {
+void lt_ex_convert_row(lt_dtype dt, const float *src, void *dst, float *back, int64_t n) {
     switch (dt) {
     case LT_DTYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -119,8 +126,8 @@ void ex_convert_row(lt_dtype dt, const float *src, void *dst, float *back, int64
     }
 }
 
-void ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const float *merged, const float *written,
-                   int64_t n, int new_tensor) {
+void lt_ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const float *merged, const float *written,
+                      int64_t n, int new_tensor) {
     if (!rep) return;
     int c = 0;
     while (c < rep->n_classes && strcmp(rep->classes[c].name, cls)) c++;
@@ -143,11 +150,11 @@ void ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const fl
         if (fabs(d) > e->max_abs) e->max_abs = fabs(d);
         ss += d * d;
     }
-    e->rms += ss; /* sum of squares until ex_report_finish */
+    e->rms += ss; /* sum of squares until lt_ex_report_finish */
     e->n_elems += n;
 }
 
-void ex_report_finish(lt_export_report *rep) {
+void lt_ex_report_finish(lt_export_report *rep) {
     if (!rep) return;
     for (int c = 0; c < rep->n_classes; c++) {
         lt_export_class_error *e = &rep->classes[c];

@@ -218,8 +218,8 @@ static lt_status family_gemma3(lt_ctx *ctx, const char *path, const cJSON *root,
         if (full || slide) {
             if (full) LT_TRY(gemma_rope_entry(ctx, path, full, "rope_parameters.full_attention", 0, &cfg->rope_theta));
             if (slide)
-                LT_TRY(gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", 1,
-                                        &cfg->rope_local_theta));
+                LT_TRY(
+                    gemma_rope_entry(ctx, path, slide, "rope_parameters.sliding_attention", 1, &cfg->rope_local_theta));
         } else {
             LT_TRY(gemma_rope_entry(ctx, path, rp, "rope_parameters", 0, &cfg->rope_theta));
         }
@@ -278,12 +278,8 @@ static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON 
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
-} families[] = {{"llama", family_llama},
-                {"qwen2", family_qwen2},
-                {"qwen3", family_qwen3},
-                {"mistral", family_mistral},
-                {"phi3", family_phi3},
-                {"gemma2", family_gemma2},
+} families[] = {{"llama", family_llama},       {"qwen2", family_qwen2}, {"qwen3", family_qwen3},
+                {"mistral", family_mistral},   {"phi3", family_phi3},   {"gemma2", family_gemma2},
                 {"gemma3_text", family_gemma3}};
 
 /* ---- keys every family shares ---- */

@@ -407,23 +407,11 @@ static int64_t proj_in(const lt_model_config *c, lt_proj k) {
     return in;
 }
 
-/* The block format a dense projection with rows of `in` weights is quantized to under
- * quantize_dtype q: q itself, or llama.cpp's fallback for rows that are not whole 256-weight
- * super-blocks (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0); LT_DTYPE_COUNT_ when neither fits. */
-static lt_dtype quantize_target(lt_dtype q, int64_t in) {
-    if (in % lt_dtype_block_elems(q) == 0) return q;
-    lt_dtype fb = q == LT_DTYPE_Q4_K ? LT_DTYPE_Q5_0
-        : q == LT_DTYPE_Q5_K         ? LT_DTYPE_Q5_1
-        : q == LT_DTYPE_Q6_K         ? LT_DTYPE_Q8_0
-                                     : LT_DTYPE_COUNT_;
-    return fb != LT_DTYPE_COUNT_ && in % lt_dtype_block_elems(fb) == 0 ? fb : LT_DTYPE_COUNT_;
-}
-
 /* Dtype a projection tensor is held in, from the file's: dense ones quantized under q (not
  * LT_DTYPE_F32), block ones as they are. */
 static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
     if (q != LT_DTYPE_F32 && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16))
-        return quantize_target(q, in);
+        return lt_dtype_quantize_target(q, in);
     return file;
 }
 
@@ -850,7 +838,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
         for (int k = 0; k < LT_PROJ_COUNT_; k++) {
             lt_dtype held = cfg.proj_dtype[k];
             if (lt_dtype_is_quantized(held) && held != opt.quantize_dtype &&
-                held == quantize_target(opt.quantize_dtype, proj_in(&cfg, (lt_proj)k)))
+                held == lt_dtype_quantize_target(opt.quantize_dtype, proj_in(&cfg, (lt_proj)k)))
                 LT_INFO("--quantize %s: %s rows of %lld weights are not whole %s blocks; held as %s",
                         lt_dtype_name(opt.quantize_dtype), lt_proj_name((lt_proj)k),
                         (long long)proj_in(&cfg, (lt_proj)k), lt_dtype_name(opt.quantize_dtype), lt_dtype_name(held));

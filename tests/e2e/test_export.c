@@ -357,8 +357,8 @@ static void test_errors(void **s) {
     o.adapter = "/nonexistent/adapter";
     expect_err(ctx, lt_export_model(ctx, base, out, &o, NULL), LT_ERR_NOT_FOUND, "/nonexistent/adapter");
     /* The free-space check every writer runs before its first byte. */
-    expect_err(ctx, ex_check_space(ctx, out, (uint64_t)1 << 62), LT_ERR_IO, "no space");
-    must(ctx, ex_check_space(ctx, out, 1024), "space for 1 KiB");
+    expect_err(ctx, lt_ex_check_space(ctx, out, (uint64_t)1 << 62), LT_ERR_IO, "no space");
+    must(ctx, lt_ex_check_space(ctx, out, 1024), "space for 1 KiB");
     lt_ctx_free(ctx);
 }
 

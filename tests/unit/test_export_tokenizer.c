@@ -72,22 +72,22 @@ static void gguf_to_json(const char *fixture) {
     lt_ctx *ctx = lt_ctx_new();
     char path[1024], sub[400], out[512];
     snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/%s/tokenizer.gguf", lt_test_source_dir(), fixture);
-    ex_base b;
+    lt_ex_base b;
     memset(&b, 0, sizeof b);
     b.path = path;
     b.cfg.max_positions = 2048;
     must(ctx, lt_gguf_open(ctx, path, &b.gg), path);
     char *tj;
     cJSON *tc;
-    must(ctx, ex_tokenizer_from_gguf(ctx, &b, &tj, &tc), "convert");
+    must(ctx, lt_ex_tokenizer_from_gguf(ctx, &b, &tj, &tc), "convert");
     snprintf(sub, sizeof sub, "%s/%s", dir, fixture);
     assert_int_equal(mkdir(sub, 0755), 0);
     snprintf(out, sizeof out, "%s/tokenizer_config.json", sub);
     char *tcs = cJSON_Print(tc);
-    must(ctx, ex_write_file(ctx, out, tcs, strlen(tcs)), out);
+    must(ctx, lt_ex_write_file(ctx, out, tcs, strlen(tcs)), out);
     free(tcs);
     snprintf(out, sizeof out, "%s/tokenizer.json", sub);
-    must(ctx, ex_write_file(ctx, out, tj, strlen(tj)), out);
+    must(ctx, lt_ex_write_file(ctx, out, tj, strlen(tj)), out);
     free(tj);
     assert_non_null(cJSON_GetObjectItemCaseSensitive(tc, "add_bos_token"));
     cJSON_Delete(tc);
@@ -113,7 +113,7 @@ static void test_bpe_gguf_to_json(void **s) {
 
 static void json_to_gguf(const char *fixture, const char *model, const char *pre, const char *skip) {
     lt_ctx *ctx = lt_ctx_new();
-    ex_base b;
+    lt_ex_base b;
     memset(&b, 0, sizeof b);
     snprintf(b.dir, sizeof b.dir, "%s/tests/fixtures/tokenizer/%s", lt_test_source_dir(), fixture);
     char json[EX_PATH_MAX + 32], out[512], note[256] = "";
@@ -126,7 +126,7 @@ static void json_to_gguf(const char *fixture, const char *model, const char *pre
     lt_gguf_writer *w;
     must(ctx, lt_gguf_writer_new(ctx, &w), "writer");
     must(ctx, lt_gguf_writer_set_str(ctx, w, "general.architecture", "llama", 5), "arch");
-    must(ctx, ex_tokenizer_to_gguf(ctx, &b, w, note, sizeof note), "to gguf");
+    must(ctx, lt_ex_tokenizer_to_gguf(ctx, &b, w, note, sizeof note), "to gguf");
     snprintf(out, sizeof out, "%s/%s.gguf", dir, fixture);
     must(ctx, lt_gguf_writer_begin(ctx, w, out), out);
     must(ctx, lt_gguf_writer_finish(ctx, w), out);
@@ -134,10 +134,10 @@ static void json_to_gguf(const char *fixture, const char *model, const char *pre
     lt_gguf *g;
     must(ctx, lt_gguf_open(ctx, out, &g), out);
     char got[32];
-    assert_true(ex_gguf_str(ctx, g, "tokenizer.ggml.model", got, sizeof got));
+    assert_true(lt_ex_gguf_str(ctx, g, "tokenizer.ggml.model", got, sizeof got));
     assert_string_equal(got, model);
     if (pre) {
-        assert_true(ex_gguf_str(ctx, g, "tokenizer.ggml.pre", got, sizeof got));
+        assert_true(lt_ex_gguf_str(ctx, g, "tokenizer.ggml.pre", got, sizeof got));
         assert_string_equal(got, pre);
     }
     must(ctx, lt_tokenizer_load_gguf(ctx, g, &c), "gguf tokenizer");
