@@ -92,8 +92,23 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     if (n_max <= 0) n_max = ctx_len;
     if (n_max > ctx_len * B) n_max = ctx_len * B;
     const lt_backend *be = m->be;
+    /* The incremental forward runs the pre-norm SwiGLU block with one RoPE table: Gemma's block
+     * (GeGLU, sandwich norms, scaled embeddings and scores, a logit softcap, a second table) is
+     * refused here rather than generated wrongly; training and eval run it. */
+    if (cf->embed_scale != 0 || cf->query_scale != 0 || cf->final_softcap != 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "kv cache: generation does not run %s's scaled embeddings, scores or logit softcap yet "
+                        "(train and eval do)",
+                        cf->arch == LT_ARCH_GEMMA2       ? "Gemma 2"
+                            : cf->arch == LT_ARCH_GEMMA3 ? "Gemma 3"
+                                                         : "this model");
     for (int64_t l = 0; l < cf->L; l++) {
         const lt_layer_desc *d = &m->layers[l].desc;
+        if (d->mlp != LT_MLP_KIND_SWIGLU || d->norm != LT_NORM_PLACE_PRE || d->rope != 0)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "kv cache: generation does not run layer %lld's %s MLP, %s norms or RoPE table %d yet "
+                            "(train and eval do)",
+                            (long long)l, lt_mlp_kind_name(d->mlp), lt_norm_place_name(d->norm), d->rope);
         lt_op_query q = {LT_OP_DECODE_ATTENTION, LT_DTYPE_F32, LT_DTYPE_F32, 0, d->D, d->window, d->softcap};
         LT_TRY(lt_backend_supports(ctx, m->opt.device, &q));
     }

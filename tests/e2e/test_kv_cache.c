@@ -4,7 +4,8 @@
  * likewise with sliding windows put on some layers, for two rows of different lengths decoded
  * together, for a multi-token continuation after cached positions (decode attention with several
  * queries), after a truncation, for prompts longer than one pass's scratch, and on CUDA when
- * present. Bad requests are typed errors. */
+ * present (on two random models of head dim 64, which the CUDA attention serves; the fixtures'
+ * head dims are below its smallest). Bad requests are typed errors. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "core/rng.h"
 #include "helpers/test_util.h"
+#include "helpers/tiny_model.h"
 #include "longtune/alloc.h"
 #include "longtune/kv_cache.h"
 #include "longtune/model.h"
@@ -35,9 +38,15 @@ static const char *const CASES[] = {"llama_tied", "llama3_untied", "qwen2_untied
                                     "llama_tied/model.gguf"};
 #define T_ALL 24
 
+static lt_model *load_dir(lt_ctx *ctx, const char *dir, const char *name, lt_device dev, uint64_t seed);
+
 static lt_model *load(lt_ctx *ctx, const char *name, lt_device dev, uint64_t seed) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/model/%s", lt_test_source_dir(), name);
+    return load_dir(ctx, dir, name, dev, seed);
+}
+
+static lt_model *load_dir(lt_ctx *ctx, const char *dir, const char *name, lt_device dev, uint64_t seed) {
     lt_model_options mo = {dev, 0};
     lt_lora_options lo;
     memset(&lo, 0, sizeof lo);
@@ -162,13 +171,15 @@ static void run_case(lt_ctx *ctx, lt_model *m, const char *what) {
     free(fa), free(fb), free(lg);
 }
 
-static void each_case(lt_device dev, int windows) {
+/* dirs == NULL: the fixtures; else n folders of random models. */
+static void each_case_in(lt_device dev, int windows, const char *const *dirs, size_t n) {
     g_rel = dev == LT_DEVICE_CPU ? KV_REL : KV_REL_CUDA;
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+    if (!dirs) n = sizeof CASES / sizeof CASES[0];
+    for (size_t i = 0; i < n; i++) {
         lt_ctx *ctx = lt_ctx_new();
-        lt_model *m = load(ctx, CASES[i], dev, 11 + i);
+        lt_model *m = dirs ? load_dir(ctx, dirs[i], dirs[i], dev, 11 + i) : load(ctx, CASES[i], dev, 11 + i);
         char what[128];
-        snprintf(what, sizeof what, "%s%s (%s)", CASES[i], windows ? " windowed" : "",
+        snprintf(what, sizeof what, "%s%s (%s)", dirs ? dirs[i] : CASES[i], windows ? " windowed" : "",
                  dev == LT_DEVICE_CPU ? "cpu" : "cuda");
         if (windows) /* layer 0 slides over 5 keys, layer 1 keeps full attention */
             for (int64_t l = 0; l < m->cfg.L; l += 2) {
@@ -178,6 +189,30 @@ static void each_case(lt_device dev, int windows) {
         run_case(ctx, m, what);
         lt_model_free(ctx, m);
         lt_ctx_free(ctx);
+    }
+}
+
+static void each_case(lt_device dev, int windows) { each_case_in(dev, windows, NULL, 0); }
+
+/* Two random models of head dim 64 (Llama GQA; Qwen3 with q/k norms) in folders under /tmp. */
+static void write_d64(char dirs[2][256]) {
+    uint64_t rng = 5;
+    for (int k = 0; k < 2; k++) {
+        snprintf(dirs[k], sizeof dirs[k], "/tmp/lt_test_kv_cache_%ld_d64_%d", (long)getpid(), k);
+        lt_test_tiny t =
+            {.V = 128, .C = 128, .F = 192, .L = 2, .H = 4, .Hkv = 2, .D = 64, .qk_norm = k, .dtype = LT_DTYPE_F32};
+        lt_test_tiny_write(&t, dirs[k], &rng);
+    }
+}
+
+static void rm_d64(char dirs[2][256]) {
+    for (int k = 0; k < 2; k++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/config.json", dirs[k]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/model.safetensors", dirs[k]);
+        unlink(p);
+        rmdir(dirs[k]);
     }
 }
 
@@ -199,8 +234,13 @@ static void test_cuda(void **st) {
         skip();
     }
     lt_ctx_free(ctx);
-    each_case(LT_DEVICE_CUDA, 0);
-    each_case(LT_DEVICE_CUDA, 1);
+    char dirs[2][256];
+    write_d64(dirs);
+    const char *d[2] = {dirs[0], dirs[1]};
+    each_case_in(LT_DEVICE_CPU, 0, d, 2); /* the same models' CPU path, as a reference run */
+    each_case_in(LT_DEVICE_CUDA, 0, d, 2);
+    each_case_in(LT_DEVICE_CUDA, 1, d, 2);
+    rm_d64(dirs);
 }
 
 static void test_bad_new(void **st) {
@@ -212,6 +252,14 @@ static void test_bad_new(void **st) {
     assert_int_equal(lt_kv_cache_new(ctx, m, 1, 65, 0, &c, NULL), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "max_positions"));
     assert_int_equal(lt_kv_cache_new(ctx, m, 0, 8, 0, &c, NULL), LT_ERR_INVALID_ARG);
+    assert_null(c);
+    lt_model_free(ctx, m);
+    /* A block the incremental forward does not run (Gemma 2) is refused, not generated wrongly. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/gemma/gemma2", lt_test_source_dir());
+    m = load_dir(ctx, dir, "gemma2", LT_DEVICE_CPU, 1);
+    assert_int_equal(lt_kv_cache_new(ctx, m, 1, 8, 0, &c, NULL), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "Gemma 2"));
     assert_null(c);
     lt_model_free(ctx, m);
     lt_ctx_free(ctx);
