@@ -172,6 +172,15 @@ int lt_cmd_train(int argc, char **argv) {
             goto done;
         }
     }
+    /* The guard's keys from a --config file; a flag given on the command line wins. */
+    if (opt.memory_ceiling[0] && !guard.ceiling &&
+        (lt_cli_parse_bytes(opt.memory_ceiling, &guard.ceiling) || !guard.ceiling)) {
+        rc = lt_cli_usage_error("train", usage, "option 'memory_ceiling' '%s': expected a byte size (\"12G\")",
+                                opt.memory_ceiling);
+        goto done;
+    }
+    guard.allow_low |= opt.allow_low_memory;
+    guard.off |= opt.no_memory_guard;
     lt_train_options resolved;
     lt_status s = lt_train_options_resolve(ctx, &opt, &resolved);
     if (s != LT_OK) {

@@ -115,10 +115,25 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     lt_status s = lt_guard_start(ctx, &go, &cg->g);
     if (s != LT_OK) return lt_cli_fail("train", ctx, s);
     lt_guard_ceiling c = lt_guard_get_ceiling(cg->g, opt->device);
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32], b4[32];
     fprintf(stderr, "longtune train: memory ceiling %s%s, plan %s\n", lt_cli_fmt_bytes(c.ceiling_bytes, b1, sizeof b1),
             c.overridden ? " (--memory-ceiling)" : "",
             cg->have_plan ? lt_cli_fmt_bytes(cg->plan.peak_bytes, b2, sizeof b2) : "unknown");
+    /* On the host the ceiling also covers what the process holds outside the allocator (code,
+     * libraries, mappings): the allocator gets the rest. Say so, and say when the plan does not
+     * fit in it. */
+    size_t lim = lt_mem_get_stats(ctx, LT_DEVICE_CPU).limit_bytes;
+    if (opt->device == LT_DEVICE_CPU && lim && lim < c.ceiling_bytes) {
+        fprintf(stderr,
+                "longtune train: %s of it is held already outside the allocator (code, libraries), so the run's "
+                "allocations may use %s\n",
+                lt_cli_fmt_bytes(c.ceiling_bytes - lim, b3, sizeof b3), lt_cli_fmt_bytes(lim, b4, sizeof b4));
+        if (cg->have_plan && cg->plan.peak_bytes > lim)
+            fprintf(stderr,
+                    "longtune train: warning: the plan (%s) is above that: the run will stop at the ceiling (raise "
+                    "--memory-ceiling or shrink the run)\n",
+                    b2);
+    }
     if (cg->have_plan && cg->plan.offload_bytes && opt->device != LT_DEVICE_CPU) {
         /* the offloaded checkpoints are host memory: the guard's host ceiling bounds them */
         lt_guard_ceiling h = lt_guard_get_ceiling(cg->g, LT_DEVICE_CPU);

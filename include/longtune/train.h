@@ -130,6 +130,11 @@ typedef struct lt_train_options {
     uint64_t given;                        /* bit i: the i-th option was given through lt_train_options_set
                                       (flags, config file), so lt_train_options_resolve honours or
                                       refuses a given 0 instead of defaulting it [0: none given] */
+    char memory_ceiling[32];               /* the memory guard's options, so a --config file can hold
+                                              them: `longtune train` guards the run (a flag wins over
+                                              the file); the library itself runs no guard ["" = the
+                                              rule] */
+    int allow_low_memory, no_memory_guard; /* likewise [0] */
     int overwrite;                         /* lt_train_run: a fresh run (no resume_adapter_file) into an
                                       adapter_path that holds adapter_model.safetensors is refused
                                       unless set [0] */

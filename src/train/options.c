@@ -80,6 +80,9 @@ static const option options[] = {
     {"test", K_BOOL, O(test), 0, 0, 1},
     {"test_batches", K_I64, O(test_batches), 0, -1, 1e12},
     {"overwrite", K_BOOL, O(overwrite), 0, 0, 1},
+    {"memory_ceiling", K_STR, O(memory_ceiling), S(memory_ceiling), 0, 0},
+    {"allow_low_memory", K_BOOL, O(allow_low_memory), 0, 0, 1},
+    {"no_memory_guard", K_BOOL, O(no_memory_guard), 0, 0, 1},
 };
 /* lt_train_options.given has one bit per option. */
 _Static_assert(sizeof options / sizeof options[0] <= 64, "more options than bits in lt_train_options.given");
