@@ -386,7 +386,8 @@ static lt_status read_rope(lt_ctx *ctx, const char *path, const cJSON *root, lt_
         rs = cJSON_GetObjectItemCaseSensitive(root, rkey);
     }
     cfg->rope_scaling = LT_ROPE_SCALING_NONE;
-    if (cJSON_IsObject(rs) && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rs, "full_attention"))) {
+    if (cfg->arch == LT_ARCH_GEMMA3 && cJSON_IsObject(rs) &&
+        cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rs, "full_attention"))) {
         /* transformers 5 per layer type (Gemma 3): the global layers' entry is the model's RoPE;
          * the sliding layers' base is the family reader's (rope_local_theta) */
         rkey = "rope_parameters.full_attention";
