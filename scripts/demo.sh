@@ -39,7 +39,7 @@ rm -f "$OUT/metrics.jsonl"
 LONGTUNE_PROGRESS="${LONGTUNE_PROGRESS:-plain}" "$BIN" train --model "$MODEL" --data "$DATA" --adapter-path "$OUT" \
   --iters "$ITERS" --batch-size 1 --max-seq-length 256 --num-layers 4 --lora-rank 8 --lora-alpha 16 \
   --learning-rate 1e-3 --lr-schedule cosine --warmup 4 --mask-prompt \
-  --steps-per-eval 20 --val-batches 4 --steps-per-report 5 --save-every 20 --seed 0
+  --steps-per-eval 20 --val-batches 4 --steps-per-report 5 --save-every 20 --seed 0 --overwrite
 
 echo "== after fine-tuning (adapter $OUT):"
 "$BIN" generate --model "$MODEL" --adapter "$OUT" --prompt "$question" --max-tokens 48

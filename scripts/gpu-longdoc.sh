@@ -19,7 +19,7 @@ ITERS=${ITERS:-60}
 CURRICULUM=${CURRICULUM:-0:8192,0.3:16384,0.6:32768}
 mkdir -p "$OUT"
 export LONGTUNE_PROGRESS=plain LONGTUNE_SOURCE_DIR=$PWD
-args=(train --device cuda --model "$MODEL" --data "$DATA" --adapter-path "$OUT/longdoc"
+args=(train --device cuda --model "$MODEL" --data "$DATA" --adapter-path "$OUT/longdoc" --overwrite
       --rope-scaling yarn --rope-factor 4 --original-max-position 8192 --seq-len-curriculum "$CURRICULUM"
       --recompute auto --batch-size 1 --iters "$ITERS" --learning-rate 2e-4 --lr-schedule cosine --warmup 4
       --lora-rank 16 --lora-alpha 32 --steps-per-eval $((ITERS / 4)) --steps-per-report 5 --val-batches -1

@@ -20,11 +20,11 @@ common=(--model "$MODEL" --data "$DATA" --batch-size 4 --max-seq-length 1024 --l
         --mask-prompt --val-batches -1 --seed 0)
 
 # CPU reference: the validation loss before any update (step 0 of a one-step run).
-"$BIN" train --device cpu "${common[@]}" --adapter-path "$OUT/real-cpu" --iters 1 --steps-per-eval 1 \
+"$BIN" train --device cpu "${common[@]}" --adapter-path "$OUT/real-cpu" --overwrite --iters 1 --steps-per-eval 1 \
   --learning-rate 1e-3 > "$OUT/real-cpu.log" 2>&1
 # The fine-tune on the GPU: all 30 layers, packed rows of 1024 tokens.
 t0=$(date +%s.%N)
-"$BIN" train --device cuda "${common[@]}" --adapter-path "$OUT/real-cuda" --iters "$ITERS" \
+"$BIN" train --device cuda "${common[@]}" --adapter-path "$OUT/real-cuda" --overwrite --iters "$ITERS" \
   --learning-rate 1e-3 --lr-schedule cosine --warmup "${WARMUP:-2}" --steps-per-eval 6 --steps-per-report 2 \
   --save-every 12 > "$OUT/real-cuda.log" 2>&1
 t1=$(date +%s.%N)
