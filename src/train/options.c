@@ -530,14 +530,15 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k", o.quantize);
     if (o.rope_scaling == LT_ROPE_SCALING_NONE &&
-        (o.rope_factor != 0 || o.original_max_position || o.yarn_beta_fast || o.yarn_beta_slow || o.rope_attn_factor))
+        (o.rope_factor != 0 || o.original_max_position != 0 || o.yarn_beta_fast != 0 || o.yarn_beta_slow != 0 ||
+         o.rope_attn_factor != 0))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "options 'rope_factor', 'original_max_position', 'yarn_beta_*' and 'rope_attn_factor' need "
                         "'rope_scaling'");
     if (o.rope_scaling != LT_ROPE_SCALING_NONE && !(o.rope_factor > 0))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'rope_scaling' %s needs 'rope_factor' > 0 (got %g)",
                         lt_rope_scaling_name(o.rope_scaling), o.rope_factor);
-    if ((o.yarn_beta_fast || o.yarn_beta_slow) && o.rope_scaling != LT_ROPE_SCALING_YARN)
+    if ((o.yarn_beta_fast != 0 || o.yarn_beta_slow != 0) && o.rope_scaling != LT_ROPE_SCALING_YARN)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "options 'yarn_beta_fast'/'yarn_beta_slow' need 'rope_scaling' yarn");
     /* Normalise the target list to canonical names, each once, in the order given. */
     const char *src = o.lora_targets[0] ? in->lora_targets : default_targets;

@@ -85,12 +85,6 @@ static void quantize_x16(const float *x, int64_t in, xblock16 *xb) {
     }
 }
 
-static inline float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return lt_f16_to_f32(h);
-}
-
 #if defined(LT_MATVEC_AVX2)
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -157,6 +151,12 @@ static float dot_q8(const uint8_t *row, const xblock16 *xb, int64_t nb) {
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 #else
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return lt_f16_to_f32(h);
+}
+
 static float dot_q4(const uint8_t *row, const xblock *xb, int64_t nb, int has_min) {
     const size_t bs = has_min ? 20 : 18, qo = has_min ? 4 : 2;
     float acc = 0;
