@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "helpers/model_fixture.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/model.h"
@@ -29,56 +30,23 @@
 
 static const char *const CASES[] = {"gemma2", "gemma3", "gemma3_d256"};
 
-typedef struct fixture {
-    lt_safetensors *exp;
-    int64_t B, T, S, rank, num_layers;
-    float alpha;
-    int32_t tokens[64], targets[64], positions[64], offsets[16];
-} fixture;
+typedef lt_test_fixture fixture;
 
 static void case_dir(const char *c, char *buf, size_t n) {
     snprintf(buf, n, "%s/tests/fixtures/gemma/%s", lt_test_source_dir(), c);
 }
 
-static const float *ftensor(lt_ctx *ctx, const fixture *f, const char *name, int64_t *numel) {
-    lt_tensor t;
-    if (lt_safetensors_find(ctx, f->exp, name, &t) != LT_OK) {
-        fprintf(stderr, "fixture: %s\n", lt_ctx_error(ctx));
-        fail();
-    }
-    assert_int_equal(t.dtype, LT_DTYPE_F32);
-    if (numel) *numel = lt_tensor_numel(&t);
-    return t.data;
-}
-
-static void ints(lt_ctx *ctx, const fixture *f, const char *name, int32_t *out, int64_t want) {
-    int64_t n;
-    const float *x = ftensor(ctx, f, name, &n);
-    assert_int_equal(n, want);
-    for (int64_t i = 0; i < n; i++) out[i] = (int32_t)x[i];
-}
+#define ftensor lt_test_fixture_tensor
+#define fixture_batch lt_test_fixture_batch
+#define compare lt_test_compare
 
 static void open_fixture(lt_ctx *ctx, const char *c, fixture *f) {
-    char dir[1024], p[1200];
+    char dir[1024];
     case_dir(c, dir, sizeof dir);
-    snprintf(p, sizeof p, "%s/expected.safetensors", dir);
-    memset(f, 0, sizeof *f);
-    if (lt_safetensors_open(ctx, p, &f->exp) != LT_OK) {
-        fprintf(stderr, "%s\n", lt_ctx_error(ctx));
-        fail();
-    }
-    f->B = atoll(lt_safetensors_metadata(f->exp, "B"));
-    f->T = atoll(lt_safetensors_metadata(f->exp, "T"));
-    f->S = atoll(lt_safetensors_metadata(f->exp, "S"));
-    f->rank = atoll(lt_safetensors_metadata(f->exp, "rank"));
-    f->num_layers = atoll(lt_safetensors_metadata(f->exp, "num_layers"));
-    f->alpha = (float)atof(lt_safetensors_metadata(f->exp, "alpha"));
-    ints(ctx, f, "tokens", f->tokens, f->B * f->T);
-    ints(ctx, f, "targets", f->targets, f->B * f->T);
-    ints(ctx, f, "positions", f->positions, f->B * f->T);
-    ints(ctx, f, "seq_offsets", f->offsets, f->B * (f->S + 1));
+    lt_test_fixture_open(ctx, dir, f);
 }
 
+/* Case c's model (file: a model file inside its folder, or an absolute path elsewhere). */
 static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, int quantize, const char *file) {
     char dir[1200];
     case_dir(c, dir, sizeof dir);
@@ -88,54 +56,11 @@ static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, in
         strcat(dir, "/");
         strcat(dir, file);
     }
-    lt_lora_options lo = {0};
-    lo.rank = f->rank;
-    lo.alpha = f->alpha;
-    lo.num_layers = f->num_layers;
-    lo.seed = 7;
-    lt_model_options mo = {0};
-    mo.quantize_dtype = quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32;
-    lt_model *m = NULL;
-    if (lt_model_load(ctx, dir, &mo, &lo, &m) != LT_OK) {
-        fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
-        fail();
-    }
-    /* The adapter values PEFT used. */
-    for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
-        lt_lora_tensor t;
-        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
-        int64_t n;
-        const float *v = ftensor(ctx, f, t.name, &n);
-        assert_int_equal(n, lt_tensor_numel(&t.value));
-        memcpy(t.value.data, v, (size_t)n * 4);
-    }
-    return m;
+    return lt_test_fixture_model(ctx, dir, c, f, quantize);
 }
 
 static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int quantize) {
     return load_case_file(ctx, c, f, quantize, NULL);
-}
-
-static lt_model_batch fixture_batch(const fixture *f) {
-    lt_model_batch b = {0};
-    b.B = f->B, b.T = f->T, b.S = f->S;
-    b.tokens = f->tokens, b.targets = f->targets, b.positions = f->positions, b.seq_offsets = f->offsets;
-    return b;
-}
-
-static void compare(const char *what, const float *got, const float *want, int64_t n, double rel) {
-    double scale = 0, worst = 0;
-    int64_t wi = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)want[i]));
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= worst)) worst = e, wi = i;
-    }
-    if (!(worst <= rel * scale + 1e-7)) {
-        fprintf(stderr, "%s: max error %.3g at %lld (got %.8g want %.8g), scale %.3g\n", what, worst, (long long)wi,
-                (double)got[wi], (double)want[wi], scale);
-        fail();
-    }
 }
 
 static void check_against_oracle(const char *c, const char *file) {
