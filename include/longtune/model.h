@@ -76,7 +76,7 @@ typedef enum lt_norm_place {
 typedef enum lt_mlp_kind {
     LT_MLP_KIND_SWIGLU = 0, /* down(silu(gate(h)) * up(h)) */
     LT_MLP_KIND_GEGLU,      /* down(gelu_tanh(gate(h)) * up(h)) (Gemma 2 / 3) */
-    LT_MLP_KIND_MOE,        /* routed experts (refused: nothing runs it yet) */
+    LT_MLP_KIND_MOE,        /* routed experts: a router's top-k over n_experts SwiGLU experts */
 } lt_mlp_kind;
 
 typedef struct lt_layer_desc {
@@ -145,6 +145,22 @@ typedef struct lt_model_config {
     int32_t eos_ids[LT_MAX_EOS]; /* every end-of-sequence id (eos_id first; generation_config.json
                                     lists), n_eos of them */
     int n_eos;
+    /* Mixture of experts (Qwen3-MoE, Mixtral; all zero for a dense model). Layer l is an MoE
+     * layer when n_experts > 0, moe_dense[l] is 0 (Qwen3-MoE's mlp_only_layers) and (l + 1) %
+     * moe_every == 0 (decoder_sparse_step; 0 = every layer). An MoE layer's router (n_experts, C)
+     * gives per token softmax probabilities over the experts; the n_experts_used largest are kept
+     * (torch.topk's order), renormalised to sum 1 when moe_norm_topk, and weight the outputs of
+     * those experts, each a SwiGLU MLP of width moe_F. In an MoE layer the projections gate, up
+     * and down are the experts' matrices stacked: gate and up (n_experts·moe_F, C), down
+     * (n_experts·C, moe_F), expert e's rows at [e·rows, (e + 1)·rows); their dtypes are
+     * proj_dtype / layer_proj_dtype as for any projection. moe_shared_F > 0: a shared expert of
+     * that width runs on every token, its output scaled by sigmoid(shared gate · h) (Qwen2-MoE).
+     * moe_aux_coef: the weight of transformers' load-balancing loss added to the loss
+     * (router_aux_loss_coef when the config sets output_router_logits, else 0). */
+    int64_t n_experts, n_experts_used, moe_F, moe_shared_F, moe_every;
+    int moe_norm_topk;
+    float moe_aux_coef;
+    uint8_t moe_dense[LT_MODEL_MAX_MIXED_LAYERS];
     /* In-memory dtypes of the frozen weights (after --quantize). proj_dtype per lt_proj; embed
      * (V, C) and, untied only, head (V, C): f16 ones widened to f32 on the CPU, f32 and f16 ones
      * held as bf16 on a GPU (lt_model_inspect with the device). Norm weights and biases are always
@@ -267,7 +283,15 @@ typedef struct lt_model_run_options {
                                  by a forward_only run. On the CPU the same schedule runs between
                                  two host blocks (the reference of the schedule; it saves nothing
                                  there). Kept attention outputs stay on the device. */
+    int64_t moe_chunk_tokens;    /* MoE layers: tokens whose experts run together (routing runs
+                                 once over the batch; gathered rows, the experts' activations
+                                 and their gradients exist for one chunk at a time, recomputed in
+                                 the backward), so an MoE layer's extra memory is bounded by the
+                                 chunk; 0 = LT_MODEL_MOE_CHUNK_TOKENS, >= N = unchunked */
 } lt_model_run_options;
+
+/* Default tokens per MoE dispatch chunk. */
+#define LT_MODEL_MOE_CHUNK_TOKENS 4096
 
 /* Default rows per position-wise chunk: the CUDA matmul's own x-chunk, so no GEMM gets smaller. */
 #define LT_MODEL_CHUNK_ROWS 8192

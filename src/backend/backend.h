@@ -107,6 +107,7 @@ typedef struct lt_decode_attention_params {
     void *workspace;
 } lt_decode_attention_params;
 #define LT_MATVEC_MAX_N 8 /* rows of x the CPU's direct quantized matmul path serves */
+#define LT_MOE_MAX_EXPERTS 512 /* experts of one MoE layer the routing ops serve */
 
 typedef struct lt_backend {
     const char *name;
@@ -226,6 +227,55 @@ typedef struct lt_backend {
     lt_status (*lce_fwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
     lt_status (*lce_bwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
     lt_status (*lce_fwd_bwd)(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a);
+
+    /* ---- mixture of experts: routing, dispatch and the experts' grouped products ----
+     * n tokens, E experts (E <= LT_MOE_MAX_EXPERTS), k experts per token (1 <= k <= E), nk = n·k
+     * assignments, assignment a = t·k + j being token t's j-th expert. Every pointer in the
+     * backend's memory; nothing here waits for the device (counts and offsets stay on it). */
+    /* Routing: p = softmax(logits[t]) over E (f32, max-subtracted), idx[t] (k, int32) the k
+     * largest p in descending order (ties to the lower expert, as torch.topk on equal values), w[t]
+     * (k, f32) those p, divided by their sum when norm_topk. stats (2, E) f32 when non-NULL is
+     * accumulated (+=): row 0 the number of tokens choosing each expert, row 1 Σ_t p[t, e] (the
+     * load-balancing loss's statistics; summed in a fixed order, so the same call gives the same
+     * bits). */
+    void (*moe_route)(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
+                      float *w, float *stats);
+    /* The routing's backward with the choice held: dlogits (n, E) = ∂/∂logits of Σ_{t,j} dw[t,j]·w[t,j]
+     * (through the normalisation when norm_topk and the softmax) plus, when dp is non-NULL, of
+     * Σ_{t,e} dp[e]·p[t, e] (dp (E) host memory: the load-balancing loss's gradient per
+     * probability, the same for every token). Overwrites dlogits. */
+    void (*moe_route_bwd)(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
+                          int64_t k, int norm_topk, const float *dp, float *dlogits);
+    /* Groups the assignments by expert: off (E + 1) int32, off[0] = 0, off[E] = nk, expert e's
+     * grouped rows [off[e], off[e + 1]); rows (nk) int32 the assignment at each grouped row
+     * (increasing within an expert: deterministic); slot (nk) int32 its inverse (the grouped row of
+     * assignment a). */
+    void (*moe_sort)(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off, int32_t *rows,
+                     int32_t *slot);
+    /* xg (nk, C): grouped row i = x row rows[i] / k. */
+    void (*moe_gather)(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C, float *xg);
+    /* Its backward: dx (n, C) = beta·dx + Σ_j dxg[slot[t·k + j]] (j in order). */
+    void (*moe_gather_bwd)(lt_ctx *ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k, int64_t C,
+                           float beta, float *dx);
+    /* y (n, C) = beta·y + Σ_j w[t, j]·yg[slot[t·k + j]] (j in order). */
+    void (*moe_combine)(lt_ctx *ctx, const float *yg, const float *w, const int32_t *slot, int64_t n, int64_t k,
+                        int64_t C, float beta, float *y);
+    /* Its backward: dyg[slot[t·k + j]] = w[t, j]·dy[t] and dw[t, j] = dy[t]·yg[slot[t·k + j]]
+     * (dw may be NULL: skipped). */
+    void (*moe_combine_bwd)(lt_ctx *ctx, const float *dy, const float *yg, const float *w, const int32_t *slot,
+                            int64_t n, int64_t k, int64_t C, float *dyg, float *dw);
+    /* The experts' products, all experts in one call: W holds E matrices stacked (E·out, in),
+     * expert e's (out, in) at rows [e·out, (e + 1)·out), any matmul dtype; for every e, over
+     * grouped rows [off[e], off[e + 1]) of x and y (nk rows in all, off in the backend's memory):
+     *   LT_MATMUL_NT: y_e (m_e, out) = x_e (m_e, in)·W_eᵀ + beta·y_e
+     *   LT_MATMUL_NN: y_e (m_e, in)  = x_e (m_e, out)·W_e + beta·y_e
+     * ws: grouped_matmul_workspace_bytes(w dtype, E, out, in, nk_max, threads) bytes for any
+     * nk <= nk_max (NULL when 0). CPU: each expert's slice through matmul; CUDA: one grouped
+     * launch per call (no host wait for the offsets). */
+    void (*grouped_matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E, const int32_t *off,
+                           const float *x, int64_t nk, float beta, float *y, void *ws);
+    size_t (*grouped_matmul_workspace_bytes)(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,
+                                             int threads);
 
     /* ---- device-only hooks: NULL on the CPU, whose ops never wait or queue ---- */
     /* Pins (on = 1) or unpins (0) host memory the caller allocated with lt_alloc (no bytes are
