@@ -25,6 +25,8 @@ typedef enum lt_model_arch {
     LT_ARCH_GEMMA2,    /* GeGLU, sandwich norms, (1+w) RMSNorm, softcaps, alternating windows */
     LT_ARCH_GEMMA3,    /* Gemma 2's block with q/k norms, 5 local : 1 global, two RoPE bases */
     LT_ARCH_PHI3,      /* fused qkv and gate_up (split at load), longrope scaling */
+    LT_ARCH_QWEN3_MOE, /* Qwen3's attention, routed-expert MLPs (dense ones in mlp_only_layers) */
+    LT_ARCH_MIXTRAL,   /* Mistral's attention, routed-expert MLPs, top-k always renormalised */
 } lt_model_arch;
 
 /* RoPE frequency scaling, with Hugging Face's semantics (modeling_rope_utils). */
@@ -431,6 +433,10 @@ typedef struct lt_model_batch {
 typedef struct lt_model_result {
     double loss_sum;  /* Σ token losses over non-ignored targets (nats) */
     int64_t n_tokens; /* non-ignored targets */
+    double aux_loss;  /* MoE models with moe_aux_coef > 0: transformers' load-balancing loss of the
+                         batch (unweighted; the gradient adds moe_aux_coef times it, scaled by
+                         grad_scale · n_tokens: with the default mean loss exactly transformers'
+                         loss + router_aux_loss_coef · aux_loss); 0 otherwise */
 } lt_model_result;
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient
