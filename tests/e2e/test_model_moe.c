@@ -358,26 +358,30 @@ static void bad_inputs_are_refused(void **state) {
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
     lo.targets = 1u << LT_PROJ_UP | 1u << LT_PROJ_Q, lo.num_layers = 3;
     assert_int_equal(lt_model_size_table(ctx, &c, &lo, &ro, &sz), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "layer 2"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0"));
     c.moe_dense[2] = 1; /* layers 1 and 2 dense: LoRA on the last two takes their MLPs */
     lo.num_layers = 2;
     assert_int_equal(lt_model_size_table(ctx, &c, &lo, &ro, &sz), LT_OK);
     /* config.json refusals */
+#define W ", \"moe_intermediate_size\": 16"
     static const struct {
         const char *json, *needle;
         lt_status st;
     } bad[] = {
-        {"\"num_experts\": 0, \"num_experts_per_tok\": 1", "experts", LT_ERR_FORMAT},
-        {"\"num_experts\": 600, \"num_experts_per_tok\": 2", "experts", LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 0", "num_experts_per_tok", LT_ERR_FORMAT},
+        {"\"num_experts\": 0, \"num_experts_per_tok\": 1" W, "experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 600, \"num_experts_per_tok\": 2" W, "experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 0" W, "num_experts_per_tok", LT_ERR_FORMAT},
         {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 0", "moe_intermediate_size",
          LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]", "mlp_only_layers",
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]" W, "mlp_only_layers",
          LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 0", "decoder_sparse_step",
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 0" W, "decoder_sparse_step",
          LT_ERR_FORMAT},
-        {"\"num_experts_per_tok\": 2", "num_experts", LT_ERR_FORMAT},
+        {"\"num_experts_per_tok\": 2" W, "num_experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": -3", "moe_intermediate_size",
+         LT_ERR_FORMAT},
     };
+#undef W
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char d2[] = "/tmp/lt_moe_cfg_XXXXXX", p[128];
         assert_non_null(mkdtemp(d2));
@@ -386,7 +390,7 @@ static void bad_inputs_are_refused(void **state) {
         assert_non_null(fp);
         fprintf(fp,
                 "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 40, "
-                "\"moe_intermediate_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                 "\"num_key_value_heads\": 2, \"head_dim\": 8, %s}",
                 bad[i].json);
         fclose(fp);
