@@ -420,11 +420,16 @@ typedef struct lt_model_batch {
     const int32_t *positions;   /* (B, T) RoPE positions (restarting per sequence); NULL = 0..T-1 */
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
-    uint64_t step;     /* selects the LoRA dropout masks (same step → same masks) */
-    int64_t first_row; /* index of row 0 within the whole batch when this is one rank's
+    uint64_t step;            /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row;        /* index of row 0 within the whole batch when this is one rank's
                                    share of it (data parallel): rows draw the dropout masks of
                                    their place in the whole batch; 0 otherwise */
-    int defer_loss;    /* device models: leave the loss on the device (the result gets
+    const int32_t *real_seqs; /* optional (B), with seq_offsets: row b's first real_seqs[b] sequences are
+                                 documents, the rest of the row (from seq_offsets[b·(S+1) +
+                                 real_seqs[b]]) padding, which the MoE router's load-balancing
+                                 statistics leave out as transformers' attention_mask does; NULL =
+                                 every token is real */
+    int defer_loss;           /* device models: leave the loss on the device (the result gets
                                    n_tokens only; lt_model_read_loss reads loss_sum later), so the
                                    call queues the step without waiting -- what a step captured
                                    into a CUDA graph needs */

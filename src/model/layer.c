@@ -259,7 +259,7 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c) onto the residual */
         float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
         LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
-        lt_step_moe_fwd(s, l, h, n, xo);
+        lt_step_moe_fwd(s, l, r0, h, n, xo);
         if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
         return LT_OK;
     }
@@ -317,7 +317,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
           *dxc = dx + r0 * C;
     be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
     if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c), rerun from h */
-        lt_step_moe_bwd(s, l, h, dxc, n, dh);
+        lt_step_moe_bwd(s, l, r0, h, dxc, n, dh);
         be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
         be->add(s->ctx, dxc, dh, 1.0f, n * C);
         return;

@@ -168,15 +168,35 @@ static moe_bufs bufs_of(const lt_step *s) {
     return b;
 }
 
-/* Routing of the n tokens of h from batch row t0 on: logits, idx, w; the statistics of the
- * load-balancing loss accumulated over them when the step collects them. Then the grouping and
- * the gathered rows. */
-static void route_and_gather(const lt_step *s, const lt_layer *L, const moe_bufs *b, const float *h, int64_t n) {
+/* The end of the run of tokens from token g (a batch index) on that are all real or all padding,
+ * at most `end`; *real says which. */
+static int64_t token_run(const lt_step *s, int64_t g, int64_t end, int *real) {
+    if (!s->real_seqs) {
+        *real = 1;
+        return end;
+    }
+    int64_t row = g / s->T, re = row * s->T + s->seq_offsets[row * (s->S + 1) + s->real_seqs[row]];
+    int64_t stop = g < re ? re : (row + 1) * s->T;
+    *real = g < re;
+    return stop < end ? stop : end;
+}
+
+/* Routing of the n tokens of h from batch token g0 on: logits, idx, w; the statistics of the
+ * load-balancing loss accumulated over the real ones when the step collects them. Then the
+ * grouping and the gathered rows. */
+static void route_and_gather(const lt_step *s, const lt_layer *L, const moe_bufs *b, int64_t g0, const float *h,
+                             int64_t n) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     int64_t E = c->n_experts, k = c->n_experts_used;
     be->matmul(s->ctx, LT_MATMUL_NT, &L->router, h, n, 0.0f, b->logits, b->mm_ws);
-    be->moe_route(s->ctx, b->logits, n, E, k, c->moe_norm_topk, b->idx, b->w, s->moe_collect ? b->stats : NULL);
+    for (int64_t t = 0; t < n;) { /* padding routes too, outside the statistics */
+        int real;
+        int64_t e = token_run(s, g0 + t, g0 + n, &real) - g0;
+        be->moe_route(s->ctx, b->logits + t * E, e - t, E, k, c->moe_norm_topk, b->idx + t * k, b->w + t * k,
+                      s->moe_collect && real ? b->stats : NULL);
+        t = e;
+    }
     be->moe_sort(s->ctx, b->idx, n, k, E, b->off, b->rows, b->slot);
     be->moe_gather(s->ctx, h, b->rows, n * k, k, c->C, b->xg);
 }
@@ -192,20 +212,20 @@ static void experts_fwd(const lt_step *s, const lt_layer *L, const moe_bufs *b, 
     be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
 }
 
-void lt_step_moe_fwd(const lt_step *s, int64_t l, const float *h, int64_t n, float *y) {
+void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y) {
     const lt_model_config *c = &s->m->cfg;
     const lt_layer *L = &s->m->layers[l];
     moe_bufs b = bufs_of(s);
     int64_t ch = s->m->lay.moe.chunk, k = c->n_experts_used, C = c->C;
     for (int64_t t0 = 0; t0 < n; t0 += ch) {
         int64_t m = n - t0 < ch ? n - t0 : ch;
-        route_and_gather(s, L, &b, h + t0 * C, m);
+        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
         experts_fwd(s, L, &b, m * k);
         s->be->moe_combine(s->ctx, b.yg, b.w, b.slot, m, k, C, 1.0f, y + t0 * C);
     }
 }
 
-void lt_step_moe_bwd(const lt_step *s, int64_t l, const float *h, const float *dy, int64_t n, float *dh) {
+void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh) {
     const lt_model_config *c = &s->m->cfg;
     const lt_layer *L = &s->m->layers[l];
     const lt_backend *be = s->be;
@@ -213,7 +233,7 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, const float *h, const float *d
     int64_t ch = s->m->lay.moe.chunk, E = c->n_experts, k = c->n_experts_used, C = c->C;
     for (int64_t t0 = 0; t0 < n; t0 += ch) {
         int64_t m = n - t0 < ch ? n - t0 : ch, nk = m * k;
-        route_and_gather(s, L, &b, h + t0 * C, m);
+        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
         experts_fwd(s, L, &b, nk);
         float *dyg = b.xg, *da = b.a, *dxg = b.yg; /* each dead once its gradient is made */
         be->moe_combine_bwd(s->ctx, dy + t0 * C, b.yg, b.w, b.slot, m, k, C, dyg, b.dw);
@@ -222,16 +242,32 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, const float *h, const float *d
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_GATE], E, b.off, b.dg, nk, 0.0f, dxg, b.gm_ws);
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
         be->moe_gather_bwd(s->ctx, dxg, b.slot, m, k, C, 0.0f, dh + t0 * C);
-        be->moe_route_bwd(s->ctx, b.logits, b.idx, b.dw, m, E, k, c->moe_norm_topk, s->moe_has_dp ? s->moe_dp : NULL,
-                          b.dlogits);
+        for (int64_t t = 0; t < m;) { /* the aux term's gradient reaches the real tokens only */
+            int real;
+            int64_t e = token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0);
+            be->moe_route_bwd(s->ctx, b.logits + t * E, b.idx + t * k, b.dw + t * k, e - t, E, k, c->moe_norm_topk,
+                              s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
+            t = e;
+        }
         be->matmul(s->ctx, LT_MATMUL_NN, &L->router, b.dlogits, m, 1.0f, dh + t0 * C, b.mm_ws);
     }
 }
 
 /* ---- the load-balancing loss over the whole forward ---- */
 
-lt_status lt_step_moe_begin(lt_step *s) {
+lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b) {
     const lt_moe_layout *o = &s->m->lay.moe;
+    s->real_seqs = s->seq_offsets ? b->real_seqs : NULL;
+    s->n_real = s->N;
+    if (s->real_seqs) {
+        s->n_real = 0;
+        for (int64_t r = 0; r < s->B; r++) {
+            if (s->real_seqs[r] < 0 || s->real_seqs[r] > s->S)
+                return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: real_seqs[%lld] = %d is outside 0..S = %lld",
+                                (long long)r, (int)s->real_seqs[r], (long long)s->S);
+            s->n_real += s->seq_offsets[r * (s->S + 1) + s->real_seqs[r]];
+        }
+    }
     s->moe_collect = o->stats != 0;
     s->moe_has_dp = 0;
     if (o->stats) s->be->zero(s->ctx, lt_step_ws(s, o->stats), (size_t)(2 * s->m->cfg.n_experts) * sizeof(float));
@@ -248,7 +284,8 @@ lt_status lt_step_moe_end(lt_step *s, double *aux_out) {
     float st[2 * LT_MOE_MAX_EXPERTS];
     LT_TRY(s->be->copy_to_host(s->ctx, st, lt_step_ws(s, o->stats), (size_t)(2 * E) * sizeof(float)));
     /* transformers' load_balancing_loss_func over every MoE layer's tokens together */
-    double M = (double)o->n_layers * (double)s->N, aux = 0;
+    double M = (double)o->n_layers * (double)s->n_real, aux = 0;
+    if (M == 0) return LT_OK;
     for (int64_t e = 0; e < E; e++) aux += ((double)st[e] / M) * ((double)st[E + e] / M);
     aux *= (double)E;
     *aux_out = aux;

@@ -349,7 +349,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     const lt_device dev = m->opt.device;
     s.slot_has[0] = s.slot_has[1] = -1;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
-    LT_TRY(lt_step_moe_begin(&s));
+    LT_TRY(lt_step_moe_begin(&s, b));
     LT_TRY(forward_layers(&s));
     double aux = 0;
     LT_TRY(lt_step_moe_end(&s, &aux));
@@ -394,7 +394,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
     lt_step s;
     lt_model_result r = {0, 0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
-    LT_TRY(lt_step_moe_begin(&s));
+    LT_TRY(lt_step_moe_begin(&s, b));
     LT_TRY(forward_all(&s));
     double aux = 0;
     LT_TRY(lt_step_moe_end(&s, &aux));

@@ -405,11 +405,82 @@ static void bad_inputs_are_refused(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* transformers' load_balancing_loss_func from the fixture's router logits over the real tokens
+ * (real[i] != 0): p = softmax, f_e = top-k picks of e / M, P_e = Σ p / M, aux = E Σ f_e P_e. */
+static double aux_reference(lt_ctx *ctx, const fixture *f, int64_t L, int64_t E, int64_t k, const uint8_t *real) {
+    int64_t N = f->B * f->T;
+    double cnt[64] = {0}, psum[64] = {0}, M = 0;
+    for (int64_t l = 0; l < L; l++) {
+        char key[64];
+        snprintf(key, sizeof key, "router_logits.%lld", (long long)l);
+        const float *lg = lt_test_fixture_tensor(ctx, f, key, NULL);
+        for (int64_t t = 0; t < N; t++) {
+            if (!real[t]) continue;
+            double mx = -INFINITY, z = 0, p[64];
+            for (int64_t e = 0; e < E; e++) mx = fmax(mx, lg[t * E + e]);
+            for (int64_t e = 0; e < E; e++) z += p[e] = exp(lg[t * E + e] - mx);
+            int used[64] = {0};
+            for (int64_t e = 0; e < E; e++) psum[e] += p[e] / z;
+            for (int64_t j = 0; j < k; j++) {
+                int64_t best = -1;
+                for (int64_t e = 0; e < E; e++)
+                    if (!used[e] && (best < 0 || p[e] > p[best])) best = e;
+                used[best] = 1;
+                cnt[best] += 1;
+            }
+            M += 1;
+        }
+    }
+    double aux = 0;
+    for (int64_t e = 0; e < E; e++) aux += (cnt[e] / M) * (psum[e] / M);
+    return aux * (double)E;
+}
+
+/* Padding (real_seqs: a row's trailing segments) stays out of the router's statistics, as
+ * transformers' attention_mask keeps padded tokens out; without real_seqs every token counts. */
+static void aux_leaves_padding_out(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    char dir[1024];
+    case_dir("qwen3moe", dir, sizeof dir);
+    lt_test_fixture_open(ctx, dir, &f);
+    lt_model *m = load_on(ctx, "qwen3moe", NULL, &f, LT_DEVICE_CPU);
+    const lt_model_config *c = lt_model_get_config(m);
+    lt_model_run_options ro = {0};
+    ro.B = f.B, ro.T = f.T, ro.moe_chunk_tokens = 4;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+    lt_model_batch b = lt_test_fixture_batch(&f);
+    uint8_t real[64];
+    memset(real, 1, sizeof real);
+    lt_model_result r;
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+    double want = aux_reference(ctx, &f, c->L, c->n_experts, c->n_experts_used, real);
+    assert_true(fabs(r.aux_loss - want) <= 1e-5 * want);
+    /* row 0's second document as padding */
+    int32_t rs[2] = {1, 1};
+    b.real_seqs = rs;
+    for (int64_t t = f.offsets[1]; t < f.T; t++) real[t] = 0;
+    double pad = aux_reference(ctx, &f, c->L, c->n_experts, c->n_experts_used, real);
+    assert_true(fabs(pad - want) > 1e-4 * want); /* the case tells them apart */
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+    assert_true(fabs(r.aux_loss - pad) <= 1e-5 * pad);
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+    assert_true(fabs(r.aux_loss - pad) <= 1e-5 * pad);
+    rs[1] = 3; /* beyond S */
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "real_seqs[1]"));
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(configs_and_layers),
         cmocka_unit_test(matches_transformers_peft),
         cmocka_unit_test(gguf_matches_transformers_peft),
+        cmocka_unit_test(aux_leaves_padding_out),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(bad_inputs_are_refused),
     };
