@@ -484,12 +484,81 @@ static void aux_leaves_padding_out(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Block-quantized experts (a GGUF's Q4_0 gate/up and Q8_0 down stacks, tests/oracle/
+ * gen_moe_quant_fixtures.py) are held as they are stored and give what the same values in f32 give;
+ * --quantize turns f32 experts into blocks like any projection. */
+static void quantized_experts(void **state) {
+    (void)state;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    for (int di = 0; di < nd; di++) {
+        lt_ctx *ctx = lt_ctx_new();
+        char q[1200], f[1200];
+        snprintf(q, sizeof q, "%s/tests/fixtures/moe/quant/model_q.gguf", lt_test_source_dir());
+        snprintf(f, sizeof f, "%s/tests/fixtures/moe/quant/model_f32.gguf", lt_test_source_dir());
+        lt_model_options mo = {0};
+        mo.device = devs[di];
+        lt_lora_options lo = {0};
+        lo.rank = 4, lo.seed = 3;
+        lt_model *mq = NULL, *mf = NULL, *m8 = NULL;
+        assert_int_equal(lt_model_load(ctx, q, &mo, &lo, &mq), LT_OK);
+        assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &mf), LT_OK);
+        mo.quantize_dtype = LT_DTYPE_Q8_0;
+        assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &m8), LT_OK);
+        const lt_model_config *cq = lt_model_get_config(mq);
+        assert_int_equal(cq->proj_dtype[LT_PROJ_GATE], LT_DTYPE_Q4_0);
+        assert_int_equal(cq->proj_dtype[LT_PROJ_DOWN], LT_DTYPE_Q8_0);
+        assert_int_equal(lt_model_get_config(m8)->proj_dtype[LT_PROJ_UP], LT_DTYPE_Q8_0);
+        assert_true(lt_model_get_sizes(mq).bytes[LT_MEM_WEIGHTS] < lt_model_get_sizes(mf).bytes[LT_MEM_WEIGHTS]);
+        int32_t tok[32], tgt[32];
+        uint64_t rs = 11;
+        for (int i = 0; i < 32; i++) tok[i] = (int32_t)(lt_test_rand_u64(&rs) % (uint64_t)cq->V);
+        for (int i = 0; i < 32; i++) tgt[i] = i == 31 ? LT_IGNORE_INDEX : tok[i + 1];
+        lt_model_batch b = {0};
+        b.B = 2, b.T = 16, b.tokens = tok, b.targets = tgt;
+        lt_model_run_options ro = {0};
+        ro.B = 2, ro.T = 16, ro.moe_chunk_tokens = 5;
+        float *lq = malloc(32 * (size_t)cq->V * 4), *lf = malloc(32 * (size_t)cq->V * 4),
+              *l8 = malloc(32 * (size_t)cq->V * 4);
+        lt_model *ms[3] = {mq, mf, m8};
+        float *ls[3] = {lq, lf, l8};
+        double loss[3];
+        float *grads[3];
+        int64_t ng = 0;
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(lt_model_prepare(ctx, ms[i], &ro), LT_OK);
+            assert_int_equal(lt_model_logits(ctx, ms[i], &b, ls[i]), LT_OK);
+            lt_model_result r;
+            assert_int_equal(lt_model_forward_backward(ctx, ms[i], &b, 0, &r, NULL), LT_OK);
+            loss[i] = r.loss_sum / (double)r.n_tokens;
+            lt_model_lora_grads(ms[i], &ng);
+            grads[i] = malloc((size_t)ng * 4);
+            assert_int_equal(lt_model_lora_get(ctx, ms[i], 1, 0, ng, grads[i]), LT_OK);
+        }
+        int cuda = devs[di] != LT_DEVICE_CPU;
+        lt_test_compare("quantized experts' logits vs their f32 values", lq, lf, 32 * cq->V,
+                        cuda ? CUDA_REL_LOSS : SAME_REL);
+        lt_test_compare("quantized experts' LoRA grads vs their f32 values", grads[0], grads[1], ng,
+                        cuda ? CUDA_REL_GRAD : 1e-4);
+        assert_true(fabs(loss[0] - loss[1]) <= 1e-4 * fabs(loss[1]));
+        /* --quantize q8_0: close to f32, not equal */
+        lt_test_compare("--quantize q8_0 logits vs f32", l8, lf, 32 * cq->V, 0.05);
+        for (int i = 0; i < 3; i++) {
+            free(grads[i]);
+            free(ls[i]);
+            lt_model_free(ctx, ms[i]);
+        }
+        lt_ctx_free(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(configs_and_layers),
         cmocka_unit_test(matches_transformers_peft),
         cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(aux_leaves_padding_out),
+        cmocka_unit_test(quantized_experts),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(bad_inputs_are_refused),
     };
