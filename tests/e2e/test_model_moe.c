@@ -1,6 +1,7 @@
 /* Mixture-of-experts models (Qwen3-MoE, Mixtral) against transformers + PEFT fixtures
  * (tests/oracle/gen_moe_fixtures.py): logits, the cross entropy, the router's load-balancing loss and
- * every LoRA gradient (the aux term's included) of a packed batch, from HF folders and from GGUF
+ * every LoRA gradient (the aux term's included) of a packed batch, from HF folders (one tensor per
+ * expert, and transformers 5's fused gate_up_proj / down_proj stacks) and from GGUF
  * files written as llama.cpp's converter writes them, on every backend present (CPU; CUDA when the
  * build and the machine have it); dispatch chunks of 1, 3 and all tokens and every recompute policy
  * give the same numbers; the size table equals what the allocator holds and a step allocates
@@ -35,7 +36,7 @@
 #define CUDA_REL_GRAD (32 * BF16_U)
 #define LT_MOE_MAX_EXPERTS_TEST 512 /* the routing ops' limit (backend.h) */
 
-static const char *const CASES[] = {"qwen3moe", "qwen3moe_dense1", "qwen3moe_nonorm", "mixtral"};
+static const char *const CASES[] = {"qwen3moe", "qwen3moe_dense1", "qwen3moe_nonorm", "mixtral", "qwen3moe_fused"};
 
 typedef lt_test_fixture fixture;
 
