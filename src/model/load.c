@@ -652,6 +652,17 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
             }
         }
     }
+    p.kind = LT_W_ROUTER; /* the routers' shapes, so the planner refuses what the load would */
+    for (int64_t l = 0; l < c->L; l++) {
+        if (!lt_model_layer_is_moe(c, l)) continue;
+        p.layer = l;
+        piece_name(s, &p, name, sizeof name);
+        LT_TRY(find(ctx, s, name, &t));
+        if (t.ndim != 2 || t.shape[0] != c->n_experts || t.shape[1] != c->C)
+            return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)", path,
+                            name, (long long)t.shape[0], (long long)(t.ndim > 1 ? t.shape[1] : 0),
+                            (long long)c->n_experts, (long long)c->C);
+    }
     p.kind = LT_W_EMBED;
     p.layer = -1;
     piece_name(s, &p, name, sizeof name);

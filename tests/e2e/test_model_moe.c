@@ -315,15 +315,30 @@ static void expect_load_error(lt_ctx *ctx, const char *rel, lt_status want, cons
 static void bad_inputs_are_refused(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    expect_load_error(ctx, "bad/topk_gt_experts", LT_ERR_FORMAT, "num_experts_per_tok");
-    expect_load_error(ctx, "bad/missing_expert", LT_ERR_NOT_FOUND, "model.layers.0.mlp.experts.3.up_proj.weight");
-    expect_load_error(ctx, "bad/router_shape", LT_ERR_SHAPE, "model.layers.0.mlp.gate.weight");
-    expect_load_error(ctx, "bad/router_shape_cols", LT_ERR_SHAPE, "model.layers.0.mlp.gate.weight");
-    expect_load_error(ctx, "bad/topk_gt_experts.gguf", LT_ERR_FORMAT, "expert_used_count");
-    expect_load_error(ctx, "bad/missing_expert.gguf", LT_ERR_NOT_FOUND, "blk.0.ffn_up_exps.weight");
-    expect_load_error(ctx, "bad/expert_shape.gguf", LT_ERR_SHAPE, "blk.0.ffn_up_exps.weight");
-    expect_load_error(ctx, "bad/router_shape.gguf", LT_ERR_SHAPE, "blk.0.ffn_gate_inp.weight");
-    expect_load_error(ctx, "qwen2moe_shared", LT_ERR_UNSUPPORTED, "qwen2_moe");
+    expect_load_error(ctx, "bad/topk_gt_experts", LT_ERR_FORMAT,
+                      "\"num_experts_per_tok\" = 5 must be in 1..4 (the experts)");
+    expect_load_error(ctx, "bad/missing_expert", LT_ERR_NOT_FOUND,
+                      "tensor 'model.layers.0.mlp.experts.3.up_proj.weight' is missing");
+    expect_load_error(ctx, "bad/router_shape", LT_ERR_SHAPE,
+                      "tensor 'model.layers.0.mlp.gate.weight' has shape (3, 32), expected (4, 32)");
+    expect_load_error(ctx, "bad/router_shape_cols", LT_ERR_SHAPE,
+                      "tensor 'model.layers.0.mlp.gate.weight' has shape (4, 31), expected (4, 32)");
+    expect_load_error(ctx, "bad/topk_gt_experts.gguf", LT_ERR_FORMAT,
+                      "metadata 'qwen3moe.expert_used_count' = 5 is outside 1..4");
+    expect_load_error(ctx, "bad/missing_expert.gguf", LT_ERR_NOT_FOUND, "tensor 'blk.0.ffn_up_exps.weight' is missing");
+    expect_load_error(ctx, "bad/expert_shape.gguf", LT_ERR_SHAPE,
+                      "tensor 'blk.0.ffn_up_exps.weight' has 3 dims (3, 8, 32), expected (4, 8, 32)");
+    expect_load_error(ctx, "bad/router_shape.gguf", LT_ERR_SHAPE,
+                      "tensor 'blk.0.ffn_gate_inp.weight' has shape (3, 32), expected (4, 32)");
+    expect_load_error(ctx, "qwen2moe_shared", LT_ERR_UNSUPPORTED,
+                      "model_type \"qwen2_moe\" (a shared expert beside the routed ones) is not supported");
+    { /* the planner's inspect refuses a router of the wrong shape as the load does */
+        char path[1200];
+        lt_model_config ic;
+        snprintf(path, sizeof path, "%s/tests/fixtures/moe/bad/router_shape", lt_test_source_dir());
+        assert_int_equal(lt_model_inspect(ctx, path, NULL, &ic), LT_ERR_SHAPE);
+        assert_non_null(strstr(lt_ctx_error(ctx), "tensor 'model.layers.0.mlp.gate.weight' has shape (3, 32)"));
+    }
     /* hand-made configs through the size table */
     char dir[1024];
     case_dir("mixtral", dir, sizeof dir);
@@ -351,7 +366,7 @@ static void bad_inputs_are_refused(void **state) {
     lt_lora_options lo = {0};
     lo.targets = 1u << LT_PROJ_UP;
     assert_int_equal(lt_model_size_table(ctx, &good, &lo, &ro, &sz), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "lora: layer 0 is a mixture-of-experts layer"));
     lt_model *m = NULL;
     assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
     assert_null(m);
@@ -359,7 +374,7 @@ static void bad_inputs_are_refused(void **state) {
     assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &m), LT_OK);
     lt_kv_cache *kv = NULL;
     assert_int_equal(lt_kv_cache_new(ctx, m, 1, 16, 0, &kv, NULL), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "mixture-of-experts MLP"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "generation does not run layer 0's mixture-of-experts MLP"));
     assert_null(kv);
     lt_model_free(ctx, m);
     m = NULL;
@@ -378,18 +393,20 @@ static void bad_inputs_are_refused(void **state) {
         const char *json, *needle;
         lt_status st;
     } bad[] = {
-        {"\"num_experts\": 0, \"num_experts_per_tok\": 1" W, "experts", LT_ERR_FORMAT},
-        {"\"num_experts\": 600, \"num_experts_per_tok\": 2" W, "experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 0, \"num_experts_per_tok\": 1" W, "experts (\"num_experts\") is outside 1..512",
+         LT_ERR_FORMAT},
+        {"\"num_experts\": 600, \"num_experts_per_tok\": 2" W, "experts (\"num_experts\") is outside 1..512",
+         LT_ERR_FORMAT},
         {"\"num_experts\": 4, \"num_experts_per_tok\": 0" W, "num_experts_per_tok", LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 0", "moe_intermediate_size",
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 0",
+         "\"moe_intermediate_size\" = 0 must be positive", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]" W, "\"mlp_only_layers\" holds 7",
          LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]" W, "mlp_only_layers",
-         LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 0" W, "decoder_sparse_step",
-         LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 0" W,
+         "\"decoder_sparse_step\" = 0 must be >= 1", LT_ERR_FORMAT},
         {"\"num_experts_per_tok\": 2" W, "num_experts", LT_ERR_FORMAT},
-        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": -3", "moe_intermediate_size",
-         LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": -3",
+         "\"moe_intermediate_size\" = -3 must be positive", LT_ERR_FORMAT},
     };
 #undef W
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -479,7 +496,7 @@ static void aux_leaves_padding_out(void **state) {
     assert_true(fabs(r.aux_loss - pad) <= 1e-5 * pad);
     rs[1] = 3; /* beyond S */
     assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
-    assert_non_null(strstr(lt_ctx_error(ctx), "real_seqs[1]"));
+    assert_non_null(strstr(lt_ctx_error(ctx), "real_seqs[1] = 3 is outside 0..S = 2"));
     lt_model_free(ctx, m);
     lt_safetensors_close(ctx, f.exp);
     lt_ctx_free(ctx);
