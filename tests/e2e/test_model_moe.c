@@ -36,7 +36,8 @@
 #define CUDA_REL_GRAD (32 * BF16_U)
 #define LT_MOE_MAX_EXPERTS_TEST 512 /* the routing ops' limit (backend.h) */
 
-static const char *const CASES[] = {"qwen3moe", "qwen3moe_dense1", "qwen3moe_nonorm", "mixtral", "qwen3moe_fused"};
+static const char *const CASES[] = {"qwen3moe", "qwen3moe_dense1", "qwen3moe_nonorm",
+                                    "mixtral",  "qwen3moe_fused",  "qwen2moe_shared"};
 
 typedef lt_test_fixture fixture;
 
@@ -330,8 +331,6 @@ static void bad_inputs_are_refused(void **state) {
                       "tensor 'blk.0.ffn_up_exps.weight' has 3 dims (3, 8, 32), expected (4, 8, 32)");
     expect_load_error(ctx, "bad/router_shape.gguf", LT_ERR_SHAPE,
                       "tensor 'blk.0.ffn_gate_inp.weight' has shape (3, 32), expected (4, 32)");
-    expect_load_error(ctx, "qwen2moe_shared", LT_ERR_UNSUPPORTED,
-                      "model_type \"qwen2_moe\" (a shared expert beside the routed ones) is not supported");
     { /* the planner's inspect refuses a router of the wrong shape as the load does */
         char path[1200];
         lt_model_config ic;
@@ -359,9 +358,9 @@ static void bad_inputs_are_refused(void **state) {
     c = good, c.moe_F = 0;
     assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "moe_F"));
-    c = good, c.moe_shared_F = 8;
-    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "shared expert"));
+    c = good, c.moe_shared_F = -1;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "shared expert width moe_shared_F = -1"));
     /* LoRA on the experts names the layer */
     lt_lora_options lo = {0};
     lo.targets = 1u << LT_PROJ_UP;
