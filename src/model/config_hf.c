@@ -671,7 +671,7 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model
     if (f == nf)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, "
-                        "gemma3_text, gemma3, qwen3_moe, mixtral)",
+                        "gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)",
                         path, where, mt->valuestring);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));
