@@ -1,4 +1,4 @@
-/* Mixture-of-experts models (Qwen3-MoE, Mixtral) against transformers + PEFT fixtures
+/* Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) against transformers + PEFT fixtures
  * (tests/oracle/gen_moe_fixtures.py): logits, the cross entropy, the router's load-balancing loss and
  * every LoRA gradient (the aux term's included) of a packed batch, from HF folders (one tensor per
  * expert, and transformers 5's fused gate_up_proj / down_proj stacks) and from GGUF
@@ -224,6 +224,10 @@ static void configs_and_layers(void **state) {
     case_dir("qwen3moe_nonorm", dir, sizeof dir); /* "num_experts", "rope_theta" spelling */
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
     assert_true(c.n_experts == 8 && !c.moe_norm_topk);
+    case_dir("qwen2moe_shared", dir, sizeof dir);
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.arch == LT_ARCH_QWEN2_MOE && c.n_experts == 4 && c.moe_shared_F == 24 && c.qkv_bias && !c.qk_norm &&
+                !c.moe_norm_topk);
     case_dir("mixtral", dir, sizeof dir);
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
     assert_true(c.arch == LT_ARCH_MIXTRAL && c.n_experts == 4 && c.n_experts_used == 2 && c.moe_F == 16 &&
@@ -243,8 +247,8 @@ static void configs_and_layers(void **state) {
 static void size_table_equals_allocations(void **state) {
     (void)state;
     const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
-    const char *const cases[2] = {"qwen3moe_dense1", "mixtral"};
-    for (int ci = 0; ci < 2; ci++)
+    const char *const cases[3] = {"qwen3moe_dense1", "mixtral", "qwen2moe_shared"};
+    for (int ci = 0; ci < 3; ci++)
         for (int pi = 0; pi < 3; pi++)
             for (int fo = 0; fo < 2; fo++) {
                 lt_ctx *ctx = lt_ctx_new();
