@@ -125,7 +125,7 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
             ok &= emit(&cur, fn, arg, LT_W_SHARED, l, w, LT_DTYPE_F32, 2, w < 2 ? c->moe_shared_F : c->C,
                        w < 2 ? c->C : c->moe_shared_F);
         if (d.mlp == LT_MLP_KIND_MOE && c->moe_shared_F > 0)
-            ok &= emit(&cur, fn, arg, LT_W_SHARED_GATE, l, 0, LT_DTYPE_F32, 2, 1, c->C);
+            ok &= emit(&cur, fn, arg, LT_W_SHARED_GATE, l, 0, LT_DTYPE_F32, 1, c->C, 0);
         if (d.qkv_bias)
             for (int b = 0; b < 3; b++)
                 ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * d.D, 0);

@@ -90,7 +90,7 @@ typedef enum lt_wkind {
     LT_W_ROUTER,         /* MoE layers: the router (n_experts, C), f32 */
     LT_W_SHARED,         /* moe_shared_F > 0: the shared expert's gate, up (which 0, 1: (shared_F, C)) and
                             down (2: (C, shared_F)), f32 */
-    LT_W_SHARED_GATE     /* and its gate (1, C), f32 */
+    LT_W_SHARED_GATE     /* and its gate (C), f32 (HF (1, C), GGUF 1-D) */
 } lt_wkind;
 
 typedef struct lt_wpiece {
@@ -261,7 +261,7 @@ typedef struct lt_layer {
     float *q_norm, *k_norm;                /* (D), desc.qk_norm; else NULL */
     float *post_attn_norm, *post_mlp_norm; /* (C), desc.norm == LT_NORM_PLACE_SANDWICH; else NULL */
     lt_tensor router;                      /* (n_experts, C) f32, desc.mlp == LT_MLP_KIND_MOE; else empty */
-    lt_tensor shared[3], shared_gate;      /* the shared expert's gate, up, down and its (1, C) gate (f32),
+    lt_tensor shared[3], shared_gate;      /* the shared expert's gate, up, down and its (C) gate (f32),
                                               MoE layers with moe_shared_F > 0; else empty */
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */

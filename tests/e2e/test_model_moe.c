@@ -202,6 +202,7 @@ static void gguf_matches_transformers_peft(void **state) {
     for (int d = 0; d < nd; d++) {
         check_case("qwen3moe", "model.gguf", devs[d]);
         check_case("mixtral", "model.gguf", devs[d]);
+        check_case("qwen2moe_shared", "model.gguf", devs[d]);
     }
 }
 
