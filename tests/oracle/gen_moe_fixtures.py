@@ -51,6 +51,10 @@ File layouts (transformers 5.24):
 
 Cases:
   qwen3moe          L=2, E=8, k=2, norm_topk_prob true, head_dim 16 (H*D != C), qk-norm; + GGUF
+  qwen3moe_fused    qwen3moe's model with the experts fused as transformers 5 holds them in memory
+                    (model.layers.N.mlp.experts.gate_up_proj (E, 2*moe_F, C), gate rows first, and
+                    .down_proj (E, C, moe_F), written from model.state_dict()); the same
+                    config.json and expected.safetensors
   qwen3moe_dense1   L=3, mlp_only_layers [1] (a dense SwiGLU layer between two MoE layers)
   qwen3moe_nonorm   L=2, norm_topk_prob false, config.json in the published (transformers 4) spelling
   qwen2moe_shared   L=2, E=4, k=2, a shared expert (width 24) with its sigmoid gate, q/k/v bias
@@ -82,7 +86,7 @@ QWEN3 = dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per
              intermediate_size=40, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
              rope_theta=10000.0)
 CASES = {
-    "qwen3moe": dict(cfg=dict(QWEN3, num_hidden_layers=2), gguf="qwen3moe"),
+    "qwen3moe": dict(cfg=dict(QWEN3, num_hidden_layers=2), gguf="qwen3moe", fused_copy="qwen3moe_fused"),
     "qwen3moe_dense1": dict(cfg=dict(QWEN3, num_hidden_layers=3, mlp_only_layers=[1])),
     "qwen3moe_nonorm": dict(cfg=dict(QWEN3, num_hidden_layers=2, norm_topk_prob=False), published_spelling=True),
     "qwen2moe_shared": dict(cfg=dict(model_type="qwen2_moe", num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
@@ -238,17 +242,35 @@ def margins(router_logits, k):
     return worst
 
 
+def lora_wrap(model, seed):
+    """PEFT LoRA on q/k/v/o with every A and B drawn from `seed` (B nonzero)."""
+    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                                  bias="none"))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn_like(p))
+    return peft_model
+
+
 def run_case(out_dir, case, spec, seed):
-    # Reseed until every token's top-k choice is well separated.
+    # Reseed until every token's top-k choice, with the adapters applied, is well separated.
+    seqs, tokens, targets, positions, offsets = batch(seed + 2)
     for attempt in range(50):
-        cfg, config, model = build(spec, seed + 1000 * attempt)
-        seqs, tokens, targets, positions, offsets = batch(seed + 2)
+        mseed = seed + 1000 * attempt
+        cfg, config, model = build(spec, mseed)
         with torch.no_grad():
-            out = model(input_ids=tokens, position_ids=positions, output_router_logits=True, use_cache=False)
+            out = lora_wrap(model, seed + 1)(input_ids=tokens, position_ids=positions, output_router_logits=True,
+                                             use_cache=False)
         if margins(out.router_logits, config.num_experts_per_tok) >= MIN_MARGIN:
             break
     else:
         raise SystemExit(f"{case}: no seed with top-k margin {MIN_MARGIN}")
+    cfg, config, model = build(spec, mseed)  # the same model again, unwrapped
+    with torch.no_grad():
+        out = model(input_ids=tokens, position_ids=positions, output_router_logits=True, use_cache=False)
     mlayers = moe_layers(config)
     assert len(out.router_logits) == len(mlayers), (len(out.router_logits), mlayers)
 
@@ -261,6 +283,7 @@ def run_case(out_dir, case, spec, seed):
         if os.path.exists(os.path.join(d, extra)):
             os.remove(os.path.join(d, extra))
     sd = load_file(os.path.join(d, "model.safetensors"))
+    fused = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}  # transformers 5's own
     if spec.get("published_spelling"):
         p = os.path.join(d, "config.json")
         c = json.load(open(p))
@@ -280,14 +303,7 @@ def run_case(out_dir, case, spec, seed):
     if spec.get("gguf"):
         write_gguf(os.path.join(d, "model.gguf"), spec["gguf"], config, sd)
 
-    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                                  bias="none"))
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.1 * torch.randn_like(p))
+    peft_model = lora_wrap(model, seed + 1)
     lora = {n.replace(".default", ""): p for n, p in peft_model.named_parameters() if "lora_" in n}
     assert all(p.requires_grad for p in lora.values())
     assert not any(p.requires_grad for n, p in peft_model.named_parameters() if "lora_" not in n)
@@ -295,6 +311,7 @@ def run_case(out_dir, case, spec, seed):
     out, logits, token_loss, ce = forward(peft_model, config, tokens, targets, positions)
     aux = out.aux_loss
     loss = ce + AUX_COEF * aux
+    assert margins(out.router_logits, config.num_experts_per_tok) >= MIN_MARGIN
     # transformers' own loss on the same batch (it shifts labels itself): the same total.
     labels = torch.full((B, T), -100)
     labels[:, 1:] = targets[:, :-1]
@@ -328,6 +345,23 @@ def run_case(out_dir, case, spec, seed):
             "n_moe_layers": str(len(mlayers)), "generator": "tests/oracle/gen_moe_fixtures.py",
             "torch": torch.__version__, "transformers": transformers.__version__}
     save_file(exp, os.path.join(d, "expected.safetensors"), metadata=meta)
+    if spec.get("fused_copy"):
+        # the same model with its experts as transformers 5 holds them in memory (a file written
+        # from model.state_dict()): transformers reads it back to the same logits
+        fd = os.path.join(out_dir, spec["fused_copy"])
+        if os.path.isdir(fd):
+            shutil.rmtree(fd)
+        os.makedirs(fd)
+        assert any(k.endswith("mlp.experts.gate_up_proj") for k in fused)
+        save_file(fused, os.path.join(fd, "model.safetensors"), metadata={"format": "pt"})
+        shutil.copy(os.path.join(d, "config.json"), fd)
+        shutil.copy(os.path.join(d, "expected.safetensors"), fd)
+        ref = AutoModelForCausalLM.from_pretrained(fd, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            lf = lora_wrap(ref, seed + 1)(input_ids=tokens, position_ids=positions, use_cache=False).logits
+        assert torch.allclose(lf, logits, atol=1e-5), f"{case}: the fused copy differs"
+        for f in os.listdir(fd):
+            os.chmod(os.path.join(fd, f), 0o644)
     for f in os.listdir(d):
         os.chmod(os.path.join(d, f), 0o644)
     print(f"{case}: loss {loss.item():.6f} (ce {ce.item():.6f}, aux {aux.item():.6f}), {n_lora} LoRA tensors,"
