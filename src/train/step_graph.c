@@ -102,6 +102,8 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
         give_up(g, "the op profiler times every op with its own events and waits");
     } else if (lt_model_get_lora(m)->dropout > 0) {
         give_up(g, "LoRA dropout draws its masks from a per-step seed passed to the kernels by value");
+    } else if (lt_model_get_config(m)->moe_aux_coef > 0) {
+        give_up(g, "the MoE router's load-balancing loss reads its statistics back on the host mid-step");
     }
     *out = g;
     return LT_OK;
@@ -169,7 +171,7 @@ static lt_status capture(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b,
 
 lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *bin, float grad_scale,
                             const lt_adamw_params *hp, lt_model_result *res) {
-    lt_model_result r = {0, 0};
+    lt_model_result r = {0, 0, 0};
     int ran = 0;
     if (bin->B > g->B || bin->T > g->T)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld beyond %lld x %lld", (long long)bin->B,
