@@ -115,7 +115,7 @@ void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
-void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm, double *sumsq_host);
 /* The native stream of ctx for lt_backend.native_stream (cuda_backend.cu). */
 void *lt_cuda_native_stream(lt_ctx *ctx);
 /* Step graphs (graph.cu). */
