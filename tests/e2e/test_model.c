@@ -421,6 +421,13 @@ static void bad_inputs_are_typed_errors(void **state) {
     lt_ctx_free(ctx);
 }
 
+static void write_bytes(const char *path, const void *buf, size_t size) {
+    FILE *out = fopen(path, "wb");
+    assert_non_null(out);
+    assert_int_equal(fwrite(buf, 1, size, out), size);
+    assert_int_equal(fclose(out), 0);
+}
+
 /* A GGUF whose rope_freqs.weight holds a zero (then a negative factor): llama3_untied's file with
  * its last factor replaced is refused at load with LT_ERR_FORMAT naming the file, the tensor, the
  * index and the value, and leaks nothing. */
@@ -454,10 +461,7 @@ static void gguf_bad_rope_factor_is_named(void **state) {
         if (!memcmp(buf + o, fac, nf * sizeof(float))) at = o, hits++;
     assert_int_equal(hits, 1);
     snprintf(p, sizeof p, "%s/model.gguf", dir);
-    FILE *same = fopen(p, "wb"); /* the copy as it is loads: the refusals below are the factor's */
-    assert_non_null(same);
-    assert_int_equal(fwrite(buf, 1, size, same), size);
-    fclose(same);
+    write_bytes(p, buf, size); /* the copy as it is loads: the refusals below are the factor's */
     lt_model *good = NULL;
     assert_int_equal(lt_model_load(ctx, p, NULL, NULL, &good), LT_OK);
     lt_model_free(ctx, good);
@@ -466,10 +470,7 @@ static void gguf_bad_rope_factor_is_named(void **state) {
                           "] = -1 (a frequency factor must be finite and positive)"};
     for (int i = 0; i < 2; i++) {
         memcpy(buf + at + (nf - 1) * sizeof(float), &bad[i], sizeof(float));
-        FILE *out = fopen(p, "wb");
-        assert_non_null(out);
-        assert_int_equal(fwrite(buf, 1, size, out), size);
-        fclose(out);
+        write_bytes(p, buf, size);
         lt_model *m = NULL;
         assert_int_equal(lt_model_load(ctx, p, NULL, NULL, &m), LT_ERR_FORMAT);
         assert_null(m);
