@@ -73,10 +73,6 @@ LT_API lt_status lt_generate_batch(lt_ctx *ctx, lt_model *m, int64_t n, const in
                                    const int64_t *n_prompt, const lt_generate_request *req,
                                    lt_generate_token_fn on_token, void *arg, lt_generate_stats *stats);
 
-/* LT_OK when every LoRA value of m is finite, else LT_ERR_FORMAT naming `what` (the adapter's
- * path), the tensor (PEFT name), the index and the value. Errors: LT_ERR_OOM, LT_ERR_CUDA. */
-LT_API lt_status lt_model_lora_check_finite(lt_ctx *ctx, lt_model *m, const char *what);
-
 #ifdef __cplusplus
 }
 #endif

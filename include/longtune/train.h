@@ -236,8 +236,10 @@ LT_API lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_mod
  * modules or layer sets, named). */
 LT_API lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_options *out);
 /* Copies adapter_model.safetensors of `dir` (F32/BF16/F16) into the LoRA tensors of m, which must
- * have been loaded with lt_peft_read_config's options. Errors: LT_ERR_NOT_FOUND (a tensor, named),
- * LT_ERR_SHAPE, LT_ERR_FORMAT and those of the safetensors reader. */
+ * have been loaded with lt_peft_read_config's options. A value that is not finite is refused before
+ * the tensor reaches the model (the one check of a loaded adapter's values). Errors:
+ * LT_ERR_NOT_FOUND (a tensor, named), LT_ERR_SHAPE, LT_ERR_FORMAT (also a non-finite element: the
+ * file, tensor, index and nan/inf) and those of the safetensors reader. */
 LT_API lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m);
 
 /* One metrics record; NAN (or a negative value for the byte counts) leaves a field out, except a

@@ -288,8 +288,12 @@ typedef struct lt_backend {
     lt_status (*host_register)(lt_ctx *ctx, void *p, size_t bytes, int on);
     /* Global-norm clipping with no host wait: norm = sqrt(Σ g²) (float64 sum rounded to float, as
      * sumsq returns it) and, when norm > max_norm, g *= (float)(max_norm / norm): bit for bit what
-     * sumsq on the host followed by scale computes, decided on the device. */
-    void (*clip_norm)(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+     * sumsq on the host followed by scale computes, decided on the device. max_norm = INFINITY
+     * only measures. sumsq_host: NULL, or page-locked host memory (lt_alloc_pinned) that gets the
+     * float64 Σ g² (before clipping) through a copy queued behind the reduction; it is there after
+     * the next call that waits (copy_to_host, synchronize), so a step that reads its loss back
+     * reads the norm with it, and a captured step copies it at every replay. */
+    void (*clip_norm)(lt_ctx *ctx, float *g, int64_t n, double max_norm, double *sumsq_host);
     /* Whole-step graphs. graph_begin starts capturing everything queued from now on (the context's
      * own stream; nothing may wait, allocate or copy from pageable memory until graph_end).
      * graph_end stops and instantiates it: LT_OK with *out set, or a typed error saying why the step

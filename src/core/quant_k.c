@@ -49,6 +49,12 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     }
 }
 
+/* Q2_K's 4-bit scale and min of sub-block j (0..15): the low and high nibble of byte j. */
+static void q2_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    *sc = s[j] & 0xf;
+    *mn = s[j] >> 4;
+}
+
 /* Q3_K's 6-bit signed scale k (0..15) from its 12 scale bytes. */
 static int q3_scale(const uint8_t *s, int k) {
     int lo = k < 8 ? (s[k] & 0xf) : (s[k - 8] >> 4);
@@ -56,15 +62,23 @@ static int q3_scale(const uint8_t *s, int k) {
     return (lo | (hi << 4)) - 32;
 }
 
+/* IQ4_XS's 6-bit signed scale k (0..7) of super-block p: the low four bits from a nibble of
+ * scales_l (bytes 4-7), the high two from the u16 scales_h (bytes 2-3). */
+static int iq4_xs_scale(const uint8_t *p, int k) {
+    uint16_t sh;
+    memcpy(&sh, p + 2, 2);
+    return (((p[4 + k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
+}
+
 void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
         const uint8_t *sc = p, *qs = p + 16;
         float d = half(p + 80), dmin = half(p + 82);
         for (int e = 0; e < QK; e++) {
-            int h = e / 128, j = (e / 32) % 4, l = e % 32;
-            int q = (qs[h * 32 + l] >> (2 * j)) & 3, s = sc[e / 16];
-            float dl = d * (float)(s & 0xf), ml = dmin * (float)(s >> 4);
-            out[e] = scaled_minus(dl, (float)q, ml);
+            int h = e / 128, j = (e / 32) % 4, l = e % 32, s, m;
+            int q = (qs[h * 32 + l] >> (2 * j)) & 3;
+            q2_scale_min(sc, e / 16, &s, &m);
+            out[e] = scaled_minus(d * (float)s, (float)q, dmin * (float)m);
         }
     }
 }
@@ -125,12 +139,9 @@ void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
 void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
         float d = half(p);
-        uint16_t sh;
-        memcpy(&sh, p + 2, 2);
-        const uint8_t *sl = p + 4, *qs = p + 8;
+        const uint8_t *qs = p + 8;
         for (int k = 0; k < 8; k++) {
-            int s = (((sl[k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
-            float dl = d * (float)s;
+            float dl = d * (float)iq4_xs_scale(p, k);
             for (int i = 0; i < 32; i++) {
                 int q = (qs[k * 16 + i % 16] >> (4 * (i / 16))) & 0xf;
                 out[k * 32 + i] = dl * (float)lt_iq4_values[q];
@@ -224,8 +235,11 @@ static void dequant_q2_k_avx2(const uint8_t *p, float *out, int64_t nb) {
             for (int j = 0; j < 4; j++)
                 store32(lev + 128 * h + 32 * j, _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three));
         }
-        for (int k = 0; k < 16; k++)
-            scale_minus(lev + 16 * k, d * (float)(sc[k] & 0xf), dmin * (float)(sc[k] >> 4), out + 16 * k, 16);
+        for (int k = 0; k < 16; k++) {
+            int s, m;
+            q2_scale_min(sc, k, &s, &m);
+            scale_minus(lev + 16 * k, d * (float)s, dmin * (float)m, out + 16 * k, 16);
+        }
     }
 }
 
@@ -254,74 +268,63 @@ static void dequant_iq4_xs_avx2(const uint8_t *p, float *out, int64_t nb) {
     int8_t lev[QK];
     for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
         float d = half(p);
-        uint16_t sh;
-        memcpy(&sh, p + 2, 2);
-        const uint8_t *sl = p + 4;
         for (int k = 0; k < 8; k++) {
             __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 8 + 16 * k));
             _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k), _mm_shuffle_epi8(table, _mm_and_si128(q, nib)));
             _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k + 16),
                              _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), nib)));
         }
-        for (int k = 0; k < 8; k++) {
-            int s = (((sl[k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
-            scale(lev + 32 * k, d * (float)s, out + 32 * k, 32);
-        }
+        for (int k = 0; k < 8; k++) scale(lev + 32 * k, d * (float)iq4_xs_scale(p, k), out + 32 * k, 32);
     }
 }
 #endif
 
-void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) {
 #if defined(__AVX2__)
-    dequant_q2_k_avx2(p, out, nb);
+static void dequant_q4_k_avx2(const uint8_t *p, float *out, int64_t nb) { dequant_k45_avx2(p, out, nb, 0); }
+static void dequant_q5_k_avx2(const uint8_t *p, float *out, int64_t nb) { dequant_k45_avx2(p, out, nb, 1); }
+#define DEQUANT_PATH(name) dequant_##name##_avx2
 #else
-    lt_dequant_q2_k_scalar(p, out, nb);
+#define DEQUANT_PATH(name) lt_dequant_##name##_scalar
 #endif
-}
 
-void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) {
-#if defined(__AVX2__)
-    dequant_q3_k_avx2(p, out, nb);
-#else
-    lt_dequant_q3_k_scalar(p, out, nb);
-#endif
-}
-
-void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) {
-#if defined(__AVX2__)
-    dequant_iq4_xs_avx2(p, out, nb);
-#else
-    lt_dequant_iq4_xs_scalar(p, out, nb);
-#endif
-}
-
-void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) {
-#if defined(__AVX2__)
-    dequant_k45_avx2(p, out, nb, 0);
-#else
-    lt_dequant_q4_k_scalar(p, out, nb);
-#endif
-}
-
-void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) {
-#if defined(__AVX2__)
-    dequant_k45_avx2(p, out, nb, 1);
-#else
-    lt_dequant_q5_k_scalar(p, out, nb);
-#endif
-}
-
-void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) {
-#if defined(__AVX2__)
-    dequant_q6_k_avx2(p, out, nb);
-#else
-    lt_dequant_q6_k_scalar(p, out, nb);
-#endif
-}
+/* The dequantizers callers use: the AVX2 path where the build has it, else the scalar one. */
+void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q2_k)(p, out, nb); }
+void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q3_k)(p, out, nb); }
+void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q4_k)(p, out, nb); }
+void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q5_k)(p, out, nb); }
+void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q6_k)(p, out, nb); }
+void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(iq4_xs)(p, out, nb); }
+#undef DEQUANT_PATH
 
 /* ---- quantizers ----------------------------------------------------------------------------- */
 
 #define GROUP_EPS 1e-15f
+
+/* The element of x[0..n) largest in magnitude (the first of equals; 0 when every one is 0), and
+ * that magnitude in *amax: the symmetric grids run through it, the super-scales divide by it. */
+static float signed_max(const float *x, int n, float *amax) {
+    float a = 0, mx = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > a) {
+            a = fabsf(x[i]);
+            mx = x[i];
+        }
+    *amax = a;
+    return mx;
+}
+
+/* The final levels of an affine sub-block once its scale dl and min ml are the stored (rounded)
+ * ones: L = round((x + ml) / dl) in [0, nmax]. A zero scale keeps the searched levels. */
+static void requant_affine(const float *x, int n, float dl, float ml, int nmax, uint8_t *L) {
+    if (dl == 0.0f) return;
+    for (int l = 0; l < n; l++) L[l] = (uint8_t)clampi(lt_quant_round((x[l] + ml) / dl), 0, nmax);
+}
+
+/* The same for a symmetric sub-block: L = round(x / dl) in [-nmax, nmax-1], stored plus nmax. */
+static void requant_symmetric(const float *x, int n, float dl, int nmax, int8_t *L) {
+    if (dl == 0.0f) return;
+    for (int l = 0; l < n; l++) L[l] = (int8_t)(clampi(lt_quant_round(x[l] / dl), -nmax, nmax - 1) + nmax);
+}
 
 /* An affine grid x ≈ scale*L - mn, L in [0, nmax], for n weights with importance w: the min is
  * pinned at or below zero; the grid spanning [min, max] is refined by trying nstep+1 widened or
@@ -387,12 +390,7 @@ static float affine_search(int n, int nmax, const float *x, const float *w, uint
  * rmse_type 1): the grid through the signed largest weight, then 18 nearby grids, keeping the one
  * whose least-squares scale explains the most of the weighted energy. Returns the scale. */
 static float symmetric_search(int n, int nmax, const float *x, int8_t *L) {
-    float amax = 0, mx = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            mx = x[i];
-        }
+    float amax, mx = signed_max(x, n, &amax);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
@@ -420,12 +418,7 @@ static float symmetric_search(int n, int nmax, const float *x, int8_t *L) {
 /* Q3_K's symmetric grid (nmax 4): the grid through the signed largest weight, then up to five
  * passes moving single levels while that raises the x²-weighted fit. L gets level + nmax. */
 static float q3_search(int n, int nmax, const float *x, int8_t *L) {
-    float amax = 0, mx = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            mx = x[i];
-        }
+    float amax, mx = signed_max(x, n, &amax);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
@@ -491,11 +484,9 @@ void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
         put_half(p + 82, max_min > 0 ? max_min / 15.0f : 0.0f);
         float d = half(p + 80), dmin = half(p + 82);
         for (int j = 0; j < 16; j++) {
-            float dl = d * (float)(sc[j] & 0xf);
-            if (dl == 0.0f) continue;
-            float ml = dmin * (float)(sc[j] >> 4);
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (uint8_t)clampi(lt_quant_round((x[16 * j + l] + ml) / dl), 0, 3);
+            int s, m;
+            q2_scale_min(sc, j, &s, &m);
+            requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
         }
         pack_2bit(L, p + 16);
     }
@@ -504,14 +495,9 @@ void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
 void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK, p += 110) {
         int8_t L[QK];
-        float scales[16], max_scale = 0, amax = 0;
-        for (int j = 0; j < 16; j++) {
-            scales[j] = q3_search(16, 4, x + 16 * j, L + 16 * j);
-            if (fabsf(scales[j]) > amax) {
-                amax = fabsf(scales[j]);
-                max_scale = scales[j];
-            }
-        }
+        float scales[16], amax;
+        for (int j = 0; j < 16; j++) scales[j] = q3_search(16, 4, x + 16 * j, L + 16 * j);
+        const float max_scale = signed_max(scales, 16, &amax);
         uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
         memset(sc, 0, 12);
         if (max_scale != 0.0f) {
@@ -527,12 +513,7 @@ void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
             put_half(p + 108, 0.0f);
         }
         float d = half(p + 108);
-        for (int j = 0; j < 16; j++) {
-            float dl = d * (float)q3_scale(sc, j);
-            if (dl == 0.0f) continue;
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (int8_t)(clampi(lt_quant_round(x[16 * j + l] / dl), -4, 3) + 4);
-        }
+        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)q3_scale(sc, j), 4, L + 16 * j);
         /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
         memset(hm, 0, 32);
         uint8_t low[QK];
@@ -586,11 +567,7 @@ static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
         for (int j = 0; j < 8; j++) {
             int s, m;
             k4_scale_min(sc, j, &s, &m);
-            float dl = d * (float)s;
-            if (dl == 0.0f) continue;
-            float ml = dmin * (float)m;
-            for (int l = 0; l < 32; l++)
-                L[32 * j + l] = (uint8_t)clampi(lt_quant_round((x[32 * j + l] + ml) / dl), 0, nmax);
+            requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
         }
         uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
         if (five) memset(qh, 0, 32);
@@ -613,14 +590,9 @@ void lt_quant_q5_k(const float *x, uint8_t *p, int64_t nb) { quant_k45(x, p, nb,
 void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK, p += 210) {
         int8_t L[QK];
-        float scales[16], max_scale = 0, amax = 0;
-        for (int j = 0; j < 16; j++) {
-            scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j);
-            if (fabsf(scales[j]) > amax) {
-                amax = fabsf(scales[j]);
-                max_scale = scales[j];
-            }
-        }
+        float scales[16], amax;
+        for (int j = 0; j < 16; j++) scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j);
+        const float max_scale = signed_max(scales, 16, &amax);
         memset(p, 0, 210);
         if (amax < GROUP_EPS) continue; /* an all-zero super-block: d = 0 */
         float inv = -128.0f / max_scale;
@@ -628,12 +600,7 @@ void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
         for (int j = 0; j < 16; j++) sc[j] = (int8_t)clampi(lt_quant_round(inv * scales[j]), -128, 127);
         put_half(p + 208, 1.0f / inv);
         float d = half(p + 208);
-        for (int j = 0; j < 16; j++) {
-            float dl = d * (float)sc[j];
-            if (dl == 0.0f) continue;
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (int8_t)(clampi(lt_quant_round(x[16 * j + l] / dl), -32, 31) + 32);
-        }
+        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
         uint8_t *ql = p, *qh = p + 128;
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 32; l++) {

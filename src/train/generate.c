@@ -2,7 +2,6 @@
  * one forward pass where they fit), then decode steps of one token per live row, each row sampled
  * with its own generator so a row's output does not depend on which rows run beside it. lt_generate
  * (train.h) is one row of it. */
-#include <math.h>
 #include <string.h>
 
 #include "core/rng.h"
@@ -167,24 +166,4 @@ lt_status lt_generate(lt_ctx *ctx, lt_model *m, const int32_t *prompt, int64_t n
     lt_status s = lt_generate_batch(ctx, m, 1, &prompt, &n_prompt, &req, one_token, &o, NULL);
     *n_out = o.n;
     return s;
-}
-
-lt_status lt_model_lora_check_finite(lt_ctx *ctx, lt_model *m, const char *what) {
-    int64_t n = lt_model_lora_count(m);
-    for (int64_t i = 0; i < n; i++) {
-        lt_lora_tensor t;
-        LT_TRY(lt_model_lora_tensor(ctx, m, i, &t));
-        int64_t k = lt_tensor_numel(&t.value);
-        size_t bytes = (size_t)k * sizeof(float);
-        float *v = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter check");
-        if (!v) return lt_ctx_status(ctx);
-        lt_status s = lt_model_lora_get(ctx, m, 0, t.offset, k, v);
-        for (int64_t j = 0; s == LT_OK && j < k; j++)
-            if (!isfinite(v[j]))
-                s = lt_error(ctx, LT_ERR_FORMAT, "adapter %s: tensor %s holds a non-finite value (%g) at index %lld",
-                             what ? what : "(in memory)", t.name, (double)v[j], (long long)j);
-        lt_free(ctx, LT_DEVICE_CPU, v, bytes);
-        LT_TRY(s);
-    }
-    return LT_OK;
 }

@@ -31,6 +31,8 @@ struct lt_step_graph {
     shape_key prev, cap; /* the last step's shape; the captured graph's */
     lt_graph *graph;
     lt_step_graph_stats st;
+    double *sumsq;    /* with clip_norm: the gradients' Σ g², pinned, written by the step's own copy */
+    double grad_norm; /* the last step's (lt_step_graph_grad_norm) */
 };
 
 static int key_equal(const shape_key *k, const lt_model_batch *b) {
@@ -87,11 +89,14 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
     g->B = B, g->T = T;
     g->offs_bytes = (size_t)(B * (T + 1)) * sizeof(int32_t);
     g->offs = lt_alloc(ctx, LT_DEVICE_CPU, g->offs_bytes, "step graph padded offsets");
-    if (!g->offs) {
+    if (g->offs && g->be && g->be->clip_norm)
+        g->sumsq = lt_alloc_pinned(ctx, sizeof *g->sumsq, "step graph gradient sum of squares");
+    if (!g->offs || (g->be && g->be->clip_norm && !g->sumsq)) {
         lt_status s = lt_ctx_status(ctx);
         lt_step_graph_free(ctx, g);
         return s;
     }
+    g->grad_norm = NAN;
     g->st.enabled = 1;
     if (!enable) {
         g->st.enabled = 0;
@@ -113,6 +118,7 @@ void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g) {
     if (!g) return;
     if (g->graph) g->be->graph_free(g->graph);
     if (g->offs) lt_free(ctx, LT_DEVICE_CPU, g->offs, g->offs_bytes);
+    if (g->sumsq) lt_free_pinned(ctx, g->sumsq, sizeof *g->sumsq);
     lt_free(ctx, LT_DEVICE_CPU, g, sizeof *g);
 }
 
@@ -125,13 +131,11 @@ static lt_status queue_step(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch 
     lt_model_batch lb = *b;
     lb.defer_loss = 1;
     LT_TRY(lt_model_forward_backward(ctx, g->m, &lb, grad_scale, res, NULL));
-    if (g->o.grad_clip > 0) {
-        if (be->clip_norm) {
-            be->clip_norm(ctx, g->o.grads, g->o.n, g->o.grad_clip);
-        } else { /* a device backend without it waits for the norm, as the CPU path does */
-            double norm = sqrt((double)be->sumsq(ctx, g->o.grads, g->o.n));
-            if (norm > g->o.grad_clip) be->scale(ctx, g->o.grads, (float)(g->o.grad_clip / norm), g->o.n);
-        }
+    if (be->clip_norm) { /* the norm measured (and clipped to) on the device, its copy read with the loss */
+        be->clip_norm(ctx, g->o.grads, g->o.n, g->o.grad_clip > 0 ? g->o.grad_clip : INFINITY, g->sumsq);
+    } else if (g->o.grad_clip > 0) { /* a device backend without it waits for the norm, as the CPU path does */
+        double norm = sqrt((double)be->sumsq(ctx, g->o.grads, g->o.n));
+        if (norm > g->o.grad_clip) be->scale(ctx, g->o.grads, (float)(g->o.grad_clip / norm), g->o.n);
     }
     be->adamw(ctx, g->o.params, g->o.grads, g->o.mom_m, g->o.mom_v, g->o.n, hp);
     return LT_OK;
@@ -192,9 +196,12 @@ lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch 
         g->st.eager++;
     }
     key_set(&g->prev, b);
-    LT_TRY(lt_model_read_loss(ctx, g->m, &r));
+    LT_TRY(lt_model_read_loss(ctx, g->m, &r)); /* the step's one wait; it also lands *g->sumsq */
+    g->grad_norm = g->sumsq ? sqrt((double)(float)*g->sumsq) : sqrt((double)g->be->sumsq(ctx, g->o.grads, g->o.n));
     if (res) *res = r;
     return LT_OK;
 }
+
+double lt_step_graph_grad_norm(const lt_step_graph *g) { return g->grad_norm; }
 
 lt_step_graph_stats lt_step_graph_get_stats(const lt_step_graph *g) { return g->st; }

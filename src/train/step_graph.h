@@ -1,6 +1,6 @@
 /* One training step of a device model -- zero the LoRA gradients, forward and backward of one batch,
- * global-norm clipping, AdamW -- queued without a host wait and, while the batch keeps one shape,
- * captured once into a CUDA graph and replayed. Shared by the trainer and `bench train`. It does not
+ * the gradients' global norm and clipping, AdamW -- queued without a host wait and, while the batch
+ * keeps one shape, captured once into a CUDA graph and replayed. Shared by the trainer and `bench train`. It does not
  * pack batches, reduce over ranks or accumulate micro-batches (those steps stay eager in the
  * trainer). Private to the library and its benches. */
 #ifndef LT_TRAIN_STEP_GRAPH_H
@@ -30,7 +30,8 @@ typedef struct lt_step_graph_stats {
  * addresses) and batches of at most B rows of T tokens. enable = 0 runs every step eagerly. Capture
  * is also off (said once in the log) with the op profiler on, LoRA dropout (its masks are drawn
  * from a per-step seed passed by value) or a backend without graphs. Host bookkeeping: one
- * (B, T+1) buffer of padded offsets, through lt_alloc. Errors: LT_ERR_INVALID_ARG (a host model),
+ * (B, T+1) buffer of padded offsets, through lt_alloc, and with clip_norm one pinned float64 (the
+ * gradients' sum of squares), through lt_alloc_pinned. Errors: LT_ERR_INVALID_ARG (a host model),
  * LT_ERR_OOM. */
 lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, int64_t B, int64_t T, int enable,
                              lt_step_graph **out);
@@ -46,6 +47,14 @@ void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g);
  * summed loss and trained-token count. Errors: as lt_model_forward_backward, LT_ERR_CUDA. */
 lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b, float grad_scale,
                             const lt_adamw_params *hp, lt_model_result *res);
+
+/* The global L2 norm of the last step's LoRA gradients before clipping: sqrt of the float64 sum of
+ * squares rounded to float, as sumsq hands it to the host (NaN or inf when a gradient is not
+ * finite or the sum passes float's range). With the backend's clip_norm the step measures it on
+ * the device and its copy comes back with the loss read, so reading it adds no wait; a backend
+ * without clip_norm measures it after the step with sumsq (one more wait, after clipping). NaN
+ * before the first step. */
+double lt_step_graph_grad_norm(const lt_step_graph *g);
 
 lt_step_graph_stats lt_step_graph_get_stats(const lt_step_graph *g);
 

@@ -99,8 +99,9 @@ static lt_status graph_step(lt_trainer *t, double *loss, int64_t *tokens, int64_
         LT_TRY(lt_step_graph_run(t->ctx, t->sg, &b, (float)(1.0 / (double)ntok), &hp, &r));
         l = r.loss_sum / (double)ntok;
         /* AdamW ran inside the graph: a non-finite step is caught after it, and its parameters
-         * are never saved (the run stops here). */
-        double gn = sqrt((double)t->be->sumsq(t->ctx, t->grads, t->n));
+         * are never saved (the run stops here). The norm came back with the loss (no wait of
+         * its own where the backend clips on the device). */
+        double gn = lt_step_graph_grad_norm(t->sg);
         if (!isfinite(l)) t->bad_what = "train_loss", t->bad_value = l;
         else if (!isfinite(gn)) t->bad_what = "grad_norm", t->bad_value = gn;
     } else { /* nothing to train on: zero gradients, the moments still decay (as train_step does) */
@@ -162,7 +163,7 @@ static lt_status reduce_step(lt_trainer *t) {
 static void clip(lt_trainer *t, double norm) {
     double c = t->o->grad_clip;
     if (c > 0 && t->be->clip_norm) {
-        t->be->clip_norm(t->ctx, t->grads, t->n, c); /* decided on the device */
+        t->be->clip_norm(t->ctx, t->grads, t->n, c, NULL); /* decided on the device */
     } else if (c > 0) {
         if (norm > c) t->be->scale(t->ctx, t->grads, (float)(c / norm), t->n);
     }

@@ -68,6 +68,30 @@ grep -q '"train_loss":null,"train_loss_non_finite":"nan"' "$dir/div/metrics.json
 grep -q '"quantity":.*"train_loss"' "$dir/div/diverged.json" || { echo "FAIL: no divergence record"; fail=1; }
 "$bin" generate --model "$dir/model" --adapter "$dir/div" --prompt hi --max-tokens 2 >/dev/null 2>&1 ||
   { echo "FAIL: the kept adapter does not load"; fail=1; }
+# Divergence in the gradient norm alone: a final norm weight of 1e14 and a LoRA scale of 1e6 make
+# every LoRA gradient finite but their sum of squares past float's range, while the loss (about
+# 1.5e15) stays finite. The first step stops with exit 4 naming grad_norm; the metrics line keeps
+# the finite loss; nothing was saved.
+cp -r "$dir/model" "$dir/gn"
+python3 - "$dir/gn/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+e = json.loads(b[8:8 + n])["model.norm.weight"]
+assert e["dtype"] == "F32"
+a, z = e["data_offsets"]
+b[8 + n + a:8 + n + z] = struct.pack("<%df" % ((z - a) // 4), *[1e14] * ((z - a) // 4))
+open(sys.argv[1], "wb").write(b)
+PY
+out=$("$bin" train --model "$dir/gn" --data "$dir/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 3 \
+  --lora-rank 1 --lora-alpha 1000000 --steps-per-report 1 --adapter-path "$dir/gndiv" 2>&1); rc=$?
+if [ $rc != 4 ] || ! grep -qF "longtune train: training diverged: training diverged at step 1: grad_norm is inf (learning rate 1e-05); no adapter was saved; see $dir/gndiv/diverged.json" <<<"$out"; then
+  echo "FAIL: gradient-norm divergence -> exit $rc:"; echo "$out" | tail -2; fail=1
+fi
+grep -q '"quantity":.*"grad_norm"' "$dir/gndiv/diverged.json" || { echo "FAIL: no grad_norm divergence record"; fail=1; }
+grep -qE '^\{"step":1,"train_loss":[0-9.]+e\+15,' "$dir/gndiv/metrics.jsonl" ||
+  { echo "FAIL: the diverged step's finite loss is not in metrics.jsonl"; fail=1; }
+[ ! -e "$dir/gndiv/adapter_model.safetensors" ] || { echo "FAIL: a diverged first step saved an adapter"; fail=1; }
 # An adapter holding a NaN is refused naming the tensor.
 cp -r "$dir/div" "$dir/nanad"
 python3 - "$dir/nanad/adapter_model.safetensors" <<'PY'

@@ -154,9 +154,11 @@ static void make_batch(batch *bt, int kind, uint64_t seed) {
 }
 
 /* Runs `n` steps of the shapes in kinds[] through a step graph (enable on or off) on a fresh model
- * whose adapter starts at init; returns the losses and the final params + moments (3n floats). */
+ * whose adapter starts at init; returns the losses, the gradient norms the steps read back with
+ * their losses and the final params + moments (3n floats). Each norm is the one before clipping:
+ * the clipped gradients left behind measure min(norm, grad_clip). */
 static void run_steps(const int *kinds, int nsteps, int enable, const float *init, uint64_t seed, double *loss,
-                      float **state_out, lt_step_graph_stats *stats) {
+                      double *gnorm, float **state_out, lt_step_graph_stats *stats) {
     lt_ctx *ctx = lt_ctx_new();
     lt_model *m = load(ctx);
     int64_t n = 0;
@@ -170,6 +172,7 @@ static void run_steps(const int *kinds, int nsteps, int enable, const float *ini
     lt_step_optim so = {params, grads, mm, vv, n, 0.05};
     lt_step_graph *g = NULL;
     assert_int_equal(lt_step_graph_init(ctx, m, &so, BMAX, TMAX, enable, &g), LT_OK);
+    assert_true(isnan(lt_step_graph_grad_norm(g))); /* no step yet */
     uint64_t allocs = 0;
     size_t used = 0;
     for (int k = 0; k < nsteps; k++) {
@@ -182,6 +185,12 @@ static void run_steps(const int *kinds, int nsteps, int enable, const float *ini
         assert_int_equal(s, LT_OK);
         assert_true(r.n_tokens > 0 && isfinite(r.loss_sum));
         loss[k] = r.loss_sum / (double)r.n_tokens;
+        gnorm[k] = lt_step_graph_grad_norm(g);
+        const double left = sqrt((double)lt_backend_get(LT_DEVICE_CUDA)->sumsq(ctx, grads, n));
+        assert_true(isfinite(gnorm[k]) && gnorm[k] > 0);
+        if (fabs(left - fmin(gnorm[k], so.grad_clip)) > 1e-5 * fmin(gnorm[k], so.grad_clip))
+            fail_msg("step %d: gradient norm %.9g read back, clipped gradients measure %.9g (clip %g)", k, gnorm[k],
+                     left, so.grad_clip);
         lt_mem_stats ms = lt_mem_get_stats(ctx, LT_DEVICE_CUDA);
         if (k == 0) allocs = ms.n_allocs, used = ms.used_bytes;
         /* Nothing allocates on the device after the first step (a capture would refuse it). */
@@ -219,18 +228,20 @@ static void compare_runs(const char *what, const int *kinds, int nsteps, lt_step
     int64_t n = 0;
     float *init = random_init(&n), *eager = NULL, *graph = NULL;
     uint64_t seed = lt_test_rand_u64(&rng);
-    double le[16], lg[16];
+    double le[16], lg[16], ne[16], ng[16];
     lt_step_graph_stats se, sg;
-    run_steps(kinds, nsteps, 0, init, seed, le, &eager, &se);
-    run_steps(kinds, nsteps, 1, init, seed, lg, &graph, &sg);
+    run_steps(kinds, nsteps, 0, init, seed, le, ne, &eager, &se);
+    run_steps(kinds, nsteps, 1, init, seed, lg, ng, &graph, &sg);
     fprintf(stderr, "  %s: graph %lld replayed, %lld captured, %lld eager%s%s; eager run %lld steps\n", what,
             (long long)sg.replays, (long long)sg.captures, (long long)sg.eager, sg.why_off[0] ? "; off: " : "",
             sg.why_off, (long long)se.eager);
     assert_int_equal(se.eager, nsteps);
     assert_int_equal(se.replays + se.captures, 0);
     for (int k = 0; k < nsteps; k++) {
-        fprintf(stderr, "    step %d (shape %d): loss %.9f eager %.9f\n", k + 1, kinds[k], lg[k], le[k]);
+        fprintf(stderr, "    step %d (shape %d): loss %.9f eager %.9f, gradient norm %.9g eager %.9g\n", k + 1,
+                kinds[k], lg[k], le[k], ng[k], ne[k]);
         assert_true(lg[k] == le[k]);
+        assert_true(ng[k] == ne[k]);
     }
     assert_memory_equal(graph, eager, (size_t)(3 * n) * sizeof(float));
     double travelled = 0;

@@ -20,6 +20,7 @@
 #include "helpers/model_fixture.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "longtune/gguf.h"
 #include "longtune/model.h"
 #include "longtune/safetensors.h"
 
@@ -420,6 +421,71 @@ static void bad_inputs_are_typed_errors(void **state) {
     lt_ctx_free(ctx);
 }
 
+static void write_bytes(const char *path, const void *buf, size_t size) {
+    FILE *out = fopen(path, "wb");
+    assert_non_null(out);
+    assert_int_equal(fwrite(buf, 1, size, out), size);
+    assert_int_equal(fclose(out), 0);
+}
+
+/* A GGUF whose rope_freqs.weight holds a zero (then a negative factor): llama3_untied's file with
+ * its last factor replaced is refused at load with LT_ERR_FORMAT naming the file, the tensor, the
+ * index and the value, and leaks nothing. */
+static void gguf_bad_rope_factor_is_named(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char src[1200], dir[] = "/tmp/lt_test_rope_freqs_XXXXXX", p[256];
+    assert_non_null(mkdtemp(dir));
+    case_dir("llama3_untied", src, sizeof src);
+    strcat(src, "/model.gguf");
+    lt_gguf *gg = NULL;
+    assert_int_equal(lt_gguf_open(ctx, src, &gg), LT_OK);
+    lt_tensor t;
+    assert_int_equal(lt_gguf_find_tensor(ctx, gg, "rope_freqs.weight", &t), LT_OK);
+    assert_int_equal(t.dtype, LT_DTYPE_F32);
+    float fac[64];
+    const size_t nf = (size_t)lt_tensor_numel(&t);
+    assert_true(nf >= 2 && nf <= 64);
+    memcpy(fac, t.data, nf * sizeof(float));
+    lt_gguf_close(gg);
+    FILE *in = fopen(src, "rb");
+    assert_non_null(in);
+    assert_int_equal(fseek(in, 0, SEEK_END), 0);
+    const size_t size = (size_t)ftell(in);
+    rewind(in);
+    unsigned char *buf = malloc(size);
+    assert_int_equal(fread(buf, 1, size, in), size);
+    fclose(in);
+    size_t at = 0, hits = 0; /* where the factors lie in the file: their bytes occur once */
+    for (size_t o = 0; o + nf * sizeof(float) <= size; o++)
+        if (!memcmp(buf + o, fac, nf * sizeof(float))) at = o, hits++;
+    assert_int_equal(hits, 1);
+    snprintf(p, sizeof p, "%s/model.gguf", dir);
+    write_bytes(p, buf, size); /* the copy as it is loads: the refusals below are the factor's */
+    lt_model *good = NULL;
+    assert_int_equal(lt_model_load(ctx, p, NULL, NULL, &good), LT_OK);
+    lt_model_free(ctx, good);
+    const float bad[] = {0.0f, -1.0f};
+    const char *want[] = {"] = 0 (a frequency factor must be finite and positive)",
+                          "] = -1 (a frequency factor must be finite and positive)"};
+    for (int i = 0; i < 2; i++) {
+        memcpy(buf + at + (nf - 1) * sizeof(float), &bad[i], sizeof(float));
+        write_bytes(p, buf, size);
+        lt_model *m = NULL;
+        assert_int_equal(lt_model_load(ctx, p, NULL, NULL, &m), LT_ERR_FORMAT);
+        assert_null(m);
+        char name[64];
+        snprintf(name, sizeof name, "rope_freqs.weight[%zu", nf - 1);
+        const char *err = lt_ctx_error(ctx);
+        if (!strstr(err, p) || !strstr(err, name) || !strstr(err, want[i])) fail_msg("message: %s", err);
+    }
+    free(buf);
+    unlink(p);
+    rmdir(dir);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
 /* F16 safetensors: the llama_tied weights are bf16 values, which f16 holds exactly (bar a few
  * f16 subnormals, off by < 3e-8), so the f16 copy must match the same oracle. Exercises f16
  * projections (dequantized tile by tile) and an f16 tied embedding (widened to f32 for the head). */
@@ -738,6 +804,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(quantized_base_trains),
         cmocka_unit_test(bad_inputs_are_typed_errors),
+        cmocka_unit_test(gguf_bad_rope_factor_is_named),
         cmocka_unit_test(every_allocation_failure_is_clean),
         cmocka_unit_test(dropout_gradients_are_consistent),
         cmocka_unit_test(chunks_and_bf16_checkpoints),

@@ -1249,46 +1249,6 @@ static void run_fwd_variants(const acase *c, int64_t S) {
     free(glse);
 }
 
-/* Causal GQA, D = 128: 9 blocks of 128 queries, the last with its second warpgroup past T. */
-static void fwd_causal_gqa_d128(void **s) {
-    (void)s;
-    acase c = {1, 1050, 8, 2, 128, 0, 0, 0, 0, 0};
-    run_fwd_variants(&c, 0);
-}
-/* Two packed rows of long sequences in the fused q|k|v layout (the tensor maps' strides). */
-static void fwd_packed_fused_d128(void **s) {
-    (void)s;
-    acase c = {2, 900, 4, 1, 128, 0, 0, 1, 1, 0};
-    run_fwd_variants(&c, 6);
-}
-/* D = 64 with softcap and a window that starts rows mid-tile. */
-static void fwd_window_softcap_d64(void **s) {
-    (void)s;
-    acase c = {1, 1100, 4, 2, 64, 300, 30.0f, 0, 0, 0};
-    run_fwd_variants(&c, 0);
-}
-/* More packed offsets (2 x 1201) than one kernel parameter holds: the key bounds built piece by
- * piece without a host-to-device copy. */
-static void fwd_many_offsets_d64(void **s) {
-    (void)s;
-    acase c = {2, 3000, 2, 1, 64, 0, 0, 1, 0, 0};
-    run_fwd_variants(&c, 1200);
-}
-
-/* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot,
- * else, and when forced, the mma.sync forward of 128 rows per CTA): causal GQA over several
- * blocks, the last past T; packed rows with a window and softcap. */
-static void fwd_causal_gqa_d256(void **s) {
-    (void)s;
-    acase c = {1, 700, 8, 2, 256, 0, 0, 0, 0, 0};
-    run_fwd_variants(&c, 0);
-}
-static void fwd_packed_window_softcap_d256(void **s) {
-    (void)s;
-    acase c = {2, 500, 4, 2, 256, 96, 50.0f, 1, 0, 0};
-    run_fwd_variants(&c, 5);
-}
-
 static void run_case(const acase *c) {
     uint64_t crng = lt_test_seed() ^ (uint64_t)(c->T * 131 + c->D * 7 + c->packed);
     const int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D;
@@ -1475,71 +1435,6 @@ static void run_case(const acase *c) {
     free(gdv);
 }
 
-static void causal_gqa_d64(void **s) {
-    (void)s;
-    acase c = {2, 200, 4, 2, 64, 0, 0, 0, 0, 1};
-    run_case(&c);
-}
-static void window_softcap_d96(void **s) {
-    (void)s;
-    acase c = {1, 257, 4, 1, 96, 50, 15.0f, 0, 0, 0};
-    run_case(&c);
-}
-static void packed_gqa_d128(void **s) {
-    (void)s;
-    acase c = {2, 300, 8, 2, 128, 0, 0, 1, 0, 1};
-    run_case(&c);
-}
-/* D = 64 packed rows with softcap: the one-warpgroup dK/dV kernel and the dQ kernel that also
- * forms delta (the sparse plan's D = 64 instances). */
-static void packed_softcap_d64(void **s) {
-    (void)s;
-    acase c = {2, 400, 4, 2, 64, 0, 10.0f, 1, 0, 0};
-    run_case(&c);
-}
-static void packed_window_fused_layout_d128(void **s) {
-    (void)s;
-    acase c = {1, 130, 2, 2, 128, 40, 0, 1, 1, 0};
-    run_case(&c);
-}
-
-/* The Hopper backward kernel (D = 128) with softcap and window, and a longer causal row that walks
- * many query steps per key block. */
-static void window_softcap_d128(void **s) {
-    (void)s;
-    acase c = {1, 333, 8, 2, 128, 100, 20.0f, 0, 0, 0};
-    run_case(&c);
-}
-static void causal_long_d128(void **s) {
-    (void)s;
-    acase c = {1, 700, 4, 1, 128, 0, 0, 0, 0, 0};
-    run_case(&c);
-}
-
-/* D = 256, the mma.sync backward with 64 keys per CTA: causal GQA with a last key block of 8 keys
- * (also against the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the
- * fused qkv layout with packed rows, a window and softcap. */
-static void causal_gqa_d256(void **s) {
-    (void)s;
-    acase c = {2, 200, 4, 2, 256, 0, 0, 0, 0, 1};
-    run_case(&c);
-}
-static void window_softcap_d256(void **s) {
-    (void)s;
-    acase c = {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0};
-    run_case(&c);
-}
-static void packed_gqa_d256(void **s) {
-    (void)s;
-    acase c = {2, 300, 8, 2, 256, 0, 0, 1, 0, 0};
-    run_case(&c);
-}
-static void packed_window_softcap_fused_d256(void **s) {
-    (void)s;
-    acase c = {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0};
-    run_case(&c);
-}
-
 /* The warp-specialised backward (src/backend/cuda/attention/bwd_ws.cu: TMA producer, mbarrier
  * ring, bulk dQ reduction) takes causal rows without packing or window, T a multiple of 64, one CTA
  * per kv head.
@@ -1556,31 +1451,63 @@ static void run_unsplit(const acase *c) {
     run_case(c);
     lt_attn_cuda_tuning_set(&was);
 }
-static void ws_causal_gqa_d128(void **s) {
-    (void)s;
-    acase c = {2, 512, 8, 2, 128, 0, 0, 0, 0, 0};
-    run_unsplit(&c);
-}
-static void ws_long_gqa_d128(void **s) {
-    (void)s;
-    acase c = {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0};
-    run_unsplit(&c);
-}
-static void ws_softcap_d64(void **s) {
-    (void)s;
-    acase c = {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0};
-    run_unsplit(&c);
-}
-static void ws_fused_layout_softcap_d128(void **s) {
-    (void)s;
-    acase c = {2, 320, 4, 2, 128, 0, 20.0f, 0, 1, 0};
-    run_unsplit(&c);
-}
+/* The CUDA cases, one row each and one cmocka test per row under its name (LT_TEST_FILTER picks
+ * rows): ROW_FWD runs every forced forward variant (S: the packed sequences per row), ROW_BWD the
+ * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head. */
+typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT } row_kind;
+typedef struct cuda_row {
+    const char *name;
+    row_kind kind;
+    acase c;
+    int64_t S;
+} cuda_row;
 
-static void ws_gqa_d64(void **s) {
-    (void)s;
-    acase c = {2, 640, 8, 4, 64, 0, 0, 0, 0, 0};
-    run_unsplit(&c);
+static cuda_row cuda_rows[] = {
+    /* Causal GQA, D = 128: 9 blocks of 128 queries, the last with its second warpgroup past T. */
+    {"fwd_causal_gqa_d128", ROW_FWD, {1, 1050, 8, 2, 128, 0, 0, 0, 0, 0}, 0},
+    /* Two packed rows of long sequences in the fused q|k|v layout (the tensor maps' strides). */
+    {"fwd_packed_fused_d128", ROW_FWD, {2, 900, 4, 1, 128, 0, 0, 1, 1, 0}, 6},
+    /* D = 64 with softcap and a window that starts rows mid-tile. */
+    {"fwd_window_softcap_d64", ROW_FWD, {1, 1100, 4, 2, 64, 300, 30.0f, 0, 0, 0}, 0},
+    /* More packed offsets (2 x 1201) than one kernel parameter holds: the key bounds built piece by
+     * piece without a host-to-device copy. */
+    {"fwd_many_offsets_d64", ROW_FWD, {2, 3000, 2, 1, 64, 0, 0, 1, 0, 0}, 1200},
+    /* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot,
+     * else, and when forced, the mma.sync forward of 128 rows per CTA): causal GQA over several
+     * blocks, the last past T; packed rows with a window and softcap. */
+    {"fwd_causal_gqa_d256", ROW_FWD, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
+    {"fwd_packed_window_softcap_d256", ROW_FWD, {2, 500, 4, 2, 256, 96, 50.0f, 1, 0, 0}, 5},
+    {"causal_gqa_d64", ROW_BWD, {2, 200, 4, 2, 64, 0, 0, 0, 0, 1}, 0},
+    {"window_softcap_d96", ROW_BWD, {1, 257, 4, 1, 96, 50, 15.0f, 0, 0, 0}, 0},
+    {"packed_gqa_d128", ROW_BWD, {2, 300, 8, 2, 128, 0, 0, 1, 0, 1}, 0},
+    /* D = 64 packed rows with softcap: the one-warpgroup dK/dV kernel and the dQ kernel that also
+     * forms delta (the sparse plan's D = 64 instances). */
+    {"packed_softcap_d64", ROW_BWD, {2, 400, 4, 2, 64, 0, 10.0f, 1, 0, 0}, 0},
+    {"packed_window_fused_layout_d128", ROW_BWD, {1, 130, 2, 2, 128, 40, 0, 1, 1, 0}, 0},
+    /* The Hopper backward kernel (D = 128) with softcap and window, and a longer causal row that walks
+     * many query steps per key block. */
+    {"window_softcap_d128", ROW_BWD, {1, 333, 8, 2, 128, 100, 20.0f, 0, 0, 0}, 0},
+    {"causal_long_d128", ROW_BWD, {1, 700, 4, 1, 128, 0, 0, 0, 0, 0}, 0},
+    /* D = 256, the mma.sync backward with 64 keys per CTA: causal GQA with a last key block of 8 keys
+     * (also against the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the
+     * fused qkv layout with packed rows, a window and softcap. */
+    {"causal_gqa_d256", ROW_BWD, {2, 200, 4, 2, 256, 0, 0, 0, 0, 1}, 0},
+    {"window_softcap_d256", ROW_BWD, {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0}, 0},
+    {"packed_gqa_d256", ROW_BWD, {2, 300, 8, 2, 256, 0, 0, 1, 0, 0}, 0},
+    {"packed_window_softcap_fused_d256", ROW_BWD, {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0}, 0},
+    {"ws_causal_gqa_d128", ROW_UNSPLIT, {2, 512, 8, 2, 128, 0, 0, 0, 0, 0}, 0},
+    {"ws_long_gqa_d128", ROW_UNSPLIT, {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0}, 0},
+    {"ws_softcap_d64", ROW_UNSPLIT, {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0}, 0},
+    {"ws_fused_layout_softcap_d128", ROW_UNSPLIT, {2, 320, 4, 2, 128, 0, 20.0f, 0, 1, 0}, 0},
+    {"ws_gqa_d64", ROW_UNSPLIT, {2, 640, 8, 4, 64, 0, 0, 0, 0, 0}, 0},
+};
+#define NROWS (sizeof cuda_rows / sizeof cuda_rows[0])
+
+static void run_row(void **state) {
+    const cuda_row *r = *state;
+    if (r->kind == ROW_FWD) run_fwd_variants(&r->c, r->S);
+    else if (r->kind == ROW_BWD) run_case(&r->c);
+    else run_unsplit(&r->c);
 }
 
 static void unsupported_requests_are_named(void **s) {
@@ -1616,31 +1543,9 @@ int main(void) {
     };
 #if LT_HAVE_CUDA
     static const struct CMUnitTest cuda_tests[] = {
-        cmocka_unit_test(fwd_causal_gqa_d128),
-        cmocka_unit_test(fwd_packed_fused_d128),
-        cmocka_unit_test(fwd_window_softcap_d64),
-        cmocka_unit_test(fwd_many_offsets_d64),
-        cmocka_unit_test(causal_gqa_d64),
-        cmocka_unit_test(window_softcap_d96),
-        cmocka_unit_test(packed_gqa_d128),
-        cmocka_unit_test(packed_softcap_d64),
-        cmocka_unit_test(packed_window_fused_layout_d128),
-        cmocka_unit_test(window_softcap_d128),
-        cmocka_unit_test(causal_long_d128),
-        cmocka_unit_test(fwd_causal_gqa_d256),
-        cmocka_unit_test(fwd_packed_window_softcap_d256),
-        cmocka_unit_test(causal_gqa_d256),
-        cmocka_unit_test(window_softcap_d256),
-        cmocka_unit_test(packed_gqa_d256),
-        cmocka_unit_test(packed_window_softcap_fused_d256),
-        cmocka_unit_test(ws_causal_gqa_d128),
-        cmocka_unit_test(ws_long_gqa_d128),
-        cmocka_unit_test(ws_softcap_d64),
-        cmocka_unit_test(ws_fused_layout_softcap_d128),
-        cmocka_unit_test(ws_gqa_d64),
         cmocka_unit_test(unsupported_requests_are_named),
     };
-    const size_t ncuda = lt_test_cuda_present() ? sizeof cuda_tests / sizeof cuda_tests[0] : 0;
+    const size_t ncuda = lt_test_cuda_present() ? sizeof cuda_tests / sizeof cuda_tests[0] + NROWS : 0;
 #else
     const size_t ncuda = 0;
 #endif
@@ -1649,7 +1554,12 @@ int main(void) {
     assert_true(ncpu + ncuda <= sizeof tests / sizeof tests[0]);
     memcpy(tests, cpu_tests, sizeof cpu_tests);
 #if LT_HAVE_CUDA
-    if (ncuda) memcpy(tests + ncpu, cuda_tests, sizeof cuda_tests);
+    if (ncuda) {
+        memcpy(tests + ncpu, cuda_tests, sizeof cuda_tests);
+        for (size_t i = 0; i < NROWS; i++)
+            tests[ncpu + sizeof cuda_tests / sizeof cuda_tests[0] + i] =
+                (struct CMUnitTest){cuda_rows[i].name, run_row, NULL, NULL, &cuda_rows[i]};
+    }
 #endif
     if (!ncuda) printf("cuda cases: skipped: no CUDA device%s\n", LT_HAVE_CUDA ? "" : " (this build has no CUDA)");
     const char *filter = getenv("LT_TEST_FILTER");

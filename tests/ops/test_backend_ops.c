@@ -612,7 +612,8 @@ static void run_bf16(const op_case *c, env *e) {
 }
 
 /* ---- clip_norm (a device-only hook): s = {n}; opt 1: a max_norm below the norm (clips), 0:
- * above (leaves g). Bit for bit what sumsq then scale computes. ---- */
+ * above (leaves g). Bit for bit what sumsq then scale computes; the sum of squares it copies to
+ * pinned memory is sumsq's (before clipping), and max_norm = INFINITY only measures. ---- */
 
 static void run_clip_norm(const op_case *c, env *e) {
     if (!e->be->clip_norm) {
@@ -627,12 +628,28 @@ static void run_clip_norm(const op_case *c, env *e) {
     double ref = 0;
     for (int64_t i = 0; i < n; i++) ref += (double)g[i] * g[i];
     CHECK(e, bad(norm, sqrt(ref), 0, 1e-6, "clip norm", 0));
-    e->be->clip_norm(e->ctx, d_g, n, max_norm);
-    down(e, got, d_g, F4(n));
+    double *host_ss = lt_alloc_pinned(e->ctx, sizeof *host_ss, "clip_norm sum of squares");
+    assert_non_null(host_ss);
+    *host_ss = -1;
+    e->be->clip_norm(e->ctx, d_g, n, max_norm, host_ss);
+    down(e, got, d_g, F4(n));        /* waits: the queued copy of the sum of squares has landed too */
+    CHECK(e, (float)*host_ss != ss); /* the pre-clip sum, as sumsq rounds it */
+    lt_free_pinned(e->ctx, host_ss, sizeof *host_ss);
     /* the trainer's host rule: norm from sumsq's float, then one scale by (float)(max_norm / norm) */
     const float f = (float)(max_norm / norm);
     for (int64_t i = 0; i < n; i++) want[i] = norm > max_norm ? g[i] * f : g[i];
     CHECK(e, memcmp(got, want, F4(n)) != 0);
+    /* max_norm = INFINITY measures only: g unchanged, the sum still copied */
+    double *pin = lt_alloc_pinned(e->ctx, sizeof *pin, "clip_norm sum of squares");
+    assert_non_null(pin);
+    *pin = -1;
+    e->be->clip_norm(e->ctx, d_g, n, INFINITY, pin);
+    assert_int_equal(e->be->synchronize(e->ctx), LT_OK);
+    const double ss2 = *pin;
+    lt_free_pinned(e->ctx, pin, sizeof *pin);
+    down(e, want, d_g, F4(n));
+    CHECK(e, memcmp(got, want, F4(n)) != 0);
+    CHECK(e, (float)ss2 != e->be->sumsq(e->ctx, d_g, n));
     dfree(e, d_g, F4(n));
     free(g), free(got), free(want);
 }

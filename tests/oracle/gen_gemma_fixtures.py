@@ -2,8 +2,8 @@
 """Oracle fixtures for tests/e2e/test_model_gemma.c: tiny random Gemma 2 and Gemma 3 (text) models
 built with transformers (eager attention: SDPA ignores the attention softcap), LoRA adapters from
 PEFT, and the expected logits, loss and every LoRA gradient after one fp32 forward/backward on a
-packed batch (the batch and packing of gen_model_fixtures.py: every sequence run alone from
-position 0, the loss the mean over the batch's targets).
+packed batch (oracle_common's batch and packing, as gen_model_fixtures.py: every sequence run
+alone from position 0, the loss the mean over the batch's targets).
 
 The sliding window (4 or 5 keys) is shorter than the longer sequences (7 and 12 tokens), so
 sliding and global layers both matter; the softcaps are small enough to bend the scores and
@@ -26,19 +26,16 @@ head dim 64 is one the CUDA attention kernels serve (tests/e2e/test_cuda_gemma.c
 Needs torch, transformers, peft, safetensors and gguf; CI never runs this, only its outputs.
 Usage: python3 tests/oracle/gen_gemma_fixtures.py [--out tests/fixtures/gemma]
 """
-import argparse
 import json
 import os
 
 import torch
-from peft import LoraConfig, get_peft_model
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, Gemma2Config
 from transformers.models.gemma3 import Gemma3TextConfig
 
-B, T, V = 2, 12, 96
-RANK, ALPHA = 4, 8.0
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+import oracle_common as oc
+
+V = 96
 
 CASES = {
     "gemma2": dict(kind="gemma2", L=3, D=64, qpas=64, window=5, attn_cap=1.0, final_cap=2.0, dtype="bf16",
@@ -86,15 +83,8 @@ def build(spec, seed):
     config = make_config(spec)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(0.1 * torch.randn_like(p))  # (1 + w) around 1: a missing +1 shows at once
-            else:
-                p.copy_(0.08 * torch.randn_like(p))
-            if spec["dtype"] == "bf16":
-                p.copy_(p.to(torch.bfloat16).to(torch.float32))
-    model.eval()
+    # norms around 0: Gemma multiplies by (1 + w), so a missing +1 shows at once
+    oc.randomize_weights(model, 0.08, norm_center=0.0, bf16=spec["dtype"] == "bf16")
     return config, model
 
 
@@ -132,109 +122,43 @@ def write_gguf(path, spec, config, sd):
              "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
              "post_feedforward_layernorm": "post_ffw_norm", "self_attn.q_norm": "attn_q_norm",
              "self_attn.k_norm": "attn_k_norm"}
-    for k, v in sd.items():
-        a = v.float()
-        if k.endswith("norm.weight"):  # the converter's Gemma shift: (1 + w) stored
-            a = a + 1
-        if k == "model.embed_tokens.weight":
-            n = "token_embd.weight"
-        elif k == "model.norm.weight":
-            n = "output_norm.weight"
-        else:
-            parts = k.split(".")
-            layer, mod = parts[2], ".".join(parts[3:-1])
-            n = f"blk.{layer}.{names[mod]}.weight"
-        w.add_tensor(n, a.contiguous().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
+    def convert(k, mod, a):
+        return a + 1 if k.endswith("norm.weight") else a  # the converter's Gemma shift: (1 + w) stored
 
-def batch(seed):
-    g = torch.Generator().manual_seed(seed)
-    seqs = [(0, 0, 5), (0, 5, 12), (1, 0, 12)]
-    tokens = torch.randint(3, V, (B, T), generator=g)
-    targets = torch.full((B, T), -100)
-    positions = torch.zeros((B, T), dtype=torch.long)
-    for r, a, b in seqs:
-        targets[r, a:b - 1] = tokens[r, a + 1:b]
-        positions[r, a:b] = torch.arange(b - a)
-    targets[1, 0:3] = -100
-    offsets = torch.tensor([[0, 5, 12], [0, 12, 12]])
-    return seqs, tokens, targets, positions, offsets
+    oc.gguf_tensors(w, sd, names, convert)
+    oc.gguf_finish(w)
 
 
 def run_case(out_dir, case, spec, seed):
     config, model = build(spec, seed)
     d = os.path.join(out_dir, case)
     os.makedirs(d, exist_ok=True)
-    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    sd.pop("lm_head.weight", None)  # tied
-    if spec["dtype"] == "bf16":
-        sd = {k: v.to(torch.bfloat16) for k, v in sd.items()}
-    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    sd = oc.state_dict(model, tied=True, bf16=spec["dtype"] == "bf16")
+    oc.save_model(os.path.join(d, "model.safetensors"), sd)
     if spec["gguf"]:
         write_gguf(os.path.join(d, "model.gguf"), spec, config, sd)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config_json(spec, config), f, indent=1)
 
     L, last_k = spec["L"], spec["last_k"]
-    lcfg = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
-                      layers_to_transform=list(range(L - last_k, L)), bias="none")
-    peft_model = get_peft_model(model, lcfg)
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():  # B = 0 at init would make every A gradient zero: randomise both
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.1 * torch.randn_like(p))
-    peft_model.train()
-
-    seqs, tokens, targets, positions, offsets = batch(seed + 2)
-    logits = torch.zeros(B, T, V)
-    total = torch.zeros(())
-    token_loss = torch.zeros(B, T)
-    n_tok = int((targets != -100).sum())
-    for r, a, b in seqs:
-        ids = tokens[r, a:b].unsqueeze(0)
-        out = peft_model(input_ids=ids, position_ids=torch.arange(b - a).unsqueeze(0))
-        lg = out.logits[0].float()
-        logits[r, a:b] = lg.detach()
-        tl = torch.nn.functional.cross_entropy(lg, targets[r, a:b], ignore_index=-100, reduction="none")
-        token_loss[r, a:b] = tl.detach()
-        total = total + tl.sum()
-    loss = total / n_tok
+    peft_model = oc.attach_lora(model, seed + 1, layers=list(range(L - last_k, L)))
+    batch = oc.packed_batch(seed + 2, V)
+    logits, token_loss, loss = oc.run_packed(peft_model, batch[0], batch[1], V)
     loss.backward()
-
-    exp = {
-        "tokens": tokens.float(), "targets": targets.float(), "positions": positions.float(),
-        "seq_offsets": offsets.float(), "logits": logits, "loss": loss.detach().reshape(1),
-        "token_loss": token_loss,
-    }
-    n_lora = 0
-    for name, p in peft_model.named_parameters():
-        if "lora_" in name:
-            key = name.replace(".default", "")
-            exp[key] = p.detach().clone().contiguous()
-            exp[key + ".grad"] = p.grad.detach().clone().contiguous()
-            n_lora += 1
-    meta = {"rank": str(RANK), "alpha": str(ALPHA), "num_layers": str(last_k), "n_lora": str(n_lora),
-            "B": str(B), "T": str(T), "S": "2", "generator": "tests/oracle/gen_gemma_fixtures.py",
-            "torch": torch.__version__}
-    save_file(exp, os.path.join(d, "expected.safetensors"), metadata=meta)
+    n_lora = oc.write_expected(os.path.join(d, "expected.safetensors"), peft_model, batch, logits, token_loss, loss,
+                               "tests/oracle/gen_gemma_fixtures.py", last_k)
     for fn in os.listdir(d):
         os.chmod(os.path.join(d, fn), 0o644)
+    n_tok = int((batch[1] != -100).sum())
     print(f"{case}: loss {loss.item():.6f}, {n_lora} LoRA tensors, {n_tok} targets")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "fixtures", "gemma"))
-    args = ap.parse_args()
+    out = oc.out_arg("gemma")
     torch.set_num_threads(1)
     for i, (case, spec) in enumerate(sorted(CASES.items())):
-        run_case(args.out, case, spec, 2000 + 17 * i)
+        run_case(out, case, spec, 2000 + 17 * i)
 
 
 if __name__ == "__main__":

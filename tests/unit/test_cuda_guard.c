@@ -1,6 +1,7 @@
 /* The memory guard on a CUDA device: the device ceiling rule from cudaMemGetInfo, the device
  * allocator limit it sets, and the watchdog catching a cudaMalloc that bypassed the allocator.
- * Skipped (exit 77) without a device. */
+ * The watchdog reads the whole device's used bytes, so ctest runs this test alone (RUN_SERIAL):
+ * another test's device memory would move what it measures. Skipped (exit 77) without a device. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdio.h>
 #include <string.h>

@@ -115,7 +115,7 @@ void lt_cuda_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
-void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm);
+void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm, double *sumsq_host);
 /* Mixture of experts: routing and dispatch (moe.cu), the grouped products (grouped_matmul.cu). */
 void lt_cuda_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                        float *w, float *stats);

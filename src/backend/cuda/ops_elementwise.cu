@@ -1,9 +1,10 @@
 /* Elementwise CUDA ops: SwiGLU and GeGLU forward/backward, embedding gather (any table dtype), axpy, bias add,
  * counter-hash dropout (the CPU backend's hash, so masks are identical), zero, scale and the sum
  * of squares and global-norm clipping. All are grid-stride loops on the backend's stream; only sumsq
- * waits for the device (clip_norm keeps the norm on the device).
+ * waits for the device (clip_norm keeps the norm on the device, or queues its copy to pinned memory).
  * Nothing here is fused with a neighbouring op: the model calls them one by one. */
 #include <cuda_runtime.h>
+#include <math.h>
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -264,8 +265,11 @@ static __global__ void clip_k(float *g, int64_t n, double max_norm, const double
         g[i] *= a;
 }
 
-void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm) {
-    if (n <= 0) return;
+void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm, double *sumsq_host) {
+    if (n <= 0) {
+        if (sumsq_host) *sumsq_host = 0;
+        return;
+    }
     unsigned blocks = lt_cuda_grid(n, SUMSQ_THREADS);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
     double *part = sumsq_parts(ctx);
@@ -273,6 +277,12 @@ void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm) {
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
     sumsq_final_k<<<1, SUMSQ_THREADS, 0, lt_cuda_stream(ctx)>>>((int)blocks, part);
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
+    if (sumsq_host) /* pinned: the copy is queued (and captured), not waited for */
+        lt_cuda_check_abort(ctx,
+                            cudaMemcpyAsync(sumsq_host, part + SUMSQ_BLOCKS, sizeof *sumsq_host, cudaMemcpyDeviceToHost,
+                                            lt_cuda_stream(ctx)),
+                            "clip_norm sum of squares");
+    if (isinf(max_norm)) return; /* measuring only */
     clip_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(g, n, max_norm, part + SUMSQ_BLOCKS);
     LT_CUDA_LAUNCHED(ctx, "clip_norm");
 }
