@@ -244,47 +244,55 @@ static void configs_and_layers(void **state) {
 }
 
 /* The planner's numbers are the allocator's for MoE layer lists (the dispatch buffers at the
- * chunk, the stacked experts, the routers), and a step allocates nothing. */
+ * chunk, the stacked experts, the routers, the shared expert), on every backend present, and a
+ * step allocates nothing. */
 static void size_table_equals_allocations(void **state) {
     (void)state;
     const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
     const char *const cases[3] = {"qwen3moe_dense1", "mixtral", "qwen2moe_shared"};
-    for (int ci = 0; ci < 3; ci++)
-        for (int pi = 0; pi < 3; pi++)
-            for (int fo = 0; fo < 2; fo++) {
-                lt_ctx *ctx = lt_ctx_new();
-                char dir[1024];
-                case_dir(cases[ci], dir, sizeof dir);
-                lt_lora_options lo = {0};
-                lo.rank = 4;
-                lt_model_config cfg;
-                assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
-                lt_model_run_options ro = {0};
-                ro.B = 2, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
-                ro.moe_chunk_tokens = pi == 1 ? 5 : 0;
-                ro.chunk_rows = pi == 2 ? 7 : 0;
-                lt_model_sizes want;
-                assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
-                lt_model *m = NULL;
-                assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
-                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
-                lt_model_sizes got = lt_model_get_sizes(m);
-                for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
-                fixture f;
-                lt_test_fixture_open(ctx, dir, &f);
-                size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
-                lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
-                lt_model_batch b = lt_test_fixture_batch(&f);
-                lt_model_result r;
-                if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
-                else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
-                lt_safetensors_close(ctx, f.exp);
-                lt_model_free(ctx, m);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-                lt_ctx_free(ctx);
-            }
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    for (int di = 0; di < nd; di++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int pi = 0; pi < 3; pi++)
+                for (int fo = 0; fo < 2; fo++) {
+                    lt_ctx *ctx = lt_ctx_new();
+                    char dir[1024];
+                    case_dir(cases[ci], dir, sizeof dir);
+                    lt_lora_options lo = {0};
+                    lo.rank = 4;
+                    lt_device dev = devs[di];
+                    lt_model_options mo = {0};
+                    mo.device = dev;
+                    lt_model_config cfg;
+                    assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
+                    lt_model_run_options ro = {0};
+                    ro.B = 2, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
+                    ro.device = dev;
+                    ro.moe_chunk_tokens = pi == 1 ? 5 : 0;
+                    ro.chunk_rows = pi == 2 ? 7 : 0;
+                    lt_model_sizes want;
+                    assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+                    lt_model *m = NULL;
+                    assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+                    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                    lt_model_sizes got = lt_model_get_sizes(m);
+                    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).used_bytes, want.total);
+                    fixture f;
+                    lt_test_fixture_open(ctx, dir, &f);
+                    size_t before = lt_mem_get_stats(ctx, dev).used_bytes;
+                    lt_mem_reset_peak(ctx, dev);
+                    lt_model_batch b = lt_test_fixture_batch(&f);
+                    lt_model_result r;
+                    if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+                    else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).peak_bytes, before);
+                    lt_safetensors_close(ctx, f.exp);
+                    lt_model_free(ctx, m);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).used_bytes, 0);
+                    lt_ctx_free(ctx);
+                }
     /* a smaller dispatch chunk takes less workspace */
     lt_ctx *ctx = lt_ctx_new();
     char dir[1024];
