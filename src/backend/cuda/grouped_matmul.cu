@@ -38,6 +38,7 @@ typedef struct gm_params {
     int64_t out, in; /* one expert's W: (out, in) */
     int64_t K, N;    /* the product's reduction and output widths: NT (in, out), NN (out, in) */
     float beta;
+    int wvec; /* W's rows start 16-byte aligned (plain dtypes' vector loads) */
 } gm_params;
 
 /* 32 weights of row `row` of the stack starting at column c0 (a multiple of 32), as f32; zeros
@@ -46,6 +47,35 @@ template <int FMT>
 static __device__ __forceinline__ void gm_group(const gm_params &p, int64_t row, int64_t c0, float v[32]) {
     const uint8_t *r = p.w + (size_t)row * p.row_bytes;
     if (FMT == GM_PLAIN) {
+        if (p.wvec && c0 + 32 <= p.in) { /* whole group, 16-byte aligned: vector loads */
+            if (p.dt == LT_DTYPE_F32) {
+                const float4 *q = (const float4 *)(r + c0 * 4);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float4 f = q[i];
+                    v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+                }
+            } else {
+                const uint4 *q = (const uint4 *)(r + c0 * 2);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint4 u = q[i];
+                    const uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        const unsigned short lo = (unsigned short)(wd[h] & 0xffffu), hi = (unsigned short)(wd[h] >> 16);
+                        if (p.dt == LT_DTYPE_BF16) {
+                            v[8 * i + 2 * h] = __uint_as_float((uint32_t)lo << 16);
+                            v[8 * i + 2 * h + 1] = __uint_as_float((uint32_t)hi << 16);
+                        } else {
+                            v[8 * i + 2 * h] = __half2float(__ushort_as_half(lo));
+                            v[8 * i + 2 * h + 1] = __half2float(__ushort_as_half(hi));
+                        }
+                    }
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < 32; j++) v[j] = c0 + j < p.in ? lt_dq_plain(p.dt, r, c0 + j) : 0.0f;
     } else if (c0 < p.in) {
@@ -223,6 +253,7 @@ extern "C" void lt_cuda_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const l
     p.E = (int)E, p.out = out, p.in = in;
     p.K = nn ? out : in, p.N = nn ? in : out;
     p.beta = beta;
+    p.wvec = !((uintptr_t)w->data % 16) && p.row_bytes % 16 == 0;
     /* The worst case of Σ_e ceil(m_e / BM) row tiles is nk / BM + E; CTAs past the call's last
      * tile exit after reading the offsets. */
     const int64_t ytiles = (nk + GM_BM - 1) / GM_BM + E;
