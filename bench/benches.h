@@ -19,3 +19,5 @@ LT_BENCH(scaling, lt_bench_scaling,
          "data-parallel training tokens/s at world 1 and under mpirun -np K (one host: the DP overhead)")
 LT_BENCH(generate, lt_bench_generate,
          "KV-cache prefill and decode tokens/s (CPU) vs llama-bench pp/tg on the same GGUF and threads")
+LT_BENCH(moe, lt_bench_moe,
+         "mixture-of-experts LoRA steps (Qwen3-30B-A3B shape, 4 layers): chunked vs unchunked dispatch, vs torch+PEFT")
