@@ -25,6 +25,8 @@ typedef enum lt_model_arch {
     LT_ARCH_GEMMA2,    /* GeGLU, sandwich norms, (1+w) RMSNorm, softcaps, alternating windows */
     LT_ARCH_GEMMA3,    /* Gemma 2's block with q/k norms, 5 local : 1 global, two RoPE bases */
     LT_ARCH_PHI3,      /* fused qkv and gate_up (split at load), longrope scaling */
+    LT_ARCH_QWEN3_MOE, /* Qwen3's attention, routed-expert MLPs (dense ones in mlp_only_layers) */
+    LT_ARCH_MIXTRAL,   /* Mistral's attention, routed-expert MLPs, top-k always renormalised */
 } lt_model_arch;
 
 /* RoPE frequency scaling, with Hugging Face's semantics (modeling_rope_utils). */
@@ -418,11 +420,16 @@ typedef struct lt_model_batch {
     const int32_t *positions;   /* (B, T) RoPE positions (restarting per sequence); NULL = 0..T-1 */
     const int32_t *seq_offsets; /* (B, S+1) as lt_attention_params.seq_offsets; NULL = one per row */
     int64_t S;
-    uint64_t step;     /* selects the LoRA dropout masks (same step → same masks) */
-    int64_t first_row; /* index of row 0 within the whole batch when this is one rank's
+    uint64_t step;            /* selects the LoRA dropout masks (same step → same masks) */
+    int64_t first_row;        /* index of row 0 within the whole batch when this is one rank's
                                    share of it (data parallel): rows draw the dropout masks of
                                    their place in the whole batch; 0 otherwise */
-    int defer_loss;    /* device models: leave the loss on the device (the result gets
+    const int32_t *real_seqs; /* optional (B), with seq_offsets: row b's first real_seqs[b] sequences are
+                                 documents, the rest of the row (from seq_offsets[b·(S+1) +
+                                 real_seqs[b]]) padding, which the MoE router's load-balancing
+                                 statistics leave out as transformers' attention_mask does; NULL =
+                                 every token is real */
+    int defer_loss;           /* device models: leave the loss on the device (the result gets
                                    n_tokens only; lt_model_read_loss reads loss_sum later), so the
                                    call queues the step without waiting -- what a step captured
                                    into a CUDA graph needs */
@@ -431,6 +438,10 @@ typedef struct lt_model_batch {
 typedef struct lt_model_result {
     double loss_sum;  /* Σ token losses over non-ignored targets (nats) */
     int64_t n_tokens; /* non-ignored targets */
+    double aux_loss;  /* MoE models with moe_aux_coef > 0: transformers' load-balancing loss of the
+                         batch (unweighted; the gradient adds moe_aux_coef times it, scaled by
+                         grad_scale · n_tokens: with the default mean loss exactly transformers'
+                         loss + router_aux_loss_coef · aux_loss); 0 otherwise */
 } lt_model_result;
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient

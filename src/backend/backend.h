@@ -106,7 +106,7 @@ typedef struct lt_decode_attention_params {
     float *out;
     void *workspace;
 } lt_decode_attention_params;
-#define LT_MATVEC_MAX_N 8 /* rows of x the CPU's direct quantized matmul path serves */
+#define LT_MATVEC_MAX_N 8      /* rows of x the CPU's direct quantized matmul path serves */
 #define LT_MOE_MAX_EXPERTS 512 /* experts of one MoE layer the routing ops serve */
 
 typedef struct lt_backend {
@@ -237,7 +237,8 @@ typedef struct lt_backend {
      * (k, f32) those p, divided by their sum when norm_topk. stats (2, E) f32 when non-NULL is
      * accumulated (+=): row 0 the number of tokens choosing each expert, row 1 Σ_t p[t, e] (the
      * load-balancing loss's statistics; summed in a fixed order, so the same call gives the same
-     * bits). */
+     * bits: each expert's count and Σ_t p of one call are summed in float64 over a fixed partition
+     * of the tokens, then rounded to f32 and added). */
     void (*moe_route)(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                       float *w, float *stats);
     /* The routing's backward with the choice held: dlogits (n, E) = ∂/∂logits of Σ_{t,j} dw[t,j]·w[t,j]
@@ -254,7 +255,9 @@ typedef struct lt_backend {
                      int32_t *slot);
     /* xg (nk, C): grouped row i = x row rows[i] / k. */
     void (*moe_gather)(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C, float *xg);
-    /* Its backward: dx (n, C) = beta·dx + Σ_j dxg[slot[t·k + j]] (j in order). */
+    /* Its backward: dx (n, C) = beta·dx + Σ_j dxg[slot[t·k + j]] (j in order: the k terms are
+     * summed first, then added to beta·dx). beta 0 overwrites dx without reading it (here, in
+     * moe_combine and in grouped_matmul: poison or NaN in the output is never read). */
     void (*moe_gather_bwd)(lt_ctx *ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k, int64_t C,
                            float beta, float *dx);
     /* y (n, C) = beta·y + Σ_j w[t, j]·yg[slot[t·k + j]] (j in order). */
@@ -270,8 +273,10 @@ typedef struct lt_backend {
      *   LT_MATMUL_NT: y_e (m_e, out) = x_e (m_e, in)·W_eᵀ + beta·y_e
      *   LT_MATMUL_NN: y_e (m_e, in)  = x_e (m_e, out)·W_e + beta·y_e
      * ws: grouped_matmul_workspace_bytes(w dtype, E, out, in, nk_max, threads) bytes for any
-     * nk <= nk_max (NULL when 0). CPU: each expert's slice through matmul; CUDA: one grouped
-     * launch per call (no host wait for the offsets). */
+     * nk <= nk_max (NULL when 0). LT_MATMUL_NT_SAME_X and LT_MATMUL_NT_DECODE compute NT (CPU:
+     * passed on to matmul per expert). CPU: each expert's slice through matmul; CUDA: one grouped
+     * launch per call (no host wait for the offsets; capturable in a graph), x rounded to bf16
+     * and W to bf16 (block formats decoded) in the tile loads, fp32 accumulate. */
     void (*grouped_matmul)(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E, const int32_t *off,
                            const float *x, int64_t nk, float beta, float *y, void *ws);
     size_t (*grouped_matmul_workspace_bytes)(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,

@@ -98,6 +98,111 @@ static lt_status family_phi3(lt_ctx *ctx, const char *path, const cJSON *root, l
     return read_window(ctx, path, root, cfg);
 }
 
+/* ---- mixture of experts: Qwen3-MoE and Mixtral ---- */
+
+/* The router's load-balancing loss enters the loss as transformers adds it: router_aux_loss_coef
+ * when output_router_logits is true, else not at all. */
+static lt_status moe_aux(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    int out_logits = 0;
+    LT_TRY(get_bool(ctx, path, root, "output_router_logits", &out_logits));
+    double coef = 0.001;
+    LT_TRY(get_num(ctx, path, root, "router_aux_loss_coef", &coef));
+    if (!(coef >= 0 && coef <= 1e6))
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"router_aux_loss_coef\" = %g must be in [0, 1e6]", path, coef);
+    cfg->moe_aux_coef = out_logits ? (float)coef : 0.0f;
+    return LT_OK;
+}
+
+/* The expert count (under either key transformers writes), experts per token and the expert
+ * width, checked: typed errors for zero experts, more than LT_MOE_MAX_EXPERTS, top-k outside
+ * 1..experts, a width <= 0. */
+static lt_status moe_counts(lt_ctx *ctx, const char *path, const cJSON *root, const char *experts_key,
+                            const char *width_key, lt_model_config *cfg) {
+    int64_t E = -1, k = -1, F = -1;
+    LT_TRY(get_int(ctx, path, root, experts_key, 0, &E));
+    if (E < 0) LT_TRY(get_int(ctx, path, root, "num_local_experts", 0, &E));
+    if (E < 0) return lt_error(ctx, LT_ERR_FORMAT, "%s: missing key \"%s\"", path, experts_key);
+    LT_TRY(get_int(ctx, path, root, "num_experts_per_tok", 1, &k));
+    if (width_key) {
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(root, width_key);
+        if (cJSON_IsNumber(w) && w->valuedouble <= 0)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" = %g must be positive", path, width_key, w->valuedouble);
+        LT_TRY(get_int(ctx, path, root, width_key, 1, &F));
+    } else {
+        F = cfg->F;
+    }
+    if (E == 0 || E > LT_MOE_MAX_EXPERTS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: %lld experts (\"%s\") is outside 1..%d", path, (long long)E,
+                        experts_key, LT_MOE_MAX_EXPERTS);
+    if (k < 1 || k > E)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"num_experts_per_tok\" = %lld must be in 1..%lld (the experts)", path,
+                        (long long)k, (long long)E);
+    if (F <= 0 || F > LT_MODEL_MAX_MLP)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"%s\" = %lld is outside [1, %d]", path,
+                        width_key ? width_key : "intermediate_size", (long long)F, LT_MODEL_MAX_MLP);
+    cfg->n_experts = E;
+    cfg->n_experts_used = k;
+    cfg->moe_F = F;
+    return moe_aux(ctx, path, root, cfg);
+}
+
+/* Qwen3-MoE: Qwen3's attention; layer l is sparse unless listed in mlp_only_layers, when
+ * num_experts > 0 and (l + 1) % decoder_sparse_step == 0; those use moe_intermediate_size, the
+ * dense ones intermediate_size. norm_topk_prob renormalises the top-k weights. */
+static lt_status family_qwen3_moe(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    LT_TRY(family_qwen3(ctx, path, root, cfg));
+    cfg->arch = LT_ARCH_QWEN3_MOE;
+    LT_TRY(moe_counts(ctx, path, root, "num_experts", "moe_intermediate_size", cfg));
+    cfg->moe_norm_topk = 0;
+    LT_TRY(get_bool(ctx, path, root, "norm_topk_prob", &cfg->moe_norm_topk));
+    int64_t step = 1;
+    LT_TRY(get_int(ctx, path, root, "decoder_sparse_step", 0, &step));
+    if (step < 1 || step > LT_MODEL_MAX_LAYERS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"decoder_sparse_step\" = %lld must be >= 1", path, (long long)step);
+    cfg->moe_every = step;
+    const cJSON *dense = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (dense && !cJSON_IsNull(dense)) {
+        if (!cJSON_IsArray(dense))
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: \"mlp_only_layers\" must be a list of layer indices", path);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, dense) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+                it->valuedouble >= (double)cfg->L)
+                return lt_error(ctx, LT_ERR_FORMAT, "%s: \"mlp_only_layers\" holds %g, not a layer in 0..%lld", path,
+                                cJSON_IsNumber(it) ? it->valuedouble : -1.0, (long long)cfg->L - 1);
+            if (it->valuedouble >= LT_MODEL_MAX_MIXED_LAYERS)
+                return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: \"mlp_only_layers\" names layer %g (at most %d)", path,
+                                it->valuedouble, LT_MODEL_MAX_MIXED_LAYERS - 1);
+            cfg->moe_dense[(int)it->valuedouble] = 1;
+        }
+    }
+    return LT_OK;
+}
+
+/* Mixtral: Mistral's attention with an optional window, every layer sparse with experts of width
+ * intermediate_size, the top-k weights always renormalised. */
+static lt_status family_mixtral(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    LT_TRY(family_mistral(ctx, path, root, cfg));
+    cfg->arch = LT_ARCH_MIXTRAL;
+    LT_TRY(moe_counts(ctx, path, root, "num_local_experts", NULL, cfg));
+    double jitter = 0;
+    LT_TRY(get_num(ctx, path, root, "router_jitter_noise", &jitter));
+    if (jitter != 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: \"router_jitter_noise\" = %g is not supported (0)", path, jitter);
+    cfg->moe_norm_topk = 1;
+    cfg->moe_every = 1;
+    return LT_OK;
+}
+
+/* Qwen2-MoE's shared expert is not run: refused by name rather than read without it. */
+static lt_status family_qwen2_moe(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
+    (void)root, (void)cfg;
+    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                    "%s: model_type \"qwen2_moe\" (a shared expert beside the routed ones) is not supported "
+                    "(qwen3_moe, mixtral)",
+                    path);
+}
+
 /* ---- Gemma 2 and Gemma 3 (text): GeGLU, sandwich norms with (1 + w) weights, sqrt(C) embedding
  * scale, query_pre_attn_scalar, softcaps, alternating sliding and global layers; Gemma 3 adds
  * q/k norms and a second RoPE base for its sliding layers. ---- */
@@ -278,9 +383,10 @@ static const cJSON *gemma3_text_root(lt_ctx *ctx, const char *path, const cJSON 
 static const struct {
     const char *model_type;
     lt_status (*read)(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg);
-} families[] = {{"llama", family_llama},       {"qwen2", family_qwen2}, {"qwen3", family_qwen3},
-                {"mistral", family_mistral},   {"phi3", family_phi3},   {"gemma2", family_gemma2},
-                {"gemma3_text", family_gemma3}};
+} families[] = {{"llama", family_llama},        {"qwen2", family_qwen2},         {"qwen3", family_qwen3},
+                {"mistral", family_mistral},    {"phi3", family_phi3},           {"gemma2", family_gemma2},
+                {"gemma3_text", family_gemma3}, {"qwen3_moe", family_qwen3_moe}, {"mixtral", family_mixtral},
+                {"qwen2_moe", family_qwen2_moe}};
 
 /* ---- keys every family shares ---- */
 
@@ -554,7 +660,7 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model
     if (f == nf)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, "
-                        "gemma3_text, gemma3)",
+                        "gemma3_text, gemma3, qwen3_moe, mixtral)",
                         path, where, mt->valuestring);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));

@@ -256,6 +256,13 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     int64_t C = c->C, F = c->F;
     float *h = lt_step_ws(s, y->h);
     be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+    if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c) onto the residual */
+        float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
+        LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
+        lt_step_moe_fwd(s, l, r0, h, n, xo);
+        if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
+        return LT_OK;
+    }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     float *a = lt_step_ws(s, y->dg);
     float *gu[2] = {g, u};
@@ -309,6 +316,12 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL),
           *dxc = dx + r0 * C;
     be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
+    if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c), rerun from h */
+        lt_step_moe_bwd(s, l, r0, h, dxc, n, dh);
+        be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
+        be->add(s->ctx, dxc, dh, 1.0f, n * C);
+        return;
+    }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
     if (!st->g) {

@@ -21,6 +21,12 @@ const char *lt_mlp_kind_name(lt_mlp_kind k) {
     return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "unknown MLP";
 }
 
+int lt_model_layer_is_moe(const lt_model_config *c, int64_t l) {
+    if (c->n_experts <= 0) return 0;
+    if (l >= 0 && l < LT_MODEL_MAX_MIXED_LAYERS && c->moe_dense[l]) return 0;
+    return c->moe_every <= 1 || (l + 1) % c->moe_every == 0;
+}
+
 void lt_model_describe_layer(const lt_model_config *c, int64_t l, lt_layer_desc *d) {
     memset(d, 0, sizeof *d);
     int global = c->sliding_period > 0 && l % c->sliding_period == c->sliding_period - 1;
@@ -34,6 +40,7 @@ void lt_model_describe_layer(const lt_model_config *c, int64_t l, lt_layer_desc 
     d->qkv_bias = c->qkv_bias != 0;
     d->norm = c->norm_place;
     d->mlp = c->mlp;
+    if (lt_model_layer_is_moe(c, l)) d->mlp = LT_MLP_KIND_MOE;
     /* Gemma 3: sliding layers rotate by their own base (table 1), global ones by rope_theta */
     d->rope = d->attn == LT_ATTN_KIND_SLIDING && c->rope_local_theta > 0 ? 1 : 0;
 }
@@ -51,11 +58,14 @@ static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, con
                         "model: layer %lld has a %s block, which the model cannot run "
                         "(pre-norm or sandwich norm)",
                         ll, lt_norm_place_name(d->norm));
-    if (d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_GEGLU)
+    if (d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_GEGLU && d->mlp != LT_MLP_KIND_MOE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "model: layer %lld has a %s, which the model cannot run (SwiGLU "
-                        "or GeGLU)",
+                        "model: layer %lld has a %s, which the model cannot run (SwiGLU, "
+                        "GeGLU or mixture of experts)",
                         ll, lt_mlp_kind_name(d->mlp));
+    if (d->mlp == LT_MLP_KIND_MOE && d->norm != LT_NORM_PLACE_PRE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has a %s with a %s, which the model cannot run", ll,
+                        lt_mlp_kind_name(d->mlp), lt_norm_place_name(d->norm));
     int n_tables = c->rope_local_theta > 0 ? 2 : 1;
     if (d->D != c->D || d->rope < 0 || d->rope >= n_tables)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -85,6 +95,7 @@ lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *c) {
                         "model: final_softcap %g, embed_scale %g, query_scale %g and rope_local_theta %g must be "
                         "finite and >= 0",
                         (double)c->final_softcap, (double)c->embed_scale, c->query_scale, c->rope_local_theta);
+    LT_TRY(lt_model_check_moe(ctx, c));
     for (int64_t l = 0; l < c->L; l++) {
         lt_layer_desc d;
         lt_model_describe_layer(c, l, &d);

@@ -38,10 +38,14 @@ lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_
     memset(&o, 0, sizeof o);
     if (in) o = *in;
     o.targets &= LT_LORA_ALL_TARGETS;
+    int all_default = !o.targets;
     if (!o.targets) o.targets = LT_LORA_ALL_TARGETS;
     if (o.rank <= 0) o.rank = 8;
     if (o.alpha == 0) o.alpha = 16;
     if (o.num_layers <= 0 || o.num_layers > cfg->L) o.num_layers = cfg->L;
+    /* MoE layers' MLPs are the frozen experts: the default targets there are the attention's */
+    for (int64_t l = cfg->L - o.num_layers; all_default && l < cfg->L; l++)
+        if (lt_model_layer_is_moe(cfg, l)) o.targets = 0xfu;
     return o;
 }
 
@@ -113,9 +117,10 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
         lt_model_describe_layer(c, l, &d);
         for (int p = 0; p < LT_PROJ_COUNT_; p++) {
             int64_t o, i;
-            lt_model_proj_shape(c, (lt_proj)p, &o, &i);
+            lt_model_layer_proj_shape(c, l, (lt_proj)p, &o, &i);
             ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, lt_model_proj_dtype(c, l, (lt_proj)p), 2, o, i);
         }
+        if (d.mlp == LT_MLP_KIND_MOE) ok &= emit(&cur, fn, arg, LT_W_ROUTER, l, 0, LT_DTYPE_F32, 2, c->n_experts, c->C);
         if (d.qkv_bias)
             for (int b = 0; b < 3; b++)
                 ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * d.D, 0);
@@ -158,7 +163,7 @@ static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, co
     PIECE_ES(att, mulx(N, qd), attn_es);
     PIECE(lse, mulx(mulx(B, c->H), T));
     PIECE_ES(x_mid, mulx(N, c->C), attn_es);
-    if (keep_mlp) {
+    if (keep_mlp && lt_model_dense_F(c)) {
         PIECE(g, mulx(N, c->F));
         PIECE(u, mulx(N, c->F));
     }
@@ -254,6 +259,7 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
     if (!o->weights_bytes)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: weight sizes overflow or rows are not whole blocks");
     LT_TRY(lt_model_check_lora_targets(ctx, c, lo.targets));
+    LT_TRY(lt_model_check_moe_lora(ctx, c, &lo));
     int64_t n = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
         if (lo.targets & (1u << p)) { /* a fused module's members share its owner's A */
@@ -425,7 +431,7 @@ static lt_status layout_attn_batch(lt_ctx *ctx, const run_shape *r, lt_layout *o
 static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     const lt_model_config *c = r->c;
     size_t al = r->al;
-    int64_t CH = o->chunk, max_in = c->C > c->F ? c->C : c->F;
+    int64_t CH = o->chunk, F = lt_model_dense_F(c), max_in = c->C > F ? c->C : F; /* F: dense MLPs only */
     if (r->qd > max_in) max_in = r->qd;
     if (!r->fwd_only) {
         /* The final norm's input and output are dead once its backward has run, before any
@@ -449,18 +455,18 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
         o->mc = carve_aligned(cur, nb(CH * c->C, 4), al);
     }
     if (!r->keep_mlp) {
-        o->g = carve_aligned(cur, nb(CH * c->F, 4), al);
-        o->u = carve_aligned(cur, nb(CH * c->F, 4), al);
+        o->g = carve_aligned(cur, nb(CH * F, 4), al);
+        o->u = carve_aligned(cur, nb(CH * F, 4), al);
     }
-    o->dg = carve_aligned(cur, nb(CH * c->F, 4), al);
+    o->dg = carve_aligned(cur, nb(CH * F, 4), al);
     if (r->wd.norm == LT_NORM_PLACE_SANDWICH) { /* a block's output before its post-norm, and its rstd */
         o->pn = carve_aligned(cur, nb(CH * c->C, 4), al);
         o->prs = carve_aligned(cur, nb(CH, 4), al);
     }
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
-        o->da = carve_aligned(cur, nb(CH * c->F, 4), al);
-        o->du = carve_aligned(cur, nb(CH * c->F, 4), al);
+        o->da = carve_aligned(cur, nb(CH * F, 4), al);
+        o->du = carve_aligned(cur, nb(CH * F, 4), al);
         o->dh = carve_aligned(cur, nb(CH * c->C, 4), al);
         o->dlu = carve_aligned(cur, nb(CH * 3 * r->lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }
@@ -566,7 +572,9 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
 static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
     size_t cur = 0;
     layout_buffers(r, o, &cur);
+    LT_TRY(lt_model_moe_layout(ctx, r->c, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur, &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
+    if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes;
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
     o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);

@@ -31,6 +31,8 @@ typedef struct source {
     int fused;             /* Phi-3: q/k/v rows of one qkv tensor, gate/up rows of one gate_up */
     int sandwich;          /* the config has sandwich norms (Gemma): HF names its norms differently */
     const char *hf_prefix; /* HF names' "model." as a multimodal checkpoint spells it, or NULL */
+    int moe_fused;         /* HF MoE experts as transformers 5 holds them in memory: one (E, 2F, C)
+                              mlp.experts.gate_up_proj and one (E, C, F) mlp.experts.down_proj */
     const lt_model_config *cfg;
 } source;
 
@@ -84,7 +86,10 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         case LT_W_EMBED: snprintf(buf, n, "token_embd.weight"); break;
         case LT_W_HEAD: snprintf(buf, n, "output.weight"); break;
         case LT_W_FINAL_NORM: snprintf(buf, n, "output_norm.weight"); break;
-        case LT_W_PROJ: snprintf(buf, n, "blk.%lld.%s.weight", l, gguf_proj[p->which]); break;
+        case LT_W_PROJ:
+            snprintf(buf, n, "blk.%lld.%s%s.weight", l, gguf_proj[p->which],
+                     p->which >= LT_PROJ_GATE && lt_model_layer_is_moe(s->cfg, p->layer) ? "_exps" : "");
+            break;
         case LT_W_BIAS: snprintf(buf, n, "blk.%lld.attn_%c.bias", l, qkv[p->which]); break;
         case LT_W_ATTN_NORM: snprintf(buf, n, "blk.%lld.attn_norm.weight", l); break;
         case LT_W_MLP_NORM: snprintf(buf, n, "blk.%lld.ffn_norm.weight", l); break;
@@ -92,6 +97,7 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         case LT_W_K_NORM: snprintf(buf, n, "blk.%lld.attn_k_norm.weight", l); break;
         case LT_W_POST_ATTN_NORM: snprintf(buf, n, "blk.%lld.post_attention_norm.weight", l); break;
         case LT_W_POST_MLP_NORM: snprintf(buf, n, "blk.%lld.post_ffw_norm.weight", l); break;
+        case LT_W_ROUTER: snprintf(buf, n, "blk.%lld.ffn_gate_inp.weight", l); break;
         default: buf[0] = 0;
         }
         return;
@@ -114,7 +120,22 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
     case LT_W_POST_MLP_NORM: snprintf(buf, n, "model.layers.%lld.post_feedforward_layernorm.weight", l); break;
     case LT_W_Q_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.q_norm.weight", l); break;
     case LT_W_K_NORM: snprintf(buf, n, "model.layers.%lld.self_attn.k_norm.weight", l); break;
+    case LT_W_ROUTER:
+        snprintf(buf, n, "model.layers.%lld.%s.gate.weight", l,
+                 s->cfg->arch == LT_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
+        break;
     default: buf[0] = 0;
+    }
+    if (p->kind == LT_W_PROJ && p->which >= LT_PROJ_GATE && lt_model_layer_is_moe(s->cfg, p->layer)) {
+        /* expert 0's tensor (per-expert files), or the fused stack (transformers 5's layout) */
+        static const char *const mixtral[3] = {"w1", "w3", "w2"};
+        if (s->moe_fused)
+            snprintf(buf, n, "model.layers.%lld.mlp.experts.%s", l,
+                     p->which == LT_PROJ_DOWN ? "down_proj" : "gate_up_proj");
+        else if (s->cfg->arch == LT_ARCH_MIXTRAL)
+            snprintf(buf, n, "model.layers.%lld.block_sparse_moe.experts.0.%s.weight", l,
+                     mixtral[p->which - LT_PROJ_GATE]);
+        else snprintf(buf, n, "model.layers.%lld.mlp.experts.0.%s.weight", l, lt_proj_name((lt_proj)p->which));
     }
     if (s->hf_prefix && !strncmp(buf, "model.", 6)) { /* the text model inside a multimodal checkpoint */
         char t[256];
@@ -144,6 +165,64 @@ static lt_status find_piece(lt_ctx *ctx, const source *s, const lt_wpiece *p, co
                         (long long)t->shape[1], lt_dtype_name(t->dtype));
     t->data = (uint8_t *)t->data + (size_t)r0 * (size_t)rb;
     t->shape[0] = rows;
+    return LT_OK;
+}
+
+/* An MoE layer's gate, up or down piece: the experts' matrices stacked (E·rows, cols). */
+static int expert_piece(const source *s, const lt_wpiece *p) {
+    return p->kind == LT_W_PROJ && p->which >= LT_PROJ_GATE && lt_model_layer_is_moe(s->cfg, p->layer);
+}
+
+/* The file's blocks of an expert piece p (named by piece_name into name): base[e] the first of
+ * expert e's rows (rows = p's rows / E, in the file's dtype); t a view of expert 0's block
+ * shaped as the piece. GGUF: one (E, rows, cols) tensor, the stack itself; HF per-expert
+ * tensors (each checked: shape and dtype as expert 0's); HF fused (E, 2F, C) gate_up, gate rows
+ * first, and (E, C, F) down. Errors: LT_ERR_NOT_FOUND naming a missing expert's tensor,
+ * LT_ERR_SHAPE / LT_ERR_FORMAT naming one that disagrees. */
+static lt_status find_experts(lt_ctx *ctx, const source *s, const lt_wpiece *p, char *name, size_t nn, lt_tensor *t,
+                              const uint8_t **base) {
+    const lt_model_config *c = s->cfg;
+    int64_t E = c->n_experts, rows = p->shape[0] / E, cols = p->shape[1];
+    LT_TRY(find(ctx, s, name, t));
+    int fused3 = s->gg || s->moe_fused;
+    int64_t per = rows, skip = 0; /* fused gate_up: 2F rows per expert, up's after gate's */
+    if (s->moe_fused && p->which != LT_PROJ_DOWN) per = 2 * rows, skip = p->which == LT_PROJ_UP ? rows : 0;
+    if (fused3 && (t->ndim != 3 || t->shape[0] != E || t->shape[1] != per || t->shape[2] != cols))
+        return lt_error(ctx, LT_ERR_SHAPE,
+                        "%s: tensor '%s' has %d dims (%lld, %lld, %lld), expected (%lld, %lld, %lld)", s->path, name,
+                        t->ndim, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                        (long long)(t->ndim > 2 ? t->shape[2] : 0), (long long)E, (long long)per, (long long)cols);
+    if (!fused3 && (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols))
+        return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)", s->path,
+                        name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)rows,
+                        (long long)cols);
+    int64_t rb = lt_dtype_row_bytes(t->dtype, cols);
+    if (rb < 0)
+        return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s': %lld columns are not whole %s blocks", s->path, name,
+                        (long long)cols, lt_dtype_name(t->dtype));
+    lt_dtype dt = t->dtype;
+    const uint8_t *data0 = t->data;
+    for (int64_t e = 0; e < E; e++) {
+        if (fused3) {
+            base[e] = data0 + (size_t)(e * per + skip) * (size_t)rb;
+            continue;
+        }
+        char *at = strstr(name, ".experts.");
+        if (!at) return lt_error(ctx, LT_ERR_FORMAT, "%s: expert tensor name '%s'", s->path, name);
+        char tail[96];
+        const char *dot = strchr(at + 9, '.');
+        snprintf(tail, sizeof tail, "%s", dot ? dot : "");
+        snprintf(at, nn - (size_t)(at - name), ".experts.%lld%s", (long long)e, tail);
+        lt_tensor te;
+        LT_TRY(find(ctx, s, name, &te));
+        if (te.ndim != 2 || te.shape[0] != rows || te.shape[1] != cols || te.dtype != dt)
+            return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' is %s (%lld, %lld), expert 0's is %s (%lld, %lld)",
+                            s->path, name, lt_dtype_name(te.dtype), (long long)te.shape[0],
+                            (long long)(te.ndim > 1 ? te.shape[1] : 0), lt_dtype_name(dt), (long long)rows,
+                            (long long)cols);
+        base[e] = te.data;
+    }
+    *t = lt_tensor_view((void *)base[0], dt, LT_DEVICE_CPU, 2, p->shape);
     return LT_OK;
 }
 
@@ -225,6 +304,52 @@ static lt_status gemma_from_gguf(lt_ctx *ctx, source *s, const char *arch, lt_mo
     return LT_OK;
 }
 
+/* Experts as llama.cpp's converter writes them: {arch}.expert_count, expert_used_count and
+ * expert_feed_forward_length (default feed_forward_length: Mixtral), the top-k weights
+ * renormalised as llama.cpp runs both families; a llama-arch file with experts is Mixtral. A
+ * layer without blk.N.ffn_gate_inp.weight keeps a dense MLP. The file carries no aux-loss
+ * coefficient (0). */
+static lt_status gguf_moe(lt_ctx *ctx, source *s, const char *arch, lt_model_config *c) {
+    int64_t E = 0, k = 0, F = c->F;
+    LT_TRY(gg_int(ctx, s, arch, "expert_count", 0, &E));
+    if (E == 0) {
+        if (c->arch == LT_ARCH_QWEN3_MOE)
+            return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_count' is missing or 0", s->path, arch);
+        return LT_OK;
+    }
+    LT_TRY(gg_int(ctx, s, arch, "expert_used_count", 1, &k));
+    LT_TRY(gg_int(ctx, s, arch, "expert_feed_forward_length", 0, &F));
+    if (E > LT_MOE_MAX_EXPERTS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_count' = %lld is above %d", s->path, arch,
+                        (long long)E, LT_MOE_MAX_EXPERTS);
+    if (k < 1 || k > E)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_used_count' = %lld is outside 1..%lld", s->path,
+                        arch, (long long)k, (long long)E);
+    if (F <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_feed_forward_length' = %lld must be positive",
+                        s->path, arch, (long long)F);
+    if (c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL) c->arch = LT_ARCH_MIXTRAL;
+    else if (c->arch != LT_ARCH_QWEN3_MOE)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' with experts is not supported", s->path,
+                        arch);
+    c->n_experts = E, c->n_experts_used = k, c->moe_F = F, c->moe_norm_topk = 1, c->moe_every = 1;
+    if (c->L > LT_MODEL_MAX_LAYERS)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.block_count' = %lld is above %d", s->path, arch,
+                        (long long)c->L, LT_MODEL_MAX_LAYERS);
+    for (int64_t l = 0; l < c->L; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.weight", (long long)l);
+        lt_tensor t;
+        if (lt_gguf_find_tensor(ctx, s->gg, name, &t) == LT_OK) continue;
+        lt_ctx_clear_error(ctx);
+        if (l >= LT_MODEL_MAX_MIXED_LAYERS)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: layer %lld has no router '%s' (dense layers only below %d)",
+                            s->path, (long long)l, name, LT_MODEL_MAX_MIXED_LAYERS);
+        c->moe_dense[l] = 1;
+    }
+    return LT_OK;
+}
+
 static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     const char *a;
     size_t alen;
@@ -239,9 +364,11 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     else if (!strcmp(arch, "phi3")) c->arch = LT_ARCH_PHI3;
     else if (!strcmp(arch, "gemma2")) c->arch = LT_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = LT_ARCH_GEMMA3;
+    else if (!strcmp(arch, "qwen3moe")) c->arch = LT_ARCH_QWEN3_MOE;
     else
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3)",
+                        "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3, "
+                        "qwen3moe)",
                         s->path, arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
@@ -279,10 +406,11 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
      * one is Mistral. */
     LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
     if (c->arch == LT_ARCH_LLAMA && c->sliding_window > 0) c->arch = LT_ARCH_MISTRAL;
+    LT_TRY(gguf_moe(ctx, s, arch, c));
     c->qkv_bias = c->arch == LT_ARCH_QWEN2;
-    c->qk_norm = c->arch == LT_ARCH_QWEN3 || c->arch == LT_ARCH_GEMMA3;
+    c->qk_norm = c->arch == LT_ARCH_QWEN3 || c->arch == LT_ARCH_GEMMA3 || c->arch == LT_ARCH_QWEN3_MOE;
     if (c->arch == LT_ARCH_GEMMA2 || c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma_from_gguf(ctx, s, arch, c));
-    s->permute_qk = c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL;
+    s->permute_qk = c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL || c->arch == LT_ARCH_MIXTRAL;
     s->fused = c->arch == LT_ARCH_PHI3;
     LT_TRY(gguf_rope(ctx, s, arch, c));
     LT_TRY(gguf_token_ids(ctx, s, c));
@@ -486,14 +614,25 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
     memset(&p, 0, sizeof p);
     lt_tensor t;
     p.kind = LT_W_PROJ;
+    LT_TRY(lt_model_check_moe(ctx, c));
+    if (s->st && c->n_experts > 0) { /* transformers 5's fused experts, or one tensor per expert */
+        int64_t l = 0;
+        while (l < c->L && !lt_model_layer_is_moe(c, l)) l++;
+        snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+        s->moe_fused = l < c->L && lt_safetensors_find(ctx, s->st, name, &t) == LT_OK;
+        lt_ctx_clear_error(ctx);
+    }
     for (int k = 0; k < LT_PROJ_COUNT_; k++) {
         p.which = k;
-        int64_t o, in;
-        lt_model_proj_shape(c, (lt_proj)k, &o, &in);
         for (int64_t l = 0; l < c->L; l++) {
+            int64_t o, in;
+            lt_model_layer_proj_shape(c, l, (lt_proj)k, &o, &in);
             p.layer = l;
+            p.shape[0] = o, p.shape[1] = in;
             piece_name(s, &p, name, sizeof name);
-            LT_TRY(find_piece(ctx, s, &p, name, &t));
+            const uint8_t *exb[LT_MOE_MAX_EXPERTS];
+            LT_TRY(expert_piece(s, &p) ? find_experts(ctx, s, &p, name, sizeof name, &t, exb)
+                                       : find_piece(ctx, s, &p, name, &t));
             lt_dtype held = held_proj(t.dtype, q, in);
             if (held == LT_DTYPE_COUNT_)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
@@ -584,6 +723,7 @@ static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     case LT_W_INV_FREQ_LOCAL: m->inv_freq_local = (float *)dst; break;
     case LT_W_POST_ATTN_NORM: m->layers[p->layer].post_attn_norm = (float *)dst; break;
     case LT_W_POST_MLP_NORM: m->layers[p->layer].post_mlp_norm = (float *)dst; break;
+    case LT_W_ROUTER: m->layers[p->layer].router = view; break;
     }
 }
 
@@ -674,7 +814,12 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     char name[256];
     piece_name(j->src, p, name, sizeof name);
     lt_tensor t;
-    if ((j->status = find_piece(ctx, j->src, p, name, &t)) != LT_OK) return;
+    const uint8_t *exb[LT_MOE_MAX_EXPERTS];
+    int experts = expert_piece(j->src, p);
+    j->status =
+        experts ? find_experts(ctx, j->src, p, name, sizeof name, &t, exb) : find_piece(ctx, j->src, p, name, &t);
+    if (j->status != LT_OK) return;
+    int64_t erows = experts ? p->shape[0] / j->m->cfg.n_experts : 1;
     /* Shape: 1-D pieces must hold exactly their elements; matrices match (out, in). */
     int ok = p->ndim == 1 ? lt_tensor_numel(&t) == p->shape[0]
                           : t.ndim == 2 && t.shape[0] == p->shape[0] && t.shape[1] == p->shape[1];
@@ -715,7 +860,8 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
             int64_t h = r / D, w = r % D, s = w / (D / 2), i = w % (D / 2);
             sr = h * D + 2 * i + s;
         }
-        const uint8_t *src = (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
+        const uint8_t *src = experts ? exb[sr / erows] + (size_t)(sr % erows) * (size_t)srb
+                                     : (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
         uint8_t *d = rows_at(j, dst, r0, (size_t)drb) + (size_t)(r - r0) * (size_t)drb;
         if (!convert_row(j, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
@@ -808,6 +954,7 @@ static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, float **row,
     const lt_model_config *c = &m->cfg;
     int64_t widest = c->C > c->F ? c->C : c->F;
     if (c->H * c->D > widest) widest = c->H * c->D;
+    if (c->moe_F > widest) widest = c->moe_F;
     *row_bytes = (size_t)widest * sizeof(float);
     if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load row"))) return lt_ctx_status(ctx);
     if (m->opt.device == LT_DEVICE_CPU) return LT_OK;

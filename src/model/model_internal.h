@@ -50,6 +50,25 @@ lt_status lt_model_check_lora_targets(lt_ctx *ctx, const lt_model_config *cfg, u
 /* Shapes (out, in) of projection p. */
 void lt_model_proj_shape(const lt_model_config *cfg, lt_proj p, int64_t *out, int64_t *in);
 
+/* ---- mixture of experts (moe.c) ---- */
+
+/* 1 when layer l's MLP is the routed experts (lt_model_config's rule: n_experts, moe_dense,
+ * moe_every). */
+int lt_model_layer_is_moe(const lt_model_config *cfg, int64_t l);
+/* Shapes (out, in) of layer l's projection p: an MoE layer's gate, up and down are the stacked
+ * experts (E·moe_F, C) and (E·C, moe_F); else lt_model_proj_shape. */
+void lt_model_layer_proj_shape(const lt_model_config *cfg, int64_t l, lt_proj p, int64_t *out, int64_t *in);
+/* The MoE fields' consistency: LT_OK for a dense model (n_experts 0 and no MoE field set), else
+ * LT_ERR_INVALID_ARG naming the field (experts outside 1..LT_MOE_MAX_EXPERTS, top-k outside
+ * 1..experts, expert width <= 0, a negative period or coefficient) or LT_ERR_UNSUPPORTED (a shared
+ * expert). */
+lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *cfg);
+/* LoRA on the experts is refused: LT_ERR_UNSUPPORTED naming the first LoRA layer (of the last
+ * lo->num_layers) that is an MoE layer when lo->targets has gate, up or down. */
+lt_status lt_model_check_moe_lora(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lo);
+/* cfg->F when some layer runs a dense MLP, else 0 (what the dense MLP's buffers are sized by). */
+int64_t lt_model_dense_F(const lt_model_config *cfg);
+
 /* Defaults resolved (targets, rank, alpha, num_layers clamped to L). */
 lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_options *in);
 
@@ -67,7 +86,8 @@ typedef enum lt_wkind {
     LT_W_K_NORM,
     LT_W_INV_FREQ_LOCAL, /* RoPE table 1 (sliding layers of Gemma 3), when cfg->rope_local_theta > 0 */
     LT_W_POST_ATTN_NORM, /* sandwich norms: on the attention block's output */
-    LT_W_POST_MLP_NORM   /* and on the MLP's output */
+    LT_W_POST_MLP_NORM,  /* and on the MLP's output */
+    LT_W_ROUTER          /* MoE layers: the router (n_experts, C), f32 */
 } lt_wkind;
 
 typedef struct lt_wpiece {
@@ -106,6 +126,26 @@ typedef struct lt_store {
     float *rstd_q, *rstd_k;    /* (N·H), (N·Hkv), desc.qk_norm only */
     float *lu[LT_PROJ_COUNT_]; /* (N, r) LoRA down-projections x·Aᵀ of targeted projections */
 } lt_store;
+
+/* The MoE layers' dispatch buffers in the workspace (moe.c), for one chunk of `chunk` tokens (n):
+ * logits (n, E), idx, w (n·k), off (E + 1), rows, slot (n·k) int32, the gathered rows xg (n·k, C),
+ * the experts' G, U, A (n·k, moe_F) and outputs yg (n·k, C); training adds dw (n·k), dg, du
+ * (n·k, moe_F), dlogits (n, E) (the other gradients reuse dead forward buffers); stats (2, E) the
+ * load-balancing loss's sums over the step (moe_aux_coef > 0); gm_ws the grouped products'
+ * workspace. chunk = 0: no MoE layer (nothing carved). */
+typedef struct lt_moe_layout {
+    int64_t chunk, n_layers;
+    size_t logits, idx, w, off, rows, slot, xg, g, u, a, yg, stats, dw, dg, du, dlogits, gm_ws;
+    size_t gm_ws_bytes, mm_ws_bytes; /* mm_ws_bytes: the router's matmul at the chunk (within mm_ws) */
+} lt_moe_layout;
+
+/* Carves the MoE buffers from *cur (alignment al) for a run whose position-wise chunk is
+ * rows_chunk (the MoE chunk is run->moe_chunk_tokens, default LT_MODEL_MOE_CHUNK_TOKENS, at most
+ * rows_chunk). Errors: LT_ERR_INVALID_ARG (a negative chunk), LT_ERR_UNSUPPORTED (a backend
+ * without the MoE ops). */
+lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_model_run_options *run,
+                              const lt_backend *be, int64_t rows_chunk, int train, int threads, size_t al, size_t *cur,
+                              lt_moe_layout *o);
 
 /* Byte offsets of the pieces of each class block, and the class sizes. */
 typedef struct lt_layout {
@@ -182,6 +222,7 @@ typedef struct lt_layout {
      * (chunk) that norm's row statistics (rebuilt wherever they are needed). */
     size_t pn, prs;
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
+    lt_moe_layout moe; /* MoE layers' dispatch buffers (workspace) */
     size_t weights_bytes, lora_bytes;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
@@ -211,6 +252,7 @@ typedef struct lt_layer {
     float *attn_norm, *mlp_norm;           /* (C) */
     float *q_norm, *k_norm;                /* (D), desc.qk_norm; else NULL */
     float *post_attn_norm, *post_mlp_norm; /* (C), desc.norm == LT_NORM_PLACE_SANDWICH; else NULL */
+    lt_tensor router;                      /* (n_experts, C) f32, desc.mlp == LT_MLP_KIND_MOE; else empty */
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];

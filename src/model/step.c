@@ -344,17 +344,21 @@ static lt_status backward_layers(lt_step *s) {
 lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
                                     lt_model_result *res, float *token_loss) {
     lt_step s;
-    lt_model_result r = {0, 0};
+    lt_model_result r = {0, 0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 1));
     const lt_device dev = m->opt.device;
     s.slot_has[0] = s.slot_has[1] = -1;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
+    LT_TRY(lt_step_moe_begin(&s, b));
     LT_TRY(forward_layers(&s));
+    double aux = 0;
+    LT_TRY(lt_step_moe_end(&s, &aux));
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     LT_TRY(backward_layers(&s));
     lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
+    r.aux_loss = aux;
     if (res) *res = r;
     return LT_OK;
 }
@@ -388,11 +392,15 @@ static lt_status forward_all(lt_step *s) {
 
 lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt_model_result *res, float *token_loss) {
     lt_step s;
-    lt_model_result r = {0, 0};
+    lt_model_result r = {0, 0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
+    LT_TRY(lt_step_moe_begin(&s, b));
     LT_TRY(forward_all(&s));
+    double aux = 0;
+    LT_TRY(lt_step_moe_end(&s, &aux));
     LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
     LT_TRY(read_loss(&s, &r, token_loss));
+    r.aux_loss = aux;
     if (res) *res = r;
     return LT_OK;
 }

@@ -31,6 +31,12 @@ typedef struct lt_step {
      * still to be waited for. */
     int64_t slot_has[2];
     int slot_pending[2];
+    /* MoE: the forward accumulates the load-balancing statistics (moe_collect; not in a
+     * recompute), then the backward's routing gradient adds moe_dp (E), host memory. */
+    int moe_collect, moe_has_dp;
+    const int32_t *real_seqs; /* host (lt_model_batch.real_seqs), validated; NULL = all real */
+    int64_t n_real;           /* real tokens of the batch */
+    float moe_dp[LT_MOE_MAX_EXPERTS];
 } lt_step;
 
 static inline uint8_t *lt_step_blk(const lt_step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
@@ -121,5 +127,19 @@ lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_
                             int att_kept);
 /* dx (N, C) holds ∂/∂x_out on entry and ∂/∂x_in on return (∂/∂x_mid when need_dx = 0). */
 lt_status lt_step_layer_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_in, float *dx, int need_dx);
+
+/* ---- moe.c: the mixture-of-experts MLP ---- */
+
+/* y (n, C) += the MoE MLP of layer l on h (n, C) (the MLP norm's output of batch rows [r0, r0 + n)),
+ * chunk by chunk. */
+void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y);
+/* dh (n, C) = ∂/∂h given dy (n, C), rerunning the forward from h a chunk at a time. */
+void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh);
+/* Before the forward: validates the batch's real_seqs, zeroes the statistics and starts collecting
+ * them (moe_aux_coef > 0). Errors: LT_ERR_INVALID_ARG (real_seqs outside 0..S), named by row. */
+lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b);
+/* After the forward: the batch's load-balancing loss into *aux (0 without) and, training, the
+ * gradient per probability the routing backward adds. Reads the statistics back (one wait). */
+lt_status lt_step_moe_end(lt_step *s, double *aux);
 
 #endif

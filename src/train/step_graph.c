@@ -169,7 +169,7 @@ static lt_status capture(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b,
 
 lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *bin, float grad_scale,
                             const lt_adamw_params *hp, lt_model_result *res) {
-    lt_model_result r = {0, 0};
+    lt_model_result r = {0, 0, 0};
     int ran = 0;
     if (bin->B > g->B || bin->T > g->T)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "step graph: batch %lld x %lld beyond %lld x %lld", (long long)bin->B,

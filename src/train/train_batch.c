@@ -43,6 +43,7 @@ lt_status lt_trainer_fill(lt_trainer *t, const lt_pack_plan *plan, const lt_pack
     b->positions = t->pos;
     b->seq_offsets = t->offs;
     b->S = S;
+    b->real_seqs = t->pieces; /* the padding tail stays out of an MoE router's statistics */
     return LT_OK;
 }
 
@@ -77,6 +78,7 @@ lt_status lt_trainer_shard(lt_trainer *t, const lt_model_batch *b, lt_model_batc
     out->targets = b->targets + lo * b->T;
     if (b->positions) out->positions = b->positions + lo * b->T;
     if (b->seq_offsets) out->seq_offsets = b->seq_offsets + lo * (b->S + 1);
+    if (b->real_seqs) out->real_seqs = b->real_seqs + lo;
     *ntok = count_targets(out->targets, out->B * b->T);
     return LT_OK;
 }

@@ -113,4 +113,13 @@ const lt_backend lt_backend_cpu = {
     .lce_fwd = lt_lce_cpu_forward,
     .lce_bwd = lt_lce_cpu_backward,
     .lce_fwd_bwd = lt_lce_cpu_forward_backward,
+    .moe_route = lt_cpu_moe_route,
+    .moe_route_bwd = lt_cpu_moe_route_bwd,
+    .moe_sort = lt_cpu_moe_sort,
+    .moe_gather = lt_cpu_moe_gather,
+    .moe_gather_bwd = lt_cpu_moe_gather_bwd,
+    .moe_combine = lt_cpu_moe_combine,
+    .moe_combine_bwd = lt_cpu_moe_combine_bwd,
+    .grouped_matmul = lt_cpu_grouped_matmul,
+    .grouped_matmul_workspace_bytes = lt_cpu_grouped_matmul_workspace_bytes,
 };

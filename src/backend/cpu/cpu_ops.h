@@ -48,6 +48,23 @@ void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cpu_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cpu_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
+void lt_cpu_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
+                      float *w, float *stats);
+void lt_cpu_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
+                          int64_t k, int norm_topk, const float *dp, float *dlogits);
+void lt_cpu_moe_sort(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off, int32_t *rows,
+                     int32_t *slot);
+void lt_cpu_moe_gather(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C, float *xg);
+void lt_cpu_moe_gather_bwd(lt_ctx *ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k, int64_t C,
+                           float beta, float *dx);
+void lt_cpu_moe_combine(lt_ctx *ctx, const float *yg, const float *w, const int32_t *slot, int64_t n, int64_t k,
+                        int64_t C, float beta, float *y);
+void lt_cpu_moe_combine_bwd(lt_ctx *ctx, const float *dy, const float *yg, const float *w, const int32_t *slot,
+                            int64_t n, int64_t k, int64_t C, float *dyg, float *dw);
+void lt_cpu_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E, const int32_t *off,
+                           const float *x, int64_t nk, float beta, float *y, void *ws);
+size_t lt_cpu_grouped_matmul_workspace_bytes(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,
+                                             int threads);
 
 /* The few-row NT path of lt_cpu_matmul (ops_matvec.c): 1 when it served the call (non-f32 W,
  * N <= LT_MATVEC_MAX_N), 0 to fall through to the tiled path. ws: the matmul workspace. */

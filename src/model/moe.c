@@ -1,0 +1,299 @@
+/* The mixture-of-experts MLP (Qwen3-MoE, Mixtral): the config's checks, the stacked experts'
+ * shapes, the dispatch buffers' layout, and the layer's forward and backward over chunks of
+ * tokens. Per chunk of n tokens, h the MLP norm's output (n, C):
+ *   logits = h·Rᵀ; route → idx, w (+ the load-balancing statistics); sort by expert; xg = gather(h);
+ *   G, U = grouped products with the stacked gate and up; A = silu(G)·U; Yg = grouped down(A);
+ *   y += combine(Yg, w).
+ * The backward reruns a chunk's forward from h and differentiates it (the experts and the
+ * router are frozen: only the input gradient flows), so gathered rows and the experts'
+ * activations exist for one chunk at a time. Every operation is a backend op. */
+#include <string.h>
+
+#include "model/step.h"
+
+void lt_model_layer_proj_shape(const lt_model_config *c, int64_t l, lt_proj p, int64_t *out, int64_t *in) {
+    lt_model_proj_shape(c, p, out, in);
+    if (p < LT_PROJ_GATE || !lt_model_layer_is_moe(c, l)) return;
+    if (p == LT_PROJ_DOWN) *out = c->n_experts * c->C, *in = c->moe_F;
+    else *out = c->n_experts * c->moe_F, *in = c->C;
+}
+
+int64_t lt_model_dense_F(const lt_model_config *c) {
+    for (int64_t l = 0; l < c->L; l++)
+        if (!lt_model_layer_is_moe(c, l)) return c->F;
+    return 0;
+}
+
+lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *c) {
+    if (c->n_experts == 0 && c->n_experts_used == 0 && c->moe_F == 0 && c->moe_shared_F == 0) return LT_OK;
+    if (c->n_experts < 1 || c->n_experts > LT_MOE_MAX_EXPERTS)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: n_experts = %lld is outside 1..%d", (long long)c->n_experts,
+                        LT_MOE_MAX_EXPERTS);
+    if (c->n_experts_used < 1 || c->n_experts_used > c->n_experts)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: %lld experts per token (top-k) is outside 1..%lld experts",
+                        (long long)c->n_experts_used, (long long)c->n_experts);
+    if (c->moe_F <= 0 || c->moe_F > (1 << 22))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: expert width moe_F = %lld is outside 1..%d",
+                        (long long)c->moe_F, 1 << 22);
+    if (c->moe_every < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: moe_every = %lld is negative", (long long)c->moe_every);
+    if (!(c->moe_aux_coef >= 0 && c->moe_aux_coef <= 1e6f))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: moe_aux_coef = %g is outside [0, 1e6]",
+                        (double)c->moe_aux_coef);
+    if (c->moe_shared_F != 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: a shared expert (moe_shared_F = %lld) is not supported",
+                        (long long)c->moe_shared_F);
+    /* the stacked experts' rows and the dispatch's int32 offsets */
+    if (c->n_experts * c->moe_F > INT32_MAX || c->n_experts * c->C > INT32_MAX)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: %lld experts of width %lld stack beyond 2^31 rows",
+                        (long long)c->n_experts, (long long)c->moe_F);
+    return LT_OK;
+}
+
+lt_status lt_model_check_moe_lora(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo) {
+    const unsigned mlp = (1u << LT_PROJ_GATE) | (1u << LT_PROJ_UP) | (1u << LT_PROJ_DOWN);
+    if (!(lo->targets & mlp)) return LT_OK;
+    for (int64_t l = c->L - lo->num_layers; l < c->L; l++)
+        if (lt_model_layer_is_moe(c, l))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "lora: layer %lld is a mixture-of-experts layer: its gate, up and down projections are "
+                            "the frozen experts and take no LoRA (target q, k, v, o there)",
+                            (long long)l);
+    return LT_OK;
+}
+
+/* ---- the dispatch buffers ---- */
+
+static size_t carve_al(size_t *cur, size_t bytes, size_t al) {
+    size_t a = (*cur + al - 1) / al * al;
+    if (*cur == SIZE_MAX || a < *cur || bytes > SIZE_MAX - a) {
+        *cur = SIZE_MAX;
+        return 0;
+    }
+    *cur = a + bytes;
+    return a;
+}
+
+static size_t nbytes(int64_t n, size_t es) {
+    if (n < 0 || (n && (uint64_t)n > SIZE_MAX / es)) return SIZE_MAX;
+    return (size_t)n * es;
+}
+
+lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_model_run_options *run,
+                              const lt_backend *be, int64_t rows_chunk, int train, int threads, size_t al, size_t *cur,
+                              lt_moe_layout *o) {
+    memset(o, 0, sizeof *o);
+    int64_t n_moe = 0;
+    for (int64_t l = 0; l < c->L; l++) n_moe += lt_model_layer_is_moe(c, l);
+    if (run->moe_chunk_tokens < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: moe_chunk_tokens %lld is negative",
+                        (long long)run->moe_chunk_tokens);
+    if (!n_moe) return LT_OK;
+    if (!be->moe_route || !be->moe_route_bwd || !be->moe_sort || !be->moe_gather || !be->moe_gather_bwd ||
+        !be->moe_combine || !be->moe_combine_bwd || !be->grouped_matmul || !be->grouped_matmul_workspace_bytes)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model run: the %s backend has no mixture-of-experts ops", be->name);
+    o->n_layers = n_moe;
+    int64_t ch = run->moe_chunk_tokens ? run->moe_chunk_tokens : LT_MODEL_MOE_CHUNK_TOKENS;
+    if (ch > rows_chunk) ch = rows_chunk;
+    o->chunk = ch;
+    int64_t E = c->n_experts, k = c->n_experts_used, F = c->moe_F, C = c->C, nk = ch * k;
+    o->logits = carve_al(cur, nbytes(ch * E, 4), al);
+    o->idx = carve_al(cur, nbytes(nk, 4), al);
+    o->w = carve_al(cur, nbytes(nk, 4), al);
+    o->off = carve_al(cur, nbytes(E + 1, 4), al);
+    o->rows = carve_al(cur, nbytes(nk, 4), al);
+    o->slot = carve_al(cur, nbytes(nk, 4), al);
+    o->xg = carve_al(cur, nbytes(nk * C, 4), al);
+    o->g = carve_al(cur, nbytes(nk * F, 4), al);
+    o->u = carve_al(cur, nbytes(nk * F, 4), al);
+    o->a = carve_al(cur, nbytes(nk * F, 4), al);
+    o->yg = carve_al(cur, nbytes(nk * C, 4), al);
+    if (c->moe_aux_coef > 0) o->stats = carve_al(cur, nbytes(2 * E, 4), al);
+    if (train) {
+        o->dw = carve_al(cur, nbytes(nk, 4), al);
+        o->dg = carve_al(cur, nbytes(nk * F, 4), al);
+        o->du = carve_al(cur, nbytes(nk * F, 4), al);
+        o->dlogits = carve_al(cur, nbytes(ch * E, 4), al);
+    }
+    /* the grouped products' workspace: the largest over the MoE layers' expert dtypes */
+    size_t gw = 0;
+    for (int64_t l = 0; l < c->L; l++) {
+        if (!lt_model_layer_is_moe(c, l)) continue;
+        for (int p = LT_PROJ_GATE; p <= LT_PROJ_DOWN; p++) {
+            lt_dtype dt = lt_model_proj_dtype(c, l, (lt_proj)p);
+            int64_t out = p == LT_PROJ_DOWN ? C : F, in = p == LT_PROJ_DOWN ? F : C;
+            size_t w = be->grouped_matmul_workspace_bytes(dt, E, out, in, nk, threads);
+            if (w > gw) gw = w;
+        }
+    }
+    o->gm_ws_bytes = gw;
+    o->gm_ws = carve_al(cur, gw, al);
+    o->mm_ws_bytes = be->matmul_workspace_bytes(LT_DTYPE_F32, E, C, ch, threads);
+    return LT_OK;
+}
+
+/* ---- the layer ---- */
+
+typedef struct moe_bufs {
+    float *logits, *w, *xg, *g, *u, *a, *yg, *dw, *dg, *du, *dlogits, *stats;
+    int32_t *idx, *off, *rows, *slot;
+    void *gm_ws, *mm_ws;
+} moe_bufs;
+
+static moe_bufs bufs_of(const lt_step *s) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    const int train = s->train;
+    moe_bufs b;
+    memset(&b, 0, sizeof b);
+    b.logits = lt_step_ws(s, o->logits);
+    b.idx = (int32_t *)lt_step_ws(s, o->idx);
+    b.w = lt_step_ws(s, o->w);
+    b.off = (int32_t *)lt_step_ws(s, o->off);
+    b.rows = (int32_t *)lt_step_ws(s, o->rows);
+    b.slot = (int32_t *)lt_step_ws(s, o->slot);
+    b.xg = lt_step_ws(s, o->xg);
+    b.g = lt_step_ws(s, o->g);
+    b.u = lt_step_ws(s, o->u);
+    b.a = lt_step_ws(s, o->a);
+    b.yg = lt_step_ws(s, o->yg);
+    if (o->stats) b.stats = lt_step_ws(s, o->stats);
+    if (train) {
+        b.dw = lt_step_ws(s, o->dw);
+        b.dg = lt_step_ws(s, o->dg);
+        b.du = lt_step_ws(s, o->du);
+        b.dlogits = lt_step_ws(s, o->dlogits);
+    }
+    b.gm_ws = o->gm_ws_bytes ? (void *)lt_step_ws(s, o->gm_ws) : NULL;
+    b.mm_ws = lt_step_ws(s, s->m->lay.mm_ws);
+    return b;
+}
+
+/* The end of the run of tokens from token g (a batch index) on that are all real or all padding,
+ * at most `end`; *real says which. */
+static int64_t token_run(const lt_step *s, int64_t g, int64_t end, int *real) {
+    if (!s->real_seqs) {
+        *real = 1;
+        return end;
+    }
+    int64_t row = g / s->T, re = row * s->T + s->seq_offsets[row * (s->S + 1) + s->real_seqs[row]];
+    int64_t stop = g < re ? re : (row + 1) * s->T;
+    *real = g < re;
+    return stop < end ? stop : end;
+}
+
+/* Routing of the n tokens of h from batch token g0 on: logits, idx, w; the statistics of the
+ * load-balancing loss accumulated over the real ones when the step collects them. Then the
+ * grouping and the gathered rows. */
+static void route_and_gather(const lt_step *s, const lt_layer *L, const moe_bufs *b, int64_t g0, const float *h,
+                             int64_t n) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t E = c->n_experts, k = c->n_experts_used;
+    be->matmul(s->ctx, LT_MATMUL_NT, &L->router, h, n, 0.0f, b->logits, b->mm_ws);
+    for (int64_t t = 0; t < n;) { /* padding routes too, outside the statistics */
+        int real;
+        int64_t e = token_run(s, g0 + t, g0 + n, &real) - g0;
+        be->moe_route(s->ctx, b->logits + t * E, e - t, E, k, c->moe_norm_topk, b->idx + t * k, b->w + t * k,
+                      s->moe_collect && real ? b->stats : NULL);
+        t = e;
+    }
+    be->moe_sort(s->ctx, b->idx, n, k, E, b->off, b->rows, b->slot);
+    be->moe_gather(s->ctx, h, b->rows, n * k, k, c->C, b->xg);
+}
+
+/* The experts over the gathered rows: G, U, A = silu(G)·U, Yg = down(A). */
+static void experts_fwd(const lt_step *s, const lt_layer *L, const moe_bufs *b, int64_t nk) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t E = c->n_experts;
+    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], E, b->off, b->xg, nk, 0.0f, b->g, b->gm_ws);
+    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_UP], E, b->off, b->xg, nk, 0.0f, b->u, b->gm_ws);
+    be->swiglu_fwd(s->ctx, b->g, b->u, nk * c->moe_F, b->a);
+    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
+}
+
+void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    moe_bufs b = bufs_of(s);
+    int64_t ch = s->m->lay.moe.chunk, k = c->n_experts_used, C = c->C;
+    for (int64_t t0 = 0; t0 < n; t0 += ch) {
+        int64_t m = n - t0 < ch ? n - t0 : ch;
+        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
+        experts_fwd(s, L, &b, m * k);
+        s->be->moe_combine(s->ctx, b.yg, b.w, b.slot, m, k, C, 1.0f, y + t0 * C);
+    }
+}
+
+void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_layer *L = &s->m->layers[l];
+    const lt_backend *be = s->be;
+    moe_bufs b = bufs_of(s);
+    int64_t ch = s->m->lay.moe.chunk, E = c->n_experts, k = c->n_experts_used, C = c->C;
+    for (int64_t t0 = 0; t0 < n; t0 += ch) {
+        int64_t m = n - t0 < ch ? n - t0 : ch, nk = m * k;
+        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
+        experts_fwd(s, L, &b, nk);
+        float *dyg = b.xg, *da = b.a, *dxg = b.yg; /* each dead once its gradient is made */
+        be->moe_combine_bwd(s->ctx, dy + t0 * C, b.yg, b.w, b.slot, m, k, C, dyg, b.dw);
+        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_DOWN], E, b.off, dyg, nk, 0.0f, da, b.gm_ws);
+        be->swiglu_bwd(s->ctx, da, b.g, b.u, nk * c->moe_F, b.dg, b.du);
+        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_GATE], E, b.off, b.dg, nk, 0.0f, dxg, b.gm_ws);
+        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
+        be->moe_gather_bwd(s->ctx, dxg, b.slot, m, k, C, 0.0f, dh + t0 * C);
+        for (int64_t t = 0; t < m;) { /* the aux term's gradient reaches the real tokens only */
+            int real;
+            int64_t e = token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0);
+            be->moe_route_bwd(s->ctx, b.logits + t * E, b.idx + t * k, b.dw + t * k, e - t, E, k, c->moe_norm_topk,
+                              s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
+            t = e;
+        }
+        be->matmul(s->ctx, LT_MATMUL_NN, &L->router, b.dlogits, m, 1.0f, dh + t0 * C, b.mm_ws);
+    }
+}
+
+/* ---- the load-balancing loss over the whole forward ---- */
+
+lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    s->real_seqs = s->seq_offsets ? b->real_seqs : NULL;
+    s->n_real = s->N;
+    if (s->real_seqs) {
+        s->n_real = 0;
+        for (int64_t r = 0; r < s->B; r++) {
+            if (s->real_seqs[r] < 0 || s->real_seqs[r] > s->S)
+                return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: real_seqs[%lld] = %d is outside 0..S = %lld",
+                                (long long)r, (int)s->real_seqs[r], (long long)s->S);
+            s->n_real += s->seq_offsets[r * (s->S + 1) + s->real_seqs[r]];
+        }
+    }
+    s->moe_collect = o->stats != 0;
+    s->moe_has_dp = 0;
+    if (o->stats) s->be->zero(s->ctx, lt_step_ws(s, o->stats), (size_t)(2 * s->m->cfg.n_experts) * sizeof(float));
+    return LT_OK;
+}
+
+lt_status lt_step_moe_end(lt_step *s, double *aux_out) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    const lt_model_config *c = &s->m->cfg;
+    *aux_out = 0;
+    s->moe_collect = 0;
+    if (!o->stats) return LT_OK;
+    int64_t E = c->n_experts;
+    float st[2 * LT_MOE_MAX_EXPERTS];
+    LT_TRY(s->be->copy_to_host(s->ctx, st, lt_step_ws(s, o->stats), (size_t)(2 * E) * sizeof(float)));
+    /* transformers' load_balancing_loss_func over every MoE layer's tokens together */
+    double M = (double)o->n_layers * (double)s->n_real, aux = 0;
+    if (M == 0) return LT_OK;
+    for (int64_t e = 0; e < E; e++) aux += ((double)st[e] / M) * ((double)st[E + e] / M);
+    aux *= (double)E;
+    *aux_out = aux;
+    if (!s->train) return LT_OK;
+    /* ∂(scale·aux)/∂p[t, e] = scale·E·count_e/M², the loss's own weight scale = coef·dloss·n_tok
+     * (coef with the default mean loss) */
+    double scale = (double)c->moe_aux_coef * (double)s->dloss * (double)s->n_tok;
+    for (int64_t e = 0; e < E; e++) s->moe_dp[e] = (float)(scale * (double)E * (double)st[e] / (M * M));
+    s->moe_has_dp = scale > 0;
+    return LT_OK;
+}

@@ -1,0 +1,488 @@
+/* Mixture-of-experts models (Qwen3-MoE, Mixtral) against transformers + PEFT fixtures
+ * (tests/oracle/gen_moe_fixtures.py): logits, the cross entropy, the router's load-balancing loss and
+ * every LoRA gradient (the aux term's included) of a packed batch, from HF folders and from GGUF
+ * files written as llama.cpp's converter writes them, on every backend present (CPU; CUDA when the
+ * build and the machine have it); dispatch chunks of 1, 3 and all tokens and every recompute policy
+ * give the same numbers; the size table equals what the allocator holds and a step allocates
+ * nothing; bad configs and files are refused by name. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "helpers/backends.h"
+#include "helpers/model_fixture.h"
+#include "helpers/test_util.h"
+#include "longtune/alloc.h"
+#include "longtune/model.h"
+#include "longtune/safetensors.h"
+
+/* fp32 against fp32 PyTorch: summation order only. The CUDA step reads its matmul and attention
+ * inputs in bf16 (unit roundoff 2^-8), as tests/e2e/test_cuda_gemma.c allows. */
+#define ORACLE_REL 1e-4
+#define SAME_REL 1e-5
+#define BF16_U 0x1.0p-8
+#define CUDA_REL_LOSS (8 * BF16_U)
+#define CUDA_REL_GRAD (32 * BF16_U)
+#define LT_MOE_MAX_EXPERTS_TEST 512 /* the routing ops' limit (backend.h) */
+
+static const char *const CASES[] = {"qwen3moe", "qwen3moe_dense1", "qwen3moe_nonorm", "mixtral"};
+
+typedef lt_test_fixture fixture;
+
+static void case_dir(const char *c, char *buf, size_t n) {
+    snprintf(buf, n, "%s/tests/fixtures/moe/%s", lt_test_source_dir(), c);
+}
+
+static float meta_f(lt_ctx *ctx, const fixture *f, const char *key) {
+    const char *v = lt_safetensors_metadata(f->exp, key);
+    if (!v) {
+        fprintf(stderr, "fixture: no metadata %s (%s)\n", key, lt_ctx_error(ctx));
+        fail();
+    }
+    return strtof(v, NULL);
+}
+
+/* Loads case c (file: a model file in its folder, or NULL) on dev with the fixture's adapter. */
+static lt_model *load_on(lt_ctx *ctx, const char *c, const char *file, const fixture *f, lt_device dev) {
+    char path[1200];
+    case_dir(c, path, sizeof path);
+    if (file) {
+        strcat(path, "/");
+        strcat(path, file);
+    }
+    lt_lora_options lo = {0};
+    lo.rank = f->rank, lo.alpha = f->alpha, lo.num_layers = f->num_layers, lo.seed = 7;
+    lt_model_options mo = {0};
+    mo.device = dev;
+    lt_model *m = NULL;
+    if (lt_model_load(ctx, path, &mo, &lo, &m) != LT_OK) {
+        fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
+        fail();
+    }
+    for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+        lt_lora_tensor t;
+        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+        int64_t n;
+        const float *v = lt_test_fixture_tensor(ctx, f, t.name, &n);
+        assert_int_equal(n, lt_tensor_numel(&t.value));
+        assert_int_equal(lt_model_lora_set(ctx, m, t.offset, n, v), LT_OK);
+    }
+    return m;
+}
+
+/* Every run shape of one case on one device against the oracle: the three recompute policies,
+ * dispatch chunks of 1, 3 and all tokens, forward-only logits; gradients equal across shapes.
+ * with_aux = 0 (GGUF files carry no coefficient): the gradients are the cross entropy's alone,
+ * grad - aux_coef · grad_aux of the fixture. */
+static void check_case(const char *c, const char *file, lt_device dev) {
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    char dir[1024];
+    case_dir(c, dir, sizeof dir);
+    lt_test_fixture_open(ctx, dir, &f);
+    lt_model *m = load_on(ctx, c, file, &f, dev);
+    const lt_model_config *cfg = lt_model_get_config(m);
+    int with_aux = cfg->moe_aux_coef > 0;
+    float coef = meta_f(ctx, &f, "aux_coef");
+    if (with_aux) assert_true(fabsf(cfg->moe_aux_coef - coef) < 1e-9f);
+    int cuda = dev != LT_DEVICE_CPU;
+    double rel_loss = cuda ? CUDA_REL_LOSS : ORACLE_REL, rel_grad = cuda ? CUDA_REL_GRAD : ORACLE_REL;
+    int64_t N = f.B * f.T, V = cfg->V, ng = 0;
+    lt_model_batch b = lt_test_fixture_batch(&f);
+    const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+    const int64_t chunks[3] = {0, 1, 3};
+    float *first = NULL, *g = NULL, tl[64];
+    lt_model_lora_grads(m, &ng);
+    g = malloc((size_t)ng * 4);
+    for (int pi = 0; pi < 3; pi++)
+        for (int ci = 0; ci < 3; ci++) {
+            char what[300];
+            lt_model_run_options ro = {0};
+            ro.B = f.B, ro.T = f.T, ro.recompute = pol[pi], ro.recompute_k = 2, ro.moe_chunk_tokens = chunks[ci];
+            ro.chunk_rows = ci == 2 ? 7 : 0; /* position-wise chunks that cut dispatch chunks */
+            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+            if (ci == 0) {
+                float *logits = malloc((size_t)(N * V) * 4);
+                for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
+                assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
+                snprintf(what, sizeof what, "%s%s%s %s logits (policy %d)", c, file ? " " : "", file ? file : "",
+                         lt_test_backend_name(dev), pi);
+                lt_test_compare(what, logits, lt_test_fixture_tensor(ctx, &f, "logits", NULL), N * V, rel_loss);
+                free(logits);
+            }
+            lt_model_zero_grads(m);
+            lt_model_result r;
+            if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {
+                fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
+                fail();
+            }
+            snprintf(what, sizeof what, "%s %s ce (policy %d, moe chunk %lld)", c, lt_test_backend_name(dev), pi,
+                     (long long)chunks[ci]);
+            float ce = (float)(r.loss_sum / (double)r.n_tokens);
+            lt_test_compare(what, &ce, lt_test_fixture_tensor(ctx, &f, "loss_ce", NULL), 1, rel_loss);
+            lt_test_compare(what, tl, lt_test_fixture_tensor(ctx, &f, "token_loss", NULL), N, rel_loss);
+            if (with_aux) {
+                float aux = (float)r.aux_loss, total = ce + coef * aux;
+                snprintf(what, sizeof what, "%s %s aux_loss", c, lt_test_backend_name(dev));
+                lt_test_compare(what, &aux, lt_test_fixture_tensor(ctx, &f, "aux_loss", NULL), 1, rel_loss);
+                lt_test_compare(what, &total, lt_test_fixture_tensor(ctx, &f, "loss", NULL), 1, rel_loss);
+            } else {
+                assert_true(r.aux_loss == 0);
+            }
+            for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+                lt_lora_tensor t;
+                assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+                char key[200];
+                int64_t n = lt_tensor_numel(&t.grad);
+                snprintf(key, sizeof key, "%s.grad", t.name);
+                const float *want = lt_test_fixture_tensor(ctx, &f, key, NULL);
+                float *w = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+                snprintf(key, sizeof key, "%s.grad_aux", t.name);
+                const float *wa = lt_test_fixture_tensor(ctx, &f, key, NULL);
+                for (int64_t e = 0; e < n; e++) w[e] = with_aux ? want[e] : want[e] - coef * wa[e];
+                assert_int_equal(lt_model_lora_get(ctx, m, 1, t.offset, n, got), LT_OK);
+                snprintf(what, sizeof what, "%s %s %s.grad (policy %d, moe chunk %lld)", c, lt_test_backend_name(dev),
+                         t.name, pi, (long long)chunks[ci]);
+                lt_test_compare(what, got, w, n, rel_grad);
+                free(w);
+                free(got);
+            }
+            assert_int_equal(lt_model_lora_get(ctx, m, 1, 0, ng, g), LT_OK);
+            if (!first) {
+                first = malloc((size_t)ng * 4);
+                memcpy(first, g, (size_t)ng * 4);
+            } else { /* dispatch chunks and recompute change memory, never numbers */
+                snprintf(what, sizeof what, "%s %s grads (policy %d, moe chunk %lld) vs unchunked", c,
+                         lt_test_backend_name(dev), pi, (long long)chunks[ci]);
+                lt_test_compare(what, g, first, ng, cuda ? rel_grad : SAME_REL);
+            }
+            /* evaluation: the same cross entropy and aux loss */
+            lt_model_result rf;
+            assert_int_equal(lt_model_forward(ctx, m, &b, &rf, NULL), LT_OK);
+            float cef = (float)(rf.loss_sum / (double)rf.n_tokens);
+            snprintf(what, sizeof what, "%s %s forward-only ce", c, lt_test_backend_name(dev));
+            lt_test_compare(what, &cef, &ce, 1, SAME_REL);
+            float auxf = (float)rf.aux_loss, aux = (float)r.aux_loss;
+            lt_test_compare(what, &auxf, &aux, 1, SAME_REL);
+        }
+    free(first);
+    free(g);
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+static void matches_transformers_peft(void **state) {
+    (void)state;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    for (int d = 0; d < nd; d++)
+        for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++) check_case(CASES[ci], NULL, devs[d]);
+}
+
+/* The GGUF files (experts stacked as blk.N.ffn_*_exps, the router as ffn_gate_inp; Mixtral as
+ * arch llama with permuted Q/K rows) give the same model. */
+static void gguf_matches_transformers_peft(void **state) {
+    (void)state;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    for (int d = 0; d < nd; d++) {
+        check_case("qwen3moe", "model.gguf", devs[d]);
+        check_case("mixtral", "model.gguf", devs[d]);
+    }
+}
+
+/* What the readers make of the fixtures: experts, top-k, widths, the dense layer, the
+ * normalisation, the aux coefficient; the per-layer MLP kinds. */
+static void configs_and_layers(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1200];
+    lt_model_config c;
+    case_dir("qwen3moe_dense1", dir, sizeof dir);
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.arch == LT_ARCH_QWEN3_MOE && c.n_experts == 8 && c.n_experts_used == 2 && c.moe_F == 16 &&
+                c.F == 40 && c.moe_norm_topk && c.qk_norm && fabsf(c.moe_aux_coef - 0.02f) < 1e-9f);
+    for (int64_t l = 0; l < 3; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(&c, l, &d);
+        assert_int_equal(d.mlp, l == 1 ? LT_MLP_KIND_SWIGLU : LT_MLP_KIND_MOE);
+    }
+    case_dir("qwen3moe_nonorm", dir, sizeof dir); /* "num_experts", "rope_theta" spelling */
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.n_experts == 8 && !c.moe_norm_topk);
+    case_dir("mixtral", dir, sizeof dir);
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.arch == LT_ARCH_MIXTRAL && c.n_experts == 4 && c.n_experts_used == 2 && c.moe_F == 16 &&
+                c.moe_norm_topk && c.sliding_window == 0);
+    strcat(dir, "/model.gguf");
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.arch == LT_ARCH_MIXTRAL && c.n_experts == 4 && c.moe_F == 16 && c.moe_aux_coef == 0);
+    case_dir("qwen3moe", dir, sizeof dir);
+    strcat(dir, "/model.gguf");
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    assert_true(c.arch == LT_ARCH_QWEN3_MOE && c.n_experts == 8 && c.moe_F == 16 && c.qk_norm);
+    lt_ctx_free(ctx);
+}
+
+/* The planner's numbers are the allocator's for MoE layer lists (the dispatch buffers at the
+ * chunk, the stacked experts, the routers), and a step allocates nothing. */
+static void size_table_equals_allocations(void **state) {
+    (void)state;
+    const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+    const char *const cases[2] = {"qwen3moe_dense1", "mixtral"};
+    for (int ci = 0; ci < 2; ci++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int fo = 0; fo < 2; fo++) {
+                lt_ctx *ctx = lt_ctx_new();
+                char dir[1024];
+                case_dir(cases[ci], dir, sizeof dir);
+                lt_lora_options lo = {0};
+                lo.rank = 4;
+                lt_model_config cfg;
+                assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
+                lt_model_run_options ro = {0};
+                ro.B = 2, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
+                ro.moe_chunk_tokens = pi == 1 ? 5 : 0;
+                ro.chunk_rows = pi == 2 ? 7 : 0;
+                lt_model_sizes want;
+                assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+                lt_model *m = NULL;
+                assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
+                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                lt_model_sizes got = lt_model_get_sizes(m);
+                for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
+                fixture f;
+                lt_test_fixture_open(ctx, dir, &f);
+                size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+                lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+                lt_model_batch b = lt_test_fixture_batch(&f);
+                lt_model_result r;
+                if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+                else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+                lt_safetensors_close(ctx, f.exp);
+                lt_model_free(ctx, m);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+                lt_ctx_free(ctx);
+            }
+    /* a smaller dispatch chunk takes less workspace */
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1024];
+    case_dir("mixtral", dir, sizeof dir);
+    lt_model_config cfg;
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
+    lt_model_run_options ro = {0};
+    ro.B = 2, ro.T = 12;
+    lt_model_sizes full, small;
+    assert_int_equal(lt_model_size_table(ctx, &cfg, NULL, &ro, &full), LT_OK);
+    ro.moe_chunk_tokens = 2;
+    assert_int_equal(lt_model_size_table(ctx, &cfg, NULL, &ro, &small), LT_OK);
+    assert_true(small.bytes[LT_MEM_WORKSPACE] < full.bytes[LT_MEM_WORKSPACE]);
+    ro.moe_chunk_tokens = -1;
+    assert_int_equal(lt_model_size_table(ctx, &cfg, NULL, &ro, &small), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "moe_chunk_tokens"));
+    lt_ctx_free(ctx);
+}
+
+static void expect_load_error(lt_ctx *ctx, const char *rel, lt_status want, const char *needle) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tests/fixtures/moe/%s", lt_test_source_dir(), rel);
+    lt_model *m = NULL;
+    lt_status s = lt_model_load(ctx, path, NULL, NULL, &m);
+    if (s != want || !strstr(lt_ctx_error(ctx), needle)) {
+        fprintf(stderr, "%s: status %d (want %d): %s (want \"%s\")\n", rel, (int)s, (int)want, lt_ctx_error(ctx),
+                needle);
+        fail();
+    }
+    assert_null(m);
+}
+
+/* Bad files and configs: typed errors naming the key or tensor. */
+static void bad_inputs_are_refused(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    expect_load_error(ctx, "bad/topk_gt_experts", LT_ERR_FORMAT, "num_experts_per_tok");
+    expect_load_error(ctx, "bad/missing_expert", LT_ERR_NOT_FOUND, "model.layers.0.mlp.experts.3.up_proj.weight");
+    expect_load_error(ctx, "bad/router_shape", LT_ERR_SHAPE, "model.layers.0.mlp.gate.weight");
+    expect_load_error(ctx, "bad/router_shape_cols", LT_ERR_SHAPE, "model.layers.0.mlp.gate.weight");
+    expect_load_error(ctx, "bad/topk_gt_experts.gguf", LT_ERR_FORMAT, "expert_used_count");
+    expect_load_error(ctx, "bad/missing_expert.gguf", LT_ERR_NOT_FOUND, "blk.0.ffn_up_exps.weight");
+    expect_load_error(ctx, "bad/expert_shape.gguf", LT_ERR_SHAPE, "blk.0.ffn_up_exps.weight");
+    expect_load_error(ctx, "bad/router_shape.gguf", LT_ERR_SHAPE, "blk.0.ffn_gate_inp.weight");
+    expect_load_error(ctx, "qwen2moe_shared", LT_ERR_UNSUPPORTED, "qwen2_moe");
+    /* hand-made configs through the size table */
+    char dir[1024];
+    case_dir("mixtral", dir, sizeof dir);
+    lt_model_config good, c;
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &good), LT_OK);
+    lt_model_run_options ro = {0};
+    ro.B = 1, ro.T = 8;
+    lt_model_sizes sz;
+    c = good, c.n_experts_used = 5;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "top-k"));
+    c = good, c.n_experts = 0;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "n_experts"));
+    c = good, c.n_experts = LT_MOE_MAX_EXPERTS_TEST + 1, c.n_experts_used = 2;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "n_experts"));
+    c = good, c.moe_F = 0;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "moe_F"));
+    c = good, c.moe_shared_F = 8;
+    assert_int_equal(lt_model_size_table(ctx, &c, NULL, &ro, &sz), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "shared expert"));
+    /* LoRA on the experts names the layer */
+    lt_lora_options lo = {0};
+    lo.targets = 1u << LT_PROJ_UP;
+    assert_int_equal(lt_model_size_table(ctx, &good, &lo, &ro, &sz), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0"));
+    lt_model *m = NULL;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
+    assert_null(m);
+    /* ... but not on a dense layer of a model with experts */
+    case_dir("qwen3moe_dense1", dir, sizeof dir);
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
+    lo.targets = 1u << LT_PROJ_UP | 1u << LT_PROJ_Q, lo.num_layers = 3;
+    assert_int_equal(lt_model_size_table(ctx, &c, &lo, &ro, &sz), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layer 0"));
+    c.moe_dense[2] = 1; /* layers 1 and 2 dense: LoRA on the last two takes their MLPs */
+    lo.num_layers = 2;
+    assert_int_equal(lt_model_size_table(ctx, &c, &lo, &ro, &sz), LT_OK);
+    /* config.json refusals */
+#define W ", \"moe_intermediate_size\": 16"
+    static const struct {
+        const char *json, *needle;
+        lt_status st;
+    } bad[] = {
+        {"\"num_experts\": 0, \"num_experts_per_tok\": 1" W, "experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 600, \"num_experts_per_tok\": 2" W, "experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 0" W, "num_experts_per_tok", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 0", "moe_intermediate_size",
+         LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]" W, "mlp_only_layers",
+         LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 0" W, "decoder_sparse_step",
+         LT_ERR_FORMAT},
+        {"\"num_experts_per_tok\": 2" W, "num_experts", LT_ERR_FORMAT},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": -3", "moe_intermediate_size",
+         LT_ERR_FORMAT},
+    };
+#undef W
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char d2[] = "/tmp/lt_moe_cfg_XXXXXX", p[128];
+        assert_non_null(mkdtemp(d2));
+        snprintf(p, sizeof p, "%s/config.json", d2);
+        FILE *fp = fopen(p, "w");
+        assert_non_null(fp);
+        fprintf(fp,
+                "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 40, "
+                "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                "\"num_key_value_heads\": 2, \"head_dim\": 8, %s}",
+                bad[i].json);
+        fclose(fp);
+        lt_status s = lt_model_config_read_hf(ctx, p, &c);
+        unlink(p);
+        rmdir(d2);
+        if (s != bad[i].st || !strstr(lt_ctx_error(ctx), bad[i].needle)) {
+            fprintf(stderr, "case %zu: status %d: %s\n", i, (int)s, lt_ctx_error(ctx));
+            fail();
+        }
+    }
+    lt_ctx_free(ctx);
+}
+
+/* transformers' load_balancing_loss_func from the fixture's router logits over the real tokens
+ * (real[i] != 0): p = softmax, f_e = top-k picks of e / M, P_e = Σ p / M, aux = E Σ f_e P_e. */
+static double aux_reference(lt_ctx *ctx, const fixture *f, int64_t L, int64_t E, int64_t k, const uint8_t *real) {
+    int64_t N = f->B * f->T;
+    double cnt[64] = {0}, psum[64] = {0}, M = 0;
+    for (int64_t l = 0; l < L; l++) {
+        char key[64];
+        snprintf(key, sizeof key, "router_logits.%lld", (long long)l);
+        const float *lg = lt_test_fixture_tensor(ctx, f, key, NULL);
+        for (int64_t t = 0; t < N; t++) {
+            if (!real[t]) continue;
+            double mx = -INFINITY, z = 0, p[64];
+            for (int64_t e = 0; e < E; e++) mx = fmax(mx, lg[t * E + e]);
+            for (int64_t e = 0; e < E; e++) z += p[e] = exp(lg[t * E + e] - mx);
+            int used[64] = {0};
+            for (int64_t e = 0; e < E; e++) psum[e] += p[e] / z;
+            for (int64_t j = 0; j < k; j++) {
+                int64_t best = -1;
+                for (int64_t e = 0; e < E; e++)
+                    if (!used[e] && (best < 0 || p[e] > p[best])) best = e;
+                used[best] = 1;
+                cnt[best] += 1;
+            }
+            M += 1;
+        }
+    }
+    double aux = 0;
+    for (int64_t e = 0; e < E; e++) aux += (cnt[e] / M) * (psum[e] / M);
+    return aux * (double)E;
+}
+
+/* Padding (real_seqs: a row's trailing segments) stays out of the router's statistics, as
+ * transformers' attention_mask keeps padded tokens out; without real_seqs every token counts. */
+static void aux_leaves_padding_out(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    char dir[1024];
+    case_dir("qwen3moe", dir, sizeof dir);
+    lt_test_fixture_open(ctx, dir, &f);
+    lt_model *m = load_on(ctx, "qwen3moe", NULL, &f, LT_DEVICE_CPU);
+    const lt_model_config *c = lt_model_get_config(m);
+    lt_model_run_options ro = {0};
+    ro.B = f.B, ro.T = f.T, ro.moe_chunk_tokens = 4;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+    lt_model_batch b = lt_test_fixture_batch(&f);
+    uint8_t real[64];
+    memset(real, 1, sizeof real);
+    lt_model_result r;
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+    double want = aux_reference(ctx, &f, c->L, c->n_experts, c->n_experts_used, real);
+    assert_true(fabs(r.aux_loss - want) <= 1e-5 * want);
+    /* row 0's second document as padding */
+    int32_t rs[2] = {1, 1};
+    b.real_seqs = rs;
+    for (int64_t t = f.offsets[1]; t < f.T; t++) real[t] = 0;
+    double pad = aux_reference(ctx, &f, c->L, c->n_experts, c->n_experts_used, real);
+    assert_true(fabs(pad - want) > 1e-4 * want); /* the case tells them apart */
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+    assert_true(fabs(r.aux_loss - pad) <= 1e-5 * pad);
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+    assert_true(fabs(r.aux_loss - pad) <= 1e-5 * pad);
+    rs[1] = 3; /* beyond S */
+    assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "real_seqs[1]"));
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    lt_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(configs_and_layers),
+        cmocka_unit_test(matches_transformers_peft),
+        cmocka_unit_test(gguf_matches_transformers_peft),
+        cmocka_unit_test(aux_leaves_padding_out),
+        cmocka_unit_test(size_table_equals_allocations),
+        cmocka_unit_test(bad_inputs_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
