@@ -238,17 +238,35 @@ def margins(router_logits, k):
     return worst
 
 
+def lora_wrap(model, seed):
+    """PEFT LoRA on q/k/v/o with every A and B drawn from `seed` (B nonzero)."""
+    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                                  bias="none"))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn_like(p))
+    return peft_model
+
+
 def run_case(out_dir, case, spec, seed):
-    # Reseed until every token's top-k choice is well separated.
+    # Reseed until every token's top-k choice, with the adapters applied, is well separated.
+    seqs, tokens, targets, positions, offsets = batch(seed + 2)
     for attempt in range(50):
-        cfg, config, model = build(spec, seed + 1000 * attempt)
-        seqs, tokens, targets, positions, offsets = batch(seed + 2)
+        mseed = seed + 1000 * attempt
+        cfg, config, model = build(spec, mseed)
         with torch.no_grad():
-            out = model(input_ids=tokens, position_ids=positions, output_router_logits=True, use_cache=False)
+            out = lora_wrap(model, seed + 1)(input_ids=tokens, position_ids=positions, output_router_logits=True,
+                                             use_cache=False)
         if margins(out.router_logits, config.num_experts_per_tok) >= MIN_MARGIN:
             break
     else:
         raise SystemExit(f"{case}: no seed with top-k margin {MIN_MARGIN}")
+    cfg, config, model = build(spec, mseed)  # the same model again, unwrapped
+    with torch.no_grad():
+        out = model(input_ids=tokens, position_ids=positions, output_router_logits=True, use_cache=False)
     mlayers = moe_layers(config)
     assert len(out.router_logits) == len(mlayers), (len(out.router_logits), mlayers)
 
@@ -280,14 +298,7 @@ def run_case(out_dir, case, spec, seed):
     if spec.get("gguf"):
         write_gguf(os.path.join(d, "model.gguf"), spec["gguf"], config, sd)
 
-    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                                  bias="none"))
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.1 * torch.randn_like(p))
+    peft_model = lora_wrap(model, seed + 1)
     lora = {n.replace(".default", ""): p for n, p in peft_model.named_parameters() if "lora_" in n}
     assert all(p.requires_grad for p in lora.values())
     assert not any(p.requires_grad for n, p in peft_model.named_parameters() if "lora_" not in n)
@@ -295,6 +306,7 @@ def run_case(out_dir, case, spec, seed):
     out, logits, token_loss, ce = forward(peft_model, config, tokens, targets, positions)
     aux = out.aux_loss
     loss = ce + AUX_COEF * aux
+    assert margins(out.router_logits, config.num_experts_per_tok) >= MIN_MARGIN
     # transformers' own loss on the same batch (it shifts labels itself): the same total.
     labels = torch.full((B, T), -100)
     labels[:, 1:] = targets[:, :-1]
