@@ -9,7 +9,8 @@
 # $OUT/gpu-moe.log. It installs nothing: the peer imports torch, transformers and peft from
 # $LONGTUNE_PEER_PATH (default /tmp/lt-peer) or python3's own packages.
 #
-# usage: scripts/gpu-moe.sh [step ...]   steps: build bench (default: both, in that order)
+# usage: scripts/gpu-moe.sh [step ...]   steps: build bench (default: both, in that order; under a
+#        10-minute limit per command run `scripts/gpu-moe.sh build`, then `scripts/gpu-moe.sh bench`)
 #        BUILD (default build-gpu) names the build folder; BIN=path/to/longtune skips the build's
 #        binary for another; extra bench flags go in MOE_FLAGS (e.g. "--max 131072 --no-confirm").
 set -u

@@ -36,6 +36,21 @@ f="$tmp/res/moe-cpu-tiny-moe.json"
 [ -f "$f" ] || say "tiny run wrote no $f (rc $rc): $(tail -3 "$tmp/out")"
 grep -q '"model_type": "qwen3_moe"' "$tmp/w/tiny-moe-f32/config.json" 2>/dev/null ||
   say "the random checkpoint's config.json is not a qwen3_moe one"
+# the experts per expert, as transformers' save_pretrained writes them (E=8, moe_F=32, C=64)
+python3 - "$tmp/w/tiny-moe-f32/model.safetensors" <<'PY' || say "the random checkpoint's tensors are not the per-expert layout"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+for l in range(2):
+    assert h[f"model.layers.{l}.mlp.gate.weight"]["shape"] == [8, 64]
+    for e in range(8):
+        assert h[f"model.layers.{l}.mlp.experts.{e}.gate_proj.weight"]["shape"] == [32, 64]
+        assert h[f"model.layers.{l}.mlp.experts.{e}.up_proj.weight"]["shape"] == [32, 64]
+        assert h[f"model.layers.{l}.mlp.experts.{e}.down_proj.weight"]["shape"] == [64, 32]
+assert not any(k.endswith("mlp.gate_proj.weight") for k in h)
+assert len([k for k in h if k != "__metadata__"]) == 3 + 2 * (8 + 1 + 3 * 8)
+PY
 if [ -f "$f" ] && [ "$rc" -ne 0 ] && grep -q 'model_type \\"qwen3_moe\\" is not supported' "$f"; then
   [ "$rc" -eq 1 ] || say "a refused model exited $rc, want 1"
   [ "$fail" -eq 0 ] && echo "skipped: this build's model does not run Qwen3-MoE"
