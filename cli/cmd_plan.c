@@ -43,7 +43,7 @@ static void print_help(void) {
            "  --lora-rank r, --lora-targets LIST, --num-layers K (alias --lora-layers)\n"
            "  --recompute P       none | all | every:K | auto [none] (auto: what train would choose for\n"
            "                      the budget); --grad-checkpoint = all\n"
-           "  --recompute-attention, --offload-checkpoints, --attention flash|naive, --loss\n"
+           "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"

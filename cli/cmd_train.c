@@ -51,6 +51,8 @@ static void print_help(void) {
         "                             instead of keeping its output (less memory, slower)\n"
         "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
         "                             recompute policy; cuda: copies overlap the layers)\n"
+        "  --moe-chunk-tokens N       MoE models: tokens whose experts run together, rerun in the\n"
+        "                             backward (bounds the experts' memory) [4096]\n"
         "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
         "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
         "  --quantize FMT             quantize a dense base at load: int4_g64, q4_0, q4_1, q8_0,\n"

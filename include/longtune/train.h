@@ -86,6 +86,9 @@ typedef struct lt_train_options {
     int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */
+    int64_t moe_chunk_tokens;                    /* MoE models: tokens whose experts run together (the dispatch
+                                      chunk, recomputed in the backward): lt_model_run_options
+                                      .moe_chunk_tokens [LT_MODEL_MOE_CHUNK_TOKENS] */
     lt_attention_impl attention;                 /* [flash] */
     lt_lce_impl loss;                            /* [fused] */
     int no_pack;                                 /* one example per row instead of packing */

@@ -106,7 +106,7 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
         const lt_layer_desc *d = &m->layers[l].desc;
         if (d->mlp != LT_MLP_KIND_SWIGLU || d->norm != LT_NORM_PLACE_PRE || d->rope != 0)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "kv cache: generation does not run layer %lld's %s MLP, %s norms or RoPE table %d yet "
+                            "kv cache: generation does not run layer %lld's %s, %s norms or RoPE table %d yet "
                             "(train and eval do)",
                             (long long)l, lt_mlp_kind_name(d->mlp), lt_norm_place_name(d->norm), d->rope);
         lt_op_query q = {LT_OP_DECODE_ATTENTION, LT_DTYPE_F32, LT_DTYPE_F32, 0, d->D, d->window, d->softcap};

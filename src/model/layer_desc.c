@@ -63,6 +63,9 @@ static lt_status check_one(lt_ctx *ctx, const lt_model_config *c, int64_t l, con
                         "model: layer %lld has a %s, which the model cannot run (SwiGLU, "
                         "GeGLU or mixture of experts)",
                         ll, lt_mlp_kind_name(d->mlp));
+    if (d->mlp == LT_MLP_KIND_MOE && c->n_experts <= 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has a %s without experts (n_experts = %lld)", ll,
+                        lt_mlp_kind_name(d->mlp), (long long)c->n_experts);
     if (d->mlp == LT_MLP_KIND_MOE && d->norm != LT_NORM_PLACE_PRE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: layer %lld has a %s with a %s, which the model cannot run", ll,
                         lt_mlp_kind_name(d->mlp), lt_norm_place_name(d->norm));

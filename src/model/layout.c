@@ -574,7 +574,6 @@ static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o)
     layout_buffers(r, o, &cur);
     LT_TRY(lt_model_moe_layout(ctx, r->c, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur, &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
-    if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes;
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
     o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);

@@ -136,7 +136,7 @@ typedef struct lt_store {
 typedef struct lt_moe_layout {
     int64_t chunk, n_layers;
     size_t logits, idx, w, off, rows, slot, xg, g, u, a, yg, stats, dw, dg, du, dlogits, gm_ws;
-    size_t gm_ws_bytes, mm_ws_bytes; /* mm_ws_bytes: the router's matmul at the chunk (within mm_ws) */
+    size_t gm_ws_bytes;
 } lt_moe_layout;
 
 /* Carves the MoE buffers from *cur (alignment al) for a run whose position-wise chunk is

@@ -128,7 +128,6 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
     }
     o->gm_ws_bytes = gw;
     o->gm_ws = carve_al(cur, gw, al);
-    o->mm_ws_bytes = be->matmul_workspace_bytes(LT_DTYPE_F32, E, C, ch, threads);
     return LT_OK;
 }
 
@@ -137,7 +136,7 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
 typedef struct moe_bufs {
     float *logits, *w, *xg, *g, *u, *a, *yg, *dw, *dg, *du, *dlogits, *stats;
     int32_t *idx, *off, *rows, *slot;
-    void *gm_ws, *mm_ws;
+    void *gm_ws;
 } moe_bufs;
 
 static moe_bufs bufs_of(const lt_step *s) {
@@ -164,7 +163,6 @@ static moe_bufs bufs_of(const lt_step *s) {
         b.dlogits = lt_step_ws(s, o->dlogits);
     }
     b.gm_ws = o->gm_ws_bytes ? (void *)lt_step_ws(s, o->gm_ws) : NULL;
-    b.mm_ws = lt_step_ws(s, s->m->lay.mm_ws);
     return b;
 }
 
@@ -189,7 +187,9 @@ static void route_and_gather(const lt_step *s, const lt_layer *L, const moe_bufs
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     int64_t E = c->n_experts, k = c->n_experts_used;
-    be->matmul(s->ctx, LT_MATMUL_NT, &L->router, h, n, 0.0f, b->logits, b->mm_ws);
+    /* the router in f32 on every backend (gemm: no bf16 rounding of its inputs), so a device's
+     * top-k choices are the host's */
+    be->gemm(s->ctx, 0, 1, n, E, c->C, 1.0f, h, c->C, (const float *)L->router.data, c->C, 0.0f, b->logits, E);
     for (int64_t t = 0; t < n;) { /* padding routes too, outside the statistics */
         int real;
         int64_t e = token_run(s, g0 + t, g0 + n, &real) - g0;
@@ -249,7 +249,7 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
                               s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
             t = e;
         }
-        be->matmul(s->ctx, LT_MATMUL_NN, &L->router, b.dlogits, m, 1.0f, dh + t0 * C, b.mm_ws);
+        be->gemm(s->ctx, 0, 0, m, C, E, 1.0f, b.dlogits, E, (const float *)L->router.data, C, 1.0f, dh + t0 * C, C);
     }
 }
 

@@ -102,6 +102,8 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
         give_up(g, "the op profiler times every op with its own events and waits");
     } else if (lt_model_get_lora(m)->dropout > 0) {
         give_up(g, "LoRA dropout draws its masks from a per-step seed passed to the kernels by value");
+    } else if (lt_model_get_config(m)->moe_aux_coef > 0) {
+        give_up(g, "the MoE router's load-balancing loss reads its statistics back on the host mid-step");
     }
     *out = g;
     return LT_OK;

@@ -140,6 +140,7 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
     out->run.recompute_k = opt->recompute_every;
     out->run.recompute_attention = opt->recompute_attention;
     out->run.offload_ckpt = opt->offload_checkpoints;
+    out->run.moe_chunk_tokens = opt->moe_chunk_tokens;
     out->run.attention = opt->attention;
     out->run.loss = opt->loss;
     out->run.threads = opt->threads;

@@ -22,6 +22,7 @@
 #include "helpers/model_fixture.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
+#include "longtune/kv_cache.h"
 #include "longtune/model.h"
 #include "longtune/safetensors.h"
 
@@ -353,6 +354,14 @@ static void bad_inputs_are_refused(void **state) {
     lt_model *m = NULL;
     assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
     assert_null(m);
+    /* generation's KV cache refuses the MoE layers by name (training and eval run them) */
+    assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &m), LT_OK);
+    lt_kv_cache *kv = NULL;
+    assert_int_equal(lt_kv_cache_new(ctx, m, 1, 16, 0, &kv, NULL), LT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(lt_ctx_error(ctx), "mixture-of-experts MLP"));
+    assert_null(kv);
+    lt_model_free(ctx, m);
+    m = NULL;
     /* ... but not on a dense layer of a model with experts */
     case_dir("qwen3moe_dense1", dir, sizeof dir);
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
