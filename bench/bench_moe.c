@@ -520,9 +520,15 @@ int lt_bench_moe(int argc, char **argv) {
             cJSON_AddStringToObject(ch, "error", "the loaded model has no mixture-of-experts layers");
             goto peer;
         }
-        if (timed_points(&R, cfg, &c, seqs, n_seqs, 1, chunk, ch) != 0 ||
-            timed_points(&R, cfg, &c, seqs, n_seqs, 0, chunk, un) != 0)
+        if (timed_points(&R, cfg, &c, seqs, n_seqs, 1, chunk, ch) != 0) {
+            fprintf(stderr, "longtune bench moe: %s\n", lt_ctx_error(ctx));
+            cJSON_AddStringToObject(un, "error", "not run: the chunked arm failed (its \"error\")");
             goto peer;
+        }
+        if (timed_points(&R, cfg, &c, seqs, n_seqs, 0, chunk, un) != 0) {
+            fprintf(stderr, "longtune bench moe: %s\n", lt_ctx_error(ctx));
+            goto peer;
+        }
         if (do_ceiling) {
             if (ceiling(&R, cfg, 1, chunk, c_lo, tmax, gc.available_bytes, confirm, ch) != 0 ||
                 ceiling(&R, cfg, 0, chunk, c_lo, tmax, gc.available_bytes, confirm, un) != 0)
