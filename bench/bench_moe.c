@@ -322,7 +322,7 @@ int lt_bench_moe(int argc, char **argv) {
     lt_bench_common_init(&c);
     c.repeats = 3;
     int64_t seqs[MAX_SEQS], chunk = 0, tmax = 0, peer_max = 0, threads = 0, rank = 8;
-    int n_seqs = 0, peers = 1, do_ceiling = 1, confirm = 1;
+    int n_seqs = 0, peers = 1, do_ceiling = 1, confirm = 1, peer_cpu = 0;
     const char *shape_name = NULL, *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
@@ -347,6 +347,8 @@ int lt_bench_moe(int argc, char **argv) {
                    "  --threads N          CPU threads\n"
                    "  --no-peer            skip the peer\n"
                    "  --peer-max N         longest T the peer tries (default --max)\n"
+                   "  --peer-cpu           run the peer on the CPU too (checks the pipeline on a machine\n"
+                   "                       without a GPU; not a measurement)\n"
                    "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
                    "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n" LT_BENCH_COMMON_HELP
                    "(default here: --repeats 3)\n",
@@ -358,6 +360,10 @@ int lt_bench_moe(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(a, "--no-peer")) {
             peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--peer-cpu")) {
+            peer_cpu = 1;
             continue;
         }
         if (!strcmp(a, "--no-ceiling")) {
@@ -419,21 +425,22 @@ int lt_bench_moe(int argc, char **argv) {
     /* The peer first, in its own process, before this one creates a CUDA context. */
     cJSON *peer_lines = NULL;
     int peer_ran = 0;
-    if (peers && cuda) {
-        char list[256], args[512];
+    if (peers && (cuda || peer_cpu)) {
+        char list[256], args[600];
         size_t o = 0;
         for (int i = 0; i < n_seqs; i++)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s%lld", i ? "," : "", (long long)seqs[i]);
         snprintf(args, sizeof args,
-                 "--shape %s --seq %s --steps %d --warmup %d --rank %lld%s --ceiling-start %lld --ceiling-max %lld",
+                 "--shape %s --seq %s --steps %d --warmup %d --rank %lld%s --ceiling-start %lld --ceiling-max %lld%s",
                  shape->name, list, c.repeats, c.warmup, (long long)rank, do_ceiling ? " --ceiling" : "",
-                 (long long)c_lo, (long long)peer_max);
+                 (long long)c_lo, (long long)peer_max, cuda ? "" : " --device cpu");
         double t0 = lt_time_now();
         peer_lines = lt_bench_gpu_peer_run_script(peer_path, "bench/peers/train_moe_peft_gpu.py", args);
         peer_ran = 1;
         fprintf(stderr, "peer took %.0f s\n", lt_time_now() - t0);
     } else if (peers) {
-        fprintf(stderr, "peer: the transformers + PEFT peer of this bench runs on CUDA only\n");
+        fprintf(stderr,
+                "peer: the transformers + PEFT peer of this bench runs on CUDA (--peer-cpu to check it here)\n");
     }
     if (cuda && lt_sys_cuda().count == 0) {
         fprintf(stderr, "longtune bench moe: --backend cuda: no CUDA device (or a build without CUDA)\n");
