@@ -51,6 +51,10 @@ File layouts (transformers 5.24):
 
 Cases:
   qwen3moe          L=2, E=8, k=2, norm_topk_prob true, head_dim 16 (H*D != C), qk-norm; + GGUF
+  qwen3moe_fused    qwen3moe's model with the experts fused as transformers 5 holds them in memory
+                    (model.layers.N.mlp.experts.gate_up_proj (E, 2*moe_F, C), gate rows first, and
+                    .down_proj (E, C, moe_F), written from model.state_dict()); the same
+                    config.json and expected.safetensors
   qwen3moe_dense1   L=3, mlp_only_layers [1] (a dense SwiGLU layer between two MoE layers)
   qwen3moe_nonorm   L=2, norm_topk_prob false, config.json in the published (transformers 4) spelling
   qwen2moe_shared   L=2, E=4, k=2, a shared expert (width 24) with its sigmoid gate, q/k/v bias
@@ -82,7 +86,7 @@ QWEN3 = dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per
              intermediate_size=40, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
              rope_theta=10000.0)
 CASES = {
-    "qwen3moe": dict(cfg=dict(QWEN3, num_hidden_layers=2), gguf="qwen3moe"),
+    "qwen3moe": dict(cfg=dict(QWEN3, num_hidden_layers=2), gguf="qwen3moe", fused_copy="qwen3moe_fused"),
     "qwen3moe_dense1": dict(cfg=dict(QWEN3, num_hidden_layers=3, mlp_only_layers=[1])),
     "qwen3moe_nonorm": dict(cfg=dict(QWEN3, num_hidden_layers=2, norm_topk_prob=False), published_spelling=True),
     "qwen2moe_shared": dict(cfg=dict(model_type="qwen2_moe", num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
@@ -279,6 +283,7 @@ def run_case(out_dir, case, spec, seed):
         if os.path.exists(os.path.join(d, extra)):
             os.remove(os.path.join(d, extra))
     sd = load_file(os.path.join(d, "model.safetensors"))
+    fused = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}  # transformers 5's own
     if spec.get("published_spelling"):
         p = os.path.join(d, "config.json")
         c = json.load(open(p))
@@ -340,6 +345,23 @@ def run_case(out_dir, case, spec, seed):
             "n_moe_layers": str(len(mlayers)), "generator": "tests/oracle/gen_moe_fixtures.py",
             "torch": torch.__version__, "transformers": transformers.__version__}
     save_file(exp, os.path.join(d, "expected.safetensors"), metadata=meta)
+    if spec.get("fused_copy"):
+        # the same model with its experts as transformers 5 holds them in memory (a file written
+        # from model.state_dict()): transformers reads it back to the same logits
+        fd = os.path.join(out_dir, spec["fused_copy"])
+        if os.path.isdir(fd):
+            shutil.rmtree(fd)
+        os.makedirs(fd)
+        assert any(k.endswith("mlp.experts.gate_up_proj") for k in fused)
+        save_file(fused, os.path.join(fd, "model.safetensors"), metadata={"format": "pt"})
+        shutil.copy(os.path.join(d, "config.json"), fd)
+        shutil.copy(os.path.join(d, "expected.safetensors"), fd)
+        ref = AutoModelForCausalLM.from_pretrained(fd, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            lf = lora_wrap(ref, seed + 1)(input_ids=tokens, position_ids=positions, use_cache=False).logits
+        assert torch.allclose(lf, logits, atol=1e-5), f"{case}: the fused copy differs"
+        for f in os.listdir(fd):
+            os.chmod(os.path.join(fd, f), 0o644)
     for f in os.listdir(d):
         os.chmod(os.path.join(d, f), 0o644)
     print(f"{case}: loss {loss.item():.6f} (ce {ce.item():.6f}, aux {aux.item():.6f}), {n_lora} LoRA tensors,"
