@@ -27,6 +27,7 @@ typedef enum lt_model_arch {
     LT_ARCH_PHI3,      /* fused qkv and gate_up (split at load), longrope scaling */
     LT_ARCH_QWEN3_MOE, /* Qwen3's attention, routed-expert MLPs (dense ones in mlp_only_layers) */
     LT_ARCH_MIXTRAL,   /* Mistral's attention, routed-expert MLPs, top-k always renormalised */
+    LT_ARCH_QWEN2_MOE, /* Qwen2's attention, routed experts beside a sigmoid-gated shared expert */
 } lt_model_arch;
 
 /* RoPE frequency scaling, with Hugging Face's semantics (modeling_rope_utils). */

@@ -140,14 +140,11 @@ lt_status lt_prof_collect(lt_ctx *ctx, lt_device dev, lt_prof_totals *tot) {
 }
 
 const char *lt_prof_op_name(lt_prof_op op) {
-    static const char *const names[LT_PROF_OP_COUNT_] = {"matmul",    "matmul_cvt",  "matmul_dequant",
-                                                         "gemm_f32",  "attn_fwd",    "attn_bwd",
-                                                         "lce",       "rmsnorm_fwd", "rmsnorm_bwd",
-                                                         "rope",      "swiglu_fwd",  "swiglu_bwd",
-                                                         "embedding", "add",         "add_bias",
-                                                         "dropout",   "adamw",       "zero",
-                                                         "scale",     "sumsq",       "copy",
-                                                         "sync",      "saved_cvt"};
+    static const char *const names[LT_PROF_OP_COUNT_] =
+        {"matmul",      "matmul_cvt",  "matmul_dequant", "gemm_f32",     "attn_fwd",      "attn_bwd",  "lce",
+         "rmsnorm_fwd", "rmsnorm_bwd", "rope",           "swiglu_fwd",   "swiglu_bwd",    "embedding", "add",
+         "add_bias",    "dropout",     "adamw",          "zero",         "scale",         "sumsq",     "copy",
+         "sync",        "saved_cvt",   "moe_route",      "moe_dispatch", "grouped_matmul"};
     return (unsigned)op < LT_PROF_OP_COUNT_ ? names[op] : "?";
 }
 
@@ -320,6 +317,54 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                                \
         return s;                                                                                                      \
     }                                                                                                                  \
+    static void P##_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk,        \
+                              int32_t *idx, float *w, float *stats) {                                                  \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_ROUTE);                                                                 \
+        (REAL).moe_route(ctx, logits, n, E, k, norm_topk, idx, w, stats);                                              \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n,    \
+                                  int64_t E, int64_t k, int norm_topk, const float *dp, float *dlogits) {              \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_ROUTE);                                                                 \
+        (REAL).moe_route_bwd(ctx, logits, idx, dw, n, E, k, norm_topk, dp, dlogits);                                   \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_sort(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off,           \
+                             int32_t *rows, int32_t *slot) {                                                           \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
+        (REAL).moe_sort(ctx, idx, n, k, E, off, rows, slot);                                                           \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_gather(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C,     \
+                               float *xg) {                                                                            \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
+        (REAL).moe_gather(ctx, x, rows, nk, k, C, xg);                                                                 \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_gather_bwd(lt_ctx *ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k,           \
+                                   int64_t C, float beta, float *dx) {                                                 \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
+        (REAL).moe_gather_bwd(ctx, dxg, slot, n, k, C, beta, dx);                                                      \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_combine(lt_ctx *ctx, const float *yg, const float *w, const int32_t *slot, int64_t n,          \
+                                int64_t k, int64_t C, float beta, float *y) {                                          \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
+        (REAL).moe_combine(ctx, yg, w, slot, n, k, C, beta, y);                                                        \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_moe_combine_bwd(lt_ctx *ctx, const float *dy, const float *yg, const float *w,                     \
+                                    const int32_t *slot, int64_t n, int64_t k, int64_t C, float *dyg, float *dw) {     \
+        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
+        (REAL).moe_combine_bwd(ctx, dy, yg, w, slot, n, k, C, dyg, dw);                                                \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E,                    \
+                                   const int32_t *off, const float *x, int64_t nk, float beta, float *y, void *ws) {   \
+        int h = lt_prof_begin(DEV, LT_PROF_GROUPED_MATMUL);                                                            \
+        (REAL).grouped_matmul(ctx, mode, w, E, off, x, nk, beta, y, ws);                                               \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
     /* The real table with the timed ops swapped in: fields added later stay the real ones. */                         \
     static void P##_install(lt_backend *t) {                                                                           \
         *t = (REAL);                                                                                                   \
@@ -334,6 +379,10 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                                    \
         t->attention_batch_prepare = P##_attention_batch_prepare;                                                      \
         t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                          \
+        t->moe_route = P##_moe_route, t->moe_route_bwd = P##_moe_route_bwd, t->moe_sort = P##_moe_sort;                \
+        t->moe_gather = P##_moe_gather, t->moe_gather_bwd = P##_moe_gather_bwd;                                        \
+        t->moe_combine = P##_moe_combine, t->moe_combine_bwd = P##_moe_combine_bwd;                                    \
+        t->grouped_matmul = P##_grouped_matmul;                                                                        \
     }
 
 PROF_WRAPPERS(prof_cpu, lt_backend_cpu, LT_DEVICE_CPU)

@@ -43,7 +43,10 @@ typedef enum lt_prof_op {
     LT_PROF_SUMSQ,
     LT_PROF_COPY,
     LT_PROF_SYNC,
-    LT_PROF_SAVED_CVT, /* to_bf16 / from_bf16: checkpoints and kept outputs to and from bf16 */
+    LT_PROF_SAVED_CVT,      /* to_bf16 / from_bf16: checkpoints and kept outputs to and from bf16 */
+    LT_PROF_MOE_ROUTE,      /* moe_route / moe_route_bwd */
+    LT_PROF_MOE_DISPATCH,   /* moe_sort, moe_gather, moe_combine and their backwards */
+    LT_PROF_GROUPED_MATMUL, /* the experts' grouped products */
     LT_PROF_OP_COUNT_
 } lt_prof_op;
 

@@ -194,13 +194,24 @@ static lt_status family_mixtral(lt_ctx *ctx, const char *path, const cJSON *root
     return LT_OK;
 }
 
-/* Qwen2-MoE's shared expert is not run: refused by name rather than read without it. */
+/* Qwen2-MoE: Qwen2's attention (q/k/v biases unless qkv_bias is false), Qwen3-MoE's routing keys,
+ * and a shared expert of width shared_expert_intermediate_size on every token of an MoE layer,
+ * its output scaled by sigmoid(shared_expert_gate · h). */
 static lt_status family_qwen2_moe(lt_ctx *ctx, const char *path, const cJSON *root, lt_model_config *cfg) {
-    (void)root, (void)cfg;
-    return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                    "%s: model_type \"qwen2_moe\" (a shared expert beside the routed ones) is not supported "
-                    "(qwen3_moe, mixtral)",
-                    path);
+    LT_TRY(family_qwen3_moe(ctx, path, root, cfg));
+    cfg->arch = LT_ARCH_QWEN2_MOE;
+    cfg->qk_norm = 0;
+    cfg->qkv_bias = 1;
+    LT_TRY(get_bool(ctx, path, root, "qkv_bias", &cfg->qkv_bias));
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(root, "shared_expert_intermediate_size");
+    if (cJSON_IsNumber(w) && w->valuedouble <= 0)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"shared_expert_intermediate_size\" = %g must be positive", path,
+                        w->valuedouble);
+    LT_TRY(get_int(ctx, path, root, "shared_expert_intermediate_size", 1, &cfg->moe_shared_F));
+    if (cfg->moe_shared_F > LT_MODEL_MAX_MLP)
+        return lt_error(ctx, LT_ERR_FORMAT, "%s: \"shared_expert_intermediate_size\" = %lld is above %d", path,
+                        (long long)cfg->moe_shared_F, LT_MODEL_MAX_MLP);
+    return LT_OK;
 }
 
 /* ---- Gemma 2 and Gemma 3 (text): GeGLU, sandwich norms with (1 + w) weights, sqrt(C) embedding
@@ -660,7 +671,7 @@ static lt_status parse(lt_ctx *ctx, const char *path, const cJSON *top, lt_model
     if (f == nf)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "%s:%s model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, "
-                        "gemma3_text, gemma3, qwen3_moe, mixtral)",
+                        "gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)",
                         path, where, mt->valuestring);
     LT_TRY(read_shape(ctx, path, root, cfg));
     LT_TRY(families[f].read(ctx, path, root, cfg));

@@ -121,6 +121,11 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
             ok &= emit(&cur, fn, arg, LT_W_PROJ, l, p, lt_model_proj_dtype(c, l, (lt_proj)p), 2, o, i);
         }
         if (d.mlp == LT_MLP_KIND_MOE) ok &= emit(&cur, fn, arg, LT_W_ROUTER, l, 0, LT_DTYPE_F32, 2, c->n_experts, c->C);
+        for (int w = 0; d.mlp == LT_MLP_KIND_MOE && c->moe_shared_F > 0 && w < 3; w++)
+            ok &= emit(&cur, fn, arg, LT_W_SHARED, l, w, LT_DTYPE_F32, 2, w < 2 ? c->moe_shared_F : c->C,
+                       w < 2 ? c->C : c->moe_shared_F);
+        if (d.mlp == LT_MLP_KIND_MOE && c->moe_shared_F > 0)
+            ok &= emit(&cur, fn, arg, LT_W_SHARED_GATE, l, 0, LT_DTYPE_F32, 1, c->C, 0);
         if (d.qkv_bias)
             for (int b = 0; b < 3; b++)
                 ok &= emit(&cur, fn, arg, LT_W_BIAS, l, b, LT_DTYPE_F32, 1, (b ? c->Hkv : c->H) * d.D, 0);
@@ -574,6 +579,7 @@ static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o)
     layout_buffers(r, o, &cur);
     LT_TRY(lt_model_moe_layout(ctx, r->c, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur, &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
+    if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes; /* shared experts */
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
     o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);

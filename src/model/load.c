@@ -98,6 +98,8 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         case LT_W_POST_ATTN_NORM: snprintf(buf, n, "blk.%lld.post_attention_norm.weight", l); break;
         case LT_W_POST_MLP_NORM: snprintf(buf, n, "blk.%lld.post_ffw_norm.weight", l); break;
         case LT_W_ROUTER: snprintf(buf, n, "blk.%lld.ffn_gate_inp.weight", l); break;
+        case LT_W_SHARED: snprintf(buf, n, "blk.%lld.%s_shexp.weight", l, gguf_proj[LT_PROJ_GATE + p->which]); break;
+        case LT_W_SHARED_GATE: snprintf(buf, n, "blk.%lld.ffn_gate_inp_shexp.weight", l); break;
         default: buf[0] = 0;
         }
         return;
@@ -124,6 +126,11 @@ static void piece_name(const source *s, const lt_wpiece *p, char *buf, size_t n)
         snprintf(buf, n, "model.layers.%lld.%s.gate.weight", l,
                  s->cfg->arch == LT_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
         break;
+    case LT_W_SHARED:
+        snprintf(buf, n, "model.layers.%lld.mlp.shared_expert.%s.weight", l,
+                 lt_proj_name((lt_proj)(LT_PROJ_GATE + p->which)));
+        break;
+    case LT_W_SHARED_GATE: snprintf(buf, n, "model.layers.%lld.mlp.shared_expert_gate.weight", l); break;
     default: buf[0] = 0;
     }
     if (p->kind == LT_W_PROJ && p->which >= LT_PROJ_GATE && lt_model_layer_is_moe(s->cfg, p->layer)) {
@@ -313,7 +320,7 @@ static lt_status gguf_moe(lt_ctx *ctx, source *s, const char *arch, lt_model_con
     int64_t E = 0, k = 0, F = c->F;
     LT_TRY(gg_int(ctx, s, arch, "expert_count", 0, &E));
     if (E == 0) {
-        if (c->arch == LT_ARCH_QWEN3_MOE)
+        if (c->arch == LT_ARCH_QWEN3_MOE || c->arch == LT_ARCH_QWEN2_MOE)
             return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_count' is missing or 0", s->path, arch);
         return LT_OK;
     }
@@ -329,10 +336,14 @@ static lt_status gguf_moe(lt_ctx *ctx, source *s, const char *arch, lt_model_con
         return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.expert_feed_forward_length' = %lld must be positive",
                         s->path, arch, (long long)F);
     if (c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL) c->arch = LT_ARCH_MIXTRAL;
-    else if (c->arch != LT_ARCH_QWEN3_MOE)
+    else if (c->arch != LT_ARCH_QWEN3_MOE && c->arch != LT_ARCH_QWEN2_MOE)
         return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' with experts is not supported", s->path,
                         arch);
     c->n_experts = E, c->n_experts_used = k, c->moe_F = F, c->moe_norm_topk = 1, c->moe_every = 1;
+    if (c->arch == LT_ARCH_QWEN2_MOE) { /* llama.cpp's qwen2moe: no renormalisation, a gated shared expert */
+        c->moe_norm_topk = 0;
+        LT_TRY(gg_int(ctx, s, arch, "expert_shared_feed_forward_length", 1, &c->moe_shared_F));
+    }
     if (c->L > LT_MODEL_MAX_LAYERS)
         return lt_error(ctx, LT_ERR_FORMAT, "%s: metadata '%s.block_count' = %lld is above %d", s->path, arch,
                         (long long)c->L, LT_MODEL_MAX_LAYERS);
@@ -365,10 +376,11 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     else if (!strcmp(arch, "gemma2")) c->arch = LT_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = LT_ARCH_GEMMA3;
     else if (!strcmp(arch, "qwen3moe")) c->arch = LT_ARCH_QWEN3_MOE;
+    else if (!strcmp(arch, "qwen2moe")) c->arch = LT_ARCH_QWEN2_MOE;
     else
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
                         "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3, "
-                        "qwen3moe)",
+                        "qwen3moe, qwen2moe)",
                         s->path, arch);
     LT_TRY(gg_int(ctx, s, arch, "block_count", 1, &c->L));
     LT_TRY(gg_int(ctx, s, arch, "embedding_length", 1, &c->C));
@@ -407,7 +419,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, source *s, lt_model_config *c) {
     LT_TRY(gg_int(ctx, s, arch, "attention.sliding_window", 0, &c->sliding_window));
     if (c->arch == LT_ARCH_LLAMA && c->sliding_window > 0) c->arch = LT_ARCH_MISTRAL;
     LT_TRY(gguf_moe(ctx, s, arch, c));
-    c->qkv_bias = c->arch == LT_ARCH_QWEN2;
+    c->qkv_bias = c->arch == LT_ARCH_QWEN2 || c->arch == LT_ARCH_QWEN2_MOE;
     c->qk_norm = c->arch == LT_ARCH_QWEN3 || c->arch == LT_ARCH_GEMMA3 || c->arch == LT_ARCH_QWEN3_MOE;
     if (c->arch == LT_ARCH_GEMMA2 || c->arch == LT_ARCH_GEMMA3) LT_TRY(gemma_from_gguf(ctx, s, arch, c));
     s->permute_qk = c->arch == LT_ARCH_LLAMA || c->arch == LT_ARCH_MISTRAL || c->arch == LT_ARCH_MIXTRAL;
@@ -652,6 +664,17 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
             }
         }
     }
+    p.kind = LT_W_ROUTER; /* the routers' shapes, so the planner refuses what the load would */
+    for (int64_t l = 0; l < c->L; l++) {
+        if (!lt_model_layer_is_moe(c, l)) continue;
+        p.layer = l;
+        piece_name(s, &p, name, sizeof name);
+        LT_TRY(find(ctx, s, name, &t));
+        if (t.ndim != 2 || t.shape[0] != c->n_experts || t.shape[1] != c->C)
+            return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)", path,
+                            name, (long long)t.shape[0], (long long)(t.ndim > 1 ? t.shape[1] : 0),
+                            (long long)c->n_experts, (long long)c->C);
+    }
     p.kind = LT_W_EMBED;
     p.layer = -1;
     piece_name(s, &p, name, sizeof name);
@@ -724,6 +747,8 @@ static void wire_piece(lt_model *m, const lt_wpiece *p, uint8_t *dst) {
     case LT_W_POST_ATTN_NORM: m->layers[p->layer].post_attn_norm = (float *)dst; break;
     case LT_W_POST_MLP_NORM: m->layers[p->layer].post_mlp_norm = (float *)dst; break;
     case LT_W_ROUTER: m->layers[p->layer].router = view; break;
+    case LT_W_SHARED: m->layers[p->layer].shared[p->which] = view; break;
+    case LT_W_SHARED_GATE: m->layers[p->layer].shared_gate = view; break;
     }
 }
 

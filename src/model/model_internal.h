@@ -87,7 +87,10 @@ typedef enum lt_wkind {
     LT_W_INV_FREQ_LOCAL, /* RoPE table 1 (sliding layers of Gemma 3), when cfg->rope_local_theta > 0 */
     LT_W_POST_ATTN_NORM, /* sandwich norms: on the attention block's output */
     LT_W_POST_MLP_NORM,  /* and on the MLP's output */
-    LT_W_ROUTER          /* MoE layers: the router (n_experts, C), f32 */
+    LT_W_ROUTER,         /* MoE layers: the router (n_experts, C), f32 */
+    LT_W_SHARED,         /* moe_shared_F > 0: the shared expert's gate, up (which 0, 1: (shared_F, C)) and
+                            down (2: (C, shared_F)), f32 */
+    LT_W_SHARED_GATE     /* and its gate (C), f32 (HF (1, C), GGUF 1-D) */
 } lt_wkind;
 
 typedef struct lt_wpiece {
@@ -136,7 +139,12 @@ typedef struct lt_store {
 typedef struct lt_moe_layout {
     int64_t chunk, n_layers;
     size_t logits, idx, w, off, rows, slot, xg, g, u, a, yg, stats, dw, dg, du, dlogits, gm_ws;
-    size_t gm_ws_bytes;
+    /* moe_shared_F > 0 (n = chunk, S = moe_shared_F): the shared expert's sg, su, sa (n, S) and, as two
+     * "experts" the combine weighs by softmax([gate logit, 0]) = (sigmoid, 1 - sigmoid), its output
+     * beside zero rows sy (2n, C), with slogits (n, 2), sidx, sw (2n), soff (3), srows, sslot (2n);
+     * training adds sdg, sdu (n, S), sdy (2n, C), sdw (2n), sdlogits (n, 2). */
+    size_t sg, su, sa, sy, slogits, sidx, sw, soff, srows, sslot, sdg, sdu, sdy, sdw, sdlogits;
+    size_t gm_ws_bytes, mm_ws_bytes; /* mm_ws_bytes: the shared expert's matmuls at the chunk (in mm_ws) */
 } lt_moe_layout;
 
 /* Carves the MoE buffers from *cur (alignment al) for a run whose position-wise chunk is
@@ -253,6 +261,8 @@ typedef struct lt_layer {
     float *q_norm, *k_norm;                /* (D), desc.qk_norm; else NULL */
     float *post_attn_norm, *post_mlp_norm; /* (C), desc.norm == LT_NORM_PLACE_SANDWICH; else NULL */
     lt_tensor router;                      /* (n_experts, C) f32, desc.mlp == LT_MLP_KIND_MOE; else empty */
+    lt_tensor shared[3], shared_gate;      /* the shared expert's gate, up, down and its (C) gate (f32),
+                                              MoE layers with moe_shared_F > 0; else empty */
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];

@@ -40,9 +40,9 @@ lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *c) {
     if (!(c->moe_aux_coef >= 0 && c->moe_aux_coef <= 1e6f))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: moe_aux_coef = %g is outside [0, 1e6]",
                         (double)c->moe_aux_coef);
-    if (c->moe_shared_F != 0)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "model: a shared expert (moe_shared_F = %lld) is not supported",
-                        (long long)c->moe_shared_F);
+    if (c->moe_shared_F < 0 || c->moe_shared_F > (1 << 22))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model: shared expert width moe_shared_F = %lld is outside 0..%d",
+                        (long long)c->moe_shared_F, 1 << 22);
     /* the stacked experts' rows and the dispatch's int32 offsets */
     if (c->n_experts * c->moe_F > INT32_MAX || c->n_experts * c->C > INT32_MAX)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model: %lld experts of width %lld stack beyond 2^31 rows",
@@ -128,6 +128,29 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
     }
     o->gm_ws_bytes = gw;
     o->gm_ws = carve_al(cur, gw, al);
+    int64_t S = c->moe_shared_F;
+    if (S > 0) { /* the shared expert and its gate as a two-way combine */
+        o->sg = carve_al(cur, nbytes(ch * S, 4), al);
+        o->su = carve_al(cur, nbytes(ch * S, 4), al);
+        o->sa = carve_al(cur, nbytes(ch * S, 4), al);
+        o->sy = carve_al(cur, nbytes(2 * ch * C, 4), al);
+        o->slogits = carve_al(cur, nbytes(2 * ch, 4), al);
+        o->sidx = carve_al(cur, nbytes(2 * ch, 4), al);
+        o->sw = carve_al(cur, nbytes(2 * ch, 4), al);
+        o->soff = carve_al(cur, nbytes(3, 4), al);
+        o->srows = carve_al(cur, nbytes(2 * ch, 4), al);
+        o->sslot = carve_al(cur, nbytes(2 * ch, 4), al);
+        if (train) {
+            o->sdg = carve_al(cur, nbytes(ch * S, 4), al);
+            o->sdu = carve_al(cur, nbytes(ch * S, 4), al);
+            o->sdy = carve_al(cur, nbytes(2 * ch * C, 4), al);
+            o->sdw = carve_al(cur, nbytes(2 * ch, 4), al);
+            o->sdlogits = carve_al(cur, nbytes(2 * ch, 4), al);
+        }
+        size_t a = be->matmul_workspace_bytes(LT_DTYPE_F32, S, C, ch, threads),
+               b = be->matmul_workspace_bytes(LT_DTYPE_F32, C, S, ch, threads);
+        o->mm_ws_bytes = a > b ? a : b;
+    }
     return LT_OK;
 }
 
@@ -212,6 +235,68 @@ static void experts_fwd(const lt_step *s, const lt_layer *L, const moe_bufs *b, 
     be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
 }
 
+/* ---- the shared expert (Qwen2-MoE): y += sigmoid(h·gᵀ)·down(silu(gate(h))·up(h)) ----
+ * The sigmoid gate is the routing of two "experts", the shared one and a zero one, over logits
+ * (h·gᵀ, 0): softmax gives (sigmoid, 1 - sigmoid), top-2 keeps both, and the combine of the shared
+ * output beside zero rows is the gated output; its backward is the routing's. Every token picks
+ * both, so the shared expert's grouped rows are the tokens in order: rows [0, n) of sy. */
+
+static float *wsf(const lt_step *s, size_t off) { return lt_step_ws(s, off); }
+
+static void shared_route(const lt_step *s, const lt_layer *L, const float *h, int64_t n) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    const lt_backend *be = s->be;
+    int64_t C = s->m->cfg.C;
+    float *lg = wsf(s, o->slogits);
+    be->zero(s->ctx, lg, (size_t)(2 * n) * sizeof(float));
+    be->gemm(s->ctx, 0, 1, n, 1, C, 1.0f, h, C, (const float *)L->shared_gate.data, C, 0.0f, lg, 2);
+    be->moe_route(s->ctx, lg, n, 2, 2, 0, (int32_t *)wsf(s, o->sidx), wsf(s, o->sw), NULL);
+    be->moe_sort(s->ctx, (int32_t *)wsf(s, o->sidx), n, 2, 2, (int32_t *)wsf(s, o->soff), (int32_t *)wsf(s, o->srows),
+                 (int32_t *)wsf(s, o->sslot));
+}
+
+/* sy rows [0, n) = the shared expert's output on h, rows [n, 2n) zero; sg, su, sa kept. */
+static void shared_mlp(const lt_step *s, const lt_layer *L, const float *h, int64_t n) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    const lt_backend *be = s->be;
+    int64_t C = s->m->cfg.C, S = s->m->cfg.moe_shared_F;
+    void *ws = lt_step_ws(s, s->m->lay.mm_ws);
+    float *sy = wsf(s, o->sy);
+    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[0], h, n, 0.0f, wsf(s, o->sg), ws);
+    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[1], h, n, 0.0f, wsf(s, o->su), ws);
+    be->swiglu_fwd(s->ctx, wsf(s, o->sg), wsf(s, o->su), n * S, wsf(s, o->sa));
+    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[2], wsf(s, o->sa), n, 0.0f, sy, ws);
+    be->zero(s->ctx, sy + n * C, (size_t)(n * C) * sizeof(float));
+}
+
+static void shared_fwd(const lt_step *s, const lt_layer *L, const float *h, int64_t n, float *y) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    shared_route(s, L, h, n);
+    shared_mlp(s, L, h, n);
+    s->be->moe_combine(s->ctx, wsf(s, o->sy), wsf(s, o->sw), (int32_t *)wsf(s, o->sslot), n, 2, s->m->cfg.C, 1.0f, y);
+}
+
+/* dh (n, C) += ∂/∂h of the gated shared expert given dy. */
+static void shared_bwd(const lt_step *s, const lt_layer *L, const float *h, const float *dy, int64_t n, float *dh) {
+    const lt_moe_layout *o = &s->m->lay.moe;
+    const lt_backend *be = s->be;
+    int64_t C = s->m->cfg.C, S = s->m->cfg.moe_shared_F;
+    void *ws = lt_step_ws(s, s->m->lay.mm_ws);
+    shared_route(s, L, h, n);
+    shared_mlp(s, L, h, n);
+    float *sdy = wsf(s, o->sdy), *sdl = wsf(s, o->sdlogits);
+    be->moe_combine_bwd(s->ctx, dy, wsf(s, o->sy), wsf(s, o->sw), (int32_t *)wsf(s, o->sslot), n, 2, C, sdy,
+                        wsf(s, o->sdw));
+    /* rows [0, n) of sdy: the shared output's gradient; sa takes ∂/∂sa (dead after the forward) */
+    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[2], sdy, n, 0.0f, wsf(s, o->sa), ws);
+    be->swiglu_bwd(s->ctx, wsf(s, o->sa), wsf(s, o->sg), wsf(s, o->su), n * S, wsf(s, o->sdg), wsf(s, o->sdu));
+    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[0], wsf(s, o->sdg), n, 1.0f, dh, ws);
+    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[1], wsf(s, o->sdu), n, 1.0f, dh, ws);
+    be->moe_route_bwd(s->ctx, wsf(s, o->slogits), (int32_t *)wsf(s, o->sidx), wsf(s, o->sdw), n, 2, 2, 0, NULL, sdl);
+    /* the gate logit is column 0 of (n, 2) */
+    be->gemm(s->ctx, 0, 0, n, C, 1, 1.0f, sdl, 2, (const float *)L->shared_gate.data, C, 1.0f, dh, C);
+}
+
 void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y) {
     const lt_model_config *c = &s->m->cfg;
     const lt_layer *L = &s->m->layers[l];
@@ -222,6 +307,7 @@ void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, in
         route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
         experts_fwd(s, L, &b, m * k);
         s->be->moe_combine(s->ctx, b.yg, b.w, b.slot, m, k, C, 1.0f, y + t0 * C);
+        if (c->moe_shared_F > 0) shared_fwd(s, L, h + t0 * C, m, y + t0 * C);
     }
 }
 
@@ -250,6 +336,7 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
             t = e;
         }
         be->gemm(s->ctx, 0, 0, m, C, E, 1.0f, b.dlogits, E, (const float *)L->router.data, C, 1.0f, dh + t0 * C, C);
+        if (c->moe_shared_F > 0) shared_bwd(s, L, h + t0 * C, dy + t0 * C, m, dh + t0 * C);
     }
 }
 

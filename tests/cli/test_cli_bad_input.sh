@@ -48,7 +48,7 @@ expect 2 "option '--iters' needs a value" "${run[@]}" --iters
 expect 1 "longtune train: invalid argument: the training set yields no batches" --model "$dir/model" --data "$dir/empty" --iters 2 "${ad[@]}"
 expect 1 "longtune train: invalid argument: model: token " --model "$dir/v96" --data "$dir/data" --iters 2 "${ad[@]}"
 expect 1 "is outside [0, 96)" --model "$dir/v96" --data "$dir/data" --iters 2 "${ad[@]}"
-expect 1 "longtune train: unsupported: $dir/gpt2/config.json: model_type \"gpt2\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3)" \
+expect 1 "longtune train: unsupported: $dir/gpt2/config.json: model_type \"gpt2\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)" \
   --model "$dir/gpt2" --data "$dir/data" --iters 2 "${ad[@]}"
 expect 1 "longtune train: malformed input: $dir/badline/train.jsonl:2:" --model "$dir/model" --data "$dir/badline" --iters 2 "${ad[@]}"
 expect 1 "longtune train: not found: $dir/nodir/train.jsonl: cannot open" --model "$dir/model" --data "$dir/nodir" --iters 2 "${ad[@]}"

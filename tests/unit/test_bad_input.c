@@ -271,7 +271,7 @@ static void gguf_unknown_architecture(void **state) {
     lt_model *m = NULL;
     lt_model_options mo = {LT_DEVICE_CPU, 0};
     EXPECT(ctx, lt_model_load(ctx, p, &mo, NULL, &m), LT_ERR_UNSUPPORTED,
-           "GGUF architecture 'gpt2' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe)");
+           "GGUF architecture 'gpt2' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, qwen2moe)");
     assert_null(m);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
@@ -394,7 +394,7 @@ static void config_malformed(void **state) {
     write_text(p, "{\"model_type\": \"gpt2\", \"vocab_size\": 10}");
     EXPECT(
         ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_UNSUPPORTED,
-        "model_type \"gpt2\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, mixtral)");
+        "model_type \"gpt2\" is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)");
     write_text(p, "{\"model_type\": \"llama\", \"vocab_size\": 10}");
     EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, "missing key \"hidden_size\"");
     write_text(p, "{\"model_type\": \"llama\", \"vocab_size\": \"ten\"}");
@@ -403,7 +403,7 @@ static void config_malformed(void **state) {
     EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, "not a JSON object");
     write_text(p, "{\"model_type\": \"ll\xff\xfe\"}");
     EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_UNSUPPORTED,
-           "is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, mixtral)");
+           "is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)");
     lt_ctx_free(ctx);
 }
 
