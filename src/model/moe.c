@@ -236,8 +236,8 @@ static void route_and_gather(const moe_run *x, const lt_layer *L, const moe_bufs
      * top-k choices are the host's */
     be->gemm(x->ctx, 0, 1, n, E, c->C, 1.0f, h, c->C, (const float *)L->router.data, c->C, 0.0f, b->logits, E);
     for (int64_t t = 0; t < n;) { /* padding routes too, outside the statistics */
-        int real;
-        int64_t e = token_run(x->s, g0 + t, g0 + n, &real) - g0;
+        int real = 0;             /* one call unless collecting */
+        int64_t e = collect ? token_run(x->s, g0 + t, g0 + n, &real) - g0 : n;
         be->moe_route(x->ctx, b->logits + t * E, e - t, E, k, c->moe_norm_topk, b->idx + t * k, b->w + t * k,
                       collect && real ? b->stats : NULL);
         t = e;
@@ -357,8 +357,8 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
         be->moe_gather_bwd(s->ctx, dxg, b.slot, m, k, C, 0.0f, dh + t0 * C);
         for (int64_t t = 0; t < m;) { /* the aux term's gradient reaches the real tokens only */
-            int real;
-            int64_t e = token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0);
+            int real = 0;
+            int64_t e = s->moe_has_dp ? token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0) : m;
             be->moe_route_bwd(s->ctx, b.logits + t * E, b.idx + t * k, b.dw + t * k, e - t, E, k, c->moe_norm_topk,
                               s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
             t = e;
