@@ -16,11 +16,17 @@
 
 static const lt_bench_shape shapes[] = {
     {"qwen3-8b", "Qwen3-8B (L=36 C=4096 F=12288 H=32 Hkv=8 D=128 V=151936, untied)", LT_ARCH_QWEN3, 151936, 4096, 12288,
-     36, 32, 8, 128, 1000000.0, 1e-6, 0, 40960},
+     36, 32, 8, 128, 1000000.0, 1e-6, 0, 40960, 0, 0, 0, 0, 0.0},
     {"smollm2-135m", "SmolLM2-135M (L=30 C=576 F=1536 H=9 Hkv=3 D=64 V=49152, tied)", LT_ARCH_LLAMA, 49152, 576, 1536,
-     30, 9, 3, 64, 100000.0, 1e-5, 1, 8192},
+     30, 9, 3, 64, 100000.0, 1e-5, 1, 8192, 0, 0, 0, 0, 0.0},
     {"tiny", "tiny Qwen3-style test shape (L=2 C=64 F=128 H=4 Hkv=2 D=16 V=512, untied)", LT_ARCH_QWEN3, 512, 64, 128,
-     2, 4, 2, 16, 10000.0, 1e-6, 0, 4096},
+     2, 4, 2, 16, 10000.0, 1e-6, 0, 4096, 0, 0, 0, 0, 0.0},
+    /* Qwen3-30B-A3B's published config.json with 4 of its 48 layers */
+    {"qwen3-30b-a3b-l4",
+     "Qwen3-30B-A3B with 4 layers (L=4 C=2048 H=32 Hkv=4 D=128 E=128 K=8 moe_F=768 V=151936, untied)", LT_ARCH_QWEN3,
+     151936, 2048, 6144, 4, 32, 4, 128, 1000000.0, 1e-6, 0, 40960, 128, 8, 768, 1, 0.001},
+    {"tiny-moe", "tiny Qwen3-MoE test shape (L=2 C=64 H=4 Hkv=2 D=16 E=8 K=2 moe_F=32 V=512, untied)", LT_ARCH_QWEN3,
+     512, 64, 128, 2, 4, 2, 16, 10000.0, 1e-6, 0, 4096, 8, 2, 32, 1, 0.001},
 };
 
 const lt_bench_shape *lt_bench_shape_find(const char *name) {
@@ -30,6 +36,8 @@ const lt_bench_shape *lt_bench_shape_find(const char *name) {
 }
 
 const char *lt_bench_shape_names(void) { return "qwen3-8b|smollm2-135m|tiny"; }
+
+const char *lt_bench_moe_shape_names(void) { return "qwen3-30b-a3b-l4|tiny-moe"; }
 
 lt_model_config lt_bench_shape_config(const lt_bench_shape *s, lt_dtype dt) {
     lt_model_config c;
@@ -45,6 +53,12 @@ lt_model_config lt_bench_shape_config(const lt_bench_shape *s, lt_dtype dt) {
     for (int p = 0; p < LT_PROJ_COUNT_; p++) c.proj_dtype[p] = dt;
     c.embed_dtype = dt;
     c.head_dtype = dt;
+    if (s->E > 0) {
+        c.mlp = LT_MLP_KIND_MOE;
+        c.n_experts = s->E, c.n_experts_used = s->K, c.moe_F = s->moe_F, c.moe_every = 1;
+        c.moe_norm_topk = s->norm_topk;
+        c.moe_aux_coef = (float)s->aux_coef;
+    }
     return c;
 }
 
@@ -80,6 +94,16 @@ static int64_t list_tensors(const lt_bench_shape *s, tdesc *out) {
             ADD(s->D, 0, "model.layers.%lld.self_attn.k_norm.weight", ll);
         }
         ADD(s->C, 0, "model.layers.%lld.post_attention_layernorm.weight", ll);
+        if (s->E > 0) {
+            ADD(s->E, s->C, "model.layers.%lld.mlp.gate.weight", ll);
+            for (int64_t e = 0; e < s->E; e++) {
+                long long ee = (long long)e;
+                ADD(s->moe_F, s->C, "model.layers.%lld.mlp.experts.%lld.gate_proj.weight", ll, ee);
+                ADD(s->moe_F, s->C, "model.layers.%lld.mlp.experts.%lld.up_proj.weight", ll, ee);
+                ADD(s->C, s->moe_F, "model.layers.%lld.mlp.experts.%lld.down_proj.weight", ll, ee);
+            }
+            continue;
+        }
         ADD(s->F, s->C, "model.layers.%lld.mlp.gate_proj.weight", ll);
         ADD(s->F, s->C, "model.layers.%lld.mlp.up_proj.weight", ll);
         ADD(s->C, s->F, "model.layers.%lld.mlp.down_proj.weight", ll);
@@ -174,17 +198,30 @@ int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shap
         return -1;
     }
 
-    char cfg[1536];
+    char cfg[2048], moe[512] = "";
+    /* the MoE keys as Qwen3-30B-A3B's published config.json spells them */
+    if (s->E > 0)
+        snprintf(moe, sizeof moe,
+                 " \"num_experts\": %lld, \"num_experts_per_tok\": %lld, \"moe_intermediate_size\": %lld,"
+                 " \"norm_topk_prob\": %s, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [],"
+                 " \"output_router_logits\": %s, \"router_aux_loss_coef\": %g,",
+                 (long long)s->E, (long long)s->K, (long long)s->moe_F, s->norm_topk ? "true" : "false",
+                 s->aux_coef > 0 ? "true" : "false", s->aux_coef);
     snprintf(cfg, sizeof cfg,
              "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"vocab_size\": %lld, \"hidden_size\": %lld,"
              " \"intermediate_size\": %lld, \"num_hidden_layers\": %lld, \"num_attention_heads\": %lld,"
-             " \"num_key_value_heads\": %lld, \"head_dim\": %lld, \"max_position_embeddings\": %lld,"
+             " \"num_key_value_heads\": %lld, \"head_dim\": %lld, \"max_position_embeddings\": %lld,%s"
              " \"rms_norm_eps\": %g, \"rope_theta\": %.1f, \"tie_word_embeddings\": %s, \"hidden_act\": \"silu\","
              " \"attention_bias\": false, \"torch_dtype\": \"%s\"}\n",
-             s->arch == LT_ARCH_QWEN3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM",
-             s->arch == LT_ARCH_QWEN3 ? "qwen3" : "llama", (long long)s->V, (long long)s->C, (long long)s->F,
-             (long long)s->L, (long long)s->H, (long long)s->Hkv, (long long)s->D, (long long)s->max_positions,
-             s->rms_eps, s->rope_theta, s->tied ? "true" : "false", bf16 ? "bfloat16" : "float32");
+             s->E > 0                       ? "Qwen3MoeForCausalLM"
+                 : s->arch == LT_ARCH_QWEN3 ? "Qwen3ForCausalLM"
+                                            : "LlamaForCausalLM",
+             s->E > 0                       ? "qwen3_moe"
+                 : s->arch == LT_ARCH_QWEN3 ? "qwen3"
+                                            : "llama",
+             (long long)s->V, (long long)s->C, (long long)s->F, (long long)s->L, (long long)s->H, (long long)s->Hkv,
+             (long long)s->D, (long long)s->max_positions, moe, s->rms_eps, s->rope_theta, s->tied ? "true" : "false",
+             bf16 ? "bfloat16" : "float32");
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (write_file_text(path, cfg) != 0) {
         fprintf(stderr, "random checkpoint: cannot write %s\n", path);
@@ -271,12 +308,14 @@ done:
 }
 
 cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args) {
+    return lt_bench_gpu_peer_run_script(peer_path, "bench/peers/train_peft_gpu.py", args);
+}
+
+cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, const char *args) {
     const char *src = getenv("LONGTUNE_SOURCE_DIR");
     char cmd[4096];
-    snprintf(
-        cmd, sizeof cmd,
-        "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 '%s/bench/peers/train_peft_gpu.py' %s",
-        peer_path, src && *src ? src : ".", args);
+    snprintf(cmd, sizeof cmd, "PYTHONPATH='%s'${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 '%s/%s' %s",
+             peer_path, src && *src ? src : ".", script, args);
     fprintf(stderr, "peer: %s\n", cmd);
     fflush(NULL);
     FILE *p = popen(cmd, "r");

@@ -1,5 +1,5 @@
-/* Benchmark model shapes (the published configs of Qwen3-8B and SmolLM2-135M, plus a tiny shape
- * for tests) and random-weight checkpoints of those shapes, written once as a Hugging Face folder
+/* Benchmark model shapes (the published configs of Qwen3-8B and SmolLM2-135M, Qwen3-30B-A3B's with
+ * four layers, plus tiny shapes for tests) and random-weight checkpoints of those shapes, written once as a Hugging Face folder
  * (config.json + model.safetensors) by streaming each tensor in bounded chunks, so an 8B model never
  * sits whole in this process's memory, and reused by later runs. It loads through the public
  * lt_model_load; it does not build models any other way. */
@@ -20,18 +20,29 @@ typedef struct lt_bench_shape {
     double rms_eps;
     int tied;
     int64_t max_positions;
+    /* Mixture of experts (E = 0: dense). Every layer routes each token to its K largest of E
+     * SwiGLU experts of width moe_F (F is then the config's unused dense intermediate_size), the
+     * top-K weights renormalised when norm_topk; aux_coef > 0 adds the router's load-balancing
+     * loss (output_router_logits true). The checkpoint holds the experts per expert, as
+     * transformers' save_pretrained and the published files do:
+     * model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight and the router model.layers.N.mlp.gate.weight. */
+    int64_t E, K, moe_F;
+    int norm_topk;
+    double aux_coef;
 } lt_bench_shape;
 
 /* The shape called `name`, or NULL. */
 const lt_bench_shape *lt_bench_shape_find(const char *name);
-/* "qwen3-8b|smollm2-135m|tiny" for usage lines. */
+/* "qwen3-8b|smollm2-135m|tiny" (the dense shapes) for usage lines. */
 const char *lt_bench_shape_names(void);
+/* "qwen3-30b-a3b-l4|tiny-moe" (the mixture-of-experts shapes) for usage lines. */
+const char *lt_bench_moe_shape_names(void);
 
 /* The model config the loader would read from the shape's folder, with the projections, embedding
  * and head held in `dt` (F32 or BF16): what the planner takes without any file. */
 lt_model_config lt_bench_shape_config(const lt_bench_shape *s, lt_dtype dt);
 
-/* Base-weight scalars of the shape (projections, embedding, untied head, norms). */
+/* Base-weight scalars of the shape (projections, experts and routers, embedding, untied head, norms). */
 int64_t lt_bench_shape_params(const lt_bench_shape *s);
 
 /* Makes sure `dir` holds a random checkpoint of shape s in dtype dt (F32 or BF16; norms always f32)
@@ -57,6 +68,9 @@ void lt_bench_random_dir(const lt_bench_shape *s, lt_dtype dt, char *buf, size_t
  * object it printed on stdout as an array (NULL when it could not be started or printed no
  * {"ready": true} line; the reason goes to stderr). Caller owns the array. */
 cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args);
+/* The same for another peer script, `script` relative to the source folder
+ * ("bench/peers/train_moe_peft_gpu.py"). */
+cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, const char *args);
 /* The first element of a peer's line array with key `key` (and "T" == T when T > 0), or NULL. */
 const cJSON *lt_bench_peer_find(const cJSON *lines, const char *key, int64_t T);
 

@@ -1,321 +1,574 @@
-/* `longtune bench moe --backend cuda`: the experts' grouped products (lt_backend.grouped_matmul, one
- * launch for all experts, f32 x and y, W in any dtype decoded in the tile loads) at a Qwen3-30B-A3B
- * MoE layer (E = 128 experts, k = 8 per token, C = 2048, moe_F = 768) over n tokens routed at
- * random, for the four products of a layer's step (gate/up forward, down forward, down backward,
- * gate/up backward), against the same products as one cuBLASLt bf16 GEMM per expert with the row
- * counts known on the host and operands already in bf16 (what a host-synchronised loop would run
- * at). Medians over repeats, device synchronised around each call; TFLOP/s = 2·nk·C·moe_F / time. */
+/* `longtune bench moe`: LoRA training steps (batch 1, LoRA r=8 on q,k,v,o of every layer, experts and
+ * routers frozen, recompute every layer, flash attention, fused loss, the router's load-balancing
+ * loss, AdamW) of a mixture-of-experts shape — Qwen3-30B-A3B's published config with four layers,
+ * random weights — with the expert dispatch chunked (--moe-chunk-tokens, the default) and unchunked
+ * (one chunk of all T tokens), at each T of --seq: median step time, tokens/s, the accounting
+ * allocator's peak beside the planner's prediction for the same run. Then the longest trainable T of
+ * each: candidates (powers of 2 and their midpoints up to --max) allocated in order until one does
+ * not fit (the model allocates everything at prepare time), the planner's own answer for the
+ * device's memory beside it, and one real step at the longest that allocated. On CUDA the peer,
+ * transformers + PEFT on the same shape (bench/peers/train_moe_peft_gpu.py: LoRA on attention,
+ * gradient checkpointing, bf16, random init from the config), runs first in its own process on an
+ * untouched device: the same --seq lengths and its own longest T, stopping at its first OOM.
+ * It calls the library's model and planner; it reimplements no op. */
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "bench_model.h"
 #include "bench.h"
+#include "backend/backend.h"
 #include "longtune/alloc.h"
+#include "longtune/guard.h"
 #include "longtune/log.h"
+#include "longtune/model.h"
+#include "longtune/plan.h"
+#include "longtune/sysinfo.h"
 
-#if LT_HAVE_CUDA
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-#endif
+#define MAX_SEQS 8
+#define MAX_CAND 40
+#define ATTN_TARGETS ((1u << LT_PROJ_Q) | (1u << LT_PROJ_K) | (1u << LT_PROJ_V) | (1u << LT_PROJ_O))
 
 static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench moe: %s '%s'\nusage: longtune bench moe --backend cuda [options]\n", msg, arg);
+    fprintf(stderr, "longtune bench moe: %s '%s'\nusage: longtune bench moe [options]\n", msg, arg);
     return 2;
 }
 
-#if LT_HAVE_CUDA
-static uint64_t xs(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
+static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) return -1;
+    *out = x;
+    return 0;
 }
 
-static float unif(uint64_t *s) { return (float)((double)(xs(s) >> 11) * 0x1.0p-52 - 1.0); }
+typedef struct moe_run {
+    lt_ctx *ctx;
+    lt_model *m;
+    lt_device dev;
+    const lt_backend *be;
+    lt_lora_options lo;
+    int threads;
+    float *mom_m, *mom_v;
+    size_t mom_bytes;
+    int32_t *tok; /* host batch of 2·Tmax ids */
+    size_t tok_bytes;
+    uint64_t seed;
+    int64_t adam_step;
+} moe_run;
 
-/* n bytes of device memory filled from host bytes made by fill (NULL: left as allocated). */
-static void *dev_fill(lt_ctx *ctx, size_t bytes, void (*fill)(void *h, size_t bytes, uint64_t *s), uint64_t *s,
-                      const char *what) {
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, bytes, what);
-    if (!d || !fill) return d;
-    void *h = malloc(bytes);
-    if (!h) {
-        lt_free(ctx, LT_DEVICE_CUDA, d, bytes);
-        return NULL;
+/* chunk: the run's moe_chunk_tokens (0 = the model's default, >= T = one chunk) */
+static lt_model_run_options run_opts(int64_t T, int64_t chunk, int threads) {
+    lt_model_run_options ro = {.B = 1,
+                               .T = T,
+                               .recompute = LT_RECOMPUTE_EVERY,
+                               .attention = LT_ATTENTION_FLASH,
+                               .loss = LT_LCE_FUSED,
+                               .threads = threads,
+                               .moe_chunk_tokens = chunk};
+    return ro;
+}
+
+static lt_plan_options plan_opts(const moe_run *r, int64_t T, int64_t chunk) {
+    lt_plan_options po = {.device = r->dev,
+                          .lora = r->lo,
+                          .run = run_opts(T, chunk, r->threads),
+                          .held_bytes = r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0};
+    return po;
+}
+
+/* The plan's peak and classes into q (plan_bytes, plan_classes); 0 = planned. */
+static int add_plan(moe_run *r, const lt_model_config *cfg, int64_t T, int64_t chunk, cJSON *q, size_t *peak) {
+    lt_plan_options po = plan_opts(r, T, chunk);
+    lt_plan p;
+    *peak = 0;
+    if (lt_plan_compute(r->ctx, cfg, &po, &p) != LT_OK) {
+        cJSON_AddStringToObject(q, "plan_error", lt_ctx_error(r->ctx));
+        return -1;
     }
-    fill(h, bytes, s);
-    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-    free(h);
-    return d;
+    *peak = p.peak_bytes;
+    cJSON_AddNumberToObject(q, "plan_bytes", (double)p.peak_bytes);
+    cJSON *cl = cJSON_AddObjectToObject(q, "plan_classes");
+    for (int k = 0; k < LT_PLAN_CLASS_COUNT_; k++)
+        cJSON_AddNumberToObject(cl, lt_plan_class_name((lt_plan_class)k), (double)p.bytes[k]);
+    return 0;
 }
 
-static void fill_f32(void *h, size_t bytes, uint64_t *s) {
-    for (size_t i = 0; i < bytes / 4; i++) ((float *)h)[i] = unif(s);
+/* lt_model_prepare at (T, chunk): 1 = allocated, 0 = out of memory, -1 = another error (in ctx). */
+static int prepare_at(moe_run *r, int64_t T, int64_t chunk) {
+    lt_model_run_options ro = run_opts(T, chunk, r->threads);
+    lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
+    lt_mem_reset_peak(r->ctx, r->dev);
+    if (st == LT_OK) return 1;
+    return st == LT_ERR_OOM ? 0 : -1;
 }
 
-static void fill_bf16(void *h, size_t bytes, uint64_t *s) {
-    for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)h)[i] = lt_f32_to_bf16(0.05f * unif(s));
+/* One real step at T (prepared): its milliseconds, or < 0 on failure (status in ctx). */
+static double step_at(moe_run *r, int64_t T, double *loss) {
+    const lt_model_config *cfg = lt_model_get_config(r->m);
+    int32_t *x = r->tok, *y = r->tok + T;
+    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_bench_rand_u64(&r->seed) % (uint64_t)cfg->V);
+    for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
+    y[T - 1] = LT_IGNORE_INDEX;
+    lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
+    lt_model_result mr;
+    int64_t n = 0;
+    float *params = lt_model_lora_params(r->m, &n), *grads = lt_model_lora_grads(r->m, &n);
+    lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++r->adam_step};
+    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
+    double t0 = lt_time_now();
+    lt_model_zero_grads(r->m);
+    if (lt_model_forward_backward(r->ctx, r->m, &b, 0.0f, &mr, NULL) != LT_OK) return -1;
+    r->be->adamw(r->ctx, params, grads, r->mom_m, r->mom_v, n, &hp);
+    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
+    *loss = mr.n_tokens > 0 ? mr.loss_sum / (double)mr.n_tokens : NAN;
+    return (lt_time_now() - t0) * 1e3;
 }
 
-/* The stacked expert weights (rows, in) in dtype dt from uniform floats of scale 0.05. */
-static void *make_weight(lt_ctx *ctx, lt_dtype dt, int64_t rows, int64_t in, uint64_t *s, size_t *bytes) {
-    const size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
-    *bytes = rb * (size_t)rows;
-    uint8_t *h = malloc(*bytes);
-    float *row = malloc((size_t)in * sizeof *row);
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, *bytes, "bench moe weight");
-    if (!h || !row || !d) {
-        free(h), free(row);
-        if (d) lt_free(ctx, LT_DEVICE_CUDA, d, *bytes);
-        return NULL;
+/* Powers of 2 and their midpoints (1.5x) in [lo, hi], ascending (the peer's candidates too). */
+static int candidates(int64_t lo, int64_t hi, int64_t *out) {
+    int n = 0;
+    int64_t p = 1;
+    while (p * 2 <= lo) p *= 2;
+    for (; p <= hi && n + 2 <= MAX_CAND; p *= 2) {
+        if (p >= lo) out[n++] = p;
+        if (p + p / 2 >= lo && p + p / 2 <= hi) out[n++] = p + p / 2;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < in; c++) row[c] = 0.05f * unif(s);
-        uint8_t *dst = h + rb * (size_t)r;
-        if (dt == LT_DTYPE_F32) memcpy(dst, row, rb);
-        else if (dt == LT_DTYPE_BF16)
-            for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_bf16(row[c]);
-        else if (dt == LT_DTYPE_F16)
-            for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_f16(row[c]);
-        else lt_quantize_row(dt, row, dst, in);
-    }
-    cudaMemcpy(d, h, *bytes, cudaMemcpyHostToDevice);
-    free(h), free(row);
-    return d;
+    return n;
 }
 
-/* The peer: per expert e with m_e rows, one cuBLASLt bf16 GEMM (fp32 accumulate, f32 out), plans
- * made before timing. Row-major y_e = x_e·W_eᵀ (NT) or x_e·W_e (NN) is column-major
- * y_eᵀ = op(W_e)·x_eᵀ. Median ms of the E calls together; < 0 when cuBLASLt refuses a shape. */
-static double peer_ms(const int32_t *off, int64_t E, int nn, int64_t out, int64_t in, const void *W, const void *X,
-                      float *Y, void *ws, size_t wsb, int warmup, int repeats) {
-    const int64_t K = nn ? out : in, N = nn ? in : out;
-    double ms = -1, *t = malloc(sizeof(double) * (size_t)repeats);
-    cublasLtHandle_t h = NULL;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t *bd = calloc((size_t)E, sizeof *bd), *cd = calloc((size_t)E, sizeof *cd), ad = NULL;
-    cublasLtMatmulAlgo_t *algo = calloc((size_t)E, sizeof *algo);
-    cublasLtMatmulPreference_t pref = NULL;
-    const float one = 1.0f, zero = 0.0f;
-    cublasOperation_t opa = nn ? CUBLAS_OP_N : CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    if (!t || !bd || !cd || !algo || cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) goto done;
-    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto done;
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    /* W_e row-major (out, in) is column-major (in, out), ld in */
-    cublasLtMatrixLayoutCreate(&ad, CUDA_R_16BF, (uint64_t)in, (uint64_t)out, in);
-    cublasLtMatmulPreferenceCreate(&pref);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t m = off[e + 1] - off[e];
-        if (!m) continue;
-        cublasLtMatrixLayoutCreate(&bd[e], CUDA_R_16BF, (uint64_t)K, (uint64_t)m, K);
-        cublasLtMatrixLayoutCreate(&cd[e], CUDA_R_32F, (uint64_t)N, (uint64_t)m, N);
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        if (cublasLtMatmulAlgoGetHeuristic(h, op, ad, bd[e], cd[e], cd[e], pref, 1, &res, &nres) !=
-                CUBLAS_STATUS_SUCCESS ||
-            nres < 1)
-            goto done;
-        algo[e] = res.algo;
-    }
-    for (int r = -warmup; r < repeats; r++) {
-        cudaDeviceSynchronize();
-        double t0 = lt_time_now();
-        for (int64_t e = 0; e < E; e++) {
-            if (off[e + 1] == off[e]) continue;
-            const char *We = (const char *)W + (size_t)(e * out * in) * 2;
-            const char *Xe = (const char *)X + (size_t)off[e] * (size_t)K * 2;
-            float *Ye = Y + (size_t)off[e] * (size_t)N;
-            cublasLtMatmul(h, op, &one, We, ad, Xe, bd[e], &zero, Ye, cd[e], Ye, cd[e], &algo[e], ws, wsb, 0);
+/* One arm's timed points: returns 0, or -1 when the model failed other than by running out of
+ * memory (the message is in the arm's "error"). */
+static int timed_points(moe_run *r, const lt_model_config *cfg, const lt_bench_common *c, const int64_t *seqs,
+                        int n_seqs, int chunked, int64_t chunk, cJSON *arm) {
+    cJSON *pts = cJSON_AddArrayToObject(arm, "points");
+    for (int i = 0; i < n_seqs; i++) {
+        int64_t T = seqs[i], ch = chunked ? chunk : T;
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, q);
+        cJSON_AddNumberToObject(q, "T", (double)T);
+        cJSON_AddNumberToObject(q, "moe_chunk_tokens", (double)(ch > 0 ? ch : LT_MODEL_MOE_CHUNK_TOKENS));
+        size_t plan = 0;
+        add_plan(r, cfg, T, ch, q, &plan);
+        int f = prepare_at(r, T, ch);
+        if (f < 0) {
+            cJSON_AddStringToObject(arm, "error", lt_ctx_error(r->ctx));
+            cJSON_AddBoolToObject(q, "ok", 0);
+            return -1;
         }
-        cudaDeviceSynchronize();
-        if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+        if (!f) {
+            cJSON_AddBoolToObject(q, "ok", 0);
+            cJSON_AddBoolToObject(q, "oom", 1);
+            fprintf(stderr, "%s T=%lld: out of memory at allocation (plan %.3f GiB)\n",
+                    chunked ? "chunked" : "unchunked", (long long)T, (double)plan / 1073741824.0);
+            continue;
+        }
+        double ms[64], loss = 0;
+        int nrep = c->repeats < 64 ? c->repeats : 64;
+        for (int k = 0; k < c->warmup + nrep; k++) {
+            double t = step_at(r, T, &loss);
+            if (t < 0) {
+                cJSON_AddStringToObject(arm, "error", lt_ctx_error(r->ctx));
+                cJSON_AddBoolToObject(q, "ok", 0);
+                return -1;
+            }
+            if (k >= c->warmup) ms[k - c->warmup] = t;
+        }
+        cJSON *sm = cJSON_AddArrayToObject(q, "step_ms");
+        for (int k = 0; k < nrep; k++) cJSON_AddItemToArray(sm, cJSON_CreateNumber(ms[k]));
+        double med = lt_bench_median(ms, nrep);
+        size_t peak = lt_mem_get_stats(r->ctx, r->dev).peak_bytes;
+        cJSON_AddBoolToObject(q, "ok", 1);
+        cJSON_AddNumberToObject(q, "median_ms", med);
+        cJSON_AddNumberToObject(q, "tokens_per_s", (double)T / (med * 1e-3));
+        cJSON_AddNumberToObject(q, "peak_bytes", (double)peak);
+        if (plan > 0) cJSON_AddNumberToObject(q, "plan_over_measured", (double)plan / (double)peak);
+        cJSON_AddNumberToObject(q, "loss", loss);
+        fprintf(stderr, "%s T=%lld: %.1f ms, %.0f tokens/s, peak %.3f GiB (plan %.3f GiB), loss %.4f\n",
+                chunked ? "chunked" : "unchunked", (long long)T, med, (double)T / (med * 1e-3),
+                (double)peak / 1073741824.0, (double)plan / 1073741824.0, loss);
     }
-    if (cudaGetLastError() == cudaSuccess) ms = lt_bench_median(t, repeats);
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    for (int64_t e = 0; bd && cd && e < E; e++) {
-        if (bd[e]) cublasLtMatrixLayoutDestroy(bd[e]);
-        if (cd[e]) cublasLtMatrixLayoutDestroy(cd[e]);
-    }
-    if (ad) cublasLtMatrixLayoutDestroy(ad);
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (h) cublasLtDestroy(h);
-    free(bd), free(cd), free(algo), free(t);
-    return ms;
+    return 0;
 }
-#endif
+
+/* One arm's longest T: candidates allocated in order until one does not fit, the planner's answer
+ * for `budget` bytes, one real step at the longest that allocated when confirm. */
+static int ceiling(moe_run *r, const lt_model_config *cfg, int chunked, int64_t chunk, int64_t lo_T, int64_t hi_T,
+                   size_t budget, int confirm, cJSON *arm) {
+    cJSON *cj = cJSON_AddObjectToObject(arm, "ceiling");
+    int64_t cand[MAX_CAND];
+    int nc = candidates(lo_T, hi_T, cand);
+    cJSON *ca = cJSON_AddArrayToObject(cj, "candidates");
+    for (int i = 0; i < nc; i++) cJSON_AddItemToArray(ca, cJSON_CreateNumber((double)cand[i]));
+    /* the planner's longest T for the device memory this process found free before loading;
+     * unchunked means moe_chunk_tokens >= T at every T, which any chunk of hi_T tokens is */
+    lt_plan_options po = plan_opts(r, lo_T, chunked ? chunk : hi_T);
+    int64_t t_plan = 0;
+    int found = 0;
+    if (lt_plan_search_max(r->ctx, cfg, &po, LT_PLAN_SEARCH_SEQ, hi_T, budget, &t_plan, &found) == LT_OK)
+        cJSON_AddNumberToObject(cj, "plan_max_T", found ? (double)t_plan : 0);
+    else cJSON_AddStringToObject(cj, "plan_error", lt_ctx_error(r->ctx));
+    cJSON_AddNumberToObject(cj, "plan_budget_bytes", (double)budget);
+    cJSON *tries = cJSON_AddArrayToObject(cj, "tries");
+    int64_t lo = 0, hi = 0;
+    for (int i = 0; i < nc; i++) {
+        int64_t T = cand[i], ch = chunked ? chunk : T;
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddItemToArray(tries, q);
+        cJSON_AddNumberToObject(q, "T", (double)T);
+        size_t plan = 0;
+        add_plan(r, cfg, T, ch, q, &plan);
+        int f = prepare_at(r, T, ch);
+        if (f < 0) {
+            cJSON_AddStringToObject(cj, "error", lt_ctx_error(r->ctx));
+            return -1;
+        }
+        cJSON_AddBoolToObject(q, "allocated", f);
+        if (f) cJSON_AddNumberToObject(q, "allocated_bytes", (double)lt_mem_get_stats(r->ctx, r->dev).used_bytes);
+        fprintf(stderr, "%s ceiling: T=%lld %s (plan %.3f GiB)\n", chunked ? "chunked" : "unchunked", (long long)T,
+                f ? "allocates" : "out of memory", (double)plan / 1073741824.0);
+        if (!f) {
+            hi = T;
+            break;
+        }
+        lo = T;
+    }
+    cJSON_AddNumberToObject(cj, "alloc_ceiling_T", (double)lo);
+    if (hi) cJSON_AddNumberToObject(cj, "alloc_fails_T", (double)hi);
+    else cJSON_AddBoolToObject(cj, "search_capped", 1); /* every candidate up to --max allocated */
+    int64_t stepped = 0;
+    if (confirm && lo > 0) {
+        double loss = 0, ms = -1;
+        if (prepare_at(r, lo, chunked ? chunk : lo) == 1) ms = step_at(r, lo, &loss);
+        if (ms >= 0) {
+            stepped = lo;
+            cJSON_AddNumberToObject(cj, "step_ms", ms);
+            cJSON_AddNumberToObject(cj, "step_peak_bytes", (double)lt_mem_get_stats(r->ctx, r->dev).peak_bytes);
+            cJSON_AddNumberToObject(cj, "step_loss", loss);
+            fprintf(stderr, "%s ceiling: step at T=%lld in %.1f s, loss %.4f\n", chunked ? "chunked" : "unchunked",
+                    (long long)lo, ms * 1e-3, loss);
+        } else {
+            cJSON_AddStringToObject(cj, "step_error", lt_ctx_error(r->ctx));
+            fprintf(stderr, "%s ceiling: the step at T=%lld failed: %s\n", chunked ? "chunked" : "unchunked",
+                    (long long)lo, lt_ctx_error(r->ctx));
+        }
+    }
+    cJSON_AddNumberToObject(cj, "step_confirmed_T", (double)stepped);
+    cJSON_AddNumberToObject(cj, "ceiling_T", (double)(confirm ? stepped : lo));
+    cJSON_AddStringToObject(cj, "ceiling_by", confirm ? "allocation and a real step" : "allocation");
+    return 0;
+}
+
+/* The peer's lines as an arm. */
+static cJSON *peer_arm(const cJSON *lines, const int64_t *seqs, int n_seqs) {
+    cJSON *pa = cJSON_CreateObject();
+    cJSON_AddStringToObject(pa, "name", "torch-peft");
+    if (!lines) {
+        cJSON_AddStringToObject(pa, "error", "failed to start (torch, transformers, peft on --peer-path? see stderr)");
+        return pa;
+    }
+    const cJSON *ready = lt_bench_peer_find(lines, "ready", 0);
+    if (ready) cJSON_AddItemToObject(pa, "peer", cJSON_Duplicate(ready, 1));
+    cJSON *pts = cJSON_AddArrayToObject(pa, "points");
+    for (int i = 0; i < n_seqs; i++) {
+        const cJSON *l = lt_bench_peer_find(lines, "T", seqs[i]);
+        if (l) cJSON_AddItemToArray(pts, cJSON_Duplicate(l, 1));
+    }
+    const cJSON *cl = cJSON_GetObjectItem(lt_bench_peer_find(lines, "ceiling", 0), "ceiling");
+    if (cl) {
+        cJSON *cj = cJSON_Duplicate(cl, 1);
+        cJSON_AddNumberToObject(cj, "ceiling_T", cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T")));
+        cJSON_AddBoolToObject(cj, "search_capped", !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T")));
+        cJSON_AddStringToObject(cj, "ceiling_by", "real steps, stopping at the first out-of-memory");
+        cJSON_AddItemToObject(pa, "ceiling", cj);
+    }
+    return pa;
+}
+
+static const cJSON *arm_point(const cJSON *arm, int64_t T) {
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(arm, "points")) {
+        if ((int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(p, "T")) == T) return p;
+    }
+    return NULL;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* Per T: chunked against unchunked and the peer (ratios of tokens/s and of peak memory). */
+static void compare(cJSON *res, const cJSON *ch, const cJSON *un, const cJSON *peer, const int64_t *seqs, int n) {
+    cJSON *cmp = cJSON_AddArrayToObject(res, "comparison");
+    for (int i = 0; i < n; i++) {
+        const cJSON *a = arm_point(ch, seqs[i]), *b = arm_point(un, seqs[i]), *p = peer ? arm_point(peer, seqs[i]) : 0;
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddNumberToObject(q, "T", (double)seqs[i]);
+        double pa = num(a, "peak_bytes"), pb = num(b, "peak_bytes"), pp = num(p, "max_allocated_bytes");
+        double ta = num(a, "tokens_per_s"), tb = num(b, "tokens_per_s"), tp = num(p, "tokens_per_s");
+        if (isfinite(pa) && isfinite(pb)) cJSON_AddNumberToObject(q, "unchunked_minus_chunked_peak_bytes", pb - pa);
+        if (isfinite(ta) && isfinite(tb)) cJSON_AddNumberToObject(q, "chunked_over_unchunked_tokens_per_s", ta / tb);
+        if (isfinite(ta) && isfinite(tp)) cJSON_AddNumberToObject(q, "chunked_over_peer_tokens_per_s", ta / tp);
+        if (isfinite(pa) && isfinite(pp)) cJSON_AddNumberToObject(q, "peer_over_chunked_peak", pp / pa);
+        cJSON_AddItemToArray(cmp, q);
+    }
+}
 
 int lt_bench_moe(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
-    int64_t n = 8192, E = 128, k = 8, C = 2048, F = 768;
-    lt_dtype dts[16];
-    int ndts = 0;
+    c.repeats = 3;
+    int64_t seqs[MAX_SEQS], chunk = 0, tmax = 0, peer_max = 0, threads = 0, rank = 8;
+    int n_seqs = 0, peers = 1, do_ceiling = 1, confirm = 1, peer_cpu = 0;
+    const char *shape_name = NULL, *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
+    if (!peer_path) peer_path = "/tmp/lt-peer";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench moe --backend cuda [options]\n\n"
-                   "The experts' grouped products (one launch for all experts) at a Qwen3-30B-A3B MoE layer\n"
-                   "(E = 128, k = 8, C = 2048, moe_F = 768) over n tokens routed at random: gate/up and down\n"
-                   "forward (NT), down and gate/up backward (NN), median ms and TFLOP/s, against one\n"
-                   "cuBLASLt bf16 GEMM per expert on bf16 operands with host-known row counts.\n\n"
+            printf("usage: longtune bench moe [options]\n\n"
+                   "Mixture-of-experts LoRA training steps (batch 1, LoRA on q,k,v,o, recompute every layer,\n"
+                   "flash attention, fused loss, the router's load-balancing loss, AdamW) with the expert\n"
+                   "dispatch chunked (--moe-chunk-tokens) and unchunked: median step time, tokens/s, peak\n"
+                   "memory beside the planner's prediction at each --seq length; the longest trainable T\n"
+                   "of each (allocation over powers of 2 and midpoints up to --max, a real step at the\n"
+                   "longest); on CUDA transformers + PEFT on the same shape in the same invocation.\n\n"
                    "options:\n"
-                   "  --n N            tokens (default 8192: nk = 65536 assignments)\n"
-                   "  --dtypes LIST    expert weight dtypes (default bf16,q8_0,q4_0,q4_k,q6_k)\n" LT_BENCH_COMMON_HELP);
+                   "  --shape S            %s (default qwen3-30b-a3b-l4 on cuda, tiny-moe on cpu)\n"
+                   "  --seq LIST           tokens per step (default 8192,16384,32768,65536 on cuda, 256,512 on cpu)\n"
+                   "  --moe-chunk-tokens N the chunked arm's tokens per dispatch chunk (default %d)\n"
+                   "  --max N              longest T the ceiling search tries (default 262144 on cuda, 2048 on cpu)\n"
+                   "  --no-ceiling         skip the longest-T search\n"
+                   "  --no-confirm         the ceiling by allocation only (no real step at it)\n"
+                   "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
+                   "  --rank R             LoRA rank (default 8, alpha 2R)\n"
+                   "  --threads N          CPU threads\n"
+                   "  --no-peer            skip the peer\n"
+                   "  --peer-max N         longest T the peer tries (default --max)\n"
+                   "  --peer-cpu           run the peer on the CPU too (checks the pipeline on a machine\n"
+                   "                       without a GPU; not a measurement)\n"
+                   "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
+                   "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n" LT_BENCH_COMMON_HELP
+                   "(default here: --repeats 3)\n",
+                   lt_bench_moe_shape_names(), LT_MODEL_MOE_CHUNK_TOKENS);
             return 0;
         }
         int r = lt_bench_common_flag(&c, argc, argv, &i);
         if (r < 0) return usage("bad value for", a);
         if (r > 0) continue;
+        if (!strcmp(a, "--no-peer")) {
+            peers = 0;
+            continue;
+        }
+        if (!strcmp(a, "--peer-cpu")) {
+            peer_cpu = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-ceiling")) {
+            do_ceiling = 0;
+            continue;
+        }
+        if (!strcmp(a, "--no-confirm")) {
+            confirm = 0;
+            continue;
+        }
         if (!v) return usage("missing value for", a);
         i++;
-        if (!strcmp(a, "--n")) {
-            char *e;
-            long long nn = strtoll(v, &e, 10);
-            if (*e || nn < 1 || nn > (1 << 20)) return usage("bad --n", v);
-            n = nn;
-        } else if (!strcmp(a, "--dtypes")) {
-            char buf[128];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok && ndts < 16; tok = strtok(NULL, ","))
-                if (lt_dtype_parse(tok, &dts[ndts++]) != LT_OK || dts[ndts - 1] == LT_DTYPE_I32)
-                    return usage("bad dtype", tok);
-            if (!ndts) return usage("bad dtype list", v);
+        if (!strcmp(a, "--shape")) {
+            const lt_bench_shape *s = lt_bench_shape_find(v);
+            if (!s || s->E <= 0) return usage("not a mixture-of-experts shape", v);
+            shape_name = v;
+        } else if (!strcmp(a, "--seq")) {
+            n_seqs = lt_bench_parse_list(v, seqs, MAX_SEQS, 2, (int64_t)1 << 24);
+            if (n_seqs < 0) return usage("bad --seq list", v);
+        } else if (!strcmp(a, "--moe-chunk-tokens")) {
+            if (parse_i64(v, 1, (int64_t)1 << 30, &chunk)) return usage("bad --moe-chunk-tokens", v);
+        } else if (!strcmp(a, "--weights")) {
+            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
+                return usage("weights must be random-bf16|random-f32, not", v);
+            weights = v;
+        } else if (!strcmp(a, "--max")) {
+            if (parse_i64(v, 2, (int64_t)1 << 24, &tmax)) return usage("bad --max", v);
+        } else if (!strcmp(a, "--peer-max")) {
+            if (parse_i64(v, 2, (int64_t)1 << 24, &peer_max)) return usage("bad --peer-max", v);
+        } else if (!strcmp(a, "--rank")) {
+            if (parse_i64(v, 1, 1024, &rank)) return usage("bad --rank", v);
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_i64(v, 1, 4096, &threads)) return usage("bad thread count", v);
+        } else if (!strcmp(a, "--peer-path")) {
+            peer_path = v;
         } else {
-            return usage("unknown option", a);
+            return usage("bad option", a);
         }
     }
-#if !LT_HAVE_CUDA
-    (void)n, (void)E, (void)k, (void)C, (void)F, (void)dts;
-    fprintf(stderr, "longtune bench moe: this build has no CUDA backend\n");
-    return 1;
-#else
-    if (strcmp(c.backend, "cuda")) return usage("measures the CUDA backend only: --backend cuda, not", c.backend);
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        fprintf(stderr, "longtune bench moe: no CUDA device\n");
+    int cuda = !strcmp(c.backend, "cuda");
+    lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
+    if (!shape_name) shape_name = cuda ? "qwen3-30b-a3b-l4" : "tiny-moe";
+    const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
+    if (!weights) weights = cuda ? "random-bf16" : "random-f32";
+    lt_dtype wdt = !strcmp(weights, "random-bf16") ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+    if (!n_seqs) {
+        const int64_t dflt_cuda[] = {8192, 16384, 32768, 65536}, dflt_cpu[] = {256, 512};
+        n_seqs = cuda ? 4 : 2;
+        memcpy(seqs, cuda ? dflt_cuda : dflt_cpu, (size_t)n_seqs * sizeof seqs[0]);
+    }
+    if (!tmax) tmax = cuda ? (int64_t)1 << 18 : 2048;
+    if (!peer_max) peer_max = tmax;
+    int64_t Tmax = tmax;
+    for (int i = 0; i < n_seqs; i++) Tmax = seqs[i] > Tmax ? seqs[i] : Tmax;
+    int64_t c_lo = seqs[0];
+    for (int i = 0; i < n_seqs; i++) c_lo = seqs[i] < c_lo ? seqs[i] : c_lo;
+    signal(SIGPIPE, SIG_IGN);
+
+    /* The peer first, in its own process, before this one creates a CUDA context. */
+    cJSON *peer_lines = NULL;
+    int peer_ran = 0;
+    if (peers && (cuda || peer_cpu)) {
+        char list[256], args[600];
+        size_t o = 0;
+        for (int i = 0; i < n_seqs; i++)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%lld", i ? "," : "", (long long)seqs[i]);
+        snprintf(args, sizeof args,
+                 "--shape %s --seq %s --steps %d --warmup %d --rank %lld%s --ceiling-start %lld --ceiling-max %lld%s",
+                 shape->name, list, c.repeats, c.warmup, (long long)rank, do_ceiling ? " --ceiling" : "",
+                 (long long)c_lo, (long long)peer_max, cuda ? "" : " --device cpu");
+        double t0 = lt_time_now();
+        peer_lines = lt_bench_gpu_peer_run_script(peer_path, "bench/peers/train_moe_peft_gpu.py", args);
+        peer_ran = 1;
+        fprintf(stderr, "peer took %.0f s\n", lt_time_now() - t0);
+    } else if (peers) {
+        fprintf(stderr,
+                "peer: the transformers + PEFT peer of this bench runs on CUDA (--peer-cpu to check it here)\n");
+    }
+    if (cuda && lt_sys_cuda().count == 0) {
+        fprintf(stderr, "longtune bench moe: --backend cuda: no CUDA device (or a build without CUDA)\n");
+        cJSON_Delete(peer_lines);
         return 1;
     }
-    if (!ndts)
-        dts[ndts++] = LT_DTYPE_BF16, dts[ndts++] = LT_DTYPE_Q8_0, dts[ndts++] = LT_DTYPE_Q4_0,
-        dts[ndts++] = LT_DTYPE_Q4_K, dts[ndts++] = LT_DTYPE_Q6_K;
-    const lt_backend *be = lt_backend_get(LT_DEVICE_CUDA);
+
     lt_ctx *ctx = lt_ctx_new();
-    if (!ctx) return 1;
-    const int64_t nk = n * k, X = C > F ? C : F;
-    int rc = 1;
-    uint64_t s = 0x9e3779b97f4a7c15ULL;
-    /* Random routing: k distinct experts a token, grouped by expert on the host. */
-    int32_t *off = calloc((size_t)(E + 1), sizeof(int32_t));
-    double *t = malloc(sizeof(double) * (size_t)c.repeats);
-    void *x = NULL, *y = NULL, *doff = NULL, *xb = NULL, *wb = NULL, *pws = NULL;
-    const size_t pwsb = (size_t)32 << 20;
-    cJSON *res = lt_bench_result_new("moe");
-    cJSON *cfg = cJSON_AddObjectToObject(res, "config");
-    cJSON_AddStringToObject(cfg, "backend", "cuda");
-    cJSON_AddNumberToObject(cfg, "n", (double)n);
-    cJSON_AddNumberToObject(cfg, "E", (double)E);
-    cJSON_AddNumberToObject(cfg, "k", (double)k);
-    cJSON_AddNumberToObject(cfg, "C", (double)C);
-    cJSON_AddNumberToObject(cfg, "moe_F", (double)F);
-    cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
-    cJSON_AddStringToObject(cfg, "measures",
-                            "lt_backend.grouped_matmul (one launch, f32 x and y, W decoded in the tile loads) vs "
-                            "E cuBLASLt bf16 GEMMs on bf16 operands; TFLOP/s = 2*nk*C*moe_F / time");
-    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
-    if (!off || !t || !res) goto done;
-    for (int64_t tok = 0; tok < n; tok++) {
-        int32_t pick[64];
-        for (int64_t j = 0; j < k && j < 64; j++) {
-            int dup;
-            do {
-                pick[j] = (int32_t)(xs(&s) % (uint64_t)E);
-                dup = 0;
-                for (int64_t q = 0; q < j; q++) dup |= pick[q] == pick[j];
-            } while (dup);
-            off[pick[j] + 1]++;
-        }
-    }
-    for (int64_t e = 0; e < E; e++) off[e + 1] += off[e];
-    x = dev_fill(ctx, (size_t)(nk * X) * 4, fill_f32, &s, "bench moe x");
-    y = dev_fill(ctx, (size_t)(nk * X) * 4, NULL, &s, "bench moe y");
-    doff = dev_fill(ctx, (size_t)(E + 1) * 4, NULL, &s, "bench moe offsets");
-    xb = dev_fill(ctx, (size_t)(nk * X) * 2, fill_bf16, &s, "bench moe peer x");
-    wb = dev_fill(ctx, (size_t)(E * C * F) * 2, fill_bf16, &s, "bench moe peer w");
-    pws = dev_fill(ctx, pwsb, NULL, &s, "bench moe peer workspace");
-    if (!x || !y || !doff || !xb || !wb || !pws) goto done;
-    cudaMemcpy(doff, off, (size_t)(E + 1) * 4, cudaMemcpyHostToDevice);
-    const double flop = 2.0 * (double)nk * (double)C * (double)F;
-    /* The four products: W (E·out, in) with (out, in) = (F, C) for gate/up, (C, F) for down. */
-    static const struct {
-        const char *name;
-        int nn, down;
-    } prods[4] = {{"gate_up_fwd", 0, 0}, {"down_fwd", 0, 1}, {"down_bwd", 1, 1}, {"gate_up_bwd", 1, 0}};
-    rc = 0;
-    for (int pi = 0; pi < 4; pi++) {
-        const int64_t out = prods[pi].down ? C : F, in = prods[pi].down ? F : C;
-        const double pms = peer_ms(off, E, prods[pi].nn, out, in, wb, xb, y, pws, pwsb, c.warmup, c.repeats);
-        char name[96];
-        snprintf(name, sizeof name, "cublaslt-per-expert-%s", prods[pi].name);
-        cJSON *pa = cJSON_CreateObject();
-        cJSON_AddStringToObject(pa, "name", name);
-        cJSON_AddNumberToObject(pa, "median_ms", pms);
-        cJSON_AddNumberToObject(pa, "tflops", pms > 0 ? flop / (pms * 1e9) : 0);
-        cJSON_AddItemToArray(arms, pa);
-        fprintf(stderr, "%-40s %9.3f ms %7.1f TFLOP/s\n", name, pms, pms > 0 ? flop / (pms * 1e9) : 0.0);
-        for (int di = 0; di < ndts; di++) {
-            const lt_dtype dt = dts[di];
-            if (lt_dtype_row_bytes(dt, in) < 0) continue; /* in not a multiple of the block */
-            size_t wbytes = 0;
-            void *w = make_weight(ctx, dt, E * out, in, &s, &wbytes);
-            if (!w) {
-                rc = 1;
-                goto done;
-            }
-            int64_t shape[2] = {E * out, in};
-            lt_tensor wt = lt_tensor_view(w, dt, LT_DEVICE_CUDA, 2, shape);
-            const size_t wsb = be->grouped_matmul_workspace_bytes(dt, E, out, in, nk, 0);
-            void *ws = wsb ? lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "bench moe workspace") : NULL;
-            for (int r = -c.warmup; r < c.repeats; r++) {
-                be->synchronize(ctx);
-                double t0 = lt_time_now();
-                be->grouped_matmul(ctx, prods[pi].nn ? LT_MATMUL_NN : LT_MATMUL_NT, &wt, E, doff, x, nk, 0.0f, y, ws);
-                be->synchronize(ctx);
-                if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
-            }
-            const double ms = lt_bench_median(t, c.repeats), tf = flop / (ms * 1e9);
-            snprintf(name, sizeof name, "grouped-%s-%s", lt_dtype_name(dt), prods[pi].name);
-            cJSON *arm = cJSON_CreateObject();
-            cJSON_AddStringToObject(arm, "name", name);
-            cJSON_AddNumberToObject(arm, "median_ms", ms);
-            cJSON_AddNumberToObject(arm, "tflops", tf);
-            cJSON_AddNumberToObject(arm, "tokens_per_s", (double)n / (ms * 1e-3));
-            cJSON_AddNumberToObject(arm, "workspace_bytes", (double)wsb);
-            if (pms > 0) cJSON_AddNumberToObject(arm, "ratio_to_cublaslt_per_expert", pms / ms);
-            cJSON_AddItemToArray(arms, arm);
-            fprintf(stderr, "%-40s %9.3f ms %7.1f TFLOP/s  %.2fx the per-expert cuBLASLt time\n", name, ms, tf,
-                    pms > 0 ? pms / ms : 0.0);
-            if (ws) lt_free(ctx, LT_DEVICE_CUDA, ws, wsb);
-            lt_free(ctx, LT_DEVICE_CUDA, w, wbytes);
-        }
-    }
-done:
-    if (x) lt_free(ctx, LT_DEVICE_CUDA, x, (size_t)(nk * X) * 4);
-    if (y) lt_free(ctx, LT_DEVICE_CUDA, y, (size_t)(nk * X) * 4);
-    if (doff) lt_free(ctx, LT_DEVICE_CUDA, doff, (size_t)(E + 1) * 4);
-    if (xb) lt_free(ctx, LT_DEVICE_CUDA, xb, (size_t)(nk * X) * 2);
-    if (wb) lt_free(ctx, LT_DEVICE_CUDA, wb, (size_t)(E * C * F) * 2);
-    if (pws) lt_free(ctx, LT_DEVICE_CUDA, pws, pwsb);
-    if (rc) lt_log(LT_LOG_ERROR, "bench moe failed: %s", lt_ctx_error(ctx));
-    free(off), free(t);
-    lt_ctx_free(ctx);
-    if (rc || !res) {
-        cJSON_Delete(res);
+    if (!ctx) {
+        cJSON_Delete(peer_lines);
         return 1;
     }
-    return lt_bench_write(&c, res, "cuda");
-#endif
+    if (threads > 0) lt_ctx_set_threads(ctx, (int)threads);
+    moe_run R;
+    memset(&R, 0, sizeof R);
+    R.ctx = ctx;
+    R.dev = dev;
+    R.be = lt_backend_get(dev);
+    R.threads = lt_bench_threads(ctx);
+    R.lo = (lt_lora_options){.targets = ATTN_TARGETS, .rank = rank, .alpha = 2.0f * (float)rank, .seed = 1};
+    R.seed = 0x5eed;
+    R.tok_bytes = 2 * (size_t)Tmax * sizeof(int32_t);
+    int rc = 1, ours_ok = 0;
+
+    cJSON *res = lt_bench_result_new("moe");
+    cJSON *jc = cJSON_AddObjectToObject(res, "config");
+    cJSON_AddStringToObject(jc, "backend", c.backend);
+    cJSON_AddStringToObject(jc, "shape", shape->name);
+    cJSON_AddStringToObject(jc, "model", shape->title);
+    cJSON_AddStringToObject(jc, "weights", weights);
+    cJSON_AddStringToObject(jc, "run",
+                            "batch 1, LoRA on q,k,v,o of all layers (experts and routers frozen), recompute every "
+                            "layer, flash attention, fused loss, router load-balancing loss, AdamW");
+    cJSON_AddNumberToObject(jc, "lora_rank", (double)rank);
+    cJSON_AddNumberToObject(jc, "aux_coef", shape->aux_coef);
+    cJSON_AddNumberToObject(jc, "moe_chunk_tokens", (double)(chunk > 0 ? chunk : LT_MODEL_MOE_CHUNK_TOKENS));
+    cJSON_AddNumberToObject(jc, "repeats", c.repeats);
+    cJSON_AddNumberToObject(jc, "warmup", c.warmup);
+    cJSON_AddNumberToObject(jc, "max", (double)tmax);
+    cJSON_AddStringToObject(jc, "peak_bytes",
+                            "the accounting allocator's high-water over the timed steps (torch: "
+                            "max_memory_allocated); plan_bytes: lt_plan_compute for the same run");
+    cJSON *arms = cJSON_AddArrayToObject(res, "arms");
+    cJSON *ch = cJSON_CreateObject(), *un = cJSON_CreateObject();
+    cJSON_AddItemToArray(arms, ch);
+    cJSON_AddItemToArray(arms, un);
+    cJSON_AddStringToObject(ch, "name", "longtune-chunked");
+    cJSON_AddStringToObject(un, "name", "longtune-unchunked");
+
+    lt_status st;
+    lt_guard_options go = {.device = dev};
+    lt_guard_ceiling gc;
+    memset(&gc, 0, sizeof gc);
+    if ((st = lt_guard_measure(ctx, dev, &go, &gc)) != LT_OK) {
+        cJSON_AddStringToObject(ch, "error", lt_ctx_error(ctx));
+        goto peer;
+    }
+    cJSON_AddNumberToObject(jc, "memory_total_bytes", (double)gc.total_bytes);
+    cJSON_AddNumberToObject(jc, "memory_available_bytes", (double)gc.available_bytes);
+    if ((st = lt_bench_load_random(ctx, shape, wdt, dev, &R.lo, R.threads, &R.m)) != LT_OK) {
+        fprintf(stderr, "longtune bench moe: %s\n", lt_ctx_error(ctx));
+        cJSON_AddStringToObject(ch, "error", lt_ctx_error(ctx));
+        cJSON_AddStringToObject(un, "error", lt_ctx_error(ctx));
+        goto peer;
+    }
+    {
+        int64_t n = 0;
+        lt_model_lora_params(R.m, &n);
+        R.mom_bytes = (size_t)n * sizeof(float);
+        R.mom_m = lt_alloc(ctx, dev, R.mom_bytes, "bench moe AdamW m");
+        R.mom_v = lt_alloc(ctx, dev, R.mom_bytes, "bench moe AdamW v");
+        if (R.mom_m) R.be->zero(ctx, R.mom_m, R.mom_bytes);
+        if (R.mom_v) R.be->zero(ctx, R.mom_v, R.mom_bytes);
+        R.tok = lt_alloc(ctx, LT_DEVICE_CPU, R.tok_bytes, "bench moe batch (host)");
+        if (!R.mom_m || !R.mom_v || !R.tok) {
+            cJSON_AddStringToObject(ch, "error", "out of memory for the optimizer state or the batch");
+            goto peer;
+        }
+        cJSON_AddNumberToObject(jc, "n_lora_params", (double)n);
+    }
+    {
+        const lt_model_config *cfg = lt_model_get_config(R.m);
+        if (cfg->n_experts <= 0) {
+            cJSON_AddStringToObject(ch, "error", "the loaded model has no mixture-of-experts layers");
+            goto peer;
+        }
+        if (timed_points(&R, cfg, &c, seqs, n_seqs, 1, chunk, ch) != 0) {
+            fprintf(stderr, "longtune bench moe: %s\n", lt_ctx_error(ctx));
+            cJSON_AddStringToObject(un, "error", "not run: the chunked arm failed (its \"error\")");
+            goto peer;
+        }
+        if (timed_points(&R, cfg, &c, seqs, n_seqs, 0, chunk, un) != 0) {
+            fprintf(stderr, "longtune bench moe: %s\n", lt_ctx_error(ctx));
+            goto peer;
+        }
+        if (do_ceiling) {
+            if (ceiling(&R, cfg, 1, chunk, c_lo, tmax, gc.available_bytes, confirm, ch) != 0 ||
+                ceiling(&R, cfg, 0, chunk, c_lo, tmax, gc.available_bytes, confirm, un) != 0)
+                goto peer;
+        }
+        ours_ok = 1;
+    }
+
+peer:
+    if (peer_ran) {
+        cJSON *pa = peer_arm(peer_lines, seqs, n_seqs);
+        cJSON_AddItemToArray(arms, pa);
+        compare(res, ch, un, pa, seqs, n_seqs);
+        const cJSON *pc = cJSON_GetObjectItem(pa, "ceiling"), *oc = cJSON_GetObjectItem(ch, "ceiling");
+        double theirs = num(pc, "ceiling_T"), ours = num(oc, "ceiling_T");
+        if (theirs > 0 && ours > 0) cJSON_AddNumberToObject(res, "ceiling_chunked_over_peer", ours / theirs);
+    } else {
+        compare(res, ch, un, NULL, seqs, n_seqs);
+    }
+    {
+        char tag[128];
+        if (cuda && !strcmp(shape->name, "qwen3-30b-a3b-l4")) snprintf(tag, sizeof tag, "cuda");
+        else snprintf(tag, sizeof tag, "%s-%s", c.backend, shape->name);
+        int w = lt_bench_write(&c, res, tag);
+        rc = w == 0 && ours_ok ? 0 : 1;
+    }
+    if (!ours_ok)
+        fprintf(stderr, "longtune bench moe: the longtune arms did not complete (see \"error\" in the result)\n");
+    cJSON_Delete(peer_lines);
+    if (R.mom_m) lt_free(ctx, dev, R.mom_m, R.mom_bytes);
+    if (R.mom_v) lt_free(ctx, dev, R.mom_v, R.mom_bytes);
+    if (R.tok) lt_free(ctx, LT_DEVICE_CPU, R.tok, R.tok_bytes);
+    lt_model_free(ctx, R.m);
+    lt_ctx_free(ctx);
+    return rc;
 }

@@ -20,4 +20,6 @@ LT_BENCH(scaling, lt_bench_scaling,
 LT_BENCH(generate, lt_bench_generate,
          "KV-cache prefill and decode tokens/s (CPU) vs llama-bench pp/tg on the same GGUF and threads")
 LT_BENCH(moe, lt_bench_moe,
+         "mixture-of-experts LoRA steps (Qwen3-30B-A3B shape, 4 layers): chunked vs unchunked dispatch, vs torch+PEFT")
+LT_BENCH(grouped, lt_bench_grouped,
          "MoE grouped expert products (Qwen3-30B-A3B layer, cuda): one launch vs per-expert cuBLASLt bf16 GEMMs")

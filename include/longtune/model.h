@@ -1,4 +1,5 @@
-/* The one decoder model (Llama, Llama 3.x, Qwen2/2.5, Qwen3, SmolLM2, Mistral, Phi-3: families
+/* The one decoder model (Llama, Llama 3.x, Qwen2/2.5, Qwen3, SmolLM2, Mistral, Phi-3, Gemma 2/3 and
+ * the mixture-of-experts Qwen3-MoE, Qwen2-MoE and Mixtral: families
  * whose config readers fill a per-layer description; RoPE scaling as transformers has it) with
  * LoRA adapters: loading (HF folder of config.json + safetensors, or GGUF),
  * forward and backward of a batch of packed rows, gradient checkpointing, and the size tables the
@@ -185,15 +186,16 @@ LT_API void lt_model_describe_layer(const lt_model_config *cfg, int64_t l, lt_la
 
 /* The one check of the layer list: LT_OK when the model can run every layer's description,
  * else LT_ERR_UNSUPPORTED naming the first layer and the kind it cannot run (no attention, post
- * norms, MoE blocks, a head dim other than the model's one, a RoPE table it does not have) or
- * LT_ERR_INVALID_ARG (a negative window or softcap; a negative or non-finite final softcap,
- * embedding scale, query scale or local RoPE base). lt_model_load and the size table (so the
+ * norms, an MoE block without experts or with sandwich norms, a head dim other than the model's
+ * one, a RoPE table it does not have) or LT_ERR_INVALID_ARG (a negative window or softcap; a
+ * negative or non-finite final softcap, embedding scale, query scale or local RoPE base; MoE fields
+ * out of range: experts outside 1..512, top-k outside 1..experts, an expert width <= 0). lt_model_load and the size table (so the
  * planner) call it. */
 LT_API lt_status lt_model_check_layers(lt_ctx *ctx, const lt_model_config *cfg);
 
 /* Reads a Hugging Face config.json as transformers 4.x or 5.x writes it (model_type llama, qwen2,
- * qwen3, mistral, phi3, gemma2, gemma3_text; or a multimodal wrapper's text_config of one, such as
- * gemma3's), RoPE from rope_parameters or rope_scaling, and the EOS ids of generation_config.json
+ * qwen3, mistral, phi3, gemma2, gemma3_text, qwen3_moe, qwen2_moe, mixtral; or a multimodal
+ * wrapper's text_config of one, such as gemma3's), RoPE from rope_parameters or rope_scaling, and the EOS ids of generation_config.json
  * beside it. Dtypes are set to f32; the loaders overwrite them from the tensors. Errors: LT_ERR_IO,
  * LT_ERR_FORMAT (bad JSON or a key of the wrong type, named), LT_ERR_UNSUPPORTED (another
  * architecture, a rope type, dtype, activation or quantization_config longtune does not run,

@@ -27,6 +27,7 @@ struct lt_kv_cache {
     float *x, *h, *q, *k, *v, *att, *lse, *g, *u, *a, *lu, *rstd, *rstd_qk, *logits;
     int32_t *d_tok, *d_pos, *d_seq, *d_len, *d_offs;
     void *mm_ws, *attn_ws, *dec_ws;
+    lt_moe_layout moe; /* MoE layers' dispatch buffers in the scratch block (offsets from scr) */
     size_t attn_ws_bytes;
     int32_t *h_ints; /* host staging of tok, pos, seq, len, offs: (4·n_max + B + 1) */
     size_t h_ints_bytes;
@@ -92,7 +93,7 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     if (n_max <= 0) n_max = ctx_len;
     if (n_max > ctx_len * B) n_max = ctx_len * B;
     const lt_backend *be = m->be;
-    /* The incremental forward runs the pre-norm SwiGLU block with one RoPE table: Gemma's block
+    /* The incremental forward runs the pre-norm SwiGLU or mixture-of-experts block with one RoPE table: Gemma's block
      * (GeGLU, sandwich norms, scaled embeddings and scores, a logit softcap, a second table) is
      * refused here rather than generated wrongly; training and eval run it. */
     if (cf->embed_scale != 0 || cf->query_scale != 0 || cf->final_softcap != 0)
@@ -104,7 +105,7 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
                                                          : "this model");
     for (int64_t l = 0; l < cf->L; l++) {
         const lt_layer_desc *d = &m->layers[l].desc;
-        if (d->mlp != LT_MLP_KIND_SWIGLU || d->norm != LT_NORM_PLACE_PRE || d->rope != 0)
+        if ((d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_MOE) || d->norm != LT_NORM_PLACE_PRE || d->rope != 0)
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
                             "kv cache: generation does not run layer %lld's %s, %s norms or RoPE table %d yet "
                             "(train and eval do)",
@@ -156,6 +157,14 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     if (fb > mmb) mmb = fb;
     fb = be->matmul_workspace_bytes(cf->proj_dtype[LT_PROJ_GATE], og + ou, ig, 1, c->threads);
     if (fb > mmb) mmb = fb;
+    lt_model_run_options mro = {0}; /* MoE layers: the dispatch buffers for n tokens, forward only */
+    off = up(off);
+    if ((s = lt_model_moe_layout(ctx, cf, &mro, be, n, 0, c->threads, 256, &off, &c->moe)) != LT_OK) {
+        lt_kv_cache_free(ctx, c);
+        return s;
+    }
+    off = up(off);
+    if (c->moe.mm_ws_bytes > mmb) mmb = c->moe.mm_ws_bytes;
     PIECE(o_mm, mmb);
     int32_t offs_probe[2] = {0, (int32_t)n};
     size_t atb = 0, decb = 0;
@@ -336,6 +345,10 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
         }
         proj(c, ctx, l, LT_PROJ_O, c->att, n, c->x, 1.0f);
         be->rmsnorm_fwd(ctx, c->x, L->mlp_norm, cf->rms_eps, n, C, c->h, c->rstd);
+        if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts, as the training step runs them */
+            lt_model_moe_forward(ctx, m, &c->moe, c->scr, c->mm_ws, l, c->h, n, c->x);
+            continue;
+        }
         proj_group(c, ctx, l, GATE_UP, 2, c->h, n, gu);
         be->swiglu_fwd(ctx, gt, up, n * F, c->a);
         proj(c, ctx, l, LT_PROJ_DOWN, c->a, n, c->x, 1.0f);

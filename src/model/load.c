@@ -980,6 +980,7 @@ static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, float **row,
     int64_t widest = c->C > c->F ? c->C : c->F;
     if (c->H * c->D > widest) widest = c->H * c->D;
     if (c->moe_F > widest) widest = c->moe_F;
+    if (c->moe_shared_F > widest) widest = c->moe_shared_F;
     *row_bytes = (size_t)widest * sizeof(float);
     if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load row"))) return lt_ctx_status(ctx);
     if (m->opt.device == LT_DEVICE_CPU) return LT_OK;

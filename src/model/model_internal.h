@@ -155,6 +155,13 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
                               const lt_backend *be, int64_t rows_chunk, int train, int threads, size_t al, size_t *cur,
                               lt_moe_layout *o);
 
+/* y (n, C) += layer l's MoE MLP on h (n, C), outside a training step (generation's KV cache): the
+ * dispatch buffers at base with o's offsets (lt_model_moe_layout, forward), mm_ws the matmul
+ * workspace for the shared expert's products at o->chunk rows. */
+struct lt_model;
+void lt_model_moe_forward(lt_ctx *ctx, const struct lt_model *m, const lt_moe_layout *o, uint8_t *base, void *mm_ws,
+                          int64_t l, const float *h, int64_t n, float *y);
+
 /* Byte offsets of the pieces of each class block, and the class sizes. */
 typedef struct lt_layout {
     size_t store_bytes; /* one lt_store */

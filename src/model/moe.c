@@ -156,43 +156,64 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
 
 /* ---- the layer ---- */
 
+/* Where one MoE forward or backward runs: the backend, the dispatch buffers at `base` with the
+ * layout's offsets, the matmul workspace (shared expert), and the step it belongs to (token runs,
+ * statistics, the aux gradient) or NULL (generation's KV cache: every token real, nothing
+ * collected). */
+typedef struct moe_run {
+    lt_ctx *ctx;
+    const lt_backend *be;
+    const lt_model_config *c;
+    const lt_moe_layout *o;
+    uint8_t *base;
+    void *mm_ws;
+    const lt_step *s;
+} moe_run;
+
 typedef struct moe_bufs {
     float *logits, *w, *xg, *g, *u, *a, *yg, *dw, *dg, *du, *dlogits, *stats;
     int32_t *idx, *off, *rows, *slot;
     void *gm_ws;
 } moe_bufs;
 
-static moe_bufs bufs_of(const lt_step *s) {
-    const lt_moe_layout *o = &s->m->lay.moe;
-    const int train = s->train;
+static float *wsf(const moe_run *x, size_t off) { return (float *)(x->base + off); }
+
+static moe_bufs bufs_of(const moe_run *x, int train) {
+    const lt_moe_layout *o = x->o;
     moe_bufs b;
     memset(&b, 0, sizeof b);
-    b.logits = lt_step_ws(s, o->logits);
-    b.idx = (int32_t *)lt_step_ws(s, o->idx);
-    b.w = lt_step_ws(s, o->w);
-    b.off = (int32_t *)lt_step_ws(s, o->off);
-    b.rows = (int32_t *)lt_step_ws(s, o->rows);
-    b.slot = (int32_t *)lt_step_ws(s, o->slot);
-    b.xg = lt_step_ws(s, o->xg);
-    b.g = lt_step_ws(s, o->g);
-    b.u = lt_step_ws(s, o->u);
-    b.a = lt_step_ws(s, o->a);
-    b.yg = lt_step_ws(s, o->yg);
-    if (o->stats) b.stats = lt_step_ws(s, o->stats);
+    b.logits = wsf(x, o->logits);
+    b.idx = (int32_t *)wsf(x, o->idx);
+    b.w = wsf(x, o->w);
+    b.off = (int32_t *)wsf(x, o->off);
+    b.rows = (int32_t *)wsf(x, o->rows);
+    b.slot = (int32_t *)wsf(x, o->slot);
+    b.xg = wsf(x, o->xg);
+    b.g = wsf(x, o->g);
+    b.u = wsf(x, o->u);
+    b.a = wsf(x, o->a);
+    b.yg = wsf(x, o->yg);
+    if (o->stats) b.stats = wsf(x, o->stats);
     if (train) {
-        b.dw = lt_step_ws(s, o->dw);
-        b.dg = lt_step_ws(s, o->dg);
-        b.du = lt_step_ws(s, o->du);
-        b.dlogits = lt_step_ws(s, o->dlogits);
+        b.dw = wsf(x, o->dw);
+        b.dg = wsf(x, o->dg);
+        b.du = wsf(x, o->du);
+        b.dlogits = wsf(x, o->dlogits);
     }
-    b.gm_ws = o->gm_ws_bytes ? (void *)lt_step_ws(s, o->gm_ws) : NULL;
+    b.gm_ws = o->gm_ws_bytes ? (void *)wsf(x, o->gm_ws) : NULL;
     return b;
+}
+
+static moe_run run_of_step(const lt_step *s) {
+    moe_run x =
+        {s->ctx, s->be, &s->m->cfg, &s->m->lay.moe, s->m->block[LT_MEM_WORKSPACE], lt_step_ws(s, s->m->lay.mm_ws), s};
+    return x;
 }
 
 /* The end of the run of tokens from token g (a batch index) on that are all real or all padding,
  * at most `end`; *real says which. */
 static int64_t token_run(const lt_step *s, int64_t g, int64_t end, int *real) {
-    if (!s->real_seqs) {
+    if (!s || !s->real_seqs) {
         *real = 1;
         return end;
     }
@@ -205,34 +226,34 @@ static int64_t token_run(const lt_step *s, int64_t g, int64_t end, int *real) {
 /* Routing of the n tokens of h from batch token g0 on: logits, idx, w; the statistics of the
  * load-balancing loss accumulated over the real ones when the step collects them. Then the
  * grouping and the gathered rows. */
-static void route_and_gather(const lt_step *s, const lt_layer *L, const moe_bufs *b, int64_t g0, const float *h,
+static void route_and_gather(const moe_run *x, const lt_layer *L, const moe_bufs *b, int64_t g0, const float *h,
                              int64_t n) {
-    const lt_model_config *c = &s->m->cfg;
-    const lt_backend *be = s->be;
+    const lt_model_config *c = x->c;
+    const lt_backend *be = x->be;
     int64_t E = c->n_experts, k = c->n_experts_used;
+    int collect = x->s && x->s->moe_collect;
     /* the router in f32 on every backend (gemm: no bf16 rounding of its inputs), so a device's
      * top-k choices are the host's */
-    be->gemm(s->ctx, 0, 1, n, E, c->C, 1.0f, h, c->C, (const float *)L->router.data, c->C, 0.0f, b->logits, E);
+    be->gemm(x->ctx, 0, 1, n, E, c->C, 1.0f, h, c->C, (const float *)L->router.data, c->C, 0.0f, b->logits, E);
     for (int64_t t = 0; t < n;) { /* padding routes too, outside the statistics */
-        int real;
-        int64_t e = token_run(s, g0 + t, g0 + n, &real) - g0;
-        be->moe_route(s->ctx, b->logits + t * E, e - t, E, k, c->moe_norm_topk, b->idx + t * k, b->w + t * k,
-                      s->moe_collect && real ? b->stats : NULL);
+        int real = 0;             /* one call unless collecting */
+        int64_t e = collect ? token_run(x->s, g0 + t, g0 + n, &real) - g0 : n;
+        be->moe_route(x->ctx, b->logits + t * E, e - t, E, k, c->moe_norm_topk, b->idx + t * k, b->w + t * k,
+                      collect && real ? b->stats : NULL);
         t = e;
     }
-    be->moe_sort(s->ctx, b->idx, n, k, E, b->off, b->rows, b->slot);
-    be->moe_gather(s->ctx, h, b->rows, n * k, k, c->C, b->xg);
+    be->moe_sort(x->ctx, b->idx, n, k, E, b->off, b->rows, b->slot);
+    be->moe_gather(x->ctx, h, b->rows, n * k, k, c->C, b->xg);
 }
 
 /* The experts over the gathered rows: G, U, A = silu(G)·U, Yg = down(A). */
-static void experts_fwd(const lt_step *s, const lt_layer *L, const moe_bufs *b, int64_t nk) {
-    const lt_model_config *c = &s->m->cfg;
-    const lt_backend *be = s->be;
-    int64_t E = c->n_experts;
-    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], E, b->off, b->xg, nk, 0.0f, b->g, b->gm_ws);
-    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_UP], E, b->off, b->xg, nk, 0.0f, b->u, b->gm_ws);
-    be->swiglu_fwd(s->ctx, b->g, b->u, nk * c->moe_F, b->a);
-    be->grouped_matmul(s->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
+static void experts_fwd(const moe_run *x, const lt_layer *L, const moe_bufs *b, int64_t nk) {
+    const lt_backend *be = x->be;
+    int64_t E = x->c->n_experts;
+    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], E, b->off, b->xg, nk, 0.0f, b->g, b->gm_ws);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_UP], E, b->off, b->xg, nk, 0.0f, b->u, b->gm_ws);
+    be->swiglu_fwd(x->ctx, b->g, b->u, nk * x->c->moe_F, b->a);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
 }
 
 /* ---- the shared expert (Qwen2-MoE): y += sigmoid(h·gᵀ)·down(silu(gate(h))·up(h)) ----
@@ -241,86 +262,93 @@ static void experts_fwd(const lt_step *s, const lt_layer *L, const moe_bufs *b, 
  * output beside zero rows is the gated output; its backward is the routing's. Every token picks
  * both, so the shared expert's grouped rows are the tokens in order: rows [0, n) of sy. */
 
-static float *wsf(const lt_step *s, size_t off) { return lt_step_ws(s, off); }
-
-static void shared_route(const lt_step *s, const lt_layer *L, const float *h, int64_t n) {
-    const lt_moe_layout *o = &s->m->lay.moe;
-    const lt_backend *be = s->be;
-    int64_t C = s->m->cfg.C;
-    float *lg = wsf(s, o->slogits);
-    be->zero(s->ctx, lg, (size_t)(2 * n) * sizeof(float));
-    be->gemm(s->ctx, 0, 1, n, 1, C, 1.0f, h, C, (const float *)L->shared_gate.data, C, 0.0f, lg, 2);
-    be->moe_route(s->ctx, lg, n, 2, 2, 0, (int32_t *)wsf(s, o->sidx), wsf(s, o->sw), NULL);
-    be->moe_sort(s->ctx, (int32_t *)wsf(s, o->sidx), n, 2, 2, (int32_t *)wsf(s, o->soff), (int32_t *)wsf(s, o->srows),
-                 (int32_t *)wsf(s, o->sslot));
+static void shared_route(const moe_run *x, const lt_layer *L, const float *h, int64_t n) {
+    const lt_moe_layout *o = x->o;
+    const lt_backend *be = x->be;
+    int64_t C = x->c->C;
+    float *lg = wsf(x, o->slogits);
+    be->zero(x->ctx, lg, (size_t)(2 * n) * sizeof(float));
+    be->gemm(x->ctx, 0, 1, n, 1, C, 1.0f, h, C, (const float *)L->shared_gate.data, C, 0.0f, lg, 2);
+    be->moe_route(x->ctx, lg, n, 2, 2, 0, (int32_t *)wsf(x, o->sidx), wsf(x, o->sw), NULL);
+    be->moe_sort(x->ctx, (int32_t *)wsf(x, o->sidx), n, 2, 2, (int32_t *)wsf(x, o->soff), (int32_t *)wsf(x, o->srows),
+                 (int32_t *)wsf(x, o->sslot));
 }
 
 /* sy rows [0, n) = the shared expert's output on h, rows [n, 2n) zero; sg, su, sa kept. */
-static void shared_mlp(const lt_step *s, const lt_layer *L, const float *h, int64_t n) {
-    const lt_moe_layout *o = &s->m->lay.moe;
-    const lt_backend *be = s->be;
-    int64_t C = s->m->cfg.C, S = s->m->cfg.moe_shared_F;
-    void *ws = lt_step_ws(s, s->m->lay.mm_ws);
-    float *sy = wsf(s, o->sy);
-    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[0], h, n, 0.0f, wsf(s, o->sg), ws);
-    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[1], h, n, 0.0f, wsf(s, o->su), ws);
-    be->swiglu_fwd(s->ctx, wsf(s, o->sg), wsf(s, o->su), n * S, wsf(s, o->sa));
-    be->matmul(s->ctx, LT_MATMUL_NT, &L->shared[2], wsf(s, o->sa), n, 0.0f, sy, ws);
-    be->zero(s->ctx, sy + n * C, (size_t)(n * C) * sizeof(float));
+static void shared_mlp(const moe_run *x, const lt_layer *L, const float *h, int64_t n) {
+    const lt_moe_layout *o = x->o;
+    const lt_backend *be = x->be;
+    int64_t C = x->c->C, S = x->c->moe_shared_F;
+    float *sy = wsf(x, o->sy);
+    be->matmul(x->ctx, LT_MATMUL_NT, &L->shared[0], h, n, 0.0f, wsf(x, o->sg), x->mm_ws);
+    be->matmul(x->ctx, LT_MATMUL_NT, &L->shared[1], h, n, 0.0f, wsf(x, o->su), x->mm_ws);
+    be->swiglu_fwd(x->ctx, wsf(x, o->sg), wsf(x, o->su), n * S, wsf(x, o->sa));
+    be->matmul(x->ctx, LT_MATMUL_NT, &L->shared[2], wsf(x, o->sa), n, 0.0f, sy, x->mm_ws);
+    be->zero(x->ctx, sy + n * C, (size_t)(n * C) * sizeof(float));
 }
 
-static void shared_fwd(const lt_step *s, const lt_layer *L, const float *h, int64_t n, float *y) {
-    const lt_moe_layout *o = &s->m->lay.moe;
-    shared_route(s, L, h, n);
-    shared_mlp(s, L, h, n);
-    s->be->moe_combine(s->ctx, wsf(s, o->sy), wsf(s, o->sw), (int32_t *)wsf(s, o->sslot), n, 2, s->m->cfg.C, 1.0f, y);
+static void shared_fwd(const moe_run *x, const lt_layer *L, const float *h, int64_t n, float *y) {
+    const lt_moe_layout *o = x->o;
+    shared_route(x, L, h, n);
+    shared_mlp(x, L, h, n);
+    x->be->moe_combine(x->ctx, wsf(x, o->sy), wsf(x, o->sw), (int32_t *)wsf(x, o->sslot), n, 2, x->c->C, 1.0f, y);
 }
 
 /* dh (n, C) += ∂/∂h of the gated shared expert given dy. */
-static void shared_bwd(const lt_step *s, const lt_layer *L, const float *h, const float *dy, int64_t n, float *dh) {
-    const lt_moe_layout *o = &s->m->lay.moe;
-    const lt_backend *be = s->be;
-    int64_t C = s->m->cfg.C, S = s->m->cfg.moe_shared_F;
-    void *ws = lt_step_ws(s, s->m->lay.mm_ws);
-    shared_route(s, L, h, n);
-    shared_mlp(s, L, h, n);
-    float *sdy = wsf(s, o->sdy), *sdl = wsf(s, o->sdlogits);
-    be->moe_combine_bwd(s->ctx, dy, wsf(s, o->sy), wsf(s, o->sw), (int32_t *)wsf(s, o->sslot), n, 2, C, sdy,
-                        wsf(s, o->sdw));
+static void shared_bwd(const moe_run *x, const lt_layer *L, const float *h, const float *dy, int64_t n, float *dh) {
+    const lt_moe_layout *o = x->o;
+    const lt_backend *be = x->be;
+    int64_t C = x->c->C, S = x->c->moe_shared_F;
+    shared_route(x, L, h, n);
+    shared_mlp(x, L, h, n);
+    float *sdy = wsf(x, o->sdy), *sdl = wsf(x, o->sdlogits);
+    be->moe_combine_bwd(x->ctx, dy, wsf(x, o->sy), wsf(x, o->sw), (int32_t *)wsf(x, o->sslot), n, 2, C, sdy,
+                        wsf(x, o->sdw));
     /* rows [0, n) of sdy: the shared output's gradient; sa takes ∂/∂sa (dead after the forward) */
-    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[2], sdy, n, 0.0f, wsf(s, o->sa), ws);
-    be->swiglu_bwd(s->ctx, wsf(s, o->sa), wsf(s, o->sg), wsf(s, o->su), n * S, wsf(s, o->sdg), wsf(s, o->sdu));
-    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[0], wsf(s, o->sdg), n, 1.0f, dh, ws);
-    be->matmul(s->ctx, LT_MATMUL_NN, &L->shared[1], wsf(s, o->sdu), n, 1.0f, dh, ws);
-    be->moe_route_bwd(s->ctx, wsf(s, o->slogits), (int32_t *)wsf(s, o->sidx), wsf(s, o->sdw), n, 2, 2, 0, NULL, sdl);
+    be->matmul(x->ctx, LT_MATMUL_NN, &L->shared[2], sdy, n, 0.0f, wsf(x, o->sa), x->mm_ws);
+    be->swiglu_bwd(x->ctx, wsf(x, o->sa), wsf(x, o->sg), wsf(x, o->su), n * S, wsf(x, o->sdg), wsf(x, o->sdu));
+    be->matmul(x->ctx, LT_MATMUL_NN, &L->shared[0], wsf(x, o->sdg), n, 1.0f, dh, x->mm_ws);
+    be->matmul(x->ctx, LT_MATMUL_NN, &L->shared[1], wsf(x, o->sdu), n, 1.0f, dh, x->mm_ws);
+    be->moe_route_bwd(x->ctx, wsf(x, o->slogits), (int32_t *)wsf(x, o->sidx), wsf(x, o->sdw), n, 2, 2, 0, NULL, sdl);
     /* the gate logit is column 0 of (n, 2) */
-    be->gemm(s->ctx, 0, 0, n, C, 1, 1.0f, sdl, 2, (const float *)L->shared_gate.data, C, 1.0f, dh, C);
+    be->gemm(x->ctx, 0, 0, n, C, 1, 1.0f, sdl, 2, (const float *)L->shared_gate.data, C, 1.0f, dh, C);
 }
 
-void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y) {
-    const lt_model_config *c = &s->m->cfg;
-    const lt_layer *L = &s->m->layers[l];
-    moe_bufs b = bufs_of(s);
-    int64_t ch = s->m->lay.moe.chunk, k = c->n_experts_used, C = c->C;
+static void moe_fwd(const moe_run *x, const lt_layer *L, int64_t r0, const float *h, int64_t n, float *y) {
+    const lt_model_config *c = x->c;
+    moe_bufs b = bufs_of(x, 0);
+    int64_t ch = x->o->chunk, k = c->n_experts_used, C = c->C;
     for (int64_t t0 = 0; t0 < n; t0 += ch) {
         int64_t m = n - t0 < ch ? n - t0 : ch;
-        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
-        experts_fwd(s, L, &b, m * k);
-        s->be->moe_combine(s->ctx, b.yg, b.w, b.slot, m, k, C, 1.0f, y + t0 * C);
-        if (c->moe_shared_F > 0) shared_fwd(s, L, h + t0 * C, m, y + t0 * C);
+        route_and_gather(x, L, &b, r0 + t0, h + t0 * C, m);
+        experts_fwd(x, L, &b, m * k);
+        x->be->moe_combine(x->ctx, b.yg, b.w, b.slot, m, k, C, 1.0f, y + t0 * C);
+        if (c->moe_shared_F > 0) shared_fwd(x, L, h + t0 * C, m, y + t0 * C);
     }
 }
 
+void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y) {
+    moe_run x = run_of_step(s);
+    moe_fwd(&x, &s->m->layers[l], r0, h, n, y);
+}
+
+void lt_model_moe_forward(lt_ctx *ctx, const lt_model *m, const lt_moe_layout *o, uint8_t *base, void *mm_ws, int64_t l,
+                          const float *h, int64_t n, float *y) {
+    moe_run x = {ctx, m->be, &m->cfg, o, base, mm_ws, NULL};
+    moe_fwd(&x, &m->layers[l], 0, h, n, y);
+}
+
 void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh) {
-    const lt_model_config *c = &s->m->cfg;
+    moe_run x = run_of_step(s);
+    const lt_model_config *c = x.c;
     const lt_layer *L = &s->m->layers[l];
     const lt_backend *be = s->be;
-    moe_bufs b = bufs_of(s);
-    int64_t ch = s->m->lay.moe.chunk, E = c->n_experts, k = c->n_experts_used, C = c->C;
+    moe_bufs b = bufs_of(&x, 1);
+    int64_t ch = x.o->chunk, E = c->n_experts, k = c->n_experts_used, C = c->C;
     for (int64_t t0 = 0; t0 < n; t0 += ch) {
         int64_t m = n - t0 < ch ? n - t0 : ch, nk = m * k;
-        route_and_gather(s, L, &b, r0 + t0, h + t0 * C, m);
-        experts_fwd(s, L, &b, nk);
+        route_and_gather(&x, L, &b, r0 + t0, h + t0 * C, m);
+        experts_fwd(&x, L, &b, nk);
         float *dyg = b.xg, *da = b.a, *dxg = b.yg; /* each dead once its gradient is made */
         be->moe_combine_bwd(s->ctx, dy + t0 * C, b.yg, b.w, b.slot, m, k, C, dyg, b.dw);
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_DOWN], E, b.off, dyg, nk, 0.0f, da, b.gm_ws);
@@ -329,14 +357,14 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
         be->moe_gather_bwd(s->ctx, dxg, b.slot, m, k, C, 0.0f, dh + t0 * C);
         for (int64_t t = 0; t < m;) { /* the aux term's gradient reaches the real tokens only */
-            int real;
-            int64_t e = token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0);
+            int real = 0;
+            int64_t e = s->moe_has_dp ? token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0) : m;
             be->moe_route_bwd(s->ctx, b.logits + t * E, b.idx + t * k, b.dw + t * k, e - t, E, k, c->moe_norm_topk,
                               s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
             t = e;
         }
         be->gemm(s->ctx, 0, 0, m, C, E, 1.0f, b.dlogits, E, (const float *)L->router.data, C, 1.0f, dh + t0 * C, C);
-        if (c->moe_shared_F > 0) shared_bwd(s, L, h + t0 * C, dy + t0 * C, m, dh + t0 * C);
+        if (c->moe_shared_F > 0) shared_bwd(&x, L, h + t0 * C, dy + t0 * C, m, dh + t0 * C);
     }
 }
 

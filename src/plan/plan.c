@@ -76,7 +76,7 @@ lt_status lt_plan_compute(lt_ctx *ctx, const lt_model_config *cfg, const lt_plan
     lt_plan_options o = *opt;
     if (!o.lora.rank) o.lora.rank = 8;
     if (o.lora.alpha == 0.0f) o.lora.alpha = 16;
-    if (!o.lora.targets) o.lora.targets = LT_LORA_ALL_TARGETS;
+    /* targets 0: the model's default (lt_model_size_table: every projection, the attention's on MoE layers) */
     if (o.run.attention == LT_ATTENTION_AUTO) o.run.attention = LT_ATTENTION_FLASH;
     if (o.run.loss == LT_LCE_AUTO) o.run.loss = LT_LCE_FUSED;
     if (o.run.recompute == LT_RECOMPUTE_EVERY_K && !o.run.recompute_k) o.run.recompute_k = 2;

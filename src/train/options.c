@@ -451,6 +451,10 @@ int64_t lt_train_seq_len_at(const lt_train_options *opt, int64_t step) {
 
 static const char *const default_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
 
+int lt_train_targets_defaulted(const lt_train_options *opt) {
+    return !given(opt, O(lora_targets)) && !strcmp(opt->lora_targets, default_targets);
+}
+
 /* Canonical projection name of a target token ("q" → "q_proj"); NULL if unknown. */
 static const char *canonical_target(const char *t, size_t n) {
     static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};

@@ -43,6 +43,11 @@ lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);
 lt_status lt_peft_save_named(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
                              const lt_train_param *params, int n_params);
 
+/* 1 when opt's lora_targets is the default list, not given through lt_train_options_set: the
+ * LoRA options then leave the choice to the model (every projection of a dense model, the
+ * attention's on mixture-of-experts layers). */
+int lt_train_targets_defaulted(const lt_train_options *opt);
+
 /* Bytes the metrics log holds while open (lt_metrics_open's one block). */
 size_t lt_metrics_bytes(void);
 /* Bytes the adapter export holds while it writes n tensors (its safetensors index and key names). */

@@ -159,6 +159,11 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
         int64_t targets = 0,
                 layers = po.lora.num_layers > 0 && po.lora.num_layers < cfg->L ? po.lora.num_layers : cfg->L;
         uint32_t mask = po.lora.targets ? po.lora.targets : LT_LORA_ALL_TARGETS;
+        for (int64_t l = cfg->L - layers; !po.lora.targets && l < cfg->L; l++) { /* the model's default */
+            lt_layer_desc d;
+            lt_model_describe_layer(cfg, l, &d);
+            if (d.mlp == LT_MLP_KIND_MOE) mask = 0xfu; /* attention only on MoE layers */
+        }
         for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
         int64_t n_tensors = 2 * targets * layers;
         size_t own = lt_train_buffer_bytes(opt, po.run.B, po.run.T, n_tensors, po.cp_size);

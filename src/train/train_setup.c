@@ -135,7 +135,8 @@ done:
 
 lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lora_options *out) {
     memset(out, 0, sizeof *out);
-    for (const char *p = opt->lora_targets; *p;) {
+    /* the default list: the model's default (its MoE layers' experts take no LoRA) */
+    for (const char *p = lt_train_targets_defaulted(opt) ? "" : opt->lora_targets; *p;) {
         const char *e = strchr(p, ',');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         int found = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `longtune plan` on the tiny Mixtral and Qwen3-MoE fixtures: --moe-chunk-tokens N (flag and
-# options-file key) shrinks the planned workspace, a bad value exits 2, LoRA on an MoE layer's
-# experts is refused naming the layer.
+# options-file key) shrinks the planned workspace, a bad value exits 2, the default targets are the
+# attention's, LoRA on an MoE layer's experts is refused naming the layer.
 set -u
 bin="$1"
 src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -28,6 +28,13 @@ for m in mixtral qwen3moe qwen3moe.gguf; do
   [ $rc -eq 2 ] && grep -q "moe.chunk.tokens" "$tmp/err" || say "$m: --moe-chunk-tokens 0: rc=$rc $(cat "$tmp/err")"
 done
 
+# without --lora-targets an MoE model takes LoRA on its attention: the same plan as q,k,v,o
+"$bin" plan --model "$src/tests/fixtures/moe/mixtral" --batch-size 2 --max-seq-length 64 --budget 1G --json \
+  >"$tmp/dflt.json" 2>"$tmp/err" || say "default targets: $(cat "$tmp/err")"
+"$bin" plan --model "$src/tests/fixtures/moe/mixtral" --batch-size 2 --max-seq-length 64 --budget 1G --json \
+  --lora-targets q,k,v,o >"$tmp/attn.json" 2>"$tmp/err" || say "q,k,v,o: $(cat "$tmp/err")"
+[ "$(field "$tmp/dflt.json" lora_params)" = "$(field "$tmp/attn.json" lora_params)" ] ||
+  say "default targets on an MoE model are not q,k,v,o"
 "$bin" plan --model "$src/tests/fixtures/moe/mixtral" --lora-targets q,up --budget 1G >/dev/null 2>"$tmp/err"
 rc=$?
 [ $rc -ne 0 ] && grep -q "layer 0 is a mixture-of-experts layer" "$tmp/err" || say "LoRA on experts: rc=$rc $(cat "$tmp/err")"

@@ -244,47 +244,55 @@ static void configs_and_layers(void **state) {
 }
 
 /* The planner's numbers are the allocator's for MoE layer lists (the dispatch buffers at the
- * chunk, the stacked experts, the routers), and a step allocates nothing. */
+ * chunk, the stacked experts, the routers, the shared expert), on every backend present, and a
+ * step allocates nothing. */
 static void size_table_equals_allocations(void **state) {
     (void)state;
     const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
     const char *const cases[3] = {"qwen3moe_dense1", "mixtral", "qwen2moe_shared"};
-    for (int ci = 0; ci < 3; ci++)
-        for (int pi = 0; pi < 3; pi++)
-            for (int fo = 0; fo < 2; fo++) {
-                lt_ctx *ctx = lt_ctx_new();
-                char dir[1024];
-                case_dir(cases[ci], dir, sizeof dir);
-                lt_lora_options lo = {0};
-                lo.rank = 4;
-                lt_model_config cfg;
-                assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
-                lt_model_run_options ro = {0};
-                ro.B = 2, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
-                ro.moe_chunk_tokens = pi == 1 ? 5 : 0;
-                ro.chunk_rows = pi == 2 ? 7 : 0;
-                lt_model_sizes want;
-                assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
-                lt_model *m = NULL;
-                assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
-                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
-                lt_model_sizes got = lt_model_get_sizes(m);
-                for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, want.total);
-                fixture f;
-                lt_test_fixture_open(ctx, dir, &f);
-                size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
-                lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
-                lt_model_batch b = lt_test_fixture_batch(&f);
-                lt_model_result r;
-                if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
-                else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
-                lt_safetensors_close(ctx, f.exp);
-                lt_model_free(ctx, m);
-                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-                lt_ctx_free(ctx);
-            }
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    for (int di = 0; di < nd; di++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int pi = 0; pi < 3; pi++)
+                for (int fo = 0; fo < 2; fo++) {
+                    lt_ctx *ctx = lt_ctx_new();
+                    char dir[1024];
+                    case_dir(cases[ci], dir, sizeof dir);
+                    lt_lora_options lo = {0};
+                    lo.rank = 4;
+                    lt_device dev = devs[di];
+                    lt_model_options mo = {0};
+                    mo.device = dev;
+                    lt_model_config cfg;
+                    assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
+                    lt_model_run_options ro = {0};
+                    ro.B = 2, ro.T = 12, ro.recompute = pol[pi], ro.recompute_k = 2, ro.forward_only = fo;
+                    ro.device = dev;
+                    ro.moe_chunk_tokens = pi == 1 ? 5 : 0;
+                    ro.chunk_rows = pi == 2 ? 7 : 0;
+                    lt_model_sizes want;
+                    assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+                    lt_model *m = NULL;
+                    assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+                    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                    lt_model_sizes got = lt_model_get_sizes(m);
+                    for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).used_bytes, want.total);
+                    fixture f;
+                    lt_test_fixture_open(ctx, dir, &f);
+                    size_t before = lt_mem_get_stats(ctx, dev).used_bytes;
+                    lt_mem_reset_peak(ctx, dev);
+                    lt_model_batch b = lt_test_fixture_batch(&f);
+                    lt_model_result r;
+                    if (fo) assert_int_equal(lt_model_forward(ctx, m, &b, &r, NULL), LT_OK);
+                    else assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &r, NULL), LT_OK);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).peak_bytes, before);
+                    lt_safetensors_close(ctx, f.exp);
+                    lt_model_free(ctx, m);
+                    assert_int_equal(lt_mem_get_stats(ctx, dev).used_bytes, 0);
+                    lt_ctx_free(ctx);
+                }
     /* a smaller dispatch chunk takes less workspace */
     lt_ctx *ctx = lt_ctx_new();
     char dir[1024];
@@ -374,14 +382,6 @@ static void bad_inputs_are_refused(void **state) {
     lt_model *m = NULL;
     assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_ERR_UNSUPPORTED);
     assert_null(m);
-    /* generation's KV cache refuses the MoE layers by name (training and eval run them) */
-    assert_int_equal(lt_model_load(ctx, dir, NULL, NULL, &m), LT_OK);
-    lt_kv_cache *kv = NULL;
-    assert_int_equal(lt_kv_cache_new(ctx, m, 1, 16, 0, &kv, NULL), LT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(lt_ctx_error(ctx), "generation does not run layer 0's mixture-of-experts MLP"));
-    assert_null(kv);
-    lt_model_free(ctx, m);
-    m = NULL;
     /* ... but not on a dense layer of a model with experts */
     case_dir("qwen3moe_dense1", dir, sizeof dir);
     assert_int_equal(lt_model_inspect(ctx, dir, NULL, &c), LT_OK);
@@ -574,6 +574,60 @@ static void quantized_experts(void **state) {
     }
 }
 
+/* Generation's KV cache runs the MoE layers: a prompt's prefill and each decoded token give the
+ * logits lt_model_logits_last gives on the whole prefix (the shared expert and a dense layer
+ * included), on every backend present. */
+static void kv_cache_generates(void **state) {
+    (void)state;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    const char *const cases[3] = {"qwen3moe_dense1", "mixtral", "qwen2moe_shared"};
+    for (int di = 0; di < nd; di++)
+        for (int ci = 0; ci < 3; ci++) {
+            lt_ctx *ctx = lt_ctx_new();
+            char dir[1024];
+            case_dir(cases[ci], dir, sizeof dir);
+            lt_model_options mo = {0};
+            mo.device = devs[di];
+            lt_lora_options lo = {0};
+            lo.rank = 4, lo.seed = 5;
+            lt_model *m = NULL;
+            assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+            const lt_model_config *c = lt_model_get_config(m);
+            int64_t V = c->V;
+            lt_kv_cache *kv = NULL;
+            if (lt_kv_cache_new(ctx, m, 1, 16, 0, &kv, NULL) != LT_OK) {
+                fprintf(stderr, "%s: %s\n", cases[ci], lt_ctx_error(ctx));
+                fail();
+            }
+            int32_t tok[12];
+            uint64_t rs = 17 + (uint64_t)ci;
+            for (int i = 0; i < 12; i++) tok[i] = (int32_t)(4 + lt_test_rand_u64(&rs) % (uint64_t)(V - 4));
+            float *got = malloc((size_t)V * 4), *want = malloc((size_t)V * 4);
+            int64_t seq = 0;
+            for (int64_t len = 8; len <= 12; len++) { /* a prefill of 8, then one token at a time */
+                const int32_t *tp = len == 8 ? tok : tok + len - 1;
+                int64_t nt = len == 8 ? 8 : 1;
+                assert_int_equal(lt_kv_cache_extend(ctx, kv, 1, &seq, &tp, &nt, got), LT_OK);
+                lt_model_run_options ro = {0};
+                ro.B = 1, ro.T = len, ro.forward_only = 1;
+                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                lt_model_batch b = {0};
+                b.B = 1, b.T = len, b.tokens = tok;
+                assert_int_equal(lt_model_logits_last(ctx, m, &b, want), LT_OK);
+                char what[200];
+                snprintf(what, sizeof what, "%s %s kv cache logits at length %lld", cases[ci],
+                         lt_test_backend_name(devs[di]), (long long)len);
+                lt_test_compare(what, got, want, V, devs[di] == LT_DEVICE_CPU ? SAME_REL : CUDA_REL_LOSS);
+            }
+            free(got);
+            free(want);
+            lt_kv_cache_free(ctx, kv);
+            lt_model_free(ctx, m);
+            lt_ctx_free(ctx);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(configs_and_layers),
@@ -581,6 +635,7 @@ int main(void) {
         cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(aux_leaves_padding_out),
         cmocka_unit_test(quantized_experts),
+        cmocka_unit_test(kv_cache_generates),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(bad_inputs_are_refused),
     };

@@ -402,8 +402,9 @@ static void config_malformed(void **state) {
     write_text(p, "[1, 2");
     EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_FORMAT, "not a JSON object");
     write_text(p, "{\"model_type\": \"ll\xff\xfe\"}");
-    EXPECT(ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_UNSUPPORTED,
-           "is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)");
+    EXPECT(
+        ctx, lt_model_config_read_hf(ctx, p, &cfg), LT_ERR_UNSUPPORTED,
+        "is not supported (llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, gemma3, qwen3_moe, qwen2_moe, mixtral)");
     lt_ctx_free(ctx);
 }
 

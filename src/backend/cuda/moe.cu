@@ -9,19 +9,18 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_state.cuh"
 
-#define RT_WARPS 8                       /* tokens (warps) per routing block */
-#define RT_EPL (LT_MOE_MAX_EXPERTS / 32) /* experts per lane at most */
-#define ST_THREADS 1024                  /* the statistics block */
-#define SORT_THREADS 1024                /* the placement blocks: 4 assignments a thread per pass */
+#define RT_WARPS 8        /* tokens (warps) per routing block */
+#define ST_THREADS 1024   /* the statistics block */
+#define SORT_THREADS 1024 /* the placement blocks: 4 assignments a thread per pass */
 #define ROW_THREADS 256
 
-/* p = softmax(l) over E as lane `lane` holds it: v[i] = p of expert lane + 32·i (0 past E). The
+/* p = softmax(l) over E <= 32·EPL as lane `lane` holds it: v[i] = p of expert lane + 32·i (0 past E). The
  * max and the sum are reduced by a fixed butterfly, so every kernel that calls this gets the same
  * bits for the same row. */
-static __device__ __forceinline__ void softmax_lane(const float *l, int E, int lane, float v[RT_EPL]) {
+template <int EPL> static __device__ __forceinline__ void softmax_lane(const float *l, int E, int lane, float v[EPL]) {
     float m = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < RT_EPL; i++) {
+    for (int i = 0; i < EPL; i++) {
         const int e = lane + 32 * i;
         v[i] = e < E ? l[e] : -INFINITY;
         m = fmaxf(m, v[i]);
@@ -30,7 +29,7 @@ static __device__ __forceinline__ void softmax_lane(const float *l, int E, int l
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < RT_EPL; i++) {
+    for (int i = 0; i < EPL; i++) {
         v[i] = lane + 32 * i < E ? expf(v[i] - m) : 0.0f;
         s = __fadd_rn(s, v[i]);
     }
@@ -38,22 +37,23 @@ static __device__ __forceinline__ void softmax_lane(const float *l, int E, int l
     for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     const float inv = __frcp_rn(s);
 #pragma unroll
-    for (int i = 0; i < RT_EPL; i++) v[i] = __fmul_rn(v[i], inv);
+    for (int i = 0; i < EPL; i++) v[i] = __fmul_rn(v[i], inv);
 }
 
 /* One warp per token: the probabilities in shared memory, then k rounds of a warp argmax (ties to
  * the lower expert: strict comparisons in increasing expert order within a lane, the lower index
  * on equal values across lanes); a chosen expert's p is set to −1 (every p is >= 0). */
+template <int EPL>
 static __global__ void __launch_bounds__(RT_WARPS * 32)
     route_k(const float *logits, int64_t n, int E, int k, int norm, int32_t *idx, float *w) {
     __shared__ float sp[RT_WARPS][LT_MOE_MAX_EXPERTS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *p = sp[warp];
     for (int64_t t = blockIdx.x * (int64_t)RT_WARPS + warp; t < n; t += (int64_t)gridDim.x * RT_WARPS) {
-        float v[RT_EPL];
-        softmax_lane(logits + t * E, E, lane, v);
+        float v[EPL];
+        softmax_lane<EPL>(logits + t * E, E, lane, v);
 #pragma unroll
-        for (int i = 0; i < RT_EPL; i++)
+        for (int i = 0; i < EPL; i++)
             if (lane + 32 * i < E) p[lane + 32 * i] = v[i];
         __syncwarp();
         float wsum = 0.0f;
@@ -81,30 +81,38 @@ static __global__ void __launch_bounds__(RT_WARPS * 32)
     }
 }
 
-/* The statistics in one block: warp w sums tokens w, w + 32, ... in float64 per expert, the 32
- * warps' sums are added in warp order, counts are integer shared-memory atomics (exact in any
- * order). One block keeps the order fixed without a scratch buffer; it reads the logits once. */
+/* The statistics in one block: warp w sums tokens w, w + 32, ... (ST_TOK at a time, so their loads
+ * overlap) in float64 per expert, the 32 warps' sums are added in warp order, counts are integer
+ * shared-memory atomics (exact in any order). One block keeps the order fixed without a scratch
+ * buffer; it reads the logits once. */
+#define ST_TOK 4
+template <int EPL>
 static __global__ void __launch_bounds__(ST_THREADS)
     route_stats_k(const float *logits, const int32_t *idx, int64_t n, int E, int k, float *stats) {
     __shared__ double acc[LT_MOE_MAX_EXPERTS];
     __shared__ int cnt[LT_MOE_MAX_EXPERTS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, NW = ST_THREADS / 32;
     for (int e = threadIdx.x; e < E; e += ST_THREADS) acc[e] = 0.0, cnt[e] = 0;
     __syncthreads();
-    double part[RT_EPL];
+    double part[EPL];
 #pragma unroll
-    for (int i = 0; i < RT_EPL; i++) part[i] = 0.0;
-    for (int64_t t = warp; t < n; t += ST_THREADS / 32) {
-        float v[RT_EPL];
-        softmax_lane(logits + t * E, E, lane, v);
+    for (int i = 0; i < EPL; i++) part[i] = 0.0;
+    for (int64_t t0 = warp; t0 < n; t0 += (int64_t)NW * ST_TOK) {
+        float v[ST_TOK][EPL];
 #pragma unroll
-        for (int i = 0; i < RT_EPL; i++) part[i] += (double)v[i];
+        for (int q = 0; q < ST_TOK; q++)
+            if (t0 + q * NW < n) softmax_lane<EPL>(logits + (t0 + q * NW) * E, E, lane, v[q]);
+#pragma unroll
+        for (int q = 0; q < ST_TOK; q++)
+            if (t0 + q * NW < n)
+#pragma unroll
+                for (int i = 0; i < EPL; i++) part[i] += (double)v[q][i];
     }
     for (int64_t a = threadIdx.x; a < n * k; a += ST_THREADS) atomicAdd(&cnt[idx[a]], 1);
-    for (int q = 0; q < ST_THREADS / 32; q++) {
+    for (int q = 0; q < NW; q++) {
         if (warp == q)
 #pragma unroll
-            for (int i = 0; i < RT_EPL; i++)
+            for (int i = 0; i < EPL; i++)
                 if (lane + 32 * i < E) acc[lane + 32 * i] += part[i];
         __syncthreads();
     }
@@ -114,15 +122,23 @@ static __global__ void __launch_bounds__(ST_THREADS)
     }
 }
 
+/* The instantiation of a routing kernel for E experts (ceil(E / 32) a lane, rounded up to 2^i). */
+template <typename K> static K by_epl(int64_t E, K k1, K k2, K k4, K k8, K k16) {
+    return E <= 32 ? k1 : E <= 64 ? k2 : E <= 128 ? k4 : E <= 256 ? k8 : k16;
+}
+
 extern "C" void lt_cuda_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk,
                                   int32_t *idx, float *w, float *stats) {
     if (n <= 0) return;
     int64_t blocks = (n + RT_WARPS - 1) / RT_WARPS;
     if (blocks > 65535 * 16) blocks = 65535 * 16;
-    route_k<<<(unsigned)blocks, RT_WARPS * 32, 0, lt_cuda_stream(ctx)>>>(logits, n, (int)E, (int)k, norm_topk, idx, w);
+    const cudaStream_t s = lt_cuda_stream(ctx);
+    by_epl(E, route_k<1>, route_k<2>, route_k<4>, route_k<8>,
+           route_k<16>)<<<(unsigned)blocks, RT_WARPS * 32, 0, s>>>(logits, n, (int)E, (int)k, norm_topk, idx, w);
     LT_CUDA_LAUNCHED(ctx, "moe_route");
     if (!stats) return;
-    route_stats_k<<<1, ST_THREADS, 0, lt_cuda_stream(ctx)>>>(logits, idx, n, (int)E, (int)k, stats);
+    by_epl(E, route_stats_k<1>, route_stats_k<2>, route_stats_k<4>, route_stats_k<8>,
+           route_stats_k<16>)<<<1, ST_THREADS, 0, s>>>(logits, idx, n, (int)E, (int)k, stats);
     LT_CUDA_LAUNCHED(ctx, "moe_route: statistics");
 }
 
@@ -133,6 +149,7 @@ typedef struct rt_dp {
 } rt_dp;
 
 /* One warp per token: g = dp + ∂/∂p of Σ dw·w, dlogits = p ⊙ (g − p·g). */
+template <int EPL>
 static __global__ void __launch_bounds__(RT_WARPS * 32)
     route_bwd_k(const float *logits, const int32_t *idx, const float *dw, int64_t n, int E, int k, int norm, int has_dp,
                 rt_dp dp, float *dlogits) {
@@ -140,10 +157,10 @@ static __global__ void __launch_bounds__(RT_WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *p = sp[warp], *g = sg[warp];
     for (int64_t t = blockIdx.x * (int64_t)RT_WARPS + warp; t < n; t += (int64_t)gridDim.x * RT_WARPS) {
-        float v[RT_EPL];
-        softmax_lane(logits + t * E, E, lane, v);
+        float v[EPL];
+        softmax_lane<EPL>(logits + t * E, E, lane, v);
 #pragma unroll
-        for (int i = 0; i < RT_EPL; i++) {
+        for (int i = 0; i < EPL; i++) {
             const int e = lane + 32 * i;
             if (e < E) p[e] = v[i], g[e] = has_dp ? dp.v[e] : 0.0f;
         }
@@ -177,8 +194,10 @@ extern "C" void lt_cuda_moe_route_bwd(lt_ctx *ctx, const float *logits, const in
     for (int64_t e = 0; e < E; e++) d.v[e] = dp ? dp[e] : 0.0f;
     int64_t blocks = (n + RT_WARPS - 1) / RT_WARPS;
     if (blocks > 65535 * 16) blocks = 65535 * 16;
-    route_bwd_k<<<(unsigned)blocks, RT_WARPS * 32, 0, lt_cuda_stream(ctx)>>>(logits, idx, dw, n, (int)E, (int)k,
-                                                                             norm_topk, dp != NULL, d, dlogits);
+    by_epl(E, route_bwd_k<1>, route_bwd_k<2>, route_bwd_k<4>, route_bwd_k<8>,
+           route_bwd_k<16>)<<<(unsigned)blocks, RT_WARPS * 32, 0, lt_cuda_stream(ctx)>>>(logits, idx, dw, n, (int)E,
+                                                                                         (int)k, norm_topk, dp != NULL,
+                                                                                         d, dlogits);
     LT_CUDA_LAUNCHED(ctx, "moe_route_bwd");
 }
 
