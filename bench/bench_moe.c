@@ -59,9 +59,14 @@ typedef struct moe_run {
     int64_t adam_step;
 } moe_run;
 
-/* chunk: the run's moe_chunk_tokens (0 = the model's default, >= T = one chunk) */
+/* chunk: the run's moe_chunk_tokens (0 = the model's default, >= T = one chunk). A dispatch chunk
+ * never exceeds the position-wise chunk (chunk_rows), so an unchunked run widens that to the chunk
+ * too: every token of the batch is dispatched at once, as transformers does. */
+static int64_t rows_for(int64_t chunk) { return chunk > LT_MODEL_CHUNK_ROWS ? chunk : 0; }
+
 static lt_model_run_options run_opts(int64_t T, int64_t chunk, int threads) {
     lt_model_run_options ro = {.B = 1,
+                               .chunk_rows = rows_for(chunk),
                                .T = T,
                                .recompute = LT_RECOMPUTE_EVERY,
                                .attention = LT_ATTENTION_FLASH,
@@ -150,6 +155,7 @@ static int timed_points(moe_run *r, const lt_model_config *cfg, const lt_bench_c
         cJSON_AddItemToArray(pts, q);
         cJSON_AddNumberToObject(q, "T", (double)T);
         cJSON_AddNumberToObject(q, "moe_chunk_tokens", (double)(ch > 0 ? ch : LT_MODEL_MOE_CHUNK_TOKENS));
+        cJSON_AddNumberToObject(q, "chunk_rows", (double)(rows_for(ch) ? rows_for(ch) : LT_MODEL_CHUNK_ROWS));
         size_t plan = 0;
         add_plan(r, cfg, T, ch, q, &plan);
         int f = prepare_at(r, T, ch);
