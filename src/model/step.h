@@ -31,6 +31,8 @@ typedef struct lt_step {
      * still to be waited for. */
     int64_t slot_has[2];
     int slot_pending[2];
+    /* Training: each LoRA layer's place under the recompute policy (lt_model_rc_walk). */
+    const lt_rc_place *rc;
 } lt_step;
 
 static inline uint8_t *lt_step_blk(const lt_step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }
