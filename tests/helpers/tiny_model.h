@@ -1,6 +1,7 @@
-/* A tiny random Llama-family model written as a Hugging Face folder (config.json +
+/* A tiny random Llama-family (or Gemma 3) model written as a Hugging Face folder (config.json +
  * model.safetensors), for tests that need more layers or another shape than the committed fixtures
- * (the checkpoint offload tests: at least three LoRA layers). Head dim 64 so the CUDA attention
+ * (the checkpoint offload tests: at least three LoRA layers; the by-kind recompute policies: runs of
+ * sliding layers between global ones). Head dim 64 so the CUDA attention
  * serves it. Test scaffolding: plain malloc. */
 #ifndef LT_TEST_TINY_MODEL_H
 #define LT_TEST_TINY_MODEL_H
@@ -13,6 +14,10 @@ typedef struct lt_test_tiny {
     int64_t V, C, F, L, H, Hkv, D;
     int qk_norm;    /* Qwen3 (per-head q/k norm, explicit head_dim) instead of Llama */
     lt_dtype dtype; /* f32 or bf16 */
+    /* sliding_window > 0: a Gemma 3 text model (sandwich norms, GeGLU, q/k norms, tied head) whose
+     * layers slide over that many keys but every sliding_period-th, which attends globally (the
+     * qk_norm flag is then implied) */
+    int64_t sliding_window, sliding_period;
 } lt_test_tiny;
 
 /* Writes the model into dir (created): weights drawn from rng (matrices N(0, 0.6/sqrt(in)), norms
