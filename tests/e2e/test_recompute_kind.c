@@ -29,13 +29,13 @@
 static uint64_t rng;
 static char tiny_dir[256];
 /* Eight layers S S G S S G S S (a global layer every third), window 5, head dim 32. */
-static const lt_test_tiny tiny = {96, 64, 128, 8, 2, 1, 32, 1, LT_DTYPE_F32, 5, 3};
+static const lt_test_tiny tiny = {96, 64, 128, 8, 2, 1, 32, 1, LT_DTYPE_F32};
 
 static int setup(void **state) {
     (void)state;
     rng = lt_test_seed();
     snprintf(tiny_dir, sizeof tiny_dir, "/tmp/lt_test_recompute_kind_%ld", (long)getpid());
-    lt_test_tiny_write(&tiny, tiny_dir, &rng);
+    lt_test_tiny_write_gemma3(&tiny, 5, 3, tiny_dir, &rng);
     return 0;
 }
 

@@ -28,7 +28,8 @@ static void *tensor(const lt_test_tiny *t, int64_t rows, int64_t cols, int kind,
     return b;
 }
 
-void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
+/* window > 0: the Gemma 3 form (lt_test_tiny_write_gemma3). */
+static void write_model(const lt_test_tiny *t, int64_t window, int64_t period, const char *dir, uint64_t *rng) {
     mkdir(dir, 0755);
     char path[1200], cfg[1400];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -40,7 +41,7 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
              " \"hidden_act\": \"silu\", \"bos_token_id\": 1, \"eos_token_id\": 2}",
              t->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM", t->qk_norm ? "qwen3" : "llama", (long long)t->V,
              (long long)t->C, (long long)t->F, (long long)t->L, (long long)t->H, (long long)t->Hkv, (long long)t->D);
-    int gemma = t->sliding_window > 0;
+    int gemma = window > 0;
     if (gemma)
         snprintf(cfg, sizeof cfg,
                  "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": %lld,"
@@ -52,7 +53,7 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
                  " \"hidden_activation\": \"gelu_pytorch_tanh\", \"tie_word_embeddings\": true,"
                  " \"bos_token_id\": 2, \"eos_token_id\": 1}",
                  (long long)t->V, (long long)t->C, (long long)t->F, (long long)t->L, (long long)t->H, (long long)t->Hkv,
-                 (long long)t->D, (long long)t->D, (long long)t->sliding_window, (long long)t->sliding_period);
+                 (long long)t->D, (long long)t->D, (long long)window, (long long)period);
     FILE *fc = fopen(path, "wb");
     assert_non_null(fc);
     fputs(cfg, fc);
@@ -115,4 +116,10 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
     lt_ctx_free(ctx);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(bufs), free(names), free(e);
+}
+
+void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) { write_model(t, 0, 0, dir, rng); }
+
+void lt_test_tiny_write_gemma3(const lt_test_tiny *t, int64_t window, int64_t period, const char *dir, uint64_t *rng) {
+    write_model(t, window, period, dir, rng);
 }

@@ -14,14 +14,15 @@ typedef struct lt_test_tiny {
     int64_t V, C, F, L, H, Hkv, D;
     int qk_norm;    /* Qwen3 (per-head q/k norm, explicit head_dim) instead of Llama */
     lt_dtype dtype; /* f32 or bf16 */
-    /* sliding_window > 0: a Gemma 3 text model (sandwich norms, GeGLU, q/k norms, tied head) whose
-     * layers slide over that many keys but every sliding_period-th, which attends globally (the
-     * qk_norm flag is then implied) */
-    int64_t sliding_window, sliding_period;
 } lt_test_tiny;
 
 /* Writes the model into dir (created): weights drawn from rng (matrices N(0, 0.6/sqrt(in)), norms
  * near 1, embedding N(0, 1)), untied head. Fails the test on any error. */
 void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng);
+
+/* The same as a Gemma 3 text model (sandwich norms, GeGLU, q/k norms, tied head; t->qk_norm is
+ * implied) whose layers slide over the last `window` keys but every period-th, which attends
+ * globally. */
+void lt_test_tiny_write_gemma3(const lt_test_tiny *t, int64_t window, int64_t period, const char *dir, uint64_t *rng);
 
 #endif
