@@ -336,7 +336,8 @@ typedef struct lt_model_sizes {
  * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
  * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
  * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
- * shapes/options, named), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
+ * shapes/options, named; a by-kind recompute policy whose kind the model, or its LoRA layers,
+ * has no layer of: "recompute sliding: the model has no sliding-window layers"), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
  * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
  * kernels do not serve). */
 LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
