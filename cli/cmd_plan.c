@@ -41,8 +41,9 @@ static void print_help(void) {
            "  --max-seq-length T  tokens per row [2048] (alias --seq-len); --seq-len-curriculum S\n"
            "                      prices its longest stage\n"
            "  --lora-rank r, --lora-targets LIST, --num-layers K (alias --lora-layers)\n"
-           "  --recompute P       none | all | every:K | auto [none] (auto: what train would choose for\n"
-           "                      the budget); --grad-checkpoint = all\n"
+           "  --recompute P       none | all | every:K | sliding[:K] | global[:K] | auto [none]\n"
+           "                      (sliding/global: only the sliding-window / full-attention layers;\n"
+           "                      auto: what train would choose for the budget); --grad-checkpoint = all\n"
            "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
@@ -448,6 +449,17 @@ int lt_cmd_plan(int argc, char **argv) {
                recompute_attention ? " (attention rerun)" : "",
                saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
                (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
+    lt_recompute pol = plan.options.run.recompute;
+    if (pol == LT_RECOMPUTE_SLIDING || pol == LT_RECOMPUTE_GLOBAL) {
+        /* Which LoRA layers the by-kind policy recomputes: those of its attention kind. */
+        int64_t K = plan.options.lora.num_layers, n_rec = 0;
+        if (K <= 0 || K > cfg.L) K = cfg.L;
+        for (int64_t l = cfg.L - K; l < cfg.L; l++) n_rec += lt_model_recomputes_layer(&cfg, pol, l);
+        printf("recomputed in the backward: %lld of %lld LoRA layers (the %s ones); the other %lld %s full "
+               "activations\n",
+               (long long)n_rec, (long long)K, pol == LT_RECOMPUTE_SLIDING ? "sliding-window" : "full-attention",
+               (long long)(K - n_rec), K - n_rec == 1 ? "keeps its" : "keep their");
+    }
     if (offload && plan.options.run.recompute != LT_RECOMPUTE_NONE)
         printf("checkpoints offloaded to %s host memory: two slots stay on the device\n",
                dev == LT_DEVICE_CPU ? "(on the cpu: the same)" : "pinned");

@@ -241,11 +241,22 @@ typedef struct lt_lora_options {
     uint64_t seed;      /* init (A kaiming-uniform as PEFT, B = 0) and dropout masks */
 } lt_lora_options;
 
+/* Which LoRA layers the backward recomputes. A recomputed layer keeps only its segment's input
+ * (a checkpoint; with recompute_attention unset, also its attention output); a kept layer keeps
+ * its full activations, as without recompute. Segments are runs of consecutive recomputed layers
+ * of at most recompute_k layers each, one checkpoint per segment. */
 typedef enum lt_recompute {
     LT_RECOMPUTE_NONE = 0, /* keep every layer's activations */
     LT_RECOMPUTE_EVERY,    /* keep each layer's input, recompute the layer in backward */
     LT_RECOMPUTE_EVERY_K,  /* keep every k-th layer's input, recompute segments of k layers */
+    LT_RECOMPUTE_SLIDING,  /* recompute the sliding-window layers only (segments of recompute_k
+                              of them, 0 = 1); full-attention layers keep their activations */
+    LT_RECOMPUTE_GLOBAL,   /* recompute the full-attention layers only; sliding ones keep theirs */
 } lt_recompute;
+
+/* Pure: 1 when policy r recomputes layer l (0 <= l < cfg->L) of cfg in the backward, by its
+ * description's attention kind for the by-kind policies; 0 for none and for layers outside. */
+LT_API int lt_model_recomputes_layer(const lt_model_config *cfg, lt_recompute r, int64_t l);
 
 /* Shapes of the step and execution choices: everything the activation and workspace classes
  * depend on. Zero-initialised fields take the defaults noted. */
@@ -255,7 +266,9 @@ typedef struct lt_model_run_options {
                                  sets it from lt_plan_options.device); lt_model_prepare always
                                  uses the model's device */
     lt_recompute recompute;
-    int64_t recompute_k;         /* for LT_RECOMPUTE_EVERY_K; 0 = 2 */
+    int64_t recompute_k;         /* layers per segment: LT_RECOMPUTE_EVERY_K's k (0 = 2); the
+                                 by-kind policies' cap on a run of consecutive recomputed layers
+                                 (0 = 1, a checkpoint per recomputed layer) */
     int recompute_attention;     /* under a recompute policy: 0 (default) keeps each LoRA layer's
                                  attention output (N, H·D) and row log-sum-exp (B·H·T) with the
                                  checkpoints, so the recompute skips the attention forward (the
@@ -328,7 +341,8 @@ typedef struct lt_model_sizes {
  * (that device's kernel workspaces and allocator rounding; the model's small host bookkeeping is
  * counted in the weights class only on the CPU), equal to what lt_model_load + lt_model_prepare
  * allocate there (the optimizer state is the trainer's). Errors: LT_ERR_INVALID_ARG (bad
- * shapes/options, named), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
+ * shapes/options, named; a by-kind recompute policy whose kind the model, or its LoRA layers,
+ * has no layer of: "recompute sliding: the model has no sliding-window layers"), LT_ERR_UNSUPPORTED (a layer kind the model cannot run, as
  * lt_model_check_layers; a device this build lacks, a head dim, window or impl the device's
  * kernels do not serve). */
 LT_API lt_status lt_model_size_table(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,

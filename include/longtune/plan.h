@@ -100,13 +100,14 @@ LT_API lt_status lt_plan_search_max(lt_ctx *ctx, const lt_model_config *cfg, con
  * Errors: LT_ERR_INVALID_ARG when buf is too small (n < 1024 always is). */
 LT_API lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n);
 
-/* Text names of the options, for messages and the JSON form ("none", "all", "every:2"; "flash",
- * "naive"; "fused", "chunked", "naive"; "cpu", "cuda"). */
+/* Text names of the options, for messages and the JSON form ("none", "all", "every:2", "sliding",
+ * "global:2"; "flash", "naive"; "fused", "chunked", "naive"; "cpu", "cuda"). */
 LT_API const char *lt_plan_attention_name(lt_attention_impl a);
 LT_API const char *lt_plan_loss_name(lt_lce_impl l);
 /* Writes the policy name into buf of n bytes and returns buf. */
 LT_API const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n);
-/* Parses "none", "all" (alias "every"), "every:K" (K >= 1). LT_ERR_INVALID_ARG names the text. */
+/* Parses "none", "all" (alias "every"), "every:K", "sliding", "sliding:K", "global", "global:K"
+ * (K >= 1: layers per segment). LT_ERR_INVALID_ARG names the text. */
 LT_API lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, int64_t *k);
 
 #ifdef __cplusplus

@@ -74,8 +74,10 @@ typedef struct lt_train_options {
     int64_t grad_accum;                          /* micro-batches per optimizer step [1] */
     double grad_clip;                            /* global L2 norm clip, 0 = off [0] */
     lt_recompute recompute;                      /* none | all (LT_RECOMPUTE_EVERY: every layer) | every:K
-                                      (LT_RECOMPUTE_EVERY_K) [none, or all with grad_checkpoint] */
-    int64_t recompute_every;                     /* K of "every:K" */
+                                      (LT_RECOMPUTE_EVERY_K) | sliding[:K] | global[:K] (the
+                                      sliding-window or the full-attention layers only)
+                                      [none, or all with grad_checkpoint] */
+    int64_t recompute_every;                     /* K of "every:K", "sliding:K", "global:K" */
     int recompute_auto;                          /* "auto": the least recompute whose plan fits the memory
                                       budget, chosen by lt_train_choose_recompute before the run
                                       (`longtune train` uses the memory guard's ceiling) [0] */
@@ -305,10 +307,14 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
-/* recompute auto: the first candidate in order of recompute work -- none; every layer keeping the
- * attention outputs (every:K for K = 1, 2, 4, ... < layers, the same work with fewer checkpoints);
- * then the same rerunning attention (recompute_attention) -- whose plan (lt_train_plan with
- * `held`) is <= budget_bytes. *out = opt with that policy and recompute_auto cleared; plan (may be
+/* recompute auto: the first candidate in order of recompute work whose plan (lt_train_plan with
+ * `held`) is <= budget_bytes. The candidates: none; the LoRA layers' full-attention ones (global),
+ * their sliding-window ones (sliding; both only where the LoRA layers mix the two kinds), every
+ * layer -- each keeping the attention outputs, over segments of k = 1, 2, 4, ... layers below its
+ * longest run of recomputed layers (the same work with fewer checkpoints); then the same rerunning
+ * attention (recompute_attention). Their work is the recomputed layers' projection FLOPs plus,
+ * rerunning attention, each one's attention FLOPs (a sliding layer's over its window); equal work
+ * keeps that order. *out = opt with the chosen policy and recompute_auto cleared; plan (may be
  * NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
  * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
 LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,

@@ -219,7 +219,9 @@ static void rebase_store(lt_store *s, const lt_store *off, uint8_t *base) {
         dst[i] = src[i] ? (float *)(base + (uintptr_t)src[i] - 1) : NULL;
 }
 
-void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out) { rebase_store(out, &lay->store_off, base); }
+void lt_model_store_at(const lt_layout *lay, uint8_t *base, int kept, lt_store *out) {
+    rebase_store(out, kept ? &lay->act_off : &lay->store_off, base);
+}
 
 void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st) {
     lt_store k;
@@ -230,16 +232,49 @@ void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st) {
         if (src[i]) dst[i] = src[i];
 }
 
+int lt_model_recomputes_layer(const lt_model_config *c, lt_recompute r, int64_t l) {
+    if (l < 0 || l >= c->L) return 0;
+    if (r == LT_RECOMPUTE_EVERY || r == LT_RECOMPUTE_EVERY_K) return 1;
+    if (r != LT_RECOMPUTE_SLIDING && r != LT_RECOMPUTE_GLOBAL) return 0;
+    lt_layer_desc d;
+    lt_model_describe_layer(c, l, &d);
+    return d.attn == (r == LT_RECOMPUTE_SLIDING ? LT_ATTN_KIND_SLIDING : LT_ATTN_KIND_FULL);
+}
+
+void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, lt_rc_place *out,
+                      lt_rc_counts *n) {
+    memset(n, 0, sizeof *n);
+    int64_t len = 0; /* layers so far in the open segment (0: none open) */
+    for (int64_t j = 0; j < K; j++) {
+        lt_rc_place p;
+        memset(&p, 0, sizeof p);
+        p.rec = lt_model_recomputes_layer(c, r, c->L - K + j);
+        if (!p.rec) {
+            p.idx = (int32_t)n->n_kept++;
+            len = 0;
+        } else {
+            if (len == 0 || len == cap) n->n_seg++, len = 0;
+            p.seg = (int32_t)(n->n_seg - 1);
+            p.pos = (int32_t)len++;
+            p.idx = (int32_t)n->n_rec++;
+            if (len > n->max_len) n->max_len = len;
+        }
+        /* the segment's last layer: the next one is kept, opens a segment, or there is none */
+        p.last = p.rec && (j + 1 == K || len == cap || !lt_model_recomputes_layer(c, r, c->L - K + j + 1));
+        if (out) out[j] = p;
+    }
+}
+
 /* The run's shape and the choices resolved from its options, shared by the per-class layouts. */
 typedef struct run_shape {
     const lt_model_config *c;
     lt_lora_options lo;
     const lt_model_run_options *run;
-    const lt_backend *be;  /* of run->device: its kernels' workspace sizes */
-    lt_layer_desc wd;      /* the widest layer (what a store slot must hold) */
-    int64_t B, T, N, K, k; /* K LoRA layers, k layers per recompute segment */
-    int64_t qd, kvd;       /* H·D, Hkv·D */
-    size_t al, es;         /* piece alignment; bytes of a saved element */
+    const lt_backend *be; /* of run->device: its kernels' workspace sizes */
+    lt_layer_desc wd;     /* the widest layer (what a store slot must hold) */
+    int64_t B, T, N, K;   /* K LoRA layers */
+    int64_t qd, kvd;      /* H·D, Hkv·D */
+    size_t al, es;        /* piece alignment; bytes of a saved element */
     int fwd_only, keep_mlp;
 } run_shape;
 
@@ -286,6 +321,41 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
     return LT_OK;
 }
 
+/* The recompute policy: its segment cap (every: 1; every:K: K, 0 = 2; by kind: K, 0 = 1; at most
+ * the LoRA layers), which LoRA layers it recomputes, and the refusal of a by-kind policy whose
+ * kind the LoRA layers lack. A forward-only run recomputes nothing. */
+static lt_status resolve_recompute(lt_ctx *ctx, const lt_model_run_options *run, run_shape *r, lt_layout *o,
+                                   lt_rc_counts *n) {
+    const lt_model_config *c = r->c;
+    lt_recompute p = run->recompute;
+    if ((unsigned)p > LT_RECOMPUTE_GLOBAL)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown recompute policy %d", (int)p);
+    if (run->recompute_k < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: recompute_k %lld is negative",
+                        (long long)run->recompute_k);
+    int64_t cap = p == LT_RECOMPUTE_EVERY ? 1
+        : run->recompute_k > 0            ? run->recompute_k
+        : p == LT_RECOMPUTE_EVERY_K       ? 2
+                                          : 1;
+    if (cap > r->K) cap = r->K;
+    o->rc = r->fwd_only ? LT_RECOMPUTE_NONE : p;
+    o->rc_k = o->rc == LT_RECOMPUTE_NONE ? 0 : cap;
+    lt_model_rc_walk(c, o->rc, cap, r->K, NULL, n);
+    o->n_rec = n->n_rec;
+    if ((o->rc == LT_RECOMPUTE_SLIDING || o->rc == LT_RECOMPUTE_GLOBAL) && !n->n_rec) {
+        int sl = o->rc == LT_RECOMPUTE_SLIDING;
+        int64_t in_model = 0;
+        for (int64_t l = 0; l < c->L; l++) in_model += lt_model_recomputes_layer(c, o->rc, l);
+        if (!in_model)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: recompute %s: the model has no %s layers",
+                            sl ? "sliding" : "global", sl ? "sliding-window" : "full-attention (global)");
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "model run: recompute %s: none of the LoRA layers (the last %lld of %lld) has %s attention",
+                        sl ? "sliding" : "global", (long long)r->K, (long long)c->L, sl ? "sliding-window" : "full");
+    }
+    return LT_OK;
+}
+
 /* The run's shape, and its mode flags resolved once into the layout (saved dtype, bf16 attention
  * tensors, checkpoints as residuals, kept attention and q/k/v, offload, the chunk), so the step
  * reads them instead of the options. */
@@ -307,38 +377,36 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     o->device = dev;
     o->align = r->al = dev == LT_DEVICE_CPU ? LT_MODEL_ALIGN : LT_ALLOC_ALIGN_DEVICE;
     r->N = r->B * r->T, r->K = r->lo.num_layers, r->qd = c->H * c->D, r->kvd = c->Hkv * c->D;
-    r->k = run->recompute == LT_RECOMPUTE_EVERY ? 1 : run->recompute_k > 0 ? run->recompute_k : 2;
-    if ((unsigned)run->recompute > LT_RECOMPUTE_EVERY_K)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: unknown recompute policy %d", (int)run->recompute);
-    if (r->k > r->K) r->k = r->K;
     o->threads = run->threads > 0 ? run->threads : lt_ctx_threads(ctx);
     r->fwd_only = run->forward_only;
-    r->keep_mlp = !r->fwd_only && run->recompute == LT_RECOMPUTE_NONE;
+    lt_rc_counts rc;
+    LT_TRY(resolve_recompute(ctx, run, r, o, &rc));
+    r->keep_mlp = !r->fwd_only && !rc.n_rec;
     if (run->saved_bf16 < -1 || run->saved_bf16 > 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: saved_bf16 %d outside -1..1", run->saved_bf16);
     o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : r->be->saved_dtype;
     r->es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
-    /* Recomputing every layer, a layer's checkpoint is its input and the next one its output. */
-    o->resid_ckpt = !r->fwd_only && run->recompute != LT_RECOMPUTE_NONE && r->k == 1;
-    o->store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, !r->fwd_only && !o->resid_ckpt, r->keep_mlp,
-                                  r->es, &o->store_off);
+    /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
+    o->resid_ckpt = !r->fwd_only && rc.n_rec && rc.max_len == 1;
+    o->store_bytes =
+        store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, !r->fwd_only && !o->resid_ckpt, 0, r->es, &o->store_off);
+    if (!r->fwd_only && rc.n_kept)
+        o->act_store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, 1, 1, r->es, &o->act_off);
     if (run->chunk_rows < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: chunk_rows %lld is negative", (long long)run->chunk_rows);
     o->chunk = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
     if (o->chunk > r->N) o->chunk = r->N;
-    /* Every LoRA layer's store (no recompute) or one input per segment. */
+    /* A store per kept LoRA layer, slots for the longest segment and one input per segment. */
     if (r->fwd_only) {
         o->n_act_stores = 0, o->n_tr_stores = 1, o->n_ckpt = 0;
-    } else if (run->recompute == LT_RECOMPUTE_NONE) {
-        o->n_act_stores = r->K, o->n_tr_stores = 0, o->n_ckpt = 0;
     } else {
-        o->n_act_stores = 0, o->n_tr_stores = r->k, o->n_ckpt = (r->K + r->k - 1) / r->k;
+        o->n_act_stores = rc.n_kept, o->n_tr_stores = rc.max_len, o->n_ckpt = rc.n_seg;
     }
-    if (run->offload_ckpt && !r->fwd_only && run->recompute == LT_RECOMPUTE_NONE)
+    if (run->offload_ckpt && !r->fwd_only && !o->n_ckpt)
         return lt_error(ctx, LT_ERR_INVALID_ARG,
-                        "model run: checkpoint offload needs a recompute policy (all or "
-                        "every:K): without one there are no checkpoints to offload");
+                        "model run: checkpoint offload needs a recompute policy (all, every:K, "
+                        "sliding or global): without one there are no checkpoints to offload");
     /* Offload keeps two slots on the device and the rest on the host (see lt_layout.offload); with
      * two checkpoints or fewer there is nothing to move. */
     o->offload = run->offload_ckpt && o->n_ckpt > 2;
@@ -350,12 +418,13 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     return LT_OK;
 }
 
-/* Saved across the step: the stores of every LoRA layer (no recompute) or the checkpoints, and
- * with kept attention each LoRA layer's attention output and lse (and on the host q/k/v). */
+/* Saved across the step: the stores of the kept LoRA layers (all of them without recompute), the
+ * checkpoints, and with kept attention each recomputed layer's attention output and lse (and on
+ * the host q/k/v). */
 static void layout_activations(const run_shape *r, lt_layout *o) {
     const lt_model_config *c = r->c;
     size_t al = r->al, cur = 0;
-    o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->store_bytes), al);
+    o->act_stores = carve_aligned(&cur, nb(o->n_act_stores, o->act_store_bytes), al);
     /* Each piece rounded up to the alignment so every layer's starts aligned. */
     o->ckpt_stride = round_up(nb(r->N * c->C, r->es), al);
     if (o->offload) o->offload_bytes = nb(o->n_ckpt - 2, o->ckpt_stride);
@@ -363,12 +432,12 @@ static void layout_activations(const run_shape *r, lt_layout *o) {
     if (o->keep_attn) {
         o->att_stride = round_up(nb(r->N * r->qd, r->es), al);
         o->lse_stride = round_up(nb(r->B * c->H * r->T, 4), al);
-        o->keep_att = carve_aligned(&cur, nb(r->K, o->att_stride), al);
-        o->keep_lse = carve_aligned(&cur, nb(r->K, o->lse_stride), al);
+        o->keep_att = carve_aligned(&cur, nb(o->n_rec, o->att_stride), al);
+        o->keep_lse = carve_aligned(&cur, nb(o->n_rec, o->lse_stride), al);
     }
     if (o->keep_qkv) {
         o->kept_stride = kept_layout(c, &r->wd, &r->lo, r->N, al, r->es, &o->kept_off);
-        o->keep_store = carve_aligned(&cur, nb(r->K, o->kept_stride), al);
+        o->keep_store = carve_aligned(&cur, nb(o->n_rec, o->kept_stride), al);
     }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 }

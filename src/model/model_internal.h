@@ -164,8 +164,18 @@ void lt_model_moe_forward(lt_ctx *ctx, const struct lt_model *m, const lt_moe_la
 
 /* Byte offsets of the pieces of each class block, and the class sizes. */
 typedef struct lt_layout {
-    size_t store_bytes; /* one lt_store */
-    lt_store store_off; /* offsets within a store, as pointers from NULL */
+    /* The recompute policy resolved (NONE in a forward-only run) and its segment cap: every LoRA
+     * layer is kept or recomputed (lt_model_recomputes_layer); runs of consecutive recomputed
+     * layers split into segments of at most rc_k layers, each with one checkpoint (its input);
+     * n_rec layers are recomputed. */
+    lt_recompute rc;
+    int64_t rc_k, n_rec;
+    /* Store slots (the transient block: a segment's recomputed layers, slot = place in the
+     * segment; a forward-only run's one) and kept stores (the activation block: one per kept
+     * layer, with x_in and the MLP's g and u, as without recompute); offsets within a store as
+     * pointers from NULL. */
+    size_t store_bytes, act_store_bytes;
+    lt_store store_off, act_off;
     int64_t n_act_stores, n_tr_stores, n_ckpt;
     /* Checkpoints: n_ckpt layer inputs (N, C) of `saved_dtype` (f32 or bf16), `ckpt_stride`
      * bytes apart, at `ckpt` in the activation block. A layer always runs on the f32 x_in of its
@@ -178,11 +188,12 @@ typedef struct lt_layout {
      * (the last two are never overwritten in their slots, so they never travel). */
     int offload;
     size_t offload_bytes;
-    /* resid_ckpt (a recompute of every layer): LoRA layer j reads its residual input straight from
-     * checkpoint j and writes its output into checkpoint j + 1 (the last one into xf), so the
-     * stores hold no x_in; with bf16 checkpoints the residual stream is rounded at every layer
-     * boundary, the forward and the recompute see the same inputs, and xc (chunk, C) f32 holds a
-     * chunk of rows in flight. */
+    /* resid_ckpt (every segment one layer: recompute all, or a by-kind policy with segments of
+     * one): a recomputed LoRA layer reads its residual input straight from its checkpoint, and
+     * every layer writes its output into the next layer's input (that layer's checkpoint when it is
+     * recomputed, its kept store's x_in when kept, xf after the last), so the slots hold no x_in;
+     * with bf16 checkpoints the residual stream is rounded at those boundaries, the forward and the
+     * recompute see the same inputs, and xc (chunk, C) f32 holds a chunk of rows in flight. */
     int resid_ckpt;
     size_t xc;
     /* attn_bf16 (with bf16 saved_dtype): attention's q, k, v, output and their gradients are
@@ -194,12 +205,12 @@ typedef struct lt_layout {
      * recompute and backward see the same values. */
     int attn_bf16;
     size_t qc, ac, mc;
-    /* Kept attention (recompute without recompute_attention): per LoRA layer an (N, H·D) output
+    /* Kept attention (recompute without recompute_attention): per recomputed layer an (N, H·D) output
      * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
      * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
     size_t keep_att, keep_lse, att_stride, lse_stride;
-    /* Kept q/k/v (keep_attn on the host): per LoRA layer also the attention half of its store
+    /* Kept q/k/v (keep_attn on the host): per recomputed layer also the attention half of its store
      * (q_raw, k_raw, rstd_q, rstd_k with the per-head norm; q, k, v after norm and RoPE; x_mid; the
      * LoRA products of q, k, v, o) at `keep_store`, `kept_stride` bytes apart, with offsets
      * `kept_off` (the fields it holds non-NULL), so the recompute runs only the MLP it needs for
@@ -250,8 +261,28 @@ typedef struct lt_layout {
 lt_status lt_model_layout(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lora,
                           const lt_model_run_options *run, lt_layout *out);
 
-/* The store whose block starts at base, with the layout's offsets. */
-void lt_model_store_at(const lt_layout *lay, uint8_t *base, lt_store *out);
+/* The store whose block starts at base, with the layout's offsets: a store slot, or with kept = 1
+ * a kept layer's store. */
+void lt_model_store_at(const lt_layout *lay, uint8_t *base, int kept, lt_store *out);
+
+/* Where LoRA layer j's activations live under a recompute policy. */
+typedef struct lt_rc_place {
+    int32_t rec;  /* recomputed in the backward from its segment's checkpoint; 0: kept */
+    int32_t seg;  /* recomputed: its segment, which is its checkpoint's index */
+    int32_t pos;  /* recomputed: its place in the segment, which is its store slot */
+    int32_t idx;  /* kept: its store among the kept ones; recomputed: its place among the
+                     recomputed layers (its kept attention) */
+    int32_t last; /* recomputed: the segment's last layer (where the backward enters it) */
+} lt_rc_place;
+
+typedef struct lt_rc_counts {
+    int64_t n_rec, n_kept, n_seg, max_len; /* max_len: layers of the longest segment */
+} lt_rc_counts;
+
+/* Pure: the K LoRA layers (model layers L - K .. L - 1) under policy r with segments of at most
+ * cap layers: each one's place into out (K entries; may be NULL) and the counts. */
+void lt_model_rc_walk(const lt_model_config *cfg, lt_recompute r, int64_t cap, int64_t K, lt_rc_place *out,
+                      lt_rc_counts *n);
 
 /* Points the fields of st that the layout's kept_off holds at the kept pieces at base. */
 void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);

@@ -9,15 +9,30 @@
 #include "backend/prof.h"
 #include "core/parallel.h"
 #include "longtune/alloc.h"
+#include "model/config_bounds.h"
 #include "model/step.h"
 
-/* Store j (0-based among LoRA layers; stores of one recompute segment are slots). */
-static lt_store store_slot(const lt_step *s, int64_t j) {
+/* The scratch store of the LoRA-free layers: slot 0, or the first kept store when there are no
+ * slots (no recompute). */
+static lt_store scratch_store(const lt_step *s) {
     const lt_layout *y = &s->m->lay;
     lt_store st;
-    if (y->n_act_stores)
-        lt_model_store_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->act_stores + (size_t)j * y->store_bytes), &st);
-    else lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)j * y->store_bytes), &st);
+    if (y->n_tr_stores) lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores), 0, &st);
+    else lt_model_store_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->act_stores), 1, &st);
+    return st;
+}
+
+/* The store of LoRA layer j: its own in the activation block when kept, else its segment's slot
+ * for its place in the segment. */
+static lt_store store_of(const lt_step *s, int64_t j) {
+    const lt_layout *y = &s->m->lay;
+    const lt_rc_place *p = &s->rc[j];
+    lt_store st;
+    if (!p->rec)
+        lt_model_store_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->act_stores + (size_t)p->idx * y->act_store_bytes), 1,
+                          &st);
+    else
+        lt_model_store_at(y, lt_step_blk(s, LT_MEM_TRANSIENTS, y->tr_stores + (size_t)p->pos * y->store_bytes), 0, &st);
     return st;
 }
 
@@ -178,7 +193,7 @@ static lt_status run_plain(const lt_step *s, int64_t upto, float *out) {
     /* Gemma: the rows times sqrt(C) rounded to f32 (transformers' normalizer in the hidden dtype) */
     if (m->cfg.embed_scale > 0 && m->cfg.embed_scale != 1.0f)
         s->be->scale(s->ctx, out, m->cfg.embed_scale, s->N * m->cfg.C);
-    lt_store st = store_slot(s, 0);
+    lt_store st = scratch_store(s);
     for (int64_t l = 0; l < upto; l++) LT_TRY(lt_step_layer_fwd(s, l, &st, lt_resid_f32(out), lt_resid_f32(out), 0));
     return LT_OK;
 }
@@ -231,50 +246,48 @@ static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backw
     return LT_OK;
 }
 
-/* LoRA layer j's residual input: checkpoint j under resid_ckpt, else its slot's x_in (for the first
- * layer of a segment, a copy of the segment's checkpoint). */
+/* LoRA layer j's residual input: under resid_ckpt a recomputed layer's checkpoint, else its
+ * store's x_in (for the first layer of a segment, a copy of the segment's checkpoint). */
 static lt_resid lora_in(const lt_step *s, int64_t j, const lt_store *st) {
     const lt_layout *y = &s->m->lay;
-    if (!y->resid_ckpt) return lt_resid_f32(st->x_in);
+    if (!y->resid_ckpt || !s->rc[j].rec) return lt_resid_f32(st->x_in);
     lt_resid r = {NULL, NULL};
-    if (y->saved_dtype == LT_DTYPE_BF16) r.h = (uint16_t *)lt_step_ckpt(s, j);
-    else r.f = (float *)lt_step_ckpt(s, j);
+    if (y->saved_dtype == LT_DTYPE_BF16) r.h = (uint16_t *)lt_step_ckpt(s, s->rc[j].seg);
+    else r.f = (float *)lt_step_ckpt(s, s->rc[j].seg);
     return r;
 }
 
-/* Its output: xf for the last LoRA layer, else the next layer's input (the next slot's x_in, in
- * place when one slot serves the segment). */
+/* Its output: xf for the last LoRA layer, else the next layer's input (in place when one slot
+ * serves the segment). */
 static lt_resid lora_out(const lt_step *s, int64_t j) {
-    const lt_layout *y = &s->m->lay;
     if (j + 1 == s->m->lora.num_layers) return lt_resid_f32(lt_step_xf(s));
-    lt_store nx = store_slot(s, y->n_ckpt ? (j + 1) % y->n_tr_stores : j + 1);
+    lt_store nx = store_of(s, j + 1);
     return lora_in(s, j + 1, &nx);
 }
 
-/* The store of LoRA layer j; with kept attention its att and lse point at the layer's kept ones,
- * and with kept q/k/v the rest of its attention half too. */
+/* The store of LoRA layer j; a recomputed layer's with kept attention has its att and lse at the
+ * layer's kept ones, and with kept q/k/v the rest of its attention half too. */
 static lt_store slot_of(const lt_step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
-    lt_store st = store_slot(s, y->n_ckpt ? j % y->n_tr_stores : j);
+    lt_store st = store_of(s, j);
+    if (!s->rc[j].rec) return st;
+    size_t i = (size_t)s->rc[j].idx;
     if (y->keep_attn) {
-        st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + (size_t)j * y->att_stride);
-        st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + (size_t)j * y->lse_stride);
+        st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + i * y->att_stride);
+        st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + i * y->lse_stride);
     }
-    if (y->keep_qkv)
-        lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + (size_t)j * y->kept_stride), &st);
+    if (y->keep_qkv) lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + i * y->kept_stride), &st);
     return st;
 }
 
-/* Layers per recompute segment (all K without recompute: one segment, no checkpoints). */
-static int64_t seg_layers(const lt_step *s) { return s->m->lay.n_ckpt ? s->m->lay.n_tr_stores : s->m->lora.num_layers; }
-
-/* The embedding, the frozen layers and the LoRA layers, saving checkpoint 0 and then each
- * segment's input (under resid_ckpt every layer's output is the next checkpoint). */
+/* The embedding, the frozen layers and the LoRA layers, saving each segment's input as its
+ * checkpoint (under resid_ckpt the layer before a recomputed one writes it). */
 static lt_status forward_layers(lt_step *s) {
     const lt_layout *y = &s->m->lay;
-    int64_t K = s->m->lora.num_layers, l0 = s->m->l0, NC = s->N * s->m->cfg.C, k = seg_layers(s);
+    const lt_rc_place *rc = s->rc;
+    int64_t K = s->m->lora.num_layers, l0 = s->m->l0, NC = s->N * s->m->cfg.C;
     lt_store st = slot_of(s, 0);
-    if (y->resid_ckpt) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
+    if (y->resid_ckpt && rc[0].rec) { /* the embedding and frozen layers run on xf, then become checkpoint 0 */
         LT_TRY(run_plain(s, l0, lt_step_xf(s)));
         LT_TRY(lt_step_ckpt_will_write(s, 0));
         LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, 0), lt_step_xf(s), NC, 0));
@@ -284,16 +297,16 @@ static lt_status forward_layers(lt_step *s) {
     }
     for (int64_t j = 0; j < K; j++) {
         st = slot_of(s, j);
-        if (y->n_ckpt && !y->resid_ckpt && j % k == 0) {
-            LT_TRY(lt_step_ckpt_will_write(s, j / k));
-            LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, j / k), st.x_in, NC, 0));
-            LT_TRY(lt_step_ckpt_written(s, j / k));
+        if (rc[j].rec && !y->resid_ckpt && rc[j].pos == 0) {
+            LT_TRY(lt_step_ckpt_will_write(s, rc[j].seg));
+            LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, rc[j].seg), st.x_in, NC, 0));
+            LT_TRY(lt_step_ckpt_written(s, rc[j].seg));
         }
-        /* under resid_ckpt the layer writes checkpoint j + 1 (xf after the last layer) */
-        int writes = y->resid_ckpt && j + 1 < K;
-        if (writes) LT_TRY(lt_step_ckpt_will_write(s, j + 1));
+        /* under resid_ckpt the layer below a recomputed one writes its checkpoint */
+        int64_t writes = y->resid_ckpt && j + 1 < K && rc[j + 1].rec ? rc[j + 1].seg : -1;
+        if (writes >= 0) LT_TRY(lt_step_ckpt_will_write(s, writes));
         LT_TRY(lt_step_layer_fwd(s, l0 + j, &st, lora_in(s, j, &st), lora_out(s, j), 0));
-        if (writes) LT_TRY(lt_step_ckpt_written(s, j + 1));
+        if (writes >= 0) LT_TRY(lt_step_ckpt_written(s, writes));
     }
     return LT_OK;
 }
@@ -302,13 +315,13 @@ static lt_status forward_layers(lt_step *s) {
  * (kept attention is not rerun; the last layer's output is not needed). */
 static lt_status recompute_segment(lt_step *s, int64_t seg, int64_t j) {
     const lt_layout *y = &s->m->lay;
-    int64_t k = seg_layers(s), l0 = s->m->l0;
-    lt_store st = slot_of(s, seg * k);
+    int64_t j0 = j - s->rc[j].pos, l0 = s->m->l0;
+    lt_store st = slot_of(s, j0);
     if (!y->resid_ckpt) {
         LT_TRY(lt_step_ckpt_need(s, seg));
         LT_TRY(lt_step_saved_copy(s, lt_step_ckpt(s, seg), st.x_in, s->N * s->m->cfg.C, 1));
     }
-    for (int64_t i = seg * k; i <= j; i++) {
+    for (int64_t i = j0; i <= j; i++) {
         st = slot_of(s, i);
         lt_resid out = i == j ? lt_resid_f32(NULL) : lora_out(s, i);
         LT_TRY(lt_step_layer_fwd(s, l0 + i, &st, lora_in(s, i, &st), out, y->keep_attn));
@@ -317,20 +330,21 @@ static lt_status recompute_segment(lt_step *s, int64_t seg, int64_t j) {
 }
 
 /* The LoRA layers' backward from the top, dx (N, C) holding ∂loss/∂xf on entry; each layer's
- * gradient slice is announced to the grad-ready hook as soon as it is final. */
+ * gradient slice is announced to the grad-ready hook as soon as it is final. The last segment's
+ * stores are still those of the forward: only the others are recomputed. */
 static lt_status backward_layers(lt_step *s) {
     lt_model *m = s->m;
     const lt_layout *y = &m->lay;
     const lt_device dev = m->opt.device;
-    int64_t K = m->lora.num_layers, k = seg_layers(s), last_seg = (K - 1) / k;
+    int64_t K = m->lora.num_layers, last_seg = y->n_ckpt - 1;
     float *dx = lt_step_ws(s, y->dx);
     for (int64_t j = K - 1; j >= 0; j--) {
-        int64_t seg = j / k;
-        /* Checkpoint j is layer j's input under resid_ckpt, read by its recompute and backward. */
-        if (y->resid_ckpt) LT_TRY(lt_step_ckpt_need(s, j));
-        if (y->n_ckpt && seg != last_seg && j % k == k - 1) {
+        const lt_rc_place *p = &s->rc[j];
+        /* A recomputed layer's checkpoint is its input under resid_ckpt, read by its recompute and backward. */
+        if (y->resid_ckpt && p->rec) LT_TRY(lt_step_ckpt_need(s, p->seg));
+        if (p->rec && p->last && p->seg != last_seg) {
             lt_prof_set_phase(dev, LT_PROF_RECOMPUTE);
-            LT_TRY(recompute_segment(s, seg, j));
+            LT_TRY(recompute_segment(s, p->seg, j));
         }
         lt_prof_set_phase(dev, LT_PROF_BACKWARD);
         lt_store st = slot_of(s, j);
@@ -347,6 +361,11 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     lt_model_result r = {0, 0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 1, grad_scale, 1));
     const lt_device dev = m->opt.device;
+    lt_rc_place rc[LT_MODEL_MAX_LAYERS];
+    lt_rc_counts n;
+    LT_ASSERT(m->lora.num_layers <= LT_MODEL_MAX_LAYERS);
+    lt_model_rc_walk(&m->cfg, m->lay.rc, m->lay.rc_k, m->lora.num_layers, rc, &n);
+    s.rc = rc;
     s.slot_has[0] = s.slot_has[1] = -1;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
     LT_TRY(lt_step_moe_begin(&s, b));

@@ -37,6 +37,8 @@ typedef struct lt_step {
     const int32_t *real_seqs; /* host (lt_model_batch.real_seqs), validated; NULL = all real */
     int64_t n_real;           /* real tokens of the batch */
     float moe_dp[LT_MOE_MAX_EXPERTS];
+    /* Training: each LoRA layer's place under the recompute policy (lt_model_rc_walk). */
+    const lt_rc_place *rc;
 } lt_step;
 
 static inline uint8_t *lt_step_blk(const lt_step *s, lt_mem_class c, size_t off) { return s->m->block[c] + off; }

@@ -30,8 +30,22 @@ const char *lt_plan_loss_name(lt_lce_impl l) {
 const char *lt_plan_recompute_name(lt_recompute r, int64_t k, char *buf, size_t n) {
     if (r == LT_RECOMPUTE_EVERY) snprintf(buf, n, "all");
     else if (r == LT_RECOMPUTE_EVERY_K) snprintf(buf, n, "every:%lld", (long long)(k > 0 ? k : 2));
-    else snprintf(buf, n, "none");
+    else if (r == LT_RECOMPUTE_SLIDING || r == LT_RECOMPUTE_GLOBAL) {
+        const char *kind = r == LT_RECOMPUTE_SLIDING ? "sliding" : "global";
+        if (k > 1) snprintf(buf, n, "%s:%lld", kind, (long long)k);
+        else snprintf(buf, n, "%s", kind);
+    } else snprintf(buf, n, "none");
     return buf;
+}
+
+/* "K" after a policy's colon: 1 .. 999999. */
+static int parse_k(const char *p, int64_t *k) {
+    long long v = 0;
+    if (!*p) return 0;
+    for (; *p >= '0' && *p <= '9' && v < 1000000; p++) v = v * 10 + (*p - '0');
+    if (*p || v < 1) return 0;
+    *k = v;
+    return 1;
 }
 
 lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, int64_t *k) {
@@ -45,17 +59,20 @@ lt_status lt_plan_recompute_parse(lt_ctx *ctx, const char *s, lt_recompute *r, i
         *r = LT_RECOMPUTE_EVERY;
         return LT_OK;
     }
-    if (!strncmp(s, "every:", 6) && s[6]) {
-        long long v = 0;
-        const char *p = s + 6;
-        for (; *p >= '0' && *p <= '9' && v < 1000000; p++) v = v * 10 + (*p - '0');
-        if (!*p && v >= 1) {
-            *r = LT_RECOMPUTE_EVERY_K;
-            *k = v;
-            return LT_OK;
-        }
+    if (!strncmp(s, "every:", 6) && parse_k(s + 6, k)) {
+        *r = LT_RECOMPUTE_EVERY_K;
+        return LT_OK;
     }
-    return lt_error(ctx, LT_ERR_INVALID_ARG, "recompute policy '%s': expected none, all or every:K with K >= 1", s);
+    for (int i = 0; i < 2; i++) {
+        const char *kind = i ? "global" : "sliding";
+        size_t n = strlen(kind);
+        if (strncmp(s, kind, n) || (s[n] && (s[n] != ':' || !parse_k(s + n + 1, k)))) continue;
+        *r = i ? LT_RECOMPUTE_GLOBAL : LT_RECOMPUTE_SLIDING;
+        return LT_OK;
+    }
+    *k = 0;
+    return lt_error(ctx, LT_ERR_INVALID_ARG,
+                    "recompute policy '%s': expected none, all, every:K, sliding[:K] or global[:K] with K >= 1", s);
 }
 
 size_t lt_plan_optimizer_bytes(lt_device dev, int64_t n_params) {

@@ -227,8 +227,14 @@ static lt_status set_value(lt_ctx *ctx, lt_train_options *opt, const option *o, 
         else if (!strcmp(value, "all")) v = LT_RECOMPUTE_EVERY;
         else if (!strncmp(value, "every:", 6) && !parse_i64(value + 6, &every) && every >= 1 && every <= 65536)
             v = LT_RECOMPUTE_EVERY_K;
+        else if (!strcmp(value, "sliding") || !strcmp(value, "global"))
+            v = value[0] == 's' ? LT_RECOMPUTE_SLIDING : LT_RECOMPUTE_GLOBAL;
+        else if ((!strncmp(value, "sliding:", 8) || !strncmp(value, "global:", 7)) &&
+                 !parse_i64(strchr(value, ':') + 1, &every) && every >= 1 && every <= 65536)
+            v = value[0] == 's' ? LT_RECOMPUTE_SLIDING : LT_RECOMPUTE_GLOBAL;
         else
-            return lt_error(ctx, LT_ERR_INVALID_ARG, "option '%s': '%s' is not none|all|every:K (K >= 1)|auto", key,
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option '%s': '%s' is not none|all|every:K|sliding[:K]|global[:K] (K >= 1)|auto", key,
                             value);
         opt->recompute = v;
         opt->recompute_every = every;
@@ -509,11 +515,14 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.grad_checkpoint && o.recompute == LT_RECOMPUTE_NONE) o.recompute = LT_RECOMPUTE_EVERY;
     if (o.recompute == LT_RECOMPUTE_EVERY_K && o.recompute_every < 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'recompute': every:K needs K >= 1");
-    if (o.recompute != LT_RECOMPUTE_EVERY_K) o.recompute_every = 0;
+    if (o.recompute != LT_RECOMPUTE_EVERY_K && o.recompute != LT_RECOMPUTE_SLIDING &&
+        o.recompute != LT_RECOMPUTE_GLOBAL)
+        o.recompute_every = 0;
     if (o.offload_checkpoints && o.recompute == LT_RECOMPUTE_NONE)
         return lt_error(ctx, LT_ERR_INVALID_ARG,
-                        "option 'offload_checkpoints' needs a recompute policy (recompute all or "
-                        "every:K, or grad_checkpoint): without one there are no checkpoints to offload");
+                        "option 'offload_checkpoints' needs a recompute policy (recompute all, "
+                        "every:K, sliding or global, or grad_checkpoint): without one there are no "
+                        "checkpoints to offload");
     if (o.min_lr > o.learning_rate)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'min_lr' (%g) exceeds 'learning_rate' (%g)", o.min_lr,
                         o.learning_rate);

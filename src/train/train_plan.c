@@ -215,6 +215,45 @@ lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const l
     return LT_OK;
 }
 
+/* Keys one row's queries see in all at T tokens: T(T+1)/2 causal, fewer under a window of W. */
+static double keys_seen(int64_t T, int64_t W) {
+    double t = (double)T, w = (double)W;
+    if (W <= 0 || W >= T) return t * (t + 1) / 2;
+    return w * (w + 1) / 2 + (t - w) * w;
+}
+
+/* The recompute work of a policy per row of T tokens, which orders the candidates of recompute
+ * auto: per recomputed LoRA layer its projections' forward (2·T·P FLOPs, P the weights of its seven
+ * projections) and, when attention is rerun, attention's forward (4·H·D per key a query sees). */
+static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int rerun, int64_t T) {
+    double P =
+        (double)cfg->C * (double)(2 * cfg->H * cfg->D + 2 * cfg->Hkv * cfg->D) + 3.0 * (double)cfg->C * (double)cfg->F;
+    double f = 0;
+    for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
+        if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
+        f += 2.0 * (double)T * P;
+        if (rerun) {
+            lt_layer_desc d;
+            lt_model_describe_layer(cfg, l, &d);
+            f += 4.0 * (double)(cfg->H * d.D) * keys_seen(T, d.window);
+        }
+    }
+    return f;
+}
+
+/* The longest run of consecutive LoRA layers policy pol recomputes, and how many it recomputes. */
+static int64_t longest_run(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int64_t *n) {
+    int64_t best = 0, run = 0;
+    *n = 0;
+    for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
+        int r = lt_model_recomputes_layer(cfg, pol, l);
+        *n += r;
+        run = r ? run + 1 : 0;
+        if (run > best) best = run;
+    }
+    return best;
+}
+
 /* The candidates of recompute auto, in order of recompute work (see train.h); an explicit
  * recompute_attention keeps only the candidates that rerun attention. */
 lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
@@ -227,23 +266,40 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         lt_recompute policy;
         int64_t k;
         int rerun;
-    } cand[2 * 64 + 1];
+        double flops;
+    } cand[2 * 3 * 12 + 1], t;
     int n = 0;
-    if (!opt->recompute_attention) cand[n++].policy = LT_RECOMPUTE_NONE, cand[n - 1].k = 0, cand[n - 1].rerun = 0;
+    if (!opt->recompute_attention) {
+        memset(&cand[0], 0, sizeof cand[0]);
+        cand[n++].policy = LT_RECOMPUTE_NONE;
+    }
+    /* The by-kind policies where the LoRA layers mix kinds (else one is all and the other nothing),
+     * then every layer; each over segments of k = 1, 2, 4, ... layers below its longest run (the
+     * same work with fewer checkpoints and more slots). */
+    static const lt_recompute pols[3] = {LT_RECOMPUTE_GLOBAL, LT_RECOMPUTE_SLIDING, LT_RECOMPUTE_EVERY};
     for (int rerun = opt->recompute_attention ? 1 : 0; rerun <= 1; rerun++)
-        for (int64_t k = 1; k == 1 || (k < layers && n < (int)(sizeof cand / sizeof cand[0])); k *= 2) {
-            cand[n].policy = k == 1 ? LT_RECOMPUTE_EVERY : LT_RECOMPUTE_EVERY_K;
-            cand[n].k = k;
-            cand[n].rerun = rerun;
-            n++;
+        for (int pi = 0; pi < 3; pi++) {
+            int64_t n_rec, span = longest_run(cfg, pols[pi], layers, &n_rec);
+            if (pols[pi] != LT_RECOMPUTE_EVERY && (n_rec == 0 || n_rec == layers)) continue;
+            double flops = recompute_flops(cfg, pols[pi], layers, rerun, popt->run.T);
+            for (int64_t k = 1; k == 1 || (k < span && k < 2048); k *= 2) {
+                cand[n].policy = pols[pi] == LT_RECOMPUTE_EVERY && k > 1 ? LT_RECOMPUTE_EVERY_K : pols[pi];
+                cand[n].k = k;
+                cand[n].rerun = rerun;
+                cand[n].flops = flops;
+                n++;
+            }
         }
+    for (int i = 1; i < n; i++) /* stable: equal work keeps the order above */
+        for (int j = i; j > 0 && cand[j].flops < cand[j - 1].flops; j--)
+            t = cand[j], cand[j] = cand[j - 1], cand[j - 1] = t;
     size_t smallest = SIZE_MAX;
     int best = 0;
     for (int i = 0; i < n; i++) {
         lt_train_options c = *opt;
         c.recompute_auto = 0;
         c.recompute = cand[i].policy;
-        c.recompute_every = cand[i].policy == LT_RECOMPUTE_EVERY_K ? cand[i].k : 0;
+        c.recompute_every = cand[i].k > 1 ? cand[i].k : 0;
         c.recompute_attention = cand[i].rerun;
         lt_plan_options po = *popt;
         po.run.recompute = c.recompute;

@@ -1,9 +1,10 @@
 /* Gemma 2 and Gemma 3 on CUDA against the same models on the CPU (the fixtures of
  * tests/oracle/gen_gemma_fixtures.py with head dim 64, from their HF folders and GGUF files): loss,
- * per-token loss, logits and every LoRA gradient under each recompute policy, with the softcaps,
- * sliding and global layers, sandwich norms, GeGLU and the two RoPE tables running on the device;
- * the CUDA size table equals what the device allocator holds, and a step allocates nothing. Without
- * a CUDA build or device it prints "skipped: no CUDA device" and exits 77. */
+ * per-token loss, logits and every LoRA gradient under each recompute policy (by layer kind too),
+ * with the softcaps, sliding and global layers, sandwich norms, GeGLU and the two RoPE tables
+ * running on the device; the CUDA size table equals what the device allocator holds, and a step
+ * allocates nothing. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
+ * 77. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -130,7 +131,8 @@ static double compare(const char *what, const float *got, const float *want, int
 
 static void prepare(lt_ctx *ctx, lt_model *m, const fixture *f, lt_recompute rc, int rerun) {
     lt_model_run_options ro = {0};
-    ro.B = f->B, ro.T = f->T, ro.recompute = rc, ro.recompute_k = 2, ro.recompute_attention = rerun;
+    ro.B = f->B, ro.T = f->T, ro.recompute = rc, ro.recompute_k = rc == LT_RECOMPUTE_EVERY_K ? 2 : 0;
+    ro.recompute_attention = rerun;
     ro.chunk_rows = rerun ? 5 : 0;
     if (lt_model_prepare(ctx, m, &ro) != LT_OK) {
         fprintf(stderr, "prepare: %s\n", lt_ctx_error(ctx));
@@ -161,10 +163,13 @@ static void step_matches_cpu(void **state) {
         lt_model_zero_grads(mc);
         assert_int_equal(lt_model_forward_backward(ctx, mc, &b, 0.0f, &rc, tl_c), LT_OK);
         memcpy(gc, lt_model_lora_grads(mc, NULL), (size_t)n * 4);
-        const lt_recompute pol[4] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY};
-        for (int pi = 0; pi < 4; pi++) {
+        /* the last three rerun attention in the recompute */
+        const lt_recompute pol[8] = {LT_RECOMPUTE_NONE,    LT_RECOMPUTE_EVERY,  LT_RECOMPUTE_EVERY_K,
+                                     LT_RECOMPUTE_SLIDING, LT_RECOMPUTE_GLOBAL, LT_RECOMPUTE_EVERY,
+                                     LT_RECOMPUTE_SLIDING, LT_RECOMPUTE_GLOBAL};
+        for (int pi = 0; pi < 8; pi++) {
             char what[1600];
-            prepare(ctx, mg, &f, pol[pi], pi == 3);
+            prepare(ctx, mg, &f, pol[pi], pi >= 5);
             if (pi == 0) {
                 for (int64_t i = 0; i < N * V; i++) lg[i] = LT_TEST_POISON;
                 assert_int_equal(lt_model_logits(ctx, mg, &b, lg), LT_OK);
@@ -207,9 +212,10 @@ static void step_matches_cpu(void **state) {
  * allocates nothing on the device. */
 static void size_table_equals_device_allocations(void **state) {
     (void)state;
-    const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+    const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_SLIDING,
+                                 LT_RECOMPUTE_GLOBAL};
     for (size_t ci = 0; ci < 2; ci++)
-        for (int pi = 0; pi < 3; pi++) {
+        for (int pi = 0; pi < 5; pi++) {
             lt_ctx *ctx = lt_ctx_new();
             fixture f;
             open_fixture(ctx, CASES[ci][0], &f);

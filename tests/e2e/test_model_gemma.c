@@ -254,12 +254,13 @@ static void chunks_bf16_and_kept_attention(void **state) {
 }
 
 /* The planner's numbers are the allocator's numbers for the Gemma layer list (sandwich buffers,
- * the second RoPE table, the post norms). */
+ * the second RoPE table, the post norms), under every recompute policy, by layer kind too. */
 static void size_table_equals_allocations(void **state) {
     (void)state;
-    const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
+    const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_SLIDING,
+                                 LT_RECOMPUTE_GLOBAL};
     for (size_t ci = 0; ci < sizeof CASES / sizeof *CASES; ci++)
-        for (int pi = 0; pi < 3; pi++)
+        for (int pi = 0; pi < 5; pi++)
             for (int fo = 0; fo < 2; fo++) {
                 lt_ctx *ctx = lt_ctx_new();
                 char dir[1024];

@@ -28,7 +28,8 @@ static void *tensor(const lt_test_tiny *t, int64_t rows, int64_t cols, int kind,
     return b;
 }
 
-void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
+/* window > 0: the Gemma 3 form (lt_test_tiny_write_gemma3). */
+static void write_model(const lt_test_tiny *t, int64_t window, int64_t period, const char *dir, uint64_t *rng) {
     mkdir(dir, 0755);
     char path[1200], cfg[1400];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -40,11 +41,24 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
              " \"hidden_act\": \"silu\", \"bos_token_id\": 1, \"eos_token_id\": 2}",
              t->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM", t->qk_norm ? "qwen3" : "llama", (long long)t->V,
              (long long)t->C, (long long)t->F, (long long)t->L, (long long)t->H, (long long)t->Hkv, (long long)t->D);
+    int gemma = window > 0;
+    if (gemma)
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": %lld,"
+                 " \"hidden_size\": %lld, \"intermediate_size\": %lld, \"num_hidden_layers\": %lld,"
+                 " \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld,"
+                 " \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+                 " \"rope_local_base_freq\": 10000.0, \"query_pre_attn_scalar\": %lld, \"sliding_window\": %lld,"
+                 " \"sliding_window_pattern\": %lld, \"final_logit_softcapping\": 30.0,"
+                 " \"hidden_activation\": \"gelu_pytorch_tanh\", \"tie_word_embeddings\": true,"
+                 " \"bos_token_id\": 2, \"eos_token_id\": 1}",
+                 (long long)t->V, (long long)t->C, (long long)t->F, (long long)t->L, (long long)t->H, (long long)t->Hkv,
+                 (long long)t->D, (long long)t->D, (long long)window, (long long)period);
     FILE *fc = fopen(path, "wb");
     assert_non_null(fc);
     fputs(cfg, fc);
     fclose(fc);
-    int max = 3 + 11 * (int)t->L, n = 0;
+    int max = 3 + 13 * (int)t->L, n = 0;
     lt_safetensors_entry *e = calloc((size_t)max, sizeof *e);
     char(*names)[96] = calloc((size_t)max, sizeof *names);
     void **bufs = calloc((size_t)max, sizeof *bufs);
@@ -64,8 +78,10 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
     ADD(t->V, t->C, 3);
     snprintf(names[n], 96, "model.norm.weight");
     ADD(t->C, 0, 1);
-    snprintf(names[n], 96, "lm_head.weight");
-    ADD(t->V, t->C, 0);
+    if (!gemma) {
+        snprintf(names[n], 96, "lm_head.weight");
+        ADD(t->V, t->C, 0);
+    }
     static const char *const part[9] = {"input_layernorm",  "post_attention_layernorm",
                                         "self_attn.q_proj", "self_attn.k_proj",
                                         "self_attn.v_proj", "self_attn.o_proj",
@@ -78,7 +94,13 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
             snprintf(names[n], 96, "model.layers.%lld.%s.weight", (long long)l, part[i]);
             ADD(rows[i], cols[i], i < 2);
         }
-        if (t->qk_norm) {
+        if (gemma) { /* the sandwich: the MLP's input norm and the two blocks' output norms */
+            snprintf(names[n], 96, "model.layers.%lld.pre_feedforward_layernorm.weight", (long long)l);
+            ADD(t->C, 0, 1);
+            snprintf(names[n], 96, "model.layers.%lld.post_feedforward_layernorm.weight", (long long)l);
+            ADD(t->C, 0, 1);
+        }
+        if (t->qk_norm || gemma) {
             snprintf(names[n], 96, "model.layers.%lld.self_attn.q_norm.weight", (long long)l);
             ADD(t->D, 0, 1);
             snprintf(names[n], 96, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
@@ -94,4 +116,10 @@ void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) {
     lt_ctx_free(ctx);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(bufs), free(names), free(e);
+}
+
+void lt_test_tiny_write(const lt_test_tiny *t, const char *dir, uint64_t *rng) { write_model(t, 0, 0, dir, rng); }
+
+void lt_test_tiny_write_gemma3(const lt_test_tiny *t, int64_t window, int64_t period, const char *dir, uint64_t *rng) {
+    write_model(t, window, period, dir, rng);
 }
