@@ -512,6 +512,14 @@ static void test_rope_override(void **s) {
         o.format = LT_EXPORT_HF, o.adapter = NULL, o.rope.factor = -1;
         expect_err(ctx, lt_export_model(ctx, base, out, &o, NULL), LT_ERR_INVALID_ARG, "");
     }
+    /* a GGUF whose scaling is a rope_freqs.weight tensor keeps it */
+    char l3[1024], out3[600];
+    fixture("llama3_untied", "model.gguf", l3, sizeof l3);
+    lt_export_options o3;
+    memset(&o3, 0, sizeof o3);
+    o3.format = LT_EXPORT_GGUF, o3.rope = ovs[2];
+    snprintf(out3, sizeof out3, "%s/rope-l3.gguf", tmp_root);
+    expect_err(ctx, lt_export_model(ctx, l3, out3, &o3, NULL), LT_ERR_UNSUPPORTED, "cannot replace it");
     lt_ctx_free(ctx);
 }
 
