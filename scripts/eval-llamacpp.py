@@ -71,8 +71,8 @@ def machine():
     return {"cpu": cpu, "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
 
 
-def llama_ppl(tool, model, text, ctx, threads):
-    out = run([tool, "-m", model, "-f", text, "-c", str(ctx), "-b", str(ctx), "-t", str(threads)])
+def llama_ppl(tool, model, text, ctx, threads, extra=()):
+    out = run([tool, "-m", model, "-f", text, "-c", str(ctx), "-b", str(ctx), "-t", str(threads)] + list(extra))
     log = out.stdout + out.stderr
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
     chunks = re.search(r"calculating perplexity over (\d+) chunks", log)

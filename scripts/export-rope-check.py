@@ -11,9 +11,17 @@ and an f32 GGUF with `longtune export --rope-scaling ...`, then checks:
   - gguf-py: the GGUF's {arch}.rope.scaling.* keys give the same scaling as llama.cpp computes it
     (llama-model.cpp / llama-context.cpp: freq_scale = 1/factor, n_ctx_orig_yarn, YaRN's attention
     factor 0.1·ln(factor) + 1 times rope.scaling.attn_factor).
+  - with --llama-model GGUF (a real model with a tokenizer, e.g. the default SmolLM2 Q4_1) and
+    llama.cpp built: that model exported as f32 GGUF with the same override, and llama.cpp's
+    llama-perplexity -c 256 against `longtune eval --text --ctx 256` on the demo data's held-back
+    text (the windows llama-perplexity scores): llama.cpp applying the written keys and longtune
+    applying them give the same perplexity, which differs from the unscaled export's. llama.cpp's
+    llama loader does not read the YaRN betas (it keeps 32 and 1), so it runs once on the keys
+    alone and once with --yarn-beta-fast/--yarn-beta-slow, as the export's note says.
 Writes bench/results/export-rope.json. Needs /work/pyenv (torch, transformers, gguf).
 
-usage: export-rope-check.py [--model M] [--build build] [--scaling yarn|linear] [--factor F] [--out FILE]
+usage: export-rope-check.py [--model M] [--build build] [--scaling yarn|linear] [--factor F]
+                            [--llama-model GGUF [--llama-bin DIR]] [--out FILE]
 """
 import argparse
 import datetime
@@ -56,6 +64,9 @@ def main():
     ap.add_argument("--scaling", default="yarn", choices=["yarn", "linear"])
     ap.add_argument("--factor", type=float, default=4.0)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "export-rope.json"))
+    ap.add_argument("--llama-model", help="a GGUF with a tokenizer for the llama-perplexity arm")
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", "/work/cache/llama-build/bin"))
+    ap.add_argument("--data", default=os.path.join(os.path.expanduser("~/.cache/longtune"), "data", "python-faq"))
     args = ap.parse_args()
     ec = load_export_check()
     lt = os.path.join(args.build, "longtune")
@@ -120,6 +131,34 @@ def main():
         chk["override_moves_logits"] = chk["base_without_override_rel"] > 1e-3
         chk["logits_within_1e-5"] = max(chk["longtune_gguf_vs_transformers_rel"],
                                         chk["longtune_hf_vs_transformers_rel"]) <= 1e-5
+        if args.llama_model:
+            spec = importlib.util.spec_from_file_location("eval_llamacpp",
+                                                          os.path.join(ROOT, "scripts", "eval-llamacpp.py"))
+            ev = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(ev)
+            betas = ["--yarn-beta-fast", "16", "--yarn-beta-slow", "2"] if args.scaling == "yarn" else []
+            text = os.path.join(work, "heldback.txt")
+            ev.held_back(os.path.join(args.data, "test.jsonl"), text)
+            ppl = {}
+            for name, extra in (("scaled", rope), ("unscaled", [])):
+                out = os.path.join(work, "llama-%s.gguf" % name)
+                ec.run([lt, "export", "--model", args.llama_model, "--out", out, "--format", "gguf",
+                        "--outtype", "f32"] + extra)
+                ppl[name] = {"longtune_eval": ev.longtune_eval(lt, out, text, 256, 2)["ppl"]}
+                if name == "scaled":
+                    tool = os.path.join(args.llama_bin, "llama-perplexity")
+                    ppl[name]["llama_perplexity"] = ev.llama_ppl(tool, out, text, 256, 2)["ppl"]
+                    if betas:  # what the export's note says: llama.cpp's llama loader keeps 32 and 1
+                        ppl[name]["llama_perplexity_with_beta_flags"] = ev.llama_ppl(tool, out, text, 256, 2,
+                                                                                     betas)["ppl"]
+            result["llama_cpp"] = {"model": args.llama_model, "ctx": 256, "perplexity": ppl,
+                                   "beta_flags": betas}
+            s = ppl["scaled"]
+            ll = s.get("llama_perplexity_with_beta_flags", s["llama_perplexity"])
+            chk["llama_cpp_keys_only_ratio"] = s["longtune_eval"] / s["llama_perplexity"]
+            chk["llama_cpp_scaled_ratio"] = s["longtune_eval"] / ll
+            chk["llama_cpp_reads_the_same_scaling"] = abs(chk["llama_cpp_scaled_ratio"] - 1) < 1e-3
+            chk["scaling_moves_perplexity"] = abs(s["longtune_eval"] / ppl["unscaled"]["longtune_eval"] - 1) > 1e-2
     finally:
         shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -110,6 +110,26 @@ static lt_status rope_keys(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w) 
     return LT_OK;
 }
 
+/* YaRN betas other than 32 and 1 are written, but llama.cpp's llama, qwen2 and qwen3 loaders keep
+ * their own 32 and 1: the report's note says which flags give llama.cpp the trained ones. */
+static void rope_note(const lt_ex_base *b, lt_export_report *rep) {
+    const lt_model_config *c = &b->cfg;
+    if (c->rope_scaling != LT_ROPE_SCALING_YARN) return;
+    double bf = c->rope_beta_fast != 0 ? c->rope_beta_fast : 32, bs = c->rope_beta_slow != 0 ? c->rope_beta_slow : 1;
+    if (bf == 32 && bs == 1) return;
+    char rest[sizeof rep->note];
+    snprintf(rest, sizeof rest, "%s", rep->note); /* first, before a longer note can cut it off */
+    int n = snprintf(rep->note, sizeof rep->note,
+                     "llama.cpp reads yarn_beta_fast/slow only for some architectures, not %s: run it with "
+                     "--yarn-beta-fast %g --yarn-beta-slow %g",
+                     b->arch, bf, bs);
+    if (!rest[0] || n < 0 || (size_t)n + 3 >= sizeof rep->note) return;
+    size_t at = (size_t)n, room = sizeof rep->note - at - 3, len = strlen(rest);
+    memcpy(rep->note + at, "; ", 2);
+    memcpy(rep->note + at + 2, rest, len < room ? len : room);
+    rep->note[at + 2 + (len < room ? len : room)] = 0;
+}
+
 static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w, lt_export_report *rep) {
     const lt_model_config *c = &b->cfg;
     const char *arch = b->arch;
@@ -172,6 +192,7 @@ lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, c
     }
     if (s != LT_OK) goto done;
     if (b->gg) rep->tokenizer_converted = lt_gguf_writer_has_key(w, "tokenizer.ggml.tokens");
+    rope_note(b, rep);
     lt_dtype main = LT_DTYPE_F32;
     int quantized = 0;
     for (int64_t i = 0; i < np; i++) {

@@ -449,7 +449,11 @@ static void test_rope_override(void **s) {
                 snprintf(out, sizeof out, "%s/rope-%d-%d%s", tmp_root, from_gguf, k, f ? ".gguf" : "");
                 snprintf(what, sizeof what, "%s %s -> %s", lt_rope_scaling_name(ovs[k].scaling),
                          from_gguf ? "gguf" : "hf", f ? "gguf" : "hf");
-                must(ctx, lt_export_model(ctx, base, out, &o, NULL), what);
+                lt_export_report rr;
+                must(ctx, lt_export_model(ctx, base, out, &o, &rr), what);
+                /* custom YaRN betas: llama.cpp's llama loader keeps 32, 1; the note names the flags */
+                if (f && k == 0) assert_non_null(strstr(rr.note, "--yarn-beta-fast 16 --yarn-beta-slow 2"));
+                if (f && k == 1) assert_null(strstr(rr.note, "yarn_beta"));
                 lt_model_config rc;
                 if (!f) {
                     char cj[700];
