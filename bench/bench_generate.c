@@ -237,7 +237,7 @@ int lt_bench_generate(int argc, char **argv) {
         fprintf(stderr, "median: longtune pp %.1f tg %.1f tok/s (%s)\n", mpp, mtg,
                 dev == LT_DEVICE_CPU ? "no llama-bench found" : "llama-bench is the CPU build: not run beside CUDA");
     }
-    rc = lt_bench_write(&c, res, dev == LT_DEVICE_CPU ? "cpu" : "cuda");
+    rc = lt_bench_write(&c, res, dev == LT_DEVICE_CPU ? "cpu" : "cuda-kvcache"); /* beside generate-cuda.json */
 done:
     free(g.prompt);
     free(g.logits);
