@@ -1,9 +1,13 @@
 /* `longtune bench generate`: longtune's KV-cache prefill (pp: a prompt of --pp tokens into an empty
  * cache) and decode (tg: --tg single-token steps from an empty cache, logits to the host each
- * step) against llama.cpp's llama-bench on the same GGUF with the same threads (its pp and tg
- * tests), in the same invocation and interleaved round by round, so both see the same machine load.
- * Reports tokens/s (median over rounds) and the ratios longtune / llama.cpp. llama-bench comes
- * from --llama-bench, $LLAMA_BENCH, or /work/cache/llama-build/bin/llama-bench; without it only
+ * step), on the CPU or (--backend cuda) one CUDA device, against llama.cpp's llama-bench on the
+ * same GGUF with the same threads (its pp and tg tests; CPU only), in the same invocation and
+ * interleaved round by round, so both see the same machine load. Setup is reported apart from the
+ * rates: the model load, the cache allocation and the first prefill (which also pays the
+ * backend's one-time start: kernels, handles, workspaces); then --warmup untimed rounds, then
+ * --repeats timed rounds of one prefill and one decode each. Reports tokens/s (median over rounds,
+ * with every round's figure) and the ratios longtune / llama.cpp. llama-bench comes from
+ * --llama-bench, $LLAMA_BENCH, or /work/cache/llama-build/bin/llama-bench; without it only
  * longtune's arms are measured. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,10 +87,15 @@ static int llama_round(const char *exe, const char *model, int threads, int64_t 
     return *pp_ts > 0 && *tg_ts > 0 ? 0 : -1;
 }
 
-static cJSON *arm(const char *name, double ts, int64_t tokens) {
+/* An arm: the median of the n rounds' tokens/s (v is sorted in place) and every round's figure in
+ * round order. */
+static cJSON *arm(const char *name, double *v, int n, int64_t tokens) {
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "name", name);
     cJSON_AddNumberToObject(a, "tokens", (double)tokens);
+    cJSON *rounds = cJSON_AddArrayToObject(a, "rounds_tokens_per_s");
+    for (int k = 0; k < n; k++) cJSON_AddItemToArray(rounds, cJSON_CreateNumber(v[k]));
+    double ts = lt_bench_median(v, n);
     cJSON_AddNumberToObject(a, "tokens_per_s", ts);
     cJSON_AddNumberToObject(a, "median_ms", ts > 0 ? 1e3 * (double)tokens / ts : 0);
     return a;
@@ -111,9 +120,9 @@ int lt_bench_generate(int argc, char **argv) {
                    "[options]\n\nKV-cache prefill and decode tokens/s vs llama-bench (pp, tg) on the same model and "
                    "threads.\n  --model GGUF  [~/.cache/longtune/smollm2-135m-instruct-q4_1.gguf]\n"
                    "  --threads N  [2]\n  --pp N  prompt tokens [512]\n  --tg N  generated tokens [128]\n"
-                   "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench]\n"
+                   "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench; CPU only]\n"
                    "options:\n" LT_BENCH_COMMON_HELP "  (--repeats: rounds, each one longtune pp, tg and one "
-                   "llama-bench run [5])\n");
+                   "llama-bench run [5]; --warmup: untimed rounds after the first prefill [1])\n");
             return 0;
         }
         int k = lt_bench_common_flag(&c, argc, argv, &i);
@@ -135,18 +144,25 @@ int lt_bench_generate(int argc, char **argv) {
         } else goto bad;
     }
     if (c.repeats > MAX_ROUNDS) c.repeats = MAX_ROUNDS;
+    lt_device dev = strcmp(c.backend, "cuda") ? LT_DEVICE_CPU : LT_DEVICE_CUDA;
     struct stat sb;
-    int have_llama = stat(llama, &sb) == 0 && (sb.st_mode & S_IXUSR);
+    /* llama-bench is the CPU build: beside a CUDA run it would compare two devices */
+    int have_llama = dev == LT_DEVICE_CPU && stat(llama, &sb) == 0 && (sb.st_mode & S_IXUSR);
     gen_bench g;
     memset(&g, 0, sizeof g);
     g.pp = pp, g.tg = tg;
     g.ctx = lt_ctx_new();
     lt_ctx_set_threads(g.ctx, threads);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    int rc = 1;
+    if (dev != LT_DEVICE_CPU && lt_model_device_available(g.ctx, dev) != LT_OK) {
+        fprintf(stderr, "longtune bench generate: --backend cuda: %s\n", lt_ctx_error(g.ctx));
+        goto done;
+    }
+    lt_model_options mo = {dev, 0};
     lt_lora_options lo;
     memset(&lo, 0, sizeof lo);
     lo.targets = 1u << LT_PROJ_Q, lo.num_layers = 1, lo.rank = 1; /* B = 0: the base model */
-    int rc = 1;
+    double t_load = lt_time_now();
     if (lt_model_load(g.ctx, model, &mo, &lo, &g.m) != LT_OK) {
         fprintf(stderr, "longtune bench generate: %s\n", lt_ctx_error(g.ctx));
         goto done;
@@ -154,17 +170,23 @@ int lt_bench_generate(int argc, char **argv) {
     const lt_model_config *cf = lt_model_get_config(g.m);
     int64_t ctx_len = pp > tg ? pp : tg;
     size_t cache_bytes = 0;
+    double t_cache = lt_time_now();
+    t_load = t_cache - t_load;
     if (lt_kv_cache_new(g.ctx, g.m, 1, ctx_len, pp, &g.c, &cache_bytes) != LT_OK) {
         fprintf(stderr, "longtune bench generate: %s\n", lt_ctx_error(g.ctx));
         goto done;
     }
+    t_cache = lt_time_now() - t_cache;
     g.prompt = malloc((size_t)ctx_len * sizeof(int32_t));
     g.logits = malloc((size_t)cf->V * sizeof(float));
     if (!g.prompt || !g.logits) goto done;
     uint64_t r = 1;
     for (int64_t j = 0; j < ctx_len; j++) g.prompt[j] = (int32_t)(lt_bench_rand_u64(&r) % (uint64_t)cf->V);
-    double lpp[MAX_ROUNDS], ltg[MAX_ROUNDS], cpp[MAX_ROUNDS], ctg[MAX_ROUNDS], s;
+    double lpp[MAX_ROUNDS], ltg[MAX_ROUNDS], cpp[MAX_ROUNDS], ctg[MAX_ROUNDS], s, t_first;
     int n_llama = 0;
+    if (run_pp(&g, &t_first)) goto done; /* the first call: the backend's one-time start with it */
+    fprintf(stderr, "setup: model load %.3f s, kv cache %.3f s, first prefill of %lld tokens %.3f s\n", t_load, t_cache,
+            (long long)pp, t_first);
     for (int w = 0; w < c.warmup; w++)
         if (run_pp(&g, &s) || run_tg(&g, &s)) goto done;
     for (int k = 0; k < c.repeats; k++) {
@@ -178,23 +200,30 @@ int lt_bench_generate(int argc, char **argv) {
         if (have_llama && n_llama)
             fprintf(stderr, ", llama.cpp pp %.1f tg %.1f tok/s\n", cpp[n_llama - 1], ctg[n_llama - 1]);
     }
-    double mpp = lt_bench_median(lpp, c.repeats), mtg = lt_bench_median(ltg, c.repeats);
-    double mcpp = n_llama ? lt_bench_median(cpp, n_llama) : 0, mctg = n_llama ? lt_bench_median(ctg, n_llama) : 0;
     cJSON *res = lt_bench_result_new("generate");
     cJSON *cfg = cJSON_AddObjectToObject(res, "config");
     cJSON_AddStringToObject(cfg, "model", model);
+    cJSON_AddStringToObject(cfg, "device", dev == LT_DEVICE_CPU ? "cpu" : "cuda");
     cJSON_AddNumberToObject(cfg, "threads", threads);
     cJSON_AddNumberToObject(cfg, "pp", (double)pp);
     cJSON_AddNumberToObject(cfg, "tg", (double)tg);
     cJSON_AddNumberToObject(cfg, "rounds", c.repeats);
     cJSON_AddNumberToObject(cfg, "kv_cache_bytes", (double)cache_bytes);
+    cJSON_AddNumberToObject(cfg, "warmup_rounds", c.warmup);
     cJSON_AddStringToObject(cfg, "llama_bench", n_llama ? llama : "");
+    cJSON *su = cJSON_AddObjectToObject(res, "setup");
+    cJSON_AddNumberToObject(su, "model_load_s", t_load);
+    cJSON_AddNumberToObject(su, "kv_cache_new_s", t_cache);
+    cJSON_AddNumberToObject(su, "first_prefill_s", t_first);
+    cJSON_AddNumberToObject(su, "first_prefill_tokens_per_s", (double)pp / t_first);
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
-    cJSON_AddItemToArray(arms, arm("longtune-pp", mpp, pp));
-    cJSON_AddItemToArray(arms, arm("longtune-tg", mtg, tg));
+    cJSON_AddItemToArray(arms, arm("longtune-pp", lpp, c.repeats, pp));
+    cJSON_AddItemToArray(arms, arm("longtune-tg", ltg, c.repeats, tg));
+    double mpp = lt_bench_median(lpp, c.repeats), mtg = lt_bench_median(ltg, c.repeats), mcpp = 0, mctg = 0;
     if (n_llama) {
-        cJSON_AddItemToArray(arms, arm("llama.cpp-pp", mcpp, pp));
-        cJSON_AddItemToArray(arms, arm("llama.cpp-tg", mctg, tg));
+        cJSON_AddItemToArray(arms, arm("llama.cpp-pp", cpp, n_llama, pp));
+        cJSON_AddItemToArray(arms, arm("llama.cpp-tg", ctg, n_llama, tg));
+        mcpp = lt_bench_median(cpp, n_llama), mctg = lt_bench_median(ctg, n_llama);
         cJSON *ra = cJSON_AddObjectToObject(res, "ratios");
         cJSON_AddNumberToObject(ra, "prefill", mpp / mcpp);
         cJSON_AddNumberToObject(ra, "decode", mtg / mctg);
@@ -205,9 +234,10 @@ int lt_bench_generate(int argc, char **argv) {
             "median: longtune pp %.1f tg %.1f tok/s; llama.cpp pp %.1f tg %.1f tok/s; ratios prefill %.2f decode %.2f\n",
             mpp, mtg, mcpp, mctg, mpp / mcpp, mtg / mctg);
     } else {
-        fprintf(stderr, "median: longtune pp %.1f tg %.1f tok/s (no llama-bench at %s)\n", mpp, mtg, llama);
+        fprintf(stderr, "median: longtune pp %.1f tg %.1f tok/s (%s)\n", mpp, mtg,
+                dev == LT_DEVICE_CPU ? "no llama-bench found" : "llama-bench is the CPU build: not run beside CUDA");
     }
-    rc = lt_bench_write(&c, res, "cpu");
+    rc = lt_bench_write(&c, res, dev == LT_DEVICE_CPU ? "cpu" : "cuda-kvcache"); /* beside generate-cuda.json */
 done:
     free(g.prompt);
     free(g.logits);

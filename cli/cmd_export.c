@@ -9,7 +9,7 @@
 
 static const char *usage =
     "longtune export --model M [--adapter A] --out DIR|FILE --format hf|gguf|gguf-lora [--outtype T] "
-    "[--dequantize] [--max-shard-size BYTES] [--overwrite] [--json]";
+    "[--dequantize] [--max-shard-size BYTES] [--rope-scaling TYPE --rope-factor F ...] [--overwrite] [--json]";
 
 static const char *help =
     "Merges the LoRA adapter A (a PEFT folder as `longtune train` writes it, a training checkpoint\n"
@@ -25,6 +25,10 @@ static const char *help =
     "                      gguf: f32|f16|bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k [each tensor keeps its type]\n"
     "                      (norms and biases stay f32 in a GGUF)\n"
     "  --dequantize        gguf: write a quantized base's matrices as f16 (or --outtype f32|bf16)\n"
+    "  --rope-scaling TYPE linear|dynamic|yarn|llama3|longrope with --rope-factor F [--original-max-position N]\n"
+    "                      [--yarn-beta-fast X --yarn-beta-slow Y] [--rope-attn-factor A]: the RoPE scaling a\n"
+    "                      run trained with, written into config.json (rope_scaling) or the GGUF\n"
+    "                      ({arch}.rope.scaling.*, Llama 3's as rope_freqs.weight) with the extended context\n"
     "  --overwrite         replace an existing output\n"
     "  --json              print the report as one JSON object\n"
     "Without --adapter the base is converted unchanged.\n";
@@ -103,9 +107,12 @@ int lt_cmd_export(int argc, char **argv) {
             json = 1;
             continue;
         }
-        const char *flags[] = {"--model", "--adapter", "--out", "--format", "--outtype", "--max-shard-size"};
+        const char *flags[] = {"--model",          "--adapter",        "--out",
+                               "--format",         "--outtype",        "--max-shard-size",
+                               "--rope-scaling",   "--rope-factor",    "--original-max-position",
+                               "--yarn-beta-fast", "--yarn-beta-slow", "--rope-attn-factor"};
         int k = -1;
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < (int)(sizeof flags / sizeof flags[0]); j++)
             if (!strcmp(a, flags[j])) k = j;
         if (k < 0) return lt_cli_usage_error("export", usage, "unknown option '%s'", a);
         if (i + 1 >= argc) return lt_cli_usage_error("export", usage, "option '%s' needs a value", a);
@@ -132,11 +139,41 @@ int lt_cmd_export(int argc, char **argv) {
             opt.max_shard_bytes = bytes;
             break;
         }
+        case 6:
+            if (!strcmp(v, "default") || lt_rope_scaling_parse(NULL, v, &opt.rope.scaling) != LT_OK)
+                return lt_cli_usage_error("export", usage,
+                                          "--rope-scaling must be linear|dynamic|yarn|llama3|longrope, not '%s'", v);
+            break;
+        case 7:
+        case 9:
+        case 10:
+        case 11: {
+            double x;
+            if (lt_cli_parse_f64(v, k == 7 ? 1e-9 : 0, 1e9, &x))
+                return lt_cli_usage_error("export", usage, "option '%s': '%s' is not a number in [%s, 1e9]", a, v,
+                                          k == 7 ? "1e-9" : "0");
+            *(k == 7        ? &opt.rope.factor
+                  : k == 9  ? &opt.rope.beta_fast
+                  : k == 10 ? &opt.rope.beta_slow
+                            : &opt.rope.attn_factor) = x;
+            break;
+        }
+        case 8:
+            if (lt_cli_parse_i64(v, 1, (int64_t)1 << 40, &opt.rope.original_ctx))
+                return lt_cli_usage_error("export", usage, "option '%s': '%s' is not an integer in [1, 2^40]", a, v);
+            break;
         }
     }
     if (!model) return lt_cli_usage_error("export", usage, "option 'model' is required");
     if (!out) return lt_cli_usage_error("export", usage, "option 'out' is required");
     if (!fmt) return lt_cli_usage_error("export", usage, "option 'format' is required");
+    if (opt.rope.scaling == LT_ROPE_SCALING_NONE &&
+        (opt.rope.factor != 0 || opt.rope.original_ctx != 0 || opt.rope.beta_fast != 0 || opt.rope.beta_slow != 0 ||
+         opt.rope.attn_factor != 0))
+        return lt_cli_usage_error("export", usage, "--rope-factor and the other RoPE options need --rope-scaling");
+    if (opt.rope.scaling != LT_ROPE_SCALING_NONE && opt.rope.factor == 0)
+        return lt_cli_usage_error("export", usage, "--rope-scaling %s needs --rope-factor",
+                                  lt_rope_scaling_name(opt.rope.scaling));
     if (opt.format == LT_EXPORT_GGUF_LORA && !opt.adapter)
         return lt_cli_usage_error("export", usage, "--format gguf-lora needs --adapter");
     lt_ctx *ctx = lt_ctx_new();

@@ -8,6 +8,7 @@
 #define LONGTUNE_EXPORT_MODEL_H
 
 #include "export.h"
+#include "model.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -33,6 +34,8 @@ typedef struct lt_export_options {
     uint64_t max_shard_bytes; /* HF: shard above this many bytes of tensors; 0 = 5 GB (5e9) */
     const char *adapter;      /* PEFT folder, checkpoint folder or checkpoint.ltck; NULL = export
                                  the base unchanged (a format conversion); required for GGUF LoRA */
+    lt_rope_override rope;    /* RoPE scaling written into the model (the --rope-scaling a run trained
+                                 with; lt_model_config_apply_rope's rules); scaling NONE = the base's */
 } lt_export_options;
 
 #define LT_EXPORT_MAX_CLASSES 16

@@ -432,6 +432,16 @@ typedef struct lt_eval_result {
  * model; LT_ERR_INVALID_ARG when the split yields no scored token. */
 LT_API lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *data,
                                    int64_t max_batches, lt_eval_result *res);
+/* Perplexity of a token stream in llama.cpp's llama-perplexity windows: the n tokens cut into
+ * floor(n / window) windows of `window` tokens (a tail shorter than a window is left out), each
+ * window's first token replaced by bos when bos >= 0 (the tokenizer adds one), each window one
+ * forward from position 0, and only its second half scored: the targets at positions
+ * window/2 + 1 .. window - 1, predicted from window/2 .. window - 2. At most max_windows windows
+ * (<= 0: all). res->n_seqs and n_batches count the windows. Prepares m forward-only for
+ * (1, window). Errors: LT_ERR_INVALID_ARG for a window below 4 or fewer than 2·window tokens
+ * (llama-perplexity's minimum, counts named), ids outside the vocabulary; those of the model. */
+LT_API lt_status lt_eval_windows(lt_ctx *ctx, lt_model *m, const int32_t *tokens, int64_t n, int64_t window,
+                                 int32_t bos, int64_t max_windows, lt_eval_result *res);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

@@ -139,7 +139,7 @@ const char *lt_ex_class_name(const lt_ex_piece *p) {
 lt_status lt_ex_find(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_piece *p, lt_tensor *t) {
     char name[160];
     memset(t, 0, sizeof *t);
-    if (p->kind == EX_ROPE_FREQS && !b->gg) return LT_OK; /* computed from the config */
+    if (p->kind == EX_ROPE_FREQS && !b->has_rope_freqs) return LT_OK; /* computed from the config */
     if (b->gg) lt_ex_gguf_name(p, name, sizeof name);
     else lt_ex_hf_name(p, name, sizeof name);
     lt_status s = b->gg ? lt_gguf_find_tensor(ctx, b->gg, name, t) : lt_safetensors_find(ctx, b->st, name, t);

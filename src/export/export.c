@@ -144,6 +144,21 @@ lt_status lt_export_model(lt_ctx *ctx, const char *model, const char *out, const
     memset(&a, 0, sizeof a);
     lt_status s = lt_ex_base_open(ctx, model, &b);
     if (s != LT_OK) goto done;
+    if (opt.rope.scaling != LT_ROPE_SCALING_NONE) {
+        if (opt.format == LT_EXPORT_GGUF_LORA) {
+            s = lt_error(ctx, LT_ERR_INVALID_ARG,
+                         "export: --rope-scaling changes the model; a LoRA adapter GGUF carries no RoPE (export "
+                         "--format gguf or hf)");
+            goto done;
+        }
+        if (b.has_rope_freqs) {
+            s = lt_error(ctx, LT_ERR_UNSUPPORTED,
+                         "%s: carries its RoPE scaling as rope_freqs.weight; --rope-scaling cannot replace it", model);
+            goto done;
+        }
+        if ((s = lt_model_config_apply_rope(ctx, &b.cfg, &opt.rope)) != LT_OK) goto done;
+        b.rope_override = 1;
+    }
     if (opt.adapter && (s = lt_ex_adapter_read(ctx, opt.adapter, &b, &a)) != LT_OK) goto done;
     switch (opt.format) {
     case LT_EXPORT_HF: s = lt_ex_write_hf(ctx, &b, opt.adapter ? &a : NULL, out, &opt, rep); break;

@@ -24,6 +24,7 @@ typedef struct lt_ex_base {
     char arch[32];      /* "llama", "qwen2", "qwen3" */
     int permute_qk;     /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_freqs; /* GGUF rope_freqs.weight */
+    int rope_override;  /* cfg's RoPE scaling replaced by lt_export_options.rope */
 } lt_ex_base;
 
 typedef enum lt_ex_kind {

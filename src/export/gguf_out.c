@@ -9,6 +9,7 @@
 #include "export/export_internal.h"
 #include "export/pipeline.h"
 #include "longtune/alloc.h"
+#include "model/model_internal.h"
 
 static uint32_t llama_ftype(lt_dtype t) {
     switch (t) {
@@ -39,19 +40,6 @@ static int skip_key(const char *k, size_t n) {
     return 0;
 }
 
-static lt_status copy_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w) {
-    int64_t n = lt_gguf_kv_count(b->gg);
-    for (int64_t i = 0; i < n; i++) {
-        const char *k;
-        size_t kl;
-        lt_gguf_type t;
-        LT_TRY(lt_gguf_kv_key(ctx, b->gg, i, &k, &kl, &t));
-        if (skip_key(k, kl)) continue;
-        LT_TRY(lt_gguf_writer_copy_kv(ctx, w, b->gg, i));
-    }
-    return LT_OK;
-}
-
 static lt_status arch_u32(lt_ctx *ctx, lt_gguf_writer *w, const char *arch, const char *key, int64_t v) {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
@@ -62,6 +50,84 @@ static lt_status arch_f32(lt_ctx *ctx, lt_gguf_writer *w, const char *arch, cons
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     return lt_gguf_writer_set_f32(ctx, w, k, (float)v);
+}
+
+/* Under a RoPE override, the keys rope_keys writes anew: {arch}.context_length and
+ * {arch}.rope.scaling.*. */
+static int rope_key(const lt_ex_base *b, const char *k, size_t n) {
+    size_t al = strlen(b->arch);
+    if (!b->rope_override || n <= al + 1 || memcmp(k, b->arch, al) || k[al] != '.') return 0;
+    const char *r = k + al + 1;
+    size_t rn = n - al - 1;
+    return (rn == 14 && !memcmp(r, "context_length", 14)) || (rn > 13 && !memcmp(r, "rope.scaling.", 13));
+}
+
+static lt_status copy_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w) {
+    int64_t n = lt_gguf_kv_count(b->gg);
+    for (int64_t i = 0; i < n; i++) {
+        const char *k;
+        size_t kl;
+        lt_gguf_type t;
+        LT_TRY(lt_gguf_kv_key(ctx, b->gg, i, &k, &kl, &t));
+        if (skip_key(k, kl) || rope_key(b, k, kl)) continue;
+        LT_TRY(lt_gguf_writer_copy_kv(ctx, w, b->gg, i));
+    }
+    return LT_OK;
+}
+
+/* The RoPE scaling as llama.cpp reads it (llama-model.cpp) and convert_hf_to_gguf.py writes it:
+ * rope.scaling.type linear|yarn with factor and original_context_length; YaRN adds its betas and
+ * attention factor (yarn_beta_fast/slow, yarn_attn_factor: transformers' attention_factor) and,
+ * when that factor is not YaRN's default 0.1·ln(factor) + 1, rope.scaling.attn_factor, which
+ * llama.cpp multiplies onto the default. Llama 3's scaling travels as rope_freqs.weight (no
+ * keys); dynamic NTK and longrope on these architectures have no llama.cpp form and are refused. */
+static lt_status rope_keys(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w) {
+    const lt_model_config *c = &b->cfg;
+    const char *arch = b->arch;
+    char k[128];
+    switch (c->rope_scaling) {
+    case LT_ROPE_SCALING_NONE:
+    case LT_ROPE_SCALING_LLAMA3: return LT_OK;
+    case LT_ROPE_SCALING_LINEAR:
+    case LT_ROPE_SCALING_YARN: break;
+    default:
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "export: llama.cpp has no %s RoPE scaling for %s models; export --format hf (transformers "
+                        "reads it)",
+                        lt_rope_scaling_name(c->rope_scaling), arch);
+    }
+    int yarn = c->rope_scaling == LT_ROPE_SCALING_YARN;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    LT_TRY(lt_gguf_writer_set_str(ctx, w, k, yarn ? "yarn" : "linear", yarn ? 4 : 6));
+    LT_TRY(arch_f32(ctx, w, arch, "rope.scaling.factor", c->rope_factor));
+    LT_TRY(arch_u32(ctx, w, arch, "rope.scaling.original_context_length", c->rope_original_ctx));
+    if (!yarn) return LT_OK;
+    double att = lt_model_rope_attn_factor(c), dflt = c->rope_factor <= 1 ? 1.0 : 0.1 * log(c->rope_factor) + 1.0;
+    LT_TRY(arch_f32(ctx, w, arch, "rope.scaling.yarn_attn_factor", att));
+    LT_TRY(arch_f32(ctx, w, arch, "rope.scaling.yarn_beta_fast", c->rope_beta_fast != 0 ? c->rope_beta_fast : 32));
+    LT_TRY(arch_f32(ctx, w, arch, "rope.scaling.yarn_beta_slow", c->rope_beta_slow != 0 ? c->rope_beta_slow : 1));
+    if (fabs(att - dflt) > 1e-7 * dflt) LT_TRY(arch_f32(ctx, w, arch, "rope.scaling.attn_factor", att / dflt));
+    return LT_OK;
+}
+
+/* YaRN betas other than 32 and 1 are written, but llama.cpp's llama, qwen2 and qwen3 loaders keep
+ * their own 32 and 1: the report's note says which flags give llama.cpp the trained ones. */
+static void rope_note(const lt_ex_base *b, lt_export_report *rep) {
+    const lt_model_config *c = &b->cfg;
+    if (c->rope_scaling != LT_ROPE_SCALING_YARN) return;
+    double bf = c->rope_beta_fast != 0 ? c->rope_beta_fast : 32, bs = c->rope_beta_slow != 0 ? c->rope_beta_slow : 1;
+    if (bf == 32 && bs == 1) return;
+    char rest[sizeof rep->note];
+    snprintf(rest, sizeof rest, "%s", rep->note); /* first, before a longer note can cut it off */
+    int n = snprintf(rep->note, sizeof rep->note,
+                     "llama.cpp reads yarn_beta_fast/slow only for some architectures, not %s: run it with "
+                     "--yarn-beta-fast %g --yarn-beta-slow %g",
+                     b->arch, bf, bs);
+    if (!rest[0] || n < 0 || (size_t)n + 3 >= sizeof rep->note) return;
+    size_t at = (size_t)n, room = sizeof rep->note - at - 3, len = strlen(rest);
+    memcpy(rep->note + at, "; ", 2);
+    memcpy(rep->note + at + 2, rest, len < room ? len : room);
+    rep->note[at + 2 + (len < room ? len : room)] = 0;
 }
 
 static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer *w, lt_export_report *rep) {
@@ -78,6 +144,7 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count", c->H));
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count_kv", c->Hkv));
     LT_TRY(arch_f32(ctx, w, arch, "rope.freq_base", c->rope_theta));
+    LT_TRY(rope_keys(ctx, b, w));
     LT_TRY(arch_f32(ctx, w, arch, "attention.layer_norm_rms_epsilon", c->rms_eps));
     LT_TRY(arch_u32(ctx, w, arch, "attention.key_length", c->D));
     LT_TRY(arch_u32(ctx, w, arch, "attention.value_length", c->D));
@@ -107,7 +174,7 @@ static lt_status to_gguf(lt_ctx *ctx, void *arg, const void *data, size_t n) {
 
 lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
                            const lt_export_options *opt, lt_export_report *rep) {
-    int rope = b->gg ? b->has_rope_freqs : b->cfg.rope_scaling == LT_ROPE_SCALING_LLAMA3;
+    int rope = b->has_rope_freqs || ((!b->gg || b->rope_override) && b->cfg.rope_scaling == LT_ROPE_SCALING_LLAMA3);
     int64_t np = lt_ex_pieces(b, rope, NULL, 0);
     size_t pbytes = (size_t)np * (sizeof(lt_ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
     lt_ex_piece *ps = lt_alloc(ctx, LT_DEVICE_CPU, pbytes, "export pieces");
@@ -120,8 +187,12 @@ lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, c
     lt_status s = lt_gguf_writer_new(ctx, &w);
     if (s != LT_OK) goto done;
     s = b->gg ? copy_metadata(ctx, b, w) : synth_metadata(ctx, b, w, rep);
+    if (s == LT_OK && b->gg && b->rope_override) {
+        if ((s = arch_u32(ctx, w, b->arch, "context_length", b->cfg.max_positions)) == LT_OK) s = rope_keys(ctx, b, w);
+    }
     if (s != LT_OK) goto done;
     if (b->gg) rep->tokenizer_converted = lt_gguf_writer_has_key(w, "tokenizer.ggml.tokens");
+    rope_note(b, rep);
     lt_dtype main = LT_DTYPE_F32;
     int quantized = 0;
     for (int64_t i = 0; i < np; i++) {

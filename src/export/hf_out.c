@@ -80,6 +80,28 @@ static int recover_llama3(const float *fr, lt_model_config *c) {
     return 1;
 }
 
+/* config.json's RoPE scaling from cfg: rope_scaling as lt_model_config_rope_json writes
+ * it (transformers 4.x reads rope_scaling, 5.x takes it as rope_parameters), null without scaling;
+ * any rope_parameters of a copied config removed so no stale one wins. */
+static lt_status set_rope(lt_ctx *ctx, cJSON *j, const lt_model_config *c) {
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_scaling");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_parameters");
+    if (c->rope_scaling == LT_ROPE_SCALING_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+        return LT_OK;
+    }
+    size_t cap = 16384;
+    char *buf = malloc(cap);
+    if (!buf) return lt_error(ctx, LT_ERR_OOM, "config.json rope_scaling");
+    lt_status s = lt_model_config_rope_json(ctx, c, buf, cap);
+    cJSON *rs = s == LT_OK ? cJSON_Parse(buf) : NULL;
+    free(buf);
+    if (s != LT_OK) return s;
+    if (!rs) return lt_error(ctx, LT_ERR_OOM, "config.json rope_scaling");
+    cJSON_AddItemToObject(j, "rope_scaling", rs);
+    return LT_OK;
+}
+
 static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt, cJSON **out) {
     lt_model_config cfg = b->cfg, *c = &cfg;
     if (b->has_rope_freqs) {
@@ -107,15 +129,10 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
     cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_positions);
     cJSON_AddNumberToObject(j, "rms_norm_eps", f2d(c->rms_eps));
     cJSON_AddNumberToObject(j, "rope_theta", f2d(c->rope_theta));
-    if (c->rope_scaling == LT_ROPE_SCALING_LLAMA3) {
-        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
-        cJSON_AddStringToObject(rs, "rope_type", "llama3");
-        cJSON_AddNumberToObject(rs, "factor", f2d(c->rope_factor));
-        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq);
-        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq);
-        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", (double)c->rope_original_ctx);
-    } else {
-        cJSON_AddNullToObject(j, "rope_scaling");
+    lt_status s = set_rope(ctx, j, c);
+    if (s != LT_OK) {
+        cJSON_Delete(j);
+        return s;
     }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
@@ -154,6 +171,15 @@ static lt_status write_config(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt, con
         cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
         cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
         cJSON_AddStringToObject(j, "torch_dtype", torch_dtype(dt));
+        if (b->rope_override) { /* the extended context and its scaling replace the base's */
+            cJSON_DeleteItemFromObjectCaseSensitive(j, "max_position_embeddings");
+            cJSON_AddNumberToObject(j, "max_position_embeddings", (double)b->cfg.max_positions);
+            lt_status s = set_rope(ctx, j, &b->cfg);
+            if (s != LT_OK) {
+                cJSON_Delete(j);
+                return s;
+            }
+        }
     }
     lt_status s = write_json(ctx, dir, "config.json", j, rep);
     cJSON_Delete(j);

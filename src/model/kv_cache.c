@@ -1,10 +1,13 @@
 /* The KV cache and the incremental forward (include/longtune/kv_cache.h): the layer list run over
  * only the new tokens of each row, through the backend's ops as layer.c runs a layer (norm, q/k/v
- * with biases and LoRA, the per-head q/k norm, RoPE, attention, o, the SwiGLU MLP), with the keys
- * and values of every layer written into the cache rows after RoPE. Fresh prompts attend with
- * the flash attention of training over the packed prompts; anything after cached positions with
- * decode attention over the cache. Only the last new token of each row goes through the final norm
- * and the head. Not a training path: no stores, no backward. */
+ * with biases and LoRA, the per-head q/k norm, RoPE from the layer's table, attention with the
+ * layer's window, softcap and query scale, o, the SwiGLU or GeGLU MLP, and with sandwich norms the
+ * post-attention and post-MLP norms of the blocks' outputs), the embedding rows scaled as the
+ * model's are, and the keys and values of every layer written into the cache rows after RoPE.
+ * Fresh prompts attend with the flash attention of training over the packed prompts; anything
+ * after cached positions with decode attention over the cache. Only the last new token of each
+ * row goes through the final norm, the head and the final-logit softcap. Not a training path: no
+ * stores, no backward. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -59,6 +62,7 @@ static lt_attention_params prefill_params(const lt_kv_cache *c, const lt_layer_d
     ap.impl = LT_ATTENTION_AUTO;
     ap.window = d->window;
     ap.softcap = d->softcap;
+    ap.scale = (float)cf->query_scale; /* 0: 1/sqrt(D) */
     ap.seq_offsets = offs_host;
     ap.seq_offsets_device = c->dev == LT_DEVICE_CPU ? NULL : c->d_offs;
     ap.S = S;
@@ -70,7 +74,7 @@ static lt_decode_attention_params decode_params(const lt_kv_cache *c, const lt_l
     lt_decode_attention_params p;
     memset(&p, 0, sizeof p);
     p.n = n, p.H = cf->H, p.Hkv = cf->Hkv, p.D = d->D, p.ctx = c->ctx_len, p.max_len = c->ctx_len;
-    p.scale = 1.0f / sqrtf((float)d->D);
+    p.scale = cf->query_scale != 0 ? (float)cf->query_scale : 1.0f / sqrtf((float)d->D);
     p.softcap = d->softcap;
     p.window = d->window;
     p.seq = c->d_seq, p.len = c->d_len;
@@ -93,21 +97,14 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     if (n_max <= 0) n_max = ctx_len;
     if (n_max > ctx_len * B) n_max = ctx_len * B;
     const lt_backend *be = m->be;
-    /* The incremental forward runs the pre-norm SwiGLU or mixture-of-experts block with one RoPE table: Gemma's block
-     * (GeGLU, sandwich norms, scaled embeddings and scores, a logit softcap, a second table) is
-     * refused here rather than generated wrongly; training and eval run it. */
-    if (cf->embed_scale != 0 || cf->query_scale != 0 || cf->final_softcap != 0)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "kv cache: generation does not run %s's scaled embeddings, scores or logit softcap yet "
-                        "(train and eval do)",
-                        cf->arch == LT_ARCH_GEMMA2       ? "Gemma 2"
-                            : cf->arch == LT_ARCH_GEMMA3 ? "Gemma 3"
-                                                         : "this model");
     for (int64_t l = 0; l < cf->L; l++) {
         const lt_layer_desc *d = &m->layers[l].desc;
-        if ((d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_MOE) || d->norm != LT_NORM_PLACE_PRE || d->rope != 0)
+        if ((d->mlp != LT_MLP_KIND_SWIGLU && d->mlp != LT_MLP_KIND_GEGLU && d->mlp != LT_MLP_KIND_MOE) ||
+            (d->norm != LT_NORM_PLACE_PRE && d->norm != LT_NORM_PLACE_SANDWICH) ||
+            (d->mlp == LT_MLP_KIND_MOE && d->norm != LT_NORM_PLACE_PRE) || (d->rope != 0 && d->rope != 1) ||
+            (d->rope == 1 && !m->inv_freq_local))
             return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "kv cache: generation does not run layer %lld's %s, %s norms or RoPE table %d yet "
+                            "kv cache: generation does not run layer %lld's %s MLP, %s norms or RoPE table %d "
                             "(train and eval do)",
                             (long long)l, lt_mlp_kind_name(d->mlp), lt_norm_place_name(d->norm), d->rope);
         lt_op_query q = {LT_OP_DECODE_ATTENTION, LT_DTYPE_F32, LT_DTYPE_F32, 0, d->D, d->window, d->softcap};
@@ -299,6 +296,20 @@ static void proj_group(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, const lt_pr
 
 static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
 
+/* The residual x (n, C) += proj p(in) of layer l: directly, or with sandwich norms through the
+ * block's post-norm (the projection into h, free between the norm that fed the block and the next). */
+static void block_out(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, lt_proj p, const float *post_norm, const float *in,
+                      int64_t n) {
+    const lt_model_config *cf = &c->m->cfg;
+    if (c->m->layers[l].desc.norm != LT_NORM_PLACE_SANDWICH) {
+        proj(c, ctx, l, p, in, n, c->x, 1.0f);
+        return;
+    }
+    proj(c, ctx, l, p, in, n, c->h, 0.0f);
+    c->be->rmsnorm_fwd(ctx, c->h, post_norm, cf->rms_eps, n, cf->C, c->h, c->rstd);
+    c->be->add(ctx, c->x, c->h, 1.0f, n * cf->C);
+}
+
 /* One pass over n tokens (staged in c's int32 inputs): rows[i] holds a run of tokens of one row
  * starting at position p0[i], nr runs; fresh = every run starts at 0 (flash attention). */
 static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const int64_t *rows, const int64_t *p0,
@@ -309,6 +320,7 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
     const lt_backend *be = c->be;
     int64_t C = cf->C, F = cf->F, qd = cf->H * cf->D, kvd = cf->Hkv * cf->D;
     be->embedding(ctx, &m->embed, c->d_tok, n, c->x);
+    if (cf->embed_scale > 0 && cf->embed_scale != 1.0f) be->scale(ctx, c->x, cf->embed_scale, n * C);
     /* one token: q, k, v side by side in q's piece, gate and up in g's (what a fused group writes) */
     float *q = c->q, *k = n == 1 ? c->q + qd : c->k, *v = n == 1 ? c->q + qd + kvd : c->v;
     float *gt = c->g, *up = n == 1 ? c->g + F : c->u;
@@ -321,8 +333,9 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
             be->rmsnorm_fwd(ctx, q, L->q_norm, cf->rms_eps, n * cf->H, cf->D, q, c->rstd_qk);
             be->rmsnorm_fwd(ctx, k, L->k_norm, cf->rms_eps, n * cf->Hkv, cf->D, k, c->rstd_qk);
         }
-        be->rope(ctx, q, c->d_pos, m->inv_freq, n, cf->H, cf->D, 0);
-        be->rope(ctx, k, c->d_pos, m->inv_freq, n, cf->Hkv, cf->D, 0);
+        const float *inv_freq = L->desc.rope ? m->inv_freq_local : m->inv_freq;
+        be->rope(ctx, q, c->d_pos, inv_freq, n, cf->H, cf->D, 0);
+        be->rope(ctx, k, c->d_pos, inv_freq, n, cf->Hkv, cf->D, 0);
         float *kc = kv_at(c, l, 0), *vc = kv_at(c, l, 1);
         int64_t t0 = 0;
         for (int64_t i = 0; i < nr; i++) { /* each run is contiguous in its cache row */
@@ -343,15 +356,16 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
             dp.q = q, dp.kc = kc, dp.vc = vc, dp.out = c->att;
             LT_TRY(be->decode_attention(ctx, &dp));
         }
-        proj(c, ctx, l, LT_PROJ_O, c->att, n, c->x, 1.0f);
+        block_out(c, ctx, l, LT_PROJ_O, L->post_attn_norm, c->att, n);
         be->rmsnorm_fwd(ctx, c->x, L->mlp_norm, cf->rms_eps, n, C, c->h, c->rstd);
         if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts, as the training step runs them */
             lt_model_moe_forward(ctx, m, &c->moe, c->scr, c->mm_ws, l, c->h, n, c->x);
             continue;
         }
         proj_group(c, ctx, l, GATE_UP, 2, c->h, n, gu);
-        be->swiglu_fwd(ctx, gt, up, n * F, c->a);
-        proj(c, ctx, l, LT_PROJ_DOWN, c->a, n, c->x, 1.0f);
+        if (L->desc.mlp == LT_MLP_KIND_GEGLU) be->geglu_fwd(ctx, gt, up, n * F, c->a);
+        else be->swiglu_fwd(ctx, gt, up, n * F, c->a);
+        block_out(c, ctx, l, LT_PROJ_DOWN, L->post_mlp_norm, c->a, n);
     }
     if (!n_out) return LT_OK;
     /* the last token of each finished row, gathered into a's rows (F >= C), then norm and head */
@@ -360,7 +374,13 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
     be->rmsnorm_fwd(ctx, c->a, m->final_norm, cf->rms_eps, n_out, C, c->h, c->rstd);
     be->matmul(ctx, n_out <= LT_MATVEC_MAX_N ? LT_MATMUL_NT_DECODE : LT_MATMUL_NT, &m->head, c->h, n_out, 0.0f,
                c->logits, c->mm_ws);
-    return be->copy_to_host(ctx, logits_host + out_row0 * cf->V, c->logits, (size_t)(n_out * cf->V) * sizeof(float));
+    float *out = logits_host + out_row0 * cf->V;
+    LT_TRY(be->copy_to_host(ctx, out, c->logits, (size_t)(n_out * cf->V) * sizeof(float)));
+    if (cf->final_softcap > 0) { /* z -> cap·tanh(z / cap), as lt_model_logits gives them */
+        const float cap = cf->final_softcap;
+        for (int64_t i = 0; i < n_out * cf->V; i++) out[i] = cap * tanhf(out[i] / cap);
+    }
+    return LT_OK;
 }
 
 /* Stages the int32 inputs of a pass (tokens, positions, rows, lengths, packed offsets) and copies

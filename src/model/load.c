@@ -500,6 +500,8 @@ static lt_status gguf_rope(lt_ctx *ctx, source *s, const char *arch, lt_model_co
         c->rope_factor = (double)c->max_positions / (double)c->rope_original_ctx;
     LT_TRY(gg_num(ctx, s, arch, "rope.scaling.attn_factor", &c->rope_attn_factor));
     if (c->rope_scaling == LT_ROPE_SCALING_YARN) {
+        /* llama.cpp multiplies rope.scaling.attn_factor onto YaRN's own 0.1·ln(factor) + 1 */
+        if (c->rope_attn_factor > 0 && c->rope_factor > 1) c->rope_attn_factor *= 0.1 * log(c->rope_factor) + 1.0;
         LT_TRY(gg_num(ctx, s, arch, "rope.scaling.yarn_beta_fast", &c->rope_beta_fast));
         LT_TRY(gg_num(ctx, s, arch, "rope.scaling.yarn_beta_slow", &c->rope_beta_slow));
         double mul = 0;

@@ -1,7 +1,8 @@
 /* Evaluation of a data split as training reads it: the trainer's packing plan over the split
  * (epoch 0, no shuffle beyond what the packer does for epoch 0), its batch fill (lt_trainer_fill:
  * the same targets and masks), and the model's forward with the fused loss. Used by `longtune
- * eval` and by `train --test` after the last step. */
+ * eval` and by `train --test` after the last step. And a token stream scored in llama-perplexity's
+ * windows (`longtune eval --text`), through the same forward and loss. */
 #include <math.h>
 #include <string.h>
 
@@ -65,4 +66,52 @@ done:
     if (buf) lt_free(ctx, LT_DEVICE_CPU, buf, bytes);
     lt_pack_plan_free(ctx, plan);
     return s;
+}
+
+lt_status lt_eval_windows(lt_ctx *ctx, lt_model *m, const int32_t *tokens, int64_t n, int64_t window, int32_t bos,
+                          int64_t max_windows, lt_eval_result *res) {
+    memset(res, 0, sizeof *res);
+    res->mean_loss = res->ppl = NAN;
+    const lt_model_config *cf = lt_model_get_config(m);
+    if (window < 4 || window > INT32_MAX / 2)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "eval: window of %lld tokens (4 .. 2^30)", (long long)window);
+    if (n < 2 * window)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "eval: the text has %lld tokens; windows of %lld need at least %lld (two windows, as "
+                        "llama-perplexity)",
+                        (long long)n, (long long)window, (long long)(2 * window));
+    if (bos >= cf->V) return lt_error(ctx, LT_ERR_INVALID_ARG, "eval: BOS id %d outside the vocabulary", (int)bos);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= cf->V)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "eval: token %d at %lld outside [0, %lld)", (int)tokens[i],
+                            (long long)i, (long long)cf->V);
+    int64_t nw = n / window, first = window / 2;
+    if (max_windows > 0 && nw > max_windows) nw = max_windows;
+    size_t bytes = 2 * (size_t)window * sizeof(int32_t);
+    int32_t *buf = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "eval window");
+    if (!buf) return lt_ctx_status(ctx);
+    int32_t *ids = buf, *tgt = buf + window;
+    lt_model_run_options run;
+    memset(&run, 0, sizeof run);
+    run.B = 1, run.T = window, run.forward_only = 1;
+    lt_status s = lt_model_prepare(ctx, m, &run);
+    for (int64_t w = 0; s == LT_OK && w < nw; w++) {
+        const int32_t *src = tokens + w * window;
+        memcpy(ids, src, (size_t)window * sizeof(int32_t));
+        if (bos >= 0) ids[0] = bos;
+        for (int64_t p = 0; p < window; p++) tgt[p] = p >= first && p + 1 < window ? src[p + 1] : LT_IGNORE_INDEX;
+        lt_model_batch b;
+        memset(&b, 0, sizeof b);
+        b.B = 1, b.T = window, b.tokens = ids, b.targets = tgt;
+        lt_model_result r;
+        if ((s = lt_model_forward(ctx, m, &b, &r, NULL)) != LT_OK) break;
+        res->loss_sum += r.loss_sum;
+        res->n_tokens += r.n_tokens;
+        res->n_seqs++, res->n_batches++;
+    }
+    lt_free(ctx, LT_DEVICE_CPU, buf, bytes);
+    LT_TRY(s);
+    res->mean_loss = res->loss_sum / (double)res->n_tokens;
+    res->ppl = exp(res->mean_loss);
+    return LT_OK;
 }

@@ -60,5 +60,23 @@ expect 0 '"merged": 0' -- export --model "$model" --adapter "$adapter" --out "$t
 expect 1 "does not match this base" -- export --model "$src/tests/fixtures/model/qwen3_tied" \
   --adapter "$adapter" --out "$tmp/q.gguf" --format gguf
 [ ! -e "$tmp/q.gguf" ] || { echo "FAIL: a refused export left $tmp/q.gguf"; fail=1; }
+# --rope-scaling: the scaling a run trained with goes into config.json and the GGUF keys
+expect 0 "wrote" -- export --model "$model" --out "$tmp/yarn" --format hf --rope-scaling yarn --rope-factor 4 \
+  --yarn-beta-fast 16
+python3 - "$tmp/yarn/config.json" <<'PY' || { echo "FAIL: yarn config.json"; fail=1; }
+import json, sys
+c = json.load(open(sys.argv[1]))
+r = c["rope_scaling"]
+ok = r["rope_type"] == "yarn" and r["factor"] == 4 and r["beta_fast"] == 16 and \
+    c["max_position_embeddings"] == 4 * r["original_max_position_embeddings"]
+sys.exit(0 if ok else 1)
+PY
+expect 0 "wrote" -- export --model "$model" --out "$tmp/yarn.gguf" --format gguf --rope-scaling yarn --rope-factor 4
+expect 1 "no dynamic RoPE scaling" -- export --model "$model" --out "$tmp/dyn.gguf" --format gguf \
+  --rope-scaling dynamic --rope-factor 2
+expect 2 "need --rope-scaling" -- export --model "$model" --out "$tmp/r" --format hf --rope-factor 2
+expect 2 "needs --rope-factor" -- export --model "$model" --out "$tmp/r" --format hf --rope-scaling linear
+expect 2 "not 'ntk'" -- export --model "$model" --out "$tmp/r" --format hf --rope-scaling ntk --rope-factor 2
+expect 2 "is not a number" -- export --model "$model" --out "$tmp/r" --format hf --rope-scaling linear --rope-factor 0
 ls "$tmp" | grep -q '\.tmp\.' && { echo "FAIL: temporaries left in $tmp"; fail=1; }
 exit $fail

@@ -110,6 +110,21 @@ PY
 expect 0 "perplexity" -- eval --model "$M" "${tr[@]}" --split valid --threads 1
 expect 1 "test.jsonl\|not found\|No such" -- eval --model "$M" --data "$dir" --threads 1
 expect 2 "split" -- eval --model "$M" --data "$dir/data" --split dev
+# eval --text: a raw file in llama-perplexity's windows (the second half of each scored)
+for i in $(seq 1 20); do echo "the quick brown fox jumps over the lazy dog $i"; done >"$dir/text.txt"
+ev=$("$bin" eval --model "$M" --text "$dir/text.txt" --ctx 16 --threads 1 --json 2>"$dir/evt.err")
+python3 - "$ev" <<'PY' || { echo "FAIL: eval --text: $ev / $(cat "$dir/evt.err")"; fail=1; }
+import json, math, sys
+e = json.loads(sys.argv[1])
+w = e["text_tokens"] // 16
+ok = e["windows"] == w and e["n_tokens"] == w * 7 and abs(e["ppl"] - math.exp(e["mean_loss"])) < 1e-4 * e["ppl"]
+sys.exit(0 if ok else 1)
+PY
+expect 2 "--ctx goes with --text" -- eval --model "$M" --ctx 16
+expect 2 "--text takes --ctx" -- eval --model "$M" --text "$dir/text.txt"
+expect 2 "--text takes --ctx" -- eval --model "$M" --text "$dir/text.txt" --ctx 16 --data "$dir/data"
+expect 1 "need at least" -- eval --model "$M" --text "$dir/text.txt" --ctx 4096 --threads 1
+expect 1 "cannot open" -- eval --model "$M" --text "$dir/none.txt" --ctx 16 --threads 1
 
 # an adapter holding a NaN is refused, naming the tensor
 cp -r "$dir/ad" "$dir/ad_nan"

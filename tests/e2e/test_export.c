@@ -4,7 +4,11 @@
  * with the base + adapter run through the model's LoRA path; a training checkpoint merges to the
  * same model as its PEFT folder; the GGUF LoRA adapter is re-read with the GGUF reader (keys,
  * names, shapes, the llama Q/K row permutation of B); and the typed errors (adapter of another
- * shape, output exists, a quantizer this build lacks) name what is wrong. */
+ * shape, output exists, a quantizer this build lacks) name what is wrong. An export with a RoPE
+ * override (YaRN with its betas and attention factor, linear, Llama 3, dynamic) from an HF and a
+ * GGUF base reads back, through config.json and the GGUF keys, as the override applied to the base:
+ * the same scaling fields and RoPE table, and the same logits as the base with the override set;
+ * the GGUF keys are the ones llama.cpp reads. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
@@ -25,6 +29,7 @@
 #include "longtune/safetensors.h"
 #include "longtune/model.h"
 #include "longtune/train.h"
+#include "model/model_internal.h"
 
 #define RANK 4
 #define ALPHA 8.0f
@@ -362,6 +367,166 @@ static void test_errors(void **s) {
     lt_ctx_free(ctx);
 }
 
+/* The logits of path with ov applied (NULL: as the file says). */
+static void rope_logits(lt_ctx *ctx, const char *path, const lt_rope_override *ov, const int32_t *tok, float *out) {
+    lt_model *m;
+    lt_lora_options lo = {0};
+    lo.rank = 1;
+    must(ctx, lt_model_load(ctx, path, NULL, &lo, &m), path);
+    if (ov) must(ctx, lt_model_set_rope(ctx, m, ov), "set rope");
+    logits_of(ctx, m, tok, out);
+    lt_model_free(ctx, m);
+}
+
+static void same_rope(const lt_model_config *got, const lt_model_config *want, const char *what) {
+    fprintf(stderr, "%s: %s factor %g orig %lld max %lld attn %g\n", what, lt_rope_scaling_name(got->rope_scaling),
+            got->rope_factor, (long long)got->rope_original_ctx, (long long)got->max_positions,
+            lt_model_rope_attn_factor(got));
+    assert_int_equal(got->rope_scaling, want->rope_scaling);
+    assert_true(fabs(got->rope_factor - want->rope_factor) <= 1e-6 * want->rope_factor);
+    assert_int_equal(got->rope_original_ctx, want->rope_original_ctx);
+    assert_int_equal(got->max_positions, want->max_positions);
+    assert_true(fabs(lt_model_rope_attn_factor(got) - lt_model_rope_attn_factor(want)) <= 1e-6);
+    float a[LT_ROPE_MAX_FACTORS + 1], b[LT_ROPE_MAX_FACTORS + 1];
+    lt_model_rope_table(got, 0, a);
+    lt_model_rope_table(want, 0, b);
+    for (int64_t i = 0; i < LT_ROPE_TABLE_LEN(want->D); i++) {
+        if (fabs((double)a[i] - b[i]) > 1e-6 * fabs((double)b[i])) {
+            fprintf(stderr, "%s: RoPE table [%lld] %.9g, expected %.9g\n", what, (long long)i, (double)a[i],
+                    (double)b[i]);
+            fail();
+        }
+    }
+}
+
+static double gguf_num(lt_ctx *ctx, const char *path, const char *key) {
+    lt_gguf *g;
+    must(ctx, lt_gguf_open(ctx, path, &g), path);
+    double v = 0;
+    must(ctx, lt_gguf_get_f64(ctx, g, key, &v), key);
+    lt_gguf_close(g);
+    return v;
+}
+
+static int gguf_has(lt_ctx *ctx, const char *path, const char *key) {
+    lt_gguf *g;
+    must(ctx, lt_gguf_open(ctx, path, &g), path);
+    lt_gguf_type t;
+    int has = lt_gguf_get_type(ctx, g, key, &t) == LT_OK;
+    lt_ctx_clear_error(ctx);
+    lt_gguf_close(g);
+    return has;
+}
+
+static void test_rope_override(void **s) {
+    (void)s;
+    lt_ctx *ctx = lt_ctx_new();
+    uint64_t rng = lt_test_seed() + 23;
+    int32_t tok[T_TOK];
+    tokens(tok, 96, &rng);
+    float ref[T_TOK * 96], got[T_TOK * 96];
+    lt_rope_override ovs[4];
+    memset(ovs, 0, sizeof ovs);
+    ovs[0].scaling = LT_ROPE_SCALING_YARN, ovs[0].factor = 4, ovs[0].original_ctx = 32;
+    ovs[0].beta_fast = 16, ovs[0].beta_slow = 2, ovs[0].attn_factor = 1.25;
+    ovs[1].scaling = LT_ROPE_SCALING_YARN, ovs[1].factor = 8; /* defaults: betas 32, 1; 0.1·ln 8 + 1 */
+    ovs[2].scaling = LT_ROPE_SCALING_LINEAR, ovs[2].factor = 2;
+    ovs[3].scaling = LT_ROPE_SCALING_LLAMA3, ovs[3].factor = 8, ovs[3].original_ctx = 16;
+    for (int from_gguf = 0; from_gguf < 2; from_gguf++) {
+        char base[1024], out[600], what[96];
+        fixture("llama_tied", from_gguf ? "model.gguf" : NULL, base, sizeof base);
+        lt_model_config bc;
+        must(ctx, lt_model_inspect(ctx, base, NULL, &bc), base);
+        for (int k = 0; k < 4; k++) {
+            lt_model_config want = bc;
+            must(ctx, lt_model_config_apply_rope(ctx, &want, &ovs[k]), "apply rope");
+            rope_logits(ctx, base, &ovs[k], tok, ref);
+            for (int f = 0; f < 2; f++) {
+                lt_export_options o;
+                memset(&o, 0, sizeof o);
+                o.format = f ? LT_EXPORT_GGUF : LT_EXPORT_HF, o.outtype = LT_DTYPE_F32, o.outtype_set = 1;
+                o.rope = ovs[k];
+                snprintf(out, sizeof out, "%s/rope-%d-%d%s", tmp_root, from_gguf, k, f ? ".gguf" : "");
+                snprintf(what, sizeof what, "%s %s -> %s", lt_rope_scaling_name(ovs[k].scaling),
+                         from_gguf ? "gguf" : "hf", f ? "gguf" : "hf");
+                lt_export_report rr;
+                must(ctx, lt_export_model(ctx, base, out, &o, &rr), what);
+                /* custom YaRN betas: llama.cpp's llama loader keeps 32, 1; the note names the flags */
+                if (f && k == 0) assert_non_null(strstr(rr.note, "--yarn-beta-fast 16 --yarn-beta-slow 2"));
+                if (f && k == 1) assert_null(strstr(rr.note, "yarn_beta"));
+                lt_model_config rc;
+                if (!f) {
+                    char cj[700];
+                    snprintf(cj, sizeof cj, "%s/config.json", out);
+                    must(ctx, lt_model_config_read_hf(ctx, cj, &rc), cj);
+                } else {
+                    must(ctx, lt_model_inspect(ctx, out, NULL, &rc), out);
+                }
+                /* a GGUF carries Llama 3's scaling as rope_freqs.weight, which the logits read */
+                int freqs = f && ovs[k].scaling == LT_ROPE_SCALING_LLAMA3;
+                if (!freqs) same_rope(&rc, &want, what);
+                else assert_int_equal(rc.max_positions, want.max_positions);
+                rope_logits(ctx, out, NULL, tok, got);
+                double e = rel_err(got, ref, T_TOK * 96);
+                fprintf(stderr, "%s: logits rel err %.3g\n", what, e);
+                assert_true(e <= TOL_F32);
+                if (!f) continue;
+                /* the keys llama.cpp reads */
+                if (freqs) {
+                    assert_false(gguf_has(ctx, out, "llama.rope.scaling.type"));
+                    lt_gguf *g;
+                    lt_tensor t;
+                    must(ctx, lt_gguf_open(ctx, out, &g), out);
+                    must(ctx, lt_gguf_find_tensor(ctx, g, "rope_freqs.weight", &t), "rope_freqs.weight");
+                    lt_gguf_close(g);
+                    continue;
+                }
+                assert_true(fabs(gguf_num(ctx, out, "llama.rope.scaling.factor") - ovs[k].factor) < 1e-6);
+                assert_true(gguf_num(ctx, out, "llama.rope.scaling.original_context_length") ==
+                            (double)want.rope_original_ctx);
+                assert_true(gguf_num(ctx, out, "llama.context_length") == (double)want.max_positions);
+                if (k == 0) {
+                    double dflt = 0.1 * log(4.0) + 1;
+                    assert_true(fabs(gguf_num(ctx, out, "llama.rope.scaling.attn_factor") - 1.25 / dflt) < 1e-6);
+                    assert_true(gguf_num(ctx, out, "llama.rope.scaling.yarn_beta_fast") == 16);
+                    assert_true(gguf_num(ctx, out, "llama.rope.scaling.yarn_beta_slow") == 2);
+                }
+                if (k == 1) assert_false(gguf_has(ctx, out, "llama.rope.scaling.attn_factor"));
+            }
+        }
+        /* dynamic NTK: config.json carries it; llama.cpp has no form for it */
+        lt_export_options o;
+        memset(&o, 0, sizeof o);
+        o.rope.scaling = LT_ROPE_SCALING_DYNAMIC, o.rope.factor = 2;
+        snprintf(out, sizeof out, "%s/rope-dyn-%d", tmp_root, from_gguf);
+        must(ctx, lt_export_model(ctx, base, out, &o, NULL), "dynamic hf");
+        char cj[700];
+        snprintf(cj, sizeof cj, "%s/config.json", out);
+        lt_model_config rc, want = bc;
+        must(ctx, lt_model_config_read_hf(ctx, cj, &rc), cj);
+        must(ctx, lt_model_config_apply_rope(ctx, &want, &o.rope), "apply dynamic");
+        assert_int_equal(rc.rope_scaling, LT_ROPE_SCALING_DYNAMIC);
+        assert_true(rc.rope_factor == 2 && rc.max_positions == want.max_positions);
+        o.format = LT_EXPORT_GGUF;
+        snprintf(out, sizeof out, "%s/rope-dyn-%d.gguf", tmp_root, from_gguf);
+        expect_err(ctx, lt_export_model(ctx, base, out, &o, NULL), LT_ERR_UNSUPPORTED, "no dynamic RoPE scaling");
+        assert_int_not_equal(access(out, F_OK), 0);
+        o.format = LT_EXPORT_GGUF_LORA, o.adapter = "/nonexistent/adapter"; /* refused before it is read */
+        expect_err(ctx, lt_export_model(ctx, base, out, &o, NULL), LT_ERR_INVALID_ARG, "carries no RoPE");
+        o.format = LT_EXPORT_HF, o.adapter = NULL, o.rope.factor = -1;
+        expect_err(ctx, lt_export_model(ctx, base, out, &o, NULL), LT_ERR_INVALID_ARG, "");
+    }
+    /* a GGUF whose scaling is a rope_freqs.weight tensor keeps it */
+    char l3[1024], out3[600];
+    fixture("llama3_untied", "model.gguf", l3, sizeof l3);
+    lt_export_options o3;
+    memset(&o3, 0, sizeof o3);
+    o3.format = LT_EXPORT_GGUF, o3.rope = ovs[2];
+    snprintf(out3, sizeof out3, "%s/rope-l3.gguf", tmp_root);
+    expect_err(ctx, lt_export_model(ctx, l3, out3, &o3, NULL), LT_ERR_UNSUPPORTED, "cannot replace it");
+    lt_ctx_free(ctx);
+}
+
 /* A GGUF that names its Hugging Face source gives the adapter a base transformers can load. */
 static void test_peft_base_model(void **s) {
     (void)s;
@@ -415,7 +580,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_untied_hf), cmocka_unit_test(test_llama3_untied_gguf),
         cmocka_unit_test(test_qwen2_untied),     cmocka_unit_test(test_qwen3_tied),
         cmocka_unit_test(test_gguf_lora),        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_peft_base_model),
+        cmocka_unit_test(test_peft_base_model),  cmocka_unit_test(test_rope_override),
     };
     return cmocka_run_group_tests(tests, run_setup, run_teardown);
 }
