@@ -28,10 +28,10 @@
 #define GM_THREADS 256
 
 /* Weight formats by how a 32-weight group is loaded and decoded, each its own instantiation:
- * plain dtypes; Q8_0 and Q4_0 (2-byte aligned blocks, staged as raw halfwords); Q4_1 / INT4_G64;
+ * bf16 and f16; f32; Q8_0 and Q4_0 (2-byte aligned blocks, staged as raw halfwords); Q4_1 / INT4_G64;
  * the other 32-weight and super-block formats (decoded at load, the dtype switch per group);
  * Q4_K / Q5_K (16-byte aligned super-blocks staged raw, scales decoded once a group) and Q6_K. */
-enum { GM_PLAIN = 0, GM_Q8_0, GM_Q4_0, GM_B32, GM_EXT, GM_Q4K, GM_Q5K, GM_Q6K };
+enum { GM_PLAIN = 0, GM_Q8_0, GM_Q4_0, GM_B32, GM_EXT, GM_Q4K, GM_Q5K, GM_Q6K, GM_F32 };
 
 typedef struct gm_params {
     const uint8_t *w;
@@ -130,27 +130,32 @@ static __device__ __forceinline__ void gm_wload(const gm_params &p, int64_t row,
             return;
         }
         float v[32];
-        if constexpr (FMT == GM_PLAIN) {
-            if (p.wvec && c0 + 32 <= p.in && p.dt != LT_DTYPE_F32) { /* bf16 / f16: raw vector loads */
-                const uint4 *q = (const uint4 *)(r + c0 * 2);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint4 u = q[i];
-                    t.w[4 * i] = u.x, t.w[4 * i + 1] = u.y, t.w[4 * i + 2] = u.z, t.w[4 * i + 3] = u.w;
-                }
-                t.f16raw = p.dt == LT_DTYPE_F16;
-                return;
-            }
+        if constexpr (FMT == GM_PLAIN || FMT == GM_F32) {
             if (p.wvec && c0 + 32 <= p.in) {
-                const float4 *q = (const float4 *)(r + c0 * 4);
+                if constexpr (FMT == GM_PLAIN) { /* bf16 / f16: raw vector loads */
+                    const uint4 *q = (const uint4 *)(r + c0 * 2);
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const float4 f = q[i];
-                    v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+                    for (int i = 0; i < 4; i++) {
+                        const uint4 u = q[i];
+                        t.w[4 * i] = u.x, t.w[4 * i + 1] = u.y, t.w[4 * i + 2] = u.z, t.w[4 * i + 3] = u.w;
+                    }
+                    t.f16raw = p.dt == LT_DTYPE_F16;
+                    return;
+                } else {
+                    const float4 *q = (const float4 *)(r + c0 * 4);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const float4 f = q[i];
+                        v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+                    }
                 }
             } else {
+                /* A partial or unaligned group. The bound goes through an opaque copy: NN's c0 is
+                 * the same every step, and hoisting 32 comparisons out of the loop costs registers. */
+                int64_t lim = p.in - c0;
+                asm volatile("" : "+l"(lim));
 #pragma unroll
-                for (int j = 0; j < 32; j++) v[j] = c0 + j < p.in ? lt_dq_plain(p.dt, r, c0 + j) : 0.0f;
+                for (int j = 0; j < 32; j++) v[j] = j < lim ? lt_dq_plain(p.dt, r, c0 + j) : 0.0f;
             }
         } else if constexpr (FMT == GM_B32) {
             lt_dq_group32(p.dt, r, c0 / 32, v);
@@ -435,7 +440,7 @@ template <int FMT, bool NN> static void gm_run(lt_ctx *ctx, const gm_params &p, 
 template <bool NN> static void gm_launch(lt_ctx *ctx, const gm_params &p, dim3 grid) {
     cudaStream_t s = lt_cuda_stream(ctx);
     switch (p.dt) {
-    case LT_DTYPE_F32:
+    case LT_DTYPE_F32: gm_run<GM_F32, NN>(ctx, p, grid, s); break;
     case LT_DTYPE_BF16:
     case LT_DTYPE_F16: gm_run<GM_PLAIN, NN>(ctx, p, grid, s); break;
     case LT_DTYPE_Q8_0: gm_run<GM_Q8_0, NN>(ctx, p, grid, s); break;
@@ -464,6 +469,7 @@ extern "C" void lt_cuda_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const l
     p.K = nn ? out : in, p.N = nn ? in : out;
     p.beta = beta;
     p.wvec = !((uintptr_t)w->data % 16) && p.row_bytes % 16 == 0;
+    LT_ASSERT(!((uintptr_t)w->data & 1)); /* Q8_0, Q4_0, Q6_K and the 16-bit dtypes load halfwords */
     /* The worst case of Σ_e ceil(m_e / BM) row tiles is nk / BM + E; CTAs past the call's last
      * tile exit after reading the offsets. */
     const int64_t ytiles = (nk + GM_BM - 1) / GM_BM + E;
