@@ -12,14 +12,14 @@
 #include "backend/cuda/cuda_ops.h"
 
 /* Tiles: 128 grouped rows × 128 output columns × 64 of the reduction per step, 8 warps of 64 × 32
- * each (4 × 4 mma tiles, 64 accumulators a thread). A 64-wide step makes every W row of a tile two
- * whole 32-weight groups (NT; NN: a W row holds four groups of the tile's 128 columns) and every x
- * row two 32-float runs: one group or run per thread. Register-staged pipeline: a thread issues
- * the global loads of step k + 1 (x raw, W raw or, for the formats whose bytes are unaligned,
- * decoded right away) before the products of step k, and converts and stores them to the one
- * shared buffer after it. The A tile and NT's B tile are [row][k], NN's B tile [k][n] (read with
- * ldmatrix.trans), each padded by 8 bf16 a row so every 8-row phase of an ldmatrix reads 8 distinct
- * 16-byte bank groups. */
+ * each (4 × 4 mma tiles, 64 accumulators a thread), two CTAs an SM. A 64-wide step makes every W
+ * row of an NT tile two whole 32-weight groups (NN: a W row of the step holds four groups of the
+ * tile's 128 columns): one group a thread. Pipeline, one barrier a step: before the products of
+ * step k a thread issues step k + 1's loads (x by cp.async into an f32 staging area, W into
+ * registers: raw, or decoded right away for the formats whose blocks are only 2-byte aligned), and
+ * after them rounds x and decodes W into the other of two shared buffers. The A tile and NT's B
+ * tile are [row][k], NN's B tile [k][n] (read with ldmatrix.trans), each padded by 8 bf16 a row so
+ * every 8-row phase of an ldmatrix reads 8 distinct 16-byte bank groups. */
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -297,16 +297,16 @@ static __device__ __forceinline__ void gm_xstore(const float4 *xf, __nv_bfloat16
     }
 }
 
-/* Dynamic shared memory: the A tile, the B tile, x's staging. */
+/* Dynamic shared memory: two buffers of [A tile | B tile], x's staging. */
 #define GM_A_BYTES (GM_BM * GM_LD * 2)
 #define GM_B_BYTES(nn) ((nn) ? GM_BK * GM_LDN * 2 : GM_BN * GM_LD * 2)
 #define GM_X_BYTES (8 * GM_THREADS * 16)
-#define GM_SMEM(nn) (GM_A_BYTES + GM_B_BYTES(nn) + GM_X_BYTES)
+#define GM_BUF_BYTES(nn) (GM_A_BYTES + GM_B_BYTES(nn))
+#define GM_SMEM(nn) (2 * GM_BUF_BYTES(nn) + GM_X_BYTES)
 
 template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS, 2) grouped_mm_k(gm_params p) {
     extern __shared__ __align__(16) uint8_t gm_smem[];
-    __nv_bfloat16 *const As = (__nv_bfloat16 *)gm_smem, *const Bs = (__nv_bfloat16 *)(gm_smem + GM_A_BYTES);
-    float4 *const xf = (float4 *)(gm_smem + GM_A_BYTES + GM_B_BYTES(NN));
+    float4 *const xf = (float4 *)(gm_smem + 2 * GM_BUF_BYTES(NN));
     __shared__ int cum[LT_MOE_MAX_EXPERTS];
     __shared__ int s_e, s_tile;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -355,7 +355,7 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
      * n0 + 32·bg. */
     const int ar = tid / 2, ah = tid % 2, bk = tid / 4, bg = tid % 4;
     const bool xvec = (p.K % 4) == 0 && !((uintptr_t)p.x & 15);
-    __nv_bfloat16 *const bdst = NN ? Bs + bk * GM_LDN + bg * 32 : Bs + ar * GM_LD + ah * 32;
+    const int boff = NN ? bk * GM_LDN + bg * 32 : ar * GM_LD + ah * 32;
     gm_wst<FMT> ws;
     const auto load = [&](int64_t k0) {
         gm_xload(p, row0, rows, k0, xvec, xf, tid);
@@ -363,12 +363,16 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
         else gm_wload<FMT>(p, wrow0 + k0 + bk, n0 + bg * 32, k0 + bk < p.K, ws);
     };
     load(0);
+    gm_xstore(xf, (__nv_bfloat16 *)gm_smem, tid);
+    gm_wstore<FMT>(ws, (__nv_bfloat16 *)(gm_smem + GM_A_BYTES) + boff);
+    __syncthreads();
+    int buf = 0;
 #pragma unroll 1
-    for (int64_t k0 = 0; k0 < p.K; k0 += GM_BK) {
-        gm_xstore(xf, As, tid);
-        gm_wstore<FMT>(ws, bdst);
-        __syncthreads();
-        if (k0 + GM_BK < p.K) load(k0 + GM_BK); /* in flight during this step's products */
+    for (int64_t k0 = 0; k0 < p.K; k0 += GM_BK, buf ^= 1) {
+        const __nv_bfloat16 *const As = (const __nv_bfloat16 *)(gm_smem + buf * GM_BUF_BYTES(NN)),
+                                   *const Bs = As + GM_BM * GM_LD;
+        const bool next = k0 + GM_BK < p.K;
+        if (next) load(k0 + GM_BK); /* in flight during this step's products */
 #pragma unroll
         for (int ks = 0; ks < GM_BK / 16; ks++) {
             /* ldmatrix.x4: A's four 8x8 quarters of a 16x16 tile (lane l addresses row l % 16, column
@@ -395,6 +399,11 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) lt_mma16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        }
+        if (next) { /* into the other buffer, whose last readers finished before the previous barrier */
+            __nv_bfloat16 *const An = (__nv_bfloat16 *)(gm_smem + (buf ^ 1) * GM_BUF_BYTES(NN));
+            gm_xstore(xf, An, tid);
+            gm_wstore<FMT>(ws, An + GM_BM * GM_LD + boff);
         }
         __syncthreads();
     }
@@ -428,12 +437,17 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
         }
 }
 
-/* Raises the instantiation's dynamic shared-memory limit (no stream work: capturable) and queues it. */
+/* Raises the instantiation's dynamic shared-memory limit and carveout (no stream work: capturable;
+ * two CTAs of ~107 KB fit an SM) and queues it. */
 template <int FMT, bool NN> static void gm_run(lt_ctx *ctx, const gm_params &p, dim3 grid, cudaStream_t s) {
     lt_cuda_check_abort(ctx,
                         cudaFuncSetAttribute(grouped_mm_k<FMT, NN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              GM_SMEM(NN)),
                         "grouped_matmul shared memory");
+    lt_cuda_check_abort(ctx,
+                        cudaFuncSetAttribute(grouped_mm_k<FMT, NN>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared),
+                        "grouped_matmul shared memory carveout");
     grouped_mm_k<FMT, NN><<<grid, GM_THREADS, GM_SMEM(NN), s>>>(p);
 }
 
