@@ -28,10 +28,11 @@
 #define GM_THREADS 256
 
 /* Weight formats by how a 32-weight group is loaded and decoded, each its own instantiation:
- * bf16 and f16; f32; Q8_0 and Q4_0 (2-byte aligned blocks, staged as raw halfwords); Q4_1 / INT4_G64;
+ * bf16 with 16-byte aligned rows and `in` a multiple of 32 (copied by cp.async straight into the
+ * B tile, as x is into its staging); other bf16 and f16; f32; Q8_0 and Q4_0 (2-byte aligned blocks, staged as raw halfwords); Q4_1 / INT4_G64;
  * the other 32-weight and super-block formats (decoded at load, the dtype switch per group);
  * Q4_K / Q5_K (16-byte aligned super-blocks staged raw, scales decoded once a group) and Q6_K. */
-enum { GM_PLAIN = 0, GM_Q8_0, GM_Q4_0, GM_B32, GM_EXT, GM_Q4K, GM_Q5K, GM_Q6K, GM_F32 };
+enum { GM_PLAIN = 0, GM_Q8_0, GM_Q4_0, GM_B32, GM_EXT, GM_Q4K, GM_Q5K, GM_Q6K, GM_F32, GM_BF16 };
 
 typedef struct gm_params {
     const uint8_t *w;
@@ -357,14 +358,26 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
     const bool xvec = (p.K % 4) == 0 && !((uintptr_t)p.x & 15);
     const int boff = NN ? bk * GM_LDN + bg * 32 : ar * GM_LD + ah * 32;
     gm_wst<FMT> ws;
-    const auto load = [&](int64_t k0) {
-        gm_xload(p, row0, rows, k0, xvec, xf, tid);
-        if (!NN) gm_wload<FMT>(p, wrow0 + n0 + ar, k0 + ah * 32, n0 + ar < p.N, ws);
-        else gm_wload<FMT>(p, wrow0 + k0 + bk, n0 + bg * 32, k0 + bk < p.K, ws);
+    /* Step k0's loads; GM_BF16's W goes straight into buffer nb's B tile. */
+    const auto load = [&](int64_t k0, int nb) {
+        if constexpr (FMT == GM_BF16) {
+            const int64_t row = NN ? wrow0 + k0 + bk : wrow0 + n0 + ar, c0 = NN ? n0 + bg * 32 : k0 + ah * 32;
+            const bool in = (NN ? k0 + bk < p.K : n0 + ar < p.N) && c0 < p.in;
+            __nv_bfloat16 *const d = (__nv_bfloat16 *)(gm_smem + nb * GM_BUF_BYTES(NN) + GM_A_BYTES) + boff;
+            const uint8_t *src = in ? p.w + (size_t)row * p.row_bytes + c0 * 2 : p.w;
+#pragma unroll
+            for (int q = 0; q < 4; q++) lt_cp_async16(d + 8 * q, in ? src + 16 * q : src, in ? 16 : 0);
+            gm_xload(p, row0, rows, k0, xvec, xf, tid); /* commits W's copies with x's */
+        } else {
+            (void)nb;
+            gm_xload(p, row0, rows, k0, xvec, xf, tid);
+            if (!NN) gm_wload<FMT>(p, wrow0 + n0 + ar, k0 + ah * 32, n0 + ar < p.N, ws);
+            else gm_wload<FMT>(p, wrow0 + k0 + bk, n0 + bg * 32, k0 + bk < p.K, ws);
+        }
     };
-    load(0);
+    load(0, 0);
     gm_xstore(xf, (__nv_bfloat16 *)gm_smem, tid);
-    gm_wstore<FMT>(ws, (__nv_bfloat16 *)(gm_smem + GM_A_BYTES) + boff);
+    if constexpr (FMT != GM_BF16) gm_wstore<FMT>(ws, (__nv_bfloat16 *)(gm_smem + GM_A_BYTES) + boff);
     __syncthreads();
     int buf = 0;
 #pragma unroll 1
@@ -372,7 +385,7 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
         const __nv_bfloat16 *const As = (const __nv_bfloat16 *)(gm_smem + buf * GM_BUF_BYTES(NN)),
                                    *const Bs = As + GM_BM * GM_LD;
         const bool next = k0 + GM_BK < p.K;
-        if (next) load(k0 + GM_BK); /* in flight during this step's products */
+        if (next) load(k0 + GM_BK, buf ^ 1); /* in flight during this step's products */
 #pragma unroll
         for (int ks = 0; ks < GM_BK / 16; ks++) {
             /* ldmatrix.x4: A's four 8x8 quarters of a 16x16 tile (lane l addresses row l % 16, column
@@ -402,8 +415,8 @@ template <int FMT, bool NN> static __global__ void __launch_bounds__(GM_THREADS,
         }
         if (next) { /* into the other buffer, whose last readers finished before the previous barrier */
             __nv_bfloat16 *const An = (__nv_bfloat16 *)(gm_smem + (buf ^ 1) * GM_BUF_BYTES(NN));
-            gm_xstore(xf, An, tid);
-            gm_wstore<FMT>(ws, An + GM_BM * GM_LD + boff);
+            gm_xstore(xf, An, tid); /* waits for all of this thread's copies */
+            if constexpr (FMT != GM_BF16) gm_wstore<FMT>(ws, An + GM_BM * GM_LD + boff);
         }
         __syncthreads();
     }
@@ -456,6 +469,9 @@ template <bool NN> static void gm_launch(lt_ctx *ctx, const gm_params &p, dim3 g
     switch (p.dt) {
     case LT_DTYPE_F32: gm_run<GM_F32, NN>(ctx, p, grid, s); break;
     case LT_DTYPE_BF16:
+        if (p.wvec && p.in % 32 == 0) gm_run<GM_BF16, NN>(ctx, p, grid, s);
+        else gm_run<GM_PLAIN, NN>(ctx, p, grid, s);
+        break;
     case LT_DTYPE_F16: gm_run<GM_PLAIN, NN>(ctx, p, grid, s); break;
     case LT_DTYPE_Q8_0: gm_run<GM_Q8_0, NN>(ctx, p, grid, s); break;
     case LT_DTYPE_Q4_0: gm_run<GM_Q4_0, NN>(ctx, p, grid, s); break;
