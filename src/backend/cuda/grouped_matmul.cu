@@ -15,11 +15,12 @@
  * each (4 × 4 mma tiles, 64 accumulators a thread), two CTAs an SM. A 64-wide step makes every W
  * row of an NT tile two whole 32-weight groups (NN: a W row of the step holds four groups of the
  * tile's 128 columns): one group a thread. Pipeline, one barrier a step: before the products of
- * step k a thread issues step k + 1's loads (x by cp.async into an f32 staging area, W into
- * registers: raw, or decoded right away for the formats whose blocks are only 2-byte aligned), and
- * after them rounds x and decodes W into the other of two shared buffers. The A tile and NT's B
- * tile are [row][k], NN's B tile [k][n] (read with ldmatrix.trans), each padded by 8 bf16 a row so
- * every 8-row phase of an ldmatrix reads 8 distinct 16-byte bank groups. */
+ * step k a thread issues step k + 1's loads (x by cp.async into an f32 staging area; aligned bf16
+ * W by cp.async into the next B tile, other W into registers: raw, or decoded right away for the
+ * formats staged that way), and after them rounds x and decodes W into the other of two shared
+ * buffers. The A tile and NT's B tile are [row][k], NN's B tile [k][n] (read with
+ * ldmatrix.trans), each padded by 8 bf16 a row so every 8-row phase of an ldmatrix reads 8
+ * distinct 16-byte bank groups. */
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -29,9 +30,10 @@
 
 /* Weight formats by how a 32-weight group is loaded and decoded, each its own instantiation:
  * bf16 with 16-byte aligned rows and `in` a multiple of 32 (copied by cp.async straight into the
- * B tile, as x is into its staging); other bf16 and f16; f32; Q8_0 and Q4_0 (2-byte aligned blocks, staged as raw halfwords); Q4_1 / INT4_G64;
- * the other 32-weight and super-block formats (decoded at load, the dtype switch per group);
- * Q4_K / Q5_K (16-byte aligned super-blocks staged raw, scales decoded once a group) and Q6_K. */
+ * B tile, as x is into its staging); other bf16 and f16; f32; Q8_0 and Q4_0 (2-byte aligned
+ * blocks, staged as raw halfwords); Q4_1 / INT4_G64; the other 32-weight and super-block formats
+ * (decoded at load, the dtype switch per group); Q4_K / Q5_K (16-byte aligned super-blocks staged
+ * raw, scales decoded once a group) and Q6_K (decoded at load, scales once a group). */
 enum { GM_PLAIN = 0, GM_Q8_0, GM_Q4_0, GM_B32, GM_EXT, GM_Q4K, GM_Q5K, GM_Q6K, GM_F32, GM_BF16 };
 
 typedef struct gm_params {
