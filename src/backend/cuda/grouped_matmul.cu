@@ -52,6 +52,12 @@ typedef struct gm_params {
 
 static __device__ __forceinline__ float gm_h2f(unsigned short h) { return __half2float(__ushort_as_half(h)); }
 
+/* (float)q − bias for 0 <= q < 2^22 and integer bias: 2^23 + q built from its bits, then one exact
+ * subtraction (no integer-to-float conversion, a quarter-rate instruction). */
+static __device__ __forceinline__ float gm_q2f(uint32_t q, float bias) {
+    return __fsub_rn(__uint_as_float(0x4b000000u | q), 8388608.0f + bias);
+}
+
 /* A W group staged between its load and its shared-memory store. */
 template <int FMT> struct gm_wst {
     uint32_t w[16]; /* 32 weights as packed bf16 (f16: the raw halves when f16raw) */
@@ -181,7 +187,7 @@ static __device__ __forceinline__ void gm_wload(const gm_params &p, int64_t row,
                 for (int u = 0; u < 2; u++) {
                     const int l = 2 * i + u;
                     const int q = (((a >> (8 * u)) >> ls) & 0xf) | ((((c >> (8 * u)) >> hs) & 3) << 4);
-                    v[l] = __fmul_rn(l < 16 ? dl0 : dl1, (float)(q - 32));
+                    v[l] = __fmul_rn(l < 16 ? dl0 : dl1, gm_q2f((uint32_t)q, 32.0f));
                 }
             }
         } else { /* GM_EXT: each dtype its own constant-folded decoder */
@@ -206,7 +212,8 @@ template <int FMT> static __device__ __forceinline__ void gm_wstore(const gm_wst
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             const unsigned short h = s.h[1 + i];
-            w[i] = lt_pack_bf16(__fmul_rn((float)(int8_t)(h & 0xff), d), __fmul_rn((float)(int8_t)(h >> 8), d));
+            w[i] = lt_pack_bf16(__fmul_rn(gm_q2f((h & 0xffu) ^ 0x80u, 128.0f), d),
+                                __fmul_rn(gm_q2f((uint32_t)(h >> 8) ^ 0x80u, 128.0f), d));
         }
         if (!s.ok) gm_zero32(w);
     } else if constexpr (FMT == GM_Q4_0) {
@@ -215,8 +222,8 @@ template <int FMT> static __device__ __forceinline__ void gm_wstore(const gm_wst
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             const int q = (s.h[1 + i / 2] >> (8 * (i & 1))) & 0xff;
-            v[i] = __fmul_rn((float)((q & 0xf) - 8), d);
-            v[i + 16] = __fmul_rn((float)((q >> 4) - 8), d);
+            v[i] = __fmul_rn(gm_q2f((uint32_t)q & 0xfu, 8.0f), d);
+            v[i + 16] = __fmul_rn(gm_q2f((uint32_t)q >> 4, 8.0f), d);
         }
         gm_pack32(w, v);
         if (!s.ok) gm_zero32(w);
@@ -243,7 +250,7 @@ template <int FMT> static __device__ __forceinline__ void gm_wstore(const gm_wst
                 if constexpr (FMT == GM_Q5K) {
                     q |= (int)(((gm_word(s.qh[l >> 4], (l >> 2) & 3) >> (8 * (l & 3) + j)) & 1u) << 4);
                 }
-                v[l] = lt_dq_mul_sub(dl, (float)q, ml);
+                v[l] = lt_dq_mul_sub(dl, gm_q2f((uint32_t)q, 0.0f), ml);
             }
             gm_pack32(w, v);
         }
