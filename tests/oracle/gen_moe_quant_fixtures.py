@@ -20,7 +20,7 @@ from gguf import quants
 import argparse
 
 V, C, F, L, H, HKV, E, K = 48, 64, 32, 2, 2, 1, 4, 2
-VARIANTS = {"quant": dict(D=32, seed=4242), "quant_hd64": dict(D=64, seed=4344)}
+VARIANTS = {"quant": dict(D=32, seed=4242), "quant_hd64": dict(D=64, seed=4345)}
 
 
 def main():
