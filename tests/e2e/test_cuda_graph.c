@@ -311,7 +311,7 @@ static void moe_run_steps(int enable, const float *init, uint64_t seed, double *
     lt_step_optim so = {params, grads, mm, vv, n, 0.05};
     lt_step_graph *g = NULL;
     assert_int_equal(lt_step_graph_init(ctx, m, &so, 2, MOE_T, enable, &g), LT_OK);
-    const int64_t V = lt_model_get_config(m)->V;
+    const int64_t vocab = lt_model_get_config(m)->V;
     for (int k = 0; k < MOE_STEPS; k++) {
         int32_t tok[2 * MOE_T], tgt[2 * MOE_T], pos[2 * MOE_T], offs[2 * 3], rs[2] = {2, k < 4 ? 2 : 1};
         uint64_t r = seed + (uint64_t)k;
@@ -320,10 +320,10 @@ static void moe_run_steps(int enable, const float *init, uint64_t seed, double *
             offs[row * 3] = 0, offs[row * 3 + 1] = cut, offs[row * 3 + 2] = MOE_T;
             for (int32_t i = 0; i < MOE_T; i++) {
                 int64_t j = row * MOE_T + i;
-                tok[j] = (int32_t)(lt_test_rand_u64(&r) % (uint64_t)V);
+                tok[j] = (int32_t)(lt_test_rand_u64(&r) % (uint64_t)vocab);
                 pos[j] = i < cut ? i : i - cut;
-                tgt[j] =
-                    i + 1 == cut || i + 1 == MOE_T ? LT_IGNORE_INDEX : (int32_t)(lt_test_rand_u64(&r) % (uint64_t)V);
+                tgt[j] = i + 1 == cut || i + 1 == MOE_T ? LT_IGNORE_INDEX
+                                                        : (int32_t)(lt_test_rand_u64(&r) % (uint64_t)vocab);
             }
         }
         lt_model_batch b;
