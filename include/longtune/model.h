@@ -474,8 +474,8 @@ LT_API lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_mo
  * inputs into the model's pinned staging block (no device work; the captured step's copy reads
  * them), with res->n_tokens set. Only between steps (the previous step's loss has been read).
  * lt_model_read_loss then reads the summed loss the step left on the device into res->loss_sum
- * (waits for the queued work). Device models only. Errors: as lt_model_forward_backward;
- * LT_ERR_INVALID_ARG on a host model. */
+ * and an MoE model's aux loss into res->aux_loss (one wait for the queued work). Device models
+ * only. Errors: as lt_model_forward_backward; LT_ERR_INVALID_ARG on a host model. */
 LT_API lt_status lt_model_stage_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, float grad_scale,
                                       lt_model_result *res);
 LT_API lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res);

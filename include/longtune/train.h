@@ -262,6 +262,9 @@ typedef struct lt_metrics_record {
                                 0 (left out) without a curriculum */
     int stage;
     int train_loss_measured; /* train_loss is this window's measured loss, finite or not */
+    double aux_loss;         /* MoE models with the router's load-balancing loss: the window's mean
+                                aux loss (unweighted, beside the cross entropy train_loss); written
+                                when > 0, 0 leaves it out */
 } lt_metrics_record;
 
 typedef struct lt_metrics lt_metrics;

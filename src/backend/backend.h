@@ -242,11 +242,14 @@ typedef struct lt_backend {
     void (*moe_route)(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                       float *w, float *stats);
     /* The routing's backward with the choice held: dlogits (n, E) = ∂/∂logits of Σ_{t,j} dw[t,j]·w[t,j]
-     * (through the normalisation when norm_topk and the softmax) plus, when dp is non-NULL, of
-     * Σ_{t,e} dp[e]·p[t, e] (dp (E) host memory: the load-balancing loss's gradient per
-     * probability, the same for every token). Overwrites dlogits. */
+     * (through the normalisation when norm_topk and the softmax) plus, when stats is non-NULL, of
+     * Σ_{t,e} dp[e]·p[t, e] with dp[e] = scale[0]·stats[e] (f32 products): the load-balancing
+     * loss's gradient per probability, the same for every token, from moe_route's accumulated
+     * statistics (2, E) (row 0, the counts, is read) and one f32 scale (coef·E/M² times the loss's
+     * upstream gradient), both in the backend's memory and read by the op itself, so nothing
+     * waits for the device and a captured graph reads each step's values. Overwrites dlogits. */
     void (*moe_route_bwd)(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
-                          int64_t k, int norm_topk, const float *dp, float *dlogits);
+                          int64_t k, int norm_topk, const float *stats, const float *scale, float *dlogits);
     /* Groups the assignments by expert: off (E + 1) int32, off[0] = 0, off[E] = nk, expert e's
      * grouped rows [off[e], off[e + 1]); rows (nk) int32 the assignment at each grouped row
      * (increasing within an expert: deterministic); slot (nk) int32 its inverse (the grouped row of

@@ -324,9 +324,10 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
     static void P##_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n,    \
-                                  int64_t E, int64_t k, int norm_topk, const float *dp, float *dlogits) {              \
+                                  int64_t E, int64_t k, int norm_topk, const float *stats, const float *scale,         \
+                                  float *dlogits) {                                                                    \
         int h = lt_prof_begin(DEV, LT_PROF_MOE_ROUTE);                                                                 \
-        (REAL).moe_route_bwd(ctx, logits, idx, dw, n, E, k, norm_topk, dp, dlogits);                                   \
+        (REAL).moe_route_bwd(ctx, logits, idx, dw, n, E, k, norm_topk, stats, scale, dlogits);                         \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
     static void P##_moe_sort(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off,           \

@@ -233,7 +233,9 @@ typedef struct lt_layout {
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss
-     * the loss kernel writes, [1] the upstream gradient dloss it reads; then the packed rows'
+     * the loss kernel writes, [1] the upstream gradient dloss it reads, [2] the MoE load-balancing
+     * gradient's scale moe_route_bwd reads, [3] Σ_e count_e·Σp_e of the router statistics the step
+     * writes (the aux loss before its E/M²); then the packed rows'
      * sequence offsets (B·(S+1) int32 used of B·(T+1)), which attention reads on the device. */
     size_t inputs, in_bytes, in_tokens, in_targets, in_pos, in_scalars, in_offs;
     /* Workspace. Whole-batch (training only): dx (N, C) the residual gradient (also where the
@@ -335,6 +337,7 @@ struct lt_model {
     size_t block_bytes[LT_MEM_CLASS_COUNT_];
     float *lora_params, *lora_grads;
     uint8_t *host_inputs;       /* device runs: host staging of the inputs piece (lay.in_bytes) */
+    double moe_aux_norm;        /* the last checked batch's E/M² (MoE aux loss = it · scalars[3]) */
     uint8_t *host_inputs_block; /* the lt_alloc block (host_inputs_bytes) holding it on whole pages of
                                    its own: pinned by the backend (host_register), a range must not
                                    share a page with another pinned range */

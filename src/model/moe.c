@@ -309,7 +309,8 @@ static void shared_bwd(const moe_run *x, const lt_layer *L, const float *h, cons
     be->swiglu_bwd(x->ctx, wsf(x, o->sa), wsf(x, o->sg), wsf(x, o->su), n * S, wsf(x, o->sdg), wsf(x, o->sdu));
     be->matmul(x->ctx, LT_MATMUL_NN, &L->shared[0], wsf(x, o->sdg), n, 1.0f, dh, x->mm_ws);
     be->matmul(x->ctx, LT_MATMUL_NN, &L->shared[1], wsf(x, o->sdu), n, 1.0f, dh, x->mm_ws);
-    be->moe_route_bwd(x->ctx, wsf(x, o->slogits), (int32_t *)wsf(x, o->sidx), wsf(x, o->sdw), n, 2, 2, 0, NULL, sdl);
+    be->moe_route_bwd(x->ctx, wsf(x, o->slogits), (int32_t *)wsf(x, o->sidx), wsf(x, o->sdw), n, 2, 2, 0, NULL, NULL,
+                      sdl);
     /* the gate logit is column 0 of (n, 2) */
     be->gemm(x->ctx, 0, 0, n, C, 1, 1.0f, sdl, 2, (const float *)L->shared_gate.data, C, 1.0f, dh, C);
 }
@@ -360,7 +361,7 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
             int real = 0;
             int64_t e = s->moe_has_dp ? token_run(s, r0 + t0 + t, r0 + t0 + m, &real) - (r0 + t0) : m;
             be->moe_route_bwd(s->ctx, b.logits + t * E, b.idx + t * k, b.dw + t * k, e - t, E, k, c->moe_norm_topk,
-                              s->moe_has_dp && real ? s->moe_dp : NULL, b.dlogits + t * E);
+                              s->moe_has_dp && real ? b.stats : NULL, s->moe_scale, b.dlogits + t * E);
             t = e;
         }
         be->gemm(s->ctx, 0, 0, m, C, E, 1.0f, b.dlogits, E, (const float *)L->router.data, C, 1.0f, dh + t0 * C, C);
@@ -370,8 +371,9 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
 
 /* ---- the load-balancing loss over the whole forward ---- */
 
-lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b) {
+lt_status lt_step_moe_check(lt_step *s, const lt_model_batch *b) {
     const lt_moe_layout *o = &s->m->lay.moe;
+    const lt_model_config *c = &s->m->cfg;
     s->real_seqs = s->seq_offsets ? b->real_seqs : NULL;
     s->n_real = s->N;
     if (s->real_seqs) {
@@ -383,32 +385,38 @@ lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b) {
             s->n_real += s->seq_offsets[r * (s->S + 1) + s->real_seqs[r]];
         }
     }
-    s->moe_collect = o->stats != 0;
-    s->moe_has_dp = 0;
-    if (o->stats) s->be->zero(s->ctx, lt_step_ws(s, o->stats), (size_t)(2 * s->m->cfg.n_experts) * sizeof(float));
+    /* transformers' load_balancing_loss_func over every MoE layer's tokens together: aux =
+     * E/M²·Σ_e count_e·Σ_t p[t, e]; ∂(w·aux)/∂p[t, e] = w·E·count_e/M² with the loss's own weight
+     * w = coef·dloss·n_tok (coef with the default mean loss) */
+    double M = (double)o->n_layers * (double)s->n_real;
+    s->aux_norm = o->stats && M > 0 ? (double)c->n_experts / (M * M) : 0.0;
+    s->aux_scale = s->train ? (float)((double)c->moe_aux_coef * (double)s->dloss * (double)s->n_tok * s->aux_norm) : 0;
+    s->m->moe_aux_norm = s->aux_norm;
     return LT_OK;
 }
 
-lt_status lt_step_moe_end(lt_step *s, double *aux_out) {
+void lt_step_moe_bind(lt_step *s) {
+    s->moe_scale = s->scalars ? s->scalars + 2 : &s->moe_host[0];
+    s->moe_sum = s->scalars ? s->scalars + 3 : &s->moe_host[1];
+    s->moe_host[0] = s->aux_scale;
+    s->moe_host[1] = 0;
+}
+
+void lt_step_moe_begin(lt_step *s) {
     const lt_moe_layout *o = &s->m->lay.moe;
-    const lt_model_config *c = &s->m->cfg;
-    *aux_out = 0;
+    s->moe_collect = o->stats != 0;
+    s->moe_has_dp = 0;
+    if (o->stats) s->be->zero(s->ctx, lt_step_ws(s, o->stats), (size_t)(2 * s->m->cfg.n_experts) * sizeof(float));
+}
+
+void lt_step_moe_end(lt_step *s) {
+    const lt_moe_layout *o = &s->m->lay.moe;
     s->moe_collect = 0;
-    if (!o->stats) return LT_OK;
-    int64_t E = c->n_experts;
-    float st[2 * LT_MOE_MAX_EXPERTS];
-    LT_TRY(s->be->copy_to_host(s->ctx, st, lt_step_ws(s, o->stats), (size_t)(2 * E) * sizeof(float)));
-    /* transformers' load_balancing_loss_func over every MoE layer's tokens together */
-    double M = (double)o->n_layers * (double)s->n_real, aux = 0;
-    if (M == 0) return LT_OK;
-    for (int64_t e = 0; e < E; e++) aux += ((double)st[e] / M) * ((double)st[E + e] / M);
-    aux *= (double)E;
-    *aux_out = aux;
-    if (!s->train) return LT_OK;
-    /* ∂(scale·aux)/∂p[t, e] = scale·E·count_e/M², the loss's own weight scale = coef·dloss·n_tok
-     * (coef with the default mean loss) */
-    double scale = (double)c->moe_aux_coef * (double)s->dloss * (double)s->n_tok;
-    for (int64_t e = 0; e < E; e++) s->moe_dp[e] = (float)(scale * (double)E * (double)st[e] / (M * M));
-    s->moe_has_dp = scale > 0;
-    return LT_OK;
+    if (!o->stats) return;
+    int64_t E = s->m->cfg.n_experts;
+    const float *st = lt_step_ws(s, o->stats);
+    /* (1, 1) = counts (1, E) · Σp (1, E)ᵀ, fp32 on every backend */
+    s->be->gemm(s->ctx, 0, 1, 1, 1, E, 1.0f, st, E, st + E, E, 0.0f, s->moe_sum, 1);
+    /* the gradient's scale is data (scalars [2]): a captured step reads each batch's */
+    s->moe_has_dp = s->train;
 }

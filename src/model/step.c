@@ -113,7 +113,7 @@ static lt_status stage_inputs(lt_step *s, const lt_model_batch *b, int upload) {
     size_t nb = (size_t)s->N * sizeof(int32_t);
     memcpy(stage + y->in_tokens, b->tokens, nb);
     if (b->targets) memcpy(stage + y->in_targets, b->targets, nb);
-    float scal[4] = {0.0f, s->dloss, 0.0f, 0.0f};
+    float scal[4] = {0.0f, s->dloss, s->aux_scale, 0.0f};
     memcpy(stage + y->in_scalars, scal, sizeof scal);
     if (s->seq_offsets) memcpy(stage + y->in_offs, s->seq_offsets, (size_t)(s->B * (s->S + 1)) * sizeof(int32_t));
     uint8_t *dev = lt_step_blk(s, LT_MEM_TRANSIENTS, y->inputs);
@@ -167,17 +167,24 @@ static lt_status check_batch(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
         m->host_inputs ? (int32_t *)(m->host_inputs + y->in_pos) : (int32_t *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->pos);
     LT_TRY(check_tokens(s, b, pos));
     s->dloss = grad_scale != 0 ? grad_scale : (s->n_tok ? 1.0f / (float)s->n_tok : 0.0f);
+    LT_TRY(lt_step_moe_check(s, b));
     if (m->host_inputs) LT_TRY(stage_inputs(s, b, upload));
+    lt_step_moe_bind(s);
     return prepare_attention(s, upload);
 }
 
-/* Device runs: the loss (and per-token losses) come back to the host once, after the whole step
- * is queued. The one read inside a step. */
+/* Device runs: the loss, the MoE aux loss's sum (and per-token losses) come back to the host once,
+ * after the whole step is queued. The one read inside a step. */
 static lt_status read_loss(const lt_step *s, lt_model_result *res, float *token_loss) {
-    if (!s->scalars || s->defer_loss) return LT_OK;
-    float loss = 0;
-    LT_TRY(s->be->copy_to_host(s->ctx, &loss, s->scalars, sizeof loss));
-    res->loss_sum = loss;
+    if (!s->scalars) {
+        res->aux_loss = lt_step_moe_aux(s->aux_norm, s->moe_host[1]);
+        return LT_OK;
+    }
+    if (s->defer_loss) return LT_OK;
+    float sc[4] = {0, 0, 0, 0};
+    LT_TRY(s->be->copy_to_host(s->ctx, sc, s->scalars, sizeof sc));
+    res->loss_sum = sc[0];
+    res->aux_loss = lt_step_moe_aux(s->aux_norm, sc[3]);
     if (token_loss)
         LT_TRY(s->be->copy_to_host(s->ctx, token_loss, lt_step_blk(s, LT_MEM_TRANSIENTS, s->m->lay.tloss),
                                    (size_t)s->N * sizeof(float)));
@@ -368,16 +375,14 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     s.rc = rc;
     s.slot_has[0] = s.slot_has[1] = -1;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
-    LT_TRY(lt_step_moe_begin(&s, b));
+    lt_step_moe_begin(&s);
     LT_TRY(forward_layers(&s));
-    double aux = 0;
-    LT_TRY(lt_step_moe_end(&s, &aux));
+    lt_step_moe_end(&s);
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
     LT_TRY(backward_layers(&s));
     lt_prof_set_phase(dev, LT_PROF_OTHER);
     LT_TRY(read_loss(&s, &r, token_loss));
-    r.aux_loss = aux;
     if (res) *res = r;
     return LT_OK;
 }
@@ -397,10 +402,10 @@ lt_status lt_model_read_loss(lt_ctx *ctx, lt_model *m, lt_model_result *res) {
     if (!m->host_inputs)
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "model: the loss stays on the device only for a prepared device model");
-    float loss = 0;
-    LT_TRY(
-        m->be->copy_to_host(ctx, &loss, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof loss));
-    res->loss_sum = loss;
+    float sc[4] = {0, 0, 0, 0};
+    LT_TRY(m->be->copy_to_host(ctx, sc, m->block[LT_MEM_TRANSIENTS] + m->lay.inputs + m->lay.in_scalars, sizeof sc));
+    res->loss_sum = sc[0];
+    res->aux_loss = lt_step_moe_aux(m->moe_aux_norm, sc[3]);
     return LT_OK;
 }
 
@@ -413,13 +418,11 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
     lt_step s;
     lt_model_result r = {0, 0, 0};
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
-    LT_TRY(lt_step_moe_begin(&s, b));
+    lt_step_moe_begin(&s);
     LT_TRY(forward_all(&s));
-    double aux = 0;
-    LT_TRY(lt_step_moe_end(&s, &aux));
+    lt_step_moe_end(&s);
     LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
     LT_TRY(read_loss(&s, &r, token_loss));
-    r.aux_loss = aux;
     if (res) *res = r;
     return LT_OK;
 }

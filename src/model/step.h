@@ -17,7 +17,7 @@ typedef struct lt_step {
     const int32_t *seq_offsets_dev; /* device runs: their copy in the inputs piece */
     int64_t n_tok;                  /* non-ignored targets */
     float dloss;                    /* upstream gradient of the summed loss */
-    float *scalars;                 /* device runs: [0] loss, [1] dloss in device memory */
+    float *scalars;                 /* device runs: [0] loss, [1] dloss, [2] aux scale, [3] aux sum (device) */
     int defer_loss;                 /* leave the loss on the device (lt_model_batch.defer_loss) */
     int64_t S;
     /* The batch's attention preparations (kernel path), one per window of the layout's
@@ -32,11 +32,17 @@ typedef struct lt_step {
     int64_t slot_has[2];
     int slot_pending[2];
     /* MoE: the forward accumulates the load-balancing statistics (moe_collect; not in a
-     * recompute), then the backward's routing gradient adds moe_dp (E), host memory. */
+     * recompute), then the backward's routing gradient adds scale·count_e (moe_has_dp), read by
+     * moe_route_bwd from the backend's memory: moe_scale and moe_sum point at scalars [2] and [3]
+     * on a device, at moe_host on the host. aux_scale = coef·E·dloss·n_tok/M² and aux_norm = E/M²
+     * (M = MoE layers × real tokens) are known on the host before the step. */
     int moe_collect, moe_has_dp;
     const int32_t *real_seqs; /* host (lt_model_batch.real_seqs), validated; NULL = all real */
     int64_t n_real;           /* real tokens of the batch */
-    float moe_dp[LT_MOE_MAX_EXPERTS];
+    float aux_scale;
+    double aux_norm;
+    float *moe_scale, *moe_sum;
+    float moe_host[2];
     /* Training: each LoRA layer's place under the recompute policy (lt_model_rc_walk). */
     const lt_rc_place *rc;
 } lt_step;
@@ -137,11 +143,20 @@ lt_status lt_step_layer_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_
 void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, int64_t n, float *y);
 /* dh (n, C) = ∂/∂h given dy (n, C), rerunning the forward from h a chunk at a time. */
 void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh);
-/* Before the forward: validates the batch's real_seqs, zeroes the statistics and starts collecting
- * them (moe_aux_coef > 0). Errors: LT_ERR_INVALID_ARG (real_seqs outside 0..S), named by row. */
-lt_status lt_step_moe_begin(lt_step *s, const lt_model_batch *b);
-/* After the forward: the batch's load-balancing loss into *aux (0 without) and, training, the
- * gradient per probability the routing backward adds. Reads the statistics back (one wait). */
-lt_status lt_step_moe_end(lt_step *s, double *aux);
+/* While the batch is checked, before its inputs are staged: validates real_seqs, counts the real
+ * tokens and sets the aux loss's host factors (aux_scale, aux_norm; m->moe_aux_norm). Errors:
+ * LT_ERR_INVALID_ARG (real_seqs outside 0..S), named by row. */
+lt_status lt_step_moe_check(lt_step *s, const lt_model_batch *b);
+/* Where the aux scale and sum live (scalars [2], [3] on a device, moe_host on the host), once the
+ * inputs are staged; the host's scale is written here. */
+void lt_step_moe_bind(lt_step *s);
+/* Before the forward: zeroes the statistics and starts collecting them (moe_aux_coef > 0). */
+void lt_step_moe_begin(lt_step *s);
+/* After the forward: Σ_e count_e·Σp_e of the statistics into moe_sum on the device (queued, no
+ * wait; the aux loss is it times aux_norm, read with the loss) and, training, the routing
+ * backward's aux gradient switched on. */
+void lt_step_moe_end(lt_step *s);
+/* The batch's load-balancing loss from the sum the step wrote (sum read by the caller). */
+static inline double lt_step_moe_aux(double norm, float sum) { return norm * (double)sum; }
 
 #endif

@@ -73,6 +73,7 @@ lt_status lt_metrics_write(lt_ctx *ctx, lt_metrics *m, const lt_metrics_record *
                           : r->train_loss > 0 ? "inf"
                                               : "-inf");
     else NUM("train_loss", r->train_loss);
+    if (r->aux_loss > 0) NUM("aux_loss", r->aux_loss);
     NUM("val_loss", r->val_loss);
     NUM("learning_rate", r->learning_rate);
     NUM("tokens_per_s", r->tokens_per_s);

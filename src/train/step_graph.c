@@ -14,11 +14,14 @@
 #include "train/step_graph.h"
 
 /* The host values a captured step bakes into kernel arguments: the batch shape, with the packed
- * rows' sequence count (attention's plan depends on it). The offsets themselves, like tokens,
- * targets and positions, reach the kernels through the model's staged inputs. */
+ * rows' sequence count (attention's plan depends on it), and for an MoE model with the router's
+ * load-balancing loss each row's end of real tokens (the routing ops' calls split there, padding
+ * staying out of the statistics). The offsets themselves, like tokens, targets, positions and the
+ * loss's scales, reach the kernels through the model's staged inputs. */
 typedef struct shape_key {
     int64_t B, T, S;
     int valid;
+    int32_t *ends; /* (B rows of the graph's capacity) when the model has the aux loss, else NULL */
 } shape_key;
 
 struct lt_step_graph {
@@ -27,7 +30,7 @@ struct lt_step_graph {
     lt_step_optim o;
     int64_t B, T;
     int32_t *offs; /* the batch's offsets padded to a power-of-two S (B_max·(T_max+1) capacity) */
-    size_t offs_bytes;
+    size_t offs_bytes, ends_bytes;
     shape_key prev, cap; /* the last step's shape; the captured graph's */
     lt_graph *graph;
     lt_step_graph_stats st;
@@ -35,12 +38,26 @@ struct lt_step_graph {
     double grad_norm; /* the last step's (lt_step_graph_grad_norm) */
 };
 
+/* Row r's end of real tokens as the model reads it (T without real_seqs; -1 for a count the model
+ * refuses). */
+static int32_t real_end(const lt_model_batch *b, int64_t r) {
+    if (!b->real_seqs || !b->seq_offsets) return (int32_t)b->T;
+    int32_t n = b->real_seqs[r];
+    return n < 0 || n > b->S ? -1 : b->seq_offsets[r * (b->S + 1) + n];
+}
+
 static int key_equal(const shape_key *k, const lt_model_batch *b) {
-    return k->valid && k->B == b->B && k->T == b->T && k->S == (b->seq_offsets ? b->S : 0);
+    if (!(k->valid && k->B == b->B && k->T == b->T && k->S == (b->seq_offsets ? b->S : 0))) return 0;
+    if (k->ends)
+        for (int64_t r = 0; r < b->B; r++)
+            if (k->ends[r] != real_end(b, r)) return 0;
+    return 1;
 }
 
 static void key_set(shape_key *k, const lt_model_batch *b) {
     k->B = b->B, k->T = b->T, k->S = b->seq_offsets ? b->S : 0;
+    if (k->ends)
+        for (int64_t r = 0; r < b->B; r++) k->ends[r] = real_end(b, r);
     k->valid = 1;
 }
 
@@ -89,6 +106,16 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
     g->B = B, g->T = T;
     g->offs_bytes = (size_t)(B * (T + 1)) * sizeof(int32_t);
     g->offs = lt_alloc(ctx, LT_DEVICE_CPU, g->offs_bytes, "step graph padded offsets");
+    if (g->offs && lt_model_get_config(m)->moe_aux_coef > 0) {
+        g->ends_bytes = (size_t)B * sizeof(int32_t);
+        g->prev.ends = lt_alloc(ctx, LT_DEVICE_CPU, g->ends_bytes, "step graph real-token ends");
+        g->cap.ends = g->prev.ends ? lt_alloc(ctx, LT_DEVICE_CPU, g->ends_bytes, "step graph real-token ends") : NULL;
+        if (!g->cap.ends) {
+            lt_status s = lt_ctx_status(ctx);
+            lt_step_graph_free(ctx, g);
+            return s;
+        }
+    }
     if (g->offs && g->be && g->be->clip_norm)
         g->sumsq = lt_alloc_pinned(ctx, sizeof *g->sumsq, "step graph gradient sum of squares");
     if (!g->offs || (g->be && g->be->clip_norm && !g->sumsq)) {
@@ -107,8 +134,6 @@ lt_status lt_step_graph_init(lt_ctx *ctx, lt_model *m, const lt_step_optim *o, i
         give_up(g, "the op profiler times every op with its own events and waits");
     } else if (lt_model_get_lora(m)->dropout > 0) {
         give_up(g, "LoRA dropout draws its masks from a per-step seed passed to the kernels by value");
-    } else if (lt_model_get_config(m)->moe_aux_coef > 0) {
-        give_up(g, "the MoE router's load-balancing loss reads its statistics back on the host mid-step");
     }
     *out = g;
     return LT_OK;
@@ -118,6 +143,8 @@ void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g) {
     if (!g) return;
     if (g->graph) g->be->graph_free(g->graph);
     if (g->offs) lt_free(ctx, LT_DEVICE_CPU, g->offs, g->offs_bytes);
+    if (g->prev.ends) lt_free(ctx, LT_DEVICE_CPU, g->prev.ends, g->ends_bytes);
+    if (g->cap.ends) lt_free(ctx, LT_DEVICE_CPU, g->cap.ends, g->ends_bytes);
     if (g->sumsq) lt_free_pinned(ctx, g->sumsq, sizeof *g->sumsq);
     lt_free(ctx, LT_DEVICE_CPU, g, sizeof *g);
 }

@@ -40,11 +40,13 @@ void lt_step_graph_free(lt_ctx *ctx, lt_step_graph *g);
 /* One step on batch b (host arrays; grad_scale as lt_model_forward_backward's) with AdamW's hp.
  * Packed rows' offsets are padded with empty sequences to a power-of-two S first (the same
  * tokens; attention reads the offsets from device memory, so only S is part of the shape). The
- * first batch of a shape runs eagerly; the same shape (B, T, S) at the next step is captured and
- * launched, and replayed while it lasts; a step that cannot be captured
- * runs eagerly and capture stays off for the rest of the run (the log says why, once). Either
- * way the results are bit-identical, and the only wait is the loss read at the end: res gets the
- * summed loss and trained-token count. Errors: as lt_model_forward_backward, LT_ERR_CUDA. */
+ * first batch of a shape runs eagerly; the same shape (B, T, S; for an MoE model with the router's
+ * load-balancing loss also each row's end of real tokens, real_seqs) at the next step is captured
+ * and launched, and replayed while it lasts; a step that cannot be captured runs eagerly and
+ * capture stays off for the rest of the run (the log says why, once). Either way the results are
+ * bit-identical, and the only wait is the loss read at the end: res gets the summed loss, the aux
+ * loss of an MoE model and the trained-token count. Errors: as lt_model_forward_backward,
+ * LT_ERR_CUDA. */
 lt_status lt_step_graph_run(lt_ctx *ctx, lt_step_graph *g, const lt_model_batch *b, float grad_scale,
                             const lt_adamw_params *hp, lt_model_result *res);
 

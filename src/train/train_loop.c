@@ -93,11 +93,13 @@ static lt_status graph_step(lt_trainer *t, double *loss, int64_t *tokens, int64_
     LT_TRY(lt_trainer_next_batch(t, &b, &ntok, &nreal));
     lt_adamw_params hp = adamw_params(t);
     double l = 0;
+    t->step_aux = 0;
     if (ntok) {
         b.step = (uint64_t)(t->st.step * t->o->grad_accum);
         lt_model_result r;
         LT_TRY(lt_step_graph_run(t->ctx, t->sg, &b, (float)(1.0 / (double)ntok), &hp, &r));
         l = r.loss_sum / (double)ntok;
+        t->step_aux = r.aux_loss;
         /* AdamW ran inside the graph: a non-finite step is caught after it, and its parameters
          * are never saved (the run stops here). The norm came back with the loss (no wait of
          * its own where the backend clips on the device). */
@@ -121,6 +123,9 @@ static lt_status micro_batches(lt_trainer *t, int64_t *tok, int64_t *rtok) {
     double *lsum = t->red;
     int64_t *ntoks = (int64_t *)(lsum + o->grad_accum + 1);
     memset(lsum, 0, t->red_bytes);
+    double aux = 0;
+    int64_t n_aux = 0;
+    t->step_aux = 0;
     for (int64_t k = 0; k < o->grad_accum; k++) {
         lt_model_batch b, lb;
         int64_t ntok = 0, nreal = 0;
@@ -142,7 +147,9 @@ static lt_status micro_batches(lt_trainer *t, int64_t *tok, int64_t *rtok) {
         lt_model_set_grad_ready(t->m, NULL, NULL);
         LT_TRY(s);
         lsum[k] = r.loss_sum;
+        aux += r.aux_loss, n_aux++;
     }
+    if (n_aux) t->step_aux = aux / (double)n_aux; /* this rank's micro-batches */
     return LT_OK;
 }
 
@@ -265,6 +272,7 @@ static int64_t host_peak(const lt_trainer *t) {
 typedef struct window {
     double loss, since;
     int64_t steps, tok;
+    double aux; /* summed MoE aux losses of the steps */
 } window;
 
 /* A stop before the next step: a signal here, one on another rank (the flag was summed over the
@@ -307,6 +315,7 @@ static lt_status first_eval(lt_trainer *t, lt_train_result *res) {
                            host_peak(t),
                            0,
                            0,
+                           0,
                            0};
     if (isfinite(val) && t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     return LT_OK;
@@ -329,7 +338,8 @@ static lt_status report(lt_trainer *t, lt_progress *pg, window *w, double val, d
                            host_peak(t),
                            0,
                            0,
-                           1};
+                           1,
+                           w->aux / (double)w->steps};
     if (t->o->n_stages > 0) {
         r.seq_len = lt_train_seq_len_at(t->o, s - 1);
         for (int k = 0; k < t->o->n_stages; k++)
@@ -337,12 +347,13 @@ static lt_status report(lt_trainer *t, lt_progress *pg, window *w, double val, d
     }
     if (t->metrics) LT_TRY(lt_metrics_write(t->ctx, t->metrics, &r));
     if (isfinite(val)) {
-        char line[160];
-        snprintf(line, sizeof line, "step %lld: train loss %.4f, val loss %.4f", (long long)s,
-                 w->loss / (double)w->steps, val);
+        char line[200], aux[48] = "";
+        if (r.aux_loss > 0) snprintf(aux, sizeof aux, " (aux loss %.4f)", r.aux_loss);
+        snprintf(line, sizeof line, "step %lld: train loss %.4f%s, val loss %.4f", (long long)s,
+                 w->loss / (double)w->steps, aux, val);
         lt_progress_println(pg, line);
     }
-    *w = (window){0, now, 0, 0};
+    *w = (window){0, now, 0, 0, 0};
     return LT_OK;
 }
 
@@ -362,9 +373,10 @@ static lt_status after_step(lt_trainer *t, lt_progress *pg, window *w, double lo
     size_t peak = lt_mem_get_stats(t->ctx, t->dev).peak_bytes;
     double tps = (double)w->tok / (now - w->since > 0 ? now - w->since : 1e-9);
     if (s % o->steps_per_report == 0 || eval_now) LT_TRY(report(t, pg, w, val, lr, tps, now, peak, res));
-    char status[160], pb[32];
-    snprintf(status, sizeof status, "step %lld loss %.3f lr %.2e %.0f tok/s peak %s", (long long)s, loss, lr, tps,
-             fmt_bytes(peak, pb, sizeof pb));
+    char status[200], pb[32], aux[32] = "";
+    if (t->step_aux > 0) snprintf(aux, sizeof aux, " aux %.3f", t->step_aux);
+    snprintf(status, sizeof status, "step %lld loss %.3f%s lr %.2e %.0f tok/s peak %s", (long long)s, loss, aux, lr,
+             tps, fmt_bytes(peak, pb, sizeof pb));
     lt_progress_update(pg, s - res->start_step, status);
     if (s % o->save_every == 0 || s == o->iters) LT_TRY(save(t));
     return LT_OK;
@@ -419,7 +431,8 @@ static lt_status diverged(lt_trainer *t, lt_progress *pg, int64_t step, double l
                            host_peak(t),
                            lt_train_seq_len_at(t->o, step - 1),
                            0,
-                           1};
+                           1,
+                           t->step_aux};
     if (t->o->n_stages == 0) r.seq_len = 0;
     for (int k = 0; k < t->o->n_stages; k++)
         if (step - 1 >= t->o->stage_step[k]) r.stage = k + 1;
@@ -456,7 +469,7 @@ static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res) {
     if (t->st.step == 0) LT_TRY(first_eval(t, res));
     lt_progress pg;
     lt_progress_begin(&pg, progress, "train", o->iters - t->st.step);
-    window w = {0, lt_time_now(), 0, 0};
+    window w = {0, lt_time_now(), 0, 0, 0};
     while (t->st.step < o->iters) {
         int sig = stop_reason(t, res);
         if (sig) return stop(t, &pg, sig, res);
@@ -470,6 +483,7 @@ static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res) {
         res->last_train_loss = loss;
         w.loss += loss;
         w.tok += real;
+        w.aux += t->step_aux;
         w.steps++;
         LT_TRY(after_step(t, &pg, &w, loss, lr, res));
     }

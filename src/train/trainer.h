@@ -59,6 +59,7 @@ typedef struct lt_trainer {
     int64_t saved_step;       /* the step of the checkpoint and adapter on disk (-1: none) */
     const char *bad_what;     /* set by a step whose loss or gradient norm is not finite */
     double bad_value;
+    double step_aux; /* the last step's MoE load-balancing loss (mean over its micro-batches), 0 without */
 } lt_trainer;
 
 /* ---- train_setup.c ---- */

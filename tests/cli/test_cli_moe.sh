@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # `longtune plan` on the tiny Mixtral and Qwen3-MoE fixtures: --moe-chunk-tokens N (flag and
 # options-file key) shrinks the planned workspace, a bad value exits 2, the default targets are the
-# attention's, LoRA on an MoE layer's experts is refused naming the layer.
+# attention's, LoRA on an MoE layer's experts is refused naming the layer. `longtune train` on the
+# Qwen3-MoE fixture (its vocabulary widened to the bpe-nfc tokenizer's 1200 ids) reports the
+# router's load-balancing loss as aux_loss beside train_loss in metrics.jsonl and on the loss line;
+# a dense model's records have none.
 set -u
 bin="$1"
 src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -38,4 +41,62 @@ done
 "$bin" plan --model "$src/tests/fixtures/moe/mixtral" --lora-targets q,up --budget 1G >/dev/null 2>"$tmp/err"
 rc=$?
 [ $rc -ne 0 ] && grep -q "layer 0 is a mixture-of-experts layer" "$tmp/err" || say "LoRA on experts: rc=$rc $(cat "$tmp/err")"
+# training: the aux loss beside the cross entropy
+python3 - "$src/tests/fixtures/moe/qwen3moe" "$tmp/moe" <<'PY' || say "widening the fixture's vocabulary"
+import json, os, shutil, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+V = 1200
+os.makedirs(out)
+c = json.load(open(os.path.join(src, "config.json")))
+v0 = c["vocab_size"]
+c["vocab_size"] = V
+json.dump(c, open(os.path.join(out, "config.json"), "w"))
+b = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+hdr = json.loads(b[8:8 + n])
+hdr.pop("__metadata__", None)
+tensors = {}
+for k, e in hdr.items():
+    a, z = e["data_offsets"]
+    data = b[8 + n + a:8 + n + z]
+    if k in ("model.embed_tokens.weight", "lm_head.weight"):  # rows repeated up to V
+        row = len(data) // v0
+        data = b"".join(data[(i % v0) * row:(i % v0 + 1) * row] for i in range(V))
+        e["shape"] = [V, e["shape"][1]]
+    tensors[k] = (e, data)
+off, h = 0, {}
+for k, (e, data) in tensors.items():
+    h[k] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [off, off + len(data)]}
+    off += len(data)
+hj = json.dumps(h).encode()
+hj += b" " * (-len(hj) % 8)
+with open(os.path.join(out, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(hj)) + hj)
+    for k, (e, data) in tensors.items():
+        f.write(data)
+tok = os.path.join(src, "..", "..", "tokenizer", "bpe-nfc")
+for fn in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(tok, fn), os.path.join(out, fn))
+PY
+mkdir -p "$tmp/data"
+for i in $(seq 1 8); do echo "{\"text\": \"record $i: the quick brown fox jumps\"}"; done >"$tmp/data/train.jsonl"
+cp "$tmp/data/train.jsonl" "$tmp/data/valid.jsonl"
+tr=(--data "$tmp/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 2 --steps-per-report 1
+  --steps-per-eval 2)
+"$bin" train --model "$tmp/moe" "${tr[@]}" --adapter-path "$tmp/ad" >"$tmp/train.out" 2>&1 ||
+  say "train on the MoE model: $(tail -3 "$tmp/train.out")"
+python3 - "$tmp/ad/metrics.jsonl" <<'PY' || say "metrics.jsonl: $(cat "$tmp/ad/metrics.jsonl")"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in recs if r["step"] > 0]
+assert len(steps) == 2, recs
+for r in steps:  # E * sum f*P: k = 2 when balanced, E * k = 16 at most
+    assert 1.0 < r["aux_loss"] < 16.0 and r["train_loss"] > 0, r
+PY
+grep -qE "step 2: train loss [0-9.]+ \(aux loss [0-9.]+\), val loss" "$tmp/train.out" ||
+  say "the loss line lacks the aux loss: $(grep 'step 2' "$tmp/train.out")"
+python3 "$src/tests/cli/tiny_model.py" "$tmp/dense" >/dev/null || say "tiny dense model"
+"$bin" train --model "$tmp/dense" "${tr[@]}" --adapter-path "$tmp/ad_dense" >"$tmp/dense.out" 2>&1 ||
+  say "train on the dense model: $(tail -3 "$tmp/dense.out")"
+grep -q aux_loss "$tmp/ad_dense/metrics.jsonl" && say "a dense model's metrics report an aux loss"
 exit $fail

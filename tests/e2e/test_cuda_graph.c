@@ -6,7 +6,8 @@
  * the device after the first step; the trainer with --cuda-graph on and off trains the same
  * adapter to the bit (packed rows). The attention backward runs its dQ pass without atomics (an
  * lt_attn_cuda_tuning override of dq = LT_ATTN_DQ_SEP) and the tiny model has two query heads per
- * key head, so even eager runs repeat to the bit. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
+ * key head, so even eager runs repeat to the bit. A mixture-of-experts model with the router's
+ * load-balancing loss is captured and replayed the same way. Without a CUDA build or device it prints "skipped: no CUDA device" and exits
  * 77. */
 #include <math.h>
 #include <setjmp.h>
@@ -274,6 +275,120 @@ static void shape_change_falls_back(void **state) {
     assert_int_equal(s.replays, 3);
 }
 
+/* A mixture-of-experts model with the router's load-balancing loss (tests/fixtures/moe/
+ * qwen3moe_hd64: Qwen3-MoE, head dim 64, a dense layer between two MoE layers) is captured too:
+ * its aux gradient's scale and its aux loss travel as data, so replayed steps give the eager
+ * steps' losses, aux losses, LoRA parameters and moments to the bit. Rows of 12 tokens, two
+ * documents each cut afresh per step; steps 0-3 count every token, steps 4-6 leave row 1's second
+ * document (from token 7 on) out of the statistics as padding (real_seqs), a new key: eager,
+ * capture, replay, replay, eager, capture, replay. */
+enum { MOE_T = 12, MOE_STEPS = 7 };
+
+static void moe_run_steps(int enable, const float *init, uint64_t seed, double *loss, double *aux, float **state_out,
+                          lt_step_graph_stats *stats) {
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/moe/qwen3moe_hd64", lt_test_source_dir());
+    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_lora_options lo = {0};
+    lo.rank = 4, lo.alpha = 8, lo.seed = 3;
+    lt_model *m = NULL;
+    lt_status st = lt_model_load(ctx, dir, &mo, &lo, &m);
+    if (st != LT_OK) fprintf(stderr, "load %s: %s\n", dir, lt_ctx_error(ctx));
+    assert_int_equal(st, LT_OK);
+    assert_true(lt_model_get_config(m)->moe_aux_coef > 0);
+    lt_model_run_options ro = {0};
+    ro.B = 2, ro.T = MOE_T, ro.recompute = LT_RECOMPUTE_EVERY, ro.moe_chunk_tokens = 5;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+    int64_t n = 0;
+    float *params = lt_model_lora_params(m, &n), *grads = lt_model_lora_grads(m, &n);
+    assert_int_equal(lt_model_lora_set(ctx, m, 0, n, init), LT_OK);
+    size_t nb = (size_t)n * sizeof(float);
+    float *mm = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments"),
+          *vv = lt_calloc(ctx, LT_DEVICE_CUDA, nb, "test moments");
+    assert_non_null(mm);
+    assert_non_null(vv);
+    lt_step_optim so = {params, grads, mm, vv, n, 0.05};
+    lt_step_graph *g = NULL;
+    assert_int_equal(lt_step_graph_init(ctx, m, &so, 2, MOE_T, enable, &g), LT_OK);
+    const int64_t vocab = lt_model_get_config(m)->V;
+    for (int k = 0; k < MOE_STEPS; k++) {
+        int32_t tok[2 * MOE_T], tgt[2 * MOE_T], pos[2 * MOE_T], offs[2 * 3], rs[2] = {2, k < 4 ? 2 : 1};
+        uint64_t r = seed + (uint64_t)k;
+        for (int row = 0; row < 2; row++) {
+            int32_t cut = k < 4 ? 3 + (int32_t)(lt_test_rand_u64(&r) % 7) : 7;
+            offs[row * 3] = 0, offs[row * 3 + 1] = cut, offs[row * 3 + 2] = MOE_T;
+            for (int32_t i = 0; i < MOE_T; i++) {
+                int64_t j = row * MOE_T + i;
+                tok[j] = (int32_t)(lt_test_rand_u64(&r) % (uint64_t)vocab);
+                pos[j] = i < cut ? i : i - cut;
+                tgt[j] = i + 1 == cut || i + 1 == MOE_T ? LT_IGNORE_INDEX
+                                                        : (int32_t)(lt_test_rand_u64(&r) % (uint64_t)vocab);
+            }
+        }
+        lt_model_batch b;
+        memset(&b, 0, sizeof b);
+        b.B = 2, b.T = MOE_T, b.S = 2, b.tokens = tok, b.targets = tgt, b.positions = pos, b.seq_offsets = offs;
+        b.real_seqs = rs;
+        lt_adamw_params hp = {1e-2f / (float)(k + 1), 0.9f, 0.999f, 1e-8f, 0.01f, k + 1};
+        lt_model_result res;
+        lt_status s = lt_step_graph_run(ctx, g, &b, 0.0f, &hp, &res);
+        if (s != LT_OK) fprintf(stderr, "moe step %d: %s\n", k, lt_ctx_error(ctx));
+        assert_int_equal(s, LT_OK);
+        loss[k] = res.loss_sum / (double)res.n_tokens;
+        aux[k] = res.aux_loss;
+        assert_true(isfinite(loss[k]) && aux[k] > 1.0 && aux[k] < 8.0); /* E·Σ f·P: k = 2 balanced, E·k at most */
+    }
+    *stats = lt_step_graph_get_stats(g);
+    float *out = malloc(3 * nb);
+    assert_int_equal(lt_model_lora_get(ctx, m, 0, 0, n, out), LT_OK);
+    assert_int_equal(lt_backend_get(LT_DEVICE_CUDA)->copy_to_host(ctx, out + n, mm, nb), LT_OK);
+    assert_int_equal(lt_backend_get(LT_DEVICE_CUDA)->copy_to_host(ctx, out + 2 * n, vv, nb), LT_OK);
+    *state_out = out;
+    lt_step_graph_free(ctx, g);
+    lt_free(ctx, LT_DEVICE_CUDA, mm, nb);
+    lt_free(ctx, LT_DEVICE_CUDA, vv, nb);
+    lt_model_free(ctx, m);
+    assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);
+    lt_ctx_free(ctx);
+}
+
+static void moe_aux_step_replays(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/moe/qwen3moe_hd64", lt_test_source_dir());
+    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_lora_options lo = {0};
+    lo.rank = 4, lo.alpha = 8, lo.seed = 3;
+    lt_model *m = NULL;
+    assert_int_equal(lt_model_load(ctx, dir, &mo, &lo, &m), LT_OK);
+    int64_t n = 0;
+    (void)lt_model_lora_params(m, &n);
+    lt_model_free(ctx, m);
+    lt_ctx_free(ctx);
+    float *init = malloc((size_t)n * sizeof(float)), *eager = NULL, *graph = NULL;
+    lt_test_fill_normal(&rng, init, n, 0.05f);
+    uint64_t seed = lt_test_rand_u64(&rng);
+    double le[MOE_STEPS], lg[MOE_STEPS], ae[MOE_STEPS], ag[MOE_STEPS];
+    lt_step_graph_stats se, sg;
+    moe_run_steps(0, init, seed, le, ae, &eager, &se);
+    moe_run_steps(1, init, seed, lg, ag, &graph, &sg);
+    fprintf(stderr, "  moe aux: graph %lld replayed, %lld captured, %lld eager%s%s\n", (long long)sg.replays,
+            (long long)sg.captures, (long long)sg.eager, sg.why_off[0] ? "; off: " : "", sg.why_off);
+    for (int k = 0; k < MOE_STEPS; k++) {
+        fprintf(stderr, "    step %d: loss %.9f eager %.9f, aux %.9f eager %.9f\n", k + 1, lg[k], le[k], ag[k], ae[k]);
+        assert_true(lg[k] == le[k]);
+        assert_true(ag[k] == ae[k]);
+    }
+    assert_string_equal(sg.why_off, "");
+    assert_int_equal(sg.eager, 2);
+    assert_int_equal(sg.captures, 2);
+    assert_int_equal(sg.replays, 3);
+    assert_memory_equal(graph, eager, (size_t)(3 * n) * sizeof(float));
+    free(init), free(eager), free(graph);
+}
+
 /* The trainer end to end on packed rows of 32 tokens (2 to 4 examples of 8 to 15 tokens each, so
  * S pads to 2 or 4 and most steps repeat the step before's shape); evaluation runs between steps.
  * Same adapter and losses as --cuda-graph off, to the bit. */
@@ -354,6 +469,7 @@ int main(void) {
         cmocka_unit_test(replay_is_bit_identical),
         cmocka_unit_test(shape_change_falls_back),
         cmocka_unit_test(trainer_graph_on_equals_off),
+        cmocka_unit_test(moe_aux_step_replays),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

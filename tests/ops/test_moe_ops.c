@@ -205,14 +205,21 @@ static void run_route_bwd(lt_device dev, const rcase *c, int with_dp, uint64_t *
     double *p = malloc((size_t)E * 8), *g = malloc((size_t)E * 8), *ref = malloc((size_t)E * 8);
     fill_logits(c, l, r);
     for (int64_t i = 0; i < n * k; i++) dw[i] = (float)unif(r);
-    for (int64_t e = 0; e < E; e++) dp[e] = (float)(unif(r) * 0.3);
+    /* the aux gradient as the op takes it: dp[e] = scale·stats[e] (f32), from the statistics'
+     * counts (row 0) and a scale, both in the backend's memory; row 1 holds NaN, which must not be
+     * read */
+    float *stats = malloc((size_t)(2 * E) * 4), scale = (float)(unif(r) * 0.01 + 1e-3);
+    for (int64_t e = 0; e < E; e++) stats[e] = (float)(lt_splitmix64(r) % (uint64_t)(n * k + 1));
+    for (int64_t e = 0; e < E; e++) stats[E + e] = NAN;
+    for (int64_t e = 0; e < E; e++) dp[e] = scale * stats[e];
     for (int64_t t = 0; t < n; t++) {
         ref_softmax(l + t * E, E, p);
         ref_topk(p, E, k, idx + t * k);
     }
     dbuf dL = put(be, ctx, dev, l, (size_t)(n * E) * 4), dI = put(be, ctx, dev, idx, (size_t)(n * k) * 4),
-         dW = put(be, ctx, dev, dw, (size_t)(n * k) * 4), dD = put(be, ctx, dev, NULL, (size_t)(n * E) * 4);
-    be->moe_route_bwd(ctx, dL.p, dI.p, dW.p, n, E, k, c->norm, with_dp ? dp : NULL, dD.p);
+         dW = put(be, ctx, dev, dw, (size_t)(n * k) * 4), dD = put(be, ctx, dev, NULL, (size_t)(n * E) * 4),
+         dS = put(be, ctx, dev, stats, (size_t)(2 * E) * 4), dC = put(be, ctx, dev, &scale, 4);
+    be->moe_route_bwd(ctx, dL.p, dI.p, dW.p, n, E, k, c->norm, with_dp ? dS.p : NULL, dC.p, dD.p);
     get(be, ctx, dl, dD);
     const double tol = lt_test_tol_for(LT_DTYPE_F32, E + k);
     for (int64_t t = 0; t < n; t++) {
@@ -244,30 +251,34 @@ static void run_route_bwd(lt_device dev, const rcase *c, int with_dp, uint64_t *
     }
     printf("route_bwd %s n=%lld E=%lld k=%lld norm=%d dp=%d: ok\n", lt_test_backend_name(dev), (long long)n,
            (long long)E, (long long)k, c->norm, with_dp);
-    drop(ctx, dev, dL), drop(ctx, dev, dI), drop(ctx, dev, dW), drop(ctx, dev, dD);
-    free(l), free(dw), free(dp), free(dl), free(idx), free(p), free(g), free(ref);
+    drop(ctx, dev, dL), drop(ctx, dev, dI), drop(ctx, dev, dW), drop(ctx, dev, dD), drop(ctx, dev, dS);
+    drop(ctx, dev, dC);
+    free(l), free(dw), free(dp), free(dl), free(idx), free(p), free(g), free(ref), free(stats);
     lt_ctx_free(ctx);
 }
 
 /* Central differences of the backend's own f32 forward: Σ dw·w + Σ dp·p through moe_route (the
  * statistics' row 1 is Σ_t p, so dp·stats gives the second term) against its backward, on logits
- * spread apart so the choice stays put under the step. */
+ * spread apart so the choice stays put under the step; dp = scale·counts as the backward takes it
+ * (the counts of a statistics block and a scale, in the backend's memory). */
 static void run_route_fd(lt_device dev, int norm, uint64_t *r) {
     const lt_backend *be = lt_backend_get(dev);
     lt_ctx *ctx = new_ctx();
     const int64_t n = 3, E = 7, k = 3;
-    float l[3 * 7], dw[3 * 3], dp[7], dl[3 * 7], w[3 * 3], st[2 * 7];
+    float l[3 * 7], dw[3 * 3], dp[7], dl[3 * 7], w[3 * 3], st[2 * 7], cnt[2 * 7], scale = (float)(unif(r) + 0.1);
     int32_t idx[3 * 3], idx2[3 * 3];
     for (int64_t t = 0; t < n; t++)
         for (int64_t e = 0; e < E; e++) l[t * E + e] = (float)((double)((e * 5 + t * 3) % E) * 0.4 + unif(r) * 0.05);
     for (int64_t i = 0; i < n * k; i++) dw[i] = (float)unif(r);
-    for (int64_t e = 0; e < E; e++) dp[e] = (float)unif(r);
+    for (int64_t e = 0; e < E; e++) cnt[e] = (float)(lt_splitmix64(r) % 10), cnt[E + e] = (float)unif(r);
+    for (int64_t e = 0; e < E; e++) dp[e] = scale * cnt[e];
+    dbuf dN = put(be, ctx, dev, cnt, sizeof cnt), dC = put(be, ctx, dev, &scale, sizeof scale);
     dbuf dL = put(be, ctx, dev, l, sizeof l), dI = put(be, ctx, dev, NULL, sizeof idx),
          dW = put(be, ctx, dev, NULL, sizeof w), dS = put(be, ctx, dev, NULL, sizeof st),
          dG = put(be, ctx, dev, dw, sizeof dw), dD = put(be, ctx, dev, NULL, sizeof dl);
     be->moe_route(ctx, dL.p, n, E, k, norm, dI.p, dW.p, NULL);
     get(be, ctx, idx, dI);
-    be->moe_route_bwd(ctx, dL.p, dI.p, dG.p, n, E, k, norm, dp, dD.p);
+    be->moe_route_bwd(ctx, dL.p, dI.p, dG.p, n, E, k, norm, dN.p, dC.p, dD.p);
     get(be, ctx, dl, dD);
     const float h = 1.0f / 256;
     for (int64_t i = 0; i < n * E; i++) {
@@ -294,7 +305,7 @@ static void run_route_fd(lt_device dev, int norm, uint64_t *r) {
         }
     }
     drop(ctx, dev, dL), drop(ctx, dev, dI), drop(ctx, dev, dW), drop(ctx, dev, dS), drop(ctx, dev, dG);
-    drop(ctx, dev, dD);
+    drop(ctx, dev, dD), drop(ctx, dev, dN), drop(ctx, dev, dC);
     lt_ctx_free(ctx);
 }
 

@@ -7,6 +7,8 @@ as Q4_0 (gate, up) and Q8_0 (down), everything else f32:
   model_q.gguf    the quantized file
   model_f32.gguf  the same model with every expert dequantized to f32 (gguf-py's dequantize),
                   so the two files hold the same values and must give the same logits.
+quant_hd64/ holds the same pair with head_dim 64 (H = 2 heads of 64), a head size the CUDA attention
+kernels serve. `--only quant_hd64` writes that folder alone.
 Run with /work/pyenv/bin/python; CI never runs this, only its outputs."""
 import os
 
@@ -15,14 +17,28 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-V, C, F, L, H, HKV, D, E, K = 48, 64, 32, 2, 2, 1, 32, 4, 2
+import argparse
+
+V, C, F, L, H, HKV, E, K = 48, 64, 32, 2, 2, 1, 4, 2
+VARIANTS = {"quant": dict(D=32, seed=4242), "quant_hd64": dict(D=64, seed=4345)}
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="one variant folder to write (default all)")
+    args = ap.parse_args()
+    if args.only and args.only not in VARIANTS:
+        raise SystemExit(f"unknown variant {args.only}")
+    for name, v in VARIANTS.items():
+        if not args.only or args.only == name:
+            write_variant(name, v["D"], v["seed"])
+
+
+def write_variant(folder, D, seed):
     here = os.path.dirname(os.path.abspath(__file__))
-    out = os.path.join(here, "..", "fixtures", "moe", "quant")
+    out = os.path.join(here, "..", "fixtures", "moe", folder)
     os.makedirs(out, exist_ok=True)
-    rng = np.random.default_rng(4242)
+    rng = np.random.default_rng(seed)
     t = {}
 
     def r(*shape, sd=0.15):
@@ -75,7 +91,7 @@ def main():
         w.write_tensors_to_file()
         w.close()
         os.chmod(os.path.join(out, name), 0o644)
-    print("quant: written")
+    print(f"{folder}: written")
 
 
 if __name__ == "__main__":

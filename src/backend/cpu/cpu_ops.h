@@ -51,7 +51,7 @@ void lt_cpu_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 void lt_cpu_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                       float *w, float *stats);
 void lt_cpu_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
-                          int64_t k, int norm_topk, const float *dp, float *dlogits);
+                          int64_t k, int norm_topk, const float *stats, const float *scale, float *dlogits);
 void lt_cpu_moe_sort(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off, int32_t *rows,
                      int32_t *slot);
 void lt_cpu_moe_gather(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C, float *xg);

@@ -17,13 +17,13 @@
 #define MOE_ROW_GRAIN 64
 
 typedef struct moe_job {
-    const float *logits, *dw, *dp, *x, *yg, *w, *dy;
+    const float *logits, *dw, *stats, *x, *yg, *w, *dy;
     const int32_t *idx, *rows, *slot;
     int32_t *idx_out;
     float *w_out, *dlogits, *out, *dyg, *dw_out;
     int64_t n, E, k, C;
     int norm_topk;
-    float beta;
+    float beta, scale;
     double *psum;  /* (MOE_STAT_CHUNKS, E) */
     int32_t *pcnt; /* (MOE_STAT_CHUNKS, E) */
 } moe_job;
@@ -106,7 +106,7 @@ static void route_bwd_f(void *arg, int64_t t0, int64_t t1, int thread) {
     const int64_t E = j->E, k = j->k;
     for (int64_t t = t0; t < t1; t++) {
         softmax_row(j->logits + t * E, E, p);
-        for (int64_t e = 0; e < E; e++) g[e] = j->dp ? j->dp[e] : 0.0f;
+        for (int64_t e = 0; e < E; e++) g[e] = j->stats ? j->scale * j->stats[e] : 0.0f;
         const int32_t *id = j->idx + t * k;
         const float *dw = j->dw + t * k;
         if (j->norm_topk) {
@@ -127,11 +127,12 @@ static void route_bwd_f(void *arg, int64_t t0, int64_t t1, int thread) {
 }
 
 void lt_cpu_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
-                          int64_t k, int norm_topk, const float *dp, float *dlogits) {
+                          int64_t k, int norm_topk, const float *stats, const float *scale, float *dlogits) {
     moe_job j = {.logits = logits,
                  .idx = idx,
                  .dw = dw,
-                 .dp = dp,
+                 .stats = stats,
+                 .scale = stats ? scale[0] : 0.0f,
                  .dlogits = dlogits,
                  .n = n,
                  .E = E,

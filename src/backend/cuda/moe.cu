@@ -142,27 +142,23 @@ extern "C" void lt_cuda_moe_route(lt_ctx *ctx, const float *logits, int64_t n, i
     LT_CUDA_LAUNCHED(ctx, "moe_route: statistics");
 }
 
-/* dp travels by value in the launch (2 KiB), so a captured graph holds the values it was
- * captured with, as every host argument of a launch. */
-typedef struct rt_dp {
-    float v[LT_MOE_MAX_EXPERTS];
-} rt_dp;
-
-/* One warp per token: g = dp + ∂/∂p of Σ dw·w, dlogits = p ⊙ (g − p·g). */
+/* One warp per token: g = dp + ∂/∂p of Σ dw·w, dlogits = p ⊙ (g − p·g); dp[e] = scale[0]·stats[e]
+ * read from device memory (stats NULL: none), so a captured graph reads each step's values. */
 template <int EPL>
 static __global__ void __launch_bounds__(RT_WARPS * 32)
-    route_bwd_k(const float *logits, const int32_t *idx, const float *dw, int64_t n, int E, int k, int norm, int has_dp,
-                rt_dp dp, float *dlogits) {
+    route_bwd_k(const float *logits, const int32_t *idx, const float *dw, int64_t n, int E, int k, int norm,
+                const float *stats, const float *scale, float *dlogits) {
     __shared__ float sp[RT_WARPS][LT_MOE_MAX_EXPERTS], sg[RT_WARPS][LT_MOE_MAX_EXPERTS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *p = sp[warp], *g = sg[warp];
+    const float sc = stats ? __ldg(scale) : 0.0f;
     for (int64_t t = blockIdx.x * (int64_t)RT_WARPS + warp; t < n; t += (int64_t)gridDim.x * RT_WARPS) {
         float v[EPL];
         softmax_lane<EPL>(logits + t * E, E, lane, v);
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             const int e = lane + 32 * i;
-            if (e < E) p[e] = v[i], g[e] = has_dp ? dp.v[e] : 0.0f;
+            if (e < E) p[e] = v[i], g[e] = stats ? __fmul_rn(sc, __ldg(stats + e)) : 0.0f;
         }
         __syncwarp();
         const int32_t *id = idx + t * k;
@@ -188,16 +184,15 @@ static __global__ void __launch_bounds__(RT_WARPS * 32)
 }
 
 extern "C" void lt_cuda_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n,
-                                      int64_t E, int64_t k, int norm_topk, const float *dp, float *dlogits) {
+                                      int64_t E, int64_t k, int norm_topk, const float *stats, const float *scale,
+                                      float *dlogits) {
     if (n <= 0) return;
-    rt_dp d;
-    for (int64_t e = 0; e < E; e++) d.v[e] = dp ? dp[e] : 0.0f;
     int64_t blocks = (n + RT_WARPS - 1) / RT_WARPS;
     if (blocks > 65535 * 16) blocks = 65535 * 16;
     by_epl(E, route_bwd_k<1>, route_bwd_k<2>, route_bwd_k<4>, route_bwd_k<8>,
            route_bwd_k<16>)<<<(unsigned)blocks, RT_WARPS * 32, 0, lt_cuda_stream(ctx)>>>(logits, idx, dw, n, (int)E,
-                                                                                         (int)k, norm_topk, dp != NULL,
-                                                                                         d, dlogits);
+                                                                                         (int)k, norm_topk, stats,
+                                                                                         scale, dlogits);
     LT_CUDA_LAUNCHED(ctx, "moe_route_bwd");
 }
 
