@@ -59,6 +59,7 @@ MODELS = {
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "expect_arch": "gemma3",
         "train": {"iters": 10, "max_seq_length": 256, "num_layers": 4, "val_batches": 4},
+        "chat_template": "gemma3",  # the file carries no tokenizer.chat_template
     },
 }
 BASELINE = "smollm2-135m-instruct-q4_1.gguf"  # the default model, for the step-time comparison
@@ -70,7 +71,11 @@ def log(*a):
 
 def run(cmd, **kw):
     log("+", " ".join(cmd))
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        sys.exit("real-gguf-check: %s failed (exit %d):\n%s" % (cmd[0] + " " + cmd[1], p.returncode,
+                                                                p.stderr[-2000:]))
+    return p
 
 
 def fetch(cache, name, spec):
@@ -143,6 +148,33 @@ def llama_ppl(tool, model, text, ctx, threads):
             "windows": int(chunks.group(1)) if chunks else None}
 
 
+def hf_ppl(path, ids, ctx, bos):
+    """A third reference: transformers on the file's weights dequantized to f32 by gguf-py, scoring
+    llama-perplexity's windows of the token ids (first token BOS when the tokenizer adds one, the
+    second half of each window)."""
+    import math
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for w in range(len(ids) // ctx):
+            win = list(ids[w * ctx:(w + 1) * ctx])
+            if bos is not None and bos >= 0:
+                win[0] = bos
+            x = torch.tensor([win])
+            logits = model(x).logits[0].double()
+            first = ctx // 2
+            tgt = x[0, first + 1:]
+            total += torch.nn.functional.cross_entropy(logits[first:-1], tgt, reduction="sum").item()
+            count += len(tgt)
+    return {"ppl": math.exp(total / count), "n_tokens": count}
+
+
 def tokenize(lt, model, text):
     out = run([lt, "tokenize", "--model", model, "--json", "--delimiter", "\\0"], input=text)
     return json.loads(out.stdout.strip().splitlines()[0]) if out.stdout.strip() else []
@@ -164,7 +196,7 @@ def greedy(lt, gen_tool, model, prompt, n_gen, threads):
             "matching_prefix_tokens": k}
 
 
-def train(lt, model, data, work, tag, cfg, threads):
+def train(lt, model, data, work, tag, cfg, threads, chat_template=None):
     """The demo's QLoRA recipe (scripts/demo.sh), shortened: validation loss at step 0 and at the end."""
     adapter = os.path.join(work, "adapter-" + tag)
     it = cfg["iters"]
@@ -173,7 +205,8 @@ def train(lt, model, data, work, tag, cfg, threads):
          "--batch-size", "1", "--max-seq-length", str(cfg["max_seq_length"]), "--num-layers", str(cfg["num_layers"]),
          "--lora-rank", "8", "--lora-alpha", "16", "--learning-rate", "1e-3", "--lr-schedule", "cosine",
          "--warmup", "2", "--mask-prompt", "--steps-per-eval", str(it), "--val-batches", str(cfg["val_batches"]),
-         "--steps-per-report", "1", "--seed", "0", "--threads", str(threads), "--overwrite"],
+         "--steps-per-report", "1", "--seed", "0", "--threads", str(threads), "--overwrite"]
+        + (["--chat-template", chat_template] if chat_template else []),
         env=dict(os.environ, LONGTUNE_PROGRESS="plain"))
     wall = time.time() - t0
     recs = [json.loads(l) for l in open(os.path.join(adapter, "metrics.jsonl"))]
@@ -201,6 +234,8 @@ def main():
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--hf", action="store_true", help="also score the windows with transformers (f32 dequantized)")
+    ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", "/work/cache/llama-build/bin"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "real-gguf-cpu.json"))
@@ -257,13 +292,26 @@ def main():
                            "llama_windows": a["windows"], "longtune_eval": b["ppl"], "longtune_windows": b["windows"],
                            "scored_tokens": b["n_tokens"], "text_tokens": b["text_tokens"],
                            "ratio_longtune_over_llama": b["ppl"] / a["ppl"]}
+        if args.hf:
+            ids = tokenize(lt, path, open(text, encoding="utf-8").read())
+            if b.get("bos", -1) >= 0 and (not ids or ids[0] != b["bos"]):
+                ids = [b["bos"]] + ids
+            h = hf_ppl(path, ids, args.ctx, b.get("bos"))
+            r["perplexity"]["transformers_f32"] = h["ppl"]
+            r["perplexity"]["transformers_scored_tokens"] = h["n_tokens"]
         log(name, json.dumps(r["perplexity"]))
+        if args.no_greedy:
+            result["models"][name] = dict(result["models"].get(name, {}), **r)
+            continue
         gens = [greedy(lt, gen_tool, path, p, args.n_gen, args.threads) for p in prompts]
         r["greedy"] = {"prompts": gens, "matching_tokens": sum(g["matching_prefix_tokens"] for g in gens),
                        "tokens": sum(g["tokens"] for g in gens)}
         log(name, "greedy %d of %d" % (r["greedy"]["matching_tokens"], r["greedy"]["tokens"]))
         if not args.no_train:
-            r["train"] = train(lt, path, args.data, work, name, spec["train"], args.threads)
+            r["train"] = train(lt, path, args.data, work, name, spec["train"], args.threads,
+                               spec.get("chat_template"))
+            if spec.get("chat_template"):
+                r["train"]["chat_template"] = spec["chat_template"]
             log(name, json.dumps({k: r["train"][k] for k in ("val_loss", "step_s_median")}))
             base = os.path.join(LT_CACHE, BASELINE)
             if name == "gemma3-270m" and os.path.exists(base):
