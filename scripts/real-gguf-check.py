@@ -46,8 +46,8 @@ MODELS = {
                    for i in range(1, 23)],
         "sha256": None,
         "expect_arch": "qwen2",
-        # The 1.5B on 2 cores: LoRA on the last 4 layers, a few steps.
-        "train": {"iters": 4, "max_seq_length": 256, "num_layers": 4, "val_batches": 2},
+        # The 1.5B on 2 cores: LoRA on the last 4 layers, 10 steps (~9 s each), 2 validation batches.
+        "train": {"iters": 10, "max_seq_length": 256, "num_layers": 4, "val_batches": 2},
     },
     "gemma3-270m": {
         "file": "gemma/gemma-3-270m-q4_k_m.gguf",
@@ -148,6 +148,44 @@ def llama_ppl(tool, model, text, ctx, threads):
             "windows": int(chunks.group(1)) if chunks else None}
 
 
+_HF = {}
+
+
+def hf_model(path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    if path not in _HF:
+        _HF.clear()
+        _HF[path] = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                         dtype=torch.float32).eval()
+    return _HF[path]
+
+
+def hf_greedy(path, ids, n_gen):
+    """transformers' greedy continuation (f32 dequantized weights) and, per new token, the gap
+    between its two largest logits."""
+    import torch
+    model = hf_model(path)
+    x = torch.tensor([ids])
+    out, gaps = [], []
+    with torch.no_grad():
+        for _ in range(n_gen):
+            top = torch.topk(model(x).logits[0, -1].double(), 2)
+            out.append(int(top.indices[0]))
+            gaps.append(float(top.values[0] - top.values[1]))
+            x = torch.cat([x, top.indices[:1].view(1, 1)], 1)
+    return out, gaps
+
+
+def prefix(a, b, n):
+    k = 0
+    while k < min(len(a), len(b), n) and a[k] == b[k]:
+        k += 1
+    return k
+
+
 def hf_ppl(path, ids, ctx, bos):
     """A third reference: transformers on the file's weights dequantized to f32 by gguf-py, scoring
     llama-perplexity's windows of the token ids (first token BOS when the tokenizer adds one, the
@@ -157,9 +195,7 @@ def hf_ppl(path, ids, ctx, bos):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=torch.float32)
-    model.eval()
+    model = hf_model(path)
     total, count = 0.0, 0
     with torch.no_grad():
         for w in range(len(ids) // ctx):
@@ -180,7 +216,7 @@ def tokenize(lt, model, text):
     return json.loads(out.stdout.strip().splitlines()[0]) if out.stdout.strip() else []
 
 
-def greedy(lt, gen_tool, model, prompt, n_gen, threads):
+def greedy(lt, gen_tool, model, prompt, n_gen, threads, hf=False):
     ll = run([gen_tool, "-m", model, "-p", prompt, "-n", str(n_gen), "--temp", "0", "--top-k", "1", "-no-cnv",
               "--no-display-prompt", "--no-warmup", "-t", str(threads), "-s", "0"])
     ll_text = ll.stdout.replace("[end of text]", "").rstrip("\n")
@@ -189,11 +225,17 @@ def greedy(lt, gen_tool, model, prompt, n_gen, threads):
     lt_text = lg.stdout.rstrip("\n")
     a, b = tokenize(lt, model, ll_text), tokenize(lt, model, lt_text)
     n = min(n_gen, max(len(a), len(b)))
-    k = 0
-    while k < min(len(a), len(b), n) and a[k] == b[k]:
-        k += 1
-    return {"prompt": prompt, "llama_completion": ll_text, "longtune_generate": lt_text, "tokens": n,
-            "matching_prefix_tokens": k}
+    k = prefix(a, b, n)
+    g = {"prompt": prompt, "llama_completion": ll_text, "longtune_generate": lt_text, "tokens": n,
+         "matching_prefix_tokens": k}
+    if hf:
+        p = run([lt, "tokenize", "--model", model, "--add-special", "--json", "--delimiter", "\\0"], input=prompt)
+        h, gaps = hf_greedy(model, json.loads(p.stdout.strip().splitlines()[0]), n_gen)
+        g["transformers_f32_prefix_with_longtune"] = prefix(h, b, n)
+        g["transformers_f32_prefix_with_llama"] = prefix(h, a, n)
+        if k < min(len(gaps), n):
+            g["transformers_top2_logit_gap_at_divergence"] = gaps[k]
+    return g
 
 
 def train(lt, model, data, work, tag, cfg, threads, chat_template=None):
@@ -236,6 +278,7 @@ def main():
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--hf", action="store_true", help="also score the windows with transformers (f32 dequantized)")
     ap.add_argument("--no-greedy", action="store_true")
+    ap.add_argument("--no-ppl", action="store_true", help="keep the perplexity entry of an earlier run")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", "/work/cache/llama-build/bin"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "real-gguf-cpu.json"))
@@ -285,29 +328,31 @@ def main():
                                                            spec["expect_arch"]))
         plan = run([lt, "plan", "--model", path, "--batch-size", "1", "--max-seq-length", str(args.ctx), "--json"])
         r["plan"] = json.loads(plan.stdout)
-        a = llama_ppl(ppl_tool, path, text, args.ctx, args.threads)
-        b = json.loads(run([lt, "eval", "--model", path, "--text", text, "--ctx", str(args.ctx), "--threads",
-                            str(args.threads), "--json"]).stdout.strip().splitlines()[-1])
-        r["perplexity"] = {"llama_perplexity": a["ppl"], "llama_perplexity_stderr": a["ppl_stderr"],
-                           "llama_windows": a["windows"], "longtune_eval": b["ppl"], "longtune_windows": b["windows"],
-                           "scored_tokens": b["n_tokens"], "text_tokens": b["text_tokens"],
-                           "ratio_longtune_over_llama": b["ppl"] / a["ppl"]}
-        if args.hf:
-            ids = tokenize(lt, path, open(text, encoding="utf-8").read())
-            if b.get("bos", -1) >= 0 and (not ids or ids[0] != b["bos"]):
-                ids = [b["bos"]] + ids
-            h = hf_ppl(path, ids, args.ctx, b.get("bos"))
-            r["perplexity"]["transformers_f32"] = h["ppl"]
-            r["perplexity"]["transformers_scored_tokens"] = h["n_tokens"]
-        log(name, json.dumps(r["perplexity"]))
+        if not args.no_ppl:
+            a = llama_ppl(ppl_tool, path, text, args.ctx, args.threads)
+            b = json.loads(run([lt, "eval", "--model", path, "--text", text, "--ctx", str(args.ctx), "--threads",
+                                str(args.threads), "--json"]).stdout.strip().splitlines()[-1])
+            r["perplexity"] = {"llama_perplexity": a["ppl"], "llama_perplexity_stderr": a["ppl_stderr"],
+                               "llama_windows": a["windows"], "longtune_eval": b["ppl"], "longtune_windows": b["windows"],
+                               "scored_tokens": b["n_tokens"], "text_tokens": b["text_tokens"],
+                               "ratio_longtune_over_llama": b["ppl"] / a["ppl"]}
+            if args.hf:
+                ids = tokenize(lt, path, open(text, encoding="utf-8").read())
+                if b.get("bos", -1) >= 0 and (not ids or ids[0] != b["bos"]):
+                    ids = [b["bos"]] + ids
+                h = hf_ppl(path, ids, args.ctx, b.get("bos"))
+                r["perplexity"]["transformers_f32"] = h["ppl"]
+                r["perplexity"]["transformers_scored_tokens"] = h["n_tokens"]
+            log(name, json.dumps(r["perplexity"]))
         if args.no_greedy:
             result["models"][name] = dict(result["models"].get(name, {}), **r)
             continue
-        gens = [greedy(lt, gen_tool, path, p, args.n_gen, args.threads) for p in prompts]
+        gens = [greedy(lt, gen_tool, path, p, args.n_gen, args.threads, args.hf) for p in prompts]
         r["greedy"] = {"prompts": gens, "matching_tokens": sum(g["matching_prefix_tokens"] for g in gens),
                        "tokens": sum(g["tokens"] for g in gens)}
         log(name, "greedy %d of %d" % (r["greedy"]["matching_tokens"], r["greedy"]["tokens"]))
         if not args.no_train:
+            _HF.clear()  # the f32 referee's memory back before timing steps
             r["train"] = train(lt, path, args.data, work, name, spec["train"], args.threads,
                                spec.get("chat_template"))
             if spec.get("chat_template"):
@@ -319,7 +364,7 @@ def main():
                 r["train_baseline_smollm2_135m_q4_1"] = bt
                 if bt["step_s_median"] and r["train"]["step_s_median"]:
                     r["step_time_ratio_over_smollm2_q4_1"] = r["train"]["step_s_median"] / bt["step_s_median"]
-        result["models"][name] = r
+        result["models"][name] = dict(result["models"].get(name, {}), **r)
     result["machine"]["load_average_after"] = list(os.getloadavg())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
