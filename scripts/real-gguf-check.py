@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -365,6 +366,7 @@ def main():
                 if bt["step_s_median"] and r["train"]["step_s_median"]:
                     r["step_time_ratio_over_smollm2_q4_1"] = r["train"]["step_s_median"] / bt["step_s_median"]
         result["models"][name] = dict(result["models"].get(name, {}), **r)
+    shutil.rmtree(work, ignore_errors=True)
     result["machine"]["load_average_after"] = list(os.getloadavg())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
