@@ -57,6 +57,16 @@ typedef enum lt_proj {
     LT_PROJ_COUNT_
 } lt_proj;
 #define LT_LORA_ALL_TARGETS 0x7fu
+/* LoRA on the experts of mixture-of-experts layers (bits of lt_lora_options.targets beside the
+ * projections', never part of LT_LORA_ALL_TARGETS), as PEFT's `target_parameters`
+ * "mlp.experts.gate_up_proj" and "mlp.experts.down_proj" adapt transformers' fused expert stacks:
+ * per expert e one A_e (r, C) shared by its gate and up rows and one B_e (2·moe_F, r); for down one
+ * A_e (r, moe_F) and B_e (C, r); scale alpha / r, no dropout. Names on the command line and in
+ * configs: "experts.gate_up_proj", "experts.down_proj". Dense layers among the LoRA layers take
+ * neither (as PEFT, which finds no such parameter there). */
+#define LT_LORA_EXPERTS_GATE_UP (1u << 7)
+#define LT_LORA_EXPERTS_DOWN (1u << 8)
+#define LT_LORA_EXPERT_TARGETS (LT_LORA_EXPERTS_GATE_UP | LT_LORA_EXPERTS_DOWN)
 
 /* PEFT / HF module names of the projections ("q_proj", ..., "down_proj"). */
 LT_API const char *lt_proj_name(lt_proj p);
@@ -233,7 +243,8 @@ typedef struct lt_rope_override {
 LT_API lt_status lt_model_config_apply_rope(lt_ctx *ctx, lt_model_config *cfg, const lt_rope_override *ov);
 
 typedef struct lt_lora_options {
-    unsigned targets;   /* bit (1u << lt_proj); 0 = LT_LORA_ALL_TARGETS */
+    unsigned targets;   /* bits (1u << lt_proj) and LT_LORA_EXPERT_TARGETS; no projection bit = all
+                           projections (LT_LORA_ALL_TARGETS) */
     int64_t num_layers; /* LoRA on the last K layers; 0 or > L = all */
     int64_t rank;       /* r; 0 = 8 */
     float alpha;        /* scaling = alpha / r; 0 = 16 */
@@ -417,14 +428,30 @@ LT_API lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int
  * Phi-3 has one adapter per fused module as PEFT does: self_attn.qkv_proj (proj LT_PROJ_Q; B is
  * (q + k + v rows, r), k and v share its A) and mlp.gate_up_proj (LT_PROJ_GATE).
  * A is (r, in), B is (out, r); value/grad are views into the buffers above. */
+/* Expert stacks (experts = E > 0; proj LT_PROJ_GATE for gate_up, LT_PROJ_DOWN for down), named as
+ * PEFT saves its target_parameters: "base_model.model.model.layers.<l>.mlp.experts.lora_A.weight",
+ * with ".base_layer" before ".lora_" for gate_up when down is adapted too (PEFT nests the first
+ * listed parameter innermost). PEFT's shapes: A (r·E, in), B (out, r·E) with out 2·moe_F (gate
+ * rows, then up rows) or C. longtune's storage, per-expert contiguous for the grouped products:
+ *   A (E·r, in), expert e's (r, in) at rows [e·r, (e + 1)·r): PEFT's A element for element;
+ *   gate_up B: the gate stack (E·moe_F, r) then the up stack (E·moe_F, r), expert e's (moe_F, r) at
+ *   rows [e·moe_F, (e + 1)·moe_F) of each; down B: (E·C, r), expert e's (C, r) at rows [e·C, ...).
+ * PEFT's B element [o, j·E + e] is expert e's row o (gate_up: o < moe_F in the gate stack, else row
+ * o - moe_F of the up stack), column j; lt_lora_tensor_peft_index maps it. value and grad are
+ * views of the storage (shape (numel, 1) for an expert B: it is no single matrix). */
 typedef struct lt_lora_tensor {
     char name[128];
     int64_t layer;
     lt_proj proj;
     int is_b;
     lt_tensor value, grad;
-    int64_t offset; /* element offset in the flat buffers */
+    int64_t offset;               /* element offset in the flat buffers */
+    int64_t experts;              /* 0: a plain matrix, A (r, in), B (out, r); E: an expert stack (above) */
+    int64_t peft_rows, peft_cols; /* the shape PEFT saves: (r, in)/(out, r), or (r·E, in)/(out, r·E) */
 } lt_lora_tensor;
+/* The storage element (0 <= result < numel, relative to t->offset) holding element i of t in PEFT's
+ * row-major (peft_rows, peft_cols) order; i itself for a plain matrix and an expert A. Pure. */
+LT_API int64_t lt_lora_tensor_peft_index(const lt_lora_tensor *t, int64_t i);
 LT_API int64_t lt_model_lora_count(const lt_model *m);
 LT_API lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
 

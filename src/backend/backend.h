@@ -106,8 +106,9 @@ typedef struct lt_decode_attention_params {
     float *out;
     void *workspace;
 } lt_decode_attention_params;
-#define LT_MATVEC_MAX_N 8      /* rows of x the CPU's direct quantized matmul path serves */
-#define LT_MOE_MAX_EXPERTS 512 /* experts of one MoE layer the routing ops serve */
+#define LT_MATVEC_MAX_N 8         /* rows of x the CPU's direct quantized matmul path serves */
+#define LT_MOE_MAX_EXPERTS 512    /* experts of one MoE layer the routing ops serve */
+#define LT_MOE_WGRAD_MAX_RANK 256 /* the narrow side of grouped_matmul_wgrad */
 
 typedef struct lt_backend {
     const char *name;
@@ -284,6 +285,17 @@ typedef struct lt_backend {
                            const float *x, int64_t nk, float beta, float *y, void *ws);
     size_t (*grouped_matmul_workspace_bytes)(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,
                                              int threads);
+    /* The experts' weight gradients (LoRA on the experts), all experts in one call: for every e,
+     * over grouped rows [off[e], off[e + 1]) of dy (nk, out) and x (nk, in), all f32 in the
+     * backend's memory:
+     *   dw_e (out, in) = beta·dw_e + dy_eᵀ·x_e,   dw (E·out, in), expert e's at rows [e·out, (e + 1)·out)
+     * beta 0 overwrites without reading; an expert with no rows gets beta·dw_e. One of out, in is
+     * a LoRA rank (1..LT_MOE_WGRAD_MAX_RANK), the other any width. Each element is one sum in a fixed
+     * order, so the same call gives the same bits. CPU: per expert through gemm; CUDA: one launch,
+     * the offsets read on the device (no host wait; capturable in a graph), inputs may be rounded to
+     * bf16 as the grouped products round theirs, fp32 accumulate. */
+    void (*grouped_matmul_wgrad)(lt_ctx *ctx, int64_t E, const int32_t *off, const float *dy, int64_t out,
+                                 const float *x, int64_t in, int64_t nk, float beta, float *dw);
 
     /* ---- device-only hooks: NULL on the CPU, whose ops never wait or queue ---- */
     /* Pins (on = 1) or unpins (0) host memory the caller allocated with lt_alloc (no bytes are
