@@ -22,10 +22,32 @@
 #include <cuda_runtime.h>
 #endif
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench grouped: %s '%s'\nusage: longtune bench grouped --backend cuda [options]\n", msg,
-            arg);
-    return 2;
+#define SYNOPSIS "longtune bench grouped --backend cuda [options]"
+
+/* --dtypes: a comma list of weight dtypes, or all of them. */
+typedef struct dtype_list {
+    lt_dtype dt[LT_DTYPE_COUNT_];
+    int n;
+} dtype_list;
+
+static const char *parse_dtypes(const char *v, void *dst) {
+    dtype_list *l = dst;
+    l->n = 0;
+    if (!strcmp(v, "all")) {
+        for (int d = 0; d < LT_DTYPE_COUNT_; d++)
+            if (lt_bench_grouped_dtype_ok((lt_dtype)d)) l->dt[l->n++] = (lt_dtype)d;
+        return NULL;
+    }
+    char buf[256];
+    if (strlen(v) >= sizeof buf) return "a shorter dtype list";
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (l->n == LT_DTYPE_COUNT_ || lt_dtype_parse(tok, &l->dt[l->n]) != LT_OK ||
+            !lt_bench_grouped_dtype_ok(l->dt[l->n]))
+            return "all, or a comma list of weight dtypes (f32, bf16, f16, q8_0, q4_0, ..., iq4_xs)";
+        l->n++;
+    }
+    return l->n ? NULL : "all, or a comma list of weight dtypes";
 }
 
 #if LT_HAVE_CUDA
@@ -114,58 +136,36 @@ int lt_bench_grouped(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     int64_t n = 8192, E = 128, k = 8, C = 2048, F = 768;
-    lt_dtype dts[LT_DTYPE_COUNT_];
-    int ndts = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: longtune bench grouped --backend cuda [options]\n\n"
-                "The experts' grouped products (one launch for all experts) at a Qwen3-30B-A3B MoE layer\n"
-                "(E = 128, k = 8, C = 2048, moe_F = 768) over n tokens routed at random: gate/up and down\n"
-                "forward (NT), gate/up and down backward (NN), median ms and TFLOP/s, against one\n"
-                "cuBLASLt bf16 GEMM per expert on bf16 operands with host-known row counts.\n\n"
-                "options:\n"
-                "  --n N            tokens (default 8192: nk = 65536 assignments)\n"
-                "  --dtypes LIST    expert weight dtypes, or all (default bf16,q8_0,q4_0,q4_k,q6_k)\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--n")) {
-            char *e;
-            long long nn = strtoll(v, &e, 10);
-            if (*e || nn < 1 || nn > (1 << 20)) return usage("bad --n", v);
-            n = nn;
-        } else if (!strcmp(a, "--dtypes")) {
-            ndts = 0;
-            if (!strcmp(v, "all")) {
-                for (int d = 0; d < LT_DTYPE_COUNT_; d++)
-                    if (lt_bench_grouped_dtype_ok((lt_dtype)d)) dts[ndts++] = (lt_dtype)d;
-                continue;
-            }
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                if (ndts == LT_DTYPE_COUNT_ || lt_dtype_parse(tok, &dts[ndts]) != LT_OK ||
-                    !lt_bench_grouped_dtype_ok(dts[ndts]))
-                    return usage("bad dtype", tok);
-                ndts++;
-            }
-            if (!ndts) return usage("bad dtype list", v);
-        } else {
-            return usage("unknown option", a);
-        }
+    dtype_list dl = {.n = 0};
+    const lt_bench_arg flags[] = {
+        LT_BENCH_I64("--n", &n, 1, 1 << 20),
+        LT_BENCH_FN("--dtypes", &dl, parse_dtypes),
+    };
+    const int parsed =
+        lt_bench_parse_args("grouped", SYNOPSIS, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf(
+            "usage: " SYNOPSIS "\n\n"
+            "The experts' grouped products (one launch for all experts) at a Qwen3-30B-A3B MoE layer\n"
+            "(E = 128, k = 8, C = 2048, moe_F = 768) over n tokens routed at random: gate/up and down\n"
+            "forward (NT), gate/up and down backward (NN), median ms and TFLOP/s, against one\n"
+            "cuBLASLt bf16 GEMM per expert on bf16 operands with host-known row counts.\n\n"
+            "options:\n"
+            "  --n N            tokens (default 8192: nk = 65536 assignments)\n"
+            "  --dtypes LIST    expert weight dtypes, or all (default bf16,q8_0,q4_0,q4_k,q6_k)\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
+    lt_dtype *dts = dl.dt;
+    int ndts = dl.n;
 #if !LT_HAVE_CUDA
-    (void)n, (void)E, (void)k, (void)C, (void)F, (void)dts;
+    (void)n, (void)E, (void)k, (void)C, (void)F, (void)dts, (void)ndts;
     fprintf(stderr, "longtune bench grouped: this build has no CUDA backend\n");
     return 1;
 #else
-    if (strcmp(c.backend, "cuda")) return usage("measures the CUDA backend only: --backend cuda, not", c.backend);
+    if (strcmp(c.backend, "cuda"))
+        return lt_bench_usage_error("grouped", SYNOPSIS, "measures the CUDA backend only: --backend cuda, not '%s'",
+                                    c.backend);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         fprintf(stderr, "longtune bench grouped: no CUDA device\n");
