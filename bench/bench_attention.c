@@ -17,8 +17,6 @@
 #include "longtune/attention.h"
 #include "longtune/log.h"
 
-static const char *usage = "usage: longtune bench attention [options]";
-
 typedef struct {
     int64_t Ts[8];
     int nT;
@@ -166,12 +164,11 @@ static double seq_pairs(double n, int64_t window) {
     return w * (w + 1) / 2 + (n - w) * w;
 }
 
-static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long n = strtoll(v, &end, 10);
-    if (end == v || *end || n < lo || n > hi) return 0;
-    *out = n;
-    return 1;
+/* --dtype: f32 or bf16. */
+static const char *parse_dtype(const char *v, void *dst) {
+    lt_dtype *dt = dst;
+    if (lt_dtype_parse(v, dt) != LT_OK || (*dt != LT_DTYPE_F32 && *dt != LT_DTYPE_BF16)) return "f32 or bf16";
+    return NULL;
 }
 
 int lt_bench_attention(int argc, char **argv) {
@@ -186,86 +183,56 @@ int lt_bench_attention(int argc, char **argv) {
               .seed = 1234,
               .dtype = LT_DTYPE_F32};
     int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        int64_t n = 0;
-        if (!strcmp(f, "--no-peers")) {
-            peers = 0;
-            continue;
-        }
-        if (!strcmp(f, "--help")) {
-            printf(
-                "%s\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
-                "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
-                "options:\n"
-                "  --T LIST         comma-separated sequence lengths (default 512,2048,8192)\n"
-                "  --naive-max-T N  skip the naive arm above this T (default 8192)\n"
-                "  --naive-repeats N timed repetitions of the naive arm, no warmup (default 1)\n"
-                "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
-                "  --threads N      threads (default: OpenMP's)\n"
-                "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
-                "  --dtype D        f32 | bf16 (default f32)\n"
-                "  --window W       sliding window (default 0 = none)\n"
-                "  --softcap C      logit softcap (default 0 = off)\n"
-                "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
-                "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
-                "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
-                "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP,
-                usage);
-            return 0;
-        }
-        int k = lt_bench_common_flag(&c, argc, argv, &i);
-        if (k == 1) continue;
-        if (k == 0 && i + 1 < argc) {
-            const char *v = argv[i + 1];
-            int good = 1;
-            if (!strcmp(f, "--T")) {
-                o.nT = 0;
-                char tmp[256];
-                snprintf(tmp, sizeof tmp, "%s", v);
-                for (char *tok = strtok(tmp, ","); tok && good; tok = strtok(NULL, ",")) {
-                    good = o.nT < 8 && parse_i64(tok, 1, 1 << 20, &n);
-                    if (good) o.Ts[o.nT++] = n;
-                }
-                good = good && o.nT > 0;
-                t_given = 1;
-            } else if (!strcmp(f, "--naive-max-T")) {
-                good = parse_i64(v, 0, 1 << 20, &o.naive_max_T);
-            } else if (!strcmp(f, "--naive-repeats")) {
-                if ((good = parse_i64(v, 1, 1000, &n))) o.naive_repeats = (int)n;
-            } else if (!strcmp(f, "--packed-T")) {
-                good = parse_i64(v, 0, 1 << 20, &o.packed_T);
-                packed_given = 1;
-            } else if (!strcmp(f, "--threads")) {
-                if ((good = parse_i64(v, 0, 4096, &n))) o.threads = (int)n;
-            } else if (!strcmp(f, "--seed")) {
-                if ((good = parse_i64(v, 0, INT64_MAX, &n))) o.seed = (uint64_t)n;
-            } else if (!strcmp(f, "--sgemm-n")) {
-                good = parse_i64(v, 16, 8192, &o.sgemm_n);
-            } else if (!strcmp(f, "--window")) {
-                good = parse_i64(v, 0, INT32_MAX, &o.window);
-            } else if (!strcmp(f, "--softcap")) {
-                char *end;
-                double x = strtod(v, &end);
-                good = end != v && !*end && x >= 0 && x < 1e6;
-                if (good) o.softcap = (float)x;
-            } else if (!strcmp(f, "--dtype")) {
-                good = lt_dtype_parse(v, &o.dtype) == LT_OK && (o.dtype == LT_DTYPE_F32 || o.dtype == LT_DTYPE_BF16);
-            } else {
-                good = -1;
-            }
-            if (good == 1) {
-                i++;
-                continue;
-            }
-            if (good == 0) {
-                fprintf(stderr, "longtune bench attention: bad value '%s' for %s\n%s\n", v, f, usage);
-                return 2;
-            }
-        }
-        fprintf(stderr, "longtune bench attention: bad option '%s'\n%s\n", f, usage);
-        return 2;
+    double softcap = 0;
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--no-peers", &peers, 0),
+        {.name = "--T",
+         .kind = LT_BENCH_ARG_LIST,
+         .dst = o.Ts,
+         .count = &o.nT,
+         .max = 8,
+         .lo = 1,
+         .hi = 1 << 20,
+         .seen = &t_given},
+        LT_BENCH_I64("--naive-max-T", &o.naive_max_T, 0, 1 << 20),
+        LT_BENCH_INT("--naive-repeats", &o.naive_repeats, 1, 1000),
+        {.name = "--packed-T",
+         .kind = LT_BENCH_ARG_I64,
+         .dst = &o.packed_T,
+         .lo = 0,
+         .hi = 1 << 20,
+         .seen = &packed_given},
+        LT_BENCH_INT("--threads", &o.threads, 0, 4096),
+        LT_BENCH_U64("--seed", &o.seed, 0, INT64_MAX),
+        LT_BENCH_I64("--sgemm-n", &o.sgemm_n, 16, 8192),
+        LT_BENCH_I64("--window", &o.window, 0, INT32_MAX),
+        LT_BENCH_F64("--softcap", &softcap, 0, 1000000),
+        LT_BENCH_FN("--dtype", &o.dtype, parse_dtype),
+    };
+    const int parsed =
+        lt_bench_parse_args("attention", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf(
+            "usage: longtune bench attention [options]\n\nNaive and flash attention (CPU) at B=1, H=8, Hkv=2, D=64, causal, and a packed row of\n"
+            "Alpaca-like sequences (log-normal lengths, mean ~84 tokens) against one causal sequence.\n\n"
+            "options:\n"
+            "  --T LIST         comma-separated sequence lengths (default 512,2048,8192)\n"
+            "  --naive-max-T N  skip the naive arm above this T (default 8192)\n"
+            "  --naive-repeats N timed repetitions of the naive arm, no warmup (default 1)\n"
+            "  --packed-T N     length of the packed row (default 4096; 0 skips it)\n"
+            "  --threads N      threads (default: OpenMP's)\n"
+            "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
+            "  --dtype D        f32 | bf16 (default f32)\n"
+            "  --window W       sliding window (default 0 = none)\n"
+            "  --softcap C      logit softcap (default 0 = off)\n"
+            "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
+            "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
+            "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
+            "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
+    o.softcap = (float)softcap;
     if (!strcmp(c.backend, "cuda")) {
         static const int64_t cuda_Ts[3] = {2048, 8192, 32768};
         const int64_t T = packed_given ? o.packed_T : 8192;

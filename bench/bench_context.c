@@ -22,35 +22,6 @@
 #include "longtune/plan.h"
 #include "longtune/sysinfo.h"
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench context: %s '%s'\nusage: longtune bench context [options]\n", msg, arg);
-    return 2;
-}
-
-static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) return -1;
-    *out = x;
-    return 0;
-}
-
-/* Parses "123", "64M", "12G" (binary units) into bytes. */
-static int parse_bytes(const char *v, uint64_t *out) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || x <= 0) return -1;
-    double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1048576.0, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1073741824.0, end++;
-    if (*end == 'i') end++;
-    if (*end == 'B') end++;
-    if (*end) return -1;
-    *out = (uint64_t)(x * mul);
-    return 0;
-}
-
 /* The run state one length is tried with. */
 typedef struct ctx_run {
     lt_ctx *ctx;
@@ -165,84 +136,54 @@ int lt_bench_context(int argc, char **argv) {
     int peers = 1, liger = 1, offload = 0;
     const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench context [options]\n\n"
-                   "Longest trainable context (batch 1, LoRA r=8 on all seven projections, recompute every layer,\n"
-                   "flash attention, fused loss, AdamW): the planner's answer against the memory guard's\n"
-                   "ceiling, confirmed by allocating the run under the guard and by real steps at the longest\n"
-                   "length whose step fits --confirm-seconds; on CUDA the transformers + PEFT peer's ceiling\n"
-                   "by real steps (bisection). Writes peak memory against context for both arms\n"
-                   "(python3 scripts/context_chart.py RESULT.json draws it as SVG).\n\n"
-                   "options:\n"
-                   "  --shape S            %s (default qwen3-8b)\n"
-                   "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
-                   "  --step N             resolution in tokens (default 8192 on cuda, 256 on cpu)\n"
-                   "  --max N              longest T searched (default 4194304)\n"
-                   "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
-                   "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
-                   "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (two slots on\n"
-                   "                       the device): the longest T then also fits the host's memory\n"
-                   "                       (the guard's host ceiling less --host-margin)\n"
-                   "  --host-margin B      host memory left to the process besides the offloaded\n"
-                   "                       checkpoints (default 4G)\n"
-                   "  --threads N          CPU threads\n"
-                   "  --no-peer            skip the peer\n"
-                   "  --no-liger           skip the second peer, transformers + PEFT with Liger-Kernel\n"
-                   "  --peer-max N         longest T the peer tries (default 1048576)\n"
-                   "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
-                   "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
-                   "  --json, --out DIR, --backend cpu|cuda as every bench\n",
-                   lt_bench_shape_names());
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--no-peer")) {
-            peers = 0;
-            continue;
-        }
-        if (!strcmp(a, "--no-liger")) {
-            liger = 0;
-            continue;
-        }
-        if (!strcmp(a, "--offload-checkpoints")) {
-            offload = 1;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--shape")) {
-            if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
-            shape_name = v;
-        } else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
-                return usage("weights must be random-bf16|random-f32, not", v);
-            weights = v;
-        } else if (!strcmp(a, "--step")) {
-            if (parse_i64(v, 1, 1 << 20, &step)) return usage("bad step", v);
-        } else if (!strcmp(a, "--max")) {
-            if (parse_i64(v, 2, (int64_t)1 << 26, &tmax)) return usage("bad --max", v);
-        } else if (!strcmp(a, "--peer-max")) {
-            if (parse_i64(v, 2, (int64_t)1 << 26, &peer_max)) return usage("bad --peer-max", v);
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_i64(v, 1, 4096, &threads)) return usage("bad thread count", v);
-        } else if (!strcmp(a, "--memory-ceiling")) {
-            if (parse_bytes(v, &ceiling)) return usage("bad byte size", v);
-        } else if (!strcmp(a, "--host-margin")) {
-            if (parse_bytes(v, &host_margin)) return usage("bad byte size", v);
-        } else if (!strcmp(a, "--confirm-seconds")) {
-            char *end;
-            confirm_s = strtod(v, &end);
-            if (end == v || *end || confirm_s < 0) return usage("bad seconds", v);
-        } else if (!strcmp(a, "--peer-path")) {
-            peer_path = v;
-        } else {
-            return usage("bad option", a);
-        }
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--no-peer", &peers, 0),
+        LT_BENCH_SET("--no-liger", &liger, 0),
+        LT_BENCH_SET("--offload-checkpoints", &offload, 1),
+        LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
+        LT_BENCH_CHOICE("--weights", &weights, "random-bf16|random-f32"),
+        LT_BENCH_I64("--step", &step, 1, 1 << 20),
+        LT_BENCH_I64("--max", &tmax, 2, (int64_t)1 << 26),
+        LT_BENCH_I64("--peer-max", &peer_max, 2, (int64_t)1 << 26),
+        LT_BENCH_I64("--threads", &threads, 1, 4096),
+        LT_BENCH_BYTES("--memory-ceiling", &ceiling),
+        LT_BENCH_BYTES("--host-margin", &host_margin),
+        LT_BENCH_F64("--confirm-seconds", &confirm_s, 0, 1000000000),
+        LT_BENCH_STR("--peer-path", &peer_path),
+    };
+    const int parsed =
+        lt_bench_parse_args("context", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench context [options]\n\n"
+               "Longest trainable context (batch 1, LoRA r=8 on all seven projections, recompute every layer,\n"
+               "flash attention, fused loss, AdamW): the planner's answer against the memory guard's\n"
+               "ceiling, confirmed by allocating the run under the guard and by real steps at the longest\n"
+               "length whose step fits --confirm-seconds; on CUDA the transformers + PEFT peer's ceiling\n"
+               "by real steps (bisection). Writes peak memory against context for both arms\n"
+               "(python3 scripts/context_chart.py RESULT.json draws it as SVG).\n\n"
+               "options:\n"
+               "  --shape S            %s (default qwen3-8b)\n"
+               "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
+               "  --step N             resolution in tokens (default 8192 on cuda, 256 on cpu)\n"
+               "  --max N              longest T searched (default 4194304)\n"
+               "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
+               "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
+               "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (two slots on\n"
+               "                       the device): the longest T then also fits the host's memory\n"
+               "                       (the guard's host ceiling less --host-margin)\n"
+               "  --host-margin B      host memory left to the process besides the offloaded\n"
+               "                       checkpoints (default 4G)\n"
+               "  --threads N          CPU threads\n"
+               "  --no-peer            skip the peer\n"
+               "  --no-liger           skip the second peer, transformers + PEFT with Liger-Kernel\n"
+               "  --peer-max N         longest T the peer tries (default 1048576)\n"
+               "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
+               "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
+               "  --json, --out DIR, --backend cpu|cuda as every bench\n",
+               lt_bench_shape_names());
+        return 0;
     }
+    if (parsed) return parsed;
     const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
     int cuda = !strcmp(c.backend, "cuda");
     lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
@@ -251,7 +192,9 @@ int lt_bench_context(int argc, char **argv) {
     if (!step) step = cuda ? 8192 : 256;
     if (!tmax) tmax = (int64_t)1 << 22;
     if (!peer_max) peer_max = (int64_t)1 << 20;
-    if (tmax < step) return usage("--max is below --step", "--max");
+    if (tmax < step)
+        return lt_bench_usage_error("context", NULL, "--max %lld is below --step %lld", (long long)tmax,
+                                    (long long)step);
     signal(SIGPIPE, SIG_IGN);
 
     /* The peer first, in its own process, before this one creates a CUDA context. */

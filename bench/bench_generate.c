@@ -112,37 +112,26 @@ int lt_bench_generate(int argc, char **argv) {
     if (!llama) llama = "/work/cache/llama-build/bin/llama-bench";
     int threads = 2;
     int64_t pp = 512, tg = 128;
-    int i;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench generate [--model GGUF] [--threads N] [--pp N] [--tg N] [--llama-bench PATH] "
-                   "[options]\n\nKV-cache prefill and decode tokens/s vs llama-bench (pp, tg) on the same model and "
-                   "threads.\n  --model GGUF  [~/.cache/longtune/smollm2-135m-instruct-q4_1.gguf]\n"
-                   "  --threads N  [2]\n  --pp N  prompt tokens [512]\n  --tg N  generated tokens [128]\n"
-                   "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench; CPU only]\n"
-                   "options:\n" LT_BENCH_COMMON_HELP "  (--repeats: rounds, each one longtune pp, tg and one "
-                   "llama-bench run [5]; --warmup: untimed rounds after the first prefill [1])\n");
-            return 0;
-        }
-        int k = lt_bench_common_flag(&c, argc, argv, &i);
-        if (k > 0) continue;
-        if (k < 0 || i + 1 >= argc) goto bad;
-        const char *v = argv[++i];
-        char *end;
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--llama-bench")) llama = v;
-        else if (!strcmp(a, "--threads")) {
-            threads = (int)strtol(v, &end, 10);
-            if (*end || threads < 1 || threads > 4096) goto bad;
-        } else if (!strcmp(a, "--pp")) {
-            pp = strtoll(v, &end, 10);
-            if (*end || pp < 1 || pp > 65536) goto bad;
-        } else if (!strcmp(a, "--tg")) {
-            tg = strtoll(v, &end, 10);
-            if (*end || tg < 1 || tg > 65536) goto bad;
-        } else goto bad;
+    const lt_bench_arg flags[] = {
+        LT_BENCH_STR("--model", &model),
+        LT_BENCH_STR("--llama-bench", &llama),
+        LT_BENCH_INT("--threads", &threads, 1, 4096),
+        LT_BENCH_I64("--pp", &pp, 1, 65536),
+        LT_BENCH_I64("--tg", &tg, 1, 65536),
+    };
+    const int parsed =
+        lt_bench_parse_args("generate", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench generate [--model GGUF] [--threads N] [--pp N] [--tg N] [--llama-bench PATH] "
+               "[options]\n\nKV-cache prefill and decode tokens/s vs llama-bench (pp, tg) on the same model and "
+               "threads.\n  --model GGUF  [~/.cache/longtune/smollm2-135m-instruct-q4_1.gguf]\n"
+               "  --threads N  [2]\n  --pp N  prompt tokens [512]\n  --tg N  generated tokens [128]\n"
+               "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench; CPU only]\n"
+               "options:\n" LT_BENCH_COMMON_HELP "  (--repeats: rounds, each one longtune pp, tg and one "
+               "llama-bench run [5]; --warmup: untimed rounds after the first prefill [1])\n");
+        return 0;
     }
+    if (parsed) return parsed;
     if (c.repeats > MAX_ROUNDS) c.repeats = MAX_ROUNDS;
     lt_device dev = strcmp(c.backend, "cuda") ? LT_DEVICE_CPU : LT_DEVICE_CUDA;
     struct stat sb;
@@ -245,8 +234,4 @@ done:
     if (g.m) lt_model_free(g.ctx, g.m);
     lt_ctx_free(g.ctx);
     return rc;
-bad:
-    fprintf(stderr, "longtune bench generate: bad option '%s'\nusage: longtune bench generate [options]\n",
-            i < argc ? argv[i] : "");
-    return 2;
 }

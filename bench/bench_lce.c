@@ -75,9 +75,46 @@ static double sgemm_cpu_gflops(int n, int repeats) {
     return g;
 }
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench lce: %s '%s'\nusage: longtune bench lce [options]\n", msg, arg);
-    return 2;
+/* --shape: small, large or N,V,C; the tag names the result file. */
+typedef struct shape_arg {
+    lce_case *k;
+    const char *tag;
+} shape_arg;
+
+static const char *parse_shape(const char *v, void *dst) {
+    shape_arg *s = dst;
+    long long n, vv, cc;
+    char end;
+    if (!strcmp(v, "small")) s->k->N = 2048, s->k->V = 32000, s->k->C = 1024;
+    else if (!strcmp(v, "large")) s->k->N = 8192, s->k->V = 151936, s->k->C = 4096;
+    else if (sscanf(v, "%lld,%lld,%lld%c", &n, &vv, &cc, &end) == 3 && n > 0 && vv > 0 && cc > 0)
+        s->k->N = n, s->k->V = vv, s->k->C = cc;
+    else return "small, large or N,V,C (three positive whole numbers)";
+    s->tag = v;
+    return NULL;
+}
+
+static const char *parse_dtype(const char *v, void *dst) {
+    return lt_dtype_parse(v, dst) == LT_OK ? NULL : "a dtype (f32, bf16, q8_0, q4_0, q4_1, int4_g64, ...)";
+}
+
+/* --arms: a comma list of naive, chunked, fused, fused-fb into a bit mask. */
+static const char *parse_arms(const char *v, void *dst) {
+    int *mask = dst;
+    *mask = 0;
+    for (const char *t = v; *t;) {
+        const char *e = strchr(t, ',');
+        size_t n = e ? (size_t)(e - t) : strlen(t);
+        int bit = n == 5 && !strncmp(t, "naive", n) ? 1
+            : n == 7 && !strncmp(t, "chunked", n)   ? 2
+            : n == 5 && !strncmp(t, "fused", n)     ? 4
+            : n == 8 && !strncmp(t, "fused-fb", n)  ? 8
+                                                    : 0;
+        if (!bit) return "a comma list of naive, chunked, fused, fused-fb";
+        *mask |= bit;
+        t += n + (e != NULL);
+    }
+    return *mask ? NULL : "a comma list of naive, chunked, fused, fused-fb";
 }
 
 int lt_bench_lce(int argc, char **argv) {
@@ -86,83 +123,41 @@ int lt_bench_lce(int argc, char **argv) {
     lce_case k = {2048, 32000, 1024, LT_DTYPE_F32, LT_DTYPE_F32, 0};
     int head_set = 0, arms_mask = 15, tile_n = 0, tile_v = 0, threads = 0, shape_set = 0, peers = 1;
     const char *tag = "small";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: longtune bench lce [options]\n\n"
-                "Linear cross-entropy arms naive, chunked, fused, fused-fb: forward and forward+backward (grad\n"
-                "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
-                "options:\n"
-                "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
-                "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
-                "  --hidden T       f32 (default) | bf16\n"
-                "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
-                "  --arms LIST      comma list of naive,chunked,fused,fused-fb (default all; fused-fb is\n"
-                "                   lt_lce_forward_backward: loss and grads in one call)\n"
-                "  --dw             also accumulate grad W in the backward (dense heads)\n"
-                "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
-                "  --threads N      worker threads (default: OpenMP's)\n"
-                "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
-                "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
-                "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--dw")) {
-            k.dw = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-peers")) {
-            peers = 0;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--shape")) {
-            long long n, vv, cc;
-            if (!strcmp(v, "small")) {
-                k.N = 2048, k.V = 32000, k.C = 1024;
-            } else if (!strcmp(v, "large")) {
-                k.N = 8192, k.V = 151936, k.C = 4096;
-            } else if (sscanf(v, "%lld,%lld,%lld", &n, &vv, &cc) == 3 && n > 0 && vv > 0 && cc > 0) {
-                k.N = n, k.V = vv, k.C = cc;
-            } else {
-                return usage("bad shape", v);
-            }
-            tag = v;
-            shape_set = 1;
-        } else if (!strcmp(a, "--hidden")) {
-            if (lt_dtype_parse(v, &k.hidden) != LT_OK) return usage("bad dtype", v);
-        } else if (!strcmp(a, "--head")) {
-            if (lt_dtype_parse(v, &k.head) != LT_OK) return usage("bad dtype", v);
-            head_set = 1;
-        } else if (!strcmp(a, "--arms")) {
-            arms_mask = 0;
-            for (const char *t = v; *t;) {
-                const char *e = strchr(t, ',');
-                size_t n = e ? (size_t)(e - t) : strlen(t);
-                int bit = n == 5 && !strncmp(t, "naive", n) ? 1
-                    : n == 7 && !strncmp(t, "chunked", n)   ? 2
-                    : n == 5 && !strncmp(t, "fused", n)     ? 4
-                    : n == 8 && !strncmp(t, "fused-fb", n)  ? 8
-                                                            : 0;
-                if (!bit) return usage("unknown arm in", v);
-                arms_mask |= bit;
-                t += n + (e != NULL);
-            }
-        } else if (!strcmp(a, "--tile-n")) {
-            tile_n = atoi(v);
-        } else if (!strcmp(a, "--tile-v")) {
-            tile_v = atoi(v);
-        } else if (!strcmp(a, "--threads")) {
-            threads = atoi(v);
-        } else {
-            return usage("bad option", a);
-        }
+    shape_arg sa = {&k, tag};
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--dw", &k.dw, 1),
+        LT_BENCH_SET("--no-peers", &peers, 0),
+        {.name = "--shape", .kind = LT_BENCH_ARG_FN, .dst = &sa, .parse = parse_shape, .seen = &shape_set},
+        LT_BENCH_FN("--hidden", &k.hidden, parse_dtype),
+        {.name = "--head", .kind = LT_BENCH_ARG_FN, .dst = &k.head, .parse = parse_dtype, .seen = &head_set},
+        LT_BENCH_FN("--arms", &arms_mask, parse_arms),
+        LT_BENCH_INT("--tile-n", &tile_n, 0, 1 << 20),
+        LT_BENCH_INT("--tile-v", &tile_v, 0, 1 << 20),
+        LT_BENCH_INT("--threads", &threads, 0, 4096),
+    };
+    const int parsed =
+        lt_bench_parse_args("lce", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench lce [options]\n\n"
+               "Linear cross-entropy arms naive, chunked, fused, fused-fb: forward and forward+backward (grad\n"
+               "hidden, plus grad W with --dw) median ms, extra peak bytes, GFLOP/s vs OpenBLAS sgemm.\n\n"
+               "options:\n"
+               "  --shape S        small (N=2048 V=32000 C=1024, default), large (N=8192 V=151936\n"
+               "                   C=4096: the naive arm needs ~5 GB), or N,V,C\n"
+               "  --hidden T       f32 (default) | bf16\n"
+               "  --head T         f32 | bf16 | q8_0 | q4_0 | q4_1 | int4_g64 (default: as --hidden)\n"
+               "  --arms LIST      comma list of naive,chunked,fused,fused-fb (default all; fused-fb is\n"
+               "                   lt_lce_forward_backward: loss and grads in one call)\n"
+               "  --dw             also accumulate grad W in the backward (dense heads)\n"
+               "  --tile-n N, --tile-v N   fused/chunked tiles (default: the library's)\n"
+               "  --threads N      worker threads (default: OpenMP's)\n"
+               "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
+               "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
+               "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
+    tag = sa.tag;
     if (!strcmp(c.backend, "cuda")) /* its own arm: bench/bench_lce_cuda.c */
         return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers, tile_n, tile_v)
                          : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers, tile_n, tile_v);

@@ -156,6 +156,48 @@ done:
 }
 #endif
 
+/* --shapes: out x in pairs; --dtypes: W dtypes (lt_bench_arg parsers). */
+typedef struct shape_list {
+    mm_shape *s;
+    int *n;
+} shape_list;
+
+static const char *parse_shapes(const char *v, void *dst) {
+    shape_list *l = dst;
+    *l->n = 0;
+    for (const char *p = v; *p;) {
+        long long o, in;
+        int used = 0;
+        if (*l->n == 8 || sscanf(p, "%lldx%lld%n", &o, &in, &used) != 2 || o < 1 || in < 1 || o > (1 << 20) ||
+            in > (1 << 20))
+            return "up to 8 comma-separated OUTxIN pairs, each side 1 to 1048576";
+        l->s[(*l->n)++] = (mm_shape){o, in};
+        p += used;
+        if (*p == ',') p++;
+        else if (*p) return "up to 8 comma-separated OUTxIN pairs, each side 1 to 1048576";
+    }
+    return *l->n ? NULL : "up to 8 comma-separated OUTxIN pairs";
+}
+
+typedef struct dtype_list {
+    lt_dtype *dt;
+    int *n;
+} dtype_list;
+
+static const char *parse_dtypes(const char *v, void *dst) {
+    dtype_list *l = dst;
+    char buf[128];
+    if (strlen(v) >= sizeof buf) return "a shorter dtype list";
+    snprintf(buf, sizeof buf, "%s", v);
+    *l->n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*l->n == 16 || lt_dtype_parse(tok, &l->dt[*l->n]) != LT_OK || l->dt[*l->n] == LT_DTYPE_I32)
+            return "a comma list of W dtypes (f32, bf16, q4_0, q4_k, iq4_xs, ...)";
+        (*l->n)++;
+    }
+    return *l->n ? NULL : "a comma list of W dtypes";
+}
+
 int lt_bench_matmul(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -164,56 +206,28 @@ int lt_bench_matmul(int argc, char **argv) {
     int nshapes = 2;
     lt_dtype dts[16];
     int ndts = 0; /* 0: the backend's default list */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: longtune bench matmul [options]\n\n"
-                "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
-                "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
-                "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
-                "options:\n"
-                "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
-                "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
-                "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,q4_0,q4_1,q8_0,\n"
-                "                   q5_0,q4_k,q5_k,q6_k; any block format, e.g. q2_k,iq4_xs)\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--n")) {
-            char *e;
-            long long n = strtoll(v, &e, 10);
-            if (*e || n < 1 || n > (1 << 24)) return usage("bad --n", v);
-            N = n;
-        } else if (!strcmp(a, "--shapes")) {
-            nshapes = 0;
-            for (const char *p = v; *p && nshapes < 8;) {
-                long long o, in;
-                int used = 0;
-                if (sscanf(p, "%lldx%lld%n", &o, &in, &used) != 2 || o < 1 || in < 1 || o > (1 << 20) || in > (1 << 20))
-                    return usage("bad shape list", v);
-                shapes[nshapes++] = (mm_shape){o, in};
-                p += used;
-                if (*p == ',') p++;
-                else if (*p) return usage("bad shape list", v);
-            }
-            if (!nshapes) return usage("bad shape list", v);
-        } else if (!strcmp(a, "--dtypes")) {
-            ndts = 0;
-            char buf[128];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok && ndts < 16; tok = strtok(NULL, ","))
-                if (lt_dtype_parse(tok, &dts[ndts++]) != LT_OK || dts[ndts - 1] == LT_DTYPE_I32)
-                    return usage("bad dtype", tok);
-            if (!ndts) return usage("bad dtype list", v);
-        } else {
-            return usage("unknown option", a);
-        }
+    shape_list sl = {shapes, &nshapes};
+    dtype_list dl = {dts, &ndts};
+    const lt_bench_arg flags[] = {
+        LT_BENCH_I64("--n", &N, 1, 1 << 24),
+        LT_BENCH_FN("--shapes", &sl, parse_shapes),
+        LT_BENCH_FN("--dtypes", &dl, parse_dtypes),
+    };
+    const int parsed =
+        lt_bench_parse_args("matmul", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench matmul [options]\n\n"
+               "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
+               "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
+               "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
+               "options:\n"
+               "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
+               "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
+               "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,q4_0,q4_1,q8_0,\n"
+               "                   q5_0,q4_k,q5_k,q6_k; any block format, e.g. q2_k,iq4_xs)\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
     const int cuda = !strcmp(c.backend, "cuda");
     if (!cuda && strcmp(c.backend, "cpu")) return usage("unknown backend", c.backend);
     const lt_backend *be = lt_backend_get(cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU);

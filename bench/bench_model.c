@@ -39,6 +39,19 @@ const char *lt_bench_shape_names(void) { return "qwen3-8b|smollm2-135m|tiny"; }
 
 const char *lt_bench_moe_shape_names(void) { return "qwen3-30b-a3b-l4|tiny-moe"; }
 
+const char *lt_bench_parse_shape(const char *v, void *dst) {
+    if (!lt_bench_shape_find(v)) return "a shape: qwen3-8b|smollm2-135m|tiny|qwen3-30b-a3b-l4|tiny-moe";
+    *(const char **)dst = v;
+    return NULL;
+}
+
+const char *lt_bench_parse_moe_shape(const char *v, void *dst) {
+    const lt_bench_shape *s = lt_bench_shape_find(v);
+    if (!s || s->E <= 0) return "a mixture-of-experts shape: qwen3-30b-a3b-l4|tiny-moe";
+    *(const char **)dst = v;
+    return NULL;
+}
+
 lt_model_config lt_bench_shape_config(const lt_bench_shape *s, lt_dtype dt) {
     lt_model_config c;
     memset(&c, 0, sizeof c);
@@ -406,18 +419,3 @@ const char *const lt_bench_flops_note =
     "the q,k,v,o projections: minus L*2*(Pa + Ra)*T, their shares of P and R; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
     "R = r*sum(in+out) over the 7 adapters; A = causal attention forward 2*H*T^2*D. Frozen base: "
     "no weight-gradient GEMMs. Head: forward + input gradient. Norms, RoPE, SwiGLU, AdamW not counted.";
-
-int lt_bench_parse_list(const char *v, int64_t *out, int max, int64_t lo, int64_t hi) {
-    int n = 0;
-    const char *q = v;
-    while (*q) {
-        char *end;
-        long long x = strtoll(q, &end, 10);
-        if (end == q || x < lo || x > hi || n == max) return -1;
-        out[n++] = x;
-        q = end;
-        if (*q == ',' && q[1]) q++;
-        else if (*q) return -1;
-    }
-    return n > 0 ? n : -1;
-}

@@ -37,6 +37,10 @@ const lt_bench_shape *lt_bench_shape_find(const char *name);
 const char *lt_bench_shape_names(void);
 /* "qwen3-30b-a3b-l4|tiny-moe" (the mixture-of-experts shapes) for usage lines. */
 const char *lt_bench_moe_shape_names(void);
+/* lt_bench_arg parsers of --shape (LT_BENCH_FN): any shape above, or a mixture-of-experts one;
+ * *(const char **)dst = v. */
+const char *lt_bench_parse_shape(const char *v, void *dst);
+const char *lt_bench_parse_moe_shape(const char *v, void *dst);
 
 /* The model config the loader would read from the shape's folder, with the projections, embedding
  * and head held in `dt` (F32 or BF16): what the planner takes without any file. */
@@ -104,7 +108,3 @@ extern const char *const lt_bench_flops_note;
 /* Dense bf16 tensor-core peak of an H100/H200 SXM in FLOP/s (989.4 TFLOP/s; NVIDIA's datasheet
  * figure of 1979 is with 2:4 sparsity): the MFU denominator of the CUDA benches. */
 #define LT_BENCH_H200_BF16_PEAK 989.4e12
-
-/* Parses a comma list of integers in [lo, hi] into out (at most max). Returns the count, -1 when
- * malformed. */
-int lt_bench_parse_list(const char *v, int64_t *out, int max, int64_t lo, int64_t hi);

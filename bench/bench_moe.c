@@ -31,19 +31,6 @@
 #define MAX_CAND 40
 #define ATTN_TARGETS ((1u << LT_PROJ_Q) | (1u << LT_PROJ_K) | (1u << LT_PROJ_V) | (1u << LT_PROJ_O))
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench moe: %s '%s'\nusage: longtune bench moe [options]\n", msg, arg);
-    return 2;
-}
-
-static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) return -1;
-    *out = x;
-    return 0;
-}
-
 typedef struct moe_run {
     lt_ctx *ctx;
     lt_model *m;
@@ -331,84 +318,52 @@ int lt_bench_moe(int argc, char **argv) {
     int n_seqs = 0, peers = 1, do_ceiling = 1, confirm = 1, peer_cpu = 0;
     const char *shape_name = NULL, *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench moe [options]\n\n"
-                   "Mixture-of-experts LoRA training steps (batch 1, LoRA on q,k,v,o, recompute every layer,\n"
-                   "flash attention, fused loss, the router's load-balancing loss, AdamW) with the expert\n"
-                   "dispatch chunked (--moe-chunk-tokens) and unchunked: median step time, tokens/s, peak\n"
-                   "memory beside the planner's prediction at each --seq length; the longest trainable T\n"
-                   "of each (allocation over powers of 2 and midpoints up to --max, a real step at the\n"
-                   "longest); on CUDA transformers + PEFT on the same shape in the same invocation.\n\n"
-                   "options:\n"
-                   "  --shape S            %s (default qwen3-30b-a3b-l4 on cuda, tiny-moe on cpu)\n"
-                   "  --seq LIST           tokens per step (default 8192,16384,32768,65536 on cuda, 256,512 on cpu)\n"
-                   "  --moe-chunk-tokens N the chunked arm's tokens per dispatch chunk (default %d)\n"
-                   "  --max N              longest T the ceiling search tries (default 262144 on cuda, 2048 on cpu)\n"
-                   "  --no-ceiling         skip the longest-T search\n"
-                   "  --no-confirm         the ceiling by allocation only (no real step at it)\n"
-                   "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
-                   "  --rank R             LoRA rank (default 8, alpha 2R)\n"
-                   "  --threads N          CPU threads\n"
-                   "  --no-peer            skip the peer\n"
-                   "  --peer-max N         longest T the peer tries (default --max)\n"
-                   "  --peer-cpu           run the peer on the CPU too (checks the pipeline on a machine\n"
-                   "                       without a GPU; not a measurement)\n"
-                   "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
-                   "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n" LT_BENCH_COMMON_HELP
-                   "(default here: --repeats 3)\n",
-                   lt_bench_moe_shape_names(), LT_MODEL_MOE_CHUNK_TOKENS);
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--no-peer")) {
-            peers = 0;
-            continue;
-        }
-        if (!strcmp(a, "--peer-cpu")) {
-            peer_cpu = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-ceiling")) {
-            do_ceiling = 0;
-            continue;
-        }
-        if (!strcmp(a, "--no-confirm")) {
-            confirm = 0;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--shape")) {
-            const lt_bench_shape *s = lt_bench_shape_find(v);
-            if (!s || s->E <= 0) return usage("not a mixture-of-experts shape", v);
-            shape_name = v;
-        } else if (!strcmp(a, "--seq")) {
-            n_seqs = lt_bench_parse_list(v, seqs, MAX_SEQS, 2, (int64_t)1 << 24);
-            if (n_seqs < 0) return usage("bad --seq list", v);
-        } else if (!strcmp(a, "--moe-chunk-tokens")) {
-            if (parse_i64(v, 1, (int64_t)1 << 30, &chunk)) return usage("bad --moe-chunk-tokens", v);
-        } else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
-                return usage("weights must be random-bf16|random-f32, not", v);
-            weights = v;
-        } else if (!strcmp(a, "--max")) {
-            if (parse_i64(v, 2, (int64_t)1 << 24, &tmax)) return usage("bad --max", v);
-        } else if (!strcmp(a, "--peer-max")) {
-            if (parse_i64(v, 2, (int64_t)1 << 24, &peer_max)) return usage("bad --peer-max", v);
-        } else if (!strcmp(a, "--rank")) {
-            if (parse_i64(v, 1, 1024, &rank)) return usage("bad --rank", v);
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_i64(v, 1, 4096, &threads)) return usage("bad thread count", v);
-        } else if (!strcmp(a, "--peer-path")) {
-            peer_path = v;
-        } else {
-            return usage("bad option", a);
-        }
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--no-peer", &peers, 0),
+        LT_BENCH_SET("--peer-cpu", &peer_cpu, 1),
+        LT_BENCH_SET("--no-ceiling", &do_ceiling, 0),
+        LT_BENCH_SET("--no-confirm", &confirm, 0),
+        LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_moe_shape),
+        LT_BENCH_LIST("--seq", seqs, &n_seqs, MAX_SEQS, 2, (int64_t)1 << 24),
+        LT_BENCH_I64("--moe-chunk-tokens", &chunk, 1, (int64_t)1 << 30),
+        LT_BENCH_CHOICE("--weights", &weights, "random-bf16|random-f32"),
+        LT_BENCH_I64("--max", &tmax, 2, (int64_t)1 << 24),
+        LT_BENCH_I64("--peer-max", &peer_max, 2, (int64_t)1 << 24),
+        LT_BENCH_I64("--rank", &rank, 1, 1024),
+        LT_BENCH_I64("--threads", &threads, 1, 4096),
+        LT_BENCH_STR("--peer-path", &peer_path),
+    };
+    const int parsed =
+        lt_bench_parse_args("moe", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench moe [options]\n\n"
+               "Mixture-of-experts LoRA training steps (batch 1, LoRA on q,k,v,o, recompute every layer,\n"
+               "flash attention, fused loss, the router's load-balancing loss, AdamW) with the expert\n"
+               "dispatch chunked (--moe-chunk-tokens) and unchunked: median step time, tokens/s, peak\n"
+               "memory beside the planner's prediction at each --seq length; the longest trainable T\n"
+               "of each (allocation over powers of 2 and midpoints up to --max, a real step at the\n"
+               "longest); on CUDA transformers + PEFT on the same shape in the same invocation.\n\n"
+               "options:\n"
+               "  --shape S            %s (default qwen3-30b-a3b-l4 on cuda, tiny-moe on cpu)\n"
+               "  --seq LIST           tokens per step (default 8192,16384,32768,65536 on cuda, 256,512 on cpu)\n"
+               "  --moe-chunk-tokens N the chunked arm's tokens per dispatch chunk (default %d)\n"
+               "  --max N              longest T the ceiling search tries (default 262144 on cuda, 2048 on cpu)\n"
+               "  --no-ceiling         skip the longest-T search\n"
+               "  --no-confirm         the ceiling by allocation only (no real step at it)\n"
+               "  --weights W          random-bf16 (cuda default) | random-f32 (cpu default)\n"
+               "  --rank R             LoRA rank (default 8, alpha 2R)\n"
+               "  --threads N          CPU threads\n"
+               "  --no-peer            skip the peer\n"
+               "  --peer-max N         longest T the peer tries (default --max)\n"
+               "  --peer-cpu           run the peer on the CPU too (checks the pipeline on a machine\n"
+               "                       without a GPU; not a measurement)\n"
+               "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
+               "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n" LT_BENCH_COMMON_HELP
+               "(default here: --repeats 3)\n",
+               lt_bench_moe_shape_names(), LT_MODEL_MOE_CHUNK_TOKENS);
+        return 0;
     }
+    if (parsed) return parsed;
     int cuda = !strcmp(c.backend, "cuda");
     lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
     if (!shape_name) shape_name = cuda ? "qwen3-30b-a3b-l4" : "tiny-moe";

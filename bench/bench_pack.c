@@ -40,37 +40,23 @@ int lt_bench_pack(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     int64_t n = 1000000, L = 2048, B = 4;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf("usage: %s\n\nPlanning time of first-fit, best-fit-decreasing and unpacked batching for N "
-                   "log-normal sequence lengths (median 150 tokens), and the batch fill rate.\n\noptions:\n"
-                   "  --sequences N      sequences to plan (default 1000000)\n"
-                   "  --max-seq-length L row length (default 2048)\n"
-                   "  --batch-size B     rows per batch (default 4)\n" LT_BENCH_COMMON_HELP,
-                   usage);
-            return 0;
-        }
-        int64_t *dst = !strcmp(argv[i], "--sequences") ? &n
-            : !strcmp(argv[i], "--max-seq-length")     ? &L
-            : !strcmp(argv[i], "--batch-size")         ? &B
-                                                       : NULL;
-        if (dst) {
-            char *end = NULL;
-            long long v = i + 1 < argc ? strtoll(argv[i + 1], &end, 10) : 0;
-            if (i + 1 >= argc || *end || v < (dst == &L ? 2 : 1) || v > 1000000000LL) {
-                fprintf(stderr, "longtune bench pack: bad value for %s\nusage: %s\n", argv[i], usage);
-                return 2;
-            }
-            *dst = v;
-            i++;
-            continue;
-        }
-        int k = lt_bench_common_flag(&c, argc, argv, &i);
-        if (k <= 0) {
-            fprintf(stderr, "longtune bench pack: bad option '%s'\nusage: %s\n", argv[i], usage);
-            return 2;
-        }
+    const lt_bench_arg flags[] = {
+        LT_BENCH_I64("--sequences", &n, 1, 1000000000),
+        LT_BENCH_I64("--max-seq-length", &L, 2, 1000000000),
+        LT_BENCH_I64("--batch-size", &B, 1, 1000000000),
+    };
+    const int parsed =
+        lt_bench_parse_args("pack", usage, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: %s\n\nPlanning time of first-fit, best-fit-decreasing and unpacked batching for N "
+               "log-normal sequence lengths (median 150 tokens), and the batch fill rate.\n\noptions:\n"
+               "  --sequences N      sequences to plan (default 1000000)\n"
+               "  --max-seq-length L row length (default 2048)\n"
+               "  --batch-size B     rows per batch (default 4)\n" LT_BENCH_COMMON_HELP,
+               usage);
+        return 0;
     }
+    if (parsed) return parsed;
     lt_ctx *ctx = lt_ctx_new();
     int64_t *off = make_offsets(n, 42);
     if (!ctx || !off) {

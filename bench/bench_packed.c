@@ -25,11 +25,6 @@
 #include "longtune/sysinfo.h"
 #include "longtune/tokenizer.h"
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench packed: %s '%s'\nusage: longtune bench packed [options]\n", msg, arg);
-    return 2;
-}
-
 /* ---- the token cache: "LTTOKv1\0", n_seqs u64, n_tokens u64, pad_id i32, 4 zero bytes,
  * offsets (n_seqs+1) i64, tokens (N) i32, supervised (N) u8; little-endian, as this machine ---- */
 
@@ -200,67 +195,49 @@ int lt_bench_packed(int argc, char **argv) {
     double seconds = 0;
     const char *model_path = NULL, *weights = NULL, *shape_name = "smollm2-135m", *data = NULL;
     const char *tokens_path = NULL, *save_tokens = NULL, *tokenizer = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench packed [options]\n\n"
-                   "Real tokens/s of LoRA training (r=8 on all seven projections, recompute every layer,\n"
-                   "AdamW) on Alpaca-shaped data: packed rows of --seq tokens (batch 1) vs one sequence per\n"
-                   "step (unpacked batch 1) vs batches of 8 padded to their longest sequence. Only real\n"
-                   "tokens count. Each arm runs for --seconds (after --warmup steps).\n\n"
-                   "options:\n"
-                   "  --model PATH       weights (default on cpu: $LONGTUNE_CACHE or ~/.cache/longtune\n"
-                   "                     /smollm2-135m-instruct-q4_1.gguf, real SmolLM2-135M, QLoRA)\n"
-                   "  --weights W        random-bf16 | random-f32: a random checkpoint of --shape instead\n"
-                   "                     (default on cuda: random-bf16)\n"
-                   "  --shape S          %s for --weights (default smollm2-135m)\n"
-                   "  --data DIR         folder with train.jsonl (default bench/data/alpaca-eval)\n"
-                   "  --tokenizer PATH   GGUF or tokenizer.json to tokenise with (default: --model, else the\n"
-                   "                     SmolLM2 GGUF)\n"
-                   "  --tokens FILE      read token ids from a cache written by --save-tokens instead (default\n"
-                   "                     when the SmolLM2 GGUF is absent: DIR/smollm2-tokens.bin)\n"
-                   "  --save-tokens FILE tokenise, write the cache and stop\n"
-                   "  --seq L            packed row length and longest sequence (default cpu 256, cuda 2048)\n"
-                   "  --seconds S        timed seconds per arm (default cpu 20, cuda 10)\n"
-                   "  --max-steps N      at most N timed steps per arm (default: no limit)\n"
-                   "  --threads N        CPU threads\n"
-                   "  --warmup N, --json, --out DIR, --backend cpu|cuda as every bench\n",
-                   lt_bench_shape_names());
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!v) return usage("missing value for", a);
-        i++;
-        char *end = NULL;
-        if (!strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "random-bf16") && strcmp(v, "random-f32"))
-                return usage("weights must be random-bf16|random-f32, not", v);
-            weights = v;
-        } else if (!strcmp(a, "--shape")) {
-            if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
-            shape_name = v;
-        } else if (!strcmp(a, "--data")) data = v;
-        else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-        else if (!strcmp(a, "--tokens")) tokens_path = v;
-        else if (!strcmp(a, "--save-tokens")) save_tokens = v;
-        else if (!strcmp(a, "--seq")) {
-            L = strtoll(v, &end, 10);
-            if (*end || L < 16 || L > (1 << 20)) return usage("bad --seq", v);
-        } else if (!strcmp(a, "--seconds")) {
-            seconds = strtod(v, &end);
-            if (*end || !(seconds > 0)) return usage("bad --seconds", v);
-        } else if (!strcmp(a, "--max-steps")) {
-            max_steps = strtoll(v, &end, 10);
-            if (*end || max_steps < 1) return usage("bad --max-steps", v);
-        } else if (!strcmp(a, "--threads")) {
-            threads = strtoll(v, &end, 10);
-            if (*end || threads < 1 || threads > 4096) return usage("bad --threads", v);
-        } else return usage("bad option", a);
+    const lt_bench_arg flags[] = {
+        LT_BENCH_STR("--model", &model_path),
+        LT_BENCH_CHOICE("--weights", &weights, "random-bf16|random-f32"),
+        LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
+        LT_BENCH_STR("--data", &data),
+        LT_BENCH_STR("--tokenizer", &tokenizer),
+        LT_BENCH_STR("--tokens", &tokens_path),
+        LT_BENCH_STR("--save-tokens", &save_tokens),
+        LT_BENCH_I64("--seq", &L, 16, 1 << 20),
+        LT_BENCH_FN("--seconds", &seconds, lt_bench_parse_seconds),
+        LT_BENCH_I64("--max-steps", &max_steps, 1, INT64_MAX),
+        LT_BENCH_I64("--threads", &threads, 1, 4096),
+    };
+    const int parsed =
+        lt_bench_parse_args("packed", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench packed [options]\n\n"
+               "Real tokens/s of LoRA training (r=8 on all seven projections, recompute every layer,\n"
+               "AdamW) on Alpaca-shaped data: packed rows of --seq tokens (batch 1) vs one sequence per\n"
+               "step (unpacked batch 1) vs batches of 8 padded to their longest sequence. Only real\n"
+               "tokens count. Each arm runs for --seconds (after --warmup steps).\n\n"
+               "options:\n"
+               "  --model PATH       weights (default on cpu: $LONGTUNE_CACHE or ~/.cache/longtune\n"
+               "                     /smollm2-135m-instruct-q4_1.gguf, real SmolLM2-135M, QLoRA)\n"
+               "  --weights W        random-bf16 | random-f32: a random checkpoint of --shape instead\n"
+               "                     (default on cuda: random-bf16)\n"
+               "  --shape S          %s for --weights (default smollm2-135m)\n"
+               "  --data DIR         folder with train.jsonl (default bench/data/alpaca-eval)\n"
+               "  --tokenizer PATH   GGUF or tokenizer.json to tokenise with (default: --model, else the\n"
+               "                     SmolLM2 GGUF)\n"
+               "  --tokens FILE      read token ids from a cache written by --save-tokens instead (default\n"
+               "                     when the SmolLM2 GGUF is absent: DIR/smollm2-tokens.bin)\n"
+               "  --save-tokens FILE tokenise, write the cache and stop\n"
+               "  --seq L            packed row length and longest sequence (default cpu 256, cuda 2048)\n"
+               "  --seconds S        timed seconds per arm (default cpu 20, cuda 10)\n"
+               "  --max-steps N      at most N timed steps per arm (default: no limit)\n"
+               "  --threads N        CPU threads\n"
+               "  --warmup N, --json, --out DIR, --backend cpu|cuda as every bench\n",
+               lt_bench_shape_names());
+        return 0;
     }
-    if (model_path && weights) return usage("give --model or --weights, not both:", "--weights");
+    if (parsed) return parsed;
+    if (model_path && weights) return lt_bench_usage_error("packed", NULL, "give --model or --weights, not both");
     int cuda = !strcmp(c.backend, "cuda");
     lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
     if (!L) L = cuda ? 2048 : 256;

@@ -33,9 +33,21 @@ typedef struct cfg {
     char model[1024]; /* given model, or the random one written into tmp */
 } cfg;
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench scaling: %s '%s'\nusage: longtune bench scaling [options] (--help)\n", msg, arg);
-    return 2;
+#define SYNOPSIS "longtune bench scaling [options] (--help)"
+
+/* --worlds: a comma list of world sizes 1..1024. */
+typedef struct world_list {
+    int *w, *n;
+} world_list;
+
+static const char *parse_worlds(const char *v, void *dst) {
+    world_list *l = dst;
+    int64_t w[MAX_WORLDS];
+    const int n = lt_bench_parse_i64_list(v, w, MAX_WORLDS, 1, 1024);
+    if (n < 0) return "a comma list of world sizes from 1 to 1024";
+    for (int i = 0; i < n; i++) l->w[i] = (int)w[i];
+    *l->n = n;
+    return NULL;
 }
 
 /* A random Llama folder (config.json + f32 model.safetensors, tied embeddings) of shape s. */
@@ -203,14 +215,6 @@ done:
     return s;
 }
 
-static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) return -1;
-    *out = x;
-    return 0;
-}
-
 static void remove_tree(const char *dir) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -292,64 +296,47 @@ int lt_bench_scaling(int argc, char **argv) {
     int child = 0, worlds[MAX_WORLDS], nworlds = 0;
     const char *adapters = NULL;
     int64_t threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench scaling [options]\n\n"
-                   "Data-parallel training throughput of the trainer at each world size: world 1 in this\n"
-                   "process, world K > 1 as `mpirun -np K longtune bench scaling` (Open MPI). Ranks of one host\n"
-                   "share its cores (the thread total stays fixed), so the ideal speedup is 1.0 and the figure\n"
-                   "is the data-parallel overhead. Several GPUs (NCCL, one process per GPU): --backend cuda\n"
-                   "(see `longtune bench scaling --backend cuda --help`).\n\n"
-                   "options:\n"
-                   "  --worlds LIST    world sizes, comma list (default 1, plus 2 when mpirun is installed)\n"
-                   "  --model PATH     HF folder or .gguf to train (default: a random Llama of --hidden,\n"
-                   "                   --layers, --vocab: 256, 4, 4096)\n"
-                   "  --seq T          tokens per row (default 512)   --batch B  rows per step, all ranks (4)\n"
-                   "  --threads N      threads of the whole world (default: all cores)\n"
-                   "Repeats count timed optimizer steps (default 3, after --warmup steps).\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int r = lt_bench_common_flag(&bc, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--child")) {
-            child = 1;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--worlds")) {
-            nworlds = 0;
-            for (const char *p = v; *p && nworlds < MAX_WORLDS;) {
-                char *end;
-                long w = strtol(p, &end, 10);
-                if (end == p || w < 1 || w > 1024 || (*end && *end != ',')) return usage("bad world list", v);
-                worlds[nworlds++] = (int)w;
-                p = *end ? end + 1 : end;
-            }
-        } else if (!strcmp(a, "--model")) {
-            snprintf(c.model, sizeof c.model, "%s", v);
-        } else if (!strcmp(a, "--adapters")) {
-            adapters = v;
-        } else if (!strcmp(a, "--seq")) {
-            if (parse_i64(v, 2, 1 << 20, &c.seq)) return usage("bad --seq", v);
-        } else if (!strcmp(a, "--batch")) {
-            if (parse_i64(v, 1, 4096, &c.batch)) return usage("bad --batch", v);
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_i64(v, 1, 4096, &threads)) return usage("bad --threads", v);
-        } else if (!strcmp(a, "--hidden")) {
-            if (parse_i64(v, 16, 8192, &c.s.C) || c.s.C % 64) return usage("bad --hidden (a multiple of 64)", v);
-        } else if (!strcmp(a, "--layers")) {
-            if (parse_i64(v, 1, 256, &c.s.L)) return usage("bad --layers", v);
-        } else if (!strcmp(a, "--vocab")) {
-            if (parse_i64(v, 16, 1 << 20, &c.s.V)) return usage("bad --vocab", v);
-        } else {
-            return usage("unknown option", a);
-        }
+    world_list wl = {worlds, &nworlds};
+    const char *model = NULL;
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--child", &child, 1),
+        LT_BENCH_FN("--worlds", &wl, parse_worlds),
+        LT_BENCH_STR("--model", &model),
+        LT_BENCH_STR("--adapters", &adapters),
+        LT_BENCH_I64("--seq", &c.seq, 2, 1 << 20),
+        LT_BENCH_I64("--batch", &c.batch, 1, 4096),
+        LT_BENCH_I64("--threads", &threads, 1, 4096),
+        LT_BENCH_I64("--hidden", &c.s.C, 64, 8192),
+        LT_BENCH_I64("--layers", &c.s.L, 1, 256),
+        LT_BENCH_I64("--vocab", &c.s.V, 16, 1 << 20),
+    };
+    const int parsed =
+        lt_bench_parse_args("scaling", SYNOPSIS, argc, argv, &bc, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench scaling [options]\n\n"
+               "Data-parallel training throughput of the trainer at each world size: world 1 in this\n"
+               "process, world K > 1 as `mpirun -np K longtune bench scaling` (Open MPI). Ranks of one host\n"
+               "share its cores (the thread total stays fixed), so the ideal speedup is 1.0 and the figure\n"
+               "is the data-parallel overhead. Several GPUs (NCCL, one process per GPU): --backend cuda\n"
+               "(see `longtune bench scaling --backend cuda --help`).\n\n"
+               "options:\n"
+               "  --worlds LIST    world sizes, comma list (default 1, plus 2 when mpirun is installed)\n"
+               "  --model PATH     HF folder or .gguf to train (default: a random Llama of --hidden,\n"
+               "                   --layers, --vocab: 256, 4, 4096)\n"
+               "  --seq T          tokens per row (default 512)   --batch B  rows per step, all ranks (4)\n"
+               "  --threads N      threads of the whole world (default: all cores)\n"
+               "Repeats count timed optimizer steps (default 3, after --warmup steps).\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
+    if (c.s.C % 64)
+        return lt_bench_usage_error("scaling", SYNOPSIS, "bad value '%lld' for --hidden: want a multiple of 64",
+                                    (long long)c.s.C);
+    if (model) snprintf(c.model, sizeof c.model, "%s", model);
     if (strcmp(bc.backend, "cpu"))
-        return usage("the data-parallel trainer runs on the CPU backend in this build; no --backend", bc.backend);
+        return lt_bench_usage_error(
+            "scaling", SYNOPSIS, "the data-parallel trainer runs on the CPU backend in this build; no --backend '%s'",
+            bc.backend);
     c.steps = bc.repeats, c.warmup = bc.warmup;
     c.s.H = c.s.C / 64, c.s.Hkv = c.s.H > 1 ? c.s.H / 2 : 1, c.s.D = 64, c.s.F = 3 * c.s.C;
     c.threads = threads > 0 ? (int)threads : lt_bench_threads(NULL);

@@ -57,12 +57,9 @@ typedef struct rank_state {
     lt_comm_reducer *red;
 } rank_state;
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr,
-            "longtune bench scaling: %s '%s'\nusage: longtune bench scaling --backend cuda [options] (--help)\n", msg,
-            arg);
-    return 2;
-}
+#define SYNOPSIS "longtune bench scaling --backend cuda [options] (--help)"
+
+static int usage(const char *msg) { return lt_bench_usage_error("scaling", SYNOPSIS, "%s", msg); }
 
 static lt_model_run_options run_opts(int64_t B, int64_t T, int least_memory) {
     lt_model_run_options ro = {.B = B,
@@ -393,81 +390,58 @@ fail:
     return 1;
 }
 
-static int parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) return -1;
-    *out = x;
-    return 0;
-}
-
 int lt_bench_scaling_cuda(int argc, char **argv) {
     lt_bench_common bc;
     lt_bench_common_init(&bc);
     bc.repeats = 3;
     opts o;
     memset(&o, 0, sizeof o);
-    o.shape = lt_bench_shape_find("qwen3-8b");
     o.seq = 8192, o.batch = 0, o.step = 8192, o.tmax = (int64_t)1 << 21, o.dev = LT_DEVICE_CUDA;
     int is_child = 0;
     int64_t gpus = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench scaling --backend cuda [options]\n\n"
-                   "Several GPUs of this host, one process per GPU over NCCL (NVLink multicast off): data-parallel\n"
-                   "tokens/s on 1 and K GPUs, and the longest context on 1 and K GPUs (planner answer confirmed by\n"
-                   "allocation; context parallel = Ulysses), all in one invocation on the shape's random bf16\n"
-                   "checkpoint ($LONGTUNE_BENCH_WEIGHTS).\n\n"
-                   "options:\n"
-                   "  --shape NAME     %s (default qwen3-8b)\n"
-                   "  --gpus K         GPUs to use (default: all visible, at most 8)\n"
-                   "  --seq T          data-parallel row length (default 8192)\n"
-                   "  --batch B        data-parallel global rows per step (default K)\n"
-                   "  --step S         granularity of the context search (default 8192)\n"
-                   "  --max T          longest context tried (default 2097152)\n"
-                   "  --cp-seq LIST    also time one context-parallel step at each length (default none)\n"
-                   "Repeats count timed data-parallel steps (default 3, after --warmup steps).\n" LT_BENCH_COMMON_HELP,
-                   lt_bench_shape_names());
-            return 0;
-        }
-        int r = lt_bench_common_flag(&bc, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--child")) {
-            is_child = 1;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--parent-pid")) {
-            /* A rank started by the parent below dies with it (a timeout that kills the parent must
-             * not leave ranks holding the GPUs). */
-            int64_t pp = 0;
-            if (parse_i64(v, 1, INT32_MAX, &pp)) return usage("bad --parent-pid", v);
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != (pid_t)pp) return 1; /* the parent is already gone */
-        } else if (!strcmp(a, "--shape")) {
-            if (!(o.shape = lt_bench_shape_find(v))) return usage("unknown shape", v);
-        } else if (!strcmp(a, "--gpus")) {
-            if (parse_i64(v, 1, 8, &gpus)) return usage("bad --gpus", v);
-        } else if (!strcmp(a, "--seq")) {
-            if (parse_i64(v, 16, 1 << 20, &o.seq)) return usage("bad --seq", v);
-        } else if (!strcmp(a, "--batch")) {
-            if (parse_i64(v, 1, 4096, &o.batch)) return usage("bad --batch", v);
-        } else if (!strcmp(a, "--step")) {
-            if (parse_i64(v, 16, 1 << 20, &o.step) || o.step % 16) return usage("bad --step (a multiple of 16)", v);
-        } else if (!strcmp(a, "--max")) {
-            if (parse_i64(v, 16, (int64_t)1 << 26, &o.tmax)) return usage("bad --max", v);
-        } else if (!strcmp(a, "--cp-seq")) {
-            if ((o.n_cp = lt_bench_parse_list(v, o.cp_seq, MAX_CP, 16, (int64_t)1 << 24)) < 0)
-                return usage("bad --cp-seq", v);
-        } else if (!strcmp(a, "--device")) { /* children: "cpu" runs the same phases on the host under mpirun */
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return usage("bad --device", v);
-            o.dev = strcmp(v, "cpu") ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
-        } else {
-            return usage("unknown option", a);
-        }
+    int64_t parent_pid = 0;
+    const char *shape_name = "qwen3-8b", *device = "cuda";
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--child", &is_child, 1),
+        LT_BENCH_I64("--parent-pid", &parent_pid, 1, INT32_MAX),
+        LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
+        LT_BENCH_I64("--gpus", &gpus, 1, 8),
+        LT_BENCH_I64("--seq", &o.seq, 16, 1 << 20),
+        LT_BENCH_I64("--batch", &o.batch, 1, 4096),
+        LT_BENCH_I64("--step", &o.step, 16, 1 << 20),
+        LT_BENCH_I64("--max", &o.tmax, 16, (int64_t)1 << 26),
+        LT_BENCH_LIST("--cp-seq", o.cp_seq, &o.n_cp, MAX_CP, 16, (int64_t)1 << 24),
+        LT_BENCH_CHOICE("--device", &device, "cpu|cuda"), /* children: cpu runs the same phases on the host */
+    };
+    const int parsed =
+        lt_bench_parse_args("scaling", SYNOPSIS, argc, argv, &bc, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench scaling --backend cuda [options]\n\n"
+               "Several GPUs of this host, one process per GPU over NCCL (NVLink multicast off): data-parallel\n"
+               "tokens/s on 1 and K GPUs, and the longest context on 1 and K GPUs (planner answer confirmed by\n"
+               "allocation; context parallel = Ulysses), all in one invocation on the shape's random bf16\n"
+               "checkpoint ($LONGTUNE_BENCH_WEIGHTS).\n\n"
+               "options:\n"
+               "  --shape NAME     %s (default qwen3-8b)\n"
+               "  --gpus K         GPUs to use (default: all visible, at most 8)\n"
+               "  --seq T          data-parallel row length (default 8192)\n"
+               "  --batch B        data-parallel global rows per step (default K)\n"
+               "  --step S         granularity of the context search (default 8192)\n"
+               "  --max T          longest context tried (default 2097152)\n"
+               "  --cp-seq LIST    also time one context-parallel step at each length (default none)\n"
+               "Repeats count timed data-parallel steps (default 3, after --warmup steps).\n" LT_BENCH_COMMON_HELP,
+               lt_bench_shape_names());
+        return 0;
+    }
+    if (parsed) return parsed;
+    if (o.step % 16) return usage("bad --step: want a multiple of 16");
+    o.shape = lt_bench_shape_find(shape_name);
+    o.dev = strcmp(device, "cpu") ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
+    if (parent_pid) {
+        /* A rank started by the parent below dies with it (a timeout that kills the parent must
+         * not leave ranks holding the GPUs). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != (pid_t)parent_pid) return 1; /* the parent is already gone */
     }
     o.repeats = bc.repeats, o.warmup = bc.warmup;
     if (is_child) {
@@ -476,7 +450,7 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
         const char *ws = getenv("WORLD_SIZE");
         if (ws) K = atoi(ws);
         if (!o.batch) o.batch = K;
-        if (o.batch % K) return usage("--batch must be a multiple of the GPU count", "--batch");
+        if (o.batch % K) return usage("--batch must be a multiple of the GPU count");
         return child(&o);
     }
     lt_cuda_device_info cu = lt_sys_cuda();
@@ -485,9 +459,9 @@ int lt_bench_scaling_cuda(int argc, char **argv) {
         return 1;
     }
     int K = gpus ? (int)gpus : (cu.count < 8 ? cu.count : 8);
-    if (K > cu.count) return usage("more GPUs than visible", "--gpus");
+    if (K > cu.count) return usage("--gpus asks for more GPUs than are visible");
     if (!o.batch) o.batch = K;
-    if (o.batch % K) return usage("--batch must be a multiple of the GPU count", "--batch");
+    if (o.batch % K) return usage("--batch must be a multiple of the GPU count");
     lt_log_set_level(LT_LOG_WARN);
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;

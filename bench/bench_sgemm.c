@@ -1,25 +1,19 @@
 /* `longtune bench sgemm`: OpenBLAS sgemm GFLOP/s at square sizes, the CPU ceiling other benches
  * report ratios to. */
 #include <stdio.h>
-#include <string.h>
 
 #include "bench.h"
 
 int lt_bench_sgemm(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf("usage: longtune bench sgemm [options]\n\nOpenBLAS sgemm rate at n = 512, 1024, "
-                   "2048 (C = A·Bᵀ, f32).\n\noptions:\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int k = lt_bench_common_flag(&c, argc, argv, &i);
-        if (k <= 0) {
-            fprintf(stderr, "longtune bench sgemm: bad option '%s'\nusage: longtune bench sgemm [options]\n", argv[i]);
-            return 2;
-        }
+    const int parsed = lt_bench_parse_args("sgemm", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, NULL, 0);
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench sgemm [options]\n\nOpenBLAS sgemm rate at n = 512, 1024, "
+               "2048 (C = A·Bᵀ, f32).\n\noptions:\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
     cJSON *r = lt_bench_result_new("sgemm");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
     const int sizes[] = {512, 1024, 2048};

@@ -33,11 +33,7 @@ typedef struct suite_run {
     const char *result_glob; /* the result file's name prefix in the run's folder */
 } suite_run;
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench --tier: %s '%s'\nusage: longtune bench --tier quick|full|smoke [options]\n", msg,
-            arg);
-    return 2;
-}
+#define SYNOPSIS "longtune bench --tier quick|full|smoke [options]"
 
 static void add(suite_run *runs, int *n, const char *label, double est, const char *prefix, ...) {
     if (*n >= MAX_RUNS) return;
@@ -142,54 +138,36 @@ int lt_bench_suite(int argc, char **argv) {
     lt_bench_common_init(&c);
     const char *tier = NULL;
     int dry = 0, no_peer = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench --tier quick|full|smoke [options]\n\n"
-                   "The community benchmark: detects this machine (CPU, RAM, GPU, driver, CUDA), picks the\n"
-                   "benches and shapes that fit it, prints a time estimate, runs them one by one (each under\n"
-                   "its memory guard, in its own process) and writes one JSON file with every result and the\n"
-                   "machine's description. python3 scripts/fold_results.py FILE... makes the README table.\n\n"
-                   "tiers:\n"
-                   "  quick   a few minutes: the training step of the small shape (and Qwen3-8B on a GPU with\n"
-                   "          >= 40 GiB), packed vs unpacked throughput, the planner's context ceiling\n"
-                   "  full    the flagship set: both shapes at several lengths, context ceilings confirmed\n"
-                   "          by real steps, the PyTorch peers where they import (tens of minutes)\n"
-                   "  smoke   tiny shapes only (seconds): checks the suite itself\n\n"
-                   "options:\n"
-                   "  --tier T      quick | full | smoke (required)\n"
-                   "  --dry-run     print the machine, the plan and the estimate; run nothing\n"
-                   "  --no-peer     skip the PyTorch peers\n"
-                   "  --out DIR     where the suite file goes (default bench/results); each bench's own\n"
-                   "                file goes to DIR/suite-<tier>-<date>/\n"
-                   "  --json        print the suite JSON on stdout\n");
-            return 0;
-        }
-        if (!strcmp(a, "--dry-run")) {
-            dry = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-peer")) {
-            no_peer = 1;
-            continue;
-        }
-        if (!strncmp(a, "--tier=", 7)) {
-            tier = a + 7;
-            continue;
-        }
-        if (!strcmp(a, "--tier")) {
-            if (!v) return usage("missing value for", a);
-            tier = argv[++i];
-            continue;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0 && (!strcmp(a, "--json") || !strcmp(a, "--out"))) continue;
-        if (r > 0) return usage("the suite picks backends, repeats and warmups itself; not", a);
-        return usage("bad option", a);
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--dry-run", &dry, 1),
+        LT_BENCH_SET("--no-peer", &no_peer, 1),
+        LT_BENCH_CHOICE("--tier", &tier, "quick|full|smoke"),
+    };
+    const int parsed = lt_bench_parse_args("--tier", SYNOPSIS, argc, argv, &c,
+                                           LT_BENCH_COMMON_JSON | LT_BENCH_COMMON_OUT, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench --tier quick|full|smoke [options]\n\n"
+               "The community benchmark: detects this machine (CPU, RAM, GPU, driver, CUDA), picks the\n"
+               "benches and shapes that fit it, prints a time estimate, runs them one by one (each under\n"
+               "its memory guard, in its own process) and writes one JSON file with every result and the\n"
+               "machine's description. python3 scripts/fold_results.py FILE... makes the README table.\n\n"
+               "tiers:\n"
+               "  quick   a few minutes: the training step of the small shape (and Qwen3-8B on a GPU with\n"
+               "          >= 40 GiB), packed vs unpacked throughput, the planner's context ceiling\n"
+               "  full    the flagship set: both shapes at several lengths, context ceilings confirmed\n"
+               "          by real steps, the PyTorch peers where they import (tens of minutes)\n"
+               "  smoke   tiny shapes only (seconds): checks the suite itself\n\n"
+               "options:\n"
+               "  --tier T      quick | full | smoke (required)\n"
+               "  --dry-run     print the machine, the plan and the estimate; run nothing\n"
+               "  --no-peer     skip the PyTorch peers\n"
+               "  --out DIR     where the suite file goes (default bench/results); each bench's own\n"
+               "                file goes to DIR/suite-<tier>-<date>/\n"
+               "  --json        print the suite JSON on stdout\n");
+        return 0;
     }
-    if (!tier) return usage("missing", "--tier");
-    if (strcmp(tier, "quick") && strcmp(tier, "full") && strcmp(tier, "smoke")) return usage("unknown tier", tier);
+    if (parsed) return parsed;
+    if (!tier) return lt_bench_usage_error("--tier", SYNOPSIS, "missing --tier");
 
     /* the machine */
     char cpu[256];

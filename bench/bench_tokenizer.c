@@ -112,46 +112,40 @@ static uint64_t fnv_ids(uint64_t h, const int32_t *ids, size_t n) {
 
 static int python_has_tokenizers(void) { return system("python3 -c 'import tokenizers' >/dev/null 2>&1") == 0; }
 
+/* --mb: megabytes of text, above 0 and at most 1024. */
+static const char *parse_mb(const char *v, void *dst) {
+    char *end;
+    const double x = strtod(v, &end);
+    if (end == v || *end || !(x > 0 && x <= 1024)) return "megabytes above 0, at most 1024";
+    *(double *)dst = x;
+    return NULL;
+}
+
 int lt_bench_tokenizer(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
     const char *model = NULL, *tokfile = NULL, *text = "/usr/share/doc/python3.11-doc/html/_sources";
     double mb = 4;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf("usage: %s\n\nEncodes documents (default: the Python docs' reST sources, the first --mb MB, one "
-                   "document per file) on one thread with longtune and with HF tokenizers, reporting MB/s and the "
-                   "ratio.\n\noptions:\n"
-                   "  --model M.gguf    tokenizer from a GGUF (default: the installed SmolLM2)\n"
-                   "  --tokenizer FILE  a tokenizer.json instead (the peer loads the same file)\n"
-                   "  --text PATH       a file or folder of text files (default %s)\n"
-                   "  --mb N            megabytes of text to use (default 4)\n" LT_BENCH_COMMON_HELP,
-                   usage, text);
-            return 0;
-        }
-        if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "--tokenizer") || !strcmp(argv[i], "--text") ||
-             !strcmp(argv[i], "--mb")) &&
-            i + 1 < argc) {
-            const char *k = argv[i++];
-            if (!strcmp(k, "--model")) model = argv[i];
-            else if (!strcmp(k, "--tokenizer")) tokfile = argv[i];
-            else if (!strcmp(k, "--text")) text = argv[i];
-            else {
-                char *end;
-                mb = strtod(argv[i], &end);
-                if (*end || !(mb > 0 && mb <= 1024)) {
-                    fprintf(stderr, "longtune bench tokenizer: bad --mb '%s'\nusage: %s\n", argv[i], usage);
-                    return 2;
-                }
-            }
-            continue;
-        }
-        int k = lt_bench_common_flag(&c, argc, argv, &i);
-        if (k <= 0) {
-            fprintf(stderr, "longtune bench tokenizer: bad option '%s'\nusage: %s\n", argv[i], usage);
-            return 2;
-        }
+    const lt_bench_arg flags[] = {
+        LT_BENCH_STR("--model", &model),
+        LT_BENCH_STR("--tokenizer", &tokfile),
+        LT_BENCH_STR("--text", &text),
+        LT_BENCH_FN("--mb", &mb, parse_mb),
+    };
+    const int parsed =
+        lt_bench_parse_args("tokenizer", usage, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: %s\n\nEncodes documents (default: the Python docs' reST sources, the first --mb MB, one "
+               "document per file) on one thread with longtune and with HF tokenizers, reporting MB/s and the "
+               "ratio.\n\noptions:\n"
+               "  --model M.gguf    tokenizer from a GGUF (default: the installed SmolLM2)\n"
+               "  --tokenizer FILE  a tokenizer.json instead (the peer loads the same file)\n"
+               "  --text PATH       a file or folder of text files (default %s)\n"
+               "  --mb N            megabytes of text to use (default 4)\n" LT_BENCH_COMMON_HELP,
+               usage, text);
+        return 0;
     }
+    if (parsed) return parsed;
     char default_model[1024];
     if (!model && !tokfile) {
         const char *cache = getenv("LONGTUNE_CACHE"), *home = getenv("HOME");

@@ -34,11 +34,6 @@
 
 #define MAX_SEQS 8
 
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr, "longtune bench train: %s '%s'\nusage: longtune bench train [options]\n", msg, arg);
-    return 2;
-}
-
 /* The peer process: stdin/stdout pipes to bench/peers/train_torch_cpu.py. */
 typedef struct peer {
     pid_t pid;
@@ -269,98 +264,68 @@ int lt_bench_train(int argc, char **argv) {
         graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: longtune bench train [options]\n\n"
-                "LoRA training steps (batch 1, r=8 on q,k,v,o,gate,up,down of every layer, recompute every\n"
-                "layer, flash attention, fused loss, AdamW): median step ms, tokens/s, peak bytes vs the\n"
-                "plan, MFU, and the PyTorch + transformers + PEFT peer on the same shape in the same run\n"
-                "(CPU: interleaved step by step on the same weights; CUDA: bench/peers/train_peft_gpu.py\n"
-                "after our arm, bf16, SDPA, gradient checkpointing).\n\n"
-                "options:\n"
-                "  --shape S        %s (default smollm2-135m)\n"
-                "  --seq LIST       tokens per step, comma list (default: cpu 512,2048; cuda smollm2-135m\n"
-                "                   2048,8192,32768, qwen3-8b 8192,32768)\n"
-                "  --weights W      random-f32 (cpu default) | random-bf16 (cuda default): random weights of\n"
-                "                   the real shape, streamed once into $LONGTUNE_BENCH_WEIGHTS (default\n"
-                "                   /tmp/longtune-bench-weights) and reused; or a path (.gguf or HF folder):\n"
-                "                   longtune only\n"
-                "  --rank N         LoRA rank (default 8; alpha = 2r)\n"
-                "  --threads N      CPU threads of both arms (default: the context's)\n"
-                "  --no-peer        skip the PyTorch peer\n"
-                "  --no-liger       CUDA: skip the second peer arm, transformers + PEFT with Liger-Kernel's\n"
-                "                   fused kernels (its wheel on --peer-path; run after the plain peer)\n"
-                "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
-                "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
-                "                   and back on a copy stream while layers compute)\n"
-                "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
-                "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
-                "                   output + lse with the checkpoints (0, the default)\n"
-                "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
-                "                   CUDA graph captured at the second step of each length (default on; the\n"
-                "                   profiler turns it off)\n"
-                "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
-                "                   phase and op, on stderr and in each arm's \"profile\"\n"
-                "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
-                "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
-                "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n" LT_BENCH_COMMON_HELP,
-                lt_bench_shape_names());
-            return 0;
-        }
-        int r = lt_bench_common_flag(&c, argc, argv, &i);
-        if (r < 0) return usage("bad value for", a);
-        if (r > 0) continue;
-        if (!strcmp(a, "--no-peer")) {
-            peers = 0;
-            continue;
-        }
-        if (!strcmp(a, "--no-liger")) {
-            liger = 0;
-            continue;
-        }
-        if (!strcmp(a, "--profile")) {
-            profile = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-memory-guard")) {
-            guard_off = 1;
-            continue;
-        }
-        if (!strcmp(a, "--offload-checkpoints") || !strcmp(a, "--offload-both")) {
-            offload_hi = 1;
-            offload_lo = a[10] == 'b' ? 0 : 1;
-            continue;
-        }
-        if (!v) return usage("missing value for", a);
-        i++;
-        if (!strcmp(a, "--seq")) {
-            if ((n_seqs = lt_bench_parse_list(v, seqs, MAX_SEQS, 2, 1 << 22)) < 0) return usage("bad length list", v);
-        } else if (!strcmp(a, "--shape")) {
-            if (!lt_bench_shape_find(v)) return usage("unknown shape", v);
-            shape_name = v;
-        } else if (!strcmp(a, "--weights")) {
-            weights = v;
-        } else if (!strcmp(a, "--rank")) {
-            rank = atoi(v);
-            if (rank < 1 || rank > 1024) return usage("bad rank", v);
-        } else if (!strcmp(a, "--threads")) {
-            threads = atoi(v);
-            if (threads < 1) return usage("bad thread count", v);
-        } else if (!strcmp(a, "--peer-path")) {
-            peer_path = v;
-        } else if (!strcmp(a, "--cuda-graph")) {
-            if (strcmp(v, "on") && strcmp(v, "off")) return usage("--cuda-graph takes on or off, not", v);
-            graph = !strcmp(v, "on");
-        } else if (!strcmp(a, "--recompute-attention")) {
-            if (strcmp(v, "0") && strcmp(v, "1")) return usage("--recompute-attention takes 0 or 1, not", v);
-            recompute_attn = atoi(v);
-        } else {
-            return usage("bad option", a);
-        }
+    int offload_mode = 0; /* 1: --offload-checkpoints, 2: --offload-both */
+    const char *graph_arg = "on";
+    const lt_bench_arg flags[] = {
+        LT_BENCH_SET("--no-peer", &peers, 0),
+        LT_BENCH_SET("--no-liger", &liger, 0),
+        LT_BENCH_SET("--profile", &profile, 1),
+        LT_BENCH_SET("--no-memory-guard", &guard_off, 1),
+        LT_BENCH_SET("--offload-checkpoints", &offload_mode, 1),
+        LT_BENCH_SET("--offload-both", &offload_mode, 2),
+        LT_BENCH_LIST("--seq", seqs, &n_seqs, MAX_SEQS, 2, 1 << 22),
+        LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
+        LT_BENCH_STR("--weights", &weights),
+        LT_BENCH_INT("--rank", &rank, 1, 1024),
+        LT_BENCH_INT("--threads", &threads, 1, 4096),
+        LT_BENCH_STR("--peer-path", &peer_path),
+        LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
+        LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
+    };
+    const int parsed =
+        lt_bench_parse_args("train", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf(
+            "usage: longtune bench train [options]\n\n"
+            "LoRA training steps (batch 1, r=8 on q,k,v,o,gate,up,down of every layer, recompute every\n"
+            "layer, flash attention, fused loss, AdamW): median step ms, tokens/s, peak bytes vs the\n"
+            "plan, MFU, and the PyTorch + transformers + PEFT peer on the same shape in the same run\n"
+            "(CPU: interleaved step by step on the same weights; CUDA: bench/peers/train_peft_gpu.py\n"
+            "after our arm, bf16, SDPA, gradient checkpointing).\n\n"
+            "options:\n"
+            "  --shape S        %s (default smollm2-135m)\n"
+            "  --seq LIST       tokens per step, comma list (default: cpu 512,2048; cuda smollm2-135m\n"
+            "                   2048,8192,32768, qwen3-8b 8192,32768)\n"
+            "  --weights W      random-f32 (cpu default) | random-bf16 (cuda default): random weights of\n"
+            "                   the real shape, streamed once into $LONGTUNE_BENCH_WEIGHTS (default\n"
+            "                   /tmp/longtune-bench-weights) and reused; or a path (.gguf or HF folder):\n"
+            "                   longtune only\n"
+            "  --rank N         LoRA rank (default 8; alpha = 2r)\n"
+            "  --threads N      CPU threads of both arms (default: the context's)\n"
+            "  --no-peer        skip the PyTorch peer\n"
+            "  --no-liger       CUDA: skip the second peer arm, transformers + PEFT with Liger-Kernel's\n"
+            "                   fused kernels (its wheel on --peer-path; run after the plain peer)\n"
+            "  --no-memory-guard  run without the memory guard (allocator limit + watchdog)\n"
+            "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (copied out\n"
+            "                   and back on a copy stream while layers compute)\n"
+            "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
+            "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
+            "                   output + lse with the checkpoints (0, the default)\n"
+            "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
+            "                   CUDA graph captured at the second step of each length (default on; the\n"
+            "                   profiler turns it off)\n"
+            "  --profile        time every op (CUDA events; also LONGTUNE_PROFILE=1): ms per step by\n"
+            "                   phase and op, on stderr and in each arm's \"profile\"\n"
+            "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
+            "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
+            "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n" LT_BENCH_COMMON_HELP,
+            lt_bench_shape_names());
+        return 0;
     }
-    if (c.repeats < 1) return usage("needs at least one timed step, not", "--repeats 0");
+    if (parsed) return parsed;
+    graph = !strcmp(graph_arg, "on");
+    offload_hi = offload_mode > 0;
+    offload_lo = offload_mode == 1;
     const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
     int cuda = !strcmp(c.backend, "cuda");
     lt_device dev = cuda ? LT_DEVICE_CUDA : LT_DEVICE_CPU;

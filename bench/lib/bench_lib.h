@@ -24,9 +24,82 @@ typedef struct lt_bench_common {
 } lt_bench_common;
 
 void lt_bench_common_init(lt_bench_common *c);
-/* Consumes the common flag at argv[*i] (advancing *i past its value) and returns 1, returns 0 when
- * argv[*i] is not a common flag, -1 on a missing or malformed value. */
-int lt_bench_common_flag(lt_bench_common *c, int argc, char **argv, int *i);
+
+/* A bench's own flags, one table row each, parsed by lt_bench_parse_args beside the common ones. */
+typedef enum lt_bench_arg_kind {
+    LT_BENCH_ARG_SET,    /* a switch without a value: *(int *)dst = lo */
+    LT_BENCH_ARG_STR,    /* a non-empty string: *(const char **)dst points into argv */
+    LT_BENCH_ARG_CHOICE, /* one of `choices` ("a|b|c"): *(const char **)dst points into argv */
+    LT_BENCH_ARG_INT,    /* a whole number in [lo, hi] into int */
+    LT_BENCH_ARG_I64,    /* a whole number in [lo, hi] into int64_t */
+    LT_BENCH_ARG_U64,    /* a whole number in [lo, hi] into uint64_t */
+    LT_BENCH_ARG_F64,    /* a number in [lo, hi] into double */
+    LT_BENCH_ARG_BYTES,  /* "4096", "64M", "120G" (binary units, > 0) into uint64_t */
+    LT_BENCH_ARG_LIST,   /* comma list of 1..max whole numbers in [lo, hi] into int64_t[max], count into *count */
+    LT_BENCH_ARG_FN,     /* parse(value, dst): NULL, or what the value should have been */
+} lt_bench_arg_kind;
+
+typedef struct lt_bench_arg {
+    const char *name; /* "--seq" */
+    lt_bench_arg_kind kind;
+    void *dst;
+    int64_t lo, hi;
+    int *seen;                                      /* set to 1 when the flag is given (NULL: not tracked) */
+    const char *choices;                            /* LT_BENCH_ARG_CHOICE */
+    int *count, max;                                /* LT_BENCH_ARG_LIST */
+    const char *(*parse)(const char *v, void *dst); /* LT_BENCH_ARG_FN */
+} lt_bench_arg;
+
+/* Table rows by kind (designated, so the other fields are zero). */
+#define LT_BENCH_SET(nm, d, v) \
+    { .name = (nm), .kind = LT_BENCH_ARG_SET, .dst = (d), .lo = (v) }
+#define LT_BENCH_STR(nm, d) \
+    { .name = (nm), .kind = LT_BENCH_ARG_STR, .dst = (d) }
+#define LT_BENCH_CHOICE(nm, d, ch) \
+    { .name = (nm), .kind = LT_BENCH_ARG_CHOICE, .dst = (d), .choices = (ch) }
+#define LT_BENCH_INT(nm, d, l, h) \
+    { .name = (nm), .kind = LT_BENCH_ARG_INT, .dst = (d), .lo = (l), .hi = (h) }
+#define LT_BENCH_I64(nm, d, l, h) \
+    { .name = (nm), .kind = LT_BENCH_ARG_I64, .dst = (d), .lo = (l), .hi = (h) }
+#define LT_BENCH_U64(nm, d, l, h) \
+    { .name = (nm), .kind = LT_BENCH_ARG_U64, .dst = (d), .lo = (l), .hi = (h) }
+#define LT_BENCH_F64(nm, d, l, h) \
+    { .name = (nm), .kind = LT_BENCH_ARG_F64, .dst = (d), .lo = (l), .hi = (h) }
+#define LT_BENCH_BYTES(nm, d) \
+    { .name = (nm), .kind = LT_BENCH_ARG_BYTES, .dst = (d) }
+#define LT_BENCH_LIST(nm, d, n, mx, l, h) \
+    { .name = (nm), .kind = LT_BENCH_ARG_LIST, .dst = (d), .count = (n), .max = (mx), .lo = (l), .hi = (h) }
+#define LT_BENCH_FN(nm, d, fn) \
+    { .name = (nm), .kind = LT_BENCH_ARG_FN, .dst = (d), .parse = (fn) }
+#define LT_BENCH_NARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Which common flags a bench takes (lt_bench_parse_args' `common`). */
+#define LT_BENCH_COMMON_JSON (1u << 0)
+#define LT_BENCH_COMMON_OUT (1u << 1)
+#define LT_BENCH_COMMON_REPEATS (1u << 2)
+#define LT_BENCH_COMMON_WARMUP (1u << 3)
+#define LT_BENCH_COMMON_BACKEND (1u << 4)
+#define LT_BENCH_COMMON_ALL 31u
+#define LT_BENCH_ARGS_HELP 1
+
+/* Parses argv[1..argc) in order: --help returns LT_BENCH_ARGS_HELP (the caller prints its help and
+ * exits 0); the common flags in `common` go into c, every other flag must be a row of args
+ * ("--flag value" or "--flag=value"). Returns 0, or 2 after printing "longtune bench <bench>: <what>"
+ * (an unknown flag, a missing value, or a bad one with the flag, the value and what is allowed) and
+ * the usage line (synopsis, or "longtune bench <bench> [options]" when NULL). */
+int lt_bench_parse_args(const char *bench, const char *synopsis, int argc, char **argv, lt_bench_common *c,
+                        unsigned common, const lt_bench_arg *args, int nargs);
+/* Prints "longtune bench <bench>: <message>" and the usage line as lt_bench_parse_args does; returns 2. */
+int lt_bench_usage_error(const char *bench, const char *synopsis, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The value parsers of the table, for benches that check a value after parsing: a whole number in
+ * [lo, hi]; a byte size; a comma list (count, or -1 when empty, too long or out of range). Return
+ * 0 (or the count) on success, -1 otherwise. */
+int lt_bench_parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out);
+int lt_bench_parse_bytes(const char *v, uint64_t *out);
+int lt_bench_parse_i64_list(const char *v, int64_t *out, int max, int64_t lo, int64_t hi);
+/* LT_BENCH_FN parser of a duration: seconds above 0 (at most 1e9) into double. */
+const char *lt_bench_parse_seconds(const char *v, void *dst);
 #define LT_BENCH_COMMON_HELP                                                      \
     "  --json           print the result JSON on stdout\n"                        \
     "  --out DIR        where to write the result file (default bench/results)\n" \

@@ -20,12 +20,10 @@ Output: JSON lines on stdout, the protocol of train_peft_gpu.py.
                                               the first that runs out of memory"""
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_peft_gpu as dense  # noqa: E402  (its step, timing and memory helpers)
+import peft_peer as peer  # noqa: E402  (flags, model, steps and the JSON lines both training peers share)
 
 # Config values of the published checkpoints' config.json (the keys the step's cost depends on);
 # the -l4 shape keeps 4 of Qwen3-30B-A3B's 48 layers.
@@ -46,51 +44,22 @@ SHAPES = {
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def emit(obj):
-    dense.emit(obj)
-
-
 def build(args, torch, max_T):
-    import peft
     import transformers
     s = dict(SHAPES[args.shape])
     s["max_position_embeddings"] = max(s["max_position_embeddings"], max_T)
     cfg = transformers.AutoConfig.for_model("qwen3_moe", attention_bias=False, hidden_act="silu", use_cache=False,
                                             output_router_logits=True, **s)
-    dev = torch.device(args.device)
-    t0 = time.perf_counter()
-    torch.manual_seed(args.seed)
-    with dev:
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
-    model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lcfg = peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, bias="none",
-                           task_type="CAUSAL_LM", target_modules=TARGETS)
-    model = peft.get_peft_model(model, lcfg)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    init_s = time.perf_counter() - t0
+    model, params, opt, init_s = peer.lora_model(args, torch, cfg, TARGETS)
     base_cfg = model.get_base_model().config
     experts = getattr(base_cfg, "_experts_implementation_internal", None) or getattr(
         base_cfg, "_experts_implementation", None) or "eager"
-    info = {"ready": True, "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "shape": args.shape, "config": SHAPES[args.shape],
-            "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-            "init_s": init_s, "n_params": sum(p.numel() for p in model.parameters()),
-            "n_lora_params": sum(p.numel() for p in params),
-            "lora_dtype": str(params[0].dtype).replace("torch.", ""), "base_dtype": "bfloat16",
-            "lora_rank": args.rank, "lora_alpha": 2 * args.rank, "lora_targets": TARGETS,
-            "attention": "sdpa", "experts_implementation": experts,
-            "gradient_checkpointing": "every layer (use_reentrant=False)",
-            "loss": "transformers ForCausalLM loss on full logits (labels=input_ids) + router_aux_loss_coef * "
-                    "load-balancing loss (output_router_logits)", "batch": 1,
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
-    if dev.type == "cuda":
-        info["memory_fraction"] = args.memory_fraction
-        info["device_total_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    info = peer.ready_info(args, torch, SHAPES[args.shape], model, params, init_s, TARGETS,
+                           experts_implementation=experts,
+                           gradient_checkpointing="every layer (use_reentrant=False)",
+                           loss="transformers ForCausalLM loss on full logits (labels=input_ids) + "
+                                "router_aux_loss_coef * load-balancing loss (output_router_logits)", batch=1,
+                           alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     return model, opt, info
 
 
@@ -109,77 +78,38 @@ def candidates(start, hi):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    ap.add_argument("--seq", default="", help="comma list of tokens per step to time")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per length (median reported)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first per length")
-    ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to check the script only)")
+    peer.add_args(ap, SHAPES, steps=3, warmup=1)
     ap.add_argument("--ceiling", action="store_true", help="search the longest T that trains a step")
     ap.add_argument("--ceiling-start", type=int, default=8192, help="shortest candidate")
     ap.add_argument("--ceiling-max", type=int, default=1 << 18, help="longest candidate")
-    ap.add_argument("--memory-fraction", type=float, default=1.0,
-                    help="cap this process at a fraction of device memory (to exercise the OOM path)")
     args = ap.parse_args()
-    try:
-        seqs = [int(x) for x in args.seq.split(",") if x.strip()]
-    except ValueError:
-        ap.error("bad --seq")
+    seqs = peer.parse_seqs(ap, args)
     if not seqs and not args.ceiling:
         ap.error("nothing to do: give --seq and/or --ceiling")
     if any(T < 2 for T in seqs) or args.steps < 1 or args.warmup < 0 or args.ceiling_start < 2 or \
             args.ceiling_max < args.ceiling_start:
         ap.error("bad --seq / --steps / --warmup / --ceiling-start / --ceiling-max")
 
-    import warnings
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    cuda = args.device == "cuda"
-    if cuda:
-        if not torch.cuda.is_available():
-            emit({"ready": False, "error": "no CUDA device visible to torch"})
-            return 1
-        if args.memory_fraction < 1.0:
-            torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
+    torch, cuda = peer.start_torch(args)
+    if torch is None:
+        return 1
     max_T = max(seqs + ([args.ceiling_max] if args.ceiling else []))
     model, opt, info = build(args, torch, max_T)
-    emit(info)
+    peer.emit(info)
     V = SHAPES[args.shape]["vocab_size"]
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
-
-    for T in seqs:
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        ms, loss = dense.try_T(torch, model, opt, T, V, gen, cuda, args.warmup + args.steps)
-        if ms is None:
-            emit({"T": T, "oom": True})
-            continue
-        timed = ms[args.warmup:]
-        med = statistics.median(timed)
-        emit(dict({"T": T, "median_ms": med, "tokens_per_s": T / (med * 1e-3), "step_ms": timed,
-                   "warmup_ms": ms[:args.warmup], "loss": loss}, **dense.mem(torch, cuda)))
+    peer.time_seqs(torch, model, opt, seqs, V, gen, cuda, args)
 
     if args.ceiling:
         tries, lo, hi = [], 0, None
         cand = candidates(args.ceiling_start, args.ceiling_max)
         for T in cand:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            ms, _ = dense.try_T(torch, model, opt, T, V, gen, cuda, 1)
-            rec = dict({"T": T, "ok": ms is not None, "ms": ms[0] if ms else (time.perf_counter() - t0) * 1e3},
-                       **dense.mem(torch, cuda))
-            tries.append(rec)
-            print(dense.json.dumps({"try": rec}), file=sys.stderr, flush=True)
-            if ms is None:
+            if not peer.attempt(torch, model, opt, T, V, gen, cuda, tries):
                 hi = T
                 break
             lo = T
-        emit({"ceiling": {"fits_T": lo, "fails_T": hi, "max_searched": args.ceiling_max, "candidates": cand,
-                          "tries": tries}})
+        peer.emit({"ceiling": {"fits_T": lo, "fails_T": hi, "max_searched": args.ceiling_max, "candidates": cand,
+                               "tries": tries}})
     return 0
 
 

@@ -36,7 +36,7 @@ assert [a["world"] for a in m["arms"]] == [2] and m["arms"][0]["tokens_per_s"] >
 print("bench scaling: world 1 %.0f tok/s, world 2 %.0f tok/s (tiny model)" % tuple(a["tokens_per_s"] for a in r["arms"]))
 PY
 out=$("$bin" bench scaling --worlds 0 2>&1); rc=$?
-[ $rc = 2 ] && grep -q "bad world list" <<<"$out" || { echo "FAIL: --worlds 0 -> rc=$rc: $out"; fail=1; }
+[ $rc = 2 ] && grep -q "bad value '0' for --worlds" <<<"$out" || { echo "FAIL: --worlds 0 -> rc=$rc: $out"; fail=1; }
 LONGTUNE_BENCH_WEIGHTS="$dir/w" OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
   "$bin" bench scaling --backend cuda --child --device cpu --shape tiny --seq 64 --step 64 --max 4096 --cp-seq 128 \
   --repeats 1 --warmup 0 > "$dir/gpu-logic" 2> "$dir/gpu-logic.err" \
@@ -57,5 +57,5 @@ assert any(a["name"].startswith("context 128, 2 GPUs") and a.get("tokens_per_s",
 print("several-GPU logic on the host: %s" % ", ".join(names))
 PY
 out=$("$bin" bench scaling --backend cuda --gpus 9 2>&1); rc=$?
-[ $rc = 2 ] && grep -q "bad --gpus" <<<"$out" || { echo "FAIL: --gpus 9 -> rc=$rc: $out"; fail=1; }
+[ $rc = 2 ] && grep -q "bad value '9' for --gpus" <<<"$out" || { echo "FAIL: --gpus 9 -> rc=$rc: $out"; fail=1; }
 exit $fail
