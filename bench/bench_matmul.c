@@ -300,7 +300,9 @@ int lt_bench_matmul(int argc, char **argv) {
                     lt_ctx_free(ctx);
                     return 1;
                 }
-                if (nisas < LT_CPU_ISA_COUNT_) isas[nisas++] = (lt_cpu_isa)k;
+                int dup = 0; /* each path once, in the order first named */
+                for (int q = 0; q < nisas; q++) dup |= isas[q] == (lt_cpu_isa)k;
+                if (!dup) isas[nisas++] = (lt_cpu_isa)k;
             }
             if (!found) {
                 lt_ctx_free(ctx);
