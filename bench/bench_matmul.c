@@ -3,7 +3,9 @@
  * dx = dy·W), against the machine's GEMM ceiling measured in the same run: on CUDA a cuBLASLt bf16
  * GEMM on operands already in bf16 (what the op would run at if x were bf16 and W never needed
  * converting), on the CPU OpenBLAS sgemm. It measures the op as the model calls it, conversions
- * included; it does not measure the model. */
+ * included; it does not measure the model. On the CPU each dequantizing arm runs on every
+ * instruction set's dequantizers asked for (--isa; by default the one LONGTUNE_CPU_ISA or the CPU
+ * picks), the same weights each time, with its time relative to the f32 product of that shape. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "bench.h"
+#include "core/quant_internal.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
 
@@ -198,6 +201,39 @@ static const char *parse_dtypes(const char *v, void *dst) {
     return *l->n ? NULL : "a comma list of W dtypes";
 }
 
+/* The dequantizer alone: every row of w through lt_dequantize_row on one thread into a tile of
+ * 64 rows (as the matmul's workspace holds them), per instruction set. Arms "dequant-<dtype>-
+ * <out>x<in>-<isa>" with the median ms and weights per ns. Non-zero on allocation failure. */
+static int dequant_arms(lt_ctx *ctx, const lt_bench_common *c, const lt_tensor *w, const lt_cpu_isa *isas, int nisas,
+                        double *t, cJSON *arms) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const size_t rb = (size_t)lt_dtype_row_bytes(w->dtype, in);
+    float *tile = malloc((size_t)(64 * in) * sizeof *tile);
+    if (!tile) return lt_error(ctx, LT_ERR_OOM, "bench matmul: dequant tile"), 1;
+    for (int k = 0; k < nisas; k++) {
+        if (lt_cpu_isa_select(ctx, isas[k]) != LT_OK) break;
+        for (int r = -c->warmup; r < c->repeats; r++) {
+            double t0 = lt_time_now();
+            for (int64_t o = 0; o < out; o++)
+                lt_dequantize_row(w->dtype, (const uint8_t *)w->data + rb * (size_t)o, tile + (o % 64) * in, in);
+            if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+        }
+        const double ms = lt_bench_median(t, c->repeats), wpns = (double)(out * in) / (ms * 1e6);
+        char name[64];
+        snprintf(name, sizeof name, "dequant-%s-%lldx%lld-%s", lt_dtype_name(w->dtype), (long long)out, (long long)in,
+                 lt_cpu_isa_name(isas[k]));
+        cJSON *arm = cJSON_CreateObject();
+        cJSON_AddStringToObject(arm, "name", name);
+        cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isas[k]));
+        cJSON_AddNumberToObject(arm, "median_ms", ms);
+        cJSON_AddNumberToObject(arm, "weights_per_ns", wpns);
+        cJSON_AddItemToArray(arms, arm);
+        fprintf(stderr, "%-34s %9.3f ms %7.2f weights/ns (one thread)\n", name, ms, wpns);
+    }
+    free(tile);
+    return 0;
+}
+
 int lt_bench_matmul(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -206,25 +242,30 @@ int lt_bench_matmul(int argc, char **argv) {
     int nshapes = 2;
     lt_dtype dts[16];
     int ndts = 0; /* 0: the backend's default list */
+    const char *isa_arg = NULL;
     shape_list sl = {shapes, &nshapes};
     dtype_list dl = {dts, &ndts};
     const lt_bench_arg flags[] = {
         LT_BENCH_I64("--n", &N, 1, 1 << 24),
         LT_BENCH_FN("--shapes", &sl, parse_shapes),
         LT_BENCH_FN("--dtypes", &dl, parse_dtypes),
+        LT_BENCH_STR("--isa", &isa_arg),
     };
     const int parsed =
         lt_bench_parse_args("matmul", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
     if (parsed == LT_BENCH_ARGS_HELP) {
-        printf("usage: longtune bench matmul [options]\n\n"
-               "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
-               "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
-               "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
-               "options:\n"
-               "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
-               "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
-               "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,q4_0,q4_1,q8_0,\n"
-               "                   q5_0,q4_k,q5_k,q6_k; any block format, e.g. q2_k,iq4_xs)\n" LT_BENCH_COMMON_HELP);
+        printf(
+            "usage: longtune bench matmul [options]\n\n"
+            "The backend's weight matmul (f32 x, W of any dtype) at Llama-8B layer shapes, forward\n"
+            "(NT) and backward (NN), median ms and TFLOP/s, against the GEMM ceiling measured in\n"
+            "the same run (CUDA: cuBLASLt bf16 on bf16 operands; CPU: OpenBLAS sgemm).\n\n"
+            "options:\n"
+            "  --n N            rows of x (default 8192 on cuda, 64 on cpu)\n"
+            "  --shapes LIST    out x in pairs, e.g. 4096x4096,14336x4096 (default)\n"
+            "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,f16 and every GGUF\n"
+            "                   block format)\n"
+            "  --isa LIST       cpu: the dequantizers to time each arm on, scalar,avx2,avx512 or all\n"
+            "                   (default: the one in use, LONGTUNE_CPU_ISA or the widest the CPU has)\n" LT_BENCH_COMMON_HELP);
         return 0;
     }
     if (parsed) return parsed;
@@ -245,14 +286,52 @@ int lt_bench_matmul(int argc, char **argv) {
     if (!N) N = cuda ? 8192 : 64;
     if (!ndts) {
         /* the CPU list: the dense ceilings and every format a K_M file holds its projections in */
-        static const lt_dtype cpu_list[] = {LT_DTYPE_F32,  LT_DTYPE_BF16, LT_DTYPE_Q4_0, LT_DTYPE_Q4_1, LT_DTYPE_Q8_0,
-                                            LT_DTYPE_Q5_0, LT_DTYPE_Q4_K, LT_DTYPE_Q5_K, LT_DTYPE_Q6_K};
+        static const lt_dtype cpu_list[] = {LT_DTYPE_F32,  LT_DTYPE_BF16,   LT_DTYPE_F16,   LT_DTYPE_Q8_0,
+                                            LT_DTYPE_Q4_0, LT_DTYPE_Q4_1,   LT_DTYPE_Q5_0,  LT_DTYPE_Q5_1,
+                                            LT_DTYPE_Q2_K, LT_DTYPE_Q3_K,   LT_DTYPE_Q4_K,  LT_DTYPE_Q5_K,
+                                            LT_DTYPE_Q6_K, LT_DTYPE_IQ4_NL, LT_DTYPE_IQ4_XS};
         if (cuda) dts[ndts++] = LT_DTYPE_BF16, dts[ndts++] = LT_DTYPE_Q4_0;
         else
             for (size_t k = 0; k < sizeof cpu_list / sizeof cpu_list[0]; k++) dts[ndts++] = cpu_list[k];
     }
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
+    /* the CPU dequantizers to time: the list asked for, or the one in use */
+    lt_cpu_isa isas[LT_CPU_ISA_COUNT_];
+    int nisas = 0;
+    if (!cuda && isa_arg) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", isa_arg);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            int found = 0;
+            for (int k = 0; k < LT_CPU_ISA_COUNT_; k++) {
+                const char *why;
+                if (strcmp(tok, "all") && strcmp(tok, lt_cpu_isa_name((lt_cpu_isa)k))) continue;
+                found = 1;
+                if (!lt_cpu_isa_available((lt_cpu_isa)k, &why)) {
+                    if (!strcmp(tok, "all")) continue;
+                    fprintf(stderr, "longtune bench matmul: --isa %s: %s\n", tok, why);
+                    lt_ctx_free(ctx);
+                    return 1;
+                }
+                int dup = 0; /* each path once, in the order first named */
+                for (int q = 0; q < nisas; q++) dup |= isas[q] == (lt_cpu_isa)k;
+                if (!dup) isas[nisas++] = (lt_cpu_isa)k;
+            }
+            if (!found) {
+                lt_ctx_free(ctx);
+                return usage("unknown --isa (scalar, avx2, avx512, all)", tok);
+            }
+        }
+    } else if (!cuda) {
+        if (lt_cpu_isa_from_env(ctx, &isas[0]) != LT_OK) {
+            fprintf(stderr, "longtune bench matmul: %s\n", lt_ctx_error(ctx));
+            lt_ctx_free(ctx);
+            return 1;
+        }
+        nisas = 1;
+    }
+    const lt_cpu_isa isa_before = cuda ? LT_CPU_ISA_SCALAR : lt_cpu_isa_active();
     int rc = 1;
     uint64_t s = 0x9e3779b97f4a7c15ULL;
     double *t = malloc(sizeof(double) * (size_t)c.repeats);
@@ -261,8 +340,14 @@ int lt_bench_matmul(int argc, char **argv) {
     cJSON_AddStringToObject(cfg, "backend", c.backend);
     cJSON_AddNumberToObject(cfg, "N", (double)N);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
+    if (!cuda) {
+        cJSON_AddNumberToObject(cfg, "threads", lt_bench_threads(ctx));
+        cJSON *il = cJSON_AddArrayToObject(cfg, "isa");
+        for (int k = 0; k < nisas; k++) cJSON_AddItemToArray(il, cJSON_CreateString(lt_cpu_isa_name(isas[k])));
+    }
     cJSON_AddStringToObject(cfg, "measures",
-                            "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time");
+                            "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time; "
+                            "vs_f32 = time / the f32 arm's time at the same shape and mode");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
     double cpu_ceiling = cuda ? 0 : lt_bench_sgemm_gflops(1024, 3, lt_ctx_threads(ctx));
     if (!t) goto done;
@@ -278,7 +363,7 @@ int lt_bench_matmul(int argc, char **argv) {
             goto done;
         }
         for (int mode = 0; mode < 2; mode++) {
-            double ceil_tflops = cpu_ceiling * 1e-3;
+            double ceil_tflops = cpu_ceiling * 1e-3, f32_ms = 0;
 #if LT_HAVE_CUDA
             if (cuda) {
                 /* the GEMM each mode runs: NT is (out, N, in) with A transposed, NN is (in, N, out) */
@@ -316,26 +401,40 @@ int lt_bench_matmul(int argc, char **argv) {
                     lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
                     goto done;
                 }
-                for (int r = -c.warmup; r < c.repeats; r++) {
-                    be->synchronize(ctx);
-                    double t0 = lt_time_now();
-                    be->matmul(ctx, (lt_matmul_mode)mode, &w, x, N, 0.0f, y, ws);
-                    be->synchronize(ctx);
-                    if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+                /* the f32 product dequantizes nothing: timed once */
+                const int runs = cuda || dt == LT_DTYPE_F32 ? 1 : nisas;
+                for (int k = 0; k < runs; k++) {
+                    const int tag_isa = !cuda && dt != LT_DTYPE_F32;
+                    if (tag_isa && lt_cpu_isa_select(ctx, isas[k]) != LT_OK) break;
+                    for (int r = -c.warmup; r < c.repeats; r++) {
+                        be->synchronize(ctx);
+                        double t0 = lt_time_now();
+                        be->matmul(ctx, (lt_matmul_mode)mode, &w, x, N, 0.0f, y, ws);
+                        be->synchronize(ctx);
+                        if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+                    }
+                    const double ms = lt_bench_median(t, c.repeats), tf = flop / (ms * 1e-3) * 1e-12;
+                    if (dt == LT_DTYPE_F32) f32_ms = ms;
+                    char name[64];
+                    snprintf(name, sizeof name, "%s-%s-%lldx%lld%s%s", lt_dtype_name(dt), mode ? "nn" : "nt",
+                             (long long)out, (long long)in, tag_isa ? "-" : "",
+                             tag_isa ? lt_cpu_isa_name(isas[k]) : "");
+                    cJSON *arm = cJSON_CreateObject();
+                    cJSON_AddStringToObject(arm, "name", name);
+                    if (tag_isa) cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isas[k]));
+                    cJSON_AddNumberToObject(arm, "median_ms", ms);
+                    cJSON_AddNumberToObject(arm, "tflops", tf);
+                    cJSON_AddNumberToObject(arm, "workspace_bytes", (double)wsb);
+                    if (ceil_tflops > 0) cJSON_AddNumberToObject(arm, "fraction_of_ceiling", tf / ceil_tflops);
+                    if (f32_ms > 0 && dt != LT_DTYPE_F32) cJSON_AddNumberToObject(arm, "vs_f32", ms / f32_ms);
+                    cJSON_AddItemToArray(arms, arm);
+                    fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s  %.2f of the ceiling, workspace %.1f MiB", name, ms,
+                            tf, ceil_tflops > 0 ? tf / ceil_tflops : 0.0, (double)wsb / (1 << 20));
+                    if (f32_ms > 0 && dt != LT_DTYPE_F32) fprintf(stderr, ", %.2fx the f32 time", ms / f32_ms);
+                    fputc('\n', stderr);
                 }
-                const double ms = lt_bench_median(t, c.repeats), tf = flop / (ms * 1e-3) * 1e-12;
-                char name[64];
-                snprintf(name, sizeof name, "%s-%s-%lldx%lld", lt_dtype_name(dt), mode ? "nn" : "nt", (long long)out,
-                         (long long)in);
-                cJSON *arm = cJSON_CreateObject();
-                cJSON_AddStringToObject(arm, "name", name);
-                cJSON_AddNumberToObject(arm, "median_ms", ms);
-                cJSON_AddNumberToObject(arm, "tflops", tf);
-                cJSON_AddNumberToObject(arm, "workspace_bytes", (double)wsb);
-                if (ceil_tflops > 0) cJSON_AddNumberToObject(arm, "fraction_of_ceiling", tf / ceil_tflops);
-                cJSON_AddItemToArray(arms, arm);
-                fprintf(stderr, "%-34s %9.3f ms %7.1f TFLOP/s  %.2f of the ceiling, workspace %.1f MiB\n", name, ms, tf,
-                        ceil_tflops > 0 ? tf / ceil_tflops : 0.0, (double)wsb / (1 << 20));
+                if (!cuda && mode == 0 && dt != LT_DTYPE_F32 && dequant_arms(ctx, &c, &w, isas, nisas, t, arms))
+                    goto done;
                 if (ws) lt_free(ctx, be->device, ws, wsb);
                 lt_free(ctx, be->device, wd, wb);
             }
@@ -391,6 +490,7 @@ int lt_bench_matmul(int argc, char **argv) {
     rc = 0;
 done:
     if (rc) lt_log(LT_LOG_ERROR, "bench matmul failed: %s", lt_ctx_error(ctx));
+    if (!cuda) lt_cpu_isa_select(ctx, isa_before);
     free(t);
     lt_ctx_free(ctx);
     if (!rc) rc = lt_bench_write(&c, res, cuda ? "cuda" : "cpu");

@@ -1,8 +1,10 @@
 /* The reference (de)quantizers of the 32-weight block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * IQ4_NL, and longtune's INT4_G64) and the two dispatchers over every dtype. Dequantization is
- * bit-for-bit gguf-py's (gguf.quants.dequantize): the same float32 operations in the same order,
- * never contracted into FMAs; the GGUF quantizers follow ggml's reference quantizers
- * (quantize_row_*_ref), which gguf-py reproduces for these types. The K-quants are in quant_k.c. */
+ * IQ4_NL, and longtune's INT4_G64), the bf16/f16 widening, and the two dispatchers over every
+ * dtype. Dequantization is bit-for-bit gguf-py's (gguf.quants.dequantize): the same float32
+ * operations in the same order, never contracted into FMAs; the GGUF quantizers follow ggml's
+ * reference quantizers (quantize_row_*_ref), which gguf-py reproduces for these types. The
+ * K-quants are in quant_k.c; the AVX2 and AVX-512 dequantizers (same bits) in quant_avx2.c and
+ * quant_avx512.c, which lt_dequantize_row takes as quant_isa.c chose at its first call. */
 #include <math.h>
 #include <string.h>
 
@@ -21,27 +23,43 @@ int lt_quant_round(float v) {
     return (int)lrintf(v);
 }
 
-static float half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return lt_f16_to_f32(h);
-}
-
-static void put_half(uint8_t *p, float f) {
-    uint16_t h = lt_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
-
 /* y = d*q + m as two rounded float32 operations (numpy's order). */
 static float affine(float d, float q, float m) {
     float t = d * q;
     return t + m;
 }
 
+void lt_dequant_q8_0_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 34, out += 32) {
+        float d = lt_quant_half(p);
+        for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)p[2 + j] * d;
+    }
+}
+
+void lt_dequant_q4_0_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 18, out += 32) {
+        float d = lt_quant_half(p);
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)((p[2 + j] & 0xf) - 8);
+            out[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+        }
+    }
+}
+
+void lt_dequant_q4_1_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 20, out += 32) {
+        float d = lt_quant_half(p), m = lt_quant_half(p + 2);
+        for (int j = 0; j < 16; j++) {
+            out[j] = affine(d, (float)(p[4 + j] & 0xf), m);
+            out[j + 16] = affine(d, (float)(p[4 + j] >> 4), m);
+        }
+    }
+}
+
 static void dequant_q5_scalar(const uint8_t *p, float *out, int64_t nb, int has_min) {
     const int64_t bb = has_min ? 24 : 22;
     for (int64_t b = 0; b < nb; b++, p += bb, out += 32) {
-        float d = half(p), m = has_min ? half(p + 2) : 0.0f;
+        float d = lt_quant_half(p), m = has_min ? lt_quant_half(p + 2) : 0.0f;
         const uint8_t *qhp = p + (has_min ? 4 : 2), *qs = qhp + 4;
         uint32_t qh;
         memcpy(&qh, qhp, 4);
@@ -62,116 +80,64 @@ static void dequant_q5_scalar(const uint8_t *p, float *out, int64_t nb, int has_
 void lt_dequant_q5_0_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_q5_scalar(p, out, nb, 0); }
 void lt_dequant_q5_1_scalar(const uint8_t *p, float *out, int64_t nb) { dequant_q5_scalar(p, out, nb, 1); }
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-
-/* 0xff in byte i where bit i of x is set. */
-static inline __m256i bit_bytes(uint32_t x) {
-    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), pick);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
-/* Q5_0 / Q5_1 with the levels unpacked 32 at a time; the same two roundings as the scalar code. */
-static void dequant_q5_avx2(const uint8_t *p, float *out, int64_t nb, int has_min) {
-    const int64_t bb = has_min ? 24 : 22;
-    const __m128i nib = _mm_set1_epi8(0x0f);
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    int8_t lev[32];
-    for (int64_t b = 0; b < nb; b++, p += bb, out += 32) {
-        float d = half(p), m = has_min ? half(p + 2) : 0.0f;
-        const uint8_t *qhp = p + (has_min ? 4 : 2);
-        uint32_t qh;
-        memcpy(&qh, qhp, 4);
-        __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(qhp + 4));
-        __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), nib), _mm_and_si128(q, nib));
-        v = _mm256_or_si256(v, _mm256_and_si256(bit_bytes(qh), sixteen));
-        if (!has_min) v = _mm256_sub_epi8(v, sixteen);
-        _mm256_storeu_si256((__m256i *)(void *)lev, v);
-        const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
-        for (int i = 0; i < 32; i += 8) {
-            __m256 x =
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(lev + i))));
-            x = _mm256_mul_ps(dv, x);
-            _mm256_storeu_ps(out + i, has_min ? _mm256_add_ps(x, mv) : x);
+void lt_dequant_iq4_nl_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 18, out += 32) {
+        float d = lt_quant_half(p);
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)lt_iq4_values[p[2 + j] & 0xf];
+            out[j + 16] = d * (float)lt_iq4_values[p[2 + j] >> 4];
         }
     }
 }
-#endif
 
-static void dequant_q5(const uint8_t *p, float *out, int64_t nb, int has_min) {
-#if defined(__AVX2__)
-    dequant_q5_avx2(p, out, nb, has_min);
-#else
-    dequant_q5_scalar(p, out, nb, has_min);
-#endif
+void lt_dequant_int4_g64_scalar(const uint8_t *p, float *out, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += 36, out += 64) {
+        float s = lt_quant_half(p), bias = lt_quant_half(p + 2);
+        for (int w = 0; w < 8; w++) {
+            uint32_t q;
+            memcpy(&q, p + 4 + 4 * w, 4);
+            for (int j = 0; j < 8; j++) out[w * 8 + j] = affine((float)((q >> (4 * j)) & 0xfu), s, bias);
+        }
+    }
+}
+
+void lt_dequant_bf16_scalar(const uint8_t *p, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        out[i] = lt_bf16_to_f32(h);
+    }
+}
+
+void lt_dequant_f16_scalar(const uint8_t *p, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = lt_quant_half(p + 2 * i);
+}
+
+static void dequantize_with(const lt_dequant_fn *table, lt_dtype t, const void *row, float *out, int64_t n) {
+    if (t == LT_DTYPE_F32) {
+        memcpy(out, row, (size_t)n * 4);
+        return;
+    }
+    lt_dequant_fn fn = (unsigned)t < LT_DTYPE_COUNT_ ? table[t] : NULL;
+    if (!fn) LT_ABORT("lt_dequantize_row: dtype %s has no float form", lt_dtype_name(t));
+    fn(row, out, n / lt_dtype_block_elems(t));
+}
+
+void lt_dequantize_row_isa(lt_cpu_isa isa, lt_dtype t, const void *row, float *out, int64_t n) {
+    const lt_dequant_fn *table = isa == LT_CPU_ISA_AVX512 ? lt_dequant_avx512_table()
+        : isa == LT_CPU_ISA_AVX2                          ? lt_dequant_avx2_table()
+                                                          : lt_dequant_scalar;
+    if (!table || !lt_cpu_isa_available(isa, NULL))
+        LT_ABORT("lt_dequantize_row: the %s path is not available here", lt_cpu_isa_name(isa));
+    dequantize_with(table, t, row, out, n);
 }
 
 void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n) {
-    const uint8_t *p = row;
-    int64_t nb = n / (lt_dtype_block_elems(t) > 0 ? lt_dtype_block_elems(t) : 1);
-    switch (t) {
-    case LT_DTYPE_Q8_0:
-        for (int64_t b = 0; b < nb; b++, p += 34) {
-            float d = half(p);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
-        }
-        break;
-    case LT_DTYPE_Q4_0:
-        for (int64_t b = 0; b < nb; b++, p += 18) {
-            float d = half(p);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = d * (float)((p[2 + j] & 0xf) - 8);
-                out[b * 32 + j + 16] = d * (float)((p[2 + j] >> 4) - 8);
-            }
-        }
-        break;
-    case LT_DTYPE_Q4_1:
-        for (int64_t b = 0; b < nb; b++, p += 20) {
-            float d = half(p), m = half(p + 2);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = affine(d, (float)(p[4 + j] & 0xf), m);
-                out[b * 32 + j + 16] = affine(d, (float)(p[4 + j] >> 4), m);
-            }
-        }
-        break;
-    case LT_DTYPE_Q5_0: dequant_q5(p, out, nb, 0); break;
-    case LT_DTYPE_Q5_1: dequant_q5(p, out, nb, 1); break;
-    case LT_DTYPE_IQ4_NL:
-        for (int64_t b = 0; b < nb; b++, p += 18) {
-            float d = half(p);
-            for (int j = 0; j < 16; j++) {
-                out[b * 32 + j] = d * (float)lt_iq4_values[p[2 + j] & 0xf];
-                out[b * 32 + j + 16] = d * (float)lt_iq4_values[p[2 + j] >> 4];
-            }
-        }
-        break;
-    case LT_DTYPE_INT4_G64:
-        for (int64_t b = 0; b < nb; b++, p += 36) {
-            float s = half(p), bias = half(p + 2);
-            for (int w = 0; w < 8; w++) {
-                uint32_t q;
-                memcpy(&q, p + 4 + 4 * w, 4);
-                for (int j = 0; j < 8; j++) out[b * 64 + w * 8 + j] = affine((float)((q >> (4 * j)) & 0xfu), s, bias);
-            }
-        }
-        break;
-    case LT_DTYPE_Q2_K: lt_dequant_q2_k(p, out, nb); break;
-    case LT_DTYPE_Q3_K: lt_dequant_q3_k(p, out, nb); break;
-    case LT_DTYPE_Q4_K: lt_dequant_q4_k(p, out, nb); break;
-    case LT_DTYPE_Q5_K: lt_dequant_q5_k(p, out, nb); break;
-    case LT_DTYPE_Q6_K: lt_dequant_q6_k(p, out, nb); break;
-    case LT_DTYPE_IQ4_XS: lt_dequant_iq4_xs(p, out, nb); break;
-    case LT_DTYPE_F32: memcpy(out, row, (size_t)n * 4); break;
-    case LT_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) out[i] = lt_bf16_to_f32(((const uint16_t *)row)[i]);
-        break;
-    case LT_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++) out[i] = lt_f16_to_f32(((const uint16_t *)row)[i]);
-        break;
-    default: LT_ABORT("lt_dequantize_row: dtype %s has no float form", lt_dtype_name(t));
-    }
+    const lt_cpu_isa isa = lt_cpu_isa_active();
+    const lt_dequant_fn *table = isa == LT_CPU_ISA_AVX512 ? lt_dequant_avx512_table()
+        : isa == LT_CPU_ISA_AVX2                          ? lt_dequant_avx2_table()
+                                                          : lt_dequant_scalar;
+    dequantize_with(table, t, row, out, n);
 }
 
 static void minmax(const float *x, int n, float *lo, float *hi) {
@@ -220,8 +186,8 @@ static void quant_q5(const float *in, uint8_t *p, int64_t nb, int has_min) {
             d = signed_absmax(in, 32) / -16.0f;
         }
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        put_half(p, d);
-        if (has_min) put_half(p + 2, m);
+        lt_quant_put_half(p, d);
+        if (has_min) lt_quant_put_half(p + 2, m);
         uint8_t *qhp = p + (has_min ? 4 : 2), *qs = qhp + 4;
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
@@ -246,7 +212,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             float amax = 0;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
             float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            put_half(p, d);
+            lt_quant_put_half(p, d);
             for (int j = 0; j < 32; j++) {
                 float q = roundf(x[j] * id); /* ties away from zero, as ggml */
                 p[2 + j] = (uint8_t)(int8_t)(q < -127.0f ? -127 : q > 127.0f ? 127 : (int)q);
@@ -257,7 +223,7 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
         for (int64_t b = 0; b < nb; b++, p += 18) {
             const float *x = in + b * 32;
             float d = signed_absmax(x, 32) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            put_half(p, d);
+            lt_quant_put_half(p, d);
             for (int j = 0; j < 16; j++)
                 p[2 + j] = (uint8_t)(trunc_level(x[j] * id, 8.5f, 15) | (trunc_level(x[j + 16] * id, 8.5f, 15) << 4));
         }
@@ -268,8 +234,8 @@ void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
             float lo, hi;
             minmax(x, 32, &lo, &hi);
             float d = (hi - lo) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            put_half(p, d);
-            put_half(p + 2, lo);
+            lt_quant_put_half(p, d);
+            lt_quant_put_half(p + 2, lo);
             for (int j = 0; j < 16; j++)
                 p[4 + j] = (uint8_t)(trunc_level((x[j] - lo) * id, 0.5f, 15) |
                                      (trunc_level((x[j + 16] - lo) * id, 0.5f, 15) << 4));

@@ -4,7 +4,8 @@
  * ggml's reference quantizers (quantize_row_q{2..6}_K_ref): per sub-block a scale (and for the
  * affine types a min) searched over a few candidate grids for the least weighted error, the
  * sub-block scales then quantized to 4/6/8 bits against one f16 super-scale. There is no IQ4_XS
- * quantizer: its importance-weighted search has no use here. */
+ * quantizer: its importance-weighted search has no use here. The AVX2 and AVX-512 dequantizers
+ * are in quant_avx2.c and quant_avx512.c. */
 #include <math.h>
 #include <string.h>
 
@@ -17,17 +18,6 @@
 
 enum { QK = 256 };
 
-static float half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return lt_f16_to_f32(h);
-}
-
-static void put_half(uint8_t *p, float f) {
-    uint16_t h = lt_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
-
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* d*q - m as two rounded float32 operations. */
@@ -36,48 +26,14 @@ static float scaled_minus(float d, float q, float m) {
     return t - m;
 }
 
-/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block's 12 scale bytes:
- * bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; bytes 8-11 the low nibbles of
- * scales/mins 4-7, whose top two bits ride in the high bits of bytes 0-7. */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 2) & 0x30);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-    }
-}
-
-/* Q2_K's 4-bit scale and min of sub-block j (0..15): the low and high nibble of byte j. */
-static void q2_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    *sc = s[j] & 0xf;
-    *mn = s[j] >> 4;
-}
-
-/* Q3_K's 6-bit signed scale k (0..15) from its 12 scale bytes. */
-static int q3_scale(const uint8_t *s, int k) {
-    int lo = k < 8 ? (s[k] & 0xf) : (s[k - 8] >> 4);
-    int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
-    return (lo | (hi << 4)) - 32;
-}
-
-/* IQ4_XS's 6-bit signed scale k (0..7) of super-block p: the low four bits from a nibble of
- * scales_l (bytes 4-7), the high two from the u16 scales_h (bytes 2-3). */
-static int iq4_xs_scale(const uint8_t *p, int k) {
-    uint16_t sh;
-    memcpy(&sh, p + 2, 2);
-    return (((p[4 + k / 2] >> (4 * (k % 2))) & 0xf) | (((sh >> (2 * k)) & 3) << 4)) - 32;
-}
-
 void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
         const uint8_t *sc = p, *qs = p + 16;
-        float d = half(p + 80), dmin = half(p + 82);
+        float d = lt_quant_half(p + 80), dmin = lt_quant_half(p + 82);
         for (int e = 0; e < QK; e++) {
             int h = e / 128, j = (e / 32) % 4, l = e % 32, s, m;
             int q = (qs[h * 32 + l] >> (2 * j)) & 3;
-            q2_scale_min(sc, e / 16, &s, &m);
+            lt_q2_scale_min(sc, e / 16, &s, &m);
             out[e] = scaled_minus(d * (float)s, (float)q, dmin * (float)m);
         }
     }
@@ -86,9 +42,9 @@ void lt_dequant_q2_k_scalar(const uint8_t *p, float *out, int64_t nb) {
 void lt_dequant_q3_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
         const uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
-        float d = half(p + 108);
+        float d = lt_quant_half(p + 108);
         for (int k = 0; k < 16; k++) {
-            float dl = d * (float)q3_scale(sc, k);
+            float dl = d * (float)lt_q3_scale(sc, k);
             for (int i = 0; i < 16; i++) {
                 int e = k * 16 + i, h = e / 128, j = (e / 32) % 4, l = e % 32;
                 int lo = (qs[h * 32 + l] >> (2 * j)) & 3, hb = (hm[l] >> (e / 32)) & 1;
@@ -101,11 +57,11 @@ void lt_dequant_q3_k_scalar(const uint8_t *p, float *out, int64_t nb) {
 static void dequant_k45(const uint8_t *p, float *out, int64_t nb, int five) {
     const int64_t bb = five ? 176 : 144;
     for (int64_t b = 0; b < nb; b++, p += bb, out += QK) {
-        float d = half(p), dmin = half(p + 2);
+        float d = lt_quant_half(p), dmin = lt_quant_half(p + 2);
         const uint8_t *sc = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
         for (int j = 0; j < 8; j++) {
             int s, m;
-            k4_scale_min(sc, j, &s, &m);
+            lt_k4_scale_min(sc, j, &s, &m);
             float dl = d * (float)s, ml = dmin * (float)m;
             const uint8_t *q = qs + (j / 2) * 32;
             int shift = 4 * (j % 2);
@@ -125,7 +81,7 @@ void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
         const uint8_t *ql = p, *qh = p + 128;
         const int8_t *sc = (const int8_t *)(p + 192);
-        float d = half(p + 208);
+        float d = lt_quant_half(p + 208);
         for (int e = 0; e < QK; e++) {
             int h = e / 128, r = e % 128;
             int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0xf;
@@ -138,10 +94,10 @@ void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb) {
 
 void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
-        float d = half(p);
+        float d = lt_quant_half(p);
         const uint8_t *qs = p + 8;
         for (int k = 0; k < 8; k++) {
-            float dl = d * (float)iq4_xs_scale(p, k);
+            float dl = d * (float)lt_iq4_xs_scale(p, k);
             for (int i = 0; i < 32; i++) {
                 int q = (qs[k * 16 + i % 16] >> (4 * (i / 16))) & 0xf;
                 out[k * 32 + i] = dl * (float)lt_iq4_values[q];
@@ -149,152 +105,6 @@ void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb) {
         }
     }
 }
-
-/* ---- AVX2 dequantization ---------------------------------------------------------------------
- * The levels of a super-block are unpacked to int8 with byte-wise vector ops, then each group of
- * 8 becomes d*q (- m) with one float multiply and one subtract, the scalar code's two roundings
- * (no FMA), so both paths give the same bits. AVX-512 builds use these too: the unpacking is
- * 32 bytes wide and the float side is not the bottleneck. */
-#if defined(__AVX2__)
-#include <immintrin.h>
-
-static inline __m256 levels8(const int8_t *lev) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)lev)));
-}
-
-/* out[0..n) = dl*lev - ml, n a multiple of 8. */
-static inline void scale_minus(const int8_t *lev, float dl, float ml, float *out, int n) {
-    const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml);
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_mul_ps(d, levels8(lev + i)), m));
-}
-
-/* out[0..n) = dl*lev. */
-static inline void scale(const int8_t *lev, float dl, float *out, int n) {
-    const __m256 d = _mm256_set1_ps(dl);
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(d, levels8(lev + i)));
-}
-
-static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
-static inline void store32(int8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)(void *)p, v); }
-
-static void dequant_k45_avx2(const uint8_t *p, float *out, int64_t nb, int five) {
-    const int64_t bb = five ? 176 : 144;
-    const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    int8_t lev[QK];
-    for (int64_t b = 0; b < nb; b++, p += bb, out += QK) {
-        float d = half(p), dmin = half(p + 2);
-        const uint8_t *sc = p + 4, *qs = p + (five ? 48 : 16);
-        __m256i qh = five ? load32(p + 16) : _mm256_setzero_si256();
-        for (int g = 0; g < 4; g++) {
-            __m256i v = load32(qs + 32 * g);
-            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-            if (five) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
-            }
-            store32(lev + 64 * g, lo);
-            store32(lev + 64 * g + 32, hi);
-        }
-        for (int j = 0; j < 8; j++) {
-            int s, m;
-            k4_scale_min(sc, j, &s, &m);
-            scale_minus(lev + 32 * j, d * (float)s, dmin * (float)m, out + 32 * j, 32);
-        }
-    }
-}
-
-static void dequant_q6_k_avx2(const uint8_t *p, float *out, int64_t nb) {
-    const __m256i nib = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-    int8_t lev[QK];
-    for (int64_t b = 0; b < nb; b++, p += 210, out += QK) {
-        const int8_t *sc = (const int8_t *)(p + 192);
-        float d = half(p + 208);
-        for (int h = 0; h < 2; h++) {
-            __m256i a = load32(p + 64 * h), c = load32(p + 64 * h + 32), qh = load32(p + 128 + 32 * h);
-            __m256i lo4[4] = {_mm256_and_si256(a, nib), _mm256_and_si256(c, nib),
-                              _mm256_and_si256(_mm256_srli_epi16(a, 4), nib),
-                              _mm256_and_si256(_mm256_srli_epi16(c, 4), nib)};
-            for (int j = 0; j < 4; j++) {
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), three);
-                store32(lev + 128 * h + 32 * j,
-                        _mm256_sub_epi8(_mm256_or_si256(lo4[j], _mm256_slli_epi16(hi, 4)), off));
-            }
-        }
-        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)sc[k], out + 16 * k, 16);
-    }
-}
-
-static void dequant_q2_k_avx2(const uint8_t *p, float *out, int64_t nb) {
-    const __m256i three = _mm256_set1_epi8(3);
-    int8_t lev[QK];
-    for (int64_t b = 0; b < nb; b++, p += 84, out += QK) {
-        const uint8_t *sc = p;
-        float d = half(p + 80), dmin = half(p + 82);
-        for (int h = 0; h < 2; h++) {
-            __m256i q = load32(p + 16 + 32 * h);
-            for (int j = 0; j < 4; j++)
-                store32(lev + 128 * h + 32 * j, _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three));
-        }
-        for (int k = 0; k < 16; k++) {
-            int s, m;
-            q2_scale_min(sc, k, &s, &m);
-            scale_minus(lev + 16 * k, d * (float)s, dmin * (float)m, out + 16 * k, 16);
-        }
-    }
-}
-
-static void dequant_q3_k_avx2(const uint8_t *p, float *out, int64_t nb) {
-    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
-    int8_t lev[QK];
-    for (int64_t b = 0; b < nb; b++, p += 110, out += QK) {
-        const uint8_t *sc = p + 96;
-        float d = half(p + 108);
-        __m256i hm = load32(p);
-        for (int h = 0; h < 2; h++) {
-            __m256i q = load32(p + 32 + 32 * h);
-            for (int j = 0; j < 4; j++) {
-                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three);
-                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
-                /* lo - 4 * (1 - hb) */
-                store32(lev + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four));
-            }
-        }
-        for (int k = 0; k < 16; k++) scale(lev + 16 * k, d * (float)q3_scale(sc, k), out + 16 * k, 16);
-    }
-}
-
-static void dequant_iq4_xs_avx2(const uint8_t *p, float *out, int64_t nb) {
-    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)lt_iq4_values), nib = _mm_set1_epi8(0x0f);
-    int8_t lev[QK];
-    for (int64_t b = 0; b < nb; b++, p += 136, out += QK) {
-        float d = half(p);
-        for (int k = 0; k < 8; k++) {
-            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 8 + 16 * k));
-            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k), _mm_shuffle_epi8(table, _mm_and_si128(q, nib)));
-            _mm_storeu_si128((__m128i *)(void *)(lev + 32 * k + 16),
-                             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), nib)));
-        }
-        for (int k = 0; k < 8; k++) scale(lev + 32 * k, d * (float)iq4_xs_scale(p, k), out + 32 * k, 32);
-    }
-}
-#endif
-
-#if defined(__AVX2__)
-static void dequant_q4_k_avx2(const uint8_t *p, float *out, int64_t nb) { dequant_k45_avx2(p, out, nb, 0); }
-static void dequant_q5_k_avx2(const uint8_t *p, float *out, int64_t nb) { dequant_k45_avx2(p, out, nb, 1); }
-#define DEQUANT_PATH(name) dequant_##name##_avx2
-#else
-#define DEQUANT_PATH(name) lt_dequant_##name##_scalar
-#endif
-
-/* The dequantizers callers use: the AVX2 path where the build has it, else the scalar one. */
-void lt_dequant_q2_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q2_k)(p, out, nb); }
-void lt_dequant_q3_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q3_k)(p, out, nb); }
-void lt_dequant_q4_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q4_k)(p, out, nb); }
-void lt_dequant_q5_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q5_k)(p, out, nb); }
-void lt_dequant_q6_k(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(q6_k)(p, out, nb); }
-void lt_dequant_iq4_xs(const uint8_t *p, float *out, int64_t nb) { DEQUANT_PATH(iq4_xs)(p, out, nb); }
-#undef DEQUANT_PATH
 
 /* ---- quantizers ----------------------------------------------------------------------------- */
 
@@ -480,12 +290,12 @@ void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
         for (int j = 0; j < 16; j++)
             sc[j] = (uint8_t)(clampi(lt_quant_round(is * scales[j]), 0, 15) |
                               (clampi(lt_quant_round(im * mins[j]), 0, 15) << 4));
-        put_half(p + 80, max_scale > 0 ? max_scale / 15.0f : 0.0f);
-        put_half(p + 82, max_min > 0 ? max_min / 15.0f : 0.0f);
-        float d = half(p + 80), dmin = half(p + 82);
+        lt_quant_put_half(p + 80, max_scale > 0 ? max_scale / 15.0f : 0.0f);
+        lt_quant_put_half(p + 82, max_min > 0 ? max_min / 15.0f : 0.0f);
+        float d = lt_quant_half(p + 80), dmin = lt_quant_half(p + 82);
         for (int j = 0; j < 16; j++) {
             int s, m;
-            q2_scale_min(sc, j, &s, &m);
+            lt_q2_scale_min(sc, j, &s, &m);
             requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
         }
         pack_2bit(L, p + 16);
@@ -508,12 +318,12 @@ void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
                 else sc[j - 8] |= (uint8_t)((l & 0xf) << 4);
                 sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
             }
-            put_half(p + 108, 1.0f / inv);
+            lt_quant_put_half(p + 108, 1.0f / inv);
         } else {
-            put_half(p + 108, 0.0f);
+            lt_quant_put_half(p + 108, 0.0f);
         }
-        float d = half(p + 108);
-        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)q3_scale(sc, j), 4, L + 16 * j);
+        float d = lt_quant_half(p + 108);
+        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)lt_q3_scale(sc, j), 4, L + 16 * j);
         /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
         memset(hm, 0, 32);
         uint8_t low[QK];
@@ -561,12 +371,12 @@ static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
                 sc[j] |= (uint8_t)((lm >> 4) << 6);
             }
         }
-        put_half(p, max_scale / 63.0f);
-        put_half(p + 2, max_min / 63.0f);
-        float d = half(p), dmin = half(p + 2);
+        lt_quant_put_half(p, max_scale / 63.0f);
+        lt_quant_put_half(p + 2, max_min / 63.0f);
+        float d = lt_quant_half(p), dmin = lt_quant_half(p + 2);
         for (int j = 0; j < 8; j++) {
             int s, m;
-            k4_scale_min(sc, j, &s, &m);
+            lt_k4_scale_min(sc, j, &s, &m);
             requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
         }
         uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
@@ -598,8 +408,8 @@ void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
         float inv = -128.0f / max_scale;
         int8_t *sc = (int8_t *)(p + 192);
         for (int j = 0; j < 16; j++) sc[j] = (int8_t)clampi(lt_quant_round(inv * scales[j]), -128, 127);
-        put_half(p + 208, 1.0f / inv);
-        float d = half(p + 208);
+        lt_quant_put_half(p + 208, 1.0f / inv);
+        float d = lt_quant_half(p + 208);
         for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
         uint8_t *ql = p, *qh = p + 128;
         for (int h = 0; h < 2; h++)

@@ -2,7 +2,9 @@
  * random valid blocks of every GGUF type longtune reads, dequantised by gguf.quants.dequantize,
  * must come out of lt_dequantize_row bit for bit; where gguf-py quantizes a type, lt_quantize_row
  * must write its bytes exactly. The K-quant quantizers (no gguf-py quantizer) are held to error
- * bounds on fresh random rows, and malformed sizes take the error paths. */
+ * bounds on fresh random rows, and malformed sizes take the error paths. Every instruction set's
+ * dequantizers the CPU has (scalar, AVX2, AVX-512) are held to the same bits; LONGTUNE_CPU_ISA
+ * pins the one lt_dequantize_row itself runs. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -68,29 +70,170 @@ static void dequantize_matches_gguf_py_bit_for_bit(void **state) {
     }
 }
 
-/* The scalar definitions behind the vector paths give the same bits. */
-static void scalar_paths_match_gguf_py(void **state) {
+static const lt_cpu_isa all_isas[] = {LT_CPU_ISA_SCALAR, LT_CPU_ISA_AVX2, LT_CPU_ISA_AVX512};
+enum { N_ISAS = sizeof all_isas / sizeof all_isas[0] };
+
+/* 1 when the path runs here; else prints why it is skipped. */
+static int isa_runs(lt_cpu_isa isa) {
+    const char *why;
+    if (lt_cpu_isa_available(isa, &why)) return 1;
+    print_message("%s path skipped: %s\n", lt_cpu_isa_name(isa), why);
+    return 0;
+}
+
+/* Every instruction set's dequantizers (scalar, AVX2, AVX-512, each where the CPU has it) give
+ * gguf-py's bits on the fixtures: whole rows, and one block at a time copied to an odd address. */
+static void every_path_matches_gguf_py(void **state) {
     (void)state;
+    print_message("lt_dequantize_row runs the %s path\n", lt_cpu_isa_name(lt_cpu_isa_active()));
+    for (size_t k = 0; k < N_ISAS; k++) {
+        const lt_cpu_isa isa = all_isas[k];
+        if (!isa_runs(isa)) continue;
+        for (size_t ti = 0; ti < N_FIXTURE_TYPES; ti++) {
+            lt_dtype t = fixture_types[ti];
+            size_t nraw, nref;
+            uint8_t *raw = read_fixture(t, ".blocks", &nraw);
+            float *ref = (float *)read_fixture(t, ".f32", &nref);
+            float *got = lt_test_poisoned(WEIGHTS);
+            lt_dequantize_row_isa(isa, t, raw, got, WEIGHTS);
+            for (int i = 0; i < WEIGHTS; i++)
+                if (memcmp(&got[i], &ref[i], 4) != 0)
+                    fail_msg("%s path, %s: weight %d: got %a, gguf-py %a", lt_cpu_isa_name(isa), lt_dtype_name(t), i,
+                             (double)got[i], (double)ref[i]);
+            int64_t be = lt_dtype_block_elems(t), bb = lt_dtype_block_bytes(t);
+            uint8_t *odd = malloc((size_t)bb + 1);
+            float *one = lt_test_poisoned(be + 1);
+            for (int64_t b = 0; b < WEIGHTS / be; b++) {
+                memcpy(odd + 1, raw + b * bb, (size_t)bb);
+                lt_dequantize_row_isa(isa, t, odd + 1, one + 1, be);
+                if (memcmp(one + 1, ref + b * be, (size_t)be * 4) != 0)
+                    fail_msg("%s path, %s: block %lld at an odd address differs", lt_cpu_isa_name(isa),
+                             lt_dtype_name(t), (long long)b);
+            }
+            free(odd);
+            free(one);
+            free(got);
+            free(raw);
+            free(ref);
+        }
+        print_message("%s path: all %d fixture types equal gguf-py bit for bit\n", lt_cpu_isa_name(isa),
+                      (int)N_FIXTURE_TYPES);
+    }
+}
+
+/* A random finite f16 of either sign, magnitude 2^-24 .. 2^8 (subnormals included), as
+ * gen_quant_vectors.py draws the scale fields; zero one time in 16. */
+static uint16_t random_half(uint64_t *rng) {
+    if (lt_test_rand_u64(rng) % 16 == 0) return 0;
+    float mag = (float)exp2(lt_test_uniform(rng, -24, 8));
+    return lt_f32_to_f16(lt_test_rand_u64(rng) & 1 ? -mag : mag);
+}
+
+/* Fresh random blocks of every type (random level bytes, random valid f16 scale fields; bf16 and
+ * f16 rows of random bit patterns, NaNs, infinities and subnormals included), odd block counts,
+ * source and destination at unaligned addresses: every vector path gives the scalar path's bits
+ * (and the scalar path is gguf-py's on the fixtures above). */
+static void every_path_matches_scalar_on_fresh_blocks(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 18;
     const struct {
         lt_dtype t;
-        void (*fn)(const uint8_t *, float *, int64_t);
-    } paths[] = {
-        {LT_DTYPE_Q2_K, lt_dequant_q2_k_scalar},     {LT_DTYPE_Q3_K, lt_dequant_q3_k_scalar},
-        {LT_DTYPE_IQ4_XS, lt_dequant_iq4_xs_scalar}, {LT_DTYPE_Q4_K, lt_dequant_q4_k_scalar},
-        {LT_DTYPE_Q5_K, lt_dequant_q5_k_scalar},     {LT_DTYPE_Q6_K, lt_dequant_q6_k_scalar},
-        {LT_DTYPE_Q5_0, lt_dequant_q5_0_scalar},     {LT_DTYPE_Q5_1, lt_dequant_q5_1_scalar},
+        int halves[2]; /* byte offsets of the f16 fields in a block; -1 none */
+    } types[] = {
+        {LT_DTYPE_BF16, {-1, -1}},   {LT_DTYPE_F16, {-1, -1}},   {LT_DTYPE_Q8_0, {0, -1}},   {LT_DTYPE_Q4_0, {0, -1}},
+        {LT_DTYPE_Q4_1, {0, 2}},     {LT_DTYPE_Q5_0, {0, -1}},   {LT_DTYPE_Q5_1, {0, 2}},    {LT_DTYPE_IQ4_NL, {0, -1}},
+        {LT_DTYPE_INT4_G64, {0, 2}}, {LT_DTYPE_Q2_K, {80, 82}},  {LT_DTYPE_Q3_K, {108, -1}}, {LT_DTYPE_Q4_K, {0, 2}},
+        {LT_DTYPE_Q5_K, {0, 2}},     {LT_DTYPE_Q6_K, {208, -1}}, {LT_DTYPE_IQ4_XS, {0, -1}},
     };
-    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-        size_t nraw, nref;
-        uint8_t *raw = read_fixture(paths[i].t, ".blocks", &nraw);
-        float *ref = (float *)read_fixture(paths[i].t, ".f32", &nref);
-        float *got = lt_test_poisoned(WEIGHTS);
-        paths[i].fn(raw, got, WEIGHTS / lt_dtype_block_elems(paths[i].t));
-        assert_memory_equal(got, ref, WEIGHTS * 4);
-        free(got);
-        free(raw);
-        free(ref);
+    const int64_t counts[] = {1, 3, 7, 33};
+    int ran[N_ISAS] = {0};
+    for (size_t k = 1; k < N_ISAS; k++) ran[k] = isa_runs(all_isas[k]);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const lt_dtype t = types[ti].t;
+        const int64_t be = lt_dtype_block_elems(t), bb = lt_dtype_block_bytes(t);
+        for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+            /* bf16/f16 "blocks" are single weights: longer rows reach the vector loops and their tails */
+            const int64_t nb = be == 1 ? counts[ci] * 16 + counts[ci] : counts[ci], n = nb * be;
+            const size_t bytes = (size_t)(nb * bb);
+            for (int shift = 0; shift < 4; shift++) {
+                uint8_t *buf = malloc(bytes + 4), *src = buf + shift;
+                for (size_t i = 0; i < bytes; i++) src[i] = (uint8_t)lt_test_rand_u64(&rng);
+                for (int64_t b = 0; b < nb; b++)
+                    for (int h = 0; h < 2; h++)
+                        if (types[ti].halves[h] >= 0) {
+                            uint16_t v = random_half(&rng);
+                            memcpy(src + b * bb + types[ti].halves[h], &v, 2);
+                        }
+                float *want = lt_test_poisoned(n), *got = lt_test_poisoned(n + 1);
+                lt_dequantize_row_isa(LT_CPU_ISA_SCALAR, t, src, want, n);
+                for (size_t k = 1; k < N_ISAS; k++) {
+                    if (!ran[k]) continue;
+                    float *dst = got + (shift & 1); /* every other time at a float not 8-byte aligned */
+                    lt_dequantize_row_isa(all_isas[k], t, src, dst, n);
+                    for (int64_t i = 0; i < n; i++)
+                        if (memcmp(&dst[i], &want[i], 4) != 0)
+                            fail_msg("%s path, %s, %lld blocks, source offset %d: weight %lld: got %a, scalar %a",
+                                     lt_cpu_isa_name(all_isas[k]), lt_dtype_name(t), (long long)nb, shift, (long long)i,
+                                     (double)dst[i], (double)want[i]);
+                }
+                free(buf);
+                free(want);
+                free(got);
+            }
+        }
     }
+    for (size_t k = 1; k < N_ISAS; k++)
+        if (ran[k])
+            print_message("%s path equals the scalar one on fresh blocks of all 15 dtypes\n",
+                          lt_cpu_isa_name(all_isas[k]));
+}
+
+/* LONGTUNE_CPU_ISA: each path by name where the CPU has it, a typed error naming the variable and
+ * value where it does not or the name is unknown, and the widest available path when unset. */
+static void cpu_isa_override(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const char *old = getenv("LONGTUNE_CPU_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    lt_cpu_isa isa, widest = LT_CPU_ISA_SCALAR;
+    for (size_t k = 0; k < N_ISAS; k++) {
+        setenv("LONGTUNE_CPU_ISA", lt_cpu_isa_name(all_isas[k]), 1);
+        const char *why;
+        if (lt_cpu_isa_available(all_isas[k], &why)) {
+            assert_int_equal(lt_cpu_isa_from_env(ctx, &isa), LT_OK);
+            assert_int_equal(isa, all_isas[k]);
+            widest = all_isas[k];
+        } else {
+            assert_int_equal(lt_cpu_isa_from_env(ctx, &isa), LT_ERR_UNSUPPORTED);
+            assert_non_null(strstr(lt_ctx_error(ctx), "LONGTUNE_CPU_ISA="));
+            assert_non_null(strstr(lt_ctx_error(ctx), lt_cpu_isa_name(all_isas[k])));
+            assert_non_null(strstr(lt_ctx_error(ctx), why));
+            assert_int_equal(lt_cpu_isa_select(ctx, all_isas[k]), LT_ERR_UNSUPPORTED);
+        }
+    }
+    const char *bad[] = {"bogus", "AVX2", "avx", "avx512f", " scalar"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("LONGTUNE_CPU_ISA", bad[i], 1);
+        assert_int_equal(lt_cpu_isa_from_env(ctx, &isa), LT_ERR_INVALID_ARG);
+        char want[64];
+        snprintf(want, sizeof want, "LONGTUNE_CPU_ISA=%s:", bad[i]);
+        assert_non_null(strstr(lt_ctx_error(ctx), want));
+    }
+    unsetenv("LONGTUNE_CPU_ISA");
+    assert_int_equal(lt_cpu_isa_from_env(ctx, &isa), LT_OK);
+    assert_int_equal(isa, widest);
+    setenv("LONGTUNE_CPU_ISA", "", 1);
+    assert_int_equal(lt_cpu_isa_from_env(ctx, &isa), LT_OK);
+    assert_int_equal(isa, widest);
+    /* pinning a path changes which one lt_dequantize_row runs, then back */
+    const lt_cpu_isa before = lt_cpu_isa_active();
+    assert_int_equal(lt_cpu_isa_select(ctx, LT_CPU_ISA_SCALAR), LT_OK);
+    assert_int_equal(lt_cpu_isa_active(), LT_CPU_ISA_SCALAR);
+    assert_int_equal(lt_cpu_isa_select(ctx, before), LT_OK);
+    if (saved) setenv("LONGTUNE_CPU_ISA", saved, 1);
+    else unsetenv("LONGTUNE_CPU_ISA");
+    free(saved);
+    lt_ctx_free(ctx);
 }
 
 static void quantize_matches_gguf_py_bytes(void **state) {
@@ -243,7 +386,9 @@ static void block_sizes_and_bad_lengths(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dequantize_matches_gguf_py_bit_for_bit),
-        cmocka_unit_test(scalar_paths_match_gguf_py),
+        cmocka_unit_test(every_path_matches_gguf_py),
+        cmocka_unit_test(every_path_matches_scalar_on_fresh_blocks),
+        cmocka_unit_test(cpu_isa_override),
         cmocka_unit_test(quantize_matches_gguf_py_bytes),
         cmocka_unit_test(k_quants_round_trip_within_bounds),
         cmocka_unit_test(block_sizes_and_bad_lengths),
