@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/quant_internal.h"
 #include "longtune/sysinfo.h"
 
 typedef struct {
@@ -85,6 +86,13 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
         printf("longtune %s (cuda %s)\n", LT_VERSION_STRING, LT_HAVE_CUDA ? "built" : "not built");
         return LT_EXIT_OK;
+    }
+    /* A bad LONGTUNE_CPU_ISA is refused here, before any command reads a quantized weight. */
+    char msg[256];
+    lt_cpu_isa isa;
+    if (lt_cpu_isa_env(&isa, msg, sizeof msg) != LT_OK) {
+        fprintf(stderr, "longtune: %s\n", msg);
+        return LT_EXIT_USAGE;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

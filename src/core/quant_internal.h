@@ -97,6 +97,9 @@ int lt_cpu_isa_available(lt_cpu_isa isa, const char **why);
  * it is unset or empty. LT_ERR_INVALID_ARG for an unknown value, LT_ERR_UNSUPPORTED for a path
  * this CPU or build lacks, each with a message naming the variable and its value. */
 lt_status lt_cpu_isa_from_env(lt_ctx *ctx, lt_cpu_isa *out);
+/* The same with the message in msg (cap bytes) instead of a context: for callers that check the
+ * variable before any context exists (the CLI, at start-up). */
+lt_status lt_cpu_isa_env(lt_cpu_isa *out, char *msg, size_t cap);
 
 /* The path lt_dequantize_row uses: chosen by lt_cpu_isa_from_env at the first call (a bad
  * LONGTUNE_CPU_ISA then aborts with its message, never falls back), or pinned by

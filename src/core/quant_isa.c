@@ -64,8 +64,7 @@ int lt_cpu_isa_available(lt_cpu_isa isa, const char **why) {
     return w == NULL;
 }
 
-/* lt_cpu_isa_from_env with its message in msg; LT_OK or the status it returns. */
-static lt_status isa_from_env(lt_cpu_isa *out, char *msg, size_t cap) {
+lt_status lt_cpu_isa_env(lt_cpu_isa *out, char *msg, size_t cap) {
     const char *v = getenv("LONGTUNE_CPU_ISA");
     if (!v || !*v) {
         *out = lt_cpu_isa_available(LT_CPU_ISA_AVX512, NULL) ? LT_CPU_ISA_AVX512
@@ -89,7 +88,7 @@ static lt_status isa_from_env(lt_cpu_isa *out, char *msg, size_t cap) {
 
 lt_status lt_cpu_isa_from_env(lt_ctx *ctx, lt_cpu_isa *out) {
     char msg[256];
-    lt_status st = isa_from_env(out, msg, sizeof msg);
+    lt_status st = lt_cpu_isa_env(out, msg, sizeof msg);
     return st == LT_OK ? LT_OK : lt_error(ctx, st, "%s", msg);
 }
 
@@ -102,7 +101,7 @@ lt_cpu_isa lt_cpu_isa_active(void) {
     if (a) return (lt_cpu_isa)(a - 1);
     char msg[256];
     lt_cpu_isa isa;
-    if (isa_from_env(&isa, msg, sizeof msg) != LT_OK) LT_ABORT("choosing the CPU dequantizers: %s", msg);
+    if (lt_cpu_isa_env(&isa, msg, sizeof msg) != LT_OK) LT_ABORT("choosing the CPU dequantizers: %s", msg);
     atomic_store_explicit(&active_isa, (int)isa + 1, memory_order_relaxed);
     return isa;
 }
