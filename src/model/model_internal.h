@@ -63,9 +63,14 @@ void lt_model_layer_proj_shape(const lt_model_config *cfg, int64_t l, lt_proj p,
  * 1..experts, expert width <= 0, a negative period or coefficient) or LT_ERR_UNSUPPORTED (a shared
  * expert). */
 lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *cfg);
-/* LoRA on the experts is refused: LT_ERR_UNSUPPORTED naming the first LoRA layer (of the last
- * lo->num_layers) that is an MoE layer when lo->targets has gate, up or down. */
+/* The LoRA targets against the MoE layers (lo resolved): gate, up or down on an MoE layer among
+ * the LoRA layers is LT_ERR_UNSUPPORTED naming it (its experts take the expert targets); the
+ * expert targets need a model with experts (LT_ERR_UNSUPPORTED), an MoE layer among the LoRA
+ * layers (LT_ERR_INVALID_ARG), no dropout and rank <= LT_MOE_WGRAD_MAX_RANK (LT_ERR_UNSUPPORTED). */
 lt_status lt_model_check_moe_lora(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lo);
+/* LoRA elements of layer l's expert adapters (lt_lora_tensor's storage): E·r·(C + 2·moe_F) for
+ * gate_up, E·r·(moe_F + C) for down, on MoE layers with those targets; else 0. */
+int64_t lt_model_moe_lora_elems(const lt_model_config *cfg, const lt_lora_options *lo, int64_t l);
 /* cfg->F when some layer runs a dense MLP, else 0 (what the dense MLP's buffers are sized by). */
 int64_t lt_model_dense_F(const lt_model_config *cfg);
 
@@ -306,6 +311,10 @@ typedef struct lt_layer {
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];
+    /* MoE layers with the expert targets (else NULL), [0] gate_up, [1] down, in the flat buffers as
+     * lt_lora_tensor describes them: ex_a[0] (E·r, C), ex_b[0] the gate stack (E·moe_F, r) then the
+     * up stack (E·moe_F, r); ex_a[1] (E·r, moe_F), ex_b[1] (E·C, r); ex_ga, ex_gb their gradients. */
+    float *ex_a[2], *ex_b[2], *ex_ga[2], *ex_gb[2];
 } lt_layer;
 
 /* How every layer's attention runs, chosen once (lt_model_prepare, lt_model_set_context_parallel). */

@@ -52,14 +52,45 @@ lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *c) {
 
 lt_status lt_model_check_moe_lora(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo) {
     const unsigned mlp = (1u << LT_PROJ_GATE) | (1u << LT_PROJ_UP) | (1u << LT_PROJ_DOWN);
-    if (!(lo->targets & mlp)) return LT_OK;
-    for (int64_t l = c->L - lo->num_layers; l < c->L; l++)
-        if (lt_model_layer_is_moe(c, l))
-            return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                            "lora: layer %lld is a mixture-of-experts layer: its gate, up and down projections are "
-                            "the frozen experts and take no LoRA (target q, k, v, o there)",
-                            (long long)l);
+    if (lo->targets & mlp)
+        for (int64_t l = c->L - lo->num_layers; l < c->L; l++)
+            if (lt_model_layer_is_moe(c, l))
+                return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                "lora: layer %lld is a mixture-of-experts layer: its gate, up and down projections "
+                                "are the experts' stacks; adapt them with the targets experts.gate_up_proj and "
+                                "experts.down_proj (or target q, k, v, o only)",
+                                (long long)l);
+    if (!(lo->targets & LT_LORA_EXPERT_TARGETS)) return LT_OK;
+    const char *which = (lo->targets & LT_LORA_EXPERTS_GATE_UP) ? "experts.gate_up_proj" : "experts.down_proj";
+    if (c->n_experts == 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "lora: target %s: the model has no mixture-of-experts layer (no experts to adapt)", which);
+    int64_t n_moe = 0;
+    for (int64_t l = c->L - lo->num_layers; l < c->L; l++) n_moe += lt_model_layer_is_moe(c, l);
+    if (!n_moe)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "lora: target %s: none of the last %lld layers (the LoRA layers) is a mixture-of-experts "
+                        "layer",
+                        which, (long long)lo->num_layers);
+    if (lo->dropout > 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "lora: target %s: LoRA dropout %g on the experts is not supported (PEFT refuses dropout on "
+                        "target_parameters too); use dropout 0",
+                        which, (double)lo->dropout);
+    if (lo->rank > LT_MOE_WGRAD_MAX_RANK)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "lora: target %s: rank %lld exceeds %d on the experts", which,
+                        (long long)lo->rank, LT_MOE_WGRAD_MAX_RANK);
     return LT_OK;
+}
+
+/* LoRA elements of layer l's expert adapters under lo (0 for a dense layer or without the expert
+ * targets): gate_up A (E·r, C) and B (2·E·moe_F, r); down A (E·r, moe_F) and B (E·C, r). */
+int64_t lt_model_moe_lora_elems(const lt_model_config *c, const lt_lora_options *lo, int64_t l) {
+    if (!(lo->targets & LT_LORA_EXPERT_TARGETS) || !lt_model_layer_is_moe(c, l)) return 0;
+    int64_t E = c->n_experts, r = lo->rank, n = 0;
+    if (lo->targets & LT_LORA_EXPERTS_GATE_UP) n += E * r * (c->C + 2 * c->moe_F);
+    if (lo->targets & LT_LORA_EXPERTS_DOWN) n += E * r * (c->moe_F + c->C);
+    return n;
 }
 
 /* ---- the dispatch buffers ---- */
