@@ -108,8 +108,11 @@ static float *to_storage(lt_ctx *ctx, const fixture *f, const lt_model *m, const
     assert_int_equal(t->peft_rows * t->peft_cols, want);
     float *s = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++) s[i] = LT_TEST_POISON;
-    for (int64_t i = 0; i < n; i++)
-        s[peft_to_storage(t, i, lt_model_get_lora(m)->rank, lt_model_get_config(m)->moe_F)] = v[i];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = peft_to_storage(t, i, lt_model_get_lora(m)->rank, lt_model_get_config(m)->moe_F);
+        assert_int_equal(k, lt_lora_tensor_peft_index(t, i)); /* the library's map is the same */
+        s[k] = v[i];
+    }
     for (int64_t i = 0; i < n; i++) assert_true(s[i] != LT_TEST_POISON); /* a permutation */
     return s;
 }
