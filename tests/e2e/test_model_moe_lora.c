@@ -271,6 +271,7 @@ static void gguf_matches_transformers_peft(void **state) {
     for (int d = 0; d < nd; d++) {
         check_case("qwen3moe", "xlora", "model.gguf", devs[d]);
         check_case("mixtral", "xlora", "model.gguf", devs[d]);
+        check_case("qwen2moe_shared", "xlora", "model.gguf", devs[d]);
         check_case("mixtral_hd64", "xlora", "model.gguf", devs[d]);
     }
 }
