@@ -37,15 +37,15 @@ lt_lora_options lt_model_resolve_lora(const lt_model_config *cfg, const lt_lora_
     lt_lora_options o;
     memset(&o, 0, sizeof o);
     if (in) o = *in;
-    o.targets &= LT_LORA_ALL_TARGETS;
-    int all_default = !o.targets;
-    if (!o.targets) o.targets = LT_LORA_ALL_TARGETS;
+    o.targets &= LT_LORA_ALL_TARGETS | LT_LORA_EXPERT_TARGETS;
+    int all_default = !(o.targets & LT_LORA_ALL_TARGETS);
+    if (all_default) o.targets |= LT_LORA_ALL_TARGETS;
     if (o.rank <= 0) o.rank = 8;
     if (o.alpha == 0) o.alpha = 16;
     if (o.num_layers <= 0 || o.num_layers > cfg->L) o.num_layers = cfg->L;
     /* MoE layers' MLPs are the frozen experts: the default targets there are the attention's */
     for (int64_t l = cfg->L - o.num_layers; all_default && l < cfg->L; l++)
-        if (lt_model_layer_is_moe(cfg, l)) o.targets = 0xfu;
+        if (lt_model_layer_is_moe(cfg, l)) o.targets = (o.targets & LT_LORA_EXPERT_TARGETS) | 0xfu;
     return o;
 }
 
@@ -309,7 +309,13 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
             n = add < 0 || n > INT64_MAX - add ? -1 : n + add;
             if (n < 0) break;
         }
+    o->lora_plain = n;
     o->n_lora = n < 0 ? -1 : mulx(n, lo.num_layers);
+    /* the experts' adapters: MoE layers among the LoRA layers only */
+    for (int64_t l = c->L - lo.num_layers; o->n_lora >= 0 && l < c->L; l++) {
+        int64_t add = lt_model_moe_lora_elems(c, &lo, l);
+        o->n_lora = o->n_lora > INT64_MAX - add ? -1 : o->n_lora + add;
+    }
     if (o->n_lora < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model layout: LoRA rank %lld over %lld layers overflows",
                         (long long)lo.rank, (long long)lo.num_layers);
@@ -646,7 +652,8 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
 static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
     size_t cur = 0;
     layout_buffers(r, o, &cur);
-    LT_TRY(lt_model_moe_layout(ctx, r->c, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur, &o->moe));
+    LT_TRY(lt_model_moe_layout(ctx, r->c, &r->lo, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur,
+                               &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
     if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes; /* shared experts */
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);

@@ -913,7 +913,45 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
  * the values: A uniform in [-b, b) from splitmix64 (PEFT: kaiming_uniform_(a=√5) gives bound
  * 1/√fan_in), B zeros. On a device each A is drawn into host `stage` (the largest A's size)
  * and copied over; on the host stage is NULL and A is drawn in place. */
-static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
+/* n values uniform in [-bound, bound) from the stream st into dst (on the model's device), a
+ * stage of stage_n floats at a time on a device (stage NULL: in place on the host). */
+static lt_status draw_uniform(lt_ctx *ctx, lt_model *m, float *dst, int64_t n, float bound, uint64_t st, float *stage,
+                              int64_t stage_n) {
+    for (int64_t i0 = 0; i0 < n;) {
+        int64_t k = stage ? (n - i0 < stage_n ? n - i0 : stage_n) : n;
+        float *a = stage ? stage : dst + i0;
+        for (int64_t i = 0; i < k; i++)
+            a[i] = (float)(((double)(lt_splitmix64(&st) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+        if (stage) LT_TRY(m->be->copy_to_device(ctx, dst + i0, stage, (size_t)k * sizeof(float)));
+        i0 += k;
+    }
+    return LT_OK;
+}
+
+/* Layer l's expert adapters from *p on (lt_lora_tensor's storage): gate_up A, B, then down A, B;
+ * A as PEFT's kaiming_uniform_(a=√5) over fan_in = in, B zeros. */
+static lt_status init_expert_lora(lt_ctx *ctx, lt_model *m, int64_t l, float **p, float *stage, int64_t stage_n) {
+    const lt_model_config *c = &m->cfg;
+    if (!lt_model_moe_lora_elems(c, &m->lora, l)) return LT_OK;
+    lt_layer *L = &m->layers[l];
+    int64_t E = c->n_experts, r = m->lora.rank;
+    for (int w = 0; w < 2; w++) {
+        if (!(m->lora.targets & (w ? LT_LORA_EXPERTS_DOWN : LT_LORA_EXPERTS_GATE_UP))) continue;
+        int64_t in = w ? c->moe_F : c->C, nb = w ? E * c->C * r : 2 * E * c->moe_F * r;
+        L->ex_a[w] = *p;
+        L->ex_ga[w] = m->lora_grads + (*p - m->lora_params);
+        uint64_t st = m->lora.seed ^ (((uint64_t)l << 8 | (uint64_t)(LT_PROJ_COUNT_ + w)) * 0xd1b54a32d192ed03ULL);
+        LT_TRY(draw_uniform(ctx, m, *p, E * r * in, 1.0f / sqrtf((float)in), st, stage, stage_n));
+        *p += E * r * in;
+        L->ex_b[w] = *p;
+        L->ex_gb[w] = m->lora_grads + (*p - m->lora_params);
+        m->be->zero(ctx, *p, (size_t)nb * sizeof(float));
+        *p += nb;
+    }
+    return LT_OK;
+}
+
+static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage, size_t stage_bytes) {
     float *p = m->lora_params;
     for (int64_t l = m->l0; l < m->cfg.L; l++) {
         lt_layer *L = &m->layers[l];
@@ -946,6 +984,7 @@ static lt_status init_lora(lt_ctx *ctx, lt_model *m, float *stage) {
             m->be->zero(ctx, p, (size_t)(out * r) * sizeof(float));
             p += out * r;
         }
+        LT_TRY(init_expert_lora(ctx, m, l, &p, stage, (int64_t)(stage_bytes / sizeof(float))));
     }
     return LT_OK;
 }
@@ -1049,7 +1088,7 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, stage, stage_bytes, LT_OK};
     lt_model_weights_walk(&m->cfg, copy_piece, &job);
     if ((s = job.status) != LT_OK) goto fail;
-    if ((s = init_lora(ctx, m, (float *)stage)) != LT_OK) goto fail;
+    if ((s = init_lora(ctx, m, (float *)stage, stage_bytes)) != LT_OK) goto fail;
     lt_model_zero_grads(m);
     if ((s = m->be->synchronize(ctx)) != LT_OK) goto fail;
     lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);

@@ -247,12 +247,47 @@ lt_status lt_model_lora_set(lt_ctx *ctx, lt_model *m, int64_t offset, int64_t n,
     return m->be->copy_to_device(ctx, m->lora_params + offset, src, (size_t)n * sizeof(float));
 }
 
-/* Adapted modules per layer: one per targeted projection, one per fused module (Phi-3). */
-int64_t lt_model_lora_count(const lt_model *m) {
+/* Adapted plain modules per LoRA layer: one per targeted projection, one per fused module (Phi-3). */
+static int64_t plain_modules(const lt_model *m) {
     int64_t t = 0;
     for (int p = 0; p < LT_PROJ_COUNT_; p++)
         t += ((m->lora.targets >> p) & 1u) && lt_model_lora_owner(&m->cfg, (lt_proj)p) == (lt_proj)p;
-    return 2 * t * m->lora.num_layers;
+    return t;
+}
+
+/* Expert stacks adapted in layer l (0, 1 or 2). */
+static int64_t expert_modules(const lt_model *m, int64_t l) {
+    if (!lt_model_layer_is_moe(&m->cfg, l)) return 0;
+    return ((m->lora.targets & LT_LORA_EXPERTS_GATE_UP) != 0) + ((m->lora.targets & LT_LORA_EXPERTS_DOWN) != 0);
+}
+
+/* Per LoRA layer, in order: A then B of each plain module (projection order), then of the expert
+ * stacks (gate_up, then down), as PEFT saves them. */
+int64_t lt_model_lora_count(const lt_model *m) {
+    int64_t t = 0, plain = plain_modules(m);
+    for (int64_t l = m->l0; l < m->cfg.L; l++) t += 2 * (plain + expert_modules(m, l));
+    return t;
+}
+
+static void expert_tensor(const lt_model *m, int64_t l, int w, int is_b, lt_lora_tensor *out) {
+    const lt_model_config *c = &m->cfg;
+    const lt_layer *L = &m->layers[l];
+    int64_t E = c->n_experts, r = m->lora.rank, in = w ? c->moe_F : c->C, o = w ? c->C : 2 * c->moe_F;
+    int64_t shape[2] = {is_b ? o * E * r : E * r, is_b ? 1 : in};
+    float *v = is_b ? L->ex_b[w] : L->ex_a[w], *g = is_b ? L->ex_gb[w] : L->ex_ga[w];
+    out->layer = l;
+    out->proj = w ? LT_PROJ_DOWN : LT_PROJ_GATE;
+    out->is_b = is_b;
+    out->value = lt_tensor_view(v, LT_DTYPE_F32, m->opt.device, 2, shape);
+    out->grad = lt_tensor_view(g, LT_DTYPE_F32, m->opt.device, 2, shape);
+    out->offset = v - m->lora_params;
+    out->experts = E;
+    out->peft_rows = is_b ? o : r * E;
+    out->peft_cols = is_b ? r * E : in;
+    /* PEFT nests the first listed target parameter (gate_up) innermost, under base_layer */
+    int nested = !w && (m->lora.targets & LT_LORA_EXPERTS_DOWN);
+    snprintf(out->name, sizeof out->name, "base_model.model.model.layers.%lld.mlp.experts%s.lora_%c.weight",
+             (long long)l, nested ? ".base_layer" : "", is_b ? 'B' : 'A');
 }
 
 lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out) {
@@ -260,15 +295,20 @@ lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lor
     if (i < 0 || i >= n)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "lora tensor %lld outside [0, %lld)", (long long)i, (long long)n);
     memset(out, 0, sizeof *out);
-    int64_t per_layer = n / m->lora.num_layers, j = i % per_layer;
-    int64_t l = m->l0 + i / per_layer;
+    int64_t plain = plain_modules(m), l = m->l0, j = i;
+    while (j >= 2 * (plain + expert_modules(m, l))) j -= 2 * (plain + expert_modules(m, l)), l++;
+    int is_b = (int)(j % 2);
+    if (j / 2 >= plain) { /* an expert stack: gate_up first when adapted */
+        int w = j / 2 - plain == 1 || !(m->lora.targets & LT_LORA_EXPERTS_GATE_UP);
+        expert_tensor(m, l, w, is_b, out);
+        return LT_OK;
+    }
     int p = 0, seen = -1;
     for (p = 0; p < LT_PROJ_COUNT_; p++)
         if (((m->lora.targets >> p) & 1u) && lt_model_lora_owner(&m->cfg, (lt_proj)p) == (lt_proj)p) {
             seen++;
             if (seen == j / 2) break;
         }
-    int is_b = (int)(j % 2);
     int64_t o, in;
     lt_model_proj_shape(&m->cfg, (lt_proj)p, &o, &in);
     for (int q = p + 1; q < LT_PROJ_COUNT_; q++) { /* a fused module's B spans its members' rows */
@@ -285,6 +325,8 @@ lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lor
     out->value = lt_tensor_view(v, LT_DTYPE_F32, m->opt.device, 2, shape);
     out->grad = lt_tensor_view(g, LT_DTYPE_F32, m->opt.device, 2, shape);
     out->offset = v - m->lora_params;
+    out->peft_rows = shape[0];
+    out->peft_cols = shape[1];
     snprintf(out->name, sizeof out->name, "base_model.model.model.layers.%lld.%s.%s.lora_%c.weight", (long long)l,
              p <= LT_PROJ_O ? "self_attn" : "mlp", lt_model_lora_module(&m->cfg, (lt_proj)p), is_b ? 'B' : 'A');
     return LT_OK;

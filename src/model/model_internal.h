@@ -63,9 +63,14 @@ void lt_model_layer_proj_shape(const lt_model_config *cfg, int64_t l, lt_proj p,
  * 1..experts, expert width <= 0, a negative period or coefficient) or LT_ERR_UNSUPPORTED (a shared
  * expert). */
 lt_status lt_model_check_moe(lt_ctx *ctx, const lt_model_config *cfg);
-/* LoRA on the experts is refused: LT_ERR_UNSUPPORTED naming the first LoRA layer (of the last
- * lo->num_layers) that is an MoE layer when lo->targets has gate, up or down. */
+/* The LoRA targets against the MoE layers (lo resolved): gate, up or down on an MoE layer among
+ * the LoRA layers is LT_ERR_UNSUPPORTED naming it (its experts take the expert targets); the
+ * expert targets need a model with experts (LT_ERR_UNSUPPORTED), an MoE layer among the LoRA
+ * layers (LT_ERR_INVALID_ARG), no dropout and rank <= LT_MOE_WGRAD_MAX_RANK (LT_ERR_UNSUPPORTED). */
 lt_status lt_model_check_moe_lora(lt_ctx *ctx, const lt_model_config *cfg, const lt_lora_options *lo);
+/* LoRA elements of layer l's expert adapters (lt_lora_tensor's storage): E·r·(C + 2·moe_F) for
+ * gate_up, E·r·(moe_F + C) for down, on MoE layers with those targets; else 0. */
+int64_t lt_model_moe_lora_elems(const lt_model_config *cfg, const lt_lora_options *lo, int64_t l);
 /* cfg->F when some layer runs a dense MLP, else 0 (what the dense MLP's buffers are sized by). */
 int64_t lt_model_dense_F(const lt_model_config *cfg);
 
@@ -145,15 +150,20 @@ typedef struct lt_moe_layout {
      * training adds sdg, sdu (n, S), sdy (2n, C), sdw (2n), sdlogits (n, 2). */
     size_t sg, su, sa, sy, slogits, sidx, sw, soff, srows, sslot, sdg, sdu, sdy, sdw, sdlogits;
     size_t gm_ws_bytes, mm_ws_bytes; /* mm_ws_bytes: the shared expert's matmuls at the chunk (in mm_ws) */
+    /* LoRA on the experts (r the rank, n·k rows): lus = s·xg·A_guᵀ (gate_up adapted) and lds =
+     * s·A·A_dᵀ (down adapted), each (n·k, r); training adds ldu (n·k, r), the gradient of one of
+     * them at a time. 0 = absent. */
+    size_t lus, lds, ldu;
 } lt_moe_layout;
 
 /* Carves the MoE buffers from *cur (alignment al) for a run whose position-wise chunk is
  * rows_chunk (the MoE chunk is run->moe_chunk_tokens, default LT_MODEL_MOE_CHUNK_TOKENS, at most
- * rows_chunk). Errors: LT_ERR_INVALID_ARG (a negative chunk), LT_ERR_UNSUPPORTED (a backend
- * without the MoE ops). */
-lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_model_run_options *run,
-                              const lt_backend *be, int64_t rows_chunk, int train, int threads, size_t al, size_t *cur,
-                              lt_moe_layout *o);
+ * rows_chunk), with the expert adapters of lo (resolved). Errors: LT_ERR_INVALID_ARG (a negative
+ * chunk), LT_ERR_UNSUPPORTED (a backend without the MoE ops, or without grouped_matmul_wgrad when
+ * a training run adapts the experts). */
+lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo,
+                              const lt_model_run_options *run, const lt_backend *be, int64_t rows_chunk, int train,
+                              int threads, size_t al, size_t *cur, lt_moe_layout *o);
 
 /* y (n, C) += layer l's MoE MLP on h (n, C), outside a training step (generation's KV cache): the
  * dispatch buffers at base with o's offsets (lt_model_moe_layout, forward), mm_ws the matmul
@@ -252,6 +262,9 @@ typedef struct lt_layout {
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
     lt_moe_layout moe; /* MoE layers' dispatch buffers (workspace) */
     size_t weights_bytes, lora_bytes;
+    /* LoRA elements of each LoRA layer's projections; an MoE layer's expert adapters add
+     * lt_model_moe_lora_elems after them (the layers' slices follow one another in layer order). */
+    int64_t lora_plain;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
     int threads;
@@ -306,6 +319,10 @@ typedef struct lt_layer {
     int has_lora;
     float *lora_a[LT_PROJ_COUNT_], *lora_b[LT_PROJ_COUNT_]; /* NULL when not targeted */
     float *grad_a[LT_PROJ_COUNT_], *grad_b[LT_PROJ_COUNT_];
+    /* MoE layers with the expert targets (else NULL), [0] gate_up, [1] down, in the flat buffers as
+     * lt_lora_tensor describes them: ex_a[0] (E·r, C), ex_b[0] the gate stack (E·moe_F, r) then the
+     * up stack (E·moe_F, r); ex_a[1] (E·r, moe_F), ex_b[1] (E·C, r); ex_ga, ex_gb their gradients. */
+    float *ex_a[2], *ex_b[2], *ex_ga[2], *ex_gb[2];
 } lt_layer;
 
 /* How every layer's attention runs, chosen once (lt_model_prepare, lt_model_set_context_parallel). */

@@ -461,14 +461,30 @@ int lt_train_targets_defaulted(const lt_train_options *opt) {
     return !given(opt, O(lora_targets)) && !strcmp(opt->lora_targets, default_targets);
 }
 
-/* Canonical projection name of a target token ("q" → "q_proj"); NULL if unknown. */
+/* Canonical target name of a token ("q" → "q_proj"; the experts' stacks of MoE layers by their
+ * full names "experts.gate_up_proj", "experts.down_proj"); NULL if unknown. */
 static const char *canonical_target(const char *t, size_t n) {
     static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    static const char *const experts[] = {"experts.gate_up_proj", "experts.down_proj"};
+    for (size_t i = 0; i < 2; i++)
+        if (n == strlen(experts[i]) && !strncmp(t, experts[i], n)) return experts[i];
     for (size_t i = 0; i < 7; i++) {
         size_t ln = strlen(names[i]), sn = ln - 5; /* short form without "_proj" */
         if ((n == ln && !strncmp(t, names[i], n)) || (n == sn && !strncmp(t, names[i], n))) return names[i];
     }
     return NULL;
+}
+
+/* 1 when the comma-separated list holds the token t whole ("experts.down_proj" holds no "down_proj"). */
+static int has_token(const char *list, const char *t) {
+    size_t n = strlen(t);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, t, n)) return 1;
+        p = e ? e + 1 : p + len;
+    }
+    return 0;
 }
 
 lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out) {
@@ -567,8 +583,10 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         const char *c = canonical_target(p, n);
         if (!c)
             return lt_error(ctx, LT_ERR_INVALID_ARG,
-                            "option 'lora_targets': '%.*s' is not one of q,k,v,o,gate,up,down (or *_proj)", (int)n, p);
-        if (!strstr(norm, c)) used += (size_t)snprintf(norm + used, sizeof norm - used, "%s%s", used ? "," : "", c);
+                            "option 'lora_targets': '%.*s' is not one of q,k,v,o,gate,up,down (or *_proj), "
+                            "experts.gate_up_proj, experts.down_proj",
+                            (int)n, p);
+        if (!has_token(norm, c)) used += (size_t)snprintf(norm + used, sizeof norm - used, "%s%s", used ? "," : "", c);
         p = e ? e + 1 : p + strlen(p);
     }
     if (!used) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'lora_targets' is empty");

@@ -1,6 +1,9 @@
 /* PEFT adapter export: adapter_config.json + adapter_model.safetensors with PEFT's key names
  * ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)), so
- * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. Tensors are written as F32
+ * `PeftModel.from_pretrained(base, dir)` loads what longtune trained. LoRA on the experts of
+ * mixture-of-experts layers ("...mlp.experts[.base_layer].lora_A|B") is written in PEFT's shapes
+ * and element order (A (r·E, in), B (out, r·E), through lt_lora_tensor_peft_index) with the
+ * adapted expert parameters as the config's target_parameters. Tensors are written as F32
  * through the safetensors writer, each file atomically. Reading adapters back is peft_load.c. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -38,12 +41,51 @@ static int split_name(const char *name, char *proj, size_t cap, long *layer, int
     return 0;
 }
 
-static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt_train_param *params, int n) {
+static int is_expert_name(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+
+/* The model's tensor that param i is (the trainer binds them in the model's order; the name
+ * decides). */
+static lt_status expert_tensor(lt_ctx *ctx, const lt_model *m, const lt_train_param *p, int i, lt_lora_tensor *out) {
+    if (!m)
+        return lt_error(
+            ctx, LT_ERR_INVALID_ARG,
+            "adapter tensor '%s' adapts the experts: its PEFT layout needs the model (saved by the trainer)", p->name);
+    char want[LT_TRAIN_NAME_MAX + 32];
+    snprintf(want, sizeof want, PEFT_PREFIX "%s.weight", p->name);
+    int64_t count = lt_model_lora_count(m);
+    for (int64_t k = 0; k < count; k++) {
+        int64_t j = (i + k) % count;
+        LT_TRY(lt_model_lora_tensor(ctx, m, j, out));
+        if (!strcmp(out->name, want)) {
+            if (out->experts < 1 || out->peft_rows * out->peft_cols != lt_train_param_numel(p))
+                return lt_error(ctx, LT_ERR_INVALID_ARG,
+                                "adapter tensor '%s': %lld values, the model's expert stack holds (%lld, %lld)",
+                                p->name, (long long)lt_train_param_numel(p), (long long)out->peft_rows,
+                                (long long)out->peft_cols);
+            return LT_OK;
+        }
+    }
+    return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s' is not one of the model's LoRA tensors", p->name);
+}
+
+static lt_status check_params(lt_ctx *ctx, const lt_train_options *opt, const lt_train_param *params, int n,
+                              const lt_model *m) {
     for (int i = 0; i < n; i++) {
         const lt_train_param *p = &params[i];
         char proj[64];
         long layer;
         int which;
+        if (is_expert_name(p->name)) {
+            lt_lora_tensor t;
+            LT_TRY(expert_tensor(ctx, m, p, i, &t));
+            int64_t rE = t.is_b ? t.peft_cols : t.peft_rows;
+            if (!p->data || rE != opt->lora_rank * t.experts)
+                return lt_error(
+                    ctx, LT_ERR_INVALID_ARG,
+                    "adapter tensor '%s': PEFT shape (%lld, %lld) disagrees with rank %lld over %lld experts", p->name,
+                    (long long)t.peft_rows, (long long)t.peft_cols, (long long)opt->lora_rank, (long long)t.experts);
+            continue;
+        }
         if (split_name(p->name, proj, sizeof proj, &layer, &which))
             return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter tensor '%s' is not '<module>.lora_A|lora_B'", p->name);
         if (p->ndim != 2 || !p->data || p->shape[0] < 1 || p->shape[1] < 1 || p->shape[which ? 1 : 0] != opt->lora_rank)
@@ -57,19 +99,41 @@ size_t lt_peft_export_bytes(int n) {
     return (size_t)(n > 0 ? n : 0) * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
 }
 
-static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n) {
+static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n,
+                                   const lt_model *m) {
     size_t bytes = lt_peft_export_bytes(n);
+    /* Expert stacks go out in PEFT's order: one host copy holding all of them. */
+    size_t perm_bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (is_expert_name(params[i].name)) perm_bytes += (size_t)lt_train_param_numel(&params[i]) * sizeof(float);
     lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
     if (!e) return LT_ERR_OOM;
+    float *perm = perm_bytes ? lt_alloc(ctx, LT_DEVICE_CPU, perm_bytes, "adapter export expert stacks") : NULL;
+    if (perm_bytes && !perm) {
+        lt_free(ctx, LT_DEVICE_CPU, e, bytes);
+        return LT_ERR_OOM;
+    }
+    lt_status s = LT_OK;
     char *names = (char *)(e + n);
-    for (int i = 0; i < n; i++) {
+    float *at = perm;
+    for (int i = 0; i < n && s == LT_OK; i++) {
         char *key = names + (size_t)i * (LT_TRAIN_NAME_MAX + 32);
         snprintf(key, LT_TRAIN_NAME_MAX + 32, PEFT_PREFIX "%s.weight", params[i].name);
         e[i].name = key;
-        e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
+        if (!is_expert_name(params[i].name)) {
+            e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
+            continue;
+        }
+        lt_lora_tensor t;
+        if ((s = expert_tensor(ctx, m, &params[i], i, &t)) != LT_OK) break;
+        int64_t ne = t.peft_rows * t.peft_cols, shape[2] = {t.peft_rows, t.peft_cols};
+        for (int64_t j = 0; j < ne; j++) at[j] = params[i].data[lt_lora_tensor_peft_index(&t, j)];
+        e[i].tensor = lt_tensor_view(at, LT_DTYPE_F32, LT_DEVICE_CPU, 2, shape);
+        at += ne;
     }
     static const char *const meta[] = {"format", "pt"};
-    lt_status s = lt_safetensors_write(ctx, path, e, n, meta, 1);
+    if (s == LT_OK) s = lt_safetensors_write(ctx, path, e, n, meta, 1);
+    if (perm) lt_free(ctx, LT_DEVICE_CPU, perm, perm_bytes);
     lt_free(ctx, LT_DEVICE_CPU, e, bytes);
     return s;
 }
@@ -116,7 +180,7 @@ const char *lt_peft_base_model_name(lt_ctx *ctx, const char *base, char *buf, si
 }
 
 static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_model, const lt_train_options *opt,
-                              const lt_train_param *params, int n) {
+                              const lt_train_param *params, int n, const lt_model *m) {
     cJSON *c = cJSON_CreateObject();
     lt_status s = LT_OK;
     char *json = NULL;
@@ -126,11 +190,21 @@ static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_mo
     int nt = 0;
     long layers[4096];
     int nl = 0;
+    unsigned experts = 0; /* LT_LORA_EXPERTS_* adapted */
     for (int i = 0; i < n; i++) {
         char proj[64];
         long layer;
         int which;
         split_name(params[i].name, proj, sizeof proj, &layer, &which);
+        if (is_expert_name(params[i].name)) {
+            lt_lora_tensor t;
+            if ((s = expert_tensor(ctx, m, &params[i], i, &t)) != LT_OK) {
+                cJSON_Delete(c);
+                return s;
+            }
+            experts |= t.proj == LT_PROJ_GATE ? LT_LORA_EXPERTS_GATE_UP : LT_LORA_EXPERTS_DOWN;
+            continue; /* PEFT's layers_to_transform does not apply to target_parameters */
+        }
         int seen = 0;
         for (int t = 0; t < nt; t++) seen |= !strcmp(targets[t], proj);
         if (!seen && nt < 16) snprintf(targets[nt++], 64, "%s", proj);
@@ -142,12 +216,16 @@ static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_mo
             layers[at] = layer;
         }
     }
-    cJSON *tm = cJSON_CreateArray(), *lt = cJSON_CreateArray();
-    if (!tm || !lt) {
+    cJSON *tm = cJSON_CreateArray(), *lt = cJSON_CreateArray(), *tp = experts ? cJSON_CreateArray() : NULL;
+    if (!tm || !lt || (experts && !tp)) {
         cJSON_Delete(tm);
         cJSON_Delete(lt);
+        cJSON_Delete(tp);
         goto oom;
     }
+    /* PEFT nests the first listed parameter innermost: gate_up first names it ".base_layer". */
+    if (experts & LT_LORA_EXPERTS_GATE_UP) cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.gate_up_proj"));
+    if (experts & LT_LORA_EXPERTS_DOWN) cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.down_proj"));
     for (int t = 0; t < nt; t++) cJSON_AddItemToArray(tm, cJSON_CreateString(targets[t]));
     for (int t = 0; t < nl; t++) cJSON_AddItemToArray(lt, cJSON_CreateNumber((double)layers[t]));
     cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
@@ -164,13 +242,16 @@ static lt_status write_config(lt_ctx *ctx, const char *path, const char *base_mo
         cJSON_AddNullToObject(c, "layers_to_transform");
     }
     cJSON_AddNumberToObject(c, "lora_alpha", opt->lora_alpha);
-    cJSON_AddNumberToObject(c, "lora_dropout", opt->lora_dropout);
+    /* PEFT refuses dropout on target_parameters (it cannot be factored out of B·A·x there), and
+     * dropout plays no part in inference: an adapter with expert stacks records 0. */
+    cJSON_AddNumberToObject(c, "lora_dropout", experts ? 0.0 : opt->lora_dropout);
     cJSON_AddNullToObject(c, "modules_to_save");
     cJSON_AddStringToObject(c, "peft_type", "LORA");
     cJSON_AddNumberToObject(c, "r", (double)opt->lora_rank);
     cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(c, "revision");
     cJSON_AddItemToObject(c, "target_modules", tm);
+    if (tp) cJSON_AddItemToObject(c, "target_parameters", tp);
     cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
     cJSON_AddFalseToObject(c, "use_dora");
     cJSON_AddFalseToObject(c, "use_rslora");
@@ -198,17 +279,17 @@ lt_status lt_peft_save(lt_ctx *ctx, const char *dir, const char *base_model, con
                        const lt_train_param *params, int n_params) {
     char repo[256];
     return lt_peft_save_named(ctx, dir, lt_peft_base_model_name(ctx, base_model, repo, sizeof repo), opt, params,
-                              n_params);
+                              n_params, NULL);
 }
 
 lt_status lt_peft_save_named(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
-                             const lt_train_param *params, int n_params) {
+                             const lt_train_param *params, int n_params, const lt_model *m) {
     if (n_params < 1) return lt_error(ctx, LT_ERR_INVALID_ARG, "adapter export: no LoRA tensors");
-    LT_TRY(check_params(ctx, opt, params, n_params));
+    LT_TRY(check_params(ctx, opt, params, n_params, m));
     LT_TRY(lt_train_mkdir(ctx, dir));
     char path[LT_TRAIN_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    LT_TRY(write_safetensors(ctx, path, params, n_params));
+    LT_TRY(write_safetensors(ctx, path, params, n_params, m));
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    return write_config(ctx, path, base_model, opt, params, n_params);
+    return write_config(ctx, path, base_model, opt, params, n_params, m);
 }

@@ -1,6 +1,10 @@
 /* PEFT adapter import for inference and inspection: adapter_config.json → the model's LoRA options,
  * adapter_model.safetensors → the model's LoRA tensors (F32/BF16/F16 converted to f32). Only plain
- * LoRA on the last K layers is accepted; DoRA, rsLoRA and arbitrary layer sets are refused. */
+ * LoRA on the last K layers is accepted; DoRA, rsLoRA and arbitrary layer sets are refused.
+ * target_parameters "mlp.experts.gate_up_proj" / "mlp.experts.down_proj" (PEFT's LoRA on the
+ * fused expert stacks of mixture-of-experts layers) become LT_LORA_EXPERTS_*; their tensors come
+ * in PEFT's shapes (A (r·E, in), B (out, r·E)) and are reordered into the model's storage through
+ * lt_lora_tensor_peft_index. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -81,8 +85,34 @@ lt_status lt_peft_read_config(lt_ctx *ctx, const char *dir, int64_t L, lt_lora_o
     }
     out->rank = (int64_t)r->valuedouble;
     out->alpha = (float)alpha->valuedouble;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(c, "target_parameters");
+    if (tp && !cJSON_IsNull(tp)) {
+        if (!cJSON_IsArray(tp)) {
+            s = lt_error(ctx, LT_ERR_FORMAT, "%s: key 'target_parameters' must be a list", path);
+            goto done;
+        }
+        cJSON_ArrayForEach(e, tp) {
+            const char *v = cJSON_IsString(e) ? e->valuestring : "";
+            if (!strcmp(v, "mlp.experts.gate_up_proj") || !strcmp(v, "experts.gate_up_proj"))
+                out->targets |= LT_LORA_EXPERTS_GATE_UP;
+            else if (!strcmp(v, "mlp.experts.down_proj") || !strcmp(v, "experts.down_proj"))
+                out->targets |= LT_LORA_EXPERTS_DOWN;
+            else {
+                s = lt_error(ctx, LT_ERR_UNSUPPORTED,
+                             "%s: target parameter %s is not one longtune adapts (mlp.experts.gate_up_proj, "
+                             "mlp.experts.down_proj)",
+                             path, cJSON_IsString(e) ? e->valuestring : "(not a string)");
+                goto done;
+            }
+        }
+    }
     if (!cJSON_IsArray(tm) || cJSON_GetArraySize(tm) < 1) {
-        s = lt_error(ctx, LT_ERR_FORMAT, "%s: key 'target_modules' must be a non-empty list", path);
+        if (out->targets && cJSON_IsArray(tm))
+            s = lt_error(ctx, LT_ERR_UNSUPPORTED,
+                         "%s: LoRA on the experts alone (empty target_modules) has no longtune form; the model's "
+                         "LoRA always includes projections",
+                         path);
+        else s = lt_error(ctx, LT_ERR_FORMAT, "%s: key 'target_modules' must be a non-empty list", path);
         goto done;
     }
     cJSON_ArrayForEach(e, tm) {
@@ -127,7 +157,22 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
     lt_status s = LT_OK;
     float *row = NULL;
     size_t row_bytes = 0;
-    int64_t count = lt_model_lora_count(m);
+    int64_t count = lt_model_lora_count(m), n_experts = 0;
+    for (int64_t i = 0; i < count && s == LT_OK; i++) {
+        lt_lora_tensor lt;
+        if ((s = lt_model_lora_tensor(ctx, m, i, &lt)) == LT_OK && lt.experts > 0) n_experts++;
+    }
+    if (s != LT_OK) goto done;
+    for (int64_t i = 0; i < lt_safetensors_count(st) && !n_experts; i++) {
+        const char *name = lt_safetensors_name(st, i);
+        if (strstr(name, ".mlp.experts.") && strstr(name, ".lora_")) {
+            s = lt_error(ctx, LT_ERR_UNSUPPORTED,
+                         "%s: tensor %s adapts the experts of a mixture-of-experts layer, which this model's LoRA "
+                         "does not have (no MoE layers, or no expert targets)",
+                         path, name);
+            goto done;
+        }
+    }
     if (lt_safetensors_count(st) != count) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: %lld tensors, the model's LoRA layout has %lld", path,
                      (long long)lt_safetensors_count(st), (long long)count);
@@ -141,16 +186,24 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
             s = lt_error(ctx, LT_ERR_NOT_FOUND, "%s: tensor %s is missing", path, lt.name);
             break;
         }
-        if (src.ndim != 2 || src.shape[0] != lt.value.shape[0] || src.shape[1] != lt.value.shape[1]) {
-            s = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor %s is not (%lld, %lld)", path, lt.name,
-                         (long long)lt.value.shape[0], (long long)lt.value.shape[1]);
+        int64_t want0 = lt.experts ? lt.peft_rows : lt.value.shape[0],
+                want1 = lt.experts ? lt.peft_cols : lt.value.shape[1];
+        if (src.ndim != 2 || src.shape[0] != want0 || src.shape[1] != want1) {
+            s = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor %s is (%lld, %lld), the model needs (%lld, %lld)", path,
+                         lt.name, (long long)src.shape[0], (long long)(src.ndim > 1 ? src.shape[1] : 1),
+                         (long long)want0, (long long)want1);
+            break;
+        }
+        if (src.dtype != LT_DTYPE_F32 && src.dtype != LT_DTYPE_BF16 && src.dtype != LT_DTYPE_F16) {
+            s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor %s is %s (f32, bf16 or f16 expected)", path, lt.name,
+                         lt_dtype_name(src.dtype));
             break;
         }
         /* Converted on the host, then copied into the model (wherever it lives) in one call. */
         int64_t n = lt_tensor_numel(&lt.value);
-        if ((size_t)n * sizeof(float) > row_bytes) {
+        if ((size_t)(2 * n) * sizeof(float) > row_bytes) {
             if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);
-            row_bytes = (size_t)n * sizeof(float);
+            row_bytes = (size_t)(2 * n) * sizeof(float);
             if (!(row = lt_alloc(ctx, LT_DEVICE_CPU, row_bytes, "adapter tensor"))) {
                 row_bytes = 0;
                 s = lt_ctx_status(ctx);
@@ -172,7 +225,13 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
                                               : "-inf");
                 goto done;
             }
-        s = lt_model_lora_set(ctx, m, lt.offset, n, row);
+        if (lt.experts) { /* PEFT's order → the storage's */
+            float *st_order = row + n;
+            for (int64_t j = 0; j < n; j++) st_order[lt_lora_tensor_peft_index(&lt, j)] = row[j];
+            s = lt_model_lora_set(ctx, m, lt.offset, n, st_order);
+        } else {
+            s = lt_model_lora_set(ctx, m, lt.offset, n, row);
+        }
     }
 done:
     if (row) lt_free(ctx, LT_DEVICE_CPU, row, row_bytes);

@@ -39,9 +39,10 @@ void lt_train_clean_stale_tmp(const char *dir);
 lt_status lt_train_check_out_paths(lt_ctx *ctx, const char *dir);
 
 /* lt_peft_save with base_model written as given (already resolved by lt_peft_base_model_name):
- * the trainer resolves the name once at setup, so a save opens nothing but its own files. */
+ * the trainer resolves the name once at setup, so a save opens nothing but its own files. m (may
+ * be NULL without expert stacks) gives the expert stacks' PEFT shape and element order. */
 lt_status lt_peft_save_named(lt_ctx *ctx, const char *dir, const char *base_model, const lt_train_options *opt,
-                             const lt_train_param *params, int n_params);
+                             const lt_train_param *params, int n_params, const lt_model *m);
 
 /* 1 when opt's lora_targets is the default list, not given through lt_train_options_set: the
  * LoRA options then leave the choice to the model (every projection of a dense model, the

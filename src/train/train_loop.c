@@ -234,7 +234,7 @@ static lt_status save(lt_trainer *t) {
     if (t->rank == 0) {
         s = state_to_host(t);
         if (s == LT_OK) s = lt_checkpoint_save(t->ctx, t->ckpt_path, t->o, &t->st, t->tp, t->n_tp);
-        if (s == LT_OK) s = lt_peft_save_named(t->ctx, t->o->adapter_path, t->base_name, t->o, t->tp, t->n_tp);
+        if (s == LT_OK) s = lt_peft_save_named(t->ctx, t->o->adapter_path, t->base_name, t->o, t->tp, t->n_tp, t->m);
         if (s == LT_OK) {
             char rec[LT_TRAIN_PATH_MAX + 32];
             snprintf(rec, sizeof rec, "%s/" LT_TRAIN_DIVERGED_FILE, t->o->adapter_path);

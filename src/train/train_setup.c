@@ -147,6 +147,10 @@ lt_status lt_train_lora_options(lt_ctx *ctx, const lt_train_options *opt, lt_lor
                 found = 1;
             }
         }
+        if (len == strlen("experts.gate_up_proj") && !strncmp(p, "experts.gate_up_proj", len))
+            out->targets |= LT_LORA_EXPERTS_GATE_UP, found = 1;
+        if (len == strlen("experts.down_proj") && !strncmp(p, "experts.down_proj", len))
+            out->targets |= LT_LORA_EXPERTS_DOWN, found = 1;
         if (!found)
             return lt_error(ctx, LT_ERR_INVALID_ARG,
                             "lora target '%.*s' is not a projection (resolve the options first)", (int)len, p);

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""PEFT adapters with LoRA on the experts of a mixture-of-experts model, and the checks that
+longtune's adapter files and exports agree with PEFT and transformers.
+
+Writes tests/fixtures/moe/peft_experts/<case>/ for the base tests/fixtures/moe/qwen3moe (Qwen3-MoE,
+L=2, E=8, k=2, C=32, moe_F=16): adapter_config.json + adapter_model.safetensors exactly as PEFT 0.21
+saves them (LoraConfig target_modules + target_parameters, every A and B drawn nonzero), and
+expected.safetensors with the batch (tokens (1, T)) and the PEFT model's logits (1, T, V).
+
+PEFT's expert adapter (ParamWrapper): lora_A.weight (r*E, in), lora_B.weight (out, r*E);
+delta_e = (alpha / r) * B_e @ A_e with A_e = A.reshape(E, r, in)[e], B_e[o, j] = B[o, j*E + e];
+gate_up's out is 2*moe_F (gate rows, then up rows), down's is C. With both parameters targeted the
+first listed (gate_up) is nested innermost and saved as "mlp.experts.base_layer.lora_*".
+
+Cases:
+  both     q_proj, v_proj + mlp.experts.gate_up_proj, mlp.experts.down_proj; r=2, alpha 4
+  gate_up  q_proj, v_proj + mlp.experts.gate_up_proj alone (keys "mlp.experts.lora_*"); r=2, alpha 8
+Every token's top-k choice in every layer has a margin of at least MIN_MARGIN under the adapter, so
+an fp32 reimplementation (or the merged weights) picks the same experts.
+
+Checks run by hand (CI never runs Python; the results go into the commit that needs them):
+  --check-export DIR CASE    DIR is longtune's merged HF export of the base with CASE's adapter
+                             (longtune export --format hf): its logits in transformers equal the PEFT
+                             model's (max abs difference printed, must be < 1e-4)
+  --check-adapter DIR CASE   DIR is an adapter longtune saved (e.g. CASE's loaded and saved back):
+                             PeftModel.from_pretrained loads it and gives CASE's logits
+
+Run with /work/pyenv/bin/python.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BASE = os.path.join(ROOT, "tests", "fixtures", "moe", "qwen3moe")
+OUT = os.path.join(ROOT, "tests", "fixtures", "moe", "peft_experts")
+T = 12
+MIN_MARGIN = 2e-3
+CASES = {
+    "both": dict(r=2, alpha=4.0, params=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], seed=5100),
+    "gate_up": dict(r=2, alpha=8.0, params=["mlp.experts.gate_up_proj"], seed=5200),
+}
+
+
+def load_base():
+    m = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32)
+    m.config._attn_implementation = "eager"
+    m.eval()
+    return m
+
+
+def tokens_for(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, 64, (1, T), generator=g)
+
+
+def logits_and_margin(model, tokens):
+    with torch.no_grad():
+        out = model(input_ids=tokens, output_router_logits=True, use_cache=False)
+    worst = 1.0
+    for rl in out.router_logits:
+        p = torch.softmax(rl.float(), -1)
+        top = torch.topk(p, 3, -1).values
+        worst = min(worst, float((top[:, 1] - top[:, 2]).min()))
+    return out.logits.float(), worst
+
+
+def build_case(name, spec):
+    for attempt in range(64):
+        seed = spec["seed"] + attempt
+        torch.manual_seed(seed)
+        model = load_base()
+        cfg = LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                         target_parameters=spec["params"])
+        pm = get_peft_model(model, cfg)
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if "lora_" in n:
+                    p.copy_(0.2 * torch.randn_like(p))
+        pm.eval()
+        tokens = tokens_for(seed)
+        logits, margin = logits_and_margin(pm, tokens)
+        if margin >= MIN_MARGIN:
+            return pm, tokens, logits, seed
+    sys.exit(f"{name}: no seed gives a top-k margin of {MIN_MARGIN}")
+
+
+def generate():
+    for name, spec in CASES.items():
+        pm, tokens, logits, seed = build_case(name, spec)
+        d = os.path.join(OUT, name)
+        os.makedirs(d, exist_ok=True)
+        pm.save_pretrained(d)
+        if os.path.exists(os.path.join(d, "README.md")):
+            os.remove(os.path.join(d, "README.md"))  # PEFT's model card template
+        c = json.load(open(os.path.join(d, "adapter_config.json")))
+        c["base_model_name_or_path"] = "tests/fixtures/moe/qwen3moe"
+        json.dump(c, open(os.path.join(d, "adapter_config.json"), "w"), indent=2, sort_keys=True)
+        sd = load_file(os.path.join(d, "adapter_model.safetensors"))
+        assert sorted(c["target_parameters"]) == sorted(spec["params"]), c["target_parameters"]
+        for k, v in sd.items():
+            print(f"  {name}: {k} {tuple(v.shape)}")
+        # The saved adapter reloads to the same model.
+        again = PeftModel.from_pretrained(load_base(), d)
+        got, _ = logits_and_margin(again, tokens)
+        assert torch.equal(got, logits), f"{name}: PEFT's reload differs"
+        meta = {"case": name, "seed": str(seed), "r": str(spec["r"]), "alpha": str(spec["alpha"]),
+                "generator": "tests/oracle/gen_moe_peft_adapter.py", "transformers": __import__("transformers").__version__,
+                "peft": __import__("peft").__version__}
+        save_file({"tokens": tokens.to(torch.float32).contiguous(), "logits": logits.contiguous()},
+                  os.path.join(d, "expected.safetensors"), metadata=meta)
+        print(f"{name}: seed {seed}, written to {d}")
+
+
+def expected(case):
+    e = load_file(os.path.join(OUT, case, "expected.safetensors"))
+    return e["tokens"].to(torch.long), e["logits"]
+
+
+def check_export(folder, case):
+    tokens, want = expected(case)
+    m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    m.config._attn_implementation = "eager"
+    m.eval()
+    got, margin = logits_and_margin(m, tokens)
+    diff = float((got - want).abs().max())
+    print(f"merged export {folder} vs PEFT ({case}): max |logit diff| {diff:.3g}, top-k margin {margin:.3g}")
+    return diff < 1e-4
+
+
+def check_adapter(folder, case):
+    tokens, want = expected(case)
+    pm = PeftModel.from_pretrained(load_base(), folder)
+    got, _ = logits_and_margin(pm, tokens)
+    diff = float((got - want).abs().max())
+    ref = load_file(os.path.join(OUT, case, "adapter_model.safetensors"))
+    mine = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    same = sorted(ref) == sorted(mine) and all(torch.equal(ref[k], mine[k].to(ref[k].dtype)) for k in ref)
+    print(f"adapter {folder} in PEFT vs {case}: max |logit diff| {diff:.3g}, tensors identical: {same}")
+    return diff < 1e-5 and same
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check-export", nargs=2, metavar=("DIR", "CASE"))
+    ap.add_argument("--check-adapter", nargs=2, metavar=("DIR", "CASE"))
+    a = ap.parse_args()
+    ok = True
+    if a.check_export:
+        ok &= check_export(*a.check_export)
+    if a.check_adapter:
+        ok &= check_adapter(*a.check_adapter)
+    if not a.check_export and not a.check_adapter:
+        generate()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
