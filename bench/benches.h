@@ -23,3 +23,5 @@ LT_BENCH(moe, lt_bench_moe,
          "mixture-of-experts LoRA steps (Qwen3-30B-A3B shape, 4 layers): chunked vs unchunked dispatch, vs torch+PEFT")
 LT_BENCH(grouped, lt_bench_grouped,
          "MoE grouped expert products (Qwen3-30B-A3B layer, cuda): one launch vs per-expert cuBLASLt bf16 GEMMs")
+LT_BENCH(grouped_lora, lt_bench_grouped_lora,
+         "expert-LoRA products of an MoE layer (Qwen3-30B-A3B, rank r, cuda): thin grouped products, weight gradients")
