@@ -388,7 +388,7 @@ lt_status lt_step_moe_check(lt_step *s, const lt_model_batch *b) {
     /* transformers' load_balancing_loss_func over every MoE layer's tokens together: aux =
      * E/M²·Σ_e count_e·Σ_t p[t, e]; ∂(w·aux)/∂p[t, e] = w·E·count_e/M² with the loss's own weight
      * w = coef·dloss·n_tok (coef with the default mean loss) */
-    double M = (double)o->n_layers * (double)s->n_real;
+    double M = (double)o->n_layers * (double)lt_step_moe_group_real(s);
     s->aux_norm = o->stats && M > 0 ? (double)c->n_experts / (M * M) : 0.0;
     s->aux_scale = s->train ? (float)((double)c->moe_aux_coef * (double)s->dloss * (double)s->n_tok * s->aux_norm) : 0;
     s->m->moe_aux_norm = s->aux_norm;

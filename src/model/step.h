@@ -156,6 +156,12 @@ void lt_step_moe_begin(lt_step *s);
  * wait; the aux loss is it times aux_norm, read with the loss) and, training, the routing
  * backward's aux gradient switched on. */
 void lt_step_moe_end(lt_step *s);
+/* Context parallel (moe_aux.c): the real tokens of the whole sequence over the group (n_real
+ * without it), and, between the forward and moe_end, the statistics and the aux scale summed over
+ * the group (queued, no wait; nothing without context parallel or aux). Errors: the
+ * communicator's. */
+int64_t lt_step_moe_group_real(const lt_step *s);
+lt_status lt_step_moe_reduce(lt_step *s);
 /* The batch's load-balancing loss from the sum the step wrote (sum read by the caller). */
 static inline double lt_step_moe_aux(double norm, float sum) { return norm * (double)sum; }
 
