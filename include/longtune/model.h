@@ -473,6 +473,9 @@ typedef struct lt_model_batch {
                                  real_seqs[b]]) padding, which the MoE router's load-balancing
                                  statistics leave out as transformers' attention_mask does; NULL =
                                  every token is real */
+    int64_t cp_real;          /* context parallel: the whole row's real tokens (its first ones, at
+                                 zig-zag places on the ranks; the rest padding, which the MoE
+                                 router's statistics leave out as real_seqs does); 0 = every token */
     int defer_loss;           /* device models: leave the loss on the device (the result gets
                                    n_tokens only; lt_model_read_loss reads loss_sum later), so the
                                    call queues the step without waiting -- what a step captured

@@ -473,8 +473,9 @@ static double rel_err1(double got, double want) {
  * share, the gradients and loss sums reduced over the group): returns the worst error / tolerance
  * of the cross entropy, the aux loss (training and evaluation) and the LoRA gradients, INFINITY
  * on a failed call or an aux loss that differs between ranks. file: the model file in the qwen3moe
- * fixture's folder, NULL for the HF folder (aux coefficient 0.02; the GGUF file carries none). */
-static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file) {
+ * fixture's folder, NULL for the HF folder (aux coefficient 0.02; the GGUF file carries none).
+ * pad: the row's last pad tokens are padding (real_seqs on one process, cp_real over the group). */
+static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file, int64_t pad) {
     const int world = lt_comm_size(c), rank = lt_comm_rank(c);
     const int64_t T = MOE_T, Tl = T / world;
     char path[1200];
@@ -498,7 +499,7 @@ static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file) {
     int64_t ntok = 0;
     for (int64_t i = 0; i < T; i++) tok[i] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)cfg->V);
     for (int64_t i = 0; i < T; i++) { /* ignored targets spread unevenly over the ranks */
-        tgt[i] = i + 1 < T && i % 5 != 2 && i > 3 ? tok[i + 1] : LT_IGNORE_INDEX;
+        tgt[i] = i + 1 < T - pad && i % 5 != 2 && i > 3 ? tok[i + 1] : LT_IGNORE_INDEX;
         ntok += tgt[i] != LT_IGNORE_INDEX;
     }
     float scale = (float)(1.0 / (double)ntok);
@@ -507,6 +508,8 @@ static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file) {
     lt_model_batch b;
     memset(&b, 0, sizeof b);
     b.B = 1, b.T = T, b.tokens = tok, b.targets = tgt;
+    int32_t offs[3] = {0, (int32_t)(T - pad), (int32_t)T}, real_seqs[1] = {1};
+    if (pad) b.seq_offsets = offs, b.S = 2, b.real_seqs = real_seqs;
     lt_model_result r1, f1, r, f;
     if (lt_model_lora_set(ctx, m, 0, n, p) != LT_OK || lt_model_prepare(ctx, m, &ro) != LT_OK) goto done;
     lt_model_zero_grads(m);
@@ -519,8 +522,17 @@ static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file) {
         ltok[i] = tok[gp], ltgt[i] = tgt[gp], lpos[i] = (int32_t)gp;
     }
     b.T = Tl, b.tokens = ltok, b.targets = ltgt, b.positions = lpos;
+    b.seq_offsets = NULL, b.S = 0, b.real_seqs = NULL;
     ro.T = Tl;
+    /* cp_real is a context-parallel field, and at most the whole row */
+    b.cp_real = 1;
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG || !strstr(lt_ctx_error(ctx), "cp_real"))
+        goto done;
     if (lt_model_set_context_parallel(ctx, m, c) != LT_OK || lt_model_prepare(ctx, m, &ro) != LT_OK) goto done;
+    b.cp_real = T + 1;
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG || !strstr(lt_ctx_error(ctx), "cp_real"))
+        goto done;
+    b.cp_real = T - pad;
     lt_model_zero_grads(m);
     if (lt_model_forward_backward(ctx, m, &b, scale, &r, NULL) != LT_OK || lt_model_forward(ctx, m, &b, &f, NULL))
         goto done;
@@ -538,11 +550,12 @@ static double moe_case(lt_ctx *ctx, lt_comm *c, const char *file) {
     if (aux0[0] != r.aux_loss || aux0[1] != f.aux_loss) worst = INFINITY; /* one value over the group */
     if (with_aux ? !(r1.aux_loss > 0) : r1.aux_loss != 0 || r.aux_loss != 0) worst = INFINITY;
     if (worst > 1)
-        fprintf(stderr,
-                "rank %d of %d, %s: ce %.9g vs %.9g, aux %.9g vs %.9g (forward %.9g vs %.9g), gradients %.3g of "
-                "tolerance\n",
-                rank, world, file ? file : "HF folder", sums[0] / (double)ntok, r1.loss_sum / (double)r1.n_tokens,
-                r.aux_loss, r1.aux_loss, f.aux_loss, f1.aux_loss, rel_err(g, g1, n));
+        fprintf(
+            stderr,
+            "rank %d of %d, %s, %lld padding: ce %.9g vs %.9g, aux %.9g vs %.9g (forward %.9g vs %.9g), gradients %.3g of "
+            "tolerance\n",
+            rank, world, file ? file : "HF folder", (long long)pad, sums[0] / (double)ntok,
+            r1.loss_sum / (double)r1.n_tokens, r.aux_loss, r1.aux_loss, f.aux_loss, f1.aux_loss, rel_err(g, g1, n));
 done:
     if (!isfinite(worst)) fprintf(stderr, "rank %d of %d: %s\n", rank, world, lt_ctx_error(ctx));
     if (m) lt_model_set_context_parallel(ctx, m, NULL);
@@ -559,8 +572,9 @@ static int moe_worker(void) {
         return 1;
     }
     double fails = lt_comm_size(c) < 2;
-    const char *files[2] = {NULL, "model.gguf"};
-    for (int i = 0; i < 2; i++) fails += !(moe_case(ctx, c, files[i]) <= 1);
+    const char *files[3] = {NULL, "model.gguf", NULL};
+    const int64_t pads[3] = {0, 0, 7}; /* 7: the padding tail reaches into two ranks' chunks at 4 ranks */
+    for (int i = 0; i < 3; i++) fails += !(moe_case(ctx, c, files[i], pads[i]) <= 1);
     lt_comm_allreduce_sum(ctx, c, &fails, 1, LT_COMM_F64);
     lt_comm_free(ctx, c);
     lt_ctx_free(ctx);
