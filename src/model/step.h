@@ -35,7 +35,8 @@ typedef struct lt_step {
      * recompute), then the backward's routing gradient adds scale·count_e (moe_has_dp), read by
      * moe_route_bwd from the backend's memory: moe_scale and moe_sum point at scalars [2] and [3]
      * on a device, at moe_host on the host. aux_scale = coef·E·dloss·n_tok/M² and aux_norm = E/M²
-     * (M = MoE layers × real tokens) are known on the host before the step. */
+     * (M = MoE layers × real tokens, of the whole row under context parallel, where lt_step_moe_reduce
+     * sums the statistics and the scale over the group) are known on the host before the step. */
     int moe_collect, moe_has_dp;
     const int32_t *real_seqs; /* host (lt_model_batch.real_seqs), validated; NULL = all real */
     int64_t n_real;           /* real tokens of the batch */
