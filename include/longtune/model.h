@@ -489,7 +489,8 @@ typedef struct lt_model_result {
                          batch (unweighted; the gradient adds moe_aux_coef times it, scaled by
                          grad_scale · n_tokens: with the default mean loss exactly transformers'
                          loss + router_aux_loss_coef · aux_loss); under context parallel the whole
-                         row's, the same on every rank (n_tokens: the group's); 0 otherwise */
+                         row's, the same on every rank, its gradient scaled by grad_scale times
+                         the group's targets; 0 otherwise */
 } lt_model_result;
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient

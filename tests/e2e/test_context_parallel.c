@@ -541,11 +541,13 @@ static double moe_case(lt_ctx *ctx, lt_comm *c, const moe_cfg *k) {
     ro.T = Tl;
     /* cp_real is a context-parallel field, and at most the whole row */
     b.cp_real = 1;
-    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG || !strstr(lt_ctx_error(ctx), "cp_real"))
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG ||
+        !strstr(lt_ctx_error(ctx), "cp_real = 1 without context parallel"))
         goto done;
     if (lt_model_set_context_parallel(ctx, m, c) != LT_OK || lt_model_prepare(ctx, m, &ro) != LT_OK) goto done;
     b.cp_real = T + 1;
-    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG || !strstr(lt_ctx_error(ctx), "cp_real"))
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG ||
+        !strstr(lt_ctx_error(ctx), "cp_real = 49 is outside 0..48 (the whole row)"))
         goto done;
     b.cp_real = T - pad;
     lt_model_zero_grads(m);
