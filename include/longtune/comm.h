@@ -78,6 +78,12 @@ LT_API lt_status lt_comm_allreduce_sum(lt_ctx *ctx, lt_comm *c, void *buf, int64
  * the communicator keeps (4 KiB at a time), so host-side statistics (loss sums, flags) can be
  * reduced over a device communicator. */
 LT_API lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
+/* The same, ordered with the backend's queued work instead of waited for: NCCL enqueues the
+ * reduction on the communicator's stream after what the backend queued and before what it queues
+ * next (events, no host wait; capturable into a CUDA graph), as the exchange does; MPI and self
+ * reduce the host buffer before returning, as lt_comm_allreduce_sum. For small step-internal
+ * reductions (an MoE router's statistics under context parallel). Errors as lt_comm_allreduce_sum. */
+LT_API lt_status lt_comm_allreduce_sum_queued(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype);
 /* The same over a large f32 buffer cut into buckets of bucket_elems (0 = 4 Mi elements = 16 MiB):
  * every bucket's reduction is started before the first is waited on, so the transport pipelines
  * them (MPI_Iallreduce; NCCL groups them on its stream). Results equal lt_comm_allreduce_sum's. */

@@ -476,6 +476,9 @@ typedef struct lt_model_batch {
                                  real_seqs[b]]) padding, which the MoE router's load-balancing
                                  statistics leave out as transformers' attention_mask does; NULL =
                                  every token is real */
+    int64_t cp_real;          /* context parallel: the whole row's real tokens (its first ones, at
+                                 zig-zag places on the ranks; the rest padding, which the MoE
+                                 router's statistics leave out as real_seqs does); 0 = every token */
     int defer_loss;           /* device models: leave the loss on the device (the result gets
                                    n_tokens only; lt_model_read_loss reads loss_sum later), so the
                                    call queues the step without waiting -- what a step captured
@@ -488,7 +491,9 @@ typedef struct lt_model_result {
     double aux_loss;  /* MoE models with moe_aux_coef > 0: transformers' load-balancing loss of the
                          batch (unweighted; the gradient adds moe_aux_coef times it, scaled by
                          grad_scale · n_tokens: with the default mean loss exactly transformers'
-                         loss + router_aux_loss_coef · aux_loss); 0 otherwise */
+                         loss + router_aux_loss_coef · aux_loss); under context parallel the whole
+                         row's, the same on every rank, its gradient scaled by grad_scale times
+                         the group's targets; 0 otherwise */
 } lt_model_result;
 
 /* Forward + backward: accumulates grad_scale · ∂(Σ token losses)/∂θ into the LoRA gradient
@@ -516,7 +521,8 @@ LT_API lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch
  * the ranks of comm (lt_cp_zigzag_position: batches of B = 1 row of T/world tokens, no seq_offsets,
  * positions of their places in the whole row), and attention runs over comm as lt_cp_choose picks:
  * Ulysses (all-to-all over heads, the device's own kernel; host over MPI or CUDA over NCCL) when
- * Hkv is a multiple of the world, else ring attention (host only). Every rank must run the same
+ * Hkv is a multiple of the world, else ring attention (host only); an MoE router's load-balancing
+ * statistics are summed over comm, so its aux loss is the whole row's. Every rank must run the same
  * steps. comm NULL or a world of one turns it off (unless LONGTUNE_CP forces it: lt_cp_env_forced). The Ulysses workspace is allocated with the
  * prepared run (now, if already prepared; freed with it); the ring's blocks per call (both priced
  * by the planner's cp_size). Errors: LT_ERR_UNSUPPORTED (communicator and model on different

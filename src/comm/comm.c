@@ -151,6 +151,16 @@ lt_status lt_comm_allreduce_sum_host(lt_ctx *ctx, lt_comm *c, void *buf, int64_t
     return lt_comm_allreduce_sum(ctx, c, buf, count, dtype);
 }
 
+lt_status lt_comm_allreduce_sum_queued(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dtype) {
+    if (c && c->backend == LT_COMM_NCCL) {
+        if (count < 0 || (unsigned)dtype >= LT_COMM_DTYPE_COUNT_ || (count > 0 && !buf))
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: all-reduce of %lld elements of dtype %d", (long long)count,
+                            (int)dtype);
+        return count ? lt_comm_nccl_allreduce_queued(ctx, c, buf, count, dtype) : LT_OK;
+    }
+    return lt_comm_allreduce_sum(ctx, c, buf, count, dtype);
+}
+
 lt_status lt_comm_allreduce_sum_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket_elems) {
     if (count < 0 || bucket_elems < 0 || (count > 0 && !buf))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "comm: bucketed all-reduce of %lld elements in buckets of %lld",

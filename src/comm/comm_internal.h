@@ -39,6 +39,8 @@ lt_status lt_comm_mpi_exchange(lt_ctx *ctx, lt_comm *c, const void *send, const 
 lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *opt);
 void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c);
 lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt);
+/* Enqueued between enter and leave: ordered with the backend's stream, never waited for. */
+lt_status lt_comm_nccl_allreduce_queued(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt);
 lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket);
 /* Enqueues one f32 sum all-reduce on the stream and returns; lt_comm_nccl_wait synchronises. */
 lt_status lt_comm_nccl_istart(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count);

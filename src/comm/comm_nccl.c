@@ -3,8 +3,8 @@
  * the legacy default stream until the backend makes the context its own) by events (the stream waits for
  * what the backend queued before a call; the backend waits for the call before what it queues
  * next), so a gradient bucket's all-reduce runs while the backward goes on. Blocking calls
- * synchronise before they return, the reducer's buckets when it finishes, the exchange and
- * transpose of context parallel never. NVLink multicast (NVLS) is kept off through
+ * synchronise before they return, the reducer's buckets when it finishes, the exchange,
+ * transpose and queued all-reduce of context parallel never. NVLink multicast (NVLS) is kept off through
  * NCCL_NVLS_ENABLE=0 before the communicator exists, and nothing here creates multicast objects. Without NCCL in the build every entry point reports
  * LT_ERR_UNSUPPORTED. The unique id travels over MPI or through a rendezvous file. */
 #include <errno.h>
@@ -182,6 +182,14 @@ lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t cou
     return sync(ctx, c, "all-reduce");
 }
 
+lt_status lt_comm_nccl_allreduce_queued(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    nccl_state *st = c->nccl;
+    LT_TRY(enter(ctx, st));
+    NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, nccl_type(dt), ncclSum, st->comm, st->stream),
+             "ncclAllReduce (queued)");
+    return leave(ctx, st);
+}
+
 lt_status lt_comm_nccl_allreduce_bucketed(lt_ctx *ctx, lt_comm *c, float *buf, int64_t count, int64_t bucket) {
     nccl_state *st = c->nccl;
     LT_TRY(enter(ctx, st));
@@ -321,6 +329,10 @@ lt_status lt_comm_nccl_start(lt_ctx *ctx, lt_comm *c, const lt_comm_options *o) 
 }
 void lt_comm_nccl_stop(lt_ctx *ctx, lt_comm *c) { (void)ctx, (void)c; }
 lt_status lt_comm_nccl_allreduce(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
+    (void)c, (void)buf, (void)count, (void)dt;
+    return no_nccl(ctx);
+}
+lt_status lt_comm_nccl_allreduce_queued(lt_ctx *ctx, lt_comm *c, void *buf, int64_t count, lt_comm_dtype dt) {
     (void)c, (void)buf, (void)count, (void)dt;
     return no_nccl(ctx);
 }

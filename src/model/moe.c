@@ -280,6 +280,7 @@ static moe_run run_of_step(const lt_step *s) {
 /* The end of the run of tokens from token g (a batch index) on that are all real or all padding,
  * at most `end`; *real says which. */
 static int64_t token_run(const lt_step *s, int64_t g, int64_t end, int *real) {
+    if (s && s->cp_real) return lt_step_moe_cp_run(s, g, end, real);
     if (!s || !s->real_seqs) {
         *real = 1;
         return end;
@@ -517,7 +518,9 @@ lt_status lt_step_moe_check(lt_step *s, const lt_model_batch *b) {
     /* transformers' load_balancing_loss_func over every MoE layer's tokens together: aux =
      * E/M²·Σ_e count_e·Σ_t p[t, e]; ∂(w·aux)/∂p[t, e] = w·E·count_e/M² with the loss's own weight
      * w = coef·dloss·n_tok (coef with the default mean loss) */
-    double M = (double)o->n_layers * (double)s->n_real;
+    int64_t group = 0;
+    LT_TRY(lt_step_moe_group_real(s, b, &group));
+    double M = (double)o->n_layers * (double)group;
     s->aux_norm = o->stats && M > 0 ? (double)c->n_experts / (M * M) : 0.0;
     s->aux_scale = s->train ? (float)((double)c->moe_aux_coef * (double)s->dloss * (double)s->n_tok * s->aux_norm) : 0;
     s->m->moe_aux_norm = s->aux_norm;

@@ -381,6 +381,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     lt_prof_set_phase(dev, LT_PROF_FORWARD);
     lt_step_moe_begin(&s);
     LT_TRY(forward_layers(&s));
+    LT_TRY(lt_step_moe_reduce(&s));
     lt_step_moe_end(&s);
     lt_prof_set_phase(dev, LT_PROF_LOSS);
     LT_TRY(final_loss(&s, b, 1, grad_scale, &r, token_loss));
@@ -424,6 +425,7 @@ lt_status lt_model_forward(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, lt
     LT_TRY(check_batch(ctx, m, b, &s, 0, 0.0f, 1));
     lt_step_moe_begin(&s);
     LT_TRY(forward_all(&s));
+    LT_TRY(lt_step_moe_reduce(&s));
     lt_step_moe_end(&s);
     LT_TRY(final_loss(&s, b, 0, 0, &r, token_loss));
     LT_TRY(read_loss(&s, &r, token_loss));

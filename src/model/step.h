@@ -35,10 +35,12 @@ typedef struct lt_step {
      * recompute), then the backward's routing gradient adds scale·count_e (moe_has_dp), read by
      * moe_route_bwd from the backend's memory: moe_scale and moe_sum point at scalars [2] and [3]
      * on a device, at moe_host on the host. aux_scale = coef·E·dloss·n_tok/M² and aux_norm = E/M²
-     * (M = MoE layers × real tokens) are known on the host before the step. */
+     * (M = MoE layers × real tokens, of the whole row under context parallel, where lt_step_moe_reduce
+     * sums the statistics and the scale over the group) are known on the host before the step. */
     int moe_collect, moe_has_dp;
     const int32_t *real_seqs; /* host (lt_model_batch.real_seqs), validated; NULL = all real */
     int64_t n_real;           /* real tokens of the batch */
+    int64_t cp_real;          /* context parallel: real tokens of the whole row (lt_model_batch.cp_real) */
     float aux_scale;
     double aux_norm;
     float *moe_scale, *moe_sum;
@@ -156,6 +158,17 @@ void lt_step_moe_begin(lt_step *s);
  * wait; the aux loss is it times aux_norm, read with the loss) and, training, the routing
  * backward's aux gradient switched on. */
 void lt_step_moe_end(lt_step *s);
+/* Context parallel (moe_aux.c). In the check: validates cp_real (0..T·world; 0 without context
+ * parallel), counts this rank's real tokens into n_real and the group's into *group (n_real
+ * without context parallel). Errors: LT_ERR_INVALID_ARG naming cp_real. */
+lt_status lt_step_moe_group_real(lt_step *s, const lt_model_batch *b, int64_t *group);
+/* The end of the run of local tokens from g on (at most end) that are all real or all padding
+ * under cp_real (> 0); *real says which. */
+int64_t lt_step_moe_cp_run(const lt_step *s, int64_t g, int64_t end, int *real);
+/* Between the forward and moe_end: the statistics and the aux scale summed over the group
+ * (queued on the device, no wait; nothing without context parallel or aux). Errors: the
+ * communicator's. */
+lt_status lt_step_moe_reduce(lt_step *s);
 /* The batch's load-balancing loss from the sum the step wrote (sum read by the caller). */
 static inline double lt_step_moe_aux(double norm, float sum) { return norm * (double)sum; }
 

@@ -65,6 +65,7 @@ lt_status lt_trainer_shard(lt_trainer *t, const lt_model_batch *b, lt_model_batc
         memset(out, 0, sizeof *out);
         out->B = 1, out->T = Tl, out->step = b->step;
         out->tokens = t->cp_ids, out->targets = t->cp_tgt, out->positions = t->cp_pos;
+        if (b->real_seqs && b->seq_offsets) out->cp_real = b->seq_offsets[b->real_seqs[0]]; /* the padding tail */
         *ntok = n;
         return LT_OK;
     }

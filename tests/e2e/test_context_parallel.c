@@ -3,7 +3,11 @@
  * itself under mpirun) match a float64 causal attention of the whole sequence and the single-rank
  * flash attention (lt_attention_forward/backward) within fp32 tolerance, every output element
  * written; bad shapes are typed errors; the workspace the planner prices is exactly what is
- * allocated (ring) or what the calls check for (Ulysses). */
+ * allocated (ring) or what the calls check for (Ulysses). A mixture-of-experts model (the
+ * Qwen3-MoE fixture, its router's load-balancing loss on and, from the GGUF file, off) trained on
+ * one row split over 2 and 4 ranks gives the cross entropy, the aux loss (the same on every rank)
+ * and every LoRA gradient of the whole row on one process. */
+#define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,10 +18,12 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "helpers/backends.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/attention.h"
 #include "longtune/context_parallel.h"
+#include "longtune/model.h"
 
 /* ---- float64 reference of the whole sequence ---------------------------------------------- */
 
@@ -448,14 +454,217 @@ static int worker(void) {
     return fails > 0;
 }
 
+/* ---- a mixture-of-experts model over the group ---------------------------------------------- */
+
+#define MOE_T 48 /* a multiple of 2·world for worlds 2, 3 and 4; within the fixture's 64 positions */
+
+/* One case: the fixture folder under tests/fixtures/moe and the model file in it (NULL: the HF
+ * folder; the GGUF files carry no aux coefficient), the row's padding tail, the device, and the
+ * relative tolerance. */
+typedef struct moe_cfg {
+    const char *dir, *file;
+    int64_t pad;
+    lt_device dev;
+    double rel;
+} moe_cfg;
+
+/* max |got - want| / (rel·max(max |want|, 1) + LT_TOL_F32_ABS); INFINITY for a NaN. */
+static double rel_err(const float *got, const float *want, int64_t n, double rel) {
+    double mag = 0, e = 0;
+    for (int64_t i = 0; i < n; i++) mag = fmax(mag, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) e = isfinite(got[i]) ? fmax(e, fabs((double)got[i] - want[i])) : INFINITY;
+    return e / (rel * fmax(mag, 1.0) + LT_TOL_F32_ABS);
+}
+
+static double rel_err1(double got, double want, double rel) {
+    float g = (float)got, w = (float)want;
+    return rel_err(&g, &w, 1, rel);
+}
+
+/* One row of MOE_T tokens trained on one process, then over the ranks of c (each its zig-zag
+ * share, the gradients and loss sums reduced over the group): returns the worst error / tolerance
+ * of the cross entropy, the aux loss (training and evaluation) and the LoRA gradients, INFINITY
+ * on a failed call or an aux loss that differs between ranks. The last k->pad tokens are padding
+ * (real_seqs on one process, cp_real over the group). */
+static double moe_case(lt_ctx *ctx, lt_comm *c, const moe_cfg *k) {
+    const int world = lt_comm_size(c), rank = lt_comm_rank(c);
+    const int64_t T = MOE_T, Tl = T / world, pad = k->pad;
+    const char *file = k->file;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tests/fixtures/moe/%s%s%s", lt_test_source_dir(), k->dir, file ? "/" : "",
+             file ? file : "");
+    lt_model_options mo = {0};
+    mo.device = k->dev;
+    lt_lora_options lo = {0};
+    lo.rank = 4, lo.alpha = 8, lo.num_layers = 2, lo.seed = 7;
+    lt_model *m = NULL;
+    double worst = INFINITY;
+    float *p = NULL, *g1 = NULL, *g = NULL;
+    if (lt_model_load(ctx, path, &mo, &lo, &m) != LT_OK) goto done;
+    const lt_model_config *cfg = lt_model_get_config(m);
+    int with_aux = cfg->moe_aux_coef > 0;
+    /* Random adapter values (B too: a zero B would leave A's gradients zero), the same on every rank. */
+    uint64_t rng = lt_test_seed() ^ 0x6d6f65ULL;
+    int64_t n = 0;
+    lt_model_lora_params(m, &n);
+    p = malloc((size_t)n * 4), g1 = malloc((size_t)n * 4), g = malloc((size_t)n * 4);
+    lt_test_fill_normal(&rng, p, n, 0.2f);
+    int32_t tok[MOE_T], tgt[MOE_T], ltok[MOE_T], ltgt[MOE_T], lpos[MOE_T];
+    int64_t ntok = 0;
+    for (int64_t i = 0; i < T; i++) tok[i] = (int32_t)(lt_test_rand_u64(&rng) % (uint64_t)cfg->V);
+    for (int64_t i = 0; i < T; i++) { /* ignored targets spread unevenly over the ranks */
+        tgt[i] = i + 1 < T - pad && i % 5 != 2 && i > 3 ? tok[i + 1] : LT_IGNORE_INDEX;
+        ntok += tgt[i] != LT_IGNORE_INDEX;
+    }
+    float scale = (float)(1.0 / (double)ntok);
+    lt_model_run_options ro = {0};
+    ro.B = 1, ro.T = T, ro.device = k->dev;
+    ro.saved_bf16 = k->dev == LT_DEVICE_CPU ? -1 : 0; /* the host's ring attention takes f32 */
+    lt_model_batch b;
+    memset(&b, 0, sizeof b);
+    b.B = 1, b.T = T, b.tokens = tok, b.targets = tgt;
+    int32_t offs[3] = {0, (int32_t)(T - pad), (int32_t)T}, real_seqs[1] = {1};
+    if (pad) b.seq_offsets = offs, b.S = 2, b.real_seqs = real_seqs;
+    lt_model_result r1, f1, r, f;
+    if (lt_model_lora_set(ctx, m, 0, n, p) != LT_OK || lt_model_prepare(ctx, m, &ro) != LT_OK) goto done;
+    lt_model_zero_grads(m);
+    if (lt_model_forward_backward(ctx, m, &b, scale, &r1, NULL) != LT_OK || lt_model_forward(ctx, m, &b, &f1, NULL))
+        goto done;
+    if (lt_model_lora_get(ctx, m, 1, 0, n, g1) != LT_OK) goto done;
+    /* the group: this rank's tokens at their places in the row */
+    for (int64_t i = 0; i < Tl; i++) {
+        int64_t gp = lt_cp_zigzag_position(T, world, rank, i);
+        ltok[i] = tok[gp], ltgt[i] = tgt[gp], lpos[i] = (int32_t)gp;
+    }
+    b.T = Tl, b.tokens = ltok, b.targets = ltgt, b.positions = lpos;
+    b.seq_offsets = NULL, b.S = 0, b.real_seqs = NULL;
+    ro.T = Tl;
+    /* cp_real is a context-parallel field, and at most the whole row */
+    b.cp_real = 1;
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG ||
+        !strstr(lt_ctx_error(ctx), "cp_real = 1 without context parallel"))
+        goto done;
+    if (lt_model_set_context_parallel(ctx, m, c) != LT_OK || lt_model_prepare(ctx, m, &ro) != LT_OK) goto done;
+    b.cp_real = T + 1;
+    if (lt_model_forward(ctx, m, &b, &f, NULL) != LT_ERR_INVALID_ARG ||
+        !strstr(lt_ctx_error(ctx), "cp_real = 49 is outside 0..48 (the whole row)"))
+        goto done;
+    b.cp_real = T - pad;
+    lt_model_zero_grads(m);
+    if (lt_model_forward_backward(ctx, m, &b, scale, &r, NULL) != LT_OK || lt_model_forward(ctx, m, &b, &f, NULL))
+        goto done;
+    if (lt_model_lora_get(ctx, m, 1, 0, n, g) != LT_OK) goto done;
+    /* host buffers over any transport; aux0: rank 0's values (a sum with zeros) */
+    double sums[2] = {r.loss_sum, f.loss_sum}, aux0[2] = {rank ? 0 : r.aux_loss, rank ? 0 : f.aux_loss};
+    if (lt_comm_allreduce_sum_host(ctx, c, g, n, LT_COMM_F32) != LT_OK ||
+        lt_comm_allreduce_sum_host(ctx, c, sums, 2, LT_COMM_F64) != LT_OK ||
+        lt_comm_allreduce_sum_host(ctx, c, aux0, 2, LT_COMM_F64) != LT_OK)
+        goto done;
+    const double rel = k->rel;
+    worst = rel_err(g, g1, n, rel);
+    worst = fmax(worst, rel_err1(sums[0] / (double)ntok, r1.loss_sum / (double)r1.n_tokens, rel));
+    worst = fmax(worst, rel_err1(sums[1] / (double)ntok, f1.loss_sum / (double)f1.n_tokens, rel));
+    worst = fmax(worst, rel_err1(r.aux_loss, r1.aux_loss, rel));
+    worst = fmax(worst, rel_err1(f.aux_loss, f1.aux_loss, rel));
+    if (aux0[0] != r.aux_loss || aux0[1] != f.aux_loss) worst = INFINITY; /* one value over the group */
+    if (with_aux ? !(r1.aux_loss > 0) : r1.aux_loss != 0 || r.aux_loss != 0) worst = INFINITY;
+    if (worst > 1)
+        fprintf(
+            stderr,
+            "rank %d of %d, %s, %lld padding: ce %.9g vs %.9g, aux %.9g vs %.9g (forward %.9g vs %.9g), gradients %.3g of "
+            "tolerance\n",
+            rank, world, file ? file : "HF folder", (long long)pad, sums[0] / (double)ntok,
+            r1.loss_sum / (double)r1.n_tokens, r.aux_loss, r1.aux_loss, f.aux_loss, f1.aux_loss,
+            rel_err(g, g1, n, rel));
+done:
+    if (!isfinite(worst)) fprintf(stderr, "rank %d of %d: %s\n", rank, world, lt_ctx_error(ctx));
+    if (m) lt_model_set_context_parallel(ctx, m, NULL);
+    lt_model_free(ctx, m);
+    free(p), free(g1), free(g);
+    return worst;
+}
+
+static int moe_worker(void) {
+    lt_ctx *ctx = lt_ctx_new();
+    lt_comm *c = NULL;
+    if (lt_comm_init(ctx, NULL, &c) != LT_OK) {
+        fprintf(stderr, "cp moe worker: %s\n", lt_ctx_error(ctx));
+        return 1;
+    }
+    double fails = lt_comm_size(c) < 2;
+    /* 7 padding tokens reach into two ranks' chunks at 4 ranks */
+    const moe_cfg cases3[3] = {{"qwen3moe", NULL, 0, LT_DEVICE_CPU, LT_TOL_F32_REL},
+                               {"qwen3moe", "model.gguf", 0, LT_DEVICE_CPU, LT_TOL_F32_REL},
+                               {"qwen3moe", NULL, 7, LT_DEVICE_CPU, LT_TOL_F32_REL}};
+    for (int i = 0; i < 3; i++) fails += !(moe_case(ctx, c, &cases3[i]) <= 1);
+    lt_comm_allreduce_sum(ctx, c, &fails, 1, LT_COMM_F64);
+    lt_comm_free(ctx, c);
+    lt_ctx_free(ctx);
+    return fails > 0;
+}
+
+static void run_moe_world(int np) {
+    if (!LT_HAVE_MPI) {
+        printf("skipped: this build has no MPI\n");
+        skip();
+    }
+    int rc = lt_test_mpirun(np, "--cp-moe-worker");
+    if (rc == -1) {
+        printf("skipped: mpirun not found (scripts/setup.sh installs openmpi-bin)\n");
+        skip();
+    }
+    if (rc != 0) fail_msg("mpirun -np %d MoE worker exited with %d", np, rc);
+}
+static void test_moe_two(void **state) {
+    (void)state;
+    run_moe_world(2);
+}
+static void test_moe_four(void **state) {
+    (void)state;
+    run_moe_world(4);
+}
+
+/* CUDA: the same over an NCCL world of one (LONGTUNE_CP=ulysses turns context parallel on), so the
+ * statistics' all-reduce runs queued on NCCL's stream between the device's kernels; the head-dim-64
+ * fixture (what the device's attention serves) with a padding tail, against the same model on the
+ * same device without context parallel, within the device's bf16 unit roundoff. */
+static void test_cuda_nccl_world_of_one(void **state) {
+    (void)state;
+    if (!lt_test_cuda_present()) {
+        printf("skipped: no CUDA device\n");
+        skip();
+    }
+    if (!LT_HAVE_NCCL) {
+        printf("skipped: this build has no NCCL\n");
+        skip();
+    }
+    lt_ctx *ctx = lt_ctx_new();
+    lt_comm_options o;
+    memset(&o, 0, sizeof o);
+    o.backend = LT_COMM_NCCL;
+    lt_comm *c = NULL;
+    if (lt_comm_init(ctx, &o, &c) != LT_OK) fail_msg("nccl: %s", lt_ctx_error(ctx));
+    assert_int_equal(setenv("LONGTUNE_CP", "ulysses", 1), 0);
+    const moe_cfg k = {"qwen3moe_hd64", NULL, 7, LT_DEVICE_CUDA, 0x1p-8};
+    double w = moe_case(ctx, c, &k);
+    unsetenv("LONGTUNE_CP");
+    lt_comm_free(ctx, c);
+    lt_ctx_free(ctx);
+    if (!(w <= 1)) fail_msg("MoE over an NCCL world of one: error / tolerance %.3g", w);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--cp-worker")) return worker();
+    if (argc > 1 && !strcmp(argv[1], "--cp-moe-worker")) return moe_worker();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zigzag_split),
         cmocka_unit_test(test_world_of_one),
         cmocka_unit_test(test_errors_and_workspace),
         cmocka_unit_test(test_mpi_two),
         cmocka_unit_test(test_mpi_three),
+        cmocka_unit_test(test_moe_two),
+        cmocka_unit_test(test_moe_four),
+        cmocka_unit_test(test_cuda_nccl_world_of_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
