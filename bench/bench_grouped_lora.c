@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#if LT_HAVE_CUDA
 static int usage(const char *msg, const char *arg) {
     fprintf(stderr,
             "longtune bench grouped_lora: %s '%s'\nusage: longtune bench grouped_lora --backend cuda [options]\n", msg,
@@ -25,7 +26,6 @@ static int usage(const char *msg, const char *arg) {
     return 2;
 }
 
-#if LT_HAVE_CUDA
 static uint64_t xs(uint64_t *s) {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -54,35 +54,23 @@ int lt_bench_grouped_lora(int argc, char **argv) {
     lt_bench_common_init(&c);
     int64_t n = 4096, r = 16;
     const int64_t E = 128, k = 8, C = 2048, F = 768;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: longtune bench grouped_lora --backend cuda [options]\n\n"
-                   "The expert-LoRA products of one MoE layer (E = 128, k = 8, C = 2048, moe_F = 768) over n\n"
-                   "tokens routed at random: the thin grouped products with a rank-r f32 stack and the\n"
-                   "experts' weight gradients (grouped_matmul_wgrad), median ms and GB/s moved.\n\n"
-                   "options:\n"
-                   "  --n N            tokens (default 4096: nk = 32768 assignments, one dispatch chunk)\n"
-                   "  --r R            LoRA rank, 1..64 (default 16)\n" LT_BENCH_COMMON_HELP);
-            return 0;
-        }
-        int rr = lt_bench_common_flag(&c, argc, argv, &i);
-        if (rr < 0) return usage("bad value for", a);
-        if (rr > 0) continue;
-        if (!v) return usage("missing value for", a);
-        i++;
-        char *e;
-        long long val = strtoll(v, &e, 10);
-        if (!strcmp(a, "--n")) {
-            if (*e || val < 1 || val > (1 << 20)) return usage("bad --n", v);
-            n = val;
-        } else if (!strcmp(a, "--r")) {
-            if (*e || val < 1 || val > 64) return usage("bad --r", v);
-            r = val;
-        } else {
-            return usage("unknown option", a);
-        }
+    const lt_bench_arg flags[] = {
+        LT_BENCH_I64("--n", &n, 1, 1 << 20),
+        LT_BENCH_I64("--r", &r, 1, 64),
+    };
+    const int parsed =
+        lt_bench_parse_args("grouped_lora", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
+    if (parsed == LT_BENCH_ARGS_HELP) {
+        printf("usage: longtune bench grouped_lora --backend cuda [options]\n\n"
+               "The expert-LoRA products of one MoE layer (E = 128, k = 8, C = 2048, moe_F = 768) over n\n"
+               "tokens routed at random: the thin grouped products with a rank-r f32 stack and the\n"
+               "experts' weight gradients (grouped_matmul_wgrad), median ms and GB/s moved.\n\n"
+               "options:\n"
+               "  --n N            tokens (default 4096: nk = 32768 assignments, one dispatch chunk)\n"
+               "  --r R            LoRA rank, 1..64 (default 16)\n" LT_BENCH_COMMON_HELP);
+        return 0;
     }
+    if (parsed) return parsed;
 #if !LT_HAVE_CUDA
     (void)n, (void)r, (void)E, (void)k, (void)C, (void)F;
     fprintf(stderr, "longtune bench grouped_lora: this build has no CUDA backend\n");

@@ -284,7 +284,10 @@ static void run_route_fd(lt_device dev, int norm, uint64_t *r) {
     get(be, ctx, idx, dI);
     be->moe_route_bwd(ctx, dL.p, dI.p, dG.p, n, E, k, norm, dN.p, dC.p, dD.p);
     get(be, ctx, dl, dD);
-    const float h = 1.0f / 256;
+    /* h large enough that the f32 rounding of the sums (|f| up to ~30) stays far below the
+     * tolerance after the division by 2h, small enough that the curvature term is negligible;
+     * the logits are 0.4 apart, so no choice flips. */
+    const float h = 1.0f / 64;
     for (int64_t i = 0; i < n * E; i++) {
         double f[2];
         for (int s = 0; s < 2; s++) {
@@ -830,7 +833,8 @@ static void test_wgrad_graph(void **st) {
 }
 
 int main(void) {
-    g_seed = (uint64_t)time(NULL);
+    const char *seed = getenv("LT_TEST_SEED"); /* a failure's printed seed reruns it */
+    g_seed = seed && *seed ? (uint64_t)strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)g_seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),          cmocka_unit_test(test_route_bwd),    cmocka_unit_test(test_dispatch),
