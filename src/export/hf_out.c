@@ -113,15 +113,35 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
                             "export this base with --format gguf",
                             b->path);
     }
-    static const char *const archs[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    const char *cls = "LlamaForCausalLM", *type = "llama";
+    if (c->arch == LT_ARCH_QWEN2) cls = "Qwen2ForCausalLM", type = "qwen2";
+    else if (c->arch == LT_ARCH_QWEN3) cls = "Qwen3ForCausalLM", type = "qwen3";
+    else if (c->arch == LT_ARCH_QWEN3_MOE) cls = "Qwen3MoeForCausalLM", type = "qwen3_moe";
+    else if (c->arch == LT_ARCH_MIXTRAL) cls = "MixtralForCausalLM", type = "mixtral";
     cJSON *j = cJSON_CreateObject();
     if (!j) return lt_error(ctx, LT_ERR_OOM, "config.json");
     cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(archs[c->arch]));
-    cJSON_AddStringToObject(j, "model_type", b->arch);
+    cJSON_AddItemToArray(ar, cJSON_CreateString(cls));
+    cJSON_AddStringToObject(j, "model_type", type);
     cJSON_AddNumberToObject(j, "vocab_size", (double)c->V);
     cJSON_AddNumberToObject(j, "hidden_size", (double)c->C);
-    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->F);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)(c->arch == LT_ARCH_MIXTRAL ? c->moe_F : c->F));
+    if (c->arch == LT_ARCH_QWEN3_MOE) { /* the published Qwen3-MoE config's spelling */
+        cJSON_AddNumberToObject(j, "num_experts", (double)c->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
+        cJSON_AddNumberToObject(j, "moe_intermediate_size", (double)c->moe_F);
+        cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe_norm_topk);
+        cJSON_AddNumberToObject(j, "decoder_sparse_step", (double)(c->moe_every > 1 ? c->moe_every : 1));
+        cJSON *dense = cJSON_AddArrayToObject(j, "mlp_only_layers");
+        for (int64_t l = 0; l < c->L && l < LT_MODEL_MAX_MIXED_LAYERS; l++)
+            if (c->moe_dense[l]) cJSON_AddItemToArray(dense, cJSON_CreateNumber((double)l));
+        cJSON_AddFalseToObject(j, "output_router_logits");
+    } else if (c->arch == LT_ARCH_MIXTRAL) {
+        cJSON_AddNumberToObject(j, "num_local_experts", (double)c->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
+        cJSON_AddNullToObject(j, "sliding_window");
+        cJSON_AddFalseToObject(j, "output_router_logits");
+    }
     cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->L);
     cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->H);
     cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->Hkv);
@@ -142,6 +162,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
         cJSON_AddFalseToObject(j, "use_sliding_window");
     }
     if (c->arch == LT_ARCH_LLAMA) cJSON_AddFalseToObject(j, "mlp_bias");
+    if (c->arch == LT_ARCH_QWEN3_MOE) cJSON_AddFalseToObject(j, "use_sliding_window");
     cJSON_AddNumberToObject(j, "attention_dropout", 0);
     if (c->bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
     if (c->eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_id);
@@ -357,7 +378,7 @@ lt_status lt_ex_write_hf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, con
             off = 0;
         }
         char name[160], file[64];
-        lt_ex_hf_name(&ps[i], name, sizeof name);
+        lt_ex_hf_name(b, &ps[i], name, sizeof name);
         cJSON *e = cJSON_AddObjectToObject(headers[sh], name);
         cJSON_AddStringToObject(e, "dtype", st_dtype(dts[i]));
         cJSON *shp = cJSON_AddArrayToObject(e, "shape");
