@@ -651,7 +651,8 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
 static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
     size_t cur = 0;
     layout_buffers(r, o, &cur);
-    LT_TRY(lt_model_moe_layout(ctx, r->c, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur, &o->moe));
+    LT_TRY(lt_model_moe_layout(ctx, r->c, &r->lo, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur,
+                               &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
     if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes; /* shared experts */
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);

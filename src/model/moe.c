@@ -110,9 +110,9 @@ static size_t nbytes(int64_t n, size_t es) {
     return (size_t)n * es;
 }
 
-lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_model_run_options *run,
-                              const lt_backend *be, int64_t rows_chunk, int train, int threads, size_t al, size_t *cur,
-                              lt_moe_layout *o) {
+lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo,
+                              const lt_model_run_options *run, const lt_backend *be, int64_t rows_chunk, int train,
+                              int threads, size_t al, size_t *cur, lt_moe_layout *o) {
     memset(o, 0, sizeof *o);
     int64_t n_moe = 0;
     for (int64_t l = 0; l < c->L; l++) n_moe += lt_model_layer_is_moe(c, l);
@@ -157,6 +157,26 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_mo
             if (w > gw) gw = w;
         }
     }
+    /* the expert adapters: their products' rows (n·k, r) and the f32 stacks' workspaces */
+    unsigned xt = 0;
+    for (int64_t l = c->L - lo->num_layers; l < c->L; l++)
+        if (lt_model_moe_lora_elems(c, lo, l)) xt = lo->targets & LT_LORA_EXPERT_TARGETS;
+    if (xt) {
+        if (train && !be->grouped_matmul_wgrad)
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "model run: the %s backend has no grouped weight gradient (LoRA on the experts)", be->name);
+        int64_t r = lo->rank;
+        if (xt & LT_LORA_EXPERTS_GATE_UP) o->lus = carve_al(cur, nbytes(nk * r, 4), al);
+        if (xt & LT_LORA_EXPERTS_DOWN) o->lds = carve_al(cur, nbytes(nk * r, 4), al);
+        if (train) o->ldu = carve_al(cur, nbytes(nk * r, 4), al);
+        /* (out, in) of A_gu, B_gate / B_up, A_d, B_d */
+        const int64_t sh[4][2] = {{r, C}, {F, r}, {r, F}, {C, r}};
+        for (int i = 0; i < 4; i++) {
+            if (!(xt & (i < 2 ? LT_LORA_EXPERTS_GATE_UP : LT_LORA_EXPERTS_DOWN))) continue;
+            size_t w = be->grouped_matmul_workspace_bytes(LT_DTYPE_F32, E, sh[i][0], sh[i][1], nk, threads);
+            if (w > gw) gw = w;
+        }
+    }
     o->gm_ws_bytes = gw;
     o->gm_ws = carve_al(cur, gw, al);
     int64_t S = c->moe_shared_F;
@@ -195,6 +215,9 @@ typedef struct moe_run {
     lt_ctx *ctx;
     const lt_backend *be;
     const lt_model_config *c;
+    int64_t rank;  /* of the LoRA adapters */
+    float scale;   /* alpha / r */
+    lt_device dev; /* where the adapters live */
     const lt_moe_layout *o;
     uint8_t *base;
     void *mm_ws;
@@ -203,6 +226,7 @@ typedef struct moe_run {
 
 typedef struct moe_bufs {
     float *logits, *w, *xg, *g, *u, *a, *yg, *dw, *dg, *du, *dlogits, *stats;
+    float *lus, *lds, *ldu; /* LoRA on the experts: s·xg·A_guᵀ, s·A·A_dᵀ, a gradient of one of them */
     int32_t *idx, *off, *rows, *slot;
     void *gm_ws;
 } moe_bufs;
@@ -231,13 +255,25 @@ static moe_bufs bufs_of(const moe_run *x, int train) {
         b.du = wsf(x, o->du);
         b.dlogits = wsf(x, o->dlogits);
     }
+    if (o->lus) b.lus = wsf(x, o->lus);
+    if (o->lds) b.lds = wsf(x, o->lds);
+    if (train && o->ldu) b.ldu = wsf(x, o->ldu);
     b.gm_ws = o->gm_ws_bytes ? (void *)wsf(x, o->gm_ws) : NULL;
     return b;
 }
 
 static moe_run run_of_step(const lt_step *s) {
-    moe_run x =
-        {s->ctx, s->be, &s->m->cfg, &s->m->lay.moe, s->m->block[LT_MEM_WORKSPACE], lt_step_ws(s, s->m->lay.mm_ws), s};
+    const lt_model *m = s->m;
+    moe_run x = {s->ctx,
+                 s->be,
+                 &m->cfg,
+                 m->lora.rank,
+                 m->lora_scale,
+                 m->opt.device,
+                 &m->lay.moe,
+                 m->block[LT_MEM_WORKSPACE],
+                 lt_step_ws(s, m->lay.mm_ws),
+                 s};
     return x;
 }
 
@@ -277,14 +313,37 @@ static void route_and_gather(const moe_run *x, const lt_layer *L, const moe_bufs
     be->moe_gather(x->ctx, h, b->rows, n * k, k, c->C, b->xg);
 }
 
-/* The experts over the gathered rows: G, U, A = silu(G)·U, Yg = down(A). */
+/* An expert adapter's stack as the grouped products take it: (E·out, in) f32. */
+static lt_tensor stack(const moe_run *x, const float *p, int64_t out, int64_t in) {
+    int64_t sh[2] = {x->c->n_experts * out, in};
+    return lt_tensor_view((void *)(uintptr_t)p, LT_DTYPE_F32, x->dev, 2, sh);
+}
+
+/* The experts over the gathered rows: G, U, A = silu(G)·U, Yg = down(A); with LoRA on the experts
+ * G += s·(xg·A_guᵀ)·B_gateᵀ, U += s·(xg·A_guᵀ)·B_upᵀ, Yg += s·(A·A_dᵀ)·B_dᵀ, keeping the scaled
+ * down-products lus, lds for the backward. */
 static void experts_fwd(const moe_run *x, const lt_layer *L, const moe_bufs *b, int64_t nk) {
     const lt_backend *be = x->be;
-    int64_t E = x->c->n_experts;
+    const lt_model_config *c = x->c;
+    int64_t E = c->n_experts, F = c->moe_F, C = c->C, r = x->rank;
     be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], E, b->off, b->xg, nk, 0.0f, b->g, b->gm_ws);
     be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_UP], E, b->off, b->xg, nk, 0.0f, b->u, b->gm_ws);
-    be->swiglu_fwd(x->ctx, b->g, b->u, nk * x->c->moe_F, b->a);
+    if (L->ex_a[0]) {
+        lt_tensor a = stack(x, L->ex_a[0], r, C), bg = stack(x, L->ex_b[0], F, r),
+                  bu = stack(x, L->ex_b[0] + E * F * r, F, r);
+        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &a, E, b->off, b->xg, nk, 0.0f, b->lus, b->gm_ws);
+        be->scale(x->ctx, b->lus, x->scale, nk * r);
+        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bg, E, b->off, b->lus, nk, 1.0f, b->g, b->gm_ws);
+        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bu, E, b->off, b->lus, nk, 1.0f, b->u, b->gm_ws);
+    }
+    be->swiglu_fwd(x->ctx, b->g, b->u, nk * F, b->a);
     be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
+    if (L->ex_a[1]) {
+        lt_tensor a = stack(x, L->ex_a[1], r, F), bd = stack(x, L->ex_b[1], C, r);
+        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &a, E, b->off, b->a, nk, 0.0f, b->lds, b->gm_ws);
+        be->scale(x->ctx, b->lds, x->scale, nk * r);
+        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bd, E, b->off, b->lds, nk, 1.0f, b->yg, b->gm_ws);
+    }
 }
 
 /* ---- the shared expert (Qwen2-MoE): y += sigmoid(h·gᵀ)·down(silu(gate(h))·up(h)) ----
@@ -366,8 +425,37 @@ void lt_step_moe_fwd(const lt_step *s, int64_t l, int64_t r0, const float *h, in
 
 void lt_model_moe_forward(lt_ctx *ctx, const lt_model *m, const lt_moe_layout *o, uint8_t *base, void *mm_ws, int64_t l,
                           const float *h, int64_t n, float *y) {
-    moe_run x = {ctx, m->be, &m->cfg, o, base, mm_ws, NULL};
+    moe_run x = {ctx, m->be, &m->cfg, m->lora.rank, m->lora_scale, m->opt.device, o, base, mm_ws, NULL};
     moe_fwd(&x, &m->layers[l], 0, h, n, y);
+}
+
+/* The down adapter's backward given dYg (nk, C), A in b->a and lds = s·A·A_dᵀ: gB_d += dYgᵀ·lds;
+ * ldu = s·dYg·B_d (∂/∂(A·A_dᵀ)); gA_d += lduᵀ·A. The caller adds ldu·A_d into dA. */
+static void down_lora_bwd(const moe_run *x, const lt_layer *L, const moe_bufs *b, const float *dyg, int64_t nk) {
+    const lt_backend *be = x->be;
+    int64_t E = x->c->n_experts, C = x->c->C, F = x->c->moe_F, r = x->rank;
+    lt_tensor bd = stack(x, L->ex_b[1], C, r);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bd, E, b->off, dyg, nk, 0.0f, b->ldu, b->gm_ws);
+    be->grouped_matmul_wgrad(x->ctx, E, b->off, dyg, C, b->lds, r, nk, 1.0f, L->ex_gb[1]);
+    be->scale(x->ctx, b->ldu, x->scale, nk * r);
+    be->grouped_matmul_wgrad(x->ctx, E, b->off, b->ldu, r, b->a, F, nk, 1.0f, L->ex_ga[1]);
+}
+
+/* The gate_up adapter's backward given dG, dU (b->dg, b->du), xg in b->xg and lus = s·xg·A_guᵀ:
+ * gB_gate += dGᵀ·lus, gB_up += dUᵀ·lus; ldu = s·(dG·B_gate + dU·B_up); gA_gu += lduᵀ·xg;
+ * dxg (nk, C) += ldu·A_gu. */
+static void gate_up_lora_bwd(const moe_run *x, const lt_layer *L, const moe_bufs *b, float *dxg, int64_t nk) {
+    const lt_backend *be = x->be;
+    int64_t E = x->c->n_experts, C = x->c->C, F = x->c->moe_F, r = x->rank;
+    lt_tensor a = stack(x, L->ex_a[0], r, C), bg = stack(x, L->ex_b[0], F, r),
+              bu = stack(x, L->ex_b[0] + E * F * r, F, r);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bg, E, b->off, b->dg, nk, 0.0f, b->ldu, b->gm_ws);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bu, E, b->off, b->du, nk, 1.0f, b->ldu, b->gm_ws);
+    be->grouped_matmul_wgrad(x->ctx, E, b->off, b->dg, F, b->lus, r, nk, 1.0f, L->ex_gb[0]);
+    be->grouped_matmul_wgrad(x->ctx, E, b->off, b->du, F, b->lus, r, nk, 1.0f, L->ex_gb[0] + E * F * r);
+    be->scale(x->ctx, b->ldu, x->scale, nk * r);
+    be->grouped_matmul_wgrad(x->ctx, E, b->off, b->ldu, r, b->xg, C, nk, 1.0f, L->ex_ga[0]);
+    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &a, E, b->off, b->ldu, nk, 1.0f, dxg, b->gm_ws);
 }
 
 void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh) {
@@ -376,17 +464,27 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
     const lt_layer *L = &s->m->layers[l];
     const lt_backend *be = s->be;
     moe_bufs b = bufs_of(&x, 1);
-    int64_t ch = x.o->chunk, E = c->n_experts, k = c->n_experts_used, C = c->C;
+    int64_t ch = x.o->chunk, E = c->n_experts, k = c->n_experts_used, C = c->C, F = c->moe_F, r = x.rank;
     for (int64_t t0 = 0; t0 < n; t0 += ch) {
         int64_t m = n - t0 < ch ? n - t0 : ch, nk = m * k;
         route_and_gather(&x, L, &b, r0 + t0, h + t0 * C, m);
         experts_fwd(&x, L, &b, nk);
         float *dyg = b.xg, *da = b.a, *dxg = b.yg; /* each dead once its gradient is made */
         be->moe_combine_bwd(s->ctx, dy + t0 * C, b.yg, b.w, b.slot, m, k, C, dyg, b.dw);
+        if (L->ex_a[1]) /* the down adapter, while A is still in its buffer */
+            down_lora_bwd(&x, L, &b, dyg, nk);
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_DOWN], E, b.off, dyg, nk, 0.0f, da, b.gm_ws);
-        be->swiglu_bwd(s->ctx, da, b.g, b.u, nk * c->moe_F, b.dg, b.du);
+        if (L->ex_a[1]) { /* dA += s·(dYg·B_d)·A_d */
+            lt_tensor a = stack(&x, L->ex_a[1], r, F);
+            be->grouped_matmul(s->ctx, LT_MATMUL_NN, &a, E, b.off, b.ldu, nk, 1.0f, da, b.gm_ws);
+        }
+        be->swiglu_bwd(s->ctx, da, b.g, b.u, nk * F, b.dg, b.du);
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_GATE], E, b.off, b.dg, nk, 0.0f, dxg, b.gm_ws);
         be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
+        if (L->ex_a[0]) { /* dYg is dead: the gathered rows again for A_gu's gradient */
+            be->moe_gather(s->ctx, h + t0 * C, b.rows, nk, k, C, b.xg);
+            gate_up_lora_bwd(&x, L, &b, dxg, nk);
+        }
         be->moe_gather_bwd(s->ctx, dxg, b.slot, m, k, C, 0.0f, dh + t0 * C);
         for (int64_t t = 0; t < m;) { /* the aux term's gradient reaches the real tokens only */
             int real = 0;

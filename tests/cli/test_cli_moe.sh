@@ -4,7 +4,8 @@
 # attention's, LoRA on an MoE layer's experts is refused naming the layer. `longtune train` on the
 # Qwen3-MoE fixture (its vocabulary widened to the bpe-nfc tokenizer's 1200 ids) reports the
 # router's load-balancing loss as aux_loss beside train_loss in metrics.jsonl and on the loss line;
-# a dense model's records have none.
+# a dense model's records have none. The expert targets (experts.gate_up_proj, experts.down_proj)
+# plan, refuse dropout, train with a falling loss and save.
 set -u
 bin="$1"
 src="${LONGTUNE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -95,6 +96,31 @@ for r in steps:  # E * sum f*P: k = 2 when balanced, E * k = 16 at most
 PY
 grep -qE "step 2: train loss [0-9.]+ \(aux loss [0-9.]+\), val loss" "$tmp/train.out" ||
   say "the loss line lacks the aux loss: $(grep 'step 2' "$tmp/train.out")"
+# LoRA on the experts: planned bigger than attention alone, trains (the loss falls) and saves
+"$bin" plan --model "$src/tests/fixtures/moe/mixtral" --batch-size 2 --max-seq-length 64 --budget 1G --json \
+  --lora-targets q,k,v,o,experts.gate_up_proj,experts.down_proj >"$tmp/xl.json" 2>"$tmp/err" ||
+  say "plan with expert targets: $(cat "$tmp/err")"
+[ "$(field "$tmp/xl.json" lora_params)" -gt "$(field "$tmp/attn.json" lora_params)" ] ||
+  say "expert targets add no LoRA parameters"
+"$bin" plan --model "$src/tests/fixtures/moe/mixtral" --lora-targets q,experts.down_proj --lora-dropout 0.1 \
+  --budget 1G >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "experts.down_proj: LoRA dropout" "$tmp/err" || say "expert LoRA dropout: rc=$rc $(cat "$tmp/err")"
+"$bin" plan --model "$src/tests/fixtures/moe/mixtral" --lora-targets q,experts.up --budget 1G >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "experts.up" "$tmp/err" || say "unknown expert target: rc=$rc $(cat "$tmp/err")"
+"$bin" train --model "$tmp/moe" "${tr[@]}" --iters 12 --steps-per-eval 12 --learning-rate 3e-3 \
+  --lora-targets q_proj,experts.gate_up_proj,experts.down_proj --adapter-path "$tmp/ad_x" >"$tmp/x.out" 2>&1 ||
+  say "train with expert targets: $(tr '\r' '\n' <"$tmp/x.out" | grep -v '^train ' | tail -3)"
+python3 - "$tmp/ad_x/metrics.jsonl" <<'PY' || say "expert LoRA loss does not fall: $(cat "$tmp/ad_x/metrics.jsonl")"
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in steps if r["step"] > 0 and "train_loss" in r]
+assert len(steps) == 12, steps
+assert steps[-1]["train_loss"] < 0.95 * steps[0]["train_loss"], (steps[0], steps[-1])
+PY
+[ -s "$tmp/ad_x/adapters.safetensors" ] || [ -s "$tmp/ad_x/adapter_model.safetensors" ] ||
+  say "no adapter saved: $(ls "$tmp/ad_x")"
 python3 "$src/tests/cli/tiny_model.py" "$tmp/dense" >/dev/null || say "tiny dense model"
 "$bin" train --model "$tmp/dense" "${tr[@]}" --adapter-path "$tmp/ad_dense" >"$tmp/dense.out" 2>&1 ||
   say "train on the dense model: $(tail -3 "$tmp/dense.out")"

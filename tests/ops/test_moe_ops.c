@@ -5,7 +5,11 @@
  * of the backend's own forward), the counting sort (experts with no rows, several thousand
  * assignments), gather / combine and their backwards (beta 0 over poison and beta ≠ 0), and the
  * grouped products in both modes for every weight dtype (row counts that are no tile multiple,
- * empty experts; tolerances from the dtype the backend reads: f32 on the CPU, bf16 on CUDA). */
+ * empty experts; tolerances from the dtype the backend reads: f32 on the CPU, bf16 on CUDA), the
+ * thin f32 products of LoRA on the experts (one side a rank of 1..64), and the experts' weight
+ * gradients (ranks 1..64 on either side, widths that are no tile multiple, experts with no rows
+ * and one expert holding every row, nk = 0, beta 0 over NaN and beta 1, bit-reproducible, and on
+ * CUDA captured once and replayed for new offsets). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -654,12 +658,180 @@ static void test_graph_replay(void **st) {
     if (!ran) printf("graph replay: skipped: no backend with graphs in this run\n");
 }
 
+/* LoRA on the experts: f32 stacks with one side a rank r. A (E·r, C): NT gives (nk, r), NN gives
+ * (nk, C) from (nk, r); B (E·F, r): NT gives (nk, F) from (nk, r), NN gives (nk, r) from (nk, F). */
+static void test_grouped_thin(void **st) {
+    (void)st;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    const gcase cases[] = {{6, 16, 776, 300, 1}, {6, 776, 16, 300, 1}, {4, 1, 200, 150, 0},
+                           {4, 200, 1, 150, 1},  {5, 8, 40, 77, 1},    {5, 40, 8, 77, 0},
+                           {3, 64, 200, 260, 0}, {3, 200, 64, 260, 1}, {8, 16, 2048, 1100, 1}};
+    for (int d = 0; d < nd; d++) {
+        uint64_t r = g_seed ^ 0x55;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            run_grouped(devs[d], LT_DTYPE_F32, &cases[ci], LT_MATMUL_NT, ci % 2 ? 1.0f : 0.0f, &r);
+            run_grouped(devs[d], LT_DTYPE_F32, &cases[ci], LT_MATMUL_NN, ci % 2 ? 0.0f : 1.0f, &r);
+        }
+    }
+}
+
+/* ---- the experts' weight gradients ---- */
+
+/* Offsets of nk rows over E experts: spread at random with experts 1 and E − 1 empty (spread 0),
+ * or every row in expert `all` (spread 1). */
+static void wgrad_offsets(int64_t E, int64_t nk, int spread_all, int64_t all, int32_t *off, uint64_t *r) {
+    int64_t *cnt = calloc((size_t)E, sizeof(int64_t));
+    for (int64_t i = 0; i < nk; i++) {
+        int64_t e = all;
+        if (!spread_all) do
+                e = (int64_t)(lt_splitmix64(r) % (uint64_t)E);
+            while (E > 2 && (e == 1 || e == E - 1));
+        cnt[e]++;
+    }
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) off[e + 1] = off[e] + (int32_t)cnt[e];
+    free(cnt);
+}
+
+/* Checks dw (E·out, in) against the float64 dw_e = beta·dw0_e + dy_eᵀ·x_e; returns the worst
+ * relative error. */
+static double wgrad_check(lt_device dev, const char *what, int64_t E, const int32_t *off, const float *dy, int64_t out,
+                          const float *x, int64_t in, float beta, const float *dw0, const float *dw) {
+    double worst = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const double tol = lt_test_tol_for(lt_test_input_dtype(dev), off[e + 1] - off[e] + 1);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t i = 0; i < in; i++) {
+                const int64_t at = (e * out + o) * in + i;
+                double s = beta != 0 ? beta * (double)dw0[at] : 0.0, mag = fabs(s);
+                for (int64_t m = off[e]; m < off[e + 1]; m++) {
+                    double v = (double)dy[m * out + o] * x[m * in + i];
+                    s += v, mag += fabs(v);
+                }
+                double err = fabs(dw[at] - s);
+                if (!(err <= tol * mag)) {
+                    fprintf(stderr,
+                            "wgrad %s %s E=%lld out=%lld in=%lld beta=%g: dw[%lld, %lld] (expert %lld, %d rows) = %g, "
+                            "want %g, tol %g (seed %llu)\n",
+                            lt_test_backend_name(dev), what, (long long)E, (long long)out, (long long)in, beta,
+                            (long long)(e * out + o), (long long)i, (long long)e, off[e + 1] - off[e], dw[at], s,
+                            tol * mag, (unsigned long long)g_seed);
+                    fail();
+                }
+                if (err / (mag + 1e-30) > worst) worst = err / (mag + 1e-30);
+            }
+    }
+    return worst;
+}
+
+typedef struct wcase {
+    int64_t E, out, in, nk;
+    int all; /* every row in expert E / 2 */
+} wcase;
+
+static void run_wgrad(lt_device dev, const wcase *c, uint64_t *r) {
+    const lt_backend *be = lt_backend_get(dev);
+    lt_ctx *ctx = new_ctx();
+    const int64_t E = c->E, out = c->out, in = c->in, nk = c->nk;
+    const size_t yb = (size_t)(nk * out) * 4, xb = (size_t)(nk * in) * 4, wb = (size_t)(E * out * in) * 4;
+    float *dy = malloc(yb ? yb : 4), *x = malloc(xb ? xb : 4), *dw0 = malloc(wb), *dw = malloc(wb), *dw2 = malloc(wb);
+    int32_t *off = malloc((size_t)(E + 1) * 4);
+    for (int64_t i = 0; i < nk * out; i++) dy[i] = (float)unif(r);
+    for (int64_t i = 0; i < nk * in; i++) x[i] = (float)unif(r);
+    for (int64_t i = 0; i < E * out * in; i++) dw0[i] = (float)unif(r);
+    wgrad_offsets(E, nk, c->all, E / 2, off, r);
+    dbuf dDY = put(be, ctx, dev, dy, yb), dX = put(be, ctx, dev, x, xb),
+         dO = put(be, ctx, dev, off, (size_t)(E + 1) * 4), dW = put(be, ctx, dev, NULL, wb),
+         dW2 = put(be, ctx, dev, NULL, wb);
+    double worst = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const float beta = pass ? 1.0f : 0.0f; /* pass 0 over NaN poison */
+        if (pass) {
+            assert_int_equal(be->copy_to_device(ctx, dW.p, dw0, wb), LT_OK);
+            assert_int_equal(be->copy_to_device(ctx, dW2.p, dw0, wb), LT_OK);
+        }
+        be->grouped_matmul_wgrad(ctx, E, dO.p, dDY.p, out, dX.p, in, nk, beta, dW.p);
+        be->grouped_matmul_wgrad(ctx, E, dO.p, dDY.p, out, dX.p, in, nk, beta, dW2.p);
+        get(be, ctx, dw, dW), get(be, ctx, dw2, dW2);
+        double w = wgrad_check(dev, "", E, off, dy, out, x, in, beta, dw0, dw);
+        worst = w > worst ? w : worst;
+        if (memcmp(dw, dw2, wb) != 0) {
+            fprintf(stderr, "wgrad %s E=%lld out=%lld in=%lld beta=%g: two calls differ (seed %llu)\n",
+                    lt_test_backend_name(dev), (long long)E, (long long)out, (long long)in, beta,
+                    (unsigned long long)g_seed);
+            fail();
+        }
+    }
+    printf("wgrad %s E=%lld (%lld, %lld) nk=%lld%s: max rel err %.2e, reproducible\n", lt_test_backend_name(dev),
+           (long long)E, (long long)out, (long long)in, (long long)nk, c->all ? " (one expert)" : "", worst);
+    drop(ctx, dev, dDY), drop(ctx, dev, dX), drop(ctx, dev, dO), drop(ctx, dev, dW), drop(ctx, dev, dW2);
+    free(dy), free(x), free(dw0), free(dw), free(dw2), free(off);
+    lt_ctx_free(ctx);
+}
+
+static void test_grouped_wgrad(void **st) {
+    (void)st;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs);
+    const wcase cases[] = {{5, 16, 200, 700, 0}, {8, 200, 16, 700, 0}, {3, 1, 776, 300, 1},   {6, 776, 1, 300, 0},
+                           {4, 8, 40, 333, 0},   {4, 40, 8, 333, 1},   {3, 64, 200, 500, 0},  {3, 200, 64, 500, 1},
+                           {4, 16, 40, 0, 0},    {2, 16, 776, 0, 1},   {1, 16, 776, 2100, 0}, {16, 16, 776, 6000, 0},
+                           {3, 16, 776, 9000, 1}};
+    for (int d = 0; d < nd; d++) {
+        uint64_t r = g_seed ^ 0x66;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_wgrad(devs[d], &cases[ci], &r);
+    }
+}
+
+/* The device backends' weight gradient captured once into a graph and replayed with offsets that
+ * differ from the captured ones (copied in between replays). */
+static void test_wgrad_graph(void **st) {
+    (void)st;
+    lt_device devs[LT_TEST_MAX_BACKENDS];
+    int nd = lt_test_backends(devs), ran = 0;
+    for (int d = 0; d < nd; d++) {
+        const lt_backend *be = lt_backend_get(devs[d]);
+        if (!be->graph_begin) continue;
+        ran = 1;
+        lt_ctx *ctx = new_ctx();
+        uint64_t r = g_seed ^ 0x77;
+        const int64_t E = 7, out = 200, in = 16, nk = 900;
+        const size_t yb = (size_t)(nk * out) * 4, xb = (size_t)(nk * in) * 4, wb = (size_t)(E * out * in) * 4;
+        float *dy = malloc(yb), *x = malloc(xb), *dw = malloc(wb);
+        int32_t *off = malloc((size_t)(E + 1) * 4);
+        for (int64_t i = 0; i < nk * out; i++) dy[i] = (float)unif(&r);
+        for (int64_t i = 0; i < nk * in; i++) x[i] = (float)unif(&r);
+        wgrad_offsets(E, nk, 0, 0, off, &r);
+        dbuf dDY = put(be, ctx, devs[d], dy, yb), dX = put(be, ctx, devs[d], x, xb),
+             dO = put(be, ctx, devs[d], off, (size_t)(E + 1) * 4), dW = put(be, ctx, devs[d], NULL, wb);
+        lt_graph *g = NULL;
+        assert_int_equal(be->graph_begin(ctx), LT_OK);
+        be->grouped_matmul_wgrad(ctx, E, dO.p, dDY.p, out, dX.p, in, nk, 0.0f, dW.p);
+        assert_int_equal(be->graph_end(ctx, &g), LT_OK);
+        for (int rep = 0; rep < 3; rep++) {
+            wgrad_offsets(E, nk, rep == 1, rep == 1 ? 3 : 0, off, &r); /* rep 1: every row in expert 3 */
+            assert_int_equal(be->copy_to_device(ctx, dO.p, off, (size_t)(E + 1) * 4), LT_OK);
+            assert_int_equal(be->graph_launch(ctx, g, NULL), LT_OK);
+            get(be, ctx, dw, dW);
+            wgrad_check(devs[d], "graph replay", E, off, dy, out, x, in, 0.0f, NULL, dw);
+        }
+        printf("wgrad graph replay %s: 3 offset sets through one captured call: ok\n", lt_test_backend_name(devs[d]));
+        be->graph_free(g);
+        drop(ctx, devs[d], dDY), drop(ctx, devs[d], dX), drop(ctx, devs[d], dO), drop(ctx, devs[d], dW);
+        free(dy), free(x), free(dw), free(off);
+        lt_ctx_free(ctx);
+    }
+    if (!ran) printf("wgrad graph replay: skipped: no backend with graphs in this run\n");
+}
+
 int main(void) {
     g_seed = (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)g_seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),          cmocka_unit_test(test_route_bwd),    cmocka_unit_test(test_dispatch),
-        cmocka_unit_test(test_grouped_matmul), cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_grouped_matmul), cmocka_unit_test(test_graph_replay), cmocka_unit_test(test_grouped_thin),
+        cmocka_unit_test(test_grouped_wgrad),  cmocka_unit_test(test_wgrad_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,6 +66,19 @@ Cases:
 All with output_router_logits true and router_aux_loss_coef 0.02. LoRA r=4, alpha 8 on q/k/v/o
 (experts and routers frozen), B initialised nonzero.
 
+Expert LoRA (PEFT's target_parameters on transformers 5's fused expert stacks): subfolders of a case
+hold expected.safetensors of the case's saved model (read back from its folder, the same batch) with
+LoRA r=4, alpha 8 on q/k/v/o AND on the experts,
+  LoraConfig(target_modules=[q,k,v,o], target_parameters=["mlp.experts.gate_up_proj",
+             "mlp.experts.down_proj"])
+every A and B nonzero (random), PEFT's names and layouts (expert A (r*E, in), B (out, r*E)):
+  <case>/xlora/      both expert stacks adapted (qwen3moe, mixtral, qwen2moe_shared, qwen3moe_hd64,
+                     mixtral_hd64); qwen3moe/xlora also holds PEFT's saved adapter
+                     (adapter_config.json, adapter_model.safetensors)
+  <case>/xlora_gu/   gate_up_proj alone (qwen3moe)
+Metadata as above plus targets (longtune's --lora-targets spelling). The top-k margin holds with the
+adapters applied (the LoRA values are redrawn until it does).
+
 bad/ holds inputs the loader must refuse (see write_bad): top-k larger than the expert count, an
 expert tensor missing, a router of the wrong shape, each as a safetensors folder and as a GGUF.
 
@@ -381,6 +394,82 @@ def run_case(out_dir, case, spec, seed):
           f" moe layers {mlayers}, attempt {attempt}")
 
 
+XLORA = {  # case -> {subfolder: expert target parameters}
+    "qwen3moe": {"xlora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                 "xlora_gu": ["mlp.experts.gate_up_proj"]},
+    "mixtral": {"xlora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    "qwen2moe_shared": {"xlora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    "qwen3moe_hd64": {"xlora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    "mixtral_hd64": {"xlora": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+}
+
+
+def xlora_case(out_dir, case, sub, params, seed, min_margin, save_adapter):
+    """The case's saved model with LoRA on attention and the experts (see the module docstring)."""
+    d = os.path.join(out_dir, case)
+    ex = load_file(os.path.join(d, "expected.safetensors"))
+    tokens, targets = ex["tokens"].long(), ex["targets"].long()
+    positions = ex["positions"].long()
+    for attempt in range(200):
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+        model.eval()
+        config = model.config
+        pm = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                              target_parameters=params, bias="none"))
+        torch.manual_seed(seed + 7919 * attempt)
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn_like(p))
+        with torch.no_grad():
+            o = pm(input_ids=tokens, position_ids=positions, output_router_logits=True, use_cache=False)
+        if margins(o.router_logits, config.num_experts_per_tok) >= min_margin:
+            break
+    else:
+        raise SystemExit(f"{case}/{sub}: no LoRA draw with top-k margin {min_margin}")
+    lora = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
+    assert any(".experts." in n for n in lora), list(lora)
+    assert not any(p.requires_grad for n, p in pm.named_parameters() if "lora_" not in n)
+    out, logits, token_loss, ce = forward(pm, config, tokens, targets, positions)
+    aux = out.aux_loss
+    loss = ce + AUX_COEF * aux
+    # the last MoE layer's experts reach no router: their aux gradient is zero
+    grads_aux = torch.autograd.grad(aux, list(lora.values()), retain_graph=True, allow_unused=True)
+    grads_aux = [torch.zeros_like(p) if g is None else g for p, g in zip(lora.values(), grads_aux)]
+    loss.backward()
+    exp = {k: ex[k] for k in ("tokens", "targets", "positions", "seq_offsets")}
+    exp.update({"logits": logits.detach(), "token_loss": token_loss.detach(), "loss": loss.detach().reshape(1),
+                "loss_ce": ce.detach().reshape(1), "aux_loss": aux.detach().reshape(1)})
+    for (k, p), ga in zip(lora.items(), grads_aux):
+        exp[k] = p.detach().clone().contiguous()
+        exp[k + ".grad"] = p.grad.detach().clone().contiguous()
+        exp[k + ".grad_aux"] = ga.detach().clone().contiguous()
+    import transformers
+    import peft
+    names = {"mlp.experts.gate_up_proj": "experts.gate_up_proj", "mlp.experts.down_proj": "experts.down_proj"}
+    meta = {"rank": str(RANK), "alpha": str(ALPHA), "num_layers": str(config.num_hidden_layers),
+            "n_lora": str(len(lora)), "B": str(B), "T": str(T), "S": "2", "aux_coef": str(AUX_COEF),
+            "n_moe_layers": str(len(moe_layers(config))),
+            "targets": ",".join(["q_proj", "k_proj", "v_proj", "o_proj"] + [names[p] for p in params]),
+            "generator": "tests/oracle/gen_moe_fixtures.py", "torch": torch.__version__,
+            "transformers": transformers.__version__, "peft": peft.__version__}
+    sd_dir = os.path.join(d, sub)
+    if os.path.isdir(sd_dir):
+        shutil.rmtree(sd_dir)
+    os.makedirs(sd_dir)
+    save_file(exp, os.path.join(sd_dir, "expected.safetensors"), metadata=meta)
+    if save_adapter:
+        pm.save_pretrained(sd_dir)
+        for f in ("README.md",):
+            if os.path.exists(os.path.join(sd_dir, f)):
+                os.remove(os.path.join(sd_dir, f))
+    for f in os.listdir(sd_dir):
+        os.chmod(os.path.join(sd_dir, f), 0o644)
+    print(f"{case}/{sub}: loss {loss.item():.6f} (ce {ce.item():.6f}, aux {aux.item():.6f}), {len(lora)} LoRA "
+          f"tensors, attempt {attempt}")
+
+
 def write_bad(out_dir):
     """Inputs the loader must refuse with a typed error naming the key or tensor:
     topk_gt_experts/      config.json num_experts_per_tok 5 > num_experts 4 (otherwise valid files)
@@ -436,6 +525,8 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "fixtures", "moe"))
     ap.add_argument("--cases", default="", help="comma-separated cases to (re)write; default all and bad/")
+    ap.add_argument("--xlora-only", action="store_true",
+                    help="write only the expert-LoRA subfolders, from the cases' saved models")
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
@@ -447,8 +538,12 @@ def main():
         if only and case not in only:
             continue
         seed = spec["seed"] if "seed" in spec else 3000 + 31 * SEEDED_BY_INDEX.index(case)
-        run_case(args.out, case, spec, seed)
-    if not only or "bad" in only:
+        if not args.xlora_only:
+            run_case(args.out, case, spec, seed)
+        for i, (sub, params) in enumerate(sorted(XLORA.get(case, {}).items())):
+            xlora_case(args.out, case, sub, params, seed + 50 + i, spec.get("margin", MIN_MARGIN),
+                       case == "qwen3moe" and sub == "xlora")
+    if (not only or "bad" in only) and not args.xlora_only:
         write_bad(args.out)
 
 

@@ -122,4 +122,5 @@ const lt_backend lt_backend_cpu = {
     .moe_combine_bwd = lt_cpu_moe_combine_bwd,
     .grouped_matmul = lt_cpu_grouped_matmul,
     .grouped_matmul_workspace_bytes = lt_cpu_grouped_matmul_workspace_bytes,
+    .grouped_matmul_wgrad = lt_cpu_grouped_matmul_wgrad,
 };

@@ -65,6 +65,8 @@ void lt_cpu_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w,
                            const float *x, int64_t nk, float beta, float *y, void *ws);
 size_t lt_cpu_grouped_matmul_workspace_bytes(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,
                                              int threads);
+void lt_cpu_grouped_matmul_wgrad(lt_ctx *ctx, int64_t E, const int32_t *off, const float *dy, int64_t out,
+                                 const float *x, int64_t in, int64_t nk, float beta, float *dw);
 
 /* The few-row NT path of lt_cpu_matmul (ops_matvec.c): 1 when it served the call (non-f32 W,
  * N <= LT_MATVEC_MAX_N), 0 to fall through to the tiled path. ws: the matmul workspace. */

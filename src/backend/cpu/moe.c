@@ -1,7 +1,8 @@
 /* CPU mixture-of-experts ops: routing (softmax, top-k, renormalisation, the load-balancing
  * statistics) and its backward, the counting sort of assignments by expert, the gather / combine
- * of token rows and their backwards, and the experts' grouped products as one matmul call per
- * expert over a view of its rows of the stacked weight. Results do not depend on the thread
+ * of token rows and their backwards, the experts' grouped products as one matmul call per expert
+ * over a view of its rows of the stacked weight, and their weight gradients as one gemm call per
+ * expert. Results do not depend on the thread
  * count: every output element is one fixed-order sum. */
 #include <math.h>
 #include <string.h>
@@ -254,4 +255,16 @@ size_t lt_cpu_grouped_matmul_workspace_bytes(lt_dtype wdtype, int64_t E, int64_t
                                              int threads) {
     (void)E;
     return lt_cpu_matmul_workspace_bytes(wdtype, out, in, nk_max, threads);
+}
+
+/* dw_e = beta·dw_e + dy_eᵀ·x_e, one gemm per expert (Aᵀ·B over the expert's rows: the thin column
+ * sums when a side is at most 16 wide, else OpenBLAS, whose threads split the output, never the
+ * reduction). An expert with no rows is a K = 0 gemm, which writes beta·dw_e (0 for beta 0). */
+void lt_cpu_grouped_matmul_wgrad(lt_ctx *ctx, int64_t E, const int32_t *off, const float *dy, int64_t out,
+                                 const float *x, int64_t in, int64_t nk, float beta, float *dw) {
+    (void)nk;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = off[e], m = off[e + 1] - r0;
+        lt_cpu_gemm(ctx, 1, 0, out, in, m, 1.0f, dy + r0 * out, out, x + r0 * in, in, beta, dw + e * out * in, in);
+    }
 }
