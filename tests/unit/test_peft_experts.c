@@ -313,6 +313,15 @@ static void bad_adapters_are_refused(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "experts alone"));
     remove_dir(dir);
 
+    /* PEFT's expert tensors on a layer outside layers_to_transform (PEFT does not apply it to
+       target_parameters): named. */
+    make_bad(dir, "layers_to_transform", "[1]", NULL, 0, 0);
+    m = load_with(ctx, base_dir, dir, &s);
+    assert_int_equal(s, LT_ERR_FORMAT);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layers.0."));
+    lt_model_free(ctx, m);
+    remove_dir(dir);
+
     /* Expert tensors in the file, none in the config's targets. */
     make_bad(dir, "target_parameters", "null", NULL, 0, 0);
     m = load_with(ctx, base_dir, dir, &s);
