@@ -7,6 +7,8 @@
  * The HF folder holds per-expert tensors, the GGUF the stacks blk.N.ffn_{gate,up,down}_exps
  * (E, rows, cols) (from the HF and from the GGUF base); the GGUF LoRA holds 3-D factors
  * ffn_*_exps.lora_a (E, r, in) and lora_b (E, rows, r), gate_up's A under both gate and up.
+ * A block-quantized base (tests/fixtures/moe/quant/model_q.gguf: Q4_0 gate/up, Q8_0 down) merges
+ * into its own types within half a quantization step of base + delta, and exactly into f32.
  * An expert adapter onto a base without experts is refused, naming the tensor. */
 #include <math.h>
 #include <setjmp.h>
@@ -24,6 +26,7 @@
 #include "longtune/export_model.h"
 #include "longtune/gguf.h"
 #include "longtune/safetensors.h"
+#include "longtune/tensor.h"
 #include "longtune/train.h"
 #include "train/train_internal.h"
 
@@ -362,12 +365,149 @@ static void expert_adapter_onto_a_dense_base(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Fresh random expert LoRA on the quantized GGUF base, saved by longtune; every expert element of
+ * the merged GGUF against dequantized base + delta in float64. */
+static void quantized_base_requantizes(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    uint64_t rng = lt_test_seed() ^ 0x9e37u;
+    char base[700];
+    snprintf(base, sizeof base, "%s/tests/fixtures/moe/quant/model_q.gguf", lt_test_source_dir());
+    const int64_t r = 2;
+    const float alpha = 4;
+    lt_lora_options lo = {0};
+    lo.rank = r, lo.alpha = alpha;
+    lo.targets = (1u << LT_PROJ_V) | LT_LORA_EXPERT_TARGETS;
+    lt_model *m;
+    lt_status s = lt_model_load(ctx, base, NULL, &lo, &m);
+    if (s != LT_OK) fprintf(stderr, "%s\n", lt_ctx_error(ctx));
+    assert_int_equal(s, LT_OK);
+    const lt_model_config *c = lt_model_get_config(m);
+    int64_t E = c->n_experts, C = c->C, F = c->moe_F, L = c->L;
+    int64_t np;
+    lt_model_lora_params(m, &np);
+    float *v = lt_test_fresh(&rng, np, 0.2f), *mom = calloc((size_t)np, sizeof(float));
+    assert_int_equal(lt_model_lora_set(ctx, m, 0, np, v), LT_OK);
+    int64_t n = lt_model_lora_count(m);
+    lt_train_param *ps = calloc((size_t)n, sizeof *ps);
+    const float *xa[8][2] = {{0}}, *xb[8][2] = {{0}};
+    assert_true(L <= 8);
+    for (int64_t i = 0; i < n; i++) {
+        lt_lora_tensor t;
+        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+        const char *nm = t.name + strlen("base_model.model.");
+        snprintf(ps[i].name, sizeof ps[i].name, "%.*s", (int)(strlen(nm) - strlen(".weight")), nm);
+        ps[i].ndim = 2;
+        ps[i].shape[0] = t.value.shape[0];
+        ps[i].shape[1] = t.value.shape[1];
+        ps[i].data = v + t.offset;
+        ps[i].m = ps[i].v = mom + t.offset;
+        if (t.experts) {
+            int w = t.proj == LT_PROJ_DOWN;
+            if (t.is_b) xb[t.layer][w] = v + t.offset;
+            else xa[t.layer][w] = v + t.offset;
+        }
+    }
+    char tmp[256], dir[400], out[400];
+    snprintf(tmp, sizeof tmp, "/tmp/lt_test_export_moe_q_%ld", (long)getpid());
+    mkdir(tmp, 0755);
+    snprintf(dir, sizeof dir, "%s/adapter", tmp);
+    lt_train_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.lora_rank = r, opt.lora_alpha = alpha;
+    assert_int_equal(lt_peft_save_named(ctx, dir, "q", &opt, ps, (int)n, m), LT_OK);
+    lt_model_free(ctx, m);
+    free(ps);
+    lt_gguf *bg;
+    assert_int_equal(lt_gguf_open(ctx, base, &bg), LT_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        snprintf(out, sizeof out, "%s/m%d.gguf", tmp, pass);
+        lt_export_options o;
+        memset(&o, 0, sizeof o);
+        o.format = LT_EXPORT_GGUF, o.adapter = dir, o.overwrite = 1;
+        o.outtype = LT_DTYPE_F32, o.outtype_set = pass == 1;
+        s = lt_export_model(ctx, base, out, &o, NULL);
+        if (s != LT_OK) fprintf(stderr, "%s\n", lt_ctx_error(ctx));
+        assert_int_equal(s, LT_OK);
+        lt_gguf *og;
+        assert_int_equal(lt_gguf_open(ctx, out, &og), LT_OK);
+        double worst = 0;
+        int64_t flips = 0, total = 0;
+        for (int64_t l = 0; l < L; l++)
+            for (int w = 0; w < 3; w++) {
+                int64_t rows = w == 2 ? C : F, cols = w == 2 ? F : C, wd = w == 2;
+                char k[128];
+                lt_tensor bt, ot;
+                snprintf(k, sizeof k, "blk.%lld.%s.weight", (long long)l, gg_w[w]);
+                assert_int_equal(lt_gguf_find_tensor(ctx, bg, k, &bt), LT_OK);
+                assert_int_equal(lt_gguf_find_tensor(ctx, og, k, &ot), LT_OK);
+                assert_int_equal(ot.dtype, pass ? LT_DTYPE_F32 : bt.dtype); /* each stack keeps its type */
+                int64_t brb = lt_dtype_row_bytes(bt.dtype, cols), orb = lt_dtype_row_bytes(ot.dtype, cols);
+                float *br = malloc((size_t)cols * sizeof(float)), *orow = malloc((size_t)cols * sizeof(float));
+                float *wf = malloc((size_t)cols * sizeof(float)), *wq = malloc((size_t)cols * sizeof(float));
+                uint8_t *qb = malloc((size_t)cols * sizeof(float));
+                double *want = malloc((size_t)cols * sizeof(double));
+                for (int64_t e = 0; e < E; e++)
+                    for (int64_t q = 0; q < rows; q++) {
+                        int64_t g = e * rows + q;
+                        lt_dequantize_row(bt.dtype, (const uint8_t *)bt.data + g * brb, br, cols);
+                        if (ot.dtype == LT_DTYPE_F32) memcpy(orow, (const uint8_t *)ot.data + g * orb, (size_t)orb);
+                        else lt_dequantize_row(ot.dtype, (const uint8_t *)ot.data + g * orb, orow, cols);
+                        /* storage: A (E·r, in); B gate stack, up stack (E·F, r) or (E·C, r) */
+                        const float *A = xa[l][wd] + e * r * cols;
+                        const float *B = xb[l][wd] + (w == 1 ? E * F * r : 0) + g * r;
+                        for (int64_t i = 0; i < cols; i++) {
+                            double d = 0;
+                            for (int64_t j = 0; j < r; j++) d += (double)B[j] * (double)A[j * cols + i];
+                            want[i] = (double)br[i] + (alpha / (double)r) * d;
+                        }
+                        if (ot.dtype == LT_DTYPE_F32) {
+                            for (int64_t i = 0; i < cols; i++) {
+                                double err = fabs((double)orow[i] - want[i]);
+                                assert_true(err <= 1e-5);
+                                worst = fmax(worst, err);
+                            }
+                            continue;
+                        }
+                        /* Quantized: the reference merged row through the same block quantizer;
+                           an f32 rounding apart, a level may flip (one step at most, rarely). */
+                        for (int64_t i = 0; i < cols; i++) wf[i] = (float)want[i];
+                        lt_quantize_row(ot.dtype, wf, qb, cols);
+                        lt_dequantize_row(ot.dtype, qb, wq, cols);
+                        for (int64_t b0 = 0; b0 < cols; b0 += 32) {
+                            double amax = 0;
+                            for (int64_t i = b0; i < b0 + 32 && i < cols; i++) amax = fmax(amax, fabs(want[i]));
+                            double step = ot.dtype == LT_DTYPE_Q4_0 ? amax / 8 : amax / 127;
+                            for (int64_t i = b0; i < b0 + 32 && i < cols; i++) {
+                                double err = fabs((double)orow[i] - (double)wq[i]);
+                                assert_true(err <= 1.01 * step + 1e-6);
+                                flips += err > 1e-6;
+                                total++;
+                                worst = fmax(worst, fabs((double)orow[i] - want[i]) / (amax > 0 ? amax : 1));
+                            }
+                        }
+                    }
+                free(br), free(orow), free(want), free(wf), free(wq), free(qb);
+            }
+        fprintf(stderr, "%s: merged experts, worst error %.3g%s; %lld of %lld levels differ from the reference's\n",
+                out, worst, pass ? "" : " / block max", (long long)flips, (long long)total);
+        assert_true(flips * 100 <= total); /* at most 1 % */
+        lt_gguf_close(og);
+    }
+    lt_gguf_close(bg);
+    free(v);
+    free(mom);
+    rm_rf(tmp);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     snprintf(base_dir, sizeof base_dir, "%s/tests/fixtures/moe/qwen3moe", lt_test_source_dir());
     snprintf(base_gguf, sizeof base_gguf, "%s/model.gguf", base_dir);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(peft_adapter_merges),
         cmocka_unit_test(longtune_adapter_and_checkpoint_merge),
+        cmocka_unit_test(quantized_base_requantizes),
         cmocka_unit_test(expert_adapter_onto_a_dense_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
