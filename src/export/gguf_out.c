@@ -148,7 +148,8 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
     LT_TRY(arch_u32(ctx, w, arch, "context_length", c->max_positions));
     LT_TRY(arch_u32(ctx, w, arch, "embedding_length", c->C));
     LT_TRY(arch_u32(ctx, w, arch, "block_count", c->L));
-    LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->F));
+    /* Mixtral's experts are its MLPs: llama.cpp reads their width as feed_forward_length */
+    LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->arch == LT_ARCH_MIXTRAL ? c->moe_F : c->F));
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count", c->H));
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count_kv", c->Hkv));
     LT_TRY(arch_f32(ctx, w, arch, "rope.freq_base", c->rope_theta));
@@ -164,7 +165,6 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
         LT_TRY(arch_u32(ctx, w, arch, "expert_count", c->n_experts));
         LT_TRY(arch_u32(ctx, w, arch, "expert_used_count", c->n_experts_used));
         if (c->arch == LT_ARCH_QWEN3_MOE) LT_TRY(arch_u32(ctx, w, arch, "expert_feed_forward_length", c->moe_F));
-        else LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->moe_F));
     }
     lt_status s = lt_ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
     if (s == LT_ERR_NOT_FOUND || s == LT_ERR_UNSUPPORTED) {

@@ -172,11 +172,43 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
     return LT_OK;
 }
 
+/* A top-level number the file spelled as a float (0.0, 1e-05) stays one: cJSON would print an
+ * integral double as an integer, which transformers' typed configs refuse for float fields
+ * (Mixtral's router_jitter_noise). The value's literal in text decides. */
+static void keep_float_spelling(cJSON *j, const char *text) {
+    for (cJSON *it = j ? j->child : NULL, *next; it; it = next) {
+        next = it->next;
+        if (!cJSON_IsNumber(it) || !it->string || it->valuedouble != floor(it->valuedouble) ||
+            fabs(it->valuedouble) > 1e15)
+            continue;
+        char key[160];
+        int kl = snprintf(key, sizeof key, "\"%s\"", it->string);
+        if (kl <= 0 || (size_t)kl >= sizeof key) continue;
+        for (const char *p = strstr(text, key); p; p = strstr(p + 1, key)) {
+            const char *v = p + kl;
+            v += strspn(v, " \t\r\n");
+            if (*v != ':') continue;
+            v++;
+            v += strspn(v, " \t\r\n");
+            size_t len = strspn(v, "+-0123456789.eE");
+            int is_float = len && (memchr(v, '.', len) || memchr(v, 'e', len) || memchr(v, 'E', len));
+            if (is_float) {
+                char lit[48];
+                snprintf(lit, sizeof lit, "%.1f", it->valuedouble);
+                cJSON *raw = cJSON_CreateRaw(lit);
+                if (raw) cJSON_ReplaceItemViaPointer(j, it, raw);
+            }
+            break;
+        }
+    }
+}
+
 static lt_status read_json(lt_ctx *ctx, const char *path, cJSON **out) {
     char *text;
     size_t n;
     LT_TRY(lt_ex_read_file(ctx, path, (size_t)64 << 20, &text, &n));
     *out = cJSON_ParseWithLength(text, n);
+    if (*out) keep_float_spelling(*out, text);
     free(text);
     if (!*out) return lt_error(ctx, LT_ERR_FORMAT, "%s: not JSON", path);
     return LT_OK;
