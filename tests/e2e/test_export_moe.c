@@ -501,6 +501,61 @@ static void quantized_base_requantizes(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* Mixtral without an adapter: the HF export holds the base's own tensors under the same names
+ * (block_sparse_moe.experts.<e>.w1/w3/w2, the router), the GGUF export the fixture GGUF's
+ * tensors (llama arch, Q/K rows permuted, expert stacks) bit for bit, and both directions
+ * (HF → GGUF → HF) give the base back. */
+static void mixtral_round_trip(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char base[700], gg[760], tmp[256], hf[400], out[400], p1[800], p2[800];
+    snprintf(base, sizeof base, "%s/tests/fixtures/moe/mixtral", lt_test_source_dir());
+    snprintf(gg, sizeof gg, "%s/model.gguf", base);
+    snprintf(tmp, sizeof tmp, "/tmp/lt_test_export_moe_mix_%ld", (long)getpid());
+    mkdir(tmp, 0755);
+    snprintf(hf, sizeof hf, "%s/hf", tmp);
+    snprintf(out, sizeof out, "%s/m.gguf", tmp);
+    export_ok(ctx, base, NULL, hf, LT_EXPORT_HF);
+    export_ok(ctx, base, NULL, out, LT_EXPORT_GGUF);
+    lt_safetensors *a, *b;
+    snprintf(p1, sizeof p1, "%s/model.safetensors", base);
+    snprintf(p2, sizeof p2, "%s/model.safetensors", hf);
+    assert_int_equal(lt_safetensors_open(ctx, p1, &a), LT_OK);
+    assert_int_equal(lt_safetensors_open(ctx, p2, &b), LT_OK);
+    assert_int_equal(lt_safetensors_count(a), lt_safetensors_count(b));
+    int experts = 0;
+    for (int64_t i = 0; i < lt_safetensors_count(a); i++) {
+        const char *k = lt_safetensors_name(a, i);
+        lt_tensor x, y;
+        assert_int_equal(lt_safetensors_find(ctx, a, k, &x), LT_OK);
+        if (lt_safetensors_find(ctx, b, k, &y) != LT_OK) fprintf(stderr, "missing %s\n", k);
+        assert_int_equal(lt_safetensors_find(ctx, b, k, &y), LT_OK);
+        assert_int_equal(x.dtype, y.dtype);
+        assert_memory_equal(x.data, y.data, (size_t)lt_tensor_numel(&x) * sizeof(float));
+        experts += strstr(k, "block_sparse_moe.experts.") != NULL;
+    }
+    assert_int_equal(experts, 2 * 4 * 3);
+    lt_safetensors_close(ctx, a);
+    lt_safetensors_close(ctx, b);
+    lt_gguf *ga, *gb;
+    assert_int_equal(lt_gguf_open(ctx, gg, &ga), LT_OK);
+    assert_int_equal(lt_gguf_open(ctx, out, &gb), LT_OK);
+    assert_int_equal(lt_gguf_tensor_count(ga), lt_gguf_tensor_count(gb));
+    for (int64_t i = 0; i < lt_gguf_tensor_count(ga); i++) {
+        const char *k = lt_gguf_tensor_name(ga, i);
+        lt_tensor x, y;
+        assert_int_equal(lt_gguf_find_tensor(ctx, ga, k, &x), LT_OK);
+        assert_int_equal(lt_gguf_find_tensor(ctx, gb, k, &y), LT_OK);
+        assert_int_equal(x.ndim, y.ndim);
+        assert_memory_equal(x.shape, y.shape, (size_t)x.ndim * sizeof(int64_t));
+        assert_memory_equal(x.data, y.data, (size_t)lt_tensor_numel(&x) * sizeof(float));
+    }
+    lt_gguf_close(ga);
+    lt_gguf_close(gb);
+    rm_rf(tmp);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     snprintf(base_dir, sizeof base_dir, "%s/tests/fixtures/moe/qwen3moe", lt_test_source_dir());
     snprintf(base_gguf, sizeof base_gguf, "%s/model.gguf", base_dir);
@@ -508,6 +563,7 @@ int main(void) {
         cmocka_unit_test(peft_adapter_merges),
         cmocka_unit_test(longtune_adapter_and_checkpoint_merge),
         cmocka_unit_test(quantized_base_requantizes),
+        cmocka_unit_test(mixtral_round_trip),
         cmocka_unit_test(expert_adapter_onto_a_dense_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
