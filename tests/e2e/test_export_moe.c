@@ -9,7 +9,9 @@
  * ffn_*_exps.lora_a (E, r, in) and lora_b (E, rows, r), gate_up's A under both gate and up.
  * A block-quantized base (tests/fixtures/moe/quant/model_q.gguf: Q4_0 gate/up, Q8_0 down) merges
  * into its own types within half a quantization step of base + delta, and exactly into f32.
- * An expert adapter onto a base without experts is refused, naming the tensor. */
+ * Refused with typed errors: an expert adapter onto a base without experts (naming the tensor),
+ * GGUF output of what llama.cpp's qwen3moe cannot run (a dense layer, top-k not renormalised),
+ * a base with a shared expert. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -346,7 +348,7 @@ static void longtune_adapter_and_checkpoint_merge(void **state) {
     lt_ctx_free(ctx);
 }
 
-static void expert_adapter_onto_a_dense_base(void **state) {
+static void refusals(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
     char adapter[700], dense[700], tmp[256];
@@ -362,6 +364,19 @@ static void expert_adapter_onto_a_dense_base(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "experts"));
     struct stat sb;
     assert_int_not_equal(stat(tmp, &sb), 0); /* nothing written */
+    /* What llama.cpp cannot run is refused for GGUF, named; a shared-expert model for export. */
+    static const char *const cases[][3] = {{"qwen3moe_dense1", "gguf", "layer 1 is a dense MLP"},
+                                           {"qwen3moe_nonorm", "gguf", "norm_topk_prob false"},
+                                           {"qwen2moe_shared", "hf", "export handles"}};
+    for (int i = 0; i < 3; i++) {
+        char b[700];
+        snprintf(b, sizeof b, "%s/tests/fixtures/moe/%s", lt_test_source_dir(), cases[i][0]);
+        memset(&o, 0, sizeof o);
+        o.format = strcmp(cases[i][1], "gguf") ? LT_EXPORT_HF : LT_EXPORT_GGUF;
+        assert_int_equal(lt_export_model(ctx, b, tmp, &o, NULL), LT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(lt_ctx_error(ctx), cases[i][2]));
+        assert_int_not_equal(stat(tmp, &sb), 0);
+    }
     lt_ctx_free(ctx);
 }
 
@@ -564,7 +579,7 @@ int main(void) {
         cmocka_unit_test(longtune_adapter_and_checkpoint_merge),
         cmocka_unit_test(quantized_base_requantizes),
         cmocka_unit_test(mixtral_round_trip),
-        cmocka_unit_test(expert_adapter_onto_a_dense_base),
+        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
