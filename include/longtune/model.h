@@ -452,6 +452,9 @@ typedef struct lt_lora_tensor {
 /* The storage element (0 <= result < numel, relative to t->offset) holding element i of t in PEFT's
  * row-major (peft_rows, peft_cols) order; i itself for a plain matrix and an expert A. Pure. */
 LT_API int64_t lt_lora_tensor_peft_index(const lt_lora_tensor *t, int64_t i);
+/* The tensors in order, layer by layer: A then B of each adapted projection (projection order),
+ * then on an MoE layer A then B of its expert stacks (gate_up, then down), each layer's slice of the
+ * flat buffers following the previous one's. */
 LT_API int64_t lt_model_lora_count(const lt_model *m);
 LT_API lt_status lt_model_lora_tensor(lt_ctx *ctx, const lt_model *m, int64_t i, lt_lora_tensor *out);
 
@@ -524,7 +527,8 @@ LT_API int lt_model_cp_kind(const lt_model *m);
 
 /* Gradient-ready hook: while fn is set, lt_model_forward_backward calls fn(arg, offset, count) right
  * after the backward of each LoRA layer (last layer first) with the range of the flat gradient
- * buffer (lt_model_lora_grads) that layer owns, whose values are then final for this call, so a
+ * buffer (lt_model_lora_grads) that layer owns (an MoE layer's with its expert adapters, so the
+ * ranges may differ in size), whose values are then final for this call, so a
  * data-parallel trainer can start reducing them while earlier layers run their backward. A failing
  * fn fails the call with its status. NULL turns it off. */
 typedef lt_status (*lt_model_grad_ready_fn)(void *arg, int64_t offset, int64_t count);

@@ -309,6 +309,7 @@ static lt_status layout_params(lt_ctx *ctx, const lt_model_config *c, const lt_l
             n = add < 0 || n > INT64_MAX - add ? -1 : n + add;
             if (n < 0) break;
         }
+    o->lora_plain = n;
     o->n_lora = n < 0 ? -1 : mulx(n, lo.num_layers);
     /* the experts' adapters: MoE layers among the LoRA layers only */
     for (int64_t l = c->L - lo.num_layers; o->n_lora >= 0 && l < c->L; l++) {

@@ -262,6 +262,9 @@ typedef struct lt_layout {
     size_t mm_ws_bytes, attn_ws_bytes, lce_ws_bytes;
     lt_moe_layout moe; /* MoE layers' dispatch buffers (workspace) */
     size_t weights_bytes, lora_bytes;
+    /* LoRA elements of each LoRA layer's projections; an MoE layer's expert adapters add
+     * lt_model_moe_lora_elems after them (the layers' slices follow one another in layer order). */
+    int64_t lora_plain;
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
     int threads;

@@ -345,6 +345,7 @@ static lt_status backward_layers(lt_step *s) {
     const lt_device dev = m->opt.device;
     int64_t K = m->lora.num_layers, last_seg = y->n_ckpt - 1;
     float *dx = lt_step_ws(s, y->dx);
+    int64_t lend = y->n_lora; /* the end of layer j's slice of the flat buffer */
     for (int64_t j = K - 1; j >= 0; j--) {
         const lt_rc_place *p = &s->rc[j];
         /* A recomputed layer's checkpoint is its input under resid_ckpt, read by its recompute and backward. */
@@ -356,8 +357,11 @@ static lt_status backward_layers(lt_step *s) {
         lt_prof_set_phase(dev, LT_PROF_BACKWARD);
         lt_store st = slot_of(s, j);
         LT_TRY(lt_step_layer_bwd(s, m->l0 + j, &st, lora_in(s, j, &st), dx, j > 0));
-        /* LoRA layers hold equal, consecutive slices of the flat buffer (load.c's init order). */
-        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, j * (y->n_lora / K), y->n_lora / K));
+        /* LoRA layers hold consecutive slices of the flat buffer (load.c's init order), the MoE
+         * layers' with their expert adapters */
+        int64_t nl = y->lora_plain + lt_model_moe_lora_elems(&m->cfg, &m->lora, m->l0 + j);
+        lend -= nl;
+        if (m->grad_ready) LT_TRY(m->grad_ready(m->grad_ready_arg, lend, nl));
     }
     return LT_OK;
 }

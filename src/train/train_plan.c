@@ -158,14 +158,23 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
          * LoRA tensor index has one entry per A and B of every target of every LoRA layer. */
         int64_t targets = 0,
                 layers = po.lora.num_layers > 0 && po.lora.num_layers < cfg->L ? po.lora.num_layers : cfg->L;
-        uint32_t mask = po.lora.targets ? po.lora.targets : LT_LORA_ALL_TARGETS;
-        for (int64_t l = cfg->L - layers; !po.lora.targets && l < cfg->L; l++) { /* the model's default */
+        uint32_t mask =
+            po.lora.targets & LT_LORA_ALL_TARGETS ? po.lora.targets & LT_LORA_ALL_TARGETS : LT_LORA_ALL_TARGETS;
+        for (int64_t l = cfg->L - layers; !(po.lora.targets & LT_LORA_ALL_TARGETS) && l < cfg->L; l++) {
             lt_layer_desc d;
             lt_model_describe_layer(cfg, l, &d);
             if (d.mlp == LT_MLP_KIND_MOE) mask = 0xfu; /* attention only on MoE layers */
         }
         for (int p = 0; p < LT_PROJ_COUNT_; p++) targets += (mask >> p) & 1u;
         int64_t n_tensors = 2 * targets * layers;
+        for (int64_t l = cfg->L - layers; l < cfg->L; l++) { /* the experts' stacks: MoE layers only */
+            lt_layer_desc d;
+            lt_model_describe_layer(cfg, l, &d);
+            if (d.mlp == LT_MLP_KIND_MOE)
+                n_tensors += 2 *
+                    (((po.lora.targets & LT_LORA_EXPERTS_GATE_UP) != 0) +
+                     ((po.lora.targets & LT_LORA_EXPERTS_DOWN) != 0));
+        }
         size_t own = lt_train_buffer_bytes(opt, po.run.B, po.run.T, n_tensors, po.cp_size);
         /* After the plan, one at a time: a resumed run's checkpoint file; then, beside the metrics
          * log, the packing plans as they are built, and the adapter's export index while it is

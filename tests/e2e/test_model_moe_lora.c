@@ -271,6 +271,7 @@ static void gguf_matches_transformers_peft(void **state) {
     for (int d = 0; d < nd; d++) {
         check_case("qwen3moe", "xlora", "model.gguf", devs[d]);
         check_case("mixtral", "xlora", "model.gguf", devs[d]);
+        check_case("qwen2moe_shared", "xlora", "model.gguf", devs[d]);
         check_case("mixtral_hd64", "xlora", "model.gguf", devs[d]);
     }
 }
@@ -660,12 +661,69 @@ static void bad_targets_are_refused(void **state) {
     lt_ctx_free(ctx);
 }
 
+typedef struct ranges {
+    int n;
+    int64_t off[16], count[16];
+} ranges;
+
+static lt_status record_range(void *arg, int64_t offset, int64_t count) {
+    ranges *r = arg;
+    if (r->n < 16) r->off[r->n] = offset, r->count[r->n] = count;
+    r->n++;
+    return LT_OK;
+}
+
+/* The grad-ready hook (data parallel's overlap) gets each LoRA layer's slice, last layer first:
+ * MoE layers' slices are larger by their expert adapters, and the slices tile the buffer. */
+static void grad_ready_slices_per_layer(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1024];
+    case_dir("qwen3moe_dense1", dir, sizeof dir);
+    lt_lora_options lo = {0};
+    lo.rank = 4, lo.targets = (1u << LT_PROJ_Q) | (1u << LT_PROJ_O) | LT_LORA_EXPERT_TARGETS;
+    lt_model *m = NULL;
+    assert_int_equal(lt_model_load(ctx, dir, NULL, &lo, &m), LT_OK);
+    randomize_lora(ctx, m, 5);
+    lt_model_run_options ro = {0};
+    ro.B = 1, ro.T = 8, ro.recompute = LT_RECOMPUTE_EVERY;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+    ranges r = {0};
+    lt_model_set_grad_ready(m, record_range, &r);
+    int32_t tok[8] = {5, 9, 13, 17, 21, 25, 29, 33}, tgt[8] = {9, 13, 17, 21, 25, 29, 33, LT_IGNORE_INDEX};
+    lt_model_batch b = {0};
+    b.B = 1, b.T = 8, b.tokens = tok, b.targets = tgt;
+    lt_model_result res;
+    assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0, &res, NULL), LT_OK);
+    assert_int_equal(r.n, 3);
+    int64_t span[3][2] = {{INT64_MAX, 0}, {INT64_MAX, 0}, {INT64_MAX, 0}};
+    for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+        lt_lora_tensor t;
+        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+        int64_t *sp = span[t.layer];
+        if (t.offset < sp[0]) sp[0] = t.offset;
+        if (t.offset + lt_tensor_numel(&t.value) > sp[1]) sp[1] = t.offset + lt_tensor_numel(&t.value);
+    }
+    for (int k = 0; k < 3; k++) { /* layer 2 first */
+        assert_int_equal(r.off[k], span[2 - k][0]);
+        assert_int_equal(r.count[k], span[2 - k][1] - span[2 - k][0]);
+    }
+    assert_true(r.count[1] < r.count[0]); /* layer 1 is dense */
+    int64_t np = 0;
+    lt_model_lora_params(m, &np);
+    assert_int_equal(r.off[2], 0);
+    assert_int_equal(r.off[0] + r.count[0], np);
+    lt_model_free(ctx, m);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(enumeration_names_and_shapes),        cmocka_unit_test(bad_targets_are_refused),
         cmocka_unit_test(matches_transformers_peft),           cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(gradient_matches_finite_differences), cmocka_unit_test(quantized_experts),
         cmocka_unit_test(kv_cache_includes_adapters),          cmocka_unit_test(size_table_equals_allocations),
+        cmocka_unit_test(grad_ready_slices_per_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

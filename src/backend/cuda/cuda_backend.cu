@@ -149,6 +149,7 @@ extern "C" const lt_backend lt_backend_cuda = {
     .moe_combine_bwd = lt_cuda_moe_combine_bwd,
     .grouped_matmul = lt_cuda_grouped_matmul,
     .grouped_matmul_workspace_bytes = lt_cuda_grouped_matmul_workspace_bytes,
+    .grouped_matmul_wgrad = lt_cuda_grouped_matmul_wgrad,
     .host_register = cuda_host_register,
     .clip_norm = lt_cuda_clip_norm,
     .graph_begin = lt_cuda_graph_begin,

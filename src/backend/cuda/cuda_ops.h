@@ -116,7 +116,8 @@ float lt_cuda_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cuda_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
 void lt_cuda_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 void lt_cuda_clip_norm(lt_ctx *ctx, float *g, int64_t n, double max_norm, double *sumsq_host);
-/* Mixture of experts: routing and dispatch (moe.cu), the grouped products (grouped_matmul.cu). */
+/* Mixture of experts: routing and dispatch (moe.cu), the grouped products (grouped_matmul.cu) and
+ * their weight gradients (grouped_wgrad.cu). */
 void lt_cuda_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                        float *w, float *stats);
 void lt_cuda_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,
@@ -134,6 +135,8 @@ void lt_cuda_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w
                             const float *x, int64_t nk, float beta, float *y, void *ws);
 size_t lt_cuda_grouped_matmul_workspace_bytes(lt_dtype wdtype, int64_t E, int64_t out, int64_t in, int64_t nk_max,
                                               int threads);
+void lt_cuda_grouped_matmul_wgrad(lt_ctx *ctx, int64_t E, const int32_t *off, const float *dy, int64_t out,
+                                  const float *x, int64_t in, int64_t nk, float beta, float *dw);
 /* The native stream of ctx for lt_backend.native_stream (cuda_backend.cu). */
 void *lt_cuda_native_stream(lt_ctx *ctx);
 /* Step graphs (graph.cu). */
