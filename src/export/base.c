@@ -21,6 +21,7 @@ static const char *gguf_arch(lt_model_arch a) {
     case LT_ARCH_QWEN2: return "qwen2";
     case LT_ARCH_QWEN3: return "qwen3";
     case LT_ARCH_QWEN3_MOE: return "qwen3moe";
+    case LT_ARCH_QWEN2_MOE: return "qwen2moe";
     default: return NULL;
     }
 }
@@ -33,13 +34,8 @@ lt_status lt_ex_base_open(lt_ctx *ctx, const char *path, lt_ex_base *b) {
     LT_TRY(lt_model_inspect(ctx, path, NULL, &b->cfg));
     const char *ga = gguf_arch(b->cfg.arch);
     if (!ga)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: export handles llama, qwen2, qwen3, qwen3_moe and mixtral bases",
-                        path);
-    if (b->cfg.n_experts > 0 && b->cfg.moe_shared_F > 0)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: export of mixture-of-experts models with a shared expert is not "
-                        "supported",
-                        path);
+                        "%s: export handles llama, qwen2, qwen3, qwen3_moe, qwen2_moe and mixtral bases", path);
     snprintf(b->arch, sizeof b->arch, "%s", ga);
     if (ends_with(path, ".gguf")) {
         LT_TRY(lt_gguf_open(ctx, path, &b->gg));
@@ -103,6 +99,12 @@ int64_t lt_ex_pieces(const lt_ex_base *b, int with_rope_freqs, lt_ex_piece *out,
                         if (out && n < cap) out[n] = (lt_ex_piece){EX_EXPERT, l, w, 2, {er, ec}, e};
                         n++;
                     }
+                if (c->moe_shared_F > 0) { /* Qwen2-MoE's shared expert and its gate */
+                    for (int w = LT_PROJ_GATE; w <= LT_PROJ_DOWN; w++)
+                        piece(out, cap, &n, EX_SHEXP, l, w, 2, w == LT_PROJ_DOWN ? c->C : c->moe_shared_F,
+                              w == LT_PROJ_DOWN ? c->moe_shared_F : c->C);
+                    piece(out, cap, &n, EX_SHEXP_GATE, l, 0, 2, 1, c->C);
+                }
                 continue;
             }
             piece(out, cap, &n, EX_PROJ, l, k, 2, o, i);
@@ -143,6 +145,8 @@ void lt_ex_gguf_name(const lt_ex_piece *p, char *buf, size_t n) {
     case EX_K_NORM: snprintf(buf, n, "blk.%lld.attn_k_norm.weight", l); break;
     case EX_ROUTER: snprintf(buf, n, "blk.%lld.ffn_gate_inp.weight", l); break;
     case EX_EXPERT: snprintf(buf, n, "blk.%lld.%s.weight", l, gguf_exps[p->which - LT_PROJ_GATE]); break;
+    case EX_SHEXP: snprintf(buf, n, "blk.%lld.%s_shexp.weight", l, gguf_proj[p->which]); break;
+    case EX_SHEXP_GATE: snprintf(buf, n, "blk.%lld.ffn_gate_inp_shexp.weight", l); break;
     }
 }
 
@@ -170,6 +174,10 @@ void lt_ex_hf_name(const lt_ex_base *b, const lt_ex_piece *p, char *buf, size_t 
     case EX_ROUTER:
         snprintf(buf, n, "model.layers.%lld.%s.gate.weight", l, mixtral ? "block_sparse_moe" : "mlp");
         break;
+    case EX_SHEXP:
+        snprintf(buf, n, "model.layers.%lld.mlp.shared_expert.%s.weight", l, lt_proj_name((lt_proj)p->which));
+        break;
+    case EX_SHEXP_GATE: snprintf(buf, n, "model.layers.%lld.mlp.shared_expert_gate.weight", l); break;
     case EX_EXPERT:
         if (mixtral)
             snprintf(buf, n, "model.layers.%lld.block_sparse_moe.experts.%lld.%s.weight", l, (long long)p->expert,
@@ -190,6 +198,8 @@ const char *lt_ex_class_name(const lt_ex_piece *p) {
     case EX_ROPE_FREQS: return "rope_freqs";
     case EX_ROUTER: return "ffn_gate_inp";
     case EX_EXPERT: return gguf_exps[p->which - LT_PROJ_GATE];
+    case EX_SHEXP: return "ffn_shexp";
+    case EX_SHEXP_GATE: return "ffn_gate_inp_shexp";
     default: return "norm";
     }
 }
@@ -245,8 +255,9 @@ lt_status lt_ex_find(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_piece *p, lt_
     if (s == LT_ERR_NOT_FOUND) return lt_error(ctx, LT_ERR_NOT_FOUND, "%s: tensor '%s' is missing", b->path, name);
     if (s != LT_OK) return s;
     int64_t want = p->ndim == 2 ? p->shape[0] * p->shape[1] : p->shape[0];
-    int ok = p->ndim == 1 ? lt_tensor_numel(t) == want
-                          : t->ndim == 2 && t->shape[0] == p->shape[0] && t->shape[1] == p->shape[1];
+    int ok = p->ndim == 1 || p->kind == EX_SHEXP_GATE
+        ? lt_tensor_numel(t) == want
+        : t->ndim == 2 && t->shape[0] == p->shape[0] && t->shape[1] == p->shape[1];
     if (!ok)
         return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has %lld elements (dim 0 %lld), expected (%lld, %lld)",
                         b->path, name, (long long)lt_tensor_numel(t), (long long)t->shape[0], (long long)p->shape[0],

@@ -21,6 +21,7 @@ lt_status lt_ex_rows_init(lt_ctx *ctx, lt_ex_rows *r, const lt_ex_base *b) {
     int64_t w = c->C > c->F ? c->C : c->F;
     if (c->H * c->D > w) w = c->H * c->D;
     if (c->moe_F > w) w = c->moe_F;
+    if (c->moe_shared_F > w) w = c->moe_shared_F;
     r->cols = w;
     r->bytes = (size_t)w * sizeof(float) * 3;
     r->f = lt_alloc(ctx, LT_DEVICE_CPU, r->bytes, "export rows");
@@ -85,7 +86,8 @@ lt_status lt_ex_pick_dtype(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter
         }
         return LT_OK;
     }
-    if (p->ndim == 1 || p->kind == EX_ROUTER) { /* llama.cpp keeps norms, biases, rope factors and routers in f32 */
+    if (p->ndim == 1 || p->kind == EX_ROUTER ||
+        p->kind == EX_SHEXP_GATE) { /* llama.cpp keeps norms, biases, rope factors and routers in f32 */
         *out = LT_DTYPE_F32;
         return LT_OK;
     }

@@ -21,7 +21,7 @@ typedef struct lt_ex_base {
     lt_gguf *gg;
     lt_safetensors *st;
     lt_model_config cfg;
-    char arch[32];      /* GGUF architecture: "llama" (also Mixtral), "qwen2", "qwen3", "qwen3moe" */
+    char arch[32];      /* GGUF architecture: "llama" (also Mixtral), "qwen2", "qwen3", "qwen3moe", "qwen2moe" */
     int permute_qk;     /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_freqs; /* GGUF rope_freqs.weight */
     int rope_override;  /* cfg's RoPE scaling replaced by lt_export_options.rope */
@@ -38,8 +38,10 @@ typedef enum lt_ex_kind {
     EX_FINAL_NORM,
     EX_HEAD,
     EX_ROPE_FREQS,
-    EX_ROUTER, /* an MoE layer's router (E, C) */
-    EX_EXPERT, /* one expert's gate, up or down matrix (which: LT_PROJ_GATE/UP/DOWN) */
+    EX_ROUTER,     /* an MoE layer's router (E, C) */
+    EX_EXPERT,     /* one expert's gate, up or down matrix (which: LT_PROJ_GATE/UP/DOWN) */
+    EX_SHEXP,      /* the shared expert's gate, up or down matrix (Qwen2-MoE) */
+    EX_SHEXP_GATE, /* the shared expert's sigmoid gate (1, C); a vector (C) in GGUF */
 } lt_ex_kind;
 
 typedef struct lt_ex_piece {

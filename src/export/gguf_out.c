@@ -164,7 +164,8 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
     if (c->n_experts > 0) { /* as convert_hf_to_gguf.py writes Qwen3-MoE and Mixtral */
         LT_TRY(arch_u32(ctx, w, arch, "expert_count", c->n_experts));
         LT_TRY(arch_u32(ctx, w, arch, "expert_used_count", c->n_experts_used));
-        if (c->arch == LT_ARCH_QWEN3_MOE) LT_TRY(arch_u32(ctx, w, arch, "expert_feed_forward_length", c->moe_F));
+        if (c->arch != LT_ARCH_MIXTRAL) LT_TRY(arch_u32(ctx, w, arch, "expert_feed_forward_length", c->moe_F));
+        if (c->moe_shared_F > 0) LT_TRY(arch_u32(ctx, w, arch, "expert_shared_feed_forward_length", c->moe_shared_F));
     }
     lt_status s = lt_ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
     if (s == LT_ERR_NOT_FOUND || s == LT_ERR_UNSUPPORTED) {
@@ -197,11 +198,13 @@ static lt_status moe_gguf_check(lt_ctx *ctx, const lt_ex_base *b) {
                             "%s: layer %lld is a dense MLP among mixture-of-experts layers, which llama.cpp's %s has "
                             "no form for; export --format hf",
                             b->path, (long long)l, b->arch);
-    if (!c->moe_norm_topk)
+    /* llama.cpp's qwen2moe never renormalises the top-k weights, qwen3moe and Mixtral always do */
+    int want = c->arch != LT_ARCH_QWEN2_MOE;
+    if (c->moe_norm_topk != want)
         return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "%s: the top-k router weights are not renormalised (norm_topk_prob false), which llama.cpp's "
-                        "%s always does; export --format hf",
-                        b->path, b->arch);
+                        "%s: the top-k router weights are %srenormalised (norm_topk_prob %s), which llama.cpp's %s "
+                        "never does; export --format hf",
+                        b->path, want ? "not " : "", want ? "false" : "true", b->arch);
     return LT_OK;
 }
 
@@ -250,6 +253,7 @@ lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, c
         int nd = ps[i].ndim;
         if (ps[i].kind == EX_EXPERT)
             shape[0] = b->cfg.n_experts, shape[1] = ps[i].shape[0], shape[2] = ps[i].shape[1], nd = 3;
+        if (ps[i].kind == EX_SHEXP_GATE) shape[0] = ps[i].shape[1], nd = 1; /* a vector, as llama.cpp has it */
         if ((s = lt_gguf_writer_add_tensor(ctx, w, name, dts[i], nd, shape)) != LT_OK) goto done;
     }
     if ((s = lt_gguf_writer_set_u32(ctx, w, "general.file_type", llama_ftype(main))) != LT_OK) goto done;

@@ -118,6 +118,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
     else if (c->arch == LT_ARCH_QWEN3) cls = "Qwen3ForCausalLM", type = "qwen3";
     else if (c->arch == LT_ARCH_QWEN3_MOE) cls = "Qwen3MoeForCausalLM", type = "qwen3_moe";
     else if (c->arch == LT_ARCH_MIXTRAL) cls = "MixtralForCausalLM", type = "mixtral";
+    else if (c->arch == LT_ARCH_QWEN2_MOE) cls = "Qwen2MoeForCausalLM", type = "qwen2_moe";
     cJSON *j = cJSON_CreateObject();
     if (!j) return lt_error(ctx, LT_ERR_OOM, "config.json");
     cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
@@ -126,7 +127,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
     cJSON_AddNumberToObject(j, "vocab_size", (double)c->V);
     cJSON_AddNumberToObject(j, "hidden_size", (double)c->C);
     cJSON_AddNumberToObject(j, "intermediate_size", (double)(c->arch == LT_ARCH_MIXTRAL ? c->moe_F : c->F));
-    if (c->arch == LT_ARCH_QWEN3_MOE) { /* the published Qwen3-MoE config's spelling */
+    if (c->arch == LT_ARCH_QWEN3_MOE || c->arch == LT_ARCH_QWEN2_MOE) { /* the published configs' spelling */
         cJSON_AddNumberToObject(j, "num_experts", (double)c->n_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
         cJSON_AddNumberToObject(j, "moe_intermediate_size", (double)c->moe_F);
@@ -136,6 +137,10 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
         for (int64_t l = 0; l < c->L && l < LT_MODEL_MAX_MIXED_LAYERS; l++)
             if (c->moe_dense[l]) cJSON_AddItemToArray(dense, cJSON_CreateNumber((double)l));
         cJSON_AddFalseToObject(j, "output_router_logits");
+        if (c->arch == LT_ARCH_QWEN2_MOE) {
+            cJSON_AddNumberToObject(j, "shared_expert_intermediate_size", (double)c->moe_shared_F);
+            cJSON_AddBoolToObject(j, "qkv_bias", c->qkv_bias);
+        }
     } else if (c->arch == LT_ARCH_MIXTRAL) {
         cJSON_AddNumberToObject(j, "num_local_experts", (double)c->n_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
@@ -162,7 +167,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
         cJSON_AddFalseToObject(j, "use_sliding_window");
     }
     if (c->arch == LT_ARCH_LLAMA) cJSON_AddFalseToObject(j, "mlp_bias");
-    if (c->arch == LT_ARCH_QWEN3_MOE) cJSON_AddFalseToObject(j, "use_sliding_window");
+    if (c->arch == LT_ARCH_QWEN3_MOE || c->arch == LT_ARCH_QWEN2_MOE) cJSON_AddFalseToObject(j, "use_sliding_window");
     cJSON_AddNumberToObject(j, "attention_dropout", 0);
     if (c->bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
     if (c->eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_id);
@@ -195,8 +200,10 @@ static void keep_float_spelling(cJSON *j, const char *text) {
             if (is_float) {
                 char lit[48];
                 snprintf(lit, sizeof lit, "%.1f", it->valuedouble);
+                char name[160];
+                snprintf(name, sizeof name, "%s", it->string);
                 cJSON *raw = cJSON_CreateRaw(lit);
-                if (raw) cJSON_ReplaceItemViaPointer(j, it, raw);
+                if (raw) cJSON_ReplaceItemInObjectCaseSensitive(j, name, raw);
             }
             break;
         }

@@ -10,8 +10,8 @@
  * A block-quantized base (tests/fixtures/moe/quant/model_q.gguf: Q4_0 gate/up, Q8_0 down) merges
  * into its own types within half a quantization step of base + delta, and exactly into f32.
  * Refused with typed errors: an expert adapter onto a base without experts (naming the tensor),
- * GGUF output of what llama.cpp's qwen3moe cannot run (a dense layer, top-k not renormalised),
- * a base with a shared expert. */
+ * GGUF output of what llama.cpp's qwen3moe cannot run (a dense layer, top-k not renormalised).
+ * Qwen2-MoE's shared expert round-trips with the rest. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -364,11 +364,10 @@ static void refusals(void **state) {
     assert_non_null(strstr(lt_ctx_error(ctx), "experts"));
     struct stat sb;
     assert_int_not_equal(stat(tmp, &sb), 0); /* nothing written */
-    /* What llama.cpp cannot run is refused for GGUF, named; a shared-expert model for export. */
+    /* What llama.cpp's qwen3moe cannot run is refused for GGUF, named. */
     static const char *const cases[][3] = {{"qwen3moe_dense1", "gguf", "layer 1 is a dense MLP"},
-                                           {"qwen3moe_nonorm", "gguf", "norm_topk_prob false"},
-                                           {"qwen2moe_shared", "hf", "export handles"}};
-    for (int i = 0; i < 3; i++) {
+                                           {"qwen3moe_nonorm", "gguf", "norm_topk_prob false"}};
+    for (int i = 0; i < 2; i++) {
         char b[700];
         snprintf(b, sizeof b, "%s/tests/fixtures/moe/%s", lt_test_source_dir(), cases[i][0]);
         memset(&o, 0, sizeof o);
@@ -516,15 +515,13 @@ static void quantized_base_requantizes(void **state) {
     lt_ctx_free(ctx);
 }
 
-/* Mixtral without an adapter: the HF export holds the base's own tensors under the same names
- * (block_sparse_moe.experts.<e>.w1/w3/w2, the router), the GGUF export the fixture GGUF's
- * tensors (llama arch, Q/K rows permuted, expert stacks) bit for bit, and both directions
- * (HF → GGUF → HF) give the base back. */
-static void mixtral_round_trip(void **state) {
-    (void)state;
+/* Without an adapter: the HF export holds the base's own tensors under the same names
+ * (Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2, the routers), the GGUF export the fixture
+ * GGUF's tensors (Mixtral: llama arch, Q/K rows permuted; the expert stacks) bit for bit. */
+static void round_trip(const char *fixture, const char *expert_key) {
     lt_ctx *ctx = lt_ctx_new();
     char base[700], gg[760], tmp[256], hf[400], out[400], p1[800], p2[800];
-    snprintf(base, sizeof base, "%s/tests/fixtures/moe/mixtral", lt_test_source_dir());
+    snprintf(base, sizeof base, "%s/tests/fixtures/moe/%s", lt_test_source_dir(), fixture);
     snprintf(gg, sizeof gg, "%s/model.gguf", base);
     snprintf(tmp, sizeof tmp, "/tmp/lt_test_export_moe_mix_%ld", (long)getpid());
     mkdir(tmp, 0755);
@@ -547,7 +544,7 @@ static void mixtral_round_trip(void **state) {
         assert_int_equal(lt_safetensors_find(ctx, b, k, &y), LT_OK);
         assert_int_equal(x.dtype, y.dtype);
         assert_memory_equal(x.data, y.data, (size_t)lt_tensor_numel(&x) * sizeof(float));
-        experts += strstr(k, "block_sparse_moe.experts.") != NULL;
+        experts += strstr(k, expert_key) != NULL;
     }
     assert_int_equal(experts, 2 * 4 * 3);
     lt_safetensors_close(ctx, a);
@@ -571,15 +568,25 @@ static void mixtral_round_trip(void **state) {
     lt_ctx_free(ctx);
 }
 
+static void mixtral_round_trip(void **state) {
+    (void)state;
+    round_trip("mixtral", "block_sparse_moe.experts.");
+}
+
+/* Qwen2-MoE: the shared expert (mlp.shared_expert.*, its (1, C) gate; GGUF ffn_*_shexp and the
+ * vector ffn_gate_inp_shexp) and q/k/v biases beside the routed experts. */
+static void qwen2moe_round_trip(void **state) {
+    (void)state;
+    round_trip("qwen2moe_shared", "mlp.experts.");
+}
+
 int main(void) {
     snprintf(base_dir, sizeof base_dir, "%s/tests/fixtures/moe/qwen3moe", lt_test_source_dir());
     snprintf(base_gguf, sizeof base_gguf, "%s/model.gguf", base_dir);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(peft_adapter_merges),
-        cmocka_unit_test(longtune_adapter_and_checkpoint_merge),
-        cmocka_unit_test(quantized_base_requantizes),
-        cmocka_unit_test(mixtral_round_trip),
-        cmocka_unit_test(refusals),
+        cmocka_unit_test(peft_adapter_merges),        cmocka_unit_test(longtune_adapter_and_checkpoint_merge),
+        cmocka_unit_test(quantized_base_requantizes), cmocka_unit_test(mixtral_round_trip),
+        cmocka_unit_test(qwen2moe_round_trip),        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
