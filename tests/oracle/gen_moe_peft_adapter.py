@@ -33,6 +33,13 @@ Checks run by hand (CI never runs Python; the results go into the commit that ne
                              /work/cache/llama-build/bin) of base + --lora must equal the merged file's,
                              and llama-export-lora's merge must equal longtune's tensor for tensor
 
+  --check-fixture LONGTUNE NAME
+                             the same as --check-export for another MoE fixture (tests/fixtures/moe/
+                             NAME: mixtral, qwen2moe_shared, ...): a PEFT adapter drawn here (q_proj,
+                             v_proj and both expert parameters) is merged by `LONGTUNE export --format
+                             hf` (from the HF folder and, when there is one, from model.gguf) and the
+                             exports' logits must equal the PEFT model's
+
 Run with /work/pyenv/bin/python.
 """
 import argparse
@@ -217,20 +224,58 @@ def check_llamacpp(longtune, case):
         worst < 1e-5
 
 
+def check_fixture(longtune, name):
+    import subprocess
+    import tempfile
+    base = os.path.join(ROOT, "tests", "fixtures", "moe", name)
+    work = tempfile.mkdtemp()
+    torch.manual_seed(77)
+    m = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    m.config._attn_implementation = "eager"
+    pm = get_peft_model(m, LoraConfig(r=2, lora_alpha=4.0, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+    pm.eval()
+    adapter = os.path.join(work, "adapter")
+    pm.save_pretrained(adapter)
+    tokens = tokens_for(77)
+    want, margin = logits_and_margin(pm, tokens)
+    ok = True
+    sources = [base] + ([os.path.join(base, "model.gguf")] if os.path.exists(os.path.join(base, "model.gguf")) else [])
+    for src in sources:
+        out = os.path.join(work, "merged_" + os.path.basename(src))
+        subprocess.run([longtune, "export", "--model", src, "--adapter", adapter, "--out", out, "--format", "hf",
+                        "--outtype", "f32"], check=True, capture_output=True)
+        mm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        mm.config._attn_implementation = "eager"
+        got, _ = logits_and_margin(mm.eval(), tokens)
+        diff = float((got - want).abs().max())
+        print(f"{name}: merged export of {os.path.relpath(src, ROOT)} vs PEFT: max |logit diff| {diff:.3g} "
+              f"(top-k margin {margin:.3g})")
+        ok &= diff < 1e-4
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check-export", nargs=2, metavar=("DIR", "CASE"))
     ap.add_argument("--check-adapter", nargs=2, metavar=("DIR", "CASE"))
     ap.add_argument("--check-llamacpp", nargs=2, metavar=("LONGTUNE", "CASE"))
+    ap.add_argument("--check-fixture", nargs=2, metavar=("LONGTUNE", "NAME"))
     a = ap.parse_args()
     ok = True
+    if a.check_fixture:
+        ok &= check_fixture(*a.check_fixture)
     if a.check_llamacpp:
         ok &= check_llamacpp(*a.check_llamacpp)
     if a.check_export:
         ok &= check_export(*a.check_export)
     if a.check_adapter:
         ok &= check_adapter(*a.check_adapter)
-    if not a.check_export and not a.check_adapter and not a.check_llamacpp:
+    if not (a.check_export or a.check_adapter or a.check_llamacpp or a.check_fixture):
         generate()
     sys.exit(0 if ok else 1)
 
