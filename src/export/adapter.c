@@ -2,7 +2,9 @@
  * (adapter_config.json + adapter_model.safetensors, as longtune or PEFT writes it) or a longtune
  * training checkpoint (checkpoint.ltck, or the folder holding it; its checksum is verified and
  * its LoRA rank and alpha come from the run options it records). Every tensor's shape is checked
- * against the projection it targets; a mismatch names the tensor and both shapes. */
+ * against the projection it targets; a mismatch names the tensor and both shapes. LoRA on the
+ * experts of MoE layers comes in PEFT's shapes from a PEFT folder (reordered into longtune's
+ * storage through lt_lora_tensor_peft_index) and in the storage's from a checkpoint. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 
 #include "export/export_internal.h"
 #include "longtune/alloc.h"
+#include "model/model_internal.h"
 #include "longtune/train.h"
 #include "train/train_internal.h"
 
@@ -43,28 +46,51 @@ static int parse_name(const char *name, int64_t *layer, int *proj, int *is_b) {
     return -1;
 }
 
+/* Elements of layer l's expert stack w (0 gate_up, 1 down): A and B; 0 when not adapted. */
+static void expert_elems(const lt_model_config *c, const lt_ex_adapter *a, int64_t l, int w, int64_t *na, int64_t *nb) {
+    *na = *nb = 0;
+    unsigned bit = w ? LT_LORA_EXPERTS_DOWN : LT_LORA_EXPERTS_GATE_UP;
+    if (!(a->targets & bit) || l < a->l0 || !lt_model_layer_is_moe(c, l)) return;
+    int64_t E = c->n_experts, r = a->rank;
+    *na = E * r * (w ? c->moe_F : c->C);
+    *nb = w ? E * c->C * r : 2 * E * c->moe_F * r;
+}
+
+/* A plain projection takes LoRA in layer l (the MLP's of an MoE layer are the expert stacks). */
+static int plain_target(const lt_model_config *c, const lt_ex_adapter *a, int64_t l, int k) {
+    return ((a->targets >> k) & 1u) && !(k >= LT_PROJ_GATE && lt_model_layer_is_moe(c, l));
+}
+
 static lt_status alloc_adapter(lt_ctx *ctx, const lt_ex_base *b, lt_ex_adapter *a) {
     const lt_model_config *c = &b->cfg;
     a->L = c->L;
-    a->ptr_bytes = (size_t)c->L * LT_PROJ_COUNT_ * sizeof(float *);
+    a->ptr_bytes = (size_t)c->L * (LT_PROJ_COUNT_ + 2) * sizeof(float *);
     a->a = lt_calloc(ctx, LT_DEVICE_CPU, 2 * a->ptr_bytes, "export adapter index");
     if (!a->a) return lt_ctx_status(ctx);
     a->b = a->a + c->L * LT_PROJ_COUNT_;
+    a->xa = a->b + c->L * LT_PROJ_COUNT_;
+    a->xb = a->xa + c->L * 2;
     size_t floats = 0;
-    for (int64_t l = a->l0; l < c->L; l++)
+    for (int64_t l = a->l0; l < c->L; l++) {
         for (int k = 0; k < LT_PROJ_COUNT_; k++)
-            if ((a->targets >> k) & 1u) {
+            if (plain_target(c, a, l, k)) {
                 int64_t o, i;
                 proj_shape(c, k, &o, &i);
                 floats += (size_t)(a->rank * (o + i));
             }
+        for (int w = 0; w < 2; w++) {
+            int64_t na, nb;
+            expert_elems(c, a, l, w, &na, &nb);
+            floats += (size_t)(na + nb);
+        }
+    }
     a->data_bytes = floats * sizeof(float);
     a->data = lt_alloc(ctx, LT_DEVICE_CPU, a->data_bytes ? a->data_bytes : 1, "export adapter");
     if (!a->data) return lt_ctx_status(ctx);
     float *p = a->data;
-    for (int64_t l = a->l0; l < c->L; l++)
+    for (int64_t l = a->l0; l < c->L; l++) {
         for (int k = 0; k < LT_PROJ_COUNT_; k++)
-            if ((a->targets >> k) & 1u) {
+            if (plain_target(c, a, l, k)) {
                 int64_t o, i;
                 proj_shape(c, k, &o, &i);
                 a->a[l * LT_PROJ_COUNT_ + k] = p;
@@ -72,6 +98,97 @@ static lt_status alloc_adapter(lt_ctx *ctx, const lt_ex_base *b, lt_ex_adapter *
                 a->b[l * LT_PROJ_COUNT_ + k] = p;
                 p += a->rank * o;
             }
+        for (int w = 0; w < 2; w++) {
+            int64_t na, nb;
+            expert_elems(c, a, l, w, &na, &nb);
+            if (!na) continue;
+            a->xa[l * 2 + w] = p;
+            p += na;
+            a->xb[l * 2 + w] = p;
+            p += nb;
+        }
+    }
+    return LT_OK;
+}
+
+/* Tensors the adapter holds: 2 per adapted plain projection and per adapted expert stack. */
+static int64_t adapter_tensors(const lt_model_config *c, const lt_ex_adapter *a) {
+    int64_t n = 0;
+    for (int64_t l = a->l0; l < c->L; l++) {
+        for (int k = 0; k < LT_PROJ_COUNT_; k++) n += 2 * plain_target(c, a, l, k);
+        for (int w = 0; w < 2; w++) {
+            int64_t na, nb;
+            expert_elems(c, a, l, w, &na, &nb);
+            n += 2 * (na > 0);
+        }
+    }
+    return n;
+}
+
+/* "…layers.<l>.mlp.experts[.base_layer].lora_A|B" → layer, stack w (0 gate_up, 1 down) and
+ * factor; 0 on success. PEFT nests the first target parameter (gate_up) under base_layer when
+ * both are adapted; alone, either has the plain name. */
+static int parse_expert_name(const char *name, unsigned targets, int64_t *layer, int *w, int *is_b) {
+    const char *l = strstr(name, "layers.");
+    if (!l) return -1;
+    char *e;
+    long v = strtol(l + 7, &e, 10);
+    if (e == l + 7 || v < 0 || strncmp(e, ".mlp.experts.", 13)) return -1;
+    const char *f = e + 13;
+    int nested = !strncmp(f, "base_layer.", 11);
+    if (nested) f += 11;
+    if (strncmp(f, "lora_", 5) || (f[5] != 'A' && f[5] != 'B') || (f[6] && strcmp(f + 6, ".weight"))) return -1;
+    *layer = v;
+    *is_b = f[5] == 'B';
+    int both = (targets & LT_LORA_EXPERT_TARGETS) == LT_LORA_EXPERT_TARGETS;
+    if (nested && !both) return -1;
+    *w = nested ? 0 : both ? 1 : (targets & LT_LORA_EXPERTS_GATE_UP) ? 0 : 1;
+    return 0;
+}
+
+/* The lt_lora_tensor describing PEFT's shape of an expert stack (for lt_lora_tensor_peft_index). */
+static lt_lora_tensor expert_desc(const lt_model_config *c, int64_t r, int w, int is_b) {
+    lt_lora_tensor t;
+    memset(&t, 0, sizeof t);
+    int64_t E = c->n_experts, in = w ? c->moe_F : c->C, o = w ? c->C : 2 * c->moe_F;
+    t.proj = w ? LT_PROJ_DOWN : LT_PROJ_GATE;
+    t.is_b = is_b;
+    t.experts = E;
+    t.peft_rows = is_b ? o : r * E;
+    t.peft_cols = is_b ? r * E : in;
+    return t;
+}
+
+/* Checks expert tensor (layer l, stack w, factor) of shape (d0, d1) — PEFT's (peft = 1) or the
+ * storage's — and returns where its values go. */
+static lt_status expert_slot(lt_ctx *ctx, const char *file, const char *name, const lt_ex_base *b,
+                             const lt_ex_adapter *a, int64_t l, int w, int is_b, int peft, int64_t d0, int64_t d1,
+                             float **dst) {
+    const lt_model_config *c = &b->cfg;
+    if (l >= c->L)
+        return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' is for layer %lld, the base has %lld layers", file, name,
+                        (long long)l, (long long)c->L);
+    if (c->n_experts < 1)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: tensor '%s' adapts the experts of a mixture-of-experts layer; the base has none", file,
+                        name);
+    int64_t na, nb;
+    expert_elems(c, a, l, w, &na, &nb);
+    if (!na)
+        return lt_error(ctx, LT_ERR_SHAPE,
+                        "%s: tensor '%s' is outside the adapter's targets (layer %lld: %s, LoRA layers %lld..%lld)",
+                        file, name, (long long)l, lt_model_layer_is_moe(c, l) ? "an MoE layer" : "a dense layer",
+                        (long long)a->l0, (long long)(c->L - 1));
+    lt_lora_tensor t = expert_desc(c, a->rank, w, is_b);
+    int64_t w0 = t.peft_rows, w1 = t.peft_cols;
+    if (!peft && is_b) w0 = t.peft_rows * t.peft_cols, w1 = 1;
+    if (d0 != w0 || d1 != w1)
+        return lt_error(ctx, LT_ERR_SHAPE,
+                        "%s: tensor '%s' is (%lld, %lld) but %s of %lld experts with rank %lld needs (%lld, %lld): "
+                        "the adapter does not match this base",
+                        file, name, (long long)d0, (long long)d1, w ? "experts.down_proj" : "experts.gate_up_proj",
+                        (long long)c->n_experts, (long long)a->rank, (long long)w0, (long long)w1);
+    *dst = is_b ? a->xb[l * 2 + w] : a->xa[l * 2 + w];
     return LT_OK;
 }
 
@@ -83,7 +200,7 @@ static lt_status slot(lt_ctx *ctx, const char *file, const char *name, const lt_
     if (l >= c->L)
         return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' is for layer %lld, the base has %lld layers", file, name,
                         (long long)l, (long long)c->L);
-    if (!((a->targets >> k) & 1u) || l < a->l0)
+    if (!plain_target(c, a, l, k) || l < a->l0)
         return lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' is outside the adapter's targets (%s, layers %lld..%lld)",
                         file, name, lt_proj_name((lt_proj)k), (long long)a->l0, (long long)(c->L - 1));
     int64_t o, i;
@@ -123,14 +240,42 @@ static lt_status read_peft(lt_ctx *ctx, const char *dir, const lt_ex_base *b, lt
     lt_safetensors *st;
     LT_TRY(lt_safetensors_open(ctx, path, &st));
     lt_status s = LT_OK;
-    int64_t want = 0;
-    for (int64_t l = a->l0; l < b->cfg.L; l++)
-        for (int k = 0; k < LT_PROJ_COUNT_; k++) want += 2 * ((a->targets >> k) & 1u);
+    int64_t want = adapter_tensors(&b->cfg, a);
     int64_t count = lt_safetensors_count(st);
     for (int64_t t = 0; t < count && s == LT_OK; t++) {
         const char *name = lt_safetensors_name(st, t);
         int64_t l;
         int k, is_b;
+        if (strstr(name, ".mlp.experts.")) {
+            int w;
+            lt_tensor v;
+            float *dst;
+            if (parse_expert_name(name, a->targets, &l, &w, &is_b)) {
+                s = lt_error(ctx, LT_ERR_UNSUPPORTED,
+                             "%s: tensor '%s' is not a LoRA factor of the expert parameters adapter_config.json's "
+                             "target_parameters name",
+                             path, name);
+                break;
+            }
+            if ((s = lt_safetensors_find(ctx, st, name, &v)) != LT_OK) break;
+            if (v.ndim != 2) {
+                s = lt_error(ctx, LT_ERR_SHAPE, "%s: tensor '%s' has %d dims, not 2", path, name, v.ndim);
+                break;
+            }
+            if ((s = expert_slot(ctx, path, name, b, a, l, w, is_b, 1, v.shape[0], v.shape[1], &dst)) != LT_OK) break;
+            lt_lora_tensor d = expert_desc(&b->cfg, a->rank, w, is_b);
+            int64_t ne = v.shape[0] * v.shape[1];
+            for (int64_t j = 0; j < ne && s == LT_OK; j++) {
+                float x = v.dtype == LT_DTYPE_F32 ? ((const float *)v.data)[j]
+                    : v.dtype == LT_DTYPE_BF16    ? lt_bf16_to_f32(((const uint16_t *)v.data)[j])
+                                                  : lt_f16_to_f32(((const uint16_t *)v.data)[j]);
+                if (!isfinite(x))
+                    s = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s' element %lld is not finite", path, name,
+                                 (long long)j);
+                dst[lt_lora_tensor_peft_index(&d, j)] = x;
+            }
+            continue;
+        }
         if (parse_name(name, &l, &k, &is_b)) {
             s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA factor of a supported projection",
                          path, name);
@@ -143,6 +288,11 @@ static lt_status read_peft(lt_ctx *ctx, const char *dir, const lt_ex_base *b, lt
             break;
         }
         float *dst;
+        if (v.dtype != LT_DTYPE_F32 && v.dtype != LT_DTYPE_BF16 && v.dtype != LT_DTYPE_F16) {
+            s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s' is %s (f32, bf16 or f16 expected)", path, name,
+                         lt_dtype_name(v.dtype));
+            break;
+        }
         if ((s = slot(ctx, path, name, b, a, l, k, is_b, v.shape[0], v.shape[1], &dst)) != LT_OK) break;
         int64_t ne = v.shape[0] * v.shape[1];
         for (int64_t j = 0; j < ne; j++) {
@@ -221,6 +371,13 @@ static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const lt_ex_base *b, lt_ex_a
     if (!option(text, "lora_alpha", v, sizeof v) || !((alpha = strtod(v, &e)) > 0) || *e)
         return lt_error(ctx, LT_ERR_FORMAT, "%s: checkpoint options lack a valid lora_alpha", c->path);
     a->alpha = (float)alpha;
+    /* Which expert stacks the run adapted (their names alone do not say when one is). */
+    char tg[1024];
+    unsigned ex = 0;
+    if (option(text, "lora_targets", tg, sizeof tg)) {
+        ex |= strstr(tg, "experts.gate_up_proj") ? LT_LORA_EXPERTS_GATE_UP : 0u;
+        ex |= strstr(tg, "experts.down_proj") ? LT_LORA_EXPERTS_DOWN : 0u;
+    }
     /* Targets and layers come from the tensor names; a first pass finds them. */
     size_t params_at = c->at;
     int64_t lmin = b->cfg.L;
@@ -241,10 +398,27 @@ static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const lt_ex_base *b, lt_ex_a
             if (sh[0] < 1 || sh[1] < 1 || sh[0] > (1 << 24) || sh[1] > (1 << 24))
                 return lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': bad shape", c->path, name);
             int64_t l;
-            int k, is_b;
+            int k, is_b, w;
+            size_t bytes = (size_t)(sh[0] * sh[1]) * sizeof(float);
+            if (strstr(name, ".mlp.experts.")) {
+                if (parse_expert_name(name, ex, &l, &w, &is_b))
+                    return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                    "%s: tensor '%s' is not a LoRA factor of the expert stacks its options name",
+                                    c->path, name);
+                if (pass == 0) {
+                    a->targets |= w ? LT_LORA_EXPERTS_DOWN : LT_LORA_EXPERTS_GATE_UP;
+                    if (l < lmin) lmin = l;
+                } else {
+                    float *dst;
+                    LT_TRY(expert_slot(ctx, c->path, name, b, a, l, w, is_b, 0, sh[0], sh[1], &dst));
+                    memcpy(dst, c->p + c->at, bytes < c->n - c->at ? bytes : 0);
+                }
+                LT_TRY(take(ctx, c, NULL, bytes, name));
+                LT_TRY(take(ctx, c, NULL, 2 * bytes, "optimizer moments"));
+                continue;
+            }
             if (parse_name(name, &l, &k, &is_b))
                 return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA factor", c->path, name);
-            size_t bytes = (size_t)(sh[0] * sh[1]) * sizeof(float);
             if (pass == 0) {
                 a->targets |= 1u << k;
                 if (l < lmin) lmin = l;
@@ -264,9 +438,7 @@ static lt_status parse_ckpt(lt_ctx *ctx, cursor *c, const lt_ex_base *b, lt_ex_a
             LT_TRY(alloc_adapter(ctx, b, a));
         }
     }
-    int64_t want_n = 0;
-    for (int k = 0; k < LT_PROJ_COUNT_; k++) want_n += 2 * ((a->targets >> k) & 1u);
-    want_n *= b->cfg.L - a->l0;
+    int64_t want_n = adapter_tensors(&b->cfg, a);
     if ((int64_t)np != want_n)
         return lt_error(ctx, LT_ERR_SHAPE, "%s: %u LoRA tensors, its targets over layers %lld.. need %lld", c->path, np,
                         (long long)a->l0, (long long)want_n);
@@ -314,12 +486,37 @@ lt_status lt_ex_adapter_read(lt_ctx *ctx, const char *path, const lt_ex_base *b,
 void lt_ex_adapter_free(lt_ctx *ctx, lt_ex_adapter *a) {
     if (a->a) lt_free(ctx, LT_DEVICE_CPU, a->a, 2 * a->ptr_bytes);
     if (a->data) lt_free(ctx, LT_DEVICE_CPU, a->data, a->data_bytes ? a->data_bytes : 1);
-    a->a = a->b = NULL;
+    a->a = a->b = a->xa = a->xb = NULL;
     a->data = NULL;
 }
 
 int lt_ex_adapter_has(const lt_ex_adapter *a, int64_t l, int k) {
     return a && a->a && l >= 0 && l < a->L && a->a[l * LT_PROJ_COUNT_ + k] != NULL;
+}
+
+int lt_ex_adapter_has_expert(const lt_ex_adapter *a, int64_t l, int which) {
+    return a && a->xa && l >= 0 && l < a->L && a->xa[l * 2 + (which == LT_PROJ_DOWN)] != NULL;
+}
+
+int lt_ex_piece_merged(const lt_ex_adapter *a, const lt_ex_piece *p) {
+    if (p->kind == EX_PROJ) return lt_ex_adapter_has(a, p->layer, p->which);
+    if (p->kind == EX_EXPERT) return lt_ex_adapter_has_expert(a, p->layer, p->which);
+    return 0;
+}
+
+void lt_ex_adapter_add_expert_row(const lt_ex_adapter *a, const lt_model_config *c, int64_t l, int which, int64_t e,
+                                  int64_t o, float *row) {
+    if (!lt_ex_adapter_has_expert(a, l, which)) return;
+    int w = which == LT_PROJ_DOWN;
+    int64_t r = a->rank, in = w ? c->moe_F : c->C, rows = w ? c->C : c->moe_F;
+    const float *A = a->xa[l * 2 + w] + e * r * in;
+    const float *B = a->xb[l * 2 + w] + (which == LT_PROJ_UP ? c->n_experts * c->moe_F * r : 0) + (e * rows + o) * r;
+    for (int64_t j = 0; j < r; j++) {
+        float s = a->scale * B[j];
+        if (s == 0.0f) continue;
+        const float *Aj = A + j * in;
+        for (int64_t i = 0; i < in; i++) row[i] += s * Aj[i];
+    }
 }
 
 void lt_ex_adapter_add_row(const lt_ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row) {

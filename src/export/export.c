@@ -20,6 +20,8 @@ lt_status lt_ex_rows_init(lt_ctx *ctx, lt_ex_rows *r, const lt_ex_base *b) {
     const lt_model_config *c = &b->cfg;
     int64_t w = c->C > c->F ? c->C : c->F;
     if (c->H * c->D > w) w = c->H * c->D;
+    if (c->moe_F > w) w = c->moe_F;
+    if (c->moe_shared_F > w) w = c->moe_shared_F;
     r->cols = w;
     r->bytes = (size_t)w * sizeof(float) * 3;
     r->f = lt_alloc(ctx, LT_DEVICE_CPU, r->bytes, "export rows");
@@ -38,7 +40,7 @@ lt_status lt_ex_stream_piece(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapt
                              const lt_tensor *t, lt_dtype dt, int out_interleaved, lt_ex_rows *rows, lt_ex_sink sink,
                              void *arg, lt_export_report *rep) {
     int64_t nrows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
-    int merged = p->kind == EX_PROJ && lt_ex_adapter_has(a, p->layer, p->which);
+    int merged = lt_ex_piece_merged(a, p);
     int qk = p->kind == EX_PROJ && (p->which == LT_PROJ_Q || p->which == LT_PROJ_K);
     int64_t D = b->cfg.D;
     int64_t orb = lt_dtype_row_bytes(dt, cols);
@@ -57,7 +59,9 @@ lt_status lt_ex_stream_piece(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapt
             continue;
         }
         lt_ex_read_row(b, p, t, r, rows->f);
-        if (merged) lt_ex_adapter_add_row(a, p->layer, p->which, r, cols, rows->f);
+        if (merged && p->kind == EX_EXPERT)
+            lt_ex_adapter_add_expert_row(a, &b->cfg, p->layer, p->which, p->expert, r, rows->f);
+        else if (merged) lt_ex_adapter_add_row(a, p->layer, p->which, r, cols, rows->f);
         lt_ex_convert_row(dt, rows->f, rows->out, rows->back, cols);
         lt_ex_report_add(rep, cls, dt, rows->f, rows->back, cols, g == 0);
         LT_TRY(sink(ctx, arg, rows->out, (size_t)orb));
@@ -82,7 +86,8 @@ lt_status lt_ex_pick_dtype(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter
         }
         return LT_OK;
     }
-    if (p->ndim == 1) { /* llama.cpp keeps norms, biases and rope factors in f32 */
+    if (p->ndim == 1 || p->kind == EX_ROUTER ||
+        p->kind == EX_SHEXP_GATE) { /* llama.cpp keeps norms, biases, rope factors and routers in f32 */
         *out = LT_DTYPE_F32;
         return LT_OK;
     }
@@ -97,7 +102,7 @@ lt_status lt_ex_pick_dtype(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter
         lt_dtype fb = lt_dtype_quantize_target(want, cols);
         want = fb != LT_DTYPE_COUNT_ ? fb : LT_DTYPE_F16;
     }
-    int merged = p->kind == EX_PROJ && lt_ex_adapter_has(a, p->layer, p->which);
+    int merged = lt_ex_piece_merged(a, p);
     int copy = !merged && t->data && t->dtype == want;
     if (!copy && !lt_export_can_quantize(want))
         return lt_error(ctx, LT_ERR_UNSUPPORTED,

@@ -21,7 +21,7 @@ typedef struct lt_ex_base {
     lt_gguf *gg;
     lt_safetensors *st;
     lt_model_config cfg;
-    char arch[32];      /* "llama", "qwen2", "qwen3" */
+    char arch[32];      /* GGUF architecture: "llama" (also Mixtral), "qwen2", "qwen3", "qwen3moe", "qwen2moe" */
     int permute_qk;     /* llama-arch GGUF: Q/K rows stored for interleaved RoPE */
     int has_rope_freqs; /* GGUF rope_freqs.weight */
     int rope_override;  /* cfg's RoPE scaling replaced by lt_export_options.rope */
@@ -38,23 +38,32 @@ typedef enum lt_ex_kind {
     EX_FINAL_NORM,
     EX_HEAD,
     EX_ROPE_FREQS,
+    EX_ROUTER,     /* an MoE layer's router (E, C) */
+    EX_EXPERT,     /* one expert's gate, up or down matrix (which: LT_PROJ_GATE/UP/DOWN) */
+    EX_SHEXP,      /* the shared expert's gate, up or down matrix (Qwen2-MoE) */
+    EX_SHEXP_GATE, /* the shared expert's sigmoid gate (1, C); a vector (C) in GGUF */
 } lt_ex_kind;
 
 typedef struct lt_ex_piece {
     lt_ex_kind kind;
     int64_t layer; /* -1 for model-wide pieces */
-    int which;     /* lt_proj for EX_PROJ, 0..2 (q, k, v) for EX_BIAS */
+    int which;     /* lt_proj for EX_PROJ and EX_EXPERT, 0..2 (q, k, v) for EX_BIAS */
     int ndim;
-    int64_t shape[2]; /* row-major; 1-D pieces use shape[0] */
+    int64_t shape[2]; /* row-major; 1-D pieces use shape[0]; one expert's (rows, cols) for EX_EXPERT */
+    int64_t expert;   /* EX_EXPERT: the expert; a GGUF stack (E, rows, cols) is its E pieces in order */
 } lt_ex_piece;
 
-/* The adapter: A (r, in) and B (out, r) per (layer, projection), f32, host. */
+/* The adapter: A (r, in) and B (out, r) per (layer, projection), f32, host; on the experts of MoE
+ * layers (targets LT_LORA_EXPERTS_*) the stacks in longtune's storage (model.h): per layer and
+ * w (0 gate_up, 1 down) A (E·r, in) and B (the gate stack then the up stack (E·moe_F, r) each, or
+ * (E·C, r)). */
 typedef struct lt_ex_adapter {
     int64_t rank, L;
     float alpha, scale;
     unsigned targets;
-    int64_t l0;     /* first layer with LoRA */
-    float **a, **b; /* [L * LT_PROJ_COUNT_], NULL where absent */
+    int64_t l0;       /* first layer with LoRA */
+    float **a, **b;   /* [L * LT_PROJ_COUNT_], NULL where absent */
+    float **xa, **xb; /* [L * 2] expert stacks, NULL where absent */
     float *data;
     size_t data_bytes, ptr_bytes;
     char base_model[512]; /* adapter_config.json base_model_name_or_path, "" if none */
@@ -66,7 +75,7 @@ void lt_ex_base_close(lt_ctx *ctx, lt_ex_base *b);
 /* Pieces of cfg in HF order (embed, per layer, final norm, head; rope freqs last when present).
  * Returns the count; writes at most cap into out (out NULL: count only). */
 int64_t lt_ex_pieces(const lt_ex_base *b, int with_rope_freqs, lt_ex_piece *out, int64_t cap);
-void lt_ex_hf_name(const lt_ex_piece *p, char *buf, size_t n);
+void lt_ex_hf_name(const lt_ex_base *b, const lt_ex_piece *p, char *buf, size_t n);
 void lt_ex_gguf_name(const lt_ex_piece *p, char *buf, size_t n);
 /* The class a piece's error is reported under ("attn_q", "token_embd", "norm", ...). */
 const char *lt_ex_class_name(const lt_ex_piece *p);
@@ -87,6 +96,15 @@ void lt_ex_adapter_free(lt_ctx *ctx, lt_ex_adapter *a);
 /* Adds scale·(B·A)[r, :] to row (in floats) for projection k of layer l; no-op without LoRA. */
 int lt_ex_adapter_has(const lt_ex_adapter *a, int64_t l, int k);
 void lt_ex_adapter_add_row(const lt_ex_adapter *a, int64_t l, int k, int64_t r, int64_t in, float *row);
+/* The same for row o of expert e's matrix `which` (LT_PROJ_GATE/UP/DOWN) in MoE layer l:
+ * scale·(B_e·A_e)[o, :] with the gate_up stack's A shared by gate and up. */
+int lt_ex_adapter_has_expert(const lt_ex_adapter *a, int64_t l, int which);
+void lt_ex_adapter_add_expert_row(const lt_ex_adapter *a, const lt_model_config *c, int64_t l, int which, int64_t e,
+                                  int64_t o, float *row);
+/* Whether piece p is changed by the adapter. */
+int lt_ex_piece_merged(const lt_ex_adapter *a, const lt_ex_piece *p);
+/* Rows and columns of one expert's matrix `which` (gate/up (moe_F, C), down (C, moe_F)). */
+void lt_ex_expert_shape(const lt_model_config *c, int which, int64_t *rows, int64_t *cols);
 
 /* Error accumulation per class. */
 void lt_ex_report_add(lt_export_report *rep, const char *cls, lt_dtype dt, const float *merged, const float *written,

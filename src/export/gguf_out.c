@@ -2,7 +2,12 @@
  * synthesized as convert_hf_to_gguf.py writes it for llama / qwen2 / qwen3, tokenizer included)
  * with llama-arch Q/K rows permuted back to llama.cpp's interleaved order and norms, biases and
  * RoPE factors in f32; and llama.cpp's LoRA adapter GGUF (general.type = adapter, A as (r, in),
- * B as (out, r), the Q/K permutation applied to B's rows) for `llama-cli -m base --lora file`. */
+ * B as (out, r), the Q/K permutation applied to B's rows) for `llama-cli -m base --lora file`.
+ * Mixture-of-experts layers go out as llama.cpp stores them: the router blk.N.ffn_gate_inp (E, C)
+ * in f32 and each of gate, up and down as one stack blk.N.ffn_{gate,up,down}_exps (E, rows, cols);
+ * LoRA on the experts as 3-D factors of those stacks, which llama.cpp applies per selected expert
+ * (build_lora_mm_id: mul_mat_id of A (E, r, in) then of B (E, out, r)); gate_up's shared A is
+ * written for both ffn_gate_exps and ffn_up_exps. */
 #include <math.h>
 #include <string.h>
 
@@ -10,6 +15,9 @@
 #include "export/pipeline.h"
 #include "longtune/alloc.h"
 #include "model/model_internal.h"
+
+/* Llama-arch GGUF (Llama, Mixtral): Q/K rows interleaved, vocab_size and rope.dimension_count. */
+static int llama_gguf(const lt_ex_base *b) { return !strcmp(b->arch, "llama"); }
 
 static uint32_t llama_ftype(lt_dtype t) {
     switch (t) {
@@ -140,7 +148,8 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
     LT_TRY(arch_u32(ctx, w, arch, "context_length", c->max_positions));
     LT_TRY(arch_u32(ctx, w, arch, "embedding_length", c->C));
     LT_TRY(arch_u32(ctx, w, arch, "block_count", c->L));
-    LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->F));
+    /* Mixtral's experts are its MLPs: llama.cpp reads their width as feed_forward_length */
+    LT_TRY(arch_u32(ctx, w, arch, "feed_forward_length", c->arch == LT_ARCH_MIXTRAL ? c->moe_F : c->F));
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count", c->H));
     LT_TRY(arch_u32(ctx, w, arch, "attention.head_count_kv", c->Hkv));
     LT_TRY(arch_f32(ctx, w, arch, "rope.freq_base", c->rope_theta));
@@ -148,9 +157,15 @@ static lt_status synth_metadata(lt_ctx *ctx, const lt_ex_base *b, lt_gguf_writer
     LT_TRY(arch_f32(ctx, w, arch, "attention.layer_norm_rms_epsilon", c->rms_eps));
     LT_TRY(arch_u32(ctx, w, arch, "attention.key_length", c->D));
     LT_TRY(arch_u32(ctx, w, arch, "attention.value_length", c->D));
-    if (c->arch == LT_ARCH_LLAMA) {
+    if (llama_gguf(b)) {
         LT_TRY(arch_u32(ctx, w, arch, "vocab_size", c->V));
         LT_TRY(arch_u32(ctx, w, arch, "rope.dimension_count", c->D));
+    }
+    if (c->n_experts > 0) { /* as convert_hf_to_gguf.py writes Qwen3-MoE and Mixtral */
+        LT_TRY(arch_u32(ctx, w, arch, "expert_count", c->n_experts));
+        LT_TRY(arch_u32(ctx, w, arch, "expert_used_count", c->n_experts_used));
+        if (c->arch != LT_ARCH_MIXTRAL) LT_TRY(arch_u32(ctx, w, arch, "expert_feed_forward_length", c->moe_F));
+        if (c->moe_shared_F > 0) LT_TRY(arch_u32(ctx, w, arch, "expert_shared_feed_forward_length", c->moe_shared_F));
     }
     lt_status s = lt_ex_tokenizer_to_gguf(ctx, b, w, rep->note, sizeof rep->note);
     if (s == LT_ERR_NOT_FOUND || s == LT_ERR_UNSUPPORTED) {
@@ -172,8 +187,30 @@ static lt_status to_gguf(lt_ctx *ctx, void *arg, const void *data, size_t n) {
     return lt_gguf_writer_write(ctx, ((gguf_sink *)arg)->w, data, n);
 }
 
+/* What llama.cpp's loaders cannot read of an MoE base: Qwen3-MoE without renormalised top-k or
+ * with dense layers (llama.cpp's qwen3moe has neither), Mixtral with dense layers. */
+static lt_status moe_gguf_check(lt_ctx *ctx, const lt_ex_base *b) {
+    const lt_model_config *c = &b->cfg;
+    if (c->n_experts < 1) return LT_OK;
+    for (int64_t l = 0; l < c->L; l++)
+        if (!lt_model_layer_is_moe(c, l))
+            return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                            "%s: layer %lld is a dense MLP among mixture-of-experts layers, which llama.cpp's %s has "
+                            "no form for; export --format hf",
+                            b->path, (long long)l, b->arch);
+    /* llama.cpp's qwen2moe never renormalises the top-k weights, qwen3moe and Mixtral always do */
+    int want = c->arch != LT_ARCH_QWEN2_MOE;
+    if (c->moe_norm_topk != want)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: the top-k router weights are %srenormalised (norm_topk_prob %s), which llama.cpp's %s "
+                        "never does; export --format hf",
+                        b->path, want ? "not " : "", want ? "false" : "true", b->arch);
+    return LT_OK;
+}
+
 lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, const char *out,
                            const lt_export_options *opt, lt_export_report *rep) {
+    if (!b->gg) LT_TRY(moe_gguf_check(ctx, b));
     int rope = b->has_rope_freqs || ((!b->gg || b->rope_override) && b->cfg.rope_scaling == LT_ROPE_SCALING_LLAMA3);
     int64_t np = lt_ex_pieces(b, rope, NULL, 0);
     size_t pbytes = (size_t)np * (sizeof(lt_ex_piece) + sizeof(lt_tensor) + sizeof(lt_dtype));
@@ -195,15 +232,29 @@ lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, c
     rope_note(b, rep);
     lt_dtype main = LT_DTYPE_F32;
     int quantized = 0;
+    int64_t n_sub = 0; /* expert pieces after a stack's first: streamed into the same tensor */
     for (int64_t i = 0; i < np; i++) {
         if ((s = lt_ex_find(ctx, b, &ps[i], &ts[i])) != LT_OK) goto done;
         if ((s = lt_ex_pick_dtype(ctx, b, a, &ps[i], &ts[i], opt, &dts[i])) != LT_OK) goto done;
         if (ps[i].kind == EX_PROJ && ps[i].layer == 0 && ps[i].which == LT_PROJ_Q) main = dts[i];
         quantized |= lt_dtype_is_quantized(dts[i]);
+        if (ps[i].kind == EX_EXPERT && ps[i].expert > 0) {
+            if (dts[i] != dts[i - 1]) {
+                s = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: the experts of layer %lld's %s stack have different types",
+                             b->path, (long long)ps[i].layer, lt_ex_class_name(&ps[i]));
+                goto done;
+            }
+            n_sub++;
+            continue;
+        }
         char name[160];
         lt_ex_gguf_name(&ps[i], name, sizeof name);
-        int64_t shape[2] = {ps[i].shape[0], ps[i].shape[1]};
-        if ((s = lt_gguf_writer_add_tensor(ctx, w, name, dts[i], ps[i].ndim, shape)) != LT_OK) goto done;
+        int64_t shape[3] = {ps[i].shape[0], ps[i].shape[1], 0};
+        int nd = ps[i].ndim;
+        if (ps[i].kind == EX_EXPERT)
+            shape[0] = b->cfg.n_experts, shape[1] = ps[i].shape[0], shape[2] = ps[i].shape[1], nd = 3;
+        if (ps[i].kind == EX_SHEXP_GATE) shape[0] = ps[i].shape[1], nd = 1; /* a vector, as llama.cpp has it */
+        if ((s = lt_gguf_writer_add_tensor(ctx, w, name, dts[i], nd, shape)) != LT_OK) goto done;
     }
     if ((s = lt_gguf_writer_set_u32(ctx, w, "general.file_type", llama_ftype(main))) != LT_OK) goto done;
     if (quantized && (s = lt_gguf_writer_set_u32(ctx, w, "general.quantization_version", 2)) != LT_OK) goto done;
@@ -213,12 +264,14 @@ lt_status lt_ex_write_gguf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, c
     if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
     gguf_sink sk = {w};
     for (int64_t i = 0; i < np && s == LT_OK; i++)
-        s = lt_ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], b->cfg.arch == LT_ARCH_LLAMA, &rows, to_gguf, &sk,
-                               rep);
+        s = lt_ex_stream_piece(ctx, b, a, &ps[i], &ts[i], dts[i], llama_gguf(b), &rows, to_gguf, &sk, rep);
     if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
     if (s == LT_OK) {
         rep->bytes = bytes;
         rep->n_files = 1;
+        rep->n_tensors -= n_sub; /* a stack is one tensor */
+        for (int64_t i = 0; i < np; i++)
+            rep->n_merged -= ps[i].kind == EX_EXPERT && ps[i].expert > 0 && lt_ex_piece_merged(a, &ps[i]);
     }
 done:
     lt_ex_rows_free(ctx, &rows);
@@ -245,52 +298,71 @@ lt_status lt_ex_write_gguf_lora(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter 
             LT_OK)
         goto done;
     if ((s = lt_gguf_writer_set_u32(ctx, w, "general.base_model.count", a->base_model[0] ? 1 : 0)) != LT_OK) goto done;
-    lt_ex_piece p = {EX_PROJ, 0, 0, 2, {0, 0}};
-    for (int64_t l = 0; l < c->L; l++)
-        for (int k = 0; k < LT_PROJ_COUNT_; k++) {
-            if (!lt_ex_adapter_has(a, l, k)) continue;
-            p.layer = l;
-            p.which = k;
-            lt_ex_gguf_name(&p, name, sizeof name);
-            int64_t o = 0, in = 0;
-            if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
-            else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
-            else if (k == LT_PROJ_O) o = c->C, in = c->H * c->D;
-            else if (k == LT_PROJ_DOWN) o = c->C, in = c->F;
-            else o = c->F, in = c->C;
-            int64_t sa[2] = {a->rank, in}, sb[2] = {o, a->rank};
-            char full_a[176], full_b[176];
-            snprintf(full_a, sizeof full_a, "%s.lora_a", name);
-            snprintf(full_b, sizeof full_b, "%s.lora_b", name);
-            if ((s = lt_gguf_writer_add_tensor(ctx, w, full_a, LT_DTYPE_F32, 2, sa)) != LT_OK) goto done;
-            if ((s = lt_gguf_writer_add_tensor(ctx, w, full_b, LT_DTYPE_F32, 2, sb)) != LT_OK) goto done;
+    /* Two passes over the same tensors: declare, then write. */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            uint64_t bytes = lt_gguf_writer_file_bytes(w);
+            if ((s = lt_ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
+            if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
+            rep->bytes = bytes;
         }
-    uint64_t bytes = lt_gguf_writer_file_bytes(w);
-    if ((s = lt_ex_check_space(ctx, out, bytes)) != LT_OK) goto done;
-    if ((s = lt_gguf_writer_begin(ctx, w, out)) != LT_OK) goto done;
-    for (int64_t l = 0; l < c->L && s == LT_OK; l++)
-        for (int k = 0; k < LT_PROJ_COUNT_ && s == LT_OK; k++) {
-            if (!lt_ex_adapter_has(a, l, k)) continue;
-            int64_t o, in;
-            if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
-            else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
-            else if (k == LT_PROJ_O) o = c->C, in = c->H * c->D;
-            else if (k == LT_PROJ_DOWN) o = c->C, in = c->F;
-            else o = c->F, in = c->C;
-            const float *A = a->a[l * LT_PROJ_COUNT_ + k], *B = a->b[l * LT_PROJ_COUNT_ + k];
-            if ((s = lt_gguf_writer_write(ctx, w, A, (size_t)(a->rank * in) * sizeof(float))) != LT_OK) break;
-            int qk = c->arch == LT_ARCH_LLAMA && (k == LT_PROJ_Q || k == LT_PROJ_K);
-            for (int64_t g = 0; g < o && s == LT_OK; g++) {
-                int64_t r = qk ? lt_ex_deinterleave_row(g, c->D) : g;
-                s = lt_gguf_writer_write(ctx, w, B + r * a->rank, (size_t)a->rank * sizeof(float));
+        for (int64_t l = 0; l < c->L && s == LT_OK; l++) {
+            for (int k = 0; k < LT_PROJ_COUNT_ && s == LT_OK; k++) {
+                if (!lt_ex_adapter_has(a, l, k)) continue;
+                lt_ex_piece p = {EX_PROJ, l, k, 2, {0, 0}, 0};
+                lt_ex_gguf_name(&p, name, sizeof name);
+                int64_t o = 0, in = 0;
+                if (k == LT_PROJ_Q) o = c->H * c->D, in = c->C;
+                else if (k == LT_PROJ_K || k == LT_PROJ_V) o = c->Hkv * c->D, in = c->C;
+                else if (k == LT_PROJ_O) o = c->C, in = c->H * c->D;
+                else if (k == LT_PROJ_DOWN) o = c->C, in = c->F;
+                else o = c->F, in = c->C;
+                if (pass == 0) {
+                    int64_t sa[2] = {a->rank, in}, sb[2] = {o, a->rank};
+                    char full_a[176], full_b[176];
+                    snprintf(full_a, sizeof full_a, "%s.lora_a", name);
+                    snprintf(full_b, sizeof full_b, "%s.lora_b", name);
+                    if ((s = lt_gguf_writer_add_tensor(ctx, w, full_a, LT_DTYPE_F32, 2, sa)) != LT_OK) goto done;
+                    if ((s = lt_gguf_writer_add_tensor(ctx, w, full_b, LT_DTYPE_F32, 2, sb)) != LT_OK) goto done;
+                    continue;
+                }
+                const float *A = a->a[l * LT_PROJ_COUNT_ + k], *B = a->b[l * LT_PROJ_COUNT_ + k];
+                if ((s = lt_gguf_writer_write(ctx, w, A, (size_t)(a->rank * in) * sizeof(float))) != LT_OK) break;
+                int qk = llama_gguf(b) && (k == LT_PROJ_Q || k == LT_PROJ_K);
+                for (int64_t g = 0; g < o && s == LT_OK; g++) {
+                    int64_t r = qk ? lt_ex_deinterleave_row(g, c->D) : g;
+                    s = lt_gguf_writer_write(ctx, w, B + r * a->rank, (size_t)a->rank * sizeof(float));
+                }
+                rep->n_tensors += 2;
             }
-            rep->n_tensors += 2;
+            /* Expert stacks: A (E, r, in), B (E, rows, r) per stack; gate and up share gate_up's A. */
+            for (int which = LT_PROJ_GATE; which <= LT_PROJ_DOWN && s == LT_OK; which++) {
+                if (!lt_ex_adapter_has_expert(a, l, which)) continue;
+                int wd = which == LT_PROJ_DOWN;
+                int64_t E = c->n_experts, r = a->rank, rows, in;
+                lt_ex_expert_shape(c, which, &rows, &in);
+                lt_ex_piece p = {EX_EXPERT, l, which, 2, {rows, in}, 0};
+                lt_ex_gguf_name(&p, name, sizeof name);
+                if (pass == 0) {
+                    int64_t sa[3] = {E, r, in}, sb[3] = {E, rows, r};
+                    char full_a[176], full_b[176];
+                    snprintf(full_a, sizeof full_a, "%s.lora_a", name);
+                    snprintf(full_b, sizeof full_b, "%s.lora_b", name);
+                    if ((s = lt_gguf_writer_add_tensor(ctx, w, full_a, LT_DTYPE_F32, 3, sa)) != LT_OK) goto done;
+                    if ((s = lt_gguf_writer_add_tensor(ctx, w, full_b, LT_DTYPE_F32, 3, sb)) != LT_OK) goto done;
+                    continue;
+                }
+                const float *A = a->xa[l * 2 + wd], *B = a->xb[l * 2 + wd] + (which == LT_PROJ_UP ? E * rows * r : 0);
+                if ((s = lt_gguf_writer_write(ctx, w, A, (size_t)(E * r * in) * sizeof(float))) != LT_OK) break;
+                if ((s = lt_gguf_writer_write(ctx, w, B, (size_t)(E * rows * r) * sizeof(float))) != LT_OK) break;
+                rep->n_tensors += 2;
+            }
         }
-    if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
-    if (s == LT_OK) {
-        rep->bytes = bytes;
-        rep->n_files = 1;
+        if (s != LT_OK) goto done;
     }
+    if (s == LT_OK) s = lt_gguf_writer_finish(ctx, w);
+    if (s == LT_OK) rep->n_files = 1;
+    else rep->bytes = 0;
 done:
     lt_gguf_writer_free(w);
     return s;

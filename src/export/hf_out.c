@@ -113,15 +113,40 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
                             "export this base with --format gguf",
                             b->path);
     }
-    static const char *const archs[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    const char *cls = "LlamaForCausalLM", *type = "llama";
+    if (c->arch == LT_ARCH_QWEN2) cls = "Qwen2ForCausalLM", type = "qwen2";
+    else if (c->arch == LT_ARCH_QWEN3) cls = "Qwen3ForCausalLM", type = "qwen3";
+    else if (c->arch == LT_ARCH_QWEN3_MOE) cls = "Qwen3MoeForCausalLM", type = "qwen3_moe";
+    else if (c->arch == LT_ARCH_MIXTRAL) cls = "MixtralForCausalLM", type = "mixtral";
+    else if (c->arch == LT_ARCH_QWEN2_MOE) cls = "Qwen2MoeForCausalLM", type = "qwen2_moe";
     cJSON *j = cJSON_CreateObject();
     if (!j) return lt_error(ctx, LT_ERR_OOM, "config.json");
     cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(archs[c->arch]));
-    cJSON_AddStringToObject(j, "model_type", b->arch);
+    cJSON_AddItemToArray(ar, cJSON_CreateString(cls));
+    cJSON_AddStringToObject(j, "model_type", type);
     cJSON_AddNumberToObject(j, "vocab_size", (double)c->V);
     cJSON_AddNumberToObject(j, "hidden_size", (double)c->C);
-    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->F);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)(c->arch == LT_ARCH_MIXTRAL ? c->moe_F : c->F));
+    if (c->arch == LT_ARCH_QWEN3_MOE || c->arch == LT_ARCH_QWEN2_MOE) { /* the published configs' spelling */
+        cJSON_AddNumberToObject(j, "num_experts", (double)c->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
+        cJSON_AddNumberToObject(j, "moe_intermediate_size", (double)c->moe_F);
+        cJSON_AddBoolToObject(j, "norm_topk_prob", c->moe_norm_topk);
+        cJSON_AddNumberToObject(j, "decoder_sparse_step", (double)(c->moe_every > 1 ? c->moe_every : 1));
+        cJSON *dense = cJSON_AddArrayToObject(j, "mlp_only_layers");
+        for (int64_t l = 0; l < c->L && l < LT_MODEL_MAX_MIXED_LAYERS; l++)
+            if (c->moe_dense[l]) cJSON_AddItemToArray(dense, cJSON_CreateNumber((double)l));
+        cJSON_AddFalseToObject(j, "output_router_logits");
+        if (c->arch == LT_ARCH_QWEN2_MOE) {
+            cJSON_AddNumberToObject(j, "shared_expert_intermediate_size", (double)c->moe_shared_F);
+            cJSON_AddBoolToObject(j, "qkv_bias", c->qkv_bias);
+        }
+    } else if (c->arch == LT_ARCH_MIXTRAL) {
+        cJSON_AddNumberToObject(j, "num_local_experts", (double)c->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->n_experts_used);
+        cJSON_AddNullToObject(j, "sliding_window");
+        cJSON_AddFalseToObject(j, "output_router_logits");
+    }
     cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->L);
     cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->H);
     cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->Hkv);
@@ -142,6 +167,7 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
         cJSON_AddFalseToObject(j, "use_sliding_window");
     }
     if (c->arch == LT_ARCH_LLAMA) cJSON_AddFalseToObject(j, "mlp_bias");
+    if (c->arch == LT_ARCH_QWEN3_MOE || c->arch == LT_ARCH_QWEN2_MOE) cJSON_AddFalseToObject(j, "use_sliding_window");
     cJSON_AddNumberToObject(j, "attention_dropout", 0);
     if (c->bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
     if (c->eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_id);
@@ -151,11 +177,45 @@ static lt_status config_from_gguf(lt_ctx *ctx, const lt_ex_base *b, lt_dtype dt,
     return LT_OK;
 }
 
+/* A top-level number the file spelled as a float (0.0, 1e-05) stays one: cJSON would print an
+ * integral double as an integer, which transformers' typed configs refuse for float fields
+ * (Mixtral's router_jitter_noise). The value's literal in text decides. */
+static void keep_float_spelling(cJSON *j, const char *text) {
+    for (cJSON *it = j ? j->child : NULL, *next; it; it = next) {
+        next = it->next;
+        if (!cJSON_IsNumber(it) || !it->string || it->valuedouble != floor(it->valuedouble) ||
+            fabs(it->valuedouble) > 1e15)
+            continue;
+        char key[160];
+        int kl = snprintf(key, sizeof key, "\"%s\"", it->string);
+        if (kl <= 0 || (size_t)kl >= sizeof key) continue;
+        for (const char *p = strstr(text, key); p; p = strstr(p + 1, key)) {
+            const char *v = p + kl;
+            v += strspn(v, " \t\r\n");
+            if (*v != ':') continue;
+            v++;
+            v += strspn(v, " \t\r\n");
+            size_t len = strspn(v, "+-0123456789.eE");
+            int is_float = len && (memchr(v, '.', len) || memchr(v, 'e', len) || memchr(v, 'E', len));
+            if (is_float) {
+                char lit[48];
+                snprintf(lit, sizeof lit, "%.1f", it->valuedouble);
+                char name[160];
+                snprintf(name, sizeof name, "%s", it->string);
+                cJSON *raw = cJSON_CreateRaw(lit);
+                if (raw) cJSON_ReplaceItemInObjectCaseSensitive(j, name, raw);
+            }
+            break;
+        }
+    }
+}
+
 static lt_status read_json(lt_ctx *ctx, const char *path, cJSON **out) {
     char *text;
     size_t n;
     LT_TRY(lt_ex_read_file(ctx, path, (size_t)64 << 20, &text, &n));
     *out = cJSON_ParseWithLength(text, n);
+    if (*out) keep_float_spelling(*out, text);
     free(text);
     if (!*out) return lt_error(ctx, LT_ERR_FORMAT, "%s: not JSON", path);
     return LT_OK;
@@ -357,7 +417,7 @@ lt_status lt_ex_write_hf(lt_ctx *ctx, lt_ex_base *b, const lt_ex_adapter *a, con
             off = 0;
         }
         char name[160], file[64];
-        lt_ex_hf_name(&ps[i], name, sizeof name);
+        lt_ex_hf_name(b, &ps[i], name, sizeof name);
         cJSON *e = cJSON_AddObjectToObject(headers[sh], name);
         cJSON_AddStringToObject(e, "dtype", st_dtype(dts[i]));
         cJSON *shp = cJSON_AddArrayToObject(e, "shape");

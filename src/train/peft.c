@@ -99,41 +99,91 @@ size_t lt_peft_export_bytes(int n) {
     return (size_t)(n > 0 ? n : 0) * (sizeof(lt_safetensors_entry) + LT_TRAIN_NAME_MAX + 32);
 }
 
-static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n,
-                                   const lt_model *m) {
-    size_t bytes = lt_peft_export_bytes(n);
-    /* Expert stacks go out in PEFT's order: one host copy holding all of them. */
-    size_t perm_bytes = 0;
-    for (int i = 0; i < n; i++)
-        if (is_expert_name(params[i].name)) perm_bytes += (size_t)lt_train_param_numel(&params[i]) * sizeof(float);
-    lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
-    if (!e) return LT_ERR_OOM;
-    float *perm = perm_bytes ? lt_alloc(ctx, LT_DEVICE_CPU, perm_bytes, "adapter export expert stacks") : NULL;
-    if (perm_bytes && !perm) {
-        lt_free(ctx, LT_DEVICE_CPU, e, bytes);
-        return LT_ERR_OOM;
+/* With expert stacks the file is streamed: its header first, then each tensor, the stacks
+ * reordered into PEFT's order a chunk at a time (no copy of a whole stack). */
+static lt_status write_streamed(lt_ctx *ctx, const char *path, const lt_train_param *params, int n, const lt_model *m) {
+    cJSON *h = cJSON_CreateObject(), *meta = h ? cJSON_AddObjectToObject(h, "__metadata__") : NULL;
+    if (!meta || !cJSON_AddStringToObject(meta, "format", "pt")) {
+        cJSON_Delete(h);
+        return lt_error(ctx, LT_ERR_OOM, "%s: cannot build the header", path);
     }
     lt_status s = LT_OK;
-    char *names = (char *)(e + n);
-    float *at = perm;
+    uint64_t off = 0;
     for (int i = 0; i < n && s == LT_OK; i++) {
-        char *key = names + (size_t)i * (LT_TRAIN_NAME_MAX + 32);
-        snprintf(key, LT_TRAIN_NAME_MAX + 32, PEFT_PREFIX "%s.weight", params[i].name);
-        e[i].name = key;
+        int64_t d0 = params[i].shape[0], d1 = params[i].ndim > 1 ? params[i].shape[1] : 1;
+        if (is_expert_name(params[i].name)) {
+            lt_lora_tensor t;
+            if ((s = expert_tensor(ctx, m, &params[i], i, &t)) != LT_OK) break;
+            d0 = t.peft_rows, d1 = t.peft_cols;
+        }
+        char key[LT_TRAIN_NAME_MAX + 32];
+        snprintf(key, sizeof key, PEFT_PREFIX "%s.weight", params[i].name);
+        cJSON *e = cJSON_AddObjectToObject(h, key), *sh = e ? cJSON_AddArrayToObject(e, "shape") : NULL,
+              *of = e ? cJSON_AddArrayToObject(e, "data_offsets") : NULL;
+        uint64_t nb = (uint64_t)(d0 * d1) * sizeof(float);
+        if (!of || !cJSON_AddStringToObject(e, "dtype", "F32")) {
+            s = lt_error(ctx, LT_ERR_OOM, "%s: cannot build the header", path);
+            break;
+        }
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)d0));
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)d1));
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off + nb)));
+        off += nb;
+    }
+    char *hj = s == LT_OK ? cJSON_PrintUnformatted(h) : NULL;
+    cJSON_Delete(h);
+    if (s != LT_OK) return s;
+    if (!hj) return lt_error(ctx, LT_ERR_OOM, "%s: cannot print the header", path);
+    size_t hl = strlen(hj), padded = (hl + 7) / 8 * 8;
+    uint64_t hl64 = padded;
+    lt_atomic_file af;
+    if ((s = lt_atomic_open(ctx, &af, path)) != LT_OK) {
+        free(hj);
+        return s;
+    }
+    s = lt_atomic_write(ctx, &af, &hl64, 8);
+    if (s == LT_OK) s = lt_atomic_write(ctx, &af, hj, hl);
+    if (s == LT_OK) s = lt_atomic_write(ctx, &af, "        ", padded - hl);
+    free(hj);
+    float chunk[1024];
+    for (int i = 0; i < n && s == LT_OK; i++) {
         if (!is_expert_name(params[i].name)) {
-            e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
+            s = lt_atomic_write(ctx, &af, params[i].data, (size_t)lt_train_param_numel(&params[i]) * sizeof(float));
             continue;
         }
         lt_lora_tensor t;
         if ((s = expert_tensor(ctx, m, &params[i], i, &t)) != LT_OK) break;
-        int64_t ne = t.peft_rows * t.peft_cols, shape[2] = {t.peft_rows, t.peft_cols};
-        for (int64_t j = 0; j < ne; j++) at[j] = params[i].data[lt_lora_tensor_peft_index(&t, j)];
-        e[i].tensor = lt_tensor_view(at, LT_DTYPE_F32, LT_DEVICE_CPU, 2, shape);
-        at += ne;
+        int64_t ne = t.peft_rows * t.peft_cols;
+        for (int64_t j0 = 0; j0 < ne && s == LT_OK; j0 += 1024) {
+            int64_t k = ne - j0 < 1024 ? ne - j0 : 1024;
+            for (int64_t j = 0; j < k; j++) chunk[j] = params[i].data[lt_lora_tensor_peft_index(&t, j0 + j)];
+            s = lt_atomic_write(ctx, &af, chunk, (size_t)k * sizeof(float));
+        }
+    }
+    if (s != LT_OK) {
+        lt_atomic_abort(&af);
+        return s;
+    }
+    return lt_atomic_commit(ctx, &af);
+}
+
+static lt_status write_safetensors(lt_ctx *ctx, const char *path, const lt_train_param *params, int n,
+                                   const lt_model *m) {
+    for (int i = 0; i < n; i++)
+        if (is_expert_name(params[i].name)) return write_streamed(ctx, path, params, n, m);
+    size_t bytes = lt_peft_export_bytes(n);
+    lt_safetensors_entry *e = lt_alloc(ctx, LT_DEVICE_CPU, bytes, "adapter export index");
+    if (!e) return LT_ERR_OOM;
+    char *names = (char *)(e + n);
+    for (int i = 0; i < n; i++) {
+        char *key = names + (size_t)i * (LT_TRAIN_NAME_MAX + 32);
+        snprintf(key, LT_TRAIN_NAME_MAX + 32, PEFT_PREFIX "%s.weight", params[i].name);
+        e[i].name = key;
+        e[i].tensor = lt_tensor_view(params[i].data, LT_DTYPE_F32, LT_DEVICE_CPU, params[i].ndim, params[i].shape);
     }
     static const char *const meta[] = {"format", "pt"};
-    if (s == LT_OK) s = lt_safetensors_write(ctx, path, e, n, meta, 1);
-    if (perm) lt_free(ctx, LT_DEVICE_CPU, perm, perm_bytes);
+    lt_status s = lt_safetensors_write(ctx, path, e, n, meta, 1);
     lt_free(ctx, LT_DEVICE_CPU, e, bytes);
     return s;
 }

@@ -173,6 +173,22 @@ lt_status lt_peft_load(lt_ctx *ctx, const char *dir, lt_model *m) {
             goto done;
         }
     }
+    /* A tensor the model's LoRA has no place for, named (e.g. PEFT's expert adapters on layers
+       outside layers_to_transform, which PEFT does not apply to target_parameters). */
+    for (int64_t i = 0; i < lt_safetensors_count(st) && s == LT_OK; i++) {
+        const char *name = lt_safetensors_name(st, i);
+        int found = 0;
+        for (int64_t j = 0; j < count && !found && s == LT_OK; j++) {
+            lt_lora_tensor lt;
+            if ((s = lt_model_lora_tensor(ctx, m, (i + j) % count, &lt)) == LT_OK) found = !strcmp(lt.name, name);
+        }
+        if (s == LT_OK && !found)
+            s = lt_error(ctx, LT_ERR_FORMAT,
+                         "%s: tensor %s is not one of the model's LoRA tensors (its targets and LoRA layers, from "
+                         "adapter_config.json; longtune puts every target on the same last layers)",
+                         path, name);
+    }
+    if (s != LT_OK) goto done;
     if (lt_safetensors_count(st) != count) {
         s = lt_error(ctx, LT_ERR_FORMAT, "%s: %lld tensors, the model's LoRA layout has %lld", path,
                      (long long)lt_safetensors_count(st), (long long)count);

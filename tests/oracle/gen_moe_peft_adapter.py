@@ -24,6 +24,21 @@ Checks run by hand (CI never runs Python; the results go into the commit that ne
                              model's (max abs difference printed, must be < 1e-4)
   --check-adapter DIR CASE   DIR is an adapter longtune saved (e.g. CASE's loaded and saved back):
                              PeftModel.from_pretrained loads it and gives CASE's logits
+  --check-llamacpp LONGTUNE CASE
+                             llama.cpp applies longtune's GGUF LoRA of CASE's adapter to the experts
+                             as the merged GGUF has them: the base (its vocabulary widened to the
+                             bpe-nfc tokenizer's, so llama.cpp has one) is exported to GGUF, the
+                             adapter as a GGUF LoRA and the merged model as f32 GGUF by the longtune
+                             binary LONGTUNE; llama-perplexity (LLAMA_BIN, default
+                             /work/cache/llama-build/bin) of base + --lora must equal the merged file's,
+                             and llama-export-lora's merge must equal longtune's tensor for tensor
+
+  --check-fixture LONGTUNE NAME
+                             the same as --check-export for another MoE fixture (tests/fixtures/moe/
+                             NAME: mixtral, qwen2moe_shared, ...): a PEFT adapter drawn here (q_proj,
+                             v_proj and both expert parameters) is merged by `LONGTUNE export --format
+                             hf` (from the HF folder and, when there is one, from model.gguf) and the
+                             exports' logits must equal the PEFT model's
 
 Run with /work/pyenv/bin/python.
 """
@@ -147,17 +162,120 @@ def check_adapter(folder, case):
     return diff < 1e-5 and same
 
 
+def widened_base(out):
+    """The base with its vocabulary widened to the bpe-nfc tokenizer's 1200 ids (embedding and head
+    rows repeated), so that llama.cpp has a tokenizer; the adapters do not touch those rows."""
+    import shutil
+    os.makedirs(out)
+    V = 1200
+    c = json.load(open(os.path.join(BASE, "config.json")))
+    v0 = c["vocab_size"]
+    c["vocab_size"] = V
+    json.dump(c, open(os.path.join(out, "config.json"), "w"))
+    sd = load_file(os.path.join(BASE, "model.safetensors"))
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        sd[k] = sd[k][torch.arange(V) % v0].contiguous()
+    save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    tok = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "bpe-nfc")
+    for fn in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok, fn), os.path.join(out, fn))
+
+
+def check_llamacpp(longtune, case):
+    import re
+    import subprocess
+    import tempfile
+    import numpy as np
+    import gguf
+    llama = os.environ.get("LLAMA_BIN", "/work/cache/llama-build/bin")
+    work = tempfile.mkdtemp()
+    base = os.path.join(work, "base")
+    widened_base(base)
+    adapter = os.path.join(OUT, case)
+    run = lambda cmd: subprocess.run(cmd, check=True, capture_output=True, text=True)
+    run([longtune, "export", "--model", base, "--out", work + "/base.gguf", "--format", "gguf", "--outtype", "f32"])
+    run([longtune, "export", "--model", base, "--adapter", adapter, "--out", work + "/merged.gguf", "--format", "gguf",
+         "--outtype", "f32"])
+    run([longtune, "export", "--model", base, "--adapter", adapter, "--out", work + "/lora.gguf", "--format",
+         "gguf-lora"])
+    text = os.path.join(work, "text.txt")
+    with open(text, "w") as f:
+        f.write(" ".join(f"record {i}: the quick brown fox jumps over the lazy dog." for i in range(40)))
+    ppl = {}
+    for name, args in (("merged", ["-m", work + "/merged.gguf"]),
+                       ("base_plus_lora", ["-m", work + "/base.gguf", "--lora", work + "/lora.gguf"]),
+                       ("base", ["-m", work + "/base.gguf"])):
+        out = subprocess.run([os.path.join(llama, "llama-perplexity"), "-f", text, "-c", "32", "-b", "32", "-t", "2"] +
+                             args, capture_output=True, text=True)
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
+        if not m:
+            print(f"llama-perplexity {name}: exit {out.returncode}, no final estimate: {out.stderr[-1500:]}")
+            return False
+        ppl[name] = float(m.group(1))
+    run([os.path.join(llama, "llama-export-lora"), "-m", work + "/base.gguf", "--lora", work + "/lora.gguf", "-o",
+         work + "/llama_merged.gguf"])
+    a = {t.name: np.array(t.data, dtype=np.float64) for t in gguf.GGUFReader(work + "/llama_merged.gguf").tensors}
+    b = {t.name: np.array(t.data, dtype=np.float64) for t in gguf.GGUFReader(work + "/merged.gguf").tensors}
+    same_names = set(a) == set(b)
+    worst = max(float(np.abs(a[k].reshape(-1) - b[k].reshape(-1)).max()) for k in b) if same_names else float("inf")
+    print(f"llama-perplexity -c 32 ({case}): merged {ppl['merged']}, base + --lora {ppl['base_plus_lora']}, "
+          f"base alone {ppl['base']}; llama-export-lora vs longtune's merged GGUF: max |diff| {worst:.3g}")
+    return abs(ppl["merged"] - ppl["base_plus_lora"]) <= 1e-3 * ppl["merged"] and ppl["base"] != ppl["merged"] and \
+        worst < 1e-5
+
+
+def check_fixture(longtune, name):
+    import subprocess
+    import tempfile
+    base = os.path.join(ROOT, "tests", "fixtures", "moe", name)
+    work = tempfile.mkdtemp()
+    torch.manual_seed(77)
+    m = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    m.config._attn_implementation = "eager"
+    pm = get_peft_model(m, LoraConfig(r=2, lora_alpha=4.0, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+    pm.eval()
+    adapter = os.path.join(work, "adapter")
+    pm.save_pretrained(adapter)
+    tokens = tokens_for(77)
+    want, margin = logits_and_margin(pm, tokens)
+    ok = True
+    sources = [base] + ([os.path.join(base, "model.gguf")] if os.path.exists(os.path.join(base, "model.gguf")) else [])
+    for src in sources:
+        out = os.path.join(work, "merged_" + os.path.basename(src))
+        subprocess.run([longtune, "export", "--model", src, "--adapter", adapter, "--out", out, "--format", "hf",
+                        "--outtype", "f32"], check=True, capture_output=True)
+        mm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        mm.config._attn_implementation = "eager"
+        got, _ = logits_and_margin(mm.eval(), tokens)
+        diff = float((got - want).abs().max())
+        print(f"{name}: merged export of {os.path.relpath(src, ROOT)} vs PEFT: max |logit diff| {diff:.3g} "
+              f"(top-k margin {margin:.3g})")
+        ok &= diff < 1e-4
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check-export", nargs=2, metavar=("DIR", "CASE"))
     ap.add_argument("--check-adapter", nargs=2, metavar=("DIR", "CASE"))
+    ap.add_argument("--check-llamacpp", nargs=2, metavar=("LONGTUNE", "CASE"))
+    ap.add_argument("--check-fixture", nargs=2, metavar=("LONGTUNE", "NAME"))
     a = ap.parse_args()
     ok = True
+    if a.check_fixture:
+        ok &= check_fixture(*a.check_fixture)
+    if a.check_llamacpp:
+        ok &= check_llamacpp(*a.check_llamacpp)
     if a.check_export:
         ok &= check_export(*a.check_export)
     if a.check_adapter:
         ok &= check_adapter(*a.check_adapter)
-    if not a.check_export and not a.check_adapter:
+    if not (a.check_export or a.check_adapter or a.check_llamacpp or a.check_fixture):
         generate()
     sys.exit(0 if ok else 1)
 

@@ -3,9 +3,11 @@
  * target_parameters become the expert targets; every element of PEFT's expert tensors lands in the
  * model's storage slot lt_lora_tensor_peft_index names; saving the loaded adapter gives PEFT's own
  * file back (keys, shapes, values bit for bit; target_parameters in PEFT's nesting order,
- * lora_dropout 0), and it loads back identically. Bad input: a wrong expert shape, an unknown target
+ * lora_dropout 0), and it loads back identically; the model with PEFT's adapter gives the PEFT
+ * model's logits (expected.safetensors). Bad input: a wrong expert shape, an unknown target
  * parameter, experts without projections, expert tensors for a model without MoE layers. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -78,6 +80,41 @@ static void check_values(lt_ctx *ctx, lt_model *m, const char *adapter, int64_t 
     lt_safetensors_close(ctx, st);
 }
 
+/* The model's logits on the fixture's tokens against the PEFT model's. */
+static void check_logits(lt_ctx *ctx, lt_model *m, const char *adapter) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/expected.safetensors", adapter);
+    lt_safetensors *ex;
+    assert_int_equal(lt_safetensors_open(ctx, path, &ex), LT_OK);
+    lt_tensor tok, want;
+    assert_int_equal(lt_safetensors_find(ctx, ex, "tokens", &tok), LT_OK);
+    assert_int_equal(lt_safetensors_find(ctx, ex, "logits", &want), LT_OK);
+    int64_t T = tok.shape[1], V = lt_model_get_config(m)->V;
+    assert_true(T <= 64);
+    assert_int_equal(lt_tensor_numel(&want), T * V);
+    int32_t ids[64];
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((const float *)tok.data)[i];
+    lt_model_run_options ro = {.B = 1, .T = T, .forward_only = 1};
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+    lt_model_batch b = {.B = 1, .T = T, .tokens = ids};
+    float *got = malloc((size_t)(T * V) * sizeof(float));
+    for (int64_t i = 0; i < T * V; i++) got[i] = LT_TEST_POISON;
+    lt_status s = lt_model_logits(ctx, m, &b, got);
+    if (s != LT_OK) fprintf(stderr, "%s\n", lt_ctx_error(ctx));
+    assert_int_equal(s, LT_OK);
+    double worst = 0, scale = 0;
+    const float *w = want.data;
+    for (int64_t i = 0; i < T * V; i++) {
+        scale = fmax(scale, fabs((double)w[i]));
+        double e = fabs((double)got[i] - (double)w[i]);
+        if (!(e <= worst)) worst = e;
+    }
+    fprintf(stderr, "%s: logits against PEFT's: max error %.3g (scale %.3g)\n", adapter, worst, scale);
+    assert_true(worst <= 1e-4 * scale + 1e-6);
+    free(got);
+    lt_safetensors_close(ctx, ex);
+}
+
 static char *read_all(const char *path) {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -140,6 +177,7 @@ static void case_round_trip(const char *name, int64_t rank, float alpha, const c
     int64_t ne;
     check_values(ctx, m, adapter, &ne);
     assert_int_equal(ne, 2 * 2 * n_params); /* 2 layers, A and B per parameter */
+    check_logits(ctx, m, adapter);
 
     snprintf(out, sizeof out, "/tmp/lt_test_peft_experts_%s_%ld", name, (long)getpid());
     save_like_trainer(ctx, m, out, rank, alpha);
@@ -273,6 +311,15 @@ static void bad_adapters_are_refused(void **state) {
     make_bad(dir, "target_modules", "[]", NULL, 0, 0);
     assert_int_equal(lt_peft_read_config(ctx, dir, 2, &lo), LT_ERR_UNSUPPORTED);
     assert_non_null(strstr(lt_ctx_error(ctx), "experts alone"));
+    remove_dir(dir);
+
+    /* PEFT's expert tensors on a layer outside layers_to_transform (PEFT does not apply it to
+       target_parameters): named. */
+    make_bad(dir, "layers_to_transform", "[1]", NULL, 0, 0);
+    m = load_with(ctx, base_dir, dir, &s);
+    assert_int_equal(s, LT_ERR_FORMAT);
+    assert_non_null(strstr(lt_ctx_error(ctx), "layers.0."));
+    lt_model_free(ctx, m);
     remove_dir(dir);
 
     /* Expert tensors in the file, none in the config's targets. */
