@@ -15,11 +15,11 @@ trap 'rm -rf "$out"' EXIT
 "$bin" bench matmul --bogus 1 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown flag not exit 2"; fail=1; }
 "$bin" bench matmul --isa avx3 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown --isa not exit 2"; fail=1; }
 msg=$(LONGTUNE_CPU_ISA=avx3 "$bin" bench matmul --shapes 96x64 --out "$out" 2>&1); rc=$?
-[ $rc = 1 ] && echo "$msg" | grep -q "LONGTUNE_CPU_ISA=avx3: unknown path" ||
+[ $rc = 2 ] && echo "$msg" | grep -q "LONGTUNE_CPU_ISA=avx3: unknown path" ||
   { echo "FAIL: unknown LONGTUNE_CPU_ISA not refused ($rc): $msg"; fail=1; }
 if ! grep -qw avx512bw /proc/cpuinfo 2>/dev/null; then
   msg=$(LONGTUNE_CPU_ISA=avx512 "$bin" bench matmul --shapes 96x64 --out "$out" 2>&1); rc=$?
-  [ $rc = 1 ] && echo "$msg" | grep -q "LONGTUNE_CPU_ISA=avx512: the CPU lacks" ||
+  [ $rc = 2 ] && echo "$msg" | grep -q "LONGTUNE_CPU_ISA=avx512: the CPU lacks" ||
     { echo "FAIL: LONGTUNE_CPU_ISA=avx512 without AVX-512 not refused ($rc): $msg"; fail=1; }
 fi
 "$bin" bench matmul --n 9 --shapes 96x64 --dtypes bf16,q4_0 --repeats 1 --warmup 0 --out "$out" >/dev/null 2>&1 ||
