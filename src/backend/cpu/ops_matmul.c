@@ -203,10 +203,14 @@ THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define LT_THIN2 1
-/* ---- the same thin products in AVX2 + FMA, for x86-64 CPUs without AVX-512 ----
- * Same shapes, same work split and the same fixed order of every sum as the AVX-512 loops above
- * (8-lane halves of each 16-column chunk, r or N taken 8 at a time so the accumulators stay in the
- * 16 ymm registers), so results do not depend on the thread count either. */
+/* ---- the row dots in AVX2 + FMA, for x86-64 CPUs without AVX-512 ----
+ * x·Aᵀ and dy·B: N taken 8 at a time so the accumulators stay in the 16 ymm registers, each
+ * element one fixed-order sum, so results do not depend on the thread count. On one core of the
+ * 2-core AMD EPYC (Zen 3) VM at the SmolLM2 shapes (512 tokens, r = 8, the four projection shapes)
+ * the two take 2.4-2.5 ms against 3.2 ms with OpenBLAS 0.3.21's Zen kernels. The column sums
+ * and rank-r updates stay with OpenBLAS there: AVX2 ports of the loops above (8 lanes, broadcasts
+ * from memory; also two halves per broadcast, and 256-column blocks for the updates) took 1.4-2.6x
+ * OpenBLAS's time. */
 #define THIN2_FN __attribute__((target("avx2,fma")))
 static int thin2_available(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
@@ -258,101 +262,11 @@ THIN2_FN static void rowdot2_rows(void *arg, int64_t m0, int64_t m1, int thread)
         }
 }
 
-/* acc[t] over rows k0 .. k1 - 1 for the 8 columns at i (n of them valid) and t in t0 .. t0 + TB - 1. */
-THIN2_FN static inline __attribute__((always_inline)) void colsum2_cols(const colsum_job *j, float *part, int64_t k0,
-                                                                        int64_t k1, int64_t i, int64_t n, int64_t t0,
-                                                                        const int64_t TB) {
-    __m256 acc[8];
-    for (int64_t t = 0; t < TB; t++)
-        acc[t] = k0 ? _mm256_loadu_ps(part + (t0 + t) * 16 * COLSUM_CHUNKS) : _mm256_setzero_ps();
-    if (n >= 8) {
-        for (int64_t k = k0; k < k1; k++) {
-            const __m256 w = _mm256_loadu_ps(j->W + k * j->ldw + i);
-            const float *th = j->Th + k * j->ldt + t0;
-            for (int64_t t = 0; t < TB; t++) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(th + t), w, acc[t]);
-        }
-    } else {
-        const __m256i mk = thin2_mask(n);
-        for (int64_t k = k0; k < k1; k++) {
-            const __m256 w = _mm256_maskload_ps(j->W + k * j->ldw + i, mk);
-            const float *th = j->Th + k * j->ldt + t0;
-            for (int64_t t = 0; t < TB; t++) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(th + t), w, acc[t]);
-        }
-    }
-    for (int64_t t = 0; t < TB; t++) _mm256_storeu_ps(part + (t0 + t) * 16 * COLSUM_CHUNKS, acc[t]);
-}
-
-THIN2_FN static void colsum2_run(const colsum_job *j, int64_t c0, int64_t c1) {
-    float part[THIN_MAX][16 * COLSUM_CHUNKS];
-    for (int64_t k0 = 0; k0 < j->K; k0 += COLSUM_ROWS) {
-        const int64_t k1 = k0 + COLSUM_ROWS < j->K ? k0 + COLSUM_ROWS : j->K;
-        for (int64_t ch = c0; ch < c1; ch++)
-            for (int64_t h = 0; h < 16; h += 8) {
-                const int64_t i = ch * 16 + h, slot = (ch - c0) * 16 + h;
-                if (i >= j->width) break;
-                const int64_t n = j->width - i;
-                for (int64_t t0 = 0; t0 < j->r; t0 += 8) {
-                    if (j->r - t0 >= 8) colsum2_cols(j, part[0] + slot, k0, k1, i, n, t0, 8);
-                    else colsum2_cols(j, part[0] + slot, k0, k1, i, n, t0, j->r - t0);
-                }
-            }
-    }
-    for (int64_t ch = c0; ch < c1; ch++) {
-        const int64_t i = ch * 16, n = j->width - i < 16 ? j->width - i : 16;
-        for (int64_t t = 0; t < j->r; t++)
-            for (int64_t x = 0; x < n; x++) {
-                float *c = j->transposed ? j->C + (i + x) * j->ldc + t : j->C + t * j->ldc + i + x;
-                const float v = j->alpha * part[t][(ch - c0) * 16 + x];
-                *c = j->beta == 0.0f ? v : v + j->beta * *c;
-            }
-    }
-}
-
-THIN2_FN static void colsum2_items(void *arg, int64_t b, int64_t e, int thread) {
-    (void)thread;
-    const colsum_split *sp = arg;
-    for (int64_t it = b; it < e; it++)
-        colsum2_run(sp->j, it * sp->chunks / sp->items, (it + 1) * sp->chunks / sp->items);
-}
-
-THIN2_FN static inline __attribute__((always_inline)) void rankk2_row(const rankk_job *j, int64_t m, const int64_t K) {
-    const float *a = j->A + m * j->lda;
-    float *c = j->C + m * j->ldc;
-    const __m256 alpha = _mm256_set1_ps(j->alpha), beta = _mm256_set1_ps(j->beta);
-    int64_t n = 0;
-    for (; n + 8 <= j->N; n += 8) {
-        __m256 acc = _mm256_mul_ps(_mm256_broadcast_ss(a), _mm256_loadu_ps(j->Bk + n));
-        for (int64_t k = 1; k < K; k++)
-            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + k), _mm256_loadu_ps(j->Bk + k * j->ldb + n), acc);
-        acc = _mm256_mul_ps(alpha, acc);
-        if (j->beta != 0.0f) acc = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c + n), acc);
-        _mm256_storeu_ps(c + n, acc);
-    }
-    if (n < j->N) {
-        const __m256i mk = thin2_mask(j->N - n);
-        __m256 acc = _mm256_mul_ps(_mm256_broadcast_ss(a), _mm256_maskload_ps(j->Bk + n, mk));
-        for (int64_t k = 1; k < K; k++)
-            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + k), _mm256_maskload_ps(j->Bk + k * j->ldb + n, mk), acc);
-        acc = _mm256_mul_ps(alpha, acc);
-        if (j->beta != 0.0f) acc = _mm256_fmadd_ps(beta, _mm256_maskload_ps(c + n, mk), acc);
-        _mm256_maskstore_ps(c + n, mk, acc);
-    }
-}
-
-THIN2_FN static void rankk2_rows(void *arg, int64_t m0, int64_t m1, int thread) {
-    (void)thread;
-    const rankk_job *j = arg;
-    for (int64_t m = m0; m < m1; m++) {
-        if (j->K == 8) rankk2_row(j, m, 8);
-        else if (j->K == 16) rankk2_row(j, m, 16);
-        else rankk2_row(j, m, j->K);
-    }
-}
 #endif
 
 #if defined(LT_THIN)
 
-/* The loops of one instruction set over the jobs above. */
+/* The loops of one instruction set over the jobs above; NULL leaves that case to OpenBLAS. */
 typedef struct {
     lt_range_fn rowdot, rankk, colsum;
 } thin_kernels;
@@ -362,7 +276,7 @@ typedef struct {
 static int thin_gemm(const thin_kernels *kf, lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int threads = lt_ctx_threads(ctx);
-    if (!ta && N <= 16 && (tb || N * K <= THIN_BT_FLOATS)) {
+    if (kf->rowdot && !ta && N <= 16 && (tb || N * K <= THIN_BT_FLOATS)) {
         /* C = A·Bᵀ with Bᵀ's rows read in place (tb), or from a copy of B transposed (NN). */
         float bt[THIN_BT_FLOATS];
         rowdot_job j = {A, B, C, N, K, lda, ldb, ldc, alpha, beta};
@@ -374,7 +288,7 @@ static int thin_gemm(const thin_kernels *kf, lt_ctx *ctx, int ta, int tb, int64_
         lt_parallel_for(threads, M, 64, kf->rowdot, &j);
         return 1;
     }
-    if (!ta && K <= 16 && (!tb || N * K <= THIN_BT_FLOATS)) {
+    if (kf->rankk && !ta && K <= 16 && (!tb || N * K <= THIN_BT_FLOATS)) {
         float bk[THIN_BT_FLOATS];
         rankk_job j = {A, B, C, N, K, lda, ldb, ldc, alpha, beta};
         if (tb) {
@@ -385,7 +299,7 @@ static int thin_gemm(const thin_kernels *kf, lt_ctx *ctx, int ta, int tb, int64_
         lt_parallel_for(threads, M, RANKK_GRAIN, kf->rankk, &j);
         return 1;
     }
-    if (ta && !tb && (M <= 16 || N <= 16)) {
+    if (kf->colsum && ta && !tb && (M <= 16 || N <= 16)) {
         /* C = Aᵀ·B with A (K, M), B (K, N): the thin side is summed against 16-column chunks of
          * the wide one; Aᵀ thin (M <= 16) gives C's rows directly, B thin gives them transposed. */
         const int a_thin = M <= 16;
@@ -410,7 +324,7 @@ void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, in
         thin_gemm(&k512, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
 #if defined(LT_THIN2)
-    static const thin_kernels k256 = {rowdot2_rows, rankk2_rows, colsum2_items};
+    static const thin_kernels k256 = {rowdot2_rows, NULL, NULL};
     if (K > 0 && thin2_available() &&
         thin_gemm(&k256, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
