@@ -94,8 +94,7 @@ typedef struct {
 
 #if defined(LT_THIN)
 /* ---- the AVX-512 loops ----
- * On one core of the 2-core
- * Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
+ * On one core of the 2-core Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
  * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels
  * (which stay in use for the rank-r updates x += lu·B and dx += dlu·A: they already run at the speed
  * of reading and writing the wide matrix). Also tried: column sums walking all rows per 16-column
