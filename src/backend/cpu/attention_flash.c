@@ -6,6 +6,14 @@
  * multiplied once per group, not once per head. Tiles are cut at packed-sequence boundaries and
  * only the keys inside the causal / window band of the tile's own sequence are visited, so a
  * packed row costs sum(len^2), not T^2. No (T, T) buffer exists. */
+/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+ * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
+ * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
+ * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
+ * helpers carry the same options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <cblas.h>
 #include <math.h>
 

@@ -2,6 +2,14 @@
  * the one workspace block, run the chosen implementation, reduce) and the per-row math and tile
  * conversions the three implementations share. The formulas are derived in docs/lce.md. Input
  * was validated by lce.c; nothing here checks it again. */
+/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+ * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
+ * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
+ * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
+ * helpers carry the same options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <math.h>
 
 #include "backend/cpu/cpu_ops.h"

@@ -1,6 +1,14 @@
 /* Elementwise CPU ops: SwiGLU and GeGLU forward/backward, embedding gather (any weight dtype), axpy, bias
  * add, counter-based dropout, zero, scale and the sum of squares. Each is a parallel loop over rows or element chunks; none keeps
  * state between calls (dropout masks are a pure function of seed and element index). */
+/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+ * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
+ * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
+ * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
+ * helpers carry the same options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <math.h>
 #include <string.h>
 

@@ -39,22 +39,15 @@ static int thin_available(void) {
 
 #if defined(LT_THIN)
 /* ---- thin products: C (M, N) with one of M, N (or both) at most THIN_MAX ----
- * The adapters' x·Aᵀ, dy·B (row dots), dyᵀ·lu and dluᵀ·x (column sums). On one core of the 2-core
- * Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
- * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels
- * (which stay in use for the rank-r updates x += lu·B and dx += dlu·A: they already run at the speed
- * of reading and writing the wide matrix). Also tried: column sums walking all rows per 16-column
- * chunk, 1.5-2x slower than OpenBLAS once the wide matrix had left the cache. Each output element
- * is one fixed-order sum however rows or columns are split among threads, so the results do not
- * depend on the thread count. */
+ * The adapters' x·Aᵀ, dy·B (row dots), dyᵀ·lu and dluᵀ·x (column sums), lu·Bᵀ and dlu·A (rank-r
+ * updates). Each output element is one fixed-order sum however rows or columns are split among
+ * threads, so the results do not depend on the thread count. */
 #define THIN_MAX 16
-/* Bᵀ copies for the NN row-dot case live on the calling thread's stack: at most this many floats. */
+/* Bᵀ copies for the NN row-dot and TN rank-K cases live on the calling thread's stack: at most
+ * this many floats. */
 #define THIN_BT_FLOATS 16384
-
-THIN_FN static inline __mmask16 thin_mask(int64_t n) {
-    const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
-    return (__mmask16)bits;
-}
+/* Rows per thread chunk of the rank-K updates: a few KiB of C each, so short row sets still spread. */
+#define RANKK_GRAIN 16
 
 /* Row dots: C[m, n] = alpha·sum_k A[m, k]·Bt[n, k] + beta·C[m, n] for n < N <= THIN_MAX. */
 typedef struct {
@@ -63,6 +56,53 @@ typedef struct {
     int64_t N, K, lda, ldb, ldc;
     float alpha, beta;
 } rowdot_job;
+
+/* Column sums: acc[t, i] = sum_k Th[k, t]·W[k, i] for t < r <= THIN_MAX over 16-column chunks of
+ * the wide operand W (K, width); C gets alpha·acc + beta·C, as C[t, i] or (transposed) C[i, t]. */
+typedef struct {
+    const float *W, *Th;
+    float *C;
+    int64_t r, width, K, ldw, ldt, ldc;
+    float alpha, beta;
+    int transposed;
+} colsum_job;
+
+/* A work item is a run of at most COLSUM_CHUNKS 16-column chunks. Rows go in blocks of COLSUM_ROWS:
+ * the block's slice of W is read row by row (contiguous runs of up to 2 KiB, which the hardware
+ * prefetchers stream) while each chunk is summed over the block with its r accumulators in
+ * registers, parked in `part` between blocks. The block boundaries are fixed, so how columns are
+ * grouped into items changes nothing in any sum. */
+#define COLSUM_CHUNKS 32
+#define COLSUM_ROWS 64
+
+typedef struct {
+    const colsum_job *j;
+    int64_t chunks, items;
+} colsum_split;
+
+/* Rank-K updates: C[m, :] = alpha·sum_k A[m, k]·Bk[k, :] + beta·C[m, :] for K <= THIN_MAX, the
+ * adapters' lu·Bᵀ and dlu·A, with Bk (K, N) read in place (NN) or from a transposed copy of B (N, K).
+ * Each row is a sweep over 16-column chunks with the K row values broadcast: one read and one write
+ * of C, no packing. The sum over k runs in one fixed order for every element. */
+typedef struct {
+    const float *A, *Bk;
+    float *C;
+    int64_t N, K, lda, ldb, ldc;
+    float alpha, beta;
+} rankk_job;
+#endif
+
+#if defined(LT_THIN)
+/* ---- the AVX-512 loops ----
+ * On one core of the 2-core Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
+ * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels
+ * (which stay in use for the rank-r updates x += lu·B and dx += dlu·A: they already run at the speed
+ * of reading and writing the wide matrix). Also tried: column sums walking all rows per 16-column
+ * chunk, 1.5-2x slower than OpenBLAS once the wide matrix had left the cache. */
+THIN_FN static inline __mmask16 thin_mask(int64_t n) {
+    const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
+    return (__mmask16)bits;
+}
 
 THIN_FN static inline __attribute__((always_inline)) void rowdot_row(const rowdot_job *j, int64_t m, const int64_t N) {
     const float *a = j->A + m * j->lda;
@@ -90,29 +130,6 @@ THIN_FN static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
         else rowdot_row(j, m, j->N);
     }
 }
-
-/* Column sums: acc[t, i] = sum_k Th[k, t]·W[k, i] for t < r <= THIN_MAX over 16-column chunks of
- * the wide operand W (K, width); C gets alpha·acc + beta·C, as C[t, i] or (transposed) C[i, t]. */
-typedef struct {
-    const float *W, *Th;
-    float *C;
-    int64_t r, width, K, ldw, ldt, ldc;
-    float alpha, beta;
-    int transposed;
-} colsum_job;
-
-/* A work item is a run of at most COLSUM_CHUNKS 16-column chunks. Rows go in blocks of COLSUM_ROWS:
- * the block's slice of W is read row by row (contiguous runs of up to 2 KiB, which the hardware
- * prefetchers stream) while each chunk is summed over the block with its r accumulators in
- * registers, parked in `part` between blocks. The block boundaries are fixed, so how columns are
- * grouped into items changes nothing in any sum. */
-#define COLSUM_CHUNKS 32
-#define COLSUM_ROWS 64
-
-typedef struct {
-    const colsum_job *j;
-    int64_t chunks, items;
-} colsum_split;
 
 THIN_FN static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
                                                                      const int64_t r) {
@@ -155,17 +172,6 @@ THIN_FN static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
-/* Rank-K updates: C[m, :] = alpha·sum_k A[m, k]·Bk[k, :] + beta·C[m, :] for K <= THIN_MAX, the
- * adapters' lu·Bᵀ and dlu·A, with Bk (K, N) read in place (NN) or from a transposed copy of B (N, K).
- * Each row is a sweep over 16-column chunks with the K row values broadcast: one read and one write
- * of C, no packing. The sum over k runs in one fixed order for every element. */
-typedef struct {
-    const float *A, *Bk;
-    float *C;
-    int64_t N, K, lda, ldb, ldc;
-    float alpha, beta;
-} rankk_job;
-
 THIN_FN static inline __attribute__((always_inline)) void rankk_row(const rankk_job *j, int64_t m, const int64_t K) {
     const float *a = j->A + m * j->lda;
     float *c = j->C + m * j->ldc;
@@ -192,15 +198,84 @@ THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
         else rankk_row(j, m, j->K);
     }
 }
+#endif
 
-/* Rows per thread chunk of the rank-K updates: a few KiB of C each, so short row sets still spread. */
-#define RANKK_GRAIN 16
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LT_THIN2 1
+/* ---- the row dots in AVX2 + FMA, for x86-64 CPUs without AVX-512 ----
+ * x·Aᵀ and dy·B: N taken 8 at a time so the accumulators stay in the 16 ymm registers, each
+ * element one fixed-order sum, so results do not depend on the thread count. On one core of the
+ * 2-core AMD EPYC (Zen 3) VM at the SmolLM2 shapes (512 tokens, r = 8, the four projection shapes)
+ * the two take 2.4-2.5 ms against 3.2 ms with OpenBLAS 0.3.21's Zen kernels. The column sums
+ * and rank-r updates stay with OpenBLAS there: AVX2 ports of the loops above (8 lanes, broadcasts
+ * from memory; also two halves per broadcast, and 256-column blocks for the updates) took 1.4-2.6x
+ * OpenBLAS's time. */
+#define THIN2_FN __attribute__((target("avx2,fma")))
+static int thin2_available(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-/* Runs the thin cases; 0 when the shape is not one of them (the caller uses OpenBLAS). */
-THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+THIN2_FN static inline __m256i thin2_mask(int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), lane);
+}
+
+/* Horizontal sum in one fixed order: the two 128-bit halves, then pairs. */
+THIN2_FN static inline float thin2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Row dots for the columns n0 .. n0 + NB - 1 (NB <= 8) of row m. */
+THIN2_FN static inline __attribute__((always_inline)) void rowdot2_block(const rowdot_job *j, int64_t m, int64_t n0,
+                                                                         const int64_t NB) {
+    const float *a = j->A + m * j->lda;
+    const float *bt = j->Bt + n0 * j->ldb;
+    __m256 acc[8];
+    for (int64_t n = 0; n < NB; n++) acc[n] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= j->K; k += 8) {
+        const __m256 av = _mm256_loadu_ps(a + k);
+        for (int64_t n = 0; n < NB; n++) acc[n] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bt + n * j->ldb + k), acc[n]);
+    }
+    if (k < j->K) {
+        const __m256i mk = thin2_mask(j->K - k);
+        const __m256 av = _mm256_maskload_ps(a + k, mk);
+        for (int64_t n = 0; n < NB; n++)
+            acc[n] = _mm256_fmadd_ps(av, _mm256_maskload_ps(bt + n * j->ldb + k, mk), acc[n]);
+    }
+    float *c = j->C + m * j->ldc + n0;
+    for (int64_t n = 0; n < NB; n++) {
+        const float v = j->alpha * thin2_hsum(acc[n]);
+        c[n] = j->beta == 0.0f ? v : v + j->beta * c[n];
+    }
+}
+
+THIN2_FN static void rowdot2_rows(void *arg, int64_t m0, int64_t m1, int thread) {
+    (void)thread;
+    const rowdot_job *j = arg;
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t n0 = 0; n0 < j->N; n0 += 8) {
+            if (j->N - n0 >= 8) rowdot2_block(j, m, n0, 8);
+            else rowdot2_block(j, m, n0, j->N - n0);
+        }
+}
+
+#endif
+
+#if defined(LT_THIN)
+
+/* The loops of one instruction set over the jobs above; NULL leaves that case to OpenBLAS. */
+typedef struct {
+    lt_range_fn rowdot, rankk, colsum;
+} thin_kernels;
+
+/* Runs the thin cases (one side of rank <= 16); 0 when the shape is not one of them (the caller
+ * uses OpenBLAS). */
+static int thin_gemm(const thin_kernels *kf, lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int threads = lt_ctx_threads(ctx);
-    if (!ta && N <= THIN_MAX && (tb || N * K <= THIN_BT_FLOATS)) {
+    if (kf->rowdot && !ta && N <= 16 && (tb || N * K <= THIN_BT_FLOATS)) {
         /* C = A·Bᵀ with Bᵀ's rows read in place (tb), or from a copy of B transposed (NN). */
         float bt[THIN_BT_FLOATS];
         rowdot_job j = {A, B, C, N, K, lda, ldb, ldc, alpha, beta};
@@ -209,10 +284,10 @@ THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, 
                 for (int64_t n = 0; n < N; n++) bt[n * K + k] = B[k * ldb + n];
             j.Bt = bt, j.ldb = K;
         }
-        lt_parallel_for(threads, M, 64, rowdot_rows, &j);
+        lt_parallel_for(threads, M, 64, kf->rowdot, &j);
         return 1;
     }
-    if (!ta && K <= THIN_MAX && (!tb || N * K <= THIN_BT_FLOATS)) {
+    if (kf->rankk && !ta && K <= 16 && (!tb || N * K <= THIN_BT_FLOATS)) {
         float bk[THIN_BT_FLOATS];
         rankk_job j = {A, B, C, N, K, lda, ldb, ldc, alpha, beta};
         if (tb) {
@@ -220,19 +295,19 @@ THIN_FN static int thin_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, 
                 for (int64_t k = 0; k < K; k++) bk[k * N + n] = B[n * ldb + k];
             j.Bk = bk, j.ldb = N;
         }
-        lt_parallel_for(threads, M, RANKK_GRAIN, rankk_rows, &j);
+        lt_parallel_for(threads, M, RANKK_GRAIN, kf->rankk, &j);
         return 1;
     }
-    if (ta && !tb && (M <= THIN_MAX || N <= THIN_MAX)) {
+    if (kf->colsum && ta && !tb && (M <= 16 || N <= 16)) {
         /* C = Aᵀ·B with A (K, M), B (K, N): the thin side is summed against 16-column chunks of
          * the wide one; Aᵀ thin (M <= 16) gives C's rows directly, B thin gives them transposed. */
-        const int a_thin = M <= THIN_MAX;
+        const int a_thin = M <= 16;
         colsum_job j = {a_thin ? B : A,     a_thin ? A : B,     C,   a_thin ? M : N, a_thin ? N : M, K,
                         a_thin ? ldb : lda, a_thin ? lda : ldb, ldc, alpha,          beta,           !a_thin};
         colsum_split sp = {&j, (j.width + 15) / 16, 0};
         const int64_t nt = lt_parallel_threads(threads), least = (sp.chunks + COLSUM_CHUNKS - 1) / COLSUM_CHUNKS;
         sp.items = nt > least ? (nt < sp.chunks ? nt : sp.chunks) : least;
-        lt_parallel_for(threads, sp.items, 1, colsum_items, &sp);
+        lt_parallel_for(threads, sp.items, 1, kf->colsum, &sp);
         return 1;
     }
     return 0;
@@ -243,8 +318,16 @@ void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, in
                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
 #if defined(LT_THIN)
-    if (K > 0 && thin_available() && thin_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+    static const thin_kernels k512 = {rowdot_rows, rankk_rows, colsum_items};
+    if (K > 0 && thin_available() &&
+        thin_gemm(&k512, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
+#if defined(LT_THIN2)
+    static const thin_kernels k256 = {rowdot2_rows, NULL, NULL};
+    if (K > 0 && thin2_available() &&
+        thin_gemm(&k256, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
+#endif
 #else
     (void)ctx;
 #endif
