@@ -401,7 +401,7 @@ int lt_bench_train(int argc, char **argv) {
     be->zero(ctx, mom_m, mom_bytes);
     be->zero(ctx, mom_v, mom_bytes);
 
-    if (peers && !cuda && !random_w) {
+    if (peers && !random_w) { /* the peers build the shape's random model, not this file's */
         fprintf(stderr, "peer skipped: it runs on the random-weight folders only (--weights random-f32|random-bf16)\n");
         peers = 0;
     }
@@ -449,7 +449,7 @@ int lt_bench_train(int argc, char **argv) {
     res = lt_bench_result_new("train");
     cJSON *jc = cJSON_AddObjectToObject(res, "config");
     cJSON_AddStringToObject(jc, "backend", c.backend);
-    cJSON_AddStringToObject(jc, "shape", shape->name);
+    cJSON_AddStringToObject(jc, "shape", random_w ? shape->name : "the file's own (config of --weights)");
     cJSON_AddStringToObject(jc, "model", random_w ? shape->title : weights);
     cJSON_AddStringToObject(jc, "weights", weights);
     cJSON_AddStringToObject(jc, "proj_dtype", lt_dtype_name(cfg->proj_dtype[LT_PROJ_Q]));

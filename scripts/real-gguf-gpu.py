@@ -9,7 +9,8 @@ its sha256 is checked). What runs, all with --device cuda, kept quantized (QLoRA
   generate  greedy (--temp 0) on the CPU run's prompts: the common prefix with the CPU's text;
   train     the CPU run's QLoRA recipe (same data, seed, steps): validation loss before and after;
   steps     `longtune bench train --weights FILE --backend cuda` at long lengths (LoRA on every
-            projection of every layer): tokens/s and the device peak against the plan.
+            projection of every layer): tokens/s and the device peak against the plan, and the
+            same against the file requantized to Q4_1 by `longtune export` (A B A B).
 Writes bench/results/real-gguf-cuda.json.
 
 usage: real-gguf-gpu.py --model FILE --text FILE --data DIR [--build DIR] [--seq 8192,32768]
@@ -20,6 +21,7 @@ import datetime
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,9 +141,26 @@ def main():
                     "wall_s": time.time() - t0}
     log("train", json.dumps(vals))
 
-    b = json.loads(run([lt, "bench", "train", "--backend", args.device, "--weights", args.model, "--seq", args.seq,
-                        "--json", "--out", work] + (["--repeats", "2"] if args.device == "cpu" else [])).stdout)
-    res["steps"] = b
+    # The same file requantized to Q4_1 by longtune export: the K-quant step against the Q4_1 one on
+    # the same shapes, the two benches alternated (A B A B) so drift hits both.
+    q41 = os.path.join(work, "q4_1.gguf")
+    run([lt, "export", "--model", args.model, "--format", "gguf", "--outtype", "q4_1", "--out", q41])
+    steps = {"q4_k_m": [], "q4_1": []}
+    for _ in range(2):
+        for name, w in (("q4_k_m", args.model), ("q4_1", q41)):
+            b = json.loads(run([lt, "bench", "train", "--backend", args.device, "--weights", w, "--seq", args.seq,
+                                "--no-peer", "--json", "--out", work]
+                               + (["--repeats", "2"] if args.device == "cpu" else [])).stdout)
+            steps[name].append(b)
+    res["steps"] = {"runs": steps, "by_T": {}}
+    for a in steps["q4_k_m"][0]["arms"]:
+        ms = {n: [next(x for x in r["arms"] if x["name"] == a["name"]) for r in steps[n]] for n in steps}
+        med = {n: statistics.median(x["median_ms"] for x in ms[n]) for n in ms}
+        res["steps"]["by_T"][a["name"].split("-T")[-1]] = {
+            "q4_k_m_ms": med["q4_k_m"], "q4_1_ms": med["q4_1"], "ratio_q4_k_m_over_q4_1": med["q4_k_m"] / med["q4_1"],
+            "q4_k_m_tokens_per_s": ms["q4_k_m"][-1]["tokens_per_s"], "q4_k_m_mfu": ms["q4_k_m"][-1].get("mfu"),
+            "q4_k_m_peak_bytes": ms["q4_k_m"][-1]["peak_bytes"], "q4_k_m_plan_bytes": ms["q4_k_m"][-1]["plan_bytes"],
+            "peak_equals_plan": all(x["peak_bytes"] == x["plan_bytes"] for n in ms for x in ms[n])}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
         json.dump(res, f, indent=1)
