@@ -833,7 +833,7 @@ static void test_wgrad_graph(void **st) {
 }
 
 int main(void) {
-    const char *seed = getenv("LT_TEST_SEED"); /* a failure's printed seed reruns it */
+    const char *seed = getenv("LONGTUNE_TEST_SEED"); /* a failure's printed seed reruns it */
     g_seed = seed && *seed ? (uint64_t)strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)g_seed);
     const struct CMUnitTest tests[] = {
