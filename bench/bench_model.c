@@ -295,7 +295,7 @@ int lt_bench_random_checkpoint(lt_ctx *ctx, const char *dir, const lt_bench_shap
         }
     }
     /* no fsync: this is a cache that any run regenerates, and forcing 16 GB to disk would cost a
-     * device session half a minute; the stamp still goes last, after the rename */
+     * benchmark run half a minute; the stamp still goes last, after the rename */
     if (fflush(out) != 0) goto io_fail;
     if (fclose(out) != 0) {
         out = NULL;
