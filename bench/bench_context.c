@@ -3,8 +3,10 @@
  * memory. The planner answers first (bisection over T against the memory guard's ceiling), the
  * answer is confirmed by allocating the run under the guard (the model allocates everything at
  * prepare time, so a length that does not fit fails there) and by real steps at the longest length
- * whose step fits the time budget; the CUDA peer's ceiling (transformers + PEFT, real steps, by
- * bisection) runs first, in its own process, on an untouched device. The result also carries peak
+ * whose step fits the time budget (or at a given length); the CUDA peers' ceilings (transformers +
+ * PEFT, and with Liger-Kernel; real steps, by bisection or at given lengths) run first, in their own
+ * processes, on an untouched device. The recompute policy is every layer unless --recompute names
+ * another (every:K keeps one checkpoint per K layers: the same recompute work, fewer checkpoints). The result also carries peak
  * memory against context for both arms (scripts/context_chart.py draws it). Reimplements no op. */
 #include <math.h>
 #include <signal.h>
@@ -39,26 +41,29 @@ typedef struct ctx_run {
     uint64_t seed;
     int64_t adam_step;
     int offload;        /* --offload-checkpoints */
+    lt_recompute rc;    /* --recompute (every layer by default) */
+    int64_t rc_k;       /* its K for every:K */
     size_t host_budget; /* with offload: host bytes the offloaded checkpoints may take */
 } ctx_run;
 
-static lt_model_run_options run_opts(int64_t T, int threads, int offload) {
+static lt_model_run_options run_opts(const ctx_run *r, int64_t T) {
     /* Least memory: the recompute reruns attention rather than keeping its output. */
     lt_model_run_options ro = {.B = 1,
                                .T = T,
-                               .recompute = LT_RECOMPUTE_EVERY,
+                               .recompute = r->rc,
+                               .recompute_k = r->rc_k,
                                .recompute_attention = 1,
                                .attention = LT_ATTENTION_FLASH,
                                .loss = LT_LCE_FUSED,
-                               .threads = threads,
-                               .offload_ckpt = offload};
+                               .threads = r->threads,
+                               .offload_ckpt = r->offload};
     return ro;
 }
 
 static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_plan *p) {
     lt_plan_options po = {.device = r->dev,
                           .lora = r->lo,
-                          .run = run_opts(T, r->threads, r->offload),
+                          .run = run_opts(r, T),
                           .held_bytes = (r->dev == LT_DEVICE_CPU ? lt_alloc_accounted_size(r->dev, r->tok_bytes) : 0) +
                               r->held_extra};
     return lt_plan_compute(r->ctx, cfg, &po, p);
@@ -68,7 +73,7 @@ static lt_status plan_at(ctx_run *r, const lt_model_config *cfg, int64_t T, lt_p
  * -1 = another error (in ctx). *peak: the bytes held right after, which is the run's high-water
  * since the model allocates nothing inside a step; the peak counter is reset to it. */
 static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
-    lt_model_run_options ro = run_opts(T, r->threads, r->offload);
+    lt_model_run_options ro = run_opts(r, T);
     double t0 = lt_time_now();
     lt_status st = lt_model_prepare(r->ctx, r->m, &ro);
     if (r->offload && r->dev != LT_DEVICE_CPU)
@@ -130,15 +135,20 @@ static cJSON *point(int64_t T, const char *how, int ok, double plan, double peak
 int lt_bench_context(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
-    int64_t step = 0, tmax = 0, peer_max = 0, threads = 0;
+    int64_t step = 0, tmax = 0, peer_max = 0, threads = 0, confirm_T = 0, peer_points[8];
+    int n_peer_points = 0;
     double confirm_s = 120;
     uint64_t ceiling = 0, host_margin = (uint64_t)4 << 30;
-    int peers = 1, liger = 1, offload = 0;
-    const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
+    int peers = 1, plain = 1, liger = 1, offload = 0;
+    const char *shape_name = "qwen3-8b", *weights = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH"), *recompute = "all";
     if (!peer_path) peer_path = "/tmp/lt-peer";
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
         LT_BENCH_SET("--no-liger", &liger, 0),
+        LT_BENCH_SET("--no-plain-peer", &plain, 0),
+        LT_BENCH_STR("--recompute", &recompute),
+        LT_BENCH_I64("--confirm-T", &confirm_T, 2, (int64_t)1 << 26),
+        LT_BENCH_LIST("--peer-points", peer_points, &n_peer_points, 8, 2, (int64_t)1 << 26),
         LT_BENCH_SET("--offload-checkpoints", &offload, 1),
         LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
         LT_BENCH_CHOICE("--weights", &weights, "random-bf16|random-f32"),
@@ -155,11 +165,12 @@ int lt_bench_context(int argc, char **argv) {
         lt_bench_parse_args("context", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
     if (parsed == LT_BENCH_ARGS_HELP) {
         printf("usage: longtune bench context [options]\n\n"
-               "Longest trainable context (batch 1, LoRA r=8 on all seven projections, recompute every layer,\n"
-               "flash attention, fused loss, AdamW): the planner's answer against the memory guard's\n"
-               "ceiling, confirmed by allocating the run under the guard and by real steps at the longest\n"
-               "length whose step fits --confirm-seconds; on CUDA the transformers + PEFT peer's ceiling\n"
-               "by real steps (bisection). Writes peak memory against context for both arms\n"
+               "Longest trainable context (batch 1, LoRA r=8 on all seven projections, recompute every layer\n"
+               "or --recompute's policy, attention rerun, flash attention, fused loss, AdamW): the planner's\n"
+               "answer against the memory guard's ceiling, confirmed by allocating the run under the guard\n"
+               "and by real steps at the longest length whose step fits --confirm-seconds (or at\n"
+               "--confirm-T); on CUDA the peers' ceilings (transformers + PEFT, and with Liger-Kernel) by\n"
+               "real steps (bisection, or --peer-points). Writes peak memory against context for all arms\n"
                "(python3 scripts/context_chart.py RESULT.json draws it as SVG).\n\n"
                "options:\n"
                "  --shape S            %s (default qwen3-8b)\n"
@@ -168,6 +179,10 @@ int lt_bench_context(int argc, char **argv) {
                "  --max N              longest T searched (default 4194304)\n"
                "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
                "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
+               "  --confirm-T N        the confirming step at N tokens instead (at most the longest length\n"
+               "                       that allocated)\n"
+               "  --recompute P        all (default: every layer) | every:K (one checkpoint per K layers,\n"
+               "                       the same recompute work), as train takes them\n"
                "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (two slots on\n"
                "                       the device): the longest T then also fits the host's memory\n"
                "                       (the guard's host ceiling less --host-margin)\n"
@@ -176,6 +191,9 @@ int lt_bench_context(int argc, char **argv) {
                "  --threads N          CPU threads\n"
                "  --no-peer            skip the peer\n"
                "  --no-liger           skip the second peer, transformers + PEFT with Liger-Kernel\n"
+               "  --no-plain-peer      skip the first peer, plain transformers + PEFT\n"
+               "  --peer-points LIST   the peers try these lengths only (comma list, in order), no search;\n"
+               "                       their ceiling is the longest success below the first failure\n"
                "  --peer-max N         longest T the peer tries (default 1048576)\n"
                "  --peer-path DIR      searched first for torch, transformers, peft (default\n"
                "                       $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
@@ -195,19 +213,43 @@ int lt_bench_context(int argc, char **argv) {
     if (tmax < step)
         return lt_bench_usage_error("context", NULL, "--max %lld is below --step %lld", (long long)tmax,
                                     (long long)step);
+    lt_recompute rc_policy = LT_RECOMPUTE_EVERY;
+    int64_t rc_k = 0;
+    {
+        lt_ctx *pc = lt_ctx_new();
+        if (!pc) return 1;
+        lt_status ps = lt_plan_recompute_parse(pc, recompute, &rc_policy, &rc_k);
+        if (ps == LT_OK && rc_policy != LT_RECOMPUTE_EVERY && rc_policy != LT_RECOMPUTE_EVERY_K)
+            ps = lt_error(pc, LT_ERR_INVALID_ARG,
+                          "recompute policy '%s': this bench measures checkpointed runs (all or every:K)", recompute);
+        if (ps != LT_OK) {
+            int rcode = lt_bench_usage_error("context", NULL, "--recompute: %s", lt_ctx_error(pc));
+            lt_ctx_free(pc);
+            return rcode;
+        }
+        lt_ctx_free(pc);
+    }
+    char rc_name[32];
+    lt_plan_recompute_name(rc_policy, rc_k, rc_name, sizeof rc_name);
     signal(SIGPIPE, SIG_IGN);
 
     /* The peer first, in its own process, before this one creates a CUDA context. */
     cJSON *peer_lines = NULL, *liger_lines = NULL;
     if (peers && cuda) {
-        char args[256];
-        snprintf(args, sizeof args, "--shape %s --ceiling --ceiling-step %lld --ceiling-start %lld --ceiling-max %lld",
-                 shape->name, (long long)step, (long long)step, (long long)peer_max);
+        char args[512];
+        int n = snprintf(args, sizeof args,
+                         "--shape %s --ceiling --ceiling-step %lld --ceiling-start %lld --ceiling-max %lld",
+                         shape->name, (long long)step, (long long)step, (long long)peer_max);
+        for (int i = 0; i < n_peer_points && n > 0 && (size_t)n < sizeof args; i++)
+            n += snprintf(args + n, sizeof args - (size_t)n, "%s%lld", i ? "," : " --ceiling-points ",
+                          (long long)peer_points[i]);
         double t0 = lt_time_now();
-        peer_lines = lt_bench_gpu_peer_run(peer_path, args);
-        fprintf(stderr, "peer ceiling search took %.0f s\n", lt_time_now() - t0);
+        if (plain) {
+            peer_lines = lt_bench_gpu_peer_run(peer_path, args);
+            fprintf(stderr, "peer ceiling search took %.0f s\n", lt_time_now() - t0);
+        }
         if (liger) {
-            char largs[300];
+            char largs[600];
             snprintf(largs, sizeof largs, "%s --liger", args);
             t0 = lt_time_now();
             liger_lines = lt_bench_gpu_peer_run(peer_path, largs);
@@ -235,6 +277,8 @@ int lt_bench_context(int argc, char **argv) {
     R.lo = (lt_lora_options){.targets = LT_LORA_ALL_TARGETS, .rank = 8, .alpha = 16, .seed = 1};
     R.seed = 0xc0de;
     R.offload = offload;
+    R.rc = rc_policy;
+    R.rc_k = rc_k;
     int rc = 1;
     cJSON *res = NULL;
     lt_status st = LT_OK;
@@ -272,7 +316,7 @@ int lt_bench_context(int argc, char **argv) {
     {
         lt_plan_options po = {.device = dev,
                               .lora = R.lo,
-                              .run = run_opts(step, R.threads, offload),
+                              .run = run_opts(&R, step),
                               .held_bytes = cuda ? 0 : lt_alloc_accounted_size(dev, R.tok_bytes),
                               .host_budget_bytes = R.host_budget};
         if ((st = lt_plan_search_max(ctx, &cfg, &po, LT_PLAN_SEARCH_SEQ, tmax, budget, &t_plan, &found)) != LT_OK)
@@ -291,9 +335,15 @@ int lt_bench_context(int argc, char **argv) {
     cJSON_AddStringToObject(jc, "shape", shape->name);
     cJSON_AddStringToObject(jc, "model", shape->title);
     cJSON_AddStringToObject(jc, "weights", weights);
-    cJSON_AddStringToObject(jc, "run",
-                            "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute "
-                            "every layer (attention rerun), flash attention, fused loss, AdamW");
+    {
+        char run[256];
+        snprintf(run, sizeof run,
+                 "batch 1, LoRA r=8 alpha 16 on q,k,v,o,gate,up,down of all layers, recompute %s (attention "
+                 "rerun), flash attention, fused loss, AdamW",
+                 rc_policy == LT_RECOMPUTE_EVERY ? "every layer" : rc_name);
+        cJSON_AddStringToObject(jc, "run", run);
+    }
+    cJSON_AddStringToObject(jc, "recompute", rc_name);
     cJSON_AddStringToObject(jc, "saved",
                             dev == LT_DEVICE_CUDA ? "checkpoints and attention tensors in bf16 (the CUDA default)"
                                                   : "checkpoints in f32 (the CPU default)");
@@ -448,6 +498,12 @@ int lt_bench_context(int argc, char **argv) {
         double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step, 1, 0) / (ms * 1e-3);
         int64_t T = lo;
         while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate > confirm_s) T -= step;
+        if (confirm_T) {
+            T = confirm_T <= lo ? confirm_T : lo;
+            if (confirm_T > lo)
+                fprintf(stderr, "--confirm-T %lld is past the longest length that allocated; stepping at %lld\n",
+                        (long long)confirm_T, (long long)lo);
+        }
         stepped = step;
         if (T > step) {
             fprintf(stderr, "step at T=%lld (estimated %.0f s from the T=%lld step)\n", (long long)T,
@@ -509,7 +565,10 @@ peer:
         cJSON_AddItemToArray(arms, pa);
     }
     char tag[128];
-    snprintf(tag, sizeof tag, "%s-%s%s", c.backend, shape->name, offload ? "-offload" : "");
+    char rc_tag[40] = "";
+    if (rc_policy == LT_RECOMPUTE_EVERY_K)
+        snprintf(rc_tag, sizeof rc_tag, "-every%lld", (long long)(rc_k > 0 ? rc_k : 2));
+    snprintf(tag, sizeof tag, "%s-%s%s%s", c.backend, shape->name, offload ? "-offload" : "", rc_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

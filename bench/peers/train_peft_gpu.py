@@ -15,6 +15,8 @@ Output: JSON lines on stdout.
    "loss"}                                    one per --seq length (median over the timed steps)
   {"ceiling": {"fits_T", "fails_T", "step", "tries": [{"T", "ok", "ms", "max_allocated_bytes", ...}]}}
                                               with --ceiling: the longest T that trains one step
+                                              (with --ceiling-points: only those lengths, in order;
+                                              fits_T the longest success below the first failure)
 A length that runs out of memory in the --seq pass prints {"T", "oom": true} and the run goes on."""
 import argparse
 import os
@@ -81,8 +83,17 @@ def main():
     ap.add_argument("--ceiling-step", type=int, default=8192, help="search resolution in tokens")
     ap.add_argument("--ceiling-start", type=int, default=8192, help="first T tried (doubled until a failure)")
     ap.add_argument("--ceiling-max", type=int, default=1 << 20, help="stop doubling here")
+    ap.add_argument("--ceiling-points", default="", help="comma list of T: try these lengths only, no search")
     args = ap.parse_args()
     seqs = peer.parse_seqs(ap, args)
+    points = []
+    if args.ceiling_points:
+        try:
+            points = [int(t) for t in args.ceiling_points.split(",")]
+        except ValueError:
+            ap.error("--ceiling-points: expected a comma list of integers, got %r" % args.ceiling_points)
+        if not args.ceiling or any(t < 2 for t in points):
+            ap.error("--ceiling-points needs --ceiling and lengths of at least 2")
     if not seqs and not args.ceiling:
         ap.error("nothing to do: give --seq and/or --ceiling")
     if any(T < 2 for T in seqs) or args.ceiling_step < 1 or args.steps < 1 or args.warmup < 0:
@@ -91,7 +102,7 @@ def main():
     torch, cuda = peer.start_torch(args)
     if torch is None:
         return 1
-    max_T = max(seqs + ([args.ceiling_max] if args.ceiling else []))
+    max_T = max(seqs + points + ([args.ceiling_max] if args.ceiling and not points else []))
     try:
         model, opt, info = build(args, torch, max_T)
     except ImportError as e:
@@ -112,6 +123,19 @@ def main():
 
         step_t = args.ceiling_step
         lo, hi = 0, None
+        if points:
+            # the given lengths only: a success counts below the shortest failure seen
+            for T in points:
+                ok = attempt(T)
+                if ok and (hi is None or T < hi):
+                    lo = max(lo, T)
+                elif not ok:
+                    hi = T if hi is None else min(hi, T)
+            if hi is not None and lo > hi:
+                lo = max([t["T"] for t in tries if t["ok"] and t["T"] < hi] + [0])
+            peer.emit({"ceiling": {"fits_T": lo, "fails_T": hi, "step": step_t, "points": points,
+                                   "tries": tries}})
+            return 0
         T = max(step_t, args.ceiling_start // step_t * step_t)
         while T <= args.ceiling_max:
             if attempt(T):

@@ -14,7 +14,8 @@ trap 'rm -rf "$tmp"' EXIT
 "$bin" bench context --help >"$tmp/out" 2>&1 || say "--help: rc=$?"
 grep -q "^usage: longtune bench context" "$tmp/out" || say "--help does not print the usage line"
 for args in "--bogus" "--step" "--step 0" "--max x" "--shape nope" "--weights q4" "--memory-ceiling 12Q" \
-            "--confirm-seconds -1" "--backend tpu" "--step 512 --max 256"; do
+            "--confirm-seconds -1" "--backend tpu" "--step 512 --max 256" "--recompute every:0" \
+            "--recompute none" "--recompute sliding" "--confirm-T 1" "--peer-points 1024,x"; do
   # shellcheck disable=SC2086
   "$bin" bench context $args >"$tmp/out" 2>&1
   rc=$?
@@ -72,6 +73,19 @@ a = r["arms"][0]
 pts = [p for p in a["points"] if p["ok"] and "peak_bytes" in p]
 assert pts and all(p["plan_bytes"] == p["peak_bytes"] for p in pts), pts
 assert any(p["by"] == "step" for p in pts), pts
+PY
+# one checkpoint per two layers: fewer checkpoint bytes than every layer at the same length, and
+# the real step at the length asked for
+LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench context --shape tiny --step 256 --max 4096 --memory-ceiling 400M \
+  --recompute every:2 --confirm-T 768 --threads 1 --out "$tmp/res" >"$tmp/out" 2>&1 || say "every:2 run failed: $(tail -3 "$tmp/out")"
+python3 - "$tmp/res/context-cpu-tiny-every2.json" "$tmp/res/context-cpu-tiny-offload.json" <<'PY' || say "every:2 run result inconsistent"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["recompute"] == "every:2" and "every:2" in r["config"]["run"], r["config"]
+a = r["arms"][0]
+steps = [p for p in a["points"] if p["by"] == "step"]
+assert [p["T"] for p in steps] == [256, 768] and a["step_confirmed_T"] == 768, steps
+assert all(p["plan_bytes"] == p["peak_bytes"] for p in a["points"] if p["ok"] and "peak_bytes" in p), a["points"]
 PY
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"
