@@ -556,6 +556,16 @@ peer:
             double ours_T = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "ceiling_T"));
             double theirs_T = cJSON_GetNumberValue(cJSON_GetObjectItem(cl, "fits_T"));
             if (theirs_T > 0 && ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_ratio", ours_T / theirs_T);
+            /* a length the peer failed at bounds its ceiling from above: the ratios to it are lower bounds */
+            const cJSON *ft = cJSON_GetObjectItem(cl, "fails_T");
+            double stepped_T = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "step_confirmed_T"));
+            if (cJSON_IsNumber(ft) && cJSON_GetNumberValue(ft) > 0) {
+                double f = cJSON_GetNumberValue(ft);
+                if (ours_T > 0) cJSON_AddNumberToObject(pa, "longtune_ceiling_over_peer_fails_T", ours_T / f);
+                if (stepped_T > 0) cJSON_AddNumberToObject(pa, "longtune_step_over_peer_fails_T", stepped_T / f);
+                fprintf(stderr, "%s: fails at T %.0f -> longtune's ceiling %.2fx, its real step %.2fx that length\n",
+                        pl ? "Liger peer" : "peer", f, ours_T / f, stepped_T / f);
+            }
             int capped = !cJSON_IsNumber(cJSON_GetObjectItem(cl, "fails_T"));
             cJSON_AddBoolToObject(pa, "search_capped", capped); /* no failure up to --peer-max */
             fprintf(stderr, "%s: longest T %.0f%s -> longtune %.2fx%s\n", pl ? "Liger peer" : "peer", theirs_T,

@@ -264,7 +264,8 @@ int lt_bench_train(int argc, char **argv) {
         graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
-    int offload_mode = 0; /* 1: --offload-checkpoints, 2: --offload-both */
+    int offload_mode = 0;   /* 1: --offload-checkpoints, 2: --offload-both */
+    int64_t chunk_rows = 0; /* 0: the library's LT_MODEL_CHUNK_ROWS */
     const char *graph_arg = "on";
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
@@ -281,6 +282,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_STR("--peer-path", &peer_path),
         LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
+        LT_BENCH_I64("--chunk-rows", &chunk_rows, 1, 1 << 22),
     };
     const int parsed =
         lt_bench_parse_args("train", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -311,6 +313,7 @@ int lt_bench_train(int argc, char **argv) {
             "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
             "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
             "                   output + lse with the checkpoints (0, the default)\n"
+            "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
             "                   CUDA graph captured at the second step of each length (default on; the\n"
             "                   profiler turns it off)\n"
@@ -319,7 +322,7 @@ int lt_bench_train(int argc, char **argv) {
             "  --peer-path DIR  searched first for torch, transformers and peft (default\n"
             "                   $LONGTUNE_PEER_PATH or /tmp/lt-peer; pip install --target DIR ...)\n"
             "Repeats and warmup count steps per arm and length (default 3 timed after 2 warmup).\n" LT_BENCH_COMMON_HELP,
-            lt_bench_shape_names());
+            lt_bench_shape_names(), LT_MODEL_CHUNK_ROWS);
         return 0;
     }
     if (parsed) return parsed;
@@ -433,6 +436,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
                                    .recompute_attention = recompute_attn,
+                                   .chunk_rows = chunk_rows,
                                    .offload_ckpt = offload_lo};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -467,6 +471,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
+    cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
     cJSON_AddStringToObject(jc, "offload_checkpoints",
                             offload_lo       ? "on"
                                 : offload_hi ? "off, then on (arms longtune-offload-T*)"
@@ -510,6 +515,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
                                    .recompute_attention = recompute_attn,
+                                   .chunk_rows = chunk_rows,
                                    .offload_ckpt = offload};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -739,12 +745,14 @@ int lt_bench_train(int argc, char **argv) {
         }
     }
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
-    char tag[160];
+    char tag[192], chunk_tag[40] = "";
+    if (chunk_rows && chunk_rows != LT_MODEL_CHUNK_ROWS)
+        snprintf(chunk_tag, sizeof chunk_tag, "-chunk%lld", (long long)chunk_rows);
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
              random_w ? weights : "weights", recompute_attn ? "-recompute-attn" : "",
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "");
+             cuda && !graph ? "-nograph" : "", chunk_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;
