@@ -71,8 +71,22 @@ const char *lt_bench_parse_seconds(const char *v, void *dst) {
     return NULL;
 }
 
+/* --name-suffix: 1 to 32 of [A-Za-z0-9._-] (a file-name part). */
+static const char *parse_suffix(const char *v, void *dst) {
+    size_t n = strlen(v);
+    if (n < 1 || n > 32) return "1 to 32 characters";
+    for (size_t i = 0; i < n; i++) {
+        char ch = v[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == '-'))
+            return "letters, digits, '.', '_' or '-'";
+    }
+    *(const char **)dst = v;
+    return NULL;
+}
+
 /* The common flags as table rows; c's fields are their destinations. */
-enum { COMMON_JSON, COMMON_OUT, COMMON_REPEATS, COMMON_WARMUP, COMMON_BACKEND, COMMON_COUNT };
+enum { COMMON_JSON, COMMON_OUT, COMMON_REPEATS, COMMON_WARMUP, COMMON_BACKEND, COMMON_SUFFIX, COMMON_COUNT };
 
 static void common_rows(lt_bench_common *c, lt_bench_arg rows[COMMON_COUNT]) {
     const lt_bench_arg r[COMMON_COUNT] = {
@@ -81,6 +95,7 @@ static void common_rows(lt_bench_common *c, lt_bench_arg rows[COMMON_COUNT]) {
         LT_BENCH_INT("--repeats", &c->repeats, 1, 100000),
         LT_BENCH_INT("--warmup", &c->warmup, 0, 100000),
         LT_BENCH_CHOICE("--backend", &c->backend, "cpu|cuda"),
+        LT_BENCH_FN("--name-suffix", &c->suffix, parse_suffix),
     };
     memcpy(rows, r, sizeof r);
 }
@@ -174,7 +189,8 @@ int lt_bench_parse_args(const char *bench, const char *synopsis, int argc, char 
             if (!strcmp(name, args[k].name)) row = &args[k];
         for (int k = 0; k < COMMON_COUNT && !row; k++) {
             if (strcmp(name, crow[k].name)) continue;
-            if (!(common & (1u << k)))
+            /* the file name's suffix comes with --out */
+            if (!(common & (1u << (k == COMMON_SUFFIX ? COMMON_OUT : k))))
                 return lt_bench_usage_error(bench, synopsis, "%s is not an option of this bench", name);
             row = &crow[k];
         }

@@ -21,6 +21,7 @@ typedef struct lt_bench_common {
     int repeats;         /* --repeats N (default 5) */
     int warmup;          /* --warmup N (default 1) */
     const char *backend; /* --backend cpu|cuda (default cpu) */
+    const char *suffix;  /* --name-suffix S: appended to the result file's name (NULL: none) */
 } lt_bench_common;
 
 void lt_bench_common_init(lt_bench_common *c);
@@ -100,11 +101,12 @@ int lt_bench_parse_bytes(const char *v, uint64_t *out);
 int lt_bench_parse_i64_list(const char *v, int64_t *out, int max, int64_t lo, int64_t hi);
 /* LT_BENCH_FN parser of a duration: seconds above 0 (at most 1e9) into double. */
 const char *lt_bench_parse_seconds(const char *v, void *dst);
-#define LT_BENCH_COMMON_HELP                                                      \
-    "  --json           print the result JSON on stdout\n"                        \
-    "  --out DIR        where to write the result file (default bench/results)\n" \
-    "  --repeats N      timed repetitions; the median is reported (default 5)\n"  \
-    "  --warmup N       untimed repetitions first (default 1)\n"                  \
+#define LT_BENCH_COMMON_HELP                                                                      \
+    "  --json           print the result JSON on stdout\n"                                        \
+    "  --out DIR        where to write the result file (default bench/results)\n"                 \
+    "  --name-suffix S  appended to the result file's name (one configuration on two machines)\n" \
+    "  --repeats N      timed repetitions; the median is reported (default 5)\n"                  \
+    "  --warmup N       untimed repetitions first (default 1)\n"                                  \
     "  --backend B      cpu | cuda (default cpu)\n"
 
 /* Median of n values (the array is sorted in place); 0 for n <= 0. */

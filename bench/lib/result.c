@@ -58,6 +58,8 @@ cJSON *lt_bench_result_new(const char *bench) {
 }
 
 int lt_bench_write(const lt_bench_common *c, cJSON *result, const char *tag) {
+    if (c->suffix && !cJSON_GetObjectItem(result, "name_suffix"))
+        cJSON_AddStringToObject(result, "name_suffix", c->suffix);
     char *text = cJSON_Print(result);
     const char *bench = cJSON_GetStringValue(cJSON_GetObjectItem(result, "bench"));
     int rc = 0;
@@ -68,8 +70,8 @@ int lt_bench_write(const lt_bench_common *c, cJSON *result, const char *tag) {
     if (c->json) printf("%s\n", text);
     mkdir(c->out, 0755);
     char path[1024], tmp[1100];
-    snprintf(path, sizeof path, "%s/%s%s%s.json", c->out, bench ? bench : "bench", tag && *tag ? "-" : "",
-             tag ? tag : "");
+    snprintf(path, sizeof path, "%s/%s%s%s%s%s.json", c->out, bench ? bench : "bench", tag && *tag ? "-" : "",
+             tag ? tag : "", c->suffix ? "-" : "", c->suffix ? c->suffix : "");
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f)) || fclose(f)) {
