@@ -326,6 +326,7 @@ int lt_cmd_plan(int argc, char **argv) {
     }
     /* --recompute auto: the policy train would choose against this budget. */
     int auto_fit = 1;
+    const lt_train_options ro_asked = ro; /* --max-seq / --max-batch search with auto's choice at each length */
     if (ro.recompute_auto) {
         lt_train_options chosen;
         lt_plan chosen_plan;
@@ -374,12 +375,27 @@ int lt_cmd_plan(int argc, char **argv) {
 
     int64_t best = 0;
     int found = 0;
+    char best_policy[64] = "";
     if (max_seq || max_batch) {
         lt_plan_search what = max_seq ? LT_PLAN_SEARCH_SEQ : LT_PLAN_SEARCH_BATCH;
         int64_t hi = max_seq ? (1ll << 24) : (1ll << 16);
-        if ((s = lt_train_plan_search(ctx, &ro, &cfg, &po, &held, what, hi, budget, &best, &found)) != LT_OK) {
+        if ((s = lt_train_plan_search(ctx, &ro_asked, &cfg, &po, &held, what, hi, budget, &best, &found)) != LT_OK) {
             rc = lt_cli_fail("plan", ctx, s);
             goto done;
+        }
+        if (found && ro_asked.recompute_auto) { /* the policy auto takes at the answer */
+            lt_plan_options ao = po;
+            if (max_seq) ao.run.T = best;
+            else ao.run.B = best;
+            lt_train_options at;
+            if ((s = lt_train_choose_recompute(ctx, &ro_asked, &cfg, &ao, &held, (size_t)budget, &at, NULL)) != LT_OK) {
+                rc = lt_cli_fail("plan", ctx, s);
+                goto done;
+            }
+            lt_plan_recompute_name(at.recompute, at.recompute_every, best_policy, sizeof best_policy);
+            if (at.recompute_attention && at.recompute != LT_RECOMPUTE_NONE)
+                snprintf(best_policy + strlen(best_policy), sizeof best_policy - strlen(best_policy),
+                         " + recompute_attention");
         }
     }
 
@@ -419,6 +435,7 @@ int lt_cmd_plan(int argc, char **argv) {
         if (max_seq || max_batch) {
             if (found) cJSON_AddNumberToObject(out, key, (double)best);
             else cJSON_AddNullToObject(out, key);
+            if (found && best_policy[0]) cJSON_AddStringToObject(out, "recompute_at_max", best_policy);
         }
         char *text = cJSON_Print(out);
         if (!text) {
@@ -499,8 +516,9 @@ int lt_cmd_plan(int argc, char **argv) {
     if (max_seq || max_batch) {
         const char *what = max_seq ? "longest sequence" : "largest batch";
         if (found)
-            printf("%s that fits: %lld%s\n", what, (long long)best,
-                   max_seq && cfg.max_positions && best > cfg.max_positions ? " (beyond max_position_embeddings)" : "");
+            printf("%s that fits: %lld%s%s%s%s\n", what, (long long)best,
+                   max_seq && cfg.max_positions && best > cfg.max_positions ? " (beyond max_position_embeddings)" : "",
+                   best_policy[0] ? " (recompute auto takes " : "", best_policy, best_policy[0] ? " there)" : "");
         else printf("%s that fits: none (even 1 does not fit)\n", what);
     }
     if (!ro.data[0] && dev == LT_DEVICE_CPU)

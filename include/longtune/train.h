@@ -333,7 +333,9 @@ LT_API size_t lt_train_buffer_bytes(const lt_train_options *opt, int64_t B, int6
 
 /* lt_plan_search_max through lt_train_plan: the largest T (or B) in [1, hi] whose plan fits
  * budget_bytes (and popt->host_budget_bytes when set), the trainer's buffers following the shape
- * and `held` (measured at the given shape) staying. Errors: those of lt_train_plan at 1. */
+ * and `held` (measured at the given shape) staying; with opt->recompute_auto a length fits when one
+ * of lt_train_choose_recompute's candidates does there (the policy may differ along the search).
+ * Errors: those of lt_train_plan at 1. */
 LT_API lt_status lt_train_plan_search(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                       const lt_plan_options *popt, const lt_train_held *held, lt_plan_search what,
                                       int64_t hi, size_t budget_bytes, int64_t *out, int *found);

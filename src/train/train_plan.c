@@ -196,6 +196,14 @@ static int fits_at(lt_ctx *ctx, const lt_train_options *opt, const lt_model_conf
     if (what == LT_PLAN_SEARCH_SEQ) o.run.T = v;
     else o.run.B = v;
     lt_plan p;
+    if (opt->recompute_auto) { /* fits when one of recompute auto's candidates does */
+        lt_train_options chosen;
+        lt_status s = lt_train_choose_recompute(ctx, opt, cfg, &o, held, budget, &chosen, &p);
+        if (s == LT_OK) return 1;
+        if (s != LT_ERR_OOM && err) *err = s;
+        else lt_ctx_clear_error(ctx);
+        return 0;
+    }
     lt_status s = lt_train_plan(ctx, opt, cfg, &o, held, &p);
     if (s != LT_OK) {
         if (err) *err = s;

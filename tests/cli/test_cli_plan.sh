@@ -142,6 +142,23 @@ read -r ap ar af <<<"$(pa --recompute auto --budget "$all")"
 read -r ap ar af <<<"$(pa --recompute auto --budget 1M)"
 [ "$af" = "False" ] || say "auto with no room says it fits: $ap $ar $af"
 "$bin" plan --config "$smol" --seq-len 2048 --recompute auto --budget 1M 2>&1 | grep -q "no policy fits" || say "auto without a fit names no reason"
+# --max-seq under auto: the longest length one of auto's policies fits, at least every fixed
+# policy's own answer, with the policy it takes there (which fits at that length and not one past)
+ms() { "$bin" plan --config "$smol" --budget "$all" --json --max-seq "$@" | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["max_seq_len"], p.get("recompute_at_max", "-"))'; }
+read -r m_auto m_pol <<<"$(ms --recompute auto)"
+read -r m_none _ <<<"$(ms --recompute none)"
+read -r m_all _ <<<"$(ms --recompute all)"
+read -r m_e2 _ <<<"$(ms --recompute every:2)"
+for m in "$m_none" "$m_all" "$m_e2"; do
+  [ "$m_auto" -ge "$m" ] 2>/dev/null || say "auto's longest $m_auto below a fixed policy's $m"
+done
+[ "$m_auto" -gt "$m_none" ] 2>/dev/null || say "auto's longest $m_auto is recompute none's $m_none"
+pol=${m_pol%% + *}
+[ -n "$pol" ] && [ "$pol" != "-" ] || say "auto's --max-seq names no policy"
+ra=(); [ "$m_pol" != "$pol" ] && ra=(--recompute-attention)
+fit_at() { "$bin" plan --config "$smol" --budget "$all" --json --seq-len "$1" --recompute "$pol" "${ra[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fits"])'; }
+[ "$(fit_at "$m_auto")" = "True" ] || say "auto's policy $m_pol does not fit at its longest $m_auto"
+"$bin" plan --config "$smol" --budget "$all" --max-seq --recompute auto | grep -q "recompute auto takes" || say "the table form names no policy at the longest length"
 expect() { local want=$1; shift; "$bin" plan "$@" >/dev/null 2>"$tmp/e"; rc=$?; [ $rc = "$want" ] || say "plan $* -> $rc (want $want): $(cat "$tmp/e")"; }
 expect 2 --config "$smol" --data "$tmp"
 expect 2 --config "$smol" --max-seq-length 1
