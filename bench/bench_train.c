@@ -79,8 +79,8 @@ static void peer_close(peer *p) {
 }
 
 /* Starts the peer on model_dir with PYTHONPATH = peer_path first; 0 once it reported ready. */
-static int peer_open(peer *p, const char *script, const char *peer_path, const char *model_dir, int threads, int rank,
-                     double alpha, uint64_t seed) {
+static int peer_open(peer *p, const char *script, const char *peer_path, const char *model_dir, int ckpt, int threads,
+                     int rank, double alpha, uint64_t seed) {
     memset(p, 0, sizeof *p);
     int in[2], out[2];
     if (pipe(in) != 0) return -1;
@@ -107,7 +107,8 @@ static int peer_open(peer *p, const char *script, const char *peer_path, const c
         snprintf(rk, sizeof rk, "%d", rank);
         snprintf(al, sizeof al, "%g", alpha);
         snprintf(sd, sizeof sd, "%llu", (unsigned long long)seed);
-        execlp("python3", "python3", script, model_dir, th, rk, al, sd, (char *)NULL);
+        execlp("python3", "python3", script, model_dir, th, rk, al, sd, ckpt ? "checkpointing" : "no-checkpointing",
+               (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -264,8 +265,9 @@ int lt_bench_train(int argc, char **argv) {
         graph = 1;
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
-    int offload_mode = 0;   /* 1: --offload-checkpoints, 2: --offload-both */
-    int64_t chunk_rows = 0; /* 0: the library's LT_MODEL_CHUNK_ROWS */
+    int offload_mode = 0;          /* 1: --offload-checkpoints, 2: --offload-both */
+    int64_t chunk_rows = 0;        /* 0: the library's LT_MODEL_CHUNK_ROWS */
+    const char *recompute = "all"; /* both arms checkpoint every layer unless --recompute says otherwise */
     const char *graph_arg = "on";
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
@@ -283,6 +285,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
         LT_BENCH_I64("--chunk-rows", &chunk_rows, 1, 1 << 22),
+        LT_BENCH_STR("--recompute", &recompute),
     };
     const int parsed =
         lt_bench_parse_args("train", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -314,6 +317,8 @@ int lt_bench_train(int argc, char **argv) {
             "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
             "                   output + lse with the checkpoints (0, the default)\n"
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
+            "  --recompute P    all (default: both arms checkpoint every layer) | every:K | none (no\n"
+            "                   recompute here, no gradient checkpointing in the peers)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
             "                   CUDA graph captured at the second step of each length (default on; the\n"
             "                   profiler turns it off)\n"
@@ -344,6 +349,27 @@ int lt_bench_train(int argc, char **argv) {
      * 1.28 -> 1.16 s, 32k 8.06 -> 7.05 s with the LoRA kernels of that round) and, with bf16 kept
      * outputs, plans 43.2 GiB at 32k (Qwen3-8B), under half the peer's 90 GiB. */
     if (recompute_attn < 0) recompute_attn = 0;
+    lt_recompute rc_policy = LT_RECOMPUTE_EVERY;
+    int64_t rc_k = 0;
+    {
+        lt_ctx *pc = lt_ctx_new();
+        if (!pc) return 1;
+        lt_status ps = lt_plan_recompute_parse(pc, recompute, &rc_policy, &rc_k);
+        if (ps == LT_OK && rc_policy != LT_RECOMPUTE_NONE && rc_policy != LT_RECOMPUTE_EVERY &&
+            rc_policy != LT_RECOMPUTE_EVERY_K)
+            ps = lt_error(pc, LT_ERR_INVALID_ARG, "recompute policy '%s': the bench shapes have one layer kind",
+                          recompute);
+        if (ps == LT_OK && rc_policy == LT_RECOMPUTE_NONE && recompute_attn)
+            ps = lt_error(pc, LT_ERR_INVALID_ARG, "--recompute-attention 1 needs a recompute policy, not none");
+        if (ps != LT_OK) {
+            int rcode = lt_bench_usage_error("train", NULL, "--recompute: %s", lt_ctx_error(pc));
+            lt_ctx_free(pc);
+            return rcode;
+        }
+        lt_ctx_free(pc);
+    }
+    char rc_name[32];
+    lt_plan_recompute_name(rc_policy, rc_k, rc_name, sizeof rc_name);
     if (profile) lt_prof_enable(1); /* before the model takes its op table */
     if (cuda && lt_sys_cuda().count == 0) {
         fprintf(stderr, "longtune bench train: --backend cuda: no CUDA device (or a build without CUDA)\n");
@@ -420,7 +446,8 @@ int lt_bench_train(int argc, char **argv) {
         char script[1200];
         snprintf(script, sizeof script, "%s/bench/peers/train_torch_cpu.py", src ? src : ".");
         double t0 = lt_time_now();
-        if (peer_open(&pr, script, peer_path, dir, nthreads, rank, 2.0 * rank, 1) != 0) {
+        if (peer_open(&pr, script, peer_path, dir, rc_policy != LT_RECOMPUTE_NONE, nthreads, rank, 2.0 * rank, 1) !=
+            0) {
             fprintf(stderr, "peer skipped: %s did not start\n", script);
             peers = 0;
         } else {
@@ -431,7 +458,8 @@ int lt_bench_train(int argc, char **argv) {
     if (!guard_off) {
         lt_model_run_options ro = {.B = 1,
                                    .T = Tmax,
-                                   .recompute = LT_RECOMPUTE_EVERY,
+                                   .recompute = rc_policy,
+                                   .recompute_k = rc_k,
                                    .attention = LT_ATTENTION_FLASH,
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
@@ -462,7 +490,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "lora_alpha", 2 * rank);
     cJSON_AddStringToObject(jc, "lora_targets", "q,k,v,o,gate,up,down of all layers");
     cJSON_AddNumberToObject(jc, "n_lora_params", (double)n_params);
-    cJSON_AddStringToObject(jc, "recompute", "every layer");
+    cJSON_AddStringToObject(jc, "recompute", rc_policy == LT_RECOMPUTE_EVERY ? "every layer" : rc_name);
     cJSON_AddStringToObject(jc, "attention", "flash");
     cJSON_AddStringToObject(jc, "loss", "fused");
     cJSON_AddStringToObject(jc, "optimizer", "AdamW (both arms; timed in the step)");
@@ -510,7 +538,8 @@ int lt_bench_train(int argc, char **argv) {
         /* attention output + lse are kept with the checkpoints unless --recompute-attention 1 */
         lt_model_run_options ro = {.B = 1,
                                    .T = T,
-                                   .recompute = LT_RECOMPUTE_EVERY,
+                                   .recompute = rc_policy,
+                                   .recompute_k = rc_k,
                                    .attention = LT_ATTENTION_FLASH,
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
@@ -607,7 +636,10 @@ int lt_bench_train(int argc, char **argv) {
         double ms = lt_bench_median(ours + c.warmup, c.repeats);
         double cms = lt_bench_median(ours_cpu + c.warmup, c.repeats);
         double mfl = lt_bench_model_flops(cfg, rank, T);
-        double hfl = lt_bench_hw_flops(cfg, rank, T, recompute_attn, dev == LT_DEVICE_CPU);
+        /* without recompute the hardware does the model's FLOPs; every:K reruns each layer once as all does */
+        double hfl = rc_policy == LT_RECOMPUTE_NONE
+            ? mfl
+            : lt_bench_hw_flops(cfg, rank, T, recompute_attn, dev == LT_DEVICE_CPU);
         double mrate = mfl / (ms * 1e-3), hrate = hfl / (ms * 1e-3);
         cJSON *arm = cJSON_CreateObject();
         char name[64];
@@ -682,8 +714,9 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddNumberToObject(pa, "max_rss_bytes", peer_rss);
             /* the peer's checkpointing reruns the whole layer forward: attention and the down
              * projection's base product included */
-            double phfl = lt_bench_hw_flops(cfg, rank, T, 1, 0) +
-                2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
+            double phfl = rc_policy == LT_RECOMPUTE_NONE ? mfl
+                                                         : lt_bench_hw_flops(cfg, rank, T, 1, 0) +
+                    2.0 * (double)cfg->L * (double)cfg->C * (double)cfg->F * (double)T;
             cJSON_AddNumberToObject(pa, "gflops", phfl / (pms * 1e-3) * 1e-9);
             cJSON_AddNumberToObject(pa, "mfu_vs_sgemm", phfl / (pms * 1e-3) * 1e-9 / sgemm);
             cJSON_AddNumberToObject(pa, "last_loss", peer_loss);
@@ -720,8 +753,8 @@ int lt_bench_train(int argc, char **argv) {
         char args[512], list[160] = "";
         for (int k = 0; k < n_seqs; k++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", k ? "," : "", (long long)seqs[k]);
-        snprintf(args, sizeof args, "--shape %s --seq %s --steps %d --warmup %d --rank %d", shape->name, list,
-                 c.repeats, c.warmup, rank);
+        snprintf(args, sizeof args, "--shape %s --seq %s --steps %d --warmup %d --rank %d%s", shape->name, list,
+                 c.repeats, c.warmup, rank, rc_policy == LT_RECOMPUTE_NONE ? " --no-grad-checkpointing" : "");
         lt_model_config pc = lt_bench_shape_config(shape, wdt);
         peer_lines = lt_bench_gpu_peer_run(peer_path, args);
         if (peer_lines) {
@@ -745,12 +778,15 @@ int lt_bench_train(int argc, char **argv) {
         }
     }
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
-    char tag[192], chunk_tag[40] = "";
+    char tag[240], chunk_tag[40] = "", rc_tag[40] = "";
+    if (rc_policy == LT_RECOMPUTE_NONE) snprintf(rc_tag, sizeof rc_tag, "-norecompute");
+    else if (rc_policy == LT_RECOMPUTE_EVERY_K)
+        snprintf(rc_tag, sizeof rc_tag, "-every%lld", (long long)(rc_k > 0 ? rc_k : 2));
     if (chunk_rows && chunk_rows != LT_MODEL_CHUNK_ROWS)
         snprintf(chunk_tag, sizeof chunk_tag, "-chunk%lld", (long long)chunk_rows);
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
-             random_w ? weights : "weights", recompute_attn ? "-recompute-attn" : "",
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+             random_w ? weights : "weights", rc_tag, recompute_attn ? "-recompute-attn" : "",
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
              cuda && !graph ? "-nograph" : "", chunk_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;

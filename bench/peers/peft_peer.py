@@ -23,6 +23,8 @@ def add_args(ap, shapes, steps, warmup):
     ap.add_argument("--warmup", type=int, default=warmup, help="untimed steps first per length")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-grad-checkpointing", action="store_true",
+                    help="keep every layer's activations (no gradient checkpointing)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to check the script only)")
     ap.add_argument("--memory-fraction", type=float, default=1.0,
                     help="cap this process at a fraction of device memory (to exercise the OOM path)")
@@ -56,7 +58,7 @@ def start_torch(args):
 
 def lora_model(args, torch, cfg, targets):
     """The bf16 model of cfg built in place on the device (an 8B init on the host would take
-    minutes), gradient checkpointing on every layer, LoRA r=--rank alpha 2r on targets, AdamW over
+    minutes), gradient checkpointing on every layer (unless --no-grad-checkpointing), LoRA r=--rank alpha 2r on targets, AdamW over
     the LoRA parameters; (model, trainable params, optimizer, init seconds)."""
     import peft
     import transformers
@@ -66,7 +68,8 @@ def lora_model(args, torch, cfg, targets):
     with dev:
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not args.no_grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lcfg = peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, bias="none",
                            task_type="CAUSAL_LM", target_modules=targets)
     model = peft.get_peft_model(model, lcfg)
@@ -76,6 +79,11 @@ def lora_model(args, torch, cfg, targets):
     if dev.type == "cuda":
         torch.cuda.synchronize()
     return model, params, opt, time.perf_counter() - t0
+
+
+def checkpointing(args):
+    """The ready line's gradient_checkpointing value."""
+    return "off" if args.no_grad_checkpointing else "every layer (use_reentrant=False)"
 
 
 def ready_info(args, torch, shape_cfg, model, params, init_s, targets, **extra):

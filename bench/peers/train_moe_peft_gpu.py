@@ -56,7 +56,7 @@ def build(args, torch, max_T):
         base_cfg, "_experts_implementation", None) or "eager"
     info = peer.ready_info(args, torch, SHAPES[args.shape], model, params, init_s, TARGETS,
                            experts_implementation=experts,
-                           gradient_checkpointing="every layer (use_reentrant=False)",
+                           gradient_checkpointing=peer.checkpointing(args),
                            loss="transformers ForCausalLM loss on full logits (labels=input_ids) + "
                                 "router_aux_loss_coef * load-balancing loss (output_router_logits)", batch=1,
                            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))

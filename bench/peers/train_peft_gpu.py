@@ -70,7 +70,7 @@ def build(args, torch, max_T):
     loss = "Liger fused linear cross-entropy (labels=input_ids)" if liger else \
         "transformers ForCausalLM loss on full logits (labels=input_ids)"
     info = peer.ready_info(args, torch, SHAPES[args.shape], model, params, init_s, TARGETS,
-                           gradient_checkpointing="every layer (use_reentrant=False)", loss=loss, batch=1,
+                           gradient_checkpointing=peer.checkpointing(args), loss=loss, batch=1,
                            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), liger_kernel=liger)
     return model, opt, info
 

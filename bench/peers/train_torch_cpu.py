@@ -1,12 +1,13 @@
 """Peer arm of `longtune bench train`: one LoRA training step of a Hugging Face model folder with
-PyTorch + transformers + PEFT on the CPU (f32 weights, SDPA attention, gradient checkpointing,
-LoRA on q,k,v,o,gate,up,down, batch 1, AdamW), driven step by step over stdin so the C bench can
-interleave it with its own steps. It only times; it does not install anything (the bench's
---install-peer does that with pip).
+PyTorch + transformers + PEFT on the CPU (f32 weights, SDPA attention, gradient checkpointing
+unless told not to, LoRA on q,k,v,o,gate,up,down, batch 1, AdamW), driven step by step over stdin
+so the C bench can interleave it with its own steps. It only times; it does not install anything
+(the bench's --install-peer does that with pip).
 
-Protocol: argv = model_dir threads rank alpha seed. Prints {"ready": ...} once loaded; then for each
-stdin line "T" runs one step on a fresh random batch of T tokens and prints one JSON line
-{"T", "ms", "cpu_ms", "loss", "max_rss_bytes"} (cpu_ms: process CPU time, all threads); "quit" (or EOF) exits."""
+Protocol: argv = model_dir threads rank alpha seed [checkpointing|no-checkpointing]. Prints
+{"ready": ...} once loaded; then for each stdin line "T" runs one step on a fresh random batch of
+T tokens and prints one JSON line {"T", "ms", "cpu_ms", "loss", "max_rss_bytes"} (cpu_ms: process
+CPU time, all threads); "quit" (or EOF) exits."""
 import json
 import resource
 import sys
@@ -15,6 +16,7 @@ import time
 
 def main():
     model_dir, threads, rank, alpha, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    ckpt = len(sys.argv) < 7 or sys.argv[6] != "no-checkpointing"
     import os
     import warnings
     warnings.filterwarnings("ignore")  # deprecation notices would bury the bench's own lines
@@ -30,7 +32,8 @@ def main():
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = peft.get_peft_model(model, cfg)
@@ -40,7 +43,8 @@ def main():
     V = model.config.vocab_size
     print(json.dumps({"ready": True, "torch": torch.__version__, "transformers": transformers.__version__,
                       "peft": peft.__version__, "threads": torch.get_num_threads(),
-                      "n_lora_params": sum(p.numel() for p in params)}), flush=True)
+                      "n_lora_params": sum(p.numel() for p in params),
+                      "gradient_checkpointing": "every layer (use_reentrant=False)" if ckpt else "off"}), flush=True)
     g = torch.Generator().manual_seed(seed)
     for line in sys.stdin:
         line = line.strip()

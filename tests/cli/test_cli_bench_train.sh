@@ -13,7 +13,8 @@ trap 'rm -rf "$tmp"' EXIT
 "$bin" bench train --help >"$tmp/out" 2>&1 || say "--help: rc=$?"
 grep -q "^usage: longtune bench train" "$tmp/out" || say "--help does not print the usage line"
 
-for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend gpu" "--repeats 0" "--shape nope" "--seq 64,"; do
+for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend gpu" "--repeats 0" "--shape nope" "--seq 64," \
+            "--recompute sometimes" "--recompute global" "--recompute none --recompute-attention 1" "--chunk-rows 0"; do
   # shellcheck disable=SC2086
   "$bin" bench train $args >"$tmp/out" 2>&1
   rc=$?
@@ -64,6 +65,28 @@ arms = {a["name"]: a for a in r["arms"]}
 assert set(arms) == {"longtune-T32", "longtune-offload-T32"}, arms
 assert arms["longtune-offload-T32"]["offload_checkpoints"] and not arms["longtune-T32"]["offload_checkpoints"]
 assert all(a["plan_bytes"] == a["peak_bytes"] for a in arms.values()), arms
+PY
+# without recompute (the peer then without checkpointing) and with every:2, each at a smaller chunk
+# of the position-wise work: their own files, the plan still the high-water, no recompute FLOPs
+# counted without recompute
+for rcp in none every:2; do
+  LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench train --shape tiny --seq 64 --repeats 1 --warmup 0 --no-peer \
+    --threads 1 --recompute "$rcp" --chunk-rows 16 --out "$tmp/res" >"$tmp/out" 2>&1 || say "--recompute $rcp run failed: $(tail -3 "$tmp/out")"
+done
+python3 - "$tmp/res" <<'PY' || say "recompute arms inconsistent"
+import json, sys, os
+d = sys.argv[1]
+base = json.load(open(os.path.join(d, "train-cpu-tiny-random-f32.json")))
+none = json.load(open(os.path.join(d, "train-cpu-tiny-random-f32-norecompute-chunk16.json")))
+e2 = json.load(open(os.path.join(d, "train-cpu-tiny-random-f32-every2-chunk16.json")))
+assert none["config"]["recompute"] == "none" and e2["config"]["recompute"] == "every:2", (none["config"], e2["config"])
+assert none["config"]["chunk_rows"] == 16 and base["config"]["chunk_rows"] == 8192
+a0 = [a for a in base["arms"] if a["name"] == "longtune-T64"][0]
+for r in (none, e2):
+    a = [a for a in r["arms"] if a["name"] == "longtune-T64"][0]
+    assert a["plan_bytes"] == a["peak_bytes"], a
+n = [a for a in none["arms"] if a["name"] == "longtune-T64"][0]
+assert n["hw_gflop"] == n["model_gflop"] and a0["hw_gflop"] > a0["model_gflop"], (n, a0)
 PY
 
 [ "$fail" -eq 0 ] && echo "ok"
