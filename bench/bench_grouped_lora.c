@@ -19,13 +19,6 @@
 #endif
 
 #if LT_HAVE_CUDA
-static int usage(const char *msg, const char *arg) {
-    fprintf(stderr,
-            "longtune bench grouped_lora: %s '%s'\nusage: longtune bench grouped_lora --backend cuda [options]\n", msg,
-            arg);
-    return 2;
-}
-
 static uint64_t xs(uint64_t *s) {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -76,7 +69,9 @@ int lt_bench_grouped_lora(int argc, char **argv) {
     fprintf(stderr, "longtune bench grouped_lora: this build has no CUDA backend\n");
     return 1;
 #else
-    if (strcmp(c.backend, "cuda")) return usage("measures the CUDA backend only: --backend cuda, not", c.backend);
+    if (strcmp(c.backend, "cuda"))
+        return lt_bench_usage_error("grouped_lora", "longtune bench grouped_lora --backend cuda [options]",
+                                    "measures the CUDA backend only: --backend cuda, not '%s'", c.backend);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         fprintf(stderr, "longtune bench grouped_lora: no CUDA device\n");
