@@ -275,8 +275,8 @@ int lt_cmd_generate(int argc, char **argv) {
     if (!g->json) printf("\n");
     fflush(stdout);
     fprintf(stderr,
-            "longtune generate: %lld prompt tokens in %.2f s (%.1f tok/s), %lld new tokens in %.2f s (%.1f tok/s), "
-            "kv cache %.1f MiB\n",
+            "longtune generate: %lld prompt tokens in %.2f s (%.1f tok/s, the backend's first-call start included), "
+            "%lld new tokens in %.2f s (%.1f tok/s), kv cache %.1f MiB\n",
             (long long)gs.prompt_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prompt_tokens / gs.prefill_s : 0,
             (long long)gs.new_tokens, gs.decode_s, gs.decode_s > 0 ? (double)(gs.new_tokens - n) / gs.decode_s : 0.0,
             (double)gs.cache_bytes / 1048576.0);
