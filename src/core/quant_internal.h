@@ -155,6 +155,10 @@ typedef struct lt_kquant_search {
     void (*symmetric)(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales);
     /* Q3_K's symmetric grid refined by single-level moves, L = level + nmax */
     void (*q3)(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales);
+    /* the levels again from a stored scale dl (and min ml): L = clamp(round((x + ml) / dl), 0,
+     * nmax), or clamp(round(x / dl), -nmax, nmax - 1) + nmax; n weights; untouched when dl is 0 */
+    void (*requant_affine)(const float *x, int n, float dl, float ml, int nmax, uint8_t *L);
+    void (*requant_symmetric)(const float *x, int n, float dl, int nmax, int8_t *L);
 } lt_kquant_search;
 
 extern const lt_kquant_search lt_kquant_search_scalar;

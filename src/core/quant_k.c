@@ -5,7 +5,9 @@
  * affine types a min) searched over a few candidate grids for the least weighted error, the
  * sub-block scales then quantized to 4/6/8 bits against one f16 super-scale. There is no IQ4_XS
  * quantizer: its importance-weighted search has no use here. The AVX2 and AVX-512 dequantizers
- * are in quant_avx2.c and quant_avx512.c. */
+ * are in quant_avx2.c and quant_avx512.c; the quantizers' per-sub-block searches have an AVX2
+ * table in quant_k_avx2.c (eight sub-blocks at once, the same bits), which lt_cpu_isa_active's
+ * path picks for every super-block (the super-block step here is shared). */
 #include <math.h>
 #include <string.h>
 
@@ -283,7 +285,8 @@ static void q3_scalar(const float *x, int nsub, int n, int nmax, int8_t *L, floa
     for (int j = 0; j < nsub; j++) scales[j] = q3_search(n, nmax, x + n * j, L + n * j);
 }
 
-const lt_kquant_search lt_kquant_search_scalar = {affine_scalar, symmetric_scalar, q3_scalar};
+const lt_kquant_search lt_kquant_search_scalar = {affine_scalar, symmetric_scalar, q3_scalar, requant_affine,
+                                                  requant_symmetric};
 
 /* Packs 2-bit levels: byte h*32+l holds elements h*128 + 32*j + l at bits 2j (Q2_K, Q3_K). */
 static void pack_2bit(const uint8_t *L, uint8_t *qs) {
@@ -316,7 +319,7 @@ static void quant_q2_k(const lt_kquant_search *S, const float *x, uint8_t *p, in
         for (int j = 0; j < 16; j++) {
             int s, m;
             lt_q2_scale_min(sc, j, &s, &m);
-            requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
+            S->requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
         }
         pack_2bit(L, p + 16);
     }
@@ -343,7 +346,7 @@ static void quant_q3_k(const lt_kquant_search *S, const float *x, uint8_t *p, in
             lt_quant_put_half(p + 108, 0.0f);
         }
         float d = lt_quant_half(p + 108);
-        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)lt_q3_scale(sc, j), 4, L + 16 * j);
+        for (int j = 0; j < 16; j++) S->requant_symmetric(x + 16 * j, 16, d * (float)lt_q3_scale(sc, j), 4, L + 16 * j);
         /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
         memset(hm, 0, 32);
         uint8_t low[QK];
@@ -399,7 +402,7 @@ static void quant_k45(const lt_kquant_search *S, const float *x, uint8_t *p, int
         for (int j = 0; j < 8; j++) {
             int s, m;
             lt_k4_scale_min(sc, j, &s, &m);
-            requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
+            S->requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
         }
         uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
         if (five) memset(qh, 0, 32);
@@ -429,7 +432,7 @@ static void quant_q6_k(const lt_kquant_search *S, const float *x, uint8_t *p, in
         for (int j = 0; j < 16; j++) sc[j] = (int8_t)clampi(lt_quant_round(inv * scales[j]), -128, 127);
         lt_quant_put_half(p + 208, 1.0f / inv);
         float d = lt_quant_half(p + 208);
-        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
+        for (int j = 0; j < 16; j++) S->requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
         uint8_t *ql = p, *qh = p + 128;
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 32; l++) {

@@ -259,7 +259,40 @@ AVX2_FN static void q3_avx2(const float *x, int nsub, int n, int nmax, int8_t *L
     for (int g = 0; g < nsub; g += LANES) q3_8(x + g * n, n, nmax, L + g * n, scales + g);
 }
 
-static const lt_kquant_search avx2_search = {affine_avx2, symmetric_avx2, q3_avx2};
+/* Eight levels in [0, 255] (whole floats) as bytes at L. */
+AVX2_FN static inline void store_levels8(__m256 l, uint8_t *L) {
+    const __m256i q = _mm256_cvtps_epi32(l);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    _mm_storel_epi64((__m128i *)(void *)L, _mm_packus_epi16(w, w));
+}
+
+AVX2_FN static void requant_affine_avx2(const float *x, int n, float dl, float ml, int nmax, uint8_t *L) {
+    if (dl == 0.0f) return;
+    if (n % 8) {
+        lt_kquant_search_scalar.requant_affine(x, n, dl, ml, nmax, L);
+        return;
+    }
+    const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml), lo = _mm256_setzero_ps(),
+                 hi = _mm256_set1_ps((float)nmax);
+    for (int i = 0; i < n; i += 8)
+        store_levels8(round_clamp(_mm256_div_ps(_mm256_add_ps(_mm256_loadu_ps(x + i), m), d), lo, hi), L + i);
+}
+
+AVX2_FN static void requant_symmetric_avx2(const float *x, int n, float dl, int nmax, int8_t *L) {
+    if (dl == 0.0f) return;
+    if (n % 8) {
+        lt_kquant_search_scalar.requant_symmetric(x, n, dl, nmax, L);
+        return;
+    }
+    const __m256 d = _mm256_set1_ps(dl), lo = _mm256_set1_ps((float)-nmax), hi = _mm256_set1_ps((float)(nmax - 1)),
+                 off = _mm256_set1_ps((float)nmax);
+    for (int i = 0; i < n; i += 8)
+        store_levels8(_mm256_add_ps(round_clamp(_mm256_div_ps(_mm256_loadu_ps(x + i), d), lo, hi), off),
+                      (uint8_t *)L + i);
+}
+
+static const lt_kquant_search avx2_search = {affine_avx2, symmetric_avx2, q3_avx2, requant_affine_avx2,
+                                             requant_symmetric_avx2};
 
 const lt_kquant_search *lt_kquant_search_avx2(void) { return &avx2_search; }
 
