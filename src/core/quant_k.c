@@ -350,13 +350,10 @@ static void quant_q3_k(const lt_kquant_search *S, const float *x, uint8_t *p, in
         /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
         memset(hm, 0, 32);
         uint8_t low[QK];
-        for (int e = 0; e < QK; e++) {
-            int l = L[e];
-            if (l > 3) {
-                hm[e % 32] |= (uint8_t)(1u << (e / 32));
-                l -= 4;
-            }
-            low[e] = (uint8_t)l;
+        for (int e = 0; e < QK; e++) { /* L in [0, 7]: bit 2 is the third bit, without a branch */
+            const int l = L[e];
+            hm[e % 32] |= (uint8_t)((l >> 2) << (e / 32));
+            low[e] = (uint8_t)(l & 3);
         }
         pack_2bit(low, qs);
     }
