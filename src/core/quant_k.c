@@ -364,17 +364,24 @@ static void quant_q3_k(const lt_kquant_search *S, const float *x, uint8_t *p, in
 static void quant_k45(const lt_kquant_search *S, const float *x, uint8_t *p, int64_t nb, int five) {
     const int nmax = five ? 31 : 15, nstep = five ? 15 : 20;
     const float rmin = five ? -0.5f : -1.0f;
+    /* the searches take two super-blocks at a time (sixteen independent sub-blocks) */
+    uint8_t L2[2 * QK];
+    float scales2[16], mins2[16], w[2 * QK];
     for (int64_t b = 0; b < nb; b++, x += QK, p += five ? 176 : 144) {
-        uint8_t L[QK];
-        float scales[8], mins[8], w[QK], max_scale = 0, max_min = 0;
-        for (int j = 0; j < 8; j++) {
-            const float *xs = x + 32 * j;
-            float s2 = 0;
-            for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
-            float av = sqrtf(s2 / 32.0f);
-            for (int l = 0; l < 32; l++) w[32 * j + l] = av + fabsf(xs[l]);
+        if (b % 2 == 0) {
+            const int nsub = b + 1 < nb ? 16 : 8;
+            for (int j = 0; j < nsub; j++) {
+                const float *xs = x + 32 * j;
+                float s2 = 0;
+                for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
+                float av = sqrtf(s2 / 32.0f);
+                for (int l = 0; l < 32; l++) w[32 * j + l] = av + fabsf(xs[l]);
+            }
+            S->affine(x, w, nsub, 32, nmax, rmin, 0.1f, nstep, 0, L2, scales2, mins2);
         }
-        S->affine(x, w, 8, 32, nmax, rmin, 0.1f, nstep, 0, L, scales, mins);
+        uint8_t *L = L2 + (b % 2) * QK;
+        const float *scales = scales2 + (b % 2) * 8, *mins = mins2 + (b % 2) * 8;
+        float max_scale = 0, max_min = 0;
         for (int j = 0; j < 8; j++) {
             max_scale = fmaxf(max_scale, scales[j]);
             max_min = fmaxf(max_min, mins[j]);

@@ -65,80 +65,114 @@ AVX2_FN static __m256 signed_max8(const __m256 *xt, int n, __m256 *amax) {
     return mx;
 }
 
-/* Eight affine searches (quant_k.c's affine_search), sub-blocks j of x and w at j*n. */
+/* G·8 affine searches (quant_k.c's affine_search), sub-blocks j of x and w at j*n; G = 2 runs
+ * two independent sets of eight interleaved, so one set's sums fill the other's latency. */
+AVX2_FN __attribute__((always_inline)) static inline void affine_lanes(const float *x, const float *w, int n, int nmax,
+                                                                       float rmin, float rdelta, int nstep, int use_mad,
+                                                                       uint8_t *L, float *scales, float *mins,
+                                                                       const int G) {
+    __m256 xt[2][NMAX_SUB], wt[2][NMAX_SUB], Lt[2][NMAX_SUB], ct[2][NMAX_SUB];
+    __m256 lo[2], hi[2], sw[2], sx[2], lo0[2], flat[2], inv[2], scale[2], best[2];
+    const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps((float)nmax);
+    for (int g = 0; g < G; g++) {
+        xt[g][0] = wt[g][0] = zero; /* n >= 8: for the compiler's sake */
+        transpose_in(x + g * LANES * n, n, xt[g]);
+        transpose_in(w + g * LANES * n, n, wt[g]);
+        hi[g] = lo[g] = xt[g][0];
+        sw[g] = wt[g][0];
+        sx[g] = _mm256_mul_ps(wt[g][0], xt[g][0]);
+    }
+    for (int i = 1; i < n; i++)
+        for (int g = 0; g < G; g++) {
+            lo[g] = _mm256_min_ps(lo[g], xt[g][i]);
+            hi[g] = _mm256_max_ps(hi[g], xt[g][i]);
+            sw[g] = _mm256_add_ps(sw[g], wt[g][i]);
+            sx[g] = _mm256_add_ps(sx[g], _mm256_mul_ps(wt[g][i], xt[g][i]));
+        }
+    for (int g = 0; g < G; g++) {
+        lo[g] = sel(lo[g], zero, gt(lo[g], zero));
+        /* a zero lowest weight: its sign is the scalar fminf chain's (hi's sign never matters) */
+        const int zl = _mm256_movemask_ps(_mm256_cmp_ps(lo[g], zero, _CMP_EQ_OQ));
+        if (zl) {
+            float l8[LANES];
+            _mm256_storeu_ps(l8, lo[g]);
+            for (int j = 0; j < LANES; j++)
+                if (zl >> j & 1) l8[j] = lt_kquant_affine_lo(x + (g * LANES + j) * n, n);
+            lo[g] = _mm256_loadu_ps(l8);
+        }
+        lo0[g] = lo[g];
+        flat[g] = _mm256_cmp_ps(hi[g], lo[g], _CMP_EQ_OQ);
+        inv[g] = _mm256_div_ps(top, _mm256_sub_ps(hi[g], lo[g]));
+        scale[g] = _mm256_div_ps(_mm256_set1_ps(1.0f), inv[g]);
+        best[g] = zero;
+    }
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < G; g++) {
+            Lt[g][i] = round_clamp(_mm256_mul_ps(inv[g], _mm256_sub_ps(xt[g][i], lo[g])), zero, top);
+            __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale[g], Lt[g][i]), lo[g]), xt[g][i]);
+            best[g] = _mm256_add_ps(best[g], _mm256_mul_ps(wt[g][i], use_mad ? vabs(diff) : _mm256_mul_ps(diff, diff)));
+        }
+    for (int s = 0; s <= nstep; s++) {
+        const __m256 c = _mm256_set1_ps(rmin + rdelta * (float)s + (float)nmax);
+        __m256 sl[2], sl2[2], sxl[2], err[2];
+        for (int g = 0; g < G; g++) {
+            inv[g] = _mm256_div_ps(c, _mm256_sub_ps(hi[g], lo[g]));
+            sl[g] = sl2[g] = sxl[g] = err[g] = zero;
+        }
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < G; g++) {
+                __m256 l = round_clamp(_mm256_mul_ps(inv[g], _mm256_sub_ps(xt[g][i], lo[g])), zero, top);
+                ct[g][i] = l;
+                __m256 wl = _mm256_mul_ps(wt[g][i], l);
+                sl[g] = _mm256_add_ps(sl[g], wl);
+                sl2[g] = _mm256_add_ps(sl2[g], _mm256_mul_ps(wl, l));
+                sxl[g] = _mm256_add_ps(sxl[g], _mm256_mul_ps(wl, xt[g][i]));
+            }
+        __m256 det[2], cs[2], cm[2];
+        for (int g = 0; g < G; g++) {
+            det[g] = _mm256_sub_ps(_mm256_mul_ps(sw[g], sl2[g]), _mm256_mul_ps(sl[g], sl[g]));
+            cs[g] = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sw[g], sxl[g]), _mm256_mul_ps(sx[g], sl[g])), det[g]);
+            cm[g] = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2[g], sx[g]), _mm256_mul_ps(sl[g], sxl[g])), det[g]);
+            const __m256 pos = gt(cm[g], zero);
+            cm[g] = sel(cm[g], zero, pos);
+            cs[g] = sel(cs[g], _mm256_div_ps(sxl[g], sl2[g]), pos);
+        }
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < G; g++) {
+                __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(cs[g], ct[g][i]), cm[g]), xt[g][i]);
+                err[g] =
+                    _mm256_add_ps(err[g], _mm256_mul_ps(wt[g][i], use_mad ? vabs(diff) : _mm256_mul_ps(diff, diff)));
+            }
+        for (int g = 0; g < G; g++) {
+            /* the scalar skips det <= 0; a NaN det gives a NaN err, which never wins */
+            const __m256 take = _mm256_and_ps(gt(det[g], zero), lt(err[g], best[g]));
+            if (!_mm256_movemask_ps(take)) continue;
+            for (int i = 0; i < n; i++) Lt[g][i] = sel(Lt[g][i], ct[g][i], take);
+            best[g] = sel(best[g], err[g], take);
+            scale[g] = sel(scale[g], cs[g], take);
+            lo[g] = sel(lo[g], cm[g], take);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        /* a flat sub-block: levels 0, scale 0, min -lo */
+        _mm256_storeu_ps(scales + g * LANES, sel(scale[g], zero, flat[g]));
+        _mm256_storeu_ps(mins + g * LANES, _mm256_xor_ps(sel(lo[g], lo0[g], flat[g]), _mm256_set1_ps(-0.0f)));
+        float l8[LANES];
+        for (int i = 0; i < n; i++) {
+            _mm256_storeu_ps(l8, sel(Lt[g][i], zero, flat[g]));
+            for (int j = 0; j < LANES; j++) L[(g * LANES + j) * n + i] = (uint8_t)l8[j];
+        }
+    }
+}
+
 AVX2_FN static void affine8(const float *x, const float *w, int n, int nmax, float rmin, float rdelta, int nstep,
                             int use_mad, uint8_t *L, float *scales, float *mins) {
-    __m256 xt[NMAX_SUB], wt[NMAX_SUB], Lt[NMAX_SUB], ct[NMAX_SUB];
-    xt[0] = wt[0] = _mm256_setzero_ps(); /* n >= 8: for the compiler's sake */
-    transpose_in(x, n, xt);
-    transpose_in(w, n, wt);
-    const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps((float)nmax);
-    __m256 hi = xt[0], lo = xt[0], sw = wt[0], sx = _mm256_mul_ps(wt[0], xt[0]);
-    for (int i = 1; i < n; i++) {
-        lo = _mm256_min_ps(lo, xt[i]);
-        hi = _mm256_max_ps(hi, xt[i]);
-        sw = _mm256_add_ps(sw, wt[i]);
-        sx = _mm256_add_ps(sx, _mm256_mul_ps(wt[i], xt[i]));
-    }
-    lo = sel(lo, zero, gt(lo, zero));
-    /* a zero lowest weight: its sign is the scalar fminf chain's (hi's sign never matters) */
-    int zl = _mm256_movemask_ps(_mm256_cmp_ps(lo, zero, _CMP_EQ_OQ));
-    if (zl) {
-        float l8[LANES];
-        _mm256_storeu_ps(l8, lo);
-        for (int j = 0; j < LANES; j++)
-            if (zl >> j & 1) l8[j] = lt_kquant_affine_lo(x + j * n, n);
-        lo = _mm256_loadu_ps(l8);
-    }
-    const __m256 lo0 = lo, flat = _mm256_cmp_ps(hi, lo, _CMP_EQ_OQ);
-    __m256 inv = _mm256_div_ps(top, _mm256_sub_ps(hi, lo)), scale = _mm256_div_ps(_mm256_set1_ps(1.0f), inv);
-    __m256 best = zero;
-    for (int i = 0; i < n; i++) {
-        Lt[i] = round_clamp(_mm256_mul_ps(inv, _mm256_sub_ps(xt[i], lo)), zero, top);
-        __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, Lt[i]), lo), xt[i]);
-        best = _mm256_add_ps(best, _mm256_mul_ps(wt[i], use_mad ? vabs(diff) : _mm256_mul_ps(diff, diff)));
-    }
-    for (int s = 0; s <= nstep; s++) {
-        const float c = rmin + rdelta * (float)s + (float)nmax;
-        inv = _mm256_div_ps(_mm256_set1_ps(c), _mm256_sub_ps(hi, lo));
-        __m256 sl = zero, sl2 = zero, sxl = zero;
-        for (int i = 0; i < n; i++) {
-            __m256 l = round_clamp(_mm256_mul_ps(inv, _mm256_sub_ps(xt[i], lo)), zero, top);
-            ct[i] = l;
-            __m256 wl = _mm256_mul_ps(wt[i], l);
-            sl = _mm256_add_ps(sl, wl);
-            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, l));
-            sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, xt[i]));
-        }
-        __m256 det = _mm256_sub_ps(_mm256_mul_ps(sw, sl2), _mm256_mul_ps(sl, sl));
-        __m256 cs = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sw, sxl), _mm256_mul_ps(sx, sl)), det);
-        __m256 cm = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, sx), _mm256_mul_ps(sl, sxl)), det);
-        const __m256 pos = gt(cm, zero);
-        cm = sel(cm, zero, pos);
-        cs = sel(cs, _mm256_div_ps(sxl, sl2), pos);
-        __m256 err = zero;
-        for (int i = 0; i < n; i++) {
-            __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(cs, ct[i]), cm), xt[i]);
-            err = _mm256_add_ps(err, _mm256_mul_ps(wt[i], use_mad ? vabs(diff) : _mm256_mul_ps(diff, diff)));
-        }
-        /* the scalar skips det <= 0; a NaN det gives a NaN err, which never wins */
-        const __m256 take = _mm256_and_ps(gt(det, zero), lt(err, best));
-        if (!_mm256_movemask_ps(take)) continue;
-        for (int i = 0; i < n; i++) Lt[i] = sel(Lt[i], ct[i], take);
-        best = sel(best, err, take);
-        scale = sel(scale, cs, take);
-        lo = sel(lo, cm, take);
-    }
-    /* a flat sub-block: levels 0, scale 0, min -lo */
-    scale = sel(scale, zero, flat);
-    lo = sel(lo, lo0, flat);
-    _mm256_storeu_ps(scales, scale);
-    _mm256_storeu_ps(mins, _mm256_xor_ps(lo, _mm256_set1_ps(-0.0f)));
-    float l8[LANES];
-    for (int i = 0; i < n; i++) {
-        _mm256_storeu_ps(l8, sel(Lt[i], zero, flat));
-        for (int j = 0; j < LANES; j++) L[j * n + i] = (uint8_t)l8[j];
-    }
+    affine_lanes(x, w, n, nmax, rmin, rdelta, nstep, use_mad, L, scales, mins, 1);
+}
+
+AVX2_FN static void affine16(const float *x, const float *w, int n, int nmax, float rmin, float rdelta, int nstep,
+                             int use_mad, uint8_t *L, float *scales, float *mins) {
+    affine_lanes(x, w, n, nmax, rmin, rdelta, nstep, use_mad, L, scales, mins, 2);
 }
 
 /* Eight symmetric searches (quant_k.c's symmetric_search). */
@@ -239,7 +273,10 @@ AVX2_FN static void affine_avx2(const float *x, const float *w, int nsub, int n,
         lt_kquant_search_scalar.affine(x, w, nsub, n, nmax, rmin, rdelta, nstep, use_mad, L, scales, mins);
         return;
     }
-    for (int g = 0; g < nsub; g += LANES)
+    int g = 0;
+    for (; g + 2 * LANES <= nsub; g += 2 * LANES)
+        affine16(x + g * n, w + g * n, n, nmax, rmin, rdelta, nstep, use_mad, L + g * n, scales + g, mins + g);
+    for (; g < nsub; g += LANES)
         affine8(x + g * n, w + g * n, n, nmax, rmin, rdelta, nstep, use_mad, L + g * n, scales + g, mins + g);
 }
 

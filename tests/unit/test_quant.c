@@ -452,20 +452,27 @@ static void k_quant_paths_match_scalar_bytes(void **state) {
         const lt_cpu_isa isa = all_isas[k];
         if (!isa_runs(isa)) continue;
         for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
-            const size_t bytes = (size_t)lt_dtype_row_bytes(kt[ti], N);
-            uint8_t *want = malloc(bytes), *got = malloc(bytes);
-            assert_non_null(want);
-            assert_non_null(got);
-            memset(got, 0xa5, bytes);
-            lt_quantize_k_isa(LT_CPU_ISA_SCALAR, kt[ti], x, want, N);
-            lt_quantize_k_isa(isa, kt[ti], x, got, N);
-            const size_t bb = (size_t)lt_dtype_block_bytes(kt[ti]);
-            for (size_t o = 0; o < bytes; o++)
-                if (got[o] != want[o])
-                    fail_msg("%s path, %s: super-block %zu byte %zu: 0x%02x, scalar 0x%02x", lt_cpu_isa_name(isa),
-                             lt_dtype_name(kt[ti]), o / bb, o % bb, got[o], want[o]);
-            free(want);
-            free(got);
+            /* the whole row, an odd count of super-blocks, and one alone */
+            const int counts[] = {NSB, NSB - 1, 1};
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                const int64_t n = (int64_t)counts[ci] * 256;
+                const float *src = x + (NSB - counts[ci]) * 256;
+                const size_t bytes = (size_t)lt_dtype_row_bytes(kt[ti], n);
+                uint8_t *want = malloc(bytes), *got = malloc(bytes);
+                assert_non_null(want);
+                assert_non_null(got);
+                memset(got, 0xa5, bytes);
+                lt_quantize_k_isa(LT_CPU_ISA_SCALAR, kt[ti], src, want, n);
+                lt_quantize_k_isa(isa, kt[ti], src, got, n);
+                const size_t bb = (size_t)lt_dtype_block_bytes(kt[ti]);
+                for (size_t o = 0; o < bytes; o++)
+                    if (got[o] != want[o])
+                        fail_msg("%s path, %s, %d super-blocks: super-block %zu byte %zu: 0x%02x, scalar 0x%02x",
+                                 lt_cpu_isa_name(isa), lt_dtype_name(kt[ti]), counts[ci], o / bb, o % bb, got[o],
+                                 want[o]);
+                free(want);
+                free(got);
+            }
         }
         print_message("%s path: Q2_K..Q6_K encoders equal the scalar ones on %d super-blocks\n", lt_cpu_isa_name(isa),
                       NSB);
