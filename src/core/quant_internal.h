@@ -111,12 +111,12 @@ lt_status lt_cpu_isa_from_env(lt_ctx *ctx, lt_cpu_isa *out);
  * variable before any context exists (the CLI, at start-up). */
 lt_status lt_cpu_isa_env(lt_cpu_isa *out, char *msg, size_t cap);
 
-/* The path lt_dequantize_row uses: chosen by lt_cpu_isa_from_env at the first call (a bad
+/* The path lt_dequantize_row (and lt_quantize_row's K-quant searches) use: chosen by lt_cpu_isa_from_env at the first call (a bad
  * LONGTUNE_CPU_ISA then aborts with its message, never falls back), or pinned by
  * lt_cpu_isa_select. */
 lt_cpu_isa lt_cpu_isa_active(void);
 
-/* Pins lt_dequantize_row to `isa` (benchmarks comparing paths in one process); LT_ERR_UNSUPPORTED
+/* Pins lt_dequantize_row and the K-quant searches to `isa` (benchmarks comparing paths in one process); LT_ERR_UNSUPPORTED
  * when it is not available here. Not for use while other threads dequantize. */
 lt_status lt_cpu_isa_select(lt_ctx *ctx, lt_cpu_isa isa);
 
