@@ -234,6 +234,60 @@ static int dequant_arms(lt_ctx *ctx, const lt_bench_common *c, const lt_tensor *
     return 0;
 }
 
+/* The encoder: `rows` rows of `in` uniform random weights through lt_quantize_row on one thread,
+ * per instruction set (the K-quant encoders have an AVX2 path). Arms "encode-<dtype>-<rows>x<in>-
+ * <isa>" with the median ms and weights per second. Non-zero on allocation failure. */
+static int encode_arms(lt_ctx *ctx, const lt_bench_common *c, lt_dtype dt, int64_t rows, int64_t in,
+                       const lt_cpu_isa *isas, int nisas, double *t, uint64_t *s, cJSON *arms) {
+    const size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
+    float *x = malloc((size_t)(rows * in) * sizeof *x);
+    uint8_t *q = malloc(rb * (size_t)rows);
+    if (!x || !q) {
+        free(x), free(q);
+        return lt_error(ctx, LT_ERR_OOM, "bench matmul: encode buffers"), 1;
+    }
+    for (int64_t i = 0; i < rows * in; i++) x[i] = 0.05f * unif(s);
+    for (int k = 0; k < nisas; k++) {
+        if (lt_cpu_isa_select(ctx, isas[k]) != LT_OK) break;
+        for (int r = -c->warmup; r < c->repeats; r++) {
+            double t0 = lt_time_now();
+            for (int64_t o = 0; o < rows; o++) lt_quantize_row(dt, x + o * in, q + rb * (size_t)o, in);
+            if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
+        }
+        const double ms = lt_bench_median(t, c->repeats), wps = (double)(rows * in) / (ms * 1e-3);
+        char name[64];
+        snprintf(name, sizeof name, "encode-%s-%lldx%lld-%s", lt_dtype_name(dt), (long long)rows, (long long)in,
+                 lt_cpu_isa_name(isas[k]));
+        cJSON *arm = cJSON_CreateObject();
+        cJSON_AddStringToObject(arm, "name", name);
+        cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isas[k]));
+        cJSON_AddNumberToObject(arm, "median_ms", ms);
+        cJSON_AddNumberToObject(arm, "weights_per_s", wps);
+        cJSON_AddItemToArray(arms, arm);
+        fprintf(stderr, "%-34s %9.3f ms %9.3g weights/s (one thread)\n", name, ms, wps);
+    }
+    free(x), free(q);
+    return 0;
+}
+
+/* The dtypes lt_quantize_row encodes from f32. */
+static int has_encoder(lt_dtype dt) {
+    switch (dt) {
+    case LT_DTYPE_Q8_0:
+    case LT_DTYPE_Q4_0:
+    case LT_DTYPE_Q4_1:
+    case LT_DTYPE_Q5_0:
+    case LT_DTYPE_Q5_1:
+    case LT_DTYPE_INT4_G64:
+    case LT_DTYPE_Q2_K:
+    case LT_DTYPE_Q3_K:
+    case LT_DTYPE_Q4_K:
+    case LT_DTYPE_Q5_K:
+    case LT_DTYPE_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
 int lt_bench_matmul(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -243,6 +297,8 @@ int lt_bench_matmul(int argc, char **argv) {
     lt_dtype dts[16];
     int ndts = 0; /* 0: the backend's default list */
     const char *isa_arg = NULL;
+    int64_t encode_rows = 0;
+    int encode_only = 0;
     shape_list sl = {shapes, &nshapes};
     dtype_list dl = {dts, &ndts};
     const lt_bench_arg flags[] = {
@@ -250,6 +306,8 @@ int lt_bench_matmul(int argc, char **argv) {
         LT_BENCH_FN("--shapes", &sl, parse_shapes),
         LT_BENCH_FN("--dtypes", &dl, parse_dtypes),
         LT_BENCH_STR("--isa", &isa_arg),
+        LT_BENCH_I64("--encode", &encode_rows, 0, 1 << 20),
+        LT_BENCH_SET("--encode-only", &encode_only, 1),
     };
     const int parsed =
         lt_bench_parse_args("matmul", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -265,7 +323,10 @@ int lt_bench_matmul(int argc, char **argv) {
             "  --dtypes LIST    W dtypes (default: cuda bf16,q4_0; cpu f32,bf16,f16 and every GGUF\n"
             "                   block format)\n"
             "  --isa LIST       cpu: the dequantizers to time each arm on, scalar,avx2,avx512 or all\n"
-            "                   (default: the one in use, LONGTUNE_CPU_ISA or the widest the CPU has)\n" LT_BENCH_COMMON_HELP);
+            "                   (default: the one in use, LONGTUNE_CPU_ISA or the widest the CPU has)\n"
+            "  --encode ROWS    cpu: also time lt_quantize_row on ROWS rows of each shape's in, per\n"
+            "                   dtype with an encoder and per --isa path (default 0: not timed)\n"
+            "  --encode-only    cpu: time the encoders alone (needs --encode), no matmul or gemm arms\n" LT_BENCH_COMMON_HELP);
         return 0;
     }
     if (parsed) return parsed;
@@ -283,6 +344,10 @@ int lt_bench_matmul(int argc, char **argv) {
         return 1;
     }
 #endif
+    if (encode_only && (cuda || !encode_rows)) {
+        fprintf(stderr, "longtune bench matmul: --encode-only needs --encode ROWS and the cpu backend\n");
+        return 2;
+    }
     if (!N) N = cuda ? 8192 : 64;
     if (!ndts) {
         /* the CPU list: the dense ceilings and every format a K_M file holds its projections in */
@@ -344,14 +409,22 @@ int lt_bench_matmul(int argc, char **argv) {
         cJSON_AddNumberToObject(cfg, "threads", lt_bench_threads(ctx));
         cJSON *il = cJSON_AddArrayToObject(cfg, "isa");
         for (int k = 0; k < nisas; k++) cJSON_AddItemToArray(il, cJSON_CreateString(lt_cpu_isa_name(isas[k])));
+        if (encode_rows) cJSON_AddNumberToObject(cfg, "encode_rows", (double)encode_rows);
+        if (encode_only) cJSON_AddBoolToObject(cfg, "encode_only", 1);
     }
     cJSON_AddStringToObject(cfg, "measures",
                             "lt_backend.matmul, f32 x and y, conversions included; TFLOP/s = 2·N·out·in / time; "
                             "vs_f32 = time / the f32 arm's time at the same shape and mode");
     cJSON *arms = cJSON_AddArrayToObject(res, "arms");
-    double cpu_ceiling = cuda ? 0 : lt_bench_sgemm_gflops(1024, 3, lt_ctx_threads(ctx));
+    double cpu_ceiling = cuda || encode_only ? 0 : lt_bench_sgemm_gflops(1024, 3, lt_ctx_threads(ctx));
     if (!t) goto done;
-    for (int si = 0; si < nshapes; si++) {
+    if (!cuda && encode_rows)
+        for (int si = 0; si < nshapes; si++)
+            for (int di = 0; di < ndts; di++)
+                if (has_encoder(dts[di]) && lt_dtype_row_bytes(dts[di], shapes[si].in) >= 0 &&
+                    encode_arms(ctx, &c, dts[di], encode_rows, shapes[si].in, isas, nisas, t, &s, arms))
+                    goto done;
+    for (int si = 0; si < nshapes && !encode_only; si++) {
         const int64_t out = shapes[si].out, in = shapes[si].in;
         const double flop = 2.0 * (double)N * (double)out * (double)in;
         const int64_t xmax = out > in ? out : in;
@@ -446,7 +519,7 @@ int lt_bench_matmul(int argc, char **argv) {
      * dA = duᵀ·x and dB = dyᵀ·u (long reductions over N into a small output) and the input grad
      * dx += du·A. They are memory-bound: gbps counts the (N, C) operand (read, or read and written
      * for dx) over the time. */
-    {
+    if (!encode_only) {
         const int64_t C = 4096, r = 8;
         struct {
             const char *name;

@@ -17,12 +17,6 @@
 
 const int8_t lt_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-int lt_quant_round(float v) {
-    /* ggml's nearest_int: to nearest, ties to even, for the |v| < 2^22 every caller clamps to. */
-    if (!(fabsf(v) < 4194304.0f)) return v > 0 ? 4194304 : -4194304;
-    return (int)lrintf(v);
-}
-
 /* y = d*q + m as two rounded float32 operations (numpy's order). */
 static float affine(float d, float q, float m) {
     float t = d * q;

@@ -6,14 +6,24 @@
 #ifndef LONGTUNE_QUANT_INTERNAL_H
 #define LONGTUNE_QUANT_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "longtune/status.h"
 #include "longtune/tensor.h"
 
-/* ggml's rounding: to nearest, ties away from zero. */
-int lt_quant_round(float v);
+/* ggml's nearest_int, inline: to nearest, ties to even (lrintf's answer in the default rounding
+ * mode) for |v| < 2^22 - 1/2, where adding 1.5·2^23 leaves the rounded integer plus 2^22 in the
+ * low mantissa bits; beyond that ±2^22 (what lrintf gives up to 2^22) and NaN -2^22, which every
+ * caller clamps to its range. */
+static inline int lt_quant_round(float v) {
+    if (!(fabsf(v) < 4194303.5f)) return v > 0 ? 4194304 : -4194304;
+    float t = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
 
 /* The little-endian f16 at p, widened; and f rounded to f16 and stored at p. */
 static inline float lt_quant_half(const uint8_t *p) {
@@ -101,12 +111,12 @@ lt_status lt_cpu_isa_from_env(lt_ctx *ctx, lt_cpu_isa *out);
  * variable before any context exists (the CLI, at start-up). */
 lt_status lt_cpu_isa_env(lt_cpu_isa *out, char *msg, size_t cap);
 
-/* The path lt_dequantize_row uses: chosen by lt_cpu_isa_from_env at the first call (a bad
+/* The path lt_dequantize_row (and lt_quantize_row's K-quant searches) use: chosen by lt_cpu_isa_from_env at the first call (a bad
  * LONGTUNE_CPU_ISA then aborts with its message, never falls back), or pinned by
  * lt_cpu_isa_select. */
 lt_cpu_isa lt_cpu_isa_active(void);
 
-/* Pins lt_dequantize_row to `isa` (benchmarks comparing paths in one process); LT_ERR_UNSUPPORTED
+/* Pins lt_dequantize_row and the K-quant searches to `isa` (benchmarks comparing paths in one process); LT_ERR_UNSUPPORTED
  * when it is not available here. Not for use while other threads dequantize. */
 lt_status lt_cpu_isa_select(lt_ctx *ctx, lt_cpu_isa isa);
 
@@ -130,6 +140,42 @@ void lt_dequant_q5_k_scalar(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_q6_k_scalar(const uint8_t *p, float *out, int64_t nb);
 void lt_dequant_iq4_xs_scalar(const uint8_t *p, float *out, int64_t nb);
 
+/* ---- K-quant encoders ----
+ * Each encodes nb super-blocks in two halves: the per-sub-block grid searches (levels, scale and
+ * for the affine types a min, of `nsub` consecutive sub-blocks of n weights), one table per
+ * instruction set, then the scalar super-block step (the sub-block scales quantized against f16
+ * super-scales, the levels re-derived from the stored scales, the packing). The AVX2 searches
+ * run eight sub-blocks at once, one per lane, each lane the scalar search's float32 operations in
+ * its order (no FMA), so every table gives the scalar table's bits. */
+typedef struct lt_kquant_search {
+    /* affine grids x ≈ scale·L - min, L in [0, nmax], importance w (nsub·n) */
+    void (*affine)(const float *x, const float *w, int nsub, int n, int nmax, float rmin, float rdelta, int nstep,
+                   int use_mad, uint8_t *L, float *scales, float *mins);
+    /* Q6_K's symmetric grids (19 candidates), L = level + nmax */
+    void (*symmetric)(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales);
+    /* Q3_K's symmetric grid refined by single-level moves, L = level + nmax */
+    void (*q3)(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales);
+    /* the levels again from a stored scale dl (and min ml): L = clamp(round((x + ml) / dl), 0,
+     * nmax), or clamp(round(x / dl), -nmax, nmax - 1) + nmax; n weights; untouched when dl is 0 */
+    void (*requant_affine)(const float *x, int n, float dl, float ml, int nmax, uint8_t *L);
+    void (*requant_symmetric)(const float *x, int n, float dl, int nmax, int8_t *L);
+} lt_kquant_search;
+
+extern const lt_kquant_search lt_kquant_search_scalar;
+/* NULL when the compiler cannot build the AVX2 path. */
+const lt_kquant_search *lt_kquant_search_avx2(void);
+/* The searches an instruction set's path runs (quant_isa.c): the AVX2 ones for avx2 and avx512. */
+const lt_kquant_search *lt_kquant_search_for(lt_cpu_isa isa);
+
+/* The lowest of x[0..n) by the scalar search's fminf chain, raised to 0 when positive: the one
+ * step whose result (the sign of a zero) the vector min cannot promise, shared by both paths. */
+float lt_kquant_affine_lo(const float *x, int n);
+
+/* lt_quantize_row's K-quant encoders on a chosen path, which must be available (tests compare
+ * the paths); t one of Q2_K..Q6_K, n a multiple of 256. */
+void lt_quantize_k_isa(lt_cpu_isa isa, lt_dtype t, const float *x, uint8_t *p, int64_t n);
+
+/* On the path lt_cpu_isa_active names. */
 void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb);
 void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb);
 void lt_quant_q4_k(const float *x, uint8_t *p, int64_t nb);

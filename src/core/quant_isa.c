@@ -113,3 +113,8 @@ lt_status lt_cpu_isa_select(lt_ctx *ctx, lt_cpu_isa isa) {
     atomic_store_explicit(&active_isa, (int)isa + 1, memory_order_relaxed);
     return LT_OK;
 }
+
+const lt_kquant_search *lt_kquant_search_for(lt_cpu_isa isa) {
+    const lt_kquant_search *v = isa == LT_CPU_ISA_SCALAR ? NULL : lt_kquant_search_avx2();
+    return v ? v : &lt_kquant_search_scalar;
+}

@@ -5,7 +5,9 @@
  * affine types a min) searched over a few candidate grids for the least weighted error, the
  * sub-block scales then quantized to 4/6/8 bits against one f16 super-scale. There is no IQ4_XS
  * quantizer: its importance-weighted search has no use here. The AVX2 and AVX-512 dequantizers
- * are in quant_avx2.c and quant_avx512.c. */
+ * are in quant_avx2.c and quant_avx512.c; the quantizers' per-sub-block searches have an AVX2
+ * table in quant_k_avx2.c (eight sub-blocks at once, the same bits), which lt_cpu_isa_active's
+ * path picks for every super-block (the super-block step here is shared). */
 #include <math.h>
 #include <string.h>
 
@@ -136,6 +138,12 @@ static void requant_symmetric(const float *x, int n, float dl, int nmax, int8_t 
     for (int l = 0; l < n; l++) L[l] = (int8_t)(clampi(lt_quant_round(x[l] / dl), -nmax, nmax - 1) + nmax);
 }
 
+float lt_kquant_affine_lo(const float *x, int n) {
+    float lo = x[0];
+    for (int i = 1; i < n; i++) lo = fminf(lo, x[i]);
+    return lo > 0 ? 0.0f : lo;
+}
+
 /* An affine grid x ≈ scale*L - mn, L in [0, nmax], for n weights with importance w: the min is
  * pinned at or below zero; the grid spanning [min, max] is refined by trying nstep+1 widened or
  * narrowed grids (nmax + rmin + rdelta*i levels over the range) and taking each one's weighted
@@ -143,14 +151,12 @@ static void requant_symmetric(const float *x, int n, float dl, int nmax, int8_t 
  * scale; *mn gets the (non-negative) offset. */
 static float affine_search(int n, int nmax, const float *x, const float *w, uint8_t *L, float *mn, float rmin,
                            float rdelta, int nstep, int use_mad) {
-    float lo = x[0], hi = x[0], sw = w[0], sx = w[0] * x[0];
+    float lo = lt_kquant_affine_lo(x, n), hi = x[0], sw = w[0], sx = w[0] * x[0];
     for (int i = 1; i < n; i++) {
-        lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
         sw += w[i];
         sx += w[i] * x[i];
     }
-    if (lo > 0) lo = 0;
     if (hi == lo) {
         memset(L, 0, (size_t)n);
         *mn = -lo;
@@ -265,6 +271,23 @@ static float q3_search(int n, int nmax, const float *x, int8_t *L) {
     return sl2 > 0 ? sxl / sl2 : 0.0f;
 }
 
+static void affine_scalar(const float *x, const float *w, int nsub, int n, int nmax, float rmin, float rdelta,
+                          int nstep, int use_mad, uint8_t *L, float *scales, float *mins) {
+    for (int j = 0; j < nsub; j++)
+        scales[j] = affine_search(n, nmax, x + n * j, w + n * j, L + n * j, &mins[j], rmin, rdelta, nstep, use_mad);
+}
+
+static void symmetric_scalar(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales) {
+    for (int j = 0; j < nsub; j++) scales[j] = symmetric_search(n, nmax, x + n * j, L + n * j);
+}
+
+static void q3_scalar(const float *x, int nsub, int n, int nmax, int8_t *L, float *scales) {
+    for (int j = 0; j < nsub; j++) scales[j] = q3_search(n, nmax, x + n * j, L + n * j);
+}
+
+const lt_kquant_search lt_kquant_search_scalar = {affine_scalar, symmetric_scalar, q3_scalar, requant_affine,
+                                                  requant_symmetric};
+
 /* Packs 2-bit levels: byte h*32+l holds elements h*128 + 32*j + l at bits 2j (Q2_K, Q3_K). */
 static void pack_2bit(const uint8_t *L, uint8_t *qs) {
     for (int h = 0; h < 2; h++)
@@ -274,13 +297,13 @@ static void pack_2bit(const uint8_t *L, uint8_t *qs) {
         }
 }
 
-void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
+static void quant_q2_k(const lt_kquant_search *S, const float *x, uint8_t *p, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK, p += 84) {
         uint8_t L[QK];
-        float scales[16], mins[16], w[16], max_scale = 0, max_min = 0;
+        float scales[16], mins[16], w[QK], max_scale = 0, max_min = 0;
+        for (int l = 0; l < QK; l++) w[l] = fabsf(x[l]);
+        S->affine(x, w, 16, 16, 3, -0.5f, 0.1f, 15, 1, L, scales, mins);
         for (int j = 0; j < 16; j++) {
-            for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
-            scales[j] = affine_search(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, 1);
             max_scale = fmaxf(max_scale, scales[j]);
             max_min = fmaxf(max_min, mins[j]);
         }
@@ -296,17 +319,17 @@ void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
         for (int j = 0; j < 16; j++) {
             int s, m;
             lt_q2_scale_min(sc, j, &s, &m);
-            requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
+            S->requant_affine(x + 16 * j, 16, d * (float)s, dmin * (float)m, 3, L + 16 * j);
         }
         pack_2bit(L, p + 16);
     }
 }
 
-void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
+static void quant_q3_k(const lt_kquant_search *S, const float *x, uint8_t *p, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK, p += 110) {
         int8_t L[QK];
         float scales[16], amax;
-        for (int j = 0; j < 16; j++) scales[j] = q3_search(16, 4, x + 16 * j, L + 16 * j);
+        S->q3(x, 16, 16, 4, L, scales);
         const float max_scale = signed_max(scales, 16, &amax);
         uint8_t *hm = p, *qs = p + 32, *sc = p + 96;
         memset(sc, 0, 12);
@@ -323,17 +346,14 @@ void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
             lt_quant_put_half(p + 108, 0.0f);
         }
         float d = lt_quant_half(p + 108);
-        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)lt_q3_scale(sc, j), 4, L + 16 * j);
+        for (int j = 0; j < 16; j++) S->requant_symmetric(x + 16 * j, 16, d * (float)lt_q3_scale(sc, j), 4, L + 16 * j);
         /* The third bit of element e goes to hmask[e % 32] bit e / 32; the low two bits pack as Q2_K. */
         memset(hm, 0, 32);
         uint8_t low[QK];
-        for (int e = 0; e < QK; e++) {
-            int l = L[e];
-            if (l > 3) {
-                hm[e % 32] |= (uint8_t)(1u << (e / 32));
-                l -= 4;
-            }
-            low[e] = (uint8_t)l;
+        for (int e = 0; e < QK; e++) { /* L in [0, 7]: bit 2 is the third bit, without a branch */
+            const int l = L[e];
+            hm[e % 32] |= (uint8_t)((l >> 2) << (e / 32));
+            low[e] = (uint8_t)(l & 3);
         }
         pack_2bit(low, qs);
     }
@@ -341,19 +361,28 @@ void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
 
 /* Q4_K (nmax 15) and Q5_K (nmax 31): eight 32-weight sub-blocks, each an affine grid weighted by
  * rms(x) + |x|, their scales and mins quantized to 6 bits against f16 d and dmin. */
-static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
+static void quant_k45(const lt_kquant_search *S, const float *x, uint8_t *p, int64_t nb, int five) {
     const int nmax = five ? 31 : 15, nstep = five ? 15 : 20;
     const float rmin = five ? -0.5f : -1.0f;
+    /* the searches take two super-blocks at a time (sixteen independent sub-blocks) */
+    uint8_t L2[2 * QK];
+    float scales2[16], mins2[16], w[2 * QK];
     for (int64_t b = 0; b < nb; b++, x += QK, p += five ? 176 : 144) {
-        uint8_t L[QK];
-        float scales[8], mins[8], w[32], max_scale = 0, max_min = 0;
+        if (b % 2 == 0) {
+            const int nsub = b + 1 < nb ? 16 : 8;
+            for (int j = 0; j < nsub; j++) {
+                const float *xs = x + 32 * j;
+                float s2 = 0;
+                for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
+                float av = sqrtf(s2 / 32.0f);
+                for (int l = 0; l < 32; l++) w[32 * j + l] = av + fabsf(xs[l]);
+            }
+            S->affine(x, w, nsub, 32, nmax, rmin, 0.1f, nstep, 0, L2, scales2, mins2);
+        }
+        uint8_t *L = L2 + (b % 2) * QK;
+        const float *scales = scales2 + (b % 2) * 8, *mins = mins2 + (b % 2) * 8;
+        float max_scale = 0, max_min = 0;
         for (int j = 0; j < 8; j++) {
-            const float *xs = x + 32 * j;
-            float s2 = 0;
-            for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
-            float av = sqrtf(s2 / 32.0f);
-            for (int l = 0; l < 32; l++) w[l] = av + fabsf(xs[l]);
-            scales[j] = affine_search(32, nmax, xs, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep, 0);
             max_scale = fmaxf(max_scale, scales[j]);
             max_min = fmaxf(max_min, mins[j]);
         }
@@ -377,7 +406,7 @@ static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
         for (int j = 0; j < 8; j++) {
             int s, m;
             lt_k4_scale_min(sc, j, &s, &m);
-            requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
+            S->requant_affine(x + 32 * j, 32, d * (float)s, dmin * (float)m, nmax, L + 32 * j);
         }
         uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
         if (five) memset(qh, 0, 32);
@@ -394,14 +423,11 @@ static void quant_k45(const float *x, uint8_t *p, int64_t nb, int five) {
     }
 }
 
-void lt_quant_q4_k(const float *x, uint8_t *p, int64_t nb) { quant_k45(x, p, nb, 0); }
-void lt_quant_q5_k(const float *x, uint8_t *p, int64_t nb) { quant_k45(x, p, nb, 1); }
-
-void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
+static void quant_q6_k(const lt_kquant_search *S, const float *x, uint8_t *p, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK, p += 210) {
         int8_t L[QK];
         float scales[16], amax;
-        for (int j = 0; j < 16; j++) scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j);
+        S->symmetric(x, 16, 16, 32, L, scales);
         const float max_scale = signed_max(scales, 16, &amax);
         memset(p, 0, 210);
         if (amax < GROUP_EPS) continue; /* an all-zero super-block: d = 0 */
@@ -410,7 +436,7 @@ void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
         for (int j = 0; j < 16; j++) sc[j] = (int8_t)clampi(lt_quant_round(inv * scales[j]), -128, 127);
         lt_quant_put_half(p + 208, 1.0f / inv);
         float d = lt_quant_half(p + 208);
-        for (int j = 0; j < 16; j++) requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
+        for (int j = 0; j < 16; j++) S->requant_symmetric(x + 16 * j, 16, d * (float)sc[j], 32, L + 16 * j);
         uint8_t *ql = p, *qh = p + 128;
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 32; l++) {
@@ -421,4 +447,35 @@ void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
                     (uint8_t)((e[0] >> 4) | ((e[32] >> 4) << 2) | ((e[64] >> 4) << 4) | ((e[96] >> 4) << 6));
             }
     }
+}
+
+static void quant_k(const lt_kquant_search *S, lt_dtype t, const float *x, uint8_t *p, int64_t nb) {
+    switch (t) {
+    case LT_DTYPE_Q2_K: quant_q2_k(S, x, p, nb); break;
+    case LT_DTYPE_Q3_K: quant_q3_k(S, x, p, nb); break;
+    case LT_DTYPE_Q4_K: quant_k45(S, x, p, nb, 0); break;
+    case LT_DTYPE_Q5_K: quant_k45(S, x, p, nb, 1); break;
+    case LT_DTYPE_Q6_K: quant_q6_k(S, x, p, nb); break;
+    default: LT_ABORT("lt_quantize_k_isa: %s is not a K-quant", lt_dtype_name(t));
+    }
+}
+
+void lt_quantize_k_isa(lt_cpu_isa isa, lt_dtype t, const float *x, uint8_t *p, int64_t n) {
+    quant_k(lt_kquant_search_for(isa), t, x, p, n / QK);
+}
+
+void lt_quant_q2_k(const float *x, uint8_t *p, int64_t nb) {
+    quant_q2_k(lt_kquant_search_for(lt_cpu_isa_active()), x, p, nb);
+}
+void lt_quant_q3_k(const float *x, uint8_t *p, int64_t nb) {
+    quant_q3_k(lt_kquant_search_for(lt_cpu_isa_active()), x, p, nb);
+}
+void lt_quant_q4_k(const float *x, uint8_t *p, int64_t nb) {
+    quant_k45(lt_kquant_search_for(lt_cpu_isa_active()), x, p, nb, 0);
+}
+void lt_quant_q5_k(const float *x, uint8_t *p, int64_t nb) {
+    quant_k45(lt_kquant_search_for(lt_cpu_isa_active()), x, p, nb, 1);
+}
+void lt_quant_q6_k(const float *x, uint8_t *p, int64_t nb) {
+    quant_q6_k(lt_kquant_search_for(lt_cpu_isa_active()), x, p, nb);
 }

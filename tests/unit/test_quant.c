@@ -383,6 +383,103 @@ static void block_sizes_and_bad_lengths(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* lt_quant_round (inline, ggml's nearest_int) is lrintf in the default rounding mode wherever
+ * |v| < 2^22, ±2^22 beyond, -2^22 for NaN: on random floats of every scale, on exact ties
+ * (k + 1/2), at the 2^22 boundary, on zeros, infinities and NaN. */
+static void quant_round_is_lrintf(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 41;
+    for (int k = 0; k < 200000; k++) {
+        float v;
+        switch (k % 4) {
+        case 0: v = (float)lt_test_uniform(&rng, -1, 1) * (float)exp2(lt_test_uniform(&rng, -30, 26)); break;
+        case 1: v = (float)((int64_t)(lt_test_rand_u64(&rng) % 20000) - 10000) + 0.5f; break;
+        case 2: v = (float)lt_test_uniform(&rng, -64, 64); break;
+        default: {
+            uint32_t b = (uint32_t)lt_test_rand_u64(&rng);
+            memcpy(&v, &b, 4);
+        }
+        }
+        const float edge[] = {4194304.0f,   -4194304.0f, 4194303.5f, -4194303.5f, 4194303.75f, 4194303.25f,
+                              -4194303.75f, 2097151.5f,  0.0f,       -0.0f,       0.5f,        -0.5f,
+                              1.5f,         -2.5f,       INFINITY,   -INFINITY,   NAN};
+        if (k < (int)(sizeof edge / sizeof edge[0])) v = edge[k];
+        const int want = fabsf(v) < 4194304.0f ? (int)lrintf(v) : v > 0 ? 4194304 : -4194304;
+        if (lt_quant_round(v) != want)
+            fail_msg("lt_quant_round(%a) = %d, lrintf %d", (double)v, lt_quant_round(v), want);
+    }
+}
+
+/* Fills 16 weights with one of the shapes that steer the K-quant searches to their edges. */
+static void k_sub_block(uint64_t *rng, float *x) {
+    const int kind = (int)(lt_test_rand_u64(rng) % 12);
+    const float scale = (float)exp2(lt_test_uniform(rng, -30, 30)), c = (float)lt_test_uniform(rng, -2, 2) * scale;
+    for (int i = 0; i < 16; i++) {
+        float u = (float)lt_test_uniform(rng, -1, 1);
+        switch (kind) {
+        case 0: x[i] = u * scale; break;                                               /* plain */
+        case 1: x[i] = 0.0f; break;                                                    /* all zero */
+        case 2: x[i] = lt_test_rand_u64(rng) & 1 ? -0.0f : 0.0f; break;                /* signed zeros */
+        case 3: x[i] = c; break;                                                       /* constant */
+        case 4: x[i] = -fabsf(u) * scale; break;                                       /* negative only */
+        case 5: x[i] = lt_test_rand_u64(rng) % 3 ? fabsf(u) * scale : 0.0f; break;     /* non-negative */
+        case 6: x[i] = u * 3e38f; break;                                               /* huge */
+        case 7: x[i] = u * 1e-39f; break;                                              /* subnormal */
+        case 8: x[i] = i == 5 ? c : (lt_test_rand_u64(rng) & 1 ? -0.0f : 0.0f); break; /* one non-zero */
+        case 9: x[i] = (float)(int)(lt_test_rand_u64(rng) % 16) * 0.25f - 1.0f; break; /* rounding ties */
+        case 10: x[i] = u * 1e19f; break;                                              /* squares overflow */
+        default: x[i] = -fabsf(u) * 3e38f; break;                                      /* huge, negative */
+        }
+    }
+}
+
+/* Every vector path's K-quant encoders write the scalar path's bytes, on fresh random rows of
+ * sub-blocks of every edge shape (all-zero, signed zeros, constant, negative-only, non-negative,
+ * huge and subnormal magnitudes, exact rounding ties), some super-blocks with a NaN or an
+ * infinity, the source at an unaligned address. */
+static void k_quant_paths_match_scalar_bytes(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed() + 42;
+    const lt_dtype kt[] = {LT_DTYPE_Q2_K, LT_DTYPE_Q3_K, LT_DTYPE_Q4_K, LT_DTYPE_Q5_K, LT_DTYPE_Q6_K};
+    enum { NSB = 600, N = NSB * 256 };
+    float *buf = malloc((N + 1) * sizeof *buf), *x = buf + 1;
+    assert_non_null(buf);
+    for (int b = 0; b < NSB; b++) {
+        for (int j = 0; j < 16; j++) k_sub_block(&rng, x + b * 256 + j * 16);
+        if (b % 25 == 7) x[b * 256 + (int)(lt_test_rand_u64(&rng) % 256)] = b % 50 == 7 ? NAN : -INFINITY;
+    }
+    for (size_t k = 1; k < N_ISAS; k++) {
+        const lt_cpu_isa isa = all_isas[k];
+        if (!isa_runs(isa)) continue;
+        for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
+            /* the whole row, an odd count of super-blocks, and one alone */
+            const int counts[] = {NSB, NSB - 1, 1};
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                const int64_t n = (int64_t)counts[ci] * 256;
+                const float *src = x + (NSB - counts[ci]) * 256;
+                const size_t bytes = (size_t)lt_dtype_row_bytes(kt[ti], n);
+                uint8_t *want = malloc(bytes), *got = malloc(bytes);
+                assert_non_null(want);
+                assert_non_null(got);
+                memset(got, 0xa5, bytes);
+                lt_quantize_k_isa(LT_CPU_ISA_SCALAR, kt[ti], src, want, n);
+                lt_quantize_k_isa(isa, kt[ti], src, got, n);
+                const size_t bb = (size_t)lt_dtype_block_bytes(kt[ti]);
+                for (size_t o = 0; o < bytes; o++)
+                    if (got[o] != want[o])
+                        fail_msg("%s path, %s, %d super-blocks: super-block %zu byte %zu: 0x%02x, scalar 0x%02x",
+                                 lt_cpu_isa_name(isa), lt_dtype_name(kt[ti]), counts[ci], o / bb, o % bb, got[o],
+                                 want[o]);
+                free(want);
+                free(got);
+            }
+        }
+        print_message("%s path: Q2_K..Q6_K encoders equal the scalar ones on %d super-blocks\n", lt_cpu_isa_name(isa),
+                      NSB);
+    }
+    free(buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dequantize_matches_gguf_py_bit_for_bit),
@@ -392,6 +489,8 @@ int main(void) {
         cmocka_unit_test(quantize_matches_gguf_py_bytes),
         cmocka_unit_test(k_quants_round_trip_within_bounds),
         cmocka_unit_test(block_sizes_and_bad_lengths),
+        cmocka_unit_test(quant_round_is_lrintf),
+        cmocka_unit_test(k_quant_paths_match_scalar_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
