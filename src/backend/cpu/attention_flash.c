@@ -54,6 +54,9 @@ typedef struct {
      * and its dQ bucket (T·G, D). */
     const float *qs, *dos, *lse, *dvec;
     float *dq;
+    /* Backward: the bucket's stacked rows below this one hold values (written or zeroed); the
+     * rest are written as key tiles reach them, so the bucket is never cleared as a whole. */
+    int64_t dq_hw;
 } flash_slot;
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
@@ -510,7 +513,15 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
         grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
         lt_cpu_tile_gemm(1, c, D, R, 1.0f, sl->s, BC, dO, D, 1.0f, dV, D);
         lt_cpu_tile_gemm(1, c, D, R, 1.0f, sl->dp, BC, Q, D, 1.0f, dK, D);
-        lt_cpu_tile_gemm(0, R, D, c, 1.0f, sl->dp, BC, K, ldk, 1.0f, sl->dq + x0 * D, D);
+        float beta = 1.0f;
+        if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
+            const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
+            memset(sl->dq + sl->dq_hw * D, 0, (size_t)((from - sl->dq_hw) * D) * sizeof(float));
+            if (from == x0) beta = 0.0f;
+            else memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
+            sl->dq_hw = x0 + R;
+        }
+        lt_cpu_tile_gemm(0, R, D, c, 1.0f, sl->dp, BC, K, ldk, beta, sl->dq + x0 * D, D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);
@@ -527,9 +538,11 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
     head_block hb = head_block_of(j, k);
     sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
     sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
-    memset(sl.dq, 0, stacked_floats(j->p) * sizeof(float));
+    sl.dq_hw = 0;
     for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += dq_buckets(j->p) * BC)
         for_segments(j, &sl, j->b, j->kv0 + k, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
+    const int64_t rows = (int64_t)stacked_rows(j->p);
+    memset(sl.dq + sl.dq_hw * j->p->D, 0, (size_t)((rows - sl.dq_hw) * j->p->D) * sizeof(float));
 }
 
 /* Tokens [begin, end) of (nk, T) over the kv heads in flight: Q and dO stacked, lse stacked, and
