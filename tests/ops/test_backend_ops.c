@@ -213,6 +213,10 @@ static const lt_lora_case lora_rows[] = {
     {2, {96, 96, 0}, {1, 1, 0}, 64, 300, 6, 2.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16}, /* rank 6 */
     {1, {64, 0, 0}, {1, 0, 0}, 36, 200, 8, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_F32},   /* in % 8 != 0 */
     {1, {128, 0, 0}, {1, 0, 0}, 64, 500, 8, 1.0f, 0.0f, 0, 1, 0, LT_DTYPE_BF16}, /* lu only */
+    /* the CPU's grouped backward: outputs of 1024 and more (dB as (luᵀ·dy)ᵀ), and a group too
+     * wide for its stacked copies (the per-adapter order) */
+    {2, {1100, 1030, 0}, {1, 1, 0}, 72, 90, 8, 2.0f, 1.0f, 0, 0, 0, LT_DTYPE_F32},
+    {3, {64, 32, 32}, {1, 1, 1}, 2048, 40, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_F32},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -991,6 +995,8 @@ static const op_case cases[] = {
     {"lora", run_lora, {2, 64, 300, 6}, LT_DTYPE_BF16, 10},
     {"lora", run_lora, {1, 36, 200, 8}, LT_DTYPE_F32, 11},
     {"lora", run_lora, {1, 64, 500, 8}, LT_DTYPE_BF16, 12},
+    {"lora", run_lora, {2, 72, 90, 8}, LT_DTYPE_F32, 13},
+    {"lora", run_lora, {3, 2048, 40, 8}, LT_DTYPE_F32, 14},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},

@@ -1,14 +1,41 @@
 /* The CPU backend's op table: the reference every other backend is checked against. */
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/attention_impl.h"
 #include "backend/backend.h"
 #include "backend/lce_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "core/parallel.h"
+
+/* Copies of at least COPY_SPLIT_BYTES between disjoint ranges run in contiguous pieces on the
+ * context's threads (one core does not reach the memory bandwidth of two). */
+#define COPY_SPLIT_BYTES ((size_t)1 << 20)
+#define COPY_GRAIN ((int64_t)1 << 16)
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t bytes;
+} copy_job;
+
+static void copy_pieces(void *arg, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const copy_job *j = arg;
+    const size_t lo = (size_t)b * (size_t)COPY_GRAIN, hi = (size_t)e * (size_t)COPY_GRAIN;
+    memcpy(j->dst + lo, j->src + lo, (hi < j->bytes ? hi : j->bytes) - lo);
+}
 
 static lt_status cpu_copy(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    if (bytes) memmove(dst, src, bytes);
+    if (!bytes) return LT_OK;
+    const uintptr_t d = (uintptr_t)dst, sp = (uintptr_t)src;
+    if (bytes >= COPY_SPLIT_BYTES && (d + bytes <= sp || sp + bytes <= d)) {
+        copy_job j = {dst, src, bytes};
+        lt_parallel_for(lt_ctx_threads(ctx), (int64_t)((bytes + (size_t)COPY_GRAIN - 1) / (size_t)COPY_GRAIN), 1,
+                        copy_pieces, &j);
+        return LT_OK;
+    }
+    memmove(dst, src, bytes);
     return LT_OK;
 }
 
@@ -48,11 +75,6 @@ static void *cpu_native_stream(lt_ctx *ctx) {
 static void cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                          float beta, void *ws) {
     lt_lora_fwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, beta, ws);
-}
-
-static void cpu_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
-                         float *dx, float beta, float *dlu, void *ws) {
-    lt_lora_bwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
 }
 
 /* The CPU kernels look the packed sequences up themselves: a batch needs only the boundary's
@@ -101,7 +123,7 @@ const lt_backend lt_backend_cpu = {
     .from_bf16 = lt_cpu_from_bf16,
     .saved_dtype = LT_DTYPE_F32,
     .lora_fwd = cpu_lora_fwd,
-    .lora_bwd = cpu_lora_bwd,
+    .lora_bwd = lt_cpu_lora_bwd,
     .attention_workspace_bytes = lt_attention_cpu_workspace_bytes,
     .attention_fwd = lt_attention_cpu_forward,
     .attention_bwd = lt_attention_cpu_backward,

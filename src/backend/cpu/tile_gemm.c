@@ -1,0 +1,129 @@
+/* The attention tiles' GEMMs (tile_gemm.h). On x86-64 CPUs with AVX2 + FMA: C is cut into blocks of
+ * 6 rows x 16 columns whose 12 accumulators stay in registers while k runs over the whole depth,
+ * each step one broadcast of op(A) per row against two vectors of B's row k read in place (no
+ * packing: the tiles are already in L1/L2); column blocks outermost, so one 16-column panel of B
+ * stays in L1 across all row blocks. Ragged edges use narrower blocks and masked loads and stores.
+ * Elsewhere, and on CPUs without AVX2, the product goes to OpenBLAS. */
+#include "backend/cpu/tile_gemm.h"
+
+#include <cblas.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define LT_TILE_AVX2 1
+#define TILE_FN __attribute__((target("avx2,fma")))
+#endif
+
+#if defined(LT_TILE_AVX2)
+#define MR 6
+
+static int tile_avx2(void) {
+    static int have = -1;
+    if (have < 0) have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return have;
+}
+
+/* One block: mr rows (<= MR) x nv vectors of 8 columns, the last one masked when `masked`. */
+TILE_FN static inline __attribute__((always_inline)) void block(const int ta, const int mr, const int nv,
+                                                                const int masked, int64_t K, const float *A,
+                                                                int64_t lda, const float *B, int64_t ldb, float alpha,
+                                                                float beta, float *C, int64_t ldc, __m256i mask) {
+    __m256 acc[MR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) acc[i][v] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = B + k * ldb;
+        __m256 bv[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++)
+            bv[v] = masked && v == nv - 1 ? _mm256_maskload_ps(b + 8 * v, mask) : _mm256_loadu_ps(b + 8 * v);
+#pragma GCC unroll 6
+        for (int i = 0; i < mr; i++) {
+            const __m256 a = _mm256_broadcast_ss(ta ? A + k * lda + i : A + i * lda + k);
+#pragma GCC unroll 2
+            for (int v = 0; v < nv; v++) acc[i][v] = _mm256_fmadd_ps(a, bv[v], acc[i][v]);
+        }
+    }
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) {
+            float *c = C + i * ldc + 8 * v;
+            const int mk = masked && v == nv - 1;
+            __m256 r = alpha == 1.0f ? acc[i][v] : _mm256_mul_ps(va, acc[i][v]);
+            if (beta != 0.0f) {
+                const __m256 old = mk ? _mm256_maskload_ps(c, mask) : _mm256_loadu_ps(c);
+                r = beta == 1.0f ? _mm256_add_ps(r, old) : _mm256_fmadd_ps(vb, old, r);
+            }
+            if (mk) _mm256_maskstore_ps(c, mask, r);
+            else _mm256_storeu_ps(c, r);
+        }
+}
+
+/* The instantiations: row count 1..MR by column shape (two full vectors; one full; two, the second
+ * masked; one masked). */
+#define TILE_ROWS(TA, NV, MASKED)                                                           \
+    switch (mr) {                                                                           \
+    case 6: block(TA, 6, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
+    case 5: block(TA, 5, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
+    case 4: block(TA, 4, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
+    case 3: block(TA, 3, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
+    case 2: block(TA, 2, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
+    default: block(TA, 1, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break; \
+    }
+
+#define TILE_SHAPES(TA)                 \
+    switch (shape) {                    \
+    case 0: TILE_ROWS(TA, 2, 0) break;  \
+    case 1: TILE_ROWS(TA, 1, 0) break;  \
+    case 2: TILE_ROWS(TA, 2, 1) break;  \
+    default: TILE_ROWS(TA, 1, 1) break; \
+    }
+
+TILE_FN static void block_n(int ta, int mr, int shape, int64_t K, const float *A, int64_t lda, const float *B,
+                            int64_t ldb, float alpha, float beta, float *C, int64_t ldc, __m256i mask) {
+    if (ta) {
+        TILE_SHAPES(1)
+    } else {
+        TILE_SHAPES(0)
+    }
+}
+
+TILE_FN static void tile_avx2_gemm(int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t j = 0; j < N; j += 16) {
+        const int64_t w = N - j < 16 ? N - j : 16;
+        /* shape: 0 = 16 columns, 1 = 8, 2 = 9..15 (second vector masked), 3 = 1..7 (masked) */
+        const int shape = w == 16 ? 0 : w == 8 ? 1 : w > 8 ? 2 : 3;
+        const int tail = (int)(w > 8 ? w - 8 : w);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), lane);
+        for (int64_t i = 0; i < M; i += MR) {
+            const int mr = (int)(M - i < MR ? M - i : MR);
+            const float *Ai = ta ? A + i : A + i * lda;
+            block_n(ta, mr, shape, K, Ai, lda, B + j, ldb, alpha, beta, C + i * ldc + j, ldc, mask);
+        }
+    }
+}
+#endif
+
+void lt_cpu_tile_gemm(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+#if defined(LT_TILE_AVX2)
+    if (tile_avx2()) {
+        tile_avx2_gemm(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
+    if (K <= 0) {
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)N, (blasint)K,
+                alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}

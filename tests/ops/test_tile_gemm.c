@@ -1,0 +1,66 @@
+/* The CPU attention tiles' GEMM (src/backend/cpu/tile_gemm.c) against float64 on fresh random
+ * inputs: op(A) as given and transposed, alpha and beta (beta = 0 must not read C: C starts
+ * poisoned), row counts around the 6-row blocks, column counts around the 8- and 16-wide vectors
+ * (masked tails), depths from 0 to the tiles' 192, and leading dimensions wider than the operands. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "backend/cpu/tile_gemm.h"
+#include "helpers/backends.h"
+#include "helpers/test_util.h"
+
+static void check_case(uint64_t *rng, int ta, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+    const int64_t lda = (ta ? M : K) + 3, ldb = N + 5, ldc = N + 2;
+    const int64_t arows = ta ? K : M;
+    float *A = lt_test_fresh(rng, (arows > 0 ? arows : 1) * lda, 1.0f);
+    float *B = lt_test_fresh(rng, (K > 0 ? K : 1) * ldb, 1.0f);
+    float *C = beta == 0.0f ? lt_test_poisoned(M * ldc) : lt_test_fresh(rng, M * ldc, 1.0f);
+    double *want = malloc(sizeof(double) * (size_t)(M * N)), *scale = malloc(sizeof(double) * (size_t)(M * N));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, a = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double t = (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (double)B[k * ldb + j];
+                s += t, a += fabs(t);
+            }
+            const double c = beta == 0.0f ? 0.0 : (double)beta * (double)C[i * ldc + j];
+            want[i * N + j] = (double)alpha * s + c;
+            scale[i * N + j] = fabs((double)alpha) * a + fabs(c);
+        }
+    lt_cpu_tile_gemm(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, K);
+    char what[160];
+    snprintf(what, sizeof what, "tile_gemm ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", ta, (long long)M, (long long)N,
+             (long long)K, (double)alpha, (double)beta);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++)
+            lt_test_close_to(C[i * ldc + j], want[i * N + j], scale[i * N + j], tol, what, i * N + j);
+    free(A), free(B), free(C), free(want), free(scale);
+}
+
+static void tile_gemm_matches_float64(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed();
+    static const int64_t Ms[] = {1, 5, 6, 7, 13, 64, 96, 192};
+    static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 40, 64};
+    static const int64_t Ks[] = {0, 1, 3, 64, 192};
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 0.0f}, {1.0f, 1.0f}, {0.7f, 0.5f}};
+    for (int ta = 0; ta < 2; ta++)
+        for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+                    const size_t c = (mi + ni + ki + (size_t)ta) % (sizeof ab / sizeof *ab);
+                    check_case(&rng, ta, Ms[mi], Ns[ni], Ks[ki], ab[c][0], ab[c][1]);
+                }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(tile_gemm_matches_float64)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
