@@ -19,6 +19,7 @@
 #include "longtune/safetensors.h"
 #include "longtune/sysinfo.h"
 #include "model/model_internal.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "model/config_bounds.h"
 
@@ -705,13 +706,17 @@ lt_status lt_model_inspect(lt_ctx *ctx, const char *path, const lt_model_options
 /* Host staging of a device load: whole rows of one piece at a time, at most this many bytes
  * (or one row when a row is larger). Large enough that a transfer's fixed cost is negligible. */
 #define LOAD_STAGE_BYTES ((size_t)16 << 20)
+/* Threads that encode the rows of one piece for --quantize (each with its own f32 row). */
+#define LOAD_MAX_THREADS 64
 
 typedef struct copy_job {
     lt_ctx *ctx;
     source *src;
     lt_model *m;
     uint8_t *block;
-    float *row;     /* widest row, for conversions */
+    float *row; /* widest row, for conversions: `threads` of them, row_stride floats apart */
+    int64_t row_stride;
+    int threads;
     uint8_t *stage; /* device loads: stage_bytes of host staging; NULL = write in place */
     size_t stage_bytes;
     lt_status status;
@@ -790,18 +795,18 @@ static void copy_inv_freq(copy_job *j, const lt_wpiece *p, uint8_t *dst) {
 }
 
 /* One row of cols elements from the file's dtype into the held one (d); 0 when it cannot. */
-static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *src, uint8_t *d, int64_t cols,
+static int convert_row(float *row, lt_dtype from, lt_dtype to, const uint8_t *src, uint8_t *d, int64_t cols,
                        size_t bytes) {
     if (from == to) {
         memcpy(d, src, bytes);
     } else if (to == LT_DTYPE_F32) {
         lt_dequantize_row(from, src, (float *)d, cols);
     } else if (lt_dtype_is_quantized(to) && !lt_dtype_is_quantized(from)) { /* --quantize */
-        lt_dequantize_row(from, src, j->row, cols);
-        lt_quantize_row(to, j->row, d, cols);
+        lt_dequantize_row(from, src, row, cols);
+        lt_quantize_row(to, row, d, cols);
     } else if (to == LT_DTYPE_BF16) {
-        lt_dequantize_row(from, src, j->row, cols);
-        for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(j->row[i]);
+        lt_dequantize_row(from, src, row, cols);
+        for (int64_t i = 0; i < cols; i++) ((uint16_t *)d)[i] = lt_f32_to_bf16(row[i]);
     } else {
         return 0;
     }
@@ -809,15 +814,61 @@ static int convert_row(copy_job *j, lt_dtype from, lt_dtype to, const uint8_t *s
 }
 
 /* The first non-finite element of a converted row held as `to` (cols elements), or -1. */
-static int64_t nonfinite_at(copy_job *j, lt_dtype to, const uint8_t *d, int64_t cols) {
+static int64_t nonfinite_at(float *row, lt_dtype to, const uint8_t *d, int64_t cols) {
     const float *x = (const float *)d;
     if (to != LT_DTYPE_F32) {
-        lt_dequantize_row(to, d, j->row, cols);
-        x = j->row;
+        lt_dequantize_row(to, d, row, cols);
+        x = row;
     }
     for (int64_t i = 0; i < cols; i++)
         if (!isfinite(x[i])) return i;
     return -1;
+}
+
+/* The rows of one piece's staging round encoded on the load's threads (--quantize: a float row
+ * per thread); every row's source as the serial loop finds it, the first failing row reported. */
+typedef struct rows_job {
+    copy_job *j;
+    lt_dtype from, to;
+    const uint8_t *data;       /* the file's tensor (not experts) */
+    const uint8_t *const *exb; /* the experts' tensors, erows rows each (experts) */
+    int experts, permute, check;
+    int64_t erows, D, cols, srb, drb, r0;
+    uint8_t *out; /* row r0's destination */
+    int failed[LOAD_MAX_THREADS];
+    int64_t bad_row[LOAD_MAX_THREADS], bad_col[LOAD_MAX_THREADS];
+} rows_job;
+
+/* Row r's source: rotate-half row (h, half s, i) was stored at (h, 2i + s) when permuted. */
+static const uint8_t *row_source(const rows_job *q, int64_t r) {
+    int64_t sr = r;
+    if (q->permute) {
+        int64_t h = r / q->D, w = r % q->D, s = w / (q->D / 2), i = w % (q->D / 2);
+        sr = h * q->D + 2 * i + s;
+    }
+    return q->experts ? q->exb[sr / q->erows] + (size_t)(sr % q->erows) * (size_t)q->srb
+                      : q->data + (size_t)sr * (size_t)q->srb;
+}
+
+static void encode_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    rows_job *q = arg;
+    float *row = q->j->row + (size_t)thread * (size_t)q->j->row_stride;
+    q->failed[thread] = 0;
+    q->bad_row[thread] = -1;
+    for (int64_t k = begin; k < end; k++) {
+        int64_t r = q->r0 + k;
+        uint8_t *d = q->out + (size_t)k * (size_t)q->drb;
+        if (!convert_row(row, q->from, q->to, row_source(q, r), d, q->cols, (size_t)q->drb)) {
+            q->failed[thread] = 1;
+            return;
+        }
+        int64_t bad = q->check ? nonfinite_at(row, q->to, d, q->cols) : -1;
+        if (bad >= 0) {
+            q->bad_row[thread] = r;
+            q->bad_col[thread] = bad;
+            return;
+        }
+    }
 }
 
 static void copy_piece(void *arg, const lt_wpiece *p) {
@@ -875,6 +926,38 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     int64_t chunk = rows; /* rows per staging round */
     if (j->stage)
         chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
+    /* --quantize's encodings on the load's threads, a staging round at a time (the same bytes) */
+    if (j->threads > 1 && rows > 1 && lt_dtype_is_quantized(p->dtype) && !lt_dtype_is_quantized(t.dtype) &&
+        !norm_plus_one) {
+        rows_job q;
+        memset(&q, 0, sizeof q);
+        q.j = j, q.from = t.dtype, q.to = p->dtype, q.data = (const uint8_t *)t.data, q.exb = exb;
+        q.experts = experts, q.permute = permute, q.check = p->kind != LT_W_PROJ;
+        q.erows = erows, q.D = D, q.cols = cols, q.srb = srb, q.drb = drb;
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+            int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+            q.r0 = r0;
+            q.out = rows_at(j, dst, r0, (size_t)drb);
+            lt_parallel_for(j->threads, n, 4, encode_rows, &q);
+            for (int th = 0; th < j->threads; th++) { /* the first failing row, as the serial loop stops */
+                if (q.failed[th]) {
+                    j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path,
+                                         name, lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
+                    return;
+                }
+                if (q.bad_row[th] >= 0) {
+                    j->status =
+                        lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
+                                 j->src->path, name, (long long)q.bad_row[th], (long long)q.bad_col[th],
+                                 lt_dtype_name(t.dtype));
+                    return;
+                }
+            }
+            flush(j, dst, r0, n, (size_t)drb);
+            if (j->status != LT_OK) return;
+        }
+        return;
+    }
     int64_t r0 = 0;
     for (int64_t r = 0; r < rows; r++) {
         if (r - r0 == chunk) {
@@ -890,14 +973,14 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         const uint8_t *src = experts ? exb[sr / erows] + (size_t)(sr % erows) * (size_t)srb
                                      : (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
         uint8_t *d = rows_at(j, dst, r0, (size_t)drb) + (size_t)(r - r0) * (size_t)drb;
-        if (!convert_row(j, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
+        if (!convert_row(j->row, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
             j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
                                  lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
             return;
         }
         /* Every row of the norms, biases, embedding and head (one pass at load): a NaN or Inf
          * there reaches every logit. The projections are left to the loss's own check. */
-        int64_t bad = p->kind != LT_W_PROJ ? nonfinite_at(j, p->dtype, d, cols) : -1;
+        int64_t bad = p->kind != LT_W_PROJ ? nonfinite_at(j->row, p->dtype, d, cols) : -1;
         if (bad >= 0) {
             j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
                                  j->src->path, name, (long long)r, (long long)bad, lt_dtype_name(t.dtype));
@@ -1015,18 +1098,19 @@ lt_status lt_model_device_available(lt_ctx *ctx, lt_device dev) {
 
 /* The load's host buffers: one f32 row of the widest piece for conversions and, on a device, the
  * bounded staging (one such row and the largest LoRA A (r, in) always fit). */
-static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, float **row, size_t *row_bytes, uint8_t **stage,
-                                    size_t *stage_bytes) {
+static lt_status alloc_load_buffers(lt_ctx *ctx, const lt_model *m, int threads, float **row, size_t *row_bytes,
+                                    uint8_t **stage, size_t *stage_bytes) {
     const lt_model_config *c = &m->cfg;
     int64_t widest = c->C > c->F ? c->C : c->F;
     if (c->H * c->D > widest) widest = c->H * c->D;
     if (c->moe_F > widest) widest = c->moe_F;
     if (c->moe_shared_F > widest) widest = c->moe_shared_F;
-    *row_bytes = (size_t)widest * sizeof(float);
-    if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load row"))) return lt_ctx_status(ctx);
+    const size_t one = (size_t)widest * sizeof(float);
+    *row_bytes = one * (size_t)threads;
+    if (!(*row = lt_alloc(ctx, LT_DEVICE_CPU, *row_bytes, "model load rows"))) return lt_ctx_status(ctx);
     if (m->opt.device == LT_DEVICE_CPU) return LT_OK;
     size_t sb = LOAD_STAGE_BYTES;
-    if (*row_bytes > sb) sb = *row_bytes;
+    if (one > sb) sb = one;
     if ((size_t)(m->lora.rank * widest) * sizeof(float) > sb) sb = (size_t)(m->lora.rank * widest) * sizeof(float);
     *stage_bytes = sb;
     if (!(*stage = lt_alloc(ctx, LT_DEVICE_CPU, sb, "model load staging"))) return lt_ctx_status(ctx);
@@ -1084,8 +1168,21 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
     }
     m->lora_params = (float *)m->block[LT_MEM_LORA];
     m->lora_grads = (float *)m->block[LT_MEM_GRADS];
-    if ((s = alloc_load_buffers(ctx, m, &row, &row_bytes, &stage, &stage_bytes)) != LT_OK) goto fail;
-    copy_job job = {ctx, &src, m, m->block[LT_MEM_WEIGHTS], row, stage, stage_bytes, LT_OK};
+    /* one conversion row per thread when --quantize encodes rows on the load's threads */
+    int load_threads = opt.quantize_dtype != LT_DTYPE_F32 ? lt_parallel_threads(lt_ctx_threads(ctx)) : 1;
+    if (load_threads > LOAD_MAX_THREADS) load_threads = LOAD_MAX_THREADS;
+    if (load_threads < 1) load_threads = 1;
+    if ((s = alloc_load_buffers(ctx, m, load_threads, &row, &row_bytes, &stage, &stage_bytes)) != LT_OK) goto fail;
+    copy_job job = {ctx,
+                    &src,
+                    m,
+                    m->block[LT_MEM_WEIGHTS],
+                    row,
+                    (int64_t)(row_bytes / sizeof(float)) / load_threads,
+                    load_threads,
+                    stage,
+                    stage_bytes,
+                    LT_OK};
     lt_model_weights_walk(&m->cfg, copy_piece, &job);
     if ((s = job.status) != LT_OK) goto fail;
     if ((s = init_lora(ctx, m, (float *)stage, stage_bytes)) != LT_OK) goto fail;

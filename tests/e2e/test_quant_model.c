@@ -318,6 +318,21 @@ static void mixed_types_load_and_match_f32_twin(int tied, lt_dtype embed_dt, lt_
         for (int p = 0; p < LT_PROJ_COUNT_; p++) assert_int_equal(mk->layers[l].w[p].dtype, LT_DTYPE_Q4_K);
     print_message("--quantize q4_k loss %.6f\n", k.loss);
     assert_true(fabs(k.loss - f.loss) <= 0.05 * f.loss); /* as int4_g64 (test_model) */
+    /* the encodings on the load's threads write the one-thread bytes (3 threads: uneven splits) */
+    for (int th = 1; th <= 3; th += 2) {
+        lt_ctx_set_threads(ctx, th);
+        lt_model *m1 = NULL;
+        step_out k1 = run_step(ctx, fpath, LT_DTYPE_Q4_K, tok, tgt, &m1);
+        for (int l = 0; l < L; l++)
+            for (int p = 0; p < LT_PROJ_COUNT_; p++) {
+                const lt_tensor *a = &mk->layers[l].w[p], *c = &m1->layers[l].w[p];
+                assert_int_equal(lt_tensor_nbytes(a), lt_tensor_nbytes(c));
+                assert_memory_equal(a->data, c->data, (size_t)lt_tensor_nbytes(a));
+            }
+        lt_model_free(ctx, m1);
+        free(k1.grads);
+    }
+    lt_ctx_set_threads(ctx, 0);
     lt_model_free(ctx, mk);
     free(k.grads);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
