@@ -825,14 +825,14 @@ static int64_t nonfinite_at(float *row, lt_dtype to, const uint8_t *d, int64_t c
     return -1;
 }
 
-/* The rows of one piece's staging round encoded on the load's threads (--quantize: a float row
- * per thread); every row's source as the serial loop finds it, the first failing row reported. */
+/* The rows of one piece's staging round, converted on one thread or (--quantize's encodings) on
+ * the load's threads, a float row each; per thread the first failing row of its range. */
 typedef struct rows_job {
     copy_job *j;
     lt_dtype from, to;
     const uint8_t *data;       /* the file's tensor (not experts) */
     const uint8_t *const *exb; /* the experts' tensors, erows rows each (experts) */
-    int experts, permute, check;
+    int experts, permute, check, plus_one;
     int64_t erows, D, cols, srb, drb, r0;
     uint8_t *out; /* row r0's destination */
     int failed[LOAD_MAX_THREADS];
@@ -850,11 +850,9 @@ static const uint8_t *row_source(const rows_job *q, int64_t r) {
                       : q->data + (size_t)sr * (size_t)q->srb;
 }
 
-static void encode_rows(void *arg, int64_t begin, int64_t end, int thread) {
+static void convert_rows(void *arg, int64_t begin, int64_t end, int thread) {
     rows_job *q = arg;
     float *row = q->j->row + (size_t)thread * (size_t)q->j->row_stride;
-    q->failed[thread] = 0;
-    q->bad_row[thread] = -1;
     for (int64_t k = begin; k < end; k++) {
         int64_t r = q->r0 + k;
         uint8_t *d = q->out + (size_t)k * (size_t)q->drb;
@@ -868,6 +866,8 @@ static void encode_rows(void *arg, int64_t begin, int64_t end, int thread) {
             q->bad_col[thread] = bad;
             return;
         }
+        if (q->plus_one) /* (1 + w) once, in f32 as transformers' Gemma RMSNorm computes it */
+            for (int64_t i = 0; i < q->cols; i++) ((float *)d)[i] += 1.0f;
     }
 }
 
@@ -926,70 +926,38 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     int64_t chunk = rows; /* rows per staging round */
     if (j->stage)
         chunk = (int64_t)(j->stage_bytes / (size_t)drb) < rows ? (int64_t)(j->stage_bytes / (size_t)drb) : rows;
-    /* --quantize's encodings on the load's threads, a staging round at a time (the same bytes) */
-    if (j->threads > 1 && rows > 1 && lt_dtype_is_quantized(p->dtype) && !lt_dtype_is_quantized(t.dtype) &&
-        !norm_plus_one) {
-        rows_job q;
-        memset(&q, 0, sizeof q);
-        q.j = j, q.from = t.dtype, q.to = p->dtype, q.data = (const uint8_t *)t.data, q.exb = exb;
-        q.experts = experts, q.permute = permute, q.check = p->kind != LT_W_PROJ;
-        q.erows = erows, q.D = D, q.cols = cols, q.srb = srb, q.drb = drb;
-        for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-            int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-            q.r0 = r0;
-            q.out = rows_at(j, dst, r0, (size_t)drb);
-            lt_parallel_for(j->threads, n, 4, encode_rows, &q);
-            for (int th = 0; th < j->threads; th++) { /* the first failing row, as the serial loop stops */
-                if (q.failed[th]) {
-                    j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path,
-                                         name, lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
-                    return;
-                }
-                if (q.bad_row[th] >= 0) {
-                    j->status =
-                        lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
-                                 j->src->path, name, (long long)q.bad_row[th], (long long)q.bad_col[th],
-                                 lt_dtype_name(t.dtype));
-                    return;
-                }
+    rows_job q;
+    memset(&q, 0, sizeof q);
+    q.j = j, q.from = t.dtype, q.to = p->dtype, q.data = (const uint8_t *)t.data, q.exb = exb;
+    q.experts = experts, q.permute = permute, q.plus_one = norm_plus_one;
+    /* Every row of the norms, biases, embedding and head (one pass at load): a NaN or Inf there
+     * reaches every logit. The projections are left to the loss's own check. */
+    q.check = p->kind != LT_W_PROJ;
+    q.erows = erows, q.D = D, q.cols = cols, q.srb = srb, q.drb = drb;
+    /* --quantize's encodings go over the load's threads (the same bytes); other conversions are copies */
+    const int threads = lt_dtype_is_quantized(p->dtype) && !lt_dtype_is_quantized(t.dtype) ? j->threads : 1;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) { /* a staging round at a time */
+        const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+        q.r0 = r0;
+        q.out = rows_at(j, dst, r0, (size_t)drb);
+        for (int th = 0; th < threads; th++) q.failed[th] = 0, q.bad_row[th] = -1;
+        lt_parallel_for(threads, n, 4, convert_rows, &q);
+        for (int th = 0; th < threads; th++) { /* the first failing row: threads hold rising ranges */
+            if (q.failed[th]) {
+                j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path,
+                                     name, lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
+                return;
             }
-            flush(j, dst, r0, n, (size_t)drb);
-            if (j->status != LT_OK) return;
+            if (q.bad_row[th] >= 0) {
+                j->status = lt_error(ctx, LT_ERR_FORMAT,
+                                     "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)", j->src->path,
+                                     name, (long long)q.bad_row[th], (long long)q.bad_col[th], lt_dtype_name(t.dtype));
+                return;
+            }
         }
-        return;
+        flush(j, dst, r0, n, (size_t)drb);
+        if (j->status != LT_OK) return;
     }
-    int64_t r0 = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        if (r - r0 == chunk) {
-            flush(j, dst, r0, r - r0, (size_t)drb);
-            if (j->status != LT_OK) return;
-            r0 = r;
-        }
-        int64_t sr = r;
-        if (permute) { /* rotate-half row (h, half s, i) was stored at (h, 2i + s) */
-            int64_t h = r / D, w = r % D, s = w / (D / 2), i = w % (D / 2);
-            sr = h * D + 2 * i + s;
-        }
-        const uint8_t *src = experts ? exb[sr / erows] + (size_t)(sr % erows) * (size_t)srb
-                                     : (const uint8_t *)t.data + (size_t)sr * (size_t)srb;
-        uint8_t *d = rows_at(j, dst, r0, (size_t)drb) + (size_t)(r - r0) * (size_t)drb;
-        if (!convert_row(j->row, t.dtype, p->dtype, src, d, cols, (size_t)drb)) {
-            j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path, name,
-                                 lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
-            return;
-        }
-        /* Every row of the norms, biases, embedding and head (one pass at load): a NaN or Inf
-         * there reaches every logit. The projections are left to the loss's own check. */
-        int64_t bad = p->kind != LT_W_PROJ ? nonfinite_at(j->row, p->dtype, d, cols) : -1;
-        if (bad >= 0) {
-            j->status = lt_error(ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
-                                 j->src->path, name, (long long)r, (long long)bad, lt_dtype_name(t.dtype));
-            return;
-        }
-        if (norm_plus_one) /* (1 + w) once, in f32 as transformers' Gemma RMSNorm computes it */
-            for (int64_t i = 0; i < cols; i++) ((float *)d)[i] += 1.0f;
-    }
-    flush(j, dst, r0, rows - r0, (size_t)drb);
 }
 
 /* Wires every LoRA layer's A/B (and gradient) pointers into the flat buffers and initialises
