@@ -270,24 +270,6 @@ static int encode_arms(lt_ctx *ctx, const lt_bench_common *c, lt_dtype dt, int64
     return 0;
 }
 
-/* The dtypes lt_quantize_row encodes from f32. */
-static int has_encoder(lt_dtype dt) {
-    switch (dt) {
-    case LT_DTYPE_Q8_0:
-    case LT_DTYPE_Q4_0:
-    case LT_DTYPE_Q4_1:
-    case LT_DTYPE_Q5_0:
-    case LT_DTYPE_Q5_1:
-    case LT_DTYPE_INT4_G64:
-    case LT_DTYPE_Q2_K:
-    case LT_DTYPE_Q3_K:
-    case LT_DTYPE_Q4_K:
-    case LT_DTYPE_Q5_K:
-    case LT_DTYPE_Q6_K: return 1;
-    default: return 0;
-    }
-}
-
 int lt_bench_matmul(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -421,7 +403,7 @@ int lt_bench_matmul(int argc, char **argv) {
     if (!cuda && encode_rows)
         for (int si = 0; si < nshapes; si++)
             for (int di = 0; di < ndts; di++)
-                if (has_encoder(dts[di]) && lt_dtype_row_bytes(dts[di], shapes[si].in) >= 0 &&
+                if (lt_quantize_has_encoder(dts[di]) && lt_dtype_row_bytes(dts[di], shapes[si].in) >= 0 &&
                     encode_arms(ctx, &c, dts[di], encode_rows, shapes[si].in, isas, nisas, t, &s, arms))
                     goto done;
     for (int si = 0; si < nshapes && !encode_only; si++) {

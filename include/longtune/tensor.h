@@ -89,6 +89,8 @@ LT_API void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n
 /* Quantizes n floats (multiple of the block) into `row` (round to nearest, min/max per block for
  * the affine formats). Only for tests and --quantize; not a hot path. */
 LT_API void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n);
+/* 1 when t is a block format lt_quantize_row encodes (IQ4 and the float types: 0). */
+LT_API int lt_quantize_has_encoder(lt_dtype t);
 
 #ifdef __cplusplus
 }

@@ -196,6 +196,23 @@ static void quant_q5(const float *in, uint8_t *p, int64_t nb, int has_min) {
     }
 }
 
+int lt_quantize_has_encoder(lt_dtype t) {
+    switch (t) { /* the cases of lt_quantize_row below */
+    case LT_DTYPE_Q8_0:
+    case LT_DTYPE_Q4_0:
+    case LT_DTYPE_Q4_1:
+    case LT_DTYPE_Q5_0:
+    case LT_DTYPE_Q5_1:
+    case LT_DTYPE_INT4_G64:
+    case LT_DTYPE_Q2_K:
+    case LT_DTYPE_Q3_K:
+    case LT_DTYPE_Q4_K:
+    case LT_DTYPE_Q5_K:
+    case LT_DTYPE_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
 void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n) {
     uint8_t *p = row;
     int64_t nb = n / (lt_dtype_block_elems(t) > 0 ? lt_dtype_block_elems(t) : 1);

@@ -11,23 +11,9 @@
 #include "train/train_internal.h"
 
 int lt_export_can_quantize(lt_dtype t) {
-    /* The block formats lt_quantize_row implements; a quantizer added there is listed here. */
-    switch (t) {
-    case LT_DTYPE_F32:
-    case LT_DTYPE_F16:
-    case LT_DTYPE_BF16:
-    case LT_DTYPE_Q8_0:
-    case LT_DTYPE_Q4_0:
-    case LT_DTYPE_Q4_1:
-    case LT_DTYPE_Q5_0:
-    case LT_DTYPE_Q5_1:
-    case LT_DTYPE_Q2_K:
-    case LT_DTYPE_Q3_K:
-    case LT_DTYPE_Q4_K:
-    case LT_DTYPE_Q5_K:
-    case LT_DTYPE_Q6_K: return 1;
-    default: return 0;
-    }
+    /* GGUF's own types: the float ones and every block format lt_quantize_row encodes but int4_g64 */
+    if (t == LT_DTYPE_F32 || t == LT_DTYPE_F16 || t == LT_DTYPE_BF16) return 1;
+    return t != LT_DTYPE_INT4_G64 && lt_quantize_has_encoder(t);
 }
 
 lt_status lt_ex_read_file(lt_ctx *ctx, const char *path, size_t max, char **out, size_t *n) {

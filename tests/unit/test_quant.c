@@ -480,9 +480,34 @@ static void k_quant_paths_match_scalar_bytes(void **state) {
     free(buf);
 }
 
+/* lt_quantize_has_encoder names exactly the block formats lt_quantize_row writes: each of them
+ * round-trips a row of 256 weights within a loose bound; IQ4 and the float types have none. */
+static void has_encoder_lists_the_encoders(void **state) {
+    (void)state;
+    float x[256], y[256];
+    uint8_t q[1024];
+    for (int i = 0; i < 256; i++) x[i] = (float)sin(0.37 * i);
+    int n = 0;
+    for (int t = 0; t < LT_DTYPE_COUNT_; t++) {
+        if (!lt_quantize_has_encoder((lt_dtype)t)) continue;
+        assert_true(lt_dtype_is_quantized((lt_dtype)t));
+        assert_true(lt_dtype_row_bytes((lt_dtype)t, 256) <= (int64_t)sizeof q);
+        lt_quantize_row((lt_dtype)t, x, q, 256);
+        lt_dequantize_row((lt_dtype)t, q, y, 256);
+        for (int i = 0; i < 256; i++) assert_true(fabsf(y[i] - x[i]) < 0.35f);
+        n++;
+    }
+    assert_int_equal(n, 11);
+    assert_false(lt_quantize_has_encoder(LT_DTYPE_IQ4_NL));
+    assert_false(lt_quantize_has_encoder(LT_DTYPE_IQ4_XS));
+    assert_false(lt_quantize_has_encoder(LT_DTYPE_F32));
+    assert_false(lt_quantize_has_encoder(LT_DTYPE_BF16));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dequantize_matches_gguf_py_bit_for_bit),
+        cmocka_unit_test(has_encoder_lists_the_encoders),
         cmocka_unit_test(every_path_matches_gguf_py),
         cmocka_unit_test(every_path_matches_scalar_on_fresh_blocks),
         cmocka_unit_test(cpu_isa_override),
