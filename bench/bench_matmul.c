@@ -201,6 +201,24 @@ static const char *parse_dtypes(const char *v, void *dst) {
     return *l->n ? NULL : "a comma list of W dtypes";
 }
 
+/* One one-thread arm "<what>-<dtype>-<rows>x<in>-<isa>": its median ms and rate (key, printed in
+ * unit with fmt), in arms and on stderr. */
+static void one_thread_arm(cJSON *arms, const char *what, lt_dtype dt, int64_t rows, int64_t in, lt_cpu_isa isa,
+                           double ms, const char *key, double rate, const char *fmt) {
+    char name[64];
+    snprintf(name, sizeof name, "%s-%s-%lldx%lld-%s", what, lt_dtype_name(dt), (long long)rows, (long long)in,
+             lt_cpu_isa_name(isa));
+    cJSON *arm = cJSON_CreateObject();
+    cJSON_AddStringToObject(arm, "name", name);
+    cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isa));
+    cJSON_AddNumberToObject(arm, "median_ms", ms);
+    cJSON_AddNumberToObject(arm, key, rate);
+    cJSON_AddItemToArray(arms, arm);
+    fprintf(stderr, "%-34s %9.3f ms ", name, ms);
+    fprintf(stderr, fmt, rate);
+    fputs(" (one thread)\n", stderr);
+}
+
 /* The dequantizer alone: every row of w through lt_dequantize_row on one thread into a tile of
  * 64 rows (as the matmul's workspace holds them), per instruction set. Arms "dequant-<dtype>-
  * <out>x<in>-<isa>" with the median ms and weights per ns. Non-zero on allocation failure. */
@@ -218,17 +236,9 @@ static int dequant_arms(lt_ctx *ctx, const lt_bench_common *c, const lt_tensor *
                 lt_dequantize_row(w->dtype, (const uint8_t *)w->data + rb * (size_t)o, tile + (o % 64) * in, in);
             if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
         }
-        const double ms = lt_bench_median(t, c->repeats), wpns = (double)(out * in) / (ms * 1e6);
-        char name[64];
-        snprintf(name, sizeof name, "dequant-%s-%lldx%lld-%s", lt_dtype_name(w->dtype), (long long)out, (long long)in,
-                 lt_cpu_isa_name(isas[k]));
-        cJSON *arm = cJSON_CreateObject();
-        cJSON_AddStringToObject(arm, "name", name);
-        cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isas[k]));
-        cJSON_AddNumberToObject(arm, "median_ms", ms);
-        cJSON_AddNumberToObject(arm, "weights_per_ns", wpns);
-        cJSON_AddItemToArray(arms, arm);
-        fprintf(stderr, "%-34s %9.3f ms %7.2f weights/ns (one thread)\n", name, ms, wpns);
+        const double ms = lt_bench_median(t, c->repeats);
+        one_thread_arm(arms, "dequant", w->dtype, out, in, isas[k], ms, "weights_per_ns",
+                       (double)(out * in) / (ms * 1e6), "%7.2f weights/ns");
     }
     free(tile);
     return 0;
@@ -254,17 +264,9 @@ static int encode_arms(lt_ctx *ctx, const lt_bench_common *c, lt_dtype dt, int64
             for (int64_t o = 0; o < rows; o++) lt_quantize_row(dt, x + o * in, q + rb * (size_t)o, in);
             if (r >= 0) t[r] = (lt_time_now() - t0) * 1e3;
         }
-        const double ms = lt_bench_median(t, c->repeats), wps = (double)(rows * in) / (ms * 1e-3);
-        char name[64];
-        snprintf(name, sizeof name, "encode-%s-%lldx%lld-%s", lt_dtype_name(dt), (long long)rows, (long long)in,
-                 lt_cpu_isa_name(isas[k]));
-        cJSON *arm = cJSON_CreateObject();
-        cJSON_AddStringToObject(arm, "name", name);
-        cJSON_AddStringToObject(arm, "isa", lt_cpu_isa_name(isas[k]));
-        cJSON_AddNumberToObject(arm, "median_ms", ms);
-        cJSON_AddNumberToObject(arm, "weights_per_s", wps);
-        cJSON_AddItemToArray(arms, arm);
-        fprintf(stderr, "%-34s %9.3f ms %9.3g weights/s (one thread)\n", name, ms, wps);
+        const double ms = lt_bench_median(t, c->repeats);
+        one_thread_arm(arms, "encode", dt, rows, in, isas[k], ms, "weights_per_s", (double)(rows * in) / (ms * 1e-3),
+                       "%9.3g weights/s");
     }
     free(x), free(q);
     return 0;
