@@ -215,20 +215,8 @@ int lt_bench_context(int argc, char **argv) {
                                     (long long)step);
     lt_recompute rc_policy = LT_RECOMPUTE_EVERY;
     int64_t rc_k = 0;
-    {
-        lt_ctx *pc = lt_ctx_new();
-        if (!pc) return 1;
-        lt_status ps = lt_plan_recompute_parse(pc, recompute, &rc_policy, &rc_k);
-        if (ps == LT_OK && rc_policy != LT_RECOMPUTE_EVERY && rc_policy != LT_RECOMPUTE_EVERY_K)
-            ps = lt_error(pc, LT_ERR_INVALID_ARG,
-                          "recompute policy '%s': this bench measures checkpointed runs (all or every:K)", recompute);
-        if (ps != LT_OK) {
-            int rcode = lt_bench_usage_error("context", NULL, "--recompute: %s", lt_ctx_error(pc));
-            lt_ctx_free(pc);
-            return rcode;
-        }
-        lt_ctx_free(pc);
-    }
+    int prc = lt_bench_parse_recompute("context", recompute, 0, &rc_policy, &rc_k);
+    if (prc) return prc;
     char rc_name[32];
     lt_plan_recompute_name(rc_policy, rc_k, rc_name, sizeof rc_name);
     signal(SIGPIPE, SIG_IGN);
@@ -575,9 +563,8 @@ peer:
         cJSON_AddItemToArray(arms, pa);
     }
     char tag[128];
-    char rc_tag[40] = "";
-    if (rc_policy == LT_RECOMPUTE_EVERY_K)
-        snprintf(rc_tag, sizeof rc_tag, "-every%lld", (long long)(rc_k > 0 ? rc_k : 2));
+    char rc_tag[40];
+    lt_bench_recompute_tag(rc_policy, rc_k, rc_tag, sizeof rc_tag);
     snprintf(tag, sizeof tag, "%s-%s%s%s", c.backend, shape->name, offload ? "-offload" : "", rc_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;

@@ -12,6 +12,7 @@
 #include "bench_model.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
+#include "longtune/plan.h"
 #include "longtune/tensor.h"
 
 static const lt_bench_shape shapes[] = {
@@ -419,3 +420,22 @@ const char *const lt_bench_flops_note =
     "the q,k,v,o projections: minus L*2*(Pa + Ra)*T, their shares of P and R; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
     "R = r*sum(in+out) over the 7 adapters; A = causal attention forward 2*H*T^2*D. Frozen base: "
     "no weight-gradient GEMMs. Head: forward + input gradient. Norms, RoPE, SwiGLU, AdamW not counted.";
+
+int lt_bench_parse_recompute(const char *bench, const char *value, int allow_none, lt_recompute *r, int64_t *k) {
+    lt_ctx *pc = lt_ctx_new();
+    if (!pc) return 1;
+    lt_status ps = lt_plan_recompute_parse(pc, value, r, k);
+    if (ps == LT_OK && *r != LT_RECOMPUTE_EVERY && *r != LT_RECOMPUTE_EVERY_K &&
+        (!allow_none || *r != LT_RECOMPUTE_NONE))
+        ps = lt_error(pc, LT_ERR_INVALID_ARG, "recompute policy '%s': this bench takes %sall or every:K", value,
+                      allow_none ? "none, " : "");
+    int rc = ps == LT_OK ? 0 : lt_bench_usage_error(bench, NULL, "--recompute: %s", lt_ctx_error(pc));
+    lt_ctx_free(pc);
+    return rc;
+}
+
+void lt_bench_recompute_tag(lt_recompute r, int64_t k, char *buf, size_t n) {
+    if (r == LT_RECOMPUTE_EVERY_K) snprintf(buf, n, "-every%lld", (long long)(k > 0 ? k : 2));
+    else if (r == LT_RECOMPUTE_NONE) snprintf(buf, n, "-norecompute");
+    else if (n) buf[0] = '\0';
+}

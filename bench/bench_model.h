@@ -103,6 +103,12 @@ double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T);
  * q, k, v and o projections (base and LoRA), so hw_flops drops 2·(Pa + Ra)·T per layer, Pa, Ra
  * those four projections' shares of P and R. */
 double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention, int kept_qkv);
+
+/* --recompute's value for bench `bench`: all (every layer), every:K and, with allow_none, none
+ * (the bench shapes have one layer kind). 0, or after the usage error its exit code (2). */
+int lt_bench_parse_recompute(const char *bench, const char *value, int allow_none, lt_recompute *r, int64_t *k);
+/* A policy's part of a result file's tag: "" for every layer, "-everyK", "-norecompute". */
+void lt_bench_recompute_tag(lt_recompute r, int64_t k, char *buf, size_t n);
 /* The FLOP conventions above as one line for result files. */
 extern const char *const lt_bench_flops_note;
 /* Dense bf16 tensor-core peak of an H100/H200 SXM in FLOP/s (989.4 TFLOP/s; NVIDIA's datasheet

@@ -351,23 +351,11 @@ int lt_bench_train(int argc, char **argv) {
     if (recompute_attn < 0) recompute_attn = 0;
     lt_recompute rc_policy = LT_RECOMPUTE_EVERY;
     int64_t rc_k = 0;
-    {
-        lt_ctx *pc = lt_ctx_new();
-        if (!pc) return 1;
-        lt_status ps = lt_plan_recompute_parse(pc, recompute, &rc_policy, &rc_k);
-        if (ps == LT_OK && rc_policy != LT_RECOMPUTE_NONE && rc_policy != LT_RECOMPUTE_EVERY &&
-            rc_policy != LT_RECOMPUTE_EVERY_K)
-            ps = lt_error(pc, LT_ERR_INVALID_ARG, "recompute policy '%s': the bench shapes have one layer kind",
-                          recompute);
-        if (ps == LT_OK && rc_policy == LT_RECOMPUTE_NONE && recompute_attn)
-            ps = lt_error(pc, LT_ERR_INVALID_ARG, "--recompute-attention 1 needs a recompute policy, not none");
-        if (ps != LT_OK) {
-            int rcode = lt_bench_usage_error("train", NULL, "--recompute: %s", lt_ctx_error(pc));
-            lt_ctx_free(pc);
-            return rcode;
-        }
-        lt_ctx_free(pc);
-    }
+    int prc = lt_bench_parse_recompute("train", recompute, 1, &rc_policy, &rc_k);
+    if (prc) return prc;
+    if (rc_policy == LT_RECOMPUTE_NONE && recompute_attn)
+        return lt_bench_usage_error("train", NULL,
+                                    "--recompute none: --recompute-attention 1 needs a recompute policy");
     char rc_name[32];
     lt_plan_recompute_name(rc_policy, rc_k, rc_name, sizeof rc_name);
     if (profile) lt_prof_enable(1); /* before the model takes its op table */
@@ -778,10 +766,8 @@ int lt_bench_train(int argc, char **argv) {
         }
     }
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(jc, "loadavg_1min_at_end", load[0]);
-    char tag[240], chunk_tag[40] = "", rc_tag[40] = "";
-    if (rc_policy == LT_RECOMPUTE_NONE) snprintf(rc_tag, sizeof rc_tag, "-norecompute");
-    else if (rc_policy == LT_RECOMPUTE_EVERY_K)
-        snprintf(rc_tag, sizeof rc_tag, "-every%lld", (long long)(rc_k > 0 ? rc_k : 2));
+    char tag[240], chunk_tag[40] = "", rc_tag[40];
+    lt_bench_recompute_tag(rc_policy, rc_k, rc_tag, sizeof rc_tag);
     if (chunk_rows && chunk_rows != LT_MODEL_CHUNK_ROWS)
         snprintf(chunk_tag, sizeof chunk_tag, "-chunk%lld", (long long)chunk_rows);
     /* runs off the default configuration never overwrite the published file */
