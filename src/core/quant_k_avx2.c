@@ -175,6 +175,21 @@ AVX2_FN static void affine16(const float *x, const float *w, int n, int nmax, fl
     affine_lanes(x, w, n, nmax, rmin, rdelta, nstep, use_mad, L, scales, mins, 2);
 }
 
+/* Levels l = round_clamp(inv * x) of one grid, and its x²-weighted sums Σ w·x·l and Σ w·l² in the
+ * scalar searches' order (w = x²). */
+AVX2_FN static inline void weighted_levels(const __m256 *xt, int n, __m256 inv, __m256 lo_l, __m256 hi_l, __m256 *l_out,
+                                           __m256 *sxl, __m256 *sl2) {
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        __m256 l = round_clamp(_mm256_mul_ps(inv, xt[i]), lo_l, hi_l), w = _mm256_mul_ps(xt[i], xt[i]);
+        l_out[i] = l;
+        a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(w, xt[i]), l));
+        b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_mul_ps(w, l), l));
+    }
+    *sxl = a;
+    *sl2 = b;
+}
+
 /* Eight symmetric searches (quant_k.c's symmetric_search). */
 AVX2_FN static void symmetric8(const float *x, int n, int nmax, int8_t *L, float *scales) {
     __m256 xt[NMAX_SUB], Lt[NMAX_SUB], ct[NMAX_SUB];
@@ -187,14 +202,8 @@ AVX2_FN static void symmetric8(const float *x, int n, int nmax, int8_t *L, float
     for (int s = 0; s <= 18; s++) {
         int is = s == 0 ? 0 : (s <= 9 ? s - 10 : s - 9);
         const float c = (float)nmax + 0.1f * (float)is;
-        const __m256 inv = _mm256_div_ps(_mm256_set1_ps(-c), mx);
-        __m256 sxl = zero, sl2 = zero;
-        for (int i = 0; i < n; i++) {
-            __m256 l = round_clamp(_mm256_mul_ps(inv, xt[i]), lo_l, hi_l), wx = _mm256_mul_ps(xt[i], xt[i]);
-            ct[i] = l;
-            sxl = _mm256_add_ps(sxl, _mm256_mul_ps(_mm256_mul_ps(wx, xt[i]), l));
-            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(_mm256_mul_ps(wx, l), l));
-        }
+        __m256 sxl, sl2;
+        weighted_levels(xt, n, _mm256_div_ps(_mm256_set1_ps(-c), mx), lo_l, hi_l, ct, &sxl, &sl2);
         const __m256 pl = gt(sl2, zero);
         const __m256 take = s == 0 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
                                    : _mm256_and_ps(pl, gt(_mm256_mul_ps(sxl, sxl), _mm256_mul_ps(best, sl2)));
@@ -223,14 +232,8 @@ AVX2_FN static void q3_8(const float *x, int n, int nmax, int8_t *L, float *scal
                  hi_l = _mm256_set1_ps((float)(nmax - 1));
     __m256 amax, mx = signed_max8(xt, n, &amax);
     const int tiny = _mm256_movemask_ps(lt(amax, _mm256_set1_ps(GROUP_EPS)));
-    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(-(float)nmax), mx);
-    __m256 sxl = zero, sl2 = zero;
-    for (int i = 0; i < n; i++) {
-        __m256 l = round_clamp(_mm256_mul_ps(inv, xt[i]), lo_l, hi_l), w = _mm256_mul_ps(xt[i], xt[i]);
-        Lt[i] = l;
-        sxl = _mm256_add_ps(sxl, _mm256_mul_ps(_mm256_mul_ps(w, xt[i]), l));
-        sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(_mm256_mul_ps(w, l), l));
-    }
+    __m256 sxl, sl2;
+    weighted_levels(xt, n, _mm256_div_ps(_mm256_set1_ps(-(float)nmax), mx), lo_l, hi_l, Lt, &sxl, &sl2);
     for (int pass = 0; pass < 5; pass++) {
         __m256 changed = zero;
         for (int i = 0; i < n; i++) {
