@@ -217,6 +217,10 @@ static const lt_lora_case lora_rows[] = {
      * wide for its stacked copies (the per-adapter order) */
     {2, {1100, 1030, 0}, {1, 1, 0}, 72, 90, 8, 2.0f, 1.0f, 0, 0, 0, LT_DTYPE_F32},
     {3, {64, 32, 32}, {1, 1, 1}, 2048, 40, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_F32},
+    /* the tensor-core down-products over several passes of a block's warps (K = 1024 and 512),
+     * and a rank that leaves zero rows in the second 8-wide factor tile (r = 12) */
+    {2, {512, 512, 0}, {1, 1, 0}, 1024, 300, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
+    {1, {384, 0, 0}, {1, 0, 0}, 640, 333, 12, 0.5f, 1.0f, 1, 0, 0, LT_DTYPE_BF16},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -997,6 +1001,8 @@ static const op_case cases[] = {
     {"lora", run_lora, {1, 64, 500, 8}, LT_DTYPE_BF16, 12},
     {"lora", run_lora, {2, 72, 90, 8}, LT_DTYPE_F32, 13},
     {"lora", run_lora, {3, 2048, 40, 8}, LT_DTYPE_F32, 14},
+    {"lora", run_lora, {2, 1024, 300, 8}, LT_DTYPE_BF16, 15},
+    {"lora", run_lora, {1, 640, 333, 12}, LT_DTYPE_BF16, 16},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},

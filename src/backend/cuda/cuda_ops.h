@@ -81,14 +81,17 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
 void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
  * alignment is not theirs: C (M, N <= 16) = alpha·A (M, K, bf16)·op(B) + beta·C (tb: B (N, K),
- * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P, bf16) and
- * U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update C (M, N) = alpha·U (M, K <= 32)·V
- * + beta·C with V stacked from pieces of kb rows (vt: each piece is (N, kb), read transposed). */
+ * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P; bf16, or f32
+ * rounded to bf16 when x_f32) and U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update
+ * C (M, N) = alpha·U (M, K <= 32)·V + beta·C with V stacked from pieces of kb rows (vt: each piece
+ * is (N, kb), read transposed). ws is scratch for the f32 factor's bf16 hi/lo split and the
+ * K slices' partial sums, with which both products run on the tensor cores; skinny_h_n takes
+ * ws = NULL (or one too small, or K % 32 != 0) on its CUDA-core path, skinny_h_tall needs it. */
 int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int64_t ldx,
-                          const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj, void *ws,
-                          size_t ws_bytes);
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
+int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int x_f32,
+                          int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
+                          void *ws, size_t ws_bytes);
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,

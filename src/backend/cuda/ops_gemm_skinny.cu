@@ -130,14 +130,8 @@ __global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float 
 #define TR_GROUPS 2
 #define TR_COLS (TR_THREADS * 4)
 
-/* Four consecutive elements of X as floats: one 16-byte f32 load, or one 8-byte bf16 load. */
+/* Four consecutive elements of X: one 16-byte load. */
 static __device__ __forceinline__ float4 ld4(const float *p) { return __ldg((const float4 *)p); }
-static __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *p) {
-    const uint2 v = __ldg((const uint2 *)p);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
 
 template <int R, typename XT>
 __global__ void __launch_bounds__(TR_THREADS *TR_GROUPS)
@@ -354,18 +348,175 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
     }
 }
 
+/* ---- the same products on the tensor cores: C (M, n <= 16) = alpha·A (M, K, bf16)·Bᵀ + beta·C ----
+ * small_n_h_k reads its f32 factor block once per warp for every four rows of A: four times the
+ * bytes of A through L1/L2 at r = 8, which held x·Aᵀ near a third and dy·B (B read across its
+ * rows) near a sixth of the H200's bandwidth (52 and 122 us for 64-90 MiB of bf16 activation in an
+ * 8k Qwen3-8B step). Here the factor is first split into bf16 hi and lo parts (hi = bf16(B),
+ * lo = bf16(B - hi): B to ~16 bits, the products and sums in fp32 on the tensor cores), laid out
+ * (8·NT, K) whatever op(B) was. A block of SM_WARPS warps takes SM_ROWS rows of A and one of KS
+ * slices of K, which its warps share out 32 columns at a time; each warp runs mma.sync m16n8k16
+ * over its rows with the factor fragment reused for SM_MT row tiles, the warps' sums meet in
+ * shared memory, and the KS slices' sums are added in order by a second kernel (KS > 1 keeps
+ * enough loads in flight: one block per 64 rows left the SMs at 8 warps and a third of the
+ * bandwidth). Everything is summed in a fixed order (deterministic). The k order inside a 32-wide
+ * step is permuted identically for A and B (a lane loads 16 contiguous bytes of a row for both),
+ * so every load is a 16-byte one. */
+#define SM_WARPS 8
+#define SM_MT 4
+#define SM_ROWS (16 * SM_MT)
+
+/* hi/lo (rows, Kp) bf16 of op(B) (tb: B (n, K), else B (K, n)); rows n.. and columns K.. zero. */
+static __global__ void split_b_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
+                                 int tb, __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
+    const int64_t total = (int64_t)rows * Kp;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i / Kp, k = i - j * Kp;
+        const float v = j < n && k < K ? (tb ? B[j * ldb + k] : B[k * ldb + j]) : 0.0f;
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (M, 8·NT). */
+template <int NT>
+__global__ void __launch_bounds__(SM_WARPS * 32)
+    small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const __nv_bfloat16 *__restrict__ A,
+                  int64_t lda, const __nv_bfloat16 *__restrict__ Bh, const __nv_bfloat16 *__restrict__ Bl, float beta,
+                  float *C, int64_t ldc, float *__restrict__ part) {
+    __shared__ float red[SM_WARPS][SM_ROWS][8 * NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t m0 = (int64_t)blockIdx.x * SM_ROWS;
+    float acc[SM_MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < SM_MT; i++)
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][q][e] = 0.0f;
+    /* rows past M read row M - 1 (their sums are never stored), so the loads need no predicate */
+    const __nv_bfloat16 *arow[SM_MT][2];
+#pragma unroll
+    for (int i = 0; i < SM_MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + 16 * i + g + 8 * h;
+            arow[i][h] = A + (row < M ? row : M - 1) * lda + 8 * t;
+        }
+    const __nv_bfloat16 *bh_row[NT], *bl_row[NT];
+#pragma unroll
+    for (int q = 0; q < NT; q++)
+        bh_row[q] = Bh + (int64_t)(8 * q + g) * K + 8 * t, bl_row[q] = Bl + (int64_t)(8 * q + g) * K + 8 * t;
+    const int64_t steps = K / 32; /* K % 32 == 0 */
+    const int64_t s_end = ((int64_t)blockIdx.y + 1) * slice < steps ? ((int64_t)blockIdx.y + 1) * slice : steps;
+    for (int64_t s = (int64_t)blockIdx.y * slice + warp; s < s_end; s += SM_WARPS) {
+        const int64_t k = s * 32;
+        uint4 a[SM_MT][2], bh[NT], bl[NT];
+#pragma unroll
+        for (int i = 0; i < SM_MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) a[i][h] = __ldg((const uint4 *)(arow[i][h] + k));
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+            bh[q] = __ldg((const uint4 *)(bh_row[q] + k)), bl[q] = __ldg((const uint4 *)(bl_row[q] + k));
+#pragma unroll
+        for (int i = 0; i < SM_MT; i++) {
+            /* row g / g+8, physical k 8t..8t+3 as logical (2t, 2t+1 | 2t+8, 2t+9), then 8t+4..8t+7 */
+            const uint32_t f0[4] = {a[i][0].x, a[i][1].x, a[i][0].y, a[i][1].y};
+            const uint32_t f1[4] = {a[i][0].z, a[i][1].z, a[i][0].w, a[i][1].w};
+#pragma unroll
+            for (int q = 0; q < NT; q++) {
+                lt_mma16816(acc[i][q], f0, bh[q].x, bh[q].y);
+                lt_mma16816(acc[i][q], f0, bl[q].x, bl[q].y);
+                lt_mma16816(acc[i][q], f1, bh[q].z, bh[q].w);
+                lt_mma16816(acc[i][q], f1, bl[q].z, bl[q].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < SM_MT; i++)
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            const int r = 16 * i + g, c = 8 * q + 2 * t;
+            red[warp][r][c] = acc[i][q][0], red[warp][r][c + 1] = acc[i][q][1];
+            red[warp][r + 8][c] = acc[i][q][2], red[warp][r + 8][c + 1] = acc[i][q][3];
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < SM_ROWS * 8 * NT; e += SM_WARPS * 32) {
+        const int r = e / (8 * NT), j = e - r * (8 * NT);
+        const int64_t m = m0 + r;
+        if (m >= M || j >= n) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SM_WARPS; w++) sum += red[w][r][j];
+        if (part) {
+            part[((int64_t)blockIdx.y * M + m) * (8 * NT) + j] = sum;
+        } else {
+            float *c = C + m * ldc + j;
+            *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+        }
+    }
+}
+
+/* C (M, n) = alpha·(the KS slices' sums, added in order) + beta·C. */
+static __global__ void small_n_slices_k(int64_t M, int n, int w, int ks, const float *__restrict__ part, float alpha,
+                                        float beta, float *C, int64_t ldc) {
+    const int64_t total = M * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = i / n;
+        const int j = (int)(i - m * n);
+        float sum = 0.0f;
+        for (int q = 0; q < ks; q++) sum += part[((int64_t)q * M + m) * w + j];
+        float *c = C + m * ldc + j;
+        *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+    }
+}
+
+/* Blocks of small_n_mma_k the H200 keeps resident with room to spare (132 SMs, 2-3 a SM). */
+#define SM_TARGET_BLOCKS 396
+
 extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
+                                  size_t ws_bytes) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
         return 0;
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)A;
+    const int n = (int)N;
+    cudaStream_t st = lt_cuda_stream(ctx);
+    const int nt = N <= 8 ? 1 : 2;
+    const size_t half = (size_t)(8 * nt) * (size_t)K * sizeof(__nv_bfloat16);
+    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0 && 2 * half <= ws_bytes) {
+        __nv_bfloat16 *bh = (__nv_bfloat16 *)ws, *bl = (__nv_bfloat16 *)((char *)ws + half);
+        float *part = (float *)((char *)ws + 2 * half);
+        split_b_k<<<lt_cuda_grid((int64_t)(8 * nt) * K, 256), 256, 0, st>>>(n, 8 * nt, K, K, B, ldb, tb, bh, bl);
+        LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
+        const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS, steps = K / 32;
+        int64_t ks = (SM_TARGET_BLOCKS + mb - 1) / mb;
+        if (ks > steps / (2 * SM_WARPS)) ks = steps / (2 * SM_WARPS); /* two steps for every warp */
+        const size_t slice_bytes = (size_t)M * (size_t)(8 * nt) * sizeof(float);
+        if (ks > 1 && (size_t)ks * slice_bytes > ws_bytes - 2 * half)
+            ks = (int64_t)((ws_bytes - 2 * half) / slice_bytes);
+        if (ks < 1 || mb > 65535) ks = 1;
+        const int64_t slice = (steps + ks - 1) / ks;
+        ks = (steps + slice - 1) / slice;
+        dim3 grid((unsigned)mb, (unsigned)ks);
+        float *pp = ks > 1 ? part : NULL;
+        if (nt == 1)
+            small_n_mma_k<1><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
+        else small_n_mma_k<2><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
+        LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
+        if (pp) {
+            small_n_slices_k<<<lt_cuda_grid(M * n, 256), 256, 0, st>>>(M, n, 8 * nt, (int)ks, pp, alpha, beta, C, ldc);
+            LT_CUDA_LAUNCHED(ctx, "lora: small n slices");
+        }
+        return 1;
+    }
     const int64_t per_block = SN_WARPS * SNH_ROWS(N <= 8 ? 8 : 16);
     int64_t blocks = (M + per_block - 1) / per_block;
     if (blocks > 65535) blocks = 65535;
-    const __nv_bfloat16 *a = (const __nv_bfloat16 *)A;
     const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-    const int n = (int)N;
-    cudaStream_t st = lt_cuda_stream(ctx);
     if (N <= 8) {
         if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
         else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
@@ -377,13 +528,131 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
     return 1;
 }
 
+/* ---- the tall reduction on the tensor cores: C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C ----
+ * tall_k streams X four columns (8 bytes of bf16) a thread with two k-groups a block: a few loads
+ * in flight per SM, and 75-90 us for 64-170 MiB in an 8k Qwen3-8B step, three to four times the
+ * bytes over the bandwidth. Here Cᵀ (16, P) = Uᵀ·X runs as mma.sync m16n8k16 with Uᵀ (split into
+ * bf16 hi and lo parts, as small_n_mma_k does with its factor; zero past n and past K) as the A
+ * operand and X as B: a lane loads 16 bytes (8 columns) of four X rows, and byte permutes pair
+ * the rows' elements column by column into the B fragments of eight 8-column tiles, so a warp
+ * covers 64 columns with coalesced 16-byte loads and no shared-memory transpose (the rows inside
+ * a 16-step are permuted identically for U). f32 X is read as f32 and rounded to bf16, as the
+ * activation of every LoRA product on this backend is. A block's warps split K and meet in
+ * shared memory; TM_KS slices of K go to the workspace and tall_reduce_k adds them in order. */
+#define TM_WARPS 8
+#define TM_COLS 64
+
+/* Eight consecutive elements of an X row as bf16 (16 bytes): one load, or two f32 loads rounded. */
+static __device__ __forceinline__ uint4 ld8_bf16(const __nv_bfloat16 *p) { return __ldg((const uint4 *)p); }
+static __device__ __forceinline__ uint4 ld8_bf16(const float *p) {
+    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)(p + 4));
+    return make_uint4(lt_pack_bf16(a.x, a.y), lt_pack_bf16(a.z, a.w), lt_pack_bf16(b.x, b.y), lt_pack_bf16(b.z, b.w));
+}
+
+/* Element e of each of two rows' eight, as one bf16 pair (the first row's in the low half). */
+static __device__ __forceinline__ uint32_t pair_col(const uint4 &r0, const uint4 &r1, int e) {
+    const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+    return __byte_perm(w0[e >> 1], w1[e >> 1], (e & 1) ? 0x7632 : 0x5410);
+}
+
+/* Uh/Ul: (16, Kp) bf16, Kp = K rounded up to 16. part == NULL: C written here. */
+template <typename XT>
+__global__ void __launch_bounds__(TM_WARPS * 32)
+    tall_mma_k(int64_t P, int n, int64_t K, int64_t Kp, int64_t slice, float alpha, const XT *__restrict__ X,
+               int64_t ldx, const __nv_bfloat16 *__restrict__ Uh, const __nv_bfloat16 *__restrict__ Ul, float beta,
+               float *C, int64_t ldc, int c_pj, float *__restrict__ part) {
+    __shared__ float red[TM_WARPS][16][TM_COLS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t p0 = (int64_t)blockIdx.x * TM_COLS;
+    /* column groups past P read the last group (P % 8 == 0); their sums are never stored */
+    const int64_t pc = p0 + 8 * g < P ? p0 + 8 * g : P - 8;
+    float acc[8][4];
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[e][c] = 0.0f;
+    const int64_t k_end = ((int64_t)blockIdx.y + 1) * slice < Kp ? ((int64_t)blockIdx.y + 1) * slice : Kp;
+    for (int64_t k0 = (int64_t)blockIdx.y * slice + 16 * warp; k0 < k_end; k0 += 16 * TM_WARPS) {
+        uint4 x[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* rows past K read row K - 1; U is zero there */
+            const int64_t k = k0 + 4 * t + i;
+            x[i] = ld8_bf16(X + (k < K ? k : K - 1) * ldx + pc);
+        }
+        /* A = Uᵀ: rows g and g + 8, physical k 4t..4t+3 as logical (2t, 2t+1 | 2t+8, 2t+9) */
+        const uint2 h0 = __ldg((const uint2 *)(Uh + (int64_t)g * Kp + k0 + 4 * t));
+        const uint2 h1 = __ldg((const uint2 *)(Uh + (int64_t)(g + 8) * Kp + k0 + 4 * t));
+        const uint2 l0 = __ldg((const uint2 *)(Ul + (int64_t)g * Kp + k0 + 4 * t));
+        const uint2 l1 = __ldg((const uint2 *)(Ul + (int64_t)(g + 8) * Kp + k0 + 4 * t));
+        const uint32_t ah[4] = {h0.x, h1.x, h0.y, h1.y}, al[4] = {l0.x, l1.x, l0.y, l1.y};
+#pragma unroll
+        for (int e = 0; e < 8; e++) { /* tile e: column c of the tile is X column p0 + 8c + e */
+            const uint32_t b0 = pair_col(x[0], x[1], e), b1 = pair_col(x[2], x[3], e);
+            lt_mma16816(acc[e], ah, b0, b1);
+            lt_mma16816(acc[e], al, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        red[warp][g][16 * t + e] = acc[e][0], red[warp][g][16 * t + 8 + e] = acc[e][1];
+        red[warp][g + 8][16 * t + e] = acc[e][2], red[warp][g + 8][16 * t + 8 + e] = acc[e][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * TM_COLS; i += TM_WARPS * 32) {
+        const int j = i / TM_COLS, c = i - j * TM_COLS;
+        const int64_t p = p0 + c;
+        if (j >= n || p >= P) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TM_WARPS; w++) sum += red[w][j][c];
+        if (part) {
+            part[((int64_t)blockIdx.y * 16 + j) * P + p] = sum;
+        } else {
+            float *cp = c_pj ? C + p * ldc + j : C + j * ldc + p;
+            *cp = beta == 0.0f ? alpha * sum : alpha * sum + beta * *cp;
+        }
+    }
+}
+
+/* Blocks of tall_mma_k the H200 keeps resident with room to spare. */
+#define TM_TARGET_BLOCKS 396
+
 extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
-                                     int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc,
-                                     int c_pj, void *ws, size_t ws_bytes) {
-    if (P <= 0 || n <= 0 || n > 16 || K < 1024 || P % 4 || ldx % 4 || (uintptr_t)X % 8 ||
-        (size_t)16 * (size_t)P * sizeof(float) > ws_bytes)
+                                     int x_f32, int64_t ldx, const float *U, int64_t ldu, float beta, float *C,
+                                     int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
+    if (P <= 0 || n <= 0 || n > 16 || K < 1 || P % 8 || ldx % 8 || (uintptr_t)X % 16 || !ws || (uintptr_t)ws % 16)
         return 0;
-    tall(ctx, P, (int)n, K, alpha, (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc, c_pj, ws, ws_bytes);
+    const int64_t Kp = (K + 15) / 16 * 16;
+    const size_t half = (size_t)16 * (size_t)Kp * sizeof(__nv_bfloat16);
+    const size_t slice_bytes = (size_t)16 * (size_t)P * sizeof(float);
+    if (2 * half > ws_bytes) return 0;
+    cudaStream_t st = lt_cuda_stream(ctx);
+    __nv_bfloat16 *uh = (__nv_bfloat16 *)ws, *ul = (__nv_bfloat16 *)((char *)ws + half);
+    float *part = (float *)((char *)ws + 2 * half);
+    split_b_k<<<lt_cuda_grid(16 * Kp, 256), 256, 0, st>>>((int)n, 16, K, Kp, U, ldu, 0, uh, ul);
+    LT_CUDA_LAUNCHED(ctx, "lora: tall factor to bf16 hi/lo");
+    const int64_t cb = (P + TM_COLS - 1) / TM_COLS, steps = Kp / 16;
+    int64_t ks = (TM_TARGET_BLOCKS + cb - 1) / cb;
+    if (ks > steps / (2 * TM_WARPS)) ks = steps / (2 * TM_WARPS); /* two steps for every warp */
+    if (ks > 1 && (size_t)ks * slice_bytes > ws_bytes - 2 * half) ks = (int64_t)((ws_bytes - 2 * half) / slice_bytes);
+    if (ks < 1 || cb > 65535) ks = 1;
+    const int64_t slice = (steps + ks - 1) / ks * 16;
+    ks = (Kp + slice - 1) / slice;
+    dim3 grid((unsigned)cb, (unsigned)ks);
+    float *pp = ks > 1 ? part : NULL;
+    if (x_f32)
+        tall_mma_k<float><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, (const float *)X, ldx, uh, ul,
+                                                          beta, C, ldc, c_pj, pp);
+    else
+        tall_mma_k<__nv_bfloat16><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha,
+                                                                  (const __nv_bfloat16 *)X, ldx, uh, ul, beta, C, ldc,
+                                                                  c_pj, pp);
+    LT_CUDA_LAUNCHED(ctx, "lora: tall reduction (tensor cores)");
+    if (pp) {
+        tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, st>>>(P, (int)n, 16, (int)ks, pp, alpha, beta, C,
+                                                                         ldc, c_pj);
+        LT_CUDA_LAUNCHED(ctx, "lora: tall reduction sum");
+    }
     return 1;
 }
 

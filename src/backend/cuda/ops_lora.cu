@@ -1,12 +1,14 @@
 /* The CUDA LoRA projection ops (backend.h's lora_fwd / lora_bwd): the base product through the
  * weight matmul and the rank-r LoRA products arranged around it so each activation is streamed
  * as few times as possible. The down-products (x·Aᵀ, dy·B, dyᵀ·lu) read the bf16 copy of x or dy
- * that the matmul makes for cuBLASLt anyway (fp32 accumulate, f32 factors); the up-product lu·Bᵀ
+ * that the matmul makes for cuBLASLt anyway (fp32 accumulate; x·Aᵀ and dy·B on the tensor cores
+ * with the f32 factor split into bf16 hi and lo parts, in the gemm workspace); the up-product lu·Bᵀ
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
  * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead. It does not fuse
- * anything into cuBLASLt's kernels, and dA = dluᵀ·x still reads x in f32, projection by projection. */
+ * anything into cuBLASLt's kernels, and dA = dluᵀ·x reads x in f32 (rounded to bf16 on the way to
+ * the tensor cores), projection by projection. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -27,6 +29,8 @@ static int lora_fast(const lt_lora_proj *P, int64_t r) {
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float beta, void *ws) {
     int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
+    size_t gws_bytes = 0;
+    void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
@@ -42,7 +46,7 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r);
+            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
             ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
@@ -96,16 +100,18 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         const void *dyb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
-            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd);
-            int k2 =
-                k1 && lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
+            int k2 = k1 &&
+                lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
         } else {
             lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
             lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
         }
-        lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in); /* ga += dluᵀ·x */
+        /* ga += dluᵀ·x (x read in f32, rounded to bf16 as the other LoRA products read it) */
+        if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, x, 1, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes))
+            lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
