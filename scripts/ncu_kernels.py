@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Per-kernel device time of a program profiled by Nsight Compute.
+
+Reads the CSV that `ncu --metrics gpu__time_duration.sum --csv --print-units base` writes (a row
+per launch with --page raw, else a row per launch and metric) and prints, per kernel name (template arguments kept, parameters cut), the launches,
+the total and the mean time, largest first, with each kernel's share of the sum. With --json FILE
+the same table is written as JSON.
+
+usage: scripts/ncu_kernels.py NCU.csv [--top N] [--json FILE]
+"""
+import argparse
+import collections
+import csv
+import io
+import json
+import sys
+
+
+def kernel_key(name):
+    """The kernel's name with its template arguments but without its parameter list."""
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0:
+            return name[:i]
+    return name
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    lines = open(a.csv, encoding="utf-8", errors="replace").read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        sys.exit(f"{a.csv}: no ncu CSV header (\"ID\",...) found")
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    hdr = rows[0]
+    # --page raw: a column per metric; the default details page: a row per metric
+    raw = "gpu__time_duration.sum" in hdr
+    try:
+        name_col = hdr.index("Kernel Name")
+        dur_col = hdr.index("gpu__time_duration.sum") if raw else hdr.index("Metric Value")
+        metric_col = None if raw else hdr.index("Metric Name")
+    except ValueError as e:
+        sys.exit(f"{a.csv}: {e} (profile with --metrics gpu__time_duration.sum)")
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows[1:]:
+        if len(r) <= dur_col or (metric_col is not None and r[metric_col] != "gpu__time_duration.sum"):
+            continue
+        try:
+            ns = float(r[dur_col].replace(",", ""))
+        except ValueError:
+            continue  # the units row
+        k = kernel_key(r[name_col])
+        agg[k][0] += 1
+        agg[k][1] += ns
+    total = sum(v[1] for v in agg.values())
+    table = sorted(((k, c, ns) for k, (c, ns) in agg.items()), key=lambda t: -t[2])
+    print(f"{sum(c for _, c, _ in table)} launches, {total / 1e6:.2f} ms of kernel time")
+    print(f"{'ms':>9} {'share':>6} {'calls':>6} {'us/call':>9}  kernel")
+    for k, c, ns in table[: a.top]:
+        print(f"{ns / 1e6:9.2f} {100 * ns / total:5.1f}% {c:6d} {ns / c / 1e3:9.1f}  {k[:100]}")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"total_ms": total / 1e6,
+                       "kernels": [{"name": k, "calls": c, "ms": ns / 1e6} for k, c, ns in table]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
