@@ -345,8 +345,8 @@ int lt_bench_train(int argc, char **argv) {
         else if (!strcmp(shape->name, "qwen3-8b")) seqs[0] = 8192, seqs[1] = 32768, n_seqs = 2;
         else seqs[0] = 2048, seqs[1] = 8192, seqs[2] = 32768, n_seqs = 3;
     }
-    /* Keeping attention's output + lse is the faster setting on both backends (H200, R1: 8k step
-     * 1.28 -> 1.16 s, 32k 8.06 -> 7.05 s with the LoRA kernels of that round) and, with bf16 kept
+    /* Keeping attention's output + lse is the faster setting on both backends (H200, measured
+     * when it was chosen: 8k step 1.28 -> 1.16 s, 32k 8.06 -> 7.05 s) and, with bf16 kept
      * outputs, plans 43.2 GiB at 32k (Qwen3-8B), under half the peer's 90 GiB. */
     if (recompute_attn < 0) recompute_attn = 0;
     lt_recompute rc_policy = LT_RECOMPUTE_EVERY;

@@ -20,7 +20,7 @@ static __global__ void swiglu_fwd_k(const float *g, const float *u, int64_t n, f
 }
 
 /* The same four elements a thread with 16-byte loads and stores (n % 4 == 0, aligned pointers):
- * the scalar loop ran at ~70% of the H200's bandwidth on the 8B MLP (R1 profile). */
+ * the scalar loop ran at ~70% of the H200's bandwidth on the 8B MLP. */
 static __device__ __forceinline__ float silu_mul(float x, float u) { return x / (1.0f + expf(-x)) * u; }
 
 static __global__ void swiglu_fwd4_k(const float4 *g, const float4 *u, int64_t n4, float4 *a) {

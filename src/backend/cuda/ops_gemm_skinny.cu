@@ -18,7 +18,7 @@
  * flight at M = 8192 (8 warps x 8 rows left SMs idle at 128 blocks). */
 #define SN_WARPS 4
 /* Rows per warp: each lane's 4 x R block of op(B) is reused for SN_ROWS(R) rows. 4 rows at R = 8
- * streamed all of B through L2 per 64 KiB of A (R1: x·Aᵀ paths 61 ms of an 8k step); 8 halves
+ * streamed all of B through L2 per 64 KiB of A (the x·Aᵀ paths took 61 ms of an 8k step); 8 halves
  * that and still leaves 256 blocks at M = 8192. R = 16 keeps 4 (register budget). */
 #define SN_ROWS(R) ((R) <= 8 ? 8 : 4)
 
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
  * B (float4 rows, coalesced across the warp, L2-resident: B is K x N). Only B untransposed
  * (dlu·A into dx): with B transposed ((N, K), lu·Bᵀ into y) a thread's four B rows sit 4·ldb
  * floats apart, so every lane of a load touched its own cache line (32 L1 wavefronts per load);
- * that version made the whole 8k step 1.76 s instead of ~1.15 s (R2), and lu·Bᵀ stays with
+ * that version made the whole 8k step 1.76 s instead of ~1.15 s, and lu·Bᵀ stays with
  * cuBLASLt. */
 template <int KMAX>
 __global__ void small_k_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ A, int64_t lda,

@@ -27,7 +27,7 @@ extern "C" {
 /* Weight elements converted to bf16 per tile: 64M (128 MiB) holds a whole 14336 x 4096 projection,
  * so every 8B layer takes one tile and x is converted once per chunk. With 32M the MLP layers took
  * two tiles, and with several x chunks each tile re-converted x: Q4_0 NN at N = 32768 ran at 0.80
- * of the cuBLASLt bf16 rate against 0.93 for bf16 W (H200, bench matmul, R2). Tile rows are a
+ * of the cuBLASLt bf16 rate against 0.93 for bf16 W (H200, bench matmul). Tile rows are a
  * multiple of 128 so every sub-matrix pointer stays 256-byte aligned. */
 #define MM_TILE_ELEMS ((int64_t)1 << 26)
 /* Rows of x converted to bf16 at a time: at most MM_X_ROWS, and at most MM_X_ELEMS elements of

@@ -37,7 +37,7 @@ static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int6
 
 /* One warp per row, float4 over the row (x, y, w 16-byte aligned, C % 4 == 0). The block-per-row
  * kernel spent most of its time in two barriers per row on the Qwen3 per-head norms (rows of
- * D = 128: 262,144 rows per 8k step), 63 ms of a 1.28 s step on an H200 (profile, R1). */
+ * D = 128: 262,144 rows per 8k step), 63 ms of a 1.28 s step on an H200 (profile). */
 #define WROW_THREADS 256
 
 static __device__ __forceinline__ float warp_sum_f(float v) {
