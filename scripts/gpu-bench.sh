@@ -62,6 +62,9 @@ for s in $steps; do
     # can hold 3/4 of host memory, and the guard would then refuse to start.
     run 150 "train cpu smollm2-135m" env CUDA_VISIBLE_DEVICES= "$BIN" bench train --shape smollm2-135m \
       --seq 512,2048 --repeats 3 --warmup 1 --no-memory-guard --out "$OUT" ;;
+  kernels8b) # opt-in: the 8k Qwen3-8B step without recompute kernel by kernel under Nsight Compute
+    # (scripts/gpu-kernels.sh; ~90 s; the table on stdout, kernels.json under $OUT/kernels)
+    run 200 "kernels qwen3-8b 8k" env BIN="$BIN" OUT="$OUT/kernels" scripts/gpu-kernels.sh ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
