@@ -1031,6 +1031,7 @@ static const op_case cases[] = {
     /* add, add_bias, scale {N, C} */
     {"add_bias_scale", run_add_bias_scale, {67, 300}, 0, 0},
     {"add_bias_scale", run_add_bias_scale, {23, 64}, 0, 0},
+    {"add_bias_scale", run_add_bias_scale, {7, 33}, 0, 0}, /* odd length: the CUDA add's scalar loop */
     /* dropout {n} */
     {"dropout", run_dropout, {200003}, 0, 0},
     /* adamw {n, steps} */

@@ -47,18 +47,44 @@ void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, 
     LT_CUDA_LAUNCHED(ctx, "swiglu_fwd");
 }
 
-/* silu'(g) = σ(g)·(1 + g·(1 − σ(g))), as the CPU op. */
+/* silu'(g) = σ(g)·(1 + g·(1 − σ(g))), as the CPU op; one element, shared by both kernels. */
+static __device__ __forceinline__ void swiglu_bwd1(float d, float x, float u, float *dg, float *du) {
+    const float s = 1.0f / (1.0f + expf(-x));
+    *dg = d * u * s * (1.0f + x * (1.0f - s));
+    *du = d * x * s;
+}
+
 static __global__ void swiglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float x = g[i], d = da[i];
-        float s = 1.0f / (1.0f + expf(-x));
-        dg[i] = d * u[i] * s * (1.0f + x * (1.0f - s));
-        du[i] = d * x * s;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        swiglu_bwd1(da[i], g[i], u[i], &dg[i], &du[i]);
+}
+
+/* Four elements a thread, 16-byte loads and stores: the scalar loop moved the 8B MLP's five
+ * arrays (2 GB a layer at 8k) at ~77% of the H200's bandwidth. */
+static __global__ void swiglu_bwd4_k(const float4 *da, const float4 *g, const float4 *u, int64_t n4, float4 *dg,
+                                     float4 *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 d = da[i], x = g[i], v = u[i];
+        float4 a, b;
+        swiglu_bwd1(d.x, x.x, v.x, &a.x, &b.x);
+        swiglu_bwd1(d.y, x.y, v.y, &a.y, &b.y);
+        swiglu_bwd1(d.z, x.z, v.z, &a.z, &b.z);
+        swiglu_bwd1(d.w, x.w, v.w, &a.w, &b.w);
+        dg[i] = a, du[i] = b;
     }
 }
 
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
     if (n <= 0) return;
+    if (n % 4 == 0 && aligned16_3(da, g, u) && aligned16_3(dg, du, du)) {
+        swiglu_bwd4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)da,
+                                                                                               (const float4 *)g,
+                                                                                               (const float4 *)u, n / 4,
+                                                                                               (float4 *)dg,
+                                                                                               (float4 *)du);
+        LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
+        return;
+    }
     swiglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED(ctx, "swiglu_bwd");
 }
@@ -122,8 +148,25 @@ static __global__ void axpy_k(float *y, const float *x, float alpha, int64_t n) 
         y[i] += alpha * x[i];
 }
 
+/* The same four elements a thread (16-byte loads and stores): the residual stream's gradient
+ * adds, 8192 x 4096 f32 at 8k, ran at ~60% of the bandwidth one float a thread. */
+static __global__ void axpy4_k(float4 *y, const float4 *x, float alpha, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        float4 a = y[i];
+        const float4 b = x[i];
+        a.x += alpha * b.x, a.y += alpha * b.y, a.z += alpha * b.z, a.w += alpha * b.w;
+        y[i] = a;
+    }
+}
+
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {
     if (n <= 0) return;
+    if (n % 4 == 0 && aligned16_3(y, x, x)) {
+        axpy4_k<<<lt_cuda_grid(n / 4, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>((float4 *)y, (const float4 *)x,
+                                                                                         alpha, n / 4);
+        LT_CUDA_LAUNCHED(ctx, "add");
+        return;
+    }
     axpy_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(y, x, alpha, n);
     LT_CUDA_LAUNCHED(ctx, "add");
 }
