@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
  * (8·NT, K) whatever op(B) was. A block of SM_WARPS warps takes SM_ROWS rows of A and one of KS
  * slices of K, which its warps share out 32 columns at a time; each warp runs mma.sync m16n8k16
  * over its rows with the factor fragment reused for SM_MT row tiles, the warps' sums meet in
- * shared memory, and the KS slices' sums are added in order by a second kernel (KS > 1 keeps
+ * shared memory, and the KS slices' sums are added in order by tall_reduce_k (KS > 1 keeps
  * enough loads in flight: one block per 64 rows left the SMs at 8 warps and a third of the
  * bandwidth). Everything is summed in a fixed order (deterministic). The k order inside a 32-wide
  * step is permuted identically for A and B (a lane loads 16 contiguous bytes of a row for both),
@@ -379,7 +379,7 @@ static __global__ void split_b_k(int n, int rows, int64_t K, int64_t Kp, const f
     }
 }
 
-/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (M, 8·NT). */
+/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M). */
 template <int NT>
 __global__ void __launch_bounds__(SM_WARPS * 32)
     small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const __nv_bfloat16 *__restrict__ A,
@@ -451,25 +451,11 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
 #pragma unroll
         for (int w = 0; w < SM_WARPS; w++) sum += red[w][r][j];
         if (part) {
-            part[((int64_t)blockIdx.y * M + m) * (8 * NT) + j] = sum;
+            part[((int64_t)blockIdx.y * (8 * NT) + j) * M + m] = sum;
         } else {
             float *c = C + m * ldc + j;
             *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
         }
-    }
-}
-
-/* C (M, n) = alpha·(the KS slices' sums, added in order) + beta·C. */
-static __global__ void small_n_slices_k(int64_t M, int n, int w, int ks, const float *__restrict__ part, float alpha,
-                                        float beta, float *C, int64_t ldc) {
-    const int64_t total = M * n;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t m = i / n;
-        const int j = (int)(i - m * n);
-        float sum = 0.0f;
-        for (int q = 0; q < ks; q++) sum += part[((int64_t)q * M + m) * w + j];
-        float *c = C + m * ldc + j;
-        *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
     }
 }
 
@@ -507,8 +493,8 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
             small_n_mma_k<1><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
         else small_n_mma_k<2><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
         LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
-        if (pp) {
-            small_n_slices_k<<<lt_cuda_grid(M * n, 256), 256, 0, st>>>(M, n, 8 * nt, (int)ks, pp, alpha, beta, C, ldc);
+        if (pp) { /* the slices' (8·nt, M) sums, added in order */
+            tall_reduce_k<<<lt_cuda_grid(M * n, 256), 256, 0, st>>>(M, n, 8 * nt, (int)ks, pp, alpha, beta, C, ldc, 1);
             LT_CUDA_LAUNCHED(ctx, "lora: small n slices");
         }
         return 1;
@@ -538,7 +524,7 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
  * covers 64 columns with coalesced 16-byte loads and no shared-memory transpose (the rows inside
  * a 16-step are permuted identically for U). f32 X is read as f32 and rounded to bf16, as the
  * activation of every LoRA product on this backend is. A block's warps split K and meet in
- * shared memory; TM_KS slices of K go to the workspace and tall_reduce_k adds them in order. */
+ * shared memory; the slices of K over blocks go to the workspace and tall_reduce_k adds them in order. */
 #define TM_WARPS 8
 #define TM_COLS 64
 
