@@ -1,11 +1,13 @@
 /* lt_export_model: opens the base and the adapter, picks the output dtype of every tensor and
  * streams each tensor row by row through read (dequantize, un-permute) → merge (W + s·B·A in f32)
  * → convert (the output dtype, requantization error measured on the round trip) → the writer's
- * sink. Rows the merge does not touch and whose dtype stays are copied byte for byte. */
+ * sink, a round of rows at a time on the run's threads (the sink and the error report take the
+ * rows in order). Rows the merge does not touch and whose dtype stays are copied byte for byte. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/parallel.h"
 #include "export/export_internal.h"
 #include "export/pipeline.h"
 #include "longtune/alloc.h"
@@ -15,6 +17,10 @@ int64_t lt_ex_deinterleave_row(int64_t g, int64_t D) {
     return h * D + s * (D / 2) + i;
 }
 
+/* Rows converted per thread per round: enough to amortise the fork-join, few enough that a round
+ * of the widest rows (the vocabulary's columns are the hidden size) stays a few MiB. */
+#define EX_ROWS_PER_THREAD 8
+
 lt_status lt_ex_rows_init(lt_ctx *ctx, lt_ex_rows *r, const lt_ex_base *b) {
     memset(r, 0, sizeof *r);
     const lt_model_config *c = &b->cfg;
@@ -23,17 +29,49 @@ lt_status lt_ex_rows_init(lt_ctx *ctx, lt_ex_rows *r, const lt_ex_base *b) {
     if (c->moe_F > w) w = c->moe_F;
     if (c->moe_shared_F > w) w = c->moe_shared_F;
     r->cols = w;
-    r->bytes = (size_t)w * sizeof(float) * 3;
+    r->threads = lt_parallel_threads(0);
+    r->batch = (int64_t)r->threads * EX_ROWS_PER_THREAD;
+    /* f and back: w floats a slot; out: w floats' bytes plus 64, each slot starting 64-byte aligned */
+    r->bytes = (size_t)r->batch * ((size_t)w * sizeof(float) * 3 + 64);
     r->f = lt_alloc(ctx, LT_DEVICE_CPU, r->bytes, "export rows");
     if (!r->f) return lt_ctx_status(ctx);
-    r->back = r->f + w;
-    r->out = (uint8_t *)(r->back + w);
+    r->back = r->f + r->batch * w;
+    r->out = (uint8_t *)(r->back + r->batch * w);
     return LT_OK;
 }
 
 void lt_ex_rows_free(lt_ctx *ctx, lt_ex_rows *r) {
     if (r->f) lt_free(ctx, LT_DEVICE_CPU, r->f, r->bytes);
     r->f = NULL;
+}
+
+/* One round of a piece's rows: output rows g0 .. g0 + n - 1 read, merged and converted into
+ * slots 0 .. n - 1 of the row buffers (each row on its own; the slots are disjoint). */
+typedef struct ex_round {
+    const lt_ex_base *b;
+    const lt_ex_adapter *a;
+    const lt_ex_piece *p;
+    const lt_tensor *t;
+    lt_dtype dt;
+    int merged, qk_out_interleaved;
+    int64_t g0, cols, ostride;
+    lt_ex_rows *rows;
+} ex_round;
+
+static void ex_round_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const ex_round *x = arg;
+    const int64_t w = x->rows->cols;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t g = x->g0 + i;
+        const int64_t r = x->qk_out_interleaved ? lt_ex_deinterleave_row(g, x->b->cfg.D) : g; /* canonical row */
+        float *f = x->rows->f + i * w, *back = x->rows->back + i * w;
+        lt_ex_read_row(x->b, x->p, x->t, r, f);
+        if (x->merged && x->p->kind == EX_EXPERT)
+            lt_ex_adapter_add_expert_row(x->a, &x->b->cfg, x->p->layer, x->p->which, x->p->expert, r, f);
+        else if (x->merged) lt_ex_adapter_add_row(x->a, x->p->layer, x->p->which, r, x->cols, f);
+        lt_ex_convert_row(x->dt, f, x->rows->out + (size_t)i * (size_t)x->ostride, back, x->cols);
+    }
 }
 
 lt_status lt_ex_stream_piece(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapter *a, const lt_ex_piece *p,
@@ -49,22 +87,29 @@ lt_status lt_ex_stream_piece(lt_ctx *ctx, const lt_ex_base *b, const lt_ex_adapt
                         (long long)cols, lt_dtype_name(dt));
     const char *cls = lt_ex_class_name(p);
     int copy = !merged && t->data && t->dtype == dt;
-    int64_t srb = t->data ? lt_dtype_row_bytes(t->dtype, cols) : 0;
-    for (int64_t g = 0; g < nrows; g++) {
-        int64_t r = (qk && out_interleaved) ? lt_ex_deinterleave_row(g, D) : g; /* canonical row */
-        if (copy) {
+    if (copy) {
+        int64_t srb = lt_dtype_row_bytes(t->dtype, cols);
+        for (int64_t g = 0; g < nrows; g++) {
+            int64_t r = (qk && out_interleaved) ? lt_ex_deinterleave_row(g, D) : g; /* canonical row */
             int64_t sr = (qk && b->permute_qk) ? lt_ex_interleaved_row(r, D) : r;
             LT_TRY(sink(ctx, arg, (const uint8_t *)t->data + (size_t)sr * (size_t)srb, (size_t)orb));
             lt_ex_report_add(rep, cls, dt, NULL, NULL, cols, g == 0);
-            continue;
         }
-        lt_ex_read_row(b, p, t, r, rows->f);
-        if (merged && p->kind == EX_EXPERT)
-            lt_ex_adapter_add_expert_row(a, &b->cfg, p->layer, p->which, p->expert, r, rows->f);
-        else if (merged) lt_ex_adapter_add_row(a, p->layer, p->which, r, cols, rows->f);
-        lt_ex_convert_row(dt, rows->f, rows->out, rows->back, cols);
-        lt_ex_report_add(rep, cls, dt, rows->f, rows->back, cols, g == 0);
-        LT_TRY(sink(ctx, arg, rows->out, (size_t)orb));
+    } else {
+        /* rows convert on the run's threads a round at a time; the report and the sink take them
+         * in order, so the bytes and the error figures are those of one thread */
+        const int64_t ostride = (orb + 63) / 64 * 64;
+        ex_round x = {b, a, p, t, dt, merged, qk && out_interleaved, 0, cols, ostride, rows};
+        for (int64_t g0 = 0; g0 < nrows; g0 += rows->batch) {
+            const int64_t n = nrows - g0 < rows->batch ? nrows - g0 : rows->batch;
+            x.g0 = g0;
+            lt_parallel_for(rows->threads, n, 1, ex_round_rows, &x);
+            for (int64_t i = 0; i < n; i++) {
+                lt_ex_report_add(rep, cls, dt, rows->f + i * rows->cols, rows->back + i * rows->cols, cols,
+                                 g0 + i == 0);
+                LT_TRY(sink(ctx, arg, rows->out + (size_t)i * (size_t)ostride, (size_t)orb));
+            }
+        }
     }
     if (merged && rep) rep->n_merged++;
     if (rep) rep->n_tensors++;

@@ -7,8 +7,11 @@
 /* Receives the output bytes of consecutive rows. */
 typedef lt_status (*lt_ex_sink)(lt_ctx *ctx, void *arg, const void *data, size_t n);
 
+/* Row buffers for `batch` rows at a time (f: read and merged, back: the written values read back,
+ * out: the written bytes), converted on `threads` threads and handed to the sink in order. */
 typedef struct lt_ex_rows {
-    int64_t cols;
+    int64_t cols, batch;
+    int threads;
     float *f, *back;
     uint8_t *out;
     size_t bytes;

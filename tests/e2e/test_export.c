@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <omp.h>
 
 #include "export/export_internal.h"
 #include "helpers/test_util.h"
@@ -239,6 +240,75 @@ static void test_qwen2_untied(void **s) {
 static void test_qwen3_tied(void **s) {
     (void)s;
     check_case("qwen3_tied", 0);
+}
+
+/* The whole file of path, malloc'd, its size in *n. */
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    unsigned char *b = malloc((size_t)len);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+/* Rows convert on the run's threads a round at a time: the same bytes and the same error report
+ * from 1, 2 and 3 threads (rounds of 8 rows a thread, so several rounds and a ragged last one per
+ * matrix), for a merged requantized GGUF (llama Q/K rows reordered) and a merged HF f16 folder. */
+static void test_threads_same_bytes(void **s) {
+    (void)s;
+    lt_ctx *ctx = lt_ctx_new();
+    uint64_t rng = lt_test_seed() + 11;
+    char base[1024], dir[512];
+    fixture("llama_tied", NULL, base, sizeof base);
+    snprintf(dir, sizeof dir, "%s/threads-adapter", tmp_root);
+    int32_t tok[T_TOK];
+    int64_t V = 96;
+    tokens(tok, V, &rng);
+    float *ref = malloc(sizeof(float) * T_TOK * 256);
+    make_adapter(ctx, base, dir, NULL, &rng, tok, ref, &V);
+    const int saved = omp_get_max_threads();
+    for (int fmt = 0; fmt < 2; fmt++) {
+        unsigned char *first = NULL;
+        size_t first_n = 0;
+        lt_export_report first_rep;
+        for (int nt = 1; nt <= 3; nt++) {
+            omp_set_num_threads(nt);
+            char out[600], file[700];
+            snprintf(out, sizeof out, "%s/threads-%d-%d%s", tmp_root, fmt, nt, fmt ? "" : ".gguf");
+            lt_export_report rep;
+            if (fmt) export_ok(ctx, base, dir, out, LT_EXPORT_HF, 1, LT_DTYPE_F16, 0, &rep);
+            else export_ok(ctx, base, dir, out, LT_EXPORT_GGUF, 1, LT_DTYPE_Q8_0, 0, &rep);
+            snprintf(file, sizeof file, "%s%s", out, fmt ? "/model.safetensors" : "");
+            size_t n;
+            unsigned char *b = slurp(file, &n);
+            if (!first) {
+                first = b, first_n = n, first_rep = rep;
+                assert_true(rep.n_merged > 0);
+                continue;
+            }
+            fprintf(stderr, "%s with %d threads: %zu bytes, %s\n", fmt ? "hf f16" : "gguf q8_0", nt, n,
+                    n == first_n && !memcmp(b, first, n) ? "identical" : "DIFFERENT");
+            assert_int_equal(n, first_n);
+            assert_memory_equal(b, first, n);
+            assert_int_equal(rep.n_classes, first_rep.n_classes);
+            for (int k = 0; k < rep.n_classes; k++) {
+                assert_true(rep.classes[k].max_abs == first_rep.classes[k].max_abs);
+                assert_true(rep.classes[k].rms == first_rep.classes[k].rms);
+            }
+            free(b);
+        }
+        free(first);
+    }
+    omp_set_num_threads(saved);
+    free(ref);
+    lt_ctx_free(ctx);
 }
 
 /* The LoRA GGUF: keys llama.cpp checks, one A/B pair per adapted projection with A (r, in) and
@@ -576,11 +646,12 @@ static void test_peft_base_model(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_tied_hf),    cmocka_unit_test(test_llama_tied_gguf),
-        cmocka_unit_test(test_llama3_untied_hf), cmocka_unit_test(test_llama3_untied_gguf),
-        cmocka_unit_test(test_qwen2_untied),     cmocka_unit_test(test_qwen3_tied),
-        cmocka_unit_test(test_gguf_lora),        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_peft_base_model),  cmocka_unit_test(test_rope_override),
+        cmocka_unit_test(test_llama_tied_hf),      cmocka_unit_test(test_llama_tied_gguf),
+        cmocka_unit_test(test_llama3_untied_hf),   cmocka_unit_test(test_llama3_untied_gguf),
+        cmocka_unit_test(test_qwen2_untied),       cmocka_unit_test(test_qwen3_tied),
+        cmocka_unit_test(test_gguf_lora),          cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_peft_base_model),    cmocka_unit_test(test_rope_override),
+        cmocka_unit_test(test_threads_same_bytes),
     };
     return cmocka_run_group_tests(tests, run_setup, run_teardown);
 }
