@@ -580,7 +580,9 @@ static size_t lora_workspace(const run_shape *r, const lt_layout *o) {
     static const struct {
         int G;
         lt_proj p[3];
-    } groups[] = {{3, {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}}, {2, {LT_PROJ_GATE, LT_PROJ_UP}}, {1, {LT_PROJ_O}},
+    } groups[] = {{3, {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}},
+                  {2, {LT_PROJ_GATE, LT_PROJ_UP}},
+                  {1, {LT_PROJ_O}},
                   {1, {LT_PROJ_DOWN}}};
     size_t lw = 0;
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++) {

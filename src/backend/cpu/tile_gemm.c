@@ -126,11 +126,9 @@ static int tile_avx512(void) {
 
 /* One block: mr rows (<= MR16) x nv vectors of 16 columns, the last one under `mask` when
  * `masked`; the same sums, alpha and beta as block(). */
-TILE16_FN static inline __attribute__((always_inline)) void block16(const int ta, const int mr, const int nv,
-                                                                    const int masked, int64_t K, const float *A,
-                                                                    int64_t lda, const float *B, int64_t ldb,
-                                                                    float alpha, float beta, float *C, int64_t ldc,
-                                                                    __mmask16 mask) {
+TILE16_FN static inline __attribute__((always_inline)) void
+block16(const int ta, const int mr, const int nv, const int masked, int64_t K, const float *A, int64_t lda,
+        const float *B, int64_t ldb, float alpha, float beta, float *C, int64_t ldc, __mmask16 mask) {
     __m512 acc[MR16][2];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
