@@ -331,9 +331,14 @@ typedef struct lt_backend {
     /* The backward of lora_fwd over the same group, given dy_g and the forward's lu_g:
      *   dlu_g = s·dy_g·B_g;  gb_g += s·dy_gᵀ·lu_g;  ga_g += dlu_gᵀ·x;
      *   dx = beta·dx + Σ_g (dy_g·W_g + dlu_g·A_g)   (dx = NULL: skipped).
-     * dlu: (n, G·r) f32 scratch; ws as for lora_fwd. CUDA may read dy_g in bf16 for dlu_g and gb_g. */
+     * dlu: (n, G·r) f32 scratch; ws as for lora_fwd, and at least lora_workspace_bytes. CUDA may
+     * read dy_g in bf16 for dlu_g and gb_g. */
     void (*lora_bwd)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                      float *dx, float beta, float *dlu, void *ws);
+    /* Exact bytes of ws that lora_bwd of G adapters of rank r over `in` inputs, the widest output
+     * out_max, needs for itself (the caller's ws is the larger of this and the matmul workspace;
+     * CPU: the stacked A copies or dluᵀ·x, or a transposed dB product). NULL: none. */
+    size_t (*lora_workspace_bytes)(int G, int64_t r, int64_t in, int64_t out_max, int threads);
     /* Decode attention (lt_decode_attention_params); workspace bytes for n queries of at most
      * max_len keys (0 where the backend needs none). Refusals: supports with LT_OP_DECODE_ATTENTION. */
     size_t (*decode_attention_workspace_bytes)(const lt_decode_attention_params *p, int threads);

@@ -573,6 +573,32 @@ static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
     return wh > mm ? wh : mm;
 }
 
+/* lora_bwd's own share of the matmul workspace: the largest over the groups the step runs
+ * (q, k, v and gate, up share an input; o and down alone), every projection counted as adapted. */
+static size_t lora_workspace(const run_shape *r, const lt_layout *o) {
+    if (r->fwd_only || !r->be->lora_workspace_bytes || r->K == 0) return 0;
+    static const struct {
+        int G;
+        lt_proj p[3];
+    } groups[] = {{3, {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}},
+                  {2, {LT_PROJ_GATE, LT_PROJ_UP}},
+                  {1, {LT_PROJ_O}},
+                  {1, {LT_PROJ_DOWN}}};
+    size_t lw = 0;
+    for (size_t i = 0; i < sizeof groups / sizeof *groups; i++) {
+        int64_t in = 0, out_max = 0;
+        for (int g = 0; g < groups[i].G; g++) {
+            int64_t out, pin;
+            lt_model_proj_shape(r->c, groups[i].p[g], &out, &pin);
+            in = pin;
+            if (out > out_max) out_max = out;
+        }
+        size_t w = r->be->lora_workspace_bytes(groups[i].G, r->lo.rank, in, out_max, o->threads);
+        if (w > lw) lw = w;
+    }
+    return lw;
+}
+
 /* Attention's workspace for one layer kind's parameters: the largest over the passes the run
  * makes and over how many sequences a row holds. That count is known only at the call, and a
  * device kernel's workspace may depend on it (a copy of the offsets; a backward plan chosen by the
@@ -656,6 +682,8 @@ static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o)
                                &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
     if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes; /* shared experts */
+    size_t lw = lora_workspace(r, o);
+    if (lw > o->mm_ws_bytes) o->mm_ws_bytes = lw;
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
     o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);

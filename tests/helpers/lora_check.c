@@ -70,6 +70,12 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
         size_t w = be->matmul_workspace_bytes(c->wdtype, out, in, n, lt_ctx_threads(ctx));
         if (w > ws_bytes) ws_bytes = w;
     }
+    if (be->lora_workspace_bytes) {
+        int64_t out_max = 0;
+        for (int g = 0; g < G; g++) out_max = c->out[g] > out_max ? c->out[g] : out_max;
+        size_t lw = be->lora_workspace_bytes(G, r, in, out_max, lt_ctx_threads(ctx));
+        if (lw > ws_bytes) ws_bytes = lw;
+    }
     void *ws = ws_bytes ? dev_copy(ctx, be, NULL, ws_bytes) : NULL;
     float *dx0 = c->beta != 0 ? lt_test_fresh(rng, n * in, 1.0f) : lt_test_poisoned(n * in);
     float *ddx = dev_copy(ctx, be, dx0, (size_t)(n * in) * 4);

@@ -213,8 +213,8 @@ static const lt_lora_case lora_rows[] = {
     {2, {96, 96, 0}, {1, 1, 0}, 64, 300, 6, 2.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16}, /* rank 6 */
     {1, {64, 0, 0}, {1, 0, 0}, 36, 200, 8, 2.0f, 1.0f, 1, 0, 0, LT_DTYPE_F32},   /* in % 8 != 0 */
     {1, {128, 0, 0}, {1, 0, 0}, 64, 500, 8, 1.0f, 0.0f, 0, 1, 0, LT_DTYPE_BF16}, /* lu only */
-    /* the CPU's grouped backward: outputs of 1024 and more (dB as (luᵀ·dy)ᵀ), and a group too
-     * wide for its stacked copies (the per-adapter order) */
+    /* the CPU's grouped backward: outputs of 1024 and more (dB as (luᵀ·dy)ᵀ), and a wide input
+     * (the stacked copies of 2048 inputs in the workspace) */
     {2, {1100, 1030, 0}, {1, 1, 0}, 72, 90, 8, 2.0f, 1.0f, 0, 0, 0, LT_DTYPE_F32},
     {3, {64, 32, 32}, {1, 1, 1}, 2048, 40, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_F32},
     /* the tensor-core down-products over several passes of a block's warps (K = 1024 and 512),

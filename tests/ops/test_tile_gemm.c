@@ -1,7 +1,9 @@
 /* The CPU attention tiles' GEMM (src/backend/cpu/tile_gemm.c) against float64 on fresh random
- * inputs: op(A) as given and transposed, alpha and beta (beta = 0 must not read C: C starts
- * poisoned), row counts around the 6-row blocks, column counts around the 8- and 16-wide vectors
- * (masked tails), depths from 0 to the tiles' 192, and leading dimensions wider than the operands. */
+ * inputs, on every path the CPU has (AVX-512, AVX2, OpenBLAS): op(A) as given and transposed, alpha
+ * and beta (beta = 0 must not read C: C starts poisoned), row counts around the 6- and 8-row blocks,
+ * column counts around the 8-, 16- and 32-wide vectors (masked tails), depths from 0 to the tiles'
+ * 192, and leading dimensions wider than the operands. The AVX-512 and AVX2 paths sum in the same
+ * order, so they must agree bit for bit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "backend/cpu/tile_gemm.h"
@@ -33,22 +36,35 @@ static void check_case(uint64_t *rng, int ta, int64_t M, int64_t N, int64_t K, f
             want[i * N + j] = (double)alpha * s + c;
             scale[i * N + j] = fabs((double)alpha) * a + fabs(c);
         }
-    lt_cpu_tile_gemm(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     const double tol = lt_test_tol_for(LT_DTYPE_F32, K);
-    char what[160];
-    snprintf(what, sizeof what, "tile_gemm ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", ta, (long long)M, (long long)N,
-             (long long)K, (double)alpha, (double)beta);
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++)
-            lt_test_close_to(C[i * ldc + j], want[i * N + j], scale[i * N + j], tol, what, i * N + j);
-    free(A), free(B), free(C), free(want), free(scale);
+    float *C0 = malloc(sizeof(float) * (size_t)(M * ldc)), *first = malloc(sizeof(float) * (size_t)(M * ldc));
+    memcpy(C0, C, sizeof(float) * (size_t)(M * ldc));
+    static const int paths[] = {LT_TILE_PATH_AVX512, LT_TILE_PATH_AVX2, LT_TILE_PATH_BLAS};
+    for (int p = 0; p < 3; p++) {
+        memcpy(C, C0, sizeof(float) * (size_t)(M * ldc));
+        lt_cpu_tile_gemm_on(paths[p], ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        char what[160];
+        snprintf(what, sizeof what, "tile_gemm path %d ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", paths[p], ta,
+                 (long long)M, (long long)N, (long long)K, (double)alpha, (double)beta);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                lt_test_close_to(C[i * ldc + j], want[i * N + j], scale[i * N + j], tol, what, i * N + j);
+        if (p == 0) memcpy(first, C, sizeof(float) * (size_t)(M * ldc));
+        if (p == 1) /* AVX-512 (or its fallback) against AVX2: the same sums */
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++)
+                    if (memcmp(&C[i * ldc + j], &first[i * ldc + j], sizeof(float)))
+                        fail_msg("%s: AVX-512 and AVX2 differ at (%lld, %lld): %.9g vs %.9g", what, (long long)i,
+                                 (long long)j, (double)first[i * ldc + j], (double)C[i * ldc + j]);
+    }
+    free(A), free(B), free(C), free(C0), free(first), free(want), free(scale);
 }
 
 static void tile_gemm_matches_float64(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
-    static const int64_t Ms[] = {1, 5, 6, 7, 13, 64, 96, 192};
-    static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 40, 64};
+    static const int64_t Ms[] = {1, 5, 6, 7, 8, 9, 13, 17, 64, 96, 192};
+    static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64};
     static const int64_t Ks[] = {0, 1, 3, 64, 192};
     static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 0.0f}, {1.0f, 1.0f}, {0.7f, 0.5f}};
     for (int ta = 0; ta < 2; ta++)

@@ -124,6 +124,7 @@ const lt_backend lt_backend_cpu = {
     .saved_dtype = LT_DTYPE_F32,
     .lora_fwd = cpu_lora_fwd,
     .lora_bwd = lt_cpu_lora_bwd,
+    .lora_workspace_bytes = lt_cpu_lora_workspace_bytes,
     .attention_workspace_bytes = lt_attention_cpu_workspace_bytes,
     .attention_fwd = lt_attention_cpu_forward,
     .attention_bwd = lt_attention_cpu_backward,

@@ -13,4 +13,11 @@
 void lt_cpu_tile_gemm(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* The paths lt_cpu_tile_gemm can take: the best this CPU has (lt_cpu_tile_gemm_path) or, for
+ * tests, one named (a path the CPU lacks falls back to the next: AVX-512, AVX2, OpenBLAS). */
+enum { LT_TILE_PATH_BLAS = 0, LT_TILE_PATH_AVX2 = 1, LT_TILE_PATH_AVX512 = 2 };
+int lt_cpu_tile_gemm_path(void);
+void lt_cpu_tile_gemm_on(int path, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 #endif
