@@ -459,8 +459,22 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
     }
 }
 
-/* Blocks of small_n_mma_k the H200 keeps resident with room to spare (132 SMs, 2-3 a SM). */
-#define SM_TARGET_BLOCKS 396
+/* Blocks of the tensor-core kernels the H200 keeps resident with room to spare (132 SMs, 2-3 a SM). */
+#define MMA_TARGET_BLOCKS 396
+
+/* How many slices a tensor-core kernel's grid cuts K into, for `blocks` blocks along the other
+ * side and `steps` k-steps shared by `warps` warps a block: enough slices for MMA_TARGET_BLOCKS,
+ * at least two steps for every warp of a slice, the slices' partial sums (slice_bytes each)
+ * within `room`; one when no split fits. *slice_steps: the k-steps of a slice. */
+static int64_t k_slices(int64_t blocks, int64_t steps, int warps, size_t slice_bytes, size_t room,
+                        int64_t *slice_steps) {
+    int64_t ks = (MMA_TARGET_BLOCKS + blocks - 1) / blocks;
+    if (ks > steps / (2 * warps)) ks = steps / (2 * warps);
+    if (ks > 1 && (size_t)ks * slice_bytes > room) ks = (int64_t)(room / slice_bytes);
+    if (ks < 1 || blocks > 65535) ks = 1;
+    *slice_steps = (steps + ks - 1) / ks;
+    return (steps + *slice_steps - 1) / *slice_steps;
+}
 
 extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
@@ -478,15 +492,10 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
         float *part = (float *)((char *)ws + 2 * half);
         split_b_k<<<lt_cuda_grid((int64_t)(8 * nt) * K, 256), 256, 0, st>>>(n, 8 * nt, K, K, B, ldb, tb, bh, bl);
         LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
-        const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS, steps = K / 32;
-        int64_t ks = (SM_TARGET_BLOCKS + mb - 1) / mb;
-        if (ks > steps / (2 * SM_WARPS)) ks = steps / (2 * SM_WARPS); /* two steps for every warp */
-        const size_t slice_bytes = (size_t)M * (size_t)(8 * nt) * sizeof(float);
-        if (ks > 1 && (size_t)ks * slice_bytes > ws_bytes - 2 * half)
-            ks = (int64_t)((ws_bytes - 2 * half) / slice_bytes);
-        if (ks < 1 || mb > 65535) ks = 1;
-        const int64_t slice = (steps + ks - 1) / ks;
-        ks = (steps + slice - 1) / slice;
+        const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS;
+        int64_t slice;
+        const int64_t ks =
+            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes - 2 * half, &slice);
         dim3 grid((unsigned)mb, (unsigned)ks);
         float *pp = ks > 1 ? part : NULL;
         if (nt == 1)
@@ -600,9 +609,6 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
     }
 }
 
-/* Blocks of tall_mma_k the H200 keeps resident with room to spare. */
-#define TM_TARGET_BLOCKS 396
-
 extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
                                      int x_f32, int64_t ldx, const float *U, int64_t ldu, float beta, float *C,
                                      int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
@@ -617,13 +623,10 @@ extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t 
     float *part = (float *)((char *)ws + 2 * half);
     split_b_k<<<lt_cuda_grid(16 * Kp, 256), 256, 0, st>>>((int)n, 16, K, Kp, U, ldu, 0, uh, ul);
     LT_CUDA_LAUNCHED(ctx, "lora: tall factor to bf16 hi/lo");
-    const int64_t cb = (P + TM_COLS - 1) / TM_COLS, steps = Kp / 16;
-    int64_t ks = (TM_TARGET_BLOCKS + cb - 1) / cb;
-    if (ks > steps / (2 * TM_WARPS)) ks = steps / (2 * TM_WARPS); /* two steps for every warp */
-    if (ks > 1 && (size_t)ks * slice_bytes > ws_bytes - 2 * half) ks = (int64_t)((ws_bytes - 2 * half) / slice_bytes);
-    if (ks < 1 || cb > 65535) ks = 1;
-    const int64_t slice = (steps + ks - 1) / ks * 16;
-    ks = (Kp + slice - 1) / slice;
+    const int64_t cb = (P + TM_COLS - 1) / TM_COLS;
+    int64_t slice_steps;
+    const int64_t ks = k_slices(cb, Kp / 16, TM_WARPS, slice_bytes, ws_bytes - 2 * half, &slice_steps);
+    const int64_t slice = 16 * slice_steps;
     dim3 grid((unsigned)cb, (unsigned)ks);
     float *pp = ks > 1 ? part : NULL;
     if (x_f32)
