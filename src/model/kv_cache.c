@@ -294,8 +294,6 @@ static void proj_group(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, const lt_pr
     }
 }
 
-static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
-
 /* The residual x (n, C) += proj p(in) of layer l: directly, or with sandwich norms through the
  * block's post-norm (the projection into h, free between the norm that fed the block and the next). */
 static void block_out(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, lt_proj p, const float *post_norm, const float *in,
@@ -328,7 +326,7 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
     for (int64_t l = 0; l < cf->L; l++) {
         const lt_layer *L = &m->layers[l];
         be->rmsnorm_fwd(ctx, c->x, L->attn_norm, cf->rms_eps, n, C, c->h, c->rstd);
-        proj_group(c, ctx, l, QKV, 3, c->h, n, qkv);
+        proj_group(c, ctx, l, lt_proj_group_qkv, 3, c->h, n, qkv);
         if (L->desc.qk_norm) {
             be->rmsnorm_fwd(ctx, q, L->q_norm, cf->rms_eps, n * cf->H, cf->D, q, c->rstd_qk);
             be->rmsnorm_fwd(ctx, k, L->k_norm, cf->rms_eps, n * cf->Hkv, cf->D, k, c->rstd_qk);
@@ -362,7 +360,7 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
             lt_model_moe_forward(ctx, m, &c->moe, c->scr, c->mm_ws, l, c->h, n, c->x);
             continue;
         }
-        proj_group(c, ctx, l, GATE_UP, 2, c->h, n, gu);
+        proj_group(c, ctx, l, lt_proj_group_gate_up, 2, c->h, n, gu);
         if (L->desc.mlp == LT_MLP_KIND_GEGLU) be->geglu_fwd(ctx, gt, up, n * F, c->a);
         else be->swiglu_fwd(ctx, gt, up, n * F, c->a);
         block_out(c, ctx, l, LT_PROJ_DOWN, L->post_mlp_norm, c->a, n);

@@ -9,7 +9,6 @@
 #include "model/step.h"
 
 /* The projection groups that share an input. */
-static const lt_proj QKV[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}, GATE_UP[2] = {LT_PROJ_GATE, LT_PROJ_UP};
 static const lt_proj O_PROJ = LT_PROJ_O, DOWN_PROJ = LT_PROJ_DOWN;
 
 /* ---- q and k after their projections: per-head norm (desc->qk_norm) and RoPE ---- */
@@ -160,7 +159,7 @@ static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
         be->rmsnorm_fwd(s->ctx, lt_resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, c->C, h,
                         st->rstd1 + r0);
         float *qkv[3] = {qp, kp, vp};
-        lt_step_group_fwd(s, l, st, 3, QKV, r0, n, h, qkv, 0.0f);
+        lt_step_group_fwd(s, l, st, 3, lt_proj_group_qkv, r0, n, h, qkv, 0.0f);
         if (!ab) continue;
         if (qn) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
             be->to_bf16(s->ctx, qp, (uint16_t *)lt_step_at_row(s, st->q_raw, r0, qd), n * qd);
@@ -266,7 +265,7 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     float *a = lt_step_ws(s, y->dg);
     float *gu[2] = {g, u};
-    lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
+    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, gu, 0.0f);
     glu_fwd(s, L, g, u, n * F, a);
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
     LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
@@ -326,7 +325,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
     if (!st->g) {
         float *gu[2] = {g, u};
-        lt_step_group_fwd(s, l, st, 2, GATE_UP, r0, n, h, gu, 0.0f);
+        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, gu, 0.0f);
     }
     glu_fwd(s, L, g, u, n * F, a);
     float *no_y = NULL;
@@ -336,7 +335,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
     glu_bwd(s, L, da, g, u, n * F, dg, du);
     const float *dgu[2] = {dg, du};
-    lt_step_group_bwd(s, l, st, 2, GATE_UP, r0, n, h, dgu, dh, 0.0f);
+    lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, dgu, dh, 0.0f);
     be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
     be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
 }
@@ -374,7 +373,7 @@ static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
     const float *xr = lt_resid_rows(s, x_in, r0, n, y->xc ? lt_step_ws(s, y->xc) : NULL);
     be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
     const float *dqkv[3] = {dqc, dkc, dvc};
-    lt_step_group_bwd(s, l, st, 3, QKV, r0, n, h, dqkv, need_dx ? dh : NULL, 0.0f);
+    lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, h, dqkv, need_dx ? dh : NULL, 0.0f);
     if (!need_dx) return;
     be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
     be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);

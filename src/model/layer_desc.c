@@ -120,6 +120,9 @@ lt_layer_desc lt_model_widest_layer(const lt_model_config *c) {
     return w;
 }
 
+const lt_proj lt_proj_group_qkv[3] = {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V};
+const lt_proj lt_proj_group_gate_up[2] = {LT_PROJ_GATE, LT_PROJ_UP};
+
 lt_proj lt_model_lora_owner(const lt_model_config *c, lt_proj p) {
     if (c->arch != LT_ARCH_PHI3) return p;
     if (p == LT_PROJ_K || p == LT_PROJ_V) return LT_PROJ_Q;

@@ -577,13 +577,11 @@ static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
  * (q, k, v and gate, up share an input; o and down alone), every projection counted as adapted. */
 static size_t lora_workspace(const run_shape *r, const lt_layout *o) {
     if (r->fwd_only || !r->be->lora_workspace_bytes || r->K == 0) return 0;
-    static const struct {
+    static const lt_proj o_alone = LT_PROJ_O, down_alone = LT_PROJ_DOWN;
+    const struct {
         int G;
-        lt_proj p[3];
-    } groups[] = {{3, {LT_PROJ_Q, LT_PROJ_K, LT_PROJ_V}},
-                  {2, {LT_PROJ_GATE, LT_PROJ_UP}},
-                  {1, {LT_PROJ_O}},
-                  {1, {LT_PROJ_DOWN}}};
+        const lt_proj *p;
+    } groups[] = {{3, lt_proj_group_qkv}, {2, lt_proj_group_gate_up}, {1, &o_alone}, {1, &down_alone}};
     size_t lw = 0;
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++) {
         int64_t in = 0, out_max = 0;

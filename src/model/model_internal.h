@@ -41,6 +41,10 @@ lt_status lt_model_rope_refresh(lt_ctx *ctx, lt_model *m, int64_t T);
  * rows, r) matrix; gate_up_proj likewise with gate and up. The projection whose A p uses: p
  * itself for every other projection and family. */
 lt_proj lt_model_lora_owner(const lt_model_config *cfg, lt_proj p);
+/* The projections that share an input and run as one group (lt_backend.lora_fwd / lora_bwd):
+ * q, k, v on the normed hidden state and gate, up on the normed mid-layer state; o and down
+ * run alone. */
+extern const lt_proj lt_proj_group_qkv[3], lt_proj_group_gate_up[2];
 /* PEFT's module name of owner p ("qkv_proj" and "gate_up_proj" for Phi-3, else lt_proj_name). */
 const char *lt_model_lora_module(const lt_model_config *cfg, lt_proj p);
 /* LT_OK when targets takes every fused module whole (q, k, v together; gate and up together), else
