@@ -41,6 +41,9 @@ extern "C" {
 #define LCE_FB_NC_DEFAULT 1024
 #define LCE_FB_VC_MAX_BF16 16384
 #define LCE_FB_MARGIN 16.0f
+/* Blocks per SM the bf16 statistics kernel is compiled for (its row lives in registers: 32 a
+ * thread for the logits, the register cap 65536 / (256 x 3) = 85 leaves no spills). */
+#define LCE_FB_STATS_BLOCKS 2
 
 typedef struct lce_plan {
     int64_t Nc, Vc, ldz;
@@ -505,34 +508,28 @@ static __device__ __forceinline__ float lce_block_max(float v, float *red) {
     return t;
 }
 
-static __device__ __forceinline__ float lce_f32(float x) { return x; }
-static __device__ __forceinline__ float lce_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 /* One block per token row of the chunk, vocabulary tile [v0, v0+vc): folds the (softcapped)
  * logits into the row statistics against the reference max m (set by the first tile, moved up
  * only past LCE_FB_MARGIN, which rescales s and the row's fp32 dh accumulator), then writes
- * E_j = exp(z_j - m)·cap'(z_j) as bf16 for the accumulator GEMM. Over a bf16 logit tile (Tz =
- * __nv_bfloat16) E_j overwrites z_j at the same index, each element read and written by one
- * thread; over an fp32 tile (Tz = float) E goes over the first half of the same row (ld 2·ldz
- * bf16), so the row is staged in shared memory (vc floats) before it is overwritten. */
-template <typename Tz>
+ * E_j = exp(z_j - m)·cap'(z_j) as bf16 for the accumulator GEMM. This one reads an fp32 tile: E
+ * goes over the first half of the same row (ld 2·ldz bf16), so the row is staged in shared memory
+ * (vc floats) before it is overwritten (a bf16 tile: lce_fb_stats_bf16 below). */
 static __global__ void __launch_bounds__(LCE_THREADS)
-    lce_fb_stats(Tz *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first, float *m, float *s,
-                 float *sumz, float *zt, float *acc, int64_t C) {
-    constexpr bool STAGE = sizeof(Tz) == 4;
+    lce_fb_stats(float *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first, float *m,
+                 float *s, float *sumz, float *zt, float *acc, int64_t C) {
     extern __shared__ float zrow[];
     __shared__ float red[LCE_THREADS / 32];
     __shared__ float s_zt, s_m, s_f;
     __shared__ int s_found;
     const int64_t i = blockIdx.x;
-    Tz *z = Z + i * ldz;
+    float *z = Z + i * ldz;
     const int64_t t = tgt[i];
     if (threadIdx.x == 0) s_found = 0;
     __syncthreads();
     float lm = -INFINITY, lz = 0.0f;
     for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = lce_cap(lce_f32(z[j]), cap);
-        if (STAGE) zrow[j] = x;
+        float x = lce_cap(z[j], cap);
+        zrow[j] = x;
         lm = fmaxf(lm, x);
         lz += x;
         if (v0 + j == t) {
@@ -560,7 +557,7 @@ static __global__ void __launch_bounds__(LCE_THREADS)
     const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
     for (int j = threadIdx.x; j < vc; j += LCE_THREADS) {
-        float x = STAGE ? zrow[j] : lce_cap(lce_f32(z[j]), cap), e = __expf(x - mn), th = x * icap;
+        float x = zrow[j], e = __expf(x - mn), th = x * icap;
         ls += e;
         g[j] = __float2bfloat16(e * (1.0f - th * th));
     }
@@ -570,6 +567,114 @@ static __global__ void __launch_bounds__(LCE_THREADS)
         s[i] = first ? tse : s[i] * f + tse;
         sumz[i] = first ? tsum : sumz[i] + tsum;
         if (first || s_found) zt[i] = s_found ? s_zt : 0.0f;
+    }
+}
+
+/* The statistics kernel over a bf16 logit tile (the default), each row read once: a thread loads its LCE_FB_NV vectors
+ * of 8 logits (16-byte loads; element j = 8·(k·LCE_THREADS + thread) + e) into registers, folds
+ * them into the statistics, and writes E from the same registers over the logits (E_j at z_j's
+ * index). Rows are 16-byte aligned (ldz is a multiple of 8); a vector that straddles vc reads
+ * padding of the row (never used) and writes only its elements below vc. Same arithmetic per
+ * element as lce_fb_stats. */
+#define LCE_FB_NV (LCE_FB_VC_MAX_BF16 / (LCE_THREADS * 8))
+/* Word q (0..3, a constant once unrolled) of a vector; the two bf16 of a word as floats (exact). */
+static __device__ __forceinline__ uint32_t lce_word(const uint4 &u, int q) {
+    return q == 0 ? u.x : q == 1 ? u.y : q == 2 ? u.z : u.w;
+}
+static __device__ __forceinline__ float2 lce_bf2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+static __device__ __forceinline__ uint32_t lce_pack_bf2(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return (uint32_t)__bfloat16_as_ushort(v.x) | (uint32_t)__bfloat16_as_ushort(v.y) << 16;
+}
+template <bool CAP>
+static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
+    lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
+                      float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    __shared__ float red[LCE_THREADS / 32];
+    __shared__ float s_m, s_f;
+    const int64_t i = blockIdx.x;
+    __nv_bfloat16 *z = Z + i * ldz;
+    const int64_t t = tgt[i] - v0; /* the target's column in this tile, if it is in it */
+    const int found = t >= 0 && t < vc;
+    uint4 raw[LCE_FB_NV];
+#pragma unroll
+    for (int k = 0; k < LCE_FB_NV; k++) {
+        const int j = (k * LCE_THREADS + (int)threadIdx.x) * 8;
+        raw[k] = j < vc ? *(const uint4 *)(z + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float lm = -INFINITY, lz = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LCE_FB_NV; k++) {
+        const int j0 = (k * LCE_THREADS + (int)threadIdx.x) * 8;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float2 f = lce_bf2(lce_word(raw[k], q));
+            if (CAP) f = make_float2(lce_cap(f.x, cap), lce_cap(f.y, cap));
+            if (j0 + 2 * q < vc) lm = fmaxf(lm, f.x), lz += f.x;
+            if (j0 + 2 * q + 1 < vc) lm = fmaxf(lm, f.y), lz += f.y;
+        }
+    }
+    /* Opaque to the compiler: the second pass converts the logits again rather than keeping 64
+     * floats a thread live across the reductions (which spilled). */
+#pragma unroll
+    for (int k = 0; k < LCE_FB_NV; k++)
+        asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
+    const float tmax = lce_block_max(lm, red);
+    const float tsum = lce_block_sum(lz, red);
+    if (threadIdx.x == 0) {
+        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
+        if (first) mn = tmax;
+        else if (tmax > mo + LCE_FB_MARGIN) {
+            mn = tmax;
+            f = __expf(mo - mn);
+        }
+        s_m = mn;
+        s_f = f;
+        /* the target's logit, read before any E overwrites it (after the barrier below) */
+        if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
+    }
+    __syncthreads();
+    const float mn = s_m, f = s_f;
+    if (f != 1.0f)
+        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
+    const float icap = CAP ? 1.0f / cap : 0.0f;
+    float ls = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LCE_FB_NV; k++) {
+        const int j0 = (k * LCE_THREADS + (int)threadIdx.x) * 8;
+        if (j0 >= vc) continue;
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float2 x = lce_bf2(lce_word(raw[k], q));
+            if (CAP) x = make_float2(lce_cap(x.x, cap), lce_cap(x.y, cap));
+            const float e0 = __expf(x.x - mn), e1 = __expf(x.y - mn);
+            ls += (j0 + 2 * q < vc ? e0 : 0.0f) + (j0 + 2 * q + 1 < vc ? e1 : 0.0f);
+            if (CAP) {
+                const float t0 = x.x * icap, t1 = x.y * icap;
+                o[q] = lce_pack_bf2(e0 * (1.0f - t0 * t0), e1 * (1.0f - t1 * t1));
+            } else {
+                o[q] = lce_pack_bf2(e0, e1);
+            }
+        }
+        if (j0 + 8 <= vc) {
+            *(uint4 *)(z + j0) = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+            unsigned short *zs = (unsigned short *)z;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                if (j0 + 2 * q < vc) zs[j0 + 2 * q] = (unsigned short)(o[q] & 0xffffu);
+                if (j0 + 2 * q + 1 < vc) zs[j0 + 2 * q + 1] = (unsigned short)(o[q] >> 16);
+            }
+        }
+    }
+    const float tse = lce_block_sum(ls, red);
+    if (threadIdx.x == 0) {
+        m[i] = mn;
+        s[i] = first ? tse : s[i] * f + tse;
+        sumz[i] = first ? tsum : sumz[i] + tsum;
     }
 }
 
@@ -932,17 +1037,22 @@ extern "C" lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_opti
             if (colsum && n0 == 0)
                 lce_colsum<<<nblk(C, 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(wt, vc, C, colsum, v0 == 0);
             if (zbf)
-                lce_fb_stats<__nv_bfloat16>
-                    <<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>((__nv_bfloat16 *)r.z, r.pl.ldz, vc, v0,
-                                                                            a->targets + n0, r.k.cap, v0 == 0, r.m + n0,
-                                                                            r.s + n0, r.sumz + n0, r.zt + n0, r.acc, C);
+                (r.k.cap > 0.0f
+                     ? lce_fb_stats_bf16<true>
+                     : lce_fb_stats_bf16<
+                           false>)<<<(unsigned)nc, LCE_THREADS, 0, lt_cuda_stream(ctx)>>>((__nv_bfloat16 *)r.z,
+                                                                                          r.pl.ldz, vc, v0,
+                                                                                          a->targets + n0, r.k.cap,
+                                                                                          v0 == 0, r.m + n0, r.s + n0,
+                                                                                          r.sumz + n0, r.zt + n0, r.acc,
+                                                                                          C);
             else
-                lce_fb_stats<float>
-                    <<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0,
-                                                                                         a->targets + n0, r.k.cap,
-                                                                                         v0 == 0, r.m + n0, r.s + n0,
-                                                                                         r.sumz + n0, r.zt + n0, r.acc,
-                                                                                         C);
+                lce_fb_stats<<<(unsigned)nc, LCE_THREADS, (size_t)vc * 4, lt_cuda_stream(ctx)>>>(r.z, r.pl.ldz, vc, v0,
+                                                                                                 a->targets + n0,
+                                                                                                 r.k.cap, v0 == 0,
+                                                                                                 r.m + n0, r.s + n0,
+                                                                                                 r.sumz + n0, r.zt + n0,
+                                                                                                 r.acc, C);
             st = lt_cuda_check(ctx, cudaGetLastError(), "lce: statistics kernel");
             /* acc (nc x C) (+)= E · Wtile; E is bf16 with ld 2·ldz (over fp32 logits) or ldz */
             if (st == LT_OK)
