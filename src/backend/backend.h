@@ -171,7 +171,8 @@ typedef struct lt_backend {
      * which is the backward (the rotation is orthogonal). */
     void (*rope)(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
                  int inverse);
-    /* a = silu(g)·u elementwise; backward gives dg, du from da. */
+    /* a = silu(g)·u elementwise; backward gives dg, du from da. In both glu backwards dg may be
+     * g and du may be u (each element is read before it is written). */
     void (*swiglu_fwd)(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
     void (*swiglu_bwd)(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
     /* a = gelu_tanh(g)·u elementwise (GELU's tanh approximation, PyTorch's approximate="tanh");

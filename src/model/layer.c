@@ -311,7 +311,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     const lt_layout *y = &s->m->lay;
     int64_t C = c->C, F = c->F;
     float *h = lt_step_ws(s, y->h), *da = lt_step_ws(s, y->da), *dg = lt_step_ws(s, y->dg);
-    float *du = lt_step_ws(s, y->du), *dh = lt_step_ws(s, y->dh);
+    float *dh = lt_step_ws(s, y->dh);
     float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL),
           *dxc = dx + r0 * C;
     be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
@@ -322,7 +322,8 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
         return;
     }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
-    float *a = dg; /* the activation goes into dg's buffer, which swiglu_bwd then overwrites */
+    float *a = dg; /* the activation goes into dg's buffer, which the glu backward then overwrites */
+    float *du = u; /* and the up gradient over u, read for the last time there */
     if (!st->g) {
         float *gu[2] = {g, u};
         lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, gu, 0.0f);

@@ -545,8 +545,7 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     }
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
-        o->da = carve_aligned(cur, nb(CH * F, 4), al);
-        o->du = carve_aligned(cur, nb(CH * F, 4), al);
+        o->da = carve_aligned(cur, nb(CH * F, 4), al); /* the up gradient goes over u (mlp_bwd) */
         o->dh = carve_aligned(cur, nb(CH * c->C, 4), al);
         o->dlu = carve_aligned(cur, nb(CH * 3 * r->lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }

@@ -141,13 +141,13 @@ typedef struct lt_store {
 
 /* The MoE layers' dispatch buffers in the workspace (moe.c), for one chunk of `chunk` tokens (n):
  * logits (n, E), idx, w (n·k), off (E + 1), rows, slot (n·k) int32, the gathered rows xg (n·k, C),
- * the experts' G, U, A (n·k, moe_F) and outputs yg (n·k, C); training adds dw (n·k), dg, du
- * (n·k, moe_F), dlogits (n, E) (the other gradients reuse dead forward buffers); stats (2, E) the
+ * the experts' G, U, A (n·k, moe_F) and outputs yg (n·k, C); training adds dw (n·k) and dlogits
+ * (n, E) (the gradients reuse dead forward buffers: dG, dU go over G, U); stats (2, E) the
  * load-balancing loss's sums over the step (moe_aux_coef > 0); gm_ws the grouped products'
  * workspace. chunk = 0: no MoE layer (nothing carved). */
 typedef struct lt_moe_layout {
     int64_t chunk, n_layers;
-    size_t logits, idx, w, off, rows, slot, xg, g, u, a, yg, stats, dw, dg, du, dlogits, gm_ws;
+    size_t logits, idx, w, off, rows, slot, xg, g, u, a, yg, stats, dw, dlogits, gm_ws;
     /* moe_shared_F > 0 (n = chunk, S = moe_shared_F): the shared expert's sg, su, sa (n, S) and, as two
      * "experts" the combine weighs by softmax([gate logit, 0]) = (sigmoid, 1 - sigmoid), its output
      * beside zero rows sy (2n, C), with slogits (n, 2), sidx, sw (2n), soff (3), srows, sslot (2n);
@@ -256,10 +256,11 @@ typedef struct lt_layout {
      * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
      * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
-     * output and then its gate gradient, da, du (F), dh (C), scratch (max(C, F, H·D)) for
-     * LoRA dropout (absent without), dlu (3·r: a group of three projections). */
+     * output and then its gate gradient, da (F) (the up gradient goes over u, or over the store's u
+     * when the stores keep it), dh (C), scratch (max(C, F, H·D)) for LoRA dropout (absent
+     * without), dlu (3·r: a group of three projections). */
     int64_t chunk;
-    size_t dx, datt, dq, dk, dv, h, g, u, dg, da, du, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
+    size_t dx, datt, dq, dk, dv, h, g, u, dg, da, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;
     /* Sandwich norms only (else 0): pn (chunk, C) a block's output before its post-norm, prs
      * (chunk) that norm's row statistics (rebuilt wherever they are needed). */
     size_t pn, prs;

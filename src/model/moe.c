@@ -142,8 +142,6 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lo
     if (c->moe_aux_coef > 0) o->stats = carve_al(cur, nbytes(2 * E, 4), al);
     if (train) {
         o->dw = carve_al(cur, nbytes(nk, 4), al);
-        o->dg = carve_al(cur, nbytes(nk * F, 4), al);
-        o->du = carve_al(cur, nbytes(nk * F, 4), al);
         o->dlogits = carve_al(cur, nbytes(ch * E, 4), al);
     }
     /* the grouped products' workspace: the largest over the MoE layers' expert dtypes */
@@ -251,8 +249,8 @@ static moe_bufs bufs_of(const moe_run *x, int train) {
     if (o->stats) b.stats = wsf(x, o->stats);
     if (train) {
         b.dw = wsf(x, o->dw);
-        b.dg = wsf(x, o->dg);
-        b.du = wsf(x, o->du);
+        b.dg = b.g; /* the glu backward writes the gate and up gradients over g and u */
+        b.du = b.u;
         b.dlogits = wsf(x, o->dlogits);
     }
     if (o->lus) b.lus = wsf(x, o->lus);

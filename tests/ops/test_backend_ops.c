@@ -345,6 +345,22 @@ static void run_rope(const op_case *c, env *e) {
     free(inv), free(pos), free(x), free(y), free(dy), free(dx), free(back);
 }
 
+/* The glu backwards with dg written over g and du over u (as the MLP's backward calls them):
+ * bit-identical to the out-of-place results gg, gu. */
+static void check_glu_bwd_in_place(env *e, int geglu, const float *g, const float *u, const float *d_da,
+                                   const float *gg, const float *gu, int64_t n) {
+    float *d_g = up(e, g, F4(n)), *d_u = up(e, u, F4(n));
+    if (geglu) e->be->geglu_bwd(e->ctx, d_da, d_g, d_u, n, d_g, d_u);
+    else e->be->swiglu_bwd(e->ctx, d_da, d_g, d_u, n, d_g, d_u);
+    float *ig = malloc(F4(n)), *iu = malloc(F4(n));
+    down(e, ig, d_g, F4(n)), down(e, iu, d_u, F4(n));
+    const int same = memcmp(ig, gg, F4(n)) == 0 && memcmp(iu, gu, F4(n)) == 0;
+    if (!same) fprintf(stderr, "    %s backward in place differs from out of place\n", geglu ? "geglu" : "swiglu");
+    CHECK(e, !same);
+    dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n));
+    free(ig), free(iu);
+}
+
 /* ---- swiglu: s = {n} ---- */
 
 static double silu(double g) { return g / (1 + exp(-g)); }
@@ -372,6 +388,7 @@ static void run_swiglu(const op_case *c, env *e) {
             CHECK(e, bad(want, fd, 1e-4, 1e-4, "swiglu dg fd", i));
         }
     }
+    check_glu_bwd_in_place(e, 0, g, u, d_da, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
@@ -411,6 +428,7 @@ static void run_geglu(const op_case *c, env *e) {
             CHECK(e, bad(want, fd, 1e-4, 1e-4, "geglu dg fd", i));
         }
     }
+    check_glu_bwd_in_place(e, 1, g, u, d_da, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);

@@ -53,8 +53,8 @@ void lt_cpu_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, f
 LT_CPU_CLONES static void swiglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
-    const float *restrict gp = j->a, *restrict up = j->b, *restrict dap = j->c;
-    float *restrict dg = j->y, *restrict du = j->z;
+    const float *gp = j->a, *up = j->b, *dap = j->c; /* dg may be g, du may be u (backend.h) */
+    float *dg = j->y, *du = j->z;
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
         float g = gp[i], u = up[i], da = dap[i];
@@ -94,8 +94,8 @@ void lt_cpu_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, fl
 static void geglu_b(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
     const ew_job *j = arg;
-    const float *restrict gp = j->a, *restrict up = j->b, *restrict dap = j->c;
-    float *restrict dg = j->y, *restrict du = j->z;
+    const float *gp = j->a, *up = j->b, *dap = j->c; /* dg may be g, du may be u (backend.h) */
+    float *dg = j->y, *du = j->z;
     for (int64_t i = i0; i < i1; i++) {
         float g = gp[i], u = up[i], da = dap[i];
         float t = tanhf(GELU_K * (g + GELU_A * g * g * g));
