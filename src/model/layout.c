@@ -529,16 +529,22 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     }
     o->h = carve_aligned(cur, nb(CH * c->C, 4), al);
     if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(cur, nb(CH * c->C, 4), al);
-    if (o->attn_bf16) {
-        o->qc = carve_aligned(cur, nb(CH * (r->qd + 2 * r->kvd), 4), al);
-        o->ac = carve_aligned(cur, nb(CH * (r->wd.qk_norm ? r->qd + r->kvd : r->qd), 4), al);
-        o->mc = carve_aligned(cur, nb(CH * c->C, 4), al);
-    }
+    if (o->attn_bf16) o->mc = carve_aligned(cur, nb(CH * c->C, 4), al);
     if (!r->keep_mlp) {
         o->g = carve_aligned(cur, nb(CH * F, 4), al);
         o->u = carve_aligned(cur, nb(CH * F, 4), al);
     }
     o->dg = carve_aligned(cur, nb(CH * F, 4), al);
+    if (o->attn_bf16) {
+        /* q, k, v and attention's rows in f32 (qc, ac) are dead whenever dg is live (a chunk's MLP
+         * runs after its attention half, the MLP's backward before the attention half's), so they
+         * take dg's buffer when it holds both. */
+        size_t qb = nb(CH * (r->qd + 2 * r->kvd), 4), ab = nb(CH * (r->wd.qk_norm ? r->qd + r->kvd : r->qd), 4);
+        size_t in_dg = o->dg, qc = carve_aligned(&in_dg, qb, al), ac = carve_aligned(&in_dg, ab, al);
+        int fits = in_dg != SIZE_MAX && o->dg != SIZE_MAX && in_dg - o->dg <= nb(CH * F, 4);
+        o->qc = fits ? qc : carve_aligned(cur, qb, al);
+        o->ac = fits ? ac : carve_aligned(cur, ab, al);
+    }
     if (r->wd.norm == LT_NORM_PLACE_SANDWICH) { /* a block's output before its post-norm, and its rstd */
         o->pn = carve_aligned(cur, nb(CH * c->C, 4), al);
         o->prs = carve_aligned(cur, nb(CH, 4), al);
@@ -546,7 +552,10 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
         o->da = carve_aligned(cur, nb(CH * F, 4), al); /* the up gradient goes over u (mlp_bwd) */
-        o->dh = carve_aligned(cur, nb(CH * c->C, 4), al);
+        /* dh, a norm's input gradient, is made once da is dead (the MLP's after its glu backward,
+         * the attention half's after the MLP) and can use da's buffer; not with sandwich norms,
+         * whose post-MLP norm gradient is dh while the down projection's backward writes da. */
+        o->dh = F >= c->C && r->wd.norm != LT_NORM_PLACE_SANDWICH ? o->da : carve_aligned(cur, nb(CH * c->C, 4), al);
         o->dlu = carve_aligned(cur, nb(CH * 3 * r->lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }
 }
