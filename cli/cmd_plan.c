@@ -17,10 +17,9 @@
 #include "longtune/train.h"
 #include "train_guard.h"
 
-static const char *usage =
-    "longtune plan (--model PATH | --config config.json) [--data DIR] [train flags]\n"
-    "       [--budget BYTES|auto] [--host-budget BYTES|auto] [--max-seq | --max-batch]\n"
-    "       [--saved f32|bf16] [--chunk-rows N] [--weights-dtype f32|bf16|f16] [--dp K] [--cp K] [--json]";
+static const char *usage = "longtune plan (--model PATH | --config config.json) [--data DIR] [train flags]\n"
+                           "       [--budget BYTES|auto] [--host-budget BYTES|auto] [--max-seq | --max-batch]\n"
+                           "       [--saved f32|bf16] [--weights-dtype f32|bf16|f16] [--dp K] [--cp K] [--json]";
 
 static void print_help(void) {
     printf("usage: %s\n\n"
@@ -46,6 +45,7 @@ static void print_help(void) {
            "                      auto: what train would choose for the budget); --grad-checkpoint = all\n"
            "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
+           "  --chunk-rows N      rows per chunk of the position-wise work [8192; auto may halve it]\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"
            "  --rope-scaling linear|dynamic|yarn|llama3|longrope --rope-factor F [--original-max-position N]\n"
@@ -54,7 +54,6 @@ static void print_help(void) {
            "Plan-only flags:\n"
            "  --saved DTYPE       dtype of checkpoints and kept attention outputs (default: the\n"
            "                      backend's, f32 on cpu and bf16 on cuda)\n"
-           "  --chunk-rows N      rows per chunk of the position-wise work (default 8192)\n"
            "  --host-budget BYTES|auto  host memory for the offloaded checkpoints of a cuda plan\n"
            "                      (auto, the default: the guard's host ceiling less this process)\n"
            "  --budget BYTES|auto bytes (\"12G\", \"512MiB\") or auto (default): the memory guard's\n"
@@ -136,7 +135,7 @@ typedef struct arm {
 
 int lt_cmd_plan(int argc, char **argv) {
     const char *hf_config = NULL, *budget_s = "auto", *host_budget_s = "auto";
-    int64_t dp = 1, cp = 1, chunk_rows = 0;
+    int64_t dp = 1, cp = 1;
     int saved = 0, max_seq = 0, max_batch = 0, json = 0;
     lt_dtype wdtype = LT_DTYPE_F32;
     int have_wdtype = 0;
@@ -195,7 +194,7 @@ int lt_cmd_plan(int argc, char **argv) {
         if (!strcmp(key, "config") || !strcmp(key, "train")) {
             takes = !strcmp(key, "config");
         } else if (!strcmp(key, "budget") || !strcmp(key, "host-budget") || !strcmp(key, "dp") || !strcmp(key, "cp") ||
-                   !strcmp(key, "saved") || !strcmp(key, "chunk-rows") || !strcmp(key, "weights-dtype")) {
+                   !strcmp(key, "saved") || !strcmp(key, "weights-dtype")) {
             if (!v) USAGE("%s needs a value", a);
             if (!strcmp(key, "budget")) budget_s = v;
             else if (!strcmp(key, "host-budget")) host_budget_s = v;
@@ -203,8 +202,6 @@ int lt_cmd_plan(int argc, char **argv) {
                 USAGE("--dp '%s': expected 1..%d ranks", v, 1 << 20);
             else if (!strcmp(key, "cp") && lt_cli_parse_i64(v, 1, 1 << 20, &cp))
                 USAGE("--cp '%s': expected 1..%d ranks", v, 1 << 20);
-            else if (!strcmp(key, "chunk-rows") && lt_cli_parse_i64(v, 1, INT32_MAX, &chunk_rows))
-                USAGE("--chunk-rows '%s': expected a positive integer", v);
             else if (!strcmp(key, "saved")) {
                 if (!strcmp(v, "f32")) saved = -1;
                 else if (!strcmp(v, "bf16")) saved = 1;
@@ -298,7 +295,6 @@ int lt_cmd_plan(int argc, char **argv) {
         goto done;
     }
     po.run.saved_bf16 = saved;
-    po.run.chunk_rows = chunk_rows;
 
     char how[256] = "given";
     if (budget_auto && (s = auto_budget(ctx, dev, &budget, how, sizeof how)) != LT_OK) {
@@ -336,6 +332,7 @@ int lt_cmd_plan(int argc, char **argv) {
             po.run.recompute = ro.recompute;
             po.run.recompute_k = ro.recompute_every;
             po.run.recompute_attention = ro.recompute_attention;
+            po.run.chunk_rows = ro.chunk_rows;
             plan = chosen_plan;
         } else if (s == LT_ERR_OOM) {
             fprintf(stderr, "longtune plan: %s\n", lt_ctx_error(ctx));
@@ -375,7 +372,7 @@ int lt_cmd_plan(int argc, char **argv) {
 
     int64_t best = 0;
     int found = 0;
-    char best_policy[64] = "";
+    char best_policy[96] = "";
     if (max_seq || max_batch) {
         lt_plan_search what = max_seq ? LT_PLAN_SEARCH_SEQ : LT_PLAN_SEARCH_BATCH;
         int64_t hi = max_seq ? (1ll << 24) : (1ll << 16);
@@ -396,6 +393,9 @@ int lt_cmd_plan(int argc, char **argv) {
             if (at.recompute_attention && at.recompute != LT_RECOMPUTE_NONE)
                 snprintf(best_policy + strlen(best_policy), sizeof best_policy - strlen(best_policy),
                          " + recompute_attention");
+            if (at.chunk_rows != ro_asked.chunk_rows)
+                snprintf(best_policy + strlen(best_policy), sizeof best_policy - strlen(best_policy),
+                         ", chunks of %lld rows", (long long)at.chunk_rows);
         }
     }
 
@@ -465,7 +465,7 @@ int lt_cmd_plan(int argc, char **argv) {
                                           : "layer inputs and attention outputs",
                recompute_attention ? " (attention rerun)" : "",
                saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
-               (long long)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
+               (long long)(plan.options.run.chunk_rows ? plan.options.run.chunk_rows : LT_MODEL_CHUNK_ROWS));
     lt_recompute pol = plan.options.run.recompute;
     if (pol == LT_RECOMPUTE_SLIDING || pol == LT_RECOMPUTE_GLOBAL) {
         /* Which LoRA layers the by-kind policy recomputes: those of its attention kind. */

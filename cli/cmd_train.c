@@ -57,6 +57,8 @@ static void print_help(void) {
         "                             recompute policy; cuda: copies overlap the layers)\n"
         "  --moe-chunk-tokens N       MoE models: tokens whose experts run together, rerun in the\n"
         "                             backward (bounds the experts' memory) [4096]\n"
+        "  --chunk-rows N             rows per chunk of the norms, projections and MLP: smaller\n"
+        "                             chunks hold less and launch more [8192; auto may halve it]\n"
         "  --attention flash|naive    [flash]; --loss fused|chunked|naive [fused]\n"
         "  --no-pack                  one example per row; --pack-algorithm first-fit|bfd\n"
         "  --quantize FMT             quantize a dense base at load: int4_g64, q4_0, q4_1, q8_0,\n"

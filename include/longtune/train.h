@@ -91,6 +91,10 @@ typedef struct lt_train_options {
     int64_t moe_chunk_tokens;                    /* MoE models: tokens whose experts run together (the dispatch
                                       chunk, recomputed in the backward): lt_model_run_options
                                       .moe_chunk_tokens [LT_MODEL_MOE_CHUNK_TOKENS] */
+    int64_t chunk_rows;                          /* rows per chunk of the position-wise work (norms, projections,
+                                      MLP): lt_model_run_options.chunk_rows; smaller chunks hold less
+                                      and launch more [0: LT_MODEL_CHUNK_ROWS, or what recompute
+                                      auto chooses] */
     lt_attention_impl attention;                 /* [flash] */
     lt_lce_impl loss;                            /* [fused] */
     int no_pack;                                 /* one example per row instead of packing */
@@ -310,15 +314,19 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
-/* recompute auto: the first candidate in order of recompute work whose plan (lt_train_plan with
+/* recompute auto: the first candidate in order of estimated cost whose plan (lt_train_plan with
  * `held`) is <= budget_bytes. The candidates: none; the LoRA layers' full-attention ones (global),
  * their sliding-window ones (sliding; both only where the LoRA layers mix the two kinds), every
  * layer -- each keeping the attention outputs, over segments of k = 1, 2, 4, ... layers below its
  * longest run of recomputed layers (the same work with fewer checkpoints); then the same rerunning
  * attention (recompute_attention). Their work is the recomputed layers' projection FLOPs plus,
  * rerunning attention, each one's attention FLOPs (a sliding layer's over its window); equal work
- * keeps that order. *out = opt with the chosen policy and recompute_auto cleared; plan (may be
- * NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
+ * keeps that order. Unless opt->chunk_rows is set, each also runs at halved chunks of the
+ * position-wise work (fewer than B·T rows, at least 1,024), which hold less and launch more. The
+ * cost of a candidate: its recompute work over the step's own (the frozen projections' forward and
+ * input gradient, attention's forward and backward, the head), plus 0.027 per halving-unit of
+ * chunk (c0/c - 1, measured on the H200). *out = opt with the chosen policy (and chunk_rows) and
+ * recompute_auto cleared; plan (may be NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
  * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
 LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                            const lt_plan_options *popt, const lt_train_held *held, size_t budget_bytes,

@@ -84,6 +84,7 @@ static const option options[] = {
     {"allow_low_memory", K_BOOL, O(allow_low_memory), 0, 0, 1},
     {"no_memory_guard", K_BOOL, O(no_memory_guard), 0, 0, 1},
     {"moe_chunk_tokens", K_I64, O(moe_chunk_tokens), 0, 1, INT32_MAX},
+    {"chunk_rows", K_I64, O(chunk_rows), 0, 1, INT32_MAX},
 };
 /* lt_train_options.given has one bit per option. */
 _Static_assert(sizeof options / sizeof options[0] <= 64, "more options than bits in lt_train_options.given");

@@ -11,6 +11,13 @@
 #include "longtune/safetensors.h"
 #include "train/train_internal.h"
 
+/* recompute auto's chunks of the position-wise work: the smallest it tries, and the estimated cost
+ * of a chunk of c rows as a fraction of the step, COST·(c0/c - 1) against the run's chunk c0. On
+ * the H200 (Qwen3-8B shape, 8k tokens, attention rerun) chunks of 4,096 and 2,048 rows took 2.6 %
+ * and 8.3 % longer a step than 8,192 (999, 1,025, 1,082 ms): 0.026 and 0.028 per unit. */
+#define LT_TRAIN_AUTO_CHUNK_MIN 1024
+#define LT_TRAIN_AUTO_CHUNK_COST 0.027
+
 lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out) {
     memset(out, 0, sizeof *out);
     out->row_len = opt->max_seq_length;
@@ -141,6 +148,7 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
     out->run.recompute_attention = opt->recompute_attention;
     out->run.offload_ckpt = opt->offload_checkpoints;
     out->run.moe_chunk_tokens = opt->moe_chunk_tokens;
+    out->run.chunk_rows = opt->chunk_rows;
     out->run.attention = opt->attention;
     out->run.loss = opt->loss;
     out->run.threads = opt->threads;
@@ -271,24 +279,47 @@ static int64_t longest_run(const lt_model_config *cfg, lt_recompute pol, int64_t
     return best;
 }
 
-/* The candidates of recompute auto, in order of recompute work (see train.h); an explicit
- * recompute_attention keeps only the candidates that rerun attention. */
+/* The step's own work per row of T tokens, against which recompute auto weighs a candidate's: per
+ * layer the frozen projections' forward and input gradient (4·T·P) and attention's forward and
+ * backward (3.5 times its forward), and the head's forward and input gradient (4·V·C·T). */
+static double step_flops(const lt_model_config *cfg, int64_t T) {
+    double P =
+        (double)cfg->C * (double)(2 * cfg->H * cfg->D + 2 * cfg->Hkv * cfg->D) + 3.0 * (double)cfg->C * (double)cfg->F;
+    double f = 4.0 * (double)cfg->V * (double)cfg->C * (double)T;
+    for (int64_t l = 0; l < cfg->L; l++) {
+        lt_layer_desc d;
+        lt_model_describe_layer(cfg, l, &d);
+        f += 4.0 * (double)T * P + 3.5 * 4.0 * (double)(cfg->H * d.D) * keys_seen(T, d.window);
+    }
+    return f;
+}
+
+/* The candidates of recompute auto with their estimated cost, a fraction of the step (see train.h);
+ * an explicit recompute_attention keeps only the candidates that rerun attention, an explicit
+ * chunk_rows only that chunk. */
 lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                     const lt_plan_options *popt, const lt_train_held *held, size_t budget_bytes,
                                     lt_train_options *out, lt_plan *plan) {
     *out = *opt;
     if (!opt->recompute_auto) return plan ? lt_train_plan(ctx, opt, cfg, popt, held, plan) : LT_OK;
     int64_t layers = opt->num_layers > 0 && opt->num_layers < cfg->L ? opt->num_layers : cfg->L;
+    enum { MAX_POLICIES = 2 * 3 * 12 + 1, MAX_CHUNKS = 8 }; /* halvings of LT_MODEL_CHUNK_ROWS to the minimum */
+    struct {
+        lt_recompute policy;
+        int64_t k, chunk;
+        int rerun;
+        double cost;
+    } cand[MAX_POLICIES * MAX_CHUNKS], t;
     struct {
         lt_recompute policy;
         int64_t k;
         int rerun;
         double flops;
-    } cand[2 * 3 * 12 + 1], t;
-    int n = 0;
+    } pol[MAX_POLICIES];
+    int np = 0, n = 0;
     if (!opt->recompute_attention) {
-        memset(&cand[0], 0, sizeof cand[0]);
-        cand[n++].policy = LT_RECOMPUTE_NONE;
+        memset(&pol[0], 0, sizeof pol[0]);
+        pol[np++].policy = LT_RECOMPUTE_NONE;
     }
     /* The by-kind policies where the LoRA layers mix kinds (else one is all and the other nothing),
      * then every layer; each over segments of k = 1, 2, 4, ... layers below its longest run (the
@@ -300,15 +331,36 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
             if (pols[pi] != LT_RECOMPUTE_EVERY && (n_rec == 0 || n_rec == layers)) continue;
             double flops = recompute_flops(cfg, pols[pi], layers, rerun, popt->run.T);
             for (int64_t k = 1; k == 1 || (k < span && k < 2048); k *= 2) {
-                cand[n].policy = pols[pi] == LT_RECOMPUTE_EVERY && k > 1 ? LT_RECOMPUTE_EVERY_K : pols[pi];
-                cand[n].k = k;
-                cand[n].rerun = rerun;
-                cand[n].flops = flops;
-                n++;
+                pol[np].policy = pols[pi] == LT_RECOMPUTE_EVERY && k > 1 ? LT_RECOMPUTE_EVERY_K : pols[pi];
+                pol[np].k = k;
+                pol[np].rerun = rerun;
+                pol[np].flops = flops;
+                np++;
             }
         }
-    for (int i = 1; i < n; i++) /* stable: equal work keeps the order above */
-        for (int j = i; j > 0 && cand[j].flops < cand[j - 1].flops; j--)
+    /* The chunks: the run's, and unless chunk_rows was given, halvings down to
+     * LT_TRAIN_AUTO_CHUNK_MIN rows (chunks of all the rows or more plan alike: the first below
+     * B·T follows the run's). */
+    const int64_t rows = popt->run.B * popt->run.T,
+                  chunk0 = opt->chunk_rows > 0 ? opt->chunk_rows : LT_MODEL_CHUNK_ROWS;
+    int64_t chunks[MAX_CHUNKS];
+    int nc = 0;
+    chunks[nc++] = chunk0;
+    for (int64_t ch = chunk0 / 2; !opt->chunk_rows && ch >= LT_TRAIN_AUTO_CHUNK_MIN && nc < MAX_CHUNKS; ch /= 2)
+        if (ch < rows) chunks[nc++] = ch;
+    const double work = step_flops(cfg, popt->run.T), eff0 = (double)(chunk0 < rows ? chunk0 : rows);
+    for (int i = 0; i < np; i++)
+        for (int j = 0; j < nc; j++) {
+            cand[n].policy = pol[i].policy;
+            cand[n].k = pol[i].k;
+            cand[n].rerun = pol[i].rerun;
+            cand[n].chunk = j ? chunks[j] : opt->chunk_rows;
+            cand[n].cost = (work > 0 ? pol[i].flops / work : 0) +
+                LT_TRAIN_AUTO_CHUNK_COST * (eff0 / (double)(chunks[j] < rows ? chunks[j] : rows) - 1.0);
+            n++;
+        }
+    for (int i = 1; i < n; i++) /* stable: equal cost keeps the order above */
+        for (int j = i; j > 0 && cand[j].cost < cand[j - 1].cost; j--)
             t = cand[j], cand[j] = cand[j - 1], cand[j - 1] = t;
     size_t smallest = SIZE_MAX;
     int best = 0;
@@ -318,10 +370,12 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         c.recompute = cand[i].policy;
         c.recompute_every = cand[i].k > 1 ? cand[i].k : 0;
         c.recompute_attention = cand[i].rerun;
+        c.chunk_rows = cand[i].chunk;
         lt_plan_options po = *popt;
         po.run.recompute = c.recompute;
         po.run.recompute_k = c.recompute_every;
         po.run.recompute_attention = c.recompute_attention;
+        po.run.chunk_rows = c.chunk_rows;
         lt_plan p;
         LT_TRY(lt_train_plan(ctx, &c, cfg, &po, held, &p));
         if (p.peak_bytes <= budget_bytes) {
@@ -331,10 +385,12 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         }
         if (p.peak_bytes < smallest) smallest = p.peak_bytes, best = i;
     }
-    char name[32];
+    const int64_t best_chunk = cand[best].chunk;
+    char name[32], chunk[48] = "";
     lt_plan_recompute_name(cand[best].policy, cand[best].k, name, sizeof name);
+    if (best_chunk != opt->chunk_rows) snprintf(chunk, sizeof chunk, ", chunk_rows %lld", (long long)best_chunk);
     return lt_error(ctx, LT_ERR_OOM,
                     "recompute auto: no policy fits the memory budget of %zu bytes; the smallest plan (recompute "
-                    "%s%s) needs %zu bytes (shorten max_seq_length or batch_size, or offload checkpoints)",
-                    budget_bytes, name, cand[best].rerun ? " + recompute_attention" : "", smallest);
+                    "%s%s%s) needs %zu bytes (shorten max_seq_length or batch_size, or offload checkpoints)",
+                    budget_bytes, name, cand[best].rerun ? " + recompute_attention" : "", chunk, smallest);
 }

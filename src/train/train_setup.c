@@ -434,6 +434,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
                                 .threads = o->threads,
                                 .offload_ckpt = o->offload_checkpoints,
                                 .moe_chunk_tokens = o->moe_chunk_tokens,
+                                .chunk_rows = o->chunk_rows,
                                 .recompute_attention = o->recompute_attention};
     LT_TRY(compute_plan(t, res));
     LT_TRY(prepare_model(t, run));

@@ -153,9 +153,11 @@ for m in "$m_none" "$m_all" "$m_e2"; do
   [ "$m_auto" -ge "$m" ] 2>/dev/null || say "auto's longest $m_auto below a fixed policy's $m"
 done
 [ "$m_auto" -gt "$m_none" ] 2>/dev/null || say "auto's longest $m_auto is recompute none's $m_none"
-pol=${m_pol%% + *}
+# (the policy named as "every:2 + recompute_attention, chunks of 1024 rows": each part optional)
+pol=${m_pol%% + *}; pol=${pol%%, chunks*}
 [ -n "$pol" ] && [ "$pol" != "-" ] || say "auto's --max-seq names no policy"
-ra=(); [ "$m_pol" != "$pol" ] && ra=(--recompute-attention)
+ra=(); case "$m_pol" in *"+ recompute_attention"*) ra=(--recompute-attention) ;; esac
+case "$m_pol" in *", chunks of "*) n=${m_pol##*chunks of }; ra+=(--chunk-rows "${n%% rows*}") ;; esac
 fit_at() { "$bin" plan --config "$smol" --budget "$all" --json --seq-len "$1" --recompute "$pol" "${ra[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fits"])'; }
 [ "$(fit_at "$m_auto")" = "True" ] || say "auto's policy $m_pol does not fit at its longest $m_auto"
 "$bin" plan --config "$smol" --budget "$all" --max-seq --recompute auto | grep -q "recompute auto takes" || say "the table form names no policy at the longest length"

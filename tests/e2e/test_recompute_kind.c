@@ -445,7 +445,8 @@ static void auto_orders_by_kind_by_work(void **state) {
     /* below every candidate: a typed OOM naming the smallest plan */
     assert_int_equal(lt_train_choose_recompute(ctx, &opt, &cfg, &po, NULL, 1, &chosen, NULL), LT_ERR_OOM);
     assert_non_null(strstr(lt_ctx_error(ctx), "recompute auto: no policy fits"));
-    /* Mistral, every layer sliding: just below none's plan takes all (sliding would be the same) */
+    /* Mistral, every layer sliding: just below none's plan takes all (sliding would be the same),
+     * the chunk given (else a halved chunk would let none fit first) */
     char mistral[1024];
     snprintf(mistral, sizeof mistral, "%s/tests/fixtures/family/mistral_v01", lt_test_source_dir());
     lt_model_config cm;
@@ -454,8 +455,14 @@ static void auto_orders_by_kind_by_work(void **state) {
     c.recompute_auto = 0;
     lt_plan pn;
     assert_int_equal(lt_train_plan(ctx, &c, &cm, &po, NULL, &pn), LT_OK);
-    assert_int_equal(lt_train_choose_recompute(ctx, &opt, &cm, &po, NULL, pn.peak_bytes - 1, &chosen, NULL), LT_OK);
+    lt_train_options given = opt;
+    given.chunk_rows = LT_MODEL_CHUNK_ROWS;
+    assert_int_equal(lt_train_choose_recompute(ctx, &given, &cm, &po, NULL, pn.peak_bytes - 1, &chosen, NULL), LT_OK);
     assert_int_equal(chosen.recompute, LT_RECOMPUTE_EVERY);
+    /* not given: none at a halved chunk comes first (cheaper than recomputing every layer) */
+    assert_int_equal(lt_train_choose_recompute(ctx, &opt, &cm, &po, NULL, pn.peak_bytes - 1, &chosen, NULL), LT_OK);
+    assert_int_equal(chosen.recompute, LT_RECOMPUTE_NONE);
+    assert_true(chosen.chunk_rows > 0 && chosen.chunk_rows < LT_MODEL_CHUNK_ROWS);
     lt_ctx_free(ctx);
 }
 

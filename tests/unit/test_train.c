@@ -159,21 +159,28 @@ static void curriculum_options(void **state) {
     lt_ctx_free(ctx);
 }
 
-/* recompute auto picks the first candidate, in order of recompute work, whose plan fits: with a
- * budget equal to each candidate's own plan, the choice is the first candidate at or below it; a
- * budget below every plan is LT_ERR_OOM naming the smallest. */
-static void recompute_auto_choice(void **state) {
-    (void)state;
-    lt_ctx *ctx = lt_ctx_new();
+/* The small Qwen3 config the recompute auto tests plan. */
+static lt_model_config auto_config(void) {
     lt_model_config c;
     memset(&c, 0, sizeof c);
     c.arch = LT_ARCH_QWEN3, c.V = 4096, c.C = 256, c.F = 768, c.L = 8, c.H = 4, c.Hkv = 2, c.D = 64;
     c.rope_theta = 1e6, c.rms_eps = 1e-6f, c.qk_norm = 1, c.bos_id = c.eos_id = -1;
     for (int p = 0; p < LT_PROJ_COUNT_; p++) c.proj_dtype[p] = LT_DTYPE_F32;
     c.embed_dtype = c.head_dtype = LT_DTYPE_F32;
+    return c;
+}
+
+/* recompute auto with the chunk given picks the first candidate, in order of recompute work, whose
+ * plan fits: with a budget equal to each candidate's own plan, the choice is the first candidate at
+ * or below it, the chunk as given; a budget below every plan is LT_ERR_OOM naming the smallest. */
+static void recompute_auto_choice(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config c = auto_config();
     lt_train_options in = base_options(), o;
     assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
     assert_int_equal(lt_train_options_set(ctx, &in, "max-seq-length", "1024"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "chunk-rows", "4096"), LT_OK);
     assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
     assert_int_equal(o.recompute_auto, 1);
     lt_plan_options po;
@@ -210,6 +217,7 @@ static void recompute_auto_choice(void **state) {
         assert_int_equal(chosen.recompute_auto, 0);
         assert_int_equal(chosen.recompute, cand[want].r);
         assert_int_equal(chosen.recompute_attention, cand[want].rerun);
+        assert_int_equal(chosen.chunk_rows, 4096);
         if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
         assert_true(p.peak_bytes == peak[want] && p.peak_bytes <= peak[i]);
     }
@@ -224,6 +232,57 @@ static void recompute_auto_choice(void **state) {
     assert_int_equal(lt_train_options_set(ctx, &b, "recompute", "none"), LT_OK);
     assert_int_equal(lt_train_options_resolve(ctx, &b, &o), LT_OK);
     assert_int_equal(o.recompute_auto, 0);
+    lt_ctx_free(ctx);
+}
+
+/* Without a given chunk, recompute auto also halves the chunk of the position-wise work (down to
+ * 1,024 rows, below B·T): a budget that only a smaller chunk meets without recompute gets recompute
+ * none at that chunk (cheaper than recomputing every layer); plans shrink with the chunk; a given
+ * chunk is never changed; a bad chunk_rows is refused by name. */
+static void recompute_auto_halves_the_chunk(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config c = auto_config();
+    lt_train_options in = base_options(), o;
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "max-seq-length", "2048"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &in, "batch-size", "4"), LT_OK); /* 8,192 rows */
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
+    assert_int_equal(o.chunk_rows, 0);
+    size_t none[4]; /* recompute none at chunks of 8192 (the default), 4096, 2048, 1024 rows */
+    for (int i = 0; i < 4; i++) {
+        lt_train_options ci = o;
+        ci.recompute_auto = 0, ci.recompute = LT_RECOMPUTE_NONE, ci.chunk_rows = i ? 8192 >> i : 0;
+        lt_plan_options pi;
+        assert_int_equal(lt_train_plan_options(ctx, &ci, 1, 1, &pi), LT_OK);
+        assert_int_equal(pi.run.chunk_rows, ci.chunk_rows);
+        lt_plan p;
+        assert_int_equal(lt_train_plan(ctx, &ci, &c, &pi, NULL, &p), LT_OK);
+        none[i] = p.peak_bytes;
+        if (i) assert_true(none[i] < none[i - 1]);
+    }
+    lt_plan_options po;
+    assert_int_equal(lt_train_plan_options(ctx, &o, 1, 1, &po), LT_OK);
+    for (int i = 0; i < 4; i++) {
+        lt_train_options chosen;
+        lt_plan p;
+        assert_int_equal(lt_train_choose_recompute(ctx, &o, &c, &po, NULL, none[i], &chosen, &p), LT_OK);
+        assert_int_equal(chosen.recompute, LT_RECOMPUTE_NONE);
+        assert_int_equal(chosen.chunk_rows, i ? 8192 >> i : 0);
+        assert_true(p.peak_bytes == none[i]);
+    }
+    /* Given, the chunk stays: below none's plan at it, auto recomputes instead. */
+    lt_train_options g = in;
+    assert_int_equal(lt_train_options_set(ctx, &g, "chunk-rows", "8192"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &g, &o), LT_OK);
+    assert_int_equal(lt_train_plan_options(ctx, &o, 1, 1, &po), LT_OK);
+    lt_train_options chosen;
+    assert_int_equal(lt_train_choose_recompute(ctx, &o, &c, &po, NULL, none[3], &chosen, NULL), LT_OK);
+    assert_int_equal(chosen.chunk_rows, 8192);
+    assert_int_not_equal(chosen.recompute, LT_RECOMPUTE_NONE);
+    /* Out of range: named. */
+    assert_int_equal(lt_train_options_set(ctx, &g, "chunk-rows", "0"), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "chunk-rows"));
     lt_ctx_free(ctx);
 }
 
@@ -530,6 +589,7 @@ int main(void) {
         cmocka_unit_test(schedule_values),
         cmocka_unit_test(curriculum_options),
         cmocka_unit_test(recompute_auto_choice),
+        cmocka_unit_test(recompute_auto_halves_the_chunk),
         cmocka_unit_test(checkpoint_round_trip),
         cmocka_unit_test(checkpoint_bad_files_change_nothing),
         cmocka_unit_test(metrics_lines_and_resume_truncation),
