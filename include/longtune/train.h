@@ -324,8 +324,9 @@ LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const l
  * keeps that order. Unless opt->chunk_rows is set, each also runs at halved chunks of the
  * position-wise work (fewer than B·T rows, at least 1,024), which hold less and launch more. The
  * cost of a candidate: its recompute work over the step's own (the frozen projections' forward and
- * input gradient, attention's forward and backward, the head), plus 0.027 per halving-unit of
- * chunk (c0/c - 1, measured on the H200). *out = opt with the chosen policy (and chunk_rows) and
+ * input gradient, attention's forward and backward, the head), plus 0.08·log2(k) for segments
+ * of k layers and 0.03·(c0/c - 1) for a chunk of c rows against the run's c0 (both measured on
+ * the H200). *out = opt with the chosen policy (and chunk_rows) and
  * recompute_auto cleared; plan (may be NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
  * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
 LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,

@@ -2,6 +2,7 @@
  * turns resolved run options into the planner's options and adds what the trainer holds on its
  * device besides the model and the optimizer state. `longtune plan`, the memory guard and the
  * trainer all call lt_train_plan, so the three give the same number for the same flags. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,12 +12,15 @@
 #include "longtune/safetensors.h"
 #include "train/train_internal.h"
 
-/* recompute auto's chunks of the position-wise work: the smallest it tries, and the estimated cost
- * of a chunk of c rows as a fraction of the step, COST·(c0/c - 1) against the run's chunk c0. On
- * the H200 (Qwen3-8B shape, 8k tokens, attention rerun) chunks of 4,096 and 2,048 rows took 2.6 %
- * and 8.3 % longer a step than 8,192 (999, 1,025, 1,082 ms): 0.026 and 0.028 per unit. */
+/* recompute auto's costs beyond the recompute FLOPs, as fractions of the step, measured on the H200
+ * (Qwen3-8B shape, 8k tokens, one call each): a chunk of c rows against the run's c0 costs
+ * CHUNK_COST·(c0/c - 1) (4,096, 2,048 and 1,024 rows against 8,192: +2.6 %, +8.3 %, +23.2 %, i.e.
+ * 0.026, 0.028, 0.033 a unit; 1,024 is the smallest tried), and segments of k > 1 layers
+ * SEGMENT_COST·log2(k) (every:2 against all: +8.6 % keeping attention, +8.1 % rerunning it; larger
+ * k extrapolated). */
 #define LT_TRAIN_AUTO_CHUNK_MIN 1024
-#define LT_TRAIN_AUTO_CHUNK_COST 0.027
+#define LT_TRAIN_AUTO_CHUNK_COST 0.03
+#define LT_TRAIN_AUTO_SEGMENT_COST 0.08
 
 lt_status lt_train_pack_options(lt_ctx *ctx, const lt_train_options *opt, int64_t cp_size, lt_pack_options *out) {
     memset(out, 0, sizeof *out);
@@ -356,6 +360,7 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
             cand[n].rerun = pol[i].rerun;
             cand[n].chunk = j ? chunks[j] : opt->chunk_rows;
             cand[n].cost = (work > 0 ? pol[i].flops / work : 0) +
+                (pol[i].k > 1 ? LT_TRAIN_AUTO_SEGMENT_COST * log2((double)pol[i].k) : 0) +
                 LT_TRAIN_AUTO_CHUNK_COST * (eff0 / (double)(chunks[j] < rows ? chunks[j] : rows) - 1.0);
             n++;
         }

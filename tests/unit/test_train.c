@@ -185,13 +185,14 @@ static void recompute_auto_choice(void **state) {
     assert_int_equal(o.recompute_auto, 1);
     lt_plan_options po;
     assert_int_equal(lt_train_plan_options(ctx, &o, 1, 1, &po), LT_OK);
-    /* The candidates' own plans, in the chooser's order. */
+    /* The candidates' own plans, in the chooser's order: by cost, recompute work over the step's
+     * (every layer 0.29 of this step, rerunning attention 0.10 more) plus 0.08·log2 k for segments. */
     static const struct {
         lt_recompute r;
         int64_t k;
         int rerun;
-    } cand[] = {{LT_RECOMPUTE_NONE, 0, 0},    {LT_RECOMPUTE_EVERY, 1, 0}, {LT_RECOMPUTE_EVERY_K, 2, 0},
-                {LT_RECOMPUTE_EVERY_K, 4, 0}, {LT_RECOMPUTE_EVERY, 1, 1}, {LT_RECOMPUTE_EVERY_K, 2, 1},
+    } cand[] = {{LT_RECOMPUTE_NONE, 0, 0},   {LT_RECOMPUTE_EVERY, 1, 0},   {LT_RECOMPUTE_EVERY_K, 2, 0},
+                {LT_RECOMPUTE_EVERY, 1, 1},  {LT_RECOMPUTE_EVERY_K, 4, 0}, {LT_RECOMPUTE_EVERY_K, 2, 1},
                 {LT_RECOMPUTE_EVERY_K, 4, 1}};
     enum { NC = sizeof cand / sizeof cand[0] };
     size_t peak[NC], smallest = SIZE_MAX;
@@ -207,7 +208,7 @@ static void recompute_auto_choice(void **state) {
         if (peak[i] < smallest) smallest = peak[i];
     }
     assert_true(peak[1] < peak[0]); /* recompute saves memory at this shape */
-    assert_true(peak[4] < peak[1]); /* so does rerunning attention */
+    assert_true(peak[3] < peak[1]); /* so does rerunning attention */
     for (int i = 0; i < NC; i++) {
         int want = 0;
         while (peak[want] > peak[i]) want++;
