@@ -21,6 +21,7 @@ expect 2 "needs a value" -- train --model m --data d --iters
 expect 2 "lm_head" -- train --model m --data d --lora-targets q,lm_head
 expect 2 "every:K" -- train --model m --data d --recompute sometimes
 expect 2 "recompute policy" -- train --model m --data d --offload-checkpoints
+expect 2 "chunk-rows" -- train --model m --data d --chunk-rows 0
 expect 2 "constant|cosine" -- train --model m --data d --lr-schedule=linear
 expect 2 "unexpected argument" -- train --model m --data d stray
 expect 2 "cpu|cuda" -- train --model m --data d --device tpu
@@ -35,6 +36,8 @@ printf '{"model": "m", "data": "d", "iterz": 5}\n' > "$tmp/unknown.json"
 expect 1 "iterz" -- train --config "$tmp/unknown.json"
 printf '{"model": "m", "data": "d", "iters": 0.5}\n' > "$tmp/frac.json"
 expect 1 "iters" -- train --config "$tmp/frac.json"
+printf '{"model": "m", "data": "d", "chunk_rows": -4096}\n' > "$tmp/chunk.json"
+expect 1 "chunk_rows" -- train --config "$tmp/chunk.json"
 # The config supplies model and data, flags add to it; the run then fails on the missing model file
 # (exit 1), which shows that parsing went through.
 printf '{"model": "%s/no-model.gguf", "data": "%s", "iters": 50}\n' "$tmp" "$tmp" > "$tmp/run.json"
