@@ -1,5 +1,5 @@
 /* The CUDA arms of `longtune bench attention|lce --backend cuda` (bench/bench_*_cuda.c): the
- * library's CUDA entry points timed on the issue's shapes, with the PyTorch peers of bench/peers/
+ * library's CUDA entry points timed on the 8B-class shapes, with the PyTorch peers of bench/peers/
  * run in the same invocation (when python3 with PyTorch is there) and reported as ratios. */
 #ifndef LT_BENCH_CUDA_H
 #define LT_BENCH_CUDA_H

@@ -254,7 +254,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
             if (naive > 0) cJSON_AddNumberToObject(arm, "speedup_vs_torch_naive_bf16", naive / ms);
             if (up > 0) cJSON_AddNumberToObject(arm, "speedup_vs_torch_fp32_upcast", up / ms);
             if (gemm > 0) {
-                /* The issue's floor: two GEMMs (logits and grad of h) at the measured bf16 rate;
+                /* The floor: two GEMMs (logits and grad of h) at the peer's measured bf16 rate;
                  * and the rate of the GEMM FLOPs the arm actually executes against that rate. */
                 const double floor_ms = 2.0 * 2.0 * (double)N * (double)V * (double)C / (gemm * 1e9);
                 const double exec = (ai == 0 ? 6.0 : 4.0) * (double)N * (double)V * (double)C / (ms * 1e-3) / 1e12;

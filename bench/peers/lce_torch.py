@@ -1,7 +1,7 @@
 """Peer timings for `longtune bench lce --backend cuda`: the naive PyTorch loss layer (bf16 logits
 h·Wᵀ then cross_entropy) and the transformers-style fp32 upcast (logits.float()), forward plus the
 gradient of h, with the extra device memory each takes (peak minus inputs). Also the bf16 GEMM rate
-at the loss GEMM's shape, the floor the issue measures against. Prints JSON lines; needs PyTorch."""
+at the loss GEMM's shape, the floor the fused loss is measured against. Prints JSON lines; needs PyTorch."""
 import json
 import sys
 
