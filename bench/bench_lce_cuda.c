@@ -158,6 +158,8 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     double *tt = malloc(sizeof(double) * (size_t)c->repeats), *tf = malloc(sizeof(double) * (size_t)c->repeats);
     cJSON *r = NULL, *arms = NULL, *arm_objs[3] = {NULL, NULL, NULL};
     double arm_ms[3] = {0, 0, 0};
+    void *lws = NULL; /* the arm's loss workspace */
+    size_t lwsb = 0;
     if (!h || !w || !dh || !tg || !lse || !loss || !ht || !dh0 || !dht || !tt || !tf) goto done;
     for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
     cudaMemcpy(tg, ht, (size_t)N * 4, cudaMemcpyHostToDevice);
@@ -182,6 +184,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     cJSON_AddNumberToObject(cfg, "C", (double)C);
     cJSON_AddStringToObject(cfg, "dtype", "bf16");
     cJSON_AddStringToObject(cfg, "measures", "forward + grad of h (head frozen), mean reduction");
+    cJSON_AddStringToObject(cfg, "workspace", "the caller's, allocated once per arm (as the training step passes it)");
     cJSON_AddNumberToObject(cfg, "repeats", c->repeats);
     cJSON_AddNumberToObject(cfg, "tile_n", tile_n);
     cJSON_AddNumberToObject(cfg, "tile_v", tile_v);
@@ -191,6 +194,13 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         o.fp32_logit_tiles = ai == 2;
         const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
         lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
+        /* The workspace is the caller's, allocated once per arm (inside the arm's peak), as the
+         * training step passes the model's: the calls time the loss, not a cudaMalloc/cudaFree. */
+        lwsb = lt_lce_workspace_bytes(&o, &a, ai == 0 ? 0 : LT_LCE_PASS_FORWARD_BACKWARD, 0);
+        if (ai == 0 && lt_lce_workspace_bytes(&o, &a, 1, 0) > lwsb) lwsb = lt_lce_workspace_bytes(&o, &a, 1, 0);
+        lws = lwsb ? lt_alloc(ctx, LT_DEVICE_CUDA, lwsb, "bench lce workspace") : NULL;
+        if (lwsb && !lws) goto done;
+        a.workspace = lws;
         for (int k = -c->warmup; k < c->repeats; k++) {
             cudaMemset(dh, 0xff, hb);
             cudaDeviceSynchronize();
@@ -211,6 +221,9 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
             }
         }
         const size_t extra = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used;
+        a.workspace = NULL;
+        if (lws) lt_free(ctx, LT_DEVICE_CUDA, lws, lwsb);
+        lws = NULL;
         const double ms = lt_bench_median(tt, c->repeats), fwd = lt_bench_median(tf, c->repeats);
         float lv = 0;
         cudaMemcpy(&lv, loss, 4, cudaMemcpyDeviceToHost);
@@ -275,6 +288,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     rc = 0;
 done:
     if (rc) lt_log(LT_LOG_ERROR, "cuda lce arm failed: %s", lt_ctx_error(ctx));
+    if (lws) lt_free(ctx, LT_DEVICE_CUDA, lws, lwsb);
     lt_free(ctx, LT_DEVICE_CUDA, h, hb);
     lt_free(ctx, LT_DEVICE_CUDA, w, wb);
     lt_free(ctx, LT_DEVICE_CUDA, dh, hb);
