@@ -197,7 +197,8 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         /* The workspace is the caller's, allocated once per arm (inside the arm's peak), as the
          * training step passes the model's: the calls time the loss, not a cudaMalloc/cudaFree. */
         lwsb = lt_lce_workspace_bytes(&o, &a, ai == 0 ? 0 : LT_LCE_PASS_FORWARD_BACKWARD, 0);
-        if (ai == 0 && lt_lce_workspace_bytes(&o, &a, 1, 0) > lwsb) lwsb = lt_lce_workspace_bytes(&o, &a, 1, 0);
+        const size_t bwd_bytes = ai == 0 ? lt_lce_workspace_bytes(&o, &a, 1, 0) : 0; /* the second call */
+        if (bwd_bytes > lwsb) lwsb = bwd_bytes;
         lws = lwsb ? lt_alloc(ctx, LT_DEVICE_CUDA, lwsb, "bench lce workspace") : NULL;
         if (lwsb && !lws) goto done;
         a.workspace = lws;

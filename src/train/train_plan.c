@@ -251,12 +251,17 @@ static double keys_seen(int64_t T, int64_t W) {
     return w * (w + 1) / 2 + (t - w) * w;
 }
 
+/* The weights of one layer's seven projections (q, k, v, o, gate, up, down). */
+static double proj_weights(const lt_model_config *cfg) {
+    return (double)cfg->C * (double)(2 * cfg->H * cfg->D + 2 * cfg->Hkv * cfg->D) +
+        3.0 * (double)cfg->C * (double)cfg->F;
+}
+
 /* The recompute work of a policy per row of T tokens, which orders the candidates of recompute
  * auto: per recomputed LoRA layer its projections' forward (2·T·P FLOPs, P the weights of its seven
  * projections) and, when attention is rerun, attention's forward (4·H·D per key a query sees). */
 static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int rerun, int64_t T) {
-    double P =
-        (double)cfg->C * (double)(2 * cfg->H * cfg->D + 2 * cfg->Hkv * cfg->D) + 3.0 * (double)cfg->C * (double)cfg->F;
+    const double P = proj_weights(cfg);
     double f = 0;
     for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
         if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
@@ -287,8 +292,7 @@ static int64_t longest_run(const lt_model_config *cfg, lt_recompute pol, int64_t
  * layer the frozen projections' forward and input gradient (4·T·P) and attention's forward and
  * backward (3.5 times its forward), and the head's forward and input gradient (4·V·C·T). */
 static double step_flops(const lt_model_config *cfg, int64_t T) {
-    double P =
-        (double)cfg->C * (double)(2 * cfg->H * cfg->D + 2 * cfg->Hkv * cfg->D) + 3.0 * (double)cfg->C * (double)cfg->F;
+    const double P = proj_weights(cfg);
     double f = 4.0 * (double)cfg->V * (double)cfg->C * (double)T;
     for (int64_t l = 0; l < cfg->L; l++) {
         lt_layer_desc d;

@@ -508,6 +508,22 @@ static __device__ __forceinline__ float lce_block_max(float v, float *red) {
     return t;
 }
 
+/* The row's reference max after a tile whose max is tmax: the tile's on the first tile, else moved
+ * up only past LCE_FB_MARGIN; *f = exp(old - new) rescales the row's sum and accumulator (1 when it
+ * stays). */
+static __device__ __forceinline__ float lce_fb_reference(int first, float mo, float tmax, float *f) {
+    *f = 1.0f;
+    if (first) return tmax;
+    if (tmax <= mo + LCE_FB_MARGIN) return mo;
+    *f = __expf(mo - tmax);
+    return tmax;
+}
+
+/* acc[0..C) *= f by the block's threads. */
+static __device__ __forceinline__ void lce_fb_rescale(float *acc, int64_t C, float f) {
+    for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[c] *= f;
+}
+
 /* One block per token row of the chunk, vocabulary tile [v0, v0+vc): folds the (softcapped)
  * logits into the row statistics against the reference max m (set by the first tile, moved up
  * only past LCE_FB_MARGIN, which rescales s and the row's fp32 dh accumulator), then writes
@@ -540,19 +556,11 @@ static __global__ void __launch_bounds__(LCE_THREADS)
     const float tmax = lce_block_max(lm, red);
     const float tsum = lce_block_sum(lz, red);
     if (threadIdx.x == 0) {
-        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
-        if (first) mn = tmax;
-        else if (tmax > mo + LCE_FB_MARGIN) {
-            mn = tmax;
-            f = __expf(mo - mn);
-        }
-        s_m = mn;
-        s_f = f;
+        s_m = lce_fb_reference(first, first ? -INFINITY : m[i], tmax, &s_f);
     }
     __syncthreads();
     const float mn = s_m, f = s_f;
-    if (f != 1.0f)
-        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
+    if (f != 1.0f) lce_fb_rescale(acc + i * C, C, f);
     __nv_bfloat16 *g = (__nv_bfloat16 *)z;
     const float icap = cap > 0.0f ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
@@ -624,21 +632,13 @@ static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
     const float tmax = lce_block_max(lm, red);
     const float tsum = lce_block_sum(lz, red);
     if (threadIdx.x == 0) {
-        float mo = first ? -INFINITY : m[i], mn = mo, f = 1.0f;
-        if (first) mn = tmax;
-        else if (tmax > mo + LCE_FB_MARGIN) {
-            mn = tmax;
-            f = __expf(mo - mn);
-        }
-        s_m = mn;
-        s_f = f;
+        s_m = lce_fb_reference(first, first ? -INFINITY : m[i], tmax, &s_f);
         /* the target's logit, read before any E overwrites it (after the barrier below) */
         if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
     }
     __syncthreads();
     const float mn = s_m, f = s_f;
-    if (f != 1.0f)
-        for (int64_t c = threadIdx.x; c < C; c += LCE_THREADS) acc[i * C + c] *= f;
+    if (f != 1.0f) lce_fb_rescale(acc + i * C, C, f);
     const float icap = CAP ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
 #pragma unroll
