@@ -26,7 +26,7 @@ extern "C" {
 #define LCE_VC_MAX 8192 /* the gradient kernel stages one fp32 logit row (32 KiB) in shared memory */
 #define LCE_THREADS 256
 /* forward_backward: Nc = 1024 tokens (fp32 dh accumulator 16 MiB at C = 4096) and one logit tile
- * as wide as the budget allows (Vc = 16384 with bf16 logits, which need no staging; 8192 with fp32
+ * as wide as the budget allows (Vc up to 18432 with bf16 logits, which need no staging; 8192 with fp32
  * logits, staged in shared memory by the statistics kernel), inside 60 MiB. Measured
  * on the H200 (dev/cuda/README.md): the vocabulary width is what pays (fewer read-modify-writes of
  * the accumulator); a wider token chunk did not, and running the next tile's GEMM 1 on a second
@@ -39,10 +39,10 @@ extern "C" {
  * the statistics kernel reads half the bytes, and the tile is twice as wide in the same memory). */
 #define LCE_FB_BUDGET ((size_t)60 << 20)
 #define LCE_FB_NC_DEFAULT 1024
-#define LCE_FB_VC_MAX_BF16 16384
+#define LCE_FB_VC_MAX_BF16 18432
 #define LCE_FB_MARGIN 16.0f
-/* Blocks per SM the bf16 statistics kernel is compiled for (its row lives in registers: 32 a
- * thread for the logits, the register cap 65536 / (256 x 3) = 85 leaves no spills). */
+/* Blocks per SM the bf16 statistics kernel is compiled for (its row lives in registers: 36 a
+ * thread for the logits at the widest tile, under the register cap 65536 / (256 x 2) = 128). */
 #define LCE_FB_STATS_BLOCKS 2
 
 typedef struct lce_plan {
@@ -96,6 +96,14 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
         size_t rest = LCE_FB_BUDGET > fixed + per_v * 128 ? LCE_FB_BUDGET - fixed : per_v * 128;
         vc = (int64_t)(rest / per_v);
         vc = vc >= 512 ? vc / 512 * 512 : vc / 128 * 128;
+        if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
+        /* As few tiles as that width allows, all of about the same width: a narrow last tile
+         * leaves most SMs idle in its GEMM 1's final wave (V = 151936: nine tiles of 16896, not
+         * nine of 16384 and one of 4480). */
+        if (vc >= 128 && vc < V) {
+            const int64_t ntiles = (V + vc - 1) / vc, g = vc >= 512 ? 256 : 128;
+            vc = ((V + ntiles - 1) / ntiles + g - 1) / g * g;
+        }
     }
     if (vc < 128) vc = 128;
     if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
