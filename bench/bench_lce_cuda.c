@@ -14,6 +14,7 @@
 #include "bench_cuda.h"
 #include "longtune/alloc.h"
 #include "longtune/lce.h"
+#include "backend/lce_impl.h"
 #include "longtune/log.h"
 
 #if LT_HAVE_CUDA
@@ -250,10 +251,14 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 names[ai], (long long)N, (long long)V, (long long)C, ms, ai == 0 ? " (two calls)" : "",
                 (double)extra / (1 << 20), (double)lv, ddh);
     }
-    /* Same-run cuBLASLt ceilings at the tile shapes of the one call (the library's defaults:
-     * 1024 x 16384 with bf16 logit tiles, 1024 x 8192 with fp32 ones; tile flags override). */
-    gemm_ceiling(r, "cublaslt_bf16_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 16384, 1);
-    gemm_ceiling(r, "cublaslt_fp32_logits", N, V, C, tile_n > 0 ? tile_n : 1024, tile_v > 0 ? tile_v : 8192, 0);
+    /* Same-run cuBLASLt ceilings at the tile shapes the one call takes (the library's choice for
+     * bf16 and for fp32 logit tiles; tile flags override). */
+    for (int zbf = 1; zbf >= 0; zbf--) {
+        lt_lce_options to = {.tile_n = tile_n, .tile_v = tile_v, .fp32_logit_tiles = !zbf};
+        int64_t nc = 0, vc = 0;
+        lt_lce_cuda_fb_tiles(&to, N, V, C, 0, &nc, &vc);
+        gemm_ceiling(r, zbf ? "cublaslt_bf16_logits" : "cublaslt_fp32_logits", N, V, C, nc, vc, zbf);
+    }
     if (peers) {
         char args[64];
         snprintf(args, sizeof args, "%d %lld %lld %lld", c->repeats, (long long)N, (long long)V, (long long)C);

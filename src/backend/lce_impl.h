@@ -26,6 +26,10 @@ lt_status lt_lce_cuda_forward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_arg
 lt_status lt_lce_cuda_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 lt_status lt_lce_cuda_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt_lce_args *a);
 size_t lt_lce_cuda_workspace_bytes(const lt_lce_options *opt, const lt_lce_args *a, int pass, int threads);
+/* The token chunk and vocabulary tile width lt_lce_cuda_forward_backward's one pass takes at this
+ * shape (the options' tile_n / tile_v and fp32_logit_tiles read as it reads them). */
+void lt_lce_cuda_fb_tiles(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C, int quantized, int64_t *nc,
+                          int64_t *vc);
 /* f32 h on CUDA (src/backend/cuda/lce_f32.cu): h rounded to a bf16 copy at the start of the
  * workspace, then the entry point above of `pass` (LT_LCE_PASS_*); the workspace counts the copy
  * and theirs. */

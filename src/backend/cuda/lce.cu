@@ -113,6 +113,13 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     return pl;
 }
 
+extern "C" void lt_lce_cuda_fb_tiles(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C, int quantized,
+                                     int64_t *nc, int64_t *vc) {
+    const lce_plan pl = lce_make_fb_plan(opt, N, V, C, quantized);
+    *nc = pl.Nc;
+    *vc = pl.Vc;
+}
+
 static lce_plan lce_make_plan(const lt_lce_options *opt, int64_t N, int64_t V, int64_t C, int backward, int quantized) {
     lce_plan pl;
     memset(&pl, 0, sizeof pl);

@@ -15,11 +15,13 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 template <int N> static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
-template <int D, bool NODQ, int NWG>
+template <int D, bool NODQ, int NWG, bool CAP>
 static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
     /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
      * of K in one warpgroup. */
@@ -97,7 +99,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             lt_attn_bwd_issue_sdp<KS, BN, BM>(s, dp, aK, aV, aQ, aO, wg);
             /* P from S while dPᵀ is still being computed (softcap needs both at once: wait). */
             const bool full = (kw0 + 63 <= q0) && (q0 + BM - 1 < T) && (kw0 >= cLo[BM - 1]);
-            if (cap > 0.0f) {
+            if (CAP && cap > 0.0f) { /* the run-time test kept: without it D = 128 with dQ spilled 12 bytes */
                 lt_wgmma_wait<0>();
                 lt_wgmma_pin(s);
                 lt_wgmma_pin(dp);
@@ -120,19 +122,27 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             } else {
                 lt_wgmma_wait<1>();
                 lt_wgmma_pin(s);
+                /* The bounds only on steps some query sees in part (compile-time MASK: tested at
+                 * run time inside the unrolled loop, the test was if-converted onto every step). */
+                auto form_p = [&](auto mask) {
+                    constexpr bool MASK = decltype(mask)::value;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int qc = 8 * j + 2 * (lane & 3);
-                    const float2 L = *(const float2 *)(cL + qc);
-                    const int2 LO = *(const int2 *)(cLo + qc);
+                    for (int j = 0; j < 8; j++) {
+                        const int qc = 8 * j + 2 * (lane & 3);
+                        const float2 L = *(const float2 *)(cL + qc);
+                        int2 LO = make_int2(0, 0);
+                        if (MASK) LO = *(const int2 *)(cLo + qc);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                        float pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
-                        if (!full && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
-                        s[4 * j + e] = pr;
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                            float pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
+                            if (MASK && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr = 0.0f;
+                            s[4 * j + e] = pr;
+                        }
                     }
-                }
+                };
+                if (full) form_p(std::false_type{});
+                else form_p(std::true_type{});
                 lt_wgmma_wait<0>();
                 lt_wgmma_pin(dp);
 #pragma unroll
@@ -239,7 +249,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
  * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
  * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
  * its dQ part. It costs two extra MMAs per tile, which pays only when tiles are few. */
-template <int D, bool DELTA> static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
+template <int D, bool DELTA, bool CAP>
+static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_BWD_DQ_BM, BN = LT_ATTN_BWD_DQ_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -326,26 +337,33 @@ template <int D, bool DELTA> static __global__ void __launch_bounds__(128, 2) at
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         uint32_t da[4][4];
+        /* dS of the tile; the bounds tested only on tiles some row sees in part (MASK and CAP
+         * compile-time: tested at run time in the unrolled loop, they were paid on every tile). */
+        auto form_ds = [&](auto mask) {
+            constexpr bool MASK = decltype(mask)::value;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float sv[4];
+            for (int j = 0; j < 8; j++) {
+                float sv[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
-                float pr, dfac = 1.0f;
-                if (cap > 0.0f) {
-                    const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                    dfac = 1.0f - th * th;
-                    pr = exp2f((cap * th) * LT_ATTN_LOG2E - L2[hr]);
-                } else {
-                    pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
+                for (int e = 0; e < 4; e++) {
+                    const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                    float pr, dfac = 1.0f;
+                    if (CAP) {
+                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                        dfac = 1.0f - th * th;
+                        pr = exp2f((cap * th) * LT_ATTN_LOG2E - L2[hr]);
+                    } else {
+                        pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
+                    }
+                    if (MASK && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
+                    sv[e] = CAP ? pr * (dp[4 * j + e] - Dl[hr]) * dfac : pr * (dp[4 * j + e] - Dl[hr]);
                 }
-                if (!full && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
-                sv[e] = pr * (dp[4 * j + e] - Dl[hr]) * dfac;
+                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
+                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
             }
-            da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
-            da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
-        }
+        };
+        if (full) form_ds(std::false_type{});
+        else form_ds(std::true_type{});
         lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dK);
     }
 
@@ -372,8 +390,10 @@ template <int D, bool DELTA>
 static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
     const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_BWD_DQ_BM - 1) / LT_ATTN_BWD_DQ_BM), (unsigned)B);
-    return lt_attn_launch(ctx, attn_bwd_dq_kernel<D, DELTA>, grid, 128, smem, stream,
-                          "attention backward: shared memory size", "attention backward: dq kernel launch", d);
+    return lt_attn_launch(ctx,
+                          d.softcap > 0.0f ? attn_bwd_dq_kernel<D, DELTA, true> : attn_bwd_dq_kernel<D, DELTA, false>,
+                          grid, 128, smem, stream, "attention backward: shared memory size",
+                          "attention backward: dq kernel launch", d);
 }
 
 /* The dQ-only kernel of sparse rows (attn_bwd_dq_kernel): grid (H, query blocks, B). */
@@ -388,8 +408,11 @@ static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
     constexpr int BN = 64 * NWG, BM = LT_ATTN_BWD_WG_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
     const dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    return lt_attn_launch(ctx, attn_bwd_wg_kernel<D, NODQ, NWG>, grid, 128 * NWG, smem, stream,
-                          "attention backward: shared memory size", "attention backward kernel launch", d);
+    return lt_attn_launch(ctx,
+                          d.softcap > 0.0f ? attn_bwd_wg_kernel<D, NODQ, NWG, true>
+                                           : attn_bwd_wg_kernel<D, NODQ, NWG, false>,
+                          grid, 128 * NWG, smem, stream, "attention backward: shared memory size",
+                          "attention backward kernel launch", d);
 }
 
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream) {

@@ -11,6 +11,7 @@
 #include "backend/cuda/attention/bwd_wg.cuh"
 #include "backend/cuda/attention/hopper.cuh"
 #include "backend/cuda/attention/launch.h"
+#include <type_traits>
 
 /* Shared-memory plan (bytes from a 1024-aligned base): K and V (128 keys), two stages of Q and dO
  * (64 queries), two dSᵀ buffers (so one named barrier per step suffices: a warpgroup writes dSᵀ of
@@ -180,26 +181,34 @@ static __global__ void __launch_bounds__(384, 1)
             lt_wgmma_wait<0>();
             lt_wgmma_pin(s);
             lt_wgmma_pin(dp);
+            /* The causal bound only on the diagonal steps (compile-time MASK: a run-time test in the
+             * unrolled loop was if-converted onto every step). */
+            auto form_p_ds = [&](auto mask) {
+                constexpr bool MASK = decltype(mask)::value;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int qc = 8 * j + 2 * (lane & 3);
-                const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
+                for (int j = 0; j < 8; j++) {
+                    const int qc = 8 * j + 2 * (lane & 3);
+                    const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
-                    float pr, dfac = 1.0f;
-                    if (CAP) {
-                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                        dfac = 1.0f - th * th;
-                        pr = exp2f((cap * th) * LT_ATTN_LOG2E - ((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E);
-                    } else {
-                        pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
+                        float pr, dfac = 1.0f;
+                        if (CAP) {
+                            const float th = tanhf(s[4 * j + e] * scale * inv_cap);
+                            dfac = 1.0f - th * th;
+                            pr = exp2f((cap * th) * LT_ATTN_LOG2E - ((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E);
+                        } else {
+                            pr = exp2f(fmaf(s[4 * j + e], sl2, -((e & 1) ? L.y : L.x) * LT_ATTN_LOG2E));
+                        }
+                        if (MASK && key > q) pr = 0.0f;
+                        dp[4 * j + e] = CAP ? pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac
+                                            : pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x));
+                        s[4 * j + e] = pr;
                     }
-                    if (!full && key > q) pr = 0.0f;
-                    dp[4 * j + e] = pr * (dp[4 * j + e] - ((e & 1) ? Dl.y : Dl.x)) * dfac;
-                    s[4 * j + e] = pr;
                 }
-            }
+            };
+            if (full) form_p_ds(std::false_type{});
+            else form_p_ds(std::true_type{});
             lt_attn_bwd_pack_p(pa, s);
             lt_attn_bwd_store_ds<BN>(da, dp, cDS, krow, lane);
             ws_issue_rs<NH>(dv, pa, aO);

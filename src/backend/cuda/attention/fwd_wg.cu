@@ -14,7 +14,34 @@
 /* CTAs an SM holds (the register budget __launch_bounds__ gives each thread follows from it). */
 template <int D, int NB> static constexpr int fwd_wg_ctas() { return D == 256 ? 2 : NB == 1 ? 3 : 2; }
 
-template <int D, int NB>
+#if LT_WGMMA_OK
+/* Scores of one 64-key tile in log2 units (softcap first when CAP), keys outside a row's bounds
+ * at -inf when MASK, and the rows' maxima. CAP and MASK are template parameters: tested at run
+ * time inside the unrolled loop, both were if-converted and paid on every tile. RT tests both at
+ * run time (cap > 0, !full) as D = 256 does: at its 255 registers a thread, the compile-time
+ * forms spill. */
+template <bool CAP, bool MASK, bool RT>
+static __device__ __forceinline__ void fwd_wg_scores(float s[32], float mx[2], int k0, bool full, const int row[2],
+                                                     const int rlo[2], int lane, float sl2, float scale, float cap,
+                                                     float inv_cap) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float x;
+            if (RT ? cap > 0.0f : CAP) x = cap * tanhf(s[4 * j + e] * scale * inv_cap) * LT_ATTN_LOG2E;
+            else x = s[4 * j + e] * sl2;
+            if (RT ? !full : MASK) {
+                const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
+                if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
+            }
+            s[4 * j + e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+}
+#endif
+
+template <int D, int NB, bool CAP>
 static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_FWD_WG_BM, BN = LT_ATTN_FWD_WG_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -94,20 +121,9 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x;
-                if (cap > 0.0f) x = cap * tanhf(s[4 * j + e] * scale * inv_cap) * LT_ATTN_LOG2E;
-                else x = s[4 * j + e] * sl2;
-                if (!full) {
-                    const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
-                    if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
-                }
-                s[4 * j + e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
+        if (D == 256) fwd_wg_scores<CAP, true, true>(s, mx, k0, full, row, rlo, lane, sl2, scale, cap, inv_cap);
+        else if (full) fwd_wg_scores<CAP, false, false>(s, mx, k0, full, row, rlo, lane, sl2, scale, cap, inv_cap);
+        else fwd_wg_scores<CAP, true, false>(s, mx, k0, full, row, rlo, lane, sl2, scale, cap, inv_cap);
         uint32_t pa[4][4];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -171,8 +187,9 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
 template <int D, int NB> static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
     const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM), (unsigned)B);
-    return lt_attn_launch(ctx, attn_fwd_wg_kernel<D, NB>, grid, 128, smem, stream,
-                          "attention forward: shared memory size", "attention forward kernel launch", d);
+    return lt_attn_launch(ctx, d.softcap > 0.0f ? attn_fwd_wg_kernel<D, NB, true> : attn_fwd_wg_kernel<D, NB, false>,
+                          grid, 128, smem, stream, "attention forward: shared memory size",
+                          "attention forward kernel launch", d);
 }
 
 lt_status lt_attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int slots, cudaStream_t stream) {

@@ -22,19 +22,22 @@ struct ws_maps {
 /* S (64 x 128 scores of one consumer, in registers) -> probabilities exp2(s·k - m) with the bounds
  * applied, m the running row max in log2 units (k = scale·log2 e, so scaling and the shift are one
  * FMA; with softcap the capped logits are formed first and k = 1); sets the factor al that rescales
- * the rows' old sums and output, and updates m and l. */
-static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float l[2], float al[2], int k0, bool full,
+ * the rows' old sums and output, and updates m and l. CAP (softcap) and MASK (a tile some row sees
+ * only in part) are template parameters: as runtime tests inside the unrolled element loop the
+ * compiler if-converted them, so every tile paid the tanh and the bounds (twice the instructions). */
+template <bool CAP, bool MASK>
+static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float l[2], float al[2], int k0,
                                                   const int row[2], const int rlo[2], int lane, float sl2, float scale,
                                                   float cap, float inv_cap) {
-    const float k = cap > 0.0f ? 1.0f : sl2;
+    const float k = CAP ? 1.0f : sl2;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float x = s[4 * j + e];
-            if (cap > 0.0f) x = cap * tanhf(x * scale * inv_cap) * LT_ATTN_LOG2E;
-            if (!full) {
+            if (CAP) x = cap * tanhf(x * scale * inv_cap) * LT_ATTN_LOG2E;
+            if (MASK) {
                 const int key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
                 if (key > row[e >> 1] || key < rlo[e >> 1]) x = -INFINITY;
             }
@@ -61,10 +64,19 @@ static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float
     }
 }
 
+/* The tile's softmax, with the bounds only where some row of this consumer sees part of it. */
+template <bool CAP>
+static __device__ __forceinline__ void ws_softmax_tile(float s[64], float m[2], float l[2], float al[2], int k0,
+                                                       bool full, const int row[2], const int rlo[2], int lane,
+                                                       float sl2, float scale, float cap, float inv_cap) {
+    if (full) ws_softmax<CAP, false>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
+    else ws_softmax<CAP, true>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
+}
+
 #endif
 
 /* Grid (H, ceil(T / 128), B), 384 threads: warpgroup 0 produces, 1 and 2 consume. */
-template <int D, int NS>
+template <int D, int NS, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
     attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p, const int pp) {
 #if LT_WGMMA_OK
@@ -193,7 +205,8 @@ static __global__ void __launch_bounds__(384, 1)
     if (lane == 0) lt_mbar_arrive(&emptyK[0]);
     {
         const int k0 = kb_begin * BN;
-        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap, inv_cap);
+        ws_softmax_tile<CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
+                             inv_cap);
     }
     WS_PACK_P();
 
@@ -209,7 +222,8 @@ static __global__ void __launch_bounds__(384, 1)
         lt_pin_f<64>(s);
         if (lane == 0) lt_mbar_arrive(&emptyK[st]);
         const int k0 = (kb_begin + i) * BN;
-        ws_softmax(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap, inv_cap);
+        ws_softmax_tile<CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
+                             inv_cap);
         lt_wgmma_wait<0>();
         /* P's registers are read by the MMA until here: pinning them keeps the next P out of them. */
         lt_pin_u<32>(&pa[0][0]);
@@ -281,7 +295,7 @@ static __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int D, int NS>
+template <int D, int NS, bool CAP>
 static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
     constexpr int TQ = 64 * D * 2, TKV = LT_ATTN_FWD_WS_BN * D * 2;
     const size_t smem = 1024 + 2 * (size_t)TQ + 2 * (size_t)NS * TKV + (1 + 4 * NS) * 8;
@@ -292,9 +306,16 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, c
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
     const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
-    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS>, grid, 384, smem, stream,
+    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS, CAP>, grid, 384, smem, stream,
                           "attention forward (TMA): shared memory size", "attention forward (TMA) kernel launch", maps,
                           d, ping);
+}
+
+/* Softcap is a template parameter of the kernel (ws_softmax). */
+template <int D, int NS>
+static lt_status ws_launch_cap(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
+    return d.softcap > 0.0f ? ws_launch<D, NS, true>(ctx, d, B, ping, stream)
+                            : ws_launch<D, NS, false>(ctx, d, B, ping, stream);
 }
 
 } // namespace
@@ -302,8 +323,8 @@ static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, c
 lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int stages, int pingpong,
                                 cudaStream_t stream) {
     if (D == 64)
-        return stages == 3 ? ws_launch<64, 3>(ctx, d, B, pingpong, stream)
-                           : ws_launch<64, 2>(ctx, d, B, pingpong, stream);
-    return stages == 3 ? ws_launch<128, 3>(ctx, d, B, pingpong, stream)
-                       : ws_launch<128, 2>(ctx, d, B, pingpong, stream);
+        return stages == 3 ? ws_launch_cap<64, 3>(ctx, d, B, pingpong, stream)
+                           : ws_launch_cap<64, 2>(ctx, d, B, pingpong, stream);
+    return stages == 3 ? ws_launch_cap<128, 3>(ctx, d, B, pingpong, stream)
+                       : ws_launch_cap<128, 2>(ctx, d, B, pingpong, stream);
 }
