@@ -90,7 +90,8 @@ static __global__ void __launch_bounds__(384, 1)
     uint64_t *kv_full = bars, *dq_full = bars + 1, *dq_empty = bars + 2, *q_full = bars + 3, *q_empty = bars + 3 + ST;
 
     const int T = p.T, hk = blockIdx.x, kb = blockIdx.y, b = blockIdx.z;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    /* The warpgroup index through a shuffle: the compiler then knows it is warp-uniform. */
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31;
     /* Causal rows without packing: every query from k0 on sees some key of the block. */
     const lt_attn_kblock blk = lt_attn_kblock_at<BN, BM, true>(p, kb, b);
     const int k0 = blk.k0, qb_begin = blk.qb_begin, nqb = blk.nqb, steps = nqb * p.group;

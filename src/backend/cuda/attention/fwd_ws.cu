@@ -91,7 +91,9 @@ static __global__ void __launch_bounds__(384, 1)
     const int T = p.T;
     const int qb = gridDim.y - 1 - blockIdx.y; /* the longest causal rows first */
     const int h = blockIdx.x, b = blockIdx.z, hk = h / p.group;
-    const int tid = threadIdx.x, wg = tid >> 7;
+    /* The warpgroup index through a shuffle, so the compiler knows it is warp-uniform and keeps the
+     * descriptor arithmetic that depends on it in uniform registers. */
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const lt_attn_qblock blk = lt_attn_qblock_at<BM, BN>(p, qb, b);
     const int32_t *lo = blk.lo;
     const int q0 = blk.q0, kb_begin = blk.kb_begin, ntiles = blk.kb_end - kb_begin + 1;
@@ -164,24 +166,24 @@ static __global__ void __launch_bounds__(384, 1)
     uint32_t pa[8][4];
 
     /* S = Q·K_i^T for tile i, issued and committed (not waited). */
-#define WS_ISSUE_S(stage)                                                                                          \
-    do {                                                                                                           \
-        lt_pin_f<64>(s);                                                                                           \
-        lt_wgmma_fence();                                                                                          \
-        _Pragma("unroll") for (int kk = 0; kk < KS; kk++)                                                          \
-            lt_wgmma_ss_n128(s, lt_wgmma_desc_at(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                      \
-                             lt_wgmma_desc_at(dK0, (stage)*TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0); \
-        lt_wgmma_commit();                                                                                         \
+#define WS_ISSUE_S(stage)                                                                                            \
+    do {                                                                                                             \
+        lt_pin_f<64>(s);                                                                                             \
+        lt_wgmma_fence();                                                                                            \
+        _Pragma("unroll") for (int kk = 0; kk < KS; kk++)                                                            \
+            lt_wgmma_ss_n128(s, lt_wgmma_desc_at32(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                      \
+                             lt_wgmma_desc_at32(dK0, (stage)*TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0); \
+        lt_wgmma_commit();                                                                                           \
     } while (0)
     /* O += P·V for the tile in `stage`, issued and committed. */
-#define WS_ISSUE_PV(stage)                                                                                    \
-    do {                                                                                                      \
-        _Pragma("unroll") for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);                                    \
-        lt_pin_u<32>(&pa[0][0]);                                                                              \
-        lt_wgmma_fence();                                                                                     \
-        _Pragma("unroll") for (int kk = 0; kk < BN / 16; kk++) _Pragma("unroll") for (int n = 0; n < NH; n++) \
-            lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at(dV0, (stage)*TKV + n * (BN * 128) + kk * 2048), 1); \
-        lt_wgmma_commit();                                                                                    \
+#define WS_ISSUE_PV(stage)                                                                                      \
+    do {                                                                                                        \
+        _Pragma("unroll") for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);                                      \
+        lt_pin_u<32>(&pa[0][0]);                                                                                \
+        lt_wgmma_fence();                                                                                       \
+        _Pragma("unroll") for (int kk = 0; kk < BN / 16; kk++) _Pragma("unroll") for (int n = 0; n < NH; n++)   \
+            lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at32(dV0, (stage)*TKV + n * (BN * 128) + kk * 2048), 1); \
+        lt_wgmma_commit();                                                                                      \
     } while (0)
 #define WS_PACK_P()                                                                 \
     do {                                                                            \
