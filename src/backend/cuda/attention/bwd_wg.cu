@@ -42,7 +42,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
      * row). */
     const int T = p.T, kb = blockIdx.y, hk = blockIdx.x / p.nsplit, b = blockIdx.z;
     const int heads = p.group / p.nsplit, h_first = hk * p.group + (blockIdx.x % p.nsplit) * heads;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    /* The warpgroup index through a shuffle: the compiler then knows it is warp-uniform. */
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31;
     const lt_attn_kblock blk = lt_attn_kblock_at<BN, BM, false>(p, kb, b);
     const int32_t *lo = blk.lo;
     const int k0 = blk.k0, klast = blk.klast, qb_begin = blk.qb_begin, nqb = blk.nqb;
@@ -156,6 +157,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             lt_attn_bwd_pack_p(pa, s);
             lt_attn_bwd_store_ds<BN>(da, dp, sDS, krow, lane);
             /* dV += Pᵀ·dO, dK += dSᵀ·Q: A from registers, B = the query tiles read MN-major. */
+            const uint64_t dOb = lt_wgmma_desc(aO), dQb = lt_wgmma_desc(aQ);
 #pragma unroll
             for (int n = 0; n < NH; n++) {
                 lt_wgmma_pin(dv[n]);
@@ -171,12 +173,12 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll
                 for (int n = 0; n < NH; n++)
-                    lt_wgmma_rs<1>(dv[n], pa[kk], lt_wgmma_desc(aO + n * (BM * 128) + kk * 2048), 1);
+                    lt_wgmma_rs<1>(dv[n], pa[kk], lt_wgmma_desc_at32(dOb, n * (BM * 128) + kk * 2048), 1);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll
                 for (int n = 0; n < NH; n++)
-                    lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc(aQ + n * (BM * 128) + kk * 2048), 1);
+                    lt_wgmma_rs<1>(dk[n], da[kk], lt_wgmma_desc_at32(dQb, n * (BM * 128) + kk * 2048), 1);
             lt_wgmma_commit();
         } else if (!NODQ) {
             lt_attn_bwd_zero_ds<BN>(sDS, krow, lane);

@@ -15,18 +15,21 @@
 template <int KS, int BN, int BM>
 static __device__ __forceinline__ void lt_attn_bwd_issue_sdp(float (&s)[32], float (&dp)[32], uint32_t aK, uint32_t aV,
                                                              uint32_t aQ, uint32_t aO, int g) {
+    /* One descriptor per tile, moved by constant 32-bit adds per MMA (not rebuilt from the address). */
+    const uint64_t dK = lt_wgmma_desc(aK + g * 8192), dQ = lt_wgmma_desc(aQ);
+    const uint64_t dV = lt_wgmma_desc(aV + g * 8192), dO = lt_wgmma_desc(aO);
     lt_wgmma_pin(s);
     lt_wgmma_pin(dp);
     lt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KS; kk++)
-        lt_wgmma_ss<0, 0>(s, lt_wgmma_desc(aK + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
-                          lt_wgmma_desc(aQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_ss<0, 0>(s, lt_wgmma_desc_at32(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32),
+                          lt_wgmma_desc_at32(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
     lt_wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < KS; kk++)
-        lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc(aV + (kk >> 2) * (BN * 128) + g * 8192 + (kk & 3) * 32),
-                          lt_wgmma_desc(aO + (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
+        lt_wgmma_ss<0, 0>(dp, lt_wgmma_desc_at32(dV, (kk >> 2) * (BN * 128) + (kk & 3) * 32),
+                          lt_wgmma_desc_at32(dO, (kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0);
     lt_wgmma_commit();
 }
 
@@ -68,12 +71,12 @@ template <int BN> static __device__ __forceinline__ void lt_attn_bwd_zero_ds(uns
  * (D = 64): both operands MN-major (dSᵀ from shared memory, K), issued and committed. */
 template <int D, int BN>
 static __device__ __forceinline__ void lt_attn_bwd_issue_dq(float (&acc)[32], uint32_t aDS, uint32_t aK, int g) {
+    const uint64_t dS = lt_wgmma_desc(aDS), dK = lt_wgmma_desc(aK + (D == 128 ? g * (BN * 128) : 0));
     lt_wgmma_pin(acc);
     lt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-        lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc(aDS + kk * 2048),
-                          lt_wgmma_desc(aK + (D == 128 ? g * (BN * 128) : 0) + kk * 2048), kk > 0);
+        lt_wgmma_ss<1, 1>(acc, lt_wgmma_desc_at32(dS, kk * 2048), lt_wgmma_desc_at32(dK, kk * 2048), kk > 0);
     lt_wgmma_commit();
 }
 

@@ -57,6 +57,7 @@ template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, in
  * committed as one group, not waited for. */
 template <int NH>
 static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_t (&a)[4][4], uint32_t b_addr) {
+    const uint64_t db = lt_wgmma_desc(b_addr);
 #pragma unroll
     for (int n = 0; n < NH; n++) lt_wgmma_pin(acc[n]);
 #pragma unroll
@@ -66,7 +67,7 @@ static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_
     for (int kk = 0; kk < 4; kk++)
 #pragma unroll
         for (int n = 0; n < NH; n++)
-            lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc(b_addr + n * (64 * 128) + kk * 2048), 1);
+            lt_wgmma_rs<1>(acc[n], a[kk], lt_wgmma_desc_at32(db, n * (64 * 128) + kk * 2048), 1);
     lt_wgmma_commit();
 }
 

@@ -46,9 +46,10 @@ static __device__ __forceinline__ uint64_t lt_wgmma_desc_at(uint64_t base, uint3
     return base + (bytes >> 4);
 }
 /* The same as a 32-bit add on the low word: the high word (stride field, swizzle mode) stays one
- * register. Taken by the TMA forward, whose descriptors then stay in uniform registers (with its
- * warp-uniform warpgroup index: 0.96 -> 0.84 ms at 8k, 15.9 -> 13.2 ms at 32k); the TMA backward
- * measured 3 % slower with it at 32k and keeps the 64-bit add. */
+ * register. The TMA kernels and the wgmma backward build one descriptor per tile and move it with
+ * these constant adds, which (with a warp-uniform warpgroup index) stay in uniform registers: the
+ * forward 0.96 -> 0.84 ms at 8k and 15.9 -> 13.2 ms at 32k, the backward 42.9 -> 42.2 ms at 32k and
+ * 1.67 -> 1.57 ms at D = 64 (dev/cuda/README.md). */
 static __device__ __forceinline__ uint64_t lt_wgmma_desc_at32(uint64_t base, uint32_t bytes) {
     const uint32_t lo = (uint32_t)base + (bytes >> 4), hi = (uint32_t)(base >> 32);
     return (uint64_t)hi << 32 | lo;
