@@ -88,6 +88,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
     const int smooth = opt && opt->label_smoothing > 0.0f;
     size_t fixed = lt_cuda_align((size_t)N * 8 * 4) + 256 + LCE_BLAS_WS + lt_cuda_align((size_t)pl.Nc * (size_t)C * 4) +
         (smooth ? lt_cuda_align((size_t)C * 4) : 0);
+    const int64_t vmax = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
     int64_t vc;
     if (opt && opt->tile_v > 0) {
         vc = opt->tile_v;
@@ -96,7 +97,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
         size_t rest = LCE_FB_BUDGET > fixed + per_v * 128 ? LCE_FB_BUDGET - fixed : per_v * 128;
         vc = (int64_t)(rest / per_v);
         vc = vc >= 512 ? vc / 512 * 512 : vc / 128 * 128;
-        if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
+        if (vc > vmax) vc = vmax;
         /* As few tiles as that width allows, all of about the same width: a narrow last tile
          * leaves most SMs idle in its GEMM 1's final wave (V = 151936: nine tiles of 16896, not
          * nine of 16384 and one of 4480). */
@@ -106,7 +107,7 @@ static lce_plan lce_make_fb_plan(const lt_lce_options *opt, int64_t N, int64_t V
         }
     }
     if (vc < 128) vc = 128;
-    if (vc > (pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16)) vc = pl.zb == 4 ? LCE_VC_MAX : LCE_FB_VC_MAX_BF16;
+    if (vc > vmax) vc = vmax;
     if (vc > V) vc = V;
     pl.Vc = vc;
     lce_plan_layout(&pl, N, C, 8, (size_t)pl.Nc * (size_t)C * 4, smooth, quantized);
