@@ -617,16 +617,23 @@ static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
     lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
                       float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
     __shared__ float red[LCE_THREADS / 32];
-    __shared__ float s_m, s_f;
+    __shared__ float s_mold;
     const int64_t i = blockIdx.x;
     __nv_bfloat16 *z = Z + i * ldz;
-    const int64_t t = tgt[i] - v0; /* the target's column in this tile, if it is in it */
-    const int found = t >= 0 && t < vc;
     uint4 raw[LCE_FB_NV];
 #pragma unroll
     for (int k = 0; k < LCE_FB_NV; k++) {
         const int j = (k * LCE_THREADS + (int)threadIdx.x) * 8;
         raw[k] = j < vc ? *(const uint4 *)(z + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* Thread 0's two loads go out beside the row's: the row's old reference max (to shared, seen by
+     * every thread after the reductions' barriers) and the target's logit (read before the
+     * barriers, so before any E overwrites it). */
+    if (threadIdx.x == 0) {
+        const int64_t t = tgt[i] - v0; /* the target's column in this tile, if it is in it */
+        const int found = t >= 0 && t < vc;
+        if (!first) s_mold = m[i];
+        if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
     }
     float lm = -INFINITY, lz = 0.0f;
 #pragma unroll
@@ -647,13 +654,9 @@ static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
         asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
     const float tmax = lce_block_max(lm, red);
     const float tsum = lce_block_sum(lz, red);
-    if (threadIdx.x == 0) {
-        s_m = lce_fb_reference(first, first ? -INFINITY : m[i], tmax, &s_f);
-        /* the target's logit, read before any E overwrites it (after the barrier below) */
-        if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
-    }
-    __syncthreads();
-    const float mn = s_m, f = s_f;
+    /* every thread derives the same reference from the same inputs: no broadcast barrier */
+    float f;
+    const float mn = lce_fb_reference(first, first ? -INFINITY : s_mold, tmax, &f);
     if (f != 1.0f) lce_fb_rescale(acc + i * C, C, f);
     const float icap = CAP ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
