@@ -221,6 +221,8 @@ static const lt_lora_case lora_rows[] = {
      * and a rank that leaves zero rows in the second 8-wide factor tile (r = 12) */
     {2, {512, 512, 0}, {1, 1, 0}, 1024, 300, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
     {1, {384, 0, 0}, {1, 0, 0}, 640, 333, 12, 0.5f, 1.0f, 1, 0, 0, LT_DTYPE_BF16},
+    /* rank 16 on two members sharing dx: the rank update's widest V block (K = 32) onto dx */
+    {2, {256, 128, 0}, {1, 1, 0}, 128, 333, 16, 1.0f, 1.0f, 0, 0, 0, LT_DTYPE_BF16},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -1021,6 +1023,7 @@ static const op_case cases[] = {
     {"lora", run_lora, {3, 2048, 40, 8}, LT_DTYPE_F32, 14},
     {"lora", run_lora, {2, 1024, 300, 8}, LT_DTYPE_BF16, 15},
     {"lora", run_lora, {1, 640, 333, 12}, LT_DTYPE_BF16, 16},
+    {"lora", run_lora, {2, 128, 333, 16}, LT_DTYPE_BF16, 17},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},

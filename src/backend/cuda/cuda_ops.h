@@ -86,9 +86,11 @@ void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
  * C (M, N) = alpha·U (M, K <= 32)·V + beta·C with V stacked from pieces of kb rows (vt: each piece
  * is (N, kb), read transposed). ws is scratch for the f32 factor's bf16 hi/lo split and the
  * K slices' partial sums, with which both products run on the tensor cores; skinny_h_n takes
- * ws = NULL (or one too small, or K % 32 != 0) on its CUDA-core path, skinny_h_tall needs it. */
-int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws, size_t ws_bytes);
+ * ws = NULL (or one too small, or K % 32 != 0) on its CUDA-core path, skinny_h_tall needs it.
+ * skinny_h_n with a_f32 reads an f32 A rounded to bf16 (tensor-core path only; 0 otherwise). */
+int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int a_f32,
+                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
+                       size_t ws_bytes);
 int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int x_f32,
                           int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
                           void *ws, size_t ws_bytes);

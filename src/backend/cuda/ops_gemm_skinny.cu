@@ -366,6 +366,13 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
 #define SM_MT 4
 #define SM_ROWS (16 * SM_MT)
 
+/* Eight consecutive elements of a row (of X here, of A in the small-n kernel) as bf16 (16 bytes): one load, or two f32 loads rounded. */
+static __device__ __forceinline__ uint4 ld8_bf16(const __nv_bfloat16 *p) { return __ldg((const uint4 *)p); }
+static __device__ __forceinline__ uint4 ld8_bf16(const float *p) {
+    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)(p + 4));
+    return make_uint4(lt_pack_bf16(a.x, a.y), lt_pack_bf16(a.z, a.w), lt_pack_bf16(b.x, b.y), lt_pack_bf16(b.z, b.w));
+}
+
 /* hi/lo (rows, Kp) bf16 of op(B) (tb: B (n, K), else B (K, n)); rows n.. and columns K.. zero. */
 static __global__ void split_b_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
                                  int tb, __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
@@ -379,12 +386,14 @@ static __global__ void split_b_k(int n, int rows, int64_t K, int64_t Kp, const f
     }
 }
 
-/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M). */
-template <int NT>
+/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M).
+ * XT = float: A is f32, rounded to bf16 as it is loaded (to nearest, as the matmul's staging copy
+ * rounds it: a recompute's lu from the f32 x takes the same values as the forward's from that copy). */
+template <int NT, typename XT>
 __global__ void __launch_bounds__(SM_WARPS * 32)
-    small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const __nv_bfloat16 *__restrict__ A,
-                  int64_t lda, const __nv_bfloat16 *__restrict__ Bh, const __nv_bfloat16 *__restrict__ Bl, float beta,
-                  float *C, int64_t ldc, float *__restrict__ part) {
+    small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const XT *__restrict__ A, int64_t lda,
+                  const __nv_bfloat16 *__restrict__ Bh, const __nv_bfloat16 *__restrict__ Bl, float beta, float *C,
+                  int64_t ldc, float *__restrict__ part) {
     __shared__ float red[SM_WARPS][SM_ROWS][8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t m0 = (int64_t)blockIdx.x * SM_ROWS;
@@ -396,7 +405,7 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][q][e] = 0.0f;
     /* rows past M read row M - 1 (their sums are never stored), so the loads need no predicate */
-    const __nv_bfloat16 *arow[SM_MT][2];
+    const XT *arow[SM_MT][2];
 #pragma unroll
     for (int i = 0; i < SM_MT; i++)
 #pragma unroll
@@ -416,7 +425,7 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < SM_MT; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) a[i][h] = __ldg((const uint4 *)(arow[i][h] + k));
+            for (int h = 0; h < 2; h++) a[i][h] = ld8_bf16(arow[i][h] + k);
 #pragma unroll
         for (int q = 0; q < NT; q++)
             bh[q] = __ldg((const uint4 *)(bh_row[q] + k)), bl[q] = __ldg((const uint4 *)(bl_row[q] + k));
@@ -477,8 +486,8 @@ static int64_t k_slices(int64_t blocks, int64_t steps, int warps, size_t slice_b
 }
 
 extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
-                                  size_t ws_bytes) {
+                                  int a_f32, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                  int64_t ldc, void *ws, size_t ws_bytes) {
     if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
         (!tb && N % 4))
         return 0;
@@ -498,9 +507,12 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
             k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes - 2 * half, &slice);
         dim3 grid((unsigned)mb, (unsigned)ks);
         float *pp = ks > 1 ? part : NULL;
-        if (nt == 1)
-            small_n_mma_k<1><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
-        else small_n_mma_k<2><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, a, lda, bh, bl, beta, C, ldc, pp);
+        const float *af = (const float *)A;
+#define SMALL_N_MMA(NT_, A_) \
+    small_n_mma_k<NT_><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, bh, bl, beta, C, ldc, pp)
+        if (a_f32) nt == 1 ? SMALL_N_MMA(1, af) : SMALL_N_MMA(2, af);
+        else nt == 1 ? SMALL_N_MMA(1, a) : SMALL_N_MMA(2, a);
+#undef SMALL_N_MMA
         LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
         if (pp) { /* the slices' (8·nt, M) sums, added in order */
             tall_reduce_k<<<lt_cuda_grid(M * n, 256), 256, 0, st>>>(M, n, 8 * nt, (int)ks, pp, alpha, beta, C, ldc, 1);
@@ -508,6 +520,7 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
         }
         return 1;
     }
+    if (a_f32) return 0; /* the CUDA-core kernel below reads bf16 only */
     const int64_t per_block = SN_WARPS * SNH_ROWS(N <= 8 ? 8 : 16);
     int64_t blocks = (M + per_block - 1) / per_block;
     if (blocks > 65535) blocks = 65535;
@@ -536,13 +549,6 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
  * shared memory; the slices of K over blocks go to the workspace and tall_reduce_k adds them in order. */
 #define TM_WARPS 8
 #define TM_COLS 64
-
-/* Eight consecutive elements of an X row as bf16 (16 bytes): one load, or two f32 loads rounded. */
-static __device__ __forceinline__ uint4 ld8_bf16(const __nv_bfloat16 *p) { return __ldg((const uint4 *)p); }
-static __device__ __forceinline__ uint4 ld8_bf16(const float *p) {
-    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)(p + 4));
-    return make_uint4(lt_pack_bf16(a.x, a.y), lt_pack_bf16(a.z, a.w), lt_pack_bf16(b.x, b.y), lt_pack_bf16(b.z, b.w));
-}
 
 /* Element e of each of two rows' eight, as one bf16 pair (the first row's in the low half). */
 static __device__ __forceinline__ uint32_t pair_col(const uint4 &r0, const uint4 &r1, int e) {
@@ -649,9 +655,12 @@ extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t 
  * V (K, N) is given by up to three pieces of kb rows each (the A's of q, k, v stacked: dx +=
  * dlu·[A_q; A_k; A_v]), or transposed (vt: piece g is (N, kb), V[j][c] = p_g[c·ld + j], the B of
  * lu·Bᵀ). A thread owns four consecutive columns and keeps their K x 4 block of V in registers
- * (read once, however V is laid out), then streams rows: U's row is a few broadcast float4 loads,
- * C one float4 store (and load when beta != 0). So the LoRA up-products write y once, coalesced,
- * whatever B's layout (the transposed small_k_k lost ~0.6 s a step to uncoalesced B loads). */
+ * (read once, however V is laid out), then streams rows RB at a time: the RB rows of U (broadcast
+ * float4 loads, L2-resident) and of C (when beta != 0) are all loaded before the first store, so
+ * each thread keeps RB rows in flight rather than one load's latency a row (C, U and V do not
+ * alias; a row at a time held y's write near half the bandwidth). So the LoRA up-products write y
+ * once, coalesced, whatever B's layout (the transposed small_k_k lost ~0.6 s a step to
+ * uncoalesced B loads). */
 typedef struct rank_src {
     const float *p[3];
     int64_t ld;
@@ -659,11 +668,14 @@ typedef struct rank_src {
 } rank_src;
 
 #define RU_THREADS 128
+/* Rows in flight a thread: fewer as the V block takes more registers. */
+#define RU_RB(KMAX) ((KMAX) <= 8 ? 4 : (KMAX) <= 24 ? 2 : 1)
 
 template <int KMAX>
 __global__ void __launch_bounds__(RU_THREADS)
     rank_upd_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ U, int64_t ldu, rank_src V,
-               float beta, float *C, int64_t ldc, int64_t rows_per) {
+               float beta, float *__restrict__ C, int64_t ldc, int64_t rows_per) {
+    constexpr int RB = RU_RB(KMAX), KQ = KMAX / 4;
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
     float v[KMAX][4];
@@ -680,28 +692,59 @@ __global__ void __launch_bounds__(RU_THREADS)
         }
     }
     const int64_t m0 = (int64_t)blockIdx.y * rows_per, m1 = m0 + rows_per < M ? m0 + rows_per : M;
-    for (int64_t m = m0; m < m1; m++) {
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t m = m0; m < m1; m += RB) {
+        float4 u[RB][KQ], c0[RB];
 #pragma unroll
-        for (int q = 0; q < KMAX / 4; q++) {
-            if (4 * q >= K) break;
-            const float4 u = __ldg((const float4 *)(U + m * ldu + 4 * q));
-            const float uu[4] = {u.x, u.y, u.z, u.w};
+        for (int r = 0; r < RB; r++) {
+            /* rows past m1 repeat row m (never stored): the loads need no predicate */
+            const int64_t row = m + r < m1 ? m + r : m;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = 4 * q + e;
-                o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
-            }
+            for (int q = 0; q < KQ; q++)
+                u[r][q] = 4 * q < K ? __ldg((const float4 *)(U + row * ldu + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            c0[r] = beta != 0.0f ? *(const float4 *)(C + row * ldc + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        float4 *cp = (float4 *)(C + m * ldc + c);
-        if (beta == 0.0f) {
-            *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
-        } else {
-            const float4 c0 = *cp;
-            *cp = make_float4(alpha * o.x + beta * c0.x, alpha * o.y + beta * c0.y, alpha * o.z + beta * c0.z,
-                              alpha * o.w + beta * c0.w);
+#pragma unroll
+        for (int r = 0; r < RB; r++) {
+            if (m + r >= m1) break;
+            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int q = 0; q < KQ; q++) {
+                const float uu[4] = {u[r][q].x, u[r][q].y, u[r][q].z, u[r][q].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = 4 * q + e;
+                    o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
+                }
+            }
+            float4 *cp = (float4 *)(C + (m + r) * ldc + c);
+            if (beta == 0.0f) *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
+            else
+                *cp = make_float4(alpha * o.x + beta * c0[r].x, alpha * o.y + beta * c0[r].y,
+                                  alpha * o.z + beta * c0[r].z, alpha * o.w + beta * c0[r].w);
         }
     }
+}
+
+/* One wave: as many blocks as the SMs hold at once, each streaming rows_per rows of its 512
+ * columns (blocks live for the whole pass, so a partial second wave would leave most SMs idle
+ * while it runs). */
+template <int KMAX>
+static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K, float alpha, const float *U,
+                      int64_t ldu, const rank_src &V, float beta, float *C, int64_t ldc) {
+    static int per_sm = 0; /* the same for every device of one architecture; a benign race */
+    if (!per_sm &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX>, RU_THREADS, 0) != cudaSuccess)
+        per_sm = 1;
+    const int sms = lt_cuda_sm_count(ctx) > 0 ? lt_cuda_sm_count(ctx) : 132;
+    const int64_t colblocks = (N / 4 + RU_THREADS - 1) / RU_THREADS;
+    int64_t ys = (int64_t)per_sm * sms / colblocks;
+    if (ys < 1) ys = 1;
+    if (ys > M) ys = M;
+    if (ys > 65535) ys = 65535;
+    const int64_t rows_per = (M + ys - 1) / ys;
+    ys = (M + rows_per - 1) / rows_per;
+    dim3 grid((unsigned)colblocks, (unsigned)ys);
+    rank_upd_k<KMAX><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
 }
 
 extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
@@ -713,17 +756,11 @@ extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, flo
     rank_src V;
     V.p[0] = pieces[0], V.p[1] = K > kb ? pieces[1] : NULL, V.p[2] = K > 2 * kb ? pieces[2] : NULL;
     V.ld = ld, V.kb = kb, V.vt = vt;
-    const int64_t colblocks = (N / 4 + RU_THREADS - 1) / RU_THREADS;
-    int64_t ys = (4 * 132 * 2 + colblocks - 1) / colblocks;
-    if (ys > M) ys = M;
-    if (ys > 65535) ys = 65535;
-    const int64_t rows_per = (M + ys - 1) / ys;
-    ys = (M + rows_per - 1) / rows_per;
-    dim3 grid((unsigned)colblocks, (unsigned)ys);
     cudaStream_t st = lt_cuda_stream(ctx);
-    if (K <= 8) rank_upd_k<8><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
-    else if (K <= 16) rank_upd_k<16><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
-    else rank_upd_k<32><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    if (K <= 8) ru_launch<8>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
+    else if (K <= 16) ru_launch<16>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
+    else if (K <= 24) ru_launch<24>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
+    else ru_launch<32>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
     LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
 }

@@ -34,10 +34,12 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
-        if (!P->y) { /* lu only (a recompute): one f32 pass over x */
+        if (!P->y) { /* lu only (a recompute): one pass over the f32 x, rounded as the forward's copy */
             if (!P->a) continue;
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
+            if (!lora_fast(P, r) ||
+                !lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, x, 1, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes))
+                lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
             lt_prof_end(ph);
             continue;
         }
@@ -46,7 +48,7 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
+            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
             ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
@@ -100,7 +102,7 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         const void *dyb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
-            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
+            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, 0, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
             int k2 = k1 &&
                 lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
