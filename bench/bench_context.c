@@ -44,6 +44,7 @@ typedef struct ctx_run {
     lt_recompute rc;    /* --recompute (every layer by default) */
     int64_t rc_k;       /* its K for every:K */
     size_t host_budget; /* with offload: host bytes the offloaded checkpoints may take */
+    int64_t prepared_T; /* the length the model is prepared at now (0: none) */
 } ctx_run;
 
 static lt_model_run_options run_opts(const ctx_run *r, int64_t T) {
@@ -81,6 +82,7 @@ static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
                 (double)lt_mem_get_pinned_stats(r->ctx).used_bytes / 1073741824.0, lt_time_now() - t0);
     lt_mem_reset_peak(r->ctx, r->dev);
     *peak = lt_mem_get_stats(r->ctx, r->dev).used_bytes;
+    r->prepared_T = st == LT_OK ? T : 0;
     if (st == LT_OK) return 1;
     return st == LT_ERR_OOM ? 0 : -1;
 }
@@ -180,7 +182,9 @@ int lt_bench_context(int argc, char **argv) {
                "  --memory-ceiling B   ceiling instead of the guard's rule (\"64M\", \"120G\")\n"
                "  --confirm-seconds S  time budget of the confirming step (default 120; 0 = allocation only)\n"
                "  --confirm-T N        the confirming step at N tokens instead (at most the longest length\n"
-               "                       that allocated)\n"
+               "                       that allocated), with no rate step first and on the search's\n"
+               "                       allocation when it is at N (its time then includes the first\n"
+               "                       step's one-time setup)\n"
                "  --recompute P        all (default: every layer) | every:K (one checkpoint per K layers,\n"
                "                       the same recompute work), as train takes them\n"
                "  --offload-checkpoints  keep the layer checkpoints in pinned host memory (two slots on\n"
@@ -464,40 +468,50 @@ int lt_bench_context(int argc, char **argv) {
     if (hi) cJSON_AddNumberToObject(ours, "alloc_fails_T", (double)hi);
 
     /* 3. real steps: one at `step` to measure the rate, then at the longest length whose
-     * estimated step time fits the budget (the ceiling itself when it does) */
+     * estimated step time fits the budget (the ceiling itself when it does). With --confirm-T
+     * the one step at that length, with no rate step first, on the allocation the search left
+     * when it is at that length (preparing a long offloaded run pins ~100 GiB, most of a minute). */
     int64_t stepped = 0;
     if (confirm_s > 0 && lo >= step) {
-        double loss = 0;
-        int f = alloc_at(&R, step, &peak);
-        if (f != 1) goto fail_st;
-        double ms = step_at(&R, step, &loss);
-        if (ms < 0) goto fail_st;
-        ms = step_at(&R, step, &loss); /* the first step pays one-time setup */
-        if (ms < 0) goto fail_st;
-        peak = lt_mem_get_stats(ctx, dev).peak_bytes;
-        lt_plan p;
-        if ((st = plan_at(&R, &cfg, step, &p)) != LT_OK) goto fail;
-        cJSON *q = host_side(point(step, "step", 1, (double)p.peak_bytes, (double)peak), &R, &p, 1);
-        cJSON_AddNumberToObject(q, "ms", ms);
-        cJSON_AddNumberToObject(q, "loss", loss);
-        cJSON_AddItemToArray(pts, q);
-        /* the estimate scales the short step by FLOPs and doubles it: at long T attention, which
-         * runs at a lower rate than the projections, takes most of the step */
-        double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step, 1, 0) / (ms * 1e-3);
+        double loss = 0, ms = 0;
         int64_t T = lo;
-        while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate > confirm_s) T -= step;
+        lt_plan p;
+        cJSON *q;
         if (confirm_T) {
             T = confirm_T <= lo ? confirm_T : lo;
             if (confirm_T > lo)
                 fprintf(stderr, "--confirm-T %lld is past the longest length that allocated; stepping at %lld\n",
                         (long long)confirm_T, (long long)lo);
-        }
-        stepped = step;
-        if (T > step) {
-            fprintf(stderr, "step at T=%lld (estimated %.0f s from the T=%lld step)\n", (long long)T,
-                    2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate, (long long)step);
-            f = alloc_at(&R, T, &peak);
+            fprintf(stderr, "step at T=%lld (--confirm-T)\n", (long long)T);
+        } else {
+            int f = alloc_at(&R, step, &peak);
             if (f != 1) goto fail_st;
+            ms = step_at(&R, step, &loss);
+            if (ms < 0) goto fail_st;
+            ms = step_at(&R, step, &loss); /* the first step pays one-time setup */
+            if (ms < 0) goto fail_st;
+            peak = lt_mem_get_stats(ctx, dev).peak_bytes;
+            if ((st = plan_at(&R, &cfg, step, &p)) != LT_OK) goto fail;
+            q = host_side(point(step, "step", 1, (double)p.peak_bytes, (double)peak), &R, &p, 1);
+            cJSON_AddNumberToObject(q, "ms", ms);
+            cJSON_AddNumberToObject(q, "loss", loss);
+            cJSON_AddItemToArray(pts, q);
+            stepped = step;
+            /* the estimate scales the short step by FLOPs and doubles it: at long T attention,
+             * which runs at a lower rate than the projections, takes most of the step */
+            const double rate = lt_bench_hw_flops(&cfg, R.lo.rank, step, 1, 0) / (ms * 1e-3);
+            while (T > step && 2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate > confirm_s) T -= step;
+            if (T > step)
+                fprintf(stderr, "step at T=%lld (estimated %.0f s from the T=%lld step)\n", (long long)T,
+                        2.0 * lt_bench_hw_flops(&cfg, R.lo.rank, T, 1, 0) / rate, (long long)step);
+        }
+        if (T > stepped) {
+            if (R.prepared_T != T) {
+                int f = alloc_at(&R, T, &peak);
+                if (f != 1) goto fail_st;
+            } else {
+                lt_mem_reset_peak(ctx, dev);
+            }
             ms = step_at(&R, T, &loss);
             if (ms < 0) goto fail_st;
             peak = lt_mem_get_stats(ctx, dev).peak_bytes;
