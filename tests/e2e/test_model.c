@@ -49,15 +49,9 @@ static void open_fixture(lt_ctx *ctx, const char *c, fixture *f) {
 
 /* Case c's model (file: a model file inside its folder, or an absolute path elsewhere). */
 static lt_model *load_case_file(lt_ctx *ctx, const char *c, const fixture *f, int quantize, const char *file) {
-    char dir[1200];
+    char dir[1024];
     case_dir(c, dir, sizeof dir);
-    if (file && file[0] == '/') {
-        snprintf(dir, sizeof dir, "%s", file); /* a model folder elsewhere */
-    } else if (file) {
-        strcat(dir, "/");
-        strcat(dir, file);
-    }
-    return lt_test_fixture_model(ctx, dir, c, f, quantize);
+    return lt_test_fixture_model_in(ctx, dir, file, c, f, quantize);
 }
 
 static lt_model *load_case(lt_ctx *ctx, const char *c, const fixture *f, int quantize) {
@@ -74,64 +68,9 @@ static void prepare(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute
 }
 
 static void check_against_oracle(const char *c, const char *file) {
-    {
-        lt_ctx *ctx = lt_ctx_new();
-        fixture f;
-        open_fixture(ctx, c, &f);
-        lt_model *m = load_case_file(ctx, c, &f, 0, file);
-        int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
-        lt_model_batch b = fixture_batch(&f);
-        /* The last two rerun the attention forward in the recompute instead of keeping it. */
-        const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY,
-                                     LT_RECOMPUTE_EVERY_K};
-        float *first = NULL;
-        int64_t ng = 0;
-        for (int pi = 0; pi < 5; pi++) {
-            lt_model_run_options ro = {0};
-            ro.B = f.B, ro.T = f.T, ro.recompute = pol[pi], ro.recompute_k = 2, ro.recompute_attention = pi >= 3;
-            assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
-            float *logits = malloc((size_t)(N * V) * 4), tl[64];
-            for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
-            assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
-            char what[400];
-            snprintf(what, sizeof what, "%s logits", c);
-            compare(what, logits, ftensor(ctx, &f, "logits", NULL), N * V, ORACLE_REL);
-            free(logits);
-            lt_model_zero_grads(m);
-            lt_model_result r;
-            if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {
-                fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
-                fail();
-            }
-            float loss = (float)(r.loss_sum / (double)r.n_tokens);
-            snprintf(what, sizeof what, "%s loss", c);
-            compare(what, &loss, ftensor(ctx, &f, "loss", NULL), 1, ORACLE_REL);
-            snprintf(what, sizeof what, "%s token_loss", c);
-            compare(what, tl, ftensor(ctx, &f, "token_loss", NULL), N, ORACLE_REL);
-            for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
-                lt_lora_tensor t;
-                assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
-                char key[200];
-                snprintf(key, sizeof key, "%s.grad", t.name);
-                snprintf(what, sizeof what, "%s %s", c, key);
-                compare(what, t.grad.data, ftensor(ctx, &f, key, NULL), lt_tensor_numel(&t.grad), ORACLE_REL);
-            }
-            /* Recompute policies change memory, never numbers. */
-            float *g = lt_model_lora_grads(m, &ng);
-            if (!first) {
-                first = malloc((size_t)ng * 4);
-                memcpy(first, g, (size_t)ng * 4);
-            } else {
-                snprintf(what, sizeof what, "%s grads under recompute policy %d", c, pi);
-                compare(what, g, first, ng, SAME_REL);
-            }
-        }
-        free(first);
-        lt_model_free(ctx, m);
-        lt_safetensors_close(ctx, f.exp);
-        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
-        lt_ctx_free(ctx);
-    }
+    char dir[1024];
+    case_dir(c, dir, sizeof dir);
+    lt_test_fixture_check_oracle(dir, file, c, ORACLE_REL, SAME_REL);
 }
 
 static void matches_pytorch_peft(void **state) {

@@ -24,6 +24,16 @@ const float *lt_test_fixture_tensor(lt_ctx *ctx, const lt_test_fixture *f, const
  * values PEFT used; `what` names the case in a failure. */
 lt_model *lt_test_fixture_model(lt_ctx *ctx, const char *path, const char *what, const lt_test_fixture *f,
                                 int quantize);
+/* The model of the fixture folder dir, or of `file`: a model file inside dir, or (an absolute
+ * path) a model folder elsewhere; as lt_test_fixture_model otherwise. */
+lt_model *lt_test_fixture_model_in(lt_ctx *ctx, const char *dir, const char *file, const char *what,
+                                   const lt_test_fixture *f, int quantize);
+/* The oracle check of one case: the fixture of dir and its model (file as above), under each
+ * recompute policy (none, every layer, every two layers, and the last two again with attention
+ * rerun in the recompute): logits, loss, per-token loss and every LoRA gradient against the
+ * fixture within rel, and each policy's gradients against the first's within same_rel (policies
+ * change memory, never numbers). Its own context; fails on a leak. */
+void lt_test_fixture_check_oracle(const char *dir, const char *file, const char *what, double rel, double same_rel);
 /* f's batch, pointing into f. */
 lt_model_batch lt_test_fixture_batch(const lt_test_fixture *f);
 /* Fails unless max |got - want| <= rel * max |want| + 1e-7, naming `what` and the worst index. */
