@@ -65,6 +65,11 @@ for s in $steps; do
   kernels8b) # opt-in: the 8k Qwen3-8B step without recompute kernel by kernel under Nsight Compute
     # (scripts/gpu-kernels.sh; ~90 s; the table on stdout, kernels.json under $OUT/kernels)
     run 200 "kernels qwen3-8b 8k" env BIN="$BIN" OUT="$OUT/kernels" scripts/gpu-kernels.sh ;;
+  offload8b) # opt-in, alone in a command: the Qwen3-8B ceiling with the layer checkpoints in pinned
+    # host memory and one real step at 417,792 tokens on the search's allocation (preparing it pins
+    # ~108 GiB in ~50 s; the step itself estimated at 7-8 minutes from the attention kernels' times)
+    run 590 "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
+      --offload-checkpoints --confirm-T 417792 --no-peer --out "$OUT" ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
