@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "helpers/model_fixture.h"
 #include "helpers/test_util.h"
 #include "longtune/alloc.h"
 #include "longtune/model.h"
@@ -29,113 +30,24 @@
 
 static const char *const CASES[] = {"mistral_v01", "mistral_v03", "mistral_nemo", "phi3_mini", "phi3_longrope"};
 
-typedef struct fixture {
-    lt_safetensors *exp;
-    int64_t B, T, S, rank;
-    float alpha;
-    int32_t tokens[64], targets[64], positions[64], offsets[16];
-} fixture;
-
 static void case_dir(const char *c, char *buf, size_t n) {
     snprintf(buf, n, "%s/tests/fixtures/family/%s", lt_test_source_dir(), c);
 }
 
-static const float *ftensor(lt_ctx *ctx, const fixture *f, const char *name, int64_t *numel) {
-    lt_tensor t;
-    if (lt_safetensors_find(ctx, f->exp, name, &t) != LT_OK) fail_msg("fixture: %s", lt_ctx_error(ctx));
-    assert_int_equal(t.dtype, LT_DTYPE_F32);
-    if (numel) *numel = lt_tensor_numel(&t);
-    return t.data;
-}
-
-static void ints(lt_ctx *ctx, const fixture *f, const char *name, int32_t *out, int64_t want) {
-    int64_t n;
-    const float *x = ftensor(ctx, f, name, &n);
-    assert_int_equal(n, want);
-    for (int64_t i = 0; i < n; i++) out[i] = (int32_t)x[i];
-}
-
-static void open_fixture(lt_ctx *ctx, const char *c, fixture *f) {
-    char dir[1024], p[1200];
-    case_dir(c, dir, sizeof dir);
-    snprintf(p, sizeof p, "%s/expected.safetensors", dir);
-    memset(f, 0, sizeof *f);
-    if (lt_safetensors_open(ctx, p, &f->exp) != LT_OK) fail_msg("%s", lt_ctx_error(ctx));
-    f->B = atoll(lt_safetensors_metadata(f->exp, "B"));
-    f->T = atoll(lt_safetensors_metadata(f->exp, "T"));
-    f->S = atoll(lt_safetensors_metadata(f->exp, "S"));
-    f->rank = atoll(lt_safetensors_metadata(f->exp, "rank"));
-    f->alpha = (float)atof(lt_safetensors_metadata(f->exp, "alpha"));
-    ints(ctx, f, "tokens", f->tokens, f->B * f->T);
-    ints(ctx, f, "targets", f->targets, f->B * f->T);
-    ints(ctx, f, "positions", f->positions, f->B * f->T);
-    ints(ctx, f, "seq_offsets", f->offsets, f->B * (f->S + 1));
-}
-
-static void compare(const char *what, const float *got, const float *want, int64_t n, double rel) {
-    double scale = 0, worst = 0;
-    int64_t wi = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)want[i]));
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= worst)) worst = e, wi = i;
-    }
-    if (!(worst <= rel * scale + 1e-7))
-        fail_msg("%s: max error %.3g at %lld (got %.8g want %.8g), scale %.3g", what, worst, (long long)wi,
-                 (double)got[wi], (double)want[wi], scale);
-}
-
 static void check_case(const char *c, const char *file) {
     lt_ctx *ctx = lt_ctx_new();
-    fixture f;
-    open_fixture(ctx, c, &f);
-    char path[1200];
-    case_dir(c, path, sizeof path);
-    if (file) strcat(strcat(path, "/"), file);
-    lt_lora_options lo = {0};
-    lo.rank = f.rank, lo.alpha = f.alpha, lo.seed = 3;
-    lt_model *m = NULL;
-    if (lt_model_load(ctx, path, NULL, &lo, &m) != LT_OK) fail_msg("%s: %s", path, lt_ctx_error(ctx));
-    for (int64_t i = 0; i < lt_model_lora_count(m); i++) { /* the adapter values PEFT used */
-        lt_lora_tensor t;
-        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
-        int64_t n;
-        const float *v = ftensor(ctx, &f, t.name, &n);
-        assert_int_equal(n, lt_tensor_numel(&t.value));
-        memcpy(t.value.data, v, (size_t)n * 4);
-    }
+    lt_test_fixture f;
+    char dir[1024], what[1200];
+    case_dir(c, dir, sizeof dir);
+    snprintf(what, sizeof what, "%s%s%s", dir, file ? "/" : "", file ? file : "");
+    lt_test_fixture_open(ctx, dir, &f);
+    lt_model *m = lt_test_fixture_model_in(ctx, dir, file, what, &f, 0);
     assert_int_equal(lt_model_lora_count(m), atoll(lt_safetensors_metadata(f.exp, "n_lora")));
-    int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
-    lt_model_batch b = {0};
-    b.B = f.B, b.T = f.T, b.S = f.S;
-    b.tokens = f.tokens, b.targets = f.targets, b.positions = f.positions, b.seq_offsets = f.offsets;
     for (int pol = 0; pol < 2; pol++) {
         lt_model_run_options ro = {0};
         ro.B = f.B, ro.T = f.T, ro.recompute = pol ? LT_RECOMPUTE_EVERY : LT_RECOMPUTE_NONE;
-        if (lt_model_prepare(ctx, m, &ro) != LT_OK) fail_msg("%s: prepare: %s", path, lt_ctx_error(ctx));
-        float *logits = malloc((size_t)(N * V) * 4), tl[64];
-        for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
-        assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
-        char what[1400];
-        snprintf(what, sizeof what, "%s logits", path);
-        compare(what, logits, ftensor(ctx, &f, "logits", NULL), N * V, ORACLE_REL);
-        free(logits);
-        lt_model_zero_grads(m);
-        lt_model_result r;
-        if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) fail_msg("%s: %s", path, lt_ctx_error(ctx));
-        float loss = (float)(r.loss_sum / (double)r.n_tokens);
-        snprintf(what, sizeof what, "%s loss", path);
-        compare(what, &loss, ftensor(ctx, &f, "loss", NULL), 1, ORACLE_REL);
-        snprintf(what, sizeof what, "%s token_loss", path);
-        compare(what, tl, ftensor(ctx, &f, "token_loss", NULL), N, ORACLE_REL);
-        for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
-            lt_lora_tensor t;
-            assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
-            char key[200];
-            snprintf(key, sizeof key, "%s.grad", t.name);
-            snprintf(what, sizeof what, "%s %s", path, key);
-            compare(what, t.grad.data, ftensor(ctx, &f, key, NULL), lt_tensor_numel(&t.grad), ORACLE_REL);
-        }
+        if (lt_model_prepare(ctx, m, &ro) != LT_OK) fail_msg("%s: prepare: %s", what, lt_ctx_error(ctx));
+        lt_test_fixture_check_step(ctx, m, &f, what, ORACLE_REL);
     }
     lt_model_free(ctx, m);
     lt_safetensors_close(ctx, f.exp);

@@ -107,13 +107,42 @@ lt_model *lt_test_fixture_model_in(lt_ctx *ctx, const char *dir, const char *fil
     return lt_test_fixture_model(ctx, path, what, f, quantize);
 }
 
+void lt_test_fixture_check_step(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *c, double rel) {
+    const int64_t N = f->B * f->T, V = lt_model_get_config(m)->V;
+    lt_model_batch b = lt_test_fixture_batch(f);
+    float *logits = malloc((size_t)(N * V) * 4), tl[64];
+    for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
+    assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
+    char what[1400];
+    snprintf(what, sizeof what, "%s logits", c);
+    lt_test_compare(what, logits, lt_test_fixture_tensor(ctx, f, "logits", NULL), N * V, rel);
+    free(logits);
+    lt_model_zero_grads(m);
+    lt_model_result r;
+    if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {
+        fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
+        fail();
+    }
+    float loss = (float)(r.loss_sum / (double)r.n_tokens);
+    snprintf(what, sizeof what, "%s loss", c);
+    lt_test_compare(what, &loss, lt_test_fixture_tensor(ctx, f, "loss", NULL), 1, rel);
+    snprintf(what, sizeof what, "%s token_loss", c);
+    lt_test_compare(what, tl, lt_test_fixture_tensor(ctx, f, "token_loss", NULL), N, rel);
+    for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
+        lt_lora_tensor t;
+        assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
+        char key[200];
+        snprintf(key, sizeof key, "%s.grad", t.name);
+        snprintf(what, sizeof what, "%s %s", c, key);
+        lt_test_compare(what, t.grad.data, lt_test_fixture_tensor(ctx, f, key, NULL), lt_tensor_numel(&t.grad), rel);
+    }
+}
+
 void lt_test_fixture_check_oracle(const char *dir, const char *file, const char *c, double rel, double same_rel) {
     lt_ctx *ctx = lt_ctx_new();
     lt_test_fixture f;
     lt_test_fixture_open(ctx, dir, &f);
     lt_model *m = lt_test_fixture_model_in(ctx, dir, file, c, &f, 0);
-    const int64_t N = f.B * f.T, V = lt_model_get_config(m)->V;
-    lt_model_batch b = lt_test_fixture_batch(&f);
     /* The last two rerun the attention forward in the recompute instead of keeping it. */
     const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY,
                                  LT_RECOMPUTE_EVERY_K};
@@ -123,39 +152,14 @@ void lt_test_fixture_check_oracle(const char *dir, const char *file, const char 
         lt_model_run_options ro = {0};
         ro.B = f.B, ro.T = f.T, ro.recompute = pol[pi], ro.recompute_k = 2, ro.recompute_attention = pi >= 3;
         assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
-        float *logits = malloc((size_t)(N * V) * 4), tl[64];
-        for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
-        assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
-        char what[400];
-        snprintf(what, sizeof what, "%s logits", c);
-        lt_test_compare(what, logits, lt_test_fixture_tensor(ctx, &f, "logits", NULL), N * V, rel);
-        free(logits);
-        lt_model_zero_grads(m);
-        lt_model_result r;
-        if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {
-            fprintf(stderr, "%s: %s\n", c, lt_ctx_error(ctx));
-            fail();
-        }
-        float loss = (float)(r.loss_sum / (double)r.n_tokens);
-        snprintf(what, sizeof what, "%s loss", c);
-        lt_test_compare(what, &loss, lt_test_fixture_tensor(ctx, &f, "loss", NULL), 1, rel);
-        snprintf(what, sizeof what, "%s token_loss", c);
-        lt_test_compare(what, tl, lt_test_fixture_tensor(ctx, &f, "token_loss", NULL), N, rel);
-        for (int64_t i = 0; i < lt_model_lora_count(m); i++) {
-            lt_lora_tensor t;
-            assert_int_equal(lt_model_lora_tensor(ctx, m, i, &t), LT_OK);
-            char key[200];
-            snprintf(key, sizeof key, "%s.grad", t.name);
-            snprintf(what, sizeof what, "%s %s", c, key);
-            lt_test_compare(what, t.grad.data, lt_test_fixture_tensor(ctx, &f, key, NULL), lt_tensor_numel(&t.grad),
-                            rel);
-        }
+        lt_test_fixture_check_step(ctx, m, &f, c, rel);
         /* Recompute policies change memory, never numbers. */
         float *g = lt_model_lora_grads(m, &ng);
         if (!first) {
             first = malloc((size_t)ng * 4);
             memcpy(first, g, (size_t)ng * 4);
         } else {
+            char what[400];
             snprintf(what, sizeof what, "%s grads under recompute policy %d", c, pi);
             lt_test_compare(what, g, first, ng, same_rel);
         }

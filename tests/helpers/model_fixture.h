@@ -28,6 +28,9 @@ lt_model *lt_test_fixture_model(lt_ctx *ctx, const char *path, const char *what,
  * path) a model folder elsewhere; as lt_test_fixture_model otherwise. */
 lt_model *lt_test_fixture_model_in(lt_ctx *ctx, const char *dir, const char *file, const char *what,
                                    const lt_test_fixture *f, int quantize);
+/* One step of the prepared model m on f's batch against the fixture within rel: logits, loss,
+ * per-token loss and every LoRA gradient (`what` names the case in a failure). */
+void lt_test_fixture_check_step(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *what, double rel);
 /* The oracle check of one case: the fixture of dir and its model (file as above), under each
  * recompute policy (none, every layer, every two layers, and the last two again with attention
  * rerun in the recompute): logits, loss, per-token loss and every LoRA gradient against the

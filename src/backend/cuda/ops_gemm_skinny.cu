@@ -366,7 +366,8 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
 #define SM_MT 4
 #define SM_ROWS (16 * SM_MT)
 
-/* Eight consecutive elements of a row (of X here, of A in the small-n kernel) as bf16 (16 bytes): one load, or two f32 loads rounded. */
+/* Eight consecutive elements of an activation row (A of the small-n kernel, X of the tall
+ * reduction) as bf16 (16 bytes): one load, or two f32 loads rounded to nearest. */
 static __device__ __forceinline__ uint4 ld8_bf16(const __nv_bfloat16 *p) { return __ldg((const uint4 *)p); }
 static __device__ __forceinline__ uint4 ld8_bf16(const float *p) {
     const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)(p + 4));
@@ -656,11 +657,10 @@ extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t 
  * dlu·[A_q; A_k; A_v]), or transposed (vt: piece g is (N, kb), V[j][c] = p_g[c·ld + j], the B of
  * lu·Bᵀ). A thread owns four consecutive columns and keeps their K x 4 block of V in registers
  * (read once, however V is laid out), then streams rows RB at a time: the RB rows of U (broadcast
- * float4 loads, L2-resident) and of C (when beta != 0) are all loaded before the first store, so
- * each thread keeps RB rows in flight rather than one load's latency a row (C, U and V do not
- * alias; a row at a time held y's write near half the bandwidth). So the LoRA up-products write y
- * once, coalesced, whatever B's layout (the transposed small_k_k lost ~0.6 s a step to
- * uncoalesced B loads). */
+ * float4 loads, L2-resident) and of C (when beta != 0) are all loaded before the first store (C,
+ * U and V do not alias), so the read-modify-write updates of dx keep RB rows in flight a thread
+ * rather than waiting on one load a row. So the LoRA up-products write y once, coalesced,
+ * whatever B's layout (the transposed small_k_k lost ~0.6 s a step to uncoalesced B loads). */
 typedef struct rank_src {
     const float *p[3];
     int64_t ld;
