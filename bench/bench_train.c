@@ -269,6 +269,7 @@ int lt_bench_train(int argc, char **argv) {
     int64_t chunk_rows = 0;        /* 0: the library's LT_MODEL_CHUNK_ROWS */
     const char *recompute = "all"; /* both arms checkpoint every layer unless --recompute says otherwise */
     const char *graph_arg = "on";
+    const char *base_arg = "file";
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
         LT_BENCH_SET("--no-liger", &liger, 0),
@@ -283,6 +284,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_INT("--threads", &threads, 1, 4096),
         LT_BENCH_STR("--peer-path", &peer_path),
         LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
+        LT_BENCH_CHOICE("--base-dtype", &base_arg, "file|fp8"),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
         LT_BENCH_I64("--chunk-rows", &chunk_rows, 1, 1 << 22),
         LT_BENCH_STR("--recompute", &recompute),
@@ -317,6 +319,7 @@ int lt_bench_train(int argc, char **argv) {
             "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
             "                   output + lse with the checkpoints (0, the default)\n"
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
+            "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
             "  --recompute P    all (default: both arms checkpoint every layer) | every:K | none (no\n"
             "                   recompute here, no gradient checkpointing in the peers)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
@@ -332,6 +335,7 @@ int lt_bench_train(int argc, char **argv) {
     }
     if (parsed) return parsed;
     graph = !strcmp(graph_arg, "on");
+    const int base_fp8 = !strcmp(base_arg, "fp8");
     offload_hi = offload_mode > 0;
     offload_lo = offload_mode == 1;
     const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
@@ -392,9 +396,9 @@ int lt_bench_train(int argc, char **argv) {
     lt_lora_options lo = {.targets = LT_LORA_ALL_TARGETS, .rank = rank, .alpha = (float)(2 * rank), .seed = 1};
     if (random_w) {
         lt_bench_random_dir(shape, wdt, dir, sizeof dir);
-        st = lt_bench_load_random(ctx, shape, wdt, dev, &lo, nthreads, &m);
+        st = lt_bench_load_random_as(ctx, shape, wdt, dev, &lo, nthreads, base_fp8 ? LT_DTYPE_FP8 : LT_DTYPE_F32, &m);
     } else {
-        lt_model_options mo = {.device = dev};
+        lt_model_options mo = {.device = dev, .quantize_dtype = base_fp8 ? LT_DTYPE_FP8 : LT_DTYPE_F32};
         st = lt_model_load(ctx, weights, &mo, &lo, &m);
     }
     if (st != LT_OK) goto fail;
@@ -487,6 +491,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
+    cJSON_AddStringToObject(jc, "base_dtype", base_fp8 ? "fp8 (e4m3, per-row scales; activations per row)" : "file");
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
     cJSON_AddStringToObject(jc, "offload_checkpoints",
                             offload_lo       ? "on"

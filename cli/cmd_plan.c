@@ -44,7 +44,8 @@ static void print_help(void) {
            "                      (sliding/global: only the sliding-window / full-attention layers;\n"
            "                      auto: what train would choose for the budget); --grad-checkpoint = all\n"
            "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
-           "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --threads N,\n"
+           "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --base-dtype\n"
+           "                      file|fp8, --threads N,\n"
            "  --chunk-rows N      rows per chunk of the position-wise work [8192; auto may halve it]\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"
@@ -271,6 +272,7 @@ int lt_cmd_plan(int argc, char **argv) {
         memset(&mo, 0, sizeof mo);
         mo.device = ro.device;
         if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &mo.quantize_dtype); /* validated with the options */
+        if (!strcmp(ro.base_dtype, "fp8")) mo.quantize_dtype = LT_DTYPE_FP8;
         s = lt_model_inspect(ctx, ro.model, &mo, &cfg);
     } else {
         s = lt_model_config_read_hf(ctx, hf_config, &cfg);
@@ -278,6 +280,7 @@ int lt_cmd_plan(int argc, char **argv) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
             lt_dtype qd = wdtype;
             if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &qd);
+            if (!strcmp(ro.base_dtype, "fp8")) qd = LT_DTYPE_FP8;
             for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = qd;
         }
     }

@@ -34,6 +34,9 @@ typedef enum lt_dtype {
     LT_DTYPE_Q6_K,   /* 256 weights = { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } (210 B) */
     LT_DTYPE_IQ4_NL, /* 32 weights = { f16 d; u8 qs[16] }, nibbles index a fixed 16-value table (18 B) */
     LT_DTYPE_IQ4_XS, /* 256 weights = { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] } (136 B) */
+    LT_DTYPE_FP8,    /* a frozen projection (out, in) in FP8 E4M3 with a scale per output row, laid out
+                        as { e4m3 q[out][in]; e4m3 qt[in][out] (q transposed); f32 scale[out] },
+                        W[o][i] = q[o][i]·scale[o]: 2·in + 4 bytes a row (lt_fp8.h) */
     LT_DTYPE_COUNT_
 } lt_dtype;
 
@@ -91,6 +94,19 @@ LT_API void lt_dequantize_row(lt_dtype t, const void *row, float *out, int64_t n
 LT_API void lt_quantize_row(lt_dtype t, const float *in, void *row, int64_t n);
 /* 1 when t is a block format lt_quantize_row encodes (IQ4 and the float types: 0). */
 LT_API int lt_quantize_has_encoder(lt_dtype t);
+
+/* FP8 E4M3 (the OCP "e4m3fn" encoding: no infinities, 0x7f/0xff NaN, largest finite 448). */
+#define LT_FP8_MAX 448.0f
+LT_API float lt_fp8_to_f32(uint8_t v);
+/* Round to nearest even, saturating to ±448 (NaN stays NaN), as CUDA's __nv_cvt_float_to_fp8
+ * with __NV_SATFINITE. */
+LT_API uint8_t lt_f32_to_fp8(float f);
+/* The per-row scaling every FP8 product uses, on both backends: amax = max |x[i]| over the n
+ * values; *inv = 448 / amax and *scale = amax / 448 (both 0 when amax is 0), so x[i] is held as
+ * lt_f32_to_fp8(x[i]·inv)·scale. Returns amax (NaN when a value is NaN). */
+LT_API float lt_fp8_row_scale(const float *x, int64_t n, float *inv, float *scale);
+/* Packs an (out, in) f32 matrix into the LT_DTYPE_FP8 layout at dst (out·(2·in + 4) bytes). */
+LT_API void lt_fp8_pack(const float *w, int64_t out, int64_t in, uint8_t *dst);
 
 #ifdef __cplusplus
 }

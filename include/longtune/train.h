@@ -101,6 +101,10 @@ typedef struct lt_train_options {
     char pack_algorithm[32];                     /* packing algorithm name, passed to the data module ["" = its
                                       default] */
     char quantize[16];                           /* quantize a dense base at load: "int4_g64" | "q4_1" | ... */
+    char base_dtype[8];                          /* "fp8": every projection of the base held in FP8 E4M3 with
+                                      per-row scales, its products FP8 GEMMs with activations
+                                      scaled per row (faster, not smaller than bf16); "file" or
+                                      "": as the file holds it (or --quantize) */
     int threads;                                 /* CPU threads [0 = all] */
     lt_device device;                            /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is

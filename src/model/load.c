@@ -551,8 +551,9 @@ static int64_t proj_in(const lt_model_config *c, lt_proj k) {
 }
 
 /* Dtype a projection tensor is held in, from the file's: dense ones quantized under q (not
- * LT_DTYPE_F32), block ones as they are. */
+ * LT_DTYPE_F32), block ones as they are; every one as fp8 under LT_DTYPE_FP8. */
 static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
+    if (q == LT_DTYPE_FP8) return LT_DTYPE_FP8; /* from any dtype the load reads: an fp8 base is for speed */
     if (q != LT_DTYPE_F32 && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16))
         return lt_dtype_quantize_target(q, in);
     return file;
@@ -561,7 +562,7 @@ static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
 /* The formats --quantize offers (lt_quantize_row has a quantizer for each). */
 static int quantize_dtype_ok(lt_dtype q) {
     return q == LT_DTYPE_F32 || q == LT_DTYPE_INT4_G64 || q == LT_DTYPE_Q4_0 || q == LT_DTYPE_Q4_1 ||
-        q == LT_DTYPE_Q8_0 || q == LT_DTYPE_Q4_K || q == LT_DTYPE_Q5_K || q == LT_DTYPE_Q6_K;
+        q == LT_DTYPE_Q8_0 || q == LT_DTYPE_Q4_K || q == LT_DTYPE_Q5_K || q == LT_DTYPE_Q6_K || q == LT_DTYPE_FP8;
 }
 /* The embedding and head: f16 is widened to f32 on the host (its loss reads f32, bf16 and block
  * heads). The CUDA loss reads bf16 and block heads and its GEMMs round the head to bf16 anyway,
@@ -622,8 +623,11 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
     lt_dtype q = opt ? opt->quantize_dtype : LT_DTYPE_F32;
     if (!quantize_dtype_ok(q))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
-                        "%s: cannot quantize to %s (int4_g64, q4_0, q4_1, q8_0, q4_k, q5_k or q6_k)", path,
+                        "%s: cannot quantize to %s (int4_g64, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k or fp8)", path,
                         lt_dtype_name(q));
+    if (q == LT_DTYPE_FP8 && c->n_experts > 0)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: an fp8 base is for dense models; this one has %lld experts", path,
+                        (long long)c->n_experts);
     char name[256];
     lt_wpiece p;
     memset(&p, 0, sizeof p);
@@ -649,6 +653,11 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
             LT_TRY(expert_piece(s, &p) ? find_experts(ctx, s, &p, name, sizeof name, &t, exb)
                                        : find_piece(ctx, s, &p, name, &t));
             lt_dtype held = held_proj(t.dtype, q, in);
+            if (held == LT_DTYPE_FP8 && (o % 16 || in % 16))
+                return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                                "%s: an fp8 base needs projections whose sides are multiples of 16; tensor '%s' is "
+                                "(%lld, %lld)",
+                                path, name, (long long)o, (long long)in);
             if (held == LT_DTYPE_COUNT_)
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
                                 "%s: --quantize %s: tensor '%s' has rows of %lld weights, not whole %s blocks (%lld)",
@@ -871,6 +880,47 @@ static void convert_rows(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* After a round of convert_rows: the first failing row's error into j->status (threads hold
+ * rising ranges, so the first thread that failed has it); 1 when one failed. */
+static int rows_failed(copy_job *j, const rows_job *q, int threads, const char *name) {
+    for (int th = 0; th < threads; th++) {
+        if (q->failed[th]) {
+            j->status = lt_error(j->ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path,
+                                 name, lt_dtype_name(q->from), lt_dtype_name(q->to));
+            return 1;
+        }
+        if (q->bad_row[th] >= 0) {
+            j->status = lt_error(j->ctx, LT_ERR_FORMAT, "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)",
+                                 j->src->path, name, (long long)q->bad_row[th], (long long)q->bad_col[th],
+                                 lt_dtype_name(q->from));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An fp8 projection: every row to f32 on the load's threads (the transposed copy and the row
+ * scales need the whole matrix), then packed (lt_fp8_pack) and copied to the device in one go. */
+static void copy_fp8(copy_job *j, rows_job *q, const char *name, uint8_t *dst, int64_t rows, int64_t cols) {
+    lt_ctx *ctx = j->ctx;
+    const size_t fb = (size_t)rows * (size_t)cols * sizeof(float), pb = (size_t)rows * (size_t)(2 * cols + 4);
+    float *w = lt_alloc(ctx, LT_DEVICE_CPU, fb, "fp8 base: one matrix in f32");
+    uint8_t *packed = j->stage && w ? lt_alloc(ctx, LT_DEVICE_CPU, pb, "fp8 base: one packed matrix") : dst;
+    if (!w || !packed) {
+        j->status = lt_ctx_status(ctx);
+    } else {
+        q->to = LT_DTYPE_F32, q->drb = cols * (int64_t)sizeof(float), q->r0 = 0, q->out = (uint8_t *)w;
+        for (int th = 0; th < j->threads; th++) q->failed[th] = 0, q->bad_row[th] = -1;
+        lt_parallel_for(j->threads, rows, 4, convert_rows, q);
+        if (!rows_failed(j, q, j->threads, name)) {
+            lt_fp8_pack(w, rows, cols, packed);
+            if (j->stage) j->status = j->m->be->copy_to_device(ctx, dst, packed, pb);
+        }
+    }
+    if (packed && packed != dst) lt_free(ctx, LT_DEVICE_CPU, packed, pb);
+    if (w) lt_free(ctx, LT_DEVICE_CPU, w, fb);
+}
+
 static void copy_piece(void *arg, const lt_wpiece *p) {
     copy_job *j = arg;
     if (j->status != LT_OK) return;
@@ -935,6 +985,10 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
     q.check = p->kind != LT_W_PROJ;
     q.erows = erows, q.D = D, q.cols = cols, q.srb = srb, q.drb = drb;
     /* --quantize's encodings go over the load's threads (the same bytes); other conversions are copies */
+    if (p->dtype == LT_DTYPE_FP8) {
+        copy_fp8(j, &q, name, dst, rows, cols);
+        return;
+    }
     const int threads = lt_dtype_is_quantized(p->dtype) && !lt_dtype_is_quantized(t.dtype) ? j->threads : 1;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) { /* a staging round at a time */
         const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
@@ -942,19 +996,7 @@ static void copy_piece(void *arg, const lt_wpiece *p) {
         q.out = rows_at(j, dst, r0, (size_t)drb);
         for (int th = 0; th < threads; th++) q.failed[th] = 0, q.bad_row[th] = -1;
         lt_parallel_for(threads, n, 4, convert_rows, &q);
-        for (int th = 0; th < threads; th++) { /* the first failing row: threads hold rising ranges */
-            if (q.failed[th]) {
-                j->status = lt_error(ctx, LT_ERR_UNSUPPORTED, "%s: tensor '%s': cannot hold %s as %s", j->src->path,
-                                     name, lt_dtype_name(t.dtype), lt_dtype_name(p->dtype));
-                return;
-            }
-            if (q.bad_row[th] >= 0) {
-                j->status = lt_error(ctx, LT_ERR_FORMAT,
-                                     "%s: tensor '%s': element [%lld, %lld] is not finite (%s data)", j->src->path,
-                                     name, (long long)q.bad_row[th], (long long)q.bad_col[th], lt_dtype_name(t.dtype));
-                return;
-            }
-        }
+        if (rows_failed(j, &q, threads, name)) return;
         flush(j, dst, r0, n, (size_t)drb);
         if (j->status != LT_OK) return;
     }

@@ -65,6 +65,7 @@ static const option options[] = {
     {"no_pack", K_BOOL, O(no_pack), 0, 0, 1},
     {"pack_algorithm", K_STR, O(pack_algorithm), S(pack_algorithm), 0, 0},
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
+    {"base_dtype", K_STR, O(base_dtype), S(base_dtype), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
     {"device", K_DEVICE, O(device), 0, 0, 0},
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
@@ -560,6 +561,11 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         strcmp(o.quantize, "q6_k"))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k", o.quantize);
+    if (o.base_dtype[0] && strcmp(o.base_dtype, "file") && strcmp(o.base_dtype, "fp8"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'base_dtype': '%s' is not file|fp8", o.base_dtype);
+    if (!strcmp(o.base_dtype, "fp8") && o.quantize[0])
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'base_dtype' fp8 holds the base in fp8 itself: drop 'quantize' %s", o.quantize);
     if (o.rope_scaling == LT_ROPE_SCALING_NONE &&
         (o.rope_factor != 0 || o.original_max_position != 0 || o.yarn_beta_fast != 0 || o.yarn_beta_slow != 0 ||
          o.rope_attn_factor != 0))

@@ -219,6 +219,9 @@ ln -s "$dir/nowhere/x" "$dir/dangling"
 expect 1 "longtune train: I/O error: $dir/dangling: is a symbolic link to nothing (a dangling link), not a folder" \
   "${run[@]}" --adapter-path "$dir/dangling"
 expect 2 "option 'quantize': 'q3_k' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k" "${run[@]}" --quantize q3_k
+expect 2 "option 'base_dtype': 'fp16' is not file|fp8" "${run[@]}" --base-dtype fp16
+expect 2 "option 'base_dtype' fp8 holds the base in fp8 itself: drop 'quantize' q4_0" "${run[@]}" --base-dtype fp8 \
+  --quantize q4_0
 out=$(echo "5 99999" | "$bin" tokenize --model "$dir/model" --decode 2>&1)
 if [ "$(grep -o 'longtune tokenize' <<<"$out" | wc -l)" != 1 ] ||
    ! grep -qF "longtune tokenize: invalid argument: record 1: token id 99999 at position 1 is not in the vocabulary" <<<"$out"; then

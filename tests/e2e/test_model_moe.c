@@ -560,6 +560,10 @@ static void quantized_experts(void **state) {
             lt_model *mq = NULL, *mf = NULL, *m8 = NULL;
             assert_int_equal(lt_model_load(ctx, q, &mo, &lo, &mq), LT_OK);
             assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &mf), LT_OK);
+            mo.quantize_dtype = LT_DTYPE_FP8; /* an fp8 base is for dense models: refused, named */
+            assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &m8), LT_ERR_UNSUPPORTED);
+            assert_non_null(strstr(lt_ctx_error(ctx), "an fp8 base is for dense models"));
+            assert_null(m8);
             mo.quantize_dtype = LT_DTYPE_Q8_0;
             assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &m8), LT_OK);
             const lt_model_config *cq = lt_model_get_config(mq);

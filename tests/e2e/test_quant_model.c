@@ -335,6 +335,30 @@ static void mixed_types_load_and_match_f32_twin(int tied, lt_dtype embed_dt, lt_
     lt_ctx_set_threads(ctx, 0);
     lt_model_free(ctx, mk);
     free(k.grads);
+    /* an fp8 base from the mixed file's block types: every projection packed from its values (v is
+     * not permuted: its bytes are lt_fp8_pack of the twin's f32 rows), the loss and the LoRA
+     * gradients close to the twin's through the FP8 products (x rounded per row too) */
+    lt_model *m8 = NULL;
+    step_out e8 = run_step(ctx, qpath, LT_DTYPE_FP8, tok, tgt, &m8);
+    for (int l = 0; l < L; l++)
+        for (int p = 0; p < LT_PROJ_COUNT_; p++) assert_int_equal(m8->layers[l].w[p].dtype, LT_DTYPE_FP8);
+    const tensor_spec *tv = spec(ts, n, "blk.1.attn_v.weight");
+    uint8_t *pv = malloc((size_t)tv->rows * (size_t)(2 * tv->cols + 4));
+    lt_fp8_pack(tv->f, tv->rows, tv->cols, pv);
+    assert_memory_equal(m8->layers[1].w[LT_PROJ_V].data, pv, (size_t)tv->rows * (size_t)(2 * tv->cols + 4));
+    free(pv);
+    double g8 = 0, d8 = 0;
+    for (int64_t i = 0; i < e8.n; i++) {
+        g8 += (double)f.grads[i] * f.grads[i];
+        d8 += ((double)e8.grads[i] - f.grads[i]) * ((double)e8.grads[i] - f.grads[i]);
+    }
+    print_message("fp8 base loss %.6f (f32 %.6f), gradients %.4f off\n", e8.loss, f.loss, sqrt(d8 / g8));
+    /* e4m3 keeps 3 significand bits: each operand of every product is off by ~3.6 % rms (2^-3 /
+     * sqrt(12)), and the LoRA gradients here pass through about twenty such products */
+    assert_true(fabs(e8.loss - f.loss) <= 0.02 * f.loss);
+    assert_true(sqrt(d8 / g8) <= 0.3);
+    lt_model_free(ctx, m8);
+    free(e8.grads);
     assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
     lt_ctx_free(ctx);
     free(q.grads);

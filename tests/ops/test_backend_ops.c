@@ -130,6 +130,15 @@ static void run_gemm(const op_case *c, env *e) {
 static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in, float *wd) {
     size_t rb = (size_t)lt_dtype_row_bytes(dt, in);
     uint8_t *wq = malloc(rb * (size_t)out);
+    if (dt == LT_DTYPE_FP8) { /* the whole matrix packed; wd = q·scale */
+        float *w = malloc(F4(out * in));
+        lt_test_fill_normal(rng, w, out * in, 0.5f);
+        lt_fp8_pack(w, out, in, wq);
+        const float *scale = (const float *)(wq + 2 * (size_t)out * (size_t)in);
+        for (int64_t i = 0; i < out * in; i++) wd[i] = lt_fp8_to_f32(wq[i]) * scale[i / in];
+        free(w);
+        return wq;
+    }
     float *wf = malloc(F4(in));
     for (int64_t r = 0; r < out; r++) {
         lt_test_fill_normal(rng, wf, in, 0.5f);
@@ -173,11 +182,26 @@ static void run_matmul(const op_case *c, env *e) {
     down(e, after, ws + wsb, WS_GUARD);
     for (int i = 0; i < WS_GUARD; i++) CHECK(e, after[i] != 0xa5);
     const double tol = lt_test_tol_for(input_dtype(e->be, PREC_INPUTS), xin);
+    /* fp8: the product is defined on x rounded per row to e4m3 (lt_fp8_row_scale); NN first folds
+     * W's row scales into x, so the reference then multiplies by q alone */
+    float *xr = x;
+    if (dt == LT_DTYPE_FP8) {
+        const float *scale = (const float *)(wq + 2 * (size_t)out * (size_t)in);
+        xr = malloc(F4(N * xin));
+        for (int64_t n = 0; n < N; n++) {
+            float *r = xr + n * xin, inv, sc;
+            for (int64_t k = 0; k < xin; k++) r[k] = x[n * xin + k] * (mode == LT_MATMUL_NN ? scale[k] : 1.0f);
+            (void)lt_fp8_row_scale(r, xin, &inv, &sc);
+            for (int64_t k = 0; k < xin; k++) r[k] = lt_fp8_to_f32(lt_f32_to_fp8(r[k] * inv)) * sc;
+        }
+        if (mode == LT_MATMUL_NN)
+            for (int64_t i = 0; i < out * in; i++) wd[i] = lt_fp8_to_f32(wq[i]);
+    }
     for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < yout; j++) {
             double s = 0, sa = 0;
             for (int64_t k = 0; k < xin; k++) {
-                double t = (double)x[n * xin + k] * wd[mode == LT_MATMUL_NT ? j * in + k : k * in + j];
+                double t = (double)xr[n * xin + k] * wd[mode == LT_MATMUL_NT ? j * in + k : k * in + j];
                 s += t, sa += fabs(t);
             }
             double acc = beta != 0 ? y0[n * yout + j] : 0;
@@ -192,6 +216,7 @@ static void run_matmul(const op_case *c, env *e) {
         free(y2);
     }
     dfree(e, w.data, wbytes), dfree(e, ws, wsb + WS_GUARD), dfree(e, dx, F4(N * xin)), dfree(e, dy, F4(N * yout));
+    if (xr != x) free(xr);
     free(wd), free(wq), free(guard), free(x), free(y0), free(y), free(after);
 }
 
@@ -1005,6 +1030,11 @@ static const op_case cases[] = {
     {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_BF16, NN | ACC},
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_BF16, NT | ACC}, /* two chunks of x */
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_Q8_0, NN},
+    /* fp8: e4m3 W with row scales, x rounded per row (sides multiples of 16, as the load requires) */
+    {"matmul", run_matmul, {160, 192, 70}, LT_DTYPE_FP8, NT},
+    {"matmul", run_matmul, {160, 192, 70}, LT_DTYPE_FP8, NN | ACC},
+    {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_FP8, NT | ACC}, /* two chunks of x */
+    {"matmul", run_matmul, {64, 96, 8201}, LT_DTYPE_FP8, NN},
     /* lora_fwd + lora_bwd {G, in, n, r} of lora_rows[opt] */
     {"lora", run_lora, {3, 64, 37, 4}, LT_DTYPE_F32, 0},
     {"lora", run_lora, {3, 64, 37, 4}, LT_DTYPE_F32, 1},

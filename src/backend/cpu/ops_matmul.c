@@ -341,9 +341,11 @@ void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, in
 }
 
 size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
-    (void)out, (void)N_max;
     if (wdtype == LT_DTYPE_F32) return 0;
-    return (size_t)lt_parallel_threads(threads) * LT_MATMUL_TILE * (size_t)in * sizeof(float);
+    size_t tiles = (size_t)lt_parallel_threads(threads) * LT_MATMUL_TILE * (size_t)in * sizeof(float);
+    if (wdtype != LT_DTYPE_FP8) return tiles;
+    /* fp8: x rounded as the FP8 product sees it (fp8_round_x), before the tiles */
+    return (size_t)(N_max > 0 ? N_max : 0) * (size_t)(in > out ? in : out) * sizeof(float) + tiles;
 }
 
 typedef struct mm_job {
@@ -354,10 +356,45 @@ typedef struct mm_job {
     int64_t N, out, in;
     float beta;
     size_t row_bytes;
+    int nn; /* NN mode (fp8: the row scales are in x) */
 } mm_job;
+
+/* The FP8 product's view of x (N, width), as the CUDA one quantizes it: NT rounds each row of x
+ * to e4m3 with its own scale (lt_fp8_row_scale); NN first multiplies x (dy, width out) by W's row
+ * scales column by column, then does the same. xr holds the rounded values times the row scale. */
+typedef struct fp8_x_job {
+    const float *x, *col_scale;
+    float *xr;
+    int64_t width;
+} fp8_x_job;
+
+static void fp8_round_x(void *arg, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const fp8_x_job *j = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + r * j->width;
+        float *d = j->xr + r * j->width, inv, sc;
+        if (j->col_scale) {
+            for (int64_t i = 0; i < j->width; i++) d[i] = x[i] * j->col_scale[i];
+            x = d;
+        }
+        (void)lt_fp8_row_scale(x, j->width, &inv, &sc);
+        for (int64_t i = 0; i < j->width; i++) d[i] = lt_fp8_to_f32(lt_f32_to_fp8(x[i] * inv)) * sc;
+    }
+}
 
 static void dequant_rows(const mm_job *j, int64_t r0, int64_t r1, float *dst) {
     const uint8_t *base = j->w->data;
+    if (j->w->dtype == LT_DTYPE_FP8) { /* q rows, times the row scale in NT (NN folds it into x) */
+        const float *scale = (const float *)(base + 2 * (size_t)j->out * (size_t)j->in);
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *q = base + (size_t)r * (size_t)j->in;
+            const float sc = j->nn ? 1.0f : scale[r];
+            float *d = dst + (r - r0) * j->in;
+            for (int64_t i = 0; i < j->in; i++) d[i] = lt_fp8_to_f32(q[i]) * sc;
+        }
+        return;
+    }
     for (int64_t r = r0; r < r1; r++)
         lt_dequantize_row(j->w->dtype, base + (size_t)r * j->row_bytes, dst + (r - r0) * j->in, j->in);
 }
@@ -403,9 +440,18 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
         else lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
         return;
     }
-    if (mode == LT_MATMUL_NT_DECODE && lt_cpu_matvec(ctx, w, x, N, beta, y, ws)) return;
-    mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in)};
+    const int fp8 = w->dtype == LT_DTYPE_FP8;
+    if (mode == LT_MATMUL_NT_DECODE && !fp8 && lt_cpu_matvec(ctx, w, x, N, beta, y, ws)) return;
+    mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in), mode == LT_MATMUL_NN};
     int threads = lt_ctx_threads(ctx);
+    if (fp8) { /* x rounded first; the tiles follow it in the workspace */
+        fp8_x_job fx = {x, NULL, ws, mode == LT_MATMUL_NN ? out : in};
+        if (mode == LT_MATMUL_NN)
+            fx.col_scale = (const float *)((const uint8_t *)w->data + 2 * (size_t)out * (size_t)in);
+        lt_parallel_for(threads, N, 16, fp8_round_x, &fx);
+        j.x = ws;
+        j.ws = (float *)ws + (size_t)N * (size_t)(in > out ? in : out);
+    }
     if (mode != LT_MATMUL_NN) {
         lt_parallel_for(threads, (out + LT_MATMUL_TILE - 1) / LT_MATMUL_TILE, 1, nt_tiles, &j);
     } else {

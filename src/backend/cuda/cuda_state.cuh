@@ -15,7 +15,8 @@
 
 /* One cuBLASLt plan: the descriptors and algorithm of one problem shape. */
 typedef struct lt_cuda_blas_key {
-    int kind; /* 0: f32 A, B, C; 1: bf16 A, B, f32 C */
+    int kind; /* 0: f32 A, B, C; 1: bf16 A, B, f32 C; 2: e4m3 A, B with per-row and per-column f32
+                 scales, f32 C (LT_DTYPE_FP8 weights) */
     int ta, tb;
     int64_t m, n, k, lda, ldb, ldc;
     int align_a, align_b, align_c;
@@ -39,7 +40,8 @@ typedef struct lt_cuda_xcache {
     const void *ws;
     const float *x;
     int64_t N, width;
-    size_t off_x;
+    size_t off_x, off_x8;
+    const void *colscale; /* fp8 NN: the weight row scales its e4m3 copy of x was scaled by */
 } lt_cuda_xcache;
 
 /* One capture at a time per context, from the thread that runs its ops. */

@@ -10,6 +10,7 @@
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -35,6 +36,10 @@ extern "C" {
  * large enough to run at full rate (8192 x 4096 x 14336 is 0.96 TFLOP), while a vocabulary-wide
  * head (out = 151936) takes 773-row chunks instead of a 2.5 GB copy. Never fewer than 128 rows. */
 #define MM_X_ROWS ((int64_t)8192)
+/* FP8 products accumulate in the tensor cores' fast mode (no periodic promotion to full fp32). */
+#ifndef MM_FP8_FAST_ACCUM
+#define MM_FP8_FAST_ACCUM 1
+#endif
 #define MM_X_ELEMS ((int64_t)8192 * 14336)
 
 /* ---- cuBLASLt plans: the context's state holds the handle and the plan cache ---- */
@@ -68,11 +73,21 @@ static void plan_free(blas_plan *p) {
 static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
-    cudaDataType_t ab = k->kind ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ab = k->kind == 2 ? CUDA_R_8F_E4M3 : k->kind ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t ta = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     BLAS_OK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
     BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "descriptor");
     BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "descriptor");
+    if (k->kind == 2) { /* a scale per row of D (A's) and per column (B's), applied to the f32 sums */
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        const int8_t fast = MM_FP8_FAST_ACCUM;
+        BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode),
+                "descriptor");
+        BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode),
+                "descriptor");
+        BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
+                "descriptor");
+    }
     BLAS_OK(cublasLtMatrixLayoutCreate(&p->ad, ab, (uint64_t)(k->ta ? k->k : k->m), (uint64_t)(k->ta ? k->m : k->k),
                                        k->lda),
             "layout");
@@ -98,16 +113,20 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
-        LT_ABORT("cuBLASLt has no algorithm for %s %lld x %lld x %lld (status %d)", k->kind ? "bf16" : "f32",
+        LT_ABORT("cuBLASLt has no algorithm for %s %lld x %lld x %lld (status %d)",
+                 k->kind == 2  ? "fp8"
+                     : k->kind ? "bf16"
+                               : "f32",
                  (long long)k->m, (long long)k->n, (long long)k->k, (int)s);
     p->algo = res.algo;
 }
 
 /* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
- * > 0 is the state's gemm workspace. */
-static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
-                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                     void *ws, size_t wsb) {
+ * > 0 is the state's gemm workspace. Kind 2 (e4m3) multiplies D's row i by sa[i] and column j by
+ * sb[j] before alpha and beta. */
+static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                            void *ws, size_t wsb, const float *sa, const float *sb) {
     blas_key key;
     memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
     key.kind = kind, key.ta = ta, key.tb = tb;
@@ -129,6 +148,10 @@ static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n
         plan_make(handle, &st->plans[slot], &key);
         p = &st->plans[slot];
     }
+    if (kind == 2) {
+        BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "scales");
+        BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb), "scales");
+    }
     cublasStatus_t bs = cublasLtMatmul(handle, p->op, &alpha, A, p->ad, B, p->bd, &beta, C, p->cd, C, p->cd, &p->algo,
                                        ws, wsb, st->stream);
     /* While a step is being captured, a failed matmul marks the capture failed (the trainer then
@@ -139,6 +162,12 @@ static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n
     }
     pthread_mutex_unlock(&st->blas_mu);
     BLAS_OK(bs, "matmul");
+}
+
+static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     void *ws, size_t wsb) {
+    blas_run_scaled(ctx, kind, ta, tb, m, n, kk, alpha, A, lda, B, ldb, beta, C, ldc, ws, wsb, NULL, NULL);
 }
 
 /* ---- f32 GEMM ---- */
@@ -180,16 +209,18 @@ void lt_cuda_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, i
 /* ---- weight matmul ---- */
 
 typedef struct mm_layout {
-    int64_t tile_rows; /* rows of W per tile (out when W is bf16: no tile) */
+    int64_t tile_rows; /* rows of W per tile (out when W is bf16 or fp8: no tile) */
     int64_t x_rows;    /* rows of x per bf16 chunk */
     size_t off_tile, off_x, total;
+    size_t off_x8, off_sx, off_one; /* fp8: e4m3 x, its row scales, a vector of ones (NN's A scales) */
 } mm_layout;
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
     mm_layout l;
-    if (dt == LT_DTYPE_BF16) {
+    memset(&l, 0, sizeof l);
+    if (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_FP8) {
         l.tile_rows = out;
     } else {
         int64_t r = MM_TILE_ELEMS / (in > 0 ? in : 1) / 128 * 128;
@@ -197,7 +228,7 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
         l.tile_rows = r < out ? r : out;
     }
     l.off_tile = align256(MM_BLAS_WS);
-    size_t tile = dt == LT_DTYPE_BF16 ? 0 : align256((size_t)l.tile_rows * (size_t)in * 2);
+    size_t tile = dt == LT_DTYPE_BF16 || dt == LT_DTYPE_FP8 ? 0 : align256((size_t)l.tile_rows * (size_t)in * 2);
     l.off_x = l.off_tile + tile;
     const int64_t xcols = in > out ? in : out;
     l.x_rows = MM_X_ELEMS / (xcols > 0 ? xcols : 1);
@@ -206,6 +237,12 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
     int64_t rows = N_max < l.x_rows ? N_max : l.x_rows;
     if (rows < 0) rows = 0;
     l.total = l.off_x + align256((size_t)rows * (size_t)xcols * 2);
+    if (dt == LT_DTYPE_FP8) { /* beside the bf16 x the LoRA products read: its e4m3 copy and scales */
+        l.off_x8 = l.total;
+        l.off_sx = l.off_x8 + align256((size_t)rows * (size_t)xcols);
+        l.off_one = l.off_sx + align256((size_t)rows * 4);
+        l.total = l.off_one + align256((size_t)xcols * 4);
+    }
     return l;
 }
 
@@ -245,6 +282,62 @@ static void to_bf16(lt_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
     }
 }
 
+/* ---- fp8 staging ----
+ * One block a row of x (width a multiple of 4): the row's bf16 copy for the LoRA products and its
+ * e4m3 copy for the FP8 product, scaled as lt_fp8_row_scale scales (inv = 448 / amax by IEEE
+ * division, so both backends round the same products). NN passes W's row scales (colscale): the
+ * e4m3 copy then holds x·colscale per column, which folds W's scales into x. */
+#define FP8_STAGE_THREADS 256
+
+static __device__ __forceinline__ uint32_t fp8x4_bits(float a, float b, float c, float d) {
+    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+static __global__ void __launch_bounds__(FP8_STAGE_THREADS)
+    fp8_stage_k(const float *x, int64_t width, const float *colscale, __nv_bfloat16 *xb, uint32_t *x8, float *sx,
+                float *one, int64_t n_one) {
+    const int64_t r = blockIdx.x, w4 = width / 4;
+    const float4 *row = (const float4 *)(x + r * width);
+    const float4 *cs = (const float4 *)colscale;
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < w4; i += FP8_STAGE_THREADS) {
+        float4 v = row[i];
+        if (cs) {
+            const float4 c = cs[i];
+            v.x *= c.x, v.y *= c.y, v.z *= c.z, v.w *= c.w;
+        }
+        if (isnan(v.x) || isnan(v.y) || isnan(v.z) || isnan(v.w) || isnan(amax)) amax = __int_as_float(0x7fc00000);
+        else amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    __shared__ float red[FP8_STAGE_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = isnan(t) ? t : fmaxf(amax, t);
+    }
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int k = 1; k < FP8_STAGE_THREADS / 32; k++) amax = isnan(red[k]) ? red[k] : fmaxf(amax, red[k]);
+    const float inv = amax > 0.0f ? __fdiv_rn(LT_FP8_MAX, amax) : 0.0f;
+    if (threadIdx.x == 0) sx[r] = amax > 0.0f ? __fdiv_rn(amax, LT_FP8_MAX) : (amax == 0.0f ? 0.0f : amax);
+    uint2 *xbr = (uint2 *)(xb + r * width);
+    uint32_t *x8r = x8 + r * w4;
+    for (int64_t i = threadIdx.x; i < w4; i += FP8_STAGE_THREADS) {
+        const float4 v = row[i];
+        xbr[i] = make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
+        float4 u = v;
+        if (cs) {
+            const float4 c = cs[i];
+            u.x *= c.x, u.y *= c.y, u.z *= c.z, u.w *= c.w;
+        }
+        x8r[i] = fp8x4_bits(u.x * inv, u.y * inv, u.z * inv, u.w * inv);
+    }
+    if (r == 0)
+        for (int64_t i = threadIdx.x; i < n_one; i += FP8_STAGE_THREADS) one[i] = 1.0f;
+}
+
 /* Rows [r0, r0 + rows) of W (plain dtype) into a bf16 (rows, in) tile, one element a thread. */
 static __global__ void dequant_tile_k(lt_dtype t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t rows,
                                       int64_t in, __nv_bfloat16 *tile) {
@@ -282,7 +375,34 @@ static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row
 static int mm_x_cached(const lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin,
                        const mm_layout *l) {
     return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
-        mm_last.off_x == l->off_x;
+        mm_last.off_x == l->off_x && mm_last.off_x8 == l->off_x8;
+}
+
+/* W's row scales (fp8) when mode is NN (the e4m3 copy of x is scaled by them), else NULL. */
+static const float *fp8_colscale(lt_matmul_mode mode, const lt_tensor *w) {
+    if (w->dtype != LT_DTYPE_FP8 || mode != LT_MATMUL_NN) return NULL;
+    return (const float *)((const char *)w->data + 2 * (size_t)w->shape[0] * (size_t)w->shape[1]);
+}
+
+/* Rows [0, n) of x (width xin) into the workspace: bf16, and for an fp8 W also e4m3 with its
+ * scales (colscale: see fp8_stage_k). */
+static void stage_rows(lt_ctx *ctx, const mm_layout *l, void *ws, const float *x, int64_t n, int64_t xin, int fp8,
+                       const float *colscale, int64_t n_one) {
+    char *wsc = (char *)ws;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)(wsc + l->off_x);
+    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
+    if (fp8) {
+        /* float4 rows: activations are 16-byte aligned and fp8 sides multiples of 16 (the load's check) */
+        LT_ASSERT(((uintptr_t)x & 15) == 0 && xin % 4 == 0);
+        fp8_stage_k<<<(unsigned)n, FP8_STAGE_THREADS, 0, lt_cuda_stream(ctx)>>>(x, xin, colscale, xb,
+                                                                                (uint32_t *)(wsc + l->off_x8),
+                                                                                (float *)(wsc + l->off_sx),
+                                                                                (float *)(wsc + l->off_one), n_one);
+        LT_CUDA_LAUNCHED(ctx, "matmul: x to bf16 and fp8");
+    } else {
+        to_bf16(ctx, x, xb, n * xin);
+    }
+    lt_prof_end(ph);
 }
 
 const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,
@@ -293,11 +413,11 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
     if (N <= 0 || N > l.x_rows || xin % 8) return NULL;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
     lt_cuda_xcache &mm_last = lt_cuda_state_of(ctx)->xcache;
-    if (!(same_x && mm_x_cached(mm_last, ws, x, N, xin, &l))) {
-        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
-        to_bf16(ctx, x, xb, N * xin);
-        lt_prof_end(ph);
+    const float *cs = fp8_colscale(mode, w);
+    if (!(same_x && mm_x_cached(mm_last, ws, x, N, xin, &l) && mm_last.colscale == cs)) {
+        stage_rows(ctx, &l, ws, x, N, xin, w->dtype == LT_DTYPE_FP8, cs, mode == LT_MATMUL_NN ? in : 0);
         mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
+        mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
     }
     return xb;
 }
@@ -321,8 +441,31 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
     lt_cuda_state *st = lt_cuda_state_of(ctx);
     LT_ASSERT(st != NULL);
     lt_cuda_xcache &mm_last = st->xcache;
-    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l);
+    const float *cs = fp8_colscale(mode, w);
+    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l) && mm_last.colscale == cs;
     if (!x_ready) mm_last.x = NULL;
+    if (dt == LT_DTYPE_FP8) { /* e4m3 W (NT) or its transposed copy (NN), scaled per row of D */
+        const uint8_t *q = (const uint8_t *)w->data, *qt = q + (size_t)out * (size_t)in;
+        const float *wscale = (const float *)(qt + (size_t)out * (size_t)in);
+        const uint8_t *x8 = (const uint8_t *)(wsc + l.off_x8);
+        const float *sx = (const float *)(wsc + l.off_sx), *one = (const float *)(wsc + l.off_one);
+        for (int64_t n0 = 0; n0 < N; n0 += XR) {
+            const int64_t nr = N - n0 < XR ? N - n0 : XR;
+            if (!(x_ready && nchunks == 1)) {
+                stage_rows(ctx, &l, ws, x + n0 * xin, nr, xin, 1, cs, mode == LT_MATMUL_NN ? in : 0);
+                if (nchunks == 1)
+                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x,
+                    mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
+            }
+            if (mode == LT_MATMUL_NT) /* yᵀ (out, nr) = diag(scale)·q·x8ᵀ·diag(sx) */
+                blas_run_scaled(ctx, 2, 1, 0, out, nr, in, 1.0f, q, in, x8, in, beta, y + n0 * out, out, ws, MM_BLAS_WS,
+                                wscale, sx);
+            else /* dxᵀ (in, nr) = qᵀ·(x·diag(scale))8ᵀ·diag(sx), qᵀ read from the transposed copy */
+                blas_run_scaled(ctx, 2, 1, 0, in, nr, out, 1.0f, qt, out, x8, out, beta, y + n0 * in, in, ws,
+                                MM_BLAS_WS, one, sx);
+        }
+        return;
+    }
     for (int64_t r0 = 0; r0 < out; r0 += l.tile_rows) {
         const int64_t rows = out - r0 < l.tile_rows ? out - r0 : l.tile_rows;
         const __nv_bfloat16 *wt;
@@ -351,7 +494,8 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
                 lt_prof_end(ph);
                 x_ready = 1;
                 if (nchunks == 1)
-                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
+                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x,
+                    mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
                 blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws,
