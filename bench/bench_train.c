@@ -776,10 +776,10 @@ int lt_bench_train(int argc, char **argv) {
     if (chunk_rows && chunk_rows != LT_MODEL_CHUNK_ROWS)
         snprintf(chunk_tag, sizeof chunk_tag, "-chunk%lld", (long long)chunk_rows);
     /* runs off the default configuration never overwrite the published file */
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
              random_w ? weights : "weights", rc_tag, recompute_attn ? "-recompute-attn" : "",
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "", chunk_tag);
+             cuda && !graph ? "-nograph" : "", chunk_tag, base_fp8 ? "-fp8" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -67,9 +67,13 @@ for s in $steps; do
     run 200 "kernels qwen3-8b 8k" env BIN="$BIN" OUT="$OUT/kernels" scripts/gpu-kernels.sh ;;
   offload8b) # opt-in, alone in a command: the Qwen3-8B ceiling with the layer checkpoints in pinned
     # host memory and one real step at 417,792 tokens on the search's allocation (preparing it pins
-    # ~108 GiB in ~50 s; the step itself estimated at 7-8 minutes from the attention kernels' times)
-    run 590 "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
+    # ~108 GiB in ~50 s; the step itself ran past 505 s on an H200: LT_OFFLOAD8B_LIMIT seconds, 1500 by default)
+    run "${LT_OFFLOAD8B_LIMIT:-1500}" "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
       --offload-checkpoints --confirm-T 417792 --no-peer --out "$OUT" ;;
+  fp8) # opt-in: the Qwen3-8B 8k step without recompute, the base held in fp8 (--base-dtype fp8),
+    # with both peers (train-cuda-qwen3-8b-random-bf16-norecompute-fp8.json; ~60 s)
+    run 150 "train qwen3-8b 8k fp8 base" "$BIN" bench train --backend cuda --shape qwen3-8b --seq 8192 \
+      --recompute none --base-dtype fp8 --out "$OUT" ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
