@@ -194,7 +194,9 @@ static const char *parse_dtypes(const char *v, void *dst) {
     snprintf(buf, sizeof buf, "%s", v);
     *l->n = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*l->n == 16 || lt_dtype_parse(tok, &l->dt[*l->n]) != LT_OK || l->dt[*l->n] == LT_DTYPE_I32)
+        /* fp8 weights are packed a whole matrix at a time (lt_fp8_pack), not row by row as here */
+        if (*l->n == 16 || lt_dtype_parse(tok, &l->dt[*l->n]) != LT_OK || l->dt[*l->n] == LT_DTYPE_I32 ||
+            l->dt[*l->n] == LT_DTYPE_FP8)
             return "a comma list of W dtypes (f32, bf16, q4_0, q4_k, iq4_xs, ...)";
         (*l->n)++;
     }

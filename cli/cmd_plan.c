@@ -271,16 +271,15 @@ int lt_cmd_plan(int argc, char **argv) {
         lt_model_options mo;
         memset(&mo, 0, sizeof mo);
         mo.device = ro.device;
-        if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &mo.quantize_dtype); /* validated with the options */
-        if (!strcmp(ro.base_dtype, "fp8")) mo.quantize_dtype = LT_DTYPE_FP8;
+        (void)lt_train_held_dtype(ctx, &ro, &mo.quantize_dtype); /* validated with the options */
         s = lt_model_inspect(ctx, ro.model, &mo, &cfg);
     } else {
         s = lt_model_config_read_hf(ctx, hf_config, &cfg);
         if (s == LT_OK) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
             lt_dtype qd = wdtype;
-            if (ro.quantize[0]) (void)lt_dtype_parse(ro.quantize, &qd);
-            if (!strcmp(ro.base_dtype, "fp8")) qd = LT_DTYPE_FP8;
+            (void)lt_train_held_dtype(ctx, &ro, &qd);
+            if (qd == LT_DTYPE_F32) qd = wdtype; /* none asked: the config's weight dtype */
             for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = qd;
         }
     }

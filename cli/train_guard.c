@@ -52,7 +52,7 @@ int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options 
     if (!opt->recompute_auto) return 0;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    if (opt->quantize[0]) (void)lt_dtype_parse(opt->quantize, &mo.quantize_dtype); /* validated with the options */
+    (void)lt_train_held_dtype(ctx, opt, &mo.quantize_dtype); /* validated with the options */
     mo.device = opt->device;
     lt_model_config cfg;
     lt_plan_options po;
@@ -98,8 +98,8 @@ int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *op
     if (cg->off) return 0;
     lt_model_options mo;
     memset(&mo, 0, sizeof mo);
-    if (opt->quantize[0]) (void)lt_dtype_parse(opt->quantize, &mo.quantize_dtype); /* validated with the options */
-    mo.device = opt->device; /* the dtypes a model is held in depend on it */
+    (void)lt_train_held_dtype(ctx, opt, &mo.quantize_dtype); /* validated with the options */
+    mo.device = opt->device;                                 /* the dtypes a model is held in depend on it */
     lt_model_config cfg;
     lt_plan_options po;
     int cp = opt->context_parallel && world > 1;

@@ -176,6 +176,11 @@ LT_API lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, 
  * LT_ERR_INVALID_ARG names the offending option. */
 LT_API lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out);
 
+/* The dtype the options ask the base's projections to be held in (lt_model_options.quantize_dtype):
+ * LT_DTYPE_FP8 for base_dtype "fp8", the quantize format when one is set, else LT_DTYPE_F32 (the
+ * file's dtypes). Errors: LT_ERR_INVALID_ARG for a quantize that names no dtype. */
+LT_API lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out);
+
 /* Learning rate of optimizer step `step` (0-based) of a resolved run: linear warmup from
  * lr/warmup to lr over the first `warmup` steps, then constant or cosine from lr to min_lr over
  * the remaining iters - warmup steps (reaching min_lr one step after the last). */

@@ -489,6 +489,17 @@ static int has_token(const char *list, const char *t) {
     return 0;
 }
 
+lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out) {
+    *out = LT_DTYPE_F32;
+    if (!strcmp(opt->base_dtype, "fp8")) {
+        *out = LT_DTYPE_FP8;
+    } else if (opt->quantize[0] && lt_dtype_parse(opt->quantize, out) != LT_OK) {
+        *out = LT_DTYPE_F32;
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "--quantize %s: not a dtype", opt->quantize);
+    }
+    return LT_OK;
+}
+
 lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out) {
     lt_train_options o = *in;
     if (!o.model[0]) return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'model' is required");

@@ -74,10 +74,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_dataset *train = NULL, *valid = NULL;
     lt_model *m = NULL;
     lt_status s;
-    lt_dtype quantize = LT_DTYPE_F32;
-    if (opt->quantize[0] && lt_dtype_parse(opt->quantize, &quantize) != LT_OK)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "--quantize %s: not a dtype", opt->quantize);
-    if (!strcmp(opt->base_dtype, "fp8")) quantize = LT_DTYPE_FP8;
+    lt_dtype quantize;
+    LT_TRY(lt_train_held_dtype(ctx, opt, &quantize));
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
     if (!opt->resume_adapter_file[0] && !opt->overwrite) {

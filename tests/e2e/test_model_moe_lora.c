@@ -162,7 +162,7 @@ static void check_case(const char *c, const char *sub, const char *file, lt_devi
     float coef = strtof(lt_safetensors_metadata(f.exp, "aux_coef"), NULL);
     int cuda = dev != LT_DEVICE_CPU;
     double rel_loss = cuda ? CUDA_REL_LOSS : ORACLE_REL, rel_grad = cuda ? CUDA_REL_GRAD : ORACLE_REL;
-    int64_t N = f.B * f.T, V = cfg->V, ng = 0;
+    int64_t N = f.B * f.T, ng = 0;
     lt_model_batch b = lt_test_fixture_batch(&f);
     const lt_recompute pol[3] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K};
     const int64_t chunks[3] = {0, 1, 3};
@@ -178,13 +178,9 @@ static void check_case(const char *c, const char *sub, const char *file, lt_devi
             ro.chunk_rows = ci == 2 ? 7 : 0;
             assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
             if (ci == 0) {
-                float *logits = malloc((size_t)(N * V) * 4);
-                for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
-                assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
                 snprintf(what, sizeof what, "%s/%s %s %s logits (policy %d)", c, sub, file ? file : "",
                          lt_test_backend_name(dev), pi);
-                lt_test_compare(what, logits, lt_test_fixture_tensor(ctx, &f, "logits", NULL), N * V, rel_loss);
-                free(logits);
+                lt_test_fixture_check_logits(ctx, m, &f, what, rel_loss);
             }
             lt_model_zero_grads(m);
             lt_model_result r;

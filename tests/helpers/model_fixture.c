@@ -107,16 +107,23 @@ lt_model *lt_test_fixture_model_in(lt_ctx *ctx, const char *dir, const char *fil
     return lt_test_fixture_model(ctx, path, what, f, quantize);
 }
 
-void lt_test_fixture_check_step(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *c, double rel) {
+void lt_test_fixture_check_logits(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *what, double rel) {
     const int64_t N = f->B * f->T, V = lt_model_get_config(m)->V;
     lt_model_batch b = lt_test_fixture_batch(f);
-    float *logits = malloc((size_t)(N * V) * 4), tl[64];
+    float *logits = malloc((size_t)(N * V) * 4);
     for (int64_t i = 0; i < N * V; i++) logits[i] = LT_TEST_POISON;
     assert_int_equal(lt_model_logits(ctx, m, &b, logits), LT_OK);
-    char what[1400];
-    snprintf(what, sizeof what, "%s logits", c);
     lt_test_compare(what, logits, lt_test_fixture_tensor(ctx, f, "logits", NULL), N * V, rel);
     free(logits);
+}
+
+void lt_test_fixture_check_step(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *c, double rel) {
+    const int64_t N = f->B * f->T;
+    lt_model_batch b = lt_test_fixture_batch(f);
+    float tl[64];
+    char what[1400];
+    snprintf(what, sizeof what, "%s logits", c);
+    lt_test_fixture_check_logits(ctx, m, f, what, rel);
     lt_model_zero_grads(m);
     lt_model_result r;
     if (lt_model_forward_backward(ctx, m, &b, 0.0f, &r, tl) != LT_OK) {

@@ -28,6 +28,9 @@ lt_model *lt_test_fixture_model(lt_ctx *ctx, const char *path, const char *what,
  * path) a model folder elsewhere; as lt_test_fixture_model otherwise. */
 lt_model *lt_test_fixture_model_in(lt_ctx *ctx, const char *dir, const char *file, const char *what,
                                    const lt_test_fixture *f, int quantize);
+/* The prepared model m's logits on f's batch (into a poisoned buffer) against the fixture's
+ * within rel; `what` names them in a failure. */
+void lt_test_fixture_check_logits(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *what, double rel);
 /* One step of the prepared model m on f's batch against the fixture within rel: logits, loss,
  * per-token loss and every LoRA gradient (`what` names the case in a failure). */
 void lt_test_fixture_check_step(lt_ctx *ctx, lt_model *m, const lt_test_fixture *f, const char *what, double rel);

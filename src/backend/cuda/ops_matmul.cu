@@ -371,11 +371,19 @@ static __global__ void dequant_groups_k(lt_dtype t, const uint8_t *w, size_t row
     }
 }
 
-/* Whether the workspace's bf16 x area holds all of x (N rows of width xin) for a layout l. */
+/* Whether the workspace holds all of x (N rows of width xin) staged for a layout l: bf16, and for
+ * fp8 its e4m3 copy scaled by colscale. */
 static int mm_x_cached(const lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin,
-                       const mm_layout *l) {
+                       const mm_layout *l, const float *colscale) {
     return N <= l->x_rows && mm_last.ws == ws && mm_last.x == x && mm_last.N == N && mm_last.width == xin &&
-        mm_last.off_x == l->off_x && mm_last.off_x8 == l->off_x8;
+        mm_last.off_x == l->off_x && mm_last.off_x8 == l->off_x8 && mm_last.colscale == colscale;
+}
+
+/* Records that the workspace of layout l holds all N rows of x (width xin) staged, for colscale. */
+static void mm_x_remember(lt_cuda_xcache &mm_last, const void *ws, const float *x, int64_t N, int64_t xin,
+                          const mm_layout *l, const float *colscale) {
+    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin;
+    mm_last.off_x = l->off_x, mm_last.off_x8 = l->off_x8, mm_last.colscale = colscale;
 }
 
 /* W's row scales (fp8) when mode is NN (the e4m3 copy of x is scaled by them), else NULL. */
@@ -414,10 +422,9 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
     __nv_bfloat16 *xb = (__nv_bfloat16 *)((char *)ws + l.off_x);
     lt_cuda_xcache &mm_last = lt_cuda_state_of(ctx)->xcache;
     const float *cs = fp8_colscale(mode, w);
-    if (!(same_x && mm_x_cached(mm_last, ws, x, N, xin, &l) && mm_last.colscale == cs)) {
+    if (!(same_x && mm_x_cached(mm_last, ws, x, N, xin, &l, cs))) {
         stage_rows(ctx, &l, ws, x, N, xin, w->dtype == LT_DTYPE_FP8, cs, mode == LT_MATMUL_NN ? in : 0);
-        mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x;
-        mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
+        mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
     }
     return xb;
 }
@@ -442,7 +449,7 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
     LT_ASSERT(st != NULL);
     lt_cuda_xcache &mm_last = st->xcache;
     const float *cs = fp8_colscale(mode, w);
-    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l) && mm_last.colscale == cs;
+    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l, cs);
     if (!x_ready) mm_last.x = NULL;
     if (dt == LT_DTYPE_FP8) { /* e4m3 W (NT) or its transposed copy (NN), scaled per row of D */
         const uint8_t *q = (const uint8_t *)w->data, *qt = q + (size_t)out * (size_t)in;
@@ -453,9 +460,7 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
                 stage_rows(ctx, &l, ws, x + n0 * xin, nr, xin, 1, cs, mode == LT_MATMUL_NN ? in : 0);
-                if (nchunks == 1)
-                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x,
-                    mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
+                if (nchunks == 1) mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
             }
             if (mode == LT_MATMUL_NT) /* yᵀ (out, nr) = diag(scale)·q·x8ᵀ·diag(sx) */
                 blas_run_scaled(ctx, 2, 1, 0, out, nr, in, 1.0f, q, in, x8, in, beta, y + n0 * out, out, ws, MM_BLAS_WS,
@@ -493,9 +498,7 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
                 to_bf16(ctx, x + n0 * xin, xb, nr * xin);
                 lt_prof_end(ph);
                 x_ready = 1;
-                if (nchunks == 1)
-                    mm_last.ws = ws, mm_last.x = x, mm_last.N = N, mm_last.width = xin, mm_last.off_x = l.off_x,
-                    mm_last.off_x8 = l.off_x8, mm_last.colscale = cs;
+                if (nchunks == 1) mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
             }
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
                 blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws,
