@@ -178,7 +178,8 @@ LT_API lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *i
 
 /* The dtype the options ask the base's projections to be held in (lt_model_options.quantize_dtype):
  * LT_DTYPE_FP8 for base_dtype "fp8", the quantize format when one is set, else LT_DTYPE_F32 (the
- * file's dtypes). Errors: LT_ERR_INVALID_ARG for a quantize that names no dtype. */
+ * file's dtypes). Errors: LT_ERR_INVALID_ARG for a quantize that names no dtype or a base_dtype
+ * other than "", "file" and "fp8". */
 LT_API lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out);
 
 /* Learning rate of optimizer step `step` (0-based) of a resolved run: linear warmup from

@@ -491,6 +491,8 @@ static int has_token(const char *list, const char *t) {
 
 lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out) {
     *out = LT_DTYPE_F32;
+    if (opt->base_dtype[0] && strcmp(opt->base_dtype, "file") && strcmp(opt->base_dtype, "fp8"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'base_dtype': '%s' is not file|fp8", opt->base_dtype);
     if (!strcmp(opt->base_dtype, "fp8")) {
         *out = LT_DTYPE_FP8;
     } else if (opt->quantize[0] && lt_dtype_parse(opt->quantize, out) != LT_OK) {
