@@ -147,7 +147,7 @@ int lt_bench_generate(int argc, char **argv) {
         fprintf(stderr, "longtune bench generate: --backend cuda: %s\n", lt_ctx_error(g.ctx));
         goto done;
     }
-    lt_model_options mo = {dev, 0};
+    lt_model_options mo = {.device = dev};
     lt_lora_options lo;
     memset(&lo, 0, sizeof lo);
     lo.targets = 1u << LT_PROJ_Q, lo.num_layers = 1, lo.rank = 1; /* B = 0: the base model */

@@ -162,7 +162,7 @@ static lt_status measure(lt_ctx *ctx, lt_comm *comm, const cfg *c, const char *a
     }
     lt_lora_options lora;
     if ((s = lt_train_lora_options(ctx, &ro, &lora)) != LT_OK) goto done;
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     if ((s = lt_model_load(ctx, c->model, &mo, &lora, &m)) != LT_OK) goto done;
     uint64_t seed = 0xda7a, V = (uint64_t)lt_model_get_config(m)->V;
     for (int64_t i = 0; i < nseq * len; i++) tok[i] = (int32_t)(3 + lt_bench_rand_u64(&seed) % (V - 3));

@@ -45,7 +45,7 @@ static void print_help(void) {
            "                      auto: what train would choose for the budget); --grad-checkpoint = all\n"
            "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
            "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --base-dtype\n"
-           "                      file|fp8, --threads N,\n"
+           "                      file|fp8, --fp8-skip LIST, --threads N,\n"
            "  --chunk-rows N      rows per chunk of the position-wise work [8192; auto may halve it]\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"
@@ -269,18 +269,16 @@ int lt_cmd_plan(int argc, char **argv) {
     memset(&cfg, 0, sizeof cfg);
     if (!hf_config) {
         lt_model_options mo;
-        memset(&mo, 0, sizeof mo);
-        mo.device = ro.device;
-        (void)lt_train_held_dtype(ctx, &ro, &mo.quantize_dtype); /* validated with the options */
+        (void)lt_train_model_options(ctx, &ro, &mo); /* validated with the options */
         s = lt_model_inspect(ctx, ro.model, &mo, &cfg);
     } else {
         s = lt_model_config_read_hf(ctx, hf_config, &cfg);
         if (s == LT_OK) {
             cfg.embed_dtype = cfg.head_dtype = wdtype;
-            lt_dtype qd = wdtype;
-            (void)lt_train_held_dtype(ctx, &ro, &qd);
-            if (qd == LT_DTYPE_F32) qd = wdtype; /* none asked: the config's weight dtype */
-            for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = qd;
+            lt_model_options mo;
+            (void)lt_train_model_options(ctx, &ro, &mo); /* validated with the options */
+            lt_dtype qd = mo.quantize_dtype == LT_DTYPE_F32 ? wdtype : mo.quantize_dtype; /* none: the config's */
+            for (int p = 0; p < LT_PROJ_COUNT_; p++) cfg.proj_dtype[p] = mo.fp8_skip >> p & 1u ? wdtype : qd;
         }
     }
     lt_rope_override rope = lt_train_rope_override(&ro);

@@ -67,6 +67,8 @@ static void print_help(void) {
         "                             (from any dtype the model has) and run its products as FP8\n"
         "                             GEMMs on activations scaled per row: faster on Hopper, about\n"
         "                             as large as bf16 [file: as the file holds it]\n"
+        "  --fp8-skip LIST            with --base-dtype fp8: projections held as the file holds them\n"
+        "                             (q,k,v,o,gate,up,down): less rounding, less speed\n"
         "  --rope-scaling TYPE        extend the context: linear | dynamic | yarn | llama3 | longrope\n"
         "                             (transformers' semantics; replaces the model's own scaling) with\n"
         "  --rope-factor F            the scaling factor (required with --rope-scaling);\n"

@@ -11,7 +11,7 @@ lt_status lt_gen_open(lt_ctx *ctx, const char *path, const char *adapter_dir, lt
                       lt_model **m) {
     *tok = NULL, *m = NULL;
     LT_TRY(lt_tokenizer_load(ctx, path, tok));
-    lt_model_options mo = {dev, 0};
+    lt_model_options mo = {.device = dev};
     lt_lora_options lora;
     memset(&lora, 0, sizeof lora);
     if (adapter_dir) {

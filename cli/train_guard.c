@@ -51,9 +51,7 @@ lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_m
 int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options *opt, int world) {
     if (!opt->recompute_auto) return 0;
     lt_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    (void)lt_train_held_dtype(ctx, opt, &mo.quantize_dtype); /* validated with the options */
-    mo.device = opt->device;
+    (void)lt_train_model_options(ctx, opt, &mo); /* validated with the options */
     lt_model_config cfg;
     lt_plan_options po;
     int cp = opt->context_parallel && world > 1;
@@ -97,9 +95,7 @@ int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options 
 int lt_cli_guard_start(lt_ctx *ctx, lt_cli_guard *cg, const lt_train_options *opt, int world) {
     if (cg->off) return 0;
     lt_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    (void)lt_train_held_dtype(ctx, opt, &mo.quantize_dtype); /* validated with the options */
-    mo.device = opt->device;                                 /* the dtypes a model is held in depend on it */
+    (void)lt_train_model_options(ctx, opt, &mo); /* validated with the options; the device is in them */
     lt_model_config cfg;
     lt_plan_options po;
     int cp = opt->context_parallel && world > 1;

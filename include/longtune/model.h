@@ -367,7 +367,10 @@ typedef struct lt_model_options {
                           LT_DTYPE_F32 (0) keeps the file's dtypes. A projection whose rows are
                           not whole K-quant super-blocks (C = 576) takes llama.cpp's fallback,
                           named in the log: q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0. Embeddings and
-                          the head keep their dtype. */
+                          the head keep their dtype. LT_DTYPE_FP8: every projection in FP8
+                          E4M3 with a scale per row (LT_DTYPE_FP8), from any dtype the file has. */
+    unsigned fp8_skip;       /* with quantize_dtype LT_DTYPE_FP8: bit p set (1u << lt_proj) holds
+                          projection p as the file holds it */
 } lt_model_options;
 
 typedef struct lt_model lt_model;

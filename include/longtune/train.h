@@ -105,6 +105,9 @@ typedef struct lt_train_options {
                                       per-row scales, its products FP8 GEMMs with activations
                                       scaled per row (faster, not smaller than bf16); "file" or
                                       "": as the file holds it (or --quantize) */
+    char fp8_skip[64];                           /* with base_dtype "fp8": comma list of projections held as
+                                      the file holds them, their products unchanged (q,k,v,o,
+                                      gate,up,down or *_proj) [""] */
     int threads;                                 /* CPU threads [0 = all] */
     lt_device device;                            /* cpu | cuda: where the model, LoRA state and optimizer live
                                       [cpu]; cuda in a build or on a machine without one is
@@ -176,11 +179,12 @@ LT_API lt_status lt_train_options_load_json(lt_ctx *ctx, lt_train_options *opt, 
  * LT_ERR_INVALID_ARG names the offending option. */
 LT_API lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_train_options *out);
 
-/* The dtype the options ask the base's projections to be held in (lt_model_options.quantize_dtype):
- * LT_DTYPE_FP8 for base_dtype "fp8", the quantize format when one is set, else LT_DTYPE_F32 (the
- * file's dtypes). Errors: LT_ERR_INVALID_ARG for a quantize that names no dtype or a base_dtype
- * other than "", "file" and "fp8". */
-LT_API lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out);
+/* The model options a run loads its base with: the device, quantize_dtype (LT_DTYPE_FP8 for
+ * base_dtype "fp8", the quantize format when one is set, else LT_DTYPE_F32: the file's dtypes) and
+ * fp8_skip (fp8_skip's projections). Errors: LT_ERR_INVALID_ARG for a quantize that names no
+ * dtype, a base_dtype other than "", "file" and "fp8", or an fp8_skip entry that names no
+ * projection. */
+LT_API lt_status lt_train_model_options(lt_ctx *ctx, const lt_train_options *opt, lt_model_options *out);
 
 /* Learning rate of optimizer step `step` (0-based) of a resolved run: linear warmup from
  * lr/warmup to lr over the first `warmup` steps, then constant or cosine from lr to min_lr over

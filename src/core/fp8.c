@@ -7,12 +7,19 @@
 #include "core/parallel.h"
 #include "longtune/tensor.h"
 
+/* Decoding and encoding work on the bits (both run once per weight and activation of every FP8
+ * product the CPU emulates): a normal code's exponent and significand move into an f32's fields;
+ * a subnormal one is m·2^-9. */
 float lt_fp8_to_f32(uint8_t v) {
-    const int sign = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    const uint32_t sign = (uint32_t)(v >> 7) << 31, e = (v >> 3) & 15u, m = v & 7u;
     float r;
     if (e == 15 && m == 7) return sign ? -NAN : NAN;
-    if (e == 0) r = ldexpf((float)m, -9); /* subnormal: m·2^-3·2^-6 */
-    else r = ldexpf((float)(8 + m), e - 10);
+    if (e == 0) {
+        r = (float)m * 0x1p-9f;
+    } else {
+        uint32_t b = (e + 120u) << 23 | m << 20; /* bias 7 -> 127 */
+        memcpy(&r, &b, 4);
+    }
     return sign ? -r : r;
 }
 
@@ -20,22 +27,20 @@ uint8_t lt_f32_to_fp8(float f) {
     uint32_t b;
     memcpy(&b, &f, 4);
     const uint8_t sign = (uint8_t)((b >> 24) & 0x80);
-    if (isnan(f)) return (uint8_t)(sign | 0x7f);
-    float a = fabsf(f);
-    if (a >= LT_FP8_MAX) return (uint8_t)(sign | 0x7e); /* saturate (448 itself is 0x7e) */
-    /* a < 448: the exponent of a's binade, clamped to the subnormal binade; the step there is
-     * 2^(e-3), and rounding a/step to an integer (ties to even) gives the code's significand */
-    int e;
-    (void)frexpf(a, &e); /* a = f·2^e, f in [0.5, 1): the binade's exponent is e - 1 */
-    int be = e - 1 < -6 ? -6 : e - 1;
-    float q = nearbyintf(ldexpf(a, 3 - be)); /* exact scaling; nearbyint rounds ties to even */
-    if (q >= 16.0f) q = 8.0f, be++;          /* rounded up into the next binade */
-    if (be > 8) return (uint8_t)(sign | 0x7e);
-    int mant = (int)q;
-    uint8_t code;
-    if (mant < 8) code = (uint8_t)mant; /* subnormal (be is -6) or zero */
-    else code = (uint8_t)(((be + 7) << 3) | (mant - 8));
-    return (uint8_t)(sign | code);
+    b &= 0x7fffffffu;
+    if (b > 0x7f800000u) return (uint8_t)(sign | 0x7f);  /* NaN */
+    if (b >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448 (and inf): saturate; 448 is 0x7e */
+    if (b < 0x3c800000u) {                               /* below 2^-6: the subnormal binade, step 2^-9 */
+        float a;
+        memcpy(&a, &b, 4);
+        return (uint8_t)(sign | (uint8_t)nearbyintf(a * 0x1p9f)); /* exact scaling; ties to even; 8 is 2^-6 */
+    }
+    /* normal: round the 23-bit significand to 3 bits, ties to even; a carry moves into the
+     * exponent, which is what the next binade's code needs */
+    b += 0x7ffffu + ((b >> 20) & 1u);
+    const uint32_t e = (b >> 23) - 120u, m = (b >> 20) & 7u;          /* bias 127 -> 7 */
+    if (e > 15 || (e == 15 && m == 7)) return (uint8_t)(sign | 0x7e); /* rounded past 448 */
+    return (uint8_t)(sign | e << 3 | m);
 }
 
 float lt_fp8_row_scale(const float *x, int64_t n, float *inv, float *scale) {

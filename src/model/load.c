@@ -551,9 +551,9 @@ static int64_t proj_in(const lt_model_config *c, lt_proj k) {
 }
 
 /* Dtype a projection tensor is held in, from the file's: dense ones quantized under q (not
- * LT_DTYPE_F32), block ones as they are; every one as fp8 under LT_DTYPE_FP8. */
-static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in) {
-    if (q == LT_DTYPE_FP8) return LT_DTYPE_FP8; /* from any dtype the load reads: an fp8 base is for speed */
+ * LT_DTYPE_F32), block ones as they are; under LT_DTYPE_FP8 every one not skipped as fp8. */
+static lt_dtype held_proj(lt_dtype file, lt_dtype q, int64_t in, int skipped) {
+    if (q == LT_DTYPE_FP8) return skipped ? file : LT_DTYPE_FP8; /* from any dtype the load reads */
     if (q != LT_DTYPE_F32 && (file == LT_DTYPE_F32 || file == LT_DTYPE_BF16 || file == LT_DTYPE_F16))
         return lt_dtype_quantize_target(q, in);
     return file;
@@ -652,7 +652,7 @@ static lt_status open_source(lt_ctx *ctx, const char *path, const lt_model_optio
             const uint8_t *exb[LT_MOE_MAX_EXPERTS];
             LT_TRY(expert_piece(s, &p) ? find_experts(ctx, s, &p, name, sizeof name, &t, exb)
                                        : find_piece(ctx, s, &p, name, &t));
-            lt_dtype held = held_proj(t.dtype, q, in);
+            lt_dtype held = held_proj(t.dtype, q, in, opt && (opt->fp8_skip >> k & 1u));
             if (held == LT_DTYPE_FP8 && (o % 16 || in % 16))
                 return lt_error(ctx, LT_ERR_UNSUPPORTED,
                                 "%s: an fp8 base needs projections whose sides are multiples of 16; tensor '%s' is "
@@ -1151,6 +1151,14 @@ lt_status lt_model_load(lt_ctx *ctx, const char *path, const lt_model_options *o
                         lt_dtype_name(opt.quantize_dtype), lt_proj_name((lt_proj)k),
                         (long long)proj_in(&cfg, (lt_proj)k), lt_dtype_name(opt.quantize_dtype), lt_dtype_name(held));
         }
+    if (opt.quantize_dtype == LT_DTYPE_FP8 && opt.fp8_skip)
+        for (int k = 0; k < LT_PROJ_COUNT_; k++)
+            if (opt.fp8_skip >> k & 1u) {
+                int mixed = 0;
+                for (int l = 0; l < LT_MODEL_MAX_MIXED_LAYERS; l++) mixed |= cfg.layer_proj_dtype[l][k] != 0;
+                LT_INFO("fp8 base: %s held as the file holds it (%s%s)", lt_proj_name((lt_proj)k),
+                        lt_dtype_name(cfg.proj_dtype[k]), mixed ? " in layer 0, others by layer" : "");
+            }
     lt_layout lay;
     if ((s = lt_model_layout(ctx, &cfg, lora, NULL, &lay)) != LT_OK) goto fail;
     m = lt_calloc(ctx, LT_DEVICE_CPU, lt_model_meta_bytes(&cfg), "model bookkeeping");

@@ -66,6 +66,7 @@ static const option options[] = {
     {"pack_algorithm", K_STR, O(pack_algorithm), S(pack_algorithm), 0, 0},
     {"quantize", K_STR, O(quantize), S(quantize), 0, 0},
     {"base_dtype", K_STR, O(base_dtype), S(base_dtype), 0, 0},
+    {"fp8_skip", K_STR, O(fp8_skip), S(fp8_skip), 0, 0},
     {"threads", K_INT, O(threads), 0, 0, 4096},
     {"device", K_DEVICE, O(device), 0, 0, 0},
     {"distributed", K_STR, O(distributed), S(distributed), 0, 0},
@@ -489,14 +490,41 @@ static int has_token(const char *list, const char *t) {
     return 0;
 }
 
-lt_status lt_train_held_dtype(lt_ctx *ctx, const lt_train_options *opt, lt_dtype *out) {
-    *out = LT_DTYPE_F32;
+/* The projection mask of an fp8_skip list (bit p: lt_proj p); its names as lora_targets takes them. */
+static lt_status fp8_skip_mask(lt_ctx *ctx, const char *list, unsigned *mask) {
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    *mask = 0;
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        const char *t = p;
+        while (n && t[0] == ' ') t++, n--;
+        while (n && t[n - 1] == ' ') n--;
+        const char *c = canonical_target(t, n);
+        int k = -1;
+        for (int i = 0; c && i < 7; i++)
+            if (!strcmp(c, names[i])) k = i;
+        if (k < 0)
+            return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'fp8_skip': '%.*s' is not one of q,k,v,o,gate,up,down",
+                            (int)n, t);
+        *mask |= 1u << k;
+        p = e ? e + 1 : p + strlen(p);
+    }
+    return LT_OK;
+}
+
+lt_status lt_train_model_options(lt_ctx *ctx, const lt_train_options *opt, lt_model_options *out) {
+    memset(out, 0, sizeof *out);
+    out->device = opt->device;
+    out->quantize_dtype = LT_DTYPE_F32;
     if (opt->base_dtype[0] && strcmp(opt->base_dtype, "file") && strcmp(opt->base_dtype, "fp8"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'base_dtype': '%s' is not file|fp8", opt->base_dtype);
     if (!strcmp(opt->base_dtype, "fp8")) {
-        *out = LT_DTYPE_FP8;
-    } else if (opt->quantize[0] && lt_dtype_parse(opt->quantize, out) != LT_OK) {
-        *out = LT_DTYPE_F32;
+        out->quantize_dtype = LT_DTYPE_FP8;
+        return fp8_skip_mask(ctx, opt->fp8_skip, &out->fp8_skip);
+    }
+    if (opt->quantize[0] && lt_dtype_parse(opt->quantize, &out->quantize_dtype) != LT_OK) {
+        out->quantize_dtype = LT_DTYPE_F32;
         return lt_error(ctx, LT_ERR_INVALID_ARG, "--quantize %s: not a dtype", opt->quantize);
     }
     return LT_OK;
@@ -579,6 +607,15 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (!strcmp(o.base_dtype, "fp8") && o.quantize[0])
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'base_dtype' fp8 holds the base in fp8 itself: drop 'quantize' %s", o.quantize);
+    if (o.fp8_skip[0] && strcmp(o.base_dtype, "fp8"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'fp8_skip' %s needs 'base_dtype' fp8", o.fp8_skip);
+    if (o.fp8_skip[0]) {
+        unsigned mask;
+        LT_TRY(fp8_skip_mask(ctx, o.fp8_skip, &mask));
+        if (mask == (1u << LT_PROJ_COUNT_) - 1u)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'fp8_skip' %s skips every projection: drop 'base_dtype' fp8", o.fp8_skip);
+    }
     if (o.rope_scaling == LT_ROPE_SCALING_NONE &&
         (o.rope_factor != 0 || o.original_max_position != 0 || o.yarn_beta_fast != 0 || o.yarn_beta_slow != 0 ||
          o.rope_attn_factor != 0))

@@ -74,8 +74,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_dataset *train = NULL, *valid = NULL;
     lt_model *m = NULL;
     lt_status s;
-    lt_dtype quantize;
-    LT_TRY(lt_train_held_dtype(ctx, opt, &quantize));
+    lt_model_options mo;
+    LT_TRY(lt_train_model_options(ctx, opt, &mo));
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
     if (!opt->resume_adapter_file[0] && !opt->overwrite) {
@@ -108,7 +108,6 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     }
     lt_lora_options lora;
     if ((s = lt_train_lora_options(ctx, opt, &lora)) != LT_OK) goto done;
-    lt_model_options mo = {opt->device, quantize};
     if ((s = lt_model_load(ctx, opt->model, &mo, &lora, &m)) != LT_OK) goto done;
     lt_rope_override rope = lt_train_rope_override(opt);
     if ((s = lt_model_set_rope(ctx, m, &rope)) != LT_OK) goto done;

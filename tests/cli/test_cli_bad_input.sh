@@ -222,6 +222,11 @@ expect 2 "option 'quantize': 'q3_k' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_
 expect 2 "option 'base_dtype': 'fp16' is not file|fp8" "${run[@]}" --base-dtype fp16
 expect 2 "option 'base_dtype' fp8 holds the base in fp8 itself: drop 'quantize' q4_0" "${run[@]}" --base-dtype fp8 \
   --quantize q4_0
+expect 2 "option 'fp8_skip' down needs 'base_dtype' fp8" "${run[@]}" --fp8-skip down
+expect 2 "option 'fp8_skip': 'lm_head' is not one of q,k,v,o,gate,up,down" "${run[@]}" --base-dtype fp8 \
+  --fp8-skip down,lm_head
+expect 2 "option 'fp8_skip' q,k,v,o,gate,up,down skips every projection: drop 'base_dtype' fp8" "${run[@]}" \
+  --base-dtype fp8 --fp8-skip q,k,v,o,gate,up,down
 out=$(echo "5 99999" | "$bin" tokenize --model "$dir/model" --decode 2>&1)
 if [ "$(grep -o 'longtune tokenize' <<<"$out" | wc -l)" != 1 ] ||
    ! grep -qF "longtune tokenize: invalid argument: record 1: token id 99999 at position 1 is not in the vocabulary" <<<"$out"; then

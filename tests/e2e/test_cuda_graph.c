@@ -104,7 +104,7 @@ static void write_model(void) {
 }
 
 static lt_model *load(lt_ctx *ctx) {
-    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CUDA};
     lt_lora_options lo = {0};
     lo.rank = 4, lo.alpha = 8, lo.seed = 3;
     lt_model *m = NULL;
@@ -289,7 +289,7 @@ static void moe_run_steps(int enable, const float *init, uint64_t seed, double *
     lt_ctx *ctx = lt_ctx_new();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/moe/qwen3moe_hd64", lt_test_source_dir());
-    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CUDA};
     lt_lora_options lo = {0};
     lo.rank = 4, lo.alpha = 8, lo.seed = 3;
     lt_model *m = NULL;
@@ -358,7 +358,7 @@ static void moe_aux_step_replays(void **state) {
     lt_ctx *ctx = lt_ctx_new();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/moe/qwen3moe_hd64", lt_test_source_dir());
-    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CUDA};
     lt_lora_options lo = {0};
     lo.rank = 4, lo.alpha = 8, lo.seed = 3;
     lt_model *m = NULL;
@@ -418,7 +418,7 @@ static void trainer_graph_on_equals_off(void **state) {
         assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
         lt_lora_options lora;
         assert_int_equal(lt_train_lora_options(ctx, &o, &lora), LT_OK);
-        lt_model_options mo = {LT_DEVICE_CUDA, 0};
+        lt_model_options mo = {.device = LT_DEVICE_CUDA};
         lt_model *m = NULL;
         assert_int_equal(lt_model_load(ctx, model_dir, &mo, &lora, &m), LT_OK);
         lt_train_result res;

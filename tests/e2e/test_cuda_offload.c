@@ -48,7 +48,7 @@ static int teardown(void **state) {
 static lt_model *load(lt_ctx *ctx) {
     lt_lora_options lo = {0};
     lo.rank = 8, lo.alpha = 16, lo.seed = 3, lo.num_layers = LORA_LAYERS;
-    lt_model_options mo = {LT_DEVICE_CUDA, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CUDA};
     lt_model *m = NULL;
     lt_status s = lt_model_load(ctx, dir, &mo, &lo, &m);
     if (s != LT_OK) fprintf(stderr, "load: %s\n", lt_ctx_error(ctx));
@@ -202,7 +202,7 @@ static void training_run_is_identical(void **state) {
         assert_int_equal(lt_train_options_resolve(ctx, &in, &o), LT_OK);
         lt_lora_options lora;
         assert_int_equal(lt_train_lora_options(ctx, &o, &lora), LT_OK);
-        lt_model_options mo = {LT_DEVICE_CUDA, 0};
+        lt_model_options mo = {.device = LT_DEVICE_CUDA};
         lt_model *m = NULL;
         assert_int_equal(lt_model_load(ctx, dir, &mo, &lora, &m), LT_OK);
         lt_train_result res;

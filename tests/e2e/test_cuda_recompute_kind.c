@@ -59,7 +59,7 @@ static lt_lora_options lora(void) {
 /* The model on dev with LoRA values p (n of them). */
 static lt_model *load(lt_ctx *ctx, lt_device dev, const float *p, int64_t n) {
     lt_lora_options lo = lora();
-    lt_model_options mo = {dev, 0};
+    lt_model_options mo = {.device = dev};
     lt_model *m = NULL;
     lt_status s = lt_model_load(ctx, dir, &mo, &lo, &m);
     if (s != LT_OK) fprintf(stderr, "load: %s\n", lt_ctx_error(ctx));
@@ -203,7 +203,7 @@ static void size_table_equals_device_allocations(void **state) {
         for (int v = 0; v < 4; v++) {
             lt_ctx *ctx = lt_ctx_new();
             lt_lora_options lo = lora();
-            lt_model_options mo = {LT_DEVICE_CUDA, 0};
+            lt_model_options mo = {.device = LT_DEVICE_CUDA};
             lt_model_config cfg;
             assert_int_equal(lt_model_inspect(ctx, dir, &mo, &cfg), LT_OK);
             lt_model_run_options ro = {0};

@@ -157,7 +157,7 @@ static void write_tiny(tiny *t) {
 }
 
 static lt_model *load(lt_ctx *ctx, const tiny *t, lt_device dev, const lt_lora_options *lo) {
-    lt_model_options mo = {dev, t->quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32};
+    lt_model_options mo = {.device = dev, .quantize_dtype = t->quantize ? LT_DTYPE_INT4_G64 : LT_DTYPE_F32};
     lt_model *m = NULL;
     lt_status s = lt_model_load(ctx, t->dir, &mo, lo, &m);
     if (s != LT_OK) fprintf(stderr, "%s load on %s: %s\n", t->name, dev ? "cuda" : "cpu", lt_ctx_error(ctx));

@@ -24,7 +24,7 @@
 static lt_model *load(lt_ctx *ctx, const char *rel, uint64_t seed) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", lt_test_source_dir(), rel);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_lora_options lo;
     memset(&lo, 0, sizeof lo);
     lo.rank = 4;

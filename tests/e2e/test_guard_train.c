@@ -173,7 +173,7 @@ static void tiny_ceiling_fails_preparing_cleanly(void **state) {
      * (megabytes, so the resident set's page-sized jitter cannot decide the outcome): the model
      * loads, preparing the run's activations fails. */
     lt_model_config cfg;
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     assert_int_equal(lt_model_inspect(ctx, model_dir, &mo, &cfg), LT_OK);
     lt_plan_options po;
     memset(&po, 0, sizeof po);
@@ -229,7 +229,7 @@ static void watchdog_breach_stops_with_checkpoint_and_artifact(void **state) {
     lt_train_options o = options(1000000); /* far more steps than the run will get */
     lt_lora_options lora;
     assert_int_equal(lt_train_lora_options(ctx, &o, &lora), LT_OK);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_model *m = NULL;
     assert_int_equal(lt_model_load(ctx, model_dir, &mo, &lora, &m), LT_OK);
     dataset train;

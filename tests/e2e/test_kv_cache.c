@@ -52,7 +52,7 @@ static lt_model *load(lt_ctx *ctx, const char *name, lt_device dev, uint64_t see
 }
 
 static lt_model *load_dir(lt_ctx *ctx, const char *dir, const char *name, lt_device dev, uint64_t seed) {
-    lt_model_options mo = {dev, 0};
+    lt_model_options mo = {.device = dev};
     lt_lora_options lo;
     memset(&lo, 0, sizeof lo);
     lo.rank = 4;

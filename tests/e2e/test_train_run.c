@@ -127,7 +127,7 @@ static lt_train_options run_options(const char *adapter_dir) {
 static lt_model *load(lt_ctx *ctx, const lt_train_options *o) {
     lt_lora_options lora;
     assert_int_equal(lt_train_lora_options(ctx, o, &lora), LT_OK);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_model *m = NULL;
     lt_status s = lt_model_load(ctx, o->model, &mo, &lora, &m);
     if (s != LT_OK) fprintf(stderr, "load: %s\n", lt_ctx_error(ctx));
@@ -195,7 +195,7 @@ static void short_run_lowers_loss(void **state) {
     assert_int_equal(lora.rank, 4);
     assert_true(lora.alpha == 8.0f);
     assert_int_equal(lora.targets, LT_LORA_ALL_TARGETS);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_model *m2 = NULL;
     assert_int_equal(lt_model_load(ctx, model_dir, &mo, &lora, &m2), LT_OK);
     assert_int_equal(lt_peft_load(ctx, dir, m2), LT_OK);

@@ -269,7 +269,7 @@ static void gguf_unknown_architecture(void **state) {
     const char *p = tmp_path("arch.gguf");
     write_bytes(p, b.b, b.n);
     lt_model *m = NULL;
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     EXPECT(ctx, lt_model_load(ctx, p, &mo, NULL, &m), LT_ERR_UNSUPPORTED,
            "GGUF architecture 'gpt2' is not supported (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, qwen2moe)");
     assert_null(m);
@@ -672,7 +672,7 @@ static void gguf_config_bounds(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
     lt_model_config cfg;
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     gg_kv eps_inf = {"llama.attention.layer_norm_rms_epsilon", 1, INFINITY};
     EXPECT(ctx, lt_model_inspect(ctx, gguf_config(&eps_inf, 1), &mo, &cfg), LT_ERR_FORMAT,
            "metadata 'llama.attention.layer_norm_rms_epsilon' = inf is outside (0, 1]");

@@ -160,7 +160,7 @@ static void compare(const char *what, const float *got, const float *want, int64
 /* Loads the fixture base with the adapter in `dir` and returns its logits (T, V), malloc'd. */
 static float *adapter_logits(lt_ctx *ctx, const char *base, const char *dir, const float *ids_f, int64_t T,
                              lt_model **out) {
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_model_config cfg;
     assert_int_equal(lt_model_inspect(ctx, base, &mo, &cfg), LT_OK);
     lt_lora_options lora;

@@ -28,7 +28,7 @@
 static char base_dir[600], fix_dir[600];
 
 static lt_model *load_with(lt_ctx *ctx, const char *base, const char *adapter, lt_status *load_status) {
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     lt_model_config cfg;
     assert_int_equal(lt_model_inspect(ctx, base, &mo, &cfg), LT_OK);
     lt_lora_options lora;
@@ -334,7 +334,7 @@ static void bad_adapters_are_refused(void **state) {
     char dense[700], adapter[700];
     snprintf(dense, sizeof dense, "%s/tests/fixtures/model/llama_tied", lt_test_source_dir());
     snprintf(adapter, sizeof adapter, "%s/both", fix_dir);
-    lt_model_options mo = {LT_DEVICE_CPU, 0};
+    lt_model_options mo = {.device = LT_DEVICE_CPU};
     assert_int_equal(lt_peft_read_config(ctx, adapter, 2, &lo), LT_OK);
     m = NULL;
     assert_int_equal(lt_model_load(ctx, dense, &mo, &lo, &m), LT_ERR_UNSUPPORTED);
