@@ -371,11 +371,12 @@ const cJSON *lt_bench_peer_find(const cJSON *lines, const char *key, int64_t T) 
 
 lt_status lt_bench_load_random(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, lt_device dev,
                                const lt_lora_options *lo, int threads, lt_model **out) {
-    return lt_bench_load_random_as(ctx, s, dt, dev, lo, threads, LT_DTYPE_F32, out);
+    lt_model_options mo = {.device = dev};
+    return lt_bench_load_random_as(ctx, s, dt, &mo, lo, threads, out);
 }
 
-lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, lt_device dev,
-                                  const lt_lora_options *lo, int threads, lt_dtype held, lt_model **out) {
+lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, const lt_model_options *mo,
+                                  const lt_lora_options *lo, int threads, lt_model **out) {
     char dir[1024];
     lt_bench_random_dir(s, dt, dir, sizeof dir);
     double t0 = lt_time_now();
@@ -385,10 +386,9 @@ lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype
     fprintf(stderr, "random %s (%s) %s %s in %.1f s\n", s->name, dt == LT_DTYPE_BF16 ? "bf16" : "f32",
             written ? "written to" : "reused from", dir, lt_time_now() - t0);
     t0 = lt_time_now();
-    lt_model_options mo = {.device = dev, .quantize_dtype = held};
-    lt_status st = lt_model_load(ctx, dir, &mo, lo, out);
+    lt_status st = lt_model_load(ctx, dir, mo, lo, out);
     if (st == LT_OK)
-        fprintf(stderr, "loaded on %s in %.1f s\n", dev == LT_DEVICE_CUDA ? "cuda" : "cpu", lt_time_now() - t0);
+        fprintf(stderr, "loaded on %s in %.1f s\n", mo->device == LT_DEVICE_CUDA ? "cuda" : "cpu", lt_time_now() - t0);
     return st;
 }
 

@@ -83,10 +83,10 @@ const cJSON *lt_bench_peer_find(const cJSON *lines, const char *key, int64_t T);
  * lt_model_load, LT_ERR_IO when the folder cannot be written. */
 lt_status lt_bench_load_random(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, lt_device dev,
                                const lt_lora_options *lo, int threads, lt_model **out);
-/* The same with the projections held as `held` (lt_model_options.quantize_dtype: LT_DTYPE_F32 keeps
- * the file's dtype, LT_DTYPE_FP8 an fp8 base). */
-lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, lt_device dev,
-                                  const lt_lora_options *lo, int threads, lt_dtype held, lt_model **out);
+/* The same loaded with mo (its device, and the dtype the projections are held in: quantize_dtype
+ * LT_DTYPE_F32 keeps the file's, LT_DTYPE_FP8 an fp8 base but for fp8_skip's projections). */
+lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype dt, const lt_model_options *mo,
+                                  const lt_lora_options *lo, int threads, lt_model **out);
 
 /* FLOPs of one training step of T tokens (B = 1) with LoRA rank r on all seven projections of every
  * layer, frozen base, every layer recomputed. P = weight elements of one layer's seven projections,

@@ -30,6 +30,7 @@
 #include "longtune/log.h"
 #include "longtune/model.h"
 #include "longtune/plan.h"
+#include "longtune/train.h"
 #include "longtune/sysinfo.h"
 
 #define MAX_SEQS 8
@@ -269,7 +270,7 @@ int lt_bench_train(int argc, char **argv) {
     int64_t chunk_rows = 0;        /* 0: the library's LT_MODEL_CHUNK_ROWS */
     const char *recompute = "all"; /* both arms checkpoint every layer unless --recompute says otherwise */
     const char *graph_arg = "on";
-    const char *base_arg = "file";
+    const char *base_arg = "file", *fp8_skip = NULL;
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
         LT_BENCH_SET("--no-liger", &liger, 0),
@@ -285,6 +286,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_STR("--peer-path", &peer_path),
         LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
         LT_BENCH_CHOICE("--base-dtype", &base_arg, "file|fp8"),
+        LT_BENCH_STR("--fp8-skip", &fp8_skip),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
         LT_BENCH_I64("--chunk-rows", &chunk_rows, 1, 1 << 22),
         LT_BENCH_STR("--recompute", &recompute),
@@ -320,6 +322,7 @@ int lt_bench_train(int argc, char **argv) {
             "                   output + lse with the checkpoints (0, the default)\n"
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
+            "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
             "  --recompute P    all (default: both arms checkpoint every layer) | every:K | none (no\n"
             "                   recompute here, no gradient checkpointing in the peers)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
@@ -336,6 +339,9 @@ int lt_bench_train(int argc, char **argv) {
     if (parsed) return parsed;
     graph = !strcmp(graph_arg, "on");
     const int base_fp8 = !strcmp(base_arg, "fp8");
+    if (fp8_skip && !base_fp8) return lt_bench_usage_error("train", NULL, "--fp8-skip needs --base-dtype fp8");
+    if (fp8_skip && strlen(fp8_skip) >= sizeof((lt_train_options *)0)->fp8_skip)
+        return lt_bench_usage_error("train", NULL, "--fp8-skip: the list is longer than 63 characters");
     offload_hi = offload_mode > 0;
     offload_lo = offload_mode == 1;
     const lt_bench_shape *shape = lt_bench_shape_find(shape_name);
@@ -373,6 +379,19 @@ int lt_bench_train(int argc, char **argv) {
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     if (threads > 0) lt_ctx_set_threads(ctx, threads);
+    lt_model_options mo; /* the dtypes the base is held in, as train takes them from its options */
+    {
+        lt_train_options to;
+        memset(&to, 0, sizeof to);
+        snprintf(to.base_dtype, sizeof to.base_dtype, "%s", base_arg);
+        snprintf(to.fp8_skip, sizeof to.fp8_skip, "%s", fp8_skip ? fp8_skip : "");
+        if (lt_train_model_options(ctx, &to, &mo) != LT_OK) {
+            fprintf(stderr, "longtune bench train: %s\n", lt_ctx_error(ctx));
+            lt_ctx_free(ctx);
+            return 2;
+        }
+        mo.device = dev;
+    }
     int nthreads = lt_bench_threads(ctx);
     double sgemm = 0;
     if (!cuda) {
@@ -396,9 +415,8 @@ int lt_bench_train(int argc, char **argv) {
     lt_lora_options lo = {.targets = LT_LORA_ALL_TARGETS, .rank = rank, .alpha = (float)(2 * rank), .seed = 1};
     if (random_w) {
         lt_bench_random_dir(shape, wdt, dir, sizeof dir);
-        st = lt_bench_load_random_as(ctx, shape, wdt, dev, &lo, nthreads, base_fp8 ? LT_DTYPE_FP8 : LT_DTYPE_F32, &m);
+        st = lt_bench_load_random_as(ctx, shape, wdt, &mo, &lo, nthreads, &m);
     } else {
-        lt_model_options mo = {.device = dev, .quantize_dtype = base_fp8 ? LT_DTYPE_FP8 : LT_DTYPE_F32};
         st = lt_model_load(ctx, weights, &mo, &lo, &m);
     }
     if (st != LT_OK) goto fail;
@@ -492,6 +510,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
     cJSON_AddStringToObject(jc, "base_dtype", base_fp8 ? "fp8 (e4m3, per-row scales; activations per row)" : "file");
+    if (fp8_skip) cJSON_AddStringToObject(jc, "fp8_skip", fp8_skip);
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
     cJSON_AddStringToObject(jc, "offload_checkpoints",
                             offload_lo       ? "on"
@@ -776,10 +795,19 @@ int lt_bench_train(int argc, char **argv) {
     if (chunk_rows && chunk_rows != LT_MODEL_CHUNK_ROWS)
         snprintf(chunk_tag, sizeof chunk_tag, "-chunk%lld", (long long)chunk_rows);
     /* runs off the default configuration never overwrite the published file */
+    char fp8_tag[64] = ""; /* -fp8, then -skip and the skipped projections' short names */
+    if (base_fp8) {
+        size_t u = (size_t)snprintf(fp8_tag, sizeof fp8_tag, "-fp8%s", mo.fp8_skip ? "-skip" : "");
+        for (int p = 0; p < LT_PROJ_COUNT_; p++)
+            if (mo.fp8_skip >> p & 1u) {
+                const char *name = lt_proj_name((lt_proj)p);
+                u += (size_t)snprintf(fp8_tag + u, sizeof fp8_tag - u, "-%.*s", (int)strcspn(name, "_"), name);
+            }
+    }
     snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
              random_w ? weights : "weights", rc_tag, recompute_attn ? "-recompute-attn" : "",
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "", chunk_tag, base_fp8 ? "-fp8" : "");
+             cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -4,7 +4,7 @@
 The default model (SmolLM2-135M-Instruct Q4_1) is exported by `longtune export --format hf
 --outtype f32`; transformers runs it in f32 on the CPU with each projection's weight and input
 rounded as a variant says, and the mean loss over the answer tokens of the python-faq validation
-split (256-token rows, prompts masked) is compared to the unrounded model's. Variants:
+and test splits (256-token rows, prompts masked) is compared to the unrounded model's. Variants:
   - e4m3 with a scale per row of W and per row of x (what --base-dtype fp8 does), weights only,
     activations only;
   - finer scales: x in 1 x 128 blocks, W in 128 x 128 blocks (what cuBLASLt's block-scaled FP8
@@ -15,7 +15,7 @@ Rounding is e4m3fn nearest-even after scaling the block's largest magnitude to 4
 as lt_fp8_row_scale and lt_f32_to_fp8 do. Writes bench/results/fp8-sensitivity-cpu.json.
 
 Needs torch and transformers (the CPU peer's packages: PYTHONPATH=/tmp/lt-peer).
-usage: fp8-sensitivity.py [--build build] [--model GGUF] [--data DIR] [--rows N]
+usage: fp8-sensitivity.py [--build build] [--model GGUF] [--data DIR] [--splits valid,test] [--rows N]
 """
 import argparse
 import datetime
@@ -92,6 +92,7 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--model", default=os.path.join(cache, "smollm2-135m-instruct-q4_1.gguf"))
     ap.add_argument("--data", default=os.path.join(cache, "data", "python-faq"))
+    ap.add_argument("--splits", default="valid,test")
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--out", default="bench/results/fp8-sensitivity-cpu.json")
     a = ap.parse_args()
@@ -103,12 +104,13 @@ def main():
     tok = AutoTokenizer.from_pretrained(hf)
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     rows = []
-    for line in open(os.path.join(a.data, "valid.jsonl")):
+    lines = [ln for sp in a.splits.split(",") for ln in open(os.path.join(a.data, sp + ".jsonl"))]
+    for line in lines:
         msgs = json.loads(line)["messages"]
         full = tok.apply_chat_template(msgs, tokenize=True)
         prompt = tok.apply_chat_template(msgs[:-1], tokenize=True, add_generation_prompt=True)
-        full = full["input_ids"] if isinstance(full, dict) else full
-        prompt = prompt["input_ids"] if isinstance(prompt, dict) else prompt
+        full = full if isinstance(full, list) else full["input_ids"]  # BatchEncoding in transformers 5
+        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
         ids = torch.tensor(full[:a.rows])
         labels = ids.clone()
         labels[:len(prompt)] = -100
@@ -152,7 +154,7 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "config": {"model": "SmolLM2-135M-Instruct Q4_1 GGUF, exported to f32", "data":
-                      "python-faq validation split, %d-token rows, answer tokens only (%d)" % (a.rows, ntok),
+                      "python-faq %s, %d rows of up to %d tokens, answer tokens only (%d)" % (a.splits, len(rows), a.rows, ntok),
                       "torch": torch.__version__, "runs": "transformers in f32 with rounded weights and inputs"},
            "val_loss_f32": round(base, 5), "variants": res}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -71,9 +71,13 @@ for s in $steps; do
     run "${LT_OFFLOAD8B_LIMIT:-1500}" "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
       --offload-checkpoints --confirm-T 417792 --no-peer --out "$OUT" ;;
   fp8) # opt-in: the Qwen3-8B 8k step without recompute, the base held in fp8 (--base-dtype fp8),
-    # with both peers (train-cuda-qwen3-8b-random-bf16-norecompute-fp8.json; ~60 s)
+    # with both peers (train-cuda-qwen3-8b-random-bf16-norecompute-fp8.json; ~60 s), then
     run 150 "train qwen3-8b 8k fp8 base" "$BIN" bench train --backend cuda --shape qwen3-8b --seq 8192 \
-      --recompute none --base-dtype fp8 --out "$OUT" ;;
+      --recompute none --base-dtype fp8 --out "$OUT"
+    # and with the MLP's down projection left in bf16 (--fp8-skip down: the held-out bar on the
+    # demo's fine-tune, scripts/fp8-heldout.sh), its own file (...-fp8-skip-down.json; ~45 s, no peers)
+    run 100 "train qwen3-8b 8k fp8 base, down in bf16" "$BIN" bench train --backend cuda --shape qwen3-8b \
+      --seq 8192 --recompute none --base-dtype fp8 --fp8-skip down --no-peer --out "$OUT" ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;

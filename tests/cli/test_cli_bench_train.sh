@@ -14,7 +14,8 @@ trap 'rm -rf "$tmp"' EXIT
 grep -q "^usage: longtune bench train" "$tmp/out" || say "--help does not print the usage line"
 
 for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend gpu" "--repeats 0" "--shape nope" "--seq 64," \
-            "--recompute sometimes" "--recompute global" "--recompute none --recompute-attention 1" "--chunk-rows 0"; do
+            "--recompute sometimes" "--recompute global" "--recompute none --recompute-attention 1" "--chunk-rows 0" \
+            "--fp8-skip down"; do
   # shellcheck disable=SC2086
   "$bin" bench train $args >"$tmp/out" 2>&1
   rc=$?
@@ -88,6 +89,21 @@ for r in (none, e2):
 n = [a for a in none["arms"] if a["name"] == "longtune-T64"][0]
 assert n["hw_gflop"] == n["model_gflop"] and a0["hw_gflop"] > a0["model_gflop"], (n, a0)
 PY
+# an fp8 base with down left as written: its own file, named by the skipped projection, the plan
+# still the high-water; a list naming no projection is refused
+LONGTUNE_BENCH_WEIGHTS="$tmp/w" "$bin" bench train --shape tiny --seq 32 --repeats 1 --warmup 0 --no-peer \
+  --threads 1 --base-dtype fp8 --fp8-skip down_proj --out "$tmp/res" >"$tmp/out" 2>&1 || say "fp8 run failed: $(tail -3 "$tmp/out")"
+python3 - "$tmp/res/train-cpu-tiny-random-f32-fp8-skip-down.json" <<'PY' || say "fp8 arm: $(tail -3 "$tmp/out")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["base_dtype"].startswith("fp8") and r["config"]["fp8_skip"] == "down_proj", r["config"]
+a = [a for a in r["arms"] if a["name"] == "longtune-T32"][0]
+assert a["plan_bytes"] == a["peak_bytes"], a
+PY
+"$bin" bench train --base-dtype fp8 --fp8-skip lm_head --no-peer >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "option 'fp8_skip': 'lm_head' is not one of q,k,v,o,gate,up,down" "$tmp/out" ||
+  say "--fp8-skip lm_head: rc=$rc, $(tail -1 "$tmp/out")"
 
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"
