@@ -113,9 +113,15 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     if ((s = lt_model_set_rope(ctx, m, &rope)) != LT_OK) goto done;
     const lt_model_config *cfg = lt_model_get_config(m);
     lt_model_sizes sz = lt_model_get_sizes(m);
+    char held[160]; /* q's dtype, then each projection held otherwise (layer 0's: --fp8-skip, _K_M files) */
+    size_t u = (size_t)snprintf(held, sizeof held, "%s", lt_dtype_name(cfg->proj_dtype[LT_PROJ_Q]));
+    for (int p = 1, n = 0; p < LT_PROJ_COUNT_ && u < sizeof held; p++)
+        if (cfg->proj_dtype[p] != cfg->proj_dtype[LT_PROJ_Q])
+            u += (size_t)snprintf(held + u, sizeof held - u, "%s%s %s", n++ ? ", " : " (", lt_proj_name((lt_proj)p),
+                                  lt_dtype_name(cfg->proj_dtype[p]));
+    if (strchr(held, '(') && u < sizeof held - 1) held[u] = ')', held[u + 1] = 0;
     LT_INFO("model: %lld layers, width %lld, vocab %lld, projections %s; LoRA r=%lld on %lld layers: %lld parameters",
-            (long long)cfg->L, (long long)cfg->C, (long long)cfg->V, lt_dtype_name(cfg->proj_dtype[LT_PROJ_Q]),
-            (long long)opt->lora_rank,
+            (long long)cfg->L, (long long)cfg->C, (long long)cfg->V, held, (long long)opt->lora_rank,
             (long long)(opt->num_layers > 0 && opt->num_layers < cfg->L ? opt->num_layers : cfg->L),
             (long long)sz.n_lora_params);
     lt_pack_input tin = lt_dataset_input(train), vin;
