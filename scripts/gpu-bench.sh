@@ -9,6 +9,8 @@
 # usage: scripts/gpu-bench.sh [step ...]   steps: train8b profile8b train135m nograph135m context8b packed135m
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
+#        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-wait fp8
+#        attention (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -70,6 +72,32 @@ for s in $steps; do
     # ~108 GiB in ~50 s; the step itself ran past 505 s on an H200: LT_OFFLOAD8B_LIMIT seconds, 1500 by default)
     run "${LT_OFFLOAD8B_LIMIT:-1500}" "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
       --offload-checkpoints --confirm-T 417792 --no-peer --out "$OUT" ;;
+  offload8b-start) # opt-in: the same step detached from the command (setsid), for a device whose
+    # commands stop at 10 minutes: it runs on while the machine stays warm between calls; its
+    # log, exit status and result go to $LT_DETACH_DIR (default /tmp/lt-offload8b on that machine)
+    d=${LT_DETACH_DIR:-/tmp/lt-offload8b}
+    rm -rf "$d" && mkdir -p "$d"
+    bin=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+    (cd "$d" && exec setsid bash -c 'echo $$ > pid; "$@" > log 2>&1; echo $? > rc' step "$bin" bench context \
+      --backend cuda --shape qwen3-8b --offload-checkpoints --confirm-T 417792 --no-peer --out "$d") \
+      < /dev/null > /dev/null 2>&1 &
+    sleep 5
+    echo "=== offload8b-start: pid $(cat "$d/pid" 2>/dev/null), log $d/log"
+    tail -3 "$d/log" 2>/dev/null ;;
+  offload8b-wait) # opt-in, after offload8b-start (consecutive calls, the machine kept warm): waits up to
+    # LT_WAIT seconds (580 by default) for the detached step, then copies its result into $OUT
+    d=${LT_DETACH_DIR:-/tmp/lt-offload8b}
+    end=$(( $(date +%s) + ${LT_WAIT:-580} ))
+    while [ -f "$d/pid" ] && [ ! -f "$d/rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 2; done
+    tail -5 "$d/log" 2>/dev/null
+    if [ -f "$d/rc" ]; then
+      echo "=== offload8b-wait: the step exited $(cat "$d/rc")"
+      cp "$d"/*.json "$d"/*.svg "$OUT"/ 2>/dev/null
+    elif [ -f "$d/pid" ]; then
+      echo "=== offload8b-wait: still running (pid $(cat "$d/pid")), $(( $(date +%s) - $(stat -c %Y "$d/pid") )) s so far"
+    else
+      echo "=== offload8b-wait: nothing started in $d (run offload8b-start first)"
+    fi ;;
   fp8) # opt-in: the Qwen3-8B 8k step without recompute, the base held in fp8 (--base-dtype fp8),
     # with both peers (train-cuda-qwen3-8b-random-bf16-norecompute-fp8.json; ~60 s), then
     run 150 "train qwen3-8b 8k fp8 base" "$BIN" bench train --backend cuda --shape qwen3-8b --seq 8192 \
