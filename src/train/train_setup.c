@@ -76,6 +76,9 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     lt_status s;
     lt_model_options mo;
     LT_TRY(lt_train_model_options(ctx, opt, &mo));
+    if (mo.quantize_dtype == LT_DTYPE_FP8 && opt->device == LT_DEVICE_CPU)
+        LT_WARN("--base-dtype fp8 on the CPU emulates the FP8 products (the reference for the CUDA ones): "
+                "slower than the file's dtypes here; it is for Hopper GPUs' FP8 tensor cores");
     if (opt->threads > 0) lt_ctx_set_threads(ctx, opt->threads);
     LT_TRY(lt_model_device_available(ctx, opt->device)); /* before tokenising a whole data set */
     if (!opt->resume_adapter_file[0] && !opt->overwrite) {

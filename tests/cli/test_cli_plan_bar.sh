@@ -3,7 +3,7 @@
 # (DEVICE=cuda: on the GPU, where the plan and high-water are the device's; MODEL and DATA override
 # the paths):
 # `longtune plan` and `longtune train --iters 2` with the same flags, at T = 256 and 1024 with
-# recompute none and all. `plan` must give the very number train reports as its plan
+# recompute none and all, and at 256 with an fp8 base whose down projection stays q4_1. `plan` must give the very number train reports as its plan
 # (metrics.jsonl plan_bytes, and the memory guard's plan: one planner path), and train's measured high-water (the largest
 # peak_bytes in metrics.jsonl) over that plan must lie in [0.99, 1.00]: the plan is an upper
 # bound at most 1 % above what train holds. Skips when the model or the data are absent
@@ -22,11 +22,14 @@ say() { echo "FAIL: $*"; fail=1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-for T in 256 1024; do
-  for R in none all; do
+# each run: T, recompute policy, and the base's flags (the last: an fp8 base with down as written)
+for run in "256 none" "256 all" "1024 none" "1024 all" "256 none --base-dtype fp8 --fp8-skip down"; do
+    read -r T R base <<<"$run"
     flags=(--model "$model" --data "$data" --batch-size 1 --max-seq-length "$T" --recompute "$R"
            --val-batches 1 --steps-per-eval 100 --device "$device")
-    out="$tmp/a-$T-$R"
+    # shellcheck disable=SC2206
+    [ -n "$base" ] && flags+=($base)
+    out="$tmp/a-$T-$R${base:+-fp8}"
     if ! "$bin" plan "${flags[@]}" --budget 64G --json >"$tmp/p.json" 2>"$tmp/e"; then
       say "plan T=$T recompute $R: $(cat "$tmp/e")"; continue
     fi
@@ -58,6 +61,9 @@ assert m and m.group(3).endswith(m.group(2)) and float(m.group(1)) <= float(m.gr
 g = re.search(r"memory ceiling .*, plan ([0-9.]+ \w+)", text)
 assert g and g.group(1) == m.group(3), (g and g.group(0), m.group(0))
 EOF
-  done
+    if [ -n "$base" ] && [ "$device" = cpu ]; then
+      grep -q "fp8 on the CPU emulates the FP8 products" "$tmp/t.out" || say "fp8 on the CPU: no warning"
+      grep -q "projections fp8 (down_proj q4_1)" "$tmp/t.out" || say "fp8 base: the model line does not name down"
+    fi
 done
 exit $fail
