@@ -27,6 +27,9 @@ done
 python3 - "$tmp" "$(git rev-parse --short HEAD)" "${ARMS[@]}" <<'PY'
 import json, os, re, sys, platform, datetime
 tmp, commit, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+def wall_s(arm):  # the .secs file holds the run's start and end times
+    start, end = map(float, open(os.path.join(tmp, arm + ".secs")).read().split())
+    return round(end - start, 1)
 arms = []
 for arm in names:
     text = open(os.path.join(tmp, arm + ".log")).read()
@@ -37,7 +40,7 @@ for arm in names:
                  "flags": "--base-dtype " + dtype + (" --fp8-skip " + skip if skip else ""),
                  "val_loss_before": float(m.group(1)), "val_loss_after": float(m.group(2)),
                  "val_loss_steps_20_40_60": evals,
-                 "wall_s": round(-float.__sub__(*map(float, open(os.path.join(tmp, arm + ".secs")).read().split())), 1)})
+                 "wall_s": wall_s(arm)})
 f = arms[0]
 for a in arms[1:]:
     a["over_file"] = {"before": round(a["val_loss_before"] / f["val_loss_before"], 5),

@@ -97,8 +97,11 @@ def main():
     ap.add_argument("--out", default="bench/results/fp8-sensitivity-cpu.json")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    tmp = tempfile.mkdtemp()
-    hf = os.path.join(tmp, "hf")
+    with tempfile.TemporaryDirectory() as tmp:
+        study(a, os.path.join(tmp, "hf"))
+
+
+def study(a, hf):
     subprocess.run([os.path.join(a.build, "longtune"), "export", "--model", a.model, "--out", hf, "--format", "hf",
                     "--outtype", "f32"], check=True, stdout=subprocess.DEVNULL)
     tok = AutoTokenizer.from_pretrained(hf)
@@ -159,7 +162,6 @@ def main():
            "val_loss_f32": round(base, 5), "variants": res}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     json.dump(out, open(a.out, "w"), indent=1)
-    subprocess.run(["rm", "-rf", tmp])
 
 
 if __name__ == "__main__":

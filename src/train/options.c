@@ -492,7 +492,6 @@ static int has_token(const char *list, const char *t) {
 
 /* The projection mask of an fp8_skip list (bit p: lt_proj p); its names as lora_targets takes them. */
 static lt_status fp8_skip_mask(lt_ctx *ctx, const char *list, unsigned *mask) {
-    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     *mask = 0;
     for (const char *p = list; *p;) {
         const char *e = strchr(p, ',');
@@ -502,8 +501,8 @@ static lt_status fp8_skip_mask(lt_ctx *ctx, const char *list, unsigned *mask) {
         while (n && t[n - 1] == ' ') n--;
         const char *c = canonical_target(t, n);
         int k = -1;
-        for (int i = 0; c && i < 7; i++)
-            if (!strcmp(c, names[i])) k = i;
+        for (int i = 0; c && i < LT_PROJ_COUNT_; i++) /* the canonical names are lt_proj_name's */
+            if (!strcmp(c, lt_proj_name((lt_proj)i))) k = i;
         if (k < 0)
             return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'fp8_skip': '%.*s' is not one of q,k,v,o,gate,up,down",
                             (int)n, t);
