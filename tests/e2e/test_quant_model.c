@@ -361,8 +361,11 @@ static void mixed_types_load_and_match_f32_twin(int tied, lt_dtype embed_dt, lt_
     }
     print_message("fp8 base loss %.6f (f32 %.6f), gradients %.4f off\n", e8.loss, f.loss, sqrt(d8 / g8));
     /* e4m3 keeps 3 significand bits: each operand of every product is off by ~3.6 % rms (2^-3 /
-     * sqrt(12)), and the LoRA gradients here pass through about twenty such products */
-    assert_true(fabs(e8.loss - f.loss) <= 0.02 * f.loss);
+     * sqrt(12)), and the LoRA gradients here pass through about twenty such products. The loss
+     * of these random weights moves by about 0.5 % typically, but a seed whose logits sit near
+     * each other can move it by nearly 3 %: the bound is --quantize q4_k's (5 %), whose weight
+     * error is of the same order; a wrong scale or code moves the loss by far more. */
+    assert_true(fabs(e8.loss - f.loss) <= 0.05 * f.loss);
     assert_true(sqrt(d8 / g8) <= 0.3);
     lt_model_free(ctx, m8);
     free(e8.grads);
@@ -381,7 +384,7 @@ static void mixed_types_load_and_match_f32_twin(int tied, lt_dtype embed_dt, lt_
     double ds = 0;
     for (int64_t i = 0; i < es.n; i++) ds += ((double)es.grads[i] - f.grads[i]) * ((double)es.grads[i] - f.grads[i]);
     print_message("fp8 base, k and down skipped: loss %.6f, gradients %.4f off\n", es.loss, sqrt(ds / g8));
-    assert_true(fabs(es.loss - f.loss) <= 0.02 * f.loss);
+    assert_true(fabs(es.loss - f.loss) <= 0.05 * f.loss);
     assert_true(sqrt(ds / g8) <= 0.3);
     lt_model_free(ctx, m8);
     free(es.grads);
