@@ -41,6 +41,10 @@ extern "C" {
 #define MM_FP8_FAST_ACCUM 1
 #endif
 #define MM_X_ELEMS ((int64_t)8192 * 14336)
+/* Where cuBLASLt cannot scale an FP8 product by rows and columns itself, an accumulating product
+ * (beta != 0) leaves its unscaled sums in the workspace first, at most this many floats (64 MiB)
+ * at a time; a product that overwrites its output is scaled in place. */
+#define MM_FP8_SUM_ELEMS ((int64_t)1 << 24)
 
 /* ---- cuBLASLt plans: the context's state holds the handle and the plan cache ---- */
 
@@ -70,21 +74,26 @@ static void plan_free(blas_plan *p) {
                      (long long)k->n, (long long)k->k);                                                 \
     } while (0)
 
+/* A plan for key k. A kind-2 key that cuBLASLt has no algorithm for (outer-vector scales are not
+ * offered on every GPU and library) leaves the plan without a descriptor (op NULL): the caller then
+ * takes kind 3 and scales the sums itself. Any other key without an algorithm aborts. */
 static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
-    cudaDataType_t ab = k->kind == 2 ? CUDA_R_8F_E4M3 : k->kind ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ab = k->kind >= 2 ? CUDA_R_8F_E4M3 : k->kind ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t ta = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     BLAS_OK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
     BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "descriptor");
     BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "descriptor");
     if (k->kind == 2) { /* a scale per row of D (A's) and per column (B's), applied to the f32 sums */
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        const int8_t fast = MM_FP8_FAST_ACCUM;
         BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode),
                 "descriptor");
         BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode),
                 "descriptor");
+    }
+    if (k->kind >= 2) {
+        const int8_t fast = MM_FP8_FAST_ACCUM;
         BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
                 "descriptor");
     }
@@ -112,9 +121,14 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
     int nres = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->ad, p->bd, p->cd, p->cd, pref, 1, &res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
+    if ((s != CUBLAS_STATUS_SUCCESS || nres < 1) && k->kind == 2) { /* kept as "no kind-2 algorithm" */
+        plan_free(p);
+        p->key = *k;
+        return;
+    }
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
         LT_ABORT("cuBLASLt has no algorithm for %s %lld x %lld x %lld (status %d)",
-                 k->kind == 2  ? "fp8"
+                 k->kind >= 2  ? "fp8"
                      : k->kind ? "bf16"
                                : "f32",
                  (long long)k->m, (long long)k->n, (long long)k->k, (int)s);
@@ -124,29 +138,55 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
 /* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
  * > 0 is the state's gemm workspace. Kind 2 (e4m3) multiplies D's row i by sa[i] and column j by
  * sb[j] before alpha and beta. */
-static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
-                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                            void *ws, size_t wsb, const float *sa, const float *sb) {
+static blas_key key_of(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                       const void *B, int64_t ldb, const float *C, int64_t ldc, size_t wsb) {
     blas_key key;
     memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
     key.kind = kind, key.ta = ta, key.tb = tb;
     key.m = m, key.n = n, key.k = kk, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
     key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_c = ptr_align(C);
     key.ws = wsb;
+    return key;
+}
+
+/* The plan for key, made on first use (the caller holds st->blas_mu). */
+static blas_plan *plan_get(lt_cuda_state *st, const blas_key *key) {
+    cublasLtHandle_t handle = lt_cuda_blas_handle(st);
+    for (int i = 0; i < st->nplans; i++)
+        if (!memcmp(&st->plans[i].key, key, sizeof *key)) return &st->plans[i];
+    int slot = st->nplans < LT_CUDA_BLAS_PLANS ? st->nplans++ : (st->next_plan++ % LT_CUDA_BLAS_PLANS);
+    plan_free(&st->plans[slot]);
+    plan_make(handle, &st->plans[slot], key);
+    return &st->plans[slot];
+}
+
+/* Whether cuBLASLt applies the per-row and per-column scales itself (kind 2) for this product. */
+static int fp8_scales_in_gemm(lt_ctx *ctx, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda, const void *B,
+                              int64_t ldb, const float *C, int64_t ldc, size_t wsb) {
+    const blas_key key = key_of(2, 1, 0, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
+    lt_cuda_state *st = lt_cuda_state_of(ctx);
+    LT_ASSERT(st != NULL);
+    pthread_mutex_lock(&st->blas_mu);
+    const int ok = plan_get(st, &key)->op != NULL;
+    pthread_mutex_unlock(&st->blas_mu);
+    return ok;
+}
+
+static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                            void *ws, size_t wsb, const float *sa, const float *sb) {
+    const blas_key key = key_of(kind, ta, tb, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
     const blas_key *k = &key;
     lt_cuda_state *st = lt_cuda_state_of(ctx);
     LT_ASSERT(st != NULL); /* cuBLASLt plans live in a context's state */
     pthread_mutex_lock(&st->blas_mu);
     cublasLtHandle_t handle = lt_cuda_blas_handle(st);
     if (ws == NULL && wsb) ws = st->gemm_ws; /* the f32 gemm's fixed workspace */
-    blas_plan *p = NULL;
-    for (int i = 0; i < st->nplans && !p; i++)
-        if (!memcmp(&st->plans[i].key, &key, sizeof key)) p = &st->plans[i];
-    if (!p) {
-        int slot = st->nplans < LT_CUDA_BLAS_PLANS ? st->nplans++ : (st->next_plan++ % LT_CUDA_BLAS_PLANS);
-        plan_free(&st->plans[slot]);
-        plan_make(handle, &st->plans[slot], &key);
-        p = &st->plans[slot];
+    blas_plan *p = plan_get(st, &key);
+    if (p->op == NULL) { /* callers ask fp8_scales_in_gemm before a kind-2 product */
+        pthread_mutex_unlock(&st->blas_mu);
+        LT_ABORT("cuBLASLt has no algorithm for fp8 with row and column scales, %lld x %lld x %lld", (long long)m,
+                 (long long)n, (long long)kk);
     }
     if (kind == 2) {
         BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "scales");
@@ -213,6 +253,8 @@ typedef struct mm_layout {
     int64_t x_rows;    /* rows of x per bf16 chunk */
     size_t off_tile, off_x, total;
     size_t off_x8, off_sx, off_one; /* fp8: e4m3 x, its row scales, a vector of ones (NN's A scales) */
+    size_t off_sum;                 /* fp8: unscaled sums of up to sum_rows rows (see fp8_product) */
+    int64_t sum_rows;
 } mm_layout;
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -241,7 +283,11 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
         l.off_x8 = l.total;
         l.off_sx = l.off_x8 + align256((size_t)rows * (size_t)xcols);
         l.off_one = l.off_sx + align256((size_t)rows * 4);
-        l.total = l.off_one + align256((size_t)xcols * 4);
+        l.off_sum = l.off_one + align256((size_t)xcols * 4);
+        l.sum_rows = MM_FP8_SUM_ELEMS / (xcols > 0 ? xcols : 1);
+        if (l.sum_rows > rows) l.sum_rows = rows;
+        if (l.sum_rows < 1) l.sum_rows = 1;
+        l.total = l.off_sum + align256((size_t)l.sum_rows * (size_t)xcols * 4);
     }
     return l;
 }
@@ -413,6 +459,51 @@ static void stage_rows(lt_ctx *ctx, const mm_layout *l, void *ws, const float *x
     lt_prof_end(ph);
 }
 
+/* y (row j at y + j·ldy, m wide) = sa[i]·sb[j]·d[j·ldd + i] + beta·y (y not read when beta is 0;
+ * sa NULL: ones). d may be y. Four columns a thread: m and both strides are multiples of 4. */
+static __global__ void fp8_scale_sums_k(const float *d, int64_t ldd, float *y, int64_t ldy, int64_t m, int64_t n,
+                                        const float *sa, const float *sb, float beta) {
+    const int64_t m4 = m / 4, total = m4 * n;
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = t / m4, i = 4 * (t - j * m4);
+        const float4 v = *(const float4 *)(d + j * ldd + i);
+        const float4 a = sa ? *(const float4 *)(sa + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        const float b = sb[j];
+        float4 r = make_float4(v.x * a.x * b, v.y * a.y * b, v.z * a.z * b, v.w * a.w * b);
+        float4 *yo = (float4 *)(y + j * ldy + i);
+        if (beta != 0.0f) {
+            const float4 o = *yo;
+            r.x += beta * o.x, r.y += beta * o.y, r.z += beta * o.z, r.w += beta * o.w;
+        }
+        *yo = r;
+    }
+}
+
+/* Column-major D (m, n) at y (ldc) = diag(sa)·Aᵀ·B·diag(sb) + beta·D for e4m3 A (k, m; lda) and B
+ * (k, n; ldb): in cuBLASLt's epilogue where it offers outer-vector scales for the shape, else as
+ * unscaled sums (kind 3) that fp8_scale_sums_k scales: in place when beta is 0, through the
+ * workspace's sum buffer (l->sum_rows columns of D at a time) when the product accumulates. */
+static void fp8_product(lt_ctx *ctx, const mm_layout *l, char *wsc, int64_t m, int64_t n, int64_t kk, const uint8_t *A,
+                        int64_t lda, const uint8_t *B, int64_t ldb, float beta, float *y, int64_t ldc, const float *sa,
+                        const float *sb) {
+    if (fp8_scales_in_gemm(ctx, m, n, kk, A, lda, B, ldb, y, ldc, MM_BLAS_WS)) {
+        blas_run_scaled(ctx, 2, 1, 0, m, n, kk, 1.0f, A, lda, B, ldb, beta, y, ldc, wsc, MM_BLAS_WS, sa, sb);
+        return;
+    }
+    const int64_t step = beta == 0.0f ? n : l->sum_rows;
+    float *sum = (float *)(wsc + l->off_sum);
+    for (int64_t j0 = 0; j0 < n; j0 += step) {
+        const int64_t nj = n - j0 < step ? n - j0 : step;
+        float *d = beta == 0.0f ? y + j0 * ldc : sum;
+        const int64_t ldd = beta == 0.0f ? ldc : m;
+        blas_run_scaled(ctx, 3, 1, 0, m, nj, kk, 1.0f, A, lda, B + j0 * ldb, ldb, 0.0f, d, ldd, wsc, MM_BLAS_WS, NULL,
+                        NULL);
+        fp8_scale_sums_k<<<lt_cuda_grid(m / 4 * nj, 256), 256, 0, lt_cuda_stream(ctx)>>>(d, ldd, y + j0 * ldc, ldc, m,
+                                                                                         nj, sa, sb + j0, beta);
+        LT_CUDA_LAUNCHED(ctx, "matmul: fp8 row and column scales");
+    }
+}
+
 const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,
                                    void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
@@ -463,11 +554,9 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
                 if (nchunks == 1) mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
             }
             if (mode == LT_MATMUL_NT) /* yᵀ (out, nr) = diag(scale)·q·x8ᵀ·diag(sx) */
-                blas_run_scaled(ctx, 2, 1, 0, out, nr, in, 1.0f, q, in, x8, in, beta, y + n0 * out, out, ws, MM_BLAS_WS,
-                                wscale, sx);
+                fp8_product(ctx, &l, wsc, out, nr, in, q, in, x8, in, beta, y + n0 * out, out, wscale, sx);
             else /* dxᵀ (in, nr) = qᵀ·(x·diag(scale))8ᵀ·diag(sx), qᵀ read from the transposed copy */
-                blas_run_scaled(ctx, 2, 1, 0, in, nr, out, 1.0f, qt, out, x8, out, beta, y + n0 * in, in, ws,
-                                MM_BLAS_WS, one, sx);
+                fp8_product(ctx, &l, wsc, in, nr, out, qt, out, x8, out, beta, y + n0 * in, in, one, sx);
         }
         return;
     }
