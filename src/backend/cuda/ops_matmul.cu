@@ -137,7 +137,8 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
 
 /* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
  * > 0 is the state's gemm workspace. Kind 2 (e4m3) multiplies D's row i by sa[i] and column j by
- * sb[j] before alpha and beta. */
+ * sb[j] before alpha and beta; where cuBLASLt has no algorithm for that, it runs nothing and
+ * returns 0 (every other call returns 1). */
 static blas_key key_of(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                        const void *B, int64_t ldb, const float *C, int64_t ldc, size_t wsb) {
     blas_key key;
@@ -160,21 +161,9 @@ static blas_plan *plan_get(lt_cuda_state *st, const blas_key *key) {
     return &st->plans[slot];
 }
 
-/* Whether cuBLASLt applies the per-row and per-column scales itself (kind 2) for this product. */
-static int fp8_scales_in_gemm(lt_ctx *ctx, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda, const void *B,
-                              int64_t ldb, const float *C, int64_t ldc, size_t wsb) {
-    const blas_key key = key_of(2, 1, 0, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
-    lt_cuda_state *st = lt_cuda_state_of(ctx);
-    LT_ASSERT(st != NULL);
-    pthread_mutex_lock(&st->blas_mu);
-    const int ok = plan_get(st, &key)->op != NULL;
-    pthread_mutex_unlock(&st->blas_mu);
-    return ok;
-}
-
-static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
-                            const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                            void *ws, size_t wsb, const float *sa, const float *sb) {
+static int blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                           const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                           void *ws, size_t wsb, const float *sa, const float *sb) {
     const blas_key key = key_of(kind, ta, tb, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
     const blas_key *k = &key;
     lt_cuda_state *st = lt_cuda_state_of(ctx);
@@ -183,10 +172,9 @@ static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, in
     cublasLtHandle_t handle = lt_cuda_blas_handle(st);
     if (ws == NULL && wsb) ws = st->gemm_ws; /* the f32 gemm's fixed workspace */
     blas_plan *p = plan_get(st, &key);
-    if (p->op == NULL) { /* callers ask fp8_scales_in_gemm before a kind-2 product */
+    if (p->op == NULL) { /* kind 2 without an algorithm: nothing run */
         pthread_mutex_unlock(&st->blas_mu);
-        LT_ABORT("cuBLASLt has no algorithm for fp8 with row and column scales, %lld x %lld x %lld", (long long)m,
-                 (long long)n, (long long)kk);
+        return 0;
     }
     if (kind == 2) {
         BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "scales");
@@ -202,6 +190,7 @@ static void blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, in
     }
     pthread_mutex_unlock(&st->blas_mu);
     BLAS_OK(bs, "matmul");
+    return 1;
 }
 
 static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
@@ -486,10 +475,7 @@ static __global__ void fp8_scale_sums_k(const float *d, int64_t ldd, float *y, i
 static void fp8_product(lt_ctx *ctx, const mm_layout *l, char *wsc, int64_t m, int64_t n, int64_t kk, const uint8_t *A,
                         int64_t lda, const uint8_t *B, int64_t ldb, float beta, float *y, int64_t ldc, const float *sa,
                         const float *sb) {
-    if (fp8_scales_in_gemm(ctx, m, n, kk, A, lda, B, ldb, y, ldc, MM_BLAS_WS)) {
-        blas_run_scaled(ctx, 2, 1, 0, m, n, kk, 1.0f, A, lda, B, ldb, beta, y, ldc, wsc, MM_BLAS_WS, sa, sb);
-        return;
-    }
+    if (blas_run_scaled(ctx, 2, 1, 0, m, n, kk, 1.0f, A, lda, B, ldb, beta, y, ldc, wsc, MM_BLAS_WS, sa, sb)) return;
     const int64_t step = beta == 0.0f ? n : l->sum_rows;
     float *sum = (float *)(wsc + l->off_sum);
     for (int64_t j0 = 0; j0 < n; j0 += step) {
