@@ -9,8 +9,8 @@
 # usage: scripts/gpu-bench.sh [step ...]   steps: train8b profile8b train135m nograph135m context8b packed135m
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
-#        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-wait fp8
-#        attention (each described at its case below).
+#        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
+#        offload8b-wait fp8 attention (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -72,17 +72,22 @@ for s in $steps; do
     # ~108 GiB in ~50 s; the step itself ran past 505 s on an H200: LT_OFFLOAD8B_LIMIT seconds, 1500 by default)
     run "${LT_OFFLOAD8B_LIMIT:-1500}" "context qwen3-8b offload, a step at 417792" "$BIN" bench context --backend cuda --shape qwen3-8b \
       --offload-checkpoints --confirm-T 417792 --no-peer --out "$OUT" ;;
-  offload8b-start) # opt-in: the same step detached from the command (setsid), for a device whose
-    # commands stop at 10 minutes: it runs on while the machine stays warm between calls; its
-    # log, exit status and result go to $LT_DETACH_DIR (default /tmp/lt-offload8b on that machine)
+  offload8b-start|offload8b-every2-start) # opt-in: the same step detached from the command (setsid),
+    # for a device whose commands stop at 10 minutes: it runs on while the machine stays warm between
+    # calls; its log, exit status and result go to $LT_DETACH_DIR (default /tmp/lt-offload8b on that
+    # machine). offload8b-every2-start: one checkpoint per two layers, a step at 565,248 tokens (the
+    # allocated ceiling of that policy with offload; the 417,792-token step took 548.5 s, so expect
+    # about twice that: start it first and collect it with offload8b-wait over the following calls)
     d=${LT_DETACH_DIR:-/tmp/lt-offload8b}
     rm -rf "$d" && mkdir -p "$d"
     bin=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+    if [ "$s" = offload8b-start ]; then extra=(--confirm-T 417792)
+    else extra=(--recompute every:2 --confirm-T 565248); fi
     (cd "$d" && exec setsid bash -c 'echo $$ > pid; "$@" > log 2>&1; echo $? > rc' step "$bin" bench context \
-      --backend cuda --shape qwen3-8b --offload-checkpoints --confirm-T 417792 --no-peer --out "$d") \
+      --backend cuda --shape qwen3-8b --offload-checkpoints "${extra[@]}" --no-peer --out "$d") \
       < /dev/null > /dev/null 2>&1 &
     sleep 5
-    echo "=== offload8b-start: pid $(cat "$d/pid" 2>/dev/null), log $d/log"
+    echo "=== $s: pid $(cat "$d/pid" 2>/dev/null), log $d/log"
     tail -3 "$d/log" 2>/dev/null ;;
   offload8b-wait) # opt-in, after offload8b-start (consecutive calls, the machine kept warm): waits up to
     # LT_WAIT seconds (580 by default) for the detached step, then copies its result into $OUT

@@ -140,11 +140,35 @@ lt_status lt_prof_collect(lt_ctx *ctx, lt_device dev, lt_prof_totals *tot) {
 }
 
 const char *lt_prof_op_name(lt_prof_op op) {
-    static const char *const names[LT_PROF_OP_COUNT_] =
-        {"matmul",      "matmul_cvt",  "matmul_dequant", "gemm_f32",     "attn_fwd",      "attn_bwd",  "lce",
-         "rmsnorm_fwd", "rmsnorm_bwd", "rope",           "swiglu_fwd",   "swiglu_bwd",    "embedding", "add",
-         "add_bias",    "dropout",     "adamw",          "zero",         "scale",         "sumsq",     "copy",
-         "sync",        "saved_cvt",   "moe_route",      "moe_dispatch", "grouped_matmul"};
+    static const char *const names[LT_PROF_OP_COUNT_] = {
+        [LT_PROF_MATMUL] = "matmul",
+        [LT_PROF_MATMUL_CVT] = "matmul_cvt",
+        [LT_PROF_MATMUL_DEQUANT] = "matmul_dequant",
+        [LT_PROF_MATMUL_FP8_SCALE] = "matmul_fp8_scale",
+        [LT_PROF_GEMM] = "gemm_f32",
+        [LT_PROF_ATTN_FWD] = "attn_fwd",
+        [LT_PROF_ATTN_BWD] = "attn_bwd",
+        [LT_PROF_LCE] = "lce",
+        [LT_PROF_RMSNORM_FWD] = "rmsnorm_fwd",
+        [LT_PROF_RMSNORM_BWD] = "rmsnorm_bwd",
+        [LT_PROF_ROPE] = "rope",
+        [LT_PROF_SWIGLU_FWD] = "swiglu_fwd",
+        [LT_PROF_SWIGLU_BWD] = "swiglu_bwd",
+        [LT_PROF_EMBEDDING] = "embedding",
+        [LT_PROF_ADD] = "add",
+        [LT_PROF_ADD_BIAS] = "add_bias",
+        [LT_PROF_DROPOUT] = "dropout",
+        [LT_PROF_ADAMW] = "adamw",
+        [LT_PROF_ZERO] = "zero",
+        [LT_PROF_SCALE] = "scale",
+        [LT_PROF_SUMSQ] = "sumsq",
+        [LT_PROF_COPY] = "copy",
+        [LT_PROF_SYNC] = "sync",
+        [LT_PROF_SAVED_CVT] = "saved_cvt",
+        [LT_PROF_MOE_ROUTE] = "moe_route",
+        [LT_PROF_MOE_DISPATCH] = "moe_dispatch",
+        [LT_PROF_GROUPED_MATMUL] = "grouped_matmul",
+    };
     return (unsigned)op < LT_PROF_OP_COUNT_ ? names[op] : "?";
 }
 

@@ -518,9 +518,15 @@ lt_status lt_train_model_options(lt_ctx *ctx, const lt_train_options *opt, lt_mo
     out->quantize_dtype = LT_DTYPE_F32;
     if (opt->base_dtype[0] && strcmp(opt->base_dtype, "file") && strcmp(opt->base_dtype, "fp8"))
         return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'base_dtype': '%s' is not file|fp8", opt->base_dtype);
+    if (opt->fp8_skip[0] && strcmp(opt->base_dtype, "fp8"))
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'fp8_skip' %s needs 'base_dtype' fp8", opt->fp8_skip);
     if (!strcmp(opt->base_dtype, "fp8")) {
+        LT_TRY(fp8_skip_mask(ctx, opt->fp8_skip, &out->fp8_skip));
+        if (out->fp8_skip == (1u << LT_PROJ_COUNT_) - 1u)
+            return lt_error(ctx, LT_ERR_INVALID_ARG,
+                            "option 'fp8_skip' %s skips every projection: drop 'base_dtype' fp8", opt->fp8_skip);
         out->quantize_dtype = LT_DTYPE_FP8;
-        return fp8_skip_mask(ctx, opt->fp8_skip, &out->fp8_skip);
+        return LT_OK;
     }
     if (opt->quantize[0] && lt_dtype_parse(opt->quantize, &out->quantize_dtype) != LT_OK) {
         out->quantize_dtype = LT_DTYPE_F32;
@@ -601,19 +607,12 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
         strcmp(o.quantize, "q6_k"))
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'quantize': '%s' is not int4_g64|q4_0|q4_1|q8_0|q4_k|q5_k|q6_k", o.quantize);
-    if (o.base_dtype[0] && strcmp(o.base_dtype, "file") && strcmp(o.base_dtype, "fp8"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'base_dtype': '%s' is not file|fp8", o.base_dtype);
     if (!strcmp(o.base_dtype, "fp8") && o.quantize[0])
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'base_dtype' fp8 holds the base in fp8 itself: drop 'quantize' %s", o.quantize);
-    if (o.fp8_skip[0] && strcmp(o.base_dtype, "fp8"))
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "option 'fp8_skip' %s needs 'base_dtype' fp8", o.fp8_skip);
-    if (o.fp8_skip[0]) {
-        unsigned mask;
-        LT_TRY(fp8_skip_mask(ctx, o.fp8_skip, &mask));
-        if (mask == (1u << LT_PROJ_COUNT_) - 1u)
-            return lt_error(ctx, LT_ERR_INVALID_ARG,
-                            "option 'fp8_skip' %s skips every projection: drop 'base_dtype' fp8", o.fp8_skip);
+    {
+        lt_model_options mo; /* base_dtype and fp8_skip, as the model takes them */
+        LT_TRY(lt_train_model_options(ctx, &o, &mo));
     }
     if (o.rope_scaling == LT_ROPE_SCALING_NONE &&
         (o.rope_factor != 0 || o.original_max_position != 0 || o.yarn_beta_fast != 0 || o.yarn_beta_slow != 0 ||

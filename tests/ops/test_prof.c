@@ -101,6 +101,13 @@ static void wrapped_ops_counted_by_phase(void **state) {
     }
     assert_true(t.phase_ms[LT_PROF_BACKWARD] >= 15.5);
     assert_string_equal(lt_prof_op_name(LT_PROF_MATMUL_CVT), "matmul_cvt");
+    assert_string_equal(lt_prof_op_name(LT_PROF_MATMUL_FP8_SCALE), "matmul_fp8_scale");
+    for (int k = 0; k < LT_PROF_OP_COUNT_; k++) { /* every op named, each name once (the JSON's keys) */
+        const char *name = lt_prof_op_name((lt_prof_op)k);
+        assert_non_null(name);
+        assert_true(name[0] != '\0' && strcmp(name, "?") != 0);
+        for (int j = 0; j < k; j++) assert_string_not_equal(lt_prof_op_name((lt_prof_op)j), name);
+    }
     assert_string_equal(lt_prof_phase_name(LT_PROF_RECOMPUTE), "recompute");
     lt_prof_enable(0);
     free(x), free(y), free(y2);

@@ -484,9 +484,12 @@ static void fp8_product(lt_ctx *ctx, const mm_layout *l, char *wsc, int64_t m, i
         const int64_t ldd = beta == 0.0f ? ldc : m;
         blas_run_scaled(ctx, 3, 1, 0, m, nj, kk, 1.0f, A, lda, B + j0 * ldb, ldb, 0.0f, d, ldd, wsc, MM_BLAS_WS, NULL,
                         NULL);
+        /* a profile counts these calls: the products the unscaled path served, and its extra pass */
+        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_FP8_SCALE);
         fp8_scale_sums_k<<<lt_cuda_grid(m / 4 * nj, 256), 256, 0, lt_cuda_stream(ctx)>>>(d, ldd, y + j0 * ldc, ldc, m,
                                                                                          nj, sa, sb + j0, beta);
         LT_CUDA_LAUNCHED(ctx, "matmul: fp8 row and column scales");
+        lt_prof_end(ph);
     }
 }
 
