@@ -3,10 +3,10 @@
  * always and on CUDA when the build has it and a device is found (else "cuda: skipped: no CUDA
  * device"). CPU cases (the naive oracle, flash and chunked implementations): forward and backward
  * against a float64 attention with an explicit mask for every option (GQA ratios, window, softcap,
- * packed rows with empty and length-1 sequences, custom layouts, scale), bf16 against twice the
- * error of a naive bf16 computation, gradients against float64 finite differences, packed rows
- * against their sequences run alone, typed errors for bad inputs, poisoned outputs, the exact
- * workspace size and independence of the thread count. CUDA cases (bf16 flash attention, every
+ * packed rows with empty and length-1 sequences, custom layouts, scale), bf16 against a naive bf16
+ * computation's error (RMS no larger, largest element within 4x), gradients against float64
+ * finite differences, packed rows against their sequences run alone, typed errors for bad inputs,
+ * poisoned outputs, the exact workspace size and independence of the thread count. CUDA cases (bf16 flash attention, every
  * forward and backward kernel variant forced through lt_attn_cuda_tuning_set): causal, grouped-query
  * heads, head dims 64/96/128/256, sliding window, softcap, packed rows (including empty and one-token
  * sequences) and a fused qkv layout against float64 with twice the error of a naive bf16
@@ -444,9 +444,11 @@ static void f32_matches_float64_reference(void **state) {
     lt_ctx_free(ctx);
 }
 
-/* bf16: the error against float64 (on the same bf16 inputs) is at most twice that of a naive bf16
- * computation. */
-static void bf16_within_twice_naive_bf16(void **state) {
+/* bf16: the error against float64 (on the same bf16 inputs) is no larger than a naive bf16
+ * computation's in root mean square, and at most 4x its largest element error. The largest error
+ * alone is a heavy-tailed statistic: over 350 seeds the ratio of the two maxima reached 2.69 (dq of
+ * the softcapped case) while the ratio of the RMS errors stayed in 0.43-0.61. */
+static void bf16_as_accurate_as_naive_bf16(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
     const size_t pick[] = {0, 1, 2, 3, 6, 10};
@@ -471,15 +473,23 @@ static void bf16_within_twice_naive_bf16(void **state) {
             describe(c, what, sizeof what);
             fixture_run(ctx, &f, (lt_attention_impl)impl);
             for (int o = 0; o < 4; o++) {
-                double naive_err = 0;
+                double naive_err = 0, naive_ss = 0, ss = 0;
+                double *x = buf_to_f64(outs[o].t, c);
                 for (size_t i = 0; i < outs[o].n; i++) {
-                    double e = fabs(outs[o].naive[i] - outs[o].ref[i]);
+                    double e = fabs(outs[o].naive[i] - outs[o].ref[i]), d = x[i] - outs[o].ref[i];
                     naive_err = e > naive_err ? e : naive_err;
+                    naive_ss += e * e;
+                    ss += d * d;
                 }
+                free(x);
+                const char *iname = impl == LT_ATTENTION_FLASH ? "flash" : "naive";
                 double err = buf_err(outs[o].t, c, outs[o].ref);
-                if (err > 2 * naive_err)
-                    fail_msg("%s %s bf16 %s: error %.3g > 2 x naive bf16 error %.3g", what,
-                             impl == LT_ATTENTION_FLASH ? "flash" : "naive", outs[o].name, err, naive_err);
+                if (err > 4 * naive_err)
+                    fail_msg("%s %s bf16 %s: max error %.3g > 4 x naive bf16 max error %.3g", what, iname, outs[o].name,
+                             err, naive_err);
+                if (ss > naive_ss)
+                    fail_msg("%s %s bf16 %s: RMS error %.3g > naive bf16 RMS error %.3g", what, iname, outs[o].name,
+                             sqrt(ss / (double)outs[o].n), sqrt(naive_ss / (double)outs[o].n));
             }
             double lerr = lse_err(f.lse, r.lse, nl), lnaive = 0;
             for (size_t i = 0; i < nl; i++) lnaive = fmax(lnaive, fabs(nb.lse[i] - r.lse[i]));
@@ -1534,7 +1544,7 @@ int main(void) {
     static const struct CMUnitTest cpu_tests[] = {
         cmocka_unit_test(every_backend_matches_float64_reference),
         cmocka_unit_test(f32_matches_float64_reference),
-        cmocka_unit_test(bf16_within_twice_naive_bf16),
+        cmocka_unit_test(bf16_as_accurate_as_naive_bf16),
         cmocka_unit_test(gradients_match_finite_differences),
         cmocka_unit_test(packed_row_equals_sequences_alone),
         cmocka_unit_test(bad_inputs_give_typed_errors),
