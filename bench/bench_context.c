@@ -16,6 +16,7 @@
 
 #include "bench_model.h"
 #include "bench.h"
+#include "bench_step.h"
 #include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/guard.h"
@@ -89,30 +90,14 @@ static int alloc_at(ctx_run *r, int64_t T, size_t *peak) {
 
 /* One real step at T (prepared). Returns its milliseconds, or < 0 on failure (status in ctx). */
 static double step_at(ctx_run *r, int64_t T, double *loss) {
-    const lt_model_config *cfg = lt_model_get_config(r->m);
-    int32_t *x = r->tok, *y = r->tok + T;
-    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_bench_rand_u64(&r->seed) % (uint64_t)cfg->V);
-    for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
-    y[T - 1] = LT_IGNORE_INDEX;
-    lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
-    lt_model_result mr;
-    int64_t n = 0;
-    float *params = lt_model_lora_params(r->m, &n), *grads = lt_model_lora_grads(r->m, &n);
-    lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++r->adam_step};
-    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
-    double t0 = lt_time_now();
-    lt_model_zero_grads(r->m);
-    if (lt_model_forward_backward(r->ctx, r->m, &b, 0.0f, &mr, NULL) != LT_OK) return -1;
-    r->be->adamw(r->ctx, params, grads, r->mom_m, r->mom_v, n, &hp);
-    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
-    *loss = mr.loss_sum / (double)mr.n_tokens;
-    if (r->guard && lt_guard_tripped(r->guard)) {
+    double ms = lt_bench_random_step(r->ctx, r->m, r->be, r->mom_m, r->mom_v, r->tok, T, &r->seed, &r->adam_step, loss);
+    if (ms >= 0 && r->guard && lt_guard_tripped(r->guard)) {
         lt_guard_breach gb = lt_guard_get_breach(r->guard);
         lt_error(r->ctx, LT_ERR_OOM, "memory guard: %s at %llu bytes passed the ceiling %llu at T=%lld", gb.source,
                  (unsigned long long)gb.observed_bytes, (unsigned long long)gb.ceiling_bytes, (long long)T);
         return -1;
     }
-    return (lt_time_now() - t0) * 1e3;
+    return ms;
 }
 
 /* With offload: the host side of a point, planned and measured (pinned bytes held now). */

@@ -19,6 +19,7 @@
 
 #include "bench_model.h"
 #include "bench.h"
+#include "bench_step.h"
 #include "backend/backend.h"
 #include "longtune/alloc.h"
 #include "longtune/guard.h"
@@ -99,24 +100,7 @@ static int prepare_at(moe_run *r, int64_t T, int64_t chunk) {
 
 /* One real step at T (prepared): its milliseconds, or < 0 on failure (status in ctx). */
 static double step_at(moe_run *r, int64_t T, double *loss) {
-    const lt_model_config *cfg = lt_model_get_config(r->m);
-    int32_t *x = r->tok, *y = r->tok + T;
-    for (int64_t i = 0; i < T; i++) x[i] = (int32_t)(lt_bench_rand_u64(&r->seed) % (uint64_t)cfg->V);
-    for (int64_t i = 0; i + 1 < T; i++) y[i] = x[i + 1];
-    y[T - 1] = LT_IGNORE_INDEX;
-    lt_model_batch b = {.B = 1, .T = T, .tokens = x, .targets = y};
-    lt_model_result mr;
-    int64_t n = 0;
-    float *params = lt_model_lora_params(r->m, &n), *grads = lt_model_lora_grads(r->m, &n);
-    lt_adamw_params hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = ++r->adam_step};
-    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
-    double t0 = lt_time_now();
-    lt_model_zero_grads(r->m);
-    if (lt_model_forward_backward(r->ctx, r->m, &b, 0.0f, &mr, NULL) != LT_OK) return -1;
-    r->be->adamw(r->ctx, params, grads, r->mom_m, r->mom_v, n, &hp);
-    if (r->be->synchronize(r->ctx) != LT_OK) return -1;
-    *loss = mr.n_tokens > 0 ? mr.loss_sum / (double)mr.n_tokens : NAN;
-    return (lt_time_now() - t0) * 1e3;
+    return lt_bench_random_step(r->ctx, r->m, r->be, r->mom_m, r->mom_v, r->tok, T, &r->seed, &r->adam_step, loss);
 }
 
 /* Powers of 2 and their midpoints (1.5x) in [lo, hi], ascending (the peer's candidates too). */
