@@ -171,6 +171,12 @@ static const char *parse_dtype(const char *v, void *dst) {
     return NULL;
 }
 
+/* --kernel-fwd / --kernel-bwd (CUDA): kept as given; the CUDA arm checks the name. */
+static const char *parse_name(const char *v, void *dst) {
+    *(const char **)dst = v;
+    return NULL;
+}
+
 int lt_bench_attention(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -183,6 +189,7 @@ int lt_bench_attention(int argc, char **argv) {
               .seed = 1234,
               .dtype = LT_DTYPE_F32};
     int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
+    const char *kernel_fwd = "default", *kernel_bwd = "default";
     double softcap = 0;
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peers", &peers, 0),
@@ -208,6 +215,8 @@ int lt_bench_attention(int argc, char **argv) {
         LT_BENCH_I64("--window", &o.window, 0, INT32_MAX),
         LT_BENCH_F64("--softcap", &softcap, 0, 1000000),
         LT_BENCH_FN("--dtype", &o.dtype, parse_dtype),
+        LT_BENCH_FN("--kernel-fwd", &kernel_fwd, parse_name),
+        LT_BENCH_FN("--kernel-bwd", &kernel_bwd, parse_name),
     };
     const int parsed =
         lt_bench_parse_args("attention", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -227,6 +236,10 @@ int lt_bench_attention(int argc, char **argv) {
             "  --softcap C      logit softcap (default 0 = off)\n"
             "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
             "  --no-peers       (cuda) skip the PyTorch SDPA peers of bench/peers/attention_sdpa.py\n"
+            "  --kernel-fwd K   (cuda) force a forward kernel: default (the heuristic), mma, wg, wg1, ws, ws3\n"
+            "  --kernel-bwd K   (cuda) force a backward kernel: default, mma (mma.sync), wg (wgmma, never\n"
+            "                   the warp-specialised one); what a head dim lacks falls back as the\n"
+            "                   heuristic would (src/backend/cuda/attention/README.md)\n"
             "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
             "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
         return 0;
@@ -238,13 +251,18 @@ int lt_bench_attention(int argc, char **argv) {
         const int64_t T = packed_given ? o.packed_T : 8192;
         int32_t *offs = T > 0 ? malloc(sizeof(int32_t) * (size_t)(T + 2)) : NULL;
         const int64_t S = offs ? pack_offsets(T, o.seed, offs, T + 2) : 0;
-        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers);
+        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers,
+                                         kernel_fwd, kernel_bwd);
         free(offs);
         return rc;
     }
     if (strcmp(c.backend, "cpu")) {
         fprintf(stderr, "longtune bench attention: backend '%s' has no attention in this build\n", c.backend);
         return 1;
+    }
+    if (strcmp(kernel_fwd, "default") || strcmp(kernel_bwd, "default")) {
+        fprintf(stderr, "longtune bench attention: --kernel-fwd and --kernel-bwd need --backend cuda\n");
+        return 2;
     }
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;

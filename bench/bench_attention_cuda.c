@@ -171,8 +171,27 @@ static void add_ratios(cJSON *arm, const cJSON *peers) {
     }
 }
 
+/* The index of name in names[0..n), or -1. */
+static int kind_index(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
-                            const int32_t *packed_offs, int64_t packed_S, int peers) {
+                            const int32_t *packed_offs, int64_t packed_S, int peers, const char *kernel_fwd,
+                            const char *kernel_bwd) {
+    static const char *const fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *const bwd_names[] = LT_ATTN_BWD_KIND_NAMES;
+    lt_attn_cuda_tuning force_in = {0, 0, 0, 0, 0, 0, 0};
+    force_in.fwd = kind_index(kernel_fwd, fwd_names, LT_ATTN_FWD_KINDS_);
+    force_in.bwd = kind_index(kernel_bwd, bwd_names, (int)(sizeof bwd_names / sizeof bwd_names[0]));
+    if (force_in.fwd < 0 || force_in.bwd < 0) {
+        fprintf(stderr,
+                "longtune bench attention: --kernel-fwd takes default, mma, wg, wg1, ws or ws3 and "
+                "--kernel-bwd default, mma or wg (got '%s', '%s')\n",
+                kernel_fwd, kernel_bwd);
+        return 2;
+    }
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         fprintf(stderr, "longtune bench attention: no CUDA device\n");
@@ -188,7 +207,8 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddStringToObject(cfg, "mask", "causal");
     cJSON_AddNumberToObject(cfg, "repeats", c->repeats);
     /* Kernel override in effect (src/backend/cuda/attention/tuning.h), for provenance. */
-    static const char *fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *bwd_names[] = {"default", "mma", "wg"};
+    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
+    lt_attn_cuda_tuning_set(&force_in);
     const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
     cJSON_AddStringToObject(cfg, "kernel_fwd",
                             fwd_names[force.fwd >= 0 && force.fwd < LT_ATTN_FWD_KINDS_ ? force.fwd : 0]);
@@ -248,12 +268,16 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     }
     lt_ctx_free(ctx);
     int wr = lt_bench_write(c, r, "cuda-bf16");
+    lt_attn_cuda_tuning_set(&was);
     return rc ? rc : wr;
 }
 
 #else
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
-                            const int32_t *packed_offs, int64_t packed_S, int peers) {
+                            const int32_t *packed_offs, int64_t packed_S, int peers, const char *kernel_fwd,
+                            const char *kernel_bwd) {
+    (void)kernel_fwd;
+    (void)kernel_bwd;
     (void)c;
     (void)Ts;
     (void)nT;

@@ -9,6 +9,13 @@ fail=0
 "$bin" bench attention --help | grep -q "usage: longtune bench attention" || { echo "FAIL: --help"; fail=1; }
 "$bin" bench attention --T 0 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: --T 0 should exit 2"; fail=1; }
 "$bin" bench attention --nope >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: unknown flag should exit 2"; fail=1; }
+# forced kernels: CUDA only, and only the names of the kernel table
+"$bin" bench attention --kernel-bwd mma --T 64 --packed-T 0 >/dev/null 2>"$out/err"; rc=$?
+{ [ $rc = 2 ] && grep -q "need --backend cuda" "$out/err"; } || { echo "FAIL: --kernel-bwd on the CPU should exit 2 (got $rc)"; fail=1; }
+"$bin" bench attention --backend cuda --kernel-fwd sideways >/dev/null 2>"$out/err"; rc=$?
+if grep -q "no CUDA backend" "$out/err"; then :; else
+  { [ $rc = 2 ] && grep -q "got 'sideways'" "$out/err"; } || { echo "FAIL: an unknown kernel name should exit 2 naming it (got $rc)"; fail=1; }
+fi
 if ! "$bin" bench attention --T 64,128 --packed-T 256 --repeats 1 --warmup 0 --threads 1 --sgemm-n 128 --out "$out" 2>/dev/null; then
   echo "FAIL: tiny run"; fail=1
 fi

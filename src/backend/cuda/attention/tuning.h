@@ -57,6 +57,9 @@ typedef enum lt_attn_bwd_kind {
     LT_ATTN_BWD_MMA, /* the mma.sync kernels on any shape */
     LT_ATTN_BWD_WG   /* the wgmma kernels, never the warp-specialised one */
 } lt_attn_bwd_kind;
+/* Short names, indexed by lt_attn_bwd_kind. */
+#define LT_ATTN_BWD_KIND_NAMES \
+    { "default", "mma", "wg" }
 
 typedef enum lt_attn_dq_kind {
     LT_ATTN_DQ_AUTO = 0,
