@@ -171,10 +171,13 @@ static void add_ratios(cJSON *arm, const cJSON *peers) {
     }
 }
 
-/* The index of name in names[0..n), or -1. */
-static int kind_index(const char *name, const char *const *names, int n) {
+/* The index of name in names[0..n), or -1 after naming the flag's choices on stderr. */
+static int kind_index(const char *flag, const char *name, const char *const *names, int n) {
     for (int i = 0; i < n; i++)
         if (!strcmp(name, names[i])) return i;
+    fprintf(stderr, "longtune bench attention: %s got '%s'; one of:", flag, name);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", names[i]);
+    fprintf(stderr, "\n");
     return -1;
 }
 
@@ -183,15 +186,9 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
                             const char *kernel_bwd) {
     static const char *const fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *const bwd_names[] = LT_ATTN_BWD_KIND_NAMES;
     lt_attn_cuda_tuning force_in = {0, 0, 0, 0, 0, 0, 0};
-    force_in.fwd = kind_index(kernel_fwd, fwd_names, LT_ATTN_FWD_KINDS_);
-    force_in.bwd = kind_index(kernel_bwd, bwd_names, (int)(sizeof bwd_names / sizeof bwd_names[0]));
-    if (force_in.fwd < 0 || force_in.bwd < 0) {
-        fprintf(stderr,
-                "longtune bench attention: --kernel-fwd takes default, mma, wg, wg1, ws or ws3 and "
-                "--kernel-bwd default, mma or wg (got '%s', '%s')\n",
-                kernel_fwd, kernel_bwd);
-        return 2;
-    }
+    force_in.fwd = kind_index("--kernel-fwd", kernel_fwd, fwd_names, LT_ATTN_FWD_KINDS_);
+    force_in.bwd = kind_index("--kernel-bwd", kernel_bwd, bwd_names, (int)(sizeof bwd_names / sizeof bwd_names[0]));
+    if (force_in.fwd < 0 || force_in.bwd < 0) return 2;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         fprintf(stderr, "longtune bench attention: no CUDA device\n");
@@ -206,14 +203,11 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddStringToObject(cfg, "dtype", "bf16");
     cJSON_AddStringToObject(cfg, "mask", "causal");
     cJSON_AddNumberToObject(cfg, "repeats", c->repeats);
-    /* Kernel override in effect (src/backend/cuda/attention/tuning.h), for provenance. */
+    /* The forced kernels (src/backend/cuda/attention/tuning.h), for provenance; restored at the end. */
     const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
     lt_attn_cuda_tuning_set(&force_in);
-    const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
-    cJSON_AddStringToObject(cfg, "kernel_fwd",
-                            fwd_names[force.fwd >= 0 && force.fwd < LT_ATTN_FWD_KINDS_ ? force.fwd : 0]);
-    cJSON_AddStringToObject(cfg, "kernel_bwd",
-                            bwd_names[force.bwd >= 0 && force.bwd <= LT_ATTN_BWD_WG ? force.bwd : 0]);
+    cJSON_AddStringToObject(cfg, "kernel_fwd", kernel_fwd);
+    cJSON_AddStringToObject(cfg, "kernel_bwd", kernel_bwd);
     cJSON_AddStringToObject(cfg, "flop_convention",
                             "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
