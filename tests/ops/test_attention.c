@@ -1461,10 +1461,21 @@ static void run_unsplit(const acase *c) {
     run_case(c);
     lt_attn_cuda_tuning_set(&was);
 }
+/* The mma.sync backward forced (the D = 256 path of GPUs without wgmma, which compute capability
+ * 9.0 would otherwise never run). */
+static void run_bwd_mma(const acase *c) {
+    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
+    lt_attn_cuda_tuning force = was;
+    force.bwd = LT_ATTN_BWD_MMA;
+    lt_attn_cuda_tuning_set(&force);
+    run_case(c);
+    lt_attn_cuda_tuning_set(&was);
+}
 /* The CUDA cases, one row each and one cmocka test per row under its name (LT_TEST_FILTER picks
  * rows): ROW_FWD runs every forced forward variant (S: the packed sequences per row), ROW_BWD the
- * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head. */
-typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT } row_kind;
+ * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head, ROW_BWD_MMA
+ * the backward on the mma.sync kernels. */
+typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT, ROW_BWD_MMA } row_kind;
 typedef struct cuda_row {
     const char *name;
     row_kind kind;
@@ -1498,13 +1509,18 @@ static cuda_row cuda_rows[] = {
      * many query steps per key block. */
     {"window_softcap_d128", ROW_BWD, {1, 333, 8, 2, 128, 100, 20.0f, 0, 0, 0}, 0},
     {"causal_long_d128", ROW_BWD, {1, 700, 4, 1, 128, 0, 0, 0, 0, 0}, 0},
-    /* D = 256, the mma.sync backward with 64 keys per CTA: causal GQA with a last key block of 8 keys
-     * (also against the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the
-     * fused qkv layout with packed rows, a window and softcap. */
+    /* D = 256, 64 keys per CTA (on compute capability 9.0 the wgmma kernel that splits D over its two
+     * warpgroups, else the mma.sync kernel): causal GQA with a last key block of 8 keys (also against
+     * the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the fused qkv
+     * layout with packed rows, a window and softcap; a longer causal row (many query steps per key
+     * block, four query heads per kv head); then the mma.sync kernel forced on two of them. */
     {"causal_gqa_d256", ROW_BWD, {2, 200, 4, 2, 256, 0, 0, 0, 0, 1}, 0},
     {"window_softcap_d256", ROW_BWD, {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0}, 0},
     {"packed_gqa_d256", ROW_BWD, {2, 300, 8, 2, 256, 0, 0, 1, 0, 0}, 0},
     {"packed_window_softcap_fused_d256", ROW_BWD, {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0}, 0},
+    {"causal_long_gqa_d256", ROW_BWD, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
+    {"mma_causal_gqa_d256", ROW_BWD_MMA, {2, 200, 4, 2, 256, 0, 0, 0, 0, 0}, 0},
+    {"mma_packed_window_softcap_fused_d256", ROW_BWD_MMA, {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0}, 0},
     {"ws_causal_gqa_d128", ROW_UNSPLIT, {2, 512, 8, 2, 128, 0, 0, 0, 0, 0}, 0},
     {"ws_long_gqa_d128", ROW_UNSPLIT, {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0}, 0},
     {"ws_softcap_d64", ROW_UNSPLIT, {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0}, 0},
@@ -1517,6 +1533,7 @@ static void run_row(void **state) {
     const cuda_row *r = *state;
     if (r->kind == ROW_FWD) run_fwd_variants(&r->c, r->S);
     else if (r->kind == ROW_BWD) run_case(&r->c);
+    else if (r->kind == ROW_BWD_MMA) run_bwd_mma(&r->c);
     else run_unsplit(&r->c);
 }
 

@@ -8,7 +8,9 @@
  * own kernel that recomputes S and dP per query tile, forms delta on the way and writes dQ once
  * (packed rows, small windows). Long causal rows without packing or window (T a multiple of 64,
  * one CTA per kv head) take the warp-specialised kernel of bwd_ws.cu instead of the main kernel.
- * Elsewhere (D = 96 and 256, other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
+ * D = 256 on compute capability 9.0 runs the wgmma kernel of bwd_wg256.cu (64 keys per CTA, D split
+ * over its two warpgroups, dQ by atomics) between the same delta pass and dQ conversion.
+ * Elsewhere (D = 96, other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
  * buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"

@@ -418,6 +418,7 @@ static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
 }
 
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream) {
+    if (D == 256) return lt_attn_bwd_wg256_launch(ctx, d, B, stream);
     if (D == 64)
         return !d.no_dq ? bwd_wg_launch<64, false, 2>(ctx, d, B, stream)
             : bn == 64  ? bwd_wg_launch<64, true, 1>(ctx, d, B, stream)

@@ -29,7 +29,8 @@ int lt_attn_sparse(const lt_attention_params *p);
 lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_device *dev,
                                     const lt_attn_cuda_tuning *force);
 
-/* How the backward runs. wg: 0 = mma.sync kernels, 1 = wgmma. split: CTAs sharing the query heads
+/* How the backward runs. wg: 0 = mma.sync kernels, 1 = wgmma (D = 256: bwd_wg256.cu, with split 1,
+ * dQ by atomics, bn 64). split: CTAs sharing the query heads
  * of one (key block, kv head) (> 1 adds fp32 dK/dV sums to the workspace). dq_sep: dQ by its own
  * kernel (no fp32 buffer). bn: keys per CTA of the wgmma main kernel, 128 (two warpgroups) or 64
  * (one warpgroup, two CTAs per SM; only with dq_sep). delta_dq: with dq_sep, the dQ kernel forms

@@ -2,7 +2,7 @@
  * point runs (prepare.cu), and each variant's launcher (one per kernel file). Every launcher
  * queues its work on the stream it is given, which the entry point (fwd.cu, bwd.cu) obtains once.
  * D is one of LT_ATTENTION_CUDA_HEAD_DIMS and, for the wgmma and TMA variants, 64 or 128 (the
- * one-warpgroup wgmma forward with one K/V slot also 256).
+ * one-warpgroup wgmma forward with one K/V slot and the wgmma backward of bwd_wg256.cu also 256).
  * Private to src/backend/cuda/attention/. */
 #ifndef LT_ATTN_LAUNCH_H
 #define LT_ATTN_LAUNCH_H
@@ -52,6 +52,9 @@ lt_status lt_attn_bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D
 /* The wgmma main kernel: dK, dV (or their fp32 sums when d.nsplit > 1), and dQ into d.dq_acc by
  * atomics unless d.no_dq; bn = 64 only with d.no_dq. */
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream);
+/* The D = 256 wgmma kernel (bwd_wg256.cu): dK, dV, and dQ into d.dq_acc by atomics; one CTA per
+ * 64 keys of a kv head (d.nsplit 1, d.no_dq 0). */
+lt_status lt_attn_bwd_wg256_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream);
 /* The dQ kernel (no atomics; forms delta first when `delta`). */
 lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream);
 /* The warp-specialised kernel and its dQ conversion. d.delta must hold rowsum(dO·O) and d.dq_acc

@@ -10,8 +10,8 @@
 /* ---- Specialisations -------------------------------------------------------------------------
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
  * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
- * kernels only; 256 (Gemma 2/3) the mma.sync kernels and the one-warpgroup wgmma forward with one
- * K/V slot (WG1). Adding one: README.md. */
+ * kernels only; 256 (Gemma 2/3) the mma.sync kernels, the one-warpgroup wgmma forward with one
+ * K/V slot (WG1) and the wgmma backward of bwd_wg256.cu. Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
     { 64, 96, 128, 256 }
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
@@ -19,7 +19,8 @@
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
 /* The head dims of the one-warpgroup wgmma forward (fwd_wg.cu): those, and 256 (WG1 only), whose
  * 64 x 256 fp32 O (128 registers a thread) still fits one warpgroup; the TMA forward's 128-key S
- * tile beside it would not, nor would any wgmma backward's dK and dV at 256. */
+ * tile beside it would not, nor would one warpgroup's dK and dV at 256 (bwd_wg256.cu splits D
+ * over two). */
 #define LT_ATTN_FWD_WG_HEAD_DIM(D) (LT_ATTN_WGMMA_HEAD_DIM(D) || (D) == 256)
 
 /* ---- Variant table ---------------------------------------------------------------------------
@@ -37,8 +38,10 @@
  *          + the dQ kernel                               64 queries, 1 warpgroup      2
  *   ws   TMA + warp-specialised     bwd_ws.cu    64,128  128 keys, 1 producer + 2     1
  *                                                          consumer warpgroups
- * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96
- * and 256, the mma.sync kernels run. */
+ *   wg   wgmma, D split over the    bwd_wg256.cu 256     64 keys, 2 warpgroups        1
+ *          warpgroups, dQ by atomics
+ * The wgmma and TMA kernels need compute capability 9.0 (sm_90a code); elsewhere, and for D = 96,
+ * the mma.sync kernels run. */
 typedef enum lt_attn_fwd_kind {
     LT_ATTN_FWD_AUTO = 0, /* the heuristic (in an override: no override) */
     LT_ATTN_FWD_MMA,
