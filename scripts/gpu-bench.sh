@@ -10,7 +10,7 @@
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
-#        offload8b-wait fp8 attention (each described at its case below).
+#        offload8b-wait fp8 attention attention256 (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -114,6 +114,13 @@ for s in $steps; do
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
+  attention256) # opt-in: T = 8192 at D = 128, 64 and 256 (Gemma's, H = 16, Hkv = 8) with both SDPA peers,
+    # then the same arms with the mma.sync backward forced (--kernel-bwd mma, no peers; file suffix
+    # bwd-mma): the D = 256 wgmma backward (bwd_wg256.cu) against the kernel it replaces, one run (~60 s)
+    run 100 "attention T=8192, D=128/64/256" "$BIN" bench attention --backend cuda --T 8192 --packed-T 0 \
+      --repeats 20 --name-suffix t8192-d64-d128-d256 --out "$OUT"
+    run 80 "attention T=8192, the mma.sync backward" "$BIN" bench attention --backend cuda --T 8192 \
+      --packed-T 0 --repeats 20 --kernel-bwd mma --no-peers --name-suffix t8192-bwd-mma --out "$OUT" ;;
   *) echo "unknown step $s" ;;
   esac
 done
