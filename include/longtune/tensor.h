@@ -35,8 +35,8 @@ typedef enum lt_dtype {
     LT_DTYPE_IQ4_NL, /* 32 weights = { f16 d; u8 qs[16] }, nibbles index a fixed 16-value table (18 B) */
     LT_DTYPE_IQ4_XS, /* 256 weights = { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] } (136 B) */
     LT_DTYPE_FP8,    /* a frozen projection (out, in) in FP8 E4M3 with a scale per output row, laid out
-                        as { e4m3 q[out][in]; e4m3 qt[in][out] (q transposed); f32 scale[out] },
-                        W[o][i] = q[o][i]·scale[o]: 2·in + 4 bytes a row (lt_fp8.h) */
+                        as { e4m3 q[out][in]; f32 scale[out] }, W[o][i] = q[o][i]·scale[o]: in + 4
+                        bytes a row (lt_fp8_pack, lt_fp8_scales) */
     LT_DTYPE_COUNT_
 } lt_dtype;
 
@@ -105,8 +105,11 @@ LT_API uint8_t lt_f32_to_fp8(float f);
  * values; *inv = 448 / amax and *scale = amax / 448 (both 0 when amax is 0), so x[i] is held as
  * lt_f32_to_fp8(x[i]·inv)·scale. Returns amax (NaN when a value is NaN). */
 LT_API float lt_fp8_row_scale(const float *x, int64_t n, float *inv, float *scale);
-/* Packs an (out, in) f32 matrix into the LT_DTYPE_FP8 layout at dst (out·(2·in + 4) bytes). */
+/* Packs an (out, in) f32 matrix into the LT_DTYPE_FP8 layout at dst (out·(in + 4) bytes). */
 LT_API void lt_fp8_pack(const float *w, int64_t out, int64_t in, uint8_t *dst);
+/* The row scales of an (out, in) LT_DTYPE_FP8 matrix at data (host or device memory: only the
+ * address is computed). */
+LT_API const float *lt_fp8_scales(const void *data, int64_t out, int64_t in);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,7 @@ typedef enum lt_prof_phase {
 typedef enum lt_prof_op {
     LT_PROF_MATMUL = 0,       /* weight product, conversions excluded */
     LT_PROF_MATMUL_CVT,       /* nested in matmul: x (f32) to bf16 */
-    LT_PROF_MATMUL_DEQUANT,   /* nested in matmul: a weight tile to bf16 */
+    LT_PROF_MATMUL_DEQUANT,   /* nested in matmul: a weight tile to bf16, or an fp8 W transposed */
     LT_PROF_MATMUL_FP8_SCALE, /* nested in matmul: the scales of an fp8 product that cuBLASLt could not scale */
     LT_PROF_GEMM,             /* f32 GEMMs (LoRA factors) */
     LT_PROF_ATTN_FWD,

@@ -62,8 +62,8 @@ float lt_fp8_row_scale(const float *x, int64_t n, float *inv, float *scale) {
 
 typedef struct {
     const float *w;
-    int64_t out, in;
-    uint8_t *q, *qt;
+    int64_t in;
+    uint8_t *q;
     float *scale;
 } pack_job;
 
@@ -80,24 +80,11 @@ static void pack_rows(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* qt (in, out) from q in blocks of 64 x 64 so both sides stay in cache. */
-static void pack_transpose(void *arg, int64_t begin, int64_t end, int thread) {
-    (void)thread;
-    const pack_job *j = arg;
-    for (int64_t ib = begin; ib < end; ib++) {
-        const int64_t i0 = ib * 64, i1 = i0 + 64 < j->in ? i0 + 64 : j->in;
-        for (int64_t o0 = 0; o0 < j->out; o0 += 64) {
-            const int64_t o1 = o0 + 64 < j->out ? o0 + 64 : j->out;
-            for (int64_t i = i0; i < i1; i++)
-                for (int64_t o = o0; o < o1; o++) j->qt[i * j->out + o] = j->q[o * j->in + i];
-        }
-    }
+const float *lt_fp8_scales(const void *data, int64_t out, int64_t in) {
+    return (const float *)((const uint8_t *)data + (size_t)out * (size_t)in);
 }
 
 void lt_fp8_pack(const float *w, int64_t out, int64_t in, uint8_t *dst) {
-    pack_job j = {w, out, in, dst, dst + (size_t)out * (size_t)in, NULL};
-    j.scale = (float *)(dst + 2 * (size_t)out * (size_t)in);
-    const int threads = lt_parallel_threads(0);
-    lt_parallel_for(threads, out, 16, pack_rows, &j);
-    lt_parallel_for(threads, (in + 63) / 64, 1, pack_transpose, &j);
+    pack_job j = {w, in, dst, (float *)(dst + (size_t)out * (size_t)in)};
+    lt_parallel_for(lt_parallel_threads(0), out, 16, pack_rows, &j);
 }

@@ -18,7 +18,7 @@ static const struct {
     [LT_DTYPE_Q2_K] = {"q2_k", 256, 84},      [LT_DTYPE_Q3_K] = {"q3_k", 256, 110},
     [LT_DTYPE_Q4_K] = {"q4_k", 256, 144},     [LT_DTYPE_Q5_K] = {"q5_k", 256, 176},
     [LT_DTYPE_Q6_K] = {"q6_k", 256, 210},     [LT_DTYPE_IQ4_NL] = {"iq4_nl", 32, 18},
-    [LT_DTYPE_IQ4_XS] = {"iq4_xs", 256, 136}, [LT_DTYPE_FP8] = {"fp8", 1, 2},
+    [LT_DTYPE_IQ4_XS] = {"iq4_xs", 256, 136}, [LT_DTYPE_FP8] = {"fp8", 1, 1},
 };
 
 const char *lt_dtype_name(lt_dtype t) { return (unsigned)t < LT_DTYPE_COUNT_ ? dtype_info[t].name : "unknown"; }
@@ -38,7 +38,7 @@ int64_t lt_dtype_block_bytes(lt_dtype t) { return (unsigned)t < LT_DTYPE_COUNT_ 
 
 int64_t lt_dtype_row_bytes(lt_dtype t, int64_t cols) {
     if ((unsigned)t >= LT_DTYPE_COUNT_ || cols < 0) return -1;
-    if (t == LT_DTYPE_FP8) return cols > (INT64_MAX - 4) / 2 ? -1 : 2 * cols + 4; /* q, qt, a row scale */
+    if (t == LT_DTYPE_FP8) return cols > INT64_MAX - 4 ? -1 : cols + 4; /* q and a row scale */
     int64_t be = dtype_info[t].block_elems, bb = dtype_info[t].block_bytes;
     if (cols % be) return -1;
     if (cols / be > INT64_MAX / bb) return -1;

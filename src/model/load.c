@@ -899,11 +899,12 @@ static int rows_failed(copy_job *j, const rows_job *q, int threads, const char *
     return 0;
 }
 
-/* An fp8 projection: every row to f32 on the load's threads (the transposed copy and the row
- * scales need the whole matrix), then packed (lt_fp8_pack) and copied to the device in one go. */
+/* An fp8 projection: every row to f32 on the load's threads, then packed (lt_fp8_pack, the rows
+ * on the same threads) and copied to the device in one go. */
 static void copy_fp8(copy_job *j, rows_job *q, const char *name, uint8_t *dst, int64_t rows, int64_t cols) {
     lt_ctx *ctx = j->ctx;
-    const size_t fb = (size_t)rows * (size_t)cols * sizeof(float), pb = (size_t)rows * (size_t)(2 * cols + 4);
+    const size_t fb = (size_t)rows * (size_t)cols * sizeof(float),
+                 pb = (size_t)rows * (size_t)lt_dtype_row_bytes(LT_DTYPE_FP8, cols);
     float *w = lt_alloc(ctx, LT_DEVICE_CPU, fb, "fp8 base: one matrix in f32");
     uint8_t *packed = j->stage && w ? lt_alloc(ctx, LT_DEVICE_CPU, pb, "fp8 base: one packed matrix") : dst;
     if (!w || !packed) {

@@ -350,9 +350,12 @@ static void mixed_types_load_and_match_f32_twin(int tied, lt_dtype embed_dt, lt_
     for (int l = 0; l < L; l++)
         for (int p = 0; p < LT_PROJ_COUNT_; p++) assert_int_equal(m8->layers[l].w[p].dtype, LT_DTYPE_FP8);
     const tensor_spec *tv = spec(ts, n, "blk.1.attn_v.weight");
-    uint8_t *pv = malloc((size_t)tv->rows * (size_t)(2 * tv->cols + 4));
+    const size_t pv_bytes = (size_t)tv->rows * (size_t)lt_dtype_row_bytes(LT_DTYPE_FP8, tv->cols);
+    assert_int_equal(pv_bytes, (size_t)tv->rows * (size_t)(tv->cols + 4)); /* one byte a weight, a scale a row */
+    uint8_t *pv = malloc(pv_bytes);
     lt_fp8_pack(tv->f, tv->rows, tv->cols, pv);
-    assert_memory_equal(m8->layers[1].w[LT_PROJ_V].data, pv, (size_t)tv->rows * (size_t)(2 * tv->cols + 4));
+    assert_int_equal(lt_tensor_nbytes(&m8->layers[1].w[LT_PROJ_V]), (int64_t)pv_bytes);
+    assert_memory_equal(m8->layers[1].w[LT_PROJ_V].data, pv, pv_bytes);
     free(pv);
     double g8 = 0, d8 = 0;
     for (int64_t i = 0; i < e8.n; i++) {

@@ -134,7 +134,7 @@ static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in,
         float *w = malloc(F4(out * in));
         lt_test_fill_normal(rng, w, out * in, 0.5f);
         lt_fp8_pack(w, out, in, wq);
-        const float *scale = (const float *)(wq + 2 * (size_t)out * (size_t)in);
+        const float *scale = lt_fp8_scales(wq, out, in);
         for (int64_t i = 0; i < out * in; i++) wd[i] = lt_fp8_to_f32(wq[i]) * scale[i / in];
         free(w);
         return wq;
@@ -186,7 +186,7 @@ static void run_matmul(const op_case *c, env *e) {
      * W's row scales into x, so the reference then multiplies by q alone */
     float *xr = x;
     if (dt == LT_DTYPE_FP8) {
-        const float *scale = (const float *)(wq + 2 * (size_t)out * (size_t)in);
+        const float *scale = lt_fp8_scales(wq, out, in);
         xr = malloc(F4(N * xin));
         for (int64_t n = 0; n < N; n++) {
             float *r = xr + n * xin, inv, sc;

@@ -386,7 +386,7 @@ static void fp8_round_x(void *arg, int64_t r0, int64_t r1, int thread) {
 static void dequant_rows(const mm_job *j, int64_t r0, int64_t r1, float *dst) {
     const uint8_t *base = j->w->data;
     if (j->w->dtype == LT_DTYPE_FP8) { /* q rows, times the row scale in NT (NN folds it into x) */
-        const float *scale = (const float *)(base + 2 * (size_t)j->out * (size_t)j->in);
+        const float *scale = lt_fp8_scales(base, j->out, j->in);
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *q = base + (size_t)r * (size_t)j->in;
             const float sc = j->nn ? 1.0f : scale[r];
@@ -446,8 +446,7 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
     int threads = lt_ctx_threads(ctx);
     if (fp8) { /* x rounded first; the tiles follow it in the workspace */
         fp8_x_job fx = {x, NULL, ws, mode == LT_MATMUL_NN ? out : in};
-        if (mode == LT_MATMUL_NN)
-            fx.col_scale = (const float *)((const uint8_t *)w->data + 2 * (size_t)out * (size_t)in);
+        if (mode == LT_MATMUL_NN) fx.col_scale = lt_fp8_scales(w->data, out, in);
         lt_parallel_for(threads, N, 16, fp8_round_x, &fx);
         j.x = ws;
         j.ws = (float *)ws + (size_t)N * (size_t)(in > out ? in : out);

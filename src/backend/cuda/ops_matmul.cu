@@ -243,6 +243,7 @@ typedef struct mm_layout {
     size_t off_tile, off_x, total;
     size_t off_x8, off_sx, off_one; /* fp8: e4m3 x, its row scales, a vector of ones (NN's A scales) */
     size_t off_sum;                 /* fp8: unscaled sums of up to sum_rows rows (see fp8_product) */
+    size_t off_qt;                  /* fp8: W transposed (in, out) for an NN product (fp8_transpose) */
     int64_t sum_rows;
 } mm_layout;
 
@@ -276,7 +277,8 @@ static mm_layout mm_plan(lt_dtype dt, int64_t out, int64_t in, int64_t N_max) {
         l.sum_rows = MM_FP8_SUM_ELEMS / (xcols > 0 ? xcols : 1);
         if (l.sum_rows > rows) l.sum_rows = rows;
         if (l.sum_rows < 1) l.sum_rows = 1;
-        l.total = l.off_sum + align256((size_t)l.sum_rows * (size_t)xcols * 4);
+        l.off_qt = l.off_sum + align256((size_t)l.sum_rows * (size_t)xcols * 4);
+        l.total = l.off_qt + align256((size_t)out * (size_t)in);
     }
     return l;
 }
@@ -424,7 +426,7 @@ static void mm_x_remember(lt_cuda_xcache &mm_last, const void *ws, const float *
 /* W's row scales (fp8) when mode is NN (the e4m3 copy of x is scaled by them), else NULL. */
 static const float *fp8_colscale(lt_matmul_mode mode, const lt_tensor *w) {
     if (w->dtype != LT_DTYPE_FP8 || mode != LT_MATMUL_NN) return NULL;
-    return (const float *)((const char *)w->data + 2 * (size_t)w->shape[0] * (size_t)w->shape[1]);
+    return lt_fp8_scales(w->data, w->shape[0], w->shape[1]);
 }
 
 /* Rows [0, n) of x (width xin) into the workspace: bf16, and for an fp8 W also e4m3 with its
@@ -466,6 +468,35 @@ static __global__ void fp8_scale_sums_k(const float *d, int64_t ldd, float *y, i
         }
         *yo = r;
     }
+}
+
+/* qt (in, out) = q (out, in)ᵀ for e4m3 bytes, both sides multiples of 16 (the load's check): 64 x 64
+ * tiles through shared memory, 4-byte words on both sides (each thread four words in, four out).
+ * Hopper's FP8 GEMMs take both operands K-major, so an NN product (the input gradient) reads W
+ * transposed; making it here for each product keeps the base at one byte a weight. */
+#define FP8_T_TILE 64
+static __global__ void __launch_bounds__(256) fp8_transpose_k(const uint8_t *q, int64_t out, int64_t in, uint8_t *qt) {
+    __shared__ __align__(4) uint8_t t[FP8_T_TILE][FP8_T_TILE + 4];
+    const int64_t i0 = (int64_t)blockIdx.x * FP8_T_TILE, o0 = (int64_t)blockIdx.y * FP8_T_TILE;
+    for (int w = threadIdx.x; w < FP8_T_TILE * FP8_T_TILE / 4; w += blockDim.x) {
+        const int r = w / (FP8_T_TILE / 4), c = 4 * (w % (FP8_T_TILE / 4)); /* row of q, byte column */
+        if (o0 + r < out && i0 + c < in) *(uint32_t *)&t[r][c] = *(const uint32_t *)(q + (o0 + r) * in + i0 + c);
+    }
+    __syncthreads();
+    for (int w = threadIdx.x; w < FP8_T_TILE * FP8_T_TILE / 4; w += blockDim.x) {
+        const int i = w / (FP8_T_TILE / 4), c = 4 * (w % (FP8_T_TILE / 4)); /* row of qt, byte column */
+        if (i0 + i < in && o0 + c < out)
+            *(uint32_t *)(qt + (i0 + i) * out + o0 + c) = (uint32_t)t[c][i] | (uint32_t)t[c + 1][i] << 8 |
+                (uint32_t)t[c + 2][i] << 16 | (uint32_t)t[c + 3][i] << 24;
+    }
+}
+
+static void fp8_transpose(lt_ctx *ctx, const uint8_t *q, int64_t out, int64_t in, uint8_t *qt) {
+    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_DEQUANT);
+    const dim3 grid((unsigned)((in + FP8_T_TILE - 1) / FP8_T_TILE), (unsigned)((out + FP8_T_TILE - 1) / FP8_T_TILE));
+    fp8_transpose_k<<<grid, 256, 0, lt_cuda_stream(ctx)>>>(q, out, in, qt);
+    LT_CUDA_LAUNCHED(ctx, "matmul: fp8 W transposed");
+    lt_prof_end(ph);
 }
 
 /* Column-major D (m, n) at y (ldc) = diag(sa)·Aᵀ·B·diag(sb) + beta·D for e4m3 A (k, m; lda) and B
@@ -531,9 +562,10 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
     const float *cs = fp8_colscale(mode, w);
     int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l, cs);
     if (!x_ready) mm_last.x = NULL;
-    if (dt == LT_DTYPE_FP8) { /* e4m3 W (NT) or its transposed copy (NN), scaled per row of D */
-        const uint8_t *q = (const uint8_t *)w->data, *qt = q + (size_t)out * (size_t)in;
-        const float *wscale = (const float *)(qt + (size_t)out * (size_t)in);
+    if (dt == LT_DTYPE_FP8) { /* e4m3 W (NT) or W transposed in the workspace (NN), scaled per row of D */
+        const uint8_t *q = (const uint8_t *)w->data, *qt = (const uint8_t *)(wsc + l.off_qt);
+        const float *wscale = lt_fp8_scales(q, out, in);
+        if (mode == LT_MATMUL_NN) fp8_transpose(ctx, q, out, in, (uint8_t *)qt);
         const uint8_t *x8 = (const uint8_t *)(wsc + l.off_x8);
         const float *sx = (const float *)(wsc + l.off_sx), *one = (const float *)(wsc + l.off_one);
         for (int64_t n0 = 0; n0 < N; n0 += XR) {
@@ -544,7 +576,7 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
             }
             if (mode == LT_MATMUL_NT) /* yᵀ (out, nr) = diag(scale)·q·x8ᵀ·diag(sx) */
                 fp8_product(ctx, &l, wsc, out, nr, in, q, in, x8, in, beta, y + n0 * out, out, wscale, sx);
-            else /* dxᵀ (in, nr) = qᵀ·(x·diag(scale))8ᵀ·diag(sx), qᵀ read from the transposed copy */
+            else /* dxᵀ (in, nr) = qᵀ·(x·diag(scale))8ᵀ·diag(sx), qᵀ read from its transposed copy */
                 fp8_product(ctx, &l, wsc, in, nr, out, qt, out, x8, out, beta, y + n0 * in, in, one, sx);
         }
         return;
