@@ -110,7 +110,11 @@ for s in $steps; do
     # and with the MLP's down projection left in bf16 (--fp8-skip down: the held-out bar on the
     # demo's fine-tune, scripts/fp8-heldout.sh), its own file (...-fp8-skip-down.json; ~45 s, no peers)
     run 100 "train qwen3-8b 8k fp8 base, down in bf16" "$BIN" bench train --backend cuda --shape qwen3-8b \
-      --seq 8192 --recompute none --base-dtype fp8 --fp8-skip down --no-peer --out "$OUT" ;;
+      --seq 8192 --recompute none --base-dtype fp8 --fp8-skip down --no-peer --out "$OUT"
+    # and the default recompute at 8k and 32k with both peers (train-cuda-qwen3-8b-random-bf16-fp8.json;
+    # ~140 s): speed and peak against PEFT + Liger with checkpointing on both sides
+    run 300 "train qwen3-8b 8k,32k fp8 base, recompute" "$BIN" bench train --backend cuda --shape qwen3-8b \
+      --seq 8192,32768 --base-dtype fp8 --repeats 3 --warmup 1 --out "$OUT" ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
