@@ -1471,11 +1471,20 @@ static void run_bwd_mma(const acase *c) {
     run_case(c);
     lt_attn_cuda_tuning_set(&was);
 }
+/* dQ by the main kernel's fp32 atomics forced (the heuristic gives D = 256 the dQ kernel). */
+static void run_bwd_dq_atomic(const acase *c) {
+    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
+    lt_attn_cuda_tuning force = was;
+    force.dq = LT_ATTN_DQ_ATOMIC;
+    lt_attn_cuda_tuning_set(&force);
+    run_case(c);
+    lt_attn_cuda_tuning_set(&was);
+}
 /* The CUDA cases, one row each and one cmocka test per row under its name (LT_TEST_FILTER picks
  * rows): ROW_FWD runs every forced forward variant (S: the packed sequences per row), ROW_BWD the
  * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head, ROW_BWD_MMA
- * the backward on the mma.sync kernels. */
-typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT, ROW_BWD_MMA } row_kind;
+ * the backward on the mma.sync kernels, ROW_DQ_ATOMIC the backward with dQ by atomics. */
+typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT, ROW_BWD_MMA, ROW_DQ_ATOMIC } row_kind;
 typedef struct cuda_row {
     const char *name;
     row_kind kind;
@@ -1513,7 +1522,8 @@ static cuda_row cuda_rows[] = {
      * warpgroups, else the mma.sync kernel): causal GQA with a last key block of 8 keys (also against
      * the CPU backend); Gemma's sliding window with softcap; packed rows over GQA; the fused qkv
      * layout with packed rows, a window and softcap; a longer causal row (many query steps per key
-     * block, four query heads per kv head); then the mma.sync kernel forced on two of them. */
+     * block, four query heads per kv head); then the mma.sync kernel forced on two of them, and the
+     * wgmma kernel's own dQ by atomics (instead of the dQ kernel) on two. */
     {"causal_gqa_d256", ROW_BWD, {2, 200, 4, 2, 256, 0, 0, 0, 0, 1}, 0},
     {"window_softcap_d256", ROW_BWD, {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0}, 0},
     {"packed_gqa_d256", ROW_BWD, {2, 300, 8, 2, 256, 0, 0, 1, 0, 0}, 0},
@@ -1521,6 +1531,8 @@ static cuda_row cuda_rows[] = {
     {"causal_long_gqa_d256", ROW_BWD, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
     {"mma_causal_gqa_d256", ROW_BWD_MMA, {2, 200, 4, 2, 256, 0, 0, 0, 0, 0}, 0},
     {"mma_packed_window_softcap_fused_d256", ROW_BWD_MMA, {1, 260, 4, 2, 256, 64, 30.0f, 1, 1, 0}, 0},
+    {"dqatomic_causal_long_gqa_d256", ROW_DQ_ATOMIC, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
+    {"dqatomic_window_softcap_d256", ROW_DQ_ATOMIC, {1, 333, 4, 1, 256, 100, 50.0f, 0, 0, 0}, 0},
     {"ws_causal_gqa_d128", ROW_UNSPLIT, {2, 512, 8, 2, 128, 0, 0, 0, 0, 0}, 0},
     {"ws_long_gqa_d128", ROW_UNSPLIT, {1, 1088, 4, 1, 128, 0, 0, 0, 0, 0}, 0},
     {"ws_softcap_d64", ROW_UNSPLIT, {1, 576, 4, 1, 64, 0, 30.0f, 0, 0, 0}, 0},
@@ -1534,6 +1546,7 @@ static void run_row(void **state) {
     if (r->kind == ROW_FWD) run_fwd_variants(&r->c, r->S);
     else if (r->kind == ROW_BWD) run_case(&r->c);
     else if (r->kind == ROW_BWD_MMA) run_bwd_mma(&r->c);
+    else if (r->kind == ROW_DQ_ATOMIC) run_bwd_dq_atomic(&r->c);
     else run_unsplit(&r->c);
 }
 

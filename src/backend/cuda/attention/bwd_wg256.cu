@@ -11,12 +11,13 @@
  *      registers at its own index: the two warpgroups' accumulators have the same layout), and
  *      warpgroup 0 forms Pᵀ and dSᵀ = Pᵀ∘(dPᵀ − delta) and writes both to shared memory in bf16;
  *   3. warpgroup g accumulates columns 128g..128g+127 of dV += Pᵀ·dO and dK += dSᵀ·Q (both operands
- *      from shared memory) and computes the same columns of dQ = dS·K, which it adds to the fp32
- *      dQ buffer with 2-wide vector atomics, 64 columns at a time.
+ *      from shared memory) and, with DQ, computes the same columns of dQ = dS·K, which it adds to
+ *      the fp32 dQ buffer with 2-wide vector atomics, 64 columns at a time. Without DQ the dQ
+ *      kernel of bwd_wg.cu (at D = 256) computes dQ on its own, with no atomics.
  * A thread holds 64 fp32 of dK and 64 of dV. Shared memory: K, V (32 KiB each), Q and dO double
  * buffered (128 KiB), the dPᵀ hand-over (16 KiB), Pᵀ and dSᵀ (8 KiB each), and the step's lse,
- * delta and key bounds: 226.5 KiB of Hopper's 227, one CTA per SM. bwd.cu runs delta before and
- * the dQ conversion after it. */
+ * delta and key bounds: 226.5 KiB of Hopper's 227, one CTA per SM. bwd.cu runs delta (or the dQ
+ * kernel, which forms it) before, and with DQ the dQ conversion after it. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
@@ -35,7 +36,7 @@ template <int N> static __device__ __forceinline__ void wg256_cp_async(void *sme
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
 }
 
-template <bool CAP> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg256_kernel(lt_attn_dev p) {
+template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg256_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int D = WG256_D, BN = WG256_BN, BM = WG256_BM, TILE = WG256_TILE;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -163,7 +164,8 @@ template <bool CAP> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg
         lt_fence_proxy_async();
         __syncthreads();
 
-        /* 3. Columns 128g..128g+127: dV += Pᵀ·dO, dK += dSᵀ·Q (queries as K, MN-major), then dQ. */
+        /* 3. Columns 128g..128g+127: dV += Pᵀ·dO, dK += dSᵀ·Q (queries as K, MN-major), then dQ
+         * (DQ) or a wait for those MMAs: the next step rewrites Pᵀ, dSᵀ and this step's Q/dO slot. */
 #pragma unroll
         for (int n = 0; n < 2; n++) {
             lt_wgmma_pin(dv[n]);
@@ -183,9 +185,10 @@ template <bool CAP> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg
                                   lt_wgmma_desc_at32(dQd, nb * (BM * 128) + kk * 2048), 1);
         }
         lt_wgmma_commit();
+        if (!DQ) lt_wgmma_wait<0>();
         const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
 #pragma unroll
-        for (int n = 0; n < 2; n++) {
+        for (int n = 0; n < (DQ ? 2 : 0); n++) {
             const int nb = 2 * wg + n;
             float acc[32];
             lt_wgmma_pin(acc);
@@ -243,10 +246,14 @@ template <bool CAP> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg
 #endif
 }
 
-/* Grid (kv heads, key blocks of 64, B); d.dq_acc zeroed and d.delta filled before. */
+/* Grid (kv heads, key blocks of 64, B); d.delta filled before, and d.dq_acc zeroed unless dQ has
+ * its own kernel (d.no_dq). */
 lt_status lt_attn_bwd_wg256_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + WG256_BN - 1) / WG256_BN), (unsigned)B);
-    return lt_attn_launch(ctx, d.softcap > 0.0f ? attn_bwd_wg256_kernel<true> : attn_bwd_wg256_kernel<false>, grid, 256,
-                          (size_t)WG256_SMEM, stream, "attention backward (D = 256): shared memory size",
+    const bool cap = d.softcap > 0.0f;
+    auto *k = d.no_dq ? (cap ? attn_bwd_wg256_kernel<true, false> : attn_bwd_wg256_kernel<false, false>)
+                      : (cap ? attn_bwd_wg256_kernel<true, true> : attn_bwd_wg256_kernel<false, true>);
+    return lt_attn_launch(ctx, k, grid, 256, (size_t)WG256_SMEM, stream,
+                          "attention backward (D = 256): shared memory size",
                           "attention backward (D = 256) kernel launch", d);
 }

@@ -74,11 +74,17 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     if (!force) force = &none;
     lt_attn_bwd_plan pl = {1, 1, 0, 128, 0, force->bwd != LT_ATTN_BWD_WG};
     if (force->bwd == LT_ATTN_BWD_MMA) pl.wg = 0;
-    /* D = 256: bwd_wg256.cu, one CTA per 64 keys of a kv head, dQ by atomics, no split. */
+    /* D = 256: bwd_wg256.cu, one CTA per 64 keys of a kv head, no split; dQ by the dQ kernel
+     * (LT_ATTN_BWD256_DQ_SEP), which also forms delta, or by atomics. */
     if (p->D == 256) {
         pl.bn = 64;
         pl.ws_ok = 0;
         if (!dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
+        if (!pl.wg) return pl;
+        pl.dq_sep = LT_ATTN_BWD256_DQ_SEP || lt_attn_sparse(p);
+        if (force->dq == LT_ATTN_DQ_ATOMIC) pl.dq_sep = 0;
+        if (force->dq == LT_ATTN_DQ_SEP) pl.dq_sep = 1;
+        pl.delta_dq = pl.dq_sep && !force->delta_sep;
         return pl;
     }
     /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y. */

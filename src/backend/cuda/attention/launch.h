@@ -52,8 +52,8 @@ lt_status lt_attn_bwd_mma_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D
 /* The wgmma main kernel: dK, dV (or their fp32 sums when d.nsplit > 1), and dQ into d.dq_acc by
  * atomics unless d.no_dq; bn = 64 only with d.no_dq. */
 lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int bn, cudaStream_t stream);
-/* The D = 256 wgmma kernel (bwd_wg256.cu): dK, dV, and dQ into d.dq_acc by atomics; one CTA per
- * 64 keys of a kv head (d.nsplit 1, d.no_dq 0). */
+/* The D = 256 wgmma kernel (bwd_wg256.cu): dK, dV, and dQ into d.dq_acc by atomics unless
+ * d.no_dq; one CTA per 64 keys of a kv head (d.nsplit 1). */
 lt_status lt_attn_bwd_wg256_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream);
 /* The dQ kernel (no atomics; forms delta first when `delta`). */
 lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream);

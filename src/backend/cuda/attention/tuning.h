@@ -169,6 +169,11 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_BWD_WG_BM 64
 #define LT_ATTN_BWD_DQ_BM 64
 #define LT_ATTN_BWD_DQ_BN 64
+/* D = 256 (bwd_wg256.cu): 1 = dQ by the dQ kernel (recomputing S and dP per 64-row query tile) on
+ * every row, 0 = by the main kernel's fp32 atomics except on sparse rows. */
+#ifndef LT_ATTN_BWD256_DQ_SEP
+#define LT_ATTN_BWD256_DQ_SEP 1
+#endif
 /* TMA (bwd_ws.cu, dev/cuda/README.md): 128 keys per CTA, 64-query steps, a 2-stage Q/dO ring (a
  * third stage measured no faster: 41.2 against 41.1 ms at 32k); registers: producer 24, consumers
  * 240. Issuing dV before dPᵀ is waited for (dS from the bf16 P) measured 2-5 % slower (2.69 against
