@@ -170,7 +170,11 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_BWD_DQ_BM 64
 #define LT_ATTN_BWD_DQ_BN 64
 /* D = 256 (bwd_wg256.cu): 1 = dQ by the dQ kernel (recomputing S and dP per 64-row query tile) on
- * every row, 0 = by the main kernel's fp32 atomics except on sparse rows. */
+ * every row, 0 = by the main kernel's fp32 atomics except on sparse rows. H100, T = 8192, H = 16,
+ * Hkv = 8, three builds alternated in one call: atomics 5.38-5.39 ms, the one-warpgroup dQ kernel
+ * 4.68 ms, and a two-warpgroup dQ kernel shaped like the main one (S and dP on one warpgroup each,
+ * dS handed through shared memory, 128 dQ columns a warpgroup, 168 registers, no spills) 4.93-4.98
+ * ms: its two barriers a tile cost more than the one warpgroup's spills. */
 #ifndef LT_ATTN_BWD256_DQ_SEP
 #define LT_ATTN_BWD256_DQ_SEP 1
 #endif
