@@ -6,7 +6,9 @@
  * slot three CTAs share an SM (WG1, for rows that see few tiles). At D = 256 (32 KiB tiles, O in 128
  * registers a thread) only WG1 is built, two CTAs an SM, with K and V loaded as separate groups:
  * the next tile's K as soon as S is done, its V as soon as P·V is (1.46-1.50 -> 1.37-1.40 ms at
- * T = 8192, H = 16, Hkv = 8 on an H100, two builds alternated in one call). */
+ * T = 8192, H = 16, Hkv = 8 on an H100, two builds alternated in one call). The same schedule in
+ * the D = 64 / 128 one-slot kernel (packed rows) gave 0.120 against 0.122-0.123 ms on the packed
+ * row's forward, within the spread between runs, and is not taken. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
