@@ -1445,6 +1445,12 @@ static void run_case(const acase *c) {
     free(gdv);
 }
 
+/* The CUDA cases, one row each and one cmocka test per row under its name (LT_TEST_FILTER picks
+ * rows): ROW_FWD runs every forced forward variant (S: the packed sequences per row), ROW_BWD the
+ * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head, ROW_BWD_MMA
+ * the backward on the mma.sync kernels, ROW_DQ_ATOMIC the backward with dQ by atomics. */
+typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT, ROW_BWD_MMA, ROW_DQ_ATOMIC } row_kind;
+
 /* The warp-specialised backward (src/backend/cuda/attention/bwd_ws.cu: TMA producer, mbarrier
  * ring, bulk dQ reduction) takes causal rows without packing or window, T a multiple of 64, one CTA
  * per kv head.
@@ -1452,39 +1458,22 @@ static void run_case(const acase *c) {
  * one CTA per kv head as at T >= 8k. Several key blocks and query heads per CTA, both head dims,
  * a last key block of 64 keys (T % 128 = 64), softcap, B = 2, D = 64 without softcap over four kv
  * heads, and a fused qkv layout (tensor-map strides other than the contiguous ones).
- * An override of bwd = LT_ATTN_BWD_WG runs the same cases on the wgmma main kernel. */
-static void run_unsplit(const acase *c) {
+ * An override of bwd = LT_ATTN_BWD_WG runs the same cases on the wgmma main kernel.
+ *
+ * run_case under the override of a row kind: ROW_UNSPLIT split = 1 (one CTA per kv head, as
+ * above); ROW_BWD_MMA bwd = LT_ATTN_BWD_MMA (the D = 256 path of GPUs without wgmma, which compute
+ * capability 9.0 would otherwise never run); ROW_DQ_ATOMIC dq = LT_ATTN_DQ_ATOMIC (dQ by the main
+ * kernel's fp32 atomics, where the heuristic gives D = 256 the dQ kernel). */
+static void run_forced(const acase *c, row_kind kind) {
     const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
     lt_attn_cuda_tuning force = was;
-    force.split = 1;
+    if (kind == ROW_UNSPLIT) force.split = 1;
+    else if (kind == ROW_BWD_MMA) force.bwd = LT_ATTN_BWD_MMA;
+    else if (kind == ROW_DQ_ATOMIC) force.dq = LT_ATTN_DQ_ATOMIC;
     lt_attn_cuda_tuning_set(&force);
     run_case(c);
     lt_attn_cuda_tuning_set(&was);
 }
-/* The mma.sync backward forced (the D = 256 path of GPUs without wgmma, which compute capability
- * 9.0 would otherwise never run). */
-static void run_bwd_mma(const acase *c) {
-    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
-    lt_attn_cuda_tuning force = was;
-    force.bwd = LT_ATTN_BWD_MMA;
-    lt_attn_cuda_tuning_set(&force);
-    run_case(c);
-    lt_attn_cuda_tuning_set(&was);
-}
-/* dQ by the main kernel's fp32 atomics forced (the heuristic gives D = 256 the dQ kernel). */
-static void run_bwd_dq_atomic(const acase *c) {
-    const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
-    lt_attn_cuda_tuning force = was;
-    force.dq = LT_ATTN_DQ_ATOMIC;
-    lt_attn_cuda_tuning_set(&force);
-    run_case(c);
-    lt_attn_cuda_tuning_set(&was);
-}
-/* The CUDA cases, one row each and one cmocka test per row under its name (LT_TEST_FILTER picks
- * rows): ROW_FWD runs every forced forward variant (S: the packed sequences per row), ROW_BWD the
- * forward and backward (run_case), ROW_UNSPLIT the backward with one CTA per kv head, ROW_BWD_MMA
- * the backward on the mma.sync kernels, ROW_DQ_ATOMIC the backward with dQ by atomics. */
-typedef enum { ROW_FWD, ROW_BWD, ROW_UNSPLIT, ROW_BWD_MMA, ROW_DQ_ATOMIC } row_kind;
 typedef struct cuda_row {
     const char *name;
     row_kind kind;
@@ -1545,9 +1534,7 @@ static void run_row(void **state) {
     const cuda_row *r = *state;
     if (r->kind == ROW_FWD) run_fwd_variants(&r->c, r->S);
     else if (r->kind == ROW_BWD) run_case(&r->c);
-    else if (r->kind == ROW_BWD_MMA) run_bwd_mma(&r->c);
-    else if (r->kind == ROW_DQ_ATOMIC) run_bwd_dq_atomic(&r->c);
-    else run_unsplit(&r->c);
+    else run_forced(&r->c, r->kind);
 }
 
 static void unsupported_requests_are_named(void **s) {
