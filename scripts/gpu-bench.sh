@@ -10,7 +10,7 @@
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
-#        offload8b-wait fp8 attention attention256 (each described at its case below).
+#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -115,6 +115,15 @@ for s in $steps; do
     # ~140 s): speed and peak against PEFT + Liger with checkpointing on both sides
     run 300 "train qwen3-8b 8k,32k fp8 base, recompute" "$BIN" bench train --backend cuda --shape qwen3-8b \
       --seq 8192,32768 --base-dtype fp8 --repeats 3 --warmup 1 --out "$OUT" ;;
+  fp8-vs-bf16) # opt-in: the Qwen3-8B 8k step with recompute on the bf16 base and on the fp8 base,
+    # alternated twice in one call, no peers (...-ab-file.json, ...-ab-fp8.json: the second round;
+    # docs/formats.md; ~2 min)
+    for round in 1 2; do
+      for base in file fp8; do
+        run 120 "train qwen3-8b 8k, base $base, round $round" "$BIN" bench train --backend cuda --shape qwen3-8b \
+          --seq 8192 --base-dtype $base --no-peer --repeats 3 --warmup 1 --name-suffix ab-$base --out "$OUT"
+      done
+    done ;;
   attention) # opt-in: the attention kernels (forward, fwd+bwd) at T=2k/8k/32k, D=64 and a packed row, with
     # the SDPA FlashAttention-2 and cuDNN peers in the same run (bench/results/attention-cuda-bf16.json; ~25 s)
     run 60 "attention kernels" "$BIN" bench attention --backend cuda --repeats 20 --out "$OUT" ;;
