@@ -116,11 +116,11 @@ for s in $steps; do
     run 300 "train qwen3-8b 8k,32k fp8 base, recompute" "$BIN" bench train --backend cuda --shape qwen3-8b \
       --seq 8192,32768 --base-dtype fp8 --repeats 3 --warmup 1 --out "$OUT" ;;
   fp8-vs-bf16) # opt-in: the Qwen3-8B 8k step with recompute on the bf16 base and on the fp8 base,
-    # alternated twice in one call, no peers (...-ab-file.json, ...-ab-fp8.json: the second round;
+    # alternated twice in one call, no peers (...-ab-file.json, ...-ab-fp8.json: the second run of each;
     # docs/formats.md; ~2 min)
-    for round in 1 2; do
+    for rep in 1 2; do
       for base in file fp8; do
-        run 120 "train qwen3-8b 8k, base $base, round $round" "$BIN" bench train --backend cuda --shape qwen3-8b \
+        run 120 "train qwen3-8b 8k, base $base, run $rep" "$BIN" bench train --backend cuda --shape qwen3-8b \
           --seq 8192 --base-dtype $base --no-peer --repeats 3 --warmup 1 --name-suffix ab-$base --out "$OUT"
       done
     done ;;
