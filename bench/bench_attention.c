@@ -240,8 +240,9 @@ int lt_bench_attention(int argc, char **argv) {
             "  --kernel-bwd K   (cuda) force a backward kernel: default, mma (mma.sync), wg (wgmma, never\n"
             "                   the warp-specialised one); what a head dim lacks falls back as the\n"
             "                   heuristic would (src/backend/cuda/attention/README.md)\n"
-            "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768, D=64 H=Hkv=32 at\n"
-            "T=8192, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
+            "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768 (--T replaces\n"
+            "this list), D=64 H=Hkv=32 and D=256 H=16 Hkv=8 at T=8192, D=64 H=9 Hkv=3 (SmolLM2-135M) at\n"
+            "T=32768, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
         return 0;
     }
     if (parsed) return parsed;

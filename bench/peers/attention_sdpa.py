@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SHAPES = [(2048, 32, 8, 128), (8192, 32, 8, 128), (32768, 32, 8, 128), (8192, 32, 32, 64), (8192, 32, 8, 96),
-          (8192, 16, 8, 256)]
+          (8192, 16, 8, 256), (32768, 9, 3, 64)]
 
 
 def time_backend(backend, T, H, Hkv, D, reps):
