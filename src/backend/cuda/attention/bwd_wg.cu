@@ -18,10 +18,6 @@
 
 #include <type_traits>
 
-template <int N> static __device__ __forceinline__ void bwd_cp_async(void *smem, const void *g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
-}
-
 template <int D, bool NODQ, int NWG, bool CAP>
 static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
     /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
@@ -55,16 +51,9 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
     lt_wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
     lt_wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
-        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        lt_wg_load_tile<BM, D, NT>(sQ + buf * TILE_Q, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-        lt_wg_load_tile<BM, D, NT>(sO + buf * TILE_Q, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
-        if (tid < BM) {
-            const int t = min(q0 + tid, T - 1);
-            const int64_t r = ((int64_t)b * p.H + h) * T + t;
-            bwd_cp_async<4>(sL + buf * BM + tid, p.lse + r);
-            bwd_cp_async<4>(sD + buf * BM + tid, p.delta + r);
-            bwd_cp_async<4>(sLo + buf * BM + tid, lo + t);
-        }
+        lt_attn_bwd_load_step<BM, D, NT>(p, T, b, h_first + step / nqb, (qb_begin + step % nqb) * BM, lo,
+                                         sQ + buf * TILE_Q, sO + buf * TILE_Q, sL + buf * BM, sD + buf * BM,
+                                         sLo + buf * BM, tid);
     };
     if (steps > 0) load_step(0, 0);
     lt_cp_async_commit();

@@ -1,5 +1,5 @@
-/* The pieces of a wgmma backward step shared by the wgmma main kernel (bwd_wg.cu) and the
- * warp-specialised kernel (bwd_ws.cu). Both run one CTA per BN keys of one kv head with
+/* The pieces of a wgmma backward step shared by the wgmma main kernel (bwd_wg.cu), the
+ * warp-specialised kernel (bwd_ws.cu) and, for the step loader, the D = 256 kernel (bwd_wg256.cu). Both run one CTA per BN keys of one kv head with
  * warpgroup g owning keys 64g..64g+63, K and V in shared memory (BN rows, 128-byte swizzle), and
  * 64-query steps whose Q and dO tiles (64 rows) sit in shared memory too; accumulator row 0 of a
  * thread is CTA-local key krow = 64g + 16·warp + lane/4. sm_90a only (LT_WGMMA_OK). Private to
@@ -9,6 +9,29 @@
 
 #include "backend/cuda/attention/params.h"
 #include "backend/cuda/attention/wgmma.cuh"
+
+/* N bytes from global to shared memory, cp.async (the caller commits). */
+template <int N> static __device__ __forceinline__ void lt_attn_cp_async(void *smem, const void *g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
+}
+
+/* One 64-query step of a backward CTA into its slots (the caller commits): the Q and dO tiles of
+ * query head h from row q0 of T (128-byte swizzle, NT threads) and, by the first BM threads, the
+ * rows' lse, delta and key bounds (lo: the batch row's). */
+template <int BM, int D, int NT>
+static __device__ __forceinline__ void lt_attn_bwd_load_step(const lt_attn_dev &p, int T, int b, int h, int q0,
+                                                             const int32_t *lo, unsigned char *sQ, unsigned char *sO,
+                                                             float *sL, float *sD, int *sLo, int tid) {
+    lt_wg_load_tile<BM, D, NT>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, NT>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    if (tid < BM) {
+        const int t = min(q0 + tid, T - 1);
+        const int64_t r = ((int64_t)b * p.H + h) * T + t;
+        lt_attn_cp_async<4>(sL + tid, p.lse + r);
+        lt_attn_cp_async<4>(sD + tid, p.delta + r);
+        lt_attn_cp_async<4>(sLo + tid, lo + t);
+    }
+}
 
 /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ over this warpgroup's 64 keys, issued as two committed groups (not
  * waited for). aK, aV: the BN-key tiles; aQ, aO: the 64-query tiles (shared addresses). */

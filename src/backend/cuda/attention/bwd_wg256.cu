@@ -19,6 +19,7 @@
  * delta and key bounds: 226.5 KiB of Hopper's 227, one CTA per SM. bwd.cu runs delta (or the dQ
  * kernel, which forms it) before, and with DQ the dQ conversion after it. */
 #include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/bwd_wg.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
 
@@ -31,10 +32,6 @@
 #define WG256_BM 64 /* queries per step */
 #define WG256_TILE (64 * WG256_D * 2)
 #define WG256_SMEM (6 * WG256_TILE + 64 * 64 * 4 + 2 * 64 * 64 * 2 + 6 * WG256_BM * 4 + 1024)
-
-template <int N> static __device__ __forceinline__ void wg256_cp_async(void *smem, const void *g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(lt_smem_addr(smem)), "l"(g), "n"(N));
-}
 
 template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) attn_bwd_wg256_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
@@ -62,16 +59,9 @@ template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) at
     lt_wg_load_tile<BN, D, 256>(sK, gk, p.kv_st, k0, T, tid);
     lt_wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
-        const int h = h_first + step / nqb, q0 = (qb_begin + step % nqb) * BM;
-        lt_wg_load_tile<BM, D, 256>(sQ + buf * TILE, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-        lt_wg_load_tile<BM, D, 256>(sO + buf * TILE, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
-        if (tid < BM) {
-            const int tq = min(q0 + tid, T - 1);
-            const int64_t r = ((int64_t)b * p.H + h) * T + tq;
-            wg256_cp_async<4>(sL + buf * BM + tid, p.lse + r);
-            wg256_cp_async<4>(sD + buf * BM + tid, p.delta + r);
-            wg256_cp_async<4>(sLo + buf * BM + tid, lo + tq);
-        }
+        lt_attn_bwd_load_step<BM, D, 256>(p, T, b, h_first + step / nqb, (qb_begin + step % nqb) * BM, lo,
+                                          sQ + buf * TILE, sO + buf * TILE, sL + buf * BM, sD + buf * BM,
+                                          sLo + buf * BM, tid);
     };
     if (steps > 0) load_step(0, 0);
     lt_cp_async_commit();
