@@ -74,27 +74,20 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     if (!force) force = &none;
     lt_attn_bwd_plan pl = {1, 1, 0, 128, 0, force->bwd != LT_ATTN_BWD_WG};
     if (force->bwd == LT_ATTN_BWD_MMA) pl.wg = 0;
-    /* D = 256: bwd_wg256.cu, one CTA per 64 keys of a kv head, no split; dQ by the dQ kernel
-     * (LT_ATTN_BWD256_DQ_SEP), which also forms delta, or by atomics. */
-    if (p->D == 256) {
-        pl.bn = 64;
-        pl.ws_ok = 0;
-        if (!dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
-        if (!pl.wg) return pl;
-        pl.dq_sep = LT_ATTN_BWD256_DQ_SEP || lt_attn_sparse(p);
-        if (force->dq == LT_ATTN_DQ_ATOMIC) pl.dq_sep = 0;
-        if (force->dq == LT_ATTN_DQ_SEP) pl.dq_sep = 1;
-        pl.delta_dq = pl.dq_sep && !force->delta_sep;
-        return pl;
-    }
-    /* The wgmma kernels: D = 64 or 128, sm_90a code, key blocks in gridDim.y. */
-    if (!LT_ATTN_WGMMA_HEAD_DIM(p->D) || !dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
+    /* The wgmma kernels: D = 64 or 128, and D = 256 (bwd_wg256.cu: one CTA per 64 keys of a kv
+     * head, no split, never the warp-specialised kernel); sm_90a code, key blocks in gridDim.y. */
+    const int d256 = p->D == 256;
+    if (d256) pl.bn = 64, pl.ws_ok = 0;
+    if (!(d256 || LT_ATTN_WGMMA_HEAD_DIM(p->D)) || !dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
     if (!pl.wg) return pl;
-    pl.dq_sep = lt_attn_sparse(p);
+    /* dQ by the dQ kernel (which then also forms delta) on sparse rows, and on every row at D = 256
+     * (LT_ATTN_BWD256_DQ_SEP); else by the main kernel's atomics. */
+    pl.dq_sep = (d256 && LT_ATTN_BWD256_DQ_SEP) || lt_attn_sparse(p);
     if (force->dq == LT_ATTN_DQ_ATOMIC) pl.dq_sep = 0;
     if (force->dq == LT_ATTN_DQ_SEP) pl.dq_sep = 1;
-    pl.bn = pl.dq_sep && force->bwd_bn != 128 ? 64 : 128;
     pl.delta_dq = pl.dq_sep && !force->delta_sep;
+    if (d256) return pl;
+    pl.bn = pl.dq_sep && force->bwd_bn != 128 ? 64 : 128;
     const int64_t group = p->H / p->Hkv;
     const int64_t ctas = p->B * p->Hkv * ((p->T + pl.bn - 1) / pl.bn);
     const int64_t per_sm = pl.bn == 64 ? 2 : 1;
