@@ -7,15 +7,16 @@
  * instead:
  *   1. warpgroup 0 computes Sᵀ = K·Qᵀ and warpgroup 1 dPᵀ = V·dOᵀ (64 keys x 64 queries each, over
  *      all 256 columns), at the same time;
- *   2. warpgroup 1 hands dPᵀ to warpgroup 0 through shared memory (fp32, each thread's accumulator
- *      registers at its own index: the two warpgroups' accumulators have the same layout), and
- *      warpgroup 0 forms Pᵀ and dSᵀ = Pᵀ∘(dPᵀ − delta) and writes both to shared memory in bf16;
+ *   2. each warpgroup hands the other half of its tile through shared memory (fp32, each thread's
+ *      accumulator registers at its own index: the two warpgroups' accumulators have the same
+ *      layout), and forms Pᵀ and dSᵀ = Pᵀ∘(dPᵀ − delta) for its half of the queries (warpgroup 0
+ *      the first 32, warpgroup 1 the last 32), writing both to shared memory in bf16;
  *   3. warpgroup g accumulates columns 128g..128g+127 of dV += Pᵀ·dO and dK += dSᵀ·Q (both operands
  *      from shared memory) and, with DQ, computes the same columns of dQ = dS·K, which it adds to
  *      the fp32 dQ buffer with 2-wide vector atomics, 64 columns at a time. Without DQ the dQ
  *      kernel of bwd_wg.cu (at D = 256) computes dQ on its own, with no atomics.
  * A thread holds 64 fp32 of dK and 64 of dV. Shared memory: K, V (32 KiB each), Q and dO double
- * buffered (128 KiB), the dPᵀ hand-over (16 KiB), Pᵀ and dSᵀ (8 KiB each), and the step's lse,
+ * buffered (128 KiB), the hand-over (16 KiB), Pᵀ and dSᵀ (8 KiB each), and the step's lse,
  * delta and key bounds: 226.5 KiB of Hopper's 227, one CTA per SM. bwd.cu runs delta (or the dQ
  * kernel, which forms it) before, and with DQ the dQ conversion after it. */
 #include "backend/cuda/attention/block.cuh"
@@ -107,20 +108,30 @@ template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) at
             lt_wgmma_wait<0>();
             lt_wgmma_pin(x);
         }
-        if (wg == 1) {
+        /* Each warpgroup hands the other the half of its tile the other forms: warpgroup 0 its
+         * Sᵀ of query columns 32..63 (accumulators 16..31), warpgroup 1 its dPᵀ of columns 0..31
+         * (accumulators 0..15), each at its own thread's index (the layouts match). */
+        if (wg == 0) {
 #pragma unroll
-            for (int i = 0; i < 32; i++) sX[i * 128 + t] = x[i];
+            for (int i = 16; i < 32; i++) sX[i * 128 + t] = x[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; i++) sX[i * 128 + t] = x[i];
         }
         __syncthreads();
 
-        /* 2. Warpgroup 0: Pᵀ and dSᵀ into shared memory (bf16, swizzled), four elements at a time
-         * (dPᵀ read from the hand-over as it is needed: a 32-register copy spilled). */
-        if (wg == 0) {
+        /* 2. Pᵀ and dSᵀ into shared memory (bf16, swizzled), four elements at a time: warpgroup 0
+         * query columns 0..31 (Sᵀ in registers, dPᵀ from the hand-over), warpgroup 1 columns
+         * 32..63 (Sᵀ from the hand-over, dPᵀ in registers). HALF and MASK are compile-time, so
+         * the accumulator indices stay constant. */
+        {
             const bool full = (k0 + BN - 1 <= q0) && (q0 + BM - 1 < T) && (k0 >= cLo[BM - 1]);
-            auto form = [&](auto mask) {
+            auto form = [&](auto mask, auto half) {
                 constexpr bool MASK = decltype(mask)::value;
+                constexpr int HALF = decltype(half)::value;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+                for (int jj = 0; jj < 4; jj++) {
+                    const int j = 4 * HALF + jj;
                     const int qc = 8 * j + 2 * (lane & 3);
                     const float2 L = *(const float2 *)(cL + qc), Dl = *(const float2 *)(cD + qc);
                     int2 LO = make_int2(0, 0);
@@ -130,14 +141,15 @@ template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) at
                     for (int e = 0; e < 4; e++) {
                         const int key = k0 + krow + 8 * (e >> 1), q = q0 + qc + (e & 1);
                         const float lse = (e & 1) ? L.y : L.x, del = (e & 1) ? Dl.y : Dl.x;
-                        const float dp = sX[(4 * j + e) * 128 + t];
+                        const float sv = HALF == 0 ? x[4 * j + e] : sX[(4 * j + e) * 128 + t];
+                        const float dp = HALF == 0 ? sX[(4 * j + e) * 128 + t] : x[4 * j + e];
                         float dfac = 1.0f;
                         if (CAP) {
-                            const float th = tanhf(x[4 * j + e] * scale * inv_cap);
+                            const float th = tanhf(sv * scale * inv_cap);
                             dfac = 1.0f - th * th;
                             pr[e] = exp2f((cap * th) * LT_ATTN_LOG2E - lse * LT_ATTN_LOG2E);
                         } else {
-                            pr[e] = exp2f(fmaf(x[4 * j + e], sl2, -lse * LT_ATTN_LOG2E));
+                            pr[e] = exp2f(fmaf(sv, sl2, -lse * LT_ATTN_LOG2E));
                         }
                         if (MASK && (key > q || key < ((e & 1) ? LO.y : LO.x) || q >= T)) pr[e] = 0.0f;
                         ds[e] = CAP ? pr[e] * (dp - del) * dfac : pr[e] * (dp - del);
@@ -148,8 +160,15 @@ template <bool CAP, bool DQ> static __global__ void __launch_bounds__(256, 1) at
                     *(uint32_t *)(sDS + lt_sw128_offset(krow + 8, qc, 64)) = lt_pack_bf16(ds[2], ds[3]);
                 }
             };
-            if (full) form(std::false_type{});
-            else form(std::true_type{});
+            using lo_half = std::integral_constant<int, 0>;
+            using hi_half = std::integral_constant<int, 1>;
+            if (wg == 0) {
+                if (full) form(std::false_type{}, lo_half{});
+                else form(std::true_type{}, lo_half{});
+            } else {
+                if (full) form(std::false_type{}, hi_half{});
+                else form(std::true_type{}, hi_half{});
+            }
         }
         lt_fence_proxy_async();
         __syncthreads();
