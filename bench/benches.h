@@ -25,3 +25,5 @@ LT_BENCH(grouped, lt_bench_grouped,
          "MoE grouped expert products (Qwen3-30B-A3B layer, cuda): one launch vs per-expert cuBLASLt bf16 GEMMs")
 LT_BENCH(grouped_lora, lt_bench_grouped_lora,
          "expert-LoRA products of an MoE layer (Qwen3-30B-A3B, rank r, cuda): thin grouped products, weight gradients")
+LT_BENCH(lora, lt_bench_lora,
+         "LoRA projection ops of one layer (q,k,v; gate,up; o; down) with and without adapters: what LoRA adds")
