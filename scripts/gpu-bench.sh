@@ -10,7 +10,7 @@
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
-#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 (each described at its case below).
+#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -134,6 +134,12 @@ for s in $steps; do
       --repeats 20 --name-suffix t8192-d64-d128-d256 --out "$OUT"
     run 80 "attention T=8192, the mma.sync backward" "$BIN" bench attention --backend cuda --T 8192 \
       --packed-T 0 --repeats 20 --kernel-bwd mma --no-peers --name-suffix t8192-bwd-mma --out "$OUT" ;;
+  lora) # opt-in: what the LoRA products add to one layer's base GEMMs (q,k,v; gate,up; o; down) over
+    # one 8,192-row chunk, with and without adapters alternating, at SmolLM2-135M's and Qwen3-8B's
+    # widths (a few seconds each)
+    for sh in smollm2-135m qwen3-8b; do
+      run 60 "lora products $sh" "$BIN" bench lora --backend cuda --shape $sh --repeats 20 --out "$OUT"
+    done ;;
   *) echo "unknown step $s" ;;
   esac
 done
