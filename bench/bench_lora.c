@@ -41,14 +41,9 @@ typedef struct lora_bufs {
     size_t ws_bytes;
 } lora_bufs;
 
-static uint64_t xs(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
+static float unif(uint64_t *s, float amp) {
+    return amp * (float)((double)(lt_bench_rand_u64(s) >> 11) * 0x1.0p-52 - 1.0);
 }
-
-static float unif(uint64_t *s, float amp) { return amp * (float)((double)(xs(s) >> 11) * 0x1.0p-52 - 1.0); }
 
 /* A buffer of n floats (or n bf16 values) in the backend's memory, uniform in [-amp, amp]; NULL
  * with the context's error when allocation fails. */
