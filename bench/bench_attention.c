@@ -241,8 +241,9 @@ int lt_bench_attention(int argc, char **argv) {
             "                   the warp-specialised one); what a head dim lacks falls back as the\n"
             "                   heuristic would (src/backend/cuda/attention/README.md)\n"
             "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768 (--T replaces\n"
-            "this list), D=64 H=Hkv=32 and D=256 H=16 Hkv=8 at T=8192, D=64 H=9 Hkv=3 (SmolLM2-135M) at\n"
-            "T=32768, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2, cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
+            "this list), D=64 H=Hkv=32, D=96 H=32 Hkv=8 and D=256 H=16 Hkv=8 at T=8192, D=64 H=9 Hkv=3\n"
+            "(SmolLM2-135M) at T=32768, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2,\n"
+            "cuDNN) run alongside.\n" LT_BENCH_COMMON_HELP);
         return 0;
     }
     if (parsed) return parsed;

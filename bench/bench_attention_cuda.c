@@ -1,6 +1,7 @@
 /* `longtune bench attention --backend cuda`: the library's CUDA flash attention (bf16, causal) at
- * B=1, H=32, Hkv=8, D=128 over a list of T, D=64 with H=Hkv=32 at T=8192, Gemma 2/3's D=256 with
- * H=16, Hkv=8 at T=8192, SmolLM2-135M's heads (H=9, Hkv=3, D=64) at T=32768, and one packed row
+ * B=1, H=32, Hkv=8, D=128 over a list of T, D=64 with H=Hkv=32 at T=8192, D=96 (Phi-3's head dim)
+ * and Gemma 2/3's D=256 with H=16, Hkv=8 at T=8192, SmolLM2-135M's heads (H=9, Hkv=3, D=64) at
+ * T=32768, and one packed row
  * against one causal sequence of the same length; forward and backward medians (device
  * synchronised around each call), TFLOP/s in FlashAttention's convention, extra device bytes from
  * the accounting allocator, and ratios to PyTorch SDPA's FlashAttention-2 and cuDNN backends
@@ -215,10 +216,13 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     cJSON_AddItemToObject(r, "peers", pl); /* owned by r from here */
     int rc = 0;
     char name[64];
-    /* After the causal list at D = 128 (H = 32, Hkv = 8): D = 64 with H = Hkv = 32 at 8k; D = 256 with
-     * H = 16, Hkv = 8 (Gemma 2 9B, Gemma 3 12B) at 8k; SmolLM2-135M's heads (H = 9, Hkv = 3, D = 64)
-     * at 32k, most of that model's long-context training step. */
-    static const struct { int64_t T, H, Hkv, D; } extra[] = {{8192, 32, 32, 64}, {8192, 16, 8, 256}, {32768, 9, 3, 64}};
+    /* After the causal list at D = 128 (H = 32, Hkv = 8): D = 64 with H = Hkv = 32 at 8k; D = 96 (Phi-3)
+     * with H = 32, Hkv = 8 at 8k; D = 256 with H = 16, Hkv = 8 (Gemma 2 9B, Gemma 3 12B) at 8k;
+     * SmolLM2-135M's heads (H = 9, Hkv = 3, D = 64) at 32k, most of that model's long-context training
+     * step. Each has its row in the peers' table (bench/peers/attention_sdpa.py). */
+    static const struct {
+        int64_t T, H, Hkv, D;
+    } extra[] = {{8192, 32, 32, 64}, {8192, 32, 8, 96}, {8192, 16, 8, 256}, {32768, 9, 3, 64}};
     const int n_extra = (int)(sizeof extra / sizeof extra[0]);
     for (int i = 0; i < nT + n_extra; i++) {
         const int x = i - nT;
