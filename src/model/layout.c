@@ -561,7 +561,10 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
 }
 
 /* The matmul's workspace: the largest over every layer's projections (their dtypes may differ
- * per layer) at the chunk and the head over the batch. */
+ * per layer) at the chunk. The head's products run in the loss, which has a workspace of its own;
+ * lt_model_logits, the one caller of the head's matmul outside the loss, brings its own when this
+ * one is short (a vocabulary-wide head's bf16 x staging took 235 MB here, more than SmolLM2-135M's
+ * projections need by four times, at every length). */
 static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
     const lt_model_config *c = r->c;
     size_t mm = 0;
@@ -576,9 +579,7 @@ static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
             if (w > mm) mm = w;
         }
     }
-    size_t wh =
-        r->be->matmul_workspace_bytes(c->tie_embeddings ? c->embed_dtype : c->head_dtype, c->V, c->C, r->N, o->threads);
-    return wh > mm ? wh : mm;
+    return mm;
 }
 
 /* lora_bwd's own share of the matmul workspace: the largest over the groups the step runs

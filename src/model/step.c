@@ -442,22 +442,28 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     float *rstd = (float *)lt_step_blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
     m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
     /* A device model writes the logits into a device buffer of this call's own (tests and
-     * generation, not the training step), then copies them out. */
+     * generation, not the training step), then copies them out. The head's matmul gets a
+     * workspace of this call's own too: the layout sizes the step's for the projections at the
+     * chunk only (a training step multiplies by the head inside the loss). */
     int64_t rows = last_only ? s.B : s.N;
     size_t bytes = (size_t)rows * (size_t)c->V * sizeof(float);
+    size_t wsb = m->be->matmul_workspace_bytes(m->head.dtype, c->V, c->C, last_only ? 1 : s.N, m->lay.threads);
+    void *ws = NULL;
     float *out = logits;
     if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits")))
         return lt_ctx_status(ctx);
-    if (!last_only) m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, lt_step_ws(&s, m->lay.mm_ws));
+    if (wsb && !(ws = lt_alloc(ctx, m->opt.device, wsb, "logits matmul workspace"))) {
+        if (out != logits) lt_free(ctx, m->opt.device, out, bytes);
+        return lt_ctx_status(ctx);
+    }
+    if (!last_only) m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, ws);
     else
         for (int64_t r = 0; r < s.B; r++)
-            m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V,
-                          lt_step_ws(&s, m->lay.mm_ws));
+            m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf + ((r + 1) * s.T - 1) * c->C, 1, 0.0f, out + r * c->V, ws);
     lt_status st = LT_OK;
-    if (out != logits) {
-        st = m->be->copy_to_host(ctx, logits, out, bytes);
-        lt_free(ctx, m->opt.device, out, bytes);
-    }
+    if (out != logits) st = m->be->copy_to_host(ctx, logits, out, bytes);
+    if (ws) lt_free(ctx, m->opt.device, ws, wsb);
+    if (out != logits) lt_free(ctx, m->opt.device, out, bytes);
     if (st == LT_OK && c->final_softcap > 0) { /* z -> cap·tanh(z / cap), as the loss sees them */
         const float cap = c->final_softcap;
         for (size_t i = 0; i < (size_t)rows * (size_t)c->V; i++) logits[i] = cap * tanhf(logits[i] / cap);
