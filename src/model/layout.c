@@ -681,10 +681,13 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
     return lw;
 }
 
-/* The backward's gradients, the chunk buffers and the kernels' own workspaces at this shape. */
+/* The backward's gradients, the chunk buffers and the kernels' own workspaces at this shape. The
+ * MoE dispatch buffers and the matmul's workspace come first, the chunk buffers last: attention
+ * and the loss run between the chunk loops, when no chunk buffer holds anything a later op reads,
+ * and their workspaces are scratch of one call, so both start where the chunk buffers do and
+ * reach past them only when larger. */
 static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
     size_t cur = 0;
-    layout_buffers(r, o, &cur);
     LT_TRY(lt_model_moe_layout(ctx, r->c, &r->lo, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur,
                                &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
@@ -692,10 +695,14 @@ static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o)
     size_t lw = lora_workspace(r, o);
     if (lw > o->mm_ws_bytes) o->mm_ws_bytes = lw;
     o->mm_ws = carve_aligned(&cur, o->mm_ws_bytes, r->al);
+    layout_buffers(r, o, &cur); /* the whole-batch gradients, then the chunk buffers from o->h on */
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
-    o->attn_ws = carve_aligned(&cur, o->attn_ws_bytes, r->al);
+    size_t a_end = o->h, l_end = o->h;
+    o->attn_ws = carve_aligned(&a_end, o->attn_ws_bytes, r->al);
     o->lce_ws_bytes = lce_workspace(r, o);
-    o->lce_ws = carve_aligned(&cur, o->lce_ws_bytes, r->al);
+    o->lce_ws = carve_aligned(&l_end, o->lce_ws_bytes, r->al);
+    if (a_end > cur) cur = a_end;
+    if (l_end > cur) cur = l_end;
     o->class_bytes[LT_MEM_WORKSPACE] = cur;
     return LT_OK;
 }
