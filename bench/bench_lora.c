@@ -17,6 +17,7 @@
 #include "longtune/alloc.h"
 #include "longtune/log.h"
 #include "longtune/tensor.h"
+#include "model/model_internal.h"
 
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -45,8 +46,8 @@ static float unif(uint64_t *s, float amp) {
     return amp * (float)((double)(lt_bench_rand_u64(s) >> 11) * 0x1.0p-52 - 1.0);
 }
 
-/* A buffer of n floats (or n bf16 values) in the backend's memory, uniform in [-amp, amp]; NULL
- * with the context's error when allocation fails. */
+/* A buffer of n floats (or n bf16 values) in the backend's memory, uniform in [-amp, amp] (zeros
+ * for amp 0); NULL with the context's error when allocation fails. */
 static void *rand_buf(lt_ctx *ctx, const lt_backend *be, int64_t n, int bf16, float amp, uint64_t *s) {
     const size_t bytes = (size_t)n * (bf16 ? 2 : 4);
     void *h = malloc(bytes), *d = lt_alloc(ctx, be->device, bytes, "bench lora buffer");
@@ -55,11 +56,13 @@ static void *rand_buf(lt_ctx *ctx, const lt_backend *be, int64_t n, int bf16, fl
         if (d) lt_free(ctx, be->device, d, bytes);
         return NULL;
     }
-    for (int64_t i = 0; i < n; i++) {
-        const float v = unif(s, amp);
-        if (bf16) ((uint16_t *)h)[i] = lt_f32_to_bf16(v);
-        else ((float *)h)[i] = v;
-    }
+    if (amp == 0.0f) memset(h, 0, bytes);
+    else
+        for (int64_t i = 0; i < n; i++) {
+            const float v = unif(s, amp);
+            if (bf16) ((uint16_t *)h)[i] = lt_f32_to_bf16(v);
+            else ((float *)h)[i] = v;
+        }
     const lt_status st = be->copy_to_device(ctx, d, h, bytes);
     free(h);
     if (st != LT_OK) {
@@ -194,11 +197,25 @@ int lt_bench_lora(int argc, char **argv) {
     }
 #endif
     if (!n) n = cuda ? 8192 : 256;
-    const int64_t qd = sh->H * sh->D, kvd = sh->Hkv * sh->D;
-    const lora_group groups[4] = {{"qkv", 3, {qd, kvd, kvd}, sh->C},
-                                  {"gate_up", 2, {sh->F, sh->F, 0}, sh->C},
-                                  {"o", 1, {sh->C, 0, 0}, qd},
-                                  {"down", 1, {sh->C, 0, 0}, sh->F}};
+    /* The groups the step runs (q, k, v and gate, up share an input; o and down alone), their
+     * shapes as the model's layout has them. */
+    static const lt_proj o_alone = LT_PROJ_O, down_alone = LT_PROJ_DOWN;
+    const struct {
+        const char *name;
+        int G;
+        const lt_proj *p;
+    } kinds[4] = {{"qkv", 3, lt_proj_group_qkv},
+                  {"gate_up", 2, lt_proj_group_gate_up},
+                  {"o", 1, &o_alone},
+                  {"down", 1, &down_alone}};
+    const lt_model_config mc = lt_bench_shape_config(sh, LT_DTYPE_BF16);
+    lora_group groups[4];
+    memset(groups, 0, sizeof groups);
+    for (int gi = 0; gi < 4; gi++) {
+        groups[gi].name = kinds[gi].name, groups[gi].G = kinds[gi].G;
+        for (int k = 0; k < kinds[gi].G; k++)
+            lt_model_proj_shape(&mc, kinds[gi].p[k], &groups[gi].out[k], &groups[gi].in);
+    }
     lt_ctx *ctx = lt_ctx_new();
     if (!ctx) return 1;
     int rc = 1;

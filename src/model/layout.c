@@ -562,9 +562,9 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
 
 /* The matmul's workspace: the largest over every layer's projections (their dtypes may differ
  * per layer) at the chunk. The head's products run in the loss, which has a workspace of its own;
- * lt_model_logits, the one caller of the head's matmul outside the loss, brings its own when this
- * one is short (a vocabulary-wide head's bf16 x staging took 235 MB here, more than SmolLM2-135M's
- * projections need by four times, at every length). */
+ * lt_model_logits, the one caller of the head's matmul outside the loss, allocates one for its call
+ * (a vocabulary-wide head's bf16 x staging took 235 MB here, four times what SmolLM2-135M's
+ * projections need, at every length). */
 static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
     const lt_model_config *c = r->c;
     size_t mm = 0;
