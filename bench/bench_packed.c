@@ -187,6 +187,124 @@ typedef struct step_bufs {
     int64_t B, T;
 } step_bufs;
 
+/* The peer's kind of input for each arm (bench/peers/packed_peft_gpu.py): packed rows go in
+ * flattened with position ids, batch-1 sequences alone, batches of 8 padded with a mask. */
+static const char *const arm_kinds[] = {"packed", "unpadded", "padded"};
+
+/* Fills batch bi of plan into sb; the row lengths (real tokens, the first ones of each row) into
+ * lens, and returns the supervised targets' count through *ntgt. */
+static lt_status fill_batch(lt_ctx *ctx, const lt_pack_plan *plan, const lt_pack_input *in, int64_t bi,
+                            const step_bufs *sb, lt_pack_batch *pb, int64_t *B, int64_t *T, int64_t *S, int32_t *lens,
+                            int64_t *ntgt) {
+    lt_pack_batch_shape(plan, bi, B, T, S);
+    int32_t *h = sb->host;
+    size_t bt = (size_t)(*B * *T), bo = (size_t)(*B * (*S + 1));
+    *pb = (lt_pack_batch){h, h + bt, h + 2 * bt, h + 3 * bt, h + 3 * bt + bo};
+    LT_TRY(lt_pack_fill(ctx, plan, in, bi, pb));
+    int64_t n = 0;
+    for (int64_t row = 0; row < *B; row++) lens[row] = pb->seq_offsets[row * (*S + 1) + pb->n_pieces[row]];
+    for (size_t q = 0; q < bt; q++) n += pb->targets[q] != LT_PACK_IGNORE;
+    *ntgt = n;
+    return LT_OK;
+}
+
+/* Every arm's batches, in the order the timed loop takes them, for the peer: "LTBATv1\0", u64
+ * records; per record i32 arm, B, T, 0, B row lengths, then ids, targets, positions (B*T i32). */
+static lt_status write_batches(lt_ctx *ctx, const char *path, const lt_pack_input *in, int64_t L, int32_t pad_id,
+                               const step_bufs *sb) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return lt_error(ctx, LT_ERR_IO, "%s: %s", path, strerror(errno));
+    lt_status st = LT_OK;
+    uint64_t n = 0;
+    int ok = fwrite("LTBATv1", 1, 8, f) == 8 && fwrite(&n, 8, 1, f) == 1;
+    for (size_t ai = 0; ok && st == LT_OK && ai < sizeof arm_specs / sizeof arm_specs[0]; ai++) {
+        lt_pack_options po = {.row_len = L,
+                              .batch_size = arm_specs[ai].batch,
+                              .algorithm = arm_specs[ai].alg,
+                              .seed = 7,
+                              .pad_multiple = 1,
+                              .pad_id = pad_id};
+        lt_pack_plan *plan = NULL;
+        if ((st = lt_pack_plan_build(ctx, in, &po, &plan)) != LT_OK) break;
+        for (int64_t bi = 0; ok && bi < lt_pack_plan_batches(plan); bi++) {
+            int64_t B, T, S, ntgt;
+            int32_t lens[8];
+            lt_pack_batch pb;
+            if ((st = fill_batch(ctx, plan, in, bi, sb, &pb, &B, &T, &S, lens, &ntgt)) != LT_OK) break;
+            int32_t head[4] = {(int32_t)ai, (int32_t)B, (int32_t)T, 0};
+            size_t bt = (size_t)(B * T);
+            ok = fwrite(head, 4, 4, f) == 4 && fwrite(lens, 4, (size_t)B, f) == (size_t)B &&
+                fwrite(pb.input_ids, 4, bt, f) == bt && fwrite(pb.targets, 4, bt, f) == bt &&
+                fwrite(pb.position_ids, 4, bt, f) == bt;
+            n++;
+        }
+        lt_pack_plan_free(ctx, plan);
+    }
+    if (ok && st == LT_OK) ok = fseek(f, 8, SEEK_SET) == 0 && fwrite(&n, 8, 1, f) == 1;
+    if (fclose(f) != 0) ok = 0;
+    if (st == LT_OK && !ok) st = lt_error(ctx, LT_ERR_IO, "%s: cannot write the peer's batches", path);
+    if (st != LT_OK) unlink(path);
+    return st;
+}
+
+/* The peer's arm of the same name (its lines carry "arm"), or NULL. */
+static const cJSON *peer_arm(const cJSON *lines, const char *name) {
+    const cJSON *j;
+    cJSON_ArrayForEach(j, lines) {
+        const char *a = cJSON_GetStringValue(cJSON_GetObjectItem(j, "arm"));
+        if (a && !strcmp(a, name)) return j;
+    }
+    return NULL;
+}
+
+/* Adds one peer run's arms (prefix-packed, ...) to arms, each with longtune's same-kind arm's rate
+ * over its own; returns the peer's best real tokens/s over its arms (0 when none ran). */
+static double add_peer_arms(cJSON *arms, const cJSON *lines, const char *prefix) {
+    double best = 0;
+    /* the peer's own check that its packed rows keep their sequences apart */
+    const cJSON *chk = cJSON_GetObjectItem(lt_bench_peer_find(lines, "ready", 0), "packing_check");
+    int isolated = cJSON_IsTrue(cJSON_GetObjectItem(chk, "isolated"));
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *ours;
+    cJSON_ArrayForEach(ours, arms) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ours, "name"));
+        const cJSON *j = name ? peer_arm(lines, name) : NULL;
+        if (!j) continue;
+        char pn[96];
+        snprintf(pn, sizeof pn, "%s-%s", prefix, name);
+        cJSON *pa = cJSON_Duplicate(j, 1);
+        cJSON_DeleteItemFromObject(pa, "arm");
+        cJSON_AddItemToObject(pa, "name", cJSON_CreateString(pn));
+        double r = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "real_tokens_per_s"));
+        double o = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "real_tokens_per_s"));
+        if (!strcmp(name, "packed") && !isolated) {
+            /* attention across sequences: not the same training, so not a rate to compare with */
+            cJSON_AddBoolToObject(pa, "sequences_not_isolated", 1);
+            fprintf(stderr, "%s: the peer's packed rows attend across sequences (its packing_check); not compared\n",
+                    pn);
+            cJSON_AddItemToArray(out, pa);
+            continue;
+        }
+        if (r > 0) {
+            double pk = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "max_allocated_bytes"));
+            double opk = cJSON_GetNumberValue(cJSON_GetObjectItem(ours, "peak_bytes"));
+            cJSON_AddNumberToObject(pa, "longtune_speedup", o / r);
+            if (pk > 0) cJSON_AddNumberToObject(pa, "longtune_memory_ratio", opk / pk);
+            if (r > best) best = r;
+            fprintf(stderr, "%-28s %9.0f real tokens/s -> longtune %.2fx its speed", pn, r, o / r);
+            if (pk > 0) fprintf(stderr, "; peak %.2f GiB -> longtune %.2fx its memory", pk / 1073741824.0, opk / pk);
+            fputc('\n', stderr);
+        } else {
+            fprintf(stderr, "%-28s out of memory\n", pn);
+        }
+        cJSON_AddItemToArray(out, pa);
+    }
+    cJSON *a;
+    while ((a = cJSON_DetachItemFromArray(out, 0)) != NULL) cJSON_AddItemToArray(arms, a);
+    cJSON_Delete(out);
+    return best;
+}
+
 int lt_bench_packed(int argc, char **argv) {
     lt_bench_common c;
     lt_bench_common_init(&c);
@@ -194,7 +312,9 @@ int lt_bench_packed(int argc, char **argv) {
     int64_t L = 0, threads = 0, max_steps = 0;
     double seconds = 0;
     const char *model_path = NULL, *weights = NULL, *shape_name = "smollm2-135m", *data = NULL;
-    const char *tokens_path = NULL, *save_tokens = NULL, *tokenizer = NULL;
+    const char *tokens_path = NULL, *save_tokens = NULL, *tokenizer = NULL, *peer_path = getenv("LONGTUNE_PEER_PATH");
+    int peers = 1, liger = 1;
+    if (!peer_path) peer_path = "/tmp/lt-peer";
     const lt_bench_arg flags[] = {
         LT_BENCH_STR("--model", &model_path),
         LT_BENCH_CHOICE("--weights", &weights, "random-bf16|random-f32"),
@@ -207,6 +327,9 @@ int lt_bench_packed(int argc, char **argv) {
         LT_BENCH_FN("--seconds", &seconds, lt_bench_parse_seconds),
         LT_BENCH_I64("--max-steps", &max_steps, 1, INT64_MAX),
         LT_BENCH_I64("--threads", &threads, 1, 4096),
+        LT_BENCH_SET("--no-peer", &peers, 0),
+        LT_BENCH_SET("--no-liger", &liger, 0),
+        LT_BENCH_STR("--peer-path", &peer_path),
     };
     const int parsed =
         lt_bench_parse_args("packed", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -232,6 +355,13 @@ int lt_bench_packed(int argc, char **argv) {
                "  --seconds S        timed seconds per arm (default cpu 20, cuda 10)\n"
                "  --max-steps N      at most N timed steps per arm (default: no limit)\n"
                "  --threads N        CPU threads\n"
+               "  --no-peer          skip the peers: with --weights, transformers + PEFT trains the same\n"
+               "                     batches after longtune's arms (bench/peers/packed_peft_gpu.py: packed\n"
+               "                     rows flattened with position ids, padded batches with a mask), then\n"
+               "                     the same with Liger-Kernel's fused kernels\n"
+               "  --no-liger         skip the second peer, transformers + PEFT + Liger-Kernel\n"
+               "  --peer-path DIR    searched first for torch, transformers, peft and liger_kernel\n"
+               "                     (default $LONGTUNE_PEER_PATH or /tmp/lt-peer)\n"
                "  --warmup N, --json, --out DIR, --backend cpu|cuda as every bench\n",
                lt_bench_shape_names());
         return 0;
@@ -318,8 +448,9 @@ int lt_bench_packed(int argc, char **argv) {
                           (long long)i, ts.tokens[i], (long long)cfg->V);
             goto fail;
         }
-    /* one preparation covers every arm: batches up to 8 rows of up to L tokens */
-    /* attention output + lse kept with the checkpoints, as bench train does by default */
+    /* prepared for the largest arm first (batches of 8 rows of up to L tokens), then for each arm's
+     * own batch before it runs, as train prepares for its batch; attention output + lse kept with
+     * the checkpoints, as bench train does by default */
     lt_model_run_options ro = {.B = 8,
                                .T = L,
                                .recompute = LT_RECOMPUTE_EVERY,
@@ -383,6 +514,10 @@ int lt_bench_packed(int argc, char **argv) {
                               .pad_id = ts.pad_id};
         if ((st = lt_pack_plan_build(ctx, &in, &po, &plan)) != LT_OK) goto fail;
         lt_pack_stats ps = lt_pack_plan_stats(plan);
+        ro.B = as->batch;
+        if ((st = lt_model_prepare(ctx, m, &ro)) != LT_OK) goto fail;
+        params = lt_model_lora_params(m, &n_params), grads = lt_model_lora_grads(m, &n_params);
+        lt_mem_reset_peak(ctx, dev);
         int64_t nb = lt_pack_plan_batches(plan), steps = 0, real = 0, cap = 0, tgts = 0;
         double secs = 0;
         double *ms = calloc((size_t)(max_steps ? max_steps : 20000) + 1, sizeof(double));
@@ -391,15 +526,13 @@ int lt_bench_packed(int argc, char **argv) {
             goto fail;
         }
         for (int64_t k = 0;; k++) {
-            int64_t B, T, S, bi = k % nb;
-            lt_pack_batch_shape(plan, bi, &B, &T, &S);
+            int64_t B, T, S, ntgt, nreal = 0;
+            int32_t lens[8];
+            lt_pack_batch pb;
+            if ((st = fill_batch(ctx, plan, &in, k % nb, &sb, &pb, &B, &T, &S, lens, &ntgt)) != LT_OK) break;
             int32_t *h = sb.host;
-            size_t bt = (size_t)(B * T), bo = (size_t)(B * (S + 1));
-            lt_pack_batch pb = {h, h + bt, h + 2 * bt, h + 3 * bt, h + 3 * bt + bo};
-            if ((st = lt_pack_fill(ctx, plan, &in, bi, &pb)) != LT_OK) break;
-            int64_t nreal = 0, ntgt = 0;
-            for (int64_t row = 0; row < B; row++) nreal += pb.seq_offsets[row * (S + 1) + pb.n_pieces[row]];
-            for (size_t q = 0; q < bt; q++) ntgt += pb.targets[q] != LT_PACK_IGNORE;
+            size_t bt = (size_t)(B * T);
+            for (int64_t row = 0; row < B; row++) nreal += lens[row];
             lt_model_batch b = {.B = B,
                                 .T = T,
                                 .tokens = h,
@@ -448,6 +581,8 @@ int lt_bench_packed(int argc, char **argv) {
         cJSON_AddNumberToObject(arm, "plan_utilisation", ps.utilisation);
         cJSON_AddNumberToObject(arm, "plan_seqs_per_row", ps.seqs_per_row);
         cJSON_AddNumberToObject(arm, "truncated_sequences", (double)ps.truncated);
+        /* everything the arm held on the device (weights, LoRA, optimizer, the run's buffers) */
+        cJSON_AddNumberToObject(arm, "peak_bytes", (double)lt_mem_get_stats(ctx, dev).peak_bytes);
         cJSON_AddItemToArray(arms, arm);
         free(ms);
         fprintf(stderr, "%-12s %6lld steps in %5.1f s: %9.0f real tokens/s (%.1f%% of computed positions real)\n",
@@ -464,6 +599,65 @@ int lt_bench_packed(int argc, char **argv) {
                 cJSON_GetNumberValue(cJSON_GetObjectItem(p, "speedup_vs_unpacked_b1")),
                 cJSON_GetNumberValue(cJSON_GetObjectItem(p, "real_tokens_per_s")) /
                     cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(arms, 2), "real_tokens_per_s")));
+    }
+    if (peers && !weights) {
+        fprintf(stderr,
+                "peer skipped: it builds a shape's random model (--weights random-bf16|random-f32), not "
+                "this file's\n");
+        cJSON_AddStringToObject(jc, "peer", "skipped: weights from a file");
+    } else if (peers && shape->E > 0) {
+        fprintf(stderr, "peer skipped: no mixture-of-experts model in the packed peer\n");
+        cJSON_AddStringToObject(jc, "peer", "skipped: mixture-of-experts shape");
+    } else if (peers) {
+        /* the device is handed to the peers empty of our blocks */
+        lt_free(ctx, dev, mom, mom_bytes);
+        mom = NULL;
+        lt_model_free(ctx, m);
+        m = NULL;
+        const char *td = getenv("TMPDIR");
+        char bpath[1100];
+        snprintf(bpath, sizeof bpath, "%s/longtune-packed-XXXXXX", td && *td ? td : "/tmp");
+        int fd = mkstemp(bpath);
+        if (fd < 0) {
+            st = lt_error(ctx, LT_ERR_IO, "%s: %s", bpath, strerror(errno));
+            goto fail;
+        }
+        close(fd);
+        if ((st = write_batches(ctx, bpath, &in, L, ts.pad_id, &sb)) != LT_OK) goto fail;
+        char args[2048], names[160] = "", kinds[160] = "";
+        for (size_t ai = 0; ai < sizeof arm_specs / sizeof arm_specs[0]; ai++) {
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", ai ? "," : "", arm_specs[ai].name);
+            snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", ai ? "," : "", arm_kinds[ai]);
+        }
+        snprintf(args, sizeof args,
+                 "--shape %s --batches '%s' --arms %s --kinds %s --seconds %g --warmup %d --max-steps %lld "
+                 "--device %s",
+                 shape->name, bpath, names, kinds, seconds, c.warmup, (long long)max_steps, cuda ? "cuda" : "cpu");
+        const char *script = "bench/peers/packed_peft_gpu.py";
+        double best[2] = {0, 0};
+        for (int pi = 0; pi < 1 + liger; pi++) {
+            char full[2100];
+            snprintf(full, sizeof full, "%s%s", args, pi ? " --liger" : "");
+            cJSON *lines = lt_bench_gpu_peer_run_script(peer_path, script, full);
+            const char *key = pi ? "peer_liger" : "peer";
+            if (!lines) {
+                cJSON_AddStringToObject(jc, key,
+                                        pi ? "failed to start (liger-kernel on --peer-path? see stderr)"
+                                           : "failed to start (see stderr)");
+                continue;
+            }
+            cJSON_AddItemToObject(jc, key, cJSON_Duplicate(lt_bench_peer_find(lines, "ready", 0), 1));
+            best[pi] = add_peer_arms(arms, lines, pi ? "torch-peft-liger" : "torch-peft");
+            cJSON_Delete(lines);
+        }
+        unlink(bpath);
+        double ours = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(arms, 0), "real_tokens_per_s"));
+        for (int pi = 0; pi < 2; pi++) {
+            if (!(best[pi] > 0)) continue;
+            cJSON_AddNumberToObject(res, pi ? "packed_vs_best_liger_arm" : "packed_vs_best_peft_arm", ours / best[pi]);
+            fprintf(stderr, "longtune packed: %.2fx the best %s arm\n", ours / best[pi],
+                    pi ? "transformers + PEFT + Liger" : "transformers + PEFT");
+        }
     }
     char tag[160];
     snprintf(tag, sizeof tag, "%s-%s-%s", c.backend, weights ? shape->name : "smollm2-135m-gguf",

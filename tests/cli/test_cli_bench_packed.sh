@@ -54,7 +54,7 @@ printf 'XXXXXXXX' >"$tmp/bad.bin"
 [ $? -eq 1 ] && grep -q "outside the model's vocabulary" "$tmp/out" || say "out-of-vocabulary ids are not a clean error"
 
 # shellcheck disable=SC2086
-"$bin" bench packed $common --tokens "$tmp/tok.bin" --seconds 0.2 --max-steps 3 >"$tmp/out" 2>&1 \
+"$bin" bench packed $common --tokens "$tmp/tok.bin" --seconds 0.2 --max-steps 3 --no-peer >"$tmp/out" 2>&1 \
   || say "tiny run failed: $(tail -3 "$tmp/out")"
 f="$tmp/res/packed-cpu-tiny-random-f32.json"
 [ -f "$f" ] || say "no result $f"
@@ -72,6 +72,32 @@ assert arms["packed"]["plan_seqs_per_row"] > 1.5, arms["packed"]
 assert abs(arms["unpacked-b1"]["speedup_vs_unpacked_b1"] - 1) < 1e-12
 assert r["config"]["sequences"] == 40
 PY
+fi
+
+# The peers train the same batches (transformers + PEFT on the CPU here; --no-liger: Liger needs a
+# GPU). Only where python3 imports torch, transformers and peft.
+if python3 -c "import torch, transformers, peft" 2>/dev/null; then
+  export TMPDIR="$tmp"
+  # shellcheck disable=SC2086
+  "$bin" bench packed $common --tokens "$tmp/tok.bin" --seconds 60 --max-steps 2 --no-liger \
+    --out "$tmp/peer" >"$tmp/out" 2>&1 || say "peer run failed: $(tail -5 "$tmp/out")"
+  ls "$tmp"/longtune-packed-* >/dev/null 2>&1 && say "the peer's batches file was left behind"
+  python3 - "$tmp/peer/packed-cpu-tiny-random-f32.json" <<'PY' || say "peer run result: $(tail -5 "$tmp/out")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+arms = {a["name"]: a for a in r["arms"]}
+assert r["config"]["peer"]["packing_check"]["isolated"] is True, r["config"]["peer"]
+for k in ("packed", "unpacked-b1", "padded-b8"):
+    ours, peer = arms[k], arms["torch-peft-" + k]
+    assert peer["steps"] == 2 and peer["real_tokens_per_s"] > 0, peer
+    assert abs(peer["longtune_speedup"] - ours["real_tokens_per_s"] / peer["real_tokens_per_s"]) < 1e-9
+    assert ours["peak_bytes"] > 0
+    # the same batches in the same order: the same real tokens over the same two steps
+    assert ours["steps"] == 2 and peer["real_tokens"] == ours["real_tokens"], (ours, peer)
+assert r["packed_vs_best_peft_arm"] > 0
+PY
+else
+  echo "peer run skipped: python3 cannot import torch, transformers and peft"
 fi
 [ "$fail" -eq 0 ] && echo "ok"
 exit "$fail"
