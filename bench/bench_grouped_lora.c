@@ -11,35 +11,12 @@
 
 #include "backend/backend.h"
 #include "bench.h"
+#include "bench_buffers.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
 
 #if LT_HAVE_CUDA
 #include <cuda_runtime.h>
-#endif
-
-#if LT_HAVE_CUDA
-static uint64_t xs(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-/* A device buffer of `floats` uniform values in [-0.05, 0.05]. */
-static float *dev_rand(lt_ctx *ctx, int64_t floats, uint64_t *s) {
-    const size_t bytes = (size_t)floats * 4;
-    float *d = lt_alloc(ctx, LT_DEVICE_CUDA, bytes, "bench grouped_lora buffer"), *h = malloc(bytes);
-    if (!d || !h) {
-        if (d) lt_free(ctx, LT_DEVICE_CUDA, d, bytes);
-        free(h);
-        return NULL;
-    }
-    for (int64_t i = 0; i < floats; i++) h[i] = (float)((double)(xs(s) >> 11) * 0x1.0p-53 * 0.1 - 0.05);
-    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-    free(h);
-    return d;
-}
 #endif
 
 int lt_bench_grouped_lora(int argc, char **argv) {
@@ -108,7 +85,7 @@ int lt_bench_grouped_lora(int argc, char **argv) {
         for (int64_t j = 0; j < k; j++) {
             int dup;
             do {
-                pick[j] = (int32_t)(xs(&s) % (uint64_t)E);
+                pick[j] = (int32_t)(lt_bench_rand_u64(&s) % (uint64_t)E);
                 dup = 0;
                 for (int64_t q = 0; q < j; q++) dup |= pick[q] == pick[j];
             } while (dup);
@@ -116,9 +93,13 @@ int lt_bench_grouped_lora(int argc, char **argv) {
         }
     }
     for (int64_t e = 0; e < E; e++) off[e + 1] += off[e];
-    wide = dev_rand(ctx, nk * C, &s), mid = dev_rand(ctx, nk * F, &s), thin = dev_rand(ctx, nk * r, &s);
-    thin2 = dev_rand(ctx, nk * r, &s), A = dev_rand(ctx, E * r * C, &s), B = dev_rand(ctx, E * F * r, &s);
-    gA = dev_rand(ctx, E * r * C, &s), gB = dev_rand(ctx, E * C * r, &s);
+        /* every operand uniform in [-0.05, 0.05) */
+#define RAND(count)                                                                          \
+    lt_bench_rand_buf(ctx, lt_backend_get(LT_DEVICE_CUDA), (count), LT_DTYPE_F32, 0.05f, &s, \
+                      "bench grouped_lora buffer")
+    wide = RAND(nk * C), mid = RAND(nk * F), thin = RAND(nk * r), thin2 = RAND(nk * r);
+    A = RAND(E * r * C), B = RAND(E * F * r), gA = RAND(E * r * C), gB = RAND(E * C * r);
+#undef RAND
     doff = lt_alloc(ctx, LT_DEVICE_CUDA, (size_t)(E + 1) * 4, "bench grouped_lora offsets");
     if (!wide || !mid || !thin || !thin2 || !A || !B || !gA || !gB || !doff) goto done;
     cudaMemcpy(doff, off, (size_t)(E + 1) * 4, cudaMemcpyHostToDevice);

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "bench.h"
+#include "bench_buffers.h"
 #include "bench_model.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
@@ -42,36 +43,6 @@ typedef struct lora_bufs {
     size_t ws_bytes;
 } lora_bufs;
 
-static float unif(uint64_t *s, float amp) {
-    return amp * (float)((double)(lt_bench_rand_u64(s) >> 11) * 0x1.0p-52 - 1.0);
-}
-
-/* A buffer of n floats (or n bf16 values) in the backend's memory, uniform in [-amp, amp] (zeros
- * for amp 0); NULL with the context's error when allocation fails. */
-static void *rand_buf(lt_ctx *ctx, const lt_backend *be, int64_t n, int bf16, float amp, uint64_t *s) {
-    const size_t bytes = (size_t)n * (bf16 ? 2 : 4);
-    void *h = malloc(bytes), *d = lt_alloc(ctx, be->device, bytes, "bench lora buffer");
-    if (!h || !d) {
-        free(h);
-        if (d) lt_free(ctx, be->device, d, bytes);
-        return NULL;
-    }
-    if (amp == 0.0f) memset(h, 0, bytes);
-    else
-        for (int64_t i = 0; i < n; i++) {
-            const float v = unif(s, amp);
-            if (bf16) ((uint16_t *)h)[i] = lt_f32_to_bf16(v);
-            else ((float *)h)[i] = v;
-        }
-    const lt_status st = be->copy_to_device(ctx, d, h, bytes);
-    free(h);
-    if (st != LT_OK) {
-        lt_free(ctx, be->device, d, bytes);
-        return NULL;
-    }
-    return d;
-}
-
 static void free_bufs(lt_ctx *ctx, const lt_backend *be, const lora_group *g, int64_t n, int64_t r, lora_bufs *b) {
     const lt_device dev = be->device;
     for (int k = 0; k < g->G; k++) {
@@ -98,14 +69,15 @@ static int make_bufs(lt_ctx *ctx, const lt_backend *be, const lora_group *g, int
     memset(b, 0, sizeof *b);
     const int threads = lt_ctx_threads(ctx);
     int64_t out_max = 0;
+#define F32(count, amp) lt_bench_rand_buf(ctx, be, (count), LT_DTYPE_F32, (amp), s, "bench lora buffer")
     for (int k = 0; k < g->G; k++) {
         const int64_t out = g->out[k], shape[2] = {out, g->in};
         out_max = out > out_max ? out : out_max;
-        b->wd[k] = rand_buf(ctx, be, out * g->in, 1, 0.02f, s);
-        b->a[k] = rand_buf(ctx, be, r * g->in, 0, 0.02f, s), b->ga[k] = rand_buf(ctx, be, r * g->in, 0, 0.0f, s);
-        b->b[k] = rand_buf(ctx, be, out * r, 0, 0.02f, s), b->gb[k] = rand_buf(ctx, be, out * r, 0, 0.0f, s);
-        b->y[k] = rand_buf(ctx, be, n * out, 0, 0.0f, s), b->dy[k] = rand_buf(ctx, be, n * out, 0, 1.0f, s);
-        b->lu[k] = rand_buf(ctx, be, n * r, 0, 0.0f, s);
+        b->wd[k] = lt_bench_rand_buf(ctx, be, out * g->in, LT_DTYPE_BF16, 0.02f, s, "bench lora buffer");
+        b->a[k] = F32(r * g->in, 0.02f), b->ga[k] = F32(r * g->in, 0.0f);
+        b->b[k] = F32(out * r, 0.02f), b->gb[k] = F32(out * r, 0.0f);
+        b->y[k] = F32(n * out, 0.0f), b->dy[k] = F32(n * out, 1.0f);
+        b->lu[k] = F32(n * r, 0.0f);
         if (!b->wd[k] || !b->a[k] || !b->ga[k] || !b->b[k] || !b->gb[k] || !b->y[k] || !b->dy[k] || !b->lu[k])
             return -1;
         b->w[k] = lt_tensor_view(b->wd[k], LT_DTYPE_BF16, be->device, 2, shape);
@@ -116,10 +88,11 @@ static int make_bufs(lt_ctx *ctx, const lt_backend *be, const lora_group *g, int
         const size_t w = be->lora_workspace_bytes(g->G, r, g->in, out_max, threads);
         b->ws_bytes = w > b->ws_bytes ? w : b->ws_bytes;
     }
-    b->x = rand_buf(ctx, be, n * g->in, 0, 1.0f, s), b->dx = rand_buf(ctx, be, n * g->in, 0, 0.0f, s);
-    b->dlu = rand_buf(ctx, be, n * LORA_G_MAX * r, 0, 0.0f, s);
+    b->x = F32(n * g->in, 1.0f), b->dx = F32(n * g->in, 0.0f);
+    b->dlu = F32(n * LORA_G_MAX * r, 0.0f);
     if (b->ws_bytes) b->ws = lt_alloc(ctx, be->device, b->ws_bytes, "bench lora workspace");
     return b->x && b->dx && b->dlu && (b->ws || !b->ws_bytes) ? 0 : -1;
+#undef F32
 }
 
 /* The op's member table, with the adapters (lora = 1) or without them. */

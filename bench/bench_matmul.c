@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "bench.h"
+#include "bench_buffers.h"
 #include "core/quant_internal.h"
 #include "longtune/alloc.h"
 #include "longtune/log.h"
@@ -31,15 +32,6 @@ static int usage(const char *msg, const char *arg) {
     return 2;
 }
 
-static uint64_t xs(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static float unif(uint64_t *s) { return (float)((double)(xs(s) >> 11) * 0x1.0p-52 - 1.0); }
-
 /* W (out, in) in dtype dt on dev, from uniform random floats; NULL on failure (ctx says why). */
 static void *make_weight(lt_ctx *ctx, const lt_backend *be, lt_dtype dt, int64_t out, int64_t in, uint64_t *s,
                          size_t *bytes) {
@@ -50,7 +42,7 @@ static void *make_weight(lt_ctx *ctx, const lt_backend *be, lt_dtype dt, int64_t
     void *d = lt_alloc(ctx, be->device, *bytes, "bench matmul weight");
     if (!h || !row || !d) goto fail;
     for (int64_t r = 0; r < out; r++) {
-        for (int64_t c = 0; c < in; c++) row[c] = 0.05f * unif(s);
+        for (int64_t c = 0; c < in; c++) row[c] = lt_bench_unif(s, 0.05f);
         uint8_t *dst = h + rb * (size_t)r;
         if (dt == LT_DTYPE_F32) memcpy(dst, row, rb);
         else if (dt == LT_DTYPE_BF16)
@@ -59,7 +51,7 @@ static void *make_weight(lt_ctx *ctx, const lt_backend *be, lt_dtype dt, int64_t
             for (int64_t c = 0; c < in; c++) ((uint16_t *)dst)[c] = lt_f32_to_f16(row[c]);
         else if (dt == LT_DTYPE_IQ4_NL || dt == LT_DTYPE_IQ4_XS) /* no quantizer: random levels, scale ~0.05 */
             for (size_t k = 0; k < rb; k++) {
-                dst[k] = (uint8_t)xs(s);
+                dst[k] = (uint8_t)lt_bench_rand_u64(s);
                 if (k % (size_t)lt_dtype_block_bytes(dt) == 0) {
                     uint16_t sc = lt_f32_to_f16(dt == LT_DTYPE_IQ4_NL ? 0.05f / 127 : 0.05f / (127 * 24));
                     memcpy(dst + k, &sc, 2), k++;
@@ -76,37 +68,7 @@ fail:
     return NULL;
 }
 
-static void *make_f32(lt_ctx *ctx, const lt_backend *be, int64_t n, uint64_t *s, const char *what) {
-    float *h = malloc((size_t)n * 4);
-    void *d = lt_alloc(ctx, be->device, (size_t)n * 4, what);
-    if (!h || !d) {
-        free(h);
-        if (d) lt_free(ctx, be->device, d, (size_t)n * 4);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) h[i] = unif(s);
-    lt_status st = be->copy_to_device(ctx, d, h, (size_t)n * 4);
-    free(h);
-    if (st != LT_OK) {
-        lt_free(ctx, be->device, d, (size_t)n * 4);
-        return NULL;
-    }
-    return d;
-}
-
 #if LT_HAVE_CUDA
-static void *dev_bf16_random(lt_ctx *ctx, size_t n) {
-    uint16_t *h = malloc(n * 2);
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, "ceiling operand");
-    uint64_t s = 0x2545f4914f6cdd1dULL ^ n;
-    if (h && d) {
-        for (size_t i = 0; i < n; i++) h[i] = lt_f32_to_bf16(unif(&s));
-        cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
-    }
-    free(h);
-    return d;
-}
-
 /* The ceiling: cuBLASLt bf16 × bf16 → f32 (fp32 accumulate) at (m, n, k), median ms of `repeats`
  * calls with 32 MiB of workspace; < 0 when cuBLASLt refuses. Column-major, as the op runs it. */
 static double cublaslt_bf16_ms(lt_ctx *ctx, int64_t m, int64_t n, int64_t k, int ta, int repeats) {
@@ -114,7 +76,10 @@ static double cublaslt_bf16_ms(lt_ctx *ctx, int64_t m, int64_t n, int64_t k, int
     size_t wsb = (size_t)32 << 20;
     size_t ab = (size_t)(m * k) * 2, bb = (size_t)(k * n) * 2, cb = (size_t)(m * n) * 4;
     /* random operands: tensor cores run measurably faster on zeros (less power, higher clocks) */
-    void *A = dev_bf16_random(ctx, (size_t)(m * k)), *B = dev_bf16_random(ctx, (size_t)(k * n));
+    uint64_t s = 0x2545f4914f6cdd1dULL ^ (uint64_t)(m * k);
+    const lt_backend *be = lt_backend_get(LT_DEVICE_CUDA);
+    void *A = lt_bench_rand_buf(ctx, be, m * k, LT_DTYPE_BF16, 1.0f, &s, "ceiling operand"),
+         *B = lt_bench_rand_buf(ctx, be, k * n, LT_DTYPE_BF16, 1.0f, &s, "ceiling operand");
     void *C = lt_alloc(ctx, LT_DEVICE_CUDA, cb, "ceiling C"), *W = lt_alloc(ctx, LT_DEVICE_CUDA, wsb, "ceiling ws");
     cublasLtHandle_t h = NULL;
     cublasLtMatmulDesc_t op = NULL;
@@ -258,7 +223,7 @@ static int encode_arms(lt_ctx *ctx, const lt_bench_common *c, lt_dtype dt, int64
         free(x), free(q);
         return lt_error(ctx, LT_ERR_OOM, "bench matmul: encode buffers"), 1;
     }
-    for (int64_t i = 0; i < rows * in; i++) x[i] = 0.05f * unif(s);
+    for (int64_t i = 0; i < rows * in; i++) x[i] = lt_bench_unif(s, 0.05f);
     for (int k = 0; k < nisas; k++) {
         if (lt_cpu_isa_select(ctx, isas[k]) != LT_OK) break;
         for (int r = -c->warmup; r < c->repeats; r++) {
@@ -414,8 +379,8 @@ int lt_bench_matmul(int argc, char **argv) {
         const int64_t out = shapes[si].out, in = shapes[si].in;
         const double flop = 2.0 * (double)N * (double)out * (double)in;
         const int64_t xmax = out > in ? out : in;
-        void *x = make_f32(ctx, be, N * xmax, &s, "bench matmul x"),
-             *y = make_f32(ctx, be, N * xmax, &s, "bench matmul y");
+        void *x = lt_bench_rand_buf(ctx, be, N * xmax, LT_DTYPE_F32, 1.0f, &s, "bench matmul x"),
+             *y = lt_bench_rand_buf(ctx, be, N * xmax, LT_DTYPE_F32, 1.0f, &s, "bench matmul y");
         if (!x || !y) {
             if (x) lt_free(ctx, be->device, x, (size_t)(N * xmax) * 4);
             if (y) lt_free(ctx, be->device, y, (size_t)(N * xmax) * 4);
@@ -515,8 +480,9 @@ int lt_bench_matmul(int argc, char **argv) {
                   {"gemm-f32-lora-dA", 1, r, C, N},
                   {"gemm-f32-lora-dB", 1, C, r, N},
                   {"gemm-f32-lora-dx", 0, N, C, r}};
-        void *x = make_f32(ctx, be, N * C, &s, "bench gemm x"), *u = make_f32(ctx, be, N * C, &s, "bench gemm u");
-        void *o = make_f32(ctx, be, N * C, &s, "bench gemm out");
+        void *x = lt_bench_rand_buf(ctx, be, N * C, LT_DTYPE_F32, 1.0f, &s, "bench gemm x"),
+             *u = lt_bench_rand_buf(ctx, be, N * C, LT_DTYPE_F32, 1.0f, &s, "bench gemm u");
+        void *o = lt_bench_rand_buf(ctx, be, N * C, LT_DTYPE_F32, 1.0f, &s, "bench gemm out");
         if (!x || !u || !o) goto gemm_done;
         for (int k = 0; k < 4; k++) {
             const float *A = x, *B = u;
