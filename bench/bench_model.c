@@ -406,13 +406,13 @@ double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T) {
     return (double)cfg->L * (4.0 * P * t + 6.0 * R * t + 3.0 * A) + 4.0 * (double)cfg->V * (double)cfg->C * t;
 }
 
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention, int kept_qkv) {
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, double rerun, int kept_qkv) {
     double P, R, A, t = (double)T, CF = (double)cfg->C * (double)cfg->F;
     flop_terms(cfg, r, T, &P, &R, &A);
-    double attn = (recompute_attention ? 4.5 : 3.5) * A;
+    double attn = (3.5 + rerun) * A;
     double C = (double)cfg->C, qd = (double)(cfg->H * cfg->D), kvd = (double)(cfg->Hkv * cfg->D);
     double Pa = 2 * C * qd + 2 * C * kvd, Ra = (double)r * (2 * (C + qd) + 2 * (C + kvd));
-    double kept = kept_qkv && !recompute_attention ? 2.0 * (Pa + Ra) * t : 0.0;
+    double kept = kept_qkv ? (1.0 - rerun) * 2.0 * (Pa + Ra) * t : 0.0;
     return (double)cfg->L * (4.0 * P * t + 2.0 * (P - CF) * t + 10.0 * R * t + attn - kept) +
         4.0 * (double)cfg->V * (double)cfg->C * t;
 }

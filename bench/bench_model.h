@@ -100,13 +100,14 @@ lt_status lt_bench_load_random_as(lt_ctx *ctx, const lt_bench_shape *s, lt_dtype
  *                   adds what the recompute runs — the layer's projections except the down
  *                   projection's base product (the model skips it), the LoRA products, and the
  *                   attention forward when it is recomputed (k = 1; k = 0 when its output is kept
- *                   with the checkpoints) — and counts the attention backward as FlashAttention
+ *                   with the checkpoints; k = the share of layers rerunning it when only some do,
+ *                   `rerun`) — and counts the attention backward as FlashAttention
  *                   does (2.5·A, which includes recomputing the scores) */
 double lt_bench_model_flops(const lt_model_config *cfg, int64_t r, int64_t T);
 /* kept_qkv = 1 (the host's kept attention, lt_layout.keep_qkv): the recompute also skips the
- * q, k, v and o projections (base and LoRA), so hw_flops drops 2·(Pa + Ra)·T per layer, Pa, Ra
- * those four projections' shares of P and R. */
-double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, int recompute_attention, int kept_qkv);
+ * q, k, v and o projections (base and LoRA) in the layers that keep attention, so hw_flops drops
+ * 2·(Pa + Ra)·T per such layer, Pa, Ra those four projections' shares of P and R. */
+double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, double rerun, int kept_qkv);
 
 /* --recompute's value for bench `bench`: all (every layer), every:K and, with allow_none, none
  * (the bench shapes have one layer kind). 0, or after the usage error its exit code (2). */

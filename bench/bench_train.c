@@ -264,6 +264,7 @@ int lt_bench_train(int argc, char **argv) {
     int64_t seqs[MAX_SEQS];
     int n_seqs = 0, threads = 0, rank = 8, peers = 1, liger = 1, guard_off = 0, profile = 0, recompute_attn = -1,
         graph = 1;
+    int64_t rerun_layers = 0; /* --recompute-attention-layers */
     const char *weights = NULL, *shape_name = "smollm2-135m", *peer_path = getenv("LONGTUNE_PEER_PATH");
     if (!peer_path) peer_path = "/tmp/lt-peer";
     int offload_mode = 0;          /* 1: --offload-checkpoints, 2: --offload-both */
@@ -288,6 +289,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_CHOICE("--base-dtype", &base_arg, "file|fp8"),
         LT_BENCH_STR("--fp8-skip", &fp8_skip),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
+        LT_BENCH_I64("--recompute-attention-layers", &rerun_layers, 0, 1 << 16),
         LT_BENCH_I64("--chunk-rows", &chunk_rows, 1, 1 << 22),
         LT_BENCH_STR("--recompute", &recompute),
     };
@@ -320,6 +322,7 @@ int lt_bench_train(int argc, char **argv) {
             "  --offload-both   every length twice: checkpoints on the device, then offloaded\n"
             "  --recompute-attention 0|1  rerun attention's forward in the backward (1) or keep its\n"
             "                   output + lse with the checkpoints (0, the default)\n"
+            "  --recompute-attention-layers N  rerun it in N of the layers only (train's option)\n"
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
             "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
@@ -363,9 +366,14 @@ int lt_bench_train(int argc, char **argv) {
     int64_t rc_k = 0;
     int prc = lt_bench_parse_recompute("train", recompute, 1, &rc_policy, &rc_k);
     if (prc) return prc;
-    if (rc_policy == LT_RECOMPUTE_NONE && recompute_attn)
+    if (rc_policy == LT_RECOMPUTE_NONE && (recompute_attn || rerun_layers))
         return lt_bench_usage_error("train", NULL,
-                                    "--recompute none: --recompute-attention 1 needs a recompute policy");
+                                    "--recompute none: --recompute-attention 1 and --recompute-attention-layers "
+                                    "need a recompute policy");
+    if (recompute_attn && rerun_layers)
+        return lt_bench_usage_error("train", NULL,
+                                    "--recompute-attention 1 reruns attention in every layer: drop "
+                                    "--recompute-attention-layers");
     char rc_name[32];
     lt_plan_recompute_name(rc_policy, rc_k, rc_name, sizeof rc_name);
     if (profile) lt_prof_enable(1); /* before the model takes its op table */
@@ -421,6 +429,10 @@ int lt_bench_train(int argc, char **argv) {
     }
     if (st != LT_OK) goto fail;
     const lt_model_config *cfg = lt_model_get_config(m);
+    /* the share of the recomputed layers (every LoRA layer here) that rerun attention, for HFU */
+    const double rerun_share = recompute_attn ? 1.0
+        : rerun_layers >= cfg->L              ? 1.0
+                                              : (double)rerun_layers / (double)cfg->L;
     int64_t n_params = 0;
     float *params = lt_model_lora_params(m, &n_params);
     float *grads = lt_model_lora_grads(m, &n_params);
@@ -474,6 +486,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
                                    .recompute_attention = recompute_attn,
+                                   .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
                                    .offload_ckpt = offload_lo};
         lt_plan_options po = {.device = dev,
@@ -509,6 +522,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddNumberToObject(jc, "repeats", c.repeats);
     cJSON_AddNumberToObject(jc, "warmup", c.warmup);
     cJSON_AddBoolToObject(jc, "recompute_attention", recompute_attn);
+    cJSON_AddNumberToObject(jc, "recompute_attention_layers", (double)rerun_layers);
     cJSON_AddStringToObject(jc, "base_dtype", base_fp8 ? "fp8 (e4m3, per-row scales; activations per row)" : "file");
     if (fp8_skip) cJSON_AddStringToObject(jc, "fp8_skip", fp8_skip);
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
@@ -556,6 +570,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .loss = LT_LCE_FUSED,
                                    .threads = nthreads,
                                    .recompute_attention = recompute_attn,
+                                   .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
                                    .offload_ckpt = offload};
         lt_plan_options po = {.device = dev,
@@ -649,9 +664,8 @@ int lt_bench_train(int argc, char **argv) {
         double cms = lt_bench_median(ours_cpu + c.warmup, c.repeats);
         double mfl = lt_bench_model_flops(cfg, rank, T);
         /* without recompute the hardware does the model's FLOPs; every:K reruns each layer once as all does */
-        double hfl = rc_policy == LT_RECOMPUTE_NONE
-            ? mfl
-            : lt_bench_hw_flops(cfg, rank, T, recompute_attn, dev == LT_DEVICE_CPU);
+        double hfl =
+            rc_policy == LT_RECOMPUTE_NONE ? mfl : lt_bench_hw_flops(cfg, rank, T, rerun_share, dev == LT_DEVICE_CPU);
         double mrate = mfl / (ms * 1e-3), hrate = hfl / (ms * 1e-3);
         cJSON *arm = cJSON_CreateObject();
         char name[64];
@@ -804,8 +818,11 @@ int lt_bench_train(int argc, char **argv) {
                 u += (size_t)snprintf(fp8_tag + u, sizeof fp8_tag - u, "-%.*s", (int)strcspn(name, "_"), name);
             }
     }
+    char rerun_tag[40] = "";
+    if (recompute_attn) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn");
+    else if (rerun_layers) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn%lld", (long long)rerun_layers);
     snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
-             random_w ? weights : "weights", rc_tag, recompute_attn ? "-recompute-attn" : "",
+             random_w ? weights : "weights", rc_tag, rerun_tag,
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
              cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;

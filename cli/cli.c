@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "longtune/plan.h"
 
 int lt_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
     fprintf(stderr, "longtune %s: ", cmd);
@@ -69,6 +70,20 @@ int lt_cli_parse_bytes(const char *s, uint64_t *out) {
     if (b >= 18446744073709551615.0) return -1;
     *out = (uint64_t)b;
     return 0;
+}
+
+const char *lt_cli_recompute_desc(lt_recompute policy, int64_t k, int recompute_attention, int64_t attention_layers,
+                                  int64_t chunk, int64_t asked_chunk, char *buf, size_t n) {
+    char name[32];
+    lt_plan_recompute_name(policy, k, name, sizeof name);
+    int w = snprintf(buf, n, "%s", name);
+    if (policy != LT_RECOMPUTE_NONE && recompute_attention)
+        w += snprintf(buf + w, n - (size_t)w, " + recompute_attention");
+    else if (policy != LT_RECOMPUTE_NONE && attention_layers > 0)
+        w += snprintf(buf + w, n - (size_t)w, " + attention rerun in %lld layer%s", (long long)attention_layers,
+                      attention_layers == 1 ? "" : "s");
+    if (chunk != asked_chunk) snprintf(buf + w, n - (size_t)w, ", chunks of %lld rows", (long long)chunk);
+    return buf;
 }
 
 const char *lt_cli_fmt_bytes(uint64_t bytes, char *buf, int n) {

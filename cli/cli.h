@@ -3,7 +3,9 @@
 #ifndef LT_CLI_H
 #define LT_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include "longtune/model.h"
 #include "longtune/status.h"
 
 #define LT_CMD(name, fn, summary) int fn(int argc, char **argv);
@@ -31,5 +33,9 @@ int lt_cli_parse_f64(const char *s, double lo, double hi, double *out);
 int lt_cli_parse_bytes(const char *s, uint64_t *out);
 /* Human-readable bytes into buf ("1.23 GiB"). */
 const char *lt_cli_fmt_bytes(uint64_t bytes, char *buf, int n);
+/* A recompute choice for messages: "every:2", "all + recompute_attention", "all + attention rerun
+ * in 12 layers", with ", chunks of N rows" when its chunk differs from `asked_chunk`. */
+const char *lt_cli_recompute_desc(lt_recompute policy, int64_t k, int recompute_attention, int64_t attention_layers,
+                                  int64_t chunk, int64_t asked_chunk, char *buf, size_t n);
 
 #endif

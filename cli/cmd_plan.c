@@ -43,9 +43,10 @@ static void print_help(void) {
            "  --recompute P       none | all | every:K | sliding[:K] | global[:K] | auto [none]\n"
            "                      (sliding/global: only the sliding-window / full-attention layers;\n"
            "                      auto: what train would choose for the budget); --grad-checkpoint = all\n"
-           "  --recompute-attention, --offload-checkpoints, --moe-chunk-tokens N, --attention flash|naive, --loss\n"
-           "                      fused|chunked|naive, --grad-accum K, --quantize FMT, --base-dtype\n"
-           "                      file|fp8, --fp8-skip LIST, --threads N,\n"
+           "  --recompute-attention, --recompute-attention-layers N, --offload-checkpoints,\n"
+           "                      --moe-chunk-tokens N, --attention flash|naive, --loss fused|chunked|naive,\n"
+           "                      --grad-accum K, --quantize FMT, --base-dtype file|fp8, --fp8-skip LIST,\n"
+           "                      --threads N,\n"
            "  --chunk-rows N      rows per chunk of the position-wise work [8192; auto may halve it]\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"
@@ -332,6 +333,7 @@ int lt_cmd_plan(int argc, char **argv) {
             po.run.recompute = ro.recompute;
             po.run.recompute_k = ro.recompute_every;
             po.run.recompute_attention = ro.recompute_attention;
+            po.run.recompute_attention_layers = ro.recompute_attention_layers;
             po.run.chunk_rows = ro.chunk_rows;
             plan = chosen_plan;
         } else if (s == LT_ERR_OOM) {
@@ -389,13 +391,9 @@ int lt_cmd_plan(int argc, char **argv) {
                 rc = lt_cli_fail("plan", ctx, s);
                 goto done;
             }
-            lt_plan_recompute_name(at.recompute, at.recompute_every, best_policy, sizeof best_policy);
-            if (at.recompute_attention && at.recompute != LT_RECOMPUTE_NONE)
-                snprintf(best_policy + strlen(best_policy), sizeof best_policy - strlen(best_policy),
-                         " + recompute_attention");
-            if (at.chunk_rows != ro_asked.chunk_rows)
-                snprintf(best_policy + strlen(best_policy), sizeof best_policy - strlen(best_policy),
-                         ", chunks of %lld rows", (long long)at.chunk_rows);
+            lt_cli_recompute_desc(at.recompute, at.recompute_every, at.recompute_attention,
+                                  at.recompute_attention_layers, at.chunk_rows, ro_asked.chunk_rows, best_policy,
+                                  sizeof best_policy);
         }
     }
 
@@ -458,13 +456,18 @@ int lt_cmd_plan(int argc, char **argv) {
            (long long)plan.n_lora_params,
            lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec, sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
+    char rerun[96] = "";
+    const int64_t att_layers = plan.options.run.recompute_attention_layers;
+    if (recompute_attention) snprintf(rerun, sizeof rerun, " (attention rerun)");
+    else if (att_layers > 0)
+        snprintf(rerun, sizeof rerun, " (attention rerun in %lld of the recomputed layers, which keep only inputs)",
+                 (long long)att_layers);
     if (plan.options.run.recompute != LT_RECOMPUTE_NONE)
         printf("kept for the backward: %s%s, in %s; position-wise work in chunks of %lld rows\n",
                recompute_attention        ? "layer inputs"
                    : dev == LT_DEVICE_CPU ? "layer inputs and attention halves (q, k, v, output, x_mid)"
                                           : "layer inputs and attention outputs",
-               recompute_attention ? " (attention rerun)" : "",
-               saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
+               rerun, saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",
                (long long)(plan.options.run.chunk_rows ? plan.options.run.chunk_rows : LT_MODEL_CHUNK_ROWS));
     lt_recompute pol = plan.options.run.recompute;
     if (pol == LT_RECOMPUTE_SLIDING || pol == LT_RECOMPUTE_GLOBAL) {

@@ -53,6 +53,8 @@ static void print_help(void) {
         "                             recompute whose plan fits --memory-ceiling or the guard's ceiling\n"
         "  --recompute-attention      with a recompute policy, rerun attention in the backward\n"
         "                             instead of keeping its output (less memory, slower)\n"
+        "  --recompute-attention-layers N  rerun it in N of the recomputed layers only (sliding-\n"
+        "                             window ones first; the memory and time in between) [0]\n"
         "  --offload-checkpoints      keep the checkpoints in pinned host memory (needs a\n"
         "                             recompute policy; cuda: copies overlap the layers)\n"
         "  --moe-chunk-tokens N       MoE models: tokens whose experts run together, rerun in the\n"

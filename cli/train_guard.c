@@ -79,12 +79,10 @@ int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options 
     if (s == LT_OK && !cg->off && po.device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
     if (s == LT_OK) s = lt_train_choose_recompute(ctx, opt, &cfg, &po, &h, (size_t)budget, &chosen, &plan);
     if (s != LT_OK) return lt_cli_fail("train", ctx, s);
-    char name[32], b1[32], b2[32], b3[32], chunk[48] = "";
-    lt_plan_recompute_name(chosen.recompute, chosen.recompute_every, name, sizeof name);
-    if (chosen.chunk_rows != opt->chunk_rows)
-        snprintf(chunk, sizeof chunk, ", chunks of %lld rows", (long long)chosen.chunk_rows);
-    fprintf(stderr, "longtune train: recompute auto: %s%s%s (plan %s of a %s budget%s%s%s)\n", name,
-            chosen.recompute_attention ? " + recompute_attention" : "", chunk,
+    char name[128], b1[32], b2[32], b3[32];
+    lt_cli_recompute_desc(chosen.recompute, chosen.recompute_every, chosen.recompute_attention,
+                          chosen.recompute_attention_layers, chosen.chunk_rows, opt->chunk_rows, name, sizeof name);
+    fprintf(stderr, "longtune train: recompute auto: %s (plan %s of a %s budget%s%s%s)\n", name,
             lt_cli_fmt_bytes(plan.peak_bytes, b1, sizeof b1), lt_cli_fmt_bytes(budget, b2, sizeof b2),
             cg->ceiling ? ": --memory-ceiling" : ": the guard's ceiling", outside ? " less the resident set of " : "",
             outside ? lt_cli_fmt_bytes(outside, b3, sizeof b3) : "");

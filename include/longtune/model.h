@@ -277,30 +277,36 @@ typedef struct lt_model_run_options {
                                  sets it from lt_plan_options.device); lt_model_prepare always
                                  uses the model's device */
     lt_recompute recompute;
-    int64_t recompute_k;         /* layers per segment: LT_RECOMPUTE_EVERY_K's k (0 = 2); the
+    int64_t recompute_k;                /* layers per segment: LT_RECOMPUTE_EVERY_K's k (0 = 2); the
                                  by-kind policies' cap on a run of consecutive recomputed layers
                                  (0 = 1, a checkpoint per recomputed layer) */
-    int recompute_attention;     /* under a recompute policy: 0 (default) keeps each LoRA layer's
+    int recompute_attention;            /* under a recompute policy: 0 (default) keeps each LoRA layer's
                                  attention output (N, H·D) and row log-sum-exp (B·H·T) with the
                                  checkpoints, so the recompute skips the attention forward (the
                                  largest per-layer cost at long T); on the CPU also q, k, v, the
                                  mid-layer residual and the q/k/v/o LoRA products, so the recompute
                                  runs no attention projection either; 1 reruns it and keeps only the
                                  layer inputs (least memory, e.g. for the longest context) */
-    lt_attention_impl attention; /* AUTO = flash */
-    lt_lce_impl loss;            /* AUTO = fused */
-    int threads;                 /* CPU threads; 0 = the context's */
-    int forward_only;            /* 1: evaluation / generation only (no saved activations, no
+    int64_t recompute_attention_layers; /* with recompute_attention 0: how many of the recomputed
+                                 layers rerun their attention all the same, keeping only their
+                                 inputs (0 = none; the number of recomputed layers or more = all,
+                                 as recompute_attention 1). The sliding-window layers go first
+                                 (their attention is the cheaper to rerun), then the others from
+                                 the bottom: a dial between the two settings' memory and time */
+    lt_attention_impl attention;        /* AUTO = flash */
+    lt_lce_impl loss;                   /* AUTO = fused */
+    int threads;                        /* CPU threads; 0 = the context's */
+    int forward_only;                   /* 1: evaluation / generation only (no saved activations, no
                                  backward buffers); lt_model_forward_backward is then refused */
-    int saved_bf16;              /* checkpoints (and the kept attention outputs) in bf16: 0 = the
+    int saved_bf16;                     /* checkpoints (and the kept attention outputs) in bf16: 0 = the
                                  backend's choice (CUDA bf16, CPU f32), 1 = bf16, -1 = f32. bf16
                                  halves the largest activation class; the recompute then starts
                                  from the rounded layer inputs (the forward itself runs on f32) */
-    int64_t chunk_rows;          /* rows per chunk of the position-wise work (norms, projections,
+    int64_t chunk_rows;                 /* rows per chunk of the position-wise work (norms, projections,
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span
                                  the whole batch; 0 = LT_MODEL_CHUNK_ROWS */
-    int offload_ckpt;            /* 1: keep the checkpoints (layer inputs saved across the step) in
+    int offload_ckpt;                   /* 1: keep the checkpoints (layer inputs saved across the step) in
                                  host memory, page-locked on a device (lt_alloc_pinned): two
                                  device slots remain; a layer's checkpoint is copied out while the
                                  next layer computes, and in the backward the one below is copied
@@ -312,7 +318,7 @@ typedef struct lt_model_run_options {
                                  by a forward_only run. On the CPU the same schedule runs between
                                  two host blocks (the reference of the schedule; it saves nothing
                                  there). Kept attention outputs stay on the device. */
-    int64_t moe_chunk_tokens;    /* MoE layers: tokens whose experts run together (routing runs
+    int64_t moe_chunk_tokens;           /* MoE layers: tokens whose experts run together (routing runs
                                  once over the batch; gathered rows, the experts' activations
                                  and their gradients exist for one chunk at a time, recomputed in
                                  the backward), so an MoE layer's extra memory is bounded by the

@@ -85,6 +85,10 @@ typedef struct lt_train_options {
                                       the backward instead of keeping its output, lse (and, on the
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
                                       lt_model_run_options.recompute_attention [0] */
+    int64_t recompute_attention_layers;          /* without recompute_attention: rerun the attention of this
+                                      many recomputed layers only, sliding-window ones first (between
+                                      the two settings' memory and time; recompute auto chooses it
+                                      itself); lt_model_run_options.recompute_attention_layers [0] */
     int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
                                       needs a recompute policy): lt_model_run_options.offload_ckpt
                                       [0] */
@@ -340,7 +344,9 @@ LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const l
  * cost of a candidate: its recompute work over the step's own (the frozen projections' forward and
  * input gradient, attention's forward and backward, the head), plus 0.08·log2(k) for segments
  * of k layers and 0.03·(c0/c - 1) for a chunk of c rows against the run's c0 (both measured on
- * the H200). *out = opt with the chosen policy (and chunk_rows) and
+ * the H200). Where the first candidate that fits reruns attention in every recomputed layer, it
+ * reruns it in as few of them as fit instead (recompute_attention_layers, bisected: the memory
+ * falls as the count grows). *out = opt with the chosen policy (and chunk_rows) and
  * recompute_auto cleared; plan (may be NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
  * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
 LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,

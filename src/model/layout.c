@@ -241,9 +241,24 @@ int lt_model_recomputes_layer(const lt_model_config *c, lt_recompute r, int64_t 
     return d.attn == (r == LT_RECOMPUTE_SLIDING ? LT_ATTN_KIND_SLIDING : LT_ATTN_KIND_FULL);
 }
 
-void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, lt_rc_place *out,
+/* Whether layer l's attention is a sliding window's. */
+static int sliding_layer(const lt_model_config *c, int64_t l) {
+    lt_layer_desc d;
+    lt_model_describe_layer(c, l, &d);
+    return d.attn == LT_ATTN_KIND_SLIDING;
+}
+
+void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, int64_t rerun, lt_rc_place *out,
                       lt_rc_counts *n) {
     memset(n, 0, sizeof *n);
+    /* Which recomputed layers rerun attention: the first `rerun` of them with sliding windows
+     * first, then the others; rerun_sl of the sliding ones, rerun_full of the others. */
+    int64_t n_sl = 0, n_all = 0;
+    for (int64_t j = 0; j < K; j++)
+        if (lt_model_recomputes_layer(c, r, c->L - K + j)) n_all++, n_sl += sliding_layer(c, c->L - K + j);
+    if (rerun < 0 || rerun > n_all) rerun = n_all;
+    const int64_t rerun_sl = rerun < n_sl ? rerun : n_sl, rerun_full = rerun - rerun_sl;
+    int64_t seen_sl = 0, seen_full = 0;
     int64_t len = 0; /* layers so far in the open segment (0: none open) */
     for (int64_t j = 0; j < K; j++) {
         lt_rc_place p;
@@ -258,6 +273,12 @@ void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int
             p.pos = (int32_t)len++;
             p.idx = (int32_t)n->n_rec++;
             if (len > n->max_len) n->max_len = len;
+        }
+        p.katt = -1;
+        if (p.rec) {
+            const int sl = sliding_layer(c, c->L - K + j);
+            const int reruns = sl ? seen_sl++ < rerun_sl : seen_full++ < rerun_full;
+            if (!reruns) p.katt = (int32_t)n->n_katt++;
         }
         /* the segment's last layer: the next one is kept, opens a segment, or there is none */
         p.last = p.rec && (j + 1 == K || len == cap || !lt_model_recomputes_layer(c, r, c->L - K + j + 1));
@@ -346,8 +367,13 @@ static lt_status resolve_recompute(lt_ctx *ctx, const lt_model_run_options *run,
     if (cap > r->K) cap = r->K;
     o->rc = r->fwd_only ? LT_RECOMPUTE_NONE : p;
     o->rc_k = o->rc == LT_RECOMPUTE_NONE ? 0 : cap;
-    lt_model_rc_walk(c, o->rc, cap, r->K, NULL, n);
+    if (run->recompute_attention_layers < 0)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: recompute_attention_layers %lld is negative",
+                        (long long)run->recompute_attention_layers);
+    o->rc_rerun = run->recompute_attention ? -1 : run->recompute_attention_layers;
+    lt_model_rc_walk(c, o->rc, cap, r->K, o->rc_rerun, NULL, n);
     o->n_rec = n->n_rec;
+    o->n_katt = n->n_katt;
     if ((o->rc == LT_RECOMPUTE_SLIDING || o->rc == LT_RECOMPUTE_GLOBAL) && !n->n_rec) {
         int sl = o->rc == LT_RECOMPUTE_SLIDING;
         int64_t in_model = 0;
@@ -416,7 +442,7 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     /* Offload keeps two slots on the device and the rest on the host (see lt_layout.offload); with
      * two checkpoints or fewer there is nothing to move. */
     o->offload = run->offload_ckpt && o->n_ckpt > 2;
-    o->keep_attn = o->n_ckpt && !run->recompute_attention;
+    o->keep_attn = o->n_ckpt && o->n_katt > 0;
     /* On the host, also what the recompute's q/k/v and o projections would rebuild (about 4% of a
      * T=2048 step): the CUDA step keeps only the attention output (its device graph and memory
      * budget are tuned around that). */
@@ -438,12 +464,12 @@ static void layout_activations(const run_shape *r, lt_layout *o) {
     if (o->keep_attn) {
         o->att_stride = round_up(nb(r->N * r->qd, r->es), al);
         o->lse_stride = round_up(nb(r->B * c->H * r->T, 4), al);
-        o->keep_att = carve_aligned(&cur, nb(o->n_rec, o->att_stride), al);
-        o->keep_lse = carve_aligned(&cur, nb(o->n_rec, o->lse_stride), al);
+        o->keep_att = carve_aligned(&cur, nb(o->n_katt, o->att_stride), al);
+        o->keep_lse = carve_aligned(&cur, nb(o->n_katt, o->lse_stride), al);
     }
     if (o->keep_qkv) {
         o->kept_stride = kept_layout(c, &r->wd, &r->lo, r->N, al, r->es, &o->kept_off);
-        o->keep_store = carve_aligned(&cur, nb(o->n_rec, o->kept_stride), al);
+        o->keep_store = carve_aligned(&cur, nb(o->n_katt, o->kept_stride), al);
     }
     o->class_bytes[LT_MEM_ACTIVATIONS] = cur == SIZE_MAX ? SIZE_MAX : (o->n_act_stores + o->n_ckpt ? cur : 0);
 }

@@ -184,6 +184,7 @@ typedef struct lt_layout {
      * n_rec layers are recomputed. */
     lt_recompute rc;
     int64_t rc_k, n_rec;
+    int64_t rc_rerun; /* recomputed layers that rerun attention (lt_model_rc_walk's rerun; -1: all) */
     /* Store slots (the transient block: a segment's recomputed layers, slot = place in the
      * segment; a forward-only run's one) and kept stores (the activation block: one per kept
      * layer, with x_in and the MLP's g and u, as without recompute); offsets within a store as
@@ -219,12 +220,14 @@ typedef struct lt_layout {
      * recompute and backward see the same values. */
     int attn_bf16;
     size_t qc, ac, mc;
-    /* Kept attention (recompute without recompute_attention): per recomputed layer an (N, H·D) output
-     * of saved_dtype (the store's att then points there) and a (B·H·T) f32 lse in the activation
-     * block, `att_stride` / `lse_stride` bytes apart; 0 = none. */
+    /* Kept attention (recompute without recompute_attention): per recomputed layer that keeps it
+     * (n_katt of them, lt_rc_place.katt their slots) an (N, H·D) output of saved_dtype (the store's
+     * att then points there) and a (B·H·T) f32 lse in the activation block, `att_stride` /
+     * `lse_stride` bytes apart; 0 = none. */
     int keep_attn;
+    int64_t n_katt;
     size_t keep_att, keep_lse, att_stride, lse_stride;
-    /* Kept q/k/v (keep_attn on the host): per recomputed layer also the attention half of its store
+    /* Kept q/k/v (keep_attn on the host): per layer with kept attention also the attention half of its store
      * (q_raw, k_raw, rstd_q, rstd_k with the per-head norm; q, k, v after norm and RoPE; x_mid; the
      * LoRA products of q, k, v, o) at `keep_store`, `kept_stride` bytes apart, with offsets
      * `kept_off` (the fields it holds non-NULL), so the recompute runs only the MLP it needs for
@@ -291,18 +294,23 @@ typedef struct lt_rc_place {
     int32_t seg;  /* recomputed: its segment, which is its checkpoint's index */
     int32_t pos;  /* recomputed: its place in the segment, which is its store slot */
     int32_t idx;  /* kept: its store among the kept ones; recomputed: its place among the
-                     recomputed layers (its kept attention) */
+                     recomputed layers */
     int32_t last; /* recomputed: the segment's last layer (where the backward enters it) */
+    int32_t katt; /* recomputed and keeping its attention output: that output's slot among the kept
+                     ones; -1 otherwise (a kept layer, or one whose recompute reruns attention) */
 } lt_rc_place;
 
 typedef struct lt_rc_counts {
     int64_t n_rec, n_kept, n_seg, max_len; /* max_len: layers of the longest segment */
+    int64_t n_katt;                        /* recomputed layers that keep their attention output */
 } lt_rc_counts;
 
 /* Pure: the K LoRA layers (model layers L - K .. L - 1) under policy r with segments of at most
- * cap layers: each one's place into out (K entries; may be NULL) and the counts. */
-void lt_model_rc_walk(const lt_model_config *cfg, lt_recompute r, int64_t cap, int64_t K, lt_rc_place *out,
-                      lt_rc_counts *n);
+ * cap layers: each one's place into out (K entries; may be NULL) and the counts. `rerun` of the
+ * recomputed layers rerun their attention (negative: all of them): the sliding-window ones first,
+ * then the others, each kind from the bottom; the rest keep their attention outputs. */
+void lt_model_rc_walk(const lt_model_config *cfg, lt_recompute r, int64_t cap, int64_t K, int64_t rerun,
+                      lt_rc_place *out, lt_rc_counts *n);
 
 /* Points the fields of st that the layout's kept_off holds at the kept pieces at base. */
 void lt_model_kept_at(const lt_layout *lay, uint8_t *base, lt_store *st);

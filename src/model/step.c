@@ -277,8 +277,8 @@ static lt_resid lora_out(const lt_step *s, int64_t j) {
 static lt_store slot_of(const lt_step *s, int64_t j) {
     const lt_layout *y = &s->m->lay;
     lt_store st = store_of(s, j);
-    if (!s->rc[j].rec) return st;
-    size_t i = (size_t)s->rc[j].idx;
+    if (!s->rc[j].rec || s->rc[j].katt < 0) return st;
+    size_t i = (size_t)s->rc[j].katt;
     if (y->keep_attn) {
         st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + i * y->att_stride);
         st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + i * y->lse_stride);
@@ -331,7 +331,7 @@ static lt_status recompute_segment(lt_step *s, int64_t seg, int64_t j) {
     for (int64_t i = j0; i <= j; i++) {
         st = slot_of(s, i);
         lt_resid out = i == j ? lt_resid_f32(NULL) : lora_out(s, i);
-        LT_TRY(lt_step_layer_fwd(s, l0 + i, &st, lora_in(s, i, &st), out, y->keep_attn));
+        LT_TRY(lt_step_layer_fwd(s, l0 + i, &st, lora_in(s, i, &st), out, s->rc[i].katt >= 0));
     }
     return LT_OK;
 }
@@ -375,7 +375,7 @@ lt_status lt_model_forward_backward(lt_ctx *ctx, lt_model *m, const lt_model_bat
     lt_rc_place rc[LT_MODEL_MAX_LAYERS];
     lt_rc_counts n;
     LT_ASSERT(m->lora.num_layers <= LT_MODEL_MAX_LAYERS);
-    lt_model_rc_walk(&m->cfg, m->lay.rc, m->lay.rc_k, m->lora.num_layers, rc, &n);
+    lt_model_rc_walk(&m->cfg, m->lay.rc, m->lay.rc_k, m->lora.num_layers, m->lay.rc_rerun, rc, &n);
     s.rc = rc;
     s.slot_has[0] = s.slot_has[1] = -1;
     lt_prof_set_phase(dev, LT_PROF_FORWARD);

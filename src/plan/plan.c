@@ -205,11 +205,15 @@ lt_status lt_plan_to_json(lt_ctx *ctx, const lt_plan *p, char *buf, size_t n) {
     int w =
         snprintf(buf, n,
                  "{\"device\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"lora_rank\": %lld, "
-                 "\"recompute\": \"%s\", \"recompute_attention\": %s, \"chunk_rows\": %lld, \"attention\": \"%s\", "
+                 "\"recompute\": \"%s\", \"recompute_attention\": %s, \"recompute_attention_layers\": %lld, "
+                 "\"chunk_rows\": %lld, \"attention\": \"%s\", "
                  "\"loss\": \"%s\", \"n_lora_params\": %lld, \"dp_size\": %lld, \"cp_size\": %lld, \"classes\": {",
                  p->device == LT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o->run.B, (long long)o->run.T,
                  (long long)o->lora.rank, lt_plan_recompute_name(o->run.recompute, o->run.recompute_k, rec, sizeof rec),
                  o->run.recompute_attention && o->run.recompute != LT_RECOMPUTE_NONE ? "true" : "false",
+                 (long long)(o->run.recompute != LT_RECOMPUTE_NONE && !o->run.recompute_attention
+                                 ? o->run.recompute_attention_layers
+                                 : 0),
                  (long long)(o->run.chunk_rows > 0 ? o->run.chunk_rows : LT_MODEL_CHUNK_ROWS),
                  lt_plan_attention_name(o->run.attention), lt_plan_loss_name(o->run.loss), (long long)p->n_lora_params,
                  (long long)(o->dp_size > 0 ? o->dp_size : 1), (long long)(o->cp_size > 0 ? o->cp_size : 1));

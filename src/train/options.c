@@ -59,6 +59,7 @@ static const option options[] = {
     {"grad_clip", K_F64, O(grad_clip), 0, 0, 1e9},
     {"recompute", K_RECOMP, O(recompute), 0, 0, 0},
     {"recompute_attention", K_BOOL, O(recompute_attention), 0, 0, 1},
+    {"recompute_attention_layers", K_I64, O(recompute_attention_layers), 0, 0, 1 << 16},
     {"offload_checkpoints", K_BOOL, O(offload_checkpoints), 0, 0, 1},
     {"attention", K_ATTN, O(attention), 0, 0, 0},
     {"loss", K_LOSS, O(loss), 0, 0, 0},
@@ -582,6 +583,18 @@ lt_status lt_train_options_resolve(lt_ctx *ctx, const lt_train_options *in, lt_t
     if (o.recompute != LT_RECOMPUTE_EVERY_K && o.recompute != LT_RECOMPUTE_SLIDING &&
         o.recompute != LT_RECOMPUTE_GLOBAL)
         o.recompute_every = 0;
+    if (o.recompute_attention_layers > 0 && o.recompute_auto)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'recompute' auto chooses how many layers rerun attention itself: drop "
+                        "'recompute_attention_layers'");
+    if (o.recompute_attention_layers > 0 && o.recompute == LT_RECOMPUTE_NONE)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "option 'recompute_attention_layers' needs a recompute policy (recompute all, every:K, "
+                        "sliding or global): only recomputed layers rerun attention");
+    if (o.recompute_attention_layers > 0 && o.recompute_attention)
+        return lt_error(ctx, LT_ERR_INVALID_ARG,
+                        "options 'recompute_attention' and 'recompute_attention_layers': the first reruns "
+                        "attention in every recomputed layer, give one of them");
     if (o.offload_checkpoints && o.recompute == LT_RECOMPUTE_NONE)
         return lt_error(ctx, LT_ERR_INVALID_ARG,
                         "option 'offload_checkpoints' needs a recompute policy (recompute all, "

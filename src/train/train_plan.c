@@ -150,6 +150,7 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
     out->run.recompute = opt->recompute;
     out->run.recompute_k = opt->recompute_every;
     out->run.recompute_attention = opt->recompute_attention;
+    out->run.recompute_attention_layers = opt->recompute_attention_layers;
     out->run.offload_ckpt = opt->offload_checkpoints;
     out->run.moe_chunk_tokens = opt->moe_chunk_tokens;
     out->run.chunk_rows = opt->chunk_rows;
@@ -259,16 +260,29 @@ static double proj_weights(const lt_model_config *cfg) {
 
 /* The recompute work of a policy per row of T tokens, which orders the candidates of recompute
  * auto: per recomputed LoRA layer its projections' forward (2·T·P FLOPs, P the weights of its seven
- * projections) and, when attention is rerun, attention's forward (4·H·D per key a query sees). */
-static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int rerun, int64_t T) {
+ * projections) and, in the layers that rerun attention, attention's forward (4·H·D per key a query
+ * sees). `rerun` of the recomputed layers rerun it (negative: all), chosen as lt_model_rc_walk
+ * chooses them: the sliding-window ones first, then the others, each kind from the bottom. */
+static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int64_t rerun, int64_t T) {
     const double P = proj_weights(cfg);
+    int64_t n_sl = 0, n_all = 0;
+    for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
+        if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
+        lt_layer_desc d;
+        lt_model_describe_layer(cfg, l, &d);
+        n_all++, n_sl += d.attn == LT_ATTN_KIND_SLIDING;
+    }
+    if (rerun < 0 || rerun > n_all) rerun = n_all;
+    int64_t left_sl = rerun < n_sl ? rerun : n_sl, left_full = rerun - left_sl;
     double f = 0;
     for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
         if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
         f += 2.0 * (double)T * P;
-        if (rerun) {
-            lt_layer_desc d;
-            lt_model_describe_layer(cfg, l, &d);
+        lt_layer_desc d;
+        lt_model_describe_layer(cfg, l, &d);
+        int64_t *left = d.attn == LT_ATTN_KIND_SLIDING ? &left_sl : &left_full;
+        if (*left > 0) {
+            (*left)--;
             f += 4.0 * (double)(cfg->H * d.D) * keys_seen(T, d.window);
         }
     }
@@ -305,6 +319,34 @@ static double step_flops(const lt_model_config *cfg, int64_t T) {
 /* The candidates of recompute auto with their estimated cost, a fraction of the step (see train.h);
  * an explicit recompute_attention keeps only the candidates that rerun attention, an explicit
  * chunk_rows only that chunk. */
+/* c reruns attention in all of its n recomputed layers and its plan p fits budget_bytes: the
+ * fewest layers m < n that still fit (plans shrink as m grows), into c (recompute_attention 0,
+ * recompute_attention_layers m), po and p; c stays as it is when only all of them fit. */
+static lt_status fewest_reruns(lt_ctx *ctx, const lt_model_config *cfg, const lt_train_held *held, size_t budget_bytes,
+                               int64_t layers, lt_train_options *c, lt_plan_options *po, lt_plan *p) {
+    int64_t n = 0;
+    for (int64_t l = cfg->L - layers; l < cfg->L; l++) n += lt_model_recomputes_layer(cfg, c->recompute, l);
+    int64_t lo = 0, hi = n; /* lo: known not to fit (0: attention kept everywhere), hi: fits */
+    lt_train_options best = *c;
+    lt_plan_options best_po = *po;
+    lt_plan best_p = *p;
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        lt_train_options t = *c;
+        t.recompute_attention = 0;
+        t.recompute_attention_layers = mid;
+        lt_plan_options to = *po;
+        to.run.recompute_attention = 0;
+        to.run.recompute_attention_layers = mid;
+        lt_plan tp;
+        LT_TRY(lt_train_plan(ctx, &t, cfg, &to, held, &tp));
+        if (tp.peak_bytes <= budget_bytes) hi = mid, best = t, best_po = to, best_p = tp;
+        else lo = mid;
+    }
+    *c = best, *po = best_po, *p = best_p;
+    return LT_OK;
+}
+
 lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                     const lt_plan_options *popt, const lt_train_held *held, size_t budget_bytes,
                                     lt_train_options *out, lt_plan *plan) {
@@ -337,7 +379,7 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         for (int pi = 0; pi < 3; pi++) {
             int64_t n_rec, span = longest_run(cfg, pols[pi], layers, &n_rec);
             if (pols[pi] != LT_RECOMPUTE_EVERY && (n_rec == 0 || n_rec == layers)) continue;
-            double flops = recompute_flops(cfg, pols[pi], layers, rerun, popt->run.T);
+            double flops = recompute_flops(cfg, pols[pi], layers, rerun ? -1 : 0, popt->run.T);
             for (int64_t k = 1; k == 1 || (k < span && k < 2048); k *= 2) {
                 pol[np].policy = pols[pi] == LT_RECOMPUTE_EVERY && k > 1 ? LT_RECOMPUTE_EVERY_K : pols[pi];
                 pol[np].k = k;
@@ -388,6 +430,10 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         lt_plan p;
         LT_TRY(lt_train_plan(ctx, &c, cfg, &po, held, &p));
         if (p.peak_bytes <= budget_bytes) {
+            /* Rerunning attention in every recomputed layer fits (and keeping it everywhere did
+             * not, being cheaper): rerun it in as few of them as fit, bisecting the count. */
+            if (c.recompute_attention && !opt->recompute_attention)
+                LT_TRY(fewest_reruns(ctx, cfg, held, budget_bytes, layers, &c, &po, &p));
             *out = c;
             if (plan) *plan = p;
             return LT_OK;

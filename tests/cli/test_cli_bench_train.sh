@@ -14,7 +14,8 @@ trap 'rm -rf "$tmp"' EXIT
 grep -q "^usage: longtune bench train" "$tmp/out" || say "--help does not print the usage line"
 
 for args in "--bogus" "--seq" "--seq 512,x" "--seq 1" "--rank 0" "--threads -1" "--backend gpu" "--repeats 0" "--shape nope" "--seq 64," \
-            "--recompute sometimes" "--recompute global" "--recompute none --recompute-attention 1" "--chunk-rows 0" \
+            "--recompute sometimes" "--recompute global" "--recompute none --recompute-attention 1" "--recompute none --recompute-attention-layers 2" \
+            "--recompute-attention 1 --recompute-attention-layers 2" "--recompute-attention-layers -1" "--chunk-rows 0" \
             "--fp8-skip down"; do
   # shellcheck disable=SC2086
   "$bin" bench train $args >"$tmp/out" 2>&1

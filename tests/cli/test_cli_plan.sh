@@ -83,6 +83,9 @@ peak() { "$bin" plan --config "$smol" --seq-len 4096 --recompute all --budget 64
 kept=$(peak --saved f32) rerun=$(peak --saved f32 --recompute-attention) half=$(peak --saved bf16 --recompute-attention)
 small=$(peak --saved bf16 --recompute-attention --chunk-rows 512)
 [ "$rerun" -lt "$kept" ] || say "--recompute-attention: $rerun not below $kept"
+part=$(peak --saved f32 --recompute-attention-layers 15) all30=$(peak --saved f32 --recompute-attention-layers 30)
+[ "$rerun" -lt "$part" ] && [ "$part" -lt "$kept" ] || say "--recompute-attention-layers 15: $part not between $rerun and $kept"
+[ "$all30" = "$rerun" ] || say "--recompute-attention-layers 30 (every layer of 30): $all30, not $rerun"
 [ "$half" -lt "$rerun" ] || say "--saved bf16: $half not below $rerun"
 [ "$small" -lt "$half" ] || say "--chunk-rows 512: $small not below $half"
 
@@ -153,10 +156,12 @@ for m in "$m_none" "$m_all" "$m_e2"; do
   [ "$m_auto" -ge "$m" ] 2>/dev/null || say "auto's longest $m_auto below a fixed policy's $m"
 done
 [ "$m_auto" -gt "$m_none" ] 2>/dev/null || say "auto's longest $m_auto is recompute none's $m_none"
-# (the policy named as "every:2 + recompute_attention, chunks of 1024 rows": each part optional)
+# (the policy named as "every:2 + recompute_attention, chunks of 1024 rows" or "all + attention rerun in
+# 12 layers": each part optional)
 pol=${m_pol%% + *}; pol=${pol%%, chunks*}
 [ -n "$pol" ] && [ "$pol" != "-" ] || say "auto's --max-seq names no policy"
 ra=(); case "$m_pol" in *"+ recompute_attention"*) ra=(--recompute-attention) ;; esac
+case "$m_pol" in *"+ attention rerun in "*) n=${m_pol##*rerun in }; ra=(--recompute-attention-layers "${n%% layer*}") ;; esac
 case "$m_pol" in *", chunks of "*) n=${m_pol##*chunks of }; ra+=(--chunk-rows "${n%% rows*}") ;; esac
 fit_at() { "$bin" plan --config "$smol" --budget "$all" --json --seq-len "$1" --recompute "$pol" "${ra[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fits"])'; }
 [ "$(fit_at "$m_auto")" = "True" ] || say "auto's policy $m_pol does not fit at its longest $m_auto"

@@ -6,7 +6,11 @@
  * and offloaded checkpoints; the size table equals the allocations for every by-kind policy on a
  * Gemma-2-shaped and a Gemma-3-shaped config; a kind the model lacks is a typed error naming it;
  * sliding on a model whose every layer slides is recompute all, byte for byte; recompute auto
- * takes the by-kind policies in order of recompute work; the option and policy names parse. */
+ * takes the by-kind policies in order of recompute work; the option and policy names parse.
+ * Attention rerun in only some recomputed layers (recompute_attention_layers) picks the sliding
+ * ones first, equals recompute none bit for bit at every count, plans what it allocates with each
+ * count's kept outputs a fixed size less, and is what recompute auto takes where rerunning
+ * attention everywhere fits and keeping it everywhere does not: the fewest layers that fit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +29,7 @@
 #include "longtune/alloc.h"
 #include "longtune/plan.h"
 #include "longtune/train.h"
+#include "model/model_internal.h"
 
 static uint64_t rng;
 static char tiny_dir[256];
@@ -437,7 +442,8 @@ static void auto_orders_by_kind_by_work(void **state) {
     assert_true(pc.peak_bytes <= peak[3]);
     assert_true(ch.recompute == LT_RECOMPUTE_SLIDING || ch.recompute == LT_RECOMPUTE_EVERY ||
                 ch.recompute == LT_RECOMPUTE_EVERY_K);
-    assert_true(ch.recompute != LT_RECOMPUTE_SLIDING || ch.recompute_every > 1 || ch.recompute_attention);
+    assert_true(ch.recompute != LT_RECOMPUTE_SLIDING || ch.recompute_every > 1 || ch.recompute_attention ||
+                ch.recompute_attention_layers > 0);
     /* a big budget: nothing recomputed */
     lt_train_options chosen;
     assert_int_equal(lt_train_choose_recompute(ctx, &opt, &cfg, &po, NULL, (size_t)1 << 40, &chosen, NULL), LT_OK);
@@ -513,11 +519,251 @@ static void names_and_options(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The recomputed LoRA layers of a model case under a policy. */
+static int64_t recomputed_layers(const lt_model_config *cfg, int64_t num_layers, lt_recompute r) {
+    int64_t K = num_layers > 0 ? num_layers : cfg->L, n = 0;
+    for (int64_t l = cfg->L - K; l < cfg->L; l++) n += lt_model_recomputes_layer(cfg, r, l);
+    return n;
+}
+
+/* Which layers rerun attention: on the tiny Gemma 3 (S S G S S G S S) every layer recomputed, a
+ * count of 3 reruns the first three sliding layers (0, 1, 3), 7 all six sliding ones and the first
+ * global one (2); the others keep their outputs in slots numbered from the bottom. */
+static void partial_rerun_takes_sliding_layers_first(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_config cfg;
+    assert_int_equal(lt_model_inspect(ctx, tiny_dir, NULL, &cfg), LT_OK);
+    const int64_t K = cfg.L;
+    assert_int_equal(K, 8);
+    const struct {
+        int64_t rerun;
+        int32_t katt[8];
+        int64_t n_katt;
+    } want[] = {
+        {0, {0, 1, 2, 3, 4, 5, 6, 7}, 8},          {3, {-1, -1, 0, -1, 1, 2, 3, 4}, 5},
+        {6, {-1, -1, 0, -1, -1, 1, -1, -1}, 2},    {7, {-1, -1, -1, -1, -1, 0, -1, -1}, 1},
+        {8, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},  {-1, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},
+        {99, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        lt_rc_place pl[8];
+        lt_rc_counts n;
+        lt_model_rc_walk(&cfg, LT_RECOMPUTE_EVERY, 1, K, want[i].rerun, pl, &n);
+        assert_int_equal(n.n_katt, want[i].n_katt);
+        for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, want[i].katt[j]);
+    }
+    /* recompute global: only layers 2 and 5 are recomputed; one rerun is layer 2's */
+    lt_rc_place pl[8];
+    lt_rc_counts n;
+    lt_model_rc_walk(&cfg, LT_RECOMPUTE_GLOBAL, 1, K, 1, pl, &n);
+    assert_int_equal(n.n_rec, 2);
+    assert_int_equal(n.n_katt, 1);
+    for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, j == 5 ? 0 : -1);
+    lt_ctx_free(ctx);
+}
+
+static const policy RERUN_POLICIES[] = {
+    {LT_RECOMPUTE_EVERY, 0},
+    {LT_RECOMPUTE_EVERY_K, 2},
+    {LT_RECOMPUTE_SLIDING, 0},
+    {LT_RECOMPUTE_GLOBAL, 0},
+};
+#define N_RERUN (sizeof RERUN_POLICIES / sizeof RERUN_POLICIES[0])
+
+/* At every count of layers rerunning attention, f32 checkpoints: loss, token losses and gradients
+ * equal recompute none's bit for bit; bf16 checkpoints with segments of one layer: equal to keeping
+ * attention everywhere (the rerun starts from the same rounded inputs). */
+static void partial_rerun_equals_recompute_none(void **state) {
+    (void)state;
+    model_case mc[4];
+    int n_cases = model_cases(mc);
+    for (int ci = 0; ci < n_cases; ci++) {
+        lt_ctx *ctx = lt_ctx_new();
+        lt_model *m = load(ctx, mc[ci].dir, mc[ci].num_layers);
+        const lt_model_config *cfg = lt_model_get_config(m);
+        batch b;
+        lt_model_batch mb = make_batch(&b, cfg->V);
+        int64_t n = 0;
+        (void)lt_model_lora_grads(m, &n);
+        float *g0 = malloc((size_t)n * 4), *g = malloc((size_t)n * 4), *gk = malloc((size_t)n * 4);
+        assert_true(g0 && g && gk);
+        float tl0[N], tl[N], tlk[N];
+        double l0, l, lk;
+        lt_model_run_options ro = {0};
+        ro.B = B, ro.T = T, ro.recompute = LT_RECOMPUTE_NONE;
+        step(ctx, m, &mb, &ro, &l0, tl0, g0);
+        for (size_t pi = 0; pi < N_RERUN; pi++) {
+            const policy *p = &RERUN_POLICIES[pi];
+            const int64_t n_rec = recomputed_layers(cfg, mc[ci].num_layers, p->r);
+            lt_model_run_options rk = ro;
+            rk.recompute = p->r, rk.recompute_k = p->k;
+            for (int64_t cnt = 1; cnt < n_rec; cnt++) {
+                rk.recompute_attention_layers = cnt, rk.saved_bf16 = -1;
+                step(ctx, m, &mb, &rk, &l, tl, g);
+                same_bits("loss", mc[ci].dir, p, (int)cnt, &l, &l0, sizeof l);
+                same_bits("token losses", mc[ci].dir, p, (int)cnt, tl, tl0, sizeof tl);
+                same_bits("gradients", mc[ci].dir, p, (int)cnt, g, g0, (size_t)n * 4);
+                if (p->k > 1) continue;
+                rk.saved_bf16 = 1;
+                step(ctx, m, &mb, &rk, &l, tl, g);
+                lt_model_run_options kept = rk;
+                kept.recompute_attention_layers = 0;
+                step(ctx, m, &mb, &kept, &lk, tlk, gk);
+                same_bits("bf16 loss", mc[ci].dir, p, (int)cnt, &l, &lk, sizeof l);
+                same_bits("bf16 gradients", mc[ci].dir, p, (int)cnt, g, gk, (size_t)n * 4);
+            }
+        }
+        free(g0), free(g), free(gk);
+        lt_model_free(ctx, m);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+        lt_ctx_free(ctx);
+    }
+}
+
+/* The size table is the allocations at every count; each layer that reruns attention keeps the
+ * same bytes less (its output, lse and on the CPU its q/k/v half); rerunning in all of them plans
+ * as recompute_attention; a negative count is a typed error. */
+static void partial_rerun_plans_what_it_allocates(void **state) {
+    (void)state;
+    model_case mc[4];
+    int n_cases = model_cases(mc);
+    for (int ci = 0; ci < n_cases; ci++)
+        for (size_t pi = 0; pi < N_RERUN; pi++) {
+            lt_ctx *ctx = lt_ctx_new();
+            lt_lora_options lo = {0};
+            lo.rank = 4, lo.num_layers = mc[ci].num_layers;
+            lt_model_config cfg;
+            assert_int_equal(lt_model_inspect(ctx, mc[ci].dir, NULL, &cfg), LT_OK);
+            const policy *p = &RERUN_POLICIES[pi];
+            const int64_t n_rec = recomputed_layers(&cfg, mc[ci].num_layers, p->r);
+            lt_model_run_options ro = {0};
+            ro.B = B, ro.T = T, ro.recompute = p->r, ro.recompute_k = p->k, ro.saved_bf16 = -1;
+            size_t act[16];
+            assert_true(n_rec < 16);
+            lt_model *m = NULL;
+            assert_int_equal(lt_model_load(ctx, mc[ci].dir, NULL, &lo, &m), LT_OK);
+            batch b;
+            lt_model_batch mb = make_batch(&b, cfg.V);
+            for (int64_t cnt = 0; cnt <= n_rec; cnt++) {
+                ro.recompute_attention_layers = cnt;
+                lt_model_sizes want;
+                assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
+                assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_OK);
+                lt_model_sizes got = lt_model_get_sizes(m);
+                for (int c = 0; c < LT_MEM_CLASS_COUNT_; c++) assert_int_equal(got.bytes[c], want.bytes[c]);
+                size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+                lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+                lt_model_result r;
+                assert_int_equal(lt_model_forward_backward(ctx, m, &mb, 0, &r, NULL), LT_OK);
+                assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+                act[cnt] = want.bytes[LT_MEM_ACTIVATIONS];
+                if (cnt > 0) {
+                    assert_true(act[cnt] < act[cnt - 1]);
+                    assert_int_equal(act[cnt - 1] - act[cnt], act[0] - act[1]);
+                }
+            }
+            lt_model_run_options all = ro;
+            all.recompute_attention_layers = 0, all.recompute_attention = 1;
+            lt_model_sizes sa;
+            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &all, &sa), LT_OK);
+            assert_int_equal(sa.bytes[LT_MEM_ACTIVATIONS], act[n_rec]);
+            ro.recompute_attention_layers = n_rec + 5; /* more than there are: all of them */
+            lt_model_sizes more;
+            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &more), LT_OK);
+            assert_int_equal(more.total, sa.total);
+            ro.recompute_attention_layers = -1;
+            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &more), LT_ERR_INVALID_ARG);
+            assert_non_null(strstr(lt_ctx_error(ctx), "recompute_attention_layers"));
+            lt_model_free(ctx, m);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes, 0);
+            lt_ctx_free(ctx);
+        }
+}
+
+/* recompute auto on the Gemma-3-shaped config at 8k tokens, budgets between all's plan rerunning
+ * attention everywhere and keeping it everywhere: each choice fits; one rerunning attention in
+ * some layers reruns it in the fewest that fit (one fewer does not); some budget takes such a
+ * choice. The option is refused with auto, without a recompute policy and beside
+ * recompute_attention. */
+static void auto_reruns_attention_in_the_fewest_layers(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    char dir[1024];
+    fixture_dir("gemma3", dir, sizeof dir);
+    lt_model_config cfg;
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
+    cfg.L = 12, cfg.sliding_period = 6, cfg.F = 8 * cfg.C;
+    lt_train_options in = base_options(), opt;
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, &opt), LT_OK);
+    lt_plan_options po;
+    assert_int_equal(lt_train_plan_options(ctx, &opt, 1, 1, &po), LT_OK);
+    po.run.B = 1, po.run.T = 8192;
+    size_t ends[2];
+    for (int rerun = 0; rerun <= 1; rerun++) {
+        lt_train_options c = opt;
+        c.recompute_auto = 0, c.recompute = LT_RECOMPUTE_EVERY, c.recompute_attention = rerun;
+        lt_plan_options p = po;
+        p.run.recompute = LT_RECOMPUTE_EVERY, p.run.recompute_attention = rerun;
+        lt_plan pl;
+        assert_int_equal(lt_train_plan(ctx, &c, &cfg, &p, NULL, &pl), LT_OK);
+        ends[rerun] = pl.peak_bytes;
+    }
+    assert_true(ends[1] < ends[0]);
+    int partial = 0;
+    for (int i = 0; i <= 8; i++) {
+        const size_t budget = ends[1] + (ends[0] - ends[1]) * (size_t)i / 8;
+        lt_train_options ch;
+        lt_plan pc;
+        assert_int_equal(lt_train_choose_recompute(ctx, &opt, &cfg, &po, NULL, budget, &ch, &pc), LT_OK);
+        assert_true(pc.peak_bytes <= budget);
+        if (ch.recompute_attention_layers == 0) continue;
+        partial = 1;
+        assert_int_equal(ch.recompute_attention, 0);
+        lt_train_options fewer = ch;
+        fewer.recompute_attention_layers--;
+        lt_plan_options fp = po;
+        fp.run.recompute = fewer.recompute, fp.run.recompute_k = fewer.recompute_every;
+        fp.run.chunk_rows = fewer.chunk_rows;
+        fp.run.recompute_attention_layers = fewer.recompute_attention_layers;
+        lt_plan pf;
+        assert_int_equal(lt_train_plan(ctx, &fewer, &cfg, &fp, NULL, &pf), LT_OK);
+        assert_true(pf.peak_bytes > budget);
+    }
+    assert_true(partial);
+    /* the option's neighbours */
+    const char *with[3][2] = {{"recompute", "auto"}, {"recompute", "none"}, {"recompute_attention", "true"}};
+    for (int i = 0; i < 3; i++) {
+        lt_train_options o = base_options(), r;
+        if (i == 2) assert_int_equal(lt_train_options_set(ctx, &o, "recompute", "all"), LT_OK);
+        assert_int_equal(lt_train_options_set(ctx, &o, with[i][0], with[i][1]), LT_OK);
+        assert_int_equal(lt_train_options_set(ctx, &o, "recompute_attention_layers", "4"), LT_OK);
+        assert_int_equal(lt_train_options_resolve(ctx, &o, &r), LT_ERR_INVALID_ARG);
+        assert_non_null(strstr(lt_ctx_error(ctx), "recompute_attention_layers"));
+    }
+    lt_train_options o = base_options(), r;
+    assert_int_equal(lt_train_options_set(ctx, &o, "recompute", "all"), LT_OK);
+    assert_int_equal(lt_train_options_set(ctx, &o, "recompute_attention_layers", "4"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &o, &r), LT_OK);
+    lt_plan_options rp;
+    assert_int_equal(lt_train_plan_options(ctx, &r, 1, 1, &rp), LT_OK);
+    assert_int_equal(rp.run.recompute_attention_layers, 4);
+    lt_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(kind_policies_equal_recompute_none),  cmocka_unit_test(size_table_equals_allocations),
-        cmocka_unit_test(by_kind_prices_between_none_and_all), cmocka_unit_test(missing_kinds_and_uniform_models),
-        cmocka_unit_test(auto_orders_by_kind_by_work),         cmocka_unit_test(names_and_options),
+        cmocka_unit_test(kind_policies_equal_recompute_none),
+        cmocka_unit_test(size_table_equals_allocations),
+        cmocka_unit_test(by_kind_prices_between_none_and_all),
+        cmocka_unit_test(missing_kinds_and_uniform_models),
+        cmocka_unit_test(auto_orders_by_kind_by_work),
+        cmocka_unit_test(names_and_options),
+        cmocka_unit_test(partial_rerun_takes_sliding_layers_first),
+        cmocka_unit_test(partial_rerun_equals_recompute_none),
+        cmocka_unit_test(partial_rerun_plans_what_it_allocates),
+        cmocka_unit_test(auto_reruns_attention_in_the_fewest_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
