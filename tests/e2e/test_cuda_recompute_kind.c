@@ -2,7 +2,8 @@
  * G S S, window 5, head dim 64, LoRA on the last seven): loss, per-token losses and every LoRA
  * gradient of recompute sliding, sliding:2, global and global:2 against the CPU without recompute
  * (bf16 tolerances), bit-identical on the device with and without offloaded checkpoints and, with
- * segments of one layer, with kept or rerun attention; the CUDA size table equals what the device
+ * segments of one layer, with kept attention, attention rerun everywhere or in one or two of the
+ * recomputed layers (recompute_attention_layers); the CUDA size table equals what the device
  * allocator holds and a step allocates nothing. Without a CUDA build or device it prints
  * "skipped: no CUDA device" and exits 77. */
 #include <math.h>
@@ -139,6 +140,15 @@ static const policy POLICIES[] = {{LT_RECOMPUTE_SLIDING, 0},
                                   {LT_RECOMPUTE_GLOBAL, 2}};
 #define N_POL (sizeof POLICIES / sizeof POLICIES[0])
 
+/* Variant v of a run: 0-3 kept or rerun attention (bit 0) with or without offloaded checkpoints
+ * (bit 1); 4 and 5 attention rerun in one or two of the recomputed layers. */
+enum { N_VARIANTS = 6 };
+static void variant(int v, lt_model_run_options *ro) {
+    ro->recompute_attention = v < 4 ? v & 1 : 0;
+    ro->offload_ckpt = v < 4 ? (v >> 1) & 1 : 0;
+    ro->recompute_attention_layers = v >= 4 ? v - 3 : 0;
+}
+
 static void matches_cpu_and_itself(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -161,11 +171,11 @@ static void matches_cpu_and_itself(void **state) {
     for (size_t pi = 0; pi < N_POL; pi++) {
         char name[32], what[256];
         lt_plan_recompute_name(POLICIES[pi].r, POLICIES[pi].k, name, sizeof name);
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < N_VARIANTS; v++) {
             lt_model_run_options rg = {0};
             rg.B = B, rg.T = T, rg.device = LT_DEVICE_CUDA;
             rg.recompute = POLICIES[pi].r, rg.recompute_k = POLICIES[pi].k;
-            rg.recompute_attention = v & 1, rg.offload_ckpt = (v >> 1) & 1;
+            variant(v, &rg);
             step(ctx, mg, &mb, &rg, &l, tl, g, n);
             float lf = (float)l, lcf = (float)lc;
             snprintf(what, sizeof what, "recompute %s (variant %d) loss", name, v);
@@ -179,7 +189,7 @@ static void matches_cpu_and_itself(void **state) {
                 l1 = l;
                 memcpy(tl1, tl, sizeof tl);
                 memcpy(g1, g, (size_t)n * 4);
-            } else if (v == 2 || (v == 1 && POLICIES[pi].k <= 1)) {
+            } else if (v == 2 || ((v == 1 || v >= 4) && POLICIES[pi].k <= 1)) {
                 /* offload moves the same bytes; segments of one layer start from the rounded
                  * checkpoint in the forward too, so the kept attention is the rerun's */
                 assert_true(l == l1);
@@ -200,7 +210,7 @@ static void matches_cpu_and_itself(void **state) {
 static void size_table_equals_device_allocations(void **state) {
     (void)state;
     for (size_t pi = 0; pi < N_POL; pi++)
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < N_VARIANTS; v++) {
             lt_ctx *ctx = lt_ctx_new();
             lt_lora_options lo = lora();
             lt_model_options mo = {.device = LT_DEVICE_CUDA};
@@ -209,7 +219,7 @@ static void size_table_equals_device_allocations(void **state) {
             lt_model_run_options ro = {0};
             ro.B = B, ro.T = T, ro.device = LT_DEVICE_CUDA;
             ro.recompute = POLICIES[pi].r, ro.recompute_k = POLICIES[pi].k;
-            ro.recompute_attention = v & 1, ro.offload_ckpt = (v >> 1) & 1;
+            variant(v, &ro);
             lt_model_sizes want;
             assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
             lt_model *m = NULL;
