@@ -72,11 +72,6 @@ static void *cpu_native_stream(lt_ctx *ctx) {
     return NULL;
 }
 
-static void cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
-                         float beta, void *ws) {
-    lt_lora_fwd_ref(&lt_backend_cpu, ctx, p, G, x, n, r, s, beta, ws);
-}
-
 /* The CPU kernels look the packed sequences up themselves: a batch needs only the boundary's
  * validation. */
 static size_t cpu_attention_batch_bytes(const lt_attention_params *p) {
@@ -122,7 +117,7 @@ const lt_backend lt_backend_cpu = {
     .to_bf16 = lt_cpu_to_bf16,
     .from_bf16 = lt_cpu_from_bf16,
     .saved_dtype = LT_DTYPE_F32,
-    .lora_fwd = cpu_lora_fwd,
+    .lora_fwd = lt_cpu_lora_fwd,
     .lora_bwd = lt_cpu_lora_bwd,
     .lora_workspace_bytes = lt_cpu_lora_workspace_bytes,
     .attention_workspace_bytes = lt_attention_cpu_workspace_bytes,

@@ -29,6 +29,8 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
                    float *y, void *ws);
 size_t lt_cpu_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
 size_t lt_cpu_lora_workspace_bytes(int G, int64_t r, int64_t in, int64_t out_max, int threads);
+void lt_cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                     float beta, void *ws);
 void lt_cpu_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                      float *dx, float beta, float *dlu, void *ws);
 void lt_cpu_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
