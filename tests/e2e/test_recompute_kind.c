@@ -387,24 +387,31 @@ static void missing_kinds_and_uniform_models(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The Gemma-3-shaped config of the auto tests (the fixture at twelve layers, a global one every
+ * sixth, F = 8·C), recompute auto's resolved options and their plan options at one row of 8k. */
+static void gemma3_auto(lt_ctx *ctx, lt_model_config *cfg, lt_train_options *opt, lt_plan_options *po) {
+    char dir[1024];
+    fixture_dir("gemma3", dir, sizeof dir);
+    assert_int_equal(lt_model_inspect(ctx, dir, NULL, cfg), LT_OK);
+    cfg->L = 12, cfg->sliding_period = 6, cfg->F = 8 * cfg->C;
+    lt_train_options in = base_options();
+    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
+    assert_int_equal(lt_train_options_resolve(ctx, &in, opt), LT_OK);
+    assert_true(opt->recompute_auto);
+    assert_int_equal(lt_train_plan_options(ctx, opt, 1, 1, po), LT_OK);
+    po->run.B = 1, po->run.T = 8192;
+}
+
 /* recompute auto over a Gemma-3-shaped config at 8k tokens: a budget that holds recompute none
  * takes it (no recompute at all); a smaller one the least work that fits: global (two of twelve
  * layers), then sliding (ten), then all; a uniform model never gets a by-kind candidate. */
 static void auto_orders_by_kind_by_work(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    char dir[1024];
-    fixture_dir("gemma3", dir, sizeof dir);
     lt_model_config cfg;
-    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
-    cfg.L = 12, cfg.sliding_period = 6, cfg.F = 8 * cfg.C;
-    lt_train_options in = base_options(), opt;
-    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
-    assert_int_equal(lt_train_options_resolve(ctx, &in, &opt), LT_OK);
-    assert_true(opt.recompute_auto);
+    lt_train_options opt;
     lt_plan_options po;
-    assert_int_equal(lt_train_plan_options(ctx, &opt, 1, 1, &po), LT_OK);
-    po.run.B = 1, po.run.T = 8192;
+    gemma3_auto(ctx, &cfg, &opt, &po);
     /* none; global (2 of 12 layers); sliding (10); all (12), each keeping attention */
     const policy order[4] = {{LT_RECOMPUTE_NONE, 0},
                              {LT_RECOMPUTE_GLOBAL, 0},
@@ -689,17 +696,10 @@ static void partial_rerun_plans_what_it_allocates(void **state) {
 static void auto_reruns_attention_in_the_fewest_layers(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
-    char dir[1024];
-    fixture_dir("gemma3", dir, sizeof dir);
     lt_model_config cfg;
-    assert_int_equal(lt_model_inspect(ctx, dir, NULL, &cfg), LT_OK);
-    cfg.L = 12, cfg.sliding_period = 6, cfg.F = 8 * cfg.C;
-    lt_train_options in = base_options(), opt;
-    assert_int_equal(lt_train_options_set(ctx, &in, "recompute", "auto"), LT_OK);
-    assert_int_equal(lt_train_options_resolve(ctx, &in, &opt), LT_OK);
+    lt_train_options opt;
     lt_plan_options po;
-    assert_int_equal(lt_train_plan_options(ctx, &opt, 1, 1, &po), LT_OK);
-    po.run.B = 1, po.run.T = 8192;
+    gemma3_auto(ctx, &cfg, &opt, &po);
     size_t ends[2];
     for (int rerun = 0; rerun <= 1; rerun++) {
         lt_train_options c = opt;
