@@ -230,8 +230,9 @@ int lt_bench_suite(int argc, char **argv) {
             add(runs, &n, "train qwen3-8b (cuda)", full ? 150 : 70, "train-cuda-qwen3", "train", "--backend", "cuda",
                 "--shape", "qwen3-8b", "--seq", full && huge ? "8192,32768" : "8192", "--repeats", full ? "3" : "2",
                 "--warmup", "1", np, NULL);
-        add(runs, &n, "packed smollm2-135m (cuda)", full ? 60 : 30, "packed-cuda", "packed", "--backend", "cuda",
-            "--seconds", full ? "10" : "5", NULL);
+        /* with the peers: the same batches twice more (transformers + PEFT, then + Liger) */
+        add(runs, &n, "packed smollm2-135m (cuda)", no_peer ? (full ? 60 : 30) : (full ? 200 : 110), "packed-cuda",
+            "packed", "--backend", "cuda", "--seconds", full ? "10" : "5", np, NULL);
         if (big)
             add(runs, &n, "context qwen3-8b (cuda)", full ? 200 : 40, "context-cuda-qwen3", "context", "--backend",
                 "cuda", "--shape", "qwen3-8b", "--confirm-seconds", full ? "60" : "0",
