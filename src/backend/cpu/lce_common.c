@@ -12,6 +12,7 @@
 #endif
 #include <math.h>
 
+#include "backend/cpu/attention_cpu.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lce_cpu.h"
 #include "backend/lce_impl.h"
@@ -226,10 +227,14 @@ static inline float lce_expf(float x) {
     return x == x ? p * scale : x;
 }
 
+/* The softcap's tanh is the attention kernels' branch-free one (within 3 ulp of tanhf), so the
+ * row vectorises: libm's tanhf is a call per logit, and a softcapped head (Gemma 2) takes one per
+ * vocabulary entry and token, forward and backward. */
 void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) {
     if (cap <= 0) return;
     float c = (float)cap, ic = (float)(1.0 / cap);
-    for (int64_t j = 0; j < n; j++) z[j] = c * tanhf(z[j] * ic);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) z[j] = c * lt_attn_tanh(z[j] * ic);
 }
 
 void lt_cpu_lce_stat_init(lce_stat *st) {
@@ -328,8 +333,9 @@ LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n
     int64_t t = target >= v0 && target < v0 + n ? target - v0 : -1;
     if (P->softcap > 0) {
         float c = (float)P->softcap, ic = (float)(1.0 / P->softcap);
+#pragma omp simd
         for (int64_t j = 0; j < n; j++) {
-            float th = tanhf(s[j] * ic);
+            float th = lt_attn_tanh(s[j] * ic);
             float g = a * lce_expf(c * th - lse) - b - (j == t ? hit : 0.0f);
             s[j] = g * (1.0f - th * th);
         }
