@@ -174,6 +174,9 @@ typedef struct arm_spec {
     int64_t batch;
 } arm_spec;
 
+/* the largest batch an arm takes (the step buffers and the row lengths are sized for it) */
+#define ARM_MAX_BATCH 8
+
 static const arm_spec arm_specs[] = {
     {"packed", LT_PACK_FIRST_FIT, 1},
     {"unpacked-b1", LT_PACK_NONE, 1},
@@ -197,6 +200,9 @@ static lt_status fill_batch(lt_ctx *ctx, const lt_pack_plan *plan, const lt_pack
                             const step_bufs *sb, lt_pack_batch *pb, int64_t *B, int64_t *T, int64_t *S, int32_t *lens,
                             int64_t *ntgt) {
     lt_pack_batch_shape(plan, bi, B, T, S);
+    if (*B > ARM_MAX_BATCH)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "bench packed: a batch of %lld rows (at most %d)", (long long)*B,
+                        ARM_MAX_BATCH);
     int32_t *h = sb->host;
     size_t bt = (size_t)(*B * *T), bo = (size_t)(*B * (*S + 1));
     *pb = (lt_pack_batch){h, h + bt, h + 2 * bt, h + 3 * bt, h + 3 * bt + bo};
@@ -227,8 +233,8 @@ static lt_status write_batches(lt_ctx *ctx, const char *path, const lt_pack_inpu
         lt_pack_plan *plan = NULL;
         if ((st = lt_pack_plan_build(ctx, in, &po, &plan)) != LT_OK) break;
         for (int64_t bi = 0; ok && bi < lt_pack_plan_batches(plan); bi++) {
-            int64_t B, T, S, ntgt;
-            int32_t lens[8];
+            int64_t B, T, S, ntgt = 0;
+            int32_t lens[ARM_MAX_BATCH];
             lt_pack_batch pb;
             if ((st = fill_batch(ctx, plan, in, bi, sb, &pb, &B, &T, &S, lens, &ntgt)) != LT_OK) break;
             int32_t head[4] = {(int32_t)ai, (int32_t)B, (int32_t)T, 0};
@@ -451,7 +457,7 @@ int lt_bench_packed(int argc, char **argv) {
     /* prepared for the largest arm first (batches of 8 rows of up to L tokens), then for each arm's
      * own batch before it runs, as train prepares for its batch; attention output + lse kept with
      * the checkpoints, as bench train does by default */
-    lt_model_run_options ro = {.B = 8,
+    lt_model_run_options ro = {.B = ARM_MAX_BATCH,
                                .T = L,
                                .recompute = LT_RECOMPUTE_EVERY,
                                .attention = LT_ATTENTION_FLASH,
@@ -462,8 +468,8 @@ int lt_bench_packed(int argc, char **argv) {
     int64_t n_params = 0;
     float *params = lt_model_lora_params(m, &n_params), *grads = lt_model_lora_grads(m, &n_params);
     mom_bytes = 2 * (size_t)n_params * sizeof(float);
-    sb.B = 8, sb.T = L;
-    sb.bytes = (size_t)(3 * 8 * L + 8 * (L + 1) + 8) * sizeof(int32_t);
+    sb.B = ARM_MAX_BATCH, sb.T = L;
+    sb.bytes = (size_t)(3 * ARM_MAX_BATCH * L + ARM_MAX_BATCH * (L + 1) + ARM_MAX_BATCH) * sizeof(int32_t);
     sb.host = lt_alloc(ctx, LT_DEVICE_CPU, sb.bytes, "bench packed batch (host)");
     mom = lt_alloc(ctx, dev, mom_bytes, "bench packed AdamW moments");
     if (!sb.host || !mom) {
@@ -526,8 +532,8 @@ int lt_bench_packed(int argc, char **argv) {
             goto fail;
         }
         for (int64_t k = 0;; k++) {
-            int64_t B, T, S, ntgt, nreal = 0;
-            int32_t lens[8];
+            int64_t B, T, S, ntgt = 0, nreal = 0;
+            int32_t lens[ARM_MAX_BATCH];
             lt_pack_batch pb;
             if ((st = fill_batch(ctx, plan, &in, k % nb, &sb, &pb, &B, &T, &S, lens, &ntgt)) != LT_OK) break;
             int32_t *h = sb.host;
