@@ -269,6 +269,13 @@ typedef enum lt_recompute {
  * description's attention kind for the by-kind policies; 0 for none and for layers outside. */
 LT_API int lt_model_recomputes_layer(const lt_model_config *cfg, lt_recompute r, int64_t l);
 
+/* Pure: when `rerun` of the recomputed ones among the K LoRA layers (model layers L - K .. L - 1)
+ * rerun their attention under policy r (negative or more than there are: all), how many of them
+ * have sliding windows (*sliding, taken first: their attention is the cheaper to rerun) and how
+ * many not (*other); each kind's reruns are its lowest recomputed layers. */
+LT_API void lt_model_attention_rerun_split(const lt_model_config *cfg, lt_recompute r, int64_t K, int64_t rerun,
+                                           int64_t *sliding, int64_t *other);
+
 /* Shapes of the step and execution choices: everything the activation and workspace classes
  * depend on. Zero-initialised fields take the defaults noted. */
 typedef struct lt_model_run_options {

@@ -248,17 +248,21 @@ static int sliding_layer(const lt_model_config *c, int64_t l) {
     return d.attn == LT_ATTN_KIND_SLIDING;
 }
 
-void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, int64_t rerun, lt_rc_place *out,
-                      lt_rc_counts *n) {
-    memset(n, 0, sizeof *n);
-    /* Which recomputed layers rerun attention: the first `rerun` of them with sliding windows
-     * first, then the others; rerun_sl of the sliding ones, rerun_full of the others. */
+void lt_model_attention_rerun_split(const lt_model_config *c, lt_recompute r, int64_t K, int64_t rerun,
+                                    int64_t *sliding, int64_t *other) {
     int64_t n_sl = 0, n_all = 0;
     for (int64_t j = 0; j < K; j++)
         if (lt_model_recomputes_layer(c, r, c->L - K + j)) n_all++, n_sl += sliding_layer(c, c->L - K + j);
     if (rerun < 0 || rerun > n_all) rerun = n_all;
-    const int64_t rerun_sl = rerun < n_sl ? rerun : n_sl, rerun_full = rerun - rerun_sl;
-    int64_t seen_sl = 0, seen_full = 0;
+    *sliding = rerun < n_sl ? rerun : n_sl;
+    *other = rerun - *sliding;
+}
+
+void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, int64_t rerun, lt_rc_place *out,
+                      lt_rc_counts *n) {
+    memset(n, 0, sizeof *n);
+    int64_t rerun_sl, rerun_full, seen_sl = 0, seen_full = 0;
+    lt_model_attention_rerun_split(c, r, K, rerun, &rerun_sl, &rerun_full);
     int64_t len = 0; /* layers so far in the open segment (0: none open) */
     for (int64_t j = 0; j < K; j++) {
         lt_rc_place p;

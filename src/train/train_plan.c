@@ -261,19 +261,12 @@ static double proj_weights(const lt_model_config *cfg) {
 /* The recompute work of a policy per row of T tokens, which orders the candidates of recompute
  * auto: per recomputed LoRA layer its projections' forward (2·T·P FLOPs, P the weights of its seven
  * projections) and, in the layers that rerun attention, attention's forward (4·H·D per key a query
- * sees). `rerun` of the recomputed layers rerun it (negative: all), chosen as lt_model_rc_walk
- * chooses them: the sliding-window ones first, then the others, each kind from the bottom. */
+ * sees). `rerun` of the recomputed layers rerun it (negative: all), split between the kinds by
+ * lt_model_attention_rerun_split, each kind's from the bottom as the step takes them. */
 static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int64_t rerun, int64_t T) {
     const double P = proj_weights(cfg);
-    int64_t n_sl = 0, n_all = 0;
-    for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
-        if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
-        lt_layer_desc d;
-        lt_model_describe_layer(cfg, l, &d);
-        n_all++, n_sl += d.attn == LT_ATTN_KIND_SLIDING;
-    }
-    if (rerun < 0 || rerun > n_all) rerun = n_all;
-    int64_t left_sl = rerun < n_sl ? rerun : n_sl, left_full = rerun - left_sl;
+    int64_t left_sl, left_full;
+    lt_model_attention_rerun_split(cfg, pol, layers, rerun, &left_sl, &left_full);
     double f = 0;
     for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
         if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
@@ -324,8 +317,8 @@ static double step_flops(const lt_model_config *cfg, int64_t T) {
  * recompute_attention_layers m), po and p; c stays as it is when only all of them fit. */
 static lt_status fewest_reruns(lt_ctx *ctx, const lt_model_config *cfg, const lt_train_held *held, size_t budget_bytes,
                                int64_t layers, lt_train_options *c, lt_plan_options *po, lt_plan *p) {
-    int64_t n = 0;
-    for (int64_t l = cfg->L - layers; l < cfg->L; l++) n += lt_model_recomputes_layer(cfg, c->recompute, l);
+    int64_t n;
+    (void)longest_run(cfg, c->recompute, layers, &n);
     int64_t lo = 0, hi = n; /* lo: known not to fit (0: attention kept everywhere), hi: fits */
     lt_train_options best = *c;
     lt_plan_options best_po = *po;
