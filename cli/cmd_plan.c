@@ -457,14 +457,23 @@ int lt_cmd_plan(int argc, char **argv) {
            lt_plan_recompute_name(plan.options.run.recompute, plan.options.run.recompute_k, rec, sizeof rec),
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
     char rerun[96] = "";
-    const int64_t att_layers = plan.options.run.recompute_attention_layers;
-    if (recompute_attention) snprintf(rerun, sizeof rerun, " (attention rerun)");
+    int64_t att_layers = plan.options.run.recompute_attention_layers, n_recomputed = 0;
+    if (att_layers > 0) { /* as the step counts them: more than there are reruns it in all */
+        int64_t K = plan.options.lora.num_layers, sl = 0, ot = 0;
+        if (K <= 0 || K > cfg.L) K = cfg.L;
+        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, -1, &sl, &ot);
+        n_recomputed = sl + ot;
+        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, att_layers, &sl, &ot);
+        att_layers = sl + ot;
+    }
+    const int rerun_all = recompute_attention || (att_layers > 0 && att_layers == n_recomputed);
+    if (rerun_all) snprintf(rerun, sizeof rerun, " (attention rerun)");
     else if (att_layers > 0)
         snprintf(rerun, sizeof rerun, " (attention rerun in %lld of the recomputed layers, which keep only inputs)",
                  (long long)att_layers);
     if (plan.options.run.recompute != LT_RECOMPUTE_NONE)
         printf("kept for the backward: %s%s, in %s; position-wise work in chunks of %lld rows\n",
-               recompute_attention        ? "layer inputs"
+               rerun_all                  ? "layer inputs"
                    : dev == LT_DEVICE_CPU ? "layer inputs and attention halves (q, k, v, output, x_mid)"
                                           : "layer inputs and attention outputs",
                rerun, saved > 0 || (!saved && dev == LT_DEVICE_CUDA) ? "bf16" : "f32",

@@ -279,10 +279,8 @@ static lt_store slot_of(const lt_step *s, int64_t j) {
     lt_store st = store_of(s, j);
     if (!s->rc[j].rec || s->rc[j].katt < 0) return st;
     size_t i = (size_t)s->rc[j].katt;
-    if (y->keep_attn) {
-        st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + i * y->att_stride);
-        st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + i * y->lse_stride);
-    }
+    st.att = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_att + i * y->att_stride);
+    st.lse = (float *)lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_lse + i * y->lse_stride);
     if (y->keep_qkv) lt_model_kept_at(y, lt_step_blk(s, LT_MEM_ACTIVATIONS, y->keep_store + i * y->kept_stride), &st);
     return st;
 }

@@ -86,6 +86,12 @@ small=$(peak --saved bf16 --recompute-attention --chunk-rows 512)
 part=$(peak --saved f32 --recompute-attention-layers 15) all30=$(peak --saved f32 --recompute-attention-layers 30)
 [ "$rerun" -lt "$part" ] && [ "$part" -lt "$kept" ] || say "--recompute-attention-layers 15: $part not between $rerun and $kept"
 [ "$all30" = "$rerun" ] || say "--recompute-attention-layers 30 (every layer of 30): $all30, not $rerun"
+# the table says what the step does: more layers than are recomputed rerun it in all of them
+kept_line() { "$bin" plan --config "$smol" --seq-len 4096 --recompute all --budget 64G "$@" | grep "^kept for the backward"; }
+[ "$(kept_line --recompute-attention-layers 45)" = "$(kept_line --recompute-attention)" ] ||
+  say "--recompute-attention-layers 45 of 30: $(kept_line --recompute-attention-layers 45)"
+grep -q "rerun in 15 of the recomputed layers" <<<"$(kept_line --recompute-attention-layers 15)" ||
+  say "--recompute-attention-layers 15: $(kept_line --recompute-attention-layers 15)"
 [ "$half" -lt "$rerun" ] || say "--saved bf16: $half not below $rerun"
 [ "$small" -lt "$half" ] || say "--chunk-rows 512: $small not below $half"
 
