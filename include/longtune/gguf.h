@@ -32,6 +32,10 @@ typedef enum lt_gguf_type {
     LT_GGUF_TYPE_COUNT_
 } lt_gguf_type;
 
+/* Bytes of one value of scalar type `type` as a GGUF file stores it (a raw type code from a file
+ * may be any value); 0 for strings, arrays and codes that name no type. */
+LT_API uint64_t lt_gguf_scalar_bytes(uint32_t type);
+
 /* Opens and maps `path`. Errors: LT_ERR_NOT_FOUND (no such file), LT_ERR_IO, LT_ERR_FORMAT (names
  * the key or tensor), LT_ERR_UNSUPPORTED (GGUF v1, big-endian, nested arrays). The handle keeps
  * `ctx` (its tables are accounted there), so ctx must outlive it. */

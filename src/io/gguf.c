@@ -131,7 +131,7 @@ static int cur_str(cursor *c, const char **s, uint64_t *len) {
     return 1;
 }
 
-static uint64_t scalar_size(uint32_t t) {
+uint64_t lt_gguf_scalar_bytes(uint32_t t) {
     switch (t) {
     case LT_GGUF_U8:
     case LT_GGUF_I8:
@@ -242,7 +242,7 @@ static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_k
             *n_str_elems += kv->count;
             return LT_OK;
         }
-        uint64_t es = scalar_size(kv->elem_type);
+        uint64_t es = lt_gguf_scalar_bytes(kv->elem_type);
         if (!es)
             return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': unknown array element type %u", path, kl, kn,
                             kv->elem_type);
@@ -252,7 +252,7 @@ static lt_status parse_kv_value(lt_ctx *ctx, const char *path, cursor *c, gguf_k
         c->pos += (size_t)(kv->count * es);
         return LT_OK;
     }
-    uint64_t sz = scalar_size(kv->type);
+    uint64_t sz = lt_gguf_scalar_bytes(kv->type);
     if (!sz) return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': unknown value type %u", path, kl, kn, kv->type);
     if (!cur_need(c, sz))
         return lt_error(ctx, LT_ERR_FORMAT, "%s: key '%.*s': value runs past the end of the file", path, kl, kn);
@@ -711,7 +711,7 @@ lt_status lt_gguf_array_str(lt_ctx *ctx, const lt_gguf *g, const char *key, uint
 lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, int64_t *out) {
     const gguf_kv *kv;
     LT_TRY(need_elem(ctx, g, key, i, &kv));
-    uint64_t es = scalar_size(kv->elem_type);
+    uint64_t es = lt_gguf_scalar_bytes(kv->elem_type);
     if (!es || kv->elem_type == LT_GGUF_F32 || kv->elem_type == LT_GGUF_F64)
         return lt_error(ctx, LT_ERR_FORMAT, "GGUF key '%s' is an array of %s, expected integers", key,
                         type_name(kv->elem_type));
@@ -721,7 +721,7 @@ lt_status lt_gguf_array_i64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint
 lt_status lt_gguf_array_f64(lt_ctx *ctx, const lt_gguf *g, const char *key, uint64_t i, double *out) {
     const gguf_kv *kv;
     LT_TRY(need_elem(ctx, g, key, i, &kv));
-    uint64_t es = scalar_size(kv->elem_type);
+    uint64_t es = lt_gguf_scalar_bytes(kv->elem_type);
     int64_t iv = 0;
     uint64_t u = 0;
     double f = 0;

@@ -172,26 +172,9 @@ lt_status lt_gguf_writer_set_str(lt_ctx *ctx, lt_gguf_writer *w, const char *key
     return LT_OK;
 }
 
-static size_t elem_bytes(lt_gguf_type t) {
-    switch (t) {
-    case LT_GGUF_U8:
-    case LT_GGUF_I8:
-    case LT_GGUF_BOOL: return 1;
-    case LT_GGUF_U16:
-    case LT_GGUF_I16: return 2;
-    case LT_GGUF_U32:
-    case LT_GGUF_I32:
-    case LT_GGUF_F32: return 4;
-    case LT_GGUF_U64:
-    case LT_GGUF_I64:
-    case LT_GGUF_F64: return 8;
-    default: return 0;
-    }
-}
-
 lt_status lt_gguf_writer_set_array(lt_ctx *ctx, lt_gguf_writer *w, const char *key, lt_gguf_type elem, const void *data,
                                    uint64_t n) {
-    size_t eb = elem_bytes(elem);
+    size_t eb = (size_t)lt_gguf_scalar_bytes(elem);
     if (!eb) return lt_error(ctx, LT_ERR_INVALID_ARG, "gguf writer: '%s': array of type %d", key, (int)elem);
     if (n > (SIZE_MAX / 4) / eb) return lt_error(ctx, LT_ERR_INVALID_ARG, "gguf writer: '%s' too large", key);
     size_t at;
@@ -274,7 +257,7 @@ lt_status lt_gguf_writer_copy_kv(lt_ctx *ctx, lt_gguf_writer *w, const lt_gguf *
         return lt_gguf_writer_set_str(ctx, w, key, s, sl);
     }
     if (type != LT_GGUF_ARRAY) {
-        size_t at, eb = elem_bytes(type);
+        size_t at, eb = (size_t)lt_gguf_scalar_bytes(type);
         if (!eb) return lt_error(ctx, LT_ERR_FORMAT, "gguf writer: '%s' has type %d", key, (int)type);
         int64_t iv = 0;
         double fv = 0;
@@ -316,7 +299,7 @@ lt_status lt_gguf_writer_copy_kv(lt_ctx *ctx, lt_gguf_writer *w, const lt_gguf *
         }
         return LT_OK;
     }
-    size_t eb = elem_bytes(et);
+    size_t eb = (size_t)lt_gguf_scalar_bytes(et);
     if (!eb) return lt_error(ctx, LT_ERR_UNSUPPORTED, "gguf writer: '%s': array of type %d", key, (int)et);
     if (n > (SIZE_MAX / 4) / eb) return lt_error(ctx, LT_ERR_FORMAT, "gguf writer: '%s' too large", key);
     LT_TRY(begin_kv(ctx, w, key, LT_GGUF_ARRAY, 12 + (size_t)n * eb, &at));

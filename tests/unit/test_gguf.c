@@ -729,8 +729,23 @@ static void real_smollm2_metadata(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* The scalar widths the reader validates with and the writer lays out with, as the GGUF
+ * specification gives them; strings, arrays and unknown codes have none. */
+static void scalar_widths(void **state) {
+    (void)state;
+    const struct {
+        uint32_t type;
+        uint64_t bytes;
+    } want[] = {{LT_GGUF_U8, 1},  {LT_GGUF_I8, 1},     {LT_GGUF_BOOL, 1},  {LT_GGUF_U16, 2},         {LT_GGUF_I16, 2},
+                {LT_GGUF_U32, 4}, {LT_GGUF_I32, 4},    {LT_GGUF_F32, 4},   {LT_GGUF_U64, 8},         {LT_GGUF_I64, 8},
+                {LT_GGUF_F64, 8}, {LT_GGUF_STRING, 0}, {LT_GGUF_ARRAY, 0}, {LT_GGUF_TYPE_COUNT_, 0}, {0xffffffffu, 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        assert_int_equal(lt_gguf_scalar_bytes(want[i].type), want[i].bytes);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(scalar_widths),
         cmocka_unit_test(valid_file_round_trips),
         cmocka_unit_test(every_truncation_is_a_format_error),
         cmocka_unit_test(malformed_files_are_typed_errors),
