@@ -12,7 +12,8 @@
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
-#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora (each described at its case below).
+#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora atliger8b atliger135m (each described
+#        at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -104,6 +105,21 @@ for s in $steps; do
       echo "=== offload8b-wait: still running (pid $(cat "$d/pid")), $(( $(date +%s) - $(stat -c %Y "$d/pid") )) s so far"
     else
       echo "=== offload8b-wait: nothing started in $d (run offload8b-start first)"
+    fi ;;
+  atliger8b|atliger135m) # opt-in: both arms checkpointing every layer, longtune in the setting the
+    # planner fits under PEFT + Liger's own measured peak (`longtune plan ... --recompute auto --budget
+    # <Liger's peak>`): Qwen3-8B at 8k under 20.31 GiB, chunks of 4,096 rows with attention rerun in 25
+    # of 36 layers (plan 20.27 GiB), and at 32k under 34.53 GiB, rerun in 16 (34.46 GiB); SmolLM2-135M
+    # at 32k under 2.70 GiB, one checkpoint per two layers and chunks of 4,096 rows, attention kept
+    # (2.68 GiB). All three arms in each invocation (~150 s each for Qwen3-8B, ~60 s for SmolLM2)
+    if [ "$s" = atliger8b ]; then
+      run 230 "train qwen3-8b 8k at Liger's peak" "$BIN" bench train --backend cuda --shape qwen3-8b --seq 8192 \
+        --chunk-rows 4096 --recompute-attention-layers 25 --repeats 3 --warmup 1 --out "$OUT"
+      run 300 "train qwen3-8b 32k at Liger's peak" "$BIN" bench train --backend cuda --shape qwen3-8b \
+        --seq 32768 --recompute-attention-layers 16 --repeats 3 --warmup 1 --out "$OUT"
+    else
+      run 100 "train smollm2-135m 32k at Liger's peak" "$BIN" bench train --backend cuda --shape smollm2-135m \
+        --seq 32768 --recompute every:2 --chunk-rows 4096 --repeats 5 --warmup 2 --out "$OUT"
     fi ;;
   fp8) # opt-in: the Qwen3-8B 8k step without recompute, the base held in fp8 (--base-dtype fp8),
     # with both peers (train-cuda-qwen3-8b-random-bf16-norecompute-fp8.json; ~60 s), then
