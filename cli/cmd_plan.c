@@ -458,9 +458,10 @@ int lt_cmd_plan(int argc, char **argv) {
            lt_plan_attention_name(att), lt_plan_loss_name(loss));
     char rerun[96] = "";
     int64_t att_layers = plan.options.run.recompute_attention_layers, n_recomputed = 0;
+    int64_t K = plan.options.lora.num_layers; /* the LoRA layers, the last K of the model */
+    if (K <= 0 || K > cfg.L) K = cfg.L;
     if (att_layers > 0) { /* as the step counts them: more than there are reruns it in all */
-        int64_t K = plan.options.lora.num_layers, sl = 0, ot = 0;
-        if (K <= 0 || K > cfg.L) K = cfg.L;
+        int64_t sl = 0, ot = 0;
         lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, -1, &sl, &ot);
         n_recomputed = sl + ot;
         lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, att_layers, &sl, &ot);
@@ -481,8 +482,7 @@ int lt_cmd_plan(int argc, char **argv) {
     lt_recompute pol = plan.options.run.recompute;
     if (pol == LT_RECOMPUTE_SLIDING || pol == LT_RECOMPUTE_GLOBAL) {
         /* Which LoRA layers the by-kind policy recomputes: those of its attention kind. */
-        int64_t K = plan.options.lora.num_layers, n_rec = 0;
-        if (K <= 0 || K > cfg.L) K = cfg.L;
+        int64_t n_rec = 0;
         for (int64_t l = cfg.L - K; l < cfg.L; l++) n_rec += lt_model_recomputes_layer(&cfg, pol, l);
         printf("recomputed in the backward: %lld of %lld LoRA layers (the %s ones); the other %lld %s full "
                "activations\n",
