@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/fastmath.h"
 #include "longtune/alloc.h"
 #include "longtune/kv_cache.h"
 #include "model/model_internal.h"
@@ -374,10 +375,7 @@ static lt_status pass(lt_ctx *ctx, lt_kv_cache *c, int64_t n, int64_t nr, const 
                c->logits, c->mm_ws);
     float *out = logits_host + out_row0 * cf->V;
     LT_TRY(be->copy_to_host(ctx, out, c->logits, (size_t)(n_out * cf->V) * sizeof(float)));
-    if (cf->final_softcap > 0) { /* z -> cap·tanh(z / cap), as lt_model_logits gives them */
-        const float cap = cf->final_softcap;
-        for (int64_t i = 0; i < n_out * cf->V; i++) out[i] = cap * tanhf(out[i] / cap);
-    }
+    lt_fast_softcap(out, n_out * cf->V, cf->final_softcap); /* as lt_model_logits gives them */
     return LT_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend/prof.h"
+#include "core/fastmath.h"
 #include "core/parallel.h"
 #include "longtune/alloc.h"
 #include "model/config_bounds.h"
@@ -462,10 +463,7 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (out != logits) st = m->be->copy_to_host(ctx, logits, out, bytes);
     if (ws) lt_free(ctx, m->opt.device, ws, wsb);
     if (out != logits) lt_free(ctx, m->opt.device, out, bytes);
-    if (st == LT_OK && c->final_softcap > 0) { /* z -> cap·tanh(z / cap), as the loss sees them */
-        const float cap = c->final_softcap;
-        for (size_t i = 0; i < (size_t)rows * (size_t)c->V; i++) logits[i] = cap * tanhf(logits[i] / cap);
-    }
+    if (st == LT_OK) lt_fast_softcap(logits, rows * c->V, c->final_softcap); /* as the loss sees them */
     return st;
 }
 

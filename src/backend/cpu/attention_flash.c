@@ -6,7 +6,7 @@
  * multiplied once per group, not once per head. Tiles are cut at packed-sequence boundaries and
  * only the keys inside the causal / window band of the tile's own sequence are visited, so a
  * packed row costs sum(len^2), not T^2. No (T, T) buffer exists. */
-/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+/* The clamps and selects of the branch-free exp (lt_fast_exp) and of the masks become vector
  * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
  * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
  * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
@@ -227,7 +227,7 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
 }
 
 /* ---- the softmax rows in AVX2 + FMA (a build for such a CPU; others keep the loops below) ----
- * lt_attn_exp's steps eight lanes at a time, with its multiply-adds fused, and the row's max, sum
+ * lt_fast_exp's steps eight lanes at a time, with its multiply-adds fused, and the row's max, sum
  * and masking in the same pass over the tile row. */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -346,7 +346,7 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
             if (cap <= 0) {
                 float mnew;
                 const float sum = fwd_row8(srow, c, c0, c1, m[x], &mnew);
-                const float alpha = m[x] == -INFINITY ? 0.0f : lt_attn_exp(m[x] - mnew);
+                const float alpha = m[x] == -INFINITY ? 0.0f : lt_fast_exp(m[x] - mnew);
                 l[x] = l[x] * alpha + sum;
                 m[x] = mnew;
                 if (alpha != 1.0f) {
@@ -359,13 +359,13 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
             if (cap > 0) {
                 const float inv = 1.0f / cap;
 #pragma omp simd
-                for (int64_t y = c0; y < c1; y++) srow[y] = cap * lt_attn_tanh(srow[y] * inv);
+                for (int64_t y = c0; y < c1; y++) srow[y] = cap * lt_fast_tanh(srow[y] * inv);
             }
             const float mx = lt_attn_max(srow + c0, c1 - c0);
             const float mnew = mx > m[x] ? mx : m[x];
-            const float alpha = m[x] == -INFINITY ? 0.0f : lt_attn_exp(m[x] - mnew);
+            const float alpha = m[x] == -INFINITY ? 0.0f : lt_fast_exp(m[x] - mnew);
 #pragma omp simd
-            for (int64_t y = c0; y < c1; y++) srow[y] = lt_attn_exp(srow[y] - mnew);
+            for (int64_t y = c0; y < c1; y++) srow[y] = lt_fast_exp(srow[y] - mnew);
             const float sum = lt_attn_sum(srow + c0, c1 - c0);
             memset(srow, 0, (size_t)c0 * sizeof(float));
             memset(srow + c1, 0, (size_t)(c - c1) * sizeof(float));
@@ -468,15 +468,15 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
             const float inv = 1.0f / cap;
 #pragma omp simd
             for (int64_t y = c0; y < c1; y++) {
-                float t = lt_attn_tanh(srow[y] * inv);
-                float pv = lt_attn_exp(cap * t - L);
+                float t = lt_fast_tanh(srow[y] * inv);
+                float pv = lt_fast_exp(cap * t - L);
                 srow[y] = pv;
                 drow[y] = pv * (drow[y] - Dq) * (1.0f - t * t);
             }
         } else {
 #pragma omp simd
             for (int64_t y = c0; y < c1; y++) {
-                float pv = lt_attn_exp(srow[y] - L);
+                float pv = lt_fast_exp(srow[y] - L);
                 srow[y] = pv;
                 drow[y] = pv * (drow[y] - Dq);
             }

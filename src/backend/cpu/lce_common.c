@@ -2,7 +2,7 @@
  * the one workspace block, run the chosen implementation, reduce) and the per-row math and tile
  * conversions the three implementations share. The formulas are derived in docs/lce.md. Input
  * was validated by lce.c; nothing here checks it again. */
-/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+/* The clamps and selects of the branch-free exp (lt_fast_exp) and of the masks become vector
  * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
  * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
  * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
@@ -227,15 +227,10 @@ static inline float lce_expf(float x) {
     return x == x ? p * scale : x;
 }
 
-/* The softcap's tanh is the attention kernels' branch-free one (within 3 ulp of tanhf), so the
- * row vectorises: libm's tanhf is a call per logit, and a softcapped head (Gemma 2) takes one per
+/* The softcap's tanh is core/fastmath.h's branch-free one (within 3 ulp of tanhf), so the row
+ * vectorises: libm's tanhf is a call per logit, and a softcapped head (Gemma 2) takes one per
  * vocabulary entry and token, forward and backward. */
-void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) {
-    if (cap <= 0) return;
-    float c = (float)cap, ic = (float)(1.0 / cap);
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) z[j] = c * lt_attn_tanh(z[j] * ic);
-}
+void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) { lt_fast_softcap(z, n, (float)cap); }
 
 void lt_cpu_lce_stat_init(lce_stat *st) {
     st->m = -INFINITY;
@@ -335,7 +330,7 @@ LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n
         float c = (float)P->softcap, ic = (float)(1.0 / P->softcap);
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) {
-            float th = lt_attn_tanh(s[j] * ic);
+            float th = lt_fast_tanh(s[j] * ic);
             float g = a * lce_expf(c * th - lse) - b - (j == t ? hit : 0.0f);
             s[j] = g * (1.0f - th * th);
         }

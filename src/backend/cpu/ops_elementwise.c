@@ -1,7 +1,7 @@
 /* Elementwise CPU ops: SwiGLU and GeGLU forward/backward, embedding gather (any weight dtype), axpy, bias
  * add, counter-based dropout, zero, scale and the sum of squares. Each is a parallel loop over rows or element chunks; none keeps
  * state between calls (dropout masks are a pure function of seed and element index). */
-/* The clamps and selects of the branch-free exp (lt_attn_exp) and of the masks become vector
+/* The clamps and selects of the branch-free exp (lt_fast_exp) and of the masks become vector
  * selects only when GCC may assume no floating-point traps: with its default -ftrapping-math each
  * stays a branch and these loops run one lane at a time. No arithmetic is reordered or contracted,
  * so the results are the same, lane by lane, as the scalar code. Before every include, so inlined
@@ -36,7 +36,7 @@ typedef struct ew_job {
 /* σ(g) through the branch-free exp of the attention kernels so these loops vectorise (libm's expf
  * is a call per element, and SwiGLU runs four times per layer and step over N·F elements). Its
  * clamp at −87 only moves σ of g < −87 from ~1e-38 to ~1e-38: silu there is below any tolerance. */
-static inline float sigmoid(float g) { return 1.0f / (1.0f + lt_attn_exp(-g)); }
+static inline float sigmoid(float g) { return 1.0f / (1.0f + lt_fast_exp(-g)); }
 
 /* The GLU loops run with denormals flushed to zero and read as zero (MXCSR FTZ and DAZ on x86),
  * the caller's mode restored after. The vectorised σ computes for every lane what the lanes past
@@ -101,7 +101,7 @@ void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float
 #define GELU_K 0.7978845608028654f
 #define GELU_A 0.044715f
 
-static inline float gelu_tanh(float g) { return 0.5f * g * (1.0f + lt_attn_tanh(GELU_K * (g + GELU_A * g * g * g))); }
+static inline float gelu_tanh(float g) { return 0.5f * g * (1.0f + lt_fast_tanh(GELU_K * (g + GELU_A * g * g * g))); }
 
 LT_CPU_CLONES static void geglu_f(void *arg, int64_t i0, int64_t i1, int thread) {
     (void)thread;
@@ -130,7 +130,7 @@ LT_CPU_CLONES static void geglu_b(void *arg, int64_t i0, int64_t i1, int thread)
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
         float g = gp[i], u = up[i], da = dap[i];
-        float t = lt_attn_tanh(GELU_K * (g + GELU_A * g * g * g));
+        float t = lt_fast_tanh(GELU_K * (g + GELU_A * g * g * g));
         float d = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * g * g);
         dg[i] = da * u * d;
         du[i] = da * 0.5f * g * (1.0f + t);
