@@ -352,6 +352,10 @@ cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, c
     }
     int st = pclose(p);
     if (!ready) {
+        /* the peer's own reason, where it gave one ({"ready": false, "error": ...}) */
+        const cJSON *why = NULL, *l;
+        cJSON_ArrayForEach(l, lines) if (cJSON_IsString(cJSON_GetObjectItem(l, "error"))) why = l;
+        if (why) fprintf(stderr, "peer: %s\n", cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
         fprintf(stderr, "peer: no ready line (exit status %d): torch, transformers and peft must import\n", st);
         cJSON_Delete(lines);
         return NULL;

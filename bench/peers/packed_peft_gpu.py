@@ -64,8 +64,12 @@ def read_batches(path, n_arms):
         off += 4 * B
         ids, tgt, pos = (np.frombuffer(data, np.int32, B * T, off + 4 * B * T * k).reshape(B, T) for k in range(3))
         off += 12 * B * T
-        if lens.min() < 1 or lens.max() > T:
-            raise ValueError("%s: record %d: a row length outside 1..%d" % (path, r, T))
+        if lens.min() < 0 or lens.max() > T or lens.max() < 1:
+            raise ValueError("%s: record %d: a row length outside 0..%d, or no row with tokens" % (path, r, T))
+        keep = lens > 0
+        if not keep.all():  # the last batch's unfilled rows: nothing to train, and an all-masked row
+            lens, ids, tgt, pos = lens[keep], ids[keep], tgt[keep], pos[keep]  # would give SDPA NaNs
+            B = int(keep.sum())
         arms[arm].append((B, T, lens, ids, tgt, pos))
     if off != len(data):
         raise ValueError("%s: %d trailing bytes" % (path, len(data) - off))
