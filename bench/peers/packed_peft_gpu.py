@@ -67,8 +67,8 @@ def read_batches(path, n_arms):
         if lens.min() < 0 or lens.max() > T or lens.max() < 1:
             raise ValueError("%s: record %d: a row length outside 0..%d, or no row with tokens" % (path, r, T))
         keep = lens > 0
-        if not keep.all():  # the last batch's unfilled rows: nothing to train, and an all-masked row
-            lens, ids, tgt, pos = lens[keep], ids[keep], tgt[keep], pos[keep]  # would give SDPA NaNs
+        if not keep.all():  # the last padded batch's unfilled rows: no token to train
+            lens, ids, tgt, pos = lens[keep], ids[keep], tgt[keep], pos[keep]
             B = int(keep.sum())
         arms[arm].append((B, T, lens, ids, tgt, pos))
     if off != len(data):
