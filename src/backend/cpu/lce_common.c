@@ -201,31 +201,10 @@ lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt
 
 /* ---- per-row math ---- */
 
-/* exp for x <= ~88 written so GCC vectorises loops over it without -ffast-math: Cody-Waite
- * reduction to r in [-ln2/2, ln2/2], degree-6 Taylor (error < 2^-23 relative), 2^n by exponent
- * bits. Inputs below -87 (-inf included) give exp(-87) ≈ 1.6e-38, which is 0 for every sum it
- * enters; above 88 (+inf included) exp(88). Defined for every input: the reduction runs on a
- * clamped copy (NaN compares false, so it becomes -87 there) and a NaN input returns NaN, so a
- * non-finite logit reaches the loss as NaN instead of an out-of-range exponent. */
-static inline float lce_expf(float x) {
-    float c = x >= -87.0f ? x : -87.0f;
-    c = c <= 88.0f ? c : 88.0f;
-    float t = c * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5·2^23 */
-    float n = t - 12582912.0f;
-    float r = c - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t e = (uint32_t)((int32_t)n + 127) << 23; /* n in [-126, 127] */
-    float scale;
-    memcpy(&scale, &e, 4);
-    return x == x ? p * scale : x;
-}
+/* exp here is core/fastmath.h's branch-free lt_fast_exp, so the row loops vectorise without
+ * -ffast-math: inputs below -87 (-inf included) give exp(-87) ≈ 1.6e-38, which is 0 for every sum
+ * it enters; above 88 exp(88); a NaN input returns NaN, so a non-finite logit reaches the loss as
+ * NaN. */
 
 /* The softcap's tanh is core/fastmath.h's branch-free one (within 3 ulp of tanhf), so the row
  * vectorises: libm's tanhf is a call per logit, and a softcapped head (Gemma 2) takes one per
@@ -277,10 +256,10 @@ LT_CPU_CLONES void lt_cpu_lce_stat_update(lce_stat *st, const float *z, int64_t 
     float es[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) es[l] += lce_expf(z[j + l] - m);
+        for (int l = 0; l < LANES; l++) es[l] += lt_fast_exp(z[j + l] - m);
     double s = 0;
     for (int l = 0; l < LANES; l++) s += es[l];
-    for (; j < n; j++) s += lce_expf(z[j] - m);
+    for (; j < n; j++) s += lt_fast_exp(z[j] - m);
     if (target >= v0 && target < v0 + n) st->zt = z[target - v0];
     st->sz += sz;
     if (m > st->m) {
@@ -331,13 +310,13 @@ LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) {
             float th = lt_fast_tanh(s[j] * ic);
-            float g = a * lce_expf(c * th - lse) - b - (j == t ? hit : 0.0f);
+            float g = a * lt_fast_exp(c * th - lse) - b - (j == t ? hit : 0.0f);
             s[j] = g * (1.0f - th * th);
         }
     } else {
         float st = t >= 0 ? s[t] : 0;
-        for (int64_t j = 0; j < n; j++) s[j] = a * lce_expf(s[j] - lse) - b;
-        if (t >= 0) s[t] = a * lce_expf(st - lse) - b - hit;
+        for (int64_t j = 0; j < n; j++) s[j] = a * lt_fast_exp(s[j] - lse) - b;
+        if (t >= 0) s[t] = a * lt_fast_exp(st - lse) - b - hit;
     }
 }
 
@@ -364,19 +343,19 @@ LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *
     if (P->softcap > 0) {
         const float ic = (float)(1.0 / P->softcap);
         for (; j < n; j++) {
-            float e = lce_expf(z[j] - ref), th = z[j] * ic;
+            float e = lt_fast_exp(z[j] - ref), th = z[j] * ic;
             es[j % LANES] += e;
             z[j] = e * (1.0f - th * th);
         }
     } else {
         for (; j + LANES <= n; j += LANES)
             for (int l = 0; l < LANES; l++) {
-                float e = lce_expf(z[j + l] - ref);
+                float e = lt_fast_exp(z[j + l] - ref);
                 es[l] += e;
                 z[j + l] = e;
             }
         for (; j < n; j++) {
-            float e = lce_expf(z[j] - ref);
+            float e = lt_fast_exp(z[j] - ref);
             es[0] += e;
             z[j] = e;
         }
