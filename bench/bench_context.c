@@ -212,6 +212,7 @@ int lt_bench_context(int argc, char **argv) {
 
     /* The peer first, in its own process, before this one creates a CUDA context. */
     cJSON *peer_lines = NULL, *liger_lines = NULL;
+    char liger_failure[640] = "failed to start";
     if (peers && cuda) {
         char args[512];
         int n = snprintf(args, sizeof args,
@@ -230,6 +231,7 @@ int lt_bench_context(int argc, char **argv) {
             snprintf(largs, sizeof largs, "%s --liger", args);
             t0 = lt_time_now();
             liger_lines = lt_bench_gpu_peer_run(peer_path, largs);
+            if (!liger_lines) snprintf(liger_failure, sizeof liger_failure, "%s", lt_bench_peer_failure());
             fprintf(stderr, "Liger peer ceiling search took %.0f s\n", lt_time_now() - t0);
         }
     } else if (peers) {
@@ -526,7 +528,7 @@ peer:
             if (pl && liger && peer_lines) {
                 cJSON *pa = cJSON_CreateObject();
                 cJSON_AddStringToObject(pa, "name", "torch-peft-liger");
-                cJSON_AddStringToObject(pa, "error", "failed to start (liger-kernel on --peer-path? see stderr)");
+                cJSON_AddStringToObject(pa, "error", liger_failure);
                 cJSON_AddItemToArray(arms, pa);
             }
             continue;

@@ -325,6 +325,11 @@ cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args) {
     return lt_bench_gpu_peer_run_script(peer_path, "bench/peers/train_peft_gpu.py", args);
 }
 
+/* Why the last peer run failed, for the result files. */
+static char peer_failure[640] = "failed to start";
+
+const char *lt_bench_peer_failure(void) { return peer_failure; }
+
 cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, const char *args) {
     const char *src = getenv("LONGTUNE_SOURCE_DIR");
     char cmd[4096];
@@ -334,7 +339,8 @@ cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, c
     fflush(NULL);
     FILE *p = popen(cmd, "r");
     if (!p) {
-        fprintf(stderr, "peer: cannot start python3: %s\n", strerror(errno));
+        snprintf(peer_failure, sizeof peer_failure, "failed to start: cannot start python3: %s", strerror(errno));
+        fprintf(stderr, "peer: %s\n", peer_failure + strlen("failed to start: "));
         return NULL;
     }
     cJSON *lines = cJSON_CreateArray();
@@ -355,7 +361,14 @@ cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, c
         /* the peer's own reason, where it gave one ({"ready": false, "error": ...}) */
         const cJSON *why = NULL, *l;
         cJSON_ArrayForEach(l, lines) if (cJSON_IsString(cJSON_GetObjectItem(l, "error"))) why = l;
-        if (why) fprintf(stderr, "peer: %s\n", cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
+        if (why) {
+            snprintf(peer_failure, sizeof peer_failure, "failed to start: %s",
+                     cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
+            fprintf(stderr, "peer: %s\n", cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
+        } else {
+            snprintf(peer_failure, sizeof peer_failure,
+                     "failed to start: no ready line (exit status %d; torch, transformers and peft must import)", st);
+        }
         fprintf(stderr, "peer: no ready line (exit status %d): torch, transformers and peft must import\n", st);
         cJSON_Delete(lines);
         return NULL;

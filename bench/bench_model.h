@@ -75,6 +75,9 @@ cJSON *lt_bench_gpu_peer_run(const char *peer_path, const char *args);
 /* The same for another peer script, `script` relative to the source folder
  * ("bench/peers/train_moe_peft_gpu.py"). */
 cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, const char *args);
+/* After one of the two returned NULL: "failed to start: " and the reason (the peer's own error line,
+ * else its exit status), for a result file's peer entry. Valid until the next peer run. */
+const char *lt_bench_peer_failure(void);
 /* The first element of a peer's line array with key `key` (and "T" == T when T > 0), or NULL. */
 const cJSON *lt_bench_peer_find(const cJSON *lines, const char *key, int64_t T);
 

@@ -243,7 +243,7 @@ static cJSON *peer_arm(const cJSON *lines, const int64_t *seqs, int n_seqs) {
     cJSON *pa = cJSON_CreateObject();
     cJSON_AddStringToObject(pa, "name", "torch-peft");
     if (!lines) {
-        cJSON_AddStringToObject(pa, "error", "failed to start (torch, transformers, peft on --peer-path? see stderr)");
+        cJSON_AddStringToObject(pa, "error", lt_bench_peer_failure());
         return pa;
     }
     const cJSON *ready = lt_bench_peer_find(lines, "ready", 0);

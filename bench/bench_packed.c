@@ -647,9 +647,7 @@ int lt_bench_packed(int argc, char **argv) {
             cJSON *lines = lt_bench_gpu_peer_run_script(peer_path, script, full);
             const char *key = pi ? "peer_liger" : "peer";
             if (!lines) {
-                cJSON_AddStringToObject(jc, key,
-                                        pi ? "failed to start (liger-kernel on --peer-path? see stderr)"
-                                           : "failed to start (see stderr)");
+                cJSON_AddStringToObject(jc, key, lt_bench_peer_failure());
                 continue;
             }
             cJSON_AddItemToObject(jc, key, cJSON_Duplicate(lt_bench_peer_find(lines, "ready", 0), 1));

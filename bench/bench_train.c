@@ -787,7 +787,7 @@ int lt_bench_train(int argc, char **argv) {
             cJSON_AddItemToObject(jc, "peer", cJSON_Duplicate(lt_bench_peer_find(peer_lines, "ready", 0), 1));
             add_gpu_peer_arms(arms, peer_lines, "torch-peft", &pc, rank, seqs, n_seqs);
         } else {
-            cJSON_AddStringToObject(jc, "peer", "failed to start (see stderr)");
+            cJSON_AddStringToObject(jc, "peer", lt_bench_peer_failure());
         }
         if (liger) {
             /* the strongest peer people pick: the same script with Liger-Kernel patched in */
@@ -799,7 +799,7 @@ int lt_bench_train(int argc, char **argv) {
                 add_gpu_peer_arms(arms, ll, "torch-peft-liger", &pc, rank, seqs, n_seqs);
                 cJSON_Delete(ll);
             } else {
-                cJSON_AddStringToObject(jc, "peer_liger", "failed to start (liger-kernel on --peer-path? see stderr)");
+                cJSON_AddStringToObject(jc, "peer_liger", lt_bench_peer_failure());
             }
         }
     }
