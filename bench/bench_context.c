@@ -212,7 +212,7 @@ int lt_bench_context(int argc, char **argv) {
 
     /* The peer first, in its own process, before this one creates a CUDA context. */
     cJSON *peer_lines = NULL, *liger_lines = NULL;
-    char liger_failure[640] = "failed to start";
+    char failure[2][640] = {"", ""}; /* the plain and the Liger peer's reasons, when they did not start */
     if (peers && cuda) {
         char args[512];
         int n = snprintf(args, sizeof args,
@@ -224,6 +224,7 @@ int lt_bench_context(int argc, char **argv) {
         double t0 = lt_time_now();
         if (plain) {
             peer_lines = lt_bench_gpu_peer_run(peer_path, args);
+            if (!peer_lines) snprintf(failure[0], sizeof failure[0], "%s", lt_bench_peer_failure());
             fprintf(stderr, "peer ceiling search took %.0f s\n", lt_time_now() - t0);
         }
         if (liger) {
@@ -231,7 +232,7 @@ int lt_bench_context(int argc, char **argv) {
             snprintf(largs, sizeof largs, "%s --liger", args);
             t0 = lt_time_now();
             liger_lines = lt_bench_gpu_peer_run(peer_path, largs);
-            if (!liger_lines) snprintf(liger_failure, sizeof liger_failure, "%s", lt_bench_peer_failure());
+            if (!liger_lines) snprintf(failure[1], sizeof failure[1], "%s", lt_bench_peer_failure());
             fprintf(stderr, "Liger peer ceiling search took %.0f s\n", lt_time_now() - t0);
         }
     } else if (peers) {
@@ -525,10 +526,10 @@ peer:
     for (int pl = 0; pl < 2; pl++) {
         const cJSON *lines = pl ? liger_lines : peer_lines;
         if (!lines) {
-            if (pl && liger && peer_lines) {
+            if (failure[pl][0]) { /* run and failed (not skipped) */
                 cJSON *pa = cJSON_CreateObject();
-                cJSON_AddStringToObject(pa, "name", "torch-peft-liger");
-                cJSON_AddStringToObject(pa, "error", liger_failure);
+                cJSON_AddStringToObject(pa, "name", pl ? "torch-peft-liger" : "torch-peft");
+                cJSON_AddStringToObject(pa, "error", failure[pl]);
                 cJSON_AddItemToArray(arms, pa);
             }
             continue;
