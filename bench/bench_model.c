@@ -340,7 +340,7 @@ cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, c
     FILE *p = popen(cmd, "r");
     if (!p) {
         snprintf(peer_failure, sizeof peer_failure, "failed to start: cannot start python3: %s", strerror(errno));
-        fprintf(stderr, "peer: %s\n", peer_failure + strlen("failed to start: "));
+        fprintf(stderr, "peer: %s\n", peer_failure);
         return NULL;
     }
     cJSON *lines = cJSON_CreateArray();
@@ -361,15 +361,13 @@ cJSON *lt_bench_gpu_peer_run_script(const char *peer_path, const char *script, c
         /* the peer's own reason, where it gave one ({"ready": false, "error": ...}) */
         const cJSON *why = NULL, *l;
         cJSON_ArrayForEach(l, lines) if (cJSON_IsString(cJSON_GetObjectItem(l, "error"))) why = l;
-        if (why) {
+        if (why)
             snprintf(peer_failure, sizeof peer_failure, "failed to start: %s",
                      cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
-            fprintf(stderr, "peer: %s\n", cJSON_GetStringValue(cJSON_GetObjectItem(why, "error")));
-        } else {
+        else
             snprintf(peer_failure, sizeof peer_failure,
                      "failed to start: no ready line (exit status %d; torch, transformers and peft must import)", st);
-        }
-        fprintf(stderr, "peer: no ready line (exit status %d): torch, transformers and peft must import\n", st);
+        fprintf(stderr, "peer: %s\n", peer_failure);
         cJSON_Delete(lines);
         return NULL;
     }

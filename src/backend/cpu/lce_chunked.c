@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/lce_cpu.h"
+#include "core/fastmath.h"
 #include "core/parallel.h"
 
 typedef struct {
@@ -41,7 +42,7 @@ static void fwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t i = begin; i < end; i++) {
         if (lce_ignored(j->P, i)) continue;
         float *zi = j->z + i * j->nv;
-        lt_cpu_lce_softcap_row(zi, j->nv, j->P->softcap);
+        lt_fast_softcap(zi, j->nv, (float)j->P->softcap);
         lt_cpu_lce_stat_update(&j->stats[i], zi, j->nv, j->v0, j->P->targets[i]);
     }
 }

@@ -204,12 +204,8 @@ lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt
 /* exp here is core/fastmath.h's branch-free lt_fast_exp, so the row loops vectorise without
  * -ffast-math: inputs below -87 (-inf included) give exp(-87) ≈ 1.6e-38, which is 0 for every sum
  * it enters; above 88 exp(88); a NaN input returns NaN, so a non-finite logit reaches the loss as
- * NaN. */
-
-/* The softcap's tanh is core/fastmath.h's branch-free one (within 3 ulp of tanhf), so the row
- * vectorises: libm's tanhf is a call per logit, and a softcapped head (Gemma 2) takes one per
- * vocabulary entry and token, forward and backward. */
-void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap) { lt_fast_softcap(z, n, (float)cap); }
+ * NaN. The softcap is lt_fast_softcap (its tanh within 3 ulp of tanhf): libm's tanhf would be a
+ * call per logit, one per vocabulary entry and token, forward and backward. */
 
 void lt_cpu_lce_stat_init(lce_stat *st) {
     st->m = -INFINITY;
@@ -322,7 +318,7 @@ LT_CPU_CLONES void lt_cpu_lce_grad_row(const lce_problem *P, float *s, int64_t n
 
 LT_CPU_CLONES void lt_cpu_lce_fb_row(const lce_problem *P, lce_stat *st, float *z, int64_t n, int64_t v0,
                                      int32_t target, float *acc_row) {
-    lt_cpu_lce_softcap_row(z, n, P->softcap);
+    lt_fast_softcap(z, n, (float)P->softcap);
     float m;
     double sz;
     row_max_sum(z, n, &m, &sz);

@@ -70,8 +70,6 @@ void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *ls
 /* ---- per-row math (lce_common.c) ---- */
 
 static inline int lce_ignored(const lce_problem *P, int64_t i) { return P->targets[i] == P->ignore_index; }
-/* z ← cap·tanh(z/cap) over n logits (no-op when cap = 0). */
-void lt_cpu_lce_softcap_row(float *z, int64_t n, double cap);
 /* Folds n softcapped logits z[0..n) of one token, covering vocabulary [v0, v0+n), into st.
  * target is the token's target (any value outside the range is simply not captured). */
 void lt_cpu_lce_stat_update(lce_stat *st, const float *z, int64_t n, int64_t v0, int32_t target);

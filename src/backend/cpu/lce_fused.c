@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "backend/cpu/lce_cpu.h"
+#include "core/fastmath.h"
 #include "core/parallel.h"
 
 typedef struct {
@@ -74,7 +75,7 @@ static void fwd_range(void *arg, int64_t begin, int64_t end, int thread) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C, wf,
                     (int)P->C, 0.0f, z, (int)nv);
         for (int64_t r = 0; r < j->nr; r++) {
-            lt_cpu_lce_softcap_row(z + r * nv, nv, P->softcap);
+            lt_fast_softcap(z + r * nv, nv, (float)P->softcap);
             lt_cpu_lce_stat_update(&st[r], z + r * nv, nv, v0, j->target[r]);
         }
     }

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/lce_cpu.h"
+#include "core/fastmath.h"
 #include "core/parallel.h"
 
 typedef struct {
@@ -63,7 +64,7 @@ static void fwd_rows(void *arg, int64_t begin, int64_t end, int thread) {
         lce_stat st;
         lt_cpu_lce_stat_init(&st);
         if (!lce_ignored(P, i)) {
-            lt_cpu_lce_softcap_row(zi, P->V, P->softcap);
+            lt_fast_softcap(zi, P->V, (float)P->softcap);
             lt_cpu_lce_stat_update(&st, zi, P->V, 0, P->targets[i]);
         }
         j->row_loss[i] = lt_cpu_lce_finish_row(P, i, &st, j->lse);
