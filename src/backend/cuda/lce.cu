@@ -594,12 +594,37 @@ static __global__ void __launch_bounds__(LCE_THREADS)
     }
 }
 
+/* max, Σ a and Σ b over the block in one exchange (the same shuffle order and fixed warp order as
+ * lce_block_max and lce_block_sum, so each result is bit-identical to theirs). */
+static __device__ __forceinline__ void lce_block_stats3(float *mx, float *sa, float *sb,
+                                                        float (*red)[LCE_THREADS / 32]) {
+    float m = *mx, a = *sa, b = *sb;
+    for (int o = 16; o > 0; o >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads(); /* red may still be read from a previous reduction */
+    if ((threadIdx.x & 31) == 0)
+        red[0][threadIdx.x >> 5] = m, red[1][threadIdx.x >> 5] = a, red[2][threadIdx.x >> 5] = b;
+    __syncthreads();
+    m = -INFINITY, a = 0.0f, b = 0.0f;
+    for (int k = 0; k < LCE_THREADS / 32; k++) m = fmaxf(m, red[0][k]), a += red[1][k], b += red[2][k];
+    *mx = m, *sa = a, *sb = b;
+}
+
 /* The statistics kernel over a bf16 logit tile (the default), each row read once: a thread loads its LCE_FB_NV vectors
  * of 8 logits (16-byte loads; element j = 8·(k·LCE_THREADS + thread) + e) into registers, folds
  * them into the statistics, and writes E from the same registers over the logits (E_j at z_j's
  * index). Rows are 16-byte aligned (ldz is a multiple of 8); a vector that straddles vc reads
  * padding of the row (never used) and writes only its elements below vc. Same arithmetic per
- * element as lce_fb_stats. */
+ * element as lce_fb_stats.
+ * After the first tile the row's reference max is already known, and it stays where it is unless
+ * this tile's max passes it by LCE_FB_MARGIN. So E is formed against it straight from the loads,
+ * written, and the tile's max, Σz and Σe come out of one block exchange; only when the max does
+ * pass it (rare after the first tile) is E formed again, from the registers, against the new one.
+ * The first tile takes its max first. Either way the results are those of forming E after the
+ * max, bit for bit. */
 #define LCE_FB_NV (LCE_FB_VC_MAX_BF16 / (LCE_THREADS * 8))
 /* Word q (0..3, a constant once unrolled) of a vector; the two bf16 of a word as floats (exact). */
 static __device__ __forceinline__ uint32_t lce_word(const uint4 &u, int q) {
@@ -612,52 +637,12 @@ static __device__ __forceinline__ uint32_t lce_pack_bf2(float a, float b) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     return (uint32_t)__bfloat16_as_ushort(v.x) | (uint32_t)__bfloat16_as_ushort(v.y) << 16;
 }
-template <bool CAP>
-static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
-    lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
-                      float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
-    __shared__ float red[LCE_THREADS / 32];
-    __shared__ float s_mold;
-    const int64_t i = blockIdx.x;
-    __nv_bfloat16 *z = Z + i * ldz;
-    uint4 raw[LCE_FB_NV];
-#pragma unroll
-    for (int k = 0; k < LCE_FB_NV; k++) {
-        const int j = (k * LCE_THREADS + (int)threadIdx.x) * 8;
-        raw[k] = j < vc ? *(const uint4 *)(z + j) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    /* Thread 0's two loads go out beside the row's: the row's old reference max (to shared, seen by
-     * every thread after the reductions' barriers) and the target's logit (read before the
-     * barriers, so before any E overwrites it). */
-    if (threadIdx.x == 0) {
-        const int64_t t = tgt[i] - v0; /* the target's column in this tile, if it is in it */
-        const int found = t >= 0 && t < vc;
-        if (!first) s_mold = m[i];
-        if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
-    }
-    float lm = -INFINITY, lz = 0.0f;
-#pragma unroll
-    for (int k = 0; k < LCE_FB_NV; k++) {
-        const int j0 = (k * LCE_THREADS + (int)threadIdx.x) * 8;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float2 f = lce_bf2(lce_word(raw[k], q));
-            if (CAP) f = make_float2(lce_cap(f.x, cap), lce_cap(f.y, cap));
-            if (j0 + 2 * q < vc) lm = fmaxf(lm, f.x), lz += f.x;
-            if (j0 + 2 * q + 1 < vc) lm = fmaxf(lm, f.y), lz += f.y;
-        }
-    }
-    /* Opaque to the compiler: the second pass converts the logits again rather than keeping 64
-     * floats a thread live across the reductions (which spilled). */
-#pragma unroll
-    for (int k = 0; k < LCE_FB_NV; k++)
-        asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
-    const float tmax = lce_block_max(lm, red);
-    const float tsum = lce_block_sum(lz, red);
-    /* every thread derives the same reference from the same inputs: no broadcast barrier */
-    float f;
-    const float mn = lce_fb_reference(first, first ? -INFINITY : s_mold, tmax, &f);
-    if (f != 1.0f) lce_fb_rescale(acc + i * C, C, f);
+
+/* E = exp(x - mn)·cap'(x) over the thread's vectors, written over the logits; returns the thread's
+ * Σ exp(x - mn) and, with STATS, also folds the logits into its max and Σz. */
+template <bool CAP, bool STATS>
+static __device__ __forceinline__ float lce_fb_form_e(__nv_bfloat16 *z, const uint4 *raw, int vc, float cap, float mn,
+                                                      float *lm, float *lz) {
     const float icap = CAP ? 1.0f / cap : 0.0f;
     float ls = 0.0f;
 #pragma unroll
@@ -669,8 +654,13 @@ static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
         for (int q = 0; q < 4; q++) {
             float2 x = lce_bf2(lce_word(raw[k], q));
             if (CAP) x = make_float2(lce_cap(x.x, cap), lce_cap(x.y, cap));
+            const bool in0 = j0 + 2 * q < vc, in1 = j0 + 2 * q + 1 < vc;
+            if (STATS) {
+                if (in0) *lm = fmaxf(*lm, x.x), *lz += x.x;
+                if (in1) *lm = fmaxf(*lm, x.y), *lz += x.y;
+            }
             const float e0 = __expf(x.x - mn), e1 = __expf(x.y - mn);
-            ls += (j0 + 2 * q < vc ? e0 : 0.0f) + (j0 + 2 * q + 1 < vc ? e1 : 0.0f);
+            ls += (in0 ? e0 : 0.0f) + (in1 ? e1 : 0.0f);
             if (CAP) {
                 const float t0 = x.x * icap, t1 = x.y * icap;
                 o[q] = lce_pack_bf2(e0 * (1.0f - t0 * t0), e1 * (1.0f - t1 * t1));
@@ -689,11 +679,67 @@ static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
             }
         }
     }
-    const float tse = lce_block_sum(ls, red);
+    return ls;
+}
+
+template <bool CAP>
+static __global__ void __launch_bounds__(LCE_THREADS, LCE_FB_STATS_BLOCKS)
+    lce_fb_stats_bf16(__nv_bfloat16 *Z, int64_t ldz, int vc, int64_t v0, const int32_t *tgt, float cap, int first,
+                      float *m, float *s, float *sumz, float *zt, float *acc, int64_t C) {
+    __shared__ float red[3][LCE_THREADS / 32];
+    const int64_t i = blockIdx.x;
+    __nv_bfloat16 *z = Z + i * ldz;
+    uint4 raw[LCE_FB_NV];
+#pragma unroll
+    for (int k = 0; k < LCE_FB_NV; k++) {
+        const int j = (k * LCE_THREADS + (int)threadIdx.x) * 8;
+        raw[k] = j < vc ? *(const uint4 *)(z + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* The target's logit, read by thread 0 before a barrier that every write of E follows. */
+    if (threadIdx.x == 0) {
+        const int64_t t = tgt[i] - v0; /* the target's column in this tile, if it is in it */
+        const int found = t >= 0 && t < vc;
+        if (first || found) zt[i] = found ? lce_cap(__bfloat162float(z[t]), cap) : 0.0f;
+    }
+    float mo, lm = -INFINITY, lz = 0.0f;
+    if (first) {
+#pragma unroll
+        for (int k = 0; k < LCE_FB_NV; k++) {
+            const int j0 = (k * LCE_THREADS + (int)threadIdx.x) * 8;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 f = lce_bf2(lce_word(raw[k], q));
+                if (CAP) f = make_float2(lce_cap(f.x, cap), lce_cap(f.y, cap));
+                if (j0 + 2 * q < vc) lm = fmaxf(lm, f.x);
+                if (j0 + 2 * q + 1 < vc) lm = fmaxf(lm, f.y);
+            }
+        }
+        /* Opaque to the compiler: the pass below converts the logits again rather than keeping 64
+         * floats a thread live across the reduction (which spilled). */
+#pragma unroll
+        for (int k = 0; k < LCE_FB_NV; k++)
+            asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
+        mo = lce_block_max(lm, red[0]); /* its barriers also order thread 0's target read first */
+        lm = -INFINITY;
+    } else {
+        mo = m[i];
+        __syncthreads(); /* thread 0's target read before any thread writes E */
+    }
+    float ls = lce_fb_form_e<CAP, true>(z, raw, vc, cap, mo, &lm, &lz);
+    lce_block_stats3(&lm, &lz, &ls, red);
+    /* lm, lz, ls: the tile's max, Σz and Σ exp(z - mo), the same in every thread */
+    float f = 1.0f, mn = mo;
+    if (!first && !(lm <= mo + LCE_FB_MARGIN)) { /* the reference moves: E again against the new one */
+        mn = lm;
+        f = __expf(mo - lm);
+        lce_fb_rescale(acc + i * C, C, f);
+        float dummy_m = 0.0f, dummy_z = 0.0f;
+        ls = lce_block_sum(lce_fb_form_e<CAP, false>(z, raw, vc, cap, mn, &dummy_m, &dummy_z), red[0]);
+    }
     if (threadIdx.x == 0) {
         m[i] = mn;
-        s[i] = first ? tse : s[i] * f + tse;
-        sumz[i] = first ? tsum : sumz[i] + tsum;
+        s[i] = first ? ls : s[i] * f + ls;
+        sumz[i] = first ? lz : sumz[i] + lz;
     }
 }
 
