@@ -12,8 +12,8 @@
 #        packed8b chart
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
-#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora atliger8b atliger135m (each described
-#        at its case below).
+#        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora atliger8b atliger135m lce kernelslce
+#        kernelspacked (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -158,6 +158,26 @@ for s in $steps; do
     for sh in smollm2-135m qwen3-8b; do
       run 60 "lora products $sh" "$BIN" bench lora --backend cuda --shape $sh --repeats 20 --out "$OUT"
     done ;;
+  lce) # opt-in: the fused loss at N=8192, V=151936, C=4096 with its PyTorch peers (lce-cuda-bf16.json; ~15 s)
+    run 60 "fused loss" "$BIN" bench lce --backend cuda --repeats 10 --out "$OUT" ;;
+  kernelslce|kernelspacked) # opt-in: device time per kernel under Nsight Compute (its default clock
+    # control: clocks held at base, so the times run over a free-running card's), summed per kernel
+    # by scripts/ncu_kernels.py: the fused loss's own kernels in its arms' calls (cuBLASLt's left out),
+    # or every attention kernel of `bench attention --T 2048 --packed-T 8192` (the packed row's are
+    # the last launches; the CSV keeps each launch with its grid). ~30 s each; CSVs under $OUT/ncu
+    command -v ncu >/dev/null || { echo "=== $s: ncu (Nsight Compute) not found"; continue; }
+    mkdir -p "$OUT/ncu"
+    if [ "$s" = kernelslce ]; then
+      run 150 "fused loss kernels" ncu -k regex:lce --metrics gpu__time_duration.sum,launch__grid_size --csv \
+        --print-units base "$BIN" bench lce --backend cuda --arms fused-fb --no-peers --repeats 1 --warmup 0 \
+        --out "$OUT/ncu/lce" >"$OUT/ncu/lce.csv"
+      python3 scripts/ncu_kernels.py "$OUT/ncu/lce.csv" --top 12
+    else
+      run 150 "attention kernels, packed row last" ncu -k regex:attn --metrics gpu__time_duration.sum,launch__grid_size \
+        --csv --print-units base "$BIN" bench attention --backend cuda --T 2048 --packed-T 8192 --no-peers \
+        --repeats 2 --warmup 0 --out "$OUT/ncu/attention" >"$OUT/ncu/attention.csv"
+      python3 scripts/ncu_kernels.py "$OUT/ncu/attention.csv" --top 20
+    fi ;;
   *) echo "unknown step $s" ;;
   esac
 done
