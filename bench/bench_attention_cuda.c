@@ -42,22 +42,31 @@ typedef struct {
     int ok;
 } cuda_timing;
 
-void *lt_bench_cuda_uniform_bf16(lt_ctx *ctx, size_t n, float amp, uint64_t *s, const char *what) {
-    uint16_t *h = malloc(n * 2);
-    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, what);
-    if (!h || !d) {
-        free(h);
-        lt_free(ctx, LT_DEVICE_CUDA, d, n * 2);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
+int lt_bench_cuda_fill_uniform_bf16(void *dev, size_t n, size_t period, float amp, uint64_t *s) {
+    const size_t m = n < period ? n : period;
+    uint16_t *h = malloc((m ? m : 1) * 2);
+    if (!h) return 0;
+    for (size_t i = 0; i < m; i++) {
         *s ^= *s << 13;
         *s ^= *s >> 7;
         *s ^= *s << 17;
         h[i] = lt_f32_to_bf16(amp * (float)((double)(*s >> 11) * 0x1.0p-52 - 1.0));
     }
-    cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice);
+    int ok = 1;
+    for (size_t off = 0; off < n && ok; off += m) {
+        const size_t c = n - off < m ? n - off : m;
+        ok = cudaMemcpy((uint16_t *)dev + off, h, c * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+    }
     free(h);
+    return ok;
+}
+
+void *lt_bench_cuda_uniform_bf16(lt_ctx *ctx, size_t n, float amp, uint64_t *s, const char *what) {
+    void *d = lt_alloc(ctx, LT_DEVICE_CUDA, n * 2, what);
+    if (d && !lt_bench_cuda_fill_uniform_bf16(d, n, n, amp, s)) {
+        lt_free(ctx, LT_DEVICE_CUDA, d, n * 2);
+        return NULL;
+    }
     return d;
 }
 

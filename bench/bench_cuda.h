@@ -31,6 +31,11 @@ cJSON *lt_bench_run_peers(const char *script, const char *args);
  * from the xorshift64 state *s (advanced); NULL with the context's error when allocation fails.
  * Timing inputs only: the distribution keeps scores and logits in range, nothing checks values. */
 void *lt_bench_cuda_uniform_bf16(lt_ctx *ctx, size_t n, float amp, uint64_t *s, const char *what);
+
+/* The same values written into n bf16 elements at dev, which the caller owns: the first
+ * min(n, period) are drawn and repeated to fill the rest (a bounded host buffer for operands of
+ * GBs). 0 when host memory or the copy fails. */
+int lt_bench_cuda_fill_uniform_bf16(void *dev, size_t n, size_t period, float amp, uint64_t *s);
 #endif
 
 #endif

@@ -31,37 +31,12 @@ static double peer_value(const cJSON *peers, const char *peer, const char *key) 
     return 0;
 }
 
-/* Fills n bf16 elements at dev with normal(0, 1) values: a 4 MiB host block of them, copied over
- * and over. A GEMM's power draw, and with it the clock a card holds, depends on its operands' bits
- * (constant operands toggle almost none), so a rate meant to stand beside real data's is measured
- * on data like it. Returns 0 on a copy error. */
-static int fill_normal_bf16(void *dev, size_t n, uint64_t seed) {
-    enum { BLOCK = 2 << 20 };
-    uint16_t *h = malloc(sizeof(uint16_t) * BLOCK);
-    if (!h) return 0;
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < BLOCK; i += 2) { /* Box-Muller over xorshift64* uniforms */
-        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-        const double u1 = ((double)((x * 0x2545F4914F6CDD1Dull) >> 11) + 1.0) / 9007199254740993.0;
-        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-        const double u2 = (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
-        const double r = sqrt(-2.0 * log(u1));
-        h[i] = lt_f32_to_bf16((float)(r * cos(6.283185307179586 * u2)));
-        h[i + 1] = lt_f32_to_bf16((float)(r * sin(6.283185307179586 * u2)));
-    }
-    int ok = 1;
-    for (size_t off = 0; off < n && ok; off += BLOCK) {
-        const size_t c = n - off < BLOCK ? n - off : BLOCK;
-        ok = cudaMemcpy((uint16_t *)dev + off, h, c * sizeof(uint16_t), cudaMemcpyHostToDevice) == cudaSuccess;
-    }
-    free(h);
-    return ok;
-}
-
 /* Milliseconds of one cuBLASLt bf16 GEMM (fp32 accumulate), C (m x n, col-major, fp32 or bf16
- * output) = op(A)·op(B) + beta·C with A, B of normal(0, 1) values and C zeroed, 4 MiB of cuBLASLt
- * workspace as the library uses: the same-run ceiling of the library's own GEMMs. reps timed after
- * one warm-up, CUDA events; 0 when cuBLASLt refuses or the operands cannot be made. */
+ * output) = op(A)·op(B) + beta·C with A, B of uniform random values (a GEMM's power draw, and with it
+ * the clock a card holds, depends on how many of its operands' bits toggle: constant operands
+ * toggle almost none) and C zeroed, 4 MiB of cuBLASLt workspace as the library uses: the same-run
+ * ceiling of the library's own GEMMs. reps timed after one warm-up, CUDA events; 0 when cuBLASLt
+ * refuses or the operands cannot be made. */
 static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, int64_t k, int ta, int tb, int c_bf16,
                          float beta, int reps) {
     void *A = NULL, *B = NULL, *Cm = NULL;
@@ -78,7 +53,9 @@ static double lt_gemm_ms(cublasLtHandle_t lt, void *ws, int64_t m, int64_t n, in
     if (cudaMalloc(&A, (size_t)(m * k) * 2) != cudaSuccess || cudaMalloc(&B, (size_t)(k * n) * 2) != cudaSuccess ||
         cudaMalloc(&Cm, (size_t)(m * n) * 4) != cudaSuccess)
         goto out;
-    if (!fill_normal_bf16(A, (size_t)(m * k), 1) || !fill_normal_bf16(B, (size_t)(k * n), 2) ||
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    if (!lt_bench_cuda_fill_uniform_bf16(A, (size_t)(m * k), (size_t)1 << 22, 1.0f, &seed) ||
+        !lt_bench_cuda_fill_uniform_bf16(B, (size_t)(k * n), (size_t)1 << 22, 1.0f, &seed) ||
         cudaMemset(Cm, 0, (size_t)(m * n) * 4) != cudaSuccess)
         goto out;
     if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto out;
