@@ -11,17 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "core/fastmath.h"
-#include "core/rng.h"
+#include "helpers/test_util.h"
 
 static uint64_t seed_state;
 
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(lt_splitmix64(&seed_state) >> 40) * (1.0 / 16777216.0));
-}
+static float uniform(float lo, float hi) { return (float)lt_test_uniform(&seed_state, lo, hi); }
 
 /* |got - want| in units of want's f32 ulp (the spacing at |want|) */
 static double ulps(float got, double want) {
@@ -107,8 +104,7 @@ static void softcap_loop(void **state) {
 }
 
 int main(void) {
-    seed_state = (uint64_t)time(NULL);
-    print_message("seed %llu\n", (unsigned long long)seed_state);
+    seed_state = lt_test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exp_matches_libm),
         cmocka_unit_test(tanh_matches_libm),

@@ -33,7 +33,7 @@ typedef struct ew_job {
     float keep_scale;
 } ew_job;
 
-/* σ(g) through the branch-free exp of the attention kernels so these loops vectorise (libm's expf
+/* σ(g) through core/fastmath.h's branch-free exp so these loops vectorise (libm's expf
  * is a call per element, and SwiGLU runs four times per layer and step over N·F elements). Its
  * clamp at −87 only moves σ of g < −87 from ~1e-38 to ~1e-38: silu there is below any tolerance. */
 static inline float sigmoid(float g) { return 1.0f / (1.0f + lt_fast_exp(-g)); }
@@ -95,7 +95,7 @@ void lt_cpu_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float
 
 /* GeGLU with the tanh approximation of GELU (PyTorch's gelu(approximate="tanh"), Gemma's
  * gelu_pytorch_tanh): gelu(g) = g/2·(1 + tanh(k·(g + 0.044715·g³))), k = √(2/π), in f32 as
- * PyTorch computes it. tanh is the attention kernels' branch-free one (within 3 ulp of tanhf), so
+ * PyTorch computes it. tanh is core/fastmath.h's branch-free one (within 3 ulp of tanhf), so
  * the loops vectorise: libm's tanhf is a call per element (it and its expm1f took 13-16x the
  * SwiGLU loops' time over the same elements); denormals flushed as in the SwiGLU loops. */
 #define GELU_K 0.7978845608028654f
