@@ -1,8 +1,9 @@
 /* The CPU attention tiles' GEMM (src/backend/cpu/tile_gemm.c) against float64 on fresh random
  * inputs, on every path the CPU has (AVX-512, AVX2, OpenBLAS): op(A) as given and transposed, alpha
  * and beta (beta = 0 must not read C: C starts poisoned), row counts around the 6- and 8-row blocks,
- * column counts around the 8-, 16- and 32-wide vectors (masked tails), depths from 0 to the tiles'
- * 192, and leading dimensions wider than the operands. The AVX-512 and AVX2 paths sum in the same
+ * column counts around the 8-, 16- and 32-wide vectors (masked tails) and the 64-wide blocks (full
+ * blocks followed by narrower ones), depths from 0 to the tiles' 192, and leading dimensions wider
+ * than the operands. The AVX-512 and AVX2 paths sum in the same
  * order, so they must agree bit for bit. */
 #include <math.h>
 #include <setjmp.h>
@@ -64,7 +65,7 @@ static void tile_gemm_matches_float64(void **state) {
     (void)state;
     uint64_t rng = lt_test_seed();
     static const int64_t Ms[] = {1, 5, 6, 7, 8, 9, 13, 17, 64, 96, 192};
-    static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64};
+    static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 96, 111, 128, 129};
     static const int64_t Ks[] = {0, 1, 3, 64, 192};
     static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 0.0f}, {1.0f, 1.0f}, {0.7f, 0.5f}};
     for (int ta = 0; ta < 2; ta++)

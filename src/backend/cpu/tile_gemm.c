@@ -7,6 +7,13 @@
  *   2-core AMD EPYC (Zen 4) VM, flash attention at T = 2048 (H = 8, Hkv = 2, fwd + bwd, runs
  *   alternated) took 111-119 ms against 125-140 ms with the AVX2 blocks, 65-70 % of the same run's
  *   sgemm rate against 59-60 %. Also tried: 12-row blocks (24 accumulators), no faster.
+ *   Every 64 full columns go in blocks of 6 rows x 64 columns first (24 accumulators, each broadcast
+ *   of op(A) feeding four FMAs where the 32-wide blocks feed two; k unrolled by 4): the attention
+ *   tiles are 64 keys or D = 64 / 128 wide. On the 2-core Xeon (Sapphire Rapids) VM, `bench
+ *   attention --T 2048 --packed-T 0 --threads 2` with the 8 x 32 blocks alone against these, three
+ *   alternated pairs: forward 21.8-22.5 ms -> 20.4-21.3, backward 46.1-47.5 -> 40.5-42.4; in the
+ *   SmolLM2-135M T = 2048 training step (`bench train --profile`, two pairs) attention went from
+ *   795 / 820 ms forward and 1,622 / 1,707 backward to 760 / 755 and 1,505 / 1,490.
  * - AVX2 + FMA: blocks of 6 rows x 16 columns, 12 of the 16 ymm registers accumulating.
  * Both sum each element of C over k in ascending order with one FMA per term and apply alpha and
  * beta the same way, so the two give the same bits. Elsewhere the product goes to OpenBLAS. */
@@ -164,6 +171,65 @@ block16(const int ta, const int mr, const int nv, const int masked, int64_t K, c
         }
 }
 
+/* One block of mr rows (<= MR64) x 64 columns, all four vectors full; the same sums, alpha and
+ * beta as block16(). */
+#define MR64 6
+TILE16_FN static inline __attribute__((always_inline)) void block64(const int ta, const int mr, int64_t K,
+                                                                    const float *A, int64_t lda, const float *B,
+                                                                    int64_t ldb, float alpha, float beta, float *C,
+                                                                    int64_t ldc) {
+    __m512 acc[MR64][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = B + k * ldb;
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) bv[v] = _mm512_loadu_ps(b + 16 * v);
+#pragma GCC unroll 6
+        for (int i = 0; i < mr; i++) {
+            const __m512 a = _mm512_set1_ps(ta ? A[k * lda + i] : A[i * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) acc[i][v] = _mm512_fmadd_ps(a, bv[v], acc[i][v]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            float *c = C + i * ldc + 16 * v;
+            __m512 r = alpha == 1.0f ? acc[i][v] : _mm512_mul_ps(va, acc[i][v]);
+            if (beta != 0.0f) {
+                const __m512 old = _mm512_loadu_ps(c);
+                r = beta == 1.0f ? _mm512_add_ps(r, old) : _mm512_fmadd_ps(vb, old, r);
+            }
+            _mm512_storeu_ps(c, r);
+        }
+}
+
+#define TILE64_ROWS(TA)                                                     \
+    switch (mr) {                                                           \
+    case 6: block64(TA, 6, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
+    case 5: block64(TA, 5, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
+    case 4: block64(TA, 4, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
+    case 3: block64(TA, 3, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
+    case 2: block64(TA, 2, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
+    default: block64(TA, 1, K, A, lda, B, ldb, alpha, beta, C, ldc); break; \
+    }
+
+TILE16_FN static void block64_n(int ta, int mr, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                float alpha, float beta, float *C, int64_t ldc) {
+    if (ta) {
+        TILE64_ROWS(1)
+    } else {
+        TILE64_ROWS(0)
+    }
+}
+
 #define TILE16_ROWS(TA, NV, MASKED)                                                           \
     switch (mr) {                                                                             \
     case 8: block16(TA, 8, NV, MASKED, K, A, lda, B, ldb, alpha, beta, C, ldc, mask); break;  \
@@ -195,7 +261,13 @@ TILE16_FN static void block16_n(int ta, int mr, int shape, int64_t K, const floa
 
 TILE16_FN static void tile_avx512_gemm(int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    for (int64_t j = 0; j < N; j += 32) {
+    int64_t j0 = 0;
+    for (; j0 + 64 <= N; j0 += 64)
+        for (int64_t i = 0; i < M; i += MR64) {
+            const int mr = (int)(M - i < MR64 ? M - i : MR64);
+            block64_n(ta, mr, K, ta ? A + i : A + i * lda, lda, B + j0, ldb, alpha, beta, C + i * ldc + j0, ldc);
+        }
+    for (int64_t j = j0; j < N; j += 32) {
         const int64_t w = N - j < 32 ? N - j : 32;
         /* shape: 0 = 32 columns, 1 = 16, 2 = 17..31 (second vector masked), 3 = 1..15 (masked) */
         const int shape = w == 32 ? 0 : w == 16 ? 1 : w > 16 ? 2 : 3;
