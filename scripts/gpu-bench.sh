@@ -13,7 +13,7 @@
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
 #        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora atliger8b atliger135m lce kernelslce
-#        kernelspacked (each described at its case below).
+#        kernelspacked sectionspacked (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -178,6 +178,23 @@ for s in $steps; do
         --repeats 2 --warmup 0 --out "$OUT/ncu/attention" >"$OUT/ncu/attention.csv"
       python3 scripts/ncu_kernels.py "$OUT/ncu/attention.csv" --top 20
     fi ;;
+  sectionspacked) # opt-in: why the attention kernels of `bench attention --T 8192 --packed-T 8192`
+    # take their time, under Nsight Compute's occupancy, scheduler, warp-state and memory sections
+    # with the stall reasons per issued instruction (clocks at base; the packed row's launches
+    # last), a row per launch by scripts/ncu_details.py. ~30 s; the CSV under $OUT/ncu
+    command -v ncu >/dev/null || { echo "=== $s: ncu (Nsight Compute) not found"; continue; }
+    mkdir -p "$OUT/ncu"
+    stalls=""
+    for r in long_scoreboard short_scoreboard barrier wait mio_throttle lg_throttle math_pipe_throttle \
+      not_selected selected dispatch_stall membar no_instruction branch_resolving imc_miss sleeping; do
+      stalls="$stalls${stalls:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+    done
+    run 200 "attention kernels' sections, packed row last" ncu -k regex:attn --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --metrics "$stalls" --csv --page details --print-units base "$BIN" \
+      bench attention --backend cuda --T 8192 --packed-T 8192 --no-peers --repeats 1 --warmup 0 \
+      --out "$OUT/ncu/attention-sections" >"$OUT/ncu/attention-sections.csv"
+    python3 scripts/ncu_details.py "$OUT/ncu/attention-sections.csv" --match attn_ ;;
   *) echo "unknown step $s" ;;
   esac
 done
