@@ -1,4 +1,5 @@
-/* The ops of KV-cache decoding against float64 references on fresh random inputs (seed printed):
+/* The ops of KV-cache decoding against float64 references on fresh random inputs (the test helpers'
+ * seed, replayable with LONGTUNE_TEST_SEED):
  * decode attention on every backend present (GQA, sliding windows, softcap, rows of different
  * lengths, poisoned outputs), and the CPU matmul's decode path (LT_MATMUL_NT_DECODE) for the block
  * formats it dots directly (Q4_0, Q4_1, Q8_0: within the bound of x's 8-bit or 16-bit rounding) and for those
@@ -11,17 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "backend/backend.h"
-#include "core/rng.h"
 #include "helpers/backends.h"
+#include "helpers/test_util.h"
 #include "longtune/alloc.h"
 
 static uint64_t g_seed;
 
-static double unif(uint64_t *r) { return (double)(lt_splitmix64(r) >> 11) * 0x1.0p-53 * 2.0 - 1.0; }
+static double unif(uint64_t *r) { return lt_test_uniform(r, -1.0, 1.0); }
 
 typedef struct dcase {
     int64_t n, H, Hkv, D, B, ctx, window;
@@ -66,7 +66,7 @@ static void run_decode(lt_device dev, const dcase *c, uint64_t *r) {
     for (size_t i = 0; i < nkv; i++) kc[i] = (float)unif(r) * 2, vc[i] = (float)unif(r);
     for (int64_t i = 0; i < c->n; i++) {
         seq[i] = (int32_t)(i % c->B);
-        len[i] = (int32_t)(1 + lt_splitmix64(r) % (uint64_t)c->ctx);
+        len[i] = (int32_t)(1 + lt_test_rand_u64(r) % (uint64_t)c->ctx);
     }
     ref_decode(c, seq, len, q, kc, vc, ref);
     lt_op_query qu = {LT_OP_DECODE_ATTENTION, LT_DTYPE_F32, LT_DTYPE_F32, 0, c->D, c->window, c->softcap};
@@ -202,8 +202,7 @@ static void test_matvec(void **st) {
 }
 
 int main(void) {
-    g_seed = (uint64_t)time(NULL);
-    printf("seed %llu\n", (unsigned long long)g_seed);
+    g_seed = lt_test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_attention),
         cmocka_unit_test(test_decode_attention_refusals),
