@@ -18,13 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "helpers/backends.h"
 #include "helpers/ref_quant.h"
+#include "helpers/test_util.h"
 #include "longtune/alloc.h"
 
 static uint64_t g_seed;
@@ -833,9 +833,7 @@ static void test_wgrad_graph(void **st) {
 }
 
 int main(void) {
-    const char *seed = getenv("LONGTUNE_TEST_SEED"); /* a failure's printed seed reruns it */
-    g_seed = seed && *seed ? (uint64_t)strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu\n", (unsigned long long)g_seed);
+    g_seed = lt_test_seed(); /* a failure's printed seed reruns it (LONGTUNE_TEST_SEED) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),          cmocka_unit_test(test_route_bwd),    cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_grouped_matmul), cmocka_unit_test(test_graph_replay), cmocka_unit_test(test_grouped_thin),
