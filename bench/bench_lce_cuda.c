@@ -1,7 +1,9 @@
 /* `longtune bench lce --backend cuda`: the library's CUDA linear cross-entropy (bf16 h and dense
  * bf16 head, mean reduction) forward + grad of h at N tokens, V vocabulary, C width, in three
  * arms: lt_lce_forward then lt_lce_backward (three GEMMs), lt_lce_forward_backward (one call, two
- * GEMMs, bf16 logit tiles: the default) and the same with fp32 logit tiles. Median time (device synchronised), extra
+ * GEMMs, bf16 logit tiles: the default), the same with fp32 logit tiles, and the default one call
+ * captured into a CUDA graph and replayed, as the trainer's step graph runs it (its targets checked
+ * on the host, as the model's batch check does). Median time (device synchronised), extra
  * device bytes from the accounting allocator (workspace), agreement of loss and dh with the first
  * arm, and ratios to the PyTorch peers of bench/peers/lce_torch.py run in the same invocation
  * (naive bf16 logits, fp32 upcast), to the GEMM floor 2·2·N·V·C and to the bf16 GEMM rate
@@ -14,6 +16,7 @@
 #include "bench_cuda.h"
 #include "longtune/alloc.h"
 #include "longtune/lce.h"
+#include "backend/backend.h"
 #include "backend/lce_impl.h"
 #include "longtune/log.h"
 
@@ -161,11 +164,14 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     int32_t *ht = malloc((size_t)N * 4);
     uint16_t *dh0 = malloc(hb), *dht = malloc(hb);
     double *tt = malloc(sizeof(double) * (size_t)c->repeats), *tf = malloc(sizeof(double) * (size_t)c->repeats);
-    cJSON *r = NULL, *arms = NULL, *arm_objs[3] = {NULL, NULL, NULL};
-    double arm_ms[3] = {0, 0, 0};
+    cJSON *r = NULL, *arms = NULL, *arm_objs[4] = {NULL, NULL, NULL, NULL};
+    double arm_ms[4] = {0, 0, 0, 0};
+    uint16_t *dh1 = malloc(hb); /* the eager one call's dh, which the graph's replay must match bit for bit */
+    lt_graph *graph = NULL;
+    const lt_backend *be = lt_backend_get(LT_DEVICE_CUDA);
     void *lws = NULL; /* the arm's loss workspace */
     size_t lwsb = 0;
-    if (!h || !w || !dh || !tg || !lse || !loss || !ht || !dh0 || !dht || !tt || !tf) goto done;
+    if (!h || !w || !dh || !tg || !lse || !loss || !ht || !dh0 || !dh1 || !dht || !tt || !tf) goto done;
     for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
     cudaMemcpy(tg, ht, (size_t)N * 4, cudaMemcpyHostToDevice);
     const float one = 1.0f;
@@ -194,7 +200,8 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     cJSON_AddNumberToObject(cfg, "tile_n", tile_n);
     cJSON_AddNumberToObject(cfg, "tile_v", tile_v);
     arms = cJSON_AddArrayToObject(r, "arms");
-    static const char *names[3] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-fp32-logits"};
+    static const char *names[4] = {"cuda-chunked-cublaslt", "cuda-fused-fb", "cuda-fused-fb-fp32-logits",
+                                   "cuda-fused-fb-graph"};
     for (int ai = 0; ai < 3; ai++) {
         o.fp32_logit_tiles = ai == 2;
         const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
@@ -236,6 +243,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         double ddh = 0;
         if (ai == 0) cudaMemcpy(dh0, dh, hb, cudaMemcpyDeviceToHost);
         else ddh = dh_max_diff(dh, dh0, (size_t)(N * C), dht);
+        if (ai == 1) cudaMemcpy(dh1, dh, hb, cudaMemcpyDeviceToHost);
         cJSON *arm = cJSON_CreateObject();
         cJSON_AddStringToObject(arm, "name", names[ai]);
         cJSON_AddNumberToObject(arm, "median_ms", ms);
@@ -255,6 +263,65 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
                 names[ai], (long long)N, (long long)V, (long long)C, ms, ai == 0 ? " (two calls)" : "",
                 (double)extra / (1 << 20), (double)lv, ddh);
     }
+    /* The default one call captured into a CUDA graph and replayed: the trainer captures its whole
+     * step (the loss included) and replays it, so the 200-odd dependent launches of the call go out
+     * without the host in between. Targets are checked on the host first, as the model does before
+     * its upload (a device-side check waits for the device, which a capture may not). */
+    if (be && be->graph_begin && be->graph_end && be->graph_launch && be->graph_free) {
+        o.fp32_logit_tiles = 0;
+        const size_t used = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes;
+        lt_mem_reset_peak(ctx, LT_DEVICE_CUDA);
+        lwsb = lt_lce_workspace_bytes(&o, &a, LT_LCE_PASS_FORWARD_BACKWARD, 0);
+        lws = lwsb ? lt_alloc(ctx, LT_DEVICE_CUDA, lwsb, "bench lce workspace") : NULL;
+        if (lwsb && !lws) goto done;
+        a.workspace = lws;
+        a.targets_checked = 1;
+        cudaMemset(dh, 0xff, hb);
+        cudaDeviceSynchronize();
+        if (be->graph_begin(ctx) != LT_OK) goto done;
+        const lt_status cs = lt_lce_forward_backward(ctx, &o, &a);
+        const lt_status es = be->graph_end(ctx, &graph);
+        if (cs != LT_OK || es != LT_OK) goto done;
+        for (int k = -c->warmup; k < c->repeats; k++) {
+            cudaMemset(dh, 0xff, hb);
+            cudaDeviceSynchronize();
+            const double t0 = lt_time_now();
+            if (be->graph_launch(ctx, graph, NULL) != LT_OK) goto done;
+            cudaDeviceSynchronize();
+            if (k >= 0) tt[k] = (lt_time_now() - t0) * 1e3;
+        }
+        const size_t extra = lt_mem_get_stats(ctx, LT_DEVICE_CUDA).peak_bytes - used;
+        a.workspace = NULL;
+        a.targets_checked = 0;
+        if (lws) lt_free(ctx, LT_DEVICE_CUDA, lws, lwsb);
+        lws = NULL;
+        const double ms = lt_bench_median(tt, c->repeats);
+        float lv = 0;
+        cudaMemcpy(&lv, loss, 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(dht, dh, hb, cudaMemcpyDeviceToHost);
+        const int same = memcmp(dht, dh1, hb) == 0;
+        cJSON *arm = cJSON_CreateObject();
+        cJSON_AddStringToObject(arm, "name", names[3]);
+        cJSON_AddNumberToObject(arm, "median_ms", ms);
+        cJSON_AddNumberToObject(arm, "gemms", 2);
+        cJSON_AddNumberToObject(arm, "tokens_per_s", (double)N / (ms * 1e-3));
+        cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
+        cJSON_AddNumberToObject(arm, "workspace_bytes", (double)lwsb);
+        cJSON_AddStringToObject(arm, "logit_tiles", "bf16");
+        cJSON_AddStringToObject(arm, "launch", "one CUDA graph replay of the captured call");
+        cJSON_AddNumberToObject(arm, "loss", lv);
+        cJSON_AddBoolToObject(arm, "dh_bits_equal_to_eager_call", same);
+        cJSON_AddItemToArray(arms, arm);
+        arm_objs[3] = arm;
+        arm_ms[3] = ms;
+        fprintf(stderr, "cuda lce %-26s N=%lld V=%lld C=%lld: %.2f ms, extra %.1f MiB, loss %.5f, dh %s the eager call's\n",
+                names[3], (long long)N, (long long)V, (long long)C, ms, (double)extra / (1 << 20), (double)lv,
+                same ? "bit-identical to" : "DIFFERENT from");
+        if (!same) {
+            lt_log(LT_LOG_ERROR, "cuda lce: the graph replay's dh differs from the eager call's");
+            goto done;
+        }
+    }
     /* Same-run cuBLASLt ceilings at the tile shapes the one call takes (the library's choice for
      * bf16 and for fp32 logit tiles; tile flags override). */
     for (int zbf = 1; zbf >= 0; zbf--) {
@@ -271,9 +338,10 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         const double naive = peer_value(pl, "torch_naive_bf16", "total_ms");
         const double up = peer_value(pl, "torch_fp32_upcast", "total_ms");
         const double gemm = peer_value(pl, "torch_gemm_bf16", "tflops");
-        for (int ai = 0; ai < 3; ai++) {
+        for (int ai = 0; ai < 4; ai++) {
             cJSON *arm = arm_objs[ai];
             const double ms = arm_ms[ai];
+            if (!arm) continue;
             if (naive > 0) cJSON_AddNumberToObject(arm, "speedup_vs_torch_naive_bf16", naive / ms);
             if (up > 0) cJSON_AddNumberToObject(arm, "speedup_vs_torch_fp32_upcast", up / ms);
             if (gemm > 0) {
@@ -298,6 +366,7 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
     rc = 0;
 done:
     if (rc) lt_log(LT_LOG_ERROR, "cuda lce arm failed: %s", lt_ctx_error(ctx));
+    if (graph) be->graph_free(graph);
     if (lws) lt_free(ctx, LT_DEVICE_CUDA, lws, lwsb);
     lt_free(ctx, LT_DEVICE_CUDA, h, hb);
     lt_free(ctx, LT_DEVICE_CUDA, w, wb);
@@ -307,6 +376,7 @@ done:
     lt_free(ctx, LT_DEVICE_CUDA, loss, 8);
     free(ht);
     free(dh0);
+    free(dh1);
     free(dht);
     free(tt);
     free(tf);
