@@ -20,7 +20,9 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
 
 /* Loss layer at N tokens, V vocabulary, C width, bf16, forward + grad of h; tile_n/tile_v: the
  * options' tiles (0 = the library's). */
-int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n, int tile_v);
+/* arm_mask: bit 2 the two calls (chunked), bit 8 the one call (fused-fb: bf16 and fp32 logit tiles, graph). */
+int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C, int peers, int tile_n, int tile_v,
+                      int arm_mask);
 
 /* Runs `python3 <script> <args>` from the source tree and returns its stdout JSON lines as an
  * array (empty when python3 or PyTorch is missing). */

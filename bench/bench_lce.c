@@ -122,18 +122,19 @@ int lt_bench_lce(int argc, char **argv) {
     lt_bench_common_init(&c);
     lce_case k = {2048, 32000, 1024, LT_DTYPE_F32, LT_DTYPE_F32, 0};
     int head_set = 0, arms_mask = 15, tile_n = 0, tile_v = 0, threads = 0, shape_set = 0, peers = 1;
+    int hidden_set = 0, arms_set = 0, threads_set = 0;
     const char *tag = "small";
     shape_arg sa = {&k, tag};
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--dw", &k.dw, 1),
         LT_BENCH_SET("--no-peers", &peers, 0),
         {.name = "--shape", .kind = LT_BENCH_ARG_FN, .dst = &sa, .parse = parse_shape, .seen = &shape_set},
-        LT_BENCH_FN("--hidden", &k.hidden, parse_dtype),
+        {.name = "--hidden", .kind = LT_BENCH_ARG_FN, .dst = &k.hidden, .parse = parse_dtype, .seen = &hidden_set},
         {.name = "--head", .kind = LT_BENCH_ARG_FN, .dst = &k.head, .parse = parse_dtype, .seen = &head_set},
-        LT_BENCH_FN("--arms", &arms_mask, parse_arms),
+        {.name = "--arms", .kind = LT_BENCH_ARG_FN, .dst = &arms_mask, .parse = parse_arms, .seen = &arms_set},
         LT_BENCH_INT("--tile-n", &tile_n, 0, 1 << 20),
         LT_BENCH_INT("--tile-v", &tile_v, 0, 1 << 20),
-        LT_BENCH_INT("--threads", &threads, 0, 4096),
+        {.name = "--threads", .kind = LT_BENCH_ARG_INT, .dst = &threads, .lo = 0, .hi = 4096, .seen = &threads_set},
     };
     const int parsed =
         lt_bench_parse_args("lce", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -153,14 +154,29 @@ int lt_bench_lce(int argc, char **argv) {
                "  --threads N      worker threads (default: OpenMP's)\n"
                "  --no-peers       (cuda) skip the PyTorch peers of bench/peers/lce_torch.py\n"
                "With --backend cuda: bf16 h and head, forward + grad of h, default shape large, with\n"
-               "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside.\n" LT_BENCH_COMMON_HELP);
+               "PyTorch naive bf16 / fp32-upcast and the bf16 GEMM rate measured alongside; its arms are\n"
+               "chunked (lt_lce_forward then lt_lce_backward) and fused-fb (the one call with bf16 logit\n"
+               "tiles, with fp32 ones, and replayed from a CUDA graph); --hidden, --head, --dw and\n"
+               "--threads are the CPU arms' options.\n" LT_BENCH_COMMON_HELP);
         return 0;
     }
     if (parsed) return parsed;
     tag = sa.tag;
-    if (!strcmp(c.backend, "cuda")) /* its own arm: bench/bench_lce_cuda.c */
-        return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers, tile_n, tile_v)
-                         : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers, tile_n, tile_v);
+    if (!strcmp(c.backend, "cuda")) { /* its own arms: bench/bench_lce_cuda.c */
+        if (hidden_set || head_set || k.dw || threads_set) {
+            fprintf(stderr,
+                    "longtune bench lce: --hidden, --head, --dw and --threads are CPU options; --backend cuda "
+                    "runs bf16 h and head, forward + grad of h (see --help)\n");
+            return 2;
+        }
+        if (arms_set && (arms_mask & 5)) {
+            fprintf(stderr, "longtune bench lce: --backend cuda has the arms chunked and fused-fb, not %s\n",
+                    arms_mask & 1 ? "naive" : "fused");
+            return 2;
+        }
+        return shape_set ? lt_bench_lce_cuda(&c, k.N, k.V, k.C, peers, tile_n, tile_v, arms_mask)
+                         : lt_bench_lce_cuda(&c, 8192, 151936, 4096, peers, tile_n, tile_v, arms_mask);
+    }
     if (!head_set) k.head = k.hidden;
     if (strchr(tag, ',')) tag = "custom";
 

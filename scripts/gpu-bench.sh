@@ -162,7 +162,8 @@ for s in $steps; do
     run 60 "fused loss" "$BIN" bench lce --backend cuda --repeats 10 --out "$OUT" ;;
   kernelslce|kernelspacked) # opt-in: device time per kernel under Nsight Compute (its default clock
     # control: clocks held at base, so the times run over a free-running card's), summed per kernel
-    # by scripts/ncu_kernels.py: the fused loss's own kernels in its arms' calls (cuBLASLt's left out),
+    # by scripts/ncu_kernels.py: the fused loss's own kernels in its one-call arms (cuBLASLt's left
+    # out; then one call's every kernel at free clocks),
     # or every attention kernel of `bench attention --T 2048 --packed-T 8192` (the packed row's are
     # the last launches; the CSV keeps each launch with its grid). ~30 s each; CSVs under $OUT/ncu
     command -v ncu >/dev/null || { echo "=== $s: ncu (Nsight Compute) not found"; continue; }
@@ -172,6 +173,12 @@ for s in $steps; do
         --print-units base "$BIN" bench lce --backend cuda --arms fused-fb --no-peers --repeats 1 --warmup 0 \
         --out "$OUT/ncu/lce" >"$OUT/ncu/lce.csv"
       python3 scripts/ncu_kernels.py "$OUT/ncu/lce.csv" --top 12
+      # one default call's every kernel, cuBLASLt's too, with the clocks left free and the caches
+      # not flushed: what the call's kernels add up to, against the call's own time
+      run 150 "fused loss, one call's kernels at free clocks" ncu --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,launch__grid_size --csv --print-units base "$BIN" bench lce --backend cuda \
+        --arms fused-fb --no-peers --repeats 1 --warmup 0 --out "$OUT/ncu/lce-free" >"$OUT/ncu/lce-free.csv"
+      python3 scripts/ncu_kernels.py "$OUT/ncu/lce-free.csv" --from lce_weights --to lce_fwd_reduce_out --top 8
     else
       run 150 "attention kernels, packed row last" ncu -k regex:attn --metrics gpu__time_duration.sum,launch__grid_size \
         --csv --print-units base "$BIN" bench attention --backend cuda --T 2048 --packed-T 8192 --no-peers \

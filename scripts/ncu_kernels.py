@@ -6,7 +6,10 @@ per launch with --page raw, else a row per launch and metric) and prints, per ke
 the total and the mean time, largest first, with each kernel's share of the sum. With --json FILE
 the same table is written as JSON.
 
-usage: scripts/ncu_kernels.py NCU.csv [--top N] [--json FILE]
+With --from A --to B only the launches from the first whose name holds A to the first one after
+it whose name holds B are counted (one call's kernels out of a program's).
+
+usage: scripts/ncu_kernels.py NCU.csv [--top N] [--json FILE] [--from TEXT --to TEXT]
 """
 import argparse
 import collections
@@ -34,6 +37,10 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--json")
+    ap.add_argument("--from", dest="span_from", metavar="TEXT",
+                    help="only the launches from the first whose kernel name holds TEXT ...")
+    ap.add_argument("--to", dest="span_to", metavar="TEXT",
+                    help="... to the first one after it whose name holds TEXT (both included)")
     a = ap.parse_args()
     lines = open(a.csv, encoding="utf-8", errors="replace").read().splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
@@ -49,7 +56,7 @@ def main():
         metric_col = None if raw else hdr.index("Metric Name")
     except ValueError as e:
         sys.exit(f"{a.csv}: {e} (profile with --metrics gpu__time_duration.sum)")
-    agg = collections.defaultdict(lambda: [0, 0.0])
+    launches = []
     for r in rows[1:]:
         if len(r) <= dur_col or (metric_col is not None and r[metric_col] != "gpu__time_duration.sum"):
             continue
@@ -57,7 +64,17 @@ def main():
             ns = float(r[dur_col].replace(",", ""))
         except ValueError:
             continue  # the units row
-        k = kernel_key(r[name_col])
+        launches.append((r[name_col], ns))
+    if a.span_from or a.span_to:
+        i0 = next((i for i, (n, _) in enumerate(launches) if (a.span_from or "") in n), None)
+        i1 = next((i for i, (n, _) in enumerate(launches) if i0 is not None and i > i0 and (a.span_to or "") in n),
+                  None)
+        if i0 is None or (a.span_to and i1 is None):
+            sys.exit(f"{a.csv}: no launch span from {a.span_from!r} to {a.span_to!r}")
+        launches = launches[i0:(i1 + 1 if a.span_to else None)]
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for name, ns in launches:
+        k = kernel_key(name)
         agg[k][0] += 1
         agg[k][1] += ns
     total = sum(v[1] for v in agg.values())
