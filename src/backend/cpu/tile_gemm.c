@@ -7,8 +7,9 @@
  *   2-core AMD EPYC (Zen 4) VM, flash attention at T = 2048 (H = 8, Hkv = 2, fwd + bwd, runs
  *   alternated) took 111-119 ms against 125-140 ms with the AVX2 blocks, 65-70 % of the same run's
  *   sgemm rate against 59-60 %. Also tried: 12-row blocks (24 accumulators), no faster.
- *   Every 64 full columns go in blocks of 6 rows x 64 columns first (24 accumulators, each broadcast
- *   of op(A) feeding four FMAs where the 32-wide blocks feed two; k unrolled by 4): the attention
+ *   Every 64 full columns go in blocks of 6 rows x 64 columns first (the same block code with four
+ *   vectors: 24 accumulators, each broadcast of op(A) feeding four FMAs where the 32-wide blocks
+ *   feed two; k unrolled by 4, which left the 8 x 32 blocks' rate as it was): the attention
  *   tiles are 64 keys or D = 64 / 128 wide. On the 2-core Xeon (Sapphire Rapids) VM, `bench
  *   attention --T 2048 --packed-T 0 --threads 2` with the 8 x 32 blocks alone against these, three
  *   alternated pairs: forward 21.8-22.5 ms -> 20.4-21.3, backward 46.1-47.5 -> 40.5-42.4; in the
@@ -131,33 +132,35 @@ static int tile_avx512(void) {
     return have;
 }
 
-/* One block: mr rows (<= MR16) x nv vectors of 16 columns, the last one under `mask` when
- * `masked`; the same sums, alpha and beta as block(). */
+/* One block: mr rows (<= MR16; <= MR64 when nv = 4) x nv (<= 4) vectors of 16 columns, the last
+ * one under `mask` when `masked`; the same sums, alpha and beta as block(). k unrolled by 4. */
+#define MR64 6
 TILE16_FN static inline __attribute__((always_inline)) void
 block16(const int ta, const int mr, const int nv, const int masked, int64_t K, const float *A, int64_t lda,
         const float *B, int64_t ldb, float alpha, float beta, float *C, int64_t ldc, __mmask16 mask) {
-    __m512 acc[MR16][2];
+    __m512 acc[MR16][4];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
     for (int64_t k = 0; k < K; k++) {
         const float *b = B + k * ldb;
-        __m512 bv[2];
-#pragma GCC unroll 2
+        __m512 bv[4];
+#pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
             bv[v] = masked && v == nv - 1 ? _mm512_maskz_loadu_ps(mask, b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             const __m512 a = _mm512_set1_ps(ta ? A[k * lda + i] : A[i * lda + k]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(a, bv[v], acc[i][v]);
         }
     }
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int v = 0; v < nv; v++) {
             float *c = C + i * ldc + 16 * v;
             const int mk = masked && v == nv - 1;
@@ -171,54 +174,14 @@ block16(const int ta, const int mr, const int nv, const int masked, int64_t K, c
         }
 }
 
-/* One block of mr rows (<= MR64) x 64 columns, all four vectors full; the same sums, alpha and
- * beta as block16(). */
-#define MR64 6
-TILE16_FN static inline __attribute__((always_inline)) void block64(const int ta, const int mr, int64_t K,
-                                                                    const float *A, int64_t lda, const float *B,
-                                                                    int64_t ldb, float alpha, float beta, float *C,
-                                                                    int64_t ldc) {
-    __m512 acc[MR64][4];
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < K; k++) {
-        const float *b = B + k * ldb;
-        __m512 bv[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) bv[v] = _mm512_loadu_ps(b + 16 * v);
-#pragma GCC unroll 6
-        for (int i = 0; i < mr; i++) {
-            const __m512 a = _mm512_set1_ps(ta ? A[k * lda + i] : A[i * lda + k]);
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) acc[i][v] = _mm512_fmadd_ps(a, bv[v], acc[i][v]);
-        }
-    }
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 6
-    for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            float *c = C + i * ldc + 16 * v;
-            __m512 r = alpha == 1.0f ? acc[i][v] : _mm512_mul_ps(va, acc[i][v]);
-            if (beta != 0.0f) {
-                const __m512 old = _mm512_loadu_ps(c);
-                r = beta == 1.0f ? _mm512_add_ps(r, old) : _mm512_fmadd_ps(vb, old, r);
-            }
-            _mm512_storeu_ps(c, r);
-        }
-}
-
-#define TILE64_ROWS(TA)                                                     \
-    switch (mr) {                                                           \
-    case 6: block64(TA, 6, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
-    case 5: block64(TA, 5, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
-    case 4: block64(TA, 4, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
-    case 3: block64(TA, 3, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
-    case 2: block64(TA, 2, K, A, lda, B, ldb, alpha, beta, C, ldc); break;  \
-    default: block64(TA, 1, K, A, lda, B, ldb, alpha, beta, C, ldc); break; \
+#define TILE64_ROWS(TA)                                                              \
+    switch (mr) {                                                                    \
+    case 6: block16(TA, 6, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break;  \
+    case 5: block16(TA, 5, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break;  \
+    case 4: block16(TA, 4, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break;  \
+    case 3: block16(TA, 3, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break;  \
+    case 2: block16(TA, 2, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break;  \
+    default: block16(TA, 1, 4, 0, K, A, lda, B, ldb, alpha, beta, C, ldc, 0); break; \
     }
 
 TILE16_FN static void block64_n(int ta, int mr, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
