@@ -98,6 +98,22 @@ out:
     return ms;
 }
 
+/* An arm's result object with the fields every arm has, appended to arms; the caller adds its own. */
+static cJSON *add_arm(cJSON *arms, const char *name, double ms, int gemms, int64_t N, size_t extra, size_t ws_bytes,
+                      const char *tiles, float loss) {
+    cJSON *arm = cJSON_CreateObject();
+    cJSON_AddStringToObject(arm, "name", name);
+    cJSON_AddNumberToObject(arm, "median_ms", ms);
+    cJSON_AddNumberToObject(arm, "gemms", gemms);
+    cJSON_AddNumberToObject(arm, "tokens_per_s", (double)N / (ms * 1e-3));
+    cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
+    cJSON_AddNumberToObject(arm, "workspace_bytes", (double)ws_bytes);
+    cJSON_AddStringToObject(arm, "logit_tiles", tiles);
+    cJSON_AddNumberToObject(arm, "loss", loss);
+    cJSON_AddItemToArray(arms, arm);
+    return arm;
+}
+
 /* The GEMM-only time of the one call at tiles nc x vc: (N/nc)·(V/vc) tiles of GEMM 1 (logits,
  * fp32 or bf16 out) and GEMM 2 (accumulator, fp32, beta 1), timed here at those tile shapes (the
  * ragged last tiles counted as full ones); and the rate of one N x V x C GEMM. */
@@ -247,19 +263,11 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         if (ai == 0) cudaMemcpy(dh0, dh, hb, cudaMemcpyDeviceToHost);
         else if (run_two) ddh = dh_max_diff(dh, dh0, (size_t)(N * C), dht);
         if (ai == 1) cudaMemcpy(dh1, dh, hb, cudaMemcpyDeviceToHost);
-        cJSON *arm = cJSON_CreateObject();
-        cJSON_AddStringToObject(arm, "name", names[ai]);
-        cJSON_AddNumberToObject(arm, "median_ms", ms);
+        cJSON *arm = add_arm(arms, names[ai], ms, ai == 0 ? 3 : 2, N, extra,
+                             lt_lce_workspace_bytes(&o, &a, ai == 0 ? 1 : LT_LCE_PASS_FORWARD_BACKWARD, 0),
+                             ai == 1 ? "bf16" : "fp32", lv);
         if (ai == 0) cJSON_AddNumberToObject(arm, "fwd_ms", fwd);
-        cJSON_AddNumberToObject(arm, "gemms", ai == 0 ? 3 : 2);
-        cJSON_AddNumberToObject(arm, "tokens_per_s", (double)N / (ms * 1e-3));
-        cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
-        cJSON_AddNumberToObject(arm, "workspace_bytes",
-                                (double)lt_lce_workspace_bytes(&o, &a, ai == 0 ? 1 : LT_LCE_PASS_FORWARD_BACKWARD, 0));
-        cJSON_AddStringToObject(arm, "logit_tiles", ai == 0 ? "fp32" : ai == 1 ? "bf16" : "fp32");
-        cJSON_AddNumberToObject(arm, "loss", lv);
         if (ai && run_two) cJSON_AddNumberToObject(arm, "dh_max_diff_vs_first_arm_scaled", ddh);
-        cJSON_AddItemToArray(arms, arm);
         arm_objs[ai] = arm;
         arm_ms[ai] = ms;
         char diff[48] = "";
@@ -312,19 +320,10 @@ int lt_bench_lce_cuda(const lt_bench_common *c, int64_t N, int64_t V, int64_t C,
         cudaMemcpy(&lv, loss, 4, cudaMemcpyDeviceToHost);
         cudaMemcpy(dht, dh, hb, cudaMemcpyDeviceToHost);
         const int same = memcmp(dht, dh1, hb) == 0;
-        cJSON *arm = cJSON_CreateObject();
-        cJSON_AddStringToObject(arm, "name", names[3]);
-        cJSON_AddNumberToObject(arm, "median_ms", ms);
-        cJSON_AddNumberToObject(arm, "gemms", 2);
-        cJSON_AddNumberToObject(arm, "tokens_per_s", (double)N / (ms * 1e-3));
-        cJSON_AddNumberToObject(arm, "peak_bytes", (double)extra);
-        cJSON_AddNumberToObject(arm, "workspace_bytes", (double)lwsb);
-        cJSON_AddStringToObject(arm, "logit_tiles", "bf16");
+        cJSON *arm = add_arm(arms, names[3], ms, 2, N, extra, lwsb, "bf16", lv);
         cJSON_AddStringToObject(arm, "launch", "one CUDA graph replay of the captured call");
         cJSON_AddNumberToObject(arm, "eager_alternated_ms", eager);
-        cJSON_AddNumberToObject(arm, "loss", lv);
         cJSON_AddBoolToObject(arm, "dh_bits_equal_to_eager_call", same);
-        cJSON_AddItemToArray(arms, arm);
         arm_objs[3] = arm;
         arm_ms[3] = ms;
         fprintf(stderr,

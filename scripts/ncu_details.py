@@ -14,9 +14,11 @@ usage: scripts/ncu_details.py DETAILS.csv [--match TEXT] [--stalls N]
 """
 import argparse
 import collections
-import csv
-import io
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_kernels import launch_rows  # noqa: E402
 
 FIELDS = [
     ("us", "Duration", 1e-3),
@@ -45,14 +47,8 @@ def main():
     ap.add_argument("--match", default="")
     ap.add_argument("--stalls", type=int, default=4)
     args = ap.parse_args()
-    text = open(args.csv, encoding="utf-8", errors="replace").read()
-    start = text.find('"ID"')
-    if start < 0:
-        sys.exit(f"{args.csv}: no Nsight Compute CSV header (\"ID\", ...) found")
     launches = collections.OrderedDict()
-    for row in csv.DictReader(io.StringIO(text[start:])):
-        if not (row.get("ID") or "").isdigit():
-            continue
+    for row in launch_rows(args.csv):
         d = launches.setdefault(int(row["ID"]), {"name": row["Kernel Name"], "grid": row.get("Grid Size", ""),
                                                   "block": row.get("Block Size", ""), "m": {}})
         d["m"][row["Metric Name"]] = row["Metric Value"]

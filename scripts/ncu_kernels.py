@@ -32,6 +32,17 @@ def kernel_key(name):
     return name
 
 
+def launch_rows(path):
+    """The CSV's rows from its header ("ID", ...) on, as dicts, the launches' only: lines before the
+    header (the profiled program's own output) and rows without a launch ID (units) are dropped.
+    Exits with a message when the file has no Nsight Compute header."""
+    text = open(path, encoding="utf-8", errors="replace").read()
+    start = text.find('"ID"')
+    if start < 0:
+        sys.exit(f"{path}: no Nsight Compute CSV header (\"ID\", ...) found")
+    return [r for r in csv.DictReader(io.StringIO(text[start:])) if (r.get("ID") or "").isdigit()]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
@@ -42,29 +53,19 @@ def main():
     ap.add_argument("--to", dest="span_to", metavar="TEXT",
                     help="... to the first one after it whose name holds TEXT (both included)")
     a = ap.parse_args()
-    lines = open(a.csv, encoding="utf-8", errors="replace").read().splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    if start is None:
-        sys.exit(f"{a.csv}: no ncu CSV header (\"ID\",...) found")
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    hdr = rows[0]
-    # --page raw: a column per metric; the default details page: a row per metric
-    raw = "gpu__time_duration.sum" in hdr
-    try:
-        name_col = hdr.index("Kernel Name")
-        dur_col = hdr.index("gpu__time_duration.sum") if raw else hdr.index("Metric Value")
-        metric_col = None if raw else hdr.index("Metric Name")
-    except ValueError as e:
-        sys.exit(f"{a.csv}: {e} (profile with --metrics gpu__time_duration.sum)")
     launches = []
-    for r in rows[1:]:
-        if len(r) <= dur_col or (metric_col is not None and r[metric_col] != "gpu__time_duration.sum"):
+    for r in launch_rows(a.csv):
+        # --page raw: a column per metric; the default details page: a row per metric
+        if "gpu__time_duration.sum" in r:
+            value = r["gpu__time_duration.sum"]
+        elif r.get("Metric Name") == "gpu__time_duration.sum":
+            value = r.get("Metric Value", "")
+        else:
             continue
         try:
-            ns = float(r[dur_col].replace(",", ""))
-        except ValueError:
-            continue  # the units row
-        launches.append((r[name_col], ns))
+            launches.append((r["Kernel Name"], float(value.replace(",", ""))))
+        except (KeyError, ValueError):
+            continue
     if a.span_from or a.span_to:
         i0 = next((i for i, (n, _) in enumerate(launches) if (a.span_from or "") in n), None)
         i1 = next((i for i, (n, _) in enumerate(launches) if i0 is not None and i > i0 and (a.span_to or "") in n),
