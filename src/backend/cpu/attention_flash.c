@@ -226,12 +226,72 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
     *c1 = hi;
 }
 
-/* ---- the softmax rows in AVX2 + FMA (a build for such a CPU; others keep the loops below) ----
- * lt_fast_exp's steps eight lanes at a time, with its multiply-adds fused, and the row's max, sum
- * and masking in the same pass over the tile row. */
-#if defined(__AVX2__) && defined(__FMA__)
+/* ---- the softmax rows in vector registers (a build for an AVX-512 or AVX2 + FMA CPU; others
+ * keep the loops below) ----
+ * lt_fast_exp's steps sixteen (AVX-512) or eight (AVX2) lanes at a time, with its multiply-adds
+ * fused, and the row's max, sum and masking in the same pass over the tile row. fwd_row_vec and
+ * bwd_row_vec work in whole vectors: the tile rows' stride (FBC, BC = 64) is a multiple of 16, so
+ * the lanes past c stay in the row; whatever they held, they come out 0. */
+#if defined(__AVX512F__)
 #include <immintrin.h>
-#define LT_FLASH_AVX2 1
+#define LT_FLASH_VEC 16
+
+static inline __m512 exp16(__m512 x) {
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+    const __m512 n = _mm512_sub_ps(t, shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 q = _mm512_set1_ps(1.0f / 5040.0f);
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 720.0f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 120.0f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 24.0f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 6.0f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)),
+                                           _mm512_set1_epi32(127)),
+                          23);
+    return _mm512_mul_ps(q, _mm512_castsi512_ps(e));
+}
+
+/* Lanes y..y+15 inside [c0, c1), as a mask (c0 <= c1 <= c, y < c). */
+static inline __mmask16 band16(int64_t y, int64_t c0, int64_t c1) {
+    const int64_t lo = c0 - y <= 0 ? 0 : c0 - y >= 16 ? 16 : c0 - y, hi = c1 - y >= 16 ? 16 : c1 - y <= 0 ? 0 : c1 - y;
+    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+static inline float fwd_row_vec(float *srow, int64_t c, int64_t c0, int64_t c1, float m, float *m_out) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t y = 0; y < c; y += 16) mx = _mm512_mask_max_ps(mx, band16(y, c0, c1), mx, _mm512_loadu_ps(srow + y));
+    const float mr = _mm512_reduce_max_ps(mx), mnew = mr > m ? mr : m;
+    *m_out = mnew;
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t y = 0; y < c; y += 16) {
+        const __m512 v = _mm512_maskz_mov_ps(band16(y, c0, c1), exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + y), vm)));
+        sum = _mm512_add_ps(sum, v);
+        _mm512_storeu_ps(srow + y, v);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static inline void bwd_row_vec(float *srow, float *drow, int64_t c, int64_t c0, int64_t c1, float L, float Dq) {
+    const __m512 vl = _mm512_set1_ps(L), vd = _mm512_set1_ps(Dq);
+    for (int64_t y = 0; y < c; y += 16) {
+        const __mmask16 band = band16(y, c0, c1);
+        const __m512 pv = _mm512_maskz_mov_ps(band, exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + y), vl)));
+        _mm512_storeu_ps(srow + y, pv);
+        _mm512_storeu_ps(drow + y, _mm512_maskz_mul_ps(band, pv, _mm512_sub_ps(_mm512_loadu_ps(drow + y), vd)));
+    }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LT_FLASH_VEC 8
 
 static inline __m256 exp8(__m256 x) {
     const __m256 shifter = _mm256_set1_ps(12582912.0f);
@@ -277,10 +337,9 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Forward row of c keys, in whole vectors (the row's stride is a multiple of 8, so the lanes past
- * c stay in the row; whatever they held, they come out 0): srow[y] <- exp(srow[y] - mnew) inside
- * [c0, c1), 0 outside, with mnew = max(m, the band's max); returns the band's sum, *m_out = mnew. */
-static inline float fwd_row8(float *srow, int64_t c, int64_t c0, int64_t c1, float m, float *m_out) {
+/* Forward row of c keys: srow[y] <- exp(srow[y] - mnew) inside [c0, c1), 0 outside, with mnew =
+ * max(m, the band's max); returns the band's sum, *m_out = mnew. */
+static inline float fwd_row_vec(float *srow, int64_t c, int64_t c0, int64_t c1, float m, float *m_out) {
     __m256 mx = _mm256_set1_ps(-INFINITY);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t y = 0; y < c; y += 8)
@@ -298,9 +357,8 @@ static inline float fwd_row8(float *srow, int64_t c, int64_t c0, int64_t c1, flo
     return hsum8(sum);
 }
 
-/* Backward row, in whole vectors as fwd_row8: srow <- P = exp(srow - L), drow <- P·(drow - Dq)
- * inside [c0, c1), both 0 outside. */
-static inline void bwd_row8(float *srow, float *drow, int64_t c, int64_t c0, int64_t c1, float L, float Dq) {
+/* Backward row: srow <- P = exp(srow - L), drow <- P·(drow - Dq) inside [c0, c1), both 0 outside. */
+static inline void bwd_row_vec(float *srow, float *drow, int64_t c, int64_t c0, int64_t c1, float L, float Dq) {
     const __m256 vl = _mm256_set1_ps(L), vd = _mm256_set1_ps(Dq);
     for (int64_t y = 0; y < c; y += 8) {
         const __m256 band = band8(y, c0, c1);
@@ -342,10 +400,10 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
                 memset(srow, 0, (size_t)c * sizeof(float));
                 continue;
             }
-#if defined(LT_FLASH_AVX2)
+#if defined(LT_FLASH_VEC)
             if (cap <= 0) {
                 float mnew;
-                const float sum = fwd_row8(srow, c, c0, c1, m[x], &mnew);
+                const float sum = fwd_row_vec(srow, c, c0, c1, m[x], &mnew);
                 const float alpha = m[x] == -INFINITY ? 0.0f : lt_fast_exp(m[x] - mnew);
                 l[x] = l[x] * alpha + sum;
                 m[x] = mnew;
@@ -458,9 +516,9 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
         float *srow = S + x * BC, *drow = dP + x * BC;
         const float L = lse[x], Dq = dvec[x];
         if (x % G == 0) cols(q0 + x / G, s0, j->p->window, kb, c, &c0, &c1);
-#if defined(LT_FLASH_AVX2)
+#if defined(LT_FLASH_VEC)
         if (cap <= 0) {
-            bwd_row8(srow, drow, c, c0, c1, L, Dq);
+            bwd_row_vec(srow, drow, c, c0, c1, L, Dq);
             continue;
         }
 #endif
