@@ -95,10 +95,12 @@ typedef struct {
 #if defined(LT_THIN)
 /* ---- the AVX-512 loops ----
  * On one core of the 2-core Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
- * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels
- * (which stay in use for the rank-r updates x += lu·B and dx += dlu·A: they already run at the speed
- * of reading and writing the wide matrix). Also tried: column sums walking all rows per 16-column
- * chunk, 1.5-2x slower than OpenBLAS once the wide matrix had left the cache. */
+ * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels.
+ * The rank-r updates y += lu·Bᵀ and dx += dlu·A (rankk_block, four rows a pass), on 2 threads of
+ * the same VM, each loop timed on its own: C (2048, 576) at r = 8 / 16 in 117-165 / 184-189 µs
+ * against OpenBLAS's 202-203 / 209-213, C (512, 576) in 27 / 46 against 77 / 100-108. Also tried:
+ * column sums walking all rows per 16-column chunk, 1.5-2x slower than OpenBLAS once the wide
+ * matrix had left the cache. */
 THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
