@@ -96,11 +96,12 @@ typedef struct {
 /* ---- the AVX-512 loops ----
  * On one core of the 2-core Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
  * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels.
- * The rank-r updates y += lu·Bᵀ and dx += dlu·A (rankk_block, four rows a pass), on 2 threads of
- * the same VM, each loop timed on its own: C (2048, 576) at r = 8 / 16 in 117-165 / 184-189 µs
- * against OpenBLAS's 202-203 / 209-213, C (512, 576) in 27 / 46 against 77 / 100-108. Also tried:
- * column sums walking all rows per 16-column chunk, 1.5-2x slower than OpenBLAS once the wide
- * matrix had left the cache. */
+ * The rank-r updates y += lu·Bᵀ and dx += dlu·A (rankk_row) run at the speed of reading and
+ * writing the wide matrix inside the training step. Also tried: column sums walking all rows per
+ * 16-column chunk, 1.5-2x slower than OpenBLAS once the wide matrix had left the cache; rank-r
+ * updates four rows a pass (each chunk of B loaded once for the four), 1.7x faster with C in cache
+ * (C (2048, 576), r = 8 and 16, 2 threads) but within 5 % of this loop's time in the training step
+ * (perf samples at T = 512 and 2048). */
 THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
@@ -174,47 +175,31 @@ THIN_FN static void colsum_items(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
-/* Rows m .. m + RB - 1 (RB <= RANKK_ROWS) at once: each 16-column chunk of Bk is loaded once for
- * all of them (one row at a time, the loads of Bk bounded the loop: at K = 16 it took 1.8x
- * OpenBLAS's time for dx += dlu·A over 2048 rows of 576). Every element is the same sum in the
- * same order whatever RB is. */
-#define RANKK_ROWS 4
-
-THIN_FN static inline __attribute__((always_inline)) void rankk_block(const rankk_job *j, int64_t m, const int64_t K,
-                                                                      const int RB) {
-    const float *a[RANKK_ROWS];
-    float *c[RANKK_ROWS];
-    for (int i = 0; i < RB; i++) {
-        a[i] = j->A + (m + i) * j->lda;
-        c[i] = j->C + (m + i) * j->ldc;
-    }
+THIN_FN static inline __attribute__((always_inline)) void rankk_row(const rankk_job *j, int64_t m, const int64_t K) {
+    const float *a = j->A + m * j->lda;
+    float *c = j->C + m * j->ldc;
+    __m512 av[THIN_MAX];
+    for (int64_t k = 0; k < K; k++) av[k] = _mm512_set1_ps(a[k]);
     const __m512 alpha = _mm512_set1_ps(j->alpha), beta = _mm512_set1_ps(j->beta);
     for (int64_t n = 0; n < j->N; n += 16) {
         const __mmask16 mk = thin_mask(j->N - n);
-        __m512 b = _mm512_maskz_loadu_ps(mk, j->Bk + n), acc[RANKK_ROWS];
-        for (int i = 0; i < RB; i++) acc[i] = _mm512_mul_ps(_mm512_set1_ps(a[i][0]), b);
-        for (int64_t k = 1; k < K; k++) {
-            b = _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n);
-            for (int i = 0; i < RB; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i][k]), b, acc[i]);
-        }
-        for (int i = 0; i < RB; i++) {
-            __m512 v = _mm512_mul_ps(alpha, acc[i]);
-            if (j->beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c[i] + n), v);
-            _mm512_mask_storeu_ps(c[i] + n, mk, v);
-        }
+        __m512 acc = _mm512_mul_ps(av[0], _mm512_maskz_loadu_ps(mk, j->Bk + n));
+        for (int64_t k = 1; k < K; k++)
+            acc = _mm512_fmadd_ps(av[k], _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n), acc);
+        acc = _mm512_mul_ps(alpha, acc);
+        if (j->beta != 0.0f) acc = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c + n), acc);
+        _mm512_mask_storeu_ps(c + n, mk, acc);
     }
 }
 
 THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
     (void)thread;
     const rankk_job *j = arg;
-    int64_t m = m0;
-    for (; m + RANKK_ROWS <= m1; m += RANKK_ROWS) {
-        if (j->K == 8) rankk_block(j, m, 8, RANKK_ROWS);
-        else if (j->K == 16) rankk_block(j, m, 16, RANKK_ROWS);
-        else rankk_block(j, m, j->K, RANKK_ROWS);
+    for (int64_t m = m0; m < m1; m++) {
+        if (j->K == 8) rankk_row(j, m, 8);
+        else if (j->K == 16) rankk_row(j, m, 16);
+        else rankk_row(j, m, j->K);
     }
-    for (; m < m1; m++) rankk_block(j, m, j->K, 1);
 }
 #endif
 
