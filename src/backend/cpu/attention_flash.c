@@ -26,10 +26,14 @@
  * rows) against key blocks of FBC keys; the backward's query tiles hold BBR tokens against key tiles
  * of BC. Measured on one core at G = 3, T = 2048 (interleaved, loaded VM): FBR 16 / 32 / 64 equal
  * (32 keeps the S and O tiles of larger groups in L2); BBR 128 or 256 ~30% slower than 64 in the
- * backward. FBC: with the AVX-512 softmax rows on the 2-core Xeon VM (`bench attention`, G = 4,
- * 2 threads, three alternated runs) the forward took 14.3-14.6 ms at T = 2048 with 128 keys,
- * 15.2-15.5 with 64 and 15.4-16.0 with 256, and 1.04-1.06 against 1.11-1.14 ms (64) at T = 512;
- * at G = 3 (SmolLM2's heads, inside the training step) 128 and 64 were equal. */
+ * backward. On the 2-core Xeon VM with the AVX-512 softmax rows (`bench attention`, G = 4, 2
+ * threads, three alternated runs each):
+ *   - FBC: the forward took 14.3-14.6 ms at T = 2048 with 128 keys, 15.2-15.5 with 64 and 15.4-16.0
+ *     with 256, and 1.04-1.06 against 1.11-1.14 ms (64) at T = 512; at G = 3 (SmolLM2's heads,
+ *     inside the training step) 128 and 64 were equal.
+ *   - BBR 32: no faster than 64.
+ *   - The backward's diagonal queries in pieces of 16 or 32 tokens against only the keys they see
+ *     (5/8 of a 64 x 64 tile's products): within the noise at T = 2048 and on the packed row. */
 #define FBR 32
 #define FBC 128
 #define BBR BR
