@@ -237,8 +237,9 @@ static inline void cols(int64_t q, int64_t s0, int64_t window, int64_t kb, int64
  * keep the loops below) ----
  * lt_fast_exp's steps sixteen (AVX-512) or eight (AVX2) lanes at a time, with its multiply-adds
  * fused, and the row's max, sum and masking in the same pass over the tile row. fwd_row_vec and
- * bwd_row_vec work in whole vectors: the tile rows' stride (FBC, BC = 64) is a multiple of 16, so
- * the lanes past c stay in the row; whatever they held, they come out 0. */
+ * bwd_row_vec (contracts on the AVX2 forms below) work in whole vectors: the tile rows' strides
+ * (FBC = 128, BC = 64) are multiples of 16, so the lanes past c stay in the row; whatever they
+ * held, they come out 0. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define LT_FLASH_VEC 16
