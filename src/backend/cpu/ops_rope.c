@@ -15,21 +15,34 @@ typedef struct rope_job {
     float sign;
 } rope_job;
 
+/* Frequencies a token's cos and sin are formed for at a time, then applied to every head: the
+ * rotation runs along each head's contiguous elements (vectorised) instead of striding across heads
+ * per frequency; the same products, so the same results. At SmolLM2's q (9 heads of 64, 2048
+ * tokens, one core) 1.05 -> 0.56 ms. */
+#define ROPE_FREQ_BLOCK 64
+
 LT_CPU_CLONES static void rope_rows(void *arg, int64_t n0, int64_t n1, int thread) {
     (void)thread;
     const rope_job *j = arg;
     int64_t half = j->D / 2;
     const float scale = j->inv_freq[half];
+    float cb[ROPE_FREQ_BLOCK], sb[ROPE_FREQ_BLOCK];
     for (int64_t n = n0; n < n1; n++) {
         float p = (float)j->pos[n];
-        for (int64_t i = 0; i < half; i++) {
-            float ang = p * j->inv_freq[i];
-            float c = scale * cosf(ang), s = scale * j->sign * sinf(ang);
+        for (int64_t i0 = 0; i0 < half; i0 += ROPE_FREQ_BLOCK) {
+            const int64_t w = half - i0 < ROPE_FREQ_BLOCK ? half - i0 : ROPE_FREQ_BLOCK;
+            for (int64_t i = 0; i < w; i++) {
+                float ang = p * j->inv_freq[i0 + i];
+                cb[i] = scale * cosf(ang);
+                sb[i] = scale * j->sign * sinf(ang);
+            }
             for (int64_t h = 0; h < j->heads; h++) {
-                float *v = j->x + (n * j->heads + h) * j->D;
-                float a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = b * c + a * s;
+                float *v = j->x + (n * j->heads + h) * j->D + i0;
+                for (int64_t i = 0; i < w; i++) {
+                    float a = v[i], b = v[i + half];
+                    v[i] = a * cb[i] - b * sb[i];
+                    v[i + half] = b * cb[i] + a * sb[i];
+                }
             }
         }
     }
