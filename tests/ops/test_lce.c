@@ -216,10 +216,17 @@ static void free_ref(reference *r) {
 
 /* ---- comparison ---- */
 
-/* Largest error of got against ref relative to the tensor's scale (max |ref|, at least 1e-30). */
-static double scaled_err(const float *got, const double *ref, int64_t n) {
-    double scale = 1e-30, worst = 0;
+/* A tensor's scale: max |ref|, at least 1e-30. */
+static double ref_scale(const double *ref, int64_t n) {
+    double scale = 1e-30;
     for (int64_t k = 0; k < n; k++) scale = fmax(scale, fabs(ref[k]));
+    return scale;
+}
+
+/* Largest error of got against ref relative to the tensor's scale (ref_scale). */
+static double scaled_err(const float *got, const double *ref, int64_t n) {
+    const double scale = ref_scale(ref, n);
+    double worst = 0;
     for (int64_t k = 0; k < n; k++) {
         double e = fabs((double)got[k] - ref[k]);
         if (!(e <= worst)) worst = e; /* NaN (and the poison) propagate as failures */
@@ -232,9 +239,7 @@ static double scaled_err(const float *got, const double *ref, int64_t n) {
  * terms ref sums without that derivative, reference.dh_mag / dw_mag) relative to max |ref|. mag 0
  * (no softcap) leaves tol as it is. */
 static double tol_softcap(double tol, const double *ref, int64_t n, double mag) {
-    double scale = 1e-30;
-    for (int64_t k = 0; k < n; k++) scale = fmax(scale, fabs(ref[k]));
-    return tol + 8.0 * 0x1.0p-24 * mag / scale;
+    return mag > 0 ? tol + 8.0 * 0x1.0p-24 * mag / ref_scale(ref, n) : tol;
 }
 
 static void check_close(const char *what, const char *ctxs, const float *got, const double *ref, int64_t n,
