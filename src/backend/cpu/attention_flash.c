@@ -61,9 +61,12 @@ typedef struct {
      * and its dQ bucket (T·G, D). */
     const float *qs, *dos, *lse, *dvec;
     float *dq;
-    /* Backward: the bucket's stacked rows below this one hold values (written or zeroed); the
-     * rest are written as key tiles reach them, so the bucket is never cleared as a whole. */
+    /* Backward: the bucket's stacked rows below this one are past (written, zeroed or skipped);
+     * the rest are written as key tiles reach them, so the bucket is never cleared as a whole.
+     * cov: the bucket's flag per token, 1 where its rows hold values; rows a key tile jumps over
+     * (other sequences of a packed row, keys outside a window) are left unwritten and unread. */
     int64_t dq_hw;
+    uint8_t *cov;
 } flash_slot;
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
@@ -132,9 +135,14 @@ static int64_t kt_ld(const lt_attention_params *p) { return (p->T + 15) / 16 * 1
 static size_t kt_floats(const lt_attention_params *p) { return (size_t)(p->B * p->Hkv * p->D * kt_ld(p)); }
 
 /* Backward, per kv head in flight: Q and dO stacked (T·G, D), lse and D_i = rowsum(dO·O) stacked
- * (T·G), then the dq_buckets(p) dQ buckets (T·G, D). */
+ * (T·G), the dq_buckets(p) dQ buckets (T·G, D), then the buckets' coverage flags (buckets·T bytes). */
+static size_t cov_floats(const lt_attention_params *p) {
+    return lt_attn_round(((size_t)(dq_buckets(p) * p->T) + sizeof(float) - 1) / sizeof(float));
+}
+
 static size_t head_block_floats(const lt_attention_params *p) {
-    return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p));
+    return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p)) +
+        cov_floats(p);
 }
 
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
@@ -178,12 +186,15 @@ static flash_slot slot_of(const flash_job *j, int slot) {
 /* Backward: the pieces of head block k (the kv head kv0 + k in flight). */
 typedef struct {
     float *qs, *dos, *lse, *dvec, *dq;
+    uint8_t *cov; /* (buckets, T) */
 } head_block;
 
 static head_block head_block_of(const flash_job *j, int64_t k) {
     const size_t sf = lt_attn_round(stacked_floats(j->p)), sr = lt_attn_round(stacked_rows(j->p));
     float *base = j->heads + (size_t)k * head_block_floats(j->p);
-    head_block h = {base, base + sf, base + 2 * sf, base + 2 * sf + sr, base + 2 * sf + 2 * sr};
+    float *dq = base + 2 * sf + 2 * sr;
+    head_block h =
+        {base, base + sf, base + 2 * sf, base + 2 * sf + sr, dq, (uint8_t *)(dq + (size_t)dq_buckets(j->p) * sf)};
     return h;
 }
 
@@ -582,9 +593,9 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
         float beta = 1.0f;
         if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
             const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
-            memset(sl->dq + sl->dq_hw * D, 0, (size_t)((from - sl->dq_hw) * D) * sizeof(float));
             if (from == x0) beta = 0.0f;
             else memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
+            memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
             sl->dq_hw = x0 + R;
         }
         lt_cpu_tile_gemm(0, R, D, c, 1.0f, sl->dp, BC, K, ldk, beta, sl->dq + x0 * D, D);
@@ -605,10 +616,10 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
     sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
     sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
     sl.dq_hw = 0;
+    sl.cov = hb.cov + bucket * j->p->T;
+    memset(sl.cov, 0, (size_t)j->p->T);
     for (int64_t t0 = bucket * BC; t0 < j->p->T; t0 += dq_buckets(j->p) * BC)
         for_segments(j, &sl, j->b, j->kv0 + k, t0, t0 + BC < j->p->T ? t0 + BC : j->p->T, bwd_seg);
-    const int64_t rows = (int64_t)stacked_rows(j->p);
-    memset(sl.dq + sl.dq_hw * j->p->D, 0, (size_t)((rows - sl.dq_hw) * j->p->D) * sizeof(float));
 }
 
 /* Tokens [begin, end) of (nk, T) over the kv heads in flight: Q and dO stacked, lse stacked, and
@@ -643,8 +654,10 @@ LT_CPU_CLONES static void stack_tokens(void *arg, int64_t begin, int64_t end, in
     }
 }
 
-/* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets summed in
- * index order, scaled, stored at their (token, head). */
+/* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets that hold the
+ * row (cov) summed in index order, scaled, stored at their (token, head). A bucket that holds no
+ * value there would add zeros: skipping it gives the same sums. Every row is held by at least the
+ * bucket of its own key tile (a query sees itself). */
 LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
@@ -655,12 +668,21 @@ LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thr
     for (int64_t u = begin; u < end; u++) {
         const int64_t k = u / rows, x = u % rows;
         head_block hb = head_block_of(j, k);
+        const int64_t t = x / j->group;
         float *acc = hb.dq + (size_t)x * (size_t)D;
+        int held = hb.cov[t];
         for (int64_t nb = 1; nb < dq_buckets(p); nb++) {
+            if (!hb.cov[nb * p->T + t]) continue;
             const float *part = hb.dq + (size_t)nb * stride + (size_t)x * (size_t)D;
+            if (!held) {
+                memcpy(acc, part, (size_t)D * sizeof(float));
+                held = 1;
+                continue;
+            }
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] += part[d];
         }
+        if (!held) memset(acc, 0, (size_t)D * sizeof(float));
         const int64_t off = lt_attn_off(&p->q_layout, j->b, x / j->group, (j->kv0 + k) * j->group + x % j->group);
         lt_attn_store((char *)j->a->dq + off * (int64_t)es, p->dtype, p->q_layout.token, acc, 1, D, p->scale);
     }
