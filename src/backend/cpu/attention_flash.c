@@ -656,8 +656,9 @@ LT_CPU_CLONES static void stack_tokens(void *arg, int64_t begin, int64_t end, in
 
 /* Stacked dQ rows [begin, end) of (nk, T·G) over the kv heads in flight: the buckets that hold the
  * row (cov) summed in index order, scaled, stored at their (token, head). A bucket that holds no
- * value there would add zeros: skipping it gives the same sums. Every row is held by at least the
- * bucket of its own key tile (a query sees itself). */
+ * value there would add zeros: skipping it gives the same sums (up to the sign of an exact zero).
+ * A query sees itself, so the bucket of its own key tile holds its row; a token outside every
+ * packed sequence is held by none and gets 0. */
 LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const flash_job *j = arg;
