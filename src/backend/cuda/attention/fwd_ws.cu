@@ -1,6 +1,7 @@
-/* Warp-specialised flash attention forward for Hopper (sm_90a), D = 64 or 128, for long rows:
- * one producer warp streams K and V tiles of 128 keys into an NS-stage shared-memory ring with TMA
- * and mbarriers, two consumer warpgroups own 64 query rows each (128 per CTA). The consumers take
+/* Warp-specialised flash attention forward for Hopper (sm_90a), D = 64, 128 or 256, for long rows:
+ * one producer warp streams K and V tiles of BN keys (128; 64 at D = 256, lt_attn_fwd_ws_bn) into
+ * an NS-stage shared-memory ring with TMA and mbarriers, two consumer warpgroups own 64 query rows
+ * each (128 per CTA). The consumers take
  * turns issuing their MMAs (ping-pong on named barriers, so one's softmax runs under the other's
  * MMAs) and each overlaps its own softmax of tile n with the P·V of tile n - 1. Causal, window and
  * packed-row bounds arrive as the per-token key bounds of prepare.cu; tiles no row of the CTA can
@@ -19,20 +20,21 @@ struct ws_maps {
 };
 
 #if LT_WGMMA_OK
-/* S (64 x 128 scores of one consumer, in registers) -> probabilities exp2(s·k - m) with the bounds
+/* S (64 x BN scores of one consumer, in registers: s[4j + e] is row 16·warp + lane/4 + 8·(e/2),
+ * key 8j + 2·(lane%4) + e%2) -> probabilities exp2(s·k - m) with the bounds
  * applied, m the running row max in log2 units (k = scale·log2 e, so scaling and the shift are one
  * FMA; with softcap the capped logits are formed first and k = 1); sets the factor al that rescales
  * the rows' old sums and output, and updates m and l. CAP (softcap) and MASK (a tile some row sees
  * only in part) are template parameters: as runtime tests inside the unrolled element loop the
  * compiler if-converted them, so every tile paid the tanh and the bounds (twice the instructions). */
-template <bool CAP, bool MASK>
-static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float l[2], float al[2], int k0,
+template <int BN, bool CAP, bool MASK>
+static __device__ __forceinline__ void ws_softmax(float s[BN / 2], float m[2], float l[2], float al[2], int k0,
                                                   const int row[2], const int rlo[2], int lane, float sl2, float scale,
                                                   float cap, float inv_cap) {
     const float k = CAP ? 1.0f : sl2;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < BN / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float x = s[4 * j + e];
@@ -55,7 +57,7 @@ static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float
         m[hr] = mn;
         float rs = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < BN / 8; j++) {
             s[4 * j + 2 * hr] = exp2f(fmaf(s[4 * j + 2 * hr], k, -mu));
             s[4 * j + 2 * hr + 1] = exp2f(fmaf(s[4 * j + 2 * hr + 1], k, -mu));
             rs += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
@@ -64,13 +66,21 @@ static __device__ __forceinline__ void ws_softmax(float s[64], float m[2], float
     }
 }
 
+/* S += Q·Kᵀ over 16 of D for a tile of BN keys: one m64n128k16 or one m64n64k16, both operands
+ * K-major in the 128-byte swizzle. */
+template <int BN>
+static __device__ __forceinline__ void ws_wgmma_s(float s[BN / 2], uint64_t dq, uint64_t dk, int acc) {
+    if constexpr (BN == 128) lt_wgmma_ss_n128(s, dq, dk, acc);
+    else lt_wgmma_ss<0, 0>(s, dq, dk, acc);
+}
+
 /* The tile's softmax, with the bounds only where some row of this consumer sees part of it. */
-template <bool CAP>
-static __device__ __forceinline__ void ws_softmax_tile(float s[64], float m[2], float l[2], float al[2], int k0,
+template <int BN, bool CAP>
+static __device__ __forceinline__ void ws_softmax_tile(float s[BN / 2], float m[2], float l[2], float al[2], int k0,
                                                        bool full, const int row[2], const int rlo[2], int lane,
                                                        float sl2, float scale, float cap, float inv_cap) {
-    if (full) ws_softmax<CAP, false>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
-    else ws_softmax<CAP, true>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
+    if (full) ws_softmax<BN, CAP, false>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
+    else ws_softmax<BN, CAP, true>(s, m, l, al, k0, row, rlo, lane, sl2, scale, cap, inv_cap);
 }
 
 #endif
@@ -80,7 +90,7 @@ template <int D, int NS, bool CAP>
 static __global__ void __launch_bounds__(384, 1)
     attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p, const int pp) {
 #if LT_WGMMA_OK
-    constexpr int BM = LT_ATTN_FWD_WS_BM, BN = LT_ATTN_FWD_WS_BN, NH = D / 64, KS = D / 16;
+    constexpr int BM = LT_ATTN_FWD_WS_BM, BN = lt_attn_fwd_ws_bn(D), NH = D / 64, KS = D / 16;
     constexpr int TQ = 64 * D * 2, TKV = BN * D * 2; /* bytes of one consumer's Q tile, one K or V tile */
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (lt_smem_addr(smem_raw) & 1023)) & 1023);
@@ -162,24 +172,24 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < 32; i++) o[n][i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, al[2];
-    float s[64];
-    uint32_t pa[8][4];
+    float s[BN / 2];
+    uint32_t pa[BN / 16][4];
 
     /* S = Q·K_i^T for tile i, issued and committed (not waited). */
-#define WS_ISSUE_S(stage)                                                                                            \
-    do {                                                                                                             \
-        lt_pin_f<64>(s);                                                                                             \
-        lt_wgmma_fence();                                                                                            \
-        _Pragma("unroll") for (int kk = 0; kk < KS; kk++)                                                            \
-            lt_wgmma_ss_n128(s, lt_wgmma_desc_at32(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                      \
-                             lt_wgmma_desc_at32(dK0, (stage)*TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0); \
-        lt_wgmma_commit();                                                                                           \
+#define WS_ISSUE_S(stage)                                                                                          \
+    do {                                                                                                           \
+        lt_pin_f<BN / 2>(s);                                                                                       \
+        lt_wgmma_fence();                                                                                          \
+        _Pragma("unroll") for (int kk = 0; kk < KS; kk++)                                                          \
+            ws_wgmma_s<BN>(s, lt_wgmma_desc_at32(dQ, (kk >> 2) * (64 * 128) + (kk & 3) * 32),                      \
+                           lt_wgmma_desc_at32(dK0, (stage)*TKV + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0); \
+        lt_wgmma_commit();                                                                                         \
     } while (0)
     /* O += P·V for the tile in `stage`, issued and committed. */
 #define WS_ISSUE_PV(stage)                                                                                      \
     do {                                                                                                        \
         _Pragma("unroll") for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);                                      \
-        lt_pin_u<32>(&pa[0][0]);                                                                                \
+        lt_pin_u<BN / 4>(&pa[0][0]);                                                                            \
         lt_wgmma_fence();                                                                                       \
         _Pragma("unroll") for (int kk = 0; kk < BN / 16; kk++) _Pragma("unroll") for (int n = 0; n < NH; n++)   \
             lt_wgmma_rs<1>(o[n], pa[kk], lt_wgmma_desc_at32(dV0, (stage)*TKV + n * (BN * 128) + kk * 2048), 1); \
@@ -187,7 +197,7 @@ static __global__ void __launch_bounds__(384, 1)
     } while (0)
 #define WS_PACK_P()                                                                 \
     do {                                                                            \
-        _Pragma("unroll") for (int j = 0; j < 16; j++) {                            \
+        _Pragma("unroll") for (int j = 0; j < BN / 8; j++) {                        \
             pa[j >> 1][(j & 1) * 2] = lt_pack_bf16(s[4 * j], s[4 * j + 1]);         \
             pa[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(s[4 * j + 2], s[4 * j + 3]); \
         }                                                                           \
@@ -203,12 +213,12 @@ static __global__ void __launch_bounds__(384, 1)
     WS_ISSUE_S(0);
     if (pp) lt_bar_arrive(bar_other, 256);
     lt_wgmma_wait<0>();
-    lt_pin_f<64>(s);
+    lt_pin_f<BN / 2>(s);
     if (lane == 0) lt_mbar_arrive(&emptyK[0]);
     {
         const int k0 = kb_begin * BN;
-        ws_softmax_tile<CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
-                             inv_cap);
+        ws_softmax_tile<BN, CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale,
+                                 cap, inv_cap);
     }
     WS_PACK_P();
 
@@ -221,14 +231,14 @@ static __global__ void __launch_bounds__(384, 1)
         WS_ISSUE_PV(sp);
         if (pp) lt_bar_arrive(bar_other, 256);
         lt_wgmma_wait<1>();
-        lt_pin_f<64>(s);
+        lt_pin_f<BN / 2>(s);
         if (lane == 0) lt_mbar_arrive(&emptyK[st]);
         const int k0 = (kb_begin + i) * BN;
-        ws_softmax_tile<CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale, cap,
-                             inv_cap);
+        ws_softmax_tile<BN, CAP>(s, m, l, al, k0, (k0 + BN - 1 <= q0w) && (k0 >= lo_last), row, rlo, lane, sl2, scale,
+                                 cap, inv_cap);
         lt_wgmma_wait<0>();
         /* P's registers are read by the MMA until here: pinning them keeps the next P out of them. */
-        lt_pin_u<32>(&pa[0][0]);
+        lt_pin_u<BN / 4>(&pa[0][0]);
 #pragma unroll
         for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);
         if (lane == 0) lt_mbar_arrive(&emptyV[sp]);
@@ -251,7 +261,7 @@ static __global__ void __launch_bounds__(384, 1)
         /* The first consumer's last turn hands over; the second's would have no taker. */
         if (pp && w == 0) lt_bar_arrive(bar_other, 256);
         lt_wgmma_wait<0>();
-        lt_pin_u<32>(&pa[0][0]);
+        lt_pin_u<BN / 4>(&pa[0][0]);
 #pragma unroll
         for (int n = 0; n < NH; n++) lt_pin_f<32>(o[n]);
         if (lane == 0) lt_mbar_arrive(&emptyV[sp]);
@@ -299,14 +309,14 @@ static __global__ void __launch_bounds__(384, 1)
 
 template <int D, int NS, bool CAP>
 static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
-    constexpr int TQ = 64 * D * 2, TKV = LT_ATTN_FWD_WS_BN * D * 2;
+    constexpr int BN = lt_attn_fwd_ws_bn(D), TQ = 64 * D * 2, TKV = BN * D * 2;
     const size_t smem = 1024 + 2 * (size_t)TQ + 2 * (size_t)NS * TKV + (1 + 4 * NS) * 8;
     static const char what[] = "attention forward (TMA)";
     ws_maps maps;
     const int64_t T = d.T;
     LT_TRY(lt_tma_map_bf16(ctx, what, &maps.q, d.q, B, T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, LT_ATTN_FWD_WS_BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
     const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
     return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS, CAP>, grid, 384, smem, stream,
                           "attention forward (TMA): shared memory size", "attention forward (TMA) kernel launch", maps,
@@ -327,6 +337,7 @@ lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
     if (D == 64)
         return stages == 3 ? ws_launch_cap<64, 3>(ctx, d, B, pingpong, stream)
                            : ws_launch_cap<64, 2>(ctx, d, B, pingpong, stream);
+    if (D == 256) return ws_launch_cap<256, 2>(ctx, d, B, pingpong, stream); /* 3 stages exceed shared memory */
     return stages == 3 ? ws_launch_cap<128, 3>(ctx, d, B, pingpong, stream)
                        : ws_launch_cap<128, 2>(ctx, d, B, pingpong, stream);
 }

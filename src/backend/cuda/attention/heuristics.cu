@@ -59,8 +59,10 @@ lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_
     }
     if (force && force->fwd > LT_ATTN_FWD_AUTO && force->fwd < LT_ATTN_FWD_KINDS_) want = (lt_attn_fwd_kind)force->fwd;
     if ((want == LT_ATTN_FWD_WS2 || want == LT_ATTN_FWD_WS3) && !dev->tma) want = LT_ATTN_FWD_WG2;
-    /* D = 256 has the wgmma forward with one K/V slot only (tuning.h: LT_ATTN_FWD_WG_HEAD_DIM). */
-    if (p->D == 256 && want != LT_ATTN_FWD_MMA) want = LT_ATTN_FWD_WG1;
+    /* D = 256 has the wgmma forward with one K/V slot and the TMA forward with two stages only
+     * (tuning.h: LT_ATTN_FWD_WG_HEAD_DIM). */
+    if (p->D == 256 && want == LT_ATTN_FWD_WG2) want = LT_ATTN_FWD_WG1;
+    if (p->D == 256 && want == LT_ATTN_FWD_WS3) want = LT_ATTN_FWD_WS2;
     /* The wgmma kernels put the query blocks in gridDim.y. */
     if (want != LT_ATTN_FWD_MMA &&
         (!dev->wgmma || (p->T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM > LT_ATTN_GRID_YZ_MAX))

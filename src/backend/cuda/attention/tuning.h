@@ -11,16 +11,17 @@
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
  * the launchers' switches follow it). 64 and 128 have every variant below; 96 has the mma.sync
  * kernels only; 256 (Gemma 2/3) the mma.sync kernels, the one-warpgroup wgmma forward with one
- * K/V slot (WG1) and the wgmma backward of bwd_wg256.cu. Adding one: README.md. */
+ * K/V slot (WG1), the TMA forward with two stages of 64-key tiles (WS2) and the wgmma backward of
+ * bwd_wg256.cu. Adding one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
     { 64, 96, 128, 256 }
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
-/* The head dims of the one-warpgroup wgmma forward (fwd_wg.cu): those, and 256 (WG1 only), whose
- * 64 x 256 fp32 O (128 registers a thread) still fits one warpgroup; the TMA forward's 128-key S
- * tile beside it would not, nor would one warpgroup's dK and dV at 256 (bwd_wg256.cu splits D
- * over two). */
+/* The head dims of the wgmma and TMA forwards (fwd_wg.cu, fwd_ws.cu): those, and 256 (WG1 and WS2
+ * only), whose 64 x 256 fp32 O (128 registers a thread) still fits a warpgroup beside a 64-key S
+ * tile; a 128-key S tile beside it would not, nor would one warpgroup's dK and dV at 256
+ * (bwd_wg256.cu splits D over two). */
 #define LT_ATTN_FWD_WG_HEAD_DIM(D) (LT_ATTN_WGMMA_HEAD_DIM(D) || (D) == 256)
 
 /* ---- Variant table ---------------------------------------------------------------------------
@@ -29,8 +30,9 @@
  *   WG2  wgmma, 2 K/V buffers       fwd_wg.cu    64,128  64 rows, 1 warpgroup         2
  *   WG1  wgmma, 1 K/V slot          fwd_wg.cu    64,128, 64 rows, 1 warpgroup         3 (256: 2)
  *                                                256
- *   WS2  TMA + warp-specialised     fwd_ws.cu    64,128  128 rows, 1 producer + 2     1
- *   WS3  the same, 3 K/V stages     fwd_ws.cu    64,128    consumer warpgroups        1
+ *   WS2  TMA + warp-specialised     fwd_ws.cu    64,128, 128 rows, 1 producer + 2     1
+ *                                                256       consumer warpgroups
+ *   WS3  the same, 3 K/V stages     fwd_ws.cu    64,128  (256: WS2)                   1
  * backward (lt_attn_bwd_plan)
  *   mma  mma.sync, dQ by atomics    bwd_mma.cu   all     128 keys (256: 64), 8 warps  -
  *   wg   wgmma, dQ by atomics       bwd_wg.cu    64,128  128 keys, 2 warpgroups       1
@@ -141,16 +143,19 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 /* wgmma (fwd_wg.cu): 64 query rows (one warpgroup), 64-key tiles; 2 K/V buffers, two
  * CTAs per SM (one's softmax overlaps the other's MMAs), or 1 slot, three CTAs per SM. At D = 256
  * the tiles are 32 KiB each and only WG1 is built: two CTAs per SM (97 KiB, 255 registers a thread,
- * no spills); WG2 would hold one CTA per SM (161 KiB) and spilled 44 bytes. Every D = 256 forward
- * on compute capability 9.0 takes WG1 (a forced WG2, WS2 or WS3 too): chosen from the occupancy
- * and the spills, not yet measured against the mma.sync kernel. */
+ * no spills); WG2 would hold one CTA per SM (161 KiB) and spilled 44 bytes, so a forced WG2 runs
+ * WG1 there. */
 #define LT_ATTN_FWD_WG_BM 64
 #define LT_ATTN_FWD_WG_BN 64
 /* TMA (fwd_ws.cu): 128 query rows (two consumers of 64), 128-key tiles in a 2- or 3-stage ring;
  * registers per thread: producer 40, consumers 232. Consumers take turns issuing their MMAs
- * (ping-pong on named barriers) and overlap the softmax of tile n with P·V of tile n - 1. */
+ * (ping-pong on named barriers) and overlap the softmax of tile n with P·V of tile n - 1. D = 256
+ * takes 64-key tiles (lt_attn_fwd_ws_bn) in 2 stages: O (128 registers a thread) beside a 64 x 64
+ * S (32) and its bf16 P (16) fits the consumers' 232 registers, and Q (64 KiB) with two stages of
+ * K and V (32 KiB each) takes 192 KiB of shared memory; a third stage would not fit. */
 #define LT_ATTN_FWD_WS_BM 128
 #define LT_ATTN_FWD_WS_BN 128
+#define LT_ATTN_FWD_WS_BN256 64
 #define LT_ATTN_FWD_WS_REG_PRODUCER 40
 #define LT_ATTN_FWD_WS_REG_CONSUMER 232
 
@@ -218,6 +223,8 @@ template <> struct lt_attn_fwd_mma_shape<256> {
  * -3 also run hdim 256 backward on 64 x 64 tiles). */
 template <int D> struct lt_attn_bwd_mma_shape { static constexpr int BN = LT_ATTN_BWD_MMA_BN; };
 template <> struct lt_attn_bwd_mma_shape<256> { static constexpr int BN = 64; };
+/* Keys per tile of the TMA forward (fwd_ws.cu). */
+constexpr int lt_attn_fwd_ws_bn(int D) { return D == 256 ? LT_ATTN_FWD_WS_BN256 : LT_ATTN_FWD_WS_BN; }
 } /* extern "C++" */
 #endif
 
