@@ -1,9 +1,9 @@
 /* Warp-specialised flash attention forward for Hopper (sm_90a), D = 64, 128 or 256, for long rows:
  * one producer warp streams K and V tiles of BN keys (128; 64 at D = 256, lt_attn_fwd_ws_bn) into
  * an NS-stage shared-memory ring with TMA and mbarriers, two consumer warpgroups own 64 query rows
- * each (128 per CTA). The consumers take
- * turns issuing their MMAs (ping-pong on named barriers, so one's softmax runs under the other's
- * MMAs) and each overlaps its own softmax of tile n with the P·V of tile n - 1. Causal, window and
+ * each (128 per CTA). The consumers take turns issuing their MMAs (ping-pong on named barriers, so
+ * one's softmax runs under the other's MMAs) and each overlaps its own softmax of tile n with the
+ * P·V of tile n - 1. Causal, window and
  * packed-row bounds arrive as the per-token key bounds of prepare.cu; tiles no row of the CTA can
  * see are never loaded. Short packed sequences and small windows stay with the one-warpgroup
  * kernel of fwd_wg.cu (its 64-row CTAs skip more); lt_attn_fwd_choose decides. */
@@ -21,10 +21,10 @@ struct ws_maps {
 
 #if LT_WGMMA_OK
 /* S (64 x BN scores of one consumer, in registers: s[4j + e] is row 16·warp + lane/4 + 8·(e/2),
- * key 8j + 2·(lane%4) + e%2) -> probabilities exp2(s·k - m) with the bounds
- * applied, m the running row max in log2 units (k = scale·log2 e, so scaling and the shift are one
- * FMA; with softcap the capped logits are formed first and k = 1); sets the factor al that rescales
- * the rows' old sums and output, and updates m and l. CAP (softcap) and MASK (a tile some row sees
+ * key 8j + 2·(lane%4) + e%2) -> probabilities exp2(s·k - m) with the bounds applied, m the running
+ * row max in log2 units (k = scale·log2 e, so scaling and the shift are one FMA; with softcap the
+ * capped logits are formed first and k = 1); sets the factor al that rescales the rows' old sums
+ * and output, and updates m and l. CAP (softcap) and MASK (a tile some row sees
  * only in part) are template parameters: as runtime tests inside the unrolled element loop the
  * compiler if-converted them, so every tile paid the tanh and the bounds (twice the instructions). */
 template <int BN, bool CAP, bool MASK>
