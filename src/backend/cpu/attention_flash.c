@@ -684,7 +684,7 @@ LT_CPU_CLONES static void dq_rows(void *arg, int64_t begin, int64_t end, int thr
             for (int64_t d = 0; d < D; d++) acc[d] += part[d];
         }
         if (!held) memset(acc, 0, (size_t)D * sizeof(float));
-        const int64_t off = lt_attn_off(&p->q_layout, j->b, x / j->group, (j->kv0 + k) * j->group + x % j->group);
+        const int64_t off = lt_attn_off(&p->q_layout, j->b, t, (j->kv0 + k) * j->group + x % j->group);
         lt_attn_store((char *)j->a->dq + off * (int64_t)es, p->dtype, p->q_layout.token, acc, 1, D, p->scale);
     }
 }
