@@ -183,9 +183,16 @@ static const char *parse_dtype(const char *v, void *dst) {
     return NULL;
 }
 
-/* --kernel-fwd / --kernel-bwd (CUDA): kept as given; the CUDA arm checks the name. */
+/* --kernel-fwd / --kernel-bwd / --kernel-dq (CUDA): kept as given; the CUDA arm checks the name. */
 static const char *parse_name(const char *v, void *dst) {
     *(const char **)dst = v;
+    return NULL;
+}
+
+/* --bwd-bn (CUDA): 0 (the heuristic's) or 128. */
+static const char *parse_bwd_bn(const char *v, void *dst) {
+    if (strcmp(v, "0") && strcmp(v, "128")) return "0 or 128";
+    *(int *)dst = atoi(v);
     return NULL;
 }
 
@@ -201,7 +208,7 @@ int lt_bench_attention(int argc, char **argv) {
               .seed = 1234,
               .dtype = LT_DTYPE_F32};
     int t_given = 0, packed_given = 0, peers = 1; /* the CUDA arm has its own defaults */
-    const char *kernel_fwd = "default", *kernel_bwd = "default";
+    lt_bench_attn_force force = {.fwd = "default", .bwd = "default", .dq = "default"};
     double softcap = 0;
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peers", &peers, 0),
@@ -227,8 +234,11 @@ int lt_bench_attention(int argc, char **argv) {
         LT_BENCH_I64("--window", &o.window, 0, INT32_MAX),
         LT_BENCH_F64("--softcap", &softcap, 0, 1000000),
         LT_BENCH_FN("--dtype", &o.dtype, parse_dtype),
-        LT_BENCH_FN("--kernel-fwd", &kernel_fwd, parse_name),
-        LT_BENCH_FN("--kernel-bwd", &kernel_bwd, parse_name),
+        LT_BENCH_FN("--kernel-fwd", &force.fwd, parse_name),
+        LT_BENCH_FN("--kernel-bwd", &force.bwd, parse_name),
+        LT_BENCH_FN("--kernel-dq", &force.dq, parse_name),
+        LT_BENCH_FN("--bwd-bn", &force.bwd_bn, parse_bwd_bn),
+        LT_BENCH_INT("--split", &force.split, 0, 64),
     };
     const int parsed =
         lt_bench_parse_args("attention", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -252,6 +262,12 @@ int lt_bench_attention(int argc, char **argv) {
             "  --kernel-bwd K   (cuda) force a backward kernel: default, mma (mma.sync), wg (wgmma, never\n"
             "                   the warp-specialised one); what a head dim lacks falls back as the\n"
             "                   heuristic would (src/backend/cuda/attention/README.md)\n"
+            "  --kernel-dq Q    (cuda) force the wgmma backward's dQ: default, atomic (fp32 atomics in\n"
+            "                   the main kernel), sep (its own kernel)\n"
+            "  --bwd-bn N       (cuda) 128: 128 keys per main-kernel CTA even with the dQ kernel (0: the\n"
+            "                   heuristic's)\n"
+            "  --split N        (cuda) CTAs sharing a kv head's query heads, a divisor of H / Hkv (0: the\n"
+            "                   heuristic's)\n"
             "With --backend cuda: bf16, B=1, H=32, Hkv=8, D=128 at T = 2048,8192,32768 (--T replaces\n"
             "this list), D=64 H=Hkv=32, D=96 H=32 Hkv=8 and D=256 H=16 Hkv=8 at T=8192, D=64 H=9 Hkv=3\n"
             "(SmolLM2-135M) at T=32768, and a packed row of T=8192; PyTorch SDPA (FlashAttention-2,\n"
@@ -265,8 +281,7 @@ int lt_bench_attention(int argc, char **argv) {
         const int64_t T = packed_given ? o.packed_T : 8192;
         int32_t *offs = T > 0 ? malloc(sizeof(int32_t) * (size_t)(T + 2)) : NULL;
         const int64_t S = offs ? pack_offsets(T, o.seed, offs, T + 2) : 0;
-        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers,
-                                         kernel_fwd, kernel_bwd);
+        int rc = lt_bench_attention_cuda(&c, t_given ? o.Ts : cuda_Ts, t_given ? o.nT : 3, T, offs, S, peers, &force);
         free(offs);
         return rc;
     }
@@ -274,8 +289,11 @@ int lt_bench_attention(int argc, char **argv) {
         fprintf(stderr, "longtune bench attention: backend '%s' has no attention in this build\n", c.backend);
         return 1;
     }
-    if (strcmp(kernel_fwd, "default") || strcmp(kernel_bwd, "default")) {
-        fprintf(stderr, "longtune bench attention: --kernel-fwd and --kernel-bwd need --backend cuda\n");
+    if (strcmp(force.fwd, "default") || strcmp(force.bwd, "default") || strcmp(force.dq, "default") || force.bwd_bn ||
+        force.split) {
+        fprintf(stderr,
+                "longtune bench attention: --kernel-fwd, --kernel-bwd, --kernel-dq, --bwd-bn and --split need "
+                "--backend cuda\n");
         return 2;
     }
     lt_ctx *ctx = lt_ctx_new();

@@ -192,13 +192,16 @@ static int kind_index(const char *flag, const char *name, const char *const *nam
 }
 
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
-                            const int32_t *packed_offs, int64_t packed_S, int peers, const char *kernel_fwd,
-                            const char *kernel_bwd) {
-    static const char *const fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *const bwd_names[] = LT_ATTN_BWD_KIND_NAMES;
+                            const int32_t *packed_offs, int64_t packed_S, int peers, const lt_bench_attn_force *f) {
+    static const char *const fwd_names[] = LT_ATTN_FWD_KIND_NAMES, *const bwd_names[] = LT_ATTN_BWD_KIND_NAMES,
+                             *const dq_names[] = LT_ATTN_DQ_KIND_NAMES;
     lt_attn_cuda_tuning force_in = {0, 0, 0, 0, 0, 0, 0};
-    force_in.fwd = kind_index("--kernel-fwd", kernel_fwd, fwd_names, LT_ATTN_FWD_KINDS_);
-    force_in.bwd = kind_index("--kernel-bwd", kernel_bwd, bwd_names, (int)(sizeof bwd_names / sizeof bwd_names[0]));
-    if (force_in.fwd < 0 || force_in.bwd < 0) return 2;
+    force_in.fwd = kind_index("--kernel-fwd", f->fwd, fwd_names, LT_ATTN_FWD_KINDS_);
+    force_in.bwd = kind_index("--kernel-bwd", f->bwd, bwd_names, (int)(sizeof bwd_names / sizeof bwd_names[0]));
+    force_in.dq = kind_index("--kernel-dq", f->dq, dq_names, (int)(sizeof dq_names / sizeof dq_names[0]));
+    if (force_in.fwd < 0 || force_in.bwd < 0 || force_in.dq < 0) return 2;
+    force_in.bwd_bn = f->bwd_bn;
+    force_in.split = f->split;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         fprintf(stderr, "longtune bench attention: no CUDA device\n");
@@ -216,8 +219,11 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
     /* The forced kernels (src/backend/cuda/attention/tuning.h), for provenance; restored at the end. */
     const lt_attn_cuda_tuning was = lt_attn_cuda_tuning_get();
     lt_attn_cuda_tuning_set(&force_in);
-    cJSON_AddStringToObject(cfg, "kernel_fwd", kernel_fwd);
-    cJSON_AddStringToObject(cfg, "kernel_bwd", kernel_bwd);
+    cJSON_AddStringToObject(cfg, "kernel_fwd", f->fwd);
+    cJSON_AddStringToObject(cfg, "kernel_bwd", f->bwd);
+    cJSON_AddStringToObject(cfg, "kernel_dq", f->dq);
+    cJSON_AddNumberToObject(cfg, "bwd_bn", f->bwd_bn);
+    cJSON_AddNumberToObject(cfg, "split", f->split);
     cJSON_AddStringToObject(cfg, "flop_convention",
                             "fwd 4*B*H*D*pairs, pairs = T^2/2 causal (sum len^2/2 packed); bwd 2.5 x fwd");
     cJSON *arms = cJSON_AddArrayToObject(r, "arms");
@@ -281,10 +287,8 @@ int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT,
 
 #else
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
-                            const int32_t *packed_offs, int64_t packed_S, int peers, const char *kernel_fwd,
-                            const char *kernel_bwd) {
-    (void)kernel_fwd;
-    (void)kernel_bwd;
+                            const int32_t *packed_offs, int64_t packed_S, int peers, const lt_bench_attn_force *f) {
+    (void)f;
     (void)c;
     (void)Ts;
     (void)nT;

@@ -10,13 +10,19 @@
 #include "bench.h"
 #include "longtune/status.h"
 
+/* The choices the CUDA attention arm forces on every arm (src/backend/cuda/attention/tuning.h):
+ * kernels and the dQ route by their short names ("default": the heuristics), the backward's keys
+ * per CTA (0 or 128) and the CTAs sharing a kv head's query heads (0: the heuristic's). */
+typedef struct lt_bench_attn_force {
+    const char *fwd, *bwd, *dq;
+    int bwd_bn, split;
+} lt_bench_attn_force;
+
 /* Ts: sequence lengths of the causal arms (B=1, H=32, Hkv=8, D=128); packed_offs/packed_S: one
- * packed row of length packed_T (NULL skips it); kernel_fwd / kernel_bwd: the forced kernels of every
- * arm by their short names (src/backend/cuda/attention/tuning.h; "default": the heuristics).
- * Returns 0, or 1 when an arm failed or a kernel name is unknown. */
+ * packed row of length packed_T (NULL skips it); force: the forced choices.
+ * Returns 0, or 1 when an arm failed, 2 when a name is unknown. */
 int lt_bench_attention_cuda(const lt_bench_common *c, const int64_t *Ts, int nT, int64_t packed_T,
-                            const int32_t *packed_offs, int64_t packed_S, int peers, const char *kernel_fwd,
-                            const char *kernel_bwd);
+                            const int32_t *packed_offs, int64_t packed_S, int peers, const lt_bench_attn_force *force);
 
 /* Loss layer at N tokens, V vocabulary, C width, bf16, forward + grad of h; tile_n/tile_v: the
  * options' tiles (0 = the library's). */

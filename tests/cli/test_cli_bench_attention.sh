@@ -12,6 +12,13 @@ fail=0
 # forced kernels: CUDA only, and only the names of the kernel table
 "$bin" bench attention --kernel-bwd mma --T 64 --packed-T 0 >/dev/null 2>"$out/err"; rc=$?
 { [ $rc = 2 ] && grep -q "need --backend cuda" "$out/err"; } || { echo "FAIL: --kernel-bwd on the CPU should exit 2 (got $rc)"; fail=1; }
+"$bin" bench attention --split 2 --T 64 --packed-T 0 >/dev/null 2>"$out/err"; rc=$?
+{ [ $rc = 2 ] && grep -q "need --backend cuda" "$out/err"; } || { echo "FAIL: --split on the CPU should exit 2 (got $rc)"; fail=1; }
+"$bin" bench attention --bwd-bn 96 >/dev/null 2>&1; [ $? = 2 ] || { echo "FAIL: --bwd-bn 96 should exit 2"; fail=1; }
+"$bin" bench attention --backend cuda --kernel-dq sideways >/dev/null 2>"$out/err"; rc=$?
+if grep -q "no CUDA backend" "$out/err"; then :; else
+  { [ $rc = 2 ] && grep -q "got 'sideways'" "$out/err"; } || { echo "FAIL: an unknown dQ name should exit 2 naming it (got $rc)"; fail=1; }
+fi
 "$bin" bench attention --backend cuda --kernel-fwd sideways >/dev/null 2>"$out/err"; rc=$?
 if grep -q "no CUDA backend" "$out/err"; then :; else
   { [ $rc = 2 ] && grep -q "got 'sideways'" "$out/err"; } || { echo "FAIL: an unknown kernel name should exit 2 naming it (got $rc)"; fail=1; }

@@ -71,6 +71,9 @@ typedef enum lt_attn_dq_kind {
     LT_ATTN_DQ_ATOMIC, /* fp32 atomics into a buffer, converted afterwards */
     LT_ATTN_DQ_SEP     /* its own kernel, recomputing S and dP (bit-reproducible: no atomics) */
 } lt_attn_dq_kind;
+/* Short names, indexed by lt_attn_dq_kind. */
+#define LT_ATTN_DQ_KIND_NAMES \
+    { "default", "atomic", "sep" }
 
 /* A forced choice for tests and measurements; zero fields leave the heuristic's choice. A forced
  * variant the device or shape cannot run falls back as the heuristic's would (a TMA forward
