@@ -1491,9 +1491,10 @@ static cuda_row cuda_rows[] = {
     /* More packed offsets (2 x 1201) than one kernel parameter holds: the key bounds built piece by
      * piece without a host-to-device copy. */
     {"fwd_many_offsets_d64", ROW_FWD, {2, 3000, 2, 1, 64, 0, 0, 1, 0, 0}, 1200},
-    /* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot,
-     * else, and when forced, the mma.sync forward of 128 rows per CTA): causal GQA over several
-     * blocks, the last past T; packed rows with a window and softcap. */
+    /* D = 256, every forced variant (on compute capability 9.0 the wgmma forward with one K/V slot
+     * and the TMA forward with 64-key tiles in two stages, else, and when forced, the mma.sync
+     * forward of 128 rows per CTA): causal GQA over several blocks, the last past T; packed rows
+     * with a window and softcap. */
     {"fwd_causal_gqa_d256", ROW_FWD, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
     {"fwd_packed_window_softcap_d256", ROW_FWD, {2, 500, 4, 2, 256, 96, 50.0f, 1, 0, 0}, 5},
     {"causal_gqa_d64", ROW_BWD, {2, 200, 4, 2, 64, 0, 0, 0, 0, 1}, 0},
