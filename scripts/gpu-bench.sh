@@ -13,7 +13,7 @@
 #        (default: all, in that order). BIN=path/to/longtune overrides build/longtune.
 #        Opt-in steps, named only: traincpu kernels8b offload8b offload8b-start offload8b-every2-start
 #        offload8b-wait fp8 fp8-vs-bf16 attention attention256 lora atliger8b atliger135m lce kernelslce
-#        kernelspacked sectionspacked (each described at its case below).
+#        kernelspacked sectionspacked packedsweep (each described at its case below).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/longtune}
@@ -185,6 +185,18 @@ for s in $steps; do
         --repeats 2 --warmup 0 --out "$OUT/ncu/attention" >"$OUT/ncu/attention.csv"
       python3 scripts/ncu_kernels.py "$OUT/ncu/attention.csv" --top 20
     fi ;;
+  packedsweep) # opt-in: the packed row of T = 8192 (91 sequences, D = 128) under each forced choice of
+    # the sparse plan (the dQ route, the query-head split, 128 keys per CTA, the forward kernel), two
+    # rounds alternated, no peers; the arm's line of each run on stdout, the JSON files in a scratch
+    # folder (~2.5 min)
+    for r in 1 2; do
+      for v in "" "--kernel-dq atomic" "--split 2" "--split 4" "--bwd-bn 128" "--kernel-fwd wg" "--kernel-fwd ws3"; do
+        echo "packed row, round $r, [${v:-heuristics}]:"
+        # shellcheck disable=SC2086 # $v is a list of flags
+        timeout -k 10 40 "$BIN" bench attention --backend cuda --T 2048 --repeats 10 --no-peers $v \
+          --out "${TMPDIR:-/tmp}/packedsweep" 2>&1 | grep -E "^cuda-packed|packed row:"
+      done
+    done ;;
   sectionspacked) # opt-in: why the attention kernels of `bench attention --T 8192 --packed-T 8192`
     # take their time, under Nsight Compute's occupancy, scheduler, warp-state and memory sections
     # with the stall reasons per issued instruction (clocks at base; the packed row's launches
