@@ -186,13 +186,13 @@ for s in $steps; do
       python3 scripts/ncu_kernels.py "$OUT/ncu/attention.csv" --top 20
     fi ;;
   packedsweep) # opt-in: the packed row of T = 8192 (91 sequences, D = 128) under each forced choice of
-    # the sparse plan (the dQ route, the query-head split, 128 keys per CTA, the forward kernel), two
-    # rounds alternated, no peers; the arm's line of each run on stdout, the JSON files in a scratch
+    # the sparse plan (the dQ route, the query-head split, 128 keys per CTA, the forward kernel), the
+    # list run twice, no peers; the arm's line of each run on stdout, the JSON files in a scratch
     # folder (~75 s on an H100). Compare the arm's times: a forced choice also applies to the causal
     # sequence the "x faster" line divides by.
     for r in 1 2; do
       for v in "" "--kernel-dq atomic" "--split 2" "--split 4" "--bwd-bn 128" "--kernel-fwd wg" "--kernel-fwd ws3"; do
-        echo "packed row, round $r, [${v:-heuristics}]:"
+        echo "packed row, pass $r, [${v:-heuristics}]:"
         # shellcheck disable=SC2086 # $v is a list of flags
         timeout -k 10 40 "$BIN" bench attention --backend cuda --T 2048 --repeats 10 --no-peers $v \
           --out "${TMPDIR:-/tmp}/packedsweep" 2>&1 | grep -E "^cuda-packed|packed row:"
