@@ -73,7 +73,7 @@ typedef struct {
  * registers, parked in `part` between blocks. The block boundaries are fixed, so how columns are
  * grouped into items changes nothing in any sum. */
 #define COLSUM_CHUNKS 32
-#define COLSUM_ROWS 64
+#define COLSUM_ROWS 16
 
 typedef struct {
     const colsum_job *j;
@@ -94,14 +94,14 @@ typedef struct {
 
 #if defined(LT_THIN)
 /* ---- the AVX-512 loops ----
- * On one core of the 2-core Xeon VM at the SmolLM2 shapes (2048 tokens, r = 8, widths 576 / 1536), the six adapter products of
- * four projection shapes took 15.8 ms against 18.0-20.2 ms with OpenBLAS 0.3.21's SkylakeX kernels.
- * The rank-r updates y += lu·Bᵀ and dx += dlu·A (rankk_row) run at the speed of reading and
- * writing the wide matrix inside the training step. Also tried: column sums walking all rows per
- * 16-column chunk, 1.5-2x slower than OpenBLAS once the wide matrix had left the cache; rank-r
- * updates four rows a pass (each chunk of B loaded once for the four), 1.7x faster with C in cache
- * (C (2048, 576), r = 8 and 16, 2 threads) but within 5 % of this loop's time in the training step
- * (perf samples at T = 512 and 2048). */
+ * At r = 8 the row dots and the rank-r updates take three rows a pass, so each chunk of the
+ * narrow operand (Bᵀ of dy·B, B of lu·Bᵀ: 48 KiB at 1536 columns, past L1) is loaded once for
+ * three rows; the column sums go in 16-row blocks (64-row blocks kept 64 rows of the wide matrix
+ * in flight per chunk) over items balanced across the threads. On the 2-core Xeon (Sapphire
+ * Rapids) VM the 24 products of dev/cpu/05-lora-thin-probe.c took 4.2-4.8 ms at 2048 tokens
+ * against 5.7-7.7 ms taking one row a pass with 64-row blocks (0.87-0.93 against 1.34-1.40 ms at
+ * 512; OpenBLAS 0.3.21's SkylakeX kernels 10.9-11.5 and 2.4 ms). Also tried: column sums walking all rows per 16-column chunk, 1.5-2x slower than OpenBLAS
+ * once the wide matrix had left the cache. */
 THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
@@ -124,14 +124,57 @@ THIN_FN static inline __attribute__((always_inline)) void rowdot_row(const rowdo
     }
 }
 
+/* The eight sums of v[0..7], lane n holding v[n]'s: halves added, then three rounds of pairwise
+ * adds (one fixed order). */
+THIN_FN static inline __m256 thin_hsum8(const __m512 *v) {
+    __m256 t[8];
+    for (int n = 0; n < 8; n++) t[n] = _mm256_add_ps(_mm512_castps512_ps256(v[n]), _mm512_extractf32x8_ps(v[n], 1));
+    const __m256 w0 = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
+    const __m256 w1 = _mm256_hadd_ps(_mm256_hadd_ps(t[4], t[5]), _mm256_hadd_ps(t[6], t[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(w0, w1, 0x20), _mm256_permute2f128_ps(w0, w1, 0x31));
+}
+
+/* Rows m .. m + RB - 1 (RB <= 3) against the 8 columns n0 .. n0 + 7: each chunk of Bᵀ loaded once
+ * serves RB rows (24 accumulators), so a Bᵀ wider than L1 (dy·B over 1536 columns) is read from
+ * L2 a third as often as row by row. */
+THIN_FN static inline __attribute__((always_inline)) void rowdot8_rows(const rowdot_job *j, int64_t m, int64_t n0,
+                                                                       const int RB) {
+    const float *a[3], *bt = j->Bt + n0 * j->ldb;
+    __m512 acc[3][8];
+    for (int i = 0; i < RB; i++) {
+        a[i] = j->A + (m + i) * j->lda;
+        for (int n = 0; n < 8; n++) acc[i][n] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < j->K; k += 16) {
+        const __mmask16 mk = thin_mask(j->K - k);
+        __m512 av[3];
+        for (int i = 0; i < RB; i++) av[i] = _mm512_maskz_loadu_ps(mk, a[i] + k);
+        for (int n = 0; n < 8; n++) {
+            const __m512 b = _mm512_maskz_loadu_ps(mk, bt + n * j->ldb + k);
+            for (int i = 0; i < RB; i++) acc[i][n] = _mm512_fmadd_ps(av[i], b, acc[i][n]);
+        }
+    }
+    const __m256 alpha = _mm256_set1_ps(j->alpha), beta = _mm256_set1_ps(j->beta);
+    for (int i = 0; i < RB; i++) {
+        float *c = j->C + (m + i) * j->ldc + n0;
+        __m256 v = _mm256_mul_ps(alpha, thin_hsum8(acc[i]));
+        if (j->beta != 0.0f) v = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c), v);
+        _mm256_storeu_ps(c, v);
+    }
+}
+
 THIN_FN static void rowdot_rows(void *arg, int64_t m0, int64_t m1, int thread) {
     (void)thread;
     const rowdot_job *j = arg;
-    for (int64_t m = m0; m < m1; m++) {
-        if (j->N == 8) rowdot_row(j, m, 8);
-        else if (j->N == 16) rowdot_row(j, m, 16);
-        else rowdot_row(j, m, j->N);
+    if (j->N == 8 || j->N == 16) {
+        for (int64_t n0 = 0; n0 < j->N; n0 += 8) {
+            int64_t m = m0;
+            for (; m + 3 <= m1; m += 3) rowdot8_rows(j, m, n0, 3);
+            for (; m < m1; m++) rowdot8_rows(j, m, n0, 1);
+        }
+        return;
     }
+    for (int64_t m = m0; m < m1; m++) rowdot_row(j, m, j->N);
 }
 
 THIN_FN static inline __attribute__((always_inline)) void colsum_run(const colsum_job *j, int64_t c0, int64_t c1,
@@ -192,9 +235,44 @@ THIN_FN static inline __attribute__((always_inline)) void rankk_row(const rankk_
     }
 }
 
+/* Rows m .. m + RB - 1 (RB <= 3) of a rank-8 update: each chunk of Bk loaded once serves RB rows
+ * (24 broadcast values in registers), so a Bk wider than L1 (lu·Bᵀ over 1536 columns) is read
+ * from L2 a third as often. The same sum per element as rankk_row. */
+THIN_FN static inline __attribute__((always_inline)) void rankk8_rows(const rankk_job *j, int64_t m, const int RB) {
+    __m512 av[3][8];
+    float *c[3];
+    for (int i = 0; i < RB; i++) {
+        const float *a = j->A + (m + i) * j->lda;
+        c[i] = j->C + (m + i) * j->ldc;
+        for (int k = 0; k < 8; k++) av[i][k] = _mm512_set1_ps(a[k]);
+    }
+    const __m512 alpha = _mm512_set1_ps(j->alpha), beta = _mm512_set1_ps(j->beta);
+    for (int64_t n = 0; n < j->N; n += 16) {
+        const __mmask16 mk = thin_mask(j->N - n);
+        __m512 acc[3];
+        __m512 b = _mm512_maskz_loadu_ps(mk, j->Bk + n);
+        for (int i = 0; i < RB; i++) acc[i] = _mm512_mul_ps(av[i][0], b);
+        for (int k = 1; k < 8; k++) {
+            b = _mm512_maskz_loadu_ps(mk, j->Bk + k * j->ldb + n);
+            for (int i = 0; i < RB; i++) acc[i] = _mm512_fmadd_ps(av[i][k], b, acc[i]);
+        }
+        for (int i = 0; i < RB; i++) {
+            __m512 v = _mm512_mul_ps(alpha, acc[i]);
+            if (j->beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c[i] + n), v);
+            _mm512_mask_storeu_ps(c[i] + n, mk, v);
+        }
+    }
+}
+
 THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
     (void)thread;
     const rankk_job *j = arg;
+    if (j->K == 8) {
+        int64_t m = m0;
+        for (; m + 3 <= m1; m += 3) rankk8_rows(j, m, 3);
+        for (; m < m1; m++) rankk8_rows(j, m, 1);
+        return;
+    }
     for (int64_t m = m0; m < m1; m++) {
         if (j->K == 8) rankk_row(j, m, 8);
         else if (j->K == 16) rankk_row(j, m, 16);
@@ -309,7 +387,9 @@ static int thin_gemm(const thin_kernels *kf, lt_ctx *ctx, int ta, int tb, int64_
                         a_thin ? ldb : lda, a_thin ? lda : ldb, ldc, alpha,          beta,           !a_thin};
         colsum_split sp = {&j, (j.width + 15) / 16, 0};
         const int64_t nt = lt_parallel_threads(threads), least = (sp.chunks + COLSUM_CHUNKS - 1) / COLSUM_CHUNKS;
-        sp.items = nt > least ? (nt < sp.chunks ? nt : sp.chunks) : least;
+        /* a multiple of the threads where the chunks allow, so no thread takes one item more */
+        const int64_t even = (least + nt - 1) / nt * nt;
+        sp.items = nt > least ? (nt < sp.chunks ? nt : sp.chunks) : (even <= sp.chunks ? even : least);
         lt_parallel_for(threads, sp.items, 1, kf->colsum, &sp);
         return 1;
     }
