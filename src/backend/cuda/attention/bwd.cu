@@ -10,7 +10,9 @@
  * one CTA per kv head) take the warp-specialised kernel of bwd_ws.cu instead of the main kernel.
  * D = 256 on compute capability 9.0 runs the wgmma kernel of bwd_wg256.cu (64 keys per CTA, D split
  * over its two warpgroups, dQ by atomics) between the same delta pass and dQ conversion.
- * Elsewhere (D = 96, other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
+ * D = 96 runs the D = 128 wgmma kernels with columns 96..127 zero-filled on load and left unstored
+ * (never the warp-specialised one). Elsewhere (other GPUs): the mma.sync kernel of bwd_mma.cu with
+ * fp32 dQ atomics. Every
  * buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
@@ -94,6 +96,7 @@ static lt_status bwd_convert_dkv(lt_ctx *ctx, const lt_attn_dev &d, int B, int D
     const int64_t n3 = (int64_t)B * d.T * d.Hkv * D / 2;
     const unsigned blocks = (unsigned)((n3 + 255) / 256);
     if (D == 64) attn_bwd_convert_dkv<64><<<blocks, 256, 0, stream>>>(d, B);
+    else if (D == 96) attn_bwd_convert_dkv<96><<<blocks, 256, 0, stream>>>(d, B);
     else attn_bwd_convert_dkv<128><<<blocks, 256, 0, stream>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward: dk/dv conversion kernel");
 }

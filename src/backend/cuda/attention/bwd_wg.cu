@@ -1,6 +1,6 @@
-/* The wgmma flash attention backward for Hopper (sm_90a): the main kernel (D = 64 or 128) and the
- * dQ kernel (D = 64, 128, and 256 after bwd_wg256.cu's main kernel); bwd.cu sequences them with
- * delta and the conversions of fp32 sums.
+/* The wgmma flash attention backward for Hopper (sm_90a): the main kernel (D = 64 or 128; 96 padded
+ * to 128) and the dQ kernel (the same, and 256 after bwd_wg256.cu's main kernel); bwd.cu sequences
+ * them with delta and the conversions of fp32 sums.
  *
  * The main kernel (dev/cuda/README.md) does the mma.sync kernel's CTA work (128 keys of one kv
  * head, every query head of its group, 64 queries per step) on warpgroup MMAs. Two warpgroups of 4
@@ -18,7 +18,10 @@
 
 #include <type_traits>
 
-template <int D, bool NODQ, int NWG, bool CAP>
+/* DV < D: the head dim DV padded to D (D = 96 on the D = 128 kernel): the K, V, Q and dO tiles'
+ * columns DV..D-1 are zeroed once and never loaded; dQ, dK and dV from column DV on are neither
+ * added nor stored, and the fp32 sums are laid out DV wide. */
+template <int D, bool NODQ, int NWG, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_wg_kernel(lt_attn_dev p) {
     /* NWG = 1 (64 keys, two CTAs per SM) has no dQ part: its dS·K would need both column halves
      * of K in one warpgroup. */
@@ -48,12 +51,19 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    lt_wg_load_tile<BN, D, NT>(sK, gk, p.kv_st, k0, T, tid);
-    lt_wg_load_tile<BN, D, NT>(sV, gv, p.kv_st, k0, T, tid);
+    lt_wg_zero_pad<BN, D, NT, DV>(sK, tid);
+    lt_wg_zero_pad<BN, D, NT, DV>(sV, tid);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        lt_wg_zero_pad<BM, D, NT, DV>(sQ + i * TILE_Q, tid);
+        lt_wg_zero_pad<BM, D, NT, DV>(sO + i * TILE_Q, tid);
+    }
+    lt_wg_load_tile<BN, D, NT, DV>(sK, gk, p.kv_st, k0, T, tid);
+    lt_wg_load_tile<BN, D, NT, DV>(sV, gv, p.kv_st, k0, T, tid);
     auto load_step = [&](int step, int buf) {
-        lt_attn_bwd_load_step<BM, D, NT>(p, T, b, h_first + step / nqb, (qb_begin + step % nqb) * BM, lo,
-                                         sQ + buf * TILE_Q, sO + buf * TILE_Q, sL + buf * BM, sD + buf * BM,
-                                         sLo + buf * BM, tid);
+        lt_attn_bwd_load_step<BM, D, NT, DV>(p, T, b, h_first + step / nqb, (qb_begin + step % nqb) * BM, lo,
+                                             sQ + buf * TILE_Q, sO + buf * TILE_Q, sL + buf * BM, sD + buf * BM,
+                                             sLo + buf * BM, tid);
     };
     if (steps > 0) load_step(0, 0);
     lt_cp_async_commit();
@@ -189,11 +199,12 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             /* 8-byte vector atomics: 16-byte red.global.add.v4.f32 after a lane-pair exchange
              * measured slower (4.40 against 4.31 ms at 8k; dev/cuda/README.md). */
             const int r0 = q0 + 16 * warp + (lane >> 2), r1 = r0 + 8;
-            const int c = (D == 128 ? 64 * wg : 0) + 2 * (lane & 3);
-            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * D + c;
-            float *g1 = g0 + (int64_t)8 * p.H * D;
+            const int c0 = D == 128 ? 64 * wg : 0, c = c0 + 2 * (lane & 3);
+            float *g0 = p.dq_acc + (((int64_t)b * T + r0) * p.H + h) * DV + c;
+            float *g1 = g0 + (int64_t)8 * p.H * DV;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
+                if (DV < D && c0 + 8 * j >= DV) break; /* warpgroup-uniform */
                 if (r0 < T) atomicAdd((float2 *)(g0 + 8 * j), make_float2(acc[4 * j], acc[4 * j + 1]));
                 if (r1 < T) atomicAdd((float2 *)(g1 + 8 * j), make_float2(acc[4 * j + 2], acc[4 * j + 3]));
             }
@@ -210,8 +221,8 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
 
     if (p.dkv_acc) {
         /* Split heads: several CTAs add their partial sums (fp32, converted afterwards). */
-        const int64_t plane = (int64_t)gridDim.z * T * p.Hkv * D;
-        float *ak = p.dkv_acc + (((int64_t)b * T) * p.Hkv + hk) * D, *av = ak + plane;
+        const int64_t plane = (int64_t)gridDim.z * T * p.Hkv * DV;
+        float *ak = p.dkv_acc + (((int64_t)b * T) * p.Hkv + hk) * DV, *av = ak + plane;
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int key = k0 + krow + 8 * hr;
@@ -220,14 +231,15 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
             for (int n = 0; n < NH; n++)
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const int64_t o = (int64_t)key * p.Hkv * D + 64 * n + 8 * j + 2 * (lane & 3);
+                    if (64 * n + 8 * j >= DV) continue;
+                    const int64_t o = (int64_t)key * p.Hkv * DV + 64 * n + 8 * j + 2 * (lane & 3);
                     atomicAdd((float2 *)(ak + o), make_float2(dk[n][4 * j + 2 * hr], dk[n][4 * j + 2 * hr + 1]));
                     atomicAdd((float2 *)(av + o), make_float2(dv[n][4 * j + 2 * hr], dv[n][4 * j + 2 * hr + 1]));
                 }
         }
         return;
     }
-    lt_attn_bwd_store_dkv<NH>(p, dk, dv, b, hk, k0, krow, lane, scale);
+    lt_attn_bwd_store_dkv<NH, DV>(p, dk, dv, b, hk, k0, krow, lane, scale);
 #else
     (void)p;
     __trap();
@@ -244,7 +256,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
  * few; at D = 256 it runs on every row (4.7 against 5.4 ms at T = 8192 with the atomics: those
  * of 256 columns cost more than the two MMAs). At D = 256 one CTA fits an SM (197 KiB of shared
  * memory) and ptxas spills 80-100 bytes. */
-template <int D, bool DELTA, bool CAP>
+template <int D, bool DELTA, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_BWD_DQ_BM, BN = LT_ATTN_BWD_DQ_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -262,10 +274,17 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 
     const __nv_bfloat16 *gk = p.k + b * p.kv_sb + hk * p.kv_sh;
     const __nv_bfloat16 *gv = p.v + b * p.kv_sb + hk * p.kv_sh;
-    lt_wg_load_tile<BM, D, 128>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-    lt_wg_load_tile<BM, D, 128>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
-    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
-    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_zero_pad<BM, D, 128, DV>(sQ, tid);
+    lt_wg_zero_pad<BM, D, 128, DV>(sO, tid);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        lt_wg_zero_pad<BN, D, 128, DV>(sK + i * TILE, tid);
+        lt_wg_zero_pad<BN, D, 128, DV>(sV + i * TILE, tid);
+    }
+    lt_wg_load_tile<BM, D, 128, DV>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, 128, DV>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128, DV>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128, DV>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -284,7 +303,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
             const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
             float acc = 0.0f;
 #pragma unroll
-            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8)
+            for (int c = (lane & 3) * (DV / 4); c < (lane & 3) * (DV / 4) + DV / 4; c += 8)
                 acc = lt_attn_dot8(acc, o + c, g + c);
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
@@ -311,8 +330,8 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         lt_fence_proxy_async();
         __syncthreads();
         if (kb < kb_end) {
-            lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-            lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128, DV>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+            lt_wg_load_tile<BN, D, 128, DV>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
             lt_cp_async_commit();
         }
         const uint32_t aK = lt_smem_addr(sK + buf * TILE), aV = lt_smem_addr(sV + buf * TILE);
@@ -372,8 +391,9 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
         for (int n = 0; n < NH; n++)
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
-                    lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
+                if (64 * n + 8 * j < DV)
+                    *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
+                        lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
     }
 #else
     (void)p;
@@ -381,12 +401,13 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 #endif
 }
 
-template <int D, bool DELTA>
+template <int D, bool DELTA, int DV = D>
 static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)6 * 64 * D * 2 + 1024;
     const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_BWD_DQ_BM - 1) / LT_ATTN_BWD_DQ_BM), (unsigned)B);
     return lt_attn_launch(ctx,
-                          d.softcap > 0.0f ? attn_bwd_dq_kernel<D, DELTA, true> : attn_bwd_dq_kernel<D, DELTA, false>,
+                          d.softcap > 0.0f ? attn_bwd_dq_kernel<D, DELTA, true, DV>
+                                           : attn_bwd_dq_kernel<D, DELTA, false, DV>,
                           grid, 128, smem, stream, "attention backward: shared memory size",
                           "attention backward: dq kernel launch", d);
 }
@@ -397,17 +418,20 @@ lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
         return delta ? bwd_dq_launch<64, true>(ctx, d, B, stream) : bwd_dq_launch<64, false>(ctx, d, B, stream);
     if (D == 256)
         return delta ? bwd_dq_launch<256, true>(ctx, d, B, stream) : bwd_dq_launch<256, false>(ctx, d, B, stream);
+    if (D == 96) /* the D = 128 kernel with columns 96..127 zero */
+        return delta ? bwd_dq_launch<128, true, 96>(ctx, d, B, stream)
+                     : bwd_dq_launch<128, false, 96>(ctx, d, B, stream);
     return delta ? bwd_dq_launch<128, true>(ctx, d, B, stream) : bwd_dq_launch<128, false>(ctx, d, B, stream);
 }
 
-template <int D, bool NODQ, int NWG>
+template <int D, bool NODQ, int NWG, int DV = D>
 static lt_status bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     constexpr int BN = 64 * NWG, BM = LT_ATTN_BWD_WG_BM;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * D * 2 + (size_t)BN * BM * 2 + 6 * BM * 4 + 1024;
     const dim3 grid((unsigned)(d.Hkv * d.nsplit), (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
     return lt_attn_launch(ctx,
-                          d.softcap > 0.0f ? attn_bwd_wg_kernel<D, NODQ, NWG, true>
-                                           : attn_bwd_wg_kernel<D, NODQ, NWG, false>,
+                          d.softcap > 0.0f ? attn_bwd_wg_kernel<D, NODQ, NWG, true, DV>
+                                           : attn_bwd_wg_kernel<D, NODQ, NWG, false, DV>,
                           grid, 128 * NWG, smem, stream, "attention backward: shared memory size",
                           "attention backward kernel launch", d);
 }
@@ -418,6 +442,10 @@ lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
         return !d.no_dq ? bwd_wg_launch<64, false, 2>(ctx, d, B, stream)
             : bn == 64  ? bwd_wg_launch<64, true, 1>(ctx, d, B, stream)
                         : bwd_wg_launch<64, true, 2>(ctx, d, B, stream);
+    if (D == 96) /* the D = 128 kernel with columns 96..127 zero */
+        return !d.no_dq ? bwd_wg_launch<128, false, 2, 96>(ctx, d, B, stream)
+            : bn == 64  ? bwd_wg_launch<128, true, 1, 96>(ctx, d, B, stream)
+                        : bwd_wg_launch<128, true, 2, 96>(ctx, d, B, stream);
     return !d.no_dq ? bwd_wg_launch<128, false, 2>(ctx, d, B, stream)
         : bn == 64  ? bwd_wg_launch<128, true, 1>(ctx, d, B, stream)
                     : bwd_wg_launch<128, true, 2>(ctx, d, B, stream);

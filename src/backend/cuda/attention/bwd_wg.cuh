@@ -18,12 +18,12 @@ template <int N> static __device__ __forceinline__ void lt_attn_cp_async(void *s
 /* One 64-query step of a backward CTA into its slots (the caller commits): the Q and dO tiles of
  * query head h from row q0 of T (128-byte swizzle, NT threads) and, by the first BM threads, the
  * rows' lse, delta and key bounds (lo: the batch row's). */
-template <int BM, int D, int NT>
+template <int BM, int D, int NT, int DV = D>
 static __device__ __forceinline__ void lt_attn_bwd_load_step(const lt_attn_dev &p, int T, int b, int h, int q0,
                                                              const int32_t *lo, unsigned char *sQ, unsigned char *sO,
                                                              float *sL, float *sD, int *sLo, int tid) {
-    lt_wg_load_tile<BM, D, NT>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
-    lt_wg_load_tile<BM, D, NT>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, NT, DV>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BM, D, NT, DV>(sO, p.dout + b * p.o_sb + h * p.o_sh, p.o_st, q0, T, tid);
     if (tid < BM) {
         const int t = min(q0 + tid, T - 1);
         const int64_t r = ((int64_t)b * p.H + h) * T + t;
@@ -103,8 +103,9 @@ static __device__ __forceinline__ void lt_attn_bwd_issue_dq(float (&acc)[32], ui
     lt_wgmma_commit();
 }
 
-/* dK (times the softmax scale) and dV of this thread's two keys, bf16, into the caller's tensors. */
-template <int NH>
+/* dK (times the softmax scale) and dV of this thread's two keys, bf16, into the caller's tensors;
+ * columns from DV on (a padded head dim) are not stored. */
+template <int NH, int DV = 64 * NH>
 static __device__ __forceinline__ void lt_attn_bwd_store_dkv(const lt_attn_dev &p, const float (&dk)[NH][32],
                                                              const float (&dv)[NH][32], int b, int hk, int k0, int krow,
                                                              int lane, float scale) {
@@ -118,6 +119,7 @@ static __device__ __forceinline__ void lt_attn_bwd_store_dkv(const lt_attn_dev &
         for (int n = 0; n < NH; n++)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
+                if (64 * n + 8 * j >= DV) continue;
                 const int c = 64 * n + 8 * j + 2 * (lane & 3);
                 *(uint32_t *)(gdk + (int64_t)key * p.kv_st + c) =
                     lt_pack_bf16(dk[n][4 * j + 2 * hr] * scale, dk[n][4 * j + 2 * hr + 1] * scale);

@@ -1,4 +1,5 @@
-/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/README.md), D = 64, 128 or 256:
+/* The wgmma flash attention forward for Hopper (sm_90a; dev/cuda/README.md), D = 64, 128 or 256
+ * (and 96 on the D = 128 kernel, padded):
  * one warpgroup per CTA owns 64 query rows (warp w rows 16w..16w+15), S = Q·Kᵀ and O += P·V on
  * warpgroup MMAs with Q, K and V in shared memory in the 128-byte swizzle (no fragments in
  * registers but P, taken straight from the S accumulator). Tiles of 64 keys, double-buffered with
@@ -45,7 +46,10 @@ static __device__ __forceinline__ void fwd_wg_scores(float s[32], float mx[2], i
 }
 #endif
 
-template <int D, int NB, bool CAP>
+/* DV < D: the head dim DV padded to D (D = 96 on the D = 128 kernel): the tiles' columns DV..D-1
+ * are zeroed once and never loaded, so they add nothing to S, and O's columns from DV on are not
+ * stored. */
+template <int D, int NB, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_wg_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
     constexpr int BM = LT_ATTN_FWD_WG_BM, BN = LT_ATTN_FWD_WG_BN, KS = D / 16, NH = D / 64, TILE = 64 * D * 2;
@@ -70,10 +74,16 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
      * tile's MMAs are done with its slot, so the next K streams in under this tile's softmax and
      * P·V, and the next V under the next S. */
     constexpr bool KV_SPLIT = NB == 1 && D == 256;
-    lt_wg_load_tile<BM, D, 128>(sQ, gq, p.q_st, q0, T, tid);
-    lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_zero_pad<BM, D, 128, DV>(sQ, tid);
+#pragma unroll
+    for (int i = 0; i < NB; i++) {
+        lt_wg_zero_pad<BN, D, 128, DV>(sK + i * TILE, tid);
+        lt_wg_zero_pad<BN, D, 128, DV>(sV + i * TILE, tid);
+    }
+    lt_wg_load_tile<BM, D, 128, DV>(sQ, gq, p.q_st, q0, T, tid);
+    lt_wg_load_tile<BN, D, 128, DV>(sK, gk, p.kv_st, kb_begin * BN, T, tid);
     if (KV_SPLIT) lt_cp_async_commit();
-    lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
+    lt_wg_load_tile<BN, D, 128, DV>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
     int row[2], rlo[2];
@@ -108,8 +118,8 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
              * last one. */
             if (kb > kb_begin) {
                 __syncthreads();
-                lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, k0, T, tid);
-                lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128, DV>(sK, gk, p.kv_st, k0, T, tid);
+                lt_wg_load_tile<BN, D, 128, DV>(sV, gv, p.kv_st, k0, T, tid);
                 lt_cp_async_commit();
             }
             lt_cp_async_wait<0>();
@@ -120,8 +130,8 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
             lt_fence_proxy_async();
             __syncthreads();
             if (kb < kb_end) {
-                lt_wg_load_tile<BN, D, 128>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
-                lt_wg_load_tile<BN, D, 128>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128, DV>(sK + (buf ^ 1) * TILE, gk, p.kv_st, (kb + 1) * BN, T, tid);
+                lt_wg_load_tile<BN, D, 128, DV>(sV + (buf ^ 1) * TILE, gv, p.kv_st, (kb + 1) * BN, T, tid);
                 lt_cp_async_commit();
             }
         }
@@ -133,7 +143,7 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
         lt_wgmma_pin(s);
         if (KV_SPLIT && kb < kb_end) {
             __syncthreads(); /* every warp's S is done with the K slot */
-            lt_wg_load_tile<BN, D, 128>(sK, gk, p.kv_st, k0 + BN, T, tid);
+            lt_wg_load_tile<BN, D, 128, DV>(sK, gk, p.kv_st, k0 + BN, T, tid);
             lt_cp_async_commit();
         }
 
@@ -182,7 +192,7 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
         lt_wgmma_rs_wait<NH, BN / 16, BN>(o, pa, dV);
         if (KV_SPLIT && kb < kb_end) {
             __syncthreads(); /* every warp's P·V is done with the V slot */
-            lt_wg_load_tile<BN, D, 128>(sV, gv, p.kv_st, k0 + BN, T, tid);
+            lt_wg_load_tile<BN, D, 128, DV>(sV, gv, p.kv_st, k0 + BN, T, tid);
             lt_cp_async_commit();
         }
     }
@@ -202,8 +212,9 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
             for (int n = 0; n < NH; n++)
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    *(uint32_t *)(dst + 64 * n + 8 * j + c) =
-                        lt_pack_bf16(o[n][4 * j + 2 * hr] * il, o[n][4 * j + 2 * hr + 1] * il);
+                    if (64 * n + 8 * j < DV)
+                        *(uint32_t *)(dst + 64 * n + 8 * j + c) =
+                            lt_pack_bf16(o[n][4 * j + 2 * hr] * il, o[n][4 * j + 2 * hr + 1] * il);
             if ((lane & 3) == 0) p.lse[((int64_t)b * p.H + h) * T + r] = (m[hr] + log2f(lt)) * LT_ATTN_LN2;
         }
     }
@@ -213,10 +224,12 @@ static __global__ void __launch_bounds__(128, (fwd_wg_ctas<D, NB>())) attn_fwd_w
 #endif
 }
 
-template <int D, int NB> static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+template <int D, int NB, int DV = D>
+static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     const size_t smem = (size_t)(1 + 2 * NB) * 64 * D * 2 + 1024;
     const dim3 grid((unsigned)d.H, (unsigned)((d.T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM), (unsigned)B);
-    return lt_attn_launch(ctx, d.softcap > 0.0f ? attn_fwd_wg_kernel<D, NB, true> : attn_fwd_wg_kernel<D, NB, false>,
+    return lt_attn_launch(ctx,
+                          d.softcap > 0.0f ? attn_fwd_wg_kernel<D, NB, true, DV> : attn_fwd_wg_kernel<D, NB, false, DV>,
                           grid, 128, smem, stream, "attention forward: shared memory size",
                           "attention forward kernel launch", d);
 }
@@ -224,5 +237,7 @@ template <int D, int NB> static lt_status fwd_wg_launch(lt_ctx *ctx, const lt_at
 lt_status lt_attn_fwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int slots, cudaStream_t stream) {
     if (D == 64) return slots == 1 ? fwd_wg_launch<64, 1>(ctx, d, B, stream) : fwd_wg_launch<64, 2>(ctx, d, B, stream);
     if (D == 256) return fwd_wg_launch<256, 1>(ctx, d, B, stream); /* WG1 only (tuning.h) */
+    if (D == 96) /* the D = 128 kernels with columns 96..127 zero (tuning.h: LT_ATTN_WG_PADDED_HEAD_DIM) */
+        return slots == 1 ? fwd_wg_launch<128, 1, 96>(ctx, d, B, stream) : fwd_wg_launch<128, 2, 96>(ctx, d, B, stream);
     return slots == 1 ? fwd_wg_launch<128, 1>(ctx, d, B, stream) : fwd_wg_launch<128, 2>(ctx, d, B, stream);
 }

@@ -63,6 +63,10 @@ lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_
      * (tuning.h: LT_ATTN_FWD_WG_HEAD_DIM). */
     if (p->D == 256 && want == LT_ATTN_FWD_WG2) want = LT_ATTN_FWD_WG1;
     if (p->D == 256 && want == LT_ATTN_FWD_WS3) want = LT_ATTN_FWD_WS2;
+    /* D = 96 runs the one-warpgroup D = 128 kernels padded, not the TMA ones (tuning.h:
+     * LT_ATTN_WG_PADDED_HEAD_DIM). */
+    if (LT_ATTN_WG_PADDED_HEAD_DIM(p->D) && (want == LT_ATTN_FWD_WS2 || want == LT_ATTN_FWD_WS3))
+        want = LT_ATTN_FWD_WG2;
     /* The wgmma kernels put the query blocks in gridDim.y. */
     if (want != LT_ATTN_FWD_MMA &&
         (!dev->wgmma || (p->T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM > LT_ATTN_GRID_YZ_MAX))
@@ -76,11 +80,15 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     if (!force) force = &none;
     lt_attn_bwd_plan pl = {1, 1, 0, 128, 0, force->bwd != LT_ATTN_BWD_WG};
     if (force->bwd == LT_ATTN_BWD_MMA) pl.wg = 0;
-    /* The wgmma kernels: D = 64 or 128, and D = 256 (bwd_wg256.cu: one CTA per 64 keys of a kv
-     * head, no split, never the warp-specialised kernel); sm_90a code, key blocks in gridDim.y. */
+    /* The wgmma kernels: D = 64 or 128, D = 96 on the D = 128 kernels padded (never the
+     * warp-specialised kernel: lt_attn_bwd_ws_eligible), and D = 256 (bwd_wg256.cu: one CTA per 64
+     * keys of a kv head, no split, never the warp-specialised kernel); sm_90a code, key blocks in
+     * gridDim.y. */
     const int d256 = p->D == 256;
     if (d256) pl.bn = 64, pl.ws_ok = 0;
-    if (!(d256 || LT_ATTN_WGMMA_HEAD_DIM(p->D)) || !dev->wgmma || (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX) pl.wg = 0;
+    if (!(d256 || LT_ATTN_WGMMA_HEAD_DIM(p->D) || LT_ATTN_WG_PADDED_HEAD_DIM(p->D)) || !dev->wgmma ||
+        (p->T + 63) / 64 > LT_ATTN_GRID_YZ_MAX)
+        pl.wg = 0;
     if (!pl.wg) return pl;
     /* dQ by the dQ kernel (which then also forms delta) on sparse rows, and on every row at D = 256
      * (LT_ATTN_BWD256_DQ_SEP); else by the main kernel's atomics. */

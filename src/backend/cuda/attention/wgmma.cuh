@@ -161,17 +161,37 @@ static __device__ __forceinline__ void lt_wgmma_kmajor(float d[32], uint64_t da,
 }
 
 /* Loads rows t0..t0+R-1 (D bf16 each, row stride st elements) of a global tensor into a swizzled
- * tile with cp.async, NT threads; rows past T are zero-filled (their source clamped in bounds). */
-template <int R, int D, int NT>
+ * tile with cp.async, NT threads; rows past T are zero-filled (their source clamped in bounds).
+ * DV < D: the tensor's rows hold DV values (a head dim padded to the kernel's D, as D = 96 runs the
+ * D = 128 kernels); columns DV..D-1 are not loaded and keep the zeros lt_wg_zero_pad wrote there
+ * once, so they add nothing to S = Q·Kᵀ or dP = dO·Vᵀ. */
+template <int R, int D, int NT, int DV = D>
 static __device__ __forceinline__ void lt_wg_load_tile(unsigned char *s, const __nv_bfloat16 *g, int64_t st, int t0,
                                                        int T, int tid) {
     constexpr int CH = D / 8;
     static_assert((R * CH) % NT == 0, "tile chunks must divide over the threads");
+    static_assert(DV % 8 == 0 && DV <= D && NT % CH == 0, "valid columns in whole 16-byte chunks");
+    if (DV < D && (tid % CH) * 8 >= DV) return; /* this thread's chunk column is past DV in every row */
 #pragma unroll
     for (int it = 0; it < R * CH / NT; it++) {
         const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8, t = t0 + r;
         const __nv_bfloat16 *src = g + (int64_t)(t < T ? t : T - 1) * st + c;
         lt_cp_async16(s + lt_sw128_offset(r, c, R), src, t < T ? 16 : 0);
+    }
+}
+
+/* Zeros in columns DV..D-1 of a swizzled tile of R rows (NT threads), once before the first
+ * lt_wg_load_tile<R, D, NT, DV> into it; nothing when DV = D. The caller fences (generic to async
+ * proxy) and synchronises before an MMA reads the tile, as it does after every load. */
+template <int R, int D, int NT, int DV = D>
+static __device__ __forceinline__ void lt_wg_zero_pad(unsigned char *s, int tid) {
+    constexpr int CH = D / 8;
+    if (DV < D && (tid % CH) * 8 >= DV) {
+#pragma unroll
+        for (int it = 0; it < R * CH / NT; it++) {
+            const int i = tid + it * NT, r = i / CH, c = (i % CH) * 8;
+            *(uint4 *)(s + lt_sw128_offset(r, c, R)) = make_uint4(0u, 0u, 0u, 0u);
+        }
     }
 }
 
