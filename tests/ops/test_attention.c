@@ -1498,7 +1498,7 @@ static cuda_row cuda_rows[] = {
     {"fwd_causal_gqa_d256", ROW_FWD, {1, 700, 8, 2, 256, 0, 0, 0, 0, 0}, 0},
     {"fwd_packed_window_softcap_d256", ROW_FWD, {2, 500, 4, 2, 256, 96, 50.0f, 1, 0, 0}, 5},
     /* D = 96 (Phi-3), every forced variant: on compute capability 9.0 the D = 128 wgmma forwards
-     * with the columns past 96 zero-filled (a forced TMA forward runs WG2), else the mma.sync
+     * with the columns past 96 zeroed and the TMA forwards on tensor maps 96 wide, else the mma.sync
      * forward; causal GQA with the last block past T, and packed rows in the fused q|k|v layout
      * (the next head's values sit right after each row's 96) with a window and softcap. */
     {"fwd_causal_gqa_d96", ROW_FWD, {1, 1050, 8, 2, 96, 0, 0, 0, 0, 0}, 0},
@@ -1507,14 +1507,17 @@ static cuda_row cuda_rows[] = {
     /* D = 96 on the padded D = 128 wgmma backward (compute capability 9.0): the dQ kernel with a
      * small window and softcap; causal GQA split over CTAs (fp32 dK/dV sums) against the CPU
      * backend; packed GQA rows; the fused layout with packed rows, a window and softcap; a long
-     * causal row with dQ by atomics, and one CTA per kv head; then the mma.sync kernel forced. */
+     * causal row with dQ by atomics; one CTA per kv head, T a multiple of 64 (the warp-specialised
+     * kernel on tensor maps 96 wide), also in the fused layout with softcap; then the mma.sync
+     * kernel forced. */
     {"window_softcap_d96", ROW_BWD, {1, 257, 4, 1, 96, 50, 15.0f, 0, 0, 0}, 0},
     {"causal_gqa_d96", ROW_BWD, {2, 200, 4, 2, 96, 0, 0, 0, 0, 1}, 0},
     {"packed_gqa_d96", ROW_BWD, {2, 300, 8, 2, 96, 0, 0, 1, 0, 0}, 0},
     {"packed_window_softcap_fused_d96", ROW_BWD, {1, 260, 4, 2, 96, 64, 30.0f, 1, 1, 0}, 0},
     {"causal_long_gqa_d96", ROW_BWD, {1, 700, 8, 2, 96, 0, 0, 0, 0, 0}, 0},
     {"dqatomic_window_softcap_d96", ROW_DQ_ATOMIC, {1, 333, 4, 1, 96, 100, 50.0f, 0, 0, 0}, 0},
-    {"unsplit_causal_gqa_d96", ROW_UNSPLIT, {2, 512, 8, 2, 96, 0, 0, 0, 0, 0}, 0},
+    {"ws_causal_gqa_d96", ROW_UNSPLIT, {2, 512, 8, 2, 96, 0, 0, 0, 0, 0}, 0},
+    {"ws_fused_layout_softcap_d96", ROW_UNSPLIT, {2, 320, 4, 2, 96, 0, 20.0f, 0, 1, 0}, 0},
     {"mma_causal_gqa_d96", ROW_BWD_MMA, {2, 200, 4, 2, 96, 0, 0, 0, 0, 0}, 0},
     {"packed_gqa_d128", ROW_BWD, {2, 300, 8, 2, 128, 0, 0, 1, 0, 1}, 0},
     /* D = 64 packed rows with softcap: the one-warpgroup dK/dV kernel and the dQ kernel that also

@@ -10,9 +10,8 @@
  * one CTA per kv head) take the warp-specialised kernel of bwd_ws.cu instead of the main kernel.
  * D = 256 on compute capability 9.0 runs the wgmma kernel of bwd_wg256.cu (64 keys per CTA, D split
  * over its two warpgroups, dQ by atomics) between the same delta pass and dQ conversion.
- * D = 96 runs the D = 128 wgmma kernels with columns 96..127 zero-filled on load and left unstored
- * (never the warp-specialised one). Elsewhere (other GPUs): the mma.sync kernel of bwd_mma.cu with
- * fp32 dQ atomics. Every
+ * D = 96 runs the D = 128 kernels (wgmma or warp-specialised) with columns 96..127 zero on load and
+ * left unstored. Elsewhere (other GPUs): the mma.sync kernel of bwd_mma.cu with fp32 dQ atomics. Every
  * buffer is workspace sized by lt_attention_cuda_workspace_bytes from the same plan. */
 #include "backend/cuda/attention/block.cuh"
 #include "backend/cuda/attention/launch.h"
@@ -145,7 +144,7 @@ extern "C" lt_status lt_attention_cuda_backward(lt_ctx *ctx, const lt_attention_
         /* Workspace after the key bounds: delta, then the fp32 dQ sums (unless dQ has its own
          * kernel), then the fp32 dK/dV sums of split CTAs. */
         char *w = (char *)ws + used;
-        const size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4;
+        const size_t acc_bytes = (size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)lt_attn_dq_acc_cols(p, &pl) * 4;
         d.delta = (float *)w;
         w += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
         d.nsplit = 1;

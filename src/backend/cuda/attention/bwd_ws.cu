@@ -1,5 +1,5 @@
 /* Warp-specialised flash attention backward for long causal rows on Hopper (sm_90a), D = 64 or
- * 128: one CTA owns 128 keys of one kv head and walks every query head of its group and every
+ * 128 (96 padded to 128): one CTA owns 128 keys of one kv head and walks every query head of its group and every
  * 64-query tile that sees those keys. A producer warp streams Q, dO (TMA, 128-byte swizzle), the
  * log-sum-exp and delta rows (bulk copies) into a two-stage shared-memory ring guarded by
  * mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
@@ -32,7 +32,7 @@ template <int D, int ST> struct ws_plan {
  * 4j..4j+3 of thread t of consumer warpgroup g (columns 64g..), so the shared-memory tile is
  * written without bank conflicts and reduced into global memory by one contiguous bulk add. The
  * tile of (b, h, query block qb) starts at float ((b·H + h)·T + 64·qb)·D. */
-template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, int B) {
+template <int D, int DV = D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, int B) {
     const int64_t slot = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* one float4 each */
     const int64_t n = (int64_t)B * p.H * p.T * D / 4;
     if (slot >= n) return;
@@ -45,6 +45,7 @@ template <int D> static __global__ void attn_bwd_ws_convert_dq(lt_attn_dev p, in
     const int qb = (int)(tile % qb_count);
     const int64_t bh = tile / qb_count;
     const int h = (int)(bh % p.H), b = (int)(bh / p.H);
+    if (DV < D && col >= DV) return; /* a padded head dim's zero columns */
     const float4 v = *(const float4 *)(p.dq_acc + slot * 4);
     __nv_bfloat16 *dst = p.dq + b * p.dq_sb + (int64_t)(64 * qb + row) * p.dq_st + h * p.dq_sh + col;
     *(uint32_t *)dst = lt_pack_bf16(v.x * p.scale, v.y * p.scale);
@@ -73,7 +74,10 @@ static __device__ __forceinline__ void ws_issue_rs(float (&acc)[NH][32], uint32_
 
 #endif
 
-template <int D, bool CAP>
+/* DV < D: the head dim DV padded to D (D = 96 on the D = 128 kernel): the tensor maps are DV wide,
+ * so the TMA unit fills the tiles' columns DV..D-1 with zeros; dK and dV from column DV on are not
+ * stored, and the fp32 dQ tiles keep their D-wide layout (attn_bwd_ws_convert_dq skips the rest). */
+template <int D, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(384, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmO,
                        const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
@@ -249,7 +253,7 @@ static __global__ void __launch_bounds__(384, 1)
         if (++st == ST) st = 0, ph ^= 1;
     }
 
-    lt_attn_bwd_store_dkv<NH>(p, dk, dv, b, hk, k0, krow, lane, scale);
+    lt_attn_bwd_store_dkv<NH, DV>(p, dk, dv, b, hk, k0, krow, lane, scale);
 #else
     (void)tmQ;
     (void)tmO;
@@ -260,33 +264,36 @@ static __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int D, bool CAP>
+template <int D, bool CAP, int DV = D>
 static lt_status ws_launch_one(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
     static const char what[] = "attention backward (ws)";
     constexpr int BN = LT_ATTN_BWD_WS_BN, BM = LT_ATTN_BWD_WS_BM;
     CUtensorMap mq, mo, mk, mv;
-    LT_TRY(lt_tma_map_bf16(ctx, what, &mq, d.q, B, d.T, d.H, D, d.q_sb, d.q_st, d.q_sh, BM));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &mo, d.dout, B, d.T, d.H, D, d.o_sb, d.o_st, d.o_sh, BM));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &mk, d.k, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &mv, d.v, B, d.T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mq, d.q, B, d.T, d.H, DV, d.q_sb, d.q_st, d.q_sh, BM));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mo, d.dout, B, d.T, d.H, DV, d.o_sb, d.o_st, d.o_sh, BM));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mk, d.k, B, d.T, d.Hkv, DV, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &mv, d.v, B, d.T, d.Hkv, DV, d.kv_sb, d.kv_st, d.kv_sh, BN));
     const int smem = ws_plan<D, LT_ATTN_BWD_WS_STAGES>::BYTES;
     LT_TRY(lt_cuda_check(ctx,
-                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              smem),
+                         cudaFuncSetAttribute(attn_bwd_ws_kernel<D, CAP, DV>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "attention backward (ws): shared memory size"));
     dim3 grid((unsigned)d.Hkv, (unsigned)((d.T + BN - 1) / BN), (unsigned)B);
-    attn_bwd_ws_kernel<D, CAP><<<grid, 384, (size_t)smem, stream>>>(mq, mo, mk, mv, d);
+    attn_bwd_ws_kernel<D, CAP, DV><<<grid, 384, (size_t)smem, stream>>>(mq, mo, mk, mv, d);
     LT_TRY(lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws) kernel launch"));
     const int64_t n4 = (int64_t)B * d.H * d.T * D / 4;
-    attn_bwd_ws_convert_dq<D><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(d, B);
+    attn_bwd_ws_convert_dq<D, DV><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(d, B);
     return lt_cuda_check(ctx, cudaGetLastError(), "attention backward (ws): dq conversion kernel");
 }
 
 /* Softcap is a template parameter (the tanh and its derivative stay out of the common kernel). */
-template <int D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
-    return d.softcap > 0.0f ? ws_launch_one<D, true>(ctx, d, B, stream) : ws_launch_one<D, false>(ctx, d, B, stream);
+template <int D, int DV = D> static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream) {
+    return d.softcap > 0.0f ? ws_launch_one<D, true, DV>(ctx, d, B, stream)
+                            : ws_launch_one<D, false, DV>(ctx, d, B, stream);
 }
 
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream) {
-    return D == 64 ? ws_launch<64>(ctx, d, B, stream) : ws_launch<128>(ctx, d, B, stream);
+    if (D == 64) return ws_launch<64>(ctx, d, B, stream);
+    if (D == 96) return ws_launch<128, 96>(ctx, d, B, stream); /* fp32 dQ tiles 128 wide: lt_attn_dq_acc_cols */
+    return ws_launch<128>(ctx, d, B, stream);
 }

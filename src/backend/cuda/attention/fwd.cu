@@ -2,7 +2,7 @@
  * the heuristic for the variant (heuristics.cu; variant table in tuning.h) and launches it. On
  * compute capability 9.0, D = 64, 128 or 256: long rows take the warp-specialised TMA kernel
  * (fwd_ws.cu) or the one-warpgroup wgmma kernel (fwd_wg.cu), rows that see few keys the wgmma
- * kernel with one K/V slot; D = 96 the wgmma kernels of D = 128, padded; elsewhere (other GPUs)
+ * kernel with one K/V slot; D = 96 the same kernels of D = 128, padded; elsewhere (other GPUs)
  * the mma.sync kernel (fwd_mma.cu). */
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/cuda_common.cuh"

@@ -1,5 +1,5 @@
-/* Warp-specialised flash attention forward for Hopper (sm_90a), D = 64, 128 or 256, for long rows:
- * one producer warp streams K and V tiles of BN keys (128; 64 at D = 256, lt_attn_fwd_ws_bn) into
+/* Warp-specialised flash attention forward for Hopper (sm_90a), D = 64, 128 or 256 (96 padded to
+ * 128), for long rows: one producer warp streams K and V tiles of BN keys (128; 64 at D = 256, lt_attn_fwd_ws_bn) into
  * an NS-stage shared-memory ring with TMA and mbarriers, two consumer warpgroups own 64 query rows
  * each (128 per CTA). The consumers take turns issuing their MMAs (ping-pong on named barriers, so
  * one's softmax runs under the other's MMAs) and each overlaps its own softmax of tile n with the
@@ -85,8 +85,11 @@ static __device__ __forceinline__ void ws_softmax_tile(float s[BN / 2], float m[
 
 #endif
 
-/* Grid (H, ceil(T / 128), B), 384 threads: warpgroup 0 produces, 1 and 2 consume. */
-template <int D, int NS, bool CAP>
+/* Grid (H, ceil(T / 128), B), 384 threads: warpgroup 0 produces, 1 and 2 consume. DV < D: the head
+ * dim DV padded to D (D = 96 on the D = 128 kernel): the tensor maps are DV wide, so the TMA unit
+ * fills the boxes' columns DV..D-1 with zeros (they add nothing to S), and O's columns from DV on
+ * are not stored. */
+template <int D, int NS, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(384, 1)
     attn_fwd_ws_kernel(const __grid_constant__ ws_maps maps, const lt_attn_dev p, const int pp) {
 #if LT_WGMMA_OK
@@ -297,7 +300,8 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int it = 0; it < 64 * CH / 128; it++) {
         const int i = ct + it * 128, r = i / CH, cc = (i % CH) * 8, t = q0w + r;
-        if (t < T) *(uint4 *)(go + (int64_t)t * p.o_st + cc) = *(const uint4 *)(sQw + lt_sw128_offset(r, cc, 64));
+        if (t < T && (DV == D || cc < DV))
+            *(uint4 *)(go + (int64_t)t * p.o_st + cc) = *(const uint4 *)(sQw + lt_sw128_offset(r, cc, 64));
     }
 #else
     (void)maps;
@@ -307,27 +311,27 @@ static __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int D, int NS, bool CAP>
+template <int D, int NS, bool CAP, int DV = D>
 static lt_status ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
     constexpr int BN = lt_attn_fwd_ws_bn(D), TQ = 64 * D * 2, TKV = BN * D * 2;
     const size_t smem = 1024 + 2 * (size_t)TQ + 2 * (size_t)NS * TKV + (1 + 4 * NS) * 8;
     static const char what[] = "attention forward (TMA)";
     ws_maps maps;
     const int64_t T = d.T;
-    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.q, d.q, B, T, d.H, D, d.q_sb, d.q_st, d.q_sh, 64));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
-    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, D, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.q, d.q, B, T, d.H, DV, d.q_sb, d.q_st, d.q_sh, 64));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.k, d.k, B, T, d.Hkv, DV, d.kv_sb, d.kv_st, d.kv_sh, BN));
+    LT_TRY(lt_tma_map_bf16(ctx, what, &maps.v, d.v, B, T, d.Hkv, DV, d.kv_sb, d.kv_st, d.kv_sh, BN));
     const dim3 grid((unsigned)d.H, (unsigned)((T + LT_ATTN_FWD_WS_BM - 1) / LT_ATTN_FWD_WS_BM), (unsigned)B);
-    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS, CAP>, grid, 384, smem, stream,
+    return lt_attn_launch(ctx, attn_fwd_ws_kernel<D, NS, CAP, DV>, grid, 384, smem, stream,
                           "attention forward (TMA): shared memory size", "attention forward (TMA) kernel launch", maps,
                           d, ping);
 }
 
 /* Softcap is a template parameter of the kernel (ws_softmax). */
-template <int D, int NS>
+template <int D, int NS, int DV = D>
 static lt_status ws_launch_cap(lt_ctx *ctx, const lt_attn_dev &d, int B, int ping, cudaStream_t stream) {
-    return d.softcap > 0.0f ? ws_launch<D, NS, true>(ctx, d, B, ping, stream)
-                            : ws_launch<D, NS, false>(ctx, d, B, ping, stream);
+    return d.softcap > 0.0f ? ws_launch<D, NS, true, DV>(ctx, d, B, ping, stream)
+                            : ws_launch<D, NS, false, DV>(ctx, d, B, ping, stream);
 }
 
 } // namespace
@@ -338,6 +342,9 @@ lt_status lt_attn_fwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
         return stages == 3 ? ws_launch_cap<64, 3>(ctx, d, B, pingpong, stream)
                            : ws_launch_cap<64, 2>(ctx, d, B, pingpong, stream);
     if (D == 256) return ws_launch_cap<256, 2>(ctx, d, B, pingpong, stream); /* 3 stages exceed shared memory */
+    if (D == 96) /* the D = 128 kernel on tensor maps 96 wide: the TMA unit zero-fills columns 96..127 */
+        return stages == 3 ? ws_launch_cap<128, 3, 96>(ctx, d, B, pingpong, stream)
+                           : ws_launch_cap<128, 2, 96>(ctx, d, B, pingpong, stream);
     return stages == 3 ? ws_launch_cap<128, 3>(ctx, d, B, pingpong, stream)
                        : ws_launch_cap<128, 2>(ctx, d, B, pingpong, stream);
 }

@@ -63,10 +63,6 @@ lt_attn_fwd_kind lt_attn_fwd_choose(const lt_attention_params *p, const lt_attn_
      * (tuning.h: LT_ATTN_FWD_WG_HEAD_DIM). */
     if (p->D == 256 && want == LT_ATTN_FWD_WG2) want = LT_ATTN_FWD_WG1;
     if (p->D == 256 && want == LT_ATTN_FWD_WS3) want = LT_ATTN_FWD_WS2;
-    /* D = 96 runs the one-warpgroup D = 128 kernels padded, not the TMA ones (tuning.h:
-     * LT_ATTN_WG_PADDED_HEAD_DIM). */
-    if (LT_ATTN_WG_PADDED_HEAD_DIM(p->D) && (want == LT_ATTN_FWD_WS2 || want == LT_ATTN_FWD_WS3))
-        want = LT_ATTN_FWD_WG2;
     /* The wgmma kernels put the query blocks in gridDim.y. */
     if (want != LT_ATTN_FWD_MMA &&
         (!dev->wgmma || (p->T + LT_ATTN_FWD_WG_BM - 1) / LT_ATTN_FWD_WG_BM > LT_ATTN_GRID_YZ_MAX))
@@ -108,10 +104,17 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     return pl;
 }
 
-int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
+/* Everything lt_attn_bwd_ws_eligible asks but the lse's alignment. */
+static int bwd_ws_shape(const lt_attention_params *p, const lt_attn_bwd_plan *pl) {
     if (!pl->ws_ok || !pl->wg || pl->dq_sep || pl->split != 1) return 0;
-    if (!LT_ATTN_WGMMA_HEAD_DIM(p->D)) return 0;
-    if (p->seq_offsets || p->window > 0 || p->T % LT_ATTN_BWD_WS_BM != 0 || p->T < LT_ATTN_BWD_WS_BN) return 0;
-    if ((uintptr_t)lse % 16) return 0;
-    return 1;
+    if (!LT_ATTN_WGMMA_HEAD_DIM(p->D) && !LT_ATTN_WG_PADDED_HEAD_DIM(p->D)) return 0;
+    return !(p->seq_offsets || p->window > 0 || p->T % LT_ATTN_BWD_WS_BM != 0 || p->T < LT_ATTN_BWD_WS_BN);
+}
+
+int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse) {
+    return bwd_ws_shape(p, pl) && (uintptr_t)lse % 16 == 0;
+}
+
+int lt_attn_dq_acc_cols(const lt_attention_params *p, const lt_attn_bwd_plan *pl) {
+    return LT_ATTN_WG_PADDED_HEAD_DIM(p->D) && bwd_ws_shape(p, pl) ? 128 : (int)p->D;
 }

@@ -44,8 +44,13 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
                                     const lt_attn_cuda_tuning *force);
 
 /* 1 when the warp-specialised backward handles the call: ws_ok, the wgmma plan with dQ by atomics
- * and one CTA per kv head (no split), D = 64 or 128, no packed rows, no window, T a multiple of 64
- * (at least 128) and lse 16-byte aligned. */
+ * and one CTA per kv head (no split), D = 64, 96 (padded to 128) or 128, no packed rows, no window,
+ * T a multiple of 64 (at least 128) and lse 16-byte aligned. */
 int lt_attn_bwd_ws_eligible(const lt_attention_params *p, const lt_attn_bwd_plan *pl, const float *lse);
+
+/* The floats in a (b, t, h) row of the fp32 dQ sums (lt_attn_dev.dq_acc): D, or 128 at a padded head
+ * dim whose call the warp-specialised backward may take (its dQ tiles keep the kernel's 128-wide
+ * layout), decided without the lse so the workspace is sized before the call. */
+int lt_attn_dq_acc_cols(const lt_attention_params *p, const lt_attn_bwd_plan *pl);
 
 #endif

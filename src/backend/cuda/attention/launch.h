@@ -3,7 +3,7 @@
  * queues its work on the stream it is given, which the entry point (fwd.cu, bwd.cu) obtains once.
  * D is one of LT_ATTENTION_CUDA_HEAD_DIMS and, for the wgmma and TMA variants, 64 or 128 (the
  * one-warpgroup wgmma forward with one K/V slot and the wgmma backward of bwd_wg256.cu also 256;
- * the wgmma kernels also 96, run on the D = 128 kernels padded).
+ * every one also 96, run on the D = 128 kernels padded).
  * Private to src/backend/cuda/attention/. */
 #ifndef LT_ATTN_LAUNCH_H
 #define LT_ATTN_LAUNCH_H

@@ -122,7 +122,8 @@ extern "C" size_t lt_attention_cuda_workspace_bytes(const lt_attention_params *p
         const lt_attn_cuda_tuning force = lt_attn_cuda_tuning_get();
         const lt_attn_bwd_plan pl = lt_attn_bwd_choose(p, lt_attn_cuda_device(), &force);
         n += lt_cuda_align((size_t)p->B * (size_t)p->H * (size_t)p->T * 4);
-        if (!pl.dq_sep) n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)p->D * 4);
+        if (!pl.dq_sep)
+            n += lt_cuda_align((size_t)p->B * (size_t)p->T * (size_t)p->H * (size_t)lt_attn_dq_acc_cols(p, &pl) * 4);
         if (pl.split > 1)
             n += lt_cuda_align((size_t)2 * (size_t)p->B * (size_t)p->T * (size_t)p->Hkv * (size_t)p->D * 4);
     }

@@ -10,18 +10,20 @@
 /* ---- Specialisations -------------------------------------------------------------------------
  * Head dims the bf16 kernels are compiled for (the only list: the boundary's check, its message and
  * the launchers' switches follow it). 64 and 128 have every variant below; 96 (Phi-3) the mma.sync
- * kernels and the D = 128 wgmma kernels, padded (LT_ATTN_WG_PADDED_HEAD_DIM); 256 (Gemma 2/3) the
- * mma.sync kernels, the one-warpgroup wgmma forward with one K/V slot (WG1), the TMA forward with
- * two stages of 64-key tiles (WS2) and the wgmma backward of bwd_wg256.cu. Adding one: README.md. */
+ * kernels and every other variant on the D = 128 kernels, padded (LT_ATTN_WG_PADDED_HEAD_DIM); 256
+ * (Gemma 2/3) the mma.sync kernels, the one-warpgroup wgmma forward with one K/V slot (WG1), the
+ * TMA forward with two stages of 64-key tiles (WS2) and the wgmma backward of bwd_wg256.cu. Adding
+ * one: README.md. */
 #define LT_ATTENTION_CUDA_HEAD_DIMS \
     { 64, 96, 128, 256 }
 #define LT_ATTENTION_CUDA_HEAD_DIMS_TEXT "64, 96, 128, 256"
 /* The head dims of the wgmma and TMA variants (multiples of 64: one swizzle atom per column block). */
 #define LT_ATTN_WGMMA_HEAD_DIM(D) ((D) == 64 || (D) == 128)
-/* Head dims that run the D = 128 wgmma kernels padded (fwd_wg.cu, bwd_wg.cu: Q, K, V and dO load
- * with the columns past D zero-filled; O, dQ, dK and dV are stored D wide): the one-warpgroup
- * forwards (WG1, WG2; a forced WS2 or WS3 runs WG2), the wgmma backward with dQ by atomics or by the
- * dQ kernel, never the TMA kernels. A quarter of the 128-wide products is spent on zeros. */
+/* Head dims that run the D = 128 kernels padded: the wgmma forwards (WG1, WG2) and backward (dQ by
+ * atomics or by the dQ kernel) load Q, K, V and dO with the columns past D zeroed, the TMA kernels
+ * (WS2, WS3, the warp-specialised backward) read tensor maps D wide whose boxes the TMA unit fills
+ * with zeros past D; O, dQ, dK and dV are stored D wide (the warp-specialised backward's fp32 dQ
+ * tiles stay 128 wide: lt_attn_dq_acc_cols). A quarter of the 128-wide products is spent on zeros. */
 #define LT_ATTN_WG_PADDED_HEAD_DIM(D) ((D) == 96)
 /* The head dims of the wgmma and TMA forwards (fwd_wg.cu, fwd_ws.cu): those, and 256 (WG1 and WS2
  * only), whose 64 x 256 fp32 O (128 registers a thread) still fits a warpgroup beside a 64-key S
@@ -47,9 +49,8 @@
  *                                                          consumer warpgroups
  *   wg   wgmma, D split over the    bwd_wg256.cu 256     64 keys, 2 warpgroups        1
  *          warpgroups, dQ by atomics
- * D = 96 runs WG1 / WG2 and the wgmma backward (with the dQ kernel or by atomics) on the D = 128
- * kernels with the columns past 96 zero. The wgmma and TMA kernels need compute capability 9.0
- * (sm_90a code); elsewhere the mma.sync kernels run. */
+ * D = 96 runs every variant on the D = 128 kernels with the columns past 96 zero. The wgmma and
+ * TMA kernels need compute capability 9.0 (sm_90a code); elsewhere the mma.sync kernels run. */
 typedef enum lt_attn_fwd_kind {
     LT_ATTN_FWD_AUTO = 0, /* the heuristic (in an override: no override) */
     LT_ATTN_FWD_MMA,
