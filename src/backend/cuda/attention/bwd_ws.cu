@@ -1,8 +1,8 @@
 /* Warp-specialised flash attention backward for long causal rows on Hopper (sm_90a), D = 64 or
- * 128 (96 padded to 128): one CTA owns 128 keys of one kv head and walks every query head of its group and every
- * 64-query tile that sees those keys. A producer warp streams Q, dO (TMA, 128-byte swizzle), the
- * log-sum-exp and delta rows (bulk copies) into a two-stage shared-memory ring guarded by
- * mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
+ * 128 (96 padded to 128): one CTA owns 128 keys of one kv head and walks every query head of its
+ * group and every 64-query tile that sees those keys. A producer warp streams Q, dO (TMA, 128-byte
+ * swizzle), the log-sum-exp and delta rows (bulk copies) into a two-stage shared-memory ring guarded
+ * by mbarriers; a second warp adds each step's dQ tile (fp32, shared memory) into the global
  * accumulator with one bulk reduction; two consumer warpgroups (64 keys each, registers raised by
  * setmaxnreg) compute Sᵀ, dPᵀ, dV, dK and dQ with wgmma. Only rows without packing or window,
  * T a multiple of 64, one CTA per kv head (no split; lt_attn_bwd_ws_eligible): bwd.cu keeps the

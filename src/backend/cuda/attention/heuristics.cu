@@ -76,10 +76,9 @@ lt_attn_bwd_plan lt_attn_bwd_choose(const lt_attention_params *p, const lt_attn_
     if (!force) force = &none;
     lt_attn_bwd_plan pl = {1, 1, 0, 128, 0, force->bwd != LT_ATTN_BWD_WG};
     if (force->bwd == LT_ATTN_BWD_MMA) pl.wg = 0;
-    /* The wgmma kernels: D = 64 or 128, D = 96 on the D = 128 kernels padded (never the
-     * warp-specialised kernel: lt_attn_bwd_ws_eligible), and D = 256 (bwd_wg256.cu: one CTA per 64
-     * keys of a kv head, no split, never the warp-specialised kernel); sm_90a code, key blocks in
-     * gridDim.y. */
+    /* The wgmma kernels: D = 64 or 128, D = 96 on the D = 128 kernels padded, and D = 256
+     * (bwd_wg256.cu: one CTA per 64 keys of a kv head, no split, never the warp-specialised
+     * kernel); sm_90a code, key blocks in gridDim.y. */
     const int d256 = p->D == 256;
     if (d256) pl.bn = 64, pl.ws_ok = 0;
     if (!(d256 || LT_ATTN_WGMMA_HEAD_DIM(p->D) || LT_ATTN_WG_PADDED_HEAD_DIM(p->D)) || !dev->wgmma ||
