@@ -94,14 +94,17 @@ typedef struct {
 
 #if defined(LT_THIN)
 /* ---- the AVX-512 loops ----
- * At r = 8 the row dots and the rank-r updates take three rows a pass, so each chunk of the
- * narrow operand (Bᵀ of dy·B, B of lu·Bᵀ: 48 KiB at 1536 columns, past L1) is loaded once for
- * three rows; the column sums go in 16-row blocks (64-row blocks kept 64 rows of the wide matrix
- * in flight per chunk) over items balanced across the threads. On the 2-core Xeon (Sapphire
- * Rapids) VM the 24 products of dev/cpu/05-lora-thin-probe.c took 4.2-4.8 ms at 2048 tokens
- * against 5.7-7.7 ms taking one row a pass with 64-row blocks (0.87-0.93 against 1.34-1.40 ms at
- * 512; OpenBLAS 0.3.21's SkylakeX kernels 10.9-11.5 and 2.4 ms). Also tried: column sums walking all rows per 16-column chunk, 1.5-2x slower than OpenBLAS
- * once the wide matrix had left the cache. */
+ * The row dots (r = 8, and r = 16 as two passes of 8 columns) and the rank-8 updates take three
+ * rows a pass, so each chunk of the narrow operand (Bᵀ of dy·B, B of lu·Bᵀ: 48 KiB at 1536
+ * columns, past L1) is loaded once for three rows; the column sums go in 16-row blocks (64-row
+ * blocks kept 64 rows of the wide matrix in flight per chunk) over items balanced across the
+ * threads. On the 2-core Xeon (Sapphire Rapids) VM the 24 products of
+ * dev/cpu/05-lora-thin-probe.c took 4.2-4.8 ms at 2048 tokens against 5.7-7.7 ms taking one row a
+ * pass with 64-row blocks (0.87-0.93 against 1.34-1.40 ms at 512; OpenBLAS 0.3.21's SkylakeX
+ * kernels 10.9-11.5 and 2.4 ms). At r = 16, `bench lora --rank 16` (one SmolLM2 layer, 2048 rows,
+ * two pairs alternated) measured what the adapters add as 5.6-6.1 -> 4.5-5.1 ms forward and 19.4
+ * -> 15.1-15.2 ms backward. Also tried: column sums walking all rows per 16-column chunk, 1.5-2x
+ * slower than OpenBLAS once the wide matrix had left the cache. */
 THIN_FN static inline __mmask16 thin_mask(int64_t n) {
     const uint32_t bits = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
     return (__mmask16)bits;
@@ -274,8 +277,7 @@ THIN_FN static void rankk_rows(void *arg, int64_t m0, int64_t m1, int thread) {
         return;
     }
     for (int64_t m = m0; m < m1; m++) {
-        if (j->K == 8) rankk_row(j, m, 8);
-        else if (j->K == 16) rankk_row(j, m, 16);
+        if (j->K == 16) rankk_row(j, m, 16);
         else rankk_row(j, m, j->K);
     }
 }
