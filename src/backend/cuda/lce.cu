@@ -3,8 +3,8 @@
  * at once into per-token online log-sum-exp statistics (forward), or turned into the bf16 logit
  * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). The
  * forward_backward call makes each logit tile once: exp(z - m) against a running reference max m
- * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs. Nothing of size (N, V) is ever stored:
- * the workspace stays under 64 MiB whatever N·V is. Quantized heads are dequantized one vocabulary
+ * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs. Nothing of
+ * size (N, V) is ever stored: the workspace stays under 64 MiB whatever N·V is. Quantized heads are dequantized one vocabulary
  * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
  * the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
@@ -19,7 +19,8 @@ extern "C" {
 #include <string.h>
 
 /* Tuning constants: the workspace budget bounds Nc·Vc; Nc = 2048 tokens forward, 1024 backward
- * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/README.md). cuBLASLt gets 4 MiB of scratch for its kernels. */
+ * (its fp32 dh accumulator is Nc·C·4 bytes; 2048 measured slower, dev/cuda/README.md). cuBLASLt
+ * gets 4 MiB of scratch for its kernels. */
 #define LCE_BUDGET ((size_t)56 << 20)
 #define LCE_BLAS_WS ((size_t)4 << 20)
 #define LCE_NC_DEFAULT 2048

@@ -1,9 +1,9 @@
 /* The pieces of a wgmma backward step shared by the wgmma main kernel (bwd_wg.cu), the
- * warp-specialised kernel (bwd_ws.cu) and, for the step loader, the D = 256 kernel (bwd_wg256.cu). Both run one CTA per BN keys of one kv head with
- * warpgroup g owning keys 64g..64g+63, K and V in shared memory (BN rows, 128-byte swizzle), and
- * 64-query steps whose Q and dO tiles (64 rows) sit in shared memory too; accumulator row 0 of a
- * thread is CTA-local key krow = 64g + 16·warp + lane/4. sm_90a only (LT_WGMMA_OK). Private to
- * src/backend/cuda/attention/. */
+ * warp-specialised kernel (bwd_ws.cu) and, for the step loader, the D = 256 kernel (bwd_wg256.cu).
+ * Both run one CTA per BN keys of one kv head with warpgroup g owning keys 64g..64g+63, K and V in
+ * shared memory (BN rows, 128-byte swizzle), and 64-query steps whose Q and dO tiles (64 rows) sit
+ * in shared memory too; accumulator row 0 of a thread is CTA-local key krow = 64g + 16·warp +
+ * lane/4. sm_90a only (LT_WGMMA_OK). Private to src/backend/cuda/attention/. */
 #ifndef LT_ATTN_BWD_WG_CUH
 #define LT_ATTN_BWD_WG_CUH
 
