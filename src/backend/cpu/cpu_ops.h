@@ -15,12 +15,6 @@
 #define LT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define LT_CPU_CLONES
-/* The few-row NT path of lt_cpu_matmul (ops_matvec.c): 1 when it served the call (non-f32 W,
- * N <= LT_MATVEC_MAX_N), 0 to fall through to the tiled path. ws: the matmul workspace. */
-int lt_cpu_matvec(lt_ctx *ctx, const lt_tensor *w, const float *x, int64_t N, float beta, float *y, void *ws);
-size_t lt_cpu_decode_attention_workspace_bytes(const lt_decode_attention_params *p, int threads);
-lt_status lt_cpu_decode_attention(lt_ctx *ctx, const lt_decode_attention_params *p);
-
 #endif
 
 void lt_cpu_gemm(lt_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
