@@ -4,9 +4,9 @@
  * gradient in place and multiplied back into dh (and dW) by two more GEMMs (backward). The
  * forward_backward call makes each logit tile once: exp(z - m) against a running reference max m
  * feeds an fp32 dh accumulator (rescaled when m moves), so loss and dh cost two GEMMs. Nothing of
- * size (N, V) is ever stored: the workspace stays under 64 MiB whatever N·V is. Quantized heads are dequantized one vocabulary
- * tile at a time. Gradient filtering of negligible tiles is not done: with the tolerance against
- * the CPU reference it would not pay on dense softmaxes. */
+ * size (N, V) is ever stored: the workspace stays under 64 MiB whatever N·V is. Quantized heads
+ * are dequantized one vocabulary tile at a time. Gradient filtering of negligible tiles is not
+ * done: with the tolerance against the CPU reference it would not pay on dense softmaxes. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_state.cuh"
