@@ -79,14 +79,16 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
                                    void *ws, int same_x);
 /* The f32 gemm's fixed device workspace of ctx's state and its size. */
 void *lt_cuda_gemm_workspace(lt_ctx *ctx, size_t *bytes);
+/* ctx's LT_CUDA_TICKETS slice counters (cuda_state.cuh), all zero between launches. */
+unsigned *lt_cuda_tickets(lt_ctx *ctx);
 /* Skinny products with a bf16 activation (ops_gemm_skinny.cu), 1 when run, 0 when the shape or
  * alignment is not theirs: C (M, N <= 16) = alpha·A (M, K, bf16)·op(B) + beta·C (tb: B (N, K),
  * else B (K, N)); C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C over K rows of X (K, P; bf16, or f32
  * rounded to bf16 when x_f32) and U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update
  * C (M, N) = alpha·U (M, K <= 32)·V + beta·C with V stacked from pieces of kb rows (vt: each piece
- * is (N, kb), read transposed). ws is scratch for the f32 factor's bf16 hi/lo split and the
- * K slices' partial sums, with which both products run on the tensor cores; skinny_h_n takes
- * ws = NULL (or one too small, or K % 32 != 0) on its CUDA-core path, skinny_h_tall needs it.
+ * is (N, kb), read transposed). Both products run on the tensor cores, the f32 factor split into
+ * bf16 hi and lo parts as it is loaded; ws is scratch for the K slices' partial sums (NULL or too
+ * small: fewer slices). skinny_h_n takes ws = NULL, or K % 32 != 0, on its CUDA-core path.
  * skinny_h_n with a_f32 reads an f32 A rounded to bf16 (tensor-core path only; 0 otherwise). */
 int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int a_f32,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,

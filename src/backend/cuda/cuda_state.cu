@@ -23,6 +23,7 @@ static void state_free(void *p) {
     if (st->blas) cublasLtDestroy(st->blas);
     if (st->gemm_ws) cudaFree(st->gemm_ws); /* waits for the work that may still read it */
     if (st->sumsq) cudaFree(st->sumsq);
+    if (st->tickets) cudaFree(st->tickets);
     if (st->stream) cudaStreamDestroy(st->stream);
     (void)cudaGetLastError();
     pthread_mutex_destroy(&st->blas_mu);
@@ -58,6 +59,11 @@ cublasLtHandle_t lt_cuda_blas_handle(lt_cuda_state *st) {
     if (!st->sumsq) {
         cudaError_t e = cudaMalloc((void **)&st->sumsq, (LT_CUDA_SUMSQ_PARTS + 1) * sizeof(double));
         if (e != cudaSuccess) LT_ABORT("sumsq partials: cudaMalloc: %s", cudaGetErrorString(e));
+    }
+    if (!st->tickets) { /* zeroed on the legacy stream, which the context's blocking stream waits for */
+        cudaError_t e = cudaMalloc((void **)&st->tickets, LT_CUDA_TICKETS * sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(st->tickets, 0, LT_CUDA_TICKETS * sizeof(unsigned));
+        if (e != cudaSuccess) LT_ABORT("slice tickets: %s", cudaGetErrorString(e));
     }
     return st->blas;
 }

@@ -65,6 +65,7 @@ typedef struct lt_cuda_state {
     cublasLtHandle_t blas; /* made on first use; shared by matmul, gemm and lce */
     void *gemm_ws;         /* LT_CUDA_GEMM_WS_BYTES of device memory, made with the handle */
     double *sumsq;         /* LT_CUDA_SUMSQ_PARTS partials + the total, made with the handle */
+    unsigned *tickets;     /* LT_CUDA_TICKETS counters, zero between launches, made with the handle */
     lt_cuda_blas_plan plans[LT_CUDA_BLAS_PLANS];
     int nplans, next_plan;
     lt_cuda_xcache xcache;
@@ -81,10 +82,17 @@ typedef struct lt_cuda_state {
 /* sumsq and clip_norm reduce in two passes through this many float64 partials (ops_elementwise.cu). */
 #define LT_CUDA_SUMSQ_PARTS 512
 
+/* The tensor-core LoRA products (ops_gemm_skinny.cu) cut a long reduction into slices over
+ * blocks; the last block of an output block to finish adds the slices' sums in order (a ticket
+ * counter per output block, taken after the block's sums are written and put back to zero by the
+ * last one), so no separate kernel adds them. Only grids of fewer output blocks than this are
+ * sliced. */
+#define LT_CUDA_TICKETS 4096
+
 /* ctx's state, made on first use; NULL only for ctx NULL. Aborts when the host cannot allocate
  * the small state itself. */
 lt_cuda_state *lt_cuda_state_of(lt_ctx *ctx);
-/* Makes the state's cuBLASLt handle and device scratch (gemm workspace, sumsq partials) unless
+/* Makes the state's cuBLASLt handle and device scratch (gemm workspace, sumsq partials, tickets) unless
  * made already, aborting on failure as a failed cuBLASLt call inside an op does; call it with
  * blas_mu held. Ops call it on first use; graph_begin before a capture starts, since nothing may
  * allocate while one runs. Returns the handle. */

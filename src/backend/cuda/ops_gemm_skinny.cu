@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_state.cuh"
 
 /* ---- small n: C (M, n) = alpha·A (M, K)·op(B) + beta·C, A rows contiguous in k ----
  * One warp owns SN_ROWS rows; lanes stride k four floats at a time (one float4 of each row),
@@ -352,16 +353,16 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
  * small_n_h_k reads its f32 factor block once per warp for every four rows of A: four times the
  * bytes of A through L1/L2 at r = 8, which held x·Aᵀ near a third and dy·B (B read across its
  * rows) near a sixth of the H200's bandwidth (52 and 122 us for 64-90 MiB of bf16 activation in an
- * 8k Qwen3-8B step). Here the factor is first split into bf16 hi and lo parts (hi = bf16(B),
- * lo = bf16(B - hi): B to ~16 bits, the products and sums in fp32 on the tensor cores), laid out
- * (8·NT, K) whatever op(B) was. A block of SM_WARPS warps takes SM_ROWS rows of A and one of KS
- * slices of K, which its warps share out 32 columns at a time; each warp runs mma.sync m16n8k16
- * over its rows with the factor fragment reused for SM_MT row tiles, the warps' sums meet in
- * shared memory, and the KS slices' sums are added in order by tall_reduce_k (KS > 1 keeps
- * enough loads in flight: one block per 64 rows left the SMs at 8 warps and a third of the
- * bandwidth). Everything is summed in a fixed order (deterministic). The k order inside a 32-wide
- * step is permuted identically for A and B (a lane loads 16 contiguous bytes of a row for both),
- * so every load is a 16-byte one. */
+ * 8k Qwen3-8B step). Here the f32 factor is split into bf16 hi and lo parts as it is loaded
+ * (hi = bf16(B), lo = bf16(B - hi): B to ~16 bits, the products and sums in fp32 on the tensor
+ * cores). A block of SM_WARPS warps takes SM_ROWS rows of A and one of KS slices of K, which its
+ * warps share out 32 columns at a time; each warp runs mma.sync m16n8k16 over its rows with the
+ * factor fragment reused for SM_MT row tiles, and the warps' sums meet in shared memory. The KS
+ * slices' sums go to the workspace, and the last block of a row block to finish adds them in order
+ * (KS > 1 keeps enough loads in flight: one block per 64 rows left the SMs at 8 warps and a third
+ * of the bandwidth). Everything is summed in a fixed order (deterministic). The k order inside a
+ * 32-wide step is permuted identically for A and B (a lane loads 16 contiguous bytes of a row of
+ * A and 32 of B's), so every load of A is a 16-byte one. */
 #define SM_WARPS 8
 #define SM_MT 4
 #define SM_ROWS (16 * SM_MT)
@@ -374,27 +375,42 @@ static __device__ __forceinline__ uint4 ld8_bf16(const float *p) {
     return make_uint4(lt_pack_bf16(a.x, a.y), lt_pack_bf16(a.z, a.w), lt_pack_bf16(b.x, b.y), lt_pack_bf16(b.z, b.w));
 }
 
-/* hi/lo (rows, Kp) bf16 of op(B) (tb: B (n, K), else B (K, n)); rows n.. and columns K.. zero. */
-static __global__ void split_b_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
-                                 int tb, __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
-    const int64_t total = (int64_t)rows * Kp;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t j = i / Kp, k = i - j * Kp;
-        const float v = j < n && k < K ? (tb ? B[j * ldb + k] : B[k * ldb + j]) : 0.0f;
-        const __nv_bfloat16 h = __float2bfloat16_rn(v);
-        hi[i] = h;
-        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
-    }
+/* The bf16 hi and lo parts of two f32 values, each as one pair (the first value in the low half):
+ * hi = bf16(v) and lo = bf16(v - hi), both rounded to nearest. */
+static __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 back = __bfloat1622float2(h);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = lt_pack_bf16(a - back.x, b - back.y);
 }
 
-/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M).
- * XT = float: A is f32, rounded to bf16 as it is loaded (to nearest, as the matmul's staging copy
- * rounds it: a recompute's lu from the f32 x takes the same values as the forward's from that copy). */
-template <int NT, typename XT>
+/* Whether this block is the last of the `blocks` slices of its output block to finish (tickets
+ * from lt_cuda_tickets, one per output block). Every thread's partial sums are written before the
+ * ticket is taken; the last block puts the ticket back to zero and then reads the other slices'
+ * sums through L2 (__ldcg). */
+static __device__ __forceinline__ bool last_slice(unsigned *ticket, unsigned blocks) {
+    __shared__ unsigned last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(ticket, 1u) == blocks - 1;
+        if (last) atomicExch(ticket, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M),
+ * and the last slice of the row block to finish adds them all into C. XT = float: A is f32, rounded to bf16 as it is loaded (to nearest, as
+ * the matmul's staging copy rounds it: a recompute's lu from the f32 x takes the same values as
+ * the forward's from that copy). TB = 1: B (n, K), op(B)ᵀ row j = B's row j, read as two float4 a
+ * step; TB = 0: B (K, n), read down its column j (eight L1-resident scalars a step). */
+template <int NT, typename XT, int TB>
 __global__ void __launch_bounds__(SM_WARPS * 32)
     small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const XT *__restrict__ A, int64_t lda,
-                  const __nv_bfloat16 *__restrict__ Bh, const __nv_bfloat16 *__restrict__ Bl, float beta, float *C,
-                  int64_t ldc, float *__restrict__ part) {
+                  const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc, float *__restrict__ part,
+                  unsigned *tickets) {
     __shared__ float red[SM_WARPS][SM_ROWS][8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t m0 = (int64_t)blockIdx.x * SM_ROWS;
@@ -414,22 +430,40 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             const int64_t row = m0 + 16 * i + g + 8 * h;
             arow[i][h] = A + (row < M ? row : M - 1) * lda + 8 * t;
         }
-    const __nv_bfloat16 *bh_row[NT], *bl_row[NT];
+    /* factor row j = 8q + g of op(B)ᵀ from k = 8t on; rows past n are zero (read as row 0) */
+    const float *brow[NT];
+    bool bok[NT];
 #pragma unroll
-    for (int q = 0; q < NT; q++)
-        bh_row[q] = Bh + (int64_t)(8 * q + g) * K + 8 * t, bl_row[q] = Bl + (int64_t)(8 * q + g) * K + 8 * t;
+    for (int q = 0; q < NT; q++) {
+        const int j = 8 * q + g;
+        bok[q] = j < n;
+        brow[q] = TB ? B + (int64_t)(bok[q] ? j : 0) * ldb + 8 * t : B + (int64_t)(8 * t) * ldb + (bok[q] ? j : 0);
+    }
     const int64_t steps = K / 32; /* K % 32 == 0 */
     const int64_t s_end = ((int64_t)blockIdx.y + 1) * slice < steps ? ((int64_t)blockIdx.y + 1) * slice : steps;
     for (int64_t s = (int64_t)blockIdx.y * slice + warp; s < s_end; s += SM_WARPS) {
         const int64_t k = s * 32;
-        uint4 a[SM_MT][2], bh[NT], bl[NT];
+        uint4 a[SM_MT][2];
+        uint32_t bh[NT][4], bl[NT][4];
 #pragma unroll
         for (int i = 0; i < SM_MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) a[i][h] = ld8_bf16(arow[i][h] + k);
 #pragma unroll
-        for (int q = 0; q < NT; q++)
-            bh[q] = __ldg((const uint4 *)(bh_row[q] + k)), bl[q] = __ldg((const uint4 *)(bl_row[q] + k));
+        for (int q = 0; q < NT; q++) {
+            float v[8];
+            if (TB) {
+                const float4 b0 = __ldg((const float4 *)(brow[q] + k)), b1 = __ldg((const float4 *)(brow[q] + k + 4));
+                v[0] = b0.x, v[1] = b0.y, v[2] = b0.z, v[3] = b0.w, v[4] = b1.x, v[5] = b1.y, v[6] = b1.z, v[7] = b1.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = __ldg(brow[q] + (k + e) * ldb);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = bok[q] ? v[e] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) split2(v[2 * e], v[2 * e + 1], bh[q][e], bl[q][e]);
+        }
 #pragma unroll
         for (int i = 0; i < SM_MT; i++) {
             /* row g / g+8, physical k 8t..8t+3 as logical (2t, 2t+1 | 2t+8, 2t+9), then 8t+4..8t+7 */
@@ -437,10 +471,10 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             const uint32_t f1[4] = {a[i][0].z, a[i][1].z, a[i][0].w, a[i][1].w};
 #pragma unroll
             for (int q = 0; q < NT; q++) {
-                lt_mma16816(acc[i][q], f0, bh[q].x, bh[q].y);
-                lt_mma16816(acc[i][q], f0, bl[q].x, bl[q].y);
-                lt_mma16816(acc[i][q], f1, bh[q].z, bh[q].w);
-                lt_mma16816(acc[i][q], f1, bl[q].z, bl[q].w);
+                lt_mma16816(acc[i][q], f0, bh[q][0], bh[q][1]);
+                lt_mma16816(acc[i][q], f0, bl[q][0], bl[q][1]);
+                lt_mma16816(acc[i][q], f1, bh[q][2], bh[q][3]);
+                lt_mma16816(acc[i][q], f1, bl[q][2], bl[q][3]);
             }
         }
     }
@@ -467,10 +501,22 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
         }
     }
+    if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
+    for (int e = threadIdx.x; e < SM_ROWS * 8 * NT; e += SM_WARPS * 32) { /* as tall_reduce_k */
+        const int r = e / (8 * NT), j = e - r * (8 * NT);
+        const int64_t m = m0 + r;
+        if (m >= M || j >= n) continue;
+        float sum = 0.0f;
+        for (unsigned q = 0; q < gridDim.y; q++) sum += __ldcg(part + ((int64_t)q * (8 * NT) + j) * M + m);
+        float *c = C + m * ldc + j;
+        *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+    }
 }
 
-/* Blocks of the tensor-core kernels the H200 keeps resident with room to spare (132 SMs, 2-3 a SM). */
+/* Blocks of the tensor-core kernels the H200 keeps resident with room to spare (132 SMs, 2-3 a SM).
+ * A grid is cut into slices only below this many output blocks, so each has a ticket. */
 #define MMA_TARGET_BLOCKS 396
+static_assert(MMA_TARGET_BLOCKS <= LT_CUDA_TICKETS, "a ticket for every output block of a sliced grid");
 
 /* How many slices a tensor-core kernel's grid cuts K into, for `blocks` blocks along the other
  * side and `steps` k-steps shared by `warps` warps a block: enough slices for MMA_TARGET_BLOCKS,
@@ -496,29 +542,24 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
     const int n = (int)N;
     cudaStream_t st = lt_cuda_stream(ctx);
     const int nt = N <= 8 ? 1 : 2;
-    const size_t half = (size_t)(8 * nt) * (size_t)K * sizeof(__nv_bfloat16);
-    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0 && 2 * half <= ws_bytes) {
-        __nv_bfloat16 *bh = (__nv_bfloat16 *)ws, *bl = (__nv_bfloat16 *)((char *)ws + half);
-        float *part = (float *)((char *)ws + 2 * half);
-        split_b_k<<<lt_cuda_grid((int64_t)(8 * nt) * K, 256), 256, 0, st>>>(n, 8 * nt, K, K, B, ldb, tb, bh, bl);
-        LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
+    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0) {
         const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS;
         int64_t slice;
         const int64_t ks =
-            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes - 2 * half, &slice);
+            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes, &slice);
         dim3 grid((unsigned)mb, (unsigned)ks);
-        float *pp = ks > 1 ? part : NULL;
+        float *pp = ks > 1 ? (float *)ws : NULL;
+        unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS row blocks */
         const float *af = (const float *)A;
-#define SMALL_N_MMA(NT_, A_) \
-    small_n_mma_k<NT_><<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, bh, bl, beta, C, ldc, pp)
-        if (a_f32) nt == 1 ? SMALL_N_MMA(1, af) : SMALL_N_MMA(2, af);
-        else nt == 1 ? SMALL_N_MMA(1, a) : SMALL_N_MMA(2, a);
+#define SMALL_N_MMA(NT_, XT_, A_, TB_) \
+    small_n_mma_k<NT_, XT_, TB_>       \
+        <<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, B, ldb, beta, C, ldc, pp, tk)
+#define SMALL_N_MMA_TB(NT_, XT_, A_) tb ? SMALL_N_MMA(NT_, XT_, A_, 1) : SMALL_N_MMA(NT_, XT_, A_, 0)
+        if (a_f32) nt == 1 ? SMALL_N_MMA_TB(1, float, af) : SMALL_N_MMA_TB(2, float, af);
+        else nt == 1 ? SMALL_N_MMA_TB(1, __nv_bfloat16, a) : SMALL_N_MMA_TB(2, __nv_bfloat16, a);
+#undef SMALL_N_MMA_TB
 #undef SMALL_N_MMA
         LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
-        if (pp) { /* the slices' (8·nt, M) sums, added in order */
-            tall_reduce_k<<<lt_cuda_grid(M * n, 256), 256, 0, st>>>(M, n, 8 * nt, (int)ks, pp, alpha, beta, C, ldc, 1);
-            LT_CUDA_LAUNCHED(ctx, "lora: small n slices");
-        }
         return 1;
     }
     if (a_f32) return 0; /* the CUDA-core kernel below reads bf16 only */
@@ -541,13 +582,14 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
  * tall_k streams X four columns (8 bytes of bf16) a thread with two k-groups a block: a few loads
  * in flight per SM, and 75-90 us for 64-170 MiB in an 8k Qwen3-8B step, three to four times the
  * bytes over the bandwidth. Here Cᵀ (16, P) = Uᵀ·X runs as mma.sync m16n8k16 with Uᵀ (split into
- * bf16 hi and lo parts, as small_n_mma_k does with its factor; zero past n and past K) as the A
- * operand and X as B: a lane loads 16 bytes (8 columns) of four X rows, and byte permutes pair
- * the rows' elements column by column into the B fragments of eight 8-column tiles, so a warp
- * covers 64 columns with coalesced 16-byte loads and no shared-memory transpose (the rows inside
- * a 16-step are permuted identically for U). f32 X is read as f32 and rounded to bf16, as the
- * activation of every LoRA product on this backend is. A block's warps split K and meet in
- * shared memory; the slices of K over blocks go to the workspace and tall_reduce_k adds them in order. */
+ * bf16 hi and lo parts as it is loaded, as small_n_mma_k does with its factor; zero past n and
+ * past K) as the A operand and X as B: a lane loads 16 bytes (8 columns) of four X rows, and byte
+ * permutes pair the rows' elements column by column into the B fragments of eight 8-column tiles,
+ * so a warp covers 64 columns with coalesced 16-byte loads and no shared-memory transpose (the
+ * rows inside a 16-step are permuted identically for U). f32 X is read as f32 and rounded to bf16,
+ * as the activation of every LoRA product on this backend is. A block's warps split K and meet in
+ * shared memory; the slices of K over blocks go to the workspace, and the last slice of a column
+ * block to finish adds them in order. */
 #define TM_WARPS 8
 #define TM_COLS 64
 
@@ -557,17 +599,21 @@ static __device__ __forceinline__ uint32_t pair_col(const uint4 &r0, const uint4
     return __byte_perm(w0[e >> 1], w1[e >> 1], (e & 1) ? 0x7632 : 0x5410);
 }
 
-/* Uh/Ul: (16, Kp) bf16, Kp = K rounded up to 16. part == NULL: C written here. */
+/* U (K, n) f32; K is walked in 16-steps up to Kp = K rounded up to 16. part == NULL: C written
+ * here; else as small_n_mma_k (part[blockIdx.y] is (16, P)). */
 template <typename XT>
 __global__ void __launch_bounds__(TM_WARPS * 32)
     tall_mma_k(int64_t P, int n, int64_t K, int64_t Kp, int64_t slice, float alpha, const XT *__restrict__ X,
-               int64_t ldx, const __nv_bfloat16 *__restrict__ Uh, const __nv_bfloat16 *__restrict__ Ul, float beta,
-               float *C, int64_t ldc, int c_pj, float *__restrict__ part) {
+               int64_t ldx, const float *__restrict__ U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
+               float *__restrict__ part, unsigned *tickets) {
     __shared__ float red[TM_WARPS][16][TM_COLS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t p0 = (int64_t)blockIdx.x * TM_COLS;
     /* column groups past P read the last group (P % 8 == 0); their sums are never stored */
     const int64_t pc = p0 + 8 * g < P ? p0 + 8 * g : P - 8;
+    /* Uᵀ rows g and g + 8 are U's columns g and g + 8 (zero past n, read as column 0) */
+    const bool u0 = g < n, u1 = g + 8 < n;
+    const float *uc0 = U + (u0 ? g : 0), *uc1 = U + (u1 ? g + 8 : 0);
     float acc[8][4];
 #pragma unroll
     for (int e = 0; e < 8; e++)
@@ -576,17 +622,20 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
     const int64_t k_end = ((int64_t)blockIdx.y + 1) * slice < Kp ? ((int64_t)blockIdx.y + 1) * slice : Kp;
     for (int64_t k0 = (int64_t)blockIdx.y * slice + 16 * warp; k0 < k_end; k0 += 16 * TM_WARPS) {
         uint4 x[4];
+        float v0[4], v1[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) { /* rows past K read row K - 1; U is zero there */
-            const int64_t k = k0 + 4 * t + i;
-            x[i] = ld8_bf16(X + (k < K ? k : K - 1) * ldx + pc);
+        for (int i = 0; i < 4; i++) { /* rows past K read row K - 1 of X; U is zero there */
+            const int64_t k = k0 + 4 * t + i, kk = k < K ? k : K - 1;
+            x[i] = ld8_bf16(X + kk * ldx + pc);
+            const float a = __ldg(uc0 + kk * ldu), b = __ldg(uc1 + kk * ldu);
+            v0[i] = u0 && k < K ? a : 0.0f, v1[i] = u1 && k < K ? b : 0.0f;
         }
         /* A = Uᵀ: rows g and g + 8, physical k 4t..4t+3 as logical (2t, 2t+1 | 2t+8, 2t+9) */
-        const uint2 h0 = __ldg((const uint2 *)(Uh + (int64_t)g * Kp + k0 + 4 * t));
-        const uint2 h1 = __ldg((const uint2 *)(Uh + (int64_t)(g + 8) * Kp + k0 + 4 * t));
-        const uint2 l0 = __ldg((const uint2 *)(Ul + (int64_t)g * Kp + k0 + 4 * t));
-        const uint2 l1 = __ldg((const uint2 *)(Ul + (int64_t)(g + 8) * Kp + k0 + 4 * t));
-        const uint32_t ah[4] = {h0.x, h1.x, h0.y, h1.y}, al[4] = {l0.x, l1.x, l0.y, l1.y};
+        uint32_t ah[4], al[4];
+        split2(v0[0], v0[1], ah[0], al[0]);
+        split2(v1[0], v1[1], ah[1], al[1]);
+        split2(v0[2], v0[3], ah[2], al[2]);
+        split2(v1[2], v1[3], ah[3], al[3]);
 #pragma unroll
         for (int e = 0; e < 8; e++) { /* tile e: column c of the tile is X column p0 + 8c + e */
             const uint32_t b0 = pair_col(x[0], x[1], e), b1 = pair_col(x[2], x[3], e);
@@ -614,41 +663,40 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
             *cp = beta == 0.0f ? alpha * sum : alpha * sum + beta * *cp;
         }
     }
+    if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
+    for (int i = threadIdx.x; i < 16 * TM_COLS; i += TM_WARPS * 32) { /* as tall_reduce_k */
+        const int j = i / TM_COLS, c = i - j * TM_COLS;
+        const int64_t p = p0 + c;
+        if (j >= n || p >= P) continue;
+        float sum = 0.0f;
+        for (unsigned q = 0; q < gridDim.y; q++) sum += __ldcg(part + ((int64_t)q * 16 + j) * P + p);
+        float *cp = c_pj ? C + p * ldc + j : C + j * ldc + p;
+        *cp = beta == 0.0f ? alpha * sum : alpha * sum + beta * *cp;
+    }
 }
 
 extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
                                      int x_f32, int64_t ldx, const float *U, int64_t ldu, float beta, float *C,
                                      int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
-    if (P <= 0 || n <= 0 || n > 16 || K < 1 || P % 8 || ldx % 8 || (uintptr_t)X % 16 || !ws || (uintptr_t)ws % 16)
-        return 0;
+    if (P <= 0 || n <= 0 || n > 16 || K < 1 || P % 8 || ldx % 8 || (uintptr_t)X % 16 || (uintptr_t)ws % 16) return 0;
     const int64_t Kp = (K + 15) / 16 * 16;
-    const size_t half = (size_t)16 * (size_t)Kp * sizeof(__nv_bfloat16);
     const size_t slice_bytes = (size_t)16 * (size_t)P * sizeof(float);
-    if (2 * half > ws_bytes) return 0;
     cudaStream_t st = lt_cuda_stream(ctx);
-    __nv_bfloat16 *uh = (__nv_bfloat16 *)ws, *ul = (__nv_bfloat16 *)((char *)ws + half);
-    float *part = (float *)((char *)ws + 2 * half);
-    split_b_k<<<lt_cuda_grid(16 * Kp, 256), 256, 0, st>>>((int)n, 16, K, Kp, U, ldu, 0, uh, ul);
-    LT_CUDA_LAUNCHED(ctx, "lora: tall factor to bf16 hi/lo");
     const int64_t cb = (P + TM_COLS - 1) / TM_COLS;
     int64_t slice_steps;
-    const int64_t ks = k_slices(cb, Kp / 16, TM_WARPS, slice_bytes, ws_bytes - 2 * half, &slice_steps);
+    const int64_t ks = k_slices(cb, Kp / 16, TM_WARPS, slice_bytes, ws ? ws_bytes : 0, &slice_steps);
     const int64_t slice = 16 * slice_steps;
     dim3 grid((unsigned)cb, (unsigned)ks);
-    float *pp = ks > 1 ? part : NULL;
+    float *pp = ks > 1 ? (float *)ws : NULL;
+    unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS column blocks */
     if (x_f32)
-        tall_mma_k<float><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, (const float *)X, ldx, uh, ul,
-                                                          beta, C, ldc, c_pj, pp);
+        tall_mma_k<float><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, (const float *)X, ldx, U, ldu,
+                                                          beta, C, ldc, c_pj, pp, tk);
     else
         tall_mma_k<__nv_bfloat16><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha,
-                                                                  (const __nv_bfloat16 *)X, ldx, uh, ul, beta, C, ldc,
-                                                                  c_pj, pp);
+                                                                  (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc,
+                                                                  c_pj, pp, tk);
     LT_CUDA_LAUNCHED(ctx, "lora: tall reduction (tensor cores)");
-    if (pp) {
-        tall_reduce_k<<<lt_cuda_grid((int64_t)n * P, 256), 256, 0, st>>>(P, (int)n, 16, (int)ks, pp, alpha, beta, C,
-                                                                         ldc, c_pj);
-        LT_CUDA_LAUNCHED(ctx, "lora: tall reduction sum");
-    }
     return 1;
 }
 

@@ -2,7 +2,7 @@
  * weight matmul and the rank-r LoRA products arranged around it so each activation is streamed
  * as few times as possible. The down-products (x·Aᵀ, dy·B, dyᵀ·lu) read the bf16 copy of x or dy
  * that the matmul makes for cuBLASLt anyway (fp32 accumulate; x·Aᵀ and dy·B on the tensor cores
- * with the f32 factor split into bf16 hi and lo parts, in the gemm workspace); the up-product lu·Bᵀ
+ * with the f32 factor split into bf16 hi and lo parts as the kernel loads it); the up-product lu·Bᵀ
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
  * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
