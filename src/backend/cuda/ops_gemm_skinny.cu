@@ -401,15 +401,32 @@ static __device__ __forceinline__ bool last_slice(unsigned *ticket, unsigned blo
     return last;
 }
 
+/* hi/lo (rows, Kp) bf16 of B (K, n) transposed; rows n.. and columns K.. zero. */
+static __global__ void split_bt_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
+                                  __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
+    const int64_t total = (int64_t)rows * Kp;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i / Kp, k = i - j * Kp;
+        const float v = j < n && k < K ? B[k * ldb + j] : 0.0f;
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
 /* part == NULL: C = alpha·sum + beta·C here; else the slice's sums go to part[blockIdx.y] (8·NT, M),
- * and the last slice of the row block to finish adds them all into C. XT = float: A is f32, rounded to bf16 as it is loaded (to nearest, as
- * the matmul's staging copy rounds it: a recompute's lu from the f32 x takes the same values as
- * the forward's from that copy). TB = 1: B (n, K), op(B)ᵀ row j = B's row j, read as two float4 a
- * step; TB = 0: B (K, n), read down its column j (eight L1-resident scalars a step). */
-template <int NT, typename XT, int TB>
+ * and the last slice of the row block to finish adds them all into C. XT = float: A is f32,
+ * rounded to bf16 as it is loaded (to nearest, as the matmul's staging copy rounds it: a
+ * recompute's lu from the f32 x takes the same values as the forward's from that copy).
+ * PRE = 0: the factor is B (n, K) in f32, op(B)ᵀ row j = B's row j (x·Aᵀ), read as two float4 a
+ * step and split here. PRE = 1: B (K, n) (dy·B), whose column j would take eight scalar loads a
+ * step (on an H100 that made the Qwen3-8B-wide dy·B passes slower than a separate split launch):
+ * split_bt_k has laid it out as bf16 hi/lo rows Bh, Bl (8·NT, K) first. */
+template <int NT, typename XT, int PRE>
 __global__ void __launch_bounds__(SM_WARPS * 32)
     small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const XT *__restrict__ A, int64_t lda,
-                  const float *__restrict__ B, int64_t ldb, float beta, float *C, int64_t ldc, float *__restrict__ part,
+                  const float *__restrict__ B, int64_t ldb, const __nv_bfloat16 *__restrict__ Bh,
+                  const __nv_bfloat16 *__restrict__ Bl, float beta, float *C, int64_t ldc, float *__restrict__ part,
                   unsigned *tickets) {
     __shared__ float red[SM_WARPS][SM_ROWS][8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -430,14 +447,16 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             const int64_t row = m0 + 16 * i + g + 8 * h;
             arow[i][h] = A + (row < M ? row : M - 1) * lda + 8 * t;
         }
-    /* factor row j = 8q + g of op(B)ᵀ from k = 8t on; rows past n are zero (read as row 0) */
+    /* factor row j = 8q + g of op(B)ᵀ from k = 8t on; rows past n are zero (PRE = 0: read as row 0) */
     const float *brow[NT];
+    const __nv_bfloat16 *bh_row[NT], *bl_row[NT];
     bool bok[NT];
 #pragma unroll
     for (int q = 0; q < NT; q++) {
         const int j = 8 * q + g;
         bok[q] = j < n;
-        brow[q] = TB ? B + (int64_t)(bok[q] ? j : 0) * ldb + 8 * t : B + (int64_t)(8 * t) * ldb + (bok[q] ? j : 0);
+        brow[q] = B + (int64_t)(bok[q] ? j : 0) * ldb + 8 * t;
+        bh_row[q] = Bh + (int64_t)j * K + 8 * t, bl_row[q] = Bl + (int64_t)j * K + 8 * t;
     }
     const int64_t steps = K / 32; /* K % 32 == 0 */
     const int64_t s_end = ((int64_t)blockIdx.y + 1) * slice < steps ? ((int64_t)blockIdx.y + 1) * slice : steps;
@@ -451,18 +470,17 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             for (int h = 0; h < 2; h++) a[i][h] = ld8_bf16(arow[i][h] + k);
 #pragma unroll
         for (int q = 0; q < NT; q++) {
-            float v[8];
-            if (TB) {
-                const float4 b0 = __ldg((const float4 *)(brow[q] + k)), b1 = __ldg((const float4 *)(brow[q] + k + 4));
-                v[0] = b0.x, v[1] = b0.y, v[2] = b0.z, v[3] = b0.w, v[4] = b1.x, v[5] = b1.y, v[6] = b1.z, v[7] = b1.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = __ldg(brow[q] + (k + e) * ldb);
+            if (PRE) {
+                const uint4 h = __ldg((const uint4 *)(bh_row[q] + k)), l = __ldg((const uint4 *)(bl_row[q] + k));
+                bh[q][0] = h.x, bh[q][1] = h.y, bh[q][2] = h.z, bh[q][3] = h.w;
+                bl[q][0] = l.x, bl[q][1] = l.y, bl[q][2] = l.z, bl[q][3] = l.w;
+                continue;
             }
+            const float4 b0 = __ldg((const float4 *)(brow[q] + k)), b1 = __ldg((const float4 *)(brow[q] + k + 4));
+            const float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = bok[q] ? v[e] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) split2(v[2 * e], v[2 * e + 1], bh[q][e], bl[q][e]);
+            for (int e = 0; e < 4; e++)
+                split2(bok[q] ? v[2 * e] : 0.0f, bok[q] ? v[2 * e + 1] : 0.0f, bh[q][e], bl[q][e]);
         }
 #pragma unroll
         for (int i = 0; i < SM_MT; i++) {
@@ -542,19 +560,26 @@ extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int
     const int n = (int)N;
     cudaStream_t st = lt_cuda_stream(ctx);
     const int nt = N <= 8 ? 1 : 2;
-    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0) {
+    /* dy·B (tb = 0): B laid out as bf16 hi/lo rows at the workspace's start, the slices after it */
+    const size_t half = tb ? 0 : (size_t)(8 * nt) * (size_t)K * sizeof(__nv_bfloat16);
+    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0 && 2 * half <= ws_bytes) {
+        __nv_bfloat16 *bh = (__nv_bfloat16 *)ws, *bl = (__nv_bfloat16 *)((char *)ws + half);
+        if (!tb) {
+            split_bt_k<<<lt_cuda_grid((int64_t)(8 * nt) * K, 256), 256, 0, st>>>(n, 8 * nt, K, K, B, ldb, bh, bl);
+            LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
+        }
         const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS;
         int64_t slice;
         const int64_t ks =
-            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes, &slice);
+            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes - 2 * half, &slice);
         dim3 grid((unsigned)mb, (unsigned)ks);
-        float *pp = ks > 1 ? (float *)ws : NULL;
+        float *pp = ks > 1 ? (float *)((char *)ws + 2 * half) : NULL;
         unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS row blocks */
         const float *af = (const float *)A;
-#define SMALL_N_MMA(NT_, XT_, A_, TB_) \
-    small_n_mma_k<NT_, XT_, TB_>       \
-        <<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, B, ldb, beta, C, ldc, pp, tk)
-#define SMALL_N_MMA_TB(NT_, XT_, A_) tb ? SMALL_N_MMA(NT_, XT_, A_, 1) : SMALL_N_MMA(NT_, XT_, A_, 0)
+#define SMALL_N_MMA(NT_, XT_, A_, PRE_) \
+    small_n_mma_k<NT_, XT_, PRE_>       \
+        <<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, B, ldb, bh, bl, beta, C, ldc, pp, tk)
+#define SMALL_N_MMA_TB(NT_, XT_, A_) tb ? SMALL_N_MMA(NT_, XT_, A_, 0) : SMALL_N_MMA(NT_, XT_, A_, 1)
         if (a_f32) nt == 1 ? SMALL_N_MMA_TB(1, float, af) : SMALL_N_MMA_TB(2, float, af);
         else nt == 1 ? SMALL_N_MMA_TB(1, __nv_bfloat16, a) : SMALL_N_MMA_TB(2, __nv_bfloat16, a);
 #undef SMALL_N_MMA_TB
@@ -601,7 +626,7 @@ static __device__ __forceinline__ uint32_t pair_col(const uint4 &r0, const uint4
 
 /* U (K, n) f32; K is walked in 16-steps up to Kp = K rounded up to 16. part == NULL: C written
  * here; else as small_n_mma_k (part[blockIdx.y] is (16, P)). */
-template <typename XT>
+template <typename XT, int U2>
 __global__ void __launch_bounds__(TM_WARPS * 32)
     tall_mma_k(int64_t P, int n, int64_t K, int64_t Kp, int64_t slice, float alpha, const XT *__restrict__ X,
                int64_t ldx, const float *__restrict__ U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
@@ -611,7 +636,8 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
     const int64_t p0 = (int64_t)blockIdx.x * TM_COLS;
     /* column groups past P read the last group (P % 8 == 0); their sums are never stored */
     const int64_t pc = p0 + 8 * g < P ? p0 + 8 * g : P - 8;
-    /* Uᵀ rows g and g + 8 are U's columns g and g + 8 (zero past n, read as column 0) */
+    /* Uᵀ rows g and g + 8 are U's columns g and g + 8 (zero past n, read as column 0; U2 = 0: n <= 8,
+     * the second never read) */
     const bool u0 = g < n, u1 = g + 8 < n;
     const float *uc0 = U + (u0 ? g : 0), *uc1 = U + (u1 ? g + 8 : 0);
     float acc[8][4];
@@ -627,7 +653,7 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
         for (int i = 0; i < 4; i++) { /* rows past K read row K - 1 of X; U is zero there */
             const int64_t k = k0 + 4 * t + i, kk = k < K ? k : K - 1;
             x[i] = ld8_bf16(X + kk * ldx + pc);
-            const float a = __ldg(uc0 + kk * ldu), b = __ldg(uc1 + kk * ldu);
+            const float a = __ldg(uc0 + kk * ldu), b = U2 ? __ldg(uc1 + kk * ldu) : 0.0f;
             v0[i] = u0 && k < K ? a : 0.0f, v1[i] = u1 && k < K ? b : 0.0f;
         }
         /* A = Uᵀ: rows g and g + 8, physical k 4t..4t+3 as logical (2t, 2t+1 | 2t+8, 2t+9) */
@@ -689,13 +715,14 @@ extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t 
     dim3 grid((unsigned)cb, (unsigned)ks);
     float *pp = ks > 1 ? (float *)ws : NULL;
     unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS column blocks */
-    if (x_f32)
-        tall_mma_k<float><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, (const float *)X, ldx, U, ldu,
-                                                          beta, C, ldc, c_pj, pp, tk);
-    else
-        tall_mma_k<__nv_bfloat16><<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha,
-                                                                  (const __nv_bfloat16 *)X, ldx, U, ldu, beta, C, ldc,
-                                                                  c_pj, pp, tk);
+    const float *xf = (const float *)X;
+    const __nv_bfloat16 *xh = (const __nv_bfloat16 *)X;
+#define TALL_MMA(XT_, X_, U2_) \
+    tall_mma_k<XT_, U2_>       \
+        <<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, X_, ldx, U, ldu, beta, C, ldc, c_pj, pp, tk)
+    if (x_f32) n > 8 ? TALL_MMA(float, xf, 1) : TALL_MMA(float, xf, 0);
+    else n > 8 ? TALL_MMA(__nv_bfloat16, xh, 1) : TALL_MMA(__nv_bfloat16, xh, 0);
+#undef TALL_MMA
     LT_CUDA_LAUNCHED(ctx, "lora: tall reduction (tensor cores)");
     return 1;
 }
