@@ -87,8 +87,9 @@ unsigned *lt_cuda_tickets(lt_ctx *ctx);
  * rounded to bf16 when x_f32) and U (K, n <= 16) (c_pj as the f32 tall reduction); the rank update
  * C (M, N) = alpha·U (M, K <= 32)·V + beta·C with V stacked from pieces of kb rows (vt: each piece
  * is (N, kb), read transposed). Both products run on the tensor cores, the f32 factor split into
- * bf16 hi and lo parts as it is loaded; ws is scratch for the K slices' partial sums (NULL or too
- * small: fewer slices). skinny_h_n takes ws = NULL, or K % 32 != 0, on its CUDA-core path.
+ * bf16 hi and lo parts as it is loaded (skinny_h_n's B (K, N) by a split into ws first); ws is
+ * scratch for that split and the K slices' partial sums (too small: fewer slices). skinny_h_n
+ * takes ws = NULL, K % 32 != 0 or, for B (K, N), no room for the split on its CUDA-core path.
  * skinny_h_n with a_f32 reads an f32 A rounded to bf16 (tensor-core path only; 0 otherwise). */
 int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int a_f32,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *ws,
