@@ -248,6 +248,9 @@ static const lt_lora_case lora_rows[] = {
     {1, {384, 0, 0}, {1, 0, 0}, 640, 333, 12, 0.5f, 1.0f, 1, 0, 0, LT_DTYPE_BF16},
     /* rank 16 on two members sharing dx: the rank update's widest V block (K = 32) onto dx */
     {2, {256, 128, 0}, {1, 1, 0}, 128, 333, 16, 1.0f, 1.0f, 0, 0, 0, LT_DTYPE_BF16},
+    /* rank 16 with K = 1024 both ways: the two-tile down-products cut into K slices, whose sums
+     * the last block of each row block adds */
+    {1, {1024, 0, 0}, {1, 0, 0}, 1024, 300, 16, 0.5f, 1.0f, 0, 0, 0, LT_DTYPE_BF16},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -1054,6 +1057,7 @@ static const op_case cases[] = {
     {"lora", run_lora, {2, 1024, 300, 8}, LT_DTYPE_BF16, 15},
     {"lora", run_lora, {1, 640, 333, 12}, LT_DTYPE_BF16, 16},
     {"lora", run_lora, {2, 128, 333, 16}, LT_DTYPE_BF16, 17},
+    {"lora", run_lora, {1, 1024, 300, 16}, LT_DTYPE_BF16, 18},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},
