@@ -10,8 +10,9 @@
 #   train135m          `bench train --shape smollm2-135m --seq 8192,32768 --no-peer --repeats 5`
 #   train8b            `bench train --shape qwen3-8b --seq 8192 --no-peer --repeats 3` (the 16 GB
 #                      random checkpoint is written once to $LONGTUNE_BENCH_WEIGHTS and reused)
-#   ncu-lora8b         Nsight Compute on `bench lora --shape qwen3-8b --repeats 3` in each build (once,
-#                      not per pair): the LoRA kernels' device time per kernel, scripts/ncu_kernels.py
+#   ncu-lora8b, ncu-lora135m  Nsight Compute on `bench lora --shape qwen3-8b|smollm2-135m --repeats 3`
+#                      in each build (once, not per pair): the LoRA kernels' device time per kernel
+#                      (scripts/ncu_kernels.py)
 #
 # usage: A=new/longtune B=old/longtune scripts/gpu-ab.sh [step ...]
 #        PAIRS (default 2), OUT (default /tmp/gpu-ab): logs, JSON and the table (ab.txt) go there.
@@ -27,7 +28,7 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(lora8b lora135m)
 for s in "${steps[@]}"; do
   case $s in
-  lora8b | lora135m | train135m | train8b | ncu-lora8b) ;;
+  lora8b | lora135m | train135m | train8b | ncu-lora8b | ncu-lora135m) ;;
   *) echo "gpu-ab: unknown step '$s'" >&2; exit 2 ;;
   esac
 done
@@ -40,11 +41,13 @@ run() { # arm pair step limit command...
   echo "$step $arm pair $pair: exit $?"
 }
 for s in "${steps[@]}"; do
-  if [ "$s" = ncu-lora8b ]; then
+  if [ "${s#ncu-}" != "$s" ]; then
+    shape=qwen3-8b
+    [ "$s" = ncu-lora135m ] && shape=smollm2-135m
     for arm in A B; do
       mkdir -p "$OUT/$s"
       ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
-        -k 'regex:small_n|tall|split|rank_upd' "${!arm}" bench lora --backend cuda --shape qwen3-8b --repeats 3 \
+        -k 'regex:small_n|tall|split|rank_upd' "${!arm}" bench lora --backend cuda --shape "$shape" --repeats 3 \
         --out "$OUT/$s/$arm" >"$OUT/$s/$arm.csv" 2>"$OUT/$s/$arm.log"
       echo "$s $arm: exit $?"
       python3 scripts/ncu_kernels.py "$OUT/$s/$arm.csv" --json "$OUT/$s/$arm.json" >"$OUT/$s/$arm.txt"
@@ -84,7 +87,7 @@ def figures(d):
                 got[f"T={a['T']} step ms"] = a["median_ms"]
     return got
 for s in steps:
-    if s == "ncu-lora8b":
+    if s.startswith("ncu-"):
         for arm in "AB":
             t = os.path.join(out, s, arm + ".txt")
             if os.path.exists(t):
