@@ -355,9 +355,10 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
  * rows) near a sixth of the H200's bandwidth (52 and 122 us for 64-90 MiB of bf16 activation in an
  * 8k Qwen3-8B step). Here the f32 factor is split into bf16 hi and lo parts (hi = bf16(B),
  * lo = bf16(B - hi): B to ~16 bits, the products and sums in fp32 on the tensor cores), as it is
- * loaded or, read down its columns, by split_bt_k first. A block of SM_WARPS warps takes SM_ROWS rows of A and one of KS slices of K, which its
- * warps share out 32 columns at a time; each warp runs mma.sync m16n8k16 over its rows with the
- * factor fragment reused for SM_MT row tiles, and the warps' sums meet in shared memory. The KS
+ * loaded or, read down its columns, by split_bt_k first. A block of SM_WARPS warps takes SM_ROWS
+ * rows of A and one of KS slices of K, which its warps share out 32 columns at a time; each warp
+ * runs mma.sync m16n8k16 over its rows with the factor fragment reused for SM_MT row tiles, and
+ * the warps' sums meet in shared memory. The KS
  * slices' sums go to the workspace, and the last block of a row block to finish adds them in order
  * (KS > 1 keeps enough loads in flight: one block per 64 rows left the SMs at 8 warps and a third
  * of the bandwidth). Everything is summed in a fixed order (deterministic). The k order inside a
