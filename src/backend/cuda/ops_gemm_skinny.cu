@@ -12,6 +12,19 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_state.cuh"
 
+/* One output element: C = alpha·sum + beta·C (C is not read when beta is zero). */
+static __device__ __forceinline__ void store_ab(float *c, float alpha, float sum, float beta) {
+    *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+}
+
+/* Σ_q part[q·stride] over the K slices' partial sums, in slice order (deterministic), read
+ * through L2 (__ldcg: other blocks wrote them). */
+static __device__ __forceinline__ float slice_sum(const float *part, unsigned slices, int64_t stride) {
+    float s = 0.0f;
+    for (unsigned q = 0; q < slices; q++) s += __ldcg(part + (int64_t)q * stride);
+    return s;
+}
+
 /* ---- small n: C (M, n) = alpha·A (M, K)·op(B) + beta·C, A rows contiguous in k ----
  * One warp owns SN_ROWS rows; lanes stride k four floats at a time (one float4 of each row),
  * load the matching 4 x R block of op(B) once (L1-resident: B is r x K) and reuse it for the warp's
@@ -82,10 +95,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
                 if (lane == j) mine = v;
             }
             const int64_t m = m0 + i;
-            if (m < M && lane < n) {
-                float *c = C + m * ldc + lane;
-                *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
-            }
+            if (m < M && lane < n) store_ab(C + m * ldc + lane, alpha, mine, beta);
         }
     }
 }
@@ -179,10 +189,8 @@ static __global__ void tall_reduce_k(int64_t P, int n, int R, int splits, const 
     const int64_t total = (int64_t)n * P;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / P, p = i - j * P;
-        float s = 0.0f;
-        for (int q = 0; q < splits; q++) s += part[((int64_t)q * R + j) * P + p];
-        float *c = c_pj ? C + p * ldc + j : C + j * ldc + p;
-        *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+        const float sum = slice_sum(part + j * P + p, (unsigned)splits, (int64_t)R * P);
+        store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha, sum, beta);
     }
 }
 
@@ -341,10 +349,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
                 if (lane == j) mine = v;
             }
             const int64_t m = m0 + i;
-            if (m < M && lane < n) {
-                float *c = C + m * ldc + lane;
-                *c = beta == 0.0f ? alpha * mine : alpha * mine + beta * *c;
-            }
+            if (m < M && lane < n) store_ab(C + m * ldc + lane, alpha, mine, beta);
         }
     }
 }
@@ -448,19 +453,25 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             const int64_t row = m0 + 16 * i + g + 8 * h;
             arow[i][h] = A + (row < M ? row : M - 1) * lda + 8 * t;
         }
-    /* factor row j = 8q + g of op(B)ᵀ from k = 8t on; rows past n are zero (PRE = 0: read as row 0) */
-    const float *brow[NT];
-    const __nv_bfloat16 *bh_row[NT], *bl_row[NT];
-    bool bok[NT];
+    /* factor row j = 8q + g of op(B)ᵀ from k = 8t on; rows past n are zero (PRE = 0: read as row 0,
+     * PRE = 1: split_bt_k wrote zeros there) */
+    const float *brow[NT];                        /* PRE = 0 */
+    bool bok[NT];                                 /* PRE = 0 */
+    const __nv_bfloat16 *bh_row[NT], *bl_row[NT]; /* PRE = 1 */
 #pragma unroll
     for (int q = 0; q < NT; q++) {
         const int j = 8 * q + g;
-        bok[q] = j < n;
-        brow[q] = B + (int64_t)(bok[q] ? j : 0) * ldb + 8 * t;
-        bh_row[q] = Bh + (int64_t)j * K + 8 * t, bl_row[q] = Bl + (int64_t)j * K + 8 * t;
+        if constexpr (PRE) {
+            bh_row[q] = Bh + (int64_t)j * K + 8 * t, bl_row[q] = Bl + (int64_t)j * K + 8 * t;
+        } else {
+            bok[q] = j < n;
+            brow[q] = B + (int64_t)(bok[q] ? j : 0) * ldb + 8 * t;
+        }
     }
     const int64_t steps = K / 32; /* K % 32 == 0 */
     const int64_t s_end = ((int64_t)blockIdx.y + 1) * slice < steps ? ((int64_t)blockIdx.y + 1) * slice : steps;
+    constexpr int UNROLL = NT == 1 ? 4 : 2; /* loads of several k-steps in flight */
+#pragma unroll UNROLL
     for (int64_t s = (int64_t)blockIdx.y * slice + warp; s < s_end; s += SM_WARPS) {
         const int64_t k = s * 32;
         uint4 a[SM_MT][2];
@@ -471,17 +482,17 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
             for (int h = 0; h < 2; h++) a[i][h] = ld8_bf16(arow[i][h] + k);
 #pragma unroll
         for (int q = 0; q < NT; q++) {
-            if (PRE) {
+            if constexpr (PRE) {
                 const uint4 h = __ldg((const uint4 *)(bh_row[q] + k)), l = __ldg((const uint4 *)(bl_row[q] + k));
                 bh[q][0] = h.x, bh[q][1] = h.y, bh[q][2] = h.z, bh[q][3] = h.w;
                 bl[q][0] = l.x, bl[q][1] = l.y, bl[q][2] = l.z, bl[q][3] = l.w;
-                continue;
-            }
-            const float4 b0 = __ldg((const float4 *)(brow[q] + k)), b1 = __ldg((const float4 *)(brow[q] + k + 4));
-            const float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            } else {
+                const float4 b0 = __ldg((const float4 *)(brow[q] + k)), b1 = __ldg((const float4 *)(brow[q] + k + 4));
+                const float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                split2(bok[q] ? v[2 * e] : 0.0f, bok[q] ? v[2 * e + 1] : 0.0f, bh[q][e], bl[q][e]);
+                for (int e = 0; e < 4; e++)
+                    split2(bok[q] ? v[2 * e] : 0.0f, bok[q] ? v[2 * e + 1] : 0.0f, bh[q][e], bl[q][e]);
+            }
         }
 #pragma unroll
         for (int i = 0; i < SM_MT; i++) {
@@ -513,22 +524,14 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < SM_WARPS; w++) sum += red[w][r][j];
-        if (part) {
-            part[((int64_t)blockIdx.y * (8 * NT) + j) * M + m] = sum;
-        } else {
-            float *c = C + m * ldc + j;
-            *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
-        }
+        if (part) part[((int64_t)blockIdx.y * (8 * NT) + j) * M + m] = sum;
+        else store_ab(C + m * ldc + j, alpha, sum, beta);
     }
     if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
-    for (int e = threadIdx.x; e < SM_ROWS * 8 * NT; e += SM_WARPS * 32) { /* as tall_reduce_k */
+    for (int e = threadIdx.x; e < SM_ROWS * 8 * NT; e += SM_WARPS * 32) {
         const int r = e / (8 * NT), j = e - r * (8 * NT);
         const int64_t m = m0 + r;
-        if (m >= M || j >= n) continue;
-        float sum = 0.0f;
-        for (unsigned q = 0; q < gridDim.y; q++) sum += __ldcg(part + ((int64_t)q * (8 * NT) + j) * M + m);
-        float *c = C + m * ldc + j;
-        *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+        if (m < M && j < n) store_ab(C + m * ldc + j, alpha, slice_sum(part + j * M + m, gridDim.y, 8 * NT * M), beta);
     }
 }
 
@@ -647,6 +650,7 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[e][c] = 0.0f;
     const int64_t k_end = ((int64_t)blockIdx.y + 1) * slice < Kp ? ((int64_t)blockIdx.y + 1) * slice : Kp;
+#pragma unroll 2
     for (int64_t k0 = (int64_t)blockIdx.y * slice + 16 * warp; k0 < k_end; k0 += 16 * TM_WARPS) {
         uint4 x[4];
         float v0[4], v1[4];
@@ -683,22 +687,16 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < TM_WARPS; w++) sum += red[w][j][c];
-        if (part) {
-            part[((int64_t)blockIdx.y * 16 + j) * P + p] = sum;
-        } else {
-            float *cp = c_pj ? C + p * ldc + j : C + j * ldc + p;
-            *cp = beta == 0.0f ? alpha * sum : alpha * sum + beta * *cp;
-        }
+        if (part) part[((int64_t)blockIdx.y * 16 + j) * P + p] = sum;
+        else store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha, sum, beta);
     }
     if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
-    for (int i = threadIdx.x; i < 16 * TM_COLS; i += TM_WARPS * 32) { /* as tall_reduce_k */
+    for (int i = threadIdx.x; i < 16 * TM_COLS; i += TM_WARPS * 32) {
         const int j = i / TM_COLS, c = i - j * TM_COLS;
         const int64_t p = p0 + c;
-        if (j >= n || p >= P) continue;
-        float sum = 0.0f;
-        for (unsigned q = 0; q < gridDim.y; q++) sum += __ldcg(part + ((int64_t)q * 16 + j) * P + p);
-        float *cp = c_pj ? C + p * ldc + j : C + j * ldc + p;
-        *cp = beta == 0.0f ? alpha * sum : alpha * sum + beta * *cp;
+        if (j < n && p < P)
+            store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha, slice_sum(part + j * P + p, gridDim.y, 16 * P),
+                     beta);
     }
 }
 
