@@ -36,6 +36,26 @@ static __device__ __forceinline__ float slice_sum(const float *part, unsigned sl
  * that and still leaves 256 blocks at M = 8192. R = 16 keeps 4 (register budget). */
 #define SN_ROWS(R) ((R) <= 8 ? 8 : 4)
 
+/* A warp's per-lane partial sums of ROWS rows x R columns, added across the lanes by butterfly
+ * shuffles; lane j stores column j of each row (rows below M, columns below n). */
+template <int ROWS, int R>
+static __device__ __forceinline__ void warp_rows_store(const float (&acc)[ROWS][R], int64_t m0, int64_t M, int n,
+                                                       int lane, float alpha, float beta, float *C, int64_t ldc) {
+#pragma unroll
+    for (int i = 0; i < ROWS; i++) {
+        float mine = 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float v = acc[i][j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == j) mine = v;
+        }
+        const int64_t m = m0 + i;
+        if (m < M && lane < n) store_ab(C + m * ldc + lane, alpha, mine, beta);
+    }
+}
+
 /* B_T = 1: B is (n, K), op(B)[k][j] = B[j·ldb + k]; 0: B is (K, n), op(B)[k][j] = B[k·ldb + j].
  * VB: B read as float4 (16-byte aligned, ldb % 4 == 0, and for B_T = 0 n % 4 == 0): scalar loads
  * of a 4 x R block touch four times the L1 lines, which capped the pass near HBM speed. */
@@ -84,19 +104,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
                 for (int j = 0; j < R; j++) acc[i][j] += a.x * b[0][j] + a.y * b[1][j] + a.z * b[2][j] + a.w * b[3][j];
             }
         }
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            float mine = 0.0f; /* lane j keeps column j's total */
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                float v = acc[i][j];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == j) mine = v;
-            }
-            const int64_t m = m0 + i;
-            if (m < M && lane < n) store_ab(C + m * ldc + lane, alpha, mine, beta);
-        }
+        warp_rows_store(acc, m0, M, n, lane, alpha, beta, C, ldc);
     }
 }
 
@@ -338,19 +346,7 @@ __global__ void __launch_bounds__(SN_WARPS * 32)
                 }
             }
         }
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            float mine = 0.0f;
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                float v = acc[i][j];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == j) mine = v;
-            }
-            const int64_t m = m0 + i;
-            if (m < M && lane < n) store_ab(C + m * ldc + lane, alpha, mine, beta);
-        }
+        warp_rows_store(acc, m0, M, n, lane, alpha, beta, C, ldc);
     }
 }
 
