@@ -81,7 +81,7 @@ static void peer_close(peer *p) {
 
 /* Starts the peer on model_dir with PYTHONPATH = peer_path first; 0 once it reported ready. */
 static int peer_open(peer *p, const char *script, const char *peer_path, const char *model_dir, int ckpt, int threads,
-                     int rank, double alpha, uint64_t seed) {
+                     int rank, double alpha, uint64_t seed, int bf16) {
     memset(p, 0, sizeof *p);
     int in[2], out[2];
     if (pipe(in) != 0) return -1;
@@ -109,7 +109,7 @@ static int peer_open(peer *p, const char *script, const char *peer_path, const c
         snprintf(al, sizeof al, "%g", alpha);
         snprintf(sd, sizeof sd, "%llu", (unsigned long long)seed);
         execlp("python3", "python3", script, model_dir, th, rk, al, sd, ckpt ? "checkpointing" : "no-checkpointing",
-               (char *)NULL);
+               bf16 ? "bf16" : "f32", (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -262,6 +262,7 @@ int lt_bench_train(int argc, char **argv) {
     c.warmup = 2;
     int offload_lo = 0, offload_hi = 0; /* checkpoint offload off and/or on, per length */
     int64_t seqs[MAX_SEQS];
+    int bf16x = 0; /* --bf16-products */
     int n_seqs = 0, threads = 0, rank = 8, peers = 1, liger = 1, guard_off = 0, profile = 0, recompute_attn = -1,
         graph = 1;
     int64_t rerun_layers = 0; /* --recompute-attention-layers */
@@ -279,6 +280,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_SET("--no-memory-guard", &guard_off, 1),
         LT_BENCH_SET("--offload-checkpoints", &offload_mode, 1),
         LT_BENCH_SET("--offload-both", &offload_mode, 2),
+        LT_BENCH_SET("--bf16-products", &bf16x, 1),
         LT_BENCH_LIST("--seq", seqs, &n_seqs, MAX_SEQS, 2, 1 << 22),
         LT_BENCH_FN("--shape", &shape_name, lt_bench_parse_shape),
         LT_BENCH_STR("--weights", &weights),
@@ -326,6 +328,9 @@ int lt_bench_train(int argc, char **argv) {
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
             "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
+            "  --bf16-products  CPU: bf16 weights' products on x rounded to bf16 through oneDNN (train\n"
+            "                   --bf16-products; needs bf16 weights, e.g. --weights random-bf16); the\n"
+            "                   peer then holds the model in bf16 (adapters in f32, as PEFT keeps them)\n"
             "  --recompute P    all (default: both arms checkpoint every layer) | every:K | none (no\n"
             "                   recompute here, no gradient checkpointing in the peers)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
@@ -353,6 +358,9 @@ int lt_bench_train(int argc, char **argv) {
     if (!weights) weights = cuda ? "random-bf16" : "random-f32";
     int random_w = !strcmp(weights, "random-f32") || !strcmp(weights, "random-bf16");
     lt_dtype wdt = !strcmp(weights, "random-bf16") ? LT_DTYPE_BF16 : LT_DTYPE_F32;
+    if (bf16x && !strcmp(weights, "random-f32"))
+        return lt_bench_usage_error("train", NULL,
+                                    "--bf16-products multiplies bf16 weights: add --weights random-bf16");
     if (n_seqs == 0) {
         if (!cuda) seqs[0] = 512, seqs[1] = 2048, n_seqs = 2;
         else if (!strcmp(shape->name, "qwen3-8b")) seqs[0] = 8192, seqs[1] = 32768, n_seqs = 2;
@@ -468,8 +476,8 @@ int lt_bench_train(int argc, char **argv) {
         char script[1200];
         snprintf(script, sizeof script, "%s/bench/peers/train_torch_cpu.py", src ? src : ".");
         double t0 = lt_time_now();
-        if (peer_open(&pr, script, peer_path, dir, rc_policy != LT_RECOMPUTE_NONE, nthreads, rank, 2.0 * rank, 1) !=
-            0) {
+        if (peer_open(&pr, script, peer_path, dir, rc_policy != LT_RECOMPUTE_NONE, nthreads, rank, 2.0 * rank, 1,
+                      bf16x) != 0) {
             fprintf(stderr, "peer skipped: %s did not start\n", script);
             peers = 0;
         } else {
@@ -488,6 +496,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .recompute_attention = recompute_attn,
                                    .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
+                                   .bf16_products = bf16x,
                                    .offload_ckpt = offload_lo};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -526,6 +535,7 @@ int lt_bench_train(int argc, char **argv) {
     cJSON_AddStringToObject(jc, "base_dtype", base_fp8 ? "fp8 (e4m3, per-row scales; activations per row)" : "file");
     if (fp8_skip) cJSON_AddStringToObject(jc, "fp8_skip", fp8_skip);
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
+    cJSON_AddBoolToObject(jc, "bf16_products", bf16x);
     cJSON_AddStringToObject(jc, "offload_checkpoints",
                             offload_lo       ? "on"
                                 : offload_hi ? "off, then on (arms longtune-offload-T*)"
@@ -572,6 +582,7 @@ int lt_bench_train(int argc, char **argv) {
                                    .recompute_attention = recompute_attn,
                                    .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
+                                   .bf16_products = bf16x,
                                    .offload_ckpt = offload};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -821,10 +832,10 @@ int lt_bench_train(int argc, char **argv) {
     char rerun_tag[40] = "";
     if (recompute_attn) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn");
     else if (rerun_layers) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn%lld", (long long)rerun_layers);
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
              random_w ? weights : "weights", rc_tag, rerun_tag,
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag);
+             cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag, bf16x ? "-bf16-products" : "");
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

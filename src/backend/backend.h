@@ -159,6 +159,11 @@ typedef struct lt_backend {
      * most N_max rows of x, on `threads` threads (CPU: per-thread f32 tiles, independent of N_max;
      * CUDA: the cuBLASLt workspace, a bf16 tile of W and a bf16 copy of a chunk of x). */
     size_t (*matmul_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
+    /* What matmul needs instead when the run asks for bf16 products (lt_model_run_options
+     * .bf16_products; lt_ctx_set_bf16x holds the workspace's bytes during the calls): CPU, a bf16
+     * W's products on x rounded to bf16 through oneDNN; 0 for dtypes that keep their path. NULL:
+     * the backend has no such products (CUDA's are bf16 already; a CPU build without oneDNN). */
+    size_t (*matmul_bf16x_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
     /* y = x / rms(x) · w over rows of C (y may alias x); rstd (N) = 1/sqrt(mean(x²) + eps). */
     void (*rmsnorm_fwd)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                         float *rstd);

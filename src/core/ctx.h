@@ -21,6 +21,7 @@ struct lt_ctx {
     struct lt_mem_dev pinned;           /* the part of mem[LT_DEVICE_CPU] that is page-locked */
     atomic_uint_fast64_t alloc_counter; /* allocations attempted since fail_nth was armed */
     uint64_t fail_nth;                  /* 0 = off */
+    size_t bf16x;                       /* lt_ctx_set_bf16x: the workspace bytes of bf16 products */
     /* One backend instance state per device (core/ctx_state.h), made on first use by that
      * backend and freed with the context. */
     void *backend_state[LT_DEVICE_COUNT_];

@@ -13,4 +13,10 @@ void *lt_ctx_backend_state(const lt_ctx *ctx, lt_device dev);
  * first. Does nothing when ctx is NULL or dev out of range. */
 void lt_ctx_set_backend_state(lt_ctx *ctx, lt_device dev, void *state, void (*free_fn)(void *state));
 
+/* The CPU's bf16 products (lt_model_run_options.bf16_products) for the weight products that follow:
+ * the bytes of the workspace those calls get, which the layout sized for them (0 = off, the f32
+ * products). The model sets it around its projections' calls and clears it after. */
+void lt_ctx_set_bf16x(lt_ctx *ctx, size_t ws_bytes);
+size_t lt_ctx_bf16x(const lt_ctx *ctx);
+
 #endif

@@ -52,6 +52,12 @@ void lt_ctx_set_backend_state(lt_ctx *ctx, lt_device dev, void *state, void (*fr
     ctx->backend_state_free[dev] = free_fn;
 }
 
+void lt_ctx_set_bf16x(lt_ctx *ctx, size_t ws_bytes) {
+    if (ctx) ctx->bf16x = ws_bytes;
+}
+
+size_t lt_ctx_bf16x(const lt_ctx *ctx) { return ctx ? ctx->bf16x : 0; }
+
 const char *lt_ctx_error(const lt_ctx *ctx) { return ctx ? ctx->error : ""; }
 lt_status lt_ctx_status(const lt_ctx *ctx) { return ctx ? ctx->status : LT_OK; }
 

@@ -421,6 +421,13 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     if (run->saved_bf16 < -1 || run->saved_bf16 > 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: saved_bf16 %d outside -1..1", run->saved_bf16);
     o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : r->be->saved_dtype;
+    if (run->bf16_products < 0 || run->bf16_products > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: bf16_products %d is not 0 or 1", run->bf16_products);
+    if (run->bf16_products && dev == LT_DEVICE_CPU && !r->be->matmul_bf16x_workspace_bytes)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "model run: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, "
+                        "e.g. by scripts/setup.sh, and rebuild)");
+    o->bf16x = run->bf16_products && r->be->matmul_bf16x_workspace_bytes;
     r->es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
@@ -606,6 +613,8 @@ static size_t matmul_workspace(const run_shape *r, const lt_layout *o) {
             lt_dtype dt = l < 0 ? c->proj_dtype[p] : lt_model_proj_dtype(c, l, (lt_proj)p);
             if (l >= 0 && dt == c->proj_dtype[p]) continue;
             size_t w = r->be->matmul_workspace_bytes(dt, out, in, o->chunk, o->threads);
+            if (w > mm) mm = w;
+            if (o->bf16x) w = r->be->matmul_bf16x_workspace_bytes(dt, out, in, o->chunk, o->threads);
             if (w > mm) mm = w;
         }
     }

@@ -276,6 +276,7 @@ typedef struct lt_layout {
     size_t class_bytes[LT_MEM_CLASS_COUNT_]; /* raw bytes requested per class (0 = no block) */
     int64_t n_lora;
     int threads;
+    int bf16x;        /* the run's bf16 products, on a backend that has them: mm_ws is sized for them */
     lt_device device; /* of the run part */
     size_t align;     /* of the run pieces: 64 host, 256 device (cudaMalloc's) */
 } lt_layout;

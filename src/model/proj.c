@@ -4,6 +4,7 @@
  * the step's seed, the layer, the projection and the element's place in the whole batch. */
 #include <string.h>
 
+#include "core/ctx_state.h"
 #include "model/step.h"
 
 static uint64_t drop_offset(int64_t layer, int p) { return ((uint64_t)layer * LT_PROJ_COUNT_ + (uint64_t)p) << 40; }
@@ -14,6 +15,18 @@ static uint64_t drop_at(const lt_step *s, int64_t l, int p, int64_t in, int64_t 
     /* a fused module's projections share one mask, as PEFT drops the module's one input */
     int o = (int)lt_model_lora_owner(&s->m->cfg, (lt_proj)p);
     return drop_offset(l, o) + (s->drop_row0 + (uint64_t)r0) * (uint64_t)in;
+}
+
+/* The matmul workspace for the base products that follow. With the run's bf16 products the
+ * layout sized it for them, and the context holds its bytes until mm_end: only these calls take
+ * that path (other users of the context plan their workspaces without it). */
+static void *mm_begin(const lt_step *s) {
+    if (s->m->lay.bf16x) lt_ctx_set_bf16x(s->ctx, s->m->lay.mm_ws_bytes);
+    return lt_step_ws(s, s->m->lay.mm_ws);
+}
+
+static void mm_end(const lt_step *s) {
+    if (s->m->lay.bf16x) lt_ctx_set_bf16x(s->ctx, 0);
 }
 
 /* Row r0 of the (N, r) LoRA product of projection p in st (NULL when p carries no LoRA). */
@@ -36,7 +49,7 @@ static void proj_fwd_mode(const lt_step *s, int64_t l, lt_proj p, int64_t r0, in
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (y) s->be->matmul(s->ctx, mode, w, x, n, beta, y, lt_step_ws(s, m->lay.mm_ws));
+    if (y) s->be->matmul(s->ctx, mode, w, x, n, beta, y, mm_begin(s)), mm_end(s);
     if (y && bias) s->be->add_bias(s->ctx, y, bias, n, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
@@ -73,7 +86,8 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         pp[g].y = y[g];
         pp[g].lu = lu_at(s, st, p, r0);
     }
-    s->be->lora_fwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, beta, lt_step_ws(s, m->lay.mm_ws));
+    s->be->lora_fwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
+    mm_end(s);
 }
 
 /* Over the n rows from row r0, given dy (n, out) of projection p with input x: accumulates LoRA
@@ -85,7 +99,7 @@ static void proj_bwd(const lt_step *s, int64_t l, lt_proj p, int64_t r0, int64_t
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, n, beta, dx, lt_step_ws(s, m->lay.mm_ws));
+    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, n, beta, dx, mm_begin(s)), mm_end(s);
     if (!L->lora_a[p]) return;
     float sc = m->lora_scale, *dlu = lt_step_ws(s, m->lay.dlu), *scr = lt_step_ws(s, m->lay.scratch);
     int drop = m->lora.dropout > 0;
@@ -131,6 +145,6 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         pp[g].dy = dy[g];
         pp[g].lu = lu_at(s, st, p, r0);
     }
-    s->be->lora_bwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, dx, beta, lt_step_ws(s, m->lay.dlu),
-                    lt_step_ws(s, m->lay.mm_ws));
+    s->be->lora_bwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, dx, beta, lt_step_ws(s, m->lay.dlu), mm_begin(s));
+    mm_end(s);
 }

@@ -88,6 +88,7 @@ static const option options[] = {
     {"no_memory_guard", K_BOOL, O(no_memory_guard), 0, 0, 1},
     {"moe_chunk_tokens", K_I64, O(moe_chunk_tokens), 0, 1, INT32_MAX},
     {"chunk_rows", K_I64, O(chunk_rows), 0, 1, INT32_MAX},
+    {"bf16_products", K_BOOL, O(bf16_products), 0, 0, 1},
 };
 /* lt_train_options.given has one bit per option. */
 _Static_assert(sizeof options / sizeof options[0] <= 64, "more options than bits in lt_train_options.given");

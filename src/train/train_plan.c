@@ -154,6 +154,7 @@ lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt, int64_
     out->run.offload_ckpt = opt->offload_checkpoints;
     out->run.moe_chunk_tokens = opt->moe_chunk_tokens;
     out->run.chunk_rows = opt->chunk_rows;
+    out->run.bf16_products = opt->bf16_products;
     out->run.attention = opt->attention;
     out->run.loss = opt->loss;
     out->run.threads = opt->threads;

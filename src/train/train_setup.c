@@ -442,6 +442,7 @@ lt_status lt_trainer_setup(lt_trainer *t, lt_train_result *res) {
                                 .offload_ckpt = o->offload_checkpoints,
                                 .moe_chunk_tokens = o->moe_chunk_tokens,
                                 .chunk_rows = o->chunk_rows,
+                                .bf16_products = o->bf16_products,
                                 .recompute_attention = o->recompute_attention,
                                 .recompute_attention_layers = o->recompute_attention_layers};
     LT_TRY(compute_plan(t, res));

@@ -237,6 +237,66 @@ static void size_table_equals_allocations(void **state) {
             }
 }
 
+/* bf16_products = 1: llama_tied's bf16 projections multiply x rounded to bf16 (the CPU through
+ * oneDNN), as the CUDA products do. Loss and gradients move by bf16 rounding of the products'
+ * inputs only (saved_bf16's bounds below: a few u per layer traversal), and they do move (the
+ * path ran); the step allocates nothing and the size table holds the workspace it used. A build
+ * without oneDNN refuses the option by name. */
+static void bf16_products_step(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    fixture f;
+    open_fixture(ctx, "llama_tied", &f);
+    lt_model *m = load_case(ctx, "llama_tied", &f, 0);
+    assert_int_equal(lt_model_get_config(m)->proj_dtype[LT_PROJ_Q], LT_DTYPE_BF16);
+    int64_t n;
+    float *p = lt_model_lora_params(m, &n);
+    uint64_t rng = lt_test_seed() + 29;
+    lt_test_fill_normal(&rng, p, n, 0.1f); /* B != 0 so every gradient is live */
+    lt_model_batch b = fixture_batch(&f);
+    float *g0 = malloc((size_t)n * 4), loss[2] = {0, 0};
+    assert_non_null(g0);
+    for (int v = 0; v < 2; v++) {
+        lt_model_run_options ro = {0};
+        ro.B = f.B, ro.T = f.T, ro.recompute = LT_RECOMPUTE_EVERY, ro.bf16_products = v;
+        lt_status st = lt_model_prepare(ctx, m, &ro);
+        if (v && !LT_HAVE_ONEDNN) {
+            assert_int_equal(st, LT_ERR_UNSUPPORTED);
+            assert_non_null(strstr(lt_ctx_error(ctx), "bf16_products"));
+            printf("      bf16 products skipped: this build has no oneDNN\n");
+            break;
+        }
+        assert_int_equal(st, LT_OK);
+        lt_model_sizes want;
+        assert_int_equal(lt_model_size_table(ctx, lt_model_get_config(m), lt_model_get_lora(m), &ro, &want), LT_OK);
+        assert_int_equal(lt_model_get_sizes(m).bytes[LT_MEM_WORKSPACE], want.bytes[LT_MEM_WORKSPACE]);
+        size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+        lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+        lt_model_zero_grads(m);
+        lt_model_result r;
+        assert_int_equal(lt_model_forward_backward(ctx, m, &b, 0.0f, &r, NULL), LT_OK);
+        assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+        loss[v] = (float)r.loss_sum;
+        const float *g = lt_model_lora_grads(m, NULL);
+        if (!v) {
+            memcpy(g0, g, (size_t)n * 4);
+            continue;
+        }
+        compare("bf16 products: loss", &loss[1], &loss[0], 1, 8 * 0x1.0p-8);
+        double scale = 0, worst = 0;
+        for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)g0[i]));
+        for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)g[i] - g0[i]));
+        printf("      bf16 products: loss %.7g against %.7g, gradients within %.3g of the largest\n", loss[1], loss[0],
+               worst / scale);
+        assert_true(worst <= 0x1.0p-3 * scale);
+        assert_true(worst > 0 && loss[1] != loss[0]);
+    }
+    free(g0);
+    lt_model_free(ctx, m);
+    lt_safetensors_close(ctx, f.exp);
+    lt_ctx_free(ctx);
+}
+
 /* QLoRA: --quantize holds projections as INT4_G64; the loss stays close to the f32 one. */
 static void quantized_base_trains(void **state) {
     (void)state;
@@ -315,7 +375,10 @@ static void bad_inputs_are_typed_errors(void **state) {
     ro.B = f.B, ro.T = f.T, ro.recompute = LT_RECOMPUTE_EVERY, ro.saved_bf16 = 2;
     assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "saved_bf16"));
-    ro.saved_bf16 = 0, ro.chunk_rows = -3;
+    ro.saved_bf16 = 0, ro.bf16_products = 2;
+    assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_ERR_INVALID_ARG);
+    assert_non_null(strstr(lt_ctx_error(ctx), "bf16_products"));
+    ro.bf16_products = 0, ro.chunk_rows = -3;
     assert_int_equal(lt_model_prepare(ctx, m, &ro), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "chunk_rows"));
     b = fixture_batch(&f);
@@ -742,6 +805,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(packed_equals_unpacked),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(quantized_base_trains),
+        cmocka_unit_test(bf16_products_step),
         cmocka_unit_test(bad_inputs_are_typed_errors),
         cmocka_unit_test(gguf_bad_rope_factor_is_named),
         cmocka_unit_test(every_allocation_failure_is_clean),

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "core/ctx_state.h"
 #include "helpers/backends.h"
 #include "helpers/lora_check.h"
 #include "helpers/ref_ops.h"
@@ -157,18 +158,30 @@ static uint8_t *make_weight(uint64_t *rng, lt_dtype dt, int64_t out, int64_t in,
 
 #define WS_GUARD 4096 /* bytes after the workspace that must stay untouched */
 
-/* matmul: s = {out, in, N}; opt bit 0 mode NN (else NT), bit 1 beta = 1 (else 0, y poisoned). */
+/* matmul: s = {out, in, N}; opt bit 0 mode NN (else NT), bit 1 beta = 1 (else 0, y poisoned), bit 2
+ * the run's bf16 products (lt_ctx_set_bf16x with the workspace sized for them): the product is then
+ * defined on x rounded to bf16, which the CPU must multiply to f32 accuracy. */
 static void run_matmul(const op_case *c, env *e) {
     const lt_dtype dt = c->dt;
     const int mode = c->opt & 1 ? LT_MATMUL_NN : LT_MATMUL_NT;
     const float beta = c->opt & 2 ? 1.0f : 0.0f;
+    const int bf16x = (c->opt & 4) != 0;
     const int64_t out = c->s[0], in = c->s[1], N = c->s[2];
+    if (bf16x && e->be->device == LT_DEVICE_CPU && !e->be->matmul_bf16x_workspace_bytes) {
+        printf("      skipped: this build has no oneDNN (the CPU's bf16 products)\n");
+        return;
+    }
     float *wd = malloc(F4(out * in));
     uint8_t *wq = make_weight(&e->rng, dt, out, in, wd);
     size_t wbytes = (size_t)lt_dtype_row_bytes(dt, in) * (size_t)out;
     int64_t shape[2] = {out, in};
     lt_tensor w = lt_tensor_view(up(e, wq, wbytes), dt, e->be->device, 2, shape);
     size_t wsb = e->be->matmul_workspace_bytes(dt, out, in, N, lt_ctx_threads(e->ctx));
+    if (bf16x && e->be->matmul_bf16x_workspace_bytes) {
+        size_t b = e->be->matmul_bf16x_workspace_bytes(dt, out, in, N, lt_ctx_threads(e->ctx));
+        if (b > wsb) wsb = b;
+        lt_ctx_set_bf16x(e->ctx, wsb);
+    }
     uint8_t *guard = malloc(wsb + WS_GUARD);
     memset(guard, 0xa5, wsb + WS_GUARD);
     uint8_t *ws = up(e, guard, wsb + WS_GUARD);
@@ -181,7 +194,12 @@ static void run_matmul(const op_case *c, env *e) {
     uint8_t *after = malloc(WS_GUARD);
     down(e, after, ws + wsb, WS_GUARD);
     for (int i = 0; i < WS_GUARD; i++) CHECK(e, after[i] != 0xa5);
-    const double tol = lt_test_tol_for(input_dtype(e->be, PREC_INPUTS), xin);
+    /* bf16 products: the CPU multiplies x rounded to bf16 to f32 accuracy (CUDA's matmul rounds x
+     * the same way and keeps its own tolerance) */
+    const int rounded = bf16x && dt == LT_DTYPE_BF16; /* other dtypes keep their products */
+    const double tol =
+        lt_test_tol_for(rounded && e->be->device == LT_DEVICE_CPU ? LT_DTYPE_F32 : input_dtype(e->be, PREC_INPUTS),
+                        xin);
     /* fp8: the product is defined on x rounded per row to e4m3 (lt_fp8_row_scale); NN first folds
      * W's row scales into x, so the reference then multiplies by q alone */
     float *xr = x;
@@ -196,6 +214,9 @@ static void run_matmul(const op_case *c, env *e) {
         }
         if (mode == LT_MATMUL_NN)
             for (int64_t i = 0; i < out * in; i++) wd[i] = lt_fp8_to_f32(wq[i]);
+    } else if (rounded) {
+        xr = malloc(F4(N * xin));
+        for (int64_t i = 0; i < N * xin; i++) xr[i] = lt_bf16_to_f32(lt_f32_to_bf16(x[i]));
     }
     for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < yout; j++) {
@@ -215,6 +236,7 @@ static void run_matmul(const op_case *c, env *e) {
         CHECK(e, memcmp(y2, y, F4(N * yout)) != 0);
         free(y2);
     }
+    lt_ctx_set_bf16x(e->ctx, 0);
     dfree(e, w.data, wbytes), dfree(e, ws, wsb + WS_GUARD), dfree(e, dx, F4(N * xin)), dfree(e, dy, F4(N * yout));
     if (xr != x) free(xr);
     free(wd), free(wq), free(guard), free(x), free(y0), free(y), free(after);
@@ -981,6 +1003,7 @@ static void run_lce(const op_case *c, env *e) {
 #define NT 0
 #define NN 1
 #define ACC 2
+#define BF16X 4
 #define ATTN(D, packed, window, cap) ((D) | (packed) << 9 | (window) << 10 | (cap) << 11)
 #define FUSED (1 << 12)
 
@@ -1032,6 +1055,13 @@ static const op_case cases[] = {
     {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_Q4_1, NT}, /* one row */
     {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_BF16, NN | ACC},
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_BF16, NT | ACC}, /* two chunks of x */
+    /* the run's bf16 products (the CPU through oneDNN) */
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_BF16, NT | ACC | BF16X},
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_BF16, NN | BF16X},
+    {"matmul", run_matmul, {576, 1536, 512}, LT_DTYPE_BF16, NT | BF16X},
+    {"matmul", run_matmul, {576, 1536, 512}, LT_DTYPE_BF16, NN | ACC | BF16X},
+    {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_BF16, NN | ACC | BF16X}, /* one row */
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_Q4_1, NT | BF16X},      /* other dtypes keep their path */
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_Q8_0, NN},
     /* fp8: e4m3 W with row scales, x rounded per row (sides multiples of 16, as the load requires) */
     {"matmul", run_matmul, {160, 192, 70}, LT_DTYPE_FP8, NT},

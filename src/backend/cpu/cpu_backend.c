@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "backend/lce_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/ops_matmul_bf16.h"
 #include "core/parallel.h"
 
 /* Copies of at least COPY_SPLIT_BYTES between disjoint ranges run in contiguous pieces on the
@@ -99,6 +100,9 @@ const lt_backend lt_backend_cpu = {
     .gemm = lt_cpu_gemm,
     .matmul = lt_cpu_matmul,
     .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,
+#if LT_HAVE_ONEDNN
+    .matmul_bf16x_workspace_bytes = lt_cpu_bf16x_workspace_bytes,
+#endif
     .rmsnorm_fwd = lt_cpu_rmsnorm_fwd,
     .rmsnorm_bwd = lt_cpu_rmsnorm_bwd,
     .rope = lt_cpu_rope,

@@ -1,6 +1,7 @@
 /* CPU GEMM and weight matmuls. f32 weights go straight to OpenBLAS; bf16, f16 and block-quantized
  * weights are dequantized LT_MATMUL_TILE rows at a time into a per-thread f32 workspace and
- * multiplied there, so a quantized base never exists in f32 as a whole (QLoRA). The OpenMP build
+ * multiplied there, so a quantized base never exists in f32 as a whole (QLoRA). A run with bf16
+ * products sends bf16 weights to oneDNN instead (ops_matmul_bf16.c). The OpenMP build
  * of OpenBLAS runs single-threaded inside our parallel regions, so threads never oversubscribe.
  * The LoRA adapters' thin products (one side of rank r <= 16) have their own AVX-512 loops: they
  * are memory-bound, and OpenBLAS packs the wide operand before reading it. */
@@ -11,6 +12,8 @@
 #endif
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/ops_matmul_bf16.h"
+#include "core/ctx_state.h"
 #include "core/parallel.h"
 
 /* Weight rows dequantized per tile: 64 rows × in ≤ 64 × 16K floats = 4 MiB per thread at the
@@ -525,6 +528,8 @@ void lt_cpu_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const f
         else lt_cpu_gemm(ctx, 0, 0, N, in, out, 1.0f, x, out, W, in, beta, y, in);
         return;
     }
+    const size_t bf16x = lt_ctx_bf16x(ctx); /* the run's bf16 products, on a workspace sized for them */
+    if (bf16x && lt_cpu_bf16x_matmul(ctx, mode, w, x, N, beta, y, ws, bf16x)) return;
     const int fp8 = w->dtype == LT_DTYPE_FP8;
     if (mode == LT_MATMUL_NT_DECODE && !fp8 && lt_cpu_matvec(ctx, w, x, N, beta, y, ws)) return;
     mm_job j = {w, x, y, ws, N, out, in, beta, (size_t)lt_dtype_row_bytes(w->dtype, in), mode == LT_MATMUL_NN};

@@ -1,0 +1,227 @@
+/* The CPU's bf16 products (lt_model_run_options.bf16_products): for a weight held in bf16,
+ * y = bf16(x)·Wᵀ (NT) or bf16(x)·W (NN) + beta·y, the products and sums in f32, through oneDNN's
+ * matmul, which runs them on AMX tiles or AVX512-BF16 where the CPU has them (and emulates them
+ * where it does not). x is rounded to nearest even (lt_cpu_to_bf16, as the CUDA products round
+ * it) into the head of the workspace; oneDNN's scratchpad follows it there (user mode), so the
+ * library allocates nothing per call and the planner's workspace is all the memory the products
+ * use. A call whose rounded x and scratchpad would not fit the workspace the caller holds takes
+ * the f32 path instead (ops_matmul.c). W is read as it lies: (out, in) row-major is the weights' "ba" layout for NT and "ab" for
+ * NN. A primitive is made once per shape, mode, beta and thread count and kept in the context's
+ * CPU state. Private to src/backend/cpu (ops_matmul.c routes to it). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/ops_matmul_bf16.h"
+#include "core/ctx_state.h"
+#include "core/parallel.h"
+
+#if LT_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#define BF16X_ALIGN 64
+/* Primitives kept per context: one per (rows, mode, beta) of each projection shape a step runs;
+ * the least recently used goes when full. */
+#define BF16X_CACHE 96
+
+typedef struct bf16x_prim {
+    int64_t M, K, N;
+    int nn, threads;
+    uint32_t beta_bits;
+    uint64_t used; /* 0 = free */
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t spad_md;
+    size_t spad;
+} bf16x_prim;
+
+typedef struct bf16x_state {
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    int failed; /* the engine could not be made: every call takes the f32 path */
+    uint64_t tick;
+    bf16x_prim p[BF16X_CACHE];
+    /* what the workspace's head holds: x rounded, for NT_SAME_X */
+    const float *x;
+    const void *ws;
+    int64_t x_rows, x_width;
+} bf16x_state;
+
+static size_t align_up(size_t b) { return (b + BF16X_ALIGN - 1) / BF16X_ALIGN * BF16X_ALIGN; }
+
+static void state_free(void *p) {
+    bf16x_state *st = p;
+    for (int i = 0; i < BF16X_CACHE; i++)
+        if (st->p[i].used) dnnl_primitive_destroy(st->p[i].prim);
+    if (st->stream) dnnl_stream_destroy(st->stream);
+    if (st->eng) dnnl_engine_destroy(st->eng);
+    free(st);
+}
+
+static bf16x_state *state_of(lt_ctx *ctx) {
+    bf16x_state *st = lt_ctx_backend_state(ctx, LT_DEVICE_CPU);
+    if (st) return st;
+    st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    if (dnnl_engine_create(&st->eng, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&st->stream, st->eng, dnnl_stream_default_flags) != dnnl_success)
+        st->failed = 1;
+    lt_ctx_set_backend_state(ctx, LT_DEVICE_CPU, st, state_free);
+    return st;
+}
+
+/* The primitive descriptor of y (M, N) f32 = x (M, K) bf16 · B (K, N) bf16 (+ beta·y), B being W
+ * as it lies, with a user scratchpad; NULL when oneDNN takes no such product. */
+static dnnl_primitive_desc_t make_pd(dnnl_engine_t eng, int64_t M, int64_t K, int64_t N, int nn, float beta) {
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N};
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    int ok = dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
+        dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) == dnnl_success &&
+        dnnl_primitive_attr_create(&attr) == dnnl_success &&
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+    if (ok && beta != 0.0f)
+        ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, beta) == dnnl_success &&
+            dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    if (ok && dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL) != dnnl_success) pd = NULL;
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return pd;
+}
+
+static size_t pd_spad(dnnl_primitive_desc_t pd) {
+    const dnnl_memory_desc_t *sd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    return sd ? dnnl_memory_desc_get_size(sd) : 0;
+}
+
+/* oneDNN's OpenMP regions take omp_get_max_threads(); the context's count rules for the call. */
+static int set_threads(int threads) {
+    int prev = omp_get_max_threads();
+    if (threads != prev) omp_set_num_threads(threads);
+    return prev;
+}
+
+static bf16x_prim *get_prim(bf16x_state *st, int64_t M, int64_t K, int64_t N, int nn, float beta, int threads) {
+    uint32_t bb;
+    memcpy(&bb, &beta, sizeof bb);
+    bf16x_prim *lru = &st->p[0];
+    for (int i = 0; i < BF16X_CACHE; i++) {
+        bf16x_prim *e = &st->p[i];
+        if (e->used && e->M == M && e->K == K && e->N == N && e->nn == nn && e->beta_bits == bb &&
+            e->threads == threads) {
+            e->used = ++st->tick;
+            return e;
+        }
+        if (e->used < lru->used) lru = e;
+    }
+    dnnl_primitive_desc_t pd = make_pd(st->eng, M, K, N, nn, beta);
+    if (!pd) return NULL;
+    dnnl_primitive_t prim = NULL;
+    const dnnl_memory_desc_t *sd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    dnnl_memory_desc_t spad_md;
+    if (sd) spad_md = *sd;
+    size_t spad = pd_spad(pd);
+    if (dnnl_primitive_create(&prim, pd) != dnnl_success) prim = NULL;
+    dnnl_primitive_desc_destroy(pd);
+    if (!prim || !sd) {
+        if (prim) dnnl_primitive_destroy(prim);
+        return NULL;
+    }
+    if (lru->used) dnnl_primitive_destroy(lru->prim);
+    *lru = (bf16x_prim){M, K, N, nn, threads, bb, ++st->tick, prim, spad_md, spad};
+    return lru;
+}
+
+size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
+    if (wdtype != LT_DTYPE_BF16 || N_max <= 0) return 0;
+    const int64_t wide = in > out ? in : out;
+    size_t spad = 0;
+    dnnl_engine_t eng;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success) {
+        const int t = lt_parallel_threads(threads), prev = set_threads(t);
+        /* the scratchpad grows with the row blocks up to their size: the largest call, and a
+         * short one (a last chunk) in case its blocking differs */
+        const int64_t rows[3] = {N_max, N_max < 64 ? N_max : 64, N_max};
+        for (int nn = 0; nn < 2; nn++)
+            for (int i = 0; i < 3; i++) {
+                dnnl_primitive_desc_t pd =
+                    make_pd(eng, rows[i], nn ? out : in, nn ? in : out, nn, i == 2 ? 1.0f : 0.0f);
+                if (!pd) continue;
+                size_t s = pd_spad(pd);
+                if (s > spad) spad = s;
+                dnnl_primitive_desc_destroy(pd);
+            }
+        set_threads(prev);
+        dnnl_engine_destroy(eng);
+    }
+    return align_up((size_t)N_max * (size_t)wide * sizeof(uint16_t)) + align_up(spad);
+}
+
+int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                        float *y, void *ws, size_t ws_bytes) {
+    if (w->dtype != LT_DTYPE_BF16 || mode == LT_MATMUL_NT_DECODE || N <= 0 || !ws) return 0;
+    bf16x_state *st = state_of(ctx);
+    if (!st || st->failed) return 0;
+    const int nn = mode == LT_MATMUL_NN;
+    const int64_t out = w->shape[0], in = w->shape[1], K = nn ? out : in, Ncols = nn ? in : out;
+    const int threads = lt_parallel_threads(lt_ctx_threads(ctx));
+    const int prev = set_threads(threads);
+    bf16x_prim *e = get_prim(st, N, K, Ncols, nn, beta, threads);
+    /* x rounded at the head of the workspace, the scratchpad after it; a call they would not fit
+     * (a scratchpad larger than the planner's probes saw) takes the f32 path instead */
+    const size_t xb_bytes = align_up((size_t)N * (size_t)K * sizeof(uint16_t));
+    if (!e || xb_bytes + e->spad > ws_bytes) {
+        set_threads(prev);
+        return 0;
+    }
+    uint16_t *xb = ws;
+    if (!(mode == LT_MATMUL_NT_SAME_X && st->x == x && st->ws == ws && st->x_rows == N && st->x_width == K))
+        lt_cpu_to_bf16(ctx, x, xb, N * K);
+    st->x = x, st->ws = ws, st->x_rows = N, st->x_width = K;
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t da = {N, K}, db = {K, Ncols}, dc = {N, Ncols};
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
+    int ok = dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
+        dnnl_memory_create(&ma, &a, st->eng, xb) == dnnl_success &&
+        dnnl_memory_create(&mb, &b, st->eng, w->data) == dnnl_success &&
+        dnnl_memory_create(&mc, &c, st->eng, y) == dnnl_success &&
+        dnnl_memory_create(&ms, &e->spad_md, st->eng, (uint8_t *)ws + xb_bytes) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_SCRATCHPAD, ms}};
+        ok = dnnl_primitive_execute(e->prim, st->stream, 4, args) == dnnl_success &&
+            dnnl_stream_wait(st->stream) == dnnl_success;
+    }
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    if (ms) dnnl_memory_destroy(ms);
+    set_threads(prev);
+    LT_ASSERT(ok); /* every descriptor was accepted when the primitive was made */
+    return 1;
+}
+
+#else /* no oneDNN in this build: the option is refused where it is set */
+
+size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
+    (void)wdtype, (void)out, (void)in, (void)N_max, (void)threads;
+    return 0;
+}
+
+int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                        float *y, void *ws, size_t ws_bytes) {
+    (void)ctx, (void)mode, (void)w, (void)x, (void)N, (void)beta, (void)y, (void)ws, (void)ws_bytes;
+    return 0;
+}
+
+#endif
