@@ -7,9 +7,9 @@
  *   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/bf16-probe [rows=512]
  * Prints per shape the mean ms of 20 calls after 20 untimed ones, GFLOP/s, the ratio, oneDNN's
  * scratchpad bytes and the kernel it picked. Measured on the 2-core Xeon (Sapphire Rapids) VM, 2
- * threads (oneDNN 2.6.3 picked brg:avx512_core_amx_bf16 everywhere): at 512 rows OpenBLAS 237-334
- * GFLOP/s, oneDNN 421-1136 (1.8-3.6×, the 192-wide k and v products the least); at 2048 rows
- * 297-346 against 647-1356 (2.2-4.1×); scratchpads 58-580 KB. */
+ * threads, two runs (oneDNN 2.6.3 picked brg:avx512_core_amx_bf16 everywhere): at 512 rows OpenBLAS
+ * 217-334 GFLOP/s, oneDNN 1.8-3.7× that (421-1136 GFLOP/s; the 192-wide k and v products gain the
+ * least); at 2048 rows 1.9-4.1×; scratchpads 58-580 KB. */
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
