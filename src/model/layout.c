@@ -705,6 +705,7 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
     memset(&lopt, 0, sizeof lopt);
     lopt.impl = r->run->loss;
     lopt.reduction = LT_REDUCTION_SUM;
+    lopt.bf16_products = o->bf16x;
     int64_t hs[2] = {r->N, c->C}, wsh[2] = {c->V, c->C};
     lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, o->device, 2, hs);
     lt_lce_args la;

@@ -221,6 +221,7 @@ static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backw
     lo.impl = m->run.loss;
     lo.reduction = LT_REDUCTION_SUM;
     lo.softcap = c->final_softcap; /* Gemma's final-logit softcap, inside the fused loss */
+    lo.bf16_products = m->lay.bf16x;
     float loss = 0;
     int64_t hs[2] = {s->N, c->C};
     lt_lce_args la;

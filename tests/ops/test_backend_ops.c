@@ -897,7 +897,11 @@ static void run_attention(const op_case *c, env *e) {
  * lt_lce_forward_backward against the same references. ---- */
 
 static void run_lce(const op_case *c, env *e) {
-    const lt_dtype dt = input_dtype(e->be, PREC_INPUTS);
+    /* opt bit 64: bf16 products (the CPU's one-pass forward_backward on a bf16 head rounds h and
+     * the logit weights to bf16, as the CUDA loss does): checked with the bf16-derived tolerance */
+    const int bf16x = (c->opt & 64) != 0;
+    const int cpu_bf16x = bf16x && e->be->device == LT_DEVICE_CPU && LT_HAVE_ONEDNN && c->dt == LT_DTYPE_BF16;
+    const lt_dtype dt = cpu_bf16x ? LT_DTYPE_BF16 : input_dtype(e->be, PREC_INPUTS);
     const int64_t N = c->s[0], C = c->s[1], V = c->s[2];
     lt_ref_lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
                          NULL};
@@ -958,6 +962,7 @@ static void run_lce(const op_case *c, env *e) {
     lt_lce_options opt;
     memset(&opt, 0, sizeof opt);
     opt.reduction = o.red, opt.label_smoothing = (float)o.eps, opt.z_loss = (float)o.zl, opt.softcap = (float)o.cap;
+    opt.bf16_products = bf16x;
     lt_status st = lt_lce_forward(e->ctx, &opt, &a);
     if (st == LT_ERR_UNSUPPORTED) {
         fprintf(stderr, "    %s: unsupported here: %s\n", e->be->name, lt_ctx_error(e->ctx));
@@ -968,6 +973,7 @@ static void run_lce(const op_case *c, env *e) {
         double *got = malloc(sizeof(double) * (size_t)(N * C)), *lref = malloc(sizeof(double) * (size_t)N);
         const double tf = lt_test_tol_for(dt, C), tb = 2 * lt_test_tol_for(dt, V);
         double err[6];
+        float *gdh0 = malloc(F4(N * C));       /* the two calls' dh: f32 products whatever bf16_products says */
         for (int pass = 0; pass < 2; pass++) { /* two calls, then forward_backward */
             if (pass) {
                 assert_int_equal(e->be->copy_to_device(e->ctx, d_dh, Pn, F4(N * C)), LT_OK);
@@ -981,6 +987,8 @@ static void run_lce(const op_case *c, env *e) {
             err[pass * 3 + 1] = max_err(got, lref, N);
             for (int64_t i = 0; i < N * C; i++) got[i] = gdh[i];
             err[pass * 3 + 2] = max_err(got, dh, N * C);
+            if (!pass) memcpy(gdh0, gdh, F4(N * C));
+            else if (cpu_bf16x) CHECK(e, memcmp(gdh0, gdh, F4(N * C)) == 0); /* the bf16 products ran */
             for (int64_t i = 0; i < N; i++)
                 for (int64_t k = 0; k < C && tgt[i] == LT_IGNORE_INDEX; k++) CHECK(e, gdh[i * C + k] != 0);
         }
@@ -990,7 +998,7 @@ static void run_lce(const op_case *c, env *e) {
                 err[0], err[1], tf, err[2], tb, err[3], err[4], err[5]);
         for (int pass = 0; pass < 2; pass++)
             CHECK(e, !(err[pass * 3] <= tf && err[pass * 3 + 1] <= tf && err[pass * 3 + 2] <= tb));
-        free(gloss), free(glse), free(gdh), free(got), free(lref);
+        free(gloss), free(glse), free(gdh), free(got), free(lref), free(gdh0);
     }
     dfree(e, d_h, F4(N * C)), dfree(e, d_dh, F4(N * C)), dfree(e, d_lse, F4(N)), dfree(e, d_loss, F4(nloss));
     dfree(e, d_dl, F4(nloss)), dfree(e, d_tw, F4(N)), dfree(e, d_w, wb), dfree(e, d_t, (size_t)N * 4);
@@ -1149,6 +1157,11 @@ static const op_case cases[] = {
     {"lce", run_lce, {50, 128, 600}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 4 | 8},
     {"lce", run_lce, {37, 64, 400}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 16 | 32},
     {"lce", run_lce, {29, 128, 350}, LT_DTYPE_Q4_1, LT_REDUCTION_SUM | 4 | 16},
+    /* bf16 products: tiles of 512 with a short last one in both directions, z-loss and label
+     * smoothing (one pass), token weights; a q8_0 head keeps its f32 products */
+    {"lce", run_lce, {700, 96, 1100}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 64},
+    {"lce", run_lce, {45, 64, 700}, LT_DTYPE_BF16, LT_REDUCTION_SUM | 4 | 8 | 32 | 64},
+    {"lce", run_lce, {33, 128, 500}, LT_DTYPE_Q8_0, LT_REDUCTION_MEAN | 64},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 

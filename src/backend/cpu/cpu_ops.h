@@ -46,6 +46,8 @@ void lt_cpu_zero(lt_ctx *ctx, void *p, size_t bytes);
 void lt_cpu_scale(lt_ctx *ctx, float *x, float a, int64_t n);
 float lt_cpu_sumsq(lt_ctx *ctx, const float *x, int64_t n);
 void lt_cpu_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n);
+/* lt_cpu_to_bf16 on the calling thread (inside a parallel region). */
+void lt_cpu_to_bf16_serial(const float *x, uint16_t *y, int64_t n);
 void lt_cpu_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n);
 void lt_cpu_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,
                       float *w, float *stats);

@@ -15,6 +15,7 @@
 #include "backend/cpu/attention_cpu.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lce_cpu.h"
+#include "backend/cpu/ops_matmul_bf16.h"
 #include "backend/lce_impl.h"
 #include "core/parallel.h"
 #include "longtune/alloc.h"
@@ -58,6 +59,19 @@ static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_a
     P->w_row_bytes = lt_dtype_row_bytes(a->w.dtype, P->C);
     P->targets = a->targets;
     P->weight = a->token_weight;
+    P->bf16x =
+        LT_HAVE_ONEDNN && o->bf16_products && backward == LT_LCE_PASS_FORWARD_BACKWARD && a->w.dtype == LT_DTYPE_BF16;
+    if (P->bf16x) { /* the tile products: logits (tile_n, tile_v) = h·Wᵀ, then grad-hidden (tile_n, C) += g·W */
+        const int64_t rem = P->V % P->tile_v, nvs[2] = {P->tile_v, rem ? rem : P->tile_v};
+        for (int k = 0; k < 2; k++) {
+            size_t s1 = lt_cpu_bf16x_gemm_spad(P->tile_n, P->C, nvs[k], 0, 0.0f);
+            size_t s2 = lt_cpu_bf16x_gemm_spad(P->tile_n, nvs[k], P->C, 1, 0.0f);
+            size_t s3 = lt_cpu_bf16x_gemm_spad(P->tile_n, nvs[k], P->C, 1, 1.0f);
+            if (s1 > P->bf16x_spad) P->bf16x_spad = s1;
+            if (s2 > P->bf16x_spad) P->bf16x_spad = s2;
+            if (s3 > P->bf16x_spad) P->bf16x_spad = s3;
+        }
+    }
 }
 
 /* Bytes at the head of the workspace: the forward keeps one double of loss per token (reduced in
@@ -189,6 +203,7 @@ lt_status lt_lce_cpu_forward_backward(lt_ctx *ctx, const lt_lce_options *opt, lt
     } else {
         lce_problem P;
         problem_init(&P, opt, a, LT_LCE_PASS_FORWARD_BACKWARD, threads);
+        P.ctx = ctx;
         double *row_loss = (double *)ws;
         float *coef = (float *)(ws + (size_t)P.N * sizeof(double));
         upstream_coef(&P, a->dloss, coef);

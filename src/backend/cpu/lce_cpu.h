@@ -28,6 +28,12 @@ typedef struct lce_problem {
     int64_t w_row_bytes;
     const int32_t *targets;
     const float *weight;
+    /* bf16 products (lt_lce_options.bf16_products) of the one-pass forward_backward with a bf16
+     * head: h and the logit weights rounded to bf16, the tile products through oneDNN. bf16x_spad:
+     * each thread's scratchpad for them; ctx (NULL when only sizing) holds the products. */
+    int bf16x;
+    size_t bf16x_spad;
+    lt_ctx *ctx;
 } lce_problem;
 
 /* Running per-token statistics of the (softcapped) logits seen so far. */

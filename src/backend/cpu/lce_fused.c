@@ -9,7 +9,9 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/lce_cpu.h"
+#include "backend/cpu/ops_matmul_bf16.h"
 #include "core/fastmath.h"
 #include "core/parallel.h"
 
@@ -214,8 +216,8 @@ void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse,
  * tile) and target row are applied per token at the end. */
 
 typedef struct {
-    size_t rows, tile_target, tile_coef, ran, hconv, colsum;
-    size_t wconv, logits, stats, acc, colpart; /* per thread, `per_thread` bytes apart */
+    size_t rows, tile_target, tile_coef, ran, hconv, colsum, hb;
+    size_t wconv, logits, stats, acc, colpart, zb, spad; /* per thread, `per_thread` bytes apart */
     size_t per_thread, end;
 } fb_layout;
 
@@ -229,6 +231,7 @@ static fb_layout fb_layout_of(const lce_problem *P) {
     L.ran = lce_take(&c, T * sizeof(int));
     L.hconv = lce_take(&c, tn * C * sizeof(float));
     L.colsum = lce_take(&c, cs);
+    L.hb = lce_take(&c, P->bf16x ? tn * C * sizeof(uint16_t) : 0); /* the h tile rounded to bf16 */
     size_t t = 0;
     /* The merge dequantises a target row into wconv, so it is at least C floats. */
     L.wconv = lce_take(&t, P->w_dtype == LT_DTYPE_F32 ? 0 : tv * C * sizeof(float));
@@ -236,12 +239,16 @@ static fb_layout fb_layout_of(const lce_problem *P) {
     L.stats = lce_take(&t, tn * sizeof(lce_stat));
     L.acc = lce_take(&t, tn * C * sizeof(float));
     L.colpart = lce_take(&t, cs);
+    L.zb = lce_take(&t, P->bf16x ? tn * tv * sizeof(uint16_t) : 0); /* the logit weights rounded */
+    L.spad = lce_take(&t, P->bf16x ? P->bf16x_spad : 0);
     L.per_thread = t;
     L.wconv += c;
     L.logits += c;
     L.stats += c;
     L.acc += c;
     L.colpart += c;
+    L.zb += c;
+    L.spad += c;
     L.end = c + T * t;
     return L;
 }
@@ -261,6 +268,10 @@ typedef struct {
     float *lse;
     void *dh;
     double *row_loss;
+    /* bf16 products of this token tile (P->bf16x), by vocabulary tile kind (full, last): the
+     * logits, and the grad-hidden product writing (first tile of a thread) or accumulating */
+    const uint16_t *hb;
+    const lt_cpu_bf16x_gemm *logit[2], *grad[2][2];
 } fb_job;
 
 static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
@@ -276,6 +287,23 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
     if (sum_cols) memset(colpart, 0, (size_t)P->C * sizeof(double));
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
+        const int kind = nv != P->tile_v;
+        if (j->hb && j->logit[kind] && j->grad[kind][vt != begin]) { /* bf16 products on W's bf16 rows */
+            const void *wt = (const uint8_t *)P->w + v0 * P->w_row_bytes;
+            uint16_t *zb = (uint16_t *)(mine + j->L.zb);
+            void *spad = mine + j->L.spad;
+            lt_cpu_bf16x_gemm_run(P->ctx, j->logit[kind], thread, j->hb, wt, z, spad);
+            for (int64_t r = 0; r < j->nr; r++)
+                lt_cpu_lce_fb_row(P, &st[r], z + r * nv, nv, v0, j->target[r], vt == begin ? NULL : acc + r * P->C);
+            lt_cpu_to_bf16_serial(z, zb, j->nr * nv);
+            lt_cpu_bf16x_gemm_run(P->ctx, j->grad[kind][vt != begin], thread, zb, wt, acc, spad);
+            if (sum_cols) {
+                const float *wf = w_tile(P, wbuf, v0, nv);
+                for (int64_t v = 0; v < nv; v++)
+                    for (int64_t c = 0; c < P->C; c++) colpart[c] += wf[v * P->C + c];
+            }
+            continue;
+        }
         const float *wf = w_tile(P, wbuf, v0, nv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->nr, (int)nv, (int)P->C, 1.0f, j->hf, (int)P->C, wf,
                     (int)P->C, 0.0f, z, (int)nv);
@@ -338,6 +366,23 @@ static void fb_merge_range(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* The bf16 products of a token tile: h rounded, and the four products for its row count, each
+ * only where its scratchpad fits the planned one (else that vocabulary tile kind runs in f32). */
+static void bf16x_tile(const lce_problem *P, fb_job *j, char *ws) {
+    uint16_t *hb = (uint16_t *)(ws + j->L.hb);
+    lt_cpu_to_bf16_serial(j->hf, hb, j->nr * P->C);
+    j->hb = hb;
+    const int64_t rem = P->V % P->tile_v, nvs[2] = {P->tile_v, rem ? rem : P->tile_v};
+    for (int k = 0; k < 2; k++) {
+        const lt_cpu_bf16x_gemm *g[3] = {lt_cpu_bf16x_gemm_get(P->ctx, j->nr, P->C, nvs[k], 0, 0.0f, P->threads),
+                                         lt_cpu_bf16x_gemm_get(P->ctx, j->nr, nvs[k], P->C, 1, 0.0f, P->threads),
+                                         lt_cpu_bf16x_gemm_get(P->ctx, j->nr, nvs[k], P->C, 1, 1.0f, P->threads)};
+        for (int i = 0; i < 3; i++)
+            if (g[i] && lt_cpu_bf16x_gemm_spad_of(g[i]) > P->bf16x_spad) g[i] = NULL;
+        j->logit[k] = g[0], j->grad[k][0] = g[1], j->grad[k][1] = g[2];
+    }
+}
+
 void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *lse, double *row_loss, const float *coef,
                                        void *dh) {
     fb_job j;
@@ -373,6 +418,7 @@ void lt_cpu_lce_fused_forward_backward(const lce_problem *P, char *ws, float *ls
             tc[r] = coef[rows[k0 + r]];
         }
         memset(ws + j.L.ran, 0, (size_t)P->threads * sizeof(int));
+        if (P->bf16x && P->ctx) bf16x_tile(P, &j, ws);
         lt_parallel_for(P->threads, nvt, 1, fb_range, &j);
         if (j.first_tile && P->eps > 0) { /* Σ_j W_j in thread order (vocabulary order) */
             double *cs = (double *)(ws + j.L.colsum);

@@ -22,9 +22,11 @@
 #include <omp.h>
 
 #define BF16X_ALIGN 64
-/* Primitives kept per context: one per (rows, mode, beta) of each projection shape a step runs;
- * the least recently used goes when full. */
+/* Primitives kept per context: one per (rows, mode, beta) of each projection shape a step runs
+ * and the loss's tile products; the least recently used goes when full. */
 #define BF16X_CACHE 96
+/* Threads that may run single-threaded products at once (lt_cpu_bf16x_gemm_run), a stream each. */
+#define BF16X_MAX_THREADS 256
 
 typedef struct bf16x_prim {
     int64_t M, K, N;
@@ -46,6 +48,7 @@ typedef struct bf16x_state {
     const float *x;
     const void *ws;
     int64_t x_rows, x_width;
+    dnnl_stream_t tstream[BF16X_MAX_THREADS]; /* lt_cpu_bf16x_gemm_run's, one per thread */
 } bf16x_state;
 
 static size_t align_up(size_t b) { return (b + BF16X_ALIGN - 1) / BF16X_ALIGN * BF16X_ALIGN; }
@@ -55,6 +58,8 @@ static void state_free(void *p) {
     for (int i = 0; i < BF16X_CACHE; i++)
         if (st->p[i].used) dnnl_primitive_destroy(st->p[i].prim);
     if (st->stream) dnnl_stream_destroy(st->stream);
+    for (int t = 0; t < BF16X_MAX_THREADS; t++)
+        if (st->tstream[t]) dnnl_stream_destroy(st->tstream[t]);
     if (st->eng) dnnl_engine_destroy(st->eng);
     free(st);
 }
@@ -211,6 +216,62 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
     return 1;
 }
 
+size_t lt_cpu_bf16x_gemm_spad(int64_t M, int64_t K, int64_t N, int nn, float beta) {
+    size_t spad = 0;
+    dnnl_engine_t eng;
+    if (M <= 0 || K <= 0 || N <= 0 || dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) return 0;
+    const int prev = set_threads(1);
+    dnnl_primitive_desc_t pd = make_pd(eng, M, K, N, nn, beta);
+    if (pd) spad = align_up(pd_spad(pd)), dnnl_primitive_desc_destroy(pd);
+    set_threads(prev);
+    dnnl_engine_destroy(eng);
+    return spad;
+}
+
+const lt_cpu_bf16x_gemm *lt_cpu_bf16x_gemm_get(lt_ctx *ctx, int64_t M, int64_t K, int64_t N, int nn, float beta,
+                                               int threads) {
+    bf16x_state *st = state_of(ctx);
+    if (!st || st->failed || threads > BF16X_MAX_THREADS) return NULL;
+    for (int t = 0; t < threads; t++)
+        if (!st->tstream[t] && dnnl_stream_create(&st->tstream[t], st->eng, dnnl_stream_default_flags) != dnnl_success)
+            return NULL;
+    const int prev = set_threads(1); /* made for one thread: each caller's thread runs its own */
+    const bf16x_prim *e = get_prim(st, M, K, N, nn, beta, 1);
+    set_threads(prev);
+    return (const lt_cpu_bf16x_gemm *)e;
+}
+
+size_t lt_cpu_bf16x_gemm_spad_of(const lt_cpu_bf16x_gemm *g) { return align_up(((const bf16x_prim *)g)->spad); }
+
+void lt_cpu_bf16x_gemm_run(lt_ctx *ctx, const lt_cpu_bf16x_gemm *g, int thread, const uint16_t *a, const void *b,
+                           float *y, void *spad) {
+    const bf16x_prim *e = (const bf16x_prim *)g;
+    const bf16x_state *st = lt_ctx_backend_state(ctx, LT_DEVICE_CPU);
+    dnnl_memory_desc_t ma_d, mb_d, mc_d;
+    dnnl_dims_t da = {e->M, e->K}, db = {e->K, e->N}, dc = {e->M, e->N};
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
+    int ok = dnnl_memory_desc_init_by_tag(&ma_d, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&mb_d, 2, db, dnnl_bf16, e->nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&mc_d, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
+        dnnl_memory_create(&ma, &ma_d, st->eng, (void *)a) == dnnl_success &&
+        dnnl_memory_create(&mb, &mb_d, st->eng, (void *)b) == dnnl_success &&
+        dnnl_memory_create(&mc, &mc_d, st->eng, y) == dnnl_success &&
+        dnnl_memory_create(&ms, &e->spad_md, st->eng, spad) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_SCRATCHPAD, ms}};
+        ok = dnnl_primitive_execute(e->prim, st->tstream[thread], 4, args) == dnnl_success &&
+            dnnl_stream_wait(st->tstream[thread]) == dnnl_success;
+    }
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    if (ms) dnnl_memory_destroy(ms);
+    LT_ASSERT(ok); /* every descriptor was accepted when the primitive was made */
+}
+
 #else /* no oneDNN in this build: the option is refused where it is set */
 
 size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
@@ -222,6 +283,28 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
                         float *y, void *ws, size_t ws_bytes) {
     (void)ctx, (void)mode, (void)w, (void)x, (void)N, (void)beta, (void)y, (void)ws, (void)ws_bytes;
     return 0;
+}
+
+size_t lt_cpu_bf16x_gemm_spad(int64_t M, int64_t K, int64_t N, int nn, float beta) {
+    (void)M, (void)K, (void)N, (void)nn, (void)beta;
+    return 0;
+}
+
+const lt_cpu_bf16x_gemm *lt_cpu_bf16x_gemm_get(lt_ctx *ctx, int64_t M, int64_t K, int64_t N, int nn, float beta,
+                                               int threads) {
+    (void)ctx, (void)M, (void)K, (void)N, (void)nn, (void)beta, (void)threads;
+    return NULL;
+}
+
+size_t lt_cpu_bf16x_gemm_spad_of(const lt_cpu_bf16x_gemm *g) {
+    (void)g;
+    return 0;
+}
+
+void lt_cpu_bf16x_gemm_run(lt_ctx *ctx, const lt_cpu_bf16x_gemm *g, int thread, const uint16_t *a, const void *b,
+                           float *y, void *spad) {
+    (void)ctx, (void)g, (void)thread, (void)a, (void)b, (void)y, (void)spad;
+    LT_ASSERT(0); /* lt_cpu_bf16x_gemm_get gave no product to run */
 }
 
 #endif

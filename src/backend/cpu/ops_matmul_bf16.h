@@ -17,4 +17,21 @@ size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, in
 int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                         float *y, void *ws, size_t ws_bytes);
 
+/* Single-threaded products for a caller that shares its work out over its own threads (the fused
+ * loss's vocabulary tiles): y (M, N) f32 = beta·y + a (M, K) bf16 · B, B bf16 either (N, K) read
+ * transposed (nn = 0) or (K, N) (nn = 1), all row-major and contiguous. */
+typedef struct bf16x_prim lt_cpu_bf16x_gemm;
+/* Scratchpad bytes one such product needs (planning; 0 without oneDNN). */
+size_t lt_cpu_bf16x_gemm_spad(int64_t M, int64_t K, int64_t N, int nn, float beta);
+/* The product, made or found in ctx's cache, with streams for `threads` threads; NULL when oneDNN
+ * takes no such product (the caller keeps its f32 path). Outside parallel regions only. */
+const lt_cpu_bf16x_gemm *lt_cpu_bf16x_gemm_get(lt_ctx *ctx, int64_t M, int64_t K, int64_t N, int nn, float beta,
+                                               int threads);
+/* Its scratchpad bytes (at most what lt_cpu_bf16x_gemm_spad said for the same arguments). */
+size_t lt_cpu_bf16x_gemm_spad_of(const lt_cpu_bf16x_gemm *g);
+/* Runs it on the calling thread, `thread` < the threads given to _get, each thread with its own
+ * scratchpad (spad, lt_cpu_bf16x_gemm_spad_of bytes). */
+void lt_cpu_bf16x_gemm_run(lt_ctx *ctx, const lt_cpu_bf16x_gemm *g, int thread, const uint16_t *a, const void *b,
+                           float *y, void *spad);
+
 #endif
