@@ -49,7 +49,10 @@ static void proj_fwd_mode(const lt_step *s, int64_t l, lt_proj p, int64_t r0, in
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (y) s->be->matmul(s->ctx, mode, w, x, n, beta, y, mm_begin(s)), mm_end(s);
+    if (y) {
+        s->be->matmul(s->ctx, mode, w, x, n, beta, y, mm_begin(s));
+        mm_end(s);
+    }
     if (y && bias) s->be->add_bias(s->ctx, y, bias, n, out);
     if (!L->lora_a[p]) return;
     const float *src = x;
@@ -99,7 +102,10 @@ static void proj_bwd(const lt_step *s, int64_t l, lt_proj p, int64_t r0, int64_t
     const lt_layer *L = &m->layers[l];
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
-    if (dx) s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, n, beta, dx, mm_begin(s)), mm_end(s);
+    if (dx) {
+        s->be->matmul(s->ctx, LT_MATMUL_NN, w, dy, n, beta, dx, mm_begin(s));
+        mm_end(s);
+    }
     if (!L->lora_a[p]) return;
     float sc = m->lora_scale, *dlu = lt_step_ws(s, m->lay.dlu), *scr = lt_step_ws(s, m->lay.scratch);
     int drop = m->lora.dropout > 0;
