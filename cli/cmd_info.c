@@ -10,7 +10,7 @@ static const char *usage = "longtune info [--help]";
 int lt_cmd_info(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: %s\n\nPrints the build's features (CUDA, OpenMP, OpenBLAS), the CPU, host "
+            printf("usage: %s\n\nPrints the build's features (CUDA, OpenMP, OpenBLAS, oneDNN), the CPU, host "
                    "memory (honouring a cgroup limit) and CUDA devices.\n",
                    usage);
             return LT_EXIT_OK;
@@ -23,7 +23,8 @@ int lt_cmd_info(int argc, char **argv) {
     int cores;
     lt_sys_cpu(cpu, sizeof cpu, &cores);
     printf("longtune %s\n", LT_VERSION_STRING);
-    printf("features: cuda=%d openmp=%d openblas=%d\n", LT_HAVE_CUDA, LT_HAVE_OPENMP, LT_HAVE_OPENBLAS);
+    printf("features: cuda=%d openmp=%d openblas=%d onednn=%d\n", LT_HAVE_CUDA, LT_HAVE_OPENMP, LT_HAVE_OPENBLAS,
+           LT_HAVE_ONEDNN);
     printf("cpu: %s (%d logical cores)\n", cpu, cores);
     lt_host_memory hm;
     lt_status s = lt_sys_host_memory(ctx, &hm);

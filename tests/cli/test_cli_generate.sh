@@ -108,6 +108,31 @@ if not ok: print("eval %r vs train --test loss %r" % (e, tl))
 sys.exit(0 if ok else 1)
 PY
 expect 0 "perplexity" -- eval --model "$M" "${tr[@]}" --split valid --threads 1
+
+# --bf16-products on a bf16 model (the CPU through oneDNN): the same training run's final
+# validation loss moves by bf16 rounding of the products' inputs only (and does move: the path
+# ran); a build without oneDNN refuses it by name
+python3 "$here/tiny_model.py" "$dir/m16" --bf16 >/dev/null || { echo "FAIL: tiny bf16 model"; exit 1; }
+for f in "" --bf16-products; do
+  "$bin" train --model "$dir/m16" "${tr[@]}" --iters 3 --threads 1 --adapter-path "$dir/ad16$f" --test $f \
+    >"$dir/train16$f.out" 2>&1
+  echo "rc=$?" >>"$dir/train16$f.out"
+done
+if "$bin" info | grep -q "onednn=1"; then
+  python3 - "$dir/train16.out" "$dir/train16--bf16-products.out" <<'PY' || { echo "FAIL: train --bf16-products: $(tail -3 "$dir/train16--bf16-products.out")"; fail=1; }
+import re, sys
+loss = []
+for f in sys.argv[1:]:
+    t = open(f).read()
+    m = re.findall(r"val loss [0-9.]+ -> ([0-9.]+)", t)
+    if "rc=0" not in t or not m: sys.exit(1)
+    loss.append(float(m[-1]))
+print("final validation loss %.4f (f32 products) %.4f (bf16 products)" % tuple(loss))
+sys.exit(0 if loss[0] != loss[1] and abs(loss[1] - loss[0]) < 8 * 2**-8 * loss[0] else 1)
+PY
+else
+  grep -q "bf16_products" "$dir/train16--bf16-products.out" || { echo "FAIL: no oneDNN, not refused by name"; fail=1; }
+fi
 expect 1 "test.jsonl\|not found\|No such" -- eval --model "$M" --data "$dir" --threads 1
 expect 2 "split" -- eval --model "$M" --data "$dir/data" --split dev
 # eval --text: a raw file in llama-perplexity's windows (the second half of each scored)
