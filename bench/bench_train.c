@@ -328,10 +328,10 @@ int lt_bench_train(int argc, char **argv) {
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
             "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
-            "  --bf16-products  CPU: bf16 weights' products and the fused loss's on x rounded to bf16\n"
-            "                   through oneDNN (train --bf16-products; needs bf16 weights, e.g. --weights\n"
-            "                   random-bf16); the peer then holds the model in bf16 (adapters in f32,\n"
-            "                   as PEFT keeps them)\n"
+            "  --bf16-products  CPU: the base's products and the fused loss's on x and W rounded to bf16\n"
+            "                   through oneDNN (train --bf16-products; f32 weights keep theirs: use\n"
+            "                   --weights random-bf16 or a file); the peer then holds the model in bf16\n"
+            "                   (adapters in f32, as PEFT keeps them)\n"
             "  --recompute P    all (default: both arms checkpoint every layer) | every:K | none (no\n"
             "                   recompute here, no gradient checkpointing in the peers)\n"
             "  --cuda-graph on|off  CUDA: replay the step (zero, forward, loss, backward, AdamW) from a\n"
@@ -360,8 +360,8 @@ int lt_bench_train(int argc, char **argv) {
     int random_w = !strcmp(weights, "random-f32") || !strcmp(weights, "random-bf16");
     lt_dtype wdt = !strcmp(weights, "random-bf16") ? LT_DTYPE_BF16 : LT_DTYPE_F32;
     if (bf16x && !strcmp(weights, "random-f32"))
-        return lt_bench_usage_error("train", NULL,
-                                    "--bf16-products multiplies bf16 weights: add --weights random-bf16");
+        return lt_bench_usage_error(
+            "train", NULL, "--bf16-products leaves f32 weights' products as they are: add --weights random-bf16");
     if (n_seqs == 0) {
         if (!cuda) seqs[0] = 512, seqs[1] = 2048, n_seqs = 2;
         else if (!strcmp(shape->name, "qwen3-8b")) seqs[0] = 8192, seqs[1] = 32768, n_seqs = 2;

@@ -196,7 +196,9 @@ static void run_matmul(const op_case *c, env *e) {
     for (int i = 0; i < WS_GUARD; i++) CHECK(e, after[i] != 0xa5);
     /* bf16 products: the CPU multiplies x rounded to bf16 to f32 accuracy (CUDA's matmul rounds x
      * the same way and keeps its own tolerance) */
-    const int rounded = bf16x && dt == LT_DTYPE_BF16; /* other dtypes keep their products */
+    /* bf16 products take bf16, f16 and block-format W (the latter two rounded to bf16 whole, as
+     * CUDA converts them); f32 and FP8 keep their products */
+    const int rounded = bf16x && dt != LT_DTYPE_F32 && dt != LT_DTYPE_FP8;
     const double tol =
         lt_test_tol_for(rounded && e->be->device == LT_DEVICE_CPU ? LT_DTYPE_F32 : input_dtype(e->be, PREC_INPUTS),
                         xin);
@@ -217,6 +219,8 @@ static void run_matmul(const op_case *c, env *e) {
     } else if (rounded) {
         xr = malloc(F4(N * xin));
         for (int64_t i = 0; i < N * xin; i++) xr[i] = lt_bf16_to_f32(lt_f32_to_bf16(x[i]));
+        if (e->be->device == LT_DEVICE_CPU)
+            for (int64_t i = 0; i < out * in; i++) wd[i] = lt_bf16_to_f32(lt_f32_to_bf16(wd[i]));
     }
     for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < yout; j++) {
@@ -1069,7 +1073,11 @@ static const op_case cases[] = {
     {"matmul", run_matmul, {576, 1536, 512}, LT_DTYPE_BF16, NT | BF16X},
     {"matmul", run_matmul, {576, 1536, 512}, LT_DTYPE_BF16, NN | ACC | BF16X},
     {"matmul", run_matmul, {200, 256, 1}, LT_DTYPE_BF16, NN | ACC | BF16X}, /* one row */
-    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_Q4_1, NT | BF16X},      /* other dtypes keep their path */
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_Q4_1, NT | BF16X},      /* W dequantized and rounded first */
+    {"matmul", run_matmul, {512, 256, 70}, LT_DTYPE_Q4_K, NN | ACC | BF16X},
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_F16, NT | BF16X},
+    {"matmul", run_matmul, {150, 192, 70}, LT_DTYPE_F32, NT | BF16X}, /* f32 and fp8 keep their products */
+    {"matmul", run_matmul, {160, 192, 70}, LT_DTYPE_FP8, NN | BF16X},
     {"matmul", run_matmul, {96, 64, 8201}, LT_DTYPE_Q8_0, NN},
     /* fp8: e4m3 W with row scales, x rounded per row (sides multiples of 16, as the load requires) */
     {"matmul", run_matmul, {160, 192, 70}, LT_DTYPE_FP8, NT},

@@ -1,13 +1,14 @@
-/* The CPU's bf16 products (lt_model_run_options.bf16_products): for a weight held in bf16,
- * y = bf16(x)·Wᵀ (NT) or bf16(x)·W (NN) + beta·y, the products and sums in f32, through oneDNN's
- * matmul, which runs them on AMX tiles or AVX512-BF16 where the CPU has them (and emulates them
- * where it does not). x is rounded to nearest even (lt_cpu_to_bf16, as the CUDA products round
- * it) into the head of the workspace; oneDNN's scratchpad follows it there (user mode), so the
- * library allocates nothing per call and the planner's workspace is all the memory the products
- * use. A call whose rounded x and scratchpad would not fit the workspace the caller holds takes
- * the f32 path instead (ops_matmul.c). W is read as it lies: (out, in) row-major is the weights' "ba" layout for NT and "ab" for
- * NN. A primitive is made once per shape, mode, beta and thread count and kept in the context's
- * CPU state. Private to src/backend/cpu (ops_matmul.c routes to it). */
+/* The CPU's bf16 products (lt_model_run_options.bf16_products): for a weight held in bf16, f16 or
+ * a block format, y = bf16(x)·bf16(W)ᵀ (NT) or bf16(x)·bf16(W) (NN) + beta·y, the products and
+ * sums in f32, through oneDNN's matmul, which runs them on AMX tiles or AVX512-BF16 where the CPU
+ * has them (and emulates them where it does not). x is rounded to nearest even (lt_cpu_to_bf16,
+ * as the CUDA products round it) into the head of the workspace. A bf16 W is read as it lies
+ * ((out, in) row-major is oneDNN's "ba" layout for NT and "ab" for NN); any other W is dequantized
+ * and rounded to bf16 whole after x, as the CUDA matmul converts it. oneDNN's scratchpad follows
+ * (user mode), so the library allocates nothing per call and the planner's workspace is all the
+ * memory the products use. A call that would not fit the workspace the caller holds takes the f32
+ * path instead (ops_matmul.c). A primitive is made once per shape, mode, beta and thread count and
+ * kept in the context's CPU state. Private to src/backend/cpu (ops_matmul.c routes to it). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,8 +144,38 @@ static bf16x_prim *get_prim(bf16x_state *st, int64_t M, int64_t K, int64_t N, in
     return lru;
 }
 
+/* The weights the bf16 products take: held in bf16 (read as they lie), or in f16 or a block format
+ * (dequantized and rounded to bf16 whole into the workspace first, as the CUDA matmul converts
+ * them). f32 weights keep the exact f32 products, FP8 its own. */
+static int takes(lt_dtype t) { return t != LT_DTYPE_F32 && t != LT_DTYPE_FP8 && t != LT_DTYPE_I32; }
+
+/* Bytes of W rounded to bf16 and of the per-thread f32 rows its conversion goes through (0 for a
+ * bf16 W). */
+static size_t w_bytes(lt_dtype t, int64_t out, int64_t in, int threads) {
+    if (t == LT_DTYPE_BF16) return 0;
+    return align_up((size_t)out * (size_t)in * sizeof(uint16_t)) +
+        (size_t)threads * align_up((size_t)in * sizeof(float));
+}
+
+typedef struct w_job {
+    const lt_tensor *w;
+    uint16_t *wb;
+    float *rows; /* per thread, row_stride floats apart */
+    size_t row_stride, row_bytes;
+} w_job;
+
+static void w_rows(void *arg, int64_t r0, int64_t r1, int thread) {
+    const w_job *j = arg;
+    const int64_t in = j->w->shape[1];
+    float *f = j->rows + (size_t)thread * j->row_stride;
+    for (int64_t r = r0; r < r1; r++) {
+        lt_dequantize_row(j->w->dtype, (const uint8_t *)j->w->data + (size_t)r * j->row_bytes, f, in);
+        lt_cpu_to_bf16_serial(f, j->wb + r * in, in);
+    }
+}
+
 size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
-    if (wdtype != LT_DTYPE_BF16 || N_max <= 0) return 0;
+    if (!takes(wdtype) || N_max <= 0) return 0;
     const int64_t wide = in > out ? in : out;
     size_t spad = 0;
     dnnl_engine_t eng;
@@ -165,12 +196,13 @@ size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, in
         set_threads(prev);
         dnnl_engine_destroy(eng);
     }
-    return align_up((size_t)N_max * (size_t)wide * sizeof(uint16_t)) + align_up(spad);
+    return align_up((size_t)N_max * (size_t)wide * sizeof(uint16_t)) +
+        w_bytes(wdtype, out, in, lt_parallel_threads(threads)) + align_up(spad);
 }
 
 int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                         float *y, void *ws, size_t ws_bytes) {
-    if (w->dtype != LT_DTYPE_BF16 || mode == LT_MATMUL_NT_DECODE || N <= 0 || !ws) return 0;
+    if (!takes(w->dtype) || mode == LT_MATMUL_NT_DECODE || N <= 0 || !ws) return 0;
     bf16x_state *st = state_of(ctx);
     if (!st || st->failed) return 0;
     const int nn = mode == LT_MATMUL_NN;
@@ -178,10 +210,12 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
     const int threads = lt_parallel_threads(lt_ctx_threads(ctx));
     const int prev = set_threads(threads);
     bf16x_prim *e = get_prim(st, N, K, Ncols, nn, beta, threads);
-    /* x rounded at the head of the workspace, the scratchpad after it; a call they would not fit
-     * (a scratchpad larger than the planner's probes saw) takes the f32 path instead */
-    const size_t xb_bytes = align_up((size_t)N * (size_t)K * sizeof(uint16_t));
-    if (!e || xb_bytes + e->spad > ws_bytes) {
+    /* x rounded at the head of the workspace, W rounded after it unless held in bf16, then the
+     * scratchpad; a call they would not fit (a scratchpad larger than the planner's probes saw)
+     * takes the f32 path instead */
+    const size_t xb_bytes = align_up((size_t)N * (size_t)K * sizeof(uint16_t)),
+                 wb_bytes = w_bytes(w->dtype, out, in, threads);
+    if (!e || xb_bytes + wb_bytes + e->spad > ws_bytes) {
         set_threads(prev);
         return 0;
     }
@@ -189,6 +223,14 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
     if (!(mode == LT_MATMUL_NT_SAME_X && st->x == x && st->ws == ws && st->x_rows == N && st->x_width == K))
         lt_cpu_to_bf16(ctx, x, xb, N * K);
     st->x = x, st->ws = ws, st->x_rows = N, st->x_width = K;
+    const void *wdata = w->data;
+    if (wb_bytes) {
+        uint8_t *wb = (uint8_t *)ws + xb_bytes;
+        w_job wj = {w, (uint16_t *)wb, (float *)(wb + align_up((size_t)out * (size_t)in * sizeof(uint16_t))),
+                    align_up((size_t)in * sizeof(float)) / sizeof(float), (size_t)lt_dtype_row_bytes(w->dtype, in)};
+        lt_parallel_for(threads, out, 16, w_rows, &wj);
+        wdata = wb;
+    }
     dnnl_memory_desc_t a, b, c;
     dnnl_dims_t da = {N, K}, db = {K, Ncols}, dc = {N, Ncols};
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
@@ -196,9 +238,9 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
         dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
         dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
         dnnl_memory_create(&ma, &a, st->eng, xb) == dnnl_success &&
-        dnnl_memory_create(&mb, &b, st->eng, w->data) == dnnl_success &&
+        dnnl_memory_create(&mb, &b, st->eng, (void *)wdata) == dnnl_success &&
         dnnl_memory_create(&mc, &c, st->eng, y) == dnnl_success &&
-        dnnl_memory_create(&ms, &e->spad_md, st->eng, (uint8_t *)ws + xb_bytes) == dnnl_success;
+        dnnl_memory_create(&ms, &e->spad_md, st->eng, (uint8_t *)ws + xb_bytes + wb_bytes) == dnnl_success;
     if (ok) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
                                    {DNNL_ARG_WEIGHTS, mb},

@@ -6,13 +6,14 @@
 
 #include "backend/backend.h"
 
-/* Workspace bytes of the bf16 products of a bf16 W (out, in) over at most N_max rows on `threads`
- * threads: x rounded to bf16 (N_max rows of the wider side) and oneDNN's scratchpad. 0 for other
- * dtypes, and in a build without oneDNN. */
+/* Workspace bytes of the bf16 products of W (out, in) over at most N_max rows on `threads` threads:
+ * x rounded to bf16 (N_max rows of the wider side), W rounded to bf16 unless held so (with a row of
+ * f32 per thread for its dequantization) and oneDNN's scratchpad. 0 for f32 and FP8 W, which keep
+ * their products, and in a build without oneDNN. */
 size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
 
-/* lt_matmul with x rounded to bf16 when W is bf16 (NT, NT_SAME_X, NN); ws holds ws_bytes. Returns
- * 0, having done nothing, where it does not apply: another dtype, a decode, no oneDNN, or a
+/* lt_matmul with x and W rounded to bf16 (NT, NT_SAME_X, NN); ws holds ws_bytes. Returns 0,
+ * having done nothing, where it does not apply: f32 or FP8 W, a decode, no oneDNN, or a
  * workspace too small for this call (the caller then runs the f32 path). */
 int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                         float *y, void *ws, size_t ws_bytes);
