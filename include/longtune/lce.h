@@ -48,11 +48,12 @@ typedef struct lt_lce_options {
                                (lse and loss to ~1e-7 relative, ~6% slower on an H200) instead of
                                rounding it to bf16 as a naive bf16 layer rounds its logits (error
                                then within twice that layer's). CPU tiles are always fp32. */
-    int bf16_products;     /* CPU lt_lce_forward_backward in one pass (fused) with a bf16 head: the
-                               logit and grad-hidden products take h and the logit weights rounded
-                               to bf16, f32 sums, through oneDNN (AMX where the CPU has it), as
-                               the CUDA loss's bf16 GEMMs do (lt_model_run_options.bf16_products);
-                               0: f32 products. Other passes and heads, and CUDA, ignore it. */
+    int bf16_products;     /* CPU lt_lce_forward_backward in one pass (fused) with a bf16 or
+                               block-format head: the logit and grad-hidden products take h, the
+                               head's tiles and the logit weights rounded to bf16, f32 sums,
+                               through oneDNN (AMX where the CPU has it), as the CUDA loss's bf16
+                               GEMMs do (lt_model_run_options.bf16_products); 0: f32 products.
+                               Other passes, f32 heads and CUDA ignore it. */
 } lt_lce_options;
 
 typedef struct lt_lce_args {

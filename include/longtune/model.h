@@ -311,12 +311,13 @@ typedef struct lt_model_run_options {
                                  from the rounded layer inputs (the forward itself runs on f32) */
     int bf16_products;                  /* 1: the products of weights held in bf16, f16 or a block format
                                  (QLoRA) take x and W rounded to bf16, with f32 sums, as the CUDA
-                                 products do, and so does the fused loss on a bf16 head; on the CPU
-                                 they run through oneDNN (AMX or AVX512-BF16 tiles where the CPU has
-                                 them, several times the f32 GEMMs' rate), in the workspace the plan
-                                 counts. f32 and FP8 weights keep their products. 0 (default): the
-                                 CPU multiplies the weights as held with f32 x exactly; CUDA's
-                                 products are bf16 either way. A CPU build without oneDNN refuses 1 */
+                                 products do, and so does the fused loss on a bf16 or quantized
+                                 head; on the CPU they run through oneDNN (AMX or AVX512-BF16 tiles
+                                 where the CPU has them, several times the f32 GEMMs' rate), in the
+                                 workspace the plan counts. f32 and FP8 weights keep their
+                                 products. 0 (default): the CPU multiplies the weights as held with
+                                 f32 x exactly; CUDA's products are bf16 either way. A CPU build
+                                 without oneDNN refuses 1 */
     int64_t chunk_rows;                 /* rows per chunk of the position-wise work (norms, projections,
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span

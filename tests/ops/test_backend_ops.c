@@ -901,10 +901,12 @@ static void run_attention(const op_case *c, env *e) {
  * lt_lce_forward_backward against the same references. ---- */
 
 static void run_lce(const op_case *c, env *e) {
-    /* opt bit 64: bf16 products (the CPU's one-pass forward_backward on a bf16 head rounds h and
-     * the logit weights to bf16, as the CUDA loss does): checked with the bf16-derived tolerance */
+    /* opt bit 64: bf16 products (the CPU's one-pass forward_backward on a bf16 or block-format head
+     * rounds h, the head's tiles and the logit weights to bf16, as the CUDA loss does): checked with
+     * the bf16-derived tolerance */
     const int bf16x = (c->opt & 64) != 0;
-    const int cpu_bf16x = bf16x && e->be->device == LT_DEVICE_CPU && LT_HAVE_ONEDNN && c->dt == LT_DTYPE_BF16;
+    const int cpu_bf16x =
+        bf16x && e->be->device == LT_DEVICE_CPU && LT_HAVE_ONEDNN && c->dt != LT_DTYPE_F32 && c->dt != LT_DTYPE_F16;
     const lt_dtype dt = cpu_bf16x ? LT_DTYPE_BF16 : input_dtype(e->be, PREC_INPUTS);
     const int64_t N = c->s[0], C = c->s[1], V = c->s[2];
     lt_ref_lce_opts o = {(lt_reduction)(c->opt & 3), c->opt & 4 ? 0.1 : 0, c->opt & 8 ? 0.01 : 0, c->opt & 16 ? 30 : 0,
@@ -1166,7 +1168,7 @@ static const op_case cases[] = {
     {"lce", run_lce, {37, 64, 400}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 16 | 32},
     {"lce", run_lce, {29, 128, 350}, LT_DTYPE_Q4_1, LT_REDUCTION_SUM | 4 | 16},
     /* bf16 products: tiles of 512 with a short last one in both directions, z-loss and label
-     * smoothing (one pass), token weights; a q8_0 head keeps its f32 products */
+     * smoothing (one pass), token weights, a q8_0 head (its tiles dequantized and rounded) */
     {"lce", run_lce, {700, 96, 1100}, LT_DTYPE_BF16, LT_REDUCTION_MEAN | 64},
     {"lce", run_lce, {45, 64, 700}, LT_DTYPE_BF16, LT_REDUCTION_SUM | 4 | 8 | 32 | 64},
     {"lce", run_lce, {33, 128, 500}, LT_DTYPE_Q8_0, LT_REDUCTION_MEAN | 64},

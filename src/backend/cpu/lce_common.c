@@ -59,8 +59,8 @@ static void problem_init(lce_problem *P, const lt_lce_options *o, const lt_lce_a
     P->w_row_bytes = lt_dtype_row_bytes(a->w.dtype, P->C);
     P->targets = a->targets;
     P->weight = a->token_weight;
-    P->bf16x =
-        LT_HAVE_ONEDNN && o->bf16_products && backward == LT_LCE_PASS_FORWARD_BACKWARD && a->w.dtype == LT_DTYPE_BF16;
+    P->bf16x = LT_HAVE_ONEDNN && o->bf16_products && backward == LT_LCE_PASS_FORWARD_BACKWARD &&
+        a->w.dtype != LT_DTYPE_F32 && a->w.dtype != LT_DTYPE_F16;
     if (P->bf16x) { /* the tile products: logits (tile_n, tile_v) = h·Wᵀ, then grad-hidden (tile_n, C) += g·W */
         const int64_t rem = P->V % P->tile_v, nvs[2] = {P->tile_v, rem ? rem : P->tile_v};
         for (int k = 0; k < 2; k++) {

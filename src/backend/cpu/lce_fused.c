@@ -217,7 +217,7 @@ void lt_cpu_lce_fused_backward(const lce_problem *P, char *ws, const float *lse,
 
 typedef struct {
     size_t rows, tile_target, tile_coef, ran, hconv, colsum, hb;
-    size_t wconv, logits, stats, acc, colpart, zb, spad; /* per thread, `per_thread` bytes apart */
+    size_t wconv, logits, stats, acc, colpart, zb, wb, spad; /* per thread, `per_thread` bytes apart */
     size_t per_thread, end;
 } fb_layout;
 
@@ -240,6 +240,8 @@ static fb_layout fb_layout_of(const lce_problem *P) {
     L.acc = lce_take(&t, tn * C * sizeof(float));
     L.colpart = lce_take(&t, cs);
     L.zb = lce_take(&t, P->bf16x ? tn * tv * sizeof(uint16_t) : 0); /* the logit weights rounded */
+    /* a quantized head's tile, dequantized (into wconv) and rounded to bf16 */
+    L.wb = lce_take(&t, P->bf16x && P->w_dtype != LT_DTYPE_BF16 ? tv * C * sizeof(uint16_t) : 0);
     L.spad = lce_take(&t, P->bf16x ? P->bf16x_spad : 0);
     L.per_thread = t;
     L.wconv += c;
@@ -248,6 +250,7 @@ static fb_layout fb_layout_of(const lce_problem *P) {
     L.acc += c;
     L.colpart += c;
     L.zb += c;
+    L.wb += c;
     L.spad += c;
     L.end = c + T * t;
     return L;
@@ -288,8 +291,13 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t vt = begin; vt < end; vt++) {
         int64_t v0 = vt * P->tile_v, nv = P->V - v0 < P->tile_v ? P->V - v0 : P->tile_v;
         const int kind = nv != P->tile_v;
-        if (j->hb && j->logit[kind] && j->grad[kind][vt != begin]) { /* bf16 products on W's bf16 rows */
-            const void *wt = (const uint8_t *)P->w + v0 * P->w_row_bytes;
+        if (j->hb && j->logit[kind] && j->grad[kind][vt != begin]) {      /* bf16 products */
+            const void *wt = (const uint8_t *)P->w + v0 * P->w_row_bytes; /* a bf16 head's rows as they lie */
+            if (P->w_dtype != LT_DTYPE_BF16) {
+                uint16_t *wb = (uint16_t *)(mine + j->L.wb);
+                lt_cpu_to_bf16_serial(w_tile(P, wbuf, v0, nv), wb, nv * P->C);
+                wt = wb;
+            }
             uint16_t *zb = (uint16_t *)(mine + j->L.zb);
             void *spad = mine + j->L.spad;
             lt_cpu_bf16x_gemm_run(P->ctx, j->logit[kind], thread, j->hb, wt, z, spad);
@@ -298,7 +306,7 @@ static void fb_range(void *arg, int64_t begin, int64_t end, int thread) {
             lt_cpu_to_bf16_serial(z, zb, j->nr * nv);
             lt_cpu_bf16x_gemm_run(P->ctx, j->grad[kind][vt != begin], thread, zb, wt, acc, spad);
             if (sum_cols) {
-                const float *wf = w_tile(P, wbuf, v0, nv);
+                const float *wf = P->w_dtype == LT_DTYPE_BF16 ? w_tile(P, wbuf, v0, nv) : wbuf; /* dequantized above */
                 for (int64_t v = 0; v < nv; v++)
                     for (int64_t c = 0; c < P->C; c++) colpart[c] += wf[v * P->C + c];
             }
