@@ -144,6 +144,45 @@ static bf16x_prim *get_prim(bf16x_state *st, int64_t M, int64_t K, int64_t N, in
     return lru;
 }
 
+/* Runs e on stream: y (e->M, e->N) f32 (+)= a (e->M, e->K) bf16 · B, B the bf16 W as e reads it,
+ * with spad as its scratchpad. */
+static void run_prim(const bf16x_state *st, dnnl_stream_t stream, const bf16x_prim *e, const void *a, const void *b,
+                     float *y, void *spad) {
+    dnnl_memory_desc_t ad, bd, cd;
+    dnnl_dims_t da = {e->M, e->K}, db = {e->K, e->N}, dc = {e->M, e->N};
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
+    int ok = dnnl_memory_desc_init_by_tag(&ad, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&bd, 2, db, dnnl_bf16, e->nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&cd, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
+        dnnl_memory_create(&ma, &ad, st->eng, (void *)a) == dnnl_success &&
+        dnnl_memory_create(&mb, &bd, st->eng, (void *)b) == dnnl_success &&
+        dnnl_memory_create(&mc, &cd, st->eng, y) == dnnl_success &&
+        dnnl_memory_create(&ms, &e->spad_md, st->eng, spad) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_SCRATCHPAD, ms}};
+        ok = dnnl_primitive_execute(e->prim, stream, 4, args) == dnnl_success &&
+            dnnl_stream_wait(stream) == dnnl_success;
+    }
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    if (ms) dnnl_memory_destroy(ms);
+    LT_ASSERT(ok); /* every descriptor was accepted when the primitive was made */
+}
+
+/* Scratchpad bytes oneDNN asks for one product on `threads` threads (planning: a throwaway
+ * engine; 0 when oneDNN takes no such product). */
+static size_t spad_bytes(dnnl_engine_t eng, int64_t M, int64_t K, int64_t N, int nn, float beta) {
+    dnnl_primitive_desc_t pd = make_pd(eng, M, K, N, nn, beta);
+    if (!pd) return 0;
+    const size_t s = pd_spad(pd);
+    dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
 /* The weights the bf16 products take: held in bf16 (read as they lie), or in f16 or a block format
  * (dequantized and rounded to bf16 whole into the workspace first, as the CUDA matmul converts
  * them). f32 weights keep the exact f32 products, FP8 its own. */
@@ -186,12 +225,8 @@ size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, in
         const int64_t rows[3] = {N_max, N_max < 64 ? N_max : 64, N_max};
         for (int nn = 0; nn < 2; nn++)
             for (int i = 0; i < 3; i++) {
-                dnnl_primitive_desc_t pd =
-                    make_pd(eng, rows[i], nn ? out : in, nn ? in : out, nn, i == 2 ? 1.0f : 0.0f);
-                if (!pd) continue;
-                size_t s = pd_spad(pd);
+                const size_t s = spad_bytes(eng, rows[i], nn ? out : in, nn ? in : out, nn, i == 2 ? 1.0f : 0.0f);
                 if (s > spad) spad = s;
-                dnnl_primitive_desc_destroy(pd);
             }
         set_threads(prev);
         dnnl_engine_destroy(eng);
@@ -231,30 +266,8 @@ int lt_cpu_bf16x_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, co
         lt_parallel_for(threads, out, 16, w_rows, &wj);
         wdata = wb;
     }
-    dnnl_memory_desc_t a, b, c;
-    dnnl_dims_t da = {N, K}, db = {K, Ncols}, dc = {N, Ncols};
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
-    int ok = dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
-        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
-        dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
-        dnnl_memory_create(&ma, &a, st->eng, xb) == dnnl_success &&
-        dnnl_memory_create(&mb, &b, st->eng, (void *)wdata) == dnnl_success &&
-        dnnl_memory_create(&mc, &c, st->eng, y) == dnnl_success &&
-        dnnl_memory_create(&ms, &e->spad_md, st->eng, (uint8_t *)ws + xb_bytes + wb_bytes) == dnnl_success;
-    if (ok) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                                   {DNNL_ARG_WEIGHTS, mb},
-                                   {DNNL_ARG_DST, mc},
-                                   {DNNL_ARG_SCRATCHPAD, ms}};
-        ok = dnnl_primitive_execute(e->prim, st->stream, 4, args) == dnnl_success &&
-            dnnl_stream_wait(st->stream) == dnnl_success;
-    }
-    if (ma) dnnl_memory_destroy(ma);
-    if (mb) dnnl_memory_destroy(mb);
-    if (mc) dnnl_memory_destroy(mc);
-    if (ms) dnnl_memory_destroy(ms);
+    run_prim(st, st->stream, e, xb, wdata, y, (uint8_t *)ws + xb_bytes + wb_bytes);
     set_threads(prev);
-    LT_ASSERT(ok); /* every descriptor was accepted when the primitive was made */
     return 1;
 }
 
@@ -263,8 +276,7 @@ size_t lt_cpu_bf16x_gemm_spad(int64_t M, int64_t K, int64_t N, int nn, float bet
     dnnl_engine_t eng;
     if (M <= 0 || K <= 0 || N <= 0 || dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) return 0;
     const int prev = set_threads(1);
-    dnnl_primitive_desc_t pd = make_pd(eng, M, K, N, nn, beta);
-    if (pd) spad = align_up(pd_spad(pd)), dnnl_primitive_desc_destroy(pd);
+    spad = align_up(spad_bytes(eng, M, K, N, nn, beta));
     set_threads(prev);
     dnnl_engine_destroy(eng);
     return spad;
@@ -287,31 +299,8 @@ size_t lt_cpu_bf16x_gemm_spad_of(const lt_cpu_bf16x_gemm *g) { return align_up((
 
 void lt_cpu_bf16x_gemm_run(lt_ctx *ctx, const lt_cpu_bf16x_gemm *g, int thread, const uint16_t *a, const void *b,
                            float *y, void *spad) {
-    const bf16x_prim *e = (const bf16x_prim *)g;
     const bf16x_state *st = lt_ctx_backend_state(ctx, LT_DEVICE_CPU);
-    dnnl_memory_desc_t ma_d, mb_d, mc_d;
-    dnnl_dims_t da = {e->M, e->K}, db = {e->K, e->N}, dc = {e->M, e->N};
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
-    int ok = dnnl_memory_desc_init_by_tag(&ma_d, 2, da, dnnl_bf16, dnnl_ab) == dnnl_success &&
-        dnnl_memory_desc_init_by_tag(&mb_d, 2, db, dnnl_bf16, e->nn ? dnnl_ab : dnnl_ba) == dnnl_success &&
-        dnnl_memory_desc_init_by_tag(&mc_d, 2, dc, dnnl_f32, dnnl_ab) == dnnl_success &&
-        dnnl_memory_create(&ma, &ma_d, st->eng, (void *)a) == dnnl_success &&
-        dnnl_memory_create(&mb, &mb_d, st->eng, (void *)b) == dnnl_success &&
-        dnnl_memory_create(&mc, &mc_d, st->eng, y) == dnnl_success &&
-        dnnl_memory_create(&ms, &e->spad_md, st->eng, spad) == dnnl_success;
-    if (ok) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                                   {DNNL_ARG_WEIGHTS, mb},
-                                   {DNNL_ARG_DST, mc},
-                                   {DNNL_ARG_SCRATCHPAD, ms}};
-        ok = dnnl_primitive_execute(e->prim, st->tstream[thread], 4, args) == dnnl_success &&
-            dnnl_stream_wait(st->tstream[thread]) == dnnl_success;
-    }
-    if (ma) dnnl_memory_destroy(ma);
-    if (mb) dnnl_memory_destroy(mb);
-    if (mc) dnnl_memory_destroy(mc);
-    if (ms) dnnl_memory_destroy(ms);
-    LT_ASSERT(ok); /* every descriptor was accepted when the primitive was made */
+    run_prim(st, st->tstream[thread], (const bf16x_prim *)g, a, b, y, spad);
 }
 
 #else /* no oneDNN in this build: the option is refused where it is set */
