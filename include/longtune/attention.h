@@ -56,6 +56,11 @@ typedef struct lt_attention_params {
      * than 1 must be at least D (rows of D elements never overlap) and the token stride must fit
      * in an int (it is a BLAS leading dimension). */
     lt_attention_layout q_layout, kv_layout, o_layout;
+    /* 1: the CPU flash kernels multiply their tiles on operands rounded to bf16 (nearest even)
+     * with f32 sums, as the CUDA kernels multiply bf16 attention: on AMX tiles where the CPU has
+     * them. The softmax, its statistics and the outputs stay f32. The naive implementation and
+     * the CUDA kernels ignore it (CUDA's bf16 kernels always multiply bf16; its f32 ones never). */
+    int bf16_products;
 } lt_attention_params;
 
 typedef struct lt_attention_args {

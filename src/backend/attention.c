@@ -115,6 +115,8 @@ lt_status lt_attention_check(lt_ctx *ctx, const lt_attention_params *p) {
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0", (double)p->softcap);
     if (p->window < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: window %lld is negative", (long long)p->window);
+    if (p->bf16_products < 0 || p->bf16_products > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "attention: bf16_products %d is not 0 or 1", p->bf16_products);
     LT_TRY(layout_check(ctx, "q", p->q_layout, p->B, p->T, p->H, p->D));
     LT_TRY(layout_check(ctx, "kv", p->kv_layout, p->B, p->T, p->Hkv, p->D));
     LT_TRY(layout_check(ctx, "out", p->o_layout, p->B, p->T, p->H, p->D));

@@ -62,6 +62,7 @@ lt_attention_params lt_step_attn_params(const lt_step *s, const lt_layer_desc *d
     ap.window = d->window;
     ap.softcap = d->softcap;
     ap.scale = (float)c->query_scale; /* 0: the boundary's 1/sqrt(D) */
+    ap.bf16_products = s->m->lay.bf16x;
     ap.seq_offsets = s->seq_offsets;
     ap.seq_offsets_device = s->seq_offsets_dev;
     ap.S = s->S;

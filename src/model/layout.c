@@ -686,6 +686,7 @@ static lt_status attn_workspace(lt_ctx *ctx, const run_shape *r, const lt_layout
         ap.impl = r->run->attention;
         ap.window = d.window;
         ap.softcap = d.softcap;
+        ap.bf16_products = o->bf16x;
         LT_TRY(lt_attention_check(ctx, &ap));
         size_t w = attn_kind_workspace(r, &ap, o->threads);
         if (w > aw) aw = w;

@@ -254,6 +254,9 @@ typedef struct {
     double *q64, *k64, *v64, *do64; /* the inputs as the library sees them */
 } fixture;
 
+/* Set by the bf16-products cases: every call they make multiplies its tiles in bf16. */
+static int products_bf16;
+
 static lt_attention_params params_of(const tcase *c, lt_dtype dt, lt_attention_impl impl) {
     lt_attention_params p = {.B = c->B,
                              .T = c->T,
@@ -267,7 +270,8 @@ static lt_attention_params params_of(const tcase *c, lt_dtype dt, lt_attention_i
                              .window = c->window,
                              .softcap = c->softcap,
                              .seq_offsets = c->offs,
-                             .S = c->offs ? c->S : 0};
+                             .S = c->offs ? c->S : 0,
+                             .bf16_products = products_bf16};
     p.q_layout = make_layout(c->layout, c->T, c->H, c->D, 0);
     p.kv_layout = make_layout(c->layout, c->T, c->Hkv, c->D, 1);
     /* Padded cases give out/dout a third, different layout. */
@@ -502,6 +506,71 @@ static void bf16_as_accurate_as_naive_bf16(void **state) {
     lt_ctx_free(ctx);
 }
 
+/* bf16 products on f32 inputs (the CPU flash kernels' tiles on AMX or rounded operands): against
+ * float64 on the f32 inputs, no larger in root mean square than a naive bf16 computation on the
+ * inputs rounded to bf16, and at most 4x its largest element error; and further from float64 than
+ * the f32 tolerance, so the products really ran in bf16. */
+static void bf16_products_as_accurate_as_naive_bf16(void **state) {
+    (void)state;
+    lt_ctx *ctx = lt_ctx_new();
+    const size_t pick[] = {0, 1, 2, 3, 4, 6, 10, 11};
+    products_bf16 = 1;
+    for (size_t pi = 0; pi < sizeof pick / sizeof pick[0]; pi++) {
+        fixture f;
+        fixture_init(&f, &cases[pick[pi]], LT_DTYPE_F32);
+        const tcase *c = &f.c;
+        const size_t nq = (size_t)(c->B * c->T * c->H * c->D), nk = (size_t)(c->B * c->T * c->Hkv * c->D);
+        double *in[4] = {f.q64, f.k64, f.v64, f.do64}, *rounded[4];
+        const size_t nin[4] = {nq, nk, nk, nq};
+        for (int i = 0; i < 4; i++) {
+            rounded[i] = malloc(nin[i] * 8);
+            assert_non_null(rounded[i]);
+            for (size_t e = 0; e < nin[i]; e++) rounded[i][e] = rnd_bf16(in[i][e]);
+        }
+        refout r = ref_run(&f, 0), nb = ref_run(&f, 0);
+        ref_attention(c, 1, rounded[0], rounded[1], rounded[2], rounded[3], nb.o, nb.lse, nb.dq, nb.dk, nb.dv);
+        fixture_run(ctx, &f, LT_ATTENTION_FLASH);
+        char what[256];
+        describe(c, what, sizeof what);
+        struct {
+            const char *name;
+            const double *ref, *naive;
+            size_t n;
+            const tbuf *t;
+        } outs[] = {{"out", r.o, nb.o, nq, &f.o},
+                    {"dq", r.dq, nb.dq, nq, &f.dq},
+                    {"dk", r.dk, nb.dk, nk, &f.dk},
+                    {"dv", r.dv, nb.dv, nk, &f.dv}};
+        int beyond_f32 = 0;
+        for (int o = 0; o < 4; o++) {
+            double naive_err = 0, naive_ss = 0, ss = 0;
+            double *x = buf_to_f64(outs[o].t, c);
+            for (size_t i = 0; i < outs[o].n; i++) {
+                double e = fabs(outs[o].naive[i] - outs[o].ref[i]), d = x[i] - outs[o].ref[i];
+                naive_err = e > naive_err ? e : naive_err;
+                naive_ss += e * e;
+                ss += d * d;
+            }
+            free(x);
+            const double err = buf_err(outs[o].t, c, outs[o].ref);
+            if (err > 4 * naive_err)
+                fail_msg("%s bf16 products %s: max error %.3g > 4 x naive bf16 max error %.3g", what, outs[o].name, err,
+                         naive_err);
+            if (ss > naive_ss)
+                fail_msg("%s bf16 products %s: RMS error %.3g > naive bf16 RMS error %.3g", what, outs[o].name,
+                         sqrt(ss / (double)outs[o].n), sqrt(naive_ss / (double)outs[o].n));
+            beyond_f32 |= err > LT_TOL_F32_REL * fmax(max_abs(outs[o].ref, outs[o].n), 1.0) + LT_TOL_F32_ABS;
+        }
+        if (c->T > 1 && !beyond_f32) fail_msg("%s: bf16 products gave f32 accuracy: the tiles did not round", what);
+        for (int i = 0; i < 4; i++) free(rounded[i]);
+        ref_free(&r);
+        ref_free(&nb);
+        fixture_free(&f);
+    }
+    products_bf16 = 0;
+    lt_ctx_free(ctx);
+}
+
 /* loss = sum(dout * out) of the float64 reference, for finite differences. */
 static double ref_loss(const fixture *f) {
     const tcase *c = &f->c;
@@ -706,13 +775,14 @@ static void bad_inputs_give_typed_errors(void **state) {
 static void workspace_is_exactly_what_is_allocated(void **state) {
     (void)state;
     const tcase c = cases[3];
-    for (int dt = 0; dt < 2; dt++)
+    for (int dt = 0; dt < 3; dt++) /* f32, bf16, f32 with bf16 products */
         for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++)
             for (int threads = 1; threads <= 3; threads += 2) {
                 lt_ctx *ctx = lt_ctx_new();
                 lt_ctx_set_threads(ctx, threads);
+                products_bf16 = dt == 2;
                 fixture f;
-                fixture_init(&f, &c, dt ? LT_DTYPE_BF16 : LT_DTYPE_F32);
+                fixture_init(&f, &c, dt == 1 ? LT_DTYPE_BF16 : LT_DTYPE_F32);
                 lt_attention_params p = params_of(&c, f.dt, (lt_attention_impl)impl);
                 lt_attention_args a = {.q = f.q.data,
                                        .k = f.k.data,
@@ -767,6 +837,7 @@ static void workspace_is_exactly_what_is_allocated(void **state) {
                 fixture_free(&f);
                 lt_ctx_free(ctx);
             }
+    products_bf16 = 0;
     /* Flash memory is linear in T; naive's is quadratic. */
     lt_attention_params p = {.B = 1, .T = 1024, .H = 8, .Hkv = 2, .D = 64, .dtype = LT_DTYPE_F32};
     size_t f1 = lt_attention_workspace_bytes(&p, 1, 2), n1;
@@ -804,10 +875,13 @@ static void thread_count_case(const tcase c) {
 
 static void results_do_not_depend_on_thread_count(void **state) {
     (void)state;
-    thread_count_case(cases[6]);
-    thread_count_case(cases[NCASES - 3]);
-    thread_count_case(cases[NCASES - 2]);
-    thread_count_case(cases[NCASES - 1]);
+    for (products_bf16 = 0; products_bf16 < 2; products_bf16++) {
+        thread_count_case(cases[6]);
+        thread_count_case(cases[NCASES - 3]);
+        thread_count_case(cases[NCASES - 2]);
+        thread_count_case(cases[NCASES - 1]);
+    }
+    products_bf16 = 0;
 }
 
 /* ---- every backend present: the public entry points against the float64 reference ---------- */
@@ -1583,6 +1657,7 @@ int main(void) {
         cmocka_unit_test(every_backend_matches_float64_reference),
         cmocka_unit_test(f32_matches_float64_reference),
         cmocka_unit_test(bf16_as_accurate_as_naive_bf16),
+        cmocka_unit_test(bf16_products_as_accurate_as_naive_bf16),
         cmocka_unit_test(gradients_match_finite_differences),
         cmocka_unit_test(packed_row_equals_sequences_alone),
         cmocka_unit_test(bad_inputs_give_typed_errors),

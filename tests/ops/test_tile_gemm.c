@@ -4,7 +4,10 @@
  * column counts around the 8-, 16- and 32-wide vectors (masked tails) and the 64-wide blocks (full
  * blocks followed by narrower ones), depths from 0 to the tiles' 192, and leading dimensions wider
  * than the operands. The AVX-512 and AVX2 paths sum in the same
- * order, so they must agree bit for bit. */
+ * order, so they must agree bit for bit. The bf16 variant (tile_gemm_bf16.c) against float64
+ * products of the operands rounded to bf16, at f32 tolerance, on its AMX path (where the CPU has
+ * it) and its rounded-f32 path, with depths around its 32-deep chunks and sizes around its 32 x 32
+ * blocks; and it must differ from the unrounded product, so the rounding is known to happen. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,7 +80,72 @@ static void tile_gemm_matches_float64(void **state) {
                 }
 }
 
+static double bf16_of(float f) { return (double)lt_bf16_to_f32(lt_f32_to_bf16(f)); }
+
+/* Returns how many elements of C sit further from the unrounded product than the tolerance. */
+static int64_t check_bf16_case(uint64_t *rng, int amx, int ta, int64_t M, int64_t N, int64_t K, float alpha,
+                               float beta) {
+    const int64_t lda = (ta ? M : K) + 3, ldb = N + 5, ldc = N + 2;
+    const int64_t arows = ta ? K : M;
+    float *A = lt_test_fresh(rng, arows * lda, 1.0f), *B = lt_test_fresh(rng, K * ldb, 1.0f);
+    float *C = beta == 0.0f ? lt_test_poisoned(M * ldc) : lt_test_fresh(rng, M * ldc, 1.0f);
+    double *want = malloc(sizeof(double) * (size_t)(M * N)), *exact = malloc(sizeof(double) * (size_t)(M * N));
+    double *scale = malloc(sizeof(double) * (size_t)(M * N));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, a = 0, e = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const float av = ta ? A[k * lda + i] : A[i * lda + k], bv = B[k * ldb + j];
+                const double t = bf16_of(av) * bf16_of(bv);
+                s += t, a += fabs(t), e += (double)av * (double)bv;
+            }
+            const double c = beta == 0.0f ? 0.0 : (double)beta * (double)C[i * ldc + j];
+            want[i * N + j] = (double)alpha * s + c;
+            exact[i * N + j] = (double)alpha * e + c;
+            scale[i * N + j] = fabs((double)alpha) * a + fabs(c);
+        }
+    const double tol = lt_test_tol_for(LT_DTYPE_F32, K);
+    void *pack = malloc(lt_cpu_tile_gemm_bf16_pack_bytes(M, N, K));
+    lt_cpu_tile_gemm_bf16_on(amx, ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+    char what[160];
+    snprintf(what, sizeof what, "tile_gemm_bf16 amx=%d ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", amx, ta,
+             (long long)M, (long long)N, (long long)K, (double)alpha, (double)beta);
+    int64_t apart = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            lt_test_close_to(C[i * ldc + j], want[i * N + j], scale[i * N + j], tol, what, i * N + j);
+            apart += fabs((double)C[i * ldc + j] - exact[i * N + j]) > tol * scale[i * N + j];
+        }
+    free(A), free(B), free(C), free(want), free(exact), free(scale), free(pack);
+    return apart;
+}
+
+static void tile_gemm_bf16_matches_float64(void **state) {
+    (void)state;
+    uint64_t rng = lt_test_seed();
+    static const int64_t Ms[] = {1, 15, 16, 17, 32, 33, 64, 192};
+    static const int64_t Ns[] = {1, 16, 17, 31, 32, 33, 64, 65, 128};
+    static const int64_t Ks[] = {1, 31, 32, 33, 64, 192};
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 0.0f}, {1.0f, 1.0f}, {0.7f, 0.5f}};
+    const int has_amx = lt_cpu_tile_gemm_bf16_amx();
+    if (!has_amx) print_message("tile_gemm_bf16: this CPU has no AMX; only the rounded f32 path runs\n");
+    for (int amx = 0; amx <= has_amx; amx++) {
+        int64_t apart = 0;
+        for (int ta = 0; ta < 2; ta++)
+            for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+                for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+                        const size_t c = (mi + ni + ki + (size_t)ta) % (sizeof ab / sizeof *ab);
+                        apart += check_bf16_case(&rng, amx, ta, Ms[mi], Ns[ni], Ks[ki], ab[c][0], ab[c][1]);
+                    }
+        if (apart < 1000)
+            fail_msg("tile_gemm_bf16 amx=%d: only %lld elements away from the unrounded product", amx,
+                     (long long)apart);
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(tile_gemm_matches_float64)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(tile_gemm_matches_float64),
+                                       cmocka_unit_test(tile_gemm_bf16_matches_float64)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,9 +67,21 @@ typedef struct {
      * (other sequences of a packed row, keys outside a window) are left unwritten and unread. */
     int64_t dq_hw;
     uint8_t *cov;
+    void *pack; /* bf16 products: tile_gemm_bf16's scratch */
 } flash_slot;
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
+
+/* Floats of tile_gemm_bf16 scratch for the largest product of one direction (0 without bf16
+ * products): forward (R, FBC, D) and (R, D, FBC); backward (R, BC, D), (BC, D, R), (R, D, BC). */
+static size_t pack_floats(const lt_attention_params *p, int backward, size_t R) {
+    if (!p->bf16_products) return 0;
+    const int64_t D = p->D, r = (int64_t)R, c = backward ? BC : FBC;
+    size_t m = lt_cpu_tile_gemm_bf16_pack_bytes(r, c, D), t = lt_cpu_tile_gemm_bf16_pack_bytes(r, D, c);
+    if (t > m) m = t;
+    if (backward && (t = lt_cpu_tile_gemm_bf16_pack_bytes(c, D, r)) > m) m = t;
+    return (m + sizeof(float) - 1) / sizeof(float);
+}
 
 /* Lays one slot out from `base` (or only counts when base is NULL); returns its size in floats.
  * The workspace size and the kernels both come from here, so they cannot disagree. */
@@ -94,6 +106,7 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     TAKE(acc2, bwd * BC * D);
     TAKE(m, fwd * R);
     TAKE(l, fwd * R);
+    TAKE(pack, pack_floats(p, backward, R));
 #undef TAKE
     return off;
 }
@@ -389,6 +402,14 @@ static inline void bwd_row_vec(float *srow, float *drow, int64_t c, int64_t c0, 
 }
 #endif
 
+/* A tile's product: f32, or on operands rounded to bf16 when the call asks (tile_gemm.h). */
+static void tile(const lt_attention_params *p, const flash_slot *sl, int trans_a, int64_t M, int64_t N, int64_t K,
+                 float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                 int64_t ldc) {
+    if (p->bf16_products) lt_cpu_tile_gemm_bf16(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sl->pack);
+    else lt_cpu_tile_gemm(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* ---- forward ---------------------------------------------------------------------------- */
 
 /* Query tokens [qa, qe) of one sequence starting at s0, all heads of kv head kvh of row b. */
@@ -411,7 +432,7 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
         int64_t c0 = 0, c1 = 0;
         const float *Kt = j->kt + ((b * p->Hkv + kvh) * D) * kt_ld(p) + kb;
         const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
-        lt_cpu_tile_gemm(0, R, c, D, p->scale, Q, D, Kt, kt_ld(p), 0.0f, S, FBC);
+        tile(p, sl, 0, R, c, D, p->scale, Q, D, Kt, kt_ld(p), 0.0f, S, FBC);
         for (int64_t x = 0; x < R; x++) {
             float *srow = S + x * FBC;
             if (x % G == 0) cols(qa + x / G, s0, W, kb, c, &c0, &c1);
@@ -453,7 +474,7 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
                 for (int64_t d = 0; d < D; d++) o[d] *= alpha;
             }
         }
-        lt_cpu_tile_gemm(0, R, D, c, 1.0f, S, FBC, V, ldv, 1.0f, O, D);
+        tile(p, sl, 0, R, D, c, 1.0f, S, FBC, V, ldv, 1.0f, O, D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     for (int64_t x = 0; x < R; x++) {
@@ -585,11 +606,11 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
     for (int64_t qb = ka; qb < qend; qb += BBR) {
         const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
         const float *Q = sl->qs + x0 * D, *dO = sl->dos + x0 * D;
-        lt_cpu_tile_gemm(0, R, c, D, p->scale, Q, D, sl->kt, BC, 0.0f, sl->s, BC);
-        lt_cpu_tile_gemm(0, R, c, D, 1.0f, dO, D, sl->vt, BC, 0.0f, sl->dp, BC);
+        tile(p, sl, 0, R, c, D, p->scale, Q, D, sl->kt, BC, 0.0f, sl->s, BC);
+        tile(p, sl, 0, R, c, D, 1.0f, dO, D, sl->vt, BC, 0.0f, sl->dp, BC);
         grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
-        lt_cpu_tile_gemm(1, c, D, R, 1.0f, sl->s, BC, dO, D, 1.0f, dV, D);
-        lt_cpu_tile_gemm(1, c, D, R, 1.0f, sl->dp, BC, Q, D, 1.0f, dK, D);
+        tile(p, sl, 1, c, D, R, 1.0f, sl->s, BC, dO, D, 1.0f, dV, D);
+        tile(p, sl, 1, c, D, R, 1.0f, sl->dp, BC, Q, D, 1.0f, dK, D);
         float beta = 1.0f;
         if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
             const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
@@ -598,7 +619,7 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
             memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
             sl->dq_hw = x0 + R;
         }
-        lt_cpu_tile_gemm(0, R, D, c, 1.0f, sl->dp, BC, K, ldk, beta, sl->dq + x0 * D, D);
+        tile(p, sl, 0, R, D, c, 1.0f, sl->dp, BC, K, ldk, beta, sl->dq + x0 * D, D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);

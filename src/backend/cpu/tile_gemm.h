@@ -4,6 +4,7 @@
 #ifndef LT_BACKEND_CPU_TILE_GEMM_H
 #define LT_BACKEND_CPU_TILE_GEMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* C (M, N) = alpha·op(A)·B + beta·C, row-major, on the calling thread. op(A) is A (M, K), row
@@ -19,5 +20,18 @@ enum { LT_TILE_PATH_BLAS = 0, LT_TILE_PATH_AVX2 = 1, LT_TILE_PATH_AVX512 = 2 };
 int lt_cpu_tile_gemm_path(void);
 void lt_cpu_tile_gemm_on(int path, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* The same product on op(A) and B rounded to bf16 (nearest even) with f32 sums, as the CUDA
+ * kernels multiply (tile_gemm_bf16.c): on AMX tiles where the CPU has them and the OS grants them,
+ * else on the f32 path over rounded copies. `pack` is scratch of
+ * lt_cpu_tile_gemm_bf16_pack_bytes(M, N, K) bytes (any alignment). Each element of C is summed
+ * over k in ascending chunks whatever M and N, so a caller may split its tiles freely. */
+size_t lt_cpu_tile_gemm_bf16_pack_bytes(int64_t M, int64_t N, int64_t K);
+void lt_cpu_tile_gemm_bf16(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
+/* 1 when the AMX path runs on this CPU; for tests, a call with amx = 0 takes the rounded f32 path. */
+int lt_cpu_tile_gemm_bf16_amx(void);
+void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
 
 #endif

@@ -1,0 +1,271 @@
+/* The attention tiles' GEMMs on bf16 operands (tile_gemm.h): op(A) and B rounded to bf16 (nearest
+ * even, lt_f32_to_bf16's bits) and multiplied with f32 sums, as the CUDA kernels multiply.
+ * - AMX (Sapphire Rapids and later, once Linux grants the process the tile data state): op(A) is
+ *   packed into rows of Kp bf16 (K padded to 32 with zeros), B into VNNI pairs (rows 2k and 2k+1
+ *   of each column side by side, 16 columns a 64-byte tile row); C is computed in blocks of 32 x 32
+ *   (four 16 x 16 accumulator tiles, two A and two B tiles per 32 k), stored to a block on the
+ *   stack and written out with alpha and beta. A transposed op(A) is packed by pairing rows of
+ *   the stored A and transposing 16 x 16 blocks of those pairs in registers.
+ * - Elsewhere: both operands are rounded into f32 copies and lt_cpu_tile_gemm multiplies them, so
+ *   the products are the same, only the order of the sums differs.
+ * Each element of C is summed over k in chunks of 32 in ascending order on either path, whatever M
+ * and N, so the result does not depend on how a caller splits its tiles. */
+#define _DEFAULT_SOURCE /* syscall */
+#include <string.h>
+
+#include "backend/cpu/tile_gemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LT_TILE_AMX 1
+#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+#endif
+
+static int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+size_t lt_cpu_tile_gemm_bf16_pack_bytes(int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0 || K <= 0) return 0;
+    const size_t amx = 2 * (size_t)(up(M, 32) * up(K, 32) + up(K, 32) * up(N, 32));
+    const size_t f32 = 4 * (size_t)(M * K + K * N);
+    return (amx > f32 ? amx : f32) + 64;
+}
+
+/* lt_f32_to_bf16's bits as the upper half of f32 u (the lower half left for the caller to drop). */
+static inline uint32_t round_hi(uint32_t u) {
+    return (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
+}
+
+static float rounded(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = round_hi(u) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void gemm_rounded(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    float *a = (float *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *b = a + M * K;
+    const int64_t ar = trans_a ? K : M, ac = trans_a ? M : K;
+    for (int64_t r = 0; r < ar; r++)
+        for (int64_t c = 0; c < ac; c++) a[r * ac + c] = rounded(A[r * lda + c]);
+    for (int64_t r = 0; r < K; r++)
+        for (int64_t c = 0; c < N; c++) b[r * N + c] = rounded(B[r * ldb + c]);
+    lt_cpu_tile_gemm(trans_a, M, N, K, alpha, a, ac, b, N, beta, C, ldc);
+}
+
+#if defined(LT_TILE_AMX)
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    if (!tile || !bf16 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) return;
+    /* The OS must enable the tile state in XCR0 (bits 17 and 18) and grant it to the process. */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return;
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Rows x 16 lanes of f32 rounded; each 32-bit lane's upper half is the bf16. */
+AMX_FN static inline __m512i round16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i r =
+        _mm512_add_epi32(u,
+                         _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+}
+
+static inline __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
+
+/* Lane j: bf16 of r0[j] in the lower half, of r1[j] in the upper: a VNNI pair. */
+AMX_FN static inline __m512i pair16(const float *r0, const float *r1, __mmask16 m) {
+    const __m512i lo = r0 ? _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(m, r0)), 16) : _mm512_setzero_si512();
+    const __m512i hi = r1 ? _mm512_and_si512(round16(_mm512_maskz_loadu_ps(m, r1)), _mm512_set1_epi32((int)0xffff0000))
+                          : _mm512_setzero_si512();
+    return _mm512_or_si512(lo, hi);
+}
+
+/* op(A) = A (M, K): rows of Kp bf16, zero beyond K and below M up to Mp. */
+AMX_FN static void pack_a_rows(uint16_t *dst, const float *A, int64_t lda, int64_t M, int64_t K, int64_t Mp,
+                               int64_t Kp) {
+    for (int64_t i = 0; i < Mp; i++) {
+        uint16_t *d = dst + i * Kp;
+        for (int64_t k = 0; k < Kp; k += 32) {
+            __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();
+            if (i < M && k < K) {
+                v0 = _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(lanes(K - k), A + i * lda + k)), 16);
+                if (k + 16 < K)
+                    v1 = _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(lanes(K - k - 16), A + i * lda + k + 16)), 16);
+            }
+            const __m256i h0 = _mm512_cvtepi32_epi16(v0), h1 = _mm512_cvtepi32_epi16(v1);
+            _mm512_storeu_si512(d + k, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+        }
+    }
+}
+
+/* 16 x 16 32-bit transpose in registers. */
+AMX_FN static void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4q + j] now holds, in each 128-bit lane L, the 4 x 4 block (rows 4q..4q+3 of the input,
+     * column 4L + j). */
+    for (int i = 0; i < 8; i++) {
+        const int a = (i / 4) * 8 + i % 4, b = a + 4;
+        t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
+        t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+/* op(A) = Aᵀ with A stored (K, M): row i of op(A) is column i of A. Rows 2kk and 2kk+1 of A are
+ * paired lane by lane (lane j: column i0 + j), and sixteen such pairs, transposed, are the 32
+ * bf16 of rows i0..i0+15 for k0..k0+31. */
+AMX_FN static void pack_a_cols(uint16_t *dst, const float *A, int64_t lda, int64_t M, int64_t K, int64_t Mp,
+                               int64_t Kp) {
+    for (int64_t i = 0; i < Mp; i += 16) {
+        const __mmask16 m = i < M ? lanes(M - i) : 0;
+        for (int64_t k = 0; k < Kp; k += 32) {
+            __m512i r[16];
+            for (int kk = 0; kk < 16; kk++) {
+                const int64_t k0 = k + 2 * kk;
+                r[kk] =
+                    pair16(k0 < K && m ? A + k0 * lda + i : NULL, k0 + 1 < K && m ? A + (k0 + 1) * lda + i : NULL, m);
+            }
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (i + j) * Kp + k, r[j]);
+        }
+    }
+}
+
+/* B (K, N) as VNNI: per 16 columns, Kp/2 rows of 16 pairs (64 bytes). */
+AMX_FN static void pack_b(uint16_t *dst, const float *B, int64_t ldb, int64_t N, int64_t K, int64_t Np, int64_t Kp) {
+    for (int64_t n = 0; n < Np; n += 16) {
+        uint16_t *d = dst + n / 16 * (Kp / 2) * 32;
+        const __mmask16 m = n < N ? lanes(N - n) : 0;
+        for (int64_t kk = 0; kk < Kp / 2; kk++) {
+            const int64_t k0 = 2 * kk;
+            const __m512i v =
+                pair16(k0 < K && m ? B + k0 * ldb + n : NULL, k0 + 1 < K && m ? B + (k0 + 1) * ldb + n : NULL, m);
+            _mm512_storeu_si512(d + kk * 32, v);
+        }
+    }
+}
+
+AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
+    uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
+    if (trans_a) pack_a_cols(pa, A, lda, M, K, Mp, Kp);
+    else pack_a_rows(pa, A, lda, M, K, Mp, Kp);
+    pack_b(pb, B, ldb, N, K, Np, Kp);
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    float blk[32 * 32] __attribute__((aligned(64)));
+    const int64_t sa = Kp * 2, nbk = (Kp / 2) * 32; /* A's row stride in bytes; one 16-column B panel */
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int64_t j = 0; j < Np; j += 32) {
+        const uint16_t *b0 = pb + (j / 16) * nbk, *b1 = b0 + nbk;
+        for (int64_t i = 0; i < Mp; i += 32) {
+            const uint16_t *a0 = pa + i * Kp, *a1 = a0 + 16 * Kp;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < Kp; k += 32) {
+                _tile_loadd(4, a0 + k, sa);
+                _tile_loadd(5, a1 + k, sa);
+                _tile_loadd(6, b0 + k * 16, 64);
+                _tile_loadd(7, b1 + k * 16, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, blk, 128);
+            _tile_stored(1, blk + 16, 128);
+            _tile_stored(2, blk + 16 * 32, 128);
+            _tile_stored(3, blk + 16 * 32 + 16, 128);
+            const int64_t rows = M - i < 32 ? M - i : 32;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < 32 && j + c < N; c += 16) {
+                    const __mmask16 m = lanes(N - j - c);
+                    float *dst = C + (i + r) * ldc + j + c;
+                    __m512 v = _mm512_mul_ps(va, _mm512_load_ps(blk + r * 32 + c));
+                    if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, dst), v);
+                    _mm512_mask_storeu_ps(dst, m, v);
+                }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+int lt_cpu_tile_gemm_bf16_amx(void) {
+#if defined(LT_TILE_AMX)
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+#else
+    return 0;
+#endif
+}
+
+void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        lt_cpu_tile_gemm(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#if defined(LT_TILE_AMX)
+    if (amx && lt_cpu_tile_gemm_bf16_amx()) {
+        gemm_amx(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+        return;
+    }
+#else
+    (void)amx;
+#endif
+    gemm_rounded(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+}
+
+void lt_cpu_tile_gemm_bf16(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    lt_cpu_tile_gemm_bf16_on(1, trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+}
