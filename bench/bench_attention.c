@@ -26,6 +26,7 @@ typedef struct {
     float softcap;
     uint64_t seed;
     lt_dtype dtype;
+    int bf16_products; /* also run flash with bf16 products, beside the f32 products */
 } opts;
 
 static double unif(uint64_t *s) { return ((double)(lt_bench_rand_u64(s) >> 11) + 0.5) * 0x1.0p-53; }
@@ -148,6 +149,7 @@ static cJSON *add_arm(cJSON *arms, const char *name, const lt_attention_params *
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "name", name);
     cJSON_AddStringToObject(a, "impl", p->impl == LT_ATTENTION_NAIVE ? "naive" : "flash");
+    cJSON_AddBoolToObject(a, "bf16_products", p->bf16_products);
     cJSON_AddNumberToObject(a, "T", (double)p->T);
     cJSON_AddNumberToObject(a, "median_ms", t->fwd_ms + t->bwd_ms);
     cJSON_AddNumberToObject(a, "fwd_ms", t->fwd_ms);
@@ -234,6 +236,7 @@ int lt_bench_attention(int argc, char **argv) {
         LT_BENCH_I64("--window", &o.window, 0, INT32_MAX),
         LT_BENCH_F64("--softcap", &softcap, 0, 1000000),
         LT_BENCH_FN("--dtype", &o.dtype, parse_dtype),
+        LT_BENCH_SET("--bf16-products", &o.bf16_products, 1),
         LT_BENCH_FN("--kernel-fwd", &force.fwd, parse_name),
         LT_BENCH_FN("--kernel-bwd", &force.bwd, parse_name),
         LT_BENCH_FN("--kernel-dq", &force.dq, parse_name),
@@ -254,6 +257,8 @@ int lt_bench_attention(int argc, char **argv) {
             "  --threads N      threads (default: OpenMP's)\n"
             "  --seed N         seed of the packed lengths and the inputs (default 1234)\n"
             "  --dtype D        f32 | bf16 (default f32)\n"
+            "  --bf16-products  also run flash with its tiles multiplied on bf16-rounded operands (AMX\n"
+            "                   where the CPU has it), beside the f32 products, and report the ratio\n"
             "  --window W       sliding window (default 0 = none)\n"
             "  --softcap C      logit softcap (default 0 = off)\n"
             "  --sgemm-n N      size of the sgemm ceiling measured before each arm (default 2048)\n"
@@ -276,6 +281,12 @@ int lt_bench_attention(int argc, char **argv) {
     }
     if (parsed) return parsed;
     o.softcap = (float)softcap;
+    if (!strcmp(c.backend, "cuda") && o.bf16_products) {
+        fprintf(stderr,
+                "longtune bench attention: --bf16-products is a CPU option (the CUDA kernels multiply bf16 "
+                "operands already)\n");
+        return 2;
+    }
     if (!strcmp(c.backend, "cuda")) {
         static const int64_t cuda_Ts[3] = {2048, 8192, 32768};
         const int64_t T = packed_given ? o.packed_T : 8192;
@@ -312,6 +323,7 @@ int lt_bench_attention(int argc, char **argv) {
     cJSON_AddStringToObject(cfg, "mask", "causal");
     cJSON_AddNumberToObject(cfg, "window", (double)o.window);
     cJSON_AddNumberToObject(cfg, "softcap", o.softcap);
+    cJSON_AddBoolToObject(cfg, "bf16_products", o.bf16_products);
     cJSON_AddNumberToObject(cfg, "threads", o.threads);
     cJSON_AddNumberToObject(cfg, "repeats", c.repeats);
     cJSON_AddNumberToObject(cfg, "naive_repeats", o.naive_repeats);
@@ -335,10 +347,13 @@ int lt_bench_attention(int argc, char **argv) {
         lt_attention_params p =
             {.B = 1, .T = T, .H = 8, .Hkv = 2, .D = 64, .dtype = o.dtype, .window = o.window, .softcap = o.softcap};
         char name[64];
-        for (int impl = LT_ATTENTION_FLASH; impl <= LT_ATTENTION_NAIVE; impl++) {
-            if (impl == LT_ATTENTION_NAIVE && T > o.naive_max_T) continue;
-            p.impl = (lt_attention_impl)impl;
-            const int naive = impl == LT_ATTENTION_NAIVE;
+        double flash_ms = 0;
+        /* arm 0: flash, 1: naive, 2: flash with bf16 products */
+        for (int arm = 0; arm < 2 + o.bf16_products; arm++) {
+            const int naive = arm == 1;
+            if (naive && T > o.naive_max_T) continue;
+            p.impl = naive ? LT_ATTENTION_NAIVE : LT_ATTENTION_FLASH;
+            p.bf16_products = arm == 2;
             const double sg = sgemm_now(&o);
             timing t =
                 run_arm(ctx, &p, naive ? 0 : c.warmup, naive ? o.naive_repeats : c.repeats, o.seed + (uint64_t)T);
@@ -346,13 +361,22 @@ int lt_bench_attention(int argc, char **argv) {
                 rc = 1;
                 continue;
             }
-            snprintf(name, sizeof name, "%s-T%lld", naive ? "naive" : "flash", (long long)T);
+            snprintf(name, sizeof name, "%s-T%lld",
+                     naive     ? "naive"
+                         : arm ? "flash-bf16-products"
+                               : "flash",
+                     (long long)T);
             cJSON *a = add_arm(arms, name, &p, &t, seq_pairs((double)T, o.window), sg);
             double peak = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
             if (naive) naive_peak[ti] = peak;
-            else {
+            else if (arm == 0) {
                 flash_peak[ti] = peak;
                 flash_ratio[ti] = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "ratio_to_sgemm"));
+                flash_ms = t.fwd_ms + t.bwd_ms;
+            } else if (flash_ms > 0) {
+                const double x = flash_ms / (t.fwd_ms + t.bwd_ms);
+                cJSON_AddNumberToObject(a, "speedup_over_f32_products", x);
+                fprintf(stderr, "T=%lld: bf16 products %.2fx the f32 products' speed\n", (long long)T, x);
             }
         }
     }
@@ -423,7 +447,7 @@ int lt_bench_attention(int argc, char **argv) {
     lt_ctx_free(ctx);
     if (getloadavg(load, 1) == 1) cJSON_AddNumberToObject(cfg, "loadavg_1min_at_end", load[0]);
     char tag[64];
-    snprintf(tag, sizeof tag, "cpu-%s", lt_dtype_name(o.dtype));
+    snprintf(tag, sizeof tag, "cpu-%s%s", lt_dtype_name(o.dtype), o.bf16_products ? "-bf16-products" : "");
     int wr = lt_bench_write(&c, r, tag);
     return rc ? rc : wr;
 }

@@ -59,7 +59,8 @@ typedef struct lt_attention_params {
     /* 1: the CPU flash kernels multiply their tiles on operands rounded to bf16 (nearest even)
      * with f32 sums, as the CUDA kernels multiply bf16 attention: on AMX tiles where the CPU has
      * them. The softmax, its statistics and the outputs stay f32. The naive implementation and
-     * the CUDA kernels ignore it (CUDA's bf16 kernels always multiply bf16; its f32 ones never). */
+     * the CUDA kernels ignore it: CUDA multiplies bf16 operands at every dtype (f32 attention runs
+     * the bf16 kernels on rounded copies). */
     int bf16_products;
 } lt_attention_params;
 

@@ -1,9 +1,11 @@
 /* The attention tiles' GEMMs on bf16 operands (tile_gemm.h): op(A) and B rounded to bf16 (nearest
- * even, lt_f32_to_bf16's bits) and multiplied with f32 sums, as the CUDA kernels multiply.
+ * even, lt_f32_to_bf16's bits; the AMX path reads f32 denormals as zero) and multiplied with f32
+ * sums, as the CUDA kernels multiply.
  * - AMX (Sapphire Rapids and later, once Linux grants the process the tile data state): op(A) is
  *   packed into rows of Kp bf16 (K padded to 32 with zeros), B into VNNI pairs (rows 2k and 2k+1
  *   of each column side by side, 16 columns a 64-byte tile row); C is computed in blocks of 32 x 32
- *   (four 16 x 16 accumulator tiles, two A and two B tiles per 32 k), stored to a block on the
+ *   (four 16 x 16 accumulator tiles, two A and two B tiles per 32 k); a whole block with alpha 1
+ *   and beta 0 or 1 is loaded from and stored to C directly, any other stored to a block on the
  *   stack and written out with alpha and beta. A transposed op(A) is packed by pairing rows of
  *   the stored A and transposing 16 x 16 blocks of those pairs in registers.
  * - Elsewhere: both operands are rounded into f32 copies and lt_cpu_tile_gemm multiplies them, so
@@ -13,6 +15,7 @@
 #define _DEFAULT_SOURCE /* syscall */
 #include <string.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/tile_gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -22,7 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #define LT_TILE_AMX 1
-#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 static int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -34,27 +37,26 @@ size_t lt_cpu_tile_gemm_bf16_pack_bytes(int64_t M, int64_t N, int64_t K) {
     return (amx > f32 ? amx : f32) + 64;
 }
 
-/* lt_f32_to_bf16's bits as the upper half of f32 u (the lower half left for the caller to drop). */
-static inline uint32_t round_hi(uint32_t u) {
-    return (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
-}
-
-static float rounded(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = round_hi(u) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
+/* Rows of src rounded to bf16 values (lt_f32_to_bf16's bits, a select where it branches, so the
+ * loop vectorises) into dst, packed (rows, cols). */
+LT_CPU_CLONES static void round_rows(const float *src, int64_t ld, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint32_t *s = (const uint32_t *)(src + r * ld);
+        uint32_t *d = (uint32_t *)(dst + r * cols);
+        for (int64_t c = 0; c < cols; c++) {
+            const uint32_t u = s[c], near = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u,
+                           quiet = (u | 0x00400000u) & 0xffff0000u;
+            d[c] = (u & 0x7fffffffu) > 0x7f800000u ? quiet : near;
+        }
+    }
 }
 
 static void gemm_rounded(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
     float *a = (float *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *b = a + M * K;
     const int64_t ar = trans_a ? K : M, ac = trans_a ? M : K;
-    for (int64_t r = 0; r < ar; r++)
-        for (int64_t c = 0; c < ac; c++) a[r * ac + c] = rounded(A[r * lda + c]);
-    for (int64_t r = 0; r < K; r++)
-        for (int64_t c = 0; c < N; c++) b[r * N + c] = rounded(B[r * ldb + c]);
+    round_rows(A, lda, ar, ac, a);
+    round_rows(B, ldb, K, N, b);
     lt_cpu_tile_gemm(trans_a, M, N, K, alpha, a, ac, b, N, beta, C, ldc);
 }
 
@@ -69,7 +71,9 @@ static void amx_probe(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
-    if (!tile || !bf16 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) return;
+    if (!tile || !bf16 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bf16"))
+        return;
     /* The OS must enable the tile state in XCR0 (bits 17 and 18) and grant it to the process. */
     if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return;
     unsigned lo, hi;
@@ -84,26 +88,22 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Rows x 16 lanes of f32 rounded; each 32-bit lane's upper half is the bf16. */
-AMX_FN static inline __m512i round16(__m512 x) {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i r =
-        _mm512_add_epi32(u,
-                         _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-}
+/* LDTILECFG with the whole 64-byte config as the asm's operand: GCC 12's _tile_loadconfig names
+ * only its first 8 bytes, so the stores of the rest may be dropped as dead. */
+static inline void load_config(const tile_config *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
 
 static inline __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
-/* Lane j: bf16 of r0[j] in the lower half, of r1[j] in the upper: a VNNI pair. */
+/* 16 VNNI pairs: lane j holds bf16(r0[j]) in its lower half and bf16(r1[j]) in its upper (a NULL
+ * row reads as zeros). VCVTNE2PS2BF16 rounds to nearest even and keeps NaNs quiet, as
+ * lt_f32_to_bf16 does, but reads f32 denormals as zero. */
 AMX_FN static inline __m512i pair16(const float *r0, const float *r1, __mmask16 m) {
-    const __m512i lo = r0 ? _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(m, r0)), 16) : _mm512_setzero_si512();
-    const __m512i hi = r1 ? _mm512_and_si512(round16(_mm512_maskz_loadu_ps(m, r1)), _mm512_set1_epi32((int)0xffff0000))
-                          : _mm512_setzero_si512();
-    return _mm512_or_si512(lo, hi);
+    static const int16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512 lo = r0 ? _mm512_maskz_loadu_ps(m, r0) : _mm512_setzero_ps();
+    const __m512 hi = r1 ? _mm512_maskz_loadu_ps(m, r1) : _mm512_setzero_ps();
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* words 0-15: lo, 16-31: hi */
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(interleave), both);
 }
 
 /* op(A) = A (M, K): rows of Kp bf16, zero beyond K and below M up to Mp. */
@@ -111,15 +111,15 @@ AMX_FN static void pack_a_rows(uint16_t *dst, const float *A, int64_t lda, int64
                                int64_t Kp) {
     for (int64_t i = 0; i < Mp; i++) {
         uint16_t *d = dst + i * Kp;
+        if (i >= M) {
+            memset(d, 0, (size_t)Kp * 2);
+            continue;
+        }
+        const float *a = A + i * lda;
         for (int64_t k = 0; k < Kp; k += 32) {
-            __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();
-            if (i < M && k < K) {
-                v0 = _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(lanes(K - k), A + i * lda + k)), 16);
-                if (k + 16 < K)
-                    v1 = _mm512_srli_epi32(round16(_mm512_maskz_loadu_ps(lanes(K - k - 16), A + i * lda + k + 16)), 16);
-            }
-            const __m256i h0 = _mm512_cvtepi32_epi16(v0), h1 = _mm512_cvtepi32_epi16(v1);
-            _mm512_storeu_si512(d + k, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+            const __m512 lo = k < K ? _mm512_maskz_loadu_ps(lanes(K - k), a + k) : _mm512_setzero_ps();
+            const __m512 hi = k + 16 < K ? _mm512_maskz_loadu_ps(lanes(K - k - 16), a + k + 16) : _mm512_setzero_ps();
+            _mm512_storeu_si512(d + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
 }
@@ -197,7 +197,7 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    load_config(&cfg);
     float blk[32 * 32] __attribute__((aligned(64)));
     const int64_t sa = Kp * 2, nbk = (Kp / 2) * 32; /* A's row stride in bytes; one 16-column B panel */
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -205,10 +205,20 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
         const uint16_t *b0 = pb + (j / 16) * nbk, *b1 = b0 + nbk;
         for (int64_t i = 0; i < Mp; i += 32) {
             const uint16_t *a0 = pa + i * Kp, *a1 = a0 + 16 * Kp;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            /* A whole block with alpha 1 and beta 0 or 1 accumulates in C itself. */
+            float *cb = C + i * ldc + j;
+            const int direct = alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && i + 32 <= M && j + 32 <= N;
+            if (direct && beta == 1.0f) {
+                _tile_loadd(0, cb, ldc * 4);
+                _tile_loadd(1, cb + 16, ldc * 4);
+                _tile_loadd(2, cb + 16 * ldc, ldc * 4);
+                _tile_loadd(3, cb + 16 * ldc + 16, ldc * 4);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
             for (int64_t k = 0; k < Kp; k += 32) {
                 _tile_loadd(4, a0 + k, sa);
                 _tile_loadd(5, a1 + k, sa);
@@ -218,6 +228,13 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
                 _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
+            }
+            if (direct) {
+                _tile_stored(0, cb, ldc * 4);
+                _tile_stored(1, cb + 16, ldc * 4);
+                _tile_stored(2, cb + 16 * ldc, ldc * 4);
+                _tile_stored(3, cb + 16 * ldc + 16, ldc * 4);
+                continue;
             }
             _tile_stored(0, blk, 128);
             _tile_stored(1, blk + 16, 128);
