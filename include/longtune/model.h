@@ -314,8 +314,9 @@ typedef struct lt_model_run_options {
                                  products do, and so does the fused loss on a bf16 or quantized
                                  head; on the CPU they run through oneDNN (AMX or AVX512-BF16 tiles
                                  where the CPU has them, several times the f32 GEMMs' rate), in the
-                                 workspace the plan counts. f32 and FP8 weights keep their
-                                 products. 0 (default): the CPU multiplies the weights as held with
+                                 workspace the plan counts. Flash attention's tiles multiply bf16
+                                 operands too (lt_attention_params.bf16_products; AMX tiles where
+                                 the CPU has them). f32 and FP8 weights keep their products. 0 (default): the CPU multiplies the weights as held with
                                  f32 x exactly; CUDA's products are bf16 either way. A CPU build
                                  without oneDNN refuses 1 */
     int64_t chunk_rows;                 /* rows per chunk of the position-wise work (norms, projections,

@@ -100,8 +100,9 @@ typedef struct lt_train_options {
                                       and launch more [0: LT_MODEL_CHUNK_ROWS, or what recompute
                                       auto chooses] */
     int bf16_products;                           /* products of bf16, f16 and quantized weights on x and W rounded
-                                      to bf16, as CUDA runs them: lt_model_run_options.bf16_products
-                                      (the CPU runs them through oneDNN, on AMX where it has it) [0] */
+                                      to bf16, and attention's tiles on bf16 operands, as CUDA runs
+                                      them: lt_model_run_options.bf16_products (the CPU runs them
+                                      through oneDNN and on AMX where it has it) [0] */
     lt_attention_impl attention;                 /* [flash] */
     lt_lce_impl loss;                            /* [fused] */
     int no_pack;                                 /* one example per row instead of packing */
