@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `longtune bench attention`: --help and bad flags follow the CLI contract, and a tiny run writes a
-# result JSON with naive, flash and packed arms whose numbers are positive.
+# result JSON with naive, flash and packed arms whose numbers are positive; --bf16-products adds a flash
+# arm with bf16 products per T (and is refused with --backend cuda).
 set -u
 bin="$1"
 out=$(mktemp -d)
@@ -38,5 +39,20 @@ for a in r["arms"]:
     assert a["peak_bytes"] > 0, a
 assert r["config"]["sgemm_gflops"] > 0
 assert "packed_speedup_over_causal" in r["targets"]
+PY
+"$bin" bench attention --backend cuda --bf16-products >/dev/null 2>"$out/err"; rc=$?
+{ [ $rc = 2 ] && grep -q "CPU option" "$out/err"; } || { echo "FAIL: --bf16-products with cuda should exit 2 (got $rc)"; fail=1; }
+if ! "$bin" bench attention --T 64 --packed-T 0 --naive-max-T 0 --bf16-products --repeats 1 --warmup 0 --threads 1 \
+  --sgemm-n 128 --out "$out" 2>/dev/null; then
+  echo "FAIL: tiny --bf16-products run"; fail=1
+fi
+python3 - "$out/attention-cpu-f32-bf16-products.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["bf16_products"] is True
+names = [a["name"] for a in r["arms"]]
+assert names == ["flash-T64", "flash-bf16-products-T64"], names
+assert [a["bf16_products"] for a in r["arms"]] == [False, True]
+assert r["arms"][1]["speedup_over_f32_products"] > 0
 PY
 exit $fail
