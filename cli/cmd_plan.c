@@ -412,6 +412,7 @@ int lt_cmd_plan(int argc, char **argv) {
         cJSON *hj = cJSON_AddObjectToObject(out, "held_parts");
         cJSON_AddNumberToObject(hj, "data_and_guard", (double)held.caller_bytes);
         cJSON_AddNumberToObject(hj, "packing_peak", (double)held.packing_peak_bytes);
+        cJSON_AddNumberToObject(hj, "load_peak", (double)held.load_peak_bytes);
         cJSON_AddNumberToObject(hj, "trainer",
                                 (double)(plan.bytes[LT_PLAN_HELD] - (dev == LT_DEVICE_CPU ? held.caller_bytes : 0)));
         cJSON_AddBoolToObject(out, "data_counted", ro.data[0] != 0 && dev == LT_DEVICE_CPU);
@@ -498,6 +499,9 @@ int lt_cmd_plan(int argc, char **argv) {
         if (c != LT_PLAN_HELD || plan.bytes[c]) /* a device plan holds nothing else there */
             printf("  %-17s %12s  (%zu bytes)\n", lt_plan_class_name((lt_plan_class)c),
                    lt_cli_fmt_bytes(plan.bytes[c], b1, 32), plan.bytes[c]);
+    if (dev == LT_DEVICE_CPU && held.load_peak_bytes && held.load_peak_bytes == plan.peak_bytes)
+        printf("  %-17s %12s  (reading the data, before the model: more than the step holds)\n", "loading",
+               lt_cli_fmt_bytes(held.load_peak_bytes, b1, 32));
     printf("  %-17s %12s  (%zu bytes)\n", "peak", lt_cli_fmt_bytes(plan.peak_bytes, b1, 32), plan.peak_bytes);
     printf("budget: %s (%s)\n", lt_cli_fmt_bytes(budget, b1, 32), how);
     if (plan.peak_bytes <= budget)

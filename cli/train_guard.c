@@ -37,13 +37,19 @@ static void stop_training(void *user) {
     lt_train_request_stop(SIGXCPU);
 }
 
+/* The guard's host block is allocated before the data are read and held through the run. */
+static void lt_cli_held_add_guard(lt_train_held *h) {
+    h->caller_bytes += lt_guard_host_bytes();
+    if (h->load_peak_bytes) h->load_peak_bytes += lt_guard_host_bytes();
+}
+
 lt_status lt_cli_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                             const lt_plan_options *popt, int guard_on, lt_train_held *held, lt_plan *out) {
     lt_train_held h;
     memset(&h, 0, sizeof h);
     /* The tokenizer and data set are host memory: on the run's device only in a CPU run. */
     if (opt->data[0] && popt->device == LT_DEVICE_CPU) LT_TRY(lt_train_measure_data(ctx, opt, popt->cp_size, &h));
-    if (guard_on && popt->device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
+    if (guard_on && popt->device == LT_DEVICE_CPU) lt_cli_held_add_guard(&h);
     if (held) *held = h;
     return lt_train_plan(ctx, opt, cfg, popt, &h, out);
 }
@@ -76,7 +82,7 @@ int lt_cli_recompute_auto(lt_ctx *ctx, const lt_cli_guard *cg, lt_train_options 
     lt_train_options chosen;
     memset(&h, 0, sizeof h);
     if (opt->data[0] && po.device == LT_DEVICE_CPU) s = lt_train_measure_data(ctx, opt, po.cp_size, &h);
-    if (s == LT_OK && !cg->off && po.device == LT_DEVICE_CPU) h.caller_bytes += lt_guard_host_bytes();
+    if (s == LT_OK && !cg->off && po.device == LT_DEVICE_CPU) lt_cli_held_add_guard(&h);
     if (s == LT_OK) s = lt_train_choose_recompute(ctx, opt, &cfg, &po, &h, (size_t)budget, &chosen, &plan);
     if (s != LT_OK) return lt_cli_fail("train", ctx, s);
     char name[128], b1[32], b2[32], b3[32];

@@ -59,7 +59,8 @@ typedef struct lt_plan_options {
 typedef struct lt_plan {
     size_t bytes[LT_PLAN_CLASS_COUNT_]; /* accounted bytes per class on `device` */
     size_t peak_bytes;                  /* Σ bytes: every class is allocated once and lives
-                                           through the step, so the sum is the high-water */
+                                           through the step, so the sum is the high-water
+                                           (lt_train_plan: or the data loading's, when larger) */
     int64_t n_lora_params;              /* trainable scalars */
     size_t offload_bytes;               /* run.offload_ckpt: the checkpoints kept in host memory
                                            (page-locked on CUDA), accounted as the host allocator

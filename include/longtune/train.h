@@ -319,6 +319,9 @@ typedef struct lt_train_held {
     size_t packing_peak_bytes; /* the packing plans' high-water: the validation plan and the first
                                   epoch's training plan, built one after the other */
     size_t packing_held_bytes; /* the two packing plans once built */
+    size_t load_peak_bytes;    /* the high-water while the tokenizer and the splits are read (the
+                                  readers' buffers and caches included), before the model loads:
+                                  the run's peak when its step holds less (a tiny model) */
 } lt_train_held;
 
 /* The planner's options for a resolved run on one of dp_size data-parallel or cp_size
@@ -331,7 +334,9 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
  * held->caller_bytes, the trainer's buffers (lt_train_buffer_bytes), its metrics log, and the
  * larger of the packing plans' high-water and the packing plans plus the adapter export's index
  * (the save at the end) -- or, resuming, the checkpoint file read when that is larger -- at
- * popt's B and T; on a device run held->caller_bytes alone (the rest is host memory).
+ * popt's B and T, and a peak that is the larger of the classes' sum and held->load_peak_bytes
+ * (the data loading's high-water, before any class is allocated); on a device run
+ * held->caller_bytes alone (the rest is host memory).
  * held may be NULL (nothing measured: no data). Errors: those of lt_plan_compute. */
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);

@@ -498,6 +498,11 @@ static lt_status run_loop(lt_trainer *t, FILE *progress, lt_train_result *res) {
 
 lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
                        const lt_pack_input *valid, FILE *progress, lt_train_result *res) {
+    return lt_train_fit_loaded(ctx, opt, m, train, valid, 0, progress, res);
+}
+
+lt_status lt_train_fit_loaded(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+                              const lt_pack_input *valid, size_t load_peak, FILE *progress, lt_train_result *res) {
     double *step_loss = res->step_loss;
     int64_t stop_at = res->stop_at;
     lt_comm *comm = res->comm;
@@ -513,6 +518,7 @@ lt_status lt_train_fit(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, co
     lt_trainer t;
     memset(&t, 0, sizeof t);
     LT_TRY(lt_trainer_init(&t, ctx, opt, m, train, valid, comm));
+    t.load_peak = load_peak;
     lt_status s = lt_trainer_setup(&t, res);
     if (s == LT_OK) s = run_steps(&t, progress, res);
     lt_trainer_free(&t);

@@ -96,13 +96,15 @@ lt_status lt_train_measure_data(lt_ctx *ctx, const lt_train_options *opt, int64_
         goto done;
     }
     held->caller_bytes = lt_mem_get_stats(scratch, LT_DEVICE_CPU).used_bytes;
+    held->load_peak_bytes = lt_mem_get_stats(scratch, LT_DEVICE_CPU).peak_bytes;
     lt_pack_options popt;
     if ((s = lt_train_pack_options(ctx, opt, cp_size, &popt)) != LT_OK) goto done;
     lt_pack_input tin = lt_dataset_input(train), vin;
     if (valid) vin = lt_dataset_input(valid);
-    size_t caller = held->caller_bytes;
+    size_t caller = held->caller_bytes, load = held->load_peak_bytes;
     s = lt_train_packing_bytes(ctx, opt, &popt, &tin, valid ? &vin : NULL, held);
     held->caller_bytes = caller;
+    held->load_peak_bytes = load;
 done:
     if (valid) lt_dataset_free(scratch, valid);
     if (train) lt_dataset_free(scratch, train);
@@ -200,7 +202,12 @@ lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model
         own = add(own, late > resume ? late : resume);
         po.held_bytes = add(po.held_bytes, own);
     }
-    return lt_plan_compute(ctx, cfg, &po, out);
+    LT_TRY(lt_plan_compute(ctx, cfg, &po, out));
+    /* The data are read before the model and the trainer allocate anything: that high-water
+     * stands alone, and only a step smaller than it (a tiny model) leaves it the run's peak. */
+    if (po.device == LT_DEVICE_CPU && held && held->load_peak_bytes > out->peak_bytes)
+        out->peak_bytes = held->load_peak_bytes;
+    return LT_OK;
 }
 
 /* Does the run fit at B or T = v (the held class follows the shape; what was measured stays)? */

@@ -109,6 +109,8 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
     } else {
         log_split("valid", valid);
     }
+    /* The host high-water so far: the data's loading, before the model allocates anything. */
+    const size_t load_peak = lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes;
     lt_lora_options lora;
     if ((s = lt_train_lora_options(ctx, opt, &lora)) != LT_OK) goto done;
     if ((s = lt_model_load(ctx, opt->model, &mo, &lora, &m)) != LT_OK) goto done;
@@ -129,7 +131,7 @@ lt_status lt_train_run(lt_ctx *ctx, const lt_train_options *opt, FILE *progress,
             (long long)sz.n_lora_params);
     lt_pack_input tin = lt_dataset_input(train), vin;
     if (valid) vin = lt_dataset_input(valid);
-    s = lt_train_fit(ctx, opt, m, &tin, valid ? &vin : NULL, progress, res);
+    s = lt_train_fit_loaded(ctx, opt, m, &tin, valid ? &vin : NULL, load_peak, progress, res);
     res->test_loss = NAN;
     if (s == LT_OK && opt->test) s = test_split(ctx, opt, tok, &dopt, m, res);
 done:
@@ -326,7 +328,8 @@ static lt_status compute_plan(lt_trainer *t, lt_train_result *res) {
     size_t known = loaded.bytes[LT_MEM_WEIGHTS] + loaded.bytes[LT_MEM_LORA] + loaded.bytes[LT_MEM_GRADS] +
         lt_plan_optimizer_bytes(t->dev, t->n) +
         (t->dev == LT_DEVICE_CPU ? lt_train_buffer_bytes(o, t->B, t->T, t->n_tp, t->cp ? t->world : 1) : 0);
-    lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0};
+    lt_train_held held = {.caller_bytes = in_use > known ? in_use - known : 0,
+                          .load_peak_bytes = t->dev == LT_DEVICE_CPU ? t->load_peak : 0};
     LT_TRY(lt_train_packing_bytes(t->ctx, o, &t->popt, t->train, t->valid, &held));
     lt_plan_options popt;
     LT_TRY(lt_train_plan_options(t->ctx, o, t->cp ? 1 : t->world, t->cp ? t->world : 1, &popt));

@@ -59,7 +59,8 @@ typedef struct lt_trainer {
     int64_t saved_step;       /* the step of the checkpoint and adapter on disk (-1: none) */
     const char *bad_what;     /* set by a step whose loss or gradient norm is not finite */
     double bad_value;
-    double step_aux; /* the last step's MoE load-balancing loss (mean over its micro-batches), 0 without */
+    double step_aux;  /* the last step's MoE load-balancing loss (mean over its micro-batches), 0 without */
+    size_t load_peak; /* lt_train_fit_loaded's: the data loading's host high-water, 0 unknown */
 } lt_trainer;
 
 /* ---- train_setup.c ---- */
@@ -68,6 +69,11 @@ typedef struct lt_trainer {
  * model's gradients. */
 lt_status lt_trainer_init(lt_trainer *t, lt_ctx *ctx, const lt_train_options *opt, lt_model *m,
                           const lt_pack_input *train, const lt_pack_input *valid, lt_comm *comm);
+/* lt_train_fit with the host high-water of the data's loading (lt_train_run: its context's peak
+ * once the tokenizer and splits are read, before the model), which the run's plan takes as its
+ * peak where the step holds less; 0 when the caller loaded the data. */
+lt_status lt_train_fit_loaded(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *train,
+                              const lt_pack_input *valid, size_t load_peak, FILE *progress, lt_train_result *res);
 /* Everything before the first step, in the order the planner prices it: parameters and moments,
  * batch buffers, reducer, context-parallel share, the plan (res->plan_bytes), the prepared model
  * and step graph, the resumed checkpoint (res->start_step) and the metrics log. */

@@ -133,6 +133,20 @@ PY
 else
   grep -q "bf16_products" "$dir/train16--bf16-products.out" || { echo "FAIL: no oneDNN, not refused by name"; fail=1; }
 fi
+# the plan is exact for a model this small too: its step holds less than reading the data does,
+# so the run's host high-water is that of the loading, and `plan --data` predicts it to the byte
+"$bin" plan --model "$dir/m16" "${tr[@]}" --threads 1 --json >"$dir/plan16.json" 2>"$dir/plan16.err" ||
+  { echo "FAIL: plan --data: $(cat "$dir/plan16.err")"; fail=1; }
+python3 - "$dir/ad16/metrics.jsonl" "$dir/plan16.json" <<'PY' || fail=1
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+plan = json.load(open(sys.argv[2]))
+ok = last["peak_bytes"] == last["plan_bytes"] == plan["peak_bytes"] == plan["held_parts"]["load_peak"]
+ok = ok and plan["peak_bytes"] > sum(plan["classes"].values())
+if not ok: print("FAIL: tiny run peak %d, its plan %d, plan --data %d (load_peak %d, classes %d)" % (
+    last["peak_bytes"], last["plan_bytes"], plan["peak_bytes"], plan["held_parts"]["load_peak"], sum(plan["classes"].values())))
+sys.exit(0 if ok else 1)
+PY
 expect 1 "test.jsonl\|not found\|No such" -- eval --model "$M" --data "$dir" --threads 1
 expect 2 "split" -- eval --model "$M" --data "$dir/data" --split dev
 # eval --text: a raw file in llama-perplexity's windows (the second half of each scored)

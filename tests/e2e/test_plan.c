@@ -749,13 +749,24 @@ static void train_plan_adds_the_runs_own_bytes(void **state) {
     assert_int_equal(lt_train_buffer_bytes(&o, 3, 96, n_tensors, 1), buffers);
     size_t metrics = UP(lt_metrics_bytes()), export = UP(lt_peft_export_bytes((int)n_tensors));
     /* Export over the packing high-water, then the packing high-water over the export. */
-    lt_train_held held[2] = {{1000, 640, 320}, {1000, 1 << 20, 4096}};
+    lt_train_held held[2] = {{1000, 640, 320, 0}, {1000, 1 << 20, 4096, 0}};
     size_t late[2] = {320 + export, 1 << 20};
     for (int k = 0; k < 2; k++) {
         assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, &held[k], &p), LT_OK);
         assert_int_equal(p.bytes[LT_PLAN_HELD], 1000 + buffers + metrics + late[k]);
         assert_int_equal(p.peak_bytes, bare.peak_bytes + p.bytes[LT_PLAN_HELD]);
     }
+    /* The data's loading high-water is the peak only where it tops the step's sum; the classes
+     * stay as they are. */
+    const size_t sum = p.peak_bytes;
+    lt_train_held loading = held[1];
+    loading.load_peak_bytes = sum + 12345;
+    assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, &loading, &p), LT_OK);
+    assert_int_equal(p.peak_bytes, sum + 12345);
+    assert_int_equal(p.bytes[LT_PLAN_HELD], 1000 + buffers + metrics + late[1]);
+    loading.load_peak_bytes = sum - 1;
+    assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, &loading, &p), LT_OK);
+    assert_int_equal(p.peak_bytes, sum);
     /* No measurement: the trainer's own bytes still count. */
     assert_int_equal(lt_train_plan(ctx, &o, &cfg, &po, NULL, &p), LT_OK);
     assert_int_equal(p.bytes[LT_PLAN_HELD], buffers + metrics + export);
