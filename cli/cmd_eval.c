@@ -15,8 +15,10 @@
 
 static const char *usage =
     "longtune eval --model M [--adapter DIR] --data DIR [--split test|valid|train] [--max-seq-length T] "
-    "[--batch-size B] [--max-batches N] [--mask-prompt] [--device cpu|cuda] [--threads N] [--json]\n"
-    "       longtune eval --model M [--adapter DIR] --text FILE --ctx N [--max-batches N] [--device cpu|cuda] [--json]";
+    "[--batch-size B] [--max-batches N] [--mask-prompt] [--device cpu|cuda] [--threads N] [--bf16-products] "
+    "[--json]\n"
+    "       longtune eval --model M [--adapter DIR] --text FILE --ctx N [--max-batches N] [--device cpu|cuda] "
+    "[--bf16-products] [--json]";
 
 /* The raw text of path, NUL-terminated (malloc'd), at most 1 GiB. */
 static lt_status read_text(lt_ctx *ctx, const char *path, char **out, size_t *n) {
@@ -53,7 +55,7 @@ static lt_status read_text(lt_ctx *ctx, const char *path, char **out, size_t *n)
 /* --text: the file tokenized whole as llama-perplexity does (with the tokenizer's special tokens,
  * BOS when it adds one) and scored in its windows (lt_eval_windows). */
 static lt_status eval_text(lt_ctx *ctx, lt_tokenizer *tok, lt_model *m, const char *path, int64_t window,
-                           int64_t max_windows, int json) {
+                           int64_t max_windows, int bf16_products, int json) {
     char *text = NULL;
     size_t n = 0, ne = 0;
     int32_t *ids = NULL, *empty = NULL;
@@ -65,7 +67,7 @@ static lt_status eval_text(lt_ctx *ctx, lt_tokenizer *tok, lt_model *m, const ch
     int32_t bos = s == LT_OK && n0 > 0 && empty[0] == lt_tokenizer_bos(tok) ? lt_tokenizer_bos(tok) : -1;
     free(empty);
     lt_eval_result ev;
-    if (s == LT_OK) s = lt_eval_windows(ctx, m, ids, (int64_t)ne, window, bos, max_windows, &ev);
+    if (s == LT_OK) s = lt_eval_windows(ctx, m, ids, (int64_t)ne, window, bos, max_windows, bf16_products, &ev);
     free(ids);
     if (s != LT_OK) return s;
     if (json)
@@ -100,6 +102,8 @@ int lt_cmd_eval(int argc, char **argv) {
                    "rows [4]) and masking (--mask-prompt).\n"
                    "  --split NAME  test | valid | train [test]\n  --max-batches N  at most N batches [all]\n"
                    "  --json  print {\"mean_loss\", \"ppl\", \"n_tokens\", ...} on stdout\n"
+                   "  --bf16-products  products on bf16-rounded inputs, as train --bf16-products (the CPU:\n"
+                   "                   oneDNN and AMX tiles where it has them)\n"
                    "With --text FILE --ctx N (instead of --data) the raw file is scored as llama.cpp's\n"
                    "llama-perplexity -c N scores it: tokenized whole (BOS when the tokenizer adds one), cut into\n"
                    "windows of N tokens, each window's first token made BOS, the second half of each window\n"
@@ -114,6 +118,10 @@ int lt_cmd_eval(int argc, char **argv) {
         }
         if (!strcmp(a, "--mask-prompt")) {
             opt.mask_prompt = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bf16-products")) {
+            opt.bf16_products = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -175,7 +183,7 @@ int lt_cmd_eval(int argc, char **argv) {
     if ((s = lt_model_device_available(ctx, r.device)) != LT_OK) goto fail;
     if ((s = lt_gen_open(ctx, r.model, adapter, r.device, &tok, &m)) != LT_OK) goto fail;
     if (text) {
-        if ((s = eval_text(ctx, tok, m, text, window, max_batches, json)) != LT_OK) goto fail;
+        if ((s = eval_text(ctx, tok, m, text, window, max_batches, r.bf16_products, json)) != LT_OK) goto fail;
         goto done;
     }
     lt_dataset_options dopt;

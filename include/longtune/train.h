@@ -470,7 +470,8 @@ typedef struct lt_eval_result {
     int64_t n_batches, n_seqs;
     double mean_loss, ppl; /* loss_sum / n_tokens and exp of it (NAN without tokens) */
 } lt_eval_result;
-/* opt resolved (batch_size, max_seq_length, no_pack, pack_algorithm, attention, loss are read).
+/* opt resolved (batch_size, max_seq_length, no_pack, pack_algorithm, attention, loss and
+ * bf16_products are read).
  * Prepares m forward-only for (batch_size, max_seq_length). Errors: those of the packer and the
  * model; LT_ERR_INVALID_ARG when the split yields no scored token. */
 LT_API lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_model *m, const lt_pack_input *data,
@@ -481,10 +482,11 @@ LT_API lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_
  * forward from position 0, and only its second half scored: the targets at positions
  * window/2 + 1 .. window - 1, predicted from window/2 .. window - 2. At most max_windows windows
  * (<= 0: all). res->n_seqs and n_batches count the windows. Prepares m forward-only for
- * (1, window). Errors: LT_ERR_INVALID_ARG for a window below 4 or fewer than 2·window tokens
+ * (1, window), with bf16 products when bf16_products is 1 (lt_model_run_options.bf16_products).
+ * Errors: LT_ERR_INVALID_ARG for a window below 4 or fewer than 2·window tokens
  * (llama-perplexity's minimum, counts named), ids outside the vocabulary; those of the model. */
 LT_API lt_status lt_eval_windows(lt_ctx *ctx, lt_model *m, const int32_t *tokens, int64_t n, int64_t window,
-                                 int32_t bos, int64_t max_windows, lt_eval_result *res);
+                                 int32_t bos, int64_t max_windows, int bf16_products, lt_eval_result *res);
 
 /* Checkpoint file name inside adapter_path. */
 #define LT_TRAIN_CHECKPOINT_FILE "checkpoint.ltck"

@@ -40,6 +40,7 @@ lt_status lt_train_evaluate(lt_ctx *ctx, const lt_train_options *opt, lt_model *
     memset(&run, 0, sizeof run);
     run.B = t.B, run.T = t.T, run.forward_only = 1;
     run.attention = opt->attention, run.loss = opt->loss, run.threads = opt->threads;
+    run.bf16_products = opt->bf16_products;
     if ((s = lt_model_prepare(ctx, m, &run)) != LT_OK) goto done;
     int64_t nb = lt_pack_plan_batches(plan);
     if (max_batches > 0 && nb > max_batches) nb = max_batches;
@@ -69,7 +70,7 @@ done:
 }
 
 lt_status lt_eval_windows(lt_ctx *ctx, lt_model *m, const int32_t *tokens, int64_t n, int64_t window, int32_t bos,
-                          int64_t max_windows, lt_eval_result *res) {
+                          int64_t max_windows, int bf16_products, lt_eval_result *res) {
     memset(res, 0, sizeof *res);
     res->mean_loss = res->ppl = NAN;
     const lt_model_config *cf = lt_model_get_config(m);
@@ -94,6 +95,7 @@ lt_status lt_eval_windows(lt_ctx *ctx, lt_model *m, const int32_t *tokens, int64
     lt_model_run_options run;
     memset(&run, 0, sizeof run);
     run.B = 1, run.T = window, run.forward_only = 1;
+    run.bf16_products = bf16_products;
     lt_status s = lt_model_prepare(ctx, m, &run);
     for (int64_t w = 0; s == LT_OK && w < nw; w++) {
         const int32_t *src = tokens + w * window;

@@ -133,6 +133,20 @@ PY
 else
   grep -q "bf16_products" "$dir/train16--bf16-products.out" || { echo "FAIL: no oneDNN, not refused by name"; fail=1; }
 fi
+# eval --bf16-products: the same split's mean loss moved by bf16 rounding only (and moved)
+e16=()
+for f in "" --bf16-products; do
+  e16+=("$("$bin" eval --model "$dir/m16" "${tr[@]}" --split valid --threads 1 --json $f 2>&1)")
+done
+if "$bin" info | grep -q "onednn=1"; then
+  python3 - "${e16[@]}" <<'PY' || { echo "FAIL: eval --bf16-products: ${e16[*]}"; fail=1; }
+import json, sys
+a, b = (json.loads(x)["mean_loss"] for x in sys.argv[1:])
+sys.exit(0 if a != b and abs(a - b) < 8 * 2**-8 * a else 1)
+PY
+else
+  grep -q "bf16_products" <<<"${e16[1]}" || { echo "FAIL: eval --bf16-products without oneDNN not refused by name"; fail=1; }
+fi
 # the plan is exact for a model this small too: its step holds less than reading the data does,
 # so the run's host high-water is that of the loading, and `plan --data` predicts it to the byte
 "$bin" plan --model "$dir/m16" "${tr[@]}" --threads 1 --json >"$dir/plan16.json" 2>"$dir/plan16.err" ||

@@ -86,7 +86,7 @@ static void check_model(const char *rel, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)(lt_splitmix64(&r) % (uint64_t)V);
     int32_t bos = 2;
     lt_eval_result res;
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 0, &res), LT_OK);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 0, 0, &res), LT_OK);
     int64_t cnt;
     double want = reference(ctx, m, tok, n, W, bos, &cnt);
     fprintf(stderr, "%s: loss_sum %.9g (reference %.9g), %lld tokens, ppl %.6g\n", rel, res.loss_sum, want,
@@ -98,28 +98,28 @@ static void check_model(const char *rel, uint64_t seed) {
     assert_true(fabs(res.ppl - exp(want / (double)cnt)) <= 1e-4 * res.ppl);
     /* what the figure depends on: no BOS, another window, fewer windows */
     lt_eval_result o;
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, -1, 0, &o), LT_OK);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, -1, 0, 0, &o), LT_OK);
     want = reference(ctx, m, tok, n, W, -1, &cnt);
     assert_true(fabs(o.loss_sum - want) <= 1e-4 * fabs(want));
     assert_true(fabs(o.loss_sum - res.loss_sum) > 1e-6 * fabs(want));
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, 12, bos, 0, &o), LT_OK);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, 12, bos, 0, 0, &o), LT_OK);
     want = reference(ctx, m, tok, n, 12, bos, &cnt);
     assert_int_equal(o.n_tokens, cnt);
     assert_int_equal(o.n_seqs, 4);
     assert_true(fabs(o.loss_sum - want) <= 1e-4 * fabs(want));
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 2, &o), LT_OK);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 2, 0, &o), LT_OK);
     assert_int_equal(o.n_seqs, 2);
     assert_int_equal(o.n_tokens, 2 * (W - 1 - W / 2));
     /* bad requests */
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, 3, bos, 0, &o), LT_ERR_INVALID_ARG);
-    assert_int_equal(lt_eval_windows(ctx, m, tok, 2 * W - 1, W, bos, 0, &o), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, 3, bos, 0, 0, &o), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, 2 * W - 1, W, bos, 0, 0, &o), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "at least 32"));
     int32_t keep = tok[5];
     tok[5] = (int32_t)V;
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 0, &o), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, bos, 0, 0, &o), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "token"));
     tok[5] = keep;
-    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, (int32_t)V, 0, &o), LT_ERR_INVALID_ARG);
+    assert_int_equal(lt_eval_windows(ctx, m, tok, n, W, (int32_t)V, 0, 0, &o), LT_ERR_INVALID_ARG);
     assert_non_null(strstr(lt_ctx_error(ctx), "BOS"));
     lt_model_free(ctx, m);
     lt_ctx_free(ctx);
