@@ -68,9 +68,32 @@ typedef struct {
     int64_t dq_hw;
     uint8_t *cov;
     void *pack; /* bf16 products: tile_gemm_bf16's scratch */
+    /* Backward, packed path: Kᵀ, Vᵀ (B of S and dP) and K (B of dQ) of the key tile, bf16 panels;
+     * the running item's kv head's packed Q and dO (head_block) */
+    uint16_t *pkt, *pvt, *pk;
+    const uint16_t *qa, *da, *qt, *dt;
 } flash_slot;
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
+
+/* The backward's packed path: bf16 products on a CPU whose AMX tiles run them. Q and dO are then
+ * packed once per kv head in flight, as rows (for S = Q·Kᵀ and dP = dO·Vᵀ) and transposed (for
+ * dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS, which read them at any row offset, where Pᵀ·dO and dSᵀ·Q would
+ * transpose P and dS at every tile pair); Kᵀ, Vᵀ and K once per key tile. */
+static int packed_bwd(const lt_attention_params *p) { return p->bf16_products && lt_cpu_tile_gemm_bf16_amx(); }
+
+static int64_t up32(int64_t n) { return (n + 31) / 32 * 32; }
+
+/* The packed rows of Q or dO: T·G rows and 32 more (a product reads whole 32-row blocks), up32(D)
+ * columns; the transposed ones: up32(D) rows of up32(T·G) + 32 columns (a product at row offset
+ * x0 reads up32(R) columns from there). In bf16 elements. */
+static int64_t packed_rows_ld(const lt_attention_params *p) { return up32(p->D); }
+static int64_t packed_cols_ld(const lt_attention_params *p) { return up32(p->T * (p->H / p->Hkv)) + 32; }
+static size_t packed_elems(const lt_attention_params *p) {
+    const size_t rows = (size_t)(p->T * (p->H / p->Hkv) + 32) * (size_t)packed_rows_ld(p);
+    const size_t cols = (size_t)up32(p->D) * (size_t)packed_cols_ld(p);
+    return 2 * (rows + cols); /* Q and dO, each both ways */
+}
 
 /* Floats of tile_gemm_bf16 scratch for the largest product of one direction (0 without bf16
  * products): forward (R, FBC, D) and (R, D, FBC); backward (R, BC, D), (BC, D, R), (R, D, BC). */
@@ -89,11 +112,11 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     const size_t D = (size_t)p->D, conv = p->dtype != LT_DTYPE_F32, R = (size_t)group_of(p) * (backward ? BBR : FBR);
     const size_t fwd = (size_t)!backward, bwd = (size_t)backward;
     size_t off = 0;
-#define TAKE(field, count)                                  \
-    do {                                                    \
-        size_t n_ = (count);                                \
-        if (sl) sl->field = n_ && base ? base + off : NULL; \
-        off += lt_attn_round(n_);                           \
+#define TAKE(field, count)                                            \
+    do {                                                              \
+        size_t n_ = (count);                                          \
+        if (sl) sl->field = n_ && base ? (void *)(base + off) : NULL; \
+        off += lt_attn_round(n_);                                     \
     } while (0)
     TAKE(q, fwd * R * D);
     TAKE(k, conv * bwd * BC * D);
@@ -107,6 +130,10 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     TAKE(m, fwd * R);
     TAKE(l, fwd * R);
     TAKE(pack, pack_floats(p, backward, R));
+    const size_t panels = packed_bwd(p) && backward ? (lt_cpu_bf16_pack_b_elems(BC, (int64_t)D) + 1) / 2 : 0;
+    TAKE(pkt, panels);
+    TAKE(pvt, panels);
+    TAKE(pk, panels);
 #undef TAKE
     return off;
 }
@@ -155,7 +182,7 @@ static size_t cov_floats(const lt_attention_params *p) {
 
 static size_t head_block_floats(const lt_attention_params *p) {
     return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p)) +
-        cov_floats(p);
+        cov_floats(p) + (packed_bwd(p) ? lt_attn_round((packed_elems(p) + 1) / 2) : 0);
 }
 
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
@@ -200,14 +227,24 @@ static flash_slot slot_of(const flash_job *j, int slot) {
 typedef struct {
     float *qs, *dos, *lse, *dvec, *dq;
     uint8_t *cov; /* (buckets, T) */
+    /* packed path: Q and dO as bf16 rows (ld packed_rows_ld) and transposed (ld packed_cols_ld) */
+    uint16_t *qa, *da, *qt, *dt;
 } head_block;
 
 static head_block head_block_of(const flash_job *j, int64_t k) {
-    const size_t sf = lt_attn_round(stacked_floats(j->p)), sr = lt_attn_round(stacked_rows(j->p));
-    float *base = j->heads + (size_t)k * head_block_floats(j->p);
+    const lt_attention_params *p = j->p;
+    const size_t sf = lt_attn_round(stacked_floats(p)), sr = lt_attn_round(stacked_rows(p));
+    float *base = j->heads + (size_t)k * head_block_floats(p);
     float *dq = base + 2 * sf + 2 * sr;
     head_block h =
-        {base, base + sf, base + 2 * sf, base + 2 * sf + sr, dq, (uint8_t *)(dq + (size_t)dq_buckets(j->p) * sf)};
+        {base, base + sf, base + 2 * sf, base + 2 * sf + sr, dq, (uint8_t *)(dq + (size_t)dq_buckets(p) * sf), NULL,
+         NULL, NULL,      NULL};
+    if (packed_bwd(p)) {
+        const size_t rows = (size_t)(p->T * j->group + 32) * (size_t)packed_rows_ld(p);
+        const size_t cols = (size_t)up32(p->D) * (size_t)packed_cols_ld(p);
+        h.qa = (uint16_t *)(dq + (size_t)dq_buckets(p) * sf + cov_floats(p));
+        h.da = h.qa + rows, h.qt = h.da + rows, h.dt = h.qt + cols;
+    }
     return h;
 }
 
@@ -586,11 +623,69 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
     }
 }
 
+/* bwd_seg on the packed path (packed_bwd): the same sums with Q and dO packed once per kv head,
+ * Kᵀ, Vᵀ and K once per key tile, and dK, dV accumulated transposed (dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P:
+ * the packed transposes read at the tile's row offset, P and dS packed as they are), transposed
+ * back when the key tile is done. */
+static void bwd_seg_packed(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke,
+                           int64_t s0, int64_t s1) {
+    const lt_attention_params *p = j->p;
+    const lt_attention_args *a = j->a;
+    const int64_t D = p->D, G = j->group, c = ke - ka, W = p->window;
+    const int64_t qend = W > 0 && ke - 1 + W < s1 ? ke - 1 + W : s1;
+    const int64_t ldr = packed_rows_ld(p), ldt = packed_cols_ld(p), cp = up32(c);
+    int ldk;
+    const float *K = operand(a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D, sl->k, &ldk);
+    transpose_rows(sl->kt, BC, a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D);
+    transpose_rows(sl->vt, BC, a->v, p->dtype, &p->kv_layout, b, ka, kvh, c, D);
+    lt_cpu_bf16_pack_b(sl->kt, BC, c, D, sl->pkt);
+    lt_cpu_bf16_pack_b(sl->vt, BC, c, D, sl->pvt);
+    lt_cpu_bf16_pack_b(K, ldk, D, c, sl->pk);
+    float *dKt = sl->acc, *dVt = sl->acc2; /* (D, c) at row stride BC */
+    memset(dKt, 0, (size_t)(D * BC) * sizeof(float));
+    memset(dVt, 0, (size_t)(D * BC) * sizeof(float));
+    uint16_t *pk = sl->pack; /* this pair's packed P, dS */
+    for (int64_t qb = ka; qb < qend; qb += BBR) {
+        const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
+        lt_cpu_tile_gemm_bf16_packed(R, c, D, p->scale, sl->qa + x0 * ldr, ldr, sl->pkt, D, 0.0f, sl->s, BC);
+        lt_cpu_tile_gemm_bf16_packed(R, c, D, 1.0f, sl->da + x0 * ldr, ldr, sl->pvt, D, 0.0f, sl->dp, BC);
+        grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
+        lt_cpu_bf16_pack_b(sl->s, BC, c, R, pk);
+        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->dt + x0, ldt, pk, R, 1.0f, dVt, BC);
+        lt_cpu_bf16_pack_b(sl->dp, BC, c, R, pk);
+        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->qt + x0, ldt, pk, R, 1.0f, dKt, BC);
+        float beta = 1.0f;
+        if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
+            const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
+            if (from == x0) beta = 0.0f;
+            else memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
+            memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
+            sl->dq_hw = x0 + R;
+        }
+        lt_cpu_bf16_pack_a(0, sl->dp, BC, R, c, pk, cp, up32(R), cp);
+        lt_cpu_tile_gemm_bf16_packed(R, D, c, 1.0f, pk, cp, sl->pk, c, beta, sl->dq + x0 * D, D);
+    }
+    float *dK = sl->kt, *dV = sl->vt; /* (c, D), over the tiles' Kᵀ and Vᵀ */
+    for (int64_t t = 0; t < c; t++)
+        for (int64_t d = 0; d < D; d++) {
+            dK[t * D + d] = dKt[d * BC + t];
+            dV[t * D + d] = dVt[d * BC + t];
+        }
+    const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
+    const int64_t off = lt_attn_off(&p->kv_layout, b, ka, kvh);
+    lt_attn_store((char *)a->dk + off * (int64_t)es, p->dtype, p->kv_layout.token, dK, c, D, p->scale);
+    lt_attn_store((char *)a->dv + off * (int64_t)es, p->dtype, p->kv_layout.token, dV, c, D, 1.0f);
+}
+
 /* Keys [ka, ke) of the sequence [s0, s1), kv head kvh of row b, against the stacked rows of every
  * query that sees one of these keys: dK and dV of the keys (complete when the loop ends) and this
  * tile's share of dQ, accumulated into the item's bucket sl->dq. */
 static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, int64_t ka, int64_t ke, int64_t s0,
                     int64_t s1) {
+    if (sl->qa) {
+        bwd_seg_packed(j, sl, b, kvh, ka, ke, s0, s1);
+        return;
+    }
     const lt_attention_params *p = j->p;
     const lt_attention_args *a = j->a;
     const int64_t D = p->D, G = j->group, c = ke - ka, W = p->window;
@@ -635,6 +730,7 @@ static void bwd_item(void *ctx, int64_t i, int slot) {
     flash_slot sl = slot_of(j, slot);
     head_block hb = head_block_of(j, k);
     sl.qs = hb.qs, sl.dos = hb.dos, sl.lse = hb.lse, sl.dvec = hb.dvec;
+    sl.qa = hb.qa, sl.da = hb.da, sl.qt = hb.qt, sl.dt = hb.dt;
     sl.dq = hb.dq + (size_t)bucket * lt_attn_round(stacked_floats(j->p));
     sl.dq_hw = 0;
     sl.cov = hb.cov + bucket * j->p->T;
@@ -672,6 +768,31 @@ LT_CPU_CLONES static void stack_tokens(void *arg, int64_t begin, int64_t end, in
             hb.dvec[x] = sum;
             hb.lse[x] = a->lse[(j->b * p->H + h0 + g) * p->T + t];
         }
+    }
+}
+
+/* The packed path's Q and dO, in items of 64 stacked rows: (nk, 4, chunks) over the kv heads in
+ * flight, the four being Q's and dO's rows and Q's and dO's transposes; the last chunk also zeroes
+ * what products may read past the T·G rows. */
+#define PACK_ROWS 64
+static int64_t pack_chunks(const lt_attention_params *p) { return cdiv((int64_t)stacked_rows(p), PACK_ROWS); }
+
+static void pack_heads(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const flash_job *j = arg;
+    const lt_attention_params *p = j->p;
+    const int64_t D = p->D, TG = (int64_t)stacked_rows(p), nc = pack_chunks(p);
+    const int64_t ldr = packed_rows_ld(p), ldc = packed_cols_ld(p);
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t k = u / (4 * nc), what = u / nc % 4, c = u % nc, r0 = c * PACK_ROWS;
+        const int64_t n = TG - r0 < PACK_ROWS ? TG - r0 : PACK_ROWS, last = c == nc - 1;
+        head_block hb = head_block_of(j, k);
+        const float *src = (what % 2 ? hb.dos : hb.qs) + r0 * D;
+        if (what < 2)
+            lt_cpu_bf16_pack_a(0, src, D, n, D, (what ? hb.da : hb.qa) + r0 * ldr, ldr, n + (last ? 32 : 0), ldr);
+        else
+            lt_cpu_bf16_pack_a(1, src, D, D, n, (what == 3 ? hb.dt : hb.qt) + r0, ldc, up32(D),
+                               last ? ldc - r0 : PACK_ROWS);
     }
 }
 
@@ -725,6 +846,7 @@ lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p,
         for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {
             j.nk = p->Hkv - j.kv0 < kv_batch(p) ? p->Hkv - j.kv0 : kv_batch(p);
             lt_parallel_for(threads, j.nk * p->T, 64, stack_tokens, &j);
+            if (packed_bwd(p)) lt_parallel_for(threads, j.nk * 4 * pack_chunks(p), 1, pack_heads, &j);
             lt_attn_schedule(slots, j.nk * dq_buckets(p), bwd_item, &j);
             lt_parallel_for(threads, j.nk * (int64_t)stacked_rows(p), 64, dq_rows, &j);
         }

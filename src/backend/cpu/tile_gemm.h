@@ -34,4 +34,18 @@ int lt_cpu_tile_gemm_bf16_amx(void);
 void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
 
+/* Operands packed once for several products, for the AMX path only (call these only when
+ * lt_cpu_tile_gemm_bf16_amx() is 1). lt_cpu_bf16_pack_a writes op(A) (M, K; trans_a as above)
+ * rounded to bf16 into `rows` rows of `cols` elements at dst (row stride ldd >= cols), zeros
+ * beyond M and K; cols a multiple of 32. lt_cpu_bf16_pack_b writes B (K, N) as VNNI panels of 16
+ * columns, lt_cpu_bf16_pack_b_elems(N, K) elements (64-byte aligned dst). The product then reads
+ * up32(M) rows of A at stride lda and up32(K) of its columns (columns past K must multiply B's
+ * zero pair rows, so hold finite values), and B packed with kb >= K rows (those from K on zero). */
+size_t lt_cpu_bf16_pack_b_elems(int64_t N, int64_t K);
+void lt_cpu_bf16_pack_a(int trans_a, const float *A, int64_t lda, int64_t M, int64_t K, uint16_t *dst, int64_t ldd,
+                        int64_t rows, int64_t cols);
+void lt_cpu_bf16_pack_b(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst);
+void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
+                                  const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc);
+
 #endif

@@ -92,7 +92,10 @@ typedef struct {
  * only its first 8 bytes, so the stores of the rest may be dropped as dead. */
 static inline void load_config(const tile_config *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
 
-static inline __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
+static inline __mmask16 lanes(int64_t n) {
+    const unsigned m = n >= 16 ? 0xffffu : (1u << n) - 1u;
+    return (__mmask16)m;
+}
 
 /* 16 VNNI pairs: lane j holds bf16(r0[j]) in its lower half and bf16(r1[j]) in its upper (a NULL
  * row reads as zeros). VCVTNE2PS2BF16 rounds to nearest even and keeps NaNs quiet, as
@@ -107,10 +110,10 @@ AMX_FN static inline __m512i pair16(const float *r0, const float *r1, __mmask16 
 }
 
 /* op(A) = A (M, K): rows of Kp bf16, zero beyond K and below M up to Mp. */
-AMX_FN static void pack_a_rows(uint16_t *dst, const float *A, int64_t lda, int64_t M, int64_t K, int64_t Mp,
-                               int64_t Kp) {
+AMX_FN static void pack_a_rows(uint16_t *dst, int64_t ldd, const float *A, int64_t lda, int64_t M, int64_t K,
+                               int64_t Mp, int64_t Kp) {
     for (int64_t i = 0; i < Mp; i++) {
-        uint16_t *d = dst + i * Kp;
+        uint16_t *d = dst + i * ldd;
         if (i >= M) {
             memset(d, 0, (size_t)Kp * 2);
             continue;
@@ -155,8 +158,8 @@ AMX_FN static void transpose16(__m512i r[16]) {
 /* op(A) = Aᵀ with A stored (K, M): row i of op(A) is column i of A. Rows 2kk and 2kk+1 of A are
  * paired lane by lane (lane j: column i0 + j), and sixteen such pairs, transposed, are the 32
  * bf16 of rows i0..i0+15 for k0..k0+31. */
-AMX_FN static void pack_a_cols(uint16_t *dst, const float *A, int64_t lda, int64_t M, int64_t K, int64_t Mp,
-                               int64_t Kp) {
+AMX_FN static void pack_a_cols(uint16_t *dst, int64_t ldd, const float *A, int64_t lda, int64_t M, int64_t K,
+                               int64_t Mp, int64_t Kp) {
     for (int64_t i = 0; i < Mp; i += 16) {
         const __mmask16 m = i < M ? lanes(M - i) : 0;
         for (int64_t k = 0; k < Kp; k += 32) {
@@ -167,7 +170,7 @@ AMX_FN static void pack_a_cols(uint16_t *dst, const float *A, int64_t lda, int64
                     pair16(k0 < K && m ? A + k0 * lda + i : NULL, k0 + 1 < K && m ? A + (k0 + 1) * lda + i : NULL, m);
             }
             transpose16(r);
-            for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (i + j) * Kp + k, r[j]);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (i + j) * ldd + k, r[j]);
         }
     }
 }
@@ -186,25 +189,24 @@ AMX_FN static void pack_b(uint16_t *dst, const float *B, int64_t ldb, int64_t N,
     }
 }
 
-AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+/* C = alpha·A·B + beta·C on packed operands: A's rows at stride lda (bf16), up32(M) of them and
+ * up32(K) columns readable; B in panels of up32(kb)/2 pair rows, up32(N)/16 of them, kb >= K and
+ * its pair rows from K on zero. */
+AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
+                               const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc) {
     const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
-    uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
-    if (trans_a) pack_a_cols(pa, A, lda, M, K, Mp, Kp);
-    else pack_a_rows(pa, A, lda, M, K, Mp, Kp);
-    pack_b(pb, B, ldb, N, K, Np, Kp);
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
     load_config(&cfg);
     float blk[32 * 32] __attribute__((aligned(64)));
-    const int64_t sa = Kp * 2, nbk = (Kp / 2) * 32; /* A's row stride in bytes; one 16-column B panel */
+    const int64_t sa = lda * 2, nbk = (up(kb, 32) / 2) * 32; /* A's row stride in bytes; one B panel */
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int64_t j = 0; j < Np; j += 32) {
         const uint16_t *b0 = pb + (j / 16) * nbk, *b1 = b0 + nbk;
         for (int64_t i = 0; i < Mp; i += 32) {
-            const uint16_t *a0 = pa + i * Kp, *a1 = a0 + 16 * Kp;
+            const uint16_t *a0 = pa + i * lda, *a1 = a0 + 16 * lda;
             /* A whole block with alpha 1 and beta 0 or 1 accumulates in C itself. */
             float *cb = C + i * ldc + j;
             const int direct = alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && i + 32 <= M && j + 32 <= N;
@@ -253,6 +255,16 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
     }
     _tile_release();
 }
+
+AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
+    uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
+    if (trans_a) pack_a_cols(pa, Kp, A, lda, M, K, Mp, Kp);
+    else pack_a_rows(pa, Kp, A, lda, M, K, Mp, Kp);
+    pack_b(pb, B, ldb, N, K, Np, Kp);
+    gemm_packed(M, N, K, alpha, pa, Kp, pb, K, beta, C, ldc);
+}
 #endif
 
 int lt_cpu_tile_gemm_bf16_amx(void) {
@@ -285,4 +297,33 @@ void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_
 void lt_cpu_tile_gemm_bf16(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
     lt_cpu_tile_gemm_bf16_on(1, trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+}
+
+size_t lt_cpu_bf16_pack_b_elems(int64_t N, int64_t K) { return (size_t)(up(N, 32) * up(K, 32)); }
+
+void lt_cpu_bf16_pack_a(int trans_a, const float *A, int64_t lda, int64_t M, int64_t K, uint16_t *dst, int64_t ldd,
+                        int64_t rows, int64_t cols) {
+#if defined(LT_TILE_AMX)
+    if (trans_a) pack_a_cols(dst, ldd, A, lda, M, K, rows, cols);
+    else pack_a_rows(dst, ldd, A, lda, M, K, rows, cols);
+#else
+    (void)trans_a, (void)A, (void)lda, (void)M, (void)K, (void)dst, (void)ldd, (void)rows, (void)cols;
+#endif
+}
+
+void lt_cpu_bf16_pack_b(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst) {
+#if defined(LT_TILE_AMX)
+    pack_b(dst, B, ldb, N, K, up(N, 32), up(K, 32));
+#else
+    (void)B, (void)ldb, (void)N, (void)K, (void)dst;
+#endif
+}
+
+void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
+                                  const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc) {
+#if defined(LT_TILE_AMX)
+    if (M > 0 && N > 0 && K > 0) gemm_packed(M, N, K, alpha, pa, lda, pb, kb, beta, C, ldc);
+#else
+    (void)M, (void)N, (void)K, (void)alpha, (void)pa, (void)lda, (void)pb, (void)kb, (void)beta, (void)C, (void)ldc;
+#endif
 }
