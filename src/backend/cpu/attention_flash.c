@@ -52,6 +52,7 @@
  * Hkv = 2, 2 threads) took 46-53 ms against 91 ms, the backward 129-137 ms against 217 ms. */
 typedef struct {
     float *q;          /* forward: the stacked queries (G·FBR, D), as f32 */
+    uint16_t *qpk;     /* forward, packed path: those queries as bf16 rows of up32(D) */
     float *k, *v;      /* bf16 -> f32 tiles: backward K (BC, D); forward V (BC, D) */
     float *kt, *vt;    /* backward: Kᵀ, Vᵀ of the key tile, (D, BC) */
     float *s, *dp;     /* (G·FBR, FBC) / (G·BBR, BC): scores then P; dP then dS (backward) */
@@ -76,11 +77,13 @@ typedef struct {
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
 
-/* The backward's packed path: bf16 products on a CPU whose AMX tiles run them. Q and dO are then
- * packed once per kv head in flight, as rows (for S = Q·Kᵀ and dP = dO·Vᵀ) and transposed (for
- * dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS, which read them at any row offset, where Pᵀ·dO and dSᵀ·Q would
- * transpose P and dS at every tile pair); Kᵀ, Vᵀ and K once per key tile. */
-static int packed_bwd(const lt_attention_params *p) { return p->bf16_products && lt_cpu_tile_gemm_bf16_amx(); }
+/* The packed path: bf16 products on a CPU whose AMX tiles run them, each operand rounded and packed
+ * once for all the products that read it. Forward: Kᵀ and V of each (row, kv head) once, the
+ * stacked queries once per query tile, P per key block. Backward: Q and dO once per kv head in
+ * flight, as rows (for S = Q·Kᵀ and dP = dO·Vᵀ) and transposed (for dVᵀ += dOᵀ·P and
+ * dKᵀ += Qᵀ·dS, which read them at any row offset, where Pᵀ·dO and dSᵀ·Q would transpose P and dS
+ * at every tile pair); Kᵀ, Vᵀ and K once per key tile; P and dS per tile pair. */
+static int packed_tiles(const lt_attention_params *p) { return p->bf16_products && lt_cpu_tile_gemm_bf16_amx(); }
 
 static int64_t up32(int64_t n) { return (n + 31) / 32 * 32; }
 
@@ -130,7 +133,8 @@ static size_t flash_carve(const lt_attention_params *p, int backward, float *bas
     TAKE(m, fwd * R);
     TAKE(l, fwd * R);
     TAKE(pack, pack_floats(p, backward, R));
-    const size_t panels = packed_bwd(p) && backward ? (lt_cpu_bf16_pack_b_elems(BC, (int64_t)D) + 1) / 2 : 0;
+    TAKE(qpk, packed_tiles(p) && fwd ? ((size_t)up32((int64_t)R) * (size_t)up32((int64_t)D) + 1) / 2 : 0);
+    const size_t panels = packed_tiles(p) && backward ? (lt_cpu_bf16_pack_b_elems(BC, (int64_t)D) + 1) / 2 : 0;
     TAKE(pkt, panels);
     TAKE(pvt, panels);
     TAKE(pk, panels);
@@ -174,6 +178,16 @@ static size_t stacked_rows(const lt_attention_params *p) { return (size_t)(p->T 
 static int64_t kt_ld(const lt_attention_params *p) { return (p->T + 15) / 16 * 16 + 16; }
 static size_t kt_floats(const lt_attention_params *p) { return (size_t)(p->B * p->Hkv * p->D * kt_ld(p)); }
 
+/* Forward, packed path: Kᵀ of every (row, kv head) as bf16 VNNI pair rows (up32(D)/2 of them, of
+ * kt_keys(p) keys), and for f32 inputs V the same way (kt_keys(p)/2 pair rows of up32(D)): a key
+ * block's products read them at any key (Kᵀ) or any even key (V), up32 of the block's keys. In
+ * bf16 elements per (row, kv head). */
+static int64_t kt_keys(const lt_attention_params *p) { return up32(p->T) + 32; }
+static size_t packed_kv_elems(const lt_attention_params *p) {
+    if (!packed_tiles(p)) return 0;
+    return (size_t)(up32(p->D) * kt_keys(p)) * (p->dtype == LT_DTYPE_F32 ? 2 : 1);
+}
+
 /* Backward, per kv head in flight: Q and dO stacked (T·G, D), lse and D_i = rowsum(dO·O) stacked
  * (T·G), the dq_buckets(p) dQ buckets (T·G, D), then the buckets' coverage flags (buckets·T bytes). */
 static size_t cov_floats(const lt_attention_params *p) {
@@ -182,11 +196,11 @@ static size_t cov_floats(const lt_attention_params *p) {
 
 static size_t head_block_floats(const lt_attention_params *p) {
     return (size_t)(2 + dq_buckets(p)) * lt_attn_round(stacked_floats(p)) + 2 * lt_attn_round(stacked_rows(p)) +
-        cov_floats(p) + (packed_bwd(p) ? lt_attn_round((packed_elems(p) + 1) / 2) : 0);
+        cov_floats(p) + (packed_tiles(p) ? lt_attn_round((packed_elems(p) + 1) / 2) : 0);
 }
 
 static size_t flash_shared_floats(const lt_attention_params *p, int backward) {
-    if (!backward) return lt_attn_round(kt_floats(p));
+    if (!backward) return lt_attn_round(kt_floats(p)) + lt_attn_round((size_t)(p->B * p->Hkv) * packed_kv_elems(p) / 2);
     return (size_t)kv_batch(p) * head_block_floats(p);
 }
 
@@ -210,6 +224,7 @@ typedef struct {
     float *slots; /* slot i at slots + i * slot_floats */
     size_t slot_floats;
     float *kt;          /* forward: Kᵀ, (B, Hkv, D, T) */
+    uint16_t *ktb, *vb; /* forward, packed path: Kᵀ and V of each (row, kv head) (packed_kv_elems) */
     float *heads;       /* backward: kv_batch() head blocks (see head_block_floats) */
     int64_t b, kv0, nk; /* backward: row b's kv heads [kv0, kv0 + nk) running */
     int64_t group;      /* G = H / Hkv */
@@ -239,7 +254,7 @@ static head_block head_block_of(const flash_job *j, int64_t k) {
     head_block h =
         {base, base + sf, base + 2 * sf, base + 2 * sf + sr, dq, (uint8_t *)(dq + (size_t)dq_buckets(p) * sf), NULL,
          NULL, NULL,      NULL};
-    if (packed_bwd(p)) {
+    if (packed_tiles(p)) {
         const size_t rows = (size_t)(p->T * j->group + 32) * (size_t)packed_rows_ld(p);
         const size_t cols = (size_t)up32(p->D) * (size_t)packed_cols_ld(p);
         h.qa = (uint16_t *)(dq + (size_t)dq_buckets(p) * sf + cov_floats(p));
@@ -459,6 +474,10 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
     int ldv;
     float *Q = sl->q, *O = sl->acc, *S = sl->s, *m = sl->m, *l = sl->l;
     stack_rows(Q, a->q, p->dtype, &p->q_layout, b, qa, qe - qa, kvh * G, G, D);
+    const int64_t Dp = up32(D), bk = b * p->Hkv + kvh;
+    const uint16_t *ktb = j->ktb ? j->ktb + (size_t)bk * packed_kv_elems(p) : NULL;
+    const uint16_t *vb = j->vb ? j->vb + (size_t)bk * packed_kv_elems(p) : NULL;
+    if (ktb) lt_cpu_bf16_pack_a(0, Q, D, R, D, sl->qpk, Dp, up32(R), Dp);
     memset(O, 0, (size_t)(R * D) * sizeof(float));
     for (int64_t x = 0; x < R; x++) {
         m[x] = -INFINITY;
@@ -469,7 +488,10 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
         int64_t c0 = 0, c1 = 0;
         const float *Kt = j->kt + ((b * p->Hkv + kvh) * D) * kt_ld(p) + kb;
         const float *V = operand(a->v, p->dtype, &p->kv_layout, b, kb, kvh, c, D, sl->v, &ldv);
-        tile(p, sl, 0, R, c, D, p->scale, Q, D, Kt, kt_ld(p), 0.0f, S, FBC);
+        if (ktb)
+            lt_cpu_tile_gemm_bf16_packed(R, c, D, p->scale, sl->qpk, Dp, ktb + kb * 2, 32, kt_keys(p) * 2, 0.0f, S,
+                                         FBC);
+        else tile(p, sl, 0, R, c, D, p->scale, Q, D, Kt, kt_ld(p), 0.0f, S, FBC);
         for (int64_t x = 0; x < R; x++) {
             float *srow = S + x * FBC;
             if (x % G == 0) cols(qa + x / G, s0, W, kb, c, &c0, &c1);
@@ -511,7 +533,13 @@ LT_CPU_CLONES static void fwd_segment(const flash_job *j, flash_slot *sl, int64_
                 for (int64_t d = 0; d < D; d++) o[d] *= alpha;
             }
         }
-        tile(p, sl, 0, R, D, c, 1.0f, S, FBC, V, ldv, 1.0f, O, D);
+        if (vb && kb % 2 == 0) {
+            uint16_t *pk = sl->pack;
+            lt_cpu_bf16_pack_a(0, S, FBC, R, c, pk, up32(c), up32(R), up32(c));
+            lt_cpu_tile_gemm_bf16_packed(R, D, c, 1.0f, pk, up32(c), vb + kb * Dp, 32, Dp * 2, 1.0f, O, D);
+        } else {
+            tile(p, sl, 0, R, D, c, 1.0f, S, FBC, V, ldv, 1.0f, O, D);
+        }
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
     for (int64_t x = 0; x < R; x++) {
@@ -564,6 +592,25 @@ static void kt_tiles(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* Packed path: Kᵀ (from j->kt) and, for f32 inputs, V of key tiles [begin, end) of (B, Hkv, key
+ * tiles) as VNNI pair rows; the last tile also zeroes the keys past T that products may read. */
+static void kv_pack_tiles(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const flash_job *j = arg;
+    const lt_attention_params *p = j->p;
+    const int64_t nt = cdiv(p->T, BC), D = p->D, Dp = up32(D), keys = kt_keys(p);
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t bk = i / nt, t0 = (i % nt) * BC, n = p->T - t0 < BC ? p->T - t0 : BC, last = i % nt == nt - 1;
+        const int64_t width = last ? keys - t0 : BC; /* keys written, zeros past T */
+        uint16_t *kd = j->ktb + (size_t)bk * packed_kv_elems(p);
+        lt_cpu_bf16_pack_b_rows(j->kt + bk * D * kt_ld(p) + t0, kt_ld(p), n, D, kd + t0 * 2, keys * 2, Dp / 2, width);
+        if (!j->vb) continue;
+        int ldv;
+        const float *V = operand(j->a->v, p->dtype, &p->kv_layout, bk / p->Hkv, t0, bk % p->Hkv, n, D, NULL, &ldv);
+        lt_cpu_bf16_pack_b_rows(V, ldv, D, n, j->vb + (size_t)bk * packed_kv_elems(p) + t0 * Dp, Dp * 2, width / 2, Dp);
+    }
+}
+
 lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {
     const int64_t items = flash_items(p);
     float *kt = a->workspace;
@@ -575,6 +622,11 @@ lt_status lt_attention_flash_forward(lt_ctx *ctx, const lt_attention_params *p, 
                    .group = group_of(p),
                    .backward = 0};
     lt_parallel_for(lt_ctx_threads(ctx), p->B * p->Hkv * cdiv(p->T, BC), 1, kt_tiles, &j);
+    if (packed_tiles(p)) {
+        j.ktb = (uint16_t *)(kt + lt_attn_round(kt_floats(p)));
+        j.vb = p->dtype == LT_DTYPE_F32 ? j.ktb + (size_t)up32(p->D) * (size_t)kt_keys(p) : NULL;
+        lt_parallel_for(lt_ctx_threads(ctx), p->B * p->Hkv * cdiv(p->T, BC), 1, kv_pack_tiles, &j);
+    }
     lt_attn_schedule(lt_attn_slots(lt_ctx_threads(ctx), items), items, fwd_item, &j);
     return LT_OK;
 }
@@ -623,7 +675,7 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
     }
 }
 
-/* bwd_seg on the packed path (packed_bwd): the same sums with Q and dO packed once per kv head,
+/* bwd_seg on the packed path (packed_tiles): the same sums with Q and dO packed once per kv head,
  * Kᵀ, Vᵀ and K once per key tile, and dK, dV accumulated transposed (dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P:
  * the packed transposes read at the tile's row offset, P and dS packed as they are), transposed
  * back when the key tile is done. */
@@ -633,7 +685,7 @@ static void bwd_seg_packed(const flash_job *j, flash_slot *sl, int64_t b, int64_
     const lt_attention_args *a = j->a;
     const int64_t D = p->D, G = j->group, c = ke - ka, W = p->window;
     const int64_t qend = W > 0 && ke - 1 + W < s1 ? ke - 1 + W : s1;
-    const int64_t ldr = packed_rows_ld(p), ldt = packed_cols_ld(p), cp = up32(c);
+    const int64_t ldr = packed_rows_ld(p), ldt = packed_cols_ld(p), cp = up32(c), pD = lt_cpu_bf16_panel_elems(D);
     int ldk;
     const float *K = operand(a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D, sl->k, &ldk);
     transpose_rows(sl->kt, BC, a->k, p->dtype, &p->kv_layout, b, ka, kvh, c, D);
@@ -646,14 +698,14 @@ static void bwd_seg_packed(const flash_job *j, flash_slot *sl, int64_t b, int64_
     memset(dVt, 0, (size_t)(D * BC) * sizeof(float));
     uint16_t *pk = sl->pack; /* this pair's packed P, dS */
     for (int64_t qb = ka; qb < qend; qb += BBR) {
-        const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G;
-        lt_cpu_tile_gemm_bf16_packed(R, c, D, p->scale, sl->qa + x0 * ldr, ldr, sl->pkt, D, 0.0f, sl->s, BC);
-        lt_cpu_tile_gemm_bf16_packed(R, c, D, 1.0f, sl->da + x0 * ldr, ldr, sl->pvt, D, 0.0f, sl->dp, BC);
+        const int64_t R = (qend - qb < BBR ? qend - qb : BBR) * G, x0 = qb * G, pR = lt_cpu_bf16_panel_elems(R);
+        lt_cpu_tile_gemm_bf16_packed(R, c, D, p->scale, sl->qa + x0 * ldr, ldr, sl->pkt, pD, 32, 0.0f, sl->s, BC);
+        lt_cpu_tile_gemm_bf16_packed(R, c, D, 1.0f, sl->da + x0 * ldr, ldr, sl->pvt, pD, 32, 0.0f, sl->dp, BC);
         grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
         lt_cpu_bf16_pack_b(sl->s, BC, c, R, pk);
-        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->dt + x0, ldt, pk, R, 1.0f, dVt, BC);
+        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->dt + x0, ldt, pk, pR, 32, 1.0f, dVt, BC);
         lt_cpu_bf16_pack_b(sl->dp, BC, c, R, pk);
-        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->qt + x0, ldt, pk, R, 1.0f, dKt, BC);
+        lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->qt + x0, ldt, pk, pR, 32, 1.0f, dKt, BC);
         float beta = 1.0f;
         if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
             const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
@@ -663,7 +715,8 @@ static void bwd_seg_packed(const flash_job *j, flash_slot *sl, int64_t b, int64_
             sl->dq_hw = x0 + R;
         }
         lt_cpu_bf16_pack_a(0, sl->dp, BC, R, c, pk, cp, up32(R), cp);
-        lt_cpu_tile_gemm_bf16_packed(R, D, c, 1.0f, pk, cp, sl->pk, c, beta, sl->dq + x0 * D, D);
+        lt_cpu_tile_gemm_bf16_packed(R, D, c, 1.0f, pk, cp, sl->pk, lt_cpu_bf16_panel_elems(c), 32, beta,
+                                     sl->dq + x0 * D, D);
     }
     float *dK = sl->kt, *dV = sl->vt; /* (c, D), over the tiles' Kᵀ and Vᵀ */
     for (int64_t t = 0; t < c; t++)
@@ -846,7 +899,7 @@ lt_status lt_attention_flash_backward(lt_ctx *ctx, const lt_attention_params *p,
         for (j.kv0 = 0; j.kv0 < p->Hkv; j.kv0 += j.nk) {
             j.nk = p->Hkv - j.kv0 < kv_batch(p) ? p->Hkv - j.kv0 : kv_batch(p);
             lt_parallel_for(threads, j.nk * p->T, 64, stack_tokens, &j);
-            if (packed_bwd(p)) lt_parallel_for(threads, j.nk * 4 * pack_chunks(p), 1, pack_heads, &j);
+            if (packed_tiles(p)) lt_parallel_for(threads, j.nk * 4 * pack_chunks(p), 1, pack_heads, &j);
             lt_attn_schedule(slots, j.nk * dq_buckets(p), bwd_item, &j);
             lt_parallel_for(threads, j.nk * (int64_t)stacked_rows(p), 64, dq_rows, &j);
         }

@@ -35,17 +35,27 @@ void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_
                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
 
 /* Operands packed once for several products, for the AMX path only (call these only when
- * lt_cpu_tile_gemm_bf16_amx() is 1). lt_cpu_bf16_pack_a writes op(A) (M, K; trans_a as above)
- * rounded to bf16 into `rows` rows of `cols` elements at dst (row stride ldd >= cols), zeros
- * beyond M and K; cols a multiple of 32. lt_cpu_bf16_pack_b writes B (K, N) as VNNI panels of 16
- * columns, lt_cpu_bf16_pack_b_elems(N, K) elements (64-byte aligned dst). The product then reads
- * up32(M) rows of A at stride lda and up32(K) of its columns (columns past K must multiply B's
- * zero pair rows, so hold finite values), and B packed with kb >= K rows (those from K on zero). */
+ * lt_cpu_tile_gemm_bf16_amx() is 1).
+ * - lt_cpu_bf16_pack_a writes op(A) (M, K; trans_a as above) rounded to bf16 into `rows` rows of
+ *   `cols` elements at dst (row stride ldd >= cols), zeros beyond M and K; cols a multiple of 32.
+ * - lt_cpu_bf16_pack_b writes B (K, N) as VNNI panels of 16 columns (each up32(K)/2 pair rows of
+ *   32 bf16, lt_cpu_bf16_panel_elems(K) elements), lt_cpu_bf16_pack_b_elems(N, K) in all.
+ * - lt_cpu_bf16_pack_b_rows writes B (K, N) as VNNI pair rows one after the other: pair row kk at
+ *   dst + kk·ldd, column n at element 2n; kpairs pair rows of ncols columns, zeros beyond K and N.
+ * - The product reads up32(M) rows of A at stride lda and up32(K) of its columns (columns past K
+ *   meet B's zero pair rows, so must hold finite values), and B's pair rows at b_row elements
+ *   from one to the next, its 16-column groups at b_panel: panels are (b_panel, b_row) =
+ *   (lt_cpu_bf16_panel_elems(K), 32), pair rows (32, ldd). up32(K)/2 pair rows and up32(N)
+ *   columns of B must be readable, the pair rows from K on zero. */
 size_t lt_cpu_bf16_pack_b_elems(int64_t N, int64_t K);
+int64_t lt_cpu_bf16_panel_elems(int64_t K);
 void lt_cpu_bf16_pack_a(int trans_a, const float *A, int64_t lda, int64_t M, int64_t K, uint16_t *dst, int64_t ldd,
                         int64_t rows, int64_t cols);
 void lt_cpu_bf16_pack_b(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst);
+void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst, int64_t ldd,
+                             int64_t kpairs, int64_t ncols);
 void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
-                                  const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc);
+                                  const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C,
+                                  int64_t ldc);
 
 #endif

@@ -190,10 +190,27 @@ AMX_FN static void pack_b(uint16_t *dst, const float *B, int64_t ldb, int64_t N,
 }
 
 /* C = alpha·A·B + beta·C on packed operands: A's rows at stride lda (bf16), up32(M) of them and
- * up32(K) columns readable; B in panels of up32(kb)/2 pair rows, up32(N)/16 of them, kb >= K and
- * its pair rows from K on zero. */
+ * up32(K) columns readable; B's VNNI pair rows (16 columns, 32 bf16, a tile row) at b_row
+ * elements from one to the next and its 16-column groups at b_panel, up32(K)/2 pair rows and
+ * up32(N) columns readable, the pair rows from K on zero. */
+/* B (K, N) as VNNI pair rows one after the other: pair row kk (rows 2kk, 2kk+1 of B) at dst + kk·ldd,
+ * its column n at element 2n; kpairs pair rows and ncols columns written, zeros beyond K and N. */
+AMX_FN static void pack_b_rows(uint16_t *dst, int64_t ldd, const float *B, int64_t ldb, int64_t N, int64_t K,
+                               int64_t kpairs, int64_t ncols) {
+    for (int64_t kk = 0; kk < kpairs; kk++) {
+        const int64_t k0 = 2 * kk;
+        for (int64_t n = 0; n < ncols; n += 16) {
+            const __mmask16 m = n < N ? lanes(N - n) : 0;
+            const __m512i v =
+                pair16(k0 < K && m ? B + k0 * ldb + n : NULL, k0 + 1 < K && m ? B + (k0 + 1) * ldb + n : NULL, m);
+            if (ncols - n >= 16) _mm512_storeu_si512(dst + kk * ldd + 2 * n, v);
+            else _mm512_mask_storeu_epi32(dst + kk * ldd + 2 * n, lanes(ncols - n), v);
+        }
+    }
+}
+
 AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
-                               const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc) {
+                               const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C, int64_t ldc) {
     const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -201,10 +218,10 @@ AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, con
     for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
     load_config(&cfg);
     float blk[32 * 32] __attribute__((aligned(64)));
-    const int64_t sa = lda * 2, nbk = (up(kb, 32) / 2) * 32; /* A's row stride in bytes; one B panel */
+    const int64_t sa = lda * 2, sb = b_row * 2; /* row strides in bytes */
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int64_t j = 0; j < Np; j += 32) {
-        const uint16_t *b0 = pb + (j / 16) * nbk, *b1 = b0 + nbk;
+        const uint16_t *b0 = pb + (j / 16) * b_panel, *b1 = b0 + b_panel;
         for (int64_t i = 0; i < Mp; i += 32) {
             const uint16_t *a0 = pa + i * lda, *a1 = a0 + 16 * lda;
             /* A whole block with alpha 1 and beta 0 or 1 accumulates in C itself. */
@@ -224,8 +241,8 @@ AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, con
             for (int64_t k = 0; k < Kp; k += 32) {
                 _tile_loadd(4, a0 + k, sa);
                 _tile_loadd(5, a1 + k, sa);
-                _tile_loadd(6, b0 + k * 16, 64);
-                _tile_loadd(7, b1 + k * 16, 64);
+                _tile_loadd(6, b0 + k / 2 * b_row, sb);
+                _tile_loadd(7, b1 + k / 2 * b_row, sb);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
@@ -263,7 +280,7 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
     if (trans_a) pack_a_cols(pa, Kp, A, lda, M, K, Mp, Kp);
     else pack_a_rows(pa, Kp, A, lda, M, K, Mp, Kp);
     pack_b(pb, B, ldb, N, K, Np, Kp);
-    gemm_packed(M, N, K, alpha, pa, Kp, pb, K, beta, C, ldc);
+    gemm_packed(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
 }
 #endif
 
@@ -319,11 +336,24 @@ void lt_cpu_bf16_pack_b(const float *B, int64_t ldb, int64_t N, int64_t K, uint1
 #endif
 }
 
-void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
-                                  const uint16_t *pb, int64_t kb, float beta, float *C, int64_t ldc) {
+int64_t lt_cpu_bf16_panel_elems(int64_t K) { return up(K, 32) * 16; }
+
+void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst, int64_t ldd,
+                             int64_t kpairs, int64_t ncols) {
 #if defined(LT_TILE_AMX)
-    if (M > 0 && N > 0 && K > 0) gemm_packed(M, N, K, alpha, pa, lda, pb, kb, beta, C, ldc);
+    pack_b_rows(dst, ldd, B, ldb, N, K, kpairs, ncols);
 #else
-    (void)M, (void)N, (void)K, (void)alpha, (void)pa, (void)lda, (void)pb, (void)kb, (void)beta, (void)C, (void)ldc;
+    (void)B, (void)ldb, (void)N, (void)K, (void)dst, (void)ldd, (void)kpairs, (void)ncols;
+#endif
+}
+
+void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
+                                  const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C,
+                                  int64_t ldc) {
+#if defined(LT_TILE_AMX)
+    if (M > 0 && N > 0 && K > 0) gemm_packed(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
+#else
+    (void)M, (void)N, (void)K, (void)alpha, (void)pa, (void)lda, (void)pb, (void)b_panel, (void)b_row, (void)beta,
+        (void)C, (void)ldc;
 #endif
 }
