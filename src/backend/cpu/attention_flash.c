@@ -675,6 +675,18 @@ LT_CPU_CLONES static void grad_tile(const flash_job *j, float *S, float *dP, int
     }
 }
 
+/* The beta of a tile's dQ product into the item's bucket for stacked rows [x0, x0 + R): rows
+ * reached for the first time are written, not added to (a part below x0 reached now is zeroed),
+ * and their tokens flagged as held. */
+static float dq_beta(flash_slot *sl, int64_t x0, int64_t R, int64_t D, int64_t G) {
+    if (x0 + R <= sl->dq_hw) return 1.0f;
+    const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
+    if (from != x0) memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
+    memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
+    sl->dq_hw = x0 + R;
+    return from == x0 ? 0.0f : 1.0f;
+}
+
 /* bwd_seg on the packed path (packed_tiles): the same sums with Q and dO packed once per kv head,
  * Kᵀ, Vᵀ and K once per key tile, and dK, dV accumulated transposed (dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P:
  * the packed transposes read at the tile's row offset, P and dS packed as they are), transposed
@@ -706,14 +718,7 @@ static void bwd_seg_packed(const flash_job *j, flash_slot *sl, int64_t b, int64_
         lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->dt + x0, ldt, pk, pR, 32, 1.0f, dVt, BC);
         lt_cpu_bf16_pack_b(sl->dp, BC, c, R, pk);
         lt_cpu_tile_gemm_bf16_packed(D, c, R, 1.0f, sl->qt + x0, ldt, pk, pR, 32, 1.0f, dKt, BC);
-        float beta = 1.0f;
-        if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
-            const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
-            if (from == x0) beta = 0.0f;
-            else memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
-            memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
-            sl->dq_hw = x0 + R;
-        }
+        const float beta = dq_beta(sl, x0, R, D, G);
         lt_cpu_bf16_pack_a(0, sl->dp, BC, R, c, pk, cp, up32(R), cp);
         lt_cpu_tile_gemm_bf16_packed(R, D, c, 1.0f, pk, cp, sl->pk, lt_cpu_bf16_panel_elems(c), 32, beta,
                                      sl->dq + x0 * D, D);
@@ -759,14 +764,7 @@ static void bwd_seg(const flash_job *j, flash_slot *sl, int64_t b, int64_t kvh, 
         grad_tile(j, sl->s, sl->dp, R, c, qb, ka, s0, sl->lse + x0, sl->dvec + x0);
         tile(p, sl, 1, c, D, R, 1.0f, sl->s, BC, dO, D, 1.0f, dV, D);
         tile(p, sl, 1, c, D, R, 1.0f, sl->dp, BC, Q, D, 1.0f, dK, D);
-        float beta = 1.0f;
-        if (x0 + R > sl->dq_hw) { /* rows reached for the first time: written, not added to */
-            const int64_t from = x0 > sl->dq_hw ? x0 : sl->dq_hw;
-            if (from == x0) beta = 0.0f;
-            else memset(sl->dq + from * D, 0, (size_t)((x0 + R - from) * D) * sizeof(float));
-            memset(sl->cov + from / G, 1, (size_t)((x0 + R - from) / G));
-            sl->dq_hw = x0 + R;
-        }
+        const float beta = dq_beta(sl, x0, R, D, G);
         tile(p, sl, 0, R, D, c, 1.0f, sl->dp, BC, K, ldk, beta, sl->dq + x0 * D, D);
     }
     const size_t es = p->dtype == LT_DTYPE_F32 ? 4 : 2;
