@@ -8,10 +8,13 @@
  *   and beta 0 or 1 is loaded from and stored to C directly, any other stored to a block on the
  *   stack and written out with alpha and beta. A transposed op(A) is packed by pairing rows of
  *   the stored A and transposing 16 x 16 blocks of those pairs in registers.
+ *   Callers that reuse an operand pack it once (lt_cpu_bf16_pack_a / _b / _b_rows) and multiply
+ *   packed operands (lt_cpu_tile_gemm_bf16_packed); B then comes as panels or as pair rows one
+ *   after the other, which a product can read from any column.
  * - Elsewhere: both operands are rounded into f32 copies and lt_cpu_tile_gemm multiplies them, so
  *   the products are the same, only the order of the sums differs.
- * Each element of C is summed over k in chunks of 32 in ascending order on either path, whatever M
- * and N, so the result does not depend on how a caller splits its tiles. */
+ * Each element of C is one fixed-order sum over k on either path (on AMX in ascending chunks of
+ * 32), whatever M and N, so the result does not depend on how a caller splits its tiles. */
 #define _DEFAULT_SOURCE /* syscall */
 #include <string.h>
 
@@ -189,10 +192,6 @@ AMX_FN static void pack_b(uint16_t *dst, const float *B, int64_t ldb, int64_t N,
     }
 }
 
-/* C = alpha·A·B + beta·C on packed operands: A's rows at stride lda (bf16), up32(M) of them and
- * up32(K) columns readable; B's VNNI pair rows (16 columns, 32 bf16, a tile row) at b_row
- * elements from one to the next and its 16-column groups at b_panel, up32(K)/2 pair rows and
- * up32(N) columns readable, the pair rows from K on zero. */
 /* B (K, N) as VNNI pair rows one after the other: pair row kk (rows 2kk, 2kk+1 of B) at dst + kk·ldd,
  * its column n at element 2n; kpairs pair rows and ncols columns written, zeros beyond K and N. */
 AMX_FN static void pack_b_rows(uint16_t *dst, int64_t ldd, const float *B, int64_t ldb, int64_t N, int64_t K,
@@ -209,6 +208,10 @@ AMX_FN static void pack_b_rows(uint16_t *dst, int64_t ldd, const float *B, int64
     }
 }
 
+/* C = alpha·A·B + beta·C on packed operands: A's rows at stride lda (bf16), up32(M) of them and
+ * up32(K) columns readable; B's VNNI pair rows (16 columns, 32 bf16, a tile row) at b_row
+ * elements from one to the next and its 16-column groups at b_panel, up32(K)/2 pair rows and
+ * up32(N) columns readable, the pair rows from K on zero. */
 AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
                                const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C, int64_t ldc) {
     const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
