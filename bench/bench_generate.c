@@ -112,12 +112,11 @@ int lt_bench_generate(int argc, char **argv) {
     if (!llama) llama = "/work/cache/llama-build/bin/llama-bench";
     int threads = 2;
     int64_t pp = 512, tg = 128;
+    int bf16x = 0; /* --bf16-products */
     const lt_bench_arg flags[] = {
-        LT_BENCH_STR("--model", &model),
-        LT_BENCH_STR("--llama-bench", &llama),
-        LT_BENCH_INT("--threads", &threads, 1, 4096),
-        LT_BENCH_I64("--pp", &pp, 1, 65536),
-        LT_BENCH_I64("--tg", &tg, 1, 65536),
+        LT_BENCH_SET("--bf16-products", &bf16x, 1), LT_BENCH_STR("--model", &model),
+        LT_BENCH_STR("--llama-bench", &llama),      LT_BENCH_INT("--threads", &threads, 1, 4096),
+        LT_BENCH_I64("--pp", &pp, 1, 65536),        LT_BENCH_I64("--tg", &tg, 1, 65536),
     };
     const int parsed =
         lt_bench_parse_args("generate", NULL, argc, argv, &c, LT_BENCH_COMMON_ALL, flags, LT_BENCH_NARGS(flags));
@@ -127,6 +126,7 @@ int lt_bench_generate(int argc, char **argv) {
                "threads.\n  --model GGUF  [~/.cache/longtune/smollm2-135m-instruct-q4_1.gguf]\n"
                "  --threads N  [2]\n  --pp N  prompt tokens [512]\n  --tg N  generated tokens [128]\n"
                "  --llama-bench PATH  [$LLAMA_BENCH or /work/cache/llama-build/bin/llama-bench; CPU only]\n"
+               "  --bf16-products  prefill on bf16 products (generate --bf16-products)\n"
                "options:\n" LT_BENCH_COMMON_HELP "  (--repeats: rounds, each one longtune pp, tg and one "
                "llama-bench run [5]; --warmup: untimed rounds after the first prefill [1])\n");
         return 0;
@@ -161,7 +161,8 @@ int lt_bench_generate(int argc, char **argv) {
     size_t cache_bytes = 0;
     double t_cache = lt_time_now();
     t_load = t_cache - t_load;
-    if (lt_kv_cache_new(g.ctx, g.m, 1, ctx_len, pp, &g.c, &cache_bytes) != LT_OK) {
+    const lt_kv_cache_options ko = {.B = 1, .ctx_len = ctx_len, .n_max = pp, .bf16_products = bf16x};
+    if (lt_kv_cache_create(g.ctx, g.m, &ko, &g.c, &cache_bytes) != LT_OK) {
         fprintf(stderr, "longtune bench generate: %s\n", lt_ctx_error(g.ctx));
         goto done;
     }
@@ -196,6 +197,7 @@ int lt_bench_generate(int argc, char **argv) {
     cJSON_AddNumberToObject(cfg, "threads", threads);
     cJSON_AddNumberToObject(cfg, "pp", (double)pp);
     cJSON_AddNumberToObject(cfg, "tg", (double)tg);
+    cJSON_AddBoolToObject(cfg, "bf16_products", bf16x);
     cJSON_AddNumberToObject(cfg, "rounds", c.repeats);
     cJSON_AddNumberToObject(cfg, "kv_cache_bytes", (double)cache_bytes);
     cJSON_AddNumberToObject(cfg, "warmup_rounds", c.warmup);
@@ -226,7 +228,9 @@ int lt_bench_generate(int argc, char **argv) {
         fprintf(stderr, "median: longtune pp %.1f tg %.1f tok/s (%s)\n", mpp, mtg,
                 dev == LT_DEVICE_CPU ? "no llama-bench found" : "llama-bench is the CPU build: not run beside CUDA");
     }
-    rc = lt_bench_write(&c, res, dev == LT_DEVICE_CPU ? "cpu" : "cuda-kvcache"); /* beside generate-cuda.json */
+    rc = lt_bench_write(&c, res,
+                        dev == LT_DEVICE_CPU ? (bf16x ? "cpu-bf16-products" : "cpu")
+                                             : "cuda-kvcache"); /* beside generate-cuda.json */
 done:
     free(g.prompt);
     free(g.logits);

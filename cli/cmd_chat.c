@@ -15,7 +15,7 @@
 static const char *usage =
     "longtune chat --model M [--adapter DIR] [--system TEXT] [--max-tokens N] [--ctx N] [--temp T] [--top-k K] "
     "[--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STRING]... [--chat-template NAME] "
-    "[--device cpu|cuda] [--threads N] [--stats]";
+    "[--device cpu|cuda] [--threads N] [--stats] [--bf16-products]";
 
 #define MAX_TURNS 4096
 #define CHAT_PASS_TOKENS 1024
@@ -58,12 +58,17 @@ int lt_cmd_chat(int argc, char **argv) {
                    "  --max-tokens N  tokens per reply at most [512]\n"
                    "  --stats  after each reply, print on stderr the prompt tokens, how many the cache\n"
                    "           already held, the new tokens and the decode rate\n"
+                   "  --bf16-products  prefill each turn on bf16 products, as `generate --bf16-products`\n"
                    "  sampling as `generate` (greedy unless --temp > 0)\n",
                    usage);
             return LT_EXIT_OK;
         }
         if (!strcmp(a, "--stats")) {
             stats = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bf16-products")) {
+            req.bf16_products = 1;
             continue;
         }
         if (i + 1 >= argc) return lt_cli_usage_error("chat", usage, "option '%s' needs a value (or is unknown)", a);
@@ -130,9 +135,11 @@ int lt_cmd_chat(int argc, char **argv) {
     const lt_model_config *cf = lt_model_get_config(m);
     if (cf->max_positions > 0 && ctx_len > cf->max_positions) ctx_len = cf->max_positions;
     /* turns longer than CHAT_PASS_TOKENS prefill in passes of that many (the scratch's size) */
-    if ((s = lt_kv_cache_new(ctx, m, 1, ctx_len, ctx_len < CHAT_PASS_TOKENS ? ctx_len : CHAT_PASS_TOKENS, &c, NULL)) !=
-        LT_OK)
-        goto fail;
+    const lt_kv_cache_options ko = {.B = 1,
+                                    .ctx_len = ctx_len,
+                                    .n_max = ctx_len < CHAT_PASS_TOKENS ? ctx_len : CHAT_PASS_TOKENS,
+                                    .bf16_products = req.bf16_products};
+    if ((s = lt_kv_cache_create(ctx, m, &ko, &c, NULL)) != LT_OK) goto fail;
     int32_t stop_ids[16];
     int n_stop_ids = lt_gen_stop_ids(tok, m, stop_ids, 16);
     req.stop_ids = stop_ids, req.n_stop = n_stop_ids;

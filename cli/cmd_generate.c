@@ -20,7 +20,8 @@
 static const char *usage =
     "longtune generate --model M [--adapter DIR] (--prompt TEXT | --prompts FILE) [--system TEXT] [--max-tokens N] "
     "[--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S] "
-    "[--stop STRING]... [--chat | --no-chat-template] [--chat-template NAME] [--device cpu|cuda] [--threads N]";
+    "[--stop STRING]... [--chat | --no-chat-template] [--chat-template NAME] [--device cpu|cuda] [--threads N] "
+    "[--bf16-products]";
 
 #define MAX_PROMPTS LT_KV_MAX_RUNS
 
@@ -126,7 +127,9 @@ int lt_cmd_generate(int argc, char **argv) {
                    "  --system TEXT  a system message\n  --chat  apply the model's chat template (the default)\n"
                    "  --chat-template NAME  override the detected template\n"
                    "  --no-chat-template  feed the prompt as plain text (with BOS)\n"
-                   "  --device cpu|cuda  where the model runs [cpu]\n",
+                   "  --device cpu|cuda  where the model runs [cpu]\n"
+                   "  --bf16-products  prefill the prompt on bf16 products, as train --bf16-products (the CPU:\n"
+                   "                   oneDNN and AMX tiles where it has them); decoding keeps its products\n",
                    usage);
             return LT_EXIT_OK;
         }
@@ -136,6 +139,10 @@ int lt_cmd_generate(int argc, char **argv) {
         }
         if (!strcmp(a, "--chat")) {
             no_template = 0;
+            continue;
+        }
+        if (!strcmp(a, "--bf16-products")) {
+            req.bf16_products = 1;
             continue;
         }
         const char *flags[] = {"--model",   "--adapter", "--prompt",         "--system",        "--max-tokens",

@@ -43,6 +43,8 @@ typedef struct lt_generate_request {
     lt_sample_options sample;
     const int32_t *stop_ids; /* a row ends after sampling any of these (passed to on_token) */
     int n_stop;
+    int bf16_products; /* lt_generate_batch's cache: prompts prefilled on bf16 products
+                          (lt_kv_cache_options.bf16_products) */
 } lt_generate_request;
 
 typedef struct lt_generate_stats {

@@ -30,6 +30,19 @@ LT_API lt_status lt_kv_cache_bytes(lt_ctx *ctx, const lt_model_config *cfg, int6
  * LT_ERR_UNSUPPORTED (a head dim or layer the device's decode attention refuses), LT_ERR_OOM. */
 LT_API lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, int64_t n_max, lt_kv_cache **out,
                                  size_t *out_bytes);
+
+/* lt_kv_cache_new with options. bf16_products = 1: a prompt's prefill runs flash attention's tiles
+ * on bf16 operands and, in passes of more than 8 tokens, multiplies its projections'
+ * bf16, f16 and quantized weights on x and W rounded to bf16, as lt_model_run_options.bf16_products
+ * does in training (the CPU: oneDNN and AMX tiles where it has them; a CPU build without oneDNN
+ * refuses it, LT_ERR_UNSUPPORTED; CUDA multiplies bf16 either way); the decode steps (one query per
+ * token over the cache) and the logits keep their products. */
+typedef struct lt_kv_cache_options {
+    int64_t B, ctx_len, n_max; /* as lt_kv_cache_new's */
+    int bf16_products;
+} lt_kv_cache_options;
+LT_API lt_status lt_kv_cache_create(lt_ctx *ctx, lt_model *m, const lt_kv_cache_options *opt, lt_kv_cache **out,
+                                    size_t *out_bytes);
 LT_API void lt_kv_cache_free(lt_ctx *ctx, lt_kv_cache *c);
 
 /* Positions cached in row seq (0 outside [0, B)), and the row capacity. */

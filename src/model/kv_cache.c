@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/ctx_state.h"
 #include "core/fastmath.h"
 #include "longtune/alloc.h"
 #include "longtune/kv_cache.h"
@@ -32,7 +33,8 @@ struct lt_kv_cache {
     int32_t *d_tok, *d_pos, *d_seq, *d_len, *d_offs;
     void *mm_ws, *attn_ws, *dec_ws;
     lt_moe_layout moe; /* MoE layers' dispatch buffers in the scratch block (offsets from scr) */
-    size_t attn_ws_bytes;
+    size_t attn_ws_bytes, mm_ws_bytes;
+    int bf16x;       /* prefill passes: bf16 products (lt_kv_cache_options.bf16_products) */
     int32_t *h_ints; /* host staging of tok, pos, seq, len, offs: (4·n_max + B + 1) */
     size_t h_ints_bytes;
 };
@@ -67,6 +69,7 @@ static lt_attention_params prefill_params(const lt_kv_cache *c, const lt_layer_d
     ap.seq_offsets = offs_host;
     ap.seq_offsets_device = c->dev == LT_DEVICE_CPU ? NULL : c->d_offs;
     ap.S = S;
+    ap.bf16_products = c->bf16x;
     return ap;
 }
 
@@ -85,7 +88,21 @@ static lt_decode_attention_params decode_params(const lt_kv_cache *c, const lt_l
 
 lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, int64_t n_max, lt_kv_cache **out,
                           size_t *out_bytes) {
+    const lt_kv_cache_options o = {.B = B, .ctx_len = ctx_len, .n_max = n_max};
+    return lt_kv_cache_create(ctx, m, &o, out, out_bytes);
+}
+
+lt_status lt_kv_cache_create(lt_ctx *ctx, lt_model *m, const lt_kv_cache_options *opt, lt_kv_cache **out,
+                             size_t *out_bytes) {
     *out = NULL;
+    const int64_t B = opt->B, ctx_len = opt->ctx_len;
+    int64_t n_max = opt->n_max;
+    if (opt->bf16_products < 0 || opt->bf16_products > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "kv cache: bf16_products %d is not 0 or 1", opt->bf16_products);
+    if (opt->bf16_products && m->opt.device == LT_DEVICE_CPU && !m->be->matmul_bf16x_workspace_bytes)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "kv cache: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, "
+                        "rebuild)");
     const lt_model_config *cf = &m->cfg;
     size_t kvb;
     LT_TRY(lt_kv_cache_bytes(ctx, cf, B, ctx_len, &kvb));
@@ -115,6 +132,7 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     if (!c) return lt_ctx_status(ctx);
     c->m = m, c->be = be, c->dev = m->opt.device, c->B = B, c->ctx_len = ctx_len, c->n_max = n_max;
     c->threads = lt_ctx_threads(ctx);
+    c->bf16x = opt->bf16_products && be->matmul_bf16x_workspace_bytes;
     lt_status s = LT_OK;
     int64_t n = n_max, C = cf->C, F = cf->F, qd = cf->H * cf->D, kvd = cf->Hkv * cf->D, r = m->lora.rank;
     /* the scratch pieces: f32 activations, then int32 inputs, then the workspaces */
@@ -145,6 +163,9 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
         lt_model_proj_shape(cf, (lt_proj)p, &po, &pi);
         size_t b = be->matmul_workspace_bytes(cf->proj_dtype[p], po, pi, n, c->threads);
         if (b > mmb) mmb = b;
+        if (c->bf16x && n > LT_MATVEC_MAX_N &&
+            (b = be->matmul_bf16x_workspace_bytes(cf->proj_dtype[p], po, pi, n, c->threads)) > mmb)
+            mmb = b;
     }
     /* the fused one-token groups (proj_group): q, k, v and gate, up as one weight */
     int64_t oq, ok, ov, og, ou, iq, ig;
@@ -196,6 +217,7 @@ lt_status lt_kv_cache_new(lt_ctx *ctx, lt_model *m, int64_t B, int64_t ctx_len, 
     int32_t *ints = (int32_t *)(S0 + o_ints);
     c->d_tok = ints, c->d_pos = ints + n, c->d_seq = ints + 2 * n, c->d_len = ints + 3 * n, c->d_offs = ints + 4 * n;
     c->mm_ws = mmb ? S0 + o_mm : NULL;
+    c->mm_ws_bytes = mmb;
     c->attn_ws = atb ? S0 + o_at : NULL;
     c->dec_ws = decb ? S0 + o_dec : NULL;
     if (out_bytes)
@@ -244,7 +266,11 @@ static void proj(const lt_kv_cache *c, lt_ctx *ctx, int64_t l, lt_proj p, const 
     const lt_backend *be = c->be;
     const lt_tensor *w = &L->w[p];
     int64_t out = w->shape[0], in = w->shape[1], r = m->lora.rank;
+    /* a prefill pass with bf16 products: the context holds the workspace's bytes for the call */
+    const int bf16x = c->bf16x && n > LT_MATVEC_MAX_N;
+    if (bf16x) lt_ctx_set_bf16x(ctx, c->mm_ws_bytes);
     be->matmul(ctx, n <= LT_MATVEC_MAX_N ? LT_MATMUL_NT_DECODE : LT_MATMUL_NT, w, x, n, beta, y, c->mm_ws);
+    if (bf16x) lt_ctx_set_bf16x(ctx, 0);
     if (L->desc.qkv_bias && p <= LT_PROJ_V) be->add_bias(ctx, y, L->bias[p], n, out);
     if (!L->lora_a[p]) return;
     be->gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, L->lora_a[p], in, 0.0f, c->lu, r);

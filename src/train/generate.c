@@ -126,7 +126,8 @@ lt_status lt_generate_batch(lt_ctx *ctx, lt_model *m, int64_t n, const int32_t *
        prefill row by row in passes of that size), and always one token of every row */
     int64_t n_max = total < LT_GENERATE_PASS_TOKENS ? total : LT_GENERATE_PASS_TOKENS;
     if (n_max < n) n_max = n;
-    LT_TRY(lt_kv_cache_new(ctx, m, n, ctx_len, n_max, &c, &cache_bytes));
+    const lt_kv_cache_options ko = {.B = n, .ctx_len = ctx_len, .n_max = n_max, .bf16_products = req->bf16_products};
+    LT_TRY(lt_kv_cache_create(ctx, m, &ko, &c, &cache_bytes));
     int64_t rows[LT_KV_MAX_RUNS];
     for (int64_t i = 0; i < n; i++) rows[i] = i;
     lt_status s = lt_generate_rows(ctx, c, n, rows, prompt, n_prompt, req, NULL, on_token, arg, stats);

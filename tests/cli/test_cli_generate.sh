@@ -147,6 +147,14 @@ PY
 else
   grep -q "bf16_products" <<<"${e16[1]}" || { echo "FAIL: eval --bf16-products without oneDNN not refused by name"; fail=1; }
 fi
+# generate --bf16-products: the prompt's prefill on bf16 products (20 tokens: past the decode path)
+g16=$("$bin" generate --model "$dir/m16" --threads 1 --no-chat-template --max-tokens 4 --bf16-products \
+  --prompt "record 1: the quick brown fox jumps over the lazy dog record 2: the quick" 2>&1)
+if "$bin" info | grep -q "onednn=1"; then
+  [ -n "$g16" ] && ! grep -qi "error" <<<"$g16" || { echo "FAIL: generate --bf16-products: $g16"; fail=1; }
+else
+  grep -q "bf16_products" <<<"$g16" || { echo "FAIL: generate --bf16-products without oneDNN not refused by name"; fail=1; }
+fi
 # the plan is exact for a model this small too: its step holds less than reading the data does,
 # so the run's host high-water is that of the loading, and `plan --data` predicts it to the byte
 "$bin" plan --model "$dir/m16" "${tr[@]}" --threads 1 --json >"$dir/plan16.json" 2>"$dir/plan16.err" ||

@@ -349,10 +349,71 @@ static void test_bad_new(void **st) {
     lt_ctx_free(ctx);
 }
 
+/* A bf16 model's prompt prefilled with bf16 products (projections and attention tiles on bf16
+ * inputs; 20 tokens, past the decode path's 8): the last position's logits against the full f32
+ * forward, further than the f32 paths' bound (the products did round) and within a bf16 one
+ * (2^-5 of the largest logit); the decode steps after it keep theirs. A build without oneDNN
+ * refuses the option by name; a value other than 0 or 1 is refused. */
+static void test_cpu_bf16_products(void **st) {
+    (void)st;
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/lt_test_kv_cache_%ld_bf16", (long)getpid());
+    uint64_t rng = 9;
+    lt_test_tiny t = {.V = 128, .C = 64, .F = 96, .L = 2, .H = 4, .Hkv = 2, .D = 16, .dtype = LT_DTYPE_BF16};
+    lt_test_tiny_write(&t, dir, &rng);
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model *m = load_dir(ctx, dir, dir, LT_DEVICE_CPU, 13);
+    const int64_t V = m->cfg.V, T = 20;
+    int32_t tok[24];
+    uint64_t r = 3;
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)(lt_splitmix64(&r) % (uint64_t)V);
+    float *full = malloc((size_t)(24 * V) * 4), *lg = malloc((size_t)V * 4);
+    full_logits(ctx, m, tok, 24, full);
+    lt_kv_cache *c = NULL;
+    lt_kv_cache_options o = {.B = 1, .ctx_len = 32, .n_max = 0, .bf16_products = 1};
+    lt_status s = lt_kv_cache_create(ctx, m, &o, &c, NULL);
+    if (!LT_HAVE_ONEDNN) {
+        assert_int_equal(s, LT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(lt_ctx_error(ctx), "bf16_products"));
+        printf("      bf16 products skipped: this build has no oneDNN\n");
+    } else {
+        assert_int_equal(s, LT_OK);
+        int64_t row = 0, n = T;
+        const int32_t *tp = tok;
+        assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row, &tp, &n, lg), LT_OK);
+        const double e = row_err(lg, full + (T - 1) * V, V);
+        if (e <= KV_REL || e > 0x1p-5)
+            fail_msg("bf16 prefill: relative error %.3g outside (%g, %g]", e, KV_REL, 0x1p-5);
+        for (int64_t i = T; i < 24; i++) { /* decode: one token at a time */
+            int64_t one = 1;
+            tp = tok + i;
+            assert_int_equal(lt_kv_cache_extend(ctx, c, 1, &row, &tp, &one, lg), LT_OK);
+            assert_true(row_err(lg, full + i * V, V) <= 0x1p-5);
+        }
+        lt_kv_cache_free(ctx, c);
+    }
+    o.bf16_products = 2;
+    assert_int_equal(lt_kv_cache_create(ctx, m, &o, &c, NULL), LT_ERR_INVALID_ARG);
+    free(full), free(lg);
+    lt_model_free(ctx, m);
+    lt_ctx_free(ctx);
+    char f[600];
+    snprintf(f, sizeof f, "%s/config.json", dir);
+    unlink(f);
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    unlink(f);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cpu),       cmocka_unit_test(test_cpu_window),   cmocka_unit_test(test_cuda),
-        cmocka_unit_test(test_cpu_gemma), cmocka_unit_test(test_gemma_greedy), cmocka_unit_test(test_bad_new),
+        cmocka_unit_test(test_cpu),
+        cmocka_unit_test(test_cpu_window),
+        cmocka_unit_test(test_cuda),
+        cmocka_unit_test(test_cpu_gemma),
+        cmocka_unit_test(test_gemma_greedy),
+        cmocka_unit_test(test_bad_new),
+        cmocka_unit_test(test_cpu_bf16_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
