@@ -97,12 +97,8 @@ lt_status lt_kv_cache_create(lt_ctx *ctx, lt_model *m, const lt_kv_cache_options
     *out = NULL;
     const int64_t B = opt->B, ctx_len = opt->ctx_len;
     int64_t n_max = opt->n_max;
-    if (opt->bf16_products < 0 || opt->bf16_products > 1)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "kv cache: bf16_products %d is not 0 or 1", opt->bf16_products);
-    if (opt->bf16_products && m->opt.device == LT_DEVICE_CPU && !m->be->matmul_bf16x_workspace_bytes)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "kv cache: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, "
-                        "rebuild)");
+    int bf16x;
+    LT_TRY(lt_model_bf16x(ctx, "kv cache", opt->bf16_products, m->opt.device, m->be, &bf16x));
     const lt_model_config *cf = &m->cfg;
     size_t kvb;
     LT_TRY(lt_kv_cache_bytes(ctx, cf, B, ctx_len, &kvb));
@@ -132,7 +128,7 @@ lt_status lt_kv_cache_create(lt_ctx *ctx, lt_model *m, const lt_kv_cache_options
     if (!c) return lt_ctx_status(ctx);
     c->m = m, c->be = be, c->dev = m->opt.device, c->B = B, c->ctx_len = ctx_len, c->n_max = n_max;
     c->threads = lt_ctx_threads(ctx);
-    c->bf16x = opt->bf16_products && be->matmul_bf16x_workspace_bytes;
+    c->bf16x = bf16x;
     lt_status s = LT_OK;
     int64_t n = n_max, C = cf->C, F = cf->F, qd = cf->H * cf->D, kvd = cf->Hkv * cf->D, r = m->lora.rank;
     /* the scratch pieces: f32 activations, then int32 inputs, then the workspaces */

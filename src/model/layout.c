@@ -9,6 +9,19 @@
 #include "model/model_internal.h"
 #include "model/config_bounds.h"
 
+lt_status lt_model_bf16x(lt_ctx *ctx, const char *where, int requested, lt_device dev, const lt_backend *be, int *on) {
+    *on = 0;
+    if (requested < 0 || requested > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "%s: bf16_products %d is not 0 or 1", where, requested);
+    if (requested && dev == LT_DEVICE_CPU && !be->matmul_bf16x_workspace_bytes)
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, e.g. by "
+                        "scripts/setup.sh, and rebuild)",
+                        where);
+    *on = requested && be->matmul_bf16x_workspace_bytes;
+    return LT_OK;
+}
+
 static const char *const proj_names[LT_PROJ_COUNT_] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                        "gate_proj", "up_proj", "down_proj"};
 
@@ -421,13 +434,7 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     if (run->saved_bf16 < -1 || run->saved_bf16 > 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: saved_bf16 %d outside -1..1", run->saved_bf16);
     o->saved_dtype = run->saved_bf16 > 0 ? LT_DTYPE_BF16 : run->saved_bf16 < 0 ? LT_DTYPE_F32 : r->be->saved_dtype;
-    if (run->bf16_products < 0 || run->bf16_products > 1)
-        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: bf16_products %d is not 0 or 1", run->bf16_products);
-    if (run->bf16_products && dev == LT_DEVICE_CPU && !r->be->matmul_bf16x_workspace_bytes)
-        return lt_error(ctx, LT_ERR_UNSUPPORTED,
-                        "model run: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, "
-                        "e.g. by scripts/setup.sh, and rebuild)");
-    o->bf16x = run->bf16_products && r->be->matmul_bf16x_workspace_bytes;
+    LT_TRY(lt_model_bf16x(ctx, "model run", run->bf16_products, dev, r->be, &o->bf16x));
     r->es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */

@@ -62,6 +62,10 @@ int lt_model_layer_is_moe(const lt_model_config *cfg, int64_t l);
 /* Shapes (out, in) of layer l's projection p: an MoE layer's gate, up and down are the stacked
  * experts (E·moe_F, C) and (E·C, moe_F); else lt_model_proj_shape. */
 void lt_model_layer_proj_shape(const lt_model_config *cfg, int64_t l, lt_proj p, int64_t *out, int64_t *in);
+/* A run's bf16_products request on device dev with backend be (where: the message's prefix):
+ * LT_ERR_INVALID_ARG outside 0..1, LT_ERR_UNSUPPORTED on a CPU build without oneDNN; *on = 1
+ * when the backend's bf16 products path runs (CUDA multiplies bf16 either way: 0 there). */
+lt_status lt_model_bf16x(lt_ctx *ctx, const char *where, int requested, lt_device dev, const lt_backend *be, int *on);
 /* The MoE fields' consistency: LT_OK for a dense model (n_experts 0 and no MoE field set), else
  * LT_ERR_INVALID_ARG naming the field (experts outside 1..LT_MOE_MAX_EXPERTS, top-k outside
  * 1..experts, expert width <= 0, a negative period or coefficient) or LT_ERR_UNSUPPORTED (a shared

@@ -24,6 +24,7 @@
 #include "core/rng.h"
 #include "helpers/test_util.h"
 #include "helpers/tiny_model.h"
+#include "helpers/train_data.h"
 #include "longtune/alloc.h"
 #include "longtune/kv_cache.h"
 #include "longtune/model.h"
@@ -211,14 +212,7 @@ static void write_d64(char dirs[2][256]) {
 }
 
 static void rm_d64(char dirs[2][256]) {
-    for (int k = 0; k < 2; k++) {
-        char p[600];
-        snprintf(p, sizeof p, "%s/config.json", dirs[k]);
-        unlink(p);
-        snprintf(p, sizeof p, "%s/model.safetensors", dirs[k]);
-        unlink(p);
-        rmdir(dirs[k]);
-    }
+    for (int k = 0; k < 2; k++) lt_test_rm_model_dir(dirs[k]);
 }
 
 /* The Gemma fixtures; the first two have head dim 64, which the CUDA attention serves. */
@@ -397,12 +391,7 @@ static void test_cpu_bf16_products(void **st) {
     free(full), free(lg);
     lt_model_free(ctx, m);
     lt_ctx_free(ctx);
-    char f[600];
-    snprintf(f, sizeof f, "%s/config.json", dir);
-    unlink(f);
-    snprintf(f, sizeof f, "%s/model.safetensors", dir);
-    unlink(f);
-    rmdir(dir);
+    lt_test_rm_model_dir(dir);
 }
 
 int main(void) {
