@@ -1,6 +1,6 @@
 /* The wgmma flash attention backward for Hopper (sm_90a): the main kernel (D = 64 or 128; 96 padded
- * to 128) and the dQ kernel (the same, and 256 after bwd_wg256.cu's main kernel); bwd.cu sequences
- * them with delta and the conversions of fp32 sums.
+ * to 128) and the dQ kernel (the same; D = 256 has its own, bwd_dq256.cu); bwd.cu sequences them
+ * with delta and the conversions of fp32 sums.
  *
  * The main kernel (dev/cuda/README.md) does the mma.sync kernel's CTA work (128 keys of one kv
  * head, every query head of its group, 64 queries per step) on warpgroup MMAs. Two warpgroups of 4
@@ -253,9 +253,7 @@ static __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) attn_bwd_w
  * registers and accumulating dQ += dS·K (dS as the register A operand, K read MN-major). dQ is
  * written once in bf16: no fp32 buffer, no memset, no conversion pass. The main kernel then skips
  * its dQ part. It costs two extra MMAs per tile, which pays at D = 64 and 128 only when tiles are
- * few; at D = 256 it runs on every row (4.7 against 5.4 ms at T = 8192 with the atomics: those
- * of 256 columns cost more than the two MMAs). At D = 256 one CTA fits an SM (197 KiB of shared
- * memory) and ptxas spills 80-100 bytes. */
+ * few. D = 256 runs the two-warpgroup kernel of bwd_dq256.cu instead, on every row. */
 template <int D, bool DELTA, bool CAP, int DV = D>
 static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev p) {
 #if LT_WGMMA_OK
@@ -416,8 +414,7 @@ static lt_status bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStr
 lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream) {
     if (D == 64)
         return delta ? bwd_dq_launch<64, true>(ctx, d, B, stream) : bwd_dq_launch<64, false>(ctx, d, B, stream);
-    if (D == 256)
-        return delta ? bwd_dq_launch<256, true>(ctx, d, B, stream) : bwd_dq_launch<256, false>(ctx, d, B, stream);
+    if (D == 256) return lt_attn_bwd_dq256_launch(ctx, d, B, delta, stream); /* bwd_dq256.cu */
     if (D == 96) /* the D = 128 kernel with columns 96..127 zero */
         return delta ? bwd_dq_launch<128, true, 96>(ctx, d, B, stream)
                      : bwd_dq_launch<128, false, 96>(ctx, d, B, stream);

@@ -58,6 +58,9 @@ lt_status lt_attn_bwd_wg_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D,
 lt_status lt_attn_bwd_wg256_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, cudaStream_t stream);
 /* The dQ kernel (no atomics; forms delta first when `delta`). */
 lt_status lt_attn_bwd_dq_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, int delta, cudaStream_t stream);
+/* The D = 256 dQ kernel (bwd_dq256.cu: 128 query rows a CTA over two warpgroups), which
+ * lt_attn_bwd_dq_launch runs at D = 256. */
+lt_status lt_attn_bwd_dq256_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int delta, cudaStream_t stream);
 /* The warp-specialised kernel and its dQ conversion. d.delta must hold rowsum(dO·O) and d.dq_acc
  * (B·H·T·D fp32, the kernel's own tile order) must be zero. */
 lt_status lt_attn_bwd_ws_launch(lt_ctx *ctx, const lt_attn_dev &d, int B, int D, cudaStream_t stream);

@@ -184,12 +184,14 @@ lt_attn_cuda_tuning lt_attn_cuda_tuning_get(void);
 #define LT_ATTN_BWD_WG_BM 64
 #define LT_ATTN_BWD_DQ_BM 64
 #define LT_ATTN_BWD_DQ_BN 64
-/* D = 256 (bwd_wg256.cu): 1 = dQ by the dQ kernel (recomputing S and dP per 64-row query tile) on
+/* D = 256 (bwd_wg256.cu): 1 = dQ by the dQ kernel (bwd_dq256.cu, recomputing S and dP per tile) on
  * every row, 0 = by the main kernel's fp32 atomics except on sparse rows. H100, T = 8192, H = 16,
- * Hkv = 8, three builds alternated in one call: atomics 5.38-5.39 ms, the one-warpgroup dQ kernel
- * 4.68 ms, and a two-warpgroup dQ kernel shaped like the main one (S and dP on one warpgroup each,
- * dS handed through shared memory, 128 dQ columns a warpgroup, 168 registers, no spills) 4.93-4.98
- * ms: its two barriers a tile cost more than the one warpgroup's spills. */
+ * Hkv = 8, three builds alternated in one call: atomics 5.38-5.39 ms, a one-warpgroup dQ kernel
+ * (64 rows a CTA, one CTA an SM) 4.68 ms, and a two-warpgroup dQ kernel shaped like the main one
+ * (S and dP on one warpgroup each, dS handed through shared memory, 128 dQ columns a warpgroup)
+ * 4.93-4.98 ms. The dQ kernel now gives each warpgroup its own 64 rows of a 128-row CTA, both
+ * reading the same K and V tiles: backward 4.51 -> 4.18-4.21 ms against the one-warpgroup kernel
+ * (two builds alternated twice in one call, H100). */
 #ifndef LT_ATTN_BWD256_DQ_SEP
 #define LT_ATTN_BWD256_DQ_SEP 1
 #endif
