@@ -5,9 +5,11 @@
  * blocks followed by narrower ones), depths from 0 to the tiles' 192, and leading dimensions wider
  * than the operands. The AVX-512 and AVX2 paths sum in the same
  * order, so they must agree bit for bit. The bf16 variant (tile_gemm_bf16.c) against float64
- * products of the operands rounded to bf16, at f32 tolerance, on its AMX path (where the CPU has
- * it) and its rounded-f32 path, with depths around its 32-deep chunks and sizes around its 32 x 32
- * blocks; and it must differ from the unrounded product, so the rounding is known to happen. */
+ * products of the operands rounded to bf16, at f32 tolerance, on each of its paths the CPU has
+ * (AMX, AVX512-BF16, rounded f32), through the unpacked call and, on AMX and AVX512-BF16, through
+ * packed operands with B as panels and as pair rows, with depths around the 32-deep chunks and
+ * sizes around the 32 x 32 and 8 x 32 blocks; and it must differ from the unrounded product, so
+ * the rounding is known to happen. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -80,11 +82,37 @@ static void tile_gemm_matches_float64(void **state) {
                 }
 }
 
+static const char *path_name(int path) {
+    return path == LT_TILE_BF16_AMX ? "amx" : path == LT_TILE_BF16_DP ? "avx512-bf16" : "rounded";
+}
+
 static double bf16_of(float f) { return (double)lt_bf16_to_f32(lt_f32_to_bf16(f)); }
 
-/* Returns how many elements of C sit further from the unrounded product than the tolerance. */
-static int64_t check_bf16_case(uint64_t *rng, int amx, int ta, int64_t M, int64_t N, int64_t K, float alpha,
-                               float beta) {
+static int64_t up32(int64_t n) { return (n + 31) / 32 * 32; }
+
+/* C = alpha·op(A)·B + beta·C through the packed operands: op(A) packed into rows wider than it
+ * needs, B as panels (layout 1) or as pair rows at a stride wider than 2·up32(N) (layout 2). */
+static void packed_product(int path, int layout, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t Mp = up32(M), Kp = up32(K), Np = up32(N), ldp = Kp + 32, ldr = 2 * Np + 32;
+    uint16_t *pa = malloc(sizeof(uint16_t) * (size_t)(Mp * ldp));
+    uint16_t *pb = malloc(sizeof(uint16_t) * (layout == 1 ? lt_cpu_bf16_pack_b_elems(N, K) : (size_t)(Kp / 2 * ldr)));
+    lt_cpu_bf16_pack_a(ta, A, lda, M, K, pa, ldp, Mp, Kp);
+    if (layout == 1) {
+        lt_cpu_bf16_pack_b(B, ldb, N, K, pb);
+        lt_cpu_tile_gemm_bf16_packed_on(path, M, N, K, alpha, pa, ldp, pb, lt_cpu_bf16_panel_elems(K), 32, beta, C,
+                                        ldc);
+    } else {
+        lt_cpu_bf16_pack_b_rows(B, ldb, N, K, pb, ldr, Kp / 2, Np);
+        lt_cpu_tile_gemm_bf16_packed_on(path, M, N, K, alpha, pa, ldp, pb, 32, ldr, beta, C, ldc);
+    }
+    free(pa), free(pb);
+}
+
+/* Returns how many elements of C sit further from the unrounded product than the tolerance.
+ * layout 0: the unpacked call; 1, 2: packed_product's. */
+static int64_t check_bf16_case(uint64_t *rng, int path, int layout, int ta, int64_t M, int64_t N, int64_t K,
+                               float alpha, float beta) {
     const int64_t lda = (ta ? M : K) + 3, ldb = N + 5, ldc = N + 2;
     const int64_t arows = ta ? K : M;
     float *A = lt_test_fresh(rng, arows * lda, 1.0f), *B = lt_test_fresh(rng, K * ldb, 1.0f);
@@ -106,10 +134,11 @@ static int64_t check_bf16_case(uint64_t *rng, int amx, int ta, int64_t M, int64_
         }
     const double tol = lt_test_tol_for(LT_DTYPE_F32, K);
     void *pack = malloc(lt_cpu_tile_gemm_bf16_pack_bytes(M, N, K));
-    lt_cpu_tile_gemm_bf16_on(amx, ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+    if (layout) packed_product(path, layout, ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else lt_cpu_tile_gemm_bf16_on(path, ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
     char what[160];
-    snprintf(what, sizeof what, "tile_gemm_bf16 amx=%d ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", amx, ta,
-             (long long)M, (long long)N, (long long)K, (double)alpha, (double)beta);
+    snprintf(what, sizeof what, "tile_gemm_bf16 path=%s layout=%d ta=%d M=%lld N=%lld K=%lld alpha=%g beta=%g",
+             path_name(path), layout, ta, (long long)M, (long long)N, (long long)K, (double)alpha, (double)beta);
     int64_t apart = 0;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -127,20 +156,28 @@ static void tile_gemm_bf16_matches_float64(void **state) {
     static const int64_t Ns[] = {1, 16, 17, 31, 32, 33, 64, 65, 128};
     static const int64_t Ks[] = {1, 31, 32, 33, 64, 192};
     static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 0.0f}, {1.0f, 1.0f}, {0.7f, 0.5f}};
-    const int has_amx = lt_cpu_tile_gemm_bf16_amx();
-    if (!has_amx) print_message("tile_gemm_bf16: this CPU has no AMX; only the rounded f32 path runs\n");
-    for (int amx = 0; amx <= has_amx; amx++) {
-        int64_t apart = 0;
-        for (int ta = 0; ta < 2; ta++)
-            for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
-                for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
-                    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
-                        const size_t c = (mi + ni + ki + (size_t)ta) % (sizeof ab / sizeof *ab);
-                        apart += check_bf16_case(&rng, amx, ta, Ms[mi], Ns[ni], Ks[ki], ab[c][0], ab[c][1]);
-                    }
-        if (apart < 1000)
-            fail_msg("tile_gemm_bf16 amx=%d: only %lld elements away from the unrounded product", amx,
-                     (long long)apart);
+    static const int paths[] = {LT_TILE_BF16_ROUNDED, LT_TILE_BF16_AMX, LT_TILE_BF16_DP};
+    for (size_t pi = 0; pi < sizeof paths / sizeof *paths; pi++) {
+        const int path = paths[pi];
+        if (!lt_cpu_tile_gemm_bf16_has(path)) {
+            print_message("tile_gemm_bf16: this CPU has no %s path; skipped\n", path_name(path));
+            continue;
+        }
+        /* the packed operands exist on the AMX and AVX512-BF16 paths */
+        for (int layout = 0; layout <= (path == LT_TILE_BF16_ROUNDED ? 0 : 2); layout++) {
+            int64_t apart = 0;
+            for (int ta = 0; ta < 2; ta++)
+                for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+                    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+                            const size_t c = (mi + ni + ki + (size_t)ta) % (sizeof ab / sizeof *ab);
+                            apart +=
+                                check_bf16_case(&rng, path, layout, ta, Ms[mi], Ns[ni], Ks[ki], ab[c][0], ab[c][1]);
+                        }
+            if (apart < 1000)
+                fail_msg("tile_gemm_bf16 path=%s layout=%d: only %lld elements away from the unrounded product",
+                         path_name(path), layout, (long long)apart);
+        }
     }
 }
 

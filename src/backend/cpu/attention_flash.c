@@ -83,7 +83,9 @@ static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
  * flight, as rows (for S = Q·Kᵀ and dP = dO·Vᵀ) and transposed (for dVᵀ += dOᵀ·P and
  * dKᵀ += Qᵀ·dS, which read them at any row offset, where Pᵀ·dO and dSᵀ·Q would transpose P and dS
  * at every tile pair); Kᵀ, Vᵀ and K once per key tile; P and dS per tile pair. */
-static int packed_tiles(const lt_attention_params *p) { return p->bf16_products && lt_cpu_tile_gemm_bf16_amx(); }
+static int packed_tiles(const lt_attention_params *p) {
+    return p->bf16_products && lt_cpu_tile_gemm_bf16_path() != LT_TILE_BF16_ROUNDED;
+}
 
 static int64_t up32(int64_t n) { return (n + 31) / 32 * 32; }
 

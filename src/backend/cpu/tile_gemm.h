@@ -23,19 +23,23 @@ void lt_cpu_tile_gemm_on(int path, int trans_a, int64_t M, int64_t N, int64_t K,
 
 /* The same product on op(A) and B rounded to bf16 (nearest even) with f32 sums, as the CUDA
  * kernels multiply (tile_gemm_bf16.c): on AMX tiles where the CPU has them and the OS grants them,
- * else on the f32 path over rounded copies. `pack` is scratch of
+ * else on AVX512-BF16 dot products where the CPU has those, else on the f32 path over rounded
+ * copies. `pack` is scratch of
  * lt_cpu_tile_gemm_bf16_pack_bytes(M, N, K) bytes (any alignment). Each element of C is summed
  * over k in ascending chunks whatever M and N, so a caller may split its tiles freely. */
 size_t lt_cpu_tile_gemm_bf16_pack_bytes(int64_t M, int64_t N, int64_t K);
 void lt_cpu_tile_gemm_bf16(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
-/* 1 when the AMX path runs on this CPU; for tests, a call with amx = 0 takes the rounded f32 path. */
-int lt_cpu_tile_gemm_bf16_amx(void);
-void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+/* The paths: _has(path) whether one runs on this CPU, _path() the one the calls above take (AMX,
+ * else DP, else ROUNDED); for tests, _on(path, ...) takes a given one that runs here. */
+enum { LT_TILE_BF16_ROUNDED = 0, LT_TILE_BF16_AMX = 1, LT_TILE_BF16_DP = 2 };
+int lt_cpu_tile_gemm_bf16_has(int path);
+int lt_cpu_tile_gemm_bf16_path(void);
+void lt_cpu_tile_gemm_bf16_on(int path, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack);
 
-/* Operands packed once for several products, for the AMX path only (call these only when
- * lt_cpu_tile_gemm_bf16_amx() is 1).
+/* Operands packed once for several products, for the AMX and DP paths (call these only when
+ * lt_cpu_tile_gemm_bf16_path() is not LT_TILE_BF16_ROUNDED).
  * - lt_cpu_bf16_pack_a writes op(A) (M, K; trans_a as above) rounded to bf16 into `rows` rows of
  *   `cols` elements at dst (row stride ldd >= cols), zeros beyond M and K; cols a multiple of 32.
  * - lt_cpu_bf16_pack_b writes B (K, N) as VNNI panels of 16 columns (each up32(K)/2 pair rows of
@@ -57,5 +61,9 @@ void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, 
 void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
                                   const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C,
                                   int64_t ldc);
+/* The same on a given path (LT_TILE_BF16_AMX or _DP, one that runs here), for tests. */
+void lt_cpu_tile_gemm_bf16_packed_on(int path, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa,
+                                     int64_t lda, const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta,
+                                     float *C, int64_t ldc);
 
 #endif

@@ -11,10 +11,15 @@
  *   Callers that reuse an operand pack it once (lt_cpu_bf16_pack_a / _b / _b_rows) and multiply
  *   packed operands (lt_cpu_tile_gemm_bf16_packed); B then comes as panels or as pair rows one
  *   after the other, which a product can read from any column.
+ * - AVX512-BF16 without AMX (Zen 4 and later, Cooper Lake): the same packed operands, multiplied
+ *   by VDPBF16PS: blocks of 8 rows x 32 columns in sixteen zmm accumulators, each step one B pair
+ *   row of each 16-column group against the pair of every row of A broadcast. VDPBF16PS, as the
+ *   tiles, reads bf16 denormals as zero.
  * - Elsewhere: both operands are rounded into f32 copies and lt_cpu_tile_gemm multiplies them, so
  *   the products are the same, only the order of the sums differs.
- * Each element of C is one fixed-order sum over k on either path (on AMX in ascending chunks of
- * 32), whatever M and N, so the result does not depend on how a caller splits its tiles. */
+ * Each element of C is one fixed-order sum over k on every path (on AMX in ascending chunks of
+ * 32, with VDPBF16PS pair by pair), whatever M and N, so the result does not depend on how a
+ * caller splits its tiles. */
 #define _DEFAULT_SOURCE /* syscall */
 #include <string.h>
 
@@ -29,6 +34,7 @@
 #include <unistd.h>
 #define LT_TILE_AMX 1
 #define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define DP_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 static int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -67,11 +73,13 @@ static void gemm_rounded(int trans_a, int64_t M, int64_t N, int64_t K, float alp
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-static int amx_ok;
+static int amx_ok, dp_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void) {
     unsigned a, b, c, d;
+    dp_ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
     if (!tile || !bf16 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
@@ -276,6 +284,65 @@ AMX_FN static void gemm_packed(int64_t M, int64_t N, int64_t K, float alpha, con
     _tile_release();
 }
 
+/* acc + the pairwise products of the bf16 pairs in a and b, lane by lane (VDPBF16PS). Written
+ * as asm on integer vectors: GCC 12 keeps __m512bh operands of the intrinsic in memory and reloads
+ * them before every use. */
+DP_FN static inline __m512 dpbf16(__m512 acc, __m512i a, __m512i b) {
+    __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+/* gemm_packed's product on VDPBF16PS (the same operands and contract): C in blocks of 8 rows x
+ * 32 columns, sixteen accumulators; each pair row of B (one zmm of each 16-column group) meets the
+ * pair of every row of A broadcast. Up to (K + 1) / 2 pair rows: the rest are zero in B. A's rows
+ * past M and B's columns past N are readable by the contract, so every block computes 8 x 32 and
+ * stores what lies inside C. */
+DP_FN static void gemm_packed_dp(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
+                                 const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C,
+                                 int64_t ldc) {
+    const int64_t kp = (K + 1) / 2;
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int64_t j = 0; j < N; j += 32) {
+        const uint16_t *b0 = pb + (j / 16) * b_panel, *b1 = b0 + b_panel;
+        for (int64_t i = 0; i < M; i += 8) {
+            __m512 acc[8][2];
+            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            const uint16_t *a = pa + i * lda;
+            for (int64_t kk = 0; kk < kp; kk++) {
+                const __m512i x0 = _mm512_loadu_si512(b0 + kk * b_row), x1 = _mm512_loadu_si512(b1 + kk * b_row);
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) {
+                    int32_t pair; /* A's pair at k = 2kk of row r (any alignment: A may start at an odd column) */
+                    memcpy(&pair, a + r * lda + 2 * kk, sizeof pair);
+                    const __m512i y = _mm512_set1_epi32(pair);
+                    acc[r][0] = dpbf16(acc[r][0], y, x0);
+                    acc[r][1] = dpbf16(acc[r][1], y, x1);
+                }
+            }
+            const int64_t rows = M - i < 8 ? M - i : 8;
+            for (int64_t r = 0; r < rows; r++)
+                for (int h = 0; h < 2 && j + 16 * h < N; h++) {
+                    const __mmask16 m = lanes(N - j - 16 * h);
+                    float *dst = C + (i + r) * ldc + j + 16 * h;
+                    __m512 v = _mm512_mul_ps(va, acc[r][h]);
+                    if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, dst), v);
+                    _mm512_mask_storeu_ps(dst, m, v);
+                }
+        }
+    }
+}
+
+/* Packs op(A) and B into `pack` (as gemm_amx) and multiplies them on VDPBF16PS. */
+DP_FN static void gemm_dp(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+    const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
+    uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
+    if (trans_a) pack_a_cols(pa, Kp, A, lda, M, K, Mp, Kp);
+    else pack_a_rows(pa, Kp, A, lda, M, K, Mp, Kp);
+    pack_b(pb, B, ldb, N, K, Np, Kp);
+    gemm_packed_dp(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
+}
+
 AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                             const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
     const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
@@ -287,16 +354,23 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
 }
 #endif
 
-int lt_cpu_tile_gemm_bf16_amx(void) {
+int lt_cpu_tile_gemm_bf16_has(int path) {
+    if (path == LT_TILE_BF16_ROUNDED) return 1;
 #if defined(LT_TILE_AMX)
     pthread_once(&amx_once, amx_probe);
-    return amx_ok;
+    return path == LT_TILE_BF16_AMX ? amx_ok : path == LT_TILE_BF16_DP ? dp_ok : 0;
 #else
     return 0;
 #endif
 }
 
-void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+int lt_cpu_tile_gemm_bf16_path(void) {
+    return lt_cpu_tile_gemm_bf16_has(LT_TILE_BF16_AMX) ? LT_TILE_BF16_AMX
+        : lt_cpu_tile_gemm_bf16_has(LT_TILE_BF16_DP)   ? LT_TILE_BF16_DP
+                                                       : LT_TILE_BF16_ROUNDED;
+}
+
+void lt_cpu_tile_gemm_bf16_on(int path, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -304,19 +378,23 @@ void lt_cpu_tile_gemm_bf16_on(int amx, int trans_a, int64_t M, int64_t N, int64_
         return;
     }
 #if defined(LT_TILE_AMX)
-    if (amx && lt_cpu_tile_gemm_bf16_amx()) {
+    if (path == LT_TILE_BF16_AMX && lt_cpu_tile_gemm_bf16_has(path)) {
         gemm_amx(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
         return;
     }
+    if (path == LT_TILE_BF16_DP && lt_cpu_tile_gemm_bf16_has(path)) {
+        gemm_dp(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+        return;
+    }
 #else
-    (void)amx;
+    (void)path;
 #endif
     gemm_rounded(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
 }
 
 void lt_cpu_tile_gemm_bf16(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
-    lt_cpu_tile_gemm_bf16_on(1, trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+    lt_cpu_tile_gemm_bf16_on(lt_cpu_tile_gemm_bf16_path(), trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
 }
 
 size_t lt_cpu_bf16_pack_b_elems(int64_t N, int64_t K) { return (size_t)(up(N, 32) * up(K, 32)); }
@@ -350,13 +428,22 @@ void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, 
 #endif
 }
 
+void lt_cpu_tile_gemm_bf16_packed_on(int path, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa,
+                                     int64_t lda, const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta,
+                                     float *C, int64_t ldc) {
+#if defined(LT_TILE_AMX)
+    if (M <= 0 || N <= 0 || K <= 0 || !lt_cpu_tile_gemm_bf16_has(path)) return;
+    if (path == LT_TILE_BF16_AMX) gemm_packed(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
+    else if (path == LT_TILE_BF16_DP) gemm_packed_dp(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
+#else
+    (void)path, (void)M, (void)N, (void)K, (void)alpha, (void)pa, (void)lda, (void)pb, (void)b_panel, (void)b_row,
+        (void)beta, (void)C, (void)ldc;
+#endif
+}
+
 void lt_cpu_tile_gemm_bf16_packed(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa, int64_t lda,
                                   const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta, float *C,
                                   int64_t ldc) {
-#if defined(LT_TILE_AMX)
-    if (M > 0 && N > 0 && K > 0) gemm_packed(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
-#else
-    (void)M, (void)N, (void)K, (void)alpha, (void)pa, (void)lda, (void)pb, (void)b_panel, (void)b_row, (void)beta,
-        (void)C, (void)ldc;
-#endif
+    lt_cpu_tile_gemm_bf16_packed_on(lt_cpu_tile_gemm_bf16_path(), M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C,
+                                    ldc);
 }
