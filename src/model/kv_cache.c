@@ -174,7 +174,7 @@ lt_status lt_kv_cache_create(lt_ctx *ctx, lt_model *m, const lt_kv_cache_options
     if (fb > mmb) mmb = fb;
     lt_model_run_options mro = {0}; /* MoE layers: the dispatch buffers for n tokens, forward only */
     off = up(off);
-    if ((s = lt_model_moe_layout(ctx, cf, &m->lora, &mro, be, n, 0, c->threads, 256, &off, &c->moe)) != LT_OK) {
+    if ((s = lt_model_moe_layout(ctx, cf, &m->lora, &mro, be, n, 0, 0, c->threads, 256, &off, &c->moe)) != LT_OK) {
         lt_kv_cache_free(ctx, c);
         return s;
     }

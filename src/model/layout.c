@@ -736,8 +736,8 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
  * reach past them only when larger. */
 static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o) {
     size_t cur = 0;
-    LT_TRY(lt_model_moe_layout(ctx, r->c, &r->lo, r->run, r->be, o->chunk, !r->fwd_only, o->threads, r->al, &cur,
-                               &o->moe));
+    LT_TRY(lt_model_moe_layout(ctx, r->c, &r->lo, r->run, r->be, o->chunk, !r->fwd_only, o->bf16x, o->threads, r->al,
+                               &cur, &o->moe));
     o->mm_ws_bytes = matmul_workspace(r, o);
     if (o->moe.mm_ws_bytes > o->mm_ws_bytes) o->mm_ws_bytes = o->moe.mm_ws_bytes; /* shared experts */
     size_t lw = lora_workspace(r, o);

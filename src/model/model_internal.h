@@ -158,6 +158,9 @@ typedef struct lt_moe_layout {
      * training adds sdg, sdu (n, S), sdy (2n, C), sdw (2n), sdlogits (n, 2). */
     size_t sg, su, sa, sy, slogits, sidx, sw, soff, srows, sslot, sdg, sdu, sdy, sdw, sdlogits;
     size_t gm_ws_bytes, mm_ws_bytes; /* mm_ws_bytes: the shared expert's matmuls at the chunk (in mm_ws) */
+    /* the routed experts' base products on bf16 inputs (the run's bf16 products): gm_ws is sized for
+     * them and the context holds its bytes around each grouped product */
+    int bf16x;
     /* LoRA on the experts (r the rank, n·k rows): lus = s·xg·A_guᵀ (gate_up adapted) and lds =
      * s·A·A_dᵀ (down adapted), each (n·k, r); training adds ldu (n·k, r), the gradient of one of
      * them at a time. 0 = absent. */
@@ -168,10 +171,11 @@ typedef struct lt_moe_layout {
  * rows_chunk (the MoE chunk is run->moe_chunk_tokens, default LT_MODEL_MOE_CHUNK_TOKENS, at most
  * rows_chunk), with the expert adapters of lo (resolved). Errors: LT_ERR_INVALID_ARG (a negative
  * chunk), LT_ERR_UNSUPPORTED (a backend without the MoE ops, or without grouped_matmul_wgrad when
- * a training run adapts the experts). */
+ * a training run adapts the experts). bf16x: the run's bf16 products (lt_model_bf16x) reach the
+ * routed experts' base products. */
 lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo,
                               const lt_model_run_options *run, const lt_backend *be, int64_t rows_chunk, int train,
-                              int threads, size_t al, size_t *cur, lt_moe_layout *o);
+                              int bf16x, int threads, size_t al, size_t *cur, lt_moe_layout *o);
 
 /* y (n, C) += layer l's MoE MLP on h (n, C), outside a training step (generation's KV cache): the
  * dispatch buffers at base with o's offsets (lt_model_moe_layout, forward), mm_ws the matmul

@@ -9,6 +9,7 @@
  * activations exist for one chunk at a time. Every operation is a backend op. */
 #include <string.h>
 
+#include "core/ctx_state.h"
 #include "model/step.h"
 
 void lt_model_layer_proj_shape(const lt_model_config *c, int64_t l, lt_proj p, int64_t *out, int64_t *in) {
@@ -112,7 +113,7 @@ static size_t nbytes(int64_t n, size_t es) {
 
 lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lora_options *lo,
                               const lt_model_run_options *run, const lt_backend *be, int64_t rows_chunk, int train,
-                              int threads, size_t al, size_t *cur, lt_moe_layout *o) {
+                              int bf16x, int threads, size_t al, size_t *cur, lt_moe_layout *o) {
     memset(o, 0, sizeof *o);
     int64_t n_moe = 0;
     for (int64_t l = 0; l < c->L; l++) n_moe += lt_model_layer_is_moe(c, l);
@@ -153,8 +154,11 @@ lt_status lt_model_moe_layout(lt_ctx *ctx, const lt_model_config *c, const lt_lo
             int64_t out = p == LT_PROJ_DOWN ? C : F, in = p == LT_PROJ_DOWN ? F : C;
             size_t w = be->grouped_matmul_workspace_bytes(dt, E, out, in, nk, threads);
             if (w > gw) gw = w;
+            /* with bf16 products each expert's product is one bf16x matmul of at most nk rows */
+            if (bf16x && (w = be->matmul_bf16x_workspace_bytes(dt, out, in, nk, threads)) > gw) gw = w;
         }
     }
+    o->bf16x = bf16x;
     /* the expert adapters: their products' rows (n·k, r) and the f32 stacks' workspaces */
     unsigned xt = 0;
     for (int64_t l = c->L - lo->num_layers; l < c->L; l++)
@@ -260,6 +264,15 @@ static moe_bufs bufs_of(const moe_run *x, int train) {
     return b;
 }
 
+/* One grouped product of the experts: with the run's bf16 products the context holds gm_ws's bytes
+ * around it (the adapters' f32 stacks keep their f32 products on that path). */
+static void gmm(const moe_run *x, lt_matmul_mode mode, const lt_tensor *w, const moe_bufs *b, const float *in,
+                int64_t nk, float beta, float *y) {
+    if (x->o->bf16x) lt_ctx_set_bf16x(x->ctx, x->o->gm_ws_bytes);
+    x->be->grouped_matmul(x->ctx, mode, w, x->c->n_experts, b->off, in, nk, beta, y, b->gm_ws);
+    if (x->o->bf16x) lt_ctx_set_bf16x(x->ctx, 0);
+}
+
 static moe_run run_of_step(const lt_step *s) {
     const lt_model *m = s->m;
     moe_run x = {s->ctx,
@@ -325,23 +338,23 @@ static void experts_fwd(const moe_run *x, const lt_layer *L, const moe_bufs *b, 
     const lt_backend *be = x->be;
     const lt_model_config *c = x->c;
     int64_t E = c->n_experts, F = c->moe_F, C = c->C, r = x->rank;
-    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], E, b->off, b->xg, nk, 0.0f, b->g, b->gm_ws);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_UP], E, b->off, b->xg, nk, 0.0f, b->u, b->gm_ws);
+    gmm(x, LT_MATMUL_NT, &L->w[LT_PROJ_GATE], b, b->xg, nk, 0.0f, b->g);
+    gmm(x, LT_MATMUL_NT, &L->w[LT_PROJ_UP], b, b->xg, nk, 0.0f, b->u);
     if (L->ex_a[0]) {
         lt_tensor a = stack(x, L->ex_a[0], r, C), bg = stack(x, L->ex_b[0], F, r),
                   bu = stack(x, L->ex_b[0] + E * F * r, F, r);
-        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &a, E, b->off, b->xg, nk, 0.0f, b->lus, b->gm_ws);
+        gmm(x, LT_MATMUL_NT, &a, b, b->xg, nk, 0.0f, b->lus);
         be->scale(x->ctx, b->lus, x->scale, nk * r);
-        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bg, E, b->off, b->lus, nk, 1.0f, b->g, b->gm_ws);
-        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bu, E, b->off, b->lus, nk, 1.0f, b->u, b->gm_ws);
+        gmm(x, LT_MATMUL_NT, &bg, b, b->lus, nk, 1.0f, b->g);
+        gmm(x, LT_MATMUL_NT, &bu, b, b->lus, nk, 1.0f, b->u);
     }
     be->swiglu_fwd(x->ctx, b->g, b->u, nk * F, b->a);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], E, b->off, b->a, nk, 0.0f, b->yg, b->gm_ws);
+    gmm(x, LT_MATMUL_NT, &L->w[LT_PROJ_DOWN], b, b->a, nk, 0.0f, b->yg);
     if (L->ex_a[1]) {
         lt_tensor a = stack(x, L->ex_a[1], r, F), bd = stack(x, L->ex_b[1], C, r);
-        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &a, E, b->off, b->a, nk, 0.0f, b->lds, b->gm_ws);
+        gmm(x, LT_MATMUL_NT, &a, b, b->a, nk, 0.0f, b->lds);
         be->scale(x->ctx, b->lds, x->scale, nk * r);
-        be->grouped_matmul(x->ctx, LT_MATMUL_NT, &bd, E, b->off, b->lds, nk, 1.0f, b->yg, b->gm_ws);
+        gmm(x, LT_MATMUL_NT, &bd, b, b->lds, nk, 1.0f, b->yg);
     }
 }
 
@@ -434,7 +447,7 @@ static void down_lora_bwd(const moe_run *x, const lt_layer *L, const moe_bufs *b
     const lt_backend *be = x->be;
     int64_t E = x->c->n_experts, C = x->c->C, F = x->c->moe_F, r = x->rank;
     lt_tensor bd = stack(x, L->ex_b[1], C, r);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bd, E, b->off, dyg, nk, 0.0f, b->ldu, b->gm_ws);
+    gmm(x, LT_MATMUL_NN, &bd, b, dyg, nk, 0.0f, b->ldu);
     be->grouped_matmul_wgrad(x->ctx, E, b->off, dyg, C, b->lds, r, nk, 1.0f, L->ex_gb[1]);
     be->scale(x->ctx, b->ldu, x->scale, nk * r);
     be->grouped_matmul_wgrad(x->ctx, E, b->off, b->ldu, r, b->a, F, nk, 1.0f, L->ex_ga[1]);
@@ -448,13 +461,13 @@ static void gate_up_lora_bwd(const moe_run *x, const lt_layer *L, const moe_bufs
     int64_t E = x->c->n_experts, C = x->c->C, F = x->c->moe_F, r = x->rank;
     lt_tensor a = stack(x, L->ex_a[0], r, C), bg = stack(x, L->ex_b[0], F, r),
               bu = stack(x, L->ex_b[0] + E * F * r, F, r);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bg, E, b->off, b->dg, nk, 0.0f, b->ldu, b->gm_ws);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &bu, E, b->off, b->du, nk, 1.0f, b->ldu, b->gm_ws);
+    gmm(x, LT_MATMUL_NN, &bg, b, b->dg, nk, 0.0f, b->ldu);
+    gmm(x, LT_MATMUL_NN, &bu, b, b->du, nk, 1.0f, b->ldu);
     be->grouped_matmul_wgrad(x->ctx, E, b->off, b->dg, F, b->lus, r, nk, 1.0f, L->ex_gb[0]);
     be->grouped_matmul_wgrad(x->ctx, E, b->off, b->du, F, b->lus, r, nk, 1.0f, L->ex_gb[0] + E * F * r);
     be->scale(x->ctx, b->ldu, x->scale, nk * r);
     be->grouped_matmul_wgrad(x->ctx, E, b->off, b->ldu, r, b->xg, C, nk, 1.0f, L->ex_ga[0]);
-    be->grouped_matmul(x->ctx, LT_MATMUL_NN, &a, E, b->off, b->ldu, nk, 1.0f, dxg, b->gm_ws);
+    gmm(x, LT_MATMUL_NN, &a, b, b->ldu, nk, 1.0f, dxg);
 }
 
 void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, const float *dy, int64_t n, float *dh) {
@@ -472,14 +485,14 @@ void lt_step_moe_bwd(const lt_step *s, int64_t l, int64_t r0, const float *h, co
         be->moe_combine_bwd(s->ctx, dy + t0 * C, b.yg, b.w, b.slot, m, k, C, dyg, b.dw);
         if (L->ex_a[1]) /* the down adapter, while A is still in its buffer */
             down_lora_bwd(&x, L, &b, dyg, nk);
-        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_DOWN], E, b.off, dyg, nk, 0.0f, da, b.gm_ws);
+        gmm(&x, LT_MATMUL_NN, &L->w[LT_PROJ_DOWN], &b, dyg, nk, 0.0f, da);
         if (L->ex_a[1]) { /* dA += s·(dYg·B_d)·A_d */
             lt_tensor a = stack(&x, L->ex_a[1], r, F);
-            be->grouped_matmul(s->ctx, LT_MATMUL_NN, &a, E, b.off, b.ldu, nk, 1.0f, da, b.gm_ws);
+            gmm(&x, LT_MATMUL_NN, &a, &b, b.ldu, nk, 1.0f, da);
         }
         be->swiglu_bwd(s->ctx, da, b.g, b.u, nk * F, b.dg, b.du);
-        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_GATE], E, b.off, b.dg, nk, 0.0f, dxg, b.gm_ws);
-        be->grouped_matmul(s->ctx, LT_MATMUL_NN, &L->w[LT_PROJ_UP], E, b.off, b.du, nk, 1.0f, dxg, b.gm_ws);
+        gmm(&x, LT_MATMUL_NN, &L->w[LT_PROJ_GATE], &b, b.dg, nk, 0.0f, dxg);
+        gmm(&x, LT_MATMUL_NN, &L->w[LT_PROJ_UP], &b, b.du, nk, 1.0f, dxg);
         if (L->ex_a[0]) { /* dYg is dead: the gathered rows again for A_gu's gradient */
             be->moe_gather(s->ctx, h + t0 * C, b.rows, nk, k, C, b.xg);
             gate_up_lora_bwd(&x, L, &b, dxg, nk);

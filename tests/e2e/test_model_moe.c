@@ -5,7 +5,8 @@
  * files written as llama.cpp's converter writes them, on every backend present (CPU; CUDA when the
  * build and the machine have it); dispatch chunks of 1, 3 and all tokens and every recompute policy
  * give the same numbers; the size table equals what the allocator holds and a step allocates
- * nothing; bad configs and files are refused by name. */
+ * nothing; with bf16 products (CPU) the quantized experts take them; bad configs and files are
+ * refused by name. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
@@ -609,6 +610,75 @@ static void quantized_experts(void **state) {
         }
 }
 
+/* bf16 products reach the routed experts (CPU, oneDNN): with them the quantized experts' products
+ * take x and the dequantized W rounded to bf16, as any projection's do, so their logits move from
+ * those of the same values held in f32 (whose f32 experts keep f32 products) by more than the
+ * summation order, and stay within bf16 rounding of their own f32-product logits; the step
+ * allocates nothing and the size table holds the workspace it used. */
+static void bf16_products_experts(void **state) {
+    (void)state;
+    char q[1200], f[1200];
+    snprintf(q, sizeof q, "%s/tests/fixtures/moe/quant/model_q.gguf", lt_test_source_dir());
+    snprintf(f, sizeof f, "%s/tests/fixtures/moe/quant/model_f32.gguf", lt_test_source_dir());
+    if (!device_serves(q, LT_DEVICE_CPU)) return;
+    lt_ctx *ctx = lt_ctx_new();
+    lt_model_options mo = {0};
+    mo.device = LT_DEVICE_CPU;
+    lt_lora_options lo = {0};
+    lo.rank = 4, lo.seed = 3;
+    lt_model *mq = NULL, *mf = NULL;
+    assert_int_equal(lt_model_load(ctx, q, &mo, &lo, &mq), LT_OK);
+    assert_int_equal(lt_model_load(ctx, f, &mo, &lo, &mf), LT_OK);
+    const int64_t V = lt_model_get_config(mq)->V;
+    int32_t tok[32], tgt[32];
+    uint64_t rs = 17;
+    for (int i = 0; i < 32; i++) tok[i] = (int32_t)(lt_test_rand_u64(&rs) % (uint64_t)V);
+    for (int i = 0; i < 32; i++) tgt[i] = i == 31 ? LT_IGNORE_INDEX : tok[i + 1];
+    lt_model_batch b = {0};
+    b.B = 2, b.T = 16, b.tokens = tok, b.targets = tgt;
+    lt_model_run_options ro = {0};
+    ro.B = 2, ro.T = 16, ro.moe_chunk_tokens = 5, ro.bf16_products = 1;
+    if (!LT_HAVE_ONEDNN) {
+        assert_int_equal(lt_model_prepare(ctx, mq, &ro), LT_ERR_UNSUPPORTED);
+        printf("      bf16 products skipped: this build has no oneDNN\n");
+    } else {
+        float *lq = malloc(32 * (size_t)V * 4), *lf = malloc(32 * (size_t)V * 4), *l0 = malloc(32 * (size_t)V * 4);
+        lt_model *ms[2] = {mq, mf};
+        float *ls[2] = {lq, lf};
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(lt_model_prepare(ctx, ms[i], &ro), LT_OK);
+            lt_model_sizes want;
+            assert_int_equal(lt_model_size_table(ctx, lt_model_get_config(ms[i]), lt_model_get_lora(ms[i]), &ro, &want),
+                             LT_OK);
+            assert_int_equal(lt_model_get_sizes(ms[i]).bytes[LT_MEM_WORKSPACE], want.bytes[LT_MEM_WORKSPACE]);
+            assert_int_equal(lt_model_logits(ctx, ms[i], &b, ls[i]), LT_OK);
+            size_t before = lt_mem_get_stats(ctx, LT_DEVICE_CPU).used_bytes;
+            lt_mem_reset_peak(ctx, LT_DEVICE_CPU);
+            lt_model_result r;
+            assert_int_equal(lt_model_forward_backward(ctx, ms[i], &b, 0, &r, NULL), LT_OK);
+            assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CPU).peak_bytes, before);
+        }
+        ro.bf16_products = 0;
+        assert_int_equal(lt_model_prepare(ctx, mq, &ro), LT_OK);
+        assert_int_equal(lt_model_logits(ctx, mq, &b, l0), LT_OK);
+        double scale = 0, moved = 0, off = 0;
+        for (int64_t i = 0; i < 32 * V; i++) {
+            scale = fmax(scale, fabs((double)l0[i]));
+            moved = fmax(moved, fabs((double)lq[i] - lf[i]));
+            off = fmax(off, fabs((double)lq[i] - l0[i]));
+        }
+        printf("      bf16 products on the experts: quantized vs their f32 values %.3g, vs f32 products %.3g of the "
+               "largest logit\n",
+               moved / scale, off / scale);
+        assert_true(moved > SAME_REL * scale);
+        assert_true(off <= 8 * BF16_U * scale);
+        free(lq), free(lf), free(l0);
+    }
+    lt_model_free(ctx, mq);
+    lt_model_free(ctx, mf);
+    lt_ctx_free(ctx);
+}
+
 /* Generation's KV cache runs the MoE layers: a prompt's prefill and each decoded token give the
  * logits lt_model_logits_last gives on the whole prefix (the shared expert and a dense layer
  * included), on every backend present. */
@@ -671,6 +741,7 @@ int main(void) {
         cmocka_unit_test(gguf_matches_transformers_peft),
         cmocka_unit_test(aux_leaves_padding_out),
         cmocka_unit_test(quantized_experts),
+        cmocka_unit_test(bf16_products_experts),
         cmocka_unit_test(kv_cache_generates),
         cmocka_unit_test(size_table_equals_allocations),
         cmocka_unit_test(bad_inputs_are_refused),
