@@ -32,7 +32,7 @@
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define LT_TILE_AMX 1
+#define LT_TILE_X86 1
 #define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 #define DP_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
@@ -69,14 +69,16 @@ static void gemm_rounded(int trans_a, int64_t M, int64_t N, int64_t K, float alp
     lt_cpu_tile_gemm(trans_a, M, N, K, alpha, a, ac, b, N, beta, C, ldc);
 }
 
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
 static int amx_ok, dp_ok;
-static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 
-static void amx_probe(void) {
+/* Which of the hardware paths this CPU runs: AVX512-BF16 (dp_ok), and AMX once the OS grants the
+ * process the tile state (amx_ok). */
+static void probe_paths(void) {
     unsigned a, b, c, d;
     dp_ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
@@ -356,8 +358,8 @@ AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float 
 
 int lt_cpu_tile_gemm_bf16_has(int path) {
     if (path == LT_TILE_BF16_ROUNDED) return 1;
-#if defined(LT_TILE_AMX)
-    pthread_once(&amx_once, amx_probe);
+#if defined(LT_TILE_X86)
+    pthread_once(&probe_once, probe_paths);
     return path == LT_TILE_BF16_AMX ? amx_ok : path == LT_TILE_BF16_DP ? dp_ok : 0;
 #else
     return 0;
@@ -377,7 +379,7 @@ void lt_cpu_tile_gemm_bf16_on(int path, int trans_a, int64_t M, int64_t N, int64
         lt_cpu_tile_gemm(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
     if (path == LT_TILE_BF16_AMX && lt_cpu_tile_gemm_bf16_has(path)) {
         gemm_amx(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
         return;
@@ -401,7 +403,7 @@ size_t lt_cpu_bf16_pack_b_elems(int64_t N, int64_t K) { return (size_t)(up(N, 32
 
 void lt_cpu_bf16_pack_a(int trans_a, const float *A, int64_t lda, int64_t M, int64_t K, uint16_t *dst, int64_t ldd,
                         int64_t rows, int64_t cols) {
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
     if (trans_a) pack_a_cols(dst, ldd, A, lda, M, K, rows, cols);
     else pack_a_rows(dst, ldd, A, lda, M, K, rows, cols);
 #else
@@ -410,7 +412,7 @@ void lt_cpu_bf16_pack_a(int trans_a, const float *A, int64_t lda, int64_t M, int
 }
 
 void lt_cpu_bf16_pack_b(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst) {
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
     pack_b(dst, B, ldb, N, K, up(N, 32), up(K, 32));
 #else
     (void)B, (void)ldb, (void)N, (void)K, (void)dst;
@@ -421,7 +423,7 @@ int64_t lt_cpu_bf16_panel_elems(int64_t K) { return up(K, 32) * 16; }
 
 void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst, int64_t ldd,
                              int64_t kpairs, int64_t ncols) {
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
     pack_b_rows(dst, ldd, B, ldb, N, K, kpairs, ncols);
 #else
     (void)B, (void)ldb, (void)N, (void)K, (void)dst, (void)ldd, (void)kpairs, (void)ncols;
@@ -431,7 +433,7 @@ void lt_cpu_bf16_pack_b_rows(const float *B, int64_t ldb, int64_t N, int64_t K, 
 void lt_cpu_tile_gemm_bf16_packed_on(int path, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *pa,
                                      int64_t lda, const uint16_t *pb, int64_t b_panel, int64_t b_row, float beta,
                                      float *C, int64_t ldc) {
-#if defined(LT_TILE_AMX)
+#if defined(LT_TILE_X86)
     if (M <= 0 || N <= 0 || K <= 0 || !lt_cpu_tile_gemm_bf16_has(path)) return;
     if (path == LT_TILE_BF16_AMX) gemm_packed(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
     else if (path == LT_TILE_BF16_DP) gemm_packed_dp(M, N, K, alpha, pa, lda, pb, b_panel, b_row, beta, C, ldc);
