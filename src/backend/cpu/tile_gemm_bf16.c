@@ -334,25 +334,17 @@ DP_FN static void gemm_packed_dp(int64_t M, int64_t N, int64_t K, float alpha, c
     }
 }
 
-/* Packs op(A) and B into `pack` (as gemm_amx) and multiplies them on VDPBF16PS. */
-DP_FN static void gemm_dp(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
+/* Packs op(A) and B into `pack` and multiplies them on the AMX tiles or, for path
+ * LT_TILE_BF16_DP, on VDPBF16PS. */
+AMX_FN static void gemm_hw(int path, int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
     const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
     uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
     if (trans_a) pack_a_cols(pa, Kp, A, lda, M, K, Mp, Kp);
     else pack_a_rows(pa, Kp, A, lda, M, K, Mp, Kp);
     pack_b(pb, B, ldb, N, K, Np, Kp);
-    gemm_packed_dp(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
-}
-
-AMX_FN static void gemm_amx(int trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc, void *pack) {
-    const int64_t Mp = up(M, 32), Np = up(N, 32), Kp = up(K, 32);
-    uint16_t *pa = (uint16_t *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *pb = pa + Mp * Kp;
-    if (trans_a) pack_a_cols(pa, Kp, A, lda, M, K, Mp, Kp);
-    else pack_a_rows(pa, Kp, A, lda, M, K, Mp, Kp);
-    pack_b(pb, B, ldb, N, K, Np, Kp);
-    gemm_packed(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
+    if (path == LT_TILE_BF16_DP) gemm_packed_dp(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
+    else gemm_packed(M, N, K, alpha, pa, Kp, pb, Kp * 16, 32, beta, C, ldc);
 }
 #endif
 
@@ -380,12 +372,8 @@ void lt_cpu_tile_gemm_bf16_on(int path, int trans_a, int64_t M, int64_t N, int64
         return;
     }
 #if defined(LT_TILE_X86)
-    if (path == LT_TILE_BF16_AMX && lt_cpu_tile_gemm_bf16_has(path)) {
-        gemm_amx(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
-        return;
-    }
-    if (path == LT_TILE_BF16_DP && lt_cpu_tile_gemm_bf16_has(path)) {
-        gemm_dp(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
+    if (path != LT_TILE_BF16_ROUNDED && lt_cpu_tile_gemm_bf16_has(path)) {
+        gemm_hw(path, trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack);
         return;
     }
 #else
