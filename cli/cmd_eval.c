@@ -103,7 +103,7 @@ int lt_cmd_eval(int argc, char **argv) {
                    "  --split NAME  test | valid | train [test]\n  --max-batches N  at most N batches [all]\n"
                    "  --json  print {\"mean_loss\", \"ppl\", \"n_tokens\", ...} on stdout\n"
                    "  --bf16-products  products on bf16-rounded inputs, as train --bf16-products (the CPU:\n"
-                   "                   oneDNN and AMX tiles where it has them)\n"
+                   "                   oneDNN, and AMX or AVX512-BF16 where it has them)\n"
                    "With --text FILE --ctx N (instead of --data) the raw file is scored as llama.cpp's\n"
                    "llama-perplexity -c N scores it: tokenized whole (BOS when the tokenizer adds one), cut into\n"
                    "windows of N tokens, each window's first token made BOS, the second half of each window\n"

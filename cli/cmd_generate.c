@@ -116,21 +116,22 @@ int lt_cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: %s\n\nGenerates a reply to --prompt (or to each line of --prompts FILE: a JSON string or\n"
-                   "{\"prompt\": ...}, batched through one KV cache, one JSON line out per prompt) with the\n"
-                   "model M (HF folder or .gguf), plus the PEFT adapter in DIR when given. Greedy unless --temp > 0.\n"
-                   "  --max-tokens N  new tokens at most [256]\n  --temp T  sampling temperature [0]\n"
-                   "  --top-k K  keep the K most likely ids [0 = all]\n  --top-p P  nucleus mass (0, 1] [1]\n"
-                   "  --min-p P  keep ids with p >= P * p_max [0]\n  --repeat-penalty R  penalise recent ids [1]\n"
-                   "  --repeat-last-n N  tokens the penalty looks back over [64]\n  --seed S  sampling seed [0]\n"
-                   "  --stop STRING  end a reply where STRING appears (not printed; repeatable)\n"
-                   "  --system TEXT  a system message\n  --chat  apply the model's chat template (the default)\n"
-                   "  --chat-template NAME  override the detected template\n"
-                   "  --no-chat-template  feed the prompt as plain text (with BOS)\n"
-                   "  --device cpu|cuda  where the model runs [cpu]\n"
-                   "  --bf16-products  prefill the prompt on bf16 products, as train --bf16-products (the CPU:\n"
-                   "                   oneDNN and AMX tiles where it has them); decoding keeps its products\n",
-                   usage);
+            printf(
+                "usage: %s\n\nGenerates a reply to --prompt (or to each line of --prompts FILE: a JSON string or\n"
+                "{\"prompt\": ...}, batched through one KV cache, one JSON line out per prompt) with the\n"
+                "model M (HF folder or .gguf), plus the PEFT adapter in DIR when given. Greedy unless --temp > 0.\n"
+                "  --max-tokens N  new tokens at most [256]\n  --temp T  sampling temperature [0]\n"
+                "  --top-k K  keep the K most likely ids [0 = all]\n  --top-p P  nucleus mass (0, 1] [1]\n"
+                "  --min-p P  keep ids with p >= P * p_max [0]\n  --repeat-penalty R  penalise recent ids [1]\n"
+                "  --repeat-last-n N  tokens the penalty looks back over [64]\n  --seed S  sampling seed [0]\n"
+                "  --stop STRING  end a reply where STRING appears (not printed; repeatable)\n"
+                "  --system TEXT  a system message\n  --chat  apply the model's chat template (the default)\n"
+                "  --chat-template NAME  override the detected template\n"
+                "  --no-chat-template  feed the prompt as plain text (with BOS)\n"
+                "  --device cpu|cuda  where the model runs [cpu]\n"
+                "  --bf16-products  prefill the prompt on bf16 products, as train --bf16-products (the CPU:\n"
+                "                   oneDNN, and AMX or AVX512-BF16 where it has them); decoding keeps its products\n",
+                usage);
             return LT_EXIT_OK;
         }
         if (!strcmp(a, "--no-chat-template")) {
