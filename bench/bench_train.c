@@ -329,7 +329,7 @@ int lt_bench_train(int argc, char **argv) {
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
             "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
             "  --bf16-products  CPU: the base's products and the fused loss's on x and W rounded to bf16\n"
-            "                   through oneDNN, flash attention's tiles on bf16 operands (AMX) (train\n"
+            "                   through oneDNN, flash attention's tiles on bf16 operands (AMX, AVX512-BF16) (train\n"
             "                   --bf16-products; f32 weights keep theirs: use --weights random-bf16 or a\n"
             "                   file); the peer then holds the model in bf16 (adapters in f32, as PEFT\n"
             "                   keeps them)\n"
