@@ -16,12 +16,9 @@
  * dQ (128 fp32 registers a thread) is written once in bf16, times the softmax scale. With DELTA
  * each warpgroup first forms delta = rowsum(dO·O) of its rows for the main kernel that follows. */
 #include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/bwd_dq.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
-
-#include <math.h>
-
-#include <type_traits>
 
 #define DQ256_D 256
 #define DQ256_BM 128 /* query rows per CTA, 64 per warpgroup */
@@ -69,30 +66,7 @@ template <bool DELTA, bool CAP> static __global__ void __launch_bounds__(256, 1)
     lt_wg_load_tile<BN, D, 256>(sV, gv, p.kv_st, tile_kb(0) * BN, T, tid);
     lt_cp_async_commit();
 
-    int row[2], rlo[2];
-    float L2[2], Dl[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        row[hr] = wq0 + 16 * warp + (lane >> 2) + 8 * hr;
-        const int tt = min(row[hr], T - 1);
-        rlo[hr] = lo[tt];
-        const int64_t r = ((int64_t)b * p.H + h) * T + tt;
-        L2[hr] = p.lse[r] * LT_ATTN_LOG2E;
-        if (DELTA) { /* the four lanes of an accumulator row each take a quarter of D, then reduce */
-            const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)tt * p.o_st + h * p.o_sh;
-            const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)tt * p.o_st + h * p.o_sh;
-            float acc = 0.0f;
-#pragma unroll
-            for (int c = (lane & 3) * (D / 4); c < (lane & 3) * (D / 4) + D / 4; c += 8)
-                acc = lt_attn_dot8(acc, o + c, g + c);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            Dl[hr] = acc;
-            if ((lane & 3) == 0 && row[hr] < T) p.delta[r] = acc;
-        } else {
-            Dl[hr] = p.delta[r];
-        }
-    }
+    const lt_attn_dq_rows rows = lt_attn_dq_rows_at<DELTA, D>(p, b, h, wq0, lo, warp, lane);
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LT_ATTN_LOG2E;
     /* this warpgroup's 64 rows start 64 rows into each 128-row column block of the Q and dO tiles */
@@ -139,47 +113,12 @@ template <bool DELTA, bool CAP> static __global__ void __launch_bounds__(256, 1)
 
         const bool full = (k0 + BN - 1 <= wq0) && (k0 >= wlo_last);
         uint32_t da[4][4];
-        auto form_ds = [&](auto mask) {
-            constexpr bool MASK = decltype(mask)::value;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float sv[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
-                    float pr, dfac = 1.0f;
-                    if (CAP) {
-                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                        dfac = 1.0f - th * th;
-                        pr = exp2f((cap * th) * LT_ATTN_LOG2E - L2[hr]);
-                    } else {
-                        pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
-                    }
-                    if (MASK && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
-                    sv[e] = CAP ? pr * (dp[4 * j + e] - Dl[hr]) * dfac : pr * (dp[4 * j + e] - Dl[hr]);
-                }
-                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
-                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
-            }
-        };
-        if (full) form_ds(std::false_type{});
-        else form_ds(std::true_type{});
+        if (full) lt_attn_dq_form_ds<false, CAP>(s, dp, rows, k0, lane, scale, cap, inv_cap, sl2, da);
+        else lt_attn_dq_form_ds<true, CAP>(s, dp, rows, k0, lane, scale, cap, inv_cap, sl2, da);
         lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dKd);
     }
 
-    __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = row[hr];
-        if (r >= T) continue;
-        __nv_bfloat16 *dst = gdq + (int64_t)r * p.dq_st;
-#pragma unroll
-        for (int n = 0; n < NH; n++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
-                    lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
-    }
+    lt_attn_dq_store<NH, D>(p, b, h, rows, lane, scale, dq);
 #else
     (void)p;
     __trap();

@@ -10,6 +10,7 @@
  * accumulators straight into A fragments in registers; dSᵀ also goes to shared memory once for dQ.
  * dQ is added to the fp32 buffer with 2-wide vector atomics. D = 64 or 128. */
 #include "backend/cuda/attention/block.cuh"
+#include "backend/cuda/attention/bwd_dq.cuh"
 #include "backend/cuda/attention/bwd_wg.cuh"
 #include "backend/cuda/attention/launch.h"
 #include "backend/cuda/attention/wgmma.cuh"
@@ -285,32 +286,7 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
     lt_wg_load_tile<BN, D, 128, DV>(sV, gv, p.kv_st, kb_begin * BN, T, tid);
     lt_cp_async_commit();
 
-    int row[2], rlo[2];
-    float L2[2], Dl[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        row[hr] = q0 + 16 * warp + (lane >> 2) + 8 * hr;
-        const int t = min(row[hr], T - 1);
-        rlo[hr] = lo[t];
-        const int64_t r = ((int64_t)b * p.H + h) * T + t;
-        L2[hr] = p.lse[r] * LT_ATTN_LOG2E;
-        if (DELTA) {
-            /* delta = rowsum(dO·O) here, for the main kernel that runs next: the four lanes of
-             * an accumulator row each take a quarter of D (16-byte loads), then reduce. */
-            const __nv_bfloat16 *o = p.o + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
-            const __nv_bfloat16 *g = p.dout + b * p.o_sb + (int64_t)t * p.o_st + h * p.o_sh;
-            float acc = 0.0f;
-#pragma unroll
-            for (int c = (lane & 3) * (DV / 4); c < (lane & 3) * (DV / 4) + DV / 4; c += 8)
-                acc = lt_attn_dot8(acc, o + c, g + c);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            Dl[hr] = acc;
-            if ((lane & 3) == 0 && row[hr] < T) p.delta[r] = acc;
-        } else {
-            Dl[hr] = p.delta[r];
-        }
-    }
+    const lt_attn_dq_rows rows = lt_attn_dq_rows_at<DELTA, DV>(p, b, h, q0, lo, warp, lane);
     const float scale = p.scale, cap = p.softcap;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f, sl2 = scale * LT_ATTN_LOG2E;
     const uint32_t aQ = lt_smem_addr(sQ), aO = lt_smem_addr(sO);
@@ -349,50 +325,12 @@ static __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(lt_attn_dev 
 
         const bool full = (k0 + BN - 1 <= q0) && (k0 >= lo_last);
         uint32_t da[4][4];
-        /* dS of the tile; the bounds tested only on tiles some row sees in part (MASK and CAP
-         * compile-time: tested at run time in the unrolled loop, they were paid on every tile). */
-        auto form_ds = [&](auto mask) {
-            constexpr bool MASK = decltype(mask)::value;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float sv[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int hr = e >> 1, key = k0 + 8 * j + 2 * (lane & 3) + (e & 1);
-                    float pr, dfac = 1.0f;
-                    if (CAP) {
-                        const float th = tanhf(s[4 * j + e] * scale * inv_cap);
-                        dfac = 1.0f - th * th;
-                        pr = exp2f((cap * th) * LT_ATTN_LOG2E - L2[hr]);
-                    } else {
-                        pr = exp2f(fmaf(s[4 * j + e], sl2, -L2[hr]));
-                    }
-                    if (MASK && (key > row[hr] || key < rlo[hr])) pr = 0.0f;
-                    sv[e] = CAP ? pr * (dp[4 * j + e] - Dl[hr]) * dfac : pr * (dp[4 * j + e] - Dl[hr]);
-                }
-                da[j >> 1][(j & 1) * 2] = lt_pack_bf16(sv[0], sv[1]);
-                da[j >> 1][(j & 1) * 2 + 1] = lt_pack_bf16(sv[2], sv[3]);
-            }
-        };
-        if (full) form_ds(std::false_type{});
-        else form_ds(std::true_type{});
+        if (full) lt_attn_dq_form_ds<false, CAP>(s, dp, rows, k0, lane, scale, cap, inv_cap, sl2, da);
+        else lt_attn_dq_form_ds<true, CAP>(s, dp, rows, k0, lane, scale, cap, inv_cap, sl2, da);
         lt_wgmma_rs_wait<NH, BN / 16, BN>(dq, da, dK);
     }
 
-    __nv_bfloat16 *gdq = p.dq + b * p.dq_sb + h * p.dq_sh;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = row[hr];
-        if (r >= T) continue;
-        __nv_bfloat16 *dst = gdq + (int64_t)r * p.dq_st;
-#pragma unroll
-        for (int n = 0; n < NH; n++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (64 * n + 8 * j < DV)
-                    *(uint32_t *)(dst + 64 * n + 8 * j + 2 * (lane & 3)) =
-                        lt_pack_bf16(dq[n][4 * j + 2 * hr] * scale, dq[n][4 * j + 2 * hr + 1] * scale);
-    }
+    lt_attn_dq_store<NH, DV>(p, b, h, rows, lane, scale, dq);
 #else
     (void)p;
     __trap();
