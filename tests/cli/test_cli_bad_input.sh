@@ -73,17 +73,21 @@ grep -q "\"quantity\":.*\"${q:-none}\"" "$dir/div/diverged.json" || { echo "FAIL
 # A NaN loss at the first step (a final norm weight of 3.4e38, float's largest: the normed hidden
 # states overflow, the logits hold inf - inf): exit 4 naming train_loss, the metrics line holds the
 # loss as null beside what it was, the record names it, nothing was saved.
-cp -r "$dir/model" "$dir/nl"
-python3 - "$dir/nl/model.safetensors" <<'PY'
+# The tiny model copied to $dir/NAME with every final norm weight set to VALUE.
+norm_model() {
+  cp -r "$dir/model" "$dir/$1"
+  python3 - "$dir/$1/model.safetensors" "$2" <<'PY'
 import json, struct, sys
 b = bytearray(open(sys.argv[1], "rb").read())
 n = struct.unpack("<Q", b[:8])[0]
 e = json.loads(b[8:8 + n])["model.norm.weight"]
 assert e["dtype"] == "F32"
 a, z = e["data_offsets"]
-b[8 + n + a:8 + n + z] = struct.pack("<%df" % ((z - a) // 4), *[3.4e38] * ((z - a) // 4))
+b[8 + n + a:8 + n + z] = struct.pack("<%df" % ((z - a) // 4), *[float(sys.argv[2])] * ((z - a) // 4))
 open(sys.argv[1], "wb").write(b)
 PY
+}
+norm_model nl 3.4e38
 out=$("$bin" train --model "$dir/nl" --data "$dir/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 3 \
   --steps-per-report 1 --adapter-path "$dir/nldiv" 2>&1); rc=$?
 if [ $rc != 4 ] || ! grep -qF "longtune train: training diverged: training diverged at step 1: train_loss is nan (learning rate 1e-05); no adapter was saved; see $dir/nldiv/diverged.json" <<<"$out"; then
@@ -95,17 +99,7 @@ grep -q '"quantity":.*"train_loss"' "$dir/nldiv/diverged.json" || { echo "FAIL: 
 # every LoRA gradient finite but their sum of squares past float's range, while the loss (about
 # 1.5e15) stays finite. The first step stops with exit 4 naming grad_norm; the metrics line keeps
 # the finite loss; nothing was saved.
-cp -r "$dir/model" "$dir/gn"
-python3 - "$dir/gn/model.safetensors" <<'PY'
-import json, struct, sys
-b = bytearray(open(sys.argv[1], "rb").read())
-n = struct.unpack("<Q", b[:8])[0]
-e = json.loads(b[8:8 + n])["model.norm.weight"]
-assert e["dtype"] == "F32"
-a, z = e["data_offsets"]
-b[8 + n + a:8 + n + z] = struct.pack("<%df" % ((z - a) // 4), *[1e14] * ((z - a) // 4))
-open(sys.argv[1], "wb").write(b)
-PY
+norm_model gn 1e14
 out=$("$bin" train --model "$dir/gn" --data "$dir/data" --batch-size 2 --max-seq-length 32 --threads 1 --iters 3 \
   --lora-rank 1 --lora-alpha 1000000 --steps-per-report 1 --adapter-path "$dir/gndiv" 2>&1); rc=$?
 if [ $rc != 4 ] || ! grep -qF "longtune train: training diverged: training diverged at step 1: grad_norm is inf (learning rate 1e-05); no adapter was saved; see $dir/gndiv/diverged.json" <<<"$out"; then
