@@ -77,7 +77,8 @@ typedef struct {
 
 static int64_t group_of(const lt_attention_params *p) { return p->H / p->Hkv; }
 
-/* The packed path: bf16 products on a CPU whose AMX tiles run them, each operand rounded and packed
+/* The packed path: bf16 products on a CPU that runs them on AMX tiles or AVX512-BF16 (tile_gemm.h's
+ * paths other than the rounded one), each operand rounded and packed
  * once for all the products that read it. Forward: Kᵀ and V of each (row, kv head) once, the
  * stacked queries once per query tile, P per key block. Backward: Q and dO once per kv head in
  * flight, as rows (for S = Q·Kᵀ and dP = dO·Vᵀ) and transposed (for dVᵀ += dOᵀ·P and
@@ -94,10 +95,12 @@ static int64_t up32(int64_t n) { return (n + 31) / 32 * 32; }
  * x0 reads up32(R) columns from there). In bf16 elements. */
 static int64_t packed_rows_ld(const lt_attention_params *p) { return up32(p->D); }
 static int64_t packed_cols_ld(const lt_attention_params *p) { return up32(p->T * (p->H / p->Hkv)) + 32; }
+static size_t packed_rows_elems(const lt_attention_params *p) {
+    return (size_t)(p->T * (p->H / p->Hkv) + 32) * (size_t)packed_rows_ld(p);
+}
+static size_t packed_cols_elems(const lt_attention_params *p) { return (size_t)up32(p->D) * (size_t)packed_cols_ld(p); }
 static size_t packed_elems(const lt_attention_params *p) {
-    const size_t rows = (size_t)(p->T * (p->H / p->Hkv) + 32) * (size_t)packed_rows_ld(p);
-    const size_t cols = (size_t)up32(p->D) * (size_t)packed_cols_ld(p);
-    return 2 * (rows + cols); /* Q and dO, each both ways */
+    return 2 * (packed_rows_elems(p) + packed_cols_elems(p)); /* Q and dO, each both ways */
 }
 
 /* Floats of tile_gemm_bf16 scratch for the largest product of one direction (0 without bf16
@@ -257,10 +260,8 @@ static head_block head_block_of(const flash_job *j, int64_t k) {
         {base, base + sf, base + 2 * sf, base + 2 * sf + sr, dq, (uint8_t *)(dq + (size_t)dq_buckets(p) * sf), NULL,
          NULL, NULL,      NULL};
     if (packed_tiles(p)) {
-        const size_t rows = (size_t)(p->T * j->group + 32) * (size_t)packed_rows_ld(p);
-        const size_t cols = (size_t)up32(p->D) * (size_t)packed_cols_ld(p);
         h.qa = (uint16_t *)(dq + (size_t)dq_buckets(p) * sf + cov_floats(p));
-        h.da = h.qa + rows, h.qt = h.da + rows, h.dt = h.qt + cols;
+        h.da = h.qa + packed_rows_elems(p), h.qt = h.da + packed_rows_elems(p), h.dt = h.qt + packed_cols_elems(p);
     }
     return h;
 }
