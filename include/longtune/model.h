@@ -319,6 +319,12 @@ typedef struct lt_model_run_options {
                                  the CPU has them). f32 and FP8 weights keep their products. 0 (default): the CPU multiplies the weights as held with
                                  f32 x exactly; CUDA's products are bf16 either way. A CPU build
                                  without oneDNN refuses 1 */
+    int act_f32;                        /* 1: the activations the backend would hand its products in
+                                 bf16 (CUDA: the dense MLPs' gated activation and its gradients,
+                                 attention's output into the o projection) stay f32. The products
+                                 round them to bf16 either way, so the results are the same bits
+                                 and only the memory traffic differs: for comparisons. 0 = the
+                                 backend's choice */
     int64_t chunk_rows;                 /* rows per chunk of the position-wise work (norms, projections,
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span

@@ -67,6 +67,8 @@ typedef struct lt_lora_proj {
     float *y;          /* forward: the output, or NULL: compute lu only */
     const float *dy;   /* backward: the output's gradient */
     float *lu;         /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
+    /* lora_bwd_bf16 only: the output's gradient rounded to bf16, read instead of dy (NULL: dy) */
+    const uint16_t *dyh;
 } lt_lora_proj;
 
 /* What `supports` is asked: one op kind and the properties of a request that a backend may lack.
@@ -349,6 +351,28 @@ typedef struct lt_backend {
      * max_len keys (0 where the backend needs none). Refusals: supports with LT_OP_DECODE_ATTENTION. */
     size_t (*decode_attention_workspace_bytes)(const lt_decode_attention_params *p, int threads);
     lt_status (*decode_attention)(lt_ctx *ctx, const lt_decode_attention_params *p);
+    /* bf16 activations between the MLP's ops, for a backend whose products round their inputs
+     * to bf16 anyway (NULL where it has none: the CPU's products read f32). The model runs a
+     * layer's gated MLP through them when lora_bf16_takes accepts its gate, up and down
+     * projections, so the F-wide activation and its gradients are written once in bf16 instead
+     * of in f32 and then again as the products' bf16 copies.
+     * lora_bf16_takes: whether lora_fwd_bf16 / lora_bwd_bf16 serve a W (out, in) of wdtype with
+     * an adapter of rank r (r = 0: none) at every row count.
+     * glu_fwd_bf16: a = act(g)·u rounded to bf16 (nearest even), act SiLU or, gelu = 1, GELU's
+     * tanh form, computed as swiglu_fwd / geglu_fwd compute it; glu_bwd_bf16: dg and du of
+     * swiglu_bwd / geglu_bwd rounded the same way.
+     * lora_fwd_bf16 / lora_bwd_bf16: lora_fwd / lora_bwd with the group's input given either as
+     * x (f32) or as xh (bf16; exactly one of the two non-NULL), and in the backward each dy_g as
+     * p[g].dyh (bf16) where it is non-NULL. Given the bf16 roundings of the f32 ops' x and dy,
+     * they produce the f32 ops' results bit for bit (those round x and dy for every product). */
+    int (*lora_bf16_takes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t r);
+    void (*glu_fwd_bf16)(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a);
+    void (*glu_bwd_bf16)(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
+                         uint16_t *dg, uint16_t *du);
+    void (*lora_fwd_bf16)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                          int64_t r, float s, float beta, void *ws);
+    void (*lora_bwd_bf16)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                          int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
 } lt_backend;
 
 /* The reference composition of lora_fwd / lora_bwd from be's matmul and gemm ops (the CPU

@@ -160,7 +160,7 @@ static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
         be->rmsnorm_fwd(s->ctx, lt_resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, c->C, h,
                         st->rstd1 + r0);
         float *qkv[3] = {qp, kp, vp};
-        lt_step_group_fwd(s, l, st, 3, lt_proj_group_qkv, r0, n, h, qkv, 0.0f);
+        lt_step_group_fwd(s, l, st, 3, lt_proj_group_qkv, r0, n, lt_act_f32(h), qkv, 0.0f);
         if (!ab) continue;
         if (qn) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
             be->to_bf16(s->ctx, qp, (uint16_t *)lt_step_at_row(s, st->q_raw, r0, qd), n * qd);
@@ -181,7 +181,7 @@ static int sandwich(const lt_layer *L) { return L->desc.norm == LT_NORM_PLACE_SA
 
 /* y (n, C) += the block output proj(x) of rows [r0, r0 + n), through post_norm when sandwiched. */
 static void block_out_fwd(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj, const float *post_norm,
-                          int64_t r0, int64_t n, const float *x, float *y) {
+                          int64_t r0, int64_t n, lt_act x, float *y) {
     const lt_layout *lay = &s->m->lay;
     if (!sandwich(&s->m->layers[l])) {
         lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &y, 1.0f);
@@ -198,7 +198,7 @@ static void block_out_fwd(const lt_step *s, int64_t l, const lt_store *st, const
  * dy itself, or through the post-norm (its input proj(x) rerun into pn, the result in the
  * workspace's dh). */
 static const float *block_out_grad(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj,
-                                   const float *post_norm, int64_t r0, int64_t n, const float *x, const float *dy) {
+                                   const float *post_norm, int64_t r0, int64_t n, lt_act x, const float *dy) {
     if (!sandwich(&s->m->layers[l])) return dy;
     const lt_model_config *c = &s->m->cfg;
     const lt_layout *lay = &s->m->lay;
@@ -209,6 +209,15 @@ static const float *block_out_grad(const lt_step *s, int64_t l, const lt_store *
     return dh;
 }
 
+/* Attention's output rows [r0, r0 + n), the o projection's input: the store's bf16 rows in place
+ * under o_bf16, else f32 (in place, or widened into ac under attn_bf16). */
+static lt_act o_input(const lt_step *s, const lt_store *st, int64_t r0, int64_t n) {
+    const lt_layout *y = &s->m->lay;
+    int64_t qd = s->m->cfg.H * s->m->cfg.D;
+    if (y->o_bf16) return lt_act_bf16((const uint16_t *)lt_step_at_row(s, st->att, r0, qd));
+    return lt_act_f32(lt_step_att_rows(s, st->att, r0, n, qd, y->attn_bf16 ? lt_step_ws(s, y->ac) : NULL));
+}
+
 /* x_mid = x_in + o_proj(att) over rows [r0, r0 + n), in the store's x_mid (f32) or, under
  * attn_bf16, in the chunk buffer mc, with the store keeping it rounded and the rows going on with
  * the rounded values the backward will read. Returns the f32 rows. */
@@ -217,10 +226,10 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
     const lt_layout *y = &s->m->lay;
-    int64_t C = c->C, qd = c->H * c->D;
+    int64_t C = c->C;
     int ab = y->attn_bf16;
     float *xm = ab ? lt_step_ws(s, y->mc) : st->x_mid + r0 * C;
-    float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
+    lt_act att = o_input(s, st, r0, n);
     if (x_in.f) LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
     else be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
     block_out_fwd(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, xm);
@@ -233,16 +242,33 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     return LT_OK;
 }
 
-/* The gated activation of the layer's MLP kind: a = act(g)·u (SiLU or GELU's tanh form). */
-static void glu_fwd(const lt_step *s, const lt_layer *L, const float *g, const float *u, int64_t n, float *a) {
-    if (L->desc.mlp == LT_MLP_KIND_GEGLU) s->be->geglu_fwd(s->ctx, g, u, n, a);
-    else s->be->swiglu_fwd(s->ctx, g, u, n, a);
+/* The gated activation of the layer's MLP kind, a = act(g)·u (SiLU or GELU's tanh form), into
+ * buf (n f32 elements): f32, or under mlp_bf16 bf16 in its first half. */
+static lt_act glu_fwd(const lt_step *s, const lt_layer *L, const float *g, const float *u, int64_t n, float *buf) {
+    int gelu = L->desc.mlp == LT_MLP_KIND_GEGLU;
+    if (s->m->lay.mlp_bf16) {
+        s->be->glu_fwd_bf16(s->ctx, gelu, g, u, n, (uint16_t *)buf);
+        return lt_act_bf16((const uint16_t *)buf);
+    }
+    if (gelu) s->be->geglu_fwd(s->ctx, g, u, n, buf);
+    else s->be->swiglu_fwd(s->ctx, g, u, n, buf);
+    return lt_act_f32(buf);
 }
 
-static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const float *g, const float *u, int64_t n,
-                    float *dg, float *du) {
-    if (L->desc.mlp == LT_MLP_KIND_GEGLU) s->be->geglu_bwd(s->ctx, da, g, u, n, dg, du);
-    else s->be->swiglu_bwd(s->ctx, da, g, u, n, dg, du);
+/* Its backward from da: dg, du into buf's two halves in bf16 under mlp_bf16, else f32 dg into buf
+ * and du over u (read for the last time there). */
+static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const float *g, float *u, int64_t n,
+                    float *buf, lt_act *dgu) {
+    int gelu = L->desc.mlp == LT_MLP_KIND_GEGLU;
+    if (s->m->lay.mlp_bf16) {
+        uint16_t *dg = (uint16_t *)buf, *du = dg + n;
+        s->be->glu_bwd_bf16(s->ctx, gelu, da, g, u, n, dg, du);
+        dgu[0] = lt_act_bf16(dg), dgu[1] = lt_act_bf16(du);
+        return;
+    }
+    if (gelu) s->be->geglu_bwd(s->ctx, da, g, u, n, buf, u);
+    else s->be->swiglu_bwd(s->ctx, da, g, u, n, buf, u);
+    dgu[0] = lt_act_f32(buf), dgu[1] = lt_act_f32(u);
 }
 
 /* x_out = x_mid + down(glu(gate(h2), up(h2))), h2 = norm(x_mid), over rows [r0, r0 + n); with
@@ -264,10 +290,9 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
         return LT_OK;
     }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
-    float *a = lt_step_ws(s, y->dg);
     float *gu[2] = {g, u};
-    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, gu, 0.0f);
-    glu_fwd(s, L, g, u, n * F, a);
+    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), gu, 0.0f);
+    lt_act a = glu_fwd(s, L, g, u, n * F, lt_step_ws(s, y->dg));
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
     LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
     block_out_fwd(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, xo);
@@ -323,21 +348,20 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
         return;
     }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
-    float *a = dg; /* the activation goes into dg's buffer, which the glu backward then overwrites */
-    float *du = u; /* and the up gradient over u, read for the last time there */
     if (!st->g) {
         float *gu[2] = {g, u};
-        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, gu, 0.0f);
+        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), gu, 0.0f);
     }
-    glu_fwd(s, L, g, u, n * F, a);
+    /* the activation goes into dg's buffer, which the glu backward then overwrites */
+    lt_act a = glu_fwd(s, L, g, u, n * F, dg);
     float *no_y = NULL;
     /* its LoRA product (the sandwich's post-norm gradient reruns the whole projection instead) */
     if (!st->g && !sandwich(L)) lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f);
-    const float *dyc = block_out_grad(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, dxc);
+    lt_act dyc = lt_act_f32(block_out_grad(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, dxc));
     lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
-    glu_bwd(s, L, da, g, u, n * F, dg, du);
-    const float *dgu[2] = {dg, du};
-    lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, h, dgu, dh, 0.0f);
+    lt_act dgu[2];
+    glu_bwd(s, L, da, g, u, n * F, dg, dgu);
+    lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), dgu, dh, 0.0f);
     be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
     be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
 }
@@ -348,10 +372,10 @@ static void o_bwd(const lt_step *s, int64_t l, const lt_store *st, const float *
     const lt_layout *y = &s->m->lay;
     int64_t qd = s->m->cfg.H * s->m->cfg.D;
     int ab = y->attn_bf16;
-    float *att = lt_step_att_rows(s, st->att, r0, n, qd, ab ? lt_step_ws(s, y->ac) : NULL);
+    lt_act att = o_input(s, st, r0, n);
     float *dattc = ab ? lt_step_ws(s, y->qc) : (float *)lt_step_at_row(s, datt, r0, qd);
-    const float *dyo =
-        block_out_grad(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, dx + r0 * s->m->cfg.C);
+    lt_act dyo = lt_act_f32(
+        block_out_grad(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, dx + r0 * s->m->cfg.C));
     lt_step_group_bwd(s, l, st, 1, &O_PROJ, r0, n, att, &dyo, dattc, 0.0f);
     if (ab) s->be->to_bf16(s->ctx, dattc, (uint16_t *)lt_step_at_row(s, datt, r0, qd), n * qd);
 }
@@ -374,8 +398,8 @@ static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
     if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, lt_step_ws(s, y->ac));
     const float *xr = lt_resid_rows(s, x_in, r0, n, y->xc ? lt_step_ws(s, y->xc) : NULL);
     be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-    const float *dqkv[3] = {dqc, dkc, dvc};
-    lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, h, dqkv, need_dx ? dh : NULL, 0.0f);
+    const lt_act dqkv[3] = {lt_act_f32(dqc), lt_act_f32(dkc), lt_act_f32(dvc)};
+    lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, lt_act_f32(h), dqkv, need_dx ? dh : NULL, 0.0f);
     if (!need_dx) return;
     be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
     be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);

@@ -405,6 +405,27 @@ static lt_status resolve_recompute(lt_ctx *ctx, const lt_model_run_options *run,
     return LT_OK;
 }
 
+/* Whether projections ps[0..np) of every layer (dense layers only with dense_only) take bf16
+ * inputs (lt_layout.mlp_bf16, o_bf16): the backend has the ops, LoRA has no dropout (whose masks
+ * apply to f32 inputs), and lora_bf16_takes accepts each projection with its adapter. */
+static int bf16_inputs_ok(const run_shape *r, const lt_proj *ps, int np, int dense_only) {
+    const lt_backend *be = r->be;
+    const lt_model_config *c = r->c;
+    if (!be->lora_bf16_takes || !be->glu_fwd_bf16 || !be->glu_bwd_bf16 || !be->lora_fwd_bf16 || !be->lora_bwd_bf16 ||
+        r->lo.dropout > 0)
+        return 0;
+    for (int64_t l = 0; l < c->L; l++) {
+        if (dense_only && lt_model_layer_is_moe(c, l)) continue;
+        for (int i = 0; i < np; i++) {
+            int64_t out, in;
+            lt_model_proj_shape(c, ps[i], &out, &in);
+            int64_t rank = r->lo.targets & (1u << ps[i]) ? r->lo.rank : 0;
+            if (!be->lora_bf16_takes(lt_model_proj_dtype(c, l, ps[i]), out, in, rank)) return 0;
+        }
+    }
+    return 1;
+}
+
 /* The run's shape, and its mode flags resolved once into the layout (saved dtype, bf16 attention
  * tensors, checkpoints as residuals, kept attention and q/k/v, offload, the chunk), so the step
  * reads them instead of the options. */
@@ -437,6 +458,11 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     LT_TRY(lt_model_bf16x(ctx, "model run", run->bf16_products, dev, r->be, &o->bf16x));
     r->es = o->saved_dtype == LT_DTYPE_BF16 ? 2 : 4;
     o->attn_bf16 = o->saved_dtype == LT_DTYPE_BF16;
+    if (run->act_f32 < 0 || run->act_f32 > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: act_f32 %d outside 0..1", run->act_f32);
+    static const lt_proj mlp[3] = {LT_PROJ_GATE, LT_PROJ_UP, LT_PROJ_DOWN}, o_proj = LT_PROJ_O;
+    o->mlp_bf16 = !run->act_f32 && bf16_inputs_ok(r, mlp, 3, 1);
+    o->o_bf16 = !run->act_f32 && o->attn_bf16 && bf16_inputs_ok(r, &o_proj, 1, 0);
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
     o->resid_ckpt = !r->fwd_only && rc.n_rec && rc.max_len == 1;
     o->store_bytes =
@@ -595,7 +621,8 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     }
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
-        o->da = carve_aligned(cur, nb(CH * F, 4), al); /* the up gradient goes over u (mlp_bwd) */
+        /* the up gradient goes over u, or under mlp_bf16 into dg's second half (mlp_bwd) */
+        o->da = carve_aligned(cur, nb(CH * F, 4), al);
         /* dh, a norm's input gradient, is made once da is dead (the MLP's after its glu backward,
          * the attention half's after the MLP) and can use da's buffer; not with sandwich norms,
          * whose post-MLP norm gradient is dh while the down projection's backward writes da. */

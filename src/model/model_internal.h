@@ -228,6 +228,14 @@ typedef struct lt_layout {
      * recompute and backward see the same values. */
     int attn_bf16;
     size_t qc, ac, mc;
+    /* mlp_bf16: the dense MLPs' gated activation and its gradients are bf16 (the backend's
+     * glu_*_bf16 and lora_*_bf16 ops), in dg's buffer: the activation (chunk, F) in its first
+     * half, then the backward's gate and up gradients in its two halves. Set where the backend
+     * has those ops, LoRA has no dropout, and lora_bf16_takes accepts every dense layer's gate,
+     * up and down projections; the values are the f32 path's bit for bit. o_bf16 (with
+     * attn_bf16): the o projection reads attention's bf16 output rows in place, forward and
+     * backward, instead of their f32 widening in ac. */
+    int mlp_bf16, o_bf16;
     /* Kept attention (recompute without recompute_attention): per recomputed layer that keeps it
      * (n_katt of them, lt_rc_place.katt their slots) an (N, H·D) output of saved_dtype (the store's
      * att then points there) and a (B·H·T) f32 lse in the activation block, `att_stride` /
@@ -267,8 +275,8 @@ typedef struct lt_layout {
      * loss writes ∂/∂h), datt, dq (N, H·D), dk, dv (N, Hkv·D) of saved_dtype, sharing a region
      * with xf and hf. Chunk-sized (`chunk`
      * rows): h (C) a norm output, g, u (F, absent when the stores keep them), dg (F) the SwiGLU
-     * output and then its gate gradient, da (F) (the up gradient goes over u, or over the store's u
-     * when the stores keep it), dh (C), scratch (max(C, F, H·D)) for LoRA dropout (absent
+     * output and then its gate gradient (both bf16 under mlp_bf16, the up gradient beside it), da
+     * (F) (the up gradient goes over u, or over the store's u when the stores keep it), dh (C), scratch (max(C, F, H·D)) for LoRA dropout (absent
      * without), dlu (3·r: a group of three projections). */
     int64_t chunk;
     size_t dx, datt, dq, dk, dv, h, g, u, dg, da, dh, scratch, dlu, mm_ws, attn_ws, lce_ws;

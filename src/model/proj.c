@@ -69,12 +69,13 @@ static void proj_fwd_mode(const lt_step *s, int64_t l, lt_proj p, int64_t r0, in
  * alone), each into y[g] as proj_fwd (beta, the layer's q/k/v biases; y = NULL: lu only), through
  * the backend's fused lora_fwd — or proj_fwd one by one under LoRA dropout, which masks x. */
 void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                       const float *x, float *const *y, float beta) {
+                       lt_act x, float *const *y, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     if (s->train && m->lora.dropout > 0) {
+        LT_ASSERT(x.f); /* mlp_bf16 is off under dropout */
         for (int g = 0; g < G; g++) {
-            proj_fwd_mode(s, l, ps[g], r0, n, x, y[g], lu_at(s, st, ps[g], r0), bias_of(L, ps[g]), beta,
+            proj_fwd_mode(s, l, ps[g], r0, n, x.f, y[g], lu_at(s, st, ps[g], r0), bias_of(L, ps[g]), beta,
                           g && y[g - 1] ? LT_MATMUL_NT_SAME_X : LT_MATMUL_NT);
         }
         return;
@@ -89,7 +90,8 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         pp[g].y = y[g];
         pp[g].lu = lu_at(s, st, p, r0);
     }
-    s->be->lora_fwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
+    if (x.h) s->be->lora_fwd_bf16(s->ctx, pp, G, NULL, x.h, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
+    else s->be->lora_fwd(s->ctx, pp, G, x.f, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
     mm_end(s);
 }
 
@@ -133,24 +135,31 @@ static void proj_bwd(const lt_step *s, int64_t l, lt_proj p, int64_t r0, int64_t
  * gradient (NULL: skipped), LoRA grads accumulated. The backend's fused lora_bwd, or proj_bwd one
  * by one under LoRA dropout. */
 void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                       const float *x, const float *const *dy, float *dx, float beta) {
+                       lt_act x, const lt_act *dy, float *dx, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
     if (m->lora.dropout > 0) {
-        for (int g = 0; g < G; g++)
-            proj_bwd(s, l, ps[g], r0, n, x, dy[g], lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
+        for (int g = 0; g < G; g++) {
+            LT_ASSERT(x.f && dy[g].f); /* mlp_bf16 is off under dropout */
+            proj_bwd(s, l, ps[g], r0, n, x.f, dy[g].f, lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
+        }
         return;
     }
     lt_lora_proj pp[3];
     memset(pp, 0, sizeof pp);
+    int any_h = x.h != NULL;
     for (int g = 0; g < G; g++) {
         lt_proj p = ps[g];
         pp[g].w = &L->w[p];
         pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
         pp[g].ga = L->grad_a[p], pp[g].gb = L->grad_b[p];
-        pp[g].dy = dy[g];
+        pp[g].dy = dy[g].f, pp[g].dyh = dy[g].h;
         pp[g].lu = lu_at(s, st, p, r0);
+        any_h |= dy[g].h != NULL;
     }
-    s->be->lora_bwd(s->ctx, pp, G, x, n, m->lora.rank, m->lora_scale, dx, beta, lt_step_ws(s, m->lay.dlu), mm_begin(s));
+    float *dlu = lt_step_ws(s, m->lay.dlu);
+    if (any_h)
+        s->be->lora_bwd_bf16(s->ctx, pp, G, x.f, x.h, n, m->lora.rank, m->lora_scale, dx, beta, dlu, mm_begin(s));
+    else s->be->lora_bwd(s->ctx, pp, G, x.f, n, m->lora.rank, m->lora_scale, dx, beta, dlu, mm_begin(s));
     mm_end(s);
 }

@@ -115,15 +115,32 @@ lt_status lt_step_saved_copy(const lt_step *s, void *saved, float *x, int64_t n,
 
 /* ---- proj.c: the LoRA projections ---- */
 
+/* A projection group's input or an output's gradient: f32 rows, or (h, under the layout's
+ * mlp_bf16) their bf16 rounding; one of the two is set. */
+typedef struct lt_act {
+    const float *f;
+    const uint16_t *h;
+} lt_act;
+
+static inline lt_act lt_act_f32(const float *f) {
+    lt_act a = {f, NULL};
+    return a;
+}
+
+static inline lt_act lt_act_bf16(const uint16_t *h) {
+    lt_act a = {NULL, h};
+    return a;
+}
+
 /* The projections ps[0..G) of one input x over the n rows from row r0 (q, k, v; gate, up; or one
  * alone), each into y[g] (n, out) = beta·y[g] + x·Wᵀ (+ the layer's q/k/v bias) + LoRA, saving
  * the LoRA product into st; y[g] = NULL computes only the LoRA product. */
 void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                       const float *x, float *const *y, float beta);
+                       lt_act x, float *const *y, float beta);
 /* The backward of lt_step_group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the
  * group's input gradient (NULL: skipped), LoRA grads accumulated. */
 void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                       const float *x, const float *const *dy, float *dx, float beta);
+                       lt_act x, const lt_act *dy, float *dx, float beta);
 
 /* ---- layer.c: one layer ---- */
 

@@ -27,6 +27,7 @@
 #include "longtune/safetensors.h"
 #include "longtune/sysinfo.h"
 #include "longtune/train.h"
+#include "model/model_internal.h"
 
 #if LT_HAVE_CUDA
 
@@ -181,12 +182,13 @@ static lt_model *load(lt_ctx *ctx, const tiny *t, lt_device dev, const lt_lora_o
 static lt_model_run_options run_variant(int64_t B, int64_t T, lt_recompute rc, int variant) {
     lt_model_run_options ro = {0};
     ro.B = B, ro.T = T, ro.recompute = rc, ro.recompute_k = 2;
-    if (variant) ro.chunk_rows = 40, ro.recompute_attention = 1;
+    if (variant == 1) ro.chunk_rows = 40, ro.recompute_attention = 1;
     return ro;
 }
 
 static void prepare_variant(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc, int variant) {
     lt_model_run_options ro = run_variant(B, T, rc, variant);
+    ro.act_f32 = variant == 2; /* the products' inputs in f32 (the same bits as in bf16) */
     lt_status s = lt_model_prepare(ctx, m, &ro);
     if (s != LT_OK) fprintf(stderr, "prepare: %s\n", lt_ctx_error(ctx));
     assert_int_equal(s, LT_OK);
@@ -277,10 +279,14 @@ static void step_matches_cpu(void **state) {
         assert_int_equal(lt_model_forward_backward(ctx, mc, &mb, 0.0f, &rc, tl_c), LT_OK);
         memcpy(gc, lt_model_lora_grads(mc, NULL), (size_t)n * 4);
 
-        /* The last runs in 40-row chunks with the attention rerun (run_variant). */
-        const lt_recompute pol[4] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY};
-        for (int pi = 0; pi < 4; pi++) {
-            prepare_variant(ctx, mg, b.B, b.T, pol[pi], pi == 3);
+        /* The fourth runs in 40-row chunks with the attention rerun (run_variant); the fifth is the
+         * first with the products' bf16 inputs (the MLP's activation and gradients, attention's output
+         * into o) held in f32, which must give its very bits. */
+        const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY,
+                                     LT_RECOMPUTE_NONE};
+        float tl_0[512], *g0 = malloc((size_t)n * 4);
+        for (int pi = 0; pi < 5; pi++) {
+            prepare_variant(ctx, mg, b.B, b.T, pol[pi], pi == 3 ? 1 : pi == 4 ? 2 : 0);
             for (int64_t i = 0; i < N; i++) tl_g[i] = LT_TEST_POISON;
             lt_model_zero_grads(mg);
             lt_status s = lt_model_forward_backward(ctx, mg, &mb, 0.0f, &rg, tl_g);
@@ -306,7 +312,21 @@ static void step_matches_cpu(void **state) {
             fprintf(stderr,
                     "  %-12s recompute %d: loss %.6f vs %.6f (rel %.2e), token_loss rel %.2e, worst grad rel %.2e\n",
                     t->name, pi, (double)lg, (double)lc, el, et, eg);
+            if (pi == 0) {
+                memcpy(tl_0, tl_g, sizeof tl_0), memcpy(g0, g, (size_t)n * 4);
+                /* every tiny but the fp8 one (whose gate, down and o take fp8 products) hands the
+                 * MLP's products and o bf16 inputs */
+                assert_int_equal(mg->lay.mlp_bf16, t->quantize != 2);
+                assert_int_equal(mg->lay.o_bf16, t->quantize != 2);
+            }
+            if (pi == 4) {
+                int same = memcmp(tl_0, tl_g, (size_t)N * 4) == 0 && memcmp(g0, g, (size_t)n * 4) == 0;
+                fprintf(stderr, "  %-12s f32 activations against the backend's bf16 ones: %s\n", t->name,
+                        same ? "the same bits" : "DIFFERENT");
+                assert_true(same);
+            }
         }
+        free(g0);
         lt_model_free(ctx, mg);
         lt_model_free(ctx, mc);
         assert_int_equal(lt_mem_get_stats(ctx, LT_DEVICE_CUDA).used_bytes, 0);

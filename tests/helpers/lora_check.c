@@ -23,6 +23,98 @@ static void host_copy(lt_ctx *ctx, const lt_backend *be, void *h, const void *d,
 
 static double worst(double a, double b) { return a > b || a != a ? a : b; }
 
+static uint16_t *bf16_of(const float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = lt_f32_to_bf16(x[i]);
+    return h;
+}
+
+/* Elements of the device buffer d (n f32) whose bits differ from host f32 values want. */
+static int64_t bits_differ(lt_ctx *ctx, const lt_backend *be, const void *d, const float *want, int64_t n) {
+    float *got = malloc((size_t)n * 4);
+    host_copy(ctx, be, got, d, (size_t)n * 4);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) k += memcmp(&got[i], &want[i], 4) != 0;
+    free(got);
+    return k;
+}
+
+/* The inputs of one case and the f32 ops' device results, for the bf16-input variants. */
+typedef struct f32_run {
+    const lt_lora_case *c;
+    const float *x, *const *y0, *const *dy, *const *ga0, *const *gb0, *dx0;
+    const lt_lora_proj *pp; /* the f32 run's projections (weights, factors, bias; its outputs) */
+    const float *ddx;       /* its dx */
+    void *ws;
+} f32_run;
+
+/* lora_fwd_bf16 + lora_bwd_bf16 with x in bf16 (v = 1), every dy in bf16 (v = 2) or both (v = 3),
+ * on fresh copies of the accumulated outputs: the elements whose bits differ from the f32 run's. */
+static int64_t bf16_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f, int v) {
+    const lt_lora_case *c = f->c;
+    const int G = c->G;
+    const int64_t in = c->in, n = c->n, r = c->r;
+    uint16_t *xh = bf16_of(f->x, n * in);
+    void *dxh = dev_copy(ctx, be, xh, (size_t)(n * in) * 2);
+    float *dxv = dev_copy(ctx, be, f->x, (size_t)(n * in) * 4);
+    lt_lora_proj pp[3];
+    memcpy(pp, f->pp, sizeof pp);
+    void *dyh[3] = {NULL, NULL, NULL};
+    for (int g = 0; g < G; g++) {
+        const int64_t out = c->out[g];
+        uint16_t *h = bf16_of(f->dy[g], n * out);
+        dyh[g] = dev_copy(ctx, be, h, (size_t)(n * out) * 2);
+        free(h);
+        pp[g].y = c->lu_only ? NULL : dev_copy(ctx, be, f->y0[g], (size_t)(n * out) * 4);
+        pp[g].ga = dev_copy(ctx, be, f->ga0[g], (size_t)(r * in) * 4);
+        pp[g].gb = dev_copy(ctx, be, f->gb0[g], (size_t)(out * r) * 4);
+        float *lp = lt_test_poisoned(n * r);
+        pp[g].lu = dev_copy(ctx, be, lp, (size_t)(n * r) * 4);
+        free(lp);
+        if (v & 2) pp[g].dy = NULL, pp[g].dyh = dyh[g];
+    }
+    float *ddx = dev_copy(ctx, be, f->dx0, (size_t)(n * in) * 4);
+    float *ddlu = dev_copy(ctx, be, NULL, (size_t)(n * 3 * r) * 4);
+    const float *xf = v & 1 ? NULL : dxv;
+    const uint16_t *xb = v & 1 ? dxh : NULL;
+    be->lora_fwd_bf16(ctx, pp, G, xf, xb, n, r, c->s, c->beta, f->ws);
+    be->lora_bwd_bf16(ctx, pp, G, xf, xb, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, f->ws);
+    int64_t bad = 0;
+    for (int g = 0; g < G; g++) {
+        const int64_t out = c->out[g];
+        const lt_lora_proj *P = &f->pp[g];
+        float *want = malloc(sizeof(float) * (size_t)(n * (out > in ? out : in) + r * in + out * r));
+        if (P->a) {
+            host_copy(ctx, be, want, P->lu, (size_t)(n * r) * 4);
+            bad += bits_differ(ctx, be, pp[g].lu, want, n * r);
+            host_copy(ctx, be, want, P->ga, (size_t)(r * in) * 4);
+            bad += bits_differ(ctx, be, pp[g].ga, want, r * in);
+            host_copy(ctx, be, want, P->gb, (size_t)(out * r) * 4);
+            bad += bits_differ(ctx, be, pp[g].gb, want, out * r);
+        }
+        if (!c->lu_only) {
+            host_copy(ctx, be, want, P->y, (size_t)(n * out) * 4);
+            bad += bits_differ(ctx, be, pp[g].y, want, n * out);
+        }
+        free(want);
+        if (pp[g].y) lt_free(ctx, be->device, pp[g].y, (size_t)(n * out) * 4);
+        lt_free(ctx, be->device, pp[g].ga, (size_t)(r * in) * 4);
+        lt_free(ctx, be->device, pp[g].gb, (size_t)(out * r) * 4);
+        lt_free(ctx, be->device, pp[g].lu, (size_t)(n * r) * 4);
+        lt_free(ctx, be->device, dyh[g], (size_t)(n * out) * 2);
+    }
+    if (!c->no_dx) {
+        float *want = malloc((size_t)(n * in) * 4);
+        host_copy(ctx, be, want, f->ddx, (size_t)(n * in) * 4);
+        bad += bits_differ(ctx, be, ddx, want, n * in);
+        free(want);
+    }
+    lt_free(ctx, be->device, ddx, (size_t)(n * in) * 4), lt_free(ctx, be->device, ddlu, (size_t)(n * 3 * r) * 4);
+    lt_free(ctx, be->device, dxh, (size_t)(n * in) * 2), lt_free(ctx, be->device, dxv, (size_t)(n * in) * 4);
+    free(xh);
+    return bad;
+}
+
 void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err) {
     lt_ctx *ctx = lt_ctx_new();
     const int G = c->G;
@@ -96,6 +188,23 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
     }
     be->lora_fwd(ctx, pp, G, dxv, n, r, c->s, c->beta, ws);
     be->lora_bwd(ctx, pp, G, dxv, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, ws);
+
+    int takes = be->lora_bf16_takes != NULL;
+    for (int g = 0; g < G && takes; g++) takes = be->lora_bf16_takes(c->wdtype, c->out[g], in, c->adapted[g] ? r : 0);
+    if (takes) {
+        const f32_run f = {c,
+                           x,
+                           (const float *const *)y0,
+                           (const float *const *)dy,
+                           (const float *const *)ga0,
+                           (const float *const *)gb0,
+                           dx0,
+                           pp,
+                           ddx,
+                           ws};
+        for (int v = 1; v <= 3; v++) err->bf16_mismatch += bf16_variant(ctx, be, &f, v);
+        err->bf16_variants = 3;
+    }
 
     /* float64 reference, and the comparisons */
     double *lu = malloc(sizeof(double) * (size_t)(n * r)), *dlur = malloc(sizeof(double) * (size_t)(n * r));

@@ -24,9 +24,15 @@ typedef struct lt_lora_case {
  * non-finite (poisoned, unwritten) element. */
 typedef struct lt_lora_errors {
     double y, lu, dx, ga, gb;
+    /* On a backend with lora_fwd_bf16 / lora_bwd_bf16 that takes the case: the runs of those ops
+     * (x in bf16, dy in bf16, both) and the output elements whose bits differ from the f32 ops'. */
+    int bf16_variants;
+    int64_t bf16_mismatch;
 } lt_lora_errors;
 
-/* Runs lora_fwd then lora_bwd of `c` on be with fresh inputs from rng; fills *err. */
+/* Runs lora_fwd then lora_bwd of `c` on be with fresh inputs from rng; fills *err. Where the
+ * backend has the bf16-input ops and takes every projection, also runs them on the bf16
+ * roundings of x and dy and compares their outputs with the f32 ops' bit for bit. */
 void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err);
 
 #endif

@@ -289,6 +289,10 @@ static void run_lora(const op_case *c, env *e) {
     const double tol = lt_test_tol_for(input_dtype(e->be, PREC_INPUTS), k);
     fprintf(stderr, "    y %.2e lu %.2e dx %.2e ga %.2e gb %.2e (tol %.2e)\n", er.y, er.lu, er.dx, er.ga, er.gb, tol);
     CHECK(e, !(er.y <= tol && er.lu <= tol && er.dx <= tol && er.ga <= tol && er.gb <= tol));
+    if (er.bf16_variants)
+        fprintf(stderr, "    bf16 inputs (x, dy, both): %lld elements differ from the f32 ops'\n",
+                (long long)er.bf16_mismatch);
+    CHECK(e, er.bf16_mismatch != 0);
 }
 
 /* ---- rmsnorm: s = {N, C} ---- */
@@ -417,6 +421,32 @@ static void check_glu_bwd_in_place(env *e, int geglu, const float *g, const floa
     free(ig), free(iu);
 }
 
+/* The bf16-output glu ops (a backend's glu_fwd_bf16 / glu_bwd_bf16, where it has them): each
+ * element the f32 op's value a, gg, gu rounded to nearest even, bit for bit. */
+static void check_glu_bf16(env *e, int geglu, const float *d_g, const float *d_u, const float *d_da, const float *a,
+                           const float *gg, const float *gu, int64_t n) {
+    if (!e->be->glu_fwd_bf16) return;
+    const size_t hb = (size_t)n * 2;
+    uint16_t *pz = malloc(hb);
+    memset(pz, 0xff, hb); /* NaN patterns: an element left unwritten cannot match */
+    uint16_t *d_a = up(e, pz, hb), *d_dg = up(e, pz, hb), *d_du = up(e, pz, hb);
+    e->be->glu_fwd_bf16(e->ctx, geglu, d_g, d_u, n, d_a);
+    e->be->glu_bwd_bf16(e->ctx, geglu, d_da, d_g, d_u, n, d_dg, d_du);
+    uint16_t *ha = malloc(hb), *hg = malloc(hb), *hu = malloc(hb);
+    down(e, ha, d_a, hb), down(e, hg, d_dg, hb), down(e, hu, d_du, hb);
+    int64_t bad_a = 0, bad_g = 0, bad_u = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad_a += ha[i] != lt_f32_to_bf16(a[i]);
+        bad_g += hg[i] != lt_f32_to_bf16(gg[i]);
+        bad_u += hu[i] != lt_f32_to_bf16(gu[i]);
+    }
+    fprintf(stderr, "    %s bf16 outputs: %lld / %lld / %lld of %lld elements differ from the f32 op's rounded\n",
+            geglu ? "geglu" : "swiglu", (long long)bad_a, (long long)bad_g, (long long)bad_u, (long long)n);
+    CHECK(e, bad_a || bad_g || bad_u);
+    dfree(e, d_a, hb), dfree(e, d_dg, hb), dfree(e, d_du, hb);
+    free(pz), free(ha), free(hg), free(hu);
+}
+
 /* ---- swiglu: s = {n} ---- */
 
 static double silu(double g) { return g / (1 + exp(-g)); }
@@ -445,6 +475,7 @@ static void run_swiglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 0, g, u, d_da, gg, gu, n);
+    check_glu_bf16(e, 0, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
@@ -485,6 +516,7 @@ static void run_geglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 1, g, u, d_da, gg, gu, n);
+    check_glu_bf16(e, 1, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
@@ -1122,6 +1154,7 @@ static const op_case cases[] = {
     /* geglu {n}: odd lengths */
     {"geglu", run_geglu, {10007}, 0, 0},
     {"geglu", run_geglu, {100003}, 0, 0},
+    {"geglu", run_geglu, {100000}, 0, 0},
     /* embedding {V, C, N}: every table dtype, bit-identical rows */
     {"embedding", run_embedding, {300, 576, 41}, LT_DTYPE_F32, 0},
     {"embedding", run_embedding, {300, 576, 41}, LT_DTYPE_BF16, 0},

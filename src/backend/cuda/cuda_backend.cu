@@ -160,4 +160,9 @@ extern "C" const lt_backend lt_backend_cuda = {
     .lora_bwd = lt_cuda_lora_bwd,
     .decode_attention_workspace_bytes = lt_cuda_decode_attention_workspace_bytes,
     .decode_attention = lt_cuda_decode_attention,
+    .lora_bf16_takes = lt_cuda_lora_bf16_takes,
+    .glu_fwd_bf16 = lt_cuda_glu_fwd_bf16,
+    .glu_bwd_bf16 = lt_cuda_glu_bwd_bf16,
+    .lora_fwd_bf16 = lt_cuda_lora_fwd_bf16,
+    .lora_bwd_bf16 = lt_cuda_lora_bwd_bf16,
 };

@@ -71,6 +71,10 @@ size_t lt_cuda_matmul_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, 
  * (pointer, rows, contents) is the one the workspace's bf16 area was last filled from. */
 void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                           float *y, void *ws, int same_x);
+/* lt_cuda_matmul of an x given in bf16 (xh: N rows, read in place whatever N), for any W but an
+ * fp8 one. */
+void lt_cuda_matmul_bf16x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
+                          float beta, float *y, void *ws);
 /* Fills the workspace's bf16 x area with x (N rows of w's input width for NT, output width for
  * NN) as the matmul would, unless same_x and it already holds it; returns the bf16 rows (row
  * stride = that width), or NULL when x does not fit one chunk (the matmul then converts x
@@ -103,6 +107,11 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
                       float beta, void *ws);
 void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float *dx, float beta, float *dlu, void *ws);
+int lt_cuda_lora_bf16_takes(lt_dtype wdtype, int64_t out, int64_t in, int64_t r);
+void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                           int64_t r, float s, float beta, void *ws);
+void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                           int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd);
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
@@ -113,6 +122,9 @@ void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, 
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
+void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a);
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
+                          uint16_t *dg, uint16_t *du);
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);
 void lt_cuda_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C);

@@ -2,7 +2,7 @@
  * counter-hash dropout (the CPU backend's hash, so masks are identical), zero, scale and the sum
  * of squares and global-norm clipping. All are grid-stride loops on the backend's stream; only sumsq
  * waits for the device (clip_norm keeps the norm on the device, or queues its copy to pinned memory).
- * Nothing here is fused with a neighbouring op: the model calls them one by one. */
+ * The gated activations also come with bf16 outputs, which the MLP's products read directly. */
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -93,11 +93,20 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
 #define GELU_K 0.7978845608028654f
 #define GELU_A 0.044715f
 
+static __device__ __forceinline__ float gelu_mul(float x, float u) {
+    return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x))) * u;
+}
+
+static __device__ __forceinline__ void geglu_bwd1(float d, float x, float u, float *dg, float *du) {
+    const float t = tanhf(GELU_K * (x + GELU_A * x * x * x));
+    const float dgelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+    *dg = d * u * dgelu;
+    *du = d * 0.5f * x * (1.0f + t);
+}
+
 static __global__ void geglu_fwd_k(const float *g, const float *u, int64_t n, float *a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float x = g[i];
-        a[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x))) * u[i];
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        a[i] = gelu_mul(g[i], u[i]);
 }
 
 void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {
@@ -108,19 +117,105 @@ void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, f
 
 /* gelu'(g) = (1 + t)/2 + g/2·(1 − t²)·k·(1 + 3·0.044715·g²), as the CPU op. */
 static __global__ void geglu_bwd_k(const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float x = g[i], d = da[i];
-        float t = tanhf(GELU_K * (x + GELU_A * x * x * x));
-        float dgelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        dg[i] = d * u[i] * dgelu;
-        du[i] = d * 0.5f * x * (1.0f + t);
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        geglu_bwd1(da[i], g[i], u[i], &dg[i], &du[i]);
 }
 
 void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du) {
     if (n <= 0) return;
     geglu_bwd_k<<<lt_cuda_grid(n, EW_THREADS), EW_THREADS, 0, lt_cuda_stream(ctx)>>>(da, g, u, n, dg, du);
     LT_CUDA_LAUNCHED(ctx, "geglu_bwd");
+}
+
+/* ---- the gated activations with bf16 outputs (glu_fwd_bf16 / glu_bwd_bf16) ----
+ * The same per-element math as the f32 kernels above, rounded to bf16 (nearest even) on the
+ * store: four elements a thread with 16-byte loads and 8-byte stores when n % 4 == 0 and the
+ * pointers allow, one otherwise. */
+template <bool GELU> static __device__ __forceinline__ float glu1(float x, float u) {
+    return GELU ? gelu_mul(x, u) : silu_mul(x, u);
+}
+
+template <bool GELU> static __device__ __forceinline__ void glu_bwd1(float d, float x, float u, float *dg, float *du) {
+    if (GELU) geglu_bwd1(d, x, u, dg, du);
+    else swiglu_bwd1(d, x, u, dg, du);
+}
+
+static __device__ __forceinline__ uint2 bf16x4(float a, float b, float c, float d) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    return make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+
+template <bool GELU> static __global__ void glu_fwd_h_k(const float *g, const float *u, int64_t n, __nv_bfloat16 *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        a[i] = __float2bfloat16_rn(glu1<GELU>(g[i], u[i]));
+}
+
+template <bool GELU> static __global__ void glu_fwd_h4_k(const float4 *g, const float4 *u, int64_t n4, uint2 *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = g[i], v = u[i];
+        a[i] = bf16x4(glu1<GELU>(x.x, v.x), glu1<GELU>(x.y, v.y), glu1<GELU>(x.z, v.z), glu1<GELU>(x.w, v.w));
+    }
+}
+
+template <bool GELU>
+static __global__ void glu_bwd_h_k(const float *da, const float *g, const float *u, int64_t n, __nv_bfloat16 *dg,
+                                   __nv_bfloat16 *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a, b;
+        glu_bwd1<GELU>(da[i], g[i], u[i], &a, &b);
+        dg[i] = __float2bfloat16_rn(a), du[i] = __float2bfloat16_rn(b);
+    }
+}
+
+template <bool GELU>
+static __global__ void glu_bwd_h4_k(const float4 *da, const float4 *g, const float4 *u, int64_t n4, uint2 *dg,
+                                    uint2 *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 d = da[i], x = g[i], v = u[i];
+        float4 a, b;
+        glu_bwd1<GELU>(d.x, x.x, v.x, &a.x, &b.x);
+        glu_bwd1<GELU>(d.y, x.y, v.y, &a.y, &b.y);
+        glu_bwd1<GELU>(d.z, x.z, v.z, &a.z, &b.z);
+        glu_bwd1<GELU>(d.w, x.w, v.w, &a.w, &b.w);
+        dg[i] = bf16x4(a.x, a.y, a.z, a.w), du[i] = bf16x4(b.x, b.y, b.z, b.w);
+    }
+}
+
+static int aligned8(const void *p) { return !((uintptr_t)p & 7); }
+
+void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a) {
+    if (n <= 0) return;
+    cudaStream_t st = lt_cuda_stream(ctx);
+    __nv_bfloat16 *ah = (__nv_bfloat16 *)a;
+    if (n % 4 == 0 && aligned16_3(g, u, g) && aligned8(a)) {
+        const unsigned grid = lt_cuda_grid(n / 4, EW_THREADS);
+        if (gelu)
+            glu_fwd_h4_k<true><<<grid, EW_THREADS, 0, st>>>((const float4 *)g, (const float4 *)u, n / 4, (uint2 *)a);
+        else glu_fwd_h4_k<false><<<grid, EW_THREADS, 0, st>>>((const float4 *)g, (const float4 *)u, n / 4, (uint2 *)a);
+    } else {
+        const unsigned grid = lt_cuda_grid(n, EW_THREADS);
+        if (gelu) glu_fwd_h_k<true><<<grid, EW_THREADS, 0, st>>>(g, u, n, ah);
+        else glu_fwd_h_k<false><<<grid, EW_THREADS, 0, st>>>(g, u, n, ah);
+    }
+    LT_CUDA_LAUNCHED(ctx, "glu_fwd_bf16");
+}
+
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
+                          uint16_t *dg, uint16_t *du) {
+    if (n <= 0) return;
+    cudaStream_t st = lt_cuda_stream(ctx);
+    if (n % 4 == 0 && aligned16_3(da, g, u) && aligned8(dg) && aligned8(du)) {
+        const unsigned grid = lt_cuda_grid(n / 4, EW_THREADS);
+        const float4 *d4 = (const float4 *)da, *g4 = (const float4 *)g, *u4 = (const float4 *)u;
+        if (gelu) glu_bwd_h4_k<true><<<grid, EW_THREADS, 0, st>>>(d4, g4, u4, n / 4, (uint2 *)dg, (uint2 *)du);
+        else glu_bwd_h4_k<false><<<grid, EW_THREADS, 0, st>>>(d4, g4, u4, n / 4, (uint2 *)dg, (uint2 *)du);
+    } else {
+        const unsigned grid = lt_cuda_grid(n, EW_THREADS);
+        __nv_bfloat16 *a = (__nv_bfloat16 *)dg, *b = (__nv_bfloat16 *)du;
+        if (gelu) glu_bwd_h_k<true><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
+        else glu_bwd_h_k<false><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
+    }
+    LT_CUDA_LAUNCHED(ctx, "glu_bwd_bf16");
 }
 
 /* One block row per token (grid-stride in y), threads across C. */

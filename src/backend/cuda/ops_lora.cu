@@ -8,7 +8,10 @@
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
  * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead. It does not fuse
  * anything into cuBLASLt's kernels, and dA = dluᵀ·x reads x in f32 (rounded to bf16 on the way to
- * the tensor cores), projection by projection. */
+ * the tensor cores), projection by projection.
+ * lora_fwd_bf16 / lora_bwd_bf16 are the same ops given x, dy or both already in bf16 (the MLP's
+ * activation and its gradients): every product then reads those rows where it would have read
+ * its own rounding of the f32 ones, so nothing is converted and the results are the same bits. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -26,8 +29,21 @@ static int lora_fast(const lt_lora_proj *P, int64_t r) {
     return P->a && r >= 4 && r <= 16 && r % 4 == 0 && in % 8 == 0 && al16(P->a) && al16(P->b) && al16(P->lu);
 }
 
-void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
-                      float beta, void *ws) {
+int lt_cuda_lora_bf16_takes(lt_dtype wdtype, int64_t out, int64_t in, int64_t r) {
+    return wdtype != LT_DTYPE_FP8 && in % 8 == 0 && out % 8 == 0 && (r == 0 || (r >= 4 && r <= 16 && r % 4 == 0));
+}
+
+/* The base product of projection P onto y (NT) or dx (NN) from the f32 rows (staged, or already
+ * staged when same_x) or from the bf16 rows xh read in place. */
+static void base_product(lt_ctx *ctx, lt_matmul_mode mode, const lt_lora_proj *P, const float *x, const uint16_t *xh,
+                         int64_t n, float beta, float *y, void *ws, int same_x) {
+    if (xh) lt_cuda_matmul_bf16x(ctx, mode, P->w, xh, n, beta, y, ws);
+    else lt_cuda_matmul_reuse(ctx, mode, P->w, x, n, beta, y, ws, same_x);
+}
+
+/* lora_fwd of an f32 x, or (lora_fwd_bf16) of its bf16 rounding xh. */
+static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                         int64_t r, float s, float beta, void *ws) {
     int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
     size_t gws_bytes = 0;
     void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
@@ -37,15 +53,19 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         if (!P->y) { /* lu only (a recompute): one pass over the f32 x, rounded as the forward's copy */
             if (!P->a) continue;
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+            const void *xa = xh ? (const void *)xh : (const void *)x;
             if (!lora_fast(P, r) ||
-                !lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, x, 1, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes))
+                !lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xa, !xh, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes)) {
+                LT_ASSERT(!xh); /* lora_bf16_takes admits only shapes the bf16 kernel takes */
                 lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
+            }
             lt_prof_end(ph);
             continue;
         }
         const void *xb = NULL;
         if (lora_fast(P, r) && out % 4 == 0 && al16(P->y))
-            xb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
+            xb = xh ? xh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
+        LT_ASSERT(xb || !xh || !P->a);
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
@@ -54,9 +74,9 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
             ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
             lt_prof_end(ph);
             LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
-            lt_cuda_matmul_reuse(ctx, LT_MATMUL_NT, P->w, x, n, 1.0f, P->y, ws, 1);
+            base_product(ctx, LT_MATMUL_NT, P, x, xh, n, 1.0f, P->y, ws, 1);
         } else {
-            lt_cuda_matmul_reuse(ctx, LT_MATMUL_NT, P->w, x, n, beta, P->y, ws, staged);
+            base_product(ctx, LT_MATMUL_NT, P, x, xh, n, beta, P->y, ws, staged);
             if (P->a) {
                 const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
                 lt_cuda_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);
@@ -69,8 +89,20 @@ void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
     }
 }
 
-void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
-                      float *dx, float beta, float *dlu, void *ws) {
+void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float beta, void *ws) {
+    lora_fwd_any(ctx, p, G, x, NULL, n, r, s, beta, ws);
+}
+
+void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                           int64_t r, float s, float beta, void *ws) {
+    LT_ASSERT((x == NULL) != (xh == NULL));
+    lora_fwd_any(ctx, p, G, x, xh, n, r, s, beta, ws);
+}
+
+/* lora_bwd of an f32 x or its bf16 rounding xh, each dy_g in f32 or (p[g].dyh) bf16. */
+static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                         int64_t r, float s, float *dx, float beta, float *dlu, void *ws) {
     /* The fused path takes the whole group or none of it: every adapter fast, dx (n, in) aligned. */
     int na = 0, ok = G >= 1 && G <= 3;
     const int64_t in = p[0].w->shape[1];
@@ -80,7 +112,15 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         ok = lora_fast(&p[g], r) && p[g].w->shape[1] == in && p[g].w->shape[0] % 4 == 0;
     }
     if (ok && dx) ok = in % 4 == 0 && al16(dx);
-    if (!ok || !na) {
+    int any_h = xh != NULL;
+    for (int g = 0; g < G; g++) any_h |= p[g].dyh != NULL;
+    if (!na && any_h) { /* no adapter: dx alone, the base products of the dy's */
+        for (int g = 0; g < G && dx; g++)
+            base_product(ctx, LT_MATMUL_NN, &p[g], p[g].dy, p[g].dyh, n, g ? 1.0f : beta, dx, ws, 0);
+        return;
+    }
+    if (!ok || !na) { /* the f32 composition; lora_bf16_takes keeps bf16 inputs off it */
+        LT_ASSERT(!any_h);
         lt_lora_bwd_ref(&lt_backend_cuda, ctx, p, G, x, n, r, s, dx, beta, dlu, ws);
         return;
     }
@@ -94,31 +134,35 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         const int64_t out = P->w->shape[0];
         const float bbeta = based ? 1.0f : beta;
         if (!P->a) {
-            if (dx) lt_cuda_matmul_reuse(ctx, LT_MATMUL_NN, P->w, P->dy, n, bbeta, dx, ws, 0), based = 1;
+            if (dx) base_product(ctx, LT_MATMUL_NN, P, P->dy, P->dyh, n, bbeta, dx, ws, 0), based = 1;
             continue;
         }
         float *dl = dlu + ia * r;
         apieces[ia++] = P->a;
-        const void *dyb = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
+        const void *dyb = P->dyh ? P->dyh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
         if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
             int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, 0, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
             int k2 = k1 &&
                 lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+            LT_ASSERT((k1 && k2) || !P->dyh);
             if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
             if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
         } else {
             lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
             lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
         }
-        /* ga += dluᵀ·x (x read in f32, rounded to bf16 as the other LoRA products read it) */
-        if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, x, 1, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes))
+        /* ga += dluᵀ·x (x read in f32, rounded to bf16 as the other LoRA products read it, or xh) */
+        const void *xa = xh ? (const void *)xh : (const void *)x;
+        if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
+            LT_ASSERT(!xh);
             lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
+        }
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
         lt_prof_end(ph);
-        if (dx) lt_cuda_matmul_reuse(ctx, LT_MATMUL_NN, P->w, P->dy, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
+        if (dx) base_product(ctx, LT_MATMUL_NN, P, P->dy, P->dyh, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
         based = 1;
         if (dx && G == 1 && !pre) {
             const int ph2 = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
@@ -133,4 +177,15 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
         for (int j = 0; j < na; j++)
             lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);
     lt_prof_end(ph);
+}
+
+void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
+                      float *dx, float beta, float *dlu, void *ws) {
+    lora_bwd_any(ctx, p, G, x, NULL, n, r, s, dx, beta, dlu, ws);
+}
+
+void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                           int64_t r, float s, float *dx, float beta, float *dlu, void *ws) {
+    LT_ASSERT((x == NULL) != (xh == NULL));
+    lora_bwd_any(ctx, p, G, x, xh, n, r, s, dx, beta, dlu, ws);
 }

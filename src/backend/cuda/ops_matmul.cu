@@ -540,27 +540,30 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
     return xb;
 }
 
-void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x, int64_t N,
-                          float beta, float *y, void *ws, int same_x) {
+/* The matmul of x (f32, staged into the workspace) or of xh (bf16, read in place: every row in
+ * one chunk; not for an fp8 W, whose e4m3 copy is made from the f32 x). */
+static void matmul_core(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x,
+                        const __nv_bfloat16 *xh, int64_t N, float beta, float *y, void *ws, int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
     const lt_matmul_mode mode = mode_in == LT_MATMUL_NN ? LT_MATMUL_NN : LT_MATMUL_NT;
     LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
     const lt_dtype dt = w->dtype;
+    LT_ASSERT(!xh || dt != LT_DTYPE_FP8);
     const mm_layout l = mm_plan(dt, out, in, N);
     char *wsc = (char *)ws;
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)(wsc + l.off_x);
+    const __nv_bfloat16 *xb = xh ? xh : (const __nv_bfloat16 *)(wsc + l.off_x);
     __nv_bfloat16 *tile = (__nv_bfloat16 *)(wsc + l.off_tile);
     const int64_t xin = mode == LT_MATMUL_NT ? in : out;
     const size_t row_bytes = (size_t)lt_dtype_row_bytes(dt, in);
-    const int64_t XR = l.x_rows, nchunks = (N + XR - 1) / XR;
+    const int64_t XR = xh ? N : l.x_rows, nchunks = (N + XR - 1) / XR;
     /* one chunk: x is converted once for every tile, and not at all when the caller says this x
      * is the previous call's and that call left all of it in this workspace */
     lt_cuda_state *st = lt_cuda_state_of(ctx);
     LT_ASSERT(st != NULL);
     lt_cuda_xcache &mm_last = st->xcache;
     const float *cs = fp8_colscale(mode, w);
-    int x_ready = same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l, cs);
+    int x_ready = xh || (same_x && nchunks == 1 && mm_x_cached(mm_last, ws, x, N, xin, &l, cs));
     if (!x_ready) mm_last.x = NULL;
     if (dt == LT_DTYPE_FP8) { /* e4m3 W (NT) or W transposed in the workspace (NN), scaled per row of D */
         const uint8_t *q = (const uint8_t *)w->data, *qt = (const uint8_t *)(wsc + l.off_qt);
@@ -605,7 +608,7 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
             const int64_t nr = N - n0 < XR ? N - n0 : XR;
             if (!(x_ready && nchunks == 1)) {
                 const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_MATMUL_CVT);
-                to_bf16(ctx, x + n0 * xin, xb, nr * xin);
+                to_bf16(ctx, x + n0 * xin, (__nv_bfloat16 *)xb, nr * xin);
                 lt_prof_end(ph);
                 x_ready = 1;
                 if (nchunks == 1) mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
@@ -618,6 +621,16 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *
                          ws, MM_BLAS_WS);
         }
     }
+}
+
+void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
+                          float *y, void *ws, int same_x) {
+    matmul_core(ctx, mode, w, x, NULL, N, beta, y, ws, same_x);
+}
+
+void lt_cuda_matmul_bf16x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
+                          float beta, float *y, void *ws) {
+    matmul_core(ctx, mode, w, NULL, (const __nv_bfloat16 *)xh, N, beta, y, ws, 0);
 }
 
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
