@@ -353,11 +353,17 @@ typedef struct lt_backend {
     lt_status (*decode_attention)(lt_ctx *ctx, const lt_decode_attention_params *p);
     /* bf16 activations between the MLP's ops, for a backend whose products round their inputs
      * to bf16 anyway (NULL where it has none: the CPU's products read f32). The model runs a
-     * layer's gated MLP through them when lora_bf16_takes accepts its gate, up and down
-     * projections, so the F-wide activation and its gradients are written once in bf16 instead
-     * of in f32 and then again as the products' bf16 copies.
+     * layer's products through them where lora_bf16_takes accepts the projections, so an
+     * activation (the MLP's gated one and its gradients, the norms' outputs, attention's output)
+     * is written once in bf16 instead of in f32 and then again as the products' bf16 copy.
      * lora_bf16_takes: whether lora_fwd_bf16 / lora_bwd_bf16 serve a W (out, in) of wdtype with
      * an adapter of rank r (r = 0: none) at every row count.
+     * rmsnorm_fwd_bf16: rmsnorm_fwd with y rounded to bf16 (nearest even), for a norm whose
+     * output only feeds such products.
+     * rope_cvt: rope from rows x into rows y (not overlapping), each f32 or (x_bf16, y_bf16)
+     * bf16: bf16 rows are widened on the load and the result rounded to nearest even on the
+     * store, the in-place op's values otherwise; attention's bf16 q and k, and their gradients,
+     * without conversion passes of their own.
      * glu_fwd_bf16: a = act(g)·u rounded to bf16 (nearest even), act SiLU or, gelu = 1, GELU's
      * tanh form, computed as swiglu_fwd / geglu_fwd compute it; glu_bwd_bf16: dg and du of
      * swiglu_bwd / geglu_bwd rounded the same way.
@@ -366,6 +372,10 @@ typedef struct lt_backend {
      * p[g].dyh (bf16) where it is non-NULL. Given the bf16 roundings of the f32 ops' x and dy,
      * they produce the f32 ops' results bit for bit (those round x and dy for every product). */
     int (*lora_bf16_takes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t r);
+    void (*rmsnorm_fwd_bf16)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
+                             float *rstd);
+    void (*rope_cvt)(lt_ctx *ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,
+                     const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse);
     void (*glu_fwd_bf16)(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a);
     void (*glu_bwd_bf16)(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
                          uint16_t *dg, uint16_t *du);

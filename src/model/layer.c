@@ -13,19 +13,58 @@ static const lt_proj O_PROJ = LT_PROJ_O, DOWN_PROJ = LT_PROJ_DOWN;
 
 /* ---- q and k after their projections: per-head norm (desc->qk_norm) and RoPE ---- */
 
+static const float *rope_freqs(const lt_step *s, const lt_layer *L) {
+    return L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
+}
+
 /* Over rows [r0, r0 + n): q, k (n rows) hold the projections on entry (f32 rows of the stores or of
  * the chunk buffer) and qo, ko receive the result (may alias q, k). */
 static void qk_finish(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q,
                       float *k, float *qo, float *ko) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
-    const float *inv_freq = L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
     if (L->desc.qk_norm) {
         be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
         be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
     }
-    be->rope(s->ctx, qo, s->pos + r0, inv_freq, n, c->H, c->D, 0);
-    be->rope(s->ctx, ko, s->pos + r0, inv_freq, n, c->Hkv, c->D, 0);
+    be->rope(s->ctx, qo, s->pos + r0, rope_freqs(s, L), n, c->H, c->D, 0);
+    be->rope(s->ctx, ko, s->pos + r0, rope_freqs(s, L), n, c->Hkv, c->D, 0);
+}
+
+/* qk_finish under attn_bf16 on the chunk buffer's f32 rows q, k (normed in place), the rotated rows
+ * rounded into the stores' q, k: through the backend's rope_cvt where it has one, else in place
+ * and then rounded. */
+static void qk_finish_into_stores(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n,
+                                  float *q, float *k) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    void *qs = lt_step_at_row(s, st->q, r0, qd), *ks = lt_step_at_row(s, st->k, r0, kvd);
+    if (!be->rope_cvt) {
+        qk_finish(s, L, st, r0, n, q, k, q, k);
+        be->to_bf16(s->ctx, q, (uint16_t *)qs, n * qd);
+        be->to_bf16(s->ctx, k, (uint16_t *)ks, n * kvd);
+        return;
+    }
+    if (L->desc.qk_norm) {
+        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, q, st->rstd_q + r0 * c->H);
+        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, k, st->rstd_k + r0 * c->Hkv);
+    }
+    be->rope_cvt(s->ctx, q, 0, qs, 1, s->pos + r0, rope_freqs(s, L), n, c->H, c->D, 0);
+    be->rope_cvt(s->ctx, k, 0, ks, 1, s->pos + r0, rope_freqs(s, L), n, c->Hkv, c->D, 0);
+}
+
+/* The per-head norm's backward over rows [r0, r0 + n): dq, dk (n rows, f32) in place. Its inputs
+ * are the stores' q_raw, k_raw rows, widened into buf (n, H·D + Hkv·D) when bf16. */
+static void qk_norm_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
+                        float *dk, float *buf) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    const float *qr = lt_step_att_rows(s, st->q_raw, r0, n, qd, buf);
+    const float *kr = lt_step_att_rows(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
+    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
+    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
 }
 
 /* The backward of qk_finish over rows [r0, r0 + n): dq, dk (n rows, f32) in place. The norm's
@@ -33,16 +72,9 @@ static void qk_finish(const lt_step *s, const lt_layer *L, const lt_store *st, i
 static void qk_finish_bwd(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *dq,
                           float *dk, float *buf) {
     const lt_model_config *c = &s->m->cfg;
-    const lt_backend *be = s->be;
-    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
-    const float *inv_freq = L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
-    be->rope(s->ctx, dq, s->pos + r0, inv_freq, n, c->H, c->D, 1);
-    be->rope(s->ctx, dk, s->pos + r0, inv_freq, n, c->Hkv, c->D, 1);
-    if (!L->desc.qk_norm) return;
-    const float *qr = lt_step_att_rows(s, st->q_raw, r0, n, qd, buf);
-    const float *kr = lt_step_att_rows(s, st->k_raw, r0, n, kvd, buf ? buf + n * qd : NULL);
-    be->rmsnorm_bwd(s->ctx, dq, qr, L->q_norm, st->rstd_q + r0 * c->H, n * c->H, c->D, dq, NULL);
-    be->rmsnorm_bwd(s->ctx, dk, kr, L->k_norm, st->rstd_k + r0 * c->Hkv, n * c->Hkv, c->D, dk, NULL);
+    s->be->rope(s->ctx, dq, s->pos + r0, rope_freqs(s, L), n, c->H, c->D, 1);
+    s->be->rope(s->ctx, dk, s->pos + r0, rope_freqs(s, L), n, c->Hkv, c->D, 1);
+    if (L->desc.qk_norm) qk_norm_bwd(s, L, st, r0, n, dq, dk, buf);
 }
 
 /* ---- attention, by the path lt_model_prepare chose (the device's kernel, ring or Ulysses) ---- */
@@ -141,6 +173,18 @@ static lt_status attn_bwd(const lt_step *s, const lt_layer *L, const lt_store *s
 
 /* ---- forward ---- */
 
+/* The norm of the n rows x (C wide) that feeds a projection group: f32 rows in h, or with bf16
+ * (the layout's qkv_bf16, or mlp_bf16 in a dense layer) their bf16 rounding in h's buffer. */
+static lt_act group_norm(const lt_step *s, const float *x, const float *w, int64_t n, float *h, float *rstd, int bf16) {
+    const lt_model_config *c = &s->m->cfg;
+    if (bf16) {
+        s->be->rmsnorm_fwd_bf16(s->ctx, x, w, c->rms_eps, n, c->C, (uint16_t *)h, rstd);
+        return lt_act_bf16((const uint16_t *)h);
+    }
+    s->be->rmsnorm_fwd(s->ctx, x, w, c->rms_eps, n, c->C, h, rstd);
+    return lt_act_f32(h);
+}
+
 /* Attention's inputs of the whole batch: per chunk the norm and the q, k, v projections, into the
  * stores' f32 pieces (q_raw, k_raw with the per-head norm, else q, k; and v), or under attn_bf16
  * into the chunk buffer, normed, rotated and rounded into the stores a chunk at a time. */
@@ -157,18 +201,15 @@ static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
         float *qp = ab ? qc : (qn ? st->q_raw : st->q) + r0 * qd;
         float *kp = ab ? qc + n * qd : (qn ? st->k_raw : st->k) + r0 * kvd;
         float *vp = ab ? qc + n * (qd + kvd) : st->v + r0 * kvd;
-        be->rmsnorm_fwd(s->ctx, lt_resid_rows(s, x_in, r0, n, xc), L->attn_norm, c->rms_eps, n, c->C, h,
-                        st->rstd1 + r0);
+        lt_act ha = group_norm(s, lt_resid_rows(s, x_in, r0, n, xc), L->attn_norm, n, h, st->rstd1 + r0, y->qkv_bf16);
         float *qkv[3] = {qp, kp, vp};
-        lt_step_group_fwd(s, l, st, 3, lt_proj_group_qkv, r0, n, lt_act_f32(h), qkv, 0.0f);
+        lt_step_group_fwd(s, l, st, 3, lt_proj_group_qkv, r0, n, ha, qkv, 0.0f);
         if (!ab) continue;
         if (qn) { /* keep the norm's inputs (rounded) for its backward, then norm in place */
             be->to_bf16(s->ctx, qp, (uint16_t *)lt_step_at_row(s, st->q_raw, r0, qd), n * qd);
             be->to_bf16(s->ctx, kp, (uint16_t *)lt_step_at_row(s, st->k_raw, r0, kvd), n * kvd);
         }
-        qk_finish(s, L, st, r0, n, qp, kp, qp, kp);
-        be->to_bf16(s->ctx, qc, (uint16_t *)lt_step_at_row(s, st->q, r0, qd), n * qd);
-        be->to_bf16(s->ctx, qc + n * qd, (uint16_t *)lt_step_at_row(s, st->k, r0, kvd), n * kvd);
+        qk_finish_into_stores(s, L, st, r0, n, qp, kp);
         be->to_bf16(s->ctx, vp, (uint16_t *)lt_step_at_row(s, st->v, r0, kvd), n * kvd);
     }
     if (!ab) qk_finish(s, L, st, 0, s->N, qn ? st->q_raw : st->q, qn ? st->k_raw : st->k, st->q, st->k);
@@ -281,8 +322,9 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     const lt_layout *y = &s->m->lay;
     int64_t C = c->C, F = c->F;
     float *h = lt_step_ws(s, y->h);
-    be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
-    if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c) onto the residual */
+    int moe = L->desc.mlp == LT_MLP_KIND_MOE;
+    lt_act ha = group_norm(s, xm, L->mlp_norm, n, h, st->rstd2 + r0, y->mlp_bf16 && !moe);
+    if (moe) { /* the routed experts (moe.c) onto the residual */
         float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
         LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
         lt_step_moe_fwd(s, l, r0, h, n, xo);
@@ -291,7 +333,7 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     float *gu[2] = {g, u};
-    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), gu, 0.0f);
+    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, gu, 0.0f);
     lt_act a = glu_fwd(s, L, g, u, n * F, lt_step_ws(s, y->dg));
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
     LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
@@ -340,8 +382,9 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     float *dh = lt_step_ws(s, y->dh);
     float *xm = lt_step_att_rows(s, st->x_mid, r0, n, C, y->attn_bf16 ? lt_step_ws(s, y->mc) : NULL),
           *dxc = dx + r0 * C;
-    be->rmsnorm_fwd(s->ctx, xm, L->mlp_norm, c->rms_eps, n, C, h, st->rstd2 + r0);
-    if (L->desc.mlp == LT_MLP_KIND_MOE) { /* the routed experts (moe.c), rerun from h */
+    int moe = L->desc.mlp == LT_MLP_KIND_MOE;
+    lt_act ha = group_norm(s, xm, L->mlp_norm, n, h, st->rstd2 + r0, y->mlp_bf16 && !moe);
+    if (moe) { /* the routed experts (moe.c), rerun from h */
         lt_step_moe_bwd(s, l, r0, h, dxc, n, dh);
         be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
         be->add(s->ctx, dxc, dh, 1.0f, n * C);
@@ -350,7 +393,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
     if (!st->g) {
         float *gu[2] = {g, u};
-        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), gu, 0.0f);
+        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, gu, 0.0f);
     }
     /* the activation goes into dg's buffer, which the glu backward then overwrites */
     lt_act a = glu_fwd(s, L, g, u, n * F, dg);
@@ -361,7 +404,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
     lt_act dgu[2];
     glu_bwd(s, L, da, g, u, n * F, dg, dgu);
-    lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, lt_act_f32(h), dgu, dh, 0.0f);
+    lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, dgu, dh, 0.0f);
     be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
     be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
 }
@@ -380,6 +423,44 @@ static void o_bwd(const lt_step *s, int64_t l, const lt_store *st, const float *
     if (ab) s->be->to_bf16(s->ctx, dattc, (uint16_t *)lt_step_at_row(s, datt, r0, qd), n * qd);
 }
 
+/* Under attn_bf16, the gradients at the q, k, v projections' outputs over rows [r0, r0 + n) from
+ * attention's bf16 dq, dk, dv, through RoPE's and the per-head norm's backward: f32 rows in the
+ * chunk buffer qc, or where the q/k/v products take bf16 inputs (qkv_bf16) and the backend has
+ * rope_cvt, bf16 rows (dv read in place; without the per-head norm, dq and dk rotated from bf16
+ * into bf16). */
+static void qkv_grads_bf16(const lt_step *s, const lt_layer *L, const lt_store *st, const attn_grads *g, int64_t r0,
+                           int64_t n, lt_act *d) {
+    const lt_model_config *c = &s->m->cfg;
+    const lt_backend *be = s->be;
+    const lt_layout *y = &s->m->lay;
+    int64_t qd = c->H * c->D, kvd = c->Hkv * c->D;
+    float *qc = lt_step_ws(s, y->qc), *ac = lt_step_ws(s, y->ac);
+    const void *dq = lt_step_at_row(s, g->dq, r0, qd), *dk = lt_step_at_row(s, g->dk, r0, kvd);
+    const void *dv = lt_step_at_row(s, g->dv, r0, kvd);
+    int h = y->qkv_bf16 && be->rope_cvt, qn = L->desc.qk_norm;
+    const float *fr = rope_freqs(s, L);
+    if (h) d[2] = lt_act_bf16((const uint16_t *)dv);
+    else d[2] = lt_act_f32(lt_step_att_rows(s, g->dv, r0, n, kvd, qc + n * (qd + kvd)));
+    if (!be->rope_cvt) {
+        float *dqc = lt_step_att_rows(s, g->dq, r0, n, qd, qc);
+        float *dkc = lt_step_att_rows(s, g->dk, r0, n, kvd, qc + n * qd);
+        qk_finish_bwd(s, L, st, r0, n, dqc, dkc, ac);
+        d[0] = lt_act_f32(dqc), d[1] = lt_act_f32(dkc);
+        return;
+    }
+    if (h && !qn) { /* bf16 to bf16, in qc's buffer */
+        uint16_t *q16 = (uint16_t *)qc, *k16 = q16 + n * qd;
+        be->rope_cvt(s->ctx, dq, 1, q16, 1, s->pos + r0, fr, n, c->H, c->D, 1);
+        be->rope_cvt(s->ctx, dk, 1, k16, 1, s->pos + r0, fr, n, c->Hkv, c->D, 1);
+        d[0] = lt_act_bf16(q16), d[1] = lt_act_bf16(k16);
+        return;
+    }
+    be->rope_cvt(s->ctx, dq, 1, qc, 0, s->pos + r0, fr, n, c->H, c->D, 1);
+    be->rope_cvt(s->ctx, dk, 1, qc + n * qd, 0, s->pos + r0, fr, n, c->Hkv, c->D, 1);
+    if (qn) qk_norm_bwd(s, L, st, r0, n, qc, qc + n * qd, ac);
+    d[0] = lt_act_f32(qc), d[1] = lt_act_f32(qc + n * qd);
+}
+
 /* q, k, v back to the layer input over rows [r0, r0 + n): RoPE and the per-head norm (here under
  * attn_bf16, else done once over the batch), the projections' LoRA grads, and with need_dx
  * dx += ∂/∂x_in through the attention half. */
@@ -390,16 +471,18 @@ static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
     const lt_backend *be = s->be;
     const lt_layout *y = &s->m->lay;
     int64_t C = c->C, qd = c->H * c->D, kvd = c->Hkv * c->D;
-    int ab = y->attn_bf16;
-    float *h = lt_step_ws(s, y->h), *dh = lt_step_ws(s, y->dh), *qc = ab ? lt_step_ws(s, y->qc) : NULL;
-    float *dqc = lt_step_att_rows(s, g->dq, r0, n, qd, qc);
-    float *dkc = lt_step_att_rows(s, g->dk, r0, n, kvd, ab ? qc + n * qd : NULL);
-    float *dvc = lt_step_att_rows(s, g->dv, r0, n, kvd, ab ? qc + n * (qd + kvd) : NULL);
-    if (ab) qk_finish_bwd(s, L, st, r0, n, dqc, dkc, lt_step_ws(s, y->ac));
+    float *h = lt_step_ws(s, y->h), *dh = lt_step_ws(s, y->dh);
+    lt_act dqkv[3];
+    if (y->attn_bf16) {
+        qkv_grads_bf16(s, L, st, g, r0, n, dqkv);
+    } else { /* the whole batch's f32 rows, RoPE's and the norm's backward already run */
+        dqkv[0] = lt_act_f32((const float *)lt_step_at_row(s, g->dq, r0, qd));
+        dqkv[1] = lt_act_f32((const float *)lt_step_at_row(s, g->dk, r0, kvd));
+        dqkv[2] = lt_act_f32((const float *)lt_step_at_row(s, g->dv, r0, kvd));
+    }
     const float *xr = lt_resid_rows(s, x_in, r0, n, y->xc ? lt_step_ws(s, y->xc) : NULL);
-    be->rmsnorm_fwd(s->ctx, xr, L->attn_norm, c->rms_eps, n, C, h, st->rstd1 + r0);
-    const lt_act dqkv[3] = {lt_act_f32(dqc), lt_act_f32(dkc), lt_act_f32(dvc)};
-    lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, lt_act_f32(h), dqkv, need_dx ? dh : NULL, 0.0f);
+    lt_act ha = group_norm(s, xr, L->attn_norm, n, h, st->rstd1 + r0, y->qkv_bf16);
+    lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, ha, dqkv, need_dx ? dh : NULL, 0.0f);
     if (!need_dx) return;
     be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
     be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);

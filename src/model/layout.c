@@ -406,13 +406,13 @@ static lt_status resolve_recompute(lt_ctx *ctx, const lt_model_run_options *run,
 }
 
 /* Whether projections ps[0..np) of every layer (dense layers only with dense_only) take bf16
- * inputs (lt_layout.mlp_bf16, o_bf16): the backend has the ops, LoRA has no dropout (whose masks
+ * inputs (lt_layout.mlp_bf16, qkv_bf16, o_bf16): the backend has the ops, LoRA has no dropout (whose masks
  * apply to f32 inputs), and lora_bf16_takes accepts each projection with its adapter. */
 static int bf16_inputs_ok(const run_shape *r, const lt_proj *ps, int np, int dense_only) {
     const lt_backend *be = r->be;
     const lt_model_config *c = r->c;
-    if (!be->lora_bf16_takes || !be->glu_fwd_bf16 || !be->glu_bwd_bf16 || !be->lora_fwd_bf16 || !be->lora_bwd_bf16 ||
-        r->lo.dropout > 0)
+    if (!be->lora_bf16_takes || !be->rmsnorm_fwd_bf16 || !be->glu_fwd_bf16 || !be->glu_bwd_bf16 || !be->lora_fwd_bf16 ||
+        !be->lora_bwd_bf16 || r->lo.dropout > 0)
         return 0;
     for (int64_t l = 0; l < c->L; l++) {
         if (dense_only && lt_model_layer_is_moe(c, l)) continue;
@@ -462,6 +462,7 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: act_f32 %d outside 0..1", run->act_f32);
     static const lt_proj mlp[3] = {LT_PROJ_GATE, LT_PROJ_UP, LT_PROJ_DOWN}, o_proj = LT_PROJ_O;
     o->mlp_bf16 = !run->act_f32 && bf16_inputs_ok(r, mlp, 3, 1);
+    o->qkv_bf16 = !run->act_f32 && bf16_inputs_ok(r, lt_proj_group_qkv, 3, 0);
     o->o_bf16 = !run->act_f32 && o->attn_bf16 && bf16_inputs_ok(r, &o_proj, 1, 0);
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
     o->resid_ckpt = !r->fwd_only && rc.n_rec && rc.max_len == 1;

@@ -232,10 +232,12 @@ typedef struct lt_layout {
      * glu_*_bf16 and lora_*_bf16 ops), in dg's buffer: the activation (chunk, F) in its first
      * half, then the backward's gate and up gradients in its two halves. Set where the backend
      * has those ops, LoRA has no dropout, and lora_bf16_takes accepts every dense layer's gate,
-     * up and down projections; the values are the f32 path's bit for bit. o_bf16 (with
-     * attn_bf16): the o projection reads attention's bf16 output rows in place, forward and
-     * backward, instead of their f32 widening in ac. */
-    int mlp_bf16, o_bf16;
+     * up and down projections; the values are the f32 path's bit for bit. Under mlp_bf16 the
+     * dense layers' MLP norm writes its output h in bf16 (in h's buffer), and so does the
+     * attention norm under qkv_bf16 (q, k, v take bf16 inputs). o_bf16 (with attn_bf16): the o
+     * projection reads attention's bf16 output rows in place, forward and backward, instead of
+     * their f32 widening in ac. */
+    int mlp_bf16, qkv_bf16, o_bf16;
     /* Kept attention (recompute without recompute_attention): per recomputed layer that keeps it
      * (n_katt of them, lt_rc_place.katt their slots) an (N, H·D) output of saved_dtype (the store's
      * att then points there) and a (B·H·T) f32 lse in the activation block, `att_stride` /

@@ -314,10 +314,11 @@ static void step_matches_cpu(void **state) {
                     t->name, pi, (double)lg, (double)lc, el, et, eg);
             if (pi == 0) {
                 memcpy(tl_0, tl_g, sizeof tl_0), memcpy(g0, g, (size_t)n * 4);
-                /* every tiny but the fp8 one (whose gate, down and o take fp8 products) hands the
-                 * MLP's products and o bf16 inputs */
+                /* every tiny but the fp8 one (whose projections but up take fp8 products) hands
+                 * its products bf16 inputs */
                 assert_int_equal(mg->lay.mlp_bf16, t->quantize != 2);
                 assert_int_equal(mg->lay.o_bf16, t->quantize != 2);
+                assert_int_equal(mg->lay.qkv_bf16, t->quantize != 2);
             }
             if (pi == 4) {
                 int same = memcmp(tl_0, tl_g, (size_t)N * 4) == 0 && memcmp(g0, g, (size_t)n * 4) == 0;

@@ -349,12 +349,65 @@ static void run_rmsnorm(const op_case *c, env *e) {
         }
         CHECK(e, bad(gw[k], s, sa, lt_test_tol_for(LT_DTYPE_F32, N), "rms dw", k));
     }
+    if (e->be->rmsnorm_fwd_bf16) { /* the bf16 output: each element the f32 op's rounded to nearest even */
+        const size_t hb = (size_t)(N * C) * 2;
+        uint16_t *pz = malloc(hb), *yh = malloc(hb);
+        memset(pz, 0xff, hb);
+        uint16_t *d_yh = up(e, pz, hb);
+        e->be->rmsnorm_fwd_bf16(e->ctx, d_x, d_w, eps, N, C, d_yh, d_r);
+        down(e, yh, d_yh, hb);
+        int64_t nb = 0;
+        for (int64_t i = 0; i < N * C; i++) nb += yh[i] != lt_f32_to_bf16(y[i]);
+        fprintf(stderr, "    rmsnorm bf16 output: %lld of %lld elements differ from the f32 op's rounded\n",
+                (long long)nb, (long long)(N * C));
+        CHECK(e, nb != 0);
+        dfree(e, d_yh, hb);
+        free(pz), free(yh);
+    }
     dfree(e, d_x, F4(N * C)), dfree(e, d_w, F4(C)), dfree(e, d_dy, F4(N * C)), dfree(e, d_y, F4(N * C));
     dfree(e, d_r, F4(N)), dfree(e, d_dx, F4(N * C)), dfree(e, d_dw, F4(C));
     free(x), free(w), free(dy), free(dw0), free(P), free(y), free(r), free(gx), free(gw), free(xd);
 }
 
 /* ---- rope: s = {N, heads, D, max position} ---- */
+
+/* A backend's rope_cvt (where it has one) from f32 or bf16 rows into the other dtype or bf16 ones:
+ * each element that of widening the input, rotating in place with rope and rounding the result
+ * to nearest even where the output is bf16, bit for bit. */
+static void check_rope_cvt(env *e, const float *x, const int32_t *d_pos, const float *d_inv, int64_t N, int64_t Hh,
+                           int64_t D) {
+    if (!e->be->rope_cvt) return;
+    const int64_t n = N * Hh * D;
+    uint16_t *xh = malloc((size_t)n * 2), *gh = malloc((size_t)n * 2);
+    float *xw = malloc(F4(n)), *want = malloc(F4(n)), *got = malloc(F4(n));
+    for (int64_t i = 0; i < n; i++) xh[i] = lt_f32_to_bf16(x[i]), xw[i] = lt_bf16_to_f32(xh[i]);
+    float *d_w = up(e, xw, F4(n)), *d_f = up(e, x, F4(n)), *d_y = up(e, NULL, F4(n));
+    uint16_t *d_h = up(e, xh, (size_t)n * 2);
+    static const int kinds[3][2] = {{0, 1}, {1, 0}, {1, 1}};
+    for (int inverse = 0; inverse < 2; inverse++)
+        for (int k = 0; k < 3; k++) {
+            const int xb = kinds[k][0], yb = kinds[k][1];
+            assert_int_equal(e->be->copy_to_device(e->ctx, d_w, xb ? xw : x, F4(n)), LT_OK);
+            e->be->rope(e->ctx, d_w, d_pos, d_inv, N, Hh, D, inverse);
+            down(e, want, d_w, F4(n));
+            e->be->rope_cvt(e->ctx, xb ? (const void *)d_h : (const void *)d_f, xb, d_y, yb, d_pos, d_inv, N, Hh, D,
+                            inverse);
+            int64_t nb = 0;
+            if (yb) {
+                down(e, gh, d_y, (size_t)n * 2);
+                for (int64_t i = 0; i < n; i++) nb += gh[i] != lt_f32_to_bf16(want[i]);
+            } else {
+                down(e, got, d_y, F4(n));
+                nb = memcmp(got, want, F4(n)) != 0;
+            }
+            if (nb)
+                fprintf(stderr, "    rope_cvt %s -> %s%s: %lld elements differ\n", xb ? "bf16" : "f32",
+                        yb ? "bf16" : "f32", inverse ? " (inverse)" : "", (long long)nb);
+            CHECK(e, nb != 0);
+        }
+    dfree(e, d_w, F4(n)), dfree(e, d_f, F4(n)), dfree(e, d_y, F4(n)), dfree(e, d_h, (size_t)n * 2);
+    free(xh), free(gh), free(xw), free(want), free(got);
+}
 
 static void run_rope(const op_case *c, env *e) {
     const int64_t N = c->s[0], Hh = c->s[1], D = c->s[2], n = N * Hh * D, half = D / 2;
@@ -385,6 +438,7 @@ static void run_rope(const op_case *c, env *e) {
                               (t * Hh + h) * D + i));
                 }
     }
+    check_rope_cvt(e, x, d_pos, d_inv, N, Hh, D);
     /* the backward is the inverse rotation by the same factor s, the adjoint of the forward:
      * ⟨dy, rope(x)⟩ = ⟨rope⁻¹(dy), x⟩, and rope⁻¹(rope(x)) = s² x */
     assert_int_equal(e->be->copy_to_device(e->ctx, d_x, x, F4(n)), LT_OK);

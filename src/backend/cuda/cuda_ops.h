@@ -114,10 +114,14 @@ void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const floa
                            int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd);
+void lt_cuda_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
+                              float *rstd);
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw);
 void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,
                   int inverse);
+void lt_cuda_rope_cvt(lt_ctx *ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,
+                      const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse);
 void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);

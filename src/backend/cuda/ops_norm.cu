@@ -1,7 +1,9 @@
 /* RMSNorm forward and backward on CUDA: one warp per row with float4 loads when rows are 16-byte
  * aligned (C % 4 == 0), else one block per row; fp32 sums with warp shuffles, 1/rms itself in
- * float64 as the CPU op does. The weight gradient (the model's norm weights are frozen; tests use
+ * float64 as the CPU op does; the forward also writes its output rounded to bf16 for the products
+ * that read it (rmsnorm_fwd_bf16). The weight gradient (the model's norm weights are frozen; tests use
  * it) is a separate column-sum kernel. */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_ops.h"
@@ -21,8 +23,17 @@ static __device__ float block_sum_f(float v, float *sh) {
     return t; /* every thread gets the same sum */
 }
 
-static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
-                                 float *rstd) {
+/* The output's stores: f32, or rounded to bf16 (nearest even) for rmsnorm_fwd_bf16. */
+static __device__ __forceinline__ void put1(float *y, int64_t i, float v) { y[i] = v; }
+static __device__ __forceinline__ void put1(__nv_bfloat16 *y, int64_t i, float v) { y[i] = __float2bfloat16_rn(v); }
+static __device__ __forceinline__ void put4(float *y, int64_t i4, float4 v) { ((float4 *)y)[i4] = v; }
+static __device__ __forceinline__ void put4(__nv_bfloat16 *y, int64_t i4, float4 v) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    ((uint2 *)y)[i4] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+
+template <typename Y>
+static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int64_t N, int64_t C, Y *y, float *rstd) {
     __shared__ float sh[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const float *xr = x + n * C;
@@ -31,7 +42,7 @@ static __global__ void rms_fwd_k(const float *x, const float *w, float eps, int6
         ss = block_sum_f(ss, sh);
         float r = (float)(1.0 / sqrt((double)ss / (double)C + (double)eps));
         if (rstd && threadIdx.x == 0) rstd[n] = r;
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[n * C + c] = w[c] * (xr[c] * r);
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) put1(y, n * C + c, w[c] * (xr[c] * r));
     }
 }
 
@@ -45,7 +56,8 @@ static __device__ __forceinline__ float warp_sum_f(float v) {
     return v;
 }
 
-static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int64_t N, int64_t C4, float4 *y,
+template <typename Y>
+static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float eps, int64_t N, int64_t C4, Y *y,
                                       float *rstd) {
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * (WROW_THREADS / 32);
@@ -60,11 +72,10 @@ static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float ep
         ss = warp_sum_f(ss);
         const float r = (float)(1.0 / sqrt((double)ss / (double)(4 * C4) + (double)eps));
         if (rstd && lane == 0) rstd[n] = r;
-        float4 *yr = y + n * C4;
 #pragma unroll 4
         for (int64_t c = lane; c < C4; c += 32) {
             const float4 v = xr[c], g = w[c];
-            yr[c] = make_float4(g.x * (v.x * r), g.y * (v.y * r), g.z * (v.z * r), g.w * (v.w * r));
+            put4(y, n * C4 + c, make_float4(g.x * (v.x * r), g.y * (v.y * r), g.z * (v.z * r), g.w * (v.w * r)));
         }
     }
 }
@@ -103,19 +114,30 @@ static unsigned warp_rows_grid(int64_t N) {
     return (unsigned)(b < 65535 * 16 ? b : 65535 * 16);
 }
 
-void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
-                         float *rstd) {
+/* y as f32 or bf16 (Y): the warp kernel where rows are 16-byte aligned (y's 8-byte for bf16). */
+template <typename Y>
+static void rms_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, Y *y, float *rstd) {
     if (N <= 0) return;
-    if (rows16(x, w, y, NULL, C)) {
-        rms_fwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x,
-                                                                                    (const float4 *)w, eps, N, C / 4,
-                                                                                    (float4 *)y, rstd);
+    if (rows16(x, w, NULL, NULL, C) && !((uintptr_t)y % (4 * sizeof(Y)))) {
+        rms_fwd_warp_k<Y><<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)x,
+                                                                                       (const float4 *)w, eps, N, C / 4,
+                                                                                       y, rstd);
         LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
         return;
     }
-    rms_fwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(x, w, eps, N, C, y,
-                                                                                                     rstd);
+    rms_fwd_k<Y><<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(x, w, eps, N, C,
+                                                                                                        y, rstd);
     LT_CUDA_LAUNCHED(ctx, "rmsnorm_fwd");
+}
+
+void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
+                         float *rstd) {
+    rms_fwd(ctx, x, w, eps, N, C, y, rstd);
+}
+
+void lt_cuda_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
+                              float *rstd) {
+    rms_fwd(ctx, x, w, eps, N, C, (__nv_bfloat16 *)y, rstd);
 }
 
 /* dx_c = r·w_c·dy_c − x_c·r³/C·Σ_k w_k·dy_k·x_k (the CPU op's formula). */
