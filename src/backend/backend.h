@@ -376,6 +376,10 @@ typedef struct lt_backend {
                              float *rstd);
     void (*rope_cvt)(lt_ctx *ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,
                      const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse);
+    /* dx += the input gradient rmsnorm_bwd would write (no dw), rounded as rmsnorm_bwd into a
+     * buffer and then add (alpha 1) would round it; NULL: those two ops. */
+    void (*rmsnorm_bwd_add)(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                            int64_t C, float *dx);
     void (*glu_fwd_bf16)(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a);
     void (*glu_bwd_bf16)(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
                          uint16_t *dg, uint16_t *du);

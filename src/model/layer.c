@@ -369,13 +369,25 @@ lt_status lt_step_layer_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_
 
 /* ---- backward ---- */
 
+/* dx (n, C) += the norm's input gradient from dy (n, C; overwritten where the backend has no fused
+ * op, which then runs the norm's backward in place and adds). */
+static void norm_bwd_add(const lt_step *s, float *dy, const float *x, const float *w, const float *rstd, int64_t n,
+                         float *dx) {
+    int64_t C = s->m->cfg.C;
+    if (s->be->rmsnorm_bwd_add) {
+        s->be->rmsnorm_bwd_add(s->ctx, dy, x, w, rstd, n, C, dx);
+        return;
+    }
+    s->be->rmsnorm_bwd(s->ctx, dy, x, w, rstd, n, C, dy, NULL);
+    s->be->add(s->ctx, dx, dy, 1.0f, n * C);
+}
+
 /* The MLP over rows [r0, r0 + n): its norm, gate and up projections (unless the store kept them)
  * and the gated activation are rerun from x_mid, then differentiated; dx += ∂/∂x_mid through the MLP, so
  * nothing F-wide spans the batch. */
 static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, int64_t r0, int64_t n) {
     const lt_model_config *c = &s->m->cfg;
     const lt_layer *L = &s->m->layers[l];
-    const lt_backend *be = s->be;
     const lt_layout *y = &s->m->lay;
     int64_t C = c->C, F = c->F;
     float *h = lt_step_ws(s, y->h), *da = lt_step_ws(s, y->da), *dg = lt_step_ws(s, y->dg);
@@ -386,8 +398,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     lt_act ha = group_norm(s, xm, L->mlp_norm, n, h, st->rstd2 + r0, y->mlp_bf16 && !moe);
     if (moe) { /* the routed experts (moe.c), rerun from h */
         lt_step_moe_bwd(s, l, r0, h, dxc, n, dh);
-        be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
-        be->add(s->ctx, dxc, dh, 1.0f, n * C);
+        norm_bwd_add(s, dh, xm, L->mlp_norm, st->rstd2 + r0, n, dxc);
         return;
     }
     float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
@@ -405,8 +416,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     lt_act dgu[2];
     glu_bwd(s, L, da, g, u, n * F, dg, dgu);
     lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, dgu, dh, 0.0f);
-    be->rmsnorm_bwd(s->ctx, dh, xm, L->mlp_norm, st->rstd2 + r0, n, C, dh, NULL);
-    be->add(s->ctx, dxc, dh, 1.0f, n * C); /* dx = ∂/∂x_mid on these rows */
+    norm_bwd_add(s, dh, xm, L->mlp_norm, st->rstd2 + r0, n, dxc); /* dx = ∂/∂x_mid on these rows */
 }
 
 /* The o projection over rows [r0, r0 + n): ∂/∂att into the whole-batch datt (rounded through the
@@ -468,7 +478,6 @@ static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
                     int need_dx, int64_t r0, int64_t n) {
     const lt_model_config *c = &s->m->cfg;
     const lt_layer *L = &s->m->layers[l];
-    const lt_backend *be = s->be;
     const lt_layout *y = &s->m->lay;
     int64_t C = c->C, qd = c->H * c->D, kvd = c->Hkv * c->D;
     float *h = lt_step_ws(s, y->h), *dh = lt_step_ws(s, y->dh);
@@ -484,8 +493,7 @@ static void qkv_bwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
     lt_act ha = group_norm(s, xr, L->attn_norm, n, h, st->rstd1 + r0, y->qkv_bf16);
     lt_step_group_bwd(s, l, st, 3, lt_proj_group_qkv, r0, n, ha, dqkv, need_dx ? dh : NULL, 0.0f);
     if (!need_dx) return;
-    be->rmsnorm_bwd(s->ctx, dh, xr, L->attn_norm, st->rstd1 + r0, n, C, dh, NULL);
-    be->add(s->ctx, dx + r0 * C, dh, 1.0f, n * C);
+    norm_bwd_add(s, dh, xr, L->attn_norm, st->rstd1 + r0, n, dx + r0 * C);
 }
 
 /* dx (N, C) holds ∂/∂x_out on entry and ∂/∂x_in on return. x_in is the layer's input. need_dx = 0

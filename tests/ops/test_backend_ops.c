@@ -349,6 +349,21 @@ static void run_rmsnorm(const op_case *c, env *e) {
         }
         CHECK(e, bad(gw[k], s, sa, lt_test_tol_for(LT_DTYPE_F32, N), "rms dw", k));
     }
+    if (e->be->rmsnorm_bwd_add) { /* dx += the gradient: rmsnorm_bwd into a buffer, then add, bit for bit */
+        float *acc = lt_test_fresh(&e->rng, N * C, 1), *want = malloc(F4(N * C)), *got = malloc(F4(N * C));
+        float *d_acc = up(e, acc, F4(N * C)), *d_t = up(e, NULL, F4(N * C));
+        e->be->rmsnorm_bwd(e->ctx, d_dy, d_x, d_w, d_r, N, C, d_t, NULL);
+        e->be->add(e->ctx, d_acc, d_t, 1.0f, N * C);
+        down(e, want, d_acc, F4(N * C));
+        assert_int_equal(e->be->copy_to_device(e->ctx, d_acc, acc, F4(N * C)), LT_OK);
+        e->be->rmsnorm_bwd_add(e->ctx, d_dy, d_x, d_w, d_r, N, C, d_acc);
+        down(e, got, d_acc, F4(N * C));
+        const int same = memcmp(got, want, F4(N * C)) == 0;
+        if (!same) fprintf(stderr, "    rmsnorm_bwd_add differs from rmsnorm_bwd then add\n");
+        CHECK(e, !same);
+        dfree(e, d_acc, F4(N * C)), dfree(e, d_t, F4(N * C));
+        free(acc), free(want), free(got);
+    }
     if (e->be->rmsnorm_fwd_bf16) { /* the bf16 output: each element the f32 op's rounded to nearest even */
         const size_t hb = (size_t)(N * C) * 2;
         uint16_t *pz = malloc(hb), *yh = malloc(hb);

@@ -163,6 +163,7 @@ extern "C" const lt_backend lt_backend_cuda = {
     .lora_bf16_takes = lt_cuda_lora_bf16_takes,
     .rmsnorm_fwd_bf16 = lt_cuda_rmsnorm_fwd_bf16,
     .rope_cvt = lt_cuda_rope_cvt,
+    .rmsnorm_bwd_add = lt_cuda_rmsnorm_bwd_add,
     .glu_fwd_bf16 = lt_cuda_glu_fwd_bf16,
     .glu_bwd_bf16 = lt_cuda_glu_bwd_bf16,
     .lora_fwd_bf16 = lt_cuda_lora_fwd_bf16,

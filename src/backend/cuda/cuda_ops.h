@@ -116,6 +116,8 @@ void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps,
                          float *rstd);
 void lt_cuda_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
                               float *rstd);
+void lt_cuda_rmsnorm_bwd_add(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                             int64_t C, float *dx);
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw);
 void lt_cuda_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D,

@@ -80,6 +80,9 @@ static __global__ void rms_fwd_warp_k(const float4 *x, const float4 *w, float ep
     }
 }
 
+/* ACC: dx += the gradient (rmsnorm_bwd_add), rounded as rmsnorm_bwd into a buffer and then add
+ * would round it: the gradient, then one rounded sum. */
+template <bool ACC>
 static __global__ void rms_bwd_warp_k(const float4 *dy, const float4 *x, const float4 *w, const float *rstd, int64_t N,
                                       int64_t C4, float4 *dx) {
     const int lane = threadIdx.x & 31;
@@ -99,8 +102,13 @@ static __global__ void rms_bwd_warp_k(const float4 *dy, const float4 *x, const f
 #pragma unroll 4
         for (int64_t c = lane; c < C4; c += 32) { /* dx may alias dy: each element is read, then written */
             const float4 a = xr[c], d = dr[c], g = w[c];
-            o[c] = make_float4(r * g.x * d.x - a.x * k, r * g.y * d.y - a.y * k, r * g.z * d.z - a.z * k,
-                               r * g.w * d.w - a.w * k);
+            float4 v = make_float4(r * g.x * d.x - a.x * k, r * g.y * d.y - a.y * k, r * g.z * d.z - a.z * k,
+                                   r * g.w * d.w - a.w * k);
+            if (ACC) {
+                const float4 p = o[c];
+                v = make_float4(__fadd_rn(p.x, v.x), __fadd_rn(p.y, v.y), __fadd_rn(p.z, v.z), __fadd_rn(p.w, v.w));
+            }
+            o[c] = v;
         }
     }
 }
@@ -141,6 +149,7 @@ void lt_cuda_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float
 }
 
 /* dx_c = r·w_c·dy_c − x_c·r³/C·Σ_k w_k·dy_k·x_k (the CPU op's formula). */
+template <bool ACC>
 static __global__ void rms_bwd_k(const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                                  int64_t C, float *dx) {
     __shared__ float sh[32];
@@ -151,7 +160,10 @@ static __global__ void rms_bwd_k(const float *dy, const float *x, const float *w
         dot = block_sum_f(dot, sh);
         float r = rstd[n];
         float k = dot * r * r * r / (float)C;
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] = r * w[c] * dr[c] - xr[c] * k;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            const float v = r * w[c] * dr[c] - xr[c] * k;
+            dx[n * C + c] = ACC ? __fadd_rn(dx[n * C + c], v) : v;
+        }
     }
 }
 
@@ -171,6 +183,23 @@ static __global__ void rms_dw_k(const float *dy, const float *x, const float *rs
     }
 }
 
+template <bool ACC>
+static void rms_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                    int64_t C, float *dx) {
+    if (rows16(dy, x, w, dx, C)) {
+        rms_bwd_warp_k<ACC><<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)dy,
+                                                                                         (const float4 *)x,
+                                                                                         (const float4 *)w, rstd, N,
+                                                                                         C / 4, (float4 *)dx);
+        LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
+        return;
+    }
+    rms_bwd_k<ACC><<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(dy, x, w,
+                                                                                                          rstd, N, C,
+                                                                                                          dx);
+    LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
+}
+
 void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                          int64_t C, float *dx, float *dw) {
     if (N <= 0) return;
@@ -178,15 +207,10 @@ void lt_cuda_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const flo
         rms_dw_k<<<(unsigned)((C + 31) / 32), dim3(32, 8), 0, lt_cuda_stream(ctx)>>>(dy, x, rstd, N, C, dw);
         LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd dw");
     }
-    if (rows16(dy, x, w, dx, C)) {
-        rms_bwd_warp_k<<<warp_rows_grid(N), WROW_THREADS, 0, lt_cuda_stream(ctx)>>>((const float4 *)dy,
-                                                                                    (const float4 *)x,
-                                                                                    (const float4 *)w, rstd, N, C / 4,
-                                                                                    (float4 *)dx);
-        LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
-        return;
-    }
-    rms_bwd_k<<<(unsigned)(N < 65535 * 16 ? N : 65535 * 16), NORM_THREADS, 0, lt_cuda_stream(ctx)>>>(dy, x, w, rstd, N,
-                                                                                                     C, dx);
-    LT_CUDA_LAUNCHED(ctx, "rmsnorm_bwd");
+    rms_bwd<false>(ctx, dy, x, w, rstd, N, C, dx);
+}
+
+void lt_cuda_rmsnorm_bwd_add(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
+                             int64_t C, float *dx) {
+    if (N > 0) rms_bwd<true>(ctx, dy, x, w, rstd, N, C, dx);
 }
