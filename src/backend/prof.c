@@ -304,6 +304,47 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                                     \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
+    static void P##_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh,       \
+                                  int64_t n, int64_t r, float s, float beta, void *ws) {                               \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
+        (REAL).lora_fwd_bf16(ctx, p, G, x, xh, n, r, s, beta, ws);                                                     \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh,       \
+                                  int64_t n, int64_t r, float s, float *dx, float beta, float *dlu, void *ws) {        \
+        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
+        (REAL).lora_bwd_bf16(ctx, p, G, x, xh, n, r, s, dx, beta, dlu, ws);                                            \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,     \
+                                     uint16_t *y, float *rstd) {                                                       \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                               \
+        (REAL).rmsnorm_fwd_bf16(ctx, x, w, eps, N, C, y, rstd);                                                        \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rmsnorm_bwd_add(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,   \
+                                    int64_t N, int64_t C, float *dx) {                                                 \
+        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                               \
+        (REAL).rmsnorm_bwd_add(ctx, dy, x, w, rstd, N, C, dx);                                                         \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_rope_cvt(lt_ctx *ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,          \
+                             const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse) {                \
+        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                      \
+        (REAL).rope_cvt(ctx, x, x_bf16, y, y_bf16, pos, inv_freq, N, heads, D, inverse);                               \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a) {      \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                                \
+        (REAL).glu_fwd_bf16(ctx, gelu, g, u, n, a);                                                                    \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
+    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,    \
+                                 uint16_t *dg, uint16_t *du) {                                                         \
+        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
+        (REAL).glu_bwd_bf16(ctx, gelu, da, g, u, n, dg, du);                                                           \
+        lt_prof_end(h);                                                                                                \
+    }                                                                                                                  \
     static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \
         int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                                  \
         lt_status s = (REAL).attention_fwd(ctx, p, a);                                                                 \
@@ -401,6 +442,12 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         t->zero = P##_zero, t->scale = P##_scale, t->sumsq = P##_sumsq;                                                \
         t->to_bf16 = P##_to_bf16, t->from_bf16 = P##_from_bf16;                                                        \
         t->lora_fwd = P##_lora_fwd, t->lora_bwd = P##_lora_bwd;                                                        \
+        /* the bf16-operand ops where the backend has them */                                                          \
+        if ((REAL).lora_fwd_bf16) t->lora_fwd_bf16 = P##_lora_fwd_bf16, t->lora_bwd_bf16 = P##_lora_bwd_bf16;          \
+        if ((REAL).rmsnorm_fwd_bf16) t->rmsnorm_fwd_bf16 = P##_rmsnorm_fwd_bf16;                                       \
+        if ((REAL).rmsnorm_bwd_add) t->rmsnorm_bwd_add = P##_rmsnorm_bwd_add;                                          \
+        if ((REAL).rope_cvt) t->rope_cvt = P##_rope_cvt;                                                               \
+        if ((REAL).glu_fwd_bf16) t->glu_fwd_bf16 = P##_glu_fwd_bf16, t->glu_bwd_bf16 = P##_glu_bwd_bf16;               \
         t->attention_fwd = P##_attention_fwd, t->attention_bwd = P##_attention_bwd;                                    \
         t->attention_batch_prepare = P##_attention_batch_prepare;                                                      \
         t->lce_fwd = P##_lce_fwd, t->lce_bwd = P##_lce_bwd, t->lce_fwd_bwd = P##_lce_fwd_bwd;                          \
