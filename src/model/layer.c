@@ -17,16 +17,22 @@ static const float *rope_freqs(const lt_step *s, const lt_layer *L) {
     return L->desc.rope ? s->m->inv_freq_local : s->m->inv_freq;
 }
 
+/* The per-head norm of q, k (n rows from row r0) into qo, ko (may alias q, k), when the layer has it. */
+static void qk_norm_fwd(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, const float *q,
+                        const float *k, float *qo, float *ko) {
+    const lt_model_config *c = &s->m->cfg;
+    if (!L->desc.qk_norm) return;
+    s->be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
+    s->be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
+}
+
 /* Over rows [r0, r0 + n): q, k (n rows) hold the projections on entry (f32 rows of the stores or of
  * the chunk buffer) and qo, ko receive the result (may alias q, k). */
 static void qk_finish(const lt_step *s, const lt_layer *L, const lt_store *st, int64_t r0, int64_t n, float *q,
                       float *k, float *qo, float *ko) {
     const lt_model_config *c = &s->m->cfg;
     const lt_backend *be = s->be;
-    if (L->desc.qk_norm) {
-        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, qo, st->rstd_q + r0 * c->H);
-        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, ko, st->rstd_k + r0 * c->Hkv);
-    }
+    qk_norm_fwd(s, L, st, r0, n, q, k, qo, ko);
     be->rope(s->ctx, qo, s->pos + r0, rope_freqs(s, L), n, c->H, c->D, 0);
     be->rope(s->ctx, ko, s->pos + r0, rope_freqs(s, L), n, c->Hkv, c->D, 0);
 }
@@ -46,10 +52,7 @@ static void qk_finish_into_stores(const lt_step *s, const lt_layer *L, const lt_
         be->to_bf16(s->ctx, k, (uint16_t *)ks, n * kvd);
         return;
     }
-    if (L->desc.qk_norm) {
-        be->rmsnorm_fwd(s->ctx, q, L->q_norm, c->rms_eps, n * c->H, c->D, q, st->rstd_q + r0 * c->H);
-        be->rmsnorm_fwd(s->ctx, k, L->k_norm, c->rms_eps, n * c->Hkv, c->D, k, st->rstd_k + r0 * c->Hkv);
-    }
+    qk_norm_fwd(s, L, st, r0, n, q, k, q, k);
     be->rope_cvt(s->ctx, q, 0, qs, 1, s->pos + r0, rope_freqs(s, L), n, c->H, c->D, 0);
     be->rope_cvt(s->ctx, k, 0, ks, 1, s->pos + r0, rope_freqs(s, L), n, c->Hkv, c->D, 0);
 }

@@ -29,13 +29,14 @@ static uint16_t *bf16_of(const float *x, int64_t n) {
     return h;
 }
 
-/* Elements of the device buffer d (n f32) whose bits differ from host f32 values want. */
-static int64_t bits_differ(lt_ctx *ctx, const lt_backend *be, const void *d, const float *want, int64_t n) {
-    float *got = malloc((size_t)n * 4);
-    host_copy(ctx, be, got, d, (size_t)n * 4);
+/* Elements of the device buffers got and want (n f32 each) whose bits differ. */
+static int64_t bits_differ(lt_ctx *ctx, const lt_backend *be, const void *got, const void *want, int64_t n) {
+    float *g = malloc((size_t)n * 4), *w = malloc((size_t)n * 4);
+    host_copy(ctx, be, g, got, (size_t)n * 4);
+    host_copy(ctx, be, w, want, (size_t)n * 4);
     int64_t k = 0;
-    for (int64_t i = 0; i < n; i++) k += memcmp(&got[i], &want[i], 4) != 0;
-    free(got);
+    for (int64_t i = 0; i < n; i++) k += memcmp(&g[i], &w[i], 4) != 0;
+    free(g), free(w);
     return k;
 }
 
@@ -83,32 +84,19 @@ static int64_t bf16_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f,
     for (int g = 0; g < G; g++) {
         const int64_t out = c->out[g];
         const lt_lora_proj *P = &f->pp[g];
-        float *want = malloc(sizeof(float) * (size_t)(n * (out > in ? out : in) + r * in + out * r));
         if (P->a) {
-            host_copy(ctx, be, want, P->lu, (size_t)(n * r) * 4);
-            bad += bits_differ(ctx, be, pp[g].lu, want, n * r);
-            host_copy(ctx, be, want, P->ga, (size_t)(r * in) * 4);
-            bad += bits_differ(ctx, be, pp[g].ga, want, r * in);
-            host_copy(ctx, be, want, P->gb, (size_t)(out * r) * 4);
-            bad += bits_differ(ctx, be, pp[g].gb, want, out * r);
+            bad += bits_differ(ctx, be, pp[g].lu, P->lu, n * r);
+            bad += bits_differ(ctx, be, pp[g].ga, P->ga, r * in);
+            bad += bits_differ(ctx, be, pp[g].gb, P->gb, out * r);
         }
-        if (!c->lu_only) {
-            host_copy(ctx, be, want, P->y, (size_t)(n * out) * 4);
-            bad += bits_differ(ctx, be, pp[g].y, want, n * out);
-        }
-        free(want);
+        if (!c->lu_only) bad += bits_differ(ctx, be, pp[g].y, P->y, n * out);
         if (pp[g].y) lt_free(ctx, be->device, pp[g].y, (size_t)(n * out) * 4);
         lt_free(ctx, be->device, pp[g].ga, (size_t)(r * in) * 4);
         lt_free(ctx, be->device, pp[g].gb, (size_t)(out * r) * 4);
         lt_free(ctx, be->device, pp[g].lu, (size_t)(n * r) * 4);
         lt_free(ctx, be->device, dyh[g], (size_t)(n * out) * 2);
     }
-    if (!c->no_dx) {
-        float *want = malloc((size_t)(n * in) * 4);
-        host_copy(ctx, be, want, f->ddx, (size_t)(n * in) * 4);
-        bad += bits_differ(ctx, be, ddx, want, n * in);
-        free(want);
-    }
+    if (!c->no_dx) bad += bits_differ(ctx, be, ddx, f->ddx, n * in);
     lt_free(ctx, be->device, ddx, (size_t)(n * in) * 4), lt_free(ctx, be->device, ddlu, (size_t)(n * 3 * r) * 4);
     lt_free(ctx, be->device, dxh, (size_t)(n * in) * 2), lt_free(ctx, be->device, dxv, (size_t)(n * in) * 4);
     free(xh);
