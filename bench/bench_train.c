@@ -273,6 +273,7 @@ int lt_bench_train(int argc, char **argv) {
     const char *recompute = "all"; /* both arms checkpoint every layer unless --recompute says otherwise */
     const char *graph_arg = "on";
     const char *base_arg = "file", *fp8_skip = NULL;
+    const char *act_arg = "auto"; /* --activations */
     const lt_bench_arg flags[] = {
         LT_BENCH_SET("--no-peer", &peers, 0),
         LT_BENCH_SET("--no-liger", &liger, 0),
@@ -289,6 +290,7 @@ int lt_bench_train(int argc, char **argv) {
         LT_BENCH_STR("--peer-path", &peer_path),
         LT_BENCH_CHOICE("--cuda-graph", &graph_arg, "on|off"),
         LT_BENCH_CHOICE("--base-dtype", &base_arg, "file|fp8"),
+        LT_BENCH_CHOICE("--activations", &act_arg, "auto|f32|gu-f32"),
         LT_BENCH_STR("--fp8-skip", &fp8_skip),
         LT_BENCH_INT("--recompute-attention", &recompute_attn, 0, 1),
         LT_BENCH_I64("--recompute-attention-layers", &rerun_layers, 0, 1 << 16),
@@ -327,6 +329,9 @@ int lt_bench_train(int argc, char **argv) {
             "  --recompute-attention-layers N  rerun it in N of the layers only (train's option)\n"
             "  --chunk-rows N   rows per chunk of the position-wise work (default: the library's, %d)\n"
             "  --base-dtype file|fp8  hold the base as written (default) or in fp8 (train --base-dtype)\n"
+            "  --activations auto|f32|gu-f32  the activations the backend hands its products in bf16\n"
+            "                   as it chooses (auto), all in f32 (the run option act_f32), or only the\n"
+            "                   MLP's gate and up outputs in f32 (gu_f32): for A/B comparisons\n"
             "  --fp8-skip LIST  with --base-dtype fp8: projections held as written (train --fp8-skip)\n"
             "  --bf16-products  CPU: the base's products and the fused loss's on x and W rounded to bf16\n"
             "                   through oneDNN, flash attention's tiles on bf16 operands (AMX, AVX512-BF16) (train\n"
@@ -349,6 +354,7 @@ int lt_bench_train(int argc, char **argv) {
     if (parsed) return parsed;
     graph = !strcmp(graph_arg, "on");
     const int base_fp8 = !strcmp(base_arg, "fp8");
+    const int act_f32 = !strcmp(act_arg, "f32"), gu_f32 = !strcmp(act_arg, "gu-f32");
     if (fp8_skip && !base_fp8) return lt_bench_usage_error("train", NULL, "--fp8-skip needs --base-dtype fp8");
     if (fp8_skip && strlen(fp8_skip) >= sizeof((lt_train_options *)0)->fp8_skip)
         return lt_bench_usage_error("train", NULL, "--fp8-skip: the list is longer than 63 characters");
@@ -499,6 +505,8 @@ int lt_bench_train(int argc, char **argv) {
                                    .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
                                    .bf16_products = bf16x,
+                                   .act_f32 = act_f32,
+                                   .gu_f32 = gu_f32,
                                    .offload_ckpt = offload_lo};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -538,6 +546,7 @@ int lt_bench_train(int argc, char **argv) {
     if (fp8_skip) cJSON_AddStringToObject(jc, "fp8_skip", fp8_skip);
     cJSON_AddNumberToObject(jc, "chunk_rows", (double)(chunk_rows ? chunk_rows : LT_MODEL_CHUNK_ROWS));
     cJSON_AddBoolToObject(jc, "bf16_products", bf16x);
+    cJSON_AddStringToObject(jc, "activations", act_arg);
     cJSON_AddStringToObject(jc, "offload_checkpoints",
                             offload_lo       ? "on"
                                 : offload_hi ? "off, then on (arms longtune-offload-T*)"
@@ -585,6 +594,8 @@ int lt_bench_train(int argc, char **argv) {
                                    .recompute_attention_layers = rerun_layers,
                                    .chunk_rows = chunk_rows,
                                    .bf16_products = bf16x,
+                                   .act_f32 = act_f32,
+                                   .gu_f32 = gu_f32,
                                    .offload_ckpt = offload};
         lt_plan_options po = {.device = dev,
                               .lora = lo,
@@ -831,13 +842,14 @@ int lt_bench_train(int argc, char **argv) {
                 u += (size_t)snprintf(fp8_tag + u, sizeof fp8_tag - u, "-%.*s", (int)strcspn(name, "_"), name);
             }
     }
-    char rerun_tag[40] = "";
+    char rerun_tag[40] = "", act_tag[16] = "";
+    if (act_f32 || gu_f32) snprintf(act_tag, sizeof act_tag, "-%s", act_arg);
     if (recompute_attn) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn");
     else if (rerun_layers) snprintf(rerun_tag, sizeof rerun_tag, "-recompute-attn%lld", (long long)rerun_layers);
-    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
+    snprintf(tag, sizeof tag, "%s-%s-%s%s%s%s%s%s%s%s%s%s", c.backend, random_w ? shape->name : "file",
              random_w ? weights : "weights", rc_tag, rerun_tag,
              offload_hi ? (offload_lo ? "-offload" : "-offload-both") : "", lt_prof_active ? "-profile" : "",
-             cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag, bf16x ? "-bf16-products" : "");
+             cuda && !graph ? "-nograph" : "", chunk_tag, fp8_tag, bf16x ? "-bf16-products" : "", act_tag);
     rc = lt_bench_write(&c, res, tag) == 0 ? 0 : 1;
     res = NULL;
     goto out;

@@ -325,6 +325,12 @@ typedef struct lt_model_run_options {
                                  round them to bf16 either way, so the results are the same bits
                                  and only the memory traffic differs: for comparisons. 0 = the
                                  backend's choice */
+    int gu_f32;                         /* 1: the dense MLPs' gate and up outputs stay f32 where the
+                                 backend would write them in bf16 (CUDA, with the bf16
+                                 activations above: half their memory and traffic, each rounded
+                                 to bf16 as transformers' bf16 models hold them). Then act_f32 = 0
+                                 gives act_f32 = 1's results bit for bit. act_f32 = 1 implies it.
+                                 0 = the backend's choice */
     int64_t chunk_rows;                 /* rows per chunk of the position-wise work (norms, projections,
                                  LoRA, the MLP) in forward, recompute and backward, so their
                                  buffers are O(chunk) and only attention's inputs and outputs span

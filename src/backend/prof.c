@@ -334,15 +334,16 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         (REAL).rope_cvt(ctx, x, x_bf16, y, y_bf16, pos, inv_freq, N, heads, D, inverse);                               \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
-    static void P##_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a) {      \
+    static void P##_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n,          \
+                                 uint16_t *a) {                                                                        \
         int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                                \
-        (REAL).glu_fwd_bf16(ctx, gelu, g, u, n, a);                                                                    \
+        (REAL).glu_fwd_bf16(ctx, gelu, g, u, gu_bf16, n, a);                                                           \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
-    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,    \
-                                 uint16_t *dg, uint16_t *du) {                                                         \
+    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16,    \
+                                 int64_t n, uint16_t *dg, uint16_t *du) {                                              \
         int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
-        (REAL).glu_bwd_bf16(ctx, gelu, da, g, u, n, dg, du);                                                           \
+        (REAL).glu_bwd_bf16(ctx, gelu, da, g, u, gu_bf16, n, dg, du);                                                  \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
     static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \

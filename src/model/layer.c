@@ -286,33 +286,55 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     return LT_OK;
 }
 
+/* Rows [r0, ...) of the gate or up output: the store's (kept, no recompute) or the chunk buffer
+ * at ws_off; f32, or bf16 under gu_bf16. */
+static void *gu_rows(const lt_step *s, float *kept, size_t ws_off, int64_t r0) {
+    if (!kept) return lt_step_ws(s, ws_off);
+    return (char *)kept + (size_t)(r0 * s->m->cfg.F) * (s->m->lay.gu_bf16 ? 2 : 4);
+}
+
+/* g, u = gate(h2), up(h2) over the n rows from r0, in bf16 under gu_bf16. */
+static void gate_up_fwd(const lt_step *s, int64_t l, const lt_store *st, int64_t r0, int64_t n, lt_act ha, void *g,
+                        void *u) {
+    if (s->m->lay.gu_bf16) {
+        uint16_t *gu[2] = {(uint16_t *)g, (uint16_t *)u};
+        lt_step_group_fwd_h(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha.h, gu);
+        return;
+    }
+    float *gu[2] = {(float *)g, (float *)u};
+    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, gu, 0.0f);
+}
+
 /* The gated activation of the layer's MLP kind, a = act(g)·u (SiLU or GELU's tanh form), into
  * buf (n f32 elements): f32, or under mlp_bf16 bf16 in its first half. */
-static lt_act glu_fwd(const lt_step *s, const lt_layer *L, const float *g, const float *u, int64_t n, float *buf) {
+static lt_act glu_fwd(const lt_step *s, const lt_layer *L, const void *g, const void *u, int64_t n, float *buf) {
     int gelu = L->desc.mlp == LT_MLP_KIND_GEGLU;
-    if (s->m->lay.mlp_bf16) {
-        s->be->glu_fwd_bf16(s->ctx, gelu, g, u, n, (uint16_t *)buf);
+    const lt_layout *y = &s->m->lay;
+    if (y->mlp_bf16) {
+        s->be->glu_fwd_bf16(s->ctx, gelu, g, u, y->gu_bf16, n, (uint16_t *)buf);
         return lt_act_bf16((const uint16_t *)buf);
     }
-    if (gelu) s->be->geglu_fwd(s->ctx, g, u, n, buf);
-    else s->be->swiglu_fwd(s->ctx, g, u, n, buf);
+    if (gelu) s->be->geglu_fwd(s->ctx, (const float *)g, (const float *)u, n, buf);
+    else s->be->swiglu_fwd(s->ctx, (const float *)g, (const float *)u, n, buf);
     return lt_act_f32(buf);
 }
 
 /* Its backward from da: dg, du into buf's two halves in bf16 under mlp_bf16, else f32 dg into buf
  * and du over u (read for the last time there). */
-static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const float *g, float *u, int64_t n,
-                    float *buf, lt_act *dgu) {
+static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const void *g, void *u, int64_t n, float *buf,
+                    lt_act *dgu) {
     int gelu = L->desc.mlp == LT_MLP_KIND_GEGLU;
-    if (s->m->lay.mlp_bf16) {
+    const lt_layout *y = &s->m->lay;
+    if (y->mlp_bf16) {
         uint16_t *dg = (uint16_t *)buf, *du = dg + n;
-        s->be->glu_bwd_bf16(s->ctx, gelu, da, g, u, n, dg, du);
+        s->be->glu_bwd_bf16(s->ctx, gelu, da, g, u, y->gu_bf16, n, dg, du);
         dgu[0] = lt_act_bf16(dg), dgu[1] = lt_act_bf16(du);
         return;
     }
-    if (gelu) s->be->geglu_bwd(s->ctx, da, g, u, n, buf, u);
-    else s->be->swiglu_bwd(s->ctx, da, g, u, n, buf, u);
-    dgu[0] = lt_act_f32(buf), dgu[1] = lt_act_f32(u);
+    float *gf = (float *)g, *uf = (float *)u;
+    if (gelu) s->be->geglu_bwd(s->ctx, da, gf, uf, n, buf, uf);
+    else s->be->swiglu_bwd(s->ctx, da, gf, uf, n, buf, uf);
+    dgu[0] = lt_act_f32(buf), dgu[1] = lt_act_f32(uf);
 }
 
 /* x_out = x_mid + down(glu(gate(h2), up(h2))), h2 = norm(x_mid), over rows [r0, r0 + n); with
@@ -334,9 +356,8 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
         if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
         return LT_OK;
     }
-    float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
-    float *gu[2] = {g, u};
-    lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, gu, 0.0f);
+    void *g = gu_rows(s, st->g, y->g, r0), *u = gu_rows(s, st->u, y->u, r0);
+    gate_up_fwd(s, l, st, r0, n, ha, g, u);
     lt_act a = glu_fwd(s, L, g, u, n * F, lt_step_ws(s, y->dg));
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
     LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
@@ -404,11 +425,8 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
         norm_bwd_add(s, dh, xm, L->mlp_norm, st->rstd2 + r0, n, dxc);
         return;
     }
-    float *g = st->g ? st->g + r0 * F : lt_step_ws(s, y->g), *u = st->u ? st->u + r0 * F : lt_step_ws(s, y->u);
-    if (!st->g) {
-        float *gu[2] = {g, u};
-        lt_step_group_fwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, gu, 0.0f);
-    }
+    void *g = gu_rows(s, st->g, y->g, r0), *u = gu_rows(s, st->u, y->u, r0);
+    if (!st->g) gate_up_fwd(s, l, st, r0, n, ha, g, u);
     /* the activation goes into dg's buffer, which the glu backward then overwrites */
     lt_act a = glu_fwd(s, L, g, u, n * F, dg);
     float *no_y = NULL;

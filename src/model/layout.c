@@ -160,9 +160,10 @@ size_t lt_model_weights_walk(const lt_model_config *c, void (*fn)(void *arg, con
  * never dereferenced).
  * Pieces start at multiples of `align`; above the host's 64 (a device) the store's size is
  * rounded up to it too, so every store of an array starts aligned. keep_mlp: the store keeps the
- * gate and up projections (no recompute). */
+ * gate and up projections (no recompute), gu_es bytes an element. */
 static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, const lt_lora_options *lo, int64_t B,
-                           int64_t T, size_t align, int keep_x_in, int keep_mlp, size_t attn_es, lt_store *s) {
+                           int64_t T, size_t align, int keep_x_in, int keep_mlp, size_t attn_es, size_t gu_es,
+                           lt_store *s) {
     int64_t N = mulx(B, T), qd = mulx(c->H, c->D), kvd = mulx(c->Hkv, c->D);
     size_t cur = 0;
     memset(s, 0, sizeof *s);
@@ -182,8 +183,8 @@ static size_t store_layout(const lt_model_config *c, const lt_layer_desc *wd, co
     PIECE(lse, mulx(mulx(B, c->H), T));
     PIECE_ES(x_mid, mulx(N, c->C), attn_es);
     if (keep_mlp && lt_model_dense_F(c)) {
-        PIECE(g, mulx(N, c->F));
-        PIECE(u, mulx(N, c->F));
+        PIECE_ES(g, mulx(N, c->F), gu_es);
+        PIECE_ES(u, mulx(N, c->F), gu_es);
     }
     PIECE(rstd1, N);
     PIECE(rstd2, N);
@@ -464,12 +465,16 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     o->mlp_bf16 = !run->act_f32 && bf16_inputs_ok(r, mlp, 3, 1);
     o->qkv_bf16 = !run->act_f32 && bf16_inputs_ok(r, lt_proj_group_qkv, 3, 0);
     o->o_bf16 = !run->act_f32 && o->attn_bf16 && bf16_inputs_ok(r, &o_proj, 1, 0);
+    if (run->gu_f32 < 0 || run->gu_f32 > 1)
+        return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: gu_f32 %d outside 0..1", run->gu_f32);
+    o->gu_bf16 = o->mlp_bf16 && !run->gu_f32;
+    const size_t gu_es = o->gu_bf16 ? 2 : 4;
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
     o->resid_ckpt = !r->fwd_only && rc.n_rec && rc.max_len == 1;
-    o->store_bytes =
-        store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, !r->fwd_only && !o->resid_ckpt, 0, r->es, &o->store_off);
+    o->store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, !r->fwd_only && !o->resid_ckpt, 0, r->es, gu_es,
+                                  &o->store_off);
     if (!r->fwd_only && rc.n_kept)
-        o->act_store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, 1, 1, r->es, &o->act_off);
+        o->act_store_bytes = store_layout(c, &r->wd, &r->lo, r->B, r->T, r->al, 1, 1, r->es, gu_es, &o->act_off);
     if (run->chunk_rows < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: chunk_rows %lld is negative", (long long)run->chunk_rows);
     o->chunk = run->chunk_rows ? run->chunk_rows : LT_MODEL_CHUNK_ROWS;
@@ -602,8 +607,8 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     if (o->resid_ckpt && o->saved_dtype == LT_DTYPE_BF16) o->xc = carve_aligned(cur, nb(CH * c->C, 4), al);
     if (o->attn_bf16) o->mc = carve_aligned(cur, nb(CH * c->C, 4), al);
     if (!r->keep_mlp) {
-        o->g = carve_aligned(cur, nb(CH * F, 4), al);
-        o->u = carve_aligned(cur, nb(CH * F, 4), al);
+        o->g = carve_aligned(cur, nb(CH * F, o->gu_bf16 ? 2 : 4), al);
+        o->u = carve_aligned(cur, nb(CH * F, o->gu_bf16 ? 2 : 4), al);
     }
     o->dg = carve_aligned(cur, nb(CH * F, 4), al);
     if (o->attn_bf16) {

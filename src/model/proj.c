@@ -65,6 +65,21 @@ static void proj_fwd_mode(const lt_step *s, int64_t l, lt_proj p, int64_t r0, in
     if (y) s->be->gemm(s->ctx, 0, 1, n, out, r, m->lora_scale, lu, r, L->lora_b[p], r, 1.0f, y, out);
 }
 
+/* The backend's description of projections ps[0..G) of layer l over the rows from r0 (outputs
+ * and gradients left to the caller; the bias is read by the forward only). */
+static void group_projs(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
+                        lt_lora_proj *pp) {
+    const lt_layer *L = &s->m->layers[l];
+    memset(pp, 0, sizeof *pp * (size_t)G);
+    for (int g = 0; g < G; g++) {
+        lt_proj p = ps[g];
+        pp[g].w = &L->w[p];
+        pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
+        pp[g].bias = bias_of(L, p);
+        pp[g].lu = lu_at(s, st, p, r0);
+    }
+}
+
 /* The projections ps[0..G) of one input x over the n rows from row r0 (q, k, v; gate, up; or one
  * alone), each into y[g] as proj_fwd (beta, the layer's q/k/v biases; y = NULL: lu only), through
  * the backend's fused lora_fwd — or proj_fwd one by one under LoRA dropout, which masks x. */
@@ -81,17 +96,21 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         return;
     }
     lt_lora_proj pp[3];
-    memset(pp, 0, sizeof pp);
-    for (int g = 0; g < G; g++) {
-        lt_proj p = ps[g];
-        pp[g].w = &L->w[p];
-        pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
-        pp[g].bias = bias_of(L, p);
-        pp[g].y = y[g];
-        pp[g].lu = lu_at(s, st, p, r0);
-    }
+    group_projs(s, l, st, G, ps, r0, pp);
+    for (int g = 0; g < G; g++) pp[g].y = y[g];
     if (x.h) s->be->lora_fwd_bf16(s->ctx, pp, G, NULL, x.h, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
     else s->be->lora_fwd(s->ctx, pp, G, x.f, n, m->lora.rank, m->lora_scale, beta, mm_begin(s));
+    mm_end(s);
+}
+
+void lt_step_group_fwd_h(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
+                         int64_t n, const uint16_t *xh, uint16_t *const *yh) {
+    lt_model *m = s->m;
+    LT_ASSERT(xh && G <= 3 && !(s->train && m->lora.dropout > 0)); /* gu_bf16 comes with mlp_bf16 */
+    lt_lora_proj pp[3];
+    group_projs(s, l, st, G, ps, r0, pp);
+    for (int g = 0; g < G; g++) pp[g].yh = yh[g];
+    s->be->lora_fwd_bf16(s->ctx, pp, G, NULL, xh, n, m->lora.rank, m->lora_scale, 0.0f, mm_begin(s));
     mm_end(s);
 }
 
@@ -146,15 +165,11 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
         return;
     }
     lt_lora_proj pp[3];
-    memset(pp, 0, sizeof pp);
+    group_projs(s, l, st, G, ps, r0, pp);
     int any_h = x.h != NULL;
     for (int g = 0; g < G; g++) {
-        lt_proj p = ps[g];
-        pp[g].w = &L->w[p];
-        pp[g].a = L->lora_a[p], pp[g].b = L->lora_b[p];
-        pp[g].ga = L->grad_a[p], pp[g].gb = L->grad_b[p];
+        pp[g].ga = L->grad_a[ps[g]], pp[g].gb = L->grad_b[ps[g]];
         pp[g].dy = dy[g].f, pp[g].dyh = dy[g].h;
-        pp[g].lu = lu_at(s, st, p, r0);
         any_h |= dy[g].h != NULL;
     }
     float *dlu = lt_step_ws(s, m->lay.dlu);

@@ -137,6 +137,9 @@ static inline lt_act lt_act_bf16(const uint16_t *h) {
  * the LoRA product into st; y[g] = NULL computes only the LoRA product. */
 void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
                        lt_act x, float *const *y, float beta);
+/* lt_step_group_fwd of a bf16 input into bf16 outputs yh[g] (beta 0; the layout's gu_bf16). */
+void lt_step_group_fwd_h(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
+                         int64_t n, const uint16_t *xh, uint16_t *const *yh);
 /* The backward of lt_step_group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the
  * group's input gradient (NULL: skipped), LoRA grads accumulated. */
 void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,

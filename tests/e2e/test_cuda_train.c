@@ -188,7 +188,8 @@ static lt_model_run_options run_variant(int64_t B, int64_t T, lt_recompute rc, i
 
 static void prepare_variant(lt_ctx *ctx, lt_model *m, int64_t B, int64_t T, lt_recompute rc, int variant) {
     lt_model_run_options ro = run_variant(B, T, rc, variant);
-    ro.act_f32 = variant == 2; /* the products' inputs in f32 (the same bits as in bf16) */
+    ro.act_f32 = variant == 2; /* the products' inputs in f32 */
+    ro.gu_f32 = variant == 3;  /* only the gate and up outputs in f32: the same bits as act_f32 */
     lt_status s = lt_model_prepare(ctx, m, &ro);
     if (s != LT_OK) fprintf(stderr, "prepare: %s\n", lt_ctx_error(ctx));
     assert_int_equal(s, LT_OK);
@@ -280,13 +281,15 @@ static void step_matches_cpu(void **state) {
         memcpy(gc, lt_model_lora_grads(mc, NULL), (size_t)n * 4);
 
         /* The fourth runs in 40-row chunks with the attention rerun (run_variant); the fifth is the
-         * first with the products' bf16 inputs (the MLP's activation and gradients, attention's output
-         * into o) held in f32, which must give its very bits. */
-        const lt_recompute pol[5] = {LT_RECOMPUTE_NONE, LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K, LT_RECOMPUTE_EVERY,
-                                     LT_RECOMPUTE_NONE};
+         * first with every activation the backend would hand its products in bf16 (the MLP's gate
+         * and up outputs, activation and gradients, attention's output into o) held in f32; the
+         * sixth keeps only the gate and up outputs in f32, which must give the fifth's very bits
+         * (the products round their inputs to bf16 either way). */
+        const lt_recompute pol[6] = {LT_RECOMPUTE_NONE,  LT_RECOMPUTE_EVERY, LT_RECOMPUTE_EVERY_K,
+                                     LT_RECOMPUTE_EVERY, LT_RECOMPUTE_NONE,  LT_RECOMPUTE_NONE};
         float tl_0[512], *g0 = malloc((size_t)n * 4);
-        for (int pi = 0; pi < 5; pi++) {
-            prepare_variant(ctx, mg, b.B, b.T, pol[pi], pi == 3 ? 1 : pi == 4 ? 2 : 0);
+        for (int pi = 0; pi < 6; pi++) {
+            prepare_variant(ctx, mg, b.B, b.T, pol[pi], pi == 3 ? 1 : pi >= 4 ? pi - 2 : 0);
             for (int64_t i = 0; i < N; i++) tl_g[i] = LT_TEST_POISON;
             lt_model_zero_grads(mg);
             lt_status s = lt_model_forward_backward(ctx, mg, &mb, 0.0f, &rg, tl_g);
@@ -313,14 +316,17 @@ static void step_matches_cpu(void **state) {
                     "  %-12s recompute %d: loss %.6f vs %.6f (rel %.2e), token_loss rel %.2e, worst grad rel %.2e\n",
                     t->name, pi, (double)lg, (double)lc, el, et, eg);
             if (pi == 0) {
-                memcpy(tl_0, tl_g, sizeof tl_0), memcpy(g0, g, (size_t)n * 4);
                 /* every tiny but the fp8 one (whose projections but up take fp8 products) hands
-                 * its products bf16 inputs */
+                 * its products bf16 inputs and holds its gate and up outputs in bf16 */
                 assert_int_equal(mg->lay.mlp_bf16, t->quantize != 2);
                 assert_int_equal(mg->lay.o_bf16, t->quantize != 2);
                 assert_int_equal(mg->lay.qkv_bf16, t->quantize != 2);
+                assert_int_equal(mg->lay.gu_bf16, t->quantize != 2);
             }
-            if (pi == 4) {
+            if (pi == 4) memcpy(tl_0, tl_g, sizeof tl_0), memcpy(g0, g, (size_t)n * 4);
+            if (pi == 5) {
+                assert_int_equal(mg->lay.gu_bf16, 0);
+                assert_int_equal(mg->lay.mlp_bf16, t->quantize != 2);
                 int same = memcmp(tl_0, tl_g, (size_t)N * 4) == 0 && memcmp(g0, g, (size_t)n * 4) == 0;
                 fprintf(stderr, "  %-12s f32 activations against the backend's bf16 ones: %s\n", t->name,
                         same ? "the same bits" : "DIFFERENT");

@@ -103,6 +103,36 @@ static int64_t bf16_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f,
     return bad;
 }
 
+/* lora_fwd_bf16 of the bf16 x with every output in bf16 (yh[g], device buffers the caller
+ * compares and frees): the elements of lu whose bits differ from the f32 run's. */
+static int64_t bf16_out_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f, uint16_t **yh) {
+    const lt_lora_case *c = f->c;
+    const int64_t in = c->in, n = c->n, r = c->r;
+    uint16_t *xh = bf16_of(f->x, n * in);
+    void *dxh = dev_copy(ctx, be, xh, (size_t)(n * in) * 2);
+    lt_lora_proj pp[3];
+    memcpy(pp, f->pp, sizeof pp);
+    float *lp = lt_test_poisoned(n * r);
+    for (int g = 0; g < c->G; g++) {
+        const int64_t out = c->out[g];
+        uint16_t *ph = malloc((size_t)(n * out) * 2);
+        memset(ph, 0xff, (size_t)(n * out) * 2); /* NaN patterns: an element left unwritten shows */
+        yh[g] = dev_copy(ctx, be, ph, (size_t)(n * out) * 2);
+        free(ph);
+        pp[g].y = NULL, pp[g].yh = yh[g];
+        pp[g].lu = dev_copy(ctx, be, lp, (size_t)(n * r) * 4);
+    }
+    be->lora_fwd_bf16(ctx, pp, c->G, NULL, dxh, n, r, c->s, 0.0f, f->ws);
+    int64_t bad = 0;
+    for (int g = 0; g < c->G; g++) {
+        if (f->pp[g].a) bad += bits_differ(ctx, be, pp[g].lu, f->pp[g].lu, n * r);
+        lt_free(ctx, be->device, pp[g].lu, (size_t)(n * r) * 4);
+    }
+    lt_free(ctx, be->device, dxh, (size_t)(n * in) * 2);
+    free(xh), free(lp);
+    return bad;
+}
+
 void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err) {
     lt_ctx *ctx = lt_ctx_new();
     const int G = c->G;
@@ -177,6 +207,8 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
     be->lora_fwd(ctx, pp, G, dxv, n, r, c->s, c->beta, ws);
     be->lora_bwd(ctx, pp, G, dxv, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, ws);
 
+    uint16_t *yh[3] = {NULL, NULL, NULL}; /* the bf16-output run's y, where it ran */
+    err->y_bf16 = -1;
     int takes = be->lora_bf16_takes != NULL;
     for (int g = 0; g < G && takes; g++) takes = be->lora_bf16_takes(c->wdtype, c->out[g], in, c->adapted[g] ? r : 0);
     if (takes) {
@@ -192,6 +224,7 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
                            ws};
         for (int v = 1; v <= 3; v++) err->bf16_mismatch += bf16_variant(ctx, be, &f, v);
         err->bf16_variants = 3;
+        if (c->beta == 0 && !c->bias && !c->lu_only) err->bf16_mismatch += bf16_out_variant(ctx, be, &f, yh);
     }
 
     /* float64 reference, and the comparisons */
@@ -228,6 +261,14 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
                 }
             host_copy(ctx, be, got, dyv[g], (size_t)(n * out) * 4);
             err->y = worst(err->y, lt_test_rel_err_f(got, ref, n * out));
+            if (yh[g]) {
+                uint16_t *h = malloc((size_t)(n * out) * 2);
+                host_copy(ctx, be, h, yh[g], (size_t)(n * out) * 2);
+                for (int64_t i = 0; i < n * out; i++) got[i] = lt_bf16_to_f32(h[i]);
+                free(h);
+                err->y_bf16 = worst(err->y_bf16 < 0 ? 0 : err->y_bf16, lt_test_rel_err_f(got, ref, n * out));
+                lt_free(ctx, be->device, yh[g], (size_t)(n * out) * 2);
+            }
         }
         if (ad) {
             for (int j = 0; j < r; j++)

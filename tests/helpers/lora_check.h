@@ -28,6 +28,10 @@ typedef struct lt_lora_errors {
      * (x in bf16, dy in bf16, both) and the output elements whose bits differ from the f32 ops'. */
     int bf16_variants;
     int64_t bf16_mismatch;
+    /* Where the case also allows a bf16 output (beta 0, no bias, y wanted): lora_fwd_bf16 of the
+     * bf16 x writing each y in bf16 (yh), its worst relative error against the reference (-1:
+     * not run); its lu counts in bf16_mismatch. */
+    double y_bf16;
 } lt_lora_errors;
 
 /* Runs lora_fwd then lora_bwd of `c` on be with fresh inputs from rng; fills *err. Where the

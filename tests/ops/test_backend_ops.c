@@ -293,6 +293,11 @@ static void run_lora(const op_case *c, env *e) {
         fprintf(stderr, "    bf16 inputs (x, dy, both): %lld elements differ from the f32 ops'\n",
                 (long long)er.bf16_mismatch);
     CHECK(e, er.bf16_mismatch != 0);
+    if (er.y_bf16 >= 0) { /* y rounded to bf16 twice (the adapter's term, then the sum) */
+        const double tol_h = lt_test_tol_for(LT_DTYPE_BF16, 1) + tol;
+        fprintf(stderr, "    y in bf16: %.2e (tol %.2e)\n", er.y_bf16, tol_h);
+        CHECK(e, !(er.y_bf16 <= tol_h));
+    }
 }
 
 /* ---- rmsnorm: s = {N, C} ---- */
@@ -490,17 +495,17 @@ static void check_glu_bwd_in_place(env *e, int geglu, const float *g, const floa
     free(ig), free(iu);
 }
 
-/* The bf16-output glu ops (a backend's glu_fwd_bf16 / glu_bwd_bf16, where it has them): each
- * element the f32 op's value a, gg, gu rounded to nearest even, bit for bit. */
-static void check_glu_bf16(env *e, int geglu, const float *d_g, const float *d_u, const float *d_da, const float *a,
-                           const float *gg, const float *gu, int64_t n) {
-    if (!e->be->glu_fwd_bf16) return;
+/* The bf16-output glu ops (a backend's glu_fwd_bf16 / glu_bwd_bf16, where it has them) from
+ * d_g, d_u (f32, or bf16 with gu_bf16): each element the f32 op's value a, gg, gu (on the same
+ * input values) rounded to nearest even, bit for bit. */
+static void glu_bf16_matches(env *e, int geglu, const void *d_g, const void *d_u, int gu_bf16, const float *d_da,
+                             const float *a, const float *gg, const float *gu, int64_t n) {
     const size_t hb = (size_t)n * 2;
     uint16_t *pz = malloc(hb);
     memset(pz, 0xff, hb); /* NaN patterns: an element left unwritten cannot match */
     uint16_t *d_a = up(e, pz, hb), *d_dg = up(e, pz, hb), *d_du = up(e, pz, hb);
-    e->be->glu_fwd_bf16(e->ctx, geglu, d_g, d_u, n, d_a);
-    e->be->glu_bwd_bf16(e->ctx, geglu, d_da, d_g, d_u, n, d_dg, d_du);
+    e->be->glu_fwd_bf16(e->ctx, geglu, d_g, d_u, gu_bf16, n, d_a);
+    e->be->glu_bwd_bf16(e->ctx, geglu, d_da, d_g, d_u, gu_bf16, n, d_dg, d_du);
     uint16_t *ha = malloc(hb), *hg = malloc(hb), *hu = malloc(hb);
     down(e, ha, d_a, hb), down(e, hg, d_dg, hb), down(e, hu, d_du, hb);
     int64_t bad_a = 0, bad_g = 0, bad_u = 0;
@@ -509,11 +514,43 @@ static void check_glu_bf16(env *e, int geglu, const float *d_g, const float *d_u
         bad_g += hg[i] != lt_f32_to_bf16(gg[i]);
         bad_u += hu[i] != lt_f32_to_bf16(gu[i]);
     }
-    fprintf(stderr, "    %s bf16 outputs: %lld / %lld / %lld of %lld elements differ from the f32 op's rounded\n",
-            geglu ? "geglu" : "swiglu", (long long)bad_a, (long long)bad_g, (long long)bad_u, (long long)n);
+    fprintf(stderr,
+            "    %s bf16 outputs (g, u in %s): %lld / %lld / %lld of %lld elements differ from the f32 op's rounded\n",
+            geglu ? "geglu" : "swiglu", gu_bf16 ? "bf16" : "f32", (long long)bad_a, (long long)bad_g, (long long)bad_u,
+            (long long)n);
     CHECK(e, bad_a || bad_g || bad_u);
     dfree(e, d_a, hb), dfree(e, d_dg, hb), dfree(e, d_du, hb);
     free(pz), free(ha), free(hg), free(hu);
+}
+
+/* glu_bf16_matches from the f32 g, u (the f32 op's outputs a, gg, gu given), then from their
+ * bf16 roundings (the f32 op rerun on the widened roundings for the reference). */
+static void check_glu_bf16(env *e, int geglu, const float *g, const float *u, const float *d_g, const float *d_u,
+                           const float *d_da, const float *a, const float *gg, const float *gu, int64_t n) {
+    if (!e->be->glu_fwd_bf16) return;
+    glu_bf16_matches(e, geglu, d_g, d_u, 0, d_da, a, gg, gu, n);
+    uint16_t *gh = malloc((size_t)n * 2), *uh = malloc((size_t)n * 2);
+    float *gw = malloc(F4(n)), *uw = malloc(F4(n));
+    for (int64_t i = 0; i < n; i++) {
+        gh[i] = lt_f32_to_bf16(g[i]), uh[i] = lt_f32_to_bf16(u[i]);
+        gw[i] = lt_bf16_to_f32(gh[i]), uw[i] = lt_bf16_to_f32(uh[i]);
+    }
+    float *d_gw = up(e, gw, F4(n)), *d_uw = up(e, uw, F4(n)), *d_a = up(e, gw, F4(n)), *d_dg = up(e, gw, F4(n)),
+          *d_du = up(e, gw, F4(n));
+    if (geglu) {
+        e->be->geglu_fwd(e->ctx, d_gw, d_uw, n, d_a);
+        e->be->geglu_bwd(e->ctx, d_da, d_gw, d_uw, n, d_dg, d_du);
+    } else {
+        e->be->swiglu_fwd(e->ctx, d_gw, d_uw, n, d_a);
+        e->be->swiglu_bwd(e->ctx, d_da, d_gw, d_uw, n, d_dg, d_du);
+    }
+    float *a2 = malloc(F4(n)), *gg2 = malloc(F4(n)), *gu2 = malloc(F4(n));
+    down(e, a2, d_a, F4(n)), down(e, gg2, d_dg, F4(n)), down(e, gu2, d_du, F4(n));
+    uint16_t *d_gh = up(e, gh, (size_t)n * 2), *d_uh = up(e, uh, (size_t)n * 2);
+    glu_bf16_matches(e, geglu, d_gh, d_uh, 1, d_da, a2, gg2, gu2, n);
+    dfree(e, d_gh, (size_t)n * 2), dfree(e, d_uh, (size_t)n * 2);
+    dfree(e, d_gw, F4(n)), dfree(e, d_uw, F4(n)), dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
+    free(gh), free(uh), free(gw), free(uw), free(a2), free(gg2), free(gu2);
 }
 
 /* ---- swiglu: s = {n} ---- */
@@ -544,7 +581,7 @@ static void run_swiglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 0, g, u, d_da, gg, gu, n);
-    check_glu_bf16(e, 0, d_g, d_u, d_da, a, gg, gu, n);
+    check_glu_bf16(e, 0, g, u, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
@@ -585,7 +622,7 @@ static void run_geglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 1, g, u, d_da, gg, gu, n);
-    check_glu_bf16(e, 1, d_g, d_u, d_da, a, gg, gu, n);
+    check_glu_bf16(e, 1, g, u, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);

@@ -75,6 +75,9 @@ void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, 
  * fp8 one. */
 void lt_cuda_matmul_bf16x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
                           float beta, float *y, void *ws);
+/* lt_cuda_matmul_bf16x with y in bf16 too (yh: cuBLASLt reads beta·yh and writes the rounded sum). */
+void lt_cuda_matmul_bf16xy(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
+                           float beta, uint16_t *yh, void *ws);
 /* Fills the workspace's bf16 x area with x (N rows of w's input width for NT, output width for
  * NN) as the matmul would, unless same_x and it already holds it; returns the bf16 rows (row
  * stride = that width), or NULL when x does not fit one chunk (the matmul then converts x
@@ -103,6 +106,9 @@ int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float al
                           void *ws, size_t ws_bytes);
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
+/* The rank update into a bf16 C (read widened when beta != 0, the result rounded to nearest even). */
+int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                          const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float beta, void *ws);
 void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
@@ -128,8 +134,8 @@ void lt_cuda_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, 
 void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
-void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a);
-void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
+void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n, uint16_t *a);
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16, int64_t n,
                           uint16_t *dg, uint16_t *du);
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);

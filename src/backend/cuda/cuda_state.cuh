@@ -18,6 +18,7 @@ typedef struct lt_cuda_blas_key {
     int kind; /* 0: f32 A, B, C; 1: bf16 A, B, f32 C; 2: e4m3 A, B with per-row and per-column f32
                  scales, f32 C (LT_DTYPE_FP8 weights); 3: e4m3 A, B unscaled, f32 C (the scales
                  then applied by the caller, where cuBLASLt has no kind-2 algorithm) */
+    int c16;  /* C and D in bf16 (kind 1 only) */
     int ta, tb;
     int64_t m, n, k, lda, ldb, ldc;
     int align_a, align_b, align_c;

@@ -129,8 +129,8 @@ void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float
 
 /* ---- the gated activations with bf16 outputs (glu_fwd_bf16 / glu_bwd_bf16) ----
  * The same per-element math as the f32 kernels above, rounded to bf16 (nearest even) on the
- * store: four elements a thread with 16-byte loads and 8-byte stores when n % 4 == 0 and the
- * pointers allow, one otherwise. */
+ * store, from f32 or bf16 g and u: four elements a thread with vector loads and 8-byte stores
+ * when n % 4 == 0 and the pointers allow, one otherwise. */
 template <bool GELU> static __device__ __forceinline__ float glu1(float x, float u) {
     return GELU ? gelu_mul(x, u) : silu_mul(x, u);
 }
@@ -145,33 +145,44 @@ static __device__ __forceinline__ uint2 bf16x4(float a, float b, float c, float 
     return make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
 }
 
-template <bool GELU> static __global__ void glu_fwd_h_k(const float *g, const float *u, int64_t n, __nv_bfloat16 *a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        a[i] = __float2bfloat16_rn(glu1<GELU>(g[i], u[i]));
+/* g and u elements: f32, or bf16 widened (one, or four from 8 bytes). */
+static __device__ __forceinline__ float ld1(const float *p, int64_t i) { return p[i]; }
+static __device__ __forceinline__ float ld1(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+static __device__ __forceinline__ float4 ld4(const float *p, int64_t i) { return ((const float4 *)p)[i]; }
+static __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *p, int64_t i) {
+    const uint2 v = ((const uint2 *)p)[i];
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.x)),
+                 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.y));
+    return make_float4(a.x, a.y, b.x, b.y);
 }
 
-template <bool GELU> static __global__ void glu_fwd_h4_k(const float4 *g, const float4 *u, int64_t n4, uint2 *a) {
+template <bool GELU, typename TI>
+static __global__ void glu_fwd_h_k(const TI *g, const TI *u, int64_t n, __nv_bfloat16 *a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        a[i] = __float2bfloat16_rn(glu1<GELU>(ld1(g, i), ld1(u, i)));
+}
+
+template <bool GELU, typename TI> static __global__ void glu_fwd_h4_k(const TI *g, const TI *u, int64_t n4, uint2 *a) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        const float4 x = g[i], v = u[i];
+        const float4 x = ld4(g, i), v = ld4(u, i);
         a[i] = bf16x4(glu1<GELU>(x.x, v.x), glu1<GELU>(x.y, v.y), glu1<GELU>(x.z, v.z), glu1<GELU>(x.w, v.w));
     }
 }
 
-template <bool GELU>
-static __global__ void glu_bwd_h_k(const float *da, const float *g, const float *u, int64_t n, __nv_bfloat16 *dg,
+template <bool GELU, typename TI>
+static __global__ void glu_bwd_h_k(const float *da, const TI *g, const TI *u, int64_t n, __nv_bfloat16 *dg,
                                    __nv_bfloat16 *du) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, b;
-        glu_bwd1<GELU>(da[i], g[i], u[i], &a, &b);
+        glu_bwd1<GELU>(da[i], ld1(g, i), ld1(u, i), &a, &b);
         dg[i] = __float2bfloat16_rn(a), du[i] = __float2bfloat16_rn(b);
     }
 }
 
-template <bool GELU>
-static __global__ void glu_bwd_h4_k(const float4 *da, const float4 *g, const float4 *u, int64_t n4, uint2 *dg,
-                                    uint2 *du) {
+template <bool GELU, typename TI>
+static __global__ void glu_bwd_h4_k(const float4 *da, const TI *g, const TI *u, int64_t n4, uint2 *dg, uint2 *du) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        const float4 d = da[i], x = g[i], v = u[i];
+        const float4 d = da[i], x = ld4(g, i), v = ld4(u, i);
         float4 a, b;
         glu_bwd1<GELU>(d.x, x.x, v.x, &a.x, &b.x);
         glu_bwd1<GELU>(d.y, x.y, v.y, &a.y, &b.y);
@@ -183,39 +194,49 @@ static __global__ void glu_bwd_h4_k(const float4 *da, const float4 *g, const flo
 
 static int aligned8(const void *p) { return !((uintptr_t)p & 7); }
 
-void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const float *g, const float *u, int64_t n, uint16_t *a) {
-    if (n <= 0) return;
+template <typename TI> static void glu_fwd_h(lt_ctx *ctx, int gelu, const TI *g, const TI *u, int64_t n, uint16_t *a) {
     cudaStream_t st = lt_cuda_stream(ctx);
-    __nv_bfloat16 *ah = (__nv_bfloat16 *)a;
     if (n % 4 == 0 && aligned16_3(g, u, g) && aligned8(a)) {
         const unsigned grid = lt_cuda_grid(n / 4, EW_THREADS);
-        if (gelu)
-            glu_fwd_h4_k<true><<<grid, EW_THREADS, 0, st>>>((const float4 *)g, (const float4 *)u, n / 4, (uint2 *)a);
-        else glu_fwd_h4_k<false><<<grid, EW_THREADS, 0, st>>>((const float4 *)g, (const float4 *)u, n / 4, (uint2 *)a);
+        if (gelu) glu_fwd_h4_k<true, TI><<<grid, EW_THREADS, 0, st>>>(g, u, n / 4, (uint2 *)a);
+        else glu_fwd_h4_k<false, TI><<<grid, EW_THREADS, 0, st>>>(g, u, n / 4, (uint2 *)a);
     } else {
         const unsigned grid = lt_cuda_grid(n, EW_THREADS);
-        if (gelu) glu_fwd_h_k<true><<<grid, EW_THREADS, 0, st>>>(g, u, n, ah);
-        else glu_fwd_h_k<false><<<grid, EW_THREADS, 0, st>>>(g, u, n, ah);
+        if (gelu) glu_fwd_h_k<true, TI><<<grid, EW_THREADS, 0, st>>>(g, u, n, (__nv_bfloat16 *)a);
+        else glu_fwd_h_k<false, TI><<<grid, EW_THREADS, 0, st>>>(g, u, n, (__nv_bfloat16 *)a);
     }
     LT_CUDA_LAUNCHED(ctx, "glu_fwd_bf16");
 }
 
-void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const float *g, const float *u, int64_t n,
-                          uint16_t *dg, uint16_t *du) {
+void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n, uint16_t *a) {
     if (n <= 0) return;
+    if (gu_bf16) glu_fwd_h(ctx, gelu, (const __nv_bfloat16 *)g, (const __nv_bfloat16 *)u, n, a);
+    else glu_fwd_h(ctx, gelu, (const float *)g, (const float *)u, n, a);
+}
+
+template <typename TI>
+static void glu_bwd_h(lt_ctx *ctx, int gelu, const float *da, const TI *g, const TI *u, int64_t n, uint16_t *dg,
+                      uint16_t *du) {
     cudaStream_t st = lt_cuda_stream(ctx);
     if (n % 4 == 0 && aligned16_3(da, g, u) && aligned8(dg) && aligned8(du)) {
         const unsigned grid = lt_cuda_grid(n / 4, EW_THREADS);
-        const float4 *d4 = (const float4 *)da, *g4 = (const float4 *)g, *u4 = (const float4 *)u;
-        if (gelu) glu_bwd_h4_k<true><<<grid, EW_THREADS, 0, st>>>(d4, g4, u4, n / 4, (uint2 *)dg, (uint2 *)du);
-        else glu_bwd_h4_k<false><<<grid, EW_THREADS, 0, st>>>(d4, g4, u4, n / 4, (uint2 *)dg, (uint2 *)du);
+        const float4 *d4 = (const float4 *)da;
+        if (gelu) glu_bwd_h4_k<true, TI><<<grid, EW_THREADS, 0, st>>>(d4, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
+        else glu_bwd_h4_k<false, TI><<<grid, EW_THREADS, 0, st>>>(d4, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
     } else {
         const unsigned grid = lt_cuda_grid(n, EW_THREADS);
         __nv_bfloat16 *a = (__nv_bfloat16 *)dg, *b = (__nv_bfloat16 *)du;
-        if (gelu) glu_bwd_h_k<true><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
-        else glu_bwd_h_k<false><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
+        if (gelu) glu_bwd_h_k<true, TI><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
+        else glu_bwd_h_k<false, TI><<<grid, EW_THREADS, 0, st>>>(da, g, u, n, a, b);
     }
     LT_CUDA_LAUNCHED(ctx, "glu_bwd_bf16");
+}
+
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16, int64_t n,
+                          uint16_t *dg, uint16_t *du) {
+    if (n <= 0) return;
+    if (gu_bf16) glu_bwd_h(ctx, gelu, da, (const __nv_bfloat16 *)g, (const __nv_bfloat16 *)u, n, dg, du);
+    else glu_bwd_h(ctx, gelu, da, (const float *)g, (const float *)u, n, dg, du);
 }
 
 /* One block row per token (grid-stride in y), threads across C. */

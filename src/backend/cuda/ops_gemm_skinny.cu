@@ -746,10 +746,25 @@ typedef struct rank_src {
 /* Rows in flight a thread: fewer as the V block takes more registers. */
 #define RU_RB(KMAX) ((KMAX) <= 8 ? 4 : (KMAX) <= 24 ? 2 : 1)
 
-template <int KMAX>
+/* C's four columns at a row: f32, or bf16 widened on the load and rounded (nearest even) on the store. */
+static __device__ __forceinline__ float4 ru_load4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 ru_load4(const __nv_bfloat16 *p) {
+    const uint2 v = *(const uint2 *)p;
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162 *>(&v.x),
+                         hi = *reinterpret_cast<const __nv_bfloat162 *>(&v.y);
+    const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+static __device__ __forceinline__ void ru_store4(float *p, float4 v) { *(float4 *)p = v; }
+static __device__ __forceinline__ void ru_store4(__nv_bfloat16 *p, float4 v) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *(uint2 *)p = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+
+template <int KMAX, typename TC>
 __global__ void __launch_bounds__(RU_THREADS)
     rank_upd_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ U, int64_t ldu, rank_src V,
-               float beta, float *__restrict__ C, int64_t ldc, int64_t rows_per) {
+               float beta, TC *__restrict__ C, int64_t ldc, int64_t rows_per) {
     constexpr int RB = RU_RB(KMAX), KQ = KMAX / 4;
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
@@ -776,7 +791,7 @@ __global__ void __launch_bounds__(RU_THREADS)
 #pragma unroll
             for (int q = 0; q < KQ; q++)
                 u[r][q] = 4 * q < K ? __ldg((const float4 *)(U + row * ldu + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            c0[r] = beta != 0.0f ? *(const float4 *)(C + row * ldc + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            c0[r] = beta != 0.0f ? ru_load4(C + row * ldc + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int r = 0; r < RB; r++) {
@@ -791,11 +806,12 @@ __global__ void __launch_bounds__(RU_THREADS)
                     o.x += uu[e] * v[j][0], o.y += uu[e] * v[j][1], o.z += uu[e] * v[j][2], o.w += uu[e] * v[j][3];
                 }
             }
-            float4 *cp = (float4 *)(C + (m + r) * ldc + c);
-            if (beta == 0.0f) *cp = make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w);
+            TC *cp = C + (m + r) * ldc + c;
+            if (beta == 0.0f) ru_store4(cp, make_float4(alpha * o.x, alpha * o.y, alpha * o.z, alpha * o.w));
             else
-                *cp = make_float4(alpha * o.x + beta * c0[r].x, alpha * o.y + beta * c0[r].y,
-                                  alpha * o.z + beta * c0[r].z, alpha * o.w + beta * c0[r].w);
+                ru_store4(cp,
+                          make_float4(alpha * o.x + beta * c0[r].x, alpha * o.y + beta * c0[r].y,
+                                      alpha * o.z + beta * c0[r].z, alpha * o.w + beta * c0[r].w));
         }
     }
 }
@@ -803,12 +819,12 @@ __global__ void __launch_bounds__(RU_THREADS)
 /* One wave: as many blocks as the SMs hold at once, each streaming rows_per rows of its 512
  * columns (blocks live for the whole pass, so a partial second wave would leave most SMs idle
  * while it runs). */
-template <int KMAX>
+template <int KMAX, typename TC>
 static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K, float alpha, const float *U,
-                      int64_t ldu, const rank_src &V, float beta, float *C, int64_t ldc) {
+                      int64_t ldu, const rank_src &V, float beta, TC *C, int64_t ldc) {
     static int per_sm = 0; /* the same for every device of one architecture; a benign race */
     if (!per_sm &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX>, RU_THREADS, 0) != cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX, TC>, RU_THREADS, 0) != cudaSuccess)
         per_sm = 1;
     const int sms = lt_cuda_sm_count(ctx) > 0 ? lt_cuda_sm_count(ctx) : 132;
     const int64_t colblocks = (N / 4 + RU_THREADS - 1) / RU_THREADS;
@@ -819,12 +835,12 @@ static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K,
     const int64_t rows_per = (M + ys - 1) / ys;
     ys = (M + rows_per - 1) / rows_per;
     dim3 grid((unsigned)colblocks, (unsigned)ys);
-    rank_upd_k<KMAX><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
 }
 
-extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                                   const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C,
-                                   int64_t ldc) {
+template <typename TC>
+static int rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                       const float *const *pieces, int kb, int vt, int64_t ld, float beta, TC *C, int64_t ldc) {
     if (M <= 0 || N <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3 || N % 4 || ldc % 4 ||
         ldu % 4 || !aligned16(C) || !aligned16(U))
         return 0;
@@ -838,4 +854,16 @@ extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, flo
     else ru_launch<32>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
     LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
+}
+
+extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                                   const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C,
+                                   int64_t ldc) {
+    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, C, ldc);
+}
+
+extern "C" int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
+                                     const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C,
+                                     int64_t ldc) {
+    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, (__nv_bfloat16 *)C, ldc);
 }

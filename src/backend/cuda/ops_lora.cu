@@ -11,7 +11,9 @@
  * the tensor cores), projection by projection.
  * lora_fwd_bf16 / lora_bwd_bf16 are the same ops given x, dy or both already in bf16 (the MLP's
  * activation and its gradients): every product then reads those rows where it would have read
- * its own rounding of the f32 ones, so nothing is converted and the results are the same bits. */
+ * its own rounding of the f32 ones, so nothing is converted and the results are the same bits.
+ * An output wanted in bf16 (yh: the MLP's gate and up) is written so by both the rank update and
+ * the base product (cuBLASLt's C and D in bf16), half the f32 output's traffic each. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -41,7 +43,8 @@ static void base_product(lt_ctx *ctx, lt_matmul_mode mode, const lt_lora_proj *P
     else lt_cuda_matmul_reuse(ctx, mode, P->w, x, n, beta, y, ws, same_x);
 }
 
-/* lora_fwd of an f32 x, or (lora_fwd_bf16) of its bf16 rounding xh. */
+/* lora_fwd of an f32 x, or (lora_fwd_bf16) of its bf16 rounding xh; an output with yh set is
+ * written in bf16 (xh given, beta 0, no bias: the layout asks for nothing else). */
 static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
                          int64_t r, float s, float beta, void *ws) {
     int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
@@ -50,7 +53,7 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
-        if (!P->y) { /* lu only (a recompute): one pass over the f32 x, rounded as the forward's copy */
+        if (!P->y && !P->yh) { /* lu only (a recompute): one pass over the f32 x, rounded as the forward's copy */
             if (!P->a) continue;
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             const void *xa = xh ? (const void *)xh : (const void *)x;
@@ -62,8 +65,9 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             lt_prof_end(ph);
             continue;
         }
+        LT_ASSERT(!P->yh || (xh && beta == 0.0f && !P->bias && al16(P->yh)));
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && al16(P->y))
+        if (lora_fast(P, r) && out % 4 == 0 && (P->yh || al16(P->y)))
             xb = xh ? xh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         LT_ASSERT(xb || !xh || !P->a);
         if (xb) {
@@ -71,10 +75,15 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
-            ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
+            if (P->yh)
+                ok = ok && lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, P->yh, out);
+            else ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
             lt_prof_end(ph);
             LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
-            base_product(ctx, LT_MATMUL_NT, P, x, xh, n, 1.0f, P->y, ws, 1);
+            if (P->yh) lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NT, P->w, xh, n, 1.0f, P->yh, ws);
+            else base_product(ctx, LT_MATMUL_NT, P, x, xh, n, 1.0f, P->y, ws, 1);
+        } else if (P->yh) { /* no adapter */
+            lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NT, P->w, xh, n, 0.0f, P->yh, ws);
         } else {
             base_product(ctx, LT_MATMUL_NT, P, x, xh, n, beta, P->y, ws, staged);
             if (P->a) {

@@ -103,7 +103,9 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
     BLAS_OK(cublasLtMatrixLayoutCreate(&p->bd, ab, (uint64_t)(k->tb ? k->n : k->k), (uint64_t)(k->tb ? k->k : k->n),
                                        k->ldb),
             "layout");
-    BLAS_OK(cublasLtMatrixLayoutCreate(&p->cd, CUDA_R_32F, (uint64_t)k->m, (uint64_t)k->n, k->ldc), "layout");
+    BLAS_OK(cublasLtMatrixLayoutCreate(&p->cd, k->c16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)k->m, (uint64_t)k->n,
+                                       k->ldc),
+            "layout");
     cublasLtMatmulPreference_t pref = NULL;
     BLAS_OK(cublasLtMatmulPreferenceCreate(&pref), "preference");
     uint32_t aa = (uint32_t)k->align_a, ba = (uint32_t)k->align_b, ca = (uint32_t)k->align_c;
@@ -135,15 +137,15 @@ static void plan_make(cublasLtHandle_t handle, blas_plan *p, const blas_key *k) 
     p->algo = res.algo;
 }
 
-/* Column-major D (m, n, ldc, f32) = alpha·op(A)·op(B) + beta·D on ctx's stream; ws NULL with wsb
- * > 0 is the state's gemm workspace. Kind 2 (e4m3) multiplies D's row i by sa[i] and column j by
+/* Column-major D (m, n, ldc, f32, or bf16 with c16) = alpha·op(A)·op(B) + beta·D on ctx's stream;
+ * ws NULL with wsb > 0 is the state's gemm workspace. Kind 2 (e4m3) multiplies D's row i by sa[i] and column j by
  * sb[j] before alpha and beta; where cuBLASLt has no algorithm for that, it runs nothing and
  * returns 0 (every other call returns 1). */
-static blas_key key_of(int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
-                       const void *B, int64_t ldb, const float *C, int64_t ldc, size_t wsb) {
+static blas_key key_of(int kind, int c16, int ta, int tb, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                       const void *B, int64_t ldb, const void *C, int64_t ldc, size_t wsb) {
     blas_key key;
     memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
-    key.kind = kind, key.ta = ta, key.tb = tb;
+    key.kind = kind, key.c16 = c16, key.ta = ta, key.tb = tb;
     key.m = m, key.n = n, key.k = kk, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
     key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_c = ptr_align(C);
     key.ws = wsb;
@@ -161,10 +163,11 @@ static blas_plan *plan_get(lt_cuda_state *st, const blas_key *key) {
     return &st->plans[slot];
 }
 
-static int blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
-                           const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
-                           void *ws, size_t wsb, const float *sa, const float *sb) {
-    const blas_key key = key_of(kind, ta, tb, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
+static int blas_run_any(lt_ctx *ctx, int kind, int c16, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                        const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc,
+                        void *ws, size_t wsb, const float *sa, const float *sb) {
+    LT_ASSERT(!c16 || kind == 1);
+    const blas_key key = key_of(kind, c16, ta, tb, m, n, kk, A, lda, B, ldb, C, ldc, wsb);
     const blas_key *k = &key;
     lt_cuda_state *st = lt_cuda_state_of(ctx);
     LT_ASSERT(st != NULL); /* cuBLASLt plans live in a context's state */
@@ -193,10 +196,16 @@ static int blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int
     return 1;
 }
 
+static int blas_run_scaled(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                           const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                           void *ws, size_t wsb, const float *sa, const float *sb) {
+    return blas_run_any(ctx, kind, 0, ta, tb, m, n, kk, alpha, A, lda, B, ldb, beta, C, ldc, ws, wsb, sa, sb);
+}
+
 static void blas_run(lt_ctx *ctx, int kind, int ta, int tb, int64_t m, int64_t n, int64_t kk, float alpha,
                      const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc,
                      void *ws, size_t wsb) {
-    blas_run_scaled(ctx, kind, ta, tb, m, n, kk, alpha, A, lda, B, ldb, beta, C, ldc, ws, wsb, NULL, NULL);
+    blas_run_any(ctx, kind, 0, ta, tb, m, n, kk, alpha, A, lda, B, ldb, beta, C, ldc, ws, wsb, NULL, NULL);
 }
 
 /* ---- f32 GEMM ---- */
@@ -541,15 +550,18 @@ const void *lt_cuda_matmul_stage_x(lt_ctx *ctx, lt_matmul_mode mode, const lt_te
 }
 
 /* The matmul of x (f32, staged into the workspace) or of xh (bf16, read in place: every row in
- * one chunk; not for an fp8 W, whose e4m3 copy is made from the f32 x). */
+ * one chunk; not for an fp8 W, whose e4m3 copy is made from the f32 x), into the f32 y or (with
+ * xh, yh non-NULL) the bf16 yh. */
 static void matmul_core(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w, const float *x,
-                        const __nv_bfloat16 *xh, int64_t N, float beta, float *y, void *ws, int same_x) {
+                        const __nv_bfloat16 *xh, int64_t N, float beta, float *y, __nv_bfloat16 *yh, void *ws,
+                        int same_x) {
     const int64_t out = w->shape[0], in = w->shape[1];
     if (N <= 0 || out <= 0 || in <= 0) return;
     const lt_matmul_mode mode = mode_in == LT_MATMUL_NN ? LT_MATMUL_NN : LT_MATMUL_NT;
     LT_ASSERT(ws != NULL); /* the CUDA matmul always needs its workspace (cuBLASLt + bf16 x) */
     const lt_dtype dt = w->dtype;
     LT_ASSERT(!xh || dt != LT_DTYPE_FP8);
+    LT_ASSERT(!yh || xh);
     const mm_layout l = mm_plan(dt, out, in, N);
     char *wsc = (char *)ws;
     const __nv_bfloat16 *xb = xh ? xh : (const __nv_bfloat16 *)(wsc + l.off_x);
@@ -613,24 +625,31 @@ static void matmul_core(lt_ctx *ctx, lt_matmul_mode mode_in, const lt_tensor *w,
                 x_ready = 1;
                 if (nchunks == 1) mm_x_remember(mm_last, ws, x, N, xin, &l, cs);
             }
+            const int64_t yo = mode == LT_MATMUL_NT ? n0 * out + r0 : n0 * in;
+            void *yt = yh ? (void *)(yh + yo) : (void *)(y + yo);
             if (mode == LT_MATMUL_NT) /* yᵀ[r0:r0+rows, n0:] = W_tile (rows, in) · xᵀ */
-                blas_run(ctx, 1, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, y + n0 * out + r0, out, ws,
-                         MM_BLAS_WS);
+                blas_run_any(ctx, 1, yh != NULL, 1, 0, rows, nr, in, 1.0f, wt, in, xb, in, beta, yt, out, ws,
+                             MM_BLAS_WS, NULL, NULL);
             else /* yᵀ[:, n0:] += W_tileᵀ (in, rows) · xᵀ[r0:r0+rows, :] */
-                blas_run(ctx, 1, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f, y + n0 * in, in,
-                         ws, MM_BLAS_WS);
+                blas_run_any(ctx, 1, yh != NULL, 0, 0, in, nr, rows, 1.0f, wt, in, xb + r0, out, r0 == 0 ? beta : 1.0f,
+                             yt, in, ws, MM_BLAS_WS, NULL, NULL);
         }
     }
 }
 
 void lt_cuda_matmul_reuse(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
                           float *y, void *ws, int same_x) {
-    matmul_core(ctx, mode, w, x, NULL, N, beta, y, ws, same_x);
+    matmul_core(ctx, mode, w, x, NULL, N, beta, y, NULL, ws, same_x);
 }
 
 void lt_cuda_matmul_bf16x(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
                           float beta, float *y, void *ws) {
-    matmul_core(ctx, mode, w, NULL, (const __nv_bfloat16 *)xh, N, beta, y, ws, 0);
+    matmul_core(ctx, mode, w, NULL, (const __nv_bfloat16 *)xh, N, beta, y, NULL, ws, 0);
+}
+
+void lt_cuda_matmul_bf16xy(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const uint16_t *xh, int64_t N,
+                           float beta, uint16_t *yh, void *ws) {
+    matmul_core(ctx, mode, w, NULL, (const __nv_bfloat16 *)xh, N, beta, NULL, (__nv_bfloat16 *)yh, ws, 0);
 }
 
 void lt_cuda_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta,
