@@ -65,6 +65,9 @@ typedef struct lt_lora_proj {
     float *ga, *gb;    /* backward: accumulated (+=) */
     const float *bias; /* forward: added to y, or NULL */
     float *y;          /* forward: the output, or NULL: compute lu only */
+    /* forward with beta != 0: y's prior value read from yc (n, out; may be y) instead of y, so a
+     * residual is added onto without first being copied into y; NULL: y */
+    const float *yc;
     const float *dy;   /* backward: the output's gradient */
     float *lu;         /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
     /* lora_bwd_bf16 only: the output's gradient rounded to bf16, read instead of dy (NULL: dy) */

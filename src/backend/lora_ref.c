@@ -12,6 +12,10 @@ void lt_lora_fwd_ref(const lt_backend *be, lt_ctx *ctx, const lt_lora_proj *p, i
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
+        if (P->y && P->yc && P->yc != P->y && beta != 0.0f) { /* a copy within the device's memory */
+            lt_status cs = be->copy_to_device(ctx, P->y, P->yc, sizeof(float) * (size_t)(n * out));
+            LT_ASSERT(cs == LT_OK);
+        }
         if (P->y) {
             be->matmul(ctx, ran_base ? LT_MATMUL_NT_SAME_X : LT_MATMUL_NT, P->w, x, n, beta, P->y, ws);
             ran_base = 1;

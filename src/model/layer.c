@@ -223,19 +223,22 @@ static void qkv_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_resid x_
 
 static int sandwich(const lt_layer *L) { return L->desc.norm == LT_NORM_PLACE_SANDWICH; }
 
-/* y (n, C) += the block output proj(x) of rows [r0, r0 + n), through post_norm when sandwiched. */
-static void block_out_fwd(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj, const float *post_norm,
-                          int64_t r0, int64_t n, lt_act x, float *y) {
+/* y (n, C) = the residual yc (n, C; may be y) + the block output proj(x) of rows [r0, r0 + n),
+ * through post_norm when sandwiched. */
+static lt_status block_out_fwd(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *proj,
+                               const float *post_norm, int64_t r0, int64_t n, lt_act x, const float *yc, float *y) {
     const lt_layout *lay = &s->m->lay;
     if (!sandwich(&s->m->layers[l])) {
-        lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &y, 1.0f);
-        return;
+        lt_step_proj_add(s, l, st, proj, r0, n, x, yc, y);
+        return LT_OK;
     }
     const lt_model_config *c = &s->m->cfg;
+    if (yc != y) LT_TRY(s->be->copy_to_device(s->ctx, y, yc, (size_t)(n * c->C) * 4));
     float *pn = lt_step_ws(s, lay->pn);
     lt_step_group_fwd(s, l, st, 1, proj, r0, n, x, &pn, 0.0f);
     s->be->rmsnorm_fwd(s->ctx, pn, post_norm, c->rms_eps, n, c->C, pn, lt_step_ws(s, lay->prs));
     s->be->add(s->ctx, y, pn, 1.0f, n * c->C);
+    return LT_OK;
 }
 
 /* The gradient at the projection's output for rows [r0, r0 + n) given dy (n, C), the residual's:
@@ -274,9 +277,10 @@ static lt_status mid_fwd(const lt_step *s, int64_t l, const lt_store *st, lt_res
     int ab = y->attn_bf16;
     float *xm = ab ? lt_step_ws(s, y->mc) : st->x_mid + r0 * C;
     lt_act att = o_input(s, st, r0, n);
-    if (x_in.f) LT_TRY(be->copy_to_device(s->ctx, xm, x_in.f + r0 * C, (size_t)(n * C) * 4));
+    const float *xi = xm; /* the residual the o projection adds onto: x_in's rows, read in place when f32 */
+    if (x_in.f) xi = x_in.f + r0 * C;
     else be->from_bf16(s->ctx, x_in.h + r0 * C, xm, n * C);
-    block_out_fwd(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, xm);
+    LT_TRY(block_out_fwd(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, xi, xm));
     if (ab) {
         uint16_t *xm16 = (uint16_t *)lt_step_at_row(s, st->x_mid, r0, C);
         be->to_bf16(s->ctx, xm, xm16, n * C);
@@ -360,8 +364,7 @@ static lt_status mlp_fwd(const lt_step *s, int64_t l, const lt_store *st, const 
     gate_up_fwd(s, l, st, r0, n, ha, g, u);
     lt_act a = glu_fwd(s, L, g, u, n * F, lt_step_ws(s, y->dg));
     float *xo = x_out.f ? x_out.f + r0 * C : y->xc ? lt_step_ws(s, y->xc) : NULL;
-    LT_TRY(be->copy_to_device(s->ctx, xo, xm, (size_t)(n * C) * 4));
-    block_out_fwd(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, xo);
+    LT_TRY(block_out_fwd(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, xm, xo));
     if (!x_out.f) be->to_bf16(s->ctx, xo, x_out.h + r0 * C, n * C);
     return LT_OK;
 }

@@ -103,6 +103,25 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
     mm_end(s);
 }
 
+void lt_step_proj_add(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
+                      lt_act x, const float *yc, float *y) {
+    lt_model *m = s->m;
+    if (s->train && m->lora.dropout > 0) {
+        if (yc != y) {
+            lt_status cs = s->be->copy_to_device(s->ctx, y, yc, sizeof(float) * (size_t)(n * m->layers[l].w[*p].shape[0]));
+            LT_ASSERT(cs == LT_OK); /* within the device's memory */
+        }
+        lt_step_group_fwd(s, l, st, 1, p, r0, n, x, &y, 1.0f);
+        return;
+    }
+    lt_lora_proj pp;
+    group_projs(s, l, st, 1, p, r0, &pp);
+    pp.y = y, pp.yc = yc;
+    if (x.h) s->be->lora_fwd_bf16(s->ctx, &pp, 1, NULL, x.h, n, m->lora.rank, m->lora_scale, 1.0f, mm_begin(s));
+    else s->be->lora_fwd(s->ctx, &pp, 1, x.f, n, m->lora.rank, m->lora_scale, 1.0f, mm_begin(s));
+    mm_end(s);
+}
+
 void lt_step_group_fwd_h(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
                          int64_t n, const uint16_t *xh, uint16_t *const *yh) {
     lt_model *m = s->m;

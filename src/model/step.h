@@ -137,6 +137,10 @@ static inline lt_act lt_act_bf16(const uint16_t *h) {
  * the LoRA product into st; y[g] = NULL computes only the LoRA product. */
 void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
                        lt_act x, float *const *y, float beta);
+/* y (n, out) = yc + projection p of x over the n rows from r0 (yc may be y): a residual added
+ * onto as the projection's output is written, without a copy of it into y first. */
+void lt_step_proj_add(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
+                      lt_act x, const float *yc, float *y);
 /* lt_step_group_fwd of a bf16 input into bf16 outputs yh[g] (beta 0; the layout's gu_bf16). */
 void lt_step_group_fwd_h(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
                          int64_t n, const uint16_t *xh, uint16_t *const *yh);

@@ -133,6 +133,34 @@ static int64_t bf16_out_variant(lt_ctx *ctx, const lt_backend *be, const f32_run
     return bad;
 }
 
+/* lora_fwd with each y's prior value read from yc (a copy of y0) into a poisoned y: the elements
+ * whose bits differ from pp's in-place run (whose y it leaves alone). */
+static int64_t yc_variant(lt_ctx *ctx, const lt_backend *be, const lt_lora_case *c, const lt_lora_proj *pp0,
+                          const float *dxv, const float *const *y0, void *ws) {
+    const int64_t n = c->n, r = c->r;
+    lt_lora_proj pp[3];
+    memcpy(pp, pp0, sizeof pp);
+    float *yc[3] = {NULL, NULL, NULL};
+    for (int g = 0; g < c->G; g++) {
+        const int64_t out = c->out[g];
+        float *p = lt_test_poisoned(n * out);
+        pp[g].y = dev_copy(ctx, be, p, (size_t)(n * out) * 4);
+        free(p);
+        yc[g] = dev_copy(ctx, be, y0[g], (size_t)(n * out) * 4);
+        pp[g].yc = yc[g];
+        pp[g].lu = dev_copy(ctx, be, NULL, (size_t)(n * r) * 4);
+    }
+    be->lora_fwd(ctx, pp, c->G, dxv, n, r, c->s, c->beta, ws);
+    int64_t bad = 0;
+    for (int g = 0; g < c->G; g++) {
+        const int64_t out = c->out[g];
+        bad += bits_differ(ctx, be, pp[g].y, pp0[g].y, n * out);
+        lt_free(ctx, be->device, pp[g].y, (size_t)(n * out) * 4), lt_free(ctx, be->device, yc[g], (size_t)(n * out) * 4);
+        lt_free(ctx, be->device, pp[g].lu, (size_t)(n * r) * 4);
+    }
+    return bad;
+}
+
 void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *c, lt_lora_errors *err) {
     lt_ctx *ctx = lt_ctx_new();
     const int G = c->G;
@@ -206,6 +234,7 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
     }
     be->lora_fwd(ctx, pp, G, dxv, n, r, c->s, c->beta, ws);
     be->lora_bwd(ctx, pp, G, dxv, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, ws);
+    err->yc_mismatch = c->beta != 0 && !c->lu_only ? yc_variant(ctx, be, c, pp, dxv, (const float *const *)y0, ws) : -1;
 
     uint16_t *yh[3] = {NULL, NULL, NULL}; /* the bf16-output run's y, where it ran */
     err->y_bf16 = -1;

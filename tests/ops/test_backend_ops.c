@@ -293,6 +293,10 @@ static void run_lora(const op_case *c, env *e) {
         fprintf(stderr, "    bf16 inputs (x, dy, both): %lld elements differ from the f32 ops'\n",
                 (long long)er.bf16_mismatch);
     CHECK(e, er.bf16_mismatch != 0);
+    if (er.yc_mismatch >= 0)
+        fprintf(stderr, "    y onto a residual read from yc: %lld elements differ from in place\n",
+                (long long)er.yc_mismatch);
+    CHECK(e, er.yc_mismatch > 0);
     if (er.y_bf16 >= 0) { /* y rounded to bf16 twice (the adapter's term, then the sum) */
         const double tol_h = lt_test_tol_for(LT_DTYPE_BF16, 1) + tol;
         fprintf(stderr, "    y in bf16: %.2e (tol %.2e)\n", er.y_bf16, tol_h);

@@ -13,6 +13,8 @@
  * its own. The sums differ from the reference's (lt_lora_*_ref: the base product first) only in
  * association. The stacked copies and the transposed dB product live in the op's workspace
  * (lt_cpu_lora_workspace_bytes), before the base products take it over. */
+#include <string.h>
+
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/prof.h"
@@ -46,6 +48,7 @@ void lt_cpu_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, 
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
         float yb = beta;
+        if (P->y && P->yc && P->yc != P->y && beta != 0.0f) memcpy(P->y, P->yc, sizeof(float) * (size_t)(n * out));
         if (P->a) {
             const int ph = lt_prof_begin(LT_DEVICE_CPU, LT_PROF_GEMM);
             lt_cpu_gemm(ctx, 0, 1, n, r, in, 1.0f, x, in, P->a, in, 0.0f, P->lu, r);

@@ -105,8 +105,10 @@ int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float al
                           int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
                           void *ws, size_t ws_bytes);
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                        const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C, int64_t ldc);
-/* The rank update into a bf16 C (read widened when beta != 0, the result rounded to nearest even). */
+                        const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0, float *C,
+                        int64_t ldc);
+/* (lt_cuda_rank_update: beta·C0 with C0 NULL is beta·C.) The rank update into a bf16 C (read
+ * widened when beta != 0, the result rounded to nearest even). */
 int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                           const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,

@@ -727,7 +727,8 @@ extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t 
     return 1;
 }
 
-/* ---- rank update: C (M, N) = alpha·U (M, K)·V + beta·C, K <= 32 (a multiple of 4) ----
+/* ---- rank update: C (M, N) = alpha·U (M, K)·V + beta·C0, K <= 32 (a multiple of 4), C0 = C or
+ * another matrix of C's shape and stride (a residual added on its way into C) ----
  * V (K, N) is given by up to three pieces of kb rows each (the A's of q, k, v stacked: dx +=
  * dlu·[A_q; A_k; A_v]), or transposed (vt: piece g is (N, kb), V[j][c] = p_g[c·ld + j], the B of
  * lu·Bᵀ). A thread owns four consecutive columns and keeps their K x 4 block of V in registers
@@ -764,7 +765,7 @@ static __device__ __forceinline__ void ru_store4(__nv_bfloat16 *p, float4 v) {
 template <int KMAX, typename TC>
 __global__ void __launch_bounds__(RU_THREADS)
     rank_upd_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ U, int64_t ldu, rank_src V,
-               float beta, TC *__restrict__ C, int64_t ldc, int64_t rows_per) {
+               float beta, const TC *C0, TC *C, int64_t ldc, int64_t rows_per) {
     constexpr int RB = RU_RB(KMAX), KQ = KMAX / 4;
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
@@ -791,7 +792,7 @@ __global__ void __launch_bounds__(RU_THREADS)
 #pragma unroll
             for (int q = 0; q < KQ; q++)
                 u[r][q] = 4 * q < K ? __ldg((const float4 *)(U + row * ldu + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            c0[r] = beta != 0.0f ? ru_load4(C + row * ldc + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            c0[r] = beta != 0.0f ? ru_load4(C0 + row * ldc + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int r = 0; r < RB; r++) {
@@ -821,7 +822,7 @@ __global__ void __launch_bounds__(RU_THREADS)
  * while it runs). */
 template <int KMAX, typename TC>
 static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K, float alpha, const float *U,
-                      int64_t ldu, const rank_src &V, float beta, TC *C, int64_t ldc) {
+                      int64_t ldu, const rank_src &V, float beta, const TC *C0, TC *C, int64_t ldc) {
     static int per_sm = 0; /* the same for every device of one architecture; a benign race */
     if (!per_sm &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX, TC>, RU_THREADS, 0) != cudaSuccess)
@@ -835,35 +836,37 @@ static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K,
     const int64_t rows_per = (M + ys - 1) / ys;
     ys = (M + rows_per - 1) / rows_per;
     dim3 grid((unsigned)colblocks, (unsigned)ys);
-    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C, ldc, rows_per);
+    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C0, C, ldc, rows_per);
 }
 
 template <typename TC>
 static int rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                       const float *const *pieces, int kb, int vt, int64_t ld, float beta, TC *C, int64_t ldc) {
+                       const float *const *pieces, int kb, int vt, int64_t ld, float beta, const TC *C0, TC *C,
+                       int64_t ldc) {
     if (M <= 0 || N <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3 || N % 4 || ldc % 4 ||
-        ldu % 4 || !aligned16(C) || !aligned16(U))
+        ldu % 4 || !aligned16(C) || !aligned16(C0) || !aligned16(U))
         return 0;
     rank_src V;
     V.p[0] = pieces[0], V.p[1] = K > kb ? pieces[1] : NULL, V.p[2] = K > 2 * kb ? pieces[2] : NULL;
     V.ld = ld, V.kb = kb, V.vt = vt;
     cudaStream_t st = lt_cuda_stream(ctx);
-    if (K <= 8) ru_launch<8>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
-    else if (K <= 16) ru_launch<16>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
-    else if (K <= 24) ru_launch<24>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
-    else ru_launch<32>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C, ldc);
+    if (K <= 8) ru_launch<8>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
+    else if (K <= 16) ru_launch<16>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
+    else if (K <= 24) ru_launch<24>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
+    else ru_launch<32>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
     LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
 }
 
 extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                                   const float *const *pieces, int kb, int vt, int64_t ld, float beta, float *C,
-                                   int64_t ldc) {
-    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, C, ldc);
+                                   const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0,
+                                   float *C, int64_t ldc) {
+    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, C0 ? C0 : C, C, ldc);
 }
 
 extern "C" int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                                      const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C,
                                      int64_t ldc) {
-    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, (__nv_bfloat16 *)C, ldc);
+    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, (const __nv_bfloat16 *)C,
+                       (__nv_bfloat16 *)C, ldc);
 }

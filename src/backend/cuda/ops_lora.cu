@@ -67,9 +67,14 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
         }
         LT_ASSERT(!P->yh || (xh && beta == 0.0f && !P->bias && al16(P->yh)));
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && (P->yh || al16(P->y)))
+        if (lora_fast(P, r) && out % 4 == 0 && (P->yh || (al16(P->y) && (!P->yc || al16(P->yc)))))
             xb = xh ? xh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         LT_ASSERT(xb || !xh || !P->a);
+        if (!xb && P->y && P->yc && P->yc != P->y && beta != 0.0f) /* the residual into y first */
+            lt_cuda_check_abort(ctx,
+                                cudaMemcpyAsync(P->y, P->yc, sizeof(float) * (size_t)(n * out),
+                                                cudaMemcpyDeviceToDevice, lt_cuda_stream(ctx)),
+                                "lora: the residual into y");
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
@@ -77,7 +82,7 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             const float *bp[3] = {P->b, NULL, NULL};
             if (P->yh)
                 ok = ok && lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, P->yh, out);
-            else ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->y, out);
+            else ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->yc, P->y, out);
             lt_prof_end(ph);
             LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
             if (P->yh) lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NT, P->w, xh, n, 1.0f, P->yh, ws);
@@ -169,7 +174,7 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
         }
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
-            pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, dx, in);
+            pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, NULL, dx, in);
         lt_prof_end(ph);
         if (dx) base_product(ctx, LT_MATMUL_NN, P, P->dy, P->dyh, n, pre ? 1.0f : bbeta, dx, ws, dyb != NULL);
         based = 1;
@@ -182,7 +187,7 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     if (!dx || G == 1) return;
     /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
     const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-    if (!lt_cuda_rank_update(ctx, n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, dx, in))
+    if (!lt_cuda_rank_update(ctx, n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, NULL, dx, in))
         for (int j = 0; j < na; j++)
             lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);
     lt_prof_end(ph);
