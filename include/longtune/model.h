@@ -325,7 +325,8 @@ typedef struct lt_model_run_options {
                                  round them to bf16 either way, so the results are the same bits
                                  and only the memory traffic differs: for comparisons. 0 = the
                                  backend's choice */
-    int gu_f32;                         /* 1: the dense MLPs' gate and up outputs stay f32 where the
+    int gu_f32;                         /* 1: the dense MLPs' F-wide products (the gate and up outputs,
+                                 the down projection's input gradient) stay f32 where the
                                  backend would write them in bf16 (CUDA, with the bf16
                                  activations above: half their memory and traffic, each rounded
                                  to bf16 as transformers' bf16 models hold them). Then act_f32 = 0

@@ -68,8 +68,8 @@ typedef struct lt_lora_proj {
     /* forward with beta != 0: y's prior value read from yc (n, out; may be y) instead of y, so a
      * residual is added onto without first being copied into y; NULL: y */
     const float *yc;
-    const float *dy;   /* backward: the output's gradient */
-    float *lu;         /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
+    const float *dy; /* backward: the output's gradient */
+    float *lu;       /* x·Aᵀ: written by lora_fwd, read by lora_bwd */
     /* lora_bwd_bf16 only: the output's gradient rounded to bf16, read instead of dy (NULL: dy) */
     const uint16_t *dyh;
     /* lora_fwd_bf16 only: the output rounded to bf16, written instead of y (NULL: y). Beta 0 and
@@ -372,15 +372,18 @@ typedef struct lt_backend {
      * without conversion passes of their own.
      * glu_fwd_bf16: a = act(g)·u rounded to bf16 (nearest even), act SiLU or, gelu = 1, GELU's
      * tanh form, computed as swiglu_fwd / geglu_fwd compute it; glu_bwd_bf16: dg and du of
-     * swiglu_bwd / geglu_bwd rounded the same way. g and u are f32, or bf16 with gu_bf16 (the
-     * gate and up products written in bf16 by lora_fwd_bf16's yh), widened on the load.
+     * swiglu_bwd / geglu_bwd rounded the same way. g, u and da are f32, or all three bf16 with
+     * gu_bf16 (the gate and up products written in bf16 by lora_fwd_bf16's yh, the down
+     * projection's input gradient by lora_bwd_bf16's dxh), widened on the load.
      * lora_fwd_bf16 / lora_bwd_bf16: lora_fwd / lora_bwd with the group's input given either as
      * x (f32) or as xh (bf16; exactly one of the two non-NULL), and in the backward each dy_g as
      * p[g].dyh (bf16) where it is non-NULL. Given the bf16 roundings of the f32 ops' x and dy,
      * they produce the f32 ops' results bit for bit (those round x and dy for every product).
      * lora_fwd_bf16 also writes an output in bf16 where p[g].yh is set (then y is ignored): the
      * adapter's term s·lu·Bᵀ rounded to bf16, the base product added onto it in f32 and the sum
-     * rounded again, at half the f32 output's traffic. */
+     * rounded again, at half the f32 output's traffic. lora_bwd_bf16 likewise writes the input
+     * gradient in bf16 into dxh where it is non-NULL (one projection, dy in bf16, dx NULL, beta
+     * 0): dlu·A rounded, then the base product added onto it and the sum rounded. */
     int (*lora_bf16_takes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t r);
     void (*rmsnorm_fwd_bf16)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
                              float *rstd);
@@ -391,12 +394,12 @@ typedef struct lt_backend {
     void (*rmsnorm_bwd_add)(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N,
                             int64_t C, float *dx);
     void (*glu_fwd_bf16)(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n, uint16_t *a);
-    void (*glu_bwd_bf16)(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16, int64_t n,
+    void (*glu_bwd_bf16)(lt_ctx *ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16, int64_t n,
                          uint16_t *dg, uint16_t *du);
     void (*lora_fwd_bf16)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
                           int64_t r, float s, float beta, void *ws);
     void (*lora_bwd_bf16)(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
-                          int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
+                          int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu, void *ws);
 } lt_backend;
 
 /* The reference composition of lora_fwd / lora_bwd from be's matmul and gemm ops (the CPU

@@ -311,9 +311,10 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
     static void P##_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh,       \
-                                  int64_t n, int64_t r, float s, float *dx, float beta, float *dlu, void *ws) {        \
+                                  int64_t n, int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu,     \
+                                  void *ws) {                                                                          \
         int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
-        (REAL).lora_bwd_bf16(ctx, p, G, x, xh, n, r, s, dx, beta, dlu, ws);                                            \
+        (REAL).lora_bwd_bf16(ctx, p, G, x, xh, n, r, s, dx, dxh, beta, dlu, ws);                                       \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
     static void P##_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,     \
@@ -340,7 +341,7 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
         (REAL).glu_fwd_bf16(ctx, gelu, g, u, gu_bf16, n, a);                                                           \
         lt_prof_end(h);                                                                                                \
     }                                                                                                                  \
-    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16,    \
+    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16,     \
                                  int64_t n, uint16_t *dg, uint16_t *du) {                                              \
         int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
         (REAL).glu_bwd_bf16(ctx, gelu, da, g, u, gu_bf16, n, dg, du);                                                  \

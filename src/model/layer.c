@@ -323,9 +323,9 @@ static lt_act glu_fwd(const lt_step *s, const lt_layer *L, const void *g, const 
     return lt_act_f32(buf);
 }
 
-/* Its backward from da: dg, du into buf's two halves in bf16 under mlp_bf16, else f32 dg into buf
- * and du over u (read for the last time there). */
-static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const void *g, void *u, int64_t n, float *buf,
+/* Its backward from da (bf16, with g and u, under gu_bf16): dg, du into buf's two halves in bf16
+ * under mlp_bf16, else f32 dg into buf and du over u (read for the last time there). */
+static void glu_bwd(const lt_step *s, const lt_layer *L, const void *da, const void *g, void *u, int64_t n, float *buf,
                     lt_act *dgu) {
     int gelu = L->desc.mlp == LT_MLP_KIND_GEGLU;
     const lt_layout *y = &s->m->lay;
@@ -335,9 +335,10 @@ static void glu_bwd(const lt_step *s, const lt_layer *L, const float *da, const 
         dgu[0] = lt_act_bf16(dg), dgu[1] = lt_act_bf16(du);
         return;
     }
+    const float *df = (const float *)da;
     float *gf = (float *)g, *uf = (float *)u;
-    if (gelu) s->be->geglu_bwd(s->ctx, da, gf, uf, n, buf, uf);
-    else s->be->swiglu_bwd(s->ctx, da, gf, uf, n, buf, uf);
+    if (gelu) s->be->geglu_bwd(s->ctx, df, gf, uf, n, buf, uf);
+    else s->be->swiglu_bwd(s->ctx, df, gf, uf, n, buf, uf);
     dgu[0] = lt_act_f32(buf), dgu[1] = lt_act_f32(uf);
 }
 
@@ -435,8 +436,15 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     float *no_y = NULL;
     /* its LoRA product (the sandwich's post-norm gradient reruns the whole projection instead) */
     if (!st->g && !sandwich(L)) lt_step_group_fwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &no_y, 1.0f);
-    lt_act dyc = lt_act_f32(block_out_grad(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, dxc));
-    lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
+    const float *dyd = block_out_grad(s, l, st, &DOWN_PROJ, L->post_mlp_norm, r0, n, a, dxc);
+    if (y->gu_bf16) { /* dy rounded into h's second half (h holds the bf16 norm output in its first) */
+        uint16_t *dyh = (uint16_t *)h + n * C;
+        s->be->to_bf16(s->ctx, dyd, dyh, n * C);
+        lt_step_proj_bwd_h(s, l, st, &DOWN_PROJ, r0, n, a, dyh, (uint16_t *)da);
+    } else {
+        lt_act dyc = lt_act_f32(dyd);
+        lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
+    }
     lt_act dgu[2];
     glu_bwd(s, L, da, g, u, n * F, dg, dgu);
     lt_step_group_bwd(s, l, st, 2, lt_proj_group_gate_up, r0, n, ha, dgu, dh, 0.0f);

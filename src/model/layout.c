@@ -628,11 +628,12 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
     if (r->lo.dropout > 0) o->scratch = carve_aligned(cur, nb(CH * max_in, 4), al); /* dropout's masked inputs */
     if (!r->fwd_only) {
         /* the up gradient goes over u, or under mlp_bf16 into dg's second half (mlp_bwd) */
-        o->da = carve_aligned(cur, nb(CH * F, 4), al);
+        o->da = carve_aligned(cur, nb(CH * F, o->gu_bf16 ? 2 : 4), al); /* bf16 under gu_bf16 */
         /* dh, a norm's input gradient, is made once da is dead (the MLP's after its glu backward,
          * the attention half's after the MLP) and can use da's buffer; not with sandwich norms,
          * whose post-MLP norm gradient is dh while the down projection's backward writes da. */
-        o->dh = F >= c->C && r->wd.norm != LT_NORM_PLACE_SANDWICH ? o->da : carve_aligned(cur, nb(CH * c->C, 4), al);
+        int dh_in_da = F * (o->gu_bf16 ? 2 : 4) >= c->C * 4 && r->wd.norm != LT_NORM_PLACE_SANDWICH;
+        o->dh = dh_in_da ? o->da : carve_aligned(cur, nb(CH * c->C, 4), al);
         o->dlu = carve_aligned(cur, nb(CH * 3 * r->lo.rank, 4), al); /* dlu of a group of three (q, k, v) */
     }
 }

@@ -238,10 +238,11 @@ typedef struct lt_layout {
      * projection reads attention's bf16 output rows in place, forward and backward, instead of
      * their f32 widening in ac. */
     int mlp_bf16, qkv_bf16, o_bf16;
-    /* gu_bf16 (with mlp_bf16): the dense MLPs' gate and up outputs g, u are bf16 (lora_fwd_bf16's
-     * yh; the store's g, u and the chunk buffers half the f32 size), read by the glu ops widened.
-     * Unlike the flags above it changes the values: g and u are rounded (bf16 noise). Off under
-     * the run's gu_f32 or act_f32. */
+    /* gu_bf16 (with mlp_bf16): the dense MLPs' F-wide products are bf16: the gate and up outputs
+     * g, u (lora_fwd_bf16's yh; the store's g, u and the chunk buffers half the f32 size) and the
+     * down projection's input gradient da (lora_bwd_bf16's dxh, from its dy rounded into h's
+     * second half), read by the glu ops widened. Unlike the flags above it changes the values:
+     * they are rounded (bf16 noise). Off under the run's gu_f32 or act_f32. */
     int gu_bf16;
     /* Kept attention (recompute without recompute_attention): per recomputed layer that keeps it
      * (n_katt of them, lt_rc_place.katt their slots) an (N, H·D) output of saved_dtype (the store's

@@ -108,7 +108,8 @@ void lt_step_proj_add(const lt_step *s, int64_t l, const lt_store *st, const lt_
     lt_model *m = s->m;
     if (s->train && m->lora.dropout > 0) {
         if (yc != y) {
-            lt_status cs = s->be->copy_to_device(s->ctx, y, yc, sizeof(float) * (size_t)(n * m->layers[l].w[*p].shape[0]));
+            lt_status cs =
+                s->be->copy_to_device(s->ctx, y, yc, sizeof(float) * (size_t)(n * m->layers[l].w[*p].shape[0]));
             LT_ASSERT(cs == LT_OK); /* within the device's memory */
         }
         lt_step_group_fwd(s, l, st, 1, p, r0, n, x, &y, 1.0f);
@@ -193,7 +194,21 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
     }
     float *dlu = lt_step_ws(s, m->lay.dlu);
     if (any_h)
-        s->be->lora_bwd_bf16(s->ctx, pp, G, x.f, x.h, n, m->lora.rank, m->lora_scale, dx, beta, dlu, mm_begin(s));
+        s->be->lora_bwd_bf16(s->ctx, pp, G, x.f, x.h, n, m->lora.rank, m->lora_scale, dx, NULL, beta, dlu, mm_begin(s));
     else s->be->lora_bwd(s->ctx, pp, G, x.f, n, m->lora.rank, m->lora_scale, dx, beta, dlu, mm_begin(s));
+    mm_end(s);
+}
+
+void lt_step_proj_bwd_h(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
+                        lt_act x, const uint16_t *dyh, uint16_t *dxh) {
+    lt_model *m = s->m;
+    const lt_layer *L = &m->layers[l];
+    LT_ASSERT(dyh && m->lora.dropout == 0); /* gu_bf16 comes with mlp_bf16 */
+    lt_lora_proj pp;
+    group_projs(s, l, st, 1, p, r0, &pp);
+    pp.ga = L->grad_a[*p], pp.gb = L->grad_b[*p];
+    pp.dyh = dyh;
+    s->be->lora_bwd_bf16(s->ctx, &pp, 1, x.f, x.h, n, m->lora.rank, m->lora_scale, NULL, dxh, 0.0f,
+                         lt_step_ws(s, m->lay.dlu), mm_begin(s));
     mm_end(s);
 }

@@ -79,7 +79,7 @@ static int64_t bf16_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f,
     const float *xf = v & 1 ? NULL : dxv;
     const uint16_t *xb = v & 1 ? dxh : NULL;
     be->lora_fwd_bf16(ctx, pp, G, xf, xb, n, r, c->s, c->beta, f->ws);
-    be->lora_bwd_bf16(ctx, pp, G, xf, xb, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, f->ws);
+    be->lora_bwd_bf16(ctx, pp, G, xf, xb, n, r, c->s, c->no_dx ? NULL : ddx, NULL, c->beta, ddlu, f->ws);
     int64_t bad = 0;
     for (int g = 0; g < G; g++) {
         const int64_t out = c->out[g];
@@ -133,6 +133,32 @@ static int64_t bf16_out_variant(lt_ctx *ctx, const lt_backend *be, const f32_run
     return bad;
 }
 
+/* lora_bwd_bf16 of one projection from the bf16 x and dy with its input gradient written in bf16
+ * (dxh, a device buffer the caller compares and frees), on fresh copies of the accumulated
+ * gradients: the elements of ga and gb whose bits differ from the f32 run's. */
+static int64_t bf16_dx_variant(lt_ctx *ctx, const lt_backend *be, const f32_run *f, uint16_t **dxh) {
+    const lt_lora_case *c = f->c;
+    const int64_t in = c->in, n = c->n, r = c->r, out = c->out[0];
+    uint16_t *xh = bf16_of(f->x, n * in), *dyh = bf16_of(f->dy[0], n * out);
+    void *d_xh = dev_copy(ctx, be, xh, (size_t)(n * in) * 2), *d_dyh = dev_copy(ctx, be, dyh, (size_t)(n * out) * 2);
+    lt_lora_proj P = f->pp[0];
+    P.y = NULL, P.dy = NULL, P.dyh = d_dyh;
+    P.ga = dev_copy(ctx, be, f->ga0[0], (size_t)(r * in) * 4);
+    P.gb = dev_copy(ctx, be, f->gb0[0], (size_t)(out * r) * 4);
+    uint16_t *ph = malloc((size_t)(n * in) * 2);
+    memset(ph, 0xff, (size_t)(n * in) * 2); /* NaN patterns: an element left unwritten shows */
+    *dxh = dev_copy(ctx, be, ph, (size_t)(n * in) * 2);
+    float *ddlu = dev_copy(ctx, be, NULL, (size_t)(n * 3 * r) * 4);
+    be->lora_bwd_bf16(ctx, &P, 1, NULL, d_xh, n, r, c->s, NULL, *dxh, 0.0f, ddlu, f->ws);
+    int64_t bad = 0;
+    if (P.a) bad = bits_differ(ctx, be, P.ga, f->pp[0].ga, r * in) + bits_differ(ctx, be, P.gb, f->pp[0].gb, out * r);
+    lt_free(ctx, be->device, P.ga, (size_t)(r * in) * 4), lt_free(ctx, be->device, P.gb, (size_t)(out * r) * 4);
+    lt_free(ctx, be->device, ddlu, (size_t)(n * 3 * r) * 4);
+    lt_free(ctx, be->device, d_xh, (size_t)(n * in) * 2), lt_free(ctx, be->device, d_dyh, (size_t)(n * out) * 2);
+    free(xh), free(dyh), free(ph);
+    return bad;
+}
+
 /* lora_fwd with each y's prior value read from yc (a copy of y0) into a poisoned y: the elements
  * whose bits differ from pp's in-place run (whose y it leaves alone). */
 static int64_t yc_variant(lt_ctx *ctx, const lt_backend *be, const lt_lora_case *c, const lt_lora_proj *pp0,
@@ -155,7 +181,8 @@ static int64_t yc_variant(lt_ctx *ctx, const lt_backend *be, const lt_lora_case 
     for (int g = 0; g < c->G; g++) {
         const int64_t out = c->out[g];
         bad += bits_differ(ctx, be, pp[g].y, pp0[g].y, n * out);
-        lt_free(ctx, be->device, pp[g].y, (size_t)(n * out) * 4), lt_free(ctx, be->device, yc[g], (size_t)(n * out) * 4);
+        lt_free(ctx, be->device, pp[g].y, (size_t)(n * out) * 4),
+            lt_free(ctx, be->device, yc[g], (size_t)(n * out) * 4);
         lt_free(ctx, be->device, pp[g].lu, (size_t)(n * r) * 4);
     }
     return bad;
@@ -236,8 +263,8 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
     be->lora_bwd(ctx, pp, G, dxv, n, r, c->s, c->no_dx ? NULL : ddx, c->beta, ddlu, ws);
     err->yc_mismatch = c->beta != 0 && !c->lu_only ? yc_variant(ctx, be, c, pp, dxv, (const float *const *)y0, ws) : -1;
 
-    uint16_t *yh[3] = {NULL, NULL, NULL}; /* the bf16-output run's y, where it ran */
-    err->y_bf16 = -1;
+    uint16_t *yh[3] = {NULL, NULL, NULL}, *dxh = NULL; /* the bf16-output runs' y and dx, where they ran */
+    err->y_bf16 = err->dx_bf16 = -1;
     int takes = be->lora_bf16_takes != NULL;
     for (int g = 0; g < G && takes; g++) takes = be->lora_bf16_takes(c->wdtype, c->out[g], in, c->adapted[g] ? r : 0);
     if (takes) {
@@ -254,6 +281,7 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
         for (int v = 1; v <= 3; v++) err->bf16_mismatch += bf16_variant(ctx, be, &f, v);
         err->bf16_variants = 3;
         if (c->beta == 0 && !c->bias && !c->lu_only) err->bf16_mismatch += bf16_out_variant(ctx, be, &f, yh);
+        if (G == 1 && c->beta == 0 && !c->no_dx) err->bf16_mismatch += bf16_dx_variant(ctx, be, &f, &dxh);
     }
 
     /* float64 reference, and the comparisons */
@@ -331,6 +359,14 @@ void lt_lora_check_run(const lt_backend *be, uint64_t *rng, const lt_lora_case *
         float *got = malloc(sizeof(float) * (size_t)(n * in));
         host_copy(ctx, be, got, ddx, (size_t)(n * in) * 4);
         err->dx = lt_test_rel_err_f(got, dxr, n * in);
+        if (dxh) {
+            uint16_t *h = malloc((size_t)(n * in) * 2);
+            host_copy(ctx, be, h, dxh, (size_t)(n * in) * 2);
+            for (int64_t i = 0; i < n * in; i++) got[i] = lt_bf16_to_f32(h[i]);
+            free(h);
+            err->dx_bf16 = lt_test_rel_err_f(got, dxr, n * in);
+            lt_free(ctx, be->device, dxh, (size_t)(n * in) * 2);
+        }
         free(got);
     }
 

@@ -32,6 +32,10 @@ typedef struct lt_lora_errors {
      * bf16 x writing each y in bf16 (yh), its worst relative error against the reference (-1:
      * not run); its lu counts in bf16_mismatch. */
     double y_bf16;
+    /* Likewise, one projection with beta 0 and dx wanted: lora_bwd_bf16 of the bf16 x and dy
+     * writing dx in bf16 (dxh), its worst relative error against the reference (-1: not run); its
+     * ga and gb count in bf16_mismatch. */
+    double dx_bf16;
     /* beta != 0 with y wanted: lora_fwd again with the prior y read from yc (a copy) into a
      * poisoned y; the elements whose bits differ from the in-place run's y (-1: not run). */
     int64_t yc_mismatch;

@@ -297,10 +297,15 @@ static void run_lora(const op_case *c, env *e) {
         fprintf(stderr, "    y onto a residual read from yc: %lld elements differ from in place\n",
                 (long long)er.yc_mismatch);
     CHECK(e, er.yc_mismatch > 0);
-    if (er.y_bf16 >= 0) { /* y rounded to bf16 twice (the adapter's term, then the sum) */
-        const double tol_h = lt_test_tol_for(LT_DTYPE_BF16, 1) + tol;
+    /* y and dx in bf16: rounded twice (the adapter's term, then the sum), on bf16 inputs */
+    const double tol_h = lt_test_tol_for(LT_DTYPE_BF16, 1) + tol;
+    if (er.y_bf16 >= 0) {
         fprintf(stderr, "    y in bf16: %.2e (tol %.2e)\n", er.y_bf16, tol_h);
         CHECK(e, !(er.y_bf16 <= tol_h));
+    }
+    if (er.dx_bf16 >= 0) {
+        fprintf(stderr, "    dx in bf16: %.2e (tol %.2e)\n", er.dx_bf16, tol_h);
+        CHECK(e, !(er.dx_bf16 <= tol_h));
     }
 }
 
@@ -500,9 +505,9 @@ static void check_glu_bwd_in_place(env *e, int geglu, const float *g, const floa
 }
 
 /* The bf16-output glu ops (a backend's glu_fwd_bf16 / glu_bwd_bf16, where it has them) from
- * d_g, d_u (f32, or bf16 with gu_bf16): each element the f32 op's value a, gg, gu (on the same
- * input values) rounded to nearest even, bit for bit. */
-static void glu_bf16_matches(env *e, int geglu, const void *d_g, const void *d_u, int gu_bf16, const float *d_da,
+ * d_g, d_u, d_da (f32, or bf16 with gu_bf16): each element the f32 op's value a, gg, gu (on the
+ * same input values) rounded to nearest even, bit for bit. */
+static void glu_bf16_matches(env *e, int geglu, const void *d_g, const void *d_u, const void *d_da, int gu_bf16,
                              const float *a, const float *gg, const float *gu, int64_t n) {
     const size_t hb = (size_t)n * 2;
     uint16_t *pz = malloc(hb);
@@ -519,7 +524,8 @@ static void glu_bf16_matches(env *e, int geglu, const void *d_g, const void *d_u
         bad_u += hu[i] != lt_f32_to_bf16(gu[i]);
     }
     fprintf(stderr,
-            "    %s bf16 outputs (g, u in %s): %lld / %lld / %lld of %lld elements differ from the f32 op's rounded\n",
+            "    %s bf16 outputs (g, u, da in %s): %lld / %lld / %lld of %lld elements differ from the f32 op's "
+            "rounded\n",
             geglu ? "geglu" : "swiglu", gu_bf16 ? "bf16" : "f32", (long long)bad_a, (long long)bad_g, (long long)bad_u,
             (long long)n);
     CHECK(e, bad_a || bad_g || bad_u);
@@ -527,34 +533,37 @@ static void glu_bf16_matches(env *e, int geglu, const void *d_g, const void *d_u
     free(pz), free(ha), free(hg), free(hu);
 }
 
-/* glu_bf16_matches from the f32 g, u (the f32 op's outputs a, gg, gu given), then from their
+/* glu_bf16_matches from the f32 g, u, da (the f32 op's outputs a, gg, gu given), then from their
  * bf16 roundings (the f32 op rerun on the widened roundings for the reference). */
-static void check_glu_bf16(env *e, int geglu, const float *g, const float *u, const float *d_g, const float *d_u,
-                           const float *d_da, const float *a, const float *gg, const float *gu, int64_t n) {
+static void check_glu_bf16(env *e, int geglu, const float *g, const float *u, const float *da, const float *d_g,
+                           const float *d_u, const float *d_da, const float *a, const float *gg, const float *gu,
+                           int64_t n) {
     if (!e->be->glu_fwd_bf16) return;
-    glu_bf16_matches(e, geglu, d_g, d_u, 0, d_da, a, gg, gu, n);
-    uint16_t *gh = malloc((size_t)n * 2), *uh = malloc((size_t)n * 2);
-    float *gw = malloc(F4(n)), *uw = malloc(F4(n));
+    glu_bf16_matches(e, geglu, d_g, d_u, d_da, 0, a, gg, gu, n);
+    const size_t hb = (size_t)n * 2;
+    uint16_t *gh = malloc(hb), *uh = malloc(hb), *dh = malloc(hb);
+    float *gw = malloc(F4(n)), *uw = malloc(F4(n)), *dw = malloc(F4(n));
     for (int64_t i = 0; i < n; i++) {
-        gh[i] = lt_f32_to_bf16(g[i]), uh[i] = lt_f32_to_bf16(u[i]);
-        gw[i] = lt_bf16_to_f32(gh[i]), uw[i] = lt_bf16_to_f32(uh[i]);
+        gh[i] = lt_f32_to_bf16(g[i]), uh[i] = lt_f32_to_bf16(u[i]), dh[i] = lt_f32_to_bf16(da[i]);
+        gw[i] = lt_bf16_to_f32(gh[i]), uw[i] = lt_bf16_to_f32(uh[i]), dw[i] = lt_bf16_to_f32(dh[i]);
     }
-    float *d_gw = up(e, gw, F4(n)), *d_uw = up(e, uw, F4(n)), *d_a = up(e, gw, F4(n)), *d_dg = up(e, gw, F4(n)),
-          *d_du = up(e, gw, F4(n));
+    float *d_gw = up(e, gw, F4(n)), *d_uw = up(e, uw, F4(n)), *d_dw = up(e, dw, F4(n)), *d_a = up(e, gw, F4(n)),
+          *d_dg = up(e, gw, F4(n)), *d_du = up(e, gw, F4(n));
     if (geglu) {
         e->be->geglu_fwd(e->ctx, d_gw, d_uw, n, d_a);
-        e->be->geglu_bwd(e->ctx, d_da, d_gw, d_uw, n, d_dg, d_du);
+        e->be->geglu_bwd(e->ctx, d_dw, d_gw, d_uw, n, d_dg, d_du);
     } else {
         e->be->swiglu_fwd(e->ctx, d_gw, d_uw, n, d_a);
-        e->be->swiglu_bwd(e->ctx, d_da, d_gw, d_uw, n, d_dg, d_du);
+        e->be->swiglu_bwd(e->ctx, d_dw, d_gw, d_uw, n, d_dg, d_du);
     }
     float *a2 = malloc(F4(n)), *gg2 = malloc(F4(n)), *gu2 = malloc(F4(n));
     down(e, a2, d_a, F4(n)), down(e, gg2, d_dg, F4(n)), down(e, gu2, d_du, F4(n));
-    uint16_t *d_gh = up(e, gh, (size_t)n * 2), *d_uh = up(e, uh, (size_t)n * 2);
-    glu_bf16_matches(e, geglu, d_gh, d_uh, 1, d_da, a2, gg2, gu2, n);
-    dfree(e, d_gh, (size_t)n * 2), dfree(e, d_uh, (size_t)n * 2);
-    dfree(e, d_gw, F4(n)), dfree(e, d_uw, F4(n)), dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
-    free(gh), free(uh), free(gw), free(uw), free(a2), free(gg2), free(gu2);
+    uint16_t *d_gh = up(e, gh, hb), *d_uh = up(e, uh, hb), *d_dh = up(e, dh, hb);
+    glu_bf16_matches(e, geglu, d_gh, d_uh, d_dh, 1, a2, gg2, gu2, n);
+    dfree(e, d_gh, hb), dfree(e, d_uh, hb), dfree(e, d_dh, hb);
+    dfree(e, d_gw, F4(n)), dfree(e, d_uw, F4(n)), dfree(e, d_dw, F4(n)), dfree(e, d_a, F4(n));
+    dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
+    free(gh), free(uh), free(dh), free(gw), free(uw), free(dw), free(a2), free(gg2), free(gu2);
 }
 
 /* ---- swiglu: s = {n} ---- */
@@ -585,7 +594,7 @@ static void run_swiglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 0, g, u, d_da, gg, gu, n);
-    check_glu_bf16(e, 0, g, u, d_g, d_u, d_da, a, gg, gu, n);
+    check_glu_bf16(e, 0, g, u, da, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);
@@ -626,7 +635,7 @@ static void run_geglu(const op_case *c, env *e) {
         }
     }
     check_glu_bwd_in_place(e, 1, g, u, d_da, gg, gu, n);
-    check_glu_bf16(e, 1, g, u, d_g, d_u, d_da, a, gg, gu, n);
+    check_glu_bf16(e, 1, g, u, da, d_g, d_u, d_da, a, gg, gu, n);
     dfree(e, d_g, F4(n)), dfree(e, d_u, F4(n)), dfree(e, d_da, F4(n));
     dfree(e, d_a, F4(n)), dfree(e, d_dg, F4(n)), dfree(e, d_du, F4(n));
     free(g), free(u), free(da), free(P), free(a), free(gg), free(gu);

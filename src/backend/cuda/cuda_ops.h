@@ -119,7 +119,7 @@ int lt_cuda_lora_bf16_takes(lt_dtype wdtype, int64_t out, int64_t in, int64_t r)
 void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
                            int64_t r, float s, float beta, void *ws);
 void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
-                           int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
+                           int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu, void *ws);
 void lt_cuda_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                          float *rstd);
 void lt_cuda_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
@@ -137,7 +137,7 @@ void lt_cuda_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const floa
 void lt_cuda_geglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a);
 void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du);
 void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n, uint16_t *a);
-void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16, int64_t n,
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16, int64_t n,
                           uint16_t *dg, uint16_t *du);
 void lt_cuda_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out);
 void lt_cuda_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n);

@@ -129,7 +129,7 @@ void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float
 
 /* ---- the gated activations with bf16 outputs (glu_fwd_bf16 / glu_bwd_bf16) ----
  * The same per-element math as the f32 kernels above, rounded to bf16 (nearest even) on the
- * store, from f32 or bf16 g and u: four elements a thread with vector loads and 8-byte stores
+ * store, from f32 or bf16 g and u (and the backward's da): four elements a thread with vector loads and 8-byte stores
  * when n % 4 == 0 and the pointers allow, one otherwise. */
 template <bool GELU> static __device__ __forceinline__ float glu1(float x, float u) {
     return GELU ? gelu_mul(x, u) : silu_mul(x, u);
@@ -170,19 +170,19 @@ template <bool GELU, typename TI> static __global__ void glu_fwd_h4_k(const TI *
 }
 
 template <bool GELU, typename TI>
-static __global__ void glu_bwd_h_k(const float *da, const TI *g, const TI *u, int64_t n, __nv_bfloat16 *dg,
+static __global__ void glu_bwd_h_k(const TI *da, const TI *g, const TI *u, int64_t n, __nv_bfloat16 *dg,
                                    __nv_bfloat16 *du) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, b;
-        glu_bwd1<GELU>(da[i], ld1(g, i), ld1(u, i), &a, &b);
+        glu_bwd1<GELU>(ld1(da, i), ld1(g, i), ld1(u, i), &a, &b);
         dg[i] = __float2bfloat16_rn(a), du[i] = __float2bfloat16_rn(b);
     }
 }
 
 template <bool GELU, typename TI>
-static __global__ void glu_bwd_h4_k(const float4 *da, const TI *g, const TI *u, int64_t n4, uint2 *dg, uint2 *du) {
+static __global__ void glu_bwd_h4_k(const TI *da, const TI *g, const TI *u, int64_t n4, uint2 *dg, uint2 *du) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        const float4 d = da[i], x = ld4(g, i), v = ld4(u, i);
+        const float4 d = ld4(da, i), x = ld4(g, i), v = ld4(u, i);
         float4 a, b;
         glu_bwd1<GELU>(d.x, x.x, v.x, &a.x, &b.x);
         glu_bwd1<GELU>(d.y, x.y, v.y, &a.y, &b.y);
@@ -215,14 +215,13 @@ void lt_cuda_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, i
 }
 
 template <typename TI>
-static void glu_bwd_h(lt_ctx *ctx, int gelu, const float *da, const TI *g, const TI *u, int64_t n, uint16_t *dg,
+static void glu_bwd_h(lt_ctx *ctx, int gelu, const TI *da, const TI *g, const TI *u, int64_t n, uint16_t *dg,
                       uint16_t *du) {
     cudaStream_t st = lt_cuda_stream(ctx);
     if (n % 4 == 0 && aligned16_3(da, g, u) && aligned8(dg) && aligned8(du)) {
         const unsigned grid = lt_cuda_grid(n / 4, EW_THREADS);
-        const float4 *d4 = (const float4 *)da;
-        if (gelu) glu_bwd_h4_k<true, TI><<<grid, EW_THREADS, 0, st>>>(d4, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
-        else glu_bwd_h4_k<false, TI><<<grid, EW_THREADS, 0, st>>>(d4, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
+        if (gelu) glu_bwd_h4_k<true, TI><<<grid, EW_THREADS, 0, st>>>(da, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
+        else glu_bwd_h4_k<false, TI><<<grid, EW_THREADS, 0, st>>>(da, g, u, n / 4, (uint2 *)dg, (uint2 *)du);
     } else {
         const unsigned grid = lt_cuda_grid(n, EW_THREADS);
         __nv_bfloat16 *a = (__nv_bfloat16 *)dg, *b = (__nv_bfloat16 *)du;
@@ -232,11 +231,12 @@ static void glu_bwd_h(lt_ctx *ctx, int gelu, const float *da, const TI *g, const
     LT_CUDA_LAUNCHED(ctx, "glu_bwd_bf16");
 }
 
-void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const float *da, const void *g, const void *u, int gu_bf16, int64_t n,
+void lt_cuda_glu_bwd_bf16(lt_ctx *ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16, int64_t n,
                           uint16_t *dg, uint16_t *du) {
     if (n <= 0) return;
-    if (gu_bf16) glu_bwd_h(ctx, gelu, da, (const __nv_bfloat16 *)g, (const __nv_bfloat16 *)u, n, dg, du);
-    else glu_bwd_h(ctx, gelu, da, (const float *)g, (const float *)u, n, dg, du);
+    typedef const __nv_bfloat16 *H;
+    if (gu_bf16) glu_bwd_h(ctx, gelu, (H)da, (H)g, (H)u, n, dg, du);
+    else glu_bwd_h(ctx, gelu, (const float *)da, (const float *)g, (const float *)u, n, dg, du);
 }
 
 /* One block row per token (grid-stride in y), threads across C. */

@@ -82,7 +82,9 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             const float *bp[3] = {P->b, NULL, NULL};
             if (P->yh)
                 ok = ok && lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, P->yh, out);
-            else ok = ok && lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->yc, P->y, out);
+            else
+                ok = ok &&
+                    lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->yc, P->y, out);
             lt_prof_end(ph);
             LT_ASSERT(ok); /* lora_fast and stage_x checked every condition the kernels have */
             if (P->yh) lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NT, P->w, xh, n, 1.0f, P->yh, ws);
@@ -112,6 +114,34 @@ void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const floa
                            int64_t r, float s, float beta, void *ws) {
     LT_ASSERT((x == NULL) != (xh == NULL));
     lora_fwd_any(ctx, p, G, x, xh, n, r, s, beta, ws);
+}
+
+/* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0):
+ * dlu·A rounded first, then the base product added onto it (C and D in bf16). lora_bf16_takes
+ * admitted the projection, so its adapter, if any, is on the fused path. */
+static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, const uint16_t *xh, int64_t n, int64_t r,
+                         float s, uint16_t *dxh, float *dlu, void *ws) {
+    const int64_t out = P->w->shape[0], in = P->w->shape[1];
+    LT_ASSERT(P->dyh && al16(dxh) && (!P->a || (lora_fast(P, r) && out % 4 == 0 && in % 4 == 0)));
+    if (P->a) {
+        size_t gws_bytes = 0;
+        void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
+        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+        const void *xa = xh ? (const void *)xh : (const void *)x;
+        int ok = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, P->dyh, 0, out, P->b, r, 0.0f, dlu, r, gws, gws_bytes);
+        ok =
+            ok && lt_cuda_skinny_h_tall(ctx, out, r, n, s, P->dyh, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+        if (ok &&
+            !lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dlu, r, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
+            LT_ASSERT(!xh);
+            lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dlu, r, x, in, 1.0f, P->ga, in);
+        }
+        const float *ap[3] = {P->a, NULL, NULL};
+        ok = ok && lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, 0.0f, dxh, in);
+        lt_prof_end(ph);
+        LT_ASSERT(ok); /* lora_fast checked every condition the kernels have */
+    }
+    lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NN, P->w, P->dyh, n, P->a ? 1.0f : 0.0f, dxh, ws);
 }
 
 /* lora_bwd of an f32 x or its bf16 rounding xh, each dy_g in f32 or (p[g].dyh) bf16. */
@@ -199,7 +229,12 @@ void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x,
 }
 
 void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
-                           int64_t r, float s, float *dx, float beta, float *dlu, void *ws) {
+                           int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu, void *ws) {
     LT_ASSERT((x == NULL) != (xh == NULL));
+    if (dxh) {
+        LT_ASSERT(G == 1 && !dx && beta == 0.0f);
+        lora_bwd_dxh(ctx, p, x, xh, n, r, s, dxh, dlu, ws);
+        return;
+    }
     lora_bwd_any(ctx, p, G, x, xh, n, r, s, dx, beta, dlu, ws);
 }
