@@ -12,8 +12,10 @@
  * lora_fwd_bf16 / lora_bwd_bf16 are the same ops given x, dy or both already in bf16 (the MLP's
  * activation and its gradients): every product then reads those rows where it would have read
  * its own rounding of the f32 ones, so nothing is converted and the results are the same bits.
- * An output wanted in bf16 (yh: the MLP's gate and up) is written so by both the rank update and
- * the base product (cuBLASLt's C and D in bf16), half the f32 output's traffic each. */
+ * An output wanted in bf16 (yh: the MLP's gate and up; dxh: the down projection's input gradient)
+ * is written so by both the rank update and the base product (cuBLASLt's C and D in bf16), half
+ * the f32 output's traffic each; a residual added onto (beta 1) is read where it lies (yc) by the
+ * rank update, which writes y whole. */
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_common.cuh"
