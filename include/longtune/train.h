@@ -341,8 +341,8 @@ LT_API lt_status lt_train_plan_options(lt_ctx *ctx, const lt_train_options *opt,
 LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,
                                const lt_plan_options *popt, const lt_train_held *held, lt_plan *out);
 
-/* recompute auto: the first candidate in order of estimated cost whose plan (lt_train_plan with
- * `held`) is <= budget_bytes. The candidates: none; the LoRA layers' full-attention ones (global),
+/* recompute auto: the cheapest candidate by estimated cost whose plan (lt_train_plan with `held`)
+ * is <= budget_bytes. The candidates: none; the LoRA layers' full-attention ones (global),
  * their sliding-window ones (sliding; both only where the LoRA layers mix the two kinds), every
  * layer -- each keeping the attention outputs, over segments of k = 1, 2, 4, ... layers below its
  * longest run of recomputed layers (the same work with fewer checkpoints); then the same rerunning
@@ -353,9 +353,10 @@ LT_API lt_status lt_train_plan(lt_ctx *ctx, const lt_train_options *opt, const l
  * cost of a candidate: its recompute work over the step's own (the frozen projections' forward and
  * input gradient, attention's forward and backward, the head), plus 0.08·log2(k) for segments
  * of k layers and 0.03·(c0/c - 1) for a chunk of c rows against the run's c0 (both measured on
- * the H200). Where the first candidate that fits reruns attention in every recomputed layer, it
- * reruns it in as few of them as fit instead (recompute_attention_layers, bisected: the memory
- * falls as the count grows). *out = opt with the chosen policy (and chunk_rows) and
+ * the H200). A candidate that keeps attention and does not fit also offers attention rerun in as
+ * few of its recomputed layers as fit (recompute_attention_layers, bisected: the memory falls as
+ * the count grows), at its cost plus those layers' attention work; where a candidate rerunning it
+ * in every recomputed layer is the first to fit, the same count is taken. *out = opt with the chosen policy (and chunk_rows) and
  * recompute_auto cleared; plan (may be NULL) its plan. opt without recompute_auto is copied as is. Errors: LT_ERR_OOM when no candidate
  * fits (the message names the smallest plan and the budget), those of lt_train_plan. */
 LT_API lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, const lt_model_config *cfg,

@@ -414,9 +414,19 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
     for (int i = 1; i < n; i++) /* stable: equal cost keeps the order above */
         for (int j = i; j > 0 && cand[j].cost < cand[j - 1].cost; j--)
             t = cand[j], cand[j] = cand[j - 1], cand[j - 1] = t;
+    /* A candidate that keeps attention and does not fit may fit rerunning it in some of its
+     * recomputed layers: that partial rerun costs the candidate's estimate plus those layers'
+     * attention forward, and competes with the candidates after it. The cheapest found is taken
+     * once no candidate left is estimated cheaper (or a cheaper one fits first). */
     size_t smallest = SIZE_MAX;
-    int best = 0;
+    int best = 0, have = 0;
+    double have_cost = 0;
+    lt_train_options have_c = *opt;
+    lt_plan have_p;
+    memset(&have_p, 0, sizeof have_p);
+    const int64_t T = popt->run.T;
     for (int i = 0; i < n; i++) {
+        if (have && cand[i].cost >= have_cost) break;
         lt_train_options c = *opt;
         c.recompute_auto = 0;
         c.recompute = cand[i].policy;
@@ -440,6 +450,26 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
             return LT_OK;
         }
         if (p.peak_bytes < smallest) smallest = p.peak_bytes, best = i;
+        if (c.recompute_attention || opt->recompute_attention || c.recompute == LT_RECOMPUTE_NONE) continue;
+        lt_train_options r = c;
+        lt_plan_options rpo = po;
+        r.recompute_attention = rpo.run.recompute_attention = 1;
+        lt_plan rp;
+        LT_TRY(lt_train_plan(ctx, &r, cfg, &rpo, held, &rp));
+        if (rp.peak_bytes > budget_bytes) continue;
+        LT_TRY(fewest_reruns(ctx, cfg, held, budget_bytes, layers, &r, &rpo, &rp));
+        const int64_t m = r.recompute_attention ? -1 : r.recompute_attention_layers;
+        const double cost = cand[i].cost +
+            (work > 0
+                 ? (recompute_flops(cfg, c.recompute, layers, m, T) - recompute_flops(cfg, c.recompute, layers, 0, T)) /
+                     work
+                 : 0);
+        if (!have || cost < have_cost) have = 1, have_cost = cost, have_c = r, have_p = rp;
+    }
+    if (have) {
+        *out = have_c;
+        if (plan) *plan = have_p;
+        return LT_OK;
     }
     const int64_t best_chunk = cand[best].chunk;
     char name[32], chunk[48] = "";
