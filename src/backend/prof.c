@@ -179,260 +179,152 @@ const char *lt_prof_phase_name(lt_prof_phase ph) {
 
 /* ---- the wrapped tables: one set of wrappers per backend (an op receives no table pointer) ---- */
 
+/* One timed wrapper P_name(params) of REAL's op name: the call name args between
+ * lt_prof_begin(DEV, kind) and lt_prof_end, returning the op's value of type T (PROF_RET). */
+#define PROF_VOID(P, REAL, DEV, name, kind, params, args) \
+    static void P##_##name params {                       \
+        int h_ = lt_prof_begin(DEV, kind);                \
+        (REAL).name args;                                 \
+        lt_prof_end(h_);                                  \
+    }
+#define PROF_RET(T, P, REAL, DEV, name, kind, params, args) \
+    static T P##_##name params {                            \
+        int h_ = lt_prof_begin(DEV, kind);                  \
+        T r_ = (REAL).name args;                            \
+        lt_prof_end(h_);                                    \
+        return r_;                                          \
+    }
+
 #define PROF_WRAPPERS(P, REAL, DEV)                                                                                    \
-    static lt_status P##_copy_to_device(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                       \
-        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                      \
-        lt_status s = (REAL).copy_to_device(ctx, dst, src, bytes);                                                     \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_copy_to_host(lt_ctx *ctx, void *dst, const void *src, size_t bytes) {                         \
-        int h = lt_prof_begin(DEV, LT_PROF_COPY);                                                                      \
-        lt_status s = (REAL).copy_to_host(ctx, dst, src, bytes);                                                       \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_synchronize(lt_ctx *ctx) {                                                                    \
-        int h = lt_prof_begin(DEV, LT_PROF_SYNC);                                                                      \
-        lt_status s = (REAL).synchronize(ctx);                                                                         \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static void P##_gemm(lt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,    \
-                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {                \
-        int h = lt_prof_begin(DEV, LT_PROF_GEMM);                                                                      \
-        (REAL).gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                                        \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N,            \
-                           float beta, float *y, void *ws) {                                                           \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
-        (REAL).matmul(ctx, mode, w, x, N, beta, y, ws);                                                                \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rmsnorm_fwd(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,          \
-                                float *y, float *rstd) {                                                               \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                               \
-        (REAL).rmsnorm_fwd(ctx, x, w, eps, N, C, y, rstd);                                                             \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rmsnorm_bwd(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,       \
-                                int64_t N, int64_t C, float *dx, float *dw) {                                          \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                               \
-        (REAL).rmsnorm_bwd(ctx, dy, x, w, rstd, N, C, dx, dw);                                                         \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rope(lt_ctx *ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads,   \
-                         int64_t D, int inverse) {                                                                     \
-        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                      \
-        (REAL).rope(ctx, x, pos, inv_freq, N, heads, D, inverse);                                                      \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_swiglu_fwd(lt_ctx *ctx, const float *g, const float *u, int64_t n, float *a) {                     \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                                \
-        (REAL).swiglu_fwd(ctx, g, u, n, a);                                                                            \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_swiglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float *u, int64_t n, float *dg,     \
-                               float *du) {                                                                            \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
-        (REAL).swiglu_bwd(ctx, da, g, u, n, dg, du);                                                                   \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_embedding(lt_ctx *ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out) {        \
-        int h = lt_prof_begin(DEV, LT_PROF_EMBEDDING);                                                                 \
-        (REAL).embedding(ctx, table, ids, N, out);                                                                     \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_add(lt_ctx *ctx, float *y, const float *x, float alpha, int64_t n) {                               \
-        int h = lt_prof_begin(DEV, LT_PROF_ADD);                                                                       \
-        (REAL).add(ctx, y, x, alpha, n);                                                                               \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_add_bias(lt_ctx *ctx, float *y, const float *b, int64_t N, int64_t C) {                            \
-        int h = lt_prof_begin(DEV, LT_PROF_ADD_BIAS);                                                                  \
-        (REAL).add_bias(ctx, y, b, N, C);                                                                              \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_dropout(lt_ctx *ctx, const float *x, float *y, int64_t n, float p, uint64_t seed,                  \
-                            uint64_t offset) {                                                                         \
-        int h = lt_prof_begin(DEV, LT_PROF_DROPOUT);                                                                   \
-        (REAL).dropout(ctx, x, y, n, p, seed, offset);                                                                 \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_adamw(lt_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,                        \
-                          const lt_adamw_params *hp) {                                                                 \
-        int h = lt_prof_begin(DEV, LT_PROF_ADAMW);                                                                     \
-        (REAL).adamw(ctx, p, g, m, v, n, hp);                                                                          \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_zero(lt_ctx *ctx, void *p, size_t bytes) {                                                         \
-        int h = lt_prof_begin(DEV, LT_PROF_ZERO);                                                                      \
-        (REAL).zero(ctx, p, bytes);                                                                                    \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_scale(lt_ctx *ctx, float *x, float a, int64_t n) {                                                 \
-        int h = lt_prof_begin(DEV, LT_PROF_SCALE);                                                                     \
-        (REAL).scale(ctx, x, a, n);                                                                                    \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static float P##_sumsq(lt_ctx *ctx, const float *x, int64_t n) {                                                   \
-        int h = lt_prof_begin(DEV, LT_PROF_SUMSQ);                                                                     \
-        float r = (REAL).sumsq(ctx, x, n);                                                                             \
-        lt_prof_end(h);                                                                                                \
-        return r;                                                                                                      \
-    }                                                                                                                  \
-    static void P##_to_bf16(lt_ctx *ctx, const float *x, uint16_t *y, int64_t n) {                                     \
-        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                                 \
-        (REAL).to_bf16(ctx, x, y, n);                                                                                  \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_from_bf16(lt_ctx *ctx, const uint16_t *x, float *y, int64_t n) {                                   \
-        int h = lt_prof_begin(DEV, LT_PROF_SAVED_CVT);                                                                 \
-        (REAL).from_bf16(ctx, x, y, n);                                                                                \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, \
-                             float beta, void *ws) {                                                                   \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL); /* its LoRA products nest as gemm */                               \
-        (REAL).lora_fwd(ctx, p, G, x, n, r, s, beta, ws);                                                              \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, \
-                             float *dx, float beta, float *dlu, void *ws) {                                            \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
-        (REAL).lora_bwd(ctx, p, G, x, n, r, s, dx, beta, dlu, ws);                                                     \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh,       \
-                                  int64_t n, int64_t r, float s, float beta, void *ws) {                               \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
-        (REAL).lora_fwd_bf16(ctx, p, G, x, xh, n, r, s, beta, ws);                                                     \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh,       \
-                                  int64_t n, int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu,     \
-                                  void *ws) {                                                                          \
-        int h = lt_prof_begin(DEV, LT_PROF_MATMUL);                                                                    \
-        (REAL).lora_bwd_bf16(ctx, p, G, x, xh, n, r, s, dx, dxh, beta, dlu, ws);                                       \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rmsnorm_fwd_bf16(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C,     \
-                                     uint16_t *y, float *rstd) {                                                       \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_FWD);                                                               \
-        (REAL).rmsnorm_fwd_bf16(ctx, x, w, eps, N, C, y, rstd);                                                        \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rmsnorm_bwd_add(lt_ctx *ctx, const float *dy, const float *x, const float *w, const float *rstd,   \
-                                    int64_t N, int64_t C, float *dx) {                                                 \
-        int h = lt_prof_begin(DEV, LT_PROF_RMSNORM_BWD);                                                               \
-        (REAL).rmsnorm_bwd_add(ctx, dy, x, w, rstd, N, C, dx);                                                         \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_rope_cvt(lt_ctx *ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,          \
-                             const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse) {                \
-        int h = lt_prof_begin(DEV, LT_PROF_ROPE);                                                                      \
-        (REAL).rope_cvt(ctx, x, x_bf16, y, y_bf16, pos, inv_freq, N, heads, D, inverse);                               \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_glu_fwd_bf16(lt_ctx *ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n,          \
-                                 uint16_t *a) {                                                                        \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_FWD);                                                                \
-        (REAL).glu_fwd_bf16(ctx, gelu, g, u, gu_bf16, n, a);                                                           \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_glu_bwd_bf16(lt_ctx *ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16,     \
-                                 int64_t n, uint16_t *dg, uint16_t *du) {                                              \
-        int h = lt_prof_begin(DEV, LT_PROF_SWIGLU_BWD);                                                                \
-        (REAL).glu_bwd_bf16(ctx, gelu, da, g, u, gu_bf16, n, dg, du);                                                  \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static lt_status P##_attention_fwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                                  \
-        lt_status s = (REAL).attention_fwd(ctx, p, a);                                                                 \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_attention_bwd(lt_ctx *ctx, const lt_attention_params *p, lt_attention_args *a) {              \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_BWD);                                                                  \
-        lt_status s = (REAL).attention_bwd(ctx, p, a);                                                                 \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
+    PROF_RET(lt_status, P, REAL, DEV, copy_to_device, LT_PROF_COPY,                                                    \
+             (lt_ctx * ctx, void *dst, const void *src, size_t bytes), (ctx, dst, src, bytes))                         \
+    PROF_RET(lt_status, P, REAL, DEV, copy_to_host, LT_PROF_COPY,                                                      \
+             (lt_ctx * ctx, void *dst, const void *src, size_t bytes), (ctx, dst, src, bytes))                         \
+    PROF_RET(lt_status, P, REAL, DEV, synchronize, LT_PROF_SYNC, (lt_ctx * ctx), (ctx))                                \
+    PROF_VOID(P, REAL, DEV, gemm, LT_PROF_GEMM,                                                                        \
+              (lt_ctx * ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,             \
+               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc),                           \
+              (ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
+    PROF_VOID(P, REAL, DEV, matmul, LT_PROF_MATMUL,                                                                    \
+              (lt_ctx * ctx, lt_matmul_mode mode, const lt_tensor *w, const float *x, int64_t N, float beta, float *y, \
+               void *ws),                                                                                              \
+              (ctx, mode, w, x, N, beta, y, ws))                                                                       \
+    PROF_VOID(P, REAL, DEV, rmsnorm_fwd, LT_PROF_RMSNORM_FWD,                                                          \
+              (lt_ctx * ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y, float *rstd),  \
+              (ctx, x, w, eps, N, C, y, rstd))                                                                         \
+    PROF_VOID(P, REAL, DEV, rmsnorm_bwd, LT_PROF_RMSNORM_BWD,                                                          \
+              (lt_ctx * ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N, int64_t C, \
+               float *dx, float *dw),                                                                                  \
+              (ctx, dy, x, w, rstd, N, C, dx, dw))                                                                     \
+    PROF_VOID(P, REAL, DEV, rope, LT_PROF_ROPE,                                                                        \
+              (lt_ctx * ctx, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t heads, int64_t D, \
+               int inverse),                                                                                           \
+              (ctx, x, pos, inv_freq, N, heads, D, inverse))                                                           \
+    PROF_VOID(P, REAL, DEV, swiglu_fwd, LT_PROF_SWIGLU_FWD,                                                            \
+              (lt_ctx * ctx, const float *g, const float *u, int64_t n, float *a), (ctx, g, u, n, a))                  \
+    PROF_VOID(P, REAL, DEV, swiglu_bwd, LT_PROF_SWIGLU_BWD,                                                            \
+              (lt_ctx * ctx, const float *da, const float *g, const float *u, int64_t n, float *dg, float *du),        \
+              (ctx, da, g, u, n, dg, du))                                                                              \
+    PROF_VOID(P, REAL, DEV, embedding, LT_PROF_EMBEDDING,                                                              \
+              (lt_ctx * ctx, const lt_tensor *table, const int32_t *ids, int64_t N, float *out),                       \
+              (ctx, table, ids, N, out))                                                                               \
+    PROF_VOID(P, REAL, DEV, add, LT_PROF_ADD, (lt_ctx * ctx, float *y, const float *x, float alpha, int64_t n),        \
+              (ctx, y, x, alpha, n))                                                                                   \
+    PROF_VOID(P, REAL, DEV, add_bias, LT_PROF_ADD_BIAS,                                                                \
+              (lt_ctx * ctx, float *y, const float *b, int64_t N, int64_t C), (ctx, y, b, N, C))                       \
+    PROF_VOID(P, REAL, DEV, dropout, LT_PROF_DROPOUT,                                                                  \
+              (lt_ctx * ctx, const float *x, float *y, int64_t n, float p, uint64_t seed, uint64_t offset),            \
+              (ctx, x, y, n, p, seed, offset))                                                                         \
+    PROF_VOID(P, REAL, DEV, adamw, LT_PROF_ADAMW,                                                                      \
+              (lt_ctx * ctx, float *p, const float *g, float *m, float *v, int64_t n, const lt_adamw_params *hp),      \
+              (ctx, p, g, m, v, n, hp))                                                                                \
+    PROF_VOID(P, REAL, DEV, zero, LT_PROF_ZERO, (lt_ctx * ctx, void *p, size_t bytes), (ctx, p, bytes))                \
+    PROF_VOID(P, REAL, DEV, scale, LT_PROF_SCALE, (lt_ctx * ctx, float *x, float a, int64_t n), (ctx, x, a, n))        \
+    PROF_RET(float, P, REAL, DEV, sumsq, LT_PROF_SUMSQ, (lt_ctx * ctx, const float *x, int64_t n), (ctx, x, n))        \
+    PROF_VOID(P, REAL, DEV, to_bf16, LT_PROF_SAVED_CVT, (lt_ctx * ctx, const float *x, uint16_t *y, int64_t n),        \
+              (ctx, x, y, n))                                                                                          \
+    PROF_VOID(P, REAL, DEV, from_bf16, LT_PROF_SAVED_CVT, (lt_ctx * ctx, const uint16_t *x, float *y, int64_t n),      \
+              (ctx, x, y, n))                                                                                          \
+    /* its LoRA products nest as gemm */                                                                               \
+    PROF_VOID(P, REAL, DEV, lora_fwd, LT_PROF_MATMUL,                                                                  \
+              (lt_ctx * ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, float beta,  \
+               void *ws),                                                                                              \
+              (ctx, p, G, x, n, r, s, beta, ws))                                                                       \
+    PROF_VOID(P, REAL, DEV, lora_bwd, LT_PROF_MATMUL,                                                                  \
+              (lt_ctx * ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s, float *dx,   \
+               float beta, float *dlu, void *ws),                                                                      \
+              (ctx, p, G, x, n, r, s, dx, beta, dlu, ws))                                                              \
+    PROF_VOID(P, REAL, DEV, lora_fwd_bf16, LT_PROF_MATMUL,                                                             \
+              (lt_ctx * ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n, int64_t r,   \
+               float s, float beta, void *ws),                                                                         \
+              (ctx, p, G, x, xh, n, r, s, beta, ws))                                                                   \
+    PROF_VOID(P, REAL, DEV, lora_bwd_bf16, LT_PROF_MATMUL,                                                             \
+              (lt_ctx * ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n, int64_t r,   \
+               float s, float *dx, uint16_t *dxh, float beta, float *dlu, void *ws),                                   \
+              (ctx, p, G, x, xh, n, r, s, dx, dxh, beta, dlu, ws))                                                     \
+    PROF_VOID(P, REAL, DEV, rmsnorm_fwd_bf16, LT_PROF_RMSNORM_FWD,                                                     \
+              (lt_ctx * ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,             \
+               float *rstd),                                                                                           \
+              (ctx, x, w, eps, N, C, y, rstd))                                                                         \
+    PROF_VOID(P, REAL, DEV, rmsnorm_bwd_add, LT_PROF_RMSNORM_BWD,                                                      \
+              (lt_ctx * ctx, const float *dy, const float *x, const float *w, const float *rstd, int64_t N, int64_t C, \
+               float *dx),                                                                                             \
+              (ctx, dy, x, w, rstd, N, C, dx))                                                                         \
+    PROF_VOID(P, REAL, DEV, rope_cvt, LT_PROF_ROPE,                                                                    \
+              (lt_ctx * ctx, const void *x, int x_bf16, void *y, int y_bf16, const int32_t *pos,                       \
+               const float *inv_freq, int64_t N, int64_t heads, int64_t D, int inverse),                               \
+              (ctx, x, x_bf16, y, y_bf16, pos, inv_freq, N, heads, D, inverse))                                        \
+    PROF_VOID(P, REAL, DEV, glu_fwd_bf16, LT_PROF_SWIGLU_FWD,                                                          \
+              (lt_ctx * ctx, int gelu, const void *g, const void *u, int gu_bf16, int64_t n, uint16_t *a),             \
+              (ctx, gelu, g, u, gu_bf16, n, a))                                                                        \
+    PROF_VOID(P, REAL, DEV, glu_bwd_bf16, LT_PROF_SWIGLU_BWD,                                                          \
+              (lt_ctx * ctx, int gelu, const void *da, const void *g, const void *u, int gu_bf16, int64_t n,           \
+               uint16_t *dg, uint16_t *du),                                                                            \
+              (ctx, gelu, da, g, u, gu_bf16, n, dg, du))                                                               \
+    PROF_RET(lt_status, P, REAL, DEV, attention_fwd, LT_PROF_ATTN_FWD,                                                 \
+             (lt_ctx * ctx, const lt_attention_params *p, lt_attention_args *a), (ctx, p, a))                          \
+    PROF_RET(lt_status, P, REAL, DEV, attention_bwd, LT_PROF_ATTN_BWD,                                                 \
+             (lt_ctx * ctx, const lt_attention_params *p, lt_attention_args *a), (ctx, p, a))                          \
     /* The per-batch key bounds, timed as attention forward work. */                                                   \
-    static lt_status P##_attention_batch_prepare(lt_ctx *ctx, const lt_attention_params *p, lt_attention_batch *b) {   \
-        int h = lt_prof_begin(DEV, LT_PROF_ATTN_FWD);                                                                  \
-        lt_status s = (REAL).attention_batch_prepare(ctx, p, b);                                                       \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_lce_fwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                               \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
-        lt_status s = (REAL).lce_fwd(ctx, o, a);                                                                       \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_lce_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                               \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
-        lt_status s = (REAL).lce_bwd(ctx, o, a);                                                                       \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static lt_status P##_lce_fwd_bwd(lt_ctx *ctx, const lt_lce_options *o, lt_lce_args *a) {                           \
-        int h = lt_prof_begin(DEV, LT_PROF_LCE);                                                                       \
-        lt_status s = (REAL).lce_fwd_bwd(ctx, o, a);                                                                   \
-        lt_prof_end(h);                                                                                                \
-        return s;                                                                                                      \
-    }                                                                                                                  \
-    static void P##_moe_route(lt_ctx *ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk,        \
-                              int32_t *idx, float *w, float *stats) {                                                  \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_ROUTE);                                                                 \
-        (REAL).moe_route(ctx, logits, n, E, k, norm_topk, idx, w, stats);                                              \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_route_bwd(lt_ctx *ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n,    \
-                                  int64_t E, int64_t k, int norm_topk, const float *stats, const float *scale,         \
-                                  float *dlogits) {                                                                    \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_ROUTE);                                                                 \
-        (REAL).moe_route_bwd(ctx, logits, idx, dw, n, E, k, norm_topk, stats, scale, dlogits);                         \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_sort(lt_ctx *ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off,           \
-                             int32_t *rows, int32_t *slot) {                                                           \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
-        (REAL).moe_sort(ctx, idx, n, k, E, off, rows, slot);                                                           \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_gather(lt_ctx *ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C,     \
-                               float *xg) {                                                                            \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
-        (REAL).moe_gather(ctx, x, rows, nk, k, C, xg);                                                                 \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_gather_bwd(lt_ctx *ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k,           \
-                                   int64_t C, float beta, float *dx) {                                                 \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
-        (REAL).moe_gather_bwd(ctx, dxg, slot, n, k, C, beta, dx);                                                      \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_combine(lt_ctx *ctx, const float *yg, const float *w, const int32_t *slot, int64_t n,          \
-                                int64_t k, int64_t C, float beta, float *y) {                                          \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
-        (REAL).moe_combine(ctx, yg, w, slot, n, k, C, beta, y);                                                        \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_moe_combine_bwd(lt_ctx *ctx, const float *dy, const float *yg, const float *w,                     \
-                                    const int32_t *slot, int64_t n, int64_t k, int64_t C, float *dyg, float *dw) {     \
-        int h = lt_prof_begin(DEV, LT_PROF_MOE_DISPATCH);                                                              \
-        (REAL).moe_combine_bwd(ctx, dy, yg, w, slot, n, k, C, dyg, dw);                                                \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
-    static void P##_grouped_matmul(lt_ctx *ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E,                    \
-                                   const int32_t *off, const float *x, int64_t nk, float beta, float *y, void *ws) {   \
-        int h = lt_prof_begin(DEV, LT_PROF_GROUPED_MATMUL);                                                            \
-        (REAL).grouped_matmul(ctx, mode, w, E, off, x, nk, beta, y, ws);                                               \
-        lt_prof_end(h);                                                                                                \
-    }                                                                                                                  \
+    PROF_RET(lt_status, P, REAL, DEV, attention_batch_prepare, LT_PROF_ATTN_FWD,                                       \
+             (lt_ctx * ctx, const lt_attention_params *p, lt_attention_batch *b), (ctx, p, b))                         \
+    PROF_RET(lt_status, P, REAL, DEV, lce_fwd, LT_PROF_LCE, (lt_ctx * ctx, const lt_lce_options *o, lt_lce_args *a),   \
+             (ctx, o, a))                                                                                              \
+    PROF_RET(lt_status, P, REAL, DEV, lce_bwd, LT_PROF_LCE, (lt_ctx * ctx, const lt_lce_options *o, lt_lce_args *a),   \
+             (ctx, o, a))                                                                                              \
+    PROF_RET(lt_status, P, REAL, DEV, lce_fwd_bwd, LT_PROF_LCE,                                                        \
+             (lt_ctx * ctx, const lt_lce_options *o, lt_lce_args *a), (ctx, o, a))                                     \
+    PROF_VOID(P, REAL, DEV, moe_route, LT_PROF_MOE_ROUTE,                                                              \
+              (lt_ctx * ctx, const float *logits, int64_t n, int64_t E, int64_t k, int norm_topk, int32_t *idx,        \
+               float *w, float *stats),                                                                                \
+              (ctx, logits, n, E, k, norm_topk, idx, w, stats))                                                        \
+    PROF_VOID(P, REAL, DEV, moe_route_bwd, LT_PROF_MOE_ROUTE,                                                          \
+              (lt_ctx * ctx, const float *logits, const int32_t *idx, const float *dw, int64_t n, int64_t E,           \
+               int64_t k, int norm_topk, const float *stats, const float *scale, float *dlogits),                      \
+              (ctx, logits, idx, dw, n, E, k, norm_topk, stats, scale, dlogits))                                       \
+    PROF_VOID(P, REAL, DEV, moe_sort, LT_PROF_MOE_DISPATCH,                                                            \
+              (lt_ctx * ctx, const int32_t *idx, int64_t n, int64_t k, int64_t E, int32_t *off, int32_t *rows,         \
+               int32_t *slot),                                                                                         \
+              (ctx, idx, n, k, E, off, rows, slot))                                                                    \
+    PROF_VOID(P, REAL, DEV, moe_gather, LT_PROF_MOE_DISPATCH,                                                          \
+              (lt_ctx * ctx, const float *x, const int32_t *rows, int64_t nk, int64_t k, int64_t C, float *xg),        \
+              (ctx, x, rows, nk, k, C, xg))                                                                            \
+    PROF_VOID(P, REAL, DEV, moe_gather_bwd, LT_PROF_MOE_DISPATCH,                                                      \
+              (lt_ctx * ctx, const float *dxg, const int32_t *slot, int64_t n, int64_t k, int64_t C, float beta,       \
+               float *dx),                                                                                             \
+              (ctx, dxg, slot, n, k, C, beta, dx))                                                                     \
+    PROF_VOID(P, REAL, DEV, moe_combine, LT_PROF_MOE_DISPATCH,                                                         \
+              (lt_ctx * ctx, const float *yg, const float *w, const int32_t *slot, int64_t n, int64_t k, int64_t C,    \
+               float beta, float *y),                                                                                  \
+              (ctx, yg, w, slot, n, k, C, beta, y))                                                                    \
+    PROF_VOID(P, REAL, DEV, moe_combine_bwd, LT_PROF_MOE_DISPATCH,                                                     \
+              (lt_ctx * ctx, const float *dy, const float *yg, const float *w, const int32_t *slot, int64_t n,         \
+               int64_t k, int64_t C, float *dyg, float *dw),                                                           \
+              (ctx, dy, yg, w, slot, n, k, C, dyg, dw))                                                                \
+    PROF_VOID(P, REAL, DEV, grouped_matmul, LT_PROF_GROUPED_MATMUL,                                                    \
+              (lt_ctx * ctx, lt_matmul_mode mode, const lt_tensor *w, int64_t E, const int32_t *off, const float *x,   \
+               int64_t nk, float beta, float *y, void *ws),                                                            \
+              (ctx, mode, w, E, off, x, nk, beta, y, ws))                                                              \
     /* The real table with the timed ops swapped in: fields added later stay the real ones. */                         \
     static void P##_install(lt_backend *t) {                                                                           \
         *t = (REAL);                                                                                                   \

@@ -118,6 +118,30 @@ void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const floa
     lora_fwd_any(ctx, p, G, x, xh, n, r, s, beta, ws);
 }
 
+/* One adapter's products in the backward, from dy (f32, and dyb its bf16 rows when staged or
+ * given): dl = s·dy·B (dl's row stride ldd), gb += s·dyᵀ·lu, ga += dlᵀ·x (x in f32, rounded to bf16
+ * as the other LoRA products read it, or xh). */
+static void adapter_grads(lt_ctx *ctx, const lt_lora_proj *P, const void *dyb, const float *x, const uint16_t *xh,
+                          int64_t n, int64_t r, float s, float *dl, int64_t ldd, void *gws, size_t gws_bytes) {
+    const int64_t out = P->w->shape[0], in = P->w->shape[1];
+    if (dyb) { /* dlu and gb from the bf16 dy the base product reads */
+        int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, 0, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
+        int k2 =
+            k1 && lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
+        LT_ASSERT((k1 && k2) || !P->dyh);
+        if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
+        if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
+    } else {
+        lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
+        lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
+    }
+    const void *xa = xh ? (const void *)xh : (const void *)x;
+    if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
+        LT_ASSERT(!xh);
+        lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
+    }
+}
+
 /* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0):
  * dlu·A rounded first, then the base product added onto it (C and D in bf16). lora_bf16_takes
  * admitted the projection, so its adapter, if any, is on the fused path. */
@@ -129,17 +153,9 @@ static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, con
         size_t gws_bytes = 0;
         void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        const void *xa = xh ? (const void *)xh : (const void *)x;
-        int ok = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, P->dyh, 0, out, P->b, r, 0.0f, dlu, r, gws, gws_bytes);
-        ok =
-            ok && lt_cuda_skinny_h_tall(ctx, out, r, n, s, P->dyh, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
-        if (ok &&
-            !lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dlu, r, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
-            LT_ASSERT(!xh);
-            lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dlu, r, x, in, 1.0f, P->ga, in);
-        }
+        adapter_grads(ctx, P, P->dyh, x, xh, n, r, s, dlu, r, gws, gws_bytes);
         const float *ap[3] = {P->a, NULL, NULL};
-        ok = ok && lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, 0.0f, dxh, in);
+        const int ok = lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, 0.0f, dxh, in);
         lt_prof_end(ph);
         LT_ASSERT(ok); /* lora_fast checked every condition the kernels have */
     }
@@ -177,7 +193,6 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     int ia = 0, based = 0;
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
-        const int64_t out = P->w->shape[0];
         const float bbeta = based ? 1.0f : beta;
         if (!P->a) {
             if (dx) base_product(ctx, LT_MATMUL_NN, P, P->dy, P->dyh, n, bbeta, dx, ws, 0), based = 1;
@@ -187,23 +202,7 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
         apieces[ia++] = P->a;
         const void *dyb = P->dyh ? P->dyh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        if (dyb) { /* dlu = s·dy·B and gb += s·dyᵀ·lu from the bf16 dy the base product reads */
-            int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, 0, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
-            int k2 = k1 &&
-                lt_cuda_skinny_h_tall(ctx, out, r, n, s, dyb, 0, out, P->lu, r, 1.0f, P->gb, r, 1, gws, gws_bytes);
-            LT_ASSERT((k1 && k2) || !P->dyh);
-            if (!k1) lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
-            if (!k2) lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
-        } else {
-            lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
-            lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
-        }
-        /* ga += dluᵀ·x (x read in f32, rounded to bf16 as the other LoRA products read it, or xh) */
-        const void *xa = xh ? (const void *)xh : (const void *)x;
-        if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
-            LT_ASSERT(!xh);
-            lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
-        }
+        adapter_grads(ctx, P, dyb, x, xh, n, r, s, dl, ldd, gws, gws_bytes);
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, NULL, dx, in);
