@@ -435,8 +435,8 @@ double lt_bench_hw_flops(const lt_model_config *cfg, int64_t r, int64_t T, doubl
 const char *const lt_bench_flops_note =
     "per step of T tokens, B=1: model_flops = L*(4*P*T + 6*R*T + 3*A) + 4*V*C*T (MFU); hw_flops = "
     "L*(4*P*T + 2*(P - C*F)*T + 10*R*T + (3.5 + k)*A) + 4*V*C*T (HFU: adds the recomputed layer forward "
-    "without the down projection's base product, k = 1 when attention is recomputed and 0 when its output "
-    "is kept with the checkpoints; on the CPU, keeping it also keeps q, k, v and x_mid, so the recompute skips "
+    "without the down projection's base product, k = the share of the layers whose recompute reruns attention "
+    "(the others keep its output with the checkpoints; the last segment's stores survive from the forward); on the CPU, keeping it also keeps q, k, v and x_mid, so the recompute skips "
     "the q,k,v,o projections: minus L*2*(Pa + Ra)*T, their shares of P and R; attention backward 2.5*A as FlashAttention counts it). P = weight elements of one layer's q,k,v,o,gate,up,down; "
     "R = r*sum(in+out) over the 7 adapters; A = causal attention forward 2*H*T^2*D. Frozen base: "
     "no weight-gradient GEMMs. Head: forward + input gradient. Norms, RoPE, SwiGLU, AdamW not counted.";

@@ -445,10 +445,13 @@ int lt_bench_train(int argc, char **argv) {
     }
     if (st != LT_OK) goto fail;
     const lt_model_config *cfg = lt_model_get_config(m);
-    /* the share of the recomputed layers (every LoRA layer here) that rerun attention, for HFU */
-    const double rerun_share = recompute_attn ? 1.0
-        : rerun_layers >= cfg->L              ? 1.0
-                                              : (double)rerun_layers / (double)cfg->L;
+    /* the share of the layers that rerun attention, for HFU: those the step reruns it in (every
+     * LoRA layer is recomputed here, the last segment from its forward's stores, rerunning none) */
+    int64_t rerun_sl = 0, rerun_other = 0;
+    if (rc_policy != LT_RECOMPUTE_NONE && (recompute_attn || rerun_layers))
+        lt_model_attention_rerun_split(cfg, rc_policy, lt_model_recompute_cap(rc_policy, rc_k), cfg->L,
+                                       recompute_attn ? -1 : rerun_layers, &rerun_sl, &rerun_other);
+    const double rerun_share = (double)(rerun_sl + rerun_other) / (double)cfg->L;
     int64_t n_params = 0;
     float *params = lt_model_lora_params(m, &n_params);
     float *grads = lt_model_lora_grads(m, &n_params);

@@ -462,10 +462,11 @@ int lt_cmd_plan(int argc, char **argv) {
     int64_t K = plan.options.lora.num_layers; /* the LoRA layers, the last K of the model */
     if (K <= 0 || K > cfg.L) K = cfg.L;
     if (att_layers > 0) { /* as the step counts them: more than there are reruns it in all */
+        const int64_t cap = lt_model_recompute_cap(plan.options.run.recompute, plan.options.run.recompute_k);
         int64_t sl = 0, ot = 0;
-        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, -1, &sl, &ot);
+        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, cap, K, -1, &sl, &ot);
         n_recomputed = sl + ot;
-        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, K, att_layers, &sl, &ot);
+        lt_model_attention_rerun_split(&cfg, plan.options.run.recompute, cap, K, att_layers, &sl, &ot);
         att_layers = sl + ot;
     }
     const int rerun_all = recompute_attention || (att_layers > 0 && att_layers == n_recomputed);

@@ -269,12 +269,18 @@ typedef enum lt_recompute {
  * description's attention kind for the by-kind policies; 0 for none and for layers outside. */
 LT_API int lt_model_recomputes_layer(const lt_model_config *cfg, lt_recompute r, int64_t l);
 
+/* Pure: the most layers one segment of policy r holds when recompute_k is k (0: the policy's
+ * default): 1 for every layer, k where given, 2 for every:K. */
+LT_API int64_t lt_model_recompute_cap(lt_recompute r, int64_t k);
+
 /* Pure: when `rerun` of the recomputed ones among the K LoRA layers (model layers L - K .. L - 1)
- * rerun their attention under policy r (negative or more than there are: all), how many of them
- * have sliding windows (*sliding, taken first: their attention is the cheaper to rerun) and how
- * many not (*other); each kind's reruns are its lowest recomputed layers. */
-LT_API void lt_model_attention_rerun_split(const lt_model_config *cfg, lt_recompute r, int64_t K, int64_t rerun,
-                                           int64_t *sliding, int64_t *other);
+ * rerun their attention under policy r with segments of at most cap layers (negative or more than
+ * there are: all), how many of them have sliding windows (*sliding, taken first: their attention
+ * is the cheaper to rerun) and how many not (*other); each kind's reruns are its lowest recomputed
+ * layers. The last segment counts for neither: the backward reads its stores from the forward, so
+ * it neither reruns nor keeps attention. */
+LT_API void lt_model_attention_rerun_split(const lt_model_config *cfg, lt_recompute r, int64_t cap, int64_t K,
+                                           int64_t rerun, int64_t *sliding, int64_t *other);
 
 /* Shapes of the step and execution choices: everything the activation and workspace classes
  * depend on. Zero-initialised fields take the defaults noted. */

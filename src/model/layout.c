@@ -262,10 +262,30 @@ static int sliding_layer(const lt_model_config *c, int64_t l) {
     return d.attn == LT_ATTN_KIND_SLIDING;
 }
 
-void lt_model_attention_rerun_split(const lt_model_config *c, lt_recompute r, int64_t K, int64_t rerun,
+int64_t lt_model_recompute_cap(lt_recompute r, int64_t k) {
+    return r == LT_RECOMPUTE_EVERY ? 1 : k > 0 ? k : r == LT_RECOMPUTE_EVERY_K ? 2 : 1;
+}
+
+/* Where the last segment of the K LoRA layers under policy r (segments of at most cap layers)
+ * starts: its layers keep their forward stores until their backward, which never recomputes
+ * them, so they neither keep nor rerun attention. K when no layer is recomputed. */
+static int64_t last_segment_start(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K) {
+    int64_t start = K, len = 0;
+    for (int64_t j = 0; j < K; j++) {
+        if (!lt_model_recomputes_layer(c, r, c->L - K + j)) {
+            len = 0;
+            continue;
+        }
+        if (len == 0 || len == cap) start = j, len = 0;
+        len++;
+    }
+    return start;
+}
+
+void lt_model_attention_rerun_split(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, int64_t rerun,
                                     int64_t *sliding, int64_t *other) {
-    int64_t n_sl = 0, n_all = 0;
-    for (int64_t j = 0; j < K; j++)
+    int64_t n_sl = 0, n_all = 0, end = last_segment_start(c, r, cap < 1 ? 1 : cap, K);
+    for (int64_t j = 0; j < end; j++)
         if (lt_model_recomputes_layer(c, r, c->L - K + j)) n_all++, n_sl += sliding_layer(c, c->L - K + j);
     if (rerun < 0 || rerun > n_all) rerun = n_all;
     *sliding = rerun < n_sl ? rerun : n_sl;
@@ -275,8 +295,8 @@ void lt_model_attention_rerun_split(const lt_model_config *c, lt_recompute r, in
 void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int64_t K, int64_t rerun, lt_rc_place *out,
                       lt_rc_counts *n) {
     memset(n, 0, sizeof *n);
-    int64_t rerun_sl, rerun_full, seen_sl = 0, seen_full = 0;
-    lt_model_attention_rerun_split(c, r, K, rerun, &rerun_sl, &rerun_full);
+    int64_t rerun_sl, rerun_full, seen_sl = 0, seen_full = 0, end = last_segment_start(c, r, cap, K);
+    lt_model_attention_rerun_split(c, r, cap, K, rerun, &rerun_sl, &rerun_full);
     int64_t len = 0; /* layers so far in the open segment (0: none open) */
     for (int64_t j = 0; j < K; j++) {
         lt_rc_place p;
@@ -293,7 +313,7 @@ void lt_model_rc_walk(const lt_model_config *c, lt_recompute r, int64_t cap, int
             if (len > n->max_len) n->max_len = len;
         }
         p.katt = -1;
-        if (p.rec) {
+        if (p.rec && j < end) { /* the last segment's attention stays in its stores */
             const int sl = sliding_layer(c, c->L - K + j);
             const int reruns = sl ? seen_sl++ < rerun_sl : seen_full++ < rerun_full;
             if (!reruns) p.katt = (int32_t)n->n_katt++;
@@ -378,10 +398,7 @@ static lt_status resolve_recompute(lt_ctx *ctx, const lt_model_run_options *run,
     if (run->recompute_k < 0)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: recompute_k %lld is negative",
                         (long long)run->recompute_k);
-    int64_t cap = p == LT_RECOMPUTE_EVERY ? 1
-        : run->recompute_k > 0            ? run->recompute_k
-        : p == LT_RECOMPUTE_EVERY_K       ? 2
-                                          : 1;
+    int64_t cap = lt_model_recompute_cap(p, run->recompute_k);
     if (cap > r->K) cap = r->K;
     o->rc = r->fwd_only ? LT_RECOMPUTE_NONE : p;
     o->rc_k = o->rc == LT_RECOMPUTE_NONE ? 0 : cap;
@@ -468,6 +485,7 @@ static lt_status resolve_run(lt_ctx *ctx, const lt_model_run_options *run, run_s
     if (run->gu_f32 < 0 || run->gu_f32 > 1)
         return lt_error(ctx, LT_ERR_INVALID_ARG, "model run: gu_f32 %d outside 0..1", run->gu_f32);
     o->gu_bf16 = o->mlp_bf16 && !run->gu_f32;
+    o->hf_bf16 = !r->fwd_only && o->mlp_bf16;
     const size_t gu_es = o->gu_bf16 ? 2 : 4;
     /* Segments of one layer: a recomputed layer's checkpoint is its input, the layer before writes it. */
     o->resid_ckpt = !r->fwd_only && rc.n_rec && rc.max_len == 1;
@@ -596,7 +614,7 @@ static void layout_buffers(const run_shape *r, lt_layout *o, size_t *cur) {
         size_t region = carve_aligned(cur, 0, al), fin = region, grads = region;
         o->final_class = LT_MEM_WORKSPACE;
         o->xf = carve_aligned(&fin, nb(r->N * c->C, 4), al);
-        o->hf = carve_aligned(&fin, nb(r->N * c->C, 4), al);
+        if (!o->hf_bf16) o->hf = carve_aligned(&fin, nb(r->N * c->C, 4), al); /* else in the loss's place */
         o->datt = carve_aligned(&grads, nb(r->N * r->qd, r->es), al);
         o->dq = carve_aligned(&grads, nb(r->N * r->qd, r->es), al);
         o->dk = carve_aligned(&grads, nb(r->N * r->kvd, r->es), al);
@@ -752,9 +770,9 @@ static size_t lce_workspace(const run_shape *r, const lt_layout *o) {
     lt_tensor hv = lt_tensor_view(NULL, LT_DTYPE_F32, o->device, 2, hs);
     lt_lce_args la;
     memset(&la, 0, sizeof la);
-    la.h = hv;
+    la.h = o->hf_bf16 ? lt_tensor_view(NULL, LT_DTYPE_BF16, o->device, 2, hs) : hv;
     la.w = lt_tensor_view(NULL, c->tie_embeddings ? c->embed_dtype : c->head_dtype, o->device, 2, wsh);
-    la.dh = &hv;
+    la.dh = &hv; /* ∂/∂h is f32 (into dx) */
     size_t lw = lt_lce_workspace_bytes(&lopt, &la, 0, o->threads);
     if (!r->fwd_only) { /* the training step calls lt_lce_forward_backward */
         size_t lb = lt_lce_workspace_bytes(&lopt, &la, LT_LCE_PASS_FORWARD_BACKWARD, o->threads);
@@ -781,6 +799,7 @@ static lt_status layout_workspace(lt_ctx *ctx, const run_shape *r, lt_layout *o)
     LT_TRY(attn_workspace(ctx, r, o, &o->attn_ws_bytes));
     size_t a_end = o->h, l_end = o->h;
     o->attn_ws = carve_aligned(&a_end, o->attn_ws_bytes, r->al);
+    if (o->hf_bf16) o->hf = carve_aligned(&l_end, nb(r->N * r->c->C, 2), r->al);
     o->lce_ws_bytes = lce_workspace(r, o);
     o->lce_ws = carve_aligned(&l_end, o->lce_ws_bytes, r->al);
     if (a_end > cur) cur = a_end;

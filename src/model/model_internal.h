@@ -268,9 +268,14 @@ typedef struct lt_layout {
     int64_t attn_window[LT_MODEL_ATTN_WINDOWS_MAX];
     size_t attn_batch, attn_batch_bytes;
     /* The final norm's input xf and output hf (N, C), in block `final_class`: the transients of a
-     * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward). */
+     * forward-only run, else the workspace's datt and dq pieces (dead until a layer's backward).
+     * hf_bf16 (training with mlp_bf16): hf is bf16 (rmsnorm_fwd_bf16, the rounding the loss's
+     * products apply to an f32 h) and lies where the chunk buffers start, the loss's workspace
+     * after it: the chunk buffers hold nothing live while the loss runs, and xf alone is smaller
+     * than attention's gradients, so the two f32 tensors no longer set that region's size. */
     lt_mem_class final_class;
     size_t xf, hf;
+    int hf_bf16;
     /* Device runs only (in_bytes = 0 on the host): the step's inputs as one transient piece at
      * `inputs`, staged on the host in the same layout and copied in once per step. Offsets
      * within it: tokens (N), targets (N), positions (N) int32, and scalars (4) f32: [0] the loss

@@ -213,7 +213,8 @@ static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backw
     const lt_layout *y = &m->lay;
     float *xf = lt_step_xf(s), *hf = lt_step_hf(s);
     float *rstd = (float *)lt_step_blk(s, LT_MEM_TRANSIENTS, y->rstd_f);
-    s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
+    if (y->hf_bf16) s->be->rmsnorm_fwd_bf16(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, (uint16_t *)hf, rstd);
+    else s->be->rmsnorm_fwd(s->ctx, xf, m->final_norm, c->rms_eps, s->N, c->C, hf, rstd);
     if (!b->targets) return lt_error(s->ctx, LT_ERR_INVALID_ARG, "model: batch has no targets");
     int64_t n_tok = s->n_tok;
     lt_lce_options lo;
@@ -226,7 +227,7 @@ static lt_status final_loss(const lt_step *s, const lt_model_batch *b, int backw
     int64_t hs[2] = {s->N, c->C};
     lt_lce_args la;
     memset(&la, 0, sizeof la);
-    la.h = lt_tensor_view(hf, LT_DTYPE_F32, m->opt.device, 2, hs);
+    la.h = lt_tensor_view(hf, y->hf_bf16 ? LT_DTYPE_BF16 : LT_DTYPE_F32, m->opt.device, 2, hs);
     la.w = m->head;
     la.targets = s->targets;
     la.loss = s->scalars ? s->scalars : &loss; /* a device loss is read back by read_loss */
@@ -440,6 +441,11 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     const lt_model_config *c = &m->cfg;
     float *xf = lt_step_xf(&s), *hf = lt_step_hf(&s);
     float *rstd = (float *)lt_step_blk(&s, LT_MEM_TRANSIENTS, m->lay.rstd_f);
+    /* A training layout's hf holds the loss's bf16 rows: the head's f32 product takes a copy of
+     * this call's own. */
+    const size_t hf_bytes = m->lay.hf_bf16 ? (size_t)s.N * (size_t)c->C * sizeof(float) : 0;
+    if (hf_bytes && !(hf = lt_alloc(ctx, m->opt.device, hf_bytes, "logits final norm output")))
+        return lt_ctx_status(ctx);
     m->be->rmsnorm_fwd(ctx, xf, m->final_norm, c->rms_eps, s.N, c->C, hf, rstd);
     /* A device model writes the logits into a device buffer of this call's own (tests and
      * generation, not the training step), then copies them out. The head's matmul gets a
@@ -450,10 +456,13 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     size_t wsb = m->be->matmul_workspace_bytes(m->head.dtype, c->V, c->C, last_only ? 1 : s.N, m->lay.threads);
     void *ws = NULL;
     float *out = logits;
-    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits")))
+    if (m->opt.device != LT_DEVICE_CPU && !(out = lt_alloc(ctx, m->opt.device, bytes, "logits"))) {
+        if (hf_bytes) lt_free(ctx, m->opt.device, hf, hf_bytes);
         return lt_ctx_status(ctx);
+    }
     if (wsb && !(ws = lt_alloc(ctx, m->opt.device, wsb, "logits matmul workspace"))) {
         if (out != logits) lt_free(ctx, m->opt.device, out, bytes);
+        if (hf_bytes) lt_free(ctx, m->opt.device, hf, hf_bytes);
         return lt_ctx_status(ctx);
     }
     if (!last_only) m->be->matmul(ctx, LT_MATMUL_NT, &m->head, hf, s.N, 0.0f, out, ws);
@@ -464,6 +473,7 @@ static lt_status logits_rows(lt_ctx *ctx, lt_model *m, const lt_model_batch *b, 
     if (out != logits) st = m->be->copy_to_host(ctx, logits, out, bytes);
     if (ws) lt_free(ctx, m->opt.device, ws, wsb);
     if (out != logits) lt_free(ctx, m->opt.device, out, bytes);
+    if (hf_bytes) lt_free(ctx, m->opt.device, hf, hf_bytes);
     if (st == LT_OK) lt_fast_softcap(logits, rows * c->V, c->final_softcap); /* as the loss sees them */
     return st;
 }

@@ -270,11 +270,13 @@ static double proj_weights(const lt_model_config *cfg) {
  * auto: per recomputed LoRA layer its projections' forward (2·T·P FLOPs, P the weights of its seven
  * projections) and, in the layers that rerun attention, attention's forward (4·H·D per key a query
  * sees). `rerun` of the recomputed layers rerun it (negative: all), split between the kinds by
- * lt_model_attention_rerun_split, each kind's from the bottom as the step takes them. */
-static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t layers, int64_t rerun, int64_t T) {
+ * lt_model_attention_rerun_split, each kind's from the bottom as the step takes them (the last
+ * segment, whose stores survive from the forward, reruns none). */
+static double recompute_flops(const lt_model_config *cfg, lt_recompute pol, int64_t k, int64_t layers, int64_t rerun,
+                              int64_t T) {
     const double P = proj_weights(cfg);
     int64_t left_sl, left_full;
-    lt_model_attention_rerun_split(cfg, pol, layers, rerun, &left_sl, &left_full);
+    lt_model_attention_rerun_split(cfg, pol, lt_model_recompute_cap(pol, k), layers, rerun, &left_sl, &left_full);
     double f = 0;
     for (int64_t l = cfg->L - layers; l < cfg->L; l++) {
         if (!lt_model_recomputes_layer(cfg, pol, l)) continue;
@@ -380,12 +382,11 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         for (int pi = 0; pi < 3; pi++) {
             int64_t n_rec, span = longest_run(cfg, pols[pi], layers, &n_rec);
             if (pols[pi] != LT_RECOMPUTE_EVERY && (n_rec == 0 || n_rec == layers)) continue;
-            double flops = recompute_flops(cfg, pols[pi], layers, rerun ? -1 : 0, popt->run.T);
             for (int64_t k = 1; k == 1 || (k < span && k < 2048); k *= 2) {
                 pol[np].policy = pols[pi] == LT_RECOMPUTE_EVERY && k > 1 ? LT_RECOMPUTE_EVERY_K : pols[pi];
                 pol[np].k = k;
                 pol[np].rerun = rerun;
-                pol[np].flops = flops;
+                pol[np].flops = recompute_flops(cfg, pol[np].policy, k, layers, rerun ? -1 : 0, popt->run.T);
                 np++;
             }
         }
@@ -460,10 +461,10 @@ lt_status lt_train_choose_recompute(lt_ctx *ctx, const lt_train_options *opt, co
         LT_TRY(fewest_reruns(ctx, cfg, held, budget_bytes, layers, &r, &rpo, &rp));
         const int64_t m = r.recompute_attention ? -1 : r.recompute_attention_layers;
         const double cost = cand[i].cost +
-            (work > 0
-                 ? (recompute_flops(cfg, c.recompute, layers, m, T) - recompute_flops(cfg, c.recompute, layers, 0, T)) /
+            (work > 0 ? (recompute_flops(cfg, c.recompute, c.recompute_every, layers, m, T) -
+                         recompute_flops(cfg, c.recompute, c.recompute_every, layers, 0, T)) /
                      work
-                 : 0);
+                      : 0);
         if (!have || cost < have_cost) have = 1, have_cost = cost, have_c = r, have_p = rp;
     }
     if (have) {

@@ -171,7 +171,9 @@ static void kept_qkv_equals_rerun_attention(void **state) {
                 loss[rerun] = r.loss_sum;
                 if (!rerun) memcpy(gk, lt_model_lora_grads(m, NULL), (size_t)n * 4);
             }
-            assert_true(act[0] > act[1]);
+            /* every:2 on two layers is one segment, the last, which keeps no attention output */
+            if (v & 1 && lt_model_get_config(m)->L <= 2) assert_true(act[0] == act[1]);
+            else assert_true(act[0] > act[1]);
             if (loss[0] != loss[1] || memcmp(tl[0], tl[1], (size_t)N * 4) ||
                 memcmp(gk, lt_model_lora_grads(m, NULL), (size_t)n * 4)) {
                 fprintf(stderr, "%s variant %d: kept q/k/v differs from the rerun (loss %.9g vs %.9g)\n", CASES[ci], v,

@@ -323,9 +323,19 @@ static void by_kind_prices_between_none_and_all(void **state) {
             assert_true(act_bytes(ctx, &cfg, 0, LT_RECOMPUTE_SLIDING, 0, 1, 8192, LT_DEVICE_CPU, &ss));
             assert_int_equal(ss.bytes[LT_MEM_TRANSIENTS], sa.bytes[LT_MEM_TRANSIENTS]);
             assert_int_equal(ss.bytes[LT_MEM_WORKSPACE], sa.bytes[LT_MEM_WORKSPACE]);
+            /* all keeps L checkpoints and, below the top layer (the last segment, whose stores
+             * the backward reads from the forward), L - 1 attention outputs */
+            lt_model_sizes sr;
+            lt_lora_options lo0 = {0};
+            lt_model_run_options rr = {0};
+            rr.B = 1, rr.T = 8192, rr.recompute = LT_RECOMPUTE_EVERY, rr.recompute_attention = 1;
+            rr.device = LT_DEVICE_CPU;
+            assert_int_equal(lt_model_size_table(ctx, &cfg, &lo0, &rr, &sr), LT_OK);
             size_t per_kept = sn.bytes[LT_MEM_ACTIVATIONS] / (size_t)cfg.L;
-            size_t per_rec = sa.bytes[LT_MEM_ACTIVATIONS] / (size_t)cfg.L;
-            size_t want = (size_t)(cfg.L - n_sliding) * per_kept + (size_t)n_sliding * per_rec;
+            size_t per_ckpt = sr.bytes[LT_MEM_ACTIVATIONS] / (size_t)cfg.L;
+            size_t per_att = (sa.bytes[LT_MEM_ACTIVATIONS] - sr.bytes[LT_MEM_ACTIVATIONS]) / (size_t)(cfg.L - 1);
+            size_t want = (size_t)(cfg.L - n_sliding) * per_kept + (size_t)n_sliding * per_ckpt +
+                (size_t)(n_sliding - 1) * per_att;
             /* pieces are rounded to 64 bytes; the allocator adds one rounding per block */
             assert_true(ss.bytes[LT_MEM_ACTIVATIONS] + 4096 >= want && ss.bytes[LT_MEM_ACTIVATIONS] <= want + 4096);
         }
@@ -580,9 +590,11 @@ static int64_t recomputed_layers(const lt_model_config *cfg, int64_t num_layers,
     return n;
 }
 
-/* Which layers rerun attention: on the tiny Gemma 3 (S S G S S G S S) every layer recomputed, a
- * count of 3 reruns the first three sliding layers (0, 1, 3), 7 all six sliding ones and the first
- * global one (2); the others keep their outputs in slots numbered from the bottom. */
+/* Which layers rerun attention: on the tiny Gemma 3 (S S G S S G S S) every layer recomputed, the
+ * top layer (the last segment, whose stores the backward reads from the forward) neither reruns
+ * nor keeps it; of the seven below, a count of 3 reruns the first three sliding layers (0, 1, 3),
+ * 6 all five sliding ones and the first global one (2); the others keep their outputs in slots
+ * numbered from the bottom. */
 static void partial_rerun_takes_sliding_layers_first(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -595,9 +607,9 @@ static void partial_rerun_takes_sliding_layers_first(void **state) {
         int32_t katt[8];
         int64_t n_katt;
     } want[] = {
-        {0, {0, 1, 2, 3, 4, 5, 6, 7}, 8},          {3, {-1, -1, 0, -1, 1, 2, 3, 4}, 5},
-        {6, {-1, -1, 0, -1, -1, 1, -1, -1}, 2},    {7, {-1, -1, -1, -1, -1, 0, -1, -1}, 1},
-        {8, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},  {-1, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},
+        {0, {0, 1, 2, 3, 4, 5, 6, -1}, 7},         {3, {-1, -1, 0, -1, 1, 2, 3, -1}, 4},
+        {5, {-1, -1, 0, -1, -1, 1, -1, -1}, 2},    {6, {-1, -1, -1, -1, -1, 0, -1, -1}, 1},
+        {7, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},  {-1, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},
         {99, {-1, -1, -1, -1, -1, -1, -1, -1}, 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -607,13 +619,26 @@ static void partial_rerun_takes_sliding_layers_first(void **state) {
         assert_int_equal(n.n_katt, want[i].n_katt);
         for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, want[i].katt[j]);
     }
-    /* recompute global: only layers 2 and 5 are recomputed; one rerun is layer 2's */
+    /* recompute global: only layers 2 and 5 are recomputed, 5 as the last segment; without reruns
+     * layer 2 keeps its output, one rerun is layer 2's */
     lt_rc_place pl[8];
     lt_rc_counts n;
-    lt_model_rc_walk(&cfg, LT_RECOMPUTE_GLOBAL, 1, K, 1, pl, &n);
+    lt_model_rc_walk(&cfg, LT_RECOMPUTE_GLOBAL, 1, K, 0, pl, &n);
     assert_int_equal(n.n_rec, 2);
     assert_int_equal(n.n_katt, 1);
-    for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, j == 5 ? 0 : -1);
+    for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, j == 2 ? 0 : -1);
+    lt_model_rc_walk(&cfg, LT_RECOMPUTE_GLOBAL, 1, K, 1, pl, &n);
+    assert_int_equal(n.n_katt, 0);
+    for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, -1);
+    /* segments of two: the last one (layers 6, 7) keeps nothing; two reruns are layers 0 and 1 */
+    lt_model_rc_walk(&cfg, LT_RECOMPUTE_EVERY_K, 2, K, 2, pl, &n);
+    assert_int_equal(n.n_seg, 4);
+    assert_int_equal(n.n_katt, 4);
+    for (int64_t j = 0; j < K; j++) assert_int_equal(pl[j].katt, j < 2 || j > 5 ? -1 : (int32_t)(j - 2));
+    int64_t sl = -1, other = -1;
+    lt_model_attention_rerun_split(&cfg, LT_RECOMPUTE_EVERY_K, 2, K, -1, &sl, &other);
+    assert_int_equal(sl, 4); /* 0, 1, 3, 4: 6 and 7 are the last segment */
+    assert_int_equal(other, 2);
     lt_ctx_free(ctx);
 }
 
@@ -691,6 +716,11 @@ static void partial_rerun_plans_what_it_allocates(void **state) {
             assert_int_equal(lt_model_inspect(ctx, mc[ci].dir, NULL, &cfg), LT_OK);
             const policy *p = &RERUN_POLICIES[pi];
             const int64_t n_rec = recomputed_layers(&cfg, mc[ci].num_layers, p->r);
+            /* the layers that can rerun attention: the recomputed ones below the last segment */
+            int64_t e_sl = 0, e_other = 0;
+            lt_model_attention_rerun_split(&cfg, p->r, lt_model_recompute_cap(p->r, p->k),
+                                           mc[ci].num_layers > 0 ? mc[ci].num_layers : cfg.L, -1, &e_sl, &e_other);
+            const int64_t n_rerun = e_sl + e_other;
             lt_model_run_options ro = {0};
             ro.B = B, ro.T = T, ro.recompute = p->r, ro.recompute_k = p->k, ro.saved_bf16 = -1;
             size_t act[16];
@@ -699,7 +729,8 @@ static void partial_rerun_plans_what_it_allocates(void **state) {
             assert_int_equal(lt_model_load(ctx, mc[ci].dir, NULL, &lo, &m), LT_OK);
             batch b;
             lt_model_batch mb = make_batch(&b, cfg.V);
-            for (int64_t cnt = 0; cnt <= n_rec; cnt++) {
+            assert_true(n_rerun < n_rec);
+            for (int64_t cnt = 0; cnt <= n_rerun; cnt++) {
                 ro.recompute_attention_layers = cnt;
                 lt_model_sizes want;
                 assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &want), LT_OK);
@@ -721,7 +752,7 @@ static void partial_rerun_plans_what_it_allocates(void **state) {
             all.recompute_attention_layers = 0, all.recompute_attention = 1;
             lt_model_sizes sa;
             assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &all, &sa), LT_OK);
-            assert_int_equal(sa.bytes[LT_MEM_ACTIVATIONS], act[n_rec]);
+            assert_int_equal(sa.bytes[LT_MEM_ACTIVATIONS], act[n_rerun]);
             ro.recompute_attention_layers = n_rec + 5; /* more than there are: all of them */
             lt_model_sizes more;
             assert_int_equal(lt_model_size_table(ctx, &cfg, &lo, &ro, &more), LT_OK);

@@ -173,7 +173,8 @@ static lt_model_config auto_config(void) {
 /* recompute auto with the chunk given picks the first candidate, in order of recompute work, whose
  * plan fits: with a budget equal to each candidate's own plan, the choice is the first candidate at
  * or below it, the chunk as given (one rerunning attention may rerun it in only the fewest layers
- * that fit the budget); a budget below every plan is LT_ERR_OOM naming the smallest. */
+ * that fit the budget), or an earlier candidate keeping attention with it rerun in the fewest of
+ * its layers that fit; a budget below every plan is LT_ERR_OOM naming the smallest. */
 static void recompute_auto_choice(void **state) {
     (void)state;
     lt_ctx *ctx = lt_ctx_new();
@@ -217,10 +218,29 @@ static void recompute_auto_choice(void **state) {
         lt_plan p;
         assert_int_equal(lt_train_choose_recompute(ctx, &o, &c, &po, NULL, peak[i], &chosen, &p), LT_OK);
         assert_int_equal(chosen.recompute_auto, 0);
-        assert_int_equal(chosen.recompute, cand[want].r);
         assert_int_equal(chosen.chunk_rows, 4096);
-        if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
         assert_true(p.peak_bytes <= peak[i]);
+        int from = want; /* the candidate chosen: the first that fits, or an earlier one below */
+        for (int j = 0; j < want; j++)
+            if (!cand[j].rerun && chosen.recompute == cand[j].r &&
+                chosen.recompute_every == (cand[j].k > 1 ? cand[j].k : 0))
+                from = j;
+        if (from < want) {
+            /* an earlier candidate keeping attention, with it rerun in the fewest of its layers
+             * that fit: its estimate plus those layers' attention is below the first fitting one's */
+            assert_int_equal(chosen.recompute_attention, 0);
+            assert_true(chosen.recompute_attention_layers > 0 && chosen.recompute_attention_layers < c.L);
+            lt_train_options fewer = chosen;
+            fewer.recompute_attention_layers--;
+            lt_plan_options pf;
+            assert_int_equal(lt_train_plan_options(ctx, &fewer, 1, 1, &pf), LT_OK);
+            lt_plan pp;
+            assert_int_equal(lt_train_plan(ctx, &fewer, &c, &pf, NULL, &pp), LT_OK);
+            assert_true(pp.peak_bytes > peak[i]);
+            continue;
+        }
+        assert_int_equal(chosen.recompute, cand[want].r);
+        if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
         if (!cand[want].rerun || chosen.recompute_attention) {
             assert_int_equal(chosen.recompute_attention, cand[want].rerun);
             assert_int_equal(chosen.recompute_attention_layers, 0);
