@@ -302,8 +302,10 @@ typedef struct lt_model_run_options {
                                  layer inputs (least memory, e.g. for the longest context) */
     int64_t recompute_attention_layers; /* with recompute_attention 0: how many of the recomputed
                                  layers rerun their attention all the same, keeping only their
-                                 inputs (0 = none; the number of recomputed layers or more = all,
-                                 as recompute_attention 1). The sliding-window layers go first
+                                 inputs (0 = none; the number of recomputed layers below the last
+                                 segment or more = all, as recompute_attention 1: the last
+                                 segment's stores survive from the forward, so it neither keeps
+                                 nor reruns attention). The sliding-window layers go first
                                  (their attention is the cheaper to rerun), then the others from
                                  the bottom: a dial between the two settings' memory and time */
     lt_attention_impl attention;        /* AUTO = flash */

@@ -86,7 +86,8 @@ typedef struct lt_train_options {
                                       CPU, q/k/v and the mid-layer residual): less memory, more time;
                                       lt_model_run_options.recompute_attention [0] */
     int64_t recompute_attention_layers;          /* without recompute_attention: rerun the attention of this
-                                      many recomputed layers only, sliding-window ones first (between
+                                      many recomputed layers only (of those below the last segment,
+                                      which needs neither), sliding-window ones first (between
                                       the two settings' memory and time; recompute auto chooses it
                                       itself); lt_model_run_options.recompute_attention_layers [0] */
     int offload_checkpoints;                     /* keep the checkpoints in pinned host memory (a device run;
