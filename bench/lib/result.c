@@ -1,6 +1,6 @@
-/* The result file and its provenance (see bench_lib.h). The commit is the build's: CMake passes
- * LT_GIT_COMMIT, computed when the build was configured (and again after every commit, which
- * re-runs the configure step); nothing here runs git. */
+/* The result file and its provenance (see bench_lib.h). The commit is the build's: lt_commit.h,
+ * which the build regenerates each time it runs (cmake/commit_stamp.cmake), defines LT_GIT_COMMIT
+ * for the tree the binary was built from; nothing here runs git. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +10,8 @@
 
 #include "bench_lib.h"
 #include "longtune/log.h"
+#include "lt_commit.h"
 #include "longtune/sysinfo.h"
-
-#ifndef LT_GIT_COMMIT
-#define LT_GIT_COMMIT "unknown"
-#endif
 
 const char *lt_bench_commit(void) {
     const char *env = getenv("LONGTUNE_COMMIT");
