@@ -225,32 +225,22 @@ static void recompute_auto_choice(void **state) {
             if (!cand[j].rerun && chosen.recompute == cand[j].r &&
                 chosen.recompute_every == (cand[j].k > 1 ? cand[j].k : 0))
                 from = j;
-        if (from < want) {
-            /* an earlier candidate keeping attention, with it rerun in the fewest of its layers
-             * that fit: its estimate plus those layers' attention is below the first fitting one's */
-            assert_int_equal(chosen.recompute_attention, 0);
-            assert_true(chosen.recompute_attention_layers > 0 && chosen.recompute_attention_layers < c.L);
-            lt_train_options fewer = chosen;
-            fewer.recompute_attention_layers--;
-            lt_plan_options pf;
-            assert_int_equal(lt_train_plan_options(ctx, &fewer, 1, 1, &pf), LT_OK);
-            lt_plan pp;
-            assert_int_equal(lt_train_plan(ctx, &fewer, &c, &pf, NULL, &pp), LT_OK);
-            assert_true(pp.peak_bytes > peak[i]);
-            continue;
+        if (from == want) {
+            assert_int_equal(chosen.recompute, cand[want].r);
+            if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
+            if (!cand[want].rerun || chosen.recompute_attention) {
+                assert_int_equal(chosen.recompute_attention, cand[want].rerun);
+                assert_int_equal(chosen.recompute_attention_layers, 0);
+                assert_int_equal(p.peak_bytes, peak[want]);
+                continue;
+            }
+            assert_true(p.peak_bytes > peak[want]); /* above its plan with attention rerun everywhere */
         }
-        assert_int_equal(chosen.recompute, cand[want].r);
-        if (cand[want].r == LT_RECOMPUTE_EVERY_K) assert_int_equal(chosen.recompute_every, cand[want].k);
-        if (!cand[want].rerun || chosen.recompute_attention) {
-            assert_int_equal(chosen.recompute_attention, cand[want].rerun);
-            assert_int_equal(chosen.recompute_attention_layers, 0);
-            assert_int_equal(p.peak_bytes, peak[want]);
-            continue;
-        }
-        /* attention rerun in only some of the layers: the fewest that fit, above the candidate's
-         * plan with it rerun everywhere */
+        /* attention rerun in only some of the layers, the fewest that fit: of the first candidate
+         * that fits, or of an earlier one keeping attention, whose estimate plus those layers'
+         * attention is below the first fitting one's */
+        assert_int_equal(chosen.recompute_attention, 0);
         assert_true(chosen.recompute_attention_layers > 0 && chosen.recompute_attention_layers < c.L);
-        assert_true(p.peak_bytes > peak[want]);
         lt_train_options fewer = chosen;
         fewer.recompute_attention_layers--;
         lt_plan_options pf;
