@@ -170,23 +170,16 @@ static void proj_bwd(const lt_step *s, int64_t l, lt_proj p, int64_t r0, int64_t
     }
 }
 
-/* The backward of group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the group's input
- * gradient (NULL: skipped), LoRA grads accumulated. The backend's fused lora_bwd, or proj_bwd one
- * by one under LoRA dropout. */
-void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
-                       lt_act x, const lt_act *dy, float *dx, float beta) {
+/* The backend's fused lora_bwd of projections ps[0..G) from dy[g] (f32 or bf16): dx (n, in) =
+ * beta·dx + the group's input gradient, or (dxh, one projection, beta 0) that gradient in bf16;
+ * LoRA grads accumulated. */
+static void fused_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                      lt_act x, const lt_act *dy, float *dx, uint16_t *dxh, float beta) {
     lt_model *m = s->m;
     const lt_layer *L = &m->layers[l];
-    if (m->lora.dropout > 0) {
-        for (int g = 0; g < G; g++) {
-            LT_ASSERT(x.f && dy[g].f); /* mlp_bf16 is off under dropout */
-            proj_bwd(s, l, ps[g], r0, n, x.f, dy[g].f, lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
-        }
-        return;
-    }
     lt_lora_proj pp[3];
     group_projs(s, l, st, G, ps, r0, pp);
-    int any_h = x.h != NULL;
+    int any_h = x.h != NULL || dxh != NULL;
     for (int g = 0; g < G; g++) {
         pp[g].ga = L->grad_a[ps[g]], pp[g].gb = L->grad_b[ps[g]];
         pp[g].dy = dy[g].f, pp[g].dyh = dy[g].h;
@@ -194,21 +187,29 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
     }
     float *dlu = lt_step_ws(s, m->lay.dlu);
     if (any_h)
-        s->be->lora_bwd_bf16(s->ctx, pp, G, x.f, x.h, n, m->lora.rank, m->lora_scale, dx, NULL, beta, dlu, mm_begin(s));
+        s->be->lora_bwd_bf16(s->ctx, pp, G, x.f, x.h, n, m->lora.rank, m->lora_scale, dx, dxh, beta, dlu, mm_begin(s));
     else s->be->lora_bwd(s->ctx, pp, G, x.f, n, m->lora.rank, m->lora_scale, dx, beta, dlu, mm_begin(s));
     mm_end(s);
 }
 
+/* The backward of group_fwd: dy[g] for each projection; dx (n, in) = beta·dx + the group's input
+ * gradient (NULL: skipped), LoRA grads accumulated. The backend's fused lora_bwd, or proj_bwd one
+ * by one under LoRA dropout. */
+void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0, int64_t n,
+                       lt_act x, const lt_act *dy, float *dx, float beta) {
+    if (s->m->lora.dropout > 0) {
+        for (int g = 0; g < G; g++) {
+            LT_ASSERT(x.f && dy[g].f); /* mlp_bf16 is off under dropout */
+            proj_bwd(s, l, ps[g], r0, n, x.f, dy[g].f, lu_at(s, st, ps[g], r0), dx, g ? 1.0f : beta);
+        }
+        return;
+    }
+    fused_bwd(s, l, st, G, ps, r0, n, x, dy, dx, NULL, beta);
+}
+
 void lt_step_proj_bwd_h(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
                         lt_act x, const uint16_t *dyh, uint16_t *dxh) {
-    lt_model *m = s->m;
-    const lt_layer *L = &m->layers[l];
-    LT_ASSERT(dyh && m->lora.dropout == 0); /* gu_bf16 comes with mlp_bf16 */
-    lt_lora_proj pp;
-    group_projs(s, l, st, 1, p, r0, &pp);
-    pp.ga = L->grad_a[*p], pp.gb = L->grad_b[*p];
-    pp.dyh = dyh;
-    s->be->lora_bwd_bf16(s->ctx, &pp, 1, x.f, x.h, n, m->lora.rank, m->lora_scale, NULL, dxh, 0.0f,
-                         lt_step_ws(s, m->lay.dlu), mm_begin(s));
-    mm_end(s);
+    LT_ASSERT(dyh && s->m->lora.dropout == 0); /* gu_bf16 comes with mlp_bf16 */
+    const lt_act dy = lt_act_bf16(dyh);
+    fused_bwd(s, l, st, 1, p, r0, n, x, &dy, NULL, dxh, 0.0f);
 }

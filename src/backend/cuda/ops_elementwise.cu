@@ -129,8 +129,8 @@ void lt_cuda_geglu_bwd(lt_ctx *ctx, const float *da, const float *g, const float
 
 /* ---- the gated activations with bf16 outputs (glu_fwd_bf16 / glu_bwd_bf16) ----
  * The same per-element math as the f32 kernels above, rounded to bf16 (nearest even) on the
- * store, from f32 or bf16 g and u (and the backward's da): four elements a thread with vector loads and 8-byte stores
- * when n % 4 == 0 and the pointers allow, one otherwise. */
+ * store, from f32 or bf16 g and u (and the backward's da): four elements a thread with vector
+ * loads and 8-byte stores when n % 4 == 0 and the pointers allow, one otherwise. */
 template <bool GELU> static __device__ __forceinline__ float glu1(float x, float u) {
     return GELU ? gelu_mul(x, u) : silu_mul(x, u);
 }
