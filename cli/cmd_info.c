@@ -23,8 +23,8 @@ int lt_cmd_info(int argc, char **argv) {
     int cores;
     lt_sys_cpu(cpu, sizeof cpu, &cores);
     printf("longtune %s\n", LT_VERSION_STRING);
-    printf("features: cuda=%d openmp=%d openblas=%d onednn=%d\n", LT_HAVE_CUDA, LT_HAVE_OPENMP, LT_HAVE_OPENBLAS,
-           LT_HAVE_ONEDNN);
+    printf("features: cuda=%d openmp=%d openblas=%d onednn=%d cpu_bf16_products=%d\n", LT_HAVE_CUDA, LT_HAVE_OPENMP,
+           LT_HAVE_OPENBLAS, LT_HAVE_ONEDNN, lt_sys_cpu_bf16_products());
     printf("cpu: %s (%d logical cores)\n", cpu, cores);
     lt_host_memory hm;
     lt_status s = lt_sys_host_memory(ctx, &hm);

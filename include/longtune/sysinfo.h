@@ -22,6 +22,9 @@ LT_API lt_status lt_sys_host_memory(lt_ctx *ctx, lt_host_memory *out);
 LT_API uint64_t lt_sys_process_rss(void);
 /* CPU model name and logical core count. */
 LT_API void lt_sys_cpu(char *name, int n, int *cores);
+/* 1 when this CPU makes the bf16 products (bf16_products, train --bf16-products): a build with
+ * oneDNN on a CPU oneDNN makes them on (AVX-512 and up); 0 where the option is refused. */
+LT_API int lt_sys_cpu_bf16_products(void);
 
 /* OpenBLAS picks its kernels from the CPU model it recognises; on CPUs newer than the library
  * (e.g. Sapphire/Emerald Rapids with OpenBLAS 0.3.21) it falls back to generic SSE3 "Prescott"

@@ -1,8 +1,10 @@
-/* Backend lookup by device (the op profiler's wrapper table instead when profiling is on), and the
- * supports query of a device whose backend may be missing from this build. */
+/* Backend lookup by device (the op profiler's wrapper table instead when profiling is on), the
+ * supports query of a device whose backend may be missing from this build, and whether the CPU
+ * makes the bf16 products. */
 #include <stdlib.h>
 
 #include "backend.h"
+#include "longtune/sysinfo.h"
 #include "prof.h"
 
 static const lt_backend *plain(lt_device dev) {
@@ -32,4 +34,9 @@ lt_status lt_backend_supports(lt_ctx *ctx, lt_device dev, const lt_op_query *q) 
     /* not in this build: that backend's refusals (which end with saying so) */
     if (dev == LT_DEVICE_CUDA) return lt_backend_cuda_supports(ctx, q);
     return lt_error(ctx, LT_ERR_UNSUPPORTED, "backend of device %d is not in this build", (int)dev);
+}
+
+int lt_sys_cpu_bf16_products(void) {
+    const lt_backend *be = plain(LT_DEVICE_CPU);
+    return be && be->matmul_bf16x_workspace_bytes && be->matmul_bf16x_available && be->matmul_bf16x_available();
 }

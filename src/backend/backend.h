@@ -172,6 +172,9 @@ typedef struct lt_backend {
      * W's products on x rounded to bf16 through oneDNN; 0 for dtypes that keep their path. NULL:
      * the backend has no such products (CUDA's are bf16 already; a CPU build without oneDNN). */
     size_t (*matmul_bf16x_workspace_bytes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads);
+    /* Whether this machine makes those products (set with matmul_bf16x_workspace_bytes): the CPU's
+     * oneDNN makes none without AVX-512, and bf16_products is then refused by name. */
+    int (*matmul_bf16x_available)(void);
     /* y = x / rms(x) · w over rows of C (y may alias x); rstd (N) = 1/sqrt(mean(x²) + eps). */
     void (*rmsnorm_fwd)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, float *y,
                         float *rstd);

@@ -18,6 +18,11 @@ lt_status lt_model_bf16x(lt_ctx *ctx, const char *where, int requested, lt_devic
                         "%s: bf16_products needs oneDNN, which this build lacks (install libdnnl-dev, e.g. by "
                         "scripts/setup.sh, and rebuild)",
                         where);
+    if (requested && dev == LT_DEVICE_CPU && be->matmul_bf16x_available && !be->matmul_bf16x_available())
+        return lt_error(ctx, LT_ERR_UNSUPPORTED,
+                        "%s: bf16_products: oneDNN makes no bf16 products on this CPU (it needs AVX-512); run "
+                        "without the option",
+                        where);
     *on = requested && be->matmul_bf16x_workspace_bytes;
     return LT_OK;
 }

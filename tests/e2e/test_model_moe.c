@@ -28,6 +28,7 @@
 #include "longtune/kv_cache.h"
 #include "longtune/model.h"
 #include "longtune/safetensors.h"
+#include "longtune/sysinfo.h"
 
 /* fp32 against fp32 PyTorch: summation order only. The CUDA step reads its matmul and attention
  * inputs in bf16 (unit roundoff 2^-8), as tests/e2e/test_cuda_gemma.c allows. */
@@ -638,9 +639,9 @@ static void bf16_products_experts(void **state) {
     b.B = 2, b.T = 16, b.tokens = tok, b.targets = tgt;
     lt_model_run_options ro = {0};
     ro.B = 2, ro.T = 16, ro.moe_chunk_tokens = 5, ro.bf16_products = 1;
-    if (!LT_HAVE_ONEDNN) {
+    if (!lt_sys_cpu_bf16_products()) {
         assert_int_equal(lt_model_prepare(ctx, mq, &ro), LT_ERR_UNSUPPORTED);
-        printf("      bf16 products skipped: this build has no oneDNN\n");
+        printf("      bf16 products refused: none on this CPU (no oneDNN, or no AVX-512)\n");
     } else {
         float *lq = malloc(32 * (size_t)V * 4), *lf = malloc(32 * (size_t)V * 4), *l0 = malloc(32 * (size_t)V * 4);
         lt_model *ms[2] = {mq, mf};

@@ -167,8 +167,8 @@ static void run_matmul(const op_case *c, env *e) {
     const float beta = c->opt & 2 ? 1.0f : 0.0f;
     const int bf16x = (c->opt & 4) != 0;
     const int64_t out = c->s[0], in = c->s[1], N = c->s[2];
-    if (bf16x && e->be->device == LT_DEVICE_CPU && !e->be->matmul_bf16x_workspace_bytes) {
-        printf("      skipped: this build has no oneDNN (the CPU's bf16 products)\n");
+    if (bf16x && e->be->device == LT_DEVICE_CPU && !lt_sys_cpu_bf16_products()) {
+        printf("      skipped: no bf16 products on this CPU (a build without oneDNN, or a CPU without AVX-512)\n");
         return;
     }
     float *wd = malloc(F4(out * in));
@@ -277,6 +277,9 @@ static const lt_lora_case lora_rows[] = {
     /* rank 16 with K = 1024 both ways: the two-tile down-products cut into K slices, whose sums
      * the last block of each row block adds */
     {1, {1024, 0, 0}, {1, 0, 0}, 1024, 300, 16, 0.5f, 1.0f, 0, 0, 0, LT_DTYPE_BF16},
+    /* a group whose members' dy·B run in one launch cut into different numbers of K slices (two
+     * for out = 1024, one for 512): each member's own slices and counters */
+    {3, {1024, 1024, 512}, {1, 1, 1}, 256, 200, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -1257,6 +1260,7 @@ static const op_case cases[] = {
     {"lora", run_lora, {1, 640, 333, 12}, LT_DTYPE_BF16, 16},
     {"lora", run_lora, {2, 128, 333, 16}, LT_DTYPE_BF16, 17},
     {"lora", run_lora, {1, 1024, 300, 16}, LT_DTYPE_BF16, 18},
+    {"lora", run_lora, {3, 256, 200, 8}, LT_DTYPE_BF16, 19},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},

@@ -102,6 +102,7 @@ const lt_backend lt_backend_cpu = {
     .matmul_workspace_bytes = lt_cpu_matmul_workspace_bytes,
 #if LT_HAVE_ONEDNN
     .matmul_bf16x_workspace_bytes = lt_cpu_bf16x_workspace_bytes,
+    .matmul_bf16x_available = lt_cpu_bf16x_available,
 #endif
     .rmsnorm_fwd = lt_cpu_rmsnorm_fwd,
     .rmsnorm_bwd = lt_cpu_rmsnorm_bwd,

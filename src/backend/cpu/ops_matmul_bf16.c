@@ -1,7 +1,8 @@
 /* The CPU's bf16 products (lt_model_run_options.bf16_products): for a weight held in bf16, f16 or
  * a block format, y = bf16(x)·bf16(W)ᵀ (NT) or bf16(x)·bf16(W) (NN) + beta·y, the products and
  * sums in f32, through oneDNN's matmul, which runs them on AMX tiles or AVX512-BF16 where the CPU
- * has them (and emulates them where it does not). x is rounded to nearest even (lt_cpu_to_bf16,
+ * has them and emulates them on other AVX-512 CPUs; it makes none for a CPU with AVX2 alone, where
+ * lt_cpu_bf16x_available says so and the option is refused by name. x is rounded to nearest even (lt_cpu_to_bf16,
  * as the CUDA products round it) into the head of the workspace. A bf16 W is read as it lies
  * ((out, in) row-major is oneDNN's "ba" layout for NT and "ab" for NN); any other W is dequantized
  * and rounded to bf16 whole after x, as the CUDA matmul converts it. oneDNN's scratchpad follows
@@ -213,6 +214,21 @@ static void w_rows(void *arg, int64_t r0, int64_t r1, int thread) {
     }
 }
 
+int lt_cpu_bf16x_available(void) {
+    static int known = -1; /* the same answer on every thread: a benign race */
+    if (known >= 0) return known;
+    int ok = 0;
+    dnnl_engine_t eng;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success) {
+        dnnl_primitive_desc_t pd = make_pd(eng, 16, 64, 16, 0, 0.0f);
+        ok = pd != NULL;
+        if (pd) dnnl_primitive_desc_destroy(pd);
+        dnnl_engine_destroy(eng);
+    }
+    known = ok;
+    return ok;
+}
+
 size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
     if (!takes(wdtype) || N_max <= 0) return 0;
     const int64_t wide = in > out ? in : out;
@@ -304,6 +320,8 @@ void lt_cpu_bf16x_gemm_run(lt_ctx *ctx, const lt_cpu_bf16x_gemm *g, int thread, 
 }
 
 #else /* no oneDNN in this build: the option is refused where it is set */
+
+int lt_cpu_bf16x_available(void) { return 0; }
 
 size_t lt_cpu_bf16x_workspace_bytes(lt_dtype wdtype, int64_t out, int64_t in, int64_t N_max, int threads) {
     (void)wdtype, (void)out, (void)in, (void)N_max, (void)threads;

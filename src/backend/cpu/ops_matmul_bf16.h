@@ -6,6 +6,10 @@
 
 #include "backend/backend.h"
 
+/* 1 when oneDNN makes the bf16 products on this CPU (AVX-512 and up; oneDNN has none for a CPU
+ * with AVX2 alone), 0 when not or in a build without oneDNN; probed once. */
+int lt_cpu_bf16x_available(void);
+
 /* Workspace bytes of the bf16 products of W (out, in) over at most N_max rows on `threads` threads:
  * x rounded to bf16 (N_max rows of the wider side), W rounded to bf16 unless held so (with a row of
  * f32 per thread for its dequantization) and oneDNN's scratchpad. 0 for f32 and FP8 W, which keep
