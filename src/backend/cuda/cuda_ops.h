@@ -104,6 +104,43 @@ int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, flo
 int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X, int x_f32,
                           int64_t ldx, const float *U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
                           void *ws, size_t ws_bytes);
+/* The same products for the members of a projection group at once (one launch, grid.z a member:
+ * the short per-member passes of a narrow model, latency-bound one by one, run side by side).
+ * Every product of a batch has the shared sizes (skinny_h_n: M, N, tb, a_f32; skinny_h_tall: n,
+ * K, x_f32, c_pj) and its own operands; k is skinny_h_n's K or skinny_h_tall's P. Each is cut
+ * into the slices it would be alone, so the results are the same bits as G calls of the single
+ * op; when the workspace cannot hold their split factors and partial sums together they run one
+ * after another. 1 when all ran, 0 when one of them is not a shape the kernels take (none ran). */
+#define LT_CUDA_SKINNY_BATCH 3
+typedef struct lt_cuda_skinny_op {
+    const void *a; /* A (M, k) of skinny_h_n; X (K, k) of skinny_h_tall */
+    int64_t lda;
+    const float *f; /* skinny_h_n's B; skinny_h_tall's U (K, n) */
+    int64_t ldf;
+    float *c;
+    int64_t ldc;
+    int64_t k;
+    float alpha, beta;
+} lt_cuda_skinny_op;
+int lt_cuda_skinny_h_n_batch(lt_ctx *ctx, int tb, int G, const lt_cuda_skinny_op *ops, int64_t M, int64_t N, int a_f32,
+                             void *ws, size_t ws_bytes);
+int lt_cuda_skinny_h_tall_batch(lt_ctx *ctx, int G, const lt_cuda_skinny_op *ops, int64_t n, int64_t K, int x_f32,
+                                int c_pj, void *ws, size_t ws_bytes);
+/* One rank update of a batch: C (M, n) = alpha·U·V + beta·C0 (c0 NULL: C itself), V from the
+ * pieces v (ldv) as lt_cuda_rank_update takes them; C f32, or bf16 with the batch's c_bf16. The
+ * updates of a batch share M, K, kb, vt, alpha and beta and run in one launch (the same bits as
+ * one by one). */
+typedef struct lt_cuda_rank_op {
+    const float *u;
+    int64_t ldu;
+    const float *v[3];
+    int64_t ldv;
+    const void *c0;
+    void *c;
+    int64_t n, ldc;
+} lt_cuda_rank_op;
+int lt_cuda_rank_update_batch(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M, int K, int kb, int vt,
+                              float alpha, float beta, int c_bf16);
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0, float *C,
                         int64_t ldc);

@@ -7,6 +7,7 @@
  * the fused LoRA ops (ops_lora.cu) use the bf16-input variants and the rank update at the end. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -403,6 +404,22 @@ static __device__ __forceinline__ bool last_slice(unsigned *ticket, unsigned blo
     return last;
 }
 
+/* One product of a batch of small_n_mma_k (grid.z picks it): its activation A (M, K), factor B
+ * (or its hi/lo rows Bh, Bl), output C, its own K and the slices its K is cut into (ks of them,
+ * slice k-steps each; part and tickets its own share of the workspace and counters). */
+typedef struct sn_prob {
+    const void *A;
+    const float *B;
+    const __nv_bfloat16 *Bh, *Bl;
+    float *C, *part;
+    unsigned *tickets;
+    int64_t lda, ldb, ldc, K, slice, ks;
+    float alpha, beta;
+} sn_prob;
+typedef struct sn_batch {
+    sn_prob p[LT_CUDA_SKINNY_BATCH];
+} sn_batch;
+
 /* hi/lo (rows, Kp) bf16 of B (K, n) transposed; rows n.. and columns K.. zero. */
 static __global__ void split_bt_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
                                   __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
@@ -425,11 +442,16 @@ static __global__ void split_bt_k(int n, int rows, int64_t K, int64_t Kp, const 
  * step (on an H100 that made the Qwen3-8B-wide dy·B passes slower than a separate split launch):
  * split_bt_k has laid it out as bf16 hi/lo rows Bh, Bl (8·NT, K) first. */
 template <int NT, typename XT, int PRE>
-__global__ void __launch_bounds__(SM_WARPS * 32)
-    small_n_mma_k(int64_t M, int n, int64_t K, int64_t slice, float alpha, const XT *__restrict__ A, int64_t lda,
-                  const float *__restrict__ B, int64_t ldb, const __nv_bfloat16 *__restrict__ Bh,
-                  const __nv_bfloat16 *__restrict__ Bl, float beta, float *C, int64_t ldc, float *__restrict__ part,
-                  unsigned *tickets) {
+__global__ void __launch_bounds__(SM_WARPS * 32) small_n_mma_k(const __grid_constant__ sn_batch bt, int64_t M, int n) {
+    const sn_prob &pb = bt.p[blockIdx.z];
+    if ((int64_t)blockIdx.y >= pb.ks) return; /* a product of the batch cut into fewer slices */
+    const int64_t K = pb.K, slice = pb.slice, lda = pb.lda, ldb = pb.ldb, ldc = pb.ldc;
+    const float alpha = pb.alpha, beta = pb.beta;
+    const XT *__restrict__ A = (const XT *)pb.A;
+    const float *__restrict__ B = pb.B;
+    const __nv_bfloat16 *__restrict__ Bh = pb.Bh, *__restrict__ Bl = pb.Bl;
+    float *C = pb.C, *__restrict__ part = pb.part;
+    unsigned *tickets = pb.tickets;
     __shared__ float red[SM_WARPS][SM_ROWS][8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t m0 = (int64_t)blockIdx.x * SM_ROWS;
@@ -521,11 +543,12 @@ __global__ void __launch_bounds__(SM_WARPS * 32)
         if (part) part[((int64_t)blockIdx.y * (8 * NT) + j) * M + m] = sum;
         else store_ab(C + m * ldc + j, alpha, sum, beta);
     }
-    if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
+    if (!part || !last_slice(tickets + blockIdx.x, (unsigned)pb.ks)) return;
     for (int e = threadIdx.x; e < SM_ROWS * 8 * NT; e += SM_WARPS * 32) {
         const int r = e / (8 * NT), j = e - r * (8 * NT);
         const int64_t m = m0 + r;
-        if (m < M && j < n) store_ab(C + m * ldc + j, alpha, slice_sum(part + j * M + m, gridDim.y, 8 * NT * M), beta);
+        if (m < M && j < n)
+            store_ab(C + m * ldc + j, alpha, slice_sum(part + j * M + m, (unsigned)pb.ks, 8 * NT * M), beta);
     }
 }
 
@@ -548,59 +571,94 @@ static int64_t k_slices(int64_t blocks, int64_t steps, int warps, size_t slice_b
     return (steps + *slice_steps - 1) / *slice_steps;
 }
 
-extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                                  int a_f32, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                                  int64_t ldc, void *ws, size_t ws_bytes) {
-    if (M <= 0 || N <= 0 || N > 16 || K < 8 || K % 8 || lda % 8 || (uintptr_t)A % 16 || !aligned16(B) || ldb % 4 ||
-        (!tb && N % 4))
-        return 0;
-    const __nv_bfloat16 *a = (const __nv_bfloat16 *)A;
-    const int n = (int)N;
-    cudaStream_t st = lt_cuda_stream(ctx);
-    const int nt = N <= 8 ? 1 : 2;
-    /* dy·B (tb = 0): B laid out as bf16 hi/lo rows at the workspace's start, the slices after it */
-    const size_t half = tb ? 0 : (size_t)(8 * nt) * (size_t)K * sizeof(__nv_bfloat16);
-    if (K % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0 && 2 * half <= ws_bytes) {
-        __nv_bfloat16 *bh = (__nv_bfloat16 *)ws, *bl = (__nv_bfloat16 *)((char *)ws + half);
-        if (!tb) {
-            split_bt_k<<<lt_cuda_grid((int64_t)(8 * nt) * K, 256), 256, 0, st>>>(n, 8 * nt, K, K, B, ldb, bh, bl);
-            LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
-        }
-        const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS;
-        int64_t slice;
-        const int64_t ks =
-            k_slices(mb, K / 32, SM_WARPS, (size_t)M * (size_t)(8 * nt) * sizeof(float), ws_bytes - 2 * half, &slice);
-        dim3 grid((unsigned)mb, (unsigned)ks);
-        float *pp = ks > 1 ? (float *)((char *)ws + 2 * half) : NULL;
-        unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS row blocks */
-        const float *af = (const float *)A;
-#define SMALL_N_MMA(NT_, XT_, A_, PRE_) \
-    small_n_mma_k<NT_, XT_, PRE_>       \
-        <<<grid, SM_WARPS * 32, 0, st>>>(M, n, K, slice, alpha, A_, lda, B, ldb, bh, bl, beta, C, ldc, pp, tk)
-#define SMALL_N_MMA_TB(NT_, XT_, A_) tb ? SMALL_N_MMA(NT_, XT_, A_, 0) : SMALL_N_MMA(NT_, XT_, A_, 1)
-        if (a_f32) nt == 1 ? SMALL_N_MMA_TB(1, float, af) : SMALL_N_MMA_TB(2, float, af);
-        else nt == 1 ? SMALL_N_MMA_TB(1, __nv_bfloat16, a) : SMALL_N_MMA_TB(2, __nv_bfloat16, a);
-#undef SMALL_N_MMA_TB
-#undef SMALL_N_MMA
-        LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
-        return 1;
-    }
-    if (a_f32) return 0; /* the CUDA-core kernel below reads bf16 only */
-    const int64_t per_block = SN_WARPS * SNH_ROWS(N <= 8 ? 8 : 16);
+/* Whether skinny_h_n takes one product of K columns (its A, B and strides). */
+static int sn_takes(int tb, int64_t N, const lt_cuda_skinny_op &o) {
+    return o.k >= 8 && o.k % 8 == 0 && o.lda % 8 == 0 && (uintptr_t)o.a % 16 == 0 && aligned16(o.f) && o.ldf % 4 == 0 &&
+        (tb || N % 4 == 0);
+}
+
+/* The CUDA-core kernel (bf16 A) for one product. */
+static void sn_cuda_cores(cudaStream_t st, int tb, int64_t M, int n, const lt_cuda_skinny_op &o) {
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)o.a;
+    const int64_t per_block = SN_WARPS * SNH_ROWS(n <= 8 ? 8 : 16);
     int64_t blocks = (M + per_block - 1) / per_block;
     if (blocks > 65535) blocks = 65535;
     const unsigned g = (unsigned)blocks, th = SN_WARPS * 32;
-    if (N <= 8) {
-        if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
-        else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+    if (n <= 8) {
+        if (tb) small_n_h_k<8, 1><<<g, th, 0, st>>>(M, n, o.k, o.alpha, a, o.lda, o.f, o.ldf, o.beta, o.c, o.ldc);
+        else small_n_h_k<8, 0><<<g, th, 0, st>>>(M, n, o.k, o.alpha, a, o.lda, o.f, o.ldf, o.beta, o.c, o.ldc);
     } else {
-        if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
-        else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, K, alpha, a, lda, B, ldb, beta, C, ldc);
+        if (tb) small_n_h_k<16, 1><<<g, th, 0, st>>>(M, n, o.k, o.alpha, a, o.lda, o.f, o.ldf, o.beta, o.c, o.ldc);
+        else small_n_h_k<16, 0><<<g, th, 0, st>>>(M, n, o.k, o.alpha, a, o.lda, o.f, o.ldf, o.beta, o.c, o.ldc);
     }
-    LT_CUDA_LAUNCHED(ctx, "lora: small n (bf16)");
+}
+
+extern "C" int lt_cuda_skinny_h_n_batch(lt_ctx *ctx, int tb, int G, const lt_cuda_skinny_op *ops, int64_t M, int64_t N,
+                                        int a_f32, void *ws, size_t ws_bytes) {
+    if (G < 1 || G > LT_CUDA_SKINNY_BATCH || M <= 0 || N <= 0 || N > 16) return 0;
+    const int n = (int)N, nt = N <= 8 ? 1 : 2;
+    const int64_t mb = (M + SM_ROWS - 1) / SM_ROWS;
+    const size_t slice_row = (size_t)M * (size_t)(8 * nt) * sizeof(float);
+    sn_batch bt;
+    memset(&bt, 0, sizeof bt);
+    size_t used = 0; /* the batch's split factors and partial sums, laid out one after another */
+    int every_mma = 1, ks_max = 1;
+    for (int g = 0; g < G; g++) {
+        const lt_cuda_skinny_op &o = ops[g];
+        if (!sn_takes(tb, N, o)) return 0;
+        /* dy·B (tb = 0): B laid out as bf16 hi/lo rows, then the slices */
+        const size_t half = tb ? 0 : (size_t)(8 * nt) * (size_t)o.k * sizeof(__nv_bfloat16);
+        const int mma = o.k % 32 == 0 && ws && ((uintptr_t)ws % 16) == 0 && 2 * half <= ws_bytes;
+        if (!mma && a_f32) return 0; /* the CUDA-core kernel reads bf16 only */
+        every_mma &= mma;
+        if (!mma) continue;
+        sn_prob &p = bt.p[g];
+        p.ks = k_slices(mb, o.k / 32, SM_WARPS, slice_row, ws_bytes - 2 * half, &p.slice);
+        p.Bh = (const __nv_bfloat16 *)((char *)ws + used);
+        p.Bl = (const __nv_bfloat16 *)((char *)ws + used + half);
+        used += 2 * half;
+        p.part = p.ks > 1 ? (float *)((char *)ws + used) : NULL;
+        used += p.ks > 1 ? (size_t)p.ks * slice_row : 0;
+        p.A = o.a, p.B = o.f, p.C = o.c, p.lda = o.lda, p.ldb = o.ldf, p.ldc = o.ldc, p.K = o.k;
+        p.alpha = o.alpha, p.beta = o.beta;
+        /* ks > 1 only below MMA_TARGET_BLOCKS row blocks: G of them fit LT_CUDA_TICKETS */
+        p.tickets = p.part ? lt_cuda_tickets(ctx) + (size_t)g * (size_t)mb : NULL;
+        if (p.ks > ks_max) ks_max = (int)p.ks;
+    }
+    cudaStream_t st = lt_cuda_stream(ctx);
+    if (G > 1 && (!every_mma || used > ws_bytes)) { /* one after another, each with the whole workspace */
+        for (int g = 0; g < G; g++) lt_cuda_skinny_h_n_batch(ctx, tb, 1, &ops[g], M, N, a_f32, ws, ws_bytes);
+        return 1;
+    }
+    if (!every_mma) {
+        sn_cuda_cores(st, tb, M, n, ops[0]);
+        LT_CUDA_LAUNCHED(ctx, "lora: small n (bf16)");
+        return 1;
+    }
+    for (int g = 0; g < G && !tb; g++) {
+        const sn_prob &p = bt.p[g];
+        split_bt_k<<<lt_cuda_grid((int64_t)(8 * nt) * p.K, 256), 256, 0, st>>>(n, 8 * nt, p.K, p.K, p.B, p.ldb,
+                                                                               (__nv_bfloat16 *)p.Bh,
+                                                                               (__nv_bfloat16 *)p.Bl);
+        LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
+    }
+    dim3 grid((unsigned)mb, (unsigned)ks_max, (unsigned)G);
+#define SMALL_N_MMA(NT_, XT_, PRE_) small_n_mma_k<NT_, XT_, PRE_><<<grid, SM_WARPS * 32, 0, st>>>(bt, M, n)
+#define SMALL_N_MMA_TB(NT_, XT_) tb ? SMALL_N_MMA(NT_, XT_, 0) : SMALL_N_MMA(NT_, XT_, 1)
+    if (a_f32) nt == 1 ? SMALL_N_MMA_TB(1, float) : SMALL_N_MMA_TB(2, float);
+    else nt == 1 ? SMALL_N_MMA_TB(1, __nv_bfloat16) : SMALL_N_MMA_TB(2, __nv_bfloat16);
+#undef SMALL_N_MMA_TB
+#undef SMALL_N_MMA
+    LT_CUDA_LAUNCHED(ctx, "lora: small n (tensor cores)");
     return 1;
 }
 
+extern "C" int lt_cuda_skinny_h_n(lt_ctx *ctx, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                                  int a_f32, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                  int64_t ldc, void *ws, size_t ws_bytes) {
+    const lt_cuda_skinny_op o = {A, lda, B, ldb, C, ldc, K, alpha, beta};
+    return lt_cuda_skinny_h_n_batch(ctx, tb, 1, &o, M, N, a_f32, ws, ws_bytes);
+}
 /* ---- the tall reduction on the tensor cores: C (P, n) or (n, P) = alpha·Xᵀ·U + beta·C ----
  * tall_k streams X four columns (8 bytes of bf16) a thread with two k-groups a block: a few loads
  * in flight per SM, and 75-90 us for 64-170 MiB in an 8k Qwen3-8B step, three to four times the
@@ -625,11 +683,31 @@ static __device__ __forceinline__ uint32_t pair_col(const uint4 &r0, const uint4
 /* U (K, n) f32; K is walked in 16-steps up to Kp = K rounded up to 16. part == NULL: C written
  * here; else as small_n_mma_k (part[blockIdx.y] is (16, P)). UNR: the k loop unrolled that many
  * times (two steps' loads in flight a warp), where each warp has enough steps of its slice. */
+/* One product of a batch of tall_mma_k (grid.z picks it): X (K, P), U, C, its P (cb column
+ * blocks) and its own slicing of K (ks slices of `slice` rows; part and tickets its share). */
+typedef struct tall_prob {
+    const void *X;
+    const float *U;
+    float *C, *part;
+    unsigned *tickets;
+    int64_t P, cb, ldx, ldu, ldc, slice, ks;
+    float alpha, beta;
+} tall_prob;
+typedef struct tall_batch {
+    tall_prob p[LT_CUDA_SKINNY_BATCH];
+} tall_batch;
+
 template <typename XT, int U2, int UNR>
 __global__ void __launch_bounds__(TM_WARPS * 32)
-    tall_mma_k(int64_t P, int n, int64_t K, int64_t Kp, int64_t slice, float alpha, const XT *__restrict__ X,
-               int64_t ldx, const float *__restrict__ U, int64_t ldu, float beta, float *C, int64_t ldc, int c_pj,
-               float *__restrict__ part, unsigned *tickets) {
+    tall_mma_k(const __grid_constant__ tall_batch bt, int n, int64_t K, int64_t Kp, int c_pj) {
+    const tall_prob &pb = bt.p[blockIdx.z];
+    if ((int64_t)blockIdx.x >= pb.cb || (int64_t)blockIdx.y >= pb.ks) return; /* a narrower or less cut product */
+    const int64_t P = pb.P, slice = pb.slice, ldx = pb.ldx, ldu = pb.ldu, ldc = pb.ldc;
+    const float alpha = pb.alpha, beta = pb.beta;
+    const XT *__restrict__ X = (const XT *)pb.X;
+    const float *__restrict__ U = pb.U;
+    float *C = pb.C, *__restrict__ part = pb.part;
+    unsigned *tickets = pb.tickets;
     __shared__ float red[TM_WARPS][16][TM_COLS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t p0 = (int64_t)blockIdx.x * TM_COLS;
@@ -685,48 +763,71 @@ __global__ void __launch_bounds__(TM_WARPS * 32)
         if (part) part[((int64_t)blockIdx.y * 16 + j) * P + p] = sum;
         else store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha, sum, beta);
     }
-    if (!part || !last_slice(tickets + blockIdx.x, gridDim.y)) return;
+    if (!part || !last_slice(tickets + blockIdx.x, (unsigned)pb.ks)) return;
     for (int i = threadIdx.x; i < 16 * TM_COLS; i += TM_WARPS * 32) {
         const int j = i / TM_COLS, c = i - j * TM_COLS;
         const int64_t p = p0 + c;
         if (j < n && p < P)
-            store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha, slice_sum(part + j * P + p, gridDim.y, 16 * P),
-                     beta);
+            store_ab(c_pj ? C + p * ldc + j : C + j * ldc + p, alpha,
+                     slice_sum(part + j * P + p, (unsigned)pb.ks, 16 * P), beta);
     }
 }
 
-extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
-                                     int x_f32, int64_t ldx, const float *U, int64_t ldu, float beta, float *C,
-                                     int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
-    if (P <= 0 || n <= 0 || n > 16 || K < 1 || P % 8 || ldx % 8 || (uintptr_t)X % 16 || (uintptr_t)ws % 16) return 0;
+extern "C" int lt_cuda_skinny_h_tall_batch(lt_ctx *ctx, int G, const lt_cuda_skinny_op *ops, int64_t n, int64_t K,
+                                           int x_f32, int c_pj, void *ws, size_t ws_bytes) {
+    if (G < 1 || G > LT_CUDA_SKINNY_BATCH || n <= 0 || n > 16 || K < 1 || (uintptr_t)ws % 16) return 0;
+    for (int g = 0; g < G; g++)
+        if (ops[g].k <= 0 || ops[g].k % 8 || ops[g].lda % 8 || (uintptr_t)ops[g].a % 16) return 0;
     const int64_t Kp = (K + 15) / 16 * 16;
-    const size_t slice_bytes = (size_t)16 * (size_t)P * sizeof(float);
+    tall_batch bt;
+    memset(&bt, 0, sizeof bt);
+    size_t used = 0; /* the batch's partial sums, one product's after another's */
+    int64_t cb_max = 1, ks_max = 1, tick = 0;
+    int unr = 1;
+    for (int g = 0; g < G; g++) {
+        const lt_cuda_skinny_op &o = ops[g];
+        tall_prob &p = bt.p[g];
+        const size_t slice_bytes = (size_t)16 * (size_t)o.k * sizeof(float);
+        int64_t slice_steps;
+        p.cb = (o.k + TM_COLS - 1) / TM_COLS;
+        p.ks = k_slices(p.cb, Kp / 16, TM_WARPS, slice_bytes, ws ? ws_bytes : 0, &slice_steps);
+        p.slice = 16 * slice_steps;
+        p.part = p.ks > 1 ? (float *)((char *)ws + used) : NULL;
+        used += p.ks > 1 ? (size_t)p.ks * slice_bytes : 0;
+        /* ks > 1 only below MMA_TARGET_BLOCKS column blocks: G of them fit LT_CUDA_TICKETS */
+        p.tickets = p.part ? lt_cuda_tickets(ctx) + tick : NULL;
+        tick += p.part ? p.cb : 0;
+        p.X = o.a, p.U = o.f, p.C = o.c, p.P = o.k, p.ldx = o.lda, p.ldu = o.ldf, p.ldc = o.ldc;
+        p.alpha = o.alpha, p.beta = o.beta;
+        /* Unrolled only where a warp runs at least four steps of its slice: at Qwen3-8B's widths (9
+         * a warp) the x-in-f32 pass went 88.6 -> 78.6 us on an H100; at SmolLM2-135M's (two a warp,
+         * the slices short) the unrolled loop made it slower, 23.4 -> 25.4 us. */
+        unr &= slice_steps >= 4 * TM_WARPS;
+        if (p.cb > cb_max) cb_max = p.cb;
+        if (p.ks > ks_max) ks_max = p.ks;
+    }
+    if (G > 1 && used > ws_bytes) { /* one after another, each with the whole workspace */
+        for (int g = 0; g < G; g++) lt_cuda_skinny_h_tall_batch(ctx, 1, &ops[g], n, K, x_f32, c_pj, ws, ws_bytes);
+        return 1;
+    }
     cudaStream_t st = lt_cuda_stream(ctx);
-    const int64_t cb = (P + TM_COLS - 1) / TM_COLS;
-    int64_t slice_steps;
-    const int64_t ks = k_slices(cb, Kp / 16, TM_WARPS, slice_bytes, ws ? ws_bytes : 0, &slice_steps);
-    const int64_t slice = 16 * slice_steps;
-    dim3 grid((unsigned)cb, (unsigned)ks);
-    float *pp = ks > 1 ? (float *)ws : NULL;
-    unsigned *tk = pp ? lt_cuda_tickets(ctx) : NULL; /* ks > 1 only below MMA_TARGET_BLOCKS column blocks */
-    const float *xf = (const float *)X;
-    const __nv_bfloat16 *xh = (const __nv_bfloat16 *)X;
-    /* Unrolled only where a warp runs at least four steps of its slice: at Qwen3-8B's widths (9 a
-     * warp) the x-in-f32 pass went 88.6 -> 78.6 us on an H100; at SmolLM2-135M's (two a warp, the
-     * slices short) the unrolled loop made it slower, 23.4 -> 25.4 us. */
-    const int unr = slice_steps >= 4 * TM_WARPS;
-#define TALL_MMA(XT_, X_, U2_, UNR_) \
-    tall_mma_k<XT_, U2_, UNR_>       \
-        <<<grid, TM_WARPS * 32, 0, st>>>(P, (int)n, K, Kp, slice, alpha, X_, ldx, U, ldu, beta, C, ldc, c_pj, pp, tk)
-#define TALL_MMA_U(XT_, X_, U2_) unr ? TALL_MMA(XT_, X_, U2_, 2) : TALL_MMA(XT_, X_, U2_, 1)
-    if (x_f32) n > 8 ? TALL_MMA_U(float, xf, 1) : TALL_MMA_U(float, xf, 0);
-    else n > 8 ? TALL_MMA_U(__nv_bfloat16, xh, 1) : TALL_MMA_U(__nv_bfloat16, xh, 0);
+    dim3 grid((unsigned)cb_max, (unsigned)ks_max, (unsigned)G);
+#define TALL_MMA(XT_, U2_, UNR_) tall_mma_k<XT_, U2_, UNR_><<<grid, TM_WARPS * 32, 0, st>>>(bt, (int)n, K, Kp, c_pj)
+#define TALL_MMA_U(XT_, U2_) unr ? TALL_MMA(XT_, U2_, 2) : TALL_MMA(XT_, U2_, 1)
+    if (x_f32) n > 8 ? TALL_MMA_U(float, 1) : TALL_MMA_U(float, 0);
+    else n > 8 ? TALL_MMA_U(__nv_bfloat16, 1) : TALL_MMA_U(__nv_bfloat16, 0);
 #undef TALL_MMA_U
 #undef TALL_MMA
     LT_CUDA_LAUNCHED(ctx, "lora: tall reduction (tensor cores)");
     return 1;
 }
 
+extern "C" int lt_cuda_skinny_h_tall(lt_ctx *ctx, int64_t P, int64_t n, int64_t K, float alpha, const void *X,
+                                     int x_f32, int64_t ldx, const float *U, int64_t ldu, float beta, float *C,
+                                     int64_t ldc, int c_pj, void *ws, size_t ws_bytes) {
+    const lt_cuda_skinny_op o = {X, ldx, U, ldu, C, ldc, P, alpha, beta};
+    return lt_cuda_skinny_h_tall_batch(ctx, 1, &o, n, K, x_f32, c_pj, ws, ws_bytes);
+}
 /* ---- rank update: C (M, N) = alpha·U (M, K)·V + beta·C0, K <= 32 (a multiple of 4), C0 = C or
  * another matrix of C's shape and stride (a residual added on its way into C) ----
  * V (K, N) is given by up to three pieces of kb rows each (the A's of q, k, v stacked: dx +=
@@ -762,11 +863,30 @@ static __device__ __forceinline__ void ru_store4(__nv_bfloat16 *p, float4 v) {
     *(uint2 *)p = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
 }
 
+/* One update of a batch (grid.z picks it): its U, V, C0, C, width N and its grid's share
+ * (colblocks x ys blocks of rows_per rows). */
+typedef struct ru_prob {
+    const float *U;
+    rank_src V;
+    const void *C0;
+    void *C;
+    int64_t N, ldu, ldc, colblocks, ys, rows_per;
+} ru_prob;
+typedef struct ru_batch {
+    ru_prob p[LT_CUDA_SKINNY_BATCH];
+} ru_batch;
+
 template <int KMAX, typename TC>
 __global__ void __launch_bounds__(RU_THREADS)
-    rank_upd_k(int64_t M, int64_t N, int K, float alpha, const float *__restrict__ U, int64_t ldu, rank_src V,
-               float beta, const TC *C0, TC *C, int64_t ldc, int64_t rows_per) {
+    rank_upd_k(const __grid_constant__ ru_batch bt, int64_t M, int K, float alpha, float beta) {
+    const ru_prob &pb = bt.p[blockIdx.z];
+    if ((int64_t)blockIdx.x >= pb.colblocks || (int64_t)blockIdx.y >= pb.ys) return;
     constexpr int RB = RU_RB(KMAX), KQ = KMAX / 4;
+    const int64_t N = pb.N, ldu = pb.ldu, ldc = pb.ldc, rows_per = pb.rows_per;
+    const rank_src &V = pb.V;
+    const float *__restrict__ U = pb.U;
+    const TC *C0 = (const TC *)pb.C0;
+    TC *C = (TC *)pb.C;
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
     float v[KMAX][4];
@@ -819,54 +939,77 @@ __global__ void __launch_bounds__(RU_THREADS)
 
 /* One wave: as many blocks as the SMs hold at once, each streaming rows_per rows of its 512
  * columns (blocks live for the whole pass, so a partial second wave would leave most SMs idle
- * while it runs). */
+ * while it runs); a batch's updates share the wave, the same rows a block in each. */
 template <int KMAX, typename TC>
-static void ru_launch(lt_ctx *ctx, cudaStream_t st, int64_t M, int64_t N, int K, float alpha, const float *U,
-                      int64_t ldu, const rank_src &V, float beta, const TC *C0, TC *C, int64_t ldc) {
+static void ru_launch(lt_ctx *ctx, cudaStream_t st, int G, ru_batch &bt, int64_t M, int K, float alpha, float beta) {
     static int per_sm = 0; /* the same for every device of one architecture; a benign race */
     if (!per_sm &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX, TC>, RU_THREADS, 0) != cudaSuccess)
         per_sm = 1;
     const int sms = lt_cuda_sm_count(ctx) > 0 ? lt_cuda_sm_count(ctx) : 132;
-    const int64_t colblocks = (N / 4 + RU_THREADS - 1) / RU_THREADS;
+    int64_t colblocks = 0, cb_max = 1;
+    for (int g = 0; g < G; g++) {
+        ru_prob &p = bt.p[g];
+        p.colblocks = (p.N / 4 + RU_THREADS - 1) / RU_THREADS;
+        colblocks += p.colblocks;
+        if (p.colblocks > cb_max) cb_max = p.colblocks;
+    }
     int64_t ys = (int64_t)per_sm * sms / colblocks;
     if (ys < 1) ys = 1;
     if (ys > M) ys = M;
     if (ys > 65535) ys = 65535;
     const int64_t rows_per = (M + ys - 1) / ys;
     ys = (M + rows_per - 1) / rows_per;
-    dim3 grid((unsigned)colblocks, (unsigned)ys);
-    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(M, N, K, alpha, U, ldu, V, beta, C0, C, ldc, rows_per);
+    for (int g = 0; g < G; g++) bt.p[g].ys = ys, bt.p[g].rows_per = rows_per;
+    dim3 grid((unsigned)cb_max, (unsigned)ys, (unsigned)G);
+    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(bt, M, K, alpha, beta);
 }
 
 template <typename TC>
-static int rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                       const float *const *pieces, int kb, int vt, int64_t ld, float beta, const TC *C0, TC *C,
-                       int64_t ldc) {
-    if (M <= 0 || N <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3 || N % 4 || ldc % 4 ||
-        ldu % 4 || !aligned16(C) || !aligned16(C0) || !aligned16(U))
+static int rank_update(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M, int K, int kb, int vt, float alpha,
+                       float beta) {
+    if (G < 1 || G > LT_CUDA_SKINNY_BATCH || M <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3)
         return 0;
-    rank_src V;
-    V.p[0] = pieces[0], V.p[1] = K > kb ? pieces[1] : NULL, V.p[2] = K > 2 * kb ? pieces[2] : NULL;
-    V.ld = ld, V.kb = kb, V.vt = vt;
+    ru_batch bt;
+    memset(&bt, 0, sizeof bt);
+    for (int g = 0; g < G; g++) {
+        const lt_cuda_rank_op &o = ops[g];
+        const void *c0 = o.c0 ? o.c0 : o.c;
+        if (o.n <= 0 || o.n % 4 || o.ldc % 4 || o.ldu % 4 || !aligned16(o.c) || !aligned16(c0) || !aligned16(o.u))
+            return 0;
+        ru_prob &p = bt.p[g];
+        p.U = o.u, p.C0 = c0, p.C = o.c, p.N = o.n, p.ldu = o.ldu, p.ldc = o.ldc;
+        p.V.p[0] = o.v[0], p.V.p[1] = K > kb ? o.v[1] : NULL, p.V.p[2] = K > 2 * kb ? o.v[2] : NULL;
+        p.V.ld = o.ldv, p.V.kb = kb, p.V.vt = vt;
+    }
     cudaStream_t st = lt_cuda_stream(ctx);
-    if (K <= 8) ru_launch<8>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
-    else if (K <= 16) ru_launch<16>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
-    else if (K <= 24) ru_launch<24>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
-    else ru_launch<32>(ctx, st, M, N, K, alpha, U, ldu, V, beta, C0, C, ldc);
+    if (K <= 8) ru_launch<8, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else if (K <= 16) ru_launch<16, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else if (K <= 24) ru_launch<24, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else ru_launch<32, TC>(ctx, st, G, bt, M, K, alpha, beta);
     LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
+}
+
+extern "C" int lt_cuda_rank_update_batch(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M, int K, int kb,
+                                         int vt, float alpha, float beta, int c_bf16) {
+    return c_bf16 ? rank_update<__nv_bfloat16>(ctx, G, ops, M, K, kb, vt, alpha, beta)
+                  : rank_update<float>(ctx, G, ops, M, K, kb, vt, alpha, beta);
 }
 
 extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                                    const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0,
                                    float *C, int64_t ldc) {
-    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, C0 ? C0 : C, C, ldc);
+    const lt_cuda_rank_op o = {U, ldu, {pieces[0], K > kb ? pieces[1] : NULL, K > 2 * kb ? pieces[2] : NULL}, ld, C0, C,
+                               N, ldc};
+    return rank_update<float>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
 }
 
 extern "C" int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                                      const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C,
                                      int64_t ldc) {
-    return rank_update(ctx, M, N, K, alpha, U, ldu, pieces, kb, vt, ld, beta, (const __nv_bfloat16 *)C,
-                       (__nv_bfloat16 *)C, ldc);
+    const lt_cuda_rank_op o = {U,  ldu,  {pieces[0], K > kb ? pieces[1] : NULL, K > 2 * kb ? pieces[2] : NULL},
+                               ld, NULL, C,
+                               N,  ldc};
+    return rank_update<__nv_bfloat16>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
 }

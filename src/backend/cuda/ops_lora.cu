@@ -4,7 +4,8 @@
  * that the matmul makes for cuBLASLt anyway (fp32 accumulate; x·Aᵀ and dy·B on the tensor cores
  * with the f32 factor split into bf16 hi and lo parts as the kernel loads it); the up-product lu·Bᵀ
  * writes y before the base product, which then accumulates onto it (beta = 1) instead of a second
- * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass.
+ * read-modify-write pass; the backward's dlu·A updates of a group that shares dx are one pass, and
+ * the members of a group run each of these kernels in one launch (the *_batch ops, the same bits).
  * Shapes the kernels do not take (rank > 16 or not a multiple of 4, activations too large for one
  * bf16 chunk, misaligned factors) run lt_lora_*_ref on the CUDA table instead. It does not fuse
  * anything into cuBLASLt's kernels, and dA = dluᵀ·x reads x in f32 (rounded to bf16 on the way to
@@ -45,6 +46,74 @@ static void base_product(lt_ctx *ctx, lt_matmul_mode mode, const lt_lora_proj *P
     else lt_cuda_matmul_reuse(ctx, mode, P->w, x, n, beta, y, ws, same_x);
 }
 
+/* Whether member P's forward takes the fused path: lu = x·Aᵀ on the tensor cores, then the rank
+ * update and the base product onto y (or yh); a member wanting lu only (a recompute) needs the first. */
+static int fwd_fused(const lt_lora_proj *P, int64_t r) {
+    if (!lora_fast(P, r)) return 0;
+    if (!P->y && !P->yh) return 1;
+    return P->w->shape[0] % 4 == 0 && (P->yh || (al16(P->y) && (!P->yc || al16(P->yc))));
+}
+
+/* The lu = x·Aᵀ of every adapted member of a group in one launch, when all of them take the fused
+ * path (from xh, else from the staged bf16 copy of x, or from the f32 x rounded as it is loaded when
+ * every member wants lu only: the same values). Returns 1 when done; *staged then says the matmul
+ * workspace holds x in bf16. */
+static int lu_batch(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n, int64_t r,
+                    void *ws, void *gws, size_t gws_bytes, int *staged) {
+    lt_cuda_skinny_op ops[LT_CUDA_SKINNY_BATCH];
+    int na = 0, lu_only = 1;
+    const lt_lora_proj *first = NULL;
+    for (int g = 0; g < G; g++) {
+        const lt_lora_proj *P = &p[g];
+        if (!P->a) continue;
+        if (!fwd_fused(P, r) || G > LT_CUDA_SKINNY_BATCH) return 0;
+        if (!first) first = P;
+        lu_only &= !P->y && !P->yh;
+        const int64_t in = P->w->shape[1];
+        ops[na++] = (lt_cuda_skinny_op){NULL, in, P->a, in, P->lu, r, in, 1.0f, 0.0f};
+    }
+    if (na < 2) return 0;
+    const int64_t in = first->w->shape[1];
+    for (int j = 0; j < na; j++)
+        if (ops[j].k != in) return 0;
+    const void *a = xh;
+    int a_f32 = 0;
+    if (!a && lu_only) a = x, a_f32 = 1;
+    if (!a) {
+        a = lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, first->w, x, n, ws, 0);
+        if (!a) return 0;
+        *staged = 1;
+    }
+    for (int j = 0; j < na; j++) ops[j].a = a;
+    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    const int ok = lt_cuda_skinny_h_n_batch(ctx, 1, na, ops, n, r, a_f32, gws, gws_bytes);
+    lt_prof_end(ph);
+    return ok;
+}
+
+/* After lu_batch: y = beta·y (or yc) + s·lu·Bᵀ of every adapted member in one launch, when they
+ * all write y in the same precision (the base products then accumulate onto it). 1 when done. */
+static int up_batch(lt_ctx *ctx, const lt_lora_proj *p, int G, int64_t n, int64_t r, float s, float beta) {
+    lt_cuda_rank_op ops[LT_CUDA_SKINNY_BATCH];
+    int na = 0, h = -1;
+    for (int g = 0; g < G; g++) {
+        const lt_lora_proj *P = &p[g];
+        if (!P->a) continue;
+        if (!P->y && !P->yh) return 0;
+        if (h >= 0 && h != (P->yh != NULL)) return 0;
+        h = P->yh != NULL;
+        const int64_t out = P->w->shape[0];
+        ops[na++] =
+            (lt_cuda_rank_op){P->lu, r,  {P->b, NULL, NULL}, r, h ? NULL : P->yc, h ? (void *)P->yh : (void *)P->y,
+                              out,   out};
+    }
+    if (na < 2) return 0;
+    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    const int ok = lt_cuda_rank_update_batch(ctx, na, ops, n, (int)r, (int)r, 1, s, h ? 0.0f : beta, h);
+    lt_prof_end(ph);
+    return ok;
+}
+
 /* lora_fwd of an f32 x, or (lora_fwd_bf16) of its bf16 rounding xh; an output with yh set is
  * written in bf16 (xh given, beta 0, no bias: the layout asks for nothing else). */
 static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
@@ -52,11 +121,13 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     int staged = 0; /* the matmul workspace holds x in bf16 from an earlier member of the group */
     size_t gws_bytes = 0;
     void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
+    const int lu_done = lu_batch(ctx, p, G, x, xh, n, r, ws, gws, gws_bytes, &staged);
+    const int up_done = lu_done && up_batch(ctx, p, G, n, r, s, beta);
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
         const int64_t out = P->w->shape[0], in = P->w->shape[1];
         if (!P->y && !P->yh) { /* lu only (a recompute): one pass over the f32 x, rounded as the forward's copy */
-            if (!P->a) continue;
+            if (!P->a || lu_done) continue;
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
             const void *xa = xh ? (const void *)xh : (const void *)x;
             if (!lora_fast(P, r) ||
@@ -69,8 +140,7 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
         }
         LT_ASSERT(!P->yh || (xh && beta == 0.0f && !P->bias && al16(P->yh)));
         const void *xb = NULL;
-        if (lora_fast(P, r) && out % 4 == 0 && (P->yh || (al16(P->y) && (!P->yc || al16(P->yc)))))
-            xb = xh ? xh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
+        if (fwd_fused(P, r)) xb = xh ? xh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NT, P->w, x, n, ws, staged);
         LT_ASSERT(xb || !xh || !P->a);
         if (!xb && P->y && P->yc && P->yc != P->y && beta != 0.0f) /* the residual into y first */
             lt_cuda_check_abort(ctx,
@@ -79,12 +149,13 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
                                 "lora: the residual into y");
         if (xb) {
             const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-            int ok = lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
+            int ok = lu_done ||
+                lt_cuda_skinny_h_n(ctx, 1, n, r, in, 1.0f, xb, 0, in, P->a, in, 0.0f, P->lu, r, gws, gws_bytes);
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
-            if (P->yh)
+            if (!up_done && P->yh)
                 ok = ok && lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, P->yh, out);
-            else
+            else if (!up_done)
                 ok = ok &&
                     lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->yc, P->y, out);
             lt_prof_end(ph);
@@ -118,12 +189,11 @@ void lt_cuda_lora_fwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const floa
     lora_fwd_any(ctx, p, G, x, xh, n, r, s, beta, ws);
 }
 
-/* One adapter's products in the backward, from dy (f32, and dyb its bf16 rows when staged or
- * given): dl = s·dy·B (dl's row stride ldd), gb += s·dyᵀ·lu, ga += dlᵀ·x (x in f32, rounded to bf16
- * as the other LoRA products read it, or xh). */
-static void adapter_grads(lt_ctx *ctx, const lt_lora_proj *P, const void *dyb, const float *x, const uint16_t *xh,
-                          int64_t n, int64_t r, float s, float *dl, int64_t ldd, void *gws, size_t gws_bytes) {
-    const int64_t out = P->w->shape[0], in = P->w->shape[1];
+/* One adapter's products in the backward that read dy (f32, and dyb its bf16 rows when staged or
+ * given): dl = s·dy·B (dl's row stride ldd) and gb += s·dyᵀ·lu. */
+static void adapter_dl_gb(lt_ctx *ctx, const lt_lora_proj *P, const void *dyb, int64_t n, int64_t r, float s, float *dl,
+                          int64_t ldd, void *gws, size_t gws_bytes) {
+    const int64_t out = P->w->shape[0];
     if (dyb) { /* dlu and gb from the bf16 dy the base product reads */
         int k1 = lt_cuda_skinny_h_n(ctx, 0, n, r, out, s, dyb, 0, out, P->b, r, 0.0f, dl, ldd, gws, gws_bytes);
         int k2 =
@@ -135,11 +205,45 @@ static void adapter_grads(lt_ctx *ctx, const lt_lora_proj *P, const void *dyb, c
         lt_cuda_gemm(ctx, 1, 0, out, r, n, s, P->dy, out, P->lu, r, 1.0f, P->gb, r);
         lt_cuda_gemm(ctx, 0, 0, n, r, out, s, P->dy, out, P->b, r, 0.0f, dl, ldd);
     }
+}
+
+/* ga += dlᵀ·x of the G adapted members P[j] (each's dl = dlu's column block j, row stride ldd),
+ * x in f32 (rounded to bf16 as the other LoRA products read it) or xh: one launch for the group
+ * where the kernels take it. */
+static void adapter_ga(lt_ctx *ctx, const lt_lora_proj *const *P, int G, const float *x, const uint16_t *xh, int64_t n,
+                       int64_t r, const float *dlu, int64_t ldd, void *gws, size_t gws_bytes) {
+    const int64_t in = P[0]->w->shape[1];
     const void *xa = xh ? (const void *)xh : (const void *)x;
-    if (!lt_cuda_skinny_h_tall(ctx, in, r, n, 1.0f, xa, !xh, in, dl, ldd, 1.0f, P->ga, in, 0, gws, gws_bytes)) {
-        LT_ASSERT(!xh);
-        lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dl, ldd, x, in, 1.0f, P->ga, in);
+    lt_cuda_skinny_op ops[LT_CUDA_SKINNY_BATCH];
+    for (int j = 0; j < G; j++) ops[j] = (lt_cuda_skinny_op){xa, in, dlu + j * r, ldd, P[j]->ga, in, in, 1.0f, 1.0f};
+    if (lt_cuda_skinny_h_tall_batch(ctx, G, ops, r, n, !xh, 0, gws, gws_bytes)) return;
+    LT_ASSERT(!xh);
+    for (int j = 0; j < G; j++) lt_cuda_gemm(ctx, 1, 0, r, in, n, 1.0f, dlu + j * r, ldd, x, in, 1.0f, P[j]->ga, in);
+}
+
+/* adapter_dl_gb of the adapted members of a group whose dy is bf16 already (dyh), in one launch
+ * each for dl and gb; each member's dl is dlu's column block of its adapted index. Returns which
+ * members it ran (a bit each). */
+static unsigned dl_gb_batch(lt_ctx *ctx, const lt_lora_proj *p, int G, int64_t n, int64_t r, float s, float *dlu,
+                            int64_t ldd, void *gws, size_t gws_bytes) {
+    lt_cuda_skinny_op dl[LT_CUDA_SKINNY_BATCH], gb[LT_CUDA_SKINNY_BATCH];
+    unsigned done = 0;
+    int nb = 0, ia = 0;
+    for (int g = 0; g < G; g++) {
+        const lt_lora_proj *P = &p[g];
+        if (!P->a) continue;
+        float *d = dlu + (ia++) * r;
+        if (!P->dyh) continue;
+        const int64_t out = P->w->shape[0];
+        dl[nb] = (lt_cuda_skinny_op){P->dyh, out, P->b, r, d, ldd, out, s, 0.0f};
+        gb[nb] = (lt_cuda_skinny_op){P->dyh, out, P->lu, r, P->gb, r, out, s, 1.0f};
+        nb++, done |= 1u << g;
     }
+    if (nb < 2) return 0;
+    const int ok = lt_cuda_skinny_h_n_batch(ctx, 0, nb, dl, n, r, 0, gws, gws_bytes) &&
+        lt_cuda_skinny_h_tall_batch(ctx, nb, gb, r, n, 0, 1, gws, gws_bytes);
+    LT_ASSERT(ok); /* lora_bf16_takes admits only shapes the bf16 kernels take */
+    return done;
 }
 
 /* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0):
@@ -153,7 +257,8 @@ static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, con
         size_t gws_bytes = 0;
         void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
         const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        adapter_grads(ctx, P, P->dyh, x, xh, n, r, s, dlu, r, gws, gws_bytes);
+        adapter_dl_gb(ctx, P, P->dyh, n, r, s, dlu, r, gws, gws_bytes);
+        adapter_ga(ctx, &P, 1, x, xh, n, r, dlu, r, gws, gws_bytes);
         const float *ap[3] = {P->a, NULL, NULL};
         const int ok = lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, 0.0f, dxh, in);
         lt_prof_end(ph);
@@ -190,6 +295,11 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
     void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
     const int64_t ldd = na * r; /* dlu (n, na·r): the adapted members' column blocks in order */
     const float *apieces[3] = {NULL, NULL, NULL};
+    const lt_lora_proj *adapted[3] = {NULL, NULL, NULL};
+    /* the members of a group with their dy in bf16 already: dl and gb side by side */
+    int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    const unsigned batched = G > 1 ? dl_gb_batch(ctx, p, G, n, r, s, dlu, ldd, gws, gws_bytes) : 0;
+    lt_prof_end(ph);
     int ia = 0, based = 0;
     for (int g = 0; g < G; g++) {
         const lt_lora_proj *P = &p[g];
@@ -199,10 +309,13 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             continue;
         }
         float *dl = dlu + ia * r;
+        adapted[ia] = P;
         apieces[ia++] = P->a;
         const void *dyb = P->dyh ? P->dyh : lt_cuda_matmul_stage_x(ctx, LT_MATMUL_NN, P->w, P->dy, n, ws, 0);
-        const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
-        adapter_grads(ctx, P, dyb, x, xh, n, r, s, dl, ldd, gws, gws_bytes);
+        ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+        if (!(batched >> g & 1u)) adapter_dl_gb(ctx, P, dyb, n, r, s, dl, ldd, gws, gws_bytes);
+        /* alone: ga now; in a group, after the loop for all members at once (x read once) */
+        if (G == 1) adapter_ga(ctx, &P, 1, x, xh, n, r, dl, ldd, gws, gws_bytes);
         int pre = 0;
         if (dx && G == 1) /* alone: dx = beta·dx + dlu·A first, the base product accumulates onto it */
             pre = lt_cuda_rank_update(ctx, n, in, (int)r, 1.0f, dl, ldd, apieces, (int)r, 0, in, bbeta, NULL, dx, in);
@@ -215,9 +328,13 @@ static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             lt_prof_end(ph2);
         }
     }
-    if (!dx || G == 1) return;
+    if (G == 1) return;
+    ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    adapter_ga(ctx, adapted, na, x, xh, n, r, dlu, ldd, gws, gws_bytes);
+    lt_prof_end(ph);
+    if (!dx) return;
     /* dx += dlu·[A of the adapted members]: one pass over dx for the group */
-    const int ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
+    ph = lt_prof_begin(LT_DEVICE_CUDA, LT_PROF_GEMM);
     if (!lt_cuda_rank_update(ctx, n, in, (int)ldd, 1.0f, dlu, ldd, apieces, (int)r, 0, in, 1.0f, NULL, dx, in))
         for (int j = 0; j < na; j++)
             lt_cuda_gemm(ctx, 0, 0, n, in, r, 1.0f, dlu + j * r, ldd, apieces[j], in, 1.0f, dx, in);
