@@ -280,6 +280,10 @@ static const lt_lora_case lora_rows[] = {
     /* a group whose members' dy·B run in one launch cut into different numbers of K slices (two
      * for out = 1024, one for 512): each member's own slices and counters */
     {3, {1024, 1024, 512}, {1, 1, 1}, 256, 200, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
+    /* a group whose dyᵀ·lu partial sums do not fit the CUDA gemm workspace together (13 K slices
+     * of 2048 columns, 1.7 MB a member, 5.1 MB for three against 4 MiB): its members one after
+     * another, each with the whole workspace, the bits of the one-by-one calls */
+    {3, {2048, 2048, 2048}, {1, 1, 1}, 32, 3456, 8, 1.0f, 0.0f, 0, 0, 0, LT_DTYPE_BF16},
 };
 
 static void run_lora(const op_case *c, env *e) {
@@ -1261,6 +1265,7 @@ static const op_case cases[] = {
     {"lora", run_lora, {2, 128, 333, 16}, LT_DTYPE_BF16, 17},
     {"lora", run_lora, {1, 1024, 300, 16}, LT_DTYPE_BF16, 18},
     {"lora", run_lora, {3, 256, 200, 8}, LT_DTYPE_BF16, 19},
+    {"lora", run_lora, {3, 2048, 3456, 8}, LT_DTYPE_BF16, 20},
     /* rmsnorm {N, C}: C = 1000 and 128 (the per-head norm) row-aligned, 998 not, 40 small */
     {"rmsnorm", run_rmsnorm, {9, 40}, 0, 0},
     {"rmsnorm", run_rmsnorm, {70, 1000}, 0, 0},
