@@ -247,17 +247,27 @@ static unsigned dl_gb_batch(lt_ctx *ctx, const lt_lora_proj *p, int G, int64_t n
     return done;
 }
 
+static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
+                         int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
+
 /* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0).
  * Without dxs: dlu·A rounded first, then the base product added onto it (C and D in bf16). With
- * dxs, an (n, in) f32 scratch: the f32 path's sum fl(dy·W + dlu·A), the base product there first
- * and the rank update adding it as its C0 while it writes dxh, so dx's f32 rows are written and
- * read once instead of the f32 path's three passes and a conversion. lora_bf16_takes admitted the
+ * dxs, an (n, in) f32 scratch: the f32 path's sum fl(dy·W + dlu·A), for bf16 W the base product
+ * there first (one product, no tiles) and the rank update adding it as its C0 while it writes dxh,
+ * so dx's f32 rows are written and read once instead of the f32 path's three passes and a
+ * conversion; a W the matmul dequantizes tile by tile sums the tiles onto the rank update's
+ * result, so there the f32 path runs into dxs and is rounded after. lora_bf16_takes admitted the
  * projection, so its adapter, if any, is on the fused path. */
 static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, const uint16_t *xh, int64_t n, int64_t r,
                          float s, float *dxs, uint16_t *dxh, float *dlu, void *ws) {
     const int64_t out = P->w->shape[0], in = P->w->shape[1];
     LT_ASSERT(P->dyh && al16(dxh) && (!dxs || al16(dxs)) &&
               (!P->a || (lora_fast(P, r) && out % 4 == 0 && in % 4 == 0)));
+    if (dxs && P->w->dtype != LT_DTYPE_BF16) {
+        lora_bwd_any(ctx, P, 1, x, xh, n, r, s, dxs, 0.0f, dlu, ws);
+        lt_cuda_to_bf16(ctx, dxs, dxh, n * in);
+        return;
+    }
     if (dxs) lt_cuda_matmul_bf16x(ctx, LT_MATMUL_NN, P->w, P->dyh, n, 0.0f, dxs, ws);
     if (P->a) {
         size_t gws_bytes = 0;
