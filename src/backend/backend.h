@@ -385,10 +385,8 @@ typedef struct lt_backend {
      * lora_fwd_bf16 also writes an output in bf16 where p[g].yh is set (then y is ignored): the
      * adapter's term s·lu·Bᵀ rounded to bf16, the base product added onto it in f32 and the sum
      * rounded again, at half the f32 output's traffic. lora_bwd_bf16 likewise writes the input
-     * gradient in bf16 into dxh where it is non-NULL (one projection, dy in bf16, beta 0): with dx
-     * NULL, dlu·A rounded, then the base product added onto it and the sum rounded; with dx an
-     * (n, in) f32 scratch, the f32 op's input gradient bit for bit, formed in dx and rounded once
-     * (nearest even) into dxh. */
+     * gradient in bf16 into dxh where it is non-NULL (one projection, dy in bf16, dx NULL, beta
+     * 0): dlu·A rounded, then the base product added onto it and the sum rounded. */
     int (*lora_bf16_takes)(lt_dtype wdtype, int64_t out, int64_t in, int64_t r);
     void (*rmsnorm_fwd_bf16)(lt_ctx *ctx, const float *x, const float *w, float eps, int64_t N, int64_t C, uint16_t *y,
                              float *rstd);

@@ -440,7 +440,7 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     if (y->gu_bf16) { /* dy rounded into h's second half (h holds the bf16 norm output in its first) */
         uint16_t *dyh = (uint16_t *)h + n * C;
         s->be->to_bf16(s->ctx, dyd, dyh, n * C);
-        lt_step_proj_bwd_h(s, l, st, &DOWN_PROJ, r0, n, a, dyh, NULL, (uint16_t *)da);
+        lt_step_proj_bwd_h(s, l, st, &DOWN_PROJ, r0, n, a, dyh, (uint16_t *)da);
     } else {
         lt_act dyc = lt_act_f32(dyd);
         lt_step_group_bwd(s, l, st, 1, &DOWN_PROJ, r0, n, a, &dyc, da, 0.0f);
@@ -451,27 +451,18 @@ static void mlp_bwd(const lt_step *s, int64_t l, const lt_store *st, float *dx, 
     norm_bwd_add(s, dh, xm, L->mlp_norm, st->rstd2 + r0, n, dxc); /* dx = ∂/∂x_mid on these rows */
 }
 
-/* The o projection over rows [r0, r0 + n): ∂/∂att into the whole-batch datt: f32 rows, or under
- * attn_bf16 rounded through the chunk buffer qc. Under o_bf16 its dy is rounded into h (dead
- * between the MLP's backward and the q/k/v backward's norm) and the product rounds its f32 sum
- * in qc into datt's bf16 rows itself (the same values, fewer passes over qc). */
+/* The o projection over rows [r0, r0 + n): ∂/∂att into the whole-batch datt (rounded through the
+ * chunk buffer under attn_bf16). */
 static void o_bwd(const lt_step *s, int64_t l, const lt_store *st, const float *dx, void *datt, int64_t r0, int64_t n) {
     const lt_layout *y = &s->m->lay;
-    int64_t qd = s->m->cfg.H * s->m->cfg.D, C = s->m->cfg.C;
+    int64_t qd = s->m->cfg.H * s->m->cfg.D;
     int ab = y->attn_bf16;
     lt_act att = o_input(s, st, r0, n);
-    const float *dy = block_out_grad(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, dx + r0 * C);
-    uint16_t *datth = ab ? (uint16_t *)lt_step_at_row(s, datt, r0, qd) : NULL;
     float *dattc = ab ? lt_step_ws(s, y->qc) : (float *)lt_step_at_row(s, datt, r0, qd);
-    if (y->o_bf16 && (uintptr_t)datth % 16 == 0) { /* the product's bf16 stores want 16-byte rows */
-        uint16_t *dyh = (uint16_t *)lt_step_ws(s, y->h);
-        s->be->to_bf16(s->ctx, dy, dyh, n * C);
-        lt_step_proj_bwd_h(s, l, st, &O_PROJ, r0, n, att, dyh, dattc, datth);
-        return;
-    }
-    lt_act dyo = lt_act_f32(dy);
+    lt_act dyo = lt_act_f32(
+        block_out_grad(s, l, st, &O_PROJ, s->m->layers[l].post_attn_norm, r0, n, att, dx + r0 * s->m->cfg.C));
     lt_step_group_bwd(s, l, st, 1, &O_PROJ, r0, n, att, &dyo, dattc, 0.0f);
-    if (ab) s->be->to_bf16(s->ctx, dattc, datth, n * qd);
+    if (ab) s->be->to_bf16(s->ctx, dattc, (uint16_t *)lt_step_at_row(s, datt, r0, qd), n * qd);
 }
 
 /* Under attn_bf16, the gradients at the q, k, v projections' outputs over rows [r0, r0 + n) from

@@ -208,8 +208,8 @@ void lt_step_group_bwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
 }
 
 void lt_step_proj_bwd_h(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
-                        lt_act x, const uint16_t *dyh, float *dxs, uint16_t *dxh) {
-    LT_ASSERT(dyh && s->m->lora.dropout == 0); /* gu_bf16 and o_bf16 exclude dropout */
+                        lt_act x, const uint16_t *dyh, uint16_t *dxh) {
+    LT_ASSERT(dyh && s->m->lora.dropout == 0); /* gu_bf16 comes with mlp_bf16 */
     const lt_act dy = lt_act_bf16(dyh);
-    fused_bwd(s, l, st, 1, p, r0, n, x, &dy, dxs, dxh, 0.0f);
+    fused_bwd(s, l, st, 1, p, r0, n, x, &dy, NULL, dxh, 0.0f);
 }

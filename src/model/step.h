@@ -142,11 +142,10 @@ void lt_step_group_fwd(const lt_step *s, int64_t l, const lt_store *st, int G, c
 void lt_step_proj_add(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
                       lt_act x, const float *yc, float *y);
 /* The backward of projection p alone from its output gradient in bf16 (dyh), the input gradient
- * written in bf16 to dxh (n, in), LoRA grads accumulated: with dxs NULL the LoRA term rounded
- * before the base product adds onto it (the layout's gu_bf16: the down projection's), with dxs an
- * (n, in) f32 scratch the f32 gradient's rounding (o_bf16: the o projection's). */
+ * written in bf16 to dxh (n, in), LoRA grads accumulated (the layout's gu_bf16: the down
+ * projection's). */
 void lt_step_proj_bwd_h(const lt_step *s, int64_t l, const lt_store *st, const lt_proj *p, int64_t r0, int64_t n,
-                        lt_act x, const uint16_t *dyh, float *dxs, uint16_t *dxh);
+                        lt_act x, const uint16_t *dyh, uint16_t *dxh);
 /* lt_step_group_fwd of a bf16 input into bf16 outputs yh[g] (beta 0; the layout's gu_bf16). */
 void lt_step_group_fwd_h(const lt_step *s, int64_t l, const lt_store *st, int G, const lt_proj *ps, int64_t r0,
                          int64_t n, const uint16_t *xh, uint16_t *const *yh);

@@ -34,8 +34,7 @@ typedef struct lt_lora_errors {
     double y_bf16;
     /* Likewise, one projection with beta 0 and dx wanted: lora_bwd_bf16 of the bf16 x and dy
      * writing dx in bf16 (dxh), its worst relative error against the reference (-1: not run); its
-     * ga and gb count in bf16_mismatch. Run again with an f32 scratch dx, where dxh must be the
-     * f32 ops' dx rounded: its elements that are not count there too. */
+     * ga and gb count in bf16_mismatch. */
     double dx_bf16;
     /* beta != 0 with y wanted: lora_fwd again with the prior y read from yc (a copy) into a
      * poisoned y; the elements whose bits differ from the in-place run's y (-1: not run). */

@@ -144,11 +144,10 @@ int lt_cuda_rank_update_batch(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, in
 int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
                         const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0, float *C,
                         int64_t ldc);
-/* (lt_cuda_rank_update: beta·C0 with C0 NULL is beta·C.) The rank update into a bf16 C, the
- * result rounded to nearest even: beta·C0 of an f32 C0, or with C0 NULL of C read widened. */
+/* (lt_cuda_rank_update: beta·C0 with C0 NULL is beta·C.) The rank update into a bf16 C (read
+ * widened when beta != 0, the result rounded to nearest even). */
 int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                          const float *const *pieces, int kb, int vt, int64_t ld, float beta, const float *C0,
-                          uint16_t *C, int64_t ldc);
+                          const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C, int64_t ldc);
 void lt_cuda_lora_fwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,
                       float beta, void *ws);
 void lt_cuda_lora_bwd(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, int64_t n, int64_t r, float s,

@@ -420,16 +420,13 @@ typedef struct sn_batch {
     sn_prob p[LT_CUDA_SKINNY_BATCH];
 } sn_batch;
 
-/* For each product of a batch (grid.z picks it), hi/lo (rows, K) bf16 of its B (K, n) transposed
- * into its Bh, Bl; rows n.. zero. */
-static __global__ void split_bt_k(const __grid_constant__ sn_batch bt, int n, int rows) {
-    const sn_prob &pb = bt.p[blockIdx.z];
-    const int64_t K = pb.K, ldb = pb.ldb, total = (int64_t)rows * K;
-    const float *__restrict__ B = pb.B;
-    __nv_bfloat16 *__restrict__ hi = (__nv_bfloat16 *)pb.Bh, *__restrict__ lo = (__nv_bfloat16 *)pb.Bl;
+/* hi/lo (rows, Kp) bf16 of B (K, n) transposed; rows n.. and columns K.. zero. */
+static __global__ void split_bt_k(int n, int rows, int64_t K, int64_t Kp, const float *__restrict__ B, int64_t ldb,
+                                  __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
+    const int64_t total = (int64_t)rows * Kp;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t j = i / K, k = i - j * K;
-        const float v = j < n ? B[k * ldb + j] : 0.0f;
+        const int64_t j = i / Kp, k = i - j * Kp;
+        const float v = j < n && k < K ? B[k * ldb + j] : 0.0f;
         const __nv_bfloat16 h = __float2bfloat16_rn(v);
         hi[i] = h;
         lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
@@ -638,10 +635,11 @@ extern "C" int lt_cuda_skinny_h_n_batch(lt_ctx *ctx, int tb, int G, const lt_cud
         LT_CUDA_LAUNCHED(ctx, "lora: small n (bf16)");
         return 1;
     }
-    if (!tb) { /* every product's factor in one launch */
-        int64_t k_max = 1;
-        for (int g = 0; g < G; g++) k_max = bt.p[g].K > k_max ? bt.p[g].K : k_max;
-        split_bt_k<<<dim3(lt_cuda_grid((int64_t)(8 * nt) * k_max, 256), 1, (unsigned)G), 256, 0, st>>>(bt, n, 8 * nt);
+    for (int g = 0; g < G && !tb; g++) {
+        const sn_prob &p = bt.p[g];
+        split_bt_k<<<lt_cuda_grid((int64_t)(8 * nt) * p.K, 256), 256, 0, st>>>(n, 8 * nt, p.K, p.K, p.B, p.ldb,
+                                                                               (__nv_bfloat16 *)p.Bh,
+                                                                               (__nv_bfloat16 *)p.Bl);
         LT_CUDA_LAUNCHED(ctx, "lora: factor to bf16 hi/lo");
     }
     dim3 grid((unsigned)mb, (unsigned)ks_max, (unsigned)G);
@@ -878,7 +876,7 @@ typedef struct ru_batch {
     ru_prob p[LT_CUDA_SKINNY_BATCH];
 } ru_batch;
 
-template <int KMAX, typename TC0, typename TC>
+template <int KMAX, typename TC>
 __global__ void __launch_bounds__(RU_THREADS)
     rank_upd_k(const __grid_constant__ ru_batch bt, int64_t M, int K, float alpha, float beta) {
     const ru_prob &pb = bt.p[blockIdx.z];
@@ -887,7 +885,7 @@ __global__ void __launch_bounds__(RU_THREADS)
     const int64_t N = pb.N, ldu = pb.ldu, ldc = pb.ldc, rows_per = pb.rows_per;
     const rank_src &V = pb.V;
     const float *__restrict__ U = pb.U;
-    const TC0 *C0 = (const TC0 *)pb.C0;
+    const TC *C0 = (const TC *)pb.C0;
     TC *C = (TC *)pb.C;
     const int64_t c = 4 * ((int64_t)blockIdx.x * RU_THREADS + threadIdx.x);
     if (c >= N) return; /* N % 4 == 0 */
@@ -942,11 +940,11 @@ __global__ void __launch_bounds__(RU_THREADS)
 /* One wave: as many blocks as the SMs hold at once, each streaming rows_per rows of its 512
  * columns (blocks live for the whole pass, so a partial second wave would leave most SMs idle
  * while it runs); a batch's updates share the wave, the same rows a block in each. */
-template <int KMAX, typename TC0, typename TC>
+template <int KMAX, typename TC>
 static void ru_launch(lt_ctx *ctx, cudaStream_t st, int G, ru_batch &bt, int64_t M, int K, float alpha, float beta) {
     static int per_sm = 0; /* the same for every device of one architecture; a benign race */
     if (!per_sm &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX, TC0, TC>, RU_THREADS, 0) != cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rank_upd_k<KMAX, TC>, RU_THREADS, 0) != cudaSuccess)
         per_sm = 1;
     const int sms = lt_cuda_sm_count(ctx) > 0 ? lt_cuda_sm_count(ctx) : 132;
     int64_t colblocks = 0, cb_max = 1;
@@ -964,10 +962,10 @@ static void ru_launch(lt_ctx *ctx, cudaStream_t st, int G, ru_batch &bt, int64_t
     ys = (M + rows_per - 1) / rows_per;
     for (int g = 0; g < G; g++) bt.p[g].ys = ys, bt.p[g].rows_per = rows_per;
     dim3 grid((unsigned)cb_max, (unsigned)ys, (unsigned)G);
-    rank_upd_k<KMAX, TC0, TC><<<grid, RU_THREADS, 0, st>>>(bt, M, K, alpha, beta);
+    rank_upd_k<KMAX, TC><<<grid, RU_THREADS, 0, st>>>(bt, M, K, alpha, beta);
 }
 
-template <typename TC0, typename TC>
+template <typename TC>
 static int rank_update(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M, int K, int kb, int vt, float alpha,
                        float beta) {
     if (G < 1 || G > LT_CUDA_SKINNY_BATCH || M <= 0 || K <= 0 || K > 32 || K % 4 || kb <= 0 || (K + kb - 1) / kb > 3)
@@ -977,7 +975,6 @@ static int rank_update(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M
     for (int g = 0; g < G; g++) {
         const lt_cuda_rank_op &o = ops[g];
         const void *c0 = o.c0 ? o.c0 : o.c;
-        if (!o.c0 && sizeof(TC0) != sizeof(TC)) return 0; /* C read as C0 needs C0's type */
         if (o.n <= 0 || o.n % 4 || o.ldc % 4 || o.ldu % 4 || !aligned16(o.c) || !aligned16(c0) || !aligned16(o.u))
             return 0;
         ru_prob &p = bt.p[g];
@@ -986,18 +983,18 @@ static int rank_update(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M
         p.V.ld = o.ldv, p.V.kb = kb, p.V.vt = vt;
     }
     cudaStream_t st = lt_cuda_stream(ctx);
-    if (K <= 8) ru_launch<8, TC0, TC>(ctx, st, G, bt, M, K, alpha, beta);
-    else if (K <= 16) ru_launch<16, TC0, TC>(ctx, st, G, bt, M, K, alpha, beta);
-    else if (K <= 24) ru_launch<24, TC0, TC>(ctx, st, G, bt, M, K, alpha, beta);
-    else ru_launch<32, TC0, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    if (K <= 8) ru_launch<8, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else if (K <= 16) ru_launch<16, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else if (K <= 24) ru_launch<24, TC>(ctx, st, G, bt, M, K, alpha, beta);
+    else ru_launch<32, TC>(ctx, st, G, bt, M, K, alpha, beta);
     LT_CUDA_LAUNCHED(ctx, "lora: rank update");
     return 1;
 }
 
 extern "C" int lt_cuda_rank_update_batch(lt_ctx *ctx, int G, const lt_cuda_rank_op *ops, int64_t M, int K, int kb,
                                          int vt, float alpha, float beta, int c_bf16) {
-    return c_bf16 ? rank_update<__nv_bfloat16, __nv_bfloat16>(ctx, G, ops, M, K, kb, vt, alpha, beta)
-                  : rank_update<float, float>(ctx, G, ops, M, K, kb, vt, alpha, beta);
+    return c_bf16 ? rank_update<__nv_bfloat16>(ctx, G, ops, M, K, kb, vt, alpha, beta)
+                  : rank_update<float>(ctx, G, ops, M, K, kb, vt, alpha, beta);
 }
 
 extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
@@ -1005,14 +1002,14 @@ extern "C" int lt_cuda_rank_update(lt_ctx *ctx, int64_t M, int64_t N, int K, flo
                                    float *C, int64_t ldc) {
     const lt_cuda_rank_op o = {U, ldu, {pieces[0], K > kb ? pieces[1] : NULL, K > 2 * kb ? pieces[2] : NULL}, ld, C0, C,
                                N, ldc};
-    return rank_update<float, float>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
+    return rank_update<float>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
 }
 
 extern "C" int lt_cuda_rank_update_h(lt_ctx *ctx, int64_t M, int64_t N, int K, float alpha, const float *U, int64_t ldu,
-                                     const float *const *pieces, int kb, int vt, int64_t ld, float beta,
-                                     const float *C0, uint16_t *C, int64_t ldc) {
-    const lt_cuda_rank_op o = {U, ldu, {pieces[0], K > kb ? pieces[1] : NULL, K > 2 * kb ? pieces[2] : NULL}, ld, C0, C,
-                               N, ldc};
-    return C0 ? rank_update<float, __nv_bfloat16>(ctx, 1, &o, M, K, kb, vt, alpha, beta)
-              : rank_update<__nv_bfloat16, __nv_bfloat16>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
+                                     const float *const *pieces, int kb, int vt, int64_t ld, float beta, uint16_t *C,
+                                     int64_t ldc) {
+    const lt_cuda_rank_op o = {U,  ldu,  {pieces[0], K > kb ? pieces[1] : NULL, K > 2 * kb ? pieces[2] : NULL},
+                               ld, NULL, C,
+                               N,  ldc};
+    return rank_update<__nv_bfloat16>(ctx, 1, &o, M, K, kb, vt, alpha, beta);
 }

@@ -154,8 +154,7 @@ static void lora_fwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float 
             /* y = beta·y + s·lu·Bᵀ (B (out, r) read transposed), then the base product onto it */
             const float *bp[3] = {P->b, NULL, NULL};
             if (!up_done && P->yh)
-                ok = ok &&
-                    lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, NULL, P->yh, out);
+                ok = ok && lt_cuda_rank_update_h(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, 0.0f, P->yh, out);
             else if (!up_done)
                 ok = ok &&
                     lt_cuda_rank_update(ctx, n, out, (int)r, s, P->lu, r, bp, (int)r, 1, r, beta, P->yc, P->y, out);
@@ -247,28 +246,13 @@ static unsigned dl_gb_batch(lt_ctx *ctx, const lt_lora_proj *p, int G, int64_t n
     return done;
 }
 
-static void lora_bwd_any(lt_ctx *ctx, const lt_lora_proj *p, int G, const float *x, const uint16_t *xh, int64_t n,
-                         int64_t r, float s, float *dx, float beta, float *dlu, void *ws);
-
-/* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0).
- * Without dxs: dlu·A rounded first, then the base product added onto it (C and D in bf16). With
- * dxs, an (n, in) f32 scratch: the f32 path's sum fl(dy·W + dlu·A), for bf16 W the base product
- * there first (one product, no tiles) and the rank update adding it as its C0 while it writes dxh,
- * so dx's f32 rows are written and read once instead of the f32 path's three passes and a
- * conversion; a W the matmul dequantizes tile by tile sums the tiles onto the rank update's
- * result, so there the f32 path runs into dxs and is rounded after. lora_bf16_takes admitted the
- * projection, so its adapter, if any, is on the fused path. */
+/* lora_bwd of one projection with dy in bf16, its input gradient written in bf16 to dxh (beta 0):
+ * dlu·A rounded first, then the base product added onto it (C and D in bf16). lora_bf16_takes
+ * admitted the projection, so its adapter, if any, is on the fused path. */
 static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, const uint16_t *xh, int64_t n, int64_t r,
-                         float s, float *dxs, uint16_t *dxh, float *dlu, void *ws) {
+                         float s, uint16_t *dxh, float *dlu, void *ws) {
     const int64_t out = P->w->shape[0], in = P->w->shape[1];
-    LT_ASSERT(P->dyh && al16(dxh) && (!dxs || al16(dxs)) &&
-              (!P->a || (lora_fast(P, r) && out % 4 == 0 && in % 4 == 0)));
-    if (dxs && P->w->dtype != LT_DTYPE_BF16) {
-        lora_bwd_any(ctx, P, 1, x, xh, n, r, s, dxs, 0.0f, dlu, ws);
-        lt_cuda_to_bf16(ctx, dxs, dxh, n * in);
-        return;
-    }
-    if (dxs) lt_cuda_matmul_bf16x(ctx, LT_MATMUL_NN, P->w, P->dyh, n, 0.0f, dxs, ws);
+    LT_ASSERT(P->dyh && al16(dxh) && (!P->a || (lora_fast(P, r) && out % 4 == 0 && in % 4 == 0)));
     if (P->a) {
         size_t gws_bytes = 0;
         void *gws = lt_cuda_gemm_workspace(ctx, &gws_bytes);
@@ -276,14 +260,11 @@ static void lora_bwd_dxh(lt_ctx *ctx, const lt_lora_proj *P, const float *x, con
         adapter_dl_gb(ctx, P, P->dyh, n, r, s, dlu, r, gws, gws_bytes);
         adapter_ga(ctx, &P, 1, x, xh, n, r, dlu, r, gws, gws_bytes);
         const float *ap[3] = {P->a, NULL, NULL};
-        const int ok =
-            lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, dxs ? 1.0f : 0.0f, dxs, dxh, in);
+        const int ok = lt_cuda_rank_update_h(ctx, n, in, (int)r, 1.0f, dlu, r, ap, (int)r, 0, in, 0.0f, dxh, in);
         lt_prof_end(ph);
         LT_ASSERT(ok); /* lora_fast checked every condition the kernels have */
-    } else if (dxs) {
-        lt_cuda_to_bf16(ctx, dxs, dxh, n * in);
     }
-    if (!dxs) lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NN, P->w, P->dyh, n, P->a ? 1.0f : 0.0f, dxh, ws);
+    lt_cuda_matmul_bf16xy(ctx, LT_MATMUL_NN, P->w, P->dyh, n, P->a ? 1.0f : 0.0f, dxh, ws);
 }
 
 /* lora_bwd of an f32 x or its bf16 rounding xh, each dy_g in f32 or (p[g].dyh) bf16. */
@@ -369,8 +350,8 @@ void lt_cuda_lora_bwd_bf16(lt_ctx *ctx, const lt_lora_proj *p, int G, const floa
                            int64_t r, float s, float *dx, uint16_t *dxh, float beta, float *dlu, void *ws) {
     LT_ASSERT((x == NULL) != (xh == NULL));
     if (dxh) {
-        LT_ASSERT(G == 1 && beta == 0.0f);
-        lora_bwd_dxh(ctx, p, x, xh, n, r, s, dx, dxh, dlu, ws);
+        LT_ASSERT(G == 1 && !dx && beta == 0.0f);
+        lora_bwd_dxh(ctx, p, x, xh, n, r, s, dxh, dlu, ws);
         return;
     }
     lora_bwd_any(ctx, p, G, x, xh, n, r, s, dx, beta, dlu, ws);
